@@ -1,0 +1,187 @@
+"""NodeConfig: every setting of a node in one object.
+
+Precedence, lowest to highest: dataclass defaults < `config.toml` in the data dir <
+`SWARMLLM_<FIELD>` environment variables < CLI flags. The config object is passed explicitly;
+nothing else in the node reads `os.environ` for settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import platformdirs
+
+from node import const
+from node.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "SWARMLLM_"
+DATA_DIR_ENV = "SWARMLLM_NODE_DATA_DIR"  # seed 000 spelling, kept for compatibility
+
+
+def default_data_dir() -> Path:
+    """Platform data dir (`~/.local/share/swarmllm` on Linux)."""
+    return Path(platformdirs.user_data_dir("swarmllm", appauthor=False))
+
+
+@dataclass
+class NodeConfig:
+    """All node settings; units are in the field names."""
+
+    # --- where things live ---
+    data_dir: Path = field(default_factory=default_data_dir)  # api_key, identity.key, models/, node.log
+    models: list[str] = field(default_factory=list)  # extra GGUF paths given with --model
+    include_default_model: bool = True  # serve the embedded default model from resources/models
+    default_model_name: str | None = None  # model id or name to use when a request names none
+
+    # --- HTTP API ---
+    host: str = "127.0.0.1"  # API bind address; loopback only by default
+    port: int = const.DEFAULT_API_PORT
+    require_api_key_for_inference: bool = True  # admin endpoints always need the key
+    allowed_hosts: list[str] = field(default_factory=list)  # extra Host names accepted besides loopback
+    cors_origins: list[str] = field(default_factory=list)  # none by default
+    max_request_body_bytes: int = const.MAX_REQUEST_BODY_BYTES
+
+    # --- inference ---
+    n_threads: int = 0  # llama.cpp / torch threads; 0 = number of physical cores
+    n_ctx: int = 0  # context per loaded model; 0 = the model's trained context (capped by max_ctx)
+    max_ctx: int = 8192  # cap for n_ctx when taken from the model
+    max_queue_per_model: int = const.MODEL_QUEUE_MAX
+    cpu_only: bool = False  # never place a model on the GPU (reason=configured_cpu_only)
+    gpu_memory_budget_mb: int = 0  # 0 = free VRAM minus headroom
+    layers: str | None = None  # "A-B" (inclusive): serve only these layers of --model (slice engine)
+    activation_bits: int = 16  # 32, 16 or 8: hidden-state precision on the wire
+
+    # --- peer network ---
+    peer_port: int = 0  # 0 = port + 10
+    peer_host: str = "0.0.0.0"
+    bootstrap: list[str] = field(default_factory=list)  # HOST:PORT peers dialled at start-up
+    mdns: bool = True  # zeroconf discovery on the LAN
+    relay: bool = False  # act as a relay and rendezvous for other nodes
+    relays: list[str] = field(default_factory=list)  # relay HOST:PORT to register at
+    no_direct: bool = False  # testing: reach peers through relays only
+    region: str | None = None  # advertised region (e.g. "TH"), optional
+    contribute: bool = True  # serve work for peers (the tray's "Pause contributing" clears it)
+
+    # --- logging ---
+    verbosity: int = 0  # 0 info, 1 -v debug, 2 -vv debug incl. per-message, 3 -vvv trace
+    log_to_file: bool = True  # rotating node.log in the data dir
+
+    @property
+    def effective_peer_port(self) -> int:
+        """Peer listener port: explicit, else API port + 10."""
+        return self.peer_port or (self.port + const.PEER_PORT_OFFSET)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (paths as strings) for the diagnostics report and admin API."""
+        out = dataclasses.asdict(self)
+        out["data_dir"] = str(self.data_dir)
+        return out
+
+
+def _coerce(name: str, typ: Any, value: Any) -> Any:
+    """Convert a TOML/env/CLI value to the field's type; a clear error names the field."""
+    origin = getattr(typ, "__origin__", None)
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {value!r}")
+        if typ is int:
+            if isinstance(value, bool):
+                raise ValueError("boolean given for an integer")
+            return int(value)
+        if typ is Path:
+            return Path(value).expanduser()
+        if origin is list:
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            return [str(v) for v in value]
+        if typ == (str | None) or typ is str:
+            return None if value is None else str(value)
+        if typ == (int | None):
+            return None if value is None else int(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"config field {name}: {exc}") from exc
+    return value
+
+
+def _field_types() -> dict[str, Any]:
+    return get_type_hints(NodeConfig)
+
+
+def apply_overrides(cfg: NodeConfig, values: dict[str, Any], source: str) -> None:
+    """Set fields from a mapping; unknown keys are logged (not fatal) so old configs keep working."""
+    types = _field_types()
+    for key, value in values.items():
+        if key not in types:
+            log.warning("ignoring unknown config key %s from %s", key, source)
+            continue
+        setattr(cfg, key, _coerce(key, types[key], value))
+
+
+def _flatten_toml(data: dict[str, Any]) -> dict[str, Any]:
+    """Accept both flat keys and [section] tables (section names are only grouping)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
+    return flat
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """`SWARMLLM_<FIELD>` variables, plus SWARMLLM_NODE_DATA_DIR for the data dir."""
+    environ = dict(os.environ if environ is None else environ)
+    out: dict[str, Any] = {}
+    types = _field_types()
+    for name in types:
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            out[name] = environ[key]
+    if DATA_DIR_ENV in environ:
+        out["data_dir"] = environ[DATA_DIR_ENV]
+    return out
+
+
+def load_config(
+    cli: dict[str, Any] | None = None, environ: dict[str, str] | None = None
+) -> NodeConfig:
+    """Build the NodeConfig: defaults < data_dir/config.toml < env < CLI.
+
+    The data dir itself is resolved first (CLI > env > default), since config.toml lives in it.
+    """
+    cli = {k: v for k, v in (cli or {}).items() if v is not None}
+    env = env_overrides(environ)
+    cfg = NodeConfig()
+    data_dir = cli.get("data_dir") or env.get("data_dir")
+    if data_dir:
+        cfg.data_dir = Path(data_dir).expanduser()
+    config_path = cfg.data_dir / "config.toml"
+    log.debug("DIAG: config load_or_create starting config_path=%s cli_port=%s cli_data_dir=%s",
+              config_path, cli.get("port"), cli.get("data_dir"))
+    if config_path.is_file():
+        try:
+            data = tomllib.loads(config_path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidRequest(f"{config_path}: not valid TOML: {exc}") from exc
+        apply_overrides(cfg, _flatten_toml(data), str(config_path))
+    apply_overrides(cfg, {k: v for k, v in env.items() if k != "data_dir"}, "environment")
+    apply_overrides(cfg, {k: v for k, v in cli.items() if k != "data_dir"}, "command line")
+    if data_dir:
+        cfg.data_dir = Path(data_dir).expanduser()
+    log.debug("DIAG: config load_or_create complete port=%s data_dir=%s", cfg.port, cfg.data_dir)
+    return cfg

@@ -1,0 +1,227 @@
+"""One exception tree for the node, mapped once to HTTP status and the OpenAI error shape.
+
+Code raises a typed subclass; `node.api.errors` turns it into
+`{"error": {"message", "type", "param", "code"}}` with `http_status`.
+Never match on message text: match on the class.
+"""
+
+from __future__ import annotations
+
+
+class NodeError(Exception):
+    """Base of every error the node raises on purpose."""
+
+    http_status = 500
+    error_type = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def to_openai(self) -> dict:
+        """The OpenAI error body for this error."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+# --- client errors -------------------------------------------------------------------------
+
+
+class InvalidRequest(NodeError):
+    """The request body is malformed or has a wrong/unsupported value (400)."""
+
+    http_status = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (plus the requested completion) does not fit the model's context (400)."""
+
+    code = "context_length_exceeded"
+
+
+class Unsupported(InvalidRequest):
+    """A valid OpenAI option this node does not implement (400, never silently ignored)."""
+
+    code = "unsupported_parameter"
+
+
+class AuthenticationFailed(NodeError):
+    """Missing or wrong API key (401)."""
+
+    http_status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class ForbiddenHost(NodeError):
+    """The Host header is not a loopback name (DNS-rebinding defence) (403)."""
+
+    http_status = 403
+    error_type = "permission_error"
+    code = "forbidden_host"
+
+
+class NotFound(NodeError):
+    """A route or resource that does not exist (404)."""
+
+    http_status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """The requested model is not known to this node or the swarm (404)."""
+
+    code = "model_not_found"
+
+
+class MethodNotAllowed(NodeError):
+    """HTTP method not allowed on this route (405)."""
+
+    http_status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(NodeError):
+    """Request body over the configured limit (413)."""
+
+    http_status = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class Conflict(NodeError):
+    """The request conflicts with the resource's state, e.g. unloading a model in use (409)."""
+
+    http_status = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
+
+
+# --- server / capacity errors ----------------------------------------------------------------
+
+
+class ModelUnavailable(NodeError):
+    """The model exists but cannot serve right now (not loaded, failed to load) (503)."""
+
+    http_status = 503
+    error_type = "server_error"
+    code = "model_unavailable"
+
+
+class InsufficientCapacity(NodeError):
+    """No route through the swarm can serve this model right now (503)."""
+
+    http_status = 503
+    error_type = "server_error"
+    code = "insufficient_capacity"
+
+
+class Overloaded(NodeError):
+    """The admission queue is full (429)."""
+
+    http_status = 429
+    error_type = "rate_limit_error"
+    code = "overloaded"
+
+
+class RequestTimeout(NodeError):
+    """The request did not complete before its deadline (504)."""
+
+    http_status = 504
+    error_type = "server_error"
+    code = "timeout"
+
+
+class EngineError(NodeError):
+    """An inference engine failed while executing (500)."""
+
+    code = "engine_error"
+
+
+class ModelLoadError(NodeError):
+    """A model file could not be opened, parsed or loaded (500)."""
+
+    code = "model_load_error"
+
+
+class UnsupportedArchitecture(ModelLoadError):
+    """The GGUF's architecture is not implemented by the slice engine."""
+
+    code = "unsupported_architecture"
+
+
+class KvPositionMismatch(EngineError):
+    """A forward asked for index_pos != the session's KV length (seed 000, gotcha #400)."""
+
+    code = "kv_position_mismatch"
+
+    def __init__(self, index_pos: int, kv_len: int, *, session: str | None = None):
+        where = f" session={session}" if session else ""
+        super().__init__(
+            f"KV position mismatch: index_pos={index_pos} but kv_len={kv_len}{where}; "
+            "refusing to compute from a gap"
+        )
+        self.index_pos = index_pos
+        self.kv_len = kv_len
+
+
+class Cancelled(NodeError):
+    """The client went away or the request was cancelled (499, never sent: the client is gone)."""
+
+    http_status = 499
+    error_type = "cancelled"
+    code = "cancelled"
+
+
+# --- peer network ----------------------------------------------------------------------------
+
+
+class PeerError(NodeError):
+    """Base of peer-network failures."""
+
+    http_status = 502
+    error_type = "server_error"
+    code = "peer_error"
+
+
+class ProtocolError(PeerError):
+    """A peer sent a malformed or unexpected frame; closes that link only."""
+
+    code = "protocol_error"
+
+
+class PeerIdentityMismatch(PeerError):
+    """The peer's TLS certificate key does not hash to the node id we dialled."""
+
+    code = "peer_identity_mismatch"
+
+
+class PeerUnreachable(PeerError):
+    """Could not connect to a peer (direct or relayed)."""
+
+    code = "peer_unreachable"
+
+
+class SegmentFailed(PeerError):
+    """A pipeline segment failed (ACK deadline, link drop, ERROR frame)."""
+
+    code = "segment_failed"
+
+    def __init__(self, message: str, *, node_short_id: str | None = None, cause: str = "error"):
+        super().__init__(message)
+        self.node_short_id = node_short_id
+        self.cause = cause
