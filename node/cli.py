@@ -1,0 +1,51 @@
+"""`swarmllm` command line: run | diagnostics | models | peers | chat | bench | test-split.
+
+Each subcommand lives in its own module exposing `add_parser(subparsers)` which registers a
+parser whose `func(args) -> int` runs it; this file only collects them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module path of each subcommand; each exposes add_parser(subparsers)
+SUBCOMMANDS = [
+    "node.commands.run",
+    "node.commands.client",  # diagnostics, models, peers, chat
+    "node.inference.slice.testsplit",  # test-split
+]
+
+
+def add_node_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by every command that starts or talks to a node."""
+    parser.add_argument("-p", "--port", type=int, default=None, help="HTTP API port (default 8800)")
+    parser.add_argument("--data-dir", default=None, help="data dir (default: platform data dir)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v, -vv, -vvv")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (subcommands whose module is missing are skipped)."""
+    parser = argparse.ArgumentParser(prog="swarmllm", description="SwarmLLM peer-to-peer LLM node")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # not built yet
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `swarmllm` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
