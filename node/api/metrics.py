@@ -1,0 +1,51 @@
+"""Prometheus metrics, one registry per node (several nodes can share a process in tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from node.trace import RequestTrace
+
+_MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
+_TPOT_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000)
+
+
+class NodeMetrics:
+    """Histograms and counters fed by finished RequestTraces (never re-measured)."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ("model", "route")
+        self.queue_ms = Histogram("swarmllm_queue_ms", "Time waiting for the model (ms)", labels,
+                                  buckets=_MS_BUCKETS, registry=self.registry)
+        self.ttft_ms = Histogram("swarmllm_ttft_ms", "Route ready to first token (ms)", labels,
+                                 buckets=_MS_BUCKETS, registry=self.registry)
+        self.tpot_ms = Histogram("swarmllm_tpot_ms", "Time per output token after the first (ms)", labels,
+                                 buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.total_ms = Histogram("swarmllm_total_ms", "Whole request (ms)", labels,
+                                  buckets=_MS_BUCKETS, registry=self.registry)
+        self.requests = Counter("swarmllm_requests", "Finished requests", ("model", "route", "outcome"),
+                                registry=self.registry)
+        self.prompt_tokens = Counter("swarmllm_prompt_tokens", "Prompt tokens processed", labels,
+                                     registry=self.registry)
+        self.completion_tokens = Counter("swarmllm_completion_tokens", "Tokens generated", labels,
+                                         registry=self.registry)
+        self.in_flight = Gauge("swarmllm_in_flight_requests", "Requests being served", registry=self.registry)
+
+    def observe_trace(self, trace: RequestTrace) -> None:
+        """Record a finished trace."""
+        key = (trace.model, trace.route)
+        for hist, value in ((self.queue_ms, trace.queue_ms), (self.ttft_ms, trace.ttft_ms),
+                            (self.tpot_ms, trace.tpot_ms), (self.total_ms, trace.total_ms)):
+            if value is not None:
+                hist.labels(*key).observe(value)
+        self.requests.labels(trace.model, trace.route, trace.outcome or "unknown").inc()
+        if trace.prompt_tokens:
+            self.prompt_tokens.labels(*key).inc(trace.prompt_tokens)
+        if trace.completion_tokens:
+            self.completion_tokens.labels(*key).inc(trace.completion_tokens)
+
+    def render(self) -> tuple[bytes, str]:
+        """Exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,192 @@
+"""Parse and validate OpenAI request bodies into typed objects; every problem is a clear 400.
+
+Unsupported options are refused, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from node.errors import InvalidRequest, Unsupported
+from node.inference.sampling import SamplingParams
+
+MAX_STOP_SEQUENCES = 4
+ROLES = ("system", "user", "assistant", "developer", "tool")
+
+# Accepted and meaningless for a local model (no effect on output): documented, not refused.
+_IGNORED_OK = {"user", "store", "metadata", "service_tier", "parallel_tool_calls"}
+# OpenAI options this node cannot honour: refused with a 400 naming the parameter.
+_UNSUPPORTED = {
+    "tools": "tool calling is not supported by this node",
+    "tool_choice": "tool calling is not supported by this node",
+    "functions": "function calling is not supported by this node",
+    "function_call": "function calling is not supported by this node",
+    "logprobs": "logprobs are not supported by this node",
+    "top_logprobs": "logprobs are not supported by this node",
+    "logit_bias": "logit_bias is not supported by this node",
+    "response_format": "response_format (JSON mode) is not supported by this node",
+    "audio": "audio output is not supported",
+    "modalities": "only text output is supported",
+    "prediction": "predicted outputs are not supported",
+    "best_of": "best_of is not supported",
+    "echo": "echo is not supported",
+    "suffix": "suffix (insertion) is not supported",
+    "reasoning_effort": "reasoning_effort is not supported",
+    "web_search_options": "web search is not supported",
+}
+_COMMON = {
+    "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+    "repeat_penalty", "n",
+}
+_CHAT_KEYS = _COMMON | {"messages"}
+_COMPLETION_KEYS = _COMMON | {"prompt"}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated chat or text completion request."""
+
+    kind: str  # chat | text
+    model: str
+    stream: bool
+    include_usage: bool
+    params: SamplingParams
+    messages: tuple[dict, ...] = ()
+    prompt: str = ""
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(f"`{key}` must be a number, got {type(value).__name__}", param=key)
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"`{key}` must be between {lo:g} and {hi:g}, got {value}", param=key)
+    return float(value)
+
+
+def _integer(body: dict, key: str, lo: int, hi: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"`{key}` must be an integer, got {type(value).__name__}", param=key)
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"`{key}` must be between {lo} and {hi}, got {value}", param=key)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise InvalidRequest("`stop` must be a string or a list of strings", param="stop")
+    if len(value) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest(f"`stop` accepts at most {MAX_STOP_SEQUENCES} sequences", param="stop")
+    return tuple(s for s in value if s)
+
+
+def _check_keys(body: dict, allowed: set[str]) -> None:
+    for key in body:
+        if key in _UNSUPPORTED:
+            if body[key] in (None, [], {}, False) and key not in ("echo",):
+                continue  # explicit "none" values are harmless
+            if key == "response_format" and body[key] == {"type": "text"}:
+                continue
+            raise Unsupported(_UNSUPPORTED[key], param=key)
+        if key not in allowed and key not in _IGNORED_OK:
+            raise InvalidRequest(f"unrecognized request argument supplied: {key}", param=key)
+
+
+def _message_content(msg: dict, index: int) -> str:
+    content = msg.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: text only
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise Unsupported(f"messages[{index}].content: only text parts are supported, got {kind}",
+                                  param=f"messages[{index}].content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise InvalidRequest(f"messages[{index}].content must be a string or a list of text parts",
+                         param=f"messages[{index}].content")
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("`messages` must be a non-empty list", param="messages")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}", param=f"messages[{i}].role")
+        if role == "tool" or msg.get("tool_calls"):
+            raise Unsupported("tool messages are not supported by this node", param=f"messages[{i}]")
+        out.append({"role": "system" if role == "developer" else role, "content": _message_content(msg, i)})
+    return tuple(out)
+
+
+def parse_completion(body: Any, kind: str) -> CompletionRequest:
+    """Validate a /v1/chat/completions (kind="chat") or /v1/completions (kind="text") body."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    _check_keys(body, _CHAT_KEYS if kind == "chat" else _COMPLETION_KEYS)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("`model` is required and must be a string", param="model")
+    n = _integer(body, "n", 1, 128)
+    if n not in (None, 1):
+        raise Unsupported("only n=1 is supported by this node", param="n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("`stream` must be a boolean", param="stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise InvalidRequest("`stream_options` must be an object", param="stream_options")
+    if stream_options and not stream:
+        raise InvalidRequest("`stream_options` is only allowed when `stream` is true", param="stream_options")
+    include_usage = stream_options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise InvalidRequest("`stream_options.include_usage` must be a boolean", param="stream_options")
+    max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 24)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1, 1 << 24)
+    seed = _integer(body, "seed", -(2**63), 2**64 - 1)
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=int(_integer(body, "top_k", 0, 1 << 20) or 0),
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        seed=None if seed is None else seed % 2**32,
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 10.0),
+        stop=_stop(body),
+    )
+    if kind == "chat":
+        return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        if isinstance(prompt, list):
+            raise Unsupported("`prompt` must be a single string (batched or token prompts are not supported)",
+                              param="prompt")
+        raise InvalidRequest("`prompt` is required and must be a string", param="prompt")
+    return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt)

@@ -1,0 +1,88 @@
+"""The aiohttp application, embedded on the node's loop with AppRunner + TCPSite."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from node.api import admin, openai
+from node.api.auth import make_auth_middleware
+from node.api.errors import error_middleware
+
+if TYPE_CHECKING:
+    from node.node import Node
+
+log = logging.getLogger(__name__)
+
+
+async def health(request: web.Request) -> web.Response:
+    """Liveness: the process answers."""
+    return web.json_response({"status": "ok"})
+
+
+async def health_ready(request: web.Request) -> web.Response:
+    """Readiness: 200 only when a model can serve."""
+    node = request.app["node"]
+    ready = node.is_ready()
+    log.debug("DIAG: health_ready probe ready=%s", ready)
+    body = {"status": "ready" if ready else "not_ready", "models_loaded": ready}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus exposition."""
+    node = request.app["node"]
+    node.metrics.in_flight.set(node.traces.in_flight)
+    log.debug("DIAG: metrics scrape")
+    body, content_type = node.metrics.render()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def build_app(node: Node) -> web.Application:
+    """The application with its middlewares and routes."""
+    cfg = node.config
+    app = web.Application(
+        middlewares=[
+            error_middleware,
+            make_auth_middleware(node.api_key, inference_needs_key=cfg.require_api_key_for_inference,
+                                 allowed_hosts={h.lower() for h in cfg.allowed_hosts}),
+        ],
+        client_max_size=cfg.max_request_body_bytes,
+    )
+    app["node"] = node
+    app["max_body"] = cfg.max_request_body_bytes
+    app.router.add_get("/health", health)
+    app.router.add_get("/health/ready", health_ready)
+    app.router.add_get("/metrics", metrics)
+    app.add_routes(openai.routes)
+    app.add_routes(admin.routes)
+    return app
+
+
+class ApiServer:
+    """Owns the runner and site; `port` is the bound port (useful with port 0 in tests)."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        """Bind and serve on config.host:config.port."""
+        cfg = self.node.config
+        self.runner = web.AppRunner(build_app(self.node), access_log=None, handler_cancellation=True,
+                                    shutdown_timeout=2.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True)
+        await site.start()
+        sockets = self.runner.addresses
+        self.port = sockets[0][1] if sockets else cfg.port
+        log.info("DIAG: server startup addr=%s:%s", cfg.host, self.port)
+
+    async def stop(self) -> None:
+        """Stop accepting, finish or cancel handlers, free the port."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None

@@ -1,0 +1,134 @@
+"""Commands that talk to a running node over its API: diagnostics, models, peers, chat."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+
+from node.config import load_config
+from node.datadir import API_KEY_FILE
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register diagnostics, models, peers and chat."""
+    from node.cli import add_node_options
+
+    p = sub.add_parser("diagnostics", help="print the diagnostics report (safe to paste in public)")
+    add_node_options(p)
+    p.add_argument("--full", action="store_true", help="keep network addresses (for your own machine)")
+    p.set_defaults(func=diagnostics)
+
+    p = sub.add_parser("models", help="list the node's models, where they run and why")
+    add_node_options(p)
+    p.add_argument("--json", action="store_true", help="raw JSON")
+    p.set_defaults(func=models)
+
+    p = sub.add_parser("peers", help="list the node's peers")
+    add_node_options(p)
+    p.add_argument("--json", action="store_true", help="raw JSON")
+    p.set_defaults(func=peers)
+
+    p = sub.add_parser("chat", help="send one chat message and stream the reply")
+    add_node_options(p)
+    p.add_argument("message", help="the user message")
+    p.add_argument("--model", default=None, help="model id or name (default: the first listed)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.set_defaults(func=chat)
+
+
+class NodeClient:
+    """Minimal blocking HTTP client for the node's API (CLI use only)."""
+
+    def __init__(self, args: argparse.Namespace):
+        cfg = load_config({"port": args.port, "data_dir": args.data_dir})
+        self.base = f"http://127.0.0.1:{cfg.port}"
+        key_file = cfg.data_dir / API_KEY_FILE
+        self.key = key_file.read_text(encoding="utf-8").strip() if key_file.is_file() else ""
+
+    def request(self, method: str, path: str, body: dict | None = None, stream: bool = False):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.key}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            resp = urllib.request.urlopen(req, timeout=600)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            try:
+                detail = json.loads(detail)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                pass
+            raise SystemExit(f"error: {exc.code} {detail}") from None
+        except urllib.error.URLError as exc:
+            raise SystemExit(f"error: no node answering at {self.base} ({exc.reason}); is `swarmllm run` running?") from None
+        return resp if stream else resp.read()
+
+
+def diagnostics(args: argparse.Namespace) -> int:
+    """Print the report."""
+    body = NodeClient(args).request("GET", "/api/admin/diagnostics" + ("?full=1" if args.full else ""))
+    sys.stdout.write(body.decode())
+    return 0
+
+
+def models(args: argparse.Namespace) -> int:
+    """Print the model table."""
+    data = json.loads(NodeClient(args).request("GET", "/api/admin/models"))
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{'ID':44} {'ARCH':8} {'LAYERS':>6} {'QUANT':6} {'SIZE MB':>8} {'STATE':9} DEVICE (reason)")
+    for m in data["models"]:
+        reason = f" ({m['cpu_placement_reason']})" if m.get("cpu_placement_reason") else ""
+        print(f"{m['id']:44} {m['architecture']:8} {m['n_layers']:>6} {m['quantization']:6} "
+              f"{m['size_bytes'] / 2**20:>8.1f} {m['state']:9} {m['device']}{reason}")
+    return 0
+
+
+def peers(args: argparse.Namespace) -> int:
+    """Print the peer table."""
+    data = json.loads(NodeClient(args).request("GET", "/api/admin/peers"))
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    rows = data.get("peers", [])
+    if not rows:
+        print("no peers")
+        return 0
+    print(f"{'PEER':9} {'STATE':10} {'TRANSPORT':9} {'RTT MS':>7} {'ADDRESS':28} MODELS")
+    for p in rows:
+        rtt = f"{p['rtt_ms']:.1f}" if p.get("rtt_ms") is not None else "-"
+        models_text = ", ".join(str(m.get("id", m)) if isinstance(m, dict) else str(m) for m in p.get("models", []))
+        print(f"{p['short_id']:9} {p['state']:10} {p['transport']:9} {rtt:>7} {str(p.get('address')):28} {models_text}")
+    return 0
+
+
+def chat(args: argparse.Namespace) -> int:
+    """Stream one reply to stdout."""
+    client = NodeClient(args)
+    model = args.model
+    if model is None:
+        listed = json.loads(client.request("GET", "/v1/models"))["data"]
+        if not listed:
+            raise SystemExit("error: the node serves no model")
+        model = listed[0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": args.message}], "stream": True,
+            "max_tokens": args.max_tokens, "temperature": args.temperature}
+    resp = client.request("POST", "/v1/chat/completions", body, stream=True)
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if "error" in event:
+            raise SystemExit(f"\nerror: {event['error']['message']}")
+        for choice in event.get("choices", []):
+            sys.stdout.write(choice.get("delta", {}).get("content") or "")
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0

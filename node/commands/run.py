@@ -1,0 +1,89 @@
+"""`swarmllm run`: start a node headless and serve until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from node.config import load_config
+from node.errors import NodeError
+from node.logs import setup_logging
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `run` and its flags."""
+    from node.cli import add_node_options
+
+    p = sub.add_parser("run", help="start the node and serve the API")
+    add_node_options(p)
+    p.add_argument("--host", default=None, help="API bind address (default 127.0.0.1)")
+    p.add_argument("--model", action="append", default=None, metavar="PATH",
+                   help="serve this GGUF file (repeatable)")
+    p.add_argument("--no-default-model", action="store_true", help="do not serve the embedded default model")
+    p.add_argument("--n-threads", type=int, default=None, help="compute threads (default: physical cores)")
+    p.add_argument("--ctx", type=int, default=None, dest="n_ctx", help="context length per model")
+    p.add_argument("--cpu-only", action="store_true", default=None, help="never use a GPU")
+    p.add_argument("--no-auth-inference", action="store_true",
+                   help="let /v1 requests through without the API key (admin still needs it)")
+    p.set_defaults(func=run)
+
+
+def cli_overrides(args: argparse.Namespace) -> dict:
+    """NodeConfig fields set on the command line (None = not given)."""
+    return {
+        "port": args.port,
+        "data_dir": args.data_dir,
+        "host": getattr(args, "host", None),
+        "models": args.model,
+        "include_default_model": False if getattr(args, "no_default_model", False) else None,
+        "n_threads": getattr(args, "n_threads", None),
+        "n_ctx": getattr(args, "n_ctx", None),
+        "cpu_only": getattr(args, "cpu_only", None),
+        "require_api_key_for_inference": False if getattr(args, "no_auth_inference", False) else None,
+        "verbosity": args.verbose or None,
+    }
+
+
+async def serve(config) -> int:
+    """Run a node until a stop signal."""
+    from node.node import Node
+
+    node = Node(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # Windows: KeyboardInterrupt does it
+            pass
+    try:
+        await node.start()
+    except OSError as exc:
+        log.error("cannot start the node: %s", exc)
+        await node.stop()
+        return 2
+    log.info("SwarmLLM node %s serving at %s (API key in the data dir's api_key file)", node.short_id, node.api_url)
+    try:
+        await stop.wait()
+    finally:
+        await node.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `swarmllm run`."""
+    try:
+        config = load_config(cli_overrides(args))
+    except NodeError as exc:
+        setup_logging(args.verbose)
+        log.error("configuration error: %s", exc.message)
+        return 2
+    setup_logging(config.verbosity, config.data_dir if config.log_to_file else None)
+    try:
+        return asyncio.run(serve(config))
+    except KeyboardInterrupt:
+        return 130

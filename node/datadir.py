@@ -1,0 +1,65 @@
+"""The node's data dir: created on first run, secrets written 0600."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+API_KEY_FILE = "api_key"
+CONFIG_FILE = "config.toml"
+MODELS_DIR = "models"
+
+DEFAULT_CONFIG_TEXT = """\
+# SwarmLLM node configuration. Precedence: this file < SWARMLLM_* environment < command line.
+# Every key is a NodeConfig field (see node/config.py); sections are only for grouping.
+
+[api]
+# port = 8800
+# require_api_key_for_inference = true
+
+[inference]
+# n_threads = 0        # 0 = physical cores
+# cpu_only = false
+
+[network]
+# mdns = true
+# bootstrap = ["192.168.1.20:8810"]
+"""
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file readable only by its owner (0600), created with that mode from the start."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
+
+
+def ensure_data_dir(data_dir: Path) -> None:
+    """Create the data dir layout and a commented config.toml on first run."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / MODELS_DIR).mkdir(exist_ok=True)
+    config = data_dir / CONFIG_FILE
+    if not config.exists():
+        write_private(config, DEFAULT_CONFIG_TEXT)
+        log.info("created config file %s", config)
+
+
+def load_or_create_api_key(data_dir: Path) -> str:
+    """The API key from `api_key` (0600), created on first run."""
+    path = data_dir / API_KEY_FILE
+    if path.is_file():
+        key = path.read_text(encoding="utf-8").strip()
+        if key:
+            if path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
+                log.warning("api_key was readable by others; permissions tightened to 0600")
+            return key
+    key = "sk-swarm-" + secrets.token_hex(24)
+    write_private(path, key + "\n")
+    log.info("created API key file %s", path)
+    return key

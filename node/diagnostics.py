@@ -1,0 +1,147 @@
+"""The plain-text diagnostics report (`GET /api/admin/diagnostics`, `swarmllm diagnostics`).
+
+Safe to paste in public by default: every address and host name is redacted with a per-report
+salted tag (node.redact), file paths and the API key never appear. `full=True` keeps addresses.
+Sections follow DESIGN.md §9, in order.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from node.redact import Redactor
+
+if TYPE_CHECKING:
+    from node.node import Node
+
+
+def _uptime(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rem = divmod(seconds, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, secs = divmod(rem, 60)
+    return (f"{days}d " if days else "") + f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def _header(node: Node, r: Redactor) -> list[str]:
+    counts = node.traces.counts
+    uptime = time.time() - node.started_at if node.started_at else 0
+    api = r.address(node.config.host, node.api.port)
+    peers = node.peers
+    reach = f"api {api}" + (" (loopback only)" if node.config.host in ("127.0.0.1", "::1", "localhost") else "")
+    reach += "; peer network " + ("on" if peers is not None else "off")
+    return [
+        f"SwarmLLM diagnostics — {node.agent}",
+        f"node: {node.short_id}  uptime: {_uptime(uptime)}",
+        f"reachability: {reach}",
+        f"requests: {counts.get('started', 0)} started, {counts.get('ok', 0)} ok, "
+        f"{counts.get('error', 0)} failed, {counts.get('cancelled', 0)} cancelled",
+        f"in_flight: {node.traces.in_flight} traces, {node.pipelines_in_flight()} pipelines",
+        f"generated: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  redacted: {'no' if not r.enabled else 'yes'}",
+    ]
+
+
+async def _machine(node: Node) -> list[str]:
+    m = await node.async_machine()
+    lines = [
+        f"cpu: {m.cpu}",
+        f"cores: {m.physical_cores} physical, {m.logical_cores} logical",
+        f"ram: {m.ram_total_mb} MiB total, {m.ram_available_mb} MiB available",
+        f"os: {m.os}  python: {m.python}",
+    ]
+    if m.gpus:
+        for i, g in enumerate(m.gpus):
+            lines.append(f"gpu{i}: {g.name} (sm {g.compute_capability}) vram {g.total_mb} MiB, {g.free_mb} MiB free")
+    else:
+        lines.append("gpu: none")
+    if m.mem_bandwidth_gbps is None:
+        lines.append(f"memory bandwidth: could not be measured ({m.bandwidth_error})")
+    else:
+        lines.append(f"memory bandwidth: {m.mem_bandwidth_gbps:.1f} GB/s (measured)")
+    lines.append(f"advertised speed: {m.advertised_speed}")
+    return lines
+
+
+def _reachable(node: Node, r: Redactor) -> list[str]:
+    lines = [f"api: {r.address(node.config.host, node.api.port)}"]
+    peers = node.peers
+    if peers is None:
+        lines.append("peer listener: not running")
+    else:
+        lines += [f"peer: {line}" for line in peers.reachable_lines(r)]
+    return lines
+
+
+def _peers(node: Node, r: Redactor) -> list[str]:
+    if node.peers is None:
+        return ["(peer network not running)"]
+    return node.peers.peer_lines(r) or ["(no peers)"]
+
+
+def _failures(node: Node) -> list[str]:
+    rows = list(node.traces.failures)
+    if not rows:
+        return ["(none)"]
+    out = []
+    for t in rows:
+        out.append(t.summary_line())
+        if t.error_message:
+            out.append(f"    error: {t.error_message}")
+    return out
+
+
+def _recent(node: Node) -> list[str]:
+    rows = list(node.traces.recent)
+    return [t.summary_line() for t in rows] or ["(none)"]
+
+
+def _served_for_others(node: Node) -> list[str]:
+    hook = getattr(node, "served_for_others_lines", None)
+    return hook() if hook else ["(nothing served for peers)"]
+
+
+def _peer_performance(node: Node, r: Redactor) -> list[str]:
+    hook = getattr(node.peers, "performance_lines", None) if node.peers is not None else None
+    return hook(r) if hook else ["(no peer measurements)"]
+
+
+def _models(node: Node) -> list[str]:
+    rows = []
+    for served in node.models.models.values():
+        e = served.entry
+        reason = f" reason={served.cpu_placement_reason}" if served.cpu_placement_reason else ""
+        rows.append(f"{served.id}  arch={e.architecture} layers={e.n_layers} ctx={served.n_ctx} "
+                    f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
+                    f"device={served.device}{reason}" + (f" error={served.error}" if served.error else ""))
+    extra = getattr(node, "slice_model_lines", None)
+    if extra:
+        rows += extra()
+    return rows or ["(no models)"]
+
+
+async def build_report(node: Node, *, full: bool = False) -> str:
+    """Render the whole report; redacted unless full."""
+    known_hosts = [socket.gethostname(), socket.getfqdn()]
+    r = Redactor(enabled=not full, secrets_to_hide=[node.api_key], known_hosts=known_hosts)
+    sections: list[tuple[str | None, list[str]]] = [
+        (None, _header(node, r)),
+        ("this machine", await _machine(node)),
+        ("reachable at", _reachable(node, r)),
+        ("peers", _peers(node, r)),
+        ("recent inference failures", _failures(node)),
+        ("recent requests", _recent(node)),
+        ("served for others", _served_for_others(node)),
+        ("peer serving performance", _peer_performance(node, r)),
+        ("models", _models(node)),
+        ("recent activity", list(node.activity[-30:]) or ["(none)"]),
+    ]
+    out: list[str] = []
+    for title, lines in sections:
+        if title:
+            out.append("")
+            out.append(f"-- {title} --")
+        out.extend(lines)
+    # Belt and braces: redact anything address-like that a section wrote as free text.
+    return r.text("\n".join(out)) + "\n"

@@ -1,0 +1,186 @@
+"""The model catalog: GGUF files this node can serve, with stable content-hash ids.
+
+Sources: the embedded default model, `data_dir/models/*.gguf`, and `--model` paths. A model id is
+a readable name plus the first 8 hex of the file's sha256 (`swarmllm-pydoc-q8_0-1a2b3c4d`), so the
+same file has the same id on every node. Hashes are cached per (path, size, mtime) in
+`data_dir/model_hashes.json`; hashing and header parsing are blocking and run in an executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node import const
+from node.errors import ModelLoadError, ModelNotFound
+from node.inference.gguf_meta import GgufHeader, read_header
+
+log = logging.getLogger(__name__)
+
+HASH_CACHE_FILE = "model_hashes.json"
+
+
+@dataclass
+class ModelEntry:
+    """One GGUF file known to this node."""
+
+    id: str
+    name: str
+    path: Path
+    sha256: str
+    size_bytes: int
+    source: str  # default | data_dir | cli
+    header: GgufHeader
+
+    @property
+    def architecture(self) -> str:
+        return self.header.architecture
+
+    @property
+    def n_layers(self) -> int:
+        return self.header.n_layers
+
+    @property
+    def context_length(self) -> int:
+        return self.header.context_length
+
+    @property
+    def quantization(self) -> str:
+        return self.header.quantization
+
+    def summary(self) -> dict[str, Any]:
+        """Metadata for the admin API and the GUI."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "sha256": self.sha256,
+            "architecture": self.architecture,
+            "n_layers": self.n_layers,
+            "context_length": self.context_length,
+            "quantization": self.quantization,
+            "size_bytes": self.size_bytes,
+            "n_params": self.header.n_params,
+            "vocab_size": self.header.vocab_size,
+            "source": self.source,
+        }
+
+
+def readable_name(path: Path, header: GgufHeader) -> str:
+    """A lower-case, dash-separated name from the file stem."""
+    stem = path.stem
+    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-")
+    return name or re.sub(r"[^a-z0-9._-]+", "-", str(header.get("general.name", "model")).lower())
+
+
+def sha256_file(path: Path) -> str:
+    """Stream a file through sha256 (blocking)."""
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        while chunk := fh.read(const.HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class HashCache:
+    """sha256 per (path, size, mtime_ns), persisted as JSON in the data dir."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._data: dict[str, dict[str, Any]] = {}
+        if path is not None and path.is_file():
+            try:
+                self._data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                log.warning("model hash cache unreadable; rebuilding it")
+
+    def get_or_compute(self, file: Path) -> str:
+        st = file.stat()
+        key = str(file.resolve())
+        hit = self._data.get(key)
+        if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+            return hit["sha256"]
+        started = time.monotonic()
+        digest = sha256_file(file)
+        log.info("DIAG: hashed model file name=%s size_mb=%.1f elapsed_ms=%d", file.name,
+                 st.st_size / 2**20, (time.monotonic() - started) * 1000)
+        self._data[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+        self._save()
+        return digest
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._data, indent=1), encoding="utf-8")
+        tmp.replace(self.path)
+
+
+def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
+    """Build a ModelEntry for one file (blocking)."""
+    if not path.is_file():
+        raise ModelLoadError(f"model file not found: {path.name}")
+    header = read_header(path)
+    sha = cache.get_or_compute(path)
+    name = readable_name(path, header)
+    return ModelEntry(f"{name}-{sha[:8]}", name, path.resolve(), sha, path.stat().st_size, source, header)
+
+
+class ModelCatalog:
+    """Every GGUF this node can serve, keyed by id; lookup by id, name or hash prefix."""
+
+    def __init__(self, data_dir: Path | None):
+        self.data_dir = data_dir
+        self.entries: dict[str, ModelEntry] = {}
+        self._cache = HashCache(data_dir / HASH_CACHE_FILE if data_dir else None)
+
+    def scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
+        """Scan (path, source) pairs; a bad file is logged and skipped (blocking)."""
+        started = time.monotonic()
+        found = []
+        for path, source in sources:
+            try:
+                entry = scan_entry(path, source, self._cache)
+            except ModelLoadError as exc:
+                log.warning("skipping model %s: %s", path.name, exc.message)
+                continue
+            except OSError as exc:
+                log.warning("skipping model %s: %s", path.name, exc)
+                continue
+            if entry.id not in self.entries:
+                self.entries[entry.id] = entry
+                found.append(entry)
+                log.info("DIAG: load_from_dir model=%s arch=%s layers=%d ctx=%d quant=%s source=%s",
+                         entry.id, entry.architecture, entry.n_layers, entry.context_length,
+                         entry.quantization, source)
+        log.info("DIAG: catalog scan complete model_count=%d elapsed_ms=%d", len(self.entries),
+                 (time.monotonic() - started) * 1000)
+        return found
+
+    async def async_scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
+        """scan() off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.scan, sources)
+
+    def resolve(self, name: str) -> ModelEntry:
+        """Find a model by exact id, readable name, or sha256 prefix (≥ 8 hex)."""
+        if name in self.entries:
+            return self.entries[name]
+        by_name = [e for e in self.entries.values() if e.name == name or e.path.stem == name]
+        if len(by_name) == 1:
+            return by_name[0]
+        lowered = name.lower()
+        if len(lowered) >= 8 and re.fullmatch(r"[0-9a-f]+", lowered):
+            by_hash = [e for e in self.entries.values() if e.sha256.startswith(lowered)]
+            if len(by_hash) == 1:
+                return by_hash[0]
+        raise ModelNotFound(f"The model `{name}` does not exist on this node", param="model")
+
+    def by_sha(self, sha256: str) -> ModelEntry | None:
+        """The entry whose content hash matches (models are matched across peers by hash)."""
+        return next((e for e in self.entries.values() if e.sha256 == sha256), None)

@@ -1,0 +1,204 @@
+"""One completion, from validated request to text deltas, on whichever route serves it.
+
+`CompletionRun` is what the API drives:
+  prepare()  resolve the model, render + tokenize the prompt, check the context, wait for the
+             model (queue_ms), choose the route (sched_ms). Every client error is raised here,
+             before any response byte is sent.
+  deltas()   async iterator of text deltas; sets finish_reason and the stop-reason lines.
+  close()    cancel what is still running and release the model (always called).
+The trace is written here and only here; the API and every other surface read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from node import const
+from node.api.schemas import CompletionRequest
+from node.errors import ContextLengthExceeded, ModelUnavailable, NodeError
+from node.inference.engine import GenerationJob, TokenChannel
+from node.inference.manager import ModelManager, ServedModel
+from node.inference.textstream import TextAssembler
+from node.trace import RequestTrace, SegmentTrace
+
+log = logging.getLogger(__name__)
+
+# A stop sequence that ends the reply within this many tokens "matched almost at once".
+EARLY_STOP_TOKENS = 2
+
+
+class CompletionRun:
+    """A single request's generation on the local route (llama.cpp, whole model)."""
+
+    def __init__(self, models: ModelManager, creq: CompletionRequest, trace: RequestTrace, node_short_id: str,
+                 on_first_token: Callable[[RequestTrace], None] | None = None):
+        self.models = models
+        self._on_first_token = on_first_token
+        self.creq = creq
+        self.trace = trace
+        self.node_short_id = node_short_id
+        self.served: ServedModel | None = None
+        self.prompt_tokens: list[int] = []
+        self.job: GenerationJob | None = None
+        self._holding = False
+        self._queued = False
+        self._gen_future: asyncio.Future | None = None
+        self.text = ""
+
+    # --- phase 1: everything that can fail with a client error ---
+
+    async def prepare(self) -> None:
+        """Resolve, tokenize, check context, queue for the model, assemble the route."""
+        served = self.models.get(self.creq.model)
+        self.served = served
+        self.trace.model = served.id
+        tok = served.tokenizer
+        if tok is None:
+            raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
+        loop = asyncio.get_running_loop()
+        if self.creq.kind == "chat":
+            self.prompt_tokens = await loop.run_in_executor(None, tok.chat_tokens, list(self.creq.messages))
+        else:
+            self.prompt_tokens = await loop.run_in_executor(None, tok.tokenize, self.creq.prompt)
+        n_prompt = len(self.prompt_tokens)
+        self.trace.prompt_tokens = n_prompt
+        n_ctx = served.n_ctx
+        max_tokens = self.creq.params.max_tokens
+        if n_prompt >= n_ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {n_ctx} tokens. However, your prompt is "
+                f"{n_prompt} tokens, which leaves no room for a completion.",
+                param="messages" if self.creq.kind == "chat" else "prompt")
+        if max_tokens is not None and n_prompt + max_tokens > n_ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
+                "completion). Please reduce the prompt or max_tokens.", param="max_tokens")
+        budget = n_ctx - n_prompt
+        if max_tokens is None:
+            max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.creq.kind == "text" else budget
+        self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, self.creq.params, max_tokens)
+
+        self.models.admit(served)
+        self.models.mark(served, waiting=+1)
+        self._queued = True
+        log.debug("Queued inference request request_id=%s model=%s waiting=%d", self.trace.request_id,
+                  served.id, served.waiting)
+        await served.lock.acquire()
+        self._holding = True
+        self._queued = False
+        self.models.mark(served, waiting=-1, busy=True)
+        self.trace.mark_dequeued()
+        started = self.trace.begin_assembly()
+        log.debug("DIAG: dispatch_single starting inference request_id=%s model=%s route=local",
+                  self.trace.request_id, served.id)
+        self.trace.route = "local"
+        self.trace.end_assembly(started, [SegmentTrace(self.node_short_id, 0, served.entry.n_layers, "local")])
+
+    # --- phase 2: tokens ---
+
+    async def deltas(self) -> AsyncIterator[str]:
+        """Text deltas as they are produced; loads the model on demand (counted in ttft)."""
+        served, job, trace = self.served, self.job, self.trace
+        if served is None or job is None:
+            raise RuntimeError("deltas() called before prepare()")
+        if served.state != "loaded":
+            log.info("On-demand loading: model is on disk but not loaded request_id=%s model=%s",
+                     trace.request_id, served.id)
+            await self.models.async_load(served.id)
+        engine, tok = served.engine, served.tokenizer
+        if engine is None or tok is None:  # unloaded by force between load and here
+            log.debug("DIAG: split stream model not found — model evicted during request model=%s", served.id)
+            raise ModelUnavailable(f"model {served.id} was unloaded while the request was starting")
+        loop = asyncio.get_running_loop()
+        channel = TokenChannel(loop)
+        log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
+                  trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
+        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog)
+        assembler = TextAssembler(job.params.stop)
+        ended_by_eog = False
+        produced = 0
+        async for batch in channel.batches():
+            for token in batch:
+                produced += 1
+                if tok.is_eog(token):
+                    ended_by_eog = True
+                    break
+                first = trace.first_token is None
+                trace.mark_token()
+                if first and self._on_first_token is not None:
+                    self._on_first_token(trace)
+                delta = assembler.feed(tok.piece(token))
+                if assembler.stop_match is not None:
+                    job.cancel.set()
+                if delta:
+                    self.text += delta
+                    yield delta
+                if assembler.stop_match is not None:
+                    break
+            if ended_by_eog or assembler.stop_match is not None:
+                break
+        tail = assembler.finish()
+        if tail:
+            self.text += tail
+            yield tail
+        await self._wait_generation()
+        self._finish_reason(ended_by_eog, assembler, produced)
+
+    def _finish_reason(self, ended_by_eog: bool, assembler: TextAssembler, produced: int) -> None:
+        trace, job = self.trace, self.job
+        assert job is not None
+        rid, model = trace.request_id, trace.model
+        if assembler.stop_match is not None:
+            trace.finish_reason, trace.finish_detail = "stop", "stop_sequence"
+            if trace.completion_tokens <= EARLY_STOP_TOKENS or not assembler.emitted.strip():
+                log.warning("stop sequence in the request matched almost at once request_id=%s model=%s "
+                            "stop=%r tokens=%d emitted_chars=%d", rid, model, assembler.stop_match.sequence,
+                            trace.completion_tokens, assembler.stop_match.emitted_chars)
+        elif ended_by_eog:
+            trace.finish_reason, trace.finish_detail = "stop", "eos"
+            if trace.completion_tokens == 0:
+                log.warning("model ended its turn immediately request_id=%s model=%s prompt_tokens=%d "
+                            "(check the chat template and where the prompt ends)", rid, model,
+                            len(job.prompt_tokens))
+        else:
+            trace.finish_reason = "length"
+            at_ctx = len(job.prompt_tokens) + produced >= (self.served.n_ctx if self.served else 0)
+            trace.finish_detail = "context" if at_ctx else "max_tokens"
+        if not self.text and trace.completion_tokens > 0 and trace.finish_detail not in ("stop_sequence",) \
+                and (job.params.max_tokens or 99) > EARLY_STOP_TOKENS:
+            log.warning("reply was empty after finalisation request_id=%s model=%s tokens=%d finish=%s",
+                        rid, model, trace.completion_tokens, trace.finish_detail)
+
+    async def _wait_generation(self) -> None:
+        if self._gen_future is not None:
+            try:
+                await asyncio.shield(self._gen_future)
+            finally:
+                self._gen_future = None
+
+    # --- phase 3: always ---
+
+    async def close(self) -> None:
+        """Cancel any running generation, wait for the model thread to stop, release the model."""
+        if self.job is not None:
+            self.job.cancel.set()
+        try:
+            if self._gen_future is not None:
+                try:
+                    await asyncio.shield(self._gen_future)
+                except (NodeError, asyncio.CancelledError):
+                    pass
+                self._gen_future = None
+        finally:
+            served = self.served
+            if served is not None:
+                if self._queued:
+                    self._queued = False
+                    self.models.mark(served, waiting=-1)
+                if self._holding:
+                    self._holding = False
+                    served.lock.release()
+                    self.models.mark(served, busy=False)

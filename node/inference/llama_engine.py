@@ -1,0 +1,132 @@
+"""Whole-model execution through llama-cpp-python, on a dedicated single-thread executor.
+
+Every call into llama.cpp (load, tokenize for long prompts, generate, free) runs on the model's
+own thread, so the event loop never blocks and one llama context is never used concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+from node.errors import EngineError, ModelLoadError
+from node.inference.engine import GenerationJob, TokenChannel
+from node.logs import kv
+
+log = logging.getLogger(__name__)
+
+
+
+def _import_llama():
+    try:
+        import llama_cpp
+    except ImportError as exc:  # the package is a hard dependency, but say so plainly
+        raise ModelLoadError(f"llama-cpp-python is not installed: {exc}") from exc
+    return llama_cpp
+
+
+def physical_cores() -> int:
+    """Threads for compute: physical cores (hyper-threads slow matmuls down)."""
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except Exception:  # psutil missing: fall back to logical cores
+        return os.cpu_count() or 1
+
+
+class LlamaEngine:
+    """One loaded GGUF model in llama.cpp; blocking methods run on `self.executor`."""
+
+    def __init__(self, model_id: str, path: Path, *, n_ctx: int, n_threads: int, n_gpu_layers: int = 0):
+        self.model_id = model_id
+        self.path = path
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or physical_cores()
+        self.n_gpu_layers = n_gpu_layers
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{model_id[:16]}")
+        self.llm = None
+
+    # --- lifecycle (blocking; run on the executor) ---
+
+    def load(self) -> None:
+        """Load the model (blocking)."""
+        llama_cpp = _import_llama()
+        started = time.monotonic()
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(self.path),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                n_gpu_layers=self.n_gpu_layers,
+                n_batch=min(512, self.n_ctx),
+                verbose=False,
+            )
+        except Exception as exc:  # llama.cpp raises ValueError/RuntimeError with little detail
+            raise ModelLoadError(f"llama.cpp could not load {self.path.name}: {exc}") from exc
+        log.info("DIAG: load_model %s", kv(model=self.model_id, backend_type="llama.cpp",
+                                           n_ctx=self.n_ctx, n_threads=self.n_threads,
+                                           n_gpu_layers=self.n_gpu_layers,
+                                           elapsed_ms=int((time.monotonic() - started) * 1000)))
+
+    def close(self) -> None:
+        """Free llama.cpp memory (blocking)."""
+        if self.llm is not None:
+            self.llm.close()
+            self.llm = None
+
+    # --- generation (blocking; runs on the executor) ---
+
+    def generate(self, job: GenerationJob, channel: TokenChannel, is_eog) -> None:
+        """Sample tokens into the channel until EOG, max tokens, context end or cancel."""
+        llm = self.llm
+        if llm is None:
+            channel.close(EngineError(f"model {self.model_id} is not loaded"))
+            return
+        p = job.params
+        try:
+            llm.set_seed(p.seed if p.seed is not None else random.getrandbits(32))
+            produced = 0
+            generator = llm.generate(
+                job.prompt_tokens,
+                top_k=p.top_k,
+                top_p=p.top_p,
+                min_p=p.min_p,
+                temp=p.temperature,
+                repeat_penalty=p.repeat_penalty,
+                frequency_penalty=p.frequency_penalty,
+                presence_penalty=p.presence_penalty,
+                reset=True,
+            )
+            try:
+                for token in generator:
+                    if job.cancel.is_set():
+                        break
+                    channel.put(token)
+                    produced += 1
+                    if is_eog(token) or produced >= job.max_new_tokens or job.cancel.is_set():
+                        break
+            finally:
+                generator.close()
+        except Exception as exc:  # llama.cpp decode failure: report it on the stream
+            log.error("DIAG: local stream generate_stream error — executor error model=%s error=%s",
+                      self.model_id, exc)
+            channel.close(EngineError(f"llama.cpp generation failed: {exc}"))
+            return
+        channel.close()
+
+    # --- async wrappers ---
+
+    async def async_run(self, fn, *args):
+        """Run a blocking method of this engine on its executor."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def shutdown(self) -> None:
+        """Stop the executor thread (after close())."""
+        self.executor.shutdown(wait=False, cancel_futures=True)

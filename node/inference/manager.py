@@ -1,0 +1,245 @@
+"""ModelManager: the models this node serves whole, their state, placement and admission queue.
+
+One `ServedModel` per catalog entry. A model is loaded on start-up and again on demand after an
+unload (logged as on-demand loading). Requests to a busy model wait their turn on the model's
+lock; that wait is the trace's queue_ms. Every state change is published to observers (the GUI's
+models table) on the loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.config import NodeConfig
+from node.errors import Conflict, ModelLoadError, ModelUnavailable, NodeError, Overloaded
+from node.inference.catalog import ModelCatalog, ModelEntry
+from node.inference.llama_engine import LlamaEngine
+from node.inference.tokenizer import ModelTokenizer
+
+log = logging.getLogger(__name__)
+
+States = ("unloaded", "loading", "loaded", "failed")
+
+
+def _gpu_present() -> bool:
+    """A cheap check for an NVIDIA GPU (driver nodes), without importing torch."""
+    return Path("/proc/driver/nvidia/gpus").is_dir() or Path("/dev/nvidia0").exists()
+
+
+def place_whole_model(entry: ModelEntry, config: NodeConfig) -> tuple[str, str | None, int]:
+    """Where llama.cpp runs a whole model: (device, cpu_placement_reason, n_gpu_layers)."""
+    if config.cpu_only:
+        reason = "configured_cpu_only"
+    elif not _gpu_present():
+        reason = "no_gpu"
+    else:
+        try:
+            import llama_cpp
+
+            offload = bool(llama_cpp.llama_supports_gpu_offload())
+        except Exception:  # an import problem means no GPU path either
+            offload = False
+        if offload:
+            log.info("DIAG: admitting model to GPU model=%s estimated_mb=%d", entry.id, entry.size_bytes // 2**20)
+            return "cuda", None, -1
+        reason = "gpu_not_supported_by_this_build"
+    log.info("Model will run on the CPU model=%s reason=%s configured_gpu_layers=0 estimated_vram_mb=%d",
+             entry.id, reason, entry.size_bytes // 2**20)
+    return "cpu", reason, 0
+
+
+@dataclass
+class ServedModel:
+    """A whole model this node can run, and where it runs."""
+
+    entry: ModelEntry
+    tokenizer: ModelTokenizer | None = None
+    engine: LlamaEngine | None = None
+    state: str = "unloaded"
+    device: str = "cpu"
+    cpu_placement_reason: str | None = None
+    n_ctx: int = 0
+    error: str | None = None
+    waiting: int = 0
+    busy: bool = False
+    loaded_at: float | None = None
+    last_used: float | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    load_task: asyncio.Task | None = None
+
+    @property
+    def id(self) -> str:
+        return self.entry.id
+
+    def summary(self) -> dict[str, Any]:
+        """Admin API / GUI view: catalog metadata plus runtime state and placement."""
+        return {
+            **self.entry.summary(),
+            "state": self.state,
+            "device": self.device,
+            "cpu_placement_reason": self.cpu_placement_reason,
+            "n_ctx": self.n_ctx,
+            "error": self.error,
+            "busy": self.busy,
+            "waiting": self.waiting,
+            "layers_held": [0, self.entry.n_layers],
+            "engine": "llama.cpp",
+        }
+
+
+ModelObserver = Callable[[str, ServedModel], None]
+
+
+class ModelManager:
+    """Owns ServedModels; loads, unloads and admits requests."""
+
+    def __init__(self, config: NodeConfig, catalog: ModelCatalog, placement: Callable[[ModelEntry], tuple[str, str | None, int]]):
+        self.config = config
+        self.catalog = catalog
+        self.models: dict[str, ServedModel] = {}
+        self._placement = placement  # entry -> (device, cpu_placement_reason, n_gpu_layers)
+        self._observers: list[ModelObserver] = []
+
+    # --- observers ---
+
+    def subscribe(self, observer: ModelObserver) -> Callable[[], None]:
+        """Register a callback(event, model); returns an unsubscribe function."""
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer) if observer in self._observers else None
+
+    def _emit(self, event: str, model: ServedModel) -> None:
+        for observer in list(self._observers):
+            try:
+                observer(event, model)
+            except Exception:
+                log.exception("model observer failed")
+
+    # --- registry ---
+
+    async def async_register(self, entry: ModelEntry) -> ServedModel:
+        """Add a catalog entry and read its tokenizer (vocab-only load, off the loop)."""
+        served = ServedModel(entry)
+        self.models[entry.id] = served
+        try:
+            served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.path)
+        except ModelLoadError as exc:
+            served.state, served.error = "failed", exc.message
+            log.error("model %s cannot be served: %s", entry.id, exc.message)
+        served.n_ctx = self._context_for(entry)
+        self._emit("added", served)
+        return served
+
+    def _context_for(self, entry: ModelEntry) -> int:
+        trained = entry.context_length or 2048
+        if self.config.n_ctx:
+            return min(self.config.n_ctx, trained)
+        return min(trained, self.config.max_ctx)
+
+    def get(self, model_id: str) -> ServedModel:
+        """The served model for an id, name or hash prefix (404 if unknown here)."""
+        return self.models[self.catalog.resolve(model_id).id]
+
+    @property
+    def ready(self) -> bool:
+        """True when at least one model is loaded and can serve."""
+        return any(m.state == "loaded" for m in self.models.values())
+
+    # --- load / unload ---
+
+    async def async_load(self, model_id: str) -> ServedModel:
+        """Load a model (idempotent; concurrent callers share one load)."""
+        served = self.get(model_id)
+        if served.state == "loaded":
+            return served
+        if served.tokenizer is None:
+            raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
+        if served.load_task is None or served.load_task.done():
+            served.load_task = asyncio.create_task(self._load(served), name=f"load-{served.id}")
+        await asyncio.shield(served.load_task)
+        if served.state != "loaded":
+            raise ModelUnavailable(f"model {served.id} failed to load: {served.error}")
+        return served
+
+    async def _load(self, served: ServedModel) -> None:
+        served.state, served.error = "loading", None
+        self._emit("changed", served)
+        device, reason, n_gpu_layers = self._placement(served.entry)
+        served.device, served.cpu_placement_reason = device, reason
+        engine = LlamaEngine(served.id, served.entry.path, n_ctx=served.n_ctx,
+                             n_threads=self.config.n_threads, n_gpu_layers=n_gpu_layers)
+        try:
+            await engine.async_run(engine.load)
+        except NodeError as exc:
+            engine.shutdown()
+            served.state, served.error = "failed", exc.message
+            log.error("DIAG: load_model failed model=%s error=%s", served.id, exc.message)
+            self._emit("changed", served)
+            return
+        served.engine = engine
+        served.state, served.loaded_at = "loaded", time.time()
+        log.info("model-worker: Model loaded model=%s device=%s%s", served.id, device,
+                 f" cpu_placement_reason={reason}" if reason else "")
+        self._emit("changed", served)
+
+    async def async_unload(self, model_id: str, *, force: bool = False) -> ServedModel:
+        """Free a model's weights; refused (409) while a request is using it unless forced."""
+        served = self.get(model_id)
+        if served.load_task is not None and not served.load_task.done():
+            await asyncio.shield(served.load_task)
+        if (served.busy or served.waiting) and not force:
+            raise Conflict(f"model {served.id} is in use by {int(served.busy) + served.waiting} request(s)")
+        async with served.lock:
+            engine, served.engine = served.engine, None
+            if engine is not None:
+                await engine.async_run(engine.close)
+                engine.shutdown()
+            served.state, served.loaded_at = "unloaded", None
+        log.info("Model worker stopped and its memory budget released model=%s device=%s", served.id, served.device)
+        self._emit("changed", served)
+        return served
+
+    async def async_load_all(self) -> None:
+        """Load every registered model (failures are recorded, not raised)."""
+        for served in list(self.models.values()):
+            if served.tokenizer is not None:
+                try:
+                    await self.async_load(served.id)
+                except NodeError:
+                    pass
+
+    async def async_close(self) -> None:
+        """Unload everything and free tokenizers (shutdown)."""
+        for served in list(self.models.values()):
+            if served.load_task is not None and not served.load_task.done():
+                served.load_task.cancel()
+            engine, served.engine = served.engine, None
+            if engine is not None:
+                try:
+                    await engine.async_run(engine.close)
+                finally:
+                    engine.shutdown()
+            if served.tokenizer is not None:
+                served.tokenizer.close()
+                served.tokenizer = None
+            served.state = "unloaded"
+
+    # --- admission ---
+
+    def admit(self, served: ServedModel) -> None:
+        """Refuse early (429) when the model's queue is full."""
+        if served.waiting >= self.config.max_queue_per_model:
+            raise Overloaded(f"model {served.id} has {served.waiting} requests waiting; try again later")
+
+    def mark(self, served: ServedModel, *, waiting: int = 0, busy: bool | None = None) -> None:
+        """Adjust queue counters and publish the change."""
+        served.waiting += waiting
+        if busy is not None:
+            served.busy = busy
+            served.last_used = time.time()
+        self._emit("changed", served)

@@ -1,0 +1,95 @@
+"""Tokenizer and chat template of a GGUF model, from a llama.cpp vocab-only load.
+
+Every node tokenizes a model identically because llama.cpp itself does it, whether or not the
+model's weights are loaded here (a coordinator that holds only a slice still tokenizes). Reading
+the vocabulary is safe from any thread once loaded; loading is blocking (run in an executor).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from pathlib import Path
+
+from node.errors import ModelLoadError
+from node.inference.chat import render_chat
+
+log = logging.getLogger(__name__)
+
+
+class ModelTokenizer:
+    """llama.cpp's tokenizer for one GGUF file."""
+
+    def __init__(self, path: Path):
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise ModelLoadError(f"llama-cpp-python is not installed: {exc}") from exc
+        self._llama_cpp = llama_cpp
+        started = time.monotonic()
+        try:
+            self._llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        except Exception as exc:  # llama.cpp gives ValueError with little detail
+            raise ModelLoadError(f"llama.cpp could not read the vocabulary of {path.name}: {exc}") from exc
+        model = self._llm._model
+        self._vocab = model.vocab
+        self.n_vocab = self._llm.n_vocab()
+        self.n_ctx_train = model.n_ctx_train()
+        meta = self._llm.metadata
+        self.chat_template: str | None = meta.get("tokenizer.chat_template")
+        self.add_bos = bool(model.add_bos_token())
+        self.bos_id = self._llm.token_bos()
+        self.eos_id = self._llm.token_eos()
+        self.bos_text = model.token_get_text(self.bos_id) if self.bos_id >= 0 else ""
+        self.eos_text = model.token_get_text(self.eos_id) if self.eos_id >= 0 else ""
+        self._pieces: dict[int, bytes] = {}
+        self._eog_cache: dict[int, bool] = {}
+        self._lock = threading.Lock()
+        log.debug("DIAG: tokenizer loaded file=%s n_vocab=%d add_bos=%s elapsed_ms=%d", path.name,
+                  self.n_vocab, self.add_bos, (time.monotonic() - started) * 1000)
+
+    def tokenize(self, text: str, *, add_bos: bool | None = None) -> list[int]:
+        """Token ids of text; special tokens written in the text (e.g. `<|im_start|>`) are parsed."""
+        bos = self.add_bos if add_bos is None else add_bos
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=True)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """The prompt text for chat messages under the model's own template."""
+        return render_chat(self.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text)
+
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
+        """Render and tokenize; BOS is added only if the template did not already write it."""
+        text = self.render_chat(messages)
+        add_bos = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        return self.tokenize(text, add_bos=add_bos)
+
+    def piece(self, token_id: int) -> bytes:
+        """Bytes a token adds to the output text (control tokens add nothing)."""
+        cached = self._pieces.get(token_id)
+        if cached is not None:
+            return cached
+        size = 64
+        buf = ctypes.create_string_buffer(size)
+        n = self._llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, size, 0, False)
+        if n < 0:
+            size = -n
+            buf = ctypes.create_string_buffer(size)
+            n = self._llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, size, 0, False)
+        piece = buf.raw[: max(n, 0)]
+        with self._lock:
+            self._pieces[token_id] = piece
+        return piece
+
+    def is_eog(self, token_id: int) -> bool:
+        """End-of-generation token (EOS, EOT, <|im_end|>...)."""
+        hit = self._eog_cache.get(token_id)
+        if hit is None:
+            hit = bool(self._llama_cpp.llama_vocab_is_eog(self._vocab, token_id))
+            self._eog_cache[token_id] = hit
+        return hit
+
+    def close(self) -> None:
+        """Free the vocabulary."""
+        self._llm.close()

@@ -1,0 +1,185 @@
+"""The Node: one object that owns every part of a running SwarmLLM node.
+
+The same object runs headless (`swarmllm run`, asyncio.run) and inside the tray app (qasync
+loop): `await node.start()` ... `await node.stop()`. It composes the parts; the parts do the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from node import AGENT, __version__
+from node.api.metrics import NodeMetrics
+from node.api.schemas import CompletionRequest
+from node.api.server import ApiServer
+from node.config import NodeConfig
+from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
+from node.inference.catalog import ModelCatalog, ModelEntry
+from node.inference.generate import CompletionRun
+from node.inference.manager import ModelManager, place_whole_model
+from node.net._identity import async_load_or_create_identity
+from node.resources import default_model_path
+from node.sysinfo import MachineInfo, collect
+from node.trace import RequestTrace, TraceHub
+from node.watchdog import LoopWatchdog
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    """A SwarmLLM node: API server, models, traces, diagnostics (and later the peer network)."""
+
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.data_dir: Path = config.data_dir
+        self.version = __version__
+        self.agent = AGENT
+        self.api_key = ""
+        self.identity = None
+        self.metrics = NodeMetrics()
+        self.traces = TraceHub(self.metrics)
+        self.catalog = ModelCatalog(self.data_dir)
+        self.models = ModelManager(config, self.catalog, self._placement)
+        self.api = ApiServer(self)
+        self.watchdog = LoopWatchdog()
+        self.machine: MachineInfo | None = None
+        self.peers = None  # the peer network (node.net) when enabled
+        self.started_at: float | None = None
+        self.activity: list[str] = []
+        self._machine_task: asyncio.Task | None = None
+        self._stopping = False
+
+    # --- identity ---
+
+    @property
+    def node_id(self) -> str:
+        return self.identity.node_id if self.identity else ""
+
+    @property
+    def short_id(self) -> str:
+        return self.node_id[:8]
+
+    @property
+    def api_url(self) -> str:
+        host = "localhost" if self.config.host in ("127.0.0.1", "::1", "localhost") else self.config.host
+        return f"http://{host}:{self.api.port or self.config.port}/v1"
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        """Create the data dir, load identity and models, start the API (returns when serving)."""
+        started = time.monotonic()
+        log.info("DIAG: daemon starting version=%s", self.version)
+        loop = asyncio.get_running_loop()
+        self.watchdog.start(loop)
+        await loop.run_in_executor(None, ensure_data_dir, self.data_dir)
+        self.api_key = await loop.run_in_executor(None, load_or_create_api_key, self.data_dir)
+        self.identity = await async_load_or_create_identity(self.data_dir)
+        self.started_at = time.time()
+        self._machine_task = asyncio.create_task(self._collect_machine(), name="machine-info")
+        for entry in await self.catalog.async_scan(self._model_sources()):
+            await self.models.async_register(entry)
+        await self.api.start()
+        self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
+        await self.models.async_load_all()
+        log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
+                 self.api_url, len(self.models.models), self.models.ready, (time.monotonic() - started) * 1000)
+
+    async def stop(self) -> None:
+        """Stop serving, free models, stop background tasks (idempotent)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("DIAG: node stopping node_id=%s", self.short_id)
+        await self.api.stop()
+        if self._machine_task is not None:
+            self._machine_task.cancel()
+        await self.models.async_close()
+        self.watchdog.stop()
+        log.info("DIAG: node stopped node_id=%s in_flight=%d", self.short_id, self.traces.in_flight)
+
+    async def _collect_machine(self) -> None:
+        self.machine = await asyncio.get_running_loop().run_in_executor(None, collect)
+
+    async def async_machine(self) -> MachineInfo:
+        """The machine snapshot (waits for the first measurement)."""
+        if self.machine is None and self._machine_task is not None:
+            await asyncio.shield(self._machine_task)
+        assert self.machine is not None
+        return self.machine
+
+    def _model_sources(self) -> list[tuple[Path, str]]:
+        sources: list[tuple[Path, str]] = []
+        if self.config.include_default_model:
+            path = default_model_path()
+            if path.is_file():
+                sources.append((path, "default"))
+            else:
+                log.warning("the embedded default model is missing (%s)", path.name)
+        models_dir = self.data_dir / MODELS_DIR
+        if models_dir.is_dir():
+            sources += [(p, "data_dir") for p in sorted(models_dir.glob("*.gguf"))]
+        sources += [(Path(p).expanduser(), "cli") for p in self.config.models]
+        return sources
+
+    def _placement(self, entry: ModelEntry) -> tuple[str, str | None, int]:
+        return place_whole_model(entry, self.config)
+
+    # --- requests ---
+
+    def new_run(self, creq: CompletionRequest, trace: RequestTrace) -> CompletionRun:
+        """The run object that serves one completion (local route)."""
+        return CompletionRun(self.models, creq, trace, self.short_id, on_first_token=self.traces.first_token)
+
+    def pipelines_in_flight(self) -> int:
+        """Distributed pipelines being executed by this node as coordinator."""
+        return 0
+
+    def is_ready(self) -> bool:
+        """True when this node can serve at least one model."""
+        return self.models.ready
+
+    def list_openai_models(self) -> list[dict[str, Any]]:
+        """/v1/models entries."""
+        out = []
+        for served in self.models.models.values():
+            out.append({
+                "id": served.id,
+                "object": "model",
+                "created": int(served.entry.path.stat().st_mtime) if served.entry.path.exists() else 0,
+                "owned_by": "swarmllm",
+                "name": served.entry.name,
+                "state": served.state,
+                "context_length": served.n_ctx,
+            })
+        return out
+
+    def note_activity(self, text: str) -> None:
+        """A line for the diagnostics report's recent-activity section."""
+        stamp = time.strftime("%H:%M:%S")
+        self.activity.append(f"{stamp} {text}")
+        del self.activity[:-100]
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for /api/admin/stats and the GUI overview."""
+        recent = list(self.traces.recent)
+        window = [t for t in recent if t.created_at >= time.time() - 60]
+        rates = [t.tok_per_sec for t in recent[-10:] if t.tok_per_sec]
+        return {
+            "node_id": self.node_id,
+            "short_id": self.short_id,
+            "version": self.version,
+            "uptime_s": round(time.time() - self.started_at, 1) if self.started_at else 0,
+            "api_url": self.api_url,
+            "requests": dict(self.traces.counts),
+            "in_flight": {"traces": self.traces.in_flight, "pipelines": self.pipelines_in_flight()},
+            "requests_last_minute": len(window),
+            "recent_tok_per_sec": round(sum(rates) / len(rates), 1) if rates else None,
+            "models_loaded": sum(1 for m in self.models.models.values() if m.state == "loaded"),
+            "peers": len(self.peers.snapshot()) if self.peers is not None else 0,
+            "loop_stalls": self.watchdog.stalls,
+        }

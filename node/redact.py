@@ -1,0 +1,117 @@
+"""Redaction of network addresses, host names and paths for reports pasted in public.
+
+Every IP or host name becomes `<public-ip-xxxx>`, `<private-ip-xxxx>` or `<host-xxxx>`. The tag
+is an HMAC of the address under a salt made fresh for each report, so two occurrences of one host
+share a tag within a report and mean nothing across reports. Ports, node ids and transport
+survive; loopback is exempt; file paths become `<path>`; the API key never appears.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import re
+import secrets
+
+# Dotted names ending in one of these are treated as host names in free text.
+_HOST_SUFFIXES = (
+    "local", "lan", "home", "internal", "localdomain", "corp", "intranet", "arpa",
+    "com", "net", "org", "io", "dev", "ai", "app", "cloud", "co", "edu", "gov", "info", "me",
+    "uk", "de", "fr", "nl", "jp", "cn", "th", "us", "eu", "ru", "br", "in", "au", "ca", "ch",
+)
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+
+_IPV4 = r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.]*\d)"
+# IPv6: at least two colons among hex groups, optional zone; validated by ipaddress afterwards.
+_IPV6 = r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{0,4}|(?:\d{1,3}\.){3}\d{1,3})(?:%[\w.]+)?(?![\w:])"
+_HOSTNAME = (
+    r"(?<![\w.@/-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:"
+    + "|".join(_HOST_SUFFIXES)
+    + r"))\.?(?![\w-])"
+)
+_POSIX_PATH = r"(?<![\w<>:])/(?:[\w.+@-]+/)*[\w.+@-]+/?"
+_WIN_PATH = r"\b[A-Za-z]:\\(?:[^\\\s]+\\)*[^\\\s]*"
+
+_RE_IPV6 = re.compile(_IPV6)
+_RE_IPV4 = re.compile(_IPV4)
+_RE_HOST = re.compile(_HOSTNAME, re.IGNORECASE)
+_RE_PATH = re.compile(f"{_WIN_PATH}|{_POSIX_PATH}")
+_RE_BRACKETED_V6 = re.compile(r"\[([0-9A-Fa-f:.%\w]+)\]")
+
+
+class Redactor:
+    """Replaces addresses with salted, kind-naming tags; one instance per report."""
+
+    def __init__(self, *, enabled: bool = True, secrets_to_hide: list[str] | None = None,
+                 known_hosts: list[str] | None = None, salt: bytes | None = None):
+        self.enabled = enabled
+        self._salt = salt or secrets.token_bytes(16)
+        self._secrets = [s for s in (secrets_to_hide or []) if s]
+        # single-label names (this machine's hostname, peers' names) that no regex can spot
+        self._known_hosts = sorted({h for h in (known_hosts or []) if h and h.lower() not in _LOOPBACK_NAMES},
+                                   key=len, reverse=True)
+
+    def _tag(self, value: str) -> str:
+        digest = hmac.new(self._salt, value.lower().encode(), hashlib.sha256).hexdigest()
+        return digest[:4]
+
+    def ip(self, text: str) -> str:
+        """Redact one IP address (v4 or v6, optional zone); loopback and unspecified kept."""
+        bare = text.split("%", 1)[0]
+        try:
+            addr = ipaddress.ip_address(bare)
+        except ValueError:
+            return text
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        if not self.enabled or addr.is_loopback or addr.is_unspecified:
+            return text
+        kind = "public-ip" if addr.is_global else "private-ip"
+        return f"<{kind}-{self._tag(str(addr))}>"
+
+    def host(self, name: str) -> str:
+        """Redact one host name or address (IP literals are classified as such)."""
+        stripped = name.strip("[]")
+        try:
+            ipaddress.ip_address(stripped.split("%", 1)[0])
+            return self.ip(stripped)
+        except ValueError:
+            pass
+        if not self.enabled or stripped.lower().rstrip(".") in _LOOPBACK_NAMES:
+            return name
+        return f"<host-{self._tag(stripped.rstrip('.'))}>"
+
+    def address(self, host: str, port: int | None = None) -> str:
+        """`host:port` with the host redacted and the port kept."""
+        shown = self.host(host)
+        if port is None:
+            return shown
+        if ":" in shown and not shown.startswith("<"):
+            return f"[{shown}]:{port}"
+        return f"{shown}:{port}"
+
+    def text(self, text: str) -> str:
+        """Redact every address, host name, path and secret found in free text."""
+        for secret in self._secrets:
+            text = text.replace(secret, "<api-key>")
+        if not self.enabled:
+            return text
+        text = _RE_PATH.sub(self._path_sub, text)
+        text = _RE_BRACKETED_V6.sub(lambda m: "[" + self.ip(m.group(1)) + "]"
+                                    if self.ip(m.group(1)) != m.group(1) else m.group(0), text)
+        text = _RE_IPV6.sub(lambda m: self.ip(m.group(0)), text)
+        text = _RE_IPV4.sub(lambda m: self.ip(m.group(0)), text)
+        text = _RE_HOST.sub(lambda m: self.host(m.group(1)), text)
+        for name in self._known_hosts:
+            text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", self.host(name), text,
+                          flags=re.IGNORECASE)
+        return text
+
+    @staticmethod
+    def _path_sub(match: re.Match) -> str:
+        value = match.group(0)
+        # keep URL paths of our own API and plain ratios like 1/2; hide filesystem paths
+        if value.startswith(("/v1", "/api/", "/health", "/metrics")) or value.count("/") < 2:
+            return value
+        return "<path>"

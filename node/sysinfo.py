@@ -1,0 +1,127 @@
+"""What this machine is: CPU, cores, RAM, GPU, and a measured memory bandwidth.
+
+Everything here is blocking; the node calls it from an executor once and caches the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+BANDWIDTH_BUFFER_BYTES = 128 * 1024 * 1024
+BANDWIDTH_REPEATS = 5
+
+
+@dataclass
+class GpuInfo:
+    """One accelerator as torch reports it."""
+
+    name: str
+    total_mb: int
+    free_mb: int
+    compute_capability: str
+
+
+@dataclass
+class MachineInfo:
+    """A snapshot of the machine for diagnostics, HELLO and placement."""
+
+    cpu: str
+    physical_cores: int
+    logical_cores: int
+    ram_total_mb: int
+    ram_available_mb: int
+    os: str
+    python: str
+    gpus: list[GpuInfo] = field(default_factory=list)
+    mem_bandwidth_gbps: float | None = None  # None = could not be measured
+    bandwidth_error: str | None = None
+
+    def as_dict(self) -> dict:
+        """JSON-ready view."""
+        return asdict(self)
+
+    @property
+    def advertised_speed(self) -> str:
+        """What peers rank this node on: bandwidth-derived for a CPU node."""
+        if self.gpus:
+            return f"gpu {self.gpus[0].name}"
+        if self.mem_bandwidth_gbps is None:
+            return "unknown (bandwidth could not be measured)"
+        return f"cpu {self.mem_bandwidth_gbps:.1f} GB/s"
+
+
+def cpu_name() -> str:
+    """The CPU model name (Linux /proc/cpuinfo, else platform)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def gpu_inventory() -> list[GpuInfo]:
+    """CUDA devices via torch (empty without torch or CUDA)."""
+    try:
+        import torch
+    except Exception:  # torch missing or broken: no GPU we can use
+        return []
+    gpus = []
+    try:
+        if not torch.cuda.is_available():
+            return []
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            free, total = torch.cuda.mem_get_info(index)
+            gpus.append(GpuInfo(props.name, total // 2**20, free // 2**20, f"{props.major}.{props.minor}"))
+    except Exception as exc:  # a broken driver is reported as no GPU, with the reason logged
+        log.warning("GPU inventory failed: %s", exc)
+    return gpus
+
+
+def measure_memory_bandwidth(buffer_bytes: int = BANDWIDTH_BUFFER_BYTES,
+                             repeats: int = BANDWIDTH_REPEATS) -> float:
+    """Best-of-N copy bandwidth in GB/s (read + write bytes counted), via numpy."""
+    import numpy as np
+
+    src = np.ones(buffer_bytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault pages in
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * buffer_bytes / best / 1e9
+
+
+def collect(measure_bandwidth: bool = True) -> MachineInfo:
+    """Gather the machine snapshot (blocking: run in an executor)."""
+    vm = psutil.virtual_memory()
+    info = MachineInfo(
+        cpu=cpu_name(),
+        physical_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        logical_cores=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
+        ram_total_mb=vm.total // 2**20,
+        ram_available_mb=vm.available // 2**20,
+        os=f"{platform.system()} {platform.release()}",
+        python=platform.python_version(),
+        gpus=gpu_inventory(),
+    )
+    if measure_bandwidth:
+        try:
+            info.mem_bandwidth_gbps = round(measure_memory_bandwidth(), 1)
+        except Exception as exc:  # MemoryError, numpy missing...: say so, never a fake number
+            info.bandwidth_error = str(exc) or type(exc).__name__
+            log.warning("memory bandwidth could not be measured: %s", info.bandwidth_error)
+    return info

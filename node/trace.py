@@ -1,0 +1,331 @@
+"""RequestTrace: the one record of a request that every surface reads.
+
+The pipeline writes a trace once; the log summary line, the response headers, the diagnostics
+rings, the Prometheus histograms and the GUI's request table all read it and never re-measure.
+Absent fields mean "not measured", never zero.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from node import const
+from node.logs import kv
+
+log = logging.getLogger(__name__)
+
+ROUTES = ("local", "split", "distributed", "relayed")
+
+
+def _ms(start: float | None, end: float | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return max(0.0, (end - start) * 1000.0)
+
+
+def _round(value: float | None) -> int | float | None:
+    if value is None:
+        return None
+    return int(round(value)) if value >= 10 else round(value, 1)
+
+
+@dataclass
+class SegmentTrace:
+    """One hop of a route: which node ran which layers, and what it cost."""
+
+    node_short_id: str
+    layer_start: int
+    layer_end: int  # exclusive
+    transport: str = "local"  # local | direct | relayed
+    elapsed_ms: float = 0.0
+    activation_bytes: int = 0
+    telemetry: dict[str, Any] = field(default_factory=dict)  # eval_us, wait_us, send_us, ...
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RequestTrace:
+    """Everything known about one request; timestamps are time.monotonic() seconds."""
+
+    model: str
+    operation: str  # chat.completions | completions
+    request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    route: str = "local"
+    stream: bool = False
+    created_at: float = field(default_factory=time.time)  # wall clock, for display
+    admitted: float = field(default_factory=time.monotonic)
+    dequeued: float | None = None
+    assembled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    sched_s: float = 0.0  # time spent assembling, summed across attempts
+    assemblies: int = 0
+    segments: list[SegmentTrace] = field(default_factory=list)
+    regions: list[str] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    finish_reason: str | None = None  # stop | length
+    finish_detail: str | None = None  # eos | stop_sequence | max_tokens | context
+    outcome: str | None = None  # ok | error | cancelled
+    error_type: str | None = None
+    error_message: str | None = None
+    first_attempt_cause: str | None = None
+
+    # --- phase marks (written by the pipeline) ---
+
+    def mark_dequeued(self) -> None:
+        """The request got its turn on the model."""
+        self.dequeued = time.monotonic()
+
+    def begin_assembly(self) -> float:
+        """Start choosing a route; returns the start time for end_assembly."""
+        return time.monotonic()
+
+    def end_assembly(self, started: float, segments: list[SegmentTrace] | None = None) -> None:
+        """A route was chosen (one attempt): adds to sched time and counts the assembly."""
+        now = time.monotonic()
+        self.sched_s += now - started
+        self.assemblies += 1
+        self.assembled = now
+        if segments is not None:
+            self.segments = segments
+
+    def mark_token(self, n: int = 1) -> None:
+        """n completion tokens were produced."""
+        if self.first_token is None:
+            self.first_token = time.monotonic()
+        self.completion_tokens += n
+
+    # --- derived figures ---
+
+    @property
+    def queue_ms(self) -> float | None:
+        return _ms(self.admitted, self.dequeued)
+
+    @property
+    def sched_ms(self) -> float | None:
+        return self.sched_s * 1000.0 if self.assemblies else None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """From the route being ready to the first token (queue and sched are separate)."""
+        return _ms(self.assembled, self.first_token)
+
+    @property
+    def decode_ms(self) -> float | None:
+        if self.first_token is None or self.finished is None:
+            return None
+        return _ms(self.first_token, self.finished)
+
+    @property
+    def total_ms(self) -> float | None:
+        return _ms(self.admitted, self.finished)
+
+    @property
+    def tpot_ms(self) -> float | None:
+        decode = self.decode_ms
+        if decode is None or self.completion_tokens < 2:
+            return None
+        return decode / (self.completion_tokens - 1)
+
+    @property
+    def tok_per_sec(self) -> float | None:
+        decode = self.decode_ms
+        if decode is None or decode <= 0 or self.completion_tokens < 2:
+            return None
+        return self.completion_tokens / (decode / 1000.0)
+
+    @property
+    def activation_bytes(self) -> int | None:
+        if not any(s.activation_bytes for s in self.segments):
+            return None
+        return sum(s.activation_bytes for s in self.segments)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [s.node_short_id for s in self.segments]
+
+    @property
+    def peer_count(self) -> int:
+        return len({s.node_short_id for s in self.segments if s.transport != "local"})
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+    # --- surfaces ---
+
+    def summary_line(self) -> str:
+        """The `DIAG: request complete …` line (seed 000 format)."""
+        fields: dict[str, Any] = {
+            "request_id": self.request_id,
+            "route": self.route,
+            "segments": len(self.segments) or None,
+            "assemblies": self.assemblies if self.assemblies > 1 else None,
+            "model": self.model,
+            "nodes": ",".join(self.node_ids) or None,
+            "regions": ",".join(self.regions) or None,
+            "queue_ms": _round(self.queue_ms),
+            "sched_ms": _round(self.sched_ms),
+            "ttft_ms": _round(self.ttft_ms),
+            "decode_ms": _round(self.decode_ms),
+            "total_ms": _round(self.total_ms),
+            "prompt_tokens": self.prompt_tokens,
+            "tokens": self.completion_tokens,
+            "tok_per_sec": round(self.tok_per_sec, 1) if self.tok_per_sec is not None else None,
+            "tpot_ms": round(self.tpot_ms, 1) if self.tpot_ms is not None else None,
+        }
+        for i, seg in enumerate(self.segments):
+            if seg.transport != "local" or len(self.segments) > 1:
+                fields[f"seg{i}_ms"] = _round(seg.elapsed_ms)
+        fields["activation_bytes"] = self.activation_bytes
+        fields["finish_reason"] = self.finish_reason
+        fields["outcome"] = self.outcome
+        fields["error_type"] = self.error_type
+        return "DIAG: request complete " + kv(**fields)
+
+    def headers(self, *, streaming: bool = False) -> dict[str, str]:
+        """x-swarm-* and server-timing; a stream gets only what is known before the body."""
+        out = {
+            "x-swarm-route": self.route,
+            "x-swarm-segments": str(len(self.segments)),
+            "x-swarm-peers": str(self.peer_count),
+            "x-swarm-nodes": ",".join(self.node_ids),
+            "x-request-id": self.request_id,
+        }
+        timing = [("queue", self.queue_ms), ("sched", self.sched_ms)]
+        if not streaming:
+            timing += [("ttft", self.ttft_ms), ("decode", self.decode_ms), ("total", self.total_ms)]
+        parts = [f"{name};dur={value:.1f}" for name, value in timing if value is not None]
+        if parts:
+            out["server-timing"] = ", ".join(parts)
+        return out
+
+    def timings(self) -> dict[str, Any]:
+        """Figures for the final SSE event and JSON surfaces (absent → omitted)."""
+        data = {
+            "route": self.route,
+            "segments": len(self.segments),
+            "nodes": self.node_ids,
+            "queue_ms": self.queue_ms,
+            "sched_ms": self.sched_ms,
+            "ttft_ms": self.ttft_ms,
+            "decode_ms": self.decode_ms,
+            "total_ms": self.total_ms,
+            "tpot_ms": self.tpot_ms,
+            "tok_per_sec": self.tok_per_sec,
+        }
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in data.items() if v is not None}
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON view for /api/admin/requests and the GUI."""
+        return {
+            "request_id": self.request_id,
+            "model": self.model,
+            "operation": self.operation,
+            "route": self.route,
+            "stream": self.stream,
+            "created_at": self.created_at,
+            "assemblies": self.assemblies,
+            "segments": [s.as_dict() for s in self.segments],
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            "finish_detail": self.finish_detail,
+            "outcome": self.outcome,
+            "error_type": self.error_type,
+            "error_message": self.error_message,
+            **{k: v for k, v in self.timings().items() if k not in ("route", "segments", "nodes")},
+            "summary": self.summary_line() if self.done else None,
+        }
+
+
+Observer = Callable[[str, RequestTrace], None]
+
+
+class TraceHub:
+    """Owns the in-flight set, the recent and failure rings, and observers.
+
+    Events passed to observers: "started", "first_token", "finished". Observers are called on
+    the event loop thread and must not block.
+    """
+
+    def __init__(self, metrics: Any | None = None):
+        self._in_flight: dict[str, RequestTrace] = {}
+        self.recent: collections.deque[RequestTrace] = collections.deque(maxlen=const.TRACE_RING_SIZE)
+        self.failures: collections.deque[RequestTrace] = collections.deque(maxlen=const.FAILURE_RING_SIZE)
+        self._observers: list[Observer] = []
+        self.metrics = metrics
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def subscribe(self, observer: Observer) -> Callable[[], None]:
+        """Register an observer; returns a function that unsubscribes it."""
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer) if observer in self._observers else None
+
+    def _emit(self, event: str, trace: RequestTrace) -> None:
+        for observer in list(self._observers):
+            try:
+                observer(event, trace)
+            except Exception:  # an observer must never break a request
+                log.exception("trace observer failed event=%s", event)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def in_flight_traces(self) -> list[RequestTrace]:
+        return list(self._in_flight.values())
+
+    def in_flight_for_model(self, model_id: str) -> int:
+        return sum(1 for t in self._in_flight.values() if t.model == model_id)
+
+    def start(self, trace: RequestTrace) -> RequestTrace:
+        """Register a new request."""
+        self._in_flight[trace.request_id] = trace
+        self.counts["started"] += 1
+        self._emit("started", trace)
+        return trace
+
+    def first_token(self, trace: RequestTrace) -> None:
+        """Tell observers the first token arrived (the pipeline calls it once)."""
+        self._emit("first_token", trace)
+
+    def finish(
+        self,
+        trace: RequestTrace,
+        outcome: str,
+        *,
+        error_type: str | None = None,
+        error_message: str | None = None,
+    ) -> None:
+        """Close the trace exactly once: summary line, rings, metrics, observers."""
+        if trace.request_id not in self._in_flight and trace.done:
+            return
+        self._in_flight.pop(trace.request_id, None)
+        trace.finished = time.monotonic()
+        trace.outcome = outcome
+        trace.error_type = error_type
+        trace.error_message = error_message
+        self.counts[outcome] += 1
+        self.recent.append(trace)
+        if outcome != "ok":
+            self.failures.append(trace)
+        line = trace.summary_line()
+        if outcome == "error":
+            log.warning(line)
+        else:
+            log.info(line)
+        if self.metrics is not None:
+            self.metrics.observe_trace(trace)
+        self._emit("finished", trace)

@@ -1,0 +1,95 @@
+"""Loop-lag watchdog: names the function that kept the event loop busy (DESIGN.md §3).
+
+A heartbeat callback on the loop records when it last ran; a daemon thread checks it and, while
+the loop is late, samples the loop thread's current Python frame. When the beat finally runs
+late by more than the threshold, one line is logged:
+`DIAG: network event loop stalled took_ms=… arm=<module:function>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+
+from node import const
+
+log = logging.getLogger(__name__)
+
+_SKIP_MODULES = ("asyncio", "selectors", "threading", "concurrent", "qasync")
+
+
+def _describe_frame(frame) -> str:
+    """The innermost frame that is not event-loop machinery, as module:function:line."""
+    best = None
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "?")
+        if not module.startswith(_SKIP_MODULES):
+            best = f"{module}:{frame.f_code.co_name}:{frame.f_lineno}"
+            break
+        frame = frame.f_back
+    return best or "event_loop_internal"
+
+
+class LoopWatchdog:
+    """Watch one asyncio loop from a daemon thread."""
+
+    def __init__(self, threshold_ms: float = const.LOOP_STALL_THRESHOLD_MS,
+                 interval_s: float = const.LOOP_WATCHDOG_INTERVAL_S):
+        self.threshold_s = threshold_ms / 1000.0
+        self.interval_s = interval_s
+        self.stalls = 0
+        self.max_stall_ms = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread_id: int | None = None
+        self._last_beat = time.monotonic()
+        self._arm: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start watching the running loop (call from the loop thread)."""
+        self._loop = loop or asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._last_beat = time.monotonic()
+        self._stop.clear()
+        self._schedule()
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and the heartbeat."""
+        self._stop.set()
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def _schedule(self) -> None:
+        if self._loop is not None and not self._stop.is_set():
+            self._expected = time.monotonic() + self.interval_s
+            self._handle = self._loop.call_later(self.interval_s, self._beat)
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        late_s = now - self._expected
+        if late_s > self.threshold_s:
+            took_ms = late_s * 1000.0
+            self.stalls += 1
+            self.max_stall_ms = max(self.max_stall_ms, took_ms)
+            log.warning("DIAG: network event loop stalled took_ms=%d arm=%s", took_ms,
+                        self._arm or "unsampled(process or GIL starved)")
+        self._arm = None
+        self._last_beat = now
+        self._schedule()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s / 2):
+            if time.monotonic() - self._last_beat > self.interval_s + self.threshold_s / 2:
+                if self._arm is None and self._loop_thread_id is not None:
+                    frame = sys._current_frames().get(self._loop_thread_id)
+                    if frame is not None:
+                        self._arm = _describe_frame(frame)
