@@ -76,8 +76,10 @@ class NodeConfig:
 
     @property
     def effective_peer_port(self) -> int:
-        """Peer listener port: explicit, else API port + 10."""
-        return self.peer_port or (self.port + const.PEER_PORT_OFFSET)
+        """Peer listener port: explicit, else API port + 10 (ephemeral when the API port is 0)."""
+        if self.peer_port or self.port == 0:
+            return self.peer_port
+        return self.port + const.PEER_PORT_OFFSET
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (paths as strings) for the diagnostics report and admin API."""

@@ -24,7 +24,7 @@ _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-l
 
 _IPV4 = r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.]*\d)"
 # IPv6: at least two colons among hex groups, optional zone; validated by ipaddress afterwards.
-_IPV6 = r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{0,4}|(?:\d{1,3}\.){3}\d{1,3})(?:%[\w.]+)?(?![\w:])"
+_IPV6 = r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:(?:\d{1,3}\.){3}\d{1,3}|[0-9A-Fa-f]{0,4})(?:%[\w.]+)?(?![\w:]|\.\d)"
 _HOSTNAME = (
     r"(?<![\w.@/-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:"
     + "|".join(_HOST_SUFFIXES)
@@ -111,7 +111,9 @@ class Redactor:
     @staticmethod
     def _path_sub(match: re.Match) -> str:
         value = match.group(0)
-        # keep URL paths of our own API and plain ratios like 1/2; hide filesystem paths
+        if "\\" in value:  # a Windows path
+            return "<path>"
+        # keep URL paths of our own API and single segments like /p2p-circuit; hide filesystem paths
         if value.startswith(("/v1", "/api/", "/health", "/metrics")) or value.count("/") < 2:
             return value
         return "<path>"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from node.api.appkeys import NODE
 from node.diagnostics import build_report
 
 routes = web.RouteTableDef()
@@ -16,7 +17,7 @@ def _truthy(value: str | None) -> bool:
 @routes.get("/api/admin/diagnostics")
 async def diagnostics(request: web.Request) -> web.Response:
     """The plain-text report; addresses redacted unless ?full=1."""
-    node = request.app["node"]
+    node = request.app[NODE]
     text = await build_report(node, full=_truthy(request.query.get("full")))
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -24,14 +25,14 @@ async def diagnostics(request: web.Request) -> web.Response:
 @routes.get("/api/admin/models")
 async def models(request: web.Request) -> web.Response:
     """Every model this node serves, with state, device and cpu_placement_reason."""
-    node = request.app["node"]
+    node = request.app[NODE]
     return web.json_response({"models": [m.summary() for m in node.models.models.values()]})
 
 
 @routes.post("/api/admin/models/{model_id}/unload")
 async def unload(request: web.Request) -> web.Response:
     """Free a model's weights (409 while in use unless ?force=1)."""
-    node = request.app["node"]
+    node = request.app[NODE]
     served = await node.models.async_unload(request.match_info["model_id"],
                                             force=_truthy(request.query.get("force")))
     node.note_activity(f"model {served.id} unloaded")
@@ -41,7 +42,7 @@ async def unload(request: web.Request) -> web.Response:
 @routes.post("/api/admin/models/{model_id}/load")
 async def load(request: web.Request) -> web.Response:
     """Load a model now (waits until loaded)."""
-    node = request.app["node"]
+    node = request.app[NODE]
     served = await node.models.async_load(request.match_info["model_id"])
     node.note_activity(f"model {served.id} loaded on {served.device}")
     return web.json_response({"model": served.summary()})
@@ -50,7 +51,7 @@ async def load(request: web.Request) -> web.Response:
 @routes.get("/api/admin/peers")
 async def peers(request: web.Request) -> web.Response:
     """The peer table."""
-    node = request.app["node"]
+    node = request.app[NODE]
     rows = node.peers.snapshot() if node.peers is not None else []
     return web.json_response({"peers": rows})
 
@@ -58,13 +59,13 @@ async def peers(request: web.Request) -> web.Response:
 @routes.get("/api/admin/stats")
 async def stats(request: web.Request) -> web.Response:
     """Node counters (node_id, uptime, requests, in_flight, tok/s)."""
-    return web.json_response(request.app["node"].stats())
+    return web.json_response(request.app[NODE].stats())
 
 
 @routes.get("/api/admin/requests")
 async def requests(request: web.Request) -> web.Response:
     """Recent requests (newest last), the ones in flight and recent failures."""
-    hub = request.app["node"].traces
+    hub = request.app[NODE].traces
     return web.json_response({
         "in_flight": [t.as_dict() for t in hub.in_flight_traces()],
         "recent": [t.as_dict() for t in hub.recent],

@@ -7,6 +7,7 @@ import logging
 
 from aiohttp import web
 
+from node.api.appkeys import MAX_BODY
 from node.errors import InvalidRequest, MethodNotAllowed, NodeError, NotFound, PayloadTooLarge
 
 log = logging.getLogger(__name__)
@@ -58,12 +59,12 @@ async def error_middleware(request: web.Request, handler):
 
 async def read_json(request: web.Request) -> object:
     """The request body as JSON, or a clear 400."""
-    if request.content_length is not None and request.content_length > request.app["max_body"]:
-        raise PayloadTooLarge(f"request body is larger than {request.app['max_body']} bytes")
+    if request.content_length is not None and request.content_length > request.app[MAX_BODY]:
+        raise PayloadTooLarge(f"request body is larger than {request.app[MAX_BODY]} bytes")
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(f"request body is larger than {request.app['max_body']} bytes") from exc
+        raise PayloadTooLarge(f"request body is larger than {request.app[MAX_BODY]} bytes") from exc
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object")
     try:

@@ -12,6 +12,7 @@ import time
 
 from aiohttp import web
 
+from node.api.appkeys import NODE
 from node.api.errors import read_json
 from node.api.schemas import CompletionRequest, parse_completion
 from node.api.streaming import stream_completion
@@ -59,14 +60,14 @@ def completion_body(creq: CompletionRequest, trace: RequestTrace, text: str) -> 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
     """Models this node can serve (and, with a peer network, the swarm)."""
-    node = request.app["node"]
+    node = request.app[NODE]
     return web.json_response({"object": "list", "data": node.list_openai_models()})
 
 
 @routes.get("/v1/models/{model_id}")
 async def get_model(request: web.Request) -> web.Response:
     """One model by id or name (404 if unknown)."""
-    node = request.app["node"]
+    node = request.app[NODE]
     wanted = request.match_info["model_id"]
     for model in node.list_openai_models():
         if model["id"] == wanted or model.get("name") == wanted:
@@ -91,7 +92,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def serve_completion(request: web.Request, creq: CompletionRequest) -> web.StreamResponse:
     """Open the trace, run, respond, close the trace exactly once."""
-    node = request.app["node"]
+    node = request.app[NODE]
     hub = node.traces
     trace = hub.start(RequestTrace(model=creq.model, stream=creq.stream,
                                    operation="chat.completions" if creq.kind == "chat" else "completions"))

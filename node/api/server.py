@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from node.api import admin, openai
+from node.api.appkeys import MAX_BODY, NODE
 from node.api.auth import make_auth_middleware
 from node.api.errors import error_middleware
 
@@ -24,7 +25,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def health_ready(request: web.Request) -> web.Response:
     """Readiness: 200 only when a model can serve."""
-    node = request.app["node"]
+    node = request.app[NODE]
     ready = node.is_ready()
     log.debug("DIAG: health_ready probe ready=%s", ready)
     body = {"status": "ready" if ready else "not_ready", "models_loaded": ready}
@@ -33,7 +34,7 @@ async def health_ready(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus exposition."""
-    node = request.app["node"]
+    node = request.app[NODE]
     node.metrics.in_flight.set(node.traces.in_flight)
     log.debug("DIAG: metrics scrape")
     body, content_type = node.metrics.render()
@@ -51,8 +52,8 @@ def build_app(node: Node) -> web.Application:
         ],
         client_max_size=cfg.max_request_body_bytes,
     )
-    app["node"] = node
-    app["max_body"] = cfg.max_request_body_bytes
+    app[NODE] = node
+    app[MAX_BODY] = cfg.max_request_body_bytes
     app.router.add_get("/health", health)
     app.router.add_get("/health/ready", health_ready)
     app.router.add_get("/metrics", metrics)

@@ -1,0 +1,265 @@
+"""The OpenAI-compatible API of a real node on 127.0.0.1, driven by the official `openai` client
+and by raw HTTP for the error paths. After every bad request the node keeps serving."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import openai
+import pytest
+import pytest_asyncio
+
+from tests.support.nodes import node_config, running_node, tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("api")
+    model = tiny_model(base)
+    async with running_node(node_config(base / "data", [model])) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+
+
+@pytest.fixture
+def model_id(node):
+    return next(iter(node.models.models))
+
+
+async def raw(node, method, path, *, body=None, data=None, headers=None, key=True):
+    hdrs = {"Authorization": f"Bearer {node.api_key}"} if key else {}
+    hdrs.update(headers or {})
+    if body is not None:
+        data = json.dumps(body)
+        hdrs.setdefault("Content-Type", "application/json")
+    async with aiohttp.ClientSession() as s, s.request(method, f"http://127.0.0.1:{node.api.port}{path}",
+                                                        data=data, headers=hdrs) as r:
+        text = await r.text()
+        return r.status, r.headers, text
+
+
+async def assert_still_serving(client, model_id):
+    reply = await client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "x"}],
+                                                 max_tokens=2, temperature=0)
+    assert reply.choices[0].finish_reason in ("length", "stop")
+
+
+async def test_models_list(client, model_id):
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [model_id]
+    assert model_id.startswith("tiny-")
+
+
+async def test_chat_non_stream(client, model_id):
+    reply = await client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "hello"}], max_tokens=5, temperature=0)
+    assert reply.object == "chat.completion" and reply.model == model_id
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 5 and reply.usage.prompt_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 5
+
+
+async def test_chat_raw_headers(node, model_id):
+    status, headers, text = await raw(node, "POST", "/v1/chat/completions", body={
+        "model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "temperature": 0})
+    assert status == 200, text
+    assert headers["x-swarm-route"] == "local" and headers["x-swarm-segments"] == "1"
+    assert headers["x-swarm-peers"] == "0" and headers["x-swarm-nodes"] == node.short_id
+    timing = headers["server-timing"]
+    for name in ("queue;dur=", "sched;dur=", "ttft;dur=", "decode;dur="):
+        assert name in timing
+
+
+async def test_chat_stream_with_usage(client, model_id):
+    stream = await client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "hello"}], max_tokens=6, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    finishes = [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason]
+    assert finishes == ["length"]
+    usage_chunks = [c for c in chunks if c.usage is not None]
+    assert len(usage_chunks) == 1 and usage_chunks[0] is chunks[-1] and chunks[-1].choices == []
+    assert usage_chunks[0].usage.completion_tokens == 6
+    text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+    plain = await client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "hello"}], max_tokens=6, temperature=0)
+    assert text == plain.choices[0].message.content  # greedy: same text streamed or not
+    assert usage_chunks[0].usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+async def test_stream_raw_has_done_and_timings(node, model_id):
+    status, headers, text = await raw(node, "POST", "/v1/chat/completions", body={
+        "model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True})
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    assert "ttft" not in headers["server-timing"] and "queue;dur=" in headers["server-timing"]
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["choices"][0]["finish_reason"] == "length" and "ttft_ms" in last["x_swarm"]
+
+
+async def test_completions_endpoint(client, model_id):
+    reply = await client.completions.create(model=model_id, prompt="the model", max_tokens=4, temperature=0)
+    assert reply.object == "text_completion" and reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 4
+    chunks = [c async for c in await client.completions.create(
+        model=model_id, prompt="the model", max_tokens=4, temperature=0, stream=True)]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == reply.choices[0].text
+
+
+async def test_seed_reproducible_sampling(client, model_id):
+    kw = dict(model=model_id, messages=[{"role": "user", "content": "seed"}], max_tokens=8, temperature=1.0, seed=42)
+    a = await client.chat.completions.create(**kw)
+    b = await client.chat.completions.create(**kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+async def test_stop_sequence_cuts_reply(client, model_id):
+    base = await client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "q"}],
+                                                max_tokens=12, temperature=0)
+    text = base.choices[0].message.content
+    cut = text[len(text) // 2:][:2]
+    if not cut.strip():
+        pytest.skip("greedy text of the random model has no usable stop substring")
+    stopped = await client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "q"}],
+                                                   max_tokens=12, temperature=0, stop=[cut])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == text[:text.index(cut)]
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ("{not json", 400, None),
+    (json.dumps({"model": "x", "messages": [{"role": "user", "content": "x"}], "temperature": "warm"}), 400, "temperature"),
+    (json.dumps({"model": "x", "messages": "hi"}), 400, "messages"),
+    (json.dumps([1, 2]), 400, None),
+    (b"\xff\xfe\x00garbage", 400, None),
+])
+async def test_malformed_and_wrong_types(node, client, model_id, body, status, param):
+    got, _, text = await raw(node, "POST", "/v1/chat/completions", data=body,
+                             headers={"Content-Type": "application/json"})
+    assert got == status
+    err = json.loads(text)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert err["param"] == param and err["message"]
+    await assert_still_serving(client, model_id)
+
+
+async def test_unknown_model_404(node, client, model_id):
+    got, _, text = await raw(node, "POST", "/v1/chat/completions", body={
+        "model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
+    assert got == 404
+    err = json.loads(text)["error"]
+    assert err["code"] == "model_not_found" and "no-such-model" in err["message"]
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    await assert_still_serving(client, model_id)
+
+
+async def test_auth_missing_and_wrong_key(node, client, model_id):
+    body = {"model": model_id, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    got, _, text = await raw(node, "POST", "/v1/chat/completions", body=body, key=False)
+    assert got == 401 and json.loads(text)["error"]["type"] == "authentication_error"
+    got, _, text = await raw(node, "POST", "/v1/chat/completions", body=body, key=False,
+                             headers={"Authorization": "Bearer sk-wrong"})
+    assert got == 401
+    got, _, _ = await raw(node, "POST", "/v1/chat/completions", body=body, key=False,
+                          headers={"x-api-key": node.api_key})
+    assert got == 200
+    got, _, _ = await raw(node, "GET", "/api/admin/stats", key=False)
+    assert got == 401
+    bad = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key="sk-nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        await bad.models.list()
+    await assert_still_serving(client, model_id)
+
+
+async def test_prompt_longer_than_context(node, client, model_id):
+    long_prompt = "word " * 2000
+    got, _, text = await raw(node, "POST", "/v1/chat/completions", body={
+        "model": model_id, "messages": [{"role": "user", "content": long_prompt}]})
+    assert got == 400
+    err = json.loads(text)["error"]
+    assert err["code"] == "context_length_exceeded" and "256" in err["message"]
+    got, _, text = await raw(node, "POST", "/v1/completions", body={
+        "model": model_id, "prompt": "short", "max_tokens": 10_000})
+    assert got == 400 and json.loads(text)["error"]["param"] == "max_tokens"
+    await assert_still_serving(client, model_id)
+
+
+async def test_n_greater_than_one_refused(node, client, model_id):
+    got, _, text = await raw(node, "POST", "/v1/chat/completions", body={
+        "model": model_id, "messages": [{"role": "user", "content": "x"}], "n": 2})
+    assert got == 400
+    assert json.loads(text)["error"]["param"] == "n"
+    await assert_still_serving(client, model_id)
+
+
+@pytest.mark.parametrize("host", ["evil.example.com", "192.168.1.5:8800", "attacker.localhost.evil.com"])
+async def test_foreign_host_header_rejected(node, client, model_id, host):
+    got, _, text = await raw(node, "GET", "/v1/models", headers={"Host": host})
+    assert got == 403
+    assert json.loads(text)["error"]["code"] == "forbidden_host"
+    await assert_still_serving(client, model_id)
+
+
+@pytest.mark.parametrize("host", ["localhost:1234", "127.0.0.1", "[::1]:8800"])
+async def test_loopback_host_headers_accepted(node, host):
+    got, _, _ = await raw(node, "GET", "/v1/models", headers={"Host": host})
+    assert got == 200
+
+
+async def test_unknown_route_and_method_use_openai_shape(node):
+    got, _, text = await raw(node, "GET", "/v1/nope")
+    assert got == 404 and "error" in json.loads(text)
+    got, _, text = await raw(node, "GET", "/v1/chat/completions")
+    assert got == 405 and json.loads(text)["error"]["code"] == "method_not_allowed"
+
+
+async def test_health_ready_metrics(node):
+    assert (await raw(node, "GET", "/health", key=False))[0] == 200
+    assert (await raw(node, "GET", "/health/ready", key=False))[0] == 200
+    got, headers, text = await raw(node, "GET", "/metrics", key=False)
+    assert got == 200 and "swarmllm_ttft_ms_bucket" in text and "swarmllm_requests_total" in text
+
+
+async def test_usage_identical_cold_and_warm(node, client, model_id):
+    """Seed 000 gotcha #400: prompt_tokens is a property of the prompt, cold or warm."""
+    body = dict(model=model_id, messages=[{"role": "user", "content": "the same prompt twice"}], max_tokens=3, temperature=0)
+    got, _, text = await raw(node, "POST", f"/api/admin/models/{model_id}/unload")
+    assert got == 200 and json.loads(text)["model"]["state"] == "unloaded"
+    cold = await client.chat.completions.create(**body)
+    warm = await client.chat.completions.create(**body)
+    assert cold.usage.prompt_tokens == warm.usage.prompt_tokens
+    assert cold.choices[0].message.content == warm.choices[0].message.content
+    assert node.models.models[model_id].state == "loaded"
+
+
+async def test_admin_models_load_unload(node, model_id):
+    got, _, text = await raw(node, "GET", "/api/admin/models")
+    model = json.loads(text)["models"][0]
+    assert model["device"] == "cpu" and model["cpu_placement_reason"] in ("no_gpu", "configured_cpu_only")
+    assert model["architecture"] == "llama" and model["n_layers"] == 2 and model["quantization"] == "F32"
+    assert (await raw(node, "POST", f"/api/admin/models/{model_id}/unload"))[0] == 200
+    assert node.models.models[model_id].state == "unloaded"
+    got, _, text = await raw(node, "POST", f"/api/admin/models/{model_id}/load")
+    assert got == 200 and json.loads(text)["model"]["state"] == "loaded"
+    assert (await raw(node, "POST", "/api/admin/models/nope/load"))[0] == 404
+
+
+async def test_admin_stats_and_requests(node):
+    got, _, text = await raw(node, "GET", "/api/admin/stats")
+    stats = json.loads(text)
+    assert stats["node_id"] == node.node_id and stats["in_flight"] == {"traces": 0, "pipelines": 0}
+    got, _, text = await raw(node, "GET", "/api/admin/requests")
+    data = json.loads(text)
+    assert data["recent"] and data["recent"][-1]["summary"].startswith("DIAG: request complete")
+    assert any(r["error_type"] == "ModelNotFound" for r in data["failures"])

@@ -1,0 +1,73 @@
+"""Request validation: every problem is a clear 400 naming the parameter; nothing silently ignored."""
+
+import pytest
+
+from node.api.schemas import parse_completion
+from node.errors import InvalidRequest, Unsupported
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_valid_chat_defaults():
+    req = parse_completion(dict(CHAT), "chat")
+    assert req.model == "m" and not req.stream and req.params.max_tokens is None
+    assert req.params.temperature == 1.0 and req.messages[0]["content"] == "hi"
+
+
+@pytest.mark.parametrize(("patch", "param"), [
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": 3}, "temperature"),
+    ({"max_tokens": 1.5}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"top_p": True}, "top_p"),
+    ({"stream": "yes"}, "stream"),
+    ({"stop": 5}, "stop"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"model": 7}, "model"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"frobnicate": 1}, "frobnicate"),
+])
+def test_bad_values_name_the_parameter(patch, param):
+    with pytest.raises(InvalidRequest) as info:
+        parse_completion({**CHAT, **patch}, "chat")
+    assert info.value.param == param
+    assert info.value.http_status == 400
+
+
+@pytest.mark.parametrize(("patch", "param"), [
+    ({"n": 2}, "n"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"logprobs": True}, "logprobs"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
+])
+def test_unsupported_options_are_refused(patch, param):
+    with pytest.raises(Unsupported) as info:
+        parse_completion({**CHAT, **patch}, "chat")
+    assert info.value.param == param and info.value.http_status == 400
+
+
+def test_harmless_explicit_defaults_accepted():
+    req = parse_completion({**CHAT, "n": 1, "tools": None, "logprobs": False, "response_format": {"type": "text"},
+                            "user": "u1", "stream": True, "stream_options": {"include_usage": True}}, "chat")
+    assert req.stream and req.include_usage
+
+
+def test_completion_prompt_forms():
+    assert parse_completion({"model": "m", "prompt": "abc"}, "text").prompt == "abc"
+    assert parse_completion({"model": "m", "prompt": ["abc"]}, "text").prompt == "abc"
+    with pytest.raises(Unsupported):
+        parse_completion({"model": "m", "prompt": ["a", "b"]}, "text")
+    with pytest.raises(InvalidRequest, match="prompt"):
+        parse_completion({"model": "m"}, "text")
+
+
+def test_text_parts_are_joined_and_developer_maps_to_system():
+    req = parse_completion({"model": "m", "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, "chat")
+    assert req.messages[0] == {"role": "system", "content": "be brief"}
+    assert req.messages[1]["content"] == "ab"
