@@ -1,0 +1,106 @@
+"""The diagnostics report: sections in order, redacted by default, never the key or a path."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+
+import aiohttp
+import pytest
+
+from node.watchdog import LoopWatchdog
+from tests.support.nodes import node_config, running_node, tiny_model, wait_until
+
+pytestmark = pytest.mark.llama
+
+SECTIONS = ["-- this machine --", "-- reachable at --", "-- peers --", "-- recent inference failures --",
+            "-- recent requests --", "-- served for others --", "-- peer serving performance --", "-- models --",
+            "-- recent activity --"]
+ADDRESSES = ["93.184.216.34", "8.8.4.4", "192.168.77.12", "10.1.2.3", "2001:db8:85a3::8a2e:370:7334",
+             "2606:4700:4700::1111", "fe80::a00:27ff:fe4e:66a1", "gpu-box.example.org", "nas.local"]
+
+
+async def _report(node, full=False):
+    url = f"http://127.0.0.1:{node.api.port}/api/admin/diagnostics" + ("?full=1" if full else "")
+    async with aiohttp.ClientSession() as s, s.get(url, headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        return await r.text()
+
+
+async def test_report_sections_and_redaction(tmp_path):
+    model = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "data", [model])) as node:
+        # Addresses reach the report the way real events put them there: activity lines and failures.
+        node.note_activity("bootstrap dial failed addr=93.184.216.34:8810 error=refused")
+        node.note_activity("mdns found peer at 192.168.77.12:8810 and [2001:db8:85a3::8a2e:370:7334]:8810 "
+                           "and fe80::a00:27ff:fe4e:66a1%eth0")
+        node.note_activity("relay gpu-box.example.org:8810 via 8.8.4.4 then nas.local:8810 and 10.1.2.3")
+        node.note_activity("dns 2606:4700:4700::1111 again 93.184.216.34:9000")
+        node.note_activity(f"this machine is {socket.gethostname()}; key file {tmp_path}/data/api_key")
+        text = await _report(node)
+        positions = [text.index(s) for s in SECTIONS]
+        assert positions == sorted(positions)
+        for addr in ADDRESSES:
+            assert addr not in text, addr
+        assert socket.gethostname() not in text
+        assert node.api_key not in text and str(tmp_path) not in text
+        # same host, same tag (twice 93.184.216.34, ports kept)
+        tags = re.findall(r"<public-ip-([0-9a-f]{4})>:(8810|9000)", text)
+        by_port = dict((port, tag) for tag, port in tags)
+        assert by_port["8810"] == by_port["9000"]
+        assert re.search(r"<private-ip-[0-9a-f]{4}>:8810", text)
+        assert re.search(r"<host-[0-9a-f]{4}>:8810", text)
+        assert "127.0.0.1:" in text  # loopback is exempt
+        assert f"node: {node.short_id}" in text
+        assert re.search(r"in_flight: 0 traces, 0 pipelines", text)
+        # a second report salts differently: the same address gets an unrelated tag
+        again = await _report(node)
+        assert re.findall(r"<public-ip-([0-9a-f]{4})>", again) != re.findall(r"<public-ip-([0-9a-f]{4})>", text)
+
+        full = await _report(node, full=True)
+        assert "93.184.216.34:8810" in full and "gpu-box.example.org" in full
+        assert node.api_key not in full
+
+
+async def test_report_lists_requests_failures_and_models(tmp_path):
+    model = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "data", [model])) as node:
+        base = f"http://127.0.0.1:{node.api.port}"
+        hdrs = {"Authorization": f"Bearer {node.api_key}"}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(base + "/v1/completions", headers=hdrs,
+                              json={"model": "tiny", "prompt": "a", "max_tokens": 2}) as r:
+                assert r.status == 200
+            async with s.post(base + "/v1/completions", headers=hdrs,
+                              json={"model": "nope", "prompt": "a"}) as r:
+                assert r.status == 404
+        text = await _report(node)
+        recent = text.split("-- recent requests --")[1].split("-- served for others --")[0]
+        assert recent.count("DIAG: request complete") == 2
+        failures = text.split("-- recent inference failures --")[1].split("-- recent requests --")[0]
+        assert "error_type=ModelNotFound" in failures and "does not exist" in failures
+        models = text.split("-- models --")[1]
+        assert "tiny-" in models and "device=cpu reason=no_gpu" in models and "layers=2" in models
+        m = re.search(r"memory bandwidth: (.*)", text).group(1)
+        assert m.endswith("GB/s (measured)") or m.startswith("could not be measured")
+
+
+async def test_watchdog_names_the_blocking_function(caplog):
+    dog = LoopWatchdog(threshold_ms=100, interval_s=0.02)
+    dog.start()
+
+    def hog_the_loop():
+        time.sleep(0.4)  # deliberately blocking: the thing the watchdog exists to catch
+
+    try:
+        await asyncio.sleep(0.05)
+        hog_the_loop()
+        await wait_until(lambda: dog.stalls >= 1, 5, what="stall to be noticed")
+    finally:
+        dog.stop()
+    assert "DIAG: network event loop stalled took_ms=" in caplog.text
+    assert "arm=tests.node.test_diagnostics:hog_the_loop" in caplog.text
+    assert dog.max_stall_ms >= 300
