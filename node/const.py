@@ -31,3 +31,25 @@ RTO_MAX_S = 60.0
 PEER_GONE_MISSED_PINGS = 3
 RECONNECT_BACKOFF_MIN_S = 0.5
 RECONNECT_BACKOFF_MAX_S = 30.0
+
+# --- peer network: links, discovery, relay (node/net; owned by the peer-network module) ---
+CONNECT_TIMEOUT_S = 5.0  # TCP connect to a peer or relay
+HANDSHAKE_TIMEOUT_S = 10.0  # preamble + TLS + HELLO, each stage
+PREAMBLE_MAX_BYTES = 16 * 1024  # plaintext preamble body (carries the dialler's certificate)
+MAX_PENDING_HANDSHAKES = 64  # inbound connections still setting up; more are refused
+TLS_MAX_TRUST_ANCHORS = 4096  # announced certificates trusted before the server context is rebuilt
+PING_TIMEOUT_MIN_S = 0.5  # a PING waits max(RTO, this): a loaded loop must not look like a dead peer
+DUPLICATE_LINK_GRACE_S = 1.0  # a retired duplicate link stays open this long for frames in flight
+DIAL_MAINTENANCE_INTERVAL_S = 1.0  # how often the dial loop looks for peers to (re)dial
+PEER_FORGET_S = 3600.0  # a peer unreachable this long leaves the table
+PEX_INTERVAL_S = 30.0
+PEX_MAX_PEERS = 64
+PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes
+PEER_CACHE_MAX = 256
+MDNS_RESOLVE_TIMEOUT_MS = 3000
+RELAY_MAX_REGISTRATIONS = 1024
+RELAY_MAX_CIRCUITS = 64  # spliced circuits open at once on a relay
+RELAY_CIRCUIT_MAX_BYTES = 4 * 1024 * 1024 * 1024  # per circuit, both directions; then it is closed
+RELAY_CIRCUIT_IDLE_S = 120.0  # a circuit with no bytes this long is dropped (links ping every 2 s)
+RELAY_CIRCUIT_SETUP_TIMEOUT_S = 10.0  # target must answer an incoming circuit within this
+RELAY_LIST_INTERVAL_S = 10.0  # rendezvous: ask each relay who is registered

@@ -1,0 +1,167 @@
+"""Connection set-up below the link: preamble, TLS in the right role, identity check.
+
+Three ways a TLS stream comes to be:
+- `async_dial_direct`: TCP to the peer, "T" preamble, TLS client, certificate key must hash to
+  the expected node id (or, for a bootstrap address, is recorded as whatever it proves);
+- `async_dial_relayed`: TCP to a relay, "C" (connect me to X) preamble, then the same as direct
+  over the spliced stream: the relay only ever forwards TLS records;
+- `async_accept_tls`: the server side of a "T" preamble (direct inbound, or the far end of a
+  relay circuit), which trusts exactly the certificate the dialler announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import ssl
+
+from node import const
+from node.errors import PeerError, PeerIdentityMismatch, PeerUnreachable, ProtocolError
+
+from ._messages import NotSwarmPeer
+from ._preamble import (
+    KIND_ACCEPT,
+    KIND_CONNECT,
+    PREAMBLE_VERSION,
+    announced_cert,
+    encode_preamble,
+    read_reply,
+    send_reply,
+    tls_preamble,
+)
+from ._stream import Stream, open_stream
+from ._tls import TlsConfig, verify_peer
+
+log = logging.getLogger(__name__)
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """Split "host:port" / "[v6]:port"; ValueError on a malformed address."""
+    if addr.startswith("["):
+        host, _, rest = addr[1:].partition("]")
+        port = rest.lstrip(":")
+    else:
+        host, sep, port = addr.rpartition(":")
+        if not sep:
+            raise ValueError(f"address {addr!r} has no port")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"malformed address {addr!r}")
+    return host, int(port)
+
+
+def format_addr(host: str, port: int) -> str:
+    """"host:port", bracketing IPv6 literals."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def peer_address(stream: Stream) -> str:
+    """"host:port" of the other end of a stream."""
+    peer = stream.extra("peername")
+    if not peer:
+        return "?"
+    return format_addr(str(peer[0]), int(peer[1]))
+
+
+async def _async_client_tls(stream: Stream, tls: TlsConfig, expected_node_id: str | None) -> str:
+    """Send the T preamble, run the TLS client handshake, check the proven identity."""
+    stream.write(tls_preamble(tls.cert_der))
+    await read_reply(stream)
+    try:
+        await stream.start_tls(tls.client_context(), server_side=False)
+    except ssl.SSLError as exc:
+        raise PeerError(f"TLS handshake failed: {exc.reason or exc}", code="tls_failed") from exc
+    return verify_peer(stream.extra("ssl_object"), expected_node_id)
+
+
+def _classify(exc: BaseException, addr: str) -> BaseException:
+    """Turn low-level dial failures into the error tree (NotSwarmPeer and identity pass through)."""
+    if isinstance(exc, NotSwarmPeer | PeerIdentityMismatch | PeerError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return PeerUnreachable(f"{addr}: timed out")
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return PeerUnreachable(f"{addr}: connection closed during set-up")
+    if isinstance(exc, OSError):
+        return PeerUnreachable(f"{addr}: {exc.strerror or exc}")
+    return PeerUnreachable(f"{addr}: {type(exc).__name__}: {exc}")
+
+
+async def async_dial_direct(tls: TlsConfig, addr: str, expected_node_id: str | None) -> tuple[Stream, str]:
+    """A TLS stream straight to addr; returns it with the node id the peer proved."""
+    host, port = parse_addr(addr)
+    stream: Stream | None = None
+    try:
+        stream = await open_stream(host, port, timeout_s=const.CONNECT_TIMEOUT_S)
+        async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+            node_id = await _async_client_tls(stream, tls, expected_node_id)
+    except (Exception, asyncio.CancelledError) as exc:
+        if stream is not None:
+            stream.abort()
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        raise _classify(exc, addr) from exc
+    return stream, node_id
+
+
+async def async_dial_relayed(tls: TlsConfig, relay_addr: str, target_node_id: str,
+                             own_node_id: str) -> Stream:
+    """A TLS stream to target through the relay at relay_addr (end-to-end: the relay sees
+    ciphertext only). The target's certificate must prove target_node_id."""
+    host, port = parse_addr(relay_addr)
+    stream: Stream | None = None
+    try:
+        stream = await open_stream(host, port, timeout_s=const.CONNECT_TIMEOUT_S)
+        async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S + const.RELAY_CIRCUIT_SETUP_TIMEOUT_S):
+            stream.write(encode_preamble(KIND_CONNECT, {"v": PREAMBLE_VERSION, "target": target_node_id,
+                                                        "from": own_node_id}))
+            await read_reply(stream)  # the relay has the circuit; what follows is the target
+            await _async_client_tls(stream, tls, target_node_id)
+    except (Exception, asyncio.CancelledError) as exc:
+        if stream is not None:
+            stream.abort()
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        raise _classify(exc, f"{relay_addr} (relay)") from exc
+    return stream
+
+
+async def async_open_circuit_end(relay_addr: str, circuit: str) -> Stream:
+    """The target's half of a relay circuit: a raw stream on which the dialler's T preamble
+    arrives next (the caller then runs `async_accept_tls` on it)."""
+    host, port = parse_addr(relay_addr)
+    stream: Stream | None = None
+    try:
+        stream = await open_stream(host, port, timeout_s=const.CONNECT_TIMEOUT_S)
+        async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+            stream.write(encode_preamble(KIND_ACCEPT, {"v": PREAMBLE_VERSION, "circuit": circuit}))
+            await read_reply(stream)
+    except (Exception, asyncio.CancelledError) as exc:
+        if stream is not None:
+            stream.abort()
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        raise _classify(exc, f"{relay_addr} (relay)") from exc
+    return stream
+
+
+async def async_accept_tls(stream: Stream, tls: TlsConfig, body: dict) -> str:
+    """Server side of a T preamble already read: reply, TLS server handshake, proven node id."""
+    cert = announced_cert(body)
+    ctx = tls.server_context_for(cert)
+    send_reply(stream)
+    try:
+        await stream.start_tls(ctx, server_side=True)
+    except ssl.SSLError as exc:
+        raise ProtocolError(f"TLS handshake failed: {exc.reason or exc}") from exc
+    return verify_peer(stream.extra("ssl_object"), None, announced_cert=cert)

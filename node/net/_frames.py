@@ -1,0 +1,157 @@
+"""Wire frames: a fixed 24-byte prefix, a JSON header, raw payload bytes.
+
+    magic  "SWRM"   4 bytes
+    version         u8   (FRAME_VERSION)
+    type            u8   (FrameType; unknown values decode fine and are answered with ERROR)
+    flags           u16  (FLAG_RESPONSE marks a reply to the request with the same request id)
+    request_id      u64  (0 = no reply expected)
+    header_len      u32  (JSON object, UTF-8; 0 = empty header)
+    payload_len     u32  (raw bytes: activations, token ids, ...)
+
+All integers big-endian. Sizes are checked against `const.MAX_HEADER_BYTES` / `const.MAX_FRAME_BYTES`
+before anything is allocated; a violation is a `ProtocolError`, which closes that link only.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from node import const
+from node.errors import ProtocolError
+
+MAGIC = b"SWRM"
+FRAME_VERSION = 1
+PREFIX = struct.Struct("!4sBBHQII")
+PREFIX_LEN = PREFIX.size  # 24
+FLAG_RESPONSE = 0x0001
+MAX_REQUEST_ID = (1 << 64) - 1
+
+
+class FrameType(enum.IntEnum):
+    """Frame types. WORK..SESSION_END belong to the distributed pipeline (node.inference)."""
+
+    HELLO = 1
+    ERROR = 2
+    PING = 3
+    PONG = 4
+    PEX = 5
+    RELAY = 6  # relay control: register / list / incoming circuit (see _relay.py)
+    WORK = 16
+    ACK = 17
+    RESULT = 18
+    CANCEL = 19
+    SESSION_END = 20
+
+
+def type_name(frame_type: int) -> str:
+    """Readable name of a frame type, including unknown ones."""
+    try:
+        return FrameType(frame_type).name
+    except ValueError:
+        return f"UNKNOWN({frame_type})"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One wire frame. `header` is a JSON object; `payload` is raw bytes."""
+
+    type: int
+    header: Mapping[str, Any] = field(default_factory=dict)
+    payload: bytes = b""
+    request_id: int = 0
+    flags: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= int(self.type) <= 255:
+            raise ValueError(f"frame type out of range: {self.type}")
+        if not 0 <= self.request_id <= MAX_REQUEST_ID:
+            raise ValueError(f"request id out of range: {self.request_id}")
+        if not 0 <= self.flags <= 0xFFFF:
+            raise ValueError(f"flags out of range: {self.flags}")
+        if not isinstance(self.header, Mapping):
+            raise ValueError("frame header must be a mapping")
+        if not isinstance(self.payload, bytes | bytearray | memoryview):
+            raise ValueError("frame payload must be bytes")
+
+    @property
+    def is_response(self) -> bool:
+        """True for a reply to a request this side sent."""
+        return bool(self.flags & FLAG_RESPONSE)
+
+    def reply(self, frame_type: int, header: Mapping[str, Any] | None = None, payload: bytes = b"") -> Frame:
+        """A response frame to this request (same request id, FLAG_RESPONSE)."""
+        return Frame(frame_type, header or {}, payload, self.request_id, FLAG_RESPONSE)
+
+
+def encode_frame(frame: Frame) -> list[bytes]:
+    """Wire bytes of a frame as [prefix+header, payload] (the payload is not copied)."""
+    header = json.dumps(frame.header, separators=(",", ":")).encode() if frame.header else b""
+    payload = frame.payload
+    if len(header) > const.MAX_HEADER_BYTES:
+        raise ProtocolError(f"frame header too large: {len(header)} bytes")
+    if len(payload) > const.MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame payload too large: {len(payload)} bytes")
+    prefix = PREFIX.pack(MAGIC, FRAME_VERSION, int(frame.type), frame.flags, frame.request_id,
+                         len(header), len(payload))
+    if not payload:
+        return [prefix + header]
+    return [prefix + header, payload]
+
+
+def frame_bytes(frame: Frame) -> bytes:
+    """The whole frame as one bytes object (tests, blocking clients)."""
+    return b"".join(encode_frame(frame))
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """The decoded fixed prefix of a frame."""
+
+    type: int
+    flags: int
+    request_id: int
+    header_len: int
+    payload_len: int
+
+
+def decode_prefix(data: bytes) -> Prefix:
+    """Validate the 24-byte prefix (magic, version, sizes) before the body is read."""
+    if len(data) != PREFIX_LEN:
+        raise ProtocolError(f"truncated frame prefix ({len(data)} bytes)")
+    magic, version, ftype, flags, rid, hlen, plen = PREFIX.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad frame magic {magic!r}")
+    if version != FRAME_VERSION:
+        raise ProtocolError(f"unsupported frame version {version}")
+    if hlen > const.MAX_HEADER_BYTES:
+        raise ProtocolError(f"frame header too large: {hlen} bytes (max {const.MAX_HEADER_BYTES})")
+    if plen > const.MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame payload too large: {plen} bytes (max {const.MAX_FRAME_BYTES})")
+    return Prefix(ftype, flags, rid, hlen, plen)
+
+
+def decode_body(prefix: Prefix, body: bytes) -> Frame:
+    """Build the frame from its prefix and `header_len + payload_len` body bytes."""
+    if len(body) != prefix.header_len + prefix.payload_len:
+        raise ProtocolError("truncated frame body")
+    header: Any = {}
+    if prefix.header_len:
+        try:
+            header = json.loads(body[: prefix.header_len])
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProtocolError(f"frame header is not JSON: {exc}") from exc
+        if not isinstance(header, dict):
+            raise ProtocolError("frame header is not a JSON object")
+    payload = body[prefix.header_len:] if prefix.payload_len else b""
+    return Frame(prefix.type, header, bytes(payload), prefix.request_id, prefix.flags)
+
+
+def decode_frame(data: bytes) -> Frame:
+    """Decode one complete frame from bytes (tests, blocking clients)."""
+    prefix = decode_prefix(data[:PREFIX_LEN])
+    return decode_body(prefix, data[PREFIX_LEN:])

@@ -1,0 +1,289 @@
+"""One authenticated TLS link to a peer: frame I/O, request/response, PING/PONG liveness.
+
+The link reads frames in its own task and hands everything that is not a response or a PING to
+the manager's dispatcher. A malformed frame closes this link only (with a logged reason); the
+ping loop marks the link dead when PEER_GONE_MISSED_PINGS consecutive pings miss, each waiting
+the RTO (at least PING_TIMEOUT_MIN_S) and backing it off (RFC 6298 §5.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from node import const
+from node.errors import PeerError, PeerUnreachable, ProtocolError, RequestTimeout
+from node.logs import TRACE, kv
+
+from ._frames import PREFIX_LEN, Frame, FrameType, decode_body, decode_prefix, encode_frame, type_name
+from ._identity import short_id
+from ._messages import ErrorInfo, Hello
+from ._rto import RtoEstimator
+from ._stream import Stream
+
+log = logging.getLogger(__name__)
+
+Transport = Literal["direct", "relayed"]
+_connection_ids = itertools.count(1)
+
+
+async def async_read_frame(stream: Stream) -> Frame:
+    """Read one frame: prefix (validated before the body is read), then header + payload."""
+    prefix = decode_prefix(await stream.read_exactly(PREFIX_LEN))
+    size = prefix.header_len + prefix.payload_len
+    body = await stream.read_exactly(size) if size else b""
+    return decode_body(prefix, body)
+
+
+class PeerLink:
+    """An established, authenticated link. Use `async_send` / `async_request`; never the stream."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        *,
+        node_id: str,
+        hello: Hello,
+        link_nonce: str,
+        transport: Transport,
+        is_dialer: bool,
+        address: str,
+        rto: RtoEstimator,
+        dispatch: Callable[[PeerLink, Frame], None],
+        via_relay: str | None = None,
+    ):
+        self.stream = stream
+        self.node_id = node_id
+        self.short_id = short_id(node_id)
+        self.hello = hello
+        self.link_nonce = link_nonce  # the dialler's nonce: both ends rank duplicate links by it
+        self.transport: Transport = transport
+        self.is_dialer = is_dialer
+        self.address = address  # "host:port" of the other end as this side sees it
+        self.via_relay = via_relay  # relay "host:port" for relayed links
+        self.rto = rto
+        self.connection_id = next(_connection_ids)
+        self.established_at = time.time()
+        self.last_seen = time.monotonic()
+        self.rtt_s: float | None = None
+        self.retired = False  # lost a duplicate-link tie-break: closes once idle
+        self.close_cause: str | None = None
+        self.frames_in = 0
+        self.frames_out = 0
+        self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._dispatch = dispatch
+        self._request_ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.order_tails: dict[int, asyncio.Task[None]] = {}  # ordered handlers, per frame type
+        self.on_rtt: Callable[[PeerLink], None] | None = None  # the manager's "changed" hook
+
+    def __repr__(self) -> str:
+        return (f"PeerLink({self.short_id} #{self.connection_id} {self.transport} {self.address} "
+                f"dialer={self.is_dialer})")
+
+    @property
+    def is_open(self) -> bool:
+        """False once closing started."""
+        return self.close_cause is None
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests sent on this link still waiting for their reply."""
+        return len(self._pending)
+
+    def start(self) -> None:
+        """Start the read and ping loops."""
+        self._tasks.append(asyncio.create_task(self._async_read_loop(), name=f"link-read-{self.short_id}"))
+        self._tasks.append(asyncio.create_task(self._async_ping_loop(), name=f"link-ping-{self.short_id}"))
+
+    # --- sending ------------------------------------------------------------------------------
+
+    def send_nowait(self, frame: Frame) -> None:
+        """Queue a frame without waiting for back-pressure (small control frames)."""
+        if not self.is_open:
+            raise PeerUnreachable(f"link to {self.short_id} is closed ({self.close_cause})")
+        try:
+            self.stream.writelines(encode_frame(frame))
+        except (ConnectionError, RuntimeError) as exc:
+            raise PeerUnreachable(f"link to {self.short_id} is closed: {exc}") from exc
+        self.frames_out += 1
+        if log.isEnabledFor(TRACE if frame.type in (FrameType.PING, FrameType.PONG) else logging.DEBUG):
+            log.log(TRACE if frame.type in (FrameType.PING, FrameType.PONG) else logging.DEBUG,
+                    "DIAG: sent frame %s", kv(peer_id=self.short_id, type=type_name(frame.type),
+                                              request_id=frame.request_id, payload_bytes=len(frame.payload)))
+
+    async def async_send(self, frame: Frame) -> None:
+        """Send a frame, waiting while the link's write buffer is full."""
+        self.send_nowait(frame)
+        try:
+            await self.stream.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise PeerUnreachable(f"link to {self.short_id} closed while sending: {exc}") from exc
+
+    async def async_request(self, frame: Frame, timeout_s: float | None = None) -> Frame:
+        """Send a request and wait for its reply (same request id, FLAG_RESPONSE).
+
+        Raises PeerError with the peer's code on an ERROR reply, RequestTimeout after timeout_s
+        (default: the link's current RTO-based deadline is NOT applied; pass one), and
+        PeerUnreachable if the link closes first.
+        """
+        rid = next(self._request_ids)
+        request = Frame(frame.type, frame.header, frame.payload, rid, frame.flags)
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        try:
+            await self.async_send(request)
+            if timeout_s is None:
+                reply = await future
+            else:
+                async with asyncio.timeout(timeout_s):
+                    reply = await future
+        except TimeoutError as exc:
+            raise RequestTimeout(
+                f"{type_name(frame.type)} to {self.short_id} not answered within {timeout_s:.3f} s"
+            ) from exc
+        finally:
+            self._pending.pop(rid, None)
+            if self.retired and not self._pending:
+                self.close("duplicate")
+        if reply.type == FrameType.ERROR:
+            info = ErrorInfo.from_frame(reply)
+            raise PeerError(f"peer {self.short_id} answered ERROR {info.code}: {info.message}",
+                            code=info.code)
+        return reply
+
+    def send_error(self, request: Frame, code: str, message: str) -> None:
+        """Answer a request with ERROR (best effort: the link may already be gone)."""
+        frame = Frame(FrameType.ERROR, ErrorInfo(code, message).to_header(), b"",
+                      request.request_id, 1 if request.request_id else 0)
+        try:
+            self.send_nowait(frame)
+        except PeerUnreachable:
+            pass
+
+    # --- receiving ----------------------------------------------------------------------------
+
+    async def _async_read_loop(self) -> None:
+        cause = "closed"
+        try:
+            while True:
+                frame = await async_read_frame(self.stream)
+                self.last_seen = time.monotonic()
+                self.frames_in += 1
+                if frame.is_response:
+                    future = self._pending.get(frame.request_id)
+                    if future is not None and not future.done():
+                        future.set_result(frame)
+                    else:
+                        log.debug("DIAG: late or unknown reply dropped %s",
+                                  kv(peer_id=self.short_id, type=type_name(frame.type),
+                                     request_id=frame.request_id))
+                    continue
+                if frame.type == FrameType.PING:
+                    self.send_nowait(frame.reply(FrameType.PONG))
+                    continue
+                log.log(TRACE if frame.type == FrameType.PONG else logging.DEBUG,
+                        "DIAG: received frame %s",
+                        kv(peer_id=self.short_id, type=type_name(frame.type),
+                           request_id=frame.request_id, payload_bytes=len(frame.payload)))
+                self._dispatch(self, frame)
+        except asyncio.IncompleteReadError as exc:
+            cause = "truncated frame" if exc.partial else "eof"
+            if exc.partial:
+                log.warning("DIAG: malformed frame, closing link %s",
+                            kv(peer_id=self.short_id, connection_id=self.connection_id,
+                               reason=f"truncated frame ({len(exc.partial)} of {exc.expected} bytes)"))
+        except ProtocolError as exc:
+            cause = "malformed frame"
+            log.warning("DIAG: malformed frame, closing link %s",
+                        kv(peer_id=self.short_id, connection_id=self.connection_id, reason=exc.message))
+            try:
+                self.send_nowait(Frame(FrameType.ERROR, ErrorInfo("protocol_error", exc.message).to_header()))
+            except PeerUnreachable:
+                pass
+        except (ConnectionError, ssl.SSLError, OSError, PeerUnreachable) as exc:
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except asyncio.CancelledError:
+            cause = self.close_cause or "cancelled"
+            raise
+        finally:
+            self.close(self.close_cause or cause)
+
+    # --- liveness -----------------------------------------------------------------------------
+
+    def liveness_deadline_s(self) -> float:
+        """Longest silence before this link is declared dead: one ping interval plus
+        PEER_GONE_MISSED_PINGS backed-off RTOs (each at least PING_TIMEOUT_MIN_S)."""
+        return const.PING_INTERVAL_S + self.rto.deadline_s(
+            const.PEER_GONE_MISSED_PINGS, floor_s=const.PING_TIMEOUT_MIN_S)
+
+    async def _async_ping_loop(self) -> None:
+        missed = 0
+        while self.is_open:
+            timeout = max(self.rto.rto_s, const.PING_TIMEOUT_MIN_S)
+            started = time.monotonic()
+            try:
+                await self.async_request(Frame(FrameType.PING), timeout_s=timeout)
+            except RequestTimeout:
+                if self.last_seen > started:
+                    missed = 0  # the pipe is busy (a PONG queued behind data) but alive
+                    await asyncio.sleep(const.PING_INTERVAL_S)
+                    continue
+                missed += 1
+                self.rto.backoff()
+                log.debug("DIAG: ping missed %s", kv(peer_id=self.short_id, missed=missed,
+                                                     timeout_ms=timeout * 1000, rto_ms=self.rto.rto_s * 1000))
+                if missed >= const.PEER_GONE_MISSED_PINGS:
+                    log.info("DIAG: peer missed pings, closing link %s",
+                             kv(peer_id=self.short_id, connection_id=self.connection_id, missed=missed,
+                                silent_s=round(time.monotonic() - self.last_seen, 2)))
+                    self.close("ping_timeout")
+                    return
+                continue  # probe again at once with the backed-off RTO
+            except (PeerError, ProtocolError):
+                return  # link closed (or the peer refuses PING); the read loop reports why
+            rtt = time.monotonic() - started
+            self.rtt_s = rtt
+            self.rto.observe(rtt)
+            missed = 0
+            if self.on_rtt is not None:
+                self.on_rtt(self)
+            await asyncio.sleep(const.PING_INTERVAL_S)
+
+    # --- closing ------------------------------------------------------------------------------
+
+    def retire(self) -> None:
+        """Lost a duplicate-link tie-break: take no new work, close once requests drain (or grace)."""
+        if self.retired or not self.is_open:
+            return
+        self.retired = True
+        if not self._pending:
+            # Give frames the peer already sent on this link a moment to arrive and be answered.
+            asyncio.get_running_loop().call_later(const.DUPLICATE_LINK_GRACE_S, self.close, "duplicate")
+        else:
+            asyncio.get_running_loop().call_later(const.DUPLICATE_LINK_GRACE_S * 4, self.close, "duplicate")
+
+    def close(self, cause: str = "closed") -> None:
+        """Close the link (idempotent); pending requests fail with PeerUnreachable."""
+        if self.close_cause is not None:
+            return
+        self.close_cause = cause
+        self.stream.close()
+        if cause in ("ping_timeout", "malformed frame", "truncated frame"):
+            self.stream.abort()
+        for rid, future in list(self._pending.items()):
+            if not future.done():
+                future.set_exception(PeerUnreachable(f"link to {self.short_id} closed ({cause})"))
+            self._pending.pop(rid, None)
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current and not task.done():
+                task.cancel()
+        if not self.closed.done():
+            self.closed.set_result(cause)

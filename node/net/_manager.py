@@ -1,0 +1,482 @@
+"""PeerManager: the listener, link set-up and HELLO, one link per peer, dispatch, the peer table.
+
+Discovery and dialling (bootstrap, mDNS, PEX, peer cache, relays) live in `_discovery.py`; this
+module owns links and records. Exactly one link per peer pair survives even when both ends dial
+at once: both ends rank duplicates the same way (`_preferred`) and retire the loser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from node import AGENT, const
+from node.config import NodeConfig
+from node.errors import NodeError, PeerError, PeerIdentityMismatch, PeerUnreachable, ProtocolError
+from node.logs import kv
+
+from ._connect import async_accept_tls, format_addr, is_loopback, parse_addr, peer_address
+from ._discovery import Discovery
+from ._frames import FLAG_RESPONSE, Frame, FrameType, encode_frame, type_name
+from ._identity import Identity, short_id
+from ._link import PeerLink, Transport, async_read_frame
+from ._mdns import local_ipv4_addresses
+from ._messages import FEATURE_PEX, FEATURE_PIPELINE, FEATURE_RELAY, Hello, NotSwarmPeer
+from ._preamble import KIND_ACCEPT, KIND_CONNECT, KIND_TLS, read_preamble, send_reply
+from ._relay import RelayService
+from ._rto import RtoEstimator
+from ._stream import Stream
+from ._table import Observers, PeerObserver, PeerRecord, PeerSnapshot
+from ._tls import TlsConfig
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[PeerLink, Frame], Awaitable[Frame | None]]
+_RESERVED = {FrameType.HELLO, FrameType.ERROR, FrameType.PING, FrameType.PONG, FrameType.PEX,
+             FrameType.RELAY}
+
+
+class SelfConnection(PeerError):
+    """We dialled an address that turned out to be this node."""
+
+    code = "self_connection"
+
+
+class PeerManager:
+    """Owns this node's peer links. Create, `await async_start()`, `await async_stop()`."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        identity: Identity,
+        *,
+        models_provider: Callable[[], list[Mapping[str, Any]]] | None = None,
+        hardware_provider: Callable[[], Mapping[str, Any]] | None = None,
+        agent: str = AGENT,
+    ):
+        self.config = config
+        self.identity = identity
+        self.node_id = identity.node_id
+        self.short_id = identity.short_id
+        self.agent = agent
+        self.boot_id = secrets.token_hex(8)
+        self.tls = TlsConfig(identity, config.data_dir)
+        self.listen_port = 0
+        self.listen_addrs: list[str] = []
+        self.relay: RelayService | None = RelayService() if config.relay else None
+        self.records: dict[str, PeerRecord] = {}
+        self.links: set[PeerLink] = set()
+        self.observers = Observers()
+        self.discovery = Discovery(self)
+        self._models_provider = models_provider
+        self._hardware_provider = hardware_provider
+        self._handlers: dict[int, tuple[Handler, bool]] = {}
+        self._server: asyncio.Server | None = None
+        self._handshakes = asyncio.Semaphore(const.MAX_PENDING_HANDSHAKES)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self.stopping = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def async_start(self) -> None:
+        """Write the certificate, listen on the peer port, start discovery."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.tls.write_files)
+        self._server = await loop.create_server(
+            lambda: Stream(on_connect=self._on_inbound), self.config.peer_host or None,
+            self.config.effective_peer_port, reuse_address=True,
+        )
+        self.listen_port = self._server.sockets[0].getsockname()[1]
+        host = self.config.peer_host
+        if host in ("", "0.0.0.0", "::"):
+            ips = await loop.run_in_executor(None, local_ipv4_addresses)
+            self.listen_addrs = [format_addr(ip, self.listen_port) for ip in ips]
+            self.listen_addrs.append(format_addr("127.0.0.1", self.listen_port))
+        else:
+            self.listen_addrs = [format_addr(host, self.listen_port)]
+        self._started = True
+        log.info("DIAG: peer listener started %s",
+                 kv(node_id=self.short_id, peer_port=self.listen_port, relay=self.config.relay,
+                    mdns=self.config.mdns, no_direct=self.config.no_direct))
+        await self.discovery.async_start()
+
+    async def async_stop(self) -> None:
+        """Stop discovery, close every link and the listener, save the peer cache."""
+        if not self._started:
+            return
+        self.stopping = True
+        await self.discovery.async_stop()
+        if self._server is not None:
+            self._server.close()
+        for link in list(self.links):
+            link.close("shutdown")
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.discovery.async_save_cache()
+        self._started = False
+        log.info("DIAG: peer network stopped %s", kv(node_id=self.short_id))
+
+    def spawn(self, coro: Awaitable[Any], name: str | None = None) -> asyncio.Task[Any]:
+        """Run a background task owned by the manager (cancelled at stop)."""
+        task = asyncio.ensure_future(coro)
+        if name:
+            task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("peer network task %s failed", task.get_name(), exc_info=exc)
+
+    # --- public API ---------------------------------------------------------------------------
+
+    def register_handler(self, frame_type: int, handler: Handler, *, ordered: bool = False) -> None:
+        """Serve frames of one type (WORK, ACK, ...). The handler runs in its own task and may
+        return a reply frame (sent back if the frame was a request) or raise a NodeError (sent
+        as ERROR). ordered=True runs one frame at a time per link, in arrival order."""
+        if int(frame_type) in _RESERVED:
+            raise ValueError(f"{type_name(frame_type)} is handled by the network itself")
+        self._handlers[int(frame_type)] = (handler, ordered)
+
+    def add_listener(self, callback: PeerObserver) -> Callable[[], None]:
+        """Observe peers: callback(kind, snapshot), kind in added/changed/removed. Returns an
+        unsubscribe function. Called on the loop; must not block."""
+        return self.observers.add(callback)
+
+    def link(self, node_id: str) -> PeerLink | None:
+        """The live link to a peer (never a retired duplicate), or None."""
+        rec = self.records.get(node_id)
+        link = rec.link if rec else None
+        return link if link is not None and link.is_open and not link.retired else None
+
+    def peers(self) -> list[PeerSnapshot]:
+        """Snapshot of the peer table, connected first."""
+        order = {"connected": 0, "connecting": 1, "gone": 2}
+        snaps = [self._snapshot(rec) for rec in self.records.values()]
+        return sorted(snaps, key=lambda s: (order.get(s.state, 3), s.short_id))
+
+    def peer(self, node_id: str) -> PeerSnapshot | None:
+        """Snapshot of one peer."""
+        rec = self.records.get(node_id)
+        return self._snapshot(rec) if rec else None
+
+    def rto(self, node_id: str) -> RtoEstimator | None:
+        """The peer's RFC 6298 estimator (shared by pings and pipeline ACKs), None if unknown."""
+        rec = self.records.get(node_id)
+        return rec.rto if rec else None
+
+    def connection_count(self, node_id: str | None = None) -> int:
+        """Open links (including retiring duplicates), to one peer or in total."""
+        return sum(1 for link in self.links if link.is_open and (node_id is None or link.node_id == node_id))
+
+    def reachable_at(self) -> list[str]:
+        """Where peers can reach this node: direct addresses, then relays it is registered at."""
+        out = [f"direct {addr}" for addr in self.listen_addrs]
+        out += [f"relayed via {addr}" for addr in self.discovery.registered_relays()]
+        return out
+
+    async def async_send(self, node_id: str, frame: Frame) -> None:
+        """Send a frame on the live link to node_id (PeerUnreachable if there is none)."""
+        await self._require_link(node_id).async_send(frame)
+
+    async def async_request(self, node_id: str, frame: Frame, timeout_s: float | None = None) -> Frame:
+        """Send a request to node_id and wait for its reply (see PeerLink.async_request)."""
+        return await self._require_link(node_id).async_request(frame, timeout_s)
+
+    async def async_connect(self, address: str, node_id: str | None = None) -> PeerLink:
+        """Dial a peer directly now (node_id: the identity it must prove; None accepts any)."""
+        return await self.discovery.async_connect(address, node_id, site="api")
+
+    async def async_announce(self) -> None:
+        """Send a fresh HELLO on every link (served models or hardware changed)."""
+        for link in list(self.links):
+            if link.is_open and not link.retired:
+                try:
+                    await link.async_send(self._hello().to_frame())
+                except PeerError:
+                    pass
+
+    def _require_link(self, node_id: str) -> PeerLink:
+        link = self.link(node_id)
+        if link is None:
+            raise PeerUnreachable(f"no link to peer {short_id(node_id)}")
+        return link
+
+    # --- HELLO --------------------------------------------------------------------------------
+
+    def _hello(self, link_nonce: str | None = None) -> Hello:
+        features = FEATURE_PEX
+        if self.relay is not None:
+            features |= FEATURE_RELAY
+        if self.config.contribute:
+            features |= FEATURE_PIPELINE
+        return Hello(
+            node_id=self.node_id, boot_id=self.boot_id, agent=self.agent, listen_port=self.listen_port,
+            listen=tuple(self.listen_addrs), features=features,
+            models=tuple(self._call_provider(self._models_provider, [])),
+            hardware=self._call_provider(self._hardware_provider, {}),
+            region=self.config.region, link_nonce=link_nonce,
+        )
+
+    @staticmethod
+    def _call_provider(provider: Callable[[], Any] | None, default: Any) -> Any:
+        if provider is None:
+            return default
+        try:
+            return provider()
+        except Exception:
+            log.exception("HELLO provider %r failed; advertising nothing for it", provider)
+            return default
+
+    # --- inbound ------------------------------------------------------------------------------
+
+    def _on_inbound(self, stream: Stream) -> None:
+        if self.stopping:
+            stream.abort()
+            return
+        self.spawn(self.async_handle_inbound(stream), name="peer-inbound")
+
+    async def async_handle_inbound(self, stream: Stream, *, transport: Transport = "direct",
+                                   via_relay: str | None = None) -> PeerLink | None:
+        """Serve one inbound connection: a TLS peer, or (on a relay) a circuit request."""
+        addr = peer_address(stream)
+        if self._handshakes.locked():
+            log.debug("DIAG: inbound connection refused %s", kv(remote_addr=addr, reason="too_many_handshakes"))
+            stream.abort()
+            return None
+        try:
+            async with self._handshakes:
+                async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+                    kind, body = await read_preamble(stream)
+                    if kind == KIND_TLS:
+                        node_id = await async_accept_tls(stream, self.tls, body)
+                    elif kind == KIND_ACCEPT and self.relay is not None and transport == "direct":
+                        if not self.relay.handle_accept(stream, body):
+                            log.info("DIAG: relay accept for an unknown circuit %s", kv(remote_addr=addr))
+                        return None  # the stream now belongs to the circuit
+                    elif kind != KIND_CONNECT or self.relay is None or transport != "direct":
+                        send_reply(stream, False, "unsupported")
+                        stream.close()
+                        return None
+                if kind == KIND_TLS:
+                    return await self.async_establish(
+                        stream, node_id, is_dialer=False, transport=transport,
+                        address=via_relay or addr, via_relay=via_relay)
+            assert self.relay is not None
+            await self.relay.async_handle_connect(stream, body)
+        except NotSwarmPeer as exc:
+            self.discovery.note_foreign_inbound(addr, exc)
+            stream.abort()
+        except SelfConnection:
+            stream.abort()
+        except (NodeError, TimeoutError, asyncio.IncompleteReadError, OSError, ssl.SSLError) as exc:
+            self.discovery.note_inbound_failure(addr, exc)
+            stream.abort()
+        return None
+
+    # --- link set-up --------------------------------------------------------------------------
+
+    async def async_establish(self, stream: Stream, node_id: str, *, is_dialer: bool,
+                              transport: Transport, address: str, via_relay: str | None = None,
+                              source: str | None = None) -> PeerLink:
+        """Exchange HELLOs on an authenticated stream and register the link."""
+        if node_id == self.node_id:
+            stream.abort()
+            raise SelfConnection("connected to ourselves")
+        nonce = secrets.token_hex(8) if is_dialer else None
+        try:
+            stream.writelines(encode_frame(self._hello(nonce).to_frame()))
+            async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+                frame = await async_read_frame(stream)
+            if frame.type != FrameType.HELLO:
+                raise ProtocolError(f"first frame is {type_name(frame.type)}, not HELLO")
+            hello = Hello.from_frame(frame)
+            if hello.node_id != node_id:
+                raise PeerIdentityMismatch(
+                    f"HELLO claims {short_id(hello.node_id)} but the certificate proves {short_id(node_id)}")
+        except BaseException:
+            stream.abort()
+            raise
+        link = PeerLink(
+            stream, node_id=node_id, hello=hello, link_nonce=nonce or hello.link_nonce or "",
+            transport=transport, is_dialer=is_dialer, address=address,
+            rto=self._record(node_id, source or ("inbound" if not is_dialer else "dial")).rto,
+            dispatch=self._dispatch, via_relay=via_relay,
+        )
+        link.on_rtt = self._on_rtt
+        self._register(link)
+        return link
+
+    def _record(self, node_id: str, source: str | None = None) -> PeerRecord:
+        rec = self.records.get(node_id)
+        if rec is None:
+            rec = self.records[node_id] = PeerRecord(node_id)
+            if source:
+                rec.sources.add(source)
+            self.observers.emit("added", self._snapshot(rec))
+        elif source:
+            rec.sources.add(source)
+        return rec
+
+    def _snapshot(self, rec: PeerRecord) -> PeerSnapshot:
+        return rec.snapshot(self.connection_count(rec.node_id))
+
+    def emit_changed(self, rec: PeerRecord) -> None:
+        """Tell observers a record changed."""
+        self.observers.emit("changed", self._snapshot(rec))
+
+    def forget(self, rec: PeerRecord) -> None:
+        """Remove a record (long gone, nothing to dial)."""
+        if self.records.pop(rec.node_id, None) is not None:
+            self.observers.emit("removed", self._snapshot(rec))
+
+    def _preferred(self, a: PeerLink, b: PeerLink) -> PeerLink:
+        """Which of two links to one peer survives; both ends must reach the same answer."""
+        if a.hello.boot_id != b.hello.boot_id:
+            return a if a.established_at > b.established_at else b  # the peer restarted
+        if a.transport != b.transport:
+            return a if a.transport == "direct" else b
+        dialer_a = self.node_id if a.is_dialer else a.node_id
+        dialer_b = self.node_id if b.is_dialer else b.node_id
+        if dialer_a != dialer_b:
+            return a if dialer_a < dialer_b else b  # keep the link dialled by the lower node id
+        return a if a.link_nonce <= b.link_nonce else b
+
+    def _register(self, link: PeerLink) -> None:
+        rec = self._record(link.node_id)
+        self.links.add(link)
+        link.closed.add_done_callback(lambda _f, link=link: self._on_link_closed(link))
+        current = rec.link if rec.link is not None and rec.link.is_open else None
+        winner = link if current is None else self._preferred(current, link)
+        log.info("DIAG: connection established %s", kv(
+            peer_id=link.short_id, connection_id=link.connection_id,
+            count=self.connection_count(link.node_id), remote_addr=link.address,
+            is_loopback=is_loopback(parse_addr(link.address)[0]) if ":" in link.address else None,
+            is_dialer=link.is_dialer, transport=link.transport,
+            total_established=self.connection_count(),
+            total_peers=sum(1 for r in self.records.values() if r.link is not None) + (current is None)))
+        link.start()
+        if current is not None:
+            loser = current if winner is link else link
+            log.info("DIAG: duplicate link to one peer, retiring one %s", kv(
+                peer_id=link.short_id, keep=winner.connection_id, retire=loser.connection_id,
+                keep_dialer=winner.is_dialer, keep_transport=winner.transport))
+            loser.retire()
+        if winner is link:
+            rec.link = link
+            rec.hello = link.hello
+            rec.state = "connected"
+            rec.gone_since = None
+            rec.last_error = None
+            rec.backoff_s = 0.0
+            rec.dial_failures = 0
+            rec.last_address = link.address
+            self.emit_changed(rec)
+            self.discovery.on_link_up(link)
+
+    def _on_rtt(self, link: PeerLink) -> None:
+        rec = self.records.get(link.node_id)
+        if rec is not None and rec.link is link:
+            self.emit_changed(rec)
+
+    def _on_link_closed(self, link: PeerLink) -> None:
+        self.links.discard(link)
+        if self.relay is not None:
+            self.relay.link_closed(link)
+        rec = self.records.get(link.node_id)
+        was_active = rec is not None and rec.link is link
+        log.info("DIAG: connection closed %s", kv(
+            peer_id=link.short_id, connection_id=link.connection_id, cause=link.close_cause,
+            remaining=self.connection_count(link.node_id), transport=link.transport,
+            total_peers=sum(1 for r in self.records.values() if r.link is not None and r.link is not link)))
+        if rec is None or not was_active:
+            return
+        rec.link = None
+        rec.last_seen = time.time() - (time.monotonic() - link.last_seen)
+        rec.last_error = link.close_cause
+        if not self.stopping:
+            rec.state = "gone"
+            rec.gone_since = time.monotonic()
+            log.info("DIAG: peer gone %s", kv(peer_id=link.short_id, cause=link.close_cause,
+                                              deadline_s=round(link.liveness_deadline_s(), 2)))
+            self.emit_changed(rec)
+        self.discovery.on_link_down(link)
+
+    # --- dispatch -----------------------------------------------------------------------------
+
+    def _dispatch(self, link: PeerLink, frame: Frame) -> None:
+        """Frames that are not responses or PINGs. A ProtocolError here closes that link."""
+        ftype = frame.type
+        if ftype == FrameType.HELLO:
+            hello = Hello.from_frame(frame)
+            if hello.node_id != link.node_id:
+                raise ProtocolError("HELLO update claims another node id")
+            link.hello = hello
+            rec = self.records.get(link.node_id)
+            if rec is not None and rec.link is link:
+                rec.hello = hello
+                self.emit_changed(rec)
+        elif ftype == FrameType.PEX:
+            self.discovery.handle_pex(link, frame)
+        elif ftype == FrameType.RELAY:
+            if frame.header.get("op") == "incoming":
+                self.discovery.handle_relay_incoming(link, frame)
+            elif self.relay is not None:
+                self.relay.handle_frame(link, frame)
+            else:
+                link.send_error(frame, "unsupported", "this node is not a relay")
+        elif ftype == FrameType.ERROR:
+            info = frame.header
+            log.info("DIAG: peer reported an error %s", kv(peer_id=link.short_id, code=info.get("code"),
+                                                          message=info.get("message")))
+        elif ftype == FrameType.PONG:
+            pass  # an unsolicited PONG is harmless
+        else:
+            entry = self._handlers.get(ftype)
+            if entry is None:
+                link.send_error(frame, "unsupported_frame_type",
+                                f"frame type {type_name(ftype)} is not served by this node")
+                return
+            handler, ordered = entry
+            after = link.order_tails.get(ftype) if ordered else None
+            task = self.spawn(self._async_run_handler(handler, link, frame, after),
+                              name=f"handler-{type_name(ftype)}-{link.short_id}")
+            if ordered:
+                link.order_tails[ftype] = task
+
+    async def _async_run_handler(self, handler: Handler, link: PeerLink, frame: Frame,
+                                 after: asyncio.Task[None] | None) -> None:
+        if after is not None and not after.done():
+            await asyncio.wait([after])
+        try:
+            reply = await handler(link, frame)
+        except NodeError as exc:
+            if frame.request_id:
+                link.send_error(frame, exc.code or "error", exc.message)
+            else:
+                log.info("DIAG: frame handler failed %s", kv(peer_id=link.short_id,
+                                                            type=type_name(frame.type), error=exc.message))
+            return
+        except Exception as exc:
+            log.exception("handler for %s from %s failed", type_name(frame.type), link.short_id)
+            if frame.request_id:
+                link.send_error(frame, "internal_error", f"{type(exc).__name__}: {exc}")
+            return
+        if reply is not None and frame.request_id and link.is_open:
+            if reply.request_id != frame.request_id or not reply.is_response:
+                reply = Frame(reply.type, reply.header, reply.payload, frame.request_id,
+                              reply.flags | FLAG_RESPONSE)
+            try:
+                await link.async_send(reply)
+            except PeerUnreachable:
+                log.debug("DIAG: reply dropped, link closed %s", kv(peer_id=link.short_id))

@@ -1,0 +1,120 @@
+"""LAN discovery with zeroconf's asyncio API: service `_swarmllm._tcp.local.`.
+
+We announce one service per node, TXT `id` (node id), `pv` (protocol version), `port` (peer
+port), on the node's non-loopback IPv4 addresses, and browse for others. Our own announcement is
+recognised by its node id and ignored. zeroconf binds every interface with an IPv4 address
+(`InterfaceChoice.All`), which is what a network namespace with veth links needs; loopback has
+no multicast, so two nodes on 127.0.0.1 only find each other through bootstrap or the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from collections.abc import Callable
+
+import ifaddr
+from zeroconf import IPVersion, ServiceStateChange, Zeroconf
+from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+from node import const
+from node.logs import kv
+
+from ._connect import format_addr
+from ._identity import is_node_id, short_id
+from ._messages import PROTOCOL_VERSION
+
+log = logging.getLogger(__name__)
+
+SERVICE_TYPE = "_swarmllm._tcp.local."
+
+Found = Callable[[str, list[str]], None]  # (node id, ["host:port", ...])
+
+
+def local_ipv4_addresses() -> list[str]:
+    """This host's IPv4 addresses other than loopback and link-local (blocking, fast)."""
+    out = []
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if not isinstance(ip.ip, str):
+                continue
+            addr = ipaddress.ip_address(ip.ip)
+            if addr.is_loopback or addr.is_link_local:
+                continue
+            if ip.ip not in out:
+                out.append(ip.ip)
+    return out
+
+
+class MdnsDiscovery:
+    """Announce this node and report others through `on_found`."""
+
+    def __init__(self, node_id: str, peer_port: int, on_found: Found, addresses: list[str]):
+        self.node_id = node_id
+        self.peer_port = peer_port
+        self.addresses = addresses
+        self._on_found = on_found
+        self._azc: AsyncZeroconf | None = None
+        self._browser: AsyncServiceBrowser | None = None
+        self._info: AsyncServiceInfo | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def async_start(self) -> None:
+        """Register our service and start browsing."""
+        self._azc = AsyncZeroconf(ip_version=IPVersion.V4Only)
+        name = f"swarmllm-{self.node_id[:16]}.{SERVICE_TYPE}"
+        self._info = AsyncServiceInfo(
+            SERVICE_TYPE, name, port=self.peer_port,
+            properties={"id": self.node_id, "pv": str(PROTOCOL_VERSION), "port": str(self.peer_port)},
+            addresses=[socket.inet_aton(a) for a in self.addresses],
+            server=f"swarmllm-{short_id(self.node_id)}.local.",
+        )
+        await (await self._azc.async_register_service(self._info, allow_name_change=True))
+        self._browser = AsyncServiceBrowser(self._azc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
+        log.info("DIAG: mdns started %s", kv(service=SERVICE_TYPE, addresses=",".join(self.addresses),
+                                            port=self.peer_port))
+
+    async def async_stop(self) -> None:
+        """Unregister, stop browsing, close zeroconf."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._browser is not None:
+            await self._browser.async_cancel()
+        if self._azc is not None:
+            try:
+                if self._info is not None:
+                    await (await self._azc.async_unregister_service(self._info))
+            except Exception:  # closing anyway; a failed goodbye only delays others' cache expiry
+                log.debug("mdns unregister failed", exc_info=True)
+            await self._azc.async_close()
+        self._azc = self._browser = None
+
+    def _on_change(self, zeroconf: Zeroconf, service_type: str, name: str,
+                   state_change: ServiceStateChange) -> None:
+        if state_change in (ServiceStateChange.Added, ServiceStateChange.Updated):
+            task = asyncio.create_task(self._async_resolve(service_type, name))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _async_resolve(self, service_type: str, name: str) -> None:
+        assert self._azc is not None
+        info = AsyncServiceInfo(service_type, name)
+        if not await info.async_request(self._azc.zeroconf, const.MDNS_RESOLVE_TIMEOUT_MS):
+            log.debug("DIAG: mdns service did not resolve %s", kv(name=name))
+            return
+        props = {k.decode(errors="replace"): (v or b"").decode(errors="replace")
+                 for k, v in (info.properties or {}).items()}
+        node_id = props.get("id")
+        if not is_node_id(node_id) or node_id == self.node_id:
+            return  # our own announcement, or not one of ours
+        if props.get("pv") != str(PROTOCOL_VERSION):
+            log.debug("Not dialling a peer that does not speak SwarmLLM %s",
+                      kv(peer_id=short_id(node_id), site="mdns", protocol_version=props.get("pv")))
+            return
+        port = info.port or 0
+        addrs = [format_addr(a, port) for a in info.parsed_addresses(IPVersion.V4Only)]
+        log.debug("DIAG: mdns found peer %s", kv(peer_id=short_id(node_id), addrs=",".join(addrs)))
+        if addrs:
+            self._on_found(node_id, addrs)

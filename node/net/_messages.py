@@ -1,0 +1,188 @@
+"""Typed bodies of the network's own frames (HELLO, ERROR, PEX), validated on decode.
+
+A frame's JSON header is untrusted input: every field is type- and size-checked here and a
+violation raises `ProtocolError` (the link that sent it is closed, nothing else).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.errors import ProtocolError
+
+from ._frames import Frame, FrameType
+from ._identity import is_node_id
+
+PROTOCOL_NAME = "swarmllm"
+PROTOCOL_VERSION = 1
+
+# HELLO feature bits
+FEATURE_PEX = 1 << 0  # exchanges peer addresses
+FEATURE_RELAY = 1 << 1  # accepts relay clients on its peer port
+FEATURE_PIPELINE = 1 << 2  # serves WORK for the distributed pipeline (contributing)
+
+_MAX_ADDRS = 32
+_MAX_MODELS = 256
+_MAX_TEXT = 256
+_MAX_PEX = 256
+
+
+class NotSwarmPeer(ProtocolError):
+    """The other end does not speak our protocol (wrong magic, protocol name or version)."""
+
+    code = "not_swarm_peer"
+
+    def __init__(self, message: str, *, protocol_version: object = None, agent: object = None):
+        super().__init__(message)
+        self.protocol_version = protocol_version
+        self.agent = agent
+
+
+def _text(h: Mapping[str, Any], key: str, *, optional: bool = False, limit: int = _MAX_TEXT) -> str | None:
+    value = h.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise ProtocolError(f"field {key!r} must be a string of at most {limit} chars")
+    return value
+
+
+def _int(h: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    value = h.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ProtocolError(f"field {key!r} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+def _addr_list(h: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = h.get(key, [])
+    if not isinstance(value, list) or len(value) > _MAX_ADDRS:
+        raise ProtocolError(f"field {key!r} must be a list of at most {_MAX_ADDRS} addresses")
+    out = []
+    for item in value:
+        if not isinstance(item, str) or len(item) > _MAX_TEXT or ":" not in item:
+            raise ProtocolError(f"field {key!r} holds a malformed address")
+        out.append(item)
+    return tuple(out)
+
+
+def _node_id(h: Mapping[str, Any], key: str) -> str:
+    value = h.get(key)
+    if not is_node_id(value):
+        raise ProtocolError(f"field {key!r} is not a node id")
+    return value
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What a node says about itself when a link opens (and again when it changes)."""
+
+    node_id: str
+    boot_id: str  # random per process start: tells a restarted peer from a duplicate link
+    agent: str
+    listen_port: int
+    listen: tuple[str, ...] = ()  # "host:port" where the node accepts peers
+    features: int = 0
+    models: tuple[Mapping[str, Any], ...] = ()  # served models with layer ranges + content hash
+    hardware: Mapping[str, Any] = field(default_factory=dict)
+    region: str | None = None
+    link_nonce: str | None = None  # the dialler's random nonce for this link (duplicate tie-break)
+    protocol: str = PROTOCOL_NAME
+    version: int = PROTOCOL_VERSION
+
+    def to_frame(self) -> Frame:
+        """The HELLO frame."""
+        header = {
+            "protocol": self.protocol, "version": self.version, "features": self.features,
+            "node_id": self.node_id, "boot_id": self.boot_id, "agent": self.agent,
+            "listen_port": self.listen_port, "listen": list(self.listen),
+            "models": [dict(m) for m in self.models], "hardware": dict(self.hardware),
+        }
+        if self.region:
+            header["region"] = self.region
+        if self.link_nonce:
+            header["link_nonce"] = self.link_nonce
+        return Frame(FrameType.HELLO, header)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> Hello:
+        """Validate a HELLO; a wrong protocol name or version raises NotSwarmPeer."""
+        h = frame.header
+        protocol, version, agent = h.get("protocol"), h.get("version"), h.get("agent")
+        if protocol != PROTOCOL_NAME or version != PROTOCOL_VERSION:
+            raise NotSwarmPeer(f"HELLO speaks {protocol!r} version {version!r}",
+                               protocol_version=f"{protocol}/{version}", agent=agent)
+        models = h.get("models", [])
+        if not isinstance(models, list) or len(models) > _MAX_MODELS or not all(
+            isinstance(m, dict) for m in models
+        ):
+            raise ProtocolError("field 'models' must be a list of objects")
+        hardware = h.get("hardware", {})
+        if not isinstance(hardware, dict):
+            raise ProtocolError("field 'hardware' must be an object")
+        return cls(
+            node_id=_node_id(h, "node_id"),
+            boot_id=_text(h, "boot_id", limit=64) or "",
+            agent=_text(h, "agent") or "",
+            listen_port=_int(h, "listen_port", 0, 65535),
+            listen=_addr_list(h, "listen"),
+            features=_int(h, "features", 0, (1 << 32) - 1),
+            models=tuple(models),
+            hardware=hardware,
+            region=_text(h, "region", optional=True, limit=32),
+            link_nonce=_text(h, "link_nonce", optional=True, limit=32),
+        )
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Body of an ERROR frame: a machine code and a human message."""
+
+    code: str
+    message: str
+
+    def to_header(self) -> dict[str, str]:
+        """JSON header of the ERROR frame."""
+        return {"code": self.code, "message": self.message}
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> ErrorInfo:
+        """Lenient: an ERROR is reported whatever its shape."""
+        code = frame.header.get("code")
+        message = frame.header.get("message")
+        return cls(str(code)[:_MAX_TEXT] if code else "error",
+                   str(message)[:4 * _MAX_TEXT] if message else "")
+
+
+@dataclass(frozen=True)
+class PexEntry:
+    """One peer a node knows: id, direct addresses, relays it is registered at."""
+
+    node_id: str
+    addrs: tuple[str, ...] = ()
+    relays: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"node_id": self.node_id, "addrs": list(self.addrs), "relays": list(self.relays)}
+
+
+def pex_frame(entries: list[PexEntry]) -> Frame:
+    """A PEX frame listing known peers."""
+    return Frame(FrameType.PEX, {"peers": [e.to_json() for e in entries[:_MAX_PEX]]})
+
+
+def parse_pex(frame: Frame) -> list[PexEntry]:
+    """Validate a PEX frame."""
+    peers = frame.header.get("peers")
+    if not isinstance(peers, list) or len(peers) > _MAX_PEX:
+        raise ProtocolError(f"PEX 'peers' must be a list of at most {_MAX_PEX} entries")
+    out = []
+    for item in peers:
+        if not isinstance(item, dict):
+            raise ProtocolError("PEX entry is not an object")
+        out.append(PexEntry(_node_id(item, "node_id"), _addr_list(item, "addrs"),
+                            _addr_list(item, "relays")))
+    return out

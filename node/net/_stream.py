@@ -1,0 +1,216 @@
+"""A TCP byte stream that can read exact counts, turn into TLS in either role, and be spliced.
+
+asyncio's StreamReader/StreamWriter pick the TLS role from how the connection was made
+(`start_server` → server); a relayed link is dialled out by both ends but one of them must be
+the TLS server, so links use this small protocol instead. It also reads frames without the
+per-read overhead of StreamReader. Flow control both ways: reading pauses past a high-water mark
+(unless a pending read needs more), writers wait in `drain()` while the transport is paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from node import const
+
+_READ_HIGH_WATER = 4 * 1024 * 1024
+
+
+class Stream(asyncio.Protocol):
+    """Protocol + reader/writer over one transport (plain TCP, later possibly TLS)."""
+
+    def __init__(self, on_connect: Callable[[Stream], None] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._on_connect = on_connect
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
+        self._wanted = 0
+        self._eof = False
+        self._exc: BaseException | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._on_connect is not None:
+            self._on_connect(self)
+
+    def data_received(self, data: bytes) -> None:  # noqa: D102
+        self._buf += data
+        self.bytes_in += len(data)
+        if len(self._buf) >= self._wanted:
+            self._wake()
+        if not self._reading_paused and len(self._buf) > max(_READ_HIGH_WATER, self._wanted):
+            self._reading_paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+
+    def eof_received(self) -> bool:  # noqa: D102
+        self._eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
+        self._eof = True
+        self._exc = exc
+        self._wake()
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("connection lost"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:  # noqa: D102
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:  # noqa: D102
+        self._writing_paused = False
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait_data(self, wanted: int) -> None:
+        self._wanted = wanted
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            self._wanted = 0
+
+    def _consumed(self) -> None:
+        if self._reading_paused and len(self._buf) <= _READ_HIGH_WATER // 2:
+            self._reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+
+    async def read_exactly(self, n: int) -> bytes:
+        """Exactly n bytes; IncompleteReadError if the stream ends first."""
+        while len(self._buf) < n:
+            if self._eof:
+                partial = bytes(self._buf)
+                self._buf.clear()
+                raise asyncio.IncompleteReadError(partial, n)
+            await self._wait_data(n)
+        if n == len(self._buf):
+            data = bytes(self._buf)
+            self._buf.clear()
+        else:
+            data = bytes(self._buf[:n])
+            del self._buf[:n]
+        self._consumed()
+        return data
+
+    async def read_some(self, limit: int = 256 * 1024) -> bytes:
+        """Whatever is buffered (up to limit), waiting for at least one byte; b"" at EOF."""
+        while not self._buf:
+            if self._eof:
+                return b""
+            await self._wait_data(1)
+        data = bytes(self._buf[:limit])
+        del self._buf[:limit]
+        self._consumed()
+        return data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet read."""
+        return len(self._buf)
+
+    @property
+    def at_eof(self) -> bool:
+        """True once the other side closed and the buffer is drained."""
+        return self._eof and not self._buf
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes (never blocks); call drain() to respect back-pressure."""
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("connection is closed")
+        self.bytes_out += len(data)
+        self.transport.write(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        """Queue several buffers as one write (a frame is never interleaved with another)."""
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("connection is closed")
+        self.bytes_out += sum(len(p) for p in parts)
+        self.transport.writelines(parts)
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark."""
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("connection is closed")
+        if self._writing_paused:
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start_tls(self, ctx: ssl.SSLContext, *, server_side: bool,
+                        server_hostname: str | None = None) -> None:
+        """Upgrade this stream to TLS in the given role (the buffer must be empty)."""
+        if self._buf:
+            raise ConnectionError("unexpected bytes before the TLS handshake")
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        new = await self._loop.start_tls(
+            self.transport, self, ctx, server_side=server_side,  # type: ignore[arg-type]
+            server_hostname=server_hostname if not server_side else None,
+            ssl_handshake_timeout=const.HANDSHAKE_TIMEOUT_S,
+        )
+        if new is None:
+            raise ConnectionResetError("connection closed during the TLS handshake")
+        self.transport = new
+
+    def extra(self, name: str) -> Any:
+        """Transport extra info (peername, sockname, ssl_object)."""
+        return None if self.transport is None else self.transport.get_extra_info(name)
+
+    def close(self) -> None:
+        """Close gracefully (flushes what is queued)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping what is queued."""
+        if self.transport is not None:
+            self.transport.abort()
+
+
+async def open_stream(host: str, port: int, *, timeout_s: float | None = None) -> Stream:
+    """Dial a TCP stream."""
+    loop = asyncio.get_running_loop()
+    _, protocol = await asyncio.wait_for(
+        loop.create_connection(Stream, host, port), timeout_s or const.CONNECT_TIMEOUT_S
+    )
+    return protocol
