@@ -21,7 +21,7 @@ from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
 from node.inference.catalog import ModelCatalog, ModelEntry
 from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager, place_whole_model
-from node.net._identity import async_load_or_create_identity
+from node.net import async_load_or_create_identity
 from node.resources import default_model_path
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
