@@ -1,0 +1,75 @@
+"""Token sampling in torch, on the segment that holds the output head.
+
+Semantics follow llama.cpp's sampler chain as llama-cpp-python builds it: penalties (repeat,
+frequency, presence over the last 64 generated tokens), then greedy when temperature is 0, else
+top-k → top-p → min-p → temperature → a draw from a generator seeded per session (the same seed
+gives the same text on this path; the random stream differs from llama.cpp's).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import torch
+
+from node.inference.sampling import SamplingParams
+
+PENALTY_LAST_N = 64
+
+
+class Sampler:
+    """Per-session sampler state: the parameters, the RNG and the generated history."""
+
+    def __init__(self, params: SamplingParams, history: tuple[int, ...] = ()):
+        self.params = params
+        self.history: list[int] = list(history)
+        self.generator = torch.Generator()
+        seed = params.seed if params.seed is not None else random.getrandbits(32)
+        # A session rebuilt after a failover starts with history: derive its stream from the seed
+        # and the position, so a seeded request stays reproducible (greedy text is unaffected).
+        self.generator.manual_seed((seed + 1_000_003 * len(self.history)) % 2**63)
+
+    def _penalize(self, logits: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        if not self.history or (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0):
+            return logits
+        counts = Counter(self.history[-PENALTY_LAST_N:])
+        ids = torch.tensor(list(counts), dtype=torch.long)
+        freq = torch.tensor(list(counts.values()), dtype=logits.dtype)
+        vals = logits[ids]
+        if p.repeat_penalty != 1.0:
+            vals = torch.where(vals <= 0, vals * p.repeat_penalty, vals / p.repeat_penalty)
+        vals = vals - freq * p.frequency_penalty - p.presence_penalty
+        logits = logits.clone()
+        logits[ids] = vals
+        return logits
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """Pick the next token from one row of logits [V]; records it in the history."""
+        p = self.params
+        logits = self._penalize(logits.to(torch.float32))
+        if p.greedy:
+            token = int(torch.argmax(logits))
+        else:
+            token = self._draw(logits)
+        self.history.append(token)
+        return token
+
+    def _draw(self, logits: torch.Tensor) -> int:
+        p = self.params
+        if p.top_k and 0 < p.top_k < logits.numel():
+            values, indices = torch.topk(logits, p.top_k)
+        else:
+            values, indices = torch.sort(logits, descending=True)
+        probs = torch.softmax(values, dim=-1)
+        keep = values.numel()
+        if p.top_p < 1.0:
+            cum = torch.cumsum(probs, dim=-1)
+            keep = min(keep, int(torch.searchsorted(cum, torch.tensor(p.top_p))) + 1)
+        if p.min_p > 0.0:
+            keep = min(keep, max(1, int((probs >= p.min_p * probs[0]).sum())))
+        values, indices = values[:keep], indices[:keep]
+        probs = torch.softmax(values / max(p.temperature, 1e-6), dim=-1)
+        choice = int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(indices[choice])

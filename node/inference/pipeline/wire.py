@@ -1,0 +1,288 @@
+"""Pipeline messages (frozen dataclasses, validated on decode) and the activation codec.
+
+WORK carries token ids (to the first segment) or hidden states (to the others) plus everything a
+segment needs to act without asking anyone: the session, the position, the whole route (so it
+can forward to the next hop) and the coordinator (so it can ACK and report). Telemetry of every
+hop accumulates in the WORK header as it travels and reaches the coordinator in RESULT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import zstandard
+
+from node.errors import ProtocolError
+from node.inference.sampling import SamplingParams
+
+ZSTD_MIN_BYTES = 64 * 1024  # compress activation payloads at least this large (prefill)
+ZSTD_LEVEL = 1
+_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8}
+
+
+# --- activation codec ---------------------------------------------------------------------------
+
+
+def encode_activations(hidden: torch.Tensor, bits: int) -> tuple[dict[str, Any], bytes]:
+    """Hidden states [T, H] → (meta, payload): f32, f16, or int8 with one f32 scale per row."""
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden states must be [T, H], got {tuple(hidden.shape)}")
+    x = hidden.detach().to(torch.float32).contiguous().numpy()
+    rows, cols = x.shape
+    if bits == 32:
+        meta, data = {"dtype": "f32"}, x.tobytes()
+    elif bits == 16:
+        meta, data = {"dtype": "f16"}, np.clip(x, -65504, 65504).astype(np.float16).tobytes()
+    elif bits == 8:
+        scale = np.abs(x).max(axis=1) / 127.0
+        scale[scale == 0] = 1.0
+        q = np.clip(np.rint(x / scale[:, None]), -127, 127).astype(np.int8)
+        meta, data = {"dtype": "i8"}, scale.astype(np.float32).tobytes() + q.tobytes()
+    else:
+        raise ValueError(f"activation bits must be 32, 16 or 8, not {bits}")
+    meta["shape"] = [rows, cols]
+    if len(data) >= ZSTD_MIN_BYTES:
+        packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
+        if len(packed) < len(data):
+            meta["zstd"] = len(data)
+            data = packed
+    return meta, data
+
+
+def decode_activations(meta: dict[str, Any], payload: bytes) -> torch.Tensor:
+    """The inverse of encode_activations; a malformed payload is a ProtocolError."""
+    try:
+        kind = meta["dtype"]
+        rows, cols = (int(v) for v in meta["shape"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"bad activation metadata: {meta!r}") from exc
+    if kind not in _DTYPES or rows <= 0 or cols <= 0:
+        raise ProtocolError(f"bad activation metadata: {meta!r}")
+    data = payload
+    if meta.get("zstd"):
+        try:
+            data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=int(meta["zstd"]))
+        except zstandard.ZstdError as exc:
+            raise ProtocolError(f"activation payload failed to decompress: {exc}") from exc
+    if kind == "i8":
+        expected = rows * 4 + rows * cols
+        if len(data) != expected:
+            raise ProtocolError(f"activation payload is {len(data)} bytes, expected {expected}")
+        scale = np.frombuffer(data[: rows * 4], dtype=np.float32)
+        q = np.frombuffer(data[rows * 4:], dtype=np.int8).reshape(rows, cols)
+        return torch.from_numpy(q.astype(np.float32) * scale[:, None])
+    dtype = _DTYPES[kind]
+    expected = rows * cols * np.dtype(dtype).itemsize
+    if len(data) != expected:
+        raise ProtocolError(f"activation payload is {len(data)} bytes, expected {expected}")
+    return torch.from_numpy(np.frombuffer(data, dtype=dtype).reshape(rows, cols).astype(np.float32))
+
+
+def encode_tokens(tokens: list[int]) -> bytes:
+    """Token ids as little-endian int32."""
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def decode_tokens(payload: bytes) -> list[int]:
+    """Inverse of encode_tokens."""
+    if len(payload) % 4:
+        raise ProtocolError("token payload length is not a multiple of 4")
+    return np.frombuffer(payload, dtype="<i4").tolist()
+
+
+# --- messages -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One segment of a route: who runs layers [start, end)."""
+
+    node_id: str
+    start: int
+    end: int
+
+    def as_wire(self) -> dict[str, Any]:
+        return {"node": self.node_id, "start": self.start, "end": self.end}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Hop:
+        try:
+            hop = cls(str(data["node"]), int(data["start"]), int(data["end"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad route hop: {data!r}") from exc
+        if not 0 <= hop.start < hop.end:
+            raise ProtocolError(f"bad route hop range: {data!r}")
+        return hop
+
+
+def _sampling_to_wire(p: SamplingParams) -> dict[str, Any]:
+    return p.as_dict()
+
+
+def _sampling_from_wire(data: Any) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_tokens=data.get("max_tokens"), temperature=float(data["temperature"]), top_p=float(data["top_p"]),
+            top_k=int(data["top_k"]), min_p=float(data["min_p"]),
+            seed=None if data.get("seed") is None else int(data["seed"]),
+            presence_penalty=float(data["presence_penalty"]), frequency_penalty=float(data["frequency_penalty"]),
+            repeat_penalty=float(data["repeat_penalty"]), stop=tuple(data.get("stop") or ()))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"bad sampling parameters: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Work:
+    """One step for one session: a prefill chunk or one decode token, at a hop of the route."""
+
+    sid: str  # KV session id (request id + attempt)
+    model: str  # sha256 of the GGUF: models are matched by content, never by name
+    seq: int  # step number within the session
+    index_pos: int  # rotary position of the first token of this step
+    n_tokens: int
+    route: tuple[Hop, ...]
+    hop: int  # index in route of the segment receiving this WORK
+    coordinator: str  # node id to ACK and to send RESULT to
+    sample: bool  # the last segment samples a token after this step
+    activation_bits: int = 16
+    sampling: SamplingParams | None = None  # sent with the first step of a session
+    history: tuple[int, ...] = ()  # tokens already generated (penalties; re-sent on failover)
+    telemetry: tuple[dict[str, Any], ...] = ()
+    act: dict[str, Any] | None = None  # activation metadata (hops > 0)
+
+    @property
+    def target(self) -> Hop:
+        return self.route[self.hop]
+
+    def to_header(self) -> dict[str, Any]:
+        header: dict[str, Any] = {
+            "sid": self.sid, "model": self.model, "seq": self.seq, "index_pos": self.index_pos,
+            "n": self.n_tokens, "route": [h.as_wire() for h in self.route], "hop": self.hop,
+            "coord": self.coordinator, "sample": self.sample, "bits": self.activation_bits,
+            "telemetry": list(self.telemetry),
+        }
+        if self.sampling is not None:
+            header["sampling"] = _sampling_to_wire(self.sampling)
+        if self.history:
+            header["history"] = list(self.history)
+        if self.act is not None:
+            header["act"] = self.act
+        return header
+
+    @classmethod
+    def from_header(cls, h: Any) -> Work:
+        try:
+            route = tuple(Hop.from_wire(x) for x in h["route"])
+            work = cls(
+                sid=str(h["sid"]), model=str(h["model"]), seq=int(h["seq"]), index_pos=int(h["index_pos"]),
+                n_tokens=int(h["n"]), route=route, hop=int(h["hop"]), coordinator=str(h["coord"]),
+                sample=bool(h["sample"]), activation_bits=int(h.get("bits", 16)),
+                sampling=_sampling_from_wire(h["sampling"]) if h.get("sampling") is not None else None,
+                history=tuple(int(t) for t in h.get("history") or ()),
+                telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
+                act=dict(h["act"]) if h.get("act") is not None else None)
+        except ProtocolError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed WORK header: {exc}") from exc
+        if not route or not 0 <= work.hop < len(route) or work.index_pos < 0 or work.n_tokens <= 0:
+            raise ProtocolError(f"malformed WORK: hop={work.hop} route_len={len(route)} "
+                                f"index_pos={work.index_pos} n={work.n_tokens}")
+        if work.activation_bits not in (8, 16, 32):
+            raise ProtocolError(f"unsupported activation bits {work.activation_bits}")
+        return work
+
+
+@dataclass(frozen=True)
+class Result:
+    """From the last segment (or a failing one) to the coordinator."""
+
+    sid: str
+    seq: int
+    token: int | None = None
+    telemetry: tuple[dict[str, Any], ...] = ()
+    error: str | None = None  # message when a segment failed this step
+    error_code: str | None = None
+    failed_node: str | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        header: dict[str, Any] = {"sid": self.sid, "seq": self.seq, "telemetry": list(self.telemetry)}
+        if self.token is not None:
+            header["token"] = self.token
+        if self.error is not None:
+            header["error"] = {"message": self.error, "code": self.error_code, "node": self.failed_node}
+        return header
+
+    @classmethod
+    def from_header(cls, h: Any) -> Result:
+        try:
+            err = h.get("error") or {}
+            return cls(sid=str(h["sid"]), seq=int(h["seq"]),
+                       token=None if h.get("token") is None else int(h["token"]),
+                       telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
+                       error=err.get("message"), error_code=err.get("code"), failed_node=err.get("node"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"malformed RESULT header: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A segment received a WORK step (sent to the coordinator on receipt)."""
+
+    sid: str
+    seq: int
+    hop: int
+    node_id: str
+
+    def to_header(self) -> dict[str, Any]:
+        return {"sid": self.sid, "seq": self.seq, "hop": self.hop, "node": self.node_id}
+
+    @classmethod
+    def from_header(cls, h: Any) -> Ack:
+        try:
+            return cls(str(h["sid"]), int(h["seq"]), int(h["hop"]), str(h["node"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed ACK header: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class SessionControl:
+    """CANCEL or SESSION_END for a session on one model."""
+
+    sid: str
+    model: str
+    reason: str = "end"
+
+    def to_header(self) -> dict[str, Any]:
+        return {"sid": self.sid, "model": self.model, "reason": self.reason}
+
+    @classmethod
+    def from_header(cls, h: Any) -> SessionControl:
+        try:
+            return cls(str(h["sid"]), str(h["model"]), str(h.get("reason", "end")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed session control header: {exc}") from exc
+
+
+@dataclass
+class HopTelemetry:
+    """What one segment measured for one step (microseconds, bytes)."""
+
+    node: str
+    start: int
+    end: int
+    eval_us: int = 0
+    wait_us: int = 0  # queued behind other work on this segment's model
+    send_us: int = 0  # encoding + handing the next frame to the link
+    bytes_in: int = 0
+    bytes_out: int = 0
+    kv_len: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_wire(self) -> dict[str, Any]:
+        return {"node": self.node, "start": self.start, "end": self.end, "eval_us": self.eval_us,
+                "wait_us": self.wait_us, "send_us": self.send_us, "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out, "kv_len": self.kv_len, **self.extra}

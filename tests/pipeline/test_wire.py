@@ -1,0 +1,97 @@
+"""Pipeline messages and the activation codec."""
+
+import pytest
+import torch
+
+from node.errors import ProtocolError
+from node.inference.pipeline.wire import (
+    Ack,
+    Hop,
+    Result,
+    SessionControl,
+    Work,
+    decode_activations,
+    decode_tokens,
+    encode_activations,
+    encode_tokens,
+)
+from node.inference.sampling import SamplingParams
+
+
+def test_activation_roundtrip_f32_exact_f16_close_int8_per_row():
+    torch.manual_seed(0)
+    x = torch.randn(5, 64) * torch.tensor([1.0, 10.0, 0.1, 100.0, 3.0])[:, None]  # rows of very different scale
+    meta, data = encode_activations(x, 32)
+    assert torch.equal(decode_activations(meta, data), x)
+    assert len(data) == 5 * 64 * 4
+    meta, data = encode_activations(x, 16)
+    assert len(data) == 5 * 64 * 2
+    assert torch.allclose(decode_activations(meta, data), x, rtol=1e-3, atol=1e-3)
+    meta, data = encode_activations(x, 8)
+    assert len(data) == 5 * 4 + 5 * 64
+    y = decode_activations(meta, data)
+    # per-row scales: each row's error is bounded by its own scale, not the largest row's
+    row_err = (y - x).abs().max(dim=1).values
+    row_scale = x.abs().max(dim=1).values / 127
+    assert torch.all(row_err <= row_scale * 0.51)
+
+
+def test_large_payload_is_zstd_compressed_and_restored():
+    x = torch.zeros(512, 1024)
+    x[:, :8] = torch.randn(512, 8)
+    meta, data = encode_activations(x, 16)
+    assert meta.get("zstd") == 512 * 1024 * 2 and len(data) < 512 * 1024 * 2
+    assert torch.allclose(decode_activations(meta, data), x, atol=1e-3)
+
+
+@pytest.mark.parametrize(("meta", "payload"), [
+    ({"dtype": "f16", "shape": [2, 4]}, b"\x00" * 3),
+    ({"dtype": "f64", "shape": [1, 1]}, b"\x00" * 8),
+    ({"dtype": "f32"}, b""),
+    ({"dtype": "f32", "shape": [1, 2], "zstd": 8}, b"not zstd"),
+    ({"dtype": "i8", "shape": [1, 4]}, b"\x00" * 4),
+])
+def test_bad_activation_payloads_are_protocol_errors(meta, payload):
+    with pytest.raises(ProtocolError):
+        decode_activations(meta, payload)
+
+
+def test_tokens_roundtrip():
+    assert decode_tokens(encode_tokens([0, 1, 127999, 5])) == [0, 1, 127999, 5]
+    with pytest.raises(ProtocolError):
+        decode_tokens(b"abc")
+
+
+def test_work_header_roundtrip():
+    route = (Hop("a" * 64, 0, 4), Hop("b" * 64, 4, 8))
+    w = Work(sid="s1", model="f" * 64, seq=3, index_pos=10, n_tokens=1, route=route, hop=1, coordinator="a" * 64,
+             sample=True, activation_bits=8, sampling=SamplingParams(temperature=0.5, seed=7, stop=("x",)),
+             history=(5, 6), telemetry=({"node": "a", "eval_us": 12},), act={"dtype": "i8", "shape": [1, 8]})
+    back = Work.from_header(w.to_header())
+    assert back == w
+    assert back.target == route[1]
+
+
+@pytest.mark.parametrize("patch", [
+    {"hop": 5}, {"index_pos": -1}, {"n": 0}, {"route": []}, {"route": [{"node": "x", "start": 3, "end": 1}]},
+    {"bits": 12}, {"sampling": {"temperature": "hot"}}, {"seq": "x"},
+])
+def test_malformed_work_is_protocol_error(patch):
+    good = Work(sid="s", model="m", seq=0, index_pos=0, n_tokens=2, route=(Hop("n", 0, 2),), hop=0,
+                coordinator="n", sample=True).to_header()
+    with pytest.raises(ProtocolError):
+        Work.from_header({**good, **patch})
+
+
+def test_result_ack_control_roundtrip():
+    r = Result("s", 4, token=9, telemetry=({"node": "x"},))
+    assert Result.from_header(r.to_header()) == r
+    e = Result("s", 4, error="KV position mismatch: index_pos=7 but kv_len=5", error_code="kv_position_mismatch",
+               failed_node="b" * 64)
+    assert Result.from_header(e.to_header()) == e
+    a = Ack("s", 4, 1, "b" * 64)
+    assert Ack.from_header(a.to_header()) == a
+    c = SessionControl("s", "m", "cancel")
+    assert SessionControl.from_header(c.to_header()) == c
+    with pytest.raises(ProtocolError):
+        Ack.from_header({"sid": "s"})
