@@ -53,3 +53,13 @@ RELAY_CIRCUIT_MAX_BYTES = 4 * 1024 * 1024 * 1024  # per circuit, both directions
 RELAY_CIRCUIT_IDLE_S = 120.0  # a circuit with no bytes this long is dropped (links ping every 2 s)
 RELAY_CIRCUIT_SETUP_TIMEOUT_S = 10.0  # target must answer an incoming circuit within this
 RELAY_LIST_INTERVAL_S = 10.0  # rendezvous: ask each relay who is registered
+
+# --- distributed pipeline (node/inference/pipeline) ---
+PREFILL_CHUNK_TOKENS = 256  # prompt tokens per WORK step
+SESSION_TTL_S = 300.0  # an idle KV session on a segment is freed after this
+SESSION_SWEEP_INTERVAL_S = 10.0
+KV_BUDGET_BYTES = 4 * 1024**3  # KV bytes a node keeps across sessions before LRU eviction
+ACK_DEADLINE_MIN_S = 0.5  # never expect an ACK faster than this (plus the peer's RTO)
+STEP_COMPUTE_MIN_S = 10.0  # a segment's compute allowance per step, before the estimate scales it
+STEP_COMPUTE_FACTOR = 20.0  # allowance = max(min, factor * estimated compute)
+MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)

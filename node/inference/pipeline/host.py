@@ -1,0 +1,174 @@
+"""The slices this node serves: one SliceModel per (model hash, layer range), each on its own
+single-thread executor, advertised to peers in HELLO."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from node import const
+from node.errors import ModelLoadError, NodeError
+from node.inference.catalog import ModelEntry
+from node.logs import kv
+
+log = logging.getLogger(__name__)
+
+
+def parse_layers(text: str, n_layers: int) -> tuple[int, int]:
+    """`--layers A-B` (inclusive, as in ds4: 0-11 is twelve layers) → [A, B+1)."""
+    try:
+        first, last = (int(p) for p in text.split("-", 1))
+    except ValueError as exc:
+        raise ModelLoadError(f"--layers must look like A-B (inclusive), got {text!r}") from exc
+    if not 0 <= first <= last < n_layers:
+        raise ModelLoadError(f"--layers {text} is outside the model's layers 0-{n_layers - 1}")
+    return first, last + 1
+
+
+@dataclass
+class ServedStats:
+    """What a slice did for coordinators other than this node (diagnostics `served for others`)."""
+
+    sessions: set[str] = field(default_factory=set)
+    steps: int = 0
+    tokens: int = 0
+    eval_ms: float = 0.0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    coordinators: set[str] = field(default_factory=set)
+
+
+@dataclass
+class HostedSlice:
+    """A loaded slice and the executor it runs on."""
+
+    entry: ModelEntry
+    start: int
+    end: int
+    model: Any = None  # node.inference.slice.SliceModel once loaded
+    executor: concurrent.futures.ThreadPoolExecutor | None = None
+    state: str = "loading"  # loading | loaded | failed
+    error: str | None = None
+    served: ServedStats = field(default_factory=ServedStats)
+    ms_per_layer: float | None = None  # EWMA of decode steps measured here
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.entry.sha256, self.start, self.end)
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.entry.n_layers
+
+    def note_eval(self, eval_us: int, n_tokens: int) -> None:
+        """Fold one decode step's compute time into ms/layer (prefill steps would skew it)."""
+        if n_tokens != 1:
+            return
+        per_layer = eval_us / 1000.0 / (self.end - self.start)
+        self.ms_per_layer = per_layer if self.ms_per_layer is None else 0.8 * self.ms_per_layer + 0.2 * per_layer
+
+    def advert(self) -> dict[str, Any]:
+        """This slice as peers see it in HELLO."""
+        return {"sha256": self.entry.sha256, "name": self.entry.name, "arch": self.entry.architecture,
+                "start": self.start, "end": self.end, "n_layers": self.entry.n_layers,
+                "ms_per_layer": round(self.ms_per_layer, 3) if self.ms_per_layer is not None else None}
+
+    def summary(self) -> dict[str, Any]:
+        """Admin API / GUI row."""
+        info = self.model.info if self.model is not None else None
+        return {
+            "id": self.entry.id, "name": self.entry.name, "sha256": self.entry.sha256,
+            "layers_held": [self.start, self.end], "n_layers": self.entry.n_layers, "state": self.state,
+            "engine": "torch-slice", "dtype": info.fmt if info else None,
+            "device": info.device if info else "cpu", "error": self.error,
+            "sessions": len(self.model.sessions) if self.model is not None else 0,
+        }
+
+
+class SliceHost:
+    """Loads and owns this node's slices; sweeps idle KV sessions."""
+
+    def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0,
+                 session_ttl_s: float = const.SESSION_TTL_S, kv_budget_bytes: int = const.KV_BUDGET_BYTES):
+        self.dtype = dtype
+        self.n_threads = n_threads
+        self.max_ctx = max_ctx
+        self.session_ttl_s = session_ttl_s
+        self.kv_budget_bytes = kv_budget_bytes
+        self.slices: dict[tuple[str, int, int], HostedSlice] = {}
+        self._sweeper: asyncio.Task | None = None
+        self.on_change = None  # callback() when the advertised set changes (HELLO update)
+
+    def find(self, sha256: str, start: int, end: int) -> HostedSlice | None:
+        """The loaded slice for exactly this model and range."""
+        hosted = self.slices.get((sha256, start, end))
+        return hosted if hosted is not None and hosted.state == "loaded" else None
+
+    def for_model(self, sha256: str) -> list[HostedSlice]:
+        return [s for s in self.slices.values() if s.entry.sha256 == sha256 and s.state == "loaded"]
+
+    def adverts(self) -> list[dict[str, Any]]:
+        return [s.advert() for s in self.slices.values() if s.state == "loaded"]
+
+    @property
+    def ready(self) -> bool:
+        """True when every configured slice is loaded (and there is at least one)."""
+        return bool(self.slices) and all(s.state == "loaded" for s in self.slices.values())
+
+    async def async_load(self, entry: ModelEntry, start: int, end: int) -> HostedSlice:
+        """Load layers [start, end) of a catalog model on a dedicated executor."""
+        from node.inference.slice import SliceModel
+
+        hosted = HostedSlice(entry, start, end)
+        hosted.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"slice-{entry.name[:12]}-{start}-{end}")
+        self.slices[hosted.key] = hosted
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            hosted.model = await loop.run_in_executor(
+                hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
+                                                         n_threads=self.n_threads or None,
+                                                         max_ctx=self.max_ctx or None, name=entry.id))
+        except NodeError as exc:
+            hosted.state, hosted.error = "failed", exc.message
+            log.error("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}", error=exc.message))
+            return hosted
+        hosted.state = "loaded"
+        log.info("DIAG: serving slice %s", kv(model=entry.id, layers=f"{start}-{end - 1}", n_layers=entry.n_layers,
+                                              elapsed_ms=int((time.monotonic() - started) * 1000)))
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._async_sweep_loop(), name="kv-sweeper")
+        if self.on_change is not None:
+            self.on_change()
+        return hosted
+
+    async def _async_sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(const.SESSION_SWEEP_INTERVAL_S)
+            await self.async_sweep()
+
+    async def async_sweep(self) -> list[str]:
+        """Free sessions idle past the TTL, then LRU ones over the KV budget (on each executor)."""
+        freed: list[str] = []
+        loop = asyncio.get_running_loop()
+        for hosted in list(self.slices.values()):
+            if hosted.model is not None:
+                freed += await loop.run_in_executor(
+                    hosted.executor, hosted.model.sweep_sessions, self.session_ttl_s, self.kv_budget_bytes)
+        return freed
+
+    def session_count(self) -> int:
+        return sum(len(s.model.sessions) for s in self.slices.values() if s.model is not None)
+
+    async def async_close(self) -> None:
+        """Stop the sweeper and the executors."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for hosted in self.slices.values():
+            if hosted.executor is not None:
+                hosted.executor.shutdown(wait=False, cancel_futures=True)

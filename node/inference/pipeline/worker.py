@@ -1,0 +1,203 @@
+"""The segment side of the pipeline: WORK in, this slice's layers, hidden states on to the next hop
+(or, on the last segment, a sampled token back to the coordinator).
+
+Frames are handled in arrival order: the synchronous entry point submits the compute to the
+slice's single-thread executor before yielding to the loop, so steps of a session run in order.
+Every WORK is ACKed to the coordinator on receipt. A failure becomes a RESULT with an error so the
+coordinator learns it at once (a KV position gap names index_pos and kv_len: gotcha #400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import torch
+
+from node.errors import KvPositionMismatch, NodeError, PeerUnreachable, ProtocolError
+from node.inference.pipeline.host import HostedSlice, SliceHost
+from node.inference.pipeline.sampler import Sampler
+from node.inference.pipeline.transport import PipelineTransport
+from node.inference.pipeline.wire import (
+    Ack,
+    HopTelemetry,
+    Result,
+    SessionControl,
+    Work,
+    decode_activations,
+    decode_tokens,
+    encode_activations,
+)
+from node.logs import kv
+from node.net import FrameType
+
+log = logging.getLogger(__name__)
+
+
+class SegmentWorker:
+    """Serves WORK, CANCEL and SESSION_END for the slices in `host`."""
+
+    def __init__(self, node_id: str, host: SliceHost, transport: PipelineTransport):
+        self.node_id = node_id
+        self.short_id = node_id[:8]
+        self.host = host
+        self.transport = transport
+        self.samplers: dict[str, Sampler] = {}  # sid -> sampler (last segment only; executor thread)
+        self.cancelled: set[str] = set()
+        transport.on_local(FrameType.WORK, self.on_work)
+        transport.on_local(FrameType.CANCEL, self.on_cancel)
+        transport.on_local(FrameType.SESSION_END, self.on_session_end)
+
+    def register(self) -> None:
+        """Start serving these frames from peers."""
+        for ftype in (FrameType.WORK, FrameType.CANCEL, FrameType.SESSION_END):
+            self.transport.register_remote(ftype)
+
+    # --- WORK ---------------------------------------------------------------------------------
+
+    def on_work(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
+        """Synchronous entry (loop thread, arrival order)."""
+        received = time.monotonic()
+        try:
+            work = Work.from_header(header)
+        except ProtocolError as exc:
+            log.warning("DIAG: malformed WORK dropped %s", kv(sender=sender[:8], error=exc.message))
+            return
+        hop = work.target
+        if work.coordinator != self.node_id:
+            try:
+                self.transport.send(work.coordinator, FrameType.ACK, Ack(work.sid, work.seq, work.hop, self.node_id).to_header())
+                log.debug("DIAG: acknowledged tensor forward on receipt %s", kv(sid=work.sid, seq=work.seq, hop=work.hop))
+            except PeerUnreachable:
+                log.info("DIAG: ACK not sent, no link to coordinator %s", kv(coordinator=work.coordinator[:8], sid=work.sid))
+        if hop.node_id != self.node_id:
+            self._fail(work, f"WORK for node {hop.node_id[:8]} reached {self.short_id}", "misrouted")
+            return
+        hosted = self.host.find(work.model, hop.start, hop.end)
+        if hosted is None:
+            self._fail(work, f"node {self.short_id} does not serve layers {hop.start}-{hop.end - 1} of model "
+                             f"{work.model[:12]}", "segment_not_served")
+            return
+        if work.sid in self.cancelled:
+            return
+        log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
+                  kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
+        fut = asyncio.get_running_loop().run_in_executor(hosted.executor, self._compute, hosted, work, payload, received)
+        asyncio.ensure_future(self._after(hosted, work, fut, sender))
+
+    def _compute(self, hosted: HostedSlice, work: Work, payload: bytes, received: float):
+        """Executor thread: decode inputs, run the layers, sample or encode the output."""
+        started = time.monotonic()
+        model = hosted.model
+        if model.is_first:
+            inputs = torch.tensor(decode_tokens(payload), dtype=torch.long)
+        else:
+            if work.act is None:
+                raise ProtocolError("WORK to a middle segment carries no activations")
+            inputs = decode_activations(work.act, payload)
+        if inputs.shape[0] != work.n_tokens:
+            raise ProtocolError(f"WORK says n={work.n_tokens} but carries {inputs.shape[0]} rows")
+        sess = model.session(work.sid)
+        if sess is None:
+            if work.index_pos != 0:
+                raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
+            sess = model.new_session(work.sid)
+        log.debug("DIAG: processing LayerForward locally %s",
+                  kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
+        out = model.forward(sess, inputs, work.index_pos, last_only=model.is_last)
+        tele = HopTelemetry(self.node_id, hosted.start, hosted.end, kv_len=sess.kv_len, bytes_in=len(payload),
+                            wait_us=int((started - received) * 1e6))
+        token = meta = data = None
+        if model.is_last:
+            if work.sample:
+                sampler = self.samplers.get(work.sid)
+                if sampler is None:
+                    if work.sampling is None:
+                        raise ProtocolError("first sampling step of a session carries no sampling parameters")
+                    sampler = self.samplers[work.sid] = Sampler(work.sampling, work.history)
+                token = sampler.sample(out[-1])
+        else:
+            meta, data = encode_activations(out, work.activation_bits)
+            tele.bytes_out = len(data)
+        tele.eval_us = int((time.monotonic() - started) * 1e6)
+        return tele, token, meta, data
+
+    async def _after(self, hosted: HostedSlice, work: Work, fut: asyncio.Future, sender: str) -> None:
+        try:
+            tele, token, meta, data = await fut
+        except NodeError as exc:
+            self._fail(work, exc.message, exc.code or "error")
+            return
+        except Exception as exc:  # a bug in the forward path must still reach the coordinator
+            log.exception("slice forward failed sid=%s", work.sid)
+            self._fail(work, f"{type(exc).__name__}: {exc}", "internal_error")
+            return
+        hosted.note_eval(tele.eval_us, work.n_tokens)
+        if work.coordinator != self.node_id:
+            served = hosted.served
+            served.sessions.add(work.sid)
+            served.coordinators.add(work.coordinator[:8])
+            served.steps += 1
+            served.tokens += work.n_tokens
+            served.eval_ms += tele.eval_us / 1000
+            served.bytes_in += tele.bytes_in
+            served.bytes_out += tele.bytes_out
+        send_started = time.monotonic()
+        try:
+            if meta is not None:
+                nxt = work.hop + 1
+                tele.send_us = int((time.monotonic() - send_started) * 1e6)
+                fwd = dataclasses.replace(work, hop=nxt, act=meta, telemetry=(*work.telemetry, tele.as_wire()))
+                self.transport.send(work.route[nxt].node_id, FrameType.WORK, fwd.to_header(), data)
+                log.debug("DIAG: sent tensor forward via send_request %s",
+                          kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
+            else:
+                result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()))
+                self.transport.send(work.coordinator, FrameType.RESULT, result.to_header())
+        except PeerUnreachable as exc:
+            nxt = work.route[work.hop + 1].node_id if meta is not None else None
+            self._fail(work, f"next hop unreachable: {exc.message}", "next_hop_unreachable", failed_node=nxt)
+
+    def _fail(self, work: Work, message: str, code: str, *, failed_node: str | None = None) -> None:
+        log.warning("DIAG: segment failed %s", kv(sid=work.sid, seq=work.seq, hop=work.hop, code=code, error=message))
+        result = Result(work.sid, work.seq, telemetry=work.telemetry, error=message, error_code=code,
+                        failed_node=failed_node or self.node_id)
+        try:
+            self.transport.send(work.coordinator, FrameType.RESULT, result.to_header())
+        except PeerUnreachable:
+            log.info("DIAG: failure report not delivered, coordinator unreachable %s", kv(sid=work.sid))
+
+    # --- session control ----------------------------------------------------------------------
+
+    def on_cancel(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
+        self._end_session(header, "cancelled")
+
+    def on_session_end(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
+        self._end_session(header, "session_end")
+
+    def _end_session(self, header: dict[str, Any], why: str) -> None:
+        try:
+            ctl = SessionControl.from_header(header)
+        except ProtocolError as exc:
+            log.warning("DIAG: malformed session control dropped %s", kv(error=exc.message))
+            return
+        if why == "cancelled":
+            self.cancelled.add(ctl.sid)
+        for hosted in self.host.for_model(ctl.model):
+            hosted.executor.submit(self._free, hosted, ctl.sid, why)
+
+    def _free(self, hosted: HostedSlice, sid: str, why: str) -> None:
+        if hosted.model.free_session(sid):
+            log.info("DIAG: KV session freed %s", kv(sid=sid, reason=why, layers=f"{hosted.start}-{hosted.end - 1}"))
+        self.samplers.pop(sid, None)
+        self.cancelled.discard(sid)
+
+    def forget_expired(self) -> None:
+        """Drop sampler state of sessions the host's sweeper evicted."""
+        models = [h.model for h in self.host.slices.values() if h.model is not None]
+        for sid in list(self.samplers):
+            if not any(sid in m.sessions for m in models):
+                self.samplers.pop(sid, None)
