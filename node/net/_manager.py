@@ -282,6 +282,9 @@ class PeerManager:
         except (NodeError, TimeoutError, asyncio.IncompleteReadError, OSError, ssl.SSLError) as exc:
             self.discovery.note_inbound_failure(addr, exc)
             stream.abort()
+        except Exception:  # a bug must cost one connection, never leave it hanging
+            log.exception("inbound connection from %s failed unexpectedly", addr)
+            stream.abort()
         return None
 
     # --- link set-up --------------------------------------------------------------------------
@@ -373,6 +376,7 @@ class PeerManager:
                 keep_dialer=winner.is_dialer, keep_transport=winner.transport))
             loser.retire()
         if winner is link:
+            rec.rto.restart()
             rec.link = link
             rec.hello = link.hello
             rec.state = "connected"

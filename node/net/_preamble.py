@@ -111,6 +111,9 @@ def announced_cert(body: dict[str, Any]) -> bytes:
     if not isinstance(cert, str) or len(cert) > const.PREAMBLE_MAX_BYTES:
         raise ProtocolError("TLS preamble carries no certificate")
     try:
-        return base64.b64decode(cert, validate=True)
+        der = base64.b64decode(cert, validate=True)
     except ValueError as exc:
         raise ProtocolError("TLS preamble certificate is not base64") from exc
+    if len(der) < 64:
+        raise ProtocolError("TLS preamble certificate is too short")
+    return der

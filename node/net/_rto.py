@@ -47,6 +47,14 @@ class RtoEstimator:
         self.backoffs += 1
         return self.rto_s
 
+    def restart(self) -> None:
+        """A new link to the same peer: keep SRTT/RTTVAR but drop the backoff of the old one."""
+        if self.srtt_s is not None and self.rttvar_s is not None:
+            self.rto_s = self._bounded(self.srtt_s + max(_GRANULARITY_S, _K * self.rttvar_s))
+        else:
+            self.rto_s = const.RTO_INITIAL_S
+        self.backoffs = 0
+
     def deadline_s(self, attempts: int, *, floor_s: float = 0.0) -> float:
         """Total wait of `attempts` consecutive timeouts from now, each backing off: RTO·(2^n − 1)."""
         total, rto = 0.0, max(self.rto_s, floor_s)

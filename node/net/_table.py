@@ -46,6 +46,8 @@ class PeerSnapshot:
     sources: tuple[str, ...] = ()
     is_relay: bool = False
     last_error: str | None = None
+    liveness_deadline_s: float | None = None  # silence after which the live link is declared dead
+    connection_id: int | None = None  # this process's id of the live link (DIAG lines carry it)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
@@ -132,6 +134,8 @@ class PeerRecord:
             sources=tuple(sorted(self.sources)),
             is_relay=bool(hello and hello.features & FEATURE_RELAY),
             last_error=self.last_error,
+            liveness_deadline_s=link.liveness_deadline_s() if link else None,
+            connection_id=link.connection_id if link else None,
         )
 
 

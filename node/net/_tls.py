@@ -135,7 +135,7 @@ class TlsConfig:
         if digest not in self._anchors:
             try:
                 self._server.load_verify_locations(cadata=peer_cert_der)
-            except ssl.SSLError as exc:
+            except (ssl.SSLError, ValueError) as exc:
                 raise ProtocolError(f"announced certificate rejected: {exc}") from exc
             self._anchors.add(digest)
         return self._server

@@ -1,0 +1,241 @@
+"""Peer links between real PeerManagers on 127.0.0.1 (one process, real TCP + TLS 1.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from node.errors import InvalidRequest, PeerError, PeerIdentityMismatch, RequestTimeout
+from node.net import Frame, FrameType, PeerManager
+
+from .util import addr, wait_until
+
+
+def linked(a: PeerManager, b: PeerManager) -> bool:
+    return a.link(b.node_id) is not None and b.link(a.node_id) is not None
+
+
+async def echo(link, frame):
+    return frame.reply(FrameType.RESULT, {"echo": True}, frame.payload)
+
+
+async def test_bootstrap_discovery(make_manager, fast_net, caplog):
+    caplog.set_level(logging.INFO)
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b), what="bootstrap link")
+    peer = b.peer(a.node_id)
+    assert peer.state == "connected" and peer.transport == "direct"
+    assert peer.address == addr(a) and "bootstrap" in peer.sources
+    assert a.peer(b.node_id).is_dialer is False
+    await wait_until(lambda: b.peer(a.node_id).rtt_ms is not None, what="an RTT sample")
+    text = caplog.text
+    assert f"DIAG: connection established peer_id={a.short_id}" in text
+    assert "is_loopback=True is_dialer=True transport=direct total_established=1" in text
+    d = b.peer(a.node_id).as_dict()
+    assert {"node_id", "short_id", "state", "transport", "address", "rtt_ms", "rto_ms", "models",
+            "last_seen"} <= set(d)
+
+
+async def test_request_response_errors_and_unknown_types(make_manager, fast_net):
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+
+    async def refuse(link, frame):
+        raise InvalidRequest("no such session", code="no_session")
+
+    a.register_handler(FrameType.WORK, echo)
+    a.register_handler(FrameType.ACK, refuse)
+    reply = await b.async_request(a.node_id, Frame(FrameType.WORK, {"n": 1}, b"\x00\x01" * 4096), timeout_s=10)
+    assert reply.type == FrameType.RESULT and reply.payload == b"\x00\x01" * 4096
+    with pytest.raises(PeerError) as info:
+        await b.async_request(a.node_id, Frame(FrameType.ACK, {}), timeout_s=10)
+    assert info.value.code == "no_session"
+    for ftype in (FrameType.CANCEL, 200):  # known without a handler, and unknown: ERROR, link stays
+        with pytest.raises(PeerError) as info:
+            await b.async_request(a.node_id, Frame(ftype, {}), timeout_s=10)
+        assert info.value.code == "unsupported_frame_type"
+    assert linked(a, b) and a.connection_count() == 1
+    with pytest.raises(ValueError):
+        a.register_handler(FrameType.PING, echo)
+
+
+async def test_request_timeout_and_fire_and_forget(make_manager, fast_net):
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    got: list[Frame] = []
+    release = asyncio.Event()
+
+    async def slow(link, frame):
+        got.append(frame)
+        await release.wait()
+        return frame.reply(FrameType.RESULT)
+
+    a.register_handler(FrameType.WORK, slow)
+    with pytest.raises(RequestTimeout):
+        await b.async_request(a.node_id, Frame(FrameType.WORK), timeout_s=0.2)
+    await b.async_send(a.node_id, Frame(FrameType.WORK, {"fire": 1}))
+    await wait_until(lambda: len(got) == 2)
+    assert got[1].request_id == 0
+    release.set()
+
+
+async def test_ordered_handlers_run_in_arrival_order(make_manager, fast_net):
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    seen: list[int] = []
+
+    async def work(link, frame):
+        if frame.header["i"] == 0:
+            await asyncio.sleep(0.2)  # the first one is slow: the others must still wait for it
+        seen.append(frame.header["i"])
+
+    a.register_handler(FrameType.WORK, work, ordered=True)
+    for i in range(5):
+        await b.async_send(a.node_id, Frame(FrameType.WORK, {"i": i}))
+    await wait_until(lambda: len(seen) == 5)
+    assert seen == [0, 1, 2, 3, 4]
+
+
+async def test_wrong_identity_is_refused(make_manager, fast_net, caplog):
+    a = await make_manager("a")
+    c = await make_manager("c")
+    b = await make_manager("b")
+    with pytest.raises(PeerIdentityMismatch):
+        await b.async_connect(addr(a), c.node_id)  # a answers at that address, but we wanted c
+    assert b.link(a.node_id) is None and b.link(c.node_id) is None
+    await asyncio.sleep(0.2)
+    assert a.connection_count() == 0 and b.connection_count() == 0
+    assert (await b.async_connect(addr(a), a.node_id)).node_id == a.node_id
+
+
+@pytest.mark.parametrize("round_", range(4))
+async def test_simultaneous_dial_ends_in_one_link(make_manager, fast_net, round_, caplog):
+    caplog.set_level(logging.INFO)
+    a = await make_manager()
+    b = await make_manager()
+    results = await asyncio.gather(a.async_connect(addr(b), b.node_id), b.async_connect(addr(a), a.node_id),
+                                   return_exceptions=True)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+
+    def one_link():
+        if a.connection_count(b.node_id) != 1 or b.connection_count(a.node_id) != 1:
+            return False
+        la, lb = a.link(b.node_id), b.link(a.node_id)
+        return la is not None and lb is not None and \
+            la.stream.extra("sockname") == lb.stream.extra("peername")
+
+    await wait_until(one_link, what="exactly one link, the same TCP connection on both ends")
+    await asyncio.sleep(0.5)  # and it stays that way
+    assert one_link()
+    keep = a.link(b.node_id)
+    dialer = a.node_id if keep.is_dialer else b.node_id
+    if "duplicate link" in caplog.text:
+        assert dialer == min(a.node_id, b.node_id)  # the lower node id's dial survives
+
+
+async def test_peer_gone_and_back(make_manager, fast_net, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    port, b_id = b.listen_port, b.node_id
+    await b.async_stop()
+    await wait_until(lambda: a.peer(b_id).state == "gone", what="a marks b gone")
+    assert "DIAG: connection closed" in caplog.text and "DIAG: peer gone" in caplog.text
+    b2 = await make_manager("b", peer_port=port)  # same data dir: same identity, same port
+    assert b2.node_id == b_id
+    await wait_until(lambda: linked(a, b2), what="b back")
+    assert a.peer(b_id).state == "connected"
+
+
+async def test_pex_introduces_peers(make_manager, fast_net):
+    hub = await make_manager("hub")
+    a = await make_manager("a", bootstrap=[addr(hub)])
+    await wait_until(lambda: linked(a, hub))
+    c = await make_manager("c", bootstrap=[addr(hub)])
+    await wait_until(lambda: linked(c, hub))
+    await wait_until(lambda: linked(a, c), what="a and c meet through PEX from the hub")
+    assert "pex" in a.peer(c.node_id).sources or "pex" in c.peer(a.node_id).sources
+
+
+async def test_peer_cache_is_used_at_start_up(make_manager, fast_net, caplog):
+    caplog.set_level(logging.DEBUG, logger="node.net")
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    await b.async_stop()
+    assert "DIAG: peer cache saved count=1" in caplog.text
+    cache = (b.config.data_dir / "peers.json").read_text()
+    assert a.node_id in cache
+    b2 = await make_manager("b")  # no bootstrap this time
+    await wait_until(lambda: linked(a, b2), what="b redials a from peers.json")
+    assert "cache" in b2.peer(a.node_id).sources
+
+
+async def test_hello_announce_updates_models_and_observers(make_manager, fast_net):
+    a = await make_manager("a", start=False)
+    models = [{"model_id": "m1", "layers": [0, 4], "n_layers": 8, "hash": "h1"}]
+    a._models_provider = lambda: models
+    a._hardware_provider = lambda: {"device": "cpu", "free_mb": 123, "ms_per_layer": 1.5}
+    await a.async_start()
+    b = await make_manager("b")
+    events: list[tuple[str, str, str]] = []
+    unsubscribe = b.add_listener(lambda kind, snap: events.append((kind, snap.short_id, snap.state)))
+    await b.async_connect(addr(a), a.node_id)
+    await wait_until(lambda: b.peer(a.node_id) and b.peer(a.node_id).models)
+    assert b.peer(a.node_id).models[0]["model_id"] == "m1"
+    assert b.peer(a.node_id).hardware["ms_per_layer"] == 1.5
+    assert ("added", a.short_id, "connecting") in events
+    assert ("changed", a.short_id, "connected") in events
+    models.append({"model_id": "m2", "layers": [4, 8], "n_layers": 8, "hash": "h2"})
+    await a.async_announce()
+    await wait_until(lambda: len(b.peer(a.node_id).models) == 2, what="HELLO update")
+    unsubscribe()
+    n = len(events)
+    await a.async_announce()
+    await asyncio.sleep(0.2)
+    assert len(events) == n
+
+
+async def test_observer_failure_does_not_break_the_network(make_manager, fast_net):
+    a = await make_manager("a")
+    b = await make_manager("b")
+
+    def broken(kind, snap):
+        raise RuntimeError("observer bug")
+
+    b.add_listener(broken)
+    await b.async_connect(addr(a), a.node_id)
+    await wait_until(lambda: linked(a, b))
+
+
+async def test_forgotten_peer_is_removed(make_manager, fast_net, monkeypatch):
+    from node import const
+
+    monkeypatch.setattr(const, "PEER_FORGET_S", 0.5)
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    events: list[str] = []
+    b.add_listener(lambda kind, snap: events.append(kind))
+    b.config.bootstrap = []
+    b.discovery.targets.clear()
+    a_id = a.node_id
+    await a.async_stop()
+    await wait_until(lambda: b.peer(a_id) is None, what="a forgotten after PEER_FORGET_S")
+    assert "removed" in events
+
+
+async def test_self_dial_is_recognised(make_manager, fast_net, caplog):
+    caplog.set_level(logging.INFO)
+    a = await make_manager("a")
+    a.discovery._add_target(addr(a), "bootstrap")
+    a.discovery.wake()
+    await wait_until(lambda: "bootstrap address is this node" in caplog.text)
+    assert a.connection_count() == 0 and not a.peers()

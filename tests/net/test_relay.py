@@ -1,0 +1,123 @@
+"""Relay on loopback: rendezvous, spliced circuits with TLS end to end, caps, idle drop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from node import const
+from node.errors import PeerError
+from node.net import Frame, FrameType
+from node.net._connect import async_dial_relayed
+
+from .util import addr, wait_until
+
+MARKER = b"MARKER-7f3a-plaintext-must-not-cross-the-relay"
+
+
+def relayed(a, b) -> bool:
+    la, lb = a.link(b.node_id), b.link(a.node_id)
+    return la is not None and lb is not None and la.transport == lb.transport == "relayed"
+
+
+async def echo(link, frame):
+    return frame.reply(FrameType.RESULT, {}, frame.payload)
+
+
+@pytest.fixture
+async def relay_trio(make_manager, fast_net):
+    """R relays; A and B know only R and may not dial each other directly."""
+    r = await make_manager("r", relay=True)
+    tapped: list[bytes] = []
+    r.relay.tap = lambda circuit, direction, data: tapped.append(data)
+    a = await make_manager("a", relays=[addr(r)], no_direct=True)
+    b = await make_manager("b", relays=[addr(r)], no_direct=True)
+    b.register_handler(FrameType.WORK, echo)
+    await wait_until(lambda: relayed(a, b), what="a and b linked through the relay")
+    return r, a, b, tapped
+
+
+async def test_relayed_link_carries_frames_and_the_relay_sees_only_ciphertext(relay_trio, caplog):
+    r, a, b, tapped = relay_trio
+    caplog.set_level(logging.INFO)
+    payload = MARKER * 2000  # ~90 KiB
+    reply = await a.async_request(b.node_id, Frame(FrameType.WORK, {"note": MARKER.decode()}, payload),
+                                  timeout_s=20)
+    assert reply.payload == payload
+    forwarded = b"".join(tapped)
+    assert len(forwarded) > 2 * len(payload)  # both directions went through the splice
+    assert MARKER not in forwarded and MARKER[:16] not in forwarded
+    snap = a.peer(b.node_id)
+    assert snap.transport == "relayed" and snap.via_relay == addr(r)
+    assert b.peer(a.node_id).transport == "relayed"
+    assert any(x.startswith("relayed via") for x in a.reachable_at())
+    assert r.relay.stats()["circuits_active"] >= 1
+    # the relay itself is a direct peer of both
+    assert a.peer(r.node_id).transport == "direct" and a.peer(r.node_id).is_relay
+
+
+async def test_rendezvous_lists_registered_nodes(relay_trio):
+    r, a, b, _ = relay_trio
+    reply = await a.async_request(r.node_id, Frame(FrameType.RELAY, {"op": "list"}), timeout_s=10)
+    ids = {n["node_id"] for n in reply.header["nodes"]}
+    assert {a.node_id, b.node_id} <= ids
+
+
+async def test_relayed_peer_comes_back_after_the_circuit_drops(relay_trio):
+    r, a, b, _ = relay_trio
+    for circuit_link in (a.link(b.node_id),):
+        circuit_link.stream.abort()
+    await wait_until(lambda: relayed(a, b) and a.link(b.node_id).connection_id != circuit_link.connection_id,
+                     what="a new relayed link")
+
+
+async def test_circuit_cap_refuses(make_manager, fast_net, monkeypatch):
+    monkeypatch.setattr(const, "RELAY_MAX_CIRCUITS", 0)
+    r = await make_manager("r", relay=True)
+    b = await make_manager("b", relays=[addr(r)])
+    a = await make_manager("a")
+    await wait_until(lambda: r.relay.registrations.get(b.node_id) is not None)
+    with pytest.raises(PeerError, match="too_many_circuits"):
+        await async_dial_relayed(a.tls, addr(r), b.node_id, a.node_id)
+
+
+async def test_unregistered_target_is_refused(make_manager, fast_net):
+    r = await make_manager("r", relay=True)
+    a = await make_manager("a")
+    with pytest.raises(PeerError, match="not_registered"):
+        await async_dial_relayed(a.tls, addr(r), "e" * 64, a.node_id)
+
+
+async def test_byte_cap_closes_the_circuit(relay_trio, monkeypatch, caplog):
+    r, a, b, _ = relay_trio
+    caplog.set_level(logging.INFO)
+    first = a.link(b.node_id)
+    monkeypatch.setattr(const, "RELAY_CIRCUIT_MAX_BYTES", 256 * 1024)
+    with pytest.raises(PeerError):
+        await a.async_request(b.node_id, Frame(FrameType.WORK, {}, b"x" * (512 * 1024)), timeout_s=20)
+    await wait_until(lambda: not first.is_open, what="the capped circuit's link to close")
+    assert "relay circuit byte cap reached" in caplog.text
+
+
+async def test_idle_circuit_is_dropped(make_manager, fast_net, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(const, "RELAY_CIRCUIT_IDLE_S", 0.5)
+    monkeypatch.setattr(const, "PING_INTERVAL_S", 30.0)  # nothing keeps the circuit busy
+    r = await make_manager("r", relay=True)
+    a = await make_manager("a", relays=[addr(r)], no_direct=True)
+    b = await make_manager("b", relays=[addr(r)], no_direct=True)
+    await wait_until(lambda: relayed(a, b))
+    await wait_until(lambda: "relay circuit closed" in caplog.text and "cause=idle" in caplog.text,
+                     what="the idle circuit to be dropped")
+
+
+async def test_relay_ops_on_a_non_relay_are_refused(make_manager, fast_net):
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: b.link(a.node_id))
+    with pytest.raises(PeerError) as info:
+        await b.async_request(a.node_id, Frame(FrameType.RELAY, {"op": "register"}), timeout_s=10)
+    assert info.value.code == "unsupported"
+    await asyncio.sleep(0)

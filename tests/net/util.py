@@ -1,0 +1,137 @@
+"""Helpers for the peer-network tests: polling, in-process managers, peer processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def addr(manager) -> str:
+    """A PeerManager's dialable loopback address."""
+    return f"127.0.0.1:{manager.listen_port}"
+
+
+async def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what: str = "condition"):
+    """Poll predicate() (sync or async) until truthy; fail naming what was awaited."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(interval_s)
+
+
+def wait_until_sync(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what: str = "condition"):
+    """Blocking variant of wait_until (for hypothesis tests and plain threads)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class PeerProc:
+    """`python -m tests.net.peer_proc` in a subprocess (optionally inside a network namespace)."""
+
+    def __init__(self, workdir: Path, name: str, args: list[str], netns: str | None = None):
+        self.workdir = workdir
+        self.name = name
+        self.data_dir = workdir / name
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.status_path = workdir / f"{name}.status.json"
+        self.log_path = workdir / f"{name}.log"
+        self.args = args
+        self.netns = netns
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        """(Re)start the process with the same data dir and arguments."""
+        if self.status_path.exists():
+            self.status_path.unlink()
+        cmd = [sys.executable, "-m", "tests.net.peer_proc", "--data-dir", str(self.data_dir),
+               "--status", str(self.status_path), *self.args]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWARMLLM_")}
+        env["PYTHONPATH"] = str(REPO)
+        out = open(self.log_path, "ab")  # noqa: SIM115 (closed with the process)
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        out.close()
+
+    def status(self) -> dict | None:
+        """The last status the process wrote (None before the first)."""
+        try:
+            return json.loads(self.status_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def peer(self, node_id: str) -> dict | None:
+        """The process's view of one peer."""
+        status = self.status() or {}
+        return next((p for p in status.get("peers", []) if p["node_id"] == node_id), None)
+
+    async def async_ready(self, timeout_s: float = 60.0) -> dict:
+        """Wait for the first status (listener up)."""
+        def ready():
+            if not self.alive():
+                raise AssertionError(f"{self.name} exited early (rc={self.proc.returncode}):\n{self.output()}")
+            return self.status()
+        return await wait_until(ready, timeout_s, 0.1, f"{self.name} to start")
+
+    def ready(self, timeout_s: float = 60.0) -> dict:
+        """Blocking wait for the first status."""
+        def ready():
+            if not self.alive():
+                raise AssertionError(f"{self.name} exited early (rc={self.proc.returncode}):\n{self.output()}")
+            return self.status()
+        return wait_until_sync(ready, timeout_s, 0.1, f"{self.name} to start")
+
+    def output(self) -> str:
+        """Everything the process logged."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the process."""
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        if self.alive():
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM (SIGCONT first, in case it is stopped), then SIGKILL if it lingers."""
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
