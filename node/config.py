@@ -58,6 +58,7 @@ class NodeConfig:
     gpu_memory_budget_mb: int = 0  # 0 = free VRAM minus headroom
     layers: str | None = None  # "A-B" (inclusive): serve only these layers of --model (slice engine)
     activation_bits: int = 16  # 32, 16 or 8: hidden-state precision on the wire
+    slice_dtype: str = "auto"  # weights of served slices: auto (int8 on CPU, f16 on CUDA), f32, bf16, int8
 
     # --- peer network ---
     peer_port: int = 0  # 0 = port + 10

@@ -56,6 +56,9 @@ async def _machine(node: Node) -> list[str]:
             lines.append(f"gpu{i}: {g.name} (sm {g.compute_capability}) vram {g.total_mb} MiB, {g.free_mb} MiB free")
     else:
         lines.append("gpu: none")
+    if getattr(node, "host", None) is not None and node.host.slices:
+        rates = [f"{s.start}-{s.end - 1}:{s.ms_per_layer:.3f}" for s in node.host.slices.values() if s.ms_per_layer]
+        lines.append(f"measured ms/layer (decode): {', '.join(rates) or 'not yet measured'}")
     if m.mem_bandwidth_gbps is None:
         lines.append(f"memory bandwidth: could not be measured ({m.bandwidth_error})")
     else:
@@ -70,14 +73,32 @@ def _reachable(node: Node, r: Redactor) -> list[str]:
     if peers is None:
         lines.append("peer listener: not running")
     else:
-        lines += [f"peer: {line}" for line in peers.reachable_lines(r)]
+        lines += [f"peer: {where}" for where in peers.reachable_at()]
+        cfg = node.config
+        lines.append(f"mdns: {'on' if cfg.mdns else 'off'}  relay service: {'on' if cfg.relay else 'off'}"
+                     f"  direct dialling: {'off (relays only)' if cfg.no_direct else 'on'}")
     return lines
+
+
+def _ago(ts: float | None) -> str:
+    return "never" if ts is None else f"{max(0.0, time.time() - ts):.0f}s ago"
 
 
 def _peers(node: Node, r: Redactor) -> list[str]:
     if node.peers is None:
         return ["(peer network not running)"]
-    return node.peers.peer_lines(r) or ["(no peers)"]
+    rows = []
+    for p in node.peers.peers():
+        models = ", ".join(
+            f"{m.get('name', '?')}[{m['start']}-{m['end'] - 1}]" if "start" in m else f"{m.get('name', '?')}[whole]"
+            for m in p.models) or "-"
+        rtt = f"{p.rtt_ms:.2f}" if p.rtt_ms is not None else "-"
+        addr = p.address or "-"
+        rows.append(f"{p.short_id} {p.state} transport={p.transport or '-'} addr={addr} rtt_ms={rtt} "
+                    f"rto_ms={p.rto_ms:.0f} last_seen={_ago(p.last_seen)} models={models}"
+                    + (f" region={p.region}" if p.region else "") + (f" agent={p.agent}" if p.agent else "")
+                    + (f" error={p.last_error}" if p.last_error and p.state != "connected" else ""))
+    return rows or ["(no peers)"]
 
 
 def _failures(node: Node) -> list[str]:
@@ -98,13 +119,31 @@ def _recent(node: Node) -> list[str]:
 
 
 def _served_for_others(node: Node) -> list[str]:
-    hook = getattr(node, "served_for_others_lines", None)
-    return hook() if hook else ["(nothing served for peers)"]
+    rows = []
+    for s in node.host.slices.values():
+        st = s.served
+        if not st.steps:
+            continue
+        rows.append(f"{s.entry.id} layers={s.start}-{s.end - 1} sessions={len(st.sessions)} steps={st.steps} "
+                    f"tokens={st.tokens} eval_ms={st.eval_ms:.0f} bytes_in={st.bytes_in} bytes_out={st.bytes_out} "
+                    f"coordinators={','.join(sorted(st.coordinators))}")
+    return rows or ["(nothing served for peers)"]
 
 
 def _peer_performance(node: Node, r: Redactor) -> list[str]:
-    hook = getattr(node.peers, "performance_lines", None) if node.peers is not None else None
-    return hook(r) if hook else ["(no peer measurements)"]
+    if node.pipeline is None or not node.pipeline.perf:
+        return ["(no peer measurements)"]
+    rows = []
+    for node_id, perf in sorted(node.pipeline.perf.items()):
+        snap = node.peers.peer(node_id) if node.peers is not None else None
+        rtt = f"{snap.rtt_ms:.2f}" if snap is not None and snap.rtt_ms is not None else "-"
+        mpl = f"{perf.ms_per_layer:.3f}" if perf.ms_per_layer is not None else "-"
+        ewma = f"{perf.ewma_step_ms:.1f}" if perf.ewma_step_ms is not None else "-"
+        region = (snap.region if snap is not None else None) or "-"
+        rows.append(f"{node_id[:8]} rtt_ms={rtt} ms_per_layer={mpl} ewma_ms={ewma} samples={perf.samples} region={region}")
+    if node.pipeline.hop_overhead_ms is not None:
+        rows.append(f"per-hop overhead (ewma, decode steps): {node.pipeline.hop_overhead_ms:.2f} ms")
+    return rows
 
 
 def _models(node: Node) -> list[str]:
@@ -115,9 +154,11 @@ def _models(node: Node) -> list[str]:
         rows.append(f"{served.id}  arch={e.architecture} layers={e.n_layers} ctx={served.n_ctx} "
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
                     f"device={served.device}{reason}" + (f" error={served.error}" if served.error else ""))
-    extra = getattr(node, "slice_model_lines", None)
-    if extra:
-        rows += extra()
+    for hosted in node.host.slices.values():
+        info = hosted.summary()
+        rows.append(f"{hosted.entry.id}  layers={hosted.start}-{hosted.end - 1} of {hosted.entry.n_layers} "
+                    f"engine=torch-slice dtype={info['dtype']} state={hosted.state} device={info['device']} "
+                    f"kv_sessions={info['sessions']}" + (f" error={hosted.error}" if hosted.error else ""))
     return rows or ["(no models)"]
 
 

@@ -21,7 +21,11 @@ from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
 from node.inference.catalog import ModelCatalog, ModelEntry
 from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager, place_whole_model
-from node.net import async_load_or_create_identity
+from node.inference.pipeline.coordinator import PipelineCoordinator
+from node.inference.pipeline.host import SliceHost, parse_layers
+from node.inference.pipeline.transport import PipelineTransport
+from node.inference.pipeline.worker import SegmentWorker
+from node.net import PeerManager, async_load_or_create_identity
 from node.resources import default_model_path
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
@@ -47,7 +51,11 @@ class Node:
         self.api = ApiServer(self)
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
-        self.peers = None  # the peer network (node.net) when enabled
+        self.peers: PeerManager | None = None
+        self.host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads)
+        self.transport: PipelineTransport | None = None
+        self.worker: SegmentWorker | None = None
+        self.pipeline: PipelineCoordinator | None = None
         self.started_at: float | None = None
         self.activity: list[str] = []
         self._machine_task: asyncio.Task | None = None
@@ -81,11 +89,21 @@ class Node:
         self.identity = await async_load_or_create_identity(self.data_dir)
         self.started_at = time.time()
         self._machine_task = asyncio.create_task(self._collect_machine(), name="machine-info")
+        slices = []
         for entry in await self.catalog.async_scan(self._model_sources()):
-            await self.models.async_register(entry)
+            as_slice = bool(self.config.layers) and entry.source == "cli"
+            if as_slice:
+                slices.append((entry, *parse_layers(self.config.layers, entry.n_layers)))
+            await self.models.async_register(entry, whole=not as_slice)
+        await self._start_network()
         await self.api.start()
         self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
         await self.models.async_load_all()
+        for entry, start, end in slices:
+            await self.host.async_load(entry, start, end)
+            self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
+        if slices and self.peers is not None:
+            await self.peers.async_announce()
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.models), self.models.ready, (time.monotonic() - started) * 1000)
 
@@ -96,11 +114,47 @@ class Node:
         self._stopping = True
         log.info("DIAG: node stopping node_id=%s", self.short_id)
         await self.api.stop()
+        if self.pipeline is not None:
+            self.pipeline.close()
+        if self.peers is not None:
+            await self.peers.async_stop()
         if self._machine_task is not None:
             self._machine_task.cancel()
+        await self.host.async_close()
         await self.models.async_close()
         self.watchdog.stop()
         log.info("DIAG: node stopped node_id=%s in_flight=%d", self.short_id, self.traces.in_flight)
+
+    async def _start_network(self) -> None:
+        """The peer network and the pipeline's worker/coordinator on top of it."""
+        self.peers = PeerManager(self.config, self.identity, models_provider=self._hello_models,
+                                 hardware_provider=self._hello_hardware)
+        self.transport = PipelineTransport(self.node_id, self.peers)
+        self.worker = SegmentWorker(self.node_id, self.host, self.transport)
+        self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.host,
+                                            activation_bits=self.config.activation_bits)
+        self.worker.register()
+        self.pipeline.register()
+        await self.peers.async_start()
+        self.note_activity(f"peer listener on port {self.peers.listen_port}")
+
+    def _hello_models(self) -> list[dict[str, Any]]:
+        """What HELLO advertises: our slices (with layer ranges) and the models we hold whole."""
+        whole = [{"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers, "whole": True}
+                 for m in self.models.models.values() if m.whole and m.state == "loaded"]
+        return self.host.adverts() + whole
+
+    def _hello_hardware(self) -> dict[str, Any]:
+        m = self.machine
+        out: dict[str, Any] = {"device": "cpu"}
+        if m is not None:
+            out.update(cores=m.physical_cores, ram_mb=m.ram_total_mb, bandwidth_gbps=m.mem_bandwidth_gbps)
+            if m.gpus:
+                out.update(device="cuda", gpu=m.gpus[0].name, vram_free_mb=m.gpus[0].free_mb)
+        rates = [s.ms_per_layer for s in self.host.slices.values() if s.ms_per_layer is not None]
+        if rates:
+            out["ms_per_layer"] = round(min(rates), 3)
+        return out
 
     async def _collect_machine(self) -> None:
         self.machine = await asyncio.get_running_loop().run_in_executor(None, collect)
@@ -133,20 +187,27 @@ class Node:
 
     def new_run(self, creq: CompletionRequest, trace: RequestTrace) -> CompletionRun:
         """The run object that serves one completion (local route)."""
-        return CompletionRun(self.models, creq, trace, self.short_id, on_first_token=self.traces.first_token)
+        return CompletionRun(self.models, creq, trace, self.short_id, on_first_token=self.traces.first_token,
+                             pipeline=self.pipeline)
 
     def pipelines_in_flight(self) -> int:
         """Distributed pipelines being executed by this node as coordinator."""
-        return 0
+        return self.pipeline.in_flight if self.pipeline is not None else 0
 
     def is_ready(self) -> bool:
-        """True when this node can serve at least one model."""
-        return self.models.ready
+        """True once this node's own models and slices are loaded (and there is something to serve)."""
+        loading = any(m.state == "loading" for m in self.models.models.values() if m.whole) or \
+            any(s.state == "loading" for s in self.host.slices.values())
+        serving = self.models.ready or self.host.ready
+        return serving and not loading
 
     def list_openai_models(self) -> list[dict[str, Any]]:
-        """/v1/models entries."""
+        """/v1/models entries: models served whole here, and models the swarm covers layer by layer."""
         out = []
+        swarm = self.pipeline.swarm_models() if self.pipeline is not None else {}
         for served in self.models.models.values():
+            if not served.whole and served.entry.sha256 not in swarm:
+                continue
             out.append({
                 "id": served.id,
                 "object": "model",
@@ -155,6 +216,7 @@ class Node:
                 "name": served.entry.name,
                 "state": served.state,
                 "context_length": served.n_ctx,
+                "route": "local" if served.whole else "distributed",
             })
         return out
 
@@ -180,6 +242,7 @@ class Node:
             "requests_last_minute": len(window),
             "recent_tok_per_sec": round(sum(rates) / len(rates), 1) if rates else None,
             "models_loaded": sum(1 for m in self.models.models.values() if m.state == "loaded"),
-            "peers": len(self.peers.snapshot()) if self.peers is not None else 0,
+            "peers": sum(1 for p in self.peers.peers() if p.state == "connected") if self.peers is not None else 0,
+            "kv_sessions": self.host.session_count(),
             "loop_stalls": self.watchdog.stalls,
         }

@@ -26,7 +26,9 @@ async def diagnostics(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     """Every model this node serves, with state, device and cpu_placement_reason."""
     node = request.app[NODE]
-    return web.json_response({"models": [m.summary() for m in node.models.models.values()]})
+    rows = [m.summary() for m in node.models.models.values() if m.whole]
+    rows += [s.summary() for s in node.host.slices.values()]
+    return web.json_response({"models": rows})
 
 
 @routes.post("/api/admin/models/{model_id}/unload")
@@ -52,7 +54,7 @@ async def load(request: web.Request) -> web.Response:
 async def peers(request: web.Request) -> web.Response:
     """The peer table."""
     node = request.app[NODE]
-    rows = node.peers.snapshot() if node.peers is not None else []
+    rows = [p.as_dict() for p in node.peers.peers()] if node.peers is not None else []
     return web.json_response({"peers": rows})
 
 

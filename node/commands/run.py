@@ -29,6 +29,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu-only", action="store_true", default=None, help="never use a GPU")
     p.add_argument("--no-auth-inference", action="store_true",
                    help="let /v1 requests through without the API key (admin still needs it)")
+    g = p.add_argument_group("distributed inference")
+    g.add_argument("--layers", default=None, metavar="A-B",
+                   help="serve only layers A..B (inclusive) of each --model as a slice for the swarm")
+    g.add_argument("--activation-bits", type=int, choices=(32, 16, 8), default=None,
+                   help="hidden-state precision on the wire when coordinating (default 16)")
+    g.add_argument("--slice-dtype", choices=("auto", "f32", "bf16", "int8"), default=None,
+                   help="weight format of served slices (default auto: int8 on CPU)")
+    g = p.add_argument_group("peer network")
+    g.add_argument("--peer-port", type=int, default=None, help="peer listener port (default API port + 10)")
+    g.add_argument("--bootstrap", action="append", default=None, metavar="HOST:PORT",
+                   help="a peer to dial at start-up (repeatable)")
+    g.add_argument("--no-mdns", action="store_true", help="do not discover peers on the LAN by mDNS")
+    g.add_argument("--relay", action="store_true", help="also act as a relay and rendezvous for other nodes")
+    g.add_argument("--relays", action="append", default=None, metavar="HOST:PORT",
+                   help="a relay to register at (repeatable)")
+    g.add_argument("--no-direct", action="store_true", help="testing: reach peers through relays only")
+    g.add_argument("--region", default=None, help="advertised region code, e.g. TH")
     p.set_defaults(func=run)
 
 
@@ -45,6 +62,16 @@ def cli_overrides(args: argparse.Namespace) -> dict:
         "cpu_only": getattr(args, "cpu_only", None),
         "require_api_key_for_inference": False if getattr(args, "no_auth_inference", False) else None,
         "verbosity": args.verbose or None,
+        "layers": getattr(args, "layers", None),
+        "activation_bits": getattr(args, "activation_bits", None),
+        "slice_dtype": getattr(args, "slice_dtype", None),
+        "peer_port": getattr(args, "peer_port", None),
+        "bootstrap": getattr(args, "bootstrap", None),
+        "mdns": False if getattr(args, "no_mdns", False) else None,
+        "relay": True if getattr(args, "relay", False) else None,
+        "relays": getattr(args, "relays", None),
+        "no_direct": True if getattr(args, "no_direct", False) else None,
+        "region": getattr(args, "region", None),
     }
 
 

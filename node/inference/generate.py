@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from node import const
 from node.api.schemas import CompletionRequest
@@ -33,8 +34,10 @@ class CompletionRun:
     """A single request's generation on the local route (llama.cpp, whole model)."""
 
     def __init__(self, models: ModelManager, creq: CompletionRequest, trace: RequestTrace, node_short_id: str,
-                 on_first_token: Callable[[RequestTrace], None] | None = None):
+                 on_first_token: Callable[[RequestTrace], None] | None = None, pipeline: Any | None = None):
         self.models = models
+        self.pipeline = pipeline  # PipelineCoordinator, for models this node does not hold whole
+        self.prun: Any | None = None
         self._on_first_token = on_first_token
         self.creq = creq
         self.trace = trace
@@ -80,6 +83,9 @@ class CompletionRun:
         if max_tokens is None:
             max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.creq.kind == "text" else budget
         self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, self.creq.params, max_tokens)
+        if not served.whole:
+            self._prepare_distributed(served)
+            return
 
         self.models.admit(served)
         self.models.mark(served, waiting=+1)
@@ -97,6 +103,15 @@ class CompletionRun:
         self.trace.route = "local"
         self.trace.end_assembly(started, [SegmentTrace(self.node_short_id, 0, served.entry.n_layers, "local")])
 
+    def _prepare_distributed(self, served: ServedModel) -> None:
+        """Plan a chain of segments across this node and its peers (sched_ms); 503 if none covers it."""
+        if self.pipeline is None:
+            raise ModelUnavailable(f"model {served.id} is held only in slices and the peer network is off")
+        self.trace.mark_dequeued()  # nothing to queue for: segments serialise work per slice
+        log.debug("DIAG: dispatch_single starting inference request_id=%s model=%s route=distributed",
+                  self.trace.request_id, served.id)
+        self.prun = self.pipeline.begin(self.job, served.entry, self.trace, served.tokenizer.is_eog)
+
     # --- phase 2: tokens ---
 
     async def deltas(self) -> AsyncIterator[str]:
@@ -104,23 +119,15 @@ class CompletionRun:
         served, job, trace = self.served, self.job, self.trace
         if served is None or job is None:
             raise RuntimeError("deltas() called before prepare()")
-        if served.state != "loaded":
-            log.info("On-demand loading: model is on disk but not loaded request_id=%s model=%s",
-                     trace.request_id, served.id)
-            await self.models.async_load(served.id)
-        engine, tok = served.engine, served.tokenizer
-        if engine is None or tok is None:  # unloaded by force between load and here
-            log.debug("DIAG: split stream model not found — model evicted during request model=%s", served.id)
-            raise ModelUnavailable(f"model {served.id} was unloaded while the request was starting")
-        loop = asyncio.get_running_loop()
-        channel = TokenChannel(loop)
-        log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
-                  trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
-        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog)
+        if self.prun is not None:
+            source = self.prun.tokens()
+        else:
+            source = await self._local_source()
+        tok = served.tokenizer
         assembler = TextAssembler(job.params.stop)
         ended_by_eog = False
         produced = 0
-        async for batch in channel.batches():
+        async for batch in source:
             for token in batch:
                 produced += 1
                 if tok.is_eog(token):
@@ -144,8 +151,28 @@ class CompletionRun:
         if tail:
             self.text += tail
             yield tail
+        if self.prun is not None:
+            await source.aclose()
         await self._wait_generation()
         self._finish_reason(ended_by_eog, assembler, produced)
+
+    async def _local_source(self):
+        """Start llama.cpp on the model's executor; returns the token batch iterator."""
+        served, job, trace = self.served, self.job, self.trace
+        if served.state != "loaded":
+            log.info("On-demand loading: model is on disk but not loaded request_id=%s model=%s",
+                     trace.request_id, served.id)
+            await self.models.async_load(served.id)
+        engine, tok = served.engine, served.tokenizer
+        if engine is None or tok is None:  # unloaded by force between load and here
+            log.debug("DIAG: split stream model not found — model evicted during request model=%s", served.id)
+            raise ModelUnavailable(f"model {served.id} was unloaded while the request was starting")
+        loop = asyncio.get_running_loop()
+        channel = TokenChannel(loop)
+        log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
+                  trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
+        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog)
+        return channel.batches()
 
     def _finish_reason(self, ended_by_eog: bool, assembler: TextAssembler, produced: int) -> None:
         trace, job = self.trace, self.job
@@ -185,6 +212,8 @@ class CompletionRun:
         """Cancel any running generation, wait for the model thread to stop, release the model."""
         if self.job is not None:
             self.job.cancel.set()
+        if self.prun is not None:
+            self.prun.close()
         try:
             if self._gen_future is not None:
                 try:

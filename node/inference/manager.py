@@ -59,6 +59,7 @@ class ServedModel:
     """A whole model this node can run, and where it runs."""
 
     entry: ModelEntry
+    whole: bool = True  # False: this node holds only slices of it (tokenizer here, layers in the swarm)
     tokenizer: ModelTokenizer | None = None
     engine: LlamaEngine | None = None
     state: str = "unloaded"
@@ -122,9 +123,11 @@ class ModelManager:
 
     # --- registry ---
 
-    async def async_register(self, entry: ModelEntry) -> ServedModel:
+    async def async_register(self, entry: ModelEntry, *, whole: bool = True) -> ServedModel:
         """Add a catalog entry and read its tokenizer (vocab-only load, off the loop)."""
-        served = ServedModel(entry)
+        served = ServedModel(entry, whole=whole)
+        if not whole:
+            served.state = "slices"
         self.models[entry.id] = served
         try:
             served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.path)
@@ -147,8 +150,9 @@ class ModelManager:
 
     @property
     def ready(self) -> bool:
-        """True when at least one model is loaded and can serve."""
-        return any(m.state == "loaded" for m in self.models.values())
+        """True when a whole model is loaded and none is still loading."""
+        whole = [m for m in self.models.values() if m.whole]
+        return any(m.state == "loaded" for m in whole) and not any(m.state == "loading" for m in whole)
 
     # --- load / unload ---
 
@@ -157,6 +161,8 @@ class ModelManager:
         served = self.get(model_id)
         if served.state == "loaded":
             return served
+        if not served.whole:
+            raise Conflict(f"model {served.id} is served here as slices only; it is not loaded whole")
         if served.tokenizer is None:
             raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
         if served.load_task is None or served.load_task.done():
@@ -190,6 +196,8 @@ class ModelManager:
     async def async_unload(self, model_id: str, *, force: bool = False) -> ServedModel:
         """Free a model's weights; refused (409) while a request is using it unless forced."""
         served = self.get(model_id)
+        if not served.whole:
+            raise Conflict(f"model {served.id} is served here as slices only; there is nothing whole to unload")
         if served.load_task is not None and not served.load_task.done():
             await asyncio.shield(served.load_task)
         if (served.busy or served.waiting) and not force:
@@ -207,7 +215,7 @@ class ModelManager:
     async def async_load_all(self) -> None:
         """Load every registered model (failures are recorded, not raised)."""
         for served in list(self.models.values()):
-            if served.tokenizer is not None:
+            if served.tokenizer is not None and served.whole:
                 try:
                     await self.async_load(served.id)
                 except NodeError:

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 class ModelTokenizer:
     """llama.cpp's tokenizer for one GGUF file."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path | str):
+        path = Path(path)
         try:
             import llama_cpp
         except ImportError as exc:
