@@ -88,8 +88,12 @@ class Frame:
         return Frame(frame_type, header or {}, payload, self.request_id, FLAG_RESPONSE)
 
 
+_JOIN_BELOW_BYTES = 64 * 1024  # smaller payloads go out as one buffer: one TLS record, one write
+
+
 def encode_frame(frame: Frame) -> list[bytes]:
-    """Wire bytes of a frame as [prefix+header, payload] (the payload is not copied)."""
+    """Wire bytes of a frame: one buffer for small frames, [prefix+header, payload] for large ones
+    (a large payload is not copied)."""
     header = json.dumps(frame.header, separators=(",", ":")).encode() if frame.header else b""
     payload = frame.payload
     if len(header) > const.MAX_HEADER_BYTES:
@@ -98,8 +102,8 @@ def encode_frame(frame: Frame) -> list[bytes]:
         raise ProtocolError(f"frame payload too large: {len(payload)} bytes")
     prefix = PREFIX.pack(MAGIC, FRAME_VERSION, int(frame.type), frame.flags, frame.request_id,
                          len(header), len(payload))
-    if not payload:
-        return [prefix + header]
+    if len(payload) < _JOIN_BELOW_BYTES:
+        return [b"".join((prefix, header, payload))]
     return [prefix + header, payload]
 
 

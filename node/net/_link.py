@@ -32,6 +32,15 @@ Transport = Literal["direct", "relayed"]
 _connection_ids = itertools.count(1)
 
 
+class _Expired(Exception):
+    """A request's timer fired before its reply arrived."""
+
+
+def _expire(future: asyncio.Future[Frame]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
+
+
 async def async_read_frame(stream: Stream) -> Frame:
     """Read one frame: prefix (validated before the body is read), then header + payload."""
     prefix = decode_prefix(await stream.read_exactly(PREFIX_LEN))
@@ -135,20 +144,21 @@ class PeerLink:
         """
         rid = next(self._request_ids)
         request = Frame(frame.type, frame.header, frame.payload, rid, frame.flags)
-        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Frame] = loop.create_future()
         self._pending[rid] = future
+        # A timer on the future is cheaper than asyncio.timeout() on this hot path.
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, future)
         try:
             await self.async_send(request)
-            if timeout_s is None:
-                reply = await future
-            else:
-                async with asyncio.timeout(timeout_s):
-                    reply = await future
-        except TimeoutError as exc:
+            reply = await future
+        except _Expired as exc:
             raise RequestTimeout(
                 f"{type_name(frame.type)} to {self.short_id} not answered within {timeout_s:.3f} s"
             ) from exc
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(rid, None)
             if self.retired and not self._pending:
                 self.close("duplicate")

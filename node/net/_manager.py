@@ -8,6 +8,7 @@ at once: both ends rank duplicates the same way (`_preferred`) and retire the lo
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import secrets
 import ssl
@@ -37,6 +38,7 @@ from ._tls import TlsConfig
 log = logging.getLogger(__name__)
 
 Handler = Callable[[PeerLink, Frame], Awaitable[Frame | None]]
+InlineHandler = Callable[[PeerLink, Frame], Frame | None]
 _RESERVED = {FrameType.HELLO, FrameType.ERROR, FrameType.PING, FrameType.PONG, FrameType.PEX,
              FrameType.RELAY}
 
@@ -125,7 +127,7 @@ class PeerManager:
 
     def spawn(self, coro: Awaitable[Any], name: str | None = None) -> asyncio.Task[Any]:
         """Run a background task owned by the manager (cancelled at stop)."""
-        task = asyncio.ensure_future(coro)
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
         if name:
             task.set_name(name)
         self._tasks.add(task)
@@ -140,12 +142,19 @@ class PeerManager:
 
     # --- public API ---------------------------------------------------------------------------
 
-    def register_handler(self, frame_type: int, handler: Handler, *, ordered: bool = False) -> None:
-        """Serve frames of one type (WORK, ACK, ...). The handler runs in its own task and may
-        return a reply frame (sent back if the frame was a request) or raise a NodeError (sent
-        as ERROR). ordered=True runs one frame at a time per link, in arrival order."""
+    def register_handler(self, frame_type: int, handler: Handler | InlineHandler, *,
+                         ordered: bool = False) -> None:
+        """Serve frames of one type (WORK, ACK, ...): handler(link, frame) -> reply frame or None.
+
+        A coroutine function runs in its own task (ordered=True: one frame at a time per link, in
+        arrival order). A plain function is called inline by the link's reader, in arrival order,
+        with no task: it must not block (ACK bookkeeping, CANCEL; hand real work to a task).
+        A returned frame is sent back when the frame was a request; a raised NodeError is sent
+        back as ERROR with its code."""
         if int(frame_type) in _RESERVED:
             raise ValueError(f"{type_name(frame_type)} is handled by the network itself")
+        if not inspect.iscoroutinefunction(handler) and not callable(handler):
+            raise TypeError("handler must be callable")
         self._handlers[int(frame_type)] = (handler, ordered)
 
     def add_listener(self, callback: PeerObserver) -> Callable[[], None]:
@@ -297,8 +306,9 @@ class PeerManager:
             stream.abort()
             raise SelfConnection("connected to ourselves")
         nonce = secrets.token_hex(8) if is_dialer else None
+        sent = self._hello(nonce)
         try:
-            stream.writelines(encode_frame(self._hello(nonce).to_frame()))
+            stream.writelines(encode_frame(sent.to_frame()))
             async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
                 frame = await async_read_frame(stream)
             if frame.type != FrameType.HELLO:
@@ -318,6 +328,9 @@ class PeerManager:
         )
         link.on_rtt = self._on_rtt
         self._register(link)
+        fresh = self._hello()
+        if link.is_open and (fresh.models != sent.models or fresh.hardware != sent.hardware):
+            link.send_nowait(fresh.to_frame())  # what we serve changed during the handshake
         return link
 
     def _record(self, node_id: str, source: str | None = None) -> PeerRecord:
@@ -452,11 +465,31 @@ class PeerManager:
                                 f"frame type {type_name(ftype)} is not served by this node")
                 return
             handler, ordered = entry
+            if not inspect.iscoroutinefunction(handler):
+                self._run_inline_handler(handler, link, frame)  # type: ignore[arg-type]
+                return
             after = link.order_tails.get(ftype) if ordered else None
-            task = self.spawn(self._async_run_handler(handler, link, frame, after),
-                              name=f"handler-{type_name(ftype)}-{link.short_id}")
+            task = self.spawn(self._async_run_handler(handler, link, frame, after))
             if ordered:
                 link.order_tails[ftype] = task
+
+    def _run_inline_handler(self, handler: InlineHandler, link: PeerLink, frame: Frame) -> None:
+        try:
+            reply = handler(link, frame)
+        except NodeError as exc:
+            if frame.request_id:
+                link.send_error(frame, exc.code or "error", exc.message)
+            return
+        except Exception as exc:
+            log.exception("inline handler for %s from %s failed", type_name(frame.type), link.short_id)
+            if frame.request_id:
+                link.send_error(frame, "internal_error", f"{type(exc).__name__}: {exc}")
+            return
+        if reply is not None and frame.request_id and link.is_open:
+            if reply.request_id != frame.request_id or not reply.is_response:
+                reply = Frame(reply.type, reply.header, reply.payload, frame.request_id,
+                              reply.flags | FLAG_RESPONSE)
+            link.send_nowait(reply)  # the reader's own write: back-pressure is the peer's reads
 
     async def _async_run_handler(self, handler: Handler, link: PeerLink, frame: Frame,
                                  after: asyncio.Task[None] | None) -> None:

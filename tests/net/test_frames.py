@@ -38,11 +38,12 @@ def test_frame_round_trip(ftype, header, payload, request_id, flags):
     assert decode_frame(frame_bytes(frame)) == frame
 
 
-def test_payload_is_not_copied_into_the_prefix():
+def test_large_payload_is_not_copied_small_frames_are_one_buffer():
     payload = b"x" * 100_000
     parts = encode_frame(Frame(FrameType.WORK, {"a": 1}, payload))
     assert parts[1] is payload
     assert len(parts[0]) == PREFIX_LEN + len(b'{"a":1}')
+    assert len(encode_frame(Frame(FrameType.WORK, {"a": 1}, b"y" * 8192))) == 1
 
 
 def test_reply_carries_request_id_and_response_flag():

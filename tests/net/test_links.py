@@ -239,3 +239,25 @@ async def test_self_dial_is_recognised(make_manager, fast_net, caplog):
     a.discovery.wake()
     await wait_until(lambda: "bootstrap address is this node" in caplog.text)
     assert a.connection_count() == 0 and not a.peers()
+
+
+async def test_inline_handlers_reply_refuse_and_keep_order(make_manager, fast_net):
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    seen: list[int] = []
+
+    def ack(link, frame):  # a plain function: called by the reader, no task
+        if frame.header.get("bad"):
+            raise InvalidRequest("bad ack", code="bad_ack")
+        seen.append(frame.header["i"])
+        return frame.reply(FrameType.RESULT, {"i": frame.header["i"]})
+
+    a.register_handler(FrameType.ACK, ack)
+    for i in range(5):
+        await b.async_send(a.node_id, Frame(FrameType.ACK, {"i": i}))
+    reply = await b.async_request(a.node_id, Frame(FrameType.ACK, {"i": 5}), timeout_s=10)
+    assert reply.header == {"i": 5} and seen == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(PeerError) as info:
+        await b.async_request(a.node_id, Frame(FrameType.ACK, {"bad": 1}), timeout_s=10)
+    assert info.value.code == "bad_ack"

@@ -1,0 +1,238 @@
+"""Peer-link benchmark: round-trip latency and throughput over loopback.
+
+    python bench/link_bench.py [--rtt-iters 2000] [--big-iters 100] [--modes tcp,direct,relayed]
+
+Three transports in one run, the far end always in its own process:
+- tcp:     plain TCP, the same 24-byte frame prefix + JSON header, echoed inline (the baseline);
+- direct:  a PeerManager link (TLS 1.3) to an echo node whose handler is a plain function
+           (called inline by the link's reader);
+- direct-async: the same with a coroutine handler (one task per frame);
+- relayed: as direct, spliced through a relay node (a third process).
+RTT: one request in flight, echo of the same payload (8 KiB and 1 MiB), p50/p99 in µs.
+Throughput: one-way stream of fire-and-forget frames, then one request to know they all arrived.
+Prints figures only; nothing is asserted (speed lives here, never in tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from node.config import NodeConfig  # noqa: E402
+from node.net import Frame, FrameType, PeerManager, load_or_create_identity  # noqa: E402
+from node.net._frames import FLAG_RESPONSE, encode_frame  # noqa: E402
+from node.net._link import async_read_frame  # noqa: E402
+from node.net._stream import Stream, open_stream  # noqa: E402
+
+SMALL = 8 * 1024
+BIG = 1024 * 1024
+
+
+# --- far ends (run in their own processes) -------------------------------------------------------
+
+async def _serve_tcp() -> None:
+    async def on_frames(stream: Stream) -> None:
+        try:
+            while True:
+                frame = await async_read_frame(stream)
+                if frame.request_id:
+                    stream.writelines(encode_frame(Frame(FrameType.RESULT, {}, frame.payload,
+                                                         frame.request_id, FLAG_RESPONSE)))
+                    await stream.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            stream.close()
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: Stream(on_connect=lambda s: loop.create_task(on_frames(s))), "127.0.0.1", 0)
+    print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
+    await asyncio.Event().wait()
+
+
+async def _serve_node(data_dir: Path, relay: bool, relays: list[str], async_handler: bool) -> None:
+    cfg = NodeConfig(data_dir=data_dir, port=0, peer_port=0, peer_host="127.0.0.1", mdns=False,
+                     relay=relay, relays=relays, no_direct=bool(relays))
+    manager = PeerManager(cfg, load_or_create_identity(data_dir))
+
+    def echo(link, frame):
+        return frame.reply(FrameType.RESULT, {}, frame.payload)
+
+    async def async_echo(link, frame):
+        return frame.reply(FrameType.RESULT, {}, frame.payload)
+
+    manager.register_handler(FrameType.WORK, async_echo if async_handler else echo)
+    await manager.async_start()
+    print(json.dumps({"port": manager.listen_port, "node_id": manager.node_id}), flush=True)
+    await asyncio.Event().wait()
+
+
+def _spawn(*args: str) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", *args], stdout=subprocess.PIPE)
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"far end {args} did not start")
+    return proc, json.loads(line)
+
+
+# --- measuring -------------------------------------------------------------------------------------
+
+class TcpClient:
+    """Request/response and streaming over the plain-TCP baseline."""
+
+    def __init__(self, stream: Stream):
+        self.stream = stream
+        self.rid = 0
+
+    async def request(self, payload: bytes) -> None:
+        self.rid += 1
+        self.stream.writelines(encode_frame(Frame(FrameType.WORK, {}, payload, self.rid)))
+        await self.stream.drain()
+        reply = await async_read_frame(self.stream)
+        assert reply.request_id == self.rid and len(reply.payload) == len(payload)
+
+    async def send(self, payload: bytes) -> None:
+        self.stream.writelines(encode_frame(Frame(FrameType.WORK, {}, payload)))
+        await self.stream.drain()
+
+
+class LinkClient:
+    """The same over a PeerManager link."""
+
+    def __init__(self, manager: PeerManager, node_id: str):
+        self.manager, self.node_id = manager, node_id
+
+    async def request(self, payload: bytes) -> None:
+        reply = await self.manager.async_request(self.node_id, Frame(FrameType.WORK, {}, payload), timeout_s=60)
+        assert len(reply.payload) == len(payload)
+
+    async def send(self, payload: bytes) -> None:
+        await self.manager.async_send(self.node_id, Frame(FrameType.WORK, {}, payload))
+
+
+async def measure(client, size: int, rtt_iters: int, stream_bytes: int) -> dict:
+    """RTT p50/p99 (µs) and one-way throughput (MB/s) for one frame size."""
+    payload = os.urandom(size)
+    for _ in range(min(50, rtt_iters)):
+        await client.request(payload)  # warm up
+    samples = []
+    for _ in range(rtt_iters):
+        t0 = time.perf_counter()
+        await client.request(payload)
+        samples.append((time.perf_counter() - t0) * 1e6)
+    samples.sort()
+    count = max(1, stream_bytes // size)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        await client.send(payload)
+    await client.request(b"end")  # frames are processed in order: this returns after all arrived
+    elapsed = time.perf_counter() - t0
+    return {
+        "p50_us": statistics.median(samples),
+        "p99_us": samples[min(len(samples) - 1, int(len(samples) * 0.99))],
+        "mb_s": count * size / elapsed / 1e6,
+    }
+
+
+async def _client_manager(work: Path, name: str, relays: list[str]) -> PeerManager:
+    cfg = NodeConfig(data_dir=work / name, port=0, peer_port=0, peer_host="127.0.0.1", mdns=False,
+                     relays=relays, no_direct=bool(relays))
+    manager = PeerManager(cfg, load_or_create_identity(cfg.data_dir))
+    await manager.async_start()
+    return manager
+
+
+async def run(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    results: dict[tuple[str, int], dict] = {}
+    procs: list[subprocess.Popen] = []
+    managers: list[PeerManager] = []
+    sizes = [(SMALL, args.rtt_iters, args.stream_mb * 1_000_000), (BIG, args.big_iters, args.stream_mb * 4_000_000)]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        try:
+            for mode in args.modes.split(","):
+                if mode == "tcp":
+                    proc, info = _spawn("tcp")
+                    procs.append(proc)
+                    stream = await open_stream("127.0.0.1", info["port"])
+                    client = TcpClient(stream)
+                elif mode in ("direct", "direct-async"):
+                    extra = ["--async-handler"] if mode == "direct-async" else []
+                    proc, info = _spawn("node", str(work / f"echo-{mode}"), *extra)
+                    procs.append(proc)
+                    manager = await _client_manager(work, f"client-{mode}", [])
+                    managers.append(manager)
+                    await manager.async_connect(f"127.0.0.1:{info['port']}", info["node_id"])
+                    client = LinkClient(manager, info["node_id"])
+                elif mode == "relayed":
+                    proc, relay = _spawn("node", str(work / "relay"), "--relay")
+                    procs.append(proc)
+                    relay_addr = f"127.0.0.1:{relay['port']}"
+                    proc, info = _spawn("node", str(work / "echo-relayed"), "--relays", relay_addr)
+                    procs.append(proc)
+                    manager = await _client_manager(work, "client-relayed", [relay_addr])
+                    managers.append(manager)
+                    deadline = time.monotonic() + 30
+                    while (link := manager.link(info["node_id"])) is None or link.transport != "relayed":
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("relayed link did not come up")
+                        await asyncio.sleep(0.05)
+                    client = LinkClient(manager, info["node_id"])
+                else:
+                    raise SystemExit(f"unknown mode {mode}")
+                for size, iters, stream_bytes in sizes:
+                    results[(mode, size)] = await measure(client, size, iters, stream_bytes)
+                    r = results[(mode, size)]
+                    print(f"{mode:12s} {size // 1024:5d} KiB  rtt p50 {r['p50_us']:9.1f} µs  "
+                          f"p99 {r['p99_us']:9.1f} µs  throughput {r['mb_s']:8.1f} MB/s", flush=True)
+        finally:
+            for manager in managers:
+                await manager.async_stop()
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+    for mode in ("direct", "direct-async"):
+        if ("tcp", SMALL) in results and (mode, SMALL) in results:
+            extra = results[(mode, SMALL)]["p50_us"] - results[("tcp", SMALL)]["p50_us"]
+            verdict = "meets" if extra <= 100 else "MISSES"
+            print(f"{mode} link adds {extra:.1f} µs p50 RTT over plain TCP at 8 KiB "
+                  f"({verdict} the ≤ 100 µs target)")
+    load = os.getloadavg()
+    print(f"load average during the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+
+
+def main() -> None:
+    """Entry point (also the far ends, with --serve)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default="tcp,direct,direct-async,relayed")
+    parser.add_argument("--rtt-iters", type=int, default=2000, help="round trips at 8 KiB")
+    parser.add_argument("--big-iters", type=int, default=100, help="round trips at 1 MiB")
+    parser.add_argument("--stream-mb", type=int, default=20, help="MB streamed at 8 KiB (×4 at 1 MiB)")
+    parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--relay", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--relays", action="append", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--async-handler", action="store_true", help=argparse.SUPPRESS)
+    args, _ = parser.parse_known_args()
+    if args.serve:
+        logging.basicConfig(level=logging.WARNING)
+        if args.serve[0] == "tcp":
+            asyncio.run(_serve_tcp())
+        else:
+            asyncio.run(_serve_node(Path(args.serve[1]), args.relay, args.relays, args.async_handler))
+        return
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
