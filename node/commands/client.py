@@ -90,6 +90,16 @@ def models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _advert_text(m: object) -> str:
+    """A peer's advertised model as "name[a-b]" (layers, inclusive) or "name[whole]"."""
+    if not isinstance(m, dict):
+        return str(m)
+    name = m.get("name") or m.get("id") or "?"
+    if isinstance(m.get("start"), int) and isinstance(m.get("end"), int):
+        return f"{name}[{m['start']}-{m['end'] - 1}]"
+    return f"{name}[whole]" if m.get("whole") else str(name)
+
+
 def peers(args: argparse.Namespace) -> int:
     """Print the peer table."""
     data = json.loads(NodeClient(args).request("GET", "/api/admin/peers"))
@@ -103,8 +113,9 @@ def peers(args: argparse.Namespace) -> int:
     print(f"{'PEER':9} {'STATE':10} {'TRANSPORT':9} {'RTT MS':>7} {'ADDRESS':28} MODELS")
     for p in rows:
         rtt = f"{p['rtt_ms']:.1f}" if p.get("rtt_ms") is not None else "-"
-        models_text = ", ".join(str(m.get("id", m)) if isinstance(m, dict) else str(m) for m in p.get("models", []))
-        print(f"{p['short_id']:9} {p['state']:10} {p['transport']:9} {rtt:>7} {str(p.get('address')):28} {models_text}")
+        models_text = ", ".join(_advert_text(m) for m in p.get("models", [])) or "-"
+        print(f"{p['short_id']:9} {p['state']:10} {p.get('transport') or '-':9} {rtt:>7} "
+              f"{p.get('address') or '-':28} {models_text}")
     return 0
 
 
