@@ -1,0 +1,111 @@
+"""Helpers for multi-node tests: start `swarmllm run` processes serving slices, compute references."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+
+from node.inference.synth import SynthSpec, write_gguf
+from tests.support.nodes import NodeProcess, free_port, wait_until
+
+# f32 weights: the distributed path is compared token for token with llama.cpp on the same file.
+SPLIT = SynthSpec(n_layers=6, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=1024, name="split6")
+
+
+def split_model(directory: Path) -> Path:
+    path = directory / "split6.gguf"
+    if not path.exists():
+        write_gguf(path, SPLIT)
+    return path
+
+
+def start_slice_node(base: Path, name: str, model: Path, layers: str, *, bootstrap: list[int] = (),
+                     extra: list[str] = ()) -> NodeProcess:
+    """A node serving `layers` (inclusive A-B) of model, dialling the given peer ports."""
+    port = free_port()
+    args = ["--model", str(model), "--no-default-model", "--layers", layers, "--slice-dtype", "f32",
+            "--activation-bits", "32", "--no-mdns", "--n-threads", "1"]
+    for peer_port in bootstrap:
+        args += ["--bootstrap", f"127.0.0.1:{peer_port}"]
+    proc = NodeProcess(base / name, port, [*args, *extra])
+    proc.name = name
+    return proc
+
+
+async def get_json(proc: NodeProcess, path: str) -> dict:
+    async with aiohttp.ClientSession() as s, s.get(proc.base + path,
+                                                    headers={"Authorization": f"Bearer {proc.api_key}"}) as r:
+        return await r.json()
+
+
+async def wait_for_route(proc: NodeProcess, model_name: str, timeout_s: float = 60.0) -> str:
+    """Wait until the node lists the model as servable; returns its id."""
+    async def listed():
+        data = await get_json(proc, "/v1/models")
+        ids = [m["id"] for m in data["data"] if m["name"] == model_name]
+        return ids[0] if ids else None
+    return await wait_until(listed, timeout_s, 0.2, f"{model_name} to be servable via the swarm")
+
+
+async def wait_peers(proc: NodeProcess, n: int, timeout_s: float = 60.0) -> None:
+    async def enough():
+        data = await get_json(proc, "/api/admin/peers")
+        return sum(1 for p in data["peers"] if p["state"] == "connected" and p["models"]) >= n
+    await wait_until(enough, timeout_s, 0.2, f"{n} connected peers with models")
+
+
+async def chat(proc: NodeProcess, model: str, content: str, *, max_tokens: int, stream: bool = False,
+               timeout_s: float = 120.0) -> tuple[int, dict, str]:
+    """(status, headers, text or error body) of a greedy chat completion."""
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": stream}
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as s, s.post(
+            proc.base + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {proc.api_key}"}) as r:
+        if not stream or r.status != 200:
+            raw = await r.text()
+            if r.status != 200:
+                return r.status, dict(r.headers), raw
+            return r.status, dict(r.headers), json.loads(raw)["choices"][0]["message"]["content"]
+        text, finishes = "", 0
+        async for line in r.content:
+            line = line.strip()
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                return 503, dict(r.headers), json.dumps(event)
+            for ch in event.get("choices", []):
+                text += ch.get("delta", {}).get("content") or ""
+                finishes += 1 if ch.get("finish_reason") else 0
+        assert finishes == 1
+        return r.status, dict(r.headers), text
+
+
+def llama_greedy(model: Path, content: str, max_tokens: int) -> str:
+    """What llama.cpp generates greedily for the same chat prompt on the whole file."""
+    import llama_cpp
+
+    from node.inference.tokenizer import ModelTokenizer
+
+    tok = ModelTokenizer(model)
+    ids = tok.chat_tokens([{"role": "user", "content": content}])
+    llm = llama_cpp.Llama(str(model), n_ctx=SPLIT.n_ctx, n_threads=1, verbose=False)
+    out: list[int] = []
+    for t in llm.generate(ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+        if tok.is_eog(t):
+            break
+        out.append(t)
+        if len(out) >= max_tokens:
+            break
+    llm.close()
+    data = b"".join(tok.piece(t) for t in out)
+    tok.close()
+    return data.decode("utf-8", errors="replace")
+
+
+def run(coro):
+    return asyncio.run(coro)

@@ -1,0 +1,250 @@
+"""A model split across three real nodes on 127.0.0.1: exact greedy text, headers, failover,
+no-standby 503, 50 concurrent streams, KV sessions freed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+
+import aiohttp
+import pytest
+
+from tests.pipeline.swarm import (
+    chat,
+    get_json,
+    llama_greedy,
+    run,
+    split_model,
+    start_slice_node,
+    wait_for_route,
+    wait_peers,
+)
+from tests.support.nodes import wait_until
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
+
+PROMPT = "tell me about the swarm"
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    base = tmp_path_factory.mktemp("swarm3")
+    model = split_model(base)
+    a = start_slice_node(base, "a", model, "0-1")
+    a_peer = a.port + 10
+    b = start_slice_node(base, "b", model, "2-3", bootstrap=[a_peer])
+    c = start_slice_node(base, "c", model, "4-5", bootstrap=[a_peer])
+    procs = [a, b, c]
+    try:
+        async def ready():
+            for p in procs:
+                await p.wait_ready()
+            await wait_peers(a, 2)
+            return await wait_for_route(a, "split6")
+        model_id = run(ready())
+        yield {"model": model, "model_id": model_id, "a": a, "b": b, "c": c}
+    finally:
+        for p in procs:
+            p.terminate()
+
+
+def test_greedy_text_matches_llama_cpp_streaming_and_not(swarm):
+    expected = llama_greedy(swarm["model"], PROMPT, 24)
+    assert len(expected) > 0
+
+    async def go():
+        status, headers, text = await chat(swarm["a"], swarm["model_id"], PROMPT, max_tokens=24)
+        assert status == 200, text
+        assert headers["x-swarm-route"] == "distributed"
+        assert headers["x-swarm-segments"] == "3"
+        assert headers["x-swarm-peers"] == "2"
+        assert len(headers["x-swarm-nodes"].split(",")) == 3
+        assert text == expected
+        status, headers, streamed = await chat(swarm["a"], swarm["model_id"], PROMPT, max_tokens=24, stream=True)
+        assert status == 200
+        assert headers["x-swarm-route"] == "distributed" and headers["x-swarm-segments"] == "3"
+        assert streamed == expected
+    run(go())
+
+
+def test_trace_lines_and_diagnostics_sections(swarm):
+    run(chat(swarm["a"], swarm["model_id"], "diag", max_tokens=4))
+    log = (swarm["a"].data_dir / "node.log").read_text()
+    line = [ln for ln in log.splitlines() if "DIAG: request complete" in ln][-1]
+    assert "route=distributed segments=3" in line
+    for field in ("seg0_ms=", "seg1_ms=", "seg2_ms=", "activation_bytes=", "ttft_ms=", "decode_ms="):
+        assert field in line
+    assert "DIAG: pipeline assembled" in log and "standbys=" in log and "schedule_ms=" in log
+
+    async def reports():
+        out = {}
+        for name in ("a", "b"):
+            p = swarm[name]
+            async with aiohttp.ClientSession() as s, s.get(p.base + "/api/admin/diagnostics",
+                                                            headers={"Authorization": f"Bearer {p.api_key}"}) as r:
+                out[name] = await r.text()
+        return out
+    texts = run(reports())
+    perf = texts["a"].split("-- peer serving performance --")[1].split("-- models --")[0]
+    assert re.search(r"ms_per_layer=\d", perf) and "samples=" in perf and "rtt_ms=" in perf
+    served = texts["b"].split("-- served for others --")[1].split("-- peer serving performance --")[0]
+    assert "layers=2-3" in served and "tokens=" in served
+
+
+def test_fifty_concurrent_streams_each_get_their_own_text(swarm):
+    prompts = [f"question number {i} about peers" for i in range(50)]
+    expected = {p: llama_greedy(swarm["model"], p, 8) for p in prompts}
+
+    async def go():
+        results = await asyncio.gather(*(chat(swarm["a"], swarm["model_id"], p, max_tokens=8, stream=True,
+                                              timeout_s=600) for p in prompts))
+        for p, (status, _headers, text) in zip(prompts, results, strict=True):
+            assert status == 200
+            assert text == expected[p], p
+
+        async def all_freed():
+            for name in ("a", "b", "c"):
+                stats = await get_json(swarm[name], "/api/admin/stats")
+                if stats["kv_sessions"] or stats["in_flight"]["traces"] or stats["in_flight"]["pipelines"]:
+                    return False
+            return True
+        await wait_until(all_freed, 30, 0.2, "every KV session and pipeline to be freed")
+    run(go())
+
+
+def test_client_disconnect_cancels_every_segment(swarm):
+    async def go():
+        a = swarm["a"]
+        body = {"model": swarm["model_id"], "messages": [{"role": "user", "content": "long"}], "max_tokens": 800,
+                "stream": True, "temperature": 0}
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(a.base + "/v1/chat/completions", json=body,
+                                headers={"Authorization": f"Bearer {a.api_key}"})
+            got = 0
+            async for line in resp.content:
+                got += line.startswith(b"data: {")
+                if got >= 4:
+                    break
+            resp.close()
+
+        async def freed():
+            for name in ("a", "b", "c"):
+                stats = await get_json(swarm[name], "/api/admin/stats")
+                if stats["kv_sessions"] or stats["in_flight"]["pipelines"]:
+                    return False
+            return True
+        await wait_until(freed, 20, 0.2, "segments to free the cancelled session")
+        log = (a.data_dir / "node.log").read_text()
+        assert "outcome=cancelled" in log
+    run(go())
+
+
+def _killed_mid_stream(swarm_procs, coordinator, model_id, victim_picker, max_tokens):
+    """Stream from the coordinator, SIGKILL the picked node after a few tokens."""
+
+    async def go():
+        body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+                "stream": True, "temperature": 0}
+        text, killed = "", None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s, s.post(
+                coordinator.base + "/v1/chat/completions", json=body,
+                headers={"Authorization": f"Bearer {coordinator.api_key}"}) as r:
+            assert r.status == 200
+            nodes = r.headers["x-swarm-nodes"].split(",")
+            chunks = 0
+            async for line in r.content:
+                line = line.strip()
+                if not line.startswith(b"data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return "error", text, event, killed
+                for ch in event.get("choices", []):
+                    text += ch.get("delta", {}).get("content") or ""
+                chunks += 1
+                if chunks == 6 and killed is None:
+                    killed = victim_picker(nodes)
+                    killed.proc.send_signal(signal.SIGKILL)
+        return "ok", text, None, killed
+    return run(go())
+
+
+def _start(procs, coordinator, n_peers):
+    async def ready():
+        for p in procs:
+            await p.wait_ready()
+        await wait_peers(coordinator, n_peers)
+        short = {}
+        for p in procs:
+            short[(await get_json(p, "/api/admin/stats"))["short_id"]] = p
+        return await wait_for_route(coordinator, "split6"), short
+    return run(ready())
+
+
+def test_failover_to_standby_keeps_the_stream_identical(tmp_path):
+    model = split_model(tmp_path)
+    a = start_slice_node(tmp_path, "a", model, "0-1")
+    peer = a.port + 10
+    b = start_slice_node(tmp_path, "b", model, "2-3", bootstrap=[peer])
+    b2 = start_slice_node(tmp_path, "b2", model, "2-3", bootstrap=[peer])
+    c = start_slice_node(tmp_path, "c", model, "4-5", bootstrap=[peer])
+    procs = [a, b, b2, c]
+    try:
+        model_id, by_short = _start(procs, a, 3)
+        expected = llama_greedy(model, PROMPT, 40)
+        outcome, text, event, killed = _killed_mid_stream(procs, a, model_id, lambda nodes: by_short[nodes[1]], 40)
+        assert killed in (b, b2)
+        assert outcome == "ok", event
+        assert text == expected  # no duplicated or missing token across the failover
+        log = (a.data_dir / "node.log").read_text()
+        line = [ln for ln in log.splitlines() if "DIAG: request complete" in ln][-1]
+        assert "assemblies=2" in line and "outcome=ok" in line
+        assert "DIAG: pipeline attempt failed" in log and "failing over to standby" in log
+
+        async def idle():
+            return (await get_json(a, "/api/admin/stats"))["in_flight"] == {"traces": 0, "pipelines": 0}
+        run(wait_until(idle, 10, 0.1, "coordinator in_flight back to 0"))
+    finally:
+        for p in procs:
+            p.terminate()
+
+
+def test_no_standby_gives_a_clear_503_before_the_deadline(tmp_path):
+    model = split_model(tmp_path)
+    a = start_slice_node(tmp_path, "a", model, "0-1")
+    peer = a.port + 10
+    b = start_slice_node(tmp_path, "b", model, "2-3", bootstrap=[peer])
+    c = start_slice_node(tmp_path, "c", model, "4-5", bootstrap=[peer])
+    procs = [a, b, c]
+    try:
+        model_id, _ = _start(procs, a, 2)
+
+        async def pipelines_running():
+            return (await get_json(a, "/api/admin/stats"))["in_flight"]["pipelines"] > 0
+
+        async def go():
+            started = time.monotonic()
+            task = asyncio.create_task(chat(a, model_id, PROMPT, max_tokens=900, timeout_s=60))
+            await wait_until(pipelines_running, 20, 0.05, "the pipeline to start")
+            b.proc.send_signal(signal.SIGKILL)
+            status, _headers, body = await task
+            return status, body, time.monotonic() - started
+
+        status, body, elapsed = run(go())
+        assert status == 503, body
+        err = json.loads(body)["error"]
+        assert err["code"] == "insufficient_capacity"
+        assert err["type"] == "server_error"
+        assert elapsed < 60
+
+        async def idle():
+            return (await get_json(a, "/api/admin/stats"))["in_flight"] == {"traces": 0, "pipelines": 0}
+        run(wait_until(idle, 10, 0.1, "coordinator in_flight back to 0"))
+        models = run(get_json(a, "/v1/models"))
+        assert all(m["name"] != "split6" for m in models["data"])  # a route is gone: not offered
+    finally:
+        for p in procs:
+            p.terminate()
