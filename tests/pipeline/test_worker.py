@@ -1,0 +1,149 @@
+"""The segment worker in-process: position checks, sampling, session control, malformed input.
+
+The transport is the real PipelineTransport with no peer network: frames addressed to this node
+are delivered locally; frames to other nodes are captured by a recording peers stand-in.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from node.inference.catalog import ModelCatalog
+from node.inference.pipeline.host import SliceHost, parse_layers
+from node.inference.pipeline.transport import PipelineTransport
+from node.inference.pipeline.wire import Hop, Result, SessionControl, Work, encode_tokens
+from node.inference.pipeline.worker import SegmentWorker
+from node.inference.sampling import SamplingParams
+from node.net import FrameType
+from tests.pipeline.swarm import split_model
+from tests.support.nodes import wait_until
+
+ME, COORD, NEXT = "a" * 64, "c" * 64, "b" * 64
+
+
+class RecordingLink:
+    def __init__(self, sent):
+        self.sent = sent
+
+    def send_nowait(self, frame):
+        self.sent.append(frame)
+
+
+class RecordingPeers:
+    """Stands in for PeerManager: every remote node has a link that records frames."""
+
+    def __init__(self):
+        self.sent = []
+
+    def link(self, node_id):
+        return RecordingLink(self.sent)
+
+    def peer(self, node_id):
+        return None
+
+
+@pytest.fixture
+async def worker(tmp_path):
+    model = split_model(tmp_path)
+    catalog = ModelCatalog(None)
+    entry = catalog.scan([(model, "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    start, end = parse_layers("0-5", entry.n_layers)  # the whole model: first and last slice at once
+    hosted = await host.async_load(entry, start, end)
+    assert hosted.state == "loaded"
+    peers = RecordingPeers()
+    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
+    yield w, entry, peers
+    await host.async_close()
+
+
+def _work(entry, seq, index_pos, tokens, **kw):
+    return Work(sid="s1", model=entry.sha256, seq=seq, index_pos=index_pos, n_tokens=len(tokens),
+                route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=COORD, sample=True,
+                sampling=SamplingParams(temperature=0.0), **kw)
+
+
+def _results(peers):
+    return [Result.from_header(f.header) for f in peers.sent if f.type == FrameType.RESULT]
+
+
+async def test_steps_in_order_then_a_gap_is_refused_naming_both_numbers(worker):
+    w, entry, peers = worker
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    await wait_until(lambda: len(_results(peers)) == 1, 30, what="first RESULT")
+    first = _results(peers)[0]
+    assert first.error is None and first.token is not None
+    acks = [f for f in peers.sent if f.type == FrameType.ACK]
+    assert len(acks) == 1 and acks[0].header["seq"] == 0
+    # decode continues at position 3; asking for position 9 instead is a gap
+    w.on_work(_work(entry, 1, 9, [first.token]).to_header(), encode_tokens([first.token]), COORD)
+    await wait_until(lambda: len(_results(peers)) == 2, 30, what="error RESULT")
+    err = _results(peers)[1]
+    assert err.error_code == "kv_position_mismatch"
+    assert "index_pos=9" in err.error and "kv_len=3" in err.error
+    assert err.failed_node == ME
+
+
+async def test_unknown_model_range_and_malformed_frames(worker):
+    w, entry, peers = worker
+    bad = Work(sid="s2", model="0" * 64, seq=0, index_pos=0, n_tokens=1, route=(Hop(ME, 0, 2),), hop=0,
+               coordinator=COORD, sample=True, sampling=SamplingParams())
+    w.on_work(bad.to_header(), encode_tokens([1]), COORD)
+    await wait_until(lambda: _results(peers), 10, what="refusal")
+    assert _results(peers)[0].error_code == "segment_not_served"
+    w.on_work({"sid": "x", "garbage": True}, b"\x00", COORD)  # malformed: dropped, nothing sent, no crash
+    w.on_work(_work(entry, 0, 0, [1, 2]).to_header(), encode_tokens([1]), COORD)  # n says 2, carries 1
+    await wait_until(lambda: len(_results(peers)) == 2, 10, what="error for the short payload")
+    assert _results(peers)[1].error_code == "protocol_error"
+
+
+async def test_session_end_frees_kv_and_sampler(worker):
+    w, entry, peers = worker
+    w.on_work(_work(entry, 0, 0, [3, 4]).to_header(), encode_tokens([3, 4]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    assert "s1" in hosted.model.sessions and "s1" in w.samplers
+    w.on_session_end(SessionControl("s1", entry.sha256).to_header(), b"", COORD)
+    await wait_until(lambda: "s1" not in hosted.model.sessions and "s1" not in w.samplers, 10, what="free")
+
+
+async def test_sweep_evicts_idle_sessions_by_ttl(worker):
+    w, entry, peers = worker
+    w.on_work(_work(entry, 0, 0, [3]).to_header(), encode_tokens([3]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    w.host.session_ttl_s = 0.0
+    freed = await w.host.async_sweep()
+    assert freed == ["s1"]
+    w.forget_expired()
+    assert "s1" not in w.samplers
+
+
+async def test_middle_segment_forwards_activations_to_the_next_hop(tmp_path):
+    model = split_model(tmp_path)
+    entry = ModelCatalog(None).scan([(model, "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    await host.async_load(entry, 0, 3)
+    peers = RecordingPeers()
+    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
+    try:
+        work = Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=2,
+                    route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=COORD, sample=True,
+                    activation_bits=16, sampling=SamplingParams())
+        w.on_work(work.to_header(), encode_tokens([8, 9]), COORD)
+        await wait_until(lambda: any(f.type == FrameType.WORK for f in peers.sent), 30, what="forward")
+        fwd = next(f for f in peers.sent if f.type == FrameType.WORK)
+        nxt = Work.from_header(fwd.header)
+        assert nxt.hop == 1 and nxt.act["dtype"] == "f16" and nxt.act["shape"] == [2, 64]
+        assert len(fwd.payload) == 2 * 64 * 2
+        assert nxt.telemetry[0]["node"] == ME and nxt.telemetry[0]["eval_us"] > 0
+        assert nxt.sampling == work.sampling  # the last segment will need it
+    finally:
+        await host.async_close()
+
+
+def test_layers_flag_is_inclusive_and_checked():
+    assert parse_layers("0-11", 16) == (0, 12)
+    assert parse_layers("12-15", 16) == (12, 16)
+    for bad in ("3", "5-2", "0-16", "a-b"):
+        with pytest.raises(Exception, match="layers"):
+            parse_layers(bad, 16)
