@@ -80,6 +80,7 @@ class Discovery:
         self._wake = asyncio.Event()
         self._mdns: MdnsDiscovery | None = None
         self._save_handle: asyncio.TimerHandle | None = None
+        self.rounds = 0  # maintenance passes so far (tests wait on it instead of sleeping)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -162,6 +163,7 @@ class Discovery:
                 if not self._routes(rec):
                     continue
                 self._dialing[rec.node_id] = self.m.spawn(self._async_dial_record_task(rec), name="dial-peer")
+            self.rounds += 1
             self._wake.clear()
             try:
                 async with asyncio.timeout(const.DIAL_MAINTENANCE_INTERVAL_S):
@@ -258,8 +260,15 @@ class Discovery:
             if proven in self.foreign_ids:
                 stream.abort()
                 raise NotSwarmPeer(f"{short_id(proven)} does not speak SwarmLLM")
-            link = await self.m.async_establish(stream, proven, is_dialer=True, transport="direct",
-                                                address=addr, source=site)
+            try:
+                link = await self.m.async_establish(stream, proven, is_dialer=True, transport="direct",
+                                                    address=addr, source=site)
+            except NotSwarmPeer:
+                self.foreign_ids.add(proven)  # it proved an identity but speaks another protocol
+                rec = self.m.records.get(proven)
+                if rec is not None and rec.link is None:
+                    self.m.forget(rec)
+                raise
         except NotSwarmPeer as exc:
             self._note_foreign_dial(addr, exc, site)
             raise

@@ -89,7 +89,7 @@ class PeerManager:
     async def async_start(self) -> None:
         """Write the certificate, listen on the peer port, start discovery."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.tls.write_files)
+        await loop.run_in_executor(None, self.tls.prepare)
         self._server = await loop.create_server(
             lambda: Stream(on_connect=self._on_inbound), self.config.peer_host or None,
             self.config.effective_peer_port, reuse_address=True,
