@@ -1,0 +1,58 @@
+"""What the tray menu and the window buttons do with the clipboard.
+
+"Copy diagnostics" is the redacted report (addresses tagged, no API key, no file paths): what a
+user pastes in a public support thread. "Copy full report" keeps addresses, for the user's own
+eyes. Both come from the node's own report builder, never re-assembled here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QGuiApplication
+
+from app.host import NodeHost
+from node.diagnostics import build_report
+
+log = logging.getLogger(__name__)
+
+
+class AppActions(QObject):
+    """Clipboard actions; `message` tells the user what happened (tray balloon / status bar)."""
+
+    message = Signal(str)
+
+    def __init__(self, host: NodeHost, parent: QObject | None = None):
+        super().__init__(parent)
+        self.host = host
+
+    def _copy(self, text: str, what: str) -> None:
+        QGuiApplication.clipboard().setText(text)
+        self.message.emit(f"{what} copied to the clipboard")
+
+    def copy_api_url(self) -> None:
+        """Copy the OpenAI base URL (http://localhost:PORT/v1)."""
+        self._copy(self.host.node.api_url, "API URL")
+
+    def copy_api_key(self) -> None:
+        """Copy the API key (Bearer token for every request)."""
+        if not self.host.node.api_key:
+            self.message.emit("the API key is not available: the node has not started")
+            return
+        self._copy(self.host.node.api_key, "API key")
+
+    async def async_report(self, *, full: bool = False) -> str:
+        """The diagnostics report text (redacted unless full)."""
+        try:
+            return await build_report(self.host.node, full=full)
+        except Exception as exc:  # a node that never started has no machine facts yet
+            log.exception("diagnostics report failed")
+            return f"SwarmLLM diagnostics could not be built: {type(exc).__name__}\n{self.host.status_line()}\n"
+
+    async def async_copy_diagnostics(self, *, full: bool = False) -> str:
+        """Build the report and put it on the clipboard; returns the text."""
+        text = await self.async_report(full=full)
+        self._copy(text, "Full report (private: contains addresses)" if full else "Diagnostics (redacted)")
+        log.info("DIAG: diagnostics copied full=%s chars=%d", full, len(text))
+        return text

@@ -1,0 +1,221 @@
+"""NodeHost: owns the node object inside the app, its lifecycle and the app-level state.
+
+The node is started and stopped on the running loop (qasync's QEventLoop). State is derived from
+node events (model observers, start/stop outcome), never by polling: every change emits
+`state_changed`, which the tray icon, the status bar and the first-run banner follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from app.serving import Serving, serving_of
+from app.tasks import spawn
+from node.config import NodeConfig
+from node.datadir import MODELS_DIR
+from node.errors import NodeError
+from node.node import Node
+from node.resources import DEFAULT_MODEL_FILE, default_model_path
+
+log = logging.getLogger(__name__)
+
+
+class AppState(StrEnum):
+    """What the tray icon tells at a glance."""
+
+    STARTING = "starting"
+    LOADING = "loading"  # a model is loading and none serves yet
+    SERVING = "serving"
+    PAUSED = "paused"  # serving locally, not contributing to peers
+    NO_MODEL = "no_model"
+    ERROR = "error"
+    STOPPING = "stopping"
+
+
+STATE_WORDS = {
+    AppState.STARTING: "starting",
+    AppState.LOADING: "loading a model",
+    AppState.SERVING: "serving",
+    AppState.PAUSED: "serving (contributing paused)",
+    AppState.NO_MODEL: "no model can serve",
+    AppState.ERROR: "error",
+    AppState.STOPPING: "stopping",
+}
+
+
+class NodeHost(QObject):
+    """The app's handle on its node: start, stop, load/unload, pause, and the derived state."""
+
+    state_changed = Signal(str)
+    started = Signal()  # the node is up (peers may now be attached)
+
+    def __init__(self, config: NodeConfig, parent: QObject | None = None):
+        super().__init__(parent)
+        self.node = Node(config)
+        self.state = AppState.STARTING
+        self.start_error: str | None = None
+        self.is_started = False
+        self._unsubscribe = self.node.models.subscribe(self._on_model_event)
+        self._unsubscribe_peers: Callable[[], None] = lambda: None
+
+    # --- lifecycle ---
+
+    async def async_start(self) -> bool:
+        """Start the node on the running loop; False (and state ERROR) if it cannot."""
+        self._set_state(AppState.STARTING)
+        try:
+            await self.node.start()
+        except OSError as exc:
+            self.start_error = _start_error_text(exc, self.node.config.port)
+        except NodeError as exc:
+            self.start_error = exc.message
+        except Exception as exc:  # the app shows the reason instead of vanishing
+            log.exception("the node failed to start")
+            self.start_error = f"{type(exc).__name__}: {exc}"
+        if self.start_error is not None:
+            log.error("cannot start the node: %s", self.start_error)
+            await self.node.stop()
+            self._set_state(AppState.ERROR)
+            return False
+        self.is_started = True
+        self.node.note_activity("desktop app started the node")
+        if self.node.peers is not None:  # swarm coverage changes with peers
+            self._unsubscribe_peers = self.node.peers.add_listener(self._on_peer_event)
+        self._recompute()
+        self.started.emit()
+        return True
+
+    async def async_stop(self) -> None:
+        """Stop serving and free the API port, models and KV sessions (idempotent)."""
+        self._set_state(AppState.STOPPING)
+        self._unsubscribe()
+        self._unsubscribe_peers()
+        await self.node.stop()
+        self.is_started = False
+
+    # --- user actions ---
+
+    @property
+    def contributing(self) -> bool:
+        return self.node.config.contribute
+
+    def set_contributing(self, on: bool) -> None:
+        """The tray's "Pause contributing": stop (or resume) serving work for peers."""
+        if self.node.config.contribute == on:
+            return
+        self.node.config.contribute = on
+        self.node.note_activity("contributing to peers " + ("resumed" if on else "paused"))
+        log.info("DIAG: contributing changed contribute=%s source=tray", on)
+        if self.node.peers is not None and self.is_started:
+            # HELLO carries the "pipeline" feature bit from config.contribute: tell peers now.
+            spawn(self.node.peers.async_announce(), what="announcing the change to peers")
+        self._recompute()
+
+    async def async_load(self, model_id: str) -> None:
+        """Load a model (the Models tab's Load button)."""
+        served = await self.node.models.async_load(model_id)
+        self.node.note_activity(f"model {served.id} loaded on {served.device}")
+
+    async def async_unload(self, model_id: str) -> None:
+        """Unload a model (refused while a request uses it)."""
+        served = await self.node.models.async_unload(model_id)
+        self.node.note_activity(f"model {served.id} unloaded")
+
+    async def async_add_model(self, path: Path) -> str:
+        """Serve a GGUF file for this session (scan, register, load); returns its id."""
+        path = await asyncio.get_running_loop().run_in_executor(None, path.resolve)
+        entries = await self.node.catalog.async_scan([(path, "gui")])
+        if not entries:
+            known = [e for e in self.node.catalog.entries.values() if e.path == path]
+            if known:
+                return known[0].id
+            raise NodeError(f"{path.name} is not a GGUF model this node can read (see node.log)")
+        for entry in entries:
+            await self.node.models.async_register(entry)
+        await self.async_load(entries[0].id)
+        return entries[0].id
+
+    # --- state ---
+
+    @property
+    def models_dir(self) -> Path:
+        return self.node.data_dir / MODELS_DIR
+
+    def _on_model_event(self, event: str, served) -> None:
+        if self.is_started:
+            self._recompute()
+
+    def _on_peer_event(self, kind: str, snapshot) -> None:
+        if self.is_started:
+            self._recompute()
+
+    def serving(self) -> Serving:
+        """What this node can serve right now: whole models, its slices, models the swarm covers."""
+        return serving_of(self.node)
+
+    def _recompute(self) -> None:
+        if self.state in (AppState.STOPPING,) or self.start_error is not None:
+            return
+        now = self.serving()
+        if now.whole_loaded or now.slices_loaded or now.swarm:
+            new = AppState.SERVING if self.contributing else AppState.PAUSED
+        elif now.loading:
+            new = AppState.LOADING
+        elif now.failed and not now.idle:
+            new = AppState.ERROR
+        else:
+            new = AppState.NO_MODEL
+        self._set_state(new)
+
+    def _set_state(self, state: AppState) -> None:
+        if state != self.state:
+            self.state = state
+            log.debug("DIAG: tray state changed state=%s", state.value)
+        self.state_changed.emit(state.value)
+
+    def status_line(self) -> str:
+        """One line for the tray tooltip and the status bar."""
+        words = STATE_WORDS[self.state]
+        if self.state in (AppState.SERVING, AppState.PAUSED):
+            return f"SwarmLLM {self.node.short_id} — {words}: {self.serving().describe()} at {self.node.api_url}"
+        if self.state == AppState.ERROR and self.start_error:
+            return f"SwarmLLM — could not start: {self.start_error}"
+        return f"SwarmLLM {self.node.short_id} — {words}".replace("  ", " ")
+
+    def first_run_text(self) -> str | None:
+        """What to tell a user whose node cannot serve any model yet (None when it can)."""
+        if self.start_error is not None:
+            return f"The node could not start: {self.start_error}"
+        if self.state not in (AppState.NO_MODEL, AppState.ERROR):
+            return None
+        models = [m for m in self.node.models.models.values() if getattr(m, "whole", True)]
+        lines = ["No model can serve requests yet."]
+        failed = [m for m in models if m.state == "failed"]
+        for m in failed:
+            lines.append(f"Model {m.id} failed to load: {m.error}")
+        for s in getattr(self.node.host, "slices", {}).values():
+            if s.state == "failed":
+                lines.append(f"Layers {s.start}–{s.end - 1} of {s.entry.id} failed to load: {s.error}")
+        if models and not failed:
+            lines.append("No model is loaded: select one in the Models tab and press Load.")
+        if not models:
+            if self.node.config.include_default_model and not default_model_path().is_file():
+                lines.append(f"The embedded default model ({DEFAULT_MODEL_FILE}) is missing from this "
+                             "installation.")
+            lines.append(f"To add a model, click “Add model file…”, or copy a .gguf file into "
+                         f"{self.models_dir} and restart, or start with --model PATH.")
+        return "\n".join(lines)
+
+
+def _start_error_text(exc: OSError, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {port} is already in use (another SwarmLLM or another program); quit it or "
+                "start with -p PORT")
+    return str(exc)

@@ -1,0 +1,75 @@
+"""`swarmllm-tray [node options]`: the desktop app.
+
+It takes exactly the options of `swarmllm run` (the same parser, so they never drift), builds
+the same NodeConfig, and runs the same Node on qasync's QEventLoop: one loop, no second loop and
+no thread hosting the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`swarmllm run`'s own parser, renamed, plus the app's options."""
+    from node.commands import run as run_command
+
+    subcommands = argparse.ArgumentParser(add_help=False).add_subparsers()
+    run_command.add_parser(subcommands)
+    parser = subcommands.choices["run"]  # the `run` parser itself
+    parser.prog = "swarmllm-tray"
+    parser.description = "SwarmLLM desktop app: a tray icon and a window hosting a node."
+    parser.add_argument("--show", action="store_true", help="open the window at start")
+    parser.add_argument("--no-tray", action="store_true",
+                        help="behave as if the platform had no system tray (the window is the app)")
+    return parser
+
+
+def run_app(config, *, show_window: bool = False, tray_available: bool | None = None) -> int:
+    """Create the QApplication and the qasync loop, run the app until Quit."""
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.icons import look_icon
+    from app.tray_app import TrayApp
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("SwarmLLM")
+    app.setApplicationDisplayName("SwarmLLM")
+    app.setQuitOnLastWindowClosed(False)  # the tray keeps running with no window
+    app.setWindowIcon(look_icon("serving"))
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    try:
+        tray_app = TrayApp(config, show_window=show_window, tray_available=tray_available)
+        return loop.run_until_complete(tray_app.async_run())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `swarmllm-tray` console script."""
+    from node.commands.run import cli_overrides
+    from node.config import load_config
+    from node.errors import NodeError
+    from node.logs import setup_logging
+
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(cli_overrides(args))
+    except NodeError as exc:
+        setup_logging(args.verbose)
+        log.error("configuration error: %s", exc.message)
+        return 2
+    setup_logging(config.verbosity, config.data_dir if config.log_to_file else None)
+    return run_app(config, show_window=args.show, tray_available=False if args.no_tray else None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Screenshots of the real window, one per tab, taken on an X server (Xvfb when there is no display).
+
+    python -m app.screenshots [--out docs/screenshots] [--model PATH]
+
+Starts Xvfb if $DISPLAY is unset (Debian: `apt-get install xvfb libxcb-cursor0`), runs the app on
+the xcb platform with a throwaway data dir and a free port, makes a few real requests through the
+API so the tables have rows, then grabs the window from the X server for every tab, plus the
+first-run state (no model) and the tray icon looks. Uses the embedded default model when it is
+present, else a small random-weight GGUF (its replies are gibberish; its traces are real).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCREEN = "1280x800x24"
+
+
+def _free_display() -> int:
+    for n in range(90, 200):
+        if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists():
+            return n
+    raise RuntimeError("no free X display number")
+
+
+@contextlib.contextmanager
+def x_display():
+    """Use $DISPLAY, or start a private Xvfb for the duration."""
+    if os.environ.get("DISPLAY"):
+        yield os.environ["DISPLAY"]
+        return
+    xvfb = shutil.which("Xvfb")
+    if xvfb is None:
+        raise SystemExit("no $DISPLAY and no Xvfb: apt-get install xvfb (or run under a desktop)")
+    n = _free_display()
+    proc = subprocess.Popen([xvfb, f":{n}", "-screen", "0", SCREEN, "-nolisten", "tcp"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(f"/tmp/.X11-unix/X{n}").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"Xvfb :{n} did not start")
+            time.sleep(0.05)
+        yield f":{n}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _async_until(predicate, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the app did not reach the expected state")
+        await asyncio.sleep(0.05)
+
+
+async def _settle() -> None:
+    """Let Qt lay out and paint while the loop idles (a picture, not a test: the pause is the point).
+
+    Never QApplication.processEvents() inside a coroutine: under qasync it would run other tasks
+    re-entrantly ("Cannot enter into task ... while another task is being executed").
+    """
+    await asyncio.sleep(0.5)
+
+
+def _grab(window, path: Path) -> None:
+    from PySide6.QtGui import QGuiApplication
+
+    screen = QGuiApplication.primaryScreen()
+    pixmap = screen.grabWindow(window.winId())  # pixels from the X server: the real window
+    if pixmap.isNull() or pixmap.width() < 50:
+        pixmap = window.grab()
+    if not pixmap.save(str(path)):
+        raise OSError(f"could not save {path}")
+    print(path)
+
+
+def _demo_models(work: Path) -> dict[str, Path]:
+    """Small random-weight GGUFs: one split across two nodes, two served whole."""
+    from node.inference.synth import SynthSpec, write_gguf
+
+    specs = {
+        "split": ("qwen2-demo-f16.gguf", SynthSpec(arch="qwen2", n_layers=6, hidden=256, n_heads=8, n_kv_heads=2,
+                                                   ffn=512, n_ctx=2048, qtype="F16", name="qwen2-demo")),
+        "whole": ("tinyllama-demo-q8_0.gguf", SynthSpec(n_layers=4, hidden=128, n_heads=4, n_kv_heads=2, ffn=256,
+                                                        n_ctx=2048, qtype="Q8_0", name="tinyllama-demo")),
+        "spare": ("phi3-demo-q4_0.gguf", SynthSpec(arch="phi3", n_layers=4, hidden=128, n_heads=4, n_kv_heads=4,
+                                                   ffn=256, n_ctx=2048, qtype="Q4_0", name="phi3-demo")),
+    }
+    (work / "a" / "models").mkdir(parents=True)
+    out = {}
+    for role, (name, spec) in specs.items():
+        # whole models live in the app node's models dir; the split one is given with --model
+        path = (work / "a" / "models" / name) if role != "split" else (work / name)
+        write_gguf(path, spec)
+        out[role] = path
+    return out
+
+
+async def _async_requests(app, split_name: str) -> None:
+    import openai
+
+    node = app.node
+    client = openai.AsyncOpenAI(base_url=node.api_url, api_key=node.api_key, max_retries=0)
+    whole = [m.id for m in node.models.models.values() if m.whole and m.state == "loaded"]
+    try:
+        for i, (model, prompt) in enumerate(((whole[0], "Write a haiku about peers."),
+                                             (split_name, "What is a GGUF file?"),
+                                             (whole[-1], "def fibonacci(n):"),
+                                             (split_name, "Name three prime numbers."))):
+            messages = [{"role": "user", "content": prompt}]
+            if i == 2:
+                stream = await client.chat.completions.create(model=model, messages=messages, max_tokens=48,
+                                                              stream=True)
+                async for _chunk in stream:
+                    pass
+            else:
+                await client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                                     temperature=0.7, seed=i)
+        with contextlib.suppress(openai.APIError):  # shows a failed request in the table
+            await client.chat.completions.create(model=whole[0], max_tokens=100_000,
+                                                 messages=[{"role": "user", "content": "too long"}])
+    finally:
+        await client.close()
+
+
+async def _async_shoot(out: Path, model_arg: Path | None) -> None:
+    from app.host import AppState
+    from app.tray_app import TrayApp
+    from node.config import NodeConfig
+    from node.node import Node
+    from node.resources import default_model_path
+
+    def config(data_dir: Path, models: list[Path], **extra) -> NodeConfig:
+        return NodeConfig(data_dir=data_dir, port=_free_port(), models=[str(m) for m in models],
+                          log_to_file=False, n_threads=1, mdns=False, peer_host="127.0.0.1", **extra)
+
+    with tempfile.TemporaryDirectory(prefix="swarmllm-shots-") as tmp:
+        work = Path(tmp)
+        demo = _demo_models(work)
+        if model_arg is not None:
+            (work / "a" / "models" / model_arg.name).symlink_to(model_arg)  # resolved in main()
+        # The app's node: whole models from its models dir (+ the default model when present),
+        # and layers 0-2 of the split model; a peer node serves layers 3-5 of it.
+        app = TrayApp(config(work / "a", [demo["split"]], layers="0-2",
+                             include_default_model=default_model_path().is_file()), show_window=True)
+        task = asyncio.ensure_future(app.async_run())
+        peer = None
+        try:
+            await _async_until(lambda: app.host.state == AppState.SERVING)
+            peer = Node(config(work / "b", [demo["split"]], layers="3-5", include_default_model=False,
+                               bootstrap=[f"127.0.0.1:{app.node.peers.listen_port}"]))
+            await peer.start()
+            await _async_until(lambda: app.host.serving().swarm)
+            window = app.window
+            window.resize(1180, 660)
+            await app.host.async_unload(next(m.id for m in app.node.models.models.values()
+                                             if m.entry.path.name == demo["spare"].name))
+            await _async_requests(app, "qwen2-demo-f16")
+            await _async_until(lambda: app.node.traces.in_flight == 0)
+            rows = app.feeds.requests
+            window.requests_tab.select(next(k for k in rows.keys() if rows.cell_text(k, "Route") == "distributed"))
+            window.models_tab.select(next(iter(app.feeds.models.keys())))
+            for i, name in enumerate(("Overview", "Peers", "Models", "Requests", "Diagnostics"), start=1):
+                window.show_tab(name)
+                if name == "Diagnostics":
+                    await window.diagnostics_tab.async_refresh()
+                await _settle()
+                _grab(window, out / f"{i}-{name.lower()}.png")
+        finally:
+            if peer is not None:
+                await peer.stop()
+            app.request_quit()
+            await task
+
+    with tempfile.TemporaryDirectory(prefix="swarmllm-shots-") as tmp:
+        app = TrayApp(config(Path(tmp) / "data", [], include_default_model=False), show_window=True)
+        task = asyncio.ensure_future(app.async_run())
+        try:
+            await _async_until(lambda: app.host.state == AppState.NO_MODEL)
+            app.window.resize(1180, 520)
+            await _settle()
+            _grab(app.window, out / "0-first-run.png")
+        finally:
+            app.request_quit()
+            await task
+
+
+def _tray_looks(out: Path) -> None:
+    """The five tray icon looks side by side, with their names."""
+    from PySide6.QtCore import QRect, Qt
+    from PySide6.QtGui import QColor, QImage, QPainter
+
+    from app.icon_art import LOOKS, draw_icon
+
+    cell = 150
+    image = QImage(cell * len(LOOKS), 170, QImage.Format.Format_ARGB32)
+    image.fill(QColor("#f4f4f4"))
+    p = QPainter(image)
+    for i, look in enumerate(LOOKS):
+        p.drawImage(i * cell + 27, 10, draw_icon(look, 96))
+        p.drawImage(i * cell + 59, 112, draw_icon(look, 32))
+        p.drawText(QRect(i * cell, 146, cell, 20), Qt.AlignmentFlag.AlignCenter, look.replace("_", " "))
+    p.end()
+    path = out / "tray-icons.png"
+    image.save(str(path))
+    print(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(prog="python -m app.screenshots", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
+    parser.add_argument("--model", type=Path, default=None, help="also serve this GGUF whole")
+    args = parser.parse_args(argv)
+    if args.model is not None:
+        args.model = args.model.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with x_display() as display:
+        os.environ["DISPLAY"] = display
+        os.environ["QT_QPA_PLATFORM"] = "xcb"
+        import qasync
+        from PySide6.QtWidgets import QApplication
+
+        from node.logs import setup_logging
+
+        setup_logging(0)
+        app = QApplication(sys.argv[:1])
+        app.setQuitOnLastWindowClosed(False)
+        loop = qasync.QEventLoop(app)
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(_async_shoot(args.out, args.model))
+            _tray_looks(args.out)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""What a node can serve right now, read from its model manager, slice host and pipeline.
+
+Read when an event says something changed (model or peer observers), never on a timer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.node import Node
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A snapshot of what a node can serve (read when an event says something changed)."""
+
+    whole_loaded: tuple[str, ...] = ()  # model ids loaded whole (llama.cpp, local route)
+    slices_loaded: tuple[str, ...] = ()  # "name[a-b]" layer slices held for the swarm
+    swarm: tuple[str, ...] = ()  # model names the swarm covers layer by layer (distributed route)
+    loading: bool = False
+    failed: bool = False
+    idle: bool = False  # some model is registered but unloaded (the user can Load it)
+
+    def describe(self) -> str:
+        parts = list(self.whole_loaded)
+        if self.slices_loaded:
+            parts.append("layers " + ", ".join(self.slices_loaded))
+        local_names = {w.rsplit("-", 1)[0] for w in self.whole_loaded}
+        swarm = [n for n in self.swarm if n not in local_names]
+        if swarm:
+            parts.append("via peers " + ", ".join(swarm))
+        return "; ".join(parts) or "nothing"
+
+
+def serving_of(node: Node) -> Serving:
+    """Read what the node can serve from its model manager, slice host and pipeline."""
+    whole = [m for m in node.models.models.values() if getattr(m, "whole", True)]
+    slices = list(getattr(getattr(node, "host", None), "slices", {}).values())
+    pipeline = getattr(node, "pipeline", None)
+    swarm = pipeline.swarm_models() if pipeline is not None else {}
+    return Serving(
+        whole_loaded=tuple(m.id for m in whole if m.state == "loaded"),
+        slices_loaded=tuple(f"{s.entry.name}[{s.start}-{s.end - 1}]" for s in slices if s.state == "loaded"),
+        swarm=tuple(sorted(str(info.get("name") or sha[:12]) for sha, info in swarm.items())),
+        loading=any(x.state == "loading" for x in [*whole, *slices]),
+        failed=any(x.state == "failed" for x in [*whole, *slices]),
+        idle=any(m.state == "unloaded" for m in whole),
+    )

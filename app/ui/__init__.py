@@ -1,0 +1,1 @@
+"""Windows, tabs and the Qt table models they show (one QAbstractTableModel per collection)."""

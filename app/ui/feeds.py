@@ -1,0 +1,88 @@
+"""NodeFeeds: the app's Qt table models and their subscriptions to node observers.
+
+This is the only place node observer APIs meet Qt models: trace events feed the requests and
+overview tables, model events the models table, peer events the peers table, and the host's state
+signal the overview. Observers run on the loop thread, which under qasync is the Qt thread, so
+the models are updated directly. Widgets only ever see the Qt models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject
+
+from app.host import NodeHost
+from app.ui.models_model import ModelsModel
+from app.ui.overview_model import OverviewModel
+from app.ui.peers_model import PeersModel
+from app.ui.requests_model import RequestsModel
+
+
+def slice_rows(node) -> dict[str, dict]:
+    """Models-table rows for the layer slices the node serves (catalog facts + slice state)."""
+    rows = {}
+    for hosted in getattr(getattr(node, "host", None), "slices", {}).values():
+        row = {**hosted.entry.summary(), **hosted.summary()}
+        rows[f"{hosted.entry.id}@{hosted.start}-{hosted.end}"] = row
+    return rows
+
+
+class NodeFeeds(QObject):
+    """Owns one table model per collection, fed by node events."""
+
+    def __init__(self, host: NodeHost, parent: QObject | None = None):
+        super().__init__(parent)
+        self.host = host
+        node = host.node
+        self.requests = RequestsModel(self)
+        self.models = ModelsModel(self)
+        self.peers = PeersModel(self)
+        self.overview = OverviewModel(self)
+        self._unsubscribers: list[Callable[[], None]] = [
+            node.traces.subscribe(self.requests.on_trace_event),
+            node.traces.subscribe(self.overview.on_trace_event),
+            node.models.subscribe(self.models.on_model_event),
+            node.models.subscribe(lambda _event, _served: self._on_models_changed()),
+        ]
+        for served in node.models.models.values():  # models registered before we subscribed
+            self.models.on_model_event("added", served)
+        host.state_changed.connect(self._on_state)
+        host.started.connect(self._on_started)
+        self.peers.rowsInserted.connect(self._on_peer_count)
+        self.peers.rowsRemoved.connect(self._on_peer_count)
+        self.peers.modelReset.connect(self._on_peer_count)
+        self.peers.dataChanged.connect(self._on_peer_count)  # a peer's state changed
+        self._on_state()
+        self._on_peer_count()
+
+    def _on_state(self, *_args) -> None:
+        self.overview.on_host_state(self.host)
+
+    def _on_started(self) -> None:
+        self.peers.attach(self.host.node.peers)
+        self._on_peer_count()
+        self._on_models_changed()
+
+    def _on_models_changed(self) -> None:
+        # Slices are loaded during start-up only; their rows are read when the node says models
+        # changed or when it has started.
+        self.models.set_slices(slice_rows(self.host.node))
+        self.overview.on_models(self.host)
+
+    def _on_peer_count(self, *_args) -> None:
+        rows = self.peers.values()
+        connected = sum(1 for p in rows if p.get("state") == "connected")
+        self.overview.on_peer_count(connected, len(rows), self.host.node.peers is not None)
+
+    def detach(self) -> None:
+        """Stop following the node (shutdown)."""
+        for unsubscribe in self._unsubscribers:
+            unsubscribe()
+        self._unsubscribers.clear()
+        self.peers.detach()
+        try:
+            self.host.state_changed.disconnect(self._on_state)
+            self.host.started.disconnect(self._on_started)
+        except (RuntimeError, TypeError):  # already disconnected
+            pass

@@ -1,0 +1,91 @@
+"""The models table: one row per served model, fed by ModelManager observer events.
+
+Rows are `ServedModel.summary()` dicts taken at event time, so the table shows exactly what the
+admin API reports: state, device and the reason a model runs on the CPU. Layer slices this node
+serves to the swarm (`--layers`) get one row each, from the slice host's own summary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.ui import fmt
+from app.ui.table_model import Column, KeyedTableModel
+
+
+def _layers(m: dict[str, Any]) -> str:
+    return fmt.layers(m.get("layers_held"), m.get("n_layers"))
+
+
+def _memory(m: dict[str, Any]) -> str:
+    # A whole model held by llama.cpp occupies about its file size (weights are mmapped); a
+    # slice's footprint depends on its layers and dtype, which its summary does not say.
+    if m.get("state") != "loaded" or is_slice(m):
+        return fmt.DASH
+    return "≈ " + fmt.size(m.get("size_bytes"))
+
+
+def _state(m: dict[str, Any]) -> str:
+    state = m.get("state", fmt.DASH)
+    if state == "loaded" and m.get("busy"):
+        waiting = m.get("waiting") or 0
+        return "loaded, busy" + (f" (+{waiting} waiting)" if waiting else "")
+    return state
+
+
+def _state_tip(m: dict[str, Any]) -> str | None:
+    return m.get("error") or None
+
+
+def _architecture(m: dict[str, Any]) -> str:
+    text = f"{m.get('architecture', '?')} · {m.get('quantization', '?')}"
+    if is_slice(m):
+        text += f" · torch slice {m.get('dtype') or ''}".rstrip()
+    return text
+
+
+def is_slice(m: dict[str, Any]) -> bool:
+    """A row for layers this node serves to the swarm (torch slice engine), not a whole model."""
+    return m.get("engine") == "torch-slice"
+
+
+MODEL_COLUMNS = [
+    Column("Model", lambda m: m["id"], tooltip=lambda m: f"sha256 {m.get('sha256', '')}\nsource: {m.get('source')}"),
+    Column("Architecture", _architecture),
+    Column("Size", lambda m: fmt.size(m.get("size_bytes")), numeric=True),
+    Column("Layers held", _layers, header_tip="the layers this node holds (inclusive), of the model's total"),
+    Column("Device", lambda m: fmt.placement(m.get("device"), m.get("cpu_placement_reason"))[0]),
+    Column("Placement reason", lambda m: fmt.placement(m.get("device"), m.get("cpu_placement_reason"))[1],
+           tooltip=lambda m: m.get("cpu_placement_reason"),
+           header_tip="why the model runs where it runs (GPU admission or the CPU reason)"),
+    Column("Memory", _memory, numeric=True),
+    Column("State", _state, tooltip=_state_tip, color=lambda m: fmt.STATE_COLORS.get(m.get("state", ""))),
+]
+
+
+class ModelsModel(KeyedTableModel):
+    """One row per ServedModel, keyed by model id."""
+
+    def __init__(self, parent=None):
+        super().__init__(MODEL_COLUMNS, parent=parent)
+
+    def on_model_event(self, event: str, served) -> None:
+        """ModelManager observer: "added" or "changed" with the ServedModel.
+
+        A model held here only as slices (whole=False) is shown by its slice rows instead.
+        """
+        if event == "removed" or not getattr(served, "whole", True):
+            self.remove(served.id)
+        else:
+            self.upsert(served.id, served.summary())
+
+    def set_slices(self, rows: dict[str, dict[str, Any]]) -> None:
+        """The slice rows (key → row); slice rows not in `rows` are dropped."""
+        for key in [k for k in self.keys() if is_slice(self.value(k)) and k not in rows]:
+            self.remove(key)
+        for key, row in rows.items():
+            if self.value(key) != row:
+                self.upsert(key, row)
+
+    def summary(self, model_id: str) -> dict[str, Any] | None:
+        return self.value(model_id)

@@ -1,0 +1,119 @@
+"""Models tab: every model this node serves, where it runs and why; Load / Unload / Add."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from app.host import NodeHost
+from app.tasks import spawn
+from app.ui.models_model import ModelsModel, is_slice
+from app.ui.table_model import ROW_KEY_ROLE
+from app.ui.widgets import FirstRunBanner, table_view
+
+
+class ModelsTab(QWidget):
+    """A table over ModelsModel with actions on the selected model."""
+
+    def __init__(self, host: NodeHost, model: ModelsModel, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.host = host
+        self.model = model
+        self.banner = FirstRunBanner(host)
+        self.banner.add_model_clicked.connect(self.choose_model_file)
+        self.banner.open_folder_clicked.connect(self.open_models_folder)
+        self.view = table_view(model)
+        self.load_button = QPushButton("Load")
+        self.unload_button = QPushButton("Unload")
+        self.add_button = QPushButton("Add model file…")
+        self.load_button.clicked.connect(self.load_selected)
+        self.unload_button.clicked.connect(self.unload_selected)
+        self.add_button.clicked.connect(self.choose_model_file)
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        buttons = QHBoxLayout()
+        for button in (self.load_button, self.unload_button, self.add_button):
+            buttons.addWidget(button)
+        buttons.addWidget(self.status, 1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.view, 1)
+        layout.addLayout(buttons)
+        hint = QLabel("Whole models run on this machine with llama.cpp; layer slices (--layers) run "
+                      "with torch for the swarm. “Placement reason” says why a model is on the CPU "
+                      "rather than the GPU.")
+        hint.setWordWrap(True)
+        hint.setStyleSheet("color: palette(mid);")
+        layout.addWidget(hint)
+        self.view.selectionModel().selectionChanged.connect(self._update_buttons)
+        model.dataChanged.connect(self._update_buttons)
+        model.rowsInserted.connect(self._select_first_if_none)
+        self._update_buttons()
+
+    def selected_id(self) -> str | None:
+        rows = self.view.selectionModel().selectedRows()
+        return rows[0].data(ROW_KEY_ROLE) if rows else None
+
+    def select(self, model_id: str) -> None:
+        row = self.model.row_of(model_id)
+        if row >= 0:
+            self.view.selectRow(row)
+
+    def _select_first_if_none(self, *_args) -> None:
+        if self.selected_id() is None and self.model.rowCount():
+            self.view.selectRow(0)
+
+    def _update_buttons(self, *_args) -> None:
+        model_id = self.selected_id()
+        summary = self.model.summary(model_id) if model_id else None
+        state = summary.get("state") if summary else None
+        whole = summary is not None and not is_slice(summary)  # slices are set with --layers at start
+        self.load_button.setEnabled(whole and state in ("unloaded", "failed"))
+        self.unload_button.setEnabled(whole and state == "loaded" and not summary.get("busy"))
+
+    def _report(self, text: str) -> None:
+        self.status.setText(text)
+
+    def load_selected(self) -> None:
+        model_id = self.selected_id()
+        if model_id:
+            self._report(f"loading {model_id}…")
+            spawn(self._async_then(self.host.async_load(model_id), f"{model_id} loaded"),
+                  what=f"loading {model_id}", on_error=self._report)
+
+    def unload_selected(self) -> None:
+        model_id = self.selected_id()
+        if model_id:
+            spawn(self._async_then(self.host.async_unload(model_id), f"{model_id} unloaded"),
+                  what=f"unloading {model_id}", on_error=self._report)
+
+    async def _async_then(self, coro, done_text: str) -> None:
+        await coro
+        self._report(done_text)
+
+    def choose_model_file(self) -> None:
+        """Pick a .gguf file (non-modal: the loop keeps turning while the dialog is open)."""
+        dialog = QFileDialog(self, "Add a GGUF model", str(Path.home()), "GGUF models (*.gguf)")
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dialog.fileSelected.connect(lambda path: self.add_model_file(Path(path)))
+        dialog.open()
+
+    def add_model_file(self, path: Path) -> None:
+        """Serve a GGUF file for this session."""
+        self._report(f"adding {path.name}…")
+
+        async def run() -> None:
+            model_id = await self.host.async_add_model(path)
+            self.select(model_id)
+            self._report(f"{model_id} added for this session; copy the file into {self.host.models_dir} "
+                         "to keep it")
+
+        spawn(run(), what=f"adding {path.name}", on_error=self._report)
+
+    def open_models_folder(self) -> None:
+        folder = self.host.models_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))

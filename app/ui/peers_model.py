@@ -1,0 +1,189 @@
+"""The peers table and its adapter to the peer network's snapshot + observer API.
+
+The peer network (node.net.PeerManager) offers `peers()`, a list of frozen `PeerSnapshot`s
+(`node_id, short_id, state, transport, address, rtt_ms, models, last_seen, hardware, via_relay,
+...`), and `add_listener(callback)` with callback(kind, snapshot), kind in added/changed/removed.
+The adapter also accepts plain dicts and a few other method names, so the table keeps working
+if that surface is renamed. Addresses are redacted (the same
+tags as the diagnostics report) unless "Show addresses" is ticked.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from PySide6.QtCore import QTimer
+
+from app.ui import fmt
+from app.ui.table_model import Column, KeyedTableModel
+from node.redact import Redactor
+
+log = logging.getLogger(__name__)
+
+
+def peer_dict(item: Any) -> dict[str, Any]:
+    """A peer snapshot (dataclass with as_dict, or a mapping) as a plain dict."""
+    if hasattr(item, "as_dict"):
+        return dict(item.as_dict())
+    if isinstance(item, Mapping):
+        return dict(item)
+    return dict(vars(item))
+
+
+def split_address(address: str) -> tuple[str, int | None]:
+    """'host:port' / '[v6]:port' / 'host' → (host, port)."""
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    if address.count(":") == 1:
+        host, _, port = address.partition(":")
+        return host, int(port) if port.isdigit() else None
+    return address, None
+
+
+def _model_text(m: Mapping[str, Any]) -> str:
+    """'name [0–11 of 22]' for a slice (HELLO: start/end, end exclusive), 'name [whole]'."""
+    name = str(m.get("name") or m.get("id") or m.get("model") or str(m.get("sha256", "?"))[:12])
+    held = m.get("layers") or m.get("layers_held")
+    if held is None and "start" in m and "end" in m:
+        held = [m.get("start"), m.get("end")]
+    total = m.get("n_layers")
+    if held is not None:
+        return f"{name} [{fmt.layers(held, total)}]"
+    return f"{name} [whole]" if m.get("whole") else name
+
+
+def _ms_per_layer(p: Mapping[str, Any]) -> float | None:
+    hw = p.get("hardware") or {}
+    value = hw.get("ms_per_layer") if isinstance(hw, Mapping) else None
+    if value is None:
+        values = [m.get("ms_per_layer") for m in p.get("models") or () if m.get("ms_per_layer") is not None]
+        value = min(values) if values else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _link(p: Mapping[str, Any]) -> str:
+    transport = p.get("transport")
+    if not transport:
+        return fmt.DASH
+    return "relayed" if transport == "relayed" else "direct"
+
+
+class PeersModel(KeyedTableModel):
+    """One row per peer, keyed by node id."""
+
+    def __init__(self, parent=None):
+        self.show_addresses = False
+        self._salt = secrets.token_bytes(16)  # one tag per host for the life of the window
+        columns = [
+            Column("Peer", lambda p: p.get("short_id") or str(p.get("node_id", ""))[:8],
+                   tooltip=lambda p: f"{p.get('node_id')}\n{p.get('agent') or ''}".strip()),
+            Column("State", lambda p: p.get("state") or fmt.DASH,
+                   color=lambda p: fmt.STATE_COLORS.get(p.get("state") or ""),
+                   tooltip=lambda p: p.get("last_error")),
+            Column("Address", self._address, header_tip="redacted unless “Show addresses” is ticked"),
+            Column("Link", _link, tooltip=lambda p: self._via(p),
+                   header_tip="direct TLS link, or relayed through another node"),
+            Column("RTT", lambda p: fmt.ms(p.get("rtt_ms")), numeric=True),
+            Column("Models and layers", lambda p: "; ".join(_model_text(m) for m in p.get("models") or ())
+                   or fmt.DASH),
+            Column("ms/layer", lambda p: fmt.ms(_ms_per_layer(p)), numeric=True,
+                   header_tip="measured per-layer compute time the peer advertises"),
+            Column("Last seen", lambda p: fmt.ago(p.get("last_seen"))),
+        ]
+        super().__init__(columns, parent=parent)
+        self._unsubscribe: Callable[[], None] | None = None
+        # "Last seen" ages without events: re-render that column (no node access) every few seconds.
+        self._ager = QTimer(self)
+        self._ager.setInterval(5000)
+        self._ager.timeout.connect(self._age)
+        self._ager.start()
+
+    # --- addresses ---
+
+    def _redactor(self) -> Redactor:
+        return Redactor(enabled=not self.show_addresses, salt=self._salt)
+
+    def _address(self, p: Mapping[str, Any]) -> str:
+        address = p.get("address")
+        if not address:
+            return fmt.DASH
+        host, port = split_address(str(address))
+        return self._redactor().address(host, port)
+
+    def _via(self, p: Mapping[str, Any]) -> str | None:
+        relay = p.get("via_relay")
+        if not relay:
+            return None
+        host, port = split_address(str(relay))
+        return f"via relay {self._redactor().address(host, port)}"
+
+    def set_show_addresses(self, on: bool) -> None:
+        """Tick/untick "Show addresses"."""
+        self.show_addresses = bool(on)
+        if self.rowCount():
+            self.dataChanged.emit(self.index(0, 0), self.index(self.rowCount() - 1, self.columnCount() - 1))
+
+    def _age(self) -> None:
+        if self.rowCount():
+            col = self.columnCount() - 1
+            self.dataChanged.emit(self.index(0, col), self.index(self.rowCount() - 1, col))
+
+    # --- feeding ---
+
+    def on_peer_event(self, kind: str, snapshot: Any) -> None:
+        """Peer observer: kind is added / changed / removed."""
+        p = peer_dict(snapshot)
+        key = p.get("node_id")
+        if not key:
+            return
+        if kind == "removed":
+            self.remove(key)
+        else:
+            self.upsert(key, p)
+
+    def attach(self, peers: Any) -> None:
+        """Show the peer network's current snapshot and follow its observer events."""
+        self.detach()
+        if peers is None:
+            return
+        rows = [peer_dict(item) for item in _snapshot(peers)]
+        self.replace_all((p["node_id"], p) for p in rows if p.get("node_id"))
+        self._unsubscribe = _subscribe(peers, self.on_peer_event)
+        if self._unsubscribe is None:
+            log.warning("the peer network offers no observer API; the peers table shows the start-up "
+                        "snapshot only")
+
+    def detach(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+
+def _snapshot(peers: Any) -> list[Any]:
+    for name in ("peers", "snapshot", "snapshots"):
+        fn = getattr(peers, name, None)
+        if callable(fn):
+            return list(fn())
+    return []
+
+
+def _subscribe(peers: Any, callback: Callable[[str, Any], None]) -> Callable[[], None] | None:
+    for name in ("subscribe", "add_observer", "add_listener"):
+        fn = getattr(peers, name, None)
+        if callable(fn):
+            return _unsubscriber(fn(callback), peers, callback)
+    observers = getattr(peers, "observers", None)
+    if observers is not None and callable(getattr(observers, "add", None)):
+        return _unsubscriber(observers.add(callback), peers, callback)
+    return None
+
+
+def _unsubscriber(result: Any, peers: Any, callback: Callable) -> Callable[[], None]:
+    if callable(result):
+        return result
+    remove = getattr(peers, "unsubscribe", None) or getattr(peers, "remove_observer", None)
+    return (lambda: remove(callback)) if callable(remove) else (lambda: None)

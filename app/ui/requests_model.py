@@ -1,0 +1,121 @@
+"""The live request table, fed by RequestTrace observer events ("started", "first_token", "finished").
+
+Rows are the trace objects themselves (the one source of truth): the table shows what the
+pipeline wrote and never re-measures. `SegmentsModel` shows one trace's route, hop by hop.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QTimer
+
+from app.ui import fmt
+from app.ui.table_model import Column, KeyedTableModel
+from node.trace import RequestTrace, SegmentTrace
+
+MAX_ROWS = 500  # the table keeps this many requests (the node's own ring keeps 50)
+
+
+def outcome_text(t: RequestTrace) -> str:
+    if not t.done:
+        return "in flight"
+    if t.outcome == "error":
+        return f"error: {t.error_type}" if t.error_type else "error"
+    return t.outcome or fmt.DASH
+
+
+def _outcome_color(t: RequestTrace) -> str | None:
+    return fmt.STATE_COLORS.get("in flight" if not t.done else (t.outcome or ""))
+
+
+def _tokens(t: RequestTrace) -> str:
+    prompt = fmt.DASH if t.prompt_tokens is None else str(t.prompt_tokens)
+    return f"{prompt} → {t.completion_tokens}"
+
+
+def _nodes(t: RequestTrace) -> str:
+    return ",".join(t.node_ids) or fmt.DASH
+
+
+REQUEST_COLUMNS = [
+    Column("Time", lambda t: fmt.clock(t.created_at)),
+    Column("Request", lambda t: t.request_id[:8], tooltip=lambda t: t.request_id),
+    Column("Model", lambda t: t.model),
+    Column("Route", lambda t: t.route + (f" ×{t.assemblies}" if t.assemblies > 1 else ""),
+           tooltip=lambda t: f"{len(t.segments)} segment(s), {t.peer_count} peer(s)",
+           header_tip="local, split, distributed or relayed (×N: assembled N times, i.e. retried)"),
+    Column("Nodes", _nodes, header_tip="short ids of the nodes that ran the segments"),
+    Column("TTFT", lambda t: fmt.ms(t.ttft_ms), numeric=True,
+           header_tip="time to first token, from the route being ready"),
+    Column("tok/s", lambda t: fmt.rate(t.tok_per_sec), numeric=True),
+    Column("Tokens", _tokens, numeric=True, header_tip="prompt → completion tokens"),
+    Column("Outcome", outcome_text, color=_outcome_color,
+           tooltip=lambda t: t.error_message or t.finish_detail or t.finish_reason),
+]
+
+
+class RequestsModel(KeyedTableModel):
+    """Newest request first; one row per RequestTrace."""
+
+    def __init__(self, parent=None, *, max_rows: int = MAX_ROWS):
+        super().__init__(REQUEST_COLUMNS, newest_first=True, max_rows=max_rows, parent=parent)
+        self._in_flight: set[str] = set()
+        # In-flight rows change without an event (token counts); refresh only those, only while
+        # there are any. The data shown is still the trace the observer handed over.
+        self._ticker = QTimer(self)
+        self._ticker.setInterval(500)
+        self._ticker.timeout.connect(self._tick)
+
+    def on_trace_event(self, event: str, trace: RequestTrace) -> None:
+        """TraceHub observer (runs on the loop thread, which is the Qt thread under qasync)."""
+        key = trace.request_id
+        if event == "started":
+            self._in_flight.add(key)
+            self.upsert(key, trace)
+        else:  # a row trimmed away while in flight stays away
+            if event == "finished":
+                self._in_flight.discard(key)
+            self.refresh(key)
+        if self._in_flight and not self._ticker.isActive():
+            self._ticker.start()
+        elif not self._in_flight:
+            self._ticker.stop()
+
+    def _tick(self) -> None:
+        for key in list(self._in_flight):
+            if self.row_of(key) < 0:  # trimmed away
+                self._in_flight.discard(key)
+            else:
+                self.refresh(key)
+        if not self._in_flight:
+            self._ticker.stop()
+
+    def trace(self, key: str) -> RequestTrace | None:
+        return self.value(key)
+
+
+def _telemetry(s: SegmentTrace) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(s.telemetry.items())) or fmt.DASH
+
+
+SEGMENT_COLUMNS = [
+    Column("#", lambda s: str(s[0]), numeric=True),
+    Column("Node", lambda s: s[1].node_short_id),
+    Column("Layers", lambda s: fmt.layers([s[1].layer_start, s[1].layer_end]),
+           header_tip="the layers this node ran (inclusive)"),
+    Column("Transport", lambda s: s[1].transport),
+    Column("Elapsed", lambda s: fmt.ms(s[1].elapsed_ms) if s[1].elapsed_ms else fmt.DASH, numeric=True),
+    Column("Activations", lambda s: fmt.size(s[1].activation_bytes) if s[1].activation_bytes else fmt.DASH,
+           numeric=True, header_tip="hidden-state bytes sent to the next hop"),
+    Column("Telemetry", lambda s: _telemetry(s[1])),
+]
+
+
+class SegmentsModel(KeyedTableModel):
+    """The segments of one selected request."""
+
+    def __init__(self, parent=None):
+        super().__init__(SEGMENT_COLUMNS, parent=parent)
+
+    def show_trace(self, trace: RequestTrace | None) -> None:
+        segments = trace.segments if trace is not None else []
+        self.replace_all((i, (i, seg)) for i, seg in enumerate(segments))

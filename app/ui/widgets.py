@@ -1,0 +1,84 @@
+"""Small shared widgets: a configured table view and the first-run banner."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont, QFontDatabase
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFrame,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.host import NodeHost
+
+
+def table_view(model, parent: QWidget | None = None, *, stretch_last: bool = True) -> QTableView:
+    """A read-only, row-selecting table over a model."""
+    view = QTableView(parent)
+    view.setModel(model)
+    view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+    view.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    view.setAlternatingRowColors(True)
+    view.setWordWrap(False)
+    view.verticalHeader().setVisible(False)
+    view.verticalHeader().setDefaultSectionSize(24)
+    header = view.horizontalHeader()
+    header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    header.setStretchLastSection(stretch_last)
+    header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+    return view
+
+
+def mono_font() -> QFont:
+    font = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    font.setPointSize(max(9, font.pointSize()))
+    return font
+
+
+class FirstRunBanner(QFrame):
+    """Says plainly that no model can serve, and how to fix it. Hidden when a model serves."""
+
+    add_model_clicked = Signal()
+    open_folder_clicked = Signal()
+
+    def __init__(self, host: NodeHost, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.host = host
+        self.setObjectName("firstRunBanner")
+        self.setStyleSheet("#firstRunBanner { background: #fff4d6; border: 1px solid #e0b44c; "
+                           "border-radius: 6px; } QLabel { color: #4a3800; }")
+        self.title = QLabel("<b>No model can serve requests yet</b>")
+        self.text = QLabel()
+        self.text.setWordWrap(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        add = QPushButton("Add model file…")
+        add.clicked.connect(self.add_model_clicked)
+        folder = QPushButton("Open models folder")
+        folder.clicked.connect(self.open_folder_clicked)
+        buttons = QHBoxLayout()
+        buttons.addWidget(add)
+        buttons.addWidget(folder)
+        buttons.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.title)
+        layout.addWidget(self.text)
+        layout.addLayout(buttons)
+        host.state_changed.connect(self.update_from_host)
+        self.update_from_host()
+
+    def update_from_host(self, *_args) -> None:
+        message = self.host.first_run_text()
+        self.setVisible(message is not None)
+        if message is not None:
+            first, _, rest = message.partition("\n")
+            self.title.setText(f"<b>{first}</b>")
+            self.text.setText(rest)
+            self.text.setVisible(bool(rest))

@@ -1,0 +1,193 @@
+"""Every table model of the app passes Qt's model tester: the tester stays attached and re-checks the
+model on every insert, change, removal and reset the node events cause."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from app.ui.models_model import ModelsModel
+from app.ui.overview_model import OverviewModel
+from app.ui.peers_model import PeersModel, split_address
+from app.ui.requests_model import RequestsModel, SegmentsModel
+from app.ui.table_model import ROW_KEY_ROLE
+from node.trace import RequestTrace, SegmentTrace
+
+pytestmark = [pytest.mark.gui, pytest.mark.qt_log_level_fail("WARNING")]
+
+
+def _trace(n: int, *, done: bool = True, segments: int = 1) -> RequestTrace:
+    t = RequestTrace(model="tiny-1234abcd", operation="chat.completions")
+    t.mark_dequeued()
+    started = t.begin_assembly()
+    t.end_assembly(started, [SegmentTrace(f"{i:08x}", i * 2, i * 2 + 2, "local" if i == 0 else "direct",
+                                          elapsed_ms=3.5 * (i + 1), activation_bytes=1024 * i,
+                                          telemetry={"eval_us": 10 * i} if i else {})
+                             for i in range(segments)])
+    t.prompt_tokens = 10 + n
+    for _ in range(5):
+        t.mark_token()
+    if done:
+        t.finished = time.monotonic()
+        t.outcome = "ok" if n % 3 else "error"
+        t.error_type = None if n % 3 else "ModelUnavailable"
+    return t
+
+
+class _Served:
+    """The ServedModel surface the models table reads (id + summary())."""
+
+    def __init__(self, model_id: str, state: str = "loaded", reason: str | None = "no_gpu"):
+        self.id = model_id
+        self.state = state
+        self.reason = reason
+
+    def summary(self):
+        return {"id": self.id, "name": self.id, "sha256": "ab" * 32, "architecture": "llama",
+                "n_layers": 22, "quantization": "Q8_0", "size_bytes": 1_234_567_890, "source": "cli",
+                "state": self.state, "device": "cpu" if self.reason else "cuda",
+                "cpu_placement_reason": self.reason, "busy": False, "waiting": 0, "layers_held": [0, 22],
+                "error": "boom" if self.state == "failed" else None}
+
+
+class _Snapshot:
+    """A peer snapshot object (the peer network hands out frozen dataclasses with as_dict())."""
+
+    def __init__(self, **fields):
+        self.fields = fields
+
+    def as_dict(self):
+        return dict(self.fields)
+
+
+def _peer(i: int, **extra):
+    return {"node_id": f"{i:02x}" * 32, "short_id": f"{i:02x}" * 4, "state": "connected",
+            "transport": "direct" if i % 2 else "relayed", "address": f"192.168.1.{i}:8810",
+            "rtt_ms": 1.5 * i, "models": [{"name": "m", "layers": [0, 11], "n_layers": 22}],
+            "last_seen": time.time() - i, "hardware": {"ms_per_layer": 2.0}, **extra}
+
+
+@pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])
+def test_requests_model(qapp, qtmodeltester, force_py):
+    model = RequestsModel(max_rows=4)
+    qtmodeltester.check(model, force_py=force_py)
+    traces = [_trace(i, done=False) for i in range(6)]
+    for t in traces:
+        model.on_trace_event("started", t)
+    model.on_trace_event("first_token", traces[-1])
+    for t in traces[:3]:
+        t.finished = time.monotonic()
+        t.outcome = "ok"
+        model.on_trace_event("finished", t)
+    assert model.rowCount() == 4  # trimmed to max_rows, newest first; trimmed rows stay away
+    assert model.key_at(0) == traces[-1].request_id
+    key = traces[-1].request_id
+    assert model.cell_text(key, "Route") == "local"
+    assert model.cell_text(key, "Outcome") == "in flight"
+    assert model.cell_text(key, "TTFT").endswith("ms")
+    assert model.index(0, 0).data(ROW_KEY_ROLE) == key
+
+
+@pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])
+def test_segments_model(qapp, qtmodeltester, force_py):
+    model = SegmentsModel()
+    qtmodeltester.check(model, force_py=force_py)
+    model.show_trace(_trace(1, segments=3))
+    assert model.rowCount() == 3
+    assert model.cell_text(1, "Layers") == "2–3"
+    assert model.cell_text(1, "Transport") == "direct"
+    model.show_trace(None)
+    assert model.rowCount() == 0
+
+
+@pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])
+def test_models_model(qapp, qtmodeltester, force_py):
+    model = ModelsModel()
+    qtmodeltester.check(model, force_py=force_py)
+    a, b = _Served("a-11111111"), _Served("b-22222222", state="failed", reason=None)
+    model.on_model_event("added", a)
+    model.on_model_event("added", b)
+    a.state = "unloaded"
+    model.on_model_event("changed", a)
+    assert model.cell_text("a-11111111", "State") == "unloaded"
+    assert model.cell_text("a-11111111", "Device") == "CPU"
+    assert model.cell_text("a-11111111", "Placement reason") == "no GPU found"
+    assert model.cell_text("b-22222222", "Device") == "GPU (CUDA)"
+    assert model.cell_text("a-11111111", "Layers held") == "0–21 of 22"
+    model.on_model_event("removed", b)
+    assert model.rowCount() == 1
+
+
+@pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])
+def test_peers_model(qapp, qtmodeltester, force_py):
+    model = PeersModel()
+    qtmodeltester.check(model, force_py=force_py)
+    model.on_peer_event("added", _peer(1))
+    model.on_peer_event("added", _Snapshot(**_peer(2, via_relay="93.184.216.34:8810")))
+    model.on_peer_event("changed", _peer(1, rtt_ms=9.0))
+    model.on_peer_event("removed", _peer(3))  # unknown: ignored
+    key = "01" * 32
+    assert model.rowCount() == 2
+    assert model.cell_text(key, "RTT") == "9.0 ms"
+    assert model.cell_text(key, "Models and layers") == "m [0–10 of 22]"
+    assert model.cell_text(key, "ms/layer") == "2.0 ms"
+    shown = model.cell_text(key, "Address")
+    assert "192.168.1.1" not in shown and shown.startswith("<private-ip-") and shown.endswith(":8810")
+    model.set_show_addresses(True)
+    assert model.cell_text(key, "Address") == "192.168.1.1:8810"
+    model.set_show_addresses(False)
+    assert model.cell_text(key, "Address") == shown  # the same tag for the life of the table
+    model.on_peer_event("removed", _peer(1))
+    assert model.rowCount() == 1
+
+
+def test_peers_model_attach_to_a_peer_source(qapp, qtmodeltester):
+    """The adapter reads snapshot() and follows subscribe(callback) -> unsubscribe."""
+
+    class Source:
+        def __init__(self):
+            self.callbacks = []
+
+        def snapshot(self):
+            return [_Snapshot(**_peer(1)), _peer(2)]
+
+        def subscribe(self, callback):
+            self.callbacks.append(callback)
+            return lambda: self.callbacks.remove(callback)
+
+    source = Source()
+    model = PeersModel()
+    qtmodeltester.check(model)
+    model.attach(source)
+    assert model.rowCount() == 2 and len(source.callbacks) == 1
+    source.callbacks[0]("added", _peer(5))
+    assert model.rowCount() == 3
+    model.detach()
+    assert source.callbacks == []
+    model.attach(None)
+    assert model.rowCount() == 3  # nothing to follow; rows stay
+
+
+@pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])
+def test_overview_model(qapp, qtmodeltester, force_py):
+    model = OverviewModel()
+    qtmodeltester.check(model, force_py=force_py)
+    t = _trace(1, done=False)
+    model.on_trace_event("started", t)
+    assert model.text("In flight") == "1"
+    t.finished = time.monotonic()
+    model.on_trace_event("finished", t)
+    assert model.text("In flight") == "0"
+    assert model.text("Requests/min") == "1"
+    model.on_peer_count(0, 0, False)
+    assert model.text("Peers") == "0 (peer network off)"
+    model.on_peer_count(1, 2, True)
+    assert model.text("Peers") == "1 connected (2 known)"
+
+
+def test_split_address():
+    assert split_address("10.0.0.1:8810") == ("10.0.0.1", 8810)
+    assert split_address("[fe80::1]:8810") == ("fe80::1", 8810)
+    assert split_address("fe80::1") == ("fe80::1", None)
+    assert split_address("host.lan") == ("host.lan", None)

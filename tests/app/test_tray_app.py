@@ -1,0 +1,204 @@
+"""The tray app hosting a real node: requests show up live, copy actions, load/unload, quit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+from PySide6.QtGui import QGuiApplication
+
+from app.host import AppState
+from app.ui import fmt
+from tests.app.helpers import async_until, node_config, port_is_free, running_app
+
+pytestmark = pytest.mark.gui
+
+
+def test_request_through_the_api_appears_in_the_requests_table(qtbot, run, data_dir, tiny_model):
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model)) as app:
+            assert app.host.state == AppState.SERVING
+            node = app.node
+            model = app.feeds.requests
+            client = openai.AsyncOpenAI(base_url=node.api_url, api_key=node.api_key, max_retries=0)
+            try:
+                reply = await client.chat.completions.with_raw_response.create(
+                    model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+            finally:
+                await client.close()
+            request_id = reply.headers["x-request-id"]
+            await async_until(lambda: model.cell_text(request_id, "Outcome") == "ok", "the finished row")
+            assert model.cell_text(request_id, "Route") == reply.headers["x-swarm-route"] == "local"
+            ttft = model.cell_text(request_id, "TTFT")
+            assert ttft != fmt.DASH and ttft.endswith(" ms")
+            assert model.cell_text(request_id, "Nodes") == node.short_id
+            assert model.cell_text(request_id, "Model").startswith("tiny-")
+            # Selecting the row shows its segments and the node's own summary line.
+            tab = app.window.requests_tab
+            tab.select(request_id)
+            trace = model.trace(request_id)
+            assert tab.summary.toPlainText() == trace.summary_line()
+            assert "DIAG: request complete" in tab.summary.toPlainText()
+            assert tab.segments.rowCount() == 1
+            assert tab.segments.cell_text(0, "Node") == node.short_id
+            assert app.feeds.overview.text("Requests/min") == "1"
+
+    run(body())
+
+
+def test_copy_diagnostics_is_redacted_and_full_report_is_not(qtbot, run, data_dir, tiny_model):
+    private_ip, public_ip = "192.168.77.23", "93.184.216.34"
+
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model), tray_available=True) as app:
+            node = app.node
+            node.note_activity(f"peer dialled at {private_ip}:8810 via relay {public_ip}:8810")
+            clipboard = QGuiApplication.clipboard()
+            clipboard.setText("")
+            app.tray.copy_diagnostics_action.trigger()
+            await async_until(lambda: "SwarmLLM diagnostics" in clipboard.text(), "the report on the clipboard")
+            text = clipboard.text()
+            assert private_ip not in text and public_ip not in text
+            assert "<private-ip-" in text and "<public-ip-" in text and ":8810" in text
+            assert node.api_key not in text
+            assert str(data_dir) not in text
+            assert "-- recent activity --" in text and "redacted: yes" in text
+            # The diagnostics tab shows the same redacted report and can copy the private one.
+            tab = app.window.diagnostics_tab
+            shown = await tab.async_refresh()
+            assert private_ip not in shown and node.api_key not in shown
+            clipboard.setText("")
+            tab.copy_full_button.click()
+            await async_until(lambda: private_ip in clipboard.text(), "the full report on the clipboard")
+            assert node.api_key not in clipboard.text()  # never, even in the full report
+
+    run(body())
+
+
+def test_copy_api_url_and_key(qtbot, run, data_dir, tiny_model):
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model), tray_available=True) as app:
+            clipboard = QGuiApplication.clipboard()
+            app.tray.copy_url_action.trigger()
+            assert clipboard.text() == app.node.api_url
+            assert clipboard.text().startswith("http://localhost:")
+            app.tray.copy_key_action.trigger()
+            assert clipboard.text() == app.node.api_key
+
+    run(body())
+
+
+def test_unload_and_load_change_the_models_table(qtbot, run, data_dir, tiny_model):
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model)) as app:
+            tab = app.window.models_tab
+            model_id = next(iter(app.node.models.models))
+            table = app.feeds.models
+            assert table.cell_text(model_id, "State") == "loaded"
+            assert table.cell_text(model_id, "Device") == "CPU"
+            assert table.cell_text(model_id, "Placement reason") != fmt.DASH
+            tab.select(model_id)
+            assert tab.unload_button.isEnabled() and not tab.load_button.isEnabled()
+            tab.unload_button.click()
+            await async_until(lambda: table.cell_text(model_id, "State") == "unloaded", "the unloaded row")
+            assert app.host.state == AppState.NO_MODEL
+            assert app.window.overview_tab.banner.isVisibleTo(app.window)  # first-run style message
+            assert tab.load_button.isEnabled()
+            tab.load_button.click()
+            await async_until(lambda: table.cell_text(model_id, "State") == "loaded", "the loaded row")
+            assert app.host.state == AppState.SERVING
+            assert table.cell_text(model_id, "Memory").startswith("≈")
+
+    run(body())
+
+
+def test_quit_from_the_tray_menu_frees_the_port(qtbot, run, data_dir, tiny_model):
+    async def body():
+        from app.tray_app import TrayApp
+
+        app = TrayApp(node_config(data_dir, tiny_model), tray_available=True)
+        task = asyncio.ensure_future(app.async_run())
+        await async_until(lambda: app.host.state == AppState.SERVING, "serving")
+        port = app.node.api.port
+        assert not port_is_free(port)
+        app.window.close()  # with a tray, closing the window keeps the app running
+        await asyncio.sleep(0)
+        assert not task.done() and app.host.state == AppState.SERVING
+        app.tray.quit_action.trigger()
+        assert await asyncio.wait_for(task, 60) == 0
+        assert port_is_free(port)
+        assert app.node.traces.in_flight == 0
+        assert all(m.engine is None for m in app.node.models.models.values())
+
+    run(body())
+
+
+def test_pause_contributing(qtbot, run, data_dir, tiny_model):
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model), tray_available=True) as app:
+            assert app.node.config.contribute
+            app.tray.pause_action.trigger()
+            assert not app.node.config.contribute
+            assert app.host.state == AppState.PAUSED
+            assert app.feeds.overview.text("Contributing") == "paused"
+            app.tray.pause_action.trigger()
+            assert app.node.config.contribute and app.host.state == AppState.SERVING
+
+    run(body())
+
+
+def test_first_run_without_a_model_says_so_and_opens_the_window(qtbot, run, data_dir):
+    async def body():
+        async with running_app(node_config(data_dir), tray_available=True) as app:
+            assert app.host.state == AppState.NO_MODEL
+            assert app.window.isVisible()  # opened although the tray exists: nothing can serve
+            banner = app.window.overview_tab.banner
+            assert banner.isVisible()
+            assert "No model can serve requests yet" in banner.title.text()
+            assert "--model" in banner.text.text() and "models" in banner.text.text()
+
+    run(body())
+
+
+def test_add_model_file_from_the_first_run_state(qtbot, run, data_dir, tiny_model):
+    async def body():
+        async with running_app(node_config(data_dir)) as app:
+            assert app.host.state == AppState.NO_MODEL
+            app.window.models_tab.add_model_file(tiny_model)
+            await async_until(lambda: app.host.state == AppState.SERVING, "the added model to serve")
+            assert not app.window.overview_tab.banner.isVisible()
+            assert app.feeds.models.rowCount() == 1
+
+    run(body())
+
+
+def test_without_a_system_tray_the_window_is_the_app(qtbot, run, data_dir, tiny_model):
+    async def body():
+        from app.tray_app import TrayApp
+
+        app = TrayApp(node_config(data_dir, tiny_model), tray_available=False)
+        task = asyncio.ensure_future(app.async_run())
+        await async_until(lambda: app.host.state == AppState.SERVING, "serving")
+        assert app.window.isVisible()
+        port = app.node.api.port
+        app.window.close()  # no tray: closing the window quits
+        assert await asyncio.wait_for(task, 60) == 0
+        assert port_is_free(port)
+
+    run(body())
+
+
+def test_port_in_use_is_an_error_state_with_the_reason(qtbot, run, data_dir, tmp_path, tiny_model):
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model)) as first:
+            port = first.node.api.port
+            other = tmp_path / "other"
+            other.mkdir()
+            async with running_app(node_config(other, tiny_model, port=port)) as second:
+                assert second.host.state == AppState.ERROR
+                assert f"port {port} is already in use" in second.host.first_run_text()
+                assert second.window.isVisible()
+            assert first.host.state == AppState.SERVING  # the failed second app did not disturb it
+
+    run(body())
