@@ -79,7 +79,7 @@ async def bench_model(path: Path, n_tokens: int, reps: int, n_threads: int, n_ct
     prompt_text = "The node serves a model to local apps through an API that"
     port = free_port()
     data = Path(tempfile.mkdtemp(prefix="apibench-"))
-    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir", str(data),
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir", str(data),  # noqa: ASYNC220
                              "--model", str(path), "--no-default-model", "--n-threads", str(n_threads),
                              "--ctx", str(n_ctx)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"

@@ -1,0 +1,170 @@
+"""Distributed pipeline speed on loopback: the same model as 1, 2 and 3 segments vs llama.cpp.
+
+Each arm is real `swarmllm run` processes (one per segment) on 127.0.0.1; the client streams a
+greedy completion from the first node and measures TTFT (request sent → first content chunk) and
+decode tok/s ((n-1) / (t_last - t_first)). Per-hop overhead comes from the coordinator's trace:
+(step wall time − Σ segment compute) / network hops, averaged over decode steps; activation bytes
+per token per hop from the trace's activation_bytes. llama.cpp runs the whole file in-process.
+
+    python bench/pipeline_bench.py                  # ~110M-parameter random llama, Q8_0, 12 layers
+    python bench/pipeline_bench.py --model M.gguf --tokens 64 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import aiohttp  # noqa: E402
+
+from bench.api_overhead import MID, direct_decode  # noqa: E402
+from node.inference.gguf_meta import read_header  # noqa: E402
+from node.inference.synth import write_gguf  # noqa: E402
+from tests.support.nodes import free_port  # noqa: E402
+
+PROMPT = "The swarm splits a model by layers and passes hidden states between peers so that"
+
+
+class Arm:
+    """N node processes, each serving an equal share of the layers."""
+
+    def __init__(self, model: Path, n_layers: int, n_segments: int, threads: int, bits: int):
+        self.procs: list[subprocess.Popen] = []
+        self.ports: list[int] = []
+        self.dirs: list[Path] = []
+        bounds = [round(i * n_layers / n_segments) for i in range(n_segments + 1)]
+        for i in range(n_segments):
+            port = free_port()
+            data = Path(tempfile.mkdtemp(prefix=f"pipebench{i}-"))
+            args = [sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir", str(data),
+                    "--model", str(model), "--no-default-model", "--layers", f"{bounds[i]}-{bounds[i + 1] - 1}",
+                    "--no-mdns", "--n-threads", str(threads), "--activation-bits", str(bits)]
+            if self.ports:
+                args += ["--bootstrap", f"127.0.0.1:{self.ports[0] + 10}"]
+            self.procs.append(subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.ports.append(port)
+            self.dirs.append(data)
+        self.base = f"http://127.0.0.1:{self.ports[0]}"
+        self.key = ""
+
+    async def ready(self, name: str) -> str:
+        deadline = time.monotonic() + 180
+        async with aiohttp.ClientSession() as s:
+            while time.monotonic() < deadline:
+                try:
+                    if not self.key and (self.dirs[0] / "api_key").exists():
+                        self.key = (self.dirs[0] / "api_key").read_text().strip()
+                    async with s.get(self.base + "/v1/models", headers={"Authorization": f"Bearer {self.key}"}) as r:
+                        if r.status == 200:
+                            ids = [m["id"] for m in (await r.json())["data"] if m["name"] == name]
+                            if ids:
+                                return ids[0]
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.3)
+        raise SystemExit("swarm did not come up")
+
+    async def stream(self, model_id: str, n_tokens: int) -> tuple[float, float, int]:
+        body = {"model": model_id, "prompt": PROMPT, "max_tokens": n_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        sent = time.perf_counter()
+        stamps, usage = [], None
+        async with aiohttp.ClientSession() as s, s.post(self.base + "/v1/completions", json=body,
+                                                        headers={"Authorization": f"Bearer {self.key}"}) as r:
+            assert r.status == 200, await r.text()
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data: {"):
+                    continue
+                event = json.loads(line[6:])
+                usage = event.get("usage") or usage
+                if any(c.get("text") for c in event.get("choices", [])):
+                    stamps.append(time.perf_counter())
+        n = usage["completion_tokens"]
+        return (stamps[0] - sent) * 1000, (n - 1) / (stamps[-1] - stamps[0]), n
+
+    async def last_trace(self) -> dict:
+        async with aiohttp.ClientSession() as s, s.get(self.base + "/api/admin/requests",
+                                                        headers={"Authorization": f"Bearer {self.key}"}) as r:
+            return (await r.json())["recent"][-1]
+
+    async def hop_overhead(self) -> str | None:
+        async with aiohttp.ClientSession() as s, s.get(self.base + "/api/admin/diagnostics",
+                                                        headers={"Authorization": f"Bearer {self.key}"}) as r:
+            m = re.search(r"per-hop overhead \(ewma, decode steps\): ([\d.]+) ms", await r.text())
+            return m.group(1) if m else None
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(30)
+
+
+async def run_arm(model: Path, n_layers: int, segments: int, args, bits: int) -> dict:
+    arm = Arm(model, n_layers, segments, args.threads, bits)
+    try:
+        model_id = await arm.ready(model.stem)
+        await arm.stream(model_id, 4)  # warm-up
+        ttfts, rates = [], []
+        for _ in range(args.reps):
+            ttft, rate, n = await arm.stream(model_id, args.tokens)
+            ttfts.append(ttft)
+            rates.append(rate)
+        trace = await arm.last_trace()
+        hops = max(1, segments - 1)
+        act = trace.get("segments", [])
+        act_bytes = sum(s.get("activation_bytes", 0) for s in act)
+        per_tok_hop = act_bytes / max(1, (trace["prompt_tokens"] + trace["completion_tokens"])) / hops if segments > 1 else 0
+        return {"segments": segments, "bits": bits, "ttft_ms": statistics.median(ttfts),
+                "tok_s": statistics.median(rates), "runs": rates, "overhead_ms": await arm.hop_overhead(),
+                "act_bytes_per_token_hop": per_tok_hop, "n": n}
+    finally:
+        arm.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    if args.model:
+        model = Path(args.model)
+    else:
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "swarmllm-bench"
+        cache.mkdir(parents=True, exist_ok=True)
+        model = cache / "bench-110m-q8_0.gguf"
+        if not model.exists():
+            write_gguf(model, MID)
+    n_layers = read_header(model).n_layers
+    rows = []
+    for segments in (1, 2, 3):
+        rows.append(asyncio.run(run_arm(model, n_layers, segments, args, 16)))
+    rows.append(asyncio.run(run_arm(model, n_layers, 3, args, 8)))
+    direct = [direct_decode(model, PROMPT, args.tokens, args.threads, 1024)[0] for _ in range(args.reps)]
+    print(f"model={model.name} layers={n_layers} tokens={args.tokens} threads={args.threads} reps={args.reps}")
+    print(f"{'arm':28} {'decode tok/s':>12} {'ttft ms':>9} {'hop overhead ms':>16} {'act bytes/token/hop':>20}")
+    one = rows[0]["tok_s"]
+    for r in rows:
+        name = f"{r['segments']} segment(s), {'f16' if r['bits'] == 16 else 'int8'}"
+        print(f"{name:28} {r['tok_s']:12.1f} {r['ttft_ms']:9.0f} {str(r['overhead_ms'] or '-'):>16} "
+              f"{r['act_bytes_per_token_hop']:20.0f}   ({r['tok_s'] / one * 100:.0f}% of 1 segment)")
+    print(f"{'llama.cpp single process':28} {statistics.median(direct):12.1f}")
+
+
+if __name__ == "__main__":
+    main()
