@@ -99,7 +99,10 @@ class Discovery:
                 rec.add_addr(addr)
             for relay in peer.relays:
                 rec.add_relay(relay)
-        for addr in cfg.bootstrap:
+        if cfg.no_direct and cfg.bootstrap:
+            log.info("DIAG: bootstrap addresses not dialled %s", kv(reason="no_direct: peers via relays only",
+                                                                   count=len(cfg.bootstrap)))
+        for addr in [] if cfg.no_direct else cfg.bootstrap:
             self._add_target(addr, "bootstrap")
         for addr in cfg.relays:
             self._add_target(addr, "relay")

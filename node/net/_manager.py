@@ -369,6 +369,7 @@ class PeerManager:
         return a if a.link_nonce <= b.link_nonce else b
 
     def _register(self, link: PeerLink) -> None:
+        self.discovery.foreign_ids.discard(link.node_id)  # it speaks our protocol now
         rec = self._record(link.node_id)
         self.links.add(link)
         link.closed.add_done_callback(lambda _f, link=link: self._on_link_closed(link))
