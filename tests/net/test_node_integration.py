@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -91,8 +92,11 @@ def test_garbage_at_the_peer_port_keeps_peers_and_http_api(pair, tmp_path):
 
 def test_sigkill_gone_and_back(pair):
     a, b, b_id = pair["a"], pair["b"], pair["b_id"]
+    deadline_s = a.peer(b_id)["liveness_deadline_s"]
+    killed = time.monotonic()
     b.kill()
-    wait_until_sync(lambda: (a.peer(b_id) or {}).get("state") == "gone", 60, 0.2, "a marks b gone")
+    wait_until_sync(lambda: (a.peer(b_id) or {}).get("state") == "gone", 60, 0.1, "a marks b gone")
+    assert time.monotonic() - killed <= deadline_s + 5, deadline_s  # EOF: well inside the ping deadline
     assert a.peer(b_id)["transport"] is None
     out = subprocess.run([sys.executable, "-m", "node.cli", "peers", "-p", str(a.port), "--data-dir", str(a.data_dir)],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
