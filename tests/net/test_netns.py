@@ -125,3 +125,33 @@ async def test_relay_connects_unroutable_nodes_and_sees_only_ciphertext(netns, t
     assert id_b.encode() in wire  # the capture sees plaintext: the circuit request names its target
     assert marker not in wire
     assert "DIAG: relay circuit opened" in relay.output()
+
+
+async def test_multi_homed_relay_found_by_mdns_alone(netns, tmp_path):
+    """No addresses configured anywhere: A and B each see the relay's mDNS announcement on their own
+    link (zeroconf on both of R's interfaces), register there, and meet through it."""
+    spaces, procs = netns
+    a, r, b = spaces.add("a"), spaces.add("r"), spaces.add("b")
+    spaces.veth(a, "eth0", r, "to_a")
+    spaces.veth(b, "eth0", r, "to_b")
+    spaces.address(a, "eth0", "10.233.1.2/24")
+    spaces.address(r, "to_a", "10.233.1.1/24")
+    spaces.address(b, "eth0", "10.233.2.2/24")
+    spaces.address(r, "to_b", "10.233.2.1/24")
+    spaces.run(r, "sysctl", "-qw", "net.ipv4.ip_forward=0")
+    common = ["--mdns", "--host", "0.0.0.0", *FAST]
+    relay = PeerProc(tmp_path, "r", ["--relay", *common], netns=r)
+    procs.append(relay)
+    node_a = PeerProc(tmp_path, "a", ["--probe", MARKER, *common], netns=a)
+    procs.append(node_a)
+    node_b = PeerProc(tmp_path, "b", ["--echo", *common], netns=b)
+    procs.append(node_b)
+    id_r = (await relay.async_ready())["node_id"]
+    id_a = (await node_a.async_ready())["node_id"]
+    id_b = (await node_b.async_ready())["node_id"]
+    await wait_until(lambda: _connected_via(node_a, id_r, "mdns") and _connected_via(node_b, id_r, "mdns"),
+                     60, 0.2, "a and b to find the relay by mDNS")
+    assert "10.233.1.2" not in node_b.peer(id_r)["address"] and "10.233.2." in node_b.peer(id_r)["address"]
+    await wait_until(lambda: (node_a.status() or {}).get("probes", {}).get(id_b) == "ok", 90, 0.2,
+                     "a and b to exchange frames through the relay")
+    assert node_a.peer(id_b)["transport"] == "relayed" and node_b.peer(id_a)["transport"] == "relayed"
