@@ -90,10 +90,15 @@ class PeerManager:
         """Write the certificate, listen on the peer port, start discovery."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.tls.prepare)
-        self._server = await loop.create_server(
-            lambda: Stream(on_connect=self._on_inbound), self.config.peer_host or None,
-            self.config.effective_peer_port, reuse_address=True,
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: Stream(on_connect=self._on_inbound), self.config.peer_host or None,
+                self.config.effective_peer_port, reuse_address=True,
+            )
+        except OSError as exc:
+            raise NodeError(f"cannot listen for peers on {self.config.peer_host}:{self.config.effective_peer_port}"
+                            f" ({exc.strerror or exc}); choose another with --peer-port",
+                            code="peer_port_unavailable") from exc
         self.listen_port = self._server.sockets[0].getsockname()[1]
         host = self.config.peer_host
         if host in ("", "0.0.0.0", "::"):

@@ -126,8 +126,6 @@ class RelayService:
             return
         finally:
             self._pending.pop(token, None)
-        send_reply(other)
-        send_reply(stream)
         circuit = Circuit(token[:8], source, target)
         self.circuits[circuit.circuit_id] = circuit
         self.circuits_total += 1
@@ -135,7 +133,11 @@ class RelayService:
                  kv(circuit=circuit.circuit_id, source=short_id(source), target=short_id(target),
                     active=len(self.circuits)))
         try:
+            send_reply(other)
+            send_reply(stream)
             await self._async_splice(circuit, stream, other)
+        except (ConnectionError, OSError) as exc:
+            circuit.close_cause = circuit.close_cause or type(exc).__name__
         finally:
             self.circuits.pop(circuit.circuit_id, None)
             stream.abort()

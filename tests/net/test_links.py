@@ -261,3 +261,13 @@ async def test_inline_handlers_reply_refuse_and_keep_order(make_manager, fast_ne
     with pytest.raises(PeerError) as info:
         await b.async_request(a.node_id, Frame(FrameType.ACK, {"bad": 1}), timeout_s=10)
     assert info.value.code == "bad_ack"
+
+
+async def test_peer_port_in_use_is_a_clear_error(make_manager):
+    from node.errors import NodeError
+
+    a = await make_manager("a")
+    b = await make_manager("b", start=False, peer_port=a.listen_port)
+    with pytest.raises(NodeError, match="--peer-port") as info:
+        await b.async_start()
+    assert info.value.code == "peer_port_unavailable"
