@@ -82,8 +82,9 @@ async def stream_completion(request: web.Request, creq: CompletionRequest, run: 
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         run.stream_outcome = "ok"
-        log.info("DIAG: local stream completed request_id=%s elapsed_ms=%d token_count=%d",
-                 trace.request_id, (time.monotonic() - started) * 1000, trace.completion_tokens)
+        log.info("DIAG: %s stream completed request_id=%s elapsed_ms=%d token_count=%d",
+                 "local" if trace.route == "local" else "SSE distributed", trace.request_id,
+                 (time.monotonic() - started) * 1000, trace.completion_tokens)
     except ConnectionResetError:
         run.stream_outcome = "cancelled"
         what = {"role": "role delta send failed — client disconnected early",

@@ -383,6 +383,7 @@ class PipelineRun:
                 async for token in c._run(att, self.job, self.generated, self.is_eog, trace):
                     yield [token]
                 c._end(att, "session_end")
+                self._log_segments()
                 return
             except StepFailed as failure:
                 c._end(att, "session_end")
@@ -411,6 +412,15 @@ class PipelineRun:
             raise InsufficientCapacity(f"the pipeline failed {self.attempt_no} times; last: {failure.message}")
         self.attempt_no += 1
         self.attempt = None
+
+    def _log_segments(self) -> None:
+        trace = self.trace
+        for i, seg in enumerate(trace.segments):
+            log.debug("DIAG: %s segment complete %s", "local" if seg.transport == "local" else "remote", kv(
+                request_id=trace.request_id, seg=i, node=seg.node_short_id, layers=f"{seg.layer_start}-{seg.layer_end - 1}",
+                segment_ms=round(seg.elapsed_ms, 1), activation_bytes=seg.activation_bytes, transport=seg.transport))
+        log.debug("DIAG: forward_through_segments completed %s", kv(
+            request_id=trace.request_id, tokens=len(self.generated), assemblies=trace.assemblies))
 
     def close(self) -> None:
         """Free whatever the current attempt holds (idempotent)."""
