@@ -388,7 +388,10 @@ class PipelineRun:
             except StepFailed as failure:
                 c._end(att, "session_end")
                 self._failed_over(att, failure)
-            except BaseException:
+            except GeneratorExit:  # the consumer stopped reading (EOG, stop sequence): a normal end
+                c._end(att, "session_end")
+                raise
+            except BaseException:  # cancelled (client gone) or failed: every segment stops and frees
                 c._end(att, "cancel")
                 raise
 
