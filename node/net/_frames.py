@@ -73,9 +73,9 @@ class Frame:
             raise ValueError(f"request id out of range: {self.request_id}")
         if not 0 <= self.flags <= 0xFFFF:
             raise ValueError(f"flags out of range: {self.flags}")
-        if not isinstance(self.header, Mapping):
+        if type(self.header) is not dict and not isinstance(self.header, Mapping):  # fast path first
             raise ValueError("frame header must be a mapping")
-        if not isinstance(self.payload, bytes | bytearray | memoryview):
+        if type(self.payload) is not bytes and not isinstance(self.payload, bytearray | memoryview):
             raise ValueError("frame payload must be bytes")
 
     @property
@@ -91,17 +91,17 @@ class Frame:
 _JOIN_BELOW_BYTES = 64 * 1024  # smaller payloads go out as one buffer: one TLS record, one write
 
 
-def encode_frame(frame: Frame) -> list[bytes]:
+def encode_frame(frame: Frame, request_id: int | None = None) -> list[bytes]:
     """Wire bytes of a frame: one buffer for small frames, [prefix+header, payload] for large ones
-    (a large payload is not copied)."""
+    (a large payload is not copied). request_id overrides the frame's (requests get fresh ids)."""
     header = json.dumps(frame.header, separators=(",", ":")).encode() if frame.header else b""
     payload = frame.payload
     if len(header) > const.MAX_HEADER_BYTES:
         raise ProtocolError(f"frame header too large: {len(header)} bytes")
     if len(payload) > const.MAX_FRAME_BYTES:
         raise ProtocolError(f"frame payload too large: {len(payload)} bytes")
-    prefix = PREFIX.pack(MAGIC, FRAME_VERSION, int(frame.type), frame.flags, frame.request_id,
-                         len(header), len(payload))
+    rid = frame.request_id if request_id is None else request_id
+    prefix = PREFIX.pack(MAGIC, FRAME_VERSION, int(frame.type), frame.flags, rid, len(header), len(payload))
     if len(payload) < _JOIN_BELOW_BYTES:
         return [b"".join((prefix, header, payload))]
     return [prefix + header, payload]

@@ -113,23 +113,29 @@ class PeerLink:
 
     # --- sending ------------------------------------------------------------------------------
 
-    def send_nowait(self, frame: Frame) -> None:
+    def send_nowait(self, frame: Frame, request_id: int | None = None) -> None:
         """Queue a frame without waiting for back-pressure (small control frames)."""
-        if not self.is_open:
+        if self.close_cause is not None:
             raise PeerUnreachable(f"link to {self.short_id} is closed ({self.close_cause})")
         try:
-            self.stream.writelines(encode_frame(frame))
+            self.stream.writelines(encode_frame(frame, request_id))
         except (ConnectionError, RuntimeError) as exc:
             raise PeerUnreachable(f"link to {self.short_id} is closed: {exc}") from exc
         self.frames_out += 1
-        if log.isEnabledFor(TRACE if frame.type in (FrameType.PING, FrameType.PONG) else logging.DEBUG):
-            log.log(TRACE if frame.type in (FrameType.PING, FrameType.PONG) else logging.DEBUG,
-                    "DIAG: sent frame %s", kv(peer_id=self.short_id, type=type_name(frame.type),
-                                              request_id=frame.request_id, payload_bytes=len(frame.payload)))
+        level = TRACE if frame.type == FrameType.PING or frame.type == FrameType.PONG else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(level, "DIAG: sent frame %s", kv(
+                peer_id=self.short_id, type=type_name(frame.type),
+                request_id=frame.request_id if request_id is None else request_id,
+                payload_bytes=len(frame.payload)))
 
     async def async_send(self, frame: Frame) -> None:
         """Send a frame, waiting while the link's write buffer is full."""
         self.send_nowait(frame)
+        if self.stream.writing_paused:
+            await self._async_drain()
+
+    async def _async_drain(self) -> None:
         try:
             await self.stream.drain()
         except (ConnectionError, RuntimeError) as exc:
@@ -143,14 +149,15 @@ class PeerLink:
         PeerUnreachable if the link closes first.
         """
         rid = next(self._request_ids)
-        request = Frame(frame.type, frame.header, frame.payload, rid, frame.flags)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Frame] = loop.create_future()
         self._pending[rid] = future
         # A timer on the future is cheaper than asyncio.timeout() on this hot path.
         timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, future)
         try:
-            await self.async_send(request)
+            self.send_nowait(frame, rid)
+            if self.stream.writing_paused:
+                await self._async_drain()
             reply = await future
         except _Expired as exc:
             raise RequestTimeout(
@@ -198,10 +205,10 @@ class PeerLink:
                 if frame.type == FrameType.PING:
                     self.send_nowait(frame.reply(FrameType.PONG))
                     continue
-                log.log(TRACE if frame.type == FrameType.PONG else logging.DEBUG,
-                        "DIAG: received frame %s",
-                        kv(peer_id=self.short_id, type=type_name(frame.type),
-                           request_id=frame.request_id, payload_bytes=len(frame.payload)))
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("DIAG: received frame %s", kv(
+                        peer_id=self.short_id, type=type_name(frame.type), request_id=frame.request_id,
+                        payload_bytes=len(frame.payload)))
                 self._dispatch(self, frame)
         except asyncio.IncompleteReadError as exc:
             cause = "truncated frame" if exc.partial else "eof"

@@ -77,7 +77,7 @@ class PeerManager:
         self.discovery = Discovery(self)
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
-        self._handlers: dict[int, tuple[Handler, bool]] = {}
+        self._handlers: dict[int, tuple[Handler | InlineHandler, bool, bool]] = {}  # (fn, ordered, is_coro)
         self._server: asyncio.Server | None = None
         self._handshakes = asyncio.Semaphore(const.MAX_PENDING_HANDSHAKES)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -158,9 +158,9 @@ class PeerManager:
         back as ERROR with its code."""
         if int(frame_type) in _RESERVED:
             raise ValueError(f"{type_name(frame_type)} is handled by the network itself")
-        if not inspect.iscoroutinefunction(handler) and not callable(handler):
+        if not callable(handler):
             raise TypeError("handler must be callable")
-        self._handlers[int(frame_type)] = (handler, ordered)
+        self._handlers[int(frame_type)] = (handler, ordered, inspect.iscoroutinefunction(handler))
 
     def add_listener(self, callback: PeerObserver) -> Callable[[], None]:
         """Observe peers: callback(kind, snapshot), kind in added/changed/removed. Returns an
@@ -440,7 +440,17 @@ class PeerManager:
     def _dispatch(self, link: PeerLink, frame: Frame) -> None:
         """Frames that are not responses or PINGs. A ProtocolError here closes that link."""
         ftype = frame.type
-        if ftype == FrameType.HELLO:
+        entry = self._handlers.get(ftype)  # the hot path first: WORK/ACK/RESULT...
+        if entry is not None:
+            handler, ordered, is_coro = entry
+            if not is_coro:
+                self._run_inline_handler(handler, link, frame)  # type: ignore[arg-type]
+                return
+            after = link.order_tails.get(ftype) if ordered else None
+            task = self.spawn(self._async_run_handler(handler, link, frame, after))  # type: ignore[arg-type]
+            if ordered:
+                link.order_tails[ftype] = task
+        elif ftype == FrameType.HELLO:
             hello = Hello.from_frame(frame)
             if hello.node_id != link.node_id:
                 raise ProtocolError("HELLO update claims another node id")
@@ -462,22 +472,9 @@ class PeerManager:
             info = frame.header
             log.info("DIAG: peer reported an error %s", kv(peer_id=link.short_id, code=info.get("code"),
                                                           message=info.get("message")))
-        elif ftype == FrameType.PONG:
-            pass  # an unsolicited PONG is harmless
-        else:
-            entry = self._handlers.get(ftype)
-            if entry is None:
-                link.send_error(frame, "unsupported_frame_type",
-                                f"frame type {type_name(ftype)} is not served by this node")
-                return
-            handler, ordered = entry
-            if not inspect.iscoroutinefunction(handler):
-                self._run_inline_handler(handler, link, frame)  # type: ignore[arg-type]
-                return
-            after = link.order_tails.get(ftype) if ordered else None
-            task = self.spawn(self._async_run_handler(handler, link, frame, after))
-            if ordered:
-                link.order_tails[ftype] = task
+        elif ftype != FrameType.PONG:  # an unsolicited PONG is harmless
+            link.send_error(frame, "unsupported_frame_type",
+                            f"frame type {type_name(ftype)} is not served by this node")
 
     def _run_inline_handler(self, handler: InlineHandler, link: PeerLink, frame: Frame) -> None:
         try:

@@ -139,6 +139,11 @@ class Stream(asyncio.Protocol):
         return data
 
     @property
+    def writing_paused(self) -> bool:
+        """True while the transport's write buffer is over its high-water mark."""
+        return self._writing_paused
+
+    @property
     def buffered(self) -> int:
         """Bytes received and not yet read."""
         return len(self._buf)
