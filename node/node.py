@@ -130,7 +130,8 @@ class Node:
         self.peers = PeerManager(self.config, self.identity, models_provider=self._hello_models,
                                  hardware_provider=self._hello_hardware)
         self.transport = PipelineTransport(self.node_id, self.peers)
-        self.worker = SegmentWorker(self.node_id, self.host, self.transport)
+        self.worker = SegmentWorker(self.node_id, self.host, self.transport,
+                                    contributing=lambda: self.config.contribute)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.host,
                                             activation_bits=self.config.activation_bits)
         self.worker.register()
@@ -142,7 +143,8 @@ class Node:
         """What HELLO advertises: our slices (with layer ranges) and the models we hold whole."""
         whole = [{"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers, "whole": True}
                  for m in self.models.models.values() if m.whole and m.state == "loaded"]
-        return self.host.adverts() + whole
+        slices = self.host.adverts() if self.config.contribute else []  # paused: offer no layers to peers
+        return slices + whole
 
     def _hello_hardware(self) -> dict[str, Any]:
         m = self.machine

@@ -89,8 +89,8 @@ def test_disconnect_mid_stream_cancels_and_frees_model(node_proc):
                                 headers={"Authorization": f"Bearer {node_proc.api_key}"})
             assert resp.status == 200
             async for line in resp.content:
-                if line.startswith(b"data: {") and b'"content"' in line:
-                    received += 1
+                if line.startswith(b"data: {") and b'"content":""' not in line and b'"content"' in line:
+                    received += 1  # a chunk carrying text (the role chunk's content is empty)
                 if received >= 5:
                     break
             resp.close()  # the client walks away mid-stream
@@ -105,7 +105,7 @@ def test_disconnect_mid_stream_cancels_and_frees_model(node_proc):
         await wait_until(lambda: "outcome=cancelled" in _log(node_proc), 5, what="cancelled summary line")
         line = [ln for ln in _log(node_proc).splitlines() if "outcome=cancelled" in ln][-1]
         tokens = int(re.search(r" tokens=(\d+)", line).group(1))
-        assert 5 <= tokens < 3000  # generation stopped long before max_tokens
+        assert received <= tokens < 3000  # generation stopped long before max_tokens
         status, _ = await _post(node_proc, "/v1/chat/completions", {
             "model": "slow", "messages": [{"role": "user", "content": "again"}], "max_tokens": 2})
         assert status == 200  # and the model serves the next request

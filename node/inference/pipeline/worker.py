@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,8 +41,10 @@ log = logging.getLogger(__name__)
 class SegmentWorker:
     """Serves WORK, CANCEL and SESSION_END for the slices in `host`."""
 
-    def __init__(self, node_id: str, host: SliceHost, transport: PipelineTransport):
+    def __init__(self, node_id: str, host: SliceHost, transport: PipelineTransport,
+                 contributing: Callable[[], bool] = lambda: True):
         self.node_id = node_id
+        self.contributing = contributing  # False: "Pause contributing" — refuse work for other nodes
         self.short_id = node_id[:8]
         self.host = host
         self.transport = transport
@@ -75,6 +78,9 @@ class SegmentWorker:
                 log.info("DIAG: ACK not sent, no link to coordinator %s", kv(coordinator=work.coordinator[:8], sid=work.sid))
         if hop.node_id != self.node_id:
             self._fail(work, f"WORK for node {hop.node_id[:8]} reached {self.short_id}", "misrouted")
+            return
+        if work.coordinator != self.node_id and not self.contributing() and work.index_pos == 0:
+            self._fail(work, f"node {self.short_id} has paused contributing to the swarm", "not_contributing")
             return
         hosted = self.host.find(work.model, hop.start, hop.end)
         if hosted is None:
