@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import ssl
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -107,9 +106,9 @@ class PeerLink:
         return len(self._pending)
 
     def start(self) -> None:
-        """Start the read and ping loops."""
-        self._tasks.append(asyncio.create_task(self._async_read_loop(), name=f"link-read-{self.short_id}"))
+        """Start delivering frames (from the stream's data_received) and the ping loop."""
         self._tasks.append(asyncio.create_task(self._async_ping_loop(), name=f"link-ping-{self.short_id}"))
+        self.stream.start_frames(self._on_frame, self._on_end)
 
     # --- sending ------------------------------------------------------------------------------
 
@@ -186,51 +185,47 @@ class PeerLink:
 
     # --- receiving ----------------------------------------------------------------------------
 
-    async def _async_read_loop(self) -> None:
-        cause = "closed"
+    def _on_frame(self, frame: Frame) -> None:
+        """Called by the stream for each complete frame, synchronously in data_received."""
+        self.last_seen = time.monotonic()
+        self.frames_in += 1
+        if frame.is_response:
+            future = self._pending.get(frame.request_id)
+            if future is not None and not future.done():
+                future.set_result(frame)
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("DIAG: late or unknown reply dropped %s",
+                          kv(peer_id=self.short_id, type=type_name(frame.type), request_id=frame.request_id))
+            return
         try:
-            while True:
-                frame = await async_read_frame(self.stream)
-                self.last_seen = time.monotonic()
-                self.frames_in += 1
-                if frame.is_response:
-                    future = self._pending.get(frame.request_id)
-                    if future is not None and not future.done():
-                        future.set_result(frame)
-                    else:
-                        log.debug("DIAG: late or unknown reply dropped %s",
-                                  kv(peer_id=self.short_id, type=type_name(frame.type),
-                                     request_id=frame.request_id))
-                    continue
-                if frame.type == FrameType.PING:
-                    self.send_nowait(frame.reply(FrameType.PONG))
-                    continue
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("DIAG: received frame %s", kv(
-                        peer_id=self.short_id, type=type_name(frame.type), request_id=frame.request_id,
-                        payload_bytes=len(frame.payload)))
-                self._dispatch(self, frame)
-        except asyncio.IncompleteReadError as exc:
-            cause = "truncated frame" if exc.partial else "eof"
-            if exc.partial:
-                log.warning("DIAG: malformed frame, closing link %s",
-                            kv(peer_id=self.short_id, connection_id=self.connection_id,
-                               reason=f"truncated frame ({len(exc.partial)} of {exc.expected} bytes)"))
-        except ProtocolError as exc:
-            cause = "malformed frame"
+            if frame.type == FrameType.PING:
+                self.send_nowait(frame.reply(FrameType.PONG))
+                return
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("DIAG: received frame %s", kv(
+                    peer_id=self.short_id, type=type_name(frame.type), request_id=frame.request_id,
+                    payload_bytes=len(frame.payload)))
+            self._dispatch(self, frame)
+        except ProtocolError:
+            raise  # the stream ends frame delivery and reports "malformed frame"
+        except PeerUnreachable:
+            pass  # the link is closing; its end is reported separately
+        except Exception:  # a bug in a dispatcher must cost this link, not the transport's loop
+            log.exception("frame dispatch failed on the link to %s", self.short_id)
+            self.close("internal error")
+
+    def _on_end(self, cause: str, exc: BaseException | None) -> None:
+        """The stream ended (EOF, error) or delivered a malformed/truncated frame."""
+        if cause in ("malformed frame", "truncated frame"):
+            reason = exc.message if isinstance(exc, ProtocolError) else str(exc)
             log.warning("DIAG: malformed frame, closing link %s",
-                        kv(peer_id=self.short_id, connection_id=self.connection_id, reason=exc.message))
-            try:
-                self.send_nowait(Frame(FrameType.ERROR, ErrorInfo("protocol_error", exc.message).to_header()))
-            except PeerUnreachable:
-                pass
-        except (ConnectionError, ssl.SSLError, OSError, PeerUnreachable) as exc:
-            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        except asyncio.CancelledError:
-            cause = self.close_cause or "cancelled"
-            raise
-        finally:
-            self.close(self.close_cause or cause)
+                        kv(peer_id=self.short_id, connection_id=self.connection_id, reason=reason))
+            if cause == "malformed frame":
+                try:
+                    self.send_nowait(Frame(FrameType.ERROR, ErrorInfo("protocol_error", reason).to_header()))
+                except PeerUnreachable:
+                    pass
+        self.close(self.close_cause or cause)
 
     # --- liveness -----------------------------------------------------------------------------
 
@@ -291,6 +286,7 @@ class PeerLink:
         if self.close_cause is not None:
             return
         self.close_cause = cause
+        self.stream.stop_frames()
         self.stream.close()
         if cause in ("ping_timeout", "malformed frame", "truncated frame"):
             self.stream.abort()
