@@ -54,6 +54,14 @@ class SynthSpec:
     qtype: str = "F32"  # storage of 2-D weights: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K
     seed: int = 0
     scale: float = 1.0  # multiplies every weight's standard deviation
+    # log-normal spread of output-row norms: like token frequency in a trained head, it makes the
+    # top-1 logit stand out (i.i.d. rows give near-ties that no rounding scheme agrees on)
+    head_row_sigma: float = 1.0
+    # an untied head also gets a random bigram: row π(t) leans toward token t's embedding, which
+    # the residual stream carries, so the next token is predicted with a margin (trained-like)
+    bigram: float = 12.0
+    tied_gain: float = 3.0  # tied: embedding rows scaled to norm ~tied_gain (logit std ~tied_gain)
+    tensor_qtypes: tuple[tuple[str, str], ...] = ()  # (tensor name part, qtype) overrides
     name: str = "synth"
 
     def __post_init__(self):
@@ -151,6 +159,13 @@ class _Weights:
         return (0.1 * self.scale * self.rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
 
+def _qtype_for(spec: SynthSpec, name: str) -> str:
+    for part, qtype in spec.tensor_qtypes:
+        if part in name.split("."):
+            return qtype
+    return spec.qtype
+
+
 def _add_matrix(writer: gguf.GGUFWriter, name: str, w: np.ndarray, qtype: str) -> None:
     """Store a 2-D weight in `qtype` (rows whose length is not a block multiple stay F32)."""
     if qtype == "F32":
@@ -205,14 +220,18 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
 
 def _write_layer(writer: gguf.GGUFWriter, spec: SynthSpec, w: _Weights, i: int) -> None:
     H, hd, q_out, kv_out = spec.hidden, spec.hd, spec.n_heads * spec.hd, spec.n_kv_heads * spec.hd
-    p, qt = f"blk.{i}.", spec.qtype
+    p = f"blk.{i}."
+
+    def matrix(name: str, rows: int, cols: int, gain: float = 1.0) -> None:
+        _add_matrix(writer, p + name, w.matrix(rows, cols, gain), _qtype_for(spec, p + name))
+
     writer.add_tensor(p + "attn_norm.weight", w.norm(H))
     if spec.arch == "phi3":
-        _add_matrix(writer, p + "attn_qkv.weight", w.matrix(q_out + 2 * kv_out, H), qt)
+        matrix("attn_qkv.weight", q_out + 2 * kv_out, H)
     else:
-        _add_matrix(writer, p + "attn_q.weight", w.matrix(q_out, H), qt)
-        _add_matrix(writer, p + "attn_k.weight", w.matrix(kv_out, H), qt)
-        _add_matrix(writer, p + "attn_v.weight", w.matrix(kv_out, H), qt)
+        matrix("attn_q.weight", q_out, H)
+        matrix("attn_k.weight", kv_out, H)
+        matrix("attn_v.weight", kv_out, H)
     if spec.arch == "qwen2":
         writer.add_tensor(p + "attn_q.bias", w.bias(q_out))
         writer.add_tensor(p + "attn_k.bias", w.bias(kv_out))
@@ -220,14 +239,14 @@ def _write_layer(writer: gguf.GGUFWriter, spec: SynthSpec, w: _Weights, i: int) 
     if spec.arch == "qwen3":
         writer.add_tensor(p + "attn_q_norm.weight", w.norm(hd))
         writer.add_tensor(p + "attn_k_norm.weight", w.norm(hd))
-    _add_matrix(writer, p + "attn_output.weight", w.matrix(H, q_out, gain=0.7), qt)
+    matrix("attn_output.weight", H, q_out, gain=0.7)
     writer.add_tensor(p + "ffn_norm.weight", w.norm(H))
     if spec.arch == "phi3":
-        _add_matrix(writer, p + "ffn_up.weight", w.matrix(2 * spec.ffn, H), qt)  # [gate; up]
+        matrix("ffn_up.weight", 2 * spec.ffn, H)  # fused [gate; up]
     else:
-        _add_matrix(writer, p + "ffn_gate.weight", w.matrix(spec.ffn, H), qt)
-        _add_matrix(writer, p + "ffn_up.weight", w.matrix(spec.ffn, H), qt)
-    _add_matrix(writer, p + "ffn_down.weight", w.matrix(H, spec.ffn, gain=0.7), qt)
+        matrix("ffn_gate.weight", spec.ffn, H)
+        matrix("ffn_up.weight", spec.ffn, H)
+    matrix("ffn_down.weight", H, spec.ffn, gain=0.7)
 
 
 def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
@@ -237,16 +256,23 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     writer = gguf.GGUFWriter(str(path), spec.arch)
     _write_metadata(writer, spec)
     w = _Weights(spec)
-    # embeddings ~N(0,1) rows; the head gets gain 3 so logits have std ~3 (a clear top-1)
+    # embeddings ~N(0,1) rows; the head has gain 3 (logit std ~3) and log-normal row norms
     embd = w.rng.standard_normal((spec.vocab, spec.hidden), dtype=np.float32)
-    _add_matrix(writer, "token_embd.weight", embd if not spec.tied else embd * np.float32(3.0 / np.sqrt(spec.hidden) * spec.scale), spec.qtype)
+    row_norms = np.exp(spec.head_row_sigma * w.rng.standard_normal((spec.vocab, 1))).astype(np.float32)
+    row_norms /= np.sqrt(np.mean(row_norms**2))
+    if spec.tied:
+        embd *= np.float32(spec.tied_gain * spec.scale / np.sqrt(spec.hidden)) * row_norms
+    _add_matrix(writer, "token_embd.weight", embd, _qtype_for(spec, "token_embd.weight"))
     if spec.rope_scaling == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(spec))
     for i in range(spec.n_layers):
         _write_layer(writer, spec, w, i)
     writer.add_tensor("output_norm.weight", w.norm(spec.hidden))
     if not spec.tied:
-        _add_matrix(writer, "output.weight", w.matrix(spec.vocab, spec.hidden, gain=3.0), spec.qtype)
+        head = w.matrix(spec.vocab, spec.hidden, gain=3.0) * row_norms
+        successor = w.rng.permutation(spec.vocab)
+        head[successor] += np.float32(3.0 * spec.bigram / spec.hidden) * embd
+        _add_matrix(writer, "output.weight", head, _qtype_for(spec, "output.weight"))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

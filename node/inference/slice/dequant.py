@@ -23,8 +23,8 @@ def dequantize(raw: np.ndarray, qtype: Q, shape: tuple[int, ...]) -> np.ndarray:
     """float32 array of `shape` (numpy order, last dim contiguous) from a tensor's raw data."""
     if qtype not in SUPPORTED:
         raise ValueError(f"unsupported tensor type {qtype.name}")
-    if qtype == Q.F32:
-        return np.asarray(raw, dtype=np.float32).reshape(shape)
+    if qtype == Q.F32:  # copied: callers own (and may write) what they get
+        return np.array(raw, dtype=np.float32).reshape(shape)
     if qtype == Q.F16:
         return np.asarray(raw).view(np.float16).astype(np.float32).reshape(shape)
     if qtype == Q.Q8_0:

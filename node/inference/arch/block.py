@@ -1,0 +1,101 @@
+"""The decoder block every supported family shares once its tensors are canonical.
+
+    x = x + out(attention(rope(qk_norm(split(qkv(rms_norm(x)))))))
+    x = x + down(silu(gate) * up),  [gate; up] = gate_up(rms_norm(x))
+
+Attention folds the query heads that share a KV head into rows ([n_kv, group*T, hd]) so one
+SDPA call serves GQA without repeating K/V, and decode (T = 1) needs no mask at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from node.inference.arch.common import LayerWeights, ModelConfig, apply_rope, rms_norm
+from node.inference.slice.linear import Linear, make_linear
+
+
+@dataclass
+class Block:
+    """One decoder block with weights in its device format."""
+
+    attn_norm: torch.Tensor
+    qkv: Linear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    out: Linear
+    ffn_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+    @classmethod
+    def build(cls, w: LayerWeights, fmt: str, device: torch.device) -> Block:
+        """Convert canonical numpy weights to `fmt` on `device`."""
+
+        def vec(a: np.ndarray | None) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device)
+
+        return cls(
+            attn_norm=vec(w.attn_norm),
+            qkv=make_linear(w.qkv, w.qkv_bias, fmt, device),
+            q_norm=vec(w.q_norm),
+            k_norm=vec(w.k_norm),
+            out=make_linear(w.out, w.out_bias, fmt, device),
+            ffn_norm=vec(w.ffn_norm),
+            gate_up=make_linear(w.gate_up, None, fmt, device),
+            down=make_linear(w.down, None, fmt, device, sensitive=True),
+        )
+
+
+def attention_mask(T: int, start: int, group: int, device: torch.device) -> torch.Tensor | None:
+    """Boolean mask [group*T, start+T] for folded rows (row g*T+t sees keys ≤ start+t)."""
+    if T == 1:
+        return None
+    keys = torch.arange(start + T, device=device)
+    rows = torch.arange(T, device=device) + start
+    mask = keys[None, :] <= rows[:, None]
+    return mask.repeat(group, 1)
+
+
+def block_forward(
+    b: Block,
+    cfg: ModelConfig,
+    x: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start: int,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Run one block on x [T, H] at positions [start, start+T), appending K/V to the caches.
+
+    k_cache, v_cache: [n_kv, capacity, head_dim] with capacity >= start + T.
+    """
+    T = x.shape[0]
+    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    group = nh // nkv
+    eps = cfg.rms_eps
+    qkv = b.qkv(rms_norm(x, b.attn_norm, eps)).view(T, nh + 2 * nkv, hd)
+    q, k, v = qkv.split([nh, nkv, nkv], dim=1)
+    if b.q_norm is not None:
+        q = rms_norm(q, b.q_norm, eps)
+        k = rms_norm(k, b.k_norm, eps)
+    cos, sin = rope
+    q = apply_rope(q, cos, sin, cfg.rope.n_rot)
+    k = apply_rope(k, cos, sin, cfg.rope.n_rot)
+    end = start + T
+    k_cache[:, start:end] = k.transpose(0, 1)
+    v_cache[:, start:end] = v.transpose(0, 1)
+    # [T, nh, hd] -> [nkv, group*T, hd]: heads h = kv*group + g share KV head kv
+    # (4-D inputs: torch's fused CPU attention kernel only takes [B, H, L, E])
+    qf = q.view(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(1, nkv, group * T, hd)
+    o = F.scaled_dot_product_attention(qf, k_cache[None, :, :end], v_cache[None, :, :end], attn_mask=mask)
+    o = o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
+    x = x + b.out(o)
+    gu = b.gate_up(rms_norm(x, b.ffn_norm, eps))
+    gate, up = gu.chunk(2, dim=-1)
+    return x + b.down(F.silu(gate) * up)

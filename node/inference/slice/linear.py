@@ -1,0 +1,141 @@
+"""Weight formats of the slice engine: one callable per matrix, chosen per device by measurement.
+
+- `f32`:  float32 weights, F.linear (reference path; exact against llama.cpp's f32 path).
+- `bf16` / `f16`: half-precision weights (CUDA; bf16 also on CPU), float32 in and out.
+- `int8`: int8 weights per output channel, activations quantized per call by fbgemm's dynamic
+  quantized linear (`quantized::linear_dynamic`) — the fastest CPU format measured in
+  `bench/slice_engine.py`. `reduce_range` keeps activations to 7 bits so AVX2's 16-bit pair sums
+  (vpmaddubsw) cannot saturate; a residual pass (see `_Int8Dynamic`) buys the precision back.
+
+Every callable maps float32 [T, in] → float32 [T, out], bias included.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FORMATS = ("f32", "bf16", "f16", "int8")
+Linear = Callable[[torch.Tensor], torch.Tensor]
+CHUNK_ROWS = 2048  # rows converted at a time: bounds load-time memory for the output head
+RESIDUAL_MAX_ROWS = 8  # int8: inputs up to this many rows always take the residual pass
+RESIDUAL_GAIN = 16.0  # int8: residual rows are scaled by this (|K·r| ≤ 8 steps, inside x's range)
+
+
+class RowSource(Protocol):
+    """A matrix that can be produced in row blocks (float32), e.g. straight from a GGUF tensor."""
+
+    shape: tuple[int, int]
+
+    def rows(self, start: int, stop: int) -> np.ndarray: ...
+
+
+class ArraySource:
+    """RowSource over an in-memory float32 array."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self.shape = array.shape
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        return self.array[start:stop]
+
+
+def int8_available() -> bool:
+    """Whether this torch build has the fbgemm dynamic quantized linear (x86 CPU builds do)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: str, device: torch.device,
+                *, sensitive: bool = False) -> Linear:
+    """A callable computing x @ weight.T + bias in format `fmt` on `device`.
+
+    `sensitive` marks matrices whose inputs are heavy-tailed (ffn_down) or whose errors land
+    directly in the logits (the head): the int8 format keeps its residual pass for them even in
+    long prefills.
+    """
+    src = ArraySource(weight) if isinstance(weight, np.ndarray) else weight
+    if fmt == "int8":
+        return _Int8Dynamic(src, bias, correct_prefill=sensitive)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[fmt]
+    w = torch.empty(src.shape, dtype=dtype, device=device)
+    for start in range(0, src.shape[0], CHUNK_ROWS):
+        stop = min(start + CHUNK_ROWS, src.shape[0])
+        w[start:stop] = torch.from_numpy(np.array(src.rows(start, stop), dtype=np.float32))
+    b = torch.from_numpy(np.array(bias, dtype=np.float32)).to(device=device, dtype=dtype) if bias is not None else None
+    if dtype == torch.float32:
+        return _FloatLinear(w, b)
+    return _HalfLinear(w, b)
+
+
+def quantize_rows_int8(src: np.ndarray | RowSource) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (int8 [out, in], float32 scales [out]), in row blocks."""
+    src = ArraySource(src) if isinstance(src, np.ndarray) else src
+    q = torch.empty(src.shape, dtype=torch.int8)
+    scales = torch.empty(src.shape[0], dtype=torch.float32)
+    for start in range(0, src.shape[0], CHUNK_ROWS):
+        stop = min(start + CHUNK_ROWS, src.shape[0])
+        w = torch.from_numpy(np.array(src.rows(start, stop), dtype=np.float32))
+        s = (w.abs().amax(dim=1) / 127.0).clamp_min_(1e-12)
+        q[start:stop] = w.div_(s[:, None]).round_().clamp_(-127, 127)
+        scales[start:stop] = s
+    return q, scales
+
+
+class _FloatLinear:
+    __slots__ = ("bias", "weight")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class _HalfLinear(_FloatLinear):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
+
+
+class _Int8Dynamic:
+    """int8 weights (per output row) through fbgemm, with a residual pass for accuracy.
+
+    fbgemm quantizes the whole input with one 7-bit scale s. The rounding error r = x - x̂
+    (|r| ≤ s/2) is what costs accuracy; stacking [x; K·r] as extra rows quantizes r on the same
+    grid, and y = W·x̂ + W·(K·r)/K recovers ~12-bit activations. For a few rows (decode) the extra
+    rows are free (the kernel is bound by reading the weights); for long prefills they double the
+    compute, so there only the matrices that need it (`correct_prefill`) take the residual pass.
+    """
+
+    __slots__ = ("bias", "correct_prefill", "packed")
+    reduce_range = True
+    _op = torch.ops.quantized.linear_dynamic.default
+
+    def __init__(self, weight: RowSource, bias: np.ndarray | None, correct_prefill: bool = False):
+        q, scales = quantize_rows_int8(weight)
+        zero = torch.zeros(q.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():  # the quantized-tensor constructors warn about deprecation
+            warnings.simplefilter("ignore")
+            qw = torch._make_per_channel_quantized_tensor(q, scales.double(), zero, 0)
+            self.packed = torch.ops.quantized.linear_prepack(qw, None)
+        self.bias = torch.from_numpy(np.array(bias, dtype=np.float32)) if bias is not None else None
+        self.correct_prefill = correct_prefill
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[0]
+        if T > RESIDUAL_MAX_ROWS and not self.correct_prefill:
+            y = self._op(x, self.packed, self.reduce_range)
+        else:
+            x_hat = torch.quantize_per_tensor_dynamic(x, torch.quint8, self.reduce_range).dequantize()
+            lo, hi = torch.aminmax(x)
+            r = torch.clamp((x - x_hat).mul_(RESIDUAL_GAIN), lo, hi)  # stay inside x's grid range
+            y2 = self._op(torch.cat([x, r]), self.packed, self.reduce_range)
+            y = torch.add(y2[:T], y2[T:], alpha=1.0 / RESIDUAL_GAIN)
+        if self.bias is not None:
+            y += self.bias
+        return y

@@ -1,0 +1,255 @@
+"""`SliceModel`: layers [start, end) of a GGUF model in torch, with per-request KV sessions.
+
+    model = SliceModel.load(path, 0, 8, dtype="auto")      # blocking: call from the model's executor
+    sess = model.new_session("req-1")
+    hidden = model.forward(sess, token_ids, index_pos=0)    # first slice: ids in, hidden out
+    logits = last.forward(sess2, hidden, index_pos=0, last_only=True)
+
+The first slice embeds token ids; the last applies the final norm and the output head (tied to
+the token embeddings when `output.weight` is absent). Hidden states cross slice boundaries as
+float32 [T, H]. Call `forward` from one thread at a time (a single-thread executor per model).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from node.errors import EngineError, KvPositionMismatch, ModelLoadError
+from node.inference.arch import family
+from node.inference.arch.block import Block, attention_mask, block_forward
+from node.inference.arch.common import ModelConfig, RotaryTables, rms_norm
+from node.inference.slice.gguf_file import GgufFile
+from node.inference.slice.linear import Linear, int8_available, make_linear
+from node.inference.slice.session import Session, SessionStore
+from node.logs import TRACE, kv
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("auto", "f32", "bf16", "f16", "int8")
+
+
+def resolve_format(dtype: str, device: torch.device) -> str:
+    """The weight format for a requested dtype on a device ("auto": int8 on CPU, f16 on CUDA)."""
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown slice dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if dtype != "auto":
+        if dtype == "int8" and (device.type != "cpu" or not int8_available()):
+            raise ModelLoadError(f"dtype int8 needs a CPU with fbgemm (device {device})")
+        return dtype
+    if device.type == "cuda":
+        return "f16"
+    return "int8" if int8_available() else "f32"
+
+
+@dataclass(frozen=True)
+class SliceInfo:
+    """What a slice holds (for HELLO frames, the admin API and logs)."""
+
+    arch: str
+    layer_start: int
+    layer_end: int
+    n_layers_total: int
+    fmt: str
+    device: str
+
+
+class SliceModel:
+    """A contiguous range of decoder blocks of one GGUF model, ready to run."""
+
+    def __init__(self, f: GgufFile, cfg: ModelConfig, start: int, end: int, fmt: str,
+                 device: torch.device, max_ctx: int, blocks: list[Block],
+                 head: tuple[torch.Tensor, Linear] | None, name: str):
+        self.file, self.config, self.fmt, self.device = f, cfg, fmt, device
+        self.layer_start, self.layer_end = start, end
+        self.n_ctx = max_ctx
+        self.name = name
+        self.blocks = blocks
+        self.head = head
+        self.rotary = RotaryTables(cfg.rope, device)
+        self.kv_dtype = torch.float32 if device.type == "cpu" else torch.float16
+        self.sessions = SessionStore(name)
+        self._lock = threading.Lock()
+
+    # --- loading -----------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path, layer_start: int = 0, layer_end: int | None = None, *,
+             dtype: str = "auto", device: str | torch.device = "cpu", n_threads: int | None = None,
+             max_ctx: int | None = None, name: str | None = None) -> SliceModel:
+        """Load layers [layer_start, layer_end) (0-based; None = to the last) of the GGUF at `path`.
+
+        Blocking (reads and converts weights): run it in the model's executor. `n_threads` sets
+        torch's intra-op threads for the whole process.
+        """
+        t0 = time.perf_counter()
+        if n_threads:
+            torch.set_num_threads(n_threads)
+        device = torch.device(device)
+        f = GgufFile(path)
+        fam = family(f.arch)
+        cfg = fam.config(f)
+        end = cfg.n_layers if layer_end is None else layer_end
+        if not 0 <= layer_start < end <= cfg.n_layers:
+            raise ModelLoadError(f"layer range [{layer_start}, {end}) is outside the model's {cfg.n_layers} layers")
+        fmt = resolve_format(dtype, device)
+        blocks = [Block.build(fam.load_layer(f, cfg, i), fmt, device) for i in range(layer_start, end)]
+        head = None
+        if end == cfg.n_layers:
+            norm = torch.from_numpy(f.f32("output_norm.weight")).to(device)
+            name_w = "output.weight" if f.has("output.weight") else "token_embd.weight"
+            head = (norm, make_linear(f.row_source(name_w), f.f32_or_none("output.bias"), fmt, device,
+                                      sensitive=True))
+        f.release_pages()  # weights now live in their own memory; keep only what lookups touch
+        model = cls(f, cfg, layer_start, end, fmt, device, max_ctx or cfg.n_ctx_train, blocks, head,
+                    name or Path(path).stem)
+        log.info(
+            "DIAG: slice model loaded %s",
+            kv(model=model.name, arch=cfg.arch, layers=f"{layer_start}-{end}", n_layers=cfg.n_layers,
+               dtype=fmt, device=str(device), threads=torch.get_num_threads(),
+               load_ms=round((time.perf_counter() - t0) * 1000)),
+        )
+        return model
+
+    # --- properties ----------------------------------------------------------------------------
+
+    @property
+    def is_first(self) -> bool:
+        return self.layer_start == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.layer_end == self.config.n_layers
+
+    @property
+    def n_layers_total(self) -> int:
+        return self.config.n_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab
+
+    @property
+    def arch(self) -> str:
+        return self.config.arch
+
+    @property
+    def info(self) -> SliceInfo:
+        return SliceInfo(self.arch, self.layer_start, self.layer_end, self.n_layers_total, self.fmt, str(self.device))
+
+    # --- sessions ------------------------------------------------------------------------------
+
+    def new_session(self, session_id: str) -> Session:
+        """A fresh KV cache for one request (replaces a session with the same id)."""
+        shape = (len(self.blocks), self.config.n_kv_heads, self.config.head_dim)
+        return self.sessions.add(Session(session_id, shape, self.n_ctx, self.kv_dtype, self.device))
+
+    def session(self, session_id: str) -> Session | None:
+        """An existing session or None."""
+        return self.sessions.get(session_id)
+
+    def free_session(self, session_id: str) -> bool:
+        """Drop a session's KV cache (SESSION_END); True if it existed."""
+        return self.sessions.free(session_id)
+
+    def sweep_sessions(self, ttl_s: float | None = None, max_bytes: int | None = None) -> list[str]:
+        """Evict idle sessions (TTL) and least-recently-used ones over `max_bytes`; logs each."""
+        return self.sessions.sweep(ttl_s, max_bytes)
+
+    # --- compute -------------------------------------------------------------------------------
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [T, H] (first slice), looked up in the memory-mapped file."""
+        rows = self.file.rows("token_embd.weight", ids.cpu().numpy())
+        return torch.from_numpy(rows).to(self.device)
+
+    def forward(self, sess: Session | str, inputs, index_pos: int, *, last_only: bool = False) -> torch.Tensor:
+        """Run the slice's layers on `inputs` at positions [index_pos, index_pos+T).
+
+        inputs: token ids [T] on the first slice, float hidden states [T, H] otherwise.
+        Returns hidden [T, H] float32, or on the last slice logits [T, V] ([1, V] with
+        `last_only`). Raises KvPositionMismatch unless index_pos equals the session's kv_len.
+        """
+        if isinstance(sess, str):
+            found = self.sessions.get(sess)
+            if found is None:
+                raise EngineError(f"no KV session {sess} on this slice")
+            sess = found
+        with self._lock, torch.inference_mode():
+            return self._forward(sess, inputs, index_pos, last_only)
+
+    def _forward(self, sess: Session, inputs, index_pos: int, last_only: bool) -> torch.Tensor:
+        t0 = time.perf_counter()
+        if index_pos != sess.kv_len:
+            raise KvPositionMismatch(index_pos, sess.kv_len, session=sess.session_id)
+        x = self._input(inputs)
+        T = x.shape[0]
+        sess.reserve(index_pos + T)
+        rope = self.rotary.get(index_pos, T)
+        group = self.config.n_heads // self.config.n_kv_heads
+        mask = attention_mask(T, index_pos, group, self.device)
+        trace = log.isEnabledFor(TRACE)
+        for i, block in enumerate(self.blocks):
+            tl = time.perf_counter() if trace else 0.0
+            x = block_forward(block, self.config, x, sess.k[i], sess.v[i], index_pos, rope, mask)
+            if trace:
+                log.log(TRACE, "DIAG: layer forward complete %s",
+                        kv(layer=self.layer_start + i, layer_ms=f"{(time.perf_counter() - tl) * 1000:.2f}"))
+        sess.kv_len = index_pos + T
+        sess.last_used = time.monotonic()
+        if self.head is not None:
+            if last_only:
+                x = x[-1:]
+            norm, head = self.head
+            x = head(rms_norm(x, norm, self.config.rms_eps))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "DIAG: SplitModel forward pass complete %s",
+                kv(forward_ms=f"{(time.perf_counter() - t0) * 1000:.2f}", seq_len=T, num_layers=len(self.blocks),
+                   is_first=self.is_first, is_last=self.is_last, index_pos=index_pos, kv_offset=index_pos,
+                   session=sess.session_id),
+            )
+        return x
+
+    def _input(self, inputs) -> torch.Tensor:
+        if self.is_first:
+            ids = torch.as_tensor(inputs)
+            if ids.dim() != 1 or ids.dtype.is_floating_point or ids.numel() == 0:
+                raise EngineError("the first slice takes a non-empty 1-D tensor of token ids")
+            if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab:
+                raise EngineError(f"token id out of range [0, {self.config.vocab})")
+            return self.embed(ids)
+        x = torch.as_tensor(inputs)
+        if x.dim() != 2 or x.shape[1] != self.config.hidden or x.shape[0] == 0 or not x.dtype.is_floating_point:
+            raise EngineError(f"slice {self.layer_start}-{self.layer_end} takes float hidden states [T, {self.config.hidden}]")
+        return x.to(device=self.device, dtype=torch.float32).contiguous()
+
+
+def estimate_bytes(path: str | Path, layer_start: int = 0, layer_end: int | None = None, fmt: str = "int8") -> int:
+    """Weight bytes a slice will hold in `fmt` (for placement), from tensor shapes only."""
+    f = GgufFile(path)
+    n_layers = int(f.arch_field("block_count", 0))
+    end = n_layers if layer_end is None else layer_end
+    per_elem = {"f32": 4, "bf16": 2, "f16": 2, "int8": 1}[fmt]
+    total = 0
+    for name in f.tensors:
+        parts = name.split(".")
+        if parts[0] == "blk":
+            keep = layer_start <= int(parts[1]) < end
+        elif name == "token_embd.weight":
+            keep = end == n_layers and not f.has("output.weight")  # embeddings stay mapped; tied head
+        else:
+            keep = end == n_layers
+        if keep:
+            total += int(np.prod(f.shape(name))) * per_elem
+    return total

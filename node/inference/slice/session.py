@@ -1,0 +1,140 @@
+"""Per-request KV caches of a slice and the store that owns them (explicit free, TTL, LRU).
+
+A session's cache covers only the slice's own layers. `kv_len` is the number of positions
+written; a forward must start exactly there (seed 000, gotcha #400: never compute from a gap).
+Capacity grows by doubling up to the model's context, so short requests stay small.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+
+import torch
+
+from node.errors import ContextLengthExceeded
+from node.logs import kv
+
+log = logging.getLogger(__name__)
+
+MIN_CAPACITY = 256  # positions allocated on a session's first forward
+
+
+class Session:
+    """KV cache of one request on one slice (batch 1)."""
+
+    def __init__(self, session_id: str, shape: tuple[int, int, int], max_ctx: int, dtype, device):
+        self.session_id = session_id
+        self.n_layers, self.n_kv, self.head_dim = shape
+        self.max_ctx = max_ctx
+        self.dtype, self.device = dtype, device
+        self.kv_len = 0
+        self.capacity = 0
+        self.k = self.v = torch.empty(0)
+        self.created = self.last_used = time.monotonic()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the caches."""
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def reserve(self, end: int) -> None:
+        """Make room for positions [0, end), growing by doubling (copies what is written)."""
+        if end <= self.capacity:
+            return
+        if end > self.max_ctx:
+            raise ContextLengthExceeded(
+                f"position {end} exceeds the slice's context of {self.max_ctx} tokens (session {self.session_id})"
+            )
+        cap = min(self.max_ctx, max(end, 2 * self.capacity, MIN_CAPACITY))
+        shape = (self.n_layers, self.n_kv, cap, self.head_dim)
+        k = torch.empty(shape, dtype=self.dtype, device=self.device)
+        v = torch.empty(shape, dtype=self.dtype, device=self.device)
+        if self.kv_len:
+            k[:, :, : self.kv_len] = self.k[:, :, : self.kv_len]
+            v[:, :, : self.kv_len] = self.v[:, :, : self.kv_len]
+        self.k, self.v, self.capacity = k, v, cap
+
+    def truncate(self, kv_len: int) -> None:
+        """Forget positions >= kv_len (e.g. to re-run from a point the caller chooses)."""
+        self.kv_len = min(self.kv_len, max(0, kv_len))
+
+
+class SessionStore:
+    """Sessions of one slice model, oldest-used first; thread-safe."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def add(self, session: Session) -> Session:
+        """Register a new session (replacing one with the same id)."""
+        with self._lock:
+            old = self._sessions.pop(session.session_id, None)
+            self._sessions[session.session_id] = session
+        if old is not None:
+            self._log_evicted(old, "replaced")
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        """The session, marked as just used, or None."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is not None:
+                self._sessions.move_to_end(session_id)
+                s.last_used = time.monotonic()
+            return s
+
+    def free(self, session_id: str, reason: str = "freed") -> bool:
+        """Drop a session; True if it existed."""
+        with self._lock:
+            s = self._sessions.pop(session_id, None)
+        if s is not None:
+            self._log_evicted(s, reason)
+        return s is not None
+
+    def total_bytes(self) -> int:
+        """Bytes held by all caches."""
+        with self._lock:
+            return sum(s.nbytes for s in self._sessions.values())
+
+    def sweep(self, ttl_s: float | None = None, max_bytes: int | None = None) -> list[str]:
+        """Evict sessions idle longer than ttl_s, then least-recently-used ones over max_bytes."""
+        now = time.monotonic()
+        evicted: list[tuple[Session, str]] = []
+        with self._lock:
+            if ttl_s is not None:
+                for sid, s in list(self._sessions.items()):
+                    if now - s.last_used > ttl_s:
+                        evicted.append((self._sessions.pop(sid), "ttl"))
+            if max_bytes is not None:
+                total = sum(s.nbytes for s in self._sessions.values())
+                while self._sessions and total > max_bytes:
+                    _, s = self._sessions.popitem(last=False)
+                    total -= s.nbytes
+                    evicted.append((s, "memory_pressure"))
+            remaining = len(self._sessions)
+        for s, reason in evicted:
+            self._log_evicted(s, reason, now)
+        if evicted:
+            log.info("DIAG: KV-cache store cleanup — expired entries removed %s", kv(removed=len(evicted), remaining=remaining))
+        return [s.session_id for s, _ in evicted]
+
+    def _log_evicted(self, s: Session, reason: str, now: float | None = None) -> None:
+        idle = (now or time.monotonic()) - s.last_used
+        level = logging.DEBUG if reason == "freed" else logging.INFO  # a normal end is per-request
+        log.log(
+            level,
+            "DIAG: KV-cache session evicted %s",
+            kv(model=self.model_name, session=s.session_id, reason=reason, kv_len=s.kv_len,
+               bytes=s.nbytes, idle_s=f"{idle:.1f}"),
+        )

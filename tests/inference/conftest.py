@@ -1,0 +1,36 @@
+"""Fixtures of the slice-engine tests: small random GGUFs, written once per test session."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from node.inference.synth import SynthSpec, write_gguf
+
+HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
+needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama-cpp-python is not installed")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _two_threads():
+    """The engine's numbers (and llama.cpp's) are compared at a fixed thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def synth_model(tmp_path_factory):
+    """synth_model(spec) -> path of a GGUF for `spec`, written once per session."""
+    root = tmp_path_factory.mktemp("synth")
+    cache: dict[SynthSpec, object] = {}
+
+    def make(spec: SynthSpec):
+        if spec not in cache:
+            cache[spec] = write_gguf(root / f"m{len(cache)}.gguf", spec)
+        return cache[spec]
+
+    return make

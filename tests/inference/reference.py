@@ -1,0 +1,87 @@
+"""Helpers shared by the slice-engine tests: llama.cpp reference runs and our chained slices."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from node.inference.slice.chain import SliceChain
+from node.inference.slice.ggml_emulation import emulate_model
+
+N_CTX = 512
+
+
+def llama_model(path, n_ctx: int = N_CTX):
+    """llama.cpp on the whole file, f32 KV cache (llama.cpp's default f16 cache rounds K/V)."""
+    import llama_cpp
+
+    return llama_cpp.Llama(
+        str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True, verbose=False,
+        n_threads=2, type_k=0, type_v=0, seed=0,
+    )
+
+
+def llama_logits(path, tokens: list[int]) -> np.ndarray:
+    """llama.cpp's logits [T, V] for `tokens` evaluated in one batch."""
+    m = llama_model(path)
+    m.eval(tokens)
+    out = np.array(m.scores[: len(tokens)], dtype=np.float32)
+    m.close()
+    return out
+
+
+def llama_greedy(path, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens after `prompt` (llama.cpp's own argmax over its logits)."""
+    m = llama_model(path)
+    m.eval(prompt)
+    out = []
+    for _ in range(n):
+        tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+        out.append(tok)
+        m.eval([tok])
+    m.close()
+    return out
+
+
+def chain(path, slices: int = 1, dtype: str = "f32", ggml: bool = False) -> SliceChain:
+    """Our model as `slices` chained slices; `ggml` rounds activations as llama.cpp does."""
+    c = SliceChain.load(path, slices, dtype=dtype, max_ctx=N_CTX)
+    if ggml:
+        for s in c.slices:
+            emulate_model(s)
+    return c
+
+
+def our_logits(c: SliceChain, tokens: list[int], *, decode_from: int | None = None) -> np.ndarray:
+    """Our logits [T, V]: one prefill forward, or prefill up to decode_from then one token at a time."""
+    c.new_session("t")
+    split = len(tokens) if decode_from is None else decode_from
+    rows = [c.forward("t", torch.tensor(tokens[:split]), 0)]
+    for i in range(split, len(tokens)):
+        rows.append(c.forward("t", torch.tensor(tokens[i : i + 1]), i))
+    c.free_session("t")
+    return torch.cat(rows).numpy()
+
+
+def our_greedy(c: SliceChain, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens after `prompt` with our engine (prefill, then decode with last_only)."""
+    c.new_session("g")
+    logits = c.forward("g", torch.tensor(prompt), 0, last_only=True)
+    out, pos = [], len(prompt)
+    for _ in range(n):
+        tok = int(logits[-1].argmax())
+        out.append(tok)
+        logits = c.forward("g", torch.tensor([tok]), pos, last_only=True)
+        pos += 1
+    c.free_session("g")
+    return out
+
+
+def relative_max_diff(ours: np.ndarray, ref: np.ndarray) -> float:
+    """max |Δlogit| divided by the logit scale (max |logit| of the reference)."""
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+def top1_agreement(ours: np.ndarray, ref: np.ndarray) -> float:
+    """Fraction of positions whose argmax agrees."""
+    return float((ours.argmax(axis=1) == ref.argmax(axis=1)).mean())

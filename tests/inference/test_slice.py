@@ -1,0 +1,142 @@
+"""SliceModel behaviour that needs no reference engine: splits, KV positions, sessions, errors."""
+
+from __future__ import annotations
+
+import logging
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from node.errors import (
+    ContextLengthExceeded,
+    EngineError,
+    KvPositionMismatch,
+    ModelLoadError,
+    UnsupportedArchitecture,
+)
+from node.inference.slice import SliceModel
+from node.inference.slice.chain import SliceChain, split_ranges
+from node.inference.slice.model import estimate_bytes
+from node.inference.synth import SynthSpec
+from tests.inference.reference import our_logits
+
+SPEC = SynthSpec(hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=300, n_layers=4, n_ctx=128)
+TOKENS = [1, *range(10, 50)]
+
+
+@pytest.fixture(scope="module")
+def model_path(synth_model):
+    return synth_model(SPEC)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "int8"])
+def test_one_two_three_slices_give_the_same_logits(model_path, dtype):
+    one = our_logits(SliceChain.load(model_path, 1, dtype=dtype), TOKENS, decode_from=30)
+    for n in (2, 3):
+        split = our_logits(SliceChain.load(model_path, n, dtype=dtype), TOKENS, decode_from=30)
+        np.testing.assert_allclose(split, one, rtol=0, atol=1e-5)
+
+
+def test_prefill_decode_and_chunked_prefill_agree(model_path):
+    c = SliceChain.load(model_path, 1, dtype="f32")
+    whole = our_logits(c, TOKENS)
+    stepwise = our_logits(c, TOKENS, decode_from=1)
+    np.testing.assert_allclose(stepwise, whole, atol=1e-4)
+    c.new_session("chunks")  # prefill in chunks: index_pos > 0 with T > 1 needs the offset mask
+    parts = [c.forward("chunks", TOKENS[a:b], a) for a, b in ((0, 7), (7, 20), (20, len(TOKENS)))]
+    np.testing.assert_allclose(torch.cat(parts).numpy(), whole, atol=1e-4)
+
+
+def test_kv_position_mismatch_names_both_numbers(model_path):
+    m = SliceModel.load(model_path, dtype="f32")
+    sess = m.new_session("s")
+    m.forward(sess, torch.tensor(TOKENS[:5]), 0)
+    with pytest.raises(KvPositionMismatch) as err:
+        m.forward(sess, torch.tensor([7]), 9)
+    assert (err.value.index_pos, err.value.kv_len) == (9, 5)
+    assert "index_pos=9" in err.value.message
+    assert "kv_len=5" in err.value.message
+    assert sess.kv_len == 5  # the refused forward left the cache alone
+    m.forward(sess, torch.tensor([7]), 5)
+    assert sess.kv_len == 6
+
+
+def test_slice_ends_take_and_give_the_right_things(model_path):
+    first = SliceModel.load(model_path, 0, 2, dtype="f32")
+    last = SliceModel.load(model_path, 2, 4, dtype="f32")
+    assert (first.is_first, first.is_last, last.is_first, last.is_last) == (True, False, False, True)
+    assert (first.n_layers_total, first.hidden_size, first.vocab_size, first.arch) == (4, 64, 300, "llama")
+    s1, s2 = first.new_session("r"), last.new_session("r")
+    hidden = first.forward(s1, torch.tensor(TOKENS[:6]), 0)
+    assert hidden.shape == (6, 64)
+    assert hidden.dtype == torch.float32
+    logits = last.forward(s2, hidden.half(), 0, last_only=True)  # f16 on the wire is accepted
+    assert logits.shape == (1, 300)
+    with pytest.raises(EngineError):
+        last.forward(s2, torch.tensor([1, 2]), 6)  # token ids into a middle slice
+    with pytest.raises(EngineError):
+        first.forward(s1, torch.tensor([SPEC.vocab]), 6)  # id out of range
+
+
+def test_sessions_free_ttl_and_memory_pressure(model_path, caplog):
+    m = SliceModel.load(model_path, dtype="f32")
+    for sid in ("a", "b", "c"):
+        m.forward(m.new_session(sid), torch.tensor(TOKENS[:4]), 0)
+    assert m.free_session("a") is True
+    assert m.free_session("a") is False
+    m.session("b").last_used -= 100  # b idle for 100 s
+    with caplog.at_level(logging.INFO, logger="node.inference.slice.session"):
+        assert m.sweep_sessions(ttl_s=50) == ["b"]
+        assert m.sweep_sessions(max_bytes=0) == ["c"]
+    evictions = [r.getMessage() for r in caplog.records if "KV-cache session evicted" in r.getMessage()]
+    assert any("reason=ttl" in e and "session=b" in e for e in evictions)
+    assert any("reason=memory_pressure" in e and "session=c" in e for e in evictions)
+    assert len(m.sessions) == 0
+
+
+def test_context_limit_and_cache_growth(model_path):
+    m = SliceModel.load(model_path, dtype="f32", max_ctx=300)
+    sess = m.new_session("long")
+    m.forward(sess, torch.tensor([1] * 200), 0)
+    m.forward(sess, torch.tensor([1] * 60), 200)  # grows past the first 256 positions
+    assert sess.capacity == 300
+    with pytest.raises(ContextLengthExceeded):
+        m.forward(sess, torch.tensor([1] * 41), 260)
+
+
+def test_forward_pass_diag_line(model_path, caplog):
+    m = SliceModel.load(model_path, 1, 3, dtype="f32")
+    sess = m.new_session("d")
+    with caplog.at_level(logging.DEBUG, logger="node.inference.slice.model"):
+        m.forward(sess, torch.zeros(3, 64), 0)
+    line = next(r.getMessage() for r in caplog.records if "SplitModel forward pass complete" in r.getMessage())
+    for field in ("forward_ms=", "seq_len=3", "num_layers=2", "is_first=False", "is_last=False", "kv_offset=0"):
+        assert field in line
+
+
+def test_unsupported_architecture_and_bad_ranges(tmp_path, model_path):
+    path = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedArchitecture, match="unsupported architecture gpt2"):
+        SliceModel.load(path)
+    with pytest.raises(ModelLoadError):
+        SliceModel.load(model_path, 3, 9)
+    with pytest.raises(ModelLoadError):
+        SliceModel.load(model_path, dtype="fp8")
+
+
+def test_split_ranges_and_estimates(model_path):
+    assert split_ranges(16, 3) == [(0, 6), (6, 11), (11, 16)]
+    assert split_ranges(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    whole = estimate_bytes(model_path, fmt="f32")
+    halves = estimate_bytes(model_path, 0, 2, fmt="f32") + estimate_bytes(model_path, 2, 4, fmt="f32")
+    assert whole == halves
+    assert estimate_bytes(model_path, fmt="int8") * 4 == whole
