@@ -23,7 +23,7 @@ from typing import Any
 from node import const
 from node.errors import ProtocolError
 
-from ._frames import PREFIX_LEN, Frame, Prefix, decode_body, decode_prefix
+from ._frames import PREFIX_LEN, Frame, Prefix, decode_parts, decode_prefix
 
 _READ_HIGH_WATER = 4 * 1024 * 1024
 
@@ -194,13 +194,18 @@ class Stream(asyncio.Protocol):
                 prefix = self._prefix
                 if prefix is None:
                     prefix = self._prefix = decode_prefix(bytes(buf[:PREFIX_LEN]))
-                end = PREFIX_LEN + prefix.header_len + prefix.payload_len
+                payload_at = PREFIX_LEN + prefix.header_len
+                end = payload_at + prefix.payload_len
                 if len(buf) < end:
                     return
-                body = bytes(buf[PREFIX_LEN:end])
-                del buf[:end]
+                with memoryview(buf) as view:  # one copy of the payload, none of the buffer
+                    frame = decode_parts(prefix, view[PREFIX_LEN:payload_at], view[payload_at:end])
+                if end == len(buf):
+                    buf.clear()  # frees a large buffer instead of keeping it offset
+                else:
+                    del buf[:end]
                 self._prefix = None
-                self._on_frame(decode_body(prefix, body))
+                self._on_frame(frame)
         except ProtocolError as exc:
             self._end_frames("malformed frame", exc)
 
