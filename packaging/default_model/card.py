@@ -1,0 +1,154 @@
+"""Render the model card (resources/models/README.md) from a run's figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt_int(n: float) -> str:
+    return f"{int(n):,}"
+
+
+def _quote(text: str) -> str:
+    return "\n".join(f"> {line}".rstrip() for line in (text or "(empty)").splitlines())
+
+
+def _minutes(s: float) -> str:
+    return f"{s / 60:.1f} min"
+
+
+def render(st: dict) -> str:
+    m, t, c, co = st["config"]["model"], st["train"], st["config"]["train"], st["corpus"]
+    cc = st["config"]["corpus"]
+    hist = "\n".join(
+        f"| {h['step']} | {h['epoch']} | {h['lr']:.2e} | {h['train_loss']:.3f} | {h['val_loss']:.3f} |"
+        for h in t["history"])
+    logits = "\n".join(
+        f"| {name} | {r['tokens']} | {r['max_abs_diff']:.2e} | {r['logit_scale']:.1f} | {r['argmax_agree']:.0%} |"
+        for name in ("f32", "q8_0") for r in st[f"logits_{name}"])
+    samples = "\n\n".join(
+        f"**User:** {s['prompt']}\n\n**Assistant** ({s['completion_tokens']} tokens, "
+        f"finish_reason `{s['finish_reason']}`):\n\n" + _quote(s["answer"]) for s in st["samples"])
+    rp = st.get("repro")
+    repro = ("not run (`--repro-steps 0`)." if not rp else
+             f"the same configuration was trained twice for {rp['steps']} steps in one process; the "
+             f"per-step losses were {'bit-for-bit identical' if rp['identical'] else 'not identical'} "
+             f"(max difference {rp['max_abs_diff']:.3g}; first losses "
+             f"{', '.join(f'{x:.4f}' for x in rp['losses'][:5])}).")
+    ta = st["tokenizer_agreement"]
+    provisional = ("\n> **Provisional**: a short run made to give the project a real file with the final "
+                   "tokenizer, template and metadata; the full training run replaces it.\n"
+                   if st.get("provisional") else "")
+    return f"""# SwarmLLM default model: `{st['file']['name']}`
+{provisional}
+A tiny Llama-architecture chat model that ships inside SwarmLLM so that `swarmllm run` serves
+something on a machine with no internet. It was trained from scratch, here, on the docstrings of
+the Python {co['python']} standard library, shaped as ChatML chats ("What does `json.dumps` do?" →
+the docstring's first paragraph) plus the docstrings as plain text. It answers questions about
+Python standard-library modules, classes and functions in docstring English and ends its turn
+(`<|im_end|>`). It knows nothing else; it is a smoke-test and first-run model, not an assistant.
+
+- **Licence**: model weights MIT. Training text: Python standard-library docstrings, © Python
+  Software Foundation, PSF License Agreement.
+- **File**: `{st['file']['name']}`, {st['file']['bytes'] / 1e6:.2f} MB, GGUF, Q8_0 (1-D norm weights F32),
+  sha256 `{st['file']['sha256']}`.
+- **Made by**: `packaging/default_model/` in this repository.
+
+## Reproduce
+
+```
+{st['command']}
+```
+
+One command, run from the repository root with the project's virtualenv (`pip install -e '.[train,test]'`).
+It harvests the docstrings (each top-level module imported in a child process; GUI, test-suite and
+side-effect modules skipped), trains the tokenizer and the model, writes the GGUF here, checks it
+against llama.cpp and rewrites this card. Intermediate files go to `build/default_model/`.
+All seeds (python, numpy, torch) come from `TrainConfig.seed = {c['seed']}`; the data order is a
+seeded shuffle; `torch.use_deterministic_algorithms(True)`; torch threads pinned to {c['threads']}.
+Reproducibility: {repro} The corpus depends on the exact Python build (docstrings differ between
+versions), and floating-point sums can differ across CPUs and thread counts, so another machine
+gives a model of the same quality, not necessarily the same bytes.
+
+## Model
+
+| | |
+|---|---|
+| architecture | llama (RMSNorm, RoPE on adjacent pairs, SwiGLU, GQA, tied embeddings: {m['tie_embeddings']}) |
+| parameters | {_fmt_int(st['params'])} |
+| embedding / layers / heads / KV heads | {m['dim']} / {m['n_layers']} / {m['n_heads']} / {m['n_kv_heads']} (head dim {m['dim'] // m['n_heads']}) |
+| feed-forward | {m['ffn_dim']} |
+| context length | {m['context_length']} tokens |
+| RoPE base / RMSNorm eps | {m['rope_theta']:g} / {m['norm_eps']:g} |
+| tokenizer | SentencePiece BPE, {m['vocab_size']} tokens, byte fallback (`<0x00>`…`<0xFF>`), no dummy prefix, identity normalisation |
+| special tokens | `<unk>` 0, `<s>` 1 (BOS, not added), `</s>` 2, `<pad>` 3, `<|im_start|>` 4, `<|im_end|>` 5 (EOS/EOT) |
+| chat template | standard ChatML (`tokenizer.chat_template`) |
+
+No BOS token is used in training or inference (`tokenizer.ggml.add_bos_token = false`), so
+llama-cpp-python's built-in ChatML formatter, a Jinja rendering of the template and a manual
+rendering all give the model the same tokens.
+
+## Corpus
+
+| | train | validation |
+|---|---|---|
+| documented items (modules, classes, functions, methods, properties) | {_fmt_int(co['items_train'])} | {_fmt_int(co['items_val'])} |
+| samples (chats + plain texts) | {_fmt_int(co['samples_train'])} | {_fmt_int(co['samples_val'])} |
+| characters | {_fmt_int(co['chars_train'])} | {_fmt_int(co['chars_val'])} |
+| tokens | {_fmt_int(co['tokens_train'])} | {_fmt_int(co['tokens_val'])} |
+
+{_fmt_int(co['records'])} docstrings from {co['modules']} modules. Each item gives {cc['chats_per_item']} chats (varied
+phrasings; 20 % with a system prompt; 10 % with a second question) with the cleaned first
+paragraph(s) as the answer (cut at a sentence end before {cc['answer_chars']} characters), and one plain
+text (the name and the cleaned docstring, up to {cc['text_chars']} characters). A few self-description
+chats ("Who are you?") are added to train. Validation holds out {cc['val_fraction']:.0%} of the items
+(all their samples) with a seeded shuffle; `os.path.join` is in the
+{'validation' if co['val_contains_os_path_join'] else 'training'} split, so its sample answer is
+{'not ' if co['val_contains_os_path_join'] else ''}a memorised docstring.
+
+## Training
+
+AdamW (β = {c['beta1']}, {c['beta2']}; weight decay {c['weight_decay']} on matrices), learning rate {c['lr']:g} with
+{c['warmup_steps']} warm-up steps and cosine decay to {c['min_lr']:g}, batch {c['batch_size']} × {m['context_length']} tokens,
+gradient clipping {c['grad_clip']}, no dropout, float32.
+
+| | |
+|---|---|
+| steps | {_fmt_int(t['steps'])} |
+| tokens seen | {_fmt_int(t['tokens_seen'])} ({st['epochs']:.1f} epochs) |
+| final train loss (mean of the last {c['eval_every']} steps) | {t['final_train_loss']:.3f} nats/token |
+| final validation loss | **{t['final_val_loss']:.3f}** nats/token |
+| unigram baseline validation loss | {st['unigram_val_loss']:.3f} nats/token |
+| training wall time | {_minutes(t['wall_s'])} (whole command {_minutes(st['total_wall_s'])}) |
+| machine | {st['machine']}, torch {st['torch']} (CPU), {c['threads']} threads, shared with other work |
+
+The unigram baseline is the cross-entropy, on the validation tokens, of the token frequencies
+counted on the training tokens (add-one smoothed).
+
+| step | epoch | lr | train loss | val loss |
+|---|---|---|---|---|
+{hist}
+
+## Checked against llama.cpp
+
+The torch model and llama.cpp (llama-cpp-python, `logits_all=True`) on the exported files give
+these logits for three prompts (two chats, one plain text with non-ASCII):
+
+| file | tokens | max abs logit diff | max abs logit | same argmax |
+|---|---|---|---|---|
+{logits}
+
+llama.cpp tokenizes {ta['identical']} of {ta['texts']} validation samples exactly like SentencePiece.
+
+## Samples
+
+Greedy decoding (temperature 0, max 200 tokens) through llama-cpp-python's
+`create_chat_completion` on the shipped Q8_0 file:
+
+{samples}
+"""
+
+
+def write(path: Path, stats: dict) -> None:
+    """Write the card for ``stats`` (the dict train.py saves as build/default_model/stats.json)."""
+    path.write_text(render(stats))
