@@ -46,6 +46,10 @@ class Stream(asyncio.Protocol):
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self.bytes_in = 0
         self.bytes_out = 0
+        self._tls: ssl.SSLObject | None = None  # set by start_tls: TLS over memory BIOs
+        self._tls_in = ssl.MemoryBIO()
+        self._tls_out = ssl.MemoryBIO()
+        self._handshake: asyncio.Future[None] | None = None
         self._on_frame: Callable[[Frame], None] | None = None
         self._on_end: Callable[[str, BaseException | None], None] | None = None
         self._prefix: Prefix | None = None
@@ -62,8 +66,18 @@ class Stream(asyncio.Protocol):
             self._on_connect(self)
 
     def data_received(self, data: bytes) -> None:  # noqa: D102
-        self._buf += data
         self.bytes_in += len(data)
+        if self._tls is not None:
+            self._tls_in.write(data)
+            if self._handshake is not None:
+                self._step_handshake()
+            else:
+                self._read_tls()
+            return
+        self._plain_received(data)
+
+    def _plain_received(self, data: bytes) -> None:
+        self._buf += data
         if self._on_frame is not None:
             self._parse_frames()
             return
@@ -76,6 +90,7 @@ class Stream(asyncio.Protocol):
     def eof_received(self) -> bool:  # noqa: D102
         self._eof = True
         self._wake()
+        self._fail_handshake(ConnectionResetError("connection closed during the TLS handshake"))
         self._frames_ended(None)
         return False
 
@@ -83,6 +98,7 @@ class Stream(asyncio.Protocol):
         self._eof = True
         self._exc = exc
         self._wake()
+        self._fail_handshake(ConnectionResetError("connection closed during the TLS handshake"))
         self._frames_ended(exc)
         while self._drain_waiters:
             waiter = self._drain_waiters.popleft()
@@ -231,14 +247,20 @@ class Stream(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("connection is closed")
         self.bytes_out += len(data)
-        self.transport.write(data)
+        if self._tls is not None:
+            self._tls_write((data,))
+        else:
+            self.transport.write(data)
 
     def writelines(self, parts: list[bytes]) -> None:
         """Queue several buffers as one write (a frame is never interleaved with another)."""
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("connection is closed")
         self.bytes_out += sum(len(p) for p in parts)
-        self.transport.writelines(parts)
+        if self._tls is not None:
+            self._tls_write(parts)
+        else:
+            self.transport.writelines(parts)
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark."""
@@ -251,31 +273,118 @@ class Stream(asyncio.Protocol):
 
     # --- lifecycle ----------------------------------------------------------------------------
 
+    # --- TLS ----------------------------------------------------------------------------------
+    # OpenSSL over memory BIOs, driven from data_received: the same crypto as asyncio's
+    # start_tls, without its general-purpose state machine on every record (that machinery was
+    # most of what a TLS link cost over plain TCP per round trip). Records are length-delimited
+    # frames, so a truncated stream shows as a truncated frame; close() still sends close_notify.
+
     async def start_tls(self, ctx: ssl.SSLContext, *, server_side: bool,
                         server_hostname: str | None = None) -> None:
-        """Upgrade this stream to TLS in the given role (the buffer must be empty)."""
+        """Run the TLS handshake in the given role over this stream (the buffer must be empty)."""
         if self._buf:
             raise ConnectionError("unexpected bytes before the TLS handshake")
+        if self.transport is None or self.transport.is_closing() or self._eof:
+            raise ConnectionResetError("connection closed before the TLS handshake")
         if self._reading_paused:
             self._reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
-        new = await self._loop.start_tls(
-            self.transport, self, ctx, server_side=server_side,  # type: ignore[arg-type]
-            server_hostname=server_hostname if not server_side else None,
-            ssl_handshake_timeout=const.HANDSHAKE_TIMEOUT_S,
-        )
-        if new is None:
-            raise ConnectionResetError("connection closed during the TLS handshake")
-        self.transport = new
+            self.transport.resume_reading()
+        self._tls = ctx.wrap_bio(self._tls_in, self._tls_out, server_side=server_side,
+                                 server_hostname=None if server_side else server_hostname)
+        self._handshake = self._loop.create_future()
+        self._step_handshake()
+        try:
+            async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+                await self._handshake
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._handshake = None
+        self._read_tls()  # application data that arrived with the handshake's last flight
+
+    def _step_handshake(self) -> None:
+        assert self._tls is not None and self._handshake is not None
+        try:
+            self._tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush_tls()
+            return
+        except ssl.SSLError as exc:
+            self._flush_tls()  # the alert tells the peer why
+            self._fail_handshake(exc)
+            return
+        self._flush_tls()
+        if not self._handshake.done():
+            self._handshake.set_result(None)
+
+    def _fail_handshake(self, exc: BaseException) -> None:
+        if self._handshake is not None and not self._handshake.done():
+            self._handshake.set_exception(exc)
+
+    def _flush_tls(self) -> None:
+        data = self._tls_out.read()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _tls_write(self, parts: list[bytes] | tuple[bytes, ...]) -> None:
+        assert self._tls is not None
+        try:
+            for part in parts:
+                self._tls.write(part)
+        except ssl.SSLError as exc:
+            raise ConnectionResetError(f"TLS write failed: {exc}") from exc
+        self._flush_tls()
+
+    def _read_tls(self) -> None:
+        tls = self._tls
+        assert tls is not None
+        chunks: list[bytes] = []
+        ended: BaseException | None = None
+        closed = False
+        try:
+            while True:
+                chunk = tls.read(262144)
+                if not chunk:
+                    closed = True
+                    break
+                chunks.append(chunk)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            closed = True  # close_notify: a clean end
+        except ssl.SSLError as exc:
+            ended = exc
+        if self._tls_out.pending:
+            self._flush_tls()  # e.g. a KeyUpdate answer
+        for chunk in chunks:
+            self._plain_received(chunk)
+        if ended is not None:
+            self._exc = ended
+            self._eof = True
+            self._wake()
+            self._frames_ended(ended)
+            self.abort()
+        elif closed and not self._eof:
+            self.eof_received()
 
     def extra(self, name: str) -> Any:
         """Transport extra info (peername, sockname, ssl_object)."""
+        if name == "ssl_object":
+            return self._tls
         return None if self.transport is None else self.transport.get_extra_info(name)
 
     def close(self) -> None:
-        """Close gracefully (flushes what is queued)."""
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        """Close gracefully (flushes what is queued; TLS sends close_notify first)."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self._tls is not None and self._handshake is None:
+            try:
+                self._tls.unwrap()
+            except (ssl.SSLError, ValueError):
+                pass  # SSLWantReadError: our close_notify is written; we do not wait for theirs
+            self._flush_tls()
+        self.transport.close()
 
     def abort(self) -> None:
         """Close now, dropping what is queued."""

@@ -271,3 +271,41 @@ async def test_peer_port_in_use_is_a_clear_error(make_manager):
     with pytest.raises(NodeError, match="--peer-port") as info:
         await b.async_start()
     assert info.value.code == "peer_port_unavailable"
+
+
+async def test_server_refuses_a_certificate_other_than_the_announced_one(make_manager, fast_net, tmp_path):
+    """The dialler announces certificate X in the preamble but presents Y in TLS: refused."""
+    import ssl
+
+    from node.net import Identity
+    from node.net._preamble import read_reply, tls_preamble
+    from node.net._stream import open_stream
+    from node.net._tls import TlsConfig
+
+    a = await make_manager("a")
+    honest, liar = TlsConfig(Identity.generate(), tmp_path / "x"), TlsConfig(Identity.generate(), tmp_path / "y")
+    honest.prepare()
+    liar.prepare()
+    stream = await open_stream("127.0.0.1", a.listen_port)
+    stream.write(tls_preamble(honest.cert_der))  # announce X ...
+    await read_reply(stream)
+    async def handshake_then_read():
+        await stream.start_tls(liar.client_context(), server_side=False)  # ... present Y
+        stream.write(b"\x00" * 24)
+        await stream.read_exactly(24)  # TLS 1.3: the client learns of the refusal on its next read
+
+    with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+        await handshake_then_read()
+    stream.abort()
+    assert a.connection_count() == 0 and not a.peers()
+
+
+async def test_close_sends_close_notify_and_the_peer_sees_a_clean_end(make_manager, fast_net, caplog):
+    caplog.set_level(logging.INFO)
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    b_link = a.link(b.node_id)
+    b.link(a.node_id).close("test")
+    await b_link.closed
+    assert b_link.close_cause == "eof"
