@@ -8,7 +8,6 @@ at once: both ends rank duplicates the same way (`_preferred`) and retire the lo
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import secrets
 import ssl
@@ -23,7 +22,8 @@ from node.logs import kv
 
 from ._connect import async_accept_tls, format_addr, is_loopback, parse_addr, peer_address
 from ._discovery import Discovery
-from ._frames import FLAG_RESPONSE, Frame, FrameType, encode_frame, type_name
+from ._frames import Frame, FrameType, encode_frame, type_name
+from ._handlers import Handler, Handlers, InlineHandler
 from ._identity import Identity, short_id
 from ._link import PeerLink, Transport, async_read_frame
 from ._mdns import local_ipv4_addresses
@@ -37,8 +37,6 @@ from ._tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[PeerLink, Frame], Awaitable[Frame | None]]
-InlineHandler = Callable[[PeerLink, Frame], Frame | None]
 _RESERVED = {FrameType.HELLO, FrameType.ERROR, FrameType.PING, FrameType.PONG, FrameType.PEX,
              FrameType.RELAY}
 
@@ -77,7 +75,7 @@ class PeerManager:
         self.discovery = Discovery(self)
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
-        self._handlers: dict[int, tuple[Handler | InlineHandler, bool, bool]] = {}  # (fn, ordered, is_coro)
+        self.handlers = Handlers(self.spawn)
         self._server: asyncio.Server | None = None
         self._handshakes = asyncio.Semaphore(const.MAX_PENDING_HANDSHAKES)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -158,9 +156,7 @@ class PeerManager:
         back as ERROR with its code."""
         if int(frame_type) in _RESERVED:
             raise ValueError(f"{type_name(frame_type)} is handled by the network itself")
-        if not callable(handler):
-            raise TypeError("handler must be callable")
-        self._handlers[int(frame_type)] = (handler, ordered, inspect.iscoroutinefunction(handler))
+        self.handlers.register(frame_type, handler, ordered=ordered)
 
     def add_listener(self, callback: PeerObserver) -> Callable[[], None]:
         """Observe peers: callback(kind, snapshot), kind in added/changed/removed. Returns an
@@ -440,17 +436,9 @@ class PeerManager:
     def _dispatch(self, link: PeerLink, frame: Frame) -> None:
         """Frames that are not responses or PINGs. A ProtocolError here closes that link."""
         ftype = frame.type
-        entry = self._handlers.get(ftype)  # the hot path first: WORK/ACK/RESULT...
-        if entry is not None:
-            handler, ordered, is_coro = entry
-            if not is_coro:
-                self._run_inline_handler(handler, link, frame)  # type: ignore[arg-type]
-                return
-            after = link.order_tails.get(ftype) if ordered else None
-            task = self.spawn(self._async_run_handler(handler, link, frame, after))  # type: ignore[arg-type]
-            if ordered:
-                link.order_tails[ftype] = task
-        elif ftype == FrameType.HELLO:
+        if self.handlers.dispatch(link, frame):  # the hot path first: WORK/ACK/RESULT...
+            return
+        if ftype == FrameType.HELLO:
             hello = Hello.from_frame(frame)
             if hello.node_id != link.node_id:
                 raise ProtocolError("HELLO update claims another node id")
@@ -475,48 +463,3 @@ class PeerManager:
         elif ftype != FrameType.PONG:  # an unsolicited PONG is harmless
             link.send_error(frame, "unsupported_frame_type",
                             f"frame type {type_name(ftype)} is not served by this node")
-
-    def _run_inline_handler(self, handler: InlineHandler, link: PeerLink, frame: Frame) -> None:
-        try:
-            reply = handler(link, frame)
-        except NodeError as exc:
-            if frame.request_id:
-                link.send_error(frame, exc.code or "error", exc.message)
-            return
-        except Exception as exc:
-            log.exception("inline handler for %s from %s failed", type_name(frame.type), link.short_id)
-            if frame.request_id:
-                link.send_error(frame, "internal_error", f"{type(exc).__name__}: {exc}")
-            return
-        if reply is not None and frame.request_id and link.is_open:
-            if reply.request_id != frame.request_id or not reply.is_response:
-                reply = Frame(reply.type, reply.header, reply.payload, frame.request_id,
-                              reply.flags | FLAG_RESPONSE)
-            link.send_nowait(reply)  # the reader's own write: back-pressure is the peer's reads
-
-    async def _async_run_handler(self, handler: Handler, link: PeerLink, frame: Frame,
-                                 after: asyncio.Task[None] | None) -> None:
-        if after is not None and not after.done():
-            await asyncio.wait([after])
-        try:
-            reply = await handler(link, frame)
-        except NodeError as exc:
-            if frame.request_id:
-                link.send_error(frame, exc.code or "error", exc.message)
-            else:
-                log.info("DIAG: frame handler failed %s", kv(peer_id=link.short_id,
-                                                            type=type_name(frame.type), error=exc.message))
-            return
-        except Exception as exc:
-            log.exception("handler for %s from %s failed", type_name(frame.type), link.short_id)
-            if frame.request_id:
-                link.send_error(frame, "internal_error", f"{type(exc).__name__}: {exc}")
-            return
-        if reply is not None and frame.request_id and link.is_open:
-            if reply.request_id != frame.request_id or not reply.is_response:
-                reply = Frame(reply.type, reply.header, reply.payload, frame.request_id,
-                              reply.flags | FLAG_RESPONSE)
-            try:
-                await link.async_send(reply)
-            except PeerUnreachable:
-                log.debug("DIAG: reply dropped, link closed %s", kv(peer_id=link.short_id))
