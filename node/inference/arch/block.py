@@ -80,22 +80,28 @@ def block_forward(
     group = nh // nkv
     eps = cfg.rms_eps
     qkv = b.qkv(rms_norm(x, b.attn_norm, eps)).view(T, nh + 2 * nkv, hd)
-    q, k, v = qkv.split([nh, nkv, nkv], dim=1)
     if b.q_norm is not None:
-        q = rms_norm(q, b.q_norm, eps)
-        k = rms_norm(k, b.k_norm, eps)
+        q = rms_norm(qkv[:, :nh], b.q_norm, eps)
+        k = rms_norm(qkv[:, nh : nh + nkv], b.k_norm, eps)
+        qk = torch.cat([q, k], dim=1)
+    else:
+        qk = qkv[:, : nh + nkv]
     cos, sin = rope
-    q = apply_rope(q, cos, sin, cfg.rope.n_rot)
-    k = apply_rope(k, cos, sin, cfg.rope.n_rot)
+    qk = apply_rope(qk, cos, sin, cfg.rope.n_rot)  # Q and K heads in one go
     end = start + T
-    k_cache[:, start:end] = k.transpose(0, 1)
-    v_cache[:, start:end] = v.transpose(0, 1)
-    # [T, nh, hd] -> [nkv, group*T, hd]: heads h = kv*group + g share KV head kv
+    k_cache[:, start:end] = qk[:, nh:].transpose(0, 1)
+    v_cache[:, start:end] = qkv[:, nh + nkv :].transpose(0, 1)
+    # heads h = kv*group + g share KV head kv: fold them into rows [1, nkv, group*T, hd]
     # (4-D inputs: torch's fused CPU attention kernel only takes [B, H, L, E])
-    qf = q.view(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(1, nkv, group * T, hd)
+    if T == 1:
+        qf = qk[:, :nh].reshape(1, nkv, group, hd)
+    else:
+        qf = qk[:, :nh].reshape(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(1, nkv, group * T, hd)
     o = F.scaled_dot_product_attention(qf, k_cache[None, :, :end], v_cache[None, :, :end], attn_mask=mask)
-    o = o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
+    if T == 1:
+        o = o.reshape(1, nh * hd)
+    else:
+        o = o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
     x = x + b.out(o)
-    gu = b.gate_up(rms_norm(x, b.ffn_norm, eps))
-    gate, up = gu.chunk(2, dim=-1)
-    return x + b.down(F.silu(gate) * up)
+    gate, up = b.gate_up(rms_norm(x, b.ffn_norm, eps)).chunk(2, dim=-1)
+    return x + b.down(F.silu(gate).mul_(up))

@@ -12,6 +12,7 @@ Every callable maps float32 [T, in] → float32 [T, out], bias included.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Protocol
@@ -131,11 +132,32 @@ class _Int8Dynamic:
         if T > RESIDUAL_MAX_ROWS and not self.correct_prefill:
             y = self._op(x, self.packed, self.reduce_range)
         else:
-            x_hat = torch.quantize_per_tensor_dynamic(x, torch.quint8, self.reduce_range).dequantize()
-            lo, hi = torch.aminmax(x)
-            r = torch.clamp((x - x_hat).mul_(RESIDUAL_GAIN), lo, hi)  # stay inside x's grid range
-            y2 = self._op(torch.cat([x, r]), self.packed, self.reduce_range)
+            y2 = self._op(with_residual_rows(x, 127 if self.reduce_range else 255), self.packed, self.reduce_range)
             y = torch.add(y2[:T], y2[T:], alpha=1.0 / RESIDUAL_GAIN)
         if self.bias is not None:
             y += self.bias
         return y
+
+
+def choose_qparams(lo: float, hi: float, qmax: int) -> tuple[float, int]:
+    """(scale, zero_point) exactly as PyTorch/fbgemm choose them for a dynamic uint8 input."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = float(np.float32((hi - lo) / qmax))
+    if scale == 0.0 or math.isinf(1.0 / scale):
+        scale = 0.1
+    from_min, from_max = -lo / scale, qmax - hi / scale
+    err_min, err_max = abs(lo / scale), abs(qmax) - abs(hi / scale)
+    initial = from_min if err_min < err_max else from_max
+    zero_point = 0 if initial < 0 else qmax if initial > qmax else int(np.rint(initial))
+    return scale, zero_point
+
+
+def with_residual_rows(x: torch.Tensor, qmax: int) -> torch.Tensor:
+    """[x; K·(x - x̂)]: x̂ is x on the grid fbgemm will use, and the residual rows stay inside
+    x's range so the stacked input gets the same grid. Small ops only (no thread hand-offs)."""
+    lo_t, hi_t = torch.aminmax(x)
+    lo, hi = min(float(lo_t), 0.0), max(float(hi_t), 0.0)
+    scale, zp = choose_qparams(lo, hi, qmax)
+    x_hat = torch.round(x * (1.0 / scale)).add_(zp).clamp_(0, qmax).sub_(zp).mul_(scale)
+    r = torch.sub(x, x_hat).mul_(RESIDUAL_GAIN).clamp_(lo, hi)
+    return torch.cat([x, r])

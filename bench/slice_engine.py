@@ -1,0 +1,211 @@
+"""Slice engine vs llama.cpp, side by side on one random-weight Llama-3.2-1B-shaped Q8_0 GGUF.
+
+    python bench/slice_engine.py [--threads 2] [--rounds 5] [--dtype int8] [--profile]
+
+Each engine runs in its own worker process (so each has its own peak RSS) with the whole model
+loaded; the parent alternates rounds between them (ours, llama.cpp, ours, ...) so machine noise
+lands on both. A round = a fresh 128-token prompt prefill (logits of the last position only, as
+generation needs) + 32 greedy decode steps. Prints per-round figures, then medians with the
+min–max spread, the ratios and peak RSS. `--profile` adds a per-stage breakdown of our decode
+and prefill (torch profiler, top operators). The model file is written once to a cache dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "swarmllm" / "slice-bench"
+VOCAB_LOW, VOCAB_HIGH = 300, 120000
+
+
+def model_path(arg: str | None) -> Path:
+    """The bench model: --model, or the synthesized 1B-shaped Q8_0 file (written on first use)."""
+    if arg:
+        return Path(arg)
+    from node.inference.synth import LLAMA_1B, write_gguf
+
+    path = CACHE / "llama-3.2-1b-shaped-q8_0.gguf"
+    if not path.exists():
+        print(f"writing {path} (once; ~1.3 GB) ...", flush=True)
+        tmp = path.with_suffix(".tmp")
+        write_gguf(tmp, LLAMA_1B)
+        tmp.rename(path)
+    return path
+
+
+def prompt_tokens(n: int, seed: int) -> list[int]:
+    import numpy as np
+
+    return [1] + [int(t) for t in np.random.default_rng(seed).integers(VOCAB_LOW, VOCAB_HIGH, n - 1)]
+
+
+# --- workers (one process per engine) ---------------------------------------------------------
+
+
+class Ours:
+    def __init__(self, args):
+        import torch
+
+        from node.inference.slice import SliceModel
+
+        self.torch = torch
+        n_ctx = args.prompt_tokens + args.decode_tokens + 8
+        self.model = SliceModel.load(args.model, dtype=args.dtype, n_threads=args.threads, max_ctx=n_ctx)
+
+    def prefill(self, tokens):
+        self.sess = self.model.new_session("bench")
+        logits = self.model.forward(self.sess, self.torch.tensor(tokens), 0, last_only=True)
+        return int(logits[-1].argmax())
+
+    def decode(self, tok, pos):
+        logits = self.model.forward(self.sess, self.torch.tensor([tok]), pos, last_only=True)
+        return int(logits[-1].argmax())
+
+    def profile(self, tokens, steps):
+        from torch.profiler import ProfilerActivity, profile
+
+        out = []
+        for name, fn in (("prefill", lambda: self.prefill(tokens)),
+                         ("decode", lambda: [self.decode(1, len(tokens) + i) for i in range(steps)])):
+            self.prefill(tokens)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+            out.append(f"-- our {name} ({'1 x ' + str(len(tokens)) if name == 'prefill' else steps} tokens) --\n"
+                       + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+        return "\n".join(out)
+
+
+class Llama:
+    def __init__(self, args):
+        import llama_cpp
+        import numpy as np
+
+        self.np = np
+        n_ctx = args.prompt_tokens + args.decode_tokens + 8
+        self.llm = llama_cpp.Llama(str(args.model), n_ctx=n_ctx, n_batch=512, n_threads=args.threads,
+                                   n_threads_batch=args.threads, verbose=False)
+
+    def prefill(self, tokens):
+        self.llm.reset()
+        self.llm.eval(tokens)
+        return int(self.np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+
+    def decode(self, tok, pos):
+        self.llm.eval([tok])
+        return int(self.np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+
+
+def worker(args) -> None:
+    t0 = time.perf_counter()
+    engine = (Ours if args.worker == "ours" else Llama)(args)
+    reply = {"load_s": time.perf_counter() - t0}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "round":
+            tokens = prompt_tokens(args.prompt_tokens, cmd["seed"])
+            t = time.perf_counter()
+            tok = engine.prefill(tokens)
+            prefill_s = time.perf_counter() - t
+            t = time.perf_counter()
+            for i in range(args.decode_tokens):
+                tok = engine.decode(tok, len(tokens) + i)
+            reply = {"prefill_s": prefill_s, "decode_s": time.perf_counter() - t, **reply}
+        elif cmd["op"] == "profile":
+            reply = {"text": engine.profile(prompt_tokens(args.prompt_tokens, 0), 8)}
+        elif cmd["op"] == "quit":
+            reply = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        print(json.dumps(reply), flush=True)
+        reply = {}
+        if cmd["op"] == "quit":
+            return
+
+
+# --- parent -------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, kind: str, args):
+        argv = [sys.executable, __file__, "--worker", kind, "--model", str(args.model),
+                "--threads", str(args.threads), "--dtype", args.dtype,
+                "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     stderr=subprocess.DEVNULL if kind == "llama" else None)
+
+    def ask(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("bench worker died")
+        return json.loads(line)
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):7.1f}  [{min(values):.1f}–{max(values):.1f}]"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="GGUF to run (default: synthesized 1B-shaped Q8_0)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--dtype", default="int8", choices=["int8", "bf16", "f32"])
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--profile", action="store_true", help="print our per-operator breakdown")
+    p.add_argument("--worker", choices=["ours", "llama"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    args.model = model_path(args.model)
+    print(f"model {args.model.name} ({args.model.stat().st_size / 1e9:.2f} GB), threads={args.threads}, "
+          f"dtype={args.dtype}, prompt={args.prompt_tokens}, decode={args.decode_tokens}, rounds={args.rounds}")
+    workers = {"ours": Worker("ours", args), "llama.cpp": Worker("llama", args)}
+    results: dict[str, list[dict]] = {k: [] for k in workers}
+    for r in range(args.rounds):
+        for name, w in workers.items():
+            res = w.ask(op="round", seed=r)
+            results[name].append(res)
+            print(f"round {r} {name:9s} prefill {args.prompt_tokens / res['prefill_s']:7.1f} tok/s  "
+                  f"decode {args.decode_tokens / res['decode_s']:6.2f} tok/s "
+                  f"({res['decode_s'] / args.decode_tokens * 1000:.1f} ms/tok)", flush=True)
+    if args.profile:
+        print(workers["ours"].ask(op="profile")["text"])
+    summary = {}
+    for name, w in workers.items():
+        rounds = results[name]
+        summary[name] = {
+            "prefill": [args.prompt_tokens / x["prefill_s"] for x in rounds],
+            "decode": [args.decode_tokens / x["decode_s"] for x in rounds],
+            "load_s": rounds[0].get("load_s", 0.0),
+            **w.ask(op="quit"),
+        }
+    print(f"\n{'engine':10s} {'decode tok/s (median [min–max])':34s} {'prefill tok/s':30s} peak RSS   load")
+    for name, s in summary.items():
+        print(f"{name:10s} {spread(s['decode']):34s} {spread(s['prefill']):30s} "
+              f"{s['peak_rss_mb']:6.0f} MB  {s['load_s']:.1f} s")
+    ours, ref = summary["ours"], summary["llama.cpp"]
+    d = statistics.median(ours["decode"]) / statistics.median(ref["decode"])
+    pf = statistics.median(ours["prefill"]) / statistics.median(ref["prefill"])
+    per_round_d = [a / b for a, b in zip(ours["decode"], ref["decode"], strict=True)]
+    per_round_p = [a / b for a, b in zip(ours["prefill"], ref["prefill"], strict=True)]
+    print(f"ratio ours/llama.cpp: decode {d:.2f}x (per round {min(per_round_d):.2f}–{max(per_round_d):.2f}; "
+          f"target >= 1.2x), prefill {pf:.2f}x (per round {min(per_round_p):.2f}–{max(per_round_p):.2f}; "
+          f"target >= 2x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

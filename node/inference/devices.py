@@ -1,0 +1,70 @@
+"""Device inventory for placement: which GPUs exist and what this build can run on them.
+
+A plain, frozen description so `placement.place` stays a pure function that tests can feed
+fakes. `detect_torch()` reads it from torch (the slice engine); `detect_llama()` from torch's
+GPU list plus llama.cpp's own GPU support (whole models served by llama.cpp).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One CUDA device."""
+
+    index: int
+    name: str
+    total_mb: int
+    free_mb: int
+    compute_capability: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class DeviceInventory:
+    """GPUs seen, whether the engine's build can use a GPU at all, and the oldest it supports."""
+
+    gpus: tuple[Gpu, ...] = ()
+    build_supports_gpu: bool = False
+    min_compute_capability: tuple[int, int] | None = None  # None: no known lower bound
+
+
+def _torch_gpus() -> tuple[tuple[Gpu, ...], tuple[int, int] | None]:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return (), None
+        gpus = []
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            free, total = torch.cuda.mem_get_info(i)
+            gpus.append(Gpu(i, props.name, total // 2**20, free // 2**20, (props.major, props.minor)))
+        archs = [a for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
+        caps = sorted((int(a[3:-1]), int(a[-1])) for a in archs if a[3:].isdigit())
+        return tuple(gpus), (caps[0] if caps else None)
+    except Exception as exc:  # a broken driver reads as "no GPU", with the reason logged
+        log.warning("GPU inventory failed: %s", exc)
+        return (), None
+
+
+def detect_torch() -> DeviceInventory:
+    """What torch (the slice engine) can use. Blocking: call from an executor."""
+    gpus, min_cc = _torch_gpus()
+    return DeviceInventory(gpus=gpus, build_supports_gpu=bool(gpus), min_compute_capability=min_cc)
+
+
+def detect_llama() -> DeviceInventory:
+    """What llama.cpp can use: the GPUs torch sees, if llama.cpp was built with GPU offload."""
+    gpus, _ = _torch_gpus()
+    try:
+        import llama_cpp
+
+        offload = bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:  # no llama.cpp or a broken one: no GPU path either
+        offload = False
+    return DeviceInventory(gpus=gpus, build_supports_gpu=offload)
