@@ -199,8 +199,12 @@ def test_failover_to_standby_keeps_the_stream_identical(tmp_path):
         assert killed in (b, b2)
         assert outcome == "ok", event
         assert text == expected  # no duplicated or missing token across the failover
+
+        def summary():
+            found = [ln for ln in (a.data_dir / "node.log").read_text().splitlines() if "DIAG: request complete" in ln]
+            return found[-1] if found else None
+        line = run(wait_until(summary, 10, 0.05, "the request's summary line"))
         log = (a.data_dir / "node.log").read_text()
-        line = [ln for ln in log.splitlines() if "DIAG: request complete" in ln][-1]
         assert "assemblies=2" in line and "outcome=ok" in line
         assert "DIAG: pipeline attempt failed" in log and "failing over to standby" in log
 
