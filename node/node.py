@@ -18,9 +18,9 @@ from node.api.schemas import CompletionRequest
 from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
-from node.inference.catalog import ModelCatalog, ModelEntry
+from node.inference.catalog import ModelCatalog
 from node.inference.generate import CompletionRun
-from node.inference.manager import ModelManager, place_whole_model
+from node.inference.manager import ModelManager
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.transport import PipelineTransport
@@ -47,12 +47,12 @@ class Node:
         self.metrics = NodeMetrics()
         self.traces = TraceHub(self.metrics)
         self.catalog = ModelCatalog(self.data_dir)
-        self.models = ModelManager(config, self.catalog, self._placement)
+        self.models = ModelManager(config, self.catalog)
         self.api = ApiServer(self)
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
         self.peers: PeerManager | None = None
-        self.host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads)
+        self.host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only)
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
@@ -181,9 +181,6 @@ class Node:
             sources += [(p, "data_dir") for p in sorted(models_dir.glob("*.gguf"))]
         sources += [(Path(p).expanduser(), "cli") for p in self.config.models]
         return sources
-
-    def _placement(self, entry: ModelEntry) -> tuple[str, str | None, int]:
-        return place_whole_model(entry, self.config)
 
     # --- requests ---
 

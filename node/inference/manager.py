@@ -13,13 +13,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from node.config import NodeConfig
 from node.errors import Conflict, ModelLoadError, ModelUnavailable, NodeError, Overloaded
 from node.inference.catalog import ModelCatalog, ModelEntry
+from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
+from node.inference.placement import Placement, place
 from node.inference.tokenizer import ModelTokenizer
 
 log = logging.getLogger(__name__)
@@ -27,31 +28,11 @@ log = logging.getLogger(__name__)
 States = ("unloaded", "loading", "loaded", "failed")
 
 
-def _gpu_present() -> bool:
-    """A cheap check for an NVIDIA GPU (driver nodes), without importing torch."""
-    return Path("/proc/driver/nvidia/gpus").is_dir() or Path("/dev/nvidia0").exists()
-
-
-def place_whole_model(entry: ModelEntry, config: NodeConfig) -> tuple[str, str | None, int]:
-    """Where llama.cpp runs a whole model: (device, cpu_placement_reason, n_gpu_layers)."""
-    if config.cpu_only:
-        reason = "configured_cpu_only"
-    elif not _gpu_present():
-        reason = "no_gpu"
-    else:
-        try:
-            import llama_cpp
-
-            offload = bool(llama_cpp.llama_supports_gpu_offload())
-        except Exception:  # an import problem means no GPU path either
-            offload = False
-        if offload:
-            log.info("DIAG: admitting model to GPU model=%s estimated_mb=%d", entry.id, entry.size_bytes // 2**20)
-            return "cuda", None, -1
-        reason = "gpu_not_supported_by_this_build"
-    log.info("Model will run on the CPU model=%s reason=%s configured_gpu_layers=0 estimated_vram_mb=%d",
-             entry.id, reason, entry.size_bytes // 2**20)
-    return "cpu", reason, 0
+def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[int, int]) -> Placement:
+    """Where llama.cpp runs a whole model (blocking: detects devices; run it in an executor)."""
+    estimated_mb = entry.size_bytes // 2**20 + 256  # weights + KV cache and compute buffers, roughly
+    return place(entry.id, estimated_mb, detect_llama(), cpu_only=config.cpu_only, committed_mb=committed_mb,
+                 budget_mb=config.gpu_memory_budget_mb)
 
 
 @dataclass
@@ -73,6 +54,7 @@ class ServedModel:
     last_used: float | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     load_task: asyncio.Task | None = None
+    placement: Placement | None = None
 
     @property
     def id(self) -> str:
@@ -100,11 +82,10 @@ ModelObserver = Callable[[str, ServedModel], None]
 class ModelManager:
     """Owns ServedModels; loads, unloads and admits requests."""
 
-    def __init__(self, config: NodeConfig, catalog: ModelCatalog, placement: Callable[[ModelEntry], tuple[str, str | None, int]]):
+    def __init__(self, config: NodeConfig, catalog: ModelCatalog):
         self.config = config
         self.catalog = catalog
         self.models: dict[str, ServedModel] = {}
-        self._placement = placement  # entry -> (device, cpu_placement_reason, n_gpu_layers)
         self._observers: list[ModelObserver] = []
 
     # --- observers ---
@@ -175,10 +156,17 @@ class ModelManager:
     async def _load(self, served: ServedModel) -> None:
         served.state, served.error = "loading", None
         self._emit("changed", served)
-        device, reason, n_gpu_layers = self._placement(served.entry)
+        committed: dict[int, int] = {}
+        for other in self.models.values():
+            if other.placement is not None and other.placement.gpu_index is not None and other.state == "loaded":
+                committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
+        placed = await asyncio.get_running_loop().run_in_executor(
+            None, place_whole_model, served.entry, self.config, committed)
+        served.placement = placed
+        device, reason = placed.device, placed.cpu_placement_reason
         served.device, served.cpu_placement_reason = device, reason
         engine = LlamaEngine(served.id, served.entry.path, n_ctx=served.n_ctx,
-                             n_threads=self.config.n_threads, n_gpu_layers=n_gpu_layers)
+                             n_threads=self.config.n_threads, n_gpu_layers=placed.n_gpu_layers)
         try:
             await engine.async_run(engine.load)
         except NodeError as exc:

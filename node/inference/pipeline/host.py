@@ -13,6 +13,8 @@ from typing import Any
 from node import const
 from node.errors import ModelLoadError, NodeError
 from node.inference.catalog import ModelEntry
+from node.inference.devices import detect_torch
+from node.inference.placement import Placement, place
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class HostedSlice:
     error: str | None = None
     served: ServedStats = field(default_factory=ServedStats)
     ms_per_layer: float | None = None  # EWMA of decode steps measured here
+    placement: Placement | None = None
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -85,6 +88,7 @@ class HostedSlice:
             "layers_held": [self.start, self.end], "n_layers": self.entry.n_layers, "state": self.state,
             "engine": "torch-slice", "dtype": info.fmt if info else None,
             "device": info.device if info else "cpu", "error": self.error,
+            "cpu_placement_reason": self.placement.cpu_placement_reason if self.placement else None,
             "sessions": len(self.model.sessions) if self.model is not None else 0,
         }
 
@@ -92,9 +96,10 @@ class HostedSlice:
 class SliceHost:
     """Loads and owns this node's slices; sweeps idle KV sessions."""
 
-    def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0,
+    def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0, cpu_only: bool = False,
                  session_ttl_s: float = const.SESSION_TTL_S, kv_budget_bytes: int = const.KV_BUDGET_BYTES):
         self.dtype = dtype
+        self.cpu_only = cpu_only
         self.n_threads = n_threads
         self.max_ctx = max_ctx
         self.session_ttl_s = session_ttl_s
@@ -130,8 +135,10 @@ class SliceHost:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
+            hosted.placement = await loop.run_in_executor(hosted.executor, self._place, entry, start, end)
             hosted.model = await loop.run_in_executor(
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
+                                                         device=hosted.placement.device,
                                                          n_threads=self.n_threads or None,
                                                          max_ctx=self.max_ctx or None, name=entry.id))
         except NodeError as exc:
@@ -146,6 +153,19 @@ class SliceHost:
         if self.on_change is not None:
             self.on_change()
         return hosted
+
+    def _place(self, entry: ModelEntry, start: int, end: int) -> Placement:
+        """GPU if torch sees one with room (f16 weights), else the CPU with the reason (blocking)."""
+        from node.inference.slice.model import estimate_bytes
+
+        estimated_mb = estimate_bytes(entry.path, start, end, "f16") // 2**20 + 128  # + KV and buffers
+        committed: dict[int, int] = {}
+        for other in self.slices.values():
+            p = other.placement
+            if p is not None and p.gpu_index is not None and other.state == "loaded":
+                committed[p.gpu_index] = committed.get(p.gpu_index, 0) + p.estimated_mb
+        return place(f"{entry.id}[{start}-{end - 1}]", estimated_mb, detect_torch(), cpu_only=self.cpu_only,
+                     committed_mb=committed)
 
     async def _async_sweep_loop(self) -> None:
         while True:
