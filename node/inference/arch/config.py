@@ -20,7 +20,7 @@ def read_config(f: GgufFile, *, rope_factors_tensor: str | None = "rope_freqs.we
     if isinstance(n_kv, list):
         raise ModelLoadError(f"{f.path.name}: per-layer head_count_kv is not supported")
     head_dim = int(f.arch_field("attention.key_length", hidden // n_heads))
-    vocab = f.shape("token_embd.weight")[0] if f.has("token_embd.weight") else len(f.field("tokenizer.ggml.tokens", []))
+    vocab = f.shape("token_embd.weight")[0] if f.has("token_embd.weight") else f.array_length("tokenizer.ggml.tokens")
     n_ctx_train = int(f.arch_field("context_length", 2048))
     return ModelConfig(
         arch=f.arch,

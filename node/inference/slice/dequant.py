@@ -20,17 +20,19 @@ QK_K = 256
 
 
 def dequantize(raw: np.ndarray, qtype: Q, shape: tuple[int, ...]) -> np.ndarray:
-    """float32 array of `shape` (numpy order, last dim contiguous) from a tensor's raw data."""
+    """float32 array of `shape` (numpy order, last dim contiguous) from a tensor's raw bytes
+    (any array whose memory is the GGML data, e.g. uint8 [rows, bytes per row])."""
     if qtype not in SUPPORTED:
         raise ValueError(f"unsupported tensor type {qtype.name}")
+    raw = np.asarray(raw)
     if qtype == Q.F32:  # copied: callers own (and may write) what they get
-        return np.array(raw, dtype=np.float32).reshape(shape)
+        return np.array(raw.view(np.float32)).reshape(shape)
     if qtype == Q.F16:
-        return np.asarray(raw).view(np.float16).astype(np.float32).reshape(shape)
+        return raw.view(np.float16).astype(np.float32).reshape(shape)
     if qtype == Q.Q8_0:
         values, scales = q8_0_blocks(raw, shape)
         return (values.reshape(*scales.shape, 32).astype(np.float32) * scales[..., None]).reshape(shape)
-    return _gq.dequantize(np.asarray(raw).view(np.uint8), qtype).reshape(shape)
+    return _gq.dequantize(raw.view(np.uint8), qtype).reshape(shape)
 
 
 def q8_0_blocks(raw: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,20 +1,84 @@
 """A memory-mapped GGUF file: metadata fields and tensors, materialised one tensor at a time.
 
-`gguf.GGUFReader` maps the file with numpy memmap; nothing is read from disk until a tensor's
-data is touched, so a slice that needs layers [a, b) reads only those tensors (plus the
-embeddings or the output head at the ends).
+The header is walked once with struct over an mmap (long arrays such as a 128k-token vocabulary
+are skipped by their lengths: `gguf.GGUFReader` spends ~20 s building numpy views of every
+vocabulary string). Tensor data are numpy views into the same mapping, so nothing is read from
+disk until a tensor is touched, and a slice that needs layers [a, b) reads only those tensors
+(plus the embeddings or the output head at the ends).
 """
 
 from __future__ import annotations
 
 import mmap
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from node.errors import ModelLoadError
 from node.inference.slice import dequant
+
+KEEP_ARRAY_MAX = 1024  # metadata arrays longer than this (vocabularies, merges) are skipped
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lies in the file."""
+
+    name: str
+    shape: tuple[int, ...]  # numpy order: rows first
+    tensor_type: GGMLQuantizationType
+    offset: int  # absolute, in bytes
+    n_bytes: int
+
+
+class _Header:
+    """Cursor over the mapped header."""
+
+    def __init__(self, buf, path: Path):
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def unpack(self, fmt: str):
+        try:
+            (value,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        except struct.error:
+            raise ModelLoadError(f"{self.path.name}: truncated GGUF header") from None
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.unpack("Q")
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int):
+        if vtype in _SCALARS:
+            return self.unpack(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            sub, n = self.unpack("I"), self.unpack("Q")
+            if n <= KEEP_ARRAY_MAX:
+                return [self.value(sub) for _ in range(n)]
+            for _ in range(n):  # skipped, but walked: strings have their own lengths
+                if sub in _SCALARS:
+                    self.pos += struct.calcsize(_SCALARS[sub]) * n
+                    break
+                self.value(sub)
+            return _Skipped(n)
+        raise ModelLoadError(f"{self.path.name}: unknown GGUF value type {vtype}")
+
+
+@dataclass(frozen=True)
+class _Skipped:
+    """A long metadata array that was not kept (its length is)."""
+
+    length: int
 
 
 class GgufFile:
@@ -23,22 +87,58 @@ class GgufFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
-            self.reader = GGUFReader(str(self.path), "r")
+            with open(self.path, "rb") as fh:
+                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot read GGUF file {self.path.name}: {exc}") from exc
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.fields: dict[str, object] = {}
+        self.tensors: dict[str, TensorEntry] = {}
+        self._parse()
         self.arch = str(self.field("general.architecture", ""))
 
+    def _parse(self) -> None:
+        h = _Header(self._mm, self.path)
+        if self._mm[:4] != b"GGUF":
+            raise ModelLoadError(f"{self.path.name} is not a GGUF file (bad magic)")
+        h.pos = 4
+        version, n_tensors, n_kv = h.unpack("I"), h.unpack("Q"), h.unpack("Q")
+        if version < 2:
+            raise ModelLoadError(f"{self.path.name}: GGUF version {version} is too old")
+        for _ in range(n_kv):
+            key = h.string()
+            self.fields[key] = h.value(h.unpack("I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = h.string()
+            dims = [h.unpack("Q") for _ in range(h.unpack("I"))]
+            infos.append((name, tuple(reversed(dims)), h.unpack("I"), h.unpack("Q")))
+        align = int(self.field("general.alignment", 32))
+        data_start = (h.pos + align - 1) // align * align
+        for name, shape, type_id, offset in infos:
+            try:
+                qtype = GGMLQuantizationType(type_id)
+                block, type_size = GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                raise ModelLoadError(f"{self.path.name}: tensor {name} has unknown type {type_id}") from None
+            n_bytes = int(np.prod(shape, dtype=np.int64)) // block * type_size
+            start = data_start + offset
+            if start + n_bytes > len(self._mm):
+                raise ModelLoadError(f"{self.path.name}: tensor {name} runs past the end of the file")
+            self.tensors[name] = TensorEntry(name, shape, qtype, start, n_bytes)
+
     def field(self, key: str, default=None):
-        """A metadata value (scalars, strings and arrays as Python values), or `default`."""
-        f = self.reader.fields.get(key)
-        if f is None:
-            return default
-        return f.contents()
+        """A metadata value (scalars, strings and short arrays as Python values), or `default`."""
+        value = self.fields.get(key, default)
+        return default if isinstance(value, _Skipped) else value
 
     def arch_field(self, key: str, default=None):
         """`{arch}.{key}`."""
         return self.field(f"{self.arch}.{key}", default)
+
+    def array_length(self, key: str) -> int:
+        """Length of a metadata array (kept or skipped), 0 when absent."""
+        value = self.fields.get(key)
+        return value.length if isinstance(value, _Skipped) else len(value) if isinstance(value, list) else 0
 
     def has(self, name: str) -> bool:
         """Whether the file holds tensor `name`."""
@@ -46,17 +146,23 @@ class GgufFile:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """numpy-order shape (rows first) of tensor `name`."""
-        return tuple(int(n) for n in reversed(self._tensor(name).shape))
+        return self._tensor(name).shape
 
     def qtype(self, name: str) -> GGMLQuantizationType:
         """Storage type of tensor `name`."""
         return self._tensor(name).tensor_type
 
+    def raw(self, name: str) -> np.ndarray:
+        """Tensor `name`'s bytes as a read-only uint8 view [rows, bytes per row] (no copy)."""
+        t = self._tensor(name)
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
+        return np.frombuffer(self._mm, dtype=np.uint8, count=t.n_bytes, offset=t.offset).reshape(rows, -1)
+
     def f32(self, name: str) -> np.ndarray:
-        """Tensor `name` dequantized to a float32 array (numpy order)."""
+        """Tensor `name` dequantized to a float32 array (numpy order), owned by the caller."""
         t = self._tensor(name)
         try:
-            return dequant.dequantize(t.data, t.tensor_type, self.shape(name))
+            return dequant.dequantize(self.raw(name), t.tensor_type, t.shape)
         except ValueError as exc:
             raise ModelLoadError(f"{self.path.name}: tensor {name}: {exc}") from exc
 
@@ -67,9 +173,8 @@ class GgufFile:
     def rows(self, name: str, index: np.ndarray | slice) -> np.ndarray:
         """Selected rows of a 2-D tensor, dequantized (embedding lookup without loading it all)."""
         t = self._tensor(name)
-        rows, cols = self.shape(name)
-        raw = np.asarray(t.data).reshape(rows, -1)[index]
-        return dequant.dequantize(raw, t.tensor_type, (raw.shape[0], cols))
+        raw = self.raw(name)[index]
+        return dequant.dequantize(raw, t.tensor_type, (raw.shape[0], t.shape[-1]))
 
     def row_source(self, name: str) -> TensorRows:
         """Tensor `name` as a RowSource (dequantized block by block when converted)."""
@@ -78,11 +183,10 @@ class GgufFile:
     def release_pages(self) -> None:
         """Drop the mapped file pages from this process's resident set (they stay in the page
         cache); later reads fault back in only what they touch, e.g. embedding rows."""
-        mm = getattr(self.reader.data, "_mmap", None)
-        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            mm.madvise(mmap.MADV_DONTNEED)
+        if hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            self._mm.madvise(mmap.MADV_DONTNEED)
 
-    def _tensor(self, name: str):
+    def _tensor(self, name: str) -> TensorEntry:
         try:
             return self.tensors[name]
         except KeyError:

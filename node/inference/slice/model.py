@@ -12,6 +12,8 @@ float32 [T, H]. Call `forward` from one thread at a time (a single-thread execut
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import threading
 import time
@@ -99,7 +101,11 @@ class SliceModel:
         if not 0 <= layer_start < end <= cfg.n_layers:
             raise ModelLoadError(f"layer range [{layer_start}, {end}) is outside the model's {cfg.n_layers} layers")
         fmt = resolve_format(dtype, device)
-        blocks = [Block.build(fam.load_layer(f, cfg, i), fmt, device) for i in range(layer_start, end)]
+        blocks = []
+        for i in range(layer_start, end):
+            blocks.append(Block.build(fam.load_layer(f, cfg, i), fmt, device))
+            f.release_pages()  # the converted copy is what we keep: drop the file pages we read
+            _trim_heap()  # and give the freed float32 temporaries back to the OS
         head = None
         if end == cfg.n_layers:
             norm = torch.from_numpy(f.f32("output_norm.weight")).to(device)
@@ -107,6 +113,7 @@ class SliceModel:
             head = (norm, make_linear(f.row_source(name_w), f.f32_or_none("output.bias"), fmt, device,
                                       sensitive=True))
         f.release_pages()  # weights now live in their own memory; keep only what lookups touch
+        _trim_heap()
         model = cls(f, cfg, layer_start, end, fmt, device, max_ctx or cfg.n_ctx_train, blocks, head,
                     name or Path(path).stem)
         log.info(
@@ -233,6 +240,21 @@ class SliceModel:
         if x.dim() != 2 or x.shape[1] != self.config.hidden or x.shape[0] == 0 or not x.dtype.is_floating_point:
             raise EngineError(f"slice {self.layer_start}-{self.layer_end} takes float hidden states [T, {self.config.hidden}]")
         return x.to(device=self.device, dtype=torch.float32).contiguous()
+
+
+def _trim_heap() -> None:
+    """Return free heap memory to the OS (glibc keeps freed arenas; the RSS would stay high)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
 
 
 def estimate_bytes(path: str | Path, layer_start: int = 0, layer_end: int | None = None, fmt: str = "int8") -> int:
