@@ -63,3 +63,5 @@ ACK_DEADLINE_MIN_S = 0.5  # never expect an ACK faster than this (plus the peer'
 STEP_COMPUTE_MIN_S = 10.0  # a segment's compute allowance per step, before the estimate scales it
 STEP_COMPUTE_FACTOR = 20.0  # allowance = max(min, factor * estimated compute)
 MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)
+CANCEL_TOMBSTONE_S = 120.0  # a cancelled session id is refused this long (late WORK must not recreate it)
+SERVED_COORDINATORS_MAX = 64  # coordinators remembered per slice for `served for others`

@@ -124,7 +124,7 @@ def _served_for_others(node: Node) -> list[str]:
         st = s.served
         if not st.steps:
             continue
-        rows.append(f"{s.entry.id} layers={s.start}-{s.end - 1} sessions={len(st.sessions)} steps={st.steps} "
+        rows.append(f"{s.entry.id} layers={s.start}-{s.end - 1} sessions={st.sessions} steps={st.steps} "
                     f"tokens={st.tokens} eval_ms={st.eval_ms:.0f} bytes_in={st.bytes_in} bytes_out={st.bytes_out} "
                     f"coordinators={','.join(sorted(st.coordinators))}")
     return rows or ["(nothing served for peers)"]
@@ -164,7 +164,12 @@ def _models(node: Node) -> list[str]:
 
 async def build_report(node: Node, *, full: bool = False) -> str:
     """Render the whole report; redacted unless full."""
-    known_hosts = [socket.gethostname(), socket.getfqdn()]
+    # Names no pattern can spot: this machine's, and the configured bootstrap/relay hosts.
+    known_hosts = list(node.host_names) or [socket.gethostname()]
+    for addr in [*node.config.bootstrap, *node.config.relays]:
+        host = addr.rsplit(":", 1)[0].strip("[]")
+        if host:
+            known_hosts.append(host)
     r = Redactor(enabled=not full, secrets_to_hide=[node.api_key], known_hosts=known_hosts)
     sections: list[tuple[str | None, list[str]]] = [
         (None, _header(node, r)),

@@ -34,6 +34,13 @@ from node.watchdog import LoopWatchdog
 log = logging.getLogger(__name__)
 
 
+def _local_host_names() -> list[str]:
+    """This machine's host name and FQDN (blocking: the FQDN may need a DNS lookup)."""
+    import socket
+
+    return sorted({socket.gethostname(), socket.getfqdn()} - {"", "localhost"})
+
+
 class Node:
     """A SwarmLLM node: API server, models, traces, diagnostics (and later the peer network)."""
 
@@ -58,6 +65,7 @@ class Node:
         self.pipeline: PipelineCoordinator | None = None
         self.started_at: float | None = None
         self.activity: list[str] = []
+        self.host_names: list[str] = []  # this machine's names, redacted from reports
         self._machine_task: asyncio.Task | None = None
         self._stopping = False
 
@@ -135,6 +143,7 @@ class Node:
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.host,
                                             activation_bits=self.config.activation_bits)
         self.worker.register()
+        self.host.on_sweep = self.worker.forget_expired
         self.pipeline.register()
         await self.peers.async_start()
         self.note_activity(f"peer listener on port {self.peers.listen_port}")
@@ -159,7 +168,9 @@ class Node:
         return out
 
     async def _collect_machine(self) -> None:
-        self.machine = await asyncio.get_running_loop().run_in_executor(None, collect)
+        loop = asyncio.get_running_loop()
+        self.host_names = await loop.run_in_executor(None, _local_host_names)  # getfqdn may hit DNS
+        self.machine = await loop.run_in_executor(None, collect)
 
     async def async_machine(self) -> MachineInfo:
         """The machine snapshot (waits for the first measurement)."""
@@ -205,7 +216,7 @@ class Node:
         out = []
         swarm = self.pipeline.swarm_models() if self.pipeline is not None else {}
         for served in self.models.models.values():
-            if not served.whole and served.entry.sha256 not in swarm:
+            if served.state == "failed" or (not served.whole and served.entry.sha256 not in swarm):
                 continue
             out.append({
                 "id": served.id,

@@ -26,16 +26,21 @@ _IPV4 = r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.]*\d)"
 # IPv6: at least two colons among hex groups, optional zone; validated by ipaddress afterwards.
 _IPV6 = r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:(?:\d{1,3}\.){3}\d{1,3}|[0-9A-Fa-f]{0,4})(?:%[\w.]+)?(?![\w:]|\.\d)"
 _HOSTNAME = (
-    r"(?<![\w.@/-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:"
+    r"(?<![\w./-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:"
     + "|".join(_HOST_SUFFIXES)
     + r"))\.?(?![\w-])"
 )
-_POSIX_PATH = r"(?<![\w<>:])/(?:[\w.+@-]+/)*[\w.+@-]+/?"
+# Any dotted name followed by :port is a host, whatever its suffix (gpu-box.example.xyz:8810).
+_HOST_WITH_PORT = r"(?<![\w./-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]*)(?=:\d{1,5}\b)"
+_URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(\[[^\]]+\]|[^/\s:?#]+)"
+_POSIX_PATH = r"(?<![\w<>:/])/(?:[\w.+@-]+/)*[\w.+@-]+/?"
 _WIN_PATH = r"\b[A-Za-z]:\\(?:[^\\\s]+\\)*[^\\\s]*"
 
 _RE_IPV6 = re.compile(_IPV6)
 _RE_IPV4 = re.compile(_IPV4)
 _RE_HOST = re.compile(_HOSTNAME, re.IGNORECASE)
+_RE_HOST_PORT = re.compile(_HOST_WITH_PORT)
+_RE_URL_HOST = re.compile(_URL_HOST)
 _RE_PATH = re.compile(f"{_WIN_PATH}|{_POSIX_PATH}")
 _RE_BRACKETED_V6 = re.compile(r"\[([0-9A-Fa-f:.%\w]+)\]")
 
@@ -62,7 +67,13 @@ class Redactor:
         try:
             addr = ipaddress.ip_address(bare)
         except ValueError:
-            return text
+            octets = bare.split(".")
+            if len(octets) != 4 or not all(o.isdigit() for o in octets):
+                return text
+            try:  # 192.168.001.010: leading zeros are still an address to hide
+                addr = ipaddress.ip_address(".".join(str(int(o)) for o in octets))
+            except ValueError:
+                return text
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
         if not self.enabled or addr.is_loopback or addr.is_unspecified:
@@ -97,12 +108,14 @@ class Redactor:
             text = text.replace(secret, "<api-key>")
         if not self.enabled:
             return text
+        text = _RE_URL_HOST.sub(lambda m: m.group(1) + self.host(m.group(2)), text)
         text = _RE_PATH.sub(self._path_sub, text)
         text = _RE_BRACKETED_V6.sub(lambda m: "[" + self.ip(m.group(1)) + "]"
                                     if self.ip(m.group(1)) != m.group(1) else m.group(0), text)
         text = _RE_IPV6.sub(lambda m: self.ip(m.group(0)), text)
         text = _RE_IPV4.sub(lambda m: self.ip(m.group(0)), text)
         text = _RE_HOST.sub(lambda m: self.host(m.group(1)), text)
+        text = _RE_HOST_PORT.sub(lambda m: self.host(m.group(1)), text)
         for name in self._known_hosts:
             text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", self.host(name), text,
                           flags=re.IGNORECASE)

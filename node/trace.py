@@ -60,7 +60,8 @@ class RequestTrace:
     model: str
     operation: str  # chat.completions | completions
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    route: str = "local"
+    route: str | None = None  # set when a route is assembled
+    resolved: bool = False  # `model` is a catalog id (not just what the client typed)
     stream: bool = False
     created_at: float = field(default_factory=time.time)  # wall clock, for display
     admitted: float = field(default_factory=time.monotonic)
@@ -181,7 +182,7 @@ class RequestTrace:
             "decode_ms": _round(self.decode_ms),
             "total_ms": _round(self.total_ms),
             "prompt_tokens": self.prompt_tokens,
-            "tokens": self.completion_tokens,
+            "tokens": self.completion_tokens if self.assemblies else None,
             "tok_per_sec": round(self.tok_per_sec, 1) if self.tok_per_sec is not None else None,
             "tpot_ms": round(self.tpot_ms, 1) if self.tpot_ms is not None else None,
         }
@@ -196,13 +197,14 @@ class RequestTrace:
 
     def headers(self, *, streaming: bool = False) -> dict[str, str]:
         """x-swarm-* and server-timing; a stream gets only what is known before the body."""
-        out = {
-            "x-swarm-route": self.route,
-            "x-swarm-segments": str(len(self.segments)),
-            "x-swarm-peers": str(self.peer_count),
-            "x-swarm-nodes": ",".join(self.node_ids),
-            "x-request-id": self.request_id,
-        }
+        out = {"x-request-id": self.request_id}
+        if self.route is not None:
+            out.update({
+                "x-swarm-route": self.route,
+                "x-swarm-segments": str(len(self.segments)),
+                "x-swarm-peers": str(self.peer_count),
+                "x-swarm-nodes": ",".join(self.node_ids),
+            })
         timing = [("queue", self.queue_ms), ("sched", self.sched_ms)]
         if not streaming:
             timing += [("ttft", self.ttft_ms), ("decode", self.decode_ms), ("total", self.total_ms)]
@@ -313,7 +315,8 @@ class TraceHub:
         if trace.request_id not in self._in_flight and trace.done:
             return
         self._in_flight.pop(trace.request_id, None)
-        trace.finished = time.monotonic()
+        if trace.finished is None:
+            trace.finished = time.monotonic()
         trace.outcome = outcome
         trace.error_type = error_type
         trace.error_message = error_message

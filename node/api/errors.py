@@ -73,3 +73,5 @@ async def read_json(request: web.Request) -> object:
         raise InvalidRequest("request body is not valid UTF-8") from exc
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    except RecursionError as exc:
+        raise InvalidRequest("request body is nested too deeply") from exc

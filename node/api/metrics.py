@@ -35,12 +35,13 @@ class NodeMetrics:
 
     def observe_trace(self, trace: RequestTrace) -> None:
         """Record a finished trace."""
-        key = (trace.model, trace.route)
+        # Unresolved names are client input: one fixed label, so junk cannot grow the series set.
+        key = (trace.model if trace.resolved else "unknown", trace.route or "none")
         for hist, value in ((self.queue_ms, trace.queue_ms), (self.ttft_ms, trace.ttft_ms),
                             (self.tpot_ms, trace.tpot_ms), (self.total_ms, trace.total_ms)):
             if value is not None:
                 hist.labels(*key).observe(value)
-        self.requests.labels(trace.model, trace.route, trace.outcome or "unknown").inc()
+        self.requests.labels(*key, trace.outcome or "unknown").inc()
         if trace.prompt_tokens:
             self.prompt_tokens.labels(*key).inc(trace.prompt_tokens)
         if trace.completion_tokens:

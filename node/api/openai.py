@@ -13,7 +13,7 @@ import time
 from aiohttp import web
 
 from node.api.appkeys import NODE
-from node.api.errors import read_json
+from node.api.errors import error_response, read_json
 from node.api.schemas import CompletionRequest, parse_completion
 from node.api.streaming import stream_completion
 from node.errors import NodeError
@@ -106,7 +106,7 @@ async def serve_completion(request: web.Request, creq: CompletionRequest) -> web
             error = run.stream_error
             return resp
         text = "".join([delta async for delta in run.deltas()])
-        trace.finished = time.monotonic()
+        trace.finished = time.monotonic()  # the response's timings and the summary line agree
         outcome = "ok"
         return web.json_response(completion_body(creq, trace, text), headers=trace.headers())
     except asyncio.CancelledError:
@@ -115,7 +115,11 @@ async def serve_completion(request: web.Request, creq: CompletionRequest) -> web
         raise
     except NodeError as exc:
         error = exc
-        raise
+        return error_response(exc, headers=trace.headers())
+    except Exception:  # a bug: the client gets a 500 in the OpenAI shape, the log gets the traceback
+        log.exception("request failed unexpectedly request_id=%s", trace.request_id)
+        error = NodeError("internal server error; see the node log for details")
+        return error_response(error, headers=trace.headers())
     finally:
         try:
             await run.close()

@@ -96,7 +96,7 @@ def _stop(body: dict) -> tuple[str, ...]:
 def _check_keys(body: dict, allowed: set[str]) -> None:
     for key in body:
         if key in _UNSUPPORTED:
-            if body[key] in (None, [], {}, False) and key not in ("echo",):
+            if body[key] in (None, [], {}, False):
                 continue  # explicit "none" values are harmless
             if key == "response_format" and body[key] == {"type": "text"}:
                 continue

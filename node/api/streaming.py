@@ -96,9 +96,22 @@ async def stream_completion(request: web.Request, creq: CompletionRequest, run: 
         run.stream_error = exc
         log.error("DIAG: local stream generate_stream error — executor error request_id=%s error=%s",
                   trace.request_id, exc.message)
-        try:
-            await resp.write(_event(exc.to_openai()))
-            await resp.write(b"data: [DONE]\n\n")
-        except ConnectionResetError:
-            pass
+        await _close_with_error(resp, exc)
+    except Exception as exc:  # a bug must still end the client's stream with an error, never a hang
+        log.exception("DIAG: stream failed unexpectedly request_id=%s", trace.request_id)
+        err = NodeError(f"internal error while streaming: {type(exc).__name__}; see the node log")
+        run.stream_error = err
+        await _close_with_error(resp, err)
     return resp
+
+
+async def _close_with_error(resp: web.StreamResponse, exc: NodeError) -> None:
+    """An OpenAI-shaped error event, [DONE], end of stream (best effort: the client may be gone)."""
+    try:
+        if not resp.prepared:
+            return
+        await resp.write(_event(exc.to_openai()))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass

@@ -90,8 +90,8 @@ async def serve(config) -> int:
             pass
     try:
         await node.start()
-    except OSError as exc:
-        log.error("cannot start the node: %s", exc)
+    except (OSError, NodeError) as exc:
+        log.error("cannot start the node: %s", getattr(exc, "message", None) or exc)
         await node.stop()
         return 2
     # Start-up leaves a few hundred thousand long-lived objects (torch, llama, node); moving them out

@@ -17,7 +17,7 @@ from typing import Protocol
 from node.inference.sampling import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: jobs live in sets
 class GenerationJob:
     """One generation: prompt token ids, sampling, and a flag the loop sets to cancel it."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from node import const
 from node.api.schemas import CompletionRequest
-from node.errors import ContextLengthExceeded, ModelUnavailable, NodeError
+from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError
 from node.inference.engine import GenerationJob, TokenChannel
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.textstream import TextAssembler
@@ -57,6 +57,7 @@ class CompletionRun:
         served = self.models.get(self.creq.model)
         self.served = served
         self.trace.model = served.id
+        self.trace.resolved = True
         tok = served.tokenizer
         if tok is None:
             raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
@@ -67,6 +68,9 @@ class CompletionRun:
             self.prompt_tokens = await loop.run_in_executor(None, tok.tokenize, self.creq.prompt)
         n_prompt = len(self.prompt_tokens)
         self.trace.prompt_tokens = n_prompt
+        if n_prompt == 0:
+            raise InvalidRequest("the prompt is empty: nothing to complete",
+                                 param="messages" if self.creq.kind == "chat" else "prompt")
         n_ctx = served.n_ctx
         max_tokens = self.creq.params.max_tokens
         if n_prompt >= n_ctx:
@@ -94,6 +98,7 @@ class CompletionRun:
                   served.id, served.waiting)
         await served.lock.acquire()
         self._holding = True
+        served.running.add(self.job)
         self._queued = False
         self.models.mark(served, waiting=-1, busy=True)
         self.trace.mark_dequeued()
@@ -229,5 +234,6 @@ class CompletionRun:
                     self.models.mark(served, waiting=-1)
                 if self._holding:
                     self._holding = False
+                    served.running.discard(self.job)
                     served.lock.release()
                     self.models.mark(served, busy=False)

@@ -55,6 +55,7 @@ class ServedModel:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     load_task: asyncio.Task | None = None
     placement: Placement | None = None
+    running: set = field(default_factory=set)  # GenerationJobs holding the model (force-unload cancels them)
 
     @property
     def id(self) -> str:
@@ -182,7 +183,8 @@ class ModelManager:
         self._emit("changed", served)
 
     async def async_unload(self, model_id: str, *, force: bool = False) -> ServedModel:
-        """Free a model's weights; refused (409) while a request is using it unless forced."""
+        """Free a model's weights; refused (409) while a request is using it unless forced, which
+        cancels the running generation (its client gets what was generated so far)."""
         served = self.get(model_id)
         if not served.whole:
             raise Conflict(f"model {served.id} is served here as slices only; there is nothing whole to unload")
@@ -190,6 +192,8 @@ class ModelManager:
             await asyncio.shield(served.load_task)
         if (served.busy or served.waiting) and not force:
             raise Conflict(f"model {served.id} is in use by {int(served.busy) + served.waiting} request(s)")
+        for job in list(served.running):  # force: stop the generation now rather than wait for it
+            job.cancel.set()
         async with served.lock:
             engine, served.engine = served.engine, None
             if engine is not None:

@@ -263,3 +263,62 @@ async def test_admin_stats_and_requests(node):
     data = json.loads(text)
     assert data["recent"] and data["recent"][-1]["summary"].startswith("DIAG: request complete")
     assert any(r["error_type"] == "ModelNotFound" for r in data["failures"])
+
+
+async def test_empty_prompt(node, client, model_id, monkeypatch):
+    body = {"model": model_id, "prompt": "", "max_tokens": 5}
+    # this model starts every prompt with BOS: an empty prompt is BOS alone, a valid completion
+    got, _, text = await raw(node, "POST", "/v1/completions", body=body)
+    assert got == 200
+    assert json.loads(text)["usage"]["prompt_tokens"] == 1
+    # a model without BOS has nothing to continue from: a client error, not an engine failure
+    monkeypatch.setattr(node.models.models[model_id].tokenizer, "add_bos", False)
+    got, _, text = await raw(node, "POST", "/v1/completions", body=body)
+    assert got == 400
+    assert json.loads(text)["error"]["param"] == "prompt"
+    monkeypatch.undo()
+    await assert_still_serving(client, model_id)
+
+
+async def test_deeply_nested_json_is_a_client_error(node, client, model_id):
+    got, _, text = await raw(node, "POST", "/v1/chat/completions", data="[" * 100_000 + "]" * 100_000,
+                             headers={"Content-Type": "application/json"})
+    assert got == 400
+    assert "nested" in json.loads(text)["error"]["message"]
+    await assert_still_serving(client, model_id)
+
+
+async def test_error_responses_carry_the_request_id(node):
+    got, headers, _ = await raw(node, "POST", "/v1/chat/completions", body={
+        "model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
+    assert got == 404
+    rid = headers["x-request-id"]
+    assert "x-swarm-route" not in headers  # no route was assembled
+    failures = json.loads((await raw(node, "GET", "/api/admin/requests"))[2])["failures"]
+    assert any(f["request_id"] == rid for f in failures)
+
+
+async def test_unknown_model_names_do_not_grow_metric_series(node):
+    for i in range(5):
+        await raw(node, "POST", "/v1/chat/completions", body={
+            "model": f"junk-{i}", "messages": [{"role": "user", "content": "x"}]})
+    _, _, text = await raw(node, "GET", "/metrics", key=False)
+    assert "junk-" not in text
+    assert 'model="unknown"' in text
+
+
+async def test_force_unload_stops_a_running_generation(node, client, model_id):
+    stream = await client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "go"}],
+                                                  max_tokens=200, temperature=0, stream=True)
+    first = await stream.__anext__()
+    assert first.choices[0].delta.role == "assistant"
+    got, _, _ = await raw(node, "POST", f"/api/admin/models/{model_id}/unload")
+    assert got == 409  # in use, not forced
+    got, _, text = await raw(node, "POST", f"/api/admin/models/{model_id}/unload?force=1")
+    assert got == 200 and json.loads(text)["model"]["state"] == "unloaded"
+    rest = [c async for c in stream]
+    assert sum(len(c.choices[0].delta.content or "") for c in rest if c.choices) >= 0
+    finish = [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]  # ended early and cleanly (fewer than 200 tokens)
+    assert node.traces.recent[-1].completion_tokens < 200
+    await assert_still_serving(client, model_id)  # and it loads again on demand

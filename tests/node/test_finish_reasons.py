@@ -131,3 +131,34 @@ async def test_utf8_reply_survives_byte_tokens(client, script):
     stream = await ask(client, max_tokens=40, stream=True)
     text = "".join([ch.delta.content or "" async for c in stream for ch in c.choices])
     assert text == "café 🚀"
+
+
+async def test_unexpected_error_mid_stream_ends_the_stream_with_an_error_event(client, script, node, monkeypatch):
+    import aiohttp
+
+    script([byte_token(c) for c in "abcdef"] + [EOS])
+    served = next(iter(node.models.models.values()))
+    real_piece = served.tokenizer.piece
+    calls = {"n": 0}
+
+    def flaky_piece(token):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise ValueError("a bug in text assembly")
+        return real_piece(token)
+
+    monkeypatch.setattr(served.tokenizer, "piece", flaky_piece)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s, s.post(
+            f"http://127.0.0.1:{node.api.port}/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+        assert r.status == 200
+        raw = await r.text()  # returns: the stream ends instead of hanging
+    events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    import json
+
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "server_error" and "internal error" in err["message"]
+    trace = node.traces.recent[-1]
+    assert trace.outcome == "error" and trace.error_type == "NodeError"

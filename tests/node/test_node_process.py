@@ -144,3 +144,13 @@ def test_sigterm_frees_port(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # the API port is free again
     assert "DIAG: node stopped" in (proc.data_dir / "node.log").read_text()
+
+
+def test_bad_layers_flag_exits_cleanly(tmp_path):
+    model = tiny_model(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "node.cli", "run", "-p", str(free_port()), "--data-dir",
+                          str(tmp_path / "d"), "--model", str(model), "--no-default-model", "--layers", "0-99",
+                          "--no-mdns"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "cannot start the node: --layers 0-99 is outside the model's layers 0-1" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -71,3 +71,19 @@ def test_structured_address_helper():
     assert r.address("127.0.0.1", 8800) == "127.0.0.1:8800"
     assert re.fullmatch(r"<private-ip-[0-9a-f]{4}>:8810", r.address("192.168.0.2", 8810))
     assert re.fullmatch(r"<host-[0-9a-f]{4}>:8810", r.address("box.lan", 8810))
+
+
+def test_hosts_the_suffix_list_does_not_know():
+    r = Redactor(known_hosts=["mybox"])
+    text = r.text("dial gpu-box.example.xyz:8810 and router.fritz.box:8810; mail ops@host.example.com; "
+                  "url http://my-server.example.com/v1/models; bootstrap mybox:8810; odd 192.168.001.010:8810")
+    for leaked in ("gpu-box", "fritz", "host.example.com", "my-server", "mybox", "192.168.001.010"):
+        assert leaked not in text, leaked
+    assert "http://<host-" in text and "/v1/models" in text
+    assert re.search(r"<private-ip-[0-9a-f]{4}>:8810", text)
+
+
+def test_module_line_locations_are_not_hosts():
+    r = Redactor()
+    text = r.text("arm=tests.node.test_diagnostics:hog_the_loop:12 arm=posixpath:_joinrealpath:451")
+    assert "tests.node.test_diagnostics:hog_the_loop:12" in text

@@ -52,6 +52,7 @@ def test_unsupported_options_are_refused(patch, param):
 
 def test_harmless_explicit_defaults_accepted():
     req = parse_completion({**CHAT, "n": 1, "tools": None, "logprobs": False, "response_format": {"type": "text"},
+                            "echo": False,
                             "user": "u1", "stream": True, "stream_options": {"include_usage": True}}, "chat")
     assert req.stream and req.include_usage
 

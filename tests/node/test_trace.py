@@ -15,6 +15,7 @@ def _finished_trace() -> RequestTrace:
     t = _trace()
     t.dequeued = 100.003
     t.sched_s, t.assemblies, t.assembled = 0.001, 1, 100.004
+    t.route = "local"
     t.segments = [SegmentTrace("0718d8b9", 0, 16, "local")]
     t.first_token = 100.184
     t.completion_tokens = 48
@@ -42,8 +43,13 @@ def test_absent_fields_are_omitted_never_zero():
     t.outcome = "error"
     t.error_type = "ModelNotFound"
     line = t.summary_line()
-    for field in ("queue_ms", "sched_ms", "ttft_ms", "decode_ms", "tok_per_sec", "tpot_ms", "prompt_tokens"):
-        assert f"{field}=" not in line
+    for field in ("route", "queue_ms", "sched_ms", "ttft_ms", "decode_ms", "tok_per_sec", "tpot_ms",
+                  "prompt_tokens", "tokens"):
+        assert f" {field}=" not in line
+    headers = t.headers()
+    assert headers["x-request-id"] == t.request_id
+    assert not [h for h in headers if h.startswith("x-swarm-")]  # no route was assembled: nothing to claim
+    assert headers["server-timing"] == "total;dur=500.0"
     assert "total_ms=500" in line and "outcome=error error_type=ModelNotFound" in line
 
 

@@ -6,6 +6,8 @@ are delivered locally; frames to other nodes are captured by a recording peers s
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from node.inference.catalog import ModelCatalog
@@ -147,3 +149,61 @@ def test_layers_flag_is_inclusive_and_checked():
     for bad in ("3", "5-2", "0-16", "a-b"):
         with pytest.raises(Exception, match="layers"):
             parse_layers(bad, 16)
+
+
+async def test_cancel_overtaking_a_late_work_does_not_recreate_the_session(worker):
+    """CANCEL travels on the coordinator's link; a WORK forwarded by the previous segment can arrive
+    after it. The late WORK must be dropped, not start a new session that lives until the TTL."""
+    w, entry, peers = worker
+    w.on_cancel(SessionControl("s1", entry.sha256, "cancel").to_header(), b"", COORD)
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    # drain the slice's executor: anything submitted before this marker has run
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+    assert w.host.session_count() == 0
+    assert "s1" not in w.samplers
+    assert not _results(peers)  # nothing computed, nothing reported
+
+
+async def test_queued_steps_of_a_cancelled_session_are_not_computed(worker):
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    gate = asyncio.get_running_loop().create_future()
+    blocker = asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: gate_wait(gate))
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)  # queued behind blocker
+    w.on_cancel(SessionControl("s1", entry.sha256, "cancel").to_header(), b"", COORD)
+    gate.get_loop().call_soon_threadsafe(gate.set_result, None)
+    await blocker
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+    await asyncio.sleep(0)
+    assert w.host.session_count() == 0
+    assert not _results(peers)
+
+
+def gate_wait(gate) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while not gate.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+async def test_cancel_for_a_model_not_hosted_here_keeps_no_state(worker):
+    w, entry, peers = worker
+    for i in range(100):
+        w.on_cancel(SessionControl(f"x{i}/1", "f" * 64, "cancel").to_header(), b"", COORD)
+    assert len(w.cancelled) == 0
+
+
+async def test_tombstones_and_samplers_of_evicted_sessions_are_forgotten(worker):
+    w, entry, peers = worker
+    w.on_work(_work(entry, 0, 0, [3]).to_header(), encode_tokens([3]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    w.on_cancel(SessionControl("s9", entry.sha256, "cancel").to_header(), b"", COORD)
+    assert "s9" in w.cancelled
+    w.cancelled["s9"] = 0.0  # let the tombstone expire
+    w.host.session_ttl_s = 0.0
+    await w.host.async_sweep()  # evicts s1 by TTL; the worker forgets its sampler and the tombstone
+    w.forget_expired()
+    assert "s1" not in w.samplers
+    assert "s9" not in w.cancelled

@@ -61,6 +61,7 @@ class _Attempt:
     failed: asyncio.Future
     steps: dict[int, _Step] = field(default_factory=dict)
     next_seq: int = 0
+    kv_len: int | None = None  # KV length segment 0 reported after the last completed step
 
     def nodes(self) -> set[str]:
         return {h.node_id for h in self.route}
@@ -261,7 +262,7 @@ class PipelineCoordinator:
         att.steps[seq] = step
         log.debug("DIAG: starting forward_through_segments %s", kv(
             request_id=trace.request_id, sid=att.sid, seq_num=seq, index_pos=index_pos, seq_len=len(tokens),
-            kv_offset=index_pos))
+            kv_offset=att.kv_len))  # measured by the segments on the last step; must equal index_pos
         try:
             self.transport.send(att.route[0].node_id, FrameType.WORK, work.to_header(), encode_tokens(tokens))
         except PeerUnreachable as exc:
@@ -324,6 +325,8 @@ class PipelineCoordinator:
         wall_ms = (time.monotonic() - step.sent_at) * 1000
         compute_ms = 0.0
         by_start = {seg.layer_start: seg for seg in trace.segments}
+        if result.telemetry and "kv_len" in result.telemetry[0]:
+            att.kv_len = int(result.telemetry[0]["kv_len"])
         for tele in result.telemetry:
             seg = by_start.get(int(tele.get("start", -1)))
             eval_us, wait_us, send_us = (int(tele.get(k, 0)) for k in ("eval_us", "wait_us", "send_us"))

@@ -35,13 +35,13 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, int]:
 class ServedStats:
     """What a slice did for coordinators other than this node (diagnostics `served for others`)."""
 
-    sessions: set[str] = field(default_factory=set)
+    sessions: int = 0  # sessions started here for other coordinators
     steps: int = 0
     tokens: int = 0
     eval_ms: float = 0.0
     bytes_in: int = 0
     bytes_out: int = 0
-    coordinators: set[str] = field(default_factory=set)
+    coordinators: dict[str, float] = field(default_factory=dict)  # short id -> last seen (bounded below)
 
 
 @dataclass
@@ -107,6 +107,7 @@ class SliceHost:
         self.slices: dict[tuple[str, int, int], HostedSlice] = {}
         self._sweeper: asyncio.Task | None = None
         self.on_change = None  # callback() when the advertised set changes (HELLO update)
+        self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
 
     def find(self, sha256: str, start: int, end: int) -> HostedSlice | None:
         """The loaded slice for exactly this model and range."""
@@ -176,10 +177,17 @@ class SliceHost:
         """Free sessions idle past the TTL, then LRU ones over the KV budget (on each executor)."""
         freed: list[str] = []
         loop = asyncio.get_running_loop()
+        budget = self.kv_budget_bytes
         for hosted in list(self.slices.values()):
             if hosted.model is not None:
-                freed += await loop.run_in_executor(
-                    hosted.executor, hosted.model.sweep_sessions, self.session_ttl_s, self.kv_budget_bytes)
+                freed += await loop.run_in_executor(hosted.executor, hosted.model.sweep_sessions, self.session_ttl_s, budget)
+                budget = max(0, budget - hosted.model.sessions.total_bytes())  # the budget is per node
+            coordinators = hosted.served.coordinators
+            if len(coordinators) > const.SERVED_COORDINATORS_MAX:
+                for key in sorted(coordinators, key=coordinators.get)[: len(coordinators) - const.SERVED_COORDINATORS_MAX]:
+                    del coordinators[key]
+        if self.on_sweep is not None:
+            self.on_sweep()
         return freed
 
     def session_count(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from node import const
 from node.errors import KvPositionMismatch, NodeError, PeerUnreachable, ProtocolError
 from node.inference.pipeline.host import HostedSlice, SliceHost
 from node.inference.pipeline.sampler import Sampler
@@ -49,7 +50,9 @@ class SegmentWorker:
         self.host = host
         self.transport = transport
         self.samplers: dict[str, Sampler] = {}  # sid -> sampler (last segment only; executor thread)
-        self.cancelled: set[str] = set()
+        # sid -> expiry of its tombstone. CANCEL travels on the coordinator's link and can overtake
+        # a WORK still coming from the previous segment: that WORK must not recreate the session.
+        self.cancelled: dict[str, float] = {}
         transport.on_local(FrameType.WORK, self.on_work)
         transport.on_local(FrameType.CANCEL, self.on_cancel)
         transport.on_local(FrameType.SESSION_END, self.on_session_end)
@@ -87,7 +90,8 @@ class SegmentWorker:
             self._fail(work, f"node {self.short_id} does not serve layers {hop.start}-{hop.end - 1} of model "
                              f"{work.model[:12]}", "segment_not_served")
             return
-        if work.sid in self.cancelled:
+        if self._is_cancelled(work.sid):
+            log.debug("DIAG: WORK for a cancelled session dropped %s", kv(sid=work.sid, seq=work.seq))
             return
         log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
                   kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
@@ -97,6 +101,8 @@ class SegmentWorker:
     def _compute(self, hosted: HostedSlice, work: Work, payload: bytes, received: float):
         """Executor thread: decode inputs, run the layers, sample or encode the output."""
         started = time.monotonic()
+        if self._is_cancelled(work.sid):
+            return None  # cancelled while queued behind other steps: do not compute
         model = hosted.model
         if model.is_first:
             inputs = torch.tensor(decode_tokens(payload), dtype=torch.long)
@@ -133,7 +139,7 @@ class SegmentWorker:
 
     async def _after(self, hosted: HostedSlice, work: Work, fut: asyncio.Future, sender: str) -> None:
         try:
-            tele, token, meta, data = await fut
+            out = await fut
         except NodeError as exc:
             self._fail(work, exc.message, exc.code or "error")
             return
@@ -141,11 +147,16 @@ class SegmentWorker:
             log.exception("slice forward failed sid=%s", work.sid)
             self._fail(work, f"{type(exc).__name__}: {exc}", "internal_error")
             return
+        if out is None or self._is_cancelled(work.sid):
+            self._drop_cancelled(hosted, work.sid)
+            return
+        tele, token, meta, data = out
         hosted.note_eval(tele.eval_us, work.n_tokens)
         if work.coordinator != self.node_id:
             served = hosted.served
-            served.sessions.add(work.sid)
-            served.coordinators.add(work.coordinator[:8])
+            if work.index_pos == 0:
+                served.sessions += 1
+            served.coordinators[work.coordinator[:8]] = time.time()
             served.steps += 1
             served.tokens += work.n_tokens
             served.eval_ms += tele.eval_us / 1000
@@ -190,19 +201,30 @@ class SegmentWorker:
         except ProtocolError as exc:
             log.warning("DIAG: malformed session control dropped %s", kv(error=exc.message))
             return
-        if why == "cancelled":
-            self.cancelled.add(ctl.sid)
-        for hosted in self.host.for_model(ctl.model):
+        hosted_slices = self.host.for_model(ctl.model)
+        if why == "cancelled" and hosted_slices:
+            self.cancelled[ctl.sid] = time.monotonic() + const.CANCEL_TOMBSTONE_S
+        for hosted in hosted_slices:
             hosted.executor.submit(self._free, hosted, ctl.sid, why)
+
+    def _is_cancelled(self, sid: str) -> bool:
+        expiry = self.cancelled.get(sid)
+        return expiry is not None and expiry > time.monotonic()
+
+    def _drop_cancelled(self, hosted: HostedSlice, sid: str) -> None:
+        """A step of a cancelled session finished computing after the CANCEL: free what it made."""
+        hosted.executor.submit(self._free, hosted, sid, "cancelled")
 
     def _free(self, hosted: HostedSlice, sid: str, why: str) -> None:
         if hosted.model.free_session(sid):
             log.info("DIAG: KV session freed %s", kv(sid=sid, reason=why, layers=f"{hosted.start}-{hosted.end - 1}"))
         self.samplers.pop(sid, None)
-        self.cancelled.discard(sid)
 
     def forget_expired(self) -> None:
-        """Drop sampler state of sessions the host's sweeper evicted."""
+        """Drop sampler state of sessions the host's sweeper evicted, and expired tombstones."""
+        now = time.monotonic()
+        for sid in [sid for sid, expiry in self.cancelled.items() if expiry <= now]:
+            del self.cancelled[sid]
         models = [h.model for h in self.host.slices.values() if h.model is not None]
         for sid in list(self.samplers):
             if not any(sid in m.sessions for m in models):
