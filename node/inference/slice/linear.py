@@ -106,7 +106,9 @@ class _HalfLinear(_FloatLinear):
 class _Int8Dynamic:
     """int8 weights (per output row) through fbgemm, with a residual pass for accuracy.
 
-    fbgemm quantizes the whole input with one 7-bit scale s. The rounding error r = x - x̂
+    fbgemm quantizes the whole input with one 7-bit grid. Rows (tokens) are first scaled to a
+    common range, so a long prefill gets per-token grids, not one set by its largest token.
+    The rounding error r = x - x̂
     (|r| ≤ s/2) is what costs accuracy; stacking [x; K·r] as extra rows quantizes r on the same
     grid, and y = W·x̂ + W·(K·r)/K recovers ~12-bit activations. For a few rows (decode) the extra
     rows are free (the kernel is bound by reading the weights); for long prefills they double the
@@ -129,11 +131,17 @@ class _Int8Dynamic:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
+        row_scale = None
+        if T > 1:  # per-token grids: rows scaled to one range (W is linear: scale back after)
+            row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
+            x = x / row_scale
         if T > RESIDUAL_MAX_ROWS and not self.correct_prefill:
             y = self._op(x, self.packed, self.reduce_range)
         else:
             y2 = self._op(with_residual_rows(x, 127 if self.reduce_range else 255), self.packed, self.reduce_range)
             y = torch.add(y2[:T], y2[T:], alpha=1.0 / RESIDUAL_GAIN)
+        if row_scale is not None:
+            y *= row_scale
         if self.bias is not None:
             y += self.bias
         return y
