@@ -161,11 +161,13 @@ def choose_qparams(lo: float, hi: float, qmax: int) -> tuple[float, int]:
 
 
 def with_residual_rows(x: torch.Tensor, qmax: int) -> torch.Tensor:
-    """[x; K·(x - x̂)]: x̂ is x on the grid fbgemm will use, and the residual rows stay inside
-    x's range so the stacked input gets the same grid. Small ops only (no thread hand-offs)."""
+    """[x; K·(x - x̂)] where x̂ is x on the grid fbgemm will use (the residual rows stay inside
+    x's range, so the stacked input gets the same grid). Elementwise ops on a few rows only:
+    no thread hand-offs. (fbgemm's clamp to [0, qmax] after rounding is left out: it can only
+    bite at the two ends of the range, where it costs that element its correction.)"""
     lo_t, hi_t = torch.aminmax(x)
     lo, hi = min(float(lo_t), 0.0), max(float(hi_t), 0.0)
     scale, zp = choose_qparams(lo, hi, qmax)
-    x_hat = torch.round(x * (1.0 / scale)).add_(zp).clamp_(0, qmax).sub_(zp).mul_(scale)
-    r = torch.sub(x, x_hat).mul_(RESIDUAL_GAIN).clamp_(lo, hi)
+    steps = torch.mul(x, 1.0 / scale).add_(zp)  # x in grid steps; its rounding error is the residual
+    r = steps.sub_(torch.round(steps)).mul_(scale * RESIDUAL_GAIN).clamp_(lo, hi)
     return torch.cat([x, r])
