@@ -17,7 +17,7 @@ def llama_model(path, n_ctx: int = N_CTX):
 
     return llama_cpp.Llama(
         str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True, verbose=False,
-        n_threads=2, type_k=0, type_v=0, seed=0,
+        n_threads=1, type_k=0, type_v=0, seed=0,
     )
 
 
