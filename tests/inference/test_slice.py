@@ -140,3 +140,15 @@ def test_split_ranges_and_estimates(model_path):
     halves = estimate_bytes(model_path, 0, 2, fmt="f32") + estimate_bytes(model_path, 2, 4, fmt="f32")
     assert whole == halves
     assert estimate_bytes(model_path, fmt="int8") * 4 == whole
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_half_formats_and_half_kv_cache(model_path, dtype):
+    """The CUDA path's pieces on the CPU: half weights, and a half KV cache."""
+    ref = our_logits(SliceChain.load(model_path, 1, dtype="f32"), TOKENS, decode_from=30)
+    c = SliceChain.load(model_path, 2, dtype=dtype)
+    for s in c.slices:
+        s.kv_dtype = torch.float16
+    out = our_logits(c, TOKENS, decode_from=30)
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 0.02
+    assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.95
