@@ -88,6 +88,11 @@ def _compare(args):
     quantized = any(t.tensor_type.name not in ("F32", "F16", "BF16") for t in f.tensors.values())
     float_weights = all(t.tensor_type.name == "F32" for t in f.tensors.values())
     del f
+    # ours first: an unsupported architecture or a bad split is reported in our words
+    chain = SliceChain.load(args.model, args.slices, dtype=args.dtype, max_ctx=n_ctx_train)
+    if args.dtype == "f32" and not float_weights and not args.no_ggml_emulation:
+        for s in chain.slices:
+            emulate_model(s)
     llm = llama_cpp.Llama(args.model, n_ctx=n_ctx_train, n_batch=512, logits_all=True, verbose=False,
                           n_threads=args.threads, type_k=0, type_v=0)
     prompt = llm.tokenize(args.prompt.encode(), add_bos=True)
@@ -101,10 +106,6 @@ def _compare(args):
         cont.append(int(row.argmax()))
         llm.eval([cont[-1]])
     llm.close()
-    chain = SliceChain.load(args.model, args.slices, dtype=args.dtype, max_ctx=n_ctx_train)
-    if args.dtype == "f32" and not float_weights and not args.no_ggml_emulation:
-        for s in chain.slices:
-            emulate_model(s)
     chain.new_session("test-split")
     rows = [chain.forward("test-split", torch.tensor(prompt), 0, last_only=True)[0]]
     for i, tok in enumerate(cont[:-1]):
