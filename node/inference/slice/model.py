@@ -101,19 +101,19 @@ class SliceModel:
         if not 0 <= layer_start < end <= cfg.n_layers:
             raise ModelLoadError(f"layer range [{layer_start}, {end}) is outside the model's {cfg.n_layers} layers")
         fmt = resolve_format(dtype, device)
+        head = None
+        if end == cfg.n_layers:  # first: its conversion transient is the largest, best paid while little is held
+            norm = torch.from_numpy(f.f32("output_norm.weight")).to(device)
+            name_w = "output.weight" if f.has("output.weight") else "token_embd.weight"
+            head = (norm, make_linear(f.row_source(name_w), f.f32_or_none("output.bias"), fmt, device,
+                                      sensitive=True))
+            f.release_pages()
+            _trim_heap()
         blocks = []
         for i in range(layer_start, end):
             blocks.append(Block.build(fam.load_layer(f, cfg, i), fmt, device))
             f.release_pages()  # the converted copy is what we keep: drop the file pages we read
             _trim_heap()  # and give the freed float32 temporaries back to the OS
-        head = None
-        if end == cfg.n_layers:
-            norm = torch.from_numpy(f.f32("output_norm.weight")).to(device)
-            name_w = "output.weight" if f.has("output.weight") else "token_embd.weight"
-            head = (norm, make_linear(f.row_source(name_w), f.f32_or_none("output.bias"), fmt, device,
-                                      sensitive=True))
-        f.release_pages()  # weights now live in their own memory; keep only what lookups touch
-        _trim_heap()
         model = cls(f, cfg, layer_start, end, fmt, device, max_ctx or cfg.n_ctx_train, blocks, head,
                     name or Path(path).stem)
         log.info(
