@@ -13,6 +13,7 @@ Every callable maps float32 [T, in] → float32 [T, out], bias included.
 from __future__ import annotations
 
 import math
+import struct
 import warnings
 from collections.abc import Callable
 from typing import Protocol
@@ -150,24 +151,28 @@ class _Int8Dynamic:
 def choose_qparams(lo: float, hi: float, qmax: int) -> tuple[float, int]:
     """(scale, zero_point) exactly as PyTorch/fbgemm choose them for a dynamic uint8 input."""
     lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = float(np.float32((hi - lo) / qmax))
+    scale = _F32.unpack(_F32.pack((hi - lo) / qmax))[0]  # fbgemm keeps the scale as a float32
     if scale == 0.0 or math.isinf(1.0 / scale):
         scale = 0.1
     from_min, from_max = -lo / scale, qmax - hi / scale
     err_min, err_max = abs(lo / scale), abs(qmax) - abs(hi / scale)
     initial = from_min if err_min < err_max else from_max
-    zero_point = 0 if initial < 0 else qmax if initial > qmax else int(np.rint(initial))
+    zero_point = 0 if initial < 0 else qmax if initial > qmax else round(initial)  # half to even, as rint
     return scale, zero_point
+
+
+_F32 = struct.Struct("f")
 
 
 def with_residual_rows(x: torch.Tensor, qmax: int) -> torch.Tensor:
     """[x; K·(x - x̂)] where x̂ is x on the grid fbgemm will use (the residual rows stay inside
     x's range, so the stacked input gets the same grid). Elementwise ops on a few rows only:
-    no thread hand-offs. (fbgemm's clamp to [0, qmax] after rounding is left out: it can only
-    bite at the two ends of the range, where it costs that element its correction.)"""
+    no thread hand-offs. Left out, as they only matter at exact rounding ties or at the two ends
+    of the range (where an element then loses its correction): the integer zero point, and the
+    clamp to [0, qmax] after rounding."""
     lo_t, hi_t = torch.aminmax(x)
     lo, hi = min(float(lo_t), 0.0), max(float(hi_t), 0.0)
-    scale, zp = choose_qparams(lo, hi, qmax)
-    steps = torch.mul(x, 1.0 / scale).add_(zp)  # x in grid steps; its rounding error is the residual
+    scale, _ = choose_qparams(lo, hi, qmax)
+    steps = torch.mul(x, 1.0 / scale)  # x in grid steps; its rounding error is the residual
     r = steps.sub_(torch.round(steps)).mul_(scale * RESIDUAL_GAIN).clamp_(lo, hi)
     return torch.cat([x, r])
