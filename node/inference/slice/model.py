@@ -185,7 +185,7 @@ class SliceModel:
 
         inputs: token ids [T] on the first slice, float hidden states [T, H] otherwise.
         Returns hidden [T, H] float32, or on the last slice logits [T, V] ([1, V] with
-        `last_only`). Raises KvPositionMismatch unless index_pos equals the session's kv_len.
+        `last_only`), always as CPU tensors. Raises KvPositionMismatch unless index_pos equals the session's kv_len.
         """
         if isinstance(sess, str):
             found = self.sessions.get(sess)
@@ -226,7 +226,7 @@ class SliceModel:
                    is_first=self.is_first, is_last=self.is_last, index_pos=index_pos, kv_offset=index_pos,
                    session=sess.session_id),
             )
-        return x
+        return x if x.device.type == "cpu" else x.float().cpu()  # callers (wire, sampler) get CPU tensors
 
     def _input(self, inputs) -> torch.Tensor:
         if self.is_first:
