@@ -107,6 +107,9 @@ async def bench_model(path: Path, n_tokens: int, reps: int, n_threads: int, n_ct
             tps_api, n_api = await api_decode(base, key, model_id, prompt_text, n_direct)
             api.append(tps_api)
         d, a = statistics.median(direct), statistics.median(api)
+        if n_direct < 16:
+            print(f"model={path.name}: the model ends its reply after {n_direct} tokens; too short to measure decode")
+            return
         print(f"model={path.name} tokens={n_direct}/{n_api} threads={n_threads} reps={reps}")
         print(f"  llama-cpp-python direct : {d:8.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in direct)})")
         print(f"  through the API (SSE)   : {a:8.1f} tok/s  (runs: {', '.join(f'{x:.1f}' for x in api)})")
