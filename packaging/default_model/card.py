@@ -36,6 +36,13 @@ def render(st: dict) -> str:
              f"(max difference {rp['max_abs_diff']:.3g}; first losses "
              f"{', '.join(f'{x:.4f}' for x in rp['losses'][:5])}).")
     ta = st["tokenizer_agreement"]
+    rc = st.get("recall_train")
+    recall = ("" if not rc else
+              f"Asked \"What does X do?\" for {rc['items']} random training items (seed 7), the model "
+              f"repeats the docstring answer exactly for {rc['exact']}, gets its first sentence right for "
+              f"{rc['first_sentence']}, and ends its turn by itself in {rc['ended_turn']}. Items it has not "
+              "seen (validation) get fluent but invented answers: it is a memoriser, not an oracle.\n")
+    notes = "".join(f"{n}\n\n" for n in st.get("notes", []))
     provisional = ("\n> **Provisional**: a short run made to give the project a real file with the final "
                    "tokenizer, template and metadata; the full training run replaces it.\n"
                    if st.get("provisional") else "")
@@ -81,7 +88,7 @@ gives a model of the same quality, not necessarily the same bytes.
 | context length | {m['context_length']} tokens |
 | RoPE base / RMSNorm eps | {m['rope_theta']:g} / {m['norm_eps']:g} |
 | tokenizer | SentencePiece BPE, {m['vocab_size']} tokens, byte fallback (`<0x00>`…`<0xFF>`), no dummy prefix, identity normalisation |
-| special tokens | `<unk>` 0, `<s>` 1 (BOS, not added), `</s>` 2, `<pad>` 3, `<|im_start|>` 4, `<|im_end|>` 5 (EOS/EOT) |
+| special tokens | `<unk>` 0, `<s>` 1 (BOS, not added), `</s>` 2, `<pad>` 3, `<\\|im_start\\|>` 4, `<\\|im_end\\|>` 5 (EOS/EOT) |
 | chat template | standard ChatML (`tokenizer.chat_template`) |
 
 No BOS token is used in training or inference (`tokenizer.ggml.add_bos_token = false`), so
@@ -122,8 +129,11 @@ gradient clipping {c['grad_clip']}, no dropout, float32.
 | training wall time | {_minutes(t['wall_s'])} (whole command {_minutes(st['total_wall_s'])}) |
 | machine | {st['machine']}, torch {st['torch']} (CPU), {c['threads']} threads, shared with other work |
 
-The unigram baseline is the cross-entropy, on the validation tokens, of the token frequencies
+{notes}The unigram baseline is the cross-entropy, on the validation tokens, of the token frequencies
 counted on the training tokens (add-one smoothed).
+
+Validation loss in this table: the first {c['eval_batches'] * c['batch_size']} validation rows of {m['context_length']} tokens
+on the way, all {co['tokens_val'] // m['context_length']} rows at the last step.
 
 | step | epoch | lr | train loss | val loss |
 |---|---|---|---|---|
@@ -146,7 +156,8 @@ Greedy decoding (temperature 0, max 200 tokens) through llama-cpp-python's
 `create_chat_completion` on the shipped Q8_0 file:
 
 {samples}
-"""
+
+{recall}"""
 
 
 def write(path: Path, stats: dict) -> None:

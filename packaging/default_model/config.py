@@ -45,8 +45,8 @@ class TrainConfig:
     seed: int = 1234
     steps: int = 3000
     batch_size: int = 8
-    lr: float = 3e-3
-    min_lr: float = 3e-4
+    lr: float = 2e-3
+    min_lr: float = 2e-4
     warmup_steps: int = 100
     weight_decay: float = 0.1
     beta1: float = 0.9

@@ -20,6 +20,9 @@ from pathlib import Path
 
 # Run as a script: import this folder as the package `default_model` (see __init__.py for why).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# OpenMP threads that spin at barriers lose most of their time when other processes share the
+# cores (measured here: 19 s vs 3.4 s per step); sleeping waits change nothing numerically.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
@@ -28,6 +31,7 @@ from default_model.config import GGUF_NAME, Config  # noqa: E402
 
 log = logging.getLogger("default_model")
 COMMAND = "python packaging/default_model/train.py --out resources/models"
+RECALL_ITEMS = 20  # training items asked "What does X do?" for the card's memorisation figure
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -38,6 +42,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, help="override TrainConfig.eval_every")
     ap.add_argument("--repro-steps", type=int, default=30,
                     help="first train twice for this many steps and compare losses (0: skip)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue an interrupted run from WORK/checkpoint.pt (same data order)")
     return ap.parse_args(argv)
 
 
@@ -54,7 +60,7 @@ def _machine() -> str:
 
 
 def build_corpus(cfg: Config, work: Path):
-    """Harvest, clean, split and tokenize; return (tokenizer, train docs, val docs, val texts, stats)."""
+    """Harvest, clean, split, tokenize; return tokenizer, train/val docs, val texts, stats, train items."""
     records = corpus.harvest()
     (work / "raw_docstrings.json").write_text(json.dumps(records))
     c = cfg.corpus
@@ -84,7 +90,7 @@ def build_corpus(cfg: Config, work: Path):
         "val_contains_os_path_join": any(it.qualname == "os.path.join" for it in val_items),
     }
     log.info("corpus %s", stats)
-    return tok, train_docs, val_docs, val_texts, stats
+    return tok, train_docs, val_docs, val_texts, stats, train_items
 
 
 def repro_check(cfg: Config, train_docs, val_docs, work: Path, steps: int) -> dict:
@@ -107,11 +113,17 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     trainer.seed_everything(cfg.train.seed, cfg.train.threads)
 
-    tok, train_docs, val_docs, val_texts, corpus_stats = build_corpus(cfg, args.work)
+    tok, train_docs, val_docs, val_texts, corpus_stats, train_items = build_corpus(cfg, args.work)
     assert tok.vocab_size == cfg.model.vocab_size
-    repro = repro_check(cfg, train_docs, val_docs, args.work, args.repro_steps) if args.repro_steps else None
+    repro = None
+    if args.repro_steps and not args.resume:
+        repro = repro_check(cfg, train_docs, val_docs, args.work, args.repro_steps)
+        (args.work / "repro.json").write_text(json.dumps(repro))
+    elif (args.work / "repro.json").exists():
+        repro = json.loads((args.work / "repro.json").read_text())
 
-    model, result = trainer.train(cfg, train_docs, val_docs, args.work / "train_log.jsonl")
+    model, result = trainer.train(cfg, train_docs, val_docs, args.work / "train_log.jsonl",
+                                  checkpoint=args.work / "checkpoint.pt", resume=args.resume)
     torch.save(model.state_dict(), args.work / "model.pt")
     val_rows = trainer.eval_rows(val_docs, cfg.model.context_length)
     unigram = trainer.unigram_baseline(train_docs, val_rows, cfg.model.vocab_size)
@@ -137,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         "logits_q8_0": verify.compare_logits(model, tok, q8, n_ctx),
         "tokenizer_agreement": verify.tokenizer_agreement(tok, q8, val_texts),
         "samples": verify.greedy_samples(q8, n_ctx),
+        "recall_train": verify.recall(q8, n_ctx, train_items, RECALL_ITEMS, seed=7),
         "repro": repro,
         "file": {"name": GGUF_NAME, "bytes": q8.stat().st_size,
                  "sha256": hashlib.sha256(q8.read_bytes()).hexdigest()},

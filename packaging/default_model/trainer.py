@@ -93,28 +93,57 @@ class TrainResult:
     step_losses: list[float] = field(default_factory=list)
 
 
-def train(cfg: Config, train_docs: list[list[int]], val_docs: list[list[int]], log_path: Path) -> tuple[Llama, TrainResult]:
-    """Train a fresh model; append progress to ``log_path`` (JSON lines); return model and figures."""
+def _batches(train_docs: list[list[int]], cfg: Config, start_step: int):
+    """Yield (epoch, batch) for steps ``start_step`` onwards; the order depends only on the seed."""
     t_cfg, ctx = cfg.train, cfg.model.context_length
-    seed_everything(t_cfg.seed, t_cfg.threads)
-    model = Llama(cfg.model)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
+    epoch, rows = 0, epoch_rows(train_docs, ctx, t_cfg.seed, 0)
+    per_epoch = len(rows) // t_cfg.batch_size
+    epoch, cursor = divmod(start_step, per_epoch)
+    if epoch:
+        rows = epoch_rows(train_docs, ctx, t_cfg.seed, epoch)
+    while True:
+        if cursor == per_epoch:
+            epoch, cursor = epoch + 1, 0
+            rows = epoch_rows(train_docs, ctx, t_cfg.seed, epoch)
+        yield epoch, rows[cursor * t_cfg.batch_size : (cursor + 1) * t_cfg.batch_size]
+        cursor += 1
+
+
+def _optimizer(model: Llama, t_cfg) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
         [{"params": decay, "weight_decay": t_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=t_cfg.lr, betas=(t_cfg.beta1, t_cfg.beta2), foreach=False,
     )
+
+
+def train(cfg: Config, train_docs: list[list[int]], val_docs: list[list[int]], log_path: Path,
+          checkpoint: Path | None = None, resume: bool = False) -> tuple[Llama, TrainResult]:
+    """Train a fresh model (or resume ``checkpoint``); log JSON lines to ``log_path``.
+
+    With ``checkpoint`` set, model + optimizer + progress are saved at every evaluation; resuming
+    replays the same data order, so a resumed run ends where an uninterrupted one would.
+    """
+    t_cfg, ctx = cfg.train, cfg.model.context_length
+    seed_everything(t_cfg.seed, t_cfg.threads)
+    model = Llama(cfg.model)
+    opt = _optimizer(model, t_cfg)
     val = eval_rows(val_docs, ctx)
-    result = TrainResult()
-    log_path.write_text("")
-    epoch, rows, cursor = 0, epoch_rows(train_docs, ctx, t_cfg.seed, 0), 0
+    result, start, prior_s = TrainResult(), 0, 0.0
+    if resume and checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start, prior_s = state["step"], state["elapsed_s"]
+        result.history, result.step_losses = state["history"], state["step_losses"]
+        log.info("resumed from %s at step %d", checkpoint, start)
+    else:
+        log_path.write_text("")
     t0, window = time.perf_counter(), []
-    for step in range(t_cfg.steps):
-        if cursor + t_cfg.batch_size > len(rows):
-            epoch, cursor = epoch + 1, 0
-            rows = epoch_rows(train_docs, ctx, t_cfg.seed, epoch)
-        batch = rows[cursor : cursor + t_cfg.batch_size]
-        cursor += t_cfg.batch_size
+    batches = _batches(train_docs, cfg, start)
+    for step in range(start, t_cfg.steps):
+        epoch, batch = next(batches)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, t_cfg)
         logits = model(batch[:, :-1])
@@ -127,7 +156,7 @@ def train(cfg: Config, train_docs: list[list[int]], val_docs: list[list[int]], l
         window.append(loss.item())
         last = step + 1 == t_cfg.steps
         if (step + 1) % t_cfg.eval_every == 0 or last:
-            elapsed = time.perf_counter() - t0
+            elapsed = prior_s + time.perf_counter() - t0
             entry = {
                 "step": step + 1, "epoch": epoch, "lr": lr_at(step, t_cfg),
                 "train_loss": sum(window) / len(window),
@@ -135,7 +164,7 @@ def train(cfg: Config, train_docs: list[list[int]], val_docs: list[list[int]], l
                 "val_loss": evaluate(model, val if last else val[: t_cfg.eval_batches * t_cfg.batch_size],
                                      t_cfg.batch_size),
                 "elapsed_s": round(elapsed, 1),
-                "tok_per_s": round((step + 1) * t_cfg.batch_size * ctx / elapsed),
+                "tok_per_s": round((step + 1 - start) * t_cfg.batch_size * ctx / (elapsed - prior_s)),
             }
             window = []
             result.history.append(entry)
@@ -143,9 +172,13 @@ def train(cfg: Config, train_docs: list[list[int]], val_docs: list[list[int]], l
                 f.write(json.dumps(entry) + "\n")
             log.info("step %(step)d epoch %(epoch)d lr %(lr).2e train %(train_loss).4f val %(val_loss).4f "
                      "%(elapsed_s).0fs %(tok_per_s)d tok/s", entry)
+            if checkpoint is not None:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                            "elapsed_s": elapsed, "history": result.history,
+                            "step_losses": result.step_losses}, checkpoint)
     result.steps = t_cfg.steps
     result.tokens_seen = t_cfg.steps * t_cfg.batch_size * ctx
-    result.wall_s = time.perf_counter() - t0
+    result.wall_s = prior_s + time.perf_counter() - t0
     result.final_train_loss = result.history[-1]["train_loss"]
     result.final_val_loss = result.history[-1]["val_loss"]
     return model, result

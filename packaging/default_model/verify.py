@@ -79,3 +79,18 @@ def greedy_samples(gguf_path, n_ctx: int, prompts=SAMPLE_PROMPTS) -> list[dict]:
                     "completion_tokens": res["usage"]["completion_tokens"]})
     llm.close()
     return out
+
+
+def recall(gguf_path, n_ctx: int, items, n: int, seed: int) -> dict:
+    """Greedy answers to "What does X do?" for ``n`` seeded random items vs their docstring answer."""
+    import random
+
+    picks = random.Random(seed).sample(list(items), n)
+    res = greedy_samples(gguf_path, n_ctx, [f"What does {it.qualname} do?" for it in picks])
+    first = [r["answer"].strip().split(". ")[0] == it.answer.split(". ")[0] for it, r in zip(picks, res, strict=True)]
+    return {
+        "items": n,
+        "exact": sum(r["answer"].strip() == it.answer for it, r in zip(picks, res, strict=True)),
+        "first_sentence": sum(first),
+        "ended_turn": sum(r["finish_reason"] == "stop" for r in res),
+    }
