@@ -55,6 +55,9 @@ def run_app(config, *, show_window: bool = False, tray_available: bool | None = 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarmllm-tray` console script."""
+    from node.runtime import configure_process
+
+    configure_process()  # before the node imports torch
     from node.commands.run import cli_overrides
     from node.config import load_config
     from node.errors import NodeError

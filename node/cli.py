@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarmllm` console script."""
+    from node.runtime import configure_process
+
+    configure_process()  # before any command imports torch
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
