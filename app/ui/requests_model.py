@@ -40,7 +40,7 @@ REQUEST_COLUMNS = [
     Column("Time", lambda t: fmt.clock(t.created_at)),
     Column("Request", lambda t: t.request_id[:8], tooltip=lambda t: t.request_id),
     Column("Model", lambda t: t.model),
-    Column("Route", lambda t: t.route + (f" ×{t.assemblies}" if t.assemblies > 1 else ""),
+    Column("Route", lambda t: (t.route or (fmt.DASH if t.done else "choosing")) + (f" ×{t.assemblies}" if t.assemblies > 1 else ""),
            tooltip=lambda t: f"{len(t.segments)} segment(s), {t.peer_count} peer(s)",
            header_tip="local, split, distributed or relayed (×N: assembled N times, i.e. retried)"),
     Column("Nodes", _nodes, header_tip="short ids of the nodes that ran the segments"),

@@ -65,7 +65,7 @@ class RequestsTab(QWidget):
             self.summary.setPlainText("")
             return
         self.detail_title.setText(
-            f"<b>Route of {trace.request_id[:8]}</b>: {trace.route}, {len(trace.segments)} segment(s)"
+            f"<b>Route of {trace.request_id[:8]}</b>: {trace.route or 'not chosen yet'}, {len(trace.segments)} segment(s)"
             + (f", assembled {trace.assemblies}×" if trace.assemblies > 1 else "")
             + (f" — first attempt failed: {trace.first_attempt_cause}" if trace.first_attempt_cause else ""))
         self.summary.setPlainText(trace.summary_line() if trace.done else "(in flight: the summary line is "

@@ -20,6 +20,8 @@ pytestmark = [pytest.mark.gui, pytest.mark.qt_log_level_fail("WARNING")]
 def _trace(n: int, *, done: bool = True, segments: int = 1) -> RequestTrace:
     t = RequestTrace(model="tiny-1234abcd", operation="chat.completions")
     t.mark_dequeued()
+    assert t.route is None  # not chosen yet
+    t.route = "local"
     started = t.begin_assembly()
     t.end_assembly(started, [SegmentTrace(f"{i:08x}", i * 2, i * 2 + 2, "local" if i == 0 else "direct",
                                           elapsed_ms=3.5 * (i + 1), activation_bytes=1024 * i,
@@ -87,6 +89,14 @@ def test_requests_model(qapp, qtmodeltester, force_py):
     assert model.cell_text(key, "Outcome") == "in flight"
     assert model.cell_text(key, "TTFT").endswith("ms")
     assert model.index(0, 0).data(ROW_KEY_ROLE) == key
+    # a request whose route is not chosen yet (queued), and one that failed before any route
+    queued = RequestTrace(model="tiny-1234abcd", operation="chat.completions")
+    model.on_trace_event("started", queued)
+    assert model.cell_text(queued.request_id, "Route") == "choosing"
+    queued.finished = time.monotonic()
+    queued.outcome = "error"
+    model.on_trace_event("finished", queued)
+    assert model.cell_text(queued.request_id, "Route") == "—"
 
 
 @pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])
