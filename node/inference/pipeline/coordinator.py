@@ -33,6 +33,8 @@ from node.trace import RequestTrace, SegmentTrace
 
 log = logging.getLogger(__name__)
 
+_TELE_US = ("eval_us", "wait_us", "codec_us", "send_us")  # per-segment timings in RESULT telemetry
+
 
 class StepFailed(Exception):
     """A segment failed a step; `node_id` is the one to route around."""
@@ -171,7 +173,8 @@ class PipelineCoordinator:
             return
         now = time.monotonic()
         step.acks[ack.hop] = now
-        log.debug('DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug('DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
         rto = self.peers.rto(sender) if self.peers is not None else None
         if rto is not None and ack.hop == 0:
             rto.observe(now - step.sent_at)  # coordinator → segment 0 → coordinator is a true round trip
@@ -260,9 +263,10 @@ class PipelineCoordinator:
                     history=history)
         step = _Step(seq, len(tokens), time.monotonic(), asyncio.get_running_loop().create_future())
         att.steps[seq] = step
-        log.debug("DIAG: starting forward_through_segments %s", kv(
-            request_id=trace.request_id, sid=att.sid, seq_num=seq, index_pos=index_pos, seq_len=len(tokens),
-            kv_offset=att.kv_len))  # measured by the segments on the last step; must equal index_pos
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("DIAG: starting forward_through_segments %s", kv(
+                request_id=trace.request_id, sid=att.sid, seq_num=seq, index_pos=index_pos, seq_len=len(tokens),
+                kv_offset=att.kv_len))  # measured by the segments on the last step; must equal index_pos
         try:
             self.transport.send(att.route[0].node_id, FrameType.WORK, work.to_header(), encode_tokens(tokens))
         except PeerUnreachable as exc:
@@ -324,26 +328,33 @@ class PipelineCoordinator:
     def _account(self, att: _Attempt, step: _Step, result: Result, trace: RequestTrace) -> None:
         wall_ms = (time.monotonic() - step.sent_at) * 1000
         compute_ms = 0.0
+        base_ms: float | None = None  # one thread hand-off and hand-back: a single process pays them too
         by_start = {seg.layer_start: seg for seg in trace.segments}
         if result.telemetry and "kv_len" in result.telemetry[0]:
             att.kv_len = int(result.telemetry[0]["kv_len"])
         for tele in result.telemetry:
             seg = by_start.get(int(tele.get("start", -1)))
-            eval_us, wait_us, send_us = (int(tele.get(k, 0)) for k in ("eval_us", "wait_us", "send_us"))
+            eval_us, wait_us, codec_us, send_us = (int(tele.get(k, 0)) for k in _TELE_US)
             compute_ms += eval_us / 1000
-            if seg is not None:
-                seg.elapsed_ms += (eval_us + wait_us + send_us) / 1000
-                seg.activation_bytes += int(tele.get("bytes_out", 0))
-                for key in ("eval_us", "wait_us", "send_us"):
-                    seg.telemetry[key] = seg.telemetry.get(key, 0) + int(tele.get(key, 0))
             node = str(tele.get("node", ""))
+            if base_ms is None or node == self.node_id:
+                base_ms = (wait_us + send_us) / 1000
+            if seg is not None:
+                seg.elapsed_ms += (eval_us + wait_us + codec_us + send_us) / 1000
+                seg.activation_bytes += int(tele.get("bytes_out", 0))
+                for key in _TELE_US:
+                    seg.telemetry[key] = seg.telemetry.get(key, 0) + int(tele.get(key, 0))
             if node and node != self.node_id:
                 self.perf.setdefault(node, PeerPerf()).observe(eval_us, int(tele.get("end", 0)) - int(tele.get("start", 0)),
                                                                step.n_tokens, wall_ms)
-        if step.n_tokens == 1 and len(att.route) > 0:
-            hops = sum(1 for k in att.kinds if k != "local") + (1 if att.kinds[-1] != "local" else 0)
+        if step.n_tokens == 1 and att.route:
+            # network hops: between consecutive segments (always two nodes), plus into the first
+            # and back from the last when those are not this node
+            hops = len(att.route) - 1 + (att.kinds[0] != "local") + (att.kinds[-1] != "local")
             if hops:
-                overhead = max(0.0, wall_ms - compute_ms) / hops
+                # everything but compute (codec, queueing, thread hand-offs, framing, TLS, the wire)
+                # is hop cost, except the one hand-off/hand-back a single segment also pays
+                overhead = max(0.0, wall_ms - compute_ms - (base_ms or 0.0)) / hops
                 self.hop_overhead_ms = overhead if self.hop_overhead_ms is None else 0.9 * self.hop_overhead_ms + 0.1 * overhead
         att.steps.pop(step.seq, None)
 

@@ -274,9 +274,10 @@ class HopTelemetry:
     node: str
     start: int
     end: int
-    eval_us: int = 0
-    wait_us: int = 0  # queued behind other work on this segment's model
-    send_us: int = 0  # encoding + handing the next frame to the link
+    eval_us: int = 0  # compute: the layers' forward (and sampling on the last segment)
+    wait_us: int = 0  # receipt → the slice's thread starts the step (queue + thread hand-off)
+    codec_us: int = 0  # input decode + session lookup + output encode (executor thread)
+    send_us: int = 0  # the executor's hand-back to the loop before the next frame is built and sent
     bytes_in: int = 0
     bytes_out: int = 0
     kv_len: int = 0
@@ -284,5 +285,5 @@ class HopTelemetry:
 
     def as_wire(self) -> dict[str, Any]:
         return {"node": self.node, "start": self.start, "end": self.end, "eval_us": self.eval_us,
-                "wait_us": self.wait_us, "send_us": self.send_us, "bytes_in": self.bytes_in,
+                "wait_us": self.wait_us, "codec_us": self.codec_us, "send_us": self.send_us, "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out, "kv_len": self.kv_len, **self.extra}

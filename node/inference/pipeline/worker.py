@@ -73,33 +73,53 @@ class SegmentWorker:
             log.warning("DIAG: malformed WORK dropped %s", kv(sender=sender[:8], error=exc.message))
             return
         hop = work.target
+        refusal = None
+        hosted = None
+        if hop.node_id != self.node_id:
+            refusal = (f"WORK for node {hop.node_id[:8]} reached {self.short_id}", "misrouted")
+        elif work.coordinator != self.node_id and not self.contributing() and work.index_pos == 0:
+            refusal = (f"node {self.short_id} has paused contributing to the swarm", "not_contributing")
+        else:
+            hosted = self.host.find(work.model, hop.start, hop.end)
+            if hosted is None:
+                refusal = (f"node {self.short_id} does not serve layers {hop.start}-{hop.end - 1} of model "
+                           f"{work.model[:12]}", "segment_not_served")
+        debug = log.isEnabledFor(logging.DEBUG)
+        cancelled = refusal is None and self._is_cancelled(work.sid)
+        if refusal is None and not cancelled:
+            if debug:
+                log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
+                          kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}",
+                             activation_bytes=len(payload)))
+            # Hand the compute to the slice's thread first: its wake-up overlaps the ACK below.
+            hosted.executor.submit(self._compute, asyncio.get_running_loop(), hosted, work, payload, received, sender)
         if work.coordinator != self.node_id:
             try:
                 self.transport.send(work.coordinator, FrameType.ACK, Ack(work.sid, work.seq, work.hop, self.node_id).to_header())
-                log.debug("DIAG: acknowledged tensor forward on receipt %s", kv(sid=work.sid, seq=work.seq, hop=work.hop))
+                if debug:
+                    log.debug("DIAG: acknowledged tensor forward on receipt %s", kv(sid=work.sid, seq=work.seq, hop=work.hop))
             except PeerUnreachable:
                 log.info("DIAG: ACK not sent, no link to coordinator %s", kv(coordinator=work.coordinator[:8], sid=work.sid))
-        if hop.node_id != self.node_id:
-            self._fail(work, f"WORK for node {hop.node_id[:8]} reached {self.short_id}", "misrouted")
-            return
-        if work.coordinator != self.node_id and not self.contributing() and work.index_pos == 0:
-            self._fail(work, f"node {self.short_id} has paused contributing to the swarm", "not_contributing")
-            return
-        hosted = self.host.find(work.model, hop.start, hop.end)
-        if hosted is None:
-            self._fail(work, f"node {self.short_id} does not serve layers {hop.start}-{hop.end - 1} of model "
-                             f"{work.model[:12]}", "segment_not_served")
-            return
-        if self._is_cancelled(work.sid):
+        if refusal is not None:
+            self._fail(work, *refusal)
+        elif cancelled and debug:
             log.debug("DIAG: WORK for a cancelled session dropped %s", kv(sid=work.sid, seq=work.seq))
-            return
-        log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
-                  kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
-        fut = asyncio.get_running_loop().run_in_executor(hosted.executor, self._compute, hosted, work, payload, received)
-        asyncio.ensure_future(self._after(hosted, work, fut, sender))
 
-    def _compute(self, hosted: HostedSlice, work: Work, payload: bytes, received: float):
-        """Executor thread: decode inputs, run the layers, sample or encode the output."""
+    def _compute(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, work: Work, payload: bytes,
+                 received: float, sender: str) -> None:
+        """Executor thread: run the step, then hand the outcome straight back to the loop (one
+        call_soon_threadsafe: no Future/Task round trip)."""
+        try:
+            outcome: Any = self._step(hosted, work, payload, received)
+        except Exception as exc:  # reported on the loop (a bug in the forward path must reach the coordinator)
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(self._after, hosted, work, outcome, time.monotonic(), sender)
+        except RuntimeError:
+            pass  # the loop is closed: the node is shutting down
+
+    def _step(self, hosted: HostedSlice, work: Work, payload: bytes, received: float):
+        """Decode inputs, run the layers, sample or encode the output (executor thread)."""
         started = time.monotonic()
         if self._is_cancelled(work.sid):
             return None  # cancelled while queued behind other steps: do not compute
@@ -117,8 +137,10 @@ class SegmentWorker:
             if work.index_pos != 0:
                 raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
             sess = model.new_session(work.sid)
-        log.debug("DIAG: processing LayerForward locally %s",
-                  kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("DIAG: processing LayerForward locally %s",
+                      kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
+        computing = time.monotonic()
         out = model.forward(sess, inputs, work.index_pos, last_only=model.is_last)
         tele = HopTelemetry(self.node_id, hosted.start, hosted.end, kv_len=sess.kv_len, bytes_in=len(payload),
                             wait_us=int((started - received) * 1e6))
@@ -131,26 +153,29 @@ class SegmentWorker:
                         raise ProtocolError("first sampling step of a session carries no sampling parameters")
                     sampler = self.samplers[work.sid] = Sampler(work.sampling, work.history)
                 token = sampler.sample(out[-1])
+            tele.eval_us = int((time.monotonic() - computing) * 1e6)
+            tele.codec_us = int((computing - started) * 1e6)
         else:
+            computed = time.monotonic()
             meta, data = encode_activations(out, work.activation_bits)
             tele.bytes_out = len(data)
-        tele.eval_us = int((time.monotonic() - started) * 1e6)
+            tele.eval_us = int((computed - computing) * 1e6)
+            tele.codec_us = int((computing - started + time.monotonic() - computed) * 1e6)
         return tele, token, meta, data
 
-    async def _after(self, hosted: HostedSlice, work: Work, fut: asyncio.Future, sender: str) -> None:
-        try:
-            out = await fut
-        except NodeError as exc:
-            self._fail(work, exc.message, exc.code or "error")
+    def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str) -> None:
+        """Loop thread: account the step and send its output on (WORK to the next hop, or RESULT)."""
+        if isinstance(outcome, NodeError):
+            self._fail(work, outcome.message, outcome.code or "error")
             return
-        except Exception as exc:  # a bug in the forward path must still reach the coordinator
-            log.exception("slice forward failed sid=%s", work.sid)
-            self._fail(work, f"{type(exc).__name__}: {exc}", "internal_error")
+        if isinstance(outcome, Exception):
+            log.error("slice forward failed sid=%s", work.sid, exc_info=outcome)
+            self._fail(work, f"{type(outcome).__name__}: {outcome}", "internal_error")
             return
-        if out is None or self._is_cancelled(work.sid):
+        if outcome is None or self._is_cancelled(work.sid):
             self._drop_cancelled(hosted, work.sid)
             return
-        tele, token, meta, data = out
+        tele, token, meta, data = outcome
         hosted.note_eval(tele.eval_us, work.n_tokens)
         if work.coordinator != self.node_id:
             served = hosted.served
@@ -162,16 +187,19 @@ class SegmentWorker:
             served.eval_ms += tele.eval_us / 1000
             served.bytes_in += tele.bytes_in
             served.bytes_out += tele.bytes_out
-        send_started = time.monotonic()
         try:
             if meta is not None:
                 nxt = work.hop + 1
-                tele.send_us = int((time.monotonic() - send_started) * 1e6)
+                # send_us: the executor's hand-back to this loop (building and writing the frame
+                # cannot be in its own header: the coordinator sees them as wire time)
+                tele.send_us = int((time.monotonic() - finished) * 1e6)
                 fwd = dataclasses.replace(work, hop=nxt, act=meta, telemetry=(*work.telemetry, tele.as_wire()))
                 self.transport.send(work.route[nxt].node_id, FrameType.WORK, fwd.to_header(), data)
-                log.debug("DIAG: sent tensor forward via send_request %s",
-                          kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("DIAG: sent tensor forward via send_request %s",
+                              kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
             else:
+                tele.send_us = int((time.monotonic() - finished) * 1e6)
                 result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()))
                 self.transport.send(work.coordinator, FrameType.RESULT, result.to_header())
         except PeerUnreachable as exc:
