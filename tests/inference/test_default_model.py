@@ -69,7 +69,7 @@ def test_default_model_int8_agrees_with_llama_cpp():
 @pytest.mark.parametrize(("decode_from", "exact_prefill", "tolerance"), [
     (16, False, 0.01),  # as generation runs: a prompt prefill, then one decode step per token
     (None, True, 0.01),  # one prefill computing every position (how perplexity is evaluated)
-    (None, False, 0.02),  # the same with the fast prefill (residual pass on ffn_down and head only)
+    (None, False, 0.01),  # the same with the fast prefill (one 8-bit pass on most matrices)
 ])
 def test_default_model_int8_perplexity_within_one_percent_of_f32(decode_from, exact_prefill, tolerance):
     tokens = _tokens()

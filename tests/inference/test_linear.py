@@ -1,4 +1,5 @@
-"""The int8 weight format: fbgemm's grid reproduced, the residual pass and per-token grids."""
+"""The int8 weight format: fbgemm's grid reproduced, the residual pass, per-token grids, pair-safe
+weights (8-bit activations without int16 saturation) and the Hadamard rotation."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from node.inference.slice.linear import RESIDUAL_MAX_ROWS, choose_qparams, make_linear
+from node.inference.slice.linear import (
+    PAIR_LIMIT,
+    RESIDUAL_MAX_ROWS,
+    choose_qparams,
+    hadamard,
+    make_linear,
+    quantize_rows_int8,
+)
 
 CPU = torch.device("cpu")
 
@@ -40,12 +48,12 @@ def _int8_exact_weights(rows: int, cols: int, gen: torch.Generator) -> torch.Ten
 def test_residual_pass_buys_back_activation_precision():
     gen = torch.Generator().manual_seed(1)
     w = _int8_exact_weights(512, 1024, gen)
-    lin = make_linear(w.numpy(), None, "int8", CPU)
-    plain = make_linear(w.numpy(), None, "int8", CPU)
+    lin = make_linear(w.numpy(), None, "int8", CPU, sensitive=True)  # (pair-safe weights would round them)
+    plain = make_linear(w.numpy(), None, "int8", CPU, sensitive=True)
     x = torch.randn(1, 1024, generator=gen)
     ref = x @ w.T
     corrected = _rel_err(lin(x), ref)
-    uncorrected = _rel_err(plain._op(x, plain.packed, True), ref)
+    uncorrected = _rel_err(plain._op(x, plain.packed, plain.reduce_range), ref)
     assert corrected < uncorrected / 10
 
 
@@ -58,7 +66,7 @@ def test_long_prefill_gets_per_token_grids():
     x[0] *= 100.0
     y, ref = lin(x), x @ w.T
     quiet = _rel_err(y[1:], ref[1:])
-    shared_grid = _rel_err(lin._op(x, lin.packed, True)[1:], ref[1:])
+    shared_grid = _rel_err(lin._op(x, lin.packed, lin.reduce_range)[1:], ref[1:])
     assert quiet < 0.03
     assert shared_grid > 5 * quiet
 
@@ -70,3 +78,47 @@ def test_bias_is_added_once():
     for rows in (1, RESIDUAL_MAX_ROWS + 3):
         x = torch.rand(rows, 64)
         np.testing.assert_allclose(lin(x).numpy(), (x + torch.from_numpy(b)).numpy(), atol=0.02)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pair_safe_weights_take_8_bit_activations_without_saturation(threads):
+    """vpmaddubsw adds u8·s8 products of neighbouring columns in int16: with |q0| + |q1| ≤ 128 even
+    activations at 255 cannot saturate, so fbgemm's result is the exact integer product."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(300, 2048, generator=gen) / 30
+    w[:, 5] *= 20  # a loud column: its pairs set the scale
+    q, scales = quantize_rows_int8(w.numpy(), pair_safe=True)
+    assert int(q.view(300, -1, 2).int().abs().sum(dim=2).max()) <= PAIR_LIMIT
+    lin = make_linear(w.numpy(), None, "int8", CPU)
+    assert not lin.reduce_range
+    x = torch.rand(7, 2048, generator=gen)
+    x[:, ::2] = 1.0  # half the activations at the top of the grid
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = lin._op(x, lin.packed, False)
+    finally:
+        torch.set_num_threads(before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xq = torch.quantize_per_tensor_dynamic(x, torch.quint8, False).dequantize()
+    ref = xq @ (q.float() * scales[:, None]).T
+    assert float((y - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+def test_hadamard_rotation_is_exact_and_tames_heavy_tails():
+    h = hadamard(32)
+    torch.testing.assert_close(h @ h, torch.eye(32), atol=1e-6, rtol=0)
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(256, 704, generator=gen) / 26
+    x = torch.randn(RESIDUAL_MAX_ROWS + 24, 704, generator=gen) * 0.1
+    x[torch.arange(x.shape[0]), torch.randint(0, 704, (x.shape[0],), generator=gen)] = 10.0  # one loud value per token
+    ref = x @ w.T
+    plain = make_linear(w.numpy(), None, "int8", CPU)
+    rotated = make_linear(w.numpy(), None, "int8", CPU, rotate=32)
+    assert _rel_err(rotated(x[:1]), ref[:1]) < 0.015  # one row: the residual pass, weights' error only
+
+    def activation_err(lin) -> float:  # one pass over the long input vs the residual pass row by row
+        return _rel_err(lin(x), torch.cat([lin(x[i : i + 1]) for i in range(x.shape[0])]))
+
+    assert activation_err(rotated) < activation_err(plain) / 2.5

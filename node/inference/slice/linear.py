@@ -4,8 +4,10 @@
 - `bf16` / `f16`: half-precision weights (CUDA; bf16 also on CPU), float32 in and out.
 - `int8`: int8 weights per output channel, activations quantized per call by fbgemm's dynamic
   quantized linear (`quantized::linear_dynamic`) — the fastest CPU format measured in
-  `bench/slice_engine.py`. `reduce_range` keeps activations to 7 bits so AVX2's 16-bit pair sums
-  (vpmaddubsw) cannot saturate; a residual pass (see `_Int8Dynamic`) buys the precision back.
+  `bench/slice_engine.py`. AVX2's 16-bit pair sums (vpmaddubsw) must not saturate: either the
+  weights are quantized "pair-safe" (|q[2j]| + |q[2j+1]| ≤ 128, so 8-bit activations are safe)
+  or activations are kept to 7 bits (`reduce_range`); a residual pass (see `_Int8Dynamic`) buys
+  activation precision back where it is cheap or needed.
 
 Every callable maps float32 [T, in] → float32 [T, out], bias included.
 """
@@ -25,8 +27,10 @@ import torch.nn.functional as F
 FORMATS = ("f32", "bf16", "f16", "int8")
 Linear = Callable[[torch.Tensor], torch.Tensor]
 CHUNK_ROWS = 2048  # rows converted at a time: bounds load-time memory for the output head
+CHUNK_ELEMENTS = 1 << 22  # int8 quantization: at most this many weights at a time (16 MB of float32)
 RESIDUAL_MAX_ROWS = 8  # int8: inputs up to this many rows always take the residual pass
 RESIDUAL_GAIN = 16.0  # int8: residual rows are scaled by this (|K·r| ≤ 8 steps, inside x's range)
+PAIR_LIMIT = 128  # pair-safe int8: |q0| + |q1| ≤ 128, so 255·(|q0| + |q1|) fits vpmaddubsw's int16
 
 
 class RowSource(Protocol):
@@ -54,16 +58,19 @@ def int8_available() -> bool:
 
 
 def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: str, device: torch.device,
-                *, sensitive: bool = False) -> Linear:
+                *, sensitive: bool = False, rotate: int = 0) -> Linear:
     """A callable computing x @ weight.T + bias in format `fmt` on `device`.
 
-    `sensitive` marks matrices whose inputs are heavy-tailed (ffn_down) or whose errors land
-    directly in the logits (the head): the int8 format keeps its residual pass for them even in
-    long prefills.
+    int8 only: `sensitive` keeps the residual pass in long prefills too (for the head, whose
+    errors land directly in the logits, for qkv, and for every matrix with `exact_prefill`);
+    such matrices keep the finer weight grid, the others take pair-safe weights so that their
+    one pass in long prefills has 8-bit activations. `rotate` = B multiplies inputs (and weight
+    rows) by an orthonormal B×B Hadamard matrix blockwise, which spreads heavy-tailed inputs
+    (ffn_down's) evenly over each block.
     """
     src = ArraySource(weight) if isinstance(weight, np.ndarray) else weight
     if fmt == "int8":
-        return _Int8Dynamic(src, bias, correct_prefill=sensitive)
+        return _Int8Dynamic(src, bias, correct_prefill=sensitive, pair_safe=not sensitive, rotate=rotate)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[fmt]
     w = torch.empty(src.shape, dtype=dtype, device=device)
     for start in range(0, src.shape[0], CHUNK_ROWS):
@@ -75,16 +82,44 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     return _HalfLinear(w, b)
 
 
-def quantize_rows_int8(src: np.ndarray | RowSource) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output row: (int8 [out, in], float32 scales [out]), in row blocks."""
+def hadamard(n: int) -> torch.Tensor:
+    """The orthonormal Sylvester Hadamard matrix of order n (a power of 2): symmetric, H·H = I."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def quantize_rows_int8(src: np.ndarray | RowSource, *, pair_safe: bool = False,
+                       rotate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (int8 [out, in], float32 scales [out]), in row blocks.
+
+    `pair_safe`: every pair of neighbouring columns (2j, 2j+1) keeps |q0| + |q1| ≤ 128 (the scale
+    is set by the largest pair, and a pair that rounding pushed one step over loses a step on its
+    larger element). `rotate` [B, B]: each row is first multiplied by it blockwise (W·H)."""
     src = ArraySource(src) if isinstance(src, np.ndarray) else src
     q = torch.empty(src.shape, dtype=torch.int8)
     scales = torch.empty(src.shape[0], dtype=torch.float32)
-    for start in range(0, src.shape[0], CHUNK_ROWS):
-        stop = min(start + CHUNK_ROWS, src.shape[0])
+    chunk = max(1, min(CHUNK_ROWS, CHUNK_ELEMENTS // src.shape[1]))  # the transients below are a few chunks
+    for start in range(0, src.shape[0], chunk):
+        stop = min(start + chunk, src.shape[0])
         w = torch.from_numpy(np.array(src.rows(start, stop), dtype=np.float32))
-        s = (w.abs().amax(dim=1) / 127.0).clamp_min_(1e-12)
-        q[start:stop] = w.div_(s[:, None]).round_().clamp_(-127, 127)
+        if rotate is not None:
+            w = (w.view(-1, rotate.shape[0]) @ rotate).view(w.shape)
+        s = w.abs().amax(dim=1) / 127.0
+        if pair_safe:
+            pairs = w.abs().view(w.shape[0], -1, 2).sum(dim=2)
+            s = torch.maximum(s, pairs.amax(dim=1) / PAIR_LIMIT)
+        s.clamp_min_(1e-12)
+        w.div_(s[:, None]).round_().clamp_(-127, 127)
+        if pair_safe:
+            wp = w.view(w.shape[0], -1, 2)
+            over = wp.abs().sum(dim=2) > PAIR_LIMIT
+            if bool(over.any()):
+                larger = wp.abs().argmax(dim=2, keepdim=True)
+                step = torch.zeros_like(wp).scatter_(2, larger, 1.0).mul_(wp.sign()).mul_(over[..., None])
+                wp.sub_(step)
+        q[start:stop] = w
         scales[start:stop] = s
     return q, scales
 
@@ -107,21 +142,27 @@ class _HalfLinear(_FloatLinear):
 class _Int8Dynamic:
     """int8 weights (per output row) through fbgemm, with a residual pass for accuracy.
 
-    fbgemm quantizes the whole input with one 7-bit grid. Rows (tokens) are first scaled to a
-    common range, so a long prefill gets per-token grids, not one set by its largest token.
-    The rounding error r = x - x̂
+    fbgemm quantizes the whole input with one grid: 8 bits over pair-safe weights, else 7 bits
+    (`reduce_range`). Rows (tokens) are first scaled to a common range, so a long prefill gets
+    per-token grids, not one set by its largest token. The rounding error r = x - x̂
     (|r| ≤ s/2) is what costs accuracy; stacking [x; K·r] as extra rows quantizes r on the same
     grid, and y = W·x̂ + W·(K·r)/K recovers ~12-bit activations. For a few rows (decode) the extra
     rows are free (the kernel is bound by reading the weights); for long prefills they double the
     compute, so there only the matrices that need it (`correct_prefill`) take the residual pass.
+    With `rotate`, inputs are multiplied by a blockwise Hadamard matrix H first (and the weights
+    were stored as W·H): W·x = (W·H)·(H·x), and a few large values in a block become B moderate
+    ones, so the grid is set by the block's energy, not its largest element.
     """
 
-    __slots__ = ("bias", "correct_prefill", "packed")
-    reduce_range = True
+    __slots__ = ("bias", "correct_prefill", "packed", "reduce_range", "rotate")
     _op = torch.ops.quantized.linear_dynamic.default
 
-    def __init__(self, weight: RowSource, bias: np.ndarray | None, correct_prefill: bool = False):
-        q, scales = quantize_rows_int8(weight)
+    def __init__(self, weight: RowSource, bias: np.ndarray | None, correct_prefill: bool = False,
+                 pair_safe: bool = False, rotate: int = 0):
+        self.reduce_range = not (pair_safe and weight.shape[1] % 2 == 0)
+        assert rotate & (rotate - 1) == 0, "the rotation block is a power of 2"
+        self.rotate = hadamard(rotate) if rotate > 1 and weight.shape[1] % rotate == 0 else None
+        q, scales = quantize_rows_int8(weight, pair_safe=not self.reduce_range, rotate=self.rotate)
         zero = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # the quantized-tensor constructors warn about deprecation
             warnings.simplefilter("ignore")
@@ -133,9 +174,11 @@ class _Int8Dynamic:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         row_scale = None
+        if self.rotate is not None:
+            x = (x.reshape(-1, self.rotate.shape[0]) @ self.rotate).view(x.shape)
         if T > 1:  # per-token grids: rows scaled to one range (W is linear: scale back after)
             row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
-            x = x / row_scale
+            x = x.div_(row_scale) if self.rotate is not None else x / row_scale
         if T > RESIDUAL_MAX_ROWS and not self.correct_prefill:
             y = self._op(x, self.packed, self.reduce_range)
         else:

@@ -89,8 +89,8 @@ class SliceModel:
 
         Blocking (reads and converts weights): run it in the model's executor. `n_threads` sets
         torch's intra-op threads for the whole process. `exact_prefill` (int8): long prefills
-        take the residual pass on every matrix, as decode does — logits of every prompt position
-        as good as decode's (perplexity evaluation), at about half the prefill speed.
+        take the residual pass on every matrix, as decode does (logits of every prompt position
+        as good as decode's) at about half the prefill speed.
         """
         t0 = time.perf_counter()
         if n_threads:
