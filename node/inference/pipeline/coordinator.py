@@ -177,7 +177,8 @@ class PipelineCoordinator:
             log.debug('DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
         rto = self.peers.rto(sender) if self.peers is not None else None
         if rto is not None and ack.hop == 0:
-            rto.observe(now - step.sent_at)  # coordinator → segment 0 → coordinator is a true round trip
+            # coordinator → segment 0 → coordinator is a true round trip, less the time the ACK was held
+            rto.observe(max(0.0, now - step.sent_at - ack.held_us / 1e6))
 
     def on_result(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         try:

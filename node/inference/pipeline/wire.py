@@ -30,7 +30,9 @@ def encode_activations(hidden: torch.Tensor, bits: int) -> tuple[dict[str, Any],
     """Hidden states [T, H] → (meta, payload): f32, f16, or int8 with one f32 scale per row."""
     if hidden.dim() != 2:
         raise ValueError(f"hidden states must be [T, H], got {tuple(hidden.shape)}")
-    x = hidden.detach().to(torch.float32).contiguous().numpy()
+    if hidden.dtype is not torch.float32 or not hidden.is_contiguous() or hidden.requires_grad:
+        hidden = hidden.detach().to(torch.float32).contiguous()
+    x = hidden.numpy()
     rows, cols = x.shape
     if bits == 32:
         meta, data = {"dtype": "f32"}, x.tobytes()
@@ -172,6 +174,15 @@ class Work:
             header["act"] = self.act
         return header
 
+    def forward_header(self, hop: int, act: dict[str, Any], telemetry: dict[str, Any]) -> dict[str, Any]:
+        """The header of this step's WORK for route[hop]: these activations, one more telemetry
+        entry (what `dataclasses.replace(...).to_header()` gives, without rebuilding a Work)."""
+        header = self.to_header()
+        header["hop"] = hop
+        header["act"] = act
+        header["telemetry"].append(telemetry)
+        return header
+
     @classmethod
     def from_header(cls, h: Any) -> Work:
         try:
@@ -230,21 +241,22 @@ class Result:
 
 @dataclass(frozen=True)
 class Ack:
-    """A segment received a WORK step (sent to the coordinator on receipt)."""
+    """A segment received a WORK step (sent to the coordinator within ACK_HOLD_S of receipt)."""
 
     sid: str
     seq: int
     hop: int
     node_id: str
+    held_us: int = 0  # receipt → ACK sent: the coordinator takes it out of its RTT sample
 
     def to_header(self) -> dict[str, Any]:
-        return {"sid": self.sid, "seq": self.seq, "hop": self.hop, "node": self.node_id}
+        return {"sid": self.sid, "seq": self.seq, "hop": self.hop, "node": self.node_id, "held_us": self.held_us}
 
     @classmethod
     def from_header(cls, h: Any) -> Ack:
         try:
-            return cls(str(h["sid"]), int(h["seq"]), int(h["hop"]), str(h["node"]))
-        except (KeyError, TypeError, ValueError) as exc:
+            return cls(str(h["sid"]), int(h["seq"]), int(h["hop"]), str(h["node"]), max(0, int(h.get("held_us", 0))))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed ACK header: {exc}") from exc
 
 

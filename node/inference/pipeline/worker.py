@@ -3,14 +3,14 @@
 
 Frames are handled in arrival order: the synchronous entry point submits the compute to the
 slice's single-thread executor before yielding to the loop, so steps of a session run in order.
-Every WORK is ACKed to the coordinator on receipt. A failure becomes a RESULT with an error so the
+Every WORK is ACKed to the coordinator within ACK_HOLD_S of receipt, and always before the step's
+output leaves. A failure becomes a RESULT with an error so the
 coordinator learns it at once (a KV position gap names index_pos and kv_len: gotcha #400).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +37,17 @@ from node.logs import kv
 from node.net import FrameType
 
 log = logging.getLogger(__name__)
+
+
+class _PendingAck:
+    """An ACK not sent yet (see SegmentWorker.on_work)."""
+
+    __slots__ = ("work", "received", "timer", "sent")
+
+    def __init__(self, work: Work, received: float):
+        self.work, self.received = work, received
+        self.timer: asyncio.TimerHandle | None = None
+        self.sent = False
 
 
 class SegmentWorker:
@@ -84,29 +95,49 @@ class SegmentWorker:
             if hosted is None:
                 refusal = (f"node {self.short_id} does not serve layers {hop.start}-{hop.end - 1} of model "
                            f"{work.model[:12]}", "segment_not_served")
-        debug = log.isEnabledFor(logging.DEBUG)
-        cancelled = refusal is None and self._is_cancelled(work.sid)
-        if refusal is None and not cancelled:
-            if debug:
-                log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
-                          kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}",
-                             activation_bytes=len(payload)))
-            # Hand the compute to the slice's thread first: its wake-up overlaps the ACK below.
-            hosted.executor.submit(self._compute, asyncio.get_running_loop(), hosted, work, payload, received, sender)
-        if work.coordinator != self.node_id:
-            try:
-                self.transport.send(work.coordinator, FrameType.ACK, Ack(work.sid, work.seq, work.hop, self.node_id).to_header())
-                if debug:
-                    log.debug("DIAG: acknowledged tensor forward on receipt %s", kv(sid=work.sid, seq=work.seq, hop=work.hop))
-            except PeerUnreachable:
-                log.info("DIAG: ACK not sent, no link to coordinator %s", kv(coordinator=work.coordinator[:8], sid=work.sid))
         if refusal is not None:
+            self._send_ack(_PendingAck(work, received))
             self._fail(work, *refusal)
-        elif cancelled and debug:
-            log.debug("DIAG: WORK for a cancelled session dropped %s", kv(sid=work.sid, seq=work.seq))
+            return
+        debug = log.isEnabledFor(logging.DEBUG)
+        if self._is_cancelled(work.sid):
+            self._send_ack(_PendingAck(work, received))
+            if debug:
+                log.debug("DIAG: WORK for a cancelled session dropped %s", kv(sid=work.sid, seq=work.seq))
+            return
+        if debug:
+            log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
+                      kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
+        loop = asyncio.get_running_loop()
+        ack = None
+        if work.coordinator != self.node_id:
+            # Held for ACK_HOLD_S (or until the step's output, if sooner): framing it now would hold
+            # the GIL while the slice's thread is starting the step; later it overlaps the compute.
+            ack = _PendingAck(work, received)
+            ack.timer = loop.call_later(const.ACK_HOLD_S, self._send_ack, ack)
+        hosted.executor.submit(self._compute, loop, hosted, work, payload, received, sender, ack)
+
+    def _send_ack(self, ack: _PendingAck | None) -> None:
+        """Tell the coordinator a WORK arrived (once; never for our own coordinator)."""
+        if ack is None or ack.sent:
+            return
+        ack.sent = True
+        if ack.timer is not None:
+            ack.timer.cancel()
+        work = ack.work
+        if work.coordinator == self.node_id:
+            return
+        held_us = int((time.monotonic() - ack.received) * 1e6)
+        try:
+            self.transport.send(work.coordinator, FrameType.ACK,
+                                Ack(work.sid, work.seq, work.hop, self.node_id, held_us).to_header())
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("DIAG: acknowledged tensor forward on receipt %s", kv(sid=work.sid, seq=work.seq, hop=work.hop))
+        except PeerUnreachable:
+            log.info("DIAG: ACK not sent, no link to coordinator %s", kv(coordinator=work.coordinator[:8], sid=work.sid))
 
     def _compute(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, work: Work, payload: bytes,
-                 received: float, sender: str) -> None:
+                 received: float, sender: str, ack: _PendingAck | None) -> None:
         """Executor thread: run the step, then hand the outcome straight back to the loop (one
         call_soon_threadsafe: no Future/Task round trip)."""
         try:
@@ -114,7 +145,7 @@ class SegmentWorker:
         except Exception as exc:  # reported on the loop (a bug in the forward path must reach the coordinator)
             outcome = exc
         try:
-            loop.call_soon_threadsafe(self._after, hosted, work, outcome, time.monotonic(), sender)
+            loop.call_soon_threadsafe(self._after, hosted, work, outcome, time.monotonic(), sender, ack)
         except RuntimeError:
             pass  # the loop is closed: the node is shutting down
 
@@ -163,8 +194,10 @@ class SegmentWorker:
             tele.codec_us = int((computing - started + time.monotonic() - computed) * 1e6)
         return tele, token, meta, data
 
-    def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str) -> None:
+    def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str,
+               ack: _PendingAck | None) -> None:
         """Loop thread: account the step and send its output on (WORK to the next hop, or RESULT)."""
+        self._send_ack(ack)  # the coordinator hears of the step before its output, as before
         if isinstance(outcome, NodeError):
             self._fail(work, outcome.message, outcome.code or "error")
             return
@@ -193,8 +226,8 @@ class SegmentWorker:
                 # send_us: the executor's hand-back to this loop (building and writing the frame
                 # cannot be in its own header: the coordinator sees them as wire time)
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
-                fwd = dataclasses.replace(work, hop=nxt, act=meta, telemetry=(*work.telemetry, tele.as_wire()))
-                self.transport.send(work.route[nxt].node_id, FrameType.WORK, fwd.to_header(), data)
+                self.transport.send(work.route[nxt].node_id, FrameType.WORK,
+                                    work.forward_header(nxt, meta, tele.as_wire()), data)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("DIAG: sent tensor forward via send_request %s",
                               kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
