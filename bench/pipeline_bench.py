@@ -4,7 +4,9 @@ Each arm is real `swarmllm run` processes (one per segment) on 127.0.0.1; the cl
 greedy completion from the first node and measures TTFT (request sent → first content chunk) and
 decode tok/s ((n-1) / (t_last - t_first)). Per-hop overhead comes from the coordinator's trace:
 (step wall time − Σ segment compute) / network hops, averaged over decode steps; activation bytes
-per token per hop from the trace's activation_bytes. llama.cpp runs the whole file in-process.
+per token per hop from the trace's activation_bytes. "Δ vs 1 seg" is the client's view of the same
+cost: (ms/token of this arm − ms/token of 1 segment) / network hops, from the medians (noisy: two
+medians of decode rates, but it depends on no telemetry). llama.cpp runs the whole file in-process.
 
     python bench/pipeline_bench.py                  # ~110M-parameter random llama, Q8_0, 12 layers
     python bench/pipeline_bench.py --model M.gguf --tokens 64 --threads 2
@@ -157,11 +159,14 @@ def main() -> None:
     rows.append(asyncio.run(run_arm(model, n_layers, 3, args, 8)))
     direct = [direct_decode(model, PROMPT, args.tokens, args.threads, 1024)[0] for _ in range(args.reps)]
     print(f"model={model.name} layers={n_layers} tokens={args.tokens} threads={args.threads} reps={args.reps}")
-    print(f"{'arm':28} {'decode tok/s':>12} {'ttft ms':>9} {'hop overhead ms':>16} {'act bytes/token/hop':>20}")
+    print(f"{'arm':28} {'decode tok/s':>12} {'ttft ms':>9} {'hop overhead ms':>16} {'Δ vs 1 seg ms':>14} "
+          f"{'act bytes/token/hop':>20}")
     one = rows[0]["tok_s"]
     for r in rows:
         name = f"{r['segments']} segment(s), {'f16' if r['bits'] == 16 else 'int8'}"
-        print(f"{name:28} {r['tok_s']:12.1f} {r['ttft_ms']:9.0f} {str(r['overhead_ms'] or '-'):>16} "
+        hops = r["segments"]  # the coordinator serves segment 0: hops between segments, and back
+        delta = f"{(1000 / r['tok_s'] - 1000 / one) / hops:.2f}" if r["segments"] > 1 else "-"
+        print(f"{name:28} {r['tok_s']:12.1f} {r['ttft_ms']:9.0f} {str(r['overhead_ms'] or '-'):>16} {delta:>14} "
               f"{r['act_bytes_per_token_hop']:20.0f}   ({r['tok_s'] / one * 100:.0f}% of 1 segment)")
     print(f"{'llama.cpp single process':28} {statistics.median(direct):12.1f}")
 

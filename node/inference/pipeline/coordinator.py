@@ -1,13 +1,13 @@
 """The coordinator: one request through a chain of segments, token by token, with failover.
 
 For each step (a prefill chunk or one decode token) the coordinator sends WORK to segment 0;
-segments forward hidden states among themselves and ACK to the coordinator on receipt; the last
-segment samples and sends RESULT. A step fails when a segment reports an error, when the link to
-a segment in the chain drops, or when an ACK (or the RESULT) misses its deadline, which is derived
-from each peer's RFC 6298 RTO plus a compute allowance. On failure the coordinator re-plans without
-the failed node (a standby of the same layers first), re-prefills the prompt plus every token
-already generated on the new route, and carries on: the client's stream neither repeats nor skips
-a token. With no route left the request fails with InsufficientCapacity (503).
+segments forward hidden states among themselves and ACK to the coordinator (within ACK_HOLD_S of
+receipt); the last segment samples and sends RESULT. A step fails when a segment reports an error,
+when the link to a segment in the chain drops, or when an ACK (or the RESULT) misses its deadline,
+which is derived from each peer's RFC 6298 RTO plus a compute allowance. On failure the coordinator
+re-plans without the failed node (a standby of the same layers first), re-prefills the prompt plus
+every token already generated on the new route, and carries on: the client's stream neither repeats
+nor skips a token. With no route left the request fails with InsufficientCapacity (503).
 """
 
 from __future__ import annotations

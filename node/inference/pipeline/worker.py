@@ -132,7 +132,8 @@ class SegmentWorker:
             self.transport.send(work.coordinator, FrameType.ACK,
                                 Ack(work.sid, work.seq, work.hop, self.node_id, held_us).to_header())
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("DIAG: acknowledged tensor forward on receipt %s", kv(sid=work.sid, seq=work.seq, hop=work.hop))
+                log.debug("DIAG: acknowledged tensor forward on receipt %s",
+                          kv(sid=work.sid, seq=work.seq, hop=work.hop, held_us=held_us))
         except PeerUnreachable:
             log.info("DIAG: ACK not sent, no link to coordinator %s", kv(coordinator=work.coordinator[:8], sid=work.sid))
 
