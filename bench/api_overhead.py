@@ -37,9 +37,9 @@ MID = SynthSpec(n_layers=12, hidden=768, n_heads=12, n_kv_heads=4, ffn=2048, voc
 
 def direct_decode(path: Path, prompt_text: str, n_tokens: int, n_threads: int, n_ctx: int) -> tuple[float, int, list[int]]:
     """llama-cpp-python's own generate loop: decode tok/s, tokens generated, prompt tokens."""
-    import llama_cpp
+    from node.inference.llamacpp import load
 
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+    llm = load().Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                           n_batch=min(512, n_ctx), verbose=False)
     prompt = llm.tokenize(prompt_text.encode(), add_bos=llm._model.add_bos_token(), special=True)
     stamps = []

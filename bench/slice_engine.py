@@ -88,8 +88,11 @@ class Ours:
 
 class Llama:
     def __init__(self, args):
-        import llama_cpp
         import numpy as np
+
+        from node.inference.llamacpp import load
+
+        llama_cpp = load()
 
         self.np = np
         n_ctx = args.prompt_tokens + args.decode_tokens + 8

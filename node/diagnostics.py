@@ -11,6 +11,7 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+from node.inference import llamacpp
 from node.redact import Redactor
 
 if TYPE_CHECKING:
@@ -64,6 +65,10 @@ async def _machine(node: Node) -> list[str]:
     else:
         lines.append(f"memory bandwidth: {m.mem_bandwidth_gbps:.1f} GB/s (measured)")
     lines.append(f"advertised speed: {m.advertised_speed}")
+    bufts = llamacpp.extra_buffer_types()
+    if bufts is not None:  # only once a model or tokenizer made the node import llama.cpp
+        lines.append(f"llama.cpp extra weight buffers (repack/AMX): {'on' if bufts else 'off'}"
+                     f"{'' if bufts else ' (' + llamacpp.decision_reason() + ')'}")
     return lines
 
 

@@ -47,7 +47,10 @@ def _field(reader: gguf.GGUFReader, key: str):
 
 @pytest.fixture(scope="module")
 def llm():
-    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp")
+    from node.inference.llamacpp import load
+
+    llama_cpp = load()
     model = llama_cpp.Llama(model_path=str(GGUF_PATH), n_ctx=256, n_threads=2, seed=0, verbose=False)
     yield model
     model.close()

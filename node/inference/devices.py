@@ -62,8 +62,9 @@ def detect_llama() -> DeviceInventory:
     """What llama.cpp can use: the GPUs torch sees, if llama.cpp was built with GPU offload."""
     gpus, _ = _torch_gpus()
     try:
-        import llama_cpp
+        from node.inference.llamacpp import load
 
+        llama_cpp = load()
         offload = bool(llama_cpp.llama_supports_gpu_offload())
     except Exception:  # no llama.cpp or a broken one: no GPU path either
         offload = False

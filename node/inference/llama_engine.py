@@ -15,19 +15,12 @@ import time
 from pathlib import Path
 
 from node.errors import EngineError, ModelLoadError
+from node.inference import llamacpp
 from node.inference.engine import GenerationJob, TokenChannel
 from node.logs import kv
 
 log = logging.getLogger(__name__)
 
-
-
-def _import_llama():
-    try:
-        import llama_cpp
-    except ImportError as exc:  # the package is a hard dependency, but say so plainly
-        raise ModelLoadError(f"llama-cpp-python is not installed: {exc}") from exc
-    return llama_cpp
 
 
 def physical_cores() -> int:
@@ -56,7 +49,7 @@ class LlamaEngine:
 
     def load(self) -> None:
         """Load the model (blocking)."""
-        llama_cpp = _import_llama()
+        llama_cpp = llamacpp.load()
         started = time.monotonic()
         try:
             self.llm = llama_cpp.Llama(

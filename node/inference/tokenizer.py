@@ -24,10 +24,9 @@ class ModelTokenizer:
 
     def __init__(self, path: Path | str):
         path = Path(path)
-        try:
-            import llama_cpp
-        except ImportError as exc:
-            raise ModelLoadError(f"llama-cpp-python is not installed: {exc}") from exc
+        from node.inference.llamacpp import load
+
+        llama_cpp = load()
         self._llama_cpp = llama_cpp
         started = time.monotonic()
         try:

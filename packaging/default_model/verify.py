@@ -24,7 +24,9 @@ MAX_ANSWER_TOKENS = 200
 
 def load_llama(path, n_ctx: int, logits_all: bool = False):
     """A llama-cpp-python model on the CPU, quiet, seeded."""
-    from llama_cpp import Llama as LlamaCpp
+    from node.inference.llamacpp import load
+
+    LlamaCpp = load().Llama
 
     return LlamaCpp(model_path=str(path), n_ctx=n_ctx, logits_all=logits_all, n_threads=2,
                     n_batch=n_ctx, seed=0, verbose=False)

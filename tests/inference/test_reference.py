@@ -87,10 +87,12 @@ def test_quantized_file_matches_llama_cpp(synth_model, qtype, tied):
     # Positions agree to float round-off until a rounding-boundary flip: a 1e-7 difference in a
     # float sum (another summation order) lands an activation on the other side of a Q8 step in
     # llama.cpp's activation quantization; attention then carries it to later positions (~0.5%).
-    # Measured: the first flip comes after position 19 (Q8_0) / 54 (Q4_K) on these files.
-    assert per_position[:12].max() <= TOL
+    # Where the first flip comes depends on llama.cpp's kernels, so on the CPU: measured after
+    # position 19 (Q8_0) / 54 (Q4_K) on an AVX2 machine (weights repacked), after 2 / 24 on an
+    # AVX-512 one (plain vec_dot and tinyBLAS); max 0.85% / 0.91% of the logit scale there.
+    assert per_position[:2].max() <= TOL
     assert per_position.max() <= 0.03
-    assert top1_agreement(ours, ref) >= 0.98
+    assert top1_agreement(ours, ref, tie=0.005) >= 0.98  # see test_default_model: reference ties
     prompt = tokens[:8]
     assert our_greedy(chain(path, slices=2, ggml=True), prompt, 32) == llama_greedy(path, prompt, 32)
 

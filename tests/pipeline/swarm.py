@@ -87,13 +87,12 @@ async def chat(proc: NodeProcess, model: str, content: str, *, max_tokens: int, 
 
 def llama_greedy(model: Path, content: str, max_tokens: int) -> str:
     """What llama.cpp generates greedily for the same chat prompt on the whole file."""
-    import llama_cpp
-
+    from node.inference.llamacpp import load
     from node.inference.tokenizer import ModelTokenizer
 
     tok = ModelTokenizer(model)
     ids = tok.chat_tokens([{"role": "user", "content": content}])
-    llm = llama_cpp.Llama(str(model), n_ctx=SPLIT.n_ctx, n_threads=1, verbose=False)
+    llm = load().Llama(str(model), n_ctx=SPLIT.n_ctx, n_threads=1, verbose=False)
     out: list[int] = []
     for t in llm.generate(ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
         if tok.is_eog(t):

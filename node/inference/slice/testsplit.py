@@ -75,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(args):
     """(prompt ids, continuation ids, reference logits [T, V], our logits [T, V], quantized file?)."""
-    import llama_cpp
     import numpy as np
     import torch
 
@@ -93,7 +92,9 @@ def _compare(args):
     if args.dtype == "f32" and not float_weights and not args.no_ggml_emulation:
         for s in chain.slices:
             emulate_model(s)
-    llm = llama_cpp.Llama(args.model, n_ctx=n_ctx_train, n_batch=512, logits_all=True, verbose=False,
+    from node.inference.llamacpp import load
+
+    llm = load().Llama(args.model, n_ctx=n_ctx_train, n_batch=512, logits_all=True, verbose=False,
                           n_threads=args.threads, type_k=0, type_v=0)
     prompt = llm.tokenize(args.prompt.encode(), add_bos=True)
     if len(prompt) + args.tokens > n_ctx_train:
