@@ -29,6 +29,18 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "swarml
 VOCAB_LOW, VOCAB_HIGH = 300, 120000
 
 
+def peak_rss_mb() -> float:
+    """This process's own peak RSS. Not getrusage's ru_maxrss: Linux carries that across fork and
+    exec, so a worker would report the parent's peak (e.g. while it wrote the model file)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:  # not Linux
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def model_path(arg: str | None) -> Path:
     """The bench model: --model, or the synthesized 1B-shaped Q8_0 file (written on first use)."""
     if arg:
@@ -127,7 +139,7 @@ def worker(args) -> None:
         elif cmd["op"] == "profile":
             reply = {"text": engine.profile(prompt_tokens(args.prompt_tokens, 0), 8)}
         elif cmd["op"] == "quit":
-            reply = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            reply = {"peak_rss_mb": peak_rss_mb()}
         print(json.dumps(reply), flush=True)
         reply = {}
         if cmd["op"] == "quit":
