@@ -128,6 +128,8 @@ def test_cli_diagnostics_models_chat(node_proc):
     assert node_proc.api_key not in text and str(node_proc.data_dir) not in text
     assert re.search(r"memory bandwidth: (\d+\.\d GB/s \(measured\)|could not be measured)", text)
     assert re.search(r"in_flight: \d+ traces, \d+ pipelines", text)
+    # the node tokenizes with llama.cpp, so its extra-buffer policy is decided and reported
+    assert re.search(r"llama.cpp extra weight buffers \(repack/AMX\): (on|off \(.+\))", text)
     out = _cli(node_proc, "models")
     assert out.returncode == 0 and "slow-" in out.stdout and "no_gpu" in out.stdout
     out = _cli(node_proc, "chat", "hello", "--model", "tiny", "--max-tokens", "3")
