@@ -65,10 +65,10 @@ async def _machine(node: Node) -> list[str]:
     else:
         lines.append(f"memory bandwidth: {m.mem_bandwidth_gbps:.1f} GB/s (measured)")
     lines.append(f"advertised speed: {m.advertised_speed}")
-    bufts = llamacpp.extra_buffer_types()
-    if bufts is not None:  # only once a model or tokenizer made the node import llama.cpp
-        lines.append(f"llama.cpp extra weight buffers (repack/AMX): {'on' if bufts else 'off'}"
-                     f"{'' if bufts else ' (' + llamacpp.decision_reason() + ')'}")
+    decided = llamacpp.decision()
+    if decided is not None:  # only once a model or tokenizer made the node import llama.cpp
+        use, why = decided
+        lines.append(f"llama.cpp extra weight buffers (repack/AMX): {'on' if use else f'off ({why})'}")
     return lines
 
 

@@ -22,7 +22,6 @@ from node.logs import kv
 log = logging.getLogger(__name__)
 
 
-
 def physical_cores() -> int:
     """Threads for compute: physical cores (hyper-threads slow matmuls down)."""
     try:

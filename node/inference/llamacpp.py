@@ -9,7 +9,7 @@ So when the build reports `AMX_INT8 = 1` every model is loaded without extra buf
 price of not crashing). `SWARMLLM_LLAMA_EXTRA_BUFTS=1` turns them back on for a build that is
 known to be fine; `=0` turns them off everywhere.
 
-Import llama_cpp through `load()` (or `llama_cpp_module()`), never directly, so the policy is
+Import llama_cpp through `load()`, never directly, so the policy is
 applied before any model loads. The patch wraps `llama_model_default_params`, the one function
 `llama_cpp.Llama` starts its model parameters from.
 """
@@ -28,8 +28,7 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
-_extra_bufts: bool | None = None
-_reason = ""
+_decision: tuple[bool, str] | None = None  # (extra buffer types on, why)
 
 
 def _build_has_amx(llama_cpp: ModuleType) -> bool:
@@ -54,7 +53,7 @@ def _decide(llama_cpp: ModuleType) -> tuple[bool, str]:
 
 def load() -> ModuleType:
     """The llama_cpp module, with the extra-buffer policy installed (once per process)."""
-    global _module, _extra_bufts, _reason
+    global _module, _decision
     if _module is not None:
         return _module
     with _lock:
@@ -76,17 +75,12 @@ def load() -> ModuleType:
 
             default_params.__wrapped__ = original  # type: ignore[attr-defined]
             low.llama_model_default_params = default_params
-        _extra_bufts, _reason = use, reason
+        _decision = use, reason
         log.info("DIAG: llama.cpp backend %s", kv(extra_buffer_types="on" if use else "off", reason=reason))
         _module = llama_cpp
         return llama_cpp
 
 
-def extra_buffer_types() -> bool | None:
-    """Whether llama.cpp may use extra (repacked) weight buffers; None before load()."""
-    return _extra_bufts
-
-
-def decision_reason() -> str:
-    """Why extra buffer types are on or off (empty before load())."""
-    return _reason
+def decision() -> tuple[bool, str] | None:
+    """(whether llama.cpp may use extra (repacked) weight buffers, why); None before load()."""
+    return _decision

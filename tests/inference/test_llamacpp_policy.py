@@ -39,6 +39,6 @@ def test_loaded_module_applies_the_decision():
     import llama_cpp.llama_cpp as low
 
     params = low.llama_model_default_params()
-    assert llamacpp.extra_buffer_types() is not None
-    assert bool(params.use_extra_bufts) is llamacpp.extra_buffer_types()
+    assert llamacpp.decision() is not None
+    assert bool(params.use_extra_bufts) is llamacpp.decision()[0]
     assert llamacpp.load() is mod  # once per process
