@@ -60,8 +60,9 @@ SESSION_TTL_S = 300.0  # an idle KV session on a segment is freed after this
 SESSION_SWEEP_INTERVAL_S = 10.0
 KV_BUDGET_BYTES = 4 * 1024**3  # KV bytes a node keeps across sessions before LRU eviction
 ACK_DEADLINE_MIN_S = 0.5  # never expect an ACK faster than this (plus the peer's RTO)
-ACK_HOLD_S = 0.002  # a segment sends its ACK this long after receipt (or with the step's output, if
-# sooner): framing it then overlaps the compute instead of delaying the step's start (GIL)
+ACK_HOLD_S = 0.1  # a segment sends its ACK with the step's output, or this long after receipt if the
+# step is slower: an ACK at receipt delays the step's start (GIL), and one mid-compute wakes two
+# loops while the slice's threads run (on shared cores that stalls the thread team: -20% tok/s)
 STEP_COMPUTE_MIN_S = 10.0  # a segment's compute allowance per step, before the estimate scales it
 STEP_COMPUTE_FACTOR = 20.0  # allowance = max(min, factor * estimated compute)
 MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)

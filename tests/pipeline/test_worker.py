@@ -207,3 +207,75 @@ async def test_tombstones_and_samplers_of_evicted_sessions_are_forgotten(worker)
     w.forget_expired()
     assert "s1" not in w.samplers
     assert "s9" not in w.cancelled
+
+
+def _frames(peers):
+    return [(f.type, f.header) for f in peers.sent]
+
+
+async def test_a_quick_step_acks_with_its_output_and_before_the_result(worker, monkeypatch):
+    """The ACK of a step that finishes within ACK_HOLD_S goes out with the output (no wake-up of
+    this loop or the coordinator's while the slice computes), on the same link before the RESULT."""
+    import time
+
+    from node import const
+
+    w, entry, peers = worker
+    assert const.ACK_HOLD_S >= 0.05
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    forward = hosted.model.forward
+
+    def forward_30ms(*args, **kw):  # a decode step's order of magnitude, well inside the hold
+        time.sleep(0.03)
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(hosted.model, "forward", forward_30ms)
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    assert [t for t, _ in _frames(peers)] == [FrameType.ACK, FrameType.RESULT]
+    ack, result = peers.sent[0].header, _results(peers)[0]
+    assert result.telemetry[0]["eval_us"] >= 30_000
+    assert ack["held_us"] >= 30_000  # held across the compute, not sent at receipt or mid-step
+
+
+async def test_a_slow_step_acks_after_the_hold_not_at_its_end(worker, monkeypatch):
+    from node import const
+
+    w, entry, peers = worker
+    monkeypatch.setattr(const, "ACK_HOLD_S", 0.05)
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    forward = hosted.model.forward
+    gate = asyncio.get_running_loop().create_future()
+
+    def slow_forward(*args, **kw):  # the step cannot finish before the test has seen the ACK
+        gate_wait(gate)
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(hosted.model, "forward", slow_forward)
+    w.on_work(_work(entry, 0, 0, [5, 6]).to_header(), encode_tokens([5, 6]), COORD)
+    await wait_until(lambda: any(t == FrameType.ACK for t, _ in _frames(peers)), 10, what="ACK after the hold")
+    assert not _results(peers)
+    held_us = peers.sent[0].header["held_us"]
+    assert 50_000 <= held_us < 5_000_000
+    gate.set_result(None)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    assert [t for t, _ in _frames(peers)] == [FrameType.ACK, FrameType.RESULT]  # one ACK only
+
+
+async def test_a_middle_segment_forwards_first_then_acks(tmp_path):
+    model = split_model(tmp_path)
+    entry = ModelCatalog(None).scan([(model, "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    await host.async_load(entry, 0, 3)
+    peers = RecordingPeers()
+    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
+    try:
+        work = Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=1,
+                    route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=COORD, sample=True,
+                    sampling=SamplingParams())
+        w.on_work(work.to_header(), encode_tokens([8]), COORD)
+        await wait_until(lambda: len(peers.sent) == 2, 30, what="forward and ACK")
+        assert [f.type for f in peers.sent] == [FrameType.WORK, FrameType.ACK]
+        assert peers.sent[1].header["hop"] == 0 and peers.sent[1].header["seq"] == 0
+    finally:
+        await host.async_close()

@@ -291,7 +291,8 @@ class PipelineCoordinator:
 
     def _ack_budget(self, node_id: str) -> float:
         rto = self.peers.rto(node_id) if self.peers is not None else None
-        return max(const.ACK_DEADLINE_MIN_S, rto.rto_s if rto is not None else const.RTO_INITIAL_S)
+        # a segment may hold its ACK for ACK_HOLD_S (it rides with the output of a quick step)
+        return max(const.ACK_DEADLINE_MIN_S, rto.rto_s if rto is not None else const.RTO_INITIAL_S) + const.ACK_HOLD_S
 
     def _compute_allowance(self, hop: Hop, n_tokens: int) -> float:
         perf = self.perf.get(hop.node_id)

@@ -3,8 +3,9 @@
 
 Frames are handled in arrival order: the synchronous entry point submits the compute to the
 slice's single-thread executor before yielding to the loop, so steps of a session run in order.
-Every WORK is ACKed to the coordinator within ACK_HOLD_S of receipt, and always before the step's
-output leaves. A failure becomes a RESULT with an error so the
+Every WORK is ACKed to the coordinator with the step's output (or ACK_HOLD_S after receipt, when
+the step takes longer): an ACK mid-compute would wake two event loops while the slice's threads
+run. A failure becomes a RESULT with an error so the
 coordinator learns it at once (a KV position gap names index_pos and kv_len: gotcha #400).
 """
 
@@ -111,8 +112,9 @@ class SegmentWorker:
         loop = asyncio.get_running_loop()
         ack = None
         if work.coordinator != self.node_id:
-            # Held for ACK_HOLD_S (or until the step's output, if sooner): framing it now would hold
-            # the GIL while the slice's thread is starting the step; later it overlaps the compute.
+            # Held until the step's output (or ACK_HOLD_S, if sooner): framing it now would hold the
+            # GIL while the slice's thread starts the step, and a timer mid-compute would wake this
+            # loop and the coordinator's while the slice's threads run.
             ack = _PendingAck(work, received)
             ack.timer = loop.call_later(const.ACK_HOLD_S, self._send_ack, ack)
         hosted.executor.submit(self._compute, loop, hosted, work, payload, received, sender, ack)
@@ -198,7 +200,8 @@ class SegmentWorker:
     def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str,
                ack: _PendingAck | None) -> None:
         """Loop thread: account the step and send its output on (WORK to the next hop, or RESULT)."""
-        self._send_ack(ack)  # the coordinator hears of the step before its output, as before
+        if not isinstance(outcome, tuple) or outcome[2] is None:
+            self._send_ack(ack)  # before an error or the RESULT on the same link: never after them
         if isinstance(outcome, NodeError):
             self._fail(work, outcome.message, outcome.code or "error")
             return
@@ -229,6 +232,7 @@ class SegmentWorker:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
                 self.transport.send(work.route[nxt].node_id, FrameType.WORK,
                                     work.forward_header(nxt, meta, tele.as_wire()), data)
+                self._send_ack(ack)  # after the hidden states: the next hop starts sooner
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("DIAG: sent tensor forward via send_request %s",
                               kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
@@ -237,6 +241,7 @@ class SegmentWorker:
                 result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()))
                 self.transport.send(work.coordinator, FrameType.RESULT, result.to_header())
         except PeerUnreachable as exc:
+            self._send_ack(ack)
             nxt = work.route[work.hop + 1].node_id if meta is not None else None
             self._fail(work, f"next hop unreachable: {exc.message}", "next_hop_unreachable", failed_node=nxt)
 
