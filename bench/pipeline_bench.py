@@ -7,6 +7,8 @@ decode tok/s ((n-1) / (t_last - t_first)). Per-hop overhead comes from the coord
 per token per hop from the trace's activation_bytes. "Δ vs 1 seg" is the client's view of the same
 cost: (ms/token of this arm − ms/token of 1 segment) / network hops, from the medians (noisy: two
 medians of decode rates, but it depends on no telemetry). llama.cpp runs the whole file in-process.
+The pipe ring (bench/pipe_ring.py) runs the same slices in 1 and 3 processes joined by OS pipes,
+with no network stack: what 3 processes lose on this machine before any hop cost.
 
     python bench/pipeline_bench.py                  # ~110M-parameter random llama, Q8_0, 12 layers
     python bench/pipeline_bench.py --model M.gguf --tokens 64 --threads 2
@@ -32,6 +34,7 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 
 from bench.api_overhead import MID, direct_decode  # noqa: E402
+from bench.pipe_ring import ring_decode  # noqa: E402
 from node.inference.gguf_meta import read_header  # noqa: E402
 from node.inference.synth import write_gguf  # noqa: E402
 from tests.support.nodes import free_port  # noqa: E402
@@ -137,6 +140,16 @@ async def run_arm(model: Path, n_layers: int, segments: int, args, bits: int) ->
         arm.stop()
 
 
+def default_model() -> Path:
+    """The ~110M-parameter random llama (written once into the cache)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "swarmllm-bench"
+    cache.mkdir(parents=True, exist_ok=True)
+    model = cache / "bench-110m-q8_0.gguf"
+    if not model.exists():
+        write_gguf(model, MID)
+    return model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
@@ -144,20 +157,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    if args.model:
-        model = Path(args.model)
-    else:
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "swarmllm-bench"
-        cache.mkdir(parents=True, exist_ok=True)
-        model = cache / "bench-110m-q8_0.gguf"
-        if not model.exists():
-            write_gguf(model, MID)
+    model = Path(args.model) if args.model else default_model()
     n_layers = read_header(model).n_layers
     rows = []
     for segments in (1, 2, 3):
         rows.append(asyncio.run(run_arm(model, n_layers, segments, args, 16)))
     rows.append(asyncio.run(run_arm(model, n_layers, 3, args, 8)))
     direct = [direct_decode(model, PROMPT, args.tokens, args.threads, 1024)[0] for _ in range(args.reps)]
+    ring = {n: ring_decode(model, n_layers, n, args.threads, args.tokens, args.reps) for n in (1, 3)}
     print(f"model={model.name} layers={n_layers} tokens={args.tokens} threads={args.threads} reps={args.reps}")
     print(f"{'arm':28} {'decode tok/s':>12} {'ttft ms':>9} {'hop overhead ms':>16} {'Δ vs 1 seg ms':>14} "
           f"{'act bytes/token/hop':>20}")
@@ -169,6 +176,11 @@ def main() -> None:
         print(f"{name:28} {r['tok_s']:12.1f} {r['ttft_ms']:9.0f} {str(r['overhead_ms'] or '-'):>16} {delta:>14} "
               f"{r['act_bytes_per_token_hop']:20.0f}   ({r['tok_s'] / one * 100:.0f}% of 1 segment)")
     print(f"{'llama.cpp single process':28} {statistics.median(direct):12.1f}")
+    print(f"{'pipe ring, 1 process':28} {ring[1]:12.1f}")
+    print(f"{'pipe ring, 3 processes':28} {ring[3]:12.1f}   ({ring[3] / ring[1] * 100:.0f}% of 1 process: this machine's "
+          f"floor for 3 processes, no network stack)")
+    print(f"3 segments (f16) vs the 3-process pipe ring: {rows[2]['tok_s'] / ring[3] * 100:.0f}%  "
+          f"({os.cpu_count()} CPUs, {args.threads} thread(s) per segment)")
 
 
 if __name__ == "__main__":
