@@ -114,19 +114,30 @@ class PeerLink:
 
     def send_nowait(self, frame: Frame, request_id: int | None = None) -> None:
         """Queue a frame without waiting for back-pressure (small control frames)."""
+        self._write([frame], encode_frame(frame, request_id), request_id)
+
+    def send_many_nowait(self, frames: list[Frame]) -> None:
+        """Queue frames back to back as one write (one TLS pass, one syscall), in this order."""
+        parts: list[bytes] = []
+        for frame in frames:
+            parts += encode_frame(frame)
+        self._write(frames, parts, None)
+
+    def _write(self, frames: list[Frame], parts: list[bytes], request_id: int | None) -> None:
         if self.close_cause is not None:
             raise PeerUnreachable(f"link to {self.short_id} is closed ({self.close_cause})")
         try:
-            self.stream.writelines(encode_frame(frame, request_id))
+            self.stream.writelines(parts)
         except (ConnectionError, RuntimeError) as exc:
             raise PeerUnreachable(f"link to {self.short_id} is closed: {exc}") from exc
-        self.frames_out += 1
-        level = TRACE if frame.type == FrameType.PING or frame.type == FrameType.PONG else logging.DEBUG
-        if log.isEnabledFor(level):
-            log.log(level, "DIAG: sent frame %s", kv(
-                peer_id=self.short_id, type=type_name(frame.type),
-                request_id=frame.request_id if request_id is None else request_id,
-                payload_bytes=len(frame.payload)))
+        self.frames_out += len(frames)
+        for frame in frames:
+            level = TRACE if frame.type == FrameType.PING or frame.type == FrameType.PONG else logging.DEBUG
+            if log.isEnabledFor(level):
+                log.log(level, "DIAG: sent frame %s", kv(
+                    peer_id=self.short_id, type=type_name(frame.type),
+                    request_id=frame.request_id if request_id is None else request_id,
+                    payload_bytes=len(frame.payload)))
 
     async def async_send(self, frame: Frame) -> None:
         """Send a frame, waiting while the link's write buffer is full."""

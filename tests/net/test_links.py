@@ -309,3 +309,21 @@ async def test_close_sends_close_notify_and_the_peer_sees_a_clean_end(make_manag
     b.link(a.node_id).close("test")
     await b_link.closed
     assert b_link.close_cause == "eof"
+
+
+async def test_several_frames_in_one_write_arrive_whole_and_in_order(make_manager, fast_net):
+    """send_many_nowait (the pipeline's ACK + RESULT): one TLS write, each frame delivered intact."""
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    seen: list[tuple[int, dict, bytes]] = []
+    a.register_handler(FrameType.ACK, lambda link, frame: seen.append((frame.type, frame.header, frame.payload)))
+    a.register_handler(FrameType.RESULT, lambda link, frame: seen.append((frame.type, frame.header, frame.payload)))
+    link = b.link(a.node_id)
+    before = link.frames_out
+    big = bytes(range(256)) * 4096  # 1 MiB: more than one TLS record
+    link.send_many_nowait([Frame(FrameType.ACK, {"i": 0}), Frame(FrameType.RESULT, {"i": 1}, big),
+                           Frame(FrameType.ACK, {"i": 2})])
+    await wait_until(lambda: len(seen) == 3)
+    assert [(t, h["i"]) for t, h, _ in seen] == [(FrameType.ACK, 0), (FrameType.RESULT, 1), (FrameType.ACK, 2)]
+    assert seen[1][2] == big and seen[0][2] == b"" and link.frames_out == before + 3

@@ -24,21 +24,28 @@ ME, COORD, NEXT = "a" * 64, "c" * 64, "b" * 64
 
 
 class RecordingLink:
-    def __init__(self, sent):
-        self.sent = sent
+    def __init__(self, peers):
+        self.peers = peers
 
     def send_nowait(self, frame):
-        self.sent.append(frame)
+        self.peers.sent.append(frame)
+        self.peers.writes.append([frame.type])
+
+    def send_many_nowait(self, frames):
+        self.peers.sent.extend(frames)
+        self.peers.writes.append([f.type for f in frames])
 
 
 class RecordingPeers:
-    """Stands in for PeerManager: every remote node has a link that records frames."""
+    """Stands in for PeerManager: every remote node has a link that records frames (and which
+    frames went out in one write)."""
 
     def __init__(self):
         self.sent = []
+        self.writes = []
 
     def link(self, node_id):
-        return RecordingLink(self.sent)
+        return RecordingLink(self)
 
     def peer(self, node_id):
         return None
@@ -232,7 +239,7 @@ async def test_a_quick_step_acks_with_its_output_and_before_the_result(worker, m
     monkeypatch.setattr(hosted.model, "forward", forward_30ms)
     w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
     await wait_until(lambda: _results(peers), 30, what="RESULT")
-    assert [t for t, _ in _frames(peers)] == [FrameType.ACK, FrameType.RESULT]
+    assert peers.writes == [[FrameType.ACK, FrameType.RESULT]]  # one write: one TLS pass, one syscall
     ack, result = peers.sent[0].header, _results(peers)[0]
     assert result.telemetry[0]["eval_us"] >= 30_000
     assert ack["held_us"] >= 30_000  # held across the compute, not sent at receipt or mid-step

@@ -55,6 +55,17 @@ class PipelineTransport:
         link.send_nowait(Frame(frame_type, header, payload))
         return len(payload)
 
+    def send_many(self, node_id: str, frames: list[tuple[FrameType, dict[str, Any], bytes]]) -> None:
+        """Send several frames to one node, in order, as one write (never blocks)."""
+        if node_id == self.node_id:
+            for frame_type, header, payload in frames:
+                self.send(node_id, frame_type, header, payload)
+            return
+        link = self.peers.link(node_id) if self.peers is not None else None
+        if link is None:
+            raise PeerUnreachable(f"no link to peer {node_id[:8]}")
+        link.send_many_nowait([Frame(ftype, header, payload) for ftype, header, payload in frames])
+
     def register_remote(self, frame_type: FrameType) -> None:
         """Serve frames of this type arriving from peers with the local handler (in link order)."""
         if self.peers is None:

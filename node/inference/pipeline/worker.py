@@ -121,23 +121,30 @@ class SegmentWorker:
 
     def _send_ack(self, ack: _PendingAck | None) -> None:
         """Tell the coordinator a WORK arrived (once; never for our own coordinator)."""
-        if ack is None or ack.sent:
+        header = self._take_ack(ack)
+        if header is None:
             return
+        try:
+            self.transport.send(ack.work.coordinator, FrameType.ACK, header)
+        except PeerUnreachable:
+            log.info("DIAG: ACK not sent, no link to coordinator %s",
+                     kv(coordinator=ack.work.coordinator[:8], sid=ack.work.sid))
+
+    def _take_ack(self, ack: _PendingAck | None) -> dict[str, Any] | None:
+        """The ACK's header if it is still to be sent (the caller sends it), else None."""
+        if ack is None or ack.sent:
+            return None
         ack.sent = True
         if ack.timer is not None:
             ack.timer.cancel()
         work = ack.work
         if work.coordinator == self.node_id:
-            return
+            return None
         held_us = int((time.monotonic() - ack.received) * 1e6)
-        try:
-            self.transport.send(work.coordinator, FrameType.ACK,
-                                Ack(work.sid, work.seq, work.hop, self.node_id, held_us).to_header())
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("DIAG: acknowledged tensor forward on receipt %s",
-                          kv(sid=work.sid, seq=work.seq, hop=work.hop, held_us=held_us))
-        except PeerUnreachable:
-            log.info("DIAG: ACK not sent, no link to coordinator %s", kv(coordinator=work.coordinator[:8], sid=work.sid))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("DIAG: acknowledged tensor forward on receipt %s",
+                      kv(sid=work.sid, seq=work.seq, hop=work.hop, held_us=held_us))
+        return Ack(work.sid, work.seq, work.hop, self.node_id, held_us).to_header()
 
     def _compute(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, work: Work, payload: bytes,
                  received: float, sender: str, ack: _PendingAck | None) -> None:
@@ -200,8 +207,8 @@ class SegmentWorker:
     def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str,
                ack: _PendingAck | None) -> None:
         """Loop thread: account the step and send its output on (WORK to the next hop, or RESULT)."""
-        if not isinstance(outcome, tuple) or outcome[2] is None:
-            self._send_ack(ack)  # before an error or the RESULT on the same link: never after them
+        if not isinstance(outcome, tuple):
+            self._send_ack(ack)  # before the error RESULT on the same link, never after it
         if isinstance(outcome, NodeError):
             self._fail(work, outcome.message, outcome.code or "error")
             return
@@ -210,6 +217,7 @@ class SegmentWorker:
             self._fail(work, f"{type(outcome).__name__}: {outcome}", "internal_error")
             return
         if outcome is None or self._is_cancelled(work.sid):
+            self._take_ack(ack)  # nobody waits for it any more (dropped, with its timer)
             self._drop_cancelled(hosted, work.sid)
             return
         tele, token, meta, data = outcome
@@ -239,7 +247,9 @@ class SegmentWorker:
             else:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
                 result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()))
-                self.transport.send(work.coordinator, FrameType.RESULT, result.to_header())
+                ack_header = self._take_ack(ack)  # the ACK, then the RESULT, in one write
+                frames = [] if ack_header is None else [(FrameType.ACK, ack_header, b"")]
+                self.transport.send_many(work.coordinator, [*frames, (FrameType.RESULT, result.to_header(), b"")])
         except PeerUnreachable as exc:
             self._send_ack(ack)
             nxt = work.route[work.hop + 1].node_id if meta is not None else None
