@@ -143,8 +143,8 @@ def test_client_disconnect_cancels_every_segment(swarm):
     run(go())
 
 
-def _killed_mid_stream(swarm_procs, coordinator, model_id, victim_picker, max_tokens):
-    """Stream from the coordinator, SIGKILL the picked node after a few tokens."""
+def _killed_mid_stream(swarm_procs, coordinator, model_id, victim_picker, max_tokens, sig=signal.SIGKILL):
+    """Stream from the coordinator, send `sig` (SIGKILL) to the picked node after a few tokens."""
 
     async def go():
         body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
@@ -168,7 +168,7 @@ def _killed_mid_stream(swarm_procs, coordinator, model_id, victim_picker, max_to
                 chunks += 1
                 if chunks == 6 and killed is None:
                     killed = victim_picker(nodes)
-                    killed.proc.send_signal(signal.SIGKILL)
+                    killed.proc.send_signal(sig)
         return "ok", text, None, killed
     return run(go())
 
@@ -213,6 +213,40 @@ def test_failover_to_standby_keeps_the_stream_identical(tmp_path):
             return (await get_json(a, "/api/admin/stats"))["in_flight"] == {"traces": 0, "pipelines": 0}
         run(wait_until(idle, 10, 0.1, "coordinator in_flight back to 0"))
     finally:
+        for p in procs:
+            p.terminate()
+
+
+def test_a_hung_segment_misses_its_ack_deadline_and_the_standby_takes_over(tmp_path):
+    """SIGSTOP: the TCP link stays up and nothing answers. A stopped segment sends no ACK (it rides
+    with the step's output) and no PONG: whichever deadline is due first (the ACK's, or the peer
+    liveness pings') fails the attempt, and the standby carries on with identical text."""
+    model = split_model(tmp_path)
+    a = start_slice_node(tmp_path, "a", model, "0-1")
+    peer = a.port + 10
+    b = start_slice_node(tmp_path, "b", model, "2-3", bootstrap=[peer])
+    b2 = start_slice_node(tmp_path, "b2", model, "2-3", bootstrap=[peer])
+    c = start_slice_node(tmp_path, "c", model, "4-5", bootstrap=[peer])
+    procs = [a, b, b2, c]
+    stopped = None
+    try:
+        model_id, by_short = _start(procs, a, 3)
+        expected = llama_greedy(model, PROMPT, 40)
+        started = time.monotonic()
+        outcome, text, event, stopped = _killed_mid_stream(procs, a, model_id, lambda nodes: by_short[nodes[1]], 40,
+                                                           sig=signal.SIGSTOP)
+        assert stopped in (b, b2)
+        assert outcome == "ok", event
+        assert text == expected
+        failed = [ln for ln in (a.data_dir / "node.log").read_text().splitlines()
+                  if "DIAG: pipeline attempt failed" in ln]
+        assert len(failed) == 1, failed
+        assert "cause=ack_deadline" in failed[0] or "cause=link_drop error=link to" in failed[0], failed
+        # a hang is found within seconds (pings every PING_INTERVAL_S), not after the 10 s compute allowance
+        assert time.monotonic() - started < const.STEP_COMPUTE_MIN_S
+    finally:
+        if stopped is not None:
+            stopped.proc.send_signal(signal.SIGCONT)
         for p in procs:
             p.terminate()
 
