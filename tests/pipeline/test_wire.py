@@ -91,6 +91,9 @@ def test_result_ack_control_roundtrip():
     assert Result.from_header(e.to_header()) == e
     a = Ack("s", 4, 1, "b" * 64)
     assert Ack.from_header(a.to_header()) == a
+    done = Ack("s", 4, 1, "b" * 64, held_us=1234, done=True)
+    assert Ack.from_header(done.to_header()) == done
+    assert Ack.from_header({**done.to_header(), "done": "yes"}).done is False  # only a JSON true counts
     c = SessionControl("s", "m", "cancel")
     assert SessionControl.from_header(c.to_header()) == c
     with pytest.raises(ProtocolError):

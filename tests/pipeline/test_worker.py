@@ -243,6 +243,7 @@ async def test_a_quick_step_acks_with_its_output_and_before_the_result(worker, m
     ack, result = peers.sent[0].header, _results(peers)[0]
     assert result.telemetry[0]["eval_us"] >= 30_000
     assert ack["held_us"] >= 30_000  # held across the compute, not sent at receipt or mid-step
+    assert ack["done"] is True  # the coordinator starts the next hop's clock from here
 
 
 async def test_a_slow_step_acks_after_the_hold_not_at_its_end(worker, monkeypatch):
@@ -264,6 +265,7 @@ async def test_a_slow_step_acks_after_the_hold_not_at_its_end(worker, monkeypatc
     assert not _results(peers)
     held_us = peers.sent[0].header["held_us"]
     assert 50_000 <= held_us < 5_000_000
+    assert "done" not in peers.sent[0].header  # still computing: the step keeps its compute allowance
     gate.set_result(None)
     await wait_until(lambda: _results(peers), 30, what="RESULT")
     assert [t for t, _ in _frames(peers)] == [FrameType.ACK, FrameType.RESULT]  # one ACK only
@@ -284,5 +286,31 @@ async def test_a_middle_segment_forwards_first_then_acks(tmp_path):
         await wait_until(lambda: len(peers.sent) == 2, 30, what="forward and ACK")
         assert [f.type for f in peers.sent] == [FrameType.WORK, FrameType.ACK]
         assert peers.sent[1].header["hop"] == 0 and peers.sent[1].header["seq"] == 0
+        assert peers.sent[1].header["done"] is True
+    finally:
+        await host.async_close()
+
+
+async def test_own_segment_reports_a_finished_step_to_its_coordinator_locally(tmp_path):
+    """The coordinator's own segment sends no ACK message, but tells the coordinator (a local call)
+    when its output has left, which starts the next hop's ACK clock."""
+    model = split_model(tmp_path)
+    entry = ModelCatalog(None).scan([(model, "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    await host.async_load(entry, 0, 3)
+    peers = RecordingPeers()
+    transport = PipelineTransport(ME, peers)
+    local_acks = []
+    transport.on_local(FrameType.ACK, lambda header, payload, sender: local_acks.append((header, sender)))
+    w = SegmentWorker(ME, host, transport)
+    try:
+        work = Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=1,
+                    route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=ME, sample=True,
+                    sampling=SamplingParams())
+        w.on_work(work.to_header(), encode_tokens([8]), ME)
+        await wait_until(lambda: local_acks, 30, what="local ACK")
+        assert [f.type for f in peers.sent] == [FrameType.WORK]  # nothing on the wire but the hidden states
+        header, sender = local_acks[0]
+        assert sender == ME and header["done"] is True and header["hop"] == 0
     finally:
         await host.async_close()

@@ -50,7 +50,8 @@ class _Step:
     n_tokens: int
     sent_at: float
     result: asyncio.Future
-    acks: dict[int, float] = field(default_factory=dict)
+    acks: dict[int, tuple[float, bool]] = field(default_factory=dict)  # hop -> (when, its output had left)
+    progress: asyncio.Future | None = None  # set by an ACK that brings the next deadline forward
 
 
 @dataclass
@@ -172,11 +173,13 @@ class PipelineCoordinator:
             log.debug("DIAG: No pending channel for ACK — timed out, duplicate, or old attempt %s", kv(sid=ack.sid, seq=ack.seq))
             return
         now = time.monotonic()
-        step.acks[ack.hop] = now
+        step.acks[ack.hop] = (now, ack.done)
+        if ack.done and ack.hop < len(att.route) - 1 and step.progress is not None and not step.progress.done():
+            step.progress.set_result(None)  # the next hop's clock starts now, not after an allowance
         if log.isEnabledFor(logging.DEBUG):
             log.debug('DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
         rto = self.peers.rto(sender) if self.peers is not None else None
-        if rto is not None and ack.hop == 0:
+        if rto is not None and ack.hop == 0 and sender != self.node_id:
             # coordinator → segment 0 → coordinator is a true round trip, less the time the ACK was held
             rto.observe(max(0.0, now - step.sent_at - ack.held_us / 1e6))
 
@@ -279,13 +282,15 @@ class PipelineCoordinator:
         """(time, hop, what) of the earliest deadline still pending for this step."""
         basis = step.sent_at
         for i, hop in enumerate(att.route):
-            if att.kinds[i] == "local":
-                acked = basis  # our own hop: no ACK message
-            else:
-                acked = step.acks.get(i)
-                if acked is None:
+            got = step.acks.get(i)
+            if got is None:
+                if att.kinds[i] != "local":
                     return basis + self._ack_budget(hop.node_id), i, "ack"
-            basis = acked + self._compute_allowance(hop, step.n_tokens)
+                got = (basis, False)  # our own hop, still computing: no message to miss
+            acked, done = got
+            # an ACK sent with the step's output starts the next hop's clock; an earlier one (a
+            # slow step, after ACK_HOLD_S) leaves the step its compute allowance first
+            basis = acked if done else acked + self._compute_allowance(hop, step.n_tokens)
         last = att.route[-1].node_id
         return basis + (0.0 if att.kinds[-1] == "local" else self._ack_budget(last)), len(att.route) - 1, "result"
 
@@ -303,7 +308,9 @@ class PipelineCoordinator:
         while True:
             deadline, hop, what = self._deadline(att, step)
             timeout = max(0.0, deadline - time.monotonic())
-            await asyncio.wait({step.result, att.failed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            step.progress = asyncio.get_running_loop().create_future()
+            await asyncio.wait({step.result, att.failed, step.progress}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
             if step.result.done():
                 result: Result = step.result.result()
                 if result.error is not None:

@@ -241,21 +241,27 @@ class Result:
 
 @dataclass(frozen=True)
 class Ack:
-    """A segment received a WORK step (sent to the coordinator within ACK_HOLD_S of receipt)."""
+    """A segment received a WORK step: sent with the step's output (`done`), or ACK_HOLD_S after
+    receipt while it still computes."""
 
     sid: str
     seq: int
     hop: int
     node_id: str
     held_us: int = 0  # receipt → ACK sent: the coordinator takes it out of its RTT sample
+    done: bool = False  # the step's output left with this ACK: the next hop's clock starts now
 
     def to_header(self) -> dict[str, Any]:
-        return {"sid": self.sid, "seq": self.seq, "hop": self.hop, "node": self.node_id, "held_us": self.held_us}
+        h = {"sid": self.sid, "seq": self.seq, "hop": self.hop, "node": self.node_id, "held_us": self.held_us}
+        if self.done:
+            h["done"] = True
+        return h
 
     @classmethod
     def from_header(cls, h: Any) -> Ack:
         try:
-            return cls(str(h["sid"]), int(h["seq"]), int(h["hop"]), str(h["node"]), max(0, int(h.get("held_us", 0))))
+            return cls(str(h["sid"]), int(h["seq"]), int(h["hop"]), str(h["node"]), max(0, int(h.get("held_us", 0))),
+                       h.get("done") is True)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed ACK header: {exc}") from exc
 

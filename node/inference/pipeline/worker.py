@@ -3,9 +3,9 @@
 
 Frames are handled in arrival order: the synchronous entry point submits the compute to the
 slice's single-thread executor before yielding to the loop, so steps of a session run in order.
-Every WORK is ACKed to the coordinator with the step's output (or ACK_HOLD_S after receipt, when
-the step takes longer): an ACK mid-compute would wake two event loops while the slice's threads
-run. A failure becomes a RESULT with an error so the
+Every WORK is ACKed to the coordinator with the step's output, marked `done` (or ACK_HOLD_S after
+receipt, when the step takes longer): an ACK mid-compute would wake two event loops while the
+slice's threads run. A failure becomes a RESULT with an error so the
 coordinator learns it at once (a KV position gap names index_pos and kv_len: gotcha #400).
 """
 
@@ -110,18 +110,17 @@ class SegmentWorker:
             log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
                       kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
         loop = asyncio.get_running_loop()
-        ack = None
+        ack = _PendingAck(work, received)
         if work.coordinator != self.node_id:
             # Held until the step's output (or ACK_HOLD_S, if sooner): framing it now would hold the
             # GIL while the slice's thread starts the step, and a timer mid-compute would wake this
             # loop and the coordinator's while the slice's threads run.
-            ack = _PendingAck(work, received)
             ack.timer = loop.call_later(const.ACK_HOLD_S, self._send_ack, ack)
         hosted.executor.submit(self._compute, loop, hosted, work, payload, received, sender, ack)
 
-    def _send_ack(self, ack: _PendingAck | None) -> None:
-        """Tell the coordinator a WORK arrived (once; never for our own coordinator)."""
-        header = self._take_ack(ack)
+    def _send_ack(self, ack: _PendingAck | None, done: bool = False) -> None:
+        """Tell the coordinator a WORK arrived (once); `done`: its output has just left."""
+        header = self._take_ack(ack, done)
         if header is None:
             return
         try:
@@ -130,21 +129,22 @@ class SegmentWorker:
             log.info("DIAG: ACK not sent, no link to coordinator %s",
                      kv(coordinator=ack.work.coordinator[:8], sid=ack.work.sid))
 
-    def _take_ack(self, ack: _PendingAck | None) -> dict[str, Any] | None:
-        """The ACK's header if it is still to be sent (the caller sends it), else None."""
+    def _take_ack(self, ack: _PendingAck | None, done: bool = False) -> dict[str, Any] | None:
+        """The ACK's header if it is still to be sent (the caller sends it), else None. A node that
+        is its own coordinator hears only of a finished step (no socket: a local call)."""
         if ack is None or ack.sent:
             return None
         ack.sent = True
         if ack.timer is not None:
             ack.timer.cancel()
         work = ack.work
-        if work.coordinator == self.node_id:
+        if work.coordinator == self.node_id and not done:
             return None
         held_us = int((time.monotonic() - ack.received) * 1e6)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("DIAG: acknowledged tensor forward on receipt %s",
                       kv(sid=work.sid, seq=work.seq, hop=work.hop, held_us=held_us))
-        return Ack(work.sid, work.seq, work.hop, self.node_id, held_us).to_header()
+        return Ack(work.sid, work.seq, work.hop, self.node_id, held_us, done).to_header()
 
     def _compute(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, work: Work, payload: bytes,
                  received: float, sender: str, ack: _PendingAck | None) -> None:
@@ -240,14 +240,14 @@ class SegmentWorker:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
                 self.transport.send(work.route[nxt].node_id, FrameType.WORK,
                                     work.forward_header(nxt, meta, tele.as_wire()), data)
-                self._send_ack(ack)  # after the hidden states: the next hop starts sooner
+                self._send_ack(ack, done=True)  # after the hidden states: the next hop starts sooner
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("DIAG: sent tensor forward via send_request %s",
                               kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
             else:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
                 result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()))
-                ack_header = self._take_ack(ack)  # the ACK, then the RESULT, in one write
+                ack_header = self._take_ack(ack, done=True)  # the ACK, then the RESULT, in one write
                 frames = [] if ack_header is None else [(FrameType.ACK, ack_header, b"")]
                 self.transport.send_many(work.coordinator, [*frames, (FrameType.RESULT, result.to_header(), b"")])
         except PeerUnreachable as exc:
