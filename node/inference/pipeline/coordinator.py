@@ -51,7 +51,8 @@ class _Step:
     sent_at: float
     result: asyncio.Future
     acks: dict[int, tuple[float, bool]] = field(default_factory=dict)  # hop -> (when, its output had left)
-    progress: asyncio.Future | None = None  # set by an ACK that brings the next deadline forward
+    timer: asyncio.TimerHandle | None = None  # the pending deadline of a step being waited for
+    trace: RequestTrace | None = None  # set while waited for (deadline log lines)
 
 
 @dataclass
@@ -174,8 +175,8 @@ class PipelineCoordinator:
             return
         now = time.monotonic()
         step.acks[ack.hop] = (now, ack.done)
-        if ack.done and ack.hop < len(att.route) - 1 and step.progress is not None and not step.progress.done():
-            step.progress.set_result(None)  # the next hop's clock starts now, not after an allowance
+        if step.timer is not None:
+            self._arm(att, step)  # the next deadline (a done ACK brings it forward)
         if log.isEnabledFor(logging.DEBUG):
             log.debug('DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
         rto = self.peers.rto(sender) if self.peers is not None else None
@@ -201,8 +202,11 @@ class PipelineCoordinator:
         if kind == "removed" or snap.state != "connected":
             for att in list(self.attempts.values()):
                 if snap.node_id in att.nodes() and not att.failed.done():
-                    att.failed.set_result(StepFailed(snap.node_id, "link_drop",
-                                                     f"link to {snap.short_id} dropped ({snap.state})"))
+                    failure = StepFailed(snap.node_id, "link_drop", f"link to {snap.short_id} dropped ({snap.state})")
+                    att.failed.set_result(failure)
+                    for step in att.steps.values():
+                        if not step.result.done():
+                            step.result.set_result(failure)
 
     # --- one request --------------------------------------------------------------------------
 
@@ -305,34 +309,53 @@ class PipelineCoordinator:
         return max(const.STEP_COMPUTE_MIN_S, const.STEP_COMPUTE_FACTOR * per_layer * (hop.end - hop.start) * n_tokens / 1000)
 
     async def _wait(self, att: _Attempt, step: _Step, trace: RequestTrace) -> int:
-        while True:
-            deadline, hop, what = self._deadline(att, step)
-            timeout = max(0.0, deadline - time.monotonic())
-            step.progress = asyncio.get_running_loop().create_future()
-            await asyncio.wait({step.result, att.failed, step.progress}, timeout=timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
-            if step.result.done():
-                result: Result = step.result.result()
-                if result.error is not None:
-                    raise StepFailed(result.failed_node or att.route[0].node_id, result.error_code or "error", result.error)
-                self._account(att, step, result, trace)
-                if result.token is None:
-                    raise StepFailed(att.route[-1].node_id, "protocol", "RESULT of a sampling step carries no token")
-                return result.token
-            if att.failed.done():
-                raise att.failed.result()
-            if time.monotonic() >= deadline:
-                node = att.route[hop].node_id
-                rto = self.peers.rto(node) if self.peers is not None else None
-                if rto is not None:
-                    rto.backoff()
-                if what == "ack":
-                    log.warning("DIAG: tensor forward not acknowledged within the ACK deadline %s",
-                                kv(request_id=trace.request_id, sid=att.sid, seq=step.seq, hop=hop, node=node[:8]))
-                else:
-                    log.warning("DIAG: segment TIMED OUT — no result received %s",
-                                kv(request_id=trace.request_id, sid=att.sid, seq=step.seq, node=node[:8]))
-                raise StepFailed(node, f"{what}_deadline", f"no {what.upper()} from {node[:8]} within the deadline")
+        """The step's sampled token. Its RESULT, a dropped link (set by the peer observer) or the
+        deadline timer (re-armed by each ACK, never a wake-up of this task) resolves step.result."""
+        if att.failed.done():
+            raise att.failed.result()
+        step.trace = trace
+        self._arm(att, step)
+        try:
+            outcome = await step.result
+        finally:
+            if step.timer is not None:
+                step.timer.cancel()
+                step.timer = None
+        if isinstance(outcome, StepFailed):
+            raise outcome
+        result: Result = outcome
+        if result.error is not None:
+            raise StepFailed(result.failed_node or att.route[0].node_id, result.error_code or "error", result.error)
+        self._account(att, step, result, trace)
+        if result.token is None:
+            raise StepFailed(att.route[-1].node_id, "protocol", "RESULT of a sampling step carries no token")
+        return result.token
+
+    def _arm(self, att: _Attempt, step: _Step) -> None:
+        """(Re)schedule the step's earliest pending deadline."""
+        deadline, hop, what = self._deadline(att, step)
+        if step.timer is not None:
+            step.timer.cancel()
+        step.timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._expire,
+                                                           att, step, hop, what)
+
+    def _expire(self, att: _Attempt, step: _Step, hop: int, what: str) -> None:
+        """Loop timer: a deadline passed with nothing from the hop it waited for."""
+        step.timer = None
+        if step.result.done():
+            return
+        trace = step.trace
+        node = att.route[hop].node_id
+        rto = self.peers.rto(node) if self.peers is not None else None
+        if rto is not None:
+            rto.backoff()
+        if what == "ack":
+            log.warning("DIAG: tensor forward not acknowledged within the ACK deadline %s",
+                        kv(request_id=trace.request_id, sid=att.sid, seq=step.seq, hop=hop, node=node[:8]))
+        else:
+            log.warning("DIAG: segment TIMED OUT — no result received %s",
+                        kv(request_id=trace.request_id, sid=att.sid, seq=step.seq, node=node[:8]))
+        step.result.set_result(StepFailed(node, f"{what}_deadline", f"no {what.upper()} from {node[:8]} within the deadline"))
 
     def _account(self, att: _Attempt, step: _Step, result: Result, trace: RequestTrace) -> None:
         wall_ms = (time.monotonic() - step.sent_at) * 1000
@@ -379,6 +402,9 @@ class PipelineCoordinator:
             except PeerUnreachable:
                 pass  # a dead peer frees its sessions with its process; a live one by TTL
         for step in att.steps.values():
+            if step.timer is not None:
+                step.timer.cancel()
+                step.timer = None
             if not step.result.done():
                 step.result.cancel()
 
