@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import statistics
 import struct
 import subprocess
@@ -31,9 +32,13 @@ WARMUP = 16
 _LEN = struct.Struct("<I")
 
 
-def _read_exact(fd: int, n: int) -> bytes:
+def _read_exact(fd: int, n: int, deadline: float | None = None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError("pipe ring: no data before the deadline")
         chunk = os.read(fd, n - len(buf))
         if not chunk:
             raise EOFError("ring broken")
@@ -75,30 +80,53 @@ def _worker(model: str, start: int, end: int, threads: int, steps: int, rfd: int
         print(json.dumps(stamps), flush=True)
 
 
-def ring_decode(model: Path, n_layers: int, segments: int, threads: int, tokens: int, reps: int = 3) -> float:
+def ring_decode(model: Path, n_layers: int, segments: int, threads: int, tokens: int, reps: int = 3,
+                timeout_s: float = 600.0) -> float:
     """Decode tok/s of `segments` processes in a pipe ring (1 = one process, no pipes crossed):
-    the median of `reps` windows of `tokens` steps, after a warm-up."""
+    the median of `reps` windows of `tokens` steps, after a warm-up. A process that dies or a ring
+    that stalls raises instead of hanging (every read has a deadline)."""
     bounds = [round(i * n_layers / segments) for i in range(segments + 1)]
     pipes = [os.pipe() for _ in range(segments)]  # pipes[i]: into process i
     ready_r, ready_w = os.pipe()
     steps = WARMUP + tokens * reps
-    procs = []
-    for i in range(segments):
-        rfd, wfd = pipes[i][0], pipes[(i + 1) % segments][1]
-        args = [sys.executable, __file__, "--worker", str(model), str(bounds[i]), str(bounds[i + 1]), str(threads),
-                str(steps), str(rfd), str(wfd), str(ready_w)]
-        procs.append(subprocess.Popen(args, pass_fds=(rfd, wfd, ready_w), stdout=subprocess.PIPE if i == 0 else None))
+    procs: list[subprocess.Popen] = []
+    kept = {ready_r, pipes[0][1], pipes[0][0]}  # kick the ring; keep 0's input open for the last reply
+    deadline = time.monotonic() + timeout_s
     try:
-        _read_exact(ready_r, segments)  # every slice loaded
+        for i in range(segments):
+            rfd, wfd = pipes[i][0], pipes[(i + 1) % segments][1]
+            args = [sys.executable, __file__, "--worker", str(model), str(bounds[i]), str(bounds[i + 1]), str(threads),
+                    str(steps), str(rfd), str(wfd), str(ready_w)]
+            procs.append(subprocess.Popen(args, pass_fds=(rfd, wfd, ready_w),
+                                          stdout=subprocess.PIPE if i == 0 else None))
+        for fd in {ready_w, *(fd for pair in pipes for fd in pair)} - kept:
+            os.close(fd)  # only the children hold these: a dead child is EOF, not a hang
+        try:
+            _read_exact(ready_r, segments, deadline)  # every slice loaded
+        except (EOFError, TimeoutError) as exc:
+            codes = [p.poll() for p in procs]
+            raise SystemExit(f"pipe ring: the slices did not load ({exc}; exit codes {codes})") from exc
         os.write(pipes[0][1], _LEN.pack(4) + (1).to_bytes(4, "little"))
-        stamps = json.loads(procs[0].stdout.readline())
+        out = procs[0].stdout.fileno()
+        line = b""
+        while not line.endswith(b"\n"):
+            if not select.select([out], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise SystemExit("pipe ring: no result before the deadline")
+            chunk = os.read(out, 1 << 16)
+            if not chunk:
+                raise SystemExit(f"pipe ring: process 0 ended early (exit code {procs[0].wait(10)})")
+            line += chunk
+        stamps = json.loads(line)
         for p in procs:
             p.wait(60)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        for fd in (ready_r, ready_w, *(fd for pair in pipes for fd in pair)):
+                p.wait(10)
+            if p.stdout is not None:
+                p.stdout.close()
+        for fd in kept:
             os.close(fd)
     rates = []
     for r in range(reps):

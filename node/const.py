@@ -64,6 +64,9 @@ ACK_HOLD_S = 0.1  # a segment sends its ACK with the step's output, or this long
 # step is slower: an ACK at receipt delays the step's start (GIL), and one mid-compute wakes two
 # loops while the slice's threads run (on shared cores that stalls the thread team: 110M model,
 # 3 segments on 2 vCPUs, 73-80 tok/s with a 2 ms hold, 85-92 with this)
+ACK_DONE_MAX_BYTES = 64 * 1024  # an ACK is `done` (the next hop's ACK clock starts) only when the
+# forwarded hidden states are this small and nothing larger waits on the link: a big prefill chunk
+# on a slow or busy link needs transfer time the ACK budget (an RTT figure) does not include
 STEP_COMPUTE_MIN_S = 10.0  # a segment's compute allowance per step, before the estimate scales it
 STEP_COMPUTE_FACTOR = 20.0  # allowance = max(min, factor * estimated compute)
 MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)

@@ -139,6 +139,11 @@ class PeerLink:
                     request_id=frame.request_id if request_id is None else request_id,
                     payload_bytes=len(frame.payload)))
 
+    @property
+    def unsent(self) -> int:
+        """Bytes queued on this link that the kernel has not taken yet."""
+        return self.stream.unsent
+
     async def async_send(self, frame: Frame) -> None:
         """Send a frame, waiting while the link's write buffer is full."""
         self.send_nowait(frame)

@@ -180,6 +180,11 @@ class Stream(asyncio.Protocol):
         return len(self._buf)
 
     @property
+    def unsent(self) -> int:
+        """Bytes written and still in the transport's buffer (not yet taken by the kernel)."""
+        return self.transport.get_write_buffer_size() if self.transport is not None else 0
+
+    @property
     def at_eof(self) -> bool:
         """True once the other side closed and the buffer is drained."""
         return self._eof and not self._buf

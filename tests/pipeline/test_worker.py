@@ -26,6 +26,7 @@ ME, COORD, NEXT = "a" * 64, "c" * 64, "b" * 64
 class RecordingLink:
     def __init__(self, peers):
         self.peers = peers
+        self.unsent = peers.unsent  # bytes "still queued" on the link
 
     def send_nowait(self, frame):
         self.peers.sent.append(frame)
@@ -40,9 +41,10 @@ class RecordingPeers:
     """Stands in for PeerManager: every remote node has a link that records frames (and which
     frames went out in one write)."""
 
-    def __init__(self):
+    def __init__(self, unsent: int = 0):
         self.sent = []
         self.writes = []
+        self.unsent = unsent
 
     def link(self, node_id):
         return RecordingLink(self)
@@ -287,6 +289,32 @@ async def test_a_middle_segment_forwards_first_then_acks(tmp_path):
         assert [f.type for f in peers.sent] == [FrameType.WORK, FrameType.ACK]
         assert peers.sent[1].header["hop"] == 0 and peers.sent[1].header["seq"] == 0
         assert peers.sent[1].header["done"] is True
+    finally:
+        await host.async_close()
+
+
+@pytest.mark.parametrize("why", ["large_payload", "link_backlog"])
+async def test_a_forward_that_may_take_a_while_to_arrive_is_not_acked_done(tmp_path, monkeypatch, why):
+    """`done` starts the next hop's ACK clock at once: only for hidden states already on their way
+    (small, nothing queued ahead of them), else the step keeps its compute allowance."""
+    from node import const
+
+    model = split_model(tmp_path)
+    entry = ModelCatalog(None).scan([(model, "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    await host.async_load(entry, 0, 3)
+    peers = RecordingPeers(unsent=10**6 if why == "link_backlog" else 0)
+    if why == "large_payload":
+        monkeypatch.setattr(const, "ACK_DONE_MAX_BYTES", 64)  # 2 tokens x 64 wide x f16 = 256 bytes
+    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
+    try:
+        work = Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=2,
+                    route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=COORD, sample=True,
+                    sampling=SamplingParams())
+        w.on_work(work.to_header(), encode_tokens([8, 9]), COORD)
+        await wait_until(lambda: len(peers.sent) == 2, 30, what="forward and ACK")
+        assert [f.type for f in peers.sent] == [FrameType.WORK, FrameType.ACK]
+        assert "done" not in peers.sent[1].header
     finally:
         await host.async_close()
 

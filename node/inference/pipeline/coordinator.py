@@ -180,7 +180,8 @@ class PipelineCoordinator:
         if log.isEnabledFor(logging.DEBUG):
             log.debug('DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
         rto = self.peers.rto(sender) if self.peers is not None else None
-        if rto is not None and ack.hop == 0 and sender != self.node_id:
+        if rto is not None and ack.hop == 0 and sender != self.node_id and step.n_tokens == 1:
+            # (one token: no prefill chunk travelling ahead of the ACK on a shared link)
             # coordinator → segment 0 → coordinator is a true round trip, less the time the ACK was held
             rto.observe(max(0.0, now - step.sent_at - ack.held_us / 1e6))
 
@@ -296,7 +297,8 @@ class PipelineCoordinator:
             # slow step, after ACK_HOLD_S) leaves the step its compute allowance first
             basis = acked if done else acked + self._compute_allowance(hop, step.n_tokens)
         last = att.route[-1].node_id
-        return basis + (0.0 if att.kinds[-1] == "local" else self._ack_budget(last)), len(att.route) - 1, "result"
+        # our own last hop: its RESULT follows its ACK within a loop pass; a margin, not a race
+        return basis + (const.ACK_HOLD_S if att.kinds[-1] == "local" else self._ack_budget(last)), len(att.route) - 1, "result"
 
     def _ack_budget(self, node_id: str) -> float:
         rto = self.peers.rto(node_id) if self.peers is not None else None

@@ -55,6 +55,13 @@ class PipelineTransport:
         link.send_nowait(Frame(frame_type, header, payload))
         return len(payload)
 
+    def unsent(self, node_id: str) -> int:
+        """Bytes queued toward node_id that have not left this machine yet (0 for this node)."""
+        if node_id == self.node_id or self.peers is None:
+            return 0
+        link = self.peers.link(node_id)
+        return link.unsent if link is not None else 0
+
     def send_many(self, node_id: str, frames: list[tuple[FrameType, dict[str, Any], bytes]]) -> None:
         """Send several frames to one node, in order, as one write (never blocks)."""
         if node_id == self.node_id:

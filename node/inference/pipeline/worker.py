@@ -207,7 +207,7 @@ class SegmentWorker:
     def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str,
                ack: _PendingAck | None) -> None:
         """Loop thread: account the step and send its output on (WORK to the next hop, or RESULT)."""
-        if not isinstance(outcome, tuple):
+        if isinstance(outcome, Exception):
             self._send_ack(ack)  # before the error RESULT on the same link, never after it
         if isinstance(outcome, NodeError):
             self._fail(work, outcome.message, outcome.code or "error")
@@ -238,9 +238,12 @@ class SegmentWorker:
                 # send_us: the executor's hand-back to this loop (building and writing the frame
                 # cannot be in its own header: the coordinator sees them as wire time)
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
-                self.transport.send(work.route[nxt].node_id, FrameType.WORK,
-                                    work.forward_header(nxt, meta, tele.as_wire()), data)
-                self._send_ack(ack, done=True)  # after the hidden states: the next hop starts sooner
+                nxt_node = work.route[nxt].node_id
+                self.transport.send(nxt_node, FrameType.WORK, work.forward_header(nxt, meta, tele.as_wire()), data)
+                # after the hidden states (the next hop starts sooner); `done` only when they are
+                # on their way at once, so the next hop's ACK budget need not cover a transfer
+                small = len(data) <= const.ACK_DONE_MAX_BYTES and self.transport.unsent(nxt_node) <= const.ACK_DONE_MAX_BYTES
+                self._send_ack(ack, done=small)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("DIAG: sent tensor forward via send_request %s",
                               kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
