@@ -185,13 +185,17 @@ def _start(procs, coordinator, n_peers):
     return run(ready())
 
 
-def test_failover_to_standby_keeps_the_stream_identical(tmp_path):
+def _chain_with_standby(tmp_path):
+    """Nodes a [0-1], b [2-3], b2 [2-3] (b's standby), c [4-5], bootstrapped from a."""
     model = split_model(tmp_path)
     a = start_slice_node(tmp_path, "a", model, "0-1")
     peer = a.port + 10
-    b = start_slice_node(tmp_path, "b", model, "2-3", bootstrap=[peer])
-    b2 = start_slice_node(tmp_path, "b2", model, "2-3", bootstrap=[peer])
-    c = start_slice_node(tmp_path, "c", model, "4-5", bootstrap=[peer])
+    return model, (a, *(start_slice_node(tmp_path, name, model, layers, bootstrap=[peer])
+                        for name, layers in (("b", "2-3"), ("b2", "2-3"), ("c", "4-5"))))
+
+
+def test_failover_to_standby_keeps_the_stream_identical(tmp_path):
+    model, (a, b, b2, c) = _chain_with_standby(tmp_path)
     procs = [a, b, b2, c]
     try:
         model_id, by_short = _start(procs, a, 3)
@@ -221,12 +225,7 @@ def test_a_hung_segment_misses_its_ack_deadline_and_the_standby_takes_over(tmp_p
     """SIGSTOP: the TCP link stays up and nothing answers. The previous hop's ACK came with its
     output, so the stopped segment's ACK is due one ACK budget (~0.6 s) later — before the peer
     liveness pings could declare the link gone — and the standby carries on with identical text."""
-    model = split_model(tmp_path)
-    a = start_slice_node(tmp_path, "a", model, "0-1")
-    peer = a.port + 10
-    b = start_slice_node(tmp_path, "b", model, "2-3", bootstrap=[peer])
-    b2 = start_slice_node(tmp_path, "b2", model, "2-3", bootstrap=[peer])
-    c = start_slice_node(tmp_path, "c", model, "4-5", bootstrap=[peer])
+    model, (a, b, b2, c) = _chain_with_standby(tmp_path)
     procs = [a, b, b2, c]
     stopped = None
     try:

@@ -7,6 +7,7 @@ are delivered locally; frames to other nodes are captured by a recording peers s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -78,6 +79,25 @@ def _results(peers):
     return [Result.from_header(f.header) for f in peers.sent if f.type == FrameType.RESULT]
 
 
+@contextlib.asynccontextmanager
+async def first_slice(tmp_path, transport):
+    """A worker serving layers 0-2 of the 6-layer model: the first of two segments."""
+    entry = ModelCatalog(None).scan([(split_model(tmp_path), "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    await host.async_load(entry, 0, 3)
+    try:
+        yield SegmentWorker(ME, host, transport), entry
+    finally:
+        await host.async_close()
+
+
+def _first_of_two(entry, tokens, coordinator=COORD, **kw):
+    """Step 0 of a session routed ME (layers 0-2) → NEXT (layers 3-5)."""
+    return Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=len(tokens),
+                route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=coordinator, sample=True,
+                sampling=SamplingParams(), **kw)
+
+
 async def test_steps_in_order_then_a_gap_is_refused_naming_both_numbers(worker):
     w, entry, peers = worker
     w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
@@ -130,16 +150,9 @@ async def test_sweep_evicts_idle_sessions_by_ttl(worker):
 
 
 async def test_middle_segment_forwards_activations_to_the_next_hop(tmp_path):
-    model = split_model(tmp_path)
-    entry = ModelCatalog(None).scan([(model, "cli")])[0]
-    host = SliceHost(dtype="f32", n_threads=1)
-    await host.async_load(entry, 0, 3)
     peers = RecordingPeers()
-    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
-    try:
-        work = Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=2,
-                    route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=COORD, sample=True,
-                    activation_bits=16, sampling=SamplingParams())
+    async with first_slice(tmp_path, PipelineTransport(ME, peers)) as (w, entry):
+        work = _first_of_two(entry, [8, 9], activation_bits=16)
         w.on_work(work.to_header(), encode_tokens([8, 9]), COORD)
         await wait_until(lambda: any(f.type == FrameType.WORK for f in peers.sent), 30, what="forward")
         fwd = next(f for f in peers.sent if f.type == FrameType.WORK)
@@ -148,8 +161,6 @@ async def test_middle_segment_forwards_activations_to_the_next_hop(tmp_path):
         assert len(fwd.payload) == 2 * 64 * 2
         assert nxt.telemetry[0]["node"] == ME and nxt.telemetry[0]["eval_us"] > 0
         assert nxt.sampling == work.sampling  # the last segment will need it
-    finally:
-        await host.async_close()
 
 
 def test_layers_flag_is_inclusive_and_checked():
@@ -274,23 +285,13 @@ async def test_a_slow_step_acks_after_the_hold_not_at_its_end(worker, monkeypatc
 
 
 async def test_a_middle_segment_forwards_first_then_acks(tmp_path):
-    model = split_model(tmp_path)
-    entry = ModelCatalog(None).scan([(model, "cli")])[0]
-    host = SliceHost(dtype="f32", n_threads=1)
-    await host.async_load(entry, 0, 3)
     peers = RecordingPeers()
-    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
-    try:
-        work = Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=1,
-                    route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=COORD, sample=True,
-                    sampling=SamplingParams())
-        w.on_work(work.to_header(), encode_tokens([8]), COORD)
+    async with first_slice(tmp_path, PipelineTransport(ME, peers)) as (w, entry):
+        w.on_work(_first_of_two(entry, [8]).to_header(), encode_tokens([8]), COORD)
         await wait_until(lambda: len(peers.sent) == 2, 30, what="forward and ACK")
         assert [f.type for f in peers.sent] == [FrameType.WORK, FrameType.ACK]
         assert peers.sent[1].header["hop"] == 0 and peers.sent[1].header["seq"] == 0
         assert peers.sent[1].header["done"] is True
-    finally:
-        await host.async_close()
 
 
 @pytest.mark.parametrize("why", ["large_payload", "link_backlog"])
@@ -299,46 +300,26 @@ async def test_a_forward_that_may_take_a_while_to_arrive_is_not_acked_done(tmp_p
     (small, nothing queued ahead of them), else the step keeps its compute allowance."""
     from node import const
 
-    model = split_model(tmp_path)
-    entry = ModelCatalog(None).scan([(model, "cli")])[0]
-    host = SliceHost(dtype="f32", n_threads=1)
-    await host.async_load(entry, 0, 3)
     peers = RecordingPeers(unsent=10**6 if why == "link_backlog" else 0)
     if why == "large_payload":
         monkeypatch.setattr(const, "ACK_DONE_MAX_BYTES", 64)  # 2 tokens x 64 wide x f16 = 256 bytes
-    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
-    try:
-        work = Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=2,
-                    route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=COORD, sample=True,
-                    sampling=SamplingParams())
-        w.on_work(work.to_header(), encode_tokens([8, 9]), COORD)
+    async with first_slice(tmp_path, PipelineTransport(ME, peers)) as (w, entry):
+        w.on_work(_first_of_two(entry, [8, 9]).to_header(), encode_tokens([8, 9]), COORD)
         await wait_until(lambda: len(peers.sent) == 2, 30, what="forward and ACK")
         assert [f.type for f in peers.sent] == [FrameType.WORK, FrameType.ACK]
         assert "done" not in peers.sent[1].header
-    finally:
-        await host.async_close()
 
 
 async def test_own_segment_reports_a_finished_step_to_its_coordinator_locally(tmp_path):
     """The coordinator's own segment sends no ACK message, but tells the coordinator (a local call)
     when its output has left, which starts the next hop's ACK clock."""
-    model = split_model(tmp_path)
-    entry = ModelCatalog(None).scan([(model, "cli")])[0]
-    host = SliceHost(dtype="f32", n_threads=1)
-    await host.async_load(entry, 0, 3)
     peers = RecordingPeers()
     transport = PipelineTransport(ME, peers)
     local_acks = []
     transport.on_local(FrameType.ACK, lambda header, payload, sender: local_acks.append((header, sender)))
-    w = SegmentWorker(ME, host, transport)
-    try:
-        work = Work(sid="s", model=entry.sha256, seq=0, index_pos=0, n_tokens=1,
-                    route=(Hop(ME, 0, 3), Hop(NEXT, 3, 6)), hop=0, coordinator=ME, sample=True,
-                    sampling=SamplingParams())
-        w.on_work(work.to_header(), encode_tokens([8]), ME)
+    async with first_slice(tmp_path, transport) as (w, entry):
+        w.on_work(_first_of_two(entry, [8], coordinator=ME).to_header(), encode_tokens([8]), ME)
         await wait_until(lambda: local_acks, 30, what="local ACK")
         assert [f.type for f in peers.sent] == [FrameType.WORK]  # nothing on the wire but the hidden states
         header, sender = local_acks[0]
         assert sender == ME and header["done"] is True and header["hop"] == 0
-    finally:
-        await host.async_close()
