@@ -320,9 +320,7 @@ class PipelineCoordinator:
         try:
             outcome = await step.result
         finally:
-            if step.timer is not None:
-                step.timer.cancel()
-                step.timer = None
+            self._disarm(step)
         if isinstance(outcome, StepFailed):
             raise outcome
         result: Result = outcome
@@ -336,10 +334,15 @@ class PipelineCoordinator:
     def _arm(self, att: _Attempt, step: _Step) -> None:
         """(Re)schedule the step's earliest pending deadline."""
         deadline, hop, what = self._deadline(att, step)
-        if step.timer is not None:
-            step.timer.cancel()
+        self._disarm(step)
         step.timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._expire,
                                                            att, step, hop, what)
+
+    @staticmethod
+    def _disarm(step: _Step) -> None:
+        if step.timer is not None:
+            step.timer.cancel()
+            step.timer = None
 
     def _expire(self, att: _Attempt, step: _Step, hop: int, what: str) -> None:
         """Loop timer: a deadline passed with nothing from the hop it waited for."""
@@ -404,9 +407,7 @@ class PipelineCoordinator:
             except PeerUnreachable:
                 pass  # a dead peer frees its sessions with its process; a live one by TTL
         for step in att.steps.values():
-            if step.timer is not None:
-                step.timer.cancel()
-                step.timer = None
+            self._disarm(step)
             if not step.result.done():
                 step.result.cancel()
 
