@@ -1,0 +1,109 @@
+"""Packaging (DESIGN.md §11): what can be checked without building the 1 GB bundle.
+
+The bundle itself is built and smoke-tested by `packaging/build_linux.sh` (PyInstaller, then
+`packaging/smoke.py`: both programs serve the default model from the bundle alone); that takes
+minutes and ~1 GB, so it is not part of this suite. Here: the spec names every module the CLI
+loads by name, the one entry script starts the right program for each executable's name, and the
+Linux installer installs and removes a bundle for a user (run for real, in a temporary HOME).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGING = ROOT / "packaging"
+
+
+def test_spec_names_every_module_the_cli_imports_by_name():
+    from node.cli import SUBCOMMANDS
+
+    spec = (PACKAGING / "swarmllm.spec").read_text()
+    hidden = set(re.findall(r'"([\w.]+)"', spec.split("hiddenimports = [", 1)[1].split("]", 1)[0]))
+    missing = [name for name in SUBCOMMANDS if name not in hidden]
+    assert not missing, f"swarmllm.spec's hiddenimports lack {missing}: the bundled CLI would not have them"
+    # data the frozen node reads through node.resources (sys._MEIPASS/resources)
+    assert '(str(ROOT / "resources"), "resources")' in spec
+
+
+@pytest.mark.parametrize(("exe_name", "expected"), [
+    ("swarmllm", "cli"), ("swarmllm.exe", "cli"), ("swarmllm-tray", "tray"), ("swarmllm-tray.exe", "tray"),
+])
+def test_entry_script_starts_the_program_its_executable_is_named_for(monkeypatch, exe_name, expected):
+    import app.main
+    import node.cli
+
+    sys.path.insert(0, str(PACKAGING))
+    try:
+        import entry
+    finally:
+        sys.path.remove(str(PACKAGING))
+    ran = []
+    monkeypatch.setattr(node.cli, "main", lambda: ran.append("cli") or 0)
+    monkeypatch.setattr(app.main, "main", lambda: ran.append("tray") or 0)
+    monkeypatch.setattr(sys, "executable", f"/opt/swarmllm/{exe_name}")
+    assert entry.main() == 0
+    assert ran == [expected]
+
+
+def _fake_bundle(tmp_path: Path) -> Path:
+    """A folder shaped like dist/swarmllm (tiny scripts stand in for the two programs)."""
+    bundle = tmp_path / "unpacked" / "swarmllm"
+    (bundle / "_internal" / "resources" / "icons").mkdir(parents=True)
+    shutil.copy(ROOT / "resources" / "icons" / "swarmllm.png", bundle / "_internal" / "resources" / "icons")
+    for name in ("swarmllm", "swarmllm-tray"):
+        exe = bundle / name
+        exe.write_text(f"#!/bin/sh\necho {name} \"$@\"\n")
+        exe.chmod(0o755)
+    shutil.copy(PACKAGING / "linux" / "install.sh", bundle)
+    shutil.copy(PACKAGING / "linux" / "swarmllm.desktop", bundle)
+    return bundle
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the Linux installer")
+def test_linux_installer_installs_for_the_user_and_uninstalls(tmp_path):
+    bundle = _fake_bundle(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    done = subprocess.run(["sh", str(bundle / "install.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    opt = home / ".local" / "opt" / "swarmllm"
+    apps = home / ".local" / "share" / "applications" / "swarmllm.desktop"
+    autostart = home / ".config" / "autostart" / "swarmllm.desktop"
+    icon = home / ".local" / "share" / "icons" / "hicolor" / "256x256" / "apps" / "swarmllm.png"
+    for path in (opt / "swarmllm-tray", apps, autostart, icon):
+        assert path.exists(), path
+    entry = apps.read_text()
+    assert f"Exec={opt}/swarmllm-tray\n" in entry and "Icon=swarmllm\n" in entry
+    # the commands on PATH run the installed copy, not the unpacked one
+    shutil.rmtree(bundle.parent)
+    out = subprocess.run([str(home / ".local" / "bin" / "swarmllm"), "run", "-p", "9"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.stdout.strip() == "swarmllm run -p 9"
+
+    done = subprocess.run(["sh", str(opt / "install.sh"), "--uninstall"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    left = [p for p in home.rglob("*") if "swarmllm" in p.name]
+    assert left == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the Linux installer")
+def test_linux_installer_refuses_to_run_outside_a_bundle(tmp_path):
+    lonely = tmp_path / "install.sh"
+    shutil.copy(PACKAGING / "linux" / "install.sh", lonely)
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run(["sh", str(lonely)], env={"HOME": str(home), "PATH": os.environ["PATH"]},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unpacked SwarmLLM folder" in done.stderr
+    assert not (home / ".local").exists()
