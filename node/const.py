@@ -54,6 +54,13 @@ RELAY_CIRCUIT_IDLE_S = 120.0  # a circuit with no bytes this long is dropped (li
 RELAY_CIRCUIT_SETUP_TIMEOUT_S = 10.0  # target must answer an incoming circuit within this
 RELAY_LIST_INTERVAL_S = 10.0  # rendezvous: ask each relay who is registered
 
+# --- model downloads (node/inference/download.py) ---
+DOWNLOAD_CONNECT_TIMEOUT_S = 15.0
+DOWNLOAD_READ_TIMEOUT_S = 60.0  # no byte for this long: the attempt failed (then resumes)
+DOWNLOAD_RETRIES = 6  # attempts per download (network errors, 5xx, 429), resuming with Range
+DOWNLOAD_RETRY_BASE_S = 1.0  # backoff: base * 2^(attempt-1), at most 30 s
+DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
+
 # --- distributed pipeline (node/inference/pipeline) ---
 PREFILL_CHUNK_TOKENS = 256  # prompt tokens per WORK step
 SESSION_TTL_S = 300.0  # an idle KV session on a segment is freed after this

@@ -19,6 +19,7 @@ from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
 from node.inference.catalog import ModelCatalog
+from node.inference.download import DownloadFailed, ModelDownloader
 from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager
 from node.inference.pipeline.coordinator import PipelineCoordinator
@@ -55,6 +56,7 @@ class Node:
         self.traces = TraceHub(self.metrics)
         self.catalog = ModelCatalog(self.data_dir)
         self.models = ModelManager(config, self.catalog)
+        self.downloads = ModelDownloader(self.data_dir / MODELS_DIR, self._async_add_model_file)
         self.api = ApiServer(self)
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
@@ -128,6 +130,7 @@ class Node:
             await self.peers.async_stop()
         if self._machine_task is not None:
             self._machine_task.cancel()
+        await self.downloads.async_close()
         await self.host.async_close()
         await self.models.async_close()
         self.watchdog.stop()
@@ -192,6 +195,21 @@ class Node:
             sources += [(p, "data_dir") for p in sorted(models_dir.glob("*.gguf"))]
         sources += [(Path(p).expanduser(), "cli") for p in self.config.models]
         return sources
+
+    async def _async_add_model_file(self, path: Path, sha256: str) -> str:
+        """A file that just arrived in models/ (a download): catalog it and register it (not loaded:
+        Load in the API or the GUI). Returns its model id."""
+        await asyncio.get_running_loop().run_in_executor(None, self.catalog.remember_hash, path, sha256)
+        for entry in await self.catalog.async_scan([(path, "data_dir")]):
+            await self.models.async_register(entry)
+            self.note_activity(f"model {entry.id} downloaded")
+            if self.peers is not None:
+                await self.peers.async_announce()
+            return entry.id
+        same = self.catalog.by_sha(sha256)  # the same content was already here (another file name)
+        if same is None:  # the catalog logged why it skipped the file
+            raise DownloadFailed(f"models/{path.name} was downloaded but cannot be served (see node.log)")
+        return same.id
 
     # --- requests ---
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from node.api.appkeys import NODE
+from node.api.errors import read_json
 from node.diagnostics import build_report
+from node.errors import InvalidRequest
 
 routes = web.RouteTableDef()
 
@@ -48,6 +50,47 @@ async def load(request: web.Request) -> web.Response:
     served = await node.models.async_load(request.match_info["model_id"])
     node.note_activity(f"model {served.id} loaded on {served.device}")
     return web.json_response({"model": served.summary()})
+
+
+@routes.post("/api/admin/models/download")
+async def download(request: web.Request) -> web.Response:
+    """Start downloading a GGUF into the data dir's models/ (202; poll /api/admin/downloads/{id}).
+    Body: {"url": "https://…/x.gguf" | "hf://owner/repo/x.gguf", "sha256"?: hex, "filename"?: name}."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    url, sha256, filename = body.get("url"), body.get("sha256"), body.get("filename")
+    if not isinstance(url, str) or not url:
+        raise InvalidRequest("url is required (a string)", param="url")
+    for name, value in (("sha256", sha256), ("filename", filename)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequest(f"{name} must be a string", param=name)
+    unknown = sorted(set(body) - {"url", "sha256", "filename"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+    node = request.app[NODE]
+    job = node.downloads.start(url, sha256=sha256, file_name=filename)
+    node.note_activity(f"downloading {job.file_name}")
+    return web.json_response({"download": job.summary()}, status=202)
+
+
+@routes.get("/api/admin/downloads")
+async def downloads(request: web.Request) -> web.Response:
+    """Every download of this run, newest last."""
+    return web.json_response({"downloads": [j.summary() for j in request.app[NODE].downloads.jobs.values()]})
+
+
+@routes.get("/api/admin/downloads/{job_id}")
+async def download_status(request: web.Request) -> web.Response:
+    """One download's progress."""
+    return web.json_response({"download": request.app[NODE].downloads.get(request.match_info["job_id"]).summary()})
+
+
+@routes.post("/api/admin/downloads/{job_id}/cancel")
+async def download_cancel(request: web.Request) -> web.Response:
+    """Stop a download and remove its partial file."""
+    job = request.app[NODE].downloads.cancel(request.match_info["job_id"])
+    return web.json_response({"download": job.summary()})
 
 
 @routes.get("/api/admin/peers")

@@ -1,10 +1,11 @@
-"""Commands that talk to a running node over its API: diagnostics, models, peers, chat."""
+"""Commands that talk to a running node over its API: diagnostics, models, download, peers, chat."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -13,7 +14,7 @@ from node.datadir import API_KEY_FILE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register diagnostics, models, peers and chat."""
+    """Register diagnostics, models, download, peers and chat."""
     from node.cli import add_node_options
 
     p = sub.add_parser("diagnostics", help="print the diagnostics report (safe to paste in public)")
@@ -25,6 +26,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_node_options(p)
     p.add_argument("--json", action="store_true", help="raw JSON")
     p.set_defaults(func=models)
+
+    p = sub.add_parser("download", help="download a GGUF model into the node's models/ folder")
+    add_node_options(p)
+    p.add_argument("url", help="https://…/model.gguf or hf://owner/repo/model.gguf[@revision]")
+    p.add_argument("--sha256", default=None, help="expected sha256 of the file (checked before it is kept)")
+    p.add_argument("--filename", default=None, help="file name in models/ (default: the URL's)")
+    p.add_argument("--load", action="store_true", help="load the model once it is downloaded")
+    p.set_defaults(func=download)
 
     p = sub.add_parser("peers", help="list the node's peers")
     add_node_options(p)
@@ -87,6 +96,37 @@ def models(args: argparse.Namespace) -> int:
         reason = f" ({m['cpu_placement_reason']})" if m.get("cpu_placement_reason") else ""
         print(f"{m['id']:44} {m['architecture']:8} {m['n_layers']:>6} {m['quantization']:6} "
               f"{m['size_bytes'] / 2**20:>8.1f} {m['state']:9} {m['device']}{reason}")
+    return 0
+
+
+def download(args: argparse.Namespace) -> int:
+    """Start a download on the node and show its progress until it ends (Ctrl-C cancels it)."""
+    client = NodeClient(args)
+    body = {"url": args.url, "sha256": args.sha256, "filename": args.filename}
+    job = json.loads(client.request("POST", "/api/admin/models/download",
+                                    {k: v for k, v in body.items() if v is not None}))["download"]
+    try:
+        while job["state"] in ("starting", "downloading", "verifying"):
+            total = job["total_bytes"]
+            done = f"{job['done_bytes'] / 1e6:.1f}" + (f" / {total / 1e6:.1f} MB ({job['progress'] * 100:.0f}%)"
+                                                       if total else " MB")
+            rate = f", {job['mb_per_s']:.1f} MB/s" if job.get("mb_per_s") else ""
+            sys.stderr.write(f"\r{job['file']}: {job['state']} {done}{rate}   ")
+            sys.stderr.flush()
+            time.sleep(0.5)
+            job = json.loads(client.request("GET", f"/api/admin/downloads/{job['id']}"))["download"]
+    except KeyboardInterrupt:
+        client.request("POST", f"/api/admin/downloads/{job['id']}/cancel")
+        sys.stderr.write("\ncancelled\n")
+        return 130
+    sys.stderr.write("\n")
+    if job["state"] != "done":
+        print(f"download {job['state']}: {job['error']}")
+        return 1
+    print(f"downloaded {job['file']} ({job['done_bytes'] / 1e6:.1f} MB): model {job['model_id']}")
+    if args.load:
+        client.request("POST", f"/api/admin/models/{job['model_id']}/load")
+        print(f"loaded {job['model_id']}")
     return 0
 
 

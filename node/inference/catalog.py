@@ -114,6 +114,12 @@ class HashCache:
         self._save()
         return digest
 
+    def remember(self, file: Path, sha256: str) -> None:
+        """Record a hash computed elsewhere (a download hashes as it verifies; blocking)."""
+        st = file.stat()
+        self._data[str(file.resolve())] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+        self._save()
+
     def _save(self) -> None:
         if self.path is None:
             return
@@ -162,6 +168,10 @@ class ModelCatalog:
         log.info("DIAG: catalog scan complete model_count=%d elapsed_ms=%d", len(self.entries),
                  (time.monotonic() - started) * 1000)
         return found
+
+    def remember_hash(self, file: Path, sha256: str) -> None:
+        """Seed the hash cache for a file whose sha256 is already known (blocking)."""
+        self._cache.remember(file, sha256)
 
     async def async_scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """scan() off the event loop."""

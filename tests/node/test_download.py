@@ -1,0 +1,305 @@
+"""Model downloads against a local HTTP server (no internet here; the code is the real one): a real
+node downloads a GGUF through its admin API, resumes a dropped transfer with Range, restarts when
+the file changed or the server ignores Range, refuses HTML and bad hashes, and the model it got
+loads and answers through the OpenAI API."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+
+import aiohttp
+import openai
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from node import const
+from node.inference.download import display_url, file_name_for, resolve_url
+from tests.support.nodes import TINY, node_config, running_node, tiny_model, wait_until
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+OTHER = dataclasses.replace(TINY, seed=7, name="other")  # a different file than the node's own model
+
+
+class FileServer:
+    """Serves one file at /m.gguf with Range/ETag support, and misbehaves on request."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.etag = '"v1"'
+        self.drop_after: int | None = None  # close the connection after this many body bytes (once)
+        self.ignore_range = False
+        self.fail_with: list[int] = []  # statuses to answer before serving (one per request)
+        self.body_override: bytes | None = None
+        self.requests: list[dict] = []
+        self.sent = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/m.gguf", self.handle)
+        app.router.add_get("/models/other.gguf", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self.url = f"http://127.0.0.1:{port}/m.gguf"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append({"range": request.headers.get("Range"), "if_range": request.headers.get("If-Range")})
+        if self.fail_with:
+            return web.Response(status=self.fail_with.pop(0), text="busy")
+        data = self.body_override if self.body_override is not None else self.data
+        start = 0
+        rng = request.headers.get("Range")
+        if rng and not self.ignore_range and request.headers.get("If-Range") in (None, self.etag):
+            start = int(rng.removeprefix("bytes=").split("-")[0])
+        resp = web.StreamResponse(status=206 if start else 200)
+        resp.headers["ETag"] = self.etag
+        resp.headers["Accept-Ranges"] = "bytes"
+        if start:
+            resp.headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        resp.content_length = len(data) - start
+        await resp.prepare(request)
+        body = data[start:]
+        if self.drop_after is not None:
+            cut, self.drop_after = self.drop_after, None
+            await resp.write(body[:cut])
+            self.sent += cut
+            await asyncio.sleep(0.3)  # the client has read what was sent (aiohttp drops unread bytes on error)
+            request.transport.close()  # mid-body: the client sees a truncated payload
+            return resp
+        for i in range(0, len(body), 64 * 1024):
+            await resp.write(body[i:i + 64 * 1024])
+        self.sent += len(body)
+        await resp.write_eof()
+        return resp
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("download")
+    async with running_node(node_config(base / "data", [tiny_model(base)])) as n:
+        yield n
+
+
+@pytest.fixture
+def other_bytes(tmp_path_factory):
+    path = tiny_model(tmp_path_factory.mktemp("src"), OTHER, "other.gguf")
+    return path.read_bytes()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def server(other_bytes):
+    srv = FileServer(other_bytes)
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch):
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+
+
+async def api(node, method, path, body=None):
+    async with aiohttp.ClientSession() as s, s.request(
+            method, f"http://127.0.0.1:{node.api.port}{path}", json=body,
+            headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+        return r.status, await r.json()
+
+
+async def finished(node, job_id):
+    result = {}
+
+    async def done():
+        _, body = await api(node, "GET", f"/api/admin/downloads/{job_id}")
+        result.update(body["download"])
+        return result["state"] not in ("starting", "downloading", "verifying")
+    await wait_until(done, timeout_s=60, what="download finished")
+    return result
+
+
+def _remove(node, name):
+    for suffix in ("", ".part", ".part.json"):
+        (node.data_dir / "models" / (name + suffix)).unlink(missing_ok=True)
+
+
+async def test_download_registers_a_model_that_loads_and_answers(node, server, other_bytes):
+    _remove(node, "other.gguf")
+    status, body = await api(node, "POST", "/api/admin/models/download",
+                             {"url": server.url, "filename": "other.gguf",
+                              "sha256": hashlib.sha256(other_bytes).hexdigest()})
+    assert status == 202, body
+    job = await finished(node, body["download"]["id"])
+    assert job["state"] == "done", job
+    assert job["done_bytes"] == job["total_bytes"] == len(other_bytes)
+    model_id = job["model_id"]
+    assert model_id.startswith("other-")
+    path = node.data_dir / "models" / "other.gguf"
+    assert path.read_bytes() == other_bytes
+    assert not list((node.data_dir / "models").glob("*.part*"))
+    _, models = await api(node, "GET", "/api/admin/models")
+    assert model_id in [m["id"] for m in models["models"]]
+    status, _ = await api(node, "POST", f"/api/admin/models/{model_id}/load")
+    assert status == 200
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+    reply = await client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, temperature=0)
+    assert reply.model == model_id and reply.usage.completion_tokens >= 1
+    await api(node, "POST", f"/api/admin/models/{model_id}/unload")
+
+
+async def test_a_dropped_connection_resumes_with_range(node, server, other_bytes):
+    _remove(node, "resumed.gguf")
+    server.requests.clear()
+    server.sent = 0
+    server.drop_after = len(other_bytes) // 3
+    _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "resumed.gguf"})
+    job = await finished(node, body["download"]["id"])
+    assert job["state"] == "done", job
+    assert job["attempts"] == 2
+    assert server.requests[1] == {"range": f"bytes={len(other_bytes) // 3}-", "if_range": '"v1"'}
+    assert server.sent == len(other_bytes)  # nothing fetched twice
+    assert (node.data_dir / "models" / "resumed.gguf").read_bytes() == other_bytes
+
+
+async def test_a_changed_file_or_a_server_without_range_restarts_from_zero(node, server, other_bytes):
+    for change in ("etag", "ignore_range"):
+        _remove(node, f"restart-{change}.gguf")
+        server.requests.clear()
+        server.drop_after = 1000
+        server.etag, server.ignore_range = '"v1"', False
+        _, body = await api(node, "POST", "/api/admin/models/download",
+                            {"url": server.url, "filename": f"restart-{change}.gguf"})
+        await wait_until(lambda: len(server.requests) >= 1, what="first request")
+        if change == "etag":
+            server.etag = '"v2"'  # the file changed on the server between the attempts
+        else:
+            server.ignore_range = True
+        job = await finished(node, body["download"]["id"])
+        assert job["state"] == "done", job
+        assert server.requests[1]["range"] == "bytes=1000-"  # it asked to resume...
+        assert (node.data_dir / "models" / f"restart-{change}.gguf").read_bytes() == other_bytes  # ...and got a whole file
+    server.etag, server.ignore_range = '"v1"', False
+
+
+async def test_server_errors_are_retried_then_reported(node, server, monkeypatch):
+    _remove(node, "busy.gguf")
+    monkeypatch.setattr(const, "DOWNLOAD_RETRIES", 3)
+    server.fail_with = [503, 503, 503]
+    _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "busy.gguf"})
+    job = await finished(node, body["download"]["id"])
+    assert job["state"] == "failed" and job["attempts"] == 3
+    assert "HTTP 503" in job["error"]
+    server.fail_with = [503]
+    _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "busy.gguf"})
+    job = await finished(node, body["download"]["id"])
+    assert job["state"] == "done" and job["attempts"] == 2
+
+
+@pytest.mark.parametrize(("setup", "expected"), [
+    ("html", "is not a GGUF file"),
+    ("sha", "sha256 mismatch"),
+    ("404", "HTTP 404"),
+])
+async def test_bad_downloads_fail_clearly_and_leave_nothing(node, server, other_bytes, setup, expected):
+    _remove(node, "bad.gguf")
+    request = {"url": server.url, "filename": "bad.gguf"}
+    if setup == "html":
+        server.body_override = b"<!DOCTYPE html><html><body>Sign in to continue</body></html>"
+    elif setup == "sha":
+        request["sha256"] = "0" * 64
+    else:
+        request["url"] = server.url.replace("/m.gguf", "/missing.gguf")
+    try:
+        _, body = await api(node, "POST", "/api/admin/models/download", request)
+        job = await finished(node, body["download"]["id"])
+    finally:
+        server.body_override = None
+    assert job["state"] == "failed"
+    assert expected in job["error"]
+    assert not list((node.data_dir / "models").glob("bad.gguf*"))
+    _, models = await api(node, "GET", "/api/admin/models")
+    assert not any("bad" in m["id"] for m in models["models"])
+
+
+async def test_not_enough_disk_space_is_refused_before_downloading(node, server, monkeypatch):
+    import shutil
+
+    _remove(node, "big.gguf")
+    usage = shutil.disk_usage(node.data_dir)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=100))
+    _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "big.gguf"})
+    job = await finished(node, body["download"]["id"])
+    assert job["state"] == "failed" and "not enough disk space" in job["error"]
+
+
+async def test_cancel_stops_and_removes_the_partial_file(node, server, other_bytes):
+    _remove(node, "cancelled.gguf")
+    server.fail_with = [503] * 50  # keeps the job retrying (backoff) until cancelled
+    try:
+        _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "cancelled.gguf"})
+        job_id = body["download"]["id"]
+        await wait_until(lambda: len(server.requests) >= 1, what="first request")
+        status, body = await api(node, "POST", f"/api/admin/downloads/{job_id}/cancel")
+        assert status == 200
+        job = await finished(node, job_id)
+    finally:
+        server.fail_with = []
+    assert job["state"] == "cancelled"
+    assert not list((node.data_dir / "models").glob("cancelled.gguf*"))
+
+
+async def test_bad_requests_get_clear_errors(node, server):
+    _remove(node, "dup.gguf")
+    cases = [
+        ({}, 400, "url is required"),
+        ({"url": 5}, 400, "url is required"),
+        ({"url": "ftp://x/y.gguf"}, 400, "http(s)"),
+        ({"url": server.url, "sha256": "abc"}, 400, "64 hex"),
+        ({"url": server.url, "filename": "../../etc/passwd"}, 400, "cannot use"),
+        ({"url": server.url, "bogus": 1}, 400, "unknown field"),
+        ({"url": "hf://only-owner"}, 400, "hf://owner/repo"),
+    ]
+    for body, status, text in cases:
+        got, reply = await api(node, "POST", "/api/admin/models/download", body)
+        assert got == status, (body, reply)
+        assert text in reply["error"]["message"], (body, reply)
+    async with aiohttp.ClientSession() as s, s.post(
+            f"http://127.0.0.1:{node.api.port}/api/admin/models/download", data="{not json",
+            headers={"Authorization": f"Bearer {node.api_key}", "Content-Type": "application/json"}) as r:
+        assert r.status == 400 and "not valid JSON" in (await r.json())["error"]["message"]
+    # an existing file is not overwritten; the same download twice is one job
+    server.fail_with = [503] * 3
+    try:
+        _, first = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "dup.gguf"})
+        _, second = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "dup.gguf"})
+        assert first["download"]["id"] == second["download"]["id"]
+        await finished(node, first["download"]["id"])
+    finally:
+        server.fail_with = []
+    got, reply = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "dup.gguf"})
+    assert got == 409 and "already exists" in reply["error"]["message"]
+    got, _ = await api(node, "GET", "/api/admin/downloads/nope")
+    assert got == 404
+
+
+async def test_url_forms():
+    assert resolve_url("hf://bartowski/Llama-3.2-1B-Instruct-GGUF/Llama-3.2-1B-Instruct-Q4_K_M.gguf") == (
+        "https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q4_K_M.gguf")
+    assert resolve_url("hf://o/r/sub dir/m.gguf@v1.0").endswith("/o/r/resolve/v1.0/sub%20dir/m.gguf")
+    assert display_url("https://cdn.example.com:8443/a/m.gguf?X-Amz-Signature=secret#x") == (
+        "https://cdn.example.com:8443/a/m.gguf")
+    assert file_name_for("https://h/a/model%2Bq8.gguf?sig=1", None) == "model+q8.gguf"
+    assert file_name_for("https://h/a/weights", None) == "weights.gguf"
+    assert json.dumps(file_name_for("https://h/x.gguf", "mine.gguf")) == '"mine.gguf"'
