@@ -1,4 +1,4 @@
-"""Models tab: every model this node serves, where it runs and why; Load / Unload / Add."""
+"""Models tab: every model this node serves, where it runs and why; Load / Unload / Add / Download."""
 
 from __future__ import annotations
 
@@ -6,13 +6,23 @@ from pathlib import Path
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.host import NodeHost
 from app.tasks import spawn
 from app.ui.models_model import ModelsModel, is_slice
 from app.ui.table_model import ROW_KEY_ROLE
 from app.ui.widgets import FirstRunBanner, table_view
+from node.errors import NodeError
 
 
 class ModelsTab(QWidget):
@@ -29,13 +39,17 @@ class ModelsTab(QWidget):
         self.load_button = QPushButton("Load")
         self.unload_button = QPushButton("Unload")
         self.add_button = QPushButton("Add model file…")
+        self.download_button = QPushButton("Download…")
+        self.download_button.setToolTip("Download a GGUF model from a URL (https://… or hf://owner/repo/file.gguf) "
+                                        "into the models folder")
+        self.download_button.clicked.connect(self.ask_download_url)
         self.load_button.clicked.connect(self.load_selected)
         self.unload_button.clicked.connect(self.unload_selected)
         self.add_button.clicked.connect(self.choose_model_file)
         self.status = QLabel()
         self.status.setWordWrap(True)
         buttons = QHBoxLayout()
-        for button in (self.load_button, self.unload_button, self.add_button):
+        for button in (self.load_button, self.unload_button, self.add_button, self.download_button):
             buttons.addWidget(button)
         buttons.addWidget(self.status, 1)
         layout = QVBoxLayout(self)
@@ -52,6 +66,9 @@ class ModelsTab(QWidget):
         model.dataChanged.connect(self._update_buttons)
         model.rowsInserted.connect(self._select_first_if_none)
         self._update_buttons()
+        self._download_id: str | None = None
+        self._unsubscribe_downloads = host.node.downloads.subscribe(self._on_download)
+        self.destroyed.connect(lambda *_: self._unsubscribe_downloads())
 
     def selected_id(self) -> str | None:
         rows = self.view.selectionModel().selectedRows()
@@ -112,6 +129,43 @@ class ModelsTab(QWidget):
                          "to keep it")
 
         spawn(run(), what=f"adding {path.name}", on_error=self._report)
+
+    def ask_download_url(self) -> None:
+        """Ask for a URL (non-modal), then download it."""
+        dialog = QInputDialog(self)
+        dialog.setWindowTitle("Download a model")
+        dialog.setLabelText("GGUF URL (https://… or hf://owner/repo/file.gguf):")
+        dialog.setTextEchoMode(QLineEdit.EchoMode.Normal)
+        dialog.resize(560, dialog.height())
+        dialog.textValueSelected.connect(lambda url: self.download_url(url.strip()) if url.strip() else None)
+        dialog.open()
+
+    def download_url(self, url: str) -> None:
+        """Start downloading into the models folder; progress shows in the status line."""
+        try:
+            job = self.host.node.downloads.start(url)
+        except NodeError as exc:
+            self._report(exc.message)
+            return
+        self._download_id = job.id
+        self._report(f"downloading {job.file_name}…")
+
+    def _on_download(self, job) -> None:
+        """Download progress (on the loop, which is Qt's thread under qasync)."""
+        if job.id != self._download_id:
+            return
+        summary = job.summary()
+        if job.state == "downloading" and job.total_bytes:
+            rate = f", {summary['mb_per_s']:.1f} MB/s" if summary.get("mb_per_s") else ""
+            self._report(f"downloading {job.file_name}: {job.done_bytes / 1e6:.1f} / {job.total_bytes / 1e6:.1f} MB "
+                         f"({summary['progress'] * 100:.0f}%{rate})")
+        elif job.state == "verifying":
+            self._report(f"checking {job.file_name}…")
+        elif job.state == "done":
+            self.select(job.model_id)
+            self._report(f"downloaded {job.file_name}: {job.model_id} (select it and press Load)")
+        elif job.state in ("failed", "cancelled"):
+            self._report(f"download of {job.file_name} {job.state}: {job.error}")
 
     def open_models_folder(self) -> None:
         folder = self.host.models_dir

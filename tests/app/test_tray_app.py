@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import openai
 import pytest
+from aiohttp import web
 from PySide6.QtGui import QGuiApplication
 
 from app.host import AppState
 from app.ui import fmt
+from node.inference.synth import write_gguf
 from tests.app.helpers import async_until, node_config, port_is_free, running_app
+from tests.support.nodes import TINY
 
 pytestmark = pytest.mark.gui
 
@@ -200,5 +204,44 @@ def test_port_in_use_is_an_error_state_with_the_reason(qtbot, run, data_dir, tmp
                 assert f"port {port} is already in use" in second.host.first_run_text()
                 assert second.window.isVisible()
             assert first.host.state == AppState.SERVING  # the failed second app did not disturb it
+
+    run(body())
+
+
+def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir, tiny_model, tmp_path):
+    """The Download… action, against a local HTTP server: progress in the status line, the model
+    appears in the table, selected, and Load serves it."""
+    other = tmp_path / "other.gguf"
+    write_gguf(other, dataclasses.replace(TINY, seed=11, name="fetched"))
+
+    async def body():
+        app_ = web.Application()
+        async def serve(request):
+            return web.FileResponse(other)
+
+        app_.router.add_get("/fetched.gguf", serve)
+        runner = web.AppRunner(app_)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/fetched.gguf"  # noqa: SLF001
+        try:
+            async with running_app(node_config(data_dir, tiny_model)) as app:
+                tab = app.window.models_tab
+                seen: list[str] = []  # what the status line showed as the download ran
+                app.node.downloads.subscribe(lambda job: seen.append(tab.status.text()))
+                tab.download_url(url)
+                await async_until(lambda: tab.status.text().startswith("downloaded fetched.gguf"), "the download")
+                model_id = tab.selected_id()
+                assert model_id is not None and model_id.startswith("fetched-")
+                assert app.feeds.models.summary(model_id)["state"] == "unloaded"
+                assert any(text.startswith("downloading fetched.gguf") for text in seen)
+                assert tab.load_button.isEnabled()
+                tab.load_selected()
+                await async_until(lambda: app.feeds.models.summary(model_id)["state"] == "loaded", "the model loaded")
+                tab.download_url("ftp://nope/x.gguf")
+                assert "http(s)" in tab.status.text()
+        finally:
+            await runner.cleanup()
 
     run(body())
