@@ -208,7 +208,8 @@ class Node:
             return entry.id
         same = self.catalog.by_sha(sha256)  # the same content was already here (another file name)
         if same is None:  # the catalog logged why it skipped the file
-            raise DownloadFailed(f"models/{path.name} was downloaded but cannot be served (see node.log)")
+            raise DownloadFailed(f"models/{path.name} was downloaded but cannot be served (see node.log); "
+                                 "it stays in the models folder: remove it to download another file by that name")
         return same.id
 
     # --- requests ---

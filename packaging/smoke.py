@@ -6,7 +6,9 @@ embedded default model on a free port, answer a chat completion, and stop cleanl
 Runs each program with its own data dir and ports, with a clean environment (no PYTHONPATH, no
 virtualenv on PATH), so nothing from the source checkout can stand in for the bundle. Prints what
 it measured (bundle size, seconds to ready, the reply and its headers) and exits 0 only if every
-check passed.
+check passed. POSIX only as it stands: it stops the programs with SIGTERM and expects the node's
+clean-shutdown line (on Windows that signal is TerminateProcess; a Windows port would ask the
+node to stop another way).
 """
 
 from __future__ import annotations

@@ -53,6 +53,21 @@ def test_entry_script_starts_the_program_its_executable_is_named_for(monkeypatch
     assert ran == [expected]
 
 
+def test_entry_script_gives_a_windowed_program_std_streams(monkeypatch):
+    sys.path.insert(0, str(PACKAGING))
+    try:
+        import entry
+    finally:
+        sys.path.remove(str(PACKAGING))
+    monkeypatch.setattr(sys, "stdout", None)
+    monkeypatch.setattr(sys, "stderr", None)
+    entry.ensure_std_streams()
+    assert sys.stdout is not None and sys.stderr is not None
+    print("goes nowhere", file=sys.stderr)  # what logging's handler would do
+    for fd in (1, 2):
+        os.fstat(fd)  # what llama.cpp's quiet mode duplicates
+
+
 def _fake_bundle(tmp_path: Path) -> Path:
     """A folder shaped like dist/swarmllm (tiny scripts stand in for the two programs)."""
     bundle = tmp_path / "unpacked" / "swarmllm"
@@ -82,16 +97,28 @@ def test_linux_installer_installs_for_the_user_and_uninstalls(tmp_path):
     for path in (opt / "swarmllm-tray", apps, autostart, icon):
         assert path.exists(), path
     entry = apps.read_text()
-    assert f"Exec={opt}/swarmllm-tray\n" in entry and "Icon=swarmllm\n" in entry
+    assert f'Exec="{opt}/swarmllm-tray"\n' in entry and "Icon=swarmllm\n" in entry
     # the commands on PATH run the installed copy, not the unpacked one
     shutil.rmtree(bundle.parent)
     out = subprocess.run([str(home / ".local" / "bin" / "swarmllm"), "run", "-p", "9"], capture_output=True, text=True,
                          timeout=30)
     assert out.stdout.strip() == "swarmllm run -p 9"
 
+    # running the installed copy's installer again keeps it (no self-deletion), through another
+    # spelling of the same folder too
+    again = subprocess.run(["sh", str(home / ".local" / "opt" / ".." / "opt" / "swarmllm" / "install.sh")], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert (opt / "swarmllm-tray").exists()
+    # a `swarmllm` that is not ours (a pip --user install) is left alone, now and at uninstall
+    ours = home / ".local" / "bin" / "swarmllm"
+    ours.unlink()
+    ours.write_text("#!/bin/sh\necho pip\n")
     done = subprocess.run(["sh", str(opt / "install.sh"), "--uninstall"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
+    assert ours.read_text() == "#!/bin/sh\necho pip\n"
+    ours.unlink()
     left = [p for p in home.rglob("*") if "swarmllm" in p.name]
     assert left == []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -133,6 +133,7 @@ class ModelsTab(QWidget):
     def ask_download_url(self) -> None:
         """Ask for a URL (non-modal), then download it."""
         dialog = QInputDialog(self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.setWindowTitle("Download a model")
         dialog.setLabelText("GGUF URL (https://… or hf://owner/repo/file.gguf):")
         dialog.setTextEchoMode(QLineEdit.EchoMode.Normal)

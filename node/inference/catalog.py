@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,7 @@ class HashCache:
 
     def __init__(self, path: Path | None):
         self.path = path
+        self._lock = threading.Lock()  # scans and downloads use it from executor threads at once
         self._data: dict[str, dict[str, Any]] = {}
         if path is not None and path.is_file():
             try:
@@ -103,24 +105,27 @@ class HashCache:
     def get_or_compute(self, file: Path) -> str:
         st = file.stat()
         key = str(file.resolve())
-        hit = self._data.get(key)
+        with self._lock:
+            hit = self._data.get(key)
         if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
             return hit["sha256"]
         started = time.monotonic()
         digest = sha256_file(file)
         log.info("DIAG: hashed model file name=%s size_mb=%.1f elapsed_ms=%d", file.name,
                  st.st_size / 2**20, (time.monotonic() - started) * 1000)
-        self._data[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-        self._save()
+        with self._lock:
+            self._data[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+            self._save()
         return digest
 
     def remember(self, file: Path, sha256: str) -> None:
         """Record a hash computed elsewhere (a download hashes as it verifies; blocking)."""
         st = file.stat()
-        self._data[str(file.resolve())] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
-        self._save()
+        with self._lock:
+            self._data[str(file.resolve())] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+            self._save()
 
-    def _save(self) -> None:
+    def _save(self) -> None:  # under self._lock
         if self.path is None:
             return
         tmp = self.path.with_suffix(".tmp")
@@ -144,6 +149,7 @@ class ModelCatalog:
     def __init__(self, data_dir: Path | None):
         self.data_dir = data_dir
         self.entries: dict[str, ModelEntry] = {}
+        self._scan_lock = threading.Lock()  # two scans at once (a download and the GUI's Add) add each file once
         self._cache = HashCache(data_dir / HASH_CACHE_FILE if data_dir else None)
 
     def scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
@@ -159,8 +165,11 @@ class ModelCatalog:
             except OSError as exc:
                 log.warning("skipping model %s: %s", path.name, exc)
                 continue
-            if entry.id not in self.entries:
-                self.entries[entry.id] = entry
+            with self._scan_lock:
+                new = entry.id not in self.entries
+                if new:
+                    self.entries[entry.id] = entry
+            if new:
                 found.append(entry)
                 log.info("DIAG: load_from_dir model=%s arch=%s layers=%d ctx=%d quant=%s source=%s",
                          entry.id, entry.architecture, entry.n_layers, entry.context_length,

@@ -14,12 +14,14 @@ URLs carry credentials there).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -41,19 +43,22 @@ _FLUSH = 8 << 20  # bytes buffered before a write in the executor
 _HF_BASE = "https://huggingface.co"
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}\.gguf$")
 
+_RESERVED_NAMES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
 DownloadObserver = Callable[["DownloadJob"], None]
 
 
 class DownloadFailed(NodeError):
-    """The download could not complete (network, HTTP status, content, size, hash, disk)."""
+    """The download could not complete (network, HTTP status, content, size, hash, disk).
+    `discard`: what is on disk is wrong, not merely incomplete (the .part goes)."""
 
     http_status = 502
     error_type = "download_error"
     code = "download_failed"
 
-
-class _GaveUp(DownloadFailed):
-    """Retries exhausted on errors a later download can resume from (the .part file stays)."""
+    def __init__(self, message: str, *, discard: bool = False):
+        super().__init__(message)
+        self.discard = discard
 
 
 class _Retryable(Exception):
@@ -91,7 +96,8 @@ def file_name_for(url: str, name: str | None) -> str:
     candidate = name or urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
     if not candidate.endswith(".gguf"):
         candidate += ".gguf"
-    if not _NAME_OK.match(candidate) or candidate.startswith(".."):
+    if not _NAME_OK.match(candidate) or candidate.startswith("..") or \
+            candidate.split(".")[0].upper() in _RESERVED_NAMES:
         raise InvalidRequest(f"cannot use {candidate!r} as a model file name (letters, digits, . _ + - and "
                              "a .gguf suffix)", param="filename")
     return candidate
@@ -113,6 +119,7 @@ class DownloadJob:
     error: str | None = None
     model_id: str | None = None
     user_cancelled: bool = False
+    stop: threading.Event = field(default_factory=threading.Event, repr=False)
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -161,7 +168,7 @@ class ModelDownloader:
         if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
             raise InvalidRequest("sha256 must be 64 hex digits", param="sha256")
         for job in self.jobs.values():
-            if job.file_name == name and job.active:
+            if job.file_name.lower() == name.lower() and job.active:  # one .part per name on any filesystem
                 if job.url != resolved:
                     raise Conflict(f"{name} is already being downloaded from another URL")
                 return job
@@ -171,6 +178,7 @@ class ModelDownloader:
                           sha256.lower() if sha256 else None)
         self.jobs[job.id] = job
         job.task = asyncio.get_running_loop().create_task(self._async_run(job), name=f"download-{job.id}")
+        job.task.add_done_callback(lambda _task: self._settle(job))
         return job
 
     def get(self, job_id: str) -> DownloadJob:
@@ -199,37 +207,42 @@ class ModelDownloader:
         loop = asyncio.get_running_loop()
         part = self.models_dir / (job.file_name + ".part")
         started = time.monotonic()
+        # one thread for this download's file operations: they happen in order, and a write still
+        # running when the task is cancelled finishes before the file is closed
+        io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"download-{job.id}")
         log.info("DIAG: model download started %s", kv(download=job.id, url=display_url(job.url), file=job.file_name))
         try:
-            await loop.run_in_executor(None, lambda: self.models_dir.mkdir(parents=True, exist_ok=True))
+            await loop.run_in_executor(io, lambda: self.models_dir.mkdir(parents=True, exist_ok=True))
             timeout = aiohttp.ClientTimeout(total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S,
                                             sock_read=const.DOWNLOAD_READ_TIMEOUT_S)
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 while True:
                     job.attempts += 1
                     try:
-                        await self._async_fetch(session, job, part)
+                        await self._async_fetch(session, job, part, io)
                         break
                     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, _Retryable) as exc:
+                        error = _describe(exc)
                         if job.attempts >= const.DOWNLOAD_RETRIES:
-                            kept = " (the partial file is kept: downloading it again resumes)" if part.exists() else ""
-                            raise _GaveUp(f"failed {job.attempts} times; last: {type(exc).__name__}: {exc}{kept}") from exc
+                            kept = " (the partial file is kept: downloading it again resumes)" \
+                                if await loop.run_in_executor(io, _size_or_zero, part) else ""
+                            raise DownloadFailed(f"failed {job.attempts} times; last: {error}{kept}") from exc
                         delay = min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (job.attempts - 1))
                         log.info("DIAG: model download interrupted, resuming %s", kv(
                             download=job.id, done_bytes=job.done_bytes, attempt=job.attempts,
-                            retry_in_s=delay, error=f"{type(exc).__name__}: {exc}"))
+                            retry_in_s=delay, error=error))
                         await asyncio.sleep(delay)
             job.state = "verifying"
             self._emit(job)
-            size, digest = await loop.run_in_executor(None, _size_and_sha256, part)
+            size, digest = await loop.run_in_executor(io, _size_and_sha256, part, job.stop)
             if job.total_bytes is not None and size != job.total_bytes:
-                raise DownloadFailed(f"got {size} bytes, the server announced {job.total_bytes}")
+                raise DownloadFailed(f"got {size} bytes, the server announced {job.total_bytes}", discard=True)
             if job.sha256 is not None and digest != job.sha256:
-                await loop.run_in_executor(None, _unlink, part)
-                raise DownloadFailed(f"sha256 mismatch: expected {job.sha256}, got {digest} (file removed)")
+                raise DownloadFailed(f"sha256 mismatch: expected {job.sha256}, got {digest} (file removed)",
+                                     discard=True)
             target = self.models_dir / job.file_name
-            await loop.run_in_executor(None, os.replace, part, target)
-            await loop.run_in_executor(None, _unlink, _sidecar(part))
+            await loop.run_in_executor(io, os.replace, part, target)
+            await loop.run_in_executor(io, _unlink, _sidecar(part))
             job.model_id = await self.on_file(target, digest)
             job.state = "done"
             job.finished_at = time.time()
@@ -238,48 +251,62 @@ class ModelDownloader:
                 download=job.id, model=job.model_id, bytes=size, elapsed_s=round(elapsed, 1),
                 mb_per_s=round((size - job.resumed_from) / 1e6 / max(elapsed, 1e-6), 2), sha256=digest[:16]))
         except asyncio.CancelledError:
+            job.stop.set()  # a hash in progress stops
             job.state, job.error, job.finished_at = "cancelled", "cancelled", time.time()
-            if job.user_cancelled:  # the user said no: nothing of it stays (a small blocking unlink)
-                _discard_part(part)  # (at shutdown the .part stays: the same download later resumes)
+            if job.user_cancelled:  # the user said no: nothing of it stays (at shutdown the .part
+                await loop.run_in_executor(io, _discard_part, part)  # stays: the same download resumes)
             log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes))
             raise
-        except _GaveUp as exc:
+        except DownloadFailed as exc:
+            if exc.discard:  # what is on disk is wrong (not a GGUF, bad hash): nothing of it stays
+                await loop.run_in_executor(io, _discard_part, part)
             self._fail(job, exc.message)
-        except NodeError as exc:  # not resumable: a partial file of this is useless
-            await loop.run_in_executor(None, _discard_part, part)
+        except NodeError as exc:
             self._fail(job, exc.message)
+        except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
+            self._fail(job, f"{type(exc).__name__} fetching {display_url(job.url)}")
         except OSError as exc:  # disk full, permissions
             self._fail(job, f"{type(exc).__name__}: {exc.strerror or exc}")
         except Exception as exc:  # a bug must end in a failed job, never a stuck one
-            log.exception("model download %s failed unexpectedly", job.id)
-            self._fail(job, f"{type(exc).__name__}: {exc}")
+            log.error("model download %s failed unexpectedly: %s", job.id, type(exc).__name__)
+            self._fail(job, f"internal error: {type(exc).__name__}")
         finally:
+            io.shutdown(wait=False)
+            self._emit(job)
+
+    def _settle(self, job: DownloadJob) -> None:
+        """The job's task ended: a task cancelled before it ever ran must not leave the job active."""
+        if job.active:
+            job.state, job.error, job.finished_at = "cancelled", "cancelled before it started", time.time()
             self._emit(job)
 
     def _fail(self, job: DownloadJob, message: str) -> None:
         job.state, job.error, job.finished_at = "failed", message, time.time()
         log.warning("DIAG: model download failed %s", kv(download=job.id, url=display_url(job.url), error=message))
 
-    async def _async_fetch(self, session: aiohttp.ClientSession, job: DownloadJob, part: Path) -> None:
+    async def _async_fetch(self, session: aiohttp.ClientSession, job: DownloadJob, part: Path,
+                           io: concurrent.futures.Executor) -> None:
         """One HTTP attempt: from the .part file's end if there is one."""
         loop = asyncio.get_running_loop()
-        have, validator = await loop.run_in_executor(None, _resumable, part, job.url)
-        headers = {"Range": f"bytes={have}-", "If-Range": validator} if have and validator else {}
+        have, validator = await loop.run_in_executor(io, _resumable, part, job.url)
+        headers = {"Accept-Encoding": "identity"}  # byte offsets must be the file's
+        if have and validator:
+            headers.update({"Range": f"bytes={have}-", "If-Range": validator})
         async with session.get(job.url, headers=headers) as resp:
-            if resp.status == 416 and have and _content_range_total(resp.headers.get("Content-Range")) == have:
+            if resp.status == 416 and have and _content_range(resp.headers.get("Content-Range"))[1] == have:
                 job.total_bytes = job.done_bytes = have  # an earlier attempt already had every byte
                 return
             if resp.status in (429, 500, 502, 503, 504):
                 raise _Retryable(f"HTTP {resp.status} {resp.reason or ''}".strip())
             if resp.status not in (200, 206):
                 raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {display_url(job.url)}".strip())
-            # what a later attempt must present to resume: the same URL, the same version (If-Range)
-            validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
-            await loop.run_in_executor(None, _write_sidecar, part, job.url, validator)
             if resp.status == 206:
-                total = _content_range_total(resp.headers.get("Content-Range"))
+                first, total = _content_range(resp.headers.get("Content-Range"))
+                if first != have:  # not where we asked: start over rather than splice wrong bytes
+                    await loop.run_in_executor(io, _discard_part, part)
+                    raise _Retryable(f"server sent bytes from {first}, asked from {have}")
                 offset = have
-            else:  # a fresh start, or a server that ignores Range
+            else:  # a fresh start, or a server that ignores Range (or the file changed: If-Range)
                 total = resp.content_length
                 offset = 0
             if job.total_bytes is None or total is not None:
@@ -287,49 +314,74 @@ class ModelDownloader:
             if job.attempts == 1:
                 job.resumed_from = offset
             if total is not None:
-                free = (await loop.run_in_executor(None, shutil.disk_usage, self.models_dir)).free
+                free = (await loop.run_in_executor(io, shutil.disk_usage, self.models_dir)).free
                 if total - offset > free:
                     raise DownloadFailed(f"not enough disk space: {(total - offset) / 1e6:.0f} MB to download, "
                                          f"{free / 1e6:.0f} MB free in {self.models_dir}")
             job.state, job.done_bytes = "downloading", offset
             self._emit(job)
-            fh = await loop.run_in_executor(None, open, part, "r+b" if offset else "wb")
+            # what a later attempt must present to resume: the same file, the same version
+            await loop.run_in_executor(io, _write_sidecar, part, job.url, _validator(resp.headers))
+            fh = await loop.run_in_executor(io, open, part, "r+b" if offset else "wb")
+            buf = bytearray()
             try:
                 if offset:
-                    await loop.run_in_executor(None, fh.truncate, offset)
-                    await loop.run_in_executor(None, fh.seek, offset)
-                buf = bytearray()
+                    await loop.run_in_executor(io, fh.truncate, offset)
+                    await loop.run_in_executor(io, fh.seek, offset)
                 checked = offset >= len(GGUF_MAGIC)
                 last_emit = 0.0
                 async for chunk in resp.content.iter_chunked(_CHUNK):
                     buf += chunk
+                    job.done_bytes += len(chunk)
                     if not checked and len(buf) >= len(GGUF_MAGIC):
                         if bytes(buf[:4]) != GGUF_MAGIC:
                             raise DownloadFailed(f"{display_url(job.url)} is not a GGUF file (it starts with "
-                                                 f"{bytes(buf[:16])!r}: an HTML page or an error?)")
+                                                 f"{bytes(buf[:16])!r}: an HTML page or an error?)", discard=True)
                         checked = True
                     if len(buf) >= _FLUSH:
-                        await loop.run_in_executor(None, fh.write, bytes(buf))
-                        buf.clear()
-                    job.done_bytes += len(chunk)
+                        data = bytes(buf)
+                        buf.clear()  # before the await: a cancelled write still lands, exactly once
+                        await loop.run_in_executor(io, fh.write, data)
                     now = time.monotonic()
                     if now - last_emit >= const.DOWNLOAD_PROGRESS_S:
                         last_emit = now
                         self._emit(job)
                 if buf and not checked and bytes(buf[:4]) != GGUF_MAGIC:
-                    raise DownloadFailed(f"{display_url(job.url)} is not a GGUF file")
+                    raise DownloadFailed(f"{display_url(job.url)} is not a GGUF file", discard=True)
             finally:
                 # what arrived is kept even when the connection broke: the next attempt resumes after it
                 if buf:
-                    await loop.run_in_executor(None, fh.write, bytes(buf))
-                await loop.run_in_executor(None, fh.close)
+                    data = bytes(buf)
+                    buf.clear()
+                    await loop.run_in_executor(io, fh.write, data)
+                await loop.run_in_executor(io, fh.close)
             if job.total_bytes is not None and job.done_bytes < job.total_bytes:
                 raise aiohttp.ClientPayloadError(f"connection ended at {job.done_bytes} of {job.total_bytes} bytes")
 
 
-def _content_range_total(value: str | None) -> int | None:
-    m = re.fullmatch(r"bytes (?:\d+-\d+|\*)/(\d+)", (value or "").strip())
-    return int(m.group(1)) if m else None
+_QUERY = re.compile(r"[?#][^\s'\")>]*")
+
+
+def _describe(exc: BaseException) -> str:
+    """An attempt's error for logs and the job: type and text, never a URL's query string."""
+    text = _QUERY.sub("?…", str(exc))
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _validator(headers: Any) -> str | None:
+    """What If-Range can use: a strong ETag, else Last-Modified (a weak ETag never matches If-Range)."""
+    etag = headers.get("ETag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return headers.get("Last-Modified")
+
+
+def _content_range(value: str | None) -> tuple[int | None, int | None]:
+    """(first byte, total) of a Content-Range header (`bytes 10-99/100`, `bytes */100`)."""
+    m = re.fullmatch(r"bytes (?:(\d+)-\d+|\*)/(\d+)", (value or "").strip())
+    if not m:
+        return None, None
+    return (int(m.group(1)) if m.group(1) is not None else None), int(m.group(2))
 
 
 def _size_or_zero(path: Path) -> int:
@@ -353,7 +405,9 @@ def _discard_part(part: Path) -> None:
 
 
 def _write_sidecar(part: Path, url: str, validator: str | None) -> None:
-    _sidecar(part).write_text(json.dumps({"url": url, "validator": validator}), encoding="utf-8")
+    # the URL without its query: no credentials on disk, and a fresh signed URL of the same file
+    # still resumes (If-Range guards the version)
+    _sidecar(part).write_text(json.dumps({"url": display_url(url), "validator": validator}), encoding="utf-8")
 
 
 def _resumable(part: Path, url: str) -> tuple[int, str | None]:
@@ -367,16 +421,18 @@ def _resumable(part: Path, url: str) -> tuple[int, str | None]:
         meta = json.loads(_sidecar(part).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return 0, None
-    if not isinstance(meta, dict) or meta.get("url") != url or not meta.get("validator"):
+    if not isinstance(meta, dict) or meta.get("url") != display_url(url) or not meta.get("validator"):
         return 0, None
     return have, str(meta["validator"])
 
 
-def _size_and_sha256(path: Path) -> tuple[int, str]:
+def _size_and_sha256(path: Path, stop: threading.Event) -> tuple[int, str]:
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
         while chunk := f.read(8 << 20):
+            if stop.is_set():
+                raise InterruptedError("download cancelled while hashing")
             h.update(chunk)
             size += len(chunk)
     return size, h.hexdigest()

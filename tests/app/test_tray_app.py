@@ -235,7 +235,7 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
                 model_id = tab.selected_id()
                 assert model_id is not None and model_id.startswith("fetched-")
                 assert app.feeds.models.summary(model_id)["state"] == "unloaded"
-                assert any(text.startswith("downloading fetched.gguf") for text in seen)
+                assert any(text.startswith("downloading fetched.gguf: ") and " MB (" in text for text in seen), seen
                 assert tab.load_button.isEnabled()
                 tab.load_selected()
                 await async_until(lambda: app.feeds.models.summary(model_id)["state"] == "loaded", "the model loaded")

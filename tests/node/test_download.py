@@ -35,6 +35,9 @@ class FileServer:
         self.ignore_range = False
         self.fail_with: list[int] = []  # statuses to answer before serving (one per request)
         self.body_override: bytes | None = None
+        self.stall_after: int | None = None  # send this many body bytes, then hang until `release`
+        self.release = asyncio.Event()
+        self.wrong_range_start = False  # answer a Range request with bytes from the wrong offset (once)
         self.requests: list[dict] = []
         self.sent = 0
         self.runner: web.AppRunner | None = None
@@ -63,6 +66,11 @@ class FileServer:
         rng = request.headers.get("Range")
         if rng and not self.ignore_range and request.headers.get("If-Range") in (None, self.etag):
             start = int(rng.removeprefix("bytes=").split("-")[0])
+            if start >= len(data):
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+            if self.wrong_range_start:
+                self.wrong_range_start = False
+                start = start // 2
         resp = web.StreamResponse(status=206 if start else 200)
         resp.headers["ETag"] = self.etag
         resp.headers["Accept-Ranges"] = "bytes"
@@ -71,11 +79,17 @@ class FileServer:
         resp.content_length = len(data) - start
         await resp.prepare(request)
         body = data[start:]
+        if self.stall_after is not None:
+            await resp.write(body[:self.stall_after])
+            self.sent += self.stall_after
+            await self.release.wait()
+            request.transport.close()
+            return resp
         if self.drop_after is not None:
             cut, self.drop_after = self.drop_after, None
             await resp.write(body[:cut])
             self.sent += cut
-            await asyncio.sleep(0.3)  # the client has read what was sent (aiohttp drops unread bytes on error)
+            await asyncio.sleep(1.0)  # the client has read what was sent (aiohttp drops unread bytes on error)
             request.transport.close()  # mid-body: the client sees a truncated payload
             return resp
         for i in range(0, len(body), 64 * 1024):
@@ -246,18 +260,127 @@ async def test_not_enough_disk_space_is_refused_before_downloading(node, server,
 
 async def test_cancel_stops_and_removes_the_partial_file(node, server, other_bytes):
     _remove(node, "cancelled.gguf")
-    server.fail_with = [503] * 50  # keeps the job retrying (backoff) until cancelled
+    server.stall_after, server.release = 100_000, asyncio.Event()  # part of the body, then nothing
+    part = node.data_dir / "models" / "cancelled.gguf.part"
     try:
         _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "cancelled.gguf"})
         job_id = body["download"]["id"]
-        await wait_until(lambda: len(server.requests) >= 1, what="first request")
+
+        async def receiving():
+            _, got = await api(node, "GET", f"/api/admin/downloads/{job_id}")
+            return got["download"]["done_bytes"] >= 100_000
+        await wait_until(receiving, what="bytes arriving")
+        assert part.exists()
         status, body = await api(node, "POST", f"/api/admin/downloads/{job_id}/cancel")
         assert status == 200
         job = await finished(node, job_id)
     finally:
-        server.fail_with = []
+        server.stall_after = None
+        server.release.set()
     assert job["state"] == "cancelled"
     assert not list((node.data_dir / "models").glob("cancelled.gguf*"))
+
+
+async def test_a_wrong_range_answer_restarts_from_zero(node, server, other_bytes):
+    _remove(node, "wrongrange.gguf")
+    server.requests.clear()
+    server.drop_after = 200_000
+    server.wrong_range_start = True
+    _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "wrongrange.gguf"})
+    job = await finished(node, body["download"]["id"])
+    assert job["state"] == "done", job
+    assert [r["range"] for r in server.requests] == [None, "bytes=200000-", None]
+    assert (node.data_dir / "models" / "wrongrange.gguf").read_bytes() == other_bytes
+
+
+async def test_after_giving_up_the_partial_file_stays_and_the_next_download_resumes(node, server, other_bytes,
+                                                                                   monkeypatch):
+    _remove(node, "again.gguf")
+    monkeypatch.setattr(const, "DOWNLOAD_RETRIES", 2)
+    server.requests.clear()
+    server.drop_after = 300_000
+    server.fail_with = []
+    _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "again.gguf"})
+    await wait_until(lambda: len(server.requests) >= 1, what="first request")
+    server.fail_with = [503]  # the resume attempt fails too: the job gives up
+    job = await finished(node, body["download"]["id"])
+    assert job["state"] == "failed" and "partial file is kept" in job["error"], job
+    assert (node.data_dir / "models" / "again.gguf.part").stat().st_size == 300_000
+    _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "again.gguf"})
+    job = await finished(node, body["download"]["id"])
+    assert job["state"] == "done" and job["attempts"] == 1, job
+    assert server.requests[-1]["range"] == "bytes=300000-"
+    assert (node.data_dir / "models" / "again.gguf").read_bytes() == other_bytes
+
+
+async def test_shutdown_keeps_the_partial_file_and_a_restarted_node_resumes(tmp_path, server, other_bytes):
+    from node.inference.download import ModelDownloader
+
+    added = []
+
+    async def on_file(path, sha256):
+        added.append((path.name, sha256))
+        return "id-" + sha256[:8]
+
+    models = tmp_path / "models"
+    server.requests.clear()
+    server.stall_after, server.release = 250_000, asyncio.Event()
+    first = ModelDownloader(models, on_file)
+    job = first.start(server.url, file_name="kept.gguf")
+    await wait_until(lambda: job.done_bytes >= 250_000, what="bytes arriving")
+    await first.async_close()  # the node stops mid-download
+    server.stall_after = None
+    server.release.set()
+    assert job.state == "cancelled"
+    assert (models / "kept.gguf.part").stat().st_size == 250_000
+    sidecar = json.loads((models / "kept.gguf.part.json").read_text())
+    assert sidecar == {"url": server.url, "validator": '"v1"'}
+
+    second = ModelDownloader(models, on_file)  # the node started again
+    job = second.start(server.url, file_name="kept.gguf")
+    await wait_until(lambda: not job.active, what="the resumed download")
+    assert job.state == "done", job.error
+    assert server.requests[-1] == {"range": "bytes=250000-", "if_range": '"v1"'}
+    assert job.resumed_from == 250_000
+    assert (models / "kept.gguf").read_bytes() == other_bytes
+    assert added == [("kept.gguf", hashlib.sha256(other_bytes).hexdigest())]
+    assert sorted(p.name for p in models.iterdir()) == ["kept.gguf"]
+
+
+async def test_a_complete_partial_file_is_finished_without_refetching(tmp_path, server, other_bytes):
+    from node.inference.download import ModelDownloader
+
+    async def on_file(path, sha256):
+        return "id"
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "whole.gguf.part").write_bytes(other_bytes)  # every byte arrived; the rename did not happen
+    (models / "whole.gguf.part.json").write_text(json.dumps({"url": server.url, "validator": '"v1"'}))
+    server.requests.clear()
+    server.sent = 0
+    job = ModelDownloader(models, on_file).start(server.url, file_name="whole.gguf")
+    await wait_until(lambda: not job.active, what="the download")
+    assert job.state == "done", job.error
+    assert server.sent == 0 and server.requests[0]["range"] == f"bytes={len(other_bytes)}-"
+    assert (models / "whole.gguf").read_bytes() == other_bytes
+
+
+async def test_a_job_cancelled_before_it_ran_is_not_left_active(tmp_path, server):
+    from node.inference.download import ModelDownloader
+
+    async def on_file(path, sha256):
+        return "id"
+
+    downloader = ModelDownloader(tmp_path / "models", on_file)
+    job = downloader.start(server.url, file_name="early.gguf")
+    downloader.cancel(job.id)  # same loop turn: the task never started
+    await wait_until(lambda: not job.active, what="the job settled")
+    assert job.state == "cancelled"
+    again = downloader.start(server.url, file_name="early.gguf")
+    assert again.id != job.id
+    downloader.cancel(again.id)
+    await wait_until(lambda: not again.active, what="the second job settled")
 
 
 async def test_bad_requests_get_clear_errors(node, server):
