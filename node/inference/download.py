@@ -252,10 +252,12 @@ class ModelDownloader:
                 mb_per_s=round((size - job.resumed_from) / 1e6 / max(elapsed, 1e-6), 2), sha256=digest[:16]))
         except asyncio.CancelledError:
             job.stop.set()  # a hash in progress stops
-            job.state, job.error, job.finished_at = "cancelled", "cancelled", time.time()
-            if job.user_cancelled:  # the user said no: nothing of it stays (at shutdown the .part
-                await loop.run_in_executor(io, _discard_part, part)  # stays: the same download resumes)
-            log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes))
+            try:
+                if job.user_cancelled:  # the user said no: nothing of it stays (at shutdown the .part
+                    await loop.run_in_executor(io, _discard_part, part)  # stays: the same download resumes)
+            finally:  # "cancelled" only once the files are gone: a client polling the job can rely on it
+                job.state, job.error, job.finished_at = "cancelled", "cancelled", time.time()
+                log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes))
             raise
         except DownloadFailed as exc:
             if exc.discard:  # what is on disk is wrong (not a GGUF, bad hash): nothing of it stays

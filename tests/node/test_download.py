@@ -83,14 +83,16 @@ class FileServer:
             await resp.write(body[:self.stall_after])
             self.sent += self.stall_after
             await self.release.wait()
-            request.transport.close()
+            if request.transport is not None:  # the client may have gone (cancelled) meanwhile
+                request.transport.close()
             return resp
         if self.drop_after is not None:
             cut, self.drop_after = self.drop_after, None
             await resp.write(body[:cut])
             self.sent += cut
             await asyncio.sleep(1.0)  # the client has read what was sent (aiohttp drops unread bytes on error)
-            request.transport.close()  # mid-body: the client sees a truncated payload
+            if request.transport is not None:
+                request.transport.close()  # mid-body: the client sees a truncated payload
             return resp
         for i in range(0, len(body), 64 * 1024):
             await resp.write(body[i:i + 64 * 1024])
