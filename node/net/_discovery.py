@@ -166,6 +166,16 @@ class Discovery:
                 if not self._routes(rec):
                     continue
                 self._dialing[rec.node_id] = self.m.spawn(self._async_dial_record_task(rec), name="dial-peer")
+            for rec in list(self.m.records.values()):
+                link = rec.link
+                key = "upgrade:" + rec.node_id
+                if (link is None or link.transport != "relayed" or not link.is_open or link.retired
+                        or key in self._dialing or now < rec.upgrade_at):
+                    continue
+                candidates = self._upgrade_candidates(rec, link)
+                if candidates:
+                    self._dialing[key] = self.m.spawn(self._async_upgrade(rec, link, candidates, key),
+                                                      name="upgrade-link")
             self.rounds += 1
             self._wake.clear()
             try:
@@ -207,6 +217,47 @@ class Discovery:
                 addr=target.addr, peer_id=short_id(target.node_id) if target.node_id else None,
                 error=exc.message, connected_peers=sum(1 for r in self.m.records.values() if r.link),
                 retry_in_s=round(target.backoff_s, 1)))
+        finally:
+            self._dialing.pop(key, None)
+
+    # --- relayed -> direct ----------------------------------------------------------------------
+
+    def _upgrade_candidates(self, rec: PeerRecord, link: PeerLink) -> list[str]:
+        """Direct addresses worth trying for a peer we reach through a relay: what discovery knows,
+        then the listen addresses its HELLO announced (a wrong one fails the identity check)."""
+        if self.m.config.no_direct:
+            return []
+        seen: list[str] = []
+        for addr in [*rec.addrs, *link.hello.listen]:
+            if addr not in seen and addr not in self.foreign_addrs and addr not in self.self_addrs:
+                seen.append(addr)
+        return seen
+
+    async def _async_upgrade(self, rec: PeerRecord, link: PeerLink, candidates: list[str], key: str) -> None:
+        """Try a direct link to a peer linked through a relay; the duplicate-link rule then keeps
+        the direct one on both ends and retires the relayed one once its requests drain."""
+        errors: list[str] = []
+        try:
+            for addr in candidates:
+                if rec.link is not link or not link.is_open or self.m.stopping:
+                    return  # replaced or gone meanwhile
+                try:
+                    stream, _ = await async_dial_direct(self.m.tls, addr, rec.node_id)
+                    await self.m.async_establish(stream, rec.node_id, is_dialer=True, transport="direct",
+                                                 address=addr, source="upgrade")
+                except PeerError as exc:
+                    errors.append(f"{addr}: {exc.message}")
+                    continue
+                rec.upgrade_backoff_s = 0.0
+                log.info("DIAG: relayed link upgraded to direct %s", kv(peer_id=rec.short_id, addr=addr,
+                                                                       relay=link.via_relay))
+                return
+            rec.upgrade_backoff_s = min(const.UPGRADE_BACKOFF_MAX_S,
+                                        max(const.UPGRADE_BACKOFF_MIN_S, rec.upgrade_backoff_s * 2))
+            rec.upgrade_at = time.monotonic() + _jitter(rec.upgrade_backoff_s)
+            log.debug("DIAG: no direct link to a relayed peer yet %s", kv(
+                peer_id=rec.short_id, tried=len(candidates), retry_in_s=round(rec.upgrade_backoff_s),
+                error="; ".join(errors)[:300]))
         finally:
             self._dialing.pop(key, None)
 
@@ -301,6 +352,8 @@ class Discovery:
             rec.add_addr(self.addr_of(link), front=True)
         elif link.via_relay:
             rec.add_relay(link.via_relay)
+            rec.upgrade_backoff_s = 0.0
+            rec.upgrade_at = time.monotonic() + const.UPGRADE_FIRST_S
         try:
             link.send_nowait(pex_frame(self._pex_entries(link)))
         except PeerError:

@@ -80,6 +80,8 @@ class PeerRecord:
     backoff_s: float = 0.0
     next_dial_at: float = 0.0  # monotonic
     dial_failures: int = 0
+    upgrade_at: float = 0.0  # monotonic: when to try a direct link next while the link is relayed
+    upgrade_backoff_s: float = 0.0
 
     @property
     def short_id(self) -> str:

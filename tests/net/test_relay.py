@@ -121,3 +121,41 @@ async def test_relay_ops_on_a_non_relay_are_refused(make_manager, fast_net):
         await b.async_request(a.node_id, Frame(FrameType.RELAY, {"op": "register"}), timeout_s=10)
     assert info.value.code == "unsupported"
     await asyncio.sleep(0)
+
+
+async def test_relayed_link_upgrades_to_direct_when_a_direct_path_opens(make_manager, fast_net, monkeypatch, caplog):
+    """A and B first reach each other only through R (no_direct). When A may dial directly (the
+    network changed), it opens a direct link; both ends keep it, the relayed one retires, and
+    requests keep working across the switch."""
+    monkeypatch.setattr(const, "UPGRADE_FIRST_S", 0.0)
+    caplog.set_level(logging.INFO, logger="node.net")
+    r = await make_manager("r", relay=True)
+    a = await make_manager("a", relays=[addr(r)], no_direct=True)
+    b = await make_manager("b", relays=[addr(r)], no_direct=True)
+    b.register_handler(FrameType.WORK, echo)
+    await wait_until(lambda: relayed(a, b), what="a and b linked through the relay")
+    old = a.link(b.node_id)
+    reply = await a.async_request(b.node_id, Frame(FrameType.WORK, {}, b"before"), timeout_s=5)
+    assert reply.payload == b"before"
+    assert a.peer(b.node_id).transport == "relayed"
+
+    a.config.no_direct = False
+    a.discovery.wake()
+    await wait_until(lambda: a.link(b.node_id) is not None and a.link(b.node_id).transport == "direct"
+                     and b.link(a.node_id) is not None and b.link(a.node_id).transport == "direct",
+                     what="both ends on a direct link")
+    assert "relayed link upgraded to direct" in caplog.text
+    await wait_until(lambda: old.closed.done(), what="the relayed link retired")
+    assert old.close_cause == "duplicate"
+    reply = await a.async_request(b.node_id, Frame(FrameType.WORK, {}, b"after"), timeout_s=5)
+    assert reply.payload == b"after"
+    assert a.peer(b.node_id).transport == "direct"
+
+
+async def test_no_upgrade_while_direct_dialling_is_off(relay_trio, monkeypatch):
+    monkeypatch.setattr(const, "UPGRADE_FIRST_S", 0.0)
+    r, a, b, _ = relay_trio
+    rounds = a.discovery.rounds
+    await wait_until(lambda: a.discovery.rounds >= rounds + 5, what="several maintenance rounds")
+    assert a.link(b.node_id).transport == "relayed"
+    assert not any(key.startswith("upgrade:") for key in a.discovery._dialing)
