@@ -43,13 +43,17 @@ class ModelsTab(QWidget):
         self.download_button.setToolTip("Download a GGUF model from a URL (https://… or hf://owner/repo/file.gguf) "
                                         "into the models folder")
         self.download_button.clicked.connect(self.ask_download_url)
+        self.cancel_download_button = QPushButton("Cancel download")
+        self.cancel_download_button.clicked.connect(self.cancel_download)
+        self.cancel_download_button.hide()
         self.load_button.clicked.connect(self.load_selected)
         self.unload_button.clicked.connect(self.unload_selected)
         self.add_button.clicked.connect(self.choose_model_file)
         self.status = QLabel()
         self.status.setWordWrap(True)
         buttons = QHBoxLayout()
-        for button in (self.load_button, self.unload_button, self.add_button, self.download_button):
+        for button in (self.load_button, self.unload_button, self.add_button, self.download_button,
+                       self.cancel_download_button):
             buttons.addWidget(button)
         buttons.addWidget(self.status, 1)
         layout = QVBoxLayout(self)
@@ -149,12 +153,19 @@ class ModelsTab(QWidget):
             self._report(exc.message)
             return
         self._download_id = job.id
+        self.cancel_download_button.setVisible(job.active)
         self._report(f"downloading {job.file_name}…")
+
+    def cancel_download(self) -> None:
+        """Stop the download this tab started (its partial file is removed)."""
+        if self._download_id is not None:
+            self.host.node.downloads.cancel(self._download_id)
 
     def _on_download(self, job) -> None:
         """Download progress (on the loop, which is Qt's thread under qasync)."""
         if job.id != self._download_id:
             return
+        self.cancel_download_button.setVisible(job.active)
         summary = job.summary()
         if job.state == "downloading" and job.total_bytes:
             rate = f", {summary['mb_per_s']:.1f} MB/s" if summary.get("mb_per_s") else ""

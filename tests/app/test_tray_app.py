@@ -245,3 +245,41 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
             await runner.cleanup()
 
     run(body())
+
+
+def test_a_download_can_be_cancelled_from_the_models_tab(qtbot, run, data_dir, tiny_model, tmp_path):
+    release = asyncio.Event()
+
+    async def stall(request):  # a few bytes of a GGUF, then nothing until the test ends
+        resp = web.StreamResponse()
+        resp.content_length = 10_000_000
+        await resp.prepare(request)
+        await resp.write(b"GGUF" + b"\0" * 60_000)
+        await release.wait()
+        return resp
+
+    async def body():
+        app_ = web.Application()
+        app_.router.add_get("/slow.gguf", stall)
+        runner = web.AppRunner(app_)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/slow.gguf"  # noqa: SLF001
+        try:
+            async with running_app(node_config(data_dir, tiny_model)) as app:
+                tab = app.window.models_tab
+                assert tab.cancel_download_button.isHidden()
+                tab.download_url(url)
+                await async_until(lambda: tab.status.text().startswith("downloading slow.gguf: "), "progress")
+                assert not tab.cancel_download_button.isHidden()
+                assert (app.node.data_dir / "models" / "slow.gguf.part").exists()
+                tab.cancel_download_button.click()
+                await async_until(lambda: "cancelled" in tab.status.text(), "the cancel")
+                assert tab.cancel_download_button.isHidden()
+                assert not list((app.node.data_dir / "models").glob("slow.gguf*"))
+        finally:
+            release.set()
+            await runner.cleanup()
+
+    run(body())
