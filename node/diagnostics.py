@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.parse
 from typing import TYPE_CHECKING
 
 from node.inference import llamacpp
@@ -167,6 +168,16 @@ def _models(node: Node) -> list[str]:
     return rows or ["(no models)"]
 
 
+def _downloads(node: Node, r: Redactor) -> list[str]:
+    rows = []
+    for job in list(node.downloads.jobs.values())[-10:]:
+        host = urllib.parse.urlsplit(job.url).hostname or "?"
+        total = f"{job.total_bytes / 2**20:.1f}" if job.total_bytes else "?"
+        rows.append(f"{job.file_name}  state={job.state} mb={job.done_bytes / 2**20:.1f}/{total} "
+                    f"attempts={job.attempts} from={r.host(host)}" + (f" error={job.error}" if job.error else ""))
+    return rows or ["(none this run)"]
+
+
 async def build_report(node: Node, *, full: bool = False) -> str:
     """Render the whole report; redacted unless full."""
     # Names no pattern can spot: this machine's, and the configured bootstrap/relay hosts.
@@ -186,6 +197,7 @@ async def build_report(node: Node, *, full: bool = False) -> str:
         ("served for others", _served_for_others(node)),
         ("peer serving performance", _peer_performance(node, r)),
         ("models", _models(node)),
+        ("downloads", _downloads(node, r)),
         ("recent activity", list(node.activity[-30:]) or ["(none)"]),
     ]
     out: list[str] = []

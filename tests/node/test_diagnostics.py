@@ -17,7 +17,7 @@ pytestmark = pytest.mark.llama
 
 SECTIONS = ["-- this machine --", "-- reachable at --", "-- peers --", "-- recent inference failures --",
             "-- recent requests --", "-- served for others --", "-- peer serving performance --", "-- models --",
-            "-- recent activity --"]
+            "-- downloads --", "-- recent activity --"]
 ADDRESSES = ["93.184.216.34", "8.8.4.4", "192.168.77.12", "10.1.2.3", "2001:db8:85a3::8a2e:370:7334",
              "2606:4700:4700::1111", "fe80::a00:27ff:fe4e:66a1", "gpu-box.example.org", "nas.local"]
 
@@ -38,6 +38,11 @@ async def test_report_sections_and_redaction(tmp_path):
         node.note_activity("mdns found peer at 192.168.77.12:8810 and [2001:db8:85a3::8a2e:370:7334]:8810 "
                            "and fe80::a00:27ff:fe4e:66a1%eth0")
         node.note_activity("relay gpu-box.example.org:8810 via 8.8.4.4 then nas.local:8810 and 10.1.2.3")
+        from node.inference.download import DownloadJob  # a download's source is a host name too
+
+        job = DownloadJob("j1", "https://nas.local/models/m.gguf?token=s3cret", "m.gguf", state="failed",
+                          total_bytes=2 << 20, done_bytes=1 << 20, attempts=3, error="HTTP 403 Forbidden")
+        node.downloads.jobs[job.id] = job
         node.note_activity("dns 2606:4700:4700::1111 again 93.184.216.34:9000")
         node.note_activity(f"this machine is {socket.gethostname()}; key file {tmp_path}/data/api_key")
         text = await _report(node)
@@ -54,6 +59,10 @@ async def test_report_sections_and_redaction(tmp_path):
         assert re.search(r"<private-ip-[0-9a-f]{4}>:8810", text)
         assert re.search(r"<host-[0-9a-f]{4}>:8810", text)
         assert "127.0.0.1:" in text  # loopback is exempt
+        downloads = text.split("-- downloads --")[1].split("-- recent activity --")[0]
+        assert re.search(r"m\.gguf  state=failed mb=1\.0/2\.0 attempts=3 from=<host-[0-9a-f]{4}> "
+                         r"error=HTTP 403 Forbidden", downloads), downloads
+        assert "s3cret" not in text
         assert f"node: {node.short_id}" in text
         assert re.search(r"in_flight: 0 traces, 0 pipelines", text)
         # a second report salts differently: the same address gets an unrelated tag
@@ -62,6 +71,7 @@ async def test_report_sections_and_redaction(tmp_path):
 
         full = await _report(node, full=True)
         assert "93.184.216.34:8810" in full and "gpu-box.example.org" in full
+        assert "from=nas.local" in full and "s3cret" not in full
         assert node.api_key not in full
 
 
