@@ -7,7 +7,6 @@ node events (model observers, start/stop outcome), never by polling: every chang
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 from collections.abc import Callable
@@ -129,18 +128,10 @@ class NodeHost(QObject):
         self.node.note_activity(f"model {served.id} unloaded")
 
     async def async_add_model(self, path: Path) -> str:
-        """Serve a GGUF file for this session (scan, register, load); returns its id."""
-        path = await asyncio.get_running_loop().run_in_executor(None, path.resolve)
-        entries = await self.node.catalog.async_scan([(path, "gui")])
-        if not entries:
-            known = [e for e in self.node.catalog.entries.values() if e.path == path]
-            if known:
-                return known[0].id
-            raise NodeError(f"{path.name} is not a GGUF model this node can read (see node.log)")
-        for entry in entries:
-            await self.node.models.async_register(entry)
-        await self.async_load(entries[0].id)
-        return entries[0].id
+        """Serve a GGUF file for this session (catalog, register, load); returns its id."""
+        model_id = await self.node.async_add_model(path, "gui")
+        await self.async_load(model_id)
+        return model_id
 
     # --- state ---
 

@@ -18,8 +18,9 @@ from node.api.schemas import CompletionRequest
 from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
+from node.errors import ModelLoadError
 from node.inference.catalog import ModelCatalog
-from node.inference.download import DownloadFailed, ModelDownloader
+from node.inference.download import ModelDownloader
 from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager
 from node.inference.pipeline.coordinator import PipelineCoordinator
@@ -56,7 +57,8 @@ class Node:
         self.traces = TraceHub(self.metrics)
         self.catalog = ModelCatalog(self.data_dir)
         self.models = ModelManager(config, self.catalog)
-        self.downloads = ModelDownloader(self.data_dir / MODELS_DIR, self._async_add_model_file)
+        self.downloads = ModelDownloader(
+            self.data_dir / MODELS_DIR, lambda path, sha256: self.async_add_model(path, "data_dir", sha256=sha256))
         self.api = ApiServer(self)
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
@@ -196,20 +198,25 @@ class Node:
         sources += [(Path(p).expanduser(), "cli") for p in self.config.models]
         return sources
 
-    async def _async_add_model_file(self, path: Path, sha256: str) -> str:
-        """A file that just arrived in models/ (a download): catalog it and register it (not loaded:
-        Load in the API or the GUI). Returns its model id."""
-        await asyncio.get_running_loop().run_in_executor(None, self.catalog.remember_hash, path, sha256)
-        for entry in await self.catalog.async_scan([(path, "data_dir")]):
+    async def async_add_model(self, path: Path, source: str, *, sha256: str | None = None) -> str:
+        """Serve a GGUF file that was not here at start (a download, the GUI's Add): catalog it,
+        register it (not loaded), tell peers. Returns its model id; the id of the same content if
+        it was already here. `sha256`, when the caller hashed the file already, is not recomputed."""
+        loop = asyncio.get_running_loop()
+        path = await loop.run_in_executor(None, path.resolve)
+        if sha256 is not None:
+            await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256)
+        for entry in await self.catalog.async_scan([(path, source)]):
             await self.models.async_register(entry)
-            self.note_activity(f"model {entry.id} downloaded")
+            self.note_activity(f"model {entry.id} added ({source})")
             if self.peers is not None:
                 await self.peers.async_announce()
             return entry.id
-        same = self.catalog.by_sha(sha256)  # the same content was already here (another file name)
+        same = next((e for e in self.catalog.entries.values() if e.path == path), None)
+        if same is None and sha256 is not None:
+            same = self.catalog.by_sha(sha256)  # the same content under another file name
         if same is None:  # the catalog logged why it skipped the file
-            raise DownloadFailed(f"models/{path.name} was downloaded but cannot be served (see node.log); "
-                                 "it stays in the models folder: remove it to download another file by that name")
+            raise ModelLoadError(f"{path.name} is not a GGUF model this node can serve (see node.log)")
         return same.id
 
     # --- requests ---

@@ -22,6 +22,23 @@ async def async_until(predicate: Callable[[], object], what: str, timeout_s: flo
         await asyncio.sleep(0.02)
 
 
+@contextlib.asynccontextmanager
+async def http_file(path: str, handler):
+    """A local HTTP server with one GET route; yields that route's URL (a download source)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}{path}"  # noqa: SLF001
+    finally:
+        await runner.cleanup()
+
+
 def node_config(data_dir, *models, port: int = 0, **overrides) -> NodeConfig:
     """A hermetic node config: own data dir, no default model, one compute thread."""
     return NodeConfig(data_dir=data_dir, port=port, include_default_model=False,

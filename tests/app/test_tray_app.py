@@ -13,7 +13,7 @@ from PySide6.QtGui import QGuiApplication
 from app.host import AppState
 from app.ui import fmt
 from node.inference.synth import write_gguf
-from tests.app.helpers import async_until, node_config, port_is_free, running_app
+from tests.app.helpers import async_until, http_file, node_config, port_is_free, running_app
 from tests.support.nodes import TINY
 
 pytestmark = pytest.mark.gui
@@ -214,18 +214,11 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
     other = tmp_path / "other.gguf"
     write_gguf(other, dataclasses.replace(TINY, seed=11, name="fetched"))
 
-    async def body():
-        app_ = web.Application()
-        async def serve(request):
-            return web.FileResponse(other)
+    async def serve(request):
+        return web.FileResponse(other)
 
-        app_.router.add_get("/fetched.gguf", serve)
-        runner = web.AppRunner(app_)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/fetched.gguf"  # noqa: SLF001
-        try:
+    async def body():
+        async with http_file("/fetched.gguf", serve) as url:
             async with running_app(node_config(data_dir, tiny_model)) as app:
                 tab = app.window.models_tab
                 seen: list[str] = []  # what the status line showed as the download ran
@@ -241,8 +234,6 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
                 await async_until(lambda: app.feeds.models.summary(model_id)["state"] == "loaded", "the model loaded")
                 tab.download_url("ftp://nope/x.gguf")
                 assert "http(s)" in tab.status.text()
-        finally:
-            await runner.cleanup()
 
     run(body())
 
@@ -259,27 +250,20 @@ def test_a_download_can_be_cancelled_from_the_models_tab(qtbot, run, data_dir, t
         return resp
 
     async def body():
-        app_ = web.Application()
-        app_.router.add_get("/slow.gguf", stall)
-        runner = web.AppRunner(app_)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/slow.gguf"  # noqa: SLF001
-        try:
-            async with running_app(node_config(data_dir, tiny_model)) as app:
-                tab = app.window.models_tab
-                assert tab.cancel_download_button.isHidden()
-                tab.download_url(url)
-                await async_until(lambda: tab.status.text().startswith("downloading slow.gguf: "), "progress")
-                assert not tab.cancel_download_button.isHidden()
-                assert (app.node.data_dir / "models" / "slow.gguf.part").exists()
-                tab.cancel_download_button.click()
-                await async_until(lambda: "cancelled" in tab.status.text(), "the cancel")
-                assert tab.cancel_download_button.isHidden()
-                assert not list((app.node.data_dir / "models").glob("slow.gguf*"))
-        finally:
-            release.set()
-            await runner.cleanup()
+        async with http_file("/slow.gguf", stall) as url:
+            try:
+                async with running_app(node_config(data_dir, tiny_model)) as app:
+                    tab = app.window.models_tab
+                    assert tab.cancel_download_button.isHidden()
+                    tab.download_url(url)
+                    await async_until(lambda: tab.status.text().startswith("downloading slow.gguf: "), "progress")
+                    assert not tab.cancel_download_button.isHidden()
+                    assert (app.node.data_dir / "models" / "slow.gguf.part").exists()
+                    tab.cancel_download_button.click()
+                    await async_until(lambda: "cancelled" in tab.status.text(), "the cancel")
+                    assert tab.cancel_download_button.isHidden()
+                    assert not list((app.node.data_dir / "models").glob("slow.gguf*"))
+            finally:
+                release.set()  # the server's handler returns before the server shuts down
 
     run(body())
