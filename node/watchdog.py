@@ -90,6 +90,17 @@ class LoopWatchdog:
         while not self._stop.wait(self.interval_s / 2):
             if time.monotonic() - self._last_beat > self.interval_s + self.threshold_s / 2:
                 if self._arm is None and self._loop_thread_id is not None:
-                    frame = sys._current_frames().get(self._loop_thread_id)
-                    if frame is not None:
-                        self._arm = _describe_frame(frame)
+                    self._arm = _sample(self._loop_thread_id)
+
+
+def _sample(thread_id: int) -> str | None:
+    """Where a thread is now. Holds its Python frames only while reading them: a frame object kept
+    after its function returns keeps that function's locals alive (a kept view into a receive
+    buffer killed links under load, issue 12), so nothing here outlives the call."""
+    frames = sys._current_frames()
+    try:
+        frame = frames.get(thread_id)
+        return None if frame is None else _describe_frame(frame)
+    finally:
+        frame = None
+        frames.clear()

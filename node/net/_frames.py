@@ -143,22 +143,22 @@ def decode_body(prefix: Prefix, body: bytes) -> Frame:
     """Build the frame from its prefix and `header_len + payload_len` body bytes."""
     if len(body) != prefix.header_len + prefix.payload_len:
         raise ProtocolError("truncated frame body")
-    with memoryview(body) as view:
-        return decode_parts(prefix, view[: prefix.header_len], view[prefix.header_len:])
+    body = bytes(body)  # no view into a caller's mutable buffer outlives this call
+    return decode_parts(prefix, body[: prefix.header_len], body[prefix.header_len:])
 
 
-def decode_parts(prefix: Prefix, header_bytes: bytes | memoryview, payload: bytes | memoryview) -> Frame:
-    """Build the frame from its header and payload bytes (the payload is copied once, to bytes)."""
+def decode_parts(prefix: Prefix, header_bytes: bytes, payload: bytes) -> Frame:
+    """Build the frame from its header and payload bytes. Both must be immutable `bytes` of
+    their own (a Frame never refers into a receive buffer; see _recvbuf.py)."""
     header: Any = {}
     if prefix.header_len:
         try:
-            header = json.loads(bytes(header_bytes))
+            header = json.loads(header_bytes)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProtocolError(f"frame header is not JSON: {exc}") from exc
         if not isinstance(header, dict):
             raise ProtocolError("frame header is not a JSON object")
-    return Frame(prefix.type, header, bytes(payload) if prefix.payload_len else b"", prefix.request_id,
-                 prefix.flags)
+    return Frame(prefix.type, header, payload if prefix.payload_len else b"", prefix.request_id, prefix.flags)
 
 
 def decode_frame(data: bytes) -> Frame:

@@ -241,6 +241,8 @@ class PeerLink:
                     self.send_nowait(Frame(FrameType.ERROR, ErrorInfo("protocol_error", reason).to_header()))
                 except PeerUnreachable:
                     pass
+        if cause == "eof" and self.retired:
+            cause = "duplicate"  # both ends retire the same link; the peer's grace ended first
         self.close(self.close_cause or cause)
 
     # --- liveness -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from node import const
 from node.errors import ProtocolError
 
 from ._frames import PREFIX_LEN, Frame, Prefix, decode_parts, decode_prefix
+from ._recvbuf import RecvBuffer
 
 _READ_HIGH_WATER = 4 * 1024 * 1024
 
@@ -35,7 +36,7 @@ class Stream(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._on_connect = on_connect
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray()
+        self._buf = RecvBuffer()  # immutable chunks: no view anyone keeps can break a read
         self._waiter: asyncio.Future[None] | None = None
         self._wanted = 0
         self._eof = False
@@ -77,7 +78,7 @@ class Stream(asyncio.Protocol):
         self._plain_received(data)
 
     def _plain_received(self, data: bytes) -> None:
-        self._buf += data
+        self._buf.append(data)
         if self._on_frame is not None:
             self._parse_frames()
             return
@@ -145,16 +146,9 @@ class Stream(asyncio.Protocol):
         """Exactly n bytes; IncompleteReadError if the stream ends first."""
         while len(self._buf) < n:
             if self._eof:
-                partial = bytes(self._buf)
-                self._buf.clear()
-                raise asyncio.IncompleteReadError(partial, n)
+                raise asyncio.IncompleteReadError(self._buf.take_all(), n)
             await self._wait_data(n)
-        if n == len(self._buf):
-            data = bytes(self._buf)
-            self._buf.clear()
-        else:
-            data = bytes(self._buf[:n])
-            del self._buf[:n]
+        data = self._buf.take(n)
         self._consumed()
         return data
 
@@ -164,8 +158,7 @@ class Stream(asyncio.Protocol):
             if self._eof:
                 return b""
             await self._wait_data(1)
-        data = bytes(self._buf[:limit])
-        del self._buf[:limit]
+        data = self._buf.take(min(limit, len(self._buf)))
         self._consumed()
         return data
 
@@ -214,18 +207,16 @@ class Stream(asyncio.Protocol):
             while self._on_frame is not None and len(buf) >= PREFIX_LEN:
                 prefix = self._prefix
                 if prefix is None:
-                    prefix = self._prefix = decode_prefix(bytes(buf[:PREFIX_LEN]))
-                payload_at = PREFIX_LEN + prefix.header_len
-                end = payload_at + prefix.payload_len
-                if len(buf) < end:
+                    prefix = self._prefix = decode_prefix(buf.peek(PREFIX_LEN))
+                if len(buf) < PREFIX_LEN + prefix.header_len + prefix.payload_len:
                     return
-                with memoryview(buf) as view:  # one copy of the payload, none of the buffer
-                    frame = decode_parts(prefix, view[PREFIX_LEN:payload_at], view[payload_at:end])
-                if end == len(buf):
-                    buf.clear()  # frees a large buffer instead of keeping it offset
-                else:
-                    del buf[:end]
+                # The frame's bytes leave the buffer before they are decoded: a bad header closes
+                # the link either way, and nothing decoded can refer back into the buffer.
+                buf.skip(PREFIX_LEN)
+                header = buf.take(prefix.header_len)
+                payload = buf.take(prefix.payload_len)
                 self._prefix = None
+                frame = decode_parts(prefix, header, payload)
                 self._on_frame(frame)
         except ProtocolError as exc:
             self._end_frames("malformed frame", exc)
