@@ -140,7 +140,7 @@ def main() -> None:
         model, start, end, threads, steps, rfd, wfd, ready_fd = sys.argv[2:]
         _worker(model, int(start), int(end), int(threads), int(steps), int(rfd), int(wfd), int(ready_fd))
         return
-    from node.inference.gguf_meta import read_header
+    from node.models.gguf_meta import read_header
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)

@@ -35,8 +35,8 @@ import aiohttp  # noqa: E402
 
 from bench.api_overhead import MID, direct_decode  # noqa: E402
 from bench.pipe_ring import ring_decode  # noqa: E402
-from node.inference.gguf_meta import read_header  # noqa: E402
 from node.inference.synth import write_gguf  # noqa: E402
+from node.models.gguf_meta import read_header  # noqa: E402
 from tests.support.nodes import free_port  # noqa: E402
 
 PROMPT = "The swarm splits a model by layers and passes hidden states between peers so that"

@@ -57,7 +57,7 @@ RELAY_CIRCUIT_IDLE_S = 120.0  # a circuit with no bytes this long is dropped (li
 RELAY_CIRCUIT_SETUP_TIMEOUT_S = 10.0  # target must answer an incoming circuit within this
 RELAY_LIST_INTERVAL_S = 10.0  # rendezvous: ask each relay who is registered
 
-# --- model downloads (node/inference/download.py) ---
+# --- model downloads (node/models/download/) ---
 DOWNLOAD_CONNECT_TIMEOUT_S = 15.0
 DOWNLOAD_READ_TIMEOUT_S = 60.0  # no byte for this long: the attempt failed (then resumes)
 DOWNLOAD_RETRIES = 6  # attempts per download (network errors, 5xx, 429), resuming with Range

@@ -190,6 +190,19 @@ class Cancelled(NodeError):
 # --- peer network ----------------------------------------------------------------------------
 
 
+class DownloadFailed(NodeError):
+    """The download could not complete (network, HTTP status, content, size, hash, disk).
+    `discard`: what is on disk is wrong, not merely incomplete (the .part goes)."""
+
+    http_status = 502
+    error_type = "download_error"
+    code = "download_failed"
+
+    def __init__(self, message: str, *, discard: bool = False):
+        super().__init__(message)
+        self.discard = discard
+
+
 class PeerError(NodeError):
     """Base of peer-network failures."""
 

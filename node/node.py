@@ -19,14 +19,14 @@ from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
 from node.errors import ModelLoadError
-from node.inference.catalog import ModelCatalog
-from node.inference.download import ModelDownloader
 from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
+from node.models.catalog import ModelCatalog
+from node.models.download import ModelDownloader
 from node.net import PeerManager, async_load_or_create_identity
 from node.resources import default_model_path
 from node.sysinfo import MachineInfo, collect

@@ -17,11 +17,11 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import Conflict, ModelLoadError, ModelUnavailable, NodeError, Overloaded
-from node.inference.catalog import ModelCatalog, ModelEntry
 from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
 from node.inference.placement import Placement, place
 from node.inference.tokenizer import ModelTokenizer
+from node.models.catalog import ModelCatalog, ModelEntry
 
 log = logging.getLogger(__name__)
 

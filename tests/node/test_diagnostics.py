@@ -38,7 +38,7 @@ async def test_report_sections_and_redaction(tmp_path):
         node.note_activity("mdns found peer at 192.168.77.12:8810 and [2001:db8:85a3::8a2e:370:7334]:8810 "
                            "and fe80::a00:27ff:fe4e:66a1%eth0")
         node.note_activity("relay gpu-box.example.org:8810 via 8.8.4.4 then nas.local:8810 and 10.1.2.3")
-        from node.inference.download import DownloadJob  # a download's source is a host name too
+        from node.models.download import DownloadJob  # a download's source is a host name too
 
         job = DownloadJob("j1", "https://nas.local/models/m.gguf?token=s3cret", "m.gguf", state="failed",
                           total_bytes=2 << 20, done_bytes=1 << 20, attempts=3, error="HTTP 403 Forbidden")

@@ -17,7 +17,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from node import const
-from node.inference.download import display_url, file_name_for, resolve_url
+from node.models.download import display_url, file_name_for, resolve_url
 from tests.support.nodes import TINY, node_config, running_node, tiny_model, wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -316,7 +316,7 @@ async def test_after_giving_up_the_partial_file_stays_and_the_next_download_resu
 
 
 async def test_shutdown_keeps_the_partial_file_and_a_restarted_node_resumes(tmp_path, server, other_bytes):
-    from node.inference.download import ModelDownloader
+    from node.models.download import ModelDownloader
 
     added = []
 
@@ -350,7 +350,7 @@ async def test_shutdown_keeps_the_partial_file_and_a_restarted_node_resumes(tmp_
 
 
 async def test_a_complete_partial_file_is_finished_without_refetching(tmp_path, server, other_bytes):
-    from node.inference.download import ModelDownloader
+    from node.models.download import ModelDownloader
 
     async def on_file(path, sha256):
         return "id"
@@ -369,7 +369,7 @@ async def test_a_complete_partial_file_is_finished_without_refetching(tmp_path, 
 
 
 async def test_a_job_cancelled_before_it_ran_is_not_left_active(tmp_path, server):
-    from node.inference.download import ModelDownloader
+    from node.models.download import ModelDownloader
 
     async def on_file(path, sha256):
         return "id"

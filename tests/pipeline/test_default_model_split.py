@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.inference.gguf_meta import read_header
+from node.models.gguf_meta import read_header
 from node.resources import default_model_path
 from tests.pipeline.swarm import chat, run, wait_for_route, wait_peers
 from tests.support.nodes import NodeProcess, free_port

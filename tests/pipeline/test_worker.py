@@ -11,12 +11,12 @@ import contextlib
 
 import pytest
 
-from node.inference.catalog import ModelCatalog
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import Hop, Result, SessionControl, Work, encode_tokens
 from node.inference.pipeline.worker import SegmentWorker
 from node.inference.sampling import SamplingParams
+from node.models.catalog import ModelCatalog
 from node.net import FrameType
 from tests.pipeline.swarm import split_model
 from tests.support.nodes import wait_until

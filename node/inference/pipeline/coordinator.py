@@ -21,13 +21,13 @@ from typing import Any
 
 from node import const
 from node.errors import InsufficientCapacity, PeerUnreachable, ProtocolError
-from node.inference.catalog import ModelEntry
 from node.inference.engine import GenerationJob
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.planner import Holder, Plan, plan_route
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import Ack, Hop, Result, SessionControl, Work, encode_tokens
 from node.logs import kv
+from node.models.catalog import ModelEntry
 from node.net import FrameType
 from node.trace import RequestTrace, SegmentTrace
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from node import const
 from node.errors import ModelLoadError, NodeError
-from node.inference.catalog import ModelEntry
 from node.inference.devices import detect_torch
 from node.inference.placement import Placement, place
 from node.logs import kv
+from node.models.catalog import ModelEntry
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from node import const
 from node.errors import ModelLoadError, ModelNotFound
-from node.inference.gguf_meta import GgufHeader, read_header
+from node.models.gguf_meta import GgufHeader, read_header
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,127 @@
+"""One HTTP attempt of a download: from where the `.part` file ends, checked as it arrives.
+
+The announced size against free disk space before anything is written; the GGUF magic in the first
+bytes (a login or error page fails at once); a 206 that does not start where asked is thrown away;
+bytes are written in 8 MB blocks on the download's own I/O thread, and what arrived before a
+connection broke is kept for the next attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from node import const
+from node.errors import DownloadFailed
+
+from .job import DownloadJob
+from .partfile import discard_part, resumable, write_sidecar
+from .urls import display_url
+
+GGUF_MAGIC = b"GGUF"
+_CHUNK = 1 << 20  # bytes per read from the socket
+_FLUSH = 8 << 20  # bytes buffered before a write on the I/O thread
+
+
+class Retryable(Exception):
+    """An attempt failed in a way another attempt (resuming) can fix: 5xx, 429."""
+
+
+async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Path, io: concurrent.futures.Executor,
+                      *, models_dir: Path, progress: Callable[[DownloadJob], None]) -> None:
+    """One HTTP attempt: from the .part file's end if there is one. `io` is the download's own
+    thread for file operations; `progress(job)` publishes state changes."""
+    loop = asyncio.get_running_loop()
+    have, if_range = await loop.run_in_executor(io, resumable, part, job.url)
+    headers = {"Accept-Encoding": "identity"}  # byte offsets must be the file's
+    if have and if_range:
+        headers.update({"Range": f"bytes={have}-", "If-Range": if_range})
+    async with session.get(job.url, headers=headers) as resp:
+        if resp.status == 416 and have and content_range(resp.headers.get("Content-Range"))[1] == have:
+            job.total_bytes = job.done_bytes = have  # an earlier attempt already had every byte
+            return
+        if resp.status in (429, 500, 502, 503, 504):
+            raise Retryable(f"HTTP {resp.status} {resp.reason or ''}".strip())
+        if resp.status not in (200, 206):
+            raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {display_url(job.url)}".strip())
+        if resp.status == 206:
+            first, total = content_range(resp.headers.get("Content-Range"))
+            if first != have:  # not where we asked: start over rather than splice wrong bytes
+                await loop.run_in_executor(io, discard_part, part)
+                raise Retryable(f"server sent bytes from {first}, asked from {have}")
+            offset = have
+        else:  # a fresh start, or a server that ignores Range (or the file changed: If-Range)
+            total = resp.content_length
+            offset = 0
+        if job.total_bytes is None or total is not None:
+            job.total_bytes = total
+        if job.attempts == 1:
+            job.resumed_from = offset
+        if total is not None:
+            free = (await loop.run_in_executor(io, shutil.disk_usage, models_dir)).free
+            if total - offset > free:
+                raise DownloadFailed(f"not enough disk space: {(total - offset) / 1e6:.0f} MB to download, "
+                                     f"{free / 1e6:.0f} MB free in {models_dir}")
+        job.state, job.done_bytes = "downloading", offset
+        progress(job)
+        # what a later attempt must present to resume: the same file, the same version
+        await loop.run_in_executor(io, write_sidecar, part, job.url, resume_validator(resp.headers))
+        fh = await loop.run_in_executor(io, open, part, "r+b" if offset else "wb")
+        buf = bytearray()
+        try:
+            if offset:
+                await loop.run_in_executor(io, fh.truncate, offset)
+                await loop.run_in_executor(io, fh.seek, offset)
+            checked = offset >= len(GGUF_MAGIC)
+            last_emit = 0.0
+            async for chunk in resp.content.iter_chunked(_CHUNK):
+                buf += chunk
+                job.done_bytes += len(chunk)
+                if not checked and len(buf) >= len(GGUF_MAGIC):
+                    if bytes(buf[:4]) != GGUF_MAGIC:
+                        raise DownloadFailed(f"{display_url(job.url)} is not a GGUF file (it starts with "
+                                             f"{bytes(buf[:16])!r}: an HTML page or an error?)", discard=True)
+                    checked = True
+                if len(buf) >= _FLUSH:
+                    data = bytes(buf)
+                    buf.clear()  # before the await: a cancelled write still lands, exactly once
+                    await loop.run_in_executor(io, fh.write, data)
+                now = time.monotonic()
+                if now - last_emit >= const.DOWNLOAD_PROGRESS_S:
+                    last_emit = now
+                    progress(job)
+            if buf and not checked and bytes(buf[:4]) != GGUF_MAGIC:
+                raise DownloadFailed(f"{display_url(job.url)} is not a GGUF file", discard=True)
+        finally:
+            # what arrived is kept even when the connection broke: the next attempt resumes after it
+            if buf:
+                data = bytes(buf)
+                buf.clear()
+                await loop.run_in_executor(io, fh.write, data)
+            await loop.run_in_executor(io, fh.close)
+        if job.total_bytes is not None and job.done_bytes < job.total_bytes:
+            raise aiohttp.ClientPayloadError(f"connection ended at {job.done_bytes} of {job.total_bytes} bytes")
+
+
+def resume_validator(headers: Any) -> str | None:
+    """What If-Range can use: a strong ETag, else Last-Modified (a weak ETag never matches If-Range)."""
+    etag = headers.get("ETag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return headers.get("Last-Modified")
+
+
+def content_range(value: str | None) -> tuple[int | None, int | None]:
+    """(first byte, total) of a Content-Range header (`bytes 10-99/100`, `bytes */100`)."""
+    m = re.fullmatch(r"bytes (?:(\d+)-\d+|\*)/(\d+)", (value or "").strip())
+    if not m:
+        return None, None
+    return (int(m.group(1)) if m.group(1) is not None else None), int(m.group(2))

@@ -1,0 +1,48 @@
+"""A download as the API, the CLI and the GUI see it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .urls import display_url
+
+
+@dataclass
+class DownloadJob:
+    """One download, as the API, the CLI and the GUI see it."""
+
+    id: str
+    url: str  # resolved; never shown whole (display_url)
+    file_name: str
+    sha256: str | None = None
+    state: str = "starting"  # starting | downloading | verifying | done | failed | cancelled
+    total_bytes: int | None = None
+    done_bytes: int = 0
+    attempts: int = 0
+    resumed_from: int = 0  # bytes kept from an earlier attempt (Range)
+    error: str | None = None
+    model_id: str | None = None
+    user_cancelled: bool = False
+    stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("starting", "downloading", "verifying")
+
+    def summary(self) -> dict[str, Any]:
+        elapsed = (self.finished_at or time.time()) - self.started_at
+        fetched = self.done_bytes - self.resumed_from
+        return {
+            "id": self.id, "url": display_url(self.url), "file": self.file_name, "state": self.state,
+            "total_bytes": self.total_bytes, "done_bytes": self.done_bytes,
+            "progress": round(self.done_bytes / self.total_bytes, 4) if self.total_bytes else None,
+            "mb_per_s": round(fetched / 1e6 / elapsed, 2) if elapsed > 0 else None,
+            "attempts": self.attempts, "error": self.error, "model_id": self.model_id,
+        }

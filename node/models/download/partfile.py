@@ -1,0 +1,70 @@
+"""The `.part` file of a download and its sidecar: what a later attempt may resume, and how.
+
+`models/<name>.gguf.part` holds the bytes so far; `<name>.gguf.part.json` the URL (without its
+query) and the server's validator (a strong ETag, else Last-Modified), which the next attempt sends
+as `If-Range` so it resumes only the same version of the same file. Blocking: call these on the
+download's own I/O thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+from .urls import display_url
+
+
+def size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def sidecar(part: Path) -> Path:
+    return part.with_name(part.name + ".json")
+
+
+def discard_part(part: Path) -> None:
+    part.unlink(missing_ok=True)
+    sidecar(part).unlink(missing_ok=True)
+
+
+def write_sidecar(part: Path, url: str, validator: str | None) -> None:
+    # the URL without its query: no credentials on disk, and a fresh signed URL of the same file
+    # still resumes (If-Range guards the version)
+    sidecar(part).write_text(json.dumps({"url": display_url(url), "validator": validator}), encoding="utf-8")
+
+
+def resumable(part: Path, url: str) -> tuple[int, str | None]:
+    """(bytes to keep, If-Range value) for a .part file left by an earlier attempt or download of
+    the same URL; (0, None) when there is none, or it came from elsewhere or without a validator
+    (then it is overwritten)."""
+    have = size_or_zero(part)
+    if not have:
+        return 0, None
+    try:
+        meta = json.loads(sidecar(part).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0, None
+    if not isinstance(meta, dict) or meta.get("url") != display_url(url) or not meta.get("validator"):
+        return 0, None
+    return have, str(meta["validator"])
+
+
+def size_and_sha256(path: Path, stop: threading.Event) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            if stop.is_set():
+                raise InterruptedError("download cancelled while hashing")
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()

@@ -1,0 +1,186 @@
+"""Model downloads: a GGUF from a URL (or `hf://owner/repo/file.gguf`) into `data_dir/models/`.
+
+A download streams into `<name>.gguf.part` and resumes it with a `Range` request after a dropped
+connection (DOWNLOAD_RETRIES attempts, backing off); a server that ignores `Range` restarts it from
+zero. It checks the free disk space against the announced size before it starts, the GGUF magic in
+the first bytes (a login page or an error page is refused at once, not after gigabytes), the size at
+the end, and the sha256 when one was given. Only then is the file renamed into `models/`, scanned
+into the catalog and registered, so it shows up in /api/admin/models and the GUI and can be loaded.
+Writes, hashing and renames run in an executor (the loop never blocks); progress is published to
+observers at most DOWNLOAD_PROGRESS_S apart. URLs are logged without their query string (signed
+URLs carry credentials there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+
+from node import const
+from node.errors import Conflict, DownloadFailed, InvalidRequest, NodeError, NotFound
+from node.logs import kv
+
+from .fetch import Retryable, async_fetch
+from .job import DownloadJob
+from .partfile import discard_part, sidecar, size_and_sha256, size_or_zero, unlink
+from .urls import describe_error, display_url, file_name_for, resolve_url
+
+log = logging.getLogger(__name__)
+
+DownloadObserver = Callable[[DownloadJob], None]
+
+
+class ModelDownloader:
+    """Runs downloads into `models_dir`; `on_file(path, sha256)` adds a finished file to the node
+    and returns its model id."""
+
+    def __init__(self, models_dir: Path, on_file: Callable[[Path, str], Awaitable[str]]):
+        self.models_dir = models_dir
+        self.on_file = on_file
+        self.jobs: dict[str, DownloadJob] = {}
+        self._observers: list[DownloadObserver] = []
+
+    def subscribe(self, observer: DownloadObserver) -> Callable[[], None]:
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer) if observer in self._observers else None
+
+    def _emit(self, job: DownloadJob) -> None:
+        for observer in list(self._observers):
+            try:
+                observer(job)
+            except Exception:
+                log.exception("download observer failed")
+
+    def start(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
+        """Start a download (loop); the same file already downloading is that job, not a second."""
+        resolved = resolve_url(url)
+        name = file_name_for(resolved, file_name)
+        if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
+            raise InvalidRequest("sha256 must be 64 hex digits", param="sha256")
+        for job in self.jobs.values():
+            if job.file_name.lower() == name.lower() and job.active:  # one .part per name on any filesystem
+                if job.url != resolved:
+                    raise Conflict(f"{name} is already being downloaded from another URL")
+                return job
+        if (self.models_dir / name).exists():
+            raise Conflict(f"models/{name} already exists; remove it first or choose another filename")
+        job = DownloadJob(hashlib.sha256(f"{resolved}\0{time.time_ns()}".encode()).hexdigest()[:12], resolved, name,
+                          sha256.lower() if sha256 else None)
+        self.jobs[job.id] = job
+        job.task = asyncio.get_running_loop().create_task(self._async_run(job), name=f"download-{job.id}")
+        job.task.add_done_callback(lambda _task: self._settle(job))
+        return job
+
+    def get(self, job_id: str) -> DownloadJob:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise NotFound(f"no download {job_id}")
+        return job
+
+    def cancel(self, job_id: str) -> DownloadJob:
+        job = self.get(job_id)
+        if job.active and job.task is not None:
+            job.user_cancelled = True
+            job.task.cancel()
+        return job
+
+    async def async_close(self) -> None:
+        """Cancel running downloads (their .part files stay, so a new download of the same file resumes)."""
+        tasks = [job.task for job in self.jobs.values() if job.task is not None and not job.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- one download -------------------------------------------------------------------------
+
+    async def _async_run(self, job: DownloadJob) -> None:
+        loop = asyncio.get_running_loop()
+        part = self.models_dir / (job.file_name + ".part")
+        started = time.monotonic()
+        # one thread for this download's file operations: they happen in order, and a write still
+        # running when the task is cancelled finishes before the file is closed
+        io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"download-{job.id}")
+        log.info("DIAG: model download started %s", kv(download=job.id, url=display_url(job.url), file=job.file_name))
+        try:
+            await loop.run_in_executor(io, lambda: self.models_dir.mkdir(parents=True, exist_ok=True))
+            timeout = aiohttp.ClientTimeout(total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S,
+                                            sock_read=const.DOWNLOAD_READ_TIMEOUT_S)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                while True:
+                    job.attempts += 1
+                    try:
+                        await async_fetch(session, job, part, io, models_dir=self.models_dir, progress=self._emit)
+                        break
+                    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, Retryable) as exc:
+                        error = describe_error(exc)
+                        if job.attempts >= const.DOWNLOAD_RETRIES:
+                            kept = " (the partial file is kept: downloading it again resumes)" \
+                                if await loop.run_in_executor(io, size_or_zero, part) else ""
+                            raise DownloadFailed(f"failed {job.attempts} times; last: {error}{kept}") from exc
+                        delay = min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (job.attempts - 1))
+                        log.info("DIAG: model download interrupted, resuming %s", kv(
+                            download=job.id, done_bytes=job.done_bytes, attempt=job.attempts,
+                            retry_in_s=delay, error=error))
+                        await asyncio.sleep(delay)
+            job.state = "verifying"
+            self._emit(job)
+            size, digest = await loop.run_in_executor(io, size_and_sha256, part, job.stop)
+            if job.total_bytes is not None and size != job.total_bytes:
+                raise DownloadFailed(f"got {size} bytes, the server announced {job.total_bytes}", discard=True)
+            if job.sha256 is not None and digest != job.sha256:
+                raise DownloadFailed(f"sha256 mismatch: expected {job.sha256}, got {digest} (file removed)",
+                                     discard=True)
+            target = self.models_dir / job.file_name
+            await loop.run_in_executor(io, os.replace, part, target)
+            await loop.run_in_executor(io, unlink, sidecar(part))
+            job.model_id = await self.on_file(target, digest)
+            job.state = "done"
+            job.finished_at = time.time()
+            elapsed = time.monotonic() - started
+            log.info("DIAG: model download complete %s", kv(
+                download=job.id, model=job.model_id, bytes=size, elapsed_s=round(elapsed, 1),
+                mb_per_s=round((size - job.resumed_from) / 1e6 / max(elapsed, 1e-6), 2), sha256=digest[:16]))
+        except asyncio.CancelledError:
+            job.stop.set()  # a hash in progress stops
+            try:
+                if job.user_cancelled:  # the user said no: nothing of it stays (at shutdown the .part
+                    await loop.run_in_executor(io, discard_part, part)  # stays: the same download resumes)
+            finally:  # "cancelled" only once the files are gone: a client polling the job can rely on it
+                job.state, job.error, job.finished_at = "cancelled", "cancelled", time.time()
+                log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes))
+            raise
+        except DownloadFailed as exc:
+            if exc.discard:  # what is on disk is wrong (not a GGUF, bad hash): nothing of it stays
+                await loop.run_in_executor(io, discard_part, part)
+            self._fail(job, exc.message)
+        except NodeError as exc:
+            self._fail(job, exc.message)
+        except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
+            self._fail(job, f"{type(exc).__name__} fetching {display_url(job.url)}")
+        except OSError as exc:  # disk full, permissions
+            self._fail(job, f"{type(exc).__name__}: {exc.strerror or exc}")
+        except Exception as exc:  # a bug must end in a failed job, never a stuck one
+            log.error("model download %s failed unexpectedly: %s", job.id, type(exc).__name__)
+            self._fail(job, f"internal error: {type(exc).__name__}")
+        finally:
+            io.shutdown(wait=False)
+            self._emit(job)
+
+    def _settle(self, job: DownloadJob) -> None:
+        """The job's task ended: a task cancelled before it ever ran must not leave the job active."""
+        if job.active:
+            job.state, job.error, job.finished_at = "cancelled", "cancelled before it started", time.time()
+            self._emit(job)
+
+    def _fail(self, job: DownloadJob, message: str) -> None:
+        job.state, job.error, job.finished_at = "failed", message, time.time()
+        log.warning("DIAG: model download failed %s", kv(download=job.id, url=display_url(job.url), error=message))

@@ -1,0 +1,64 @@
+"""Download URLs: which are accepted, how they are shown, and the file name they give.
+
+`hf://owner/repo/path/file.gguf[@revision]` is Hugging Face's resolve URL; only http(s) otherwise.
+A URL is never shown or logged with its query string or fragment (signed URLs carry credentials
+there), also inside error texts.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+
+from node.errors import InvalidRequest
+
+_HF_BASE = "https://huggingface.co"
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}\.gguf$")
+_RESERVED_NAMES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
+
+def resolve_url(url: str) -> str:
+    """The HTTP(S) URL to fetch: `hf://owner/repo/path/file.gguf[@revision]` becomes Hugging Face's
+    resolve URL; http(s) URLs pass; anything else is an InvalidRequest."""
+    if url.startswith("hf://"):
+        spec = url[len("hf://"):]
+        spec, _, revision = spec.partition("@")
+        parts = [p for p in spec.split("/") if p]
+        if len(parts) < 3:
+            raise InvalidRequest("hf:// URLs are hf://owner/repo/path/to/file.gguf[@revision]", param="url")
+        owner, repo, path = parts[0], parts[1], "/".join(parts[2:])
+        quoted = "/".join(urllib.parse.quote(p) for p in (owner, repo))
+        return f"{_HF_BASE}/{quoted}/resolve/{urllib.parse.quote(revision or 'main')}/{urllib.parse.quote(path)}"
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise InvalidRequest("url must be http(s)://… or hf://owner/repo/file.gguf", param="url")
+    return url
+
+
+def display_url(url: str) -> str:
+    """The URL without query string or fragment (signed URLs carry credentials there)."""
+    parsed = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parsed.scheme, parsed.hostname or "", parsed.path, "", "")) \
+        if not parsed.port else urllib.parse.urlunsplit((parsed.scheme, f"{parsed.hostname}:{parsed.port}",
+                                                          parsed.path, "", ""))
+
+
+def file_name_for(url: str, name: str | None) -> str:
+    """The file name in models/: the given one, else the URL's last path segment."""
+    candidate = name or urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
+    if not candidate.endswith(".gguf"):
+        candidate += ".gguf"
+    if not _NAME_OK.match(candidate) or candidate.startswith("..") or \
+            candidate.split(".")[0].upper() in _RESERVED_NAMES:
+        raise InvalidRequest(f"cannot use {candidate!r} as a model file name (letters, digits, . _ + - and "
+                             "a .gguf suffix)", param="filename")
+    return candidate
+
+
+_QUERY = re.compile(r"[?#][^\s'\")>]*")
+
+
+def describe_error(exc: BaseException) -> str:
+    """An attempt's error for logs and the job: type and text, never a URL's query string."""
+    text = _QUERY.sub("?…", str(exc))
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
