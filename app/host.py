@@ -86,7 +86,7 @@ class NodeHost(QObject):
         self.is_started = True
         self.node.note_activity("desktop app started the node")
         if self.node.peers is not None:  # swarm coverage changes with peers
-            self._unsubscribe_peers = self.node.peers.add_listener(self._on_peer_event)
+            self._unsubscribe_peers = self.node.peers.subscribe(self._on_peer_event)
         self._recompute()
         self.started.emit()
         return True

@@ -18,6 +18,7 @@ from typing import Any
 
 from node import const
 from node.logs import kv
+from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
@@ -266,21 +267,13 @@ class TraceHub:
         self._in_flight: dict[str, RequestTrace] = {}
         self.recent: collections.deque[RequestTrace] = collections.deque(maxlen=const.TRACE_RING_SIZE)
         self.failures: collections.deque[RequestTrace] = collections.deque(maxlen=const.FAILURE_RING_SIZE)
-        self._observers: list[Observer] = []
+        self._observers: Observers[[str, RequestTrace]] = Observers("trace")
         self.metrics = metrics
         self.counts: collections.Counter[str] = collections.Counter()
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:
-        """Register an observer; returns a function that unsubscribes it."""
-        self._observers.append(observer)
-        return lambda: self._observers.remove(observer) if observer in self._observers else None
-
-    def _emit(self, event: str, trace: RequestTrace) -> None:
-        for observer in list(self._observers):
-            try:
-                observer(event, trace)
-            except Exception:  # an observer must never break a request
-                log.exception("trace observer failed event=%s", event)
+        """Call observer(event, trace) on every event; returns a function that unsubscribes it."""
+        return self._observers.subscribe(observer)
 
     @property
     def in_flight(self) -> int:
@@ -296,12 +289,12 @@ class TraceHub:
         """Register a new request."""
         self._in_flight[trace.request_id] = trace
         self.counts["started"] += 1
-        self._emit("started", trace)
+        self._observers.emit("started", trace)
         return trace
 
     def first_token(self, trace: RequestTrace) -> None:
         """Tell observers the first token arrived (the pipeline calls it once)."""
-        self._emit("first_token", trace)
+        self._observers.emit("first_token", trace)
 
     def finish(
         self,
@@ -331,4 +324,4 @@ class TraceHub:
             log.info(line)
         if self.metrics is not None:
             self.metrics.observe_trace(trace)
-        self._emit("finished", trace)
+        self._observers.emit("finished", trace)

@@ -2,10 +2,8 @@
 
 The peer network (node.net.PeerManager) offers `peers()`, a list of frozen `PeerSnapshot`s
 (`node_id, short_id, state, transport, address, rtt_ms, models, last_seen, hardware, via_relay,
-...`), and `add_listener(callback)` with callback(kind, snapshot), kind in added/changed/removed.
-The adapter also accepts plain dicts and a few other method names, so the table keeps working
-if that surface is renamed. Addresses are redacted (the same
-tags as the diagnostics report) unless "Show addresses" is ticked.
+...`), and `subscribe(callback)` with callback(kind, snapshot), kind in added/changed/removed.
+Addresses are redacted (the same tags as the diagnostics report) unless "Show addresses" is ticked.
 """
 
 from __future__ import annotations
@@ -13,13 +11,16 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QTimer
 
 from app.ui import fmt
 from app.ui.table_model import Column, KeyedTableModel
 from node.redact import Redactor
+
+if TYPE_CHECKING:
+    from node.net import PeerManager
 
 log = logging.getLogger(__name__)
 
@@ -145,45 +146,16 @@ class PeersModel(KeyedTableModel):
         else:
             self.upsert(key, p)
 
-    def attach(self, peers: Any) -> None:
+    def attach(self, peers: PeerManager | None) -> None:
         """Show the peer network's current snapshot and follow its observer events."""
         self.detach()
         if peers is None:
             return
-        rows = [peer_dict(item) for item in _snapshot(peers)]
-        self.replace_all((p["node_id"], p) for p in rows if p.get("node_id"))
-        self._unsubscribe = _subscribe(peers, self.on_peer_event)
-        if self._unsubscribe is None:
-            log.warning("the peer network offers no observer API; the peers table shows the start-up "
-                        "snapshot only")
+        rows = [peer_dict(item) for item in peers.peers()]
+        self.replace_all((p["node_id"], p) for p in rows)
+        self._unsubscribe = peers.subscribe(self.on_peer_event)
 
     def detach(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-
-
-def _snapshot(peers: Any) -> list[Any]:
-    for name in ("peers", "snapshot", "snapshots"):
-        fn = getattr(peers, name, None)
-        if callable(fn):
-            return list(fn())
-    return []
-
-
-def _subscribe(peers: Any, callback: Callable[[str, Any], None]) -> Callable[[], None] | None:
-    for name in ("subscribe", "add_observer", "add_listener"):
-        fn = getattr(peers, name, None)
-        if callable(fn):
-            return _unsubscriber(fn(callback), peers, callback)
-    observers = getattr(peers, "observers", None)
-    if observers is not None and callable(getattr(observers, "add", None)):
-        return _unsubscriber(observers.add(callback), peers, callback)
-    return None
-
-
-def _unsubscriber(result: Any, peers: Any, callback: Callable) -> Callable[[], None]:
-    if callable(result):
-        return result
-    remove = getattr(peers, "unsubscribe", None) or getattr(peers, "remove_observer", None)
-    return (lambda: remove(callback)) if callable(remove) else (lambda: None)

@@ -22,6 +22,7 @@ from node.inference.llama_engine import LlamaEngine
 from node.inference.placement import Placement, place
 from node.inference.tokenizer import ModelTokenizer
 from node.models.catalog import ModelCatalog, ModelEntry
+from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
@@ -87,21 +88,13 @@ class ModelManager:
         self.config = config
         self.catalog = catalog
         self.models: dict[str, ServedModel] = {}
-        self._observers: list[ModelObserver] = []
+        self._observers: Observers[[str, ServedModel]] = Observers("model")
 
     # --- observers ---
 
     def subscribe(self, observer: ModelObserver) -> Callable[[], None]:
-        """Register a callback(event, model); returns an unsubscribe function."""
-        self._observers.append(observer)
-        return lambda: self._observers.remove(observer) if observer in self._observers else None
-
-    def _emit(self, event: str, model: ServedModel) -> None:
-        for observer in list(self._observers):
-            try:
-                observer(event, model)
-            except Exception:
-                log.exception("model observer failed")
+        """Call observer(event, model) on every change ("added", "changed"); returns an unsubscribe."""
+        return self._observers.subscribe(observer)
 
     # --- registry ---
 
@@ -117,7 +110,7 @@ class ModelManager:
             served.state, served.error = "failed", exc.message
             log.error("model %s cannot be served: %s", entry.id, exc.message)
         served.n_ctx = self._context_for(entry)
-        self._emit("added", served)
+        self._observers.emit("added", served)
         return served
 
     def _context_for(self, entry: ModelEntry) -> int:
@@ -156,7 +149,7 @@ class ModelManager:
 
     async def _load(self, served: ServedModel) -> None:
         served.state, served.error = "loading", None
-        self._emit("changed", served)
+        self._observers.emit("changed", served)
         committed: dict[int, int] = {}
         for other in self.models.values():
             if other.placement is not None and other.placement.gpu_index is not None and other.state == "loaded":
@@ -174,13 +167,13 @@ class ModelManager:
             engine.shutdown()
             served.state, served.error = "failed", exc.message
             log.error("DIAG: load_model failed model=%s error=%s", served.id, exc.message)
-            self._emit("changed", served)
+            self._observers.emit("changed", served)
             return
         served.engine = engine
         served.state, served.loaded_at = "loaded", time.time()
         log.info("model-worker: Model loaded model=%s device=%s%s", served.id, device,
                  f" cpu_placement_reason={reason}" if reason else "")
-        self._emit("changed", served)
+        self._observers.emit("changed", served)
 
     async def async_unload(self, model_id: str, *, force: bool = False) -> ServedModel:
         """Free a model's weights; refused (409) while a request is using it unless forced, which
@@ -201,7 +194,7 @@ class ModelManager:
                 engine.shutdown()
             served.state, served.loaded_at = "unloaded", None
         log.info("Model worker stopped and its memory budget released model=%s device=%s", served.id, served.device)
-        self._emit("changed", served)
+        self._observers.emit("changed", served)
         return served
 
     async def async_load_all(self) -> None:
@@ -242,4 +235,4 @@ class ModelManager:
         if busy is not None:
             served.busy = busy
             served.last_used = time.time()
-        self._emit("changed", served)
+        self._observers.emit("changed", served)

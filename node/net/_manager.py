@@ -19,6 +19,7 @@ from node import AGENT, const
 from node.config import NodeConfig
 from node.errors import NodeError, PeerError, PeerIdentityMismatch, PeerUnreachable, ProtocolError
 from node.logs import kv
+from node.observe import Observers
 
 from ._connect import async_accept_tls, format_addr, is_loopback, parse_addr, peer_address
 from ._discovery import Discovery
@@ -32,7 +33,7 @@ from ._preamble import KIND_ACCEPT, KIND_CONNECT, KIND_TLS, read_preamble, send_
 from ._relay import RelayService
 from ._rto import RtoEstimator
 from ._stream import Stream
-from ._table import Observers, PeerObserver, PeerRecord, PeerSnapshot
+from ._table import PeerObserver, PeerRecord, PeerSnapshot
 from ._tls import TlsConfig
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class PeerManager:
         self.relay: RelayService | None = RelayService() if config.relay else None
         self.records: dict[str, PeerRecord] = {}
         self.links: set[PeerLink] = set()
-        self.observers = Observers()
+        self.observers: Observers[[str, PeerSnapshot]] = Observers("peer")
         self.discovery = Discovery(self)
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
@@ -158,10 +159,10 @@ class PeerManager:
             raise ValueError(f"{type_name(frame_type)} is handled by the network itself")
         self.handlers.register(frame_type, handler, ordered=ordered)
 
-    def add_listener(self, callback: PeerObserver) -> Callable[[], None]:
+    def subscribe(self, callback: PeerObserver) -> Callable[[], None]:
         """Observe peers: callback(kind, snapshot), kind in added/changed/removed. Returns an
         unsubscribe function. Called on the loop; must not block."""
-        return self.observers.add(callback)
+        return self.observers.subscribe(callback)
 
     def link(self, node_id: str) -> PeerLink | None:
         """The live link to a peer (never a retired duplicate), or None."""

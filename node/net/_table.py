@@ -142,28 +142,3 @@ class PeerRecord:
 
 
 PeerObserver = Callable[[PeerEventKind, PeerSnapshot], None]
-
-
-class Observers:
-    """Observer list; a failing observer is logged, never propagated into the network code."""
-
-    def __init__(self) -> None:
-        self._observers: list[PeerObserver] = []
-
-    def add(self, callback: PeerObserver) -> Callable[[], None]:
-        """Subscribe; returns a function that unsubscribes."""
-        self._observers.append(callback)
-
-        def remove() -> None:
-            if callback in self._observers:
-                self._observers.remove(callback)
-
-        return remove
-
-    def emit(self, kind: PeerEventKind, snapshot: PeerSnapshot) -> None:
-        """Call every observer."""
-        for callback in list(self._observers):
-            try:
-                callback(kind, snapshot)
-            except Exception:
-                log.exception("peer observer %r failed on %s %s", callback, kind, snapshot.short_id)

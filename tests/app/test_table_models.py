@@ -152,31 +152,42 @@ def test_peers_model(qapp, qtmodeltester, force_py):
     assert model.rowCount() == 1
 
 
-def test_peers_model_attach_to_a_peer_source(qapp, qtmodeltester):
-    """The adapter reads snapshot() and follows subscribe(callback) -> unsubscribe."""
+def test_peers_model_follows_a_real_peer_manager(qapp, qtmodeltester, run, tmp_path):
+    """Attached to a real PeerManager: its snapshot, then its events (a peer connects, goes),
+    until detach unsubscribes."""
+    from node.config import NodeConfig
+    from node.net import PeerManager, load_or_create_identity
+    from tests.app.helpers import async_until
 
-    class Source:
-        def __init__(self):
-            self.callbacks = []
+    def manager(name: str, **fields) -> PeerManager:
+        cfg = NodeConfig(data_dir=tmp_path / name, port=0, peer_port=0, peer_host="127.0.0.1", mdns=False,
+                         **fields)
+        return PeerManager(cfg, load_or_create_identity(cfg.data_dir))
 
-        def snapshot(self):
-            return [_Snapshot(**_peer(1)), _peer(2)]
+    async def go():
+        a, b = manager("a"), manager("b")
+        await a.async_start()
+        model = PeersModel()
+        qtmodeltester.check(model)
+        try:
+            model.attach(a)
+            assert model.rowCount() == 0 and len(a.observers) == 1
+            b.config.bootstrap = [f"127.0.0.1:{a.listen_port}"]
+            await b.async_start()
+            await async_until(lambda: model.rowCount() == 1 and model.cell_text(b.node_id, "State") == "connected",
+                              "b's row, connected")
+            await b.async_stop()
+            await async_until(lambda: model.cell_text(b.node_id, "State") == "gone", "b's row to show it gone")
+            model.detach()
+            assert len(a.observers) == 0
+            model.attach(None)
+            assert model.rowCount() == 1  # nothing to follow; rows stay
+        finally:
+            model.detach()
+            await b.async_stop()
+            await a.async_stop()
 
-        def subscribe(self, callback):
-            self.callbacks.append(callback)
-            return lambda: self.callbacks.remove(callback)
-
-    source = Source()
-    model = PeersModel()
-    qtmodeltester.check(model)
-    model.attach(source)
-    assert model.rowCount() == 2 and len(source.callbacks) == 1
-    source.callbacks[0]("added", _peer(5))
-    assert model.rowCount() == 3
-    model.detach()
-    assert source.callbacks == []
-    model.attach(None)
-    assert model.rowCount() == 3  # nothing to follow; rows stay
+    run(go())
 
 
 @pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])

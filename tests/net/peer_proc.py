@@ -95,7 +95,7 @@ async def _main(args: argparse.Namespace, tap_file) -> None:
             tap_file.write(data)
             tap_file.flush()
         manager.relay.tap = tap
-    manager.add_listener(on_peer)
+    manager.subscribe(on_peer)
     await manager.async_start()
     write_status()
     stop = asyncio.Event()

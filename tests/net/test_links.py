@@ -186,7 +186,7 @@ async def test_hello_announce_updates_models_and_observers(make_manager, fast_ne
     await a.async_start()
     b = await make_manager("b")
     events: list[tuple[str, str, str]] = []
-    unsubscribe = b.add_listener(lambda kind, snap: events.append((kind, snap.short_id, snap.state)))
+    unsubscribe = b.subscribe(lambda kind, snap: events.append((kind, snap.short_id, snap.state)))
     await b.async_connect(addr(a), a.node_id)
     await wait_until(lambda: b.peer(a.node_id) and b.peer(a.node_id).models)
     assert b.peer(a.node_id).models[0]["model_id"] == "m1"
@@ -210,7 +210,7 @@ async def test_observer_failure_does_not_break_the_network(make_manager, fast_ne
     def broken(kind, snap):
         raise RuntimeError("observer bug")
 
-    b.add_listener(broken)
+    b.subscribe(broken)
     await b.async_connect(addr(a), a.node_id)
     await wait_until(lambda: linked(a, b))
 
@@ -223,7 +223,7 @@ async def test_forgotten_peer_is_removed(make_manager, fast_net, monkeypatch):
     b = await make_manager("b", bootstrap=[addr(a)])
     await wait_until(lambda: linked(a, b))
     events: list[str] = []
-    b.add_listener(lambda kind, snap: events.append(kind))
+    b.subscribe(lambda kind, snap: events.append(kind))
     b.config.bootstrap = []
     b.discovery.targets.clear()
     a_id = a.node_id

@@ -110,7 +110,7 @@ class PipelineCoordinator:
         for ftype in (FrameType.ACK, FrameType.RESULT):
             self.transport.register_remote(ftype)
         if self.peers is not None:
-            self._unsubscribe = self.peers.add_listener(self._on_peer_event)
+            self._unsubscribe = self.peers.subscribe(self._on_peer_event)
 
     def close(self) -> None:
         if self._unsubscribe is not None:

@@ -28,6 +28,7 @@ import aiohttp
 from node import const
 from node.errors import Conflict, DownloadFailed, InvalidRequest, NodeError, NotFound
 from node.logs import kv
+from node.observe import Observers
 
 from .fetch import Retryable, async_fetch
 from .job import DownloadJob
@@ -47,18 +48,11 @@ class ModelDownloader:
         self.models_dir = models_dir
         self.on_file = on_file
         self.jobs: dict[str, DownloadJob] = {}
-        self._observers: list[DownloadObserver] = []
+        self._observers: Observers[[DownloadJob]] = Observers("download")
 
     def subscribe(self, observer: DownloadObserver) -> Callable[[], None]:
-        self._observers.append(observer)
-        return lambda: self._observers.remove(observer) if observer in self._observers else None
-
-    def _emit(self, job: DownloadJob) -> None:
-        for observer in list(self._observers):
-            try:
-                observer(job)
-            except Exception:
-                log.exception("download observer failed")
+        """Call observer(job) on every state change and progress step; returns an unsubscribe."""
+        return self._observers.subscribe(observer)
 
     def start(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
         """Start a download (loop); the same file already downloading is that job, not a second."""
@@ -118,7 +112,7 @@ class ModelDownloader:
                 while True:
                     job.attempts += 1
                     try:
-                        await async_fetch(session, job, part, io, models_dir=self.models_dir, progress=self._emit)
+                        await async_fetch(session, job, part, io, models_dir=self.models_dir, progress=self._observers.emit)
                         break
                     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, Retryable) as exc:
                         error = describe_error(exc)
@@ -132,7 +126,7 @@ class ModelDownloader:
                             retry_in_s=delay, error=error))
                         await asyncio.sleep(delay)
             job.state = "verifying"
-            self._emit(job)
+            self._observers.emit(job)
             size, digest = await loop.run_in_executor(io, size_and_sha256, part, job.stop)
             if job.total_bytes is not None and size != job.total_bytes:
                 raise DownloadFailed(f"got {size} bytes, the server announced {job.total_bytes}", discard=True)
@@ -173,13 +167,13 @@ class ModelDownloader:
             self._fail(job, f"internal error: {type(exc).__name__}")
         finally:
             io.shutdown(wait=False)
-            self._emit(job)
+            self._observers.emit(job)
 
     def _settle(self, job: DownloadJob) -> None:
         """The job's task ended: a task cancelled before it ever ran must not leave the job active."""
         if job.active:
             job.state, job.error, job.finished_at = "cancelled", "cancelled before it started", time.time()
-            self._emit(job)
+            self._observers.emit(job)
 
     def _fail(self, job: DownloadJob, message: str) -> None:
         job.state, job.error, job.finished_at = "failed", message, time.time()
