@@ -32,15 +32,34 @@ def llama_logits(path, tokens: list[int]) -> np.ndarray:
 
 def llama_greedy(path, prompt: list[int], n: int) -> list[int]:
     """n greedy tokens after `prompt` (llama.cpp's own argmax over its logits)."""
+    return llama_greedy_scored(path, prompt, n)[0]
+
+
+def llama_greedy_scored(path, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """n greedy tokens after `prompt`, and llama.cpp's logits [n, V] each was chosen from."""
     m = llama_model(path)
     m.eval(prompt)
-    out = []
+    out, rows = [], []
     for _ in range(n):
-        tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+        row = np.array(m.scores[m.n_tokens - 1], dtype=np.float32)
+        tok = int(np.argmax(row))
         out.append(tok)
+        rows.append(row)
         m.eval([tok])
     m.close()
-    return out
+    return out, np.stack(rows)
+
+
+def first_divergence_is_a_tie(ours: list[int], ref: list[int], ref_logits: np.ndarray, tie: float) -> bool:
+    """True when two greedy continuations agree until their first difference (if any), and there
+    the reference's logits rank our token within `tie` × its logit scale of its own best: a tie in
+    the reference's own arithmetic (its activation rounding is ~1% of the scale), after which the
+    two continuations legitimately go their own ways."""
+    for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        if a != b:
+            row = ref_logits[i]
+            return float(row[b] - row[a]) <= tie * float(np.abs(ref_logits).max())
+    return True
 
 
 def chain(path, slices: int = 1, dtype: str = "f32", ggml: bool = False) -> SliceChain:

@@ -17,7 +17,9 @@ from node.inference.synth import SynthSpec
 from tests.inference.conftest import needs_llama
 from tests.inference.reference import (
     chain,
+    first_divergence_is_a_tie,
     llama_greedy,
+    llama_greedy_scored,
     llama_logits,
     our_greedy,
     our_logits,
@@ -94,7 +96,11 @@ def test_quantized_file_matches_llama_cpp(synth_model, qtype, tied):
     assert per_position.max() <= 0.03
     assert top1_agreement(ours, ref, tie=0.005) >= 0.98  # see test_default_model: reference ties
     prompt = tokens[:8]
-    assert our_greedy(chain(path, slices=2, ggml=True), prompt, 32) == llama_greedy(path, prompt, 32)
+    expected, scores = llama_greedy_scored(path, prompt, 32)
+    got = our_greedy(chain(path, slices=2, ggml=True), prompt, 32)
+    # Identical, or identical until a tie in llama.cpp's own logits (seen on an AMD EPYC, AVX2:
+    # Q4_K, step 29, the two best tokens 0.2% of the logit scale apart).
+    assert first_divergence_is_a_tie(got, expected, scores, tie=0.005), (got, expected)
 
 
 FAST_VARIANTS = {
