@@ -13,7 +13,6 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QGuiApplication
 
 from app.host import NodeHost
-from node.diagnostics import build_report
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ class AppActions(QObject):
     async def async_report(self, *, full: bool = False) -> str:
         """The diagnostics report text (redacted unless full)."""
         try:
-            return await build_report(self.host.node, full=full)
+            return await self.host.node.async_report(full=full)
         except Exception as exc:  # a node that never started has no machine facts yet
             log.exception("diagnostics report failed")
             return f"SwarmLLM diagnostics could not be built: {type(exc).__name__}\n{self.host.status_line()}\n"

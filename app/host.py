@@ -186,12 +186,12 @@ class NodeHost(QObject):
             return f"The node could not start: {self.start_error}"
         if self.state not in (AppState.NO_MODEL, AppState.ERROR):
             return None
-        models = [m for m in self.node.models.models.values() if getattr(m, "whole", True)]
+        models = self.node.models.whole_models()
         lines = ["No model can serve requests yet."]
         failed = [m for m in models if m.state == "failed"]
         for m in failed:
             lines.append(f"Model {m.id} failed to load: {m.error}")
-        for s in getattr(self.node.host, "slices", {}).values():
+        for s in self.node.slice_host.slices.values():
             if s.state == "failed":
                 lines.append(f"Layers {s.start}–{s.end - 1} of {s.entry.id} failed to load: {s.error}")
         if models and not failed:

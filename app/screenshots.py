@@ -119,7 +119,7 @@ async def _async_requests(app, split_name: str) -> None:
 
     node = app.node
     client = openai.AsyncOpenAI(base_url=node.api_url, api_key=node.api_key, max_retries=0)
-    whole = [m.id for m in node.models.models.values() if m.whole and m.state == "loaded"]
+    whole = [m.id for m in node.models.whole_models() if m.state == "loaded"]
     try:
         for i, (model, prompt) in enumerate(((whole[0], "Write a haiku about peers."),
                                              (split_name, "What is a GGUF file?"),
@@ -171,7 +171,7 @@ async def _async_shoot(out: Path, model_arg: Path | None) -> None:
             await _async_until(lambda: app.host.serving().swarm)
             window = app.window
             window.resize(1180, 660)
-            await app.host.async_unload(next(m.id for m in app.node.models.models.values()
+            await app.host.async_unload(next(m.id for m in app.node.models.all()
                                              if m.entry.path.name == demo["spare"].name))
             await _async_requests(app, "qwen2-demo-f16")
             await _async_until(lambda: app.node.traces.in_flight == 0)

@@ -36,10 +36,9 @@ class Serving:
 
 def serving_of(node: Node) -> Serving:
     """Read what the node can serve from its model manager, slice host and pipeline."""
-    whole = [m for m in node.models.models.values() if getattr(m, "whole", True)]
-    slices = list(getattr(getattr(node, "host", None), "slices", {}).values())
-    pipeline = getattr(node, "pipeline", None)
-    swarm = pipeline.swarm_models() if pipeline is not None else {}
+    whole = node.models.whole_models()
+    slices = list(node.slice_host.slices.values())
+    swarm = node.pipeline.swarm_models() if node.pipeline is not None else {}
     return Serving(
         whole_loaded=tuple(m.id for m in whole if m.state == "loaded"),
         slices_loaded=tuple(f"{s.entry.name}[{s.start}-{s.end - 1}]" for s in slices if s.state == "loaded"),

@@ -10,13 +10,43 @@ from __future__ import annotations
 import socket
 import time
 import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from node.inference import llamacpp
 from node.redact import Redactor
 
 if TYPE_CHECKING:
-    from node.node import Node
+    from node.config import NodeConfig
+    from node.inference.manager import ModelManager
+    from node.inference.pipeline.coordinator import PipelineCoordinator
+    from node.inference.pipeline.host import SliceHost
+    from node.models.download import ModelDownloader
+    from node.net import PeerManager
+    from node.sysinfo import MachineInfo
+    from node.trace import TraceHub
+
+
+@dataclass(frozen=True)
+class ReportParts:
+    """What the report reads, handed over by the node (the report never reaches into a Node)."""
+
+    agent: str
+    short_id: str
+    config: NodeConfig
+    api_port: int | None
+    api_key: str  # only to be redacted, never printed
+    started_at: float | None
+    host_names: list[str]  # this machine's names, redacted from the text
+    activity: list[str]
+    traces: TraceHub
+    machine: Callable[[], Awaitable[MachineInfo]]  # waits for the first measurement
+    models: ModelManager
+    slice_host: SliceHost
+    downloads: ModelDownloader
+    peers: PeerManager | None
+    pipeline: PipelineCoordinator | None
 
 
 def _uptime(seconds: float) -> str:
@@ -27,10 +57,10 @@ def _uptime(seconds: float) -> str:
     return (f"{days}d " if days else "") + f"{hours:02d}:{minutes:02d}:{secs:02d}"
 
 
-def _header(node: Node, r: Redactor) -> list[str]:
+def _header(node: ReportParts, r: Redactor) -> list[str]:
     counts = node.traces.counts
     uptime = time.time() - node.started_at if node.started_at else 0
-    api = r.address(node.config.host, node.api.port)
+    api = r.address(node.config.host, node.api_port)
     peers = node.peers
     reach = f"api {api}" + (" (loopback only)" if node.config.host in ("127.0.0.1", "::1", "localhost") else "")
     reach += "; peer network " + ("on" if peers is not None else "off")
@@ -40,13 +70,14 @@ def _header(node: Node, r: Redactor) -> list[str]:
         f"reachability: {reach}",
         f"requests: {counts.get('started', 0)} started, {counts.get('ok', 0)} ok, "
         f"{counts.get('error', 0)} failed, {counts.get('cancelled', 0)} cancelled",
-        f"in_flight: {node.traces.in_flight} traces, {node.pipelines_in_flight()} pipelines",
+        f"in_flight: {node.traces.in_flight} traces, "
+        f"{node.pipeline.in_flight if node.pipeline is not None else 0} pipelines",
         f"generated: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  redacted: {'no' if not r.enabled else 'yes'}",
     ]
 
 
-async def _machine(node: Node) -> list[str]:
-    m = await node.async_machine()
+async def _machine(node: ReportParts) -> list[str]:
+    m = await node.machine()
     lines = [
         f"cpu: {m.cpu}",
         f"cores: {m.physical_cores} physical, {m.logical_cores} logical",
@@ -58,8 +89,9 @@ async def _machine(node: Node) -> list[str]:
             lines.append(f"gpu{i}: {g.name} (sm {g.compute_capability}) vram {g.total_mb} MiB, {g.free_mb} MiB free")
     else:
         lines.append("gpu: none")
-    if getattr(node, "host", None) is not None and node.host.slices:
-        rates = [f"{s.start}-{s.end - 1}:{s.ms_per_layer:.3f}" for s in node.host.slices.values() if s.ms_per_layer]
+    if node.slice_host.slices:
+        rates = [f"{s.start}-{s.end - 1}:{s.ms_per_layer:.3f}" for s in node.slice_host.slices.values()
+                 if s.ms_per_layer]
         lines.append(f"measured ms/layer (decode): {', '.join(rates) or 'not yet measured'}")
     if m.mem_bandwidth_gbps is None:
         lines.append(f"memory bandwidth: could not be measured ({m.bandwidth_error})")
@@ -73,8 +105,8 @@ async def _machine(node: Node) -> list[str]:
     return lines
 
 
-def _reachable(node: Node, r: Redactor) -> list[str]:
-    lines = [f"api: {r.address(node.config.host, node.api.port)}"]
+def _reachable(node: ReportParts, r: Redactor) -> list[str]:
+    lines = [f"api: {r.address(node.config.host, node.api_port)}"]
     peers = node.peers
     if peers is None:
         lines.append("peer listener: not running")
@@ -90,7 +122,7 @@ def _ago(ts: float | None) -> str:
     return "never" if ts is None else f"{max(0.0, time.time() - ts):.0f}s ago"
 
 
-def _peers(node: Node, r: Redactor) -> list[str]:
+def _peers(node: ReportParts, r: Redactor) -> list[str]:
     if node.peers is None:
         return ["(peer network not running)"]
     rows = []
@@ -107,7 +139,7 @@ def _peers(node: Node, r: Redactor) -> list[str]:
     return rows or ["(no peers)"]
 
 
-def _failures(node: Node) -> list[str]:
+def _failures(node: ReportParts) -> list[str]:
     rows = list(node.traces.failures)
     if not rows:
         return ["(none)"]
@@ -119,14 +151,14 @@ def _failures(node: Node) -> list[str]:
     return out
 
 
-def _recent(node: Node) -> list[str]:
+def _recent(node: ReportParts) -> list[str]:
     rows = list(node.traces.recent)
     return [t.summary_line() for t in rows] or ["(none)"]
 
 
-def _served_for_others(node: Node) -> list[str]:
+def _served_for_others(node: ReportParts) -> list[str]:
     rows = []
-    for s in node.host.slices.values():
+    for s in node.slice_host.slices.values():
         st = s.served
         if not st.steps:
             continue
@@ -136,7 +168,7 @@ def _served_for_others(node: Node) -> list[str]:
     return rows or ["(nothing served for peers)"]
 
 
-def _peer_performance(node: Node, r: Redactor) -> list[str]:
+def _peer_performance(node: ReportParts, r: Redactor) -> list[str]:
     if node.pipeline is None or not node.pipeline.perf:
         return ["(no peer measurements)"]
     rows = []
@@ -152,15 +184,15 @@ def _peer_performance(node: Node, r: Redactor) -> list[str]:
     return rows
 
 
-def _models(node: Node) -> list[str]:
+def _models(node: ReportParts) -> list[str]:
     rows = []
-    for served in node.models.models.values():
+    for served in node.models.all():
         e = served.entry
         reason = f" reason={served.cpu_placement_reason}" if served.cpu_placement_reason else ""
         rows.append(f"{served.id}  arch={e.architecture} layers={e.n_layers} ctx={served.n_ctx} "
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
                     f"device={served.device}{reason}" + (f" error={served.error}" if served.error else ""))
-    for hosted in node.host.slices.values():
+    for hosted in node.slice_host.slices.values():
         info = hosted.summary()
         rows.append(f"{hosted.entry.id}  layers={hosted.start}-{hosted.end - 1} of {hosted.entry.n_layers} "
                     f"engine=torch-slice dtype={info['dtype']} state={hosted.state} device={info['device']} "
@@ -168,9 +200,9 @@ def _models(node: Node) -> list[str]:
     return rows or ["(no models)"]
 
 
-def _downloads(node: Node, r: Redactor) -> list[str]:
+def _downloads(node: ReportParts, r: Redactor) -> list[str]:
     rows = []
-    for job in list(node.downloads.jobs.values())[-10:]:
+    for job in node.downloads.all()[-10:]:
         host = urllib.parse.urlsplit(job.url).hostname or "?"
         total = f"{job.total_bytes / 2**20:.1f}" if job.total_bytes else "?"
         rows.append(f"{job.file_name}  state={job.state} mb={job.done_bytes / 2**20:.1f}/{total} "
@@ -178,7 +210,7 @@ def _downloads(node: Node, r: Redactor) -> list[str]:
     return rows or ["(none this run)"]
 
 
-async def build_report(node: Node, *, full: bool = False) -> str:
+async def build_report(node: ReportParts, *, full: bool = False) -> str:
     """Render the whole report; redacted unless full."""
     # Names no pattern can spot: this machine's, and the configured bootstrap/relay hosts.
     known_hosts = list(node.host_names) or [socket.gethostname()]

@@ -13,20 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from node import AGENT, __version__
-from node.api.metrics import NodeMetrics
-from node.api.schemas import CompletionRequest
 from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
-from node.errors import ModelLoadError
+from node.diagnostics import ReportParts, build_report
+from node.errors import ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
+from node.inference.request import CompletionRequest
+from node.metrics import NodeMetrics
 from node.models.catalog import ModelCatalog
-from node.models.download import ModelDownloader
+from node.models.download import DownloadJob, ModelDownloader
 from node.net import PeerManager, async_load_or_create_identity
 from node.resources import default_model_path
 from node.sysinfo import MachineInfo, collect
@@ -44,7 +45,9 @@ def _local_host_names() -> list[str]:
 
 
 class Node:
-    """A SwarmLLM node: API server, models, traces, diagnostics (and later the peer network)."""
+    """A SwarmLLM node: API server, models, slices, peer network, pipeline, traces, diagnostics.
+
+    Implements node.api.view.NodeView, the narrow view the HTTP handlers get."""
 
     def __init__(self, config: NodeConfig):
         self.config = config
@@ -59,11 +62,11 @@ class Node:
         self.models = ModelManager(config, self.catalog)
         self.downloads = ModelDownloader(
             self.data_dir / MODELS_DIR, lambda path, sha256: self.async_add_model(path, "data_dir", sha256=sha256))
-        self.api = ApiServer(self)
+        self.api = ApiServer(self, config)
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
         self.peers: PeerManager | None = None
-        self.host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only)
+        self.slice_host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only)
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
@@ -108,16 +111,16 @@ class Node:
                 slices.append((entry, *parse_layers(self.config.layers, entry.n_layers)))
             await self.models.async_register(entry, whole=not as_slice)
         await self._start_network()
-        await self.api.start()
+        await self.api.start(self.api_key)
         self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
         await self.models.async_load_all()
         for entry, start, end in slices:
-            await self.host.async_load(entry, start, end)
+            await self.slice_host.async_load(entry, start, end)
             self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
         if slices and self.peers is not None:
             await self.peers.async_announce()
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
-                 self.api_url, len(self.models.models), self.models.ready, (time.monotonic() - started) * 1000)
+                 self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
 
     async def stop(self) -> None:
         """Stop serving, free models, stop background tasks (idempotent)."""
@@ -133,7 +136,7 @@ class Node:
         if self._machine_task is not None:
             self._machine_task.cancel()
         await self.downloads.async_close()
-        await self.host.async_close()
+        await self.slice_host.async_close()
         await self.models.async_close()
         self.watchdog.stop()
         log.info("DIAG: node stopped node_id=%s in_flight=%d", self.short_id, self.traces.in_flight)
@@ -143,12 +146,12 @@ class Node:
         self.peers = PeerManager(self.config, self.identity, models_provider=self._hello_models,
                                  hardware_provider=self._hello_hardware)
         self.transport = PipelineTransport(self.node_id, self.peers)
-        self.worker = SegmentWorker(self.node_id, self.host, self.transport,
+        self.worker = SegmentWorker(self.node_id, self.slice_host, self.transport,
                                     contributing=lambda: self.config.contribute)
-        self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.host,
+        self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
                                             activation_bits=self.config.activation_bits)
         self.worker.register()
-        self.host.on_sweep = self.worker.forget_expired
+        self.slice_host.on_sweep = self.worker.forget_expired
         self.pipeline.register()
         await self.peers.async_start()
         self.note_activity(f"peer listener on port {self.peers.listen_port}")
@@ -156,8 +159,8 @@ class Node:
     def _hello_models(self) -> list[dict[str, Any]]:
         """What HELLO advertises: our slices (with layer ranges) and the models we hold whole."""
         whole = [{"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers, "whole": True}
-                 for m in self.models.models.values() if m.whole and m.state == "loaded"]
-        slices = self.host.adverts() if self.config.contribute else []  # paused: offer no layers to peers
+                 for m in self.models.whole_models() if m.state == "loaded"]
+        slices = self.slice_host.adverts() if self.config.contribute else []  # paused: offer no layers to peers
         return slices + whole
 
     def _hello_hardware(self) -> dict[str, Any]:
@@ -167,7 +170,7 @@ class Node:
             out.update(cores=m.physical_cores, ram_mb=m.ram_total_mb, bandwidth_gbps=m.mem_bandwidth_gbps)
             if m.gpus:
                 out.update(device="cuda", gpu=m.gpus[0].name, vram_free_mb=m.gpus[0].free_mb)
-        rates = [s.ms_per_layer for s in self.host.slices.values() if s.ms_per_layer is not None]
+        rates = [s.ms_per_layer for s in self.slice_host.slices.values() if s.ms_per_layer is not None]
         if rates:
             out["ms_per_layer"] = round(min(rates), 3)
         return out
@@ -221,9 +224,9 @@ class Node:
 
     # --- requests ---
 
-    def new_run(self, creq: CompletionRequest, trace: RequestTrace) -> CompletionRun:
-        """The run object that serves one completion (local route)."""
-        return CompletionRun(self.models, creq, trace, self.short_id, on_first_token=self.traces.first_token,
+    def new_run(self, request: CompletionRequest, trace: RequestTrace) -> CompletionRun:
+        """The run that serves one completion, on whichever route serves its model."""
+        return CompletionRun(self.models, request, trace, self.short_id, on_first_token=self.traces.first_token,
                              pipeline=self.pipeline)
 
     def pipelines_in_flight(self) -> int:
@@ -232,16 +235,16 @@ class Node:
 
     def is_ready(self) -> bool:
         """True once this node's own models and slices are loaded (and there is something to serve)."""
-        loading = any(m.state == "loading" for m in self.models.models.values() if m.whole) or \
-            any(s.state == "loading" for s in self.host.slices.values())
-        serving = self.models.ready or self.host.ready
+        loading = any(m.state == "loading" for m in self.models.whole_models()) or \
+            any(s.state == "loading" for s in self.slice_host.slices.values())
+        serving = self.models.ready or self.slice_host.ready
         return serving and not loading
 
     def list_openai_models(self) -> list[dict[str, Any]]:
         """/v1/models entries: models served whole here, and models the swarm covers layer by layer."""
         out = []
         swarm = self.pipeline.swarm_models() if self.pipeline is not None else {}
-        for served in self.models.models.values():
+        for served in self.models.all():
             if served.state == "failed" or (not served.whole and served.entry.sha256 not in swarm):
                 continue
             out.append({
@@ -255,6 +258,66 @@ class Node:
                 "route": "local" if served.whole else "distributed",
             })
         return out
+
+    def openai_model(self, name: str) -> dict[str, Any]:
+        """One /v1/models entry by id or readable name; ModelNotFound otherwise."""
+        for model in self.list_openai_models():
+            if model["id"] == name or model.get("name") == name:
+                return model
+        raise ModelNotFound(f"The model `{name}` does not exist on this node", param="model")
+
+    # --- what the admin API and the GUI act on ---
+
+    async def async_report(self, *, full: bool = False) -> str:
+        """The diagnostics report (redacted unless full)."""
+        return await build_report(self.report_parts(), full=full)
+
+    def report_parts(self) -> ReportParts:
+        """The parts the diagnostics report reads."""
+        return ReportParts(
+            agent=self.agent, short_id=self.short_id, config=self.config, api_port=self.api.port,
+            api_key=self.api_key, started_at=self.started_at, host_names=list(self.host_names),
+            activity=list(self.activity), traces=self.traces, machine=self.async_machine, models=self.models,
+            slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline)
+
+    def model_summaries(self) -> list[dict[str, Any]]:
+        """Every model this node serves: whole ones, then layer slices."""
+        return [m.summary() for m in self.models.whole_models()] + \
+            [s.summary() for s in self.slice_host.slices.values()]
+
+    async def async_load_model(self, model_id: str) -> dict[str, Any]:
+        """Load a model now (waits until loaded)."""
+        served = await self.models.async_load(model_id)
+        self.note_activity(f"model {served.id} loaded on {served.device}")
+        return served.summary()
+
+    async def async_unload_model(self, model_id: str, *, force: bool = False) -> dict[str, Any]:
+        """Free a model's weights (Conflict while in use unless forced)."""
+        served = await self.models.async_unload(model_id, force=force)
+        self.note_activity(f"model {served.id} unloaded")
+        return served.summary()
+
+    def start_download(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
+        """Start (or join) a download into models/."""
+        job = self.downloads.start(url, sha256=sha256, file_name=file_name)
+        self.note_activity(f"downloading {job.file_name}")
+        return job
+
+    def download_jobs(self) -> list[DownloadJob]:
+        """Every download of this run, oldest first."""
+        return self.downloads.all()
+
+    def download_job(self, job_id: str) -> DownloadJob:
+        """One download (NotFound if unknown)."""
+        return self.downloads.get(job_id)
+
+    def cancel_download(self, job_id: str) -> DownloadJob:
+        """Stop a download and remove its partial file."""
+        return self.downloads.cancel(job_id)
+
+    def peer_rows(self) -> list[dict[str, Any]]:
+        """The peer table as JSON rows ([] when the peer network is off)."""
+        return [p.as_dict() for p in self.peers.peers()] if self.peers is not None else []
 
     def note_activity(self, text: str) -> None:
         """A line for the diagnostics report's recent-activity section."""
@@ -277,8 +340,8 @@ class Node:
             "in_flight": {"traces": self.traces.in_flight, "pipelines": self.pipelines_in_flight()},
             "requests_last_minute": len(window),
             "recent_tok_per_sec": round(sum(rates) / len(rates), 1) if rates else None,
-            "models_loaded": sum(1 for m in self.models.models.values() if m.state == "loaded"),
+            "models_loaded": sum(1 for m in self.models.all() if m.state == "loaded"),
             "peers": sum(1 for p in self.peers.peers() if p.state == "connected") if self.peers is not None else 0,
-            "kv_sessions": self.host.session_count(),
+            "kv_sessions": self.slice_host.session_count(),
             "loop_stalls": self.watchdog.stalls,
         }

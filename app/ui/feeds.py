@@ -17,12 +17,13 @@ from app.ui.models_model import ModelsModel
 from app.ui.overview_model import OverviewModel
 from app.ui.peers_model import PeersModel
 from app.ui.requests_model import RequestsModel
+from node.node import Node
 
 
-def slice_rows(node) -> dict[str, dict]:
+def slice_rows(node: Node) -> dict[str, dict]:
     """Models-table rows for the layer slices the node serves (catalog facts + slice state)."""
     rows = {}
-    for hosted in getattr(getattr(node, "host", None), "slices", {}).values():
+    for hosted in node.slice_host.slices.values():
         row = {**hosted.entry.summary(), **hosted.summary()}
         rows[f"{hosted.entry.id}@{hosted.start}-{hosted.end}"] = row
     return rows
@@ -45,7 +46,7 @@ class NodeFeeds(QObject):
             node.models.subscribe(self.models.on_model_event),
             node.models.subscribe(lambda _event, _served: self._on_models_changed()),
         ]
-        for served in node.models.models.values():  # models registered before we subscribed
+        for served in node.models.all():  # models registered before we subscribed
             self.models.on_model_event("added", served)
         host.state_changed.connect(self._on_state)
         host.started.connect(self._on_started)

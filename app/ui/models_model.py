@@ -74,7 +74,7 @@ class ModelsModel(KeyedTableModel):
 
         A model held here only as slices (whole=False) is shown by its slice rows instead.
         """
-        if event == "removed" or not getattr(served, "whole", True):
+        if event == "removed" or not served.whole:
             self.remove(served.id)
         else:
             self.upsert(served.id, served.summary())

@@ -67,7 +67,7 @@ class OverviewModel(KeyedTableModel):
 
     def on_models(self, host: NodeHost) -> None:
         now = host.serving()
-        whole = [m for m in host.node.models.models.values() if getattr(m, "whole", True)]
+        whole = host.node.models.whole_models()
         text = f"{len(now.whole_loaded)} loaded of {len(whole)}"
         if now.whole_loaded or now.slices_loaded or now.swarm:
             text += f": {now.describe()}"

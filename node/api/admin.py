@@ -6,7 +6,6 @@ from aiohttp import web
 
 from node.api.appkeys import NODE
 from node.api.errors import read_json
-from node.diagnostics import build_report
 from node.errors import InvalidRequest
 
 routes = web.RouteTableDef()
@@ -19,37 +18,28 @@ def _truthy(value: str | None) -> bool:
 @routes.get("/api/admin/diagnostics")
 async def diagnostics(request: web.Request) -> web.Response:
     """The plain-text report; addresses redacted unless ?full=1."""
-    node = request.app[NODE]
-    text = await build_report(node, full=_truthy(request.query.get("full")))
+    text = await request.app[NODE].async_report(full=_truthy(request.query.get("full")))
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
 @routes.get("/api/admin/models")
 async def models(request: web.Request) -> web.Response:
     """Every model this node serves, with state, device and cpu_placement_reason."""
-    node = request.app[NODE]
-    rows = [m.summary() for m in node.models.models.values() if m.whole]
-    rows += [s.summary() for s in node.host.slices.values()]
-    return web.json_response({"models": rows})
+    return web.json_response({"models": request.app[NODE].model_summaries()})
 
 
 @routes.post("/api/admin/models/{model_id}/unload")
 async def unload(request: web.Request) -> web.Response:
     """Free a model's weights (409 while in use unless ?force=1)."""
-    node = request.app[NODE]
-    served = await node.models.async_unload(request.match_info["model_id"],
-                                            force=_truthy(request.query.get("force")))
-    node.note_activity(f"model {served.id} unloaded")
-    return web.json_response({"model": served.summary()})
+    summary = await request.app[NODE].async_unload_model(request.match_info["model_id"],
+                                                         force=_truthy(request.query.get("force")))
+    return web.json_response({"model": summary})
 
 
 @routes.post("/api/admin/models/{model_id}/load")
 async def load(request: web.Request) -> web.Response:
     """Load a model now (waits until loaded)."""
-    node = request.app[NODE]
-    served = await node.models.async_load(request.match_info["model_id"])
-    node.note_activity(f"model {served.id} loaded on {served.device}")
-    return web.json_response({"model": served.summary()})
+    return web.json_response({"model": await request.app[NODE].async_load_model(request.match_info["model_id"])})
 
 
 @routes.post("/api/admin/models/download")
@@ -68,37 +58,33 @@ async def download(request: web.Request) -> web.Response:
     unknown = sorted(set(body) - {"url", "sha256", "filename"})
     if unknown:
         raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
-    node = request.app[NODE]
-    job = node.downloads.start(url, sha256=sha256, file_name=filename)
-    node.note_activity(f"downloading {job.file_name}")
+    job = request.app[NODE].start_download(url, sha256=sha256, file_name=filename)
     return web.json_response({"download": job.summary()}, status=202)
 
 
 @routes.get("/api/admin/downloads")
 async def downloads(request: web.Request) -> web.Response:
     """Every download of this run, newest last."""
-    return web.json_response({"downloads": [j.summary() for j in request.app[NODE].downloads.jobs.values()]})
+    return web.json_response({"downloads": [j.summary() for j in request.app[NODE].download_jobs()]})
 
 
 @routes.get("/api/admin/downloads/{job_id}")
 async def download_status(request: web.Request) -> web.Response:
     """One download's progress."""
-    return web.json_response({"download": request.app[NODE].downloads.get(request.match_info["job_id"]).summary()})
+    return web.json_response({"download": request.app[NODE].download_job(request.match_info["job_id"]).summary()})
 
 
 @routes.post("/api/admin/downloads/{job_id}/cancel")
 async def download_cancel(request: web.Request) -> web.Response:
     """Stop a download and remove its partial file."""
-    job = request.app[NODE].downloads.cancel(request.match_info["job_id"])
+    job = request.app[NODE].cancel_download(request.match_info["job_id"])
     return web.json_response({"download": job.summary()})
 
 
 @routes.get("/api/admin/peers")
 async def peers(request: web.Request) -> web.Response:
     """The peer table."""
-    node = request.app[NODE]
-    rows = [p.as_dict() for p in node.peers.peers()] if node.peers is not None else []
-    return web.json_response({"peers": rows})
+    return web.json_response({"peers": request.app[NODE].peer_rows()})
 
 
 @routes.get("/api/admin/stats")

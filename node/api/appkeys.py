@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
-NODE: web.AppKey[Any] = web.AppKey("node")  # the node.node.Node serving this app
+from node.api.view import NodeView
+
+NODE: web.AppKey[NodeView] = web.AppKey("node", NodeView)  # the node serving this app
 MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)

@@ -1,4 +1,4 @@
-"""Parse and validate OpenAI request bodies into typed objects; every problem is a clear 400.
+"""Parse and validate OpenAI request bodies into `CompletionRequest`s; every problem is a clear 400.
 
 Unsupported options are refused, never silently ignored.
 """
@@ -6,10 +6,10 @@ Unsupported options are refused, never silently ignored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from node.errors import InvalidRequest, Unsupported
+from node.inference.request import CompletionRequest
 from node.inference.sampling import SamplingParams
 
 MAX_STOP_SEQUENCES = 4
@@ -43,19 +43,6 @@ _COMMON = {
 }
 _CHAT_KEYS = _COMMON | {"messages"}
 _COMPLETION_KEYS = _COMMON | {"prompt"}
-
-
-@dataclass(frozen=True)
-class CompletionRequest:
-    """A validated chat or text completion request."""
-
-    kind: str  # chat | text
-    model: str
-    stream: bool
-    include_usage: bool
-    params: SamplingParams
-    messages: tuple[dict, ...] = ()
-    prompt: str = ""
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:

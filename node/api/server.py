@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -11,9 +10,8 @@ from node.api import admin, openai
 from node.api.appkeys import MAX_BODY, NODE
 from node.api.auth import make_auth_middleware
 from node.api.errors import error_middleware
-
-if TYPE_CHECKING:
-    from node.node import Node
+from node.api.view import NodeView
+from node.config import NodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +39,13 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def build_app(node: Node) -> web.Application:
+def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Application:
     """The application with its middlewares and routes."""
-    cfg = node.config
+    cfg = config
     app = web.Application(
         middlewares=[
             error_middleware,
-            make_auth_middleware(node.api_key, inference_needs_key=cfg.require_api_key_for_inference,
+            make_auth_middleware(api_key, inference_needs_key=cfg.require_api_key_for_inference,
                                  allowed_hosts={h.lower() for h in cfg.allowed_hosts}),
         ],
         client_max_size=cfg.max_request_body_bytes,
@@ -65,15 +63,16 @@ def build_app(node: Node) -> web.Application:
 class ApiServer:
     """Owns the runner and site; `port` is the bound port (useful with port 0 in tests)."""
 
-    def __init__(self, node: Node):
+    def __init__(self, node: NodeView, config: NodeConfig):
         self.node = node
+        self.config = config
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
 
-    async def start(self) -> None:
+    async def start(self, api_key: str) -> None:
         """Bind and serve on config.host:config.port."""
-        cfg = self.node.config
-        self.runner = web.AppRunner(build_app(self.node), access_log=None, handler_cancellation=True,
+        cfg = self.config
+        self.runner = web.AppRunner(build_app(self.node, cfg, api_key), access_log=None, handler_cancellation=True,
                                     shutdown_timeout=2.0)
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True)

@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node import const
-from node.api.schemas import CompletionRequest
 from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError
-from node.inference.engine import GenerationJob, TokenChannel
+from node.inference.handoff import GenerationJob, TokenChannel
 from node.inference.manager import ModelManager, ServedModel
+from node.inference.request import CompletionRequest
 from node.inference.textstream import TextAssembler
 from node.trace import RequestTrace, SegmentTrace
+
+if TYPE_CHECKING:
+    from node.inference.pipeline.coordinator import PipelineCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +34,16 @@ EARLY_STOP_TOKENS = 2
 
 
 class CompletionRun:
-    """A single request's generation on the local route (llama.cpp, whole model)."""
+    """One request's generation: local (llama.cpp, whole model) or distributed (the pipeline)."""
 
-    def __init__(self, models: ModelManager, creq: CompletionRequest, trace: RequestTrace, node_short_id: str,
-                 on_first_token: Callable[[RequestTrace], None] | None = None, pipeline: Any | None = None):
+    def __init__(self, models: ModelManager, request: CompletionRequest, trace: RequestTrace, node_short_id: str,
+                 on_first_token: Callable[[RequestTrace], None] | None = None,
+                 pipeline: PipelineCoordinator | None = None):
         self.models = models
-        self.pipeline = pipeline  # PipelineCoordinator, for models this node does not hold whole
-        self.prun: Any | None = None
+        self.pipeline = pipeline  # for models this node does not hold whole
+        self.pipeline_run: Any | None = None  # the coordinator's run of this request (distributed route)
         self._on_first_token = on_first_token
-        self.creq = creq
+        self.request = request
         self.trace = trace
         self.node_short_id = node_short_id
         self.served: ServedModel | None = None
@@ -54,7 +58,7 @@ class CompletionRun:
 
     async def prepare(self) -> None:
         """Resolve, tokenize, check context, queue for the model, assemble the route."""
-        served = self.models.get(self.creq.model)
+        served = self.models.get(self.request.model)
         self.served = served
         self.trace.model = served.id
         self.trace.resolved = True
@@ -62,22 +66,22 @@ class CompletionRun:
         if tok is None:
             raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
         loop = asyncio.get_running_loop()
-        if self.creq.kind == "chat":
-            self.prompt_tokens = await loop.run_in_executor(None, tok.chat_tokens, list(self.creq.messages))
+        if self.request.kind == "chat":
+            self.prompt_tokens = await loop.run_in_executor(None, tok.chat_tokens, list(self.request.messages))
         else:
-            self.prompt_tokens = await loop.run_in_executor(None, tok.tokenize, self.creq.prompt)
+            self.prompt_tokens = await loop.run_in_executor(None, tok.tokenize, self.request.prompt)
         n_prompt = len(self.prompt_tokens)
         self.trace.prompt_tokens = n_prompt
         if n_prompt == 0:
             raise InvalidRequest("the prompt is empty: nothing to complete",
-                                 param="messages" if self.creq.kind == "chat" else "prompt")
+                                 param=self.request.prompt_param)
         n_ctx = served.n_ctx
-        max_tokens = self.creq.params.max_tokens
+        max_tokens = self.request.params.max_tokens
         if n_prompt >= n_ctx:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {n_ctx} tokens. However, your prompt is "
                 f"{n_prompt} tokens, which leaves no room for a completion.",
-                param="messages" if self.creq.kind == "chat" else "prompt")
+                param=self.request.prompt_param)
         if max_tokens is not None and n_prompt + max_tokens > n_ctx:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {n_ctx} tokens. However, you requested "
@@ -85,8 +89,8 @@ class CompletionRun:
                 "completion). Please reduce the prompt or max_tokens.", param="max_tokens")
         budget = n_ctx - n_prompt
         if max_tokens is None:
-            max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.creq.kind == "text" else budget
-        self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, self.creq.params, max_tokens)
+            max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.request.kind == "text" else budget
+        self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, self.request.params, max_tokens)
         if not served.whole:
             self._prepare_distributed(served)
             return
@@ -103,6 +107,7 @@ class CompletionRun:
         self.models.mark(served, waiting=-1, busy=True)
         self.trace.mark_dequeued()
         started = self.trace.begin_assembly()
+        # seed-000 marker (router dispatch), kept word for word
         log.debug("DIAG: dispatch_single starting inference request_id=%s model=%s route=local",
                   self.trace.request_id, served.id)
         self.trace.route = "local"
@@ -113,9 +118,10 @@ class CompletionRun:
         if self.pipeline is None:
             raise ModelUnavailable(f"model {served.id} is held only in slices and the peer network is off")
         self.trace.mark_dequeued()  # nothing to queue for: segments serialise work per slice
+        # seed-000 marker (router dispatch), kept word for word
         log.debug("DIAG: dispatch_single starting inference request_id=%s model=%s route=distributed",
                   self.trace.request_id, served.id)
-        self.prun = self.pipeline.begin(self.job, served.entry, self.trace, served.tokenizer.is_eog)
+        self.pipeline_run = self.pipeline.begin(self.job, served.entry, self.trace, served.tokenizer.is_eog)
 
     # --- phase 2: tokens ---
 
@@ -124,8 +130,8 @@ class CompletionRun:
         served, job, trace = self.served, self.job, self.trace
         if served is None or job is None:
             raise RuntimeError("deltas() called before prepare()")
-        if self.prun is not None:
-            source = self.prun.tokens()
+        if self.pipeline_run is not None:
+            source = self.pipeline_run.tokens()
         else:
             source = await self._local_source()
         tok = served.tokenizer
@@ -156,7 +162,7 @@ class CompletionRun:
         if tail:
             self.text += tail
             yield tail
-        if self.prun is not None:
+        if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()
         self._finish_reason(ended_by_eog, assembler, produced)
@@ -170,10 +176,12 @@ class CompletionRun:
             await self.models.async_load(served.id)
         engine, tok = served.engine, served.tokenizer
         if engine is None or tok is None:  # unloaded by force between load and here
+            # seed-000 marker, kept word for word
             log.debug("DIAG: split stream model not found — model evicted during request model=%s", served.id)
             raise ModelUnavailable(f"model {served.id} was unloaded while the request was starting")
         loop = asyncio.get_running_loop()
         channel = TokenChannel(loop)
+        # seed-000 marker, kept word for word; the seed's generate_stream is our engine.generate
         log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
                   trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
         self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog)
@@ -217,8 +225,8 @@ class CompletionRun:
         """Cancel any running generation, wait for the model thread to stop, release the model."""
         if self.job is not None:
             self.job.cancel.set()
-        if self.prun is not None:
-            self.prun.close()
+        if self.pipeline_run is not None:
+            self.pipeline_run.close()
         try:
             if self._gen_future is not None:
                 try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from node.errors import EngineError, ModelLoadError
 from node.inference import llamacpp
-from node.inference.engine import GenerationJob, TokenChannel
+from node.inference.handoff import GenerationJob, TokenChannel
 from node.logs import kv
 
 log = logging.getLogger(__name__)

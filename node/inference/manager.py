@@ -87,7 +87,7 @@ class ModelManager:
     def __init__(self, config: NodeConfig, catalog: ModelCatalog):
         self.config = config
         self.catalog = catalog
-        self.models: dict[str, ServedModel] = {}
+        self._served: dict[str, ServedModel] = {}  # by model id
         self._observers: Observers[[str, ServedModel]] = Observers("model")
 
     # --- observers ---
@@ -103,7 +103,7 @@ class ModelManager:
         served = ServedModel(entry, whole=whole)
         if not whole:
             served.state = "slices"
-        self.models[entry.id] = served
+        self._served[entry.id] = served
         try:
             served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.path)
         except ModelLoadError as exc:
@@ -121,12 +121,20 @@ class ModelManager:
 
     def get(self, model_id: str) -> ServedModel:
         """The served model for an id, name or hash prefix (404 if unknown here)."""
-        return self.models[self.catalog.resolve(model_id).id]
+        return self._served[self.catalog.resolve(model_id).id]
+
+    def all(self) -> list[ServedModel]:
+        """Every registered model: held whole, or registered for its tokenizer beside our slices."""
+        return list(self._served.values())
+
+    def whole_models(self) -> list[ServedModel]:
+        """The models this node runs whole with llama.cpp (not the slice-only registrations)."""
+        return [m for m in self._served.values() if m.whole]
 
     @property
     def ready(self) -> bool:
         """True when a whole model is loaded and none is still loading."""
-        whole = [m for m in self.models.values() if m.whole]
+        whole = self.whole_models()
         return any(m.state == "loaded" for m in whole) and not any(m.state == "loading" for m in whole)
 
     # --- load / unload ---
@@ -151,7 +159,7 @@ class ModelManager:
         served.state, served.error = "loading", None
         self._observers.emit("changed", served)
         committed: dict[int, int] = {}
-        for other in self.models.values():
+        for other in self._served.values():
             if other.placement is not None and other.placement.gpu_index is not None and other.state == "loaded":
                 committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
         placed = await asyncio.get_running_loop().run_in_executor(
@@ -199,8 +207,8 @@ class ModelManager:
 
     async def async_load_all(self) -> None:
         """Load every registered model (failures are recorded, not raised)."""
-        for served in list(self.models.values()):
-            if served.tokenizer is not None and served.whole:
+        for served in self.whole_models():
+            if served.tokenizer is not None:
                 try:
                     await self.async_load(served.id)
                 except NodeError:
@@ -208,7 +216,7 @@ class ModelManager:
 
     async def async_close(self) -> None:
         """Unload everything and free tokenizers (shutdown)."""
-        for served in list(self.models.values()):
+        for served in self.all():
             if served.load_task is not None and not served.load_task.done():
                 served.load_task.cancel()
             engine, served.engine = served.engine, None

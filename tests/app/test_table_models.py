@@ -38,7 +38,9 @@ def _trace(n: int, *, done: bool = True, segments: int = 1) -> RequestTrace:
 
 
 class _Served:
-    """The ServedModel surface the models table reads (id + summary())."""
+    """The ServedModel surface the models table reads (id, whole, summary())."""
+
+    whole = True
 
     def __init__(self, model_id: str, state: str = "loaded", reason: str | None = "no_gpu"):
         self.id = model_id

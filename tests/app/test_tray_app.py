@@ -97,7 +97,7 @@ def test_unload_and_load_change_the_models_table(qtbot, run, data_dir, tiny_mode
     async def body():
         async with running_app(node_config(data_dir, tiny_model)) as app:
             tab = app.window.models_tab
-            model_id = next(iter(app.node.models.models))
+            model_id = app.node.models.all()[0].id
             table = app.feeds.models
             assert table.cell_text(model_id, "State") == "loaded"
             assert table.cell_text(model_id, "Device") == "CPU"
@@ -133,7 +133,7 @@ def test_quit_from_the_tray_menu_frees_the_port(qtbot, run, data_dir, tiny_model
         assert await asyncio.wait_for(task, 60) == 0
         assert port_is_free(port)
         assert app.node.traces.in_flight == 0
-        assert all(m.engine is None for m in app.node.models.models.values())
+        assert all(m.engine is None for m in app.node.models.all())
 
     run(body())
 

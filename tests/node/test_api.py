@@ -30,7 +30,7 @@ def client(node):
 
 @pytest.fixture
 def model_id(node):
-    return next(iter(node.models.models))
+    return node.models.all()[0].id
 
 
 async def raw(node, method, path, *, body=None, data=None, headers=None, key=True):
@@ -240,7 +240,7 @@ async def test_usage_identical_cold_and_warm(node, client, model_id):
     warm = await client.chat.completions.create(**body)
     assert cold.usage.prompt_tokens == warm.usage.prompt_tokens
     assert cold.choices[0].message.content == warm.choices[0].message.content
-    assert node.models.models[model_id].state == "loaded"
+    assert node.models.get(model_id).state == "loaded"
 
 
 async def test_admin_models_load_unload(node, model_id):
@@ -249,7 +249,7 @@ async def test_admin_models_load_unload(node, model_id):
     assert model["device"] == "cpu" and model["cpu_placement_reason"] in ("no_gpu", "configured_cpu_only")
     assert model["architecture"] == "llama" and model["n_layers"] == 2 and model["quantization"] == "F32"
     assert (await raw(node, "POST", f"/api/admin/models/{model_id}/unload"))[0] == 200
-    assert node.models.models[model_id].state == "unloaded"
+    assert node.models.get(model_id).state == "unloaded"
     got, _, text = await raw(node, "POST", f"/api/admin/models/{model_id}/load")
     assert got == 200 and json.loads(text)["model"]["state"] == "loaded"
     assert (await raw(node, "POST", "/api/admin/models/nope/load"))[0] == 404
@@ -272,7 +272,7 @@ async def test_empty_prompt(node, client, model_id, monkeypatch):
     assert got == 200
     assert json.loads(text)["usage"]["prompt_tokens"] == 1
     # a model without BOS has nothing to continue from: a client error, not an engine failure
-    monkeypatch.setattr(node.models.models[model_id].tokenizer, "add_bos", False)
+    monkeypatch.setattr(node.models.get(model_id).tokenizer, "add_bos", False)
     got, _, text = await raw(node, "POST", "/v1/completions", body=body)
     assert got == 400
     assert json.loads(text)["error"]["param"] == "prompt"

@@ -34,7 +34,7 @@ async def node(tmp_path_factory):
 @pytest.fixture
 def script(node, monkeypatch):
     """Make the model emit the given token ids (then stop as the real engine would)."""
-    served = next(iter(node.models.models.values()))
+    served = node.models.all()[0]
 
     def set_tokens(tokens):
         def generate(job, channel, is_eog):
@@ -137,7 +137,7 @@ async def test_unexpected_error_mid_stream_ends_the_stream_with_an_error_event(c
     import aiohttp
 
     script([byte_token(c) for c in "abcdef"] + [EOS])
-    served = next(iter(node.models.models.values()))
+    served = node.models.all()[0]
     real_piece = served.tokenizer.piece
     calls = {"n": 0}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from node import const
 from node.errors import InsufficientCapacity, PeerUnreachable, ProtocolError
-from node.inference.engine import GenerationJob
+from node.inference.handoff import GenerationJob
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.planner import Holder, Plan, plan_route
 from node.inference.pipeline.transport import PipelineTransport

@@ -70,11 +70,11 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             if total - offset > free:
                 raise DownloadFailed(f"not enough disk space: {(total - offset) / 1e6:.0f} MB to download, "
                                      f"{free / 1e6:.0f} MB free in {models_dir}")
-        job.state, job.done_bytes = "downloading", offset
-        progress(job)
         # what a later attempt must present to resume: the same file, the same version
         await loop.run_in_executor(io, write_sidecar, part, job.url, resume_validator(resp.headers))
         fh = await loop.run_in_executor(io, open, part, "r+b" if offset else "wb")
+        job.state, job.done_bytes = "downloading", offset  # once the .part file is there
+        progress(job)
         buf = bytearray()
         try:
             if offset:

@@ -74,6 +74,10 @@ class ModelDownloader:
         job.task.add_done_callback(lambda _task: self._settle(job))
         return job
 
+    def all(self) -> list[DownloadJob]:
+        """Every download of this run, oldest first."""
+        return list(self.jobs.values())
+
     def get(self, job_id: str) -> DownloadJob:
         job = self.jobs.get(job_id)
         if job is None:

@@ -1,8 +1,10 @@
-"""The engine contract every backend implements, and the thread → loop token hand-off.
+"""The hand-off between a backend's thread and the event loop: the job it is given, the channel its
+tokens come back on.
 
-Backends (llama.cpp for whole models, the torch slice pipeline for split models) run their
-blocking compute in a dedicated single-thread executor and hand token ids to the event loop
-through `TokenChannel`; the loop side turns them into text (node.inference.generate).
+Backends (llama.cpp for whole models, the distributed pipeline for split models) run their
+blocking compute in a dedicated single-thread executor, read what to do from a `GenerationJob`
+(and its cancel flag), and hand token ids to the loop through `TokenChannel`; the loop side turns
+them into text (node.inference.generate).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import collections
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from node.inference.sampling import SamplingParams
 
@@ -90,29 +91,3 @@ class TokenChannel:
                 if self.error is not None:
                     raise self.error
                 return
-
-
-class Engine(Protocol):
-    """What the generation layer needs from a backend that holds a whole model's head."""
-
-    model_id: str
-    n_ctx: int
-    chat_template: str | None
-    bos_text: str
-    eos_text: str
-
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        """Token ids of `text` (special tokens in the text are parsed). Fast; may block briefly."""
-
-    def piece(self, token_id: int) -> bytes:
-        """The bytes a token contributes to the text (b"" for control tokens)."""
-
-    def is_eog(self, token_id: int) -> bool:
-        """True for end-of-generation tokens (EOS, end of turn)."""
-
-    @property
-    def add_bos(self) -> bool:
-        """Whether prompts start with BOS for this model."""
-
-    def generate(self, job: GenerationJob, channel: TokenChannel) -> None:
-        """Blocking: sample up to job.max_new_tokens tokens, put each id on the channel, close it."""

@@ -1,0 +1,103 @@
+"""The OpenAI response shapes, written once: ids, usage, the non-streaming body, the SSE chunks.
+
+Both the non-streaming handler (openai.py) and the stream writer (streaming.py) build their bodies
+here; neither imports the other's module.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from node.inference.request import CompletionRequest
+from node.trace import RequestTrace
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def completion_id(trace: RequestTrace, kind: str) -> str:
+    """OpenAI-style id derived from the request id."""
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + trace.request_id.replace("-", "")
+
+
+def usage(trace: RequestTrace) -> dict[str, int]:
+    """Exact token counts: a property of the prompt and the reply, identical cold and warm."""
+    prompt = trace.prompt_tokens or 0
+    return {"prompt_tokens": prompt, "completion_tokens": trace.completion_tokens,
+            "total_tokens": prompt + trace.completion_tokens}
+
+
+def completion_body(completion: CompletionRequest, trace: RequestTrace, text: str) -> dict[str, Any]:
+    """The non-streaming response body."""
+    if completion.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": trace.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": trace.finish_reason}
+        obj = "text_completion"
+    return {
+        "id": completion_id(trace, completion.kind),
+        "object": obj,
+        "created": int(trace.created_at),
+        "model": trace.model,
+        "choices": [choice],
+        "usage": usage(trace),
+        "system_fingerprint": None,
+        "x_swarm": trace.timings(),
+    }
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """One server-sent event carrying a JSON object."""
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class StreamChunks:
+    """The chunk events of one streamed completion (chat.completion.chunk or text_completion).
+
+    Exactly one chunk carries a finish_reason; the token-level timings (`x_swarm`) ride on the last
+    JSON event: the usage chunk when the client asked for usage, else the finish chunk."""
+
+    def __init__(self, completion: CompletionRequest, trace: RequestTrace):
+        self._chat = completion.kind == "chat"
+        self._trace = trace
+        self._include_usage = completion.include_usage
+        self._base: dict[str, Any] = {
+            "id": completion_id(trace, completion.kind),
+            "object": "chat.completion.chunk" if self._chat else "text_completion",
+            "created": int(trace.created_at),
+            "model": trace.model,
+            "system_fingerprint": None,
+        }
+        if completion.include_usage:
+            self._base["usage"] = None
+
+    @property
+    def has_role_chunk(self) -> bool:
+        """Chat streams open with an assistant-role delta."""
+        return self._chat
+
+    def role(self) -> bytes:
+        """The first chat chunk: role assistant, empty content."""
+        return self._chunk({"role": "assistant", "content": ""}, None)
+
+    def delta(self, text: str) -> bytes:
+        """A chunk of generated text."""
+        return self._chunk({"content": text}, None)
+
+    def final(self) -> list[bytes]:
+        """The events after the last text: the finish chunk, usage if asked, [DONE]."""
+        trace = self._trace
+        if self._include_usage:
+            return [self._chunk({}, trace.finish_reason),
+                    sse_event({**self._base, "choices": [], "usage": usage(trace), "x_swarm": trace.timings()}),
+                    DONE_EVENT]
+        return [self._chunk({}, trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None, **extra: Any) -> bytes:
+        if self._chat:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}
+        return sse_event({**self._base, "choices": [choice], **extra})

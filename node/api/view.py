@@ -1,0 +1,70 @@
+"""What the HTTP handlers may use of the node: a narrow, typed view (`Node` implements it).
+
+Handlers call these and nothing else, so the API room depends on the node's behaviour, not on how
+the node is put together (no reaching into its model manager, slice host or downloader).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from node.inference.generate import CompletionRun
+    from node.inference.request import CompletionRequest
+    from node.metrics import NodeMetrics
+    from node.models.download import DownloadJob
+    from node.trace import RequestTrace, TraceHub
+
+
+class NodeView(Protocol):
+    """The node as the API sees it."""
+
+    @property
+    def traces(self) -> TraceHub:
+        """Opens and closes every request's trace; the recent and failure rings."""
+
+    @property
+    def metrics(self) -> NodeMetrics:
+        """The node's Prometheus registry."""
+
+    def is_ready(self) -> bool:
+        """True once this node's own models and slices are loaded and something can serve."""
+
+    def list_openai_models(self) -> list[dict[str, Any]]:
+        """/v1/models entries (models served whole here, models the swarm covers)."""
+
+    def openai_model(self, name: str) -> dict[str, Any]:
+        """One /v1/models entry by id or readable name; ModelNotFound otherwise."""
+
+    def new_run(self, request: CompletionRequest, trace: RequestTrace) -> CompletionRun:
+        """The run that serves one completion."""
+
+    async def async_report(self, *, full: bool) -> str:
+        """The diagnostics report (redacted unless full)."""
+
+    def model_summaries(self) -> list[dict[str, Any]]:
+        """Every model this node serves (whole, and slices), with state and placement."""
+
+    async def async_load_model(self, model_id: str) -> dict[str, Any]:
+        """Load a model now; its summary once loaded."""
+
+    async def async_unload_model(self, model_id: str, *, force: bool) -> dict[str, Any]:
+        """Free a model's weights (Conflict while in use unless forced); its summary."""
+
+    def start_download(self, url: str, *, sha256: str | None, file_name: str | None) -> DownloadJob:
+        """Start (or join) a download into the data dir's models/."""
+
+    def download_jobs(self) -> list[DownloadJob]:
+        """Every download of this run, oldest first."""
+
+    def download_job(self, job_id: str) -> DownloadJob:
+        """One download (NotFound if unknown)."""
+
+    def cancel_download(self, job_id: str) -> DownloadJob:
+        """Stop a download and remove its partial file."""
+
+    def peer_rows(self) -> list[dict[str, Any]]:
+        """The peer table as JSON rows ([] when the peer network is off)."""
+
+    def stats(self) -> dict[str, Any]:
+        """Node counters (node id, uptime, requests, in_flight, tok/s, ...)."""
