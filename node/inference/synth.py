@@ -16,7 +16,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from node.inference.slice import dequant
+from node.inference.weights import dequant
 
 ARCHS = ("llama", "qwen2", "qwen3", "phi3")
 

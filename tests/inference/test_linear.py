@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from node.inference.slice.linear import (
+from node.inference.weights.linear import (
     PAIR_LIMIT,
     RESIDUAL_MAX_ROWS,
     choose_qparams,

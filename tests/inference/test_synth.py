@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf import quants as gq
 
-from node.inference.slice import dequant
+from node.inference.weights import dequant
 from node.inference.synth import SynthSpec, synth_vocab, write_gguf
 
 

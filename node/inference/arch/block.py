@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from node.inference.arch.common import LayerWeights, ModelConfig, apply_rope, rms_norm
-from node.inference.slice.linear import Linear, make_linear
+from node.inference.weights.linear import Linear, make_linear
 
 DOWN_ROTATION = 32  # ffn_down's input rotation block (Hadamard order; 16–64 measured alike)
 QKV_PREFILL_RESIDUAL = True  # int8: qkv keeps its residual pass in long prefills (cheap: 1/10 of the compute)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from node.errors import ModelLoadError
 from node.inference.arch.common import ModelConfig, RopeConfig
-from node.inference.slice.gguf_file import GgufFile
+from node.inference.weights.gguf_file import GgufFile
 
 
 def read_config(f: GgufFile, *, rope_factors_tensor: str | None = "rope_freqs.weight") -> ModelConfig:

@@ -6,7 +6,7 @@ from node.errors import ModelLoadError
 from node.inference.arch.common import LayerWeights, ModelConfig
 from node.inference.arch.config import read_config
 from node.inference.arch.tensors import read_layer
-from node.inference.slice.gguf_file import GgufFile
+from node.inference.weights.gguf_file import GgufFile
 
 ARCH = "qwen2"
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from node.errors import ModelLoadError
 from node.inference.arch.common import LayerWeights, ModelConfig, neox_row_order, permute_heads
-from node.inference.slice.gguf_file import GgufFile
+from node.inference.weights.gguf_file import GgufFile
 
 
 def read_layer(f: GgufFile, cfg: ModelConfig, i: int, *, adjacent_pairs: bool) -> LayerWeights:

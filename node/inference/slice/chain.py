@@ -37,7 +37,7 @@ class SliceChain:
     @classmethod
     def load(cls, path: str | Path, n_slices: int, **load_kwargs) -> SliceChain:
         """Load the model at `path` as `n_slices` slices (keyword args go to SliceModel.load)."""
-        from node.inference.slice.gguf_file import GgufFile
+        from node.inference.weights.gguf_file import GgufFile
 
         f = GgufFile(path)
         n_layers = int(f.arch_field("block_count", 0))

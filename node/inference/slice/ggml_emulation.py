@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from node.inference.slice.linear import Linear
+from node.inference.weights.linear import Linear
 
 _Q8_0_WEIGHTS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)
 _Q8_K_WEIGHTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)

@@ -80,7 +80,7 @@ def _compare(args):
 
     from node.inference.slice.chain import SliceChain
     from node.inference.slice.ggml_emulation import emulate_model
-    from node.inference.slice.gguf_file import GgufFile
+    from node.inference.weights.gguf_file import GgufFile
 
     f = GgufFile(args.model)
     n_ctx_train = int(f.arch_field("context_length", 2048))

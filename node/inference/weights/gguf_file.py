@@ -18,7 +18,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from node.errors import ModelLoadError
-from node.inference.slice import dequant
+from node.inference.weights import dequant
 
 KEEP_ARRAY_MAX = 1024  # metadata arrays longer than this (vocabularies, merges) are skipped
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -194,7 +194,7 @@ class GgufFile:
 
 
 class TensorRows:
-    """A 2-D GGUF tensor as a RowSource (see `slice.linear`)."""
+    """A 2-D GGUF tensor as a RowSource (see `weights.linear`)."""
 
     def __init__(self, f: GgufFile, name: str):
         self.file, self.name = f, name
