@@ -7,8 +7,8 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf import quants as gq
 
-from node.inference.weights import dequant
 from node.inference.synth import SynthSpec, synth_vocab, write_gguf
+from node.inference.weights import dequant
 
 
 def _field(reader: GGUFReader, key: str):

@@ -27,9 +27,9 @@ from node.errors import EngineError, KvPositionMismatch, ModelLoadError
 from node.inference.arch import family
 from node.inference.arch.block import Block, attention_mask, block_forward
 from node.inference.arch.common import ModelConfig, RotaryTables, rms_norm
+from node.inference.slice.session import Session, SessionStore
 from node.inference.weights.gguf_file import GgufFile
 from node.inference.weights.linear import Linear, int8_available, make_linear
-from node.inference.slice.session import Session, SessionStore
 from node.logs import TRACE, kv
 
 log = logging.getLogger(__name__)
