@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node import const
-from node.errors import InsufficientCapacity, PeerUnreachable, ProtocolError
+from node.errors import InsufficientCapacity, PeerUnreachable, ProtocolError, SegmentFailed
 from node.inference.engine import GenerationJob
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.planner import Holder, Plan, plan_route
@@ -34,14 +34,6 @@ from node.trace import RequestTrace, SegmentTrace
 log = logging.getLogger(__name__)
 
 _TELE_US = ("eval_us", "wait_us", "codec_us", "send_us")  # per-segment timings in RESULT telemetry
-
-
-class StepFailed(Exception):
-    """A segment failed a step; `node_id` is the one to route around."""
-
-    def __init__(self, node_id: str, cause: str, message: str):
-        super().__init__(message)
-        self.node_id, self.cause, self.message = node_id, cause, message
 
 
 @dataclass
@@ -203,7 +195,8 @@ class PipelineCoordinator:
         if kind == "removed" or snap.state != "connected":
             for att in list(self.attempts.values()):
                 if snap.node_id in att.nodes() and not att.failed.done():
-                    failure = StepFailed(snap.node_id, "link_drop", f"link to {snap.short_id} dropped ({snap.state})")
+                    failure = SegmentFailed(f"link to {snap.short_id} dropped ({snap.state})", node_id=snap.node_id,
+                                            cause="link_drop")
                     att.failed.set_result(failure)
                     for step in att.steps.values():
                         if not step.result.done():
@@ -321,14 +314,16 @@ class PipelineCoordinator:
             outcome = await step.result
         finally:
             self._disarm(step)
-        if isinstance(outcome, StepFailed):
+        if isinstance(outcome, SegmentFailed):
             raise outcome
         result: Result = outcome
         if result.error is not None:
-            raise StepFailed(result.failed_node or att.route[0].node_id, result.error_code or "error", result.error)
+            raise SegmentFailed(result.error, node_id=result.failed_node or att.route[0].node_id,
+                                cause=result.error_code or "error")
         self._account(att, step, result, trace)
         if result.token is None:
-            raise StepFailed(att.route[-1].node_id, "protocol", "RESULT of a sampling step carries no token")
+            raise SegmentFailed("RESULT of a sampling step carries no token", node_id=att.route[-1].node_id,
+                                cause="protocol")
         return result.token
 
     def _arm(self, att: _Attempt, step: _Step) -> None:
@@ -360,7 +355,8 @@ class PipelineCoordinator:
         else:
             log.warning("DIAG: segment TIMED OUT — no result received %s",
                         kv(request_id=trace.request_id, sid=att.sid, seq=step.seq, node=node[:8]))
-        step.result.set_result(StepFailed(node, f"{what}_deadline", f"no {what.upper()} from {node[:8]} within the deadline"))
+        step.result.set_result(SegmentFailed(f"no {what.upper()} from {node[:8]} within the deadline", node_id=node,
+                                             cause=f"{what}_deadline"))
 
     def _account(self, att: _Attempt, step: _Step, result: Result, trace: RequestTrace) -> None:
         wall_ms = (time.monotonic() - step.sent_at) * 1000
@@ -437,7 +433,7 @@ class PipelineRun:
                 c._end(att, "session_end")
                 self._log_segments()
                 return
-            except StepFailed as failure:
+            except SegmentFailed as failure:
                 c._end(att, "session_end")
                 self._failed_over(att, failure)
             except GeneratorExit:  # the consumer stopped reading (EOG, stop sequence): a normal end
@@ -447,7 +443,7 @@ class PipelineRun:
                 c._end(att, "cancel")
                 raise
 
-    def _failed_over(self, att: _Attempt, failure: StepFailed) -> None:
+    def _failed_over(self, att: _Attempt, failure: SegmentFailed) -> None:
         trace = self.trace
         self.excluded.add(failure.node_id)
         chain = [h.node_id for h in att.plan.segments]
