@@ -105,6 +105,7 @@ class PipelineCoordinator:
             return
         self.deadlines.acked(att, step, ack, sender)
         if log.isEnabledFor(logging.DEBUG):
+            # seed 000 marker (its guide: grep 'DIAG: received response' | grep 'kind="ack"')
             log.debug('DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
 
     def on_result(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
@@ -117,7 +118,7 @@ class PipelineCoordinator:
         att = self.attempts.get(result.sid)
         step = att.steps.get(result.seq) if att else None
         if step is None or step.result.done():
-            log.debug("DIAG: No pending channel for LayerResult — timed out, duplicate, or hedge loser %s",
+            log.debug("DIAG: No pending channel for RESULT — timed out, duplicate, or old attempt %s",
                       kv(sid=result.sid, seq=result.seq))
             return
         step.result.set_result(result)
@@ -162,6 +163,7 @@ class PipelineCoordinator:
         step = Step(seq, len(tokens), time.monotonic(), asyncio.get_running_loop().create_future())
         att.steps[seq] = step
         if log.isEnabledFor(logging.DEBUG):
+            # seed 000 marker, in its index_pos/kv_offset grep (gotcha #400): the words stay
             log.debug("DIAG: starting forward_through_segments %s", kv(
                 request_id=trace.request_id, sid=att.sid, seq_num=seq, index_pos=index_pos, seq_len=len(tokens),
                 kv_offset=att.kv_len))  # measured by the segments on the last step; must equal index_pos

@@ -163,7 +163,7 @@ class StepDeadlines:
         rto = self._rto(node)
         if rto is not None:
             rto.backoff()
-        if what == "ack":
+        if what == "ack":  # both seed 000 markers
             log.warning("DIAG: tensor forward not acknowledged within the ACK deadline %s",
                         kv(request_id=trace.request_id, sid=att.sid, seq=step.seq, hop=hop, node=node[:8]))
         else:

@@ -92,6 +92,7 @@ class LayerHolders:
         trace.route = "relayed" if "relayed" in kinds else "distributed"
         trace.regions = [h.region for h in plan.segments if h.region]
         standbys = ",".join(s.short_id if s else "-" for s in plan.standbys)
+        # seed 000 marker (`DIAG: pipeline assembled` with segments, standbys, schedule_ms)
         log.info("DIAG: pipeline assembled %s", kv(
             request_id=trace.request_id, attempt=attempt_no, segments=plan.describe(), standbys=standbys,
             est_ms_per_token=round(plan.est_ms, 2), schedule_ms=round((time.monotonic() - started) * 1000, 2)))

@@ -125,7 +125,7 @@ class PipelineRun:
             error=failure.message, tokens_so_far=len(self.generated)))
         if trace.first_attempt_cause is None:
             trace.first_attempt_cause = f"{failure.cause}: {failure.message}"
-        if standby is not None:
+        if standby is not None:  # both seed 000 markers
             log.info("DIAG: failing over to standby %s", kv(request_id=trace.request_id, failed=failure.node_id[:8],
                                                             standby=standby.short_id))
         else:
@@ -138,11 +138,11 @@ class PipelineRun:
 
     def _log_segments(self) -> None:
         trace = self.trace
-        for i, seg in enumerate(trace.segments):
+        for i, seg in enumerate(trace.segments):  # seed 000 markers: local / remote segment complete
             log.debug("DIAG: %s segment complete %s", "local" if seg.transport == "local" else "remote", kv(
                 request_id=trace.request_id, seg=i, node=seg.node_short_id, layers=f"{seg.layer_start}-{seg.layer_end - 1}",
                 segment_ms=round(seg.elapsed_ms, 1), activation_bytes=seg.activation_bytes, transport=seg.transport))
-        log.debug("DIAG: forward_through_segments completed %s", kv(
+        log.debug("DIAG: pipeline run complete %s", kv(
             request_id=trace.request_id, tokens=len(self.generated), assemblies=trace.assemblies))
 
     def close(self) -> None:
