@@ -179,14 +179,6 @@ class KvPositionMismatch(EngineError):
         self.kv_len = kv_len
 
 
-class Cancelled(NodeError):
-    """The client went away or the request was cancelled (499, never sent: the client is gone)."""
-
-    http_status = 499
-    error_type = "cancelled"
-    code = "cancelled"
-
-
 # --- peer network ----------------------------------------------------------------------------
 
 
@@ -230,11 +222,14 @@ class PeerUnreachable(PeerError):
 
 
 class SegmentFailed(PeerError):
-    """A pipeline segment failed (ACK deadline, link drop, ERROR frame)."""
+    """A pipeline segment failed a step (error RESULT, link drop, missed ACK or RESULT deadline).
+    `node_id` is the node to route around; `cause` says what happened (`link_drop`, `ack_deadline`,
+    `result_deadline`, `protocol`, or the RESULT's error code). The coordinator fails over on it;
+    it reaches a client only as the InsufficientCapacity that ends the retries."""
 
     code = "segment_failed"
 
-    def __init__(self, message: str, *, node_short_id: str | None = None, cause: str = "error"):
+    def __init__(self, message: str, *, node_id: str, cause: str):
         super().__init__(message)
-        self.node_short_id = node_short_id
+        self.node_id = node_id
         self.cause = cause

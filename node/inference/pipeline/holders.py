@@ -1,0 +1,99 @@
+"""Who holds which layers of a model right now, and the chain planned over them.
+
+The holders of a model (matched by sha256, never by name) are this node's slices (`local`) and the
+slices connected peers advertise in HELLO, each with its link's RTT and transport, and a ms/layer:
+this coordinator's measured EWMA when it has one (perf.py), else the peer's advertised figure. They
+are the planner's input (planner.py). A model is covered, and listed by `/v1/models`, when some
+chain of holders spans all its layers. `assemble` plans one attempt's chain, records it in the
+request's trace and logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from node.errors import InsufficientCapacity
+from node.inference.pipeline.host import SliceHost
+from node.inference.pipeline.perf import PeerPerformance
+from node.inference.pipeline.planner import Holder, Plan, plan_route
+from node.inference.pipeline.transport import PipelineTransport
+from node.logs import kv
+from node.models.catalog import ModelEntry
+from node.trace import RequestTrace, SegmentTrace
+
+log = logging.getLogger(__name__)
+
+
+class LayerHolders:
+    """The planner's view of the swarm: this node's slices and its connected peers' adverts."""
+
+    def __init__(self, node_id: str, host: SliceHost, peers: Any | None, transport: PipelineTransport,
+                 perf: PeerPerformance):
+        self.node_id = node_id
+        self.host = host
+        self.peers = peers  # PeerManager: peers() snapshots; None without a peer network
+        self.transport = transport
+        self.perf = perf
+
+    def holders(self, sha256: str) -> list[Holder]:
+        """Every node that can run a range of this model now: our slices first, then peers'."""
+        out = [Holder(self.node_id, s.start, s.end, "local", 0.0, s.ms_per_layer) for s in self.host.for_model(sha256)]
+        if self.peers is None:
+            return out
+        for snap in self.peers.peers():
+            if snap.state != "connected":
+                continue
+            measured = self.perf.ms_per_layer(snap.node_id)
+            for m in snap.models:
+                if m.get("sha256") != sha256 or "start" not in m:
+                    continue
+                out.append(Holder(snap.node_id, int(m["start"]), int(m["end"]), snap.transport or "direct",
+                                  snap.rtt_ms or 0.0, measured if measured is not None else m.get("ms_per_layer"),
+                                  snap.region))
+        return out
+
+    def swarm_models(self) -> dict[str, dict[str, Any]]:
+        """Models (by sha256) whose layers are fully covered by this node and its peers."""
+        found: dict[str, dict[str, Any]] = {}
+        adverts = [(self.node_id, a) for a in self.host.adverts()]
+        if self.peers is not None:
+            adverts += [(s.node_id, m) for s in self.peers.peers() if s.state == "connected" for m in s.models]
+        for _, m in adverts:
+            sha = m.get("sha256")
+            if sha and "start" in m:
+                found.setdefault(sha, {"name": m.get("name"), "n_layers": int(m.get("n_layers", 0))})
+        return {sha: info for sha, info in found.items()
+                if self.covers(sha, info["n_layers"])}
+
+    def covers(self, sha256: str, n_layers: int) -> bool:
+        """Whether some chain of today's holders spans the model's n_layers."""
+        try:
+            plan_route(n_layers, self.holders(sha256))
+        except InsufficientCapacity:
+            return False
+        return True
+
+    def assemble(self, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
+                 excluded: frozenset[str]) -> tuple[Plan, list[str]]:
+        """The cheapest chain without the excluded nodes and each segment's transport (local |
+        direct | relayed), recorded in the trace (sched_ms, segments, route, regions);
+        InsufficientCapacity when no chain is left."""
+        started = trace.begin_assembly()
+        try:
+            plan = plan_route(entry.n_layers, self.holders(entry.sha256), exclude=excluded)
+        except InsufficientCapacity:
+            trace.end_assembly(started)
+            raise
+        kinds = [self.transport.kind(h.node_id) for h in plan.segments]
+        segments = [SegmentTrace(h.short_id, h.start, h.end, kind) for h, kind in zip(plan.segments, kinds, strict=True)]
+        trace.end_assembly(started, segments)
+        trace.route = "relayed" if "relayed" in kinds else "distributed"
+        trace.regions = [h.region for h in plan.segments if h.region]
+        standbys = ",".join(s.short_id if s else "-" for s in plan.standbys)
+        # seed 000 marker (`DIAG: pipeline assembled` with segments, standbys, schedule_ms)
+        log.info("DIAG: pipeline assembled %s", kv(
+            request_id=trace.request_id, attempt=attempt_no, segments=plan.describe(), standbys=standbys,
+            est_ms_per_token=round(plan.est_ms, 2), schedule_ms=round((time.monotonic() - started) * 1000, 2)))
+        return plan, kinds

@@ -1,0 +1,86 @@
+"""What the coordinator measured of its peers' serving, from the telemetry every RESULT carries.
+
+Each hop appends `HopTelemetry` (wire.py) to the WORK as it travels; the last segment's RESULT
+brings the whole list back. From it the coordinator keeps, per peer, an EWMA of ms per layer
+(decode steps only: a prefill chunk's per-layer time says nothing about a token's), an EWMA of the
+step's wall time and a sample count, and one EWMA of per-hop overhead. The planner prefers these
+measured figures to a peer's advertised ms/layer (holders.py), the deadlines size a step's compute
+allowance from them (deadlines.py), and diagnostics prints them (`-- peer serving performance --`).
+The same telemetry adds up, per request, in the trace's segments (`segN_ms`, `activation_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from node.trace import RequestTrace
+
+TELEMETRY_US = ("eval_us", "wait_us", "codec_us", "send_us")  # per-segment timings in RESULT telemetry
+
+
+@dataclass
+class PeerPerf:
+    """What this coordinator measured of a peer's serving (diagnostics `peer serving performance`)."""
+
+    samples: int = 0
+    ms_per_layer: float | None = None
+    ewma_step_ms: float | None = None
+
+    def observe(self, eval_us: int, layers: int, n_tokens: int, step_ms: float) -> None:
+        """One step this peer took part in: its compute for `layers`, the whole step's wall time."""
+        self.samples += 1
+        if n_tokens == 1 and layers > 0:
+            per_layer = eval_us / 1000.0 / layers
+            self.ms_per_layer = per_layer if self.ms_per_layer is None else 0.8 * self.ms_per_layer + 0.2 * per_layer
+        self.ewma_step_ms = step_ms if self.ewma_step_ms is None else 0.8 * self.ewma_step_ms + 0.2 * step_ms
+
+
+class PeerPerformance:
+    """Per-peer measurements and the per-hop overhead EWMA, fed one completed step at a time."""
+
+    def __init__(self, node_id: str):
+        self.node_id = node_id  # this node: its own hops are not a peer's performance
+        self.peers: dict[str, PeerPerf] = {}
+        self.hop_overhead_ms: float | None = None  # EWMA of (step wall - compute) / hops, decode steps
+
+    def ms_per_layer(self, node_id: str) -> float | None:
+        """This coordinator's measured decode ms/layer of a peer, None before its first decode step."""
+        perf = self.peers.get(node_id)
+        return perf.ms_per_layer if perf is not None else None
+
+    def observe_step(self, telemetry: Sequence[dict[str, Any]], n_tokens: int, wall_ms: float, hops: int) -> None:
+        """A completed step: each hop's telemetry, its token count, its wall time as the coordinator
+        saw it, and how many network hops it crossed (0 when every segment is this node)."""
+        compute_ms = 0.0
+        base_ms: float | None = None  # one thread hand-off and hand-back: a single process pays them too
+        for tele in telemetry:
+            eval_us, wait_us, _codec_us, send_us = (int(tele.get(k, 0)) for k in TELEMETRY_US)
+            compute_ms += eval_us / 1000
+            node = str(tele.get("node", ""))
+            if base_ms is None or node == self.node_id:
+                base_ms = (wait_us + send_us) / 1000
+            if node and node != self.node_id:
+                layers = int(tele.get("end", 0)) - int(tele.get("start", 0))
+                self.peers.setdefault(node, PeerPerf()).observe(eval_us, layers, n_tokens, wall_ms)
+        if n_tokens == 1 and hops:
+            # everything but compute (codec, queueing, thread hand-offs, framing, TLS, the wire)
+            # is hop cost, except the one hand-off/hand-back a single segment also pays
+            overhead = max(0.0, wall_ms - compute_ms - (base_ms or 0.0)) / hops
+            self.hop_overhead_ms = overhead if self.hop_overhead_ms is None else 0.9 * self.hop_overhead_ms + 0.1 * overhead
+
+
+def add_segment_telemetry(trace: RequestTrace, telemetry: Sequence[dict[str, Any]]) -> None:
+    """One step's telemetry into the request's segments: `segN_ms` = Σ eval + wait + codec + send,
+    `activation_bytes` = bytes each segment sent on, and the four timings summed per segment."""
+    by_start = {seg.layer_start: seg for seg in trace.segments}
+    for tele in telemetry:
+        seg = by_start.get(int(tele.get("start", -1)))
+        if seg is None:
+            continue
+        timings = {key: int(tele.get(key, 0)) for key in TELEMETRY_US}
+        seg.elapsed_ms += sum(timings.values()) / 1000
+        seg.activation_bytes += int(tele.get("bytes_out", 0))
+        for key, us in timings.items():
+            seg.telemetry[key] = seg.telemetry.get(key, 0) + us

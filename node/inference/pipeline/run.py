@@ -1,0 +1,162 @@
+"""One request's distributed generation: prefill, decode token by token, fail over, end cleanly.
+
+`PipelineRun` is what `PipelineCoordinator.begin` hands to generate.py. Each attempt prefills the
+prompt plus every token already generated (chunks of PREFILL_CHUNK_TOKENS, sent back to back so
+segments overlap them), then decodes one token per step. A step that fails (SegmentFailed: an error
+RESULT, a dropped link, a missed deadline) ends the attempt's sessions, excludes the failed node and
+re-plans (a standby of the same layers is then the cheapest); the new chain re-prefills and its last
+segment samples the next token, so the client sees no repeat and no gap. After MAX_ASSEMBLIES
+attempts the request fails with InsufficientCapacity.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from node import const
+from node.errors import InsufficientCapacity, SegmentFailed
+from node.inference.handoff import GenerationJob
+from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
+from node.inference.pipeline.perf import PeerPerformance, add_segment_telemetry
+from node.inference.pipeline.wire import Result
+from node.logs import kv
+from node.models.catalog import ModelEntry
+from node.trace import RequestTrace
+
+
+class AttemptChannel(Protocol):
+    """What a run needs of the coordinator (PipelineCoordinator implements it): open an attempt
+    on a chain, send it steps, end it. A Protocol here, so run.py does not import the module that
+    creates runs."""
+
+    def open_attempt(self, job: GenerationJob, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
+                     excluded: frozenset[str]) -> Attempt: ...
+
+    def send_step(self, att: Attempt, job: GenerationJob, tokens: list[int], index_pos: int, *, sample: bool,
+                  history: tuple[int, ...], trace: RequestTrace) -> Step: ...
+
+    def end(self, att: Attempt, how: str) -> None: ...
+
+log = logging.getLogger(__name__)
+
+
+class PipelineRun:
+    """One request's distributed generation: yields tokens, re-plans on failure."""
+
+    def __init__(self, coordinator: AttemptChannel, deadlines: StepDeadlines, perf: PeerPerformance,
+                 job: GenerationJob, entry: ModelEntry, trace: RequestTrace, is_eog: Callable[[int], bool]):
+        self.coordinator = coordinator  # opens, feeds and ends attempts
+        self.deadlines = deadlines  # waits for a step under its ACK/RESULT deadlines
+        self.perf = perf  # takes each completed step's telemetry
+        self.job, self.entry, self.trace, self.is_eog = job, entry, trace, is_eog
+        self.generated: list[int] = []
+        self.excluded: set[str] = set()
+        self.attempt_no = 1
+        self.attempt: Attempt | None = None
+
+    async def tokens(self) -> AsyncIterator[list[int]]:
+        """Sampled tokens, one per list, until EOG, max tokens or cancel."""
+        coordinator, trace = self.coordinator, self.trace
+        while True:
+            att = self.attempt
+            if att is None:
+                att = self.attempt = coordinator.open_attempt(self.job, self.entry, trace, self.attempt_no,
+                                                              frozenset(self.excluded))
+            try:
+                async for token in self._generate(att):
+                    yield [token]
+                coordinator.end(att, "session_end")
+                self._log_segments()
+                return
+            except SegmentFailed as failure:
+                coordinator.end(att, "session_end")
+                self._failed_over(att, failure)
+            except GeneratorExit:  # the consumer stopped reading (EOG, stop sequence): a normal end
+                coordinator.end(att, "session_end")
+                raise
+            except BaseException:  # cancelled (client gone) or failed: every segment stops and frees
+                coordinator.end(att, "cancel")
+                raise
+
+    async def _generate(self, att: Attempt) -> AsyncIterator[int]:
+        """Prefill prompt + generated on this attempt's chain, then decode; yields new tokens."""
+        job, generated, trace = self.job, self.generated, self.trace
+        tokens = list(job.prompt_tokens) + generated
+        chunk = const.PREFILL_CHUNK_TOKENS
+        last_step = None
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start:start + chunk]
+            last_step = self.coordinator.send_step(att, job, part, start, sample=start + chunk >= len(tokens),
+                                                   history=tuple(generated), trace=trace)
+        token = await self._token(att, last_step)
+        while True:
+            generated.append(token)
+            yield token
+            if self.is_eog(token) or len(generated) >= job.max_new_tokens or job.cancel.is_set():
+                return
+            index_pos = len(job.prompt_tokens) + len(generated) - 1
+            step = self.coordinator.send_step(att, job, [token], index_pos, sample=True, history=(), trace=trace)
+            token = await self._token(att, step)
+
+    async def _token(self, att: Attempt, step: Step) -> int:
+        """The step's sampled token; SegmentFailed naming the node to route around."""
+        result = await self.deadlines.wait(att, step, self.trace)
+        if result.error is not None:
+            raise SegmentFailed(result.error, node_id=result.failed_node or att.route[0].node_id,
+                                cause=result.error_code or "error")
+        self._account(att, step, result)
+        if result.token is None:
+            raise SegmentFailed("RESULT of a sampling step carries no token", node_id=att.route[-1].node_id,
+                                cause="protocol")
+        return result.token
+
+    def _account(self, att: Attempt, step: Step, result: Result) -> None:
+        """A completed step's telemetry: segment 0's KV length, the trace's per-segment figures,
+        the peers' performance and the hop overhead."""
+        wall_ms = (time.monotonic() - step.sent_at) * 1000
+        if result.telemetry and "kv_len" in result.telemetry[0]:
+            att.kv_len = int(result.telemetry[0]["kv_len"])
+        add_segment_telemetry(self.trace, result.telemetry)
+        # network hops: between consecutive segments (always two nodes), plus into the first
+        # and back from the last when those are not this node
+        hops = len(att.route) - 1 + (att.kinds[0] != "local") + (att.kinds[-1] != "local") if att.route else 0
+        self.perf.observe_step(result.telemetry, step.n_tokens, wall_ms, hops)
+        att.steps.pop(step.seq, None)
+
+    def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
+        trace = self.trace
+        self.excluded.add(failure.node_id)
+        chain = [h.node_id for h in att.plan.segments]
+        standby = att.plan.standbys[chain.index(failure.node_id)] if failure.node_id in chain else None
+        log.warning("DIAG: pipeline attempt failed %s", kv(
+            request_id=trace.request_id, attempt=self.attempt_no, node=failure.node_id[:8], cause=failure.cause,
+            error=failure.message, tokens_so_far=len(self.generated)))
+        if trace.first_attempt_cause is None:
+            trace.first_attempt_cause = f"{failure.cause}: {failure.message}"
+        if standby is not None:  # both seed 000 markers
+            log.info("DIAG: failing over to standby %s", kv(request_id=trace.request_id, failed=failure.node_id[:8],
+                                                            standby=standby.short_id))
+        else:
+            log.warning("DIAG: NO standby available for failed segment %s",
+                        kv(request_id=trace.request_id, failed=failure.node_id[:8]))
+        if self.attempt_no >= const.MAX_ASSEMBLIES:
+            raise InsufficientCapacity(f"the pipeline failed {self.attempt_no} times; last: {failure.message}")
+        self.attempt_no += 1
+        self.attempt = None
+
+    def _log_segments(self) -> None:
+        trace = self.trace
+        for i, seg in enumerate(trace.segments):  # seed 000 markers: local / remote segment complete
+            log.debug("DIAG: %s segment complete %s", "local" if seg.transport == "local" else "remote", kv(
+                request_id=trace.request_id, seg=i, node=seg.node_short_id, layers=f"{seg.layer_start}-{seg.layer_end - 1}",
+                segment_ms=round(seg.elapsed_ms, 1), activation_bytes=seg.activation_bytes, transport=seg.transport))
+        log.debug("DIAG: pipeline run complete %s", kv(
+            request_id=trace.request_id, tokens=len(self.generated), assemblies=trace.assemblies))
+
+    def close(self) -> None:
+        """Free whatever the current attempt holds (idempotent)."""
+        if self.attempt is not None:
+            self.coordinator.end(self.attempt, "cancel")
