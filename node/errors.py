@@ -229,6 +229,12 @@ class PeerUnreachable(PeerError):
     code = "peer_unreachable"
 
 
+class SelfConnection(PeerError):
+    """We dialled an address that turned out to be this node."""
+
+    code = "self_connection"
+
+
 class SegmentFailed(PeerError):
     """A pipeline segment failed (ACK deadline, link drop, ERROR frame)."""
 

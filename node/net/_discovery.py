@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from node import const
-from node.errors import NodeError, PeerError, PeerIdentityMismatch, PeerUnreachable
+from node.errors import NodeError, PeerError, PeerIdentityMismatch, PeerUnreachable, SelfConnection
 from node.logs import kv
 
 from ._connect import (
@@ -205,11 +205,10 @@ class Discovery:
             target.backoff_s = 0.0
         except NotSwarmPeer:
             pass  # logged once by _note_foreign_dial; never dialled again
+        except SelfConnection:
+            target.is_self = True
+            log.info("DIAG: %s address is this node, not dialling it %s", target.site, kv(addr=target.addr))
         except PeerError as exc:
-            if exc.code == "self_connection":
-                target.is_self = True
-                log.info("DIAG: %s address is this node, not dialling it %s", target.site, kv(addr=target.addr))
-                return
             target.failures += 1
             target.backoff_s = _next_backoff(target.backoff_s)
             target.next_at = time.monotonic() + _jitter(target.backoff_s)
@@ -326,9 +325,8 @@ class Discovery:
         except NotSwarmPeer as exc:
             self._note_foreign_dial(addr, exc, site)
             raise
-        except PeerError as exc:
-            if exc.code == "self_connection":
-                self.self_addrs.add(addr)
+        except SelfConnection:
+            self.self_addrs.add(addr)
             raise
         rec = self.m.records.get(link.node_id)
         if rec is not None:

@@ -17,7 +17,14 @@ from typing import Any
 
 from node import AGENT, const
 from node.config import NodeConfig
-from node.errors import NodeError, PeerError, PeerIdentityMismatch, PeerUnreachable, ProtocolError
+from node.errors import (
+    NodeError,
+    PeerError,
+    PeerIdentityMismatch,
+    PeerUnreachable,
+    ProtocolError,
+    SelfConnection,
+)
 from node.logs import kv
 from node.observe import Observers
 
@@ -40,12 +47,6 @@ log = logging.getLogger(__name__)
 
 _RESERVED = {FrameType.HELLO, FrameType.ERROR, FrameType.PING, FrameType.PONG, FrameType.PEX,
              FrameType.RELAY}
-
-
-class SelfConnection(PeerError):
-    """We dialled an address that turned out to be this node."""
-
-    code = "self_connection"
 
 
 class PeerManager:
