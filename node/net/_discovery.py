@@ -93,7 +93,7 @@ class Discovery:
         for peer in cache.peers:
             if peer.node_id == self.m.node_id:
                 continue
-            rec = self.m._record(peer.node_id, "cache")
+            rec = self.m.table.record(peer.node_id, "cache")
             rec.last_seen = peer.last_seen
             for addr in peer.addrs:
                 rec.add_addr(addr)
@@ -155,18 +155,18 @@ class Discovery:
                         or now < target.next_at or (target.node_id and self.m.link(target.node_id))):
                     continue
                 self._dialing[key] = self.m.spawn(self._async_dial_target(target, key), name="dial-target")
-            for rec in list(self.m.records.values()):
+            for rec in self.m.table:
                 if rec.link is not None or rec.node_id in self._dialing or now < rec.next_dial_at:
                     continue
                 if rec.node_id in self.foreign_ids:
                     continue
                 if rec.gone_since is not None and now - rec.gone_since > const.PEER_FORGET_S:
-                    self.m.forget(rec)
+                    self.m.table.forget(rec)
                     continue
                 if not self._routes(rec):
                     continue
                 self._dialing[rec.node_id] = self.m.spawn(self._async_dial_record_task(rec), name="dial-peer")
-            for rec in list(self.m.records.values()):
+            for rec in self.m.table:
                 link = rec.link
                 key = "upgrade:" + rec.node_id
                 if (link is None or link.transport != "relayed" or not link.is_open or link.retired
@@ -214,7 +214,7 @@ class Discovery:
             target.next_at = time.monotonic() + _jitter(target.backoff_s)
             log.warning("DIAG: %s dial failed %s", target.site, kv(
                 addr=target.addr, peer_id=short_id(target.node_id) if target.node_id else None,
-                error=exc.message, connected_peers=sum(1 for r in self.m.records.values() if r.link),
+                error=exc.message, connected_peers=self.m.table.linked_count(),
                 retry_in_s=round(target.backoff_s, 1)))
         finally:
             self._dialing.pop(key, None)
@@ -271,7 +271,7 @@ class Discovery:
             if rec.link is None and rec.state != "gone":
                 rec.state = "gone"
                 rec.gone_since = time.monotonic()
-                self.m.emit_changed(rec)
+                self.m.table.emit_changed(rec)
             log.debug("DIAG: dial failed %s", kv(peer_id=rec.short_id, error=exc.message,
                                                  retry_in_s=round(rec.backoff_s, 1)))
         finally:
@@ -318,9 +318,9 @@ class Discovery:
                                                     address=addr, source=site)
             except NotSwarmPeer:
                 self.foreign_ids.add(proven)  # it proved an identity but speaks another protocol
-                rec = self.m.records.get(proven)
+                rec = self.m.table.get(proven)
                 if rec is not None and rec.link is None:
-                    self.m.forget(rec)
+                    self.m.table.forget(rec)
                 raise
         except NotSwarmPeer as exc:
             self._note_foreign_dial(addr, exc, site)
@@ -328,7 +328,7 @@ class Discovery:
         except SelfConnection:
             self.self_addrs.add(addr)
             raise
-        rec = self.m.records.get(link.node_id)
+        rec = self.m.table.get(link.node_id)
         if rec is not None:
             rec.add_addr(addr, front=True)
         return link
@@ -345,7 +345,7 @@ class Discovery:
 
     def on_link_up(self, link: PeerLink) -> None:
         """A link won registration: remember its address, share peers, register at relays."""
-        rec = self.m.records[link.node_id]
+        rec = self.m.table.record(link.node_id)
         if link.transport == "direct" and link.hello.listen_port:
             rec.add_addr(self.addr_of(link), front=True)
         elif link.via_relay:
@@ -364,7 +364,7 @@ class Discovery:
         """The live link to a peer closed: forget its relay role, redial soon."""
         if self._registered.pop(link.node_id, None) is not None:
             log.info("DIAG: relay registration lost %s", kv(peer_id=link.short_id, cause=link.close_cause))
-        rec = self.m.records.get(link.node_id)
+        rec = self.m.table.get(link.node_id)
         if rec is not None and not self.m.stopping:
             rec.backoff_s = 0.0
             rec.next_dial_at = time.monotonic() + _jitter(const.RECONNECT_BACKOFF_MIN_S)
@@ -376,7 +376,7 @@ class Discovery:
     def _pex_entries(self, to: PeerLink) -> list[PexEntry]:
         keep_loopback = is_loopback(parse_addr(to.address)[0]) if to.transport == "direct" else False
         entries = []
-        for rec in self.m.records.values():
+        for rec in self.m.table:
             link = rec.link
             if link is None or rec.node_id == to.node_id:
                 continue
@@ -405,7 +405,7 @@ class Discovery:
                 log.debug("Not dialling a peer that does not speak SwarmLLM %s",
                           kv(peer_id=short_id(entry.node_id), site="pex"))
                 continue
-            rec = self.m._record(entry.node_id, "pex")
+            rec = self.m.table.record(entry.node_id, "pex")
             new = False
             for addr in entry.addrs:
                 if addr not in own and addr not in self.self_addrs:
@@ -442,7 +442,7 @@ class Discovery:
                     continue
                 if not isinstance(node_id, str) or len(node_id) != 64:
                     continue
-                rec = self.m._record(node_id, "relay")
+                rec = self.m.table.record(node_id, "relay")
                 if rec.add_relay(relay_addr) and rec.link is None:
                     rec.next_dial_at = min(rec.next_dial_at, time.monotonic())
                     self.wake()
@@ -503,7 +503,7 @@ class Discovery:
             log.debug("Not dialling a peer that does not speak SwarmLLM %s",
                       kv(peer_id=short_id(node_id), site="mdns"))
             return
-        rec = self.m._record(node_id, "mdns")
+        rec = self.m.table.record(node_id, "mdns")
         new = any([rec.add_addr(a) for a in addrs])
         if new and rec.link is None:
             rec.next_dial_at = min(rec.next_dial_at, time.monotonic())
@@ -523,7 +523,7 @@ class Discovery:
         """Write peers.json now (in an executor)."""
         self._save_handle = None
         now = time.time()
-        recs = sorted(self.m.records.values(), key=lambda r: -(now if r.link else (r.last_seen or 0)))
+        recs = sorted(self.m.table, key=lambda r: -(now if r.link else (r.last_seen or 0)))
         peers = [CachedPeer(r.node_id, [a for a in r.addrs if a not in self.self_addrs][:8], r.relays[:4],
                             now if r.link else r.last_seen)
                  for r in recs if (r.addrs or r.relays) and r.node_id not in self.foreign_ids]

@@ -40,7 +40,7 @@ from ._preamble import KIND_ACCEPT, KIND_CONNECT, KIND_TLS, read_preamble, send_
 from ._relay import RelayService
 from ._rto import RtoEstimator
 from ._stream import Stream
-from ._table import PeerObserver, PeerRecord, PeerSnapshot
+from ._table import PeerObserver, PeerSnapshot, PeerTable
 from ._tls import TlsConfig
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,8 @@ class PeerManager:
         self.listen_port = 0
         self.listen_addrs: list[str] = []
         self.relay: RelayService | None = RelayService() if config.relay else None
-        self.records: dict[str, PeerRecord] = {}
         self.links: set[PeerLink] = set()
-        self.observers: Observers[[str, PeerSnapshot]] = Observers("peer")
+        self.table = PeerTable(self.connection_count)
         self.discovery = Discovery(self)
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
@@ -163,28 +162,29 @@ class PeerManager:
     def subscribe(self, callback: PeerObserver) -> Callable[[], None]:
         """Observe peers: callback(kind, snapshot), kind in added/changed/removed. Returns an
         unsubscribe function. Called on the loop; must not block."""
-        return self.observers.subscribe(callback)
+        return self.table.observers.subscribe(callback)
+
+    @property
+    def observers(self) -> Observers[[str, PeerSnapshot]]:
+        """The peer observers (`subscribe` adds one)."""
+        return self.table.observers
 
     def link(self, node_id: str) -> PeerLink | None:
         """The live link to a peer (never a retired duplicate), or None."""
-        rec = self.records.get(node_id)
-        link = rec.link if rec else None
-        return link if link is not None and link.is_open and not link.retired else None
+        return self.table.link(node_id)
 
     def peers(self) -> list[PeerSnapshot]:
         """Snapshot of the peer table, connected first."""
-        order = {"connected": 0, "connecting": 1, "gone": 2}
-        snaps = [self._snapshot(rec) for rec in self.records.values()]
-        return sorted(snaps, key=lambda s: (order.get(s.state, 3), s.short_id))
+        return self.table.snapshots()
 
     def peer(self, node_id: str) -> PeerSnapshot | None:
         """Snapshot of one peer."""
-        rec = self.records.get(node_id)
-        return self._snapshot(rec) if rec else None
+        rec = self.table.get(node_id)
+        return self.table.snapshot(rec) if rec else None
 
     def rto(self, node_id: str) -> RtoEstimator | None:
         """The peer's RFC 6298 estimator (shared by pings and pipeline ACKs), None if unknown."""
-        rec = self.records.get(node_id)
+        rec = self.table.get(node_id)
         return rec.rto if rec else None
 
     def connection_count(self, node_id: str | None = None) -> int:
@@ -326,7 +326,7 @@ class PeerManager:
         link = PeerLink(
             stream, node_id=node_id, hello=hello, link_nonce=nonce or hello.link_nonce or "",
             transport=transport, is_dialer=is_dialer, address=address,
-            rto=self._record(node_id, source or ("inbound" if not is_dialer else "dial")).rto,
+            rto=self.table.record(node_id, source or ("inbound" if not is_dialer else "dial")).rto,
             dispatch=self._dispatch, via_relay=via_relay,
         )
         link.on_rtt = self._on_rtt
@@ -335,29 +335,6 @@ class PeerManager:
         if link.is_open and (fresh.models != sent.models or fresh.hardware != sent.hardware):
             link.send_nowait(fresh.to_frame())  # what we serve changed during the handshake
         return link
-
-    def _record(self, node_id: str, source: str | None = None) -> PeerRecord:
-        rec = self.records.get(node_id)
-        if rec is None:
-            rec = self.records[node_id] = PeerRecord(node_id)
-            if source:
-                rec.sources.add(source)
-            self.observers.emit("added", self._snapshot(rec))
-        elif source:
-            rec.sources.add(source)
-        return rec
-
-    def _snapshot(self, rec: PeerRecord) -> PeerSnapshot:
-        return rec.snapshot(self.connection_count(rec.node_id))
-
-    def emit_changed(self, rec: PeerRecord) -> None:
-        """Tell observers a record changed."""
-        self.observers.emit("changed", self._snapshot(rec))
-
-    def forget(self, rec: PeerRecord) -> None:
-        """Remove a record (long gone, nothing to dial)."""
-        if self.records.pop(rec.node_id, None) is not None:
-            self.observers.emit("removed", self._snapshot(rec))
 
     def _preferred(self, a: PeerLink, b: PeerLink) -> PeerLink:
         """Which of two links to one peer survives; both ends must reach the same answer."""
@@ -373,7 +350,7 @@ class PeerManager:
 
     def _register(self, link: PeerLink) -> None:
         self.discovery.foreign_ids.discard(link.node_id)  # it speaks our protocol now
-        rec = self._record(link.node_id)
+        rec = self.table.record(link.node_id)
         self.links.add(link)
         link.closed.add_done_callback(lambda _f, link=link: self._on_link_closed(link))
         current = rec.link if rec.link is not None and rec.link.is_open else None
@@ -384,7 +361,7 @@ class PeerManager:
             is_loopback=is_loopback(parse_addr(link.address)[0]) if ":" in link.address else None,
             is_dialer=link.is_dialer, transport=link.transport,
             total_established=self.connection_count(),
-            total_peers=sum(1 for r in self.records.values() if r.link is not None) + (current is None)))
+            total_peers=self.table.linked_count() + (current is None)))
         link.start()
         if current is not None:
             loser = current if winner is link else link
@@ -402,24 +379,24 @@ class PeerManager:
             rec.backoff_s = 0.0
             rec.dial_failures = 0
             rec.last_address = link.address
-            self.emit_changed(rec)
+            self.table.emit_changed(rec)
             self.discovery.on_link_up(link)
 
     def _on_rtt(self, link: PeerLink) -> None:
-        rec = self.records.get(link.node_id)
+        rec = self.table.get(link.node_id)
         if rec is not None and rec.link is link:
-            self.emit_changed(rec)
+            self.table.emit_changed(rec)
 
     def _on_link_closed(self, link: PeerLink) -> None:
         self.links.discard(link)
         if self.relay is not None:
             self.relay.link_closed(link)
-        rec = self.records.get(link.node_id)
+        rec = self.table.get(link.node_id)
         was_active = rec is not None and rec.link is link
         log.info("DIAG: connection closed %s", kv(
             peer_id=link.short_id, connection_id=link.connection_id, cause=link.close_cause,
             remaining=self.connection_count(link.node_id), transport=link.transport,
-            total_peers=sum(1 for r in self.records.values() if r.link is not None and r.link is not link)))
+            total_peers=self.table.linked_count() - int(was_active)))
         if rec is None or not was_active:
             return
         rec.link = None
@@ -430,7 +407,7 @@ class PeerManager:
             rec.gone_since = time.monotonic()
             log.info("DIAG: peer gone %s", kv(peer_id=link.short_id, cause=link.close_cause,
                                               deadline_s=round(link.liveness_deadline_s(), 2)))
-            self.emit_changed(rec)
+            self.table.emit_changed(rec)
         self.discovery.on_link_down(link)
 
     # --- dispatch -----------------------------------------------------------------------------
@@ -445,10 +422,10 @@ class PeerManager:
             if hello.node_id != link.node_id:
                 raise ProtocolError("HELLO update claims another node id")
             link.hello = hello
-            rec = self.records.get(link.node_id)
+            rec = self.table.get(link.node_id)
             if rec is not None and rec.link is link:
                 rec.hello = hello
-                self.emit_changed(rec)
+                self.table.emit_changed(rec)
         elif ftype == FrameType.PEX:
             self.discovery.handle_pex(link, frame)
         elif ftype == FrameType.RELAY:
