@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_MAX_LOGGED_HOSTS = 1024
-
 
 @dataclass
 class AddrTarget:
@@ -74,7 +72,6 @@ class Discovery:
         self.foreign_addrs: dict[str, str] = {}
         self.foreign_ids: set[str] = set()
         self.self_addrs: set[str] = set()
-        self._logged_hosts: set[str] = set()
         self._dialing: dict[str, asyncio.Task[None]] = {}
         self._registered: dict[str, str] = {}  # relay node id -> relay address as we reach it
         self._wake = asyncio.Event()
@@ -117,8 +114,8 @@ class Discovery:
                     self._mdns = mdns
                 except (OSError, NodeError) as exc:  # a node without multicast still works
                     log.warning("DIAG: mdns failed to start %s", kv(error=exc))
-        self.m.spawn(self._async_maintain(), name="peer-maintain")
-        self.m.spawn(self._async_pex_loop(), name="peer-pex")
+        self.m.tasks.spawn(self._async_maintain(), name="peer-maintain")
+        self.m.tasks.spawn(self._async_pex_loop(), name="peer-pex")
 
     async def async_stop(self) -> None:
         """Stop mDNS (the manager cancels the loops)."""
@@ -147,14 +144,14 @@ class Discovery:
     # --- the maintenance loop -----------------------------------------------------------------
 
     async def _async_maintain(self) -> None:
-        while not self.m.stopping:
+        while not self.m.tasks.stopping:
             now = time.monotonic()
             for target in list(self.targets.values()):
                 key = "addr:" + target.addr
                 if (target.is_self or target.addr in self.foreign_addrs or key in self._dialing
                         or now < target.next_at or (target.node_id and self.m.link(target.node_id))):
                     continue
-                self._dialing[key] = self.m.spawn(self._async_dial_target(target, key), name="dial-target")
+                self._dialing[key] = self.m.tasks.spawn(self._async_dial_target(target, key), name="dial-target")
             for rec in self.m.table:
                 if rec.link is not None or rec.node_id in self._dialing or now < rec.next_dial_at:
                     continue
@@ -165,7 +162,7 @@ class Discovery:
                     continue
                 if not self._routes(rec):
                     continue
-                self._dialing[rec.node_id] = self.m.spawn(self._async_dial_record_task(rec), name="dial-peer")
+                self._dialing[rec.node_id] = self.m.tasks.spawn(self._async_dial_record_task(rec), name="dial-peer")
             for rec in self.m.table:
                 link = rec.link
                 key = "upgrade:" + rec.node_id
@@ -174,7 +171,7 @@ class Discovery:
                     continue
                 candidates = self._upgrade_candidates(rec, link)
                 if candidates:
-                    self._dialing[key] = self.m.spawn(self._async_upgrade(rec, link, candidates, key),
+                    self._dialing[key] = self.m.tasks.spawn(self._async_upgrade(rec, link, candidates, key),
                                                       name="upgrade-link")
             self.rounds += 1
             self._wake.clear()
@@ -238,7 +235,7 @@ class Discovery:
         errors: list[str] = []
         try:
             for addr in candidates:
-                if rec.link is not link or not link.is_open or self.m.stopping:
+                if rec.link is not link or not link.is_open or self.m.tasks.stopping:
                     return  # replaced or gone meanwhile
                 try:
                     stream, _ = await async_dial_direct(self.m.tls, addr, rec.node_id)
@@ -357,7 +354,7 @@ class Discovery:
         except PeerError:
             pass
         if link.hello.features & FEATURE_RELAY and link.transport == "direct":
-            self.m.spawn(self._async_use_relay(link), name=f"relay-client-{link.short_id}")
+            self.m.tasks.spawn(self._async_use_relay(link), name=f"relay-client-{link.short_id}")
         self.schedule_cache_save()
 
     def on_link_down(self, link: PeerLink) -> None:
@@ -365,7 +362,7 @@ class Discovery:
         if self._registered.pop(link.node_id, None) is not None:
             log.info("DIAG: relay registration lost %s", kv(peer_id=link.short_id, cause=link.close_cause))
         rec = self.m.table.get(link.node_id)
-        if rec is not None and not self.m.stopping:
+        if rec is not None and not self.m.tasks.stopping:
             rec.backoff_s = 0.0
             rec.next_dial_at = time.monotonic() + _jitter(const.RECONNECT_BACKOFF_MIN_S)
             self.wake()
@@ -385,7 +382,7 @@ class Discovery:
         return entries[: const.PEX_MAX_PEERS]
 
     async def _async_pex_loop(self) -> None:
-        while not self.m.stopping:
+        while not self.m.tasks.stopping:
             await asyncio.sleep(const.PEX_INTERVAL_S)
             for link in list(self.m.links):
                 if link.is_open and not link.retired:
@@ -429,7 +426,7 @@ class Discovery:
             return
         self._registered[link.node_id] = relay_addr
         log.debug("DIAG: relay reservation %s", kv(peer=link.short_id, addr=relay_addr))
-        while link.is_open and not self.m.stopping:
+        while link.is_open and not self.m.tasks.stopping:
             try:
                 reply = await link.async_request(Frame(FrameType.RELAY, {"op": "list"}),
                                                  timeout_s=const.HANDSHAKE_TIMEOUT_S)
@@ -455,7 +452,7 @@ class Discovery:
         if relay_addr is None or not isinstance(circuit, str) or len(circuit) > 64:
             log.debug("DIAG: relay circuit ignored %s", kv(peer=link.short_id, reason="not registered there"))
             return
-        self.m.spawn(self._async_accept_circuit(relay_addr, circuit), name="relay-circuit")
+        self.m.tasks.spawn(self._async_accept_circuit(relay_addr, circuit), name="relay-circuit")
 
     async def _async_accept_circuit(self, relay_addr: str, circuit: str) -> None:
         try:
@@ -463,7 +460,7 @@ class Discovery:
         except PeerError as exc:
             log.info("DIAG: relay circuit failed %s", kv(relay=relay_addr, error=exc.message))
             return
-        await self.m.async_handle_inbound(stream, transport="relayed", via_relay=relay_addr)
+        await self.m.inbound.async_serve(stream, transport="relayed", via_relay=relay_addr)
 
     # --- foreign peers and failures -----------------------------------------------------------
 
@@ -475,28 +472,6 @@ class Discovery:
                  kv(addr=addr, protocol_version=exc.protocol_version, agent=exc.agent, site=site,
                     reason=exc.message))
         self.schedule_cache_save()
-
-    def _first_time(self, key: str) -> bool:
-        if key in self._logged_hosts:
-            return False
-        if len(self._logged_hosts) < _MAX_LOGGED_HOSTS:
-            self._logged_hosts.add(key)
-        return True
-
-    def note_foreign_inbound(self, addr: str, exc: NotSwarmPeer) -> None:
-        """Something that is not a SwarmLLM node connected to us: INFO once per host."""
-        host = parse_addr(addr)[0] if addr != "?" else addr
-        level = logging.INFO if self._first_time("foreign:" + host) else logging.DEBUG
-        log.log(level, "Ignoring a peer that does not speak SwarmLLM %s",
-                kv(addr=addr, protocol_version=exc.protocol_version, agent=exc.agent, direction="inbound",
-                   reason=exc.message))
-
-    def note_inbound_failure(self, addr: str, exc: BaseException) -> None:
-        """An inbound connection failed during set-up: INFO once per host and reason, then DEBUG."""
-        reason = exc.message if isinstance(exc, NodeError) else f"{type(exc).__name__}: {exc}"
-        host = parse_addr(addr)[0] if addr != "?" else addr
-        level = logging.INFO if self._first_time(f"fail:{host}:{type(exc).__name__}") else logging.DEBUG
-        log.log(level, "DIAG: inbound connection closed during set-up %s", kv(remote_addr=addr, error=reason))
 
     def _on_mdns_found(self, node_id: str, addrs: list[str]) -> None:
         if node_id in self.foreign_ids:
@@ -513,11 +488,11 @@ class Discovery:
 
     def schedule_cache_save(self) -> None:
         """Save peers.json soon (debounced)."""
-        if self._save_handle is None and not self.m.stopping:
+        if self._save_handle is None and not self.m.tasks.stopping:
             loop = asyncio.get_running_loop()
             self._save_handle = loop.call_later(
                 const.PEER_CACHE_SAVE_DELAY_S,
-                lambda: self.m.spawn(self.async_save_cache(), name="peer-cache-save"))
+                lambda: self.m.tasks.spawn(self.async_save_cache(), name="peer-cache-save"))
 
     async def async_save_cache(self) -> None:
         """Write peers.json now (in an executor)."""

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from node import AGENT, const
@@ -28,19 +27,20 @@ from node.errors import (
 from node.logs import kv
 from node.observe import Observers
 
-from ._connect import async_accept_tls, format_addr, is_loopback, parse_addr, peer_address
+from ._connect import format_addr, is_loopback, parse_addr
 from ._discovery import Discovery
 from ._frames import Frame, FrameType, encode_frame, type_name
 from ._handlers import Handler, Handlers, InlineHandler
 from ._identity import Identity, short_id
+from ._inbound import InboundRouter
 from ._link import PeerLink, Transport, async_read_frame
 from ._mdns import local_ipv4_addresses
-from ._messages import FEATURE_PEX, FEATURE_PIPELINE, FEATURE_RELAY, Hello, NotSwarmPeer
-from ._preamble import KIND_ACCEPT, KIND_CONNECT, KIND_TLS, read_preamble, send_reply
+from ._messages import FEATURE_PEX, FEATURE_PIPELINE, FEATURE_RELAY, Hello
 from ._relay import RelayService
 from ._rto import RtoEstimator
 from ._stream import Stream
 from ._table import PeerObserver, PeerSnapshot, PeerTable
+from ._tasks import Tasks
 from ._tls import TlsConfig
 
 log = logging.getLogger(__name__)
@@ -76,12 +76,11 @@ class PeerManager:
         self.discovery = Discovery(self)
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
-        self.handlers = Handlers(self.spawn)
+        self.tasks = Tasks()
+        self.handlers = Handlers(self.tasks.spawn)
+        self.inbound = InboundRouter(self.tls, self.relay, self.tasks, self.async_establish)
         self._server: asyncio.Server | None = None
-        self._handshakes = asyncio.Semaphore(const.MAX_PENDING_HANDSHAKES)
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
-        self.stopping = False
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -91,7 +90,7 @@ class PeerManager:
         await loop.run_in_executor(None, self.tls.prepare)
         try:
             self._server = await loop.create_server(
-                lambda: Stream(on_connect=self._on_inbound), self.config.peer_host or None,
+                lambda: Stream(on_connect=self.inbound.on_connect), self.config.peer_host or None,
                 self.config.effective_peer_port, reuse_address=True,
             )
         except OSError as exc:
@@ -116,33 +115,16 @@ class PeerManager:
         """Stop discovery, close every link and the listener, save the peer cache."""
         if not self._started:
             return
-        self.stopping = True
+        self.tasks.stopping = True
         await self.discovery.async_stop()
         if self._server is not None:
             self._server.close()
         for link in list(self.links):
             link.close("shutdown")
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.async_cancel_all()
         await self.discovery.async_save_cache()
         self._started = False
         log.info("DIAG: peer network stopped %s", kv(node_id=self.short_id))
-
-    def spawn(self, coro: Awaitable[Any], name: str | None = None) -> asyncio.Task[Any]:
-        """Run a background task owned by the manager (cancelled at stop)."""
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        if name:
-            task.set_name(name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            log.error("peer network task %s failed", task.get_name(), exc_info=exc)
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -250,55 +232,6 @@ class PeerManager:
             log.exception("HELLO provider %r failed; advertising nothing for it", provider)
             return default
 
-    # --- inbound ------------------------------------------------------------------------------
-
-    def _on_inbound(self, stream: Stream) -> None:
-        if self.stopping:
-            stream.abort()
-            return
-        self.spawn(self.async_handle_inbound(stream), name="peer-inbound")
-
-    async def async_handle_inbound(self, stream: Stream, *, transport: Transport = "direct",
-                                   via_relay: str | None = None) -> PeerLink | None:
-        """Serve one inbound connection: a TLS peer, or (on a relay) a circuit request."""
-        addr = peer_address(stream)
-        if self._handshakes.locked():
-            log.debug("DIAG: inbound connection refused %s", kv(remote_addr=addr, reason="too_many_handshakes"))
-            stream.abort()
-            return None
-        try:
-            async with self._handshakes:
-                async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
-                    kind, body = await read_preamble(stream)
-                    if kind == KIND_TLS:
-                        node_id = await async_accept_tls(stream, self.tls, body)
-                    elif kind == KIND_ACCEPT and self.relay is not None and transport == "direct":
-                        if not self.relay.handle_accept(stream, body):
-                            log.info("DIAG: relay accept for an unknown circuit %s", kv(remote_addr=addr))
-                        return None  # the stream now belongs to the circuit
-                    elif kind != KIND_CONNECT or self.relay is None or transport != "direct":
-                        send_reply(stream, False, "unsupported")
-                        stream.close()
-                        return None
-                if kind == KIND_TLS:
-                    return await self.async_establish(
-                        stream, node_id, is_dialer=False, transport=transport,
-                        address=via_relay or addr, via_relay=via_relay)
-            assert self.relay is not None
-            await self.relay.async_handle_connect(stream, body)
-        except NotSwarmPeer as exc:
-            self.discovery.note_foreign_inbound(addr, exc)
-            stream.abort()
-        except SelfConnection:
-            stream.abort()
-        except (NodeError, TimeoutError, asyncio.IncompleteReadError, OSError, ssl.SSLError) as exc:
-            self.discovery.note_inbound_failure(addr, exc)
-            stream.abort()
-        except Exception:  # a bug must cost one connection, never leave it hanging
-            log.exception("inbound connection from %s failed unexpectedly", addr)
-            stream.abort()
-        return None
-
     # --- link set-up --------------------------------------------------------------------------
 
     async def async_establish(self, stream: Stream, node_id: str, *, is_dialer: bool,
@@ -402,7 +335,7 @@ class PeerManager:
         rec.link = None
         rec.last_seen = time.time() - (time.monotonic() - link.last_seen)
         rec.last_error = link.close_cause
-        if not self.stopping:
+        if not self.tasks.stopping:
             rec.state = "gone"
             rec.gone_since = time.monotonic()
             log.info("DIAG: peer gone %s", kv(peer_id=link.short_id, cause=link.close_cause,
