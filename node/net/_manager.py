@@ -1,8 +1,9 @@
-"""PeerManager: the listener, link set-up and HELLO, one link per peer, dispatch, the peer table.
+"""PeerManager: the listener, link set-up and HELLO, one link per peer, dispatch, the public API.
 
-Discovery and dialling (bootstrap, mDNS, PEX, peer cache, relays) live in `_discovery.py`; this
-module owns links and records. Exactly one link per peer pair survives even when both ends dial
-at once: both ends rank duplicates the same way (`_preferred`) and retire the loser.
+This module owns the links; the records are the `PeerTable`'s (`_table.py`), inbound connections
+are routed by `_inbound.py`, and finding and dialling peers is `_discovery.py`'s and its parts'.
+Exactly one link per peer pair survives even when both ends dial at once: both ends rank
+duplicates the same way (`_preferred`) and retire the loser.
 """
 
 from __future__ import annotations
@@ -73,12 +74,13 @@ class PeerManager:
         self.relay: RelayService | None = RelayService() if config.relay else None
         self.links: set[PeerLink] = set()
         self.table = PeerTable(self.connection_count)
-        self.discovery = Discovery(self)
+        self.tasks = Tasks()
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
-        self.tasks = Tasks()
         self.handlers = Handlers(self.tasks.spawn)
         self.inbound = InboundRouter(self.tls, self.relay, self.tasks, self.async_establish)
+        self.discovery = Discovery(config, self.node_id, self.tls, self.table, self.tasks,
+                                   self.async_establish, self.inbound.async_serve)
         self._server: asyncio.Server | None = None
         self._started = False
 
@@ -109,7 +111,7 @@ class PeerManager:
         log.info("DIAG: peer listener started %s",
                  kv(node_id=self.short_id, peer_port=self.listen_port, relay=self.config.relay,
                     mdns=self.config.mdns, no_direct=self.config.no_direct))
-        await self.discovery.async_start()
+        await self.discovery.async_start(self.listen_addrs, self.listen_port)
 
     async def async_stop(self) -> None:
         """Stop discovery, close every link and the listener, save the peer cache."""
@@ -282,7 +284,7 @@ class PeerManager:
         return a if a.link_nonce <= b.link_nonce else b
 
     def _register(self, link: PeerLink) -> None:
-        self.discovery.foreign_ids.discard(link.node_id)  # it speaks our protocol now
+        self.discovery.foreign.speaks_swarm(link.node_id)
         rec = self.table.record(link.node_id)
         self.links.add(link)
         link.closed.add_done_callback(lambda _f, link=link: self._on_link_closed(link))
