@@ -221,6 +221,12 @@ class PeerUnreachable(PeerError):
     code = "peer_unreachable"
 
 
+class SelfConnection(PeerError):
+    """We dialled an address that turned out to be this node."""
+
+    code = "self_connection"
+
+
 class SegmentFailed(PeerError):
     """A pipeline segment failed a step (error RESULT, link drop, missed ACK or RESULT deadline).
     `node_id` is the node to route around; `cause` says what happened (`link_drop`, `ack_deadline`,

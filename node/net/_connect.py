@@ -7,6 +7,8 @@ Three ways a TLS stream comes to be:
   over the spliced stream: the relay only ever forwards TLS records;
 - `async_accept_tls`: the server side of a "T" preamble (direct inbound, or the far end of a
   relay circuit), which trusts exactly the certificate the dialler announced.
+The step after these, HELLOs that turn the stream into a registered link, is the manager's
+(`Establish`, which the dialer and the inbound router are given).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import ipaddress
 import logging
 import ssl
+from typing import TYPE_CHECKING, Protocol
 
 from node import const
 from node.errors import PeerError, PeerIdentityMismatch, PeerUnreachable, ProtocolError
@@ -33,7 +36,19 @@ from ._preamble import (
 from ._stream import Stream, open_stream
 from ._tls import TlsConfig, verify_peer
 
+if TYPE_CHECKING:
+    from ._link import PeerLink, Transport
+
 log = logging.getLogger(__name__)
+
+
+class Establish(Protocol):
+    """Exchange HELLOs on an authenticated stream and register the link (PeerManager's)."""
+
+    async def __call__(self, stream: Stream, node_id: str, *, is_dialer: bool, transport: Transport,
+                       address: str, via_relay: str | None = None, source: str | None = None) -> PeerLink:
+        """The registered link; raises PeerError (SelfConnection, ProtocolError, ...) otherwise."""
+        ...
 
 
 def parse_addr(addr: str) -> tuple[str, int]:

@@ -1,8 +1,9 @@
-"""PeerManager: the listener, link set-up and HELLO, one link per peer, dispatch, the peer table.
+"""PeerManager: the listener, link set-up and HELLO, one link per peer, dispatch, the public API.
 
-Discovery and dialling (bootstrap, mDNS, PEX, peer cache, relays) live in `_discovery.py`; this
-module owns links and records. Exactly one link per peer pair survives even when both ends dial
-at once: both ends rank duplicates the same way (`_preferred`) and retire the loser.
+This module owns the links; the records are the `PeerTable`'s (`_table.py`), inbound connections
+are routed by `_inbound.py`, and finding and dialling peers is `_discovery.py`'s and its parts'.
+Exactly one link per peer pair survives even when both ends dial at once: both ends rank
+duplicates the same way (`_preferred`) and retire the loser.
 """
 
 from __future__ import annotations
@@ -10,42 +11,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from node import AGENT, const
 from node.config import NodeConfig
-from node.errors import NodeError, PeerError, PeerIdentityMismatch, PeerUnreachable, ProtocolError
+from node.errors import (
+    NodeError,
+    PeerError,
+    PeerIdentityMismatch,
+    PeerUnreachable,
+    ProtocolError,
+    SelfConnection,
+)
 from node.logs import kv
 from node.observe import Observers
 
-from ._connect import async_accept_tls, format_addr, is_loopback, parse_addr, peer_address
+from ._connect import format_addr, is_loopback, parse_addr
 from ._discovery import Discovery
 from ._frames import Frame, FrameType, encode_frame, type_name
 from ._handlers import Handler, Handlers, InlineHandler
 from ._identity import Identity, short_id
+from ._inbound import InboundRouter
 from ._link import PeerLink, Transport, async_read_frame
 from ._mdns import local_ipv4_addresses
-from ._messages import FEATURE_PEX, FEATURE_PIPELINE, FEATURE_RELAY, Hello, NotSwarmPeer
-from ._preamble import KIND_ACCEPT, KIND_CONNECT, KIND_TLS, read_preamble, send_reply
+from ._messages import FEATURE_PEX, FEATURE_PIPELINE, FEATURE_RELAY, Hello
 from ._relay import RelayService
 from ._rto import RtoEstimator
 from ._stream import Stream
-from ._table import PeerObserver, PeerRecord, PeerSnapshot
+from ._table import PeerObserver, PeerSnapshot, PeerTable
+from ._tasks import Tasks
 from ._tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
 _RESERVED = {FrameType.HELLO, FrameType.ERROR, FrameType.PING, FrameType.PONG, FrameType.PEX,
              FrameType.RELAY}
-
-
-class SelfConnection(PeerError):
-    """We dialled an address that turned out to be this node."""
-
-    code = "self_connection"
 
 
 class PeerManager:
@@ -70,18 +72,17 @@ class PeerManager:
         self.listen_port = 0
         self.listen_addrs: list[str] = []
         self.relay: RelayService | None = RelayService() if config.relay else None
-        self.records: dict[str, PeerRecord] = {}
         self.links: set[PeerLink] = set()
-        self.observers: Observers[[str, PeerSnapshot]] = Observers("peer")
-        self.discovery = Discovery(self)
+        self.table = PeerTable(self.connection_count)
+        self.tasks = Tasks()
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
-        self.handlers = Handlers(self.spawn)
+        self.handlers = Handlers(self.tasks.spawn)
+        self.inbound = InboundRouter(self.tls, self.relay, self.tasks, self.async_establish)
+        self.discovery = Discovery(config, self.node_id, self.tls, self.table, self.tasks,
+                                   self.async_establish, self.inbound.async_serve)
         self._server: asyncio.Server | None = None
-        self._handshakes = asyncio.Semaphore(const.MAX_PENDING_HANDSHAKES)
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
-        self.stopping = False
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -91,7 +92,7 @@ class PeerManager:
         await loop.run_in_executor(None, self.tls.prepare)
         try:
             self._server = await loop.create_server(
-                lambda: Stream(on_connect=self._on_inbound), self.config.peer_host or None,
+                lambda: Stream(on_connect=self.inbound.on_connect), self.config.peer_host or None,
                 self.config.effective_peer_port, reuse_address=True,
             )
         except OSError as exc:
@@ -110,39 +111,22 @@ class PeerManager:
         log.info("DIAG: peer listener started %s",
                  kv(node_id=self.short_id, peer_port=self.listen_port, relay=self.config.relay,
                     mdns=self.config.mdns, no_direct=self.config.no_direct))
-        await self.discovery.async_start()
+        await self.discovery.async_start(self.listen_addrs, self.listen_port)
 
     async def async_stop(self) -> None:
         """Stop discovery, close every link and the listener, save the peer cache."""
         if not self._started:
             return
-        self.stopping = True
+        self.tasks.stopping = True
         await self.discovery.async_stop()
         if self._server is not None:
             self._server.close()
         for link in list(self.links):
             link.close("shutdown")
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.async_cancel_all()
         await self.discovery.async_save_cache()
         self._started = False
         log.info("DIAG: peer network stopped %s", kv(node_id=self.short_id))
-
-    def spawn(self, coro: Awaitable[Any], name: str | None = None) -> asyncio.Task[Any]:
-        """Run a background task owned by the manager (cancelled at stop)."""
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        if name:
-            task.set_name(name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            log.error("peer network task %s failed", task.get_name(), exc_info=exc)
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -162,28 +146,29 @@ class PeerManager:
     def subscribe(self, callback: PeerObserver) -> Callable[[], None]:
         """Observe peers: callback(kind, snapshot), kind in added/changed/removed. Returns an
         unsubscribe function. Called on the loop; must not block."""
-        return self.observers.subscribe(callback)
+        return self.table.observers.subscribe(callback)
+
+    @property
+    def observers(self) -> Observers[[str, PeerSnapshot]]:
+        """The peer observers (`subscribe` adds one)."""
+        return self.table.observers
 
     def link(self, node_id: str) -> PeerLink | None:
         """The live link to a peer (never a retired duplicate), or None."""
-        rec = self.records.get(node_id)
-        link = rec.link if rec else None
-        return link if link is not None and link.is_open and not link.retired else None
+        return self.table.link(node_id)
 
     def peers(self) -> list[PeerSnapshot]:
         """Snapshot of the peer table, connected first."""
-        order = {"connected": 0, "connecting": 1, "gone": 2}
-        snaps = [self._snapshot(rec) for rec in self.records.values()]
-        return sorted(snaps, key=lambda s: (order.get(s.state, 3), s.short_id))
+        return self.table.snapshots()
 
     def peer(self, node_id: str) -> PeerSnapshot | None:
         """Snapshot of one peer."""
-        rec = self.records.get(node_id)
-        return self._snapshot(rec) if rec else None
+        rec = self.table.get(node_id)
+        return self.table.snapshot(rec) if rec else None
 
     def rto(self, node_id: str) -> RtoEstimator | None:
         """The peer's RFC 6298 estimator (shared by pings and pipeline ACKs), None if unknown."""
-        rec = self.records.get(node_id)
+        rec = self.table.get(node_id)
         return rec.rto if rec else None
 
     def connection_count(self, node_id: str | None = None) -> int:
@@ -249,55 +234,6 @@ class PeerManager:
             log.exception("HELLO provider %r failed; advertising nothing for it", provider)
             return default
 
-    # --- inbound ------------------------------------------------------------------------------
-
-    def _on_inbound(self, stream: Stream) -> None:
-        if self.stopping:
-            stream.abort()
-            return
-        self.spawn(self.async_handle_inbound(stream), name="peer-inbound")
-
-    async def async_handle_inbound(self, stream: Stream, *, transport: Transport = "direct",
-                                   via_relay: str | None = None) -> PeerLink | None:
-        """Serve one inbound connection: a TLS peer, or (on a relay) a circuit request."""
-        addr = peer_address(stream)
-        if self._handshakes.locked():
-            log.debug("DIAG: inbound connection refused %s", kv(remote_addr=addr, reason="too_many_handshakes"))
-            stream.abort()
-            return None
-        try:
-            async with self._handshakes:
-                async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
-                    kind, body = await read_preamble(stream)
-                    if kind == KIND_TLS:
-                        node_id = await async_accept_tls(stream, self.tls, body)
-                    elif kind == KIND_ACCEPT and self.relay is not None and transport == "direct":
-                        if not self.relay.handle_accept(stream, body):
-                            log.info("DIAG: relay accept for an unknown circuit %s", kv(remote_addr=addr))
-                        return None  # the stream now belongs to the circuit
-                    elif kind != KIND_CONNECT or self.relay is None or transport != "direct":
-                        send_reply(stream, False, "unsupported")
-                        stream.close()
-                        return None
-                if kind == KIND_TLS:
-                    return await self.async_establish(
-                        stream, node_id, is_dialer=False, transport=transport,
-                        address=via_relay or addr, via_relay=via_relay)
-            assert self.relay is not None
-            await self.relay.async_handle_connect(stream, body)
-        except NotSwarmPeer as exc:
-            self.discovery.note_foreign_inbound(addr, exc)
-            stream.abort()
-        except SelfConnection:
-            stream.abort()
-        except (NodeError, TimeoutError, asyncio.IncompleteReadError, OSError, ssl.SSLError) as exc:
-            self.discovery.note_inbound_failure(addr, exc)
-            stream.abort()
-        except Exception:  # a bug must cost one connection, never leave it hanging
-            log.exception("inbound connection from %s failed unexpectedly", addr)
-            stream.abort()
-        return None
-
     # --- link set-up --------------------------------------------------------------------------
 
     async def async_establish(self, stream: Stream, node_id: str, *, is_dialer: bool,
@@ -325,7 +261,7 @@ class PeerManager:
         link = PeerLink(
             stream, node_id=node_id, hello=hello, link_nonce=nonce or hello.link_nonce or "",
             transport=transport, is_dialer=is_dialer, address=address,
-            rto=self._record(node_id, source or ("inbound" if not is_dialer else "dial")).rto,
+            rto=self.table.record(node_id, source or ("inbound" if not is_dialer else "dial")).rto,
             dispatch=self._dispatch, via_relay=via_relay,
         )
         link.on_rtt = self._on_rtt
@@ -334,29 +270,6 @@ class PeerManager:
         if link.is_open and (fresh.models != sent.models or fresh.hardware != sent.hardware):
             link.send_nowait(fresh.to_frame())  # what we serve changed during the handshake
         return link
-
-    def _record(self, node_id: str, source: str | None = None) -> PeerRecord:
-        rec = self.records.get(node_id)
-        if rec is None:
-            rec = self.records[node_id] = PeerRecord(node_id)
-            if source:
-                rec.sources.add(source)
-            self.observers.emit("added", self._snapshot(rec))
-        elif source:
-            rec.sources.add(source)
-        return rec
-
-    def _snapshot(self, rec: PeerRecord) -> PeerSnapshot:
-        return rec.snapshot(self.connection_count(rec.node_id))
-
-    def emit_changed(self, rec: PeerRecord) -> None:
-        """Tell observers a record changed."""
-        self.observers.emit("changed", self._snapshot(rec))
-
-    def forget(self, rec: PeerRecord) -> None:
-        """Remove a record (long gone, nothing to dial)."""
-        if self.records.pop(rec.node_id, None) is not None:
-            self.observers.emit("removed", self._snapshot(rec))
 
     def _preferred(self, a: PeerLink, b: PeerLink) -> PeerLink:
         """Which of two links to one peer survives; both ends must reach the same answer."""
@@ -371,8 +284,8 @@ class PeerManager:
         return a if a.link_nonce <= b.link_nonce else b
 
     def _register(self, link: PeerLink) -> None:
-        self.discovery.foreign_ids.discard(link.node_id)  # it speaks our protocol now
-        rec = self._record(link.node_id)
+        self.discovery.foreign.speaks_swarm(link.node_id)
+        rec = self.table.record(link.node_id)
         self.links.add(link)
         link.closed.add_done_callback(lambda _f, link=link: self._on_link_closed(link))
         current = rec.link if rec.link is not None and rec.link.is_open else None
@@ -383,7 +296,7 @@ class PeerManager:
             is_loopback=is_loopback(parse_addr(link.address)[0]) if ":" in link.address else None,
             is_dialer=link.is_dialer, transport=link.transport,
             total_established=self.connection_count(),
-            total_peers=sum(1 for r in self.records.values() if r.link is not None) + (current is None)))
+            total_peers=self.table.linked_count() + (current is None)))
         link.start()
         if current is not None:
             loser = current if winner is link else link
@@ -401,35 +314,35 @@ class PeerManager:
             rec.backoff_s = 0.0
             rec.dial_failures = 0
             rec.last_address = link.address
-            self.emit_changed(rec)
+            self.table.emit_changed(rec)
             self.discovery.on_link_up(link)
 
     def _on_rtt(self, link: PeerLink) -> None:
-        rec = self.records.get(link.node_id)
+        rec = self.table.get(link.node_id)
         if rec is not None and rec.link is link:
-            self.emit_changed(rec)
+            self.table.emit_changed(rec)
 
     def _on_link_closed(self, link: PeerLink) -> None:
         self.links.discard(link)
         if self.relay is not None:
             self.relay.link_closed(link)
-        rec = self.records.get(link.node_id)
+        rec = self.table.get(link.node_id)
         was_active = rec is not None and rec.link is link
         log.info("DIAG: connection closed %s", kv(
             peer_id=link.short_id, connection_id=link.connection_id, cause=link.close_cause,
             remaining=self.connection_count(link.node_id), transport=link.transport,
-            total_peers=sum(1 for r in self.records.values() if r.link is not None and r.link is not link)))
+            total_peers=self.table.linked_count() - int(was_active)))
         if rec is None or not was_active:
             return
         rec.link = None
         rec.last_seen = time.time() - (time.monotonic() - link.last_seen)
         rec.last_error = link.close_cause
-        if not self.stopping:
+        if not self.tasks.stopping:
             rec.state = "gone"
             rec.gone_since = time.monotonic()
             log.info("DIAG: peer gone %s", kv(peer_id=link.short_id, cause=link.close_cause,
                                               deadline_s=round(link.liveness_deadline_s(), 2)))
-            self.emit_changed(rec)
+            self.table.emit_changed(rec)
         self.discovery.on_link_down(link)
 
     # --- dispatch -----------------------------------------------------------------------------
@@ -444,10 +357,10 @@ class PeerManager:
             if hello.node_id != link.node_id:
                 raise ProtocolError("HELLO update claims another node id")
             link.hello = hello
-            rec = self.records.get(link.node_id)
+            rec = self.table.get(link.node_id)
             if rec is not None and rec.link is link:
                 rec.hello = hello
-                self.emit_changed(rec)
+                self.table.emit_changed(rec)
         elif ftype == FrameType.PEX:
             self.discovery.handle_pex(link, frame)
         elif ftype == FrameType.RELAY:

@@ -1,20 +1,28 @@
 """`peers.json` in the data dir: peers seen before (dialled at start-up) and foreign addresses.
 
-Blocking file I/O; the manager calls these through an executor. Writes are atomic (temp file +
-rename) so a crash never leaves half a cache; a corrupt cache is logged and ignored.
+`load_peer_cache` / `save_peer_cache` are blocking file I/O, run in an executor. Writes are atomic
+(temp file + rename) so a crash never leaves half a cache; a corrupt cache is logged and ignored.
+`PeerCacheKeeper` is the glue on the loop: it fills the peer table and the foreign addresses at
+start, and saves (debounced, `PEER_CACHE_SAVE_DELAY_S`) when links come and go, and at stop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node import const
 from node.logs import kv
 
+from ._foreign import ForeignPeers
 from ._identity import is_node_id
+from ._table import PeerTable
+from ._tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +89,58 @@ def save_peer_cache(data_dir: Path, cache: PeerCache) -> None:
     tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
     os.replace(tmp, path)
     log.debug("DIAG: peer cache saved %s", kv(count=len(cache.peers)))
+
+
+class PeerCacheKeeper:
+    """Keeps peers.json in step with the peer table and the foreign addresses."""
+
+    def __init__(self, data_dir: Path, node_id: str, table: PeerTable, tasks: Tasks,
+                 foreign: ForeignPeers, self_addrs: set[str]):
+        self._data_dir = data_dir
+        self._node_id = node_id
+        self._table = table
+        self._tasks = tasks
+        self._foreign = foreign
+        self._self_addrs = self_addrs  # never saved as a peer's address
+        self._save_handle: asyncio.TimerHandle | None = None
+
+    async def async_load(self) -> None:
+        """Read peers.json (in an executor) into the table (source "cache") and the foreign list."""
+        cache = await asyncio.get_running_loop().run_in_executor(None, load_peer_cache, self._data_dir)
+        self._foreign.load(cache.foreign)
+        for peer in cache.peers:
+            if peer.node_id == self._node_id:
+                continue
+            rec = self._table.record(peer.node_id, "cache")
+            rec.last_seen = peer.last_seen
+            for addr in peer.addrs:
+                rec.add_addr(addr)
+            for relay in peer.relays:
+                rec.add_relay(relay)
+
+    def schedule_save(self) -> None:
+        """Save peers.json soon (debounced)."""
+        if self._save_handle is None and not self._tasks.stopping:
+            loop = asyncio.get_running_loop()
+            self._save_handle = loop.call_later(
+                const.PEER_CACHE_SAVE_DELAY_S,
+                lambda: self._tasks.spawn(self.async_save(), name="peer-cache-save"))
+
+    def cancel_scheduled(self) -> None:
+        """Drop a pending debounced save (the stop path saves once itself)."""
+        if self._save_handle is not None:
+            self._save_handle.cancel()
+
+    async def async_save(self) -> None:
+        """Write peers.json now (in an executor)."""
+        self._save_handle = None
+        now = time.time()
+        recs = sorted(self._table, key=lambda r: -(now if r.link else (r.last_seen or 0)))
+        peers = [CachedPeer(r.node_id, [a for a in r.addrs if a not in self._self_addrs][:8], r.relays[:4],
+                            now if r.link else r.last_seen)
+                 for r in recs if (r.addrs or r.relays) and r.node_id not in self._foreign.ids]
+        cache = PeerCache(peers[: const.PEER_CACHE_MAX], sorted(self._foreign.addrs)[:1024])
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, save_peer_cache, self._data_dir, cache)
+        except OSError as exc:
+            log.warning("DIAG: peer cache save failed %s", kv(error=exc))

@@ -1,17 +1,20 @@
 """The peer table: one record per known node, snapshots for surfaces, observer callbacks.
 
-Records are the manager's private, mutable state; everything outside node.net reads frozen
-`PeerSnapshot`s (the admin API, `swarmllm peers`, diagnostics, the GUI's table model). Observers
-are plain callables run on the loop; one that raises is logged and kept.
+`PeerTable` is the one owner of the records: the manager and the discovery parts create, look up,
+announce and forget them only through it. Records are private and mutable; everything outside
+node.net reads frozen `PeerSnapshot`s (the admin API, `swarmllm peers`, diagnostics, the GUI's
+table model). Observers are plain callables run on the loop; one that raises is logged and kept.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from node.observe import Observers
 
 from ._identity import short_id
 from ._link import PeerLink
@@ -63,7 +66,7 @@ class PeerSnapshot:
 
 @dataclass
 class PeerRecord:
-    """Mutable per-peer state owned by the PeerManager."""
+    """Mutable per-peer state, owned by the PeerTable."""
 
     node_id: str
     state: PeerState = "connecting"
@@ -142,3 +145,73 @@ class PeerRecord:
 
 
 PeerObserver = Callable[[PeerEventKind, PeerSnapshot], None]
+
+_STATE_ORDER = {"connected": 0, "connecting": 1, "gone": 2}
+
+
+class PeerTable:
+    """The records of every known peer and the observers told when one is added, changes or goes.
+
+    `connection_count(node_id)` counts the open links to a peer (retiring duplicates included);
+    the manager owns the links, the table only shows the count in snapshots."""
+
+    def __init__(self, connection_count: Callable[[str], int]) -> None:
+        self._records: dict[str, PeerRecord] = {}
+        self._connection_count = connection_count
+        self.observers: Observers[[str, PeerSnapshot]] = Observers("peer")
+
+    def __iter__(self) -> Iterator[PeerRecord]:
+        """The records, in the order they were learnt (a copy: the table may change meanwhile)."""
+        return iter(list(self._records.values()))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def get(self, node_id: str) -> PeerRecord | None:
+        """The record of a peer, None if unknown."""
+        return self._records.get(node_id)
+
+    def record(self, node_id: str, source: str | None = None) -> PeerRecord:
+        """The record of a peer, created (and announced as added) if it is new; `source` (bootstrap,
+        mdns, pex, cache, relay, inbound, ...) joins its sources."""
+        rec = self._records.get(node_id)
+        if rec is None:
+            rec = self._records[node_id] = PeerRecord(node_id)
+            if source:
+                rec.sources.add(source)
+            self.observers.emit("added", self.snapshot(rec))
+        elif source:
+            rec.sources.add(source)
+        return rec
+
+    def link(self, node_id: str) -> PeerLink | None:
+        """The live link to a peer (never a retired duplicate), or None."""
+        rec = self._records.get(node_id)
+        link = rec.link if rec else None
+        return link if link is not None and link.is_open and not link.retired else None
+
+    def live_links(self) -> list[PeerLink]:
+        """The live link of every peer that has one."""
+        return [link for node_id in list(self._records) if (link := self.link(node_id)) is not None]
+
+    def linked_count(self) -> int:
+        """How many peers have a link recorded (open, or closing right now)."""
+        return sum(1 for rec in self._records.values() if rec.link is not None)
+
+    def snapshot(self, rec: PeerRecord) -> PeerSnapshot:
+        """Frozen view of one record."""
+        return rec.snapshot(self._connection_count(rec.node_id))
+
+    def snapshots(self) -> list[PeerSnapshot]:
+        """Every peer, connected first, then connecting, then gone; by short id within each."""
+        snaps = [self.snapshot(rec) for rec in self._records.values()]
+        return sorted(snaps, key=lambda s: (_STATE_ORDER.get(s.state, 3), s.short_id))
+
+    def emit_changed(self, rec: PeerRecord) -> None:
+        """Tell observers a record changed."""
+        self.observers.emit("changed", self.snapshot(rec))
+
+    def forget(self, rec: PeerRecord) -> None:
+        """Remove a record (long gone, nothing to dial, or not a SwarmLLM peer after all)."""
+        if self._records.pop(rec.node_id, None) is not None:
+            self.observers.emit("removed", self.snapshot(rec))

@@ -45,8 +45,8 @@ class FakeServer:
 
 
 async def _rounds(manager, n: int) -> None:
-    target = manager.discovery.rounds + n
-    await wait_until(lambda: manager.discovery.rounds >= target, what=f"{n} maintenance rounds")
+    target = manager.discovery.dialer.rounds + n
+    await wait_until(lambda: manager.discovery.dialer.rounds >= target, what=f"{n} maintenance rounds")
 
 
 @pytest.mark.parametrize("answer", [b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
@@ -81,7 +81,7 @@ async def test_peer_with_another_protocol_version_is_ignored(make_manager, fast_
     await _rounds(a, 10)
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith(IGNORING))
     assert "protocol_version=swarmllm/99" in line and "agent=swarmllm-py/9.9" in line
-    assert old.node_id in a.discovery.foreign_ids
+    assert old.node_id in a.discovery.foreign.ids
     assert a.peer(old.node_id) is None and a.link(old.node_id) is None
     dialled = [r for r in caplog.records
                if f"connection established peer_id={a.short_id}" in r.getMessage() and "is_dialer=False" in r.getMessage()]

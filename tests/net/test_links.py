@@ -225,7 +225,7 @@ async def test_forgotten_peer_is_removed(make_manager, fast_net, monkeypatch):
     events: list[str] = []
     b.subscribe(lambda kind, snap: events.append(kind))
     b.config.bootstrap = []
-    b.discovery.targets.clear()
+    b.discovery.dialer.targets.clear()
     a_id = a.node_id
     await a.async_stop()
     await wait_until(lambda: b.peer(a_id) is None, what="a forgotten after PEER_FORGET_S")
@@ -235,8 +235,8 @@ async def test_forgotten_peer_is_removed(make_manager, fast_net, monkeypatch):
 async def test_self_dial_is_recognised(make_manager, fast_net, caplog):
     caplog.set_level(logging.INFO)
     a = await make_manager("a")
-    a.discovery._add_target(addr(a), "bootstrap")
-    a.discovery.wake()
+    a.discovery.dialer.add_target(addr(a), "bootstrap")
+    a.discovery.dialer.wake()
     await wait_until(lambda: "bootstrap address is this node" in caplog.text)
     assert a.connection_count() == 0 and not a.peers()
 

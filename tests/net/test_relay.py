@@ -140,7 +140,7 @@ async def test_relayed_link_upgrades_to_direct_when_a_direct_path_opens(make_man
     assert a.peer(b.node_id).transport == "relayed"
 
     a.config.no_direct = False
-    a.discovery.wake()
+    a.discovery.dialer.wake()
     await wait_until(lambda: a.link(b.node_id) is not None and a.link(b.node_id).transport == "direct"
                      and b.link(a.node_id) is not None and b.link(a.node_id).transport == "direct",
                      what="both ends on a direct link")
@@ -155,7 +155,7 @@ async def test_relayed_link_upgrades_to_direct_when_a_direct_path_opens(make_man
 async def test_no_upgrade_while_direct_dialling_is_off(relay_trio, monkeypatch):
     monkeypatch.setattr(const, "UPGRADE_FIRST_S", 0.0)
     r, a, b, _ = relay_trio
-    rounds = a.discovery.rounds
-    await wait_until(lambda: a.discovery.rounds >= rounds + 5, what="several maintenance rounds")
+    rounds = a.discovery.dialer.rounds
+    await wait_until(lambda: a.discovery.dialer.rounds >= rounds + 5, what="several maintenance rounds")
     assert a.link(b.node_id).transport == "relayed"
-    assert not any(key.startswith("upgrade:") for key in a.discovery._dialing)
+    assert not any(key.startswith("upgrade:") for key in a.discovery.dialer._dialing)

@@ -1,0 +1,320 @@
+"""The dialer: one maintenance loop that keeps peers and addresses dialled.
+
+It dials anonymous addresses (bootstrap, configured relays) until they are connected, and every
+known peer without a live link, each with its own exponential backoff and jitter. A peer is tried
+on its direct addresses first (unless `no_direct`), then through the relays it is registered at.
+A peer linked only through a relay keeps being tried directly (relayed → direct upgrade): a
+direct link that comes up wins the duplicate-link rule on both ends and the relayed one retires.
+Addresses that turn out not to speak SwarmLLM go to `ForeignPeers` and are never dialled again;
+addresses that turn out to be this node go to `self_addrs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from node import const
+from node.config import NodeConfig
+from node.errors import PeerError, PeerIdentityMismatch, PeerUnreachable, SelfConnection
+from node.logs import kv
+
+from ._connect import Establish, async_dial_direct, async_dial_relayed, format_addr, parse_addr
+from ._foreign import ForeignPeers
+from ._identity import short_id
+from ._link import PeerLink
+from ._messages import FEATURE_RELAY, NotSwarmPeer
+from ._table import PeerRecord, PeerTable
+from ._tasks import Tasks
+from ._tls import TlsConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AddrTarget:
+    """An address to keep dialled whose node id is not known in advance (bootstrap, relays)."""
+
+    addr: str
+    site: str  # "bootstrap" | "relay"
+    node_id: str | None = None
+    backoff_s: float = 0.0
+    next_at: float = 0.0
+    failures: int = 0
+    is_self: bool = False
+
+
+def _next_backoff(current: float) -> float:
+    return min(max(current * 2, const.RECONNECT_BACKOFF_MIN_S), const.RECONNECT_BACKOFF_MAX_S)
+
+
+def _jitter(seconds: float) -> float:
+    return seconds * random.uniform(0.8, 1.2)
+
+
+def dial_address(link: PeerLink) -> str:
+    """Where we can dial the peer of a link: the dialled address, or (inbound direct) its observed
+    host with the listen port it announced."""
+    if link.is_dialer or link.transport != "direct":
+        return link.address
+    host = parse_addr(link.address)[0]
+    return format_addr(host, link.hello.listen_port)
+
+
+class Dialer:
+    """Decides what to dial and dials it (see module docstring)."""
+
+    def __init__(self, config: NodeConfig, node_id: str, tls: TlsConfig, table: PeerTable, tasks: Tasks,
+                 foreign: ForeignPeers, self_addrs: set[str], establish: Establish):
+        self._config = config  # read live: no_direct may change at run time
+        self._node_id = node_id
+        self._tls = tls
+        self._table = table
+        self._tasks = tasks
+        self._foreign = foreign
+        self._self_addrs = self_addrs
+        self._establish = establish
+        self.targets: dict[str, AddrTarget] = {}
+        self._dialing: dict[str, asyncio.Task[None]] = {}  # "addr:…", node id, "upgrade:…" -> dial
+        self._wake = asyncio.Event()
+        self.rounds = 0  # maintenance passes so far (tests wait on it instead of sleeping)
+
+    def start(self) -> None:
+        """Add the configured bootstrap and relay addresses and start the maintenance loop."""
+        cfg = self._config
+        if cfg.no_direct and cfg.bootstrap:
+            log.info("DIAG: bootstrap addresses not dialled %s", kv(reason="no_direct: peers via relays only",
+                                                                   count=len(cfg.bootstrap)))
+        for addr in [] if cfg.no_direct else cfg.bootstrap:
+            self.add_target(addr, "bootstrap")
+        for addr in cfg.relays:
+            self.add_target(addr, "relay")
+        self._tasks.spawn(self._async_maintain(), name="peer-maintain")
+
+    def add_target(self, addr: str, site: str) -> None:
+        """Keep addr dialled until it is connected (site: "bootstrap" or "relay")."""
+        try:
+            parse_addr(addr)
+        except ValueError as exc:
+            log.warning("DIAG: ignoring a malformed %s address %s", site, kv(addr=addr, error=exc))
+            return
+        self.targets.setdefault(addr, AddrTarget(addr, site))
+
+    def wake(self) -> None:
+        """Run the maintenance loop now."""
+        self._wake.set()
+
+    def dial_soon(self, rec: PeerRecord) -> None:
+        """A new route to rec was learnt: dial it now if it has no link."""
+        if rec.link is None:
+            rec.next_dial_at = min(rec.next_dial_at, time.monotonic())
+            self.wake()
+
+    # --- link events --------------------------------------------------------------------------
+
+    def on_link_up(self, link: PeerLink) -> None:
+        """A link won registration: remember the address it came by; a relayed one gets its first
+        direct try after UPGRADE_FIRST_S."""
+        rec = self._table.record(link.node_id)
+        if link.transport == "direct" and link.hello.listen_port:
+            rec.add_addr(dial_address(link), front=True)
+        elif link.via_relay:
+            rec.add_relay(link.via_relay)
+            rec.upgrade_backoff_s = 0.0
+            rec.upgrade_at = time.monotonic() + const.UPGRADE_FIRST_S
+
+    def on_link_down(self, link: PeerLink) -> None:
+        """The live link to a peer closed: redial soon."""
+        rec = self._table.get(link.node_id)
+        if rec is not None and not self._tasks.stopping:
+            rec.backoff_s = 0.0
+            rec.next_dial_at = time.monotonic() + _jitter(const.RECONNECT_BACKOFF_MIN_S)
+            self.wake()
+
+    # --- the maintenance loop -----------------------------------------------------------------
+
+    async def _async_maintain(self) -> None:
+        spawn = self._tasks.spawn
+        while not self._tasks.stopping:
+            now = time.monotonic()
+            for target in list(self.targets.values()):
+                key = "addr:" + target.addr
+                if (target.is_self or target.addr in self._foreign.addrs or key in self._dialing
+                        or now < target.next_at or (target.node_id and self._table.link(target.node_id))):
+                    continue
+                self._dialing[key] = spawn(self._async_dial_target(target, key), name="dial-target")
+            for rec in self._table:
+                if rec.link is not None or rec.node_id in self._dialing or now < rec.next_dial_at:
+                    continue
+                if rec.node_id in self._foreign.ids:
+                    continue
+                if rec.gone_since is not None and now - rec.gone_since > const.PEER_FORGET_S:
+                    self._table.forget(rec)
+                    continue
+                if not self._routes(rec):
+                    continue
+                self._dialing[rec.node_id] = spawn(self._async_dial_record_task(rec), name="dial-peer")
+            for rec in self._table:
+                link = rec.link
+                key = "upgrade:" + rec.node_id
+                if (link is None or link.transport != "relayed" or not link.is_open or link.retired
+                        or key in self._dialing or now < rec.upgrade_at):
+                    continue
+                candidates = self._upgrade_candidates(rec, link)
+                if candidates:
+                    self._dialing[key] = spawn(self._async_upgrade(rec, link, candidates, key), name="upgrade-link")
+            self.rounds += 1
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(const.DIAL_MAINTENANCE_INTERVAL_S):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    def _is_relay(self, rec: PeerRecord) -> bool:
+        if rec.hello is not None and rec.hello.features & FEATURE_RELAY:
+            return True
+        return any(t.node_id == rec.node_id for t in self.targets.values() if t.site == "relay")
+
+    def _dialable(self, addrs: list[str]) -> list[str]:
+        return [a for a in addrs if a not in self._foreign.addrs and a not in self._self_addrs]
+
+    def _direct_addrs(self, rec: PeerRecord) -> list[str]:
+        if self._config.no_direct and not self._is_relay(rec):
+            return []
+        return self._dialable(rec.addrs)
+
+    def _routes(self, rec: PeerRecord) -> bool:
+        return bool(self._direct_addrs(rec) or rec.relays)
+
+    async def _async_dial_target(self, target: AddrTarget, key: str) -> None:
+        try:
+            link = await self.async_connect(target.addr, None, site=target.site)
+            target.node_id = link.node_id
+            target.failures = 0
+            target.backoff_s = 0.0
+        except NotSwarmPeer:
+            pass  # logged once by ForeignPeers.note_addr; never dialled again
+        except SelfConnection:
+            target.is_self = True
+            log.info("DIAG: %s address is this node, not dialling it %s", target.site, kv(addr=target.addr))
+        except PeerError as exc:
+            target.failures += 1
+            target.backoff_s = _next_backoff(target.backoff_s)
+            target.next_at = time.monotonic() + _jitter(target.backoff_s)
+            log.warning("DIAG: %s dial failed %s", target.site, kv(
+                addr=target.addr, peer_id=short_id(target.node_id) if target.node_id else None,
+                error=exc.message, connected_peers=self._table.linked_count(),
+                retry_in_s=round(target.backoff_s, 1)))
+        finally:
+            self._dialing.pop(key, None)
+
+    async def _async_dial_record_task(self, rec: PeerRecord) -> None:
+        try:
+            await self._async_dial_record(rec)
+        except PeerError as exc:
+            rec.dial_failures += 1
+            rec.backoff_s = _next_backoff(rec.backoff_s)
+            rec.next_dial_at = time.monotonic() + _jitter(rec.backoff_s)
+            rec.last_error = exc.message
+            if rec.link is None and rec.state != "gone":
+                rec.state = "gone"
+                rec.gone_since = time.monotonic()
+                self._table.emit_changed(rec)
+            log.debug("DIAG: dial failed %s", kv(peer_id=rec.short_id, error=exc.message,
+                                                 retry_in_s=round(rec.backoff_s, 1)))
+        finally:
+            self._dialing.pop(rec.node_id, None)
+
+    async def _async_dial_record(self, rec: PeerRecord) -> PeerLink:
+        errors: list[str] = []
+        for addr in self._direct_addrs(rec):
+            if link := self._table.link(rec.node_id):
+                return link
+            try:
+                return await self.async_connect(addr, rec.node_id, site="peer")
+            except PeerIdentityMismatch as exc:
+                rec.addrs.remove(addr)  # someone else lives there now
+                errors.append(exc.message)
+            except PeerError as exc:
+                errors.append(exc.message)
+        for relay_addr in list(rec.relays):
+            if link := self._table.link(rec.node_id):
+                return link
+            try:
+                stream = await async_dial_relayed(self._tls, relay_addr, rec.node_id, self._node_id)
+                return await self._establish(stream, rec.node_id, is_dialer=True, transport="relayed",
+                                             address=relay_addr, via_relay=relay_addr, source="relay")
+            except PeerError as exc:
+                errors.append(exc.message)
+        raise PeerUnreachable("; ".join(errors) or "no address known")
+
+    async def async_connect(self, addr: str, node_id: str | None, *, site: str) -> PeerLink:
+        """Dial addr directly (node_id: identity it must prove, None for any) and set up the link."""
+        if node_id is not None and (link := self._table.link(node_id)) is not None:
+            return link
+        self._foreign.check_addr(addr, node_id, site)
+        try:
+            stream, proven = await async_dial_direct(self._tls, addr, node_id)
+            if proven in self._foreign.ids:
+                stream.abort()
+                raise NotSwarmPeer(f"{short_id(proven)} does not speak SwarmLLM")
+            try:
+                link = await self._establish(stream, proven, is_dialer=True, transport="direct",
+                                             address=addr, source=site)
+            except NotSwarmPeer:
+                self._foreign.note_id(proven)  # it proved an identity but speaks another protocol
+                rec = self._table.get(proven)
+                if rec is not None and rec.link is None:
+                    self._table.forget(rec)
+                raise
+        except NotSwarmPeer as exc:
+            self._foreign.note_addr(addr, exc, site)
+            raise
+        except SelfConnection:
+            self._self_addrs.add(addr)
+            raise
+        rec = self._table.get(link.node_id)
+        if rec is not None:
+            rec.add_addr(addr, front=True)
+        return link
+
+    # --- relayed -> direct --------------------------------------------------------------------
+
+    def _upgrade_candidates(self, rec: PeerRecord, link: PeerLink) -> list[str]:
+        """Direct addresses worth trying for a peer we reach through a relay: what discovery knows,
+        then the listen addresses its HELLO announced (a wrong one fails the identity check)."""
+        if self._config.no_direct:
+            return []
+        return self._dialable(list(dict.fromkeys([*rec.addrs, *link.hello.listen])))
+
+    async def _async_upgrade(self, rec: PeerRecord, link: PeerLink, candidates: list[str], key: str) -> None:
+        """Try a direct link to a peer linked through a relay; the duplicate-link rule then keeps
+        the direct one on both ends and retires the relayed one once its requests drain."""
+        errors: list[str] = []
+        try:
+            for addr in candidates:
+                if rec.link is not link or not link.is_open or self._tasks.stopping:
+                    return  # replaced or gone meanwhile
+                try:
+                    stream, _ = await async_dial_direct(self._tls, addr, rec.node_id)
+                    await self._establish(stream, rec.node_id, is_dialer=True, transport="direct",
+                                          address=addr, source="upgrade")
+                except PeerError as exc:
+                    errors.append(f"{addr}: {exc.message}")
+                    continue
+                rec.upgrade_backoff_s = 0.0
+                log.info("DIAG: relayed link upgraded to direct %s", kv(peer_id=rec.short_id, addr=addr,
+                                                                       relay=link.via_relay))
+                return
+            rec.upgrade_backoff_s = min(const.UPGRADE_BACKOFF_MAX_S,
+                                        max(const.UPGRADE_BACKOFF_MIN_S, rec.upgrade_backoff_s * 2))
+            rec.upgrade_at = time.monotonic() + _jitter(rec.upgrade_backoff_s)
+            log.debug("DIAG: no direct link to a relayed peer yet %s", kv(
+                peer_id=rec.short_id, tried=len(candidates), retry_in_s=round(rec.upgrade_backoff_s),
+                error="; ".join(errors)[:300]))
+        finally:
+            self._dialing.pop(key, None)

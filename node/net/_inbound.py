@@ -1,0 +1,115 @@
+"""Inbound connections on the peer port: read the preamble, then route the connection.
+
+`T` → TLS server handshake and the manager's `Establish` (a direct peer, or the far end of a relay
+circuit we accepted); on a relay, `C` (connect me to X) and `A` (I accept circuit N) → the
+`RelayService`; anything else is refused. Handshakes are capped (`MAX_PENDING_HANDSHAKES`) and
+time-limited; a failure costs that one connection and is logged at INFO once per host and reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+
+from node import const
+from node.errors import NodeError, SelfConnection
+from node.logs import kv
+
+from ._connect import Establish, async_accept_tls, parse_addr, peer_address
+from ._link import PeerLink, Transport
+from ._messages import NotSwarmPeer
+from ._preamble import KIND_ACCEPT, KIND_CONNECT, KIND_TLS, read_preamble, send_reply
+from ._relay import RelayService
+from ._stream import Stream
+from ._tasks import Tasks
+from ._tls import TlsConfig
+
+log = logging.getLogger(__name__)
+
+_MAX_LOGGED_HOSTS = 1024
+
+
+class InboundRouter:
+    """Serves every inbound connection: the listener's, and our end of relay circuits."""
+
+    def __init__(self, tls: TlsConfig, relay: RelayService | None, tasks: Tasks, establish: Establish):
+        self._tls = tls
+        self._relay = relay
+        self._tasks = tasks
+        self._establish = establish
+        self._handshakes = asyncio.Semaphore(const.MAX_PENDING_HANDSHAKES)
+        self._logged_hosts: set[str] = set()
+
+    def on_connect(self, stream: Stream) -> None:
+        """The listener accepted a TCP connection."""
+        if self._tasks.stopping:
+            stream.abort()
+            return
+        self._tasks.spawn(self.async_serve(stream), name="peer-inbound")
+
+    async def async_serve(self, stream: Stream, *, transport: Transport = "direct",
+                          via_relay: str | None = None) -> PeerLink | None:
+        """Serve one inbound connection: a TLS peer, or (on a relay) a circuit request."""
+        addr = peer_address(stream)
+        if self._handshakes.locked():
+            log.debug("DIAG: inbound connection refused %s", kv(remote_addr=addr, reason="too_many_handshakes"))
+            stream.abort()
+            return None
+        relay = self._relay if transport == "direct" else None  # no circuits inside circuits
+        try:
+            async with self._handshakes:
+                async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+                    kind, body = await read_preamble(stream)
+                    if kind == KIND_TLS:
+                        node_id = await async_accept_tls(stream, self._tls, body)
+                    elif kind == KIND_ACCEPT and relay is not None:
+                        if not relay.handle_accept(stream, body):
+                            log.info("DIAG: relay accept for an unknown circuit %s", kv(remote_addr=addr))
+                        return None  # the stream now belongs to the circuit
+                    elif kind != KIND_CONNECT or relay is None:
+                        send_reply(stream, False, "unsupported")
+                        stream.close()
+                        return None
+                if kind == KIND_TLS:
+                    return await self._establish(
+                        stream, node_id, is_dialer=False, transport=transport,
+                        address=via_relay or addr, via_relay=via_relay)
+            assert relay is not None
+            await relay.async_handle_connect(stream, body)
+        except NotSwarmPeer as exc:
+            self._note_foreign(addr, exc)
+            stream.abort()
+        except SelfConnection:
+            stream.abort()
+        except (NodeError, TimeoutError, asyncio.IncompleteReadError, OSError, ssl.SSLError) as exc:
+            self._note_failure(addr, exc)
+            stream.abort()
+        except Exception:  # a bug must cost one connection, never leave it hanging
+            log.exception("inbound connection from %s failed unexpectedly", addr)
+            stream.abort()
+        return None
+
+    # --- logging once per host ----------------------------------------------------------------
+
+    def _first_time(self, key: str) -> bool:
+        if key in self._logged_hosts:
+            return False
+        if len(self._logged_hosts) < _MAX_LOGGED_HOSTS:
+            self._logged_hosts.add(key)
+        return True
+
+    def _note_foreign(self, addr: str, exc: NotSwarmPeer) -> None:
+        """Something that is not a SwarmLLM node connected to us: INFO once per host."""
+        host = parse_addr(addr)[0] if addr != "?" else addr
+        level = logging.INFO if self._first_time("foreign:" + host) else logging.DEBUG
+        log.log(level, "Ignoring a peer that does not speak SwarmLLM %s",
+                kv(addr=addr, protocol_version=exc.protocol_version, agent=exc.agent, direction="inbound",
+                   reason=exc.message))
+
+    def _note_failure(self, addr: str, exc: BaseException) -> None:
+        """An inbound connection failed during set-up: INFO once per host and reason, then DEBUG."""
+        reason = exc.message if isinstance(exc, NodeError) else f"{type(exc).__name__}: {exc}"
+        host = parse_addr(addr)[0] if addr != "?" else addr
+        level = logging.INFO if self._first_time(f"fail:{host}:{type(exc).__name__}") else logging.DEBUG
+        log.log(level, "DIAG: inbound connection closed during set-up %s", kv(remote_addr=addr, error=reason))

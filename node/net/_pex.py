@@ -1,0 +1,80 @@
+"""Peer exchange (PEX): tell each peer who else we are linked to, and learn its peers.
+
+Sent when a link comes up and every `PEX_INTERVAL_S` on every live link: the connected peers
+(not the receiver itself) with their dialable direct addresses and the relays they are registered
+at, at most `PEX_MAX_PEERS`. Loopback addresses go only to loopback peers. A received entry adds
+addresses and relays to that peer's record and has it dialled at once if it has no link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+from node import const
+from node.errors import PeerError
+
+from ._connect import is_loopback, parse_addr
+from ._foreign import ForeignPeers
+from ._frames import Frame
+from ._link import PeerLink
+from ._messages import PexEntry, parse_pex, pex_frame
+from ._table import PeerRecord, PeerTable
+from ._tasks import Tasks
+
+
+class Pex:
+    """Sends and learns from PEX frames."""
+
+    def __init__(self, node_id: str, table: PeerTable, tasks: Tasks, foreign: ForeignPeers,
+                 self_addrs: set[str], dial_soon: Callable[[PeerRecord], None]):
+        self._node_id = node_id
+        self._table = table
+        self._tasks = tasks
+        self._foreign = foreign
+        self._self_addrs = self_addrs
+        self._dial_soon = dial_soon
+        self._own: frozenset[str] = frozenset()
+
+    def start(self, listen_addrs: Iterable[str]) -> None:
+        """Know our own addresses (never learnt from others) and start the periodic exchange."""
+        self._own = frozenset(listen_addrs)
+        self._tasks.spawn(self._async_loop(), name="peer-pex")
+
+    def send(self, link: PeerLink) -> None:
+        """Send our peers to one link now."""
+        try:
+            link.send_nowait(pex_frame(self._entries(link)))
+        except PeerError:
+            pass
+
+    def handle(self, link: PeerLink, frame: Frame) -> None:
+        """Learn peers from a PEX frame (a malformed one closes the link)."""
+        for entry in parse_pex(frame):
+            if entry.node_id == self._node_id or self._foreign.skip(entry.node_id, "pex"):
+                continue
+            rec = self._table.record(entry.node_id, "pex")
+            new = False
+            for addr in entry.addrs:
+                if addr not in self._own and addr not in self._self_addrs:
+                    new |= rec.add_addr(addr)
+            for relay in entry.relays:
+                new |= rec.add_relay(relay)
+            if new:
+                self._dial_soon(rec)
+
+    def _entries(self, to: PeerLink) -> list[PexEntry]:
+        keep_loopback = is_loopback(parse_addr(to.address)[0]) if to.transport == "direct" else False
+        entries = []
+        for rec in self._table:
+            if rec.link is None or rec.node_id == to.node_id:
+                continue
+            addrs = [a for a in rec.addrs[:8] if keep_loopback or not is_loopback(parse_addr(a)[0])]
+            entries.append(PexEntry(rec.node_id, tuple(addrs), tuple(rec.relays[:4])))
+        return entries[: const.PEX_MAX_PEERS]
+
+    async def _async_loop(self) -> None:
+        while not self._tasks.stopping:
+            await asyncio.sleep(const.PEX_INTERVAL_S)
+            for link in self._table.live_links():
+                self.send(link)

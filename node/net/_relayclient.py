@@ -1,0 +1,114 @@
+"""The relay client: register at relay peers, learn who else is there, accept circuits.
+
+When a direct link to a relay (HELLO feature RELAY) comes up we register (`register`), then ask
+it every `RELAY_LIST_INTERVAL_S` who else is registered (`list`): each such node is reachable
+through that relay and is dialled through it if it has no link. The relay announces a circuit
+someone opened to us with `incoming`; we open our end (an `A` preamble) and serve it like any
+inbound connection, TLS end to end. The relay service itself is `_relay.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from node import const
+from node.errors import NodeError, PeerError
+from node.logs import kv
+
+from ._connect import async_open_circuit_end
+from ._dialer import dial_address
+from ._foreign import ForeignPeers
+from ._frames import Frame, FrameType
+from ._link import PeerLink, Transport
+from ._messages import FEATURE_RELAY
+from ._stream import Stream
+from ._table import PeerRecord, PeerTable
+from ._tasks import Tasks
+
+log = logging.getLogger(__name__)
+
+
+class ServeInbound(Protocol):
+    """Serve an inbound connection like the listener's (InboundRouter.async_serve)."""
+
+    async def __call__(self, stream: Stream, *, transport: Transport = "direct",
+                       via_relay: str | None = None) -> PeerLink | None:
+        """The link it became, or None."""
+        ...
+
+
+class RelayClient:
+    """Registrations at relays (relay node id -> the relay's address as we reach it)."""
+
+    def __init__(self, node_id: str, table: PeerTable, tasks: Tasks, foreign: ForeignPeers,
+                 dial_soon: Callable[[PeerRecord], None], serve_inbound: ServeInbound):
+        self._node_id = node_id
+        self._table = table
+        self._tasks = tasks
+        self._foreign = foreign
+        self._dial_soon = dial_soon
+        self._serve_inbound = serve_inbound
+        self._registered: dict[str, str] = {}
+
+    def registered_relays(self) -> list[str]:
+        """Relay addresses this node holds a registration at."""
+        return list(self._registered.values())
+
+    def on_link_up(self, link: PeerLink) -> None:
+        """A direct link to a relay came up: register there."""
+        if link.hello.features & FEATURE_RELAY and link.transport == "direct":
+            self._tasks.spawn(self._async_use_relay(link), name=f"relay-client-{link.short_id}")
+
+    def on_link_down(self, link: PeerLink) -> None:
+        """The link to a peer closed: a registration there is lost."""
+        if self._registered.pop(link.node_id, None) is not None:
+            log.info("DIAG: relay registration lost %s", kv(peer_id=link.short_id, cause=link.close_cause))
+
+    async def _async_use_relay(self, link: PeerLink) -> None:
+        """Register at a relay peer, then ask it who else is registered, periodically."""
+        relay_addr = dial_address(link)
+        try:
+            await link.async_request(Frame(FrameType.RELAY, {"op": "register"}),
+                                     timeout_s=const.HANDSHAKE_TIMEOUT_S)
+        except NodeError as exc:
+            log.info("DIAG: relay registration failed %s", kv(peer=link.short_id, error=exc.message))
+            return
+        self._registered[link.node_id] = relay_addr
+        log.debug("DIAG: relay reservation %s", kv(peer=link.short_id, addr=relay_addr))
+        while link.is_open and not self._tasks.stopping:
+            try:
+                reply = await link.async_request(Frame(FrameType.RELAY, {"op": "list"}),
+                                                 timeout_s=const.HANDSHAKE_TIMEOUT_S)
+            except NodeError:
+                return
+            nodes = reply.header.get("nodes")
+            for node in nodes if isinstance(nodes, list) else []:
+                node_id = node.get("node_id") if isinstance(node, dict) else None
+                if node_id in (None, self._node_id, link.node_id) or node_id in self._foreign.ids:
+                    continue
+                if not isinstance(node_id, str) or len(node_id) != 64:
+                    continue
+                rec = self._table.record(node_id, "relay")
+                if rec.add_relay(relay_addr):
+                    self._dial_soon(rec)
+            await asyncio.sleep(const.RELAY_LIST_INTERVAL_S)
+
+    def handle_incoming(self, link: PeerLink, frame: Frame) -> None:
+        """A relay we registered at announces a circuit: open our end and serve TLS on it."""
+        circuit = frame.header.get("circuit")
+        relay_addr = self._registered.get(link.node_id)
+        if relay_addr is None or not isinstance(circuit, str) or len(circuit) > 64:
+            log.debug("DIAG: relay circuit ignored %s", kv(peer=link.short_id, reason="not registered there"))
+            return
+        self._tasks.spawn(self._async_accept_circuit(relay_addr, circuit), name="relay-circuit")
+
+    async def _async_accept_circuit(self, relay_addr: str, circuit: str) -> None:
+        try:
+            stream = await async_open_circuit_end(relay_addr, circuit)
+        except PeerError as exc:
+            log.info("DIAG: relay circuit failed %s", kv(relay=relay_addr, error=exc.message))
+            return
+        await self._serve_inbound(stream, transport="relayed", via_relay=relay_addr)
