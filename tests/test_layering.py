@@ -20,8 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_import_contracts_are_kept(capsys, monkeypatch):
+    from importlinter import configuration
     from importlinter.application.use_cases import lint_imports
 
+    configuration.configure()  # what the lint-imports command does first
     monkeypatch.chdir(REPO)  # the graph is built from the checkout, not an installed copy
     monkeypatch.syspath_prepend(str(REPO))
     kept = lint_imports(config_filename=os.fspath(REPO / "pyproject.toml"), cache_dir=None, no_logo=True)
