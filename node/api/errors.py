@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def error_response(exc: NodeError, headers: dict[str, str] | None = None) -> web.Response:
     """JSON body `{"error": {...}}` with the error's status."""
     return web.Response(
-        status=exc.http_status if exc.http_status != 499 else 400,
+        status=exc.http_status,
         text=json.dumps(exc.to_openai()),
         content_type="application/json",
         headers=headers,
@@ -75,3 +75,5 @@ async def read_json(request: web.Request) -> object:
         raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     except RecursionError as exc:
         raise InvalidRequest("request body is nested too deeply") from exc
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:200]}") from exc
