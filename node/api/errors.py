@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -67,8 +68,23 @@ async def read_json(request: web.Request) -> object:
         raise PayloadTooLarge(f"request body is larger than {request.app[MAX_BODY]} bytes") from exc
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object")
+    if len(raw) > _PARSE_ON_LOOP_MAX_BYTES:  # megabytes of JSON would stall the loop for tens of ms
+        return await asyncio.get_running_loop().run_in_executor(None, _parse_json, raw)
+    return _parse_json(raw)
+
+
+_PARSE_ON_LOOP_MAX_BYTES = 256 * 1024
+
+
+def _parse_json(raw: bytes) -> object:
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
+        # \ud800-style escapes decode to lone surrogates, which no tokenizer can encode
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        return body
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest("request body holds a string that is not valid Unicode (a lone surrogate "
+                             f"escape such as \\u{ord(exc.object[exc.start]):04x})") from exc
     except UnicodeDecodeError as exc:
         raise InvalidRequest("request body is not valid UTF-8") from exc
     except json.JSONDecodeError as exc:
