@@ -2,7 +2,7 @@
 and a running TrayApp hosting a real node on 127.0.0.1 (own data dir, free port).
 
 Tests are plain functions that drive one coroutine on the qasync loop with `run(...)`; inside it
-they wait for conditions with deadlines (`helpers.async_until`), never by sleeping a fixed time.
+they wait for conditions with deadlines (`tests.support.waiting.wait_until`), never by sleeping a fixed time.
 """
 
 from __future__ import annotations

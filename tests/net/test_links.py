@@ -9,8 +9,9 @@ import pytest
 
 from node.errors import InvalidRequest, PeerError, PeerIdentityMismatch, RequestTimeout
 from node.net import Frame, FrameType, PeerManager
+from tests.support.waiting import wait_until
 
-from .util import addr, wait_until
+from .util import addr
 
 
 def linked(a: PeerManager, b: PeerManager) -> bool:

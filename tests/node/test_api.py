@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.sse import DONE, sse_data
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 async def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("api")
     model = tiny_model(base)
-    async with running_node(node_config(base / "data", [model])) as n:
+    async with running_node(node_config(base / "data", model)) as n:
         yield n
 
 
@@ -101,8 +102,8 @@ async def test_stream_raw_has_done_and_timings(node, model_id):
     assert status == 200
     assert headers["Content-Type"].startswith("text/event-stream")
     assert "ttft" not in headers["server-timing"] and "queue;dur=" in headers["server-timing"]
-    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
+    events = sse_data(text)
+    assert events[-1] == DONE
     last = json.loads(events[-2])
     assert last["choices"][0]["finish_reason"] == "length" and "ttft_ms" in last["x_swarm"]
 
