@@ -41,7 +41,9 @@ def test_a_peer_and_a_distributed_request(qtbot, run, tmp_path, tiny_model):
                 assert app.feeds.overview.text("Peers") == "1 connected"
                 await wait_until(lambda: app.host.serving().swarm,
                                  DEADLINE_S, what="the swarm to cover the model")
-                assert "via peers" in app.host.status_line() or "layers" in app.host.status_line()
+                # what this node holds and what the swarm adds: its layer, and the whole model via peers
+                assert app.host.serving().describe() == "layers tiny[0-0]; via peers tiny"
+                assert "serving: layers tiny[0-0]; via peers tiny at http://" in app.host.status_line()
 
                 client = openai.AsyncOpenAI(base_url=app.node.api_url, api_key=app.node.api_key, max_retries=0)
                 try:
