@@ -14,6 +14,7 @@ import asyncio
 import random
 import sys
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -169,6 +170,7 @@ def test_receive_buffer_behaves_like_a_byte_string(ops):
     assert buf.take_all() == model
 
 
+@pytest.mark.blocks_loop("the stall the watchdog must sample")
 def test_watchdog_keeps_no_frame_of_the_loop_after_a_stall():
     """The watchdog samples the loop thread's stack during a stall; the frame it read must not
     outlive the sample, or the stalled function's locals (here a marker; under load, views into

@@ -99,6 +99,7 @@ async def test_report_lists_requests_failures_and_models(tmp_path):
         assert m.endswith("GB/s (measured)") or m.startswith("could not be measured")
 
 
+@pytest.mark.blocks_loop("the stall the watchdog must name")
 async def test_watchdog_names_the_blocking_function(caplog):
     dog = LoopWatchdog(threshold_ms=100, interval_s=0.02)
     dog.start()
