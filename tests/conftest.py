@@ -24,7 +24,7 @@ _BEFORE = pytest.StashKey[set]()
 _OWNED_WIDER = pytest.StashKey[set]()
 _module_pending: list[policing.Pending] = []  # checked when the module's last test is torn down
 _session_pending: list[policing.Pending] = []  # checked at the end of the session
-_slow_seen: list[tuple[str, policing.SlowStep, bool]] = []  # (test, step, allowed) for the terminal summary
+_slow_seen: list[tuple[str, policing.SlowStep, str | None]] = []  # (test, step, blocks_loop reason): the summary
 _session_leaks: list[str] = []
 _current: list[pytest.Item] = []
 
@@ -51,7 +51,7 @@ def pytest_runtest_setup(item):
     item.stash[_BEFORE] = policing.live_threads()
     item.stash[_OWNED_WIDER] = set()
     for step in _slow_log.take():  # between tests (collection, another module's fixtures)
-        _slow_seen.append(("between tests", step, False))
+        _slow_seen.append(("between tests", step, None))
     _slow_log.phase = "setup"
     return (yield)
 
@@ -107,7 +107,8 @@ def pytest_runtest_teardown(item, nextitem):
     # slow loop steps
     allowed = item.get_closest_marker("blocks_loop")
     for step in _slow_log.take():
-        _slow_seen.append((item.nodeid, step, allowed is not None))
+        _slow_seen.append((item.nodeid, step, None if allowed is None else str(allowed.args[0] if allowed.args
+                                                                                else "no reason given")))
         if step.seconds >= policing.FAIL_S and allowed is None:
             problems.append(f"blocked the event loop for {step.seconds:.3f} s (over {policing.FAIL_S} s) during "
                             f"{step.phase}: {step.handle}")
@@ -131,7 +132,7 @@ def pytest_terminal_summary(terminalreporter):
     if _slow_seen:
         terminalreporter.section(f"event-loop steps over {policing.REPORT_S} s (debug mode)")
         for where, step, allowed in sorted(_slow_seen, key=lambda x: -x[1].seconds)[:25]:
-            note = " (blocks_loop: on purpose)" if allowed else ""
+            note = f" (blocks_loop: {allowed})" if allowed is not None else ""
             terminalreporter.write_line(f"{step.seconds:7.3f} s  {where} [{step.phase}]{note}  {step.handle[:160]}")
         if len(_slow_seen) > 25:
             terminalreporter.write_line(f"... and {len(_slow_seen) - 25} more")

@@ -104,6 +104,7 @@ def test_frames_in_any_chunking_arrive_whole_and_in_order(frames, cuts):
     assert ended == ["eof"]
 
 
+@pytest.mark.blocks_loop("feeds up to megabytes in one step under a profiler hook (0.3 s measured)")
 @given(frames=_frames(), cuts=st.lists(st.integers(0, 4_000_000), max_size=30))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_kept_python_frame_or_view_cannot_kill_the_link(frames, cuts):
