@@ -1,4 +1,5 @@
-"""Shared fixtures: every test is hermetic (own temp data dir, no env vars, no internet)."""
+"""Shared fixtures and the loop police: every test is hermetic (own temp data dir, no env vars, no
+internet), leaves no thread behind and never blocks an event loop (tests/support/policing.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,26 @@ import os
 
 import pytest
 
+from tests.support import policing
+
+pytest_plugins = ["pytester"]  # tests/test_policing.py runs the police on tests that misbehave
+
 # Tests never read the developer's real data dir or config from the environment.
 for _key in list(os.environ):
     if _key.startswith("SWARMLLM_"):
         del os.environ[_key]
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+policing.enable_loop_debug()
+_slow_log = policing.SlowCallbackLog()
+_slow_log.install()
+_BEFORE = pytest.StashKey[set]()
+_OWNED_WIDER = pytest.StashKey[set]()
+_module_pending: list[policing.Pending] = []  # checked when the module's last test is torn down
+_session_pending: list[policing.Pending] = []  # checked at the end of the session
+_slow_seen: list[tuple[str, policing.SlowStep, str | None]] = []  # (test, step, blocks_loop reason): the summary
+_session_leaks: list[str] = []
+_current: list[pytest.Item] = []
 
 
 @pytest.fixture
@@ -19,3 +35,108 @@ def data_dir(tmp_path):
     d = tmp_path / "data"
     d.mkdir()
     return d
+
+
+def pytest_configure(config):
+    # pytest-asyncio's runners call loop.set_debug(asyncio_debug) after creating a loop: keep it on
+    config.option.asyncio_debug = True
+    config.addinivalue_line(
+        "markers", "blocks_loop(reason): this test blocks its event loop on purpose (slow steps are reported, "
+                   "not failed)")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    _current[:] = [item]
+    item.stash[_BEFORE] = policing.live_threads()
+    item.stash[_OWNED_WIDER] = set()
+    for step in _slow_log.take():  # between tests (collection, another module's fixtures)
+        _slow_seen.append(("between tests", step, None))
+    _slow_log.phase = "setup"
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.scope == "function" or not _current:
+        return (yield)
+    before = policing.live_threads()
+    try:
+        return (yield)
+    finally:
+        item = _current[0]
+        started = policing.live_threads() - before
+        owner = _module_pending if fixturedef.scope in ("module", "class") else _session_pending
+        for thread in started:
+            item.stash[_OWNED_WIDER].add(thread)
+            owner.append(policing.Pending(thread, f"{item.nodeid}, setting up the {fixturedef.scope}-scoped "
+                                                  f"fixture {fixturedef.argname!r}"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    _slow_log.phase = "call"
+    return (yield)
+
+
+def _module_of(item) -> object:
+    return item.getparent(pytest.Module)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    _slow_log.phase = "teardown"
+    result = yield
+    problems: list[str] = []
+    # threads: started during this test (not by a wider-scoped fixture) and still running
+    new = policing.live_threads() - item.stash[_BEFORE] - item.stash[_OWNED_WIDER]
+    parked = {t for t in new if policing.parked_in_live_pool(t)}
+    _module_pending.extend(policing.Pending(t, item.nodeid) for t in parked)
+    for thread in policing.still_alive_after(new - parked):
+        if policing.known_leak(thread):
+            continue  # a known offender: see KNOWN_THREAD_LEAKS for the bug it stands for
+        problems.append(f"thread leak: {policing.describe(thread)} still runs after the test")
+    if nextitem is None or _module_of(nextitem) is not _module_of(item):
+        pending, _module_pending[:] = list(_module_pending), []
+        by_thread = {p.thread: p for p in pending}
+        for thread in policing.still_alive_after(set(by_thread)):
+            if policing.known_leak(thread):
+                continue
+            problems.append(f"thread leak: {policing.describe(thread)}, started during {by_thread[thread].started_in}, "
+                            "still runs after the module's last test and its fixtures")
+    # slow loop steps
+    allowed = item.get_closest_marker("blocks_loop")
+    for step in _slow_log.take():
+        _slow_seen.append((item.nodeid, step, None if allowed is None else str(allowed.args[0] if allowed.args
+                                                                                else "no reason given")))
+        if step.seconds >= policing.FAIL_S and allowed is None:
+            problems.append(f"blocked the event loop for {step.seconds:.3f} s (over {policing.FAIL_S} s) during "
+                            f"{step.phase}: {step.handle}")
+    _slow_log.phase = "between tests"
+    _current[:] = []
+    if problems:
+        raise AssertionError("the loop police:\n  " + "\n  ".join(problems))
+    return result
+
+
+def pytest_sessionfinish(session, exitstatus):
+    by_thread = {p.thread: p for p in _session_pending}
+    for thread in policing.still_alive_after(set(by_thread)):
+        if not policing.known_leak(thread):
+            _session_leaks.append(f"{policing.describe(thread)}, started during {by_thread[thread].started_in}")
+    if _session_leaks and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _slow_seen:
+        terminalreporter.section(f"event-loop steps over {policing.REPORT_S} s (debug mode)")
+        for where, step, allowed in sorted(_slow_seen, key=lambda x: -x[1].seconds)[:25]:
+            note = f" (blocks_loop: {allowed})" if allowed is not None else ""
+            terminalreporter.write_line(f"{step.seconds:7.3f} s  {where} [{step.phase}]{note}  {step.handle[:160]}")
+        if len(_slow_seen) > 25:
+            terminalreporter.write_line(f"... and {len(_slow_seen) - 25} more")
+    if _session_leaks:
+        terminalreporter.section("threads of session-scoped fixtures still running at the end")
+        for line in _session_leaks:
+            terminalreporter.write_line(line)

@@ -9,6 +9,7 @@ Linux installer installs and removes a bundle for a user (run for real, in a tem
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -53,19 +54,52 @@ def test_entry_script_starts_the_program_its_executable_is_named_for(monkeypatch
     assert ran == [expected]
 
 
-def test_entry_script_gives_a_windowed_program_std_streams(monkeypatch):
+# Run where a windowed executable starts: file descriptors 1 and 2 closed, so Python itself sets
+# sys.stdout and sys.stderr to None (pytest's own process always has them open).
+_WINDOWED_CHILD = """
+import json, logging, os, sys, traceback
+result = {"before": [sys.stdout is None, sys.stderr is None]}
+try:
+    sys.path.insert(0, sys.argv[1])
+    import entry
+    entry.ensure_std_streams()
+    result["after"] = [sys.stdout is None, sys.stderr is None]
+    print("goes nowhere")
+    print("goes nowhere", file=sys.stderr)
+    logging.basicConfig()
+    logging.getLogger("x").warning("what logging's handler does")
+    result["fds"] = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)}
+    result["dup"] = [os.dup(fd) > 2 for fd in (1, 2)]  # what llama.cpp's quiet mode does
+except BaseException:  # no stderr to tell: the report carries the traceback
+    result["error"] = traceback.format_exc()
+with open(sys.argv[2], "w") as out:
+    json.dump(result, out)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+def test_entry_script_gives_a_windowed_program_std_streams(tmp_path):
+    report = tmp_path / "report.json"
+    done = subprocess.run(["sh", "-c", 'exec "$0" -c "$1" "$2" "$3" 0<&- 1>&- 2>&-', sys.executable,
+                           _WINDOWED_CHILD, str(PACKAGING), str(report)], timeout=60)
+    result = json.loads(report.read_text())
+    assert "error" not in result, result["error"]
+    assert done.returncode == 0
+    assert result["before"] == [True, True]  # the condition under test really held
+    assert result["after"] == [False, False]
+    assert result["fds"] == {"0": os.devnull, "1": os.devnull, "2": os.devnull}
+    assert result["dup"] == [True, True]
+
+
+def test_entry_script_leaves_existing_std_streams_alone(monkeypatch):
     sys.path.insert(0, str(PACKAGING))
     try:
         import entry
     finally:
         sys.path.remove(str(PACKAGING))
-    monkeypatch.setattr(sys, "stdout", None)
-    monkeypatch.setattr(sys, "stderr", None)
+    out, err = sys.stdout, sys.stderr
     entry.ensure_std_streams()
-    assert sys.stdout is not None and sys.stderr is not None
-    print("goes nowhere", file=sys.stderr)  # what logging's handler would do
-    for fd in (1, 2):
-        os.fstat(fd)  # what llama.cpp's quiet mode duplicates
+    assert sys.stdout is out and sys.stderr is err
 
 
 def _fake_bundle(tmp_path: Path) -> Path:

@@ -14,7 +14,9 @@ import openai
 import pytest
 from PySide6.QtCore import QTimer
 
-from tests.app.helpers import async_until, node_config, running_app
+from tests.app.helpers import DEADLINE_S, running_app
+from tests.support.nodes import node_config
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
@@ -54,7 +56,7 @@ def test_event_loop_latency_during_a_long_stream(qtbot, run, data_dir, long_mode
                 timer.stop()
             finally:
                 await client.close()
-            await async_until(lambda: node.traces.in_flight == 0, "the trace to finish")
+            await wait_until(lambda: node.traces.in_flight == 0, DEADLINE_S, what="the trace to finish")
             trace = node.traces.recent[-1]
             stats.update(chunks=chunks, stream_s=ended - started, tokens=trace.completion_tokens,
                          tok_per_sec=trace.tok_per_sec or 0.0, in_flight_row=saw_in_flight_row,

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from app.main import build_parser
 from node.commands.run import cli_overrides
 from node.config import load_config
-from tests.app.helpers import free_port, port_is_free
+from tests.support.ports import free_port, port_is_free
+from tests.support.processes import REPO, hermetic_env
+from tests.support.waiting import wait_until_sync
 
 pytestmark = pytest.mark.gui
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_takes_the_node_options_of_swarmllm_run(tmp_path):
@@ -32,24 +29,20 @@ def test_takes_the_node_options_of_swarmllm_run(tmp_path):
 
 
 def _wait_ready(port: int, proc: subprocess.Popen, deadline_s: float = 120.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         assert proc.poll() is None, f"the app exited early with {proc.returncode}"
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=2) as reply:
-                if reply.status == 200:
-                    return
+                return reply.status == 200
         except OSError:
-            pass
-        time.sleep(0.1)  # polling a separate process's readiness, with a deadline
-    raise AssertionError("the app never became ready")
+            return False
+    wait_until_sync(ready, deadline_s, 0.1, "the app's node to be ready")
 
 
 @pytest.mark.slow
 def test_sigterm_stops_the_node_and_frees_the_port(tmp_path, tiny_model):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARMLLM_")}
-    env.update(QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(REPO))
+    env = hermetic_env({"QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(REPO)})
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.main", "-p", str(port), "--data-dir", str(tmp_path / "data"),
          "--no-default-model", "--model", str(tiny_model), "--n-threads", "1"],

@@ -8,7 +8,9 @@ import pytest
 
 from app.host import AppState
 from node.node import Node
-from tests.app.helpers import async_until, node_config, running_app
+from tests.app.helpers import DEADLINE_S, running_app
+from tests.support.nodes import node_config
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
@@ -29,15 +31,19 @@ def test_a_peer_and_a_distributed_request(qtbot, run, tmp_path, tiny_model):
             await b.start()
             try:
                 peers = app.feeds.peers
-                await async_until(lambda: peers.cell_text(b.node_id, "State") == "connected", "peer B in the table")
+                await wait_until(lambda: peers.cell_text(b.node_id, "State") == "connected",
+                                 DEADLINE_S, what="peer B in the table")
                 assert peers.cell_text(b.node_id, "Peer") == b.short_id
                 assert peers.cell_text(b.node_id, "Link") == "direct"
-                await async_until(lambda: "tiny" in peers.cell_text(b.node_id, "Models and layers"),
-                                  "peer B's models")
+                await wait_until(lambda: "tiny" in peers.cell_text(b.node_id, "Models and layers"),
+                                 DEADLINE_S, what="peer B's models")
                 assert peers.cell_text(b.node_id, "Models and layers") == "tiny [1–1 of 2]"
                 assert app.feeds.overview.text("Peers") == "1 connected"
-                await async_until(lambda: app.host.serving().swarm, "the swarm to cover the model")
-                assert "via peers" in app.host.status_line() or "layers" in app.host.status_line()
+                await wait_until(lambda: app.host.serving().swarm,
+                                 DEADLINE_S, what="the swarm to cover the model")
+                # what this node holds and what the swarm adds: its layer, and the whole model via peers
+                assert app.host.serving().describe() == "layers tiny[0-0]; via peers tiny"
+                assert "serving: layers tiny[0-0]; via peers tiny at http://" in app.host.status_line()
 
                 client = openai.AsyncOpenAI(base_url=app.node.api_url, api_key=app.node.api_key, max_retries=0)
                 try:
@@ -47,7 +53,8 @@ def test_a_peer_and_a_distributed_request(qtbot, run, tmp_path, tiny_model):
                     await client.close()
                 request_id = reply.headers["x-request-id"]
                 rows = app.feeds.requests
-                await async_until(lambda: rows.cell_text(request_id, "Outcome") == "ok", "the finished row")
+                await wait_until(lambda: rows.cell_text(request_id, "Outcome") == "ok",
+                                 DEADLINE_S, what="the finished row")
                 assert rows.cell_text(request_id, "Route") == reply.headers["x-swarm-route"] == "distributed"
                 assert rows.cell_text(request_id, "Nodes") == f"{app.node.short_id},{b.short_id}"
                 tab = app.window.requests_tab
@@ -59,6 +66,7 @@ def test_a_peer_and_a_distributed_request(qtbot, run, tmp_path, tiny_model):
                 assert "route=distributed" in tab.summary.toPlainText()
             finally:
                 await b.stop()
-            await async_until(lambda: peers.cell_text(b.node_id, "State") != "connected", "peer B to leave")
+            await wait_until(lambda: peers.cell_text(b.node_id, "State") != "connected",
+                             DEADLINE_S, what="peer B to leave")
 
     run(body())

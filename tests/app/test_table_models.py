@@ -159,7 +159,8 @@ def test_peers_model_follows_a_real_peer_manager(qapp, qtmodeltester, run, tmp_p
     until detach unsubscribes."""
     from node.config import NodeConfig
     from node.net import PeerManager, load_or_create_identity
-    from tests.app.helpers import async_until
+    from tests.app.helpers import DEADLINE_S
+    from tests.support.waiting import wait_until
 
     def manager(name: str, **fields) -> PeerManager:
         cfg = NodeConfig(data_dir=tmp_path / name, port=0, peer_port=0, peer_host="127.0.0.1", mdns=False,
@@ -176,10 +177,11 @@ def test_peers_model_follows_a_real_peer_manager(qapp, qtmodeltester, run, tmp_p
             assert model.rowCount() == 0 and len(a.observers) == 1
             b.config.bootstrap = [f"127.0.0.1:{a.listen_port}"]
             await b.async_start()
-            await async_until(lambda: model.rowCount() == 1 and model.cell_text(b.node_id, "State") == "connected",
-                              "b's row, connected")
+            await wait_until(lambda: model.rowCount() == 1 and model.cell_text(b.node_id, "State") == "connected",
+                             DEADLINE_S, what="b's row, connected")
             await b.async_stop()
-            await async_until(lambda: model.cell_text(b.node_id, "State") == "gone", "b's row to show it gone")
+            await wait_until(lambda: model.cell_text(b.node_id, "State") == "gone",
+                             DEADLINE_S, what="b's row to show it gone")
             model.detach()
             assert len(a.observers) == 0
             model.attach(None)

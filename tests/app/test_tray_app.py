@@ -13,8 +13,10 @@ from PySide6.QtGui import QGuiApplication
 from app.host import AppState
 from app.ui import fmt
 from node.inference.synth import write_gguf
-from tests.app.helpers import async_until, http_file, node_config, port_is_free, running_app
-from tests.support.nodes import TINY
+from tests.app.helpers import DEADLINE_S, http_file, running_app
+from tests.support.nodes import TINY, node_config
+from tests.support.ports import port_is_free
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.gui
 
@@ -32,7 +34,8 @@ def test_request_through_the_api_appears_in_the_requests_table(qtbot, run, data_
             finally:
                 await client.close()
             request_id = reply.headers["x-request-id"]
-            await async_until(lambda: model.cell_text(request_id, "Outcome") == "ok", "the finished row")
+            await wait_until(lambda: model.cell_text(request_id, "Outcome") == "ok",
+                             DEADLINE_S, what="the finished row")
             assert model.cell_text(request_id, "Route") == reply.headers["x-swarm-route"] == "local"
             ttft = model.cell_text(request_id, "TTFT")
             assert ttft != fmt.DASH and ttft.endswith(" ms")
@@ -61,7 +64,8 @@ def test_copy_diagnostics_is_redacted_and_full_report_is_not(qtbot, run, data_di
             clipboard = QGuiApplication.clipboard()
             clipboard.setText("")
             app.tray.copy_diagnostics_action.trigger()
-            await async_until(lambda: "SwarmLLM diagnostics" in clipboard.text(), "the report on the clipboard")
+            await wait_until(lambda: "SwarmLLM diagnostics" in clipboard.text(),
+                             DEADLINE_S, what="the report on the clipboard")
             text = clipboard.text()
             assert private_ip not in text and public_ip not in text
             assert "<private-ip-" in text and "<public-ip-" in text and ":8810" in text
@@ -74,7 +78,8 @@ def test_copy_diagnostics_is_redacted_and_full_report_is_not(qtbot, run, data_di
             assert private_ip not in shown and node.api_key not in shown
             clipboard.setText("")
             tab.copy_full_button.click()
-            await async_until(lambda: private_ip in clipboard.text(), "the full report on the clipboard")
+            await wait_until(lambda: private_ip in clipboard.text(),
+                             DEADLINE_S, what="the full report on the clipboard")
             assert node.api_key not in clipboard.text()  # never, even in the full report
 
     run(body())
@@ -105,12 +110,14 @@ def test_unload_and_load_change_the_models_table(qtbot, run, data_dir, tiny_mode
             tab.select(model_id)
             assert tab.unload_button.isEnabled() and not tab.load_button.isEnabled()
             tab.unload_button.click()
-            await async_until(lambda: table.cell_text(model_id, "State") == "unloaded", "the unloaded row")
+            await wait_until(lambda: table.cell_text(model_id, "State") == "unloaded",
+                             DEADLINE_S, what="the unloaded row")
             assert app.host.state == AppState.NO_MODEL
             assert app.window.overview_tab.banner.isVisibleTo(app.window)  # first-run style message
             assert tab.load_button.isEnabled()
             tab.load_button.click()
-            await async_until(lambda: table.cell_text(model_id, "State") == "loaded", "the loaded row")
+            await wait_until(lambda: table.cell_text(model_id, "State") == "loaded",
+                             DEADLINE_S, what="the loaded row")
             assert app.host.state == AppState.SERVING
             assert table.cell_text(model_id, "Memory").startswith("≈")
 
@@ -123,7 +130,7 @@ def test_quit_from_the_tray_menu_frees_the_port(qtbot, run, data_dir, tiny_model
 
         app = TrayApp(node_config(data_dir, tiny_model), tray_available=True)
         task = asyncio.ensure_future(app.async_run())
-        await async_until(lambda: app.host.state == AppState.SERVING, "serving")
+        await wait_until(lambda: app.host.state == AppState.SERVING, DEADLINE_S, what="serving")
         port = app.node.api.port
         assert not port_is_free(port)
         app.window.close()  # with a tray, closing the window keeps the app running
@@ -170,7 +177,8 @@ def test_add_model_file_from_the_first_run_state(qtbot, run, data_dir, tiny_mode
         async with running_app(node_config(data_dir)) as app:
             assert app.host.state == AppState.NO_MODEL
             app.window.models_tab.add_model_file(tiny_model)
-            await async_until(lambda: app.host.state == AppState.SERVING, "the added model to serve")
+            await wait_until(lambda: app.host.state == AppState.SERVING,
+                             DEADLINE_S, what="the added model to serve")
             assert not app.window.overview_tab.banner.isVisible()
             assert app.feeds.models.rowCount() == 1
 
@@ -183,7 +191,7 @@ def test_without_a_system_tray_the_window_is_the_app(qtbot, run, data_dir, tiny_
 
         app = TrayApp(node_config(data_dir, tiny_model), tray_available=False)
         task = asyncio.ensure_future(app.async_run())
-        await async_until(lambda: app.host.state == AppState.SERVING, "serving")
+        await wait_until(lambda: app.host.state == AppState.SERVING, DEADLINE_S, what="serving")
         assert app.window.isVisible()
         port = app.node.api.port
         app.window.close()  # no tray: closing the window quits
@@ -224,14 +232,16 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
                 seen: list[str] = []  # what the status line showed as the download ran
                 app.node.downloads.subscribe(lambda job: seen.append(tab.status.text()))
                 tab.download_url(url)
-                await async_until(lambda: tab.status.text().startswith("downloaded fetched.gguf"), "the download")
+                await wait_until(lambda: tab.status.text().startswith("downloaded fetched.gguf"),
+                                 DEADLINE_S, what="the download")
                 model_id = tab.selected_id()
                 assert model_id is not None and model_id.startswith("fetched-")
                 assert app.feeds.models.summary(model_id)["state"] == "unloaded"
                 assert any(text.startswith("downloading fetched.gguf: ") and " MB (" in text for text in seen), seen
                 assert tab.load_button.isEnabled()
                 tab.load_selected()
-                await async_until(lambda: app.feeds.models.summary(model_id)["state"] == "loaded", "the model loaded")
+                await wait_until(lambda: app.feeds.models.summary(model_id)["state"] == "loaded",
+                                 DEADLINE_S, what="the model loaded")
                 tab.download_url("ftp://nope/x.gguf")
                 assert "http(s)" in tab.status.text()
 
@@ -256,11 +266,12 @@ def test_a_download_can_be_cancelled_from_the_models_tab(qtbot, run, data_dir, t
                     tab = app.window.models_tab
                     assert tab.cancel_download_button.isHidden()
                     tab.download_url(url)
-                    await async_until(lambda: tab.status.text().startswith("downloading slow.gguf: "), "progress")
+                    await wait_until(lambda: tab.status.text().startswith("downloading slow.gguf: "),
+                                     DEADLINE_S, what="progress")
                     assert not tab.cancel_download_button.isHidden()
                     assert (app.node.data_dir / "models" / "slow.gguf.part").exists()
                     tab.cancel_download_button.click()
-                    await async_until(lambda: "cancelled" in tab.status.text(), "the cancel")
+                    await wait_until(lambda: "cancelled" in tab.status.text(), DEADLINE_S, what="the cancel")
                     assert tab.cancel_download_button.isHidden()
                     assert not list((app.node.data_dir / "models").glob("slow.gguf*"))
             finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from node.inference.devices import DeviceInventory, Gpu, detect_torch
 from node.inference.placement import place
@@ -68,6 +69,52 @@ def test_picks_the_gpu_with_room_and_skips_old_ones():
     assert p.device == "cuda:2"
 
 
-def test_detect_on_this_machine_is_consistent():
+def test_detect_on_this_machine_agrees_with_torch():
     inv = detect_torch()
-    assert inv.build_supports_gpu == bool(inv.gpus)
+    expected = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    assert [g.name for g in inv.gpus] == expected
+    assert inv.build_supports_gpu is bool(expected)
+    if not expected:  # and placement then says why the CPU: no GPU, not an old or unsupported one
+        assert place("m", 100, inv).cpu_placement_reason == "no_gpu"
+
+
+class _Props:
+    def __init__(self, name: str, major: int, minor: int):
+        self.name, self.major, self.minor = name, major, minor
+
+
+def _fake_cuda(monkeypatch, props: list[_Props], free_total: list[tuple[int, int]], archs: list[str]):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(props))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: free_total[i])
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: archs)
+
+
+def test_detect_reads_devices_memory_and_the_oldest_supported_arch(monkeypatch):
+    mib = 2**20
+    _fake_cuda(monkeypatch, [_Props("A100", 8, 0), _Props("K80", 3, 7)],
+               [(40000 * mib, 40960 * mib), (12000 * mib + 5, 12288 * mib)],
+               ["sm_86", "sm_50", "compute_90", "sm_90"])
+    inv = detect_torch()
+    assert inv.gpus == (Gpu(0, "A100", total_mb=40960, free_mb=40000, compute_capability=(8, 0)),
+                        Gpu(1, "K80", total_mb=12288, free_mb=12000, compute_capability=(3, 7)))
+    assert inv.build_supports_gpu is True
+    assert inv.min_compute_capability == (5, 0)  # the oldest sm_ the build has kernels for
+    assert place("m", 1300, inv).device == "cuda:0"
+    assert place("m", 100, DeviceInventory(inv.gpus[1:], True, inv.min_compute_capability)).cpu_placement_reason \
+        == "gpu_too_old_for_this_build"
+
+
+def test_a_broken_driver_reads_as_no_gpu_with_the_reason_logged(monkeypatch, caplog):
+    def broken(i):
+        raise RuntimeError("CUDA driver version is insufficient")
+
+    _fake_cuda(monkeypatch, [_Props("A100", 8, 0)], [(1, 1)], ["sm_80"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
+    with caplog.at_level(logging.WARNING, logger="node.inference.devices"):
+        inv = detect_torch()
+    assert inv == DeviceInventory()
+    assert "GPU inventory failed: CUDA driver version is insufficient" in caplog.text
+    assert place("m", 100, inv).cpu_placement_reason == "no_gpu"

@@ -9,7 +9,9 @@ import logging
 
 import pytest
 
-from .util import addr, wait_until
+from tests.support.waiting import wait_until
+
+from .util import addr
 
 IGNORING = "Ignoring a peer that does not speak SwarmLLM"
 

@@ -18,9 +18,10 @@ from node.net import Frame, FrameType
 from node.net._frames import MAGIC, PREFIX, frame_bytes
 from node.net._preamble import MAGIC as PREAMBLE_MAGIC
 from node.net._preamble import encode_preamble
+from tests.support.waiting import wait_until_sync
 
 from .rawclient import RawPeer, closed_by_peer, read_frame
-from .util import PeerProc, wait_until_sync
+from .util import PeerProc
 
 pytestmark = pytest.mark.slow
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

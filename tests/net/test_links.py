@@ -9,8 +9,11 @@ import pytest
 
 from node.errors import InvalidRequest, PeerError, PeerIdentityMismatch, RequestTimeout
 from node.net import Frame, FrameType, PeerManager
+from node.net._frames import frame_bytes
+from tests.support.waiting import wait_until
 
-from .util import addr, wait_until
+from .tlsprobe import TlsProbe
+from .util import addr
 
 
 def linked(a: PeerManager, b: PeerManager) -> bool:
@@ -103,15 +106,55 @@ async def test_ordered_handlers_run_in_arrival_order(make_manager, fast_net):
 
 
 async def test_wrong_identity_is_refused(make_manager, fast_net, caplog):
+    caplog.set_level(logging.DEBUG, logger="node.net")
     a = await make_manager("a")
     c = await make_manager("c")
     b = await make_manager("b")
     with pytest.raises(PeerIdentityMismatch):
         await b.async_connect(addr(a), c.node_id)  # a answers at that address, but we wanted c
     assert b.link(a.node_id) is None and b.link(c.node_id) is None
-    await asyncio.sleep(0.2)
-    assert a.connection_count() == 0 and b.connection_count() == 0
+    # a's side of that connection has ended (b hung up before its HELLO), so a could have counted a link
+    # by now, and did not: b told the impostor nothing
+    await wait_until(lambda: "DIAG: inbound connection closed during set-up" in caplog.text,
+                     what="a to see the refused connection end")
+    assert "DIAG: connection established" not in caplog.text
+    assert a.connection_count() == 0 and b.connection_count() == 0 and a.peer(b.node_id) is None
+    assert (await b.async_connect(addr(a), a.node_id)).node_id == a.node_id  # the right identity links
+    await wait_until(lambda: a.connection_count() == 1, what="a to count b's link")
     assert (await b.async_connect(addr(a), a.node_id)).node_id == a.node_id
+
+
+def _one_link(a: PeerManager, b: PeerManager) -> bool:
+    """Exactly one open link between a and b, and it is the same TCP connection at both ends."""
+    if a.connection_count(b.node_id) != 1 or b.connection_count(a.node_id) != 1:
+        return False
+    la, lb = a.link(b.node_id), b.link(a.node_id)
+    return la is not None and lb is not None and la.stream.extra("sockname") == lb.stream.extra("peername")
+
+
+def _settled(a: PeerManager, b: PeerManager, caplog) -> int | None:
+    """The number of TCP connections a and b set up with each other, once both ends have registered
+    every one of them and closed all but one (nothing left in flight that could still change the
+    outcome); None before that."""
+    def count(line: str, peer: PeerManager) -> int:
+        return caplog.text.count(f"DIAG: {line} peer_id={peer.short_id}")
+    opened_a, opened_b = count("connection established", b), count("connection established", a)
+    closed_a, closed_b = count("connection closed", b), count("connection closed", a)
+    if opened_a == opened_b >= 1 and closed_a == closed_b == opened_a - 1 and _one_link(a, b):
+        return opened_a
+    return None
+
+
+async def _stays_one_link(a: PeerManager, b: PeerManager) -> None:
+    """The link that survived stays the only one: two more maintenance rounds at each end (where a
+    redial would start) and frames (PINGs and PONGs) received on it at both ends, which a link that
+    either end retired or closed would not get."""
+    la, lb = a.link(b.node_id), b.link(a.node_id)
+    frames_a, frames_b, rounds_a, rounds_b = la.frames_in, lb.frames_in, a.discovery.rounds, b.discovery.rounds
+    await wait_until(lambda: la.frames_in >= frames_a + 2 and lb.frames_in >= frames_b + 2
+                     and a.discovery.rounds >= rounds_a + 2 and b.discovery.rounds >= rounds_b + 2,
+                     what="two maintenance rounds and pings on the surviving link at both ends")
+    assert a.link(b.node_id) is la and b.link(a.node_id) is lb and _one_link(a, b)
 
 
 @pytest.mark.parametrize("round_", range(4))
@@ -122,21 +165,36 @@ async def test_simultaneous_dial_ends_in_one_link(make_manager, fast_net, round_
     results = await asyncio.gather(a.async_connect(addr(b), b.node_id), b.async_connect(addr(a), a.node_id),
                                    return_exceptions=True)
     assert not [r for r in results if isinstance(r, BaseException)], results
-
-    def one_link():
-        if a.connection_count(b.node_id) != 1 or b.connection_count(a.node_id) != 1:
-            return False
-        la, lb = a.link(b.node_id), b.link(a.node_id)
-        return la is not None and lb is not None and \
-            la.stream.extra("sockname") == lb.stream.extra("peername")
-
-    await wait_until(one_link, what="exactly one link, the same TCP connection on both ends")
-    await asyncio.sleep(0.5)  # and it stays that way
-    assert one_link()
+    connections = await wait_until(lambda: _settled(a, b, caplog),
+                                   what="one link, the same TCP connection on both ends, the other closed")
+    await _stays_one_link(a, b)
     keep = a.link(b.node_id)
     dialer = a.node_id if keep.is_dialer else b.node_id
-    if "duplicate link" in caplog.text:
-        assert dialer == min(a.node_id, b.node_id)  # the lower node id's dial survives
+    retired = caplog.text.count("DIAG: duplicate link to one peer, retiring one")
+    if connections == 2:  # both dials got through: both ends ranked them the same way
+        assert retired >= 1 and dialer == min(a.node_id, b.node_id)  # the lower node id's dial survives
+    else:  # one dial found the other's link already up and used it
+        assert connections == 1 and retired == 0
+
+
+async def test_a_duplicate_link_keeps_the_lower_node_ids_dial(make_manager, fast_net, caplog, monkeypatch):
+    """The tie-break, every time: a second TCP connection is forced (node_id=None skips the
+    'already linked' shortcut). A long grace keeps the loser open until both ends have ranked the
+    two links; had they ranked them differently, each would retire the other's keeper."""
+    from node import const
+
+    monkeypatch.setattr(const, "DUPLICATE_LINK_GRACE_S", 1.0)
+    caplog.set_level(logging.INFO)
+    a = await make_manager()
+    b = await make_manager()
+    low, high = sorted((a, b), key=lambda m: m.node_id)
+    await high.async_connect(addr(low))  # the higher id dials first ...
+    await wait_until(lambda: _settled(a, b, caplog) == 1, what="the first link")
+    await low.async_connect(addr(high))  # ... then the lower id dials too: a duplicate
+    assert await wait_until(lambda: _settled(a, b, caplog), what="the duplicate retired") == 2
+    await _stays_one_link(a, b)
+    assert caplog.text.count("DIAG: duplicate link to one peer, retiring one") == 2  # both ends ranked them
+    assert low.link(high.node_id).is_dialer and not high.link(low.node_id).is_dialer
 
 
 async def test_peer_gone_and_back(make_manager, fast_net, tmp_path, caplog):
@@ -198,9 +256,12 @@ async def test_hello_announce_updates_models_and_observers(make_manager, fast_ne
     await wait_until(lambda: len(b.peer(a.node_id).models) == 2, what="HELLO update")
     unsubscribe()
     n = len(events)
+    still: list[tuple[str, int]] = []  # an observer that stays: proves the next HELLO was delivered
+    b.subscribe(lambda kind, snap: still.append((kind, len(snap.models))))
+    models.append({"model_id": "m3", "layers": [0, 8], "n_layers": 8, "hash": "h3"})
     await a.async_announce()
-    await asyncio.sleep(0.2)
-    assert len(events) == n
+    await wait_until(lambda: ("changed", 3) in still, what="the next HELLO update reaching b's observers")
+    assert len(events) == n  # the unsubscribed observer was not called for it
 
 
 async def test_observer_failure_does_not_break_the_network(make_manager, fast_net):
@@ -300,7 +361,40 @@ async def test_server_refuses_a_certificate_other_than_the_announced_one(make_ma
     assert a.connection_count() == 0 and not a.peers()
 
 
-async def test_close_sends_close_notify_and_the_peer_sees_a_clean_end(make_manager, fast_net, caplog):
+async def test_close_sends_close_notify_before_the_fin(make_manager, fast_net, tmp_path):
+    """Read at the TLS level by a probe peer: a node's close() ends TLS with a close_notify alert,
+    not with a bare TCP FIN (which OpenSSL reports to the probe as a ragged EOF)."""
+    a = await make_manager("a")
+    probe, _hello = await TlsProbe.async_link(tmp_path / "probe", a.listen_port)
+    try:
+        await wait_until(lambda: a.link(probe.node_id) is not None, what="a to register the probe's link")
+        a.link(probe.node_id).close("test")
+        assert await asyncio.wait_for(probe.async_how_it_ends(), 10) == "close_notify"
+    finally:
+        await probe.async_abort()
+
+
+@pytest.mark.parametrize(("ending", "partial", "cause"), [
+    ("close_notify", False, "eof"), ("bare_fin", False, "eof"),
+    ("close_notify", True, "truncated frame"), ("bare_fin", True, "truncated frame"),
+], ids=["close-notify", "bare-fin", "close-notify-mid-frame", "bare-fin-mid-frame"])
+async def test_how_a_peer_ended_its_link(make_manager, fast_net, tmp_path, ending, partial, cause):
+    """At a frame boundary a FIN is a clean end with or without close_notify (frames are length
+    delimited, so a cut shows as a truncated frame instead, whichever way TLS ends)."""
+    a = await make_manager("a")
+    probe, _hello = await TlsProbe.async_link(tmp_path / "probe", a.listen_port)
+    try:
+        await wait_until(lambda: a.link(probe.node_id) is not None, what="a to register the probe's link")
+        link = a.link(probe.node_id)
+        if partial:
+            await probe.async_send_raw(frame_bytes(Frame(FrameType.WORK, {"n": 1}, b"x" * 100))[:-10])
+        await (probe.async_close_notify() if ending == "close_notify" else probe.async_bare_fin())
+        assert await asyncio.wait_for(link.closed, 10) and link.close_cause == cause
+    finally:
+        await probe.async_abort()
+
+
+async def test_a_node_closing_a_link_is_a_clean_end_for_the_node_at_the_other_end(make_manager, fast_net, caplog):
     caplog.set_level(logging.INFO)
     a = await make_manager("a")
     b = await make_manager("b", bootstrap=[addr(a)])
@@ -309,6 +403,8 @@ async def test_close_sends_close_notify_and_the_peer_sees_a_clean_end(make_manag
     b.link(a.node_id).close("test")
     await b_link.closed
     assert b_link.close_cause == "eof"
+    assert f"DIAG: connection closed peer_id={b.short_id} connection_id={b_link.connection_id} cause=eof" \
+        in caplog.text
 
 
 async def test_several_frames_in_one_write_arrive_whole_and_in_order(make_manager, fast_net):

@@ -15,8 +15,11 @@ import sys
 
 import pytest
 
+from tests.support.processes import REPO
+from tests.support.waiting import wait_until
+
 from .netns import Namespaces, netns_unavailable
-from .util import REPO, PeerProc, wait_until
+from .util import PeerProc
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 _why = netns_unavailable()

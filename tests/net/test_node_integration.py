@@ -10,17 +10,21 @@ import time
 
 import pytest
 
+from tests.support.processes import REPO, NodeProcess
+from tests.support.waiting import wait_until_sync
+
 from .rawclient import RawPeer, closed_by_peer
-from .util import REPO, RealNode, wait_until_sync
 
 pytestmark = pytest.mark.slow
+
+BARE = ["--no-default-model", "--no-mdns", "-v"]  # no model; -v: the DIAG lines on stdout
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     work = tmp_path_factory.mktemp("real")
-    a = RealNode(work, "a", [])
-    b = RealNode(work, "b", ["--bootstrap", f"127.0.0.1:{a.peer_port}"])
+    a = NodeProcess(work / "a", args=BARE)
+    b = NodeProcess(work / "b", args=[*BARE, "--bootstrap", f"127.0.0.1:{a.peer_port}"])
     try:
         wait_until_sync(lambda: a.healthy() and b.healthy(), 120, 0.2, "both nodes up")
         a_id = json.loads(a.get("/api/admin/stats")[1])["node_id"]
@@ -29,8 +33,8 @@ def pair(tmp_path_factory):
                         and (a.peer(b_id) or {}).get("state") == "connected", 60, 0.2, "bootstrap link")
         yield {"a": a, "b": b, "a_id": a_id, "b_id": b_id, "work": work}
     finally:
-        a.stop()
-        b.stop()
+        a.terminate()
+        b.terminate()
 
 
 def test_admin_peers_stats_and_cli(pair):

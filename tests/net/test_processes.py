@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from .util import PeerProc, wait_until
+from tests.support.waiting import wait_until
+
+from .util import PeerProc
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,9 @@ from node import const
 from node.errors import PeerError
 from node.net import Frame, FrameType
 from node.net._connect import async_dial_relayed
+from tests.support.waiting import wait_until
 
-from .util import addr, wait_until
+from .util import addr
 
 MARKER = b"MARKER-7f3a-plaintext-must-not-cross-the-relay"
 

@@ -14,6 +14,7 @@ import asyncio
 import random
 import sys
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -103,6 +104,7 @@ def test_frames_in_any_chunking_arrive_whole_and_in_order(frames, cuts):
     assert ended == ["eof"]
 
 
+@pytest.mark.blocks_loop("feeds up to megabytes in one step under a profiler hook (0.3 s measured)")
 @given(frames=_frames(), cuts=st.lists(st.integers(0, 4_000_000), max_size=30))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_kept_python_frame_or_view_cannot_kill_the_link(frames, cuts):
@@ -169,6 +171,7 @@ def test_receive_buffer_behaves_like_a_byte_string(ops):
     assert buf.take_all() == model
 
 
+@pytest.mark.blocks_loop("the stall the watchdog must sample")
 def test_watchdog_keeps_no_frame_of_the_loop_after_a_stall():
     """The watchdog samples the loop thread's stack during a stall; the frame it read must not
     outlive the sample, or the stalled function's locals (here a marker; under load, views into

@@ -4,13 +4,16 @@ and by raw HTTP for the error paths. After every bad request the node keeps serv
 from __future__ import annotations
 
 import json
+import time
 
 import aiohttp
 import openai
 import pytest
 import pytest_asyncio
 
+from node.inference.llama_engine import LlamaEngine
 from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.sse import DONE, sse_data
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -19,7 +22,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 async def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("api")
     model = tiny_model(base)
-    async with running_node(node_config(base / "data", [model])) as n:
+    async with running_node(node_config(base / "data", model)) as n:
         yield n
 
 
@@ -101,8 +104,8 @@ async def test_stream_raw_has_done_and_timings(node, model_id):
     assert status == 200
     assert headers["Content-Type"].startswith("text/event-stream")
     assert "ttft" not in headers["server-timing"] and "queue;dur=" in headers["server-timing"]
-    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
+    events = sse_data(text)
+    assert events[-1] == DONE
     last = json.loads(events[-2])
     assert last["choices"][0]["finish_reason"] == "length" and "ttft_ms" in last["x_swarm"]
 
@@ -255,14 +258,25 @@ async def test_admin_models_load_unload(node, model_id):
     assert (await raw(node, "POST", "/api/admin/models/nope/load"))[0] == 404
 
 
-async def test_admin_stats_and_requests(node):
+async def test_admin_stats_and_requests(node, model_id):
+    # its own requests, one served and one refused, so it passes alone and in any order
+    got, served, _ = await raw(node, "POST", "/v1/chat/completions", body={
+        "model": model_id, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    assert got == 200
+    got, refused, _ = await raw(node, "POST", "/v1/chat/completions", body={
+        "model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
+    assert got == 404
     got, _, text = await raw(node, "GET", "/api/admin/stats")
     stats = json.loads(text)
     assert stats["node_id"] == node.node_id and stats["in_flight"] == {"traces": 0, "pipelines": 0}
     got, _, text = await raw(node, "GET", "/api/admin/requests")
     data = json.loads(text)
-    assert data["recent"] and data["recent"][-1]["summary"].startswith("DIAG: request complete")
-    assert any(r["error_type"] == "ModelNotFound" for r in data["failures"])
+    assert [r["request_id"] for r in data["recent"][-2:]] == [served["x-request-id"], refused["x-request-id"]]
+    ok = data["recent"][-2]
+    assert ok["summary"].startswith("DIAG: request complete") and "outcome=ok" in ok["summary"]
+    failure = data["failures"][-1]
+    assert failure["request_id"] == refused["x-request-id"] and failure["error_type"] == "ModelNotFound"
+    assert served["x-request-id"] not in [r["request_id"] for r in data["failures"]]
 
 
 async def test_empty_prompt(node, client, model_id, monkeypatch):
@@ -307,18 +321,37 @@ async def test_unknown_model_names_do_not_grow_metric_series(node):
     assert 'model="unknown"' in text
 
 
-async def test_force_unload_stops_a_running_generation(node, client, model_id):
-    stream = await client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "go"}],
-                                                  max_tokens=200, temperature=0, stream=True)
+async def test_force_unload_stops_a_running_generation(node, client, model_id, monkeypatch):
+    # 5 ms a token (in the model's thread): the unload lands mid-generation however fast the machine
+    real_generate = LlamaEngine.generate
+
+    def paced_generate(self, job, channel, is_eog):
+        return real_generate(self, job, channel, lambda token: time.sleep(0.005) or is_eog(token))
+
+    monkeypatch.setattr(LlamaEngine, "generate", paced_generate)
+    messages = [{"role": "user", "content": "go"}]
+    stream = await client.chat.completions.create(model=model_id, messages=messages, max_tokens=200, temperature=0,
+                                                  stream=True)
     first = await stream.__anext__()
     assert first.choices[0].delta.role == "assistant"
+    streamed, text_chunks = "", 0
+    while text_chunks < 3:  # the generation is under way: tokens have reached the client
+        chunk = await stream.__anext__()
+        delta = chunk.choices[0].delta.content if chunk.choices else None
+        streamed += delta or ""
+        text_chunks += bool(delta)
     got, _, _ = await raw(node, "POST", f"/api/admin/models/{model_id}/unload")
     assert got == 409  # in use, not forced
     got, _, text = await raw(node, "POST", f"/api/admin/models/{model_id}/unload?force=1")
     assert got == 200 and json.loads(text)["model"]["state"] == "unloaded"
     rest = [c async for c in stream]
-    assert sum(len(c.choices[0].delta.content or "") for c in rest if c.choices) >= 0
+    streamed += "".join(c.choices[0].delta.content or "" for c in rest if c.choices)
     finish = [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason]
     assert finish == ["length"]  # ended early and cleanly (fewer than 200 tokens)
-    assert node.traces.recent[-1].completion_tokens < 200
-    await assert_still_serving(client, model_id)  # and it loads again on demand
+    generated = node.traces.recent[-1].completion_tokens
+    assert text_chunks <= generated < 200
+    # the client got what was generated so far, every token of it: exactly the greedy text of that many tokens
+    again = await client.chat.completions.create(model=model_id, messages=messages, max_tokens=generated,
+                                                 temperature=0)  # (and the model loads again on demand)
+    assert again.usage.completion_tokens == generated
+    assert streamed == again.choices[0].message.content

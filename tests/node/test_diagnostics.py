@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from node.watchdog import LoopWatchdog
-from tests.support.nodes import node_config, running_node, tiny_model, wait_until
+from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.llama
 
@@ -32,7 +33,7 @@ async def _report(node, full=False):
 
 async def test_report_sections_and_redaction(tmp_path):
     model = tiny_model(tmp_path)
-    async with running_node(node_config(tmp_path / "data", [model])) as node:
+    async with running_node(node_config(tmp_path / "data", model)) as node:
         # Addresses reach the report the way real events put them there: activity lines and failures.
         node.note_activity("bootstrap dial failed addr=93.184.216.34:8810 error=refused")
         node.note_activity("mdns found peer at 192.168.77.12:8810 and [2001:db8:85a3::8a2e:370:7334]:8810 "
@@ -77,7 +78,7 @@ async def test_report_sections_and_redaction(tmp_path):
 
 async def test_report_lists_requests_failures_and_models(tmp_path):
     model = tiny_model(tmp_path)
-    async with running_node(node_config(tmp_path / "data", [model])) as node:
+    async with running_node(node_config(tmp_path / "data", model)) as node:
         base = f"http://127.0.0.1:{node.api.port}"
         hdrs = {"Authorization": f"Bearer {node.api_key}"}
         async with aiohttp.ClientSession() as s:
@@ -98,6 +99,7 @@ async def test_report_lists_requests_failures_and_models(tmp_path):
         assert m.endswith("GB/s (measured)") or m.startswith("could not be measured")
 
 
+@pytest.mark.blocks_loop("the stall the watchdog must name")
 async def test_watchdog_names_the_blocking_function(caplog):
     dog = LoopWatchdog(threshold_ms=100, interval_s=0.02)
     dog.start()

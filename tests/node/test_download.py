@@ -18,7 +18,8 @@ from aiohttp import web
 
 from node import const
 from node.models.download import display_url, file_name_for, resolve_url
-from tests.support.nodes import TINY, node_config, running_node, tiny_model, wait_until
+from tests.support.nodes import TINY, node_config, running_node, tiny_model
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -104,7 +105,7 @@ class FileServer:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("download")
-    async with running_node(node_config(base / "data", [tiny_model(base)])) as n:
+    async with running_node(node_config(base / "data", tiny_model(base))) as n:
         yield n
 
 

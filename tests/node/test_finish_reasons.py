@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.sse import DONE, sse_data
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -27,7 +28,7 @@ def byte_token(ch: str) -> int:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("finish")
-    async with running_node(node_config(base / "data", [tiny_model(base)])) as n:
+    async with running_node(node_config(base / "data", tiny_model(base))) as n:
         yield n
 
 
@@ -154,8 +155,8 @@ async def test_unexpected_error_mid_stream_ends_the_stream_with_an_error_event(c
             headers={"Authorization": f"Bearer {node.api_key}"}) as r:
         assert r.status == 200
         raw = await r.text()  # returns: the stream ends instead of hanging
-    events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
+    events = sse_data(raw)
+    assert events[-1] == DONE
     import json
 
     err = json.loads(events[-2])["error"]

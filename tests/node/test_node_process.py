@@ -6,7 +6,6 @@ import asyncio
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 
@@ -14,7 +13,11 @@ import aiohttp
 import pytest
 
 from node.inference.synth import SynthSpec
-from tests.support.nodes import REPO, NodeProcess, free_port, tiny_model, wait_until
+from tests.support.nodes import tiny_model
+from tests.support.ports import free_port, port_is_free
+from tests.support.processes import REPO, NodeProcess
+from tests.support.sse import SseJson, delta_text
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -30,32 +33,21 @@ def node_proc(tmp_path_factory):
     base = tmp_path_factory.mktemp("proc")
     tiny = tiny_model(base)
     slow = tiny_model(base, SLOW, "slow.gguf")
-    proc = NodeProcess(base / "data", free_port(), ["--model", str(tiny), "--model", str(slow),
-                                                    "--no-default-model", "--n-threads", "1"])
-    asyncio.run(proc.wait_ready())
+    proc = NodeProcess(base / "data", args=["--model", str(tiny), "--model", str(slow), "--no-default-model",
+                                            "--n-threads", "1"])
+    proc.wait_ready()
     yield proc
     proc.terminate()
 
 
 async def _post(proc, path, body, key=True):
-    headers = {"Authorization": f"Bearer {proc.api_key}"} if key else {}
-    async with aiohttp.ClientSession() as s, s.post(proc.base + path, json=body, headers=headers) as r:
+    async with aiohttp.ClientSession() as s, s.post(proc.base + path, json=body, headers=proc.auth if key else {}) as r:
         return r.status, await r.text()
-
-
-async def _get_json(proc, path):
-    async with aiohttp.ClientSession() as s, s.get(proc.base + path,
-                                                    headers={"Authorization": f"Bearer {proc.api_key}"}) as r:
-        return await r.json()
-
-
-def _log(proc) -> str:
-    return (proc.data_dir / "node.log").read_text()
 
 
 def test_one_summary_line_per_request(node_proc):
     async def go():
-        before = _log(node_proc).count("DIAG: request complete")
+        before = node_proc.node_log().count("DIAG: request complete")
         ids = []
         for i in range(3):
             status, text = await _post(node_proc, "/v1/chat/completions", {
@@ -65,8 +57,8 @@ def test_one_summary_line_per_request(node_proc):
         status, _ = await _post(node_proc, "/v1/chat/completions", {
             "model": "missing-model", "messages": [{"role": "user", "content": "x"}]})
         assert status == 404
-        await wait_until(lambda: _log(node_proc).count("DIAG: request complete") >= before + 4, 10, what="log lines")
-        lines = [ln for ln in _log(node_proc).splitlines() if "DIAG: request complete" in ln][before:]
+        await wait_until(lambda: node_proc.node_log().count("DIAG: request complete") >= before + 4, 10, what="log lines")
+        lines = [ln for ln in node_proc.node_log().splitlines() if "DIAG: request complete" in ln][before:]
         assert len(lines) == 4
         for line, cid in zip(lines[:3], ids, strict=True):
             for field in SUMMARY_FIELDS:
@@ -85,25 +77,23 @@ def test_disconnect_mid_stream_cancels_and_frees_model(node_proc):
                 "stream": True, "temperature": 0}
         received = 0
         async with aiohttp.ClientSession() as s:
-            resp = await s.post(node_proc.base + "/v1/chat/completions", json=body,
-                                headers={"Authorization": f"Bearer {node_proc.api_key}"})
+            resp = await s.post(node_proc.base + "/v1/chat/completions", json=body, headers=node_proc.auth)
             assert resp.status == 200
-            async for line in resp.content:
-                if line.startswith(b"data: {") and b'"content":""' not in line and b'"content"' in line:
-                    received += 1  # a chunk carrying text (the role chunk's content is empty)
+            async for event in SseJson(resp):
+                received += bool(delta_text(event))  # a chunk carrying text (the role chunk's is empty)
                 if received >= 5:
                     break
             resp.close()  # the client walks away mid-stream
         assert received >= 5
 
         async def freed():
-            stats = await _get_json(node_proc, "/api/admin/stats")
-            models = (await _get_json(node_proc, "/api/admin/models"))["models"]
+            stats = await node_proc.async_get_json("/api/admin/stats")
+            models = (await node_proc.async_get_json("/api/admin/models"))["models"]
             slow = next(m for m in models if m["name"] == "slow")
             return stats["in_flight"]["traces"] == 0 and not slow["busy"]
         await wait_until(freed, 15, 0.1, "the model to be freed after the disconnect")
-        await wait_until(lambda: "outcome=cancelled" in _log(node_proc), 5, what="cancelled summary line")
-        line = [ln for ln in _log(node_proc).splitlines() if "outcome=cancelled" in ln][-1]
+        await wait_until(lambda: "outcome=cancelled" in node_proc.node_log(), 5, what="cancelled summary line")
+        line = [ln for ln in node_proc.node_log().splitlines() if "outcome=cancelled" in ln][-1]
         tokens = int(re.search(r" tokens=(\d+)", line).group(1))
         assert received <= tokens < 3000  # generation stopped long before max_tokens
         status, _ = await _post(node_proc, "/v1/chat/completions", {
@@ -138,14 +128,12 @@ def test_cli_diagnostics_models_chat(node_proc):
 
 def test_sigterm_frees_port(tmp_path):
     model = tiny_model(tmp_path)
-    port = free_port()
-    proc = NodeProcess(tmp_path / "data", port, ["--model", str(model), "--no-default-model"])
-    asyncio.run(proc.wait_ready())
+    proc = NodeProcess(tmp_path / "data", args=["--model", str(model), "--no-default-model"])
+    proc.wait_ready()
     assert (proc.data_dir / "api_key").stat().st_mode & 0o777 == 0o600
     assert proc.terminate(signal.SIGTERM) == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # the API port is free again
-    assert "DIAG: node stopped" in (proc.data_dir / "node.log").read_text()
+    assert port_is_free(proc.port)  # the API port is free again
+    assert "DIAG: node stopped" in proc.node_log()
 
 
 def test_bad_layers_flag_exits_cleanly(tmp_path):

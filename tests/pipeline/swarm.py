@@ -9,7 +9,9 @@ from pathlib import Path
 import aiohttp
 
 from node.inference.synth import SynthSpec, write_gguf
-from tests.support.nodes import NodeProcess, free_port, wait_until
+from tests.support.processes import NodeProcess
+from tests.support.sse import SseJson, delta_text, finish_reasons
+from tests.support.waiting import wait_until
 
 # f32 weights: the distributed path is compared token for token with llama.cpp on the same file.
 SPLIT = SynthSpec(n_layers=6, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=1024, name="split6")
@@ -25,26 +27,17 @@ def split_model(directory: Path) -> Path:
 def start_slice_node(base: Path, name: str, model: Path, layers: str, *, bootstrap: list[int] = (),
                      extra: list[str] = ()) -> NodeProcess:
     """A node serving `layers` (inclusive A-B) of model, dialling the given peer ports."""
-    port = free_port()
     args = ["--model", str(model), "--no-default-model", "--layers", layers, "--slice-dtype", "f32",
             "--activation-bits", "32", "--no-mdns", "--n-threads", "1"]
     for peer_port in bootstrap:
         args += ["--bootstrap", f"127.0.0.1:{peer_port}"]
-    proc = NodeProcess(base / name, port, [*args, *extra])
-    proc.name = name
-    return proc
-
-
-async def get_json(proc: NodeProcess, path: str) -> dict:
-    async with aiohttp.ClientSession() as s, s.get(proc.base + path,
-                                                    headers={"Authorization": f"Bearer {proc.api_key}"}) as r:
-        return await r.json()
+    return NodeProcess(base / name, args=[*args, *extra])
 
 
 async def wait_for_route(proc: NodeProcess, model_name: str, timeout_s: float = 60.0) -> str:
     """Wait until the node lists the model as servable; returns its id."""
     async def listed():
-        data = await get_json(proc, "/v1/models")
+        data = await proc.async_get_json("/v1/models")
         ids = [m["id"] for m in data["data"] if m["name"] == model_name]
         return ids[0] if ids else None
     return await wait_until(listed, timeout_s, 0.2, f"{model_name} to be servable via the swarm")
@@ -52,7 +45,7 @@ async def wait_for_route(proc: NodeProcess, model_name: str, timeout_s: float = 
 
 async def wait_peers(proc: NodeProcess, n: int, timeout_s: float = 60.0) -> None:
     async def enough():
-        data = await get_json(proc, "/api/admin/peers")
+        data = await proc.async_get_json("/api/admin/peers")
         return sum(1 for p in data["peers"] if p["state"] == "connected" and p["models"]) >= n
     await wait_until(enough, timeout_s, 0.2, f"{n} connected peers with models")
 
@@ -64,23 +57,18 @@ async def chat(proc: NodeProcess, model: str, content: str, *, max_tokens: int, 
             "temperature": 0, "stream": stream}
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as s, s.post(
-            proc.base + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {proc.api_key}"}) as r:
+            proc.base + "/v1/chat/completions", json=body, headers=proc.auth) as r:
         if not stream or r.status != 200:
             raw = await r.text()
             if r.status != 200:
                 return r.status, dict(r.headers), raw
             return r.status, dict(r.headers), json.loads(raw)["choices"][0]["message"]["content"]
         text, finishes = "", 0
-        async for line in r.content:
-            line = line.strip()
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
+        async for event in SseJson(r):
+            if "error" in event:  # headers were sent: the failure comes as an SSE error event
                 return 503, dict(r.headers), json.dumps(event)
-            for ch in event.get("choices", []):
-                text += ch.get("delta", {}).get("content") or ""
-                finishes += 1 if ch.get("finish_reason") else 0
+            text += delta_text(event)
+            finishes += len(finish_reasons(event))
         assert finishes == 1
         return r.status, dict(r.headers), text
 

@@ -7,7 +7,7 @@ import pytest
 from node.models.gguf_meta import read_header
 from node.resources import default_model_path
 from tests.pipeline.swarm import chat, run, wait_for_route, wait_peers
-from tests.support.nodes import NodeProcess, free_port
+from tests.support.processes import NodeProcess
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -19,18 +19,17 @@ def test_two_node_split_matches_single_node(tmp_path):
     model = default_model_path()
     n_layers = read_header(model).n_layers
     half = n_layers // 2
-    single = NodeProcess(tmp_path / "single", free_port(), ["--no-mdns", "--n-threads", "1"])
-    a_port = free_port()
+    single = NodeProcess(tmp_path / "single", args=["--no-mdns", "--n-threads", "1"])
     common = ["--model", str(model), "--no-default-model", "--no-mdns", "--n-threads", "1", "--slice-dtype", "f32",
               "--activation-bits", "32"]
-    a = NodeProcess(tmp_path / "a", a_port, [*common, "--layers", f"0-{half - 1}"])
-    b = NodeProcess(tmp_path / "b", free_port(), [*common, "--layers", f"{half}-{n_layers - 1}",
-                                                  "--bootstrap", f"127.0.0.1:{a_port + 10}"])
+    a = NodeProcess(tmp_path / "a", args=[*common, "--layers", f"0-{half - 1}"])
+    b = NodeProcess(tmp_path / "b", args=[*common, "--layers", f"{half}-{n_layers - 1}",
+                                          "--bootstrap", f"127.0.0.1:{a.peer_port}"])
     procs = [single, a, b]
     try:
         async def go():
             for p in procs:
-                await p.wait_ready()
+                await p.async_wait_ready()
             await wait_peers(a, 1)
             split_id = await wait_for_route(a, model.stem)
             single_id = await wait_for_route(single, model.stem)

@@ -15,7 +15,6 @@ import pytest
 from node import const
 from tests.pipeline.swarm import (
     chat,
-    get_json,
     llama_greedy,
     run,
     split_model,
@@ -23,7 +22,8 @@ from tests.pipeline.swarm import (
     wait_for_route,
     wait_peers,
 )
-from tests.support.nodes import wait_until
+from tests.support.sse import SseJson, delta_text
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -35,14 +35,14 @@ def swarm(tmp_path_factory):
     base = tmp_path_factory.mktemp("swarm3")
     model = split_model(base)
     a = start_slice_node(base, "a", model, "0-1")
-    a_peer = a.port + 10
+    a_peer = a.peer_port
     b = start_slice_node(base, "b", model, "2-3", bootstrap=[a_peer])
     c = start_slice_node(base, "c", model, "4-5", bootstrap=[a_peer])
     procs = [a, b, c]
     try:
         async def ready():
             for p in procs:
-                await p.wait_ready()
+                await p.async_wait_ready()
             await wait_peers(a, 2)
             return await wait_for_route(a, "split6")
         model_id = run(ready())
@@ -73,7 +73,7 @@ def test_greedy_text_matches_llama_cpp_streaming_and_not(swarm):
 
 def test_trace_lines_and_diagnostics_sections(swarm):
     run(chat(swarm["a"], swarm["model_id"], "diag", max_tokens=4))
-    log = (swarm["a"].data_dir / "node.log").read_text()
+    log = swarm["a"].node_log()
     line = [ln for ln in log.splitlines() if "DIAG: request complete" in ln][-1]
     assert "route=distributed segments=3" in line
     for field in ("seg0_ms=", "seg1_ms=", "seg2_ms=", "activation_bytes=", "ttft_ms=", "decode_ms="):
@@ -84,8 +84,7 @@ def test_trace_lines_and_diagnostics_sections(swarm):
         out = {}
         for name in ("a", "b"):
             p = swarm[name]
-            async with aiohttp.ClientSession() as s, s.get(p.base + "/api/admin/diagnostics",
-                                                            headers={"Authorization": f"Bearer {p.api_key}"}) as r:
+            async with aiohttp.ClientSession() as s, s.get(p.base + "/api/admin/diagnostics", headers=p.auth) as r:
                 out[name] = await r.text()
         return out
     texts = run(reports())
@@ -114,7 +113,7 @@ def test_fifty_concurrent_streams_each_get_their_own_text(swarm):
 
         async def all_freed():
             for name in ("a", "b", "c"):
-                stats = await get_json(swarm[name], "/api/admin/stats")
+                stats = await swarm[name].async_get_json("/api/admin/stats")
                 if stats["kv_sessions"] or stats["in_flight"]["traces"] or stats["in_flight"]["pipelines"]:
                     return False
             return True
@@ -128,23 +127,22 @@ def test_client_disconnect_cancels_every_segment(swarm):
         body = {"model": swarm["model_id"], "messages": [{"role": "user", "content": "long"}], "max_tokens": 800,
                 "stream": True, "temperature": 0}
         async with aiohttp.ClientSession() as s:
-            resp = await s.post(a.base + "/v1/chat/completions", json=body,
-                                headers={"Authorization": f"Bearer {a.api_key}"})
+            resp = await s.post(a.base + "/v1/chat/completions", json=body, headers=a.auth)
             got = 0
-            async for line in resp.content:
-                got += line.startswith(b"data: {")
+            async for _event in SseJson(resp):
+                got += 1
                 if got >= 4:
                     break
             resp.close()
 
         async def freed():
             for name in ("a", "b", "c"):
-                stats = await get_json(swarm[name], "/api/admin/stats")
+                stats = await swarm[name].async_get_json("/api/admin/stats")
                 if stats["kv_sessions"] or stats["in_flight"]["pipelines"]:
                     return False
             return True
         await wait_until(freed, 20, 0.2, "segments to free the cancelled session")
-        log = (a.data_dir / "node.log").read_text()
+        log = a.node_log()
         assert "outcome=cancelled" in log
     run(go())
 
@@ -157,20 +155,14 @@ def _killed_mid_stream(swarm_procs, coordinator, model_id, victim_picker, max_to
                 "stream": True, "temperature": 0}
         text, killed = "", None
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s, s.post(
-                coordinator.base + "/v1/chat/completions", json=body,
-                headers={"Authorization": f"Bearer {coordinator.api_key}"}) as r:
+                coordinator.base + "/v1/chat/completions", json=body, headers=coordinator.auth) as r:
             assert r.status == 200
             nodes = r.headers["x-swarm-nodes"].split(",")
             chunks = 0
-            async for line in r.content:
-                line = line.strip()
-                if not line.startswith(b"data: {"):
-                    continue
-                event = json.loads(line[6:])
+            async for event in SseJson(r):
                 if "error" in event:
                     return "error", text, event, killed
-                for ch in event.get("choices", []):
-                    text += ch.get("delta", {}).get("content") or ""
+                text += delta_text(event)
                 chunks += 1
                 if chunks == 6 and killed is None:
                     killed = victim_picker(nodes)
@@ -182,11 +174,11 @@ def _killed_mid_stream(swarm_procs, coordinator, model_id, victim_picker, max_to
 def _start(procs, coordinator, n_peers):
     async def ready():
         for p in procs:
-            await p.wait_ready()
+            await p.async_wait_ready()
         await wait_peers(coordinator, n_peers)
         short = {}
         for p in procs:
-            short[(await get_json(p, "/api/admin/stats"))["short_id"]] = p
+            short[(await p.async_get_json("/api/admin/stats"))["short_id"]] = p
         return await wait_for_route(coordinator, "split6"), short
     return run(ready())
 
@@ -195,7 +187,7 @@ def _chain_with_standby(tmp_path):
     """Nodes a [0-1], b [2-3], b2 [2-3] (b's standby), c [4-5], bootstrapped from a."""
     model = split_model(tmp_path)
     a = start_slice_node(tmp_path, "a", model, "0-1")
-    peer = a.port + 10
+    peer = a.peer_port
     return model, (a, *(start_slice_node(tmp_path, name, model, layers, bootstrap=[peer])
                         for name, layers in (("b", "2-3"), ("b2", "2-3"), ("c", "4-5"))))
 
@@ -212,15 +204,15 @@ def test_failover_to_standby_keeps_the_stream_identical(tmp_path):
         assert text == expected  # no duplicated or missing token across the failover
 
         def summary():
-            found = [ln for ln in (a.data_dir / "node.log").read_text().splitlines() if "DIAG: request complete" in ln]
+            found = [ln for ln in a.node_log().splitlines() if "DIAG: request complete" in ln]
             return found[-1] if found else None
         line = run(wait_until(summary, 10, 0.05, "the request's summary line"))
-        log = (a.data_dir / "node.log").read_text()
+        log = a.node_log()
         assert "assemblies=2" in line and "outcome=ok" in line
         assert "DIAG: pipeline attempt failed" in log and "failing over to standby" in log
 
         async def idle():
-            return (await get_json(a, "/api/admin/stats"))["in_flight"] == {"traces": 0, "pipelines": 0}
+            return (await a.async_get_json("/api/admin/stats"))["in_flight"] == {"traces": 0, "pipelines": 0}
         run(wait_until(idle, 10, 0.1, "coordinator in_flight back to 0"))
     finally:
         for p in procs:
@@ -243,10 +235,10 @@ def test_a_hung_segment_misses_its_ack_deadline_and_the_standby_takes_over(tmp_p
         assert stopped in (b, b2)
         assert outcome == "ok", event
         assert text == expected
-        failed = [ln for ln in (a.data_dir / "node.log").read_text().splitlines()
+        failed = [ln for ln in a.node_log().splitlines()
                   if "DIAG: pipeline attempt failed" in ln]
         assert len(failed) == 1 and "cause=ack_deadline" in failed[0], failed
-        assert "tensor forward not acknowledged within the ACK deadline" in (a.data_dir / "node.log").read_text()
+        assert "tensor forward not acknowledged within the ACK deadline" in a.node_log()
         # found by the ACK budget, not after the 10 s compute allowance
         assert time.monotonic() - started < const.STEP_COMPUTE_MIN_S
     finally:
@@ -260,7 +252,7 @@ def test_a_hung_segment_misses_its_ack_deadline_and_the_standby_takes_over(tmp_p
 def test_no_standby_gives_a_clear_503_before_the_deadline(tmp_path, stream):
     model = split_model(tmp_path)
     a = start_slice_node(tmp_path, "a", model, "0-1")
-    peer = a.port + 10
+    peer = a.peer_port
     b = start_slice_node(tmp_path, "b", model, "2-3", bootstrap=[peer])
     c = start_slice_node(tmp_path, "c", model, "4-5", bootstrap=[peer])
     procs = [a, b, c]
@@ -268,7 +260,7 @@ def test_no_standby_gives_a_clear_503_before_the_deadline(tmp_path, stream):
         model_id, _ = _start(procs, a, 2)
 
         async def pipelines_running():
-            return (await get_json(a, "/api/admin/stats"))["in_flight"]["pipelines"] > 0
+            return (await a.async_get_json("/api/admin/stats"))["in_flight"]["pipelines"] > 0
 
         async def go():
             task = asyncio.create_task(chat(a, model_id, PROMPT, max_tokens=900, timeout_s=120, stream=stream))
@@ -288,9 +280,9 @@ def test_no_standby_gives_a_clear_503_before_the_deadline(tmp_path, stream):
         assert after_kill_s < const.STEP_COMPUTE_MIN_S + const.RTO_MAX_S
 
         async def idle():
-            return (await get_json(a, "/api/admin/stats"))["in_flight"] == {"traces": 0, "pipelines": 0}
+            return (await a.async_get_json("/api/admin/stats"))["in_flight"] == {"traces": 0, "pipelines": 0}
         run(wait_until(idle, 10, 0.1, "coordinator in_flight back to 0"))
-        models = run(get_json(a, "/v1/models"))
+        models = run(a.async_get_json("/v1/models"))
         assert all(m["name"] != "split6" for m in models["data"])  # a route is gone: not offered
     finally:
         for p in procs:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.net.netns import Namespaces, netns_unavailable
 from tests.pipeline.swarm import llama_greedy, split_model
-from tests.support.nodes import REPO
+from tests.support.processes import REPO, NodeProcess
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.llama]
 _why = netns_unavailable()
@@ -22,35 +22,20 @@ PROMPT = "tell me about the swarm"
 API_PORT = 8800
 
 
-class NsNode:
-    """`swarmllm run` inside a namespace (its API on the namespace's own loopback)."""
+class NsNode(NodeProcess):
+    """`swarmllm run` inside a namespace (its API on the namespace's own loopback), driven by
+    tests.pipeline.netclient run in the same namespace."""
 
     def __init__(self, ns: str, data_dir, args: list[str]):
-        self.ns, self.data_dir = ns, data_dir
-        self.out = open(data_dir.parent / f"{data_dir.name}.out", "wb")
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", "node.cli", "run", "-p", str(API_PORT),
-             "--data-dir", str(data_dir), "--no-default-model", "--slice-dtype", "f32", "--n-threads", "1", *args],
-            cwd=REPO, stdout=self.out, stderr=subprocess.STDOUT)
+        super().__init__(data_dir, API_PORT, ["--no-default-model", "--slice-dtype", "f32", "--n-threads", "1", *args],
+                         netns=ns)
 
     def client(self, *args: str, timeout_s: float = 150) -> str:
-        res = subprocess.run(["ip", "netns", "exec", self.ns, sys.executable, "-m", "tests.pipeline.netclient",
+        res = subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-m", "tests.pipeline.netclient",
                               args[0], str(API_PORT), str(self.data_dir), *args[1:]],
                              cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-        assert res.returncode == 0, f"{res.stderr}\n--- node log ---\n{self.log()}"
+        assert res.returncode == 0, f"{res.stderr}\n--- node log ---\n{self.node_log()}"
         return res.stdout.strip()
-
-    def log(self) -> str:
-        path = self.data_dir / "node.log"
-        return path.read_text() if path.exists() else ""
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.out.close()
 
 
 @pytest.fixture
@@ -59,7 +44,7 @@ def lab(request):
     nodes: list[NsNode] = []
     yield spaces, nodes
     for n in nodes:
-        n.stop()
+        n.terminate(timeout_s=20)
     spaces.close()
 
 

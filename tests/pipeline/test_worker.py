@@ -19,7 +19,7 @@ from node.inference.sampling import SamplingParams
 from node.models.catalog import ModelCatalog
 from node.net import FrameType
 from tests.pipeline.swarm import split_model
-from tests.support.nodes import wait_until
+from tests.support.waiting import wait_until
 
 ME, COORD, NEXT = "a" * 64, "c" * 64, "b" * 64
 

@@ -1,0 +1,81 @@
+"""The loop police itself (tests/conftest.py, tests/support/policing.py): run on a small suite of
+tests that misbehave, in a separate pytest process, it fails exactly the ones that do."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.processes import REPO
+
+MISBEHAVING = '''
+import asyncio
+import threading
+import time
+
+import pytest
+
+
+def test_leaks_a_thread():
+    threading.Thread(target=time.sleep, args=(30,), name="leaky-thread", daemon=True).start()
+
+
+def test_a_thread_that_ends_soon_is_fine():
+    threading.Thread(target=time.sleep, args=(0.3,), name="brief-thread", daemon=True).start()
+
+
+async def test_blocks_a_pytest_asyncio_loop():
+    await asyncio.sleep(0)
+    time.sleep(0.8)
+
+
+def test_blocks_an_asyncio_run_loop():
+    async def go():
+        time.sleep(0.8)
+    asyncio.run(go())
+
+
+@pytest.mark.blocks_loop("on purpose")
+async def test_blocks_on_purpose():
+    time.sleep(0.8)
+
+
+async def test_blocking_work_in_an_executor_is_fine():
+    await asyncio.get_running_loop().run_in_executor(None, time.sleep, 0.8)
+
+
+@pytest.fixture(scope="module")
+def module_thread():
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="module-owned", daemon=True)
+    thread.start()
+    yield thread
+    # never stopped: a leak, but only once the module's fixtures are gone
+
+
+def test_uses_a_module_thread(module_thread):
+    assert module_thread.is_alive()
+
+
+def test_uses_it_again(module_thread):
+    assert module_thread.is_alive()
+'''
+
+
+@pytest.mark.slow
+def test_the_police_fails_leaks_and_blocking_steps_and_nothing_else(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the inner pytest imports tests.conftest from this checkout
+    pytester.makeconftest("from tests.conftest import *  # noqa: F403 (the suite's own hooks)\n"
+                          "from tests.support import policing\n"
+                          "policing.THREAD_JOIN_DEADLINE_S = 1.0  # the leaks here never end: fail them sooner\n")
+    pytester.makepyfile(test_misbehaving=MISBEHAVING)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "asyncio_mode=auto", "-rE", timeout=240)
+    errors = {line.split(" - ")[0].split("::")[-1] for line in result.outlines if line.startswith("ERROR ")}
+    assert errors == {"test_leaks_a_thread", "test_blocks_a_pytest_asyncio_loop", "test_blocks_an_asyncio_run_loop",
+                      "test_uses_it_again"}, result.stdout.str()
+    out = result.stdout.str()
+    assert "thread leak: 'leaky-thread' (time.sleep" in out
+    assert "thread leak: 'module-owned'" in out and "setting up the module-scoped fixture 'module_thread'" in out
+    assert "blocked the event loop for 0.8" in out and "test_blocks_a_pytest_asyncio_loop" in out
+    assert "brief-thread" not in out
+    assert "test_blocks_on_purpose [call] (blocks_loop: on purpose)" in out  # reported, not failed
+    result.assert_outcomes(passed=8, errors=4)
