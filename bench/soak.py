@@ -390,7 +390,7 @@ async def chaos_loop(swarm: Swarm, session, rng: random.Random, every_s: tuple[f
         victim, why = await _pick_victim(swarm, session, rng, targeted, down)
         if victim is None:
             continue
-        victim.kill()
+        await asyncio.to_thread(victim.kill)
         down.add(victim.name)
         kills += 1
         log.append(f"{time.monotonic() - t0:7.1f}s  SIGKILL {victim.name} ({why})")
@@ -464,11 +464,12 @@ async def soak(*, requests: int, clients: int, max_s: float, seed: int, chaos_ev
                kill_at: tuple[float, ...] = (), targeted: float = 0.5, out=print) -> SoakResult:
     """Run the soak (see the module docstring). `kill_at`: kill when these fractions of the requests
     are done instead of on a timer (a short run still gets its kills)."""
-    swarm = make_swarm(workdir)
+    swarm = await asyncio.to_thread(make_swarm, workdir)  # writes the models: off the loop
     out(f"cpu: {cpu_name()} ({os.cpu_count()} logical), python {platform.python_version()}")
     out(f"swarm: C (layers {SEGMENTS[0]} + {WHOLE.name} whole) and " + ", ".join(
         f"{n.name} ({_layers(n)})" for n in swarm.others))
-    refs = {"M": llama_references(swarm.split_path, SPLIT.n_ctx), "W": llama_references(swarm.whole_path, WHOLE.n_ctx)}
+    refs = {"M": await asyncio.to_thread(llama_references, swarm.split_path, SPLIT.n_ctx),
+            "W": await asyncio.to_thread(llama_references, swarm.whole_path, WHOLE.n_ctx)}
     tally, chaos_log = Tally(), []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -506,8 +507,7 @@ async def soak(*, requests: int, clients: int, max_s: float, seed: int, chaos_ev
             failovers = sum(1 for line in (swarm.coordinator.data_dir / "node.log").read_text(errors="replace")
                             .splitlines() if "DIAG: request complete" in line and "assemblies=" in line)
         finally:
-            for n in swarm.nodes:
-                n.stop()
+            await asyncio.gather(*(asyncio.to_thread(n.stop) for n in swarm.nodes))
     growth = {n.name: _growth(n) for n in swarm.nodes}
     report = _report(swarm, tally, kills, elapsed, end_stats, growth, chaos_log, failovers, requests)
     out(report)

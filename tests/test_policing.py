@@ -15,6 +15,12 @@ import time
 import pytest
 
 
+def burn(cpu_s):  # CPU-bound work on the loop thread, as a model load or a hash would be
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
 def test_leaks_a_thread():
     threading.Thread(target=time.sleep, args=(30,), name="leaky-thread", daemon=True).start()
 
@@ -25,18 +31,26 @@ def test_a_thread_that_ends_soon_is_fine():
 
 async def test_blocks_a_pytest_asyncio_loop():
     await asyncio.sleep(0)
-    time.sleep(0.8)
+    burn(0.4)
 
 
 def test_blocks_an_asyncio_run_loop():
     async def go():
-        time.sleep(0.8)
+        burn(0.4)
     asyncio.run(go())
+
+
+async def test_a_blocking_call_on_the_loop():
+    time.sleep(2.2)  # no CPU, but long enough that only a blocking call explains it
+
+
+async def test_a_short_wait_without_cpu_is_only_reported():
+    time.sleep(0.3)  # what a step that waited for a core on a loaded machine looks like
 
 
 @pytest.mark.blocks_loop("on purpose")
 async def test_blocks_on_purpose():
-    time.sleep(0.8)
+    burn(0.4)
 
 
 async def test_blocking_work_in_an_executor_is_fine():
@@ -71,11 +85,12 @@ def test_the_police_fails_leaks_and_blocking_steps_and_nothing_else(pytester, mo
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "asyncio_mode=auto", "-rE", timeout=240)
     errors = {line.split(" - ")[0].split("::")[-1] for line in result.outlines if line.startswith("ERROR ")}
     assert errors == {"test_leaks_a_thread", "test_blocks_a_pytest_asyncio_loop", "test_blocks_an_asyncio_run_loop",
-                      "test_uses_it_again"}, result.stdout.str()
+                      "test_a_blocking_call_on_the_loop", "test_uses_it_again"}, result.stdout.str()
     out = result.stdout.str()
     assert "thread leak: 'leaky-thread' (time.sleep" in out
     assert "thread leak: 'module-owned'" in out and "setting up the module-scoped fixture 'module_thread'" in out
-    assert "blocked the event loop for 0.8" in out and "test_blocks_a_pytest_asyncio_loop" in out
+    assert "blocked the event loop for 0.4" in out and "test_blocks_a_pytest_asyncio_loop" in out
+    assert "test_a_short_wait_without_cpu_is_only_reported [call]" in out  # in the summary only
     assert "brief-thread" not in out
     assert "test_blocks_on_purpose [call] (blocks_loop: on purpose)" in out  # reported, not failed
-    result.assert_outcomes(passed=8, errors=4)
+    result.assert_outcomes(passed=10, errors=5)

@@ -150,9 +150,9 @@ async def _stays_one_link(a: PeerManager, b: PeerManager) -> None:
     redial would start) and frames (PINGs and PONGs) received on it at both ends, which a link that
     either end retired or closed would not get."""
     la, lb = a.link(b.node_id), b.link(a.node_id)
-    frames_a, frames_b, rounds_a, rounds_b = la.frames_in, lb.frames_in, a.discovery.rounds, b.discovery.rounds
+    frames_a, frames_b, rounds_a, rounds_b = la.frames_in, lb.frames_in, a.discovery.dialer.rounds, b.discovery.dialer.rounds
     await wait_until(lambda: la.frames_in >= frames_a + 2 and lb.frames_in >= frames_b + 2
-                     and a.discovery.rounds >= rounds_a + 2 and b.discovery.rounds >= rounds_b + 2,
+                     and a.discovery.dialer.rounds >= rounds_a + 2 and b.discovery.dialer.rounds >= rounds_b + 2,
                      what="two maintenance rounds and pings on the surviving link at both ends")
     assert a.link(b.node_id) is la and b.link(a.node_id) is lb and _one_link(a, b)
 

@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.support.nodes import NodeProcess, free_port, tiny_model
+from tests.support.nodes import tiny_model
+from tests.support.processes import NodeProcess
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -40,14 +41,10 @@ RAW_SPECIALS = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1e-999", "-0
 def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("fuzz")
     model = tiny_model(base)
-    proc = NodeProcess(base / "data", free_port(), ["--model", str(model), "--no-default-model", "--no-mdns",
-                                                    "--n-threads", "1"])
+    proc = NodeProcess(base / "data", args=["--model", str(model), "--no-default-model", "--no-mdns",
+                                            "--n-threads", "1"])
     try:
-        deadline = time.monotonic() + 90
-        while _status(proc, "GET", "/health/ready") != 200:
-            assert proc.proc.poll() is None, proc.output()
-            assert time.monotonic() < deadline, "node not ready"
-            time.sleep(0.2)
+        proc.wait_ready(90)
         status, body = _request(proc, "GET", "/v1/models")
         proc.model_id = json.loads(body)["data"][0]["id"]
         yield proc
