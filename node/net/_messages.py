@@ -89,6 +89,10 @@ class Hello:
     hardware: Mapping[str, Any] = field(default_factory=dict)
     region: str | None = None
     link_nonce: str | None = None  # the dialler's random nonce for this link (duplicate tie-break)
+    swarm: str = ""  # the swarm's public id (a hash of its id; "open" for the open swarm)
+    epoch: int = 0  # the swarm secret's generation
+    member_nonce: str = ""  # fresh per link: both proofs of membership are bound to both nonces
+    joining: bool = False  # the sender presents an invite instead of a membership proof
     protocol: str = PROTOCOL_NAME
     version: int = PROTOCOL_VERSION
 
@@ -100,6 +104,9 @@ class Hello:
             "listen_port": self.listen_port, "listen": list(self.listen),
             "models": [dict(m) for m in self.models], "hardware": dict(self.hardware),
         }
+        header.update(swarm=self.swarm, epoch=self.epoch, member_nonce=self.member_nonce)
+        if self.joining:
+            header["joining"] = True
         if self.region:
             header["region"] = self.region
         if self.link_nonce:
@@ -133,6 +140,10 @@ class Hello:
             hardware=hardware,
             region=_text(h, "region", optional=True, limit=32),
             link_nonce=_text(h, "link_nonce", optional=True, limit=32),
+            swarm=_text(h, "swarm", limit=16) or "",
+            epoch=_int(h, "epoch", 0, 2**31 - 1),
+            member_nonce=_text(h, "member_nonce", limit=64) or "",
+            joining=h.get("joining") is True,
         )
 
 
