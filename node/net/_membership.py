@@ -199,6 +199,12 @@ def load_or_create(data_dir: Path, *, open_swarm: bool = False) -> MembershipSta
     return state
 
 
+def write_swarm_file(data_dir: Path, swarm: Swarm) -> None:
+    """Make `data_dir`'s node a member of `swarm` (blocking; before the node starts). What a join
+    does, for set-ups that prepare several nodes at once: benches, tests, the screenshot swarm."""
+    save(data_dir, MembershipState(swarm))
+
+
 def save(data_dir: Path, state: MembershipState) -> None:
     """Write swarm.json atomically, 0600 (blocking). Nothing is written for the open swarm."""
     if state.swarm.is_open:

@@ -27,23 +27,23 @@ from .util import addr, wait_until
 
 @pytest.fixture
 async def swarms(tmp_path, fast_net):
-    """Factory: `await swarms(name, swarm="A", **fields)` → a started PeerManager in swarm A (nodes
-    given the same swarm name share one swarm.json); all stopped at teardown."""
+    """Factory: `await swarms(name, group="A", **fields)` → a started PeerManager in swarm A (nodes
+    given the same group share one swarm.json); all stopped at teardown."""
     made: list[PeerManager] = []
     files: dict[str, str] = {}
 
-    async def make(name: str, swarm: str = "A", **fields) -> PeerManager:
+    async def make(name: str, group: str = "A", **fields) -> PeerManager:
         data_dir = tmp_path / name
         data_dir.mkdir()
-        if swarm in files:
-            shutil.copy(files[swarm], data_dir / SWARM_FILE)
+        if group in files:
+            shutil.copy(files[group], data_dir / SWARM_FILE)
         cfg = NodeConfig(data_dir=data_dir, port=0, peer_port=0, peer_host="127.0.0.1", mdns=False)
         for key, value in fields.items():
             setattr(cfg, key, value)
         manager = PeerManager(cfg, load_or_create_identity(data_dir))
         made.append(manager)
         await manager.async_start()
-        files.setdefault(swarm, str(data_dir / SWARM_FILE))
+        files.setdefault(group, str(data_dir / SWARM_FILE))
         return manager
 
     yield make
@@ -182,3 +182,14 @@ async def test_removing_a_member_closes_its_links_and_its_secret_links_nowhere(s
     c.discovery.dialer.wake()
     await wait_until(lambda: c.node_id in b.membership.refusals, what="b refusing the removed node")
     assert a.link(c.node_id) is None and b.link(c.node_id) is None and linked(a, b)
+
+
+async def test_the_open_swarm_is_opt_in_and_links_only_the_nodes_that_opted_in(swarms):
+    o1 = await swarms("o1", "O1", swarm="open")
+    o2 = await swarms("o2", "O2", swarm="open", bootstrap=[addr(o1)])
+    p = await swarms("p", "P", bootstrap=[addr(o1)])
+    await wait_until(lambda: linked(o1, o2), what="two open nodes linked without an invite")
+    await wait_until(lambda: p.node_id in o1.membership.refusals, what="the private node refused")
+    assert o1.swarm_ops.status()["swarm"] == "open" and o1.swarm_ops.status()["open"] is True
+    assert p.link(o1.node_id) is None
+    assert not (o1.config.data_dir / SWARM_FILE).exists()  # nothing secret to store
