@@ -52,9 +52,15 @@ class PeersTab(QWidget):
         self.remove_button = QPushButton("Remove from swarm")
         self.remove_button.setToolTip("Remove the selected peer: the swarm secret is rotated and its links close")
         self.remove_button.clicked.connect(self.remove_selected)
+        self.leave_button = QPushButton("Leave swarm")
+        self.leave_button.setToolTip("Leave this swarm: this device starts a new private swarm of its own")
+        self.leave_button.clicked.connect(self.leave)
+        self.refused_label = QLabel()
+        self.refused_label.setWordWrap(True)
+        self.refused_label.setAccessibleName("Peers refused")
         swarm_row = QHBoxLayout()
         swarm_row.addWidget(self.swarm_label, 1)
-        for button in (self.invite_button, self.join_button, self.remove_button):
+        for button in (self.invite_button, self.join_button, self.remove_button, self.leave_button):
             swarm_row.addWidget(button)
         top = QHBoxLayout()
         self.count = QLabel()
@@ -70,6 +76,7 @@ class PeersTab(QWidget):
         self.stack.addWidget(self.empty)
         layout = QVBoxLayout(self)
         layout.addLayout(swarm_row)
+        layout.addWidget(self.refused_label)
         layout.addLayout(top)
         layout.addWidget(self.stack, 1)
         for signal in (model.rowsInserted, model.rowsRemoved, model.modelReset, model.dataChanged):
@@ -87,7 +94,13 @@ class PeersTab(QWidget):
         private = network_on and not self.host.node.swarm_status()["open"]
         self.invite_button.setEnabled(private)
         self.join_button.setEnabled(network_on)
+        self.leave_button.setEnabled(private)
         self.remove_button.setEnabled(private and self.selected_peer() is not None)
+        refused = self.host.node.swarm_status()["refused"] if network_on else []
+        self.refused_label.setVisible(bool(refused))
+        self.refused_label.setText("Refused (not in this swarm): " + ", ".join(
+            f"{r['peer']} ×{r['count']}" + ("" if r["by_us"] else " (refused us)") for r in refused[-8:]))
+        self.refused_label.setToolTip("\n".join(f"{r['peer']}: {r['reason']}" for r in refused[-20:]))
 
     def swarm_text(self) -> str:
         """"Swarm 1a2b3c4d (private) · 2 members connected · 1 refused"."""
@@ -113,6 +126,16 @@ class PeersTab(QWidget):
         dialog = JoinDialog(self.host, self)
         dialog.open()
         return dialog
+
+    def leave(self) -> None:
+        """Leave the swarm (after a confirmation)."""
+        box = QMessageBox(QMessageBox.Icon.Warning, "Leave swarm",
+                          "Leave this swarm? Every link closes and this device starts a new private swarm "
+                          "of its own; to come back it needs a new invite.", QMessageBox.StandardButton.Cancel, self)
+        box.addButton("Leave", QMessageBox.ButtonRole.AcceptRole).clicked.connect(
+            lambda: spawn(self.host.node.async_leave(), what="leaving the swarm", on_error=self.count.setText))
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
 
     def remove_selected(self) -> None:
         """Remove the selected peer from the swarm (after a confirmation)."""

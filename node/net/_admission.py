@@ -14,7 +14,10 @@ the peers refused (by us, or who refused us), which the dialer then leaves alone
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import hashlib
+import hmac
 import logging
 import secrets
 import time
@@ -25,15 +28,16 @@ from node.errors import NotAMember, ProtocolError
 from node.logs import kv
 
 from ._frames import Frame, FrameType, encode_frame, type_name
-from ._identity import short_id
+from ._identity import is_node_id, short_id
 from ._link import async_read_frame
-from ._membership import Invite, MembershipState, Swarm, join_proof, load_or_create, save
+from ._membership import Invite, MembershipState, Swarm, join_proof, load_or_create, write_json
 from ._messages import ErrorInfo, Hello
 from ._stream import Stream
 
 log = logging.getLogger(__name__)
 
 INVITE_TTL_S = 24 * 3600.0
+MAX_REFUSALS = 1024  # peers remembered as refused (the oldest are forgotten first)
 
 
 @dataclass
@@ -47,7 +51,7 @@ class Refusal:
     first_at: float = 0.0
     last_at: float = 0.0
     address: str | None = None
-
+    reason: str = ""  # the last refusal's reason
 
 class Membership:
     """This node's swarm at run time. Loop-only; file writes go to an executor."""
@@ -56,8 +60,10 @@ class Membership:
         self.data_dir = data_dir
         self.open_swarm = open_swarm
         self.state = MembershipState(Swarm.open_swarm())  # until async_load: nothing private yet
-        self.refusals: dict[str, Refusal] = {}
+        self.refusals: collections.OrderedDict[str, Refusal] = collections.OrderedDict()  # LRU, capped
         self.refused_addrs: set[str] = set()
+        self._save_lock = asyncio.Lock()  # saves land in order, one at a time
+        self.refusals_dropped = 0
 
     @property
     def swarm(self) -> Swarm:
@@ -91,7 +97,8 @@ class Membership:
                 self.state.tokens.pop(h, None)
                 continue
             token = self.state.tokens.get(h)
-            if token is not None and proof == join_proof(token, joiner, inviter, joiner_nonce, inviter_nonce):
+            if token is not None and isinstance(proof, str) and hmac.compare_digest(
+                    proof, join_proof(token, joiner, inviter, joiner_nonce, inviter_nonce)):
                 del self.state.invites[h]
                 del self.state.tokens[h]
                 return True
@@ -103,7 +110,12 @@ class Membership:
         """Count a refusal; the first for a peer is logged (the dialer never retries it)."""
         ref = self.refusals.get(exc.node_id)
         now = time.time()
-        if ref is None:
+        if ref is not None:
+            self.refusals.move_to_end(exc.node_id)
+        else:
+            while len(self.refusals) >= MAX_REFUSALS:  # fresh identities are cheap: keep the recent ones
+                self.refusals.popitem(last=False)
+                self.refusals_dropped += 1
             ref = self.refusals[exc.node_id] = Refusal(exc.node_id, exc.swarm, exc.by_us, first_at=now,
                                                        address=address)
             if exc.by_us:
@@ -115,6 +127,7 @@ class Membership:
                     peer_id=short_id(exc.node_id), swarm=exc.swarm or "-", ours=self.swarm.public_id))
         ref.count += 1
         ref.last_at = now
+        ref.reason = exc.message
         if address:
             self.refused_addrs.add(address)
         return ref
@@ -125,17 +138,25 @@ class Membership:
     # --- changes of swarm ---------------------------------------------------------------------
 
     async def async_adopt(self, swarm: Swarm, *, removed: set[str] | None = None) -> None:
-        """Belong to `swarm` from now on (join, leave, rotation); refusals start afresh."""
-        invites = self.state.invites if swarm.swarm_id == self.swarm.swarm_id else {}
-        tokens = self.state.tokens if invites else {}
+        """Belong to `swarm` from now on (join, leave, rotation). Another swarm (join, leave): its
+        invites and our refusals start afresh; a rotation of this one keeps both."""
+        same = swarm.swarm_id == self.swarm.swarm_id
+        invites = self.state.invites if same else {}
+        tokens = self.state.tokens if same else {}
         self.state = MembershipState(swarm, dict(invites), dict(tokens),
                                      set(removed if removed is not None else self.state.removed))
-        self.refusals.clear()
-        self.refused_addrs.clear()
+        if not same:
+            self.refusals.clear()
+            self.refused_addrs.clear()
         await self.async_save()
 
     async def async_save(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, save, self.data_dir, self.state)
+        """Write swarm.json: a snapshot taken now, on the loop, written in order off it."""
+        if self.state.swarm.is_open:
+            return
+        snapshot = self.state.to_json()
+        async with self._save_lock:
+            await asyncio.get_running_loop().run_in_executor(None, write_json, self.data_dir, snapshot)
 
 
 @dataclass(frozen=True)
@@ -144,7 +165,8 @@ class Admission:
     the link, it dials again as a member) or "joined" (we hold the inviter's swarm now: close)."""
 
     kind: str
-    swarm: Swarm | None = None
+    swarm: Swarm | None = dataclasses.field(default=None, repr=False)
+    removed: frozenset[str] = frozenset()  # with "joined": the swarm's removed members
 
 
 def _refuse(stream: Stream, reason: str) -> None:
@@ -155,6 +177,17 @@ async def async_admit(stream: Stream, membership: Membership, *, me: str, peer: 
                       hello: Hello, join_token: bytes | None, timeout_s: float) -> Admission:
     """Run admission on a stream whose HELLOs are exchanged. Raises NotAMember (by_us: we refused
     the peer, after telling it) or ProtocolError; the caller closes the stream on any exception."""
+    try:
+        return await _async_admit(stream, membership, me=me, peer=peer, my_nonce=my_nonce, hello=hello,
+                                  join_token=join_token, timeout_s=timeout_s)
+    except (NotAMember, ProtocolError, TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a malformed frame, never a crash
+        raise ProtocolError(f"malformed admission: {type(exc).__name__}") from exc
+
+
+async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer: str, my_nonce: str,
+                       hello: Hello, join_token: bytes | None, timeout_s: float) -> Admission:
     swarm = membership.swarm
     async with asyncio.timeout(timeout_s):
         if join_token is not None:  # we are joining the peer's swarm with an invite
@@ -163,14 +196,22 @@ async def async_admit(stream: Stream, membership: Membership, *, me: str, peer: 
             answer = await _read_member(stream, peer, hello.swarm)
             if answer.get("op") != "welcome":
                 raise ProtocolError(f"expected a welcome, got {answer.get('op')!r}")
-            return Admission("joined", Swarm.from_json(answer.get("swarm")))
+            welcome = Swarm.from_json(answer.get("swarm"))
+            if welcome.is_open or welcome.public_id != hello.swarm:
+                raise ProtocolError("the inviter handed over a swarm other than the one it is in")
+            removed = answer.get("removed")
+            if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > 4096:
+                raise ProtocolError("welcome 'removed' must be a list of node ids")
+            return Admission("joined", welcome, frozenset(removed))
         if hello.joining:  # the peer presents an invite of ours
             answer = await _read_member(stream, peer, hello.swarm)
-            if answer.get("op") != "join" or swarm.is_open or not membership.take_invite(
-                    answer.get("proof"), peer, me, hello.member_nonce, my_nonce):
+            if answer.get("op") != "join" or swarm.is_open or peer in membership.state.removed or \
+                    not membership.take_invite(answer.get("proof"), peer, me, hello.member_nonce, my_nonce):
                 _refuse(stream, "the invite is not valid here (used, expired, or for another swarm)")
                 raise NotAMember("presented no valid invite", node_id=peer, swarm=hello.swarm, by_us=True)
-            stream.writelines(encode_frame(Frame(FrameType.MEMBER, {"op": "welcome", "swarm": swarm.to_json()})))
+            await membership.async_save()  # the invite is used up on disk before the secret leaves
+            stream.writelines(encode_frame(Frame(FrameType.MEMBER, {
+                "op": "welcome", "swarm": swarm.to_json(), "removed": sorted(membership.state.removed)})))
             return Admission("welcomed", swarm)
         if hello.swarm != swarm.public_id or peer in membership.state.removed:
             why = "removed from this swarm" if peer in membership.state.removed else "in another swarm"

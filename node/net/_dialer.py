@@ -252,6 +252,8 @@ class Dialer:
             except PeerIdentityMismatch as exc:
                 rec.addrs.remove(addr)  # someone else lives there now
                 errors.append(exc.message)
+            except NotAMember:
+                raise  # not in our swarm: no other address or relay will change that
             except PeerError as exc:
                 errors.append(exc.message)
         for relay_addr in list(rec.relays):
@@ -262,6 +264,8 @@ class Dialer:
                 stream = await async_dial_relayed(self._tls, relay_addr, rec.node_id, self._node_id, ticket)
                 return await self._establish(stream, rec.node_id, is_dialer=True, transport="relayed",
                                              address=relay_addr, via_relay=relay_addr, source="relay")
+            except NotAMember:
+                raise
             except PeerError as exc:
                 errors.append(exc.message)
         raise PeerUnreachable("; ".join(errors) or "no address known")

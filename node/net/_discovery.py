@@ -65,7 +65,7 @@ class Discovery:
                 log.info("DIAG: mdns not started %s", kv(reason="no non-loopback IPv4 address"))
             else:
                 mdns = MdnsDiscovery(self._node_id, listen_port, self._on_mdns_found, ips,
-                                     tag=self._membership.swarm.mdns_tag, accept=self._accept_mdns_tag)
+                                     tag=lambda: self._membership.swarm.mdns_tag(), accept=self._accept_mdns_tag)
                 try:
                     await mdns.async_start()
                     self._mdns = mdns
@@ -95,7 +95,10 @@ class Discovery:
             now = time.time()
             await asyncio.sleep(86400 - now % 86400 + 1)
             if self._mdns is not None:
-                await self._mdns.async_update_tag()
+                try:
+                    await self._mdns.async_update_tag()
+                except Exception:  # a failed update must not end the daily retag
+                    log.warning("DIAG: mdns retag failed", exc_info=True)
 
     async def async_save_cache(self) -> None:
         """Write peers.json now."""

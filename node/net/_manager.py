@@ -90,7 +90,8 @@ class PeerManager:
         self.discovery = Discovery(config, self.node_id, self.tls, self.table, self.tasks,
                                    self.async_establish, self.inbound.async_serve, self.membership)
         self.swarm_ops = SwarmOps(self.node_id, self.membership, self.table, self.tasks, self.discovery,
-                                  self.tls, self.async_establish, self._live_links, self.listen_addresses)
+                                  self.tls, self.async_establish, self._live_links, self.listen_addresses,
+                                  all_links=lambda: list(self.links))
         self._server: asyncio.Server | None = None
         self._started = False
 
@@ -228,7 +229,9 @@ class PeerManager:
 
     # --- HELLO --------------------------------------------------------------------------------
 
-    def _hello(self, link_nonce: str | None = None, *, member_nonce: str = "", joining: bool = False) -> Hello:
+    def _hello(self, link_nonce: str | None = None, *, member_nonce: str | None = None, joining: bool = False,
+               minimal: bool = False) -> Hello:
+        """Our HELLO; `minimal` (before admission): no models, hardware, addresses or region."""
         features = FEATURE_PEX
         if self.relay is not None:
             features |= FEATURE_RELAY
@@ -236,12 +239,12 @@ class PeerManager:
             features |= FEATURE_PIPELINE
         return Hello(
             node_id=self.node_id, boot_id=self.boot_id, agent=self.agent, listen_port=self.listen_port,
-            listen=tuple(self.listen_addrs), features=features,
-            models=tuple(self._call_provider(self._models_provider, [])),
-            hardware=self._call_provider(self._hardware_provider, {}),
-            region=self.config.region, link_nonce=link_nonce,
+            listen=() if minimal else tuple(self.listen_addrs), features=features,
+            models=() if minimal else tuple(self._call_provider(self._models_provider, [])),
+            hardware={} if minimal else self._call_provider(self._hardware_provider, {}),
+            region=None if minimal else self.config.region, link_nonce=link_nonce,
             swarm=self.membership.swarm.public_id, epoch=self.membership.swarm.epoch,
-            member_nonce=member_nonce, joining=joining,
+            member_nonce=member_nonce or new_nonce(), joining=joining,
         )
 
     @staticmethod
@@ -267,23 +270,26 @@ class PeerManager:
             raise SelfConnection("connected to ourselves")
         nonce = secrets.token_hex(8) if is_dialer else None
         member_nonce = new_nonce()
-        sent = self._hello(nonce, member_nonce=member_nonce, joining=join_token is not None)
+        # Before admission a peer learns only who we are and which swarm we say we are in: what we
+        # serve, our hardware and addresses go in the full HELLO that follows admission.
+        sent = self._hello(nonce, member_nonce=member_nonce, joining=join_token is not None, minimal=True)
         try:
             stream.writelines(encode_frame(sent.to_frame()))
-            async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
-                frame = await async_read_frame(stream)
-            if frame.type != FrameType.HELLO:
-                raise ProtocolError(f"first frame is {type_name(frame.type)}, not HELLO")
-            hello = Hello.from_frame(frame)
-            if hello.node_id != node_id:
-                raise PeerIdentityMismatch(
-                    f"HELLO claims {short_id(hello.node_id)} but the certificate proves {short_id(node_id)}")
+            hello = await self._async_read_hello(stream, node_id)
             admission = await async_admit(stream, self.membership, me=self.node_id, peer=node_id,
                                           my_nonce=member_nonce, hello=hello, join_token=join_token,
                                           timeout_s=const.HANDSHAKE_TIMEOUT_S)
+            if admission.kind == "member":
+                if admission.swarm is not self.membership.swarm or node_id in self.membership.state.removed:
+                    # the swarm changed (rotation, leave, removal) while this admission ran
+                    raise NotAMember("admitted under a swarm state that changed meanwhile", node_id=node_id,
+                                     swarm=hello.swarm, by_us=True)
+                full = self._hello(nonce, member_nonce=member_nonce)
+                stream.writelines(encode_frame(full.to_frame()))
+                hello = await self._async_read_hello(stream, node_id)
         except NotAMember as exc:
             stream.close()  # after our ERROR not_a_member, if we sent one
-            self.membership.note_refusal(exc, address if is_dialer else None)
+            self.membership.note_refusal(exc, address if is_dialer and via_relay is None else None)
             self._note_refused(exc)
             raise
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
@@ -306,9 +312,20 @@ class PeerManager:
         link.on_rtt = self._on_rtt
         self._register(link)
         fresh = self._hello()
-        if link.is_open and (fresh.models != sent.models or fresh.hardware != sent.hardware):
+        if link.is_open and (fresh.models != full.models or fresh.hardware != full.hardware):
             link.send_nowait(fresh.to_frame())  # what we serve changed during the handshake
         return link
+
+    async def _async_read_hello(self, stream: Stream, node_id: str) -> Hello:
+        async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+            frame = await async_read_frame(stream)
+        if frame.type != FrameType.HELLO:
+            raise ProtocolError(f"expected HELLO, got {type_name(frame.type)}")
+        hello = Hello.from_frame(frame)
+        if hello.node_id != node_id:
+            raise PeerIdentityMismatch(
+                f"HELLO claims {short_id(hello.node_id)} but the certificate proves {short_id(node_id)}")
+        return hello
 
     def _note_refused(self, exc: NotAMember) -> None:
         """A refused peer's record says so (the dialer leaves it alone; the GUI and report show it)."""

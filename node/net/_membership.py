@@ -37,6 +37,8 @@ _PUBLIC_LABEL = b"swarmllm-swarm-id-v1"
 _MDNS_LABEL = b"swarmllm-mdns-v1"
 _JOIN_LABEL = b"swarmllm-join-v1"
 _NONCE_BYTES = 16
+NONCE_HEX = 2 * _NONCE_BYTES
+MAX_EPOCH = 2**31 - 1
 
 
 def new_nonce() -> str:
@@ -53,7 +55,7 @@ class Swarm:
     """This node's swarm. `secret` is None for the open swarm."""
 
     swarm_id: str  # 32 hex digits; OPEN for the open swarm
-    secret: bytes | None
+    secret: bytes | None = field(repr=False)  # never in a repr, a log or a report
     epoch: int = 0  # bumped by every rotation (a removed member's secret stops working)
 
     @property
@@ -83,11 +85,12 @@ class Swarm:
             proof, self.proof(prover, verifier, prover_nonce, verifier_nonce))
 
     def mdns_tag(self, day: int | None = None) -> str:
-        """The day's mDNS tag (16 hex digits): only members can compute or recognise it."""
-        if self.is_open:
+        """The day's mDNS tag (16 hex digits): only members holding the current secret can compute
+        or recognise it (a removed member's old secret stops recognising it at the rotation)."""
+        if self.is_open or self.secret is None:
             return OPEN
         day = int(time.time() // 86400) if day is None else day
-        key = hashlib.sha256(_MDNS_LABEL + self.swarm_id.encode()).digest()
+        key = hmac.new(self.secret, _MDNS_LABEL, hashlib.sha256).digest()
         return hmac.new(key, str(day).encode(), hashlib.sha256).hexdigest()[:16]
 
     def mdns_tags_now(self) -> set[str]:
@@ -99,6 +102,8 @@ class Swarm:
         """The same swarm with a fresh secret and the next epoch (revocation)."""
         if self.is_open:
             raise ValueError("an open swarm has no secret to rotate")
+        if self.epoch + 1 >= MAX_EPOCH:
+            raise ValueError("this swarm's secret was rotated too often; start a new swarm")
         return Swarm(self.swarm_id, secrets.token_bytes(32), self.epoch + 1)
 
     def to_json(self) -> dict:
@@ -112,7 +117,7 @@ class Swarm:
         if not isinstance(data, dict):
             raise ProtocolError("swarm must be an object")
         swarm_id, secret, epoch = data.get("swarm_id"), data.get("secret"), data.get("epoch", 0)
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**31:
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < MAX_EPOCH:
             raise ProtocolError("swarm epoch must be a small integer")
         if swarm_id == OPEN and secret is None:
             return cls(OPEN, None, 0)
@@ -151,7 +156,7 @@ class MembershipState:
 
     swarm: Swarm
     invites: dict[str, Invite] = field(default_factory=dict)  # token sha256 → invite
-    tokens: dict[str, bytes] = field(default_factory=dict)  # token sha256 → token (to check join proofs)
+    tokens: dict[str, bytes] = field(default_factory=dict, repr=False)  # token sha256 → token (join proofs)
     removed: set[str] = field(default_factory=set)  # node ids removed from this swarm
 
     def to_json(self) -> dict:
@@ -209,11 +214,19 @@ def save(data_dir: Path, state: MembershipState) -> None:
     """Write swarm.json atomically, 0600 (blocking). Nothing is written for the open swarm."""
     if state.swarm.is_open:
         return
+    write_json(data_dir, state.to_json())
+
+
+def write_json(data_dir: Path, data: dict) -> None:
+    """Write swarm.json atomically, 0600, from a snapshot taken on the loop (blocking)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / SWARM_FILE
-    tmp = path.with_name(SWARM_FILE + ".tmp")
+    tmp = path.with_name(f"{SWARM_FILE}.{secrets.token_hex(4)}.tmp")  # concurrent writers never share one
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(state.to_json(), f)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     os.chmod(path, 0o600)

@@ -14,9 +14,10 @@ from node.errors import ProtocolError
 
 from ._frames import Frame, FrameType
 from ._identity import is_node_id
+from ._membership import MAX_EPOCH, NONCE_HEX, OPEN
 
 PROTOCOL_NAME = "swarmllm"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: admission (swarm membership) on every link
 
 # HELLO feature bits
 FEATURE_PEX = 1 << 0  # exchanges peer addresses
@@ -66,6 +67,20 @@ def _addr_list(h: Mapping[str, Any], key: str) -> tuple[str, ...]:
             raise ProtocolError(f"field {key!r} holds a malformed address")
         out.append(item)
     return tuple(out)
+
+
+def _hex(h: Mapping[str, Any], key: str, n: int) -> str:
+    value = h.get(key)
+    if not isinstance(value, str) or len(value) != n or any(c not in "0123456789abcdef" for c in value):
+        raise ProtocolError(f"field {key!r} must be {n} lower-case hex digits")
+    return value
+
+
+def _swarm_id(h: Mapping[str, Any]) -> str:
+    value = h.get("swarm")
+    if value == OPEN:
+        return value
+    return _hex(h, "swarm", 8)
 
 
 def _node_id(h: Mapping[str, Any], key: str) -> str:
@@ -140,9 +155,9 @@ class Hello:
             hardware=hardware,
             region=_text(h, "region", optional=True, limit=32),
             link_nonce=_text(h, "link_nonce", optional=True, limit=32),
-            swarm=_text(h, "swarm", limit=16) or "",
-            epoch=_int(h, "epoch", 0, 2**31 - 1),
-            member_nonce=_text(h, "member_nonce", limit=64) or "",
+            swarm=_swarm_id(h),
+            epoch=_int(h, "epoch", 0, MAX_EPOCH),
+            member_nonce=_hex(h, "member_nonce", NONCE_HEX),
             joining=h.get("joining") is True,
         )
 

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -41,7 +43,8 @@ class SwarmOps:
 
     def __init__(self, node_id: str, membership: Membership, table: PeerTable, tasks: Tasks,
                  discovery: Discovery, tls: TlsConfig, establish: Establish,
-                 live_links: Callable[[], list[PeerLink]], listen_addresses: Callable[[], list[str]]):
+                 live_links: Callable[[], list[PeerLink]], listen_addresses: Callable[[], list[str]],
+                 all_links: Callable[[], list[PeerLink]] | None = None):
         self._node_id = node_id
         self._membership = membership
         self._table = table
@@ -50,6 +53,7 @@ class SwarmOps:
         self._tls = tls
         self._establish = establish
         self._live_links = live_links
+        self._all_links = all_links or live_links  # retiring duplicates too: they still serve frames
         self._listen_addresses = listen_addresses
         self.joined_via: str | None = None  # set by a successful join (the inviter's address)
 
@@ -65,7 +69,7 @@ class SwarmOps:
             "invites_open": sum(1 for i in self._membership.state.invites.values() if i.expires_at > now),
             "removed": len(self._membership.state.removed),
             "refused": [{"peer": short_id(r.node_id), "node_id": r.node_id, "by_us": r.by_us, "swarm": r.swarm,
-                         "count": r.count, "last_s_ago": round(now - r.last_at, 1)}
+                         "count": r.count, "last_s_ago": round(now - r.last_at, 1), "reason": r.reason}
                         for r in self._membership.refusals.values()],
         }
 
@@ -124,7 +128,7 @@ class SwarmOps:
             return
         assert admission.kind == "joined" and admission.swarm is not None
         old = self._membership.swarm.public_id
-        await self._async_switch(admission.swarm, removed=set(), why="joined")
+        await self._async_switch(admission.swarm, removed=set(admission.removed), why="joined")
         self.joined_via = address
         rec = self._table.record(peer, "invite")
         rec.add_addr(address, front=True)
@@ -144,7 +148,7 @@ class SwarmOps:
 
     async def _async_switch(self, swarm: Swarm, *, removed: set[str], why: str) -> None:
         await self._membership.async_adopt(swarm, removed=removed)
-        for link in self._live_links():
+        for link in self._all_links():
             link.close(f"{why} swarm")
         for rec in self._table:  # refusals were about the old swarm: everyone is worth a try again
             if rec.state == "refused":
@@ -170,20 +174,15 @@ class SwarmOps:
             node_id = matches[0]
         if node_id == self._node_id:
             raise InvalidRequest("to leave the swarm yourself, use leave", param="node_id")
-        rotated = swarm.rotated()
+        try:
+            rotated = swarm.rotated()
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
         removed = self._membership.state.removed | {node_id}
-        frame = Frame(FrameType.MEMBER, {"op": "rekey", "swarm": rotated.to_json(), "removed": sorted(removed)})
-        told = 0
-        for link in self._live_links():
-            if link.node_id == node_id:
-                continue
-            try:
-                link.send_nowait(frame)
-                told += 1
-            except PeerError:
-                pass
+        self._close_removed(removed)  # before anything can wait: no frame reaches them again
+        told = self._send_rekey(rotated, removed, skip=None)
         await self._membership.async_adopt(rotated, removed=removed)
-        self._close_removed(removed)
+        await self._discovery.async_swarm_changed()  # the mDNS tag follows the secret
         log.info("DIAG: member removed, swarm secret rotated %s",
                  kv(peer_id=short_id(node_id), swarm=rotated.public_id, epoch=rotated.epoch, members_told=told))
         return told
@@ -196,19 +195,56 @@ class SwarmOps:
         removed = frame.header.get("removed")
         if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > 4096:
             raise ProtocolError("rekey 'removed' must be a list of node ids")
-        swarm = self._membership.swarm
-        if rotated.swarm_id != swarm.swarm_id or rotated.epoch <= swarm.epoch:
-            log.debug("DIAG: stale rekey ignored %s", kv(peer_id=link.short_id, epoch=rotated.epoch,
-                                                         ours=swarm.epoch))
+        if not self._newer(rotated):
+            news = set(removed) - self._membership.state.removed - {self._node_id}
+            if rotated.swarm_id == self._membership.swarm.swarm_id and news:
+                # a rotation that lost the tie-break still removed someone: keep the removal
+                all_removed = self._membership.state.removed | news
+                self._membership.state.removed = all_removed
+                self._close_removed(all_removed)
+                self._send_rekey(self._membership.swarm, all_removed, skip=link.node_id)
+                self._tasks.spawn(self._membership.async_save(), name="swarm-save")
+            log.debug("DIAG: rekey not adopted %s", kv(peer_id=link.short_id, epoch=rotated.epoch,
+                                                      ours=self._membership.swarm.epoch, removed_new=len(news)))
             return
         if self._node_id in removed:
             return  # we are the one removed: the links close from the other side
-        self._tasks.spawn(self._async_rekey(rotated, set(removed) | self._membership.state.removed, link),
-                          name="swarm-rekey")
+        all_removed = set(removed) | self._membership.state.removed
+        # adopt now, on the loop (a second rekey then compares with this one), close the removed
+        # nodes' links, pass it on (members not linked to the remover get it too), save
+        self._membership.state = dataclasses.replace(self._membership.state, swarm=rotated,
+                                                     removed=all_removed)
+        self._close_removed(all_removed)
+        self._send_rekey(rotated, all_removed, skip=link.node_id)
+        self._tasks.spawn(self._async_after_rekey(rotated, all_removed, link), name="swarm-rekey")
 
-    async def _async_rekey(self, rotated: Swarm, removed: set[str], via: PeerLink) -> None:
-        await self._membership.async_adopt(rotated, removed=removed)
-        self._close_removed(removed)
+    def _newer(self, rotated: Swarm) -> bool:
+        """Whether a rekey replaces our swarm: the same swarm, a later epoch; on two rotations of
+        one epoch (two members removing at once) every node keeps the same one, the lower hash."""
+        swarm = self._membership.swarm
+        if rotated.swarm_id != swarm.swarm_id or rotated.secret is None or swarm.secret is None:
+            return False
+        if rotated.epoch != swarm.epoch:
+            return rotated.epoch > swarm.epoch
+        return hashlib.sha256(rotated.secret).digest() < hashlib.sha256(swarm.secret).digest()
+
+    def _send_rekey(self, rotated: Swarm, removed: set[str], *, skip: str | None) -> int:
+        frame = Frame(FrameType.MEMBER, {"op": "rekey", "swarm": rotated.to_json(), "removed": sorted(removed)})
+        told = 0
+        for link in self._live_links():
+            if link.node_id in removed or link.node_id == skip:
+                continue
+            try:
+                link.send_nowait(frame)
+                told += 1
+            except PeerError:
+                pass
+        return told
+
+    async def _async_after_rekey(self, rotated: Swarm, removed: set[str], via: PeerLink) -> None:
+        if self._membership.swarm is rotated:  # not replaced by a later rekey meanwhile
+            await self._membership.async_adopt(rotated, removed=removed)
+            await self._discovery.async_swarm_changed()  # the mDNS tag follows the secret
         log.info("DIAG: swarm secret rotated by a member %s",
                  kv(peer_id=via.short_id, epoch=rotated.epoch, removed=len(removed)))
 
@@ -217,7 +253,7 @@ class SwarmOps:
             if not self._membership.is_refused(node_id):
                 self._membership.note_refusal(NotAMember("removed from this swarm", node_id=node_id,
                                                          swarm=self._membership.swarm.public_id, by_us=True), None)
-        for link in self._live_links():
+        for link in self._all_links():
             if link.node_id in removed:
                 link.close("removed from the swarm")
         for node_id in removed:

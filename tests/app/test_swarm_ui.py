@@ -44,7 +44,7 @@ def test_invite_join_and_remove_through_the_gui(qtbot, run, tmp_path, tiny_model
             tab.view.selectRow(row)
             assert tab.remove_button.isEnabled()
             tab.remove_selected()
-            box = tab.findChild(QMessageBox)
+            box = next(b for b in tab.findChildren(QMessageBox) if b.windowTitle() == "Remove from swarm")
             next(b for b in box.buttons() if b.text() == "Remove").click()
             await wait_until(lambda: app.node.peers.link(other.node_id) is None and app.node.swarm_status()["epoch"] == 1,
                              DEADLINE_S, what="the member removed and the secret rotated")
@@ -65,5 +65,16 @@ def test_invite_join_and_remove_through_the_gui(qtbot, run, tmp_path, tiny_model
                 await wait_until(lambda: app.tray.swarm_action.text() == f"Swarm: {third.swarm_status()['swarm']} "
                                  "(private)", DEADLINE_S, what="the tray naming the new swarm")
                 dialog.close()
+
+                # Leave swarm: confirm; a new private swarm of its own, the third node's link gone
+                tab.leave()
+                box = next(b for b in tab.findChildren(QMessageBox) if b.windowTitle() == "Leave swarm")
+                next(b for b in box.buttons() if b.text() == "Leave").click()
+                await wait_until(lambda: app.node.swarm_status()["swarm"] != third.swarm_status()["swarm"]
+                                 and third.peers.link(app.node.node_id) is None, DEADLINE_S, what="the app to leave")
+                # the app dials the third node again: another swarm now, refused; the Peers tab says so
+                await wait_until(lambda: f"{third.short_id} ×" in tab.refused_label.text()
+                                 and tab.refused_label.isVisibleTo(tab), DEADLINE_S,
+                                 what="the Peers tab naming the refused peer")
 
     run(body())

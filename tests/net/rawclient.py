@@ -88,7 +88,10 @@ class RawPeer:
         answer = read_frame(sock)
         assert answer.type == FrameType.MEMBER, answer.header
         assert self.swarm.verify(answer.header.get("proof"), node_id, me, hello.member_nonce, nonce)
-        return sock, hello
+        sock.sendall(frame_bytes(self.hello_frame(nonce)))  # the full HELLOs, after admission
+        frame = read_frame(sock)
+        assert frame.type == FrameType.HELLO
+        return sock, Hello.from_frame(frame)
 
     def ping_ok(self) -> bool:
         """A fresh link answers PING with PONG (the node still serves peers)."""

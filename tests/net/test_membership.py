@@ -193,3 +193,62 @@ async def test_the_open_swarm_is_opt_in_and_links_only_the_nodes_that_opted_in(s
     assert o1.swarm_ops.status()["swarm"] == "open" and o1.swarm_ops.status()["open"] is True
     assert p.link(o1.node_id) is None
     assert not (o1.config.data_dir / SWARM_FILE).exists()  # nothing secret to store
+
+
+async def test_a_removed_members_secret_links_nowhere_even_under_a_new_identity(swarms, tmp_path):
+    a = await swarms("a", "A")
+    b = await swarms("b", "A", bootstrap=[addr(a)])
+    c = await swarms("c", "A", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b) and linked(a, c), what="three members")
+    stolen = (c.config.data_dir / SWARM_FILE).read_bytes()  # c's copy of the secret, epoch 0
+    await a.swarm_ops.async_remove(c.node_id)
+    await wait_until(lambda: b.membership.swarm.epoch == 1, what="b rotated")
+    # a fresh identity with the removed node's swarm.json: not refused by id, but by its secret
+    (tmp_path / "c2").mkdir()
+    (tmp_path / "c2" / SWARM_FILE).write_bytes(stolen)
+    c2 = PeerManager(NodeConfig(data_dir=tmp_path / "c2", port=0, peer_port=0, peer_host="127.0.0.1", mdns=False,
+                                bootstrap=[addr(a), addr(b)]), load_or_create_identity(tmp_path / "c2"))
+    try:
+        await c2.async_start()
+        await wait_until(lambda: c2.node_id in a.membership.refusals and c2.node_id in b.membership.refusals,
+                         what="both members refusing the old secret")
+        assert a.link(c2.node_id) is None and b.link(c2.node_id) is None
+        assert a.membership.refusals[c2.node_id].reason == "holds an older or newer swarm secret"
+    finally:
+        await c2.async_stop()
+
+
+async def test_an_invite_stays_used_across_the_inviters_restart(swarms, tmp_path):
+    a = await swarms("a", "A")
+    code, _ = await a.swarm_ops.async_invite()
+    c = await swarms("c", "C")
+    await c.swarm_ops.async_join(code)
+    await a.async_stop()
+    a2 = PeerManager(NodeConfig(data_dir=a.config.data_dir, port=0, peer_port=a.listen_port, peer_host="127.0.0.1",
+                                mdns=False), load_or_create_identity(a.config.data_dir))
+    try:
+        await a2.async_start()
+        e = await swarms("e", "E")
+        with pytest.raises(InvalidRequest, match="refused the invite"):
+            await e.swarm_ops.async_join(code)
+        assert e.membership.swarm.public_id != a2.membership.swarm.public_id
+    finally:
+        await a2.async_stop()
+
+
+async def test_two_members_removing_at_once_converge_on_one_secret(swarms):
+    a = await swarms("a", "A")
+    b = await swarms("b", "A", bootstrap=[addr(a)])
+    c = await swarms("c", "A", bootstrap=[addr(a)])
+    x = await swarms("x", "A", bootstrap=[addr(a)])
+    y = await swarms("y", "A", bootstrap=[addr(a)])
+    members = (a, b, c)
+    await wait_until(lambda: all(linked(m, n) for m in (a, b, c, x, y) for n in (a, b, c, x, y) if m is not n),
+                     what="a full mesh of five")
+    await asyncio.gather(a.swarm_ops.async_remove(x.node_id), b.swarm_ops.async_remove(y.node_id))
+    await wait_until(lambda: len({m.membership.swarm.secret for m in members}) == 1
+                     and all(m.membership.state.removed == {x.node_id, y.node_id} for m in members),
+                     what="a, b and c on one secret, with both removals")
+    await wait_until(lambda: all(m.link(x.node_id) is None and m.link(y.node_id) is None for m in members),
+                     what="x and y unlinked everywhere")
+    assert all(linked(m, n) for m in members for n in members if m is not n)

@@ -71,7 +71,12 @@ class TlsProbe:
         answer = await probe.async_read_frame()
         assert answer.type == FrameType.MEMBER and swarm.verify(
             answer.header.get("proof"), node_id, probe.node_id, hello.member_nonce, nonce), answer.header
-        return probe, hello
+        await probe.async_send(Hello(node_id=probe.node_id, boot_id="probe", agent="probe/1", listen_port=0,
+                                     link_nonce="probe", swarm=swarm.public_id, epoch=swarm.epoch,
+                                     member_nonce=nonce).to_frame())  # the full HELLO, after admission
+        frame = await probe.async_read_frame()
+        assert frame.type == FrameType.HELLO, frame.header
+        return probe, Hello.from_frame(frame)
 
     async def _flush(self) -> None:
         data = self._out.read()
