@@ -190,7 +190,8 @@ class SwarmOps:
     def handle_frame(self, link: PeerLink, frame: Frame) -> None:
         """MEMBER frames on an admitted link: a rekey from another member."""
         if frame.header.get("op") != "rekey":
-            raise ProtocolError(f"unexpected MEMBER op {frame.header.get('op')!r} on an admitted link")
+            link.send_error(frame, "unsupported", "only rekey is served on an admitted link")
+            return
         rotated = Swarm.from_json(frame.header.get("swarm"))
         removed = frame.header.get("removed")
         if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > 4096:
