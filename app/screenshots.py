@@ -145,10 +145,14 @@ async def _async_shoot(out: Path, model_arg: Path | None) -> None:
     from app.host import AppState
     from app.tray_app import TrayApp
     from node.config import NodeConfig
+    from node.net import Swarm, write_swarm_file
     from node.node import Node
     from node.resources import default_model_path
 
+    members = Swarm.create()  # the screenshot swarm: three nodes as if invited
+
     def config(data_dir: Path, models: list[Path], **extra) -> NodeConfig:
+        write_swarm_file(data_dir, members)
         return NodeConfig(data_dir=data_dir, port=_free_port(), models=[str(m) for m in models],
                           log_to_file=False, n_threads=1, mdns=False, peer_host="127.0.0.1", **extra)
 

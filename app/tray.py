@@ -18,7 +18,8 @@ class Tray:
     Pause contributing, Quit."""
 
     def __init__(self, host: NodeHost, actions: AppActions, *, on_open: Callable[[], None],
-                 on_quit: Callable[[], None]):
+                 on_quit: Callable[[], None], on_invite: Callable[[], object] | None = None,
+                 on_join: Callable[[], object] | None = None):
         self.host = host
         self.actions = actions
         self.icon = QSystemTrayIcon()
@@ -30,6 +31,11 @@ class Tray:
         self.copy_diagnostics_action = self._add(
             "Copy diagnostics", lambda: spawn(actions.async_copy_diagnostics(), what="copying diagnostics",
                                               on_error=actions.message.emit))
+        self.menu.addSeparator()
+        self.swarm_action = self._add("Swarm: -", None)
+        self.swarm_action.setEnabled(False)  # information: which swarm, private or open
+        self.invite_action = self._add("Invite a device…", on_invite)
+        self.join_action = self._add("Join a swarm…", on_join)
         self.menu.addSeparator()
         self.pause_action = self._add("Pause contributing", None)
         self.pause_action.setCheckable(True)
@@ -59,9 +65,23 @@ class Tray:
         for action in (self.copy_url_action, self.copy_key_action):
             action.setEnabled(started)
         self.pause_action.setEnabled(state not in (AppState.STARTING, AppState.STOPPING, AppState.ERROR))
+        self.refresh_swarm()
         self.pause_action.blockSignals(True)
         self.pause_action.setChecked(not self.host.contributing)
         self.pause_action.blockSignals(False)
+
+    def refresh_swarm(self, *_args) -> None:
+        """The swarm line: "Swarm: 1a2b3c4d (private)" or "Swarm: open"."""
+        node = self.host.node
+        if node.peers is None:
+            self.swarm_action.setText("Swarm: peer network off")
+            for action in (self.invite_action, self.join_action):
+                action.setEnabled(False)
+            return
+        st = node.swarm_status()
+        self.swarm_action.setText("Swarm: open" if st["open"] else f"Swarm: {st['swarm']} (private)")
+        self.invite_action.setEnabled(not st["open"])
+        self.join_action.setEnabled(True)
 
     def _balloon(self, text: str) -> None:
         if self.icon.isVisible() and QSystemTrayIcon.supportsMessages():

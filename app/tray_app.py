@@ -39,13 +39,27 @@ class TrayApp:
         self.show_window_at_start = show_window or not tray_available
         self.window = MainWindow(self.host, self.feeds, self.actions, tray_available=tray_available,
                                  on_quit=self.request_quit)
-        self.tray = Tray(self.host, self.actions, on_open=self.window.bring_up, on_quit=self.request_quit)
+        self.tray = Tray(self.host, self.actions, on_open=self.window.bring_up, on_quit=self.request_quit,
+                         on_invite=self._invite, on_join=self._join)
+        self.feeds.peers.modelReset.connect(self.tray.refresh_swarm)  # a join or leave resets the peers
+        self.feeds.peers.rowsInserted.connect(self.tray.refresh_swarm)
+        self.feeds.peers.dataChanged.connect(self.tray.refresh_swarm)
         self._quit = asyncio.Event()
         self.exit_code = 0
 
     @property
     def node(self):
         return self.host.node
+
+    def _invite(self) -> None:
+        self.window.bring_up()
+        self.window.show_tab("Peers")
+        self.window.peers_tab.invite()
+
+    def _join(self) -> None:
+        self.window.bring_up()
+        self.window.show_tab("Peers")
+        self.window.peers_tab.join()
 
     def request_quit(self) -> None:
         """Quit from anywhere (menu, window, signal); the shutdown itself runs in async_run."""

@@ -29,7 +29,7 @@ import aiohttp  # noqa: E402
 
 from node.inference.synth import SynthSpec, write_gguf  # noqa: E402
 from node.resources import default_model_path  # noqa: E402
-from tests.support.nodes import free_port  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 MID = SynthSpec(n_layers=12, hidden=768, n_heads=12, n_kv_heads=4, ffn=2048, vocab=8192, n_ctx=2048,
                 qtype="Q8_0", name="bench-110m")

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node.config import NodeConfig  # noqa: E402
-from node.net import Frame, FrameType, Identity, PeerManager, load_or_create_identity  # noqa: E402
+from node.net import Frame, FrameType, Identity, PeerManager, Swarm, load_or_create_identity, write_swarm_file  # noqa: E402, E501
 from node.net._connect import async_accept_tls, async_dial_direct  # noqa: E402
 from node.net._frames import FLAG_RESPONSE, encode_frame  # noqa: E402
 from node.net._link import async_read_frame  # noqa: E402
@@ -91,7 +91,12 @@ async def _serve_node(data_dir: Path, relay: bool, relays: list[str], async_hand
     await asyncio.Event().wait()
 
 
+BENCH_SWARM = Swarm.create()  # every node and client of one run is a member of this swarm
+
+
 def _spawn(*args: str) -> tuple[subprocess.Popen, dict]:
+    if args[0] == "node":
+        write_swarm_file(Path(args[1]), BENCH_SWARM)
     proc = subprocess.Popen([sys.executable, __file__, "--serve", *args], stdout=subprocess.PIPE)
     line = proc.stdout.readline()
     if not line:
@@ -169,6 +174,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def _client_manager(work: Path, name: str, relays: list[str]) -> PeerManager:
+    write_swarm_file(work / name, BENCH_SWARM)
     cfg = NodeConfig(data_dir=work / name, port=0, peer_port=0, peer_host="127.0.0.1", mdns=False,
                      relays=relays, no_direct=bool(relays))
     manager = PeerManager(cfg, load_or_create_identity(cfg.data_dir))

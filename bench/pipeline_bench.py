@@ -37,7 +37,8 @@ from bench.api_overhead import MID, direct_decode  # noqa: E402
 from bench.pipe_ring import ring_decode  # noqa: E402
 from node.inference.synth import write_gguf  # noqa: E402
 from node.models.gguf_meta import read_header  # noqa: E402
-from tests.support.nodes import free_port  # noqa: E402
+from node.net import Swarm, write_swarm_file  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 PROMPT = "The swarm splits a model by layers and passes hidden states between peers so that"
 
@@ -50,9 +51,11 @@ class Arm:
         self.ports: list[int] = []
         self.dirs: list[Path] = []
         bounds = [round(i * n_layers / n_segments) for i in range(n_segments + 1)]
+        swarm = Swarm.create()  # the arm's nodes are members of one swarm
         for i in range(n_segments):
             port = free_port()
             data = Path(tempfile.mkdtemp(prefix=f"pipebench{i}-"))
+            write_swarm_file(data, swarm)
             args = [sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir", str(data),
                     "--model", str(model), "--no-default-model", "--layers", f"{bounds[i]}-{bounds[i + 1] - 1}",
                     "--no-mdns", "--n-threads", str(threads), "--activation-bits", str(bits)]

@@ -52,6 +52,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from node.inference.synth import SynthSpec, write_gguf  # noqa: E402
+from node.net import Swarm as MemberSwarm  # noqa: E402
+from node.net import write_swarm_file  # noqa: E402
 
 SPLIT = SynthSpec(n_layers=6, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=1024, name="soak-split")
 WHOLE = SynthSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=1024, name="soak-whole",
@@ -184,12 +186,14 @@ def make_swarm(workdir: Path) -> Swarm:
     whole = workdir / "soak-whole.gguf"
     write_gguf(split, SPLIT)
     write_gguf(whole, WHOLE)
+    members = MemberSwarm.create()  # all six nodes are members of one swarm
     common = ["--model", str(split), "--no-default-model", "--slice-dtype", "f32", "--activation-bits", "32",
               "--no-mdns", "--n-threads", "1"]
     c_port = free_port_pair()
     c_dir = workdir / "C"
     (c_dir / "models").mkdir(parents=True)
     shutil.copy(whole, c_dir / "models" / whole.name)  # served whole: a data-dir model, not a --layers one
+    write_swarm_file(c_dir, members)
     coordinator = NodeProc("C", c_dir, c_port, [*common, "--layers", SEGMENTS[0]])
     others = []
     for i, layers in enumerate(SEGMENTS):
@@ -199,6 +203,7 @@ def make_swarm(workdir: Path) -> Swarm:
             name = f"S{i}{role}"
             d = workdir / name
             d.mkdir()
+            write_swarm_file(d, members)
             others.append(NodeProc(name, d, free_port_pair(),
                                    [*common, "--layers", layers, "--bootstrap", f"127.0.0.1:{c_port + 10}"]))
     return Swarm(coordinator, others, split, whole)

@@ -1,4 +1,4 @@
-"""`swarmllm` command line: run | diagnostics | models | peers | chat | bench | test-split.
+"""`swarmllm` command line: run | diagnostics | models | peers | chat | invite | join | swarm | test-split.
 
 Each subcommand lives in its own module exposing `add_parser(subparsers)` which registers a
 parser whose `func(args) -> int` runs it; this file only collects them.
@@ -14,6 +14,7 @@ import sys
 SUBCOMMANDS = [
     "node.commands.run",
     "node.commands.client",  # diagnostics, models, peers, chat
+    "node.commands.swarm",  # invite, join, swarm
     "node.inference.slice.testsplit",  # test-split
 ]
 

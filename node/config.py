@@ -70,6 +70,8 @@ class NodeConfig:
     no_direct: bool = False  # testing: reach peers through relays only
     region: str | None = None  # advertised region (e.g. "TH"), optional
     contribute: bool = True  # serve work for peers (the tray's "Pause contributing" clears it)
+    swarm: str = "private"  # "private": link only with members of this node's swarm (swarm.json);
+    # "open" (opt-in): link with any other node of the open swarm
 
     # --- logging ---
     verbosity: int = 0  # 0 info, 1 -v debug, 2 -vv debug incl. per-message, 3 -vvv trace

@@ -64,10 +64,19 @@ def _header(node: ReportParts, r: Redactor) -> list[str]:
     peers = node.peers
     reach = f"api {api}" + (" (loopback only)" if node.config.host in ("127.0.0.1", "::1", "localhost") else "")
     reach += "; peer network " + ("on" if peers is not None else "off")
+    swarm_line = "swarm: (peer network off)"
+    if peers is not None:
+        st = peers.swarm_ops.status()
+        refused = st["refused"]
+        swarm_line = (f"swarm: {st['swarm']}" + (" (open: any node that opted in)" if st["open"] else
+                                                 f" (private, epoch {st['epoch']})")
+                      + f"  members connected: {st['members_connected']}"
+                      + f"  refused: {len(refused)} peer(s), {sum(r['count'] for r in refused)} time(s)")
     return [
         f"SwarmLLM diagnostics — {node.agent}",
         f"node: {node.short_id}  uptime: {_uptime(uptime)}",
         f"reachability: {reach}",
+        swarm_line,
         f"requests: {counts.get('started', 0)} started, {counts.get('ok', 0)} ok, "
         f"{counts.get('error', 0)} failed, {counts.get('cancelled', 0)} cancelled",
         f"in_flight: {node.traces.in_flight} traces, "
@@ -136,6 +145,9 @@ def _peers(node: ReportParts, r: Redactor) -> list[str]:
                     f"rto_ms={p.rto_ms:.0f} last_seen={_ago(p.last_seen)} models={models}"
                     + (f" region={p.region}" if p.region else "") + (f" agent={p.agent}" if p.agent else "")
                     + (f" error={p.last_error}" if p.last_error and p.state != "connected" else ""))
+    for ref in node.peers.swarm_ops.status()["refused"]:
+        rows.append(f"{ref['peer']} refused ({'not in this swarm' if ref['by_us'] else 'refused this node'}) "
+                    f"swarm={ref['swarm'] or '-'} count={ref['count']} last={ref['last_s_ago']:.0f}s ago")
     return rows or ["(no peers)"]
 
 

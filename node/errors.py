@@ -227,6 +227,25 @@ class SelfConnection(PeerError):
     code = "self_connection"
 
 
+class NotAMember(PeerError):
+    """A peer could not prove membership of this node's swarm (or refused ours): the link closes,
+    the peer is not dialled again while this node stays in its swarm."""
+
+    code = "not_a_member"
+
+    def __init__(self, message: str, *, node_id: str, swarm: str | None, by_us: bool):
+        super().__init__(message)
+        self.node_id = node_id
+        self.swarm = swarm  # the peer's swarm as it named it (public form), if it said
+        self.by_us = by_us  # True: we refused it; False: it refused us
+
+
+class AdmissionEnded(PeerError):
+    """Not a failure: an admission handed a swarm over (an invite was used) and the link closed."""
+
+    code = "admission_ended"
+
+
 class SegmentFailed(PeerError):
     """A pipeline segment failed a step (error RESULT, link drop, missed ACK or RESULT deadline).
     `node_id` is the node to route around; `cause` says what happened (`link_drop`, `ack_deadline`,

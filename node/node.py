@@ -17,7 +17,7 @@ from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
-from node.errors import ModelLoadError, ModelNotFound
+from node.errors import Conflict, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager
 from node.inference.pipeline.coordinator import PipelineCoordinator
@@ -314,6 +314,41 @@ class Node:
     def cancel_download(self, job_id: str) -> DownloadJob:
         """Stop a download and remove its partial file."""
         return self.downloads.cancel(job_id)
+
+    # --- the swarm (node.net does the work; the peer network must be running) ---
+
+    def _swarm(self):
+        if self.peers is None:
+            raise Conflict("the peer network is not running")
+        return self.peers.swarm_ops
+
+    def swarm_status(self) -> dict[str, Any]:
+        """This node's swarm (never the secret or an invite code)."""
+        return self._swarm().status()
+
+    async def async_invite(self, ttl_s: float = 24 * 3600.0) -> tuple[str, float]:
+        """A one-time invite code (shown to the user only) and when it expires."""
+        code, expires_at = await self._swarm().async_invite(ttl_s)
+        self.note_activity("invite created")
+        return code, expires_at
+
+    async def async_join(self, code: str) -> str:
+        """Join the swarm of the node that made the code."""
+        swarm = await self._swarm().async_join(code)
+        self.note_activity(f"joined swarm {swarm}")
+        return swarm
+
+    async def async_leave(self) -> str:
+        """Leave the swarm (a new private one of this node alone)."""
+        swarm = await self._swarm().async_leave()
+        self.note_activity(f"left the swarm; now alone in {swarm}")
+        return swarm
+
+    async def async_remove_member(self, node_id: str) -> int:
+        """Remove a member and rotate the swarm secret."""
+        told = await self._swarm().async_remove(node_id)
+        self.note_activity(f"removed {node_id[:8]} from the swarm")
+        return told
 
     def peer_rows(self) -> list[dict[str, Any]]:
         """The peer table as JSON rows ([] when the peer network is off)."""

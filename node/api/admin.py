@@ -87,6 +87,51 @@ async def peers(request: web.Request) -> web.Response:
     return web.json_response({"peers": request.app[NODE].peer_rows()})
 
 
+@routes.get("/api/admin/swarm")
+async def swarm(request: web.Request) -> web.Response:
+    """Which swarm this node is in, members connected, refusals (never the secret or a code)."""
+    return web.json_response(request.app[NODE].swarm_status())
+
+
+@routes.post("/api/admin/swarm/invite")
+async def swarm_invite(request: web.Request) -> web.Response:
+    """A one-time invite code for another device. Body: {"ttl_s"?: seconds, 60..30 days}."""
+    body = await read_json(request) if request.can_read_body else {}
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    ttl = body.get("ttl_s", 24 * 3600)
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 60 <= ttl <= 30 * 86400:
+        raise InvalidRequest("ttl_s must be a number of seconds from 60 to 30 days", param="ttl_s")
+    code, expires_at = await request.app[NODE].async_invite(float(ttl))
+    return web.json_response({"code": code, "expires_at": expires_at})
+
+
+@routes.post("/api/admin/swarm/join")
+async def swarm_join(request: web.Request) -> web.Response:
+    """Join the swarm of the node that made the code. Body: {"code": "swarmllm1-…"}."""
+    body = await read_json(request)
+    code = body.get("code") if isinstance(body, dict) else None
+    if not isinstance(code, str) or len(code) > 512:
+        raise InvalidRequest("code is required (an invite code string)", param="code")
+    return web.json_response({"swarm": await request.app[NODE].async_join(code)})
+
+
+@routes.post("/api/admin/swarm/leave")
+async def swarm_leave(request: web.Request) -> web.Response:
+    """Leave the swarm: this node starts a new private swarm of its own."""
+    return web.json_response({"swarm": await request.app[NODE].async_leave()})
+
+
+@routes.post("/api/admin/swarm/remove")
+async def swarm_remove(request: web.Request) -> web.Response:
+    """Remove a member: rotate the secret, hand it to the others. Body: {"node_id": id or prefix}."""
+    body = await read_json(request)
+    node_id = body.get("node_id") if isinstance(body, dict) else None
+    if not isinstance(node_id, str) or not 4 <= len(node_id) <= 64:
+        raise InvalidRequest("node_id is required (the member's node id or a prefix of it)", param="node_id")
+    return web.json_response({"members_told": await request.app[NODE].async_remove_member(node_id.lower())})
+
+
 @routes.get("/api/admin/stats")
 async def stats(request: web.Request) -> web.Response:
     """Node counters (node_id, uptime, requests, in_flight, tok/s)."""

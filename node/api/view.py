@@ -66,5 +66,20 @@ class NodeView(Protocol):
     def peer_rows(self) -> list[dict[str, Any]]:
         """The peer table as JSON rows ([] when the peer network is off)."""
 
+    def swarm_status(self) -> dict[str, Any]:
+        """This node's swarm (public id, open, members connected, refusals; never the secret)."""
+
+    async def async_invite(self, ttl_s: float) -> tuple[str, float]:
+        """A one-time invite code and its expiry (epoch seconds)."""
+
+    async def async_join(self, code: str) -> str:
+        """Join the swarm of the node that made `code`; the new swarm's public id."""
+
+    async def async_leave(self) -> str:
+        """Leave the swarm for a new private one of this node alone; its public id."""
+
+    async def async_remove_member(self, node_id: str) -> int:
+        """Remove a member (id or prefix); how many linked members got the new secret."""
+
     def stats(self) -> dict[str, Any]:
         """Node counters (node id, uptime, requests, in_flight, tok/s, ...)."""

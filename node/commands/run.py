@@ -47,6 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a relay to register at (repeatable)")
     g.add_argument("--no-direct", action="store_true", help="testing: reach peers through relays only")
     g.add_argument("--region", default=None, help="advertised region code, e.g. TH")
+    g.add_argument("--open-swarm", action="store_true",
+                   help="join the open swarm: link with any node that also opted in (default: private)")
     p.set_defaults(func=run)
 
 
@@ -73,6 +75,7 @@ def cli_overrides(args: argparse.Namespace) -> dict:
         "relays": getattr(args, "relays", None),
         "no_direct": True if getattr(args, "no_direct", False) else None,
         "region": getattr(args, "region", None),
+        "swarm": "open" if getattr(args, "open_swarm", False) else None,
     }
 
 

@@ -8,6 +8,7 @@ from ._frames import FLAG_RESPONSE, Frame, FrameType, type_name
 from ._identity import Identity, async_load_or_create_identity, load_or_create_identity, short_id
 from ._link import PeerLink
 from ._manager import PeerManager
+from ._membership import Swarm, write_swarm_file
 from ._messages import PROTOCOL_VERSION, ErrorInfo, Hello
 from ._rto import RtoEstimator
 from ._table import PeerSnapshot
@@ -24,8 +25,10 @@ __all__ = [
     "PeerManager",
     "PeerSnapshot",
     "RtoEstimator",
+    "Swarm",
     "async_load_or_create_identity",
     "load_or_create_identity",
     "short_id",
     "type_name",
+    "write_swarm_file",
 ]

@@ -46,7 +46,8 @@ class Establish(Protocol):
     """Exchange HELLOs on an authenticated stream and register the link (PeerManager's)."""
 
     async def __call__(self, stream: Stream, node_id: str, *, is_dialer: bool, transport: Transport,
-                       address: str, via_relay: str | None = None, source: str | None = None) -> PeerLink:
+                       address: str, via_relay: str | None = None, source: str | None = None,
+                       join_token: bytes | None = None) -> PeerLink:
         """The registered link; raises PeerError (SelfConnection, ProtocolError, ...) otherwise."""
         ...
 
@@ -130,16 +131,17 @@ async def async_dial_direct(tls: TlsConfig, addr: str, expected_node_id: str | N
 
 
 async def async_dial_relayed(tls: TlsConfig, relay_addr: str, target_node_id: str,
-                             own_node_id: str) -> Stream:
+                             own_node_id: str, ticket: str) -> Stream:
     """A TLS stream to target through the relay at relay_addr (end-to-end: the relay sees
-    ciphertext only). The target's certificate must prove target_node_id."""
+    ciphertext only). The target's certificate must prove target_node_id. `ticket`: what the relay
+    issued us for this circuit over our link to it (members only)."""
     host, port = parse_addr(relay_addr)
     stream: Stream | None = None
     try:
         stream = await open_stream(host, port, timeout_s=const.CONNECT_TIMEOUT_S)
         async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S + const.RELAY_CIRCUIT_SETUP_TIMEOUT_S):
             stream.write(encode_preamble(KIND_CONNECT, {"v": PREAMBLE_VERSION, "target": target_node_id,
-                                                        "from": own_node_id}))
+                                                        "from": own_node_id, "ticket": ticket}))
             await read_reply(stream)  # the relay has the circuit; what follows is the target
             await _async_client_tls(stream, tls, target_node_id)
     except (Exception, asyncio.CancelledError) as exc:

@@ -15,13 +15,15 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from node import const
 from node.config import NodeConfig
-from node.errors import PeerError, PeerIdentityMismatch, PeerUnreachable, SelfConnection
+from node.errors import NotAMember, PeerError, PeerIdentityMismatch, PeerUnreachable, SelfConnection
 from node.logs import kv
 
+from ._admission import Membership
 from ._connect import Establish, async_dial_direct, async_dial_relayed, format_addr, parse_addr
 from ._foreign import ForeignPeers
 from ._identity import short_id
@@ -64,12 +66,18 @@ def dial_address(link: PeerLink) -> str:
     return format_addr(host, link.hello.listen_port)
 
 
+async def _no_relay_client(relay_addr: str, target: str) -> str:
+    raise PeerUnreachable(f"no relay client to ask {relay_addr} for a ticket")
+
+
 class Dialer:
     """Decides what to dial and dials it (see module docstring)."""
 
     def __init__(self, config: NodeConfig, node_id: str, tls: TlsConfig, table: PeerTable, tasks: Tasks,
-                 foreign: ForeignPeers, self_addrs: set[str], establish: Establish):
+                 foreign: ForeignPeers, self_addrs: set[str], establish: Establish, membership: Membership):
         self._config = config  # read live: no_direct may change at run time
+        self._membership = membership  # refused peers and addresses are not dialled again
+        self.ticket: Callable[[str, str], Awaitable[str]] = _no_relay_client  # set by Discovery
         self._node_id = node_id
         self._tls = tls
         self._table = table
@@ -143,13 +151,14 @@ class Dialer:
             for target in list(self.targets.values()):
                 key = "addr:" + target.addr
                 if (target.is_self or target.addr in self._foreign.addrs or key in self._dialing
+                        or target.addr in self._membership.refused_addrs
                         or now < target.next_at or (target.node_id and self._table.link(target.node_id))):
                     continue
                 self._dialing[key] = spawn(self._async_dial_target(target, key), name="dial-target")
             for rec in self._table:
                 if rec.link is not None or rec.node_id in self._dialing or now < rec.next_dial_at:
                     continue
-                if rec.node_id in self._foreign.ids:
+                if rec.node_id in self._foreign.ids or self._membership.is_refused(rec.node_id):
                     continue
                 if rec.gone_since is not None and now - rec.gone_since > const.PEER_FORGET_S:
                     self._table.forget(rec)
@@ -198,6 +207,8 @@ class Dialer:
             target.backoff_s = 0.0
         except NotSwarmPeer:
             pass  # logged once by ForeignPeers.note_addr; never dialled again
+        except NotAMember:
+            pass  # logged once by Membership.note_refusal; the address is not dialled again
         except SelfConnection:
             target.is_self = True
             log.info("DIAG: %s address is this node, not dialling it %s", target.site, kv(addr=target.addr))
@@ -215,6 +226,8 @@ class Dialer:
     async def _async_dial_record_task(self, rec: PeerRecord) -> None:
         try:
             await self._async_dial_record(rec)
+        except NotAMember:
+            pass  # the record says refused now; the maintenance loop leaves it alone
         except PeerError as exc:
             rec.dial_failures += 1
             rec.backoff_s = _next_backoff(rec.backoff_s)
@@ -239,15 +252,20 @@ class Dialer:
             except PeerIdentityMismatch as exc:
                 rec.addrs.remove(addr)  # someone else lives there now
                 errors.append(exc.message)
+            except NotAMember:
+                raise  # not in our swarm: no other address or relay will change that
             except PeerError as exc:
                 errors.append(exc.message)
         for relay_addr in list(rec.relays):
             if link := self._table.link(rec.node_id):
                 return link
             try:
-                stream = await async_dial_relayed(self._tls, relay_addr, rec.node_id, self._node_id)
+                ticket = await self.ticket(relay_addr, rec.node_id)
+                stream = await async_dial_relayed(self._tls, relay_addr, rec.node_id, self._node_id, ticket)
                 return await self._establish(stream, rec.node_id, is_dialer=True, transport="relayed",
                                              address=relay_addr, via_relay=relay_addr, source="relay")
+            except NotAMember:
+                raise
             except PeerError as exc:
                 errors.append(exc.message)
         raise PeerUnreachable("; ".join(errors) or "no address known")

@@ -10,12 +10,15 @@ the foreign peers, and the manager's `Establish` / the inbound router's `ServeIn
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from node.config import NodeConfig
 from node.errors import NodeError
 from node.logs import kv
 
+from ._admission import Membership
 from ._connect import Establish, is_loopback, parse_addr
 from ._dialer import Dialer
 from ._foreign import ForeignPeers
@@ -36,16 +39,20 @@ class Discovery:
     """The discovery parts of one node, started and stopped with its PeerManager."""
 
     def __init__(self, config: NodeConfig, node_id: str, tls: TlsConfig, table: PeerTable, tasks: Tasks,
-                 establish: Establish, serve_inbound: ServeInbound):
+                 establish: Establish, serve_inbound: ServeInbound, membership: Membership):
         self._config = config
         self._node_id = node_id
         self._table = table
         self.self_addrs: set[str] = set()  # addresses that turned out to be this node
         self.foreign = ForeignPeers(on_new_addr=self._on_foreign_addr)
         self.cache = PeerCacheKeeper(config.data_dir, node_id, table, tasks, self.foreign, self.self_addrs)
-        self.dialer = Dialer(config, node_id, tls, table, tasks, self.foreign, self.self_addrs, establish)
+        self._membership = membership
+        self._tasks = tasks
+        self.dialer = Dialer(config, node_id, tls, table, tasks, self.foreign, self.self_addrs, establish,
+                             membership)
         self.pex = Pex(node_id, table, tasks, self.foreign, self.self_addrs, self.dialer.dial_soon)
         self.relays = RelayClient(node_id, table, tasks, self.foreign, self.dialer.dial_soon, serve_inbound)
+        self.dialer.ticket = self.relays.async_ticket
         self._mdns: MdnsDiscovery | None = None
 
     async def async_start(self, listen_addrs: list[str], listen_port: int) -> None:
@@ -57,10 +64,12 @@ class Discovery:
             if not ips:
                 log.info("DIAG: mdns not started %s", kv(reason="no non-loopback IPv4 address"))
             else:
-                mdns = MdnsDiscovery(self._node_id, listen_port, self._on_mdns_found, ips)
+                mdns = MdnsDiscovery(self._node_id, listen_port, self._on_mdns_found, ips,
+                                     tag=lambda: self._membership.swarm.mdns_tag(), accept=self._accept_mdns_tag)
                 try:
                     await mdns.async_start()
                     self._mdns = mdns
+                    self._tasks.spawn(self._async_retag_daily(), name="mdns-retag")
                 except (OSError, NodeError) as exc:  # a node without multicast still works
                     log.warning("DIAG: mdns failed to start %s", kv(error=exc))
         self.dialer.start()
@@ -71,6 +80,25 @@ class Discovery:
         if self._mdns is not None:
             await self._mdns.async_stop()
             self._mdns = None
+
+    async def async_swarm_changed(self) -> None:
+        """This node's swarm changed (join, leave): announce the new mDNS tag."""
+        if self._mdns is not None:
+            await self._mdns.async_update_tag()
+
+    def _accept_mdns_tag(self, tag: str) -> bool:
+        return tag in self._membership.swarm.mdns_tags_now()
+
+    async def _async_retag_daily(self) -> None:
+        """The tag rotates daily (a stranger cannot follow one swarm's announcements for long)."""
+        while True:
+            now = time.time()
+            await asyncio.sleep(86400 - now % 86400 + 1)
+            if self._mdns is not None:
+                try:
+                    await self._mdns.async_update_tag()
+                except Exception:  # a failed update must not end the daily retag
+                    log.warning("DIAG: mdns retag failed", exc_info=True)
 
     async def async_save_cache(self) -> None:
         """Write peers.json now."""

@@ -41,6 +41,7 @@ class FrameType(enum.IntEnum):
     PONG = 4
     PEX = 5
     RELAY = 6  # relay control: register / list / incoming circuit (see _relay.py)
+    MEMBER = 7  # swarm membership: proof / join / welcome during set-up, rekey later (_admission.py)
     WORK = 16
     ACK = 17
     RESULT = 18

@@ -13,7 +13,7 @@ import logging
 import ssl
 
 from node import const
-from node.errors import NodeError, SelfConnection
+from node.errors import AdmissionEnded, NodeError, NotAMember, SelfConnection
 from node.logs import kv
 
 from ._connect import Establish, async_accept_tls, parse_addr, peer_address
@@ -80,6 +80,8 @@ class InboundRouter:
         except NotSwarmPeer as exc:
             self._note_foreign(addr, exc)
             stream.abort()
+        except (NotAMember, AdmissionEnded):
+            stream.close()  # logged once per peer by the membership (or a join handed over)
         except SelfConnection:
             stream.abort()
         except (NodeError, TimeoutError, asyncio.IncompleteReadError, OSError, ssl.SSLError) as exc:

@@ -18,7 +18,9 @@ from typing import Any
 from node import AGENT, const
 from node.config import NodeConfig
 from node.errors import (
+    AdmissionEnded,
     NodeError,
+    NotAMember,
     PeerError,
     PeerIdentityMismatch,
     PeerUnreachable,
@@ -28,6 +30,7 @@ from node.errors import (
 from node.logs import kv
 from node.observe import Observers
 
+from ._admission import Membership, async_admit
 from ._connect import format_addr, is_loopback, parse_addr
 from ._discovery import Discovery
 from ._frames import Frame, FrameType, encode_frame, type_name
@@ -36,10 +39,12 @@ from ._identity import Identity, short_id
 from ._inbound import InboundRouter
 from ._link import PeerLink, Transport, async_read_frame
 from ._mdns import local_ipv4_addresses
+from ._membership import new_nonce
 from ._messages import FEATURE_PEX, FEATURE_PIPELINE, FEATURE_RELAY, Hello
 from ._relay import RelayService
 from ._rto import RtoEstimator
 from ._stream import Stream
+from ._swarmops import SwarmOps
 from ._table import PeerObserver, PeerSnapshot, PeerTable
 from ._tasks import Tasks
 from ._tls import TlsConfig
@@ -47,7 +52,7 @@ from ._tls import TlsConfig
 log = logging.getLogger(__name__)
 
 _RESERVED = {FrameType.HELLO, FrameType.ERROR, FrameType.PING, FrameType.PONG, FrameType.PEX,
-             FrameType.RELAY}
+             FrameType.RELAY, FrameType.MEMBER}
 
 
 class PeerManager:
@@ -73,6 +78,9 @@ class PeerManager:
         self.listen_addrs: list[str] = []
         self.relay: RelayService | None = RelayService() if config.relay else None
         self.links: set[PeerLink] = set()
+        if config.swarm not in ("private", "open"):
+            raise NodeError(f"swarm must be 'private' or 'open', not {config.swarm!r}", code="bad_config")
+        self.membership = Membership(config.data_dir, open_swarm=config.swarm == "open")
         self.table = PeerTable(self.connection_count)
         self.tasks = Tasks()
         self._models_provider = models_provider
@@ -80,7 +88,10 @@ class PeerManager:
         self.handlers = Handlers(self.tasks.spawn)
         self.inbound = InboundRouter(self.tls, self.relay, self.tasks, self.async_establish)
         self.discovery = Discovery(config, self.node_id, self.tls, self.table, self.tasks,
-                                   self.async_establish, self.inbound.async_serve)
+                                   self.async_establish, self.inbound.async_serve, self.membership)
+        self.swarm_ops = SwarmOps(self.node_id, self.membership, self.table, self.tasks, self.discovery,
+                                  self.tls, self.async_establish, self._live_links, self.listen_addresses,
+                                  all_links=lambda: list(self.links))
         self._server: asyncio.Server | None = None
         self._started = False
 
@@ -90,6 +101,7 @@ class PeerManager:
         """Write the certificate, listen on the peer port, start discovery."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.tls.prepare)
+        await self.membership.async_load()
         try:
             self._server = await loop.create_server(
                 lambda: Stream(on_connect=self.inbound.on_connect), self.config.peer_host or None,
@@ -202,6 +214,13 @@ class PeerManager:
                 except PeerError:
                     pass
 
+    def _live_links(self) -> list[PeerLink]:
+        return [link for link in self.links if link.is_open and not link.retired]
+
+    def listen_addresses(self) -> list[str]:
+        """Where this node accepts peers: its direct addresses."""
+        return list(self.listen_addrs)
+
     def _require_link(self, node_id: str) -> PeerLink:
         link = self.link(node_id)
         if link is None:
@@ -210,7 +229,9 @@ class PeerManager:
 
     # --- HELLO --------------------------------------------------------------------------------
 
-    def _hello(self, link_nonce: str | None = None) -> Hello:
+    def _hello(self, link_nonce: str | None = None, *, member_nonce: str | None = None, joining: bool = False,
+               minimal: bool = False) -> Hello:
+        """Our HELLO; `minimal` (before admission): no models, hardware, addresses or region."""
         features = FEATURE_PEX
         if self.relay is not None:
             features |= FEATURE_RELAY
@@ -218,10 +239,12 @@ class PeerManager:
             features |= FEATURE_PIPELINE
         return Hello(
             node_id=self.node_id, boot_id=self.boot_id, agent=self.agent, listen_port=self.listen_port,
-            listen=tuple(self.listen_addrs), features=features,
-            models=tuple(self._call_provider(self._models_provider, [])),
-            hardware=self._call_provider(self._hardware_provider, {}),
-            region=self.config.region, link_nonce=link_nonce,
+            listen=() if minimal else tuple(self.listen_addrs), features=features,
+            models=() if minimal else tuple(self._call_provider(self._models_provider, [])),
+            hardware={} if minimal else self._call_provider(self._hardware_provider, {}),
+            region=None if minimal else self.config.region, link_nonce=link_nonce,
+            swarm=self.membership.swarm.public_id, epoch=self.membership.swarm.epoch,
+            member_nonce=member_nonce or new_nonce(), joining=joining,
         )
 
     @staticmethod
@@ -238,26 +261,48 @@ class PeerManager:
 
     async def async_establish(self, stream: Stream, node_id: str, *, is_dialer: bool,
                               transport: Transport, address: str, via_relay: str | None = None,
-                              source: str | None = None) -> PeerLink:
-        """Exchange HELLOs on an authenticated stream and register the link."""
+                              source: str | None = None, join_token: bytes | None = None) -> PeerLink:
+        """Exchange HELLOs on an authenticated stream, admit the peer into the swarm (or be
+        admitted), and register the link. `join_token`: join the peer's swarm with an invite (the
+        link closes after the hand-over and AdmissionEnded is raised)."""
         if node_id == self.node_id:
             stream.abort()
             raise SelfConnection("connected to ourselves")
         nonce = secrets.token_hex(8) if is_dialer else None
-        sent = self._hello(nonce)
+        member_nonce = new_nonce()
+        # Before admission a peer learns only who we are and which swarm we say we are in: what we
+        # serve, our hardware and addresses go in the full HELLO that follows admission.
+        sent = self._hello(nonce, member_nonce=member_nonce, joining=join_token is not None, minimal=True)
         try:
             stream.writelines(encode_frame(sent.to_frame()))
-            async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
-                frame = await async_read_frame(stream)
-            if frame.type != FrameType.HELLO:
-                raise ProtocolError(f"first frame is {type_name(frame.type)}, not HELLO")
-            hello = Hello.from_frame(frame)
-            if hello.node_id != node_id:
-                raise PeerIdentityMismatch(
-                    f"HELLO claims {short_id(hello.node_id)} but the certificate proves {short_id(node_id)}")
+            hello = await self._async_read_hello(stream, node_id)
+            admission = await async_admit(stream, self.membership, me=self.node_id, peer=node_id,
+                                          my_nonce=member_nonce, hello=hello, join_token=join_token,
+                                          timeout_s=const.HANDSHAKE_TIMEOUT_S)
+            if admission.kind == "member":
+                if admission.swarm is not self.membership.swarm or node_id in self.membership.state.removed:
+                    # the swarm changed (rotation, leave, removal) while this admission ran
+                    raise NotAMember("admitted under a swarm state that changed meanwhile", node_id=node_id,
+                                     swarm=hello.swarm, by_us=True)
+                full = self._hello(nonce, member_nonce=member_nonce)
+                stream.writelines(encode_frame(full.to_frame()))
+                hello = await self._async_read_hello(stream, node_id)
+        except NotAMember as exc:
+            stream.close()  # after our ERROR not_a_member, if we sent one
+            self.membership.note_refusal(exc, address if is_dialer and via_relay is None else None)
+            self._note_refused(exc)
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            stream.abort()
+            raise PeerUnreachable(f"{short_id(node_id)} closed the connection during set-up") from exc
         except BaseException:
             stream.abort()
             raise
+        self.membership.refusals.pop(node_id, None)  # admitted now (it may have joined since)
+        if admission.kind != "member":
+            stream.close()
+            await self.swarm_ops.async_admission_ended(admission, node_id, address)
+            raise AdmissionEnded(f"{admission.kind} via {short_id(node_id)}")
         link = PeerLink(
             stream, node_id=node_id, hello=hello, link_nonce=nonce or hello.link_nonce or "",
             transport=transport, is_dialer=is_dialer, address=address,
@@ -267,9 +312,28 @@ class PeerManager:
         link.on_rtt = self._on_rtt
         self._register(link)
         fresh = self._hello()
-        if link.is_open and (fresh.models != sent.models or fresh.hardware != sent.hardware):
+        if link.is_open and (fresh.models != full.models or fresh.hardware != full.hardware):
             link.send_nowait(fresh.to_frame())  # what we serve changed during the handshake
         return link
+
+    async def _async_read_hello(self, stream: Stream, node_id: str) -> Hello:
+        async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+            frame = await async_read_frame(stream)
+        if frame.type != FrameType.HELLO:
+            raise ProtocolError(f"expected HELLO, got {type_name(frame.type)}")
+        hello = Hello.from_frame(frame)
+        if hello.node_id != node_id:
+            raise PeerIdentityMismatch(
+                f"HELLO claims {short_id(hello.node_id)} but the certificate proves {short_id(node_id)}")
+        return hello
+
+    def _note_refused(self, exc: NotAMember) -> None:
+        """A refused peer's record says so (the dialer leaves it alone; the GUI and report show it)."""
+        rec = self.table.get(exc.node_id)
+        if rec is not None and rec.link is None:
+            rec.state = "refused"
+            rec.last_error = ("not in this swarm: " if exc.by_us else "refused us: ") + exc.message
+            self.table.emit_changed(rec)
 
     def _preferred(self, a: PeerLink, b: PeerLink) -> PeerLink:
         """Which of two links to one peer survives; both ends must reach the same answer."""
@@ -363,6 +427,8 @@ class PeerManager:
                 self.table.emit_changed(rec)
         elif ftype == FrameType.PEX:
             self.discovery.handle_pex(link, frame)
+        elif ftype == FrameType.MEMBER:
+            self.swarm_ops.handle_frame(link, frame)
         elif ftype == FrameType.RELAY:
             if frame.header.get("op") == "incoming":
                 self.discovery.handle_relay_incoming(link, frame)

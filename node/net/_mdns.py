@@ -1,7 +1,9 @@
 """LAN discovery with zeroconf's asyncio API: service `_swarmllm._tcp.local.`.
 
 We announce one service per node, TXT `id` (node id), `pv` (protocol version), `port` (peer
-port), on the node's non-loopback IPv4 addresses, and browse for others. Our own announcement is
+port), `sw` (the day's keyed hash of our swarm id: only members can compute or recognise it), on
+the node's non-loopback IPv4 addresses, and browse for others; a node whose `sw` is not one of our
+swarm's is not dialled at all. Our own announcement is
 recognised by its node id and ignored. zeroconf binds every interface with an IPv4 address
 (`InterfaceChoice.All`), which is what a network namespace with veth links needs; loopback has
 no multicast, so two nodes on 127.0.0.1 only find each other through bootstrap or the cache.
@@ -51,8 +53,11 @@ def local_ipv4_addresses() -> list[str]:
 class MdnsDiscovery:
     """Announce this node and report others through `on_found`."""
 
-    def __init__(self, node_id: str, peer_port: int, on_found: Found, addresses: list[str]):
+    def __init__(self, node_id: str, peer_port: int, on_found: Found, addresses: list[str], *,
+                 tag: Callable[[], str], accept: Callable[[str], bool]):
         self.node_id = node_id
+        self._tag = tag  # this node's swarm tag for today (TXT "sw")
+        self._accept = accept  # is a TXT "sw" one of our swarm's (today's, or a neighbour day's)?
         self.peer_port = peer_port
         self.addresses = addresses
         self._on_found = on_found
@@ -65,16 +70,28 @@ class MdnsDiscovery:
         """Register our service and start browsing."""
         self._azc = AsyncZeroconf(ip_version=IPVersion.V4Only)
         name = f"swarmllm-{self.node_id[:16]}.{SERVICE_TYPE}"
-        self._info = AsyncServiceInfo(
-            SERVICE_TYPE, name, port=self.peer_port,
-            properties={"id": self.node_id, "pv": str(PROTOCOL_VERSION), "port": str(self.peer_port)},
-            addresses=[socket.inet_aton(a) for a in self.addresses],
-            server=f"swarmllm-{short_id(self.node_id)}.local.",
-        )
+        self._info = self._service_info(name)
         await (await self._azc.async_register_service(self._info, allow_name_change=True))
         self._browser = AsyncServiceBrowser(self._azc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
         log.info("DIAG: mdns started %s", kv(service=SERVICE_TYPE, addresses=",".join(self.addresses),
                                             port=self.peer_port))
+
+    def _service_info(self, name: str) -> AsyncServiceInfo:
+        return AsyncServiceInfo(
+            SERVICE_TYPE, name, port=self.peer_port,
+            properties={"id": self.node_id, "pv": str(PROTOCOL_VERSION), "port": str(self.peer_port),
+                        "sw": self._tag()},
+            addresses=[socket.inet_aton(a) for a in self.addresses],
+            server=f"swarmllm-{short_id(self.node_id)}.local.",
+        )
+
+    async def async_update_tag(self) -> None:
+        """Announce the current swarm tag (the swarm changed, or a new day began)."""
+        if self._azc is None or self._info is None:
+            return
+        self._info = self._service_info(self._info.name)
+        await (await self._azc.async_update_service(self._info))
+        log.debug("DIAG: mdns swarm tag updated")
 
     async def async_stop(self) -> None:
         """Unregister, stop browsing, close zeroconf."""
@@ -112,6 +129,9 @@ class MdnsDiscovery:
         if props.get("pv") != str(PROTOCOL_VERSION):
             log.debug("Not dialling a peer that does not speak SwarmLLM %s",
                       kv(peer_id=short_id(node_id), site="mdns", protocol_version=props.get("pv")))
+            return
+        if not self._accept(props.get("sw", "")):
+            log.debug("DIAG: mdns found a node of another swarm, not dialling it %s", kv(peer_id=short_id(node_id)))
             return
         port = info.port or 0
         addrs = [format_addr(a, port) for a in info.parsed_addresses(IPVersion.V4Only)]

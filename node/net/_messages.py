@@ -14,9 +14,10 @@ from node.errors import ProtocolError
 
 from ._frames import Frame, FrameType
 from ._identity import is_node_id
+from ._membership import MAX_EPOCH, NONCE_HEX, OPEN
 
 PROTOCOL_NAME = "swarmllm"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: admission (swarm membership) on every link
 
 # HELLO feature bits
 FEATURE_PEX = 1 << 0  # exchanges peer addresses
@@ -68,6 +69,20 @@ def _addr_list(h: Mapping[str, Any], key: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _hex(h: Mapping[str, Any], key: str, n: int) -> str:
+    value = h.get(key)
+    if not isinstance(value, str) or len(value) != n or any(c not in "0123456789abcdef" for c in value):
+        raise ProtocolError(f"field {key!r} must be {n} lower-case hex digits")
+    return value
+
+
+def _swarm_id(h: Mapping[str, Any]) -> str:
+    value = h.get("swarm")
+    if value == OPEN:
+        return value
+    return _hex(h, "swarm", 8)
+
+
 def _node_id(h: Mapping[str, Any], key: str) -> str:
     value = h.get(key)
     if not is_node_id(value):
@@ -89,6 +104,10 @@ class Hello:
     hardware: Mapping[str, Any] = field(default_factory=dict)
     region: str | None = None
     link_nonce: str | None = None  # the dialler's random nonce for this link (duplicate tie-break)
+    swarm: str = ""  # the swarm's public id (a hash of its id; "open" for the open swarm)
+    epoch: int = 0  # the swarm secret's generation
+    member_nonce: str = ""  # fresh per link: both proofs of membership are bound to both nonces
+    joining: bool = False  # the sender presents an invite instead of a membership proof
     protocol: str = PROTOCOL_NAME
     version: int = PROTOCOL_VERSION
 
@@ -100,6 +119,9 @@ class Hello:
             "listen_port": self.listen_port, "listen": list(self.listen),
             "models": [dict(m) for m in self.models], "hardware": dict(self.hardware),
         }
+        header.update(swarm=self.swarm, epoch=self.epoch, member_nonce=self.member_nonce)
+        if self.joining:
+            header["joining"] = True
         if self.region:
             header["region"] = self.region
         if self.link_nonce:
@@ -133,6 +155,10 @@ class Hello:
             hardware=hardware,
             region=_text(h, "region", optional=True, limit=32),
             link_nonce=_text(h, "link_nonce", optional=True, limit=32),
+            swarm=_swarm_id(h),
+            epoch=_int(h, "epoch", 0, MAX_EPOCH),
+            member_nonce=_hex(h, "member_nonce", NONCE_HEX),
+            joining=h.get("joining") is True,
         )
 
 

@@ -4,8 +4,10 @@ Registration and rendezvous ride on normal authenticated peer links (RELAY frame
     {"op": "register"}  → {"op": "ok", ...limits}   the relay may now announce circuits to you
     {"op": "list"}      → {"op": "list", "nodes": [{"node_id", "agent"}]}   who is registered
     {"op": "incoming", "circuit": token, "from": node_id}   relay → registered node, no reply
-A circuit: the dialler opens a raw TCP connection with a "C" preamble naming the target; the
-relay sends "incoming" with a fresh unguessable token over the target's link; the target opens
+    {"op": "ticket", "target": node_id} → {"op": "ticket", "ticket": t}   one circuit, soon
+A circuit: the dialler asks for a ticket over its own link (links are admitted members only, so
+only members of the relay's swarm get one), then opens a raw TCP connection with a "C" preamble
+naming the target and carrying the ticket; the relay sends "incoming" with a fresh unguessable token over the target's link; the target opens
 its own raw connection with an "A" preamble carrying the token; the relay answers both and then
 copies bytes between them. The two ends run TLS end to end over that splice, so the relay only
 ever sees ciphertext. Circuits are capped in number and in bytes, and dropped when idle.
@@ -58,6 +60,8 @@ class RelayService:
         self.tap: Tap | None = None  # test hook: sees every byte the relay forwards
         self.circuits_total = 0
         self.bytes_total = 0
+        self._tickets: dict[str, tuple[str, str, float]] = {}  # ticket → (member, target, expires)
+        self.refused_connects = 0
 
     # --- control frames over peer links ---------------------------------------------------------
 
@@ -81,6 +85,19 @@ class RelayService:
             nodes = [{"node_id": node_id, "agent": reg.hello.agent}
                      for node_id, reg in self.registrations.items() if reg.is_open]
             link.send_nowait(frame.reply(FrameType.RELAY, {"op": "list", "nodes": nodes}))
+        elif op == "ticket":
+            target = frame.header.get("target")
+            reg = self.registrations.get(target) if is_node_id(target) else None
+            if reg is None or not reg.is_open:
+                link.send_error(frame, "not_registered", "that node is not registered at this relay")
+                return
+            now = time.monotonic()
+            for t, (_, _, expires) in list(self._tickets.items()):
+                if expires < now:
+                    del self._tickets[t]
+            ticket = secrets.token_hex(16)
+            self._tickets[ticket] = (link.node_id, target, now + const.RELAY_CIRCUIT_SETUP_TIMEOUT_S)
+            link.send_nowait(frame.reply(FrameType.RELAY, {"op": "ticket", "ticket": ticket}))
         elif op == "unregister":
             if self.registrations.get(link.node_id) is link:
                 del self.registrations[link.node_id]
@@ -100,9 +117,16 @@ class RelayService:
     async def async_handle_connect(self, stream: Stream, body: dict) -> None:
         """A "C" preamble: connect this stream to a registered node, then splice."""
         target = body.get("target")
-        source = body.get("from") if is_node_id(body.get("from")) else "?"
         if not is_node_id(target):
             raise ProtocolError("relay connect names no valid target")
+        granted = self._tickets.pop(body.get("ticket"), None) if isinstance(body.get("ticket"), str) else None
+        if granted is None or granted[1] != target or granted[2] < time.monotonic():
+            self.refused_connects += 1
+            log.info("DIAG: relay circuit refused %s", kv(target=short_id(target), reason="no ticket from a member"))
+            send_reply(stream, False, "not_a_member")
+            stream.close()
+            return
+        source = granted[0]  # the member the ticket was issued to, over its admitted link
         link = self.registrations.get(target)
         if link is None or not link.is_open:
             send_reply(stream, False, "not_registered")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from node import const
-from node.errors import NodeError, PeerError
+from node.errors import NodeError, PeerError, PeerUnreachable, ProtocolError
 from node.logs import kv
 
 from ._connect import async_open_circuit_end
@@ -95,6 +95,21 @@ class RelayClient:
                 if rec.add_relay(relay_addr):
                     self._dial_soon(rec)
             await asyncio.sleep(const.RELAY_LIST_INTERVAL_S)
+
+    async def async_ticket(self, relay_addr: str, target: str) -> str:
+        """A one-time ticket for a circuit to `target` through the relay at relay_addr, asked for
+        over our (admitted) link to that relay."""
+        for relay_id, addr in list(self._registered.items()):
+            link = self._table.link(relay_id)
+            if addr != relay_addr or link is None:
+                continue
+            reply = await link.async_request(Frame(FrameType.RELAY, {"op": "ticket", "target": target}),
+                                             timeout_s=const.HANDSHAKE_TIMEOUT_S)
+            ticket = reply.header.get("ticket")
+            if not isinstance(ticket, str) or len(ticket) > 64:
+                raise ProtocolError("the relay sent a malformed ticket")
+            return ticket
+        raise PeerUnreachable(f"not registered at the relay {relay_addr}")
 
     def handle_incoming(self, link: PeerLink, frame: Frame) -> None:
         """A relay we registered at announces a circuit: open our end and serve TLS on it."""

@@ -23,7 +23,7 @@ from ._rto import RtoEstimator
 
 log = logging.getLogger(__name__)
 
-PeerState = Literal["connecting", "connected", "gone"]
+PeerState = Literal["connecting", "connected", "gone", "refused"]  # refused: not in this swarm
 PeerEventKind = Literal["added", "changed", "removed"]
 
 

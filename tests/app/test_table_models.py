@@ -160,11 +160,12 @@ def test_peers_model_follows_a_real_peer_manager(qapp, qtmodeltester, run, tmp_p
     from node.config import NodeConfig
     from node.net import PeerManager, load_or_create_identity
     from tests.app.helpers import DEADLINE_S
+    from tests.support.swarm import join_test_swarm
     from tests.support.waiting import wait_until
 
     def manager(name: str, **fields) -> PeerManager:
-        cfg = NodeConfig(data_dir=tmp_path / name, port=0, peer_port=0, peer_host="127.0.0.1", mdns=False,
-                         **fields)
+        cfg = NodeConfig(data_dir=join_test_swarm(tmp_path / name), port=0, peer_port=0, peer_host="127.0.0.1",
+                         mdns=False, **fields)
         return PeerManager(cfg, load_or_create_identity(cfg.data_dir))
 
     async def go():

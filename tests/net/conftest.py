@@ -9,6 +9,7 @@ import pytest
 from node import const
 from node.config import NodeConfig
 from node.net import PeerManager, load_or_create_identity
+from tests.support.swarm import join_test_swarm
 
 # Timing for tests: short intervals so liveness, redial and rendezvous happen in a second or two.
 FAST = {
@@ -38,7 +39,7 @@ async def make_manager(tmp_path):
     counter = itertools.count()
 
     async def make(name: str | None = None, *, start: bool = True, **fields) -> PeerManager:
-        data_dir = tmp_path / (name or f"node{next(counter)}")
+        data_dir = join_test_swarm(tmp_path / (name or f"node{next(counter)}"))
         cfg = NodeConfig(data_dir=data_dir, port=0, peer_port=0, peer_host="127.0.0.1", mdns=False)
         for key, value in fields.items():
             setattr(cfg, key, value)

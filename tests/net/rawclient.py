@@ -4,16 +4,18 @@ test can stop anywhere and write whatever bytes it likes."""
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import ssl
 import struct
 from pathlib import Path
 
-from node.net import Frame, FrameType, Identity
+from node.net import Frame, FrameType, Identity, Swarm
 from node.net._frames import PREFIX_LEN, decode_body, decode_prefix, frame_bytes
 from node.net._messages import Hello
 from node.net._preamble import HEAD_LEN, tls_preamble
 from node.net._tls import TlsConfig, verify_peer
+from tests.support.swarm import TEST_SWARM
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -41,7 +43,8 @@ def closed_by_peer(sock: socket.socket, timeout_s: float = 20.0) -> bool:
 class RawPeer:
     """One identity that can open raw TCP or authenticated TLS connections to a node."""
 
-    def __init__(self, workdir: Path, host: str, port: int):
+    def __init__(self, workdir: Path, host: str, port: int, swarm: Swarm = TEST_SWARM):
+        self.swarm = swarm
         self.identity = Identity.generate()
         self.tls = TlsConfig(self.identity, workdir)
         self.tls.write_files()
@@ -63,20 +66,32 @@ class RawPeer:
         ssock = self.tls.client_context().wrap_socket(sock)
         return ssock, verify_peer(ssock, expected_node_id)
 
-    def hello_frame(self) -> Frame:
-        """Our HELLO."""
+    def hello_frame(self, nonce: str = "0" * 32) -> Frame:
+        """Our HELLO, as a member of the swarm (the test swarm unless told otherwise)."""
         return Hello(node_id=self.identity.node_id, boot_id="fuzz", agent="fuzzer/1", listen_port=0,
-                     link_nonce="fuzz").to_frame()
+                     link_nonce="fuzz", swarm=self.swarm.public_id, epoch=self.swarm.epoch,
+                     member_nonce=nonce).to_frame()
 
     def linked(self) -> tuple[ssl.SSLSocket, Hello]:
-        """A full link: TLS + HELLO exchange. Returns the socket and the node's HELLO."""
+        """A full link: TLS, HELLO exchange and admission (membership proofs both ways). Returns the
+        socket and the node's HELLO."""
         sock, node_id = self.tls_socket()
-        sock.sendall(frame_bytes(self.hello_frame()))
+        nonce = secrets.token_hex(16)
+        sock.sendall(frame_bytes(self.hello_frame(nonce)))
         frame = read_frame(sock)
         assert frame.type == FrameType.HELLO
         hello = Hello.from_frame(frame)
         assert hello.node_id == node_id
-        return sock, hello
+        me = self.identity.node_id
+        sock.sendall(frame_bytes(Frame(FrameType.MEMBER, {
+            "op": "proof", "proof": self.swarm.proof(me, node_id, nonce, hello.member_nonce)})))
+        answer = read_frame(sock)
+        assert answer.type == FrameType.MEMBER, answer.header
+        assert self.swarm.verify(answer.header.get("proof"), node_id, me, hello.member_nonce, nonce)
+        sock.sendall(frame_bytes(self.hello_frame(nonce)))  # the full HELLOs, after admission
+        frame = read_frame(sock)
+        assert frame.type == FrameType.HELLO
+        return sock, Hello.from_frame(frame)
 
     def ping_ok(self) -> bool:
         """A fresh link answers PING with PONG (the node still serves peers)."""

@@ -76,7 +76,8 @@ async def test_peer_with_another_protocol_version_is_ignored(make_manager, fast_
     caplog.set_level(logging.INFO, logger="node.net")
     old = await make_manager("old", start=False)
     real_hello = old._hello
-    old._hello = lambda nonce=None: dataclasses.replace(real_hello(nonce), version=99, agent="swarmllm-py/9.9")
+    old._hello = lambda nonce=None, **kw: dataclasses.replace(real_hello(nonce, **kw), version=99,
+                                                              agent="swarmllm-py/9.9")
     await old.async_start()
     a = await make_manager("a", bootstrap=[addr(old)])
     await wait_until(lambda: IGNORING in caplog.text)

@@ -106,7 +106,8 @@ def _hello(**overrides) -> Hello:
     fields = {"node_id": NODE_A, "boot_id": "b00t", "agent": "swarmllm-py/test", "listen_port": 8810,
               "listen": ("10.0.0.1:8810",), "features": 3,
               "models": ({"model_id": "m", "layers": [0, 12], "hash": "abc"},),
-              "hardware": {"device": "cpu", "free_mb": 1000}, "region": "TH", "link_nonce": "n1"}
+              "hardware": {"device": "cpu", "free_mb": 1000}, "region": "TH", "link_nonce": "n1",
+              "swarm": "1a2b3c4d", "epoch": 3, "member_nonce": "ab" * 16}
     fields.update(overrides)
     return Hello(**fields)
 
@@ -117,7 +118,7 @@ def test_hello_round_trip():
 
 
 @pytest.mark.parametrize(
-    ("protocol", "version"), [("libp2p", 1), ("swarmllm", 2), (None, None)]
+    ("protocol", "version"), [("libp2p", 1), ("swarmllm", 1), ("swarmllm", 3), (None, None)]
 )
 def test_hello_from_another_protocol_is_not_a_swarm_peer(protocol, version):
     header = dict(_hello().to_frame().header, protocol=protocol, version=version, agent="other/1.0")
@@ -139,6 +140,13 @@ def test_hello_from_another_protocol_is_not_a_swarm_peer(protocol, version):
         {"hardware": []},
         {"agent": "x" * 1000},
         {"features": -1},
+        {"member_nonce": "\ud800" * 32},  # a lone surrogate: once a crash in the proof's encode
+        {"member_nonce": "ab"},
+        {"member_nonce": None},
+        {"swarm": "not-hex!"},
+        {"swarm": None},
+        {"epoch": 2**31},
+        {"epoch": -1},
     ],
 )
 def test_malformed_hello_fields_are_protocol_errors(change):

@@ -159,3 +159,37 @@ async def test_multi_homed_relay_found_by_mdns_alone(netns, tmp_path):
     await wait_until(lambda: (node_a.status() or {}).get("probes", {}).get(id_b) == "ok", 90, 0.2,
                      "a and b to exchange frames through the relay")
     assert node_a.peer(id_b)["transport"] == "relayed" and node_b.peer(id_a)["transport"] == "relayed"
+
+
+async def test_two_swarms_on_one_lan_find_only_their_own_by_mdns(netns, tmp_path):
+    """Four nodes on one bridged LAN, mDNS only: each pair links within its swarm, and the other
+    swarm's announcements (a tag only its members can compute) are not even dialled."""
+    from node.net import Swarm
+    from tests.support.swarm import join_test_swarm
+
+    spaces, procs = netns
+    sw = spaces.add("sw")
+    spaces.run(sw, "ip", "link", "add", "br0", "type", "bridge")
+    spaces.run(sw, "ip", "link", "set", "br0", "up")
+    other = Swarm.create()
+    nodes = {}
+    for i, name in enumerate(("a1", "a2", "b1", "b2")):
+        ns = spaces.add(name)
+        spaces.veth(ns, "eth0", sw, f"p{name}")
+        spaces.run(sw, "ip", "link", "set", f"p{name}", "master", "br0")
+        spaces.address(ns, "eth0", f"10.232.0.{i + 1}/24")
+        if name.startswith("b"):
+            join_test_swarm(tmp_path / name, other)  # before the process starts: swarm B
+        proc = PeerProc(tmp_path, name, ["--mdns", "--host", "0.0.0.0", *FAST], netns=ns)
+        procs.append(proc)
+        nodes[name] = proc
+    ids = {name: (await proc.async_ready())["node_id"] for name, proc in nodes.items()}
+    await wait_until(lambda: _connected_via(nodes["a1"], ids["a2"], "mdns") and _connected_via(nodes["b1"], ids["b2"], "mdns"),
+                     60, 0.2, "each swarm's pair to find each other by mDNS")
+    # proof that the chance came and went: each node saw the other swarm's announcements and said no
+    for mine, theirs in (("a1", "b1"), ("a1", "b2"), ("b1", "a1"), ("b2", "a2")):
+        await wait_until(lambda m=mine, t=theirs: "mdns found a node of another swarm, not dialling it "
+                         f"peer_id={ids[t][:8]}" in nodes[m].output(), 60, 0.2, f"{mine} to pass over {theirs}")
+    for mine, theirs in (("a1", "b1"), ("a1", "b2"), ("a2", "b1"), ("a2", "b2")):
+        assert nodes[mine].peer(ids[theirs]) is None, (mine, theirs)  # never dialled, not even a record
+        assert nodes[theirs].peer(ids[mine]) is None, (theirs, mine)

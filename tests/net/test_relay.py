@@ -78,17 +78,20 @@ async def test_circuit_cap_refuses(make_manager, fast_net, monkeypatch):
     monkeypatch.setattr(const, "RELAY_MAX_CIRCUITS", 0)
     r = await make_manager("r", relay=True)
     b = await make_manager("b", relays=[addr(r)])
-    a = await make_manager("a")
-    await wait_until(lambda: r.relay.registrations.get(b.node_id) is not None)
+    a = await make_manager("a", relays=[addr(r)])
+    await wait_until(lambda: r.relay.registrations.get(b.node_id) is not None
+                     and addr(r) in a.discovery.registered_relays())
+    ticket = await a.discovery.relays.async_ticket(addr(r), b.node_id)  # a is a member: it gets one
     with pytest.raises(PeerError, match="too_many_circuits"):
-        await async_dial_relayed(a.tls, addr(r), b.node_id, a.node_id)
+        await async_dial_relayed(a.tls, addr(r), b.node_id, a.node_id, ticket)
 
 
 async def test_unregistered_target_is_refused(make_manager, fast_net):
     r = await make_manager("r", relay=True)
-    a = await make_manager("a")
+    a = await make_manager("a", relays=[addr(r)])
+    await wait_until(lambda: addr(r) in a.discovery.registered_relays())
     with pytest.raises(PeerError, match="not_registered"):
-        await async_dial_relayed(a.tls, addr(r), "e" * 64, a.node_id)
+        await a.discovery.relays.async_ticket(addr(r), "e" * 64)
 
 
 async def test_byte_cap_closes_the_circuit(relay_trio, monkeypatch, caplog):

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import ssl
 import struct
 from pathlib import Path
 
-from node.net import Frame, FrameType, Identity
+from node.net import Frame, FrameType, Identity, Swarm
 from node.net._frames import PREFIX_LEN, decode_body, decode_prefix, frame_bytes
 from node.net._messages import Hello
 from node.net._preamble import HEAD_LEN, tls_preamble
 from node.net._tls import TlsConfig, verify_peer
+from tests.support.swarm import TEST_SWARM
 
 
 class TlsProbe:
@@ -37,8 +39,9 @@ class TlsProbe:
         return self.identity.node_id
 
     @classmethod
-    async def async_link(cls, workdir: Path, port: int, host: str = "127.0.0.1") -> tuple[TlsProbe, Hello]:
-        """Connect, authenticate and exchange HELLOs; the probe and the node's HELLO."""
+    async def async_link(cls, workdir: Path, port: int, host: str = "127.0.0.1",
+                         swarm: Swarm = TEST_SWARM) -> tuple[TlsProbe, Hello]:
+        """Connect, authenticate, exchange HELLOs and be admitted; the probe and the node's HELLO."""
         probe = cls(workdir)
         probe.reader, probe.writer = await asyncio.open_connection(host, port)
         probe.writer.write(tls_preamble(probe.tls.cert_der))
@@ -55,14 +58,25 @@ class TlsProbe:
                 await probe._receive()
         await probe._flush()
         node_id = verify_peer(probe._obj, None)
+        nonce = secrets.token_hex(16)  # a member of the test swarm: HELLO, then the proofs both ways
         await probe.async_send(Hello(node_id=probe.node_id, boot_id="probe", agent="probe/1", listen_port=0,
-                                     link_nonce="probe").to_frame())
-        while True:
-            frame = await probe.async_read_frame()
-            if frame.type == FrameType.HELLO:
-                hello = Hello.from_frame(frame)
-                assert hello.node_id == node_id
-                return probe, hello
+                                     link_nonce="probe", swarm=swarm.public_id, epoch=swarm.epoch,
+                                     member_nonce=nonce).to_frame())
+        frame = await probe.async_read_frame()
+        assert frame.type == FrameType.HELLO, frame.header
+        hello = Hello.from_frame(frame)
+        assert hello.node_id == node_id
+        await probe.async_send(Frame(FrameType.MEMBER, {
+            "op": "proof", "proof": swarm.proof(probe.node_id, node_id, nonce, hello.member_nonce)}))
+        answer = await probe.async_read_frame()
+        assert answer.type == FrameType.MEMBER and swarm.verify(
+            answer.header.get("proof"), node_id, probe.node_id, hello.member_nonce, nonce), answer.header
+        await probe.async_send(Hello(node_id=probe.node_id, boot_id="probe", agent="probe/1", listen_port=0,
+                                     link_nonce="probe", swarm=swarm.public_id, epoch=swarm.epoch,
+                                     member_nonce=nonce).to_frame())  # the full HELLO, after admission
+        frame = await probe.async_read_frame()
+        assert frame.type == FrameType.HELLO, frame.header
+        return probe, Hello.from_frame(frame)
 
     async def _flush(self) -> None:
         data = self._out.read()
@@ -113,7 +127,10 @@ class TlsProbe:
                     body = bytes(self._plain[PREFIX_LEN:total])
                     del self._plain[:total]
                     return decode_body(prefix, body)
+            have = len(self._plain)
             ended = self._decrypt()
+            if len(self._plain) > have:
+                continue  # look at what was decrypted before waiting for more
             if ended is not None or not await self._receive():
                 raise ConnectionError(f"link ended ({ended or 'tcp eof'}) before a whole frame")
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tests.support.processes import REPO, hermetic_env
+from tests.support.swarm import join_test_swarm
 from tests.support.waiting import wait_until, wait_until_sync
 
 
@@ -29,6 +30,7 @@ class PeerProc:
         self.name = name
         self.data_dir = workdir / name
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        join_test_swarm(self.data_dir)
         self.status_path = workdir / f"{name}.status.json"
         self.log_path = workdir / f"{name}.log"
         self.args = args

@@ -8,6 +8,7 @@ from pathlib import Path
 from node.config import NodeConfig
 from node.inference.synth import SynthSpec, write_gguf
 from node.node import Node
+from tests.support.swarm import join_test_swarm
 
 TINY = SynthSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=256, name="tiny")
 
@@ -22,7 +23,9 @@ def tiny_model(directory: Path, spec: SynthSpec = TINY, name: str = "tiny.gguf")
 
 def node_config(data_dir: Path, *models: Path, **overrides) -> NodeConfig:
     """A hermetic NodeConfig: own data dir, ephemeral API and peer ports on loopback, no default
-    model, no mDNS, no log file, one compute thread; `overrides` are NodeConfig fields."""
+    model, no mDNS, no log file, one compute thread, in the test swarm; `overrides` are NodeConfig
+    fields."""
+    join_test_swarm(data_dir)
     fields = dict(data_dir=data_dir, port=0, include_default_model=False, models=[str(m) for m in models],
                   log_to_file=False, n_threads=1, mdns=False, peer_host="127.0.0.1")
     return NodeConfig(**{**fields, **overrides})

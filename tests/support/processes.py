@@ -19,6 +19,7 @@ import aiohttp
 
 from node import const
 from tests.support.ports import free_port
+from tests.support.swarm import join_test_swarm
 from tests.support.waiting import wait_until, wait_until_sync
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +50,7 @@ class NodeProcess:
         self.env = env
         self.netns = netns
         self.proc: subprocess.Popen | None = None
+        join_test_swarm(self.data_dir)  # a member of the test swarm unless the test gave it its own
         self.start()
 
     def start(self) -> None:
@@ -147,6 +149,11 @@ class NodeProcess:
             except aiohttp.ClientError:
                 return False
         await wait_until(ready, timeout_s, 0.2, f"{self.name} ({self.base}{path}) to answer 200")
+
+    async def async_get_text(self, path: str) -> str:
+        """GET `path` with the API key; the body as text."""
+        async with aiohttp.ClientSession() as s, s.get(self.base + path, headers=self.auth) as r:
+            return await r.text()
 
     async def async_get_json(self, path: str) -> dict:
         """GET `path` with the API key; the JSON body."""

@@ -1,0 +1,240 @@
+"""Admission: after TLS and the HELLOs, before anything else is served, each side proves it belongs
+to the other's swarm (or presents an invite), on every link, direct or relayed.
+
+    both:     HELLO {swarm: public id, epoch, member_nonce, joining?}
+    member:   MEMBER {op: "proof", proof}  each way; a bad or missing proof → ERROR not_a_member
+    joining:  the joiner sends MEMBER {op: "join", proof: HMAC(invite token, ...)}; the inviter
+              answers MEMBER {op: "welcome", swarm: {...}} (over TLS: only the joiner reads it) and
+              closes; the joiner adopts the swarm and dials again as a member.
+
+`Membership` is this node's side of it at run time: the swarm (swarm.json), its open invites, and
+the peers refused (by us, or who refused us), which the dialer then leaves alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.errors import NotAMember, ProtocolError
+from node.logs import kv
+
+from ._frames import Frame, FrameType, encode_frame, type_name
+from ._identity import is_node_id, short_id
+from ._link import async_read_frame
+from ._membership import Invite, MembershipState, Swarm, join_proof, load_or_create, write_json
+from ._messages import ErrorInfo, Hello
+from ._stream import Stream
+
+log = logging.getLogger(__name__)
+
+INVITE_TTL_S = 24 * 3600.0
+MAX_REFUSALS = 1024  # peers remembered as refused (the oldest are forgotten first)
+
+
+@dataclass
+class Refusal:
+    """A peer this node will not link with while it stays in its swarm."""
+
+    node_id: str
+    swarm: str | None  # the peer's swarm as it named it
+    by_us: bool  # we refused it (not a member); False: it refused us
+    count: int = 0
+    first_at: float = 0.0
+    last_at: float = 0.0
+    address: str | None = None
+    reason: str = ""  # the last refusal's reason
+
+class Membership:
+    """This node's swarm at run time. Loop-only; file writes go to an executor."""
+
+    def __init__(self, data_dir: Path, *, open_swarm: bool = False):
+        self.data_dir = data_dir
+        self.open_swarm = open_swarm
+        self.state = MembershipState(Swarm.open_swarm())  # until async_load: nothing private yet
+        self.refusals: collections.OrderedDict[str, Refusal] = collections.OrderedDict()  # LRU, capped
+        self.refused_addrs: set[str] = set()
+        self._save_lock = asyncio.Lock()  # saves land in order, one at a time
+        self.refusals_dropped = 0
+
+    @property
+    def swarm(self) -> Swarm:
+        return self.state.swarm
+
+    async def async_load(self) -> None:
+        """Read swarm.json (or create this node's own private swarm), off the loop."""
+        self.state = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: load_or_create(self.data_dir, open_swarm=self.open_swarm))
+
+    # --- invites ------------------------------------------------------------------------------
+
+    async def async_create_invite(self, ttl_s: float = INVITE_TTL_S) -> tuple[bytes, Invite]:
+        """A one-time invite token (saved, so it survives a restart of this node)."""
+        if self.swarm.is_open:
+            raise ValueError("an open swarm needs no invites")
+        token = secrets.token_bytes(16)
+        h = hashlib.sha256(token).hexdigest()
+        invite = Invite(h, time.time() + ttl_s)
+        self.state.invites[h] = invite
+        self.state.tokens[h] = token
+        await self.async_save()
+        return token, invite
+
+    def take_invite(self, proof: object, joiner: str, inviter: str, joiner_nonce: str, inviter_nonce: str) -> bool:
+        """True (and the invite is used up) when `proof` shows the joiner holds an open invite."""
+        now = time.time()
+        for h, invite in list(self.state.invites.items()):
+            if invite.expires_at <= now:
+                del self.state.invites[h]
+                self.state.tokens.pop(h, None)
+                continue
+            token = self.state.tokens.get(h)
+            if token is not None and isinstance(proof, str) and hmac.compare_digest(
+                    proof, join_proof(token, joiner, inviter, joiner_nonce, inviter_nonce)):
+                del self.state.invites[h]
+                del self.state.tokens[h]
+                return True
+        return False
+
+    # --- refusals -----------------------------------------------------------------------------
+
+    def note_refusal(self, exc: NotAMember, address: str | None) -> Refusal:
+        """Count a refusal; the first for a peer is logged (the dialer never retries it)."""
+        ref = self.refusals.get(exc.node_id)
+        now = time.time()
+        if ref is not None:
+            self.refusals.move_to_end(exc.node_id)
+        else:
+            while len(self.refusals) >= MAX_REFUSALS:  # fresh identities are cheap: keep the recent ones
+                self.refusals.popitem(last=False)
+                self.refusals_dropped += 1
+            ref = self.refusals[exc.node_id] = Refusal(exc.node_id, exc.swarm, exc.by_us, first_at=now,
+                                                       address=address)
+            if exc.by_us:
+                log.warning("DIAG: refusing a peer that is not in this swarm %s", kv(
+                    peer_id=short_id(exc.node_id), swarm=exc.swarm or "-", ours=self.swarm.public_id,
+                    reason=exc.message))
+            else:
+                log.warning("DIAG: a peer refused this node: not in its swarm %s", kv(
+                    peer_id=short_id(exc.node_id), swarm=exc.swarm or "-", ours=self.swarm.public_id))
+        ref.count += 1
+        ref.last_at = now
+        ref.reason = exc.message
+        if address:
+            self.refused_addrs.add(address)
+        return ref
+
+    def is_refused(self, node_id: str) -> bool:
+        return node_id in self.refusals
+
+    # --- changes of swarm ---------------------------------------------------------------------
+
+    async def async_adopt(self, swarm: Swarm, *, removed: set[str] | None = None) -> None:
+        """Belong to `swarm` from now on (join, leave, rotation). Another swarm (join, leave): its
+        invites and our refusals start afresh; a rotation of this one keeps both."""
+        same = swarm.swarm_id == self.swarm.swarm_id
+        invites = self.state.invites if same else {}
+        tokens = self.state.tokens if same else {}
+        self.state = MembershipState(swarm, dict(invites), dict(tokens),
+                                     set(removed if removed is not None else self.state.removed))
+        if not same:
+            self.refusals.clear()
+            self.refused_addrs.clear()
+        await self.async_save()
+
+    async def async_save(self) -> None:
+        """Write swarm.json: a snapshot taken now, on the loop, written in order off it."""
+        if self.state.swarm.is_open:
+            return
+        snapshot = self.state.to_json()
+        async with self._save_lock:
+            await asyncio.get_running_loop().run_in_executor(None, write_json, self.data_dir, snapshot)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How a link's admission ended: "member" (serve it), "welcomed" (we admitted a joiner: close
+    the link, it dials again as a member) or "joined" (we hold the inviter's swarm now: close)."""
+
+    kind: str
+    swarm: Swarm | None = dataclasses.field(default=None, repr=False)
+    removed: frozenset[str] = frozenset()  # with "joined": the swarm's removed members
+
+
+def _refuse(stream: Stream, reason: str) -> None:
+    stream.writelines(encode_frame(Frame(FrameType.ERROR, ErrorInfo("not_a_member", reason).to_header())))
+
+
+async def async_admit(stream: Stream, membership: Membership, *, me: str, peer: str, my_nonce: str,
+                      hello: Hello, join_token: bytes | None, timeout_s: float) -> Admission:
+    """Run admission on a stream whose HELLOs are exchanged. Raises NotAMember (by_us: we refused
+    the peer, after telling it) or ProtocolError; the caller closes the stream on any exception."""
+    try:
+        return await _async_admit(stream, membership, me=me, peer=peer, my_nonce=my_nonce, hello=hello,
+                                  join_token=join_token, timeout_s=timeout_s)
+    except (NotAMember, ProtocolError, TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a malformed frame, never a crash
+        raise ProtocolError(f"malformed admission: {type(exc).__name__}") from exc
+
+
+async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer: str, my_nonce: str,
+                       hello: Hello, join_token: bytes | None, timeout_s: float) -> Admission:
+    swarm = membership.swarm
+    async with asyncio.timeout(timeout_s):
+        if join_token is not None:  # we are joining the peer's swarm with an invite
+            proof = join_proof(join_token, me, peer, my_nonce, hello.member_nonce)
+            stream.writelines(encode_frame(Frame(FrameType.MEMBER, {"op": "join", "proof": proof})))
+            answer = await _read_member(stream, peer, hello.swarm)
+            if answer.get("op") != "welcome":
+                raise ProtocolError(f"expected a welcome, got {answer.get('op')!r}")
+            welcome = Swarm.from_json(answer.get("swarm"))
+            if welcome.is_open or welcome.public_id != hello.swarm:
+                raise ProtocolError("the inviter handed over a swarm other than the one it is in")
+            removed = answer.get("removed")
+            if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > 4096:
+                raise ProtocolError("welcome 'removed' must be a list of node ids")
+            return Admission("joined", welcome, frozenset(removed))
+        if hello.joining:  # the peer presents an invite of ours
+            answer = await _read_member(stream, peer, hello.swarm)
+            if answer.get("op") != "join" or swarm.is_open or peer in membership.state.removed or \
+                    not membership.take_invite(answer.get("proof"), peer, me, hello.member_nonce, my_nonce):
+                _refuse(stream, "the invite is not valid here (used, expired, or for another swarm)")
+                raise NotAMember("presented no valid invite", node_id=peer, swarm=hello.swarm, by_us=True)
+            await membership.async_save()  # the invite is used up on disk before the secret leaves
+            stream.writelines(encode_frame(Frame(FrameType.MEMBER, {
+                "op": "welcome", "swarm": swarm.to_json(), "removed": sorted(membership.state.removed)})))
+            return Admission("welcomed", swarm)
+        if hello.swarm != swarm.public_id or peer in membership.state.removed:
+            why = "removed from this swarm" if peer in membership.state.removed else "in another swarm"
+            _refuse(stream, "this node serves only the members of its swarm")
+            raise NotAMember(why, node_id=peer, swarm=hello.swarm, by_us=True)
+        stream.writelines(encode_frame(Frame(FrameType.MEMBER, {
+            "op": "proof", "proof": swarm.proof(me, peer, my_nonce, hello.member_nonce)})))
+        answer = await _read_member(stream, peer, hello.swarm)
+        if answer.get("op") != "proof" or hello.epoch != swarm.epoch or not swarm.verify(
+                answer.get("proof"), peer, me, hello.member_nonce, my_nonce):
+            why = "holds an older or newer swarm secret" if hello.epoch != swarm.epoch else "bad membership proof"
+            _refuse(stream, "membership proof refused")
+            raise NotAMember(why, node_id=peer, swarm=hello.swarm, by_us=True)
+        return Admission("member", swarm)
+
+
+async def _read_member(stream: Stream, peer: str, peer_swarm: str) -> dict:
+    frame = await async_read_frame(stream)
+    if frame.type == FrameType.ERROR:
+        info = ErrorInfo.from_frame(frame)
+        if info.code == "not_a_member":
+            raise NotAMember(f"refused us: {info.message}", node_id=peer, swarm=peer_swarm, by_us=False)
+        raise ProtocolError(f"peer answered admission with ERROR {info.code}: {info.message}")
+    if frame.type != FrameType.MEMBER:
+        raise ProtocolError(f"expected MEMBER during admission, got {type_name(frame.type)}")
+    return dict(frame.header)

@@ -1,0 +1,232 @@
+"""Swarm membership: which swarm this node belongs to, and the proofs that a peer belongs to it too.
+
+A swarm is a 128-bit id and a 256-bit secret shared by its members (`swarm.json`, 0600, in the data
+dir; a node creates its own private swarm on first run). TLS proves a peer holds the key of the
+node id it claims; membership proves it holds the swarm's secret: after the HELLOs, each side sends
+HMAC-SHA256(secret, label | swarm id | epoch | prover id | verifier id | prover nonce | verifier
+nonce), so a proof is bound to both identities and both fresh nonces and cannot be replayed for
+another node id, on another link or through a relay. The secret never leaves this module except to
+be written to swarm.json or handed to a member (invite, rotation) over an authenticated link.
+
+What others may see: `public_id` (a hash of the swarm id: logs, reports, HELLO) and the mDNS tag
+(a keyed hash of the swarm id for the day, so strangers cannot even tell two members apart from
+two nodes of different swarms, and members do not dial nodes of other swarms). An open swarm
+(`swarm = "open"`, opt-in) has no secret: its nodes link with any other open node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+SWARM_FILE = "swarm.json"
+OPEN = "open"
+_PROOF_LABEL = b"swarmllm-member-v1"
+_PUBLIC_LABEL = b"swarmllm-swarm-id-v1"
+_MDNS_LABEL = b"swarmllm-mdns-v1"
+_JOIN_LABEL = b"swarmllm-join-v1"
+_NONCE_BYTES = 16
+NONCE_HEX = 2 * _NONCE_BYTES
+MAX_EPOCH = 2**31 - 1
+
+
+def new_nonce() -> str:
+    """A fresh membership nonce for one link (hex)."""
+    return secrets.token_hex(_NONCE_BYTES)
+
+
+def _is_hex(value: object, n: int) -> bool:
+    return isinstance(value, str) and len(value) == n and all(c in "0123456789abcdef" for c in value)
+
+
+@dataclass(frozen=True)
+class Swarm:
+    """This node's swarm. `secret` is None for the open swarm."""
+
+    swarm_id: str  # 32 hex digits; OPEN for the open swarm
+    secret: bytes | None = field(repr=False)  # never in a repr, a log or a report
+    epoch: int = 0  # bumped by every rotation (a removed member's secret stops working)
+
+    @property
+    def is_open(self) -> bool:
+        return self.secret is None
+
+    @property
+    def public_id(self) -> str:
+        """What logs, reports and HELLO show (8 hex digits): a hash, never the id itself."""
+        if self.is_open:
+            return OPEN
+        return hashlib.sha256(_PUBLIC_LABEL + self.swarm_id.encode()).hexdigest()[:8]
+
+    def proof(self, prover: str, verifier: str, prover_nonce: str, verifier_nonce: str) -> str:
+        """The membership proof `prover` sends `verifier` on one link ('' for the open swarm)."""
+        if self.secret is None:
+            return ""
+        msg = b"\0".join([_PROOF_LABEL, self.swarm_id.encode(), str(self.epoch).encode(), prover.encode(),
+                          verifier.encode(), prover_nonce.encode(), verifier_nonce.encode()])
+        return hmac.new(self.secret, msg, hashlib.sha256).hexdigest()
+
+    def verify(self, proof: object, prover: str, verifier: str, prover_nonce: str, verifier_nonce: str) -> bool:
+        """True when `proof` is the one a member `prover` would send us on this link."""
+        if self.secret is None:
+            return True  # open: any open node; the swarm ids were compared already
+        return isinstance(proof, str) and hmac.compare_digest(
+            proof, self.proof(prover, verifier, prover_nonce, verifier_nonce))
+
+    def mdns_tag(self, day: int | None = None) -> str:
+        """The day's mDNS tag (16 hex digits): only members holding the current secret can compute
+        or recognise it (a removed member's old secret stops recognising it at the rotation)."""
+        if self.is_open or self.secret is None:
+            return OPEN
+        day = int(time.time() // 86400) if day is None else day
+        key = hmac.new(self.secret, _MDNS_LABEL, hashlib.sha256).digest()
+        return hmac.new(key, str(day).encode(), hashlib.sha256).hexdigest()[:16]
+
+    def mdns_tags_now(self) -> set[str]:
+        """Tags a member's announcement may carry now (yesterday's too: clocks and midnights differ)."""
+        today = int(time.time() // 86400)
+        return {self.mdns_tag(today), self.mdns_tag(today - 1), self.mdns_tag(today + 1)}
+
+    def rotated(self) -> Swarm:
+        """The same swarm with a fresh secret and the next epoch (revocation)."""
+        if self.is_open:
+            raise ValueError("an open swarm has no secret to rotate")
+        if self.epoch + 1 >= MAX_EPOCH:
+            raise ValueError("this swarm's secret was rotated too often; start a new swarm")
+        return Swarm(self.swarm_id, secrets.token_bytes(32), self.epoch + 1)
+
+    def to_json(self) -> dict:
+        """What swarm.json and a member hand-over carry (holds the secret: never log it)."""
+        return {"swarm_id": self.swarm_id, "secret": self.secret.hex() if self.secret else None,
+                "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, data: object) -> Swarm:
+        """Validate a stored or handed-over swarm; ProtocolError if malformed."""
+        if not isinstance(data, dict):
+            raise ProtocolError("swarm must be an object")
+        swarm_id, secret, epoch = data.get("swarm_id"), data.get("secret"), data.get("epoch", 0)
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < MAX_EPOCH:
+            raise ProtocolError("swarm epoch must be a small integer")
+        if swarm_id == OPEN and secret is None:
+            return cls(OPEN, None, 0)
+        if not _is_hex(swarm_id, 32) or not _is_hex(secret, 64):
+            raise ProtocolError("swarm id must be 32 hex digits and its secret 64")
+        return cls(swarm_id, bytes.fromhex(secret), epoch)
+
+    @classmethod
+    def create(cls) -> Swarm:
+        """A new private swarm of one."""
+        return cls(secrets.token_hex(16), secrets.token_bytes(32), 0)
+
+    @classmethod
+    def open_swarm(cls) -> Swarm:
+        return cls(OPEN, None, 0)
+
+
+@dataclass(frozen=True)
+class Invite:
+    """A one-time invitation this node issued: the token's hash and when it expires."""
+
+    token_sha256: str
+    expires_at: float
+
+
+def join_proof(token: bytes, joiner: str, inviter: str, joiner_nonce: str, inviter_nonce: str) -> str:
+    """What a joining node sends instead of a membership proof: it knows an invite's token."""
+    msg = b"\0".join([_JOIN_LABEL, joiner.encode(), inviter.encode(), joiner_nonce.encode(),
+                      inviter_nonce.encode()])
+    return hmac.new(token, msg, hashlib.sha256).hexdigest()
+
+
+@dataclass
+class MembershipState:
+    """What swarm.json holds: the swarm, the invites still open and nodes removed from it."""
+
+    swarm: Swarm
+    invites: dict[str, Invite] = field(default_factory=dict)  # token sha256 → invite
+    tokens: dict[str, bytes] = field(default_factory=dict, repr=False)  # token sha256 → token (join proofs)
+    removed: set[str] = field(default_factory=set)  # node ids removed from this swarm
+
+    def to_json(self) -> dict:
+        now = time.time()
+        return {
+            **self.swarm.to_json(),
+            "invites": [{"token": self.tokens[h].hex(), "expires_at": inv.expires_at}
+                        for h, inv in self.invites.items() if inv.expires_at > now and h in self.tokens],
+            "removed": sorted(self.removed),
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> MembershipState:
+        swarm = Swarm.from_json(data)
+        assert isinstance(data, dict)
+        state = cls(swarm)
+        for item in data.get("invites") or []:
+            if isinstance(item, dict) and _is_hex(item.get("token"), 32) and isinstance(item.get("expires_at"),
+                                                                                       int | float):
+                token = bytes.fromhex(item["token"])
+                h = hashlib.sha256(token).hexdigest()
+                state.invites[h] = Invite(h, float(item["expires_at"]))
+                state.tokens[h] = token
+        state.removed = {r for r in data.get("removed") or [] if _is_hex(r, 64)}
+        return state
+
+
+def load_or_create(data_dir: Path, *, open_swarm: bool = False) -> MembershipState:
+    """This node's membership (blocking: file I/O). First run: a new private swarm, written 0600.
+    `open_swarm`: the opt-in open swarm instead (not written: the private one stays for later)."""
+    if open_swarm:
+        return MembershipState(Swarm.open_swarm())
+    path = data_dir / SWARM_FILE
+    if path.exists():
+        try:
+            return MembershipState.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, ProtocolError) as exc:
+            broken = path.with_name(SWARM_FILE + ".broken")
+            os.replace(path, broken)
+            log.warning("DIAG: swarm file unreadable, starting a new private swarm (the old file is %s) "
+                        "error=%s", broken.name, exc)
+    state = MembershipState(Swarm.create())
+    save(data_dir, state)
+    log.info("DIAG: created a new private swarm swarm=%s", state.swarm.public_id)
+    return state
+
+
+def write_swarm_file(data_dir: Path, swarm: Swarm) -> None:
+    """Make `data_dir`'s node a member of `swarm` (blocking; before the node starts). What a join
+    does, for set-ups that prepare several nodes at once: benches, tests, the screenshot swarm."""
+    save(data_dir, MembershipState(swarm))
+
+
+def save(data_dir: Path, state: MembershipState) -> None:
+    """Write swarm.json atomically, 0600 (blocking). Nothing is written for the open swarm."""
+    if state.swarm.is_open:
+        return
+    write_json(data_dir, state.to_json())
+
+
+def write_json(data_dir: Path, data: dict) -> None:
+    """Write swarm.json atomically, 0600, from a snapshot taken on the loop (blocking)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / SWARM_FILE
+    tmp = path.with_name(f"{SWARM_FILE}.{secrets.token_hex(4)}.tmp")  # concurrent writers never share one
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    os.chmod(path, 0o600)

@@ -1,0 +1,268 @@
+"""What a person does with a swarm: invite a device, join a swarm, leave it, remove a member.
+
+- invite: a one-time token (saved in swarm.json) in a short code with this node's addresses;
+- join: dial the inviter, present the token instead of a membership proof, receive the swarm over
+  that TLS link, adopt it (swarm.json), drop every link of the old swarm and dial in again as a
+  member;
+- leave: a new private swarm of one;
+- remove: rotate the secret (epoch + 1), hand the new one to every member linked now (MEMBER
+  "rekey" over their authenticated links), close the removed node's links. A removed node is
+  refused by id, and its old secret fails everywhere the rotation reached. A member that was
+  offline during a rotation holds the old epoch and needs a new invite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from node.errors import AdmissionEnded, InvalidRequest, NotAMember, PeerError, PeerUnreachable, ProtocolError
+from node.logs import kv
+
+from ._admission import Admission, Membership
+from ._connect import Establish, async_dial_direct
+from ._discovery import Discovery
+from ._frames import Frame, FrameType
+from ._identity import is_node_id, short_id
+from ._invite import InviteCode
+from ._link import PeerLink
+from ._membership import Swarm
+from ._table import PeerTable
+from ._tasks import Tasks
+from ._tls import TlsConfig
+
+log = logging.getLogger(__name__)
+
+
+class SwarmOps:
+    """Invite / join / leave / remove, and the rekey frames that follow a removal."""
+
+    def __init__(self, node_id: str, membership: Membership, table: PeerTable, tasks: Tasks,
+                 discovery: Discovery, tls: TlsConfig, establish: Establish,
+                 live_links: Callable[[], list[PeerLink]], listen_addresses: Callable[[], list[str]],
+                 all_links: Callable[[], list[PeerLink]] | None = None):
+        self._node_id = node_id
+        self._membership = membership
+        self._table = table
+        self._tasks = tasks
+        self._discovery = discovery
+        self._tls = tls
+        self._establish = establish
+        self._live_links = live_links
+        self._all_links = all_links or live_links  # retiring duplicates too: they still serve frames
+        self._listen_addresses = listen_addresses
+        self.joined_via: str | None = None  # set by a successful join (the inviter's address)
+
+    # --- status -------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What the report, the admin API and the GUI show (never the secret, never a code)."""
+        swarm = self._membership.swarm
+        now = time.time()
+        return {
+            "swarm": swarm.public_id, "open": swarm.is_open, "epoch": swarm.epoch,
+            "members_connected": len(self._live_links()),
+            "invites_open": sum(1 for i in self._membership.state.invites.values() if i.expires_at > now),
+            "removed": len(self._membership.state.removed),
+            "refused": [{"peer": short_id(r.node_id), "node_id": r.node_id, "by_us": r.by_us, "swarm": r.swarm,
+                         "count": r.count, "last_s_ago": round(now - r.last_at, 1), "reason": r.reason}
+                        for r in self._membership.refusals.values()],
+        }
+
+    # --- invite -------------------------------------------------------------------------------
+
+    async def async_invite(self, ttl_s: float | None = None) -> tuple[str, float]:
+        """A new invite code and when it expires (epoch seconds)."""
+        if self._membership.swarm.is_open:
+            raise InvalidRequest("this node is in the open swarm: anyone who opted in links without an invite")
+        addrs = self._listen_addresses()
+        if not addrs:
+            raise InvalidRequest("the peer listener is not running; start the node first")
+        token, invite = await (self._membership.async_create_invite() if ttl_s is None
+                               else self._membership.async_create_invite(ttl_s))
+        code = InviteCode(token, self._node_id[:16], tuple(addrs)).encode()
+        log.info("DIAG: invite created %s", kv(swarm=self._membership.swarm.public_id,
+                                               expires_in_s=round(invite.expires_at - time.time())))
+        return code, invite.expires_at
+
+    # --- join ---------------------------------------------------------------------------------
+
+    async def async_join(self, code: str) -> str:
+        """Join the swarm of the node that made `code`; returns the new swarm's public id."""
+        invite = InviteCode.decode(code)
+        errors: list[str] = []
+        for addr in invite.addrs:
+            try:
+                stream, proven = await async_dial_direct(self._tls, addr, None)
+            except PeerError as exc:
+                errors.append(f"{addr}: {exc.message}")
+                continue
+            if not proven.startswith(invite.inviter_prefix):
+                stream.abort()
+                errors.append(f"{addr}: another node answers there ({short_id(proven)})")
+                continue
+            try:
+                await self._establish(stream, proven, is_dialer=True, transport="direct", address=addr,
+                                      source="invite", join_token=invite.token)
+            except AdmissionEnded:
+                return self._membership.swarm.public_id
+            except NotAMember as exc:
+                raise InvalidRequest(f"the inviter refused the invite: {exc.message} (used, expired, or "
+                                     "made by another swarm's node)", param="code") from exc
+            except PeerError as exc:
+                errors.append(f"{addr}: {exc.message}")
+                continue
+            raise ProtocolError("the inviter admitted us as a member without handing over its swarm")
+        raise PeerUnreachable("could not reach the inviter: " + "; ".join(errors or ["no address in the code"]))
+
+    async def async_admission_ended(self, admission: Admission, peer: str, address: str) -> None:
+        """A link's admission handed a swarm over: we joined (adopt it), or a joiner got ours."""
+        if admission.kind == "welcomed":
+            self._membership.refusals.pop(peer, None)  # a member from now on (it dials in again)
+            log.info("DIAG: a node joined this swarm with an invite %s",
+                     kv(peer_id=short_id(peer), swarm=self._membership.swarm.public_id))
+            return
+        assert admission.kind == "joined" and admission.swarm is not None
+        old = self._membership.swarm.public_id
+        await self._async_switch(admission.swarm, removed=set(admission.removed), why="joined")
+        self.joined_via = address
+        rec = self._table.record(peer, "invite")
+        rec.add_addr(address, front=True)
+        self._discovery.dialer.dial_soon(rec)
+        log.info("DIAG: joined a swarm with an invite %s", kv(
+            swarm=admission.swarm.public_id, left=old, inviter=short_id(peer), addr=address))
+
+    # --- leave --------------------------------------------------------------------------------
+
+    async def async_leave(self) -> str:
+        """Leave this swarm: a new private swarm of one (every link closes)."""
+        old = self._membership.swarm.public_id
+        swarm = Swarm.create()
+        await self._async_switch(swarm, removed=set(), why="left")
+        log.info("DIAG: left the swarm %s", kv(left=old, swarm=swarm.public_id))
+        return swarm.public_id
+
+    async def _async_switch(self, swarm: Swarm, *, removed: set[str], why: str) -> None:
+        await self._membership.async_adopt(swarm, removed=removed)
+        for link in self._all_links():
+            link.close(f"{why} swarm")
+        for rec in self._table:  # refusals were about the old swarm: everyone is worth a try again
+            if rec.state == "refused":
+                rec.state = "gone"
+                rec.next_dial_at = 0.0
+                self._table.emit_changed(rec)
+        await self._discovery.async_swarm_changed()
+        self._discovery.dialer.wake()
+
+    # --- remove a member ----------------------------------------------------------------------
+
+    async def async_remove(self, node_id: str) -> int:
+        """Remove a member: rotate the secret, hand it to the members linked now, close the removed
+        node's links. Returns how many members got the new secret."""
+        swarm = self._membership.swarm
+        if swarm.is_open:
+            raise InvalidRequest("an open swarm has no members to remove")
+        if not is_node_id(node_id):
+            matches = [r.node_id for r in self._table if r.node_id.startswith(node_id)] if node_id else []
+            if len(matches) != 1:
+                raise InvalidRequest(f"{node_id!r} is not a node id (or a prefix of exactly one known peer)",
+                                     param="node_id")
+            node_id = matches[0]
+        if node_id == self._node_id:
+            raise InvalidRequest("to leave the swarm yourself, use leave", param="node_id")
+        try:
+            rotated = swarm.rotated()
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        removed = self._membership.state.removed | {node_id}
+        self._close_removed(removed)  # before anything can wait: no frame reaches them again
+        told = self._send_rekey(rotated, removed, skip=None)
+        await self._membership.async_adopt(rotated, removed=removed)
+        await self._discovery.async_swarm_changed()  # the mDNS tag follows the secret
+        log.info("DIAG: member removed, swarm secret rotated %s",
+                 kv(peer_id=short_id(node_id), swarm=rotated.public_id, epoch=rotated.epoch, members_told=told))
+        return told
+
+    def handle_frame(self, link: PeerLink, frame: Frame) -> None:
+        """MEMBER frames on an admitted link: a rekey from another member."""
+        if frame.header.get("op") != "rekey":
+            link.send_error(frame, "unsupported", "only rekey is served on an admitted link")
+            return
+        rotated = Swarm.from_json(frame.header.get("swarm"))
+        removed = frame.header.get("removed")
+        if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > 4096:
+            raise ProtocolError("rekey 'removed' must be a list of node ids")
+        if not self._newer(rotated):
+            news = set(removed) - self._membership.state.removed - {self._node_id}
+            if rotated.swarm_id == self._membership.swarm.swarm_id and news:
+                # a rotation that lost the tie-break still removed someone: keep the removal
+                all_removed = self._membership.state.removed | news
+                self._membership.state.removed = all_removed
+                self._close_removed(all_removed)
+                self._send_rekey(self._membership.swarm, all_removed, skip=link.node_id)
+                self._tasks.spawn(self._membership.async_save(), name="swarm-save")
+            log.debug("DIAG: rekey not adopted %s", kv(peer_id=link.short_id, epoch=rotated.epoch,
+                                                      ours=self._membership.swarm.epoch, removed_new=len(news)))
+            return
+        if self._node_id in removed:
+            return  # we are the one removed: the links close from the other side
+        all_removed = set(removed) | self._membership.state.removed
+        # adopt now, on the loop (a second rekey then compares with this one), close the removed
+        # nodes' links, pass it on (members not linked to the remover get it too), save
+        self._membership.state = dataclasses.replace(self._membership.state, swarm=rotated,
+                                                     removed=all_removed)
+        self._close_removed(all_removed)
+        self._send_rekey(rotated, all_removed, skip=link.node_id)
+        self._tasks.spawn(self._async_after_rekey(rotated, all_removed, link), name="swarm-rekey")
+
+    def _newer(self, rotated: Swarm) -> bool:
+        """Whether a rekey replaces our swarm: the same swarm, a later epoch; on two rotations of
+        one epoch (two members removing at once) every node keeps the same one, the lower hash."""
+        swarm = self._membership.swarm
+        if rotated.swarm_id != swarm.swarm_id or rotated.secret is None or swarm.secret is None:
+            return False
+        if rotated.epoch != swarm.epoch:
+            return rotated.epoch > swarm.epoch
+        return hashlib.sha256(rotated.secret).digest() < hashlib.sha256(swarm.secret).digest()
+
+    def _send_rekey(self, rotated: Swarm, removed: set[str], *, skip: str | None) -> int:
+        frame = Frame(FrameType.MEMBER, {"op": "rekey", "swarm": rotated.to_json(), "removed": sorted(removed)})
+        told = 0
+        for link in self._live_links():
+            if link.node_id in removed or link.node_id == skip:
+                continue
+            try:
+                link.send_nowait(frame)
+                told += 1
+            except PeerError:
+                pass
+        return told
+
+    async def _async_after_rekey(self, rotated: Swarm, removed: set[str], via: PeerLink) -> None:
+        if self._membership.swarm is rotated:  # not replaced by a later rekey meanwhile
+            await self._membership.async_adopt(rotated, removed=removed)
+            await self._discovery.async_swarm_changed()  # the mDNS tag follows the secret
+        log.info("DIAG: swarm secret rotated by a member %s",
+                 kv(peer_id=via.short_id, epoch=rotated.epoch, removed=len(removed)))
+
+    def _close_removed(self, removed: set[str]) -> None:
+        for node_id in removed:  # refused before its links close, so nothing redials it
+            if not self._membership.is_refused(node_id):
+                self._membership.note_refusal(NotAMember("removed from this swarm", node_id=node_id,
+                                                         swarm=self._membership.swarm.public_id, by_us=True), None)
+        for link in self._all_links():
+            if link.node_id in removed:
+                link.close("removed from the swarm")
+        for node_id in removed:
+            rec = self._table.get(node_id)
+            if rec is not None:
+                rec.state = "refused"
+                rec.last_error = "removed from this swarm"
+                self._table.emit_changed(rec)
+
+
+JoinFn = Callable[[str], Awaitable[str]]
