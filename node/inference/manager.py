@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from node.config import NodeConfig
-from node.errors import Conflict, ModelLoadError, ModelUnavailable, NodeError, Overloaded
+from node.errors import Conflict, ModelLoadError, ModelNotFound, ModelUnavailable, NodeError, Overloaded
 from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
 from node.inference.placement import Placement, place
@@ -79,6 +79,7 @@ class ServedModel:
 
 
 ModelObserver = Callable[[str, ServedModel], None]
+SwarmLookup = Callable[[str], Awaitable[bool]]  # wait for a model the swarm serves to be registered
 
 
 class ModelManager:
@@ -89,6 +90,7 @@ class ModelManager:
         self.catalog = catalog
         self._served: dict[str, ServedModel] = {}  # by model id
         self._observers: Observers[[str, ServedModel]] = Observers("model")
+        self.swarm_lookup: SwarmLookup | None = None  # swarm_models.SwarmModels.async_wait_for
 
     # --- observers ---
 
@@ -122,6 +124,15 @@ class ModelManager:
     def get(self, model_id: str) -> ServedModel:
         """The served model for an id, name or hash prefix (404 if unknown here)."""
         return self._served[self.catalog.resolve(model_id).id]
+
+    async def async_get(self, model_id: str) -> ServedModel:
+        """get(), or, for a model only peers hold whose header is on its way, once it is here."""
+        try:
+            return self.get(model_id)
+        except ModelNotFound:
+            if self.swarm_lookup is None or not await self.swarm_lookup(model_id):
+                raise
+        return self.get(model_id)
 
     def all(self) -> list[ServedModel]:
         """Every registered model: held whole, or registered for its tokenizer beside our slices."""
