@@ -24,10 +24,10 @@ from node import const
 from node.errors import DownloadFailed, InvalidRequest, ModelNotFound, NodeError
 from node.logs import kv
 from node.models.catalog import ModelCatalog
-from node.models.gguf_meta import GgufHeader
-from node.models.header import HeaderRefused, check_header
 from node.models.download.ranged import async_fetch_prefix
 from node.models.download.urls import display_url
+from node.models.gguf_meta import GgufHeader
+from node.models.header import HeaderRefused, check_header
 from node.net import Frame, FrameType, PeerLink
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,124 @@
+"""A node without the model file uses the model: two slice nodes hold a split of a random-weight
+llama GGUF, a third started with `--no-default-model` and no model at all fetches the header over
+the peer link, lists the model, and answers exactly llama.cpp's greedy text for the whole file
+with llama.cpp's prompt token count; its header cache survives a restart (no second fetch)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from node.models.header import extract_header
+from tests.pipeline.swarm import chat, llama_greedy, run, split_model, start_slice_node, wait_for_route, wait_peers
+from tests.support.processes import NodeProcess
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
+
+PROMPT = "what does a node without the file know"
+
+
+def _prompt_tokens(model, content: str) -> int:
+    """llama.cpp's token count of the chat prompt on the whole file."""
+    from node.inference.tokenizer import ModelTokenizer
+
+    tok = ModelTokenizer(model)
+    try:
+        return len(tok.chat_tokens([{"role": "user", "content": content}]))
+    finally:
+        tok.close()
+
+
+def _registrations(proc: NodeProcess) -> list[str]:
+    return [ln for ln in proc.node_log().splitlines() if "DIAG: registered model from the swarm" in ln]
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    base = tmp_path_factory.mktemp("headeronly")
+    model = split_model(base)
+    a = start_slice_node(base, "a", model, "0-2")
+    b = start_slice_node(base, "b", model, "3-5", bootstrap=[a.peer_port])
+    bare = NodeProcess(base / "bare", args=["--no-default-model", "--no-mdns", "--n-threads", "1",
+                                            "--bootstrap", f"127.0.0.1:{a.peer_port}",
+                                            "--bootstrap", f"127.0.0.1:{b.peer_port}"])
+    procs = [a, b, bare]
+    try:
+        async def ready():
+            await a.async_wait_ready()
+            await b.async_wait_ready()
+            await wait_peers(bare, 2)
+            await bare.async_wait_ready()  # ready once it can serve the swarm's model
+            return await wait_for_route(bare, "split6")
+        model_id = run(ready())
+        yield {"model": model, "model_id": model_id, "a": a, "b": b, "bare": bare}
+    finally:
+        for p in procs:
+            p.terminate()
+
+
+def test_bare_node_lists_the_swarm_model_under_the_same_id(swarm):
+    async def go():
+        listed = await swarm["bare"].async_get_json("/v1/models")
+        ids = {m["id"]: m for m in listed["data"]}
+        holder = await swarm["a"].async_get_json("/v1/models")
+        assert swarm["model_id"] in {m["id"] for m in holder["data"]}
+        assert ids[swarm["model_id"]]["route"] == "distributed"
+        sha = hashlib.sha256(swarm["model"].read_bytes()).hexdigest()
+        assert swarm["model_id"].endswith(sha[:8])  # the FULL file's hash, not the header's
+        assert not list((swarm["bare"].data_dir / "models").glob("*.gguf"))
+    run(go())
+
+
+def test_bare_node_answers_llama_cpp_greedy_text_and_prompt_tokens(swarm):
+    expected = llama_greedy(swarm["model"], PROMPT, 24)
+    n_prompt = _prompt_tokens(swarm["model"], PROMPT)
+    assert expected and n_prompt > 0
+
+    async def go():
+        import aiohttp
+
+        body = {"model": swarm["model_id"], "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24,
+                "temperature": 0}
+        async with aiohttp.ClientSession() as s, s.post(swarm["bare"].base + "/v1/chat/completions", json=body,
+                                                        headers=swarm["bare"].auth) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers["x-swarm-route"] == "distributed"
+            assert r.headers["x-swarm-segments"] == "2"
+            data = await r.json()
+        assert data["choices"][0]["message"]["content"] == expected
+        assert data["usage"]["prompt_tokens"] == n_prompt
+        status, headers, streamed = await chat(swarm["bare"], swarm["model_id"], PROMPT, max_tokens=24, stream=True)
+        assert status == 200 and headers["x-swarm-route"] == "distributed"
+        assert streamed == expected
+        # by readable name and by sha256 prefix, as for local models
+        sha = hashlib.sha256(swarm["model"].read_bytes()).hexdigest()
+        for name in ("split6", sha[:12]):
+            status, _, text = await chat(swarm["bare"], name, PROMPT, max_tokens=24)
+            assert status == 200 and text == expected
+    run(go())
+
+
+def test_header_cached_and_reused_across_a_restart(swarm):
+    bare = swarm["bare"]
+    sha = hashlib.sha256(swarm["model"].read_bytes()).hexdigest()
+    cached = bare.data_dir / "headers" / f"{sha}.gguf-header"
+    data, _ = extract_header(swarm["model"])
+    assert cached.read_bytes() == data
+    before = _registrations(bare)
+    assert len(before) == 1 and "source=" in before[0] and "source=cache" not in before[0]
+    fetched_before = bare.node_log().count("DIAG: model header fetched")
+    assert fetched_before == 1
+
+    bare.terminate()
+    bare.start()
+
+    async def go():
+        await bare.async_wait_ready()  # ready again only once the cached header is registered
+        await wait_for_route(bare, "split6")
+        status, _, text = await chat(bare, swarm["model_id"], PROMPT, max_tokens=8)
+        assert status == 200, text
+    run(go())
+    after = _registrations(bare)
+    assert len(after) == 2 and "source=cache" in after[1]
+    assert bare.node_log().count("DIAG: model header fetched") == fetched_before  # no second fetch
