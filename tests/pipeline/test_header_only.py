@@ -122,3 +122,41 @@ def test_header_cached_and_reused_across_a_restart(swarm):
     after = _registrations(bare)
     assert len(after) == 2 and "source=cache" in after[1]
     assert bare.node_log().count("DIAG: model header fetched") == fetched_before  # no second fetch
+
+
+def test_raw_peer_malformed_model_header_requests_get_error_and_the_link_stays(swarm, tmp_path):
+    from node.net import Frame, FrameType
+    from node.net._frames import frame_bytes
+    from tests.net.rawclient import RawPeer, read_frame
+
+    sha = hashlib.sha256(swarm["model"].read_bytes()).hexdigest()
+    data, _ = extract_header(swarm["model"])
+    peer = RawPeer(tmp_path, "127.0.0.1", swarm["a"].peer_port)
+    sock, _hello = peer.linked()
+
+    def ask(header, rid, payload=b""):
+        sock.sendall(frame_bytes(Frame(FrameType.MODEL_HEADER, header, payload, rid)))
+        while True:
+            frame = read_frame(sock)
+            if frame.is_response and frame.request_id == rid:
+                return frame
+    try:
+        for rid, (header, code) in enumerate((
+                ({}, "invalid_request"), ({"sha256": ["x"]}, "invalid_request"), ({"sha256": "g" * 64}, "invalid_request"),
+                ({"sha256": sha, "offset": -5}, "invalid_request"), ({"sha256": sha, "offset": 1.5}, "invalid_request"),
+                ({"sha256": sha, "offset": 10**30}, "invalid_request"), ({"sha256": "0" * 64}, "model_not_found"),
+                ({"sha256": sha, "junk": "x" * 5000}, None)), start=10):
+            reply = ask(header, rid, payload=b"\xff" * 100)
+            if code is None:
+                assert reply.type == FrameType.MODEL_HEADER and reply.payload == data
+                continue
+            assert reply.type == FrameType.ERROR and reply.header["code"] == code, (header, reply.header)
+        sock.sendall(frame_bytes(Frame(FrameType.PING, {}, b"", 99)))  # the same link still serves
+        while True:
+            frame = read_frame(sock)
+            if frame.request_id == 99 and frame.is_response:
+                assert frame.type == FrameType.PONG
+                break
+    finally:
+        sock.close()
+    assert swarm["a"].alive()
