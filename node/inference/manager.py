@@ -26,7 +26,7 @@ from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
-States = ("unloaded", "loading", "loaded", "failed")
+States = ("unloaded", "loading", "loaded", "failed")  # whole models; else "slices" or "swarm"
 
 
 def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[int, int]) -> Placement:
@@ -104,7 +104,7 @@ class ModelManager:
         """Add a catalog entry and read its tokenizer (vocab-only load, off the loop)."""
         served = ServedModel(entry, whole=whole)
         if not whole:
-            served.state = "slices"
+            served.state = "slices" if entry.has_file else "swarm"  # swarm: only its header is here
         self._served[entry.id] = served
         try:
             served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.path)

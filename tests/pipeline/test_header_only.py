@@ -10,7 +10,15 @@ import hashlib
 import pytest
 
 from node.models.header import extract_header
-from tests.pipeline.swarm import chat, llama_greedy, run, split_model, start_slice_node, wait_for_route, wait_peers
+from tests.pipeline.swarm import (
+    chat,
+    llama_greedy,
+    run,
+    split_model,
+    start_slice_node,
+    wait_for_route,
+    wait_peers,
+)
 from tests.support.processes import NodeProcess
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -63,7 +71,7 @@ def test_bare_node_lists_the_swarm_model_under_the_same_id(swarm):
         ids = {m["id"]: m for m in listed["data"]}
         holder = await swarm["a"].async_get_json("/v1/models")
         assert swarm["model_id"] in {m["id"] for m in holder["data"]}
-        assert ids[swarm["model_id"]]["route"] == "distributed"
+        assert ids[swarm["model_id"]]["route"] == "distributed" and ids[swarm["model_id"]]["state"] == "swarm"
         sha = hashlib.sha256(swarm["model"].read_bytes()).hexdigest()
         assert swarm["model_id"].endswith(sha[:8])  # the FULL file's hash, not the header's
         assert not list((swarm["bare"].data_dir / "models").glob("*.gguf"))
@@ -160,3 +168,51 @@ def test_raw_peer_malformed_model_header_requests_get_error_and_the_link_stays(s
     finally:
         sock.close()
     assert swarm["a"].alive()
+
+
+def test_header_comes_from_the_origin_a_downloaded_model_advertises(tmp_path):
+    """W downloads the model (its origin URL is remembered without the query string and advertised);
+    a node without the file fetches the header from that origin with one Range request."""
+    import aiohttp
+
+    from node.models.header import HEADERS_DIR
+    from tests.inference.test_headers import Origin
+    from tests.support.nodes import node_config, running_node
+    from tests.support.waiting import wait_until
+
+    model = split_model(tmp_path)
+    data, _ = extract_header(model)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+
+    async def admin(node, method, path, body=None):
+        async with aiohttp.ClientSession() as s, s.request(
+                method, f"http://127.0.0.1:{node.api.port}{path}", json=body,
+                headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+            return r.status, await r.json()
+
+    async def go():
+        async with Origin(model.read_bytes()) as origin, running_node(node_config(tmp_path / "w")) as w:
+            status, body = await admin(w, "POST", "/api/admin/models/download", {"url": origin.url + "?sig=s3cret"})
+            assert status == 202, body
+            job = body["download"]["id"]
+
+            async def downloaded():
+                _, got = await admin(w, "GET", f"/api/admin/downloads/{job}")
+                return got["download"]["state"] == "done" and got["download"]["model_id"]
+            model_id = await wait_until(downloaded, 60, 0.1, "the download")
+            await admin(w, "POST", f"/api/admin/models/{model_id}/load")
+            origin.ranges.clear()
+            config = node_config(tmp_path / "b", bootstrap=[f"127.0.0.1:{w.peers.listen_port}"])
+            async with running_node(config) as b:
+                async def registered():
+                    return b.catalog.by_sha(sha)
+                entry = await wait_until(registered, 60, 0.1, "the model registered from the swarm")
+                assert entry.id == model_id and entry.source == "swarm"
+                adverts = [m for p in b.peers.peers() for m in p.models if m.get("sha256") == sha]
+                assert adverts and adverts[0]["origin_url"] == origin.url  # no query string
+                assert origin.ranges == [f"bytes=0-{len(data) - 1}"]
+                assert (tmp_path / "b" / HEADERS_DIR / f"{sha}.gguf-header").read_bytes() == data
+                assert b.swarm_models.fetches == 1
+                served = b.models.get(model_id)
+                assert served.tokenizer is not None and not served.whole
+    run(go())
