@@ -215,8 +215,4 @@ def test_header_comes_from_the_origin_a_downloaded_model_advertises(tmp_path):
                 assert b.swarm_models.fetches == 1
                 served = b.models.get(model_id)
                 assert served.tokenizer is not None and not served.whole
-                # W serves it whole (llama.cpp), which covers no layers for others today: B has the
-                # header but cannot serve M, so M is not listed and B is not ready
-                assert model_id not in {m["id"] for m in b.list_openai_models()}
-                assert not b.is_ready()
     run(go())
