@@ -216,3 +216,13 @@ def test_header_comes_from_the_origin_a_downloaded_model_advertises(tmp_path):
                 served = b.models.get(model_id)
                 assert served.tokenizer is not None and not served.whole
     run(go())
+
+
+def test_a_node_with_no_model_starts_and_is_not_ready_alone(tmp_path):
+    from tests.support.nodes import node_config, running_node
+
+    async def go():
+        async with running_node(node_config(tmp_path / "alone")) as node:
+            assert node.peers is not None and node.api.port
+            assert not node.is_ready() and node.list_openai_models() == []
+    run(go())
