@@ -221,3 +221,18 @@ def test_header_server_refuses_malformed_requests(model):
     reply = asyncio.run(ask({"sha256": sha, "offset": 10}))
     assert reply.payload == model.header[10:] and reply.header["total"] == len(model.header)
     assert reply.header["header_sha256"] == hashlib.sha256(model.header).hexdigest()
+
+
+def test_a_trickle_of_tiny_chunks_is_refused(model):
+    class Trickle(Holders):
+        async def async_request(self, node_id, frame, timeout_s=None):
+            reply = await super().async_request(node_id, frame, timeout_s)
+            return Frame(reply.type, reply.header, reply.payload[:10])
+
+    holders = Trickle(model.catalog)
+
+    async def go():
+        await HeaderFetcher(holders).async_fetch([advert(model.entry)])
+    with pytest.raises(DownloadFailed, match="chunk of 10 bytes"):
+        asyncio.run(go())
+    assert len(holders.requests) == 1
