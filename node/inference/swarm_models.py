@@ -130,9 +130,13 @@ class SwarmModels:
             entry = ModelEntry(advert.model_id, advert.name, vocab, sha, advert.size_bytes, "swarm", header,
                                header_sha256=advert.header_sha256, header_bytes=advert.header_bytes,
                                origin_url=advert.origin_url)
+            # registered before the catalog has it: a request cannot resolve it half-made (no tokenizer)
+            served = await self.models.async_register(entry, whole=False)
+            if served.tokenizer is None:
+                self._failed_at[sha] = time.monotonic()
+                return False  # the manager logged why llama.cpp could not read it
             if self.catalog.add_swarm_entry(entry) is not entry:
-                return True  # a file of it turned up meanwhile
-            await self.models.async_register(entry, whole=False)
+                return True  # a file of it turned up meanwhile (its own registration replaces ours)
             log.info("DIAG: registered model from the swarm %s", kv(
                 model=entry.id, source=source, header_bytes=advert.header_bytes,
                 elapsed_ms=round((time.monotonic() - started) * 1000, 1)))
