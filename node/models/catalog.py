@@ -3,7 +3,9 @@
 Sources: the embedded default model, `data_dir/models/*.gguf`, and `--model` paths. A model id is
 a readable name plus the first 8 hex of the file's sha256 (`swarmllm-pydoc-q8_0-1a2b3c4d`), so the
 same file has the same id on every node. Hashes are cached per (path, size, mtime) in
-`data_dir/model_hashes.json`; hashing and header parsing are blocking and run in an executor.
+`data_dir/model_hashes.json`, with the header's hash and length (header.py) and, for a download,
+its origin URL; hashing and header parsing are blocking and run in an executor. A model known only
+by a header fetched from the swarm is an entry of source "swarm" (no file here).
 """
 
 from __future__ import annotations
