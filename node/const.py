@@ -24,6 +24,12 @@ HASH_CHUNK_BYTES = 4 * 1024 * 1024
 # --- peer network ---
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 MAX_HEADER_BYTES = 1024 * 1024
+# A model's GGUF header fetched from a peer (MODEL_HEADER frames) or its origin (Range request):
+MODEL_HEADER_MAX_BYTES = 64 * 1024 * 1024  # cap: a peer cannot make us hold more (big vocabs are ~10 MB)
+MODEL_HEADER_CHUNK_BYTES = 1024 * 1024  # per MODEL_HEADER reply: no head-of-line block on a busy link
+MODEL_HEADER_TIMEOUT_S = 30.0  # one chunk from a peer; the whole header from an origin
+MODEL_HEADER_FETCHES = 2  # headers fetched at once (models that appear together)
+MODEL_HEADER_RETRY_S = 30.0  # after every holder failed, the next attempt waits at least this
 PING_INTERVAL_S = 2.0
 RTO_INITIAL_S = 1.0  # RFC 6298 §2.1
 RTO_MIN_S = 0.2  # RFC 6298 says 1 s; LAN links justify lower, bounded for safety

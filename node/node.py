@@ -19,16 +19,19 @@ from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
 from node.errors import Conflict, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
+from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
+from node.inference.swarm_models import SwarmModels
 from node.metrics import NodeMetrics
 from node.models.catalog import ModelCatalog
-from node.models.download import DownloadJob, ModelDownloader
-from node.net import PeerManager, async_load_or_create_identity
+from node.models.download import DownloadJob, ModelDownloader, display_url
+from node.models.header import HEADERS_DIR, HeaderCache
+from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.resources import default_model_path
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
@@ -61,7 +64,8 @@ class Node:
         self.catalog = ModelCatalog(self.data_dir)
         self.models = ModelManager(config, self.catalog)
         self.downloads = ModelDownloader(
-            self.data_dir / MODELS_DIR, lambda path, sha256: self.async_add_model(path, "data_dir", sha256=sha256))
+            self.data_dir / MODELS_DIR,
+            lambda path, sha256, origin: self.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin))
         self.api = ApiServer(self, config)
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
@@ -70,6 +74,7 @@ class Node:
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
+        self.swarm_models: SwarmModels | None = None  # models only peers hold (their headers fetched)
         self.started_at: float | None = None
         self.activity: list[str] = []
         self.host_names: list[str] = []  # this machine's names, redacted from reports
@@ -131,6 +136,8 @@ class Node:
         await self.api.stop()
         if self.pipeline is not None:
             self.pipeline.close()
+        if self.swarm_models is not None:
+            self.swarm_models.close()
         if self.peers is not None:
             await self.peers.async_stop()
         if self._machine_task is not None:
@@ -153,15 +160,30 @@ class Node:
         self.worker.register()
         self.slice_host.on_sweep = self.worker.forget_expired
         self.pipeline.register()
+        self.peers.register_handler(FrameType.MODEL_HEADER, HeaderServer(self.catalog).async_handle)
+        self.swarm_models = SwarmModels(self.catalog, self.models, self.peers,
+                                        HeaderCache(self.data_dir / HEADERS_DIR))
+        self.models.swarm_lookup = self.swarm_models.async_wait_for
         await self.peers.async_start()
+        self.swarm_models.start()
         self.note_activity(f"peer listener on port {self.peers.listen_port}")
 
     def _hello_models(self) -> list[dict[str, Any]]:
-        """What HELLO advertises: our slices (with layer ranges) and the models we hold whole."""
+        """What HELLO advertises: our slices (with layer ranges) and the models we hold whole, each
+        with what a node without the file needs to fetch and check its header."""
         whole = [{"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers, "whole": True}
                  for m in self.models.whole_models() if m.state == "loaded"]
         slices = self.slice_host.adverts() if self.config.contribute else []  # paused: offer no layers to peers
-        return slices + whole
+        out = []
+        for advert in slices + whole:
+            entry = self.catalog.by_sha(advert["sha256"])
+            if entry is not None and entry.has_file and entry.header_sha256:
+                advert = {**advert, "architecture": entry.architecture, "header_sha256": entry.header_sha256,
+                          "header_bytes": entry.header_bytes, "size_bytes": entry.size_bytes}
+                if entry.origin_url:
+                    advert["origin_url"] = display_url(entry.origin_url)  # never a signed URL's query
+            out.append(advert)
+        return out
 
     def _hello_hardware(self) -> dict[str, Any]:
         m = self.machine
@@ -201,14 +223,16 @@ class Node:
         sources += [(Path(p).expanduser(), "cli") for p in self.config.models]
         return sources
 
-    async def async_add_model(self, path: Path, source: str, *, sha256: str | None = None) -> str:
+    async def async_add_model(self, path: Path, source: str, *, sha256: str | None = None,
+                              origin_url: str | None = None) -> str:
         """Serve a GGUF file that was not here at start (a download, the GUI's Add): catalog it,
         register it (not loaded), tell peers. Returns its model id; the id of the same content if
-        it was already here. `sha256`, when the caller hashed the file already, is not recomputed."""
+        it was already here. `sha256`, when the caller hashed the file already, is not recomputed;
+        `origin_url` (a download's URL) is advertised so nodes without the file fetch its header there."""
         loop = asyncio.get_running_loop()
         path = await loop.run_in_executor(None, path.resolve)
         if sha256 is not None:
-            await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256)
+            await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256, origin_url)
         for entry in await self.catalog.async_scan([(path, source)]):
             await self.models.async_register(entry)
             self.note_activity(f"model {entry.id} added ({source})")
@@ -234,11 +258,22 @@ class Node:
         return self.pipeline.in_flight if self.pipeline is not None else 0
 
     def is_ready(self) -> bool:
-        """True once this node's own models and slices are loaded (and there is something to serve)."""
+        """True once this node's own models and slices are loaded (and there is something to serve).
+        A node that holds nothing is ready once it can serve a model of the swarm (its header here,
+        its layers covered by peers)."""
         loading = any(m.state == "loading" for m in self.models.whole_models()) or \
             any(s.state == "loading" for s in self.slice_host.slices.values())
-        serving = self.models.ready or self.slice_host.ready
-        return serving and not loading
+        if loading:
+            return False
+        if self.models.ready or self.slice_host.ready:
+            return True
+        holds_nothing = not self.models.whole_models() and not self.slice_host.slices
+        return holds_nothing and self._serves_from_swarm()
+
+    def _serves_from_swarm(self) -> bool:
+        swarm = self.pipeline.swarm_models() if self.pipeline is not None else {}
+        return any(not m.whole and not m.entry.has_file and m.tokenizer is not None and m.entry.sha256 in swarm
+                   for m in self.models.all())
 
     def list_openai_models(self) -> list[dict[str, Any]]:
         """/v1/models entries: models served whole here, and models the swarm covers layer by layer."""

@@ -58,7 +58,7 @@ class CompletionRun:
 
     async def prepare(self) -> None:
         """Resolve, tokenize, check context, queue for the model, assemble the route."""
-        served = self.models.get(self.request.model)
+        served = await self.models.async_get(self.request.model)
         self.served = served
         self.trace.model = served.id
         self.trace.resolved = True

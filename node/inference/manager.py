@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from node.config import NodeConfig
-from node.errors import Conflict, ModelLoadError, ModelUnavailable, NodeError, Overloaded
+from node.errors import Conflict, ModelLoadError, ModelNotFound, ModelUnavailable, NodeError, Overloaded
 from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
 from node.inference.placement import Placement, place
@@ -26,7 +26,7 @@ from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
-States = ("unloaded", "loading", "loaded", "failed")
+States = ("unloaded", "loading", "loaded", "failed")  # whole models; else "slices" or "swarm"
 
 
 def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[int, int]) -> Placement:
@@ -79,6 +79,7 @@ class ServedModel:
 
 
 ModelObserver = Callable[[str, ServedModel], None]
+SwarmLookup = Callable[[str], Awaitable[bool]]  # wait for a model the swarm serves to be registered
 
 
 class ModelManager:
@@ -89,6 +90,7 @@ class ModelManager:
         self.catalog = catalog
         self._served: dict[str, ServedModel] = {}  # by model id
         self._observers: Observers[[str, ServedModel]] = Observers("model")
+        self.swarm_lookup: SwarmLookup | None = None  # swarm_models.SwarmModels.async_wait_for
 
     # --- observers ---
 
@@ -102,7 +104,7 @@ class ModelManager:
         """Add a catalog entry and read its tokenizer (vocab-only load, off the loop)."""
         served = ServedModel(entry, whole=whole)
         if not whole:
-            served.state = "slices"
+            served.state = "slices" if entry.has_file else "swarm"  # swarm: only its header is here
         self._served[entry.id] = served
         try:
             served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.path)
@@ -122,6 +124,15 @@ class ModelManager:
     def get(self, model_id: str) -> ServedModel:
         """The served model for an id, name or hash prefix (404 if unknown here)."""
         return self._served[self.catalog.resolve(model_id).id]
+
+    async def async_get(self, model_id: str) -> ServedModel:
+        """get(), or, for a model only peers hold whose header is on its way, once it is here."""
+        try:
+            return self.get(model_id)
+        except ModelNotFound:
+            if self.swarm_lookup is None or not await self.swarm_lookup(model_id):
+                raise
+        return self.get(model_id)
 
     def all(self) -> list[ServedModel]:
         """Every registered model: held whole, or registered for its tokenizer beside our slices."""

@@ -3,7 +3,9 @@
 Sources: the embedded default model, `data_dir/models/*.gguf`, and `--model` paths. A model id is
 a readable name plus the first 8 hex of the file's sha256 (`swarmllm-pydoc-q8_0-1a2b3c4d`), so the
 same file has the same id on every node. Hashes are cached per (path, size, mtime) in
-`data_dir/model_hashes.json`; hashing and header parsing are blocking and run in an executor.
+`data_dir/model_hashes.json`, with the header's hash and length (header.py) and, for a download,
+its origin URL; hashing and header parsing are blocking and run in an executor. A model known only
+by a header fetched from the swarm is an entry of source "swarm" (no file here).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from node import const
 from node.errors import ModelLoadError, ModelNotFound
 from node.models.gguf_meta import GgufHeader, read_header
+from node.models.header import header_digest
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +40,16 @@ class ModelEntry:
     path: Path
     sha256: str
     size_bytes: int
-    source: str  # default | data_dir | cli
+    source: str  # default | data_dir | cli | swarm (only the header is here, fetched from the swarm)
     header: GgufHeader
+    header_sha256: str = ""  # sha256 of the bytes before the tensor data (header.py)
+    header_bytes: int = 0
+    origin_url: str | None = None  # where the file came from (no query string), if known
+
+    @property
+    def has_file(self) -> bool:
+        """False for a model known here by its header only (no weights on this node)."""
+        return self.source != "swarm"
 
     @property
     def architecture(self) -> str:
@@ -70,6 +81,8 @@ class ModelEntry:
             "n_params": self.header.n_params,
             "vocab_size": self.header.vocab_size,
             "source": self.source,
+            "header_sha256": self.header_sha256,
+            "header_bytes": self.header_bytes,
         }
 
 
@@ -118,12 +131,32 @@ class HashCache:
             self._save()
         return digest
 
-    def remember(self, file: Path, sha256: str) -> None:
-        """Record a hash computed elsewhere (a download hashes as it verifies; blocking)."""
+    def remember(self, file: Path, sha256: str, origin_url: str | None = None) -> None:
+        """Record a hash computed elsewhere (a download hashes as it verifies; blocking), and
+        where the file came from."""
         st = file.stat()
+        record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+        if origin_url:
+            record["origin"] = origin_url
         with self._lock:
-            self._data[str(file.resolve())] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+            self._data[str(file.resolve())] = record
             self._save()
+
+    def header_of(self, file: Path) -> tuple[str, int, str | None]:
+        """(header sha256, header bytes, origin URL) of a file whose hash is cached (blocking):
+        the header hash is computed once and kept in the same record."""
+        key = str(file.resolve())
+        with self._lock:
+            hit = dict(self._data.get(key) or {})
+        if "header_sha256" in hit and "header_bytes" in hit:
+            return hit["header_sha256"], int(hit["header_bytes"]), hit.get("origin")
+        digest, n_bytes = header_digest(file)
+        with self._lock:
+            record = self._data.get(key)
+            if record is not None and record.get("sha256") == hit.get("sha256"):
+                record.update(header_sha256=digest, header_bytes=n_bytes)
+                self._save()
+        return digest, n_bytes, hit.get("origin")
 
     def _save(self) -> None:  # under self._lock
         if self.path is None:
@@ -139,8 +172,10 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
         raise ModelLoadError(f"model file not found: {path.name}")
     header = read_header(path)
     sha = cache.get_or_compute(path)
+    header_sha, header_bytes, origin = cache.header_of(path)
     name = readable_name(path, header)
-    return ModelEntry(f"{name}-{sha[:8]}", name, path.resolve(), sha, path.stat().st_size, source, header)
+    return ModelEntry(f"{name}-{sha[:8]}", name, path.resolve(), sha, path.stat().st_size, source, header,
+                      header_sha256=header_sha, header_bytes=header_bytes, origin_url=origin)
 
 
 class ModelCatalog:
@@ -166,7 +201,8 @@ class ModelCatalog:
                 log.warning("skipping model %s: %s", path.name, exc)
                 continue
             with self._scan_lock:
-                new = entry.id not in self.entries
+                known = self.entries.get(entry.id)
+                new = known is None or not known.has_file  # the file replaces a header-only entry
                 if new:
                     self.entries[entry.id] = entry
             if new:
@@ -178,9 +214,15 @@ class ModelCatalog:
                  (time.monotonic() - started) * 1000)
         return found
 
-    def remember_hash(self, file: Path, sha256: str) -> None:
+    def remember_hash(self, file: Path, sha256: str, origin_url: str | None = None) -> None:
         """Seed the hash cache for a file whose sha256 is already known (blocking)."""
-        self._cache.remember(file, sha256)
+        self._cache.remember(file, sha256, origin_url)
+
+    def add_swarm_entry(self, entry: ModelEntry) -> ModelEntry:
+        """Add a model known here by its fetched header only; the entry already there (a file
+        of the same content found meanwhile) wins."""
+        with self._scan_lock:
+            return self.entries.setdefault(entry.id, entry)
 
     async def async_scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """scan() off the event loop."""

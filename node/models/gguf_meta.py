@@ -9,6 +9,7 @@ from an executor.
 from __future__ import annotations
 
 import collections
+import io
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,10 @@ import gguf
 from node.errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
 KEEP_ARRAY_MAX = 64  # arrays up to this length are kept (e.g. rope factors); longer are skipped
+MAX_TENSORS = 1 << 20  # more than any real model: a corrupt count fails here, not after a long walk
+MAX_KV = 1 << 16
 
 _SCALARS = {
     0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
@@ -65,6 +69,14 @@ class GgufHeader:
     metadata: dict[str, Any]
     array_lengths: dict[str, int]
     tensors: list[TensorInfo] = field(default_factory=list)
+    kv_end: int = 0  # file offset where the metadata ends (the tensor infos start)
+    data_offset: int = 0  # file offset of the tensor data: the header is the bytes before it
+
+    @property
+    def alignment(self) -> int:
+        """general.alignment (GGUF's default 32), the padding unit before the tensor data."""
+        value = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        return value if isinstance(value, int) and 0 < value <= 1 << 16 else DEFAULT_ALIGNMENT
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -108,7 +120,7 @@ class GgufHeader:
 class _Reader:
     def __init__(self, fh: BinaryIO, path: Path):
         self.fh = fh
-        self.path = path
+        self.path = path  # for messages only (bytes read from memory carry a made-up name)
 
     def read(self, n: int) -> bytes:
         data = self.fh.read(n)
@@ -154,39 +166,57 @@ class _Reader:
 
 
 def read_header(path: str | Path) -> GgufHeader:
-    """Parse a GGUF file's header (blocking)."""
+    """Parse a GGUF file's header (blocking). A file holding only the header bytes parses too."""
     path = Path(path)
     try:
         fh = open(path, "rb", buffering=1 << 20)  # buffered: one syscall per MiB, not per field
     except OSError as exc:
         raise ModelLoadError(f"cannot open model file {path.name}: {exc.strerror}") from exc
     with fh:
-        r = _Reader(fh, path)
-        if r.read(4) != GGUF_MAGIC:
-            raise ModelLoadError(f"{path.name} is not a GGUF file (bad magic)")
-        version = r.unpack("I", 4)
-        if version < 2:
-            raise ModelLoadError(f"{path.name}: GGUF version {version} is too old")
-        n_tensors = r.unpack("Q", 8)
-        n_kv = r.unpack("Q", 8)
-        metadata: dict[str, Any] = {}
-        lengths: dict[str, int] = {}
-        for _ in range(n_kv):
-            key = r.string()
-            vtype = r.unpack("I", 4)
-            if vtype == _ARRAY:
-                value, n = r.array()
-                lengths[key] = n
-                if value is not None:
-                    metadata[key] = value
-            else:
-                metadata[key] = r.value(vtype)
-        tensors = []
-        for _ in range(n_tensors):
-            name = r.string()
-            n_dims = r.unpack("I", 4)
-            shape = tuple(r.unpack("Q", 8) for _ in range(n_dims))
-            ggml_type = r.unpack("I", 4)
-            offset = r.unpack("Q", 8)
-            tensors.append(TensorInfo(name, shape, ggml_type, offset))
-    return GgufHeader(version, metadata, lengths, tensors)
+        return parse_header(fh, path)
+
+
+def read_header_bytes(data: bytes, name: str = "header") -> GgufHeader:
+    """Parse a GGUF header held in memory (bytes fetched from a peer or an origin)."""
+    return parse_header(io.BytesIO(data), Path(name))
+
+
+def parse_header(fh: BinaryIO, path: Path) -> GgufHeader:
+    """Parse a GGUF header from a binary stream positioned at its start (blocking)."""
+    r = _Reader(fh, path)
+    if r.read(4) != GGUF_MAGIC:
+        raise ModelLoadError(f"{path.name} is not a GGUF file (bad magic)")
+    version = r.unpack("I", 4)
+    if version < 2:
+        raise ModelLoadError(f"{path.name}: GGUF version {version} is too old")
+    n_tensors = r.unpack("Q", 8)
+    n_kv = r.unpack("Q", 8)
+    if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
+        raise ModelLoadError(f"{path.name}: implausible GGUF counts ({n_tensors} tensors, {n_kv} keys)")
+    metadata: dict[str, Any] = {}
+    lengths: dict[str, int] = {}
+    for _ in range(n_kv):
+        key = r.string()
+        vtype = r.unpack("I", 4)
+        if vtype == _ARRAY:
+            value, n = r.array()
+            lengths[key] = n
+            if value is not None:
+                metadata[key] = value
+        else:
+            metadata[key] = r.value(vtype)
+    kv_end = fh.tell()
+    tensors = []
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.unpack("I", 4)
+        if n_dims > 8:
+            raise ModelLoadError(f"{path.name}: tensor {name[:64]!r} has {n_dims} dimensions")
+        shape = tuple(r.unpack("Q", 8) for _ in range(n_dims))
+        ggml_type = r.unpack("I", 4)
+        offset = r.unpack("Q", 8)
+        tensors.append(TensorInfo(name, shape, ggml_type, offset))
+    header = GgufHeader(version, metadata, lengths, tensors, kv_end=kv_end)
+    end = fh.tell()
+    header.data_offset = end + (-end) % header.alignment
+    return header

@@ -33,7 +33,8 @@ MAX_REQUEST_ID = (1 << 64) - 1
 
 
 class FrameType(enum.IntEnum):
-    """Frame types. WORK..SESSION_END belong to the distributed pipeline (node.inference)."""
+    """Frame types. WORK..SESSION_END belong to the distributed pipeline (node.inference), so does
+    MODEL_HEADER; 22-24 are reserved (remote generate)."""
 
     HELLO = 1
     ERROR = 2
@@ -47,6 +48,7 @@ class FrameType(enum.IntEnum):
     RESULT = 18
     CANCEL = 19
     SESSION_END = 20
+    MODEL_HEADER = 21  # a model's GGUF header by sha256, in chunks (node.inference.swarm_models)
 
 
 def type_name(frame_type: int) -> str:

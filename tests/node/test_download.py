@@ -321,8 +321,8 @@ async def test_shutdown_keeps_the_partial_file_and_a_restarted_node_resumes(tmp_
 
     added = []
 
-    async def on_file(path, sha256):
-        added.append((path.name, sha256))
+    async def on_file(path, sha256, origin_url):
+        added.append((path.name, sha256, origin_url))
         return "id-" + sha256[:8]
 
     models = tmp_path / "models"
@@ -346,14 +346,14 @@ async def test_shutdown_keeps_the_partial_file_and_a_restarted_node_resumes(tmp_
     assert server.requests[-1] == {"range": "bytes=250000-", "if_range": '"v1"'}
     assert job.resumed_from == 250_000
     assert (models / "kept.gguf").read_bytes() == other_bytes
-    assert added == [("kept.gguf", hashlib.sha256(other_bytes).hexdigest())]
+    assert added == [("kept.gguf", hashlib.sha256(other_bytes).hexdigest(), server.url)]  # origin: no query
     assert sorted(p.name for p in models.iterdir()) == ["kept.gguf"]
 
 
 async def test_a_complete_partial_file_is_finished_without_refetching(tmp_path, server, other_bytes):
     from node.models.download import ModelDownloader
 
-    async def on_file(path, sha256):
+    async def on_file(path, sha256, origin_url):
         return "id"
 
     models = tmp_path / "models"
@@ -372,7 +372,7 @@ async def test_a_complete_partial_file_is_finished_without_refetching(tmp_path, 
 async def test_a_job_cancelled_before_it_ran_is_not_left_active(tmp_path, server):
     from node.models.download import ModelDownloader
 
-    async def on_file(path, sha256):
+    async def on_file(path, sha256, origin_url):
         return "id"
 
     downloader = ModelDownloader(tmp_path / "models", on_file)

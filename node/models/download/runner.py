@@ -41,10 +41,10 @@ DownloadObserver = Callable[[DownloadJob], None]
 
 
 class ModelDownloader:
-    """Runs downloads into `models_dir`; `on_file(path, sha256)` adds a finished file to the node
-    and returns its model id."""
+    """Runs downloads into `models_dir`; `on_file(path, sha256, origin_url)` adds a finished file to
+    the node and returns its model id (origin_url: where it came from, without the query string)."""
 
-    def __init__(self, models_dir: Path, on_file: Callable[[Path, str], Awaitable[str]]):
+    def __init__(self, models_dir: Path, on_file: Callable[[Path, str, str], Awaitable[str]]):
         self.models_dir = models_dir
         self.on_file = on_file
         self.jobs: dict[str, DownloadJob] = {}
@@ -140,7 +140,7 @@ class ModelDownloader:
             target = self.models_dir / job.file_name
             await loop.run_in_executor(io, os.replace, part, target)
             await loop.run_in_executor(io, unlink, sidecar(part))
-            job.model_id = await self.on_file(target, digest)
+            job.model_id = await self.on_file(target, digest, display_url(job.url))
             job.state = "done"
             job.finished_at = time.time()
             elapsed = time.monotonic() - started

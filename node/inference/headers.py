@@ -1,0 +1,188 @@
+"""A model's GGUF header over the peer link (MODEL_HEADER = 21) and from its origin.
+
+Serving: any node holding M's file (whole or slices) answers `{sha256, offset}` with up to
+`MODEL_HEADER_CHUNK_BYTES` of the header from that offset, `{sha256, offset, total, header_sha256}`
+in the reply's JSON; an unknown model or a malformed request is an ERROR (the link stays).
+Fetching: from the origin URL an advert names (one Range request), else holder by holder, chunk by
+chunk; the bytes are checked against the header hash, size, layer count and architecture that
+holder advertised, and a mismatch is refused (logged) before the next source is tried. Never more
+than `MODEL_HEADER_MAX_BYTES` is accepted. Hashing, parsing and file reads run in executors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node import const
+from node.errors import DownloadFailed, InvalidRequest, ModelNotFound, NodeError
+from node.logs import kv
+from node.models.catalog import ModelCatalog
+from node.models.download.ranged import async_fetch_prefix
+from node.models.download.urls import display_url
+from node.models.gguf_meta import GgufHeader
+from node.models.header import HeaderRefused, check_header
+from node.net import Frame, FrameType, PeerLink
+
+log = logging.getLogger(__name__)
+
+_SHA = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+_ARCH = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_MIN_CHUNK = 64 * 1024  # smallest chunk accepted before the header's end: no million-request trickle
+
+
+@dataclass(frozen=True)
+class HeaderAdvert:
+    """What one peer advertises about a model it holds, as far as fetching its header goes."""
+
+    node_id: str
+    sha256: str
+    name: str
+    n_layers: int
+    architecture: str | None
+    header_sha256: str
+    header_bytes: int
+    size_bytes: int = 0
+    origin_url: str | None = None
+
+    @property
+    def model_id(self) -> str:
+        """The id every node gives this model: readable name + the FULL file's sha256[:8]."""
+        return f"{self.name}-{self.sha256[:8]}"
+
+
+def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
+    """A HELLO model advert (untrusted) as a HeaderAdvert; None when it lacks or garbles a field."""
+    sha, hsha, name = m.get("sha256"), m.get("header_sha256"), m.get("name")
+    n_layers, n_bytes = m.get("n_layers"), m.get("header_bytes")
+    if not (isinstance(sha, str) and _SHA.fullmatch(sha) and isinstance(hsha, str) and _SHA.fullmatch(hsha)):
+        return None
+    if not (isinstance(name, str) and _NAME.fullmatch(name)):
+        return None
+    if not (_is_int(n_layers) and 0 < n_layers <= 4096 and _is_int(n_bytes) and 0 < n_bytes):
+        return None
+    arch = m.get("architecture")
+    size = m.get("size_bytes")
+    origin = m.get("origin_url")
+    if not (isinstance(origin, str) and len(origin) <= 2048 and origin.startswith(("http://", "https://"))):
+        origin = None
+    return HeaderAdvert(node_id, sha, name, n_layers, arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None,
+                        hsha, n_bytes, size if _is_int(size) and size >= 0 else 0,
+                        display_url(origin) if origin else None)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_range(path: Path, offset: int, n: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(n)
+
+
+class HeaderServer:
+    """Answers MODEL_HEADER requests from the files in this node's catalog."""
+
+    def __init__(self, catalog: ModelCatalog):
+        self.catalog = catalog
+
+    async def async_handle(self, link: PeerLink, frame: Frame) -> Frame:
+        """One chunk of a model's header; a NodeError (sent back as ERROR) otherwise."""
+        sha, offset = frame.header.get("sha256"), frame.header.get("offset", 0)
+        if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+            raise InvalidRequest("MODEL_HEADER needs 'sha256': 64 lower-case hex digits")
+        if not _is_int(offset) or offset < 0:
+            raise InvalidRequest("MODEL_HEADER 'offset' must be a non-negative integer")
+        entry = self.catalog.by_sha(sha)
+        if entry is None or not entry.has_file or not entry.header_bytes:
+            raise ModelNotFound(f"no file of model {sha[:16]} on this node")
+        total = entry.header_bytes
+        if offset >= total:
+            raise InvalidRequest(f"MODEL_HEADER offset {offset} is past the header's {total} bytes")
+        n = min(const.MODEL_HEADER_CHUNK_BYTES, total - offset)
+        data = await asyncio.get_running_loop().run_in_executor(None, _read_range, entry.path, offset, n)
+        log.debug("DIAG: served model header chunk %s", kv(peer_id=link.short_id, model=entry.id, offset=offset,
+                                                          bytes=len(data)))
+        return Frame(FrameType.MODEL_HEADER, {"sha256": sha, "offset": offset, "total": total,
+                                              "header_sha256": entry.header_sha256}, data)
+
+
+class HeaderFetcher:
+    """Gets a model's header bytes from its origin or a holder, checked against the advert."""
+
+    def __init__(self, peers: Any, *, max_bytes: int = const.MODEL_HEADER_MAX_BYTES):
+        self.peers = peers  # PeerManager: async_request(node_id, frame, timeout_s)
+        self.max_bytes = max_bytes
+
+    async def async_fetch(self, adverts: list[HeaderAdvert]) -> tuple[bytes, GgufHeader, str, HeaderAdvert]:
+        """(header bytes, parse, where from: "origin" | the holder's short id, the advert they were
+        checked against); DownloadFailed when every source failed or was refused."""
+        errors = []
+        for advert in self._origins(adverts):
+            try:
+                data = await async_fetch_prefix(advert.origin_url, advert.header_bytes,
+                                                timeout_s=const.MODEL_HEADER_TIMEOUT_S)
+                return data, await self._async_check(data, advert, "origin"), "origin", advert
+            except (DownloadFailed, HeaderRefused) as exc:
+                errors.append(f"origin: {exc.message}")
+                log.warning("DIAG: model header from origin failed, trying peers %s", kv(
+                    model=advert.model_id, url=advert.origin_url, error=exc.message))
+        for advert in adverts:
+            source = advert.node_id[:8]
+            try:
+                data = await self._async_from_peer(advert)
+                return data, await self._async_check(data, advert, source), source, advert
+            except (NodeError, HeaderRefused) as exc:
+                errors.append(f"{source}: {exc.message}")
+                log.warning("DIAG: model header refused or failed %s", kv(
+                    model=advert.model_id, peer_id=source, error=exc.message))
+        raise DownloadFailed("no source gave a valid header (" + "; ".join(errors[-4:]) + ")")
+
+    @staticmethod
+    def _origins(adverts: list[HeaderAdvert]) -> list[HeaderAdvert]:
+        seen: set[tuple[str, str]] = set()
+        out = []
+        for a in adverts:
+            if a.origin_url and (a.origin_url, a.header_sha256) not in seen:
+                seen.add((a.origin_url, a.header_sha256))
+                out.append(a)
+        return out
+
+    async def _async_check(self, data: bytes, advert: HeaderAdvert, source: str) -> GgufHeader:
+        started = time.monotonic()
+        header = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: check_header(data, header_sha256=advert.header_sha256, n_layers=advert.n_layers,
+                                       architecture=advert.architecture, max_bytes=self.max_bytes))
+        log.info("DIAG: model header fetched %s", kv(model=advert.model_id, source=source, bytes=len(data),
+                                                    check_ms=round((time.monotonic() - started) * 1000, 1)))
+        return header
+
+    async def _async_from_peer(self, advert: HeaderAdvert) -> bytes:
+        total = advert.header_bytes
+        if total > self.max_bytes:
+            raise HeaderRefused(f"advertised header of {total} bytes is over the {self.max_bytes}-byte cap")
+        buf = bytearray()
+        while len(buf) < total:
+            offset = len(buf)
+            reply = await self.peers.async_request(
+                advert.node_id, Frame(FrameType.MODEL_HEADER, {"sha256": advert.sha256, "offset": offset}),
+                timeout_s=const.MODEL_HEADER_TIMEOUT_S)
+            h = reply.header
+            expected = min(const.MODEL_HEADER_CHUNK_BYTES, total - offset)
+            if reply.type != FrameType.MODEL_HEADER or h.get("sha256") != advert.sha256 or \
+                    h.get("offset") != offset or h.get("total") != total:
+                raise HeaderRefused(f"reply does not match the request (offset {h.get('offset')!r}, "
+                                    f"total {h.get('total')!r}, advertised {total})")
+            least = min(expected, _MIN_CHUNK)  # a holder's chunk size may differ, not be made tiny
+            if not least <= len(reply.payload) <= expected:
+                raise HeaderRefused(f"chunk of {len(reply.payload)} bytes at {offset}, expected {least}..{expected}")
+            buf += reply.payload
+        return bytes(buf)

@@ -1,0 +1,49 @@
+"""The first bytes of a file at its origin, by one HTTP Range request (a model's header).
+
+`bytes=0-(n-1)`; a 206 must start at 0, a 200 (a server that ignores Range) is read only up to n
+bytes and the connection dropped; fewer than n bytes is a failure. Never more than `n` bytes are
+held, so an origin cannot make us fill memory. Errors never show the URL's query string.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from node.errors import DownloadFailed
+
+from .fetch import content_range
+from .urls import describe_error, display_url, resolve_url
+
+_CHUNK = 1 << 20
+
+
+async def async_fetch_prefix(url: str, n_bytes: int, *, timeout_s: float,
+                             session: aiohttp.ClientSession | None = None) -> bytes:
+    """The first n_bytes of the file at url (DownloadFailed with the reason otherwise)."""
+    if n_bytes <= 0:
+        raise DownloadFailed("nothing to fetch: the advertised header length is not positive")
+    resolved = resolve_url(url)
+    headers = {"Range": f"bytes=0-{n_bytes - 1}", "Accept-Encoding": "identity"}
+    own = session is None
+    client = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+    try:
+        async with client.get(resolved, headers=headers) as resp:
+            if resp.status == 206:
+                first, _total = content_range(resp.headers.get("Content-Range"))
+                if first != 0:
+                    raise DownloadFailed(f"{display_url(resolved)} sent a range from byte {first}, asked from 0")
+            elif resp.status != 200:
+                raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {display_url(resolved)}".strip())
+            buf = bytearray()
+            async for chunk in resp.content.iter_chunked(_CHUNK):
+                buf += chunk[: n_bytes - len(buf)]
+                if len(buf) >= n_bytes:
+                    break  # a 200 carries the whole file: stop at what was asked
+            if len(buf) < n_bytes:
+                raise DownloadFailed(f"{display_url(resolved)} sent {len(buf)} of {n_bytes} header bytes")
+            return bytes(buf)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise DownloadFailed(f"fetching the header from {display_url(resolved)} failed: {describe_error(exc)}") from exc
+    finally:
+        if own:
+            await client.close()

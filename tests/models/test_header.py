@@ -1,0 +1,144 @@
+"""GGUF headers: extraction, the header hash, checks of fetched bytes (tampered, wrong model, size
+cap), the cache, and the zero-tensor vocab file llama.cpp tokenizes from."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+
+import gguf
+import pytest
+
+from node.errors import ModelLoadError
+from node.inference.synth import SynthSpec, write_gguf
+from node.models.catalog import ModelCatalog
+from node.models.gguf_meta import read_header, read_header_bytes
+from node.models.header import HeaderCache, HeaderRefused, check_header, extract_header, vocab_only_gguf
+
+TINY = SynthSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=512, name="tiny")
+SPECS = [TINY, dataclasses.replace(TINY, qtype="Q8_0", name="tinyq8"),
+         dataclasses.replace(TINY, arch="qwen2", name="tinyqwen")]
+CAP = 64 * 2**20
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    base = tmp_path_factory.mktemp("headers")
+    return {spec.name: write_gguf(base / f"{spec.name}.gguf", spec) for spec in SPECS}
+
+
+@pytest.mark.parametrize("name", [s.name for s in SPECS])
+def test_header_is_the_bytes_before_the_tensor_data(models, name):
+    path = models[name]
+    data, header = extract_header(path)
+    reader = gguf.GGUFReader(str(path))
+    assert len(data) == header.data_offset == reader.data_offset  # gguf's own reader agrees
+    assert data == path.read_bytes()[: reader.data_offset]
+    assert header.data_offset % header.alignment == 0 and header.kv_end < header.data_offset
+    # the header alone parses as the whole file does (tensor infos included)
+    alone = read_header_bytes(data)
+    full = read_header(path)
+    assert (alone.n_layers, alone.architecture, alone.n_params, alone.quantization, alone.data_offset) == \
+        (full.n_layers, full.architecture, full.n_params, full.quantization, full.data_offset)
+
+
+def test_catalog_entry_carries_the_header_hash_once_computed(models, tmp_path):
+    catalog = ModelCatalog(tmp_path)
+    (entry,) = catalog.scan([(models["tiny"], "cli")])
+    data, _ = extract_header(models["tiny"])
+    assert entry.header_sha256 == hashlib.sha256(data).hexdigest() and entry.header_bytes == len(data)
+    assert entry.id == f"tiny-{hashlib.sha256(models['tiny'].read_bytes()).hexdigest()[:8]}"
+    cached = (tmp_path / "model_hashes.json").read_text()
+    assert entry.header_sha256 in cached  # kept beside the file's hash: not recomputed next start
+    (again,) = ModelCatalog(tmp_path).scan([(models["tiny"], "cli")])
+    assert again.header_sha256 == entry.header_sha256
+
+
+def _check(data: bytes, **over):
+    args = {"header_sha256": hashlib.sha256(data).hexdigest(), "n_layers": 3, "architecture": "llama",
+            "max_bytes": CAP, **over}
+    return check_header(data, **args)
+
+
+def test_checked_header_passes_and_tampering_is_refused(models):
+    data, _ = extract_header(models["tiny"])
+    assert _check(data).n_layers == 3
+    tampered = bytearray(data)
+    tampered[len(data) // 2] ^= 0x01
+    with pytest.raises(HeaderRefused, match="hash"):
+        _check(bytes(tampered), header_sha256=hashlib.sha256(data).hexdigest())
+    # bytes that hash to what their sender claims but are not the advertised model
+    with pytest.raises(HeaderRefused, match="layers"):
+        _check(data, n_layers=6)
+    with pytest.raises(HeaderRefused, match="qwen2"):
+        _check(data, architecture="qwen2")
+    for junk in (b"", b"GGUF", b"not a gguf at all" * 10, data[:-1], data + b"\0" * 32):
+        with pytest.raises(HeaderRefused):
+            _check(junk)
+
+
+def test_size_cap(models):
+    data, _ = extract_header(models["tiny"])
+    with pytest.raises(HeaderRefused, match="cap"):
+        _check(data, max_bytes=len(data) - 1)
+    assert _check(data, max_bytes=len(data)).data_offset == len(data)
+
+
+def test_implausible_counts_fail_fast():
+    blob = b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 1)
+    with pytest.raises(ModelLoadError, match="implausible"):
+        read_header_bytes(blob)
+
+
+def test_cache_round_trip_and_a_tampered_cache_file_is_dropped(models, tmp_path):
+    data, header = extract_header(models["tiny"])
+    digest = hashlib.sha256(data).hexdigest()
+    sha = hashlib.sha256(models["tiny"].read_bytes()).hexdigest()
+    cache = HeaderCache(tmp_path / "headers")
+    kw = {"header_sha256": digest, "n_layers": 3, "architecture": "llama", "max_bytes": CAP}
+    assert cache.load(sha, **kw) is None
+    vocab = cache.store(sha, data, header)
+    assert cache.header_path(sha).read_bytes() == data and vocab == cache.vocab_path(sha)
+    vocab.unlink()
+    got = cache.load(sha, **kw)
+    assert got is not None and got[0].exists()  # the vocab file is derived again
+    raw = bytearray(data)
+    raw[100] ^= 0xFF
+    cache.header_path(sha).write_bytes(bytes(raw))
+    assert cache.load(sha, **kw) is None
+    assert not cache.header_path(sha).exists()
+    with pytest.raises(ValueError):
+        cache.header_path("../../etc/passwd")
+
+
+def test_vocab_file_is_the_metadata_with_no_tensors(models):
+    data, header = extract_header(models["tiny"])
+    vocab = vocab_only_gguf(data, header)
+    parsed = read_header_bytes(vocab)
+    assert parsed.tensors == [] and parsed.metadata == header.metadata
+    assert len(vocab) % header.alignment == 0 and len(vocab) < len(data)
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("name", [s.name for s in SPECS])
+def test_llama_cpp_tokenizes_from_the_vocab_file_exactly_as_from_the_model(models, name, tmp_path):
+    from node.inference.tokenizer import ModelTokenizer
+
+    data, header = extract_header(models[name])
+    truncated = tmp_path / "header-only.gguf"
+    truncated.write_bytes(data)
+    with pytest.raises(ModelLoadError):  # why the rewrite: tensors outside the file are refused
+        ModelTokenizer(truncated)
+    vocab = HeaderCache(tmp_path).store("0" * 64, data, header)
+    messages = [{"role": "user", "content": "Hello, swarm! ünïcode and <|im_start|> text"}]
+    full, alone = ModelTokenizer(models[name]), ModelTokenizer(vocab)
+    try:
+        assert alone.chat_tokens(messages) == full.chat_tokens(messages)
+        assert alone.tokenize("plain text 123") == full.tokenize("plain text 123")
+        assert (alone.n_vocab, alone.bos_id, alone.eos_id, alone.chat_template) == \
+            (full.n_vocab, full.bos_id, full.eos_id, full.chat_template)
+        assert [alone.piece(t) for t in range(alone.n_vocab)] == [full.piece(t) for t in range(full.n_vocab)]
+    finally:
+        full.close()
+        alone.close()
