@@ -12,9 +12,11 @@ than `MODEL_HEADER_MAX_BYTES` is accepted. Hashing, parsing and file reads run i
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,11 +73,35 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
     arch = m.get("architecture")
     size = m.get("size_bytes")
     origin = m.get("origin_url")
-    if not (isinstance(origin, str) and len(origin) <= 2048 and origin.startswith(("http://", "https://"))):
+    if not (isinstance(origin, str) and len(origin) <= 2048 and _fetchable_origin(origin)):
         origin = None
     return HeaderAdvert(node_id, sha, name, n_layers, arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None,
                         hsha, n_bytes, size if _is_int(size) and size >= 0 else 0,
                         display_url(origin) if origin else None)
+
+
+def _fetchable_origin(url: str) -> bool:
+    """An origin a peer's advert may make this node fetch: https (the server's certificate is
+    checked), or plain http only on loopback (a local mirror). Any other http URL is ignored, so a
+    member cannot point the swarm's nodes at plain-http services on their LANs (a GET with a Range
+    header, whose answer is only hash-checked, is still a request we should not make for others)."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        host = parsed.hostname
+    except ValueError:
+        return False
+    if not host:
+        return False
+    if parsed.scheme == "https":
+        return True
+    if parsed.scheme != "http":
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _is_int(value: Any) -> bool:

@@ -110,6 +110,12 @@ def test_parse_advert_rejects_garbled_fields(model):
     assert odd.origin_url is None and odd.architecture is None
     signed = parse_advert(HOLDER, {**good, "origin_url": "https://cdn.example/m.gguf?X-Amz-Signature=s3cret"})
     assert signed.origin_url == "https://cdn.example/m.gguf"
+    # plain http only to a local mirror: a member cannot point the swarm at LAN services
+    for lan in ("http://192.168.1.1/admin.gguf", "http://router.lan/x.gguf", "http://10.0.0.5:8080/m.gguf",
+                "http://[fe80::1]/m.gguf", "http:///m.gguf", "https:///m.gguf"):
+        assert parse_advert(HOLDER, {**good, "origin_url": lan}).origin_url is None, lan
+    for local in ("http://127.0.0.1:8000/m.gguf", "http://localhost/m.gguf", "http://[::1]:9/m.gguf"):
+        assert parse_advert(HOLDER, {**good, "origin_url": local}).origin_url == local
 
 
 def test_from_a_holder_in_chunks(model, monkeypatch):

@@ -38,9 +38,11 @@ def resolve_url(url: str) -> str:
 def display_url(url: str) -> str:
     """The URL without query string or fragment (signed URLs carry credentials there)."""
     parsed = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((parsed.scheme, parsed.hostname or "", parsed.path, "", "")) \
-        if not parsed.port else urllib.parse.urlunsplit((parsed.scheme, f"{parsed.hostname}:{parsed.port}",
-                                                          parsed.path, "", ""))
+    host = parsed.hostname or ""
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    netloc = f"{host}:{parsed.port}" if parsed.port else host  # user:password@ is dropped too
+    return urllib.parse.urlunsplit((parsed.scheme, netloc, parsed.path, "", ""))
 
 
 def file_name_for(url: str, name: str | None) -> str:
