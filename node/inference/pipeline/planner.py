@@ -288,7 +288,8 @@ def _whole_label(n_layers: int, holders: list[Holder], lo: int, hi: int) -> _Lab
     for h in holders:
         if h.whole and (h.start, h.end) == (0, n_layers):
             local = n_layers if h.transport == "local" else 0
-            key = ((_us(h.compute_ms()) + 2 * _us(h.hop_ms())) << _COST) + ((LOCAL_MAX - local) << _LOCAL) + 1
+            # the same arithmetic as a sliced chain's (µs per layer × layers), so the two compare exactly
+            key = ((_us(h.layer_ms()) * n_layers + 2 * _us(h.hop_ms())) << _COST) + ((LOCAL_MAX - local) << _LOCAL) + 1
             if best is None or key < best[0]:
                 best = (key, 0, root, h, 0, n_layers)
     return best
