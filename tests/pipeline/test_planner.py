@@ -5,6 +5,7 @@ import random
 import pytest
 
 from node.errors import InsufficientCapacity
+from node.inference.pipeline import planner
 from node.inference.pipeline.planner import Holder, layer_coverage, plan_route
 
 A, B, C, D, E, F = ("a" * 64, "b" * 64, "c" * 64, "d" * 64, "e" * 64, "f" * 64)
@@ -179,7 +180,10 @@ def _brute(n_layers, holders):
     return best
 
 
-def test_random_swarms_match_an_exhaustive_search():
+@pytest.mark.parametrize("vectorised", [False, True], ids=["python", "numpy"])
+def test_random_swarms_match_an_exhaustive_search(monkeypatch, vectorised):
+    # both sweeps (plain Python for few holders, numpy from NUMPY_MIN_HOLDERS on) on every case
+    monkeypatch.setattr(planner, "NUMPY_MIN_HOLDERS", 0 if vectorised else 10**9)
     rng = random.Random(7)
     nodes = [c * 64 for c in "abcdefg"]
     for _ in range(300):
@@ -204,3 +208,23 @@ def test_random_swarms_match_an_exhaustive_search():
         assert all(any(h.node_id == s.node_id and h.contains(s.start, s.end) for h in holders) for s in segs)
         local = sum(s.layers for s in segs if s.transport == "local")
         assert (round(plan.est_ms, 9), -local, len(segs)) == want, (n_layers, holders, cut(plan))
+
+
+def test_large_swarm_both_sweeps_agree(monkeypatch):
+    """300 holders over 80 layers: the numpy sweep's chain costs exactly what the Python one's does."""
+    rng = random.Random(3)
+    holders = []
+    for i in range(300):
+        size = rng.randint(4, 40)
+        start = rng.randint(0, 80 - size)
+        holders.append(Holder(f"{i:064x}", start, start + size, "local" if i == 0 else "direct",
+                              rng.uniform(1, 80), rng.uniform(0.3, 5.0)))
+    plans = []
+    for threshold in (0, 10**9):
+        monkeypatch.setattr(planner, "NUMPY_MIN_HOLDERS", threshold)
+        plans.append(plan_route(80, holders))
+    vec, py = plans
+    assert vec.est_ms == pytest.approx(py.est_ms, abs=1e-3)
+    for plan in plans:
+        assert plan.segments[0].start == 0 and plan.segments[-1].end == 80
+        assert len({h.node_id for h in plan.segments}) == len(plan.segments)

@@ -13,7 +13,7 @@ switch between two holders anywhere else changes the cost linearly, so an end po
 worse). Each holder keeps the best way to have entered it so far, so a cut costs one update per
 holder covering it. The node-once rule is enforced by constraint generation: when the best chain
 passes a node twice, that node's use becomes part of the sweep's state and it runs again (exact;
-planning over 1,000 holders of an 80-layer model takes ~11 ms, bench/planner_bench.py). Remote
+planning over 1,000 holders of an 80-layer model takes ~7 ms with standbys, bench/planner_bench.py). Remote
 holders of one range that KEEP_DOMINATED others of that range beat on both ms/layer and latency
 are pruned first. A standby for a segment is the cheapest holder or chain of holders, none of them
 in the chain, that covers the segment's layers.
@@ -25,6 +25,8 @@ import bisect
 import logging
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from node.errors import InsufficientCapacity
 from node.logs import kv
 
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MS_PER_LAYER = 2.0  # until a holder has been measured
 MAX_CONFLICT_NODES = 8  # nodes the node-once rule tracks in a chain's state (2^N states per cut)
+NUMPY_MIN_HOLDERS = 200  # from here on a sweep is vectorised (below, numpy's per-call overhead loses)
 KEEP_DOMINATED = 3  # same-range holders kept although others are no slower and no farther
 
 
@@ -162,7 +165,12 @@ def _cheapest(lo: int, hi: int, n_layers: int, holders: list[Holder]) -> _Label 
     sweep runs again (constraint generation: exact, and the common case costs one sweep)."""
     conflict: dict[str, int] = {}
     while True:
-        best = _sweep(lo, hi, n_layers, holders, conflict) if conflict else _sweep_plain(lo, hi, n_layers, holders)
+        if conflict:
+            best = _sweep(lo, hi, n_layers, holders, conflict)
+        elif len(holders) >= NUMPY_MIN_HOLDERS:
+            best = _sweep_plain(lo, hi, n_layers, holders)
+        else:
+            best = _sweep_small(lo, hi, n_layers, holders)
         if best is None:
             return None
         nodes = [h.node_id for h in _unwind(best)]
@@ -233,7 +241,54 @@ def _sweep(lo: int, hi: int, n_layers: int, holders: list[Holder], conflict: dic
 
 def _sweep_plain(lo: int, hi: int, n_layers: int, holders: list[Holder]) -> _Label | None:
     """`_sweep` without conflict nodes (one chain per cut, one entry per holder): the common case,
-    kept lean because a swarm simulation plans over a thousand holders many times."""
+    vectorised over the holders (numpy int64 keys) because a swarm simulation plans over a
+    thousand holders many times."""
+    sel = [h for h in holders if not h.whole and max(h.start, lo) < min(h.end, hi)]
+    cuts = sorted({lo, hi} | {h.start for h in sel if lo < h.start} | {h.end for h in sel if h.end < hi})
+    index = {b: i for i, b in enumerate(cuts)}
+    first = np.array([index[max(h.start, lo)] for h in sel], dtype=np.int64)
+    close = np.array([index[min(h.end, hi)] for h in sel], dtype=np.int64)
+    hop = np.array([_us(h.hop_ms()) << _COST for h in sel], dtype=np.int64)
+    slope = np.array([(_us(h.layer_ms()) << _COST) - ((1 << _LOCAL) if h.transport == "local" else 0)
+                      for h in sel], dtype=np.int64)
+    unset = np.iinfo(np.int64).max
+    entry = np.full(len(sel), unset, dtype=np.int64)  # best key - slope × cut of entering each holder
+    entered_at = np.zeros(len(sel), dtype=np.int64)
+    # per cut: the best chain reaching it as (key, holder number, cut its last segment entered at)
+    best: list[tuple[int, int, int] | None] = [None] * len(cuts)
+    best[0] = (LOCAL_MAX << _LOCAL, -1, 0)
+    for j, q in enumerate(cuts):
+        if j:
+            live = np.flatnonzero((entry != unset) & (close >= j))
+            if live.size:
+                keys = entry[live] + slope[live] * q + hop[live] + 1
+                if q == n_layers:
+                    keys += hop[live]  # the RESULT's way back from the last segment
+                k = int(keys.argmin())
+                n = int(live[k])
+                best[j] = (int(keys[k]), n, int(entered_at[n]))
+        if j == len(cuts) - 1 or best[j] is None:
+            continue
+        offered = best[j][0] - slope * q
+        better = (first <= j) & (close > j) & (offered < entry)
+        entry = np.where(better, offered, entry)
+        entered_at = np.where(better, j, entered_at)
+    if best[-1] is None:
+        return None
+    # rebuild the chain as labels, root first
+    steps, j = [], len(cuts) - 1
+    while j:
+        key, n, p = best[j]
+        steps.append((key, n, p, j))
+        j = p
+    label: _Label = (LOCAL_MAX << _LOCAL, 0, None, None, lo, lo)
+    for key, n, p, j in reversed(steps):
+        label = (key, 0, label, sel[n], cuts[p], cuts[j])
+    return label
+
+
+def _sweep_small(lo: int, hi: int, n_layers: int, holders: list[Holder]) -> _Label | None:
+    """`_sweep_plain` in plain Python: faster than numpy's per-call overhead for a few holders."""
     cuts = sorted({lo, hi} | {h.start for h in holders if lo < h.start < hi} | {h.end for h in holders if lo < h.end < hi})
     index = {b: i for i, b in enumerate(cuts)}
     opening: list[list[list]] = [[] for _ in cuts]
