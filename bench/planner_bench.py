@@ -5,7 +5,8 @@
 Each swarm: N holders over an L-layer model, each a random contiguous window of 4 to L/2 layers
 (a third of them on one of a few popular windows, as layer choice makes them cluster), ms/layer
 0.3-5, RTT 1-80 ms, one holder local, a tenth relayed, one whole-model holder in ten swarms. Prints
-per size the median and worst milliseconds per call (the chain and a standby chain per segment).
+per size the median and worst milliseconds per call (the chain and a standby chain per segment)
+and the median CPU time (steadier on a shared machine), also without standbys (`standbys=False`).
 """
 
 from __future__ import annotations
@@ -50,19 +51,28 @@ def main() -> None:
     rng = random.Random(args.seed)
     print(f"plan_route over an {args.layers}-layer model, {args.calls} swarms per size")
     for n in (int(s) for s in args.sizes.split(",")):
-        times, segs, standby = [], [], 0
+        times, cpu, chain_cpu, segs, standby = [], [], [], [], 0
         for _ in range(args.calls):
             holders = swarm(rng, n, args.layers)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 plan = plan_route(args.layers, holders)
             except InsufficientCapacity:
-                times.append((time.perf_counter() - t0) * 1000)
-                continue
+                plan = None
             times.append((time.perf_counter() - t0) * 1000)
+            cpu.append((time.process_time() - c0) * 1000)
+            c0 = time.process_time()
+            try:
+                plan_route(args.layers, holders, standbys=False)
+            except InsufficientCapacity:
+                pass
+            chain_cpu.append((time.process_time() - c0) * 1000)
+            if plan is None:
+                continue
             segs.append(len(plan.segments))
             standby += sum(1 for s in plan.standbys if s)
         print(f"holders={n:5d}  median_ms={statistics.median(times):7.2f}  max_ms={max(times):7.2f}  "
+              f"median_cpu_ms={statistics.median(cpu):7.2f}  chain_only_cpu_ms={statistics.median(chain_cpu):7.2f}  "
               f"segments_median={statistics.median(segs) if segs else '-'}  "
               f"segments_with_standby={standby}/{sum(segs)}")
 

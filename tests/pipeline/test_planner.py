@@ -228,3 +228,11 @@ def test_large_swarm_both_sweeps_agree(monkeypatch):
     for plan in plans:
         assert plan.segments[0].start == 0 and plan.segments[-1].end == 80
         assert len({h.node_id for h in plan.segments}) == len(plan.segments)
+
+
+def test_without_standbys_the_chain_is_the_same():
+    holders = [Holder(A, 0, 4, "local", 0, 1.0), Holder(B, 4, 8, rtt_ms=1.0, ms_per_layer=1.0),
+               Holder(D, 4, 8, rtt_ms=5.0, ms_per_layer=1.0)]
+    full, bare = plan_route(8, holders), plan_route(8, holders, standbys=False)
+    assert cut(full) == cut(bare) and full.est_ms == bare.est_ms
+    assert bare.standbys == [] and full.standbys[1] is not None

@@ -71,7 +71,7 @@ class LayerHolders:
     def covers(self, sha256: str, n_layers: int) -> bool:
         """Whether some chain of today's holders spans the model's n_layers."""
         try:
-            plan_route(n_layers, self.holders(sha256))
+            plan_route(n_layers, self.holders(sha256), standbys=False)
         except InsufficientCapacity:
             return False
         return True

@@ -13,7 +13,7 @@ switch between two holders anywhere else changes the cost linearly, so an end po
 worse). Each holder keeps the best way to have entered it so far, so a cut costs one update per
 holder covering it. The node-once rule is enforced by constraint generation: when the best chain
 passes a node twice, that node's use becomes part of the sweep's state and it runs again (exact;
-planning over 1,000 holders of an 80-layer model takes ~7 ms with standbys, bench/planner_bench.py). Remote
+planning over 1,000 holders of an 80-layer model takes ~7 ms CPU with standbys, bench/planner_bench.py). Remote
 holders of one range that KEEP_DOMINATED others of that range beat on both ms/layer and latency
 are pruned first. A standby for a segment is the cheapest holder or chain of holders, none of them
 in the chain, that covers the segment's layers.
@@ -366,9 +366,12 @@ def estimate_ms(chain: list[Holder], n_layers: int) -> float:
     return sum(h.compute_ms() + h.hop_ms() for h in chain) + (last.hop_ms() if last.end == n_layers else 0.0)
 
 
-def plan_route(n_layers: int, holders: list[Holder], *, exclude: frozenset[str] = frozenset()) -> Plan:
+def plan_route(n_layers: int, holders: list[Holder], *, exclude: frozenset[str] = frozenset(),
+               standbys: bool = True) -> Plan:
     """Cheapest chain covering [0, n_layers) from holders not in `exclude`, with a standby chain per
-    segment (InsufficientCapacity naming the uncovered layers if there is no chain)."""
+    segment unless `standbys` is False (then Plan.standbys is []: a coverage check or a simulation
+    that only needs the chain skips more than half the work); InsufficientCapacity naming the
+    uncovered layers if there is no chain."""
     usable = _prune([h for h in holders if h.node_id not in exclude and 0 <= h.start < h.end <= n_layers
                      and (not h.whole or (h.start, h.end) == (0, n_layers))])
     best = _best(0, n_layers, n_layers, usable)
@@ -381,10 +384,10 @@ def plan_route(n_layers: int, holders: list[Holder], *, exclude: frozenset[str] 
             f"{sorted((h.start, h.end) for h in usable) or 'nothing'})")
     chain = _unwind(best)
     in_chain = {h.node_id for h in chain}
-    spare = [h for h in usable if h.node_id not in in_chain]
-    standbys: list[list[Holder] | None] = []
-    for seg in chain:
+    spare = [h for h in usable if h.node_id not in in_chain] if standbys else []
+    spares: list[list[Holder] | None] = []
+    for seg in chain if standbys else ():
         near = [h for h in spare if h.start < seg.end and seg.start < h.end]
         found = _best(seg.start, seg.end, n_layers, near)
-        standbys.append(_unwind(found) if found is not None else None)
-    return Plan(chain, standbys, estimate_ms(chain, n_layers))
+        spares.append(_unwind(found) if found is not None else None)
+    return Plan(chain, spares, estimate_ms(chain, n_layers))
