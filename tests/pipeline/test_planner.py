@@ -236,3 +236,19 @@ def test_without_standbys_the_chain_is_the_same():
     full, bare = plan_route(8, holders), plan_route(8, holders, standbys=False)
     assert cut(full) == cut(bare) and full.est_ms == bare.est_ms
     assert bare.standbys == [] and full.standbys[1] is not None
+
+
+def test_layer_coverage_matches_a_per_layer_definition():
+    rng = random.Random(11)
+    for _ in range(200):
+        n_layers = rng.randint(1, 12)
+        holders = []
+        for i in range(rng.randint(0, 6)):
+            s = rng.randrange(n_layers)
+            holders.append(Holder(f"{i:064x}", s, rng.randint(s + 1, n_layers)))
+        runs = layer_coverage(n_layers, holders)
+        assert runs[0][0] == 0 and runs[-1][1] == n_layers
+        assert all(x[1] == y[0] and x[2] != y[2] for x, y in zip(runs, runs[1:], strict=False))  # maximal
+        for start, end, held in runs:
+            for layer in range(start, end):
+                assert held == [h for h in holders if h.start <= layer < h.end]

@@ -95,17 +95,28 @@ class Plan:
 
 
 def layer_coverage(n_layers: int, holders: list[Holder]) -> list[tuple[int, int, list[Holder]]]:
-    """Maximal runs [start, end) of layers held by the same set of holders, in order, covering
-    [0, n_layers): a run with an empty list is a gap. One definition for diagnostics and layer choice."""
-    valid = [h for h in holders if 0 <= h.start < h.end <= n_layers]
-    cuts = sorted({0, n_layers} | {h.start for h in valid} | {h.end for h in valid})
+    """Maximal runs [start, end) of layers held by the same set of holders (each run's list in the
+    input order), in order, covering [0, n_layers): a run with an empty list is a gap. One
+    definition for diagnostics and layer choice."""
+    valid = [(i, h) for i, h in enumerate(holders) if 0 <= h.start < h.end <= n_layers]
+    cuts = sorted({0, n_layers} | {h.start for _, h in valid} | {h.end for _, h in valid})
+    opens: dict[int, list[int]] = {}
+    closes: dict[int, list[int]] = {}
+    for i, h in valid:
+        opens.setdefault(h.start, []).append(i)
+        closes.setdefault(h.end, []).append(i)
+    active: set[int] = set()
     runs: list[tuple[int, int, list[Holder]]] = []
+    last: list[int] | None = None
     for a, b in zip(cuts, cuts[1:], strict=False):
-        held = [h for h in valid if h.start <= a and b <= h.end]
-        if runs and [id(h) for h in runs[-1][2]] == [id(h) for h in held]:
-            runs[-1] = (runs[-1][0], b, held)
+        active.difference_update(closes.get(a, ()))
+        active.update(opens.get(a, ()))
+        held = sorted(active)
+        if held == last:
+            runs[-1] = (runs[-1][0], b, runs[-1][2])
         else:
-            runs.append((a, b, held))
+            runs.append((a, b, [holders[i] for i in held]))
+            last = held
     return runs
 
 
