@@ -287,3 +287,49 @@ def test_no_standby_gives_a_clear_503_before_the_deadline(tmp_path, stream):
     finally:
         for p in procs:
             p.terminate()
+
+
+def test_overlapping_slices_route_through_sub_ranges_and_fail_over(tmp_path):
+    """a holds layers 0-3, b and c each hold 2-5: no two ranges abut, so every chain cuts a
+    sub-range (a[0-1]+x[2-5] or a[0-3]+x[4-5], x entered in its middle). Greedy text equals
+    llama.cpp's; SIGKILL of the node serving the second segment mid-stream: the other one takes
+    over (re-prefilled on its own cut), the text stays identical and the trace says assemblies=2."""
+    model = split_model(tmp_path)
+    a = start_slice_node(tmp_path, "a", model, "0-3")
+    peer = a.peer_port
+    b = start_slice_node(tmp_path, "b", model, "2-5", bootstrap=[peer])
+    c = start_slice_node(tmp_path, "c", model, "2-5", bootstrap=[peer])
+    procs = [a, b, c]
+    try:
+        model_id, by_short = _start(procs, a, 2)
+        expected = llama_greedy(model, PROMPT, 40)
+        status, headers, text = run(chat(a, model_id, PROMPT, max_tokens=40))
+        assert status == 200, text
+        assert headers["x-swarm-segments"] == "2" and text == expected
+        assembled = [ln for ln in a.node_log().splitlines() if "DIAG: pipeline assembled" in ln]
+        assert re.search(r"segments=\w{8}\[0-(1|3)\],\w{8}\[(2|4)-5\]", assembled[-1]), assembled[-1]
+        assert re.search(r"standbys=-,\w{8}\[(2|4)-5\]", assembled[-1]), assembled[-1]
+
+        outcome, text, event, killed = _killed_mid_stream(procs, a, model_id, lambda nodes: by_short[nodes[1]], 40)
+        assert killed in (b, c)
+        assert outcome == "ok", event
+        assert text == expected  # no duplicated or missing token across the failover
+
+        def summary():
+            found = [ln for ln in a.node_log().splitlines() if "DIAG: request complete" in ln]
+            return found[-1] if len(found) >= 2 else None
+        line = run(wait_until(summary, 10, 0.05, "the request's summary line"))
+        assert "assemblies=2" in line and "outcome=ok" in line and "segments=2" in line
+        log = a.node_log()
+        assert "DIAG: pipeline attempt failed" in log and "failing over to standby" in log
+        survivor = c if killed is b else b
+        short = [s for s, p in by_short.items() if p is survivor][0]
+        assembled = [ln for ln in log.splitlines() if "DIAG: pipeline assembled" in ln and "attempt=2" in ln]
+        assert assembled and re.search(rf"segments=\w{{8}}\[0-(1|3)\],{short}\[(2|4)-5\]", assembled[-1]), assembled
+
+        async def idle():
+            return (await a.async_get_json("/api/admin/stats"))["in_flight"] == {"traces": 0, "pipelines": 0}
+        run(wait_until(idle, 10, 0.1, "coordinator in_flight back to 0"))
+    finally:
+        for p in procs:
+            p.terminate()

@@ -323,3 +323,63 @@ async def test_own_segment_reports_a_finished_step_to_its_coordinator_locally(tm
         assert [f.type for f in peers.sent] == [FrameType.WORK]  # nothing on the wire but the hidden states
         header, sender = local_acks[0]
         assert sender == ME and header["done"] is True and header["hop"] == 0
+
+
+async def test_a_sub_range_is_served_by_the_smallest_containing_slice(tmp_path):
+    """Two slices of one model on this node, 0-5 and 2-5: WORK for 3-5 (hidden states in) runs on
+    2-5 (the smallest containing), its KV covers 3-5 only, the token equals the whole model's; WORK
+    for 0-1 runs on 0-5 and sends 0-1's hidden states on; 1-5 of a slice of 2-5 is not served."""
+    import torch
+
+    from node.inference.pipeline.wire import decode_activations, encode_activations
+    from node.inference.slice import SliceModel
+
+    entry = ModelCatalog(None).scan([(split_model(tmp_path), "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    await host.async_load(entry, 0, 6)
+    await host.async_load(entry, 2, 6)
+    peers = RecordingPeers()
+    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
+    try:
+        assert host.containing(entry.sha256, 3, 6).start == 2
+        assert host.containing(entry.sha256, 0, 2).start == 0
+        assert host.containing(entry.sha256, 2, 6).start == 2  # exact first
+        ref = SliceModel.load(entry.path, dtype="f32")
+        prompt = [5, 6, 7, 8]
+        expected = int(ref.forward(ref.new_session("r"), torch.tensor(prompt), 0, last_only=True)[-1].argmax())
+        lower = SliceModel.load(entry.path, 0, 3, dtype="f32")
+        hidden = lower.forward(lower.new_session("h"), torch.tensor(prompt), 0)
+        meta, data = encode_activations(hidden, 32)
+        work = Work(sid="sub", model=entry.sha256, seq=0, index_pos=0, n_tokens=len(prompt),
+                    route=(Hop(NEXT, 0, 3), Hop(ME, 3, 6)), hop=1, coordinator=COORD, sample=True,
+                    sampling=SamplingParams(temperature=0.0), act=meta)
+        w.on_work(work.to_header(), data, NEXT)
+        await wait_until(lambda: _results(peers), 30, what="RESULT of the sub-range")
+        got = _results(peers)[0]
+        assert got.error is None and got.token == expected
+        assert [(t["start"], t["end"]) for t in got.telemetry] == [(3, 6)]
+        sess = host.find(entry.sha256, 2, 6).model.session("sub")
+        assert (sess.layer_start, sess.layer_end, sess.n_layers) == (3, 6, 3)
+        assert "sub" not in host.find(entry.sha256, 0, 6).model.sessions
+        # the head of the chain on the 0-5 slice: hidden states of layers 0-1 go on to NEXT
+        head = Work(sid="top", model=entry.sha256, seq=0, index_pos=0, n_tokens=len(prompt),
+                    route=(Hop(ME, 0, 2), Hop(NEXT, 2, 6)), hop=0, coordinator=COORD, sample=True,
+                    sampling=SamplingParams(), activation_bits=32)
+        w.on_work(head.to_header(), encode_tokens(prompt), COORD)
+        await wait_until(lambda: any(f.type == FrameType.WORK for f in peers.sent), 30, what="forwarded WORK")
+        fwd = next(f for f in peers.sent if f.type == FrameType.WORK)
+        two = SliceModel.load(entry.path, 0, 2, dtype="f32")
+        want = two.forward(two.new_session("w"), torch.tensor(prompt), 0)
+        fwd_work = Work.from_header(fwd.header)
+        assert torch.allclose(decode_activations(fwd_work.act, fwd.payload), want, atol=1e-6)
+        assert host.find(entry.sha256, 0, 6).model.session("top").n_layers == 2
+        # a range no loaded slice contains
+        bad = Work(sid="no", model=entry.sha256, seq=0, index_pos=0, n_tokens=1,
+                   route=(Hop(NEXT, 0, 1), Hop(ME, 1, 6)), hop=1, coordinator=COORD, sample=True,
+                   sampling=SamplingParams(), act=meta)
+        host.slices.pop((entry.sha256, 0, 6)).executor.shutdown(wait=False)
+        w.on_work(bad.to_header(), data, NEXT)
+        await wait_until(lambda: len(_results(peers)) == 2, 10, what="refusal")
+        assert _results(peers)[1].error_code == "segment_not_served"
+    finally:
+        await host.async_close()

@@ -5,9 +5,9 @@ segments forward hidden states among themselves and ACK to the coordinator (with
 receipt); the last segment samples and sends RESULT. A step fails when a segment reports an error,
 when the link to a segment in the chain drops, or when an ACK (or the RESULT) misses its deadline,
 which is derived from each peer's RFC 6298 RTO plus a compute allowance. On failure the coordinator
-re-plans without the failed node (a standby of the same layers first), re-prefills the prompt plus
-every token already generated on the new route, and carries on: the client's stream neither repeats
-nor skips a token. With no route left the request fails with InsufficientCapacity (503).
+re-plans without the failed node (its standby chain or another cut of the ranges), re-prefills
+the prompt plus every token already generated on the new route, and carries on: the client's
+stream neither repeats nor skips a token. With no route left the request fails with InsufficientCapacity (503).
 
 This module is the node-facing object and the frame router: it opens and ends attempts (a KV
 session per segment), sends their steps and hands ACKs, RESULTs and link drops to the step they

@@ -3,8 +3,9 @@
 The holders of a model (matched by sha256, never by name) are this node's slices (`local`) and the
 slices connected peers advertise in HELLO, each with its link's RTT and transport, and a ms/layer:
 this coordinator's measured EWMA when it has one (perf.py), else the peer's advertised figure. They
-are the planner's input (planner.py). A model is covered, and listed by `/v1/models`, when some
-chain of holders spans all its layers. `assemble` plans one attempt's chain, records it in the
+are the planner's input (planner.py), each with the range it has loaded: the planner may use any
+sub-range of it. A model is covered, and listed by `/v1/models`, when some chain of holders spans
+all its layers (overlapping ranges together count). `assemble` plans one attempt's chain, records it in the
 request's trace and logs it.
 """
 
@@ -70,7 +71,7 @@ class LayerHolders:
     def covers(self, sha256: str, n_layers: int) -> bool:
         """Whether some chain of today's holders spans the model's n_layers."""
         try:
-            plan_route(n_layers, self.holders(sha256))
+            plan_route(n_layers, self.holders(sha256), standbys=False)
         except InsufficientCapacity:
             return False
         return True
@@ -91,9 +92,8 @@ class LayerHolders:
         trace.end_assembly(started, segments)
         trace.route = "relayed" if "relayed" in kinds else "distributed"
         trace.regions = [h.region for h in plan.segments if h.region]
-        standbys = ",".join(s.short_id if s else "-" for s in plan.standbys)
         # seed 000 marker (`DIAG: pipeline assembled` with segments, standbys, schedule_ms)
         log.info("DIAG: pipeline assembled %s", kv(
-            request_id=trace.request_id, attempt=attempt_no, segments=plan.describe(), standbys=standbys,
+            request_id=trace.request_id, attempt=attempt_no, segments=plan.describe(), standbys=plan.describe_standbys(),
             est_ms_per_token=round(plan.est_ms, 2), schedule_ms=round((time.monotonic() - started) * 1000, 2)))
         return plan, kinds

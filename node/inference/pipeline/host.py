@@ -1,5 +1,6 @@
 """The slices this node serves: one SliceModel per (model hash, layer range), each on its own
-single-thread executor, advertised to peers in HELLO."""
+single-thread executor, advertised to peers in HELLO. A chain may ask a slice for any sub-range of
+its layers (`containing`)."""
 
 from __future__ import annotations
 
@@ -67,11 +68,12 @@ class HostedSlice:
     def is_last(self) -> bool:
         return self.end == self.entry.n_layers
 
-    def note_eval(self, eval_us: int, n_tokens: int) -> None:
-        """Fold one decode step's compute time into ms/layer (prefill steps would skew it)."""
+    def note_eval(self, eval_us: int, n_tokens: int, layers: int | None = None) -> None:
+        """Fold one decode step's compute time over `layers` (default: all loaded; a sub-range ran
+        fewer) into ms/layer (prefill steps would skew it)."""
         if n_tokens != 1:
             return
-        per_layer = eval_us / 1000.0 / (self.end - self.start)
+        per_layer = eval_us / 1000.0 / (layers or (self.end - self.start))
         self.ms_per_layer = per_layer if self.ms_per_layer is None else 0.8 * self.ms_per_layer + 0.2 * per_layer
 
     def advert(self) -> dict[str, Any]:
@@ -113,6 +115,16 @@ class SliceHost:
         """The loaded slice for exactly this model and range."""
         hosted = self.slices.get((sha256, start, end))
         return hosted if hosted is not None and hosted.state == "loaded" else None
+
+    def containing(self, sha256: str, start: int, end: int, sid: str | None = None) -> HostedSlice | None:
+        """The loaded slice of this model to run layers [start, end) with: the one already holding
+        session `sid`, else the exact range, else the smallest range that contains it."""
+        fits = [s for s in self.for_model(sha256) if s.start <= start and end <= s.end]
+        if sid is not None:
+            for s in fits:
+                if s.model is not None and sid in s.model.sessions:
+                    return s
+        return min(fits, key=lambda s: (s.end - s.start, s.start), default=None)
 
     def for_model(self, sha256: str) -> list[HostedSlice]:
         return [s for s in self.slices.values() if s.entry.sha256 == sha256 and s.state == "loaded"]

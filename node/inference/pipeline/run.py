@@ -4,9 +4,10 @@
 prompt plus every token already generated (chunks of PREFILL_CHUNK_TOKENS, sent back to back so
 segments overlap them), then decodes one token per step. A step that fails (SegmentFailed: an error
 RESULT, a dropped link, a missed deadline) ends the attempt's sessions, excludes the failed node and
-re-plans (a standby of the same layers is then the cheapest); the new chain re-prefills and its last
-segment samples the next token, so the client sees no repeat and no gap. After MAX_ASSEMBLIES
-attempts the request fails with InsufficientCapacity.
+re-plans: the new chain covers the gap with whatever holders or sub-ranges are cheapest now (the
+plan's standby chain for the failed segment, or another cut of the survivors' ranges). It
+re-prefills and its last segment samples the next token, so the client sees no repeat and no gap.
+After MAX_ASSEMBLIES attempts the request fails with InsufficientCapacity.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from node.errors import InsufficientCapacity, SegmentFailed
 from node.inference.handoff import GenerationJob
 from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
 from node.inference.pipeline.perf import PeerPerformance, add_segment_telemetry
+from node.inference.pipeline.planner import describe_chain
 from node.inference.pipeline.wire import Result
 from node.logs import kv
 from node.models.catalog import ModelEntry
@@ -138,7 +140,7 @@ class PipelineRun:
             trace.first_attempt_cause = f"{failure.cause}: {failure.message}"
         if standby is not None:  # both seed 000 markers
             log.info("DIAG: failing over to standby %s", kv(request_id=trace.request_id, failed=failure.node_id[:8],
-                                                            standby=standby.short_id))
+                                                            standby=describe_chain(standby, "+")))
         else:
             log.warning("DIAG: NO standby available for failed segment %s",
                         kv(request_id=trace.request_id, failed=failure.node_id[:8]))

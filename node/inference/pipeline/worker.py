@@ -1,5 +1,7 @@
 """The segment side of the pipeline: WORK in, this slice's layers, hidden states on to the next hop
-(or, on the last segment, a sampled token back to the coordinator).
+(or, on the last segment, a sampled token back to the coordinator). A hop's layers may be any
+sub-range of a loaded slice: the slice that already holds the session, else the exact range, else
+the smallest one containing it serves it (`SliceHost.containing`).
 
 Frames are handled in arrival order: the synchronous entry point submits the compute to the
 slice's single-thread executor before yielding to the loop, so steps of a session run in order.
@@ -92,7 +94,7 @@ class SegmentWorker:
         elif work.coordinator != self.node_id and not self.contributing() and work.index_pos == 0:
             refusal = (f"node {self.short_id} has paused contributing to the swarm", "not_contributing")
         else:
-            hosted = self.host.find(work.model, hop.start, hop.end)
+            hosted = self.host.containing(work.model, hop.start, hop.end, work.sid)
             if hosted is None:
                 refusal = (f"node {self.short_id} does not serve layers {hop.start}-{hop.end - 1} of model "
                            f"{work.model[:12]}", "segment_not_served")
@@ -165,7 +167,9 @@ class SegmentWorker:
         if self._is_cancelled(work.sid):
             return None  # cancelled while queued behind other steps: do not compute
         model = hosted.model
-        if model.is_first:
+        hop = work.target  # any sub-range of the slice's layers
+        is_last = hop.end == model.n_layers_total
+        if hop.start == 0:
             inputs = torch.tensor(decode_tokens(payload), dtype=torch.long)
         else:
             if work.act is None:
@@ -177,16 +181,19 @@ class SegmentWorker:
         if sess is None:
             if work.index_pos != 0:
                 raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
-            sess = model.new_session(work.sid)
+            sess = model.new_session(work.sid, hop.start, hop.end)
+        elif (sess.layer_start, sess.layer_end) != (hop.start, hop.end):
+            raise ProtocolError(f"session {work.sid} runs layers {sess.layer_start}-{sess.layer_end - 1}, "
+                                f"this WORK asks for {hop.start}-{hop.end - 1}")
         if log.isEnabledFor(logging.DEBUG):  # seed 000 marker (`DIAG:.*LayerForward`)
             log.debug("DIAG: processing LayerForward locally %s",
                       kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
         computing = time.monotonic()
-        out = model.forward(sess, inputs, work.index_pos, last_only=model.is_last)
-        tele = HopTelemetry(self.node_id, hosted.start, hosted.end, kv_len=sess.kv_len, bytes_in=len(payload),
+        out = model.forward(sess, inputs, work.index_pos, last_only=is_last)
+        tele = HopTelemetry(self.node_id, hop.start, hop.end, kv_len=sess.kv_len, bytes_in=len(payload),
                             wait_us=int((started - received) * 1e6))
         token = meta = data = None
-        if model.is_last:
+        if is_last:
             if work.sample:
                 sampler = self.samplers.get(work.sid)
                 if sampler is None:
@@ -221,7 +228,7 @@ class SegmentWorker:
             self._drop_cancelled(hosted, work.sid)
             return
         tele, token, meta, data = outcome
-        hosted.note_eval(tele.eval_us, work.n_tokens)
+        hosted.note_eval(tele.eval_us, work.n_tokens, tele.end - tele.start)
         if work.coordinator != self.node_id:
             served = hosted.served
             if work.index_pos == 0:

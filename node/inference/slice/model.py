@@ -6,7 +6,9 @@
     logits = last.forward(sess2, hidden, index_pos=0, last_only=True)
 
 The first slice embeds token ids; the last applies the final norm and the output head (tied to
-the token embeddings when `output.weight` is absent). Hidden states cross slice boundaries as
+the token embeddings when `output.weight` is absent). A session may run a sub-range [a, b) of the
+loaded layers (`new_session(sid, a, b)`): its KV covers only those, it embeds ids when a == 0, takes
+hidden states otherwise, and applies the head only when b is the model's last layer. Hidden states cross slice boundaries as
 float32 [T, H]. Call `forward` from one thread at a time (a single-thread executor per model).
 """
 
@@ -158,10 +160,16 @@ class SliceModel:
 
     # --- sessions ------------------------------------------------------------------------------
 
-    def new_session(self, session_id: str) -> Session:
-        """A fresh KV cache for one request (replaces a session with the same id)."""
-        shape = (len(self.blocks), self.config.n_kv_heads, self.config.head_dim)
-        return self.sessions.add(Session(session_id, shape, self.n_ctx, self.kv_dtype, self.device))
+    def new_session(self, session_id: str, start: int | None = None, end: int | None = None) -> Session:
+        """A fresh KV cache for one request over layers [start, end) (default: all loaded ones;
+        any sub-range of them), replacing a session with the same id."""
+        start = self.layer_start if start is None else start
+        end = self.layer_end if end is None else end
+        if not self.layer_start <= start < end <= self.layer_end:
+            raise EngineError(f"layers {start}-{end - 1} are not within this slice's "
+                              f"{self.layer_start}-{self.layer_end - 1}")
+        shape = (end - start, self.config.n_kv_heads, self.config.head_dim)
+        return self.sessions.add(Session(session_id, shape, self.n_ctx, self.kv_dtype, self.device, start))
 
     def session(self, session_id: str) -> Session | None:
         """An existing session or None."""
@@ -183,11 +191,11 @@ class SliceModel:
         return torch.from_numpy(rows).to(self.device)
 
     def forward(self, sess: Session | str, inputs, index_pos: int, *, last_only: bool = False) -> torch.Tensor:
-        """Run the slice's layers on `inputs` at positions [index_pos, index_pos+T).
+        """Run the session's layers on `inputs` at positions [index_pos, index_pos+T).
 
-        inputs: token ids [T] on the first slice, float hidden states [T, H] otherwise.
-        Returns hidden [T, H] float32, or on the last slice logits [T, V] ([1, V] with
-        `last_only`), always as CPU tensors. Raises KvPositionMismatch unless index_pos equals the session's kv_len.
+        inputs: token ids [T] when the session starts at layer 0, float hidden states [T, H]
+        otherwise. Returns hidden [T, H] float32, or when the session ends at the model's last
+        layer logits [T, V] ([1, V] with `last_only`), always as CPU tensors. Raises KvPositionMismatch unless index_pos equals the session's kv_len.
         """
         if isinstance(sess, str):
             found = self.sessions.get(sess)
@@ -201,22 +209,26 @@ class SliceModel:
         t0 = time.perf_counter()
         if index_pos != sess.kv_len:
             raise KvPositionMismatch(index_pos, sess.kv_len, session=sess.session_id)
-        x = self._input(inputs)
+        first = sess.layer_start == 0
+        x = self._input(inputs, first)
         T = x.shape[0]
         sess.reserve(index_pos + T)
         rope = self.rotary.get(index_pos, T)
         group = self.config.n_heads // self.config.n_kv_heads
         mask = attention_mask(T, index_pos, group, self.device)
         trace = log.isEnabledFor(TRACE)
-        for i, block in enumerate(self.blocks):
+        lo = sess.layer_start - self.layer_start
+        blocks = self.blocks if lo == 0 and sess.n_layers == len(self.blocks) else self.blocks[lo:lo + sess.n_layers]
+        for i, block in enumerate(blocks):
             tl = time.perf_counter() if trace else 0.0
             x = block_forward(block, self.config, x, sess.k[i], sess.v[i], index_pos, rope, mask)
             if trace:
                 log.log(TRACE, "DIAG: layer forward complete %s",
-                        kv(layer=self.layer_start + i, layer_ms=f"{(time.perf_counter() - tl) * 1000:.2f}"))
+                        kv(layer=sess.layer_start + i, layer_ms=f"{(time.perf_counter() - tl) * 1000:.2f}"))
         sess.kv_len = index_pos + T
         sess.last_used = time.monotonic()
-        if self.head is not None:
+        last = sess.layer_end == self.config.n_layers
+        if last:  # the head is loaded whenever the slice ends at the model's last layer
             if last_only:
                 x = x[-1:]
             norm, head = self.head
@@ -224,14 +236,14 @@ class SliceModel:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "DIAG: SplitModel forward pass complete %s",
-                kv(forward_ms=f"{(time.perf_counter() - t0) * 1000:.2f}", seq_len=T, num_layers=len(self.blocks),
-                   is_first=self.is_first, is_last=self.is_last, index_pos=index_pos, kv_offset=index_pos,
+                kv(forward_ms=f"{(time.perf_counter() - t0) * 1000:.2f}", seq_len=T, num_layers=len(blocks),
+                   is_first=first, is_last=last, index_pos=index_pos, kv_offset=index_pos,
                    session=sess.session_id),
             )
         return x if x.device.type == "cpu" else x.float().cpu()  # callers (wire, sampler) get CPU tensors
 
-    def _input(self, inputs) -> torch.Tensor:
-        if self.is_first:
+    def _input(self, inputs, first: bool) -> torch.Tensor:
+        if first:
             ids = torch.as_tensor(inputs)
             if ids.dim() != 1 or ids.dtype.is_floating_point or ids.numel() == 0:
                 raise EngineError("the first slice takes a non-empty 1-D tensor of token ids")
@@ -240,7 +252,7 @@ class SliceModel:
             return self.embed(ids)
         x = torch.as_tensor(inputs)
         if x.dim() != 2 or x.shape[1] != self.config.hidden or x.shape[0] == 0 or not x.dtype.is_floating_point:
-            raise EngineError(f"slice {self.layer_start}-{self.layer_end} takes float hidden states [T, {self.config.hidden}]")
+            raise EngineError(f"a session not starting at layer 0 takes float hidden states [T, {self.config.hidden}]")
         return x.to(device=self.device, dtype=torch.float32).contiguous()
 
 

@@ -1,6 +1,7 @@
 """Per-request KV caches of a slice and the store that owns them (explicit free, TTL, LRU).
 
-A session's cache covers only the slice's own layers. `kv_len` is the number of positions
+A session's cache covers only the layers it runs: the slice's own, or a sub-range [a, b) of them
+chosen when the session is created (a chain may enter a holder's range in the middle). `kv_len` is the number of positions
 written; a forward must start exactly there (seed 000, gotcha #400: never compute from a gap).
 Capacity grows by doubling up to the model's context, so short requests stay small.
 """
@@ -23,11 +24,14 @@ MIN_CAPACITY = 256  # positions allocated on a session's first forward
 
 
 class Session:
-    """KV cache of one request on one slice (batch 1)."""
+    """KV cache of one request on one slice (batch 1), for layers [layer_start, layer_end)."""
 
-    def __init__(self, session_id: str, shape: tuple[int, int, int], max_ctx: int, dtype, device):
+    def __init__(self, session_id: str, shape: tuple[int, int, int], max_ctx: int, dtype, device,
+                 layer_start: int = 0):
         self.session_id = session_id
         self.n_layers, self.n_kv, self.head_dim = shape
+        self.layer_start = layer_start  # absolute index of the first layer this session runs
+        self.layer_end = layer_start + self.n_layers
         self.max_ctx = max_ctx
         self.dtype, self.device = dtype, device
         self.kv_len = 0

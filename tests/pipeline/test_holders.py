@@ -1,0 +1,54 @@
+"""LayerHolders (pure over snapshots): holders from adverts, coverage by overlapping ranges."""
+
+from __future__ import annotations
+
+from node.inference.pipeline.holders import LayerHolders
+from node.inference.pipeline.perf import PeerPerformance
+from node.net import PeerSnapshot
+
+ME, P1, P2 = "a" * 64, "b" * 64, "c" * 64
+SHA = "f" * 64
+
+
+class Host:
+    """Stands in for SliceHost: no slices of its own."""
+
+    def for_model(self, sha256):
+        return []
+
+    def adverts(self):
+        return []
+
+
+class Peers:
+    def __init__(self, snaps):
+        self.snaps = snaps
+
+    def peers(self):
+        return self.snaps
+
+
+def snap(node_id, *ranges, state="connected", n_layers=8):
+    models = tuple({"sha256": SHA, "name": "m", "start": s, "end": e, "n_layers": n_layers, "ms_per_layer": 1.5}
+                   for s, e in ranges)
+    return PeerSnapshot(node_id, node_id[:8], state, "direct", "127.0.0.1:1", 2.0, 200.0, models, None)
+
+
+def holders(*snaps):
+    return LayerHolders(ME, Host(), Peers(list(snaps)), None, PeerPerformance(ME))
+
+
+def test_overlapping_adverts_cover_the_model():
+    lh = holders(snap(P1, (0, 5)), snap(P2, (3, 8)))
+    assert [(h.node_id, h.start, h.end, h.ms_per_layer, h.rtt_ms) for h in lh.holders(SHA)] == [
+        (P1, 0, 5, 1.5, 2.0), (P2, 3, 8, 1.5, 2.0)]
+    assert lh.covers(SHA, 8)
+    assert list(lh.swarm_models()) == [SHA]
+
+
+def test_a_gap_or_a_disconnected_peer_is_not_covered():
+    assert not holders(snap(P1, (0, 4)), snap(P2, (5, 8))).covers(SHA, 8)
+    lh = holders(snap(P1, (0, 5)), snap(P2, (3, 8), state="disconnected"))
+    assert not lh.covers(SHA, 8) and lh.swarm_models() == {}
+    # one node's two slices would need a chain through it twice: not a route
+    assert not holders(snap(P1, (0, 4), (4, 8))).covers(SHA, 8)
