@@ -1,0 +1,259 @@
+"""Which contiguous layers of a model this node should serve (`--serve auto`): pure functions.
+
+The rule follows Petals' `block_selection.py` (the idea, not its code): every layer has a strength,
+the summed throughput of its holders (throughput = 1000 / ms per layer: layer steps per second),
+and a node serves the window of layers whose sorted strengths are lexicographically smallest —
+the weakest-covered stretch of the model — sized by its memory budget. Here the strength is first
+capped holder count (a layer with one holder is weaker than any layer with `REDUNDANCY`, however
+fast that one holder is), then throughput, so the swarm reaches two holders per layer before it
+piles speed on a stretch.
+
+A node re-evaluates on joins, leaves and periodically, and moves (`should_move`) only when the
+swarm clearly gains: the minimum capped holder count rises, or at equal count the minimum
+throughput rises by more than 1 / BALANCE_QUALITY; never when the layers it would drop have no
+other holder. When several nodes would gain by moving on the same snapshot, only the first by a
+seeded node-id hash moves (`first_mover`): every node computes the same answer from the same
+adverts, so nodes that start or react together do not all jump to the same window. Ties between
+equally weak windows are broken the same way (aligned tiles first, then the hash).
+
+No network, no torch, no clock: the node (autoserve.py) and bench/swarm_sim.py feed snapshots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+REDUNDANCY = 2  # holders per layer the choice aims for before it weighs throughput
+BALANCE_QUALITY = 0.75  # move only when min throughput before < this × after (Petals' figure)
+DEFAULT_MS_PER_LAYER = 2.0  # a holder nobody has measured yet (as the planner assumes)
+_COUNT_WEIGHT = 1e12  # strength = min(count, REDUNDANCY) × this + throughput (throughput ≪ this)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One node's served range [start, end) of a model and its speed."""
+
+    node_id: str
+    start: int
+    end: int
+    ms_per_layer: float | None = None
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def throughput(self) -> float:
+        """Layer steps per second this holder adds to each of its layers."""
+        ms = self.ms_per_layer if self.ms_per_layer else DEFAULT_MS_PER_LAYER
+        return 1000.0 / ms
+
+    def moved_to(self, start: int, end: int) -> Span:
+        return Span(self.node_id, start, end, self.ms_per_layer)
+
+
+@dataclass(frozen=True)
+class LayerBudget:
+    """How many layers fit: `layers` for a range without the model's last layer, `with_head` for
+    one that ends at the last layer (the output norm and head must fit too)."""
+
+    layers: int
+    with_head: int
+
+    def fits(self, start: int, end: int, n_layers: int) -> bool:
+        return end - start <= (self.with_head if end == n_layers else self.layers)
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The swarm's weakest layer: capped holder count, then summed throughput."""
+
+    min_count: int
+    min_throughput: float
+
+    def describe(self) -> str:
+        return f"min_holders={self.min_count},min_tput={self.min_throughput:.0f}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A choice of range, the swarm quality before and after it, and why."""
+
+    start: int
+    end: int
+    before: Quality
+    after: Quality
+    reason: str
+
+    @property
+    def range_text(self) -> str:
+        return f"{self.start}-{self.end - 1}"
+
+
+def layers_for_budget(budget_bytes: int, per_layer_bytes: int, kv_per_layer_bytes: int, head_bytes: int,
+                      *, headroom_bytes: int = 0, n_layers: int | None = None) -> LayerBudget:
+    """Layers that fit in `budget_bytes − headroom_bytes`, each costing its weights at the slice
+    dtype plus the KV cache it must reserve at the node's max context; a range ending at the last
+    layer must also hold the output head. Capped at n_layers when given."""
+    if per_layer_bytes + kv_per_layer_bytes <= 0:
+        raise ValueError("a layer must cost some bytes")
+    room = max(0, int(budget_bytes) - int(headroom_bytes))
+    per = int(per_layer_bytes) + int(kv_per_layer_bytes)
+    plain = room // per
+    with_head = max(0, room - int(head_bytes)) // per
+    if n_layers is not None:
+        plain, with_head = min(plain, n_layers), min(with_head, n_layers)
+    return LayerBudget(int(plain), int(with_head))
+
+
+def _tie(seed: int, node_id: str, start: int) -> int:
+    """A stable pseudo-random rank of (node, window start) under a seed."""
+    digest = hashlib.blake2b(f"{seed}:{node_id}:{start}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def layer_counts(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
+    """Holders per layer."""
+    diff = np.zeros(n_layers + 1, dtype=np.int64)
+    for s in spans:
+        diff[max(0, s.start)] += 1
+        diff[min(n_layers, s.end)] -= 1
+    return np.cumsum(diff[:-1])
+
+
+def layer_throughput(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
+    """Summed throughput per layer."""
+    diff = np.zeros(n_layers + 1, dtype=np.float64)
+    for s in spans:
+        diff[max(0, s.start)] += s.throughput
+        diff[min(n_layers, s.end)] -= s.throughput
+    return np.cumsum(diff[:-1])
+
+
+def quality(n_layers: int, spans: Sequence[Span]) -> Quality:
+    """The swarm's weakest layer for these spans."""
+    if n_layers <= 0:
+        return Quality(0, 0.0)
+    counts = layer_counts(n_layers, spans)
+    tput = np.where(counts > 0, layer_throughput(n_layers, spans), 0.0)
+    return Quality(int(min(int(counts.min()), REDUNDANCY)), float(tput.min()))
+
+
+def _strength(n_layers: int, spans: Sequence[Span]) -> np.ndarray:
+    counts = np.minimum(layer_counts(n_layers, spans), REDUNDANCY)
+    return counts * _COUNT_WEIGHT + np.where(counts > 0, layer_throughput(n_layers, spans), 0.0)
+
+
+def _candidates(n_layers: int, budget: LayerBudget) -> list[tuple[int, int]]:
+    """Every window the budget allows: the widest that fits at each start."""
+    if budget.with_head >= n_layers:
+        return [(0, n_layers)]
+    out = [(s, s + budget.layers) for s in range(0, n_layers - budget.layers)] if budget.layers > 0 else []
+    if budget.with_head > 0:
+        out.append((n_layers - budget.with_head, n_layers))
+    return out
+
+
+def best_window(n_layers: int, others: Sequence[Span], budget: LayerBudget, node_id: str,
+                seed: int = 0) -> tuple[int, int] | None:
+    """The weakest-covered window this budget fits (None when not even one layer fits): the
+    lexicographically smallest sorted strengths, then an aligned tile (start a multiple of the
+    width, or ending at the last layer), then a seeded node-id hash."""
+    options = _candidates(n_layers, budget)
+    if not options:
+        return None
+    strength = _strength(n_layers, others)
+
+    def key(window: tuple[int, int]) -> tuple:
+        start, end = window
+        aligned = start % (end - start) == 0 or end == n_layers
+        return (tuple(np.sort(strength[start:end])), not aligned, _tie(seed, node_id, start))
+
+    return min(options, key=key)
+
+
+def choose_range(n_layers: int, others: Sequence[Span], budget: LayerBudget, node_id: str,
+                 seed: int = 0) -> Decision | None:
+    """First choice of a node that serves nothing yet: the weakest window it fits."""
+    window = best_window(n_layers, others, budget, node_id, seed)
+    if window is None:
+        return None
+    before = quality(n_layers, others)
+    after = quality(n_layers, [*others, Span(node_id, *window)])
+    reason = "whole model fits" if window == (0, n_layers) else "weakest coverage"
+    return Decision(*window, before, after, reason)
+
+
+def uncovered_without(n_layers: int, spans: Sequence[Span], node_id: str, start: int, end: int) -> list[int]:
+    """Layers of [start, end) that no span of another node covers."""
+    counts = layer_counts(n_layers, [s for s in spans if s.node_id != node_id])
+    return [layer for layer in range(max(0, start), min(end, n_layers)) if counts[layer] == 0]
+
+
+def gains_clearly(before: Quality, after: Quality, balance_quality: float = BALANCE_QUALITY) -> bool:
+    """Hysteresis: more capped holders on the weakest layer, or at equal count a minimum
+    throughput that rises by more than 1 / balance_quality (never a loss of count)."""
+    if after.min_count != before.min_count:
+        return after.min_count > before.min_count
+    return after.min_throughput > 0 and before.min_throughput < balance_quality * after.min_throughput
+
+
+def should_move(n_layers: int, spans: Sequence[Span], node_id: str, budget: LayerBudget, seed: int = 0,
+                balance_quality: float = BALANCE_QUALITY) -> Decision | None:
+    """Where this node should move its range (a Decision), or None to stay.
+
+    `spans` is the whole swarm including this node's one current span. A move is proposed only
+    when the layers it would drop keep another holder and the swarm gains clearly."""
+    mine = [s for s in spans if s.node_id == node_id]
+    if len(mine) != 1:
+        return None  # not serving, or mid-move (old and new range both held): nothing to decide
+    me = mine[0]
+    others = [s for s in spans if s.node_id != node_id]
+    window = best_window(n_layers, others, budget, node_id, seed)
+    if window is None or window == (me.start, me.end):
+        return None
+    dropped = [layer for layer in range(me.start, me.end) if not window[0] <= layer < window[1]]
+    counts = layer_counts(n_layers, others)
+    if any(counts[layer] == 0 for layer in dropped):
+        return None  # the move would leave a layer with no holder
+    before = quality(n_layers, spans)
+    after = quality(n_layers, [*others, me.moved_to(*window)])
+    if not gains_clearly(before, after, balance_quality):
+        return None
+    return Decision(*window, before, after, "clear gain")
+
+
+def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBudget], seed: int = 0,
+                balance_quality: float = BALANCE_QUALITY) -> tuple[str, Decision] | None:
+    """Of the nodes (with known budgets) that would gain by moving on this snapshot, the one that
+    goes first by the seeded hash; the others wait for the next snapshot. Deterministic, so every
+    node computing it from the same adverts agrees."""
+    best: tuple[int, str, Decision] | None = None
+    for node_id in sorted({s.node_id for s in spans} & set(budgets)):
+        decision = should_move(n_layers, spans, node_id, budgets[node_id], seed, balance_quality)
+        if decision is None:
+            continue
+        rank = _tie(seed, node_id, -1)
+        if best is None or rank < best[0]:
+            best = (rank, node_id, decision)
+    return None if best is None else (best[1], best[2])
+
+
+def gaps(n_layers: int, spans: Sequence[Span]) -> list[tuple[int, int]]:
+    """Stretches [a, b) of layers with no holder."""
+    counts = layer_counts(n_layers, spans)
+    out: list[tuple[int, int]] = []
+    start = None
+    for layer in range(n_layers):
+        if counts[layer] == 0 and start is None:
+            start = layer
+        elif counts[layer] != 0 and start is not None:
+            out.append((start, layer))
+            start = None
+    if start is not None:
+        out.append((start, n_layers))
+    return out
