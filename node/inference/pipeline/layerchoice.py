@@ -70,13 +70,15 @@ class LayerBudget:
 
 @dataclass(frozen=True)
 class Quality:
-    """The swarm's weakest layer: capped holder count, then summed throughput."""
+    """The swarm's weakest layer: capped holder count, how many layers are that weak, and the
+    weakest summed throughput among them."""
 
     min_count: int
+    n_weakest: int
     min_throughput: float
 
     def describe(self) -> str:
-        return f"min_holders={self.min_count},min_tput={self.min_throughput:.0f}"
+        return f"min_holders={self.min_count}x{self.n_weakest}layers,min_tput={self.min_throughput:.0f}"
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,11 @@ def _tie(seed: int, node_id: str, start: int) -> int:
     return int.from_bytes(digest, "big")
 
 
+def _tie_row(seed: int, node_id: str, n: int) -> np.ndarray:
+    """_tie-like ranks for window starts 0..n-1 of one node (one generator, not n hashes)."""
+    return np.random.default_rng([seed, _tie(seed, node_id, -2)]).random(n)
+
+
 def layer_counts(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
     """Holders per layer."""
     diff = np.zeros(n_layers + 1, dtype=np.int64)
@@ -134,18 +141,45 @@ def layer_throughput(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
     return np.cumsum(diff[:-1])
 
 
+class _Cover:
+    """Per-layer holder counts and summed throughput of a set of spans (cheap to edit)."""
+
+    def __init__(self, n_layers: int, spans: Sequence[Span]):
+        self.n_layers = n_layers
+        self.counts = layer_counts(n_layers, spans).astype(np.float64)
+        self.tput = layer_throughput(n_layers, spans)
+
+    def edited(self, remove: Span | None = None, add: tuple[int, int, float] | None = None) -> _Cover:
+        out = object.__new__(_Cover)
+        out.n_layers, out.counts, out.tput = self.n_layers, self.counts.copy(), self.tput.copy()
+        if remove is not None:
+            out.counts[remove.start:remove.end] -= 1
+            out.tput[remove.start:remove.end] -= remove.throughput
+        if add is not None:
+            start, end, throughput = add
+            out.counts[start:end] += 1
+            out.tput[start:end] += throughput
+        return out
+
+    def strength(self) -> np.ndarray:
+        counts = self.capped()
+        return counts * _COUNT_WEIGHT + np.where(counts > 0, np.maximum(self.tput, 0.0), 0.0)
+
+    def capped(self) -> np.ndarray:
+        return np.minimum(np.rint(self.counts), REDUNDANCY)
+
+    def quality(self) -> Quality:
+        if self.n_layers <= 0:
+            return Quality(0, 0, 0.0)
+        capped = self.capped()
+        count = int(capped.min())
+        weakest = float(self.strength().min())
+        return Quality(count, int(np.sum(capped == count)), weakest - count * _COUNT_WEIGHT)
+
+
 def quality(n_layers: int, spans: Sequence[Span]) -> Quality:
-    """The swarm's weakest layer for these spans."""
-    if n_layers <= 0:
-        return Quality(0, 0.0)
-    counts = layer_counts(n_layers, spans)
-    tput = np.where(counts > 0, layer_throughput(n_layers, spans), 0.0)
-    return Quality(int(min(int(counts.min()), REDUNDANCY)), float(tput.min()))
-
-
-def _strength(n_layers: int, spans: Sequence[Span]) -> np.ndarray:
-    counts = np.minimum(layer_counts(n_layers, spans), REDUNDANCY)
-    return counts * _COUNT_WEIGHT + np.where(counts > 0, layer_throughput(n_layers, spans), 0.0)
+    """The swarm's weakest layer for these spans: its capped holder count and throughput."""
+    return _Cover(n_layers, spans).quality()
 
 
 def _candidates(n_layers: int, budget: LayerBudget) -> list[tuple[int, int]]:
@@ -158,34 +192,42 @@ def _candidates(n_layers: int, budget: LayerBudget) -> list[tuple[int, int]]:
     return out
 
 
+def _best_window(cover: _Cover, budget: LayerBudget, node_id: str, seed: int) -> tuple[int, int] | None:
+    n_layers = cover.n_layers
+    options = _candidates(n_layers, budget)
+    if not options:
+        return None
+    strength = cover.strength()
+    width = max(end - start for start, end in options)
+    rows = np.full((len(options), width), np.inf)
+    for i, (start, end) in enumerate(options):
+        rows[i, : end - start] = np.sort(strength[start:end])
+    starts = np.array([start for start, _ in options])
+    unaligned = np.array([not (start % (end - start) == 0 or end == n_layers) for start, end in options])
+    tie = _tie_row(seed, node_id, n_layers + 1)[starts]
+    # np.lexsort: the last key is the primary one (the weakest layer of each window first)
+    order = np.lexsort((tie, unaligned, *(rows[:, c] for c in range(width - 1, -1, -1))))
+    return options[int(order[0])]
+
+
 def best_window(n_layers: int, others: Sequence[Span], budget: LayerBudget, node_id: str,
                 seed: int = 0) -> tuple[int, int] | None:
     """The weakest-covered window this budget fits (None when not even one layer fits): the
     lexicographically smallest sorted strengths, then an aligned tile (start a multiple of the
     width, or ending at the last layer), then a seeded node-id hash."""
-    options = _candidates(n_layers, budget)
-    if not options:
-        return None
-    strength = _strength(n_layers, others)
-
-    def key(window: tuple[int, int]) -> tuple:
-        start, end = window
-        aligned = start % (end - start) == 0 or end == n_layers
-        return (tuple(np.sort(strength[start:end])), not aligned, _tie(seed, node_id, start))
-
-    return min(options, key=key)
+    return _best_window(_Cover(n_layers, others), budget, node_id, seed)
 
 
 def choose_range(n_layers: int, others: Sequence[Span], budget: LayerBudget, node_id: str,
-                 seed: int = 0) -> Decision | None:
+                 seed: int = 0, ms_per_layer: float | None = None) -> Decision | None:
     """First choice of a node that serves nothing yet: the weakest window it fits."""
-    window = best_window(n_layers, others, budget, node_id, seed)
+    cover = _Cover(n_layers, others)
+    window = _best_window(cover, budget, node_id, seed)
     if window is None:
         return None
-    before = quality(n_layers, others)
-    after = quality(n_layers, [*others, Span(node_id, *window)])
+    after = cover.edited(add=(*window, Span(node_id, *window, ms_per_layer).throughput)).quality()
     reason = "whole model fits" if window == (0, n_layers) else "weakest coverage"
-    return Decision(*window, before, after, reason)
+    return Decision(*window, cover.quality(), after, reason)
 
 
 def uncovered_without(n_layers: int, spans: Sequence[Span], node_id: str, start: int, end: int) -> list[int]:
@@ -195,11 +237,30 @@ def uncovered_without(n_layers: int, spans: Sequence[Span], node_id: str, start:
 
 
 def gains_clearly(before: Quality, after: Quality, balance_quality: float = BALANCE_QUALITY) -> bool:
-    """Hysteresis: more capped holders on the weakest layer, or at equal count a minimum
-    throughput that rises by more than 1 / balance_quality (never a loss of count)."""
+    """Hysteresis: more capped holders on the weakest layer; or, below REDUNDANCY, fewer layers
+    that weak; or at equal count a weakest throughput that rises by more than 1 / balance_quality
+    (never a loss of count)."""
     if after.min_count != before.min_count:
         return after.min_count > before.min_count
+    if before.min_count < REDUNDANCY and after.n_weakest != before.n_weakest:
+        return after.n_weakest < before.n_weakest
     return after.min_throughput > 0 and before.min_throughput < balance_quality * after.min_throughput
+
+
+def _should_move(total: _Cover, me: Span, budget: LayerBudget, node_id: str, seed: int,
+                 balance_quality: float) -> Decision | None:
+    others = total.edited(remove=me)
+    window = _best_window(others, budget, node_id, seed)
+    if window is None or window == (me.start, me.end):
+        return None
+    dropped = [layer for layer in range(me.start, me.end) if not window[0] <= layer < window[1]]
+    if any(others.counts[layer] < 0.5 for layer in dropped):
+        return None  # the move would leave a layer with no holder
+    before = total.quality()
+    after = others.edited(add=(*window, me.throughput)).quality()
+    if not gains_clearly(before, after, balance_quality):
+        return None
+    return Decision(*window, before, after, "clear gain")
 
 
 def should_move(n_layers: int, spans: Sequence[Span], node_id: str, budget: LayerBudget, seed: int = 0,
@@ -211,36 +272,42 @@ def should_move(n_layers: int, spans: Sequence[Span], node_id: str, budget: Laye
     mine = [s for s in spans if s.node_id == node_id]
     if len(mine) != 1:
         return None  # not serving, or mid-move (old and new range both held): nothing to decide
-    me = mine[0]
-    others = [s for s in spans if s.node_id != node_id]
-    window = best_window(n_layers, others, budget, node_id, seed)
-    if window is None or window == (me.start, me.end):
-        return None
-    dropped = [layer for layer in range(me.start, me.end) if not window[0] <= layer < window[1]]
-    counts = layer_counts(n_layers, others)
-    if any(counts[layer] == 0 for layer in dropped):
-        return None  # the move would leave a layer with no holder
-    before = quality(n_layers, spans)
-    after = quality(n_layers, [*others, me.moved_to(*window)])
-    if not gains_clearly(before, after, balance_quality):
-        return None
-    return Decision(*window, before, after, "clear gain")
+    return _should_move(_Cover(n_layers, spans), mine[0], budget, node_id, seed, balance_quality)
 
 
 def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBudget], seed: int = 0,
                 balance_quality: float = BALANCE_QUALITY) -> tuple[str, Decision] | None:
     """Of the nodes (with known budgets) that would gain by moving on this snapshot, the one that
     goes first by the seeded hash; the others wait for the next snapshot. Deterministic, so every
-    node computing it from the same adverts agrees."""
-    best: tuple[int, str, Decision] | None = None
-    for node_id in sorted({s.node_id for s in spans} & set(budgets)):
-        decision = should_move(n_layers, spans, node_id, budgets[node_id], seed, balance_quality)
-        if decision is None:
+    node computing it from the same adverts agrees.
+
+    Once every layer has REDUNDANCY holders, a node holding any of the weakest layers (below
+    the throughput a clear gain needs) can never gain by moving (it would lower or keep one of
+    them), nor can one narrower than their extent; those are skipped before the exact check."""
+    total = _Cover(n_layers, spans)
+    before = total.quality()
+    weak = np.zeros(0, dtype=np.int64)
+    if before.min_count >= REDUNDANCY:
+        threshold = REDUNDANCY * _COUNT_WEIGHT + before.min_throughput / balance_quality
+        weak = np.flatnonzero(total.strength() <= threshold)
+    lo, hi = (int(weak.min()), int(weak.max()) + 1) if weak.size else (0, 0)
+    by_node: dict[str, list[Span]] = {}
+    for s in spans:
+        by_node.setdefault(s.node_id, []).append(s)
+    ranked = sorted((_tie(seed, node_id, -1), node_id) for node_id in by_node if node_id in budgets)
+    for _, node_id in ranked:
+        mine = by_node[node_id]
+        if len(mine) != 1:
             continue
-        rank = _tie(seed, node_id, -1)
-        if best is None or rank < best[0]:
-            best = (rank, node_id, decision)
-    return None if best is None else (best[1], best[2])
+        me, budget = mine[0], budgets[node_id]
+        if max(budget.layers, budget.with_head) < hi - lo:
+            continue
+        if weak.size and np.any((weak >= me.start) & (weak < me.end)):
+            continue
+        decision = _should_move(total, me, budget, node_id, seed, balance_quality)
+        if decision is not None:
+            return node_id, decision
+    return None
 
 
 def gaps(n_layers: int, spans: Sequence[Span]) -> list[tuple[int, int]]:
