@@ -20,6 +20,7 @@ from node.diagnostics import ReportParts, build_report
 from node.errors import Conflict, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager
+from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.transport import PipelineTransport
@@ -70,6 +71,7 @@ class Node:
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
+        self.autoserve: AutoServe | None = None  # --serve auto: chooses this node's layers
         self.started_at: float | None = None
         self.activity: list[str] = []
         self.host_names: list[str] = []  # this machine's names, redacted from reports
@@ -104,10 +106,12 @@ class Node:
         self.identity = await async_load_or_create_identity(self.data_dir)
         self.started_at = time.time()
         self._machine_task = asyncio.create_task(self._collect_machine(), name="machine-info")
-        slices = []
+        slices, auto = [], []
         for entry in await self.catalog.async_scan(self._model_sources()):
-            as_slice = bool(self.config.layers) and entry.source == "cli"
-            if as_slice:
+            as_slice = (bool(self.config.layers) or self.config.serve == "auto") and entry.source == "cli"
+            if as_slice and self.config.serve == "auto":
+                auto.append(entry)
+            elif as_slice:
                 slices.append((entry, *parse_layers(self.config.layers, entry.n_layers)))
             await self.models.async_register(entry, whole=not as_slice)
         await self._start_network()
@@ -119,6 +123,11 @@ class Node:
             self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
         if slices and self.peers is not None:
             await self.peers.async_announce()
+        if auto:
+            self.autoserve = AutoServe(self.node_id, self.slice_host, self.peers, auto, announce=self._async_announce,
+                                       budget_mb=self.config.slice_budget_mb,
+                                       reevaluate_s=self.config.serve_reevaluate_s, note=self.note_activity)
+            self.autoserve.start()
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
 
@@ -129,6 +138,8 @@ class Node:
         self._stopping = True
         log.info("DIAG: node stopping node_id=%s", self.short_id)
         await self.api.stop()
+        if self.autoserve is not None:
+            await self.autoserve.async_stop()
         if self.pipeline is not None:
             self.pipeline.close()
         if self.peers is not None:
@@ -155,6 +166,10 @@ class Node:
         self.pipeline.register()
         await self.peers.async_start()
         self.note_activity(f"peer listener on port {self.peers.listen_port}")
+
+    async def _async_announce(self) -> None:
+        if self.peers is not None:
+            await self.peers.async_announce()
 
     def _hello_models(self) -> list[dict[str, Any]]:
         """What HELLO advertises: our slices (with layer ranges) and the models we hold whole."""
@@ -238,7 +253,8 @@ class Node:
         loading = any(m.state == "loading" for m in self.models.whole_models()) or \
             any(s.state == "loading" for s in self.slice_host.slices.values())
         serving = self.models.ready or self.slice_host.ready
-        return serving and not loading
+        choosing = self.autoserve is not None and not self.autoserve.settled
+        return serving and not loading and not choosing
 
     def list_openai_models(self) -> list[dict[str, Any]]:
         """/v1/models entries: models served whole here, and models the swarm covers layer by layer."""
