@@ -166,7 +166,8 @@ class Sim:
     """One simulated swarm over simulated time."""
 
     def __init__(self, n_nodes: int, n_layers: int, churn: float, minutes: float, warmup_min: float, seed: int,
-                 load_s_per_layer: float, plan_every_s: float):
+                 load_s_per_layer: float, plan_every_s: float, mem_scale: float = 1.0):
+        self.mem_scale = mem_scale
         self.rng = random.Random(seed)
         self.seed = seed
         self.n_nodes, self.n_layers = n_nodes, n_layers
@@ -192,7 +193,7 @@ class Sim:
             mem_gib, ms = self.rng.choice([16, 24, 40, 48, 80]), self.rng.uniform(0.2, 0.8)
         else:
             mem_gib, ms = self.rng.choice([6, 8, 12, 16, 24, 32, 48]), self.rng.uniform(2.0, 10.0)
-        budget = lc.layers_for_budget(mem_gib * GIB, LAYER_BYTES, KV_BYTES, HEAD_BYTES, n_layers=self.n_layers)
+        budget = lc.layers_for_budget(int(mem_gib * self.mem_scale * GIB), LAYER_BYTES, KV_BYTES, HEAD_BYTES, n_layers=self.n_layers)
         rtt = math.exp(self.rng.uniform(math.log(4), math.log(60)))
         return SimNode(f"{next(self.ids):06d}{self.rng.getrandbits(64):016x}", budget, ms, rtt)
 
@@ -372,7 +373,8 @@ def report(n: int, args: argparse.Namespace, stats: Stats, wall_s: float, subran
 
     return [
         f"nodes={n} layers={args.layers} churn={args.churn:.0%}/min minutes={args.minutes:g} "
-        f"(measured after {args.warmup:g}) seed={args.seed} load={args.load_s_per_layer:g} s/layer",
+        f"(measured after {args.warmup:g}) seed={args.seed} load={args.load_s_per_layer:g} s/layer "
+        f"mem_scale={args.mem_scale:g}",
         f"  joins={stats.joins} leaves={stats.leaves} (population at end {n})",
         f"  every layer >=1 holder: {cover1:.3f}% of the time   >=2 holders: {cover2:.3f}%",
         f"  moves: {stats.moves} started ({stats.aborted} aborted at commit), "
@@ -399,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=10.0, help="minutes before figures count")
     p.add_argument("--load-s-per-layer", type=float, default=2.0)
     p.add_argument("--plan-every", type=float, default=60.0, help="seconds between chain samples")
+    p.add_argument("--mem-scale", type=float, default=1.0,
+                   help="scale every node's memory (0.5: no node holds the whole 80-layer model)")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     print(f"command: python bench/swarm_sim.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
@@ -409,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.nodes.split(",")):
         started = time.monotonic()
         sim = Sim(n, args.layers, args.churn, args.minutes, args.warmup, args.seed, args.load_s_per_layer,
-                  args.plan_every)
+                  args.plan_every, args.mem_scale)
         stats = sim.run()
         print("\n".join(report(len(sim.nodes), args, stats, time.monotonic() - started, subranges)))
     return 0

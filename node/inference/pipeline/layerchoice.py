@@ -21,6 +21,7 @@ No network, no torch, no clock: the node (autoserve.py) and bench/swarm_sim.py f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ def layers_for_budget(budget_bytes: int, per_layer_bytes: int, kv_per_layer_byte
     return LayerBudget(int(plain), int(with_head))
 
 
+@functools.lru_cache(maxsize=4096)
 def _tie(seed: int, node_id: str, start: int) -> int:
     """A stable pseudo-random rank of (node, window start) under a seed."""
     digest = hashlib.blake2b(f"{seed}:{node_id}:{start}".encode(), digest_size=8).digest()
@@ -200,8 +202,14 @@ def _best_window(cover: _Cover, budget: LayerBudget, node_id: str, seed: int) ->
     strength = cover.strength()
     width = max(end - start for start, end in options)
     rows = np.full((len(options), width), np.inf)
+    plain = [i for i, (start, end) in enumerate(options) if end - start == budget.layers and end < n_layers]
+    if plain:  # the windows of the plain width, sorted in one go
+        windows = np.lib.stride_tricks.sliding_window_view(strength, budget.layers)
+        first = options[plain[0]][0]
+        rows[plain[0]:plain[-1] + 1, : budget.layers] = np.sort(windows[first:first + len(plain)], axis=1)
     for i, (start, end) in enumerate(options):
-        rows[i, : end - start] = np.sort(strength[start:end])
+        if not plain or not plain[0] <= i <= plain[-1]:
+            rows[i, : end - start] = np.sort(strength[start:end])
     starts = np.array([start for start, _ in options])
     unaligned = np.array([not (start % (end - start) == 0 or end == n_layers) for start, end in options])
     tie = _tie_row(seed, node_id, n_layers + 1)[starts]
@@ -304,6 +312,8 @@ def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBu
             continue
         if weak.size and np.any((weak >= me.start) & (weak < me.end)):
             continue
+        if weak.size and me.throughput <= before.min_throughput * (1 / balance_quality - 1):
+            continue  # even on the weakest layer it cannot add the gain needed
         decision = _should_move(total, me, budget, node_id, seed, balance_quality)
         if decision is not None:
             return node_id, decision
