@@ -90,6 +90,7 @@ class Stats:
     aborted: int = 0
     moves_by_event: dict[int, int] = field(default_factory=dict)
     samples: list[tuple[float, float | None, float, float, bool]] = field(default_factory=list)
+    capacity: list[float] = field(default_factory=list)  # Σ budgets / layers of live nodes, per sample
 
 
 def _planner_takes_subranges() -> bool:
@@ -318,6 +319,7 @@ class Sim:
         placed = best_placed(self.n_layers, holders)
         ideal = best_ideal(self.n_layers, list(self.nodes.values()))
         self.stats.samples.append((self.now, planned, placed, ideal, raw_ok))
+        self.stats.capacity.append(sum(n.budget.layers for n in self.nodes.values()) / self.n_layers)
 
     def run(self) -> Stats:
         for _ in range(self.n_nodes):
@@ -375,7 +377,8 @@ def report(n: int, args: argparse.Namespace, stats: Stats, wall_s: float, subran
         f"nodes={n} layers={args.layers} churn={args.churn:.0%}/min minutes={args.minutes:g} "
         f"(measured after {args.warmup:g}) seed={args.seed} load={args.load_s_per_layer:g} s/layer "
         f"mem_scale={args.mem_scale:g}",
-        f"  joins={stats.joins} leaves={stats.leaves} (population at end {n})",
+        f"  joins={stats.joins} leaves={stats.leaves} (population at end {n}); capacity (sum of budgets / "
+        f"layers) median {pct(stats.capacity, 50):.1f} min {pct(stats.capacity, 0):.1f}",
         f"  every layer >=1 holder: {cover1:.3f}% of the time   >=2 holders: {cover2:.3f}%",
         f"  moves: {stats.moves} started ({stats.aborted} aborted at commit), "
         f"{stats.moves / events if events else 0:.3f} per join/leave, at most {max(per_event, default=0)} "
