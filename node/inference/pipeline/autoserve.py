@@ -237,7 +237,10 @@ class AutoServe:
     async def _async_run(self) -> None:
         loop = asyncio.get_running_loop()
         for m in self.models:
-            await self._async_budget(m, loop)
+            try:
+                await self._async_budget(m, loop)
+            except Exception as exc:  # an architecture the slice engine cannot size: serve nothing of it
+                log.error("DIAG: slice budget failed %s", kv(model=m.entry.id, error=getattr(exc, "message", exc)))
         await asyncio.sleep(const.AUTO_SERVE_LOOK_S + self.rng.uniform(0, const.AUTO_SERVE_START_DELAY_S))
         why = "start"
         while True:
@@ -277,6 +280,8 @@ class AutoServe:
 
     async def _async_evaluate(self, m: _Model, why: str) -> None:
         entry, n = m.entry, m.entry.n_layers
+        if m.budget is None:
+            return
         cov = self.coverage().get(entry.sha256) or ModelCoverage(entry.sha256, entry.name, n)
         mine = self.host.for_model(entry.sha256)
         others = [s for s in cov.spans if s.node_id != self.node_id]
