@@ -181,6 +181,7 @@ class Sim:
         self.last_change = 0.0
         self.version = 0
         self._mover_cache: tuple[int, tuple[str, lc.Decision] | None] | None = None
+        self._spans: tuple[int, list[lc.Span]] | None = None
         self.last_event = -1  # id of the latest join/leave (moves are attributed to it)
         self.stats = Stats()
         self.subranges = _planner_takes_subranges()
@@ -199,7 +200,11 @@ class Sim:
         return SimNode(f"{next(self.ids):06d}{self.rng.getrandbits(64):016x}", budget, ms, rtt)
 
     def spans(self) -> list[lc.Span]:
-        return [lc.Span(n.node_id, *n.serving, n.ms_per_layer) for n in self.nodes.values() if n.serving]
+        """The serving ranges (what adverts say), rebuilt only when they changed."""
+        if self._spans is None or self._spans[0] != self.version:
+            self._spans = (self.version, [lc.Span(n.node_id, *n.serving, n.ms_per_layer)
+                                          for n in self.nodes.values() if n.serving])
+        return self._spans[1]
 
     def budgets(self) -> dict[str, lc.LayerBudget]:
         return {n.node_id: n.budget for n in self.nodes.values()}
@@ -210,8 +215,7 @@ class Sim:
         heapq.heappush(self.queue, (t, next(self.seq), kind, payload))
 
     def changed(self) -> None:
-        """Serving sets changed: account coverage up to now, then everyone reacts."""
-        self.account()
+        """Serving sets changed (coverage was accounted up to now just before): everyone reacts."""
         self.version += 1
         self.at(self.now + self.rng.uniform(*REACT_S), "react")
 
@@ -237,6 +241,7 @@ class Sim:
     def leave(self) -> None:
         if not self.nodes:
             return
+        self.account()  # the state that held until now
         node = self.nodes.pop(self.rng.choice(sorted(self.nodes)))
         node.alive = False
         if self.now >= self.warmup_s:
@@ -244,6 +249,8 @@ class Sim:
             self.last_event = next(self.seq)
         if node.serving:
             self.changed()
+        else:
+            self.version += 1  # (its budget left the snapshot)
 
     def choose(self, node_id: str) -> None:
         node = self.nodes.get(node_id)
@@ -292,6 +299,7 @@ class Sim:
                 self.stats.aborted += 1
                 self._mover_cache = None
                 return
+        self.account()
         node.serving = new
         self.changed()
 

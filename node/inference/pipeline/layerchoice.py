@@ -125,22 +125,26 @@ def _tie_row(seed: int, node_id: str, n: int) -> np.ndarray:
     return np.random.default_rng([seed, _tie(seed, node_id, -2)]).random(n)
 
 
+def _diff(n_layers: int, spans: Iterable[Span], weight) -> np.ndarray:
+    spans = list(spans)
+    diff = np.zeros(n_layers + 1, dtype=np.float64)
+    if spans:
+        starts = np.clip(np.fromiter((s.start for s in spans), np.int64, len(spans)), 0, n_layers)
+        ends = np.clip(np.fromiter((s.end for s in spans), np.int64, len(spans)), 0, n_layers)
+        w = np.fromiter((weight(s) for s in spans), np.float64, len(spans))
+        np.add.at(diff, starts, w)
+        np.add.at(diff, ends, -w)
+    return np.cumsum(diff[:-1])
+
+
 def layer_counts(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
     """Holders per layer."""
-    diff = np.zeros(n_layers + 1, dtype=np.int64)
-    for s in spans:
-        diff[max(0, s.start)] += 1
-        diff[min(n_layers, s.end)] -= 1
-    return np.cumsum(diff[:-1])
+    return np.rint(_diff(n_layers, spans, lambda s: 1.0)).astype(np.int64)
 
 
 def layer_throughput(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
     """Summed throughput per layer."""
-    diff = np.zeros(n_layers + 1, dtype=np.float64)
-    for s in spans:
-        diff[max(0, s.start)] += s.throughput
-        diff[min(n_layers, s.end)] -= s.throughput
-    return np.cumsum(diff[:-1])
+    return _diff(n_layers, spans, lambda s: s.throughput)
 
 
 class _Cover:
@@ -302,19 +306,25 @@ def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBu
     by_node: dict[str, list[Span]] = {}
     for s in spans:
         by_node.setdefault(s.node_id, []).append(s)
-    ranked = sorted((_tie(seed, node_id, -1), node_id) for node_id in by_node if node_id in budgets)
-    for _, node_id in ranked:
-        mine = by_node[node_id]
-        if len(mine) != 1:
-            continue
-        me, budget = mine[0], budgets[node_id]
-        if max(budget.layers, budget.with_head) < hi - lo:
-            continue
-        if weak.size and np.any((weak >= me.start) & (weak < me.end)):
-            continue
-        if weak.size and me.throughput <= before.min_throughput * (1 / balance_quality - 1):
-            continue  # even on the weakest layer it cannot add the gain needed
-        decision = _should_move(total, me, budget, node_id, seed, balance_quality)
+    movable = [(node_id, found[0]) for node_id, found in by_node.items() if node_id in budgets and len(found) == 1]
+    if not movable:
+        return None
+    # the necessary conditions, for every node at once
+    starts = np.array([me.start for _, me in movable])
+    ends = np.array([me.end for _, me in movable])
+    widths = np.array([max(budgets[node_id].layers, budgets[node_id].with_head) for node_id, _ in movable])
+    tputs = np.array([me.throughput for _, me in movable])
+    ok = np.ones(len(movable), dtype=bool)
+    if weak.size:
+        ok &= widths >= hi - lo
+        ok &= tputs > before.min_throughput * (1 / balance_quality - 1)  # even on the weakest layer
+        inside = np.zeros(n_layers + 1, dtype=np.int64)
+        inside[1:] = np.cumsum(np.isin(np.arange(n_layers), weak))
+        ok &= inside[ends] - inside[starts] == 0  # holds none of the weakest layers
+    ranked = sorted((_tie(seed, movable[i][0], -1), i) for i in np.flatnonzero(ok))
+    for _, i in ranked:
+        node_id, me = movable[i]
+        decision = _should_move(total, me, budgets[node_id], node_id, seed, balance_quality)
         if decision is not None:
             return node_id, decision
     return None
