@@ -250,11 +250,14 @@ class Node:
 
     def is_ready(self) -> bool:
         """True once this node's own models and slices are loaded (and there is something to serve)."""
+        if self.autoserve is not None:  # chosen layers: ready once chosen; a later move does not flap it
+            whole_loading = any(m.state == "loading" for m in self.models.whole_models())
+            sliced = any(s.state == "loaded" for s in self.slice_host.slices.values())
+            return self.autoserve.settled and (sliced or self.models.ready) and not whole_loading
         loading = any(m.state == "loading" for m in self.models.whole_models()) or \
             any(s.state == "loading" for s in self.slice_host.slices.values())
         serving = self.models.ready or self.slice_host.ready
-        choosing = self.autoserve is not None and not self.autoserve.settled
-        return serving and not loading and not choosing
+        return serving and not loading
 
     def list_openai_models(self) -> list[dict[str, Any]]:
         """/v1/models entries: models served whole here, and models the swarm covers layer by layer."""
