@@ -12,8 +12,9 @@ A node re-evaluates on joins, leaves and periodically, and moves (`should_move`)
 swarm clearly gains: the minimum capped holder count rises; or, below REDUNDANCY, fewer layers
 are at that minimum; or at equal count the weakest throughput rises by more than
 1 / BALANCE_QUALITY; never when the layers it would drop have no other holder. Each move raises
-this (count, −weak layers, throughput) quality strictly, so on unchanging speeds moves cannot cycle. When several nodes would gain by moving on the same snapshot, only the first by a
-seeded node-id hash moves (`first_mover`): every node computes the same answer from the same
+this (count, −weak layers, throughput) quality strictly, so on unchanging speeds moves cannot
+cycle. When several nodes would gain by moving on the same snapshot, only the first by a seeded
+node-id hash moves (`first_mover`): every node computes the same answer from the same
 adverts, so nodes that start or react together do not all jump to the same window. Ties between
 equally weak windows are broken the same way (aligned tiles first, then the hash).
 
