@@ -114,3 +114,46 @@ async def test_a_move_drains_the_old_range_until_its_session_ends(tmp_path, monk
     assert len(auto.decisions) == decisions
     await auto.async_stop()
     await host.async_close()
+
+
+@pytest.mark.asyncio
+async def test_first_choice_then_periodic_and_peer_triggered_moves(tmp_path, monkeypatch):
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    path = tmp_path / "mv8.gguf"
+    write_gguf(path, SPEC)
+    entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
+    sha = entry.sha256
+    host = SliceHost(dtype="f32")
+    peers = ScriptedPeers()
+    peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 0, 4, sha)]
+    auto = AutoServe("me" * 32, host, peers, [entry], announce=_nothing, budget_mb=1, reevaluate_s=0.3)
+    auto.start()
+    try:
+        # the first choice takes the uncovered half
+        await wait_until(lambda: auto.settled and host.find(sha, 4, 8), 30.0, 0.05, "the first choice")
+        assert "range=4-7" in auto.decisions[0] and "reason=start:weakest_coverage" in auto.decisions[0]
+        assert "coverage_before=2x4,0x4" in auto.decisions[0] and "coverage_after=2x4,1x4" in auto.decisions[0]
+        # adverts change without any peer event (as a re-measured speed would): only the periodic
+        # re-evaluation can see that 4-7 now has three holders and 0-3 one
+        peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p2" * 32, 4, 8, sha), peer("p3" * 32, 4, 8, sha)]
+        await wait_until(lambda: host.find(sha, 0, 4) and not host.find(sha, 4, 8), 30.0, 0.05,
+                         "a periodic re-evaluation to move to 0-3")
+        assert "reason=periodic:move_from_4-7:clear_gain" in auto.decisions[1]
+        # a peer event: 0-3's other holder leaves and 4-7 is down to one; nothing to gain by moving
+        # back (it would uncover 0-3), so nothing moves
+        peers.snaps = [peer("p2" * 32, 4, 8, sha)]
+        for callback in list(peers.observers):
+            callback("changed", peers.snaps[0])
+        n = len(auto.decisions)
+        await wait_until(lambda: auto._wake.is_set() is False, 5.0, 0.01, "the chooser to take the event")
+        assert len(auto.decisions) == n and host.find(sha, 0, 4)
+    finally:
+        await auto.async_stop()
+        await host.async_close()
+
+
+async def _nothing():
+    return None
