@@ -381,6 +381,15 @@ def report(n: int, args: argparse.Namespace, stats: Stats, wall_s: float, subran
         values = [v for v in values if v is not None and math.isfinite(v)]
         return float(np.percentile(values, q)) if values else float("nan")
 
+    max_moves = max(per_event, default=0)
+
+    def check(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    targets = (f"  targets (set for 100 nodes, 80 layers, 5 %/min): >=1 holder >=99.9% {check(cover1 >= 99.9)}, "
+               f">=2 holders >=99% {check(cover2 >= 99.0)}, <=2 moves per event {check(max_moves <= 2)}, "
+               f"chain within 10% of best placed (median) {check(pct(ratios_placed, 50) <= 1.10)}, "
+               f"of best ideal (median) {check(pct(ratios_ideal, 50) <= 1.10)}")
     return [
         f"nodes={n} layers={args.layers} churn={args.churn:.0%}/min minutes={args.minutes:g} "
         f"(measured after {args.warmup:g}) seed={args.seed} load={args.load_s_per_layer:g} s/layer "
@@ -400,6 +409,7 @@ def report(n: int, args: argparse.Namespace, stats: Stats, wall_s: float, subran
         f"  est ms/token: planned median {pct([s[1] for s in stats.samples if s[1] is not None], 50):.1f}, "
         f"best(placed) {pct([s[2] for s in stats.samples], 50):.1f}, "
         f"best(ideal) {pct([s[3] for s in stats.samples], 50):.1f}   (sim wall {wall_s:.1f} s)",
+        targets,
     ]
 
 
