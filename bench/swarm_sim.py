@@ -33,7 +33,7 @@ today's planner finds any chain on the raw ranges. Two references:
                  a node allowed more than once: a lower bound for any planner on these ranges;
   best (ideal)   the cheapest chain if the swarm's live nodes could hold any layers within their
                  budgets (a 0/1 knapsack over nodes: Σ ms/layer × layers + RTT/2 per node, + the
-                 RTT/2 back from the last, taken as the smallest such): what placement could give.
+                 RTT/2 back from the last one): what placement could give.
 Estimate = Σ ms/layer × layers + ½ RTT into each segment + ½ RTT back from the last (the planner's).
 """
 
@@ -148,19 +148,23 @@ def subrange_holders(n_layers: int, holders: list[Holder], keep: int = 2) -> lis
 
 
 def best_ideal(n_layers: int, nodes: list[SimNode]) -> float:
-    """The cheapest chain if live nodes could hold any layers within their budgets."""
-    dp = np.full(n_layers + 1, np.inf)  # dp[l] = cheapest l layers assigned so far
-    dp[0] = 0.0
+    """The cheapest chain if live nodes could hold any layers within their budgets: a 0/1
+    knapsack over nodes (Σ ms/layer × layers + RTT/2 into each), one of them last (+ its RTT/2
+    back)."""
+    inf = np.full(n_layers + 1, np.inf)
+    mid, last = inf.copy(), inf.copy()  # [l] = cheapest l layers assigned, without / with the last node
+    mid[0] = 0.0
     for n in sorted(nodes, key=lambda n: n.ms_per_layer)[:200]:  # the 200 fastest bound the optimum
         cap = min(n.budget.layers, n_layers)
         if cap <= 0:
             continue
-        new = dp.copy()
+        new_mid, new_last = mid.copy(), last.copy()
         for x in range(1, cap + 1):
-            new[x:] = np.minimum(new[x:], dp[:-x] + n.ms_per_layer * x + n.rtt_ms / 2)
-        dp = new
-    back = min(n.rtt_ms for n in nodes) / 2
-    return float(dp[n_layers] + back)
+            cost = n.ms_per_layer * x + n.rtt_ms / 2
+            new_mid[x:] = np.minimum(new_mid[x:], mid[:-x] + cost)
+            new_last[x:] = np.minimum(new_last[x:], np.minimum(last[:-x] + cost, mid[:-x] + cost + n.rtt_ms / 2))
+        mid, last = new_mid, new_last
+    return float(last[n_layers])
 
 
 class Sim:
