@@ -57,6 +57,11 @@ class NodeConfig:
     cpu_only: bool = False  # never place a model on the GPU (reason=configured_cpu_only)
     gpu_memory_budget_mb: int = 0  # 0 = free VRAM minus headroom
     layers: str | None = None  # "A-B" (inclusive): serve only these layers of --model (slice engine)
+    serve: str = "whole"  # "whole": each --model whole (llama.cpp) unless --layers; "auto": the node
+    # chooses which layers of each --model to serve from the swarm's coverage and its budget
+    slice_budget_mb: int = 0  # memory for auto-chosen slices (weights + KV reserve); 0 = free minus headroom
+    serve_reevaluate_s: float = const.AUTO_SERVE_REEVALUATE_S  # --serve auto re-checks its range this
+    # often (jittered ±20 %), besides on peers joining or leaving
     activation_bits: int = 16  # 32, 16 or 8: hidden-state precision on the wire
     slice_dtype: str = "auto"  # weights of served slices: auto (int8 on CPU, f16 on CUDA), f32, bf16, int8
 
@@ -108,6 +113,10 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
             if isinstance(value, bool):
                 raise ValueError("boolean given for an integer")
             return int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError("boolean given for a number")
+            return float(value)
         if typ is Path:
             return Path(value).expanduser()
         if origin is list:
@@ -162,6 +171,23 @@ def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
     return out
 
 
+SERVE_MODES = ("whole", "auto")
+
+
+def validate(cfg: NodeConfig) -> None:
+    """Settings that contradict each other or are out of range: a clear error naming them."""
+    if cfg.serve not in SERVE_MODES:
+        raise InvalidRequest(f"config field serve: expected one of {', '.join(SERVE_MODES)}, got {cfg.serve!r}")
+    if cfg.serve == "auto" and cfg.layers:
+        raise InvalidRequest(f"--layers {cfg.layers} and --serve auto conflict: --layers chooses the layers by "
+                             "hand, --serve auto lets the node choose them; give one of the two")
+    if cfg.slice_budget_mb < 0:
+        raise InvalidRequest(f"config field slice_budget_mb: must be 0 (free memory) or a size in MB, "
+                             f"got {cfg.slice_budget_mb}")
+    if cfg.serve_reevaluate_s <= 0:
+        raise InvalidRequest(f"config field serve_reevaluate_s: must be positive, got {cfg.serve_reevaluate_s}")
+
+
 def load_config(
     cli: dict[str, Any] | None = None, environ: dict[str, str] | None = None
 ) -> NodeConfig:
@@ -188,5 +214,6 @@ def load_config(
     apply_overrides(cfg, {k: v for k, v in cli.items() if k != "data_dir"}, "command line")
     if data_dir:
         cfg.data_dir = Path(data_dir).expanduser()
+    validate(cfg)
     log.debug("DIAG: config load_or_create complete port=%s data_dir=%s", cfg.port, cfg.data_dir)
     return cfg

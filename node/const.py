@@ -88,3 +88,14 @@ STEP_COMPUTE_FACTOR = 20.0  # allowance = max(min, factor * estimated compute)
 MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)
 CANCEL_TOMBSTONE_S = 120.0  # a cancelled session id is refused this long (late WORK must not recreate it)
 SERVED_COORDINATORS_MAX = 64  # coordinators remembered per slice for `served for others`
+
+# --- automatic layer choice (node/inference/pipeline/autoserve.py, `--serve auto`) ---
+AUTO_SERVE_REEVALUATE_S = 120.0  # periodic re-check of the served range (jittered ±20 %; config
+# serve_reevaluate_s overrides it, tests shorten it), besides on peers joining or leaving
+AUTO_SERVE_START_DELAY_S = 2.0  # the first choice waits a random 0..this, so nodes starting together
+# see each other's choices instead of all taking the same window
+AUTO_SERVE_LOOK_S = 1.5  # ... and at least this long after the peer network started (links come up)
+AUTO_SERVE_REACT_S = 0.5  # a peer joining or leaving is acted on after 1-3× this (jittered)
+AUTO_SERVE_DRAIN_S = 30.0  # after a move, the old range is freed once no session uses it, or after this
+AUTO_SERVE_DRAIN_POLL_S = 0.5
+AUTO_SERVE_HEADROOM_MB = 1024  # free memory kept back when no --slice-budget-mb is given

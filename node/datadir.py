@@ -24,6 +24,8 @@ DEFAULT_CONFIG_TEXT = """\
 [inference]
 # n_threads = 0        # 0 = physical cores
 # cpu_only = false
+# serve = "whole"      # "auto": choose which layers of each --model to serve from the swarm
+# slice_budget_mb = 0  # memory for auto-chosen slices; 0 = free memory minus headroom
 
 [network]
 # mdns = true

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from node.inference import llamacpp
+from node.inference.pipeline.autoserve import swarm_coverage
+from node.inference.pipeline.layerchoice import layer_counts
 from node.redact import Redactor
 
 if TYPE_CHECKING:
@@ -196,6 +198,33 @@ def _peer_performance(node: ReportParts, r: Redactor) -> list[str]:
     return rows
 
 
+def _coverage(node: ReportParts) -> list[str]:
+    """Per model: each stretch of layers with the same holders (short ids, their advertised
+    ms/layer), gaps named plainly."""
+    peers = node.peers.peers() if node.peers is not None else []
+    rows: list[str] = []
+    for cov in sorted(swarm_coverage(node.short_id, node.slice_host.adverts(), peers).values(), key=lambda c: c.name):
+        n = cov.n_layers
+        counts = layer_counts(n, cov.spans) if cov.spans else [0] * n
+        rows.append(f"{cov.name} ({n} layers, sha {cov.sha256[:8]}): min holders per layer "
+                    f"{min(int(c) for c in counts) if n else 0}" + (" (auto: " + ", ".join(
+                        sorted(h[:8] for h in cov.budgets)) + ")" if cov.budgets else ""))
+        holders_at = [tuple(sorted({(s.node_id[:8], s.ms_per_layer) for s in cov.spans if s.start <= layer < s.end}))
+                      for layer in range(n)]
+        start = 0
+        for layer in range(1, n + 1):
+            if layer < n and holders_at[layer] == holders_at[start]:
+                continue
+            who = holders_at[start]
+            text = ", ".join(f"{h} ({ms:.3f} ms/layer)" if ms is not None else f"{h} (not measured)"
+                             for h, ms in who) or "NO HOLDER"
+            rows.append(f"  layers {start}-{layer - 1}: {text}")
+            start = layer
+        if cov.whole:
+            rows.append(f"  whole (llama.cpp): {', '.join(sorted(h[:8] for h in cov.whole))}")
+    return rows or ["(no model is served in layers here or by peers)"]
+
+
 def _models(node: ReportParts) -> list[str]:
     rows = []
     for served in node.models.all():
@@ -240,6 +269,7 @@ async def build_report(node: ReportParts, *, full: bool = False) -> str:
         ("recent requests", _recent(node)),
         ("served for others", _served_for_others(node)),
         ("peer serving performance", _peer_performance(node, r)),
+        ("swarm coverage", _coverage(node)),
         ("models", _models(node)),
         ("downloads", _downloads(node, r)),
         ("recent activity", list(node.activity[-30:]) or ["(none)"]),

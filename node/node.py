@@ -21,6 +21,7 @@ from node.errors import Conflict, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
+from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.transport import PipelineTransport
@@ -75,6 +76,7 @@ class Node:
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
         self.swarm_models: SwarmModels | None = None  # models only peers hold (their headers fetched)
+        self.autoserve: AutoServe | None = None  # --serve auto: chooses this node's layers
         self.started_at: float | None = None
         self.activity: list[str] = []
         self.host_names: list[str] = []  # this machine's names, redacted from reports
@@ -109,10 +111,12 @@ class Node:
         self.identity = await async_load_or_create_identity(self.data_dir)
         self.started_at = time.time()
         self._machine_task = asyncio.create_task(self._collect_machine(), name="machine-info")
-        slices = []
+        slices, auto = [], []
         for entry in await self.catalog.async_scan(self._model_sources()):
-            as_slice = bool(self.config.layers) and entry.source == "cli"
-            if as_slice:
+            as_slice = (bool(self.config.layers) or self.config.serve == "auto") and entry.source == "cli"
+            if as_slice and self.config.serve == "auto":
+                auto.append(entry)
+            elif as_slice:
                 slices.append((entry, *parse_layers(self.config.layers, entry.n_layers)))
             await self.models.async_register(entry, whole=not as_slice)
         await self._start_network()
@@ -124,6 +128,11 @@ class Node:
             self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
         if slices and self.peers is not None:
             await self.peers.async_announce()
+        if auto:
+            self.autoserve = AutoServe(self.node_id, self.slice_host, self.peers, auto, announce=self._async_announce,
+                                       budget_mb=self.config.slice_budget_mb,
+                                       reevaluate_s=self.config.serve_reevaluate_s, note=self.note_activity)
+            self.autoserve.start()
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
 
@@ -134,6 +143,8 @@ class Node:
         self._stopping = True
         log.info("DIAG: node stopping node_id=%s", self.short_id)
         await self.api.stop()
+        if self.autoserve is not None:
+            await self.autoserve.async_stop()
         if self.pipeline is not None:
             self.pipeline.close()
         if self.swarm_models is not None:
@@ -167,6 +178,10 @@ class Node:
         await self.peers.async_start()
         self.swarm_models.start()
         self.note_activity(f"peer listener on port {self.peers.listen_port}")
+
+    async def _async_announce(self) -> None:
+        if self.peers is not None:
+            await self.peers.async_announce()
 
     def _hello_models(self) -> list[dict[str, Any]]:
         """What HELLO advertises: our slices (with layer ranges) and the models we hold whole, each
@@ -261,6 +276,10 @@ class Node:
         """True once this node's own models and slices are loaded (and there is something to serve).
         A node that holds nothing is ready once it can serve a model of the swarm (its header here,
         its layers covered by peers)."""
+        if self.autoserve is not None:  # chosen layers: ready once chosen; a later move does not flap it
+            whole_loading = any(m.state == "loading" for m in self.models.whole_models())
+            sliced = any(s.state == "loaded" for s in self.slice_host.slices.values())
+            return self.autoserve.settled and (sliced or self.models.ready) and not whole_loading
         loading = any(m.state == "loading" for m in self.models.whole_models()) or \
             any(s.state == "loading" for s in self.slice_host.slices.values())
         if loading:

@@ -33,6 +33,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("distributed inference")
     g.add_argument("--layers", default=None, metavar="A-B",
                    help="serve only layers A..B (inclusive) of each --model as a slice for the swarm")
+    g.add_argument("--serve", choices=("whole", "auto"), default=None,
+                   help="auto: choose which layers of each --model to serve from the swarm's coverage and "
+                        "the memory budget (default whole; --layers is the manual override)")
+    g.add_argument("--slice-budget-mb", type=int, default=None, metavar="MB",
+                   help="memory for auto-chosen slices, weights + KV reserve (default: free memory minus headroom)")
     g.add_argument("--activation-bits", type=int, choices=(32, 16, 8), default=None,
                    help="hidden-state precision on the wire when coordinating (default 16)")
     g.add_argument("--slice-dtype", choices=("auto", "f32", "bf16", "int8"), default=None,
@@ -66,6 +71,8 @@ def cli_overrides(args: argparse.Namespace) -> dict:
         "require_api_key_for_inference": False if getattr(args, "no_auth_inference", False) else None,
         "verbosity": args.verbose or None,
         "layers": getattr(args, "layers", None),
+        "serve": getattr(args, "serve", None),
+        "slice_budget_mb": getattr(args, "slice_budget_mb", None),
         "activation_bits": getattr(args, "activation_bits", None),
         "slice_dtype": getattr(args, "slice_dtype", None),
         "peer_port": getattr(args, "peer_port", None),

@@ -56,3 +56,44 @@ def test_unknown_toml_key_is_ignored_with_warning(tmp_path, caplog):
 def test_ephemeral_port_gives_ephemeral_peer_port():
     assert NodeConfig(port=0).effective_peer_port == 0
     assert NodeConfig(port=0, peer_port=7000).effective_peer_port == 7000
+
+
+def test_serve_auto_budget_and_period_through_every_layer(tmp_path):
+    cfg = load_config({"data_dir": str(tmp_path)}, environ={})
+    assert (cfg.serve, cfg.slice_budget_mb) == ("whole", 0)
+    (tmp_path / "config.toml").write_text('[inference]\nserve = "auto"\nslice_budget_mb = 512\n')
+    cfg = load_config({"data_dir": str(tmp_path)}, environ={})
+    assert (cfg.serve, cfg.slice_budget_mb) == ("auto", 512)
+    cfg = load_config({"data_dir": str(tmp_path)},
+                      environ={"SWARMLLM_SLICE_BUDGET_MB": "64", "SWARMLLM_SERVE_REEVALUATE_S": "2.5"})
+    assert (cfg.slice_budget_mb, cfg.serve_reevaluate_s) == (64, 2.5)
+    cfg = load_config({"data_dir": str(tmp_path), "serve": "whole", "slice_budget_mb": 32},
+                      environ={"SWARMLLM_SLICE_BUDGET_MB": "64"})
+    assert (cfg.serve, cfg.slice_budget_mb) == ("whole", 32)
+
+
+def test_serve_auto_conflicts_and_bad_values_are_clear(tmp_path):
+    with pytest.raises(InvalidRequest, match="--layers 0-3 and --serve auto conflict"):
+        load_config({"data_dir": str(tmp_path), "serve": "auto", "layers": "0-3"}, environ={})
+    (tmp_path / "config.toml").write_text('serve = "auto"\n')
+    with pytest.raises(InvalidRequest, match="conflict"):
+        load_config({"data_dir": str(tmp_path)}, environ={"SWARMLLM_LAYERS": "0-1"})
+    with pytest.raises(InvalidRequest, match="serve: expected one of whole, auto"):
+        load_config({"data_dir": str(tmp_path), "serve": "some"}, environ={})
+    with pytest.raises(InvalidRequest, match="slice_budget_mb"):
+        load_config({"data_dir": str(tmp_path), "slice_budget_mb": -1}, environ={})
+    with pytest.raises(InvalidRequest, match="serve_reevaluate_s"):
+        load_config({"data_dir": str(tmp_path)}, environ={"SWARMLLM_SERVE_REEVALUATE_S": "soon"})
+
+
+def test_cli_flags_for_serve_auto(tmp_path):
+    from node.cli import build_parser
+    from node.commands.run import cli_overrides
+
+    args = build_parser().parse_args(["run", "--data-dir", str(tmp_path), "--model", "/m.gguf", "--serve", "auto",
+                                      "--slice-budget-mb", "12"])
+    cfg = load_config(cli_overrides(args), environ={})
+    assert (cfg.serve, cfg.slice_budget_mb, cfg.layers) == ("auto", 12, None)
+    args = build_parser().parse_args(["run", "--data-dir", str(tmp_path), "--serve", "auto", "--layers", "0-1"])
+    with pytest.raises(InvalidRequest, match="conflict"):
+        load_config(cli_overrides(args), environ={})

@@ -54,11 +54,12 @@ class HostedSlice:
     end: int
     model: Any = None  # node.inference.slice.SliceModel once loaded
     executor: concurrent.futures.ThreadPoolExecutor | None = None
-    state: str = "loading"  # loading | loaded | failed
+    state: str = "loading"  # loading | loaded | draining (moved away: finishes its sessions) | failed
     error: str | None = None
     served: ServedStats = field(default_factory=ServedStats)
     ms_per_layer: float | None = None  # EWMA of decode steps measured here
     placement: Placement | None = None
+    auto_budget: tuple[int, int] | None = None  # --serve auto: (layers, with head) this node's budget fits
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -80,7 +81,8 @@ class HostedSlice:
         """This slice as peers see it in HELLO."""
         return {"sha256": self.entry.sha256, "name": self.entry.name, "arch": self.entry.architecture,
                 "start": self.start, "end": self.end, "n_layers": self.entry.n_layers,
-                "ms_per_layer": round(self.ms_per_layer, 3) if self.ms_per_layer is not None else None}
+                "ms_per_layer": round(self.ms_per_layer, 3) if self.ms_per_layer is not None else None,
+                **({"auto_budget": list(self.auto_budget)} if self.auto_budget is not None else {})}
 
     def summary(self) -> dict[str, Any]:
         """Admin API / GUI row."""
@@ -112,22 +114,26 @@ class SliceHost:
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
 
     def find(self, sha256: str, start: int, end: int) -> HostedSlice | None:
-        """The loaded slice for exactly this model and range."""
+        """The loaded (or draining: its sessions finish) slice for exactly this model and range."""
         hosted = self.slices.get((sha256, start, end))
-        return hosted if hosted is not None and hosted.state == "loaded" else None
+        return hosted if hosted is not None and hosted.state in ("loaded", "draining") else None
 
     def containing(self, sha256: str, start: int, end: int, sid: str | None = None) -> HostedSlice | None:
-        """The loaded slice of this model to run layers [start, end) with: the one already holding
-        session `sid`, else the exact range, else the smallest range that contains it."""
-        fits = [s for s in self.for_model(sha256) if s.start <= start and end <= s.end]
+        """The slice of this model to run layers [start, end) with: the one already holding session
+        `sid` (a draining slice too: its sessions finish), else among loaded slices the exact range,
+        else the smallest range that contains it."""
+        fits = [s for s in self.for_model(sha256, draining=True) if s.start <= start and end <= s.end]
         if sid is not None:
             for s in fits:
                 if s.model is not None and sid in s.model.sessions:
                     return s
+        fits = [s for s in fits if s.state == "loaded"]
         return min(fits, key=lambda s: (s.end - s.start, s.start), default=None)
 
-    def for_model(self, sha256: str) -> list[HostedSlice]:
-        return [s for s in self.slices.values() if s.entry.sha256 == sha256 and s.state == "loaded"]
+    def for_model(self, sha256: str, *, draining: bool = False) -> list[HostedSlice]:
+        """This model's loaded slices (and draining ones when asked: their sessions still end)."""
+        states = ("loaded", "draining") if draining else ("loaded",)
+        return [s for s in self.slices.values() if s.entry.sha256 == sha256 and s.state in states]
 
     def adverts(self) -> list[dict[str, Any]]:
         return [s.advert() for s in self.slices.values() if s.state == "loaded"]
@@ -135,13 +141,14 @@ class SliceHost:
     @property
     def ready(self) -> bool:
         """True when every configured slice is loaded (and there is at least one)."""
-        return bool(self.slices) and all(s.state == "loaded" for s in self.slices.values())
+        return bool(self.slices) and all(s.state in ("loaded", "draining") for s in self.slices.values())
 
-    async def async_load(self, entry: ModelEntry, start: int, end: int) -> HostedSlice:
+    async def async_load(self, entry: ModelEntry, start: int, end: int, *,
+                         auto_budget: tuple[int, int] | None = None) -> HostedSlice:
         """Load layers [start, end) of a catalog model on a dedicated executor."""
         from node.inference.slice import SliceModel
 
-        hosted = HostedSlice(entry, start, end)
+        hosted = HostedSlice(entry, start, end, auto_budget=auto_budget)
         hosted.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"slice-{entry.name[:12]}-{start}-{end}")
         self.slices[hosted.key] = hosted
@@ -167,6 +174,33 @@ class SliceHost:
             self.on_change()
         return hosted
 
+    def drain(self, hosted: HostedSlice) -> None:
+        """Stop advertising a slice (a move left it); its running sessions go on until unloaded."""
+        if hosted.state == "loaded":
+            hosted.state = "draining"
+            if self.on_change is not None:
+                self.on_change()
+
+    async def async_unload(self, hosted: HostedSlice) -> None:
+        """Forget a slice and free its weights and sessions on its executor (after steps in flight)."""
+        if self.slices.get(hosted.key) is hosted:
+            del self.slices[hosted.key]
+        was = hosted.state
+        hosted.state = "unloaded"
+        if was == "loaded" and self.on_change is not None:
+            self.on_change()
+        if hosted.executor is not None:
+            def free() -> None:
+                import gc
+
+                hosted.model = None
+                gc.collect()
+
+            await asyncio.get_running_loop().run_in_executor(hosted.executor, free)
+            hosted.executor.shutdown(wait=False)
+        log.info("DIAG: slice unloaded %s", kv(model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}",
+                                               was=was))
+
     def _place(self, entry: ModelEntry, start: int, end: int) -> Placement:
         """GPU if torch sees one with room (f16 weights), else the CPU with the reason (blocking)."""
         from node.inference.slice.model import estimate_bytes
@@ -191,7 +225,7 @@ class SliceHost:
         loop = asyncio.get_running_loop()
         budget = self.kv_budget_bytes
         for hosted in list(self.slices.values()):
-            if hosted.model is not None:
+            if hosted.model is not None and hosted.state != "unloaded":  # (an unload may have run meanwhile)
                 freed += await loop.run_in_executor(hosted.executor, hosted.model.sweep_sessions, self.session_ttl_s, budget)
                 budget = max(0, budget - hosted.model.sessions.total_bytes())  # the budget is per node
             coordinators = hosted.served.coordinators

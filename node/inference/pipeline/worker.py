@@ -288,7 +288,7 @@ class SegmentWorker:
         except ProtocolError as exc:
             log.warning("DIAG: malformed session control dropped %s", kv(error=exc.message))
             return
-        hosted_slices = self.host.for_model(ctl.model)
+        hosted_slices = self.host.for_model(ctl.model, draining=True)
         if why == "cancelled" and hosted_slices:
             self.cancelled[ctl.sid] = time.monotonic() + const.CANCEL_TOMBSTONE_S
         for hosted in hosted_slices:

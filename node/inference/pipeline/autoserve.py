@@ -1,0 +1,348 @@
+"""`--serve auto`: this node chooses which layers of each model to serve, loads them, announces
+them, and moves when the swarm clearly gains (the rule is layerchoice.py's; this is the I/O).
+
+The swarm's coverage comes from peers' HELLO adverts (`swarm_coverage`, also what diagnostics'
+`-- swarm coverage --` prints). The first choice waits a random 0..AUTO_SERVE_START_DELAY_S and
+at least AUTO_SERVE_LOOK_S after start (links come up, so nodes starting together see each
+other), then re-evaluates when a peer's served layers appear or vanish (after a jittered
+AUTO_SERVE_REACT_S) and every `serve_reevaluate_s` ±20 %. A move loads the new range first (the
+old one keeps serving), re-checks that dropping the old range leaves every one of its layers a
+holder (else it unloads the new one: aborted), announces, stops advertising the old range, and
+frees it once no session uses it or after AUTO_SERVE_DRAIN_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from node import const
+from node.inference.pipeline import layerchoice as lc
+from node.inference.pipeline.host import HostedSlice, SliceHost
+from node.logs import kv
+from node.models.catalog import ModelEntry
+
+log = logging.getLogger(__name__)
+
+
+class PeerView(Protocol):
+    """What the chooser reads of the peer network (node.net.PeerManager)."""
+
+    def peers(self) -> list[Any]: ...  # PeerSnapshot: node_id, state, models
+
+    def subscribe(self, callback: Callable[[str, Any], None]) -> Callable[[], None]: ...
+
+
+# --- the swarm's coverage, from adverts ---
+
+@dataclass
+class ModelCoverage:
+    """Who serves which layers of one model (by sha256), as adverts say."""
+
+    sha256: str
+    name: str
+    n_layers: int
+    spans: list[lc.Span] = field(default_factory=list)
+    budgets: dict[str, lc.LayerBudget] = field(default_factory=dict)  # nodes that choose (--serve auto)
+    whole: list[str] = field(default_factory=list)  # node ids serving it whole (llama.cpp)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _parse_advert(m: Mapping[str, Any]) -> tuple[str, str, int, tuple[int, int] | None, float | None,
+                                                  lc.LayerBudget | None] | None:
+    """(sha256, name, n_layers, (start, end) or None when whole, ms/layer, budget) of one advert,
+    None when malformed (a peer's advert is input: validated, never trusted)."""
+    sha, n_layers = m.get("sha256"), _int(m.get("n_layers"))
+    if not isinstance(sha, str) or not sha or n_layers is None or not 0 < n_layers <= 100_000:
+        return None
+    name = m.get("name") if isinstance(m.get("name"), str) else sha[:8]
+    if m.get("whole") is True and "start" not in m:
+        return sha, name, n_layers, None, None, None
+    start, end = _int(m.get("start")), _int(m.get("end"))
+    if start is None or end is None or not 0 <= start < end <= n_layers:
+        return None
+    ms = m.get("ms_per_layer")
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+        ms = None
+    budget = None
+    raw = m.get("auto_budget")
+    if isinstance(raw, list) and len(raw) == 2 and all(_int(v) is not None and 0 <= v <= n_layers for v in raw):
+        budget = lc.LayerBudget(raw[0], raw[1])
+    return sha, name, n_layers, (start, end), float(ms) if ms is not None else None, budget
+
+
+def swarm_coverage(node_id: str, own_adverts: Iterable[Mapping[str, Any]],
+                   peers: Iterable[Any]) -> dict[str, ModelCoverage]:
+    """Per model: this node's adverts and every connected peer's (malformed ones skipped)."""
+    out: dict[str, ModelCoverage] = {}
+    sources = [(node_id, m) for m in own_adverts]
+    sources += [(p.node_id, m) for p in peers if p.state == "connected" for m in p.models]
+    for holder, m in sources:
+        parsed = _parse_advert(m) if isinstance(m, Mapping) else None
+        if parsed is None:
+            continue
+        sha, name, n_layers, span, ms, budget = parsed
+        cov = out.setdefault(sha, ModelCoverage(sha, name, n_layers))
+        if n_layers != cov.n_layers:
+            continue  # disagrees with the first advert of this hash: not believed
+        if span is None:
+            cov.whole.append(holder)
+            continue
+        cov.spans.append(lc.Span(holder, span[0], span[1], ms))
+        if budget is not None:
+            cov.budgets[holder] = budget
+    return out
+
+
+def coverage_text(n_layers: int, spans: Sequence[lc.Span]) -> str:
+    """Holders per layer, run-length: `2x4,1x4` = four layers with two holders, then four with one."""
+    counts = [int(c) for c in lc.layer_counts(n_layers, spans)]
+    runs: list[list[int]] = []
+    for c in counts:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return ",".join(f"{c}x{n}" for c, n in runs) or "-"
+
+
+# --- the budget ---
+
+@dataclass(frozen=True)
+class SliceSizes:
+    """Bytes one layer of a model costs at the slice dtype, its KV reserve, and the output head."""
+
+    per_layer_bytes: int
+    kv_per_layer_bytes: int
+    head_bytes: int
+    n_layers: int
+
+
+def slice_sizes(path: Any, dtype: str, max_ctx: int = 0) -> SliceSizes:
+    """From tensor shapes only (blocking: opens the file; run it in an executor)."""
+    import torch
+
+    from node.inference.arch import family
+    from node.inference.slice.model import estimate_bytes, resolve_format
+    from node.inference.weights.gguf_file import GgufFile
+
+    f = GgufFile(path)
+    cfg = family(f.arch).config(f)
+    fmt = resolve_format(dtype, torch.device("cpu"))
+    n = cfg.n_layers
+    head = estimate_bytes(path, n, n, fmt)  # no blocks: the output norm and head only
+    layers = estimate_bytes(path, 0, n, fmt) - head
+    ctx = max_ctx or cfg.n_ctx_train
+    kv_bytes = 2 * cfg.kv_dim * ctx * 4  # K and V, f32 on the CPU (the slice's kv dtype there)
+    return SliceSizes(-(-layers // n), kv_bytes, head, n)
+
+
+def default_budget_bytes() -> int:
+    """Free memory minus headroom (blocking: reads the OS)."""
+    import psutil
+
+    return max(0, psutil.virtual_memory().available - const.AUTO_SERVE_HEADROOM_MB * 2**20)
+
+
+# --- the chooser ---
+
+@dataclass
+class _Model:
+    entry: ModelEntry
+    seed: int
+    budget: lc.LayerBudget | None = None
+    budget_mb: int = 0
+    settled: bool = False
+
+
+class AutoServe:
+    """Chooses, loads, announces and moves this node's slices of each `--serve auto` model."""
+
+    def __init__(self, node_id: str, host: SliceHost, peers: PeerView | None, entries: Sequence[ModelEntry], *,
+                 announce: Callable[[], Awaitable[None]], budget_mb: int = 0,
+                 reevaluate_s: float = const.AUTO_SERVE_REEVALUATE_S, note: Callable[[str], None] | None = None):
+        self.node_id = node_id
+        self.host = host
+        self.peers = peers
+        self.announce = announce
+        self.budget_mb = budget_mb
+        self.reevaluate_s = reevaluate_s
+        self.note = note or (lambda text: None)
+        # the tie-break seed comes from the model, so every node agrees on who moves first
+        self.models = [_Model(e, int(e.sha256[:8], 16)) for e in entries]
+        self.rng = random.Random()
+        self.decisions: list[str] = []  # recent DIAG choosing-layers lines (tests, GUI)
+        self._wake = asyncio.Event()
+        self._why = "periodic"
+        self._signature: frozenset = frozenset()
+        self._task: asyncio.Task | None = None
+        self._drains: set[asyncio.Task] = set()
+        self._unsubscribe: Callable[[], None] | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Every model has had its first choice (loaded, or nothing fits)."""
+        return all(m.settled for m in self.models)
+
+    def start(self) -> None:
+        """Begin choosing (on the loop)."""
+        if self.peers is not None:
+            self._signature = self._peer_signature()
+            self._unsubscribe = self.peers.subscribe(self._on_peer)
+        self._task = asyncio.create_task(self._async_run(), name="autoserve")
+
+    async def async_stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        for task in [self._task, *self._drains]:
+            if task is not None:
+                task.cancel()
+        for task in [self._task, *self._drains]:
+            if task is not None:
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: PERF203 (stopping: errors were logged)
+                    pass
+
+    # --- triggers ---
+
+    def _peer_signature(self) -> frozenset:
+        return frozenset((p.node_id, m.get("sha256"), m.get("start"), m.get("end"))
+                         for p in self.peers.peers() if p.state == "connected" for m in p.models
+                         if isinstance(m, Mapping))
+
+    def _on_peer(self, event: str, snap: Any) -> None:
+        """Peer observer: wake the chooser when what peers serve changed (joins, leaves, moves)."""
+        signature = self._peer_signature()
+        if signature == self._signature:
+            return
+        gone = {n for n, *_ in self._signature} - {n for n, *_ in signature}
+        self._why = "peer_left" if gone else "peer_changed"
+        self._signature = signature
+        self._wake.set()
+
+    def coverage(self) -> dict[str, ModelCoverage]:
+        return swarm_coverage(self.node_id, self.host.adverts(), self.peers.peers() if self.peers else [])
+
+    # --- the loop ---
+
+    async def _async_run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for m in self.models:
+            try:
+                await self._async_budget(m, loop)
+            except Exception as exc:  # an architecture the slice engine cannot size: serve nothing of it
+                log.error("DIAG: slice budget failed %s", kv(model=m.entry.id, error=getattr(exc, "message", exc)))
+        await asyncio.sleep(const.AUTO_SERVE_LOOK_S + self.rng.uniform(0, const.AUTO_SERVE_START_DELAY_S))
+        why = "start"
+        while True:
+            self._wake.clear()  # a change while we evaluate or load wakes the next round at once
+            for m in self.models:
+                try:
+                    await self._async_evaluate(m, why)
+                except Exception:
+                    log.exception("layer choice for %s failed", m.entry.id)
+                m.settled = True
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.reevaluate_s * self.rng.uniform(0.8, 1.2))
+            except TimeoutError:
+                why = "periodic"
+                continue
+            why = self._why
+            await asyncio.sleep(const.AUTO_SERVE_REACT_S * self.rng.uniform(1.0, 3.0))
+
+    async def _async_budget(self, m: _Model, loop: asyncio.AbstractEventLoop) -> None:
+        sizes = await loop.run_in_executor(None, slice_sizes, m.entry.path, self.host.dtype, self.host.max_ctx)
+        budget_bytes = self.budget_mb * 2**20 if self.budget_mb else await loop.run_in_executor(
+            None, default_budget_bytes)
+        m.budget_mb = budget_bytes // 2**20
+        m.budget = lc.layers_for_budget(budget_bytes, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
+                                        sizes.head_bytes, n_layers=sizes.n_layers)
+        log.info("DIAG: slice budget %s", kv(model=m.entry.id, budget_mb=m.budget_mb, layers=m.budget.layers,
+                                             with_head=m.budget.with_head, per_layer_bytes=sizes.per_layer_bytes,
+                                             kv_per_layer_bytes=sizes.kv_per_layer_bytes,
+                                             head_bytes=sizes.head_bytes))
+
+    def _log(self, m: _Model, range_text: str, before: str, after: str, reason: str) -> None:
+        line = kv(model=m.entry.id, range=range_text, budget_mb=m.budget_mb, coverage_before=before,
+                  coverage_after=after, reason=reason)
+        log.info("DIAG: choosing layers %s", line)
+        self.decisions.append(line)
+        del self.decisions[:-50]
+
+    async def _async_evaluate(self, m: _Model, why: str) -> None:
+        entry, n = m.entry, m.entry.n_layers
+        if m.budget is None:
+            return
+        cov = self.coverage().get(entry.sha256) or ModelCoverage(entry.sha256, entry.name, n)
+        mine = self.host.for_model(entry.sha256)
+        others = [s for s in cov.spans if s.node_id != self.node_id]
+        if not mine:
+            d = lc.choose_range(n, others, m.budget, self.node_id, m.seed)
+            if d is None:
+                if not m.settled:
+                    self._log(m, "none", coverage_text(n, others), coverage_text(n, others), "budget_fits_no_layer")
+                return
+            after = coverage_text(n, [*others, lc.Span(self.node_id, d.start, d.end)])
+            self._log(m, d.range_text, coverage_text(n, others), after, f"{why}:{d.reason.replace(' ', '_')}")
+            hosted = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers,
+                                                                                     m.budget.with_head))
+            if hosted.state == "loaded":
+                self.note(f"serving layers {d.range_text} of {entry.id} (chosen)")
+                await self.announce()
+            else:
+                await self.host.async_unload(hosted)  # failed (the host logged why): try again later
+            return
+        if len(mine) != 1:
+            return  # mid-move
+        budgets = {**cov.budgets, self.node_id: m.budget}
+        found = lc.first_mover(n, cov.spans, budgets, m.seed)
+        if found is None or found[0] != self.node_id:
+            return
+        await self._async_move(m, mine[0], found[1], cov, why)
+
+    async def _async_move(self, m: _Model, old: HostedSlice, d: lc.Decision, cov: ModelCoverage, why: str) -> None:
+        entry, n = m.entry, m.entry.n_layers
+        others = [s for s in cov.spans if s.node_id != self.node_id]
+        before = coverage_text(n, cov.spans)
+        self._log(m, d.range_text, before, coverage_text(n, [*others, lc.Span(self.node_id, d.start, d.end)]),
+                  f"{why}:move_from_{old.start}-{old.end - 1}:{d.reason.replace(' ', '_')}")
+        new = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head))
+        if new.state != "loaded":
+            await self.host.async_unload(new)
+            return
+        # commit: the swarm may have changed while we loaded; dropping the old range must leave
+        # every one of its layers a holder (our new range counts)
+        cov = self.coverage().get(entry.sha256) or cov
+        keep = [s for s in cov.spans if not (s.node_id == self.node_id and (s.start, s.end) == (old.start, old.end))]
+        counts = lc.layer_counts(n, keep)
+        bare = [layer for layer in range(old.start, old.end) if counts[layer] == 0]
+        if bare:
+            self._log(m, f"{old.start}-{old.end - 1}", coverage_text(n, cov.spans), coverage_text(n, cov.spans),
+                      f"move_aborted:layers_{bare[0]}-{bare[-1]}_would_have_no_holder")
+            await self.host.async_unload(new)
+            await self.announce()
+            return
+        self.host.drain(old)
+        self.note(f"moved to layers {d.range_text} of {entry.id} (from {old.start}-{old.end - 1})")
+        await self.announce()
+        task = asyncio.create_task(self._async_free(old), name="autoserve-drain")
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+
+    async def _async_free(self, old: HostedSlice) -> None:
+        """Free a drained slice once no session uses it, or after the grace period."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + const.AUTO_SERVE_DRAIN_S
+        # the session store has no change event; a session ends by SESSION_END, CANCEL or the sweeper
+        while old.model is not None and len(old.model.sessions) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(const.AUTO_SERVE_DRAIN_POLL_S)
+        await self.host.async_unload(old)

@@ -1,0 +1,348 @@
+"""Which contiguous layers of a model this node should serve (`--serve auto`): pure functions.
+
+The rule follows Petals' `block_selection.py` (the idea, not its code): every layer has a strength,
+the summed throughput of its holders (throughput = 1000 / ms per layer: layer steps per second),
+and a node serves the window of layers whose sorted strengths are lexicographically smallest —
+the weakest-covered stretch of the model — sized by its memory budget. Here the strength is first
+capped holder count (a layer with one holder is weaker than any layer with `REDUNDANCY`, however
+fast that one holder is), then throughput, so the swarm reaches two holders per layer before it
+piles speed on a stretch.
+
+A node re-evaluates on joins, leaves and periodically, and moves (`should_move`) only when the
+swarm clearly gains: the minimum capped holder count rises; or, below REDUNDANCY, fewer layers
+are at that minimum; or at equal count the weakest throughput rises by more than
+1 / BALANCE_QUALITY; never when the layers it would drop have no other holder. Each move raises
+this (count, −weak layers, throughput) quality strictly, so on unchanging speeds moves cannot
+cycle. When several nodes would gain by moving on the same snapshot, only the first by a seeded
+node-id hash moves (`first_mover`): every node computes the same answer from the same
+adverts, so nodes that start or react together do not all jump to the same window. Ties between
+equally weak windows are broken the same way (aligned tiles first, then the hash).
+
+No network, no torch, no clock: the node (autoserve.py) and bench/swarm_sim.py feed snapshots.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+REDUNDANCY = 2  # holders per layer the choice aims for before it weighs throughput
+BALANCE_QUALITY = 0.75  # move only when min throughput before < this × after (Petals' figure)
+DEFAULT_MS_PER_LAYER = 2.0  # a holder nobody has measured yet (as the planner assumes)
+_COUNT_WEIGHT = 1e12  # strength = min(count, REDUNDANCY) × this + throughput (throughput ≪ this)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One node's served range [start, end) of a model and its speed."""
+
+    node_id: str
+    start: int
+    end: int
+    ms_per_layer: float | None = None
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def throughput(self) -> float:
+        """Layer steps per second this holder adds to each of its layers."""
+        ms = self.ms_per_layer if self.ms_per_layer else DEFAULT_MS_PER_LAYER
+        return 1000.0 / ms
+
+    def moved_to(self, start: int, end: int) -> Span:
+        return Span(self.node_id, start, end, self.ms_per_layer)
+
+
+@dataclass(frozen=True)
+class LayerBudget:
+    """How many layers fit: `layers` for a range without the model's last layer, `with_head` for
+    one that ends at the last layer (the output norm and head must fit too)."""
+
+    layers: int
+    with_head: int
+
+    def fits(self, start: int, end: int, n_layers: int) -> bool:
+        return end - start <= (self.with_head if end == n_layers else self.layers)
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The swarm's weakest layer: capped holder count, how many layers are that weak, and the
+    weakest summed throughput among them."""
+
+    min_count: int
+    n_weakest: int
+    min_throughput: float
+
+    def describe(self) -> str:
+        return f"min_holders={self.min_count}x{self.n_weakest}layers,min_tput={self.min_throughput:.0f}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A choice of range, the swarm quality before and after it, and why."""
+
+    start: int
+    end: int
+    before: Quality
+    after: Quality
+    reason: str
+
+    @property
+    def range_text(self) -> str:
+        return f"{self.start}-{self.end - 1}"
+
+
+def layers_for_budget(budget_bytes: int, per_layer_bytes: int, kv_per_layer_bytes: int, head_bytes: int,
+                      *, headroom_bytes: int = 0, n_layers: int | None = None) -> LayerBudget:
+    """Layers that fit in `budget_bytes − headroom_bytes`, each costing its weights at the slice
+    dtype plus the KV cache it must reserve at the node's max context; a range ending at the last
+    layer must also hold the output head. Capped at n_layers when given."""
+    if per_layer_bytes + kv_per_layer_bytes <= 0:
+        raise ValueError("a layer must cost some bytes")
+    room = max(0, int(budget_bytes) - int(headroom_bytes))
+    per = int(per_layer_bytes) + int(kv_per_layer_bytes)
+    plain = room // per
+    with_head = max(0, room - int(head_bytes)) // per
+    if n_layers is not None:
+        plain, with_head = min(plain, n_layers), min(with_head, n_layers)
+    return LayerBudget(int(plain), int(with_head))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tie(seed: int, node_id: str, start: int) -> int:
+    """A stable pseudo-random rank of (node, window start) under a seed."""
+    digest = hashlib.blake2b(f"{seed}:{node_id}:{start}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def _tie_row(seed: int, node_id: str, n: int) -> np.ndarray:
+    """_tie-like ranks for window starts 0..n-1 of one node (one generator, not n hashes)."""
+    return np.random.default_rng([seed, _tie(seed, node_id, -2)]).random(n)
+
+
+def _diff(n_layers: int, spans: Iterable[Span], weight) -> np.ndarray:
+    spans = list(spans)
+    diff = np.zeros(n_layers + 1, dtype=np.float64)
+    if spans:
+        starts = np.clip(np.fromiter((s.start for s in spans), np.int64, len(spans)), 0, n_layers)
+        ends = np.clip(np.fromiter((s.end for s in spans), np.int64, len(spans)), 0, n_layers)
+        w = np.fromiter((weight(s) for s in spans), np.float64, len(spans))
+        np.add.at(diff, starts, w)
+        np.add.at(diff, ends, -w)
+    return np.cumsum(diff[:-1])
+
+
+def layer_counts(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
+    """Holders per layer."""
+    return np.rint(_diff(n_layers, spans, lambda s: 1.0)).astype(np.int64)
+
+
+def layer_throughput(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
+    """Summed throughput per layer."""
+    return _diff(n_layers, spans, lambda s: s.throughput)
+
+
+class _Cover:
+    """Per-layer holder counts and summed throughput of a set of spans (cheap to edit)."""
+
+    def __init__(self, n_layers: int, spans: Sequence[Span]):
+        self.n_layers = n_layers
+        self.counts = layer_counts(n_layers, spans).astype(np.float64)
+        self.tput = layer_throughput(n_layers, spans)
+
+    def edited(self, remove: Span | None = None, add: tuple[int, int, float] | None = None) -> _Cover:
+        out = object.__new__(_Cover)
+        out.n_layers, out.counts, out.tput = self.n_layers, self.counts.copy(), self.tput.copy()
+        if remove is not None:
+            out.counts[remove.start:remove.end] -= 1
+            out.tput[remove.start:remove.end] -= remove.throughput
+        if add is not None:
+            start, end, throughput = add
+            out.counts[start:end] += 1
+            out.tput[start:end] += throughput
+        return out
+
+    def strength(self) -> np.ndarray:
+        counts = self.capped()
+        return counts * _COUNT_WEIGHT + np.where(counts > 0, np.maximum(self.tput, 0.0), 0.0)
+
+    def capped(self) -> np.ndarray:
+        return np.minimum(np.rint(self.counts), REDUNDANCY)
+
+    def quality(self) -> Quality:
+        if self.n_layers <= 0:
+            return Quality(0, 0, 0.0)
+        capped = self.capped()
+        count = int(capped.min())
+        weakest = float(self.strength().min())
+        return Quality(count, int(np.sum(capped == count)), weakest - count * _COUNT_WEIGHT)
+
+
+def quality(n_layers: int, spans: Sequence[Span]) -> Quality:
+    """The swarm's weakest layer for these spans: its capped holder count and throughput."""
+    return _Cover(n_layers, spans).quality()
+
+
+def _candidates(n_layers: int, budget: LayerBudget) -> list[tuple[int, int]]:
+    """Every window the budget allows: the widest that fits at each start."""
+    if budget.with_head >= n_layers:
+        return [(0, n_layers)]
+    out = [(s, s + budget.layers) for s in range(0, n_layers - budget.layers)] if budget.layers > 0 else []
+    if budget.with_head > 0:
+        out.append((n_layers - budget.with_head, n_layers))
+    return out
+
+
+def _best_window(cover: _Cover, budget: LayerBudget, node_id: str, seed: int) -> tuple[int, int] | None:
+    n_layers = cover.n_layers
+    options = _candidates(n_layers, budget)
+    if not options:
+        return None
+    strength = cover.strength()
+    width = max(end - start for start, end in options)
+    rows = np.full((len(options), width), np.inf)
+    plain = [i for i, (start, end) in enumerate(options) if end - start == budget.layers and end < n_layers]
+    if plain:  # the windows of the plain width, sorted in one go
+        windows = np.lib.stride_tricks.sliding_window_view(strength, budget.layers)
+        first = options[plain[0]][0]
+        rows[plain[0]:plain[-1] + 1, : budget.layers] = np.sort(windows[first:first + len(plain)], axis=1)
+    for i, (start, end) in enumerate(options):
+        if not plain or not plain[0] <= i <= plain[-1]:
+            rows[i, : end - start] = np.sort(strength[start:end])
+    starts = np.array([start for start, _ in options])
+    unaligned = np.array([not (start % (end - start) == 0 or end == n_layers) for start, end in options])
+    tie = _tie_row(seed, node_id, n_layers + 1)[starts]
+    # np.lexsort: the last key is the primary one (the weakest layer of each window first)
+    order = np.lexsort((tie, unaligned, *(rows[:, c] for c in range(width - 1, -1, -1))))
+    return options[int(order[0])]
+
+
+def best_window(n_layers: int, others: Sequence[Span], budget: LayerBudget, node_id: str,
+                seed: int = 0) -> tuple[int, int] | None:
+    """The weakest-covered window this budget fits (None when not even one layer fits): the
+    lexicographically smallest sorted strengths, then an aligned tile (start a multiple of the
+    width, or ending at the last layer), then a seeded node-id hash."""
+    return _best_window(_Cover(n_layers, others), budget, node_id, seed)
+
+
+def choose_range(n_layers: int, others: Sequence[Span], budget: LayerBudget, node_id: str,
+                 seed: int = 0, ms_per_layer: float | None = None) -> Decision | None:
+    """First choice of a node that serves nothing yet: the weakest window it fits."""
+    cover = _Cover(n_layers, others)
+    window = _best_window(cover, budget, node_id, seed)
+    if window is None:
+        return None
+    after = cover.edited(add=(*window, Span(node_id, *window, ms_per_layer).throughput)).quality()
+    reason = "whole model fits" if window == (0, n_layers) else "weakest coverage"
+    return Decision(*window, cover.quality(), after, reason)
+
+
+def uncovered_without(n_layers: int, spans: Sequence[Span], node_id: str, start: int, end: int) -> list[int]:
+    """Layers of [start, end) that no span of another node covers."""
+    counts = layer_counts(n_layers, [s for s in spans if s.node_id != node_id])
+    return [layer for layer in range(max(0, start), min(end, n_layers)) if counts[layer] == 0]
+
+
+def gains_clearly(before: Quality, after: Quality, balance_quality: float = BALANCE_QUALITY) -> bool:
+    """Hysteresis: more capped holders on the weakest layer; or, below REDUNDANCY, fewer layers
+    that weak; or at equal count a weakest throughput that rises by more than 1 / balance_quality
+    (never a loss of count)."""
+    if after.min_count != before.min_count:
+        return after.min_count > before.min_count
+    if before.min_count < REDUNDANCY and after.n_weakest != before.n_weakest:
+        return after.n_weakest < before.n_weakest
+    return after.min_throughput > 0 and before.min_throughput < balance_quality * after.min_throughput
+
+
+def _should_move(total: _Cover, me: Span, budget: LayerBudget, node_id: str, seed: int,
+                 balance_quality: float) -> Decision | None:
+    others = total.edited(remove=me)
+    window = _best_window(others, budget, node_id, seed)
+    if window is None or window == (me.start, me.end):
+        return None
+    dropped = [layer for layer in range(me.start, me.end) if not window[0] <= layer < window[1]]
+    if any(others.counts[layer] < 0.5 for layer in dropped):
+        return None  # the move would leave a layer with no holder
+    before = total.quality()
+    after = others.edited(add=(*window, me.throughput)).quality()
+    if not gains_clearly(before, after, balance_quality):
+        return None
+    return Decision(*window, before, after, "clear gain")
+
+
+def should_move(n_layers: int, spans: Sequence[Span], node_id: str, budget: LayerBudget, seed: int = 0,
+                balance_quality: float = BALANCE_QUALITY) -> Decision | None:
+    """Where this node should move its range (a Decision), or None to stay.
+
+    `spans` is the whole swarm including this node's one current span. A move is proposed only
+    when the layers it would drop keep another holder and the swarm gains clearly."""
+    mine = [s for s in spans if s.node_id == node_id]
+    if len(mine) != 1:
+        return None  # not serving, or mid-move (old and new range both held): nothing to decide
+    return _should_move(_Cover(n_layers, spans), mine[0], budget, node_id, seed, balance_quality)
+
+
+def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBudget], seed: int = 0,
+                balance_quality: float = BALANCE_QUALITY) -> tuple[str, Decision] | None:
+    """Of the nodes (with known budgets) that would gain by moving on this snapshot, the one that
+    goes first by the seeded hash; the others wait for the next snapshot. Deterministic, so every
+    node computing it from the same adverts agrees.
+
+    Once every layer has REDUNDANCY holders, a node holding any of the weakest layers (below
+    the throughput a clear gain needs) can never gain by moving (it would lower or keep one of
+    them), nor can one narrower than their extent; those are skipped before the exact check."""
+    total = _Cover(n_layers, spans)
+    before = total.quality()
+    weak = np.zeros(0, dtype=np.int64)
+    if before.min_count >= REDUNDANCY:
+        threshold = REDUNDANCY * _COUNT_WEIGHT + before.min_throughput / balance_quality
+        weak = np.flatnonzero(total.strength() <= threshold)
+    lo, hi = (int(weak.min()), int(weak.max()) + 1) if weak.size else (0, 0)
+    by_node: dict[str, list[Span]] = {}
+    for s in spans:
+        by_node.setdefault(s.node_id, []).append(s)
+    movable = [(node_id, found[0]) for node_id, found in by_node.items() if node_id in budgets and len(found) == 1]
+    if not movable:
+        return None
+    # the necessary conditions, for every node at once
+    starts = np.array([me.start for _, me in movable])
+    ends = np.array([me.end for _, me in movable])
+    widths = np.array([max(budgets[node_id].layers, budgets[node_id].with_head) for node_id, _ in movable])
+    tputs = np.array([me.throughput for _, me in movable])
+    ok = np.ones(len(movable), dtype=bool)
+    if weak.size:
+        ok &= widths >= hi - lo
+        ok &= tputs > before.min_throughput * (1 / balance_quality - 1)  # even on the weakest layer
+        inside = np.zeros(n_layers + 1, dtype=np.int64)
+        inside[1:] = np.cumsum(np.isin(np.arange(n_layers), weak))
+        ok &= inside[ends] - inside[starts] == 0  # holds none of the weakest layers
+    ranked = sorted((_tie(seed, movable[i][0], -1), i) for i in np.flatnonzero(ok))
+    for _, i in ranked:
+        node_id, me = movable[i]
+        decision = _should_move(total, me, budgets[node_id], node_id, seed, balance_quality)
+        if decision is not None:
+            return node_id, decision
+    return None
+
+
+def gaps(n_layers: int, spans: Sequence[Span]) -> list[tuple[int, int]]:
+    """Stretches [a, b) of layers with no holder."""
+    counts = layer_counts(n_layers, spans)
+    out: list[tuple[int, int]] = []
+    start = None
+    for layer in range(n_layers):
+        if counts[layer] == 0 and start is None:
+            start = layer
+        elif counts[layer] != 0 and start is not None:
+            out.append((start, layer))
+            start = None
+    if start is not None:
+        out.append((start, n_layers))
+    return out

@@ -1,0 +1,159 @@
+"""AutoServe's move protocol on a real SliceHost (tiny model, in this process) with a scripted peer
+view: load the new range first, re-check before dropping the old one, drain, free."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from node import const
+from node.inference.pipeline.autoserve import AutoServe
+from node.inference.pipeline.host import SliceHost
+from node.inference.synth import SynthSpec, write_gguf
+from node.models.catalog import ModelCatalog
+from tests.support.waiting import wait_until
+
+SPEC = SynthSpec(n_layers=8, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=256, name="mv8")
+
+
+class ScriptedPeers:
+    """A PeerView whose snapshots the test sets."""
+
+    def __init__(self):
+        self.snaps = []
+        self.observers = []
+
+    def peers(self):
+        return list(self.snaps)
+
+    def subscribe(self, callback):
+        self.observers.append(callback)
+        return lambda: self.observers.remove(callback)
+
+
+def peer(node_id, start, end, sha):
+    return SimpleNamespace(node_id=node_id, state="connected", models=(
+        {"sha256": sha, "name": "mv8", "n_layers": 8, "start": start, "end": end, "ms_per_layer": None},))
+
+
+class HookedHost(SliceHost):
+    """Runs `after_load` once a slice has loaded (the swarm changes while we load)."""
+
+    after_load = None
+
+    async def async_load(self, entry, start, end, **kw):
+        hosted = await super().async_load(entry, start, end, **kw)
+        if self.after_load is not None:
+            self.after_load(start, end)
+        return hosted
+
+
+async def setup(tmp_path):
+    path = tmp_path / "mv8.gguf"
+    write_gguf(path, SPEC)
+    entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
+    host = HookedHost(dtype="f32")
+    peers = ScriptedPeers()
+    announced = []
+
+    async def announce():
+        announced.append([(a["start"], a["end"]) for a in host.adverts()])
+
+    auto = AutoServe("me" * 32, host, peers, [entry], announce=announce, budget_mb=1)
+    model = auto.models[0]
+    await auto._async_budget(model, asyncio.get_running_loop())
+    assert (model.budget.layers, model.budget.with_head) == (4, 4)  # 1 MiB: half the model
+    old = await host.async_load(entry, 4, 8, auto_budget=(4, 4))
+    return entry, host, peers, auto, model, old, announced
+
+
+@pytest.mark.asyncio
+async def test_a_move_that_would_leave_its_old_layers_bare_is_aborted(tmp_path):
+    entry, host, peers, auto, model, old, announced = await setup(tmp_path)
+    sha = entry.sha256
+    # 0-3 has one holder, 4-7 three (me + two manual nodes): moving me to 0-3 gains a holder
+    peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 4, 8, sha), peer("p2" * 32, 4, 8, sha)]
+
+    def both_leave(start, end):
+        if (start, end) == (0, 4):
+            peers.snaps = [peers.snaps[0]]  # while we loaded 0-3, the other holders of 4-7 left
+
+    host.after_load = both_leave
+    await auto._async_evaluate(model, "test")
+    assert [(s.start, s.end, s.state) for s in host.slices.values()] == [(4, 8, "loaded")]
+    assert "range=4-7" in auto.decisions[-1] and "reason=move_aborted:layers_4-7_would_have_no_holder" in \
+        auto.decisions[-1]
+    assert "reason=test:move_from_4-7:clear_gain" in auto.decisions[-2]
+    assert announced[-1] == [(4, 8)]
+    await host.async_close()
+
+
+@pytest.mark.asyncio
+async def test_a_move_drains_the_old_range_until_its_session_ends(tmp_path, monkeypatch):
+    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    entry, host, peers, auto, model, old, announced = await setup(tmp_path)
+    sha = entry.sha256
+    peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 4, 8, sha), peer("p2" * 32, 4, 8, sha)]
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(old.executor, old.model.new_session, "busy")
+    await auto._async_evaluate(model, "test")
+    # the new range serves and is announced; the old one is no longer advertised but still runs
+    assert host.find(sha, 0, 4) is not None and announced[-1] == [(0, 4)]
+    assert host.find(sha, 4, 8) is old and old.state == "draining"
+    assert [(s.start, s.end) for s in host.for_model(sha)] == [(0, 4)]
+    assert (4, 8) in [(s.start, s.end) for s in host.for_model(sha, draining=True)]
+    await loop.run_in_executor(old.executor, old.model.free_session, "busy")
+    await wait_until(lambda: host.find(sha, 4, 8) is None, 10.0, 0.05, "the drained range to be freed")
+    assert old.state == "unloaded" and old.model is None
+    # a second look: nothing more to gain, nothing moves
+    decisions = len(auto.decisions)
+    peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 4, 8, sha), peer("p2" * 32, 4, 8, sha)]
+    await auto._async_evaluate(model, "test")
+    assert len(auto.decisions) == decisions
+    await auto.async_stop()
+    await host.async_close()
+
+
+@pytest.mark.asyncio
+async def test_first_choice_then_periodic_and_peer_triggered_moves(tmp_path, monkeypatch):
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    path = tmp_path / "mv8.gguf"
+    write_gguf(path, SPEC)
+    entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
+    sha = entry.sha256
+    host = SliceHost(dtype="f32")
+    peers = ScriptedPeers()
+    peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 0, 4, sha)]
+    auto = AutoServe("me" * 32, host, peers, [entry], announce=_nothing, budget_mb=1, reevaluate_s=0.3)
+    auto.start()
+    try:
+        # the first choice takes the uncovered half
+        await wait_until(lambda: auto.settled and host.find(sha, 4, 8), 30.0, 0.05, "the first choice")
+        assert "range=4-7" in auto.decisions[0] and "reason=start:weakest_coverage" in auto.decisions[0]
+        assert "coverage_before=2x4,0x4" in auto.decisions[0] and "coverage_after=2x4,1x4" in auto.decisions[0]
+        # adverts change without any peer event (as a re-measured speed would): only the periodic
+        # re-evaluation can see that 4-7 now has three holders and 0-3 one
+        peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p2" * 32, 4, 8, sha), peer("p3" * 32, 4, 8, sha)]
+        await wait_until(lambda: host.find(sha, 0, 4) and not host.find(sha, 4, 8), 30.0, 0.05,
+                         "a periodic re-evaluation to move to 0-3")
+        assert "reason=periodic:move_from_4-7:clear_gain" in auto.decisions[1]
+        # a peer event: 0-3's other holder leaves and 4-7 is down to one; nothing to gain by moving
+        # back (it would uncover 0-3), so nothing moves
+        peers.snaps = [peer("p2" * 32, 4, 8, sha)]
+        for callback in list(peers.observers):
+            callback("changed", peers.snaps[0])
+        n = len(auto.decisions)
+        await wait_until(lambda: auto._wake.is_set() is False, 5.0, 0.01, "the chooser to take the event")
+        assert len(auto.decisions) == n and host.find(sha, 0, 4)
+    finally:
+        await auto.async_stop()
+        await host.async_close()
+
+
+async def _nothing():
+    return None
