@@ -22,6 +22,7 @@ from node.inference.generate import CompletionRun
 from node.inference.manager import ModelManager
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
+from node.inference.pipeline.remote_serve import RemoteGenerateServer
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
@@ -70,6 +71,7 @@ class Node:
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
+        self.remote_server: RemoteGenerateServer | None = None  # runs GENERATE for others on whole models
         self.started_at: float | None = None
         self.activity: list[str] = []
         self.host_names: list[str] = []  # this machine's names, redacted from reports
@@ -117,7 +119,7 @@ class Node:
         for entry, start, end in slices:
             await self.slice_host.async_load(entry, start, end)
             self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
-        if slices and self.peers is not None:
+        if (slices or self.models.ready) and self.peers is not None:  # links made while loading heard none
             await self.peers.async_announce()
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
@@ -131,6 +133,8 @@ class Node:
         await self.api.stop()
         if self.pipeline is not None:
             self.pipeline.close()
+        if self.remote_server is not None:
+            self.remote_server.close()
         if self.peers is not None:
             await self.peers.async_stop()
         if self._machine_task is not None:
@@ -150,16 +154,30 @@ class Node:
                                     contributing=lambda: self.config.contribute)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
                                             activation_bits=self.config.activation_bits)
+        self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
+                                                  contributing=lambda: self.config.contribute)
         self.worker.register()
+        self.remote_server.register()
         self.slice_host.on_sweep = self.worker.forget_expired
         self.pipeline.register()
         await self.peers.async_start()
         self.note_activity(f"peer listener on port {self.peers.listen_port}")
 
     def _hello_models(self) -> list[dict[str, Any]]:
-        """What HELLO advertises: our slices (with layer ranges) and the models we hold whole."""
-        whole = [{"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers, "whole": True}
-                 for m in self.models.whole_models() if m.state == "loaded"]
+        """What HELLO advertises: our slices (with layer ranges) and the models we hold whole (which
+        peers may run here by remote generate)."""
+        whole = []
+        for m in self.models.whole_models():
+            if m.state != "loaded":
+                continue
+            advert: dict[str, Any] = {"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers,
+                                      "whole": True}
+            rate = m.engine.ms_per_token if m.engine is not None else None
+            if rate is not None:
+                advert["ms_per_token"] = round(rate, 3)  # its own recent decode rate (remote generate)
+            if not self.config.contribute:
+                advert["paused"] = True  # paused: it refuses GENERATE, so no coordinator plans on it
+            whole.append(advert)
         slices = self.slice_host.adverts() if self.config.contribute else []  # paused: offer no layers to peers
         return slices + whole
 
@@ -289,12 +307,16 @@ class Node:
         """Load a model now (waits until loaded)."""
         served = await self.models.async_load(model_id)
         self.note_activity(f"model {served.id} loaded on {served.device}")
+        if self.peers is not None:
+            await self.peers.async_announce()  # peers may run it here (remote generate)
         return served.summary()
 
     async def async_unload_model(self, model_id: str, *, force: bool = False) -> dict[str, Any]:
         """Free a model's weights (Conflict while in use unless forced)."""
         served = await self.models.async_unload(model_id, force=force)
         self.note_activity(f"model {served.id} unloaded")
+        if self.peers is not None:
+            await self.peers.async_announce()
         return served.summary()
 
     def start_download(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
@@ -378,5 +400,6 @@ class Node:
             "models_loaded": sum(1 for m in self.models.all() if m.state == "loaded"),
             "peers": sum(1 for p in self.peers.peers() if p.state == "connected") if self.peers is not None else 0,
             "kv_sessions": self.slice_host.session_count(),
+            "remote_generations": self.remote_server.in_flight if self.remote_server is not None else 0,
             "loop_stalls": self.watchdog.stalls,
         }

@@ -5,7 +5,9 @@ holder's whole advertised range; ranges must abut (layer `b` of one segment is t
 the next). Estimated time per token = Σ ms/layer × layers + Σ hop latency, where entering a remote
 segment costs half its round-trip time from the coordinator, and so does the way back from the
 last one. Ties prefer local segments, then fewer hops. A standby for a segment is another holder of
-exactly the same range, the fastest one not already in the chain.
+exactly the same range, the fastest one not already in the chain. A node holding the model whole
+(llama.cpp, `whole`) is a holder of [0, L) that samples itself: a chain of one segment, weighed like
+any other by its ms/layer (its ms per token / L).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Holder:
     rtt_ms: float = 0.0
     ms_per_layer: float | None = None
     region: str | None = None
+    whole: bool = False  # llama.cpp holds the whole model: usable only as one segment [0, n_layers)
 
     @property
     def layers(self) -> int:
@@ -61,7 +64,8 @@ class Plan:
 
 def plan_route(n_layers: int, holders: list[Holder], *, exclude: frozenset[str] = frozenset()) -> Plan:
     """Cheapest chain covering [0, n_layers) from holders not in `exclude` (InsufficientCapacity if none)."""
-    usable = [h for h in holders if h.node_id not in exclude and 0 <= h.start < h.end <= n_layers]
+    usable = [h for h in holders if h.node_id not in exclude and 0 <= h.start < h.end <= n_layers
+              and (not h.whole or (h.start, h.end) == (0, n_layers))]  # a whole holder: one segment, never cut
     # best[b] = (cost, local_layers_negated, hops, chain) of the cheapest chain covering [0, b)
     best: dict[int, tuple[float, int, int, list[Holder]]] = {0: (0.0, 0, 0, [])}
     for boundary in sorted({0} | {h.start for h in usable}):
