@@ -36,7 +36,7 @@ def test_generate_round_trip():
     assert Generate.from_frame(header, payload, n_vocab=4) == g
 
 
-@pytest.mark.parametrize("over, payload, words", [
+@pytest.mark.parametrize(("over", "payload", "words"), [
     ({"sid": ""}, None, "session id"),
     ({"sid": 7}, None, "session id"),
     ({"model": "not-a-sha"}, None, "model sha256"),
@@ -77,7 +77,7 @@ def test_tokens_round_trip_keepalive_end_and_error():
     assert (back.end, back.error_code, back.error) == ("error", "model_not_held_whole", "no")
 
 
-@pytest.mark.parametrize("header, payload, words", [
+@pytest.mark.parametrize(("header", "payload", "words"), [
     ({"sid": "s", "first": -1, "n": 0}, b"", "first token index"),
     ({"sid": "s", "first": 0, "n": 2}, encode_tokens([1]), "says 2 tokens"),
     ({"sid": "s", "first": 0, "n": 1}, encode_tokens([-1]), "negative"),
