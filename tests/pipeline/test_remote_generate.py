@@ -307,3 +307,52 @@ def test_failover_between_two_whole_holders_keeps_the_text(tmp_path, sig):
             victim.proc.send_signal(signal.SIGCONT)
         for p in procs:
             p.terminate()
+
+
+def test_failover_between_a_whole_holder_and_a_chain_of_slices(tmp_path):
+    """A whole holder and a chain of slices (the coordinator's own layer 0 + a slice node's 1-5)
+    both cover the model; whichever the planner picks first loses its remote node to SIGKILL
+    mid-stream and the other kind of route carries on: the same greedy text, no repeat."""
+    model = whole_model(tmp_path)
+    h = start_whole_node(tmp_path, "h", model)
+    c = start_slice_node(tmp_path, "c", model, "0-0", bootstrap=[h.peer_port])
+    s = start_slice_node(tmp_path, "s", model, "1-5", bootstrap=[c.peer_port])
+    procs = [h, c, s]
+    try:
+        model_id, by_short = _start([h, s], c)
+        expected = llama_greedy(model, PROMPT, 60)
+        first_route = {}
+
+        async def go():
+            body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 60,
+                    "stream": True, "temperature": 0}
+            text, chunks = "", 0
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session, session.post(
+                    c.base + "/v1/chat/completions", json=body, headers=c.auth) as r:
+                assert r.status == 200
+                first_route["nodes"] = r.headers["x-swarm-nodes"].split(",")
+                async for event in SseJson(r):
+                    assert "error" not in event, event
+                    text += delta_text(event)
+                    chunks += 1
+                    if chunks == 3:
+                        nodes = first_route["nodes"]
+                        victim = by_short[nodes[0]] if len(nodes) == 1 else by_short[nodes[1]]
+                        first_route["victim"] = victim
+                        victim.proc.send_signal(signal.SIGKILL)
+            return text
+        assert run(go()) == expected
+        whole_first = first_route["victim"] is h
+        assert len(first_route["nodes"]) == (1 if whole_first else 2)
+
+        def summary():
+            found = [ln for ln in c.node_log().splitlines() if "DIAG: request complete" in ln]
+            return found[-1] if found else None
+        line = run(wait_until(summary, 10, 0.05, "the request's summary line"))
+        # the second attempt ran on the other kind of route
+        assert "assemblies=2" in line and f"segments={2 if whole_first else 1}" in line and "outcome=ok" in line
+        assert "cause=link_drop" in [ln for ln in c.node_log().splitlines() if "pipeline attempt failed" in ln][0]
+        run(_idle(c, s if whole_first else h))
+    finally:
+        for p in procs:
+            p.terminate()
