@@ -296,7 +296,8 @@ class Node:
             agent=self.agent, short_id=self.short_id, config=self.config, api_port=self.api.port,
             api_key=self.api_key, started_at=self.started_at, host_names=list(self.host_names),
             activity=list(self.activity), traces=self.traces, machine=self.async_machine, models=self.models,
-            slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline)
+            slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline,
+            remote=self.remote_server)
 
     def model_summaries(self) -> list[dict[str, Any]]:
         """Every model this node serves: whole ones, then layer slices."""

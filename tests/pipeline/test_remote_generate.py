@@ -116,6 +116,14 @@ def test_the_whole_holder_answers_at_the_coordinator_with_its_own_text(pair):
         async with aiohttp.ClientSession() as s, s.get(c.base + "/api/admin/diagnostics", headers=c.auth) as r:
             return await r.text()
     section = run(perf()).split("-- peer serving performance --")[1].split("-- models --")[0]
+    coordinator_short = run(pair["c"].async_get_json("/api/admin/stats"))["short_id"]
+
+    async def served_text():
+        h = pair["h"]
+        async with aiohttp.ClientSession() as s, s.get(h.base + "/api/admin/diagnostics", headers=h.auth) as r:
+            return await r.text()
+    served = run(served_text()).split("-- served for others --")[1].split("-- peer serving performance --")[0]
+    assert "whole models (remote generate) generations=" in served and coordinator_short in served, served
     row = [ln for ln in section.splitlines() if pair["h_short"] in ln]
     assert row and re.search(r"ms_per_layer=\d", row[0]), section  # the planner's measured figure
 

@@ -66,6 +66,7 @@ class RemoteGenerateServer:
         self.running: dict[tuple[str, str], _Generation] = {}  # (coordinator, sid)
         self.served = 0  # generations completed for others
         self.tokens = 0  # tokens sent to others
+        self.coordinators: set[str] = set()  # short ids of the nodes served (diagnostics)
         self._unsubscribe: Callable[[], None] | None = None
         transport.on_local(FrameType.GENERATE, self.on_generate)
         transport.on_local(FrameType.GENERATE_CANCEL, self.on_cancel)
@@ -111,6 +112,8 @@ class RemoteGenerateServer:
         g = _Generation(gen, job, time.monotonic())
         g.last_sent = g.received
         self.running[(sender, gen.sid)] = g
+        if len(self.coordinators) < const.SERVED_COORDINATORS_MAX:
+            self.coordinators.add(sender[:8])
         log.info("DIAG: remote generate started %s", kv(
             sid=gen.sid, coordinator=sender[:8], model=served.id, prompt_tokens=len(gen.prompt),
             max_new=job.max_new_tokens))
