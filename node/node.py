@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node import AGENT, __version__
+from node import AGENT, __version__, const
 from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
@@ -76,6 +76,8 @@ class Node:
         self.activity: list[str] = []
         self.host_names: list[str] = []  # this machine's names, redacted from reports
         self._machine_task: asyncio.Task | None = None
+        self._advertised_rates: dict[str, float] = {}  # model id -> ms/token peers last heard (whole models)
+        self._announce_task: asyncio.Task | None = None
         self._stopping = False
 
     # --- identity ---
@@ -113,6 +115,7 @@ class Node:
                 slices.append((entry, *parse_layers(self.config.layers, entry.n_layers)))
             await self.models.async_register(entry, whole=not as_slice)
         await self._start_network()
+        self.models.subscribe(self._on_model_event)
         await self.api.start(self.api_key)
         self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
         await self.models.async_load_all()
@@ -139,6 +142,8 @@ class Node:
             await self.peers.async_stop()
         if self._machine_task is not None:
             self._machine_task.cancel()
+        if self._announce_task is not None:
+            self._announce_task.cancel()
         await self.downloads.async_close()
         await self.slice_host.async_close()
         await self.models.async_close()
@@ -180,6 +185,19 @@ class Node:
             whole.append(advert)
         slices = self.slice_host.adverts() if self.config.contribute else []  # paused: offer no layers to peers
         return slices + whole
+
+    def _on_model_event(self, event: str, served: Any) -> None:
+        """A whole model's decode rate, first measured or clearly changed, goes to peers (HELLO):
+        their planners weigh this node by it until they have measured it themselves."""
+        if event != "changed" or not served.whole or served.busy or served.engine is None or self.peers is None:
+            return
+        rate = served.engine.ms_per_token
+        last = self._advertised_rates.get(served.id)
+        if rate is None or (last is not None and 1 / const.ADVERT_RATE_CHANGE <= rate / last <= const.ADVERT_RATE_CHANGE):
+            return
+        self._advertised_rates[served.id] = rate
+        if self._announce_task is None or self._announce_task.done():
+            self._announce_task = asyncio.create_task(self.peers.async_announce(), name="announce-rate")
 
     def _hello_hardware(self) -> dict[str, Any]:
         m = self.machine

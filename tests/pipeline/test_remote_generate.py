@@ -92,6 +92,11 @@ def test_the_whole_holder_answers_at_the_coordinator_with_its_own_text(pair):
         c, h = pair["c"], pair["h"]
         status, _headers, direct = await chat(h, pair["model_id"], PROMPT, max_tokens=24)
         assert status == 200 and direct == expected
+
+        async def advertised_rate():  # the holder's own decode rate reaches the coordinator's peer table
+            peers = (await c.async_get_json("/api/admin/peers"))["peers"]
+            return [m["ms_per_token"] for p in peers for m in p["models"] if m.get("whole") and "ms_per_token" in m]
+        assert (await wait_until(advertised_rate, 20, 0.1, "the advertised ms_per_token"))[0] > 0
         for stream in (False, True):
             status, headers, text = await chat(c, pair["model_id"], PROMPT, max_tokens=24, stream=stream)
             assert status == 200, text
