@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from node import const
@@ -50,7 +50,6 @@ class _Generation:
     last_sent: float = 0.0
     keepalive: asyncio.TimerHandle | None = None
     end: str = "cancelled"
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 class RemoteGenerateServer:
