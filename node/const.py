@@ -87,6 +87,10 @@ STEP_COMPUTE_MIN_S = 10.0  # a segment's compute allowance per step, before the 
 STEP_COMPUTE_FACTOR = 20.0  # allowance = max(min, factor * estimated compute)
 MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)
 CANCEL_TOMBSTONE_S = 120.0  # a cancelled session id is refused this long (late WORK must not recreate it)
+GENERATE_KEEPALIVE_S = 0.5  # a remote-generate holder with no TOKENS to send for this long sends an
+# empty one (queued, loading, prefill): so silence means a stalled or lost holder, not a long prompt
+GENERATE_SILENCE_S = 1.5  # the coordinator fails a holder silent this long (plus its ACK budget)
+ADVERT_RATE_CHANGE = 1.5  # a whole model's decode rate first measured, or changed by this factor: HELLO again
 SERVED_COORDINATORS_MAX = 64  # coordinators remembered per slice for `served for others`
 
 # --- automatic layer choice (node/inference/pipeline/autoserve.py, `--serve auto`) ---

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from node.inference.manager import ModelManager
     from node.inference.pipeline.coordinator import PipelineCoordinator
     from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.remote_serve import RemoteGenerateServer
     from node.models.download import ModelDownloader
     from node.net import PeerManager
     from node.sysinfo import MachineInfo
@@ -49,6 +50,7 @@ class ReportParts:
     downloads: ModelDownloader
     peers: PeerManager | None
     pipeline: PipelineCoordinator | None
+    remote: RemoteGenerateServer | None = None  # remote generate for others on models held whole
 
 
 def _uptime(seconds: float) -> str:
@@ -179,6 +181,10 @@ def _served_for_others(node: ReportParts) -> list[str]:
         rows.append(f"{s.entry.id} layers={s.start}-{s.end - 1} sessions={st.sessions} steps={st.steps} "
                     f"tokens={st.tokens} eval_ms={st.eval_ms:.0f} bytes_in={st.bytes_in} bytes_out={st.bytes_out} "
                     f"coordinators={','.join(sorted(st.coordinators))}")
+    rs = node.remote
+    if rs is not None and (rs.served or rs.in_flight):
+        rows.append(f"whole models (remote generate) generations={rs.served} in_flight={rs.in_flight} "
+                    f"tokens={rs.tokens} coordinators={','.join(sorted(rs.coordinators))}")
     return rows or ["(nothing served for peers)"]
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node import AGENT, __version__
+from node import AGENT, __version__, const
 from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
@@ -24,6 +24,7 @@ from node.inference.manager import ModelManager
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
+from node.inference.pipeline.remote_serve import RemoteGenerateServer
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
@@ -77,10 +78,13 @@ class Node:
         self.pipeline: PipelineCoordinator | None = None
         self.swarm_models: SwarmModels | None = None  # models only peers hold (their headers fetched)
         self.autoserve: AutoServe | None = None  # --serve auto: chooses this node's layers
+        self.remote_server: RemoteGenerateServer | None = None  # runs GENERATE for others on whole models
         self.started_at: float | None = None
         self.activity: list[str] = []
         self.host_names: list[str] = []  # this machine's names, redacted from reports
         self._machine_task: asyncio.Task | None = None
+        self._advertised_rates: dict[str, float] = {}  # model id -> ms/token peers last heard (whole models)
+        self._announce_task: asyncio.Task | None = None
         self._stopping = False
 
     # --- identity ---
@@ -120,13 +124,14 @@ class Node:
                 slices.append((entry, *parse_layers(self.config.layers, entry.n_layers)))
             await self.models.async_register(entry, whole=not as_slice)
         await self._start_network()
+        self.models.subscribe(self._on_model_event)
         await self.api.start(self.api_key)
         self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
         await self.models.async_load_all()
         for entry, start, end in slices:
             await self.slice_host.async_load(entry, start, end)
             self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
-        if slices and self.peers is not None:
+        if (slices or self.models.ready) and self.peers is not None:  # links made while loading heard none
             await self.peers.async_announce()
         if auto:
             self.autoserve = AutoServe(self.node_id, self.slice_host, self.peers, auto, announce=self._async_announce,
@@ -149,10 +154,14 @@ class Node:
             self.pipeline.close()
         if self.swarm_models is not None:
             self.swarm_models.close()
+        if self.remote_server is not None:
+            self.remote_server.close()
         if self.peers is not None:
             await self.peers.async_stop()
         if self._machine_task is not None:
             self._machine_task.cancel()
+        if self._announce_task is not None:
+            self._announce_task.cancel()
         await self.downloads.async_close()
         await self.slice_host.async_close()
         await self.models.async_close()
@@ -168,7 +177,10 @@ class Node:
                                     contributing=lambda: self.config.contribute)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
                                             activation_bits=self.config.activation_bits)
+        self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
+                                                  contributing=lambda: self.config.contribute)
         self.worker.register()
+        self.remote_server.register()
         self.slice_host.on_sweep = self.worker.forget_expired
         self.pipeline.register()
         self.peers.register_handler(FrameType.MODEL_HEADER, HeaderServer(self.catalog).async_handle)
@@ -184,10 +196,21 @@ class Node:
             await self.peers.async_announce()
 
     def _hello_models(self) -> list[dict[str, Any]]:
-        """What HELLO advertises: our slices (with layer ranges) and the models we hold whole, each
-        with what a node without the file needs to fetch and check its header."""
-        whole = [{"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers, "whole": True}
-                 for m in self.models.whole_models() if m.state == "loaded"]
+        """What HELLO advertises: our slices (with layer ranges) and the models we hold whole (which
+        peers may run here by remote generate), each with what a node without the file needs to
+        fetch and check its header."""
+        whole = []
+        for m in self.models.whole_models():
+            if m.state != "loaded":
+                continue
+            advert: dict[str, Any] = {"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers,
+                                      "whole": True}
+            rate = m.engine.ms_per_token if m.engine is not None else None
+            if rate is not None:
+                advert["ms_per_token"] = round(rate, 3)  # its own recent decode rate (remote generate)
+            if not self.config.contribute:
+                advert["paused"] = True  # paused: it refuses GENERATE, so no coordinator plans on it
+            whole.append(advert)
         slices = self.slice_host.adverts() if self.config.contribute else []  # paused: offer no layers to peers
         out = []
         for advert in slices + whole:
@@ -199,6 +222,19 @@ class Node:
                     advert["origin_url"] = display_url(entry.origin_url)  # never a signed URL's query
             out.append(advert)
         return out
+
+    def _on_model_event(self, event: str, served: Any) -> None:
+        """A whole model's decode rate, first measured or clearly changed, goes to peers (HELLO):
+        their planners weigh this node by it until they have measured it themselves."""
+        if event != "changed" or not served.whole or served.busy or served.engine is None or self.peers is None:
+            return
+        rate = served.engine.ms_per_token
+        last = self._advertised_rates.get(served.id)
+        if rate is None or (last is not None and 1 / const.ADVERT_RATE_CHANGE <= rate / last <= const.ADVERT_RATE_CHANGE):
+            return
+        self._advertised_rates[served.id] = rate
+        if self._announce_task is None or self._announce_task.done():
+            self._announce_task = asyncio.create_task(self.peers.async_announce(), name="announce-rate")
 
     def _hello_hardware(self) -> dict[str, Any]:
         m = self.machine
@@ -332,7 +368,8 @@ class Node:
             agent=self.agent, short_id=self.short_id, config=self.config, api_port=self.api.port,
             api_key=self.api_key, started_at=self.started_at, host_names=list(self.host_names),
             activity=list(self.activity), traces=self.traces, machine=self.async_machine, models=self.models,
-            slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline)
+            slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline,
+            remote=self.remote_server)
 
     def model_summaries(self) -> list[dict[str, Any]]:
         """Every model this node serves: whole ones, then layer slices."""
@@ -343,12 +380,16 @@ class Node:
         """Load a model now (waits until loaded)."""
         served = await self.models.async_load(model_id)
         self.note_activity(f"model {served.id} loaded on {served.device}")
+        if self.peers is not None:
+            await self.peers.async_announce()  # peers may run it here (remote generate)
         return served.summary()
 
     async def async_unload_model(self, model_id: str, *, force: bool = False) -> dict[str, Any]:
         """Free a model's weights (Conflict while in use unless forced)."""
         served = await self.models.async_unload(model_id, force=force)
         self.note_activity(f"model {served.id} unloaded")
+        if self.peers is not None:
+            await self.peers.async_announce()
         return served.summary()
 
     def start_download(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
@@ -432,5 +473,6 @@ class Node:
             "models_loaded": sum(1 for m in self.models.all() if m.state == "loaded"),
             "peers": sum(1 for p in self.peers.peers() if p.state == "connected") if self.peers is not None else 0,
             "kv_sessions": self.slice_host.session_count(),
+            "remote_generations": self.remote_server.in_flight if self.remote_server is not None else 0,
             "loop_stalls": self.watchdog.stalls,
         }

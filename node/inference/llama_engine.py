@@ -43,6 +43,7 @@ class LlamaEngine:
         self.n_gpu_layers = n_gpu_layers
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{model_id[:16]}")
         self.llm = None
+        self.ms_per_token: float | None = None  # EWMA of recent decode steps (advertised to peers)
 
     # --- lifecycle (blocking; run on the executor) ---
 
@@ -72,6 +73,7 @@ class LlamaEngine:
         if self.llm is not None:
             self.llm.close()
             self.llm = None
+        self.ms_per_token: float | None = None  # EWMA of recent decode steps (advertised to peers)
 
     # --- generation (blocking; runs on the executor) ---
 
@@ -96,8 +98,15 @@ class LlamaEngine:
                 presence_penalty=p.presence_penalty,
                 reset=True,
             )
+            last = None
             try:
                 for token in generator:
+                    now = time.monotonic()
+                    if last is not None:  # decode steps only: the first token's time is the prefill's
+                        step_ms = (now - last) * 1000
+                        ewma = self.ms_per_token
+                        self.ms_per_token = step_ms if ewma is None else 0.9 * ewma + 0.1 * step_ms
+                    last = now
                     if job.cancel.is_set():
                         break
                     channel.put(token)

@@ -33,8 +33,7 @@ MAX_REQUEST_ID = (1 << 64) - 1
 
 
 class FrameType(enum.IntEnum):
-    """Frame types. WORK..SESSION_END belong to the distributed pipeline (node.inference), so does
-    MODEL_HEADER; 22-24 are reserved (remote generate)."""
+    """Frame types. WORK..GENERATE_CANCEL belong to the distributed pipeline (node.inference)."""
 
     HELLO = 1
     ERROR = 2
@@ -49,6 +48,9 @@ class FrameType(enum.IntEnum):
     CANCEL = 19
     SESSION_END = 20
     MODEL_HEADER = 21  # a model's GGUF header by sha256, in chunks (node.inference.swarm_models)
+    GENERATE = 22  # remote generate: coordinator → a node holding the model whole (prompt ids + sampling)
+    TOKENS = 23  # remote generate: holder → coordinator, token ids in batches, keepalives, the end
+    GENERATE_CANCEL = 24  # remote generate: coordinator → holder, stop at the next token
 
 
 def type_name(frame_type: int) -> str:

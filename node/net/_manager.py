@@ -361,7 +361,6 @@ class PeerManager:
             is_dialer=link.is_dialer, transport=link.transport,
             total_established=self.connection_count(),
             total_peers=self.table.linked_count() + (current is None)))
-        link.start()
         if current is not None:
             loser = current if winner is link else link
             log.info("DIAG: duplicate link to one peer, retiring one %s", kv(
@@ -380,6 +379,9 @@ class PeerManager:
             rec.last_address = link.address
             self.table.emit_changed(rec)
             self.discovery.on_link_up(link)
+        # Frames that came in with the HELLO are delivered by start(): only now, so that a handler
+        # answering one (`link(node_id)`, the pipeline's transport) finds this link in the table.
+        link.start()
 
     def _on_rtt(self, link: PeerLink) -> None:
         rec = self.table.get(link.node_id)

@@ -24,12 +24,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from node import const
 from node.errors import PeerUnreachable, ProtocolError, SegmentFailed
 from node.inference.handoff import GenerationJob
 from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
 from node.inference.pipeline.holders import LayerHolders
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.perf import PeerPerf, PeerPerformance
+from node.inference.pipeline.remote_stream import RemoteStream
+from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens, sid_of
 from node.inference.pipeline.run import PipelineRun
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import Ack, Hop, Result, SessionControl, Work, encode_tokens
@@ -56,11 +59,13 @@ class PipelineCoordinator:
         self.deadlines = StepDeadlines(node_id, peers, self.performance)
         transport.on_local(FrameType.ACK, self.on_ack)
         transport.on_local(FrameType.RESULT, self.on_result)
+        transport.on_local(FrameType.TOKENS, self.on_tokens)
+        self.remote: dict[str, RemoteStream] = {}  # sid -> the attempt's remote generation (whole holder)
         self._unsubscribe: Callable[[], None] | None = None
 
     def register(self) -> None:
         """Receive ACK and RESULT from peers; watch links of chains in use."""
-        for ftype in (FrameType.ACK, FrameType.RESULT):
+        for ftype in (FrameType.ACK, FrameType.RESULT, FrameType.TOKENS):
             self.transport.register_remote(ftype)
         if self.peers is not None:
             self._unsubscribe = self.peers.subscribe(self._on_peer_event)
@@ -123,12 +128,33 @@ class PipelineCoordinator:
             return
         step.result.set_result(result)
 
+    def on_tokens(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
+        """TOKENS from a whole holder: hand them to its attempt's stream (a malformed one fails it)."""
+        try:
+            msg = Tokens.from_frame(header, payload)
+        except ProtocolError as exc:
+            log.warning("DIAG: malformed TOKENS dropped %s", kv(sender=sender[:8], error=exc.message))
+            stream = self.remote.get(sid_of(header) or "")
+            if stream is not None and stream.holder == sender:
+                stream.fail(SegmentFailed(f"malformed TOKENS: {exc.message}", node_id=sender, cause="protocol"))
+            return
+        stream = self.remote.get(msg.sid)
+        if stream is None or stream.holder != sender:
+            log.debug("DIAG: No pending stream for TOKENS — ended, cancelled, or old attempt %s",
+                      kv(sid=msg.sid, node=sender[:8]))
+            return
+        stream.feed(msg)
+
     def _on_peer_event(self, kind: str, snap: Any) -> None:
         if kind == "removed" or snap.state != "connected":
             for att in list(self.attempts.values()):
                 if snap.node_id in att.nodes() and not att.failed.done():
-                    att.fail(SegmentFailed(f"link to {snap.short_id} dropped ({snap.state})", node_id=snap.node_id,
-                                           cause="link_drop"))
+                    failure = SegmentFailed(f"link to {snap.short_id} dropped ({snap.state})", node_id=snap.node_id,
+                                            cause="link_drop")
+                    att.fail(failure)
+                    stream = self.remote.get(att.sid)
+                    if stream is not None:
+                        stream.fail(failure)
 
     # --- attempts -----------------------------------------------------------------------------
 
@@ -174,9 +200,36 @@ class PipelineCoordinator:
                                           failed_node=att.route[0].node_id))
         return step
 
+    def start_remote(self, att: Attempt, job: GenerationJob, prompt: list[int], max_new_tokens: int) -> RemoteStream:
+        """GENERATE to the attempt's one segment, a node holding the model whole; the stream its
+        TOKENS arrive on (failed at once when the holder cannot be reached)."""
+        holder = att.route[0].node_id
+        budget = const.GENERATE_SILENCE_S + self.deadlines.ack_budget(holder)
+        rto = self.peers.rto(holder) if self.peers is not None else None
+        stream = RemoteStream(att.sid, holder, budget, rto.backoff if rto is not None else None)
+        self.remote[att.sid] = stream
+        gen = Generate(att.sid, att.model_sha, tuple(prompt), job.params, max_new_tokens, self.node_id)
+        log.debug("DIAG: remote generate sent %s", kv(request_id=job.request_id, sid=att.sid, node=holder[:8],
+                                                      prompt_tokens=len(prompt), max_new=max_new_tokens))
+        try:
+            self.transport.send(holder, FrameType.GENERATE, gen.to_header(), gen.payload())
+        except PeerUnreachable as exc:
+            stream.fail(SegmentFailed(exc.message, node_id=holder, cause="unreachable"))
+        return stream
+
     def end(self, att: Attempt, how: str) -> None:
-        """Free the attempt's KV sessions on every segment (CANCEL when the client went away)."""
+        """Free the attempt's KV sessions on every segment (CANCEL when the client went away); a
+        remote generation still running is cancelled on its holder."""
         if self.attempts.pop(att.sid, None) is None:
+            return
+        stream = self.remote.pop(att.sid, None)
+        if stream is not None:
+            stream.close()
+            if not stream.ended:  # still running there (or stalled: it must not resume for nobody)
+                try:
+                    self.transport.send(stream.holder, FrameType.GENERATE_CANCEL, GenerateCancel(att.sid).to_header())
+                except PeerUnreachable:
+                    pass  # a holder whose coordinator's link dropped stops by itself
             return
         ftype = FrameType.CANCEL if how == "cancel" else FrameType.SESSION_END
         ctl = SessionControl(att.sid, att.model_sha, how).to_header()

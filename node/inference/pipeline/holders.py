@@ -2,10 +2,13 @@
 
 The holders of a model (matched by sha256, never by name) are this node's slices (`local`) and the
 slices connected peers advertise in HELLO, each with its link's RTT and transport, and a ms/layer:
-this coordinator's measured EWMA when it has one (perf.py), else the peer's advertised figure. They
+this coordinator's measured EWMA when it has one (perf.py), else the peer's advertised figure. A
+peer serving the model whole with llama.cpp (`whole: true`) holds [0, n_layers) as one segment
+(`Holder.whole`: remote generate), at its measured or advertised ms per token / n_layers. They
 are the planner's input (planner.py), each with the range it has loaded: the planner may use any
-sub-range of it. A model is covered, and listed by `/v1/models`, when some chain of holders spans
-all its layers (overlapping ranges together count). `assemble` plans one attempt's chain, records it in the
+sub-range of a sliced holder's range. A model is covered, and listed by `/v1/models`, when some
+chain of holders spans all its layers (overlapping ranges together count). `assemble` plans one
+attempt's chain, records it in the
 request's trace and logs it.
 """
 
@@ -25,6 +28,25 @@ from node.models.catalog import ModelEntry
 from node.trace import RequestTrace, SegmentTrace
 
 log = logging.getLogger(__name__)
+
+
+def _holder(snap: Any, m: dict[str, Any], measured: float | None) -> Holder | None:
+    """The Holder a peer's advert of this model makes: a slice [start, end), or the whole model
+    ([0, n_layers), `whole`; its ms/layer = ms per token / n_layers) unless it paused contributing.
+    `measured` (this coordinator's EWMA of the peer's ms/layer) wins over advertised figures."""
+    transport, rtt = snap.transport or "direct", snap.rtt_ms or 0.0
+    if "start" in m:
+        return Holder(snap.node_id, int(m["start"]), int(m["end"]), transport, rtt,
+                      measured if measured is not None else m.get("ms_per_layer"), snap.region)
+    if m.get("whole") is not True or m.get("paused"):
+        return None
+    n_layers = int(m["n_layers"])
+    if n_layers <= 0:
+        return None
+    advertised = m.get("ms_per_token")
+    per_layer = measured if measured is not None else (
+        float(advertised) / n_layers if isinstance(advertised, int | float) and advertised > 0 else None)
+    return Holder(snap.node_id, 0, n_layers, transport, rtt, per_layer, snap.region, whole=True)
 
 
 class LayerHolders:
@@ -48,11 +70,15 @@ class LayerHolders:
                 continue
             measured = self.perf.ms_per_layer(snap.node_id)
             for m in snap.models:
-                if m.get("sha256") != sha256 or "start" not in m:
+                if m.get("sha256") != sha256:
                     continue
-                out.append(Holder(snap.node_id, int(m["start"]), int(m["end"]), snap.transport or "direct",
-                                  snap.rtt_ms or 0.0, measured if measured is not None else m.get("ms_per_layer"),
-                                  snap.region))
+                try:
+                    holder = _holder(snap, m, measured)
+                except (KeyError, TypeError, ValueError):
+                    log.debug("DIAG: unusable model advert skipped %s", kv(peer=snap.node_id[:8], advert=str(m)[:120]))
+                    continue
+                if holder is not None:
+                    out.append(holder)
         return out
 
     def swarm_models(self) -> dict[str, dict[str, Any]]:
@@ -63,8 +89,10 @@ class LayerHolders:
             adverts += [(s.node_id, m) for s in self.peers.peers() if s.state == "connected" for m in s.models]
         for _, m in adverts:
             sha = m.get("sha256")
-            if sha and "start" in m:
-                found.setdefault(sha, {"name": m.get("name"), "n_layers": int(m.get("n_layers", 0))})
+            if sha and ("start" in m or (m.get("whole") is True and not m.get("paused"))):
+                n_layers = m.get("n_layers")
+                if type(n_layers) is int and n_layers > 0:  # a peer's malformed advert names nothing
+                    found.setdefault(sha, {"name": m.get("name"), "n_layers": n_layers})
         return {sha: info for sha, info in found.items()
                 if self.covers(sha, info["n_layers"])}
 

@@ -50,6 +50,13 @@ class PeerPerformance:
         perf = self.peers.get(node_id)
         return perf.ms_per_layer if perf is not None else None
 
+    def observe_whole(self, node_id: str, n_layers: int, eval_us: int, n_tokens: int, wall_ms: float) -> None:
+        """A batch of decode tokens from a peer running the whole model (remote generate): its
+        ms per token as ms/layer over n_layers, so the planner weighs it like a chain of slices."""
+        perf = self.peers.setdefault(node_id, PeerPerf())
+        per_token_us = eval_us / max(1, n_tokens)
+        perf.observe(int(per_token_us), n_layers, 1, wall_ms / max(1, n_tokens))
+
     def observe_step(self, telemetry: Sequence[dict[str, Any]], n_tokens: int, wall_ms: float, hops: int) -> None:
         """A completed step: each hop's telemetry, its token count, its wall time as the coordinator
         saw it, and how many network hops it crossed (0 when every segment is this node)."""

@@ -8,6 +8,10 @@ re-plans: the new chain covers the gap with whatever holders or sub-ranges are c
 plan's standby chain for the failed segment, or another cut of the survivors' ranges). It
 re-prefills and its last segment samples the next token, so the client sees no repeat and no gap.
 After MAX_ASSEMBLIES attempts the request fails with InsufficientCapacity.
+
+An attempt whose chain is one node holding the model whole (`Holder.whole`) runs as a remote
+generate instead of WORK steps: GENERATE with prompt + generated, then the holder's TOKENS
+batches (remote_stream.py), which fail over the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from node.inference.handoff import GenerationJob
 from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
 from node.inference.pipeline.perf import PeerPerformance, add_segment_telemetry
 from node.inference.pipeline.planner import describe_chain
+from node.inference.pipeline.remote_stream import RemoteStream
+from node.inference.pipeline.remote_wire import Tokens
 from node.inference.pipeline.wire import Result
 from node.logs import kv
 from node.models.catalog import ModelEntry
@@ -39,6 +45,9 @@ class AttemptChannel(Protocol):
 
     def send_step(self, att: Attempt, job: GenerationJob, tokens: list[int], index_pos: int, *, sample: bool,
                   history: tuple[int, ...], trace: RequestTrace) -> Step: ...
+
+    def start_remote(self, att: Attempt, job: GenerationJob, prompt: list[int],
+                     max_new_tokens: int) -> RemoteStream: ...
 
     def end(self, att: Attempt, how: str) -> None: ...
 
@@ -68,8 +77,8 @@ class PipelineRun:
                 att = self.attempt = coordinator.open_attempt(self.job, self.entry, trace, self.attempt_no,
                                                               frozenset(self.excluded))
             try:
-                async for token in self._generate(att):
-                    yield [token]
+                async for batch in self._generate(att):
+                    yield batch
                 coordinator.end(att, "session_end")
                 self._log_segments()
                 return
@@ -83,8 +92,12 @@ class PipelineRun:
                 coordinator.end(att, "cancel")
                 raise
 
-    async def _generate(self, att: Attempt) -> AsyncIterator[int]:
+    async def _generate(self, att: Attempt) -> AsyncIterator[list[int]]:
         """Prefill prompt + generated on this attempt's chain, then decode; yields new tokens."""
+        if len(att.plan.segments) == 1 and att.plan.segments[0].whole:
+            async for batch in self._generate_remote(att):
+                yield batch
+            return
         job, generated, trace = self.job, self.generated, self.trace
         tokens = list(job.prompt_tokens) + generated
         chunk = const.PREFILL_CHUNK_TOKENS
@@ -96,12 +109,49 @@ class PipelineRun:
         token = await self._token(att, last_step)
         while True:
             generated.append(token)
-            yield token
+            yield [token]
             if self.is_eog(token) or len(generated) >= job.max_new_tokens or job.cancel.is_set():
                 return
             index_pos = len(job.prompt_tokens) + len(generated) - 1
             step = self.coordinator.send_step(att, job, [token], index_pos, sample=True, history=(), trace=trace)
             token = await self._token(att, step)
+
+    async def _generate_remote(self, att: Attempt) -> AsyncIterator[list[int]]:
+        """The holder of the whole model generates from prompt + generated; yields its batches."""
+        job, generated = self.job, self.generated
+        holder = att.plan.segments[0]
+        stream = self.coordinator.start_remote(att, job, list(job.prompt_tokens) + generated,
+                                               job.max_new_tokens - len(generated))
+        last_at = stream.sent_at
+        while True:
+            msg = await stream.next()
+            if msg.tokens:
+                now = time.monotonic()
+                self._account_remote(holder.node_id, holder.end, msg, (now - last_at) * 1000)
+                last_at = now
+                batch = list(msg.tokens[:job.max_new_tokens - len(generated)])
+                eog = next((i for i, t in enumerate(batch) if self.is_eog(t)), None)
+                if eog is not None:
+                    batch = batch[:eog + 1]
+                generated.extend(batch)
+                yield batch
+                if eog is not None or len(generated) >= job.max_new_tokens or job.cancel.is_set():
+                    return
+            if msg.end in ("eog", "length"):
+                return
+            if msg.end is not None:  # an error, or cancelled by the holder itself (its model unloaded)
+                raise SegmentFailed(msg.error or f"the holder ended the generation ({msg.end})",
+                                    node_id=holder.node_id, cause=msg.error_code or msg.end)
+
+    def _account_remote(self, node_id: str, n_layers: int, msg: Tokens, wall_ms: float) -> None:
+        """A TOKENS batch's cost: the trace's one segment, and (decode batches: not the first,
+        which includes prefill) the holder's ms per token into the peer's performance."""
+        seg = self.trace.segments[0] if self.trace.segments else None
+        if seg is not None:
+            seg.elapsed_ms += msg.eval_us / 1000
+            seg.telemetry["eval_us"] = seg.telemetry.get("eval_us", 0) + msg.eval_us
+        if msg.first > 0 and msg.eval_us > 0:
+            self.perf.observe_whole(node_id, n_layers, msg.eval_us, len(msg.tokens), wall_ms)
 
     async def _token(self, att: Attempt, step: Step) -> int:
         """The step's sampled token; SegmentFailed naming the node to route around."""

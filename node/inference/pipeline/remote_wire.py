@@ -1,0 +1,160 @@
+"""Remote-generate messages: GENERATE, TOKENS, GENERATE_CANCEL (frozen, validated on decode).
+
+A coordinator whose chain is one node holding the model whole sends it GENERATE: the prompt's
+token ids (on a failover the prompt plus every token already streamed) as int32 payload, the
+sampling parameters and how many new tokens it may produce. The holder runs llama.cpp and answers
+with TOKENS frames: token ids as the engine hands them over, numbered (`first` = index of the batch's
+first token in this generation, so a gap or a repeat is detected), an empty one as a keepalive
+while there is nothing to send, and a last one with `end` (eog | length | cancelled | error, with
+a code and message). GENERATE_CANCEL stops the holder's generation at its next token.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from node.errors import ProtocolError
+from node.inference.pipeline.wire import _sampling_from_wire, _sampling_to_wire, decode_tokens, encode_tokens
+from node.inference.sampling import SamplingParams
+
+END_REASONS = ("eog", "length", "cancelled", "error")
+MAX_SID_CHARS = 200
+MAX_NEW_TOKENS = 1 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _sid(value: Any) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_SID_CHARS or not value.isprintable():
+        raise ProtocolError(f"bad session id {str(value)[:40]!r}")
+    return value
+
+
+def _int(value: Any, what: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:  # bool is not a count
+        raise ProtocolError(f"bad {what} {str(value)[:40]!r} (an integer in [{low}, {high}])")
+    return value
+
+
+def _hex64(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+        raise ProtocolError(f"bad {what} {str(value)[:80]!r} (64 lowercase hex digits)")
+    return value
+
+
+def sid_of(header: Any) -> str | None:
+    """The session id of a frame header when it is a valid one (to address an error reply)."""
+    try:
+        return _sid(header.get("sid")) if isinstance(header, dict) else None
+    except ProtocolError:
+        return None
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Run `prompt` through the model held whole and stream up to `max_new_tokens` back."""
+
+    sid: str  # request id + attempt: TOKENS and GENERATE_CANCEL name it
+    model: str  # sha256 of the GGUF
+    prompt: tuple[int, ...]  # prompt + every token already streamed (failover); the payload
+    sampling: SamplingParams
+    max_new_tokens: int
+    coordinator: str  # node id the TOKENS go to: must be the sender
+
+    def to_header(self) -> dict[str, Any]:
+        return {"sid": self.sid, "model": self.model, "n": len(self.prompt), "sampling": _sampling_to_wire(self.sampling),
+                "max_new": self.max_new_tokens, "coord": self.coordinator}
+
+    def payload(self) -> bytes:
+        return encode_tokens(list(self.prompt))
+
+    @classmethod
+    def from_frame(cls, h: Any, payload: bytes, n_vocab: int | None = None) -> Generate:
+        """Decode and validate (ProtocolError naming the bad field)."""
+        if not isinstance(h, dict):
+            raise ProtocolError("GENERATE header is not an object")
+        sid = _sid(h.get("sid"))
+        model = _hex64(h.get("model"), "model sha256")
+        coordinator = _hex64(h.get("coord"), "coordinator node id")
+        n = _int(h.get("n"), "prompt length", 1, 1 << 24)
+        max_new = _int(h.get("max_new"), "max new tokens", 1, MAX_NEW_TOKENS)
+        if not isinstance(h.get("sampling"), dict):
+            raise ProtocolError("GENERATE carries no sampling parameters")
+        sampling = _sampling_from_wire(h["sampling"])
+        prompt = decode_tokens(payload)
+        if len(prompt) != n:
+            raise ProtocolError(f"GENERATE says {n} prompt tokens but carries {len(prompt)}")
+        bad = [t for t in prompt if t < 0 or (n_vocab is not None and t >= n_vocab)]
+        if bad:
+            raise ProtocolError(f"GENERATE carries token id {bad[0]} outside the vocabulary")
+        return cls(sid, model, tuple(prompt), sampling, max_new, coordinator)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Holder → coordinator: a batch of token ids, a keepalive (no tokens, no end), or the end."""
+
+    sid: str
+    first: int  # index of tokens[0] in this generation (= tokens sent before this frame)
+    tokens: tuple[int, ...] = ()
+    eval_us: int = 0  # holder's time producing this batch (the first one includes prefill)
+    end: str | None = None  # eog | length | cancelled | error: the generation is over
+    error_code: str | None = None
+    error: str | None = None
+
+    def to_header(self) -> dict[str, Any]:
+        header: dict[str, Any] = {"sid": self.sid, "first": self.first, "n": len(self.tokens)}
+        if self.eval_us:
+            header["eval_us"] = self.eval_us
+        if self.end is not None:
+            header["end"] = self.end
+        if self.error_code is not None or self.error is not None:
+            header["error"] = {"code": self.error_code, "message": self.error}
+        return header
+
+    def payload(self) -> bytes:
+        return encode_tokens(list(self.tokens)) if self.tokens else b""
+
+    @classmethod
+    def from_frame(cls, h: Any, payload: bytes) -> Tokens:
+        """Decode and validate (ProtocolError naming the bad field)."""
+        if not isinstance(h, dict):
+            raise ProtocolError("TOKENS header is not an object")
+        sid = _sid(h.get("sid"))
+        first = _int(h.get("first"), "first token index", 0, MAX_NEW_TOKENS)
+        n = _int(h.get("n", 0), "token count", 0, MAX_NEW_TOKENS)
+        eval_us = _int(h.get("eval_us", 0), "eval_us", 0, 1 << 62)
+        tokens = decode_tokens(payload) if payload else []
+        if len(tokens) != n or any(t < 0 for t in tokens):
+            raise ProtocolError(f"TOKENS says {n} tokens but carries {len(tokens)} (or a negative id)")
+        end = h.get("end")
+        if end is not None and end not in END_REASONS:
+            raise ProtocolError(f"bad TOKENS end {str(end)[:40]!r}")
+        err = h.get("error")
+        code = message = None
+        if err is not None:
+            if not isinstance(err, dict):
+                raise ProtocolError("TOKENS error is not an object")
+            code, message = err.get("code"), err.get("message")
+            if not isinstance(code, str | None) or not isinstance(message, str | None):
+                raise ProtocolError("TOKENS error code and message must be strings")
+        if end == "error" and code is None:
+            raise ProtocolError("a TOKENS error end carries no code")
+        return cls(sid, first, tuple(tokens), eval_us, end, code, message)
+
+
+@dataclass(frozen=True)
+class GenerateCancel:
+    """Coordinator → holder: stop this generation (the client went away, or the text is complete)."""
+
+    sid: str
+
+    def to_header(self) -> dict[str, Any]:
+        return {"sid": self.sid}
+
+    @classmethod
+    def from_header(cls, h: Any) -> GenerateCancel:
+        if not isinstance(h, dict):
+            raise ProtocolError("GENERATE_CANCEL header is not an object")
+        return cls(_sid(h.get("sid")))

@@ -1,0 +1,109 @@
+"""The remote-generate holder in-process: a real ModelManager running llama.cpp, the real transport,
+frames to the coordinator captured. Streams in order, refusals with their codes, keepalives while
+queued, a cancel while queued releases everything."""
+
+from __future__ import annotations
+
+import pytest
+
+from node import const
+from node.config import NodeConfig
+from node.inference.manager import ModelManager
+from node.inference.pipeline.remote_serve import RemoteGenerateServer
+from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens
+from node.inference.pipeline.transport import PipelineTransport
+from node.inference.sampling import SamplingParams
+from node.models.catalog import ModelCatalog
+from node.net import FrameType
+from tests.pipeline.swarm import split_model
+from tests.pipeline.test_worker import RecordingPeers
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.llama]
+
+ME, COORD = "a" * 64, "c" * 64
+
+
+@pytest.fixture
+async def holder(tmp_path):
+    catalog = ModelCatalog(None)
+    entry = catalog.scan([(split_model(tmp_path), "cli")])[0]
+    models = ModelManager(NodeConfig(data_dir=tmp_path, n_threads=1), catalog)
+    served = await models.async_register(entry)
+    await models.async_load(served.id)
+    peers = RecordingPeers()
+    contributing = [True]
+    server = RemoteGenerateServer(ME, models, PipelineTransport(ME, peers), None, contributing=lambda: contributing[0])
+    yield server, served, peers, contributing
+    server.close()
+    await models.async_close()
+
+
+def _gen(served, sid="s/1", prompt=(1, 2, 3), max_new=12) -> Generate:
+    return Generate(sid, served.entry.sha256, tuple(prompt), SamplingParams(temperature=0.0), max_new, COORD)
+
+
+def _tokens(peers, sid) -> list[Tokens]:
+    return [Tokens.from_frame(f.header, f.payload) for f in peers.sent
+            if f.type == FrameType.TOKENS and f.header.get("sid") == sid]
+
+
+async def test_a_generation_streams_numbered_batches_then_its_end(holder):
+    server, served, peers, _ = holder
+    gen = _gen(served)
+    server.on_generate(gen.to_header(), gen.payload(), COORD)
+    assert server.in_flight == 1
+    await wait_until(lambda: any(t.end for t in _tokens(peers, gen.sid)), 30, 0.02, "the end frame")
+    frames = _tokens(peers, gen.sid)
+    tokens = [t for f in frames for t in f.tokens]
+    assert frames[-1].end in ("eog", "length") and 0 < len(tokens) <= 12
+    sent = 0
+    for f in frames:  # numbered without a gap or a repeat
+        assert f.first == sent
+        sent += len(f.tokens)
+    await wait_until(lambda: server.in_flight == 0, 10, 0.02, "the generation to finish")
+    assert not served.lock.locked() and not served.busy and served.waiting == 0
+    assert served.engine.ms_per_token is not None  # the holder's own decode rate, for its advert
+
+
+async def test_refusals_carry_their_codes(holder):
+    server, served, peers, contributing = holder
+    bad_ctx = _gen(served, "s/ctx", prompt=[5] * served.n_ctx)
+    server.on_generate(bad_ctx.to_header(), bad_ctx.payload(), COORD)
+    other = _gen(served, "s/other")
+    server.on_generate(other.to_header(), other.payload(), "e" * 64)  # from a node it does not name
+    contributing[0] = False
+    paused = _gen(served, "s/paused")
+    server.on_generate(paused.to_header(), paused.payload(), COORD)
+    contributing[0] = True
+    first, dup = _gen(served, "s/dup", max_new=200), _gen(served, "s/dup")
+    server.on_generate(first.to_header(), first.payload(), COORD)
+    server.on_generate(dup.to_header(), dup.payload(), COORD)
+    codes = {f.header["sid"]: f.header["error"]["code"] for f in peers.sent
+             if f.type == FrameType.TOKENS and f.header.get("end") == "error"}
+    assert codes == {"s/ctx": "context_exceeded", "s/other": "coordinator_mismatch", "s/paused": "not_contributing",
+                     "s/dup": "duplicate_session"}
+    await wait_until(lambda: server.in_flight == 0, 30, 0.02, "the one accepted generation to finish")
+
+
+async def test_queued_behind_the_lock_it_sends_keepalives_and_a_cancel_frees_it(holder, monkeypatch):
+    server, served, peers, _ = holder
+    monkeypatch.setattr(const, "GENERATE_KEEPALIVE_S", 0.05)
+    await served.lock.acquire()  # a local request holds the model
+    try:
+        gen = _gen(served, "s/queued")
+        server.on_generate(gen.to_header(), gen.payload(), COORD)
+        await wait_until(lambda: len(_tokens(peers, gen.sid)) >= 2, 10, 0.02, "keepalives while queued")
+        assert all(not t.tokens and t.end is None and t.first == 0 for t in _tokens(peers, gen.sid))
+        assert served.waiting == 1
+        server.on_cancel(GenerateCancel(gen.sid).to_header(), b"", COORD)
+        await wait_until(lambda: server.in_flight == 0, 10, 0.02, "the queued generation to go")
+        assert served.waiting == 0
+        before = len(_tokens(peers, gen.sid))
+    finally:
+        served.lock.release()
+    # nothing more is sent for a cancelled generation, and the model serves the next one
+    nxt = _gen(served, "s/next", max_new=2)
+    server.on_generate(nxt.to_header(), nxt.payload(), COORD)
+    await wait_until(lambda: any(t.end for t in _tokens(peers, nxt.sid)), 30, 0.02, "the next generation")
+    assert len(_tokens(peers, gen.sid)) == before
