@@ -116,7 +116,7 @@ def test_a_whole_holder_is_one_segment_weighed_by_its_time_per_token():
 
 def test_a_whole_holder_is_never_cut_and_a_second_one_is_its_standby():
     # a whole advert whose range is not the model's (a bad or stale advert) is not usable at all
-    assert plan_route(8, [Holder(A, 0, 8, whole=True), Holder(B, 0, 8, whole=True)]).standbys[0].node_id == B
+    assert plan_route(8, [Holder(A, 0, 8, whole=True), Holder(B, 0, 8, whole=True)]).standbys[0][0].node_id == B
     with pytest.raises(Exception, match="no chain"):
         plan_route(8, [Holder(A, 0, 4, whole=True), Holder(B, 4, 8)])
 
