@@ -1,7 +1,7 @@
 """A tiny API client run inside a network namespace (`ip netns exec NS python -m tests.pipeline.netclient`).
 
     wait  PORT DATA_DIR MODEL_NAME TIMEOUT_S      → prints the model id once the swarm serves it
-    chat  PORT DATA_DIR MODEL CONTENT MAX_TOKENS  → prints JSON {status, headers, text} (greedy)
+    chat  PORT DATA_DIR MODEL CONTENT MAX_TOKENS  → prints JSON {status, headers, text, usage} (greedy)
     peers PORT DATA_DIR                           → prints /api/admin/peers
 """
 
@@ -50,7 +50,7 @@ def main() -> None:
             with urllib.request.urlopen(req, timeout=120) as r:
                 data = json.loads(r.read())
                 print(json.dumps({"status": r.status, "headers": dict(r.headers),
-                                  "text": data["choices"][0]["message"]["content"]}))
+                                  "text": data["choices"][0]["message"]["content"], "usage": data.get("usage")}))
         except urllib.error.HTTPError as exc:
             print(json.dumps({"status": exc.code, "headers": dict(exc.headers), "text": exc.read().decode()}))
         return

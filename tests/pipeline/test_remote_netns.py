@@ -1,6 +1,6 @@
 """Remote generate across network namespaces (root; veth + bridge): a whole holder found by mDNS
-alone, and one reachable only through a relay (route `relayed`). The coordinator holds the model
-only as a one-layer slice (its tokenizer), so the whole holder is the only route."""
+alone, and one reachable only through a relay (route `relayed`). The coordinator holds nothing of
+the model (no file, no slice): it takes the header from the holder and the holder runs it."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_whole_holder_found_by_mdns_alone(lab, tmp_path):  # noqa: F811
         spaces.veth(ns, "eth0", sw, f"p{name}")
         spaces.run(sw, "ip", "link", "set", f"p{name}", "master", "br0")
         spaces.address(ns, "eth0", f"10.236.0.{i + 1}/24")
-        args = ["--model", str(model), "--layers", "0-0"] if name == "a" else ["--model", str(model)]
+        args = [] if name == "a" else ["--model", str(model)]
         nodes.append(NsNode(ns, tmp_path / name, args))
     a = nodes[0]
     model_id = a.client("wait", "split6", "120")
@@ -61,8 +61,7 @@ def test_whole_holder_behind_a_relay(lab, tmp_path):  # noqa: F811
     spaces.address(r, "to_h", "10.238.0.1/24")
     spaces.run(r, "sysctl", "-qw", "net.ipv4.ip_forward=0")
     nodes.append(NsNode(r, tmp_path / "r", ["--relay", "--no-mdns"]))
-    nodes.append(NsNode(a, tmp_path / "a", ["--model", str(model), "--layers", "0-0", "--no-mdns",
-                                            "--relays", "10.237.0.3:8810"]))
+    nodes.append(NsNode(a, tmp_path / "a", ["--no-mdns", "--relays", "10.237.0.3:8810"]))
     nodes.append(NsNode(h, tmp_path / "h", ["--model", str(model), "--no-mdns", "--relays", "10.238.0.1:8810"]))
     node_a = nodes[1]
     model_id = node_a.client("wait", "split6", "150")
