@@ -23,12 +23,8 @@ the old one keeps serving, then re-checks that dropping the old range uncovers n
 aborts and keeps the old range), then switches.
 
 Chain estimate (sampled every `--plan-every` s): holders are the serving ranges, each with its
-ms/layer and RTT. The planner takes whole ranges that abut exactly (today's `plan_route`); the sim
-first asks it whether it accepts overlapping ranges (a two-holder probe). If not, it feeds it
-every sub-range [a, b) of each holder cut at the swarm's range boundaries, the 2 cheapest holders
-per (a, b) — what sub-range routing will do inside the planner once that lands (then the raw
-ranges are passed as they are and the adapter is unused). `today raw` also reports how often
-today's planner finds any chain on the raw ranges. Two references:
+ms/layer and RTT, given as they are to the node's own `plan_route` (which uses any sub-range of a
+holder's range; ranges may overlap). Two references:
   best (placed)  the cheapest chain over the current placement with any sub-range of any holder,
                  a node allowed more than once: a lower bound for any planner on these ranges;
   best (ideal)   the cheapest chain if the swarm's live nodes could hold any layers within their
@@ -89,17 +85,8 @@ class Stats:
     moves: int = 0
     aborted: int = 0
     moves_by_event: dict[int, int] = field(default_factory=dict)
-    samples: list[tuple[float, float | None, float, float, bool]] = field(default_factory=list)
+    samples: list[tuple[float, float | None, float, float]] = field(default_factory=list)
     capacity: list[float] = field(default_factory=list)  # Σ budgets / layers of live nodes, per sample
-
-
-def _planner_takes_subranges() -> bool:
-    """Whether plan_route routes over overlapping ranges (the sub-range planner has landed)."""
-    try:
-        plan_route(4, [Holder("a", 0, 3), Holder("b", 2, 4)])
-    except InsufficientCapacity:
-        return False
-    return True
 
 
 def _cost_tables(n_layers: int, holders: list[Holder]) -> tuple[np.ndarray, np.ndarray]:
@@ -126,25 +113,6 @@ def best_placed(n_layers: int, holders: list[Holder]) -> float:
     for b in range(1, n_layers + 1):
         best[b] = np.min(best[:b] + (last[:b, b] if b == n_layers else mid[:b, b]))
     return float(best[n_layers])
-
-
-def subrange_holders(n_layers: int, holders: list[Holder], keep: int = 2) -> list[Holder]:
-    """Today's planner takes whole ranges that abut: offer it every sub-range cut at the swarm's
-    boundaries, the `keep` cheapest holders for each (a, b)."""
-    cuts = sorted({0, n_layers} | {h.start for h in holders} | {h.end for h in holders})
-    cost, _ = _cost_tables(n_layers, holders)
-    idx = np.array(cuts)
-    sub = cost[:, idx][:, :, idx]  # (H, C, C)
-    k = min(keep, len(holders))
-    top = np.argpartition(sub, k - 1, axis=0)[:k] if len(holders) > k else np.broadcast_to(
-        np.arange(len(holders))[:, None, None], (len(holders), len(cuts), len(cuts)))
-    out = []
-    for i, j in zip(*np.nonzero(np.isfinite(sub.min(axis=0))), strict=True):
-        for h_index in top[:, i, j]:
-            if np.isfinite(sub[h_index, i, j]):
-                h = holders[int(h_index)]
-                out.append(Holder(h.node_id, cuts[i], cuts[j], h.transport, h.rtt_ms, h.ms_per_layer))
-    return out
 
 
 def best_ideal(n_layers: int, nodes: list[SimNode]) -> float:
@@ -188,7 +156,6 @@ class Sim:
         self._spans: tuple[int, list[lc.Span]] | None = None
         self.last_event = -1  # id of the latest join/leave (moves are attributed to it)
         self.stats = Stats()
-        self.subranges = _planner_takes_subranges()
         self.ids = itertools.count()
 
     # --- the model of a node ---
@@ -319,18 +286,12 @@ class Sim:
         if not holders:
             return
         try:
-            plan_route(self.n_layers, holders)
-            raw_ok = True
-        except InsufficientCapacity:
-            raw_ok = False
-        try:
-            offered = holders if self.subranges else subrange_holders(self.n_layers, holders)
-            planned = plan_route(self.n_layers, offered).est_ms
+            planned = plan_route(self.n_layers, holders, standbys=False).est_ms
         except InsufficientCapacity:
             planned = None
         placed = best_placed(self.n_layers, holders)
         ideal = best_ideal(self.n_layers, list(self.nodes.values()))
-        self.stats.samples.append((self.now, planned, placed, ideal, raw_ok))
+        self.stats.samples.append((self.now, planned, placed, ideal))
         self.stats.capacity.append(sum(n.budget.layers for n in self.nodes.values()) / self.n_layers)
 
     def run(self) -> Stats:
@@ -371,13 +332,12 @@ class Sim:
         return self.stats
 
 
-def report(n: int, args: argparse.Namespace, stats: Stats, wall_s: float, subranges: bool) -> list[str]:
+def report(n: int, args: argparse.Namespace, stats: Stats, wall_s: float) -> list[str]:
     events = stats.joins + stats.leaves
     per_event = list(stats.moves_by_event.values())
-    ratios_placed = [p / b for _, p, b, _, _ in stats.samples if p is not None and b > 0]
-    ratios_ideal = [p / i for _, p, _, i, _ in stats.samples if p is not None and i > 0]
+    ratios_placed = [p / b for _, p, b, _ in stats.samples if p is not None and b > 0]
+    ratios_ideal = [p / i for _, p, _, i in stats.samples if p is not None and i > 0]
     planned_ok = sum(1 for s in stats.samples if s[1] is not None)
-    raw_ok = sum(1 for s in stats.samples if s[4])
     cover1 = 100 * stats.t_cover1 / stats.t_measured if stats.t_measured else float("nan")
     cover2 = 100 * stats.t_cover2 / stats.t_measured if stats.t_measured else float("nan")
 
@@ -404,8 +364,7 @@ def report(n: int, args: argparse.Namespace, stats: Stats, wall_s: float, subran
         f"  moves: {stats.moves} started ({stats.aborted} aborted at commit), "
         f"{stats.moves / events if events else 0:.3f} per join/leave, at most {max(per_event, default=0)} "
         f"after one event",
-        f"  chain (planner {'sub-ranges' if subranges else 'today + sub-range adapter'}): "
-        f"found in {planned_ok}/{len(stats.samples)} samples; today's planner on raw ranges: {raw_ok}",
+        f"  chain (plan_route): found in {planned_ok}/{len(stats.samples)} samples",
         f"  planned / best(placed): median {pct(ratios_placed, 50):.3f} p95 {pct(ratios_placed, 95):.3f} "
         f"max {pct(ratios_placed, 100):.3f}",
         f"  planned / best(ideal):  median {pct(ratios_ideal, 50):.3f} p95 {pct(ratios_ideal, 95):.3f} "
@@ -434,13 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cpu: {cpu_name()}")
     print(f"layer choice: redundancy {lc.REDUNDANCY}, balance quality {lc.BALANCE_QUALITY}, re-evaluation "
           f"{REEVAL_S:g} s ± 20 %, reaction 0.5-1.5 s")
-    subranges = _planner_takes_subranges()
     for n in (int(x) for x in args.nodes.split(",")):
         started = time.monotonic()
         sim = Sim(n, args.layers, args.churn, args.minutes, args.warmup, args.seed, args.load_s_per_layer,
                   args.plan_every, args.mem_scale)
         stats = sim.run()
-        print("\n".join(report(len(sim.nodes), args, stats, time.monotonic() - started, subranges)))
+        print("\n".join(report(len(sim.nodes), args, stats, time.monotonic() - started)))
     return 0
 
 
