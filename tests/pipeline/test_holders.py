@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from node.inference.pipeline.holders import LayerHolders
 from node.inference.pipeline.perf import PeerPerformance
+from node.inference.pipeline.planner import plan_route
 from node.net import PeerSnapshot
 
 ME, P1, P2 = "a" * 64, "b" * 64, "c" * 64
@@ -52,3 +53,28 @@ def test_a_gap_or_a_disconnected_peer_is_not_covered():
     assert not lh.covers(SHA, 8) and lh.swarm_models() == {}
     # one node's two slices would need a chain through it twice: not a route
     assert not holders(snap(P1, (0, 4), (4, 8))).covers(SHA, 8)
+
+
+def _advert(**fields):
+    return {"sha256": SHA, "name": "m", "n_layers": 8, **fields}
+
+
+def test_a_peers_speed_figures_cannot_crash_or_hijack_planning():
+    """JSON as Python reads it admits NaN and ±Infinity; a negative figure would attract every
+    route. Such figures count as unmeasured; garbled ranges make no holder."""
+    honest = PeerSnapshot(P1, P1[:8], "connected", "direct", "127.0.0.1:1", 2.0, 200.0,
+                          (_advert(start=0, end=8, ms_per_layer=1.0),), None)
+    for bad in (float("inf"), float("nan"), -5.0, 0, "3", True, 1e300):
+        liar = PeerSnapshot(P2, P2[:8], "connected", "direct", "127.0.0.1:2", 2.0, 200.0,
+                            (_advert(start=0, end=8, ms_per_layer=bad),), None)
+        lh = holders(honest, liar)
+        plan = plan_route(8, lh.holders(SHA))
+        assert plan.segments[0].node_id == P1, bad  # the liar is at best unmeasured (2 ms) or clamped
+        assert lh.covers(SHA, 8) and list(lh.swarm_models()) == [SHA]
+        whole = PeerSnapshot(P2, P2[:8], "connected", "direct", "127.0.0.1:2", 2.0, 200.0,
+                             (_advert(whole=True, ms_per_token=bad),), None)
+        assert holders(honest, whole).covers(SHA, 8)
+    for garbled in (dict(start=0.5, end=8), dict(start=True, end=8), dict(start=4, end=2), dict(start="0", end=8),
+                    dict(start=-1, end=8)):
+        snap_ = PeerSnapshot(P2, P2[:8], "connected", "direct", "127.0.0.1:2", 2.0, 200.0, (_advert(**garbled),), None)
+        assert holders(snap_).holders(SHA) == [], garbled

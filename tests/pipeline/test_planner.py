@@ -252,3 +252,15 @@ def test_layer_coverage_matches_a_per_layer_definition():
         for start, end, held in runs:
             for layer in range(start, end):
                 assert held == [h for h in holders if h.start <= layer < h.end]
+
+
+@pytest.mark.parametrize("n_holders", [5, 250])  # the plain sweep and the numpy one
+def test_absurd_figures_are_unmeasured_or_clamped_in_both_sweeps(n_holders):
+    rng = random.Random(7)
+    bad = [float("inf"), float("nan"), -3.0, 1e300, 0.0]
+    hs = [Holder(f"{i:064x}", rng.randrange(0, 4) * 20, 80, rtt_ms=rng.choice([5.0, float("inf"), -9.0, 1e300]),
+                 ms_per_layer=rng.choice(bad)) for i in range(n_holders)]
+    hs.append(Holder("f" * 64, 0, 80, rtt_ms=4.0, ms_per_layer=0.5))  # the one honest, fast holder
+    plan = plan_route(80, hs)
+    assert [h.node_id for h in plan.segments] == ["f" * 64]
+    assert plan.est_ms == pytest.approx(0.5 * 80 + 4.0)

@@ -21,7 +21,7 @@ from typing import Any
 from node.errors import InsufficientCapacity
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.perf import PeerPerformance
-from node.inference.pipeline.planner import Holder, Plan, plan_route
+from node.inference.pipeline.planner import Holder, Plan, plan_route, sane_ms
 from node.inference.pipeline.transport import PipelineTransport
 from node.logs import kv
 from node.models.catalog import ModelEntry
@@ -36,17 +36,23 @@ def _holder(snap: Any, m: dict[str, Any], measured: float | None) -> Holder | No
     `measured` (this coordinator's EWMA of the peer's ms/layer) wins over advertised figures."""
     transport, rtt = snap.transport or "direct", snap.rtt_ms or 0.0
     if "start" in m:
-        return Holder(snap.node_id, int(m["start"]), int(m["end"]), transport, rtt,
-                      measured if measured is not None else m.get("ms_per_layer"), snap.region)
+        start, end = m["start"], m.get("end")
+        if not (_is_int(start) and _is_int(end) and 0 <= start < end):
+            return None
+        return Holder(snap.node_id, start, end, transport, rtt,
+                      measured if measured is not None else sane_ms(m.get("ms_per_layer"), None), snap.region)
     if m.get("whole") is not True or m.get("paused"):
         return None
-    n_layers = int(m["n_layers"])
-    if n_layers <= 0:
+    n_layers = m.get("n_layers")
+    if not (_is_int(n_layers) and n_layers > 0):
         return None
-    advertised = m.get("ms_per_token")
-    per_layer = measured if measured is not None else (
-        float(advertised) / n_layers if isinstance(advertised, int | float) and advertised > 0 else None)
+    advertised = sane_ms(m.get("ms_per_token"), None)
+    per_layer = measured if measured is not None else (advertised / n_layers if advertised is not None else None)
     return Holder(snap.node_id, 0, n_layers, transport, rtt, per_layer, snap.region, whole=True)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class LayerHolders:

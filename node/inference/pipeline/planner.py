@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -36,6 +37,16 @@ DEFAULT_MS_PER_LAYER = 2.0  # until a holder has been measured
 MAX_CONFLICT_NODES = 8  # nodes the node-once rule tracks in a chain's state (2^N states per cut)
 NUMPY_MIN_HOLDERS = 200  # from here on a sweep is vectorised (below, numpy's per-call overhead loses)
 KEEP_DOMINATED = 3  # same-range holders kept although others are no slower and no farther
+MAX_MS = 60_000.0  # a ms/layer or RTT figure is clamped to this (a minute): keys stay exact int64
+
+
+def sane_ms(value: object, default: float | None) -> float | None:
+    """A time figure a peer advertised, as the planner may use it: a finite real number, > 0 and at
+    most MAX_MS; anything else (NaN, ±Infinity — JSON as Python parses it —, ≤ 0, a string, a bool)
+    is `default`. A negative figure would attract every route, an infinite one crash the search."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return default
+    return min(float(value), MAX_MS)
 
 
 @dataclass(frozen=True)
@@ -61,13 +72,13 @@ class Holder:
         return self.node_id[:8]
 
     def layer_ms(self) -> float:
-        return self.ms_per_layer if self.ms_per_layer is not None else DEFAULT_MS_PER_LAYER
+        return sane_ms(self.ms_per_layer, DEFAULT_MS_PER_LAYER)
 
     def compute_ms(self) -> float:
         return self.layer_ms() * self.layers
 
     def hop_ms(self) -> float:
-        return 0.0 if self.transport == "local" else self.rtt_ms / 2.0
+        return 0.0 if self.transport == "local" else sane_ms(self.rtt_ms, 0.0) / 2.0
 
     def contains(self, start: int, end: int) -> bool:
         return self.start <= start < end <= self.end
