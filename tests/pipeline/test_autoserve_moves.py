@@ -157,3 +157,35 @@ async def test_first_choice_then_periodic_and_peer_triggered_moves(tmp_path, mon
 
 async def _nothing():
     return None
+
+
+def test_a_sweep_racing_an_unload_and_a_failing_sweep_keep_the_sweeper(tmp_path, monkeypatch):
+    async def go():
+        path = tmp_path / "mv8.gguf"
+        write_gguf(path, SPEC)
+        entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
+        host = SliceHost(dtype="f32")
+        try:
+            hosted = await host.async_load(entry, 0, 4)
+            hosted.model.new_session("s1")
+            # the sweep runs on the slice's executor; the unload's free() queues behind it and
+            # clears hosted.model before the sweep's coroutine resumes
+            await asyncio.gather(host.async_sweep(), host.async_unload(hosted))
+            assert hosted.model is None and host.slices == {}
+            await host.async_sweep()  # nothing left; an unloaded slice's shut executor is not used
+
+            calls = []
+
+            async def flaky():
+                calls.append(1)
+                if len(calls) == 1:
+                    raise RuntimeError("a sweep that fails")
+                return []
+            monkeypatch.setattr(const, "SESSION_SWEEP_INTERVAL_S", 0.01)
+            monkeypatch.setattr(host, "async_sweep", flaky)
+            sweeper = asyncio.create_task(host._async_sweep_loop())
+            await wait_until(lambda: len(calls) >= 3, 5.0, 0.01, "the sweeper to go on after a failure")
+            sweeper.cancel()
+        finally:
+            await host.async_close()
+    asyncio.run(go())

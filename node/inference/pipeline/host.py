@@ -217,7 +217,10 @@ class SliceHost:
     async def _async_sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(const.SESSION_SWEEP_INTERVAL_S)
-            await self.async_sweep()
+            try:
+                await self.async_sweep()
+            except Exception:  # a sweep that fails must not end the sweeping (KV would grow unbounded)
+                log.exception("DIAG: KV session sweep failed; the next one runs as planned")
 
     async def async_sweep(self) -> list[str]:
         """Free sessions idle past the TTL, then LRU ones over the KV budget (on each executor)."""
@@ -225,9 +228,13 @@ class SliceHost:
         loop = asyncio.get_running_loop()
         budget = self.kv_budget_bytes
         for hosted in list(self.slices.values()):
-            if hosted.model is not None and hosted.state != "unloaded":  # (an unload may have run meanwhile)
-                freed += await loop.run_in_executor(hosted.executor, hosted.model.sweep_sessions, self.session_ttl_s, budget)
-                budget = max(0, budget - hosted.model.sessions.total_bytes())  # the budget is per node
+            model = hosted.model  # an unload may set it to None while the sweep runs on the executor
+            if model is not None and hosted.state != "unloaded" and hosted.executor is not None:
+                try:
+                    freed += await loop.run_in_executor(hosted.executor, model.sweep_sessions, self.session_ttl_s, budget)
+                except RuntimeError:  # the slice was unloaded meanwhile: its executor is shut down
+                    continue
+                budget = max(0, budget - model.sessions.total_bytes())  # the budget is per node
             coordinators = hosted.served.coordinators
             if len(coordinators) > const.SERVED_COORDINATORS_MAX:
                 for key in sorted(coordinators, key=coordinators.get)[: len(coordinators) - const.SERVED_COORDINATORS_MAX]:
