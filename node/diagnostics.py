@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from node.inference import llamacpp
 from node.inference.pipeline.autoserve import swarm_coverage
-from node.inference.pipeline.layerchoice import layer_counts
+from node.inference.pipeline.layerchoice import Span, layer_counts
 from node.redact import Redactor
 
 if TYPE_CHECKING:
@@ -211,7 +211,9 @@ def _coverage(node: ReportParts) -> list[str]:
     rows: list[str] = []
     for cov in sorted(swarm_coverage(node.short_id, node.slice_host.adverts(), peers).values(), key=lambda c: c.name):
         n = cov.n_layers
-        counts = layer_counts(n, cov.spans) if cov.spans else [0] * n
+        # a whole-model holder (llama.cpp, remote generate) holds every layer
+        everything = [*cov.spans, *(Span(h, 0, n, None) for h in cov.whole)]
+        counts = layer_counts(n, everything) if everything else [0] * n
         rows.append(f"{cov.name} ({n} layers, sha {cov.sha256[:8]}): min holders per layer "
                     f"{min(int(c) for c in counts) if n else 0}" + (" (auto: " + ", ".join(
                         sorted(h[:8] for h in cov.budgets)) + ")" if cov.budgets else ""))
@@ -223,7 +225,8 @@ def _coverage(node: ReportParts) -> list[str]:
                 continue
             who = holders_at[start]
             text = ", ".join(f"{h} ({ms:.3f} ms/layer)" if ms is not None else f"{h} (not measured)"
-                             for h, ms in who) or "NO HOLDER"
+                             for h, ms in who) or ("no slice (held by the whole holders below)" if cov.whole
+                                                   else "NO HOLDER")
             rows.append(f"  layers {start}-{layer - 1}: {text}")
             start = layer
         if cov.whole:

@@ -38,11 +38,16 @@ def test_coverage_names_holders_speeds_and_gaps():
     ])
     parts = SimpleNamespace(short_id="f" * 8, slice_host=SliceHost(), peers=peers)
     rows = _coverage(parts)
-    assert rows[0] == f"m8 (8 layers, sha {SHA[:8]}): min holders per layer 0 (auto: aaaaaaaa)"
+    # the whole holder d holds every layer: no layer is without a holder
+    assert rows[0] == f"m8 (8 layers, sha {SHA[:8]}): min holders per layer 1 (auto: aaaaaaaa)"
     assert rows[1] == "  layers 0-3: aaaaaaaa (0.250 ms/layer), bbbbbbbb (not measured)"
-    assert rows[2] == "  layers 4-5: NO HOLDER"
+    assert rows[2] == "  layers 4-5: no slice (held by the whole holders below)"
     assert rows[3] == "  layers 6-7: cccccccc (1.500 ms/layer)"
     assert rows[4] == "  whole (llama.cpp): dddddddd"
+    without_whole = _coverage(SimpleNamespace(short_id="f" * 8, slice_host=SliceHost(), peers=FakePeers(
+        [s for s in peers.snaps if s.node_id != "d" * 64])))
+    assert without_whole[0] == f"m8 (8 layers, sha {SHA[:8]}): min holders per layer 0 (auto: aaaaaaaa)"
+    assert without_whole[2] == "  layers 4-5: NO HOLDER"
     assert _coverage(SimpleNamespace(short_id="f" * 8, slice_host=SliceHost(), peers=None)) == [
         "(no model is served in layers here or by peers)"]
 
@@ -65,3 +70,15 @@ def test_malformed_adverts_are_dropped():
 def test_coverage_text_is_run_length():
     assert coverage_text(8, [Span("a", 0, 4), Span("b", 0, 4), Span("c", 4, 8)]) == "2x4,1x4"
     assert coverage_text(4, []) == "0x4"
+
+
+def test_one_peers_wrong_layer_count_does_not_hide_the_honest_holders():
+    liar = snap("l" * 64, {"sha256": SHA, "name": "m8", "n_layers": 80, "start": 0, "end": 80})
+    honest = [snap("a" * 64, advert(0, 4)), snap("b" * 64, advert(4, 8))]
+    cov = swarm_coverage("me", [], [liar, *honest])[SHA]  # the liar is the first advert seen
+    assert cov.n_layers == 8
+    assert cov.spans == [Span("a" * 64, 0, 4, None), Span("b" * 64, 4, 8, None)]
+    # a node holding the model believes its own count whatever the majority says
+    mine = swarm_coverage("me", [advert(0, 8)], [liar, snap("l2", {"sha256": SHA, "name": "m8", "n_layers": 80,
+                                                                    "start": 0, "end": 40})])[SHA]
+    assert mine.n_layers == 8 and mine.spans == [Span("me", 0, 8, None)]

@@ -81,18 +81,29 @@ def _parse_advert(m: Mapping[str, Any]) -> tuple[str, str, int, tuple[int, int] 
 
 def swarm_coverage(node_id: str, own_adverts: Iterable[Mapping[str, Any]],
                    peers: Iterable[Any]) -> dict[str, ModelCoverage]:
-    """Per model: this node's adverts and every connected peer's (malformed ones skipped)."""
+    """Per model: this node's adverts and every connected peer's (malformed ones skipped). A hash
+    advertised with different layer counts is believed at this node's own count if it holds the
+    model, else at the count most holders advertise (one peer's wrong count cannot hide the rest)."""
     out: dict[str, ModelCoverage] = {}
     sources = [(node_id, m) for m in own_adverts]
     sources += [(p.node_id, m) for p in peers if p.state == "connected" for m in p.models]
+    parsed_all = []
+    votes: dict[str, dict[int, set[str]]] = {}
+    own: dict[str, int] = {}
     for holder, m in sources:
         parsed = _parse_advert(m) if isinstance(m, Mapping) else None
         if parsed is None:
             continue
-        sha, name, n_layers, span, ms, budget = parsed
+        parsed_all.append((holder, parsed))
+        sha, n_layers = parsed[0], parsed[2]
+        votes.setdefault(sha, {}).setdefault(n_layers, set()).add(holder)
+        if holder == node_id:
+            own.setdefault(sha, n_layers)
+    believed = {sha: own.get(sha) or max(counts, key=lambda n: (len(counts[n]), -n)) for sha, counts in votes.items()}
+    for holder, (sha, name, n_layers, span, ms, budget) in parsed_all:
+        if n_layers != believed[sha]:
+            continue  # disagrees with what the model is believed to have: not believed
         cov = out.setdefault(sha, ModelCoverage(sha, name, n_layers))
-        if n_layers != cov.n_layers:
-            continue  # disagrees with the first advert of this hash: not believed
         if span is None:
             cov.whole.append(holder)
             continue
