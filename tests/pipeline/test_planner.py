@@ -158,8 +158,8 @@ def test_layer_coverage_runs_and_gaps():
 
 
 def _brute(n_layers, holders):
-    """Exhaustive: every chain of sub-ranges at candidate boundaries, a node at most once."""
-    cuts = sorted({0, n_layers} | {h.start for h in holders} | {h.end for h in holders})
+    """Exhaustive: every chain of sub-ranges cut at any layer boundary, a node at most once."""
+    cuts = range(n_layers + 1)
     best = None
 
     def walk(pos, used, cost, local, hops):

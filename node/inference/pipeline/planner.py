@@ -10,7 +10,8 @@ only ever a chain of one segment [0, L).
 
 The search is a sweep over the candidate cuts (0, L and the holders' starts and ends: moving the
 switch between two holders anywhere else changes the cost linearly, so an end point is never
-worse). Each holder keeps the best way to have entered it so far, so a cut costs one update per
+worse; plus L-1 when a local holder reaches the end, because ending locally saves a remote last
+segment's way back whatever the local tail's length). Each holder keeps the best way to have entered it so far, so a cut costs one update per
 holder covering it. The node-once rule is enforced by constraint generation: when the best chain
 passes a node twice, that node's use becomes part of the sweep's state and it runs again (exact;
 planning over 1,000 holders of an 80-layer model takes ~7 ms CPU with standbys, bench/planner_bench.py). Remote
@@ -206,11 +207,22 @@ def _cheapest(lo: int, hi: int, n_layers: int, holders: list[Holder]) -> _Label 
             conflict[node] = 1 << len(conflict)
 
 
+def _tail_cut(lo: int, hi: int, n_layers: int, holders: list[Holder]) -> set[int]:
+    """The cut before the last layer, when a local holder could run it: ending the chain locally
+    saves the remote last segment's way back, whatever the local tail's length, so the cheapest
+    switch to it may be one layer before the end (not only at a holder's start or end)."""
+    if hi != n_layers or hi - 1 <= lo:
+        return set()
+    return {hi - 1} if any(h.transport == "local" and not h.whole and h.start < hi - 1 and h.end == hi
+                           for h in holders) else set()
+
+
 def _sweep(lo: int, hi: int, n_layers: int, holders: list[Holder], conflict: dict[str, int]) -> _Label | None:
     """One sweep over the cuts in [lo, hi]: per cut the best chain reaching it for each set of
     conflict nodes used; per holder the best way to have entered it so far (a segment's key is
     linear in the cut it leaves at, so one entry per conflict set is enough)."""
-    cuts = sorted({lo, hi} | {h.start for h in holders if lo < h.start < hi} | {h.end for h in holders if lo < h.end < hi})
+    cuts = sorted({lo, hi} | {h.start for h in holders if lo < h.start < hi} | {h.end for h in holders if lo < h.end < hi}
+                  | _tail_cut(lo, hi, n_layers, holders))
     index = {b: i for i, b in enumerate(cuts)}
     opening: list[list[list]] = [[] for _ in cuts]  # per cut, the holders whose clipped range starts there
     for h in holders:
@@ -266,7 +278,8 @@ def _sweep_plain(lo: int, hi: int, n_layers: int, holders: list[Holder]) -> _Lab
     vectorised over the holders (numpy int64 keys) because a swarm simulation plans over a
     thousand holders many times."""
     sel = [h for h in holders if not h.whole and max(h.start, lo) < min(h.end, hi)]
-    cuts = sorted({lo, hi} | {h.start for h in sel if lo < h.start} | {h.end for h in sel if h.end < hi})
+    cuts = sorted({lo, hi} | {h.start for h in sel if lo < h.start} | {h.end for h in sel if h.end < hi}
+                  | _tail_cut(lo, hi, n_layers, sel))
     index = {b: i for i, b in enumerate(cuts)}
     first = np.array([index[max(h.start, lo)] for h in sel], dtype=np.int64)
     close = np.array([index[min(h.end, hi)] for h in sel], dtype=np.int64)
@@ -311,7 +324,8 @@ def _sweep_plain(lo: int, hi: int, n_layers: int, holders: list[Holder]) -> _Lab
 
 def _sweep_small(lo: int, hi: int, n_layers: int, holders: list[Holder]) -> _Label | None:
     """`_sweep_plain` in plain Python: faster than numpy's per-call overhead for a few holders."""
-    cuts = sorted({lo, hi} | {h.start for h in holders if lo < h.start < hi} | {h.end for h in holders if lo < h.end < hi})
+    cuts = sorted({lo, hi} | {h.start for h in holders if lo < h.start < hi} | {h.end for h in holders if lo < h.end < hi}
+                  | _tail_cut(lo, hi, n_layers, holders))
     index = {b: i for i, b in enumerate(cuts)}
     opening: list[list[list]] = [[] for _ in cuts]
     for h in holders:
