@@ -189,3 +189,33 @@ def test_a_sweep_racing_an_unload_and_a_failing_sweep_keep_the_sweeper(tmp_path,
         finally:
             await host.async_close()
     asyncio.run(go())
+
+
+@pytest.mark.asyncio
+async def test_a_first_mover_that_never_moves_stalls_nobody_for_ever(tmp_path):
+    """Every node computes the same first mover from the same adverts; one that never moves (its
+    view differs, or it lies about its budget) is waited for AUTO_SERVE_DEFER_ROUNDS rounds only."""
+    from node.inference.pipeline import layerchoice as lc
+    from node.inference.pipeline.autoserve import swarm_coverage
+
+    entry, host, peers, auto, model, old, announced = await setup(tmp_path)
+    sha = entry.sha256
+    for i in range(50):  # a peer id the seeded hash puts before this node
+        lazy = f"{i:02d}" * 32
+        snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 4, 8, sha), peer(lazy, 4, 8, sha)]
+        snaps[2].models[0]["auto_budget"] = [4, 4]
+        cov = swarm_coverage(auto.node_id, host.adverts(), snaps)[sha]
+        found = lc.first_mover(8, cov.spans, {**cov.budgets, auto.node_id: model.budget}, model.seed)
+        if found is not None and found[0] == lazy:
+            break
+    else:
+        pytest.fail("no peer id of 50 ranks before this node as first mover")
+    peers.snaps = snaps
+    for _ in range(const.AUTO_SERVE_DEFER_ROUNDS):
+        await auto._async_evaluate(model, "periodic")
+        assert host.find(sha, 4, 8) is old and host.find(sha, 0, 4) is None  # waiting for the lazy one
+    await auto._async_evaluate(model, "periodic")
+    assert host.find(sha, 0, 4) is not None  # it moved on its own
+    assert "move_from_4-7" in auto.decisions[-1]
+    await auto.async_stop()
+    await host.async_close()

@@ -172,6 +172,8 @@ class _Model:
     budget: lc.LayerBudget | None = None
     budget_mb: int = 0
     settled: bool = False
+    deferred_to: tuple[str, str] | None = None  # (the first mover we wait for, the coverage we saw)
+    deferred_rounds: int = 0
 
 
 class AutoServe:
@@ -316,9 +318,26 @@ class AutoServe:
             return  # mid-move
         budgets = {**cov.budgets, self.node_id: m.budget}
         found = lc.first_mover(n, cov.spans, budgets, m.seed)
-        if found is None or found[0] != self.node_id:
+        if found is None:
+            m.deferred_to, m.deferred_rounds = None, 0
             return
-        await self._async_move(m, mine[0], found[1], cov, why)
+        decision = found[1]
+        if found[0] != self.node_id:
+            # wait for the first mover, but not for ever: a peer whose view differs (no full mesh,
+            # a relay) or that never moves would stall every move. After AUTO_SERVE_DEFER_ROUNDS
+            # rounds on the same coverage, act on this node's own decision.
+            seen = (found[0], coverage_text(n, cov.spans))
+            m.deferred_rounds = m.deferred_rounds + 1 if m.deferred_to == seen else 1
+            m.deferred_to = seen
+            if m.deferred_rounds <= const.AUTO_SERVE_DEFER_ROUNDS:
+                return
+            decision = lc.should_move(n, cov.spans, self.node_id, m.budget, m.seed)
+            if decision is None:
+                return
+            log.info("DIAG: first mover did not move; moving on our own %s", kv(
+                model=entry.id, waited_for=found[0][:8], rounds=m.deferred_rounds - 1))
+        m.deferred_to, m.deferred_rounds = None, 0
+        await self._async_move(m, mine[0], decision, cov, why)
 
     async def _async_move(self, m: _Model, old: HostedSlice, d: lc.Decision, cov: ModelCoverage, why: str) -> None:
         entry, n = m.entry, m.entry.n_layers
