@@ -219,3 +219,26 @@ async def test_a_first_mover_that_never_moves_stalls_nobody_for_ever(tmp_path):
     assert "move_from_4-7" in auto.decisions[-1]
     await auto.async_stop()
     await host.async_close()
+
+
+@pytest.mark.asyncio
+async def test_without_memory_for_both_ranges_a_move_drops_the_old_one_first(tmp_path, monkeypatch):
+    from node.inference.pipeline import autoserve
+
+    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    entry, host, peers, auto, model, old, announced = await setup(tmp_path)
+    monkeypatch.setattr(autoserve, "default_budget_bytes", lambda: 0)  # the machine has no room to spare
+    sha = entry.sha256
+    peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 4, 8, sha), peer("p2" * 32, 4, 8, sha)]
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(old.executor, old.model.new_session, "busy")
+    move = asyncio.create_task(auto._async_evaluate(model, "test"))
+    await wait_until(lambda: old.state == "draining", 10.0, 0.01, "the old range to stop being offered")
+    assert host.find(sha, 0, 4) is None  # nothing new is loaded while the old range still runs
+    assert announced[-1] == []
+    await loop.run_in_executor(old.executor, old.model.free_session, "busy")
+    await asyncio.wait_for(move, 30.0)
+    assert old.state == "unloaded" and host.find(sha, 0, 4) is not None
+    assert announced[-1] == [(0, 4)]
+    await auto.async_stop()
+    await host.async_close()

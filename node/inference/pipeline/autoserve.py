@@ -172,6 +172,7 @@ class _Model:
     budget: lc.LayerBudget | None = None
     budget_mb: int = 0
     settled: bool = False
+    sizes: SliceSizes | None = None
     deferred_to: tuple[str, str] | None = None  # (the first mover we wait for, the coverage we saw)
     deferred_rounds: int = 0
 
@@ -274,6 +275,7 @@ class AutoServe:
 
     async def _async_budget(self, m: _Model, loop: asyncio.AbstractEventLoop) -> None:
         sizes = await loop.run_in_executor(None, slice_sizes, m.entry.path, self.host.dtype, self.host.max_ctx)
+        m.sizes = sizes
         budget_bytes = self.budget_mb * 2**20 if self.budget_mb else await loop.run_in_executor(
             None, default_budget_bytes)
         m.budget_mb = budget_bytes // 2**20
@@ -345,6 +347,9 @@ class AutoServe:
         before = coverage_text(n, cov.spans)
         self._log(m, d.range_text, before, coverage_text(n, [*others, lc.Span(self.node_id, d.start, d.end)]),
                   f"{why}:move_from_{old.start}-{old.end - 1}:{d.reason.replace(' ', '_')}")
+        if not await self._async_room_for_both(m, d):
+            await self._async_move_dropping_first(m, old, d)
+            return
         new = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head))
         if new.state != "loaded":
             await self.host.async_unload(new)
@@ -352,9 +357,7 @@ class AutoServe:
         # commit: the swarm may have changed while we loaded; dropping the old range must leave
         # every one of its layers a holder (our new range counts)
         cov = self.coverage().get(entry.sha256) or cov
-        keep = [s for s in cov.spans if not (s.node_id == self.node_id and (s.start, s.end) == (old.start, old.end))]
-        counts = lc.layer_counts(n, keep)
-        bare = [layer for layer in range(old.start, old.end) if counts[layer] == 0]
+        bare = self._bare_without(cov, old, n)
         if bare:
             self._log(m, f"{old.start}-{old.end - 1}", coverage_text(n, cov.spans), coverage_text(n, cov.spans),
                       f"move_aborted:layers_{bare[0]}-{bare[-1]}_would_have_no_holder")
@@ -367,6 +370,45 @@ class AutoServe:
         task = asyncio.create_task(self._async_free(old), name="autoserve-drain")
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
+
+    def _bare_without(self, cov: ModelCoverage, old: HostedSlice, n: int) -> list[int]:
+        """The layers of `old` that would have no holder if this node dropped it."""
+        keep = [s for s in cov.spans if not (s.node_id == self.node_id and (s.start, s.end) == (old.start, old.end))]
+        counts = lc.layer_counts(n, keep)
+        return [layer for layer in range(old.start, old.end) if counts[layer] == 0]
+
+    async def _async_room_for_both(self, m: _Model, d: lc.Decision) -> bool:
+        """Whether the machine has memory for the new range while the old one is still loaded
+        (available memory now, less the headroom, against the new range's weights and KV)."""
+        if m.sizes is None:
+            return False
+        need = (d.end - d.start) * (m.sizes.per_layer_bytes + m.sizes.kv_per_layer_bytes)
+        if d.end == m.entry.n_layers:
+            need += m.sizes.head_bytes
+        return await asyncio.get_running_loop().run_in_executor(None, default_budget_bytes) >= need
+
+    async def _async_move_dropping_first(self, m: _Model, old: HostedSlice, d: lc.Decision) -> None:
+        """A move without room for both ranges: stop advertising the old one (it is dropped only if
+        every one of its layers keeps another holder), let its sessions end, free it, then load the
+        new one. Never twice the memory; the node serves no new chain while it loads."""
+        entry, n = m.entry, m.entry.n_layers
+        cov = self.coverage().get(entry.sha256) or ModelCoverage(entry.sha256, entry.name, n)
+        bare = self._bare_without(cov, old, n)
+        if bare:
+            self._log(m, f"{old.start}-{old.end - 1}", coverage_text(n, cov.spans), coverage_text(n, cov.spans),
+                      f"move_aborted:layers_{bare[0]}-{bare[-1]}_would_have_no_holder")
+            return
+        log.info("DIAG: no memory for both ranges during the move; dropping the old one first %s", kv(
+            model=entry.id, old=f"{old.start}-{old.end - 1}", new=d.range_text))
+        self.host.drain(old)
+        await self.announce()
+        await self._async_free(old)
+        new = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head))
+        if new.state != "loaded":
+            await self.host.async_unload(new)  # the next evaluation chooses afresh (this node holds nothing)
+        else:
+            self.note(f"moved to layers {d.range_text} of {entry.id} (from {old.start}-{old.end - 1}, dropped first)")
+        await self.announce()
 
     async def _async_free(self, old: HostedSlice) -> None:
         """Free a drained slice once no session uses it, or after the grace period."""
