@@ -68,8 +68,10 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
         return None
     if not (isinstance(name, str) and _NAME.fullmatch(name)):
         return None
-    if not (_is_int(n_layers) and 0 < n_layers <= 4096 and _is_int(n_bytes) and 0 < n_bytes):
+    if not (_is_int(n_layers) and 0 < n_layers <= 4096):
         return None
+    if not (_is_int(n_bytes) and 0 < n_bytes <= const.MODEL_HEADER_MAX_BYTES):
+        return None  # a header we would refuse to hold: never fetched, from an origin or a peer
     arch = m.get("architecture")
     size = m.get("size_bytes")
     origin = m.get("origin_url")
@@ -84,7 +86,11 @@ def _fetchable_origin(url: str) -> bool:
     """An origin a peer's advert may make this node fetch: https (the server's certificate is
     checked), or plain http only on loopback (a local mirror). Any other http URL is ignored, so a
     member cannot point the swarm's nodes at plain-http services on their LANs (a GET with a Range
-    header, whose answer is only hash-checked, is still a request we should not make for others)."""
+    header, whose answer is only hash-checked, is still a request we should not make for others).
+    Loopback http is acceptable: it only ever reaches this machine's own mirror (the tests' local
+    origin server is one), the request is a single Range GET with no credentials, and its answer is
+    refused unless it hashes to the advertised header. The fetch never follows a redirect
+    (ranged.py), so an https origin cannot bounce us to an address this rule refuses."""
     try:
         parsed = urllib.parse.urlsplit(url)
         host = parsed.hostname
@@ -154,6 +160,9 @@ class HeaderFetcher:
         errors = []
         for advert in self._origins(adverts):
             try:
+                if advert.header_bytes > self.max_bytes:  # parse_advert refuses these; never fetch one
+                    raise HeaderRefused(f"advertised header of {advert.header_bytes} bytes is over the "
+                                        f"{self.max_bytes}-byte cap")
                 data = await async_fetch_prefix(advert.origin_url, advert.header_bytes,
                                                 timeout_s=const.MODEL_HEADER_TIMEOUT_S)
                 return data, await self._async_check(data, advert, "origin"), "origin", advert
