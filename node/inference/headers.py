@@ -53,6 +53,7 @@ class HeaderAdvert:
     header_bytes: int
     size_bytes: int = 0
     origin_url: str | None = None
+    servable: bool = False  # the peer serves it: a layer range, or whole and not paused
 
     @property
     def model_id(self) -> str:
@@ -77,9 +78,12 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
     origin = m.get("origin_url")
     if not (isinstance(origin, str) and len(origin) <= 2048 and _fetchable_origin(origin)):
         origin = None
+    start, end = m.get("start"), m.get("end")
+    servable = (_is_int(start) and _is_int(end) and 0 <= start < end <= n_layers) or \
+        (m.get("whole") is True and not m.get("paused"))
     return HeaderAdvert(node_id, sha, name, n_layers, arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None,
                         hsha, n_bytes, size if _is_int(size) and size >= 0 else 0,
-                        display_url(origin) if origin else None)
+                        display_url(origin) if origin else None, servable)
 
 
 def _fetchable_origin(url: str) -> bool:

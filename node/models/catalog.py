@@ -224,6 +224,14 @@ class ModelCatalog:
         with self._scan_lock:
             return self.entries.setdefault(entry.id, entry)
 
+    def remove_swarm_entry(self, entry: ModelEntry) -> bool:
+        """Take back a header-only entry (its tokenizer could not be read); only this very entry."""
+        with self._scan_lock:
+            if entry.has_file or self.entries.get(entry.id) is not entry:
+                return False
+            del self.entries[entry.id]
+            return True
+
     async def async_scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """scan() off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(None, self.scan, sources)

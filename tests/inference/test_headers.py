@@ -296,3 +296,13 @@ def test_a_trickle_of_tiny_chunks_is_refused(model):
     with pytest.raises(DownloadFailed, match="chunk of 10 bytes"):
         asyncio.run(go())
     assert len(holders.requests) == 1
+
+
+def test_parse_advert_says_whether_the_peer_serves_the_model(model):
+    base = {"sha256": model.entry.sha256, "name": "hdr", "n_layers": 3, "header_sha256": model.entry.header_sha256,
+            "header_bytes": 100}
+    for served in ({"start": 0, "end": 3}, {"start": 2, "end": 3}, {"whole": True}):
+        assert parse_advert(HOLDER, {**base, **served}).servable, served
+    for not_served in ({}, {"whole": True, "paused": True}, {"whole": 1}, {"start": 0, "end": 4},
+                       {"start": 2, "end": 2}, {"start": "0", "end": 3}, {"start": -1, "end": 3}):
+        assert not parse_advert(HOLDER, {**base, **not_served}).servable, not_served
