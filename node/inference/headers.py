@@ -25,7 +25,7 @@ from typing import Any
 from node import const
 from node.errors import DownloadFailed, InvalidRequest, ModelNotFound, NodeError
 from node.logs import kv
-from node.models.catalog import ModelCatalog
+from node.models.catalog import MODEL_NAME_RE, ModelCatalog
 from node.models.download.ranged import async_fetch_prefix
 from node.models.download.urls import display_url
 from node.models.gguf_meta import GgufHeader
@@ -35,7 +35,7 @@ from node.net import Frame, FrameType, PeerLink
 log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+_NAME = MODEL_NAME_RE  # the rule the catalog makes names by
 _ARCH = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _MIN_CHUNK = 64 * 1024  # smallest chunk accepted before the header's end: no million-request trickle
 

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import gzip
 import hashlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +20,7 @@ from node.errors import DownloadFailed, NodeError, PeerError
 from node.inference.headers import HeaderFetcher, HeaderServer, parse_advert
 from node.inference.synth import SynthSpec, write_gguf
 from node.models.download.ranged import async_fetch_prefix
-from node.models.catalog import ModelCatalog
+from node.models.catalog import ModelCatalog, readable_name
 from node.models.header import extract_header
 from node.net import Frame, FrameType
 
@@ -306,3 +307,14 @@ def test_parse_advert_says_whether_the_peer_serves_the_model(model):
     for not_served in ({}, {"whole": True, "paused": True}, {"whole": 1}, {"start": 0, "end": 4},
                        {"start": 2, "end": 2}, {"start": "0", "end": 3}, {"start": -1, "end": 3}):
         assert not parse_advert(HOLDER, {**base, **not_served}).servable, not_served
+
+
+def test_every_name_the_catalog_makes_is_one_an_advert_may_carry(model):
+    good = {"sha256": model.entry.sha256, "n_layers": 3, "header_sha256": model.entry.header_sha256,
+            "header_bytes": 100}
+    header = SimpleNamespace(get=lambda key, default=None: {"general.name": "Üñí"}.get(key, default))
+    for stem in ("_private", ".hidden", "..", "-x-", "x" * 300, "a" * 127 + "-b", "ÜÜÜ", "Qwen2.5 7B_Q4", "__"):
+        name = readable_name(Path(f"/m/{stem}.gguf"), header)
+        assert len(name) <= 128 and parse_advert(HOLDER, {**good, "name": name}) is not None, (stem, name)
+    assert readable_name(Path("/m/_x_.gguf"), header) == "x_"
+    assert readable_name(Path("/m/Hello World.gguf"), header) == "hello-world"
