@@ -19,8 +19,8 @@ from node import const
 from node.errors import DownloadFailed, NodeError, PeerError
 from node.inference.headers import HeaderFetcher, HeaderServer, parse_advert
 from node.inference.synth import SynthSpec, write_gguf
-from node.models.download.ranged import async_fetch_prefix
 from node.models.catalog import ModelCatalog, readable_name
+from node.models.download.ranged import async_fetch_prefix
 from node.models.header import extract_header
 from node.net import Frame, FrameType
 

@@ -151,7 +151,7 @@ def test_cache_prune_drops_the_unused_and_the_least_recently_used(models, tmp_pa
     cache = HeaderCache(tmp_path / "headers")
     shas = [f"{i:x}" * 64 for i in range(1, 6)]
     now = 1_000_000.0
-    for age, sha in zip((5, 4, 3, 2, 1), shas):  # shas[0] the oldest
+    for age, sha in zip((5, 4, 3, 2, 1), shas, strict=True):  # shas[0] the oldest
         cache.store(sha, data, header)
         os.utime(cache.header_path(sha), (now - age * 100, now - age * 100))
     gone = cache.prune(max_files=3, max_age_s=450, keep=frozenset({shas[1]}), now=now)
