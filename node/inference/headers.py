@@ -25,7 +25,7 @@ from typing import Any
 from node import const
 from node.errors import DownloadFailed, InvalidRequest, ModelNotFound, NodeError
 from node.logs import kv
-from node.models.catalog import ModelCatalog
+from node.models.catalog import MODEL_NAME_RE, ModelCatalog
 from node.models.download.ranged import async_fetch_prefix
 from node.models.download.urls import display_url
 from node.models.gguf_meta import GgufHeader
@@ -35,7 +35,7 @@ from node.net import Frame, FrameType, PeerLink
 log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+_NAME = MODEL_NAME_RE  # the rule the catalog makes names by
 _ARCH = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _MIN_CHUNK = 64 * 1024  # smallest chunk accepted before the header's end: no million-request trickle
 
@@ -53,6 +53,7 @@ class HeaderAdvert:
     header_bytes: int
     size_bytes: int = 0
     origin_url: str | None = None
+    servable: bool = False  # the peer serves it: a layer range, or whole and not paused
 
     @property
     def model_id(self) -> str:
@@ -68,23 +69,32 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
         return None
     if not (isinstance(name, str) and _NAME.fullmatch(name)):
         return None
-    if not (_is_int(n_layers) and 0 < n_layers <= 4096 and _is_int(n_bytes) and 0 < n_bytes):
+    if not (_is_int(n_layers) and 0 < n_layers <= 4096):
         return None
+    if not (_is_int(n_bytes) and 0 < n_bytes <= const.MODEL_HEADER_MAX_BYTES):
+        return None  # a header we would refuse to hold: never fetched, from an origin or a peer
     arch = m.get("architecture")
     size = m.get("size_bytes")
     origin = m.get("origin_url")
     if not (isinstance(origin, str) and len(origin) <= 2048 and _fetchable_origin(origin)):
         origin = None
+    start, end = m.get("start"), m.get("end")
+    servable = (_is_int(start) and _is_int(end) and 0 <= start < end <= n_layers) or \
+        (m.get("whole") is True and not m.get("paused"))
     return HeaderAdvert(node_id, sha, name, n_layers, arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None,
                         hsha, n_bytes, size if _is_int(size) and size >= 0 else 0,
-                        display_url(origin) if origin else None)
+                        display_url(origin) if origin else None, servable)
 
 
 def _fetchable_origin(url: str) -> bool:
     """An origin a peer's advert may make this node fetch: https (the server's certificate is
     checked), or plain http only on loopback (a local mirror). Any other http URL is ignored, so a
     member cannot point the swarm's nodes at plain-http services on their LANs (a GET with a Range
-    header, whose answer is only hash-checked, is still a request we should not make for others)."""
+    header, whose answer is only hash-checked, is still a request we should not make for others).
+    Loopback http is acceptable: it only ever reaches this machine's own mirror (the tests' local
+    origin server is one), the request is a single Range GET with no credentials, and its answer is
+    refused unless it hashes to the advertised header. The fetch never follows a redirect
+    (ranged.py), so an https origin cannot bounce us to an address this rule refuses."""
     try:
         parsed = urllib.parse.urlsplit(url)
         host = parsed.hostname
@@ -154,6 +164,9 @@ class HeaderFetcher:
         errors = []
         for advert in self._origins(adverts):
             try:
+                if advert.header_bytes > self.max_bytes:  # parse_advert refuses these; never fetch one
+                    raise HeaderRefused(f"advertised header of {advert.header_bytes} bytes is over the "
+                                        f"{self.max_bytes}-byte cap")
                 data = await async_fetch_prefix(advert.origin_url, advert.header_bytes,
                                                 timeout_s=const.MODEL_HEADER_TIMEOUT_S)
                 return data, await self._async_check(data, advert, "origin"), "origin", advert

@@ -101,7 +101,18 @@ class ModelManager:
     # --- registry ---
 
     async def async_register(self, entry: ModelEntry, *, whole: bool = True) -> ServedModel:
-        """Add a catalog entry and read its tokenizer (vocab-only load, off the loop)."""
+        """Add a catalog entry and read its tokenizer (vocab-only load, off the loop).
+
+        A registered id is never replaced (Conflict), except on purpose: a file of a model known
+        here by its header only (a download, a scan) replaces that header-only registration,
+        once the catalog has the file's entry under the id. A header-only (swarm) entry must be
+        the catalog's entry for its id, so a peer's advert can never stand in for a model here."""
+        known = self._served.get(entry.id)
+        in_catalog = self.catalog.entries.get(entry.id) is entry
+        if known is not None and not (entry.has_file and not known.entry.has_file and in_catalog):
+            raise Conflict(f"model {entry.id} is registered already; it is not replaced")
+        if not entry.has_file and not in_catalog:
+            raise Conflict(f"model {entry.id} from the swarm is not this node's catalog entry for that id")
         served = ServedModel(entry, whole=whole)
         if not whole:
             served.state = "slices" if entry.has_file else "swarm"  # swarm: only its header is here
@@ -115,6 +126,19 @@ class ModelManager:
         self._observers.emit("added", served)
         return served
 
+    def forget(self, entry: ModelEntry) -> bool:
+        """Drop the registration of this very entry (a swarm model whose tokenizer failed); True if
+        it was registered."""
+        served = self._served.get(entry.id)
+        if served is None or served.entry is not entry:
+            return False
+        del self._served[entry.id]
+        return True
+
+    def is_registered(self, model_id: str) -> bool:
+        """Whether a model of exactly this id is registered here."""
+        return model_id in self._served
+
     def _context_for(self, entry: ModelEntry) -> int:
         trained = entry.context_length or 2048
         if self.config.n_ctx:
@@ -123,7 +147,11 @@ class ModelManager:
 
     def get(self, model_id: str) -> ServedModel:
         """The served model for an id, name or hash prefix (404 if unknown here)."""
-        return self._served[self.catalog.resolve(model_id).id]
+        entry = self.catalog.resolve(model_id)
+        served = self._served.get(entry.id)
+        if served is None:  # catalogued a moment before its registration (a scan, a swarm header)
+            raise ModelNotFound(f"The model `{model_id}` is not ready on this node yet", param="model")
+        return served
 
     async def async_get(self, model_id: str) -> ServedModel:
         """get(), or, for a model only peers hold whose header is on its way, once it is here."""

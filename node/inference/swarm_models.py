@@ -8,6 +8,15 @@ pay for it; a request that names such a model while its header is on the way wai
 model is then a catalog entry with source "swarm" (id = advertised name + the advertised FULL
 file's sha256[:8], the id every node uses) and a `ServedModel(whole=False)`: the pipeline runs it
 across the holders like any model held in slices.
+
+Bounded, since any member can advertise any number of made-up models: a model is fetched only
+once a connected peer advertises it as servable (a layer range, or whole and not paused); at most
+`MODEL_SWARM_MAX` swarm-only models (registered or on their way) and `MODEL_HEADER_QUEUE` fetches
+(running or waiting) at a time, the rest skipped (logged once) until a later scan; the headers
+cache keeps `MODEL_HEADER_CACHE_MAX` files, none unused for `MODEL_HEADER_CACHE_MAX_AGE_S`. A
+swarm model never replaces one this node has: its id is checked against the catalog and the
+manager before it is fetched and again before it is registered, and it goes into the manager only
+once the catalog took this very entry.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import time
 from typing import Any
 
 from node import const
-from node.errors import NodeError
+from node.errors import Conflict, NodeError
 from node.inference.headers import HeaderAdvert, HeaderFetcher, parse_advert
 from node.inference.manager import ModelManager
 from node.logs import kv
@@ -45,19 +54,53 @@ class SwarmModels:
         self._failed_at: dict[str, float] = {}
         self._limit = asyncio.Semaphore(const.MODEL_HEADER_FETCHES)
         self._unsubscribe = None
+        self._closed = False
+        self._capped = False  # the last scan skipped a model at the cap (logged once per episode)
+        self._prune_task: asyncio.Task[Any] | None = None
 
     def start(self) -> None:
-        """Watch the peer table (and look at what is already there)."""
+        """Watch the peer table (and look at what is already there); prune the headers cache."""
         self._unsubscribe = self.peers.subscribe(lambda _kind, _snap: self._scan())
+        self._prune()
         self._scan()
 
     def close(self) -> None:
         """Stop watching; cancel fetches still running."""
+        self._closed = True
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        for task in self._tasks.values():
+        for task in list(self._tasks.values()):
             task.cancel()
+        if self._prune_task is not None:
+            self._prune_task.cancel()
+
+    def _swarm_shas(self) -> frozenset[str]:
+        return frozenset(e.sha256 for e in self.catalog.entries.values() if not e.has_file)
+
+    def _pending(self) -> int:
+        return sum(1 for t in self._tasks.values() if not t.done())
+
+    def _prune(self) -> None:
+        """Bound the headers cache (off the loop; one prune at a time, the models registered kept)."""
+        if self._prune_task is not None and not self._prune_task.done():
+            return
+        keep = self._swarm_shas() | frozenset(self._tasks)
+        self._prune_task = asyncio.get_running_loop().create_task(asyncio.to_thread(
+            self.cache.prune, max_files=const.MODEL_HEADER_CACHE_MAX,
+            max_age_s=const.MODEL_HEADER_CACHE_MAX_AGE_S, keep=keep), name="model-headers-prune")
+
+    def _clashes(self, advert: HeaderAdvert) -> bool:
+        """A model of this id is here already (a file of ours, or another swarm model): an advert
+        whose name and sha256[:8] copy a local model's would otherwise stand in for it."""
+        return advert.model_id in self.catalog.entries or self.models.is_registered(advert.model_id)
+
+    def _done(self, sha: str, task: asyncio.Task[bool]) -> None:
+        if self._tasks.get(sha) is task:
+            del self._tasks[sha]
+            self._names.pop(sha, None)
+        if not self._closed:
+            self._scan()  # a place in the queue is free: models skipped meanwhile get their turn
 
     def adverts(self, sha256: str | None = None) -> dict[str, list[HeaderAdvert]]:
         """Connected peers' adverts of models with a header to fetch, by model sha256."""
@@ -74,17 +117,29 @@ class SwarmModels:
     def _scan(self) -> None:
         """Start a header task for every advertised model not in the catalog (on the loop)."""
         now = time.monotonic()
+        for sha, at in list(self._failed_at.items()):  # bounded: only failures still waiting out their retry
+            if now - at >= const.MODEL_HEADER_RETRY_S:
+                del self._failed_at[sha]
+        capped = False
         for sha, adverts in self.adverts().items():
-            if self.catalog.by_sha(sha) is not None:
+            if self.catalog.by_sha(sha) is not None or sha in self._tasks or sha in self._failed_at:
                 continue
-            task = self._tasks.get(sha)
-            if task is not None and not task.done():
+            servable = [a for a in adverts if a.servable]
+            if not servable or self._clashes(servable[0]):
+                continue  # nobody serves it yet, or its id is a model here already
+            if len(self._swarm_shas()) + self._pending() >= const.MODEL_SWARM_MAX or \
+                    self._pending() >= const.MODEL_HEADER_QUEUE:
+                capped = True
                 continue
-            if now - self._failed_at.get(sha, -1e9) < const.MODEL_HEADER_RETRY_S:
-                continue
-            self._names[sha] = adverts[0]
-            self._tasks[sha] = asyncio.get_running_loop().create_task(
-                self._async_obtain(sha), name=f"model-header-{sha[:8]}")
+            self._names[sha] = servable[0]
+            task = asyncio.get_running_loop().create_task(self._async_obtain(sha), name=f"model-header-{sha[:8]}")
+            self._tasks[sha] = task
+            task.add_done_callback(lambda t, sha=sha: self._done(sha, t))
+        if capped and not self._capped:
+            log.warning("DIAG: models from the swarm skipped at the cap %s", kv(
+                registered=len(self._swarm_shas()), fetching=self._pending(), max_models=const.MODEL_SWARM_MAX,
+                max_fetches=const.MODEL_HEADER_QUEUE))
+        self._capped = capped
 
     async def async_wait_for(self, name: str) -> bool:
         """A request names a model by id, readable name or sha256 prefix: if its header is on the
@@ -103,8 +158,8 @@ class SwarmModels:
             if self.catalog.by_sha(sha) is not None:
                 return True
             adverts = self.adverts(sha).get(sha, [])
-            if not adverts:
-                return False  # its holders left while we waited our turn
+            if not any(a.servable for a in adverts):
+                return False  # its holders left (or stopped serving it) while we waited our turn
             started = time.monotonic()
             loop = asyncio.get_running_loop()
             try:
@@ -121,22 +176,39 @@ class SwarmModels:
                     data, header, source, advert = await self.fetcher.async_fetch(adverts)
                     self.fetches += 1
                     vocab = await loop.run_in_executor(None, self.cache.store, sha, data, header)
+                    self._prune()
                 else:
                     vocab, header = got
             except NodeError as exc:
                 self._failed_at[sha] = time.monotonic()
                 log.warning("DIAG: model from the swarm unavailable %s", kv(model=sha[:16], error=exc.message))
                 return False
+            if self.catalog.by_sha(sha) is not None:
+                return True  # a file of it (a download) turned up while its header was on the way
+            if self._clashes(advert):
+                self._failed_at[sha] = time.monotonic()
+                log.warning("DIAG: model from the swarm refused: a model of its id is here %s", kv(
+                    model=advert.model_id, sha=sha[:16], peer_id=advert.node_id[:8]))
+                return False
             entry = ModelEntry(advert.model_id, advert.name, vocab, sha, advert.size_bytes, "swarm", header,
                                header_sha256=advert.header_sha256, header_bytes=advert.header_bytes,
                                origin_url=advert.origin_url)
-            # registered before the catalog has it: a request cannot resolve it half-made (no tokenizer)
-            served = await self.models.async_register(entry, whole=False)
+            if self.catalog.add_swarm_entry(entry) is not entry:
+                return self.catalog.by_sha(sha) is not None  # the id was taken meanwhile
+            # until its tokenizer is read a request finds it in the catalog, not the manager: it
+            # is "not ready" (ModelManager.get), and async_wait_for waits for this task
+            try:
+                served = await self.models.async_register(entry, whole=False)
+            except Conflict as exc:
+                self.catalog.remove_swarm_entry(entry)
+                self._failed_at[sha] = time.monotonic()
+                log.warning("DIAG: model from the swarm refused %s", kv(model=entry.id, error=exc.message))
+                return False
             if served.tokenizer is None:
+                self.catalog.remove_swarm_entry(entry)
+                self.models.forget(entry)
                 self._failed_at[sha] = time.monotonic()
                 return False  # the manager logged why llama.cpp could not read it
-            if self.catalog.add_swarm_entry(entry) is not entry:
-                return True  # a file of it turned up meanwhile (its own registration replaces ours)
             log.info("DIAG: registered model from the swarm %s", kv(
                 model=entry.id, source=source, header_bytes=advert.header_bytes,
                 elapsed_ms=round((time.monotonic() - started) * 1000, 1)))

@@ -86,11 +86,22 @@ class ModelEntry:
         }
 
 
+MODEL_NAME_MAX = 128
+# What a model's readable name is: readable_name() makes only these, and a peer's advert of a name
+# that is not one is refused (headers.parse_advert), so both sides agree on every id.
+MODEL_NAME_RE = re.compile(rf"[a-z0-9][a-z0-9._-]{{0,{MODEL_NAME_MAX - 1}}}")
+
+
+def _name_from(text: str) -> str:
+    name = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).lstrip("._-")
+    return name[:MODEL_NAME_MAX].rstrip("-")
+
+
 def readable_name(path: Path, header: GgufHeader) -> str:
-    """A lower-case, dash-separated name from the file stem."""
-    stem = path.stem
-    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-")
-    return name or re.sub(r"[^a-z0-9._-]+", "-", str(header.get("general.name", "model")).lower())
+    """A lower-case, dash-separated name from the file stem (else the model's general.name, else
+    "model"): always a MODEL_NAME_RE match, at most MODEL_NAME_MAX characters."""
+    name = _name_from(path.stem) or _name_from(str(header.get("general.name", "model"))) or "model"
+    return name
 
 
 def sha256_file(path: Path) -> str:
@@ -223,6 +234,14 @@ class ModelCatalog:
         of the same content found meanwhile) wins."""
         with self._scan_lock:
             return self.entries.setdefault(entry.id, entry)
+
+    def remove_swarm_entry(self, entry: ModelEntry) -> bool:
+        """Take back a header-only entry (its tokenizer could not be read); only this very entry."""
+        with self._scan_lock:
+            if entry.has_file or self.entries.get(entry.id) is not entry:
+                return False
+            del self.entries[entry.id]
+            return True
 
     async def async_scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """scan() off the event loop."""

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import struct
+import time
 from pathlib import Path
 
 from node.errors import ModelLoadError
@@ -122,6 +123,7 @@ class HeaderCache:
             if path.stat().st_size > max_bytes:
                 raise HeaderRefused("cached header is over the size cap")
             data = path.read_bytes()
+            os.utime(path)  # its mtime is when it was last used: prune() keeps the recent ones
         except FileNotFoundError:
             return None
         except (OSError, HeaderRefused) as exc:
@@ -143,6 +145,27 @@ class HeaderCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.header_path(sha256), data)
         return self._write_vocab(sha256, data, header)
+
+    def prune(self, *, max_files: int, max_age_s: float, keep: frozenset[str] = frozenset(),
+              now: float | None = None) -> list[str]:
+        """Remove cached headers (and their vocab files) not used for max_age_s, then the least
+        recently used beyond max_files; models in `keep` (registered now) stay. Returns the
+        model sha256s removed."""
+        now = time.time() if now is None else now
+        try:
+            found = [(p.stat().st_mtime, p.name.split(".", 1)[0]) for p in self.directory.glob("*.gguf-header")]
+        except OSError:
+            return []
+        found = [(mtime, sha) for mtime, sha in found if _SHA.fullmatch(sha) and sha not in keep]
+        found.sort(reverse=True)  # newest first
+        room = max(0, max_files - len(keep))
+        gone = [sha for i, (mtime, sha) in enumerate(found) if i >= room or now - mtime > max_age_s]
+        for sha in gone:
+            for path in (self.header_path(sha), self.vocab_path(sha)):
+                path.unlink(missing_ok=True)
+        if gone:
+            log.info("DIAG: pruned cached model headers count=%d kept=%d", len(gone), len(found) - len(gone))
+        return gone
 
     def _write_vocab(self, sha256: str, data: bytes, header: GgufHeader) -> Path:
         vocab = self.vocab_path(sha256)

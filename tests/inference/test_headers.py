@@ -6,7 +6,10 @@ tests/pipeline/test_header_only.py; here the holder side is the real HeaderServe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gzip
 import hashlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +19,8 @@ from node import const
 from node.errors import DownloadFailed, NodeError, PeerError
 from node.inference.headers import HeaderFetcher, HeaderServer, parse_advert
 from node.inference.synth import SynthSpec, write_gguf
-from node.models.catalog import ModelCatalog
+from node.models.catalog import ModelCatalog, readable_name
+from node.models.download.ranged import async_fetch_prefix
 from node.models.header import extract_header
 from node.net import Frame, FrameType
 
@@ -70,11 +74,13 @@ class Origin:
 
     def __init__(self, data: bytes):
         self.data, self.status, self.ignore_range, self.body = data, None, False, None
+        self.redirect, self.gzip = False, False
         self.ranges: list[str | None] = []
 
     async def __aenter__(self):
         app = web.Application()
         app.router.add_get("/m.gguf", self.handle)
+        app.router.add_get("/real.gguf", self.handle)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -90,7 +96,11 @@ class Origin:
         self.ranges.append(rng)
         if self.status:
             return web.Response(status=self.status, text="no")
+        if self.redirect and request.path == "/m.gguf":
+            raise web.HTTPFound(self.url.replace("/m.gguf", "/real.gguf"))
         data = self.body if self.body is not None else self.data
+        if self.gzip:  # the right bytes, compressed although identity was asked: a decompression bomb's shape
+            return web.Response(body=gzip.compress(data), headers={"Content-Encoding": "gzip"})
         if rng and not self.ignore_range:
             first, last = (int(x) for x in rng.removeprefix("bytes=").split("-"))
             part = data[first:last + 1]
@@ -116,6 +126,51 @@ def test_parse_advert_rejects_garbled_fields(model):
         assert parse_advert(HOLDER, {**good, "origin_url": lan}).origin_url is None, lan
     for local in ("http://127.0.0.1:8000/m.gguf", "http://localhost/m.gguf", "http://[::1]:9/m.gguf"):
         assert parse_advert(HOLDER, {**good, "origin_url": local}).origin_url == local
+
+
+def test_parse_advert_refuses_a_header_over_the_cap(model):
+    good = {"sha256": model.entry.sha256, "name": "hdr", "n_layers": 3, "header_sha256": model.entry.header_sha256,
+            "header_bytes": const.MODEL_HEADER_MAX_BYTES, "origin_url": "https://cdn.example/m.gguf"}
+    assert parse_advert(HOLDER, good) is not None
+    for n in (const.MODEL_HEADER_MAX_BYTES + 1, 10**12):
+        assert parse_advert(HOLDER, {**good, "header_bytes": n}) is None, n
+
+
+def test_an_advert_over_the_cap_is_never_fetched_from_its_origin(model):
+    holders = Holders(model.catalog)
+
+    async def go():
+        async with Origin(model.path.read_bytes()) as origin:
+            huge = dataclasses.replace(advert(model.entry, origin_url=origin.url), header_bytes=10**12)
+            with pytest.raises(DownloadFailed, match="cap"):
+                await HeaderFetcher(holders).async_fetch([huge])
+            return origin.ranges
+    assert asyncio.run(go()) == []
+    assert holders.requests == []
+
+
+@pytest.mark.parametrize("fault", ["redirect", "gzip"])
+def test_origin_redirect_or_encoding_is_a_failed_origin(model, fault):
+    """A redirect is never followed (an https origin could bounce us to plain http on the LAN or
+    169.254.169.254) and a compressed body is never inflated: the holder serves instead."""
+    holders = Holders(model.catalog)
+
+    async def go():
+        async with Origin(model.path.read_bytes()) as origin:
+            setattr(origin, fault, True)
+            got = await HeaderFetcher(holders).async_fetch([advert(model.entry, origin_url=origin.url)])
+            return got, origin.ranges
+    (data, _, source, _), ranges = asyncio.run(go())
+    assert data == model.header and source == HOLDER[:8] and holders.requests
+    assert len(ranges) == 1  # the redirect's target was never asked
+
+
+def test_origin_sending_more_than_asked_is_read_only_to_the_header(model):
+    async def go():
+        async with Origin(model.path.read_bytes()) as origin:
+            origin.body = model.path.read_bytes() * 4  # a 206 whose body runs past the asked range
+            return await async_fetch_prefix(origin.url, len(model.header), timeout_s=30)
+    assert asyncio.run(go()) == model.header
 
 
 def test_from_a_holder_in_chunks(model, monkeypatch):
@@ -242,3 +297,24 @@ def test_a_trickle_of_tiny_chunks_is_refused(model):
     with pytest.raises(DownloadFailed, match="chunk of 10 bytes"):
         asyncio.run(go())
     assert len(holders.requests) == 1
+
+
+def test_parse_advert_says_whether_the_peer_serves_the_model(model):
+    base = {"sha256": model.entry.sha256, "name": "hdr", "n_layers": 3, "header_sha256": model.entry.header_sha256,
+            "header_bytes": 100}
+    for served in ({"start": 0, "end": 3}, {"start": 2, "end": 3}, {"whole": True}):
+        assert parse_advert(HOLDER, {**base, **served}).servable, served
+    for not_served in ({}, {"whole": True, "paused": True}, {"whole": 1}, {"start": 0, "end": 4},
+                       {"start": 2, "end": 2}, {"start": "0", "end": 3}, {"start": -1, "end": 3}):
+        assert not parse_advert(HOLDER, {**base, **not_served}).servable, not_served
+
+
+def test_every_name_the_catalog_makes_is_one_an_advert_may_carry(model):
+    good = {"sha256": model.entry.sha256, "n_layers": 3, "header_sha256": model.entry.header_sha256,
+            "header_bytes": 100}
+    header = SimpleNamespace(get=lambda key, default=None: {"general.name": "Üñí"}.get(key, default))
+    for stem in ("_private", ".hidden", "..", "-x-", "x" * 300, "a" * 127 + "-b", "ÜÜÜ", "Qwen2.5 7B_Q4", "__"):
+        name = readable_name(Path(f"/m/{stem}.gguf"), header)
+        assert len(name) <= 128 and parse_advert(HOLDER, {**good, "name": name}) is not None, (stem, name)
+    assert readable_name(Path("/m/_x_.gguf"), header) == "x_"
+    assert readable_name(Path("/m/Hello World.gguf"), header) == "hello-world"

@@ -6,20 +6,24 @@ test_headers.py); the peer table is a stand-in with the PeerManager methods Swar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import shutil
 from types import SimpleNamespace
 
 import pytest
 
+from node import const
 from node.config import NodeConfig
-from node.errors import ModelNotFound
+from node.errors import Conflict, ModelNotFound
 from node.inference.headers import HeaderFetcher
 from node.inference.manager import ModelManager
 from node.inference.swarm_models import SwarmModels
 from node.inference.synth import SynthSpec, write_gguf
 from node.models.catalog import ModelCatalog
-from node.models.header import HeaderCache
+from node.models.header import HeaderCache, extract_header
 from node.observe import Observers
 from tests.inference.test_headers import HOLDER, LIAR, Holders
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.llama
 
@@ -125,6 +129,139 @@ def test_only_lying_holders_leave_the_model_unknown(holder, tmp_path):
             await models.async_get(holder.entry.id)
         assert catalog.by_sha(holder.entry.sha256) is None
         assert not (tmp_path / "headers").exists() or not list((tmp_path / "headers").iterdir())
+        swarm.close()
+        await models.async_close()
+    asyncio.run(go())
+
+
+def _advert_of(entry, **over):
+    return {"sha256": entry.sha256, "name": entry.name, "n_layers": entry.n_layers, "start": 0, "end": 3,
+            "architecture": entry.architecture, "header_sha256": entry.header_sha256,
+            "header_bytes": entry.header_bytes, "size_bytes": entry.size_bytes, **over}
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """Three models one holder serves."""
+    base = tmp_path_factory.mktemp("many")
+    catalog = ModelCatalog(base)
+    paths = [(write_gguf(base / f"m{i}.gguf", dataclasses.replace(SPEC, seed=10 + i, name=f"m{i}")), "cli")
+             for i in range(3)]
+    entries = catalog.scan(paths)
+    assert len(entries) == 3
+    return SimpleNamespace(catalog=catalog, entries=entries, adverts=[_advert_of(e) for e in entries])
+
+
+def test_a_fake_sha_copying_a_local_models_id_never_replaces_it(holder, tmp_path):
+    """A peer advertises a made-up sha256 whose first 8 hex digits and name are a local model's
+    (so the same id), with a real header: the local model stays what this node serves."""
+    async def go():
+        catalog, models, table, swarm = _bare(tmp_path, Holders(holder.catalog))
+        local_path = tmp_path / "mine" / "swm.gguf"
+        local_path.parent.mkdir()
+        local_path.write_bytes(write_gguf(tmp_path / "other.gguf", dataclasses.replace(SPEC, seed=5)).read_bytes())
+        (local,) = await catalog.async_scan([(local_path, "cli")])
+        await models.async_register(local)
+        fake = local.sha256[:8] + ("0" if local.sha256[8] != "0" else "1") * 56
+        data, header = extract_header(holder.catalog.entries[holder.entry.id].path)
+        swarm.cache.store(fake, data, header)  # a valid header is at hand: nothing stops it but the id check
+        swarm.start()
+        table.connect(LIAR, [{**holder.advert, "sha256": fake, "name": local.name}])
+        await wait_until(lambda: all(t.done() for t in swarm._tasks.values()), what="no fetch running")
+        served = models.get(local.id)
+        assert served.entry is local and served.whole and catalog.entries[local.id] is local
+        assert catalog.by_sha(fake) is None and [s.entry for s in models.all()] == [local]
+        swarm.close()
+        await models.async_close()
+    asyncio.run(go())
+
+
+def test_a_download_finishing_during_the_fetch_wins(holder, tmp_path):
+    async def go():
+        holders = GatedHolders(holder.catalog)
+        catalog, models, table, swarm = _bare(tmp_path, holders)
+        swarm.start()
+        table.connect(HOLDER, [holder.advert])
+        await asyncio.wait_for(holders.asked.wait(), 30)
+        (tmp_path / "dl").mkdir()
+        copy = shutil.copy(holder.catalog.entries[holder.entry.id].path, tmp_path / "dl" / "swm.gguf")
+        (mine,) = await catalog.async_scan([(copy, "data_dir")])  # the download lands: same content, same id
+        await models.async_register(mine)
+        holders.gate.set()
+        await wait_until(lambda: all(t.done() for t in swarm._tasks.values()), what="the header fetch to finish")
+        served = models.get(holder.entry.id)
+        assert served.entry is mine and served.whole and catalog.entries[mine.id] is mine
+        swarm.close()
+        await models.async_close()
+    asyncio.run(go())
+
+
+def test_register_never_replaces_a_model_but_a_file_replaces_its_header(holder, tmp_path):
+    async def go():
+        catalog, models, table, swarm = _bare(tmp_path, Holders(holder.catalog))
+        swarm.start()
+        table.connect(HOLDER, [holder.advert])
+        header_only = (await models.async_get(holder.entry.id)).entry
+        assert not header_only.has_file
+        with pytest.raises(Conflict):
+            await models.async_register(header_only, whole=False)  # the same again: refused
+        stranger = dataclasses.replace(header_only)
+        with pytest.raises(Conflict):
+            await models.async_register(stranger, whole=False)  # not the catalog's entry
+        copy = shutil.copy(holder.catalog.entries[holder.entry.id].path, tmp_path / "swm.gguf")
+        (mine,) = await catalog.async_scan([(copy, "data_dir")])
+        assert (await models.async_register(mine)).entry is mine  # the file replaces the header
+        with pytest.raises(Conflict):
+            await models.async_register(mine)
+        swarm.close()
+        await models.async_close()
+    asyncio.run(go())
+
+
+def test_swarm_only_models_are_capped(many, tmp_path, monkeypatch):
+    monkeypatch.setattr(const, "MODEL_SWARM_MAX", 2, raising=False)
+
+    async def go():
+        catalog, models, table, swarm = _bare(tmp_path, Holders(many.catalog))
+        swarm.start()
+        table.connect(HOLDER, many.adverts)
+        await wait_until(lambda: all(t.done() for t in swarm._tasks.values()), what="the header fetches to finish")
+        table.connect(HOLDER, many.adverts)  # a later HELLO: still capped
+        await wait_until(lambda: all(t.done() for t in swarm._tasks.values()), what="the header fetches to finish")
+        assert sum(1 for e in catalog.entries.values() if e.source == "swarm") == 2 == len(models.all())
+        swarm.close()
+        await models.async_close()
+    asyncio.run(go())
+
+
+def test_fetches_are_queued_at_most_the_cap_and_the_rest_follow(many, tmp_path, monkeypatch):
+    monkeypatch.setattr(const, "MODEL_HEADER_QUEUE", 1, raising=False)
+
+    async def go():
+        holders = GatedHolders(many.catalog)
+        catalog, models, table, swarm = _bare(tmp_path, holders)
+        swarm.start()
+        table.connect(HOLDER, many.adverts)
+        assert len(swarm._tasks) == 1  # one fetch started; the other two wait for a place
+        holders.gate.set()
+        await wait_until(lambda: len(models.all()) == 3, what="all three registered in turn")
+        assert {s.entry.sha256 for s in models.all()} == {e.sha256 for e in many.entries}
+        swarm.close()
+        await models.async_close()
+    asyncio.run(go())
+
+
+def test_only_a_servable_advert_makes_a_fetch(holder, tmp_path):
+    async def go():
+        holders = Holders(holder.catalog)
+        catalog, models, table, swarm = _bare(tmp_path, holders)
+        swarm.start()
+        bare = {k: v for k, v in holder.advert.items() if k not in ("start", "end")}
+        table.connect(HOLDER, [bare])
+        table.connect(HOLDER, [{**bare, "whole": True, "paused": True}])
+        assert not swarm._tasks and holders.requests == []
+        table.connect(HOLDER, [{**bare, "whole": True}])
+        assert (await models.async_get(holder.entry.id)).entry.sha256 == holder.entry.sha256
         swarm.close()
         await models.async_close()
     asyncio.run(go())

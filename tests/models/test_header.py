@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import struct
 
 import gguf
@@ -142,3 +143,26 @@ def test_llama_cpp_tokenizes_from_the_vocab_file_exactly_as_from_the_model(model
     finally:
         full.close()
         alone.close()
+
+
+def test_cache_prune_drops_the_unused_and_the_least_recently_used(models, tmp_path):
+    data, header = extract_header(models["tiny"])
+    kw = dict(header_sha256=hashlib.sha256(data).hexdigest(), n_layers=3, architecture="llama", max_bytes=CAP)
+    cache = HeaderCache(tmp_path / "headers")
+    shas = [f"{i:x}" * 64 for i in range(1, 6)]
+    now = 1_000_000.0
+    for age, sha in zip((5, 4, 3, 2, 1), shas, strict=True):  # shas[0] the oldest
+        cache.store(sha, data, header)
+        os.utime(cache.header_path(sha), (now - age * 100, now - age * 100))
+    gone = cache.prune(max_files=3, max_age_s=450, keep=frozenset({shas[1]}), now=now)
+    # shas[0] is older than max_age; of the rest the newest two fit beside the kept one
+    assert sorted(gone) == sorted([shas[0], shas[2]])
+    for sha in shas:
+        there = sha not in gone
+        assert cache.header_path(sha).exists() == there and cache.vocab_path(sha).exists() == there, sha
+    assert cache.prune(max_files=3, max_age_s=450, keep=frozenset({shas[1]}), now=now) == []
+    # a load is a use: it keeps the header from aging out
+    before = cache.header_path(shas[3]).stat().st_mtime
+    assert cache.load(shas[3], **kw) is not None
+    assert cache.header_path(shas[3]).stat().st_mtime > before
+    assert HeaderCache(tmp_path / "absent").prune(max_files=1, max_age_s=1) == []

@@ -1,8 +1,12 @@
 """The first bytes of a file at its origin, by one HTTP Range request (a model's header).
 
 `bytes=0-(n-1)`; a 206 must start at 0, a 200 (a server that ignores Range) is read only up to n
-bytes and the connection dropped; fewer than n bytes is a failure. Never more than `n` bytes are
-held, so an origin cannot make us fill memory. Errors never show the URL's query string.
+bytes and the connection dropped; fewer than n bytes is a failure. Redirects are not followed (a
+redirect is a failed origin: the caller falls back to peers), so an advertised https origin cannot
+send this node to a plain-http address on its LAN, loopback or link-local range. The body is read
+raw (no decompression, a `Content-Encoding` other than identity is refused) and never past
+`n` bytes whatever the server sends, so an origin cannot make us fill memory. Errors never show
+the URL's query string.
 """
 
 from __future__ import annotations
@@ -27,18 +31,25 @@ async def async_fetch_prefix(url: str, n_bytes: int, *, timeout_s: float,
     own = session is None
     client = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
     try:
-        async with client.get(resolved, headers=headers) as resp:
+        async with client.get(resolved, headers=headers, allow_redirects=False, auto_decompress=False) as resp:
+            if 300 <= resp.status < 400:
+                raise DownloadFailed(f"{display_url(resolved)} answered HTTP {resp.status} (a redirect): "
+                                     "redirects are not followed for a header")
             if resp.status == 206:
                 first, _total = content_range(resp.headers.get("Content-Range"))
                 if first != 0:
                     raise DownloadFailed(f"{display_url(resolved)} sent a range from byte {first}, asked from 0")
             elif resp.status != 200:
                 raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {display_url(resolved)}".strip())
+            encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise DownloadFailed(f"{display_url(resolved)} sent the header {encoding}-encoded, asked identity")
             buf = bytearray()
-            async for chunk in resp.content.iter_chunked(_CHUNK):
-                buf += chunk[: n_bytes - len(buf)]
-                if len(buf) >= n_bytes:
-                    break  # a 200 carries the whole file: stop at what was asked
+            while len(buf) < n_bytes:  # never ask the stream for more than is still wanted
+                chunk = await resp.content.read(min(_CHUNK, n_bytes - len(buf)))
+                if not chunk:
+                    break
+                buf += chunk
             if len(buf) < n_bytes:
                 raise DownloadFailed(f"{display_url(resolved)} sent {len(buf)} of {n_bytes} header bytes")
             return bytes(buf)
