@@ -10,7 +10,7 @@ from node import const
 from node.config import NodeConfig
 from node.inference.manager import ModelManager
 from node.inference.pipeline.remote_serve import RemoteGenerateServer
-from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens
+from node.inference.pipeline.remote_wire import MAX_PROMPT_TOKENS, Generate, GenerateCancel, Tokens
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.sampling import SamplingParams
 from node.models.catalog import ModelCatalog
@@ -107,3 +107,20 @@ async def test_queued_behind_the_lock_it_sends_keepalives_and_a_cancel_frees_it(
     server.on_generate(nxt.to_header(), nxt.payload(), COORD)
     await wait_until(lambda: any(t.end for t in _tokens(peers, nxt.sid)), 30, 0.02, "the next generation")
     assert len(_tokens(peers, gen.sid)) == before
+
+
+async def test_a_huge_prompt_is_refused_by_its_length_before_a_token_is_decoded(holder):
+    """A GENERATE of MAX_PROMPT_TOKENS ids (64 MiB) is refused `context_exceeded` on the loop thread
+    without a Python object per token (conftest fails a loop step of ≥0.25 s CPU); an id outside the
+    vocabulary is refused `malformed_generate`."""
+    server, served, peers, _ = holder
+    header = _gen(served, "s/huge").to_header()
+    header["n"] = MAX_PROMPT_TOKENS
+    server.on_generate(header, bytes(4 * MAX_PROMPT_TOKENS), COORD)
+    oov = _gen(served, "s/oov", prompt=(1, served.tokenizer.n_vocab, 2))
+    server.on_generate(oov.to_header(), oov.payload(), COORD)
+    codes = {f.header["sid"]: f.header["error"]["code"] for f in peers.sent
+             if f.type == FrameType.TOKENS and f.header.get("end") == "error"}
+    assert codes == {"s/huge": "context_exceeded", "s/oov": "malformed_generate"}
+    assert server.in_flight == 0 and served.waiting == 0
+

@@ -95,8 +95,8 @@ class RemoteGenerateServer:
     def on_generate(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         """A GENERATE (loop thread, arrival order): refuse it at once, or start its task."""
         sid = sid_of(header)
-        try:
-            gen = Generate.from_frame(header, payload)
+        try:  # the ids are checked in _check, once the prompt is known to fit the model's context
+            gen = Generate.from_frame(header, payload, check_ids=False)
         except ProtocolError as exc:
             self._refuse(sender, sid, "malformed_generate", exc.message)
             return
@@ -107,7 +107,7 @@ class RemoteGenerateServer:
             return
         assert served is not None
         room = served.n_ctx - len(gen.prompt)
-        job = GenerationJob(gen.sid, list(gen.prompt), gen.sampling, min(gen.max_new_tokens, room))
+        job = GenerationJob(gen.sid, gen.tokens(), gen.sampling, min(gen.max_new_tokens, room))
         g = _Generation(gen, job, time.monotonic())
         g.last_sent = g.received
         self.running[(sender, gen.sid)] = g
@@ -133,11 +133,11 @@ class RemoteGenerateServer:
             return "model_not_held_whole", f"node {me} does not serve model {gen.model[:12]} whole"
         if served.tokenizer is None or served.state == "failed":
             return "model_unavailable", f"model {served.id} cannot be served on {me}: {served.error}"
-        if any(t >= served.tokenizer.n_vocab for t in gen.prompt):
-            return "malformed_generate", f"a prompt token id is outside the vocabulary of {served.id}"
-        if len(gen.prompt) >= served.n_ctx:
+        if len(gen.prompt) >= served.n_ctx:  # before any token is looked at: n is up to MAX_PROMPT_TOKENS
             return "context_exceeded", (f"the prompt is {len(gen.prompt)} tokens; model {served.id} runs with a "
                                         f"context of {served.n_ctx} on {me}")
+        if (bad := gen.outside_vocabulary(served.tokenizer.n_vocab)) is not None:
+            return "malformed_generate", f"prompt token id {bad} is outside the vocabulary of {served.id}"
         try:
             self.models.admit(served)
         except Overloaded as exc:
