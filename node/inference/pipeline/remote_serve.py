@@ -42,8 +42,11 @@ class _Generation:
 
     gen: Generate
     job: GenerationJob
+    served: ServedModel
     received: float
     task: asyncio.Task | None = None
+    queued: bool = True  # counted in the model's `waiting` (from admission until it holds the lock)
+    finished: bool = False  # _finish ran (it runs once, from the task's end or its done-callback)
     generating: bool = False  # the engine has it (a cancel then stops it at its next token)
     cancelled: bool = False  # nobody listens any more: send nothing
     sent: int = 0  # tokens sent so far
@@ -108,8 +111,10 @@ class RemoteGenerateServer:
         assert served is not None
         room = served.n_ctx - len(gen.prompt)
         job = GenerationJob(gen.sid, gen.tokens(), gen.sampling, min(gen.max_new_tokens, room))
-        g = _Generation(gen, job, time.monotonic())
+        g = _Generation(gen, job, served, time.monotonic())
         g.last_sent = g.received
+        # queued from now: the next GENERATE's admission counts it, even in the same read of the link
+        self.models.mark(served, waiting=+1)
         self.running[(sender, gen.sid)] = g
         if len(self.coordinators) < const.SERVED_COORDINATORS_MAX:
             self.coordinators.add(sender[:8])
@@ -119,6 +124,8 @@ class RemoteGenerateServer:
         loop = asyncio.get_running_loop()
         g.keepalive = loop.call_later(const.GENERATE_KEEPALIVE_S, self._keepalive, g)
         g.task = asyncio.create_task(self._run(g, served), name=f"remote-generate-{gen.sid}")
+        # a task cancelled before its first step never runs its body (nor its finally): this does
+        g.task.add_done_callback(lambda _task: self._finish(g))
 
     def _check(self, gen: Generate, served: ServedModel | None, sender: str) -> tuple[str, str] | None:
         """(code, message) when this GENERATE must be refused, else None."""
@@ -176,11 +183,10 @@ class RemoteGenerateServer:
     async def _run(self, g: _Generation, served: ServedModel) -> None:
         models, job = self.models, g.job
         loop = asyncio.get_running_loop()
-        queued, holding, gen_future = True, False, None
-        models.mark(served, waiting=+1)
+        holding, gen_future = False, None
         try:
             await served.lock.acquire()
-            holding, queued = True, False
+            holding, g.queued = True, False
             served.running.add(job)
             models.mark(served, waiting=-1, busy=True)
             if served.state != "loaded":
@@ -221,8 +227,6 @@ class RemoteGenerateServer:
                     await asyncio.shield(gen_future)
                 except BaseException:  # noqa: BLE001 - its error was reported through the channel
                     pass
-            if queued:
-                models.mark(served, waiting=-1)
             if holding:
                 served.running.discard(job)
                 served.lock.release()
@@ -230,6 +234,13 @@ class RemoteGenerateServer:
             self._finish(g)
 
     def _finish(self, g: _Generation) -> None:
+        """The generation is over (idempotent: its task's end, then its done-callback)."""
+        if g.finished:
+            return
+        g.finished = True
+        if g.queued:  # it never held the lock (cancelled while queued, or before its task started)
+            g.queued = False
+            self.models.mark(g.served, waiting=-1)
         if g.keepalive is not None:
             g.keepalive.cancel()
             g.keepalive = None
