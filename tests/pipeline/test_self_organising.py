@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from tests.pipeline.swarm import chat, llama_greedy, run, wait_for_route, wait_peers
-from tests.pipeline.test_autoserve import AUTO8, auto_model, held, min_holders, per_layer, start_auto_node
+from tests.pipeline.test_autoserve import auto_model, held, min_holders, per_layer, start_auto_node
 from tests.pipeline.test_remote_generate import start_whole_node, whole_model
 from tests.support.processes import NodeProcess
 from tests.support.sse import SseJson, delta_text
