@@ -4,13 +4,15 @@ queued, a cancel while queued releases everything."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from node import const
 from node.config import NodeConfig
 from node.inference.manager import ModelManager
 from node.inference.pipeline.remote_serve import RemoteGenerateServer
-from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens
+from node.inference.pipeline.remote_wire import MAX_PROMPT_TOKENS, Generate, GenerateCancel, Tokens
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.sampling import SamplingParams
 from node.models.catalog import ModelCatalog
@@ -107,3 +109,64 @@ async def test_queued_behind_the_lock_it_sends_keepalives_and_a_cancel_frees_it(
     server.on_generate(nxt.to_header(), nxt.payload(), COORD)
     await wait_until(lambda: any(t.end for t in _tokens(peers, nxt.sid)), 30, 0.02, "the next generation")
     assert len(_tokens(peers, gen.sid)) == before
+
+
+async def test_a_huge_prompt_is_refused_by_its_length_before_a_token_is_decoded(holder):
+    """A GENERATE of MAX_PROMPT_TOKENS ids (64 MiB) is refused `context_exceeded` on the loop thread
+    without a Python object per token (conftest fails a loop step of ≥0.25 s CPU); an id outside the
+    vocabulary is refused `malformed_generate`."""
+    server, served, peers, _ = holder
+    header = _gen(served, "s/huge").to_header()
+    header["n"] = MAX_PROMPT_TOKENS
+    server.on_generate(header, bytes(4 * MAX_PROMPT_TOKENS), COORD)
+    oov = _gen(served, "s/oov", prompt=(1, served.tokenizer.n_vocab, 2))
+    server.on_generate(oov.to_header(), oov.payload(), COORD)
+    codes = {f.header["sid"]: f.header["error"]["code"] for f in peers.sent
+             if f.type == FrameType.TOKENS and f.header.get("end") == "error"}
+    assert codes == {"s/huge": "context_exceeded", "s/oov": "malformed_generate"}
+    assert server.in_flight == 0 and served.waiting == 0
+
+
+async def test_a_burst_of_generates_in_one_turn_is_held_to_the_queue_cap(holder):
+    """GENERATEs delivered in one read of the link (no loop turn between them) are each counted as
+    queued when admitted: the model's queue cap holds, the rest are refused `overloaded`."""
+    server, served, peers, _ = holder
+    cap = server.models.config.max_queue_per_model
+    await served.lock.acquire()  # a local request holds the model: every accepted one queues
+    try:
+        for i in range(cap + 3):
+            gen = _gen(served, f"s/burst{i}")
+            server.on_generate(gen.to_header(), gen.payload(), COORD)
+        overloaded = {f.header["sid"] for f in peers.sent if f.type == FrameType.TOKENS
+                      and f.header.get("end") == "error" and f.header["error"]["code"] == "overloaded"}
+        assert overloaded == {f"s/burst{i}" for i in range(cap, cap + 3)}
+        assert server.in_flight == cap and served.waiting == cap
+        server.close()  # every one still queued goes, each counted out once
+        await wait_until(lambda: server.in_flight == 0, 10, 0.02, "the queued generations to go")
+        assert served.waiting == 0
+    finally:
+        served.lock.release()
+
+
+@pytest.mark.parametrize("how", ["cancel", "link_drop", "close"])
+async def test_a_generation_stopped_before_its_task_starts_is_removed(holder, how):
+    """GENERATE then GENERATE_CANCEL (or the coordinator's link dropping, or close()) in the same loop
+    turn: the task is cancelled before its first step, and the generation is still counted out; the
+    same session id is accepted again and runs."""
+    server, served, peers, _ = holder
+    gen = _gen(served, "s/early", max_new=2)
+    server.on_generate(gen.to_header(), gen.payload(), COORD)
+    if how == "cancel":
+        server.on_cancel(GenerateCancel(gen.sid).to_header(), b"", COORD)
+    elif how == "link_drop":
+        server._on_peer_event("changed", SimpleNamespace(node_id=COORD, state="disconnected"))
+    else:
+        server.close()
+    await wait_until(lambda: server.in_flight == 0, 10, 0.02, "the stopped generation to be removed")
+    assert served.waiting == 0 and not served.lock.locked() and not served.busy
+    assert server.served == 1 and not _tokens(peers, gen.sid)  # nobody listened: nothing was sent
+    server.on_generate(gen.to_header(), gen.payload(), COORD)
+    await wait_until(lambda: any(t.end for t in _tokens(peers, gen.sid)), 30, 0.02, "the same sid again")
+    assert _tokens(peers, gen.sid)[-1].end in ("eog", "length")
+    await wait_until(lambda: server.in_flight == 0, 10, 0.02, "the second run to finish")
+    assert served.waiting == 0

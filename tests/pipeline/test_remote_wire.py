@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from node.errors import ProtocolError, SegmentFailed
@@ -13,7 +14,7 @@ from node.inference.pipeline.holders import LayerHolders
 from node.inference.pipeline.perf import PeerPerformance
 from node.inference.pipeline.planner import Holder, plan_route
 from node.inference.pipeline.remote_stream import RemoteStream
-from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens, sid_of
+from node.inference.pipeline.remote_wire import MAX_PROMPT_TOKENS, Generate, GenerateCancel, Tokens, sid_of
 from node.inference.pipeline.wire import encode_tokens
 from node.inference.sampling import SamplingParams
 
@@ -31,9 +32,34 @@ def _gen(**over) -> tuple[dict, bytes]:
 def test_generate_round_trip():
     header, payload = _gen()
     g = Generate.from_frame(header, payload)
-    assert (g.sid, g.model, g.prompt, g.max_new_tokens, g.coordinator) == ("req/1", SHA, (1, 2, 3), 16, COORD)
+    assert (g.sid, g.model, g.tokens(), g.max_new_tokens, g.coordinator) == ("req/1", SHA, [1, 2, 3], 16, COORD)
     assert g.sampling.temperature == 0.0 and g.sampling.top_k == 1
-    assert Generate.from_frame(header, payload, n_vocab=4) == g
+    assert Generate.from_frame(header, payload, n_vocab=4).tokens() == [1, 2, 3]
+    assert g.to_header() == header and g.payload() == payload
+
+
+def test_a_decoded_prompt_stays_an_array_over_the_payload():
+    """No Python int per token at decode time: the prompt is a read-only view of the payload, its ids
+    checked vectorised (or left to the holder, which first checks the length against its context)."""
+    header, payload = _gen()
+    g = Generate.from_frame(header, payload)
+    assert isinstance(g.prompt, np.ndarray) and g.prompt.dtype == np.dtype("<i4") and not g.prompt.flags.writeable
+    assert np.shares_memory(g.prompt, np.frombuffer(payload, dtype="<i4"))
+    assert all(type(t) is int for t in g.tokens())
+    bad = encode_tokens([3, 9, -1, 12])
+    unchecked = Generate.from_frame({**header, "n": 4}, bad, check_ids=False)
+    assert unchecked.outside_vocabulary(None) == -1 and unchecked.outside_vocabulary(10) == -1
+    assert Generate.from_frame(header, payload, check_ids=False).outside_vocabulary(3) == 3
+    assert Generate.from_frame(header, payload).outside_vocabulary(4) is None
+
+
+def test_the_prompt_length_is_bounded_and_checked_against_the_payload_first():
+    header, _ = _gen()
+    assert MAX_PROMPT_TOKENS * 4 <= 256 * 1024 * 1024  # one frame
+    with pytest.raises(ProtocolError, match="prompt length"):
+        Generate.from_frame({**header, "n": MAX_PROMPT_TOKENS + 1}, b"")
+    with pytest.raises(ProtocolError, match=f"says {MAX_PROMPT_TOKENS} tokens but carries 12 bytes"):
+        Generate.from_frame({**header, "n": MAX_PROMPT_TOKENS}, encode_tokens([1, 2, 3]))
 
 
 @pytest.mark.parametrize(("over", "payload", "words"), [
@@ -41,14 +67,14 @@ def test_generate_round_trip():
     ({"sid": 7}, None, "session id"),
     ({"model": "not-a-sha"}, None, "model sha256"),
     ({"coord": "x" * 64}, None, "coordinator"),
-    ({"n": 4}, None, "says 4 prompt tokens"),
+    ({"n": 4}, None, "says 4 tokens but carries 12 bytes"),
     ({"n": True}, None, "prompt length"),
     ({"n": 0}, b"", "prompt length"),
     ({"max_new": 0}, None, "max new tokens"),
     ({"max_new": "16"}, None, "max new tokens"),
     ({"sampling": None}, None, "no sampling"),
     ({"sampling": {"temperature": "hot"}}, None, "sampling"),
-    ({}, b"\x01\x02\x03", "multiple of 4"),
+    ({}, b"\x01\x02\x03", "carries 3 bytes"),
     ({"n": 1}, encode_tokens([-5]), "outside the vocabulary"),
 ])
 def test_generate_refuses_bad_fields(over, payload, words):

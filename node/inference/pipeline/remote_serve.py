@@ -42,8 +42,11 @@ class _Generation:
 
     gen: Generate
     job: GenerationJob
+    served: ServedModel
     received: float
     task: asyncio.Task | None = None
+    queued: bool = True  # counted in the model's `waiting` (from admission until it holds the lock)
+    finished: bool = False  # _finish ran (it runs once, from the task's end or its done-callback)
     generating: bool = False  # the engine has it (a cancel then stops it at its next token)
     cancelled: bool = False  # nobody listens any more: send nothing
     sent: int = 0  # tokens sent so far
@@ -95,8 +98,8 @@ class RemoteGenerateServer:
     def on_generate(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         """A GENERATE (loop thread, arrival order): refuse it at once, or start its task."""
         sid = sid_of(header)
-        try:
-            gen = Generate.from_frame(header, payload)
+        try:  # the ids are checked in _check, once the prompt is known to fit the model's context
+            gen = Generate.from_frame(header, payload, check_ids=False)
         except ProtocolError as exc:
             self._refuse(sender, sid, "malformed_generate", exc.message)
             return
@@ -107,9 +110,11 @@ class RemoteGenerateServer:
             return
         assert served is not None
         room = served.n_ctx - len(gen.prompt)
-        job = GenerationJob(gen.sid, list(gen.prompt), gen.sampling, min(gen.max_new_tokens, room))
-        g = _Generation(gen, job, time.monotonic())
+        job = GenerationJob(gen.sid, gen.tokens(), gen.sampling, min(gen.max_new_tokens, room))
+        g = _Generation(gen, job, served, time.monotonic())
         g.last_sent = g.received
+        # queued from now: the next GENERATE's admission counts it, even in the same read of the link
+        self.models.mark(served, waiting=+1)
         self.running[(sender, gen.sid)] = g
         if len(self.coordinators) < const.SERVED_COORDINATORS_MAX:
             self.coordinators.add(sender[:8])
@@ -119,6 +124,8 @@ class RemoteGenerateServer:
         loop = asyncio.get_running_loop()
         g.keepalive = loop.call_later(const.GENERATE_KEEPALIVE_S, self._keepalive, g)
         g.task = asyncio.create_task(self._run(g, served), name=f"remote-generate-{gen.sid}")
+        # a task cancelled before its first step never runs its body (nor its finally): this does
+        g.task.add_done_callback(lambda _task: self._finish(g))
 
     def _check(self, gen: Generate, served: ServedModel | None, sender: str) -> tuple[str, str] | None:
         """(code, message) when this GENERATE must be refused, else None."""
@@ -133,11 +140,11 @@ class RemoteGenerateServer:
             return "model_not_held_whole", f"node {me} does not serve model {gen.model[:12]} whole"
         if served.tokenizer is None or served.state == "failed":
             return "model_unavailable", f"model {served.id} cannot be served on {me}: {served.error}"
-        if any(t >= served.tokenizer.n_vocab for t in gen.prompt):
-            return "malformed_generate", f"a prompt token id is outside the vocabulary of {served.id}"
-        if len(gen.prompt) >= served.n_ctx:
+        if len(gen.prompt) >= served.n_ctx:  # before any token is looked at: n is up to MAX_PROMPT_TOKENS
             return "context_exceeded", (f"the prompt is {len(gen.prompt)} tokens; model {served.id} runs with a "
                                         f"context of {served.n_ctx} on {me}")
+        if (bad := gen.outside_vocabulary(served.tokenizer.n_vocab)) is not None:
+            return "malformed_generate", f"prompt token id {bad} is outside the vocabulary of {served.id}"
         try:
             self.models.admit(served)
         except Overloaded as exc:
@@ -176,11 +183,10 @@ class RemoteGenerateServer:
     async def _run(self, g: _Generation, served: ServedModel) -> None:
         models, job = self.models, g.job
         loop = asyncio.get_running_loop()
-        queued, holding, gen_future = True, False, None
-        models.mark(served, waiting=+1)
+        holding, gen_future = False, None
         try:
             await served.lock.acquire()
-            holding, queued = True, False
+            holding, g.queued = True, False
             served.running.add(job)
             models.mark(served, waiting=-1, busy=True)
             if served.state != "loaded":
@@ -221,8 +227,6 @@ class RemoteGenerateServer:
                     await asyncio.shield(gen_future)
                 except BaseException:  # noqa: BLE001 - its error was reported through the channel
                     pass
-            if queued:
-                models.mark(served, waiting=-1)
             if holding:
                 served.running.discard(job)
                 served.lock.release()
@@ -230,6 +234,13 @@ class RemoteGenerateServer:
             self._finish(g)
 
     def _finish(self, g: _Generation) -> None:
+        """The generation is over (idempotent: its task's end, then its done-callback)."""
+        if g.finished:
+            return
+        g.finished = True
+        if g.queued:  # it never held the lock (cancelled while queued, or before its task started)
+            g.queued = False
+            self.models.mark(g.served, waiting=-1)
         if g.keepalive is not None:
             g.keepalive.cancel()
             g.keepalive = None

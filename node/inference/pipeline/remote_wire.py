@@ -15,13 +15,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from node import const
 from node.errors import ProtocolError
-from node.inference.pipeline.wire import _sampling_from_wire, _sampling_to_wire, decode_tokens, encode_tokens
+from node.inference.pipeline.wire import _sampling_from_wire, _sampling_to_wire, encode_tokens
 from node.inference.sampling import SamplingParams
 
 END_REASONS = ("eog", "length", "cancelled", "error")
 MAX_SID_CHARS = 200
 MAX_NEW_TOKENS = 1 << 20
+MAX_PROMPT_TOKENS = min(1 << 24, const.MAX_FRAME_BYTES // 4)  # the payload is 4 bytes a token, one frame
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -43,6 +47,13 @@ def _hex64(value: Any, what: str) -> str:
     return value
 
 
+def _token_array(payload: bytes, n: int, what: str) -> np.ndarray:
+    """The payload as n int32 token ids, without a copy or a Python object per token (read-only)."""
+    if len(payload) != 4 * n:
+        raise ProtocolError(f"{what} says {n} tokens but carries {len(payload)} bytes (4 a token)")
+    return np.frombuffer(payload, dtype="<i4")
+
+
 def sid_of(header: Any) -> str | None:
     """The session id of a frame header when it is a valid one (to address an error reply)."""
     try:
@@ -51,44 +62,66 @@ def sid_of(header: Any) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Generate:
-    """Run `prompt` through the model held whole and stream up to `max_new_tokens` back."""
+    """Run `prompt` through the model held whole and stream up to `max_new_tokens` back.
+
+    The prompt is a read-only int32 array (decoded from a frame it is a view of the payload): a
+    holder checks its length against the model's context before it touches a token, checks the ids
+    vectorised, and makes a list of them only for a generation it runs (`tokens()`)."""
 
     sid: str  # request id + attempt: TOKENS and GENERATE_CANCEL name it
     model: str  # sha256 of the GGUF
-    prompt: tuple[int, ...]  # prompt + every token already streamed (failover); the payload
+    prompt: np.ndarray  # prompt + every token already streamed (failover); the payload
     sampling: SamplingParams
     max_new_tokens: int
     coordinator: str  # node id the TOKENS go to: must be the sender
+
+    def __post_init__(self) -> None:
+        prompt = np.asarray(self.prompt, dtype="<i4").reshape(-1)
+        if prompt.flags.writeable:
+            prompt = prompt.copy()
+            prompt.flags.writeable = False
+        object.__setattr__(self, "prompt", prompt)
+
+    def tokens(self) -> list[int]:
+        """The prompt as Python ints (for the engine)."""
+        return self.prompt.tolist()
+
+    def outside_vocabulary(self, n_vocab: int | None) -> int | None:
+        """The first token id below 0 or at least `n_vocab` (when given), else None; vectorised."""
+        bad = self.prompt < 0
+        if n_vocab is not None:
+            bad |= self.prompt >= n_vocab
+        return int(self.prompt[int(bad.argmax())]) if bad.any() else None
 
     def to_header(self) -> dict[str, Any]:
         return {"sid": self.sid, "model": self.model, "n": len(self.prompt), "sampling": _sampling_to_wire(self.sampling),
                 "max_new": self.max_new_tokens, "coord": self.coordinator}
 
     def payload(self) -> bytes:
-        return encode_tokens(list(self.prompt))
+        return self.prompt.tobytes()
 
     @classmethod
-    def from_frame(cls, h: Any, payload: bytes, n_vocab: int | None = None) -> Generate:
-        """Decode and validate (ProtocolError naming the bad field)."""
+    def from_frame(cls, h: Any, payload: bytes, n_vocab: int | None = None, *, check_ids: bool = True) -> Generate:
+        """Decode and validate (ProtocolError naming the bad field). The payload's length is checked
+        against the header's `n` (itself bounded by one frame) before anything is decoded; with
+        `check_ids=False` the token ids are left for the caller to check (`outside_vocabulary`),
+        e.g. once it knows the prompt fits the model's context."""
         if not isinstance(h, dict):
             raise ProtocolError("GENERATE header is not an object")
         sid = _sid(h.get("sid"))
         model = _hex64(h.get("model"), "model sha256")
         coordinator = _hex64(h.get("coord"), "coordinator node id")
-        n = _int(h.get("n"), "prompt length", 1, 1 << 24)
+        n = _int(h.get("n"), "prompt length", 1, MAX_PROMPT_TOKENS)
         max_new = _int(h.get("max_new"), "max new tokens", 1, MAX_NEW_TOKENS)
         if not isinstance(h.get("sampling"), dict):
             raise ProtocolError("GENERATE carries no sampling parameters")
         sampling = _sampling_from_wire(h["sampling"])
-        prompt = decode_tokens(payload)
-        if len(prompt) != n:
-            raise ProtocolError(f"GENERATE says {n} prompt tokens but carries {len(prompt)}")
-        bad = [t for t in prompt if t < 0 or (n_vocab is not None and t >= n_vocab)]
-        if bad:
-            raise ProtocolError(f"GENERATE carries token id {bad[0]} outside the vocabulary")
-        return cls(sid, model, tuple(prompt), sampling, max_new, coordinator)
+        gen = cls(sid, model, _token_array(payload, n, "GENERATE"), sampling, max_new, coordinator)
+        if check_ids and (bad := gen.outside_vocabulary(n_vocab)) is not None:
+            raise ProtocolError(f"GENERATE carries token id {bad} outside the vocabulary")
+        return gen
 
 
 @dataclass(frozen=True)
@@ -125,9 +158,10 @@ class Tokens:
         first = _int(h.get("first"), "first token index", 0, MAX_NEW_TOKENS)
         n = _int(h.get("n", 0), "token count", 0, MAX_NEW_TOKENS)
         eval_us = _int(h.get("eval_us", 0), "eval_us", 0, 1 << 62)
-        tokens = decode_tokens(payload) if payload else []
-        if len(tokens) != n or any(t < 0 for t in tokens):
-            raise ProtocolError(f"TOKENS says {n} tokens but carries {len(tokens)} (or a negative id)")
+        ids = _token_array(payload, n, "TOKENS")
+        if (ids < 0).any():
+            raise ProtocolError("TOKENS carries a negative token id")
+        tokens = ids.tolist()
         end = h.get("end")
         if end is not None and end not in END_REASONS:
             raise ProtocolError(f"bad TOKENS end {str(end)[:40]!r}")
