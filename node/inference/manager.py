@@ -89,6 +89,7 @@ class ModelManager:
         self.config = config
         self.catalog = catalog
         self._served: dict[str, ServedModel] = {}  # by model id
+        self._registering: dict[str, ServedModel] = {}  # by model id, while the tokenizer is read
         self._observers: Observers[[str, ServedModel]] = Observers("model")
         self.swarm_lookup: SwarmLookup | None = None  # swarm_models.SwarmModels.async_wait_for
 
@@ -107,7 +108,7 @@ class ModelManager:
         here by its header only (a download, a scan) replaces that header-only registration,
         once the catalog has the file's entry under the id. A header-only (swarm) entry must be
         the catalog's entry for its id, so a peer's advert can never stand in for a model here."""
-        known = self._served.get(entry.id)
+        known = self._served.get(entry.id) or self._registering.get(entry.id)
         in_catalog = self.catalog.entries.get(entry.id) is entry
         if known is not None and not (entry.has_file and not known.entry.has_file and in_catalog):
             raise Conflict(f"model {entry.id} is registered already; it is not replaced")
@@ -116,13 +117,18 @@ class ModelManager:
         served = ServedModel(entry, whole=whole)
         if not whole:
             served.state = "slices" if entry.has_file else "swarm"  # swarm: only its header is here
-        self._served[entry.id] = served
+        # visible to requests only once its tokenizer is read: a request never sees it half made
+        self._registering[entry.id] = served
         try:
             served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.path)
         except ModelLoadError as exc:
             served.state, served.error = "failed", exc.message
             log.error("model %s cannot be served: %s", entry.id, exc.message)
+        finally:
+            if self._registering.get(entry.id) is served:
+                del self._registering[entry.id]
         served.n_ctx = self._context_for(entry)
+        self._served[entry.id] = served
         self._observers.emit("added", served)
         return served
 
@@ -136,8 +142,8 @@ class ModelManager:
         return True
 
     def is_registered(self, model_id: str) -> bool:
-        """Whether a model of exactly this id is registered here."""
-        return model_id in self._served
+        """Whether a model of exactly this id is registered here (or its tokenizer is being read)."""
+        return model_id in self._served or model_id in self._registering
 
     def _context_for(self, entry: ModelEntry) -> int:
         trained = entry.context_length or 2048

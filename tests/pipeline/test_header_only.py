@@ -204,8 +204,9 @@ def test_header_comes_from_the_origin_a_downloaded_model_advertises(tmp_path):
             origin.ranges.clear()
             config = node_config(tmp_path / "b", bootstrap=[f"127.0.0.1:{w.peers.listen_port}"])
             async with running_node(config) as b:
-                async def registered():
-                    return b.catalog.by_sha(sha)
+                async def registered():  # the catalog takes the entry first, the manager once its tokenizer loaded
+                    entry = b.catalog.by_sha(sha)
+                    return entry if entry is not None and any(m.id == entry.id for m in b.models.all()) else None
                 entry = await wait_until(registered, 60, 0.1, "the model registered from the swarm")
                 assert entry.id == model_id and entry.source == "swarm"
                 adverts = [m for p in b.peers.peers() for m in p.models if m.get("sha256") == sha]
