@@ -152,7 +152,7 @@ class Sim:
         self.now = 0.0
         self.last_change = 0.0
         self.version = 0
-        self._mover_cache: tuple[int, tuple[str, lc.Decision] | None] | None = None
+        self._mover_cache: tuple[tuple[int, bool], tuple[str, lc.Decision] | None] | None = None
         self._spans: tuple[int, list[lc.Span]] | None = None
         self.last_event = -1  # id of the latest join/leave (moves are attributed to it)
         self.stats = Stats()
@@ -233,15 +233,17 @@ class Sim:
         node.loading = (d.start, d.end)
         self.at(self.now + self.load_s_per_layer * (d.end - d.start), "loaded", node_id)
 
-    def mover(self) -> tuple[str, lc.Decision] | None:
-        """first_mover on the current adverts (the same on every node, so computed once per state)."""
-        if self._mover_cache is None or self._mover_cache[0] != self.version:
-            self._mover_cache = (self.version, lc.first_mover(self.n_layers, self.spans(), self.budgets(),
-                                                              self.seed))
+    def mover(self, balance: bool) -> tuple[str, lc.Decision] | None:
+        """first_mover on the current adverts (the same on every node, so computed once per state);
+        `balance` on the periodic round only (a peer event moves nodes for holder counts alone)."""
+        key = (self.version, balance)
+        if self._mover_cache is None or self._mover_cache[0] != key:
+            self._mover_cache = (key, lc.first_mover(self.n_layers, self.spans(), self.budgets(), self.seed,
+                                                     balance=balance))
         return self._mover_cache[1]
 
     def react(self, node_id: str | None = None) -> None:
-        found = self.mover()
+        found = self.mover(balance=node_id is not None)
         if found is None:
             return
         mover_id, decision = found
@@ -263,10 +265,9 @@ class Sim:
         new, old = node.loading, node.serving
         node.loading = None
         if old is not None:
-            # commit: dropping the old range must leave every one of its layers a holder
-            others = [s for s in self.spans() if s.node_id != node_id] + [lc.Span(node_id, *new)]
-            counts = lc.layer_counts(self.n_layers, others)
-            if any(counts[layer] == 0 for layer in range(*old)):
+            # commit: dropping the old range must leave its layers at the swarm's floor of holders
+            now = self.spans() + [lc.Span(node_id, *new)]
+            if lc.thinned_by_drop(self.n_layers, now, node_id, *old):
                 self.stats.aborted += 1
                 self._mover_cache = None
                 return

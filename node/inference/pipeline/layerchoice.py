@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-REDUNDANCY = 2  # holders per layer the choice aims for before it weighs throughput
+REDUNDANCY = 2  # holders per layer the choice aims for before it weighs throughput, at least
+MAX_REDUNDANCY = 3  # ... and at most, where the swarm holds enough copies (see redundancy_target)
+SPARE_COPIES = 1  # copies of the model held beyond the target: slack for windows that do not tile
 BALANCE_QUALITY = 0.75  # move only when min throughput before < this × after (Petals' figure)
 DEFAULT_MS_PER_LAYER = 2.0  # a holder nobody has measured yet (as the planner assumes)
 _COUNT_WEIGHT = 1e12  # strength = min(count, REDUNDANCY) × this + throughput (throughput ≪ this)
@@ -79,6 +81,7 @@ class Quality:
     min_count: int
     n_weakest: int
     min_throughput: float
+    target: int = REDUNDANCY  # the capped holder count this quality was measured against
 
     def describe(self) -> str:
         return f"min_holders={self.min_count}x{self.n_weakest}layers,min_tput={self.min_throughput:.0f}"
@@ -113,6 +116,18 @@ def layers_for_budget(budget_bytes: int, per_layer_bytes: int, kv_per_layer_byte
     if n_layers is not None:
         plain, with_head = min(plain, n_layers), min(with_head, n_layers)
     return LayerBudget(int(plain), int(with_head))
+
+
+def redundancy_target(n_layers: int, held_layers: int) -> int:
+    """Holders per layer to aim for when the swarm's ranges hold `held_layers` layers in all
+    (Σ range lengths): REDUNDANCY, raised towards MAX_REDUNDANCY while the swarm holds at least
+    SPARE_COPIES more copies of the model than that. With three holders a single leave never
+    drops a layer below two; without the spare copy, ranges that do not tile would chase a count
+    the swarm cannot reach."""
+    if n_layers <= 0:
+        return REDUNDANCY
+    copies = held_layers // n_layers
+    return int(min(MAX_REDUNDANCY, max(REDUNDANCY, copies - SPARE_COPIES)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -152,14 +167,18 @@ def layer_throughput(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
 class _Cover:
     """Per-layer holder counts and summed throughput of a set of spans (cheap to edit)."""
 
-    def __init__(self, n_layers: int, spans: Sequence[Span]):
+    def __init__(self, n_layers: int, spans: Sequence[Span], target: int | None = None):
         self.n_layers = n_layers
         self.counts = layer_counts(n_layers, spans).astype(np.float64)
         self.tput = layer_throughput(n_layers, spans)
+        if target is None:
+            target = redundancy_target(n_layers, int(np.rint(self.counts.sum())))
+        self.target = target  # kept by edited(): before and after a change compare at one target
 
     def edited(self, remove: Span | None = None, add: tuple[int, int, float] | None = None) -> _Cover:
         out = object.__new__(_Cover)
         out.n_layers, out.counts, out.tput = self.n_layers, self.counts.copy(), self.tput.copy()
+        out.target = self.target
         if remove is not None:
             out.counts[remove.start:remove.end] -= 1
             out.tput[remove.start:remove.end] -= remove.throughput
@@ -174,15 +193,15 @@ class _Cover:
         return counts * _COUNT_WEIGHT + np.where(counts > 0, np.maximum(self.tput, 0.0), 0.0)
 
     def capped(self) -> np.ndarray:
-        return np.minimum(np.rint(self.counts), REDUNDANCY)
+        return np.minimum(np.rint(self.counts), self.target)
 
     def quality(self) -> Quality:
         if self.n_layers <= 0:
-            return Quality(0, 0, 0.0)
+            return Quality(0, 0, 0.0, self.target)
         capped = self.capped()
         count = int(capped.min())
         weakest = float(self.strength().min())
-        return Quality(count, int(np.sum(capped == count)), weakest - count * _COUNT_WEIGHT)
+        return Quality(count, int(np.sum(capped == count)), weakest - count * _COUNT_WEIGHT, self.target)
 
 
 def quality(n_layers: int, spans: Sequence[Span]) -> Quality:
@@ -250,19 +269,35 @@ def uncovered_without(n_layers: int, spans: Sequence[Span], node_id: str, start:
     return [layer for layer in range(max(0, start), min(end, n_layers)) if counts[layer] == 0]
 
 
+def thinned_by_drop(n_layers: int, spans: Sequence[Span], node_id: str, start: int, end: int) -> list[int]:
+    """Layers of [start, end) that would fall below the swarm's floor if `node_id` dropped that
+    range (the commit of a move, on the adverts of the moment; `spans` include the new range
+    when it is loaded). The floor is REDUNDANCY holders, or the weakest layer's count now where
+    that is lower, and at least one: a repair below the floor may still thin a layer down to the
+    floor, but two moves decided on different snapshots never take a layer from two holders to one."""
+    counts = layer_counts(n_layers, spans)
+    if n_layers <= 0:
+        return []
+    floor = max(1, min(REDUNDANCY, int(counts.min())))
+    keep = layer_counts(n_layers, [s for s in spans if not (s.node_id == node_id and (s.start, s.end) == (start, end))])
+    return [layer for layer in range(max(0, start), min(end, n_layers)) if keep[layer] < floor]
+
+
 def gains_clearly(before: Quality, after: Quality, balance_quality: float = BALANCE_QUALITY) -> bool:
     """Hysteresis: more capped holders on the weakest layer; or, below REDUNDANCY, fewer layers
     that weak; or at equal count a weakest throughput that rises by more than 1 / balance_quality
     (never a loss of count)."""
     if after.min_count != before.min_count:
         return after.min_count > before.min_count
-    if before.min_count < REDUNDANCY and after.n_weakest != before.n_weakest:
+    if before.min_count < before.target and after.n_weakest != before.n_weakest:
         return after.n_weakest < before.n_weakest
     return after.min_throughput > 0 and before.min_throughput < balance_quality * after.min_throughput
 
 
 def _should_move(total: _Cover, me: Span, budget: LayerBudget, node_id: str, seed: int,
-                 balance_quality: float) -> Decision | None:
+                 balance_quality: float, balance: bool = True) -> Decision | None:
+    if not balance and total.quality().min_count >= total.target:
+        return None  # holder counts are at the target: throughput is balanced only periodically
     others = total.edited(remove=me)
     window = _best_window(others, budget, node_id, seed)
     if window is None or window == (me.start, me.end):
@@ -272,25 +307,29 @@ def _should_move(total: _Cover, me: Span, budget: LayerBudget, node_id: str, see
         return None  # the move would leave a layer with no holder
     before = total.quality()
     after = others.edited(add=(*window, me.throughput)).quality()
+    if REDUNDANCY <= before.min_count < total.target and after.min_count <= before.min_count:
+        return None  # between the floor and the target, only a move that lifts every weakest layer
     if not gains_clearly(before, after, balance_quality):
         return None
     return Decision(*window, before, after, "clear gain")
 
 
 def should_move(n_layers: int, spans: Sequence[Span], node_id: str, budget: LayerBudget, seed: int = 0,
-                balance_quality: float = BALANCE_QUALITY) -> Decision | None:
+                balance_quality: float = BALANCE_QUALITY, balance: bool = True) -> Decision | None:
     """Where this node should move its range (a Decision), or None to stay.
 
     `spans` is the whole swarm including this node's one current span. A move is proposed only
-    when the layers it would drop keep another holder and the swarm gains clearly."""
+    when the layers it would drop keep another holder and the swarm gains clearly. With
+    `balance` False (a peer event, not the periodic re-evaluation) only holder counts below the
+    target move a node; throughput is balanced on the periodic round alone."""
     mine = [s for s in spans if s.node_id == node_id]
     if len(mine) != 1:
         return None  # not serving, or mid-move (old and new range both held): nothing to decide
-    return _should_move(_Cover(n_layers, spans), mine[0], budget, node_id, seed, balance_quality)
+    return _should_move(_Cover(n_layers, spans), mine[0], budget, node_id, seed, balance_quality, balance)
 
 
 def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBudget], seed: int = 0,
-                balance_quality: float = BALANCE_QUALITY) -> tuple[str, Decision] | None:
+                balance_quality: float = BALANCE_QUALITY, balance: bool = True) -> tuple[str, Decision] | None:
     """Of the nodes (with known budgets) that would gain by moving on this snapshot, the one that
     goes first by the seeded hash; the others wait for the next snapshot. Deterministic, so every
     node computing it from the same adverts agrees.
@@ -301,8 +340,13 @@ def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBu
     total = _Cover(n_layers, spans)
     before = total.quality()
     weak = np.zeros(0, dtype=np.int64)
-    if before.min_count >= REDUNDANCY:
-        threshold = REDUNDANCY * _COUNT_WEIGHT + before.min_throughput / balance_quality
+    between = REDUNDANCY <= before.min_count < total.target
+    if not balance and before.min_count >= total.target:
+        return None  # see should_move
+    if between:  # a mover must lift every layer at the minimum count at once (see _should_move)
+        weak = np.flatnonzero(total.capped() == before.min_count)
+    elif before.min_count >= total.target:
+        threshold = total.target * _COUNT_WEIGHT + before.min_throughput / balance_quality
         weak = np.flatnonzero(total.strength() <= threshold)
     lo, hi = (int(weak.min()), int(weak.max()) + 1) if weak.size else (0, 0)
     by_node: dict[str, list[Span]] = {}
@@ -319,14 +363,15 @@ def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBu
     ok = np.ones(len(movable), dtype=bool)
     if weak.size:
         ok &= widths >= hi - lo
-        ok &= tputs > before.min_throughput * (1 / balance_quality - 1)  # even on the weakest layer
+        if not between:
+            ok &= tputs > before.min_throughput * (1 / balance_quality - 1)  # even on the weakest layer
         inside = np.zeros(n_layers + 1, dtype=np.int64)
         inside[1:] = np.cumsum(np.isin(np.arange(n_layers), weak))
         ok &= inside[ends] - inside[starts] == 0  # holds none of the weakest layers
     ranked = sorted((_tie(seed, movable[i][0], -1), i) for i in np.flatnonzero(ok))
     for _, i in ranked:
         node_id, me = movable[i]
-        decision = _should_move(total, me, budgets[node_id], node_id, seed, balance_quality)
+        decision = _should_move(total, me, budgets[node_id], node_id, seed, balance_quality, balance)
         if decision is not None:
             return node_id, decision
     return None
