@@ -170,15 +170,15 @@ def test_between_the_floor_and_the_target_only_a_move_that_lifts_every_weak_laye
     move = should_move(L, spans, "a0", HALF)
     assert (move.start, move.end) == (4, 8) and (move.before.min_count, move.after.min_count) == (2, 3)
     # a 1-wide mover lifts only one of the two weak layers (fewer weakest layers: a gain below the
-    # floor, not here): it waits, for a joiner
+    # floor, not here): on a peer event it waits, for a joiner or the periodic round
     narrow = [s for s in spans if s.node_id != "a5"] + [Span("a5", 0, 1), Span("a6", 0, 4), Span("a7", 0, 4)]
     assert redundancy_target(L, sum(s.length for s in narrow)) == 3
-    assert should_move(L, narrow, "a5", LayerBudget(1, 1)) is None
+    assert should_move(L, narrow, "a5", LayerBudget(1, 1), balance=False) is None
     assert best_window(L, [s for s in narrow if s.node_id != "a5"], LayerBudget(1, 1), "a5") in [(4, 5), (5, 6)]
     # below the floor (a layer with one holder) any count gain still moves, as before
     spans = [Span(f"a{i}", 0, 4) for i in range(6)] + [Span("b0", 4, 6)] + [Span(f"c{i}", 6, 8) for i in range(3)]
     assert should_move(L, [*[s for s in spans if s.node_id != "a5"], Span("a5", 0, 1)], "a5",
-                       LayerBudget(1, 1)) is not None
+                       LayerBudget(1, 1), balance=False) is not None
 
 
 def test_a_peer_event_moves_for_counts_only_and_the_periodic_round_balances_throughput():
@@ -205,3 +205,34 @@ def test_a_commit_never_takes_a_layer_below_the_floor():
     spans = [Span("a", 0, 2), Span("b", 2, 6), Span("b", 0, 2), Span("c", 2, 6), Span("d", 6, 8)]
     assert thinned_by_drop(L, spans, "b", 2, 6) == []
     assert thinned_by_drop(L, spans, "d", 6, 8) == [6, 7]
+
+
+def test_the_periodic_round_lifts_some_weak_layers_from_surplus_holders_only():
+    # target 3 (over four copies): 4-5 have two holders. a5 (1 layer of 0-3, which keeps 7
+    # holders) lifts one of them on the periodic round, not on a peer event
+    spans = [Span(f"a{i}", 0, 4) for i in range(8)] + [Span("a8", 0, 1)] + \
+        [Span("b0", 4, 6), Span("b1", 4, 6)] + [Span(f"c{i}", 6, 8) for i in range(3)]
+    assert should_move(L, spans, "a8", LayerBudget(1, 1), balance=False) is None
+    move = should_move(L, spans, "a8", LayerBudget(1, 1))
+    assert (move.start, move.end) in [(4, 5), (5, 6)] and move.after.n_weakest == 1
+    # m (5-7) to 2-4 would lift all three weak layers but leave 7 at two (not surplus): the
+    # swarm would count fewer weakest layers, yet m stays, even on the periodic round
+    spans = [Span(f"a{i}", 0, 2) for i in range(7)] + [Span("b0", 2, 5), Span("b1", 2, 5)] + \
+        [Span(f"c{i}", 5, 7) for i in range(4)] + [Span("d0", 7, 8), Span("d1", 7, 8), Span("m", 5, 8)]
+    assert redundancy_target(L, sum(s.length for s in spans)) == 3
+    assert best_window(L, [s for s in spans if s.node_id != "m"], LayerBudget(3, 3), "m") == (2, 5)
+    assert should_move(L, spans, "m", LayerBudget(3, 3)) is None
+    # with a third holder of 7 besides m, it goes
+    move = should_move(L, [*spans, Span("d2", 7, 8)], "m", LayerBudget(3, 3))
+    assert (move.start, move.end) == (2, 5)
+
+
+def test_a_repair_below_the_floor_goes_to_the_narrowest_node_that_lifts_it_all():
+    # layers 4-5 have one holder; w2 (2 wide), w4 (4 wide) and n1 (1 wide: too narrow to lift
+    # both) sit on well-covered 0-3 (and 6-7 keeps two holders)
+    spans = [Span(f"a{i}", 0, 4) for i in range(3)] + [Span("x", 4, 6)] + [Span("y", 6, 8), Span("z", 6, 8)] + \
+        [Span("w2", 0, 2), Span("w4", 0, 4), Span("n1", 0, 1)]
+    budgets = {"w2": LayerBudget(2, 2), "w4": HALF, "n1": LayerBudget(1, 1)}
+    for seed in range(10):  # whatever the hash says
+        node_id, move = first_mover(L, spans, budgets, seed=seed, balance=False)
+        assert node_id == "w2" and (move.start, move.end) == (4, 6), seed

@@ -307,8 +307,11 @@ def _should_move(total: _Cover, me: Span, budget: LayerBudget, node_id: str, see
         return None  # the move would leave a layer with no holder
     before = total.quality()
     after = others.edited(add=(*window, me.throughput)).quality()
-    if REDUNDANCY <= before.min_count < total.target and after.min_count <= before.min_count:
-        return None  # between the floor and the target, only a move that lifts every weakest layer
+    if REDUNDANCY <= before.min_count < total.target and after.min_count <= before.min_count and not (
+            balance and all(others.counts[layer] > total.target - 0.5 for layer in dropped)):
+        # between the floor and the target: a move that lifts every weakest layer at once; one
+        # that lifts only some, on the periodic round alone and only from surplus holders
+        return None
     if not gains_clearly(before, after, balance_quality):
         return None
     return Decision(*window, before, after, "clear gain")
@@ -343,7 +346,7 @@ def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBu
     between = REDUNDANCY <= before.min_count < total.target
     if not balance and before.min_count >= total.target:
         return None  # see should_move
-    if between:  # a mover must lift every layer at the minimum count at once (see _should_move)
+    if between and not balance:  # a mover must lift every layer at the minimum count at once (see _should_move)
         weak = np.flatnonzero(total.capped() == before.min_count)
     elif before.min_count >= total.target:
         threshold = total.target * _COUNT_WEIGHT + before.min_throughput / balance_quality
@@ -368,8 +371,15 @@ def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBu
         inside = np.zeros(n_layers + 1, dtype=np.int64)
         inside[1:] = np.cumsum(np.isin(np.arange(n_layers), weak))
         ok &= inside[ends] - inside[starts] == 0  # holds none of the weakest layers
-    ranked = sorted((_tie(seed, movable[i][0], -1), i) for i in np.flatnonzero(ok))
-    for _, i in ranked:
+    # below the floor the repair is urgent: of the movers wide enough to lift every thin layer at
+    # once, the narrowest loads soonest, so it goes first; then the others, by the hash
+    rank = np.zeros(len(movable), dtype=np.int64)
+    if before.min_count < REDUNDANCY:
+        thin = np.flatnonzero(total.capped() < REDUNDANCY)
+        extent = int(thin.max()) + 1 - int(thin.min())
+        rank = np.where(widths >= extent, widths, n_layers + 1)
+    ranked = sorted((int(rank[i]), _tie(seed, movable[i][0], -1), i) for i in np.flatnonzero(ok))
+    for *_, i in ranked:
         node_id, me = movable[i]
         decision = _should_move(total, me, budgets[node_id], node_id, seed, balance_quality, balance)
         if decision is not None:
