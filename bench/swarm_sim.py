@@ -152,7 +152,7 @@ class Sim:
         self.now = 0.0
         self.last_change = 0.0
         self.version = 0
-        self._mover_cache: tuple[tuple[int, bool], tuple[str, lc.Decision] | None] | None = None
+        self._mover_cache: tuple[int, dict[bool, tuple[str, lc.Decision] | None]] | None = None
         self._spans: tuple[int, list[lc.Span]] | None = None
         self.last_event = -1  # id of the latest join/leave (moves are attributed to it)
         self.stats = Stats()
@@ -236,11 +236,15 @@ class Sim:
     def mover(self, balance: bool) -> tuple[str, lc.Decision] | None:
         """first_mover on the current adverts (the same on every node, so computed once per state);
         `balance` on the periodic round only (a peer event moves nodes for holder counts alone)."""
-        key = (self.version, balance)
-        if self._mover_cache is None or self._mover_cache[0] != key:
-            self._mover_cache = (key, lc.first_mover(self.n_layers, self.spans(), self.budgets(), self.seed,
-                                                     balance=balance))
-        return self._mover_cache[1]
+        if self._mover_cache is None or self._mover_cache[0] != self.version:
+            self._mover_cache = (self.version, {})
+        found = self._mover_cache[1]
+        if True not in found:
+            found[True] = lc.first_mover(self.n_layers, self.spans(), self.budgets(), self.seed, balance=True)
+        if balance not in found:  # (no mover on the periodic round: none on a peer event either)
+            found[False] = None if found[True] is None else lc.first_mover(
+                self.n_layers, self.spans(), self.budgets(), self.seed, balance=False)
+        return found[balance]
 
     def react(self, node_id: str | None = None) -> None:
         found = self.mover(balance=node_id is not None)

@@ -169,8 +169,18 @@ class _Cover:
 
     def __init__(self, n_layers: int, spans: Sequence[Span], target: int | None = None):
         self.n_layers = n_layers
-        self.counts = layer_counts(n_layers, spans).astype(np.float64)
-        self.tput = layer_throughput(n_layers, spans)
+        spans = list(spans)
+        # one pass over the spans for both arrays (this runs on every peer event, on every node)
+        starts = np.clip(np.fromiter((s.start for s in spans), np.int64, len(spans)), 0, n_layers)
+        ends = np.clip(np.fromiter((s.end for s in spans), np.int64, len(spans)), 0, n_layers)
+        tputs = np.fromiter((s.throughput for s in spans), np.float64, len(spans))
+        diff = np.zeros((2, n_layers + 1), dtype=np.float64)
+        np.add.at(diff[0], starts, 1.0)
+        np.add.at(diff[0], ends, -1.0)
+        np.add.at(diff[1], starts, tputs)
+        np.add.at(diff[1], ends, -tputs)
+        sums = np.cumsum(diff[:, :-1], axis=1)
+        self.counts, self.tput = np.rint(sums[0]), sums[1]
         if target is None:
             target = redundancy_target(n_layers, int(np.rint(self.counts.sum())))
         self.target = target  # kept by edited(): before and after a change compare at one target
