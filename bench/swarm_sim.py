@@ -17,10 +17,11 @@ are Poisson (each leave brings a new node within a minute). The initial N nodes 
 A node behaves as the real one does (node/inference/pipeline/autoserve.py): a joiner waits a
 random 0-2 s plus 1 s to see the swarm, chooses the weakest window its budget fits, loads it
 (`--load-s-per-layer` × layers: it serves nothing until then) and announces it. On every
-announce or leave, nodes react after 0.5-1.5 s, and each also every 120 s ± 20 %: all compute
+announce or leave, nodes react after 0.5-1.5 s (`first_mover` for holder counts only), and each
+also every 120 s ± 20 % (the periodic round, which also balances throughput): all compute
 `first_mover` on the same adverts, and only that node moves. A move loads the new range while
-the old one keeps serving, then re-checks that dropping the old range uncovers nothing (else it
-aborts and keeps the old range), then switches.
+the old one keeps serving, then re-checks that dropping the old range takes no layer below the
+floor (`thinned_by_drop`; else it aborts and keeps the old range), then switches.
 
 Chain estimate (sampled every `--plan-every` s): holders are the serving ranges, each with its
 ms/layer and RTT, given as they are to the node's own `plan_route` (which uses any sub-range of a
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     print(f"command: python bench/swarm_sim.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     print(f"cpu: {cpu_name()}")
-    print(f"layer choice: redundancy {lc.REDUNDANCY}, balance quality {lc.BALANCE_QUALITY}, re-evaluation "
+    print(f"layer choice: redundancy {lc.REDUNDANCY}, {lc.MAX_REDUNDANCY} with {lc.SPARE_COPIES} spare copy, balance quality {lc.BALANCE_QUALITY}, re-evaluation "
           f"{REEVAL_S:g} s ± 20 %, reaction 0.5-1.5 s")
     for n in (int(x) for x in args.nodes.split(",")):
         started = time.monotonic()
