@@ -4,19 +4,24 @@ The rule follows Petals' `block_selection.py` (the idea, not its code): every la
 the summed throughput of its holders (throughput = 1000 / ms per layer: layer steps per second),
 and a node serves the window of layers whose sorted strengths are lexicographically smallest —
 the weakest-covered stretch of the model — sized by its memory budget. Here the strength is first
-capped holder count (a layer with one holder is weaker than any layer with `REDUNDANCY`, however
-fast that one holder is), then throughput, so the swarm reaches two holders per layer before it
-piles speed on a stretch.
+the holder count capped at the swarm's target (`redundancy_target`: REDUNDANCY = 2, or 3 where
+the ranges hold a spare copy beyond that, so that a single leave never drops a layer below two),
+then throughput: a layer with fewer holders is weaker than any with more, however fast they are.
 
 A node re-evaluates on joins, leaves and periodically, and moves (`should_move`) only when the
-swarm clearly gains: the minimum capped holder count rises; or, below REDUNDANCY, fewer layers
-are at that minimum; or at equal count the weakest throughput rises by more than
-1 / BALANCE_QUALITY; never when the layers it would drop have no other holder. Each move raises
-this (count, −weak layers, throughput) quality strictly, so on unchanging speeds moves cannot
-cycle. When several nodes would gain by moving on the same snapshot, only the first by a seeded
-node-id hash moves (`first_mover`): every node computes the same answer from the same
-adverts, so nodes that start or react together do not all jump to the same window. Ties between
-equally weak windows are broken the same way (aligned tiles first, then the hash).
+swarm clearly gains. Below the floor (a layer with one holder): the minimum capped count rises, or
+fewer layers are at it. Between the floor and the target: the move lifts every layer at the
+minimum at once, or, on the periodic round only, fewer layers are at it and every layer the mover
+drops keeps the target (surplus holders only, so one leave does not start a cascade of moves).
+At the target, on the periodic round only: the weakest throughput rises by more than
+1 / BALANCE_QUALITY. Never when the layers it would drop have no other holder; a move's commit
+re-checks on fresh adverts that no layer falls below the floor (`thinned_by_drop`). Each move
+raises this (count, −weak layers, throughput) quality strictly, so at a fixed target and speeds moves
+cannot cycle. When several nodes would gain by moving on the same snapshot, only the first moves
+(`first_mover`: below the floor, the narrowest node that lifts every thin layer at once, its load
+being the shortest; else by a seeded node-id hash): every node computes the same answer from the
+same adverts, so nodes that start or react together do not all jump to the same window. Ties
+between equally weak windows are broken the same way (aligned tiles first, then the hash).
 
 No network, no torch, no clock: the node (autoserve.py) and bench/swarm_sim.py feed snapshots.
 """
