@@ -17,10 +17,11 @@ are Poisson (each leave brings a new node within a minute). The initial N nodes 
 A node behaves as the real one does (node/inference/pipeline/autoserve.py): a joiner waits a
 random 0-2 s plus 1 s to see the swarm, chooses the weakest window its budget fits, loads it
 (`--load-s-per-layer` × layers: it serves nothing until then) and announces it. On every
-announce or leave, nodes react after 0.5-1.5 s, and each also every 120 s ± 20 %: all compute
+announce or leave, nodes react after 0.5-1.5 s (`first_mover` for holder counts only), and each
+also every 120 s ± 20 % (the periodic round, which also balances throughput): all compute
 `first_mover` on the same adverts, and only that node moves. A move loads the new range while
-the old one keeps serving, then re-checks that dropping the old range uncovers nothing (else it
-aborts and keeps the old range), then switches.
+the old one keeps serving, then re-checks that dropping the old range takes no layer below the
+floor (`thinned_by_drop`; else it aborts and keeps the old range), then switches.
 
 Chain estimate (sampled every `--plan-every` s): holders are the serving ranges, each with its
 ms/layer and RTT, given as they are to the node's own `plan_route` (which uses any sub-range of a
@@ -152,7 +153,7 @@ class Sim:
         self.now = 0.0
         self.last_change = 0.0
         self.version = 0
-        self._mover_cache: tuple[int, tuple[str, lc.Decision] | None] | None = None
+        self._mover_cache: tuple[int, dict[bool, tuple[str, lc.Decision] | None]] | None = None
         self._spans: tuple[int, list[lc.Span]] | None = None
         self.last_event = -1  # id of the latest join/leave (moves are attributed to it)
         self.stats = Stats()
@@ -233,15 +234,21 @@ class Sim:
         node.loading = (d.start, d.end)
         self.at(self.now + self.load_s_per_layer * (d.end - d.start), "loaded", node_id)
 
-    def mover(self) -> tuple[str, lc.Decision] | None:
-        """first_mover on the current adverts (the same on every node, so computed once per state)."""
+    def mover(self, balance: bool) -> tuple[str, lc.Decision] | None:
+        """first_mover on the current adverts (the same on every node, so computed once per state);
+        `balance` on the periodic round only (a peer event moves nodes for holder counts alone)."""
         if self._mover_cache is None or self._mover_cache[0] != self.version:
-            self._mover_cache = (self.version, lc.first_mover(self.n_layers, self.spans(), self.budgets(),
-                                                              self.seed))
-        return self._mover_cache[1]
+            self._mover_cache = (self.version, {})
+        found = self._mover_cache[1]
+        if True not in found:
+            found[True] = lc.first_mover(self.n_layers, self.spans(), self.budgets(), self.seed, balance=True)
+        if balance not in found:  # (no mover on the periodic round: none on a peer event either)
+            found[False] = None if found[True] is None else lc.first_mover(
+                self.n_layers, self.spans(), self.budgets(), self.seed, balance=False)
+        return found[balance]
 
     def react(self, node_id: str | None = None) -> None:
-        found = self.mover()
+        found = self.mover(balance=node_id is not None)
         if found is None:
             return
         mover_id, decision = found
@@ -263,10 +270,9 @@ class Sim:
         new, old = node.loading, node.serving
         node.loading = None
         if old is not None:
-            # commit: dropping the old range must leave every one of its layers a holder
-            others = [s for s in self.spans() if s.node_id != node_id] + [lc.Span(node_id, *new)]
-            counts = lc.layer_counts(self.n_layers, others)
-            if any(counts[layer] == 0 for layer in range(*old)):
+            # commit: dropping the old range must leave its layers at the swarm's floor of holders
+            now = self.spans() + [lc.Span(node_id, *new)]
+            if lc.thinned_by_drop(self.n_layers, now, node_id, *old):
                 self.stats.aborted += 1
                 self._mover_cache = None
                 return
@@ -391,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     print(f"command: python bench/swarm_sim.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     print(f"cpu: {cpu_name()}")
-    print(f"layer choice: redundancy {lc.REDUNDANCY}, balance quality {lc.BALANCE_QUALITY}, re-evaluation "
+    print(f"layer choice: redundancy {lc.REDUNDANCY}, {lc.MAX_REDUNDANCY} with {lc.SPARE_COPIES} spare copy, balance quality {lc.BALANCE_QUALITY}, re-evaluation "
           f"{REEVAL_S:g} s ± 20 %, reaction 0.5-1.5 s")
     for n in (int(x) for x in args.nodes.split(",")):
         started = time.monotonic()

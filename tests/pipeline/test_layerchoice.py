@@ -15,7 +15,9 @@ from node.inference.pipeline.layerchoice import (
     layer_counts,
     layers_for_budget,
     quality,
+    redundancy_target,
     should_move,
+    thinned_by_drop,
     uncovered_without,
 )
 
@@ -145,3 +147,92 @@ def test_gaps_are_named():
     assert gaps(L, [Span("a", 0, 4), Span("b", 6, 8)]) == [(4, 6)]
     assert gaps(L, []) == [(0, 8)]
     assert gaps(L, [Span("a", 0, 8)]) == []
+
+
+def test_redundancy_target_rises_to_three_only_with_a_spare_copy():
+    assert redundancy_target(8, 0) == 2 and redundancy_target(8, 3 * 8 + 7) == 2  # under 4 copies
+    assert redundancy_target(8, 4 * 8) == 3 and redundancy_target(8, 40 * 8) == 3  # capped at 3
+    assert redundancy_target(0, 10) == 2
+    # with four copies held, a layer with two holders is weak although two is the floor
+    spans = [Span(f"a{i}", 0, 4) for i in range(5)] + [Span(f"b{i}", 4, 8) for i in range(3)]
+    d = choose_range(L, spans, HALF, "me")
+    assert (d.start, d.end) == (4, 8) and d.before.min_count == 3 and d.before.target == 3
+    spans = [Span(f"a{i}", 0, 4) for i in range(6)] + [Span("b0", 4, 8), Span("b1", 4, 8)]
+    d = choose_range(L, spans, HALF, "me")
+    assert (d.start, d.end) == (4, 8) and (d.before.min_count, d.after.min_count) == (2, 3)
+
+
+def test_between_the_floor_and_the_target_only_a_move_that_lifts_every_weak_layer():
+    # 0-3 has six holders, 4-5 two, 6-7 three (target 3): a 4-wide mover from 0-3 covering 4-7
+    # lifts both weak layers at once and goes
+    spans = [Span(f"a{i}", 0, 4) for i in range(6)] + [Span("b0", 4, 6), Span("b1", 4, 6)] + \
+        [Span(f"c{i}", 6, 8) for i in range(3)]
+    move = should_move(L, spans, "a0", HALF)
+    assert (move.start, move.end) == (4, 8) and (move.before.min_count, move.after.min_count) == (2, 3)
+    # a 1-wide mover lifts only one of the two weak layers (fewer weakest layers: a gain below the
+    # floor, not here): on a peer event it waits, for a joiner or the periodic round
+    narrow = [s for s in spans if s.node_id != "a5"] + [Span("a5", 0, 1), Span("a6", 0, 4), Span("a7", 0, 4)]
+    assert redundancy_target(L, sum(s.length for s in narrow)) == 3
+    assert should_move(L, narrow, "a5", LayerBudget(1, 1), balance=False) is None
+    assert best_window(L, [s for s in narrow if s.node_id != "a5"], LayerBudget(1, 1), "a5") in [(4, 5), (5, 6)]
+    # below the floor (a layer with one holder) any count gain still moves, as before
+    spans = [Span(f"a{i}", 0, 4) for i in range(6)] + [Span("b0", 4, 6)] + [Span(f"c{i}", 6, 8) for i in range(3)]
+    assert should_move(L, [*[s for s in spans if s.node_id != "a5"], Span("a5", 0, 1)], "a5",
+                       LayerBudget(1, 1), balance=False) is not None
+
+
+def test_a_peer_event_moves_for_counts_only_and_the_periodic_round_balances_throughput():
+    spans = [Span("a", 0, 4, 1.0), Span("b", 0, 4, 1.0), Span("c", 4, 8, 3.0), Span("d", 4, 8, 3.0),
+             Span("e", 0, 4, 1.0)]
+    assert should_move(L, spans, "e", HALF, balance=False) is None
+    assert should_move(L, spans, "e", HALF) is not None
+    budgets = {s.node_id: HALF for s in spans}
+    assert first_mover(L, spans, budgets, balance=False) is None
+    assert first_mover(L, spans, budgets) is not None
+    # a count below the target moves on a peer event too
+    spans = [Span(f"n{i}", 0, 4) for i in range(4)]
+    assert first_mover(L, spans, {s.node_id: HALF for s in spans}, seed=3, balance=False) is not None
+
+
+def test_a_commit_never_takes_a_layer_below_the_floor():
+    # two holders of 4-7 besides b: b may drop it (4-7 keeps two)
+    spans = [Span("a", 0, 4), Span("b", 4, 8), Span("b", 0, 4), Span("c", 4, 8), Span("d", 4, 8)]
+    assert thinned_by_drop(L, spans, "b", 4, 8) == []
+    # another move took d away meanwhile: dropping would leave 4-7 one holder, below the floor of 2
+    spans = [Span("a", 0, 4), Span("b", 4, 8), Span("b", 0, 4), Span("c", 4, 8), Span("d", 0, 4)]
+    assert thinned_by_drop(L, spans, "b", 4, 8) == [4, 5, 6, 7]
+    # a repair below the floor (some layer already has one holder) may thin down to one, not to none
+    spans = [Span("a", 0, 2), Span("b", 2, 6), Span("b", 0, 2), Span("c", 2, 6), Span("d", 6, 8)]
+    assert thinned_by_drop(L, spans, "b", 2, 6) == []
+    assert thinned_by_drop(L, spans, "d", 6, 8) == [6, 7]
+
+
+def test_the_periodic_round_lifts_some_weak_layers_from_surplus_holders_only():
+    # target 3 (over four copies): 4-5 have two holders. a5 (1 layer of 0-3, which keeps 7
+    # holders) lifts one of them on the periodic round, not on a peer event
+    spans = [Span(f"a{i}", 0, 4) for i in range(8)] + [Span("a8", 0, 1)] + \
+        [Span("b0", 4, 6), Span("b1", 4, 6)] + [Span(f"c{i}", 6, 8) for i in range(3)]
+    assert should_move(L, spans, "a8", LayerBudget(1, 1), balance=False) is None
+    move = should_move(L, spans, "a8", LayerBudget(1, 1))
+    assert (move.start, move.end) in [(4, 5), (5, 6)] and move.after.n_weakest == 1
+    # m (5-7) to 2-4 would lift all three weak layers but leave 7 at two (not surplus): the
+    # swarm would count fewer weakest layers, yet m stays, even on the periodic round
+    spans = [Span(f"a{i}", 0, 2) for i in range(7)] + [Span("b0", 2, 5), Span("b1", 2, 5)] + \
+        [Span(f"c{i}", 5, 7) for i in range(4)] + [Span("d0", 7, 8), Span("d1", 7, 8), Span("m", 5, 8)]
+    assert redundancy_target(L, sum(s.length for s in spans)) == 3
+    assert best_window(L, [s for s in spans if s.node_id != "m"], LayerBudget(3, 3), "m") == (2, 5)
+    assert should_move(L, spans, "m", LayerBudget(3, 3)) is None
+    # with a third holder of 7 besides m, it goes
+    move = should_move(L, [*spans, Span("d2", 7, 8)], "m", LayerBudget(3, 3))
+    assert (move.start, move.end) == (2, 5)
+
+
+def test_a_repair_below_the_floor_goes_to_the_narrowest_node_that_lifts_it_all():
+    # layers 4-5 have one holder; w2 (2 wide), w4 (4 wide) and n1 (1 wide: too narrow to lift
+    # both) sit on well-covered 0-3 (and 6-7 keeps two holders)
+    spans = [Span(f"a{i}", 0, 4) for i in range(3)] + [Span("x", 4, 6)] + [Span("y", 6, 8), Span("z", 6, 8)] + \
+        [Span("w2", 0, 2), Span("w4", 0, 4), Span("n1", 0, 1)]
+    budgets = {"w2": LayerBudget(2, 2), "w4": HALF, "n1": LayerBudget(1, 1)}
+    for seed in range(10):  # whatever the hash says
+        node_id, move = first_mover(L, spans, budgets, seed=seed, balance=False)
+        assert node_id == "w2" and (move.start, move.end) == (4, 6), seed

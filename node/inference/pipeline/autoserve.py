@@ -319,7 +319,8 @@ class AutoServe:
         if len(mine) != 1:
             return  # mid-move
         budgets = {**cov.budgets, self.node_id: m.budget}
-        found = lc.first_mover(n, cov.spans, budgets, m.seed)
+        balance = why not in ("peer_left", "peer_changed")  # throughput is balanced on the periodic round
+        found = lc.first_mover(n, cov.spans, budgets, m.seed, balance=balance)
         if found is None:
             m.deferred_to, m.deferred_rounds = None, 0
             return
@@ -333,7 +334,7 @@ class AutoServe:
             m.deferred_to = seen
             if m.deferred_rounds <= const.AUTO_SERVE_DEFER_ROUNDS:
                 return
-            decision = lc.should_move(n, cov.spans, self.node_id, m.budget, m.seed)
+            decision = lc.should_move(n, cov.spans, self.node_id, m.budget, m.seed, balance=balance)
             if decision is None:
                 return
             log.info("DIAG: first mover did not move; moving on our own %s", kv(
@@ -355,12 +356,18 @@ class AutoServe:
             await self.host.async_unload(new)
             return
         # commit: the swarm may have changed while we loaded; dropping the old range must leave
-        # every one of its layers a holder (our new range counts)
+        # every one of its layers a holder (our new range counts), and no layer below the
+        # swarm's floor of holders (another move, decided on another snapshot, may have thinned it)
         cov = self.coverage().get(entry.sha256) or cov
         bare = self._bare_without(cov, old, n)
-        if bare:
+        held = [*cov.spans, *([] if any(s.node_id == self.node_id and (s.start, s.end) == (d.start, d.end)
+                                        for s in cov.spans) else [lc.Span(self.node_id, d.start, d.end)])]
+        thin = [] if bare else lc.thinned_by_drop(n, held, self.node_id, old.start, old.end)
+        if bare or thin:
+            what = (f"layers_{bare[0]}-{bare[-1]}_would_have_no_holder" if bare
+                    else f"layers_{thin[0]}-{thin[-1]}_would_fall_below_the_floor")
             self._log(m, f"{old.start}-{old.end - 1}", coverage_text(n, cov.spans), coverage_text(n, cov.spans),
-                      f"move_aborted:layers_{bare[0]}-{bare[-1]}_would_have_no_holder")
+                      f"move_aborted:{what}")
             await self.host.async_unload(new)
             await self.announce()
             return

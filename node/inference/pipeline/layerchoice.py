@@ -4,19 +4,24 @@ The rule follows Petals' `block_selection.py` (the idea, not its code): every la
 the summed throughput of its holders (throughput = 1000 / ms per layer: layer steps per second),
 and a node serves the window of layers whose sorted strengths are lexicographically smallest —
 the weakest-covered stretch of the model — sized by its memory budget. Here the strength is first
-capped holder count (a layer with one holder is weaker than any layer with `REDUNDANCY`, however
-fast that one holder is), then throughput, so the swarm reaches two holders per layer before it
-piles speed on a stretch.
+the holder count capped at the swarm's target (`redundancy_target`: REDUNDANCY = 2, or 3 where
+the ranges hold a spare copy beyond that, so that a single leave never drops a layer below two),
+then throughput: a layer with fewer holders is weaker than any with more, however fast they are.
 
 A node re-evaluates on joins, leaves and periodically, and moves (`should_move`) only when the
-swarm clearly gains: the minimum capped holder count rises; or, below REDUNDANCY, fewer layers
-are at that minimum; or at equal count the weakest throughput rises by more than
-1 / BALANCE_QUALITY; never when the layers it would drop have no other holder. Each move raises
-this (count, −weak layers, throughput) quality strictly, so on unchanging speeds moves cannot
-cycle. When several nodes would gain by moving on the same snapshot, only the first by a seeded
-node-id hash moves (`first_mover`): every node computes the same answer from the same
-adverts, so nodes that start or react together do not all jump to the same window. Ties between
-equally weak windows are broken the same way (aligned tiles first, then the hash).
+swarm clearly gains. Below the floor (a layer with one holder): the minimum capped count rises, or
+fewer layers are at it. Between the floor and the target: the move lifts every layer at the
+minimum at once, or, on the periodic round only, fewer layers are at it and every layer the mover
+drops keeps the target (surplus holders only, so one leave does not start a cascade of moves).
+At the target, on the periodic round only: the weakest throughput rises by more than
+1 / BALANCE_QUALITY. Never when the layers it would drop have no other holder; a move's commit
+re-checks on fresh adverts that no layer falls below the floor (`thinned_by_drop`). Each move
+raises this (count, −weak layers, throughput) quality strictly, so at a fixed target and speeds moves
+cannot cycle. When several nodes would gain by moving on the same snapshot, only the first moves
+(`first_mover`: below the floor, the narrowest node that lifts every thin layer at once, its load
+being the shortest; else by a seeded node-id hash): every node computes the same answer from the
+same adverts, so nodes that start or react together do not all jump to the same window. Ties
+between equally weak windows are broken the same way (aligned tiles first, then the hash).
 
 No network, no torch, no clock: the node (autoserve.py) and bench/swarm_sim.py feed snapshots.
 """
@@ -30,7 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-REDUNDANCY = 2  # holders per layer the choice aims for before it weighs throughput
+REDUNDANCY = 2  # holders per layer the choice aims for before it weighs throughput, at least
+MAX_REDUNDANCY = 3  # ... and at most, where the swarm holds enough copies (see redundancy_target)
+SPARE_COPIES = 1  # copies of the model held beyond the target: slack for windows that do not tile
 BALANCE_QUALITY = 0.75  # move only when min throughput before < this × after (Petals' figure)
 DEFAULT_MS_PER_LAYER = 2.0  # a holder nobody has measured yet (as the planner assumes)
 _COUNT_WEIGHT = 1e12  # strength = min(count, REDUNDANCY) × this + throughput (throughput ≪ this)
@@ -79,6 +86,7 @@ class Quality:
     min_count: int
     n_weakest: int
     min_throughput: float
+    target: int = REDUNDANCY  # the capped holder count this quality was measured against
 
     def describe(self) -> str:
         return f"min_holders={self.min_count}x{self.n_weakest}layers,min_tput={self.min_throughput:.0f}"
@@ -113,6 +121,18 @@ def layers_for_budget(budget_bytes: int, per_layer_bytes: int, kv_per_layer_byte
     if n_layers is not None:
         plain, with_head = min(plain, n_layers), min(with_head, n_layers)
     return LayerBudget(int(plain), int(with_head))
+
+
+def redundancy_target(n_layers: int, held_layers: int) -> int:
+    """Holders per layer to aim for when the swarm's ranges hold `held_layers` layers in all
+    (Σ range lengths): REDUNDANCY, raised towards MAX_REDUNDANCY while the swarm holds at least
+    SPARE_COPIES more copies of the model than that. With three holders a single leave never
+    drops a layer below two; without the spare copy, ranges that do not tile would chase a count
+    the swarm cannot reach."""
+    if n_layers <= 0:
+        return REDUNDANCY
+    copies = held_layers // n_layers
+    return int(min(MAX_REDUNDANCY, max(REDUNDANCY, copies - SPARE_COPIES)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -152,14 +172,28 @@ def layer_throughput(n_layers: int, spans: Iterable[Span]) -> np.ndarray:
 class _Cover:
     """Per-layer holder counts and summed throughput of a set of spans (cheap to edit)."""
 
-    def __init__(self, n_layers: int, spans: Sequence[Span]):
+    def __init__(self, n_layers: int, spans: Sequence[Span], target: int | None = None):
         self.n_layers = n_layers
-        self.counts = layer_counts(n_layers, spans).astype(np.float64)
-        self.tput = layer_throughput(n_layers, spans)
+        spans = list(spans)
+        # one pass over the spans for both arrays (this runs on every peer event, on every node)
+        starts = np.clip(np.fromiter((s.start for s in spans), np.int64, len(spans)), 0, n_layers)
+        ends = np.clip(np.fromiter((s.end for s in spans), np.int64, len(spans)), 0, n_layers)
+        tputs = np.fromiter((s.throughput for s in spans), np.float64, len(spans))
+        diff = np.zeros((2, n_layers + 1), dtype=np.float64)
+        np.add.at(diff[0], starts, 1.0)
+        np.add.at(diff[0], ends, -1.0)
+        np.add.at(diff[1], starts, tputs)
+        np.add.at(diff[1], ends, -tputs)
+        sums = np.cumsum(diff[:, :-1], axis=1)
+        self.counts, self.tput = np.rint(sums[0]), sums[1]
+        if target is None:
+            target = redundancy_target(n_layers, int(np.rint(self.counts.sum())))
+        self.target = target  # kept by edited(): before and after a change compare at one target
 
     def edited(self, remove: Span | None = None, add: tuple[int, int, float] | None = None) -> _Cover:
         out = object.__new__(_Cover)
         out.n_layers, out.counts, out.tput = self.n_layers, self.counts.copy(), self.tput.copy()
+        out.target = self.target
         if remove is not None:
             out.counts[remove.start:remove.end] -= 1
             out.tput[remove.start:remove.end] -= remove.throughput
@@ -174,15 +208,15 @@ class _Cover:
         return counts * _COUNT_WEIGHT + np.where(counts > 0, np.maximum(self.tput, 0.0), 0.0)
 
     def capped(self) -> np.ndarray:
-        return np.minimum(np.rint(self.counts), REDUNDANCY)
+        return np.minimum(np.rint(self.counts), self.target)
 
     def quality(self) -> Quality:
         if self.n_layers <= 0:
-            return Quality(0, 0, 0.0)
+            return Quality(0, 0, 0.0, self.target)
         capped = self.capped()
         count = int(capped.min())
         weakest = float(self.strength().min())
-        return Quality(count, int(np.sum(capped == count)), weakest - count * _COUNT_WEIGHT)
+        return Quality(count, int(np.sum(capped == count)), weakest - count * _COUNT_WEIGHT, self.target)
 
 
 def quality(n_layers: int, spans: Sequence[Span]) -> Quality:
@@ -250,19 +284,35 @@ def uncovered_without(n_layers: int, spans: Sequence[Span], node_id: str, start:
     return [layer for layer in range(max(0, start), min(end, n_layers)) if counts[layer] == 0]
 
 
+def thinned_by_drop(n_layers: int, spans: Sequence[Span], node_id: str, start: int, end: int) -> list[int]:
+    """Layers of [start, end) that would fall below the swarm's floor if `node_id` dropped that
+    range (the commit of a move, on the adverts of the moment; `spans` include the new range
+    when it is loaded). The floor is REDUNDANCY holders, or the weakest layer's count now where
+    that is lower, and at least one: a repair below the floor may still thin a layer down to the
+    floor, but two moves decided on different snapshots never take a layer from two holders to one."""
+    counts = layer_counts(n_layers, spans)
+    if n_layers <= 0:
+        return []
+    floor = max(1, min(REDUNDANCY, int(counts.min())))
+    keep = layer_counts(n_layers, [s for s in spans if not (s.node_id == node_id and (s.start, s.end) == (start, end))])
+    return [layer for layer in range(max(0, start), min(end, n_layers)) if keep[layer] < floor]
+
+
 def gains_clearly(before: Quality, after: Quality, balance_quality: float = BALANCE_QUALITY) -> bool:
     """Hysteresis: more capped holders on the weakest layer; or, below REDUNDANCY, fewer layers
     that weak; or at equal count a weakest throughput that rises by more than 1 / balance_quality
     (never a loss of count)."""
     if after.min_count != before.min_count:
         return after.min_count > before.min_count
-    if before.min_count < REDUNDANCY and after.n_weakest != before.n_weakest:
+    if before.min_count < before.target and after.n_weakest != before.n_weakest:
         return after.n_weakest < before.n_weakest
     return after.min_throughput > 0 and before.min_throughput < balance_quality * after.min_throughput
 
 
 def _should_move(total: _Cover, me: Span, budget: LayerBudget, node_id: str, seed: int,
-                 balance_quality: float) -> Decision | None:
+                 balance_quality: float, balance: bool = True) -> Decision | None:
+    if not balance and total.quality().min_count >= total.target:
+        return None  # holder counts are at the target: throughput is balanced only periodically
     others = total.edited(remove=me)
     window = _best_window(others, budget, node_id, seed)
     if window is None or window == (me.start, me.end):
@@ -272,25 +322,32 @@ def _should_move(total: _Cover, me: Span, budget: LayerBudget, node_id: str, see
         return None  # the move would leave a layer with no holder
     before = total.quality()
     after = others.edited(add=(*window, me.throughput)).quality()
+    if REDUNDANCY <= before.min_count < total.target and after.min_count <= before.min_count and not (
+            balance and all(others.counts[layer] > total.target - 0.5 for layer in dropped)):
+        # between the floor and the target: a move that lifts every weakest layer at once; one
+        # that lifts only some, on the periodic round alone and only from surplus holders
+        return None
     if not gains_clearly(before, after, balance_quality):
         return None
     return Decision(*window, before, after, "clear gain")
 
 
 def should_move(n_layers: int, spans: Sequence[Span], node_id: str, budget: LayerBudget, seed: int = 0,
-                balance_quality: float = BALANCE_QUALITY) -> Decision | None:
+                balance_quality: float = BALANCE_QUALITY, balance: bool = True) -> Decision | None:
     """Where this node should move its range (a Decision), or None to stay.
 
     `spans` is the whole swarm including this node's one current span. A move is proposed only
-    when the layers it would drop keep another holder and the swarm gains clearly."""
+    when the layers it would drop keep another holder and the swarm gains clearly. With
+    `balance` False (a peer event, not the periodic re-evaluation) only holder counts below the
+    target move a node; throughput is balanced on the periodic round alone."""
     mine = [s for s in spans if s.node_id == node_id]
     if len(mine) != 1:
         return None  # not serving, or mid-move (old and new range both held): nothing to decide
-    return _should_move(_Cover(n_layers, spans), mine[0], budget, node_id, seed, balance_quality)
+    return _should_move(_Cover(n_layers, spans), mine[0], budget, node_id, seed, balance_quality, balance)
 
 
 def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBudget], seed: int = 0,
-                balance_quality: float = BALANCE_QUALITY) -> tuple[str, Decision] | None:
+                balance_quality: float = BALANCE_QUALITY, balance: bool = True) -> tuple[str, Decision] | None:
     """Of the nodes (with known budgets) that would gain by moving on this snapshot, the one that
     goes first by the seeded hash; the others wait for the next snapshot. Deterministic, so every
     node computing it from the same adverts agrees.
@@ -301,8 +358,13 @@ def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBu
     total = _Cover(n_layers, spans)
     before = total.quality()
     weak = np.zeros(0, dtype=np.int64)
-    if before.min_count >= REDUNDANCY:
-        threshold = REDUNDANCY * _COUNT_WEIGHT + before.min_throughput / balance_quality
+    between = REDUNDANCY <= before.min_count < total.target
+    if not balance and before.min_count >= total.target:
+        return None  # see should_move
+    if between and not balance:  # a mover must lift every layer at the minimum count at once (see _should_move)
+        weak = np.flatnonzero(total.capped() == before.min_count)
+    elif before.min_count >= total.target:
+        threshold = total.target * _COUNT_WEIGHT + before.min_throughput / balance_quality
         weak = np.flatnonzero(total.strength() <= threshold)
     lo, hi = (int(weak.min()), int(weak.max()) + 1) if weak.size else (0, 0)
     by_node: dict[str, list[Span]] = {}
@@ -319,14 +381,22 @@ def first_mover(n_layers: int, spans: Sequence[Span], budgets: dict[str, LayerBu
     ok = np.ones(len(movable), dtype=bool)
     if weak.size:
         ok &= widths >= hi - lo
-        ok &= tputs > before.min_throughput * (1 / balance_quality - 1)  # even on the weakest layer
+        if not between:
+            ok &= tputs > before.min_throughput * (1 / balance_quality - 1)  # even on the weakest layer
         inside = np.zeros(n_layers + 1, dtype=np.int64)
         inside[1:] = np.cumsum(np.isin(np.arange(n_layers), weak))
         ok &= inside[ends] - inside[starts] == 0  # holds none of the weakest layers
-    ranked = sorted((_tie(seed, movable[i][0], -1), i) for i in np.flatnonzero(ok))
-    for _, i in ranked:
+    # below the floor the repair is urgent: of the movers wide enough to lift every thin layer at
+    # once, the narrowest loads soonest, so it goes first; then the others, by the hash
+    rank = np.zeros(len(movable), dtype=np.int64)
+    if before.min_count < REDUNDANCY:
+        thin = np.flatnonzero(total.capped() < REDUNDANCY)
+        extent = int(thin.max()) + 1 - int(thin.min())
+        rank = np.where(widths >= extent, widths, n_layers + 1)
+    ranked = sorted((int(rank[i]), _tie(seed, movable[i][0], -1), i) for i in np.flatnonzero(ok))
+    for *_, i in ranked:
         node_id, me = movable[i]
-        decision = _should_move(total, me, budgets[node_id], node_id, seed, balance_quality)
+        decision = _should_move(total, me, budgets[node_id], node_id, seed, balance_quality, balance)
         if decision is not None:
             return node_id, decision
     return None
