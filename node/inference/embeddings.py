@@ -59,7 +59,7 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     tokenized = await asyncio.get_running_loop().run_in_executor(
         None, lambda: [tok.tokenize(text) for _, text in texts])
     token_lists: list[list[int]] = [t if not isinstance(t, str) else [] for t in request.inputs]
-    for (i, _), tokens in zip(texts, tokenized):
+    for (i, _), tokens in zip(texts, tokenized, strict=True):
         token_lists[i] = tokens
     for i, tokens in enumerate(token_lists):
         if not tokens:

@@ -65,7 +65,7 @@ async def post(node, body, *, key=True):
 
 
 def close(a, b, tol=1e-5):
-    return len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) <= tol
+    return len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) <= tol
 
 
 async def test_float_and_base64_agree_and_match_llama_cpp(client, model_id, reference):
@@ -88,7 +88,7 @@ async def test_float_and_base64_agree_and_match_llama_cpp(client, model_id, refe
 async def test_list_of_strings_in_order_with_index(client, model_id, reference):
     reply = await client.embeddings.create(model=model_id, input=TEXTS, encoding_format="float")
     assert [d.index for d in reply.data] == list(range(len(TEXTS)))
-    for got, want in zip(reply.data, reference["vectors"]):
+    for got, want in zip(reply.data, reference["vectors"], strict=True):
         assert close(got.embedding, want)
     assert not close(reply.data[0].embedding, reply.data[1].embedding)
     total = sum(len(t) for t in reference["tokens"])
@@ -100,7 +100,7 @@ async def test_token_ids_equal_the_strings(client, model_id, reference):
     assert close(one.data[0].embedding, reference["vectors"][1])
     assert one.usage.prompt_tokens == len(reference["tokens"][1])
     many = await client.embeddings.create(model=model_id, input=reference["tokens"], encoding_format="float")
-    for got, want in zip(many.data, reference["vectors"]):
+    for got, want in zip(many.data, reference["vectors"], strict=True):
         assert close(got.embedding, want)
 
 
