@@ -1,4 +1,4 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions.
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings.
 
 Handlers are thin: parse (schemas), run (inference.generate.CompletionRun), format (responses,
 and streaming for SSE). The RequestTrace is opened and closed here; its figures come from the run.
@@ -7,6 +7,7 @@ and streaming for SSE). The RequestTrace is opened and closed here; its figures 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -14,10 +15,11 @@ from aiohttp import web
 
 from node.api.appkeys import NODE
 from node.api.errors import error_response, read_json
-from node.api.responses import completion_body
-from node.api.schemas import parse_completion
+from node.api.responses import completion_body, embeddings_body
+from node.api.schemas import parse_completion, parse_embeddings
 from node.api.streaming import stream_completion
 from node.errors import NodeError
+from node.inference.embeddings import run_embeddings
 from node.inference.request import CompletionRequest
 from node.trace import RequestTrace
 
@@ -88,3 +90,34 @@ async def serve_completion(request: web.Request, completion: CompletionRequest) 
             hub.finish(trace, outcome,
                        error_type=type(error).__name__ if error is not None else None,
                        error_message=error.message if error is not None else None)
+
+
+@routes.post("/v1/embeddings")
+async def embeddings(request: web.Request) -> web.Response:
+    """Embeddings of one or more inputs from a model held whole here (llama.cpp embedding mode)."""
+    embedding = parse_embeddings(await read_json(request))
+    node = request.app[NODE]
+    hub = node.traces
+    trace = hub.start(RequestTrace(model=embedding.model, operation="embeddings"))
+    outcome, error = "error", None
+    try:
+        result = await run_embeddings(node.models, embedding, trace, node.short_id)
+        trace.finished = time.monotonic()
+        loop = asyncio.get_running_loop()  # thousands of floats: format them off the loop
+        text = await loop.run_in_executor(
+            None, lambda: json.dumps(embeddings_body(result, embedding.encoding_format)))
+        outcome = "ok"
+        return web.Response(text=text, content_type="application/json", headers=trace.headers())
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    except NodeError as exc:
+        error = exc
+        return error_response(exc, headers=trace.headers())
+    except Exception:  # a bug: a 500 in the OpenAI shape, the traceback in the log
+        log.exception("request failed unexpectedly request_id=%s", trace.request_id)
+        error = NodeError("internal server error; see the node log for details")
+        return error_response(error, headers=trace.headers())
+    finally:
+        hub.finish(trace, outcome, error_type=type(error).__name__ if error is not None else None,
+                   error_message=error.message if error is not None else None)

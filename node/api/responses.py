@@ -6,9 +6,12 @@ here; neither imports the other's module.
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from typing import Any
 
+from node.inference.embeddings import EmbeddingResult
 from node.inference.request import CompletionRequest
 from node.trace import RequestTrace
 
@@ -101,3 +104,16 @@ class StreamChunks:
         else:
             choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}
         return sse_event({**self._base, "choices": [choice], **extra})
+
+
+def embeddings_body(result: EmbeddingResult, encoding_format: str) -> dict[str, Any]:
+    """The /v1/embeddings body; base64 is the vector as little-endian float32 bytes, as OpenAI sends it."""
+    data = []
+    for index, vector in enumerate(result.vectors):
+        if encoding_format == "base64":
+            embedding: Any = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+        else:
+            embedding = vector
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    return {"object": "list", "data": data, "model": result.model,
+            "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}

@@ -14,7 +14,7 @@ import random
 import time
 from pathlib import Path
 
-from node.errors import EngineError, ModelLoadError
+from node.errors import EngineError, InvalidRequest, ModelLoadError
 from node.inference import llamacpp
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.logs import kv
@@ -43,6 +43,7 @@ class LlamaEngine:
         self.n_gpu_layers = n_gpu_layers
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{model_id[:16]}")
         self.llm = None
+        self.embedder = None  # a second context with embeddings on, loaded on the first embeddings request
         self.ms_per_token: float | None = None  # EWMA of recent decode steps (advertised to peers)
 
     # --- lifecycle (blocking; run on the executor) ---
@@ -69,7 +70,10 @@ class LlamaEngine:
                                            elapsed_ms=int((time.monotonic() - started) * 1000)))
 
     def close(self) -> None:
-        """Free llama.cpp memory (blocking)."""
+        """Free llama.cpp memory, the embedding context's too (blocking)."""
+        if self.embedder is not None:
+            self.embedder.close()
+            self.embedder = None
         if self.llm is not None:
             self.llm.close()
             self.llm = None
@@ -121,6 +125,76 @@ class LlamaEngine:
             channel.close(EngineError(f"llama.cpp generation failed: {exc}"))
             return
         channel.close()
+
+    # --- embeddings (blocking; run on the executor) ---
+
+    def n_embd(self) -> int:
+        """The model's embedding size."""
+        if self.llm is None:
+            raise EngineError(f"model {self.model_id} is not loaded")
+        return self.llm.n_embd()
+
+    def embedding_pooling(self) -> int:
+        """The pooling the model declares (GGUF `<arch>.pooling_type`), or mean when it declares none."""
+        llama_cpp = llamacpp.load()
+        meta = self.llm.metadata if self.llm is not None else {}
+        declared = meta.get(f"{meta.get('general.architecture', '')}.pooling_type")
+        try:
+            pooling = int(declared) if declared is not None else llama_cpp.LLAMA_POOLING_TYPE_NONE
+        except ValueError:
+            pooling = llama_cpp.LLAMA_POOLING_TYPE_NONE
+        if pooling <= llama_cpp.LLAMA_POOLING_TYPE_NONE:  # a generative model: one vector per input, the mean
+            return llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        if pooling == llama_cpp.LLAMA_POOLING_TYPE_RANK:
+            raise InvalidRequest(f"model {self.model_id} is a reranker (rank pooling); it gives no embeddings",
+                                 param="model")
+        return pooling
+
+    def _embedding_context(self):
+        if self.embedder is not None:
+            return self.embedder
+        llama_cpp = llamacpp.load()
+        pooling = self.embedding_pooling()
+        started = time.monotonic()
+        try:
+            # the whole input in one batch and one micro-batch: pooled embeddings need that
+            self.embedder = llama_cpp.Llama(
+                model_path=str(self.path), embedding=True, pooling_type=pooling,
+                n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
+                n_threads=self.n_threads, n_threads_batch=self.n_threads,
+                n_gpu_layers=self.n_gpu_layers, verbose=False)
+        except Exception as exc:
+            raise ModelLoadError(f"llama.cpp could not load {self.path.name} for embeddings: {exc}") from exc
+        log.info("DIAG: load_embedding_context %s", kv(model=self.model_id, pooling=pooling, n_ctx=self.n_ctx,
+                                                       elapsed_ms=int((time.monotonic() - started) * 1000)))
+        return self.embedder
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """One pooled vector per token list, each decoded alone (blocking; every list fits n_ctx).
+
+        Uses llama-cpp-python's batch and context the way its own `Llama.embed` does, since that
+        method takes only strings."""
+        llama_cpp = llamacpp.load()
+        llm = self._embedding_context()
+        n_embd = llm.n_embd()
+        vectors = []
+        try:
+            for tokens in inputs:
+                llm._batch.reset()
+                llm._batch.add_sequence(tokens, 0, True)
+                llm._ctx.kv_cache_clear()
+                llm._ctx.decode(llm._batch)
+                pointer = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
+                if not pointer:
+                    raise EngineError("llama.cpp returned no pooled embedding")
+                vectors.append(pointer[:n_embd])
+        except EngineError:
+            raise
+        except Exception as exc:  # llama.cpp decode failure
+            raise EngineError(f"llama.cpp embedding failed: {exc}") from exc
+        finally:
+            llm._batch.reset()
+        return vectors
 
     # --- async wrappers ---
 
