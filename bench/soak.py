@@ -35,7 +35,6 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ if str(REPO) not in sys.path:
 from node.inference.synth import SynthSpec, write_gguf  # noqa: E402
 from node.net import Swarm as MemberSwarm  # noqa: E402
 from node.net import write_swarm_file  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 SPLIT = SynthSpec(n_layers=6, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=1024, name="soak-split")
 WHOLE = SynthSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=1024, name="soak-whole",
@@ -71,23 +71,6 @@ def cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
-
-
-def free_port_pair() -> int:
-    """A port free on 127.0.0.1 with port+10 free too (the node's peer port)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10 > 65535:
-            continue
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 10))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 # --- nodes -------------------------------------------------------------------------------------
@@ -189,7 +172,7 @@ def make_swarm(workdir: Path) -> Swarm:
     members = MemberSwarm.create()  # all six nodes are members of one swarm
     common = ["--model", str(split), "--no-default-model", "--slice-dtype", "f32", "--activation-bits", "32",
               "--no-mdns", "--n-threads", "1"]
-    c_port = free_port_pair()
+    c_port = free_port()
     c_dir = workdir / "C"
     (c_dir / "models").mkdir(parents=True)
     shutil.copy(whole, c_dir / "models" / whole.name)  # served whole: a data-dir model, not a --layers one
@@ -204,7 +187,7 @@ def make_swarm(workdir: Path) -> Swarm:
             d = workdir / name
             d.mkdir()
             write_swarm_file(d, members)
-            others.append(NodeProc(name, d, free_port_pair(),
+            others.append(NodeProc(name, d, free_port(),
                                    [*common, "--layers", layers, "--bootstrap", f"127.0.0.1:{c_port + 10}"]))
     return Swarm(coordinator, others, split, whole)
 
