@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -71,6 +74,42 @@ async def chat(proc: NodeProcess, model: str, content: str, *, max_tokens: int, 
             finishes += len(finish_reasons(event))
         assert finishes == 1
         return r.status, dict(r.headers), text
+
+
+@dataclass
+class SignalledStream:
+    """What `stream_and_signal` saw: "ok" or "error" (an SSE error event), the text, the error
+    event, the process signalled (None if the stream ended first) and the response headers."""
+
+    outcome: str
+    text: str
+    error: dict | None
+    signalled: NodeProcess | None
+    headers: dict
+
+
+async def stream_and_signal(coordinator: NodeProcess, model_id: str, content: str, max_tokens: int,
+                            pick: Callable[[list[str]], NodeProcess], *, after: int = 6,
+                            sig: int = signal.SIGKILL) -> SignalledStream:
+    """Stream a greedy chat from the coordinator; after `after` SSE chunks (the first is the
+    role's) send `sig` to the node `pick(nodes)` names, nodes being the response's x-swarm-nodes."""
+    body = {"model": model_id, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "stream": True, "temperature": 0}
+    text, signalled, chunks = "", None, 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s, s.post(
+            coordinator.base + "/v1/chat/completions", json=body, headers=coordinator.auth) as r:
+        assert r.status == 200
+        headers = dict(r.headers)
+        nodes = r.headers["x-swarm-nodes"].split(",")
+        async for event in SseJson(r):
+            if "error" in event:
+                return SignalledStream("error", text, event, signalled, headers)
+            text += delta_text(event)
+            chunks += 1
+            if chunks == after and signalled is None:
+                signalled = pick(nodes)
+                signalled.proc.send_signal(sig)
+    return SignalledStream("ok", text, None, signalled, headers)
 
 
 def llama_greedy(model: Path, content: str, max_tokens: int) -> str:

@@ -19,10 +19,11 @@ from tests.pipeline.swarm import (
     run,
     split_model,
     start_slice_node,
+    stream_and_signal,
     wait_for_route,
     wait_peers,
 )
-from tests.support.sse import SseJson, delta_text
+from tests.support.sse import SseJson
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -149,26 +150,8 @@ def test_client_disconnect_cancels_every_segment(swarm):
 
 def _killed_mid_stream(swarm_procs, coordinator, model_id, victim_picker, max_tokens, sig=signal.SIGKILL):
     """Stream from the coordinator, send `sig` (SIGKILL) to the picked node after a few tokens."""
-
-    async def go():
-        body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-                "stream": True, "temperature": 0}
-        text, killed = "", None
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s, s.post(
-                coordinator.base + "/v1/chat/completions", json=body, headers=coordinator.auth) as r:
-            assert r.status == 200
-            nodes = r.headers["x-swarm-nodes"].split(",")
-            chunks = 0
-            async for event in SseJson(r):
-                if "error" in event:
-                    return "error", text, event, killed
-                text += delta_text(event)
-                chunks += 1
-                if chunks == 6 and killed is None:
-                    killed = victim_picker(nodes)
-                    killed.proc.send_signal(sig)
-        return "ok", text, None, killed
-    return run(go())
+    r = run(stream_and_signal(coordinator, model_id, PROMPT, max_tokens, victim_picker, after=6, sig=sig))
+    return r.outcome, r.text, r.error, r.signalled
 
 
 def _start(procs, coordinator, n_peers):

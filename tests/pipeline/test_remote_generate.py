@@ -20,9 +20,17 @@ from node.inference.synth import SynthSpec, write_gguf
 from node.net import Frame, FrameType, type_name
 from node.net._frames import frame_bytes
 from tests.net.rawclient import RawPeer, read_frame
-from tests.pipeline.swarm import chat, llama_greedy, run, start_slice_node, wait_for_route, wait_peers
+from tests.pipeline.swarm import (
+    chat,
+    llama_greedy,
+    run,
+    start_slice_node,
+    stream_and_signal,
+    wait_for_route,
+    wait_peers,
+)
 from tests.support.processes import NodeProcess
-from tests.support.sse import SseJson, delta_text
+from tests.support.sse import SseJson
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -279,25 +287,11 @@ def test_failover_between_two_whole_holders_keeps_the_text(tmp_path, sig):
         model_id, by_short = _start([h1, h2], c)
         expected = llama_greedy(model, PROMPT, 80)
 
-        async def go():
-            nonlocal victim
-            body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 80,
-                    "stream": True, "temperature": 0}
-            text, chunks = "", 0
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s, s.post(
-                    c.base + "/v1/chat/completions", json=body, headers=c.auth) as r:
-                assert r.status == 200 and r.headers["x-swarm-segments"] == "1"
-                serving = r.headers["x-swarm-nodes"]
-                async for event in SseJson(r):
-                    assert "error" not in event, event
-                    text += delta_text(event)
-                    chunks += 1
-                    if chunks == 3:
-                        victim = by_short[serving]
-                        victim.proc.send_signal(sig)
-            return text
         started = time.monotonic()
-        text = run(go())
+        res = run(stream_and_signal(c, model_id, PROMPT, 80, lambda nodes: by_short[nodes[0]], after=3, sig=sig))
+        assert res.outcome == "ok", res.error
+        assert res.headers["x-swarm-segments"] == "1"
+        victim, text = res.signalled, res.text
         assert victim is not None
         assert text == expected  # no repeated or missing token across the failover
 
@@ -334,27 +328,12 @@ def test_failover_between_a_whole_holder_and_a_chain_of_slices(tmp_path):
     try:
         model_id, by_short = _start([h, s], c)
         expected = llama_greedy(model, PROMPT, 60)
-        first_route = {}
-
-        async def go():
-            body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 60,
-                    "stream": True, "temperature": 0}
-            text, chunks = "", 0
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session, session.post(
-                    c.base + "/v1/chat/completions", json=body, headers=c.auth) as r:
-                assert r.status == 200
-                first_route["nodes"] = r.headers["x-swarm-nodes"].split(",")
-                async for event in SseJson(r):
-                    assert "error" not in event, event
-                    text += delta_text(event)
-                    chunks += 1
-                    if chunks == 3:
-                        nodes = first_route["nodes"]
-                        victim = by_short[nodes[0]] if len(nodes) == 1 else by_short[nodes[1]]
-                        first_route["victim"] = victim
-                        victim.proc.send_signal(signal.SIGKILL)
-            return text
-        assert run(go()) == expected
+        res = run(stream_and_signal(c, model_id, PROMPT, 60,
+                                    lambda nodes: by_short[nodes[0]] if len(nodes) == 1 else by_short[nodes[1]],
+                                    after=3))
+        assert res.outcome == "ok", res.error
+        assert res.text == expected
+        first_route = {"nodes": res.headers["x-swarm-nodes"].split(","), "victim": res.signalled}
         whole_first = first_route["victim"] is h
         assert len(first_route["nodes"]) == (1 if whole_first else 2)
 

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 
 import aiohttp
 import pytest
 
-from tests.pipeline.swarm import chat, llama_greedy, run, wait_for_route, wait_peers
+from tests.pipeline.swarm import chat, llama_greedy, run, stream_and_signal, wait_for_route, wait_peers
 from tests.pipeline.test_autoserve import auto_model, held, min_holders, per_layer, start_auto_node
 from tests.pipeline.test_remote_generate import start_whole_node, whole_model
 from tests.support.processes import NodeProcess
-from tests.support.sse import SseJson, delta_text
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -58,25 +56,11 @@ async def completion(proc: NodeProcess, model_id: str, content: str, max_tokens:
 
 async def stream_and_kill(coordinator: NodeProcess, model_id: str, content: str, max_tokens: int, pick,
                           kill_after: int = 4):
-    """Stream from the coordinator; after `kill_after` SSE chunks (the first is the role's) SIGKILL
-    the node `pick(nodes)` names (the response's x-swarm-nodes). Returns (text, headers, the killed
-    process)."""
-    body = {"model": model_id, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "stream": True, "temperature": 0}
-    text, killed = "", None
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s, s.post(
-            coordinator.base + "/v1/chat/completions", json=body, headers=coordinator.auth) as r:
-        assert r.status == 200
-        nodes = r.headers["x-swarm-nodes"].split(",")
-        chunks = 0
-        async for event in SseJson(r):
-            assert "error" not in event, event
-            text += delta_text(event)
-            chunks += 1
-            if chunks == kill_after and killed is None:
-                killed = pick(nodes)
-                killed.proc.send_signal(signal.SIGKILL)
-    return text, dict(r.headers), killed
+    """SIGKILL the node `pick(nodes)` names after `kill_after` SSE chunks of a stream that must end
+    without an error. Returns (text, headers, the killed process)."""
+    r = await stream_and_signal(coordinator, model_id, content, max_tokens, pick, after=kill_after)
+    assert r.outcome == "ok", r.error
+    return r.text, r.headers, r.signalled
 
 
 async def short_ids(procs) -> dict[str, NodeProcess]:
