@@ -67,7 +67,7 @@ async def serve_completion(request: web.Request, completion: CompletionRequest) 
             result = await stream_completion(request, completion, run)
             outcome, error = result.outcome, result.error
             return result.response
-        text = "".join([delta async for delta in run.deltas()])
+        text = "".join([delta.text async for delta in run.deltas()])
         trace.finished = time.monotonic()  # the response's timings and the summary line agree
         outcome = "ok"
         return web.json_response(completion_body(completion, trace, text), headers=trace.headers())

@@ -49,7 +49,8 @@ async def stream_completion(request: web.Request, completion: CompletionRequest,
             await resp.write(chunks.role())
         stage = "token"
         async for delta in run.deltas():
-            await resp.write(chunks.delta(delta))
+            if delta.text:
+                await resp.write(chunks.delta(delta.text))
         trace.finished = time.monotonic()
         stage = "finish"
         for event in chunks.final():

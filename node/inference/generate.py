@@ -4,7 +4,8 @@
   prepare()  resolve the model, render + tokenize the prompt, check the context, wait for the
              model (queue_ms), choose the route (sched_ms). Every client error is raised here,
              before any response byte is sent.
-  deltas()   async iterator of text deltas; sets finish_reason and the stop-reason lines.
+  deltas()   async iterator of `Delta`s (text, tool-call pieces, logprobs); sets finish_reason
+             and the stop-reason lines.
   close()    cancel what is still running and release the model (always called).
 The trace is written here and only here; the API and every other surface read it.
 """
@@ -20,7 +21,7 @@ from node import const
 from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.inference.manager import ModelManager, ServedModel
-from node.inference.request import CompletionRequest
+from node.inference.request import CompletionRequest, Delta, ToolCall
 from node.inference.textstream import TextAssembler
 from node.trace import RequestTrace, SegmentTrace
 
@@ -53,6 +54,7 @@ class CompletionRun:
         self._queued = False
         self._gen_future: asyncio.Future | None = None
         self.text = ""
+        self.tool_calls: list[ToolCall] = []  # the reply's complete tool calls, once deltas() ends
 
     # --- phase 1: everything that can fail with a client error ---
 
@@ -125,8 +127,8 @@ class CompletionRun:
 
     # --- phase 2: tokens ---
 
-    async def deltas(self) -> AsyncIterator[str]:
-        """Text deltas as they are produced; loads the model on demand (counted in ttft)."""
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Deltas of the reply as it is produced; loads the model on demand (counted in ttft)."""
         served, job, trace = self.served, self.job, self.trace
         if served is None or job is None:
             raise RuntimeError("deltas() called before prepare()")
@@ -153,7 +155,7 @@ class CompletionRun:
                     job.cancel.set()
                 if delta:
                     self.text += delta
-                    yield delta
+                    yield Delta(text=delta)
                 if assembler.stop_match is not None:
                     break
             if ended_by_eog or assembler.stop_match is not None:
@@ -161,7 +163,7 @@ class CompletionRun:
         tail = assembler.finish()
         if tail:
             self.text += tail
-            yield tail
+            yield Delta(text=tail)
         if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()

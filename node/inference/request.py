@@ -1,14 +1,75 @@
 """A validated completion request: what generation needs to know, whichever API dialect parsed it.
 
-The HTTP layer (node.api.schemas) builds it; the engine side (node.inference.generate) reads it.
+The HTTP layer (node.api.schemas for OpenAI chat/completions; the Anthropic Messages and OpenAI
+Responses handlers translate into the same thing) builds it; the engine side
+(node.inference.generate) reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from node.inference.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """OpenAI `response_format` (or Responses `text.format`): text, any JSON object, or a JSON schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    schema: dict[str, Any] | None = field(default=None, hash=False)
+    name: str = ""
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One function tool the model may call."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}}, hash=False)
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One complete tool call in a reply (arguments: a JSON text, as OpenAI sends it)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a streamed tool call, OpenAI's delta shape: the first piece of call `index` carries
+    its id and name, later pieces append to its arguments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability, and the most likely alternatives at that step."""
+
+    token: str  # the token's text (may be part of a UTF-8 character: see `bytes`)
+    bytes: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What a run yields as the reply grows: text, tool-call pieces, and the logprobs of its tokens."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -20,8 +81,17 @@ class CompletionRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a final usage chunk
     params: SamplingParams
-    messages: tuple[dict, ...] = ()  # chat: {"role", "content"} with text content only
+    # chat: {"role", "content"} (text), plus "tool_calls" (list of ToolCall) on assistant
+    # messages and "tool_call_id" / "name" on tool messages
+    messages: tuple[dict, ...] = ()
     prompt: str = ""  # text completions
+    response_format: ResponseFormat | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    # "none" | "auto" | "required" | "function" (then tool_choice_name names it)
+    tool_choice: Literal["none", "auto", "required", "function"] = "auto"
+    tool_choice_name: str | None = None
+    parallel_tool_calls: bool = True
+    operation: str = ""  # the API operation for the trace ("chat.completions", "messages", "responses", ...)
 
     @property
     def prompt_param(self) -> str:

@@ -1,8 +1,17 @@
-"""Sampling parameters (validated once at the API) shared by every engine."""
+"""Sampling parameters (validated once at the API) shared by every engine.
+
+They travel as they are to wherever sampling happens: llama.cpp on this node, the last segment of
+a chain, or a remote holder running the whole model (node.inference.pipeline.wire carries
+`to_wire()`). Everything that changes which token is picked lives here: the sampler chain, the
+logit bias, the output constraint (a grammar spec, node.inference.grammar) and the logprobs asked.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -19,13 +28,19 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0  # llama.cpp-style multiplicative penalty; 1.0 = off
     stop: tuple[str, ...] = field(default_factory=tuple)
+    # token id -> bias added to its logit before any other step (OpenAI: -100..100; -100 bans it)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # None = no logprobs; 0 = the chosen token's logprob; n = also the n most likely tokens
+    logprobs: int | None = None
+    # what the output must match: a node.inference.grammar spec in its wire form (JSON-able), or None
+    grammar: dict[str, Any] | None = field(default=None, hash=False, compare=True)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
     def as_dict(self) -> dict:
-        """For DIAG lines and traces."""
+        """For DIAG lines and traces (the grammar by kind only: a schema can be long)."""
         return {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
@@ -37,4 +52,28 @@ class SamplingParams:
             "frequency_penalty": self.frequency_penalty,
             "repeat_penalty": self.repeat_penalty,
             "stop": list(self.stop),
+            "logit_bias": len(self.logit_bias),
+            "logprobs": self.logprobs,
+            "grammar": None if self.grammar is None else self.grammar.get("type"),
         }
+
+    def to_wire(self) -> dict[str, Any]:
+        """Everything, for the peer that samples (decoded by `from_wire`)."""
+        return {**self.as_dict(), "logit_bias": [[t, b] for t, b in self.logit_bias], "grammar": self.grammar}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> SamplingParams:
+        """Raises KeyError / TypeError / ValueError / AttributeError on a malformed dict."""
+        grammar = data.get("grammar")
+        if grammar is not None and not isinstance(grammar, dict):
+            raise TypeError("grammar must be an object")
+        logprobs = data.get("logprobs")
+        return cls(
+            max_tokens=data.get("max_tokens"), temperature=float(data["temperature"]), top_p=float(data["top_p"]),
+            top_k=int(data["top_k"]), min_p=float(data["min_p"]),
+            seed=None if data.get("seed") is None else int(data["seed"]),
+            presence_penalty=float(data["presence_penalty"]), frequency_penalty=float(data["frequency_penalty"]),
+            repeat_penalty=float(data["repeat_penalty"]), stop=tuple(str(s) for s in data.get("stop") or ()),
+            logit_bias=tuple((int(t), float(b)) for t, b in data.get("logit_bias") or ()),
+            logprobs=None if logprobs is None else int(logprobs),
+            grammar=grammar)

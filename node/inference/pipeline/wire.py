@@ -121,17 +121,12 @@ class Hop:
 
 
 def _sampling_to_wire(p: SamplingParams) -> dict[str, Any]:
-    return p.as_dict()
+    return p.to_wire()
 
 
 def _sampling_from_wire(data: Any) -> SamplingParams:
     try:
-        return SamplingParams(
-            max_tokens=data.get("max_tokens"), temperature=float(data["temperature"]), top_p=float(data["top_p"]),
-            top_k=int(data["top_k"]), min_p=float(data["min_p"]),
-            seed=None if data.get("seed") is None else int(data["seed"]),
-            presence_penalty=float(data["presence_penalty"]), frequency_penalty=float(data["frequency_penalty"]),
-            repeat_penalty=float(data["repeat_penalty"]), stop=tuple(data.get("stop") or ()))
+        return SamplingParams.from_wire(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"bad sampling parameters: {exc}") from exc
 

@@ -1,0 +1,81 @@
+"""What an output must look like, independent of the engine that enforces it.
+
+A spec is a small tree of plain dicts (so it travels to the peer that samples as it is, inside
+SamplingParams.grammar):
+
+  {"type": "json", "schema": {...} | None}        one JSON value (None: any JSON object)
+  {"type": "literal", "text": "..."}              exact text (special tokens such as
+                                                  `<tool_call>` or `[TOOL_CALLS]` written out)
+  {"type": "text", "stop": "..." | None}          free text (up to `stop` when given)
+  {"type": "seq", "items": [spec, ...]}           one after the other
+  {"type": "alt", "items": [spec, ...]}           exactly one of them
+  {"type": "repeat", "item": spec, "min": m, "max": n | None, "sep": "..."}
+
+The API layer builds specs (response_format, tool_choice); node.inference.constrain compiles them
+for the grammar engine where sampling happens and masks the logits there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Spec = dict[str, Any]
+KINDS = ("json", "literal", "text", "seq", "alt", "repeat")
+MAX_DEPTH = 16
+
+
+def json_value(schema: dict[str, Any] | None = None) -> Spec:
+    """One JSON value matching `schema` (None: any JSON object, as OpenAI's json_object mode)."""
+    return {"type": "json", "schema": schema}
+
+
+def literal(text: str) -> Spec:
+    return {"type": "literal", "text": text}
+
+
+def free_text(stop: str | None = None) -> Spec:
+    return {"type": "text", "stop": stop}
+
+
+def seq(*items: Spec) -> Spec:
+    return {"type": "seq", "items": list(items)}
+
+
+def alt(*items: Spec) -> Spec:
+    return {"type": "alt", "items": list(items)}
+
+
+def repeat(item: Spec, min_count: int = 1, max_count: int | None = None, sep: str = "") -> Spec:
+    return {"type": "repeat", "item": item, "min": min_count, "max": max_count, "sep": sep}
+
+
+def validate(spec: Any, depth: int = 0) -> Spec:
+    """Check the shape of a spec (one received from a peer, say); raises ValueError naming the problem."""
+    if depth > MAX_DEPTH:
+        raise ValueError("grammar spec nested too deeply")
+    if not isinstance(spec, dict) or spec.get("type") not in KINDS:
+        raise ValueError(f"bad grammar spec node: {str(spec)[:80]}")
+    kind = spec["type"]
+    if kind == "json":
+        if spec.get("schema") is not None and not isinstance(spec["schema"], dict | bool):
+            raise ValueError("grammar json node: schema must be an object")
+    elif kind == "literal":
+        if not isinstance(spec.get("text"), str) or not spec["text"]:
+            raise ValueError("grammar literal node: text must be a non-empty string")
+    elif kind == "text":
+        if spec.get("stop") is not None and not isinstance(spec["stop"], str):
+            raise ValueError("grammar text node: stop must be a string")
+    elif kind in ("seq", "alt"):
+        items = spec.get("items")
+        if not isinstance(items, list) or not items:
+            raise ValueError(f"grammar {kind} node: items must be a non-empty list")
+        for item in items:
+            validate(item, depth + 1)
+    else:  # repeat
+        validate(spec.get("item"), depth + 1)
+        lo, hi = spec.get("min", 1), spec.get("max")
+        if not isinstance(lo, int) or lo < 0 or (hi is not None and (not isinstance(hi, int) or hi < max(lo, 1))):
+            raise ValueError("grammar repeat node: bad min/max")
+        if not isinstance(spec.get("sep", ""), str):
+            raise ValueError("grammar repeat node: sep must be a string")
+    return spec
