@@ -1,0 +1,258 @@
+"""logprobs / top_logprobs with the official `openai` client against real nodes on 127.0.0.1.
+
+Local route: the embedded default model (llama.cpp), chat and completions, streaming and not; the
+chosen token's logprob equals what llama-cpp-python itself reports (`Llama(logits_all=True)`,
+`create_completion(logprobs=n)`) on the same file and prompt. Distributed route: a random-weight
+model over two nodes (a chain of slices) and through a remote holder of the whole model; its
+logprobs equal the local route's on the same GGUF within the slice engine's tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import openai
+import pytest
+import pytest_asyncio
+
+from node.inference.llamacpp import load as load_llama_cpp
+from node.inference.tokenizer import ModelTokenizer
+from node.resources import default_model_path
+from tests.support.nodes import node_config, running_node
+
+pytestmark = [pytest.mark.llama]
+needs_default = pytest.mark.skipif(not default_model_path().exists(),
+                                   reason="the embedded default model is not in this checkout")
+
+QUESTION = "What does os.path.join do?"
+PROMPT = "def read_config(path):\n    "
+N = 24  # tokens generated per request
+# llama.cpp's logits for the same tokens, the same context settings: equal to float rounding
+LOCAL_TOL = 1e-3
+
+
+def chat_messages(content: str = QUESTION) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """llama-cpp-python's own greedy completions with logprobs=5 (logits_all=True) for our chat
+    prompt's token ids and for PROMPT's, with the context the node gives the model."""
+    path = default_model_path()
+    tok = ModelTokenizer(path)
+    try:
+        chat_ids = tok.chat_tokens(chat_messages())
+        text_ids = tok.tokenize(PROMPT)
+    finally:
+        tok.close()
+    llm = load_llama_cpp().Llama(model_path=str(path), n_ctx=256, n_threads=1, logits_all=True, verbose=False)
+    try:
+        out = {}
+        for name, ids in (("chat", chat_ids), ("text", text_ids)):
+            reply = llm.create_completion(ids, max_tokens=N, temperature=0.0, top_k=1, top_p=1.0, min_p=0.0,
+                                          repeat_penalty=1.0, logprobs=5)
+            out[name] = {**reply["choices"][0]["logprobs"], "prompt_len": len(ids)}
+    finally:
+        llm.close()
+    return out
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("logprobs")
+    async with running_node(node_config(base / "data", include_default_model=True)) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+
+
+@pytest.fixture
+def model_id(node):
+    return node.models.all()[0].id
+
+
+def check_entry(token: str, logprob: float, top: list[tuple[str, float]], n_top: int) -> None:
+    """One token's report is a distribution's: ≤ 0, the top sorted and ≤ 1 in total, greedy = its argmax."""
+    assert logprob <= 1e-6
+    assert len(top) == n_top
+    lps = [lp for _t, lp in top]
+    assert lps == sorted(lps, reverse=True)
+    assert sum(math.exp(lp) for lp in lps) <= 1 + 1e-5
+    if n_top:  # greedy: the chosen token is the most likely one
+        assert top[0][0] == token and abs(top[0][1] - logprob) <= 1e-6
+
+
+def chat_entries(logprobs) -> list:
+    return list(logprobs.content)
+
+
+# --- local route --------------------------------------------------------------------------------
+
+
+@needs_default
+@pytest.mark.asyncio(loop_scope="module")
+async def test_chat_logprobs_equal_llama_cpps_and_describe_the_reply(client, model_id, reference):
+    reply = await client.chat.completions.create(model=model_id, messages=chat_messages(), max_tokens=N,
+                                                 temperature=0, logprobs=True, top_logprobs=5)
+    choice = reply.choices[0]
+    entries = chat_entries(choice.logprobs)
+    assert choice.logprobs.refusal is None
+    assert len(entries) == reply.usage.completion_tokens > 0
+    assert b"".join(bytes(e.bytes) for e in entries).decode() == choice.message.content
+    for e in entries:
+        check_entry(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs], 5)
+        assert all(bytes(t.bytes).decode("utf-8", "replace") == t.token for t in e.top_logprobs)
+    ref = reference["chat"]["token_logprobs"]
+    n = min(len(ref), len(entries))
+    assert n >= min(N, len(entries)) - 1  # llama-cpp-python also stops at the end of turn
+    for i in range(n):
+        assert abs(entries[i].logprob - ref[i]) <= LOCAL_TOL, (i, entries[i].logprob, ref[i])
+        want = sorted(reference["chat"]["top_logprobs"][i].values(), reverse=True)[:5]
+        assert [t.logprob for t in entries[i].top_logprobs] == pytest.approx(want, abs=LOCAL_TOL)
+
+
+@needs_default
+@pytest.mark.asyncio(loop_scope="module")
+async def test_chat_streaming_chunks_carry_their_tokens_logprobs(client, model_id):
+    whole = await client.chat.completions.create(model=model_id, messages=chat_messages(), max_tokens=N,
+                                                 temperature=0, logprobs=True, top_logprobs=2)
+    stream = await client.chat.completions.create(model=model_id, messages=chat_messages(), max_tokens=N,
+                                                  temperature=0, logprobs=True, top_logprobs=2, stream=True,
+                                                  stream_options={"include_usage": True})
+    streamed, text, usage = [], "", None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content = choice.delta.content or ""
+        text += content
+        if choice.logprobs is not None:
+            got = chat_entries(choice.logprobs)
+            assert got, "a chunk with logprobs names at least one token"
+            streamed.extend(got)
+        elif content:
+            raise AssertionError(f"a text chunk without its tokens' logprobs: {content!r}")
+    assert text == whole.choices[0].message.content
+    assert len(streamed) == usage.completion_tokens
+    want = chat_entries(whole.choices[0].logprobs)
+    assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in streamed] == \
+        [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in want]
+
+
+@needs_default
+@pytest.mark.asyncio(loop_scope="module")
+async def test_completions_logprobs_shape_and_llama_cpps_numbers(client, model_id, reference):
+    reply = await client.completions.create(model=model_id, prompt=PROMPT, max_tokens=N, temperature=0, logprobs=3)
+    choice = reply.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) \
+        == reply.usage.completion_tokens
+    assert "".join(lp.tokens) == choice.text
+    offsets = [len(PROMPT) + len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    assert lp.text_offset == offsets
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        check_entry(token, logprob, sorted(top.items(), key=lambda kv: -kv[1]), 3)
+    ref = reference["text"]
+    n = min(len(ref["token_logprobs"]), len(lp.tokens))
+    assert n > 0
+    assert lp.tokens[:n] == ref["tokens"][:n]
+    for i in range(n):
+        assert abs(lp.token_logprobs[i] - ref["token_logprobs"][i]) <= LOCAL_TOL
+    # its prompt was token ids: its offsets count one a token before the completion's text
+    assert [o - len(PROMPT) for o in lp.text_offset[:n]] == [o - ref["prompt_len"] for o in ref["text_offset"][:n]]
+
+    stream = await client.completions.create(model=model_id, prompt=PROMPT, max_tokens=N, temperature=0,
+                                             logprobs=3, stream=True)
+    tokens, logprobs, offsets, text = [], [], [], ""
+    async for chunk in stream:
+        c = chunk.choices[0]
+        text += c.text
+        if c.logprobs is not None:
+            tokens += c.logprobs.tokens
+            logprobs += c.logprobs.token_logprobs
+            offsets += c.logprobs.text_offset
+            assert all(len(top) == 3 for top in c.logprobs.top_logprobs)
+    assert text == choice.text
+    assert (tokens, logprobs, offsets) == (lp.tokens, lp.token_logprobs, lp.text_offset)
+
+
+@needs_default
+@pytest.mark.asyncio(loop_scope="module")
+async def test_top_logprobs_counts(client, model_id):
+    for asked, want in ((None, 0), (0, 0), (1, 1), (20, 20)):
+        extra = {} if asked is None else {"top_logprobs": asked}
+        reply = await client.chat.completions.create(model=model_id, messages=chat_messages(), max_tokens=4,
+                                                     temperature=0, logprobs=True, **extra)
+        entries = chat_entries(reply.choices[0].logprobs)
+        assert entries and all(len(e.top_logprobs) == want for e in entries), asked
+    for asked in (0, 5):
+        reply = await client.completions.create(model=model_id, prompt=PROMPT, max_tokens=4, temperature=0,
+                                                logprobs=asked)
+        assert all(len(top) == asked for top in reply.choices[0].logprobs.top_logprobs)
+    off = await client.chat.completions.create(model=model_id, messages=chat_messages(), max_tokens=4, temperature=0)
+    assert off.choices[0].logprobs is None
+    off = await client.completions.create(model=model_id, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert off.choices[0].logprobs is None
+
+
+@needs_default
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_stop_sequences_tokens_are_not_reported(client, model_id):
+    free = await client.completions.create(model=model_id, prompt=PROMPT, max_tokens=N, temperature=0, logprobs=1)
+    text = free.choices[0].text
+    tokens = free.choices[0].logprobs.tokens
+    # a token i (not the first two) whose text is at least 2 characters, from where the text is unique
+    for i in range(2, len(tokens)):
+        cut = len("".join(tokens[:i]))
+        if len(tokens[i]) >= 2 and text.find(text[cut:cut + 6]) == cut and text.find(text[cut + 1:cut + 7]) == cut + 1:
+            break
+    else:
+        raise AssertionError(f"no token to stop at in {text!r}")
+    # the stop sequence starts with token i (it is not reported), or inside it (it is: its text
+    # starts in the reply)
+    for stop, reported_tokens in ((text[cut:cut + 6], tokens[:i]), (text[cut + 1:cut + 7], tokens[:i + 1])):
+        for stream in (False, True):
+            reply = await client.completions.create(model=model_id, prompt=PROMPT, max_tokens=N, temperature=0,
+                                                    logprobs=1, stop=[stop], stream=stream)
+            if stream:
+                got, reported = "", []
+                async for chunk in reply:
+                    got += chunk.choices[0].text
+                    if chunk.choices[0].logprobs is not None:
+                        reported += chunk.choices[0].logprobs.tokens
+            else:
+                got, reported = reply.choices[0].text, reply.choices[0].logprobs.tokens
+            assert got == text[:text.index(stop)]
+            assert reported == reported_tokens, (stop, stream)
+
+
+@needs_default
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize(("kind", "body", "param"), [
+    ("chat", {"top_logprobs": 3}, "top_logprobs"),
+    ("chat", {"logprobs": False, "top_logprobs": 3}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 2.5}, "top_logprobs"),
+    ("chat", {"logprobs": "yes"}, "logprobs"),
+    ("chat", {"logprobs": 1}, "logprobs"),
+    ("text", {"logprobs": 6}, "logprobs"),
+    ("text", {"logprobs": -1}, "logprobs"),
+    ("text", {"logprobs": True}, "logprobs"),
+    ("text", {"top_logprobs": 2}, "top_logprobs"),
+])
+async def test_bad_values_are_a_400_naming_the_parameter(client, model_id, kind, body, param):
+    with pytest.raises(openai.BadRequestError) as caught:
+        if kind == "chat":
+            await client.chat.completions.create(model=model_id, messages=chat_messages(), max_tokens=2,
+                                                 extra_body=body)
+        else:
+            await client.completions.create(model=model_id, prompt=PROMPT, max_tokens=2, extra_body=body)
+    assert caught.value.status_code == 400
+    assert caught.value.body["param"] == param
