@@ -140,6 +140,85 @@ def test_result_and_tokens_carry_scores_only_when_asked():
         Tokens.from_frame({**msg.to_header(), "lp": 21}, msg.payload())
 
 
+# --- alignment with the text, on a tiny model whose engine is scripted ----------------------------
+# (as tests/node/test_finish_reasons.py: the tokenizer, text assembly and API are real, the token
+# ids and their scores are the test's: a byte-fallback token per byte, so UTF-8 splits are exact)
+
+EOS = 2
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def tiny_node(tmp_path_factory):
+    from tests.support.nodes import tiny_model
+
+    base = tmp_path_factory.mktemp("logprobs_tiny")
+    async with running_node(node_config(base / "data", tiny_model(base))) as n:
+        yield n
+
+
+@pytest.fixture
+def scripted(tiny_node, monkeypatch):
+    """The model emits `text`'s bytes as byte tokens then EOS; token i has logprob -(i+1)/10 (and
+    itself as its one top token) unless `scores` is False."""
+    from node.inference.handoff import TokenScores
+
+    served = tiny_node.models.all()[0]
+
+    def set_text(text: str, scores: bool = True):
+        tokens = [3 + b for b in text.encode()] + [EOS]
+
+        def generate(job, channel, is_eog):
+            for i, tok in enumerate(tokens[:job.max_new_tokens]):
+                channel.put(tok, TokenScores(-(i + 1) / 10, (tok,), (-(i + 1) / 10,)) if scores else None)
+            channel.close()
+        monkeypatch.setattr(served.engine, "generate", generate)
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{tiny_node.api.port}/v1", api_key=tiny_node.api_key,
+                                max_retries=0)
+    return set_text, client
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_character_split_over_tokens_goes_out_with_all_its_tokens(scripted):
+    set_text, client = scripted
+    set_text("aé🚀b")
+    stream = await client.chat.completions.create(model="tiny", messages=chat_messages(), max_tokens=40,
+                                                  logprobs=True, top_logprobs=1, stream=True)
+    reported = []
+    async for chunk in stream:
+        if not chunk.choices or chunk.choices[0].delta.content is None:
+            continue
+        content, lp = chunk.choices[0].delta.content, chunk.choices[0].logprobs
+        if content:
+            assert b"".join(bytes(e.bytes) for e in lp.content) == content.encode(), content
+            reported += lp.content
+    assert [round(e.logprob, 6) for e in reported] == [-(i + 1) / 10 for i in range(len("aé🚀b".encode()))]
+    assert [e.top_logprobs[0].token for e in reported] == [e.token for e in reported]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_held_back_text_reports_its_tokens_when_it_goes_out(scripted):
+    set_text, client = scripted
+    set_text("abcXYd")  # "XY" might start the stop sequence "XYZ": held back, then sent with "d"
+    reply = await client.completions.create(model="tiny", prompt="p", max_tokens=40, logprobs=0, stop=["XYZ"])
+    lp = reply.choices[0].logprobs
+    assert reply.choices[0].text == "abcXYd" == "".join(lp.tokens)
+    assert lp.text_offset == [1 + i for i in range(6)]
+    stream = await client.completions.create(model="tiny", prompt="p", max_tokens=40, logprobs=0, stop=["XYZ"],
+                                             stream=True)
+    chunks = [(c.choices[0].text, c.choices[0].logprobs.tokens if c.choices[0].logprobs else None)
+              async for c in stream]
+    assert ("XYd", ["X", "Y", "d"]) in chunks
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_engine_without_logprobs_fails_the_request_rather_than_drop_them(scripted):
+    set_text, client = scripted
+    set_text("abc", scores=False)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model="tiny", messages=chat_messages(), max_tokens=4, logprobs=True)
+    assert caught.value.body["code"] == "engine_error"
+
+
 # --- local route --------------------------------------------------------------------------------
 
 
