@@ -9,10 +9,11 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from node.inference.embeddings import EmbeddingResult
-from node.inference.request import CompletionRequest
+from node.inference.request import CompletionRequest, TokenLogprob
 from node.trace import RequestTrace
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -30,14 +31,39 @@ def usage(trace: RequestTrace) -> dict[str, int]:
             "total_tokens": prompt + trace.completion_tokens}
 
 
-def completion_body(completion: CompletionRequest, trace: RequestTrace, text: str) -> dict[str, Any]:
+def chat_logprobs(items: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """Chat's `choices[].logprobs`: one entry per token, its top alternatives, bytes as integers."""
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
+                         "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(b)} for s, b, lp in t.top]}
+                        for t in items],
+            "refusal": None}
+
+
+def completion_logprobs(items: Sequence[TokenLogprob], prompt_chars: int) -> dict[str, Any]:
+    """The legacy completions shape; text_offset counts characters from the start of the prompt (echo
+    off), as OpenAI's and llama-cpp-python's do."""
+    return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{s: lp for s, _b, lp in t.top} for t in items],
+            "text_offset": [prompt_chars + t.text_offset for t in items]}
+
+
+def logprobs_field(completion: CompletionRequest, items: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+    """A choice's `logprobs` in the request's dialect (None when not asked)."""
+    if completion.params.logprobs is None:
+        return None
+    return chat_logprobs(items) if completion.kind == "chat" else completion_logprobs(items, len(completion.prompt))
+
+
+def completion_body(completion: CompletionRequest, trace: RequestTrace, text: str,
+                    logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
     """The non-streaming response body."""
+    lp = logprobs_field(completion, logprobs)
     if completion.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": trace.finish_reason}
+                  "logprobs": lp, "finish_reason": trace.finish_reason}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": trace.finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": trace.finish_reason}
         obj = "text_completion"
     return {
         "id": completion_id(trace, completion.kind),
@@ -64,6 +90,7 @@ class StreamChunks:
 
     def __init__(self, completion: CompletionRequest, trace: RequestTrace):
         self._chat = completion.kind == "chat"
+        self._completion = completion
         self._trace = trace
         self._include_usage = completion.include_usage
         self._base: dict[str, Any] = {
@@ -85,9 +112,9 @@ class StreamChunks:
         """The first chat chunk: role assistant, empty content."""
         return self._chunk({"role": "assistant", "content": ""}, None)
 
-    def delta(self, text: str) -> bytes:
-        """A chunk of generated text."""
-        return self._chunk({"content": text}, None)
+    def delta(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
+        """A chunk of generated text (with the logprobs of its tokens when they were asked)."""
+        return self._chunk({"content": text}, None, logprobs=logprobs_field(self._completion, logprobs))
 
     def final(self) -> list[bytes]:
         """The events after the last text: the finish chunk, usage if asked, [DONE]."""
@@ -98,11 +125,12 @@ class StreamChunks:
                     DONE_EVENT]
         return [self._chunk({}, trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None, **extra: Any) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None,
+               **extra: Any) -> bytes:
         if self._chat:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": logprobs, "finish_reason": finish}
         return sse_event({**self._base, "choices": [choice], **extra})
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
 from node.inference.request import CompletionRequest
-from node.inference.sampling import SamplingParams
+from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -24,8 +24,6 @@ _UNSUPPORTED = {
     "tool_choice": "tool calling is not supported by this node",
     "functions": "function calling is not supported by this node",
     "function_call": "function calling is not supported by this node",
-    "logprobs": "logprobs are not supported by this node",
-    "top_logprobs": "logprobs are not supported by this node",
     "logit_bias": "logit_bias is not supported by this node",
     "response_format": "response_format (JSON mode) is not supported by this node",
     "audio": "audio output is not supported",
@@ -42,8 +40,9 @@ _COMMON = {
     "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
     "repeat_penalty", "n",
 }
-_CHAT_KEYS = _COMMON | {"messages"}
-_COMPLETION_KEYS = _COMMON | {"prompt"}
+_CHAT_KEYS = _COMMON | {"messages", "logprobs", "top_logprobs"}
+_COMPLETION_KEYS = _COMMON | {"prompt", "logprobs"}
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -79,6 +78,21 @@ def _stop(body: dict) -> tuple[str, ...]:
     if len(value) > MAX_STOP_SEQUENCES:
         raise InvalidRequest(f"`stop` accepts at most {MAX_STOP_SEQUENCES} sequences", param="stop")
     return tuple(s for s in value if s)
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """SamplingParams.logprobs: None (off), or how many of the most likely tokens to report too.
+    Chat: `logprobs` (bool) and `top_logprobs` (0-20, only with logprobs true); completions:
+    `logprobs` (0-5)."""
+    if kind == "text":
+        return _integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise InvalidRequest(f"`logprobs` must be a boolean, got {type(on).__name__}", param="logprobs")
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not on:
+        raise InvalidRequest("`top_logprobs` is only allowed when `logprobs` is true", param="top_logprobs")
+    return (top or 0) if on else None
 
 
 def _check_keys(body: dict, allowed: set[str]) -> None:
@@ -166,6 +180,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 10.0),
         stop=_stop(body),
+        logprobs=_logprobs(body, kind),
     )
     if kind == "chat":
         return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body))

@@ -49,8 +49,8 @@ async def stream_completion(request: web.Request, completion: CompletionRequest,
             await resp.write(chunks.role())
         stage = "token"
         async for delta in run.deltas():
-            if delta.text:
-                await resp.write(chunks.delta(delta.text))
+            if delta.text or delta.logprobs:
+                await resp.write(chunks.delta(delta.text, delta.logprobs))
         trace.finished = time.monotonic()
         stage = "finish"
         for event in chunks.final():

@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from node import const
-from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError
-from node.inference.handoff import GenerationJob, TokenChannel
+from node.errors import ContextLengthExceeded, EngineError, InvalidRequest, ModelUnavailable, NodeError
+from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
+from node.inference.logprobs import LogprobTrack
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.request import CompletionRequest, Delta, ToolCall
 from node.inference.textstream import TextAssembler
@@ -138,10 +139,12 @@ class CompletionRun:
             source = await self._local_source()
         tok = served.tokenizer
         assembler = TextAssembler(job.params.stop)
+        track = None if job.params.logprobs is None else LogprobTrack(tok.piece)
         ended_by_eog = False
         produced = 0
         async for batch in source:
-            for token in batch:
+            scores = batch_scores(batch)
+            for i, token in enumerate(batch):
                 produced += 1
                 if tok.is_eog(token):
                     ended_by_eog = True
@@ -150,20 +153,26 @@ class CompletionRun:
                 trace.mark_token()
                 if first and self._on_first_token is not None:
                     self._on_first_token(trace)
+                if track is not None:
+                    if scores is None:
+                        raise EngineError("the engine returned no logprobs for a request that asked for them")
+                    track.add(token, scores[i], assembler.decoded_chars)
                 delta = assembler.feed(tok.piece(token))
                 if assembler.stop_match is not None:
                     job.cancel.set()
                 if delta:
                     self.text += delta
-                    yield Delta(text=delta)
+                    yield Delta(text=delta, logprobs=() if track is None else track.take(len(assembler.emitted)))
                 if assembler.stop_match is not None:
                     break
             if ended_by_eog or assembler.stop_match is not None:
                 break
         tail = assembler.finish()
-        if tail:
+        # a stop sequence's tokens are not reported; without one, the last held-back tokens go now
+        rest = () if track is None else (track.take(len(assembler.emitted)) if assembler.stop_match else track.rest())
+        if tail or rest:
             self.text += tail
-            yield Delta(text=tail)
+            yield Delta(text=tail, logprobs=rest)
         if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()

@@ -40,7 +40,6 @@ def test_bad_values_name_the_parameter(patch, param):
 @pytest.mark.parametrize(("patch", "param"), [
     ({"n": 2}, "n"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"logprobs": True}, "logprobs"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
 ])

@@ -4,6 +4,10 @@ Semantics follow llama.cpp's sampler chain as llama-cpp-python builds it: penalt
 frequency, presence over the last 64 generated tokens), then greedy when temperature is 0, else
 top-k → top-p → min-p → temperature → a draw from a generator seeded per session (the same seed
 gives the same text on this path; the random stream differs from llama.cpp's).
+
+`scores` gives the logprobs a request asked for: of the model's distribution (the log-softmax of
+the raw logits, before any of the steps above), as llama.cpp's route reports them
+(node.inference.logprobs).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections import Counter
 
 import torch
 
+from node.inference.handoff import TokenScores
 from node.inference.sampling import SamplingParams
 
 PENALTY_LAST_N = 64
@@ -55,6 +60,19 @@ class Sampler:
             token = self._draw(logits)
         self.history.append(token)
         return token
+
+    def scores(self, logits: torch.Tensor, token: int) -> TokenScores | None:
+        """The chosen token's logprob and the most likely `params.logprobs` tokens of one row of raw
+        logits [V]; None when the request asked for no logprobs."""
+        n_top = self.params.logprobs
+        if n_top is None:
+            return None
+        logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+        chosen = float(logprobs[token])
+        if n_top <= 0:
+            return TokenScores(chosen)
+        values, ids = torch.topk(logprobs, min(n_top, logprobs.numel()))
+        return TokenScores(chosen, tuple(ids.tolist()), tuple(values.tolist()))
 
     def _draw(self, logits: torch.Tensor) -> int:
         p = self.params
