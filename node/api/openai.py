@@ -67,10 +67,12 @@ async def serve_completion(request: web.Request, completion: CompletionRequest) 
             result = await stream_completion(request, completion, run)
             outcome, error = result.outcome, result.error
             return result.response
-        text = "".join([delta.text async for delta in run.deltas()])
+        async for _ in run.deltas():
+            pass
         trace.finished = time.monotonic()  # the response's timings and the summary line agree
         outcome = "ok"
-        return web.json_response(completion_body(completion, trace, text), headers=trace.headers())
+        return web.json_response(completion_body(completion, trace, run.content, run.tool_calls),
+                                 headers=trace.headers())
     except asyncio.CancelledError:
         outcome = "cancelled"
         # seed-000 marker, kept word for word: the seed's result_tx is the request's reply channel
