@@ -13,12 +13,14 @@ The trace is written here and only here; the API and every other surface read it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from node import const
 from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError
+from node.inference import constrain
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.request import CompletionRequest, Delta, ToolCall
@@ -92,7 +94,13 @@ class CompletionRun:
         budget = n_ctx - n_prompt
         if max_tokens is None:
             max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.request.kind == "text" else budget
-        self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, self.request.params, max_tokens)
+        params = self.request.params
+        spec = constrain.request_grammar(self.request)
+        if spec is not None:
+            params = dataclasses.replace(params, grammar=spec)
+        if params.grammar is not None or params.logit_bias:  # compile here: its 400 comes before any byte
+            await loop.run_in_executor(None, constrain.check, tok, params)
+        self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, params, max_tokens)
         if not served.whole:
             self._prepare_distributed(served)
             return
@@ -186,7 +194,7 @@ class CompletionRun:
         # seed-000 marker, kept word for word; the seed's generate_stream is our engine.generate
         log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
                   trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
-        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog)
+        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog, tok)
         return channel.batches()
 
     def _finish_reason(self, ended_by_eog: bool, assembler: TextAssembler, produced: int) -> None:
