@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -65,7 +66,9 @@ class Vocabulary:
         import llguidance.llamacpp
 
         self.n_vocab = tok.n_vocab
-        self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(tok._vocab, n_vocab=tok.n_vocab)
+        with warnings.catch_warnings():  # it calls llama_token_get_attr (deprecated alias) once per token
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(tok._vocab, n_vocab=tok.n_vocab)
         self.eog_ids = np.array([i for i in range(tok.n_vocab) if tok.is_eog(i)], dtype=np.int64)
         self._tok = tok
         self._compiled: OrderedDict[str, Any] = OrderedDict()
