@@ -14,7 +14,7 @@ import jsonschema
 
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
-from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.request import CompletionRequest, ResponseFormat, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
 
 MAX_STOP_SEQUENCES = 4
@@ -28,8 +28,6 @@ _UNSUPPORTED = {
     "function_call": "the legacy `function_call` parameter is not supported: use `tool_choice`",
     "logprobs": "logprobs are not supported by this node",
     "top_logprobs": "logprobs are not supported by this node",
-    "logit_bias": "logit_bias is not supported by this node",
-    "response_format": "response_format (JSON mode) is not supported by this node",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",
@@ -42,8 +40,11 @@ _UNSUPPORTED = {
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
     "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-    "repeat_penalty", "n",
+    "repeat_penalty", "n", "logit_bias", "response_format",
 }
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+_JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 _CHAT_KEYS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls"}
 _COMPLETION_KEYS = _COMMON | {"prompt"}
 
@@ -83,13 +84,87 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(s for s in value if s)
 
 
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI `logit_bias`: {"token id": bias in -100..100}; ids are checked against the vocabulary
+    when the model is known (CompletionRun.prepare)."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidRequest("`logit_bias` must be an object mapping token ids (as strings) to a bias",
+                             param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise InvalidRequest(f"`logit_bias` has {len(value)} entries; at most {MAX_LOGIT_BIAS} are allowed",
+                             param="logit_bias")
+    out = []
+    for key, bias in value.items():
+        if not isinstance(key, str) or not key.isdigit() or not key.isascii():
+            raise InvalidRequest(f"`logit_bias` keys must be token ids written as non-negative integers, got {key!r}",
+                                 param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias) \
+                or not -100 <= bias <= 100:
+            raise InvalidRequest(f"`logit_bias[{key}]` must be a number between -100 and 100, got {bias!r}",
+                                 param="logit_bias")
+        out.append((int(key), float(bias)))
+    return tuple(sorted(out))
+
+
+def _response_format(body: dict) -> ResponseFormat | None:
+    """OpenAI `response_format`: {"type": "text"} | {"type": "json_object"} |
+    {"type": "json_schema", "json_schema": {"name", "schema"?, "strict"?, "description"?}}."""
+    value = body.get("response_format")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequest("`response_format` must be an object", param="response_format")
+    kind = value.get("type")
+    if kind not in RESPONSE_FORMAT_TYPES:
+        raise InvalidRequest(f"`response_format.type` must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}",
+                             param="response_format.type")
+    extra = set(value) - {"type", "json_schema"}
+    if extra:
+        raise InvalidRequest(f"unrecognized `response_format` field: {sorted(extra)[0]}", param="response_format")
+    if kind != "json_schema":
+        if "json_schema" in value:
+            raise InvalidRequest("`response_format.json_schema` is only allowed with type \"json_schema\"",
+                                 param="response_format.json_schema")
+        return None if kind == "text" else ResponseFormat("json_object")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise InvalidRequest("`response_format.json_schema` is required with type \"json_schema\" and must be "
+                             "an object", param="response_format.json_schema")
+    extra = set(spec) - _JSON_SCHEMA_KEYS
+    if extra:
+        raise InvalidRequest(f"unrecognized `response_format.json_schema` field: {sorted(extra)[0]}",
+                             param="response_format.json_schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "_-" for c in name):
+        raise InvalidRequest("`response_format.json_schema.name` is required: letters, digits, _ and -, at most "
+                             "64 characters", param="response_format.json_schema.name")
+    schema = spec.get("schema", {})
+    if schema is None:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise InvalidRequest("`response_format.json_schema.schema` must be a JSON Schema object",
+                             param="response_format.json_schema.schema")
+    strict = spec.get("strict", False)
+    if strict is None:
+        strict = False
+    if not isinstance(strict, bool):
+        raise InvalidRequest("`response_format.json_schema.strict` must be a boolean",
+                             param="response_format.json_schema.strict")
+    description = spec.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequest("`response_format.json_schema.description` must be a string",
+                             param="response_format.json_schema.description")
+    return ResponseFormat("json_schema", schema=schema, name=name, strict=strict)
+
+
 def _check_keys(body: dict, allowed: set[str]) -> None:
     for key in body:
         if key in _UNSUPPORTED:
             if body[key] in (None, [], {}, False):
                 continue  # explicit "none" values are harmless
-            if key == "response_format" and body[key] == {"type": "text"}:
-                continue
             raise Unsupported(_UNSUPPORTED[key], param=key)
         if key not in allowed and key not in _IGNORED_OK:
             raise InvalidRequest(f"unrecognized request argument supplied: {key}", param=key)
@@ -310,7 +385,9 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 10.0),
         stop=_stop(body),
+        logit_bias=_logit_bias(body),
     )
+    response_format = _response_format(body)
     if kind == "chat":
         tools = _tools(body)
         choice, choice_name = _tool_choice(body, tools)
@@ -321,7 +398,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
             raise InvalidRequest("`parallel_tool_calls` must be a boolean", param="parallel_tool_calls")
         return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body),
                                  tools=tools, tool_choice=choice, tool_choice_name=choice_name,
-                                 parallel_tool_calls=parallel)
+                                 parallel_tool_calls=parallel, response_format=response_format)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -330,7 +407,8 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
             raise Unsupported("`prompt` must be a single string (batched or token prompts are not supported)",
                               param="prompt")
         raise InvalidRequest("`prompt` is required and must be a string", param="prompt")
-    return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt)
+    return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt,
+                             response_format=response_format)
 
 
 _EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user"}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from node import const
 from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError, Unsupported
+from node.inference import constrain
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.request import CompletionRequest, Delta, ToolCall
@@ -109,6 +110,13 @@ class CompletionRun:
         budget = n_ctx - n_prompt
         if max_tokens is None:
             max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.request.kind == "text" else budget
+        if params.grammar is None:
+            spec = constrain.request_grammar(self.request)
+            if spec is not None:
+                params = dataclasses.replace(params, grammar=spec)
+        if params.grammar is not None or params.logit_bias:  # compile here: its 400 comes before any byte
+            await loop.run_in_executor(None, constrain.check, tok, params,
+                                       "tools" if self._tool_format is not None else "response_format")
         self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, params, max_tokens)
         if not served.whole:
             self._prepare_distributed(served)
@@ -137,18 +145,15 @@ class CompletionRun:
         request = self.request
         if not tools_active(request):
             return params
+        if request.response_format is not None and request.response_format.type != "text":
+            raise Unsupported("`response_format` cannot be combined with tools: a reply that may call a tool "
+                              "is not held to a JSON schema here", param="response_format")
         self._tool_format = fmt
         spec = tool_grammar(fmt, request)
         log.debug("DIAG: tool calling request_id=%s format=%s tool_choice=%s tools=%d parallel=%s grammar=%s",
                   self.trace.request_id, fmt.name, request.tool_choice_name or request.tool_choice,
                   len(request.tools), request.parallel_tool_calls, spec["type"] if spec else None)
-        if spec is None:
-            return params
-        if request.response_format is not None and request.response_format.type != "text":
-            raise Unsupported("`response_format` cannot be combined with tools this model must call in a "
-                              "forced format (tool_choice required or a named function, or a template without "
-                              "native tool calls)", param="response_format")
-        return dataclasses.replace(params, grammar=spec)
+        return params if spec is None else dataclasses.replace(params, grammar=spec)
 
     def _prepare_distributed(self, served: ServedModel) -> None:
         """Plan a chain of segments across this node and its peers (sched_ms); 503 if none covers it."""
@@ -250,7 +255,7 @@ class CompletionRun:
         # seed-000 marker, kept word for word; the seed's generate_stream is our engine.generate
         log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
                   trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
-        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog)
+        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog, tok)
         return channel.batches()
 
     def _finish_reason(self, ended_by_eog: bool, assembler: TextAssembler, produced: int) -> None:

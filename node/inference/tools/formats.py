@@ -31,6 +31,7 @@ from node.inference.tools.parser import Syntax, ToolCallParser
 from node.inference.tools.regions import (
     GENERIC,
     HERMES,
+    HERMES_CLOSE,
     HERMES_OPEN,
     LLAMA3,
     MISTRAL,
@@ -49,7 +50,7 @@ class ToolFormat:
 
 
 FORMATS = {
-    "hermes": ToolFormat("hermes", HERMES, True, special_markers=(HERMES_OPEN, "</tool_call>")),
+    "hermes": ToolFormat("hermes", HERMES, True, special_markers=(HERMES_OPEN, HERMES_CLOSE)),
     "llama3": ToolFormat("llama3", LLAMA3, True, args_key="parameters", special_markers=(PYTHON_TAG,)),
     "mistral": ToolFormat("mistral", MISTRAL, True, special_markers=(MISTRAL_OPEN,)),
     "generic": ToolFormat("generic", GENERIC, False),
@@ -214,8 +215,9 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
         return None
     max_calls = None if many else 1
     if fmt.name == "hermes":
-        block = grammar.seq(grammar.literal(HERMES_OPEN + "\n"), grammar.json_value(call),
-                            grammar.literal("\n</tool_call>"))
+        # the markers alone in their literals: a vocabulary may hold them as single special tokens
+        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(call),
+                            grammar.literal("\n"), grammar.literal(HERMES_CLOSE))
         return grammar.repeat(block, 1, max_calls, sep="\n")
     if fmt.name == "mistral":
         items: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
