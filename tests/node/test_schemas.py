@@ -39,7 +39,7 @@ def test_bad_values_name_the_parameter(patch, param):
 
 @pytest.mark.parametrize(("patch", "param"), [
     ({"n": 2}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"functions": [{"name": "f"}]}, "functions"),
     ({"logprobs": True}, "logprobs"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
 ])
