@@ -243,3 +243,33 @@ async def test_distributed_every_tool_choice(pair, stream):
     content, calls, finish, _ = await ask(client, model, stream=stream, messages=history, tools=tools,
                                           tool_choice="none", max_tokens=8)
     assert calls == [] and content and finish in ("stop", "length")
+
+
+# --- native formats end to end: a random model given a real model's template ----------------------
+
+NATIVE = {"Qwen-Qwen2.5-7B-Instruct": "hermes", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+          "meta-llama-Llama-3.2-3B-Instruct": "llama3"}
+
+
+@pytest.mark.parametrize("name", sorted(NATIVE))
+@pytest.mark.parametrize("stream", [False, True])
+async def test_native_formats_forced_and_parsed(node, client, name, stream, monkeypatch, caplog):
+    """The random model under a native template: the grammar writes the format's own call syntax
+    (`<tool_call>`, `[TOOL_CALLS]`, Llama JSON), the parser reads it back into valid calls."""
+    from pathlib import Path
+    caplog.set_level("DEBUG", logger="node.inference.generate")
+    model = model_named(node, "roomy")
+    served = next(s for s in node.models.all() if s.id == model)
+    tmpl = (Path(__file__).resolve().parent.parent / "fixtures" / "templates" / f"{name}.jinja").read_text()
+    monkeypatch.setattr(served.tokenizer, "chat_template", tmpl)
+    tools = (WEATHER, TIME)
+    _, calls, finish, _ = await ask(client, model, stream=stream, tools=tools, tool_choice="required",
+                                    parallel_tool_calls=False, temperature=1.0, seed=5, max_tokens=400)
+    assert f"format={NATIVE[name]}" in caplog.text
+    assert finish == "tool_calls" and len(calls) == 1
+    assert_valid_calls(calls, {"get_weather", "get_time"})
+    _, calls, finish, _ = await ask(client, model, stream=stream, tools=tools, temperature=1.0, seed=6,
+                                    tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                    max_tokens=400)
+    assert finish == "tool_calls" and len(calls) == 1
+    assert_valid_calls(calls, {"get_time"})
