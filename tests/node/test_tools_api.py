@@ -6,6 +6,7 @@ history with tool results. Arguments of forced calls validate against the functi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -247,8 +248,13 @@ async def test_distributed_every_tool_choice(pair, stream):
 
 # --- native formats end to end: a random model given a real model's template ----------------------
 
+TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 NATIVE = {"Qwen-Qwen2.5-7B-Instruct": "hermes", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
           "meta-llama-Llama-3.2-3B-Instruct": "llama3"}
+
+
+def native_template(name: str) -> str:
+    return (TEMPLATES / f"{name}.jinja").read_text()
 
 
 @pytest.mark.parametrize("name", sorted(NATIVE))
@@ -256,12 +262,10 @@ NATIVE = {"Qwen-Qwen2.5-7B-Instruct": "hermes", "mistralai-Mistral-Nemo-Instruct
 async def test_native_formats_forced_and_parsed(node, client, name, stream, monkeypatch, caplog):
     """The random model under a native template: the grammar writes the format's own call syntax
     (`<tool_call>`, `[TOOL_CALLS]`, Llama JSON), the parser reads it back into valid calls."""
-    from pathlib import Path
     caplog.set_level("DEBUG", logger="node.inference.generate")
     model = model_named(node, "roomy")
     served = next(s for s in node.models.all() if s.id == model)
-    tmpl = (Path(__file__).resolve().parent.parent / "fixtures" / "templates" / f"{name}.jinja").read_text()
-    monkeypatch.setattr(served.tokenizer, "chat_template", tmpl)
+    monkeypatch.setattr(served.tokenizer, "chat_template", native_template(name))
     tools = (WEATHER, TIME)
     _, calls, finish, _ = await ask(client, model, stream=stream, tools=tools, tool_choice="required",
                                     parallel_tool_calls=False, temperature=1.0, seed=5, max_tokens=400)
