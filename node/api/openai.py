@@ -67,13 +67,12 @@ async def serve_completion(request: web.Request, completion: CompletionRequest) 
             result = await stream_completion(request, completion, run)
             outcome, error = result.outcome, result.error
             return result.response
-        parts, logprobs = [], []
+        logprobs = []
         async for delta in run.deltas():
-            parts.append(delta.text)
             logprobs.extend(delta.logprobs)
         trace.finished = time.monotonic()  # the response's timings and the summary line agree
         outcome = "ok"
-        return web.json_response(completion_body(completion, trace, "".join(parts), logprobs),
+        return web.json_response(completion_body(completion, trace, run.content, logprobs, run.tool_calls),
                                  headers=trace.headers())
     except asyncio.CancelledError:
         outcome = "cancelled"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from node.inference.embeddings import EmbeddingResult
-from node.inference.request import CompletionRequest, TokenLogprob
+from node.inference.request import CompletionRequest, TokenLogprob, ToolCall, ToolCallDelta
 from node.trace import RequestTrace
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -54,13 +54,34 @@ def logprobs_field(completion: CompletionRequest, items: Sequence[TokenLogprob])
     return chat_logprobs(items) if completion.kind == "chat" else completion_logprobs(items, len(completion.prompt))
 
 
+def tool_calls_json(calls: list[ToolCall] | tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    """message.tool_calls: OpenAI's shape."""
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+def tool_call_deltas_json(deltas: tuple[ToolCallDelta, ...] | list[ToolCallDelta]) -> list[dict[str, Any]]:
+    """delta.tool_calls: the first piece of a call carries id, type and name; later ones only
+    `function.arguments`."""
+    out = []
+    for d in deltas:
+        if d.id is not None:
+            out.append({"index": d.index, "id": d.id, "type": "function",
+                        "function": {"name": d.name, "arguments": d.arguments}})
+        else:
+            out.append({"index": d.index, "function": {"arguments": d.arguments}})
+    return out
+
+
 def completion_body(completion: CompletionRequest, trace: RequestTrace, text: str,
-                    logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
-    """The non-streaming response body."""
+                    logprobs: Sequence[TokenLogprob] = (),
+                    tool_calls: list[ToolCall] | tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+    """The non-streaming response body (content null when the reply is only tool calls)."""
     lp = logprobs_field(completion, logprobs)
     if completion.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": lp, "finish_reason": trace.finish_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text if (text or not tool_calls) else None}
+        if tool_calls:
+            message["tool_calls"] = tool_calls_json(tool_calls)
+        choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": trace.finish_reason}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": trace.finish_reason}
@@ -115,6 +136,10 @@ class StreamChunks:
     def delta(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
         """A chunk of generated text (with the logprobs of its tokens when they were asked)."""
         return self._chunk({"content": text}, None, logprobs=logprobs_field(self._completion, logprobs))
+
+    def tool_calls(self, deltas: tuple[ToolCallDelta, ...]) -> bytes:
+        """A chunk of tool-call pieces (chat only)."""
+        return self._chunk({"tool_calls": tool_call_deltas_json(deltas)}, None)
 
     def final(self) -> list[bytes]:
         """The events after the last text: the finish chunk, usage if asked, [DONE]."""

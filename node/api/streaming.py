@@ -51,6 +51,8 @@ async def stream_completion(request: web.Request, completion: CompletionRequest,
         async for delta in run.deltas():
             if delta.text or delta.logprobs:
                 await resp.write(chunks.delta(delta.text, delta.logprobs))
+            if delta.tool_calls:
+                await resp.write(chunks.tool_calls(delta.tool_calls))
         trace.finished = time.monotonic()
         stage = "finish"
         for event in chunks.final():
