@@ -325,8 +325,8 @@ async def test_force_unload_stops_a_running_generation(node, client, model_id, m
     # 5 ms a token (in the model's thread): the unload lands mid-generation however fast the machine
     real_generate = LlamaEngine.generate
 
-    def paced_generate(self, job, channel, is_eog):
-        return real_generate(self, job, channel, lambda token: time.sleep(0.005) or is_eog(token))
+    def paced_generate(self, job, channel, is_eog, vocab=None):
+        return real_generate(self, job, channel, lambda token: time.sleep(0.005) or is_eog(token), vocab)
 
     monkeypatch.setattr(LlamaEngine, "generate", paced_generate)
     messages = [{"role": "user", "content": "go"}]

@@ -38,7 +38,7 @@ def script(node, monkeypatch):
     served = node.models.all()[0]
 
     def set_tokens(tokens):
-        def generate(job, channel, is_eog):
+        def generate(job, channel, is_eog, vocab=None):
             produced = 0
             for tok in tokens:
                 if job.cancel.is_set():

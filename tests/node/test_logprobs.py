@@ -167,7 +167,7 @@ def scripted(tiny_node, monkeypatch):
     def set_text(text: str, scores: bool = True):
         tokens = [3 + b for b in text.encode()] + [EOS]
 
-        def generate(job, channel, is_eog):
+        def generate(job, channel, is_eog, vocab=None):
             for i, tok in enumerate(tokens[:job.max_new_tokens]):
                 channel.put(tok, TokenScores(-(i + 1) / 10, (tok,), (-(i + 1) / 10,)) if scores else None)
             channel.close()
