@@ -191,3 +191,24 @@ def test_request_grammar():
     assert constrain.request_grammar(req(ResponseFormat("json_object"))) == g.json_value(None)
     schema = {"type": "object"}
     assert constrain.request_grammar(req(ResponseFormat("json_schema", schema=schema))) == g.json_value(schema)
+
+
+def test_objects_with_properties_are_closed_unless_the_schema_says_otherwise(tiny_tok):
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                                               "c": {"type": "array", "items": {"properties": {"d": {}}}}},
+              "$defs": {"x": {"properties": {"y": {}}}}}
+    closed = constrain.closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["c"]["items"]["additionalProperties"] is False
+    assert closed["$defs"]["x"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the client's schema is not changed
+    kept = {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}
+    assert constrain.closed_objects(kept)["additionalProperties"] == {"type": "integer"}
+    assert "additionalProperties" not in constrain.closed_objects({"type": "object"})  # json_object: any object
+    # random logits never add a key the schema did not list
+    for seed in range(8):
+        ids, _ = walk(tiny_tok, g.json_value({"type": "object", "properties": {"n": {"type": "integer",
+                                                                                  "maximum": 99}}}), seed)
+        assert ids is not None
+        assert set(json.loads(text_of(tiny_tok, ids))) <= {"n"}
