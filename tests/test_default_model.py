@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 
 import gguf
+import openai
 import pytest
+
+from tests.support.nodes import node_config, running_node
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "resources" / "models"
@@ -73,10 +76,15 @@ def reference_text(count_tokens, limit: int = LONG_PROMPT_TOKENS) -> str:
         module, attr = name.rsplit(".", 1)
         doc = inspect.getdoc(getattr(importlib.import_module(module), attr))
         candidate = f"{text}\n\n{name}\n\n{doc}"
-        if count_tokens(candidate) > limit:
-            break
-        text = candidate
+        if count_tokens(candidate) <= limit:  # the ones that fit, in order
+            text = candidate
     return text
+
+
+@pytest.fixture(scope="module")
+def long_system(llm) -> str:
+    """The long prompt's system message, its length counted with the model's own tokenizer."""
+    return reference_text(lambda t: len(llm.tokenize(t.encode("utf-8"), add_bos=False, special=True)))
 
 
 def assert_fluent_answer(text: str) -> None:
@@ -173,10 +181,9 @@ def test_greedy_chat_answer_is_fluent_and_ends_its_turn(llm):
 
 
 @pytest.mark.llama
-def test_long_prompt_fits_and_gets_a_sensible_answer(llm):
+def test_long_prompt_fits_and_gets_a_sensible_answer(llm, long_system):
     """~850 tokens of other docstrings before the question: the answer is still os.path.join's."""
-    system = reference_text(lambda t: len(llm.tokenize(t.encode("utf-8"), add_bos=False, special=True)))
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": "What does os.path.join do?"}]
+    messages = [{"role": "system", "content": long_system}, {"role": "user", "content": "What does os.path.join do?"}]
     res = llm.create_chat_completion(messages=messages, temperature=0.0, max_tokens=CONTEXT - 900)
     choice = res["choices"][0]
     assert 800 <= res["usage"]["prompt_tokens"] <= 900
@@ -196,20 +203,15 @@ def test_greedy_generation_emits_im_end(llm):
 
 
 @pytest.mark.llama
-async def test_node_serves_it_with_its_whole_context(tmp_path, llm):
+async def test_node_serves_it_with_its_whole_context(tmp_path, long_system):
     """A real node with the embedded model, the official openai client: a long prompt (more than three
     times the old 256-token context) is served, not refused as context_length_exceeded."""
-    import openai
-
-    from tests.support.nodes import node_config, running_node
-
     async with running_node(node_config(tmp_path / "data", include_default_model=True)) as node:
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key,
                                     max_retries=0)
         model_id = node.models.all()[0].id
-        system = reference_text(lambda t: len(llm.tokenize(t.encode("utf-8"), add_bos=False, special=True)))
         reply = await client.chat.completions.create(model=model_id, temperature=0, max_tokens=100, messages=[
-            {"role": "system", "content": system}, {"role": "user", "content": "What does os.path.join do?"}])
+            {"role": "system", "content": long_system}, {"role": "user", "content": "What does os.path.join do?"}])
         assert reply.usage.prompt_tokens > 3 * 256
         assert reply.choices[0].finish_reason == "stop"
         assert_fluent_answer(reply.choices[0].message.content.strip())
