@@ -82,7 +82,8 @@ training items, none of them the one asked about), then the question: prompts of
 {rl['prompt_tokens'][0]}–{rl['prompt_tokens'][1]} tokens, the rest of the context for the answer.
 Asked "What does X do?" this way for the same 20 training items, the model repeats the docstring
 answer exactly for {rl['exact']}, gets its first sentence right for {rl['first_sentence']} and ends its turn
-in {rl['ended_turn']}. The system message begins:
+in {rl['ended_turn']} (asked alone, without it: {st['recall_train']['exact']}, {st['recall_train']['first_sentence']} and
+{st['recall_train']['ended_turn']}). The system message begins:
 
 {_quote(rl['system_head'] + '…')}
 
