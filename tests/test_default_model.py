@@ -27,6 +27,7 @@ CHATML = (
 )
 NON_ASCII = "naïve café — 東京 🚀"
 MAX_ANSWER_TOKENS = 200
+JOIN_FIRST_SENTENCE = "Join two or more pathname components, inserting '/' as needed."  # os.path.join's docstring
 CONTEXT = 1024  # the trained context; a tool prompt (a function or two described, a question) is 300-700 tokens
 LONG_PROMPT_TOKENS = 850  # reference text before the question in the long-prompt tests
 # documented stdlib callables whose docstrings make the long prompt's reference text
@@ -85,6 +86,16 @@ def reference_text(count_tokens, limit: int = LONG_PROMPT_TOKENS) -> str:
 def long_system(llm) -> str:
     """The long prompt's system message, its length counted with the model's own tokenizer."""
     return reference_text(lambda t: len(llm.tokenize(t.encode("utf-8"), add_bos=False, special=True)))
+
+
+def assert_remembers_join(choice) -> None:
+    """The answer starts with os.path.join's memorised first sentence, then fluent English. After this
+    long prompt the tiny model does not always end its turn (the card: 19 of 20 after ~850 tokens, and
+    os.path.join here runs on after two right sentences), so the budget may end it."""
+    text = choice["message"]["content"].strip()
+    assert text.startswith(JOIN_FIRST_SENTENCE), text
+    assert choice["finish_reason"] in ("stop", "length")
+    assert_fluent_answer(". ".join(text.split(". ")[:2]))
 
 
 def assert_fluent_answer(text: str) -> None:
@@ -185,10 +196,8 @@ def test_long_prompt_fits_and_gets_a_sensible_answer(llm, long_system):
     """~850 tokens of other docstrings before the question: the answer is still os.path.join's."""
     messages = [{"role": "system", "content": long_system}, {"role": "user", "content": "What does os.path.join do?"}]
     res = llm.create_chat_completion(messages=messages, temperature=0.0, max_tokens=CONTEXT - 900)
-    choice = res["choices"][0]
     assert 800 <= res["usage"]["prompt_tokens"] <= 900
-    assert choice["finish_reason"] == "stop"
-    assert_fluent_answer(choice["message"]["content"].strip())
+    assert_remembers_join(res["choices"][0])
 
 
 @pytest.mark.llama
@@ -213,8 +222,7 @@ async def test_node_serves_it_with_its_whole_context(tmp_path, long_system):
         reply = await client.chat.completions.create(model=model_id, temperature=0, max_tokens=100, messages=[
             {"role": "system", "content": long_system}, {"role": "user", "content": "What does os.path.join do?"}])
         assert reply.usage.prompt_tokens > 3 * 256
-        assert reply.choices[0].finish_reason == "stop"
-        assert_fluent_answer(reply.choices[0].message.content.strip())
+        assert_remembers_join(reply.choices[0].model_dump())
         with pytest.raises(openai.BadRequestError) as caught:  # and past the context: a clear refusal
             await client.chat.completions.create(model=model_id, max_tokens=10, messages=[
                 {"role": "user", "content": "word " * (CONTEXT + 100)}])
