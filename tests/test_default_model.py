@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 
 import gguf
+import openai
 import pytest
+
+from tests.support.nodes import node_config, running_node
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "resources" / "models"
@@ -24,6 +27,14 @@ CHATML = (
 )
 NON_ASCII = "naïve café — 東京 🚀"
 MAX_ANSWER_TOKENS = 200
+JOIN_FIRST_SENTENCE = "Join two or more pathname components, inserting '/' as needed."  # os.path.join's docstring
+CONTEXT = 1024  # the trained context; a tool prompt (a function or two described, a question) is 300-700 tokens
+LONG_PROMPT_TOKENS = 850  # reference text before the question in the long-prompt tests
+# documented stdlib callables whose docstrings make the long prompt's reference text
+REFERENCE = ("json.dumps", "json.loads", "os.path.splitext", "shutil.copyfile", "textwrap.wrap",
+             "textwrap.dedent", "functools.reduce", "itertools.groupby", "re.sub", "base64.b64encode",
+             "heapq.heappush", "bisect.insort_right", "fnmatch.fnmatch", "glob.glob", "shlex.split",
+             "zlib.crc32", "difflib.get_close_matches", "statistics.median", "math.isclose", "operator.itemgetter")
 
 
 def _training_config():
@@ -51,9 +62,47 @@ def llm():
     from node.inference.llamacpp import load
 
     llama_cpp = load()
-    model = llama_cpp.Llama(model_path=str(GGUF_PATH), n_ctx=256, n_threads=2, seed=0, verbose=False)
+    model = llama_cpp.Llama(model_path=str(GGUF_PATH), n_ctx=CONTEXT, n_threads=2, seed=0, verbose=False)
     yield model
     model.close()
+
+
+def reference_text(count_tokens, limit: int = LONG_PROMPT_TOKENS) -> str:
+    """ "Reference:" and whole stdlib docstrings (name, blank line, docstring), up to ``limit`` tokens."""
+    import importlib
+    import inspect
+
+    text = "Reference:"
+    for name in REFERENCE:
+        module, attr = name.rsplit(".", 1)
+        doc = inspect.getdoc(getattr(importlib.import_module(module), attr))
+        candidate = f"{text}\n\n{name}\n\n{doc}"
+        if count_tokens(candidate) <= limit:  # the ones that fit, in order
+            text = candidate
+    return text
+
+
+@pytest.fixture(scope="module")
+def long_system(llm) -> str:
+    """The long prompt's system message, its length counted with the model's own tokenizer."""
+    return reference_text(lambda t: len(llm.tokenize(t.encode("utf-8"), add_bos=False, special=True)))
+
+
+def assert_remembers_join(choice) -> None:
+    """The answer starts with os.path.join's memorised first sentence, then fluent English. After this
+    long prompt the tiny model does not always end its turn (the card: 19 of 20 after ~850 tokens, and
+    os.path.join here runs on after two right sentences), so the budget may end it."""
+    text = choice["message"]["content"].strip()
+    assert text.startswith(JOIN_FIRST_SENTENCE), text
+    assert choice["finish_reason"] in ("stop", "length")
+    assert_fluent_answer(". ".join(text.split(". ")[:2]))
+
+
+def assert_fluent_answer(text: str) -> None:
+    words = re.findall(r"[A-Za-z]+", text)
+    assert len(words) >= 5, text
+    assert sum(c.isalpha() or c.isspace() or c in ".,;:'`()-/" for c in text) / len(text) > 0.9, text
+    assert max(words.count(w) for w in set(words)) <= max(4, len(words) // 4), text  # no word loop
 
 
 def test_file_is_shipped_and_small():
@@ -82,6 +131,7 @@ def test_gguf_metadata(reader):
 def test_gguf_matches_training_config(reader):
     mc = _training_config().ModelConfig()
     arch = "llama"
+    assert mc.context_length == CONTEXT
     assert len(_field(reader, "tokenizer.ggml.tokens")) == mc.vocab_size
     assert _field(reader, f"{arch}.context_length") == mc.context_length
     assert _field(reader, f"{arch}.embedding_length") == mc.dim
@@ -138,10 +188,16 @@ def test_greedy_chat_answer_is_fluent_and_ends_its_turn(llm):
     text = choice["message"]["content"].strip()
     assert choice["finish_reason"] == "stop"
     assert res["usage"]["completion_tokens"] < MAX_ANSWER_TOKENS
-    words = re.findall(r"[A-Za-z]+", text)
-    assert len(words) >= 5, text
-    assert sum(c.isalpha() or c.isspace() or c in ".,;:'`()-/" for c in text) / len(text) > 0.9, text
-    assert max(words.count(w) for w in set(words)) <= max(4, len(words) // 4), text  # no word loop
+    assert_fluent_answer(text)
+
+
+@pytest.mark.llama
+def test_long_prompt_fits_and_gets_a_sensible_answer(llm, long_system):
+    """~850 tokens of other docstrings before the question: the answer is still os.path.join's."""
+    messages = [{"role": "system", "content": long_system}, {"role": "user", "content": "What does os.path.join do?"}]
+    res = llm.create_chat_completion(messages=messages, temperature=0.0, max_tokens=CONTEXT - 900)
+    assert 800 <= res["usage"]["prompt_tokens"] <= 900
+    assert_remembers_join(res["choices"][0])
 
 
 @pytest.mark.llama
@@ -153,3 +209,21 @@ def test_greedy_generation_emits_im_end(llm):
         if token == llm.token_eos():
             break
         assert n < MAX_ANSWER_TOKENS, "no <|im_end|> within the token budget"
+
+
+@pytest.mark.llama
+async def test_node_serves_it_with_its_whole_context(tmp_path, long_system):
+    """A real node with the embedded model, the official openai client: a long prompt (more than three
+    times the old 256-token context) is served, not refused as context_length_exceeded."""
+    async with running_node(node_config(tmp_path / "data", include_default_model=True)) as node:
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key,
+                                    max_retries=0)
+        model_id = node.models.all()[0].id
+        reply = await client.chat.completions.create(model=model_id, temperature=0, max_tokens=100, messages=[
+            {"role": "system", "content": long_system}, {"role": "user", "content": "What does os.path.join do?"}])
+        assert reply.usage.prompt_tokens > 3 * 256
+        assert_remembers_join(reply.choices[0].model_dump())
+        with pytest.raises(openai.BadRequestError) as caught:  # and past the context: a clear refusal
+            await client.chat.completions.create(model=model_id, max_tokens=10, messages=[
+                {"role": "user", "content": "word " * (CONTEXT + 100)}])
+        assert caught.value.body["code"] == "context_length_exceeded" and str(CONTEXT) in caught.value.body["message"]

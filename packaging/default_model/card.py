@@ -17,6 +17,85 @@ def _minutes(s: float) -> str:
     return f"{s / 60:.1f} min"
 
 
+def _before_after(st: dict) -> str:
+    """The previous (256-token) model's card figures next to this run's."""
+    b = st.get("baseline")
+    if not b:
+        return ""
+    m, t, rl = st["config"]["model"], st["train"], st.get("recall_long")
+    br, r = b["recall_train"], st["recall_train"]
+    vs = st.get("val_loss_short")
+    rows = [
+        ("context length", f"{b['context_length']} tokens", f"{m['context_length']} tokens"),
+        ("batch (tokens per step)", b["batch"], f"{st['config']['train']['batch_size']} × {m['context_length']}"),
+        ("steps / tokens seen", f"{_fmt_int(b['steps'])} / {_fmt_int(b['tokens_seen'])}",
+         f"{_fmt_int(t['steps'])} / {_fmt_int(t['tokens_seen'])}"),
+        ("final train loss", f"{b['final_train_loss']:.3f}", f"{t['final_train_loss']:.3f}"),
+        ("validation loss, rows of its own context", f"{b['final_val_loss']:.3f}", f"{t['final_val_loss']:.3f}"),
+    ]
+    if vs:
+        rows.append((f"validation loss, the same {vs['rows']}-token rows", f"{b['final_val_loss']:.3f}",
+                     f"{vs['loss']:.3f}"))
+    rows += [
+        ("exact recall (20 training items)", f"{br['exact']} (re-run: {b['rerun_recall_train']['exact']})", str(r["exact"])),
+        ("first sentence right", f"{br['first_sentence']} (re-run: {b['rerun_recall_train']['first_sentence']})",
+         str(r["first_sentence"])),
+        ("turn ended", f"{br['ended_turn']} (re-run: {b['rerun_recall_train']['ended_turn']})", str(r["ended_turn"])),
+    ]
+    if rl:
+        rows.append((f"the same 20 after ~{rl['system_tokens']} tokens of context: exact / first sentence / ended",
+                     "does not fit (prompt > 256 tokens)",
+                     f"{rl['exact']} / {rl['first_sentence']} / {rl['ended_turn']}"))
+    rows.append(("file", f"{b['file_bytes'] / 1e6:.2f} MB", f"{st['file']['bytes'] / 1e6:.2f} MB"))
+    table = "\n".join(f"| {a} | {x} | {y} |" for a, x, y in rows)
+    new = {s["prompt"]: s for s in st["samples"]}
+    samples = "\n\n".join(
+        f"**User:** {s['prompt']}\n\nBefore ({s['completion_tokens']} tokens, `{s['finish_reason']}`):\n\n"
+        + _quote(s["answer"])
+        + (f"\n\nAfter ({new[s['prompt']]['completion_tokens']} tokens, `{new[s['prompt']]['finish_reason']}`):\n\n"
+           + _quote(new[s["prompt"]]["answer"]) if s["prompt"] in new else "")
+        for s in b["samples"])
+    return f"""## Before / after: 256 → {m['context_length']} tokens of context
+
+The previous file (sha256 `{b['sha256'][:16]}…`) was trained by this same code with a
+{b['context_length']}-token context; its figures come from its card. Same corpus, tokenizer,
+architecture, optimiser, steps and tokens per step; only the row length (and so the batch) changed.
+
+| | before ({b['context_length']}) | after ({m['context_length']}) |
+|---|---|---|
+{table}
+
+{samples}
+
+"""
+
+
+def _long_prompt(st: dict) -> str:
+    rl = st.get("recall_long")
+    if not rl:
+        return ""
+    s = rl["sample"]
+    return f"""## A long prompt
+
+A system message of {rl['system_tokens']} tokens ("Reference:" and then whole docstrings of other
+training items, none of them the one asked about), then the question: prompts of
+{rl['prompt_tokens'][0]}–{rl['prompt_tokens'][1]} tokens, the rest of the context for the answer.
+Asked "What does X do?" this way for the same 20 training items, the model repeats the docstring
+answer exactly for {rl['exact']}, gets its first sentence right for {rl['first_sentence']} and ends its turn
+in {rl['ended_turn']} (asked alone, without it: {st['recall_train']['exact']}, {st['recall_train']['first_sentence']} and
+{st['recall_train']['ended_turn']}). The system message begins:
+
+{_quote(rl['system_head'] + '…')}
+
+**User** (after it, {s['prompt_tokens']} prompt tokens in all): {s['prompt']}
+
+**Assistant** ({s['completion_tokens']} tokens, finish_reason `{s['finish_reason']}`):
+
+{_quote(s['answer'])}
+
+"""
+
+
 def render(st: dict) -> str:
     m, t, c, co = st["config"]["model"], st["train"], st["config"]["train"], st["corpus"]
     cc = st["config"]["corpus"]
@@ -119,6 +198,20 @@ AdamW (β = {c['beta1']}, {c['beta2']}; weight decay {c['weight_decay']} on matr
 {c['warmup_steps']} warm-up steps and cosine decay to {c['min_lr']:g}, batch {c['batch_size']} × {m['context_length']} tokens,
 gradient clipping {c['grad_clip']}, no dropout, float32.
 
+Packed sequences, plain causal: every epoch the samples are shuffled (seeded), concatenated, each
+one starting with `<s>` (chats end with `<|im_end|>\\n`, plain texts with `</s>`), and cut into rows
+of {m['context_length']} + 1 tokens; attention is causal over the whole row, across sample boundaries,
+and the loss counts every next token, the boundary ones included. No document mask, on purpose: the
+samples are short (mean {co['tokens_train'] / co['samples_train']:.0f} tokens, longest {co.get('tokens_max_train', '?')}),
+so with a mask (and positions restarting per sample) no attention would ever span more than one
+sample, most attention spans would stay under a hundred tokens and the positions past the longest
+sample would never be trained; packed causally, every position
+up to {m['context_length'] - 1} is trained, attending over up to {m['context_length'] - 1} earlier tokens of
+other samples that it learns to look past from the `<s>` marker on. That is what a long prompt at
+inference needs: the question comes after hundreds of tokens of other text. The boundary targets
+(`<s>`, a sample's first token) are honest predictions, just hard ones; they were in the
+256-token model's loss too.
+
 | | |
 |---|---|
 | steps | {_fmt_int(t['steps'])} |
@@ -142,7 +235,8 @@ on the way, all {co['tokens_val'] // m['context_length']} rows at the last step.
 ## Checked against llama.cpp
 
 The torch model and llama.cpp (llama-cpp-python, `logits_all=True`) on the exported files give
-these logits for three prompts (two chats, one plain text with non-ASCII):
+these logits for the prompts (two chats, one plain text with non-ASCII and, last, the long prompt
+of the section below):
 
 | file | tokens | max abs logit diff | max abs logit | same argmax |
 |---|---|---|---|---|
@@ -157,7 +251,8 @@ Greedy decoding (temperature 0, max 200 tokens) through llama-cpp-python's
 
 {samples}
 
-{recall}"""
+{recall}
+{_long_prompt(st)}{_before_after(st)}"""
 
 
 def write(path: Path, stats: dict) -> None:

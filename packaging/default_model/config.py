@@ -18,7 +18,7 @@ class ModelConfig:
     n_heads: int = 8
     n_kv_heads: int = 4
     ffn_dim: int = 704  # a multiple of 32 (Q8_0 blocks) near 8/3 * dim
-    context_length: int = 256
+    context_length: int = 1024
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
@@ -44,7 +44,7 @@ class TrainConfig:
 
     seed: int = 1234
     steps: int = 3000
-    batch_size: int = 8
+    batch_size: int = 2
     lr: float = 2e-3
     min_lr: float = 2e-4
     warmup_steps: int = 100

@@ -32,6 +32,8 @@ from default_model.config import GGUF_NAME, Config  # noqa: E402
 log = logging.getLogger("default_model")
 COMMAND = "python packaging/default_model/train.py --out resources/models"
 RECALL_ITEMS = 20  # training items asked "What does X do?" for the card's memorisation figure
+SHORT_ROWS = 256  # the previous model's context: validation is also scored on rows this long
+BASELINE = Path(__file__).with_name("baseline_ctx256.json")  # that model's figures, for the card
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -87,6 +89,7 @@ def build_corpus(cfg: Config, work: Path):
         "chats_train": sum(not isinstance(s, str) for s in train_samples),
         "chars_train": sum(map(len, train_texts)), "chars_val": sum(map(len, val_texts)),
         "tokens_train": sum(map(len, train_docs)), "tokens_val": sum(map(len, val_docs)),
+        "tokens_max_train": max(map(len, train_docs)),
         "val_contains_os_path_join": any(it.qualname == "os.path.join" for it in val_items),
     }
     log.info("corpus %s", stats)
@@ -127,6 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.save(model.state_dict(), args.work / "model.pt")
     val_rows = trainer.eval_rows(val_docs, cfg.model.context_length)
     unigram = trainer.unigram_baseline(train_docs, val_rows, cfg.model.vocab_size)
+    # the same 256-token windows the previous model was scored on: a like-for-like validation loss
+    val_short = trainer.evaluate(model, trainer.eval_rows(val_docs, SHORT_ROWS), cfg.train.batch_size)
+    log.info("validation loss on %d-token rows: %.4f", SHORT_ROWS, val_short)
 
     description = (f"Tiny Llama trained on Python {platform.python_version()} standard-library docstrings "
                    "as ChatML chats; answers 'What does X do?' questions. Built by SwarmLLM's "
@@ -134,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     f32 = export.write_gguf(model, tok, cfg, args.work / "model-f32.gguf", "F32", description)
     q8 = export.write_gguf(model, tok, cfg, args.out / GGUF_NAME, "Q8_0", description)
     n_ctx = cfg.model.context_length
+    picks = verify.pick_items(train_items, RECALL_ITEMS, seed=7)
+    long_chat = verify.long_chat(tok, train_items, seed=7, exclude=[it.qualname for it in picks])
     stats = {
         "command": COMMAND + (f" --steps {args.steps}" if args.steps else ""),
         "config": cfg.to_dict(),
@@ -145,11 +153,15 @@ def main(argv: list[str] | None = None) -> None:
         "train": {k: v for k, v in dataclasses.asdict(result).items() if k != "step_losses"},
         "epochs": result.tokens_seen / corpus_stats["tokens_train"],
         "unigram_val_loss": unigram,
-        "logits_f32": verify.compare_logits(model, tok, f32, n_ctx),
-        "logits_q8_0": verify.compare_logits(model, tok, q8, n_ctx),
+        "logits_f32": verify.compare_logits(model, tok, f32, n_ctx, [long_chat]),
+        "logits_q8_0": verify.compare_logits(model, tok, q8, n_ctx, [long_chat]),
         "tokenizer_agreement": verify.tokenizer_agreement(tok, q8, val_texts),
         "samples": verify.greedy_samples(q8, n_ctx),
         "recall_train": verify.recall(q8, n_ctx, train_items, RECALL_ITEMS, seed=7),
+        "recall_long": verify.long_context_recall(q8, n_ctx, tok, train_items, RECALL_ITEMS, seed=7),
+        "val_loss_short": {"rows": SHORT_ROWS, "loss": val_short},
+        "baseline": json.loads(BASELINE.read_text()),
+        "resumed": args.resume,
         "repro": repro,
         "file": {"name": GGUF_NAME, "bytes": q8.stat().st_size,
                  "sha256": hashlib.sha256(q8.read_bytes()).hexdigest()},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import torch
 
@@ -20,6 +22,7 @@ SAMPLE_PROMPTS = (
     "What is `collections.Counter`?",
 )
 MAX_ANSWER_TOKENS = 200
+LONG_CONTEXT_TOKENS = 850  # reference text before the question in the long-prompt check
 
 
 def load_llama(path, n_ctx: int, logits_all: bool = False):
@@ -39,12 +42,13 @@ def _prompt_ids(tok: Tokenizer, prompt) -> list[int]:
 
 
 @torch.no_grad()
-def compare_logits(model: Llama, tok: Tokenizer, gguf_path, n_ctx: int) -> list[dict]:
-    """Per prompt: token count, max |torch - llama.cpp| over all positions, and the logit scale."""
+def compare_logits(model: Llama, tok: Tokenizer, gguf_path, n_ctx: int, extra=()) -> list[dict]:
+    """Per prompt (``LOGIT_PROMPTS``, then ``extra``): token count, max |torch - llama.cpp| over all
+    positions, and the logit scale."""
     llm = load_llama(gguf_path, n_ctx, logits_all=True)
     model.eval()
     out = []
-    for prompt in LOGIT_PROMPTS:
+    for prompt in (*LOGIT_PROMPTS, *extra):
         ids = _prompt_ids(tok, prompt)
         llm.reset()
         llm.eval(ids)
@@ -68,31 +72,79 @@ def tokenizer_agreement(tok: Tokenizer, gguf_path, texts: list[str]) -> dict:
     return {"texts": len(texts), "identical": same}
 
 
-def greedy_samples(gguf_path, n_ctx: int, prompts=SAMPLE_PROMPTS) -> list[dict]:
-    """Greedy chat completions through llama-cpp-python's own chat handling."""
+def greedy_samples(gguf_path, n_ctx: int, prompts=SAMPLE_PROMPTS, system: str | None = None,
+                   tok: Tokenizer | None = None) -> list[dict]:
+    """Greedy chat completions through llama-cpp-python's own chat handling.
+
+    With ``system``, each question follows that system message; the answer gets what is left of the
+    context, at most ``MAX_ANSWER_TOKENS`` (``tok`` counts the prompt's tokens).
+    """
     llm = load_llama(gguf_path, n_ctx)
     out = []
     for prompt in prompts:
-        res = llm.create_chat_completion(
-            messages=[{"role": "user", "content": prompt}], temperature=0.0, max_tokens=MAX_ANSWER_TOKENS)
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": prompt})
+        prompt_tokens = len(_prompt_ids(tok, messages)) if tok is not None else 0
+        res = llm.create_chat_completion(messages=messages, temperature=0.0,
+                                         max_tokens=min(MAX_ANSWER_TOKENS, n_ctx - prompt_tokens))
         choice = res["choices"][0]
         out.append({"prompt": prompt, "answer": choice["message"]["content"],
                     "finish_reason": choice["finish_reason"],
+                    "prompt_tokens": res["usage"]["prompt_tokens"],
                     "completion_tokens": res["usage"]["completion_tokens"]})
     llm.close()
     return out
 
 
-def recall(gguf_path, n_ctx: int, items, n: int, seed: int) -> dict:
-    """Greedy answers to "What does X do?" for ``n`` seeded random items vs their docstring answer."""
-    import random
+def reference_text(tok: Tokenizer, items, n_tokens: int, seed: int, exclude=()) -> str:
+    """A long system message: "Reference:" then whole docstrings (name, blank line, text) of seeded
+    random items, as many as fit in ``n_tokens``; ``exclude`` names items to leave out."""
+    skip = set(exclude)
+    pool = [it for it in items if it.qualname not in skip]
+    text = "Reference:"
+    for it in random.Random(seed).sample(pool, len(pool)):
+        candidate = f"{text}\n\n{it.qualname}\n\n{it.text}"
+        if len(tok.encode(candidate)) <= n_tokens:
+            text = candidate
+        elif len(tok.encode(text)) > n_tokens - 40:
+            break
+    return text
 
-    picks = random.Random(seed).sample(list(items), n)
-    res = greedy_samples(gguf_path, n_ctx, [f"What does {it.qualname} do?" for it in picks])
-    first = [r["answer"].strip().split(". ")[0] == it.answer.split(". ")[0] for it, r in zip(picks, res, strict=True)]
+
+def pick_items(items, n: int, seed: int) -> list:
+    return random.Random(seed).sample(list(items), n)
+
+
+def _score(picks, res) -> dict:
+    pairs = list(zip(picks, res, strict=True))
     return {
-        "items": n,
-        "exact": sum(r["answer"].strip() == it.answer for it, r in zip(picks, res, strict=True)),
-        "first_sentence": sum(first),
+        "items": len(picks),
+        "exact": sum(r["answer"].strip() == it.answer for it, r in pairs),
+        "first_sentence": sum(r["answer"].strip().split(". ")[0] == it.answer.split(". ")[0] for it, r in pairs),
         "ended_turn": sum(r["finish_reason"] == "stop" for r in res),
     }
+
+
+def recall(gguf_path, n_ctx: int, items, n: int, seed: int) -> dict:
+    """Greedy answers to "What does X do?" for ``n`` seeded random items vs their docstring answer."""
+    picks = pick_items(items, n, seed)
+    return _score(picks, greedy_samples(gguf_path, n_ctx, [f"What does {it.qualname} do?" for it in picks]))
+
+
+def long_chat(tok: Tokenizer, items, seed: int, exclude=(), context_tokens: int = LONG_CONTEXT_TOKENS) -> list[dict]:
+    """SAMPLE_PROMPTS[0] (os.path.join) after a ~``context_tokens`` reference system message."""
+    system = reference_text(tok, items, context_tokens, seed, exclude=[*exclude, "os.path.join"])
+    return [{"role": "system", "content": system}, {"role": "user", "content": SAMPLE_PROMPTS[0]}]
+
+
+def long_context_recall(gguf_path, n_ctx: int, tok: Tokenizer, items, n: int, seed: int,
+                        context_tokens: int = LONG_CONTEXT_TOKENS) -> dict:
+    """``recall``'s questions (same items) after a system message of ~``context_tokens`` tokens of
+    other items' docstrings: does a long prompt still get the memorised answer?"""
+    picks = pick_items(items, n, seed)
+    system = long_chat(tok, items, seed, [it.qualname for it in picks], context_tokens)[0]["content"]
+    res = greedy_samples(gguf_path, n_ctx, [f"What does {it.qualname} do?" for it in picks], system, tok)
+    sample = greedy_samples(gguf_path, n_ctx, SAMPLE_PROMPTS[:1], system, tok)[0]
+    return {**_score(picks, res), "system_tokens": len(tok.encode(system)),
+            "prompt_tokens": [min(r["prompt_tokens"] for r in res), max(r["prompt_tokens"] for r in res)],
+            "system_head": system[:300], "sample": sample}

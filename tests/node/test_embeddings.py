@@ -122,7 +122,7 @@ async def test_dimensions(client, model_id, reference):
     ({"input": [[1, "a"]]}, "input"),
     ({"input": {"text": "x"}}, "input"),
     ({"input": ["x"] * 2049}, "input"),
-    ({"input": "word " * 400}, "input"),  # longer than the context
+    ({"input": "word " * 1200}, "input"),  # longer than the context (the default model's: 1024)
     ({"input": [10**9]}, "input"),  # outside the vocabulary
     ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
     ({"input": "x", "dimensions": "big"}, "dimensions"),
