@@ -191,6 +191,24 @@ def test_invalid_or_partial_call_text_comes_back_as_content(fmt, reply, caplog):
         assert "tool call text was not valid; returned as content" in caplog.text
 
 
+@pytest.mark.parametrize(("fmt", "reply"), [
+    ("generic", '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_time","argu'),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_ti'),
+])
+@settings(max_examples=20, deadline=None)
+@given(cuts=st.lists(st.integers(0, 120), max_size=8))
+def test_a_reply_cut_after_complete_calls_keeps_them(fmt, reply, cuts):
+    """max_tokens inside the second of several calls (a weak model repeating calls): the complete
+    call is kept, whole or streamed (a stream has sent it already), the unfinished one dropped."""
+    got, content, streamed, rebuilt = parse(fmt, reply, [c for c in cuts if c <= len(reply)])
+    assert [(c.name, json.loads(c.arguments)) for c in got] == [("get_weather", {"city": "Oslo"})]
+    assert content == "" and streamed == ""
+    # a stream sent the kept call whole; of the unfinished one at most its opening pieces went out
+    # (streamed deltas cannot be taken back), and the final message no longer lists it
+    assert rebuilt[0][1:] == [got[0].name, got[0].arguments]
+    assert all(r[1] == "get_time" for r in rebuilt[1:]) and len(rebuilt) <= 2
+
+
 def test_content_around_native_calls_is_kept():
     reply = 'I will check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\nDone.'
     got, content, _, _ = parse("hermes", reply)

@@ -52,10 +52,11 @@ def model_named(node, name: str) -> str:
     pytest.skip(f"model {name} is not in this checkout")
 
 
-async def ask(client, model: str, *, stream: bool, messages=ASK, tools=(WEATHER,), max_tokens: int = 60,
+async def ask(client, model: str, *, stream: bool, messages=ASK, tools=(WEATHER,), max_tokens: int = 160,
               **extra) -> tuple[str | None, list[tuple[str, str, str]], str, int]:
     """(content, [(id, name, arguments)], finish_reason, prompt_tokens); a stream's pieces are put
-    back together the way OpenAI clients do."""
+    back together the way OpenAI clients do. max_tokens leaves room for the generic format's JSON
+    around a 12-character city written in byte tokens (4 a character at worst)."""
     kwargs = dict(model=model, messages=messages, max_tokens=max_tokens, **{"temperature": 0, **extra})
     if tools:
         kwargs["tools"] = list(tools)
@@ -115,10 +116,16 @@ async def test_default_model_required(node, client, stream):
 
 async def test_default_model_streamed_and_whole_replies_agree(node, client):
     model = model_named(node, "swarmllm-pydoc-q8_0")
-    whole = await ask(client, model, stream=False, tool_choice="required")
-    streamed = await ask(client, model, stream=True, tool_choice="required")
+    whole = await ask(client, model, stream=False, tool_choice="required", parallel_tool_calls=False)
+    streamed = await ask(client, model, stream=True, tool_choice="required", parallel_tool_calls=False)
     assert [c[1:] for c in whole[1]] == [c[1:] for c in streamed[1]]
     assert whole[2] == streamed[2] == "tool_calls" and whole[3] == streamed[3]
+    # parallel calls: the tiny model repeats its call until max_tokens cuts one short; both keep the
+    # complete calls, and a stream has also sent at most the opening of the unfinished one
+    whole = await ask(client, model, stream=False, tool_choice="required", max_tokens=100)
+    streamed = await ask(client, model, stream=True, tool_choice="required", max_tokens=100)
+    assert whole[1] and [c[1:] for c in streamed[1][:len(whole[1])]] == [c[1:] for c in whole[1]]
+    assert len(streamed[1]) <= len(whole[1]) + 1 and whole[2] == streamed[2]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -145,7 +152,7 @@ async def test_default_model_none_never_calls_and_hides_the_tools(node, client, 
 async def test_default_model_history_with_a_tool_result(node, client, stream):
     model = model_named(node, "swarmllm-pydoc-q8_0")
     first = await client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
-                                                 max_tokens=60, temperature=0)
+                                                 max_tokens=160, temperature=0)
     call = first.choices[0].message.tool_calls[0]
     history = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]

@@ -117,7 +117,7 @@ class ToolCallParser:
             region = self._read(final=True)
             if region is not None and (region.end is not None or region.partial_ok):
                 self._close_region(region)
-            elif region is not None:
+            elif region is not None and not self._keep_complete_calls(region):
                 self._fail("the reply ended inside a tool call")
         else:
             self._content += self._buf
@@ -215,6 +215,31 @@ class ToolCallParser:
         self._mode, self._buf, self._region = "content", rest, Region()
         if region.calls:
             self._started = True  # a `{` after a call is content, not another at-start region
+
+    def _keep_complete_calls(self, region: Region) -> bool:
+        """The reply ended (max_tokens, the context) inside a region after one or more complete calls
+        (a weak model repeating calls): keep those — a stream has already sent them — and drop the
+        unfinished one (logged). False when no call in the region is complete."""
+        self._update_slots(region.calls)
+        slots = self._slots[self._region_base:]
+        complete = []
+        for slot in slots:
+            if not slot.call.done or slot.call.name is None:
+                break
+            try:
+                final_arguments(slot.call)
+            except JsonError:
+                break
+            complete.append(slot)
+        if not complete:
+            return False
+        for slot in slots[len(complete):]:
+            slot.dead = True
+        log.warning("the reply ended inside a tool call: kept the %d complete call(s) before it, dropped the "
+                    "unfinished one request_id=%s format=%s", len(complete), self._rid, self.syntax.name)
+        self._content += region.content
+        self._mode, self._buf, self._region = "content", "", Region()
+        return True
 
     def _fail(self, why: str) -> None:
         """The region is not a valid call: its text (marker included) becomes content."""
