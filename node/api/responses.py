@@ -11,8 +11,9 @@ import json
 import struct
 from typing import Any
 
+from node.errors import NodeError
 from node.inference.embeddings import EmbeddingResult
-from node.inference.request import CompletionRequest
+from node.inference.request import CompletionRequest, Delta
 from node.trace import RequestTrace
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -57,7 +58,8 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 
 class StreamChunks:
-    """The chunk events of one streamed completion (chat.completion.chunk or text_completion).
+    """The chunk events of one streamed completion (chat.completion.chunk or text_completion);
+    the OpenAI chat dialect's streaming.StreamEvents.
 
     Exactly one chunk carries a finish_reason; the token-level timings (`x_swarm`) ride on the last
     JSON event: the usage chunk when the client asked for usage, else the finish chunk."""
@@ -76,20 +78,19 @@ class StreamChunks:
         if completion.include_usage:
             self._base["usage"] = None
 
-    @property
-    def has_role_chunk(self) -> bool:
-        """Chat streams open with an assistant-role delta."""
-        return self._chat
+    def opening(self) -> list[bytes]:
+        """Chat streams open with an assistant-role delta (role assistant, empty content)."""
+        return [self._chunk({"role": "assistant", "content": ""}, None)] if self._chat else []
 
-    def role(self) -> bytes:
-        """The first chat chunk: role assistant, empty content."""
-        return self._chunk({"role": "assistant", "content": ""}, None)
+    def delta(self, delta: Delta) -> list[bytes]:
+        """A chunk of generated text (none for a delta without text)."""
+        return [self._chunk({"content": delta.text}, None)] if delta.text else []
 
-    def delta(self, text: str) -> bytes:
-        """A chunk of generated text."""
-        return self._chunk({"content": text}, None)
+    def error(self, exc: NodeError) -> list[bytes]:
+        """An OpenAI-shaped error event, then [DONE]."""
+        return [sse_event(exc.to_openai()), DONE_EVENT]
 
-    def final(self) -> list[bytes]:
+    def closing(self) -> list[bytes]:
         """The events after the last text: the finish chunk, usage if asked, [DONE]."""
         trace = self._trace
         if self._include_usage:
