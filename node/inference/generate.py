@@ -55,6 +55,7 @@ class CompletionRun:
         self._gen_future: asyncio.Future | None = None
         self.text = ""
         self.tool_calls: list[ToolCall] = []  # the reply's complete tool calls, once deltas() ends
+        self.stop_sequence: str | None = None  # the stop sequence that ended the reply, if one did
 
     # --- phase 1: everything that can fail with a client error ---
 
@@ -64,14 +65,7 @@ class CompletionRun:
         self.served = served
         self.trace.model = served.id
         self.trace.resolved = True
-        tok = served.tokenizer
-        if tok is None:
-            raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
-        loop = asyncio.get_running_loop()
-        if self.request.kind == "chat":
-            self.prompt_tokens = await loop.run_in_executor(None, tok.chat_tokens, list(self.request.messages))
-        else:
-            self.prompt_tokens = await loop.run_in_executor(None, tok.tokenize, self.request.prompt)
+        self.prompt_tokens = await self._tokenize_prompt(served)
         n_prompt = len(self.prompt_tokens)
         self.trace.prompt_tokens = n_prompt
         if n_prompt == 0:
@@ -114,6 +108,22 @@ class CompletionRun:
                   self.trace.request_id, served.id)
         self.trace.route = "local"
         self.trace.end_assembly(started, [SegmentTrace(self.node_short_id, 0, served.entry.n_layers, "local")])
+
+    async def _tokenize_prompt(self, served: ServedModel) -> list[int]:
+        """The prompt's tokens: the chat rendered with the model's template, or the text (off the loop)."""
+        tok = served.tokenizer
+        if tok is None:
+            raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
+        loop = asyncio.get_running_loop()
+        if self.request.kind == "chat":
+            return await loop.run_in_executor(None, tok.chat_tokens, list(self.request.messages))
+        return await loop.run_in_executor(None, tok.tokenize, self.request.prompt)
+
+    async def count_prompt_tokens(self) -> int:
+        """Resolve the model and count the prompt's tokens as prepare() would; nothing queues or runs."""
+        served = await self.models.async_get(self.request.model)
+        self.trace.model = served.id
+        return len(await self._tokenize_prompt(served))
 
     def _prepare_distributed(self, served: ServedModel) -> None:
         """Plan a chain of segments across this node and its peers (sched_ms); 503 if none covers it."""
@@ -195,6 +205,7 @@ class CompletionRun:
         rid, model = trace.request_id, trace.model
         if assembler.stop_match is not None:
             trace.finish_reason, trace.finish_detail = "stop", "stop_sequence"
+            self.stop_sequence = assembler.stop_match.sequence
             if trace.completion_tokens <= EARLY_STOP_TOKENS or not assembler.emitted.strip():
                 log.warning("stop sequence in the request matched almost at once request_id=%s model=%s "
                             "stop=%r tokens=%d emitted_chars=%d", rid, model, assembler.stop_match.sequence,
