@@ -76,7 +76,7 @@ class RequestTrace:
     regions: list[str] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int = 0
-    finish_reason: str | None = None  # stop | length
+    finish_reason: str | None = None  # stop | length | tool_calls
     finish_detail: str | None = None  # eos | stop_sequence | max_tokens | context
     outcome: str | None = None  # ok | error | cancelled
     error_type: str | None = None

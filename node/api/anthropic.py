@@ -18,7 +18,9 @@ from aiohttp import web
 from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.errors import read_json, to_anthropic
+from node.api.history import link_tool_results
 from node.api.schemas import _integer, _number
+from node.api.schemas import _tools as openai_tools
 from node.errors import InvalidRequest, NodeError, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, ResponseFormat, ToolCall, ToolSpec
@@ -29,9 +31,6 @@ log = logging.getLogger(__name__)
 
 routes = web.RouteTableDef()
 
-# tool use needs the template and output parsing of branch `tools`; until then refused, not ignored
-TOOLS_SUPPORTED = False
-FORMATS_SUPPORTED = False  # output_config.format needs branch `constrain`
 MAX_STOP_SEQUENCES = 16
 
 _MESSAGE_KEYS = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p",
@@ -145,9 +144,6 @@ def _turn(msg: Any, index: int) -> list[dict]:
             if unknown:
                 raise InvalidRequest(f"{bwhere}.{sorted(unknown)[0]}: Extra inputs are not permitted",
                                      param="messages")
-    if calls or results:
-        if not TOOLS_SUPPORTED:
-            raise Unsupported("tool_use and tool_result blocks are not supported by this node yet", param="messages")
     if role == "assistant":
         out: dict = {"role": "assistant", "content": "".join(texts)}
         if calls:
@@ -170,6 +166,7 @@ def _messages(body: dict) -> tuple[dict, ...]:
         raise InvalidRequest("messages: Field required (a non-empty list)", param="messages")
     for i, msg in enumerate(messages):
         out.extend(_turn(msg, i))
+    out = link_tool_results(out, "messages")
     if messages[-1].get("role") != "user":
         # Anthropic continues a final assistant turn (prefill); the chat templates here cannot
         raise Unsupported("a final assistant message (prefill) is not supported by this node; end with a user turn",
@@ -184,11 +181,9 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
         if choice_raw not in (None, {"type": "none"}, {"type": "auto"}):
             raise InvalidRequest("tool_choice: requires tools", param="tool_choice")
         return (), "none" if choice_raw == {"type": "none"} else "auto", None, True
-    if not TOOLS_SUPPORTED:
-        raise Unsupported("tool use is not supported by this node yet", param="tools")
     if not isinstance(tools_raw, list):
         raise InvalidRequest("tools: must be a list", param="tools")
-    tools = []
+    functions = []
     for i, tool in enumerate(tools_raw):
         if not isinstance(tool, dict):
             raise InvalidRequest(f"tools.{i}: must be an object", param="tools")
@@ -206,7 +201,9 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
         unknown = set(tool) - {"type", "name", "description", "input_schema", "cache_control"}
         if unknown:
             raise InvalidRequest(f"tools.{i}.{sorted(unknown)[0]}: Extra inputs are not permitted", param="tools")
-        tools.append(ToolSpec(name, description, schema))
+        functions.append({"type": "function", "function": {"name": name, "description": description,
+                                                            "parameters": schema}})
+    tools = list(openai_tools({"tools": functions}))  # the chat route's checks: names, the JSON schemas
     choice = choice_raw if choice_raw is not None else {"type": "auto"}
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")
@@ -239,9 +236,6 @@ def _output_format(body: dict) -> ResponseFormat | None:
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         raise InvalidRequest("output_config.format: expected {\"type\": \"json_schema\", \"schema\": {...}}",
                              param="output_config.format")
-    if not FORMATS_SUPPORTED:
-        raise Unsupported("structured output (output_config.format) is not supported by this node yet",
-                          param="output_config.format")
     return ResponseFormat("json_schema", fmt["schema"], "output", True)
 
 
@@ -323,8 +317,8 @@ def message_body(run: CompletionRun) -> dict[str, Any]:
     """The non-streaming Message."""
     trace = run.trace
     content: list[dict[str, Any]] = []
-    if run.text:
-        content.append({"type": "text", "text": run.text})
+    if run.content:
+        content.append({"type": "text", "text": run.content})
     for call in run.tool_calls:
         content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)})
     return {"id": message_id(trace), "type": "message", "role": "assistant", "model": trace.model,

@@ -67,7 +67,7 @@ class ChatDialect:
         return StreamChunks(self.completion, run.trace)
 
     def body(self, run: CompletionRun) -> dict[str, Any]:
-        return completion_body(self.completion, run.trace, run.text)
+        return completion_body(self.completion, run.trace, run.content, run.tool_calls)
 
 
 async def serve_completion(request: web.Request, completion: CompletionRequest) -> web.StreamResponse:

@@ -18,8 +18,11 @@ from aiohttp import web
 
 from node.api.driver import serve
 from node.api.errors import read_json
+from node.api.history import link_tool_results
 from node.api.response_store import ResponseStore
 from node.api.schemas import _integer, _number
+from node.api.schemas import _response_format as openai_response_format
+from node.api.schemas import _tools as openai_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, ResponseFormat, ToolCall, ToolSpec
@@ -31,9 +34,6 @@ log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 STORE: web.AppKey[ResponseStore] = web.AppKey("response_store", ResponseStore)
 
-# tool use and json_schema output need branches `tools` and `constrain`; until then refused
-TOOLS_SUPPORTED = False
-FORMATS_SUPPORTED = False
 
 _KEYS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
          "parallel_tool_calls", "text", "stream", "store", "previous_response_id", "metadata", "user",
@@ -107,9 +107,6 @@ def _input_messages(raw: Any) -> list[dict]:
             text = _parts_text(item.get("content"), f"{where}.content", kinds)
             out.append({"role": "system" if role == "developer" else role, "content": text})
         elif kind == "function_call":
-            if not TOOLS_SUPPORTED:
-                raise Unsupported("function_call input items need tool support, which this node lacks yet",
-                                  param="input")
             call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
             if not all(isinstance(v, str) and v for v in (call_id, name)) or not isinstance(args, str):
                 raise InvalidRequest(f"'{where}': a function_call needs call_id, name and arguments (strings).",
@@ -120,9 +117,6 @@ def _input_messages(raw: Any) -> list[dict]:
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            if not TOOLS_SUPPORTED:
-                raise Unsupported("function_call_output input items need tool support, which this node lacks yet",
-                                  param="input")
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise InvalidRequest(f"Missing required parameter: '{where}.call_id'.", param="input")
@@ -142,21 +136,17 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None]:
         return (), choice or "auto", None
     if not isinstance(raw, list):
         raise InvalidRequest("Invalid type for 'tools': expected a list.", param="tools")
-    tools = []
+    functions = []
     for i, tool in enumerate(raw):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
             raise Unsupported(f"tools[{i}]: {kind} tools are not supported by this node (only function tools)",
                               param="tools")
-        if not TOOLS_SUPPORTED:
-            raise Unsupported("function tools are not supported by this node yet", param="tools")
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest(f"Missing required parameter: 'tools[{i}].name'.", param="tools")
-        params = tool.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(params, dict):
-            raise InvalidRequest(f"Invalid type for 'tools[{i}].parameters': expected an object.", param="tools")
-        tools.append(ToolSpec(name, tool.get("description") or "", params, bool(tool.get("strict", False))))
+        unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+        if unknown:
+            raise InvalidRequest(f"Unknown parameter: 'tools[{i}].{sorted(unknown)[0]}'.", param="tools")
+        functions.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+    tools = openai_tools({"tools": functions})  # the chat route's checks: names, the JSON schemas
     if choice is None or choice in ("auto", "none", "required"):
         return tuple(tools), choice or "auto", None
     if isinstance(choice, dict) and choice.get("type") == "function":
@@ -181,16 +171,10 @@ def _text_format(body: dict) -> ResponseFormat | None:
     if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
         raise InvalidRequest("Invalid 'text.format.type': expected text, json_object or json_schema.",
                              param="text.format")
-    if not FORMATS_SUPPORTED:
-        raise Unsupported("structured output (text.format) is not supported by this node yet", param="text.format")
-    if fmt["type"] == "json_object":
-        return ResponseFormat("json_object")
-    schema, name = fmt.get("schema"), fmt.get("name")
-    if not isinstance(schema, dict):
-        raise InvalidRequest("Missing required parameter: 'text.format.schema'.", param="text.format.schema")
-    if not isinstance(name, str) or not name:
-        raise InvalidRequest("Missing required parameter: 'text.format.name'.", param="text.format.name")
-    return ResponseFormat("json_schema", schema, name, bool(fmt.get("strict", False)))
+    # the chat route's checks (name, schema, strict), on the same fields
+    spec = {k: v for k, v in fmt.items() if k != "type"}
+    return openai_response_format({"response_format": {"type": fmt["type"], **({"json_schema": spec}
+                                                                              if fmt["type"] == "json_schema" else {})}})
 
 
 def parse_responses(body: Any, store: ResponseStore) -> tuple[CompletionRequest, ResponseOptions]:
@@ -229,6 +213,7 @@ def parse_responses(body: Any, store: ResponseStore) -> tuple[CompletionRequest,
                                  code="previous_response_not_found")
         prior = entry.messages
     new = tuple(_input_messages(body["input"]))
+    new = tuple(link_tool_results([*prior, *new], "input")[len(prior):])
     tools, tool_choice, tool_name = _tools(body)
     response_format = _text_format(body)
     params = SamplingParams(max_tokens=_integer(body, "max_output_tokens", 1, 1 << 24),
@@ -300,7 +285,7 @@ def _final_status(run: CompletionRun) -> str:
 
 
 def _final_output(run: CompletionRun) -> list[dict]:
-    out = [_message_item(run.trace, run.text, "completed")] if run.text or not run.tool_calls else []
+    out = [_message_item(run.trace, run.content, "completed")] if run.content or not run.tool_calls else []
     out += [_call_item(run.trace, i, c.id, c.name, c.arguments, "completed") for i, c in enumerate(run.tool_calls)]
     return out
 
@@ -308,7 +293,7 @@ def _final_output(run: CompletionRun) -> list[dict]:
 def _remember(store: ResponseStore, run: CompletionRun, options: ResponseOptions, body: dict[str, Any]) -> None:
     if not options.store:
         return
-    reply: dict[str, Any] = {"role": "assistant", "content": run.text}
+    reply: dict[str, Any] = {"role": "assistant", "content": run.content}
     if run.tool_calls:
         reply["tool_calls"] = list(run.tool_calls)
     store.put(body["id"], body, (*options.conversation, reply))

@@ -13,7 +13,7 @@ from typing import Any
 
 from node.errors import NodeError
 from node.inference.embeddings import EmbeddingResult
-from node.inference.request import CompletionRequest, Delta
+from node.inference.request import CompletionRequest, Delta, ToolCall, ToolCallDelta
 from node.trace import RequestTrace
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -31,11 +31,32 @@ def usage(trace: RequestTrace) -> dict[str, int]:
             "total_tokens": prompt + trace.completion_tokens}
 
 
-def completion_body(completion: CompletionRequest, trace: RequestTrace, text: str) -> dict[str, Any]:
-    """The non-streaming response body."""
+def tool_calls_json(calls: list[ToolCall] | tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    """message.tool_calls: OpenAI's shape."""
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+def tool_call_deltas_json(deltas: tuple[ToolCallDelta, ...] | list[ToolCallDelta]) -> list[dict[str, Any]]:
+    """delta.tool_calls: the first piece of a call carries id, type and name; later ones only
+    `function.arguments`."""
+    out = []
+    for d in deltas:
+        if d.id is not None:
+            out.append({"index": d.index, "id": d.id, "type": "function",
+                        "function": {"name": d.name, "arguments": d.arguments}})
+        else:
+            out.append({"index": d.index, "function": {"arguments": d.arguments}})
+    return out
+
+
+def completion_body(completion: CompletionRequest, trace: RequestTrace, text: str,
+                    tool_calls: list[ToolCall] | tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+    """The non-streaming response body (content null when the reply is only tool calls)."""
     if completion.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": trace.finish_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text if (text or not tool_calls) else None}
+        if tool_calls:
+            message["tool_calls"] = tool_calls_json(tool_calls)
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": trace.finish_reason}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": trace.finish_reason}
@@ -83,8 +104,11 @@ class StreamChunks:
         return [self._chunk({"role": "assistant", "content": ""}, None)] if self._chat else []
 
     def delta(self, delta: Delta) -> list[bytes]:
-        """A chunk of generated text (none for a delta without text)."""
-        return [self._chunk({"content": delta.text}, None)] if delta.text else []
+        """A chunk of generated text, and one of tool-call pieces (chat only); none for an empty delta."""
+        out = [self._chunk({"content": delta.text}, None)] if delta.text else []
+        if delta.tool_calls:
+            out.append(self._chunk({"tool_calls": tool_call_deltas_json(delta.tool_calls)}, None))
+        return out
 
     def error(self, exc: NodeError) -> list[bytes]:
         """An OpenAI-shaped error event, then [DONE]."""

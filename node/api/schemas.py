@@ -5,29 +5,29 @@ Unsupported options are refused, never silently ignored.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
+
+import jsonschema
 
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
-from node.inference.request import CompletionRequest
+from node.inference.request import CompletionRequest, ResponseFormat, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
 
 MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 # Accepted and meaningless for a local model (no effect on output): documented, not refused.
-_IGNORED_OK = {"user", "store", "metadata", "service_tier", "parallel_tool_calls"}
+_IGNORED_OK = {"user", "store", "metadata", "service_tier"}
 # OpenAI options this node cannot honour: refused with a 400 naming the parameter.
 _UNSUPPORTED = {
-    "tools": "tool calling is not supported by this node",
-    "tool_choice": "tool calling is not supported by this node",
-    "functions": "function calling is not supported by this node",
-    "function_call": "function calling is not supported by this node",
+    "functions": "the legacy `functions` parameter is not supported: use `tools`",
+    "function_call": "the legacy `function_call` parameter is not supported: use `tool_choice`",
     "logprobs": "logprobs are not supported by this node",
     "top_logprobs": "logprobs are not supported by this node",
-    "logit_bias": "logit_bias is not supported by this node",
-    "response_format": "response_format (JSON mode) is not supported by this node",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",
@@ -40,9 +40,12 @@ _UNSUPPORTED = {
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
     "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-    "repeat_penalty", "n",
+    "repeat_penalty", "n", "logit_bias", "response_format",
 }
-_CHAT_KEYS = _COMMON | {"messages"}
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+_JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+_CHAT_KEYS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls"}
 _COMPLETION_KEYS = _COMMON | {"prompt"}
 
 
@@ -81,13 +84,87 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(s for s in value if s)
 
 
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI `logit_bias`: {"token id": bias in -100..100}; ids are checked against the vocabulary
+    when the model is known (CompletionRun.prepare)."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidRequest("`logit_bias` must be an object mapping token ids (as strings) to a bias",
+                             param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise InvalidRequest(f"`logit_bias` has {len(value)} entries; at most {MAX_LOGIT_BIAS} are allowed",
+                             param="logit_bias")
+    out = []
+    for key, bias in value.items():
+        if not isinstance(key, str) or not key.isdigit() or not key.isascii():
+            raise InvalidRequest(f"`logit_bias` keys must be token ids written as non-negative integers, got {key!r}",
+                                 param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias) \
+                or not -100 <= bias <= 100:
+            raise InvalidRequest(f"`logit_bias[{key}]` must be a number between -100 and 100, got {bias!r}",
+                                 param="logit_bias")
+        out.append((int(key), float(bias)))
+    return tuple(sorted(out))
+
+
+def _response_format(body: dict) -> ResponseFormat | None:
+    """OpenAI `response_format`: {"type": "text"} | {"type": "json_object"} |
+    {"type": "json_schema", "json_schema": {"name", "schema"?, "strict"?, "description"?}}."""
+    value = body.get("response_format")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequest("`response_format` must be an object", param="response_format")
+    kind = value.get("type")
+    if kind not in RESPONSE_FORMAT_TYPES:
+        raise InvalidRequest(f"`response_format.type` must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}",
+                             param="response_format.type")
+    extra = set(value) - {"type", "json_schema"}
+    if extra:
+        raise InvalidRequest(f"unrecognized `response_format` field: {sorted(extra)[0]}", param="response_format")
+    if kind != "json_schema":
+        if "json_schema" in value:
+            raise InvalidRequest("`response_format.json_schema` is only allowed with type \"json_schema\"",
+                                 param="response_format.json_schema")
+        return None if kind == "text" else ResponseFormat("json_object")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise InvalidRequest("`response_format.json_schema` is required with type \"json_schema\" and must be "
+                             "an object", param="response_format.json_schema")
+    extra = set(spec) - _JSON_SCHEMA_KEYS
+    if extra:
+        raise InvalidRequest(f"unrecognized `response_format.json_schema` field: {sorted(extra)[0]}",
+                             param="response_format.json_schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "_-" for c in name):
+        raise InvalidRequest("`response_format.json_schema.name` is required: letters, digits, _ and -, at most "
+                             "64 characters", param="response_format.json_schema.name")
+    schema = spec.get("schema", {})
+    if schema is None:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise InvalidRequest("`response_format.json_schema.schema` must be a JSON Schema object",
+                             param="response_format.json_schema.schema")
+    strict = spec.get("strict", False)
+    if strict is None:
+        strict = False
+    if not isinstance(strict, bool):
+        raise InvalidRequest("`response_format.json_schema.strict` must be a boolean",
+                             param="response_format.json_schema.strict")
+    description = spec.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequest("`response_format.json_schema.description` must be a string",
+                             param="response_format.json_schema.description")
+    return ResponseFormat("json_schema", schema=schema, name=name, strict=strict)
+
+
 def _check_keys(body: dict, allowed: set[str]) -> None:
     for key in body:
         if key in _UNSUPPORTED:
             if body[key] in (None, [], {}, False):
                 continue  # explicit "none" values are harmless
-            if key == "response_format" and body[key] == {"type": "text"}:
-                continue
             raise Unsupported(_UNSUPPORTED[key], param=key)
         if key not in allowed and key not in _IGNORED_OK:
             raise InvalidRequest(f"unrecognized request argument supplied: {key}", param=key)
@@ -112,21 +189,163 @@ def _message_content(msg: dict, index: int) -> str:
                          param=f"messages[{index}].content")
 
 
+def _history_calls(msg: dict, i: int) -> tuple[ToolCall, ...]:
+    calls = msg.get("tool_calls")
+    if calls is None or calls == []:
+        return ()
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"`{where}` must be a list", param=where)
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function" \
+                or not isinstance(call.get("function"), dict):
+            raise InvalidRequest(f"`{at}` must be {{\"id\", \"type\": \"function\", \"function\": "
+                                 "{\"name\", \"arguments\"}}", param=at)
+        call_id, fn = call.get("id"), call["function"]
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidRequest(f"`{at}.id` must be a non-empty string", param=f"{at}.id")
+        name, arguments = fn.get("name"), fn.get("arguments", "{}")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"`{at}.function.name` must be a non-empty string", param=f"{at}.function.name")
+        if isinstance(arguments, dict):  # some clients send the object itself
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        if not isinstance(arguments, str):
+            raise InvalidRequest(f"`{at}.function.arguments` must be a JSON text (a string)",
+                                 param=f"{at}.function.arguments")
+        try:
+            value = json.loads(arguments or "{}")
+        except ValueError as exc:
+            raise InvalidRequest(f"`{at}.function.arguments` is not valid JSON: {exc}",
+                                 param=f"{at}.function.arguments") from exc
+        if not isinstance(value, dict):
+            raise InvalidRequest(f"`{at}.function.arguments` must encode a JSON object",
+                                 param=f"{at}.function.arguments")
+        out.append(ToolCall(call_id, name, arguments or "{}"))
+    return tuple(out)
+
+
 def _messages(body: dict) -> tuple[dict, ...]:
+    """The internal message shape (CompletionRequest.messages): {"role", "content"}; assistant
+    messages with calls add "tool_calls" (ToolCall tuple); tool messages add "tool_call_id" and the
+    "name" of the call they answer, which must be an earlier assistant message's call."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("`messages` must be a non-empty list", param="messages")
-    out = []
+    out: list[dict] = []
+    calls_by_id: dict[str, str] = {}
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = msg.get("role")
         if role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}", param=f"messages[{i}].role")
-        if role == "tool" or msg.get("tool_calls"):
-            raise Unsupported("tool messages are not supported by this node", param=f"messages[{i}]")
-        out.append({"role": "system" if role == "developer" else role, "content": _message_content(msg, i)})
+        if "function_call" in msg and msg["function_call"] is not None:
+            raise Unsupported(f"messages[{i}].function_call (legacy) is not supported: use tool_calls",
+                              param=f"messages[{i}].function_call")
+        entry: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                 "content": _message_content(msg, i)}
+        if "tool_calls" in msg and role != "assistant" and msg["tool_calls"]:
+            raise InvalidRequest(f"messages[{i}].tool_calls is only allowed on assistant messages",
+                                 param=f"messages[{i}].tool_calls")
+        if role == "assistant":
+            calls = _history_calls(msg, i)
+            if calls:
+                entry["tool_calls"] = calls
+                calls_by_id.update((c.id, c.name) for c in calls)
+        elif role == "tool":
+            call_id = msg.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidRequest(f"messages[{i}].tool_call_id is required on tool messages",
+                                     param=f"messages[{i}].tool_call_id")
+            if call_id not in calls_by_id:
+                raise InvalidRequest(f"messages[{i}] answers tool call {call_id!r}, which no earlier assistant "
+                                     "message made", param=f"messages[{i}].tool_call_id")
+            entry["tool_call_id"] = call_id
+            entry["name"] = calls_by_id[call_id]
+        out.append(entry)
     return tuple(out)
+
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _tools(body: dict) -> tuple[ToolSpec, ...]:
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return ()
+    if not isinstance(tools, list):
+        raise InvalidRequest("`tools` must be a list", param="tools")
+    out: list[ToolSpec] = []
+    for i, tool in enumerate(tools):
+        at = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"`{at}` must be an object", param=at)
+        if tool.get("type") != "function":
+            raise Unsupported(f"`{at}.type` must be \"function\" (the only tool type this node runs), got "
+                              f"{tool.get('type')!r}", param=f"{at}.type")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise InvalidRequest(f"`{at}.function` must be an object", param=f"{at}.function")
+        unknown = set(fn) - {"name", "description", "parameters", "strict"}
+        if unknown:
+            raise InvalidRequest(f"`{at}.function` has unknown fields: {', '.join(sorted(unknown))}",
+                                 param=f"{at}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.match(name):
+            raise InvalidRequest(f"`{at}.function.name` must be 1-64 letters, digits, '_' or '-', got {name!r}",
+                                 param=f"{at}.function.name")
+        if any(t.name == name for t in out):
+            raise InvalidRequest(f"`{at}.function.name`: two tools are named {name!r}", param=f"{at}.function.name")
+        description = fn.get("description") or ""
+        if not isinstance(description, str):
+            raise InvalidRequest(f"`{at}.function.description` must be a string", param=f"{at}.function.description")
+        parameters = fn.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise InvalidRequest(f"`{at}.function.parameters` must be a JSON schema object",
+                                 param=f"{at}.function.parameters")
+        if parameters.get("type", "object") != "object":
+            raise InvalidRequest(f"`{at}.function.parameters` must describe an object (\"type\": \"object\")",
+                                 param=f"{at}.function.parameters")
+        try:
+            jsonschema.validators.validator_for(parameters).check_schema(parameters)
+        except jsonschema.SchemaError as exc:
+            raise InvalidRequest(f"`{at}.function.parameters` is not a valid JSON schema: {exc.message}",
+                                 param=f"{at}.function.parameters") from exc
+        strict = fn.get("strict", False)
+        if strict is None:
+            strict = False
+        if not isinstance(strict, bool):
+            raise InvalidRequest(f"`{at}.function.strict` must be a boolean", param=f"{at}.function.strict")
+        out.append(ToolSpec(name, description, parameters, strict))
+    return tuple(out)
+
+
+def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> tuple[str, str | None]:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto", None
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise InvalidRequest(f"`tool_choice` must be \"none\", \"auto\", \"required\" or "
+                                 f"{{\"type\": \"function\", \"function\": {{\"name\"}}}}, got {choice!r}",
+                                 param="tool_choice")
+        if choice == "required" and not tools:
+            raise InvalidRequest("`tool_choice` \"required\" needs `tools`", param="tool_choice")
+        return choice, None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(choice.get("function"), dict):
+        raise InvalidRequest("`tool_choice` must be a string or {\"type\": \"function\", \"function\": "
+                             "{\"name\": ...}}", param="tool_choice")
+    name = choice["function"].get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("`tool_choice.function.name` must be a string", param="tool_choice")
+    if not any(t.name == name for t in tools):
+        raise InvalidRequest(f"`tool_choice` names the function {name!r}, which is not in `tools`",
+                             param="tool_choice")
+    return "function", name
 
 
 def parse_completion(body: Any, kind: str) -> CompletionRequest:
@@ -166,9 +385,20 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 10.0),
         stop=_stop(body),
+        logit_bias=_logit_bias(body),
     )
+    response_format = _response_format(body)
     if kind == "chat":
-        return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body))
+        tools = _tools(body)
+        choice, choice_name = _tool_choice(body, tools)
+        parallel = body.get("parallel_tool_calls", True)
+        if parallel is None:
+            parallel = True
+        if not isinstance(parallel, bool):
+            raise InvalidRequest("`parallel_tool_calls` must be a boolean", param="parallel_tool_calls")
+        return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body),
+                                 tools=tools, tool_choice=choice, tool_choice_name=choice_name,
+                                 parallel_tool_calls=parallel, response_format=response_format)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -177,7 +407,8 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
             raise Unsupported("`prompt` must be a single string (batched or token prompts are not supported)",
                               param="prompt")
         raise InvalidRequest("`prompt` is required and must be a string", param="prompt")
-    return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt)
+    return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt,
+                             response_format=response_format)
 
 
 _EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user"}

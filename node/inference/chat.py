@@ -1,9 +1,19 @@
-"""Chat templates: render OpenAI messages with the model's own Jinja template (sandboxed)."""
+"""Chat templates: render OpenAI messages with the model's own Jinja template (sandboxed).
+
+The template sees what Hugging Face's `apply_chat_template` gives it: `messages`, `tools` (None
+when no tool may be called; node.inference.tools shapes both), `bos_token`, `eos_token`,
+`add_generation_prompt`, `raise_exception`, `strftime_now`, and a `tojson` that keeps the key
+order and non-ASCII text as written (Jinja's own sorts keys and escapes `<`, `>`, `&`, `'`, which
+would change the tool-call text the model was trained on).
+"""
 
 from __future__ import annotations
 
+import datetime
 import functools
+import json
 import logging
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -24,22 +34,37 @@ def _raise(message: str) -> None:
     raise InvalidRequest(f"chat template rejected the messages: {message}", param="messages")
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
 @functools.lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
     env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson
     return env.from_string(template)
 
 
 def render_chat(template: str | None, messages: list[dict], *, bos_token: str = "",
-                eos_token: str = "", add_generation_prompt: bool = True) -> str:
+                eos_token: str = "", add_generation_prompt: bool = True,
+                tools: list[dict] | None = None) -> str:
     """The prompt text for `messages` under `template` (ChatML when the model has none)."""
     if not template:
         log.debug("DIAG: build_prompt template_matched=false fallback=chatml")
     try:
         compiled = _compile(template or CHATML_TEMPLATE)
-        return compiled.render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                               add_generation_prompt=add_generation_prompt)
+        context: dict[str, Any] = {"messages": messages, "bos_token": bos_token, "eos_token": eos_token,
+                                   "add_generation_prompt": add_generation_prompt}
+        if tools is not None:  # templates test `tools is defined` / `tools is not none`
+            context["tools"] = tools
+        return compiled.render(**context)
     except InvalidRequest:
         raise
     except jinja2.TemplateError as exc:

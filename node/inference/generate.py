@@ -13,16 +13,28 @@ The trace is written here and only here; the API and every other surface read it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from node import const
-from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError
+from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError, Unsupported
+from node.inference import constrain
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.request import CompletionRequest, Delta, ToolCall
+from node.inference.sampling import SamplingParams
 from node.inference.textstream import TextAssembler
+from node.inference.tools import (
+    ToolCallParser,
+    ToolFormat,
+    detect_format,
+    new_parser,
+    prompt_inputs,
+    tool_grammar,
+    tools_active,
+)
 from node.trace import RequestTrace, SegmentTrace
 
 if TYPE_CHECKING:
@@ -53,9 +65,11 @@ class CompletionRun:
         self._holding = False
         self._queued = False
         self._gen_future: asyncio.Future | None = None
-        self.text = ""
+        self.text = ""  # everything the model wrote
+        self.content = ""  # the reply's text outside tool calls (== text when no tools), once deltas() ends
         self.tool_calls: list[ToolCall] = []  # the reply's complete tool calls, once deltas() ends
         self.stop_sequence: str | None = None  # the stop sequence that ended the reply, if one did
+        self._tool_format: ToolFormat | None = None  # set when the reply may call tools
 
     # --- phase 1: everything that can fail with a client error ---
 
@@ -65,7 +79,12 @@ class CompletionRun:
         self.served = served
         self.trace.model = served.id
         self.trace.resolved = True
-        self.prompt_tokens = await self._tokenize_prompt(served)
+        params = self.request.params
+        self.prompt_tokens, fmt = await self._tokenize_prompt(served)
+        if fmt is not None:
+            params = self._output_grammar(fmt, params)
+        tok = served.tokenizer
+        loop = asyncio.get_running_loop()
         n_prompt = len(self.prompt_tokens)
         self.trace.prompt_tokens = n_prompt
         if n_prompt == 0:
@@ -86,7 +105,14 @@ class CompletionRun:
         budget = n_ctx - n_prompt
         if max_tokens is None:
             max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.request.kind == "text" else budget
-        self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, self.request.params, max_tokens)
+        if params.grammar is None:
+            spec = constrain.request_grammar(self.request)
+            if spec is not None:
+                params = dataclasses.replace(params, grammar=spec)
+        if params.grammar is not None or params.logit_bias:  # compile here: its 400 comes before any byte
+            await loop.run_in_executor(None, constrain.check, tok, params,
+                                       "tools" if self._tool_format is not None else "response_format")
+        self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, params, max_tokens)
         if not served.whole:
             self._prepare_distributed(served)
             return
@@ -109,21 +135,40 @@ class CompletionRun:
         self.trace.route = "local"
         self.trace.end_assembly(started, [SegmentTrace(self.node_short_id, 0, served.entry.n_layers, "local")])
 
-    async def _tokenize_prompt(self, served: ServedModel) -> list[int]:
-        """The prompt's tokens: the chat rendered with the model's template, or the text (off the loop)."""
+    async def _tokenize_prompt(self, served: ServedModel) -> tuple[list[int], ToolFormat | None]:
+        """The prompt's tokens (the chat rendered with the model's template and the tools, or the
+        text; off the loop) and, for a chat, the model's tool-call format."""
         tok = served.tokenizer
         if tok is None:
             raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
         loop = asyncio.get_running_loop()
         if self.request.kind == "chat":
-            return await loop.run_in_executor(None, tok.chat_tokens, list(self.request.messages))
-        return await loop.run_in_executor(None, tok.tokenize, self.request.prompt)
+            fmt = detect_format(tok.chat_template)
+            messages, tools = prompt_inputs(fmt, self.request, tok.chat_template)
+            return await loop.run_in_executor(None, tok.chat_tokens, messages, tools), fmt
+        return await loop.run_in_executor(None, tok.tokenize, self.request.prompt), None
 
     async def count_prompt_tokens(self) -> int:
         """Resolve the model and count the prompt's tokens as prepare() would; nothing queues or runs."""
         served = await self.models.async_get(self.request.model)
         self.trace.model = served.id
-        return len(await self._tokenize_prompt(served))
+        tokens, _ = await self._tokenize_prompt(served)
+        return len(tokens)
+
+    def _output_grammar(self, fmt: ToolFormat, params: SamplingParams) -> SamplingParams:
+        """The one place the reply's grammar is chosen: a tool call's (tool_choice, the format)."""
+        request = self.request
+        if not tools_active(request):
+            return params
+        if request.response_format is not None and request.response_format.type != "text":
+            raise Unsupported("`response_format` cannot be combined with tools: a reply that may call a tool "
+                              "is not held to a JSON schema here", param="response_format")
+        self._tool_format = fmt
+        spec = tool_grammar(fmt, request)
+        log.debug("DIAG: tool calling request_id=%s format=%s tool_choice=%s tools=%d parallel=%s grammar=%s",
+                  self.trace.request_id, fmt.name, request.tool_choice_name or request.tool_choice,
+                  len(request.tools), request.parallel_tool_calls, spec["type"] if spec else None)
+        return params if spec is None else dataclasses.replace(params, grammar=spec)
 
     def _prepare_distributed(self, served: ServedModel) -> None:
         """Plan a chain of segments across this node and its peers (sched_ms); 503 if none covers it."""
@@ -148,6 +193,9 @@ class CompletionRun:
             source = await self._local_source()
         tok = served.tokenizer
         assembler = TextAssembler(job.params.stop)
+        fmt = self._tool_format
+        parser = new_parser(fmt, self.request, trace.request_id) if fmt is not None else None
+        markers = frozenset(fmt.special_markers) if fmt is not None else frozenset()
         ended_by_eog = False
         produced = 0
         async for batch in source:
@@ -160,12 +208,19 @@ class CompletionRun:
                 trace.mark_token()
                 if first and self._on_first_token is not None:
                     self._on_first_token(trace)
-                delta = assembler.feed(tok.piece(token))
+                piece = tok.piece(token)
+                if not piece and markers:  # a tool-call marker may be a control token
+                    special = tok.special_piece(token)
+                    if special in markers:
+                        piece = special.encode()
+                delta = assembler.feed(piece)
                 if assembler.stop_match is not None:
                     job.cancel.set()
                 if delta:
                     self.text += delta
-                    yield Delta(text=delta)
+                    out = self._split(parser, delta)
+                    if out is not None:
+                        yield out
                 if assembler.stop_match is not None:
                     break
             if ended_by_eog or assembler.stop_match is not None:
@@ -173,11 +228,30 @@ class CompletionRun:
         tail = assembler.finish()
         if tail:
             self.text += tail
-            yield Delta(text=tail)
+            out = self._split(parser, tail)
+            if out is not None:
+                yield out
+        if parser is not None:
+            text, calls = parser.finish()
+            if text or calls:
+                yield Delta(text=text, tool_calls=tuple(calls))
+            self.content, self.tool_calls = parser.content, parser.calls
+        else:
+            self.content = self.text
         if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()
         self._finish_reason(ended_by_eog, assembler, produced)
+        if self.tool_calls and trace.finish_reason == "stop":
+            trace.finish_reason = "tool_calls"
+
+    @staticmethod
+    def _split(parser: ToolCallParser | None, text: str) -> Delta | None:
+        """A piece of the reply as a Delta: as it is, or content and tool-call pieces."""
+        if parser is None:
+            return Delta(text=text)
+        content, calls = parser.feed(text)
+        return Delta(text=content, tool_calls=tuple(calls)) if content or calls else None
 
     async def _local_source(self):
         """Start llama.cpp on the model's executor; returns the token batch iterator."""
@@ -196,7 +270,7 @@ class CompletionRun:
         # seed-000 marker, kept word for word; the seed's generate_stream is our engine.generate
         log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
                   trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
-        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog)
+        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog, tok)
         return channel.batches()
 
     def _finish_reason(self, ended_by_eog: bool, assembler: TextAssembler, produced: int) -> None:

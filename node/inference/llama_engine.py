@@ -14,8 +14,8 @@ import random
 import time
 from pathlib import Path
 
-from node.errors import EngineError, InvalidRequest, ModelLoadError
-from node.inference import llamacpp
+from node.errors import EngineError, InvalidRequest, ModelLoadError, NodeError
+from node.inference import constrain, llamacpp
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.logs import kv
 
@@ -81,13 +81,26 @@ class LlamaEngine:
 
     # --- generation (blocking; runs on the executor) ---
 
-    def generate(self, job: GenerationJob, channel: TokenChannel, is_eog) -> None:
-        """Sample tokens into the channel until EOG, max tokens, context end or cancel."""
+    def generate(self, job: GenerationJob, channel: TokenChannel, is_eog, vocab=None) -> None:
+        """Sample tokens into the channel until EOG, max tokens, context end or cancel.
+
+        `vocab` (the model's ModelTokenizer) is needed when the job has a grammar or a logit_bias:
+        they become a logits processor, the first step of llama.cpp's sampler chain (before the
+        penalties, top-k/p, temperature), and the grammar's matcher follows each sampled token."""
         llm = self.llm
         if llm is None:
             channel.close(EngineError(f"model {self.model_id} is not loaded"))
             return
         p = job.params
+        try:
+            constraint = None
+            if p.grammar is not None or p.logit_bias:
+                if vocab is None:
+                    raise EngineError("a constrained generation needs the model's vocabulary")
+                constraint = constrain.constraint_for(vocab, p)
+        except NodeError as exc:
+            channel.close(exc)
+            return
         try:
             llm.set_seed(p.seed if p.seed is not None else random.getrandbits(32))
             produced = 0
@@ -101,6 +114,7 @@ class LlamaEngine:
                 frequency_penalty=p.frequency_penalty,
                 presence_penalty=p.presence_penalty,
                 reset=True,
+                logits_processor=None if constraint is None else [lambda _ids, logits: constraint.apply(logits)],
             )
             last = None
             try:
@@ -117,8 +131,13 @@ class LlamaEngine:
                     produced += 1
                     if is_eog(token) or produced >= job.max_new_tokens or job.cancel.is_set():
                         break
+                    if constraint is not None:
+                        constraint.accept(token)
             finally:
                 generator.close()
+        except NodeError as exc:
+            channel.close(exc)
+            return
         except Exception as exc:  # llama.cpp decode failure: report it on the stream
             log.error("DIAG: local stream generate_stream error — executor error model=%s error=%s",
                       self.model_id, exc)

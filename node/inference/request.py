@@ -81,8 +81,13 @@ class CompletionRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a final usage chunk
     params: SamplingParams
-    # chat: {"role", "content"} (text), plus "tool_calls" (list of ToolCall) on assistant
-    # messages and "tool_call_id" / "name" on tool messages
+    # chat messages, whichever API parsed them (the one internal shape):
+    #   {"role": "system" | "user" | "assistant" | "tool", "content": str}  ("" when null)
+    #   assistant messages that called tools add "tool_calls": a tuple of ToolCall (id, name,
+    #     arguments as a JSON text encoding an object); their "content" may be ""
+    #   tool messages add "tool_call_id" (the id of a call made by an earlier assistant message)
+    #     and "name" (that call's function name); "content" is the result as text
+    # node.inference.tools.prompt_inputs turns these into what the model's template expects.
     messages: tuple[dict, ...] = ()
     prompt: str = ""  # text completions
     response_format: ResponseFormat | None = None

@@ -55,13 +55,15 @@ class ModelTokenizer:
         bos = self.add_bos if add_bos is None else add_bos
         return self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=True)
 
-    def render_chat(self, messages: list[dict]) -> str:
-        """The prompt text for chat messages under the model's own template."""
-        return render_chat(self.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text)
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt text for chat messages (and the tools, OpenAI's shape) under the model's own
+        template; node.inference.tools.prompt_inputs prepares both."""
+        return render_chat(self.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
+                           tools=tools)
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Render and tokenize; BOS is added only if the template did not already write it."""
-        text = self.render_chat(messages)
+        text = self.render_chat(messages, tools)
         add_bos = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
         return self.tokenize(text, add_bos=add_bos)
 
@@ -81,6 +83,11 @@ class ModelTokenizer:
         with self._lock:
             self._pieces[token_id] = piece
         return piece
+
+    def special_piece(self, token_id: int) -> str:
+        """The text of a token with control tokens written out (`<|python_tag|>`, `[TOOL_CALLS]`):
+        `piece` renders those as nothing; tool-call markers must be seen."""
+        return self._llm._model.token_get_text(token_id)
 
     def is_eog(self, token_id: int) -> bool:
         """End-of-generation token (EOS, EOT, <|im_end|>...)."""

@@ -41,7 +41,6 @@ def test_bad_values_name_the_parameter(patch, param):
     ({"n": 2}, "n"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"logprobs": True}, "logprobs"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
 ])
 def test_unsupported_options_are_refused(patch, param):
@@ -72,3 +71,42 @@ def test_text_parts_are_joined_and_developer_maps_to_system():
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, "chat")
     assert req.messages[0] == {"role": "system", "content": "be brief"}
     assert req.messages[1]["content"] == "ab"
+
+
+@pytest.mark.parametrize(("patch", "param"), [
+    ({"response_format": "json"}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_object", "extra": 1}}, "response_format"),
+    ({"response_format": {"type": "json_object", "json_schema": {"name": "x"}}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}}, "response_format.json_schema.name"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}},
+     "response_format.json_schema.strict"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "shema": {}}}},
+     "response_format.json_schema"),
+    ({"logit_bias": [1, 2]}, "logit_bias"),
+    ({"logit_bias": {"a": 1}}, "logit_bias"),
+    ({"logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+])
+def test_bad_structured_output_options_name_the_parameter(patch, param):
+    with pytest.raises(InvalidRequest) as info:
+        parse_completion({**CHAT, **patch}, "chat")
+    assert info.value.param == param and info.value.http_status == 400
+
+
+def test_response_format_and_logit_bias_parsed():
+    req = parse_completion({**CHAT, "logit_bias": {"12": -100, "7": 3.5},
+                            "response_format": {"type": "json_schema", "json_schema": {
+                                "name": "person", "strict": True, "schema": {"type": "object"}}}}, "chat")
+    assert req.params.logit_bias == ((7, 3.5), (12, -100.0))
+    fmt = req.response_format
+    assert (fmt.type, fmt.name, fmt.strict, fmt.schema) == ("json_schema", "person", True, {"type": "object"})
+    assert parse_completion({**CHAT, "response_format": {"type": "json_object"}}, "chat").response_format.type \
+        == "json_object"
+    assert parse_completion({**CHAT, "response_format": {"type": "text"}}, "chat").response_format is None

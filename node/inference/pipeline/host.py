@@ -60,6 +60,16 @@ class HostedSlice:
     ms_per_layer: float | None = None  # EWMA of decode steps measured here
     placement: Placement | None = None
     auto_budget: tuple[int, int] | None = None  # --serve auto: (layers, with head) this node's budget fits
+    vocab: Any = None  # ModelTokenizer of the slice's GGUF, read on the first constrained step (last segment)
+
+    def vocabulary(self):
+        """The model's vocabulary from the slice's own GGUF (blocking: on the slice's executor, the
+        one thread that samples): what a grammar or a logit_bias is checked and compiled against."""
+        if self.vocab is None:
+            from node.inference.tokenizer import ModelTokenizer
+
+            self.vocab = ModelTokenizer(self.entry.path)
+        return self.vocab
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -194,6 +204,9 @@ class SliceHost:
                 import gc
 
                 hosted.model = None
+                if hosted.vocab is not None:
+                    hosted.vocab.close()
+                    hosted.vocab = None
                 gc.collect()
 
             await asyncio.get_running_loop().run_in_executor(hosted.executor, free)

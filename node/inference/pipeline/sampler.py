@@ -4,6 +4,9 @@ Semantics follow llama.cpp's sampler chain as llama-cpp-python builds it: penalt
 frequency, presence over the last 64 generated tokens), then greedy when temperature is 0, else
 top-k → top-p → min-p → temperature → a draw from a generator seeded per session (the same seed
 gives the same text on this path; the random stream differs from llama.cpp's).
+
+A request's logit_bias and output grammar (node.inference.constrain) come first, as on the local
+route: the constraint masks the raw logits before the penalties, and follows each sampled token.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections import Counter
 
 import torch
 
+from node.inference import constrain
 from node.inference.sampling import SamplingParams
 
 PENALTY_LAST_N = 64
@@ -21,9 +25,16 @@ PENALTY_LAST_N = 64
 class Sampler:
     """Per-session sampler state: the parameters, the RNG and the generated history."""
 
-    def __init__(self, params: SamplingParams, history: tuple[int, ...] = ()):
+    def __init__(self, params: SamplingParams, history: tuple[int, ...] = (), vocab=None):
+        """`vocab`: the model's ModelTokenizer, needed when params carry a grammar or a logit_bias
+        (the grammar is compiled here, blocking, and replays `history`)."""
         self.params = params
         self.history: list[int] = list(history)
+        self.constraint = None
+        if params.grammar is not None or params.logit_bias:
+            if vocab is None:
+                raise ValueError("a constrained sampler needs the model's vocabulary")
+            self.constraint = constrain.constraint_for(vocab, params, self.history)
         self.generator = torch.Generator()
         seed = params.seed if params.seed is not None else random.getrandbits(32)
         # A session rebuilt after a failover starts with history: derive its stream from the seed
@@ -48,11 +59,18 @@ class Sampler:
     def sample(self, logits: torch.Tensor) -> int:
         """Pick the next token from one row of logits [V]; records it in the history."""
         p = self.params
-        logits = self._penalize(logits.to(torch.float32))
+        if self.constraint is not None:  # on a copy: the mask is written in place
+            logits = logits.to(device="cpu", dtype=torch.float32, copy=True).contiguous()
+            self.constraint.apply(logits.numpy())
+        else:
+            logits = logits.to(torch.float32)
+        logits = self._penalize(logits)
         if p.greedy:
             token = int(torch.argmax(logits))
         else:
             token = self._draw(logits)
+        if self.constraint is not None:
+            self.constraint.accept(token)
         self.history.append(token)
         return token
 

@@ -199,7 +199,9 @@ class SegmentWorker:
                 if sampler is None:
                     if work.sampling is None:
                         raise ProtocolError("first sampling step of a session carries no sampling parameters")
-                    sampler = self.samplers[work.sid] = Sampler(work.sampling, work.history)
+                    constrained = work.sampling.grammar is not None or bool(work.sampling.logit_bias)
+                    sampler = self.samplers[work.sid] = Sampler(
+                        work.sampling, work.history, vocab=hosted.vocabulary() if constrained else None)
                 token = sampler.sample(out[-1])
             tele.eval_us = int((time.monotonic() - computing) * 1e6)
             tele.codec_us = int((computing - started) * 1e6)

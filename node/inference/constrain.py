@@ -1,0 +1,282 @@
+"""Constrained decoding: a grammar spec (node.inference.grammar) compiled against a model's
+vocabulary, and the per-request constraint that masks the logits wherever sampling happens.
+
+Engine: llguidance (chosen by measurement, bench/grammar_engines.py; see docs/ARCHITECTURE.md).
+A spec becomes one Lark grammar (`%json {schema}` for JSON nodes, `<[id]>` for a literal that is
+one special token of the vocabulary, a lazy regex for text up to a stop string); llguidance builds
+its token trie from llama.cpp's vocabulary (`lltokenizer_from_vocab`, once per tokenizer) and
+compiles each grammar once (an LRU per vocabulary; a request deep-copies the compiled matcher).
+
+Per request, `TokenConstraint`:
+  apply(logits)   logit_bias first (-100 bans), then the grammar's mask (a bias never breaks it);
+                  once the grammar is complete only end-of-generation tokens stay allowed, so the
+                  reply ends with finish_reason "stop";
+  accept(token)   advances the matcher on the token that was sampled.
+Building the tokenizer and compiling block (up to ~1 s for a 150k vocabulary): never on the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from node.errors import EngineError, InvalidRequest, Unsupported
+from node.inference import grammar as g
+from node.inference.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from node.inference.request import CompletionRequest
+    from node.inference.tokenizer import ModelTokenizer
+
+log = logging.getLogger(__name__)
+
+MAX_COMPILED = 64  # compiled grammars kept per vocabulary
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+BAN = -100.0  # a bias of -100 bans the token outright (OpenAI: "should result in a ban")
+# JSON written compactly: no free whitespace, which a weak model could emit forever
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+# --- the request's constraint (called once, in CompletionRun.prepare) -----------------------------
+
+def request_grammar(request: CompletionRequest) -> g.Spec | None:
+    """The grammar spec a request's output must match, or None (the one place that decides it)."""
+    fmt = request.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return g.json_value(None)
+    return g.json_value(fmt.schema if fmt.schema is not None else {})
+
+
+# --- vocabularies ---------------------------------------------------------------------------------
+
+class Vocabulary:
+    """llguidance's view of one llama.cpp vocabulary, its end-of-generation ids and compiled grammars."""
+
+    def __init__(self, tok: ModelTokenizer):
+        import llguidance.llamacpp
+
+        self.n_vocab = tok.n_vocab
+        with warnings.catch_warnings():  # it calls llama_token_get_attr (deprecated alias) once per token
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(tok._vocab, n_vocab=tok.n_vocab)
+        self.eog_ids = np.array([i for i in range(tok.n_vocab) if tok.is_eog(i)], dtype=np.int64)
+        self._tok = tok
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def special_token(self, text: str) -> int | None:
+        """The id of the special (control) token written `text`, if the vocabulary has one."""
+        ids = self._tok.tokenize(text, add_bos=False)
+        if len(ids) == 1 and self.tokenizer.is_special_token(ids[0]):
+            return ids[0]
+        return None
+
+    def matcher(self, spec: g.Spec, param: str = "response_format"):
+        """A fresh matcher for `spec` (compiled once, then copied); raises Unsupported/InvalidRequest."""
+        import llguidance
+
+        key = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+        with self._lock:
+            template = self._compiled.get(key)
+            if template is not None:
+                self._compiled.move_to_end(key)
+                return template.deep_copy()
+        lark = to_lark(spec, self)
+        template = llguidance.LLMatcher(self.tokenizer, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+        if template.is_error():
+            raise _grammar_error(template.get_error(), param)
+        with self._lock:
+            self._compiled[key] = template
+            while len(self._compiled) > MAX_COMPILED:
+                self._compiled.popitem(last=False)
+            return template.deep_copy()
+
+
+_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_vocab_lock = threading.Lock()
+
+
+def vocabulary(tok: ModelTokenizer) -> Vocabulary:
+    """The Vocabulary of a tokenizer (built once, blocking; lives as long as the tokenizer)."""
+    with _vocab_lock:
+        vocab = _vocabularies.get(tok)
+        if vocab is None:
+            vocab = _vocabularies[tok] = Vocabulary(tok)
+        return vocab
+
+
+def _grammar_error(message: str, param: str) -> InvalidRequest:
+    text = message.replace("\n", " ")
+    if m := re.search(r"Unimplemented keys: \[([^\]]*)\]", text):
+        keys = ", ".join(k.strip().strip('"') for k in m.group(1).split(","))
+        return Unsupported(f"`{param}`: the JSON schema uses {keys}, which constrained decoding does not support",
+                           param=param)
+    if m := re.search(r"error: ((?:(?!error: )[^|])*?not supported)", text):
+        return Unsupported(f"`{param}`: the JSON schema's pattern uses a regex feature that constrained decoding "
+                           f"does not support ({m.group(1).strip()})", param=param)
+    if m := re.search(r"Unknown format: (\S+)", text):
+        return Unsupported(f"`{param}`: the JSON schema uses format {m.group(1)!r}, which constrained decoding "
+                           "does not support", param=param)
+    if m := re.search(r"(Unimplemented [^|]*?)(?:\s+\d+ \||$)", text):
+        return Unsupported(f"`{param}`: {m.group(1).strip()} is not supported by constrained decoding", param=param)
+    detail = re.sub(r"\s+\d+ \|.*$", "", text).strip()
+    return InvalidRequest(f"`{param}`: the output grammar cannot be compiled: {detail[:300]}", param=param)
+
+
+# --- spec -> Lark ---------------------------------------------------------------------------------
+
+def _regex_escape(text: str) -> str:
+    """Text as a regex matching it literally (every non-alphanumeric ASCII character as \\x{..})."""
+    return "".join(c if c.isalnum() or ord(c) > 127 else f"\\x{{{ord(c):x}}}" for c in text)
+
+
+def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
+    """The Lark grammar (llguidance's dialect) of a validated spec; one rule per node."""
+    g.validate(spec)
+    rules: list[str] = []
+
+    def rule(body: str) -> str:
+        name = f"r{len(rules)}"
+        rules.append(f"{name}: {body}")
+        return name
+
+    def node(s: g.Spec) -> str:
+        kind = s["type"]
+        if kind == "json":
+            schema = s.get("schema")
+            schema = {"type": "object"} if schema is None else schema
+            if isinstance(schema, bool):
+                schema = {} if schema else {"not": {}}
+            schema = {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}
+            return rule("%json " + json.dumps(schema, ensure_ascii=False))
+        if kind == "literal":
+            special = vocab.special_token(s["text"])
+            return rule(f"<[{special}]>" if special is not None else json.dumps(s["text"], ensure_ascii=False))
+        if kind == "text":
+            stop = s.get("stop")
+            if not stop:
+                return rule("/(?s:.*)/")
+            name = f"r{len(rules)}"
+            rules.append(f"{name}[lazy]: /(?s:.*){_regex_escape(stop)}/")
+            return name
+        if kind == "seq":
+            return rule(" ".join(node(item) for item in s["items"]))
+        if kind == "alt":
+            return rule(" | ".join(node(item) for item in s["items"]))
+        item = node(s["item"])
+        sep = s.get("sep") or ""
+        lo, hi = s.get("min", 1), s.get("max")
+        tail = f"({json.dumps(sep, ensure_ascii=False)} {item})" if sep else item
+        if hi is None:
+            more = f"{tail}*"
+        elif hi - 1 > 0:
+            more = f"{tail}{{0,{hi - 1}}}"
+        else:
+            more = ""
+        if lo <= 1:
+            body = f"{item} {more}".strip()
+            return rule(body if lo == 1 else f"({body})?")
+        return rule(f"{item} {tail}{{{lo - 1},{'' if hi is None else hi - 1}}}")
+
+    top = node(spec)
+    return "\n".join([f"start: {top}", *rules])
+
+
+# --- per request ----------------------------------------------------------------------------------
+
+def check(tok: ModelTokenizer, params: SamplingParams, param: str = "response_format") -> None:
+    """Validate a request's logit_bias against the vocabulary and compile its grammar (blocking:
+    run in an executor). Raises the 400 a client must see before any response byte."""
+    for token, _ in params.logit_bias:
+        if not 0 <= token < tok.n_vocab:
+            raise InvalidRequest(f"`logit_bias`: token id {token} is outside the model's vocabulary "
+                                 f"(0..{tok.n_vocab - 1})", param="logit_bias")
+    if params.grammar is not None:
+        vocabulary(tok).matcher(params.grammar, param)
+
+
+def constraint_for(tok: ModelTokenizer, params: SamplingParams, history: tuple[int, ...] | list[int] = ()
+                   ) -> TokenConstraint | None:
+    """The constraint of one generation, or None when it has neither grammar nor logit_bias
+    (blocking; on the thread that samples). `history`: tokens already generated (a session
+    rebuilt after a failover), replayed through the matcher."""
+    if params.grammar is None and not params.logit_bias:
+        return None
+    constraint = TokenConstraint(tok, params)
+    for token in history:
+        constraint.accept(token)
+    return constraint
+
+
+class TokenConstraint:
+    """Masks one generation's logits (bias, then grammar) and follows the sampled tokens."""
+
+    def __init__(self, tok: ModelTokenizer, params: SamplingParams):
+        self.n_vocab = tok.n_vocab
+        if any(not 0 <= t < tok.n_vocab for t, _ in params.logit_bias):
+            raise InvalidRequest("`logit_bias` names a token id outside the model's vocabulary", param="logit_bias")
+        self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
+        self.bias = np.array([-np.inf if b <= BAN else b for _, b in params.logit_bias], dtype=np.float32)
+        self.matcher = None
+        self.eog_ids = np.zeros(0, dtype=np.int64)
+        self._is_eog = tok.is_eog
+        if params.grammar is not None:
+            import llguidance.numpy
+
+            vocab = vocabulary(tok)
+            self.matcher = vocab.matcher(params.grammar)
+            self.eog_ids = vocab.eog_ids
+            self._bits = llguidance.numpy.allocate_token_bitmask(1, self.n_vocab)
+            self._fill = llguidance.numpy.fill_next_token_bitmask
+        self.steps = 0
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete: nothing but end-of-generation may follow."""
+        return self.matcher is not None and self.matcher.is_stopped()
+
+    def allowed(self) -> np.ndarray | None:
+        """Boolean [n_vocab] of the tokens the grammar allows next (None: no grammar)."""
+        matcher = self.matcher
+        if matcher is None:
+            return None
+        if matcher.is_stopped():
+            allowed = np.zeros(self.n_vocab, dtype=bool)
+        else:
+            self._fill(matcher, self._bits)
+            allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.n_vocab).view(bool)
+        if matcher.is_accepting():
+            allowed[self.eog_ids] = True
+        return allowed
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """Mask `logits` in place (the first n_vocab entries; a strided view is fine) and return it."""
+        view = logits[: self.n_vocab]
+        if self.bias_ids.size:
+            view[self.bias_ids] += self.bias
+        allowed = self.allowed()
+        if allowed is not None:
+            np.copyto(view, -np.inf, where=~allowed)
+            if len(logits) > self.n_vocab:  # a padded output head: the padding is never a token
+                logits[self.n_vocab:] = -np.inf
+        return logits
+
+    def accept(self, token: int) -> None:
+        """Advance on the sampled token (an end-of-generation token ends the reply: not consumed)."""
+        self.steps += 1
+        matcher = self.matcher
+        if matcher is None or (self._is_eog(token) and matcher.is_accepting()):
+            return
+        if not matcher.consume_token(token):
+            raise EngineError(f"constrained decoding: token {token} was sampled outside the grammar "
+                              f"({matcher.get_error()[:200]})")

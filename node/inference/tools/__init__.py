@@ -1,0 +1,22 @@
+"""Tool calling: the formats templates speak, the prompt inputs, the grammar of a call, the parser.
+
+  formats  detect_format(template), prompt_inputs(), tool_grammar(), new_parser()
+  parser   ToolCallParser: a reply's text in, content and OpenAI tool-call deltas out
+  regions  how each format writes its calls
+  jsonscan reading JSON that is still being written
+"""
+
+from node.inference.tools.formats import (
+    FORMATS,
+    ToolFormat,
+    detect_format,
+    generic_reply,
+    new_parser,
+    prompt_inputs,
+    tool_grammar,
+    tools_active,
+)
+from node.inference.tools.parser import ToolCallParser, new_call_id
+
+__all__ = ["FORMATS", "ToolCallParser", "ToolFormat", "detect_format", "generic_reply", "new_call_id", "new_parser",
+           "prompt_inputs", "tool_grammar", "tools_active"]

@@ -1,0 +1,231 @@
+"""Tool-call formats: which one a chat template speaks, how the prompt is given to it, and the
+grammar that makes a reply a valid call.
+
+Native formats (the template renders `tools` itself and the model was trained to answer so):
+Hermes 2 Pro / Hermes 3 / Qwen 2.5 (`<tool_call>`), Llama 3.1-3.3 (JSON with "parameters"),
+Mistral Nemo (`[TOOL_CALLS]`). Any other template — the embedded default model's plain ChatML
+among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
+in a compact system message, and the reply is one JSON object, `{"tool_call": {...}}` (or
+`{"tool_calls": [...]}` when parallel calls are allowed) or `{"response": "..."}`, enforced by the
+grammar whenever tools are offered (a model that was never taught the format still answers in it).
+
+Messages handed to a native template follow the shape Hugging Face templates expect: assistant
+`tool_calls` as `{"id", "type": "function", "function": {"name", "arguments": <object>}}` (the
+arguments as an object: the templates write them with `tojson`), tool results as `{"role":
+"tool", "tool_call_id", "name", "content"}`, and the `tool_calls` key only on messages that have
+calls (Llama's templates test `'tool_calls' in message`). Mistral's template wants 9-character
+alphanumeric ids: each id is mapped to one, the same for a call and its result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import string
+from dataclasses import dataclass
+from typing import Any
+
+from node.inference import grammar
+from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.tools.parser import Syntax, ToolCallParser
+from node.inference.tools.regions import (
+    GENERIC,
+    HERMES,
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    LLAMA3,
+    MISTRAL,
+    MISTRAL_OPEN,
+    PYTHON_TAG,
+)
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str  # hermes | llama3 | mistral | generic
+    syntax: Syntax
+    native: bool  # the template renders the tools and the calls itself
+    args_key: str = "arguments"
+    special_markers: tuple[str, ...] = ()  # markers that may be control tokens (rendered empty)
+
+
+FORMATS = {
+    "hermes": ToolFormat("hermes", HERMES, True, special_markers=(HERMES_OPEN, HERMES_CLOSE)),
+    "llama3": ToolFormat("llama3", LLAMA3, True, args_key="parameters", special_markers=(PYTHON_TAG,)),
+    "mistral": ToolFormat("mistral", MISTRAL, True, special_markers=(MISTRAL_OPEN,)),
+    "generic": ToolFormat("generic", GENERIC, False),
+}
+
+
+def detect_format(template: str | None) -> ToolFormat:
+    """The format a chat template speaks, from its source (generic when none is recognised)."""
+    t = template or ""
+    if "<tool_call>" in t and "<function=" not in t and "tools" in t:
+        return FORMATS["hermes"]
+    if "[TOOL_CALLS]" in t and "tools" in t:
+        return FORMATS["mistral"]
+    if "<|start_header_id|>" in t and "tools" in t and ("ipython" in t or '"parameters"' in t):
+        return FORMATS["llama3"]
+    return FORMATS["generic"]
+
+
+def tools_active(request: CompletionRequest) -> bool:
+    """Whether the reply may call tools (tools offered and tool_choice is not "none")."""
+    return bool(request.tools) and request.tool_choice != "none"
+
+
+# --- the prompt ---
+
+def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
+                  template: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(messages, tools) to render with the model's template: the template's `tools` variable is
+    None when no tool may be called (tool_choice "none": the tools are not shown)."""
+    messages = list(request.messages)
+    active = tools_active(request)
+    if fmt.native:
+        tools = [_openai_tool(t) for t in request.tools] if active else None
+        return [_native_message(fmt, m) for m in messages], tools
+    # a template that checks roles (raise_exception) may refuse "tool": results go as user messages
+    role_for_results = "user" if template and "raise_exception" in template and "tool" not in template else "tool"
+    out = [_generic_message(m, role_for_results) for m in messages]
+    if active:
+        prompt = generic_system_prompt(request)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": prompt + "\n\n" + out[0]["content"]}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out, None
+
+
+def _openai_tool(tool: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    function["parameters"] = tool.parameters
+    return {"type": "function", "function": function}
+
+
+def _native_message(fmt: ToolFormat, msg: dict[str, Any]) -> dict[str, Any]:
+    role = msg["role"]
+    if role == "assistant" and msg.get("tool_calls"):
+        calls = [{"id": _render_id(fmt, c.id), "type": "function",
+                  "function": {"name": c.name, "arguments": _arguments_object(c)}} for c in msg["tool_calls"]]
+        return {"role": "assistant", "content": msg.get("content") or "", "tool_calls": calls}
+    if role == "tool":
+        return {"role": "tool", "content": msg.get("content") or "",
+                "tool_call_id": _render_id(fmt, msg.get("tool_call_id", "")), "name": msg.get("name", "")}
+    return {"role": role, "content": msg.get("content") or ""}
+
+
+def _generic_message(msg: dict[str, Any], result_role: str) -> dict[str, Any]:
+    role = msg["role"]
+    if role == "assistant" and msg.get("tool_calls"):
+        calls = msg["tool_calls"]
+        reply = generic_reply(calls)
+        content = msg.get("content") or ""
+        return {"role": "assistant", "content": (content + "\n" + reply) if content else reply}
+    if role == "tool":
+        content = msg.get("content") or ""
+        if result_role == "user":
+            content = _compact({"tool_response": {"name": msg.get("name", ""), "content": content}})
+        return {"role": result_role, "content": content}
+    return {"role": role, "content": msg.get("content") or ""}
+
+
+def generic_reply(calls: list[ToolCall] | tuple[ToolCall, ...]) -> str:
+    """How the generic format writes these calls (as the model is asked to)."""
+    objs = [{"name": c.name, "arguments": _arguments_object(c)} for c in calls]
+    return _compact({"tool_call": objs[0]} if len(objs) == 1 else {"tool_calls": objs})
+
+
+def generic_system_prompt(request: CompletionRequest) -> str:
+    """The compact description of the tools and of the reply's JSON (the default model's context
+    is short: every token counts)."""
+    tools = [t for t in request.tools if request.tool_choice != "function" or t.name == request.tool_choice_name]
+    listed = _compact([{"name": t.name, **({"description": t.description} if t.description else {}),
+                        "parameters": t.parameters} for t in tools])
+    call = '{"tool_call":{"name":..,"arguments":{..}}}'
+    if request.tool_choice == "auto":
+        return f'Tools: {listed}\nReply in JSON: {{"response":".."}} or, to call a tool, {call}'
+    return f"Tools: {listed}\nReply in JSON: {call}"
+
+
+def _arguments_object(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.arguments)
+    except ValueError:  # validated at the API; a peer's history could still hold anything
+        return call.arguments
+
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+def _render_id(fmt: ToolFormat, call_id: str) -> str:
+    if fmt.name != "mistral":
+        return call_id
+    if len(call_id) == 9 and call_id.isalnum():
+        return call_id
+    digest = hashlib.sha256(call_id.encode()).digest()
+    return "".join(_ALNUM[b % len(_ALNUM)] for b in digest[:9])
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+# --- the grammar ---
+
+def _call_schema(tool: ToolSpec, args_key: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: tool.parameters},
+            "required": ["name", args_key], "additionalProperties": False}
+
+
+def _any_call(tools: tuple[ToolSpec, ...] | list[ToolSpec], args_key: str) -> dict[str, Any]:
+    schemas = [_call_schema(t, args_key) for t in tools]
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _one_key(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
+
+
+def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | None:
+    """The grammar the reply must follow, or None (no tools, tool_choice "none", or "auto" with a
+    native format: the model's own format is parsed without forcing).
+
+    "required": at least one call of any tool (several when parallel_tool_calls); a named function:
+    exactly one call of it; the generic format always (with "auto", a `response` is allowed too).
+    Every call's arguments validate against its function's parameters schema."""
+    if not tools_active(request):
+        return None
+    choice = request.tool_choice
+    tools = request.tools
+    if choice == "function":
+        tools = tuple(t for t in tools if t.name == request.tool_choice_name)
+    many = request.parallel_tool_calls and choice != "function"
+    call = _any_call(tools, fmt.args_key)
+    if fmt.name == "generic":
+        options = [_one_key("tool_call", call)]
+        if many:
+            options.append(_one_key("tool_calls", {"type": "array", "items": call, "minItems": 1}))
+        if choice == "auto":
+            options.append(_one_key("response", {"type": "string"}))
+        return grammar.json_value(options[0] if len(options) == 1 else {"anyOf": options})
+    if choice == "auto":
+        return None
+    max_calls = None if many else 1
+    if fmt.name == "hermes":
+        # the markers alone in their literals: a vocabulary may hold them as single special tokens
+        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(call),
+                            grammar.literal("\n"), grammar.literal(HERMES_CLOSE))
+        return grammar.repeat(block, 1, max_calls, sep="\n")
+    if fmt.name == "mistral":
+        items: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
+        if max_calls is not None:
+            items["maxItems"] = max_calls
+        return grammar.seq(grammar.literal(MISTRAL_OPEN), grammar.json_value(items))
+    return grammar.repeat(grammar.json_value(call), 1, max_calls, sep="; ")  # llama3
+
+
+def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
+    return ToolCallParser(fmt.syntax, request_id=request_id, known=tuple(t.name for t in request.tools))

@@ -1,0 +1,173 @@
+"""Reading JSON that is still being written: where a value ends, and tool-call objects in part.
+
+A model's reply arrives a few characters at a time; the tool-call parsers re-read the text of the
+call being written after each piece. Nothing here decodes more than it must: a call's arguments
+stay the raw text the model wrote (that text, once complete, is what OpenAI's `arguments` holds).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+WS = " \t\n\r"
+_NUMBER_CHARS = set("+-0123456789.eE")
+_LITERALS = ("true", "false", "null")
+_TRAILING_ESCAPE = re.compile(r"(\\u[0-9a-fA-F]{0,3}|\\)$")
+_TRAILING_HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}$")
+
+
+class JsonError(ValueError):
+    """The text cannot become valid JSON however it continues."""
+
+
+def skip_ws(s: str, i: int) -> int:
+    n = len(s)
+    while i < n and s[i] in WS:
+        i += 1
+    return i
+
+
+def scan_string(s: str, i: int) -> int | None:
+    """s[i] is '"': the index after the closing quote, or None if the string is not finished."""
+    n = len(s)
+    i += 1
+    while i < n:
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == '"':
+            return i + 1
+        if c < " ":
+            raise JsonError("control character in a string")
+        i += 1
+    return None
+
+
+def scan_value(s: str, i: int, *, final: bool = False) -> int | None:
+    """The index after the JSON value starting at s[i] (no leading whitespace), or None if the
+    text ends inside it. `final`: the text will not grow (a number may end at the end)."""
+    n = len(s)
+    if i >= n:
+        return None
+    c = s[i]
+    if c == '"':
+        return scan_string(s, i)
+    if c in "{[":
+        stack = [c]
+        i += 1
+        while i < n:
+            c = s[i]
+            if c == '"':
+                end = scan_string(s, i)
+                if end is None:
+                    return None
+                i = end
+                continue
+            if c in "{[":
+                stack.append(c)
+            elif c in "}]":
+                if not stack or (c == "}") != (stack[-1] == "{"):
+                    raise JsonError(f"unbalanced {c!r}")
+                stack.pop()
+                if not stack:
+                    return i + 1
+            i += 1
+        return None
+    if c in _NUMBER_CHARS:
+        j = i
+        while j < n and s[j] in _NUMBER_CHARS:
+            j += 1
+        return j if (j < n or final) else None
+    for word in _LITERALS:
+        if s.startswith(word, i):
+            return i + len(word)
+        if word.startswith(s[i:]):
+            return None
+    raise JsonError(f"unexpected {c!r}")
+
+
+def partial_string(raw: str) -> str:
+    """The decoded text of a JSON string's body written so far (no quotes; an escape that is not
+    finished is left out)."""
+    raw = _TRAILING_ESCAPE.sub("", raw)
+    if _TRAILING_HIGH_SURROGATE.search(raw):
+        raw = raw[:-6]
+    return json.loads('"' + raw + '"')
+
+
+@dataclass
+class PartialCall:
+    """A tool-call object `{"name": ..., "arguments": {...}}` as far as it is written."""
+
+    name: str | None = None
+    args: str | None = None  # the raw text of the arguments value so far
+    args_done: bool = False
+    call_id: str | None = None
+    done: bool = False  # the object is closed
+    end: int = 0  # index after the object (when done)
+
+
+ARGS_KEYS = ("arguments", "parameters")
+
+
+def parse_call(s: str, i: int, *, final: bool = False) -> PartialCall | None:
+    """The call object starting at s[i] (after whitespace), or None if nothing of it is written
+    yet. Raises JsonError when the text is not a call object."""
+    i = skip_ws(s, i)
+    n = len(s)
+    if i >= n:
+        return None
+    if s[i] != "{":
+        raise JsonError(f"expected a call object, got {s[i]!r}")
+    call = PartialCall()
+    i += 1
+    first = True
+    while True:
+        i = skip_ws(s, i)
+        if i >= n:
+            return call
+        if s[i] == "}" and first:
+            call.done, call.end = True, i + 1
+            return call
+        if not first:
+            if s[i] == "}":
+                call.done, call.end = True, i + 1
+                return call
+            if s[i] != ",":
+                raise JsonError(f"expected ',' or '}}' in a call object, got {s[i]!r}")
+            i = skip_ws(s, i + 1)
+            if i >= n:
+                return call
+        first = False
+        if s[i] != '"':
+            raise JsonError(f"expected a key in a call object, got {s[i]!r}")
+        end = scan_string(s, i)
+        if end is None:
+            return call
+        key = json.loads(s[i:end])
+        i = skip_ws(s, end)
+        if i >= n:
+            return call
+        if s[i] != ":":
+            raise JsonError("expected ':' after a key")
+        i = skip_ws(s, i + 1)
+        if i >= n:
+            return call
+        end = scan_value(s, i, final=final)
+        if key in ARGS_KEYS and call.args is None:
+            call.args = s[i:] if end is None else s[i:end]
+            call.args_done = end is not None
+        elif key == "name" and end is not None:
+            name = json.loads(s[i:end])
+            if not isinstance(name, str):
+                raise JsonError("a call's name must be a string")
+            call.name = name
+        elif key == "id" and end is not None:
+            value = json.loads(s[i:end])
+            call.call_id = value if isinstance(value, str) else None
+        if end is None:
+            return call
+        i = end

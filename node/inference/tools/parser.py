@@ -1,0 +1,273 @@
+"""The incremental tool-call parser: a reply's text in, content text and OpenAI tool-call deltas out.
+
+One parser per reply. `feed(text)` takes each new piece of the reply and returns what can be sent
+now: content text, and `ToolCallDelta`s (a call's first piece carries its id and name, later ones
+append to its arguments). `finish()` at the end returns the rest; then `calls` holds the complete
+calls and `content` the reply's text outside them.
+
+Formats differ only in how a call region opens and what it holds (`Syntax`): the region's text is
+re-read after each piece (a region is one call or a few, so this stays cheap), and what it holds so
+far is compared with what was already sent. Text that turns out not to be a valid call — a region
+that does not parse, or one the reply left unfinished — is returned as content and logged: nothing
+the model wrote is lost. (A call already streamed in part stays streamed: deltas cannot be taken
+back; the final `calls` and `content` are exact.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from node.inference.request import ToolCall, ToolCallDelta
+from node.inference.tools.jsonscan import JsonError, PartialCall, skip_ws
+
+log = logging.getLogger(__name__)
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_call_id() -> str:
+    """`call_` and 24 random letters and digits, as OpenAI's ids look."""
+    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+@dataclass
+class Region:
+    """What a call region holds so far."""
+
+    calls: list[PartialCall] = field(default_factory=list)
+    content: str = ""  # text the region carries as content (the generic format's "response")
+    end: int | None = None  # index after the region, once it is closed
+    partial_ok: bool = False  # unfinished at the end of the reply, and still fine (a cut "response")
+
+
+RegionParser = Callable[[str, bool], Region]  # (region text, final) -> Region; raises JsonError
+
+
+@dataclass(frozen=True)
+class Syntax:
+    """How one format writes calls: the texts that open a region, whether a reply beginning with
+    `{` is one (Llama 3.x, generic), and the region's reader."""
+
+    name: str
+    markers: tuple[str, ...]
+    at_start: bool
+    region: RegionParser
+
+
+@dataclass
+class _Slot:
+    call: PartialCall
+    id: str
+    header_sent: bool = False
+    args_sent: str = ""
+    dead: bool = False
+
+
+def final_arguments(call: PartialCall) -> str:
+    """The arguments JSON text of a finished call (raises JsonError unless it is a JSON object)."""
+    raw = "{}" if call.args is None else call.args.strip()
+    try:
+        value = json.loads(raw)
+        if isinstance(value, str):  # some models write the arguments as a JSON string
+            raw, value = value.strip(), json.loads(value)
+    except ValueError as exc:
+        raise JsonError(f"arguments are not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise JsonError("arguments must be a JSON object")
+    return raw
+
+
+class ToolCallParser:
+    """Splits one reply into content and tool calls, as it streams."""
+
+    def __init__(self, syntax: Syntax, *, request_id: str = "", known: tuple[str, ...] = (),
+                 new_id: Callable[[], str] = new_call_id):
+        self.syntax = syntax
+        self._rid = request_id
+        self._known = known
+        self._new_id = new_id
+        self._mode = "content"
+        self._buf = ""  # content mode: text held back (a marker may be starting); region: its text
+        self._opener = ""  # the marker that opened the region ("" when the reply's `{` did)
+        self._started = False  # the reply has had non-whitespace content
+        self._content = ""  # content so far (committed)
+        self._sent = 0  # how much of the content has been returned
+        self._slots: list[_Slot] = []
+        self._region_base = 0  # first slot of the current region
+        self._region = Region()
+        self.calls: list[ToolCall] = []
+        self.content = ""
+        self.failed = False  # some call text was not valid and went back into the content
+
+    # --- input ---
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        self._buf += text
+        self._advance(final=False)
+        return self._emit(final=False)
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        self._advance(final=True)
+        if self._mode == "region":
+            region = self._read(final=True)
+            if region is not None and (region.end is not None or region.partial_ok):
+                self._close_region(region)
+            elif region is not None:
+                self._fail("the reply ended inside a tool call")
+        else:
+            self._content += self._buf
+            self._buf = ""
+        out = self._emit(final=True)
+        self.calls = [ToolCall(s.id, s.call.name or "", final_arguments(s.call)) for s in self._slots if not s.dead]
+        self.content = self._content.strip() if self.calls else self._content
+        return out
+
+    # --- the state machine ---
+
+    def _advance(self, final: bool) -> None:
+        while True:
+            if self._mode == "content":
+                if not self._find_region(final):
+                    return
+            region = self._read(final)
+            if region is None:  # failed: back to content
+                continue
+            self._region = region
+            self._update_slots(region.calls)
+            if region.end is None:
+                return
+            self._close_region(region)
+
+    def _find_region(self, final: bool) -> bool:
+        """Content mode: commit the content before the next region and enter it (True), or hold
+        back what may start one and return False."""
+        buf = self._buf
+        if self.syntax.at_start and not self._started:
+            i = skip_ws(buf, 0)
+            if i == len(buf) and not final:
+                return False  # only whitespace yet: a call may still start
+            if i < len(buf) and buf[i] == "{":
+                self._content += buf[:i]
+                self._enter("", buf[i:])
+                return True
+        best = None
+        for marker in self.syntax.markers:
+            k = buf.find(marker)
+            if k >= 0 and (best is None or k < best[0]):
+                best = (k, marker)
+        if best is not None:
+            k, marker = best
+            self._commit_content(buf[:k])
+            self._enter(marker, buf[k + len(marker):])
+            return True
+        hold = 0 if final else _held_back(buf, self.syntax.markers)
+        self._commit_content(buf[: len(buf) - hold])
+        self._buf = buf[len(buf) - hold:]
+        return False
+
+    def _commit_content(self, text: str) -> None:
+        if text:
+            self._content += text
+            if text.strip():
+                self._started = True
+
+    def _enter(self, opener: str, text: str) -> None:
+        self._mode, self._opener, self._buf = "region", opener, text
+        self._region_base, self._region = len(self._slots), Region()
+
+    def _read(self, final: bool) -> Region | None:
+        try:
+            return self.syntax.region(self._buf, final)
+        except JsonError as exc:
+            self._fail(str(exc))
+            return None
+
+    def _update_slots(self, calls: list[PartialCall]) -> None:
+        for j, call in enumerate(calls):
+            k = self._region_base + j
+            if k < len(self._slots):
+                self._slots[k].call = call
+            else:
+                self._slots.append(_Slot(call, self._new_id()))
+
+    def _close_region(self, region: Region) -> None:
+        self._update_slots(region.calls)
+        for call in region.calls:
+            try:
+                if call.name is None:
+                    raise JsonError("a call without a name")
+                final_arguments(call)
+            except JsonError as exc:
+                self._fail(str(exc))
+                return
+            if self._known and call.name not in self._known:
+                log.warning("model called a tool the request does not offer request_id=%s tool=%r", self._rid,
+                            call.name)
+        self._content += region.content
+        if region.content.strip():
+            self._started = True
+        rest = self._buf[region.end:] if region.end is not None else ""
+        self._mode, self._buf, self._region = "content", rest, Region()
+        if region.calls:
+            self._started = True  # a `{` after a call is content, not another at-start region
+
+    def _fail(self, why: str) -> None:
+        """The region is not a valid call: its text (marker included) becomes content."""
+        self.failed = True
+        log.warning("tool call text was not valid; returned as content request_id=%s format=%s reason=%s "
+                    "text=%r", self._rid, self.syntax.name, why, (self._opener + self._buf)[:200])
+        for slot in self._slots[self._region_base:]:
+            slot.dead = True
+        self._content += self._opener + self._buf
+        self._started = True
+        self._mode, self._buf, self._region = "content", "", Region()
+
+    # --- output ---
+
+    def _emit(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
+        deltas: list[ToolCallDelta] = []
+        for index, slot in enumerate(self._slots):
+            if slot.dead or slot.call.name is None:
+                continue
+            args = self._args_now(slot.call)
+            if not args.startswith(slot.args_sent):
+                continue  # cannot happen for well-formed text; never send a contradiction
+            more = args[len(slot.args_sent):]
+            if not slot.header_sent:
+                deltas.append(ToolCallDelta(index, slot.id, slot.call.name, more))
+                slot.header_sent = True
+            elif more:
+                deltas.append(ToolCallDelta(index, arguments=more))
+            slot.args_sent = args
+        content = self._content + (self._region.content if self._mode == "region" else "")
+        pending = content[self._sent:]
+        text = ""
+        if pending.strip() or (final and not self._slots and pending):
+            text, self._sent = pending, len(content)
+        return text, deltas
+
+    @staticmethod
+    def _args_now(call: PartialCall) -> str:
+        if call.done or call.args_done:
+            try:
+                return final_arguments(call)
+            except JsonError:
+                return call.args or ""
+        raw = call.args or ""
+        return "" if raw.startswith('"') else raw  # a string-encoded value is sent once decoded
+
+
+def _held_back(buf: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest end of buf that could be the start of a marker."""
+    best = 0
+    for marker in markers:
+        for n in range(min(len(marker) - 1, len(buf)), best, -1):
+            if marker.startswith(buf[-n:]):
+                best = n
+                break
+    return best
