@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -23,7 +24,7 @@ from node.api.schemas import _integer, _number
 from node.api.schemas import _tools as openai_tools
 from node.errors import InvalidRequest, NodeError, Unsupported
 from node.inference.generate import CompletionRun
-from node.inference.request import CompletionRequest, Delta, ResponseFormat, ToolCall, ToolSpec
+from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
 from node.trace import RequestTrace
 
@@ -397,7 +398,7 @@ class MessagesDialect:
     def events(self, run: CompletionRun) -> MessageEvents:
         return MessageEvents(run)
 
-    def body(self, run: CompletionRun) -> dict[str, Any]:
+    def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
         return message_body(run)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -22,7 +23,7 @@ from node.api.errors import error_response
 from node.api.streaming import StreamEvents, stream_completion
 from node.errors import NodeError
 from node.inference.generate import CompletionRun
-from node.inference.request import CompletionRequest
+from node.inference.request import CompletionRequest, TokenLogprob
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,9 @@ class Dialect(Protocol):
     def events(self, run: CompletionRun) -> StreamEvents:
         """The SSE events of a streamed reply."""
 
-    def body(self, run: CompletionRun) -> dict[str, Any]:
-        """The JSON body of a complete reply (the run's text, tool calls and trace are final)."""
+    def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """The JSON body of a complete reply (the run's text, tool calls and trace are final; the
+        logprobs of its tokens when they were asked)."""
 
 
 def default_operation(completion: CompletionRequest) -> str:
@@ -59,10 +61,11 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
             result = await stream_completion(request, run, dialect.events(run))
             outcome, error = result.outcome, result.error
             return result.response
-        async for _ in run.deltas():  # the run keeps the text and tool calls
-            pass
+        logprobs: list[TokenLogprob] = []
+        async for delta in run.deltas():  # the run keeps the text and tool calls
+            logprobs.extend(delta.logprobs)
         trace.finished = time.monotonic()  # the response's timings and the summary line agree
-        body = dialect.body(run)
+        body = dialect.body(run, logprobs)
         outcome = "ok"
         return web.json_response(body, headers=trace.headers())
     except asyncio.CancelledError:

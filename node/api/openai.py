@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -22,7 +23,7 @@ from node.api.schemas import parse_completion, parse_embeddings
 from node.errors import NodeError
 from node.inference.embeddings import run_embeddings
 from node.inference.generate import CompletionRun
-from node.inference.request import CompletionRequest
+from node.inference.request import CompletionRequest, TokenLogprob
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ class ChatDialect:
     def events(self, run: CompletionRun) -> StreamChunks:
         return StreamChunks(self.completion, run.trace)
 
-    def body(self, run: CompletionRun) -> dict[str, Any]:
-        return completion_body(self.completion, run.trace, run.content, run.tool_calls)
+    def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        return completion_body(self.completion, run.trace, run.content, logprobs, run.tool_calls)
 
 
 async def serve_completion(request: web.Request, completion: CompletionRequest) -> web.StreamResponse:

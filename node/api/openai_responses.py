@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -25,7 +26,7 @@ from node.api.schemas import _response_format as openai_response_format
 from node.api.schemas import _tools as openai_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
 from node.inference.generate import CompletionRun
-from node.inference.request import CompletionRequest, Delta, ResponseFormat, ToolCall, ToolSpec
+from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
 from node.trace import RequestTrace
 
@@ -404,7 +405,7 @@ class ResponsesDialect:
     def events(self, run: CompletionRun) -> ResponseEvents:
         return ResponseEvents(run, self.options, self.store)
 
-    def body(self, run: CompletionRun) -> dict[str, Any]:
+    def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
         body = response_object(run.trace, self.options, _final_status(run), _final_output(run), usage=True)
         _remember(self.store, run, self.options, body)
         return body

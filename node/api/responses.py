@@ -9,11 +9,12 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from node.errors import NodeError
 from node.inference.embeddings import EmbeddingResult
-from node.inference.request import CompletionRequest, Delta, ToolCall, ToolCallDelta
+from node.inference.request import CompletionRequest, Delta, TokenLogprob, ToolCall, ToolCallDelta
 from node.trace import RequestTrace
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -29,6 +30,29 @@ def usage(trace: RequestTrace) -> dict[str, int]:
     prompt = trace.prompt_tokens or 0
     return {"prompt_tokens": prompt, "completion_tokens": trace.completion_tokens,
             "total_tokens": prompt + trace.completion_tokens}
+
+
+def chat_logprobs(items: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """Chat's `choices[].logprobs`: one entry per token, its top alternatives, bytes as integers."""
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
+                         "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(b)} for s, b, lp in t.top]}
+                        for t in items],
+            "refusal": None}
+
+
+def completion_logprobs(items: Sequence[TokenLogprob], prompt_chars: int) -> dict[str, Any]:
+    """The legacy completions shape; text_offset counts characters from the start of the prompt (echo
+    off), as OpenAI's and llama-cpp-python's do."""
+    return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{s: lp for s, _b, lp in t.top} for t in items],
+            "text_offset": [prompt_chars + t.text_offset for t in items]}
+
+
+def logprobs_field(completion: CompletionRequest, items: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+    """A choice's `logprobs` in the request's dialect (None when not asked)."""
+    if completion.params.logprobs is None:
+        return None
+    return chat_logprobs(items) if completion.kind == "chat" else completion_logprobs(items, len(completion.prompt))
 
 
 def tool_calls_json(calls: list[ToolCall] | tuple[ToolCall, ...]) -> list[dict[str, Any]]:
@@ -50,16 +74,18 @@ def tool_call_deltas_json(deltas: tuple[ToolCallDelta, ...] | list[ToolCallDelta
 
 
 def completion_body(completion: CompletionRequest, trace: RequestTrace, text: str,
+                    logprobs: Sequence[TokenLogprob] = (),
                     tool_calls: list[ToolCall] | tuple[ToolCall, ...] = ()) -> dict[str, Any]:
     """The non-streaming response body (content null when the reply is only tool calls)."""
+    lp = logprobs_field(completion, logprobs)
     if completion.kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text if (text or not tool_calls) else None}
         if tool_calls:
             message["tool_calls"] = tool_calls_json(tool_calls)
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": trace.finish_reason}
+        choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": trace.finish_reason}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": trace.finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": trace.finish_reason}
         obj = "text_completion"
     return {
         "id": completion_id(trace, completion.kind),
@@ -87,6 +113,7 @@ class StreamChunks:
 
     def __init__(self, completion: CompletionRequest, trace: RequestTrace):
         self._chat = completion.kind == "chat"
+        self._completion = completion
         self._trace = trace
         self._include_usage = completion.include_usage
         self._base: dict[str, Any] = {
@@ -104,8 +131,10 @@ class StreamChunks:
         return [self._chunk({"role": "assistant", "content": ""}, None)] if self._chat else []
 
     def delta(self, delta: Delta) -> list[bytes]:
-        """A chunk of generated text, and one of tool-call pieces (chat only); none for an empty delta."""
-        out = [self._chunk({"content": delta.text}, None)] if delta.text else []
+        """A chunk of generated text (with the logprobs of its tokens when they were asked), and one of
+        tool-call pieces (chat only); none for an empty delta."""
+        out = [self._chunk({"content": delta.text}, None, logprobs=logprobs_field(self._completion, delta.logprobs))] \
+            if delta.text or delta.logprobs else []
         if delta.tool_calls:
             out.append(self._chunk({"tool_calls": tool_call_deltas_json(delta.tool_calls)}, None))
         return out
@@ -123,11 +152,12 @@ class StreamChunks:
                     DONE_EVENT]
         return [self._chunk({}, trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None, **extra: Any) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None,
+               **extra: Any) -> bytes:
         if self._chat:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": logprobs, "finish_reason": finish}
         return sse_event({**self._base, "choices": [choice], **extra})
 
 

@@ -15,7 +15,7 @@ import jsonschema
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
 from node.inference.request import CompletionRequest, ResponseFormat, ToolCall, ToolSpec
-from node.inference.sampling import SamplingParams
+from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -26,8 +26,6 @@ _IGNORED_OK = {"user", "store", "metadata", "service_tier"}
 _UNSUPPORTED = {
     "functions": "the legacy `functions` parameter is not supported: use `tools`",
     "function_call": "the legacy `function_call` parameter is not supported: use `tool_choice`",
-    "logprobs": "logprobs are not supported by this node",
-    "top_logprobs": "logprobs are not supported by this node",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",
@@ -45,8 +43,9 @@ _COMMON = {
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
-_CHAT_KEYS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls"}
-_COMPLETION_KEYS = _COMMON | {"prompt"}
+_CHAT_KEYS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs"}
+_COMPLETION_KEYS = _COMMON | {"prompt", "logprobs"}
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -82,6 +81,21 @@ def _stop(body: dict) -> tuple[str, ...]:
     if len(value) > MAX_STOP_SEQUENCES:
         raise InvalidRequest(f"`stop` accepts at most {MAX_STOP_SEQUENCES} sequences", param="stop")
     return tuple(s for s in value if s)
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """SamplingParams.logprobs: None (off), or how many of the most likely tokens to report too.
+    Chat: `logprobs` (bool) and `top_logprobs` (0-20, only with logprobs true); completions:
+    `logprobs` (0-5)."""
+    if kind == "text":
+        return _integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise InvalidRequest(f"`logprobs` must be a boolean, got {type(on).__name__}", param="logprobs")
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not on:
+        raise InvalidRequest("`top_logprobs` is only allowed when `logprobs` is true", param="top_logprobs")
+    return (top or 0) if on else None
 
 
 def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
@@ -385,6 +399,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 10.0),
         stop=_stop(body),
+        logprobs=_logprobs(body, kind),
         logit_bias=_logit_bias(body),
     )
     response_format = _response_format(body)

@@ -19,9 +19,17 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from node import const
-from node.errors import ContextLengthExceeded, InvalidRequest, ModelUnavailable, NodeError, Unsupported
+from node.errors import (
+    ContextLengthExceeded,
+    EngineError,
+    InvalidRequest,
+    ModelUnavailable,
+    NodeError,
+    Unsupported,
+)
 from node.inference import constrain
-from node.inference.handoff import GenerationJob, TokenChannel
+from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
+from node.inference.logprobs import LogprobTrack
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.request import CompletionRequest, Delta, ToolCall
 from node.inference.sampling import SamplingParams
@@ -193,13 +201,15 @@ class CompletionRun:
             source = await self._local_source()
         tok = served.tokenizer
         assembler = TextAssembler(job.params.stop)
+        track = None if job.params.logprobs is None else LogprobTrack(tok.piece)
         fmt = self._tool_format
         parser = new_parser(fmt, self.request, trace.request_id) if fmt is not None else None
         markers = frozenset(fmt.special_markers) if fmt is not None else frozenset()
         ended_by_eog = False
         produced = 0
         async for batch in source:
-            for token in batch:
+            scores = batch_scores(batch)
+            for i, token in enumerate(batch):
                 produced += 1
                 if tok.is_eog(token):
                     ended_by_eog = True
@@ -208,6 +218,10 @@ class CompletionRun:
                 trace.mark_token()
                 if first and self._on_first_token is not None:
                     self._on_first_token(trace)
+                if track is not None:
+                    if scores is None:
+                        raise EngineError("the engine returned no logprobs for a request that asked for them")
+                    track.add(token, scores[i], assembler.decoded_chars)
                 piece = tok.piece(token)
                 if not piece and markers:  # a tool-call marker may be a control token
                     special = tok.special_piece(token)
@@ -218,7 +232,8 @@ class CompletionRun:
                     job.cancel.set()
                 if delta:
                     self.text += delta
-                    out = self._split(parser, delta)
+                    out = self._split(parser, delta,
+                                      () if track is None else track.take(len(assembler.emitted)))
                     if out is not None:
                         yield out
                 if assembler.stop_match is not None:
@@ -226,9 +241,11 @@ class CompletionRun:
             if ended_by_eog or assembler.stop_match is not None:
                 break
         tail = assembler.finish()
-        if tail:
+        # a stop sequence's tokens are not reported; without one, the last held-back tokens go now
+        rest = () if track is None else (track.take(len(assembler.emitted)) if assembler.stop_match else track.rest())
+        if tail or rest:
             self.text += tail
-            out = self._split(parser, tail)
+            out = self._split(parser, tail, rest)
             if out is not None:
                 yield out
         if parser is not None:
@@ -246,12 +263,15 @@ class CompletionRun:
             trace.finish_reason = "tool_calls"
 
     @staticmethod
-    def _split(parser: ToolCallParser | None, text: str) -> Delta | None:
-        """A piece of the reply as a Delta: as it is, or content and tool-call pieces."""
+    def _split(parser: ToolCallParser | None, text: str, logprobs: tuple = ()) -> Delta | None:
+        """A piece of the reply as a Delta: as it is, or content and tool-call pieces (with the
+        logprobs of the tokens it came from)."""
         if parser is None:
-            return Delta(text=text)
-        content, calls = parser.feed(text)
-        return Delta(text=content, tool_calls=tuple(calls)) if content or calls else None
+            return Delta(text=text, logprobs=logprobs)
+        content, calls = parser.feed(text) if text else ("", [])
+        if content or calls or logprobs:
+            return Delta(text=content, tool_calls=tuple(calls), logprobs=logprobs)
+        return None
 
     async def _local_source(self):
         """Start llama.cpp on the model's executor; returns the token batch iterator."""

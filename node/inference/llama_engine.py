@@ -14,9 +14,12 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
+
 from node.errors import EngineError, InvalidRequest, ModelLoadError, NodeError
 from node.inference import constrain, llamacpp
 from node.inference.handoff import GenerationJob, TokenChannel
+from node.inference.logprobs import scores_from_logits
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -116,6 +119,7 @@ class LlamaEngine:
                 reset=True,
                 logits_processor=None if constraint is None else [lambda _ids, logits: constraint.apply(logits)],
             )
+            scores = self._scorer(llm, p.logprobs)
             last = None
             try:
                 for token in generator:
@@ -127,7 +131,7 @@ class LlamaEngine:
                     last = now
                     if job.cancel.is_set():
                         break
-                    channel.put(token)
+                    channel.put(token, None if scores is None else scores(token))
                     produced += 1
                     if is_eog(token) or produced >= job.max_new_tokens or job.cancel.is_set():
                         break
@@ -144,6 +148,22 @@ class LlamaEngine:
             channel.close(EngineError(f"llama.cpp generation failed: {exc}"))
             return
         channel.close()
+
+    @staticmethod
+    def _scorer(llm, n_top: int | None):
+        """None when logprobs are off; else token -> TokenScores from the logits llama.cpp sampled it
+        from: the context's last output row, still there while `generate` is suspended at its yield
+        (it evaluates the token after we resume it). Raw logits: the model's distribution, before
+        penalties, bias, grammar and temperature (see node.inference.logprobs)."""
+        if n_top is None:
+            return None
+        llama_cpp = llamacpp.load()
+        n_vocab = llm.n_vocab()
+
+        def scores(token: int):
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
+            return scores_from_logits(row, token, n_top)
+        return scores
 
     # --- embeddings (blocking; run on the executor) ---
 

@@ -61,6 +61,7 @@ class TokenLogprob:
     bytes: bytes
     logprob: float
     top: tuple[tuple[str, bytes, float], ...] = ()
+    text_offset: int = 0  # where the token's text starts in the reply, in characters
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,11 @@ class TextAssembler:
         self.emitted = ""  # everything sent to the client
         self.stop_match: StopMatch | None = None
 
+    @property
+    def decoded_chars(self) -> int:
+        """Characters decoded so far, emitted or held back (where the next token's text starts)."""
+        return len(self.emitted) + len(self._pending)
+
     def feed(self, piece: bytes) -> str:
         """Add one token's bytes; returns text safe to emit now ('' if held back)."""
         if self.stop_match is not None:

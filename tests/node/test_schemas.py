@@ -39,8 +39,7 @@ def test_bad_values_name_the_parameter(patch, param):
 
 @pytest.mark.parametrize(("patch", "param"), [
     ({"n": 2}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"logprobs": True}, "logprobs"),
+    ({"functions": [{"name": "f"}]}, "functions"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
 ])
 def test_unsupported_options_are_refused(patch, param):

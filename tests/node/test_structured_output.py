@@ -12,9 +12,9 @@ import pytest
 import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 
-from node.inference.synth import SynthSpec
+from node.inference.synth import SynthSpec, write_gguf
 from node.resources import default_model_path
-from tests.pipeline.swarm import split_model, start_slice_node, wait_for_route, wait_peers
+from tests.pipeline.swarm import SPLIT, start_slice_node, wait_for_route, wait_peers
 from tests.support.nodes import node_config, running_node, tiny_model
 from tests.support.schemas import bounded_schemas, max_bytes
 
@@ -161,6 +161,70 @@ async def test_property_every_reply_valid_local(node, client, schema):
     budget = max_bytes(schema) + 8
     assert budget + 64 < served.n_ctx
     text, finish = await complete(client, served.id, fmt(schema), stream=False, max_tokens=budget,
+                                  temperature=1.0, seed=len(json.dumps(schema)))
+    assert finish == "stop", (schema, text)
+    jsonschema.validate(json.loads(text), schema)
+
+
+# --- distributed route: a random model split over two node processes -----------------------------
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def chain(tmp_path_factory):
+    base = tmp_path_factory.mktemp("structured-chain")
+    model = write_gguf(base / "split6roomy.gguf", SPLIT.replace(n_ctx=4096, name="split6roomy"))  # fits any reply
+    a = start_slice_node(base, "a", model, "0-2")
+    b = start_slice_node(base, "b", model, "3-5", bootstrap=[a.peer_port])
+    try:
+        await a.async_wait_ready()
+        await b.async_wait_ready()
+        await wait_peers(a, 1)
+        model_id = await wait_for_route(a, "split6roomy")
+        client = openai.AsyncOpenAI(base_url=f"{a.base}/v1", api_key=a.api_key, max_retries=0)
+        from node.inference.tokenizer import ModelTokenizer
+
+        tok = ModelTokenizer(model)
+        try:
+            yield {"client": client, "model_id": model_id, "a": a, "tok": tok}
+        finally:
+            tok.close()
+    finally:
+        for proc in (a, b):
+            proc.terminate()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+async def test_distributed_json_schema(chain, stream):
+    for seed in range(1):
+        text, finish = await complete(chain["client"], chain["model_id"], fmt(PERSON), stream=stream,
+                                      temperature=1.0, seed=seed, max_tokens=max_bytes(PERSON))
+        assert finish == "stop", text
+        jsonschema.validate(json.loads(text), PERSON)
+    log = chain["a"].node_log()
+    assert "route=distributed" in log
+
+
+@pytest.mark.slow
+async def test_distributed_json_object_and_unsupported_feature(chain):
+    with pytest.raises(openai.BadRequestError) as caught:
+        await complete(chain["client"], chain["model_id"], fmt({"type": "object", "not": {}}), stream=True,
+                       max_tokens=20)
+    assert caught.value.body["param"] == "response_format" and "not" in caught.value.body["message"]
+
+
+@pytest.mark.slow
+async def test_logit_bias_forces_and_bans_distributed(chain):
+    await check_logit_bias(chain["client"], chain["model_id"], chain["tok"])
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(schema=bounded_schemas())
+async def test_property_every_reply_valid_distributed(chain, schema):
+    budget = max_bytes(schema) + 8
+    assert budget + 100 < 4096
+    text, finish = await complete(chain["client"], chain["model_id"], fmt(schema), stream=True, max_tokens=budget,
                                   temperature=1.0, seed=len(json.dumps(schema)))
     assert finish == "stop", (schema, text)
     jsonschema.validate(json.loads(text), schema)

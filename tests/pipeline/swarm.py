@@ -37,6 +37,14 @@ def start_slice_node(base: Path, name: str, model: Path, layers: str, *, bootstr
     return NodeProcess(base / name, args=[*args, *extra])
 
 
+def start_whole_node(base: Path, name: str, model: Path, *, bootstrap: list[int] = ()) -> NodeProcess:
+    """A node serving the model whole with llama.cpp (no --layers), nothing else."""
+    args = ["--model", str(model), "--no-default-model", "--no-mdns", "--n-threads", "1"]
+    for peer_port in bootstrap:
+        args += ["--bootstrap", f"127.0.0.1:{peer_port}"]
+    return NodeProcess(base / name, args=args)
+
+
 async def wait_for_route(proc: NodeProcess, model_name: str, timeout_s: float = 60.0) -> str:
     """Wait until the node lists the model as servable; returns its id."""
     async def listed():

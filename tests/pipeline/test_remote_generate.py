@@ -25,6 +25,7 @@ from tests.pipeline.swarm import (
     llama_greedy,
     run,
     start_slice_node,
+    start_whole_node,
     stream_and_signal,
     wait_for_route,
     wait_peers,
@@ -45,14 +46,6 @@ def whole_model(directory: Path) -> Path:
     if not path.exists():
         write_gguf(path, WHOLE)
     return path
-
-
-def start_whole_node(base: Path, name: str, model: Path, *, bootstrap: list[int] = ()) -> NodeProcess:
-    """A node serving the model whole with llama.cpp (no --layers), nothing else."""
-    args = ["--model", str(model), "--no-default-model", "--no-mdns", "--n-threads", "1"]
-    for peer_port in bootstrap:
-        args += ["--bootstrap", f"127.0.0.1:{peer_port}"]
-    return NodeProcess(base / name, args=args)
 
 
 async def _ids(procs) -> dict[str, NodeProcess]:

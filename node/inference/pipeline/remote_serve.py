@@ -26,7 +26,7 @@ from typing import Any
 
 from node import const
 from node.errors import ModelUnavailable, NodeError, Overloaded, PeerUnreachable, ProtocolError
-from node.inference.handoff import GenerationJob, TokenChannel
+from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens, sid_of
 from node.inference.pipeline.transport import PipelineTransport
@@ -204,7 +204,8 @@ class RemoteGenerateServer:
             last_token = None
             async for batch in channel.batches():
                 now = time.monotonic()
-                self._send(g, Tokens(g.gen.sid, g.sent, tuple(batch), eval_us=int((now - last) * 1e6)))
+                self._send(g, Tokens(g.gen.sid, g.sent, tuple(batch), eval_us=int((now - last) * 1e6),
+                                     scores=tuple(batch_scores(batch) or ())))
                 last, last_token = now, batch[-1]
             g.end = ("eog" if last_token is not None and tok.is_eog(last_token)
                      else "cancelled" if job.cancel.is_set() else "length")

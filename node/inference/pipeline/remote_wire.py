@@ -7,6 +7,10 @@ with TOKENS frames: token ids as the engine hands them over, numbered (`first` =
 first token in this generation, so a gap or a repeat is detected), an empty one as a keepalive
 while there is nothing to send, and a last one with `end` (eog | length | cancelled | error, with
 a code and message). GENERATE_CANCEL stops the holder's generation at its next token.
+
+When the sampling parameters ask for logprobs, a TOKENS batch also carries each token's (header
+`lp` = k, the number of top tokens each; payload after the ids: n f32 chosen logprobs, n×k int32
+top ids, n×k f32 top logprobs). Absent otherwise, so a coordinator that never asks never sees it.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import numpy as np
 
 from node import const
 from node.errors import ProtocolError
+from node.inference.handoff import TokenScores
 from node.inference.pipeline.wire import _sampling_from_wire, _sampling_to_wire, encode_tokens
-from node.inference.sampling import SamplingParams
+from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 END_REASONS = ("eog", "length", "cancelled", "error")
 MAX_SID_CHARS = 200
@@ -135,9 +140,17 @@ class Tokens:
     end: str | None = None  # eog | length | cancelled | error: the generation is over
     error_code: str | None = None
     error: str | None = None
+    scores: tuple[TokenScores, ...] = ()  # one per token when the request asked for logprobs
+
+    def __post_init__(self) -> None:
+        if self.scores and (len(self.scores) != len(self.tokens)
+                            or len({len(s.top_ids) for s in self.scores}) != 1):
+            raise ValueError("TOKENS scores: one per token, each with the same number of top tokens")
 
     def to_header(self) -> dict[str, Any]:
         header: dict[str, Any] = {"sid": self.sid, "first": self.first, "n": len(self.tokens)}
+        if self.scores:
+            header["lp"] = len(self.scores[0].top_ids)
         if self.eval_us:
             header["eval_us"] = self.eval_us
         if self.end is not None:
@@ -147,7 +160,13 @@ class Tokens:
         return header
 
     def payload(self) -> bytes:
-        return encode_tokens(list(self.tokens)) if self.tokens else b""
+        data = encode_tokens(list(self.tokens)) if self.tokens else b""
+        if self.scores:
+            data += b"".join((
+                np.asarray([s.logprob for s in self.scores], dtype="<f4").tobytes(),
+                np.asarray([s.top_ids for s in self.scores], dtype="<i4").tobytes(),
+                np.asarray([s.top_logprobs for s in self.scores], dtype="<f4").tobytes()))
+        return data
 
     @classmethod
     def from_frame(cls, h: Any, payload: bytes) -> Tokens:
@@ -158,6 +177,10 @@ class Tokens:
         first = _int(h.get("first"), "first token index", 0, MAX_NEW_TOKENS)
         n = _int(h.get("n", 0), "token count", 0, MAX_NEW_TOKENS)
         eval_us = _int(h.get("eval_us", 0), "eval_us", 0, 1 << 62)
+        k = None if h.get("lp") is None else _int(h.get("lp"), "logprobs top count", 0, MAX_TOP_LOGPROBS)
+        scores: tuple[TokenScores, ...] = ()
+        if k is not None and n:
+            payload, scores = _scores(payload, n, k)
         ids = _token_array(payload, n, "TOKENS")
         if (ids < 0).any():
             raise ProtocolError("TOKENS carries a negative token id")
@@ -175,7 +198,23 @@ class Tokens:
                 raise ProtocolError("TOKENS error code and message must be strings")
         if end == "error" and code is None:
             raise ProtocolError("a TOKENS error end carries no code")
-        return cls(sid, first, tuple(tokens), eval_us, end, code, message)
+        return cls(sid, first, tuple(tokens), eval_us, end, code, message, scores)
+
+
+def _scores(payload: bytes, n: int, k: int) -> tuple[bytes, tuple[TokenScores, ...]]:
+    """Split a TOKENS payload with logprobs into the ids' bytes and the scores of each token."""
+    size = 4 * n * (2 + 2 * k)
+    if len(payload) != size:
+        raise ProtocolError(f"TOKENS with logprobs says {n} tokens, top {k}, but carries {len(payload)} bytes "
+                            f"({size} expected)")
+    at = 4 * n
+    chosen = np.frombuffer(payload, dtype="<f4", count=n, offset=at).tolist()
+    top_ids = np.frombuffer(payload, dtype="<i4", count=n * k, offset=at + 4 * n).reshape(n, k)
+    if (top_ids < 0).any():
+        raise ProtocolError("TOKENS carries a negative top token id")
+    top = np.frombuffer(payload, dtype="<f4", count=n * k, offset=at + 4 * n * (1 + k)).reshape(n, k).tolist()
+    ids = top_ids.tolist()
+    return payload[:at], tuple(TokenScores(chosen[i], tuple(ids[i]), tuple(top[i])) for i in range(n))
 
 
 @dataclass(frozen=True)

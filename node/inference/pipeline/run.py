@@ -23,7 +23,7 @@ from typing import Protocol
 
 from node import const
 from node.errors import InsufficientCapacity, SegmentFailed
-from node.inference.handoff import GenerationJob
+from node.inference.handoff import GenerationJob, TokenBatch
 from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
 from node.inference.pipeline.perf import PeerPerformance, add_segment_telemetry
 from node.inference.pipeline.planner import describe_chain
@@ -106,15 +106,16 @@ class PipelineRun:
             part = tokens[start:start + chunk]
             last_step = self.coordinator.send_step(att, job, part, start, sample=start + chunk >= len(tokens),
                                                    history=tuple(generated), trace=trace)
-        token = await self._token(att, last_step)
+        result = await self._token(att, last_step)
         while True:
+            token = result.token
             generated.append(token)
-            yield [token]
+            yield [token] if result.scores is None else TokenBatch([token], [result.scores])
             if self.is_eog(token) or len(generated) >= job.max_new_tokens or job.cancel.is_set():
                 return
             index_pos = len(job.prompt_tokens) + len(generated) - 1
             step = self.coordinator.send_step(att, job, [token], index_pos, sample=True, history=(), trace=trace)
-            token = await self._token(att, step)
+            result = await self._token(att, step)
 
     async def _generate_remote(self, att: Attempt) -> AsyncIterator[list[int]]:
         """The holder of the whole model generates from prompt + generated; yields its batches."""
@@ -133,8 +134,11 @@ class PipelineRun:
                 eog = next((i for i, t in enumerate(batch) if self.is_eog(t)), None)
                 if eog is not None:
                     batch = batch[:eog + 1]
+                if job.params.logprobs is not None and not msg.scores:
+                    raise SegmentFailed(f"TOKENS from {holder.node_id[:8]} carry no logprobs (its version does "
+                                        "not compute them)", node_id=holder.node_id, cause="protocol")
                 generated.extend(batch)
-                yield batch
+                yield TokenBatch(batch, list(msg.scores[:len(batch)])) if msg.scores else batch
                 if eog is not None or len(generated) >= job.max_new_tokens or job.cancel.is_set():
                     return
             if msg.end in ("eog", "length"):
@@ -153,8 +157,9 @@ class PipelineRun:
         if msg.first > 0 and msg.eval_us > 0:
             self.perf.observe_whole(node_id, n_layers, msg.eval_us, len(msg.tokens), wall_ms)
 
-    async def _token(self, att: Attempt, step: Step) -> int:
-        """The step's sampled token; SegmentFailed naming the node to route around."""
+    async def _token(self, att: Attempt, step: Step) -> Result:
+        """The step's RESULT, with its sampled token (and its logprobs when the request asked for
+        them); SegmentFailed naming the node to route around."""
         result = await self.deadlines.wait(att, step, self.trace)
         if result.error is not None:
             raise SegmentFailed(result.error, node_id=result.failed_node or att.route[0].node_id,
@@ -163,7 +168,10 @@ class PipelineRun:
         if result.token is None:
             raise SegmentFailed("RESULT of a sampling step carries no token", node_id=att.route[-1].node_id,
                                 cause="protocol")
-        return result.token
+        if self.job.params.logprobs is not None and result.scores is None:
+            raise SegmentFailed("RESULT carries no logprobs (that node's version does not compute them)",
+                                node_id=att.route[-1].node_id, cause="protocol")
+        return result
 
     def _account(self, att: Attempt, step: Step, result: Result) -> None:
         """A completed step's telemetry: segment 0's KV length, the trace's per-segment figures,

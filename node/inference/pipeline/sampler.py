@@ -7,6 +7,10 @@ gives the same text on this path; the random stream differs from llama.cpp's).
 
 A request's logit_bias and output grammar (node.inference.constrain) come first, as on the local
 route: the constraint masks the raw logits before the penalties, and follows each sampled token.
+
+`scores` gives the logprobs a request asked for: of the model's distribution (the log-softmax of
+the raw logits, before any of the steps above), as llama.cpp's route reports them
+(node.inference.logprobs).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections import Counter
 import torch
 
 from node.inference import constrain
+from node.inference.handoff import TokenScores
 from node.inference.sampling import SamplingParams
 
 PENALTY_LAST_N = 64
@@ -73,6 +78,19 @@ class Sampler:
             self.constraint.accept(token)
         self.history.append(token)
         return token
+
+    def scores(self, logits: torch.Tensor, token: int) -> TokenScores | None:
+        """The chosen token's logprob and the most likely `params.logprobs` tokens of one row of raw
+        logits [V]; None when the request asked for no logprobs."""
+        n_top = self.params.logprobs
+        if n_top is None:
+            return None
+        logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+        chosen = float(logprobs[token])
+        if n_top <= 0:
+            return TokenScores(chosen)
+        values, ids = torch.topk(logprobs, min(n_top, logprobs.numel()))
+        return TokenScores(chosen, tuple(ids.tolist()), tuple(values.tolist()))
 
     def _draw(self, logits: torch.Tensor) -> int:
         p = self.params

@@ -16,7 +16,8 @@ import torch
 import zstandard
 
 from node.errors import ProtocolError
-from node.inference.sampling import SamplingParams
+from node.inference.handoff import TokenScores
+from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 ZSTD_MIN_BYTES = 64 * 1024  # compress activation payloads at least this large (prefill)
 ZSTD_LEVEL = 1
@@ -202,6 +203,24 @@ class Work:
         return work
 
 
+def scores_to_wire(s: TokenScores) -> dict[str, Any]:
+    """A token's logprobs in a RESULT header: {"lp", "ids", "top"}."""
+    return {"lp": s.logprob, "ids": list(s.top_ids), "top": list(s.top_logprobs)}
+
+
+def scores_from_wire(data: Any) -> TokenScores:
+    """The inverse of scores_to_wire; ProtocolError on a malformed one."""
+    try:
+        ids = tuple(int(i) for i in data.get("ids") or ())
+        top = tuple(float(v) for v in data.get("top") or ())
+        scores = TokenScores(float(data["lp"]), ids, top)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed logprobs: {exc}") from exc
+    if len(ids) != len(top) or len(ids) > MAX_TOP_LOGPROBS or any(i < 0 for i in ids):
+        raise ProtocolError(f"malformed logprobs: {len(ids)} ids, {len(top)} values")
+    return scores
+
+
 @dataclass(frozen=True)
 class Result:
     """From the last segment (or a failing one) to the coordinator."""
@@ -213,11 +232,14 @@ class Result:
     error: str | None = None  # message when a segment failed this step
     error_code: str | None = None
     failed_node: str | None = None
+    scores: TokenScores | None = None  # the token's logprobs, only when the request asked for them
 
     def to_header(self) -> dict[str, Any]:
         header: dict[str, Any] = {"sid": self.sid, "seq": self.seq, "telemetry": list(self.telemetry)}
         if self.token is not None:
             header["token"] = self.token
+        if self.scores is not None:  # absent unless asked: older coordinators never see it
+            header["logprobs"] = scores_to_wire(self.scores)
         if self.error is not None:
             header["error"] = {"message": self.error, "code": self.error_code, "node": self.failed_node}
         return header
@@ -226,10 +248,14 @@ class Result:
     def from_header(cls, h: Any) -> Result:
         try:
             err = h.get("error") or {}
+            scores = h.get("logprobs")
             return cls(sid=str(h["sid"]), seq=int(h["seq"]),
                        token=None if h.get("token") is None else int(h["token"]),
                        telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
-                       error=err.get("message"), error_code=err.get("code"), failed_node=err.get("node"))
+                       error=err.get("message"), error_code=err.get("code"), failed_node=err.get("node"),
+                       scores=None if scores is None else scores_from_wire(scores))
+        except ProtocolError:
+            raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed RESULT header: {exc}") from exc
 

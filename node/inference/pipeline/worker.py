@@ -192,7 +192,7 @@ class SegmentWorker:
         out = model.forward(sess, inputs, work.index_pos, last_only=is_last)
         tele = HopTelemetry(self.node_id, hop.start, hop.end, kv_len=sess.kv_len, bytes_in=len(payload),
                             wait_us=int((started - received) * 1e6))
-        token = meta = data = None
+        token = scores = meta = data = None
         if is_last:
             if work.sample:
                 sampler = self.samplers.get(work.sid)
@@ -203,6 +203,7 @@ class SegmentWorker:
                     sampler = self.samplers[work.sid] = Sampler(
                         work.sampling, work.history, vocab=hosted.vocabulary() if constrained else None)
                 token = sampler.sample(out[-1])
+                scores = sampler.scores(out[-1], token)  # None unless the request asked for logprobs
             tele.eval_us = int((time.monotonic() - computing) * 1e6)
             tele.codec_us = int((computing - started) * 1e6)
         else:
@@ -211,7 +212,7 @@ class SegmentWorker:
             tele.bytes_out = len(data)
             tele.eval_us = int((computed - computing) * 1e6)
             tele.codec_us = int((computing - started + time.monotonic() - computed) * 1e6)
-        return tele, token, meta, data
+        return tele, token, scores, meta, data
 
     def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str,
                ack: _PendingAck | None) -> None:
@@ -229,7 +230,7 @@ class SegmentWorker:
             self._take_ack(ack)  # nobody waits for it any more (dropped, with its timer)
             self._drop_cancelled(hosted, work.sid)
             return
-        tele, token, meta, data = outcome
+        tele, token, scores, meta, data = outcome
         hosted.note_eval(tele.eval_us, work.n_tokens, tele.end - tele.start)
         if work.coordinator != self.node_id:
             served = hosted.served
@@ -258,7 +259,8 @@ class SegmentWorker:
                               kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
             else:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
-                result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()))
+                result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()),
+                                scores=scores)
                 ack_header = self._take_ack(ack, done=True)  # the ACK, then the RESULT, in one write
                 frames = [] if ack_header is None else [(FrameType.ACK, ack_header, b"")]
                 self.transport.send_many(work.coordinator, [*frames, (FrameType.RESULT, result.to_header(), b"")])

@@ -1,0 +1,193 @@
+"""The grammar compiler and per-request matcher (node.inference.constrain) on real vocabularies:
+the default model's (ChatML special tokens) and a tiny synth one."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from node.errors import InvalidRequest, Unsupported
+from node.inference import constrain
+from node.inference import grammar as g
+from node.inference.sampling import SamplingParams
+from node.inference.tokenizer import ModelTokenizer
+from node.resources import default_model_path
+from tests.support.nodes import tiny_model
+
+pytestmark = pytest.mark.llama
+
+
+@pytest.fixture(scope="module")
+def tok():
+    if not default_model_path().exists():
+        pytest.skip("the embedded default model is not in this checkout")
+    t = ModelTokenizer(default_model_path())
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_tok(tmp_path_factory):
+    t = ModelTokenizer(tiny_model(tmp_path_factory.mktemp("vocab")))
+    yield t
+    t.close()
+
+
+def walk(tok, spec, seed=0, steps=300, params=None):
+    """Random logits, masked: the bytes produced until an end-of-generation token (or None)."""
+    c = constrain.constraint_for(tok, params or SamplingParams(grammar=spec))
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        logits = rng.normal(size=tok.n_vocab).astype(np.float32) * 3
+        c.apply(logits)
+        token = int(np.argmax(logits))
+        if tok.is_eog(token):
+            return out, c
+        out.append(token)
+        c.accept(token)
+    return None, c
+
+
+def text_of(tok, ids):
+    return b"".join(tok.piece(i) for i in ids).decode()
+
+
+def test_json_schema_replies_are_valid_and_end_with_eog(tiny_tok):
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                                               "b": {"enum": ["x", "y"]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    for seed in range(5):
+        ids, c = walk(tiny_tok, g.json_value(schema), seed)
+        value = json.loads(text_of(tiny_tok, ids))
+        assert set(value) == {"a", "b"} and 0 <= value["a"] <= 9 and value["b"] in ("x", "y")
+        assert c.done
+        allowed = c.allowed()
+        assert set(np.flatnonzero(allowed)) == {i for i in range(tiny_tok.n_vocab) if tiny_tok.is_eog(i)}
+
+
+def test_special_token_literal_seq_alt_repeat(tok):
+    spec = g.seq(g.literal("<|im_start|>"), g.repeat(g.literal("ab"), 2, 3, sep=","),
+                 g.alt(g.literal("X"), g.literal("Y")))
+    vocab = constrain.vocabulary(tok)
+    im_start = tok.tokenize("<|im_start|>", add_bos=False)[0]
+    assert f"<[{im_start}]>" in constrain.to_lark(spec, vocab)
+    ids, c = walk(tok, spec)
+    assert ids[0] == im_start  # the special token itself, not its text spelled out
+    rest = text_of(tok, ids[1:])
+    assert rest in ("ab,abX", "ab,abY", "ab,ab,abX", "ab,ab,abY")
+    assert c.done
+
+
+def test_text_up_to_a_stop_and_free_text(tok):
+    vocab = constrain.vocabulary(tok)
+    assert "[lazy]" in constrain.to_lark(g.free_text("END."), vocab)
+    c = constrain.constraint_for(tok, SamplingParams(grammar=g.seq(g.free_text("END"), g.literal("!"))))
+    for token in tok.tokenize("the END", add_bos=False):
+        c.accept(token)
+    assert not c.done
+    c.accept(tok.tokenize("!", add_bos=False)[-1])
+    assert c.done
+    free = constrain.constraint_for(tok, SamplingParams(grammar=g.free_text()))
+    allowed = free.allowed()  # free text: any text token, and end-of-generation; no other control token
+    special = constrain.vocabulary(tok).tokenizer.is_special_token
+    spelled = set()  # llguidance allows one token of several with the same bytes (byte tokens)
+    for i in range(tok.n_vocab):
+        if tok.is_eog(i):
+            assert allowed[i]
+        elif special(i):
+            assert not allowed[i], i
+        elif allowed[i]:
+            spelled.add(tok.piece(i))
+    def whole_text(piece: bytes) -> bool:  # a lone UTF-8 continuation byte cannot start text
+        try:
+            return bool(piece.decode("utf-8"))
+        except UnicodeDecodeError:
+            return False
+
+    assert {p for p in spelled if whole_text(p)} == {
+        tok.piece(i) for i in range(tok.n_vocab) if not special(i) and whole_text(tok.piece(i))}
+
+
+def test_repeat_min_zero_and_unbounded(tok):
+    vocab = constrain.vocabulary(tok)
+    assert "*" in constrain.to_lark(g.repeat(g.literal("a"), 1, None), vocab)
+    c = constrain.constraint_for(tok, SamplingParams(grammar=g.seq(g.repeat(g.literal("a"), 0, 2),
+                                                                          g.literal("b"))))
+    c.accept(tok.tokenize("b", add_bos=False)[-1])
+    assert c.done
+
+
+def test_logit_bias_bans_and_forces_and_the_grammar_wins(tiny_tok):
+    logits = np.zeros(tiny_tok.n_vocab, dtype=np.float32)
+    c = constrain.constraint_for(tiny_tok, SamplingParams(logit_bias=((7, -100.0), (9, 100.0), (11, 2.5))))
+    c.apply(logits)
+    assert logits[7] == -np.inf and logits[9] == 100 and logits[11] == 2.5 and int(np.argmax(logits)) == 9
+    brace = tiny_tok.tokenize("{", add_bos=False)[-1]
+    c = constrain.constraint_for(tiny_tok, SamplingParams(grammar=g.json_value(None), logit_bias=((9, 100.0),)))
+    logits = np.zeros(tiny_tok.n_vocab, dtype=np.float32)
+    c.apply(logits)
+    assert logits[9] == -np.inf and np.isfinite(logits[brace])
+
+
+def test_strided_and_padded_logits(tiny_tok):
+    c = constrain.constraint_for(tiny_tok, SamplingParams(grammar=g.literal("the")))
+    rows = np.zeros((tiny_tok.n_vocab + 8, 3), dtype=np.float32)
+    c.apply(rows[:, 1])  # a strided view, longer than the vocabulary
+    allowed = np.isfinite(rows[:, 1])
+    assert allowed[: tiny_tok.n_vocab].any() and not allowed[tiny_tok.n_vocab:].any()
+    assert (rows[:, 0] == 0).all()
+
+
+def test_history_is_replayed(tok):
+    spec = g.seq(g.literal("ab"), g.literal("c"))
+    history = tok.tokenize("ab", add_bos=False)
+    c = constrain.constraint_for(tok, SamplingParams(grammar=spec), history)
+    allowed = np.flatnonzero(c.allowed())
+    assert [tok.piece(int(i)) for i in allowed] == [b"c"] * len(allowed)
+
+
+@pytest.mark.parametrize(("schema", "error", "words"), [
+    ({"type": "object", "not": {}}, Unsupported, "not"),
+    ({"type": "string", "pattern": "(?<=a)b"}, Unsupported, "look-around"),
+    ({"type": "string", "format": "zip-code"}, Unsupported, "zip-code"),
+    ({"type": "wat"}, InvalidRequest, "wat"),
+    ({"$ref": "#/definitions/missing"}, InvalidRequest, "missing"),
+])
+def test_schema_errors_are_400s_naming_the_problem(tiny_tok, schema, error, words):
+    with pytest.raises(error) as caught:
+        constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(schema)))
+    assert caught.value.param == "response_format" and words in caught.value.message
+
+
+def test_logit_bias_outside_the_vocabulary(tiny_tok):
+    with pytest.raises(InvalidRequest) as caught:
+        constrain.check(tiny_tok, SamplingParams(logit_bias=((tiny_tok.n_vocab, 1.0),)))
+    assert caught.value.param == "logit_bias"
+
+
+def test_compiled_grammars_are_cached_per_vocabulary(tiny_tok):
+    vocab = constrain.vocabulary(tiny_tok)
+    assert constrain.vocabulary(tiny_tok) is vocab
+    spec = g.json_value({"type": "object", "properties": {"k": {"type": "boolean"}}})
+    vocab.matcher(spec)
+    key_count = len(vocab._compiled)
+    vocab.matcher(spec)
+    assert len(vocab._compiled) == key_count
+    for i in range(constrain.MAX_COMPILED + 5):
+        vocab.matcher(g.literal(f"x{i}"))
+    assert len(vocab._compiled) == constrain.MAX_COMPILED
+
+
+def test_request_grammar():
+    from node.inference.request import CompletionRequest, ResponseFormat
+
+    def req(fmt):
+        return CompletionRequest("chat", "m", False, False, SamplingParams(), messages=(), response_format=fmt)
+
+    assert constrain.request_grammar(req(None)) is None
+    assert constrain.request_grammar(req(ResponseFormat("json_object"))) == g.json_value(None)
+    schema = {"type": "object"}
+    assert constrain.request_grammar(req(ResponseFormat("json_schema", schema=schema))) == g.json_value(schema)

@@ -1,0 +1,243 @@
+"""Tool calling without a model: formats detected from real templates, prompts rendered by them,
+replies in each format parsed (whole and in random chunks), the grammar specs compiled.
+
+The replies parsed are what each template itself writes for an assistant message with tool calls:
+the text the model was trained to produce."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from node.inference import grammar
+from node.inference.chat import render_chat
+from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.sampling import SamplingParams
+from node.inference.tools import FORMATS, ToolCallParser, detect_format, prompt_inputs, tool_grammar
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+EXPECTED = {
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes",
+    "Qwen-Qwen2.5-7B-Instruct": "hermes",
+    "meta-llama-Llama-3.1-8B-Instruct": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct": "llama3",
+    "meta-llama-Llama-3.3-70B-Instruct": "llama3",
+    "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+}
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>")
+WEATHER = ToolSpec("get_weather", "Current weather in a city",
+                   {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                    "required": ["city"]})
+TIME = ToolSpec("get_time", "The time in a time zone", {"type": "object", "properties": {"tz": {"type": "string"}}})
+CALLS = (ToolCall("call_a1", "get_weather", '{"city": "Paris", "days": 2}'),
+         ToolCall("call_b2", "get_time", '{"tz": "Europe/Paris \\u00e9"}'))
+
+
+def template(name: str) -> str:
+    return (TEMPLATES / f"{name}.jinja").read_text()
+
+
+def request(messages, *, choice="auto", name=None, parallel=True, tools=(WEATHER, TIME)) -> CompletionRequest:
+    return CompletionRequest("chat", "m", False, False, SamplingParams(), messages=tuple(messages), tools=tools,
+                             tool_choice=choice, tool_choice_name=name, parallel_tool_calls=parallel)
+
+
+def render(tmpl: str, req: CompletionRequest, add_generation_prompt: bool = True) -> str:
+    fmt = detect_format(tmpl)
+    messages, tools = prompt_inputs(fmt, req, tmpl)
+    return render_chat(tmpl, messages, bos_token="<s>", eos_token="</s>", add_generation_prompt=add_generation_prompt,
+                       tools=tools)
+
+
+def parse(fmt_name: str, text: str, cuts: list[int] | None = None):
+    """(calls, final content, streamed content, streamed calls rebuilt from the deltas)."""
+    parser = ToolCallParser(FORMATS[fmt_name].syntax)
+    pieces, last = [], 0
+    for cut in sorted(set(cuts or [])):
+        pieces.append(text[last:cut])
+        last = cut
+    pieces.append(text[last:])
+    streamed, rebuilt = "", {}
+    for piece in pieces:
+        content, deltas = parser.feed(piece)
+        streamed += content
+        for d in deltas:
+            _add_delta(rebuilt, d)
+    content, deltas = parser.finish()
+    streamed += content
+    for d in deltas:
+        _add_delta(rebuilt, d)
+    return parser.calls, parser.content, streamed, [rebuilt[k] for k in sorted(rebuilt)]
+
+
+def _add_delta(rebuilt: dict, d) -> None:
+    if d.id is not None:
+        assert d.index not in rebuilt, "a call's id and name come once, in its first piece"
+        rebuilt[d.index] = [d.id, d.name, d.arguments]
+    else:
+        assert d.index in rebuilt, "argument pieces follow the call's first piece"
+        rebuilt[d.index][2] += d.arguments
+
+
+def template_reply(name: str, calls: tuple[ToolCall, ...]) -> str:
+    """What the template writes for an assistant turn making these calls (after the generation
+    prompt, up to the end of the turn)."""
+    tmpl = template(name)
+    user = [{"role": "user", "content": "Weather and time in Paris?"}]
+    prefix = render(tmpl, request(user))
+    full = render(tmpl, request([*user, {"role": "assistant", "content": "", "tool_calls": calls}]),
+                  add_generation_prompt=False)
+    assert full.startswith(prefix), name
+    reply = full[len(prefix):]
+    ends = [reply.find(m) for m in END_OF_TURN if m in reply]
+    return reply[: min(ends)] if ends else reply
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_format_detected_from_the_real_template(name):
+    assert detect_format(template(name)).name == EXPECTED[name]
+
+
+def test_templates_without_tools_get_the_generic_format():
+    assert detect_format(None).name == "generic"
+    chatml = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    assert detect_format(chatml).name == "generic"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_real_template_shows_the_tools_and_the_history(name):
+    tmpl = template(name)
+    calls = CALLS[:1]
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": calls},
+               {"role": "tool", "content": "sunny, 21C", "tool_call_id": "call_a1", "name": "get_weather"},
+               {"role": "assistant", "content": "Sunny in Paris."},
+               {"role": "user", "content": "And tomorrow?"}]
+    text = render(tmpl, request(history))
+    assert "get_weather" in text and "Current weather in a city" in text and '"city"' in text
+    assert "sunny, 21C" in text and "Paris" in text
+    none = render(tmpl, request(history, choice="none"))
+    assert "Current weather in a city" not in none  # tool_choice none: the tools are not offered
+    assert "sunny, 21C" in none  # but the history stays
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_templates_own_call_text_parses_back(name):
+    fmt = EXPECTED[name]
+    calls = CALLS[:1] if fmt == "llama3" else CALLS  # Llama 3.x templates take one call per turn
+    reply = template_reply(name, calls)
+    got, content, streamed, rebuilt = parse(fmt, reply)
+    assert [(c.name, json.loads(c.arguments)) for c in got] == [(c.name, json.loads(c.arguments)) for c in calls]
+    assert content == "" and streamed.strip() == ""
+    assert [[c.id, c.name, c.arguments] for c in got] == rebuilt
+    assert all(c.id.startswith("call_") and len(c.id) == 29 for c in got)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_random_chunkings_give_the_same_calls_and_content(data):
+    name = data.draw(st.sampled_from(sorted(EXPECTED)))
+    fmt = EXPECTED[name]
+    calls = CALLS[:1] if fmt == "llama3" else CALLS
+    reply = template_reply(name, calls)
+    if fmt in ("hermes", "mistral"):
+        reply = "Let me look that up. " + reply
+    cuts = data.draw(st.lists(st.integers(0, len(reply)), max_size=12))
+    whole = parse(fmt, reply)
+    chunked = parse(fmt, reply, cuts)
+    assert [(c.name, c.arguments) for c in chunked[0]] == [(c.name, c.arguments) for c in whole[0]]
+    assert chunked[1] == whole[1]
+    assert chunked[2].strip() == chunked[1]  # what was streamed is the content
+    assert [r[1:] for r in chunked[3]] == [[c.name, c.arguments] for c in chunked[0]]
+
+
+GENERIC_REPLIES = [
+    ('{"tool_call":{"name":"get_weather","arguments":{"city":"Paris"}}}', [("get_weather", {"city": "Paris"})], ""),
+    ('{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_time","arguments":{}}]}',
+     [("get_weather", {"city": "Oslo"}), ("get_time", {})], ""),
+    ('{"response":"It is \\"sunny\\" \\u00e9\\ud83d\\ude00 today."}', [], 'It is "sunny" é😀 today.'),
+    ('{"response":"cut sho', [], "cut sho"),  # max_tokens inside the response: the text so far
+]
+
+
+@pytest.mark.parametrize(("reply", "calls", "content"), GENERIC_REPLIES)
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(0, 120), max_size=10))
+def test_generic_replies_in_any_chunking(reply, calls, content, cuts):
+    got, final, streamed, rebuilt = parse("generic", reply, [c for c in cuts if c <= len(reply)])
+    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
+    assert final == content and streamed == content
+    assert [r[1:] for r in rebuilt] == [[c.name, c.arguments] for c in got]
+
+
+@pytest.mark.parametrize(("fmt", "reply"), [
+    ("hermes", 'Sure. <tool_call>\n{"name": "get_weather", "argum'),  # cut inside the call
+    ("hermes", "<tool_call>\nnot json at all\n</tool_call>"),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": [1, 2]}]'),  # arguments not an object
+    ("generic", '{"tool_call":{"name":"get_weather","arguments":{"city":"Par'),
+    ("generic", "plain text, no JSON"),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"'),
+])
+def test_invalid_or_partial_call_text_comes_back_as_content(fmt, reply, caplog):
+    got, content, streamed, _ = parse(fmt, reply)
+    assert got == []
+    assert content == reply  # never lost
+    if fmt != "generic" or reply.startswith("{"):
+        assert "tool call text was not valid; returned as content" in caplog.text
+
+
+def test_content_around_native_calls_is_kept():
+    reply = 'I will check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\nDone.'
+    got, content, _, _ = parse("hermes", reply)
+    assert [c.name for c in got] == ["get_time"]
+    assert content == "I will check.\n\nDone."
+    text_only = 'The tag <tool_ is not a call, and {"a": 1} is just JSON.'
+    assert parse("hermes", text_only)[:2] == ([], text_only)
+    assert parse("llama3", "Plain answer.")[:2] == ([], "Plain answer.")
+
+
+def test_arguments_written_as_a_json_string_are_decoded():
+    got, *_ = parse("hermes", '<tool_call>{"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"}</tool_call>')
+    assert got[0].arguments == '{"tz": "UTC"}'
+
+
+def test_mistral_history_ids_are_mapped_to_nine_characters():
+    tmpl = template("mistralai-Mistral-Nemo-Instruct-2407")
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "", "tool_calls": CALLS[:1]},
+               {"role": "tool", "content": "rain", "tool_call_id": "call_a1", "name": "get_weather"},
+               {"role": "assistant", "content": "It rains."},
+               {"role": "user", "content": "Thanks"}]
+    text = render(tmpl, request(history))  # the template raises unless ids are 9 alphanumerics
+    call_id = text.split('"id": "')[1][:9]
+    assert f'"call_id": "{call_id}"' in text and call_id.isalnum()
+
+
+# --- grammar specs ---
+
+def test_grammar_specs_per_tool_choice():
+    user = [{"role": "user", "content": "hi"}]
+    generic, hermes, mistral, llama = (FORMATS[n] for n in ("generic", "hermes", "mistral", "llama3"))
+    assert tool_grammar(hermes, request(user)) is None  # auto, native: parsed, not forced
+    assert tool_grammar(generic, request(user, choice="none")) is None
+    auto = tool_grammar(generic, request(user))
+    keys = [next(iter(o["properties"])) for o in auto["schema"]["anyOf"]]
+    assert keys == ["tool_call", "tool_calls", "response"]
+    assert [next(iter(o["properties"])) for o in
+            tool_grammar(generic, request(user, parallel=False))["schema"]["anyOf"]] == ["tool_call", "response"]
+    named = tool_grammar(generic, request(user, choice="function", name="get_time"))
+    assert named["schema"]["properties"]["tool_call"]["properties"]["name"] == {"const": "get_time"}
+    required = tool_grammar(hermes, request(user, choice="required", parallel=False))
+    assert required["type"] == "repeat" and required["min"] == 1 and required["max"] == 1
+    assert tool_grammar(hermes, request(user, choice="required"))["max"] is None
+    mis = tool_grammar(mistral, request(user, choice="function", name="get_weather"))
+    assert mis["items"][0] == grammar.literal("[TOOL_CALLS]") and mis["items"][1]["schema"]["maxItems"] == 1
+    lla = tool_grammar(llama, request(user, choice="required"))
+    assert "parameters" in lla["item"]["schema"]["anyOf"][0]["properties"]
+    for spec in (auto, named, required, mis, lla):
+        grammar.validate(spec)
