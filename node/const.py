@@ -108,3 +108,8 @@ AUTO_SERVE_DEFER_ROUNDS = 3  # evaluations a node waits for the first mover (sam
 AUTO_SERVE_DRAIN_S = 30.0  # after a move, the old range is freed once no session uses it, or after this
 AUTO_SERVE_DRAIN_POLL_S = 0.5
 AUTO_SERVE_HEADROOM_MB = 1024  # free memory kept back when no --slice-budget-mb is given
+
+# --- OpenAI Responses API: conversations kept for previous_response_id (node/api/response_store.py) ---
+RESPONSE_STORE_MAX = 256  # stored responses, least recently used dropped first
+RESPONSE_STORE_MAX_BYTES = 16 * 1024 * 1024  # their size (JSON of body + conversation), same order
+RESPONSE_STORE_TTL_S = 3600.0  # a stored response expires this long after it was written

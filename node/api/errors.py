@@ -1,4 +1,5 @@
-"""The one place exceptions become HTTP responses in the OpenAI error shape."""
+"""The one place exceptions become HTTP error responses: the OpenAI shape everywhere, Anthropic's
+shape on the Anthropic Messages routes (/v1/messages...). The status is the NodeError's in both."""
 
 from __future__ import annotations
 
@@ -9,19 +10,69 @@ import logging
 from aiohttp import web
 
 from node.api.appkeys import MAX_BODY
-from node.errors import InvalidRequest, MethodNotAllowed, NodeError, NotFound, PayloadTooLarge
+from node.errors import (
+    AuthenticationFailed,
+    ForbiddenHost,
+    InsufficientCapacity,
+    InvalidRequest,
+    MethodNotAllowed,
+    ModelUnavailable,
+    NodeError,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RequestTimeout,
+)
 
 log = logging.getLogger(__name__)
 
+ANTHROPIC_PATH_PREFIX = "/v1/messages"
 
-def error_response(exc: NodeError, headers: dict[str, str] | None = None) -> web.Response:
-    """JSON body `{"error": {...}}` with the error's status."""
+# NodeError class -> Anthropic error type (the nearest class in the exception's MRO wins);
+# https://docs.anthropic.com/en/api/errors lists the types
+_ANTHROPIC_TYPES: dict[type[NodeError], str] = {
+    InvalidRequest: "invalid_request_error",
+    MethodNotAllowed: "invalid_request_error",
+    AuthenticationFailed: "authentication_error",
+    ForbiddenHost: "permission_error",
+    NotFound: "not_found_error",
+    PayloadTooLarge: "request_too_large",
+    Overloaded: "rate_limit_error",
+    RequestTimeout: "timeout_error",
+    ModelUnavailable: "overloaded_error",
+    InsufficientCapacity: "overloaded_error",
+}
+
+
+def anthropic_error_type(exc: NodeError) -> str:
+    """The Anthropic `error.type` of a NodeError (api_error for anything else)."""
+    for cls in type(exc).__mro__:
+        if cls in _ANTHROPIC_TYPES:
+            return _ANTHROPIC_TYPES[cls]
+    if exc.http_status < 500:  # a stray HTTP exception mapped by _from_http
+        return "invalid_request_error"
+    return "api_error"
+
+
+def to_anthropic(exc: NodeError) -> dict:
+    """The Anthropic error body: `{"type": "error", "error": {"type", "message"}}`."""
+    return {"type": "error", "error": {"type": anthropic_error_type(exc), "message": exc.message}}
+
+
+def error_response(exc: NodeError, headers: dict[str, str] | None = None, *,
+                   anthropic: bool = False) -> web.Response:
+    """The error's status with the OpenAI body `{"error": {...}}` (or Anthropic's)."""
     return web.Response(
         status=exc.http_status,
-        text=json.dumps(exc.to_openai()),
+        text=json.dumps(to_anthropic(exc) if anthropic else exc.to_openai()),
         content_type="application/json",
         headers=headers,
     )
+
+
+def is_anthropic_path(path: str) -> bool:
+    """True on the Anthropic Messages routes, whose errors take Anthropic's shape."""
+    return path == ANTHROPIC_PATH_PREFIX or path.startswith(ANTHROPIC_PATH_PREFIX + "/")
 
 
 def _from_http(exc: web.HTTPException) -> NodeError:
@@ -40,22 +91,23 @@ def _from_http(exc: web.HTTPException) -> NodeError:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    """Map NodeError (and stray HTTP exceptions) to the OpenAI error shape; log the unexpected."""
+    """Map NodeError (and stray HTTP exceptions) to the path's error shape; log the unexpected."""
+    anthropic = is_anthropic_path(request.path)
     try:
         return await handler(request)
     except NodeError as exc:
         if exc.http_status >= 500:
             log.warning("request failed path=%s status=%d error=%s", request.path, exc.http_status, exc.message)
-        return error_response(exc)
+        return error_response(exc, anthropic=anthropic)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(_from_http(exc))
+        return error_response(_from_http(exc), anthropic=anthropic)
     except (ConnectionResetError, ConnectionError):
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(NodeError("internal server error; see the node log for details"))
+        return error_response(NodeError("internal server error; see the node log for details"), anthropic=anthropic)
 
 
 async def read_json(request: web.Request) -> object:

@@ -1,7 +1,7 @@
 """OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings.
 
-Handlers are thin: parse (schemas), run (inference.generate.CompletionRun), format (responses,
-and streaming for SSE). The RequestTrace is opened and closed here; its figures come from the run.
+Handlers are thin: parse (schemas), then the shared driver (driver.serve: trace, run, stream or
+collect) with this dialect's shapes (responses: bodies and chunks).
 """
 
 from __future__ import annotations
@@ -10,17 +10,20 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 
 from node.api.appkeys import NODE
+from node.api.driver import serve
 from node.api.errors import error_response, read_json
-from node.api.responses import completion_body, embeddings_body
+from node.api.responses import StreamChunks, completion_body, embeddings_body
 from node.api.schemas import parse_completion, parse_embeddings
-from node.api.streaming import stream_completion
 from node.errors import NodeError
 from node.inference.embeddings import run_embeddings
-from node.inference.request import CompletionRequest
+from node.inference.generate import CompletionRun
+from node.inference.request import CompletionRequest, TokenLogprob
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -53,46 +56,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await serve_completion(request, parse_completion(await read_json(request), "text"))
 
 
+class ChatDialect:
+    """OpenAI chat.completion / text_completion bodies and chunks (driver.Dialect)."""
+
+    anthropic_errors = False
+
+    def __init__(self, completion: CompletionRequest):
+        self.completion = completion
+
+    def events(self, run: CompletionRun) -> StreamChunks:
+        return StreamChunks(self.completion, run.trace)
+
+    def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        return completion_body(self.completion, run.trace, run.content, logprobs, run.tool_calls)
+
+
 async def serve_completion(request: web.Request, completion: CompletionRequest) -> web.StreamResponse:
-    """Open the trace, run, respond, close the trace exactly once."""
-    node = request.app[NODE]
-    hub = node.traces
-    trace = hub.start(RequestTrace(model=completion.model, stream=completion.stream,
-                                   operation="chat.completions" if completion.kind == "chat" else "completions"))
-    run = node.new_run(completion, trace)
-    outcome, error = "error", None
-    try:
-        await run.prepare()
-        if completion.stream:
-            result = await stream_completion(request, completion, run)
-            outcome, error = result.outcome, result.error
-            return result.response
-        logprobs = []
-        async for delta in run.deltas():
-            logprobs.extend(delta.logprobs)
-        trace.finished = time.monotonic()  # the response's timings and the summary line agree
-        outcome = "ok"
-        return web.json_response(completion_body(completion, trace, run.content, logprobs, run.tool_calls),
-                                 headers=trace.headers())
-    except asyncio.CancelledError:
-        outcome = "cancelled"
-        # seed-000 marker, kept word for word: the seed's result_tx is the request's reply channel
-        log.warning("DIAG: result_tx receiver dropped request_id=%s (client went away)", trace.request_id)
-        raise
-    except NodeError as exc:
-        error = exc
-        return error_response(exc, headers=trace.headers())
-    except Exception:  # a bug: the client gets a 500 in the OpenAI shape, the log gets the traceback
-        log.exception("request failed unexpectedly request_id=%s", trace.request_id)
-        error = NodeError("internal server error; see the node log for details")
-        return error_response(error, headers=trace.headers())
-    finally:
-        try:
-            await run.close()
-        finally:
-            hub.finish(trace, outcome,
-                       error_type=type(error).__name__ if error is not None else None,
-                       error_message=error.message if error is not None else None)
+    """Serve one chat or text completion through the shared driver."""
+    return await serve(request, completion, ChatDialect(completion))
 
 
 @routes.post("/v1/embeddings")

@@ -12,8 +12,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from node.errors import NodeError
 from node.inference.embeddings import EmbeddingResult
-from node.inference.request import CompletionRequest, TokenLogprob, ToolCall, ToolCallDelta
+from node.inference.request import CompletionRequest, Delta, TokenLogprob, ToolCall, ToolCallDelta
 from node.trace import RequestTrace
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -104,7 +105,8 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 
 class StreamChunks:
-    """The chunk events of one streamed completion (chat.completion.chunk or text_completion).
+    """The chunk events of one streamed completion (chat.completion.chunk or text_completion);
+    the OpenAI chat dialect's streaming.StreamEvents.
 
     Exactly one chunk carries a finish_reason; the token-level timings (`x_swarm`) ride on the last
     JSON event: the usage chunk when the client asked for usage, else the finish chunk."""
@@ -124,24 +126,24 @@ class StreamChunks:
         if completion.include_usage:
             self._base["usage"] = None
 
-    @property
-    def has_role_chunk(self) -> bool:
-        """Chat streams open with an assistant-role delta."""
-        return self._chat
+    def opening(self) -> list[bytes]:
+        """Chat streams open with an assistant-role delta (role assistant, empty content)."""
+        return [self._chunk({"role": "assistant", "content": ""}, None)] if self._chat else []
 
-    def role(self) -> bytes:
-        """The first chat chunk: role assistant, empty content."""
-        return self._chunk({"role": "assistant", "content": ""}, None)
+    def delta(self, delta: Delta) -> list[bytes]:
+        """A chunk of generated text (with the logprobs of its tokens when they were asked), and one of
+        tool-call pieces (chat only); none for an empty delta."""
+        out = [self._chunk({"content": delta.text}, None, logprobs=logprobs_field(self._completion, delta.logprobs))] \
+            if delta.text or delta.logprobs else []
+        if delta.tool_calls:
+            out.append(self._chunk({"tool_calls": tool_call_deltas_json(delta.tool_calls)}, None))
+        return out
 
-    def delta(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
-        """A chunk of generated text (with the logprobs of its tokens when they were asked)."""
-        return self._chunk({"content": text}, None, logprobs=logprobs_field(self._completion, logprobs))
+    def error(self, exc: NodeError) -> list[bytes]:
+        """An OpenAI-shaped error event, then [DONE]."""
+        return [sse_event(exc.to_openai()), DONE_EVENT]
 
-    def tool_calls(self, deltas: tuple[ToolCallDelta, ...]) -> bytes:
-        """A chunk of tool-call pieces (chat only)."""
-        return self._chunk({"tool_calls": tool_call_deltas_json(deltas)}, None)
-
-    def final(self) -> list[bytes]:
+    def closing(self) -> list[bytes]:
         """The events after the last text: the finish chunk, usage if asked, [DONE]."""
         trace = self._trace
         if self._include_usage:

@@ -1,8 +1,11 @@
-"""Server-sent events for streaming completions (OpenAI chunk format).
+"""Server-sent events for streaming completions, in whichever dialect's events.
 
-Headers go out once the route is assembled (queue and sched are known); token-level timings
-arrive in the last JSON event (`x_swarm`, see responses.StreamChunks). The stream's outcome (ok,
-cancelled, error) is returned to the handler, which closes the trace with it.
+One writer for the three APIs: a dialect supplies the events (`StreamEvents`: OpenAI chunks,
+Anthropic message events, Responses typed events); this module owns the response, the order of
+writes, the seed-000 DIAG lines and what a failure mid-stream becomes. Headers go out once the
+route is assembled (queue and sched are known); token-level timings ride on the dialect's last
+event. The stream's outcome (ok, cancelled, error) is returned to the driver, which closes the
+trace with it.
 """
 
 from __future__ import annotations
@@ -10,15 +13,31 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 
-from node.api.responses import DONE_EVENT, StreamChunks, sse_event
 from node.errors import NodeError
 from node.inference.generate import CompletionRun
-from node.inference.request import CompletionRequest
+from node.inference.request import Delta
 
 log = logging.getLogger(__name__)
+
+
+class StreamEvents(Protocol):
+    """The encoded SSE events of one streamed reply, in one API dialect."""
+
+    def opening(self) -> list[bytes]:
+        """Events before the first token (role chunk, message_start, response.created, ...)."""
+
+    def delta(self, delta: Delta) -> list[bytes]:
+        """Events for one piece of the reply (may be none)."""
+
+    def closing(self) -> list[bytes]:
+        """Events after the last token; the run's trace holds the finish reason and timings."""
+
+    def error(self, exc: NodeError) -> list[bytes]:
+        """Events that end the stream with an error (the headers are gone: no status to set)."""
 
 
 @dataclass(frozen=True)
@@ -30,8 +49,7 @@ class StreamResult:
     error: NodeError | None = None
 
 
-async def stream_completion(request: web.Request, completion: CompletionRequest,
-                            run: CompletionRun) -> StreamResult:
+async def stream_completion(request: web.Request, run: CompletionRun, events: StreamEvents) -> StreamResult:
     """Write the SSE stream of a prepared run."""
     trace = run.trace
     started = time.monotonic()
@@ -41,21 +59,18 @@ async def stream_completion(request: web.Request, completion: CompletionRequest,
         "X-Accel-Buffering": "no",
         **trace.headers(streaming=True),
     })
-    chunks = StreamChunks(completion, trace)
     stage = "role"
     try:
         await resp.prepare(request)
-        if chunks.has_role_chunk:
-            await resp.write(chunks.role())
+        for event in events.opening():
+            await resp.write(event)
         stage = "token"
         async for delta in run.deltas():
-            if delta.text or delta.logprobs:
-                await resp.write(chunks.delta(delta.text, delta.logprobs))
-            if delta.tool_calls:
-                await resp.write(chunks.tool_calls(delta.tool_calls))
+            for event in events.delta(delta):
+                await resp.write(event)
         trace.finished = time.monotonic()
         stage = "finish"
-        for event in chunks.final():
+        for event in events.closing():
             await resp.write(event)
         await resp.write_eof()
         log.info("DIAG: %s stream completed request_id=%s elapsed_ms=%d token_count=%d",
@@ -74,22 +89,22 @@ async def stream_completion(request: web.Request, completion: CompletionRequest,
         # for the engine loop, here CompletionRun.deltas()
         log.error("DIAG: local stream generate_stream error — executor error request_id=%s error=%s",
                   trace.request_id, exc.message)
-        await _close_with_error(resp, exc)
+        await _close_with_error(resp, events, exc)
         return StreamResult(resp, "error", exc)
     except Exception as exc:  # a bug must still end the client's stream with an error, never a hang
         log.exception("DIAG: stream failed unexpectedly request_id=%s", trace.request_id)
         err = NodeError(f"internal error while streaming: {type(exc).__name__}; see the node log")
-        await _close_with_error(resp, err)
+        await _close_with_error(resp, events, err)
         return StreamResult(resp, "error", err)
 
 
-async def _close_with_error(resp: web.StreamResponse, exc: NodeError) -> None:
-    """An OpenAI-shaped error event, [DONE], end of stream (best effort: the client may be gone)."""
+async def _close_with_error(resp: web.StreamResponse, events: StreamEvents, exc: NodeError) -> None:
+    """The dialect's error events, end of stream (best effort: the client may be gone)."""
     try:
         if not resp.prepared:
             return
-        await resp.write(sse_event(exc.to_openai()))
-        await resp.write(DONE_EVENT)
+        for event in events.error(exc):
+            await resp.write(event)
         await resp.write_eof()
     except ConnectionResetError:
         pass

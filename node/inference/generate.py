@@ -76,6 +76,7 @@ class CompletionRun:
         self.text = ""  # everything the model wrote
         self.content = ""  # the reply's text outside tool calls (== text when no tools), once deltas() ends
         self.tool_calls: list[ToolCall] = []  # the reply's complete tool calls, once deltas() ends
+        self.stop_sequence: str | None = None  # the stop sequence that ended the reply, if one did
         self._tool_format: ToolFormat | None = None  # set when the reply may call tools
 
     # --- phase 1: everything that can fail with a client error ---
@@ -86,18 +87,12 @@ class CompletionRun:
         self.served = served
         self.trace.model = served.id
         self.trace.resolved = True
-        tok = served.tokenizer
-        if tok is None:
-            raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
-        loop = asyncio.get_running_loop()
         params = self.request.params
-        if self.request.kind == "chat":
-            fmt = detect_format(tok.chat_template)
-            messages, tools = prompt_inputs(fmt, self.request, tok.chat_template)
-            self.prompt_tokens = await loop.run_in_executor(None, tok.chat_tokens, messages, tools)
+        self.prompt_tokens, fmt = await self._tokenize_prompt(served)
+        if fmt is not None:
             params = self._output_grammar(fmt, params)
-        else:
-            self.prompt_tokens = await loop.run_in_executor(None, tok.tokenize, self.request.prompt)
+        tok = served.tokenizer
+        loop = asyncio.get_running_loop()
         n_prompt = len(self.prompt_tokens)
         self.trace.prompt_tokens = n_prompt
         if n_prompt == 0:
@@ -147,6 +142,26 @@ class CompletionRun:
                   self.trace.request_id, served.id)
         self.trace.route = "local"
         self.trace.end_assembly(started, [SegmentTrace(self.node_short_id, 0, served.entry.n_layers, "local")])
+
+    async def _tokenize_prompt(self, served: ServedModel) -> tuple[list[int], ToolFormat | None]:
+        """The prompt's tokens (the chat rendered with the model's template and the tools, or the
+        text; off the loop) and, for a chat, the model's tool-call format."""
+        tok = served.tokenizer
+        if tok is None:
+            raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
+        loop = asyncio.get_running_loop()
+        if self.request.kind == "chat":
+            fmt = detect_format(tok.chat_template)
+            messages, tools = prompt_inputs(fmt, self.request, tok.chat_template)
+            return await loop.run_in_executor(None, tok.chat_tokens, messages, tools), fmt
+        return await loop.run_in_executor(None, tok.tokenize, self.request.prompt), None
+
+    async def count_prompt_tokens(self) -> int:
+        """Resolve the model and count the prompt's tokens as prepare() would; nothing queues or runs."""
+        served = await self.models.async_get(self.request.model)
+        self.trace.model = served.id
+        tokens, _ = await self._tokenize_prompt(served)
+        return len(tokens)
 
     def _output_grammar(self, fmt: ToolFormat, params: SamplingParams) -> SamplingParams:
         """The one place the reply's grammar is chosen: a tool call's (tool_choice, the format)."""
@@ -284,6 +299,7 @@ class CompletionRun:
         rid, model = trace.request_id, trace.model
         if assembler.stop_match is not None:
             trace.finish_reason, trace.finish_detail = "stop", "stop_sequence"
+            self.stop_sequence = assembler.stop_match.sequence
             if trace.completion_tokens <= EARLY_STOP_TOKENS or not assembler.emitted.strip():
                 log.warning("stop sequence in the request matched almost at once request_id=%s model=%s "
                             "stop=%r tokens=%d emitted_chars=%d", rid, model, assembler.stop_match.sequence,

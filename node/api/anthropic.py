@@ -1,0 +1,417 @@
+"""The Anthropic Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+The body is translated onto the same `CompletionRequest` the OpenAI routes build (system → a
+system message, tool_use blocks → an assistant's tool_calls, tool_result blocks → tool messages,
+tool_choice any → required) and served by the shared driver; this module only writes Anthropic's
+shapes: the message body, the streamed events (message_start, content_block_*, message_delta,
+message_stop, ping) and, through node.api.errors, `{"type": "error", "error": {...}}` errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from node.api.appkeys import NODE
+from node.api.driver import serve
+from node.api.errors import read_json, to_anthropic
+from node.api.history import link_tool_results
+from node.api.schemas import _integer, _number
+from node.api.schemas import _tools as openai_tools
+from node.errors import InvalidRequest, NodeError, Unsupported
+from node.inference.generate import CompletionRun
+from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec
+from node.inference.sampling import SamplingParams
+from node.trace import RequestTrace
+
+log = logging.getLogger(__name__)
+
+routes = web.RouteTableDef()
+
+MAX_STOP_SEQUENCES = 16
+
+_MESSAGE_KEYS = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p",
+                 "top_k", "metadata", "stream", "tools", "tool_choice", "output_config"}
+_COUNT_KEYS = {"model", "messages", "system", "tools", "tool_choice", "output_config"}
+# accepted, meaningless for a node: no priority tiers, regions, workspaces or prompt cache to steer
+_IGNORED_OK = {"service_tier", "inference_geo", "user_profile_id", "workspace_id", "cache_control"}
+_UNSUPPORTED = {
+    "thinking": "extended thinking is not supported by this node",
+    "diagnostics": "request diagnostics (prompt-cache reports) are not supported by this node",
+    "speed": "speed modes are not supported by this node",
+    "container": "containers (code execution) are not supported by this node",
+    "mcp_servers": "MCP servers are not supported by this node",
+    "context_management": "context management is not supported by this node",
+}
+_BLOCK_EXTRA_OK = {"cache_control", "citations"}  # prompt caching hints: accepted, no effect here
+
+
+def _check_keys(body: dict, allowed: set[str]) -> None:
+    for key, value in body.items():
+        if key in _UNSUPPORTED:
+            if value is None or (key == "thinking" and isinstance(value, dict) and value.get("type") == "disabled") \
+                    or (key == "speed" and value == "standard"):
+                continue
+            raise Unsupported(_UNSUPPORTED[key], param=key)
+        if key not in allowed and key not in _IGNORED_OK:
+            raise InvalidRequest(f"{key}: Extra inputs are not permitted", param=key)
+
+
+def _text_blocks(value: Any, where: str) -> str:
+    """A string, or a list of text blocks joined."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}: must be a string or a list of text blocks", param=where)
+    texts = []
+    for i, block in enumerate(value):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise InvalidRequest(f"{where}.{i}: expected a text block, got {kind}", param=where)
+        texts.append(block["text"])
+    return "".join(texts)
+
+
+def _tool_result(block: dict, where: str) -> dict:
+    tool_use_id = block.get("tool_use_id")
+    if not isinstance(tool_use_id, str) or not tool_use_id:
+        raise InvalidRequest(f"{where}.tool_use_id: Field required", param=where)
+    content = block.get("content", "")
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") not in ("text", None):
+                raise Unsupported(f"{where}.content.{i}: only text tool results are supported, got "
+                                  f"{part.get('type')}", param=where)
+    text = _text_blocks(content, f"{where}.content")
+    if block.get("is_error"):
+        text = f"Error: {text}"  # the template has no is_error field; the model reads it in the text
+    return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
+
+
+def _tool_use(block: dict, where: str) -> ToolCall:
+    tid, name, args = block.get("id"), block.get("name"), block.get("input")
+    if not isinstance(tid, str) or not tid:
+        raise InvalidRequest(f"{where}.id: Field required", param=where)
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"{where}.name: Field required", param=where)
+    if not isinstance(args, dict):
+        raise InvalidRequest(f"{where}.input: must be an object", param=where)
+    return ToolCall(tid, name, json.dumps(args, ensure_ascii=False))
+
+
+def _turn(msg: Any, index: int) -> list[dict]:
+    """One Anthropic message as internal messages (a user turn with tool results becomes tool messages)."""
+    where = f"messages.{index}"
+    if not isinstance(msg, dict):
+        raise InvalidRequest(f"{where}: must be an object", param="messages")
+    role = msg.get("role")
+    if role not in ("user", "assistant"):
+        raise InvalidRequest(f"{where}.role: Input should be 'user' or 'assistant'", param="messages")
+    extra = set(msg) - {"role", "content"}
+    if extra:
+        raise InvalidRequest(f"{where}.{sorted(extra)[0]}: Extra inputs are not permitted", param="messages")
+    content = msg.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content: must be a string or a list of content blocks", param="messages")
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    results: list[dict] = []
+    for i, block in enumerate(content):
+        bwhere = f"{where}.content.{i}"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use" and role == "assistant":
+            calls.append(_tool_use(block, bwhere))
+        elif kind == "tool_result" and role == "user":
+            results.append(_tool_result(block, bwhere))
+        elif kind in ("image", "document", "search_result", "thinking", "redacted_thinking", "server_tool_use",
+                      "web_search_tool_result", "container_upload"):
+            raise Unsupported(f"{bwhere}: {kind} content blocks are not supported by this node", param="messages")
+        elif kind in ("tool_use", "tool_result"):
+            raise InvalidRequest(f"{bwhere}: {kind} blocks belong in "
+                                 f"{'assistant' if kind == 'tool_use' else 'user'} turns", param="messages")
+        else:
+            raise InvalidRequest(f"{bwhere}: not a valid content block (type {kind!r})", param="messages")
+        if isinstance(block, dict):
+            unknown = set(block) - {"type", "text", "id", "name", "input", "tool_use_id", "content", "is_error"} \
+                - _BLOCK_EXTRA_OK
+            if unknown:
+                raise InvalidRequest(f"{bwhere}.{sorted(unknown)[0]}: Extra inputs are not permitted",
+                                     param="messages")
+    if role == "assistant":
+        out: dict = {"role": "assistant", "content": "".join(texts)}
+        if calls:
+            out["tool_calls"] = calls
+        return [out]
+    turns = results[:]
+    if texts or not results:
+        turns.append({"role": "user", "content": "".join(texts)})
+    return turns
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    out: list[dict] = []
+    if "system" in body and body["system"] is not None:
+        system = _text_blocks(body["system"], "system")
+        if system:
+            out.append({"role": "system", "content": system})
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: Field required (a non-empty list)", param="messages")
+    for i, msg in enumerate(messages):
+        out.extend(_turn(msg, i))
+    out = link_tool_results(out, "messages")
+    if messages[-1].get("role") != "user":
+        # Anthropic continues a final assistant turn (prefill); the chat templates here cannot
+        raise Unsupported("a final assistant message (prefill) is not supported by this node; end with a user turn",
+                          param="messages")
+    return tuple(out)
+
+
+def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
+    tools_raw = body.get("tools")
+    choice_raw = body.get("tool_choice")
+    if not tools_raw:
+        if choice_raw not in (None, {"type": "none"}, {"type": "auto"}):
+            raise InvalidRequest("tool_choice: requires tools", param="tool_choice")
+        return (), "none" if choice_raw == {"type": "none"} else "auto", None, True
+    if not isinstance(tools_raw, list):
+        raise InvalidRequest("tools: must be a list", param="tools")
+    functions = []
+    for i, tool in enumerate(tools_raw):
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"tools.{i}: must be an object", param="tools")
+        if tool.get("type") not in (None, "custom"):
+            raise Unsupported(f"tools.{i}: server tools ({tool.get('type')}) are not supported by this node",
+                              param="tools")
+        name, schema = tool.get("name"), tool.get("input_schema")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"tools.{i}.name: Field required", param="tools")
+        if not isinstance(schema, dict):
+            raise InvalidRequest(f"tools.{i}.input_schema: Field required (a JSON schema object)", param="tools")
+        description = tool.get("description") or ""
+        if not isinstance(description, str):
+            raise InvalidRequest(f"tools.{i}.description: must be a string", param="tools")
+        unknown = set(tool) - {"type", "name", "description", "input_schema", "cache_control"}
+        if unknown:
+            raise InvalidRequest(f"tools.{i}.{sorted(unknown)[0]}: Extra inputs are not permitted", param="tools")
+        functions.append({"type": "function", "function": {"name": name, "description": description,
+                                                            "parameters": schema}})
+    tools = list(openai_tools({"tools": functions}))  # the chat route's checks: names, the JSON schemas
+    choice = choice_raw if choice_raw is not None else {"type": "auto"}
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    kind = choice["type"]
+    if kind == "tool":
+        name = choice.get("name")
+        if name not in {t.name for t in tools}:
+            raise InvalidRequest(f"tool_choice.name: {name!r} is not one of the tools", param="tool_choice")
+        return tuple(tools), "function", name, parallel
+    return tuple(tools), {"auto": "auto", "any": "required", "none": "none"}[kind], None, parallel
+
+
+def _output_format(body: dict) -> ResponseFormat | None:
+    """output_config: `format` (a JSON schema the reply must match); `effort` is refused."""
+    config = body.get("output_config")
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise InvalidRequest("output_config: must be an object", param="output_config")
+    unknown = set(config) - {"format", "effort"}
+    if unknown:
+        raise InvalidRequest(f"output_config.{sorted(unknown)[0]}: Extra inputs are not permitted",
+                             param="output_config")
+    if config.get("effort") is not None:
+        raise Unsupported("output_config.effort is not supported by this node", param="output_config.effort")
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise InvalidRequest("output_config.format: expected {\"type\": \"json_schema\", \"schema\": {...}}",
+                             param="output_config.format")
+    return ResponseFormat("json_schema", fmt["schema"], "output", True)
+
+
+def parse_messages(body: Any, *, count_only: bool = False) -> CompletionRequest:
+    """Validate a /v1/messages (or count_tokens) body into a CompletionRequest."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    _check_keys(body, _COUNT_KEYS if count_only else _MESSAGE_KEYS)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: Field required (a string)", param="model")
+    messages = _messages(body)
+    tools, tool_choice, tool_name, parallel = _tools(body)
+    response_format = _output_format(body)
+    if count_only:
+        return CompletionRequest("chat", model, False, False, SamplingParams(), messages=messages, tools=tools,
+                                 tool_choice=tool_choice, tool_choice_name=tool_name, response_format=response_format,
+                                 operation="messages.count_tokens")
+    if body.get("max_tokens") is None:
+        raise InvalidRequest("max_tokens: Field required", param="max_tokens")
+    max_tokens = _integer(body, "max_tokens", 1, 1 << 24)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream: must be a boolean", param="stream")
+    stops = body.get("stop_sequences") or []
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise InvalidRequest("stop_sequences: must be a list of strings", param="stop_sequences")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest(f"stop_sequences: at most {MAX_STOP_SEQUENCES} are allowed", param="stop_sequences")
+    if any(not s.strip() for s in stops):
+        raise InvalidRequest("stop_sequences: each stop sequence must contain non-whitespace", param="stop_sequences")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidRequest("metadata: must be an object", param="metadata")
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 1.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=int(_integer(body, "top_k", 0, 1 << 20) or 0),
+        stop=tuple(stops),
+    )
+    return CompletionRequest("chat", model, stream, False, params, messages=messages, tools=tools,
+                             tool_choice=tool_choice, tool_choice_name=tool_name, parallel_tool_calls=parallel,
+                             response_format=response_format, operation="messages")
+
+
+# --- the reply --------------------------------------------------------------------------------
+
+
+def message_id(trace: RequestTrace) -> str:
+    return "msg_" + trace.request_id.replace("-", "")
+
+
+def stop_reason(run: CompletionRun) -> str:
+    """Anthropic's stop_reason from the run's finish."""
+    trace = run.trace
+    if run.tool_calls or trace.finish_reason == "tool_calls":
+        return "tool_use"
+    if trace.finish_detail == "stop_sequence":
+        return "stop_sequence"
+    if trace.finish_reason == "length":
+        return "max_tokens"
+    return "end_turn"
+
+
+def _usage(trace: RequestTrace) -> dict[str, int]:
+    return {"input_tokens": trace.prompt_tokens or 0, "output_tokens": trace.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def _tool_input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def message_body(run: CompletionRun) -> dict[str, Any]:
+    """The non-streaming Message."""
+    trace = run.trace
+    content: list[dict[str, Any]] = []
+    if run.content:
+        content.append({"type": "text", "text": run.content})
+    for call in run.tool_calls:
+        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)})
+    return {"id": message_id(trace), "type": "message", "role": "assistant", "model": trace.model,
+            "content": content, "stop_reason": stop_reason(run), "stop_sequence": run.stop_sequence,
+            "usage": _usage(trace), "x_swarm": trace.timings()}
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    data = json.dumps({"type": name, **payload}, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {name}\ndata: {data}\n\n".encode()
+
+
+class MessageEvents:
+    """The streamed events of one Message, as Anthropic sends them (streaming.StreamEvents)."""
+
+    def __init__(self, run: CompletionRun):
+        self.run = run
+        self._index = -1  # the open content block's index
+        self._open: str | None = None  # "text" | "tool_use" | None
+        self._tool_index: int | None = None  # the open tool_use block's ToolCallDelta.index
+
+    def opening(self) -> list[bytes]:
+        trace = self.run.trace
+        message = {"id": message_id(trace), "type": "message", "role": "assistant", "model": trace.model,
+                   "content": [], "stop_reason": None, "stop_sequence": None,
+                   "usage": {**_usage(trace), "output_tokens": 0}}
+        return [_event("message_start", {"message": message}), _event("ping", {})]
+
+    def _start(self, block: dict[str, Any], kind: str) -> list[bytes]:
+        out = self._stop_block()
+        self._index += 1
+        self._open = kind
+        return [*out, _event("content_block_start", {"index": self._index, "content_block": block})]
+
+    def _stop_block(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [_event("content_block_stop", {"index": self._index})]
+
+    def delta(self, delta: Delta) -> list[bytes]:
+        out: list[bytes] = []
+        if delta.text:
+            if self._open != "text":
+                out += self._start({"type": "text", "text": ""}, "text")
+            out.append(_event("content_block_delta", {"index": self._index,
+                                                      "delta": {"type": "text_delta", "text": delta.text}}))
+        for piece in delta.tool_calls:
+            if self._open != "tool_use" or piece.index != self._tool_index:
+                out += self._start({"type": "tool_use", "id": piece.id or "", "name": piece.name or "", "input": {}},
+                                   "tool_use")
+                self._tool_index = piece.index
+            if piece.arguments:
+                out.append(_event("content_block_delta", {
+                    "index": self._index, "delta": {"type": "input_json_delta", "partial_json": piece.arguments}}))
+        return out
+
+    def closing(self) -> list[bytes]:
+        trace = self.run.trace
+        return [*self._stop_block(),
+                _event("message_delta", {"delta": {"stop_reason": stop_reason(self.run),
+                                                   "stop_sequence": self.run.stop_sequence},
+                                         "usage": {"output_tokens": trace.completion_tokens},
+                                         "x_swarm": trace.timings()}),
+                _event("message_stop", {})]
+
+    def error(self, exc: NodeError) -> list[bytes]:
+        return [_event("error", {"error": to_anthropic(exc)["error"]})]
+
+
+class MessagesDialect:
+    """Anthropic Message bodies, events and errors (driver.Dialect)."""
+
+    anthropic_errors = True
+
+    def events(self, run: CompletionRun) -> MessageEvents:
+        return MessageEvents(run)
+
+    def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        return message_body(run)
+
+
+@routes.post("/v1/messages")
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic Messages: a reply to a conversation, streamed or whole."""
+    return await serve(request, parse_messages(await read_json(request)), MessagesDialect())
+
+
+@routes.post("/v1/messages/count_tokens")
+async def count_tokens(request: web.Request) -> web.Response:
+    """The prompt's token count, rendered exactly as /v1/messages would render it."""
+    completion = parse_messages(await read_json(request), count_only=True)
+    node = request.app[NODE]
+    run = node.new_run(completion, RequestTrace(model=completion.model, operation="messages.count_tokens"))
+    return web.json_response({"input_tokens": await run.count_prompt_tokens()})

@@ -1,0 +1,89 @@
+"""The one driver of a completion, whichever API dialect asked for it.
+
+OpenAI chat/completions (openai.py), Anthropic Messages (anthropic.py) and OpenAI Responses
+(openai_responses.py) each parse their body into the same `CompletionRequest` and hand it here
+with their `Dialect` (how the reply and its errors look). The driver opens the `RequestTrace`
+(operation from the request), prepares the run, streams it through streaming.stream_completion or
+collects it into the dialect's body, and closes the trace exactly once with the outcome and the
+error; so headers, the summary line, metrics and the GUI show every dialect's requests alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from node.api.appkeys import NODE
+from node.api.errors import error_response
+from node.api.streaming import StreamEvents, stream_completion
+from node.errors import NodeError
+from node.inference.generate import CompletionRun
+from node.inference.request import CompletionRequest, TokenLogprob
+from node.trace import RequestTrace
+
+log = logging.getLogger(__name__)
+
+
+class Dialect(Protocol):
+    """How one API writes a reply."""
+
+    anthropic_errors: bool  # error bodies in Anthropic's shape (else OpenAI's)
+
+    def events(self, run: CompletionRun) -> StreamEvents:
+        """The SSE events of a streamed reply."""
+
+    def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """The JSON body of a complete reply (the run's text, tool calls and trace are final; the
+        logprobs of its tokens when they were asked)."""
+
+
+def default_operation(completion: CompletionRequest) -> str:
+    """The trace's operation when the parser did not name one."""
+    return completion.operation or ("chat.completions" if completion.kind == "chat" else "completions")
+
+
+async def serve(request: web.Request, completion: CompletionRequest, dialect: Dialect) -> web.StreamResponse:
+    """Open the trace, run, respond in the dialect, close the trace exactly once."""
+    node = request.app[NODE]
+    hub = node.traces
+    trace = hub.start(RequestTrace(model=completion.model, stream=completion.stream,
+                                   operation=default_operation(completion)))
+    run = node.new_run(completion, trace)
+    outcome, error = "error", None
+    try:
+        await run.prepare()
+        if completion.stream:
+            result = await stream_completion(request, run, dialect.events(run))
+            outcome, error = result.outcome, result.error
+            return result.response
+        logprobs: list[TokenLogprob] = []
+        async for delta in run.deltas():  # the run keeps the text and tool calls
+            logprobs.extend(delta.logprobs)
+        trace.finished = time.monotonic()  # the response's timings and the summary line agree
+        body = dialect.body(run, logprobs)
+        outcome = "ok"
+        return web.json_response(body, headers=trace.headers())
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        # seed-000 marker, kept word for word: the seed's result_tx is the request's reply channel
+        log.warning("DIAG: result_tx receiver dropped request_id=%s (client went away)", trace.request_id)
+        raise
+    except NodeError as exc:
+        error = exc
+        return error_response(exc, headers=trace.headers(), anthropic=dialect.anthropic_errors)
+    except Exception:  # a bug: the client gets a 500 in its dialect's shape, the log gets the traceback
+        log.exception("request failed unexpectedly request_id=%s", trace.request_id)
+        error = NodeError("internal server error; see the node log for details")
+        return error_response(error, headers=trace.headers(), anthropic=dialect.anthropic_errors)
+    finally:
+        try:
+            await run.close()
+        finally:
+            hub.finish(trace, outcome,
+                       error_type=type(error).__name__ if error is not None else None,
+                       error_message=error.message if error is not None else None)

@@ -1,0 +1,81 @@
+"""Responses kept on the node for `previous_response_id` and GET /v1/responses/{id}.
+
+A bounded LRU (count and bytes, node.const RESPONSE_STORE_*) with expiry; each entry holds the
+response body and the whole conversation that produced it (prior turns, this input, this output),
+as internal messages, so continuing a conversation is one lookup. Instructions are not part of it
+(OpenAI: they do not carry over to the next response). In memory only: a restart forgets them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from node import const
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """One stored response: its body and the conversation up to and including its output."""
+
+    body: dict[str, Any]
+    messages: tuple[dict, ...]
+    expires: float  # time.monotonic()
+    size: int  # bytes counted against the store's limit
+
+
+def _size(body: dict[str, Any], messages: tuple[dict, ...]) -> int:
+    n = len(json.dumps(body, ensure_ascii=False))
+    for msg in messages:
+        n += len(msg.get("content") or "") + 32
+        for call in msg.get("tool_calls") or ():
+            n += len(call.id) + len(call.name) + len(call.arguments)
+    return n
+
+
+class ResponseStore:
+    """In-memory LRU of stored responses; loop-only (no locking)."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._items: collections.OrderedDict[str, StoredResponse] = collections.OrderedDict()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, response_id: str, body: dict[str, Any], messages: tuple[dict, ...]) -> None:
+        """Store (or replace) a response; drops expired and least recently used entries to fit."""
+        self.pop(response_id)
+        entry = StoredResponse(body, messages, self._clock() + const.RESPONSE_STORE_TTL_S, _size(body, messages))
+        if entry.size > const.RESPONSE_STORE_MAX_BYTES:
+            return  # larger than the whole store: kept nowhere
+        self._items[response_id] = entry
+        self.bytes += entry.size
+        self._expire()
+        while len(self._items) > const.RESPONSE_STORE_MAX or self.bytes > const.RESPONSE_STORE_MAX_BYTES:
+            _, old = self._items.popitem(last=False)
+            self.bytes -= old.size
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        """The entry, unless unknown or expired; a hit makes it the most recently used."""
+        self._expire()
+        entry = self._items.get(response_id)
+        if entry is not None:
+            self._items.move_to_end(response_id)
+        return entry
+
+    def pop(self, response_id: str) -> StoredResponse | None:
+        """Remove one entry (None if absent)."""
+        entry = self._items.pop(response_id, None)
+        if entry is not None:
+            self.bytes -= entry.size
+        return entry
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for key in [k for k, e in self._items.items() if e.expires <= now]:
+            self.pop(key)

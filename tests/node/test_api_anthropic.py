@@ -1,0 +1,233 @@
+"""The Anthropic Messages API of a real node (the default model, local route), driven by the official
+`anthropic` client; raw HTTP where the SDK cannot send the bad input. A request means the same
+here as on /v1/chat/completions: the same prompt tokens and, greedy, the same reply."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aiohttp
+import anthropic
+import openai
+import pytest
+import pytest_asyncio
+
+from tests.support.nodes import node_config, running_node
+from tests.support.sse import sse_data
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "swarmllm-pydoc-q8_0.gguf"
+GREEDY = {"temperature": 0}  # the SDK has no temperature argument any more: it travels as extra_body
+QUESTION = "How do I open a file?"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("anthropic")
+    async with running_node(node_config(base / "data", DEFAULT_MODEL)) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    return anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key=node.api_key,
+                                    max_retries=0)
+
+
+@pytest.fixture
+def oai(node):
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+
+
+@pytest.fixture
+def model_id(node):
+    return node.models.all()[0].id
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+async def raw(node, path, body, *, headers=None, method="POST"):
+    hdrs = {"x-api-key": node.api_key, "anthropic-version": "2023-06-01", **(headers or {})}
+    async with aiohttp.ClientSession() as s, s.request(method, f"http://127.0.0.1:{node.api.port}{path}",
+                                                        data=json.dumps(body), headers=hdrs) as r:
+        return r.status, r.headers, await r.text()
+
+
+async def test_text_matches_the_chat_route(client, oai, model_id):
+    msg = await client.messages.create(model=model_id, max_tokens=60, messages=user(QUESTION), extra_body=GREEDY)
+    chat = await oai.chat.completions.create(model=model_id, max_tokens=60, temperature=0,
+                                             messages=[{"role": "user", "content": QUESTION}])
+    assert msg.type == "message" and msg.role == "assistant" and msg.model == model_id
+    assert msg.id.startswith("msg_")
+    assert [b.type for b in msg.content] == ["text"]
+    assert msg.content[0].text == chat.choices[0].message.content and msg.content[0].text
+    assert msg.usage.input_tokens == chat.usage.prompt_tokens
+    assert msg.usage.output_tokens == chat.usage.completion_tokens
+    assert msg.stop_reason == "end_turn" and chat.choices[0].finish_reason == "stop"
+    assert msg.stop_sequence is None
+
+
+async def test_max_tokens(client, model_id):
+    msg = await client.messages.create(model=model_id, max_tokens=3, messages=user(QUESTION), extra_body=GREEDY)
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 3
+
+
+async def test_stop_sequence_cuts_the_reply_and_is_named(client, model_id):
+    full = await client.messages.create(model=model_id, max_tokens=60, messages=user(QUESTION), extra_body=GREEDY)
+    text = full.content[0].text
+    words = text.split()
+    stop = words[len(words) // 2]
+    msg = await client.messages.create(model=model_id, max_tokens=60, messages=user(QUESTION),
+                                       stop_sequences=["never-in-this-reply", stop], extra_body=GREEDY)
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == stop
+    assert msg.content[0].text == text[:text.index(stop)]
+
+
+async def test_system_string_and_blocks_count_alike(client, oai, model_id):
+    system = "You answer in one short sentence."
+    as_string = await client.messages.count_tokens(model=model_id, system=system, messages=user(QUESTION))
+    as_blocks = await client.messages.count_tokens(
+        model=model_id, system=[{"type": "text", "text": "You answer in one "}, {"type": "text", "text": "short sentence."}],
+        messages=user(QUESTION))
+    without = await client.messages.count_tokens(model=model_id, messages=user(QUESTION))
+    chat = await oai.chat.completions.create(model=model_id, max_tokens=1, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": QUESTION}])
+    assert as_string.input_tokens == as_blocks.input_tokens == chat.usage.prompt_tokens
+    assert without.input_tokens < as_string.input_tokens
+    msg = await client.messages.create(model=model_id, max_tokens=2, system=system, messages=user(QUESTION))
+    assert msg.usage.input_tokens == as_string.input_tokens
+
+
+async def test_multi_turn_is_rendered_as_the_chat_template_renders_it(node, client, model_id):
+    turns = [{"role": "user", "content": "hello"},
+             {"role": "assistant", "content": [{"type": "text", "text": "Hello! Ask me about Python."}]},
+             {"role": "user", "content": [{"type": "text", "text": QUESTION}]}]
+    counted = await client.messages.count_tokens(model=model_id, system="be brief", messages=turns)
+    tok = node.models.all()[0].tokenizer
+    expected = tok.chat_tokens([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},
+                                {"role": "assistant", "content": "Hello! Ask me about Python."},
+                                {"role": "user", "content": QUESTION}])
+    assert counted.input_tokens == len(expected)
+    msg = await client.messages.create(model=model_id, max_tokens=4, system="be brief", messages=turns)
+    assert msg.usage.input_tokens == len(expected)
+
+
+async def test_streaming_events_and_final_message(node, client, model_id):
+    whole = await client.messages.create(model=model_id, max_tokens=60, messages=user(QUESTION), extra_body=GREEDY)
+    async with client.messages.stream(model=model_id, max_tokens=60, messages=user(QUESTION),
+                                      extra_body=GREEDY) as stream:
+        pieces = [text async for text in stream.text_stream]
+        final = await stream.get_final_message()
+    assert len(pieces) > 1 and "".join(pieces) == whole.content[0].text
+    assert final.content[0].text == whole.content[0].text and final.stop_reason == "end_turn"
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    assert final.usage.input_tokens == whole.usage.input_tokens
+    # the wire: event names and data types agree, in Anthropic's order
+    status, headers, body = await raw(node, "/v1/messages", {
+        "model": model_id, "max_tokens": 5, "messages": user(QUESTION), "stream": True, "temperature": 0})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    assert headers["x-swarm-route"] == "local"
+    names = [line[7:] for line in body.splitlines() if line.startswith("event: ")]
+    events = [json.loads(d) for d in sse_data(body)]
+    assert [e["type"] for e in events] == names
+    assert names[:3] == ["message_start", "ping", "content_block_start"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(names[3:-3]) == {"content_block_delta"}
+    assert events[0]["message"]["usage"]["input_tokens"] == whole.usage.input_tokens
+    assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    assert events[-2]["usage"]["output_tokens"] == 5
+
+
+async def test_stream_stop_sequence(client, model_id):
+    full = await client.messages.create(model=model_id, max_tokens=60, messages=user(QUESTION), extra_body=GREEDY)
+    text = full.content[0].text
+    stop = text.split()[2]
+    async with client.messages.stream(model=model_id, max_tokens=60, messages=user(QUESTION), stop_sequences=[stop],
+                                      extra_body=GREEDY) as stream:
+        final = await stream.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+    assert final.content[0].text == text[:text.index(stop)]
+
+
+async def test_headers_and_trace_show_the_request(node, client, model_id):
+    resp = await client.messages.with_raw_response.create(model=model_id, max_tokens=3, messages=user("hi"))
+    msg = await resp.parse()
+    rid = resp.headers["x-request-id"]
+    assert resp.headers["x-swarm-route"] == "local" and resp.headers["x-swarm-nodes"] == node.short_id
+    assert "ttft;dur=" in resp.headers["server-timing"]
+    assert msg.id == "msg_" + rid.replace("-", "")
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{node.api.port}/api/admin/requests",
+                                                   headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+        recent = (await r.json())["recent"]
+    trace = next(t for t in recent if t["request_id"] == rid)
+    assert trace["operation"] == "messages" and trace["outcome"] == "ok" and trace["completion_tokens"] == 3
+
+
+async def test_auth_errors_in_anthropic_shape(node, model_id):
+    bad = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as err:
+        await bad.messages.create(model=model_id, max_tokens=3, messages=user("hi"))
+    assert err.value.status_code == 401
+    assert err.value.body == {"type": "error", "error": {"type": "authentication_error",
+                                                         "message": "Incorrect API key provided."}}
+    bearer = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", auth_token=node.api_key,
+                                      max_retries=0)
+    assert (await bearer.messages.count_tokens(model=model_id, messages=user("hi"))).input_tokens > 0
+
+
+async def test_unknown_model_is_not_found(client):
+    with pytest.raises(anthropic.NotFoundError) as err:
+        await client.messages.create(model="no-such-model", max_tokens=3, messages=user("hi"))
+    assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.NotFoundError):
+        await client.messages.count_tokens(model="no-such-model", messages=user("hi"))
+
+
+async def test_prompt_longer_than_the_context(client, model_id):
+    with pytest.raises(anthropic.BadRequestError) as err:
+        await client.messages.create(model=model_id, max_tokens=3, messages=user("word " * 400))
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    assert "maximum context length is 256 tokens" in err.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError):  # room for the prompt, not for max_tokens
+        await client.messages.create(model=model_id, max_tokens=250, messages=user(QUESTION))
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens: Field required"),
+    ({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+    ({"max_tokens": 5, "messages": []}, "messages"),
+    ({"max_tokens": 5, "messages": [{"role": "system", "content": "hi"}]}, "messages.0.role"),
+    ({"max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "hi"}]}, "temperature"),
+    ({"max_tokens": 5, "stop_sequences": "x", "messages": [{"role": "user", "content": "hi"}]}, "stop_sequences"),
+    ({"max_tokens": 5, "frequency_penalty": 1, "messages": [{"role": "user", "content": "hi"}]},
+     "frequency_penalty: Extra inputs are not permitted"),
+    ({"max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 1024},
+      "messages": [{"role": "user", "content": "hi"}]}, "thinking"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}, "image"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]},
+     "prefill"),
+])
+async def test_bad_bodies_are_400_in_anthropic_shape(node, model_id, body, needle):
+    status, _, text = await raw(node, "/v1/messages", {"model": model_id, **body})
+    assert status == 400, text
+    err = json.loads(text)
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert needle in err["error"]["message"]
+
+
+async def test_route_errors_in_anthropic_shape(node, client, model_id):
+    status, _, text = await raw(node, "/v1/messages", None, method="GET")
+    assert status == 405 and json.loads(text)["error"]["type"] == "invalid_request_error"
+    status, _, text = await raw(node, "/v1/messages/batches", {"requests": []})
+    assert status == 404 and json.loads(text)["error"]["type"] == "not_found_error"
+    status, _, text = await raw(node, "/v1/messages", None, headers={"Content-Type": "application/json"})
+    assert status == 400 and json.loads(text)["error"]["type"] == "invalid_request_error"
+    # the OpenAI routes keep the OpenAI shape
+    status, _, text = await raw(node, "/v1/chat/completions", {"model": "no-such-model", "messages": user("x")})
+    assert status == 404 and json.loads(text)["error"]["code"] == "model_not_found"
+    assert (await client.messages.create(model=model_id, max_tokens=2, messages=user("x"))).usage.output_tokens > 0

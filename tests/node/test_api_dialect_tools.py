@@ -1,0 +1,124 @@
+"""Tool use and structured output through /v1/messages and /v1/responses (official SDKs, the
+default model): a forced tool call comes back as a tool_use block / function_call item whose
+input matches the tool's schema, streamed as input_json_delta / function_call_arguments pieces;
+tool results travel back into the prompt; a JSON schema holds the reply."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+import pytest_asyncio
+
+from tests.support.nodes import node_config, running_node
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "swarmllm-pydoc-q8_0.gguf"
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+          "required": ["city"], "additionalProperties": False}
+GREEDY = {"temperature": 0}
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("dialect-tools")
+    async with running_node(node_config(base / "data", DEFAULT_MODEL)) as n:
+        yield n
+
+
+@pytest.fixture
+def claude(node):
+    return anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key=node.api_key,
+                                    max_retries=0)
+
+
+@pytest.fixture
+def oai(node):
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+
+
+@pytest.fixture
+def model_id(node):
+    return node.models.all()[0].id
+
+
+ANTHROPIC_TOOL = {"name": "get_weather", "description": "Weather in a city", "input_schema": SCHEMA}
+RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+                  "parameters": SCHEMA, "strict": True}
+
+
+async def test_messages_forced_tool_use(claude, model_id):
+    msg = await claude.messages.create(model=model_id, max_tokens=60, tools=[ANTHROPIC_TOOL],
+                                       tool_choice={"type": "tool", "name": "get_weather"},
+                                       messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=GREEDY)
+    assert msg.stop_reason == "tool_use"
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id
+    jsonschema.validate(uses[0].input, SCHEMA)
+    async with claude.messages.stream(model=model_id, max_tokens=60, tools=[ANTHROPIC_TOOL],
+                                      tool_choice={"type": "any"},
+                                      messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                      extra_body=GREEDY) as stream:
+        events = [e async for e in stream]
+        final = await stream.get_final_message()
+    assert any(e.type == "input_json" for e in events)  # the SDK's view of input_json_delta
+    assert final.stop_reason == "tool_use" and [b.type for b in final.content][-1] == "tool_use"
+    assert final.content[-1].input == uses[0].input
+    # the result goes back: a tool_result block becomes a tool message in the prompt
+    follow = await claude.messages.create(model=model_id, max_tokens=4, tools=[ANTHROPIC_TOOL], messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": "get_weather",
+                                           "input": uses[0].input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny, 21 C"}]}])
+    counted = await claude.messages.count_tokens(model=model_id, tools=[ANTHROPIC_TOOL], messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": "get_weather",
+                                           "input": uses[0].input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny, 21 C"}]}])
+    assert follow.usage.input_tokens == counted.input_tokens > msg.usage.input_tokens
+    with pytest.raises(anthropic.BadRequestError):  # a result for a call never made
+        await claude.messages.create(model=model_id, max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_nope", "content": "x"}]}])
+
+
+async def test_responses_forced_function_call(oai, model_id):
+    resp = await oai.responses.create(model=model_id, input="Weather in Paris?", tools=[RESPONSES_TOOL],
+                                      tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
+                                      max_output_tokens=60)
+    calls = [item for item in resp.output if item.type == "function_call"]
+    assert resp.status == "completed" and len(calls) == 1 and calls[0].name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].arguments), SCHEMA)
+    async with oai.responses.stream(model=model_id, input="Weather in Paris?", tools=[RESPONSES_TOOL],
+                                    tool_choice="required", temperature=0, max_output_tokens=60) as stream:
+        events = [e async for e in stream]
+        final = await stream.get_final_response()
+    types = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in types and "response.function_call_arguments.done" in types
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert done.arguments == calls[0].arguments == final.output[-1].arguments
+    # function_call_output continues it, also through previous_response_id
+    follow = await oai.responses.create(model=model_id, previous_response_id=resp.id, tools=[RESPONSES_TOOL],
+                                        input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                                "output": "sunny, 21 C"}], max_output_tokens=4)
+    explicit = await oai.responses.create(model=model_id, tools=[RESPONSES_TOOL], max_output_tokens=4, input=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny, 21 C"}])
+    assert follow.usage.input_tokens == explicit.usage.input_tokens > resp.usage.input_tokens
+
+
+async def test_json_schema_output(claude, oai, model_id):
+    resp = await oai.responses.create(model=model_id, input="Name a city.", max_output_tokens=40, temperature=0,
+                                      text={"format": {"type": "json_schema", "name": "city", "schema": SCHEMA,
+                                                       "strict": True}})
+    jsonschema.validate(json.loads(resp.output_text), SCHEMA)
+    assert resp.text.format.type == "json_schema"
+    msg = await claude.messages.create(model=model_id, max_tokens=40, extra_body=GREEDY,
+                                       output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+                                       messages=[{"role": "user", "content": "Name a city."}])
+    jsonschema.validate(json.loads(msg.content[0].text), SCHEMA)
