@@ -189,11 +189,11 @@ async def test_unknown_model_is_not_found(client):
 
 async def test_prompt_longer_than_the_context(client, model_id):
     with pytest.raises(anthropic.BadRequestError) as err:
-        await client.messages.create(model=model_id, max_tokens=3, messages=user("word " * 400))
+        await client.messages.create(model=model_id, max_tokens=3, messages=user("word " * 1200))
     assert err.value.body["error"]["type"] == "invalid_request_error"
-    assert "maximum context length is 256 tokens" in err.value.body["error"]["message"]
+    assert "maximum context length is 1024 tokens" in err.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):  # room for the prompt, not for max_tokens
-        await client.messages.create(model=model_id, max_tokens=250, messages=user(QUESTION))
+        await client.messages.create(model=model_id, max_tokens=1020, messages=user(QUESTION))
 
 
 @pytest.mark.parametrize(("body", "needle"), [

@@ -53,14 +53,14 @@ RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": "Wea
 
 
 async def test_messages_forced_tool_use(claude, model_id):
-    msg = await claude.messages.create(model=model_id, max_tokens=60, tools=[ANTHROPIC_TOOL],
+    msg = await claude.messages.create(model=model_id, max_tokens=160, tools=[ANTHROPIC_TOOL],
                                        tool_choice={"type": "tool", "name": "get_weather"},
                                        messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=GREEDY)
     assert msg.stop_reason == "tool_use"
     uses = [b for b in msg.content if b.type == "tool_use"]
     assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id
     jsonschema.validate(uses[0].input, SCHEMA)
-    async with claude.messages.stream(model=model_id, max_tokens=60, tools=[ANTHROPIC_TOOL],
+    async with claude.messages.stream(model=model_id, max_tokens=160, tools=[ANTHROPIC_TOOL],
                                       tool_choice={"type": "any"},
                                       messages=[{"role": "user", "content": "Weather in Paris?"}],
                                       extra_body=GREEDY) as stream:
@@ -89,12 +89,12 @@ async def test_messages_forced_tool_use(claude, model_id):
 async def test_responses_forced_function_call(oai, model_id):
     resp = await oai.responses.create(model=model_id, input="Weather in Paris?", tools=[RESPONSES_TOOL],
                                       tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
-                                      max_output_tokens=60)
+                                      max_output_tokens=160)
     calls = [item for item in resp.output if item.type == "function_call"]
     assert resp.status == "completed" and len(calls) == 1 and calls[0].name == "get_weather"
     jsonschema.validate(json.loads(calls[0].arguments), SCHEMA)
     async with oai.responses.stream(model=model_id, input="Weather in Paris?", tools=[RESPONSES_TOOL],
-                                    tool_choice="required", temperature=0, max_output_tokens=60) as stream:
+                                    tool_choice="required", temperature=0, max_output_tokens=160) as stream:
         events = [e async for e in stream]
         final = await stream.get_final_response()
     types = [e.type for e in events]

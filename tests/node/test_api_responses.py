@@ -215,7 +215,7 @@ async def test_errors(node, client, model_id):
         await client.responses.create(model="no-such-model", input="hi")
     assert err.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as err:
-        await client.responses.create(model=model_id, input="word " * 400)
+        await client.responses.create(model=model_id, input="word " * 1200)
     assert err.value.body["code"] == "context_length_exceeded"
 
 
