@@ -293,12 +293,12 @@ def message_id(trace: RequestTrace) -> str:
 def stop_reason(run: CompletionRun) -> str:
     """Anthropic's stop_reason from the run's finish."""
     trace = run.trace
+    if trace.finish_reason == "length":  # also when calls were kept before the cut: the turn is truncated
+        return "max_tokens"
     if run.tool_calls or trace.finish_reason == "tool_calls":
         return "tool_use"
     if trace.finish_detail == "stop_sequence":
         return "stop_sequence"
-    if trace.finish_reason == "length":
-        return "max_tokens"
     return "end_turn"
 
 

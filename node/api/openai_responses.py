@@ -251,10 +251,13 @@ def response_id(trace: RequestTrace) -> str:
     return "resp_" + trace.request_id.replace("-", "")
 
 
-def _message_item(trace: RequestTrace, text: str, status: str) -> dict[str, Any]:
+def _message_item(trace: RequestTrace, text: str, status: str, index: int = 0) -> dict[str, Any]:
+    """A message output item; `index` tells apart the message items of one streamed reply (text, a
+    call, more text)."""
     content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" \
         else []
-    return {"id": "msg_" + trace.request_id.replace("-", ""), "type": "message", "status": status,
+    suffix = f"_{index}" if index else ""
+    return {"id": "msg_" + trace.request_id.replace("-", "") + suffix, "type": "message", "status": status,
             "role": "assistant", "content": content}
 
 
@@ -282,7 +285,7 @@ def response_object(trace: RequestTrace, options: ResponseOptions, status: str, 
 
 
 def _final_status(run: CompletionRun) -> str:
-    return "incomplete" if run.trace.finish_reason == "length" and not run.tool_calls else "completed"
+    return "incomplete" if run.trace.finish_reason == "length" else "completed"  # calls kept before a cut too
 
 
 def _final_output(run: CompletionRun) -> list[dict]:
@@ -350,7 +353,7 @@ class ResponseEvents:
         if delta.text:
             if self._open != "message":
                 out += self._close_item()
-                item = _message_item(trace, "", "in_progress")
+                item = _message_item(trace, "", "in_progress", sum(i["type"] == "message" for i in self._items))
                 self._items.append(item)
                 self._open = "message"
                 index = len(self._items) - 1

@@ -22,7 +22,6 @@ import logging
 import re
 import threading
 import warnings
-import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -130,16 +129,18 @@ class Vocabulary:
             return template.deep_copy()
 
 
-_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _vocab_lock = threading.Lock()
 
 
 def vocabulary(tok: ModelTokenizer) -> Vocabulary:
-    """The Vocabulary of a tokenizer (built once, blocking; lives as long as the tokenizer)."""
+    """The Vocabulary of a tokenizer (built once, blocking). It is kept on the tokenizer itself and
+    dropped by its close(), so a reloaded model or a re-opened slice vocabulary leaves nothing behind
+    (a cache keyed weakly by the tokenizer would never let go: the Vocabulary refers to it)."""
     with _vocab_lock:
-        vocab = _vocabularies.get(tok)
+        vocab = getattr(tok, "constraint_vocab", None)
         if vocab is None:
-            vocab = _vocabularies[tok] = Vocabulary(tok)
+            vocab = Vocabulary(tok)
+            tok.constraint_vocab = vocab
         return vocab
 
 
@@ -185,7 +186,8 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             schema = {"type": "object"} if schema is None else schema
             if isinstance(schema, bool):
                 schema = {} if schema else {"not": {}}
-            schema = closed_objects(schema)
+            if '"allOf"' not in json.dumps(schema):  # allOf merges objects: closing each part would
+                schema = closed_objects(schema)     # make the whole unsatisfiable
             schema = {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}
             return rule("%json " + json.dumps(schema, ensure_ascii=False))
         if kind == "literal":

@@ -22,6 +22,7 @@ from typing import Any
 Spec = dict[str, Any]
 KINDS = ("json", "literal", "text", "seq", "alt", "repeat")
 MAX_DEPTH = 16
+MAX_NODES = 4096  # a spec from a peer is bounded before anything compiles it
 
 
 def json_value(schema: dict[str, Any] | None = None) -> Spec:
@@ -49,8 +50,12 @@ def repeat(item: Spec, min_count: int = 1, max_count: int | None = None, sep: st
     return {"type": "repeat", "item": item, "min": min_count, "max": max_count, "sep": sep}
 
 
-def validate(spec: Any, depth: int = 0) -> Spec:
+def validate(spec: Any, depth: int = 0, _seen: list[int] | None = None) -> Spec:
     """Check the shape of a spec (one received from a peer, say); raises ValueError naming the problem."""
+    seen = _seen if _seen is not None else [0]
+    seen[0] += 1
+    if seen[0] > MAX_NODES:
+        raise ValueError(f"grammar spec has more than {MAX_NODES} nodes")
     if depth > MAX_DEPTH:
         raise ValueError("grammar spec nested too deeply")
     if not isinstance(spec, dict) or spec.get("type") not in KINDS:
@@ -70,9 +75,9 @@ def validate(spec: Any, depth: int = 0) -> Spec:
         if not isinstance(items, list) or not items:
             raise ValueError(f"grammar {kind} node: items must be a non-empty list")
         for item in items:
-            validate(item, depth + 1)
+            validate(item, depth + 1, seen)
     else:  # repeat
-        validate(spec.get("item"), depth + 1)
+        validate(spec.get("item"), depth + 1, seen)
         lo, hi = spec.get("min", 1), spec.get("max")
         if not isinstance(lo, int) or lo < 0 or (hi is not None and (not isinstance(hi, int) or hi < max(lo, 1))):
             raise ValueError("grammar repeat node: bad min/max")

@@ -8,10 +8,13 @@ logit bias, the output constraint (a grammar spec, node.inference.grammar) and t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+MAX_GRAMMAR_BYTES = 1 << 20  # a grammar spec from a peer (the API's own bodies are smaller)
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,20 @@ class SamplingParams:
     def from_wire(cls, data: Any) -> SamplingParams:
         """Raises KeyError / TypeError / ValueError / AttributeError on a malformed dict."""
         grammar = data.get("grammar")
-        if grammar is not None and not isinstance(grammar, dict):
-            raise TypeError("grammar must be an object")
+        if grammar is not None:  # a peer's: bounded before anything compiles it
+            if not isinstance(grammar, dict):
+                raise TypeError("grammar must be an object")
+            if len(json.dumps(grammar)) > MAX_GRAMMAR_BYTES:
+                raise ValueError(f"grammar spec larger than {MAX_GRAMMAR_BYTES} bytes")
         logprobs = data.get("logprobs")
+        if logprobs is not None and not 0 <= int(logprobs) <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+        bias = data.get("logit_bias") or ()
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"more than {MAX_LOGIT_BIAS} logit_bias entries")
+        for _token, value in bias:
+            if not -100.0 <= float(value) <= 100.0:  # NaN fails this too
+                raise ValueError("logit_bias values must be between -100 and 100")
         return cls(
             max_tokens=data.get("max_tokens"), temperature=float(data["temperature"]), top_p=float(data["top_p"]),
             top_k=int(data["top_k"]), min_p=float(data["min_p"]),

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from node.errors import ModelLoadError
+from node.errors import ModelLoadError, ProtocolError
 from node.inference.chat import render_chat
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class ModelTokenizer:
         self._pieces: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
         self._lock = threading.Lock()
+        self.constraint_vocab = None  # node.inference.constrain's grammar vocabulary, built on first use
         log.debug("DIAG: tokenizer loaded file=%s n_vocab=%d add_bos=%s elapsed_ms=%d", path.name,
                   self.n_vocab, self.add_bos, (time.monotonic() - started) * 1000)
 
@@ -67,11 +68,18 @@ class ModelTokenizer:
         add_bos = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
         return self.tokenize(text, add_bos=add_bos)
 
+    def _check(self, token_id: int) -> None:
+        """llama.cpp aborts the process (a C++ out_of_range) on an id outside the vocabulary: ids
+        that came from a peer are checked here, raised as the protocol error they are."""
+        if not 0 <= token_id < self.n_vocab:
+            raise ProtocolError(f"token id {token_id} is outside the model's vocabulary of {self.n_vocab}")
+
     def piece(self, token_id: int) -> bytes:
         """Bytes a token adds to the output text (control tokens add nothing)."""
         cached = self._pieces.get(token_id)
         if cached is not None:
             return cached
+        self._check(token_id)
         size = 64
         buf = ctypes.create_string_buffer(size)
         n = self._llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, size, 0, False)
@@ -87,16 +95,19 @@ class ModelTokenizer:
     def special_piece(self, token_id: int) -> str:
         """The text of a token with control tokens written out (`<|python_tag|>`, `[TOOL_CALLS]`):
         `piece` renders those as nothing; tool-call markers must be seen."""
+        self._check(token_id)
         return self._llm._model.token_get_text(token_id)
 
     def is_eog(self, token_id: int) -> bool:
         """End-of-generation token (EOS, EOT, <|im_end|>...)."""
         hit = self._eog_cache.get(token_id)
         if hit is None:
+            self._check(token_id)
             hit = bool(self._llama_cpp.llama_vocab_is_eog(self._vocab, token_id))
             self._eog_cache[token_id] = hit
         return hit
 
     def close(self) -> None:
-        """Free the vocabulary."""
+        """Free the vocabulary (and the grammar engine's view of it)."""
+        self.constraint_vocab = None
         self._llm.close()

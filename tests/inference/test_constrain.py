@@ -212,3 +212,41 @@ def test_objects_with_properties_are_closed_unless_the_schema_says_otherwise(tin
                                                                                   "maximum": 99}}}), seed)
         assert ids is not None
         assert set(json.loads(text_of(tiny_tok, ids))) <= {"n"}
+
+
+def test_allof_schemas_are_left_open_so_they_stay_satisfiable(tiny_tok):
+    """Closing each part of an allOf would forbid the other parts' properties (OpenAPI inheritance)."""
+    schema = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "maximum": 9}}, "required": ["a"]},
+                        {"properties": {"b": {"enum": [1, 2]}}, "required": ["b"]}]}
+    constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(schema)))
+
+
+def test_sampling_from_a_peer_is_bounded():
+    good = SamplingParams(logit_bias=((1, 5.0),), logprobs=3, grammar=g.json_value({"type": "object"}))
+    assert SamplingParams.from_wire(good.to_wire()) == good
+    for bad in ({"logprobs": 10_000}, {"logit_bias": [[1, float("nan")]]}, {"logit_bias": [[i, 1] for i in range(301)]},
+                {"grammar": g.literal("x" * (2 << 20))}):
+        with pytest.raises(ValueError):
+            SamplingParams.from_wire({**good.to_wire(), **bad})
+    wide = g.alt(*[g.literal(str(i)) for i in range(5000)])
+    with pytest.raises(ValueError, match="nodes"):
+        g.validate(wide)
+
+
+def test_a_token_id_outside_the_vocabulary_is_a_protocol_error_not_an_abort(tiny_tok):
+    """llama.cpp aborts the process on such an id (a C++ out_of_range): a peer's ids are checked."""
+    from node.errors import ProtocolError
+
+    for bad in (tiny_tok.n_vocab, tiny_tok.n_vocab + 5, 999_999, -1):
+        with pytest.raises(ProtocolError):
+            tiny_tok.piece(bad)
+        with pytest.raises(ProtocolError):
+            tiny_tok.is_eog(bad)
+
+
+def test_the_grammar_vocabulary_lives_and_dies_with_its_tokenizer(tmp_path):
+    t = ModelTokenizer(tiny_model(tmp_path))
+    vocab = constrain.vocabulary(t)
+    assert constrain.vocabulary(t) is vocab
+    t.close()
+    assert t.constraint_vocab is None

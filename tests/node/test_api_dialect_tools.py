@@ -60,8 +60,9 @@ async def test_messages_forced_tool_use(claude, model_id):
     uses = [b for b in msg.content if b.type == "tool_use"]
     assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id
     jsonschema.validate(uses[0].input, SCHEMA)
+    # one call (the tiny model would repeat parallel calls until max_tokens: stop_reason max_tokens)
     async with claude.messages.stream(model=model_id, max_tokens=160, tools=[ANTHROPIC_TOOL],
-                                      tool_choice={"type": "any"},
+                                      tool_choice={"type": "any", "disable_parallel_tool_use": True},
                                       messages=[{"role": "user", "content": "Weather in Paris?"}],
                                       extra_body=GREEDY) as stream:
         events = [e async for e in stream]
@@ -94,7 +95,8 @@ async def test_responses_forced_function_call(oai, model_id):
     assert resp.status == "completed" and len(calls) == 1 and calls[0].name == "get_weather"
     jsonschema.validate(json.loads(calls[0].arguments), SCHEMA)
     async with oai.responses.stream(model=model_id, input="Weather in Paris?", tools=[RESPONSES_TOOL],
-                                    tool_choice="required", temperature=0, max_output_tokens=160) as stream:
+                                    tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                    max_output_tokens=160) as stream:
         events = [e async for e in stream]
         final = await stream.get_final_response()
     types = [e.type for e in events]
@@ -122,3 +124,16 @@ async def test_json_schema_output(claude, oai, model_id):
                                        output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
                                        messages=[{"role": "user", "content": "Name a city."}])
     jsonschema.validate(json.loads(msg.content[0].text), SCHEMA)
+
+
+async def test_calls_cut_by_max_tokens_say_the_turn_was_truncated(claude, oai, model_id):
+    """The tiny model repeats parallel calls until max_tokens: the complete calls are kept, and the
+    reply says it was cut (an agent loop must know), as the chat route's finish_reason length does."""
+    msg = await claude.messages.create(model=model_id, max_tokens=100, tools=[ANTHROPIC_TOOL],
+                                       tool_choice={"type": "any"},
+                                       messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=GREEDY)
+    assert msg.stop_reason == "max_tokens" and [b.type for b in msg.content].count("tool_use") >= 1
+    resp = await oai.responses.create(model=model_id, input="Weather in Paris?", tools=[RESPONSES_TOOL],
+                                      tool_choice="required", temperature=0, max_output_tokens=100)
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert [item.type for item in resp.output].count("function_call") >= 1
