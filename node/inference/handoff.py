@@ -55,6 +55,9 @@ class GenerationJob:
     params: SamplingParams
     max_new_tokens: int
     cancel: threading.Event = field(default_factory=threading.Event)
+    # the reply's tokens already produced before this job (the prompt's tail after a failover): an
+    # output grammar replays them
+    history: tuple[int, ...] = ()
 
 
 class TokenChannel:

@@ -100,7 +100,7 @@ class LlamaEngine:
             if p.grammar is not None or p.logit_bias:
                 if vocab is None:
                     raise EngineError("a constrained generation needs the model's vocabulary")
-                constraint = constrain.constraint_for(vocab, p)
+                constraint = constrain.constraint_for(vocab, p, job.history)
         except NodeError as exc:
             channel.close(exc)
             return

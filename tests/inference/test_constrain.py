@@ -250,3 +250,12 @@ def test_the_grammar_vocabulary_lives_and_dies_with_its_tokenizer(tmp_path):
     assert constrain.vocabulary(t) is vocab
     t.close()
     assert t.constraint_vocab is None
+
+
+def test_a_constraint_built_with_history_continues_where_the_reply_was(tok):
+    """A failover's new holder replays the reply so far: the grammar continues, never starts over."""
+    spec = g.json_value({"type": "object", "properties": {"a": {"enum": ["xy"]}}, "required": ["a"]})
+    head = tok.tokenize('{"a":"x', add_bos=False)
+    c = constrain.constraint_for(tok, SamplingParams(grammar=spec), head)
+    allowed = {tok.piece(int(i)) for i in np.flatnonzero(c.allowed())}
+    assert allowed and all(b"y".startswith(p) or p.startswith(b"y") for p in allowed if p)

@@ -38,6 +38,18 @@ def test_generate_round_trip():
     assert g.to_header() == header and g.payload() == payload
 
 
+def test_a_failover_generate_says_how_much_of_the_prompt_is_the_reply_so_far():
+    """The holder replays those tokens through an output grammar instead of starting it over."""
+    header, payload = _gen()
+    assert "gen" not in header and Generate.from_frame(header, payload).generated() == ()
+    g = Generate("req/2", SHA, (1, 2, 3, 4, 5), SamplingParams(), 16, COORD, n_generated=2)
+    back = Generate.from_frame(g.to_header(), g.payload())
+    assert back.n_generated == 2 and back.generated() == (4, 5)
+    for bad in (5, -1, True, "2"):  # the prompt must keep at least one token of its own
+        with pytest.raises(ProtocolError, match="generated token count"):
+            Generate.from_frame({**g.to_header(), "gen": bad}, g.payload())
+
+
 def test_a_decoded_prompt_stays_an_array_over_the_payload():
     """No Python int per token at decode time: the prompt is a read-only view of the payload, its ids
     checked vectorised (or left to the holder, which first checks the length against its context)."""

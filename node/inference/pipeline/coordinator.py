@@ -208,7 +208,8 @@ class PipelineCoordinator:
         rto = self.peers.rto(holder) if self.peers is not None else None
         stream = RemoteStream(att.sid, holder, budget, rto.backoff if rto is not None else None)
         self.remote[att.sid] = stream
-        gen = Generate(att.sid, att.model_sha, tuple(prompt), job.params, max_new_tokens, self.node_id)
+        gen = Generate(att.sid, att.model_sha, tuple(prompt), job.params, max_new_tokens, self.node_id,
+                       n_generated=len(prompt) - len(job.prompt_tokens))
         log.debug("DIAG: remote generate sent %s", kv(request_id=job.request_id, sid=att.sid, node=holder[:8],
                                                       prompt_tokens=len(prompt), max_new=max_new_tokens))
         try:

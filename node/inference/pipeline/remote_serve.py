@@ -110,7 +110,8 @@ class RemoteGenerateServer:
             return
         assert served is not None
         room = served.n_ctx - len(gen.prompt)
-        job = GenerationJob(gen.sid, gen.tokens(), gen.sampling, min(gen.max_new_tokens, room))
+        job = GenerationJob(gen.sid, gen.tokens(), gen.sampling, min(gen.max_new_tokens, room),
+                            history=gen.generated())
         g = _Generation(gen, job, served, time.monotonic())
         g.last_sent = g.received
         # queued from now: the next GENERATE's admission counts it, even in the same read of the link

@@ -81,6 +81,9 @@ class Generate:
     sampling: SamplingParams
     max_new_tokens: int
     coordinator: str  # node id the TOKENS go to: must be the sender
+    # how many of the prompt's last tokens the reply already holds (a failover): an output grammar
+    # replays them instead of starting over (absent on the wire when 0)
+    n_generated: int = 0
 
     def __post_init__(self) -> None:
         prompt = np.asarray(self.prompt, dtype="<i4").reshape(-1)
@@ -101,8 +104,16 @@ class Generate:
         return int(self.prompt[int(bad.argmax())]) if bad.any() else None
 
     def to_header(self) -> dict[str, Any]:
-        return {"sid": self.sid, "model": self.model, "n": len(self.prompt), "sampling": _sampling_to_wire(self.sampling),
-                "max_new": self.max_new_tokens, "coord": self.coordinator}
+        header = {"sid": self.sid, "model": self.model, "n": len(self.prompt),
+                  "sampling": _sampling_to_wire(self.sampling), "max_new": self.max_new_tokens,
+                  "coord": self.coordinator}
+        if self.n_generated:
+            header["gen"] = self.n_generated
+        return header
+
+    def generated(self) -> tuple[int, ...]:
+        """The tokens of the reply so far (the prompt's tail after a failover)."""
+        return tuple(self.prompt[len(self.prompt) - self.n_generated:].tolist()) if self.n_generated else ()
 
     def payload(self) -> bytes:
         return self.prompt.tobytes()
@@ -123,7 +134,8 @@ class Generate:
         if not isinstance(h.get("sampling"), dict):
             raise ProtocolError("GENERATE carries no sampling parameters")
         sampling = _sampling_from_wire(h["sampling"])
-        gen = cls(sid, model, _token_array(payload, n, "GENERATE"), sampling, max_new, coordinator)
+        n_generated = _int(h.get("gen", 0), "generated token count", 0, n - 1)
+        gen = cls(sid, model, _token_array(payload, n, "GENERATE"), sampling, max_new, coordinator, n_generated)
         if check_ids and (bad := gen.outside_vocabulary(n_vocab)) is not None:
             raise ProtocolError(f"GENERATE carries token id {bad} outside the vocabulary")
         return gen
