@@ -275,7 +275,7 @@ class CompletionRun:
         # seed-000 marker, kept word for word; the seed's generate_stream is our engine.generate
         log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
                   trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
-        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog, tok)
+        self._gen_future = asyncio.ensure_future(engine.async_generate(job, channel, tok.is_eog, tok))
         return channel.batches()
 
     def _finish_reason(self, ended_by_eog: bool, assembler: TextAssembler, produced: int) -> None:

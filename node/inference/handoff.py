@@ -55,6 +55,7 @@ class GenerationJob:
     params: SamplingParams
     max_new_tokens: int
     cancel: threading.Event = field(default_factory=threading.Event)
+    cached_tokens: int = 0  # prompt tokens the engine found in its KV cache (set before the first token)
 
 
 class TokenChannel:
