@@ -46,6 +46,8 @@ from node.logs import kv
 
 log = logging.getLogger(__name__)
 
+# flash attention off, as llama-cpp-python's Llama has it: the same numbers as the node gave before batching
+FLASH_ATTN = 0
 PENALTY_LAST_N = 64  # tokens the repeat/frequency/presence penalties look back on (llama-cpp-python's default)
 
 
@@ -109,6 +111,7 @@ class BatchEngine:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
+        params.flash_attn_type = FLASH_ATTN
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise EngineError(f"llama.cpp could not create a context of {self.n_slots} x {n_ctx} tokens")
