@@ -201,6 +201,8 @@ class CompletionRun:
                     break
                 first = trace.first_token is None
                 trace.mark_token()
+                if first and self.pipeline_run is None:
+                    trace.cached_tokens = job.cached_tokens  # the engine set it before the first token
                 if first and self._on_first_token is not None:
                     self._on_first_token(trace)
                 if track is not None:
@@ -243,6 +245,8 @@ class CompletionRun:
         if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()
+        if self.pipeline_run is None:
+            trace.cached_tokens = job.cached_tokens
         self._finish_reason(ended_by_eog, assembler, produced)
         if self.tool_calls and trace.finish_reason == "stop":
             trace.finish_reason = "tool_calls"
