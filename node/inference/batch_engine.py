@@ -364,6 +364,9 @@ class BatchEngine:
         if slot is not None:
             if drop:
                 self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
+                log.debug("DIAG: KV-cache sequence freed %s", kv(
+                    request_id=seq.job.request_id, seq=slot.seq_id, tokens=len(slot.tokens),
+                    reason="error" if error is not None else "cancelled"))
                 slot.tokens.clear()
             slot.busy = False
             slot.last_used = time.monotonic()
