@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import ctypes
 import logging
 import random
 import threading
