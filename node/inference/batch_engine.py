@@ -303,7 +303,7 @@ class BatchEngine:
             if n > best_n:
                 best, best_n = slot, n
         if best is not None and best_n * 2 >= len(best.tokens):  # it extends (most of) a cached sequence
-            log.info("DIAG: KV-cache HIT — skipping prefill %s", kv(
+            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
                 request_id=request_id, start_pos=best_n, cached_tokens=best_n, seq=best.seq_id,
                 new_prompt_len=len(prompt)))
             return best, best_n
@@ -318,15 +318,15 @@ class BatchEngine:
                 reason="lru", seq=slot.seq_id, cached_tokens=len(slot.tokens), kept_tokens=n,
                 idle_s=round(time.monotonic() - slot.last_used, 1), evictions=self.evictions))
         if n > 0:
-            log.info("DIAG: KV-cache HIT — skipping prefill %s", kv(
+            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
                 request_id=request_id, start_pos=n, cached_tokens=n, seq=slot.seq_id, new_prompt_len=len(prompt)))
         elif best is not None:
-            log.info("DIAG: KV-cache MISS — prompt prefix mismatch %s", kv(
+            log.debug("DIAG: KV-cache MISS — prompt prefix mismatch %s", kv(
                 request_id=request_id, reason="prefix_mismatch", cached_prompt_len=len(best.tokens),
                 common_tokens=best_n, new_prompt_len=len(prompt)))
         else:
             cached = sum(1 for s in self.slots if s.tokens)
-            log.info("DIAG: KV-cache MISS — no cached prefix %s", kv(
+            log.debug("DIAG: KV-cache MISS — no cached prefix %s", kv(
                 request_id=request_id, reason="no_cached_prefix" if cached else "cache_empty",
                 cached_sequences=cached, new_prompt_len=len(prompt)))
         return slot, n

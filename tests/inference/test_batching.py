@@ -142,7 +142,7 @@ async def test_a_cancelled_request_frees_its_sequence_and_the_others_are_unchang
 
 
 async def test_a_prefix_hit_gives_the_same_text_as_a_miss(model, engine_factory, caplog):
-    caplog.set_level(logging.INFO, logger="node.inference.batch_engine")
+    caplog.set_level(logging.DEBUG, logger="node.inference.batch_engine")
     warm = await engine_factory(model.path, max_concurrent=2, kv_cache_seqs=2)
     first = model.prompts[0]
     reply = await run(warm, model.tok, first, GREEDY)
@@ -164,7 +164,7 @@ async def test_the_kv_stays_within_its_budget_under_many_conversations(tmp_path,
     """12 conversations of 2 turns on 2 running + 2 cached sequences: the KV never holds more than
     4 sequences of at most n_ctx tokens, the least recently used are evicted (logged), and a
     conversation whose sequence is still cached hits."""
-    caplog.set_level(logging.INFO, logger="node.inference.batch_engine")
+    caplog.set_level(logging.DEBUG, logger="node.inference.batch_engine")
     path = tiny_model(tmp_path, RANDOM, "batch.gguf")
     tok = ModelTokenizer(path)
     try:
@@ -191,3 +191,37 @@ async def test_the_kv_stays_within_its_budget_under_many_conversations(tmp_path,
         assert all("reason=lru" in e for e in evicted)
     finally:
         tok.close()
+
+
+async def test_model_slots_admit_up_to_the_limit_first_come_first_served_and_unload_waits_for_all():
+    from node.inference.manager import ModelSlots
+
+    slots = ModelSlots(2)
+    await slots.acquire()
+    await slots.acquire()
+    assert slots.locked() and slots.holders == 2
+    order: list[str] = []
+
+    async def request(name: str) -> None:
+        await slots.acquire()
+        order.append(name)
+
+    async def unload() -> None:
+        async with slots.exclusive():
+            order.append("unload")
+            assert slots.holders == 0
+    third = asyncio.ensure_future(request("third"))
+    gone = asyncio.ensure_future(request("gone"))
+    excl = asyncio.ensure_future(unload())
+    fourth = asyncio.ensure_future(request("fourth"))
+    await wait_until(lambda: len(slots._waiters) == 4, 5, 0.01, "four waiters")
+    gone.cancel()  # a client that leaves the queue takes no slot
+    slots.release()
+    await wait_until(lambda: order == ["third"], 5, 0.01, "the first waiter served")
+    assert not excl.done()  # the unload waits for every holder
+    slots.release()
+    slots.release()  # third's
+    await wait_until(lambda: fourth.done(), 5, 0.01, "the unload, then the next request")
+    assert order == ["third", "unload", "fourth"] and slots.holders == 1 and gone.cancelled()
+    slots.release()
+    assert not slots.locked() and slots.holders == 0
