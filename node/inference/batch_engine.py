@@ -336,7 +336,7 @@ class BatchEngine:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_penalties(
-                PENALTY_LAST_N, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+                self.n_vocab, PENALTY_LAST_N, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
         if p.greedy:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
             return chain

@@ -23,6 +23,7 @@ RANDOM = SynthSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, voca
                    name="batch")
 GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02, seed=1234)
+PENALISED = SamplingParams(temperature=0.7, seed=99, repeat_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.5)
 QUESTIONS = ["What does len() return?", "How do I open a file?", "Explain list.append.", "What is a dict?",
              "How does range work?", "What is None?", "Describe str.split.", "What does zip do?"]
 
@@ -102,7 +103,7 @@ async def together(engine: LlamaEngine, runs) -> list[list[int]]:
     return list(await asyncio.gather(*tasks))
 
 
-@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("params", [GREEDY, SEEDED, PENALISED], ids=["greedy", "seeded", "penalised"])
 async def test_the_same_text_alone_and_in_a_batch_of_8(model, params, engine_factory):
     alone_engine = await engine_factory(model.path)
     alone = [await run(alone_engine, model.tok, p, params) for p in model.prompts]
