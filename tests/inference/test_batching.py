@@ -223,6 +223,6 @@ async def test_model_slots_admit_up_to_the_limit_first_come_first_served_and_unl
     slots.release()
     slots.release()  # third's
     await wait_until(lambda: fourth.done(), 5, 0.01, "the unload, then the next request")
-    assert order == ["third", "unload", "fourth"] and slots.holders == 1 and gone.cancelled()
+    assert order == ["third", "unload", "fourth"] and slots.holders == 1 and gone.cancelled() and third.done()
     slots.release()
     assert not slots.locked() and slots.holders == 0
