@@ -11,9 +11,11 @@ The loop runs on the model's executor thread while there is work (`submit` start
 when nothing is running or waiting, so embeddings and unloads get the thread between bursts).
 Every step:
   1. admit waiting requests into free slots: the slot whose cached tokens share the longest
-     prefix with the prompt (that prefix is kept, only the rest is prefilled: `DIAG: KV-cache
-     HIT`), else an empty slot, else the least recently used one (`DIAG: KV-cache sequence
-     evicted`); a request that reuses nothing logs `DIAG: KV-cache MISS` with its reason;
+     prefix with the prompt when the prompt continues it (that prefix is kept, only the rest is
+     prefilled: `DIAG: KV-cache HIT`), else an empty slot, else the least recently used one
+     (`DIAG: KV-cache sequence evicted`), starting from a copy of a cached sequence that shares
+     a long enough beginning with the prompt (a system prompt); a request that reuses nothing
+     logs `DIAG: KV-cache MISS` with its reason;
   2. drop cancelled requests (their sequence is removed from the KV at once);
   3. build ONE llama_batch: the next token of every decoding sequence, then prompt chunks of
      the prefilling ones (at most `prefill_chunk` tokens per step in all, so a long prompt never
@@ -47,7 +49,10 @@ log = logging.getLogger(__name__)
 
 # flash attention off, as llama-cpp-python's Llama has it: the same numbers as the node gave before batching
 FLASH_ATTN = 0
-PENALTY_LAST_N = 64  # tokens the repeat/frequency/presence penalties look back on (llama-cpp-python's default)
+PENALTY_LAST_N = 64
+# a prompt sharing at least this many tokens with a cached sequence it does not continue (the same
+# system prompt, another conversation) starts from a copy of that sequence's KV
+COPY_MIN_TOKENS = 16  # tokens the repeat/frequency/presence penalties look back on (llama-cpp-python's default)
 
 
 @dataclass
@@ -317,7 +322,16 @@ class BatchEngine:
             log.info("DIAG: KV-cache sequence evicted %s", kv(
                 reason="lru", seq=slot.seq_id, cached_tokens=len(slot.tokens), kept_tokens=n,
                 idle_s=round(time.monotonic() - slot.last_used, 1), evictions=self.evictions))
-        if n > 0:
+        if best is not None and best is not slot and best_n > n and best_n >= COPY_MIN_TOKENS:
+            # a shared beginning (a system prompt) of a sequence that stays cached: copy its KV
+            # stream (llama.cpp copies streams whole), the tail is cut below
+            self.ll.llama_memory_seq_cp(self.mem, best.seq_id, slot.seq_id, -1, -1)
+            slot.tokens = list(best.tokens)
+            n = best_n
+            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
+                request_id=request_id, start_pos=n, cached_tokens=n, seq=slot.seq_id, copied_from=best.seq_id,
+                new_prompt_len=len(prompt)))
+        elif n > 0:
             log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
                 request_id=request_id, start_pos=n, cached_tokens=n, seq=slot.seq_id, new_prompt_len=len(prompt)))
         elif best is not None:

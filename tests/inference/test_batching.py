@@ -226,3 +226,34 @@ async def test_model_slots_admit_up_to_the_limit_first_come_first_served_and_unl
     assert order == ["third", "unload", "fourth"] and slots.holders == 1 and gone.cancelled() and third.done()
     slots.release()
     assert not slots.locked() and slots.holders == 0
+
+
+@needs_default
+async def test_a_new_conversation_with_a_cached_system_prompt_starts_from_a_copy(engine_factory, caplog):
+    """Conversation B shares A's system prompt but not its question: B starts from a copy of A's
+    KV (cut after the shared part), gives the text it gives cold, and A stays cached whole."""
+    caplog.set_level(logging.DEBUG, logger="node.inference.batch_engine")
+    path = default_model_path()
+    tok = ModelTokenizer(path)
+    try:
+        system = {"role": "system", "content": "You answer questions about the Python standard library briefly, "
+                                               "with one example, and nothing else."}
+        a = tok.chat_tokens([system, {"role": "user", "content": "What does os.listdir do?"}])
+        b = tok.chat_tokens([system, {"role": "user", "content": "Explain json.dumps."}])
+        shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+        assert shared >= 16
+        engine = await engine_factory(path, max_concurrent=2, kv_cache_seqs=2)
+        long_reply = SamplingParams(temperature=0.0, logit_bias=tuple((i, -100.0) for i in range(tok.n_vocab)
+                                                                      if tok.is_eog(i)))
+        await run(engine, tok, a, long_reply, max_new=64)
+        cached_a = next(list(s.tokens) for s in engine.batcher.slots if s.tokens)
+        assert shared * 2 < len(cached_a)  # B does not continue A: A is not cut, it is copied
+        job = GenerationJob("b", b, GREEDY, 24)
+        warm = await run(engine, tok, b, GREEDY, job=job)
+        assert job.cached_tokens == shared
+        assert any("request_id=b" in r.getMessage() and "copied_from=" in r.getMessage() for r in caplog.records)
+        assert any(s.tokens == cached_a for s in engine.batcher.slots)  # A's whole sequence is still there
+        cold = await engine_factory(path, max_concurrent=2, kv_cache_seqs=2)
+        assert await run(cold, tok, b, GREEDY, max_new=24) == warm
+    finally:
+        tok.close()
