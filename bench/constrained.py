@@ -1,6 +1,7 @@
-"""Decode speed with and without a JSON-schema constraint, same model, same llama.cpp path as the
-node (LlamaEngine.generate: the constraint is a logits processor, the first step of the sampler
-chain, and the matcher follows each sampled token).
+"""Decode speed with and without a JSON-schema constraint, same model: through llama-cpp-python's
+`Llama.generate` with the constraint as a logits processor (the node's path before the batch
+engine), and through the node's own path now (LlamaEngine's batch engine: the mask is written in
+place on llama.cpp's logits row, then llama.cpp's sampler chain samples).
 
     python -m bench.constrained [--cache DIR] [--tokens N] [--skip-1b]
 
@@ -80,6 +81,36 @@ def run(llm, tok, prompt: list[int], n_tokens: int, constraint) -> tuple[float, 
     return (len(steps) / sum(steps) if steps else 0.0), produced
 
 
+def engine_run(path: Path, tok, prompt: list[int], n_tokens: int, threads: int, n_ctx: int,
+               params: SamplingParams) -> tuple[float, int]:
+    """(decode tok/s, tokens) through the node's own path: LlamaEngine's batch engine, where the
+    bias and the grammar mask are written in place on llama.cpp's logits row (no Python sampler)."""
+    import asyncio
+
+    from node.inference.handoff import GenerationJob, TokenChannel
+    from node.inference.llama_engine import LlamaEngine
+
+    async def go() -> tuple[float, int]:
+        engine = LlamaEngine("bench", path, n_ctx=n_ctx, n_threads=threads, max_concurrent=1, kv_cache_seqs=0)
+        await engine.async_run(engine.load)
+        try:
+            stamps: list[float] = []
+            for n, keep in ((4, False), (n_tokens, True)):  # warm up, then measure
+                channel = TokenChannel(asyncio.get_running_loop())
+                job = GenerationJob("bench", list(prompt), params, n)
+                done = asyncio.ensure_future(engine.async_generate(job, channel, tok.is_eog, tok))
+                async for batch in channel.batches():
+                    if keep:
+                        stamps += [time.perf_counter()] * len(batch)
+                await done
+            steps = len(stamps) - 1
+            return (steps / (stamps[-1] - stamps[0]) if steps > 0 and stamps[-1] > stamps[0] else 0.0), len(stamps)
+        finally:
+            await engine.async_run(engine.close)
+            engine.shutdown()
+    return asyncio.run(go())
+
+
 def bench(label: str, path: Path, n_tokens: int, threads: int) -> None:
     llama_cpp = load()
     tok = ModelTokenizer(path)
@@ -107,7 +138,12 @@ def bench(label: str, path: Path, n_tokens: int, threads: int) -> None:
         print(f"  per token: mask+bias {statistics.fmean(timed.apply_us):7.1f} us (p99 "
               f"{np.percentile(timed.apply_us, 99):.1f}), advance {statistics.fmean(timed.accept_us or [0]):6.1f} us; "
               f"decode step unconstrained {1e6 / free_tps:.0f} us")
+    n_ctx = llm.n_ctx()
     llm.close()
+    free_e, free_en = engine_run(path, tok, prompt, n_tokens, threads, n_ctx, SamplingParams(temperature=0.0))
+    cons_e, cons_en = engine_run(path, tok, prompt, n_tokens, threads, n_ctx, params)
+    print(f"  node engine (batch, mask in place on llama.cpp's row): unconstrained {free_e:8.1f} tok/s ({free_en}), "
+          f"json schema {cons_e:8.1f} tok/s ({cons_en})   ratio {cons_e / free_e if free_e else float('nan'):.3f}")
     tok.close()
 
 

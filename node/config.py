@@ -54,6 +54,9 @@ class NodeConfig:
     n_ctx: int = 0  # context per loaded model; 0 = the model's trained context (capped by max_ctx)
     max_ctx: int = 8192  # cap for n_ctx when taken from the model
     max_queue_per_model: int = const.MODEL_QUEUE_MAX
+    max_concurrent: int = 4  # requests one whole model decodes at once (one llama.cpp batch); more queue
+    kv_cache_seqs: int = 4  # finished sequences whose KV stays cached per model (prefix reuse, LRU);
+    # the KV is sized (max_concurrent + kv_cache_seqs) x n_ctx tokens per model
     cpu_only: bool = False  # never place a model on the GPU (reason=configured_cpu_only)
     gpu_memory_budget_mb: int = 0  # 0 = free VRAM minus headroom
     layers: str | None = None  # "A-B" (inclusive): serve only these layers of --model (slice engine)
@@ -181,6 +184,10 @@ def validate(cfg: NodeConfig) -> None:
     if cfg.serve == "auto" and cfg.layers:
         raise InvalidRequest(f"--layers {cfg.layers} and --serve auto conflict: --layers chooses the layers by "
                              "hand, --serve auto lets the node choose them; give one of the two")
+    if not 1 <= cfg.max_concurrent <= 64:
+        raise InvalidRequest(f"config field max_concurrent: must be 1..64, got {cfg.max_concurrent}")
+    if not 0 <= cfg.kv_cache_seqs <= 64:
+        raise InvalidRequest(f"config field kv_cache_seqs: must be 0..64, got {cfg.kv_cache_seqs}")
     if cfg.slice_budget_mb < 0:
         raise InvalidRequest(f"config field slice_budget_mb: must be 0 (free memory) or a size in MB, "
                              f"got {cfg.slice_budget_mb}")

@@ -26,6 +26,8 @@ DEFAULT_CONFIG_TEXT = """\
 # cpu_only = false
 # serve = "whole"      # "auto": choose which layers of each --model to serve from the swarm
 # slice_budget_mb = 0  # memory for auto-chosen slices; 0 = free memory minus headroom
+# max_concurrent = 4   # requests a whole model decodes at once (one batch); more wait in its queue
+# kv_cache_seqs = 4    # finished conversations whose KV stays cached per model (prefix reuse)
 
 [network]
 # mdns = true

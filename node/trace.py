@@ -75,6 +75,7 @@ class RequestTrace:
     segments: list[SegmentTrace] = field(default_factory=list)
     regions: list[str] = field(default_factory=list)
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens whose KV was reused (prefix cache), when known
     completion_tokens: int = 0
     finish_reason: str | None = None  # stop | length | tool_calls
     finish_detail: str | None = None  # eos | stop_sequence | max_tokens | context
@@ -183,6 +184,7 @@ class RequestTrace:
             "decode_ms": _round(self.decode_ms),
             "total_ms": _round(self.total_ms),
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "tokens": self.completion_tokens if self.assemblies else None,
             "tok_per_sec": round(self.tok_per_sec, 1) if self.tok_per_sec is not None else None,
             "tpot_ms": round(self.tpot_ms, 1) if self.tpot_ms is not None else None,
@@ -242,6 +244,7 @@ class RequestTrace:
             "assemblies": self.assemblies,
             "segments": [s.as_dict() for s in self.segments],
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "finish_reason": self.finish_reason,
             "finish_detail": self.finish_detail,

@@ -25,11 +25,15 @@ def completion_id(trace: RequestTrace, kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + trace.request_id.replace("-", "")
 
 
-def usage(trace: RequestTrace) -> dict[str, int]:
-    """Exact token counts: a property of the prompt and the reply, identical cold and warm."""
+def usage(trace: RequestTrace) -> dict[str, Any]:
+    """Exact token counts: a property of the prompt and the reply, identical cold and warm; and, as
+    OpenAI reports it, how many prompt tokens came from the prefix cache (when the route knows)."""
     prompt = trace.prompt_tokens or 0
-    return {"prompt_tokens": prompt, "completion_tokens": trace.completion_tokens,
-            "total_tokens": prompt + trace.completion_tokens}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": trace.completion_tokens,
+                           "total_tokens": prompt + trace.completion_tokens}
+    if trace.cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": trace.cached_tokens}
+    return out
 
 
 def chat_logprobs(items: Sequence[TokenLogprob]) -> dict[str, Any]:

@@ -216,6 +216,8 @@ class CompletionRun:
                     break
                 first = trace.first_token is None
                 trace.mark_token()
+                if first and self.pipeline_run is None:
+                    trace.cached_tokens = job.cached_tokens  # the engine set it before the first token
                 if first and self._on_first_token is not None:
                     self._on_first_token(trace)
                 if track is not None:
@@ -258,6 +260,8 @@ class CompletionRun:
         if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()
+        if self.pipeline_run is None:
+            trace.cached_tokens = job.cached_tokens
         self._finish_reason(ended_by_eog, assembler, produced)
         if self.tool_calls and trace.finish_reason == "stop":
             trace.finish_reason = "tool_calls"
@@ -290,7 +294,7 @@ class CompletionRun:
         # seed-000 marker, kept word for word; the seed's generate_stream is our engine.generate
         log.debug("DIAG: generate_stream starting request_id=%s prompt_len=%d temperature=%s max_tokens=%d",
                   trace.request_id, len(job.prompt_tokens), job.params.temperature, job.max_new_tokens)
-        self._gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog, tok)
+        self._gen_future = asyncio.ensure_future(engine.async_generate(job, channel, tok.is_eog, tok))
         return channel.batches()
 
     def _finish_reason(self, ended_by_eog: bool, assembler: TextAssembler, produced: int) -> None:

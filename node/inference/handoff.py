@@ -58,6 +58,7 @@ class GenerationJob:
     # the reply's tokens already produced before this job (the prompt's tail after a failover): an
     # output grammar replays them
     history: tuple[int, ...] = ()
+    cached_tokens: int = 0  # prompt tokens the engine found in its KV cache (set before the first token)
 
 
 class TokenChannel:

@@ -1,7 +1,8 @@
 """Whole-model execution through llama-cpp-python, on a dedicated single-thread executor.
 
-Every call into llama.cpp (load, tokenize for long prompts, generate, free) runs on the model's
-own thread, so the event loop never blocks and one llama context is never used concurrently.
+Every call into llama.cpp (load, the batch loop of node.inference.batch_engine, embeddings, free)
+runs on the model's own thread, so the event loop never blocks and one llama context is never
+used concurrently. Generations join the model's batch (`submit`); many decode at once.
 """
 
 from __future__ import annotations
@@ -10,16 +11,13 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import random
 import time
 from pathlib import Path
 
-import numpy as np
-
-from node.errors import EngineError, InvalidRequest, ModelLoadError, NodeError
-from node.inference import constrain, llamacpp
+from node.errors import EngineError, InvalidRequest, ModelLoadError
+from node.inference import llamacpp
+from node.inference.batch_engine import BatchEngine
 from node.inference.handoff import GenerationJob, TokenChannel
-from node.inference.logprobs import scores_from_logits
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -38,38 +36,52 @@ def physical_cores() -> int:
 class LlamaEngine:
     """One loaded GGUF model in llama.cpp; blocking methods run on `self.executor`."""
 
-    def __init__(self, model_id: str, path: Path, *, n_ctx: int, n_threads: int, n_gpu_layers: int = 0):
+    def __init__(self, model_id: str, path: Path, *, n_ctx: int, n_threads: int, n_gpu_layers: int = 0,
+                 max_concurrent: int = 1, kv_cache_seqs: int = 0):
         self.model_id = model_id
         self.path = path
         self.n_ctx = n_ctx
         self.n_threads = n_threads or physical_cores()
         self.n_gpu_layers = n_gpu_layers
+        self.max_concurrent = max_concurrent
+        self.kv_cache_seqs = kv_cache_seqs
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{model_id[:16]}")
-        self.llm = None
+        self.model = None  # llama-cpp-python's LlamaModel (weights, vocabulary, metadata)
+        self.batcher: BatchEngine | None = None  # the generation context, its sequences and loop
         self.embedder = None  # a second context with embeddings on, loaded on the first embeddings request
-        self.ms_per_token: float | None = None  # EWMA of recent decode steps (advertised to peers)
+
+    @property
+    def ms_per_token(self) -> float | None:
+        """EWMA of recent decode steps (advertised to peers); None before any."""
+        return None if self.batcher is None else self.batcher.ms_per_token
 
     # --- lifecycle (blocking; run on the executor) ---
 
     def load(self) -> None:
-        """Load the model (blocking)."""
+        """Load the model and its batch context (blocking)."""
         llama_cpp = llamacpp.load()
+        from llama_cpp import _internals
+
+        low = llama_cpp.llama_cpp
         started = time.monotonic()
         try:
-            self.llm = llama_cpp.Llama(
-                model_path=str(self.path),
-                n_ctx=self.n_ctx,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads,
-                n_gpu_layers=self.n_gpu_layers,
-                n_batch=min(512, self.n_ctx),
-                verbose=False,
-            )
+            params = low.llama_model_default_params()
+            params.n_gpu_layers = self.n_gpu_layers
+            self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=False)
+            self.batcher = BatchEngine(low, self.model.model, model_id=self.model_id, n_ctx=self.n_ctx,
+                                       max_concurrent=self.max_concurrent, cache_seqs=self.kv_cache_seqs,
+                                       n_threads=self.n_threads, executor=self.executor,
+                                       n_batch=max(min(512, self.n_ctx), self.max_concurrent))
         except Exception as exc:  # llama.cpp raises ValueError/RuntimeError with little detail
+            if self.model is not None:
+                self.model.close()
+                self.model = None
             raise ModelLoadError(f"llama.cpp could not load {self.path.name}: {exc}") from exc
+        b = self.batcher
         log.info("DIAG: load_model %s", kv(model=self.model_id, backend_type="llama.cpp",
                                            n_ctx=self.n_ctx, n_threads=self.n_threads,
-                                           n_gpu_layers=self.n_gpu_layers,
+                                           n_gpu_layers=self.n_gpu_layers, max_concurrent=b.max_concurrent,
+                                           kv_sequences=b.n_slots, kv_tokens=b.n_slots * self.n_ctx,
                                            elapsed_ms=int((time.monotonic() - started) * 1000)))
 
     def close(self) -> None:
@@ -77,106 +89,53 @@ class LlamaEngine:
         if self.embedder is not None:
             self.embedder.close()
             self.embedder = None
-        if self.llm is not None:
-            self.llm.close()
-            self.llm = None
-        self.ms_per_token: float | None = None  # EWMA of recent decode steps (advertised to peers)
+        if self.batcher is not None:
+            self.batcher.close()
+            self.batcher = None
+        if self.model is not None:
+            self.model.close()
+            self.model = None
 
-    # --- generation (blocking; runs on the executor) ---
+    # --- generation ---
+
+    def submit(self, job: GenerationJob, channel: TokenChannel, is_eog, vocab=None) -> concurrent.futures.Future:
+        """Join the batch (any thread, never blocks): tokens go to `channel` until EOG, max tokens,
+        the context's end or cancel; the future is done when the sequence has ended. `vocab` (the
+        model's ModelTokenizer) is needed when the job has a grammar or a logit_bias."""
+        batcher = self.batcher
+        if batcher is None:
+            channel.close(EngineError(f"model {self.model_id} is not loaded"))
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+        try:
+            return batcher.submit(job, channel, is_eog, vocab)
+        except EngineError as exc:  # unloaded in between
+            channel.close(exc)
+            done = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+
+    async def async_generate(self, job: GenerationJob, channel: TokenChannel, is_eog, vocab=None) -> None:
+        """`submit`, awaited on the loop."""
+        await asyncio.wrap_future(self.submit(job, channel, is_eog, vocab))
 
     def generate(self, job: GenerationJob, channel: TokenChannel, is_eog, vocab=None) -> None:
-        """Sample tokens into the channel until EOG, max tokens, context end or cancel.
-
-        `vocab` (the model's ModelTokenizer) is needed when the job has a grammar or a logit_bias:
-        they become a logits processor, the first step of llama.cpp's sampler chain (before the
-        penalties, top-k/p, temperature), and the grammar's matcher follows each sampled token."""
-        llm = self.llm
-        if llm is None:
-            channel.close(EngineError(f"model {self.model_id} is not loaded"))
-            return
-        p = job.params
-        try:
-            constraint = None
-            if p.grammar is not None or p.logit_bias:
-                if vocab is None:
-                    raise EngineError("a constrained generation needs the model's vocabulary")
-                constraint = constrain.constraint_for(vocab, p, job.history)
-        except NodeError as exc:
-            channel.close(exc)
-            return
-        try:
-            llm.set_seed(p.seed if p.seed is not None else random.getrandbits(32))
-            produced = 0
-            generator = llm.generate(
-                job.prompt_tokens,
-                top_k=p.top_k,
-                top_p=p.top_p,
-                min_p=p.min_p,
-                temp=p.temperature,
-                repeat_penalty=p.repeat_penalty,
-                frequency_penalty=p.frequency_penalty,
-                presence_penalty=p.presence_penalty,
-                reset=True,
-                logits_processor=None if constraint is None else [lambda _ids, logits: constraint.apply(logits)],
-            )
-            scores = self._scorer(llm, p.logprobs)
-            last = None
-            try:
-                for token in generator:
-                    now = time.monotonic()
-                    if last is not None:  # decode steps only: the first token's time is the prefill's
-                        step_ms = (now - last) * 1000
-                        ewma = self.ms_per_token
-                        self.ms_per_token = step_ms if ewma is None else 0.9 * ewma + 0.1 * step_ms
-                    last = now
-                    if job.cancel.is_set():
-                        break
-                    channel.put(token, None if scores is None else scores(token))
-                    produced += 1
-                    if is_eog(token) or produced >= job.max_new_tokens or job.cancel.is_set():
-                        break
-                    if constraint is not None:
-                        constraint.accept(token)
-            finally:
-                generator.close()
-        except NodeError as exc:
-            channel.close(exc)
-            return
-        except Exception as exc:  # llama.cpp decode failure: report it on the stream
-            log.error("DIAG: local stream generate_stream error — executor error model=%s error=%s",
-                      self.model_id, exc)
-            channel.close(EngineError(f"llama.cpp generation failed: {exc}"))
-            return
-        channel.close()
-
-    @staticmethod
-    def _scorer(llm, n_top: int | None):
-        """None when logprobs are off; else token -> TokenScores from the logits llama.cpp sampled it
-        from: the context's last output row, still there while `generate` is suspended at its yield
-        (it evaluates the token after we resume it). Raw logits: the model's distribution, before
-        penalties, bias, grammar and temperature (see node.inference.logprobs)."""
-        if n_top is None:
-            return None
-        llama_cpp = llamacpp.load()
-        n_vocab = llm.n_vocab()
-
-        def scores(token: int):
-            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
-            return scores_from_logits(row, token, n_top)
-        return scores
+        """`submit`, waited for (blocking; never on the engine's own executor thread)."""
+        self.submit(job, channel, is_eog, vocab).result()
 
     # --- embeddings (blocking; run on the executor) ---
 
     def n_embd(self) -> int:
         """The model's embedding size."""
-        if self.llm is None:
+        if self.model is None:
             raise EngineError(f"model {self.model_id} is not loaded")
-        return self.llm.n_embd()
+        return self.model.n_embd()
 
     def embedding_pooling(self) -> int:
         """The pooling the model declares (GGUF `<arch>.pooling_type`), or mean when it declares none."""
         llama_cpp = llamacpp.load()
-        meta = self.llm.metadata if self.llm is not None else {}
+        meta = self.model.metadata() if self.model is not None else {}
         declared = meta.get(f"{meta.get('general.architecture', '')}.pooling_type")
         try:
             pooling = int(declared) if declared is not None else llama_cpp.LLAMA_POOLING_TYPE_NONE

@@ -1,14 +1,16 @@
 """ModelManager: the models this node serves whole, their state, placement and admission queue.
 
 One `ServedModel` per catalog entry. A model is loaded on start-up and again on demand after an
-unload (logged as on-demand loading). Requests to a busy model wait their turn on the model's
-lock; that wait is the trace's queue_ms. Every state change is published to observers (the GUI's
+unload (logged as on-demand loading). Up to `max_concurrent` requests use a model at once (one
+llama.cpp batch); more wait their turn on the model's `ModelSlots`; that wait is the trace's queue_ms. Every state change is published to observers (the GUI's
 models table) on the loop thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +38,79 @@ def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[
                  budget_mb=config.gpu_memory_budget_mb)
 
 
+class ModelSlots:
+    """Who may use a loaded model: up to `limit` requests at once (`acquire`/`release`: they decode in
+    one batch), or one holder alone (`exclusive()`: unload, which waits for every request to end and
+    keeps new ones out meanwhile). Waiters are served first come, first served (loop thread only)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.holders = 0
+        self._exclusive = False
+        self._waiters: collections.deque[tuple[asyncio.Future, bool]] = collections.deque()
+
+    def locked(self) -> bool:
+        """True when a new request would wait."""
+        return self._exclusive or self.holders >= self.limit or bool(self._waiters)
+
+    async def _wait(self, exclusive: bool) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((fut, exclusive))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted, then cancelled before it ran: give it back
+                self._give_back(exclusive)
+            else:
+                self._wake()
+            raise
+
+    async def acquire(self) -> None:
+        if not self.locked():
+            self.holders += 1
+            return
+        await self._wait(False)
+
+    def release(self) -> None:
+        self._give_back(False)
+
+    def _give_back(self, exclusive: bool) -> None:
+        if exclusive:
+            self._exclusive = False
+        else:
+            if self.holders <= 0:
+                raise RuntimeError("ModelSlots released more often than acquired")
+            self.holders -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            fut, exclusive = self._waiters[0]
+            if fut.done():  # cancelled while waiting
+                self._waiters.popleft()
+                continue
+            if self._exclusive or (exclusive and self.holders) or (not exclusive and self.holders >= self.limit):
+                return
+            self._waiters.popleft()
+            if exclusive:
+                self._exclusive = True
+            else:
+                self.holders += 1
+            fut.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self):
+        """Hold the model alone (waits for the requests before it to end)."""
+        if not self.locked() and self.holders == 0:
+            self._exclusive = True
+        else:
+            await self._wait(True)
+        try:
+            yield
+        finally:
+            self._give_back(True)
+
+
 @dataclass
 class ServedModel:
     """A whole model this node can run, and where it runs."""
@@ -53,7 +128,7 @@ class ServedModel:
     busy: bool = False
     loaded_at: float | None = None
     last_used: float | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: ModelSlots = field(default_factory=lambda: ModelSlots(1))  # set to max_concurrent at registration
     load_task: asyncio.Task | None = None
     placement: Placement | None = None
     running: set = field(default_factory=set)  # GenerationJobs holding the model (force-unload cancels them)
@@ -72,6 +147,8 @@ class ServedModel:
             "n_ctx": self.n_ctx,
             "error": self.error,
             "busy": self.busy,
+            "active": self.lock.holders,
+            "max_concurrent": self.lock.limit,
             "waiting": self.waiting,
             "layers_held": [0, self.entry.n_layers],
             "engine": "llama.cpp",
@@ -115,6 +192,7 @@ class ModelManager:
         if not entry.has_file and not in_catalog:
             raise Conflict(f"model {entry.id} from the swarm is not this node's catalog entry for that id")
         served = ServedModel(entry, whole=whole)
+        served.lock = ModelSlots(self.config.max_concurrent)
         if not whole:
             served.state = "slices" if entry.has_file else "swarm"  # swarm: only its header is here
         # visible to requests only once its tokenizer is read: a request never sees it half made
@@ -213,7 +291,8 @@ class ModelManager:
         device, reason = placed.device, placed.cpu_placement_reason
         served.device, served.cpu_placement_reason = device, reason
         engine = LlamaEngine(served.id, served.entry.path, n_ctx=served.n_ctx,
-                             n_threads=self.config.n_threads, n_gpu_layers=placed.n_gpu_layers)
+                             n_threads=self.config.n_threads, n_gpu_layers=placed.n_gpu_layers,
+                             max_concurrent=self.config.max_concurrent, kv_cache_seqs=self.config.kv_cache_seqs)
         try:
             await engine.async_run(engine.load)
         except NodeError as exc:
@@ -240,7 +319,7 @@ class ModelManager:
             raise Conflict(f"model {served.id} is in use by {int(served.busy) + served.waiting} request(s)")
         for job in list(served.running):  # force: stop the generation now rather than wait for it
             job.cancel.set()
-        async with served.lock:
+        async with served.lock.exclusive():
             engine, served.engine = served.engine, None
             if engine is not None:
                 await engine.async_run(engine.close)
@@ -285,7 +364,7 @@ class ModelManager:
     def mark(self, served: ServedModel, *, waiting: int = 0, busy: bool | None = None) -> None:
         """Adjust queue counters and publish the change."""
         served.waiting += waiting
-        if busy is not None:
-            served.busy = busy
+        if busy is not None:  # a request started or ended: busy while any request holds the model
+            served.busy = served.lock.holders > 0
             served.last_used = time.time()
         self._observers.emit("changed", served)

@@ -323,12 +323,12 @@ async def test_unknown_model_names_do_not_grow_metric_series(node):
 
 async def test_force_unload_stops_a_running_generation(node, client, model_id, monkeypatch):
     # 5 ms a token (in the model's thread): the unload lands mid-generation however fast the machine
-    real_generate = LlamaEngine.generate
+    real_submit = LlamaEngine.submit
 
-    def paced_generate(self, job, channel, is_eog, vocab=None):
-        return real_generate(self, job, channel, lambda token: time.sleep(0.005) or is_eog(token), vocab)
+    def paced_submit(self, job, channel, is_eog, vocab=None):  # is_eog runs on the batch thread, once a token
+        return real_submit(self, job, channel, lambda token: time.sleep(0.005) or is_eog(token), vocab)
 
-    monkeypatch.setattr(LlamaEngine, "generate", paced_generate)
+    monkeypatch.setattr(LlamaEngine, "submit", paced_submit)
     messages = [{"role": "user", "content": "go"}]
     stream = await client.chat.completions.create(model=model_id, messages=messages, max_tokens=200, temperature=0,
                                                   stream=True)

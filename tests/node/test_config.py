@@ -97,3 +97,17 @@ def test_cli_flags_for_serve_auto(tmp_path):
     args = build_parser().parse_args(["run", "--data-dir", str(tmp_path), "--serve", "auto", "--layers", "0-1"])
     with pytest.raises(InvalidRequest, match="conflict"):
         load_config(cli_overrides(args), environ={})
+
+
+def test_batching_settings_from_toml_and_env_and_their_limits(tmp_path):
+    cfg = load_config({"data_dir": str(tmp_path)}, environ={})
+    assert (cfg.max_concurrent, cfg.kv_cache_seqs) == (4, 4)
+    (tmp_path / "config.toml").write_text("[inference]\nmax_concurrent = 8\nkv_cache_seqs = 0\n")
+    cfg = load_config({"data_dir": str(tmp_path)}, environ={})
+    assert (cfg.max_concurrent, cfg.kv_cache_seqs) == (8, 0)
+    cfg = load_config({"data_dir": str(tmp_path)}, environ={"SWARMLLM_MAX_CONCURRENT": "2"})
+    assert cfg.max_concurrent == 2
+    with pytest.raises(InvalidRequest, match="max_concurrent: must be 1..64, got 0"):
+        load_config({"data_dir": str(tmp_path)}, environ={"SWARMLLM_MAX_CONCURRENT": "0"})
+    with pytest.raises(InvalidRequest, match="kv_cache_seqs: must be 0..64, got -1"):
+        load_config({"data_dir": str(tmp_path)}, environ={"SWARMLLM_KV_CACHE_SEQS": "-1"})

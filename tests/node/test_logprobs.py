@@ -171,7 +171,8 @@ def scripted(tiny_node, monkeypatch):
             for i, tok in enumerate(tokens[:job.max_new_tokens]):
                 channel.put(tok, TokenScores(-(i + 1) / 10, (tok,), (-(i + 1) / 10,)) if scores else None)
             channel.close()
-        monkeypatch.setattr(served.engine, "generate", generate)
+        monkeypatch.setattr(served.engine, "submit",  # in place of the batch: this script, on the engine's thread
+                            lambda *args: served.engine.executor.submit(generate, *args))
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{tiny_node.api.port}/v1", api_key=tiny_node.api_key,
                                 max_retries=0)
     return set_text, client

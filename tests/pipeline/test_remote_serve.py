@@ -88,10 +88,21 @@ async def test_refusals_carry_their_codes(holder):
     await wait_until(lambda: server.in_flight == 0, 30, 0.02, "the one accepted generation to finish")
 
 
+async def _hold_every_slot(served) -> None:
+    for _ in range(served.lock.limit):
+        await served.lock.acquire()
+    assert served.lock.locked()
+
+
+def _release_every_slot(served) -> None:
+    for _ in range(served.lock.limit):
+        served.lock.release()
+
+
 async def test_queued_behind_the_lock_it_sends_keepalives_and_a_cancel_frees_it(holder, monkeypatch):
     server, served, peers, _ = holder
     monkeypatch.setattr(const, "GENERATE_KEEPALIVE_S", 0.05)
-    await served.lock.acquire()  # a local request holds the model
+    await _hold_every_slot(served)  # local requests hold the model
     try:
         gen = _gen(served, "s/queued")
         server.on_generate(gen.to_header(), gen.payload(), COORD)
@@ -103,7 +114,7 @@ async def test_queued_behind_the_lock_it_sends_keepalives_and_a_cancel_frees_it(
         assert served.waiting == 0
         before = len(_tokens(peers, gen.sid))
     finally:
-        served.lock.release()
+        _release_every_slot(served)
     # nothing more is sent for a cancelled generation, and the model serves the next one
     nxt = _gen(served, "s/next", max_new=2)
     server.on_generate(nxt.to_header(), nxt.payload(), COORD)
@@ -132,7 +143,7 @@ async def test_a_burst_of_generates_in_one_turn_is_held_to_the_queue_cap(holder)
     queued when admitted: the model's queue cap holds, the rest are refused `overloaded`."""
     server, served, peers, _ = holder
     cap = server.models.config.max_queue_per_model
-    await served.lock.acquire()  # a local request holds the model: every accepted one queues
+    await _hold_every_slot(served)  # local requests hold the model: every accepted one queues
     try:
         for i in range(cap + 3):
             gen = _gen(served, f"s/burst{i}")
@@ -145,7 +156,7 @@ async def test_a_burst_of_generates_in_one_turn_is_held_to_the_queue_cap(holder)
         await wait_until(lambda: server.in_flight == 0, 10, 0.02, "the queued generations to go")
         assert served.waiting == 0
     finally:
-        served.lock.release()
+        _release_every_slot(served)
 
 
 @pytest.mark.parametrize("how", ["cancel", "link_drop", "close"])

@@ -201,7 +201,7 @@ class RemoteGenerateServer:
             channel = TokenChannel(loop)
             g.generating = True
             last = time.monotonic()
-            gen_future = loop.run_in_executor(engine.executor, engine.generate, job, channel, tok.is_eog, tok)
+            gen_future = asyncio.ensure_future(engine.async_generate(job, channel, tok.is_eog, tok))
             last_token = None
             async for batch in channel.batches():
                 now = time.monotonic()

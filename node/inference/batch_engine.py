@@ -1,0 +1,411 @@
+"""Continuous batching for one loaded GGUF model: many requests decoded in one llama.cpp context.
+
+One llama.cpp context holds `n_slots` sequences (llama.cpp's per-sequence KV streams, not the
+unified buffer: each sequence owns exactly `n_ctx` cells, so the KV memory is fixed at load,
+`n_slots * n_ctx` cells, and no request can crowd another out of the cache). A slot is either
+running a request or idle; an idle slot keeps the tokens of the last request it ran (prompt and
+reply) as a cached prefix. `max_concurrent` requests run at once; the other `n_slots -
+max_concurrent` slots are the prefix cache (LRU).
+
+The loop runs on the model's executor thread while there is work (`submit` starts it; it returns
+when nothing is running or waiting, so embeddings and unloads get the thread between bursts).
+Every step:
+  1. admit waiting requests into free slots: the slot whose cached tokens share the longest
+     prefix with the prompt when the prompt continues it (that prefix is kept, only the rest is
+     prefilled: `DIAG: KV-cache HIT`), else an empty slot, else the least recently used one
+     (`DIAG: KV-cache sequence evicted`), starting from a copy of a cached sequence that shares
+     a long enough beginning with the prompt (a system prompt); a request that reuses nothing
+     logs `DIAG: KV-cache MISS` with its reason;
+  2. drop cancelled requests (their sequence is removed from the KV at once);
+  3. build ONE llama_batch: the next token of every decoding sequence, then prompt chunks of
+     the prefilling ones (at most `prefill_chunk` tokens per step in all, so a long prompt never
+     stalls the others' decode for more than one chunk);
+  4. one llama_decode;
+  5. sample every sequence whose logits came out: logprobs read the raw row first (a copy, only
+     when asked), then logit_bias and the grammar mask are applied in place on llama.cpp's own
+     logits row, then the sequence's own sampler chain (penalties, top-k, top-p, min-p,
+     temperature, dist with its own seed; greedy at temperature 0) samples from that row.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from node.errors import EngineError, NodeError
+from node.inference import constrain
+from node.inference.handoff import GenerationJob, TokenChannel
+from node.inference.logprobs import scores_from_logits
+from node.logs import kv
+
+log = logging.getLogger(__name__)
+
+# flash attention off, as llama-cpp-python's Llama has it: the same numbers as the node gave before batching
+FLASH_ATTN = 0
+PENALTY_LAST_N = 64
+# a prompt sharing at least this many tokens with a cached sequence it does not continue (the same
+# system prompt, another conversation) starts from a copy of that sequence's KV
+COPY_MIN_TOKENS = 16  # tokens the repeat/frequency/presence penalties look back on (llama-cpp-python's default)
+
+
+@dataclass
+class _Slot:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # what the KV holds for this sequence, positions 0..
+    last_used: float = 0.0
+    busy: bool = False
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One request in the batch."""
+
+    job: GenerationJob
+    channel: TokenChannel
+    is_eog: object
+    vocab: object
+    future: concurrent.futures.Future
+    slot: _Slot | None = None
+    sampler: object = None
+    constraint: constrain.TokenConstraint | None = None
+    rest: list[int] = field(default_factory=list)  # prompt tokens still to prefill
+    next_token: int | None = None  # sampled, not yet in the KV
+    produced: int = 0
+    out_index: int = -1  # this step's row in the logits, -1 when it has none
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class BatchEngine:
+    """The batch loop of one model (see the module docstring). `submit` is thread-safe; everything
+    else runs on `executor`'s single thread."""
+
+    def __init__(self, llama_cpp, model, *, model_id: str, n_ctx: int, max_concurrent: int, cache_seqs: int,
+                 n_threads: int, executor: concurrent.futures.Executor, n_batch: int = 512,
+                 prefill_chunk: int = 256):
+        self.ll = llama_cpp
+        self.model_id = model_id
+        self.n_ctx = n_ctx
+        self.max_concurrent = max(1, max_concurrent)
+        self.n_slots = min(self.max_concurrent + max(0, cache_seqs), llama_cpp.llama_max_parallel_sequences())
+        self.max_concurrent = min(self.max_concurrent, self.n_slots)
+        self.n_batch = max(n_batch, self.max_concurrent)
+        self.prefill_chunk = max(1, min(prefill_chunk, self.n_batch))
+        self.executor = executor
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx * self.n_slots
+        params.n_batch = self.n_batch
+        params.n_ubatch = self.n_batch
+        params.n_seq_max = self.n_slots
+        params.kv_unified = False  # one KV stream of n_ctx cells per sequence
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+        params.flash_attn_type = FLASH_ATTN
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            raise EngineError(f"llama.cpp could not create a context of {self.n_slots} x {n_ctx} tokens")
+        self.ctx = ctx
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(ctx)
+        if self.n_ctx_seq < n_ctx:
+            llama_cpp.llama_free(ctx)
+            raise EngineError(f"llama.cpp gave {self.n_ctx_seq} tokens per sequence, {n_ctx} needed")
+        self.mem = llama_cpp.llama_get_memory(ctx)
+        self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.slots = [_Slot(i) for i in range(self.n_slots)]
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_Seq] = collections.deque()
+        self._active: list[_Seq] = []
+        self._running = False
+        self.ms_per_token: float | None = None  # EWMA of decode steps
+        self.steps = 0
+        self.evictions = 0
+        self.max_active_seen = 0
+
+    # --- any thread ---
+
+    def submit(self, job: GenerationJob, channel: TokenChannel, is_eog, vocab=None) -> concurrent.futures.Future:
+        """Queue a generation; its tokens go to `channel`; the future is done when it has ended."""
+        seq = _Seq(job, channel, is_eog, vocab, concurrent.futures.Future())
+        with self._lock:
+            if self.ctx is None:
+                raise EngineError(f"model {self.model_id} is not loaded")
+            self._pending.append(seq)
+            start = not self._running
+            self._running = True
+        if start:
+            self.executor.submit(self._serve)
+        return seq.future
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    # --- the loop (executor thread) ---
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._pending and not self._active:
+                        self._running = False
+                        return
+                self._step()
+        except BaseException as exc:  # a bug here must end every request, not hang them
+            log.exception("DIAG: batch loop failed model=%s", self.model_id)
+            error = exc if isinstance(exc, NodeError) else EngineError(f"llama.cpp generation failed: {exc}")
+            with self._lock:
+                waiting, self._pending = list(self._pending), collections.deque()
+                self._running = False
+            for seq in self._active + waiting:
+                self._end(seq, error, drop=True)
+            self._active = []
+
+    def _step(self) -> None:
+        self._admit()
+        for seq in [s for s in self._active if s.job.cancel.is_set()]:
+            self._end(seq, drop=True)
+        if not self._active:
+            return
+        ll, b = self.ll, self.batch
+        n = 0
+        decoding = 0
+        fed: list[tuple[_Seq, list[int]]] = []
+
+        def add(token: int, pos: int, sid: int, logits: bool) -> None:
+            nonlocal n
+            b.token[n] = token
+            b.pos[n] = pos
+            b.n_seq_id[n] = 1
+            b.seq_id[n][0] = sid
+            b.logits[n] = 1 if logits else 0
+            n += 1
+
+        for seq in self._active:
+            seq.out_index = -1
+            if seq.next_token is not None:
+                seq.out_index = n
+                add(seq.next_token, len(seq.slot.tokens), seq.slot.seq_id, True)
+                fed.append((seq, [seq.next_token]))
+                decoding += 1
+        budget = min(self.prefill_chunk, self.n_batch - n)
+        for seq in self._active:
+            if budget <= 0:
+                break
+            if seq.next_token is None and seq.rest:
+                chunk = seq.rest[:budget]
+                start = len(seq.slot.tokens)
+                last = len(chunk) == len(seq.rest)
+                for i, token in enumerate(chunk):
+                    if last and i == len(chunk) - 1:
+                        seq.out_index = n
+                    add(token, start + i, seq.slot.seq_id, last and i == len(chunk) - 1)
+                fed.append((seq, chunk))
+                budget -= len(chunk)
+        b.n_tokens = n
+        started = time.monotonic()
+        rc = ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode returned {rc} for a batch of {n} tokens")
+        self.steps += 1
+        if decoding and n == decoding:  # pure decode steps only, for the advertised rate
+            step_ms = (time.monotonic() - started) * 1000
+            self.ms_per_token = step_ms if self.ms_per_token is None else 0.9 * self.ms_per_token + 0.1 * step_ms
+        for seq, tokens in fed:
+            seq.slot.tokens.extend(tokens)
+            if seq.next_token is None:
+                del seq.rest[:len(tokens)]
+            seq.next_token = None
+        for seq in list(self._active):
+            if seq.out_index >= 0:
+                self._sample(seq)
+
+    def _sample(self, seq: _Seq) -> None:
+        ll, job = self.ll, seq.job
+        if job.cancel.is_set():
+            self._end(seq, drop=True)
+            return
+        row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, seq.out_index), shape=(self.n_vocab,))
+        n_top = job.params.logprobs
+        raw = row.copy() if n_top is not None else None  # the model's distribution, before bias and grammar
+        try:
+            if seq.constraint is not None:
+                seq.constraint.apply(row)
+            token = int(ll.llama_sampler_sample(seq.sampler, self.ctx, seq.out_index))
+            seq.channel.put(token, None if raw is None else scores_from_logits(raw, token, n_top))
+            seq.produced += 1
+            if (seq.is_eog(token) or seq.produced >= job.max_new_tokens or job.cancel.is_set()
+                    or len(seq.slot.tokens) >= self.n_ctx):
+                self._end(seq, drop=job.cancel.is_set())
+                return
+            if seq.constraint is not None:
+                seq.constraint.accept(token)
+        except NodeError as exc:
+            self._end(seq, exc, drop=True)
+            return
+        seq.next_token = token
+
+    def _admit(self) -> None:
+        while len(self._active) < self.max_concurrent:
+            with self._lock:
+                if not self._pending:
+                    return
+                seq = self._pending.popleft()
+            if seq.job.cancel.is_set():
+                self._end(seq)
+                continue
+            try:
+                self._start(seq)
+            except NodeError as exc:
+                self._end(seq, exc, drop=True)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a sampler or grammar failure ends this request only
+                self._end(seq, EngineError(f"llama.cpp could not start the generation: {exc}"), drop=True)
+                continue
+            self._active.append(seq)
+            self.max_active_seen = max(self.max_active_seen, len(self._active))
+
+    def _start(self, seq: _Seq) -> None:
+        job, p = seq.job, seq.job.params
+        prompt = list(job.prompt_tokens)
+        if not prompt or len(prompt) >= self.n_ctx:
+            raise EngineError(f"a prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx}")
+        if p.grammar is not None or p.logit_bias:
+            if seq.vocab is None:
+                raise EngineError("a constrained generation needs the model's vocabulary")
+            seq.constraint = constrain.constraint_for(seq.vocab, p, job.history)
+        seq.sampler = self._sampler(p)
+        slot, reused = self._choose_slot(prompt, job.request_id)
+        slot.busy = True
+        seq.slot = slot
+        self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, reused, -1)
+        del slot.tokens[reused:]
+        seq.rest = prompt[reused:]
+        job.cached_tokens = reused
+
+    def _choose_slot(self, prompt: list[int], request_id: str) -> tuple[_Slot, int]:
+        """The slot for a prompt and how many of its cached tokens it keeps (at most all but the
+        prompt's last token: its logits are needed)."""
+        free = [s for s in self.slots if not s.busy]
+        limit = len(prompt) - 1
+        best, best_n = None, 0
+        for slot in free:
+            n = min(_common_prefix(slot.tokens, prompt), limit)
+            if n > best_n:
+                best, best_n = slot, n
+        if best is not None and best_n * 2 >= len(best.tokens):  # it extends (most of) a cached sequence
+            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
+                request_id=request_id, start_pos=best_n, cached_tokens=best_n, seq=best.seq_id,
+                new_prompt_len=len(prompt)))
+            return best, best_n
+        empty = [s for s in free if not s.tokens]
+        if empty:
+            slot, n = empty[0], 0
+        else:
+            slot = min(free, key=lambda s: s.last_used)
+            n = min(_common_prefix(slot.tokens, prompt), limit)
+            self.evictions += 1
+            log.info("DIAG: KV-cache sequence evicted %s", kv(
+                reason="lru", seq=slot.seq_id, cached_tokens=len(slot.tokens), kept_tokens=n,
+                idle_s=round(time.monotonic() - slot.last_used, 1), evictions=self.evictions))
+        if best is not None and best is not slot and best_n > n and best_n >= COPY_MIN_TOKENS:
+            # a shared beginning (a system prompt) of a sequence that stays cached: copy its KV
+            # stream (llama.cpp copies streams whole), the tail is cut below
+            self.ll.llama_memory_seq_cp(self.mem, best.seq_id, slot.seq_id, -1, -1)
+            slot.tokens = list(best.tokens)
+            n = best_n
+            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
+                request_id=request_id, start_pos=n, cached_tokens=n, seq=slot.seq_id, copied_from=best.seq_id,
+                new_prompt_len=len(prompt)))
+        elif n > 0:
+            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
+                request_id=request_id, start_pos=n, cached_tokens=n, seq=slot.seq_id, new_prompt_len=len(prompt)))
+        elif best is not None:
+            log.debug("DIAG: KV-cache MISS — prompt prefix mismatch %s", kv(
+                request_id=request_id, reason="prefix_mismatch", cached_prompt_len=len(best.tokens),
+                common_tokens=best_n, new_prompt_len=len(prompt)))
+        else:
+            cached = sum(1 for s in self.slots if s.tokens)
+            log.debug("DIAG: KV-cache MISS — no cached prefix %s", kv(
+                request_id=request_id, reason="no_cached_prefix" if cached else "cache_empty",
+                cached_sequences=cached, new_prompt_len=len(prompt)))
+        return slot, n
+
+    def _sampler(self, p):
+        ll = self.ll
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_penalties(
+                self.n_vocab, PENALTY_LAST_N, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+        if p.greedy:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+            return chain
+        if p.top_k > 0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(p.top_k))
+        if p.top_p < 1.0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
+        if p.min_p > 0.0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_min_p(p.min_p, 1))
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(p.temperature))
+        seed = p.seed if p.seed is not None else random.getrandbits(32)
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def _end(self, seq: _Seq, error: BaseException | None = None, *, drop: bool = False) -> None:
+        """The request is over: free its sampler, release its slot (its KV stays cached unless
+        `drop`: a cancel or an error removes it from the KV at once), close its channel."""
+        if seq in self._active:
+            self._active.remove(seq)
+        if seq.sampler is not None:
+            self.ll.llama_sampler_free(seq.sampler)
+            seq.sampler = None
+        slot = seq.slot
+        if slot is not None:
+            if drop:
+                self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
+                log.debug("DIAG: KV-cache sequence freed %s", kv(
+                    request_id=seq.job.request_id, seq=slot.seq_id, tokens=len(slot.tokens),
+                    reason="error" if error is not None else "cancelled"))
+                slot.tokens.clear()
+            slot.busy = False
+            slot.last_used = time.monotonic()
+            seq.slot = None
+        seq.channel.close(error)
+        if not seq.future.done():
+            seq.future.set_result(None)
+
+    # --- inspection (tests, diagnostics; any thread, approximate while running) ---
+
+    def kv_tokens(self) -> dict[int, int]:
+        """Tokens the KV holds per sequence id, as llama.cpp reports them (pos_max + 1)."""
+        return {s.seq_id: int(self.ll.llama_memory_seq_pos_max(self.mem, s.seq_id)) + 1 for s in self.slots}
+
+    def cached_sequences(self) -> int:
+        return sum(1 for s in self.slots if s.tokens and not s.busy)
+
+    # --- teardown (executor thread, after the loop has stopped) ---
+
+    def close(self) -> None:
+        with self._lock:
+            ctx, self.ctx = self.ctx, None
+            waiting, self._pending = list(self._pending), collections.deque()
+        for seq in self._active + waiting:
+            self._end(seq, EngineError(f"model {self.model_id} was unloaded"))
+        self._active = []
+        if ctx is not None:
+            self.ll.llama_batch_free(self.batch)
+            self.ll.llama_free(ctx)
