@@ -56,7 +56,8 @@ class NodeConfig:
     max_queue_per_model: int = const.MODEL_QUEUE_MAX
     max_concurrent: int = 4  # requests one whole model decodes at once (one llama.cpp batch); more queue
     kv_cache_seqs: int = 4  # finished sequences whose KV stays cached per model (prefix reuse, LRU);
-    # the KV is sized (max_concurrent + kv_cache_seqs) x n_ctx tokens per model
+    # the KV is sized (max_concurrent + kv_cache_seqs) x n_ctx tokens per model, at most kv_total_tokens:
+    kv_total_tokens: int = 16384  # a long context gets fewer sequences (cache ones first), never less than one
     cpu_only: bool = False  # never place a model on the GPU (reason=configured_cpu_only)
     gpu_memory_budget_mb: int = 0  # 0 = free VRAM minus headroom
     layers: str | None = None  # "A-B" (inclusive): serve only these layers of --model (slice engine)

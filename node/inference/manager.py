@@ -38,6 +38,16 @@ def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[
                  budget_mb=config.gpu_memory_budget_mb)
 
 
+
+def kv_sequences(n_ctx: int, max_concurrent: int, kv_cache_seqs: int, kv_total_tokens: int) -> tuple[int, int]:
+    """(sequences decoding at once, cached sequences) of one whole model: each holds n_ctx tokens
+    of KV, and all of them at most kv_total_tokens, so a long context does not multiply the KV
+    memory by the sequence count (8 x 8192 tokens of an 8B model would be 8 GB); the cache gives
+    way first, and one sequence always remains. Requests beyond it wait in the batch engine's queue."""
+    room = max(1, kv_total_tokens // max(1, n_ctx))
+    concurrent = max(1, min(max_concurrent, room))
+    return concurrent, max(0, min(kv_cache_seqs, room - concurrent))
+
 class ModelSlots:
     """Who may use a loaded model: up to `limit` requests at once (`acquire`/`release`: they decode in
     one batch), or one holder alone (`exclusive()`: unload, which waits for every request to end and
@@ -290,9 +300,11 @@ class ModelManager:
         served.placement = placed
         device, reason = placed.device, placed.cpu_placement_reason
         served.device, served.cpu_placement_reason = device, reason
+        concurrent, cache_seqs = kv_sequences(served.n_ctx, self.config.max_concurrent, self.config.kv_cache_seqs,
+                                              self.config.kv_total_tokens)
         engine = LlamaEngine(served.id, served.entry.path, n_ctx=served.n_ctx,
                              n_threads=self.config.n_threads, n_gpu_layers=placed.n_gpu_layers,
-                             max_concurrent=self.config.max_concurrent, kv_cache_seqs=self.config.kv_cache_seqs)
+                             max_concurrent=concurrent, kv_cache_seqs=cache_seqs)
         try:
             await engine.async_run(engine.load)
         except NodeError as exc:
