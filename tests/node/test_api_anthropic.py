@@ -5,40 +5,31 @@ here as on /v1/chat/completions: the same prompt tokens and, greedy, the same re
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import aiohttp
 import anthropic
-import openai
 import pytest
-import pytest_asyncio
 
-from tests.support.nodes import node_config, running_node
+from tests.support.nodes import anthropic_client, default_model_node, openai_client
 from tests.support.sse import sse_data
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "swarmllm-pydoc-q8_0.gguf"
 GREEDY = {"temperature": 0}  # the SDK has no temperature argument any more: it travels as extra_body
 QUESTION = "How do I open a file?"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("anthropic")
-    async with running_node(node_config(base / "data", DEFAULT_MODEL)) as n:
-        yield n
+node = default_model_node("anthropic")
 
 
 @pytest.fixture
 def client(node):
-    return anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key=node.api_key,
-                                    max_retries=0)
+    return anthropic_client(node)
 
 
 @pytest.fixture
 def oai(node):
-    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+    return openai_client(node)
 
 
 @pytest.fixture

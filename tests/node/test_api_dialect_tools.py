@@ -6,40 +6,31 @@ tool results travel back into the prompt; a JSON schema holds the reply."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import anthropic
 import jsonschema
-import openai
 import pytest
-import pytest_asyncio
 
-from tests.support.nodes import node_config, running_node
+from tests.support.nodes import anthropic_client, default_model_node, openai_client
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "swarmllm-pydoc-q8_0.gguf"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
           "required": ["city"], "additionalProperties": False}
 GREEDY = {"temperature": 0}
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("dialect-tools")
-    async with running_node(node_config(base / "data", DEFAULT_MODEL)) as n:
-        yield n
+node = default_model_node("dialect-tools")
 
 
 @pytest.fixture
 def claude(node):
-    return anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key=node.api_key,
-                                    max_retries=0)
+    return anthropic_client(node)
 
 
 @pytest.fixture
 def oai(node):
-    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+    return openai_client(node)
 
 
 @pytest.fixture

@@ -5,34 +5,27 @@ stream, previous_response_id (kept, continued, expiring, store=false), errors, t
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 
 from node import const
-from tests.support.nodes import node_config, running_node
+from tests.support.nodes import default_model_node, openai_client
 from tests.support.sse import sse_data
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "swarmllm-pydoc-q8_0.gguf"
 QUESTION = "How do I open a file?"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("responses")
-    async with running_node(node_config(base / "data", DEFAULT_MODEL)) as n:
-        yield n
+node = default_model_node("responses")
 
 
 @pytest.fixture
 def client(node):
-    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+    return openai_client(node)
 
 
 @pytest.fixture

@@ -10,11 +10,10 @@ import struct
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 
 from node.inference.llamacpp import load as load_llama_cpp
 from node.resources import default_model_path
-from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.nodes import default_model_node, node_config, openai_client, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama,
               pytest.mark.skipif(not default_model_path().exists(),
@@ -40,16 +39,12 @@ def reference():
     return {"vectors": vectors, "tokens": tokens, "n_embd": n_embd}
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("embed")
-    async with running_node(node_config(base / "data", include_default_model=True)) as n:
-        yield n
+node = default_model_node("embed")
 
 
 @pytest.fixture
 def client(node):
-    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+    return openai_client(node)
 
 
 @pytest.fixture

@@ -40,3 +40,32 @@ async def running_node(config: NodeConfig):
         yield node
     finally:
         await node.stop()
+
+
+def default_model_node(name: str):
+    """A module-scoped fixture: one real node serving the embedded default model for the whole test
+    module (assign it to the module's `node`)."""
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module")
+    async def node(tmp_path_factory):
+        async with running_node(node_config(tmp_path_factory.mktemp(name) / "data",
+                                            include_default_model=True)) as n:
+            yield n
+
+    return node
+
+
+def openai_client(node: Node):
+    """The official openai client on a node's API (no retries: a test sees the first answer)."""
+    import openai
+
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+
+
+def anthropic_client(node: Node):
+    """The official anthropic client on a node's API (no retries)."""
+    import anthropic
+
+    return anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key=node.api_key,
+                                    max_retries=0)
