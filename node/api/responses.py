@@ -129,6 +129,13 @@ class StreamChunks:
         }
         if completion.include_usage:
             self._base["usage"] = None
+        # A plain text chunk (no logprobs, no finish) is most of a stream's events: its JSON is the
+        # same bytes around the text every time, rendered once here (byte for byte what _chunk gives).
+        marker = "\x00"
+        sample = self._chunk({"content": marker}, None).decode()
+        cut = sample.rindex(json.dumps(marker, ensure_ascii=False))  # the text is the last string in it
+        self._text_head = sample[:cut].encode()
+        self._text_tail = sample[cut + len(json.dumps(marker, ensure_ascii=False)):].encode()
 
     def opening(self) -> list[bytes]:
         """Chat streams open with an assistant-role delta (role assistant, empty content)."""
@@ -137,8 +144,12 @@ class StreamChunks:
     def delta(self, delta: Delta) -> list[bytes]:
         """A chunk of generated text (with the logprobs of its tokens when they were asked), and one of
         tool-call pieces (chat only); none for an empty delta."""
-        out = [self._chunk({"content": delta.text}, None, logprobs=logprobs_field(self._completion, delta.logprobs))] \
-            if delta.text or delta.logprobs else []
+        if delta.logprobs:
+            out = [self._chunk({"content": delta.text}, None, logprobs=logprobs_field(self._completion, delta.logprobs))]
+        elif delta.text:
+            out = [self._text_chunk(delta.text)]
+        else:
+            out = []
         if delta.tool_calls:
             out.append(self._chunk({"tool_calls": tool_call_deltas_json(delta.tool_calls)}, None))
         return out
@@ -155,6 +166,9 @@ class StreamChunks:
                     sse_event({**self._base, "choices": [], "usage": usage(trace), "x_swarm": trace.timings()}),
                     DONE_EVENT]
         return [self._chunk({}, trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
+
+    def _text_chunk(self, text: str) -> bytes:
+        return self._text_head + json.dumps(text, ensure_ascii=False).encode() + self._text_tail
 
     def _chunk(self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None,
                **extra: Any) -> bytes:
