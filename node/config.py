@@ -58,6 +58,8 @@ class NodeConfig:
     kv_cache_seqs: int = 4  # finished sequences whose KV stays cached per model (prefix reuse, LRU);
     # the KV is sized (max_concurrent + kv_cache_seqs) x n_ctx tokens per model, at most kv_total_tokens:
     kv_total_tokens: int = 16384  # a long context gets fewer sequences (cache ones first), never less than one
+    speculative_max_draft: int = 8  # n-gram speculation (both routes): draft up to this many tokens per
+    # decode step from the request's own context, verified in one forward; 0 = off
     cpu_only: bool = False  # never place a model on the GPU (reason=configured_cpu_only)
     gpu_memory_budget_mb: int = 0  # 0 = free VRAM minus headroom
     layers: str | None = None  # "A-B" (inclusive): serve only these layers of --model (slice engine)
@@ -189,6 +191,8 @@ def validate(cfg: NodeConfig) -> None:
         raise InvalidRequest(f"config field max_concurrent: must be 1..64, got {cfg.max_concurrent}")
     if not 0 <= cfg.kv_cache_seqs <= 64:
         raise InvalidRequest(f"config field kv_cache_seqs: must be 0..64, got {cfg.kv_cache_seqs}")
+    if not 0 <= cfg.speculative_max_draft <= 32:
+        raise InvalidRequest(f"config field speculative_max_draft: must be 0 (off) .. 32, got {cfg.speculative_max_draft}")
     if cfg.slice_budget_mb < 0:
         raise InvalidRequest(f"config field slice_budget_mb: must be 0 (free memory) or a size in MB, "
                              f"got {cfg.slice_budget_mb}")

@@ -25,6 +25,17 @@ Every step:
      when asked), then logit_bias and the grammar mask are applied in place on llama.cpp's own
      logits row, then the sequence's own sampler chain (penalties, top-k, top-p, min-p,
      temperature, dist with its own seed; greedy at temperature 0) samples from that row.
+
+N-gram speculation (node.inference.speculate, `speculative_max_draft` > 0): a decoding sequence
+may add the drafter's tokens after its next token in the same batch, each with logits. Its rows
+are then sampled in order, and the draft is kept while the sampled token equals it; the first
+disagreement (or the row after the last draft token) gives the round's own token. The sampler
+chain only ever sees the tokens that are output (llama_sampler_sample accepts each), and the
+rejected positions leave the KV at once (llama_memory_seq_rm), so the slot's tokens always equal
+its KV. Greedy text is the text without speculation (up to an exact near-tie: llama.cpp computes
+several rows of one sequence with other kernels than one row). Only greedy requests speculate
+(speculate.speculation_off_reason): a sampled request's draws would move with those last bits, and
+a grammar, a logit_bias or logprobs follow every sampled token.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from node.errors import EngineError, NodeError
 from node.inference import constrain
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.inference.logprobs import scores_from_logits
+from node.inference.speculate import NgramDrafter, accept_count, speculation_off_reason
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -83,6 +95,8 @@ class _Seq:
     next_token: int | None = None  # sampled, not yet in the KV
     produced: int = 0
     out_index: int = -1  # this step's row in the logits, -1 when it has none
+    drafter: NgramDrafter | None = None  # n-gram speculation (None: off for this request)
+    draft: list[int] = field(default_factory=list)  # this step's draft tokens, rows out_index + 1 ..
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -99,7 +113,7 @@ class BatchEngine:
 
     def __init__(self, llama_cpp, model, *, model_id: str, n_ctx: int, max_concurrent: int, cache_seqs: int,
                  n_threads: int, executor: concurrent.futures.Executor, n_batch: int = 512,
-                 prefill_chunk: int = 256):
+                 prefill_chunk: int = 256, speculative_max_draft: int = 0):
         self.ll = llama_cpp
         self.model_id = model_id
         self.n_ctx = n_ctx
@@ -109,6 +123,7 @@ class BatchEngine:
         self.n_batch = max(n_batch, self.max_concurrent)
         self.prefill_chunk = max(1, min(prefill_chunk, self.n_batch))
         self.executor = executor
+        self.speculative_max_draft = max(0, speculative_max_draft)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx * self.n_slots
@@ -139,6 +154,7 @@ class BatchEngine:
         self.steps = 0
         self.evictions = 0
         self.max_active_seen = 0
+        self.spec_drafted = self.spec_accepted = 0  # totals over requests (tests, diagnostics)
 
     # --- any thread ---
 
@@ -201,11 +217,25 @@ class BatchEngine:
 
         for seq in self._active:
             seq.out_index = -1
+            seq.draft = []
+            if seq.next_token is not None:
+                decoding += 1
+        room = self.n_batch - decoding  # batch rows left for drafts and prefill
+        for seq in self._active:
             if seq.next_token is not None:
                 seq.out_index = n
-                add(seq.next_token, len(seq.slot.tokens), seq.slot.seq_id, True)
+                pos = len(seq.slot.tokens)
+                add(seq.next_token, pos, seq.slot.seq_id, True)
                 fed.append((seq, [seq.next_token]))
-                decoding += 1
+                if seq.drafter is not None and room > 0:
+                    # the draft must fit the context (its last position <= n_ctx - 1 with the next
+                    # token's after it) and the request's remaining tokens
+                    cap = min(room, self.n_ctx - 2 - pos, seq.job.max_new_tokens - seq.produced - 1)
+                    seq.draft = seq.drafter.draft()[:max(0, cap)]
+                    for i, token in enumerate(seq.draft):
+                        add(token, pos + 1 + i, seq.slot.seq_id, True)
+                    room -= len(seq.draft)
+        drafting = n - decoding
         budget = min(self.prefill_chunk, self.n_batch - n)
         for seq in self._active:
             if budget <= 0:
@@ -226,7 +256,7 @@ class BatchEngine:
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc} for a batch of {n} tokens")
         self.steps += 1
-        if decoding and n == decoding:  # pure decode steps only, for the advertised rate
+        if decoding and n == decoding + drafting:  # pure decode steps only, for the advertised rate
             step_ms = (time.monotonic() - started) * 1000
             self.ms_per_token = step_ms if self.ms_per_token is None else 0.9 * self.ms_per_token + 0.1 * step_ms
         for seq, tokens in fed:
@@ -236,7 +266,10 @@ class BatchEngine:
             seq.next_token = None
         for seq in list(self._active):
             if seq.out_index >= 0:
-                self._sample(seq)
+                if seq.drafter is not None:
+                    self._verify(seq)
+                else:
+                    self._sample(seq)
 
     def _sample(self, seq: _Seq) -> None:
         ll, job = self.ll, seq.job
@@ -262,6 +295,40 @@ class BatchEngine:
             self._end(seq, exc, drop=True)
             return
         seq.next_token = token
+
+    def _verify(self, seq: _Seq) -> None:
+        """Sample a speculating sequence's rows in order: the draft stands while the sampled token
+        equals it; the KV of the rejected draft positions is removed (see the module docstring)."""
+        ll, job, slot = self.ll, seq.job, seq.slot
+        if job.cancel.is_set():
+            self._end(seq, drop=True)
+            return
+        draft, out, ended = seq.draft, [], False
+        for i in range(len(draft) + 1):
+            token = int(ll.llama_sampler_sample(seq.sampler, self.ctx, seq.out_index + i))
+            out.append(token)
+            seq.channel.put(token)
+            seq.produced += 1
+            if (seq.is_eog(token) or seq.produced >= job.max_new_tokens or job.cancel.is_set()
+                    or len(slot.tokens) >= self.n_ctx):
+                ended = True
+                break
+            if i == len(draft) or token != draft[i]:
+                break
+            slot.tokens.append(token)  # a confirmed draft token: its KV (from this step) stays
+        if draft:
+            # draft positions beyond the confirmed ones leave the KV (the slot's tokens are its KV)
+            ll.llama_memory_seq_rm(self.mem, slot.seq_id, len(slot.tokens), -1)
+            accepted = accept_count(draft, out)
+            seq.drafter.observe(len(draft), accepted)
+            self.spec_drafted += len(draft)
+            self.spec_accepted += accepted
+        seq.drafter.extend(out)
+        seq.draft = []
+        if ended:
+            self._end(seq, drop=job.cancel.is_set())
+            return
+        seq.next_token = out[-1]
 
     def _admit(self) -> None:
         while len(self._active) < self.max_concurrent:
@@ -293,6 +360,12 @@ class BatchEngine:
                 raise EngineError("a constrained generation needs the model's vocabulary")
             seq.constraint = constrain.constraint_for(seq.vocab, p, job.history)
         seq.sampler = self._sampler(p)
+        if self.speculative_max_draft > 0:
+            off = speculation_off_reason(p)
+            if off is None:
+                seq.drafter = NgramDrafter(prompt, max_k=self.speculative_max_draft)
+            else:
+                log.debug("DIAG: n-gram speculation off for this request %s", kv(request_id=job.request_id, reason=off))
         slot, reused = self._choose_slot(prompt, job.request_id)
         slot.busy = True
         seq.slot = slot
@@ -374,6 +447,10 @@ class BatchEngine:
         `drop`: a cancel or an error removes it from the KV at once), close its channel."""
         if seq in self._active:
             self._active.remove(seq)
+        if seq.drafter is not None:  # seed 000's summary line, once per request
+            log.debug("DIAG: local n-gram speculation complete %s",
+                      kv(request_id=seq.job.request_id, **seq.drafter.stats.as_kv()))
+            seq.drafter = None
         if seq.sampler is not None:
             self.ll.llama_sampler_free(seq.sampler)
             seq.sampler = None

@@ -304,7 +304,8 @@ class ModelManager:
                                               self.config.kv_total_tokens)
         engine = LlamaEngine(served.id, served.entry.path, n_ctx=served.n_ctx,
                              n_threads=self.config.n_threads, n_gpu_layers=placed.n_gpu_layers,
-                             max_concurrent=concurrent, kv_cache_seqs=cache_seqs)
+                             max_concurrent=concurrent, kv_cache_seqs=cache_seqs,
+                             speculative_max_draft=self.config.speculative_max_draft)
         try:
             await engine.async_run(engine.load)
         except NodeError as exc:
