@@ -67,8 +67,13 @@ PENALTY_LAST_N = 64  # tokens the repeat/frequency/presence penalties look back 
 # sequence's KV. llama.cpp copies a stream whole, lazily, in the next decode: measured on the 110M
 # bench model (AMD EPYC, 2 threads) 0.85 ms per 512-cell stream, 6.4 ms per 4096-cell one, against
 # 1.8 ms per prefilled token, so a few shared tokens already pay for the copy (llama-server reuses
-# any common prefix of the slot it picks).
+# any common prefix of the slot it picks). A copied KV is not the same bits as the prompt
+# prefilled whole (llama.cpp's kernels depend on the batch's shape), which moves a sampled
+# request's draws: its text for a seed would depend on what the cache held. So short copies are
+# for greedy requests (whose text changes only at a near-tie); sampled ones copy from 16 tokens
+# (a real system prompt, where the saving is worth it), as before.
 COPY_MIN_TOKENS = 4
+COPY_MIN_TOKENS_SAMPLED = 16
 
 
 @dataclass
@@ -366,7 +371,8 @@ class BatchEngine:
                 seq.drafter = NgramDrafter(prompt, max_k=self.speculative_max_draft)
             else:
                 log.debug("DIAG: n-gram speculation off for this request %s", kv(request_id=job.request_id, reason=off))
-        slot, reused = self._choose_slot(prompt, job.request_id)
+        slot, reused = self._choose_slot(prompt, job.request_id,
+                                         COPY_MIN_TOKENS if p.greedy else COPY_MIN_TOKENS_SAMPLED)
         slot.busy = True
         seq.slot = slot
         self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, reused, -1)
@@ -374,7 +380,8 @@ class BatchEngine:
         seq.rest = prompt[reused:]
         job.cached_tokens = reused
 
-    def _choose_slot(self, prompt: list[int], request_id: str) -> tuple[_Slot, int]:
+    def _choose_slot(self, prompt: list[int], request_id: str,
+                     copy_min: int = COPY_MIN_TOKENS) -> tuple[_Slot, int]:
         """The slot for a prompt and how many of its cached tokens it keeps (at most all but the
         prompt's last token: its logits are needed)."""
         free = [s for s in self.slots if not s.busy]
@@ -399,7 +406,7 @@ class BatchEngine:
             log.info("DIAG: KV-cache sequence evicted %s", kv(
                 reason="lru", seq=slot.seq_id, cached_tokens=len(slot.tokens), kept_tokens=n,
                 idle_s=round(time.monotonic() - slot.last_used, 1), evictions=self.evictions))
-        if best is not None and best is not slot and best_n > n and best_n >= COPY_MIN_TOKENS:
+        if best is not None and best is not slot and best_n > n and best_n >= copy_min:
             # a shared beginning (a system prompt) of a sequence that stays cached: copy its KV
             # stream (llama.cpp copies streams whole), the tail is cut below
             self.ll.llama_memory_seq_cp(self.mem, best.seq_id, slot.seq_id, -1, -1)
