@@ -90,7 +90,7 @@ ACK_DONE_MAX_BYTES = 64 * 1024  # an ACK is `done` (the next hop's ACK clock sta
 STEP_COMPUTE_MIN_S = 10.0  # a segment's compute allowance per step, before the estimate scales it
 STEP_COMPUTE_FACTOR = 20.0  # allowance = max(min, factor * estimated compute)
 MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)
-CANCEL_TOMBSTONE_S = 120.0  # a cancelled session id is refused this long (late WORK must not recreate it)
+SESSION_TOMBSTONE_S = 120.0  # an ended (or cancelled) session id is refused this long (late WORK must not recreate it)
 GENERATE_KEEPALIVE_S = 0.5  # a remote-generate holder with no TOKENS to send for this long sends an
 # empty one (queued, loading, prefill): so silence means a stalled or lost holder, not a long prompt
 GENERATE_SILENCE_S = 1.5  # the coordinator fails a holder silent this long (plus its ACK budget)

@@ -185,6 +185,20 @@ async def test_cancel_overtaking_a_late_work_does_not_recreate_the_session(worke
     assert not _results(peers)  # nothing computed, nothing reported
 
 
+async def test_session_end_overtaking_a_late_work_does_not_recreate_the_session(worker):
+    """A failed-over attempt is ended with SESSION_END while the coordinator's own slice may still be
+    computing its step 0; the WORK it sends afterwards must not start a session here (the soak saw
+    one held until the TTL)."""
+    w, entry, peers = worker
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end").to_header(), b"", COORD)
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+    await asyncio.sleep(0)
+    assert w.host.session_count() == 0
+    assert not _results(peers)
+
+
 async def test_queued_steps_of_a_cancelled_session_are_not_computed(worker):
     w, entry, peers = worker
     hosted = w.host.find(entry.sha256, 0, entry.n_layers)
@@ -212,7 +226,7 @@ async def test_cancel_for_a_model_not_hosted_here_keeps_no_state(worker):
     w, entry, peers = worker
     for i in range(100):
         w.on_cancel(SessionControl(f"x{i}/1", "f" * 64, "cancel").to_header(), b"", COORD)
-    assert len(w.cancelled) == 0
+    assert len(w.ended) == 0
 
 
 async def test_tombstones_and_samplers_of_evicted_sessions_are_forgotten(worker):
@@ -220,13 +234,13 @@ async def test_tombstones_and_samplers_of_evicted_sessions_are_forgotten(worker)
     w.on_work(_work(entry, 0, 0, [3]).to_header(), encode_tokens([3]), COORD)
     await wait_until(lambda: _results(peers), 30, what="RESULT")
     w.on_cancel(SessionControl("s9", entry.sha256, "cancel").to_header(), b"", COORD)
-    assert "s9" in w.cancelled
-    w.cancelled["s9"] = 0.0  # let the tombstone expire
+    assert "s9" in w.ended
+    w.ended["s9"] = 0.0  # let the tombstone expire
     w.host.session_ttl_s = 0.0
     await w.host.async_sweep()  # evicts s1 by TTL; the worker forgets its sampler and the tombstone
     w.forget_expired()
     assert "s1" not in w.samplers
-    assert "s9" not in w.cancelled
+    assert "s9" not in w.ended
 
 
 def _frames(peers):

@@ -64,9 +64,12 @@ class SegmentWorker:
         self.host = host
         self.transport = transport
         self.samplers: dict[str, Sampler] = {}  # sid -> sampler (last segment only; executor thread)
-        # sid -> expiry of its tombstone. CANCEL travels on the coordinator's link and can overtake
-        # a WORK still coming from the previous segment: that WORK must not recreate the session.
-        self.cancelled: dict[str, float] = {}
+        # sid -> expiry of its tombstone, set by CANCEL and SESSION_END alike (a sid is never reused:
+        # each attempt has its own). Either travels on the coordinator's link and can overtake a
+        # WORK still coming from the previous segment (or from the coordinator's own slice, still
+        # computing when a later hop failed and the attempt was ended): that WORK must not
+        # recreate the session, which would then hold its KV until the TTL.
+        self.ended: dict[str, float] = {}
         transport.on_local(FrameType.WORK, self.on_work)
         transport.on_local(FrameType.CANCEL, self.on_cancel)
         transport.on_local(FrameType.SESSION_END, self.on_session_end)
@@ -103,10 +106,10 @@ class SegmentWorker:
             self._fail(work, *refusal)
             return
         debug = log.isEnabledFor(logging.DEBUG)
-        if self._is_cancelled(work.sid):
+        if self._is_ended(work.sid):
             self._send_ack(_PendingAck(work, received))
             if debug:
-                log.debug("DIAG: WORK for a cancelled session dropped %s", kv(sid=work.sid, seq=work.seq))
+                log.debug("DIAG: WORK for an ended session dropped %s", kv(sid=work.sid, seq=work.seq))
             return
         if debug:  # seed 000 marker (its guide greps `DIAG:.*LayerForward` for the forward path)
             log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
@@ -164,7 +167,7 @@ class SegmentWorker:
     def _step(self, hosted: HostedSlice, work: Work, payload: bytes, received: float):
         """Decode inputs, run the layers, sample or encode the output (executor thread)."""
         started = time.monotonic()
-        if self._is_cancelled(work.sid):
+        if self._is_ended(work.sid):
             return None  # cancelled while queued behind other steps: do not compute
         model = hosted.model
         hop = work.target  # any sub-range of the slice's layers
@@ -226,9 +229,9 @@ class SegmentWorker:
             log.error("slice forward failed sid=%s", work.sid, exc_info=outcome)
             self._fail(work, f"{type(outcome).__name__}: {outcome}", "internal_error")
             return
-        if outcome is None or self._is_cancelled(work.sid):
+        if outcome is None or self._is_ended(work.sid):
             self._take_ack(ack)  # nobody waits for it any more (dropped, with its timer)
-            self._drop_cancelled(hosted, work.sid)
+            self._drop_ended(hosted, work.sid)
             return
         tele, token, scores, meta, data = outcome
         hosted.note_eval(tele.eval_us, work.n_tokens, tele.end - tele.start)
@@ -293,18 +296,18 @@ class SegmentWorker:
             log.warning("DIAG: malformed session control dropped %s", kv(error=exc.message))
             return
         hosted_slices = self.host.for_model(ctl.model, draining=True)
-        if why == "cancelled" and hosted_slices:
-            self.cancelled[ctl.sid] = time.monotonic() + const.CANCEL_TOMBSTONE_S
+        if hosted_slices:
+            self.ended[ctl.sid] = time.monotonic() + const.SESSION_TOMBSTONE_S
         for hosted in hosted_slices:
             hosted.executor.submit(self._free, hosted, ctl.sid, why)
 
-    def _is_cancelled(self, sid: str) -> bool:
-        expiry = self.cancelled.get(sid)
+    def _is_ended(self, sid: str) -> bool:
+        expiry = self.ended.get(sid)
         return expiry is not None and expiry > time.monotonic()
 
-    def _drop_cancelled(self, hosted: HostedSlice, sid: str) -> None:
-        """A step of a cancelled session finished computing after the CANCEL: free what it made."""
-        hosted.executor.submit(self._free, hosted, sid, "cancelled")
+    def _drop_ended(self, hosted: HostedSlice, sid: str) -> None:
+        """A step of an ended session finished computing after the CANCEL / SESSION_END: free what it made."""
+        hosted.executor.submit(self._free, hosted, sid, "ended")
 
     def _free(self, hosted: HostedSlice, sid: str, why: str) -> None:
         if hosted.model.free_session(sid):
@@ -314,8 +317,8 @@ class SegmentWorker:
     def forget_expired(self) -> None:
         """Drop sampler state of sessions the host's sweeper evicted, and expired tombstones."""
         now = time.monotonic()
-        for sid in [sid for sid, expiry in self.cancelled.items() if expiry <= now]:
-            del self.cancelled[sid]
+        for sid in [sid for sid, expiry in self.ended.items() if expiry <= now]:
+            del self.ended[sid]
         models = [h.model for h in self.host.slices.values() if h.model is not None]
         for sid in list(self.samplers):
             if not any(sid in m.sessions for m in models):
