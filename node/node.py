@@ -176,7 +176,8 @@ class Node:
         self.worker = SegmentWorker(self.node_id, self.slice_host, self.transport,
                                     contributing=lambda: self.config.contribute)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
-                                            activation_bits=self.config.activation_bits)
+                                            activation_bits=self.config.activation_bits,
+                                            speculative_max_draft=self.config.speculative_max_draft)
         self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
                                                   contributing=lambda: self.config.contribute)
         self.worker.register()

@@ -70,11 +70,16 @@ def test_work_header_roundtrip():
     back = Work.from_header(w.to_header())
     assert back == w
     assert back.target == route[1]
+    spec = Work(sid="s1", model="f" * 64, seq=4, index_pos=11, n_tokens=4, route=route, hop=0, coordinator="a" * 64,
+                sample=True, draft=(7, 8, 9), rewind=True)
+    assert Work.from_header(spec.to_header()) == spec
+    assert "draft" not in w.to_header() and "rewind" not in w.to_header()  # absent unless speculating
 
 
 @pytest.mark.parametrize("patch", [
     {"hop": 5}, {"index_pos": -1}, {"n": 0}, {"route": []}, {"route": [{"node": "x", "start": 3, "end": 1}]},
     {"bits": 12}, {"sampling": {"temperature": "hot"}}, {"seq": "x"},
+    {"draft": [1, 2]}, {"draft": [1], "sample": False}, {"draft": ["x"]},  # a draft needs a row after it
 ])
 def test_malformed_work_is_protocol_error(patch):
     good = Work(sid="s", model="m", seq=0, index_pos=0, n_tokens=2, route=(Hop("n", 0, 2),), hop=0,
@@ -86,6 +91,8 @@ def test_malformed_work_is_protocol_error(patch):
 def test_result_ack_control_roundtrip():
     r = Result("s", 4, token=9, telemetry=({"node": "x"},))
     assert Result.from_header(r.to_header()) == r
+    verified = Result("s", 5, token=9, tokens=(9, 3, 4))
+    assert Result.from_header(verified.to_header()) == verified
     e = Result("s", 4, error="KV position mismatch: index_pos=7 but kv_len=5", error_code="kv_position_mismatch",
                failed_node="b" * 64)
     assert Result.from_header(e.to_header()) == e

@@ -115,6 +115,58 @@ async def test_steps_in_order_then_a_gap_is_refused_naming_both_numbers(worker):
     assert err.failed_node == ME
 
 
+async def test_a_draft_is_verified_in_one_step_and_a_rejected_tail_is_rewound(worker):
+    """Greedy decode token by token gives the reference; a step carrying a draft answers the tokens
+    up to the first the model disagrees with, and the next step (rewind) continues from there."""
+    w, entry, peers = worker
+    prompt = [5, 6, 7]
+    w.on_work(_work(entry, 0, 0, prompt).to_header(), encode_tokens(prompt), COORD)
+    await wait_until(lambda: len(_results(peers)) == 1, 30, what="first RESULT")
+    ref = [_results(peers)[0].token]
+    for seq in range(1, 7):  # the reference: one token per step
+        w.on_work(_work(entry, seq, len(prompt) + seq - 1, [ref[-1]]).to_header(), encode_tokens([ref[-1]]), COORD)
+        await wait_until(lambda: len(_results(peers)) == seq + 1, 30, what="RESULT")
+        ref.append(_results(peers)[-1].token)
+    w.on_session_end(SessionControl("s1", entry.sha256).to_header(), b"", COORD)
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+
+    def work(sid, seq, index_pos, tokens, draft=(), rewind=False):
+        return Work(sid=sid, model=entry.sha256, seq=seq, index_pos=index_pos, n_tokens=len(tokens) + len(draft),
+                    route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=COORD, sample=True,
+                    sampling=SamplingParams(temperature=0.0), draft=tuple(draft), rewind=rewind)
+
+    n0 = len(_results(peers))
+    w.on_work(work("s2", 0, 0, prompt).to_header(), encode_tokens(prompt), COORD)
+    await wait_until(lambda: len(_results(peers)) == n0 + 1, 30, what="prefill RESULT")
+    # draft: two right tokens, then a wrong one, then one more
+    wrong = (ref[3] + 1) % 512
+    draft = [ref[1], ref[2], wrong, ref[4]]
+    w.on_work(work("s2", 1, 3, [ref[0]], draft).to_header(), encode_tokens([ref[0], *draft]), COORD)
+    await wait_until(lambda: len(_results(peers)) == n0 + 2, 30, what="verify RESULT")
+    verified = _results(peers)[-1]
+    assert verified.error is None, verified.error
+    assert verified.tokens == (ref[1], ref[2], ref[3]) and verified.token == ref[1]
+    assert hosted.model.session("s2").kv_len == 3 + 1 + len(draft)  # the rejected rows are still there
+    # the next step starts after the two accepted drafts and the model's own token, rewinding
+    w.on_work(work("s2", 2, 6, [ref[3]], [ref[4], ref[5]], rewind=True).to_header(),
+              encode_tokens([ref[3], ref[4], ref[5]]), COORD)
+    await wait_until(lambda: len(_results(peers)) == n0 + 3, 30, what="second verify RESULT")
+    assert _results(peers)[-1].tokens == (ref[4], ref[5], ref[6])  # whole draft accepted, then the model's token
+    assert hosted.model.session("s2").kv_len == 9
+
+
+async def test_a_draft_for_a_sampled_session_is_refused(worker):
+    w, entry, peers = worker
+    sampled = Work(sid="s3", model=entry.sha256, seq=0, index_pos=0, n_tokens=3, route=(Hop(ME, 0, entry.n_layers),),
+                   hop=0, coordinator=COORD, sample=True, sampling=SamplingParams(temperature=0.8, seed=1),
+                   draft=(4, 4))
+    w.on_work(sampled.to_header(), encode_tokens([1, 4, 4]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="error RESULT")
+    assert _results(peers)[0].error_code == "protocol_error"
+    assert "speculative" in _results(peers)[0].error
+
+
 async def test_unknown_model_range_and_malformed_frames(worker):
     w, entry, peers = worker
     bad = Work(sid="s2", model="0" * 64, seq=0, index_pos=0, n_tokens=1, route=(Hop(ME, 0, 2),), hop=0,

@@ -48,8 +48,9 @@ class PipelineCoordinator:
     """Runs distributed generations for this node's API."""
 
     def __init__(self, node_id: str, transport: PipelineTransport, peers: Any | None, host: SliceHost,
-                 activation_bits: int = 16):
+                 activation_bits: int = 16, speculative_max_draft: int = 0):
         self.node_id = node_id
+        self.speculative_max_draft = speculative_max_draft  # n-gram speculation on chains; 0 = off
         self.transport = transport
         self.peers = peers
         self.activation_bits = activation_bits
@@ -176,23 +177,27 @@ class PipelineCoordinator:
         return att
 
     def send_step(self, att: Attempt, job: GenerationJob, tokens: list[int], index_pos: int, *, sample: bool,
-                  history: tuple[int, ...], trace: RequestTrace) -> Step:
-        """WORK for `tokens` at `index_pos` to segment 0; the step to wait for (resolved with an
-        `unreachable` error RESULT at once when segment 0 cannot be reached)."""
+                  history: tuple[int, ...], trace: RequestTrace, draft: tuple[int, ...] = (),
+                  rewind: bool = False) -> Step:
+        """WORK for `tokens` (then the drafted `draft`) at `index_pos` to segment 0; the step to wait
+        for (resolved with an `unreachable` error RESULT at once when segment 0 cannot be reached).
+        `rewind`: the segments forget their positions from index_pos on (a rejected draft)."""
+        tokens = [*tokens, *draft]
         seq = att.next_seq
         att.next_seq += 1
         work = Work(sid=att.sid, model=att.model_sha, seq=seq, index_pos=index_pos, n_tokens=len(tokens),
                     route=att.route, hop=0, coordinator=self.node_id, sample=sample,
                     activation_bits=self.activation_bits,
                     sampling=job.params if sample else None,  # the last segment builds its sampler once
-                    history=history)
+                    history=history, draft=draft, rewind=rewind)
         step = Step(seq, len(tokens), time.monotonic(), asyncio.get_running_loop().create_future())
         att.steps[seq] = step
         if log.isEnabledFor(logging.DEBUG):
             # seed 000 marker, in its index_pos/kv_offset grep (gotcha #400): the words stay
             log.debug("DIAG: starting forward_through_segments %s", kv(
                 request_id=trace.request_id, sid=att.sid, seq_num=seq, index_pos=index_pos, seq_len=len(tokens),
-                kv_offset=att.kv_len))  # measured by the segments on the last step; must equal index_pos
+                kv_offset=att.kv_len, rewind=rewind))  # measured by the segments on the last step; must
+            # equal index_pos, or exceed it by the rejected draft tokens when `rewind`
         try:
             self.transport.send(att.route[0].node_id, FrameType.WORK, work.to_header(), encode_tokens(tokens))
         except PeerUnreachable as exc:

@@ -30,6 +30,7 @@ from node.inference.pipeline.planner import describe_chain
 from node.inference.pipeline.remote_stream import RemoteStream
 from node.inference.pipeline.remote_wire import Tokens
 from node.inference.pipeline.wire import Result
+from node.inference.speculate import NgramDrafter, SpeculationStats, accept_count, speculation_off_reason
 from node.logs import kv
 from node.models.catalog import ModelEntry
 from node.trace import RequestTrace
@@ -44,7 +45,11 @@ class AttemptChannel(Protocol):
                      excluded: frozenset[str]) -> Attempt: ...
 
     def send_step(self, att: Attempt, job: GenerationJob, tokens: list[int], index_pos: int, *, sample: bool,
-                  history: tuple[int, ...], trace: RequestTrace) -> Step: ...
+                  history: tuple[int, ...], trace: RequestTrace, draft: tuple[int, ...] = (),
+                  rewind: bool = False) -> Step: ...
+
+    @property
+    def speculative_max_draft(self) -> int: ...
 
     def start_remote(self, att: Attempt, job: GenerationJob, prompt: list[int],
                      max_new_tokens: int) -> RemoteStream: ...
@@ -67,6 +72,7 @@ class PipelineRun:
         self.excluded: set[str] = set()
         self.attempt_no = 1
         self.attempt: Attempt | None = None
+        self.drafters: list[NgramDrafter] = []  # one per attempt that speculated
 
     async def tokens(self) -> AsyncIterator[list[int]]:
         """Sampled tokens, one per list, until EOG, max tokens or cancel."""
@@ -81,15 +87,18 @@ class PipelineRun:
                     yield batch
                 coordinator.end(att, "session_end")
                 self._log_segments()
+                self._log_speculation()
                 return
             except SegmentFailed as failure:
                 coordinator.end(att, "session_end")
                 self._failed_over(att, failure)
             except GeneratorExit:  # the consumer stopped reading (EOG, stop sequence): a normal end
                 coordinator.end(att, "session_end")
+                self._log_speculation()
                 raise
             except BaseException:  # cancelled (client gone) or failed: every segment stops and frees
                 coordinator.end(att, "cancel")
+                self._log_speculation()
                 raise
 
     async def _generate(self, att: Attempt) -> AsyncIterator[list[int]]:
@@ -107,15 +116,57 @@ class PipelineRun:
             last_step = self.coordinator.send_step(att, job, part, start, sample=start + chunk >= len(tokens),
                                                    history=tuple(generated), trace=trace)
         result = await self._token(att, last_step)
+        drafter = self._drafter(tokens)
+        draft: tuple[int, ...] = ()
         while True:
-            token = result.token
-            generated.append(token)
-            yield [token] if result.scores is None else TokenBatch([token], [result.scores])
-            if self.is_eog(token) or len(generated) >= job.max_new_tokens or job.cancel.is_set():
+            new = [result.token]
+            rewind = False
+            if draft:  # a speculative step: the accepted draft, then the model's own token
+                if not result.tokens or result.tokens[0] != result.token or len(result.tokens) > len(draft) + 1:
+                    raise SegmentFailed("RESULT of a speculative step carries no verified tokens (that node's "
+                                        "version does not verify drafts)", node_id=att.route[-1].node_id,
+                                        cause="protocol")
+                accepted = accept_count(list(draft), list(result.tokens))
+                drafter.observe(len(draft), accepted)
+                new = list(result.tokens[:accepted + 1])
+                rewind = accepted < len(draft)  # the segments hold KV rows of the rejected draft tokens
+            new = self._until_end(new, len(generated))
+            generated.extend(new)
+            yield new if result.scores is None else TokenBatch(new, [result.scores])
+            if self.is_eog(new[-1]) or len(generated) >= job.max_new_tokens or job.cancel.is_set():
                 return
             index_pos = len(job.prompt_tokens) + len(generated) - 1
-            step = self.coordinator.send_step(att, job, [token], index_pos, sample=True, history=(), trace=trace)
+            draft = ()
+            if drafter is not None:
+                drafter.extend(new)
+                draft = tuple(drafter.draft()[:job.max_new_tokens - len(generated) - 1])
+            step = self.coordinator.send_step(att, job, [new[-1]], index_pos, sample=True, history=(), trace=trace,
+                                              draft=draft, rewind=rewind)
             result = await self._token(att, step)
+
+    def _drafter(self, context: list[int]) -> NgramDrafter | None:
+        """This attempt's n-gram drafter, or None when the request does not speculate (a fresh one
+        per attempt: the failed attempt's backoff says nothing about the new chain)."""
+        max_k = self.coordinator.speculative_max_draft
+        if max_k <= 0:
+            return None
+        off = speculation_off_reason(self.job.params)
+        if off is not None:
+            if self.attempt_no == 1:
+                log.debug("DIAG: n-gram speculation off for this request %s",
+                          kv(request_id=self.trace.request_id, reason=off))
+            return None
+        drafter = NgramDrafter(context, max_k=max_k)
+        self.drafters.append(drafter)
+        return drafter
+
+    def _until_end(self, new: list[int], n_generated: int) -> list[int]:
+        """`new` cut after its first end-of-generation token and to the request's max_tokens."""
+        new = new[:max(1, self.job.max_new_tokens - n_generated)]
+        for i, token in enumerate(new):
+            if self.is_eog(token):
+                return new[:i + 1]
+        return new
 
     async def _generate_remote(self, att: Attempt) -> AsyncIterator[list[int]]:
         """The holder of the whole model generates from prompt + generated; yields its batches."""
@@ -215,6 +266,18 @@ class PipelineRun:
                 segment_ms=round(seg.elapsed_ms, 1), activation_bytes=seg.activation_bytes, transport=seg.transport))
         log.debug("DIAG: pipeline run complete %s", kv(
             request_id=trace.request_id, tokens=len(self.generated), assemblies=trace.assemblies))
+
+    def _log_speculation(self) -> None:
+        """The local route's seed-000 summary line, for a chain (over all its attempts), once."""
+        if not self.drafters:
+            return
+        total = SpeculationStats()
+        for d in self.drafters:
+            for name in ("rounds", "drafted", "accepted", "paused_rounds"):
+                setattr(total, name, getattr(total, name) + getattr(d.stats, name))
+        self.drafters = []
+        log.debug("DIAG: pipeline n-gram speculation complete %s",
+                  kv(request_id=self.trace.request_id, segments=len(self.trace.segments), **total.as_kv()))
 
     def close(self) -> None:
         """Free whatever the current attempt holds (idempotent)."""

@@ -150,6 +150,12 @@ class Work:
     history: tuple[int, ...] = ()  # tokens already generated (penalties; re-sent on failover)
     telemetry: tuple[dict[str, Any], ...] = ()
     act: dict[str, Any] | None = None  # activation metadata (hops > 0)
+    # n-gram speculation: the step's last len(draft) tokens are these drafted ids (the last segment
+    # sees hidden states, not ids); it samples every row and answers the tokens up to the first
+    # one that differs from the draft
+    draft: tuple[int, ...] = ()
+    # positions >= index_pos in the session are rejected draft tokens of an earlier step: forget them
+    rewind: bool = False
 
     @property
     def target(self) -> Hop:
@@ -168,6 +174,10 @@ class Work:
             header["history"] = list(self.history)
         if self.act is not None:
             header["act"] = self.act
+        if self.draft:
+            header["draft"] = list(self.draft)
+        if self.rewind:
+            header["rewind"] = True
         return header
 
     def forward_header(self, hop: int, act: dict[str, Any], telemetry: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +200,8 @@ class Work:
                 sampling=_sampling_from_wire(h["sampling"]) if h.get("sampling") is not None else None,
                 history=tuple(int(t) for t in h.get("history") or ()),
                 telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
-                act=dict(h["act"]) if h.get("act") is not None else None)
+                act=dict(h["act"]) if h.get("act") is not None else None,
+                draft=tuple(int(t) for t in h.get("draft") or ()), rewind=bool(h.get("rewind", False)))
         except ProtocolError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -198,6 +209,8 @@ class Work:
         if not route or not 0 <= work.hop < len(route) or work.index_pos < 0 or work.n_tokens <= 0:
             raise ProtocolError(f"malformed WORK: hop={work.hop} route_len={len(route)} "
                                 f"index_pos={work.index_pos} n={work.n_tokens}")
+        if len(work.draft) >= work.n_tokens or (work.draft and not work.sample):
+            raise ProtocolError(f"malformed WORK: draft={work.draft} n={work.n_tokens} sample={work.sample}")
         if work.activation_bits not in (8, 16, 32):
             raise ProtocolError(f"unsupported activation bits {work.activation_bits}")
         return work
@@ -233,11 +246,16 @@ class Result:
     error_code: str | None = None
     failed_node: str | None = None
     scores: TokenScores | None = None  # the token's logprobs, only when the request asked for them
+    # a speculative step's verified tokens (the accepted draft, then the model's own token);
+    # `token` is the first of them
+    tokens: tuple[int, ...] = ()
 
     def to_header(self) -> dict[str, Any]:
         header: dict[str, Any] = {"sid": self.sid, "seq": self.seq, "telemetry": list(self.telemetry)}
         if self.token is not None:
             header["token"] = self.token
+        if self.tokens:
+            header["tokens"] = list(self.tokens)
         if self.scores is not None:  # absent unless asked: older coordinators never see it
             header["logprobs"] = scores_to_wire(self.scores)
         if self.error is not None:
@@ -253,7 +271,8 @@ class Result:
                        token=None if h.get("token") is None else int(h["token"]),
                        telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
                        error=err.get("message"), error_code=err.get("code"), failed_node=err.get("node"),
-                       scores=None if scores is None else scores_from_wire(scores))
+                       scores=None if scores is None else scores_from_wire(scores),
+                       tokens=tuple(int(t) for t in h.get("tokens") or ()))
         except ProtocolError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

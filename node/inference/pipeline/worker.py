@@ -188,14 +188,18 @@ class SegmentWorker:
         elif (sess.layer_start, sess.layer_end) != (hop.start, hop.end):
             raise ProtocolError(f"session {work.sid} runs layers {sess.layer_start}-{sess.layer_end - 1}, "
                                 f"this WORK asks for {hop.start}-{hop.end - 1}")
+        elif work.rewind and sess.kv_len > work.index_pos:
+            sess.truncate(work.index_pos)  # the rejected draft tokens of the previous step
         if log.isEnabledFor(logging.DEBUG):  # seed 000 marker (`DIAG:.*LayerForward`)
             log.debug("DIAG: processing LayerForward locally %s",
                       kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
         computing = time.monotonic()
-        out = model.forward(sess, inputs, work.index_pos, last_only=is_last)
+        verify = is_last and bool(work.draft)
+        out = model.forward(sess, inputs, work.index_pos, last_only=is_last and not verify)
         tele = HopTelemetry(self.node_id, hop.start, hop.end, kv_len=sess.kv_len, bytes_in=len(payload),
                             wait_us=int((started - received) * 1e6))
         token = scores = meta = data = None
+        verified: tuple[int, ...] = ()
         if is_last:
             if work.sample:
                 sampler = self.samplers.get(work.sid)
@@ -205,8 +209,12 @@ class SegmentWorker:
                     constrained = work.sampling.grammar is not None or bool(work.sampling.logit_bias)
                     sampler = self.samplers[work.sid] = Sampler(
                         work.sampling, work.history, vocab=hosted.vocabulary() if constrained else None)
-                token = sampler.sample(out[-1])
-                scores = sampler.scores(out[-1], token)  # None unless the request asked for logprobs
+                if verify:
+                    verified = _verify(sampler, out, work.draft)
+                    token = verified[0]
+                else:
+                    token = sampler.sample(out[-1])
+                    scores = sampler.scores(out[-1], token)  # None unless the request asked for logprobs
             tele.eval_us = int((time.monotonic() - computing) * 1e6)
             tele.codec_us = int((computing - started) * 1e6)
         else:
@@ -215,7 +223,7 @@ class SegmentWorker:
             tele.bytes_out = len(data)
             tele.eval_us = int((computed - computing) * 1e6)
             tele.codec_us = int((computing - started + time.monotonic() - computed) * 1e6)
-        return tele, token, scores, meta, data
+        return tele, (token, verified), scores, meta, data
 
     def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str,
                ack: _PendingAck | None) -> None:
@@ -233,7 +241,7 @@ class SegmentWorker:
             self._take_ack(ack)  # nobody waits for it any more (dropped, with its timer)
             self._drop_ended(hosted, work.sid)
             return
-        tele, token, scores, meta, data = outcome
+        tele, (token, verified), scores, meta, data = outcome
         hosted.note_eval(tele.eval_us, work.n_tokens, tele.end - tele.start)
         if work.coordinator != self.node_id:
             served = hosted.served
@@ -263,7 +271,7 @@ class SegmentWorker:
             else:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
                 result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()),
-                                scores=scores)
+                                scores=scores, tokens=verified)
                 ack_header = self._take_ack(ack, done=True)  # the ACK, then the RESULT, in one write
                 frames = [] if ack_header is None else [(FrameType.ACK, ack_header, b"")]
                 self.transport.send_many(work.coordinator, [*frames, (FrameType.RESULT, result.to_header(), b"")])
@@ -323,3 +331,21 @@ class SegmentWorker:
         for sid in list(self.samplers):
             if not any(sid in m.sessions for m in models):
                 self.samplers.pop(sid, None)
+
+
+def _verify(sampler: Sampler, logits: torch.Tensor, draft: tuple[int, ...]) -> tuple[int, ...]:
+    """A speculative step's tokens: row i of `logits` [len(draft) + 1, V] follows the draft's
+    first i tokens; sample rows in order while the model agrees with the draft. The last token is
+    the model's own (where it parted from the draft, or the one after a wholly accepted draft), so
+    the sampler's history holds exactly the tokens the coordinator will keep."""
+    p = sampler.params
+    if not p.greedy or sampler.constraint is not None or p.logprobs is not None:
+        raise ProtocolError("a speculative step for a session that samples, is constrained or asks for logprobs")
+    if logits.shape[0] != len(draft) + 1:
+        raise ProtocolError(f"a draft of {len(draft)} tokens needs {len(draft) + 1} rows, got {logits.shape[0]}")
+    produced = []
+    for i in range(len(draft) + 1):
+        produced.append(sampler.sample(logits[i]))
+        if i == len(draft) or produced[i] != draft[i]:
+            break
+    return tuple(produced)
