@@ -46,7 +46,10 @@ PROMPT = "The swarm splits a model by layers and passes hidden states between pe
 class Arm:
     """N node processes, each serving an equal share of the layers."""
 
-    def __init__(self, model: Path, n_layers: int, n_segments: int, threads: int, bits: int):
+    def __init__(self, model: Path, n_layers: int, n_segments: int, threads: int, bits: int, *,
+                 config_toml: str = "", first_args: tuple[str, ...] = (), slice_dtype: str | None = None):
+        """`config_toml`: every node's config.toml; `first_args`: more CLI arguments for the first
+        node (the coordinator)."""
         self.procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
         self.dirs: list[Path] = []
@@ -56,9 +59,15 @@ class Arm:
             port = free_port()
             data = Path(tempfile.mkdtemp(prefix=f"pipebench{i}-"))
             write_swarm_file(data, swarm)
+            if config_toml:
+                (data / "config.toml").write_text(config_toml)
             args = [sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir", str(data),
                     "--model", str(model), "--no-default-model", "--layers", f"{bounds[i]}-{bounds[i + 1] - 1}",
                     "--no-mdns", "--n-threads", str(threads), "--activation-bits", str(bits)]
+            if slice_dtype:
+                args += ["--slice-dtype", slice_dtype]
+            if not self.ports:
+                args += list(first_args)
             if self.ports:
                 args += ["--bootstrap", f"127.0.0.1:{self.ports[0] + 10}"]
             self.procs.append(subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -66,6 +75,7 @@ class Arm:
             self.dirs.append(data)
         self.base = f"http://127.0.0.1:{self.ports[0]}"
         self.key = ""
+        self.last_text = ""  # the last stream's text
 
     async def ready(self, name: str) -> str:
         deadline = time.monotonic() + 180
@@ -84,12 +94,16 @@ class Arm:
                 await asyncio.sleep(0.3)
         raise SystemExit("swarm did not come up")
 
-    async def stream(self, model_id: str, n_tokens: int) -> tuple[float, float, int]:
-        body = {"model": model_id, "prompt": PROMPT, "max_tokens": n_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+    async def stream(self, model_id: str, n_tokens: int, prompt: str | list[dict] = PROMPT) -> tuple[float, float, int]:
+        """(TTFT ms, decode tok/s, tokens) of one greedy stream; `prompt`: a text (/v1/completions)
+        or chat messages (/v1/chat/completions)."""
+        chat = isinstance(prompt, list)
+        body = {"model": model_id, "max_tokens": n_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, **({"messages": prompt} if chat else {"prompt": prompt})}
         sent = time.perf_counter()
-        stamps, usage = [], None
-        async with aiohttp.ClientSession() as s, s.post(self.base + "/v1/completions", json=body,
+        stamps, usage, text = [], None, []
+        url = self.base + ("/v1/chat/completions" if chat else "/v1/completions")
+        async with aiohttp.ClientSession() as s, s.post(url, json=body,
                                                         headers={"Authorization": f"Bearer {self.key}"}) as r:
             assert r.status == 200, await r.text()
             async for raw in r.content:
@@ -98,8 +112,12 @@ class Arm:
                     continue
                 event = json.loads(line[6:])
                 usage = event.get("usage") or usage
-                if any(c.get("text") for c in event.get("choices", [])):
+                pieces = [(c.get("delta") or {}).get("content") if chat else c.get("text")
+                          for c in event.get("choices", [])]
+                if any(pieces):
                     stamps.append(time.perf_counter())
+                    text += [piece or "" for piece in pieces]
+        self.last_text = "".join(text)
         n = usage["completion_tokens"]
         return (stamps[0] - sent) * 1000, (n - 1) / (stamps[-1] - stamps[0]), n
 

@@ -1,15 +1,22 @@
-"""N-gram speculation (prompt lookup) on the local route: tokens per round and decode tok/s with and
-without it, on text that repeats its context and on prose, same GGUF, same greedy request, one run.
+"""N-gram speculation (prompt lookup): tokens per round and decode tok/s with and without it, on
+text that repeats its context and on prose, same GGUF, same greedy request, one run; on the local
+route, or (`--route chain`) over a 3-segment chain of real nodes on 127.0.0.1.
 
     python -m bench.speculative [--model default|110m|PATH] [--tokens 96] [--threads 2] [--reps 3]
+    python -m bench.speculative --route chain [--model 110m] [--slice-dtype auto|f32|int8]
 
 Runs the batch engine (node.inference.llama_engine.LlamaEngine) in this process, one request at a
 time: decode tok/s = (tokens - 1) / (last token - first token); tokens per round from the seed-000
 summary line (`DIAG: local n-gram speculation complete ... tokens_per_round=`). The texts must be
 ones the model continues by copying: the random bench models copy nothing, so the default is the
 repository's trained model (resources/models), whose replies quote their context. Greedy text
-with speculation is checked equal to the text without it. The distributed route (a chain's
-segments verifying k tokens in one round trip) is not built yet.
+with speculation is checked equal to the text without it.
+
+The chain arms are two 3-node chains (bench.pipeline_bench.Arm: one `swarmllm run` per third of the
+layers), the same except for the coordinator's `speculative_max_draft` (0 and --draft); the client
+streams a greedy chat from the coordinator, alternating arms; tokens per round from the
+coordinator's `DIAG: pipeline n-gram speculation complete` line. Decode tok/s there is the
+client's: (n - 1) / (last content chunk - first).
 """
 
 from __future__ import annotations
@@ -18,7 +25,6 @@ import argparse
 import asyncio
 import logging
 import re
-import statistics
 import time
 from pathlib import Path
 
@@ -78,8 +84,17 @@ def same(a: list[int], b: list[int]) -> str:
     models have many) the texts may legitimately part."""
     if a == b:
         return f"yes ({len(a)} tokens)"
-    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return f"same to token {i} of {len(a)}, then parts (a near-tie)"
+
+
+def same_chars(a: str, b: str) -> str:
+    """`same` for the chain arms' texts (the client sees text, not token ids). int8 slices compute
+    a verify step's rows with one activation grid per call, so at a near-tie the texts may part."""
+    if a == b:
+        return f"yes ({len(a)} chars)"
+    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return f"same to char {i} of {len(a)}, then parts (a near-tie)"
 
 
 async def main() -> None:
@@ -90,8 +105,15 @@ async def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--draft", type=int, default=8, help="speculative_max_draft of the 'on' arm")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "swarmllm-bench")
+    ap.add_argument("--route", choices=("local", "chain"), default="local")
+    ap.add_argument("--slice-dtype", default="auto", help="the chain's slice weights (auto: int8 on CPU)")
     args = ap.parse_args()
-    path = Path(args.model) if Path(args.model).exists() else model_path(args.model, args.cache)
+    path = Path(args.model)
+    if not await asyncio.to_thread(path.exists):
+        path = model_path(args.model, args.cache)
+    if args.route == "chain":
+        await chain(path, args)
+        return
     tok = ModelTokenizer(path)
     summary = _Summary()
     logging.getLogger("node.inference.batch_engine").addHandler(summary)
@@ -129,6 +151,45 @@ async def main() -> None:
             await engine.async_run(engine.close)
             engine.executor.shutdown(wait=True)
         tok.close()
+
+
+
+async def chain(path: Path, args) -> None:
+    """The chain arms: speculation off and on at the coordinator of two 3-segment chains."""
+    from bench.pipeline_bench import Arm
+    from node.models.gguf_meta import read_header
+
+    n_layers = (await asyncio.to_thread(read_header, path)).n_layers
+    arms = {draft: Arm(path, n_layers, 3, args.threads, 16, config_toml=f"[inference]\nspeculative_max_draft = {draft}\n",
+                       first_args=("-vv",), slice_dtype=args.slice_dtype) for draft in (0, args.draft)}
+    try:
+        ids = {draft: await arm.ready(path.stem) for draft, arm in arms.items()}
+        for draft, arm in arms.items():
+            await arm.stream(ids[draft], 4)  # warm-up
+        print(f"model={path.name} route=chain segments=3 slices={args.slice_dtype} cpu={cpu_name()} "
+              f"threads={args.threads} per node tokens={args.tokens} reps={args.reps} (best of reps; arms alternate)")
+        print("text    | off tok/s | on tok/s  tokens/round  accepted/drafted | speedup | same greedy text")
+        for name, messages in TEXTS.items():
+            rates: dict[int, list[float]] = {d: [] for d in arms}
+            texts: dict[int, str] = {}
+            for _ in range(args.reps):
+                for draft, arm in arms.items():
+                    _, rate, _ = await arm.stream(ids[draft], args.tokens, messages)
+                    rates[draft].append(rate)
+                    texts.setdefault(draft, arm.last_text)
+                    if texts[draft] != arm.last_text:
+                        raise SystemExit(f"{name}: greedy text changed between repetitions (draft={draft})")
+            log = await asyncio.to_thread((arms[args.draft].dirs[0] / "node.log").read_text, errors="replace")
+            line = [ln for ln in log.splitlines() if "pipeline n-gram speculation complete" in ln][-1]
+            tpr = re.search(r"tokens_per_round=([\d.]+)", line)
+            acc = re.search(r"drafted=(\d+) accepted=(\d+)", line)
+            off, on = max(rates[0]), max(rates[args.draft])
+            same_text = same_chars(texts[0], texts[args.draft])
+            print(f"{name:7s} | {off:9.1f} | {on:8.1f}  {float(tpr.group(1)):12.2f}  "
+                  f"{acc.group(2):>8}/{acc.group(1):<8} | {on / off:6.2f}x | {same_text}")
+    finally:
+        for arm in arms.values():
+            await asyncio.to_thread(arm.stop)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,15 @@ import re
 
 import pytest
 
-from tests.pipeline.swarm import chat, llama_greedy, run, split_model, start_slice_node, wait_for_route, wait_peers
+from tests.pipeline.swarm import (
+    chat,
+    llama_greedy,
+    run,
+    split_model,
+    start_slice_node,
+    wait_for_route,
+    wait_peers,
+)
 from tests.support.processes import NodeProcess
 from tests.support.waiting import wait_until
 

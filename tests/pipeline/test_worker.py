@@ -125,7 +125,7 @@ async def test_a_draft_is_verified_in_one_step_and_a_rejected_tail_is_rewound(wo
     ref = [_results(peers)[0].token]
     for seq in range(1, 7):  # the reference: one token per step
         w.on_work(_work(entry, seq, len(prompt) + seq - 1, [ref[-1]]).to_header(), encode_tokens([ref[-1]]), COORD)
-        await wait_until(lambda: len(_results(peers)) == seq + 1, 30, what="RESULT")
+        await wait_until(lambda n=seq + 1: len(_results(peers)) == n, 30, what="RESULT")
         ref.append(_results(peers)[-1].token)
     w.on_session_end(SessionControl("s1", entry.sha256).to_header(), b"", COORD)
     hosted = w.host.find(entry.sha256, 0, entry.n_layers)
