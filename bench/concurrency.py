@@ -3,7 +3,7 @@ batching) against llama.cpp's own `llama-server -np 8` (continuous batching), sa
 thread count, same requests, from one run, side by side.
 
     python -m bench.concurrency [--models default,110m[,1b]] [--streams 1,4,8,16] [--tokens 32]
-                                [--threads 2] [--rounds 2] [--llama-server PATH] [--cache DIR]
+                                [--threads 2] [--rounds 2] [--llama-server PATH] [--cache DIR] [--chain]
 
 For each model and each level N: N clients at once, each sending `--rounds` streaming
 /v1/completions one after the other (greedy, `--tokens` tokens: the end-of-generation tokens are
@@ -19,6 +19,11 @@ Models: `default` (resources/models, 256-token context), `110m` (random Q8_0 lla
 the repository). llama-server: --llama-server or $LLAMA_SERVER (default
 /work/cache/llama-build/bin/llama-server); the bench says so and measures only ours when it is
 missing. Both run flash attention off (our engine's setting) and `-np`/max_concurrent 8.
+
+`--chain` adds a third server: the same file as a 3-segment chain (bench.pipeline_bench.Arm: three
+`swarmllm run` processes on 127.0.0.1, one per third of the layers, int8 slices, each with
+--threads or --chain-threads), asked through its first node; printed with its own 8 / 1 scaling. (Every process of
+every server shares this machine's cores: on 2 vCPUs the chain's three nodes take turns.)
 """
 
 from __future__ import annotations
@@ -131,6 +136,26 @@ async def start_llama_server(binary: Path, path: Path, threads: int, n_ctx: int,
     return Server("llama-server", proc, base, {}, path.name)
 
 
+class ChainServer(Server):
+    """A 3-segment chain (pipeline_bench.Arm) as a Server: asked through its first node."""
+
+    def __init__(self, arm, model: str):
+        super().__init__("chain3", arm.procs[0], arm.base, {"Authorization": f"Bearer {arm.key}"}, model)
+        self.arm = arm
+
+    def stop(self) -> None:
+        self.arm.stop()
+
+
+async def start_chain(path: Path, threads: int) -> Server:
+    from bench.pipeline_bench import Arm
+    from node.models.gguf_meta import read_header
+
+    n_layers = (await asyncio.to_thread(read_header, path)).n_layers
+    arm = Arm(path, n_layers, 3, threads, 16)
+    return ChainServer(arm, await arm.ready(path.stem))
+
+
 async def one_stream(session: aiohttp.ClientSession, server: Server, prompt: str, n_tokens: int,
                      bias: dict) -> tuple[float, int]:
     """(TTFT s, completion tokens) of one streaming completion."""
@@ -197,6 +222,8 @@ async def bench_model(name: str, args) -> None:
         servers.append(await start_ours(path, args.threads, n_ctx, log_dir))
         if binary.exists():
             servers.append(await start_llama_server(binary, path, args.threads, n_ctx, log_dir))
+        if args.chain:
+            servers.append(await start_chain(path, args.chain_threads or args.threads))
         else:
             print(f"llama-server is missing at {binary} (give --llama-server or $LLAMA_SERVER): measuring ours only")
         counter = [0]
@@ -231,6 +258,15 @@ async def bench_model(name: str, args) -> None:
             row += (f" {s['tps']:>10.1f} {s['p50']:>8.3f}s {s['p95']:>8.3f}s | {o['tps'] / s['tps']:>11.2f} "
                     f"{o['p95'] / s['p95']:>9.2f}")
         print(row)
+    chain = results.get("chain3", {})
+    if chain:
+        print(f"{'streams':>7} | {'chain3 tok/s':>12} {'p50 TTFT':>9} {'p95 TTFT':>9} | {'vs ours local':>13}")
+        for n in args.streams:
+            c, o = chain[n], ours[n]
+            print(f"{n:>7} | {c['tps']:>12.1f} {c['p50']:>8.3f}s {c['p95']:>8.3f}s | {c['tps'] / o['tps']:>13.2f}")
+        if 1 in chain and 8 in chain:
+            print(f"chain3: 8 streams / 1 stream aggregate = {chain[8]['tps'] / chain[1]['tps']:.2f}x; "
+                  f"p95 TTFT 8 / 1 = {chain[8]['p95'] / chain[1]['p95']:.2f}x")
     if 1 in ours and 8 in ours:
         print(f"ours: 8 streams / 1 stream aggregate = {ours[8]['tps'] / ours[1]['tps']:.2f}x; "
               f"p95 TTFT 8 / 1 = {ours[8]['p95'] / ours[1]['p95']:.2f}x")
@@ -248,6 +284,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512, help="context per sequence for the random models")
     ap.add_argument("--llama-server", type=Path, default=Path(os.environ.get("LLAMA_SERVER", DEFAULT_SERVER)))
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "swarmllm-bench")
+    ap.add_argument("--chain", action="store_true", help="also a 3-segment chain of the same file")
+    ap.add_argument("--chain-threads", type=int, default=0, help="threads per chain node (default: --threads)")
     args = ap.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]
     print(f"load before: {os.getloadavg()}")
