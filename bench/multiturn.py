@@ -3,6 +3,10 @@ previous turn's KV (prefix cache) against the same prompt sent cold (its first m
 nothing is reused), and the cached_tokens the node reports.
 
     python -m bench.multiturn [--model default|110m|PATH] [--turns 6] [--tokens 24] [--threads 2]
+                              [--route local|chain]
+
+`--route chain`: the same file as a 3-segment chain (bench.concurrency.start_chain: three nodes on
+127.0.0.1, int8 slices), asked through its first node.
 
 `default`: resources/models (256-token context: a short system prompt); `110m`: the random Q8_0
 model of bench/concurrency.py (written once to --cache, outside the repository) with a long
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.concurrency import banned, model_path, start_ours
+from bench.concurrency import banned, model_path, start_chain, start_ours
 from bench.grammar_engines import cpu_name
 
 QUESTIONS = ["What does the os module do?", "And os.path?", "How do I list a directory?", "What about hidden files?",
@@ -59,7 +63,10 @@ async def main_async(args) -> None:
     n_ctx = 256 if args.model == "default" else args.ctx
     system = SYSTEM if args.model == "default" else SYSTEM * 12
     bias = banned(path)
-    server = await start_ours(path, args.threads, n_ctx, Path(tempfile.mkdtemp(prefix="multiturn-logs-")))
+    if args.route == "chain":
+        server = await start_chain(path, args.threads)
+    else:
+        server = await start_ours(path, args.threads, n_ctx, Path(tempfile.mkdtemp(prefix="multiturn-logs-")))
     rows = []
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
@@ -76,7 +83,7 @@ async def main_async(args) -> None:
     finally:
         server.stop()
     first = rows[0][3]
-    print(f"model={args.model} file={path.name} threads={args.threads} tokens/turn={args.tokens} n_ctx={n_ctx} "
+    print(f"model={args.model} route={args.route} file={path.name} threads={args.threads} tokens/turn={args.tokens} n_ctx={n_ctx} "
           f"cpu={cpu_name()} load={os.getloadavg()}")
     print(f"{'turn':>4} {'prompt':>6} {'cached':>6} {'TTFT':>8} {'cold TTFT':>9} {'TTFT/turn1':>10} {'TTFT/cold':>9}")
     for turn, prompt, cached, ttft, cold in rows:
@@ -91,6 +98,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--route", choices=("local", "chain"), default="local")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "swarmllm-bench")
     asyncio.run(main_async(ap.parse_args()))
 
