@@ -295,10 +295,17 @@ def test_failover_between_two_whole_holders_keeps_the_text(tmp_path, sig):
         assert "assemblies=2" in line and "outcome=ok" in line and "segments=1" in line
         failed = [ln for ln in c.node_log().splitlines() if "DIAG: pipeline attempt failed" in ln]
         assert len(failed) == 1, failed
-        cause = "link_drop" if sig == signal.SIGKILL else "tokens_deadline"
-        assert f"cause={cause}" in failed[0], failed
-        if sig == signal.SIGSTOP:  # found by the silence budget, well before the link's pings give up
-            assert "remote generate TIMED OUT" in c.node_log()
+        if sig == signal.SIGKILL:
+            assert "cause=link_drop" in failed[0], failed
+        else:
+            # A stopped holder keeps its socket: the silence budget (GENERATE_SILENCE_S + the ACK
+            # budget, ~2.1 s) or the link's pings (3 missed, 1.8 s from the first one after the
+            # stop) find it, whichever comes first with the ping's phase (a CI run saw the pings
+            # win); never the 13 s peer-gone deadline. The silence budget alone: test_remote_wire.
+            timed_out = "remote generate TIMED OUT" in c.node_log()
+            pinged_out = "peer missed pings, closing link" in c.node_log()
+            assert ("cause=tokens_deadline" in failed[0] and timed_out) or \
+                ("cause=link_drop" in failed[0] and pinged_out), failed
             assert time.monotonic() - started < 30
         survivor = h2 if victim is h1 else h1
         run(_idle(c, survivor))
