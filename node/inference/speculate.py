@@ -43,7 +43,9 @@ class SpeculationStats:
 class NgramDrafter:
     """Drafts up to k tokens per round from the longest matching n-gram of its context."""
 
-    def __init__(self, context: list[int] | tuple[int, ...] = (), *, max_k: int = 8, max_n: int = DEFAULT_MAX_N):
+    def __init__(self, context: list[int] | tuple[int, ...] = (), *, max_k: int = 8, max_n: int = DEFAULT_MAX_N,
+                 stats: SpeculationStats | None = None):
+        """`stats`: where to count (a request's drafters over several attempts share one)."""
         if max_k < 1 or max_n < 1:
             raise ValueError(f"max_k and max_n must be >= 1, got {max_k} and {max_n}")
         self.max_k, self.max_n = max_k, max_n
@@ -53,7 +55,7 @@ class NgramDrafter:
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
         self._pause = 0  # rounds left to skip
         self._next_pause = 1  # how long the next miss pauses
-        self.stats = SpeculationStats()
+        self.stats = stats if stats is not None else SpeculationStats()
         self.extend(context)
 
     def extend(self, tokens) -> None:

@@ -37,6 +37,13 @@ def start_slice_node(base: Path, name: str, model: Path, layers: str, *, bootstr
     return NodeProcess(base / name, args=[*args, *extra])
 
 
+def start_chain3(base: Path, model: Path, *, first_extra: list[str] = ()) -> list[NodeProcess]:
+    """Nodes a [0-1], b [2-3], c [4-5] of the split model, b and c dialling a."""
+    a = start_slice_node(base, "a", model, "0-1", extra=first_extra)
+    return [a, *(start_slice_node(base, name, model, layers, bootstrap=[a.peer_port])
+                 for name, layers in (("b", "2-3"), ("c", "4-5")))]
+
+
 def start_whole_node(base: Path, name: str, model: Path, *, bootstrap: list[int] = ()) -> NodeProcess:
     """A node serving the model whole with llama.cpp (no --layers), nothing else."""
     args = ["--model", str(model), "--no-default-model", "--no-mdns", "--n-threads", "1"]

@@ -16,7 +16,7 @@ from tests.pipeline.swarm import (
     llama_greedy,
     run,
     split_model,
-    start_slice_node,
+    start_chain3,
     wait_for_route,
     wait_peers,
 )
@@ -33,9 +33,7 @@ PROMPT = "say it again and again"
 def swarm(tmp_path_factory):
     base = tmp_path_factory.mktemp("chainspec")
     model = split_model(base)
-    a = start_slice_node(base, "a", model, "0-1", extra=["-vv"])
-    b = start_slice_node(base, "b", model, "2-3", bootstrap=[a.peer_port])
-    c = start_slice_node(base, "c", model, "4-5", bootstrap=[a.peer_port])
+    a, b, c = start_chain3(base, model, first_extra=["-vv"])
     (base / "d").mkdir()
     (base / "d" / "config.toml").write_text("[inference]\nspeculative_max_draft = 0\n")
     d = NodeProcess(base / "d", args=["--no-default-model", "--no-mdns", "--n-threads", "1", "-vv",

@@ -18,6 +18,7 @@ from tests.pipeline.swarm import (
     llama_greedy,
     run,
     split_model,
+    start_chain3,
     start_slice_node,
     stream_and_signal,
     wait_for_route,
@@ -35,11 +36,7 @@ PROMPT = "tell me about the swarm"
 def swarm(tmp_path_factory):
     base = tmp_path_factory.mktemp("swarm3")
     model = split_model(base)
-    a = start_slice_node(base, "a", model, "0-1")
-    a_peer = a.peer_port
-    b = start_slice_node(base, "b", model, "2-3", bootstrap=[a_peer])
-    c = start_slice_node(base, "c", model, "4-5", bootstrap=[a_peer])
-    procs = [a, b, c]
+    procs = a, b, c = start_chain3(base, model)
     try:
         async def ready():
             for p in procs:
@@ -234,11 +231,7 @@ def test_a_hung_segment_misses_its_ack_deadline_and_the_standby_takes_over(tmp_p
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_no_standby_gives_a_clear_503_before_the_deadline(tmp_path, stream):
     model = split_model(tmp_path)
-    a = start_slice_node(tmp_path, "a", model, "0-1")
-    peer = a.peer_port
-    b = start_slice_node(tmp_path, "b", model, "2-3", bootstrap=[peer])
-    c = start_slice_node(tmp_path, "c", model, "4-5", bootstrap=[peer])
-    procs = [a, b, c]
+    procs = a, b, c = start_chain3(tmp_path, model)
     try:
         model_id, _ = _start(procs, a, 2)
 

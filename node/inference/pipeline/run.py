@@ -8,8 +8,8 @@ step; the next step rewinds the rows of rejected draft tokens on every segment. 
 (SegmentFailed: an error RESULT, a dropped link, a missed deadline) ends the attempt's sessions,
 excludes the failed node and re-plans: the new chain covers the gap with whatever holders or
 sub-ranges are cheapest now (the plan's standby chain for the failed segment, or another cut of
-the survivors' ranges). It re-prefills and its last segment samples the next token, so the client sees no repeat and no gap.
-After MAX_ASSEMBLIES attempts the request fails with InsufficientCapacity.
+the survivors' ranges). It re-prefills and its last segment samples the next token, so the client
+sees no repeat and no gap. After MAX_ASSEMBLIES attempts the request fails with InsufficientCapacity.
 
 An attempt whose chain is one node holding the model whole (`Holder.whole`) runs as a remote
 generate instead of WORK steps: GENERATE with prompt + generated, then the holder's TOKENS
@@ -74,7 +74,8 @@ class PipelineRun:
         self.excluded: set[str] = set()
         self.attempt_no = 1
         self.attempt: Attempt | None = None
-        self.drafters: list[NgramDrafter] = []  # one per attempt that speculated
+        # n-gram speculation over all attempts (each attempt drafts afresh); None: never speculated
+        self.speculation: SpeculationStats | None = None
 
     async def tokens(self) -> AsyncIterator[list[int]]:
         """Sampled tokens, one per list, until EOG, max tokens or cancel."""
@@ -158,9 +159,9 @@ class PipelineRun:
                 log.debug("DIAG: n-gram speculation off for this request %s",
                           kv(request_id=self.trace.request_id, reason=off))
             return None
-        drafter = NgramDrafter(context, max_k=max_k)
-        self.drafters.append(drafter)
-        return drafter
+        if self.speculation is None:
+            self.speculation = SpeculationStats()
+        return NgramDrafter(context, max_k=max_k, stats=self.speculation)
 
     def _until_end(self, new: list[int], n_generated: int) -> list[int]:
         """`new` cut after its first end-of-generation token and to the request's max_tokens."""
@@ -183,16 +184,13 @@ class PipelineRun:
                 now = time.monotonic()
                 self._account_remote(holder.node_id, holder.end, msg, (now - last_at) * 1000)
                 last_at = now
-                batch = list(msg.tokens[:job.max_new_tokens - len(generated)])
-                eog = next((i for i, t in enumerate(batch) if self.is_eog(t)), None)
-                if eog is not None:
-                    batch = batch[:eog + 1]
+                batch = self._until_end(list(msg.tokens), len(generated))
                 if job.params.logprobs is not None and not msg.scores:
                     raise SegmentFailed(f"TOKENS from {holder.node_id[:8]} carry no logprobs (its version does "
                                         "not compute them)", node_id=holder.node_id, cause="protocol")
                 generated.extend(batch)
                 yield TokenBatch(batch, list(msg.scores[:len(batch)])) if msg.scores else batch
-                if eog is not None or len(generated) >= job.max_new_tokens or job.cancel.is_set():
+                if self.is_eog(batch[-1]) or len(generated) >= job.max_new_tokens or job.cancel.is_set():
                     return
             if msg.end in ("eog", "length"):
                 return
@@ -271,15 +269,10 @@ class PipelineRun:
 
     def _log_speculation(self) -> None:
         """The local route's seed-000 summary line, for a chain (over all its attempts), once."""
-        if not self.drafters:
-            return
-        total = SpeculationStats()
-        for d in self.drafters:
-            for name in ("rounds", "drafted", "accepted", "paused_rounds"):
-                setattr(total, name, getattr(total, name) + getattr(d.stats, name))
-        self.drafters = []
-        log.debug("DIAG: pipeline n-gram speculation complete %s",
-                  kv(request_id=self.trace.request_id, segments=len(self.trace.segments), **total.as_kv()))
+        stats, self.speculation = self.speculation, None
+        if stats is not None:
+            log.debug("DIAG: pipeline n-gram speculation complete %s",
+                      kv(request_id=self.trace.request_id, segments=len(self.trace.segments), **stats.as_kv()))
 
     def close(self) -> None:
         """Free whatever the current attempt holds (idempotent)."""
