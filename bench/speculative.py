@@ -78,23 +78,15 @@ async def generate(engine: LlamaEngine, tok: ModelTokenizer, prompt: list[int], 
     return out, (len(out) - 1) / (last - first) if len(out) > 1 and last > first else 0.0
 
 
-def same(a: list[int], b: list[int]) -> str:
-    """'yes (N tokens)', or where the two greedy texts part: llama.cpp computes a verify step's rows
-    with other kernels than lone decode steps, so at a near-tie of the top two logits (random
-    models have many) the texts may legitimately part."""
+def same(a, b, unit: str = "tokens") -> str:
+    """'yes (N tokens)', or where the two greedy outputs (token ids, or the chain arms' texts: the
+    client sees text) part: llama.cpp computes a verify step's rows with other kernels than lone
+    decode steps, and int8 slices quantize a multi-row step on one activation grid per call, so at
+    a near-tie of the top two logits (random models have many) they may legitimately part."""
     if a == b:
-        return f"yes ({len(a)} tokens)"
+        return f"yes ({len(a)} {unit})"
     i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return f"same to token {i} of {len(a)}, then parts (a near-tie)"
-
-
-def same_chars(a: str, b: str) -> str:
-    """`same` for the chain arms' texts (the client sees text, not token ids). int8 slices compute
-    a verify step's rows with one activation grid per call, so at a near-tie the texts may part."""
-    if a == b:
-        return f"yes ({len(a)} chars)"
-    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return f"same to char {i} of {len(a)}, then parts (a near-tie)"
+    return f"same to {unit[:-1]} {i} of {len(a)}, then parts (a near-tie)"
 
 
 async def main() -> None:
@@ -184,7 +176,7 @@ async def chain(path: Path, args) -> None:
             tpr = re.search(r"tokens_per_round=([\d.]+)", line)
             acc = re.search(r"drafted=(\d+) accepted=(\d+)", line)
             off, on = max(rates[0]), max(rates[args.draft])
-            same_text = same_chars(texts[0], texts[args.draft])
+            same_text = same(texts[0], texts[args.draft], "chars")
             print(f"{name:7s} | {off:9.1f} | {on:8.1f}  {float(tpr.group(1)):12.2f}  "
                   f"{acc.group(2):>8}/{acc.group(1):<8} | {on / off:6.2f}x | {same_text}")
     finally:
