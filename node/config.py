@@ -55,7 +55,8 @@ class NodeConfig:
     max_ctx: int = 8192  # cap for n_ctx when taken from the model
     max_queue_per_model: int = const.MODEL_QUEUE_MAX
     max_concurrent: int = 4  # requests one whole model decodes at once (one llama.cpp batch); more queue
-    kv_cache_seqs: int = 4  # finished sequences whose KV stays cached per model (prefix reuse, LRU);
+    kv_cache_seqs: int = 4  # finished sequences whose KV stays cached per model (prefix reuse, LRU;
+    # on a chain: the sessions this node coordinated, kept on their segments);
     # the KV is sized (max_concurrent + kv_cache_seqs) x n_ctx tokens per model, at most kv_total_tokens:
     kv_total_tokens: int = 16384  # a long context gets fewer sequences (cache ones first), never less than one
     speculative_max_draft: int = 8  # n-gram speculation (both routes): draft up to this many tokens per
@@ -66,6 +67,8 @@ class NodeConfig:
     serve: str = "whole"  # "whole": each --model whole (llama.cpp) unless --layers; "auto": the node
     # chooses which layers of each --model to serve from the swarm's coverage and its budget
     slice_budget_mb: int = 0  # memory for auto-chosen slices (weights + KV reserve); 0 = free minus headroom
+    slice_kv_budget_mb: float = const.KV_BUDGET_BYTES / 2**20  # KV caches of served slices, all
+    # sessions together (kept ones for prefix reuse go first, then the least recently used)
     serve_reevaluate_s: float = const.AUTO_SERVE_REEVALUATE_S  # --serve auto re-checks its range this
     # often (jittered ±20 %), besides on peers joining or leaving
     activation_bits: int = 16  # 32, 16 or 8: hidden-state precision on the wire
@@ -193,6 +196,8 @@ def validate(cfg: NodeConfig) -> None:
         raise InvalidRequest(f"config field kv_cache_seqs: must be 0..64, got {cfg.kv_cache_seqs}")
     if not 0 <= cfg.speculative_max_draft <= 32:
         raise InvalidRequest(f"config field speculative_max_draft: must be 0 (off) .. 32, got {cfg.speculative_max_draft}")
+    if not cfg.slice_kv_budget_mb > 0:
+        raise InvalidRequest(f"config field slice_kv_budget_mb: must be a size in MB above 0, got {cfg.slice_kv_budget_mb}")
     if cfg.slice_budget_mb < 0:
         raise InvalidRequest(f"config field slice_budget_mb: must be 0 (free memory) or a size in MB, "
                              f"got {cfg.slice_budget_mb}")

@@ -77,6 +77,8 @@ DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
 # --- distributed pipeline (node/inference/pipeline) ---
 PREFILL_CHUNK_TOKENS = 256  # prompt tokens per WORK step
 SESSION_TTL_S = 300.0  # an idle KV session on a segment is freed after this
+KEPT_SESSION_TTL_S = 900.0  # a finished one kept for its conversation's next turn, after this
+CHAIN_PREFIX_MIN_TOKENS = 16  # a chain resumes a kept session only for a common prefix this long
 SESSION_SWEEP_INTERVAL_S = 10.0
 KV_BUDGET_BYTES = 4 * 1024**3  # KV bytes a node keeps across sessions before LRU eviction
 ACK_DEADLINE_MIN_S = 0.5  # never expect an ACK faster than this (plus the peer's RTO)

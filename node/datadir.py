@@ -27,7 +27,7 @@ DEFAULT_CONFIG_TEXT = """\
 # serve = "whole"      # "auto": choose which layers of each --model to serve from the swarm
 # slice_budget_mb = 0  # memory for auto-chosen slices; 0 = free memory minus headroom
 # max_concurrent = 4   # requests a whole model decodes at once (one batch); more wait in its queue
-# kv_cache_seqs = 4    # finished conversations whose KV stays cached per model (prefix reuse)
+# kv_cache_seqs = 4    # finished conversations whose KV stays cached per model (prefix reuse, both routes)
 # speculative_max_draft = 8  # n-gram speculation: draft tokens per decode step; 0 = off
 
 [network]

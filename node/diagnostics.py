@@ -201,6 +201,11 @@ def _peer_performance(node: ReportParts, r: Redactor) -> list[str]:
         rows.append(f"{node_id[:8]} rtt_ms={rtt} ms_per_layer={mpl} ewma_ms={ewma} samples={perf.samples} region={region}")
     if node.pipeline.hop_overhead_ms is not None:
         rows.append(f"per-hop overhead (ewma, decode steps): {node.pipeline.hop_overhead_ms:.2f} ms")
+    prefix = node.pipeline.prefix
+    if prefix.stats.hits or prefix.stats.misses:
+        st = prefix.stats
+        rows.append(f"chain prefix reuse: hits={st.hits} misses={st.misses} cached_tokens={st.cached_tokens} "
+                    f"kept={len(prefix)} evictions={st.evictions}")
     return rows
 
 
@@ -246,7 +251,7 @@ def _models(node: ReportParts) -> list[str]:
         info = hosted.summary()
         rows.append(f"{hosted.entry.id}  layers={hosted.start}-{hosted.end - 1} of {hosted.entry.n_layers} "
                     f"engine=torch-slice dtype={info['dtype']} state={hosted.state} device={info['device']} "
-                    f"kv_sessions={info['sessions']}" + (f" error={hosted.error}" if hosted.error else ""))
+                    f"kv_sessions={info['sessions']} kv_kept={info['kept_sessions']} kv_mb={info['kv_mb']}" + (f" error={hosted.error}" if hosted.error else ""))
     return rows or ["(no models)"]
 
 

@@ -179,6 +179,17 @@ class KvPositionMismatch(EngineError):
         self.kv_len = kv_len
 
 
+class KvCacheMiss(EngineError):
+    """A WORK asked to resume a kept KV session (prefix reuse on a chain) that this segment no
+    longer holds, or not for that coordinator and those layers: the coordinator prefills in full."""
+
+    code = "kv_miss"
+
+    def __init__(self, session: str, reason: str):
+        super().__init__(f"kept KV session {session} cannot be resumed here ({reason})")
+        self.reason = reason
+
+
 # --- peer network ----------------------------------------------------------------------------
 
 

@@ -72,7 +72,8 @@ class Node:
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
         self.peers: PeerManager | None = None
-        self.slice_host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only)
+        self.slice_host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only,
+                                    kv_budget_bytes=int(config.slice_kv_budget_mb * 2**20))
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
@@ -177,7 +178,8 @@ class Node:
                                     contributing=lambda: self.config.contribute)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
                                             activation_bits=self.config.activation_bits,
-                                            speculative_max_draft=self.config.speculative_max_draft)
+                                            speculative_max_draft=self.config.speculative_max_draft,
+                                            kv_cache_seqs=self.config.kv_cache_seqs)
         self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
                                                   contributing=lambda: self.config.contribute)
         self.worker.register()
@@ -474,6 +476,8 @@ class Node:
             "models_loaded": sum(1 for m in self.models.all() if m.state == "loaded"),
             "peers": sum(1 for p in self.peers.peers() if p.state == "connected") if self.peers is not None else 0,
             "kv_sessions": self.slice_host.session_count(),
+            "kv_kept": self.slice_host.kept_count(),  # finished, kept for their conversation's next turn
+            "kv_mb": round(self.slice_host.kv_bytes() / 2**20, 3),
             "remote_generations": self.remote_server.in_flight if self.remote_server is not None else 0,
             "loop_stalls": self.watchdog.stalls,
         }

@@ -216,8 +216,8 @@ class CompletionRun:
                     break
                 first = trace.first_token is None
                 trace.mark_token()
-                if first and self.pipeline_run is None:
-                    trace.cached_tokens = job.cached_tokens  # the engine set it before the first token
+                if first:  # the engine (or the chain's run) set it before the first token
+                    trace.cached_tokens = self._cached_tokens()
                 if first and self._on_first_token is not None:
                     self._on_first_token(trace)
                 if track is not None:
@@ -260,11 +260,15 @@ class CompletionRun:
         if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()
-        if self.pipeline_run is None:
-            trace.cached_tokens = job.cached_tokens
+        trace.cached_tokens = self._cached_tokens()
         self._finish_reason(ended_by_eog, assembler, produced)
         if self.tool_calls and trace.finish_reason == "stop":
             trace.finish_reason = "tool_calls"
+
+    def _cached_tokens(self) -> int | None:
+        """Prompt tokens found in a KV cache: the local engine's, or a chain's kept sessions
+        (None on a whole holder's remote generate: not reported)."""
+        return self.job.cached_tokens if self.pipeline_run is None else self.pipeline_run.cached_tokens
 
     @staticmethod
     def _split(parser: ToolCallParser | None, text: str, logprobs: tuple = ()) -> Delta | None:

@@ -12,6 +12,7 @@ import torch
 from node.errors import (
     ContextLengthExceeded,
     EngineError,
+    KvCacheMiss,
     KvPositionMismatch,
     ModelLoadError,
     UnsupportedArchitecture,
@@ -94,6 +95,62 @@ def test_sessions_free_ttl_and_memory_pressure(model_path, caplog):
     assert any("reason=ttl" in e and "session=b" in e for e in evictions)
     assert any("reason=memory_pressure" in e and "session=c" in e for e in evictions)
     assert len(m.sessions) == 0
+
+
+def test_a_kept_session_resumes_cut_to_the_prefix_and_gives_the_same_logits(model_path):
+    """Keep a finished session, resume it under a new id cut to 20 positions, feed the rest of a
+    new prompt: the logits equal a fresh session's on the whole prompt."""
+    m = SliceModel.load(model_path, dtype="f32")
+    old = m.new_session("turn1")
+    m.forward(old, torch.tensor(TOKENS[:30]), 0)
+    assert m.sessions.keep("turn1", "coord") is old and m.sessions.counts() == (0, 1)
+    prompt = [*TOKENS[:20], 7, 8, 9]
+    resumed = m.resume_session("turn1", "turn2", 20, "coord", 0, 4)
+    assert resumed is old and resumed.kv_len == 20 and resumed.kept_for is None
+    assert m.session("turn1") is None and m.sessions.counts() == (1, 0)
+    hit = m.forward(resumed, torch.tensor(prompt[20:]), 20, last_only=True)
+    fresh = m.forward(m.new_session("fresh"), torch.tensor(prompt), 0, last_only=True)
+    torch.testing.assert_close(hit, fresh, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("setup", "resume", "reason"), [
+    (None, ("gone", 4, "coord", 0, 4), "evicted"),
+    ("active", ("k", 4, "coord", 0, 4), "not_kept"),
+    ("kept", ("k", 4, "someone-else", 0, 4), "other_coordinator"),
+    ("kept", ("k", 4, "coord", 0, 2), "layers_differ"),
+    ("kept", ("k", 9, "coord", 0, 4), "shorter_than_prefix"),
+])
+def test_a_kept_session_resumes_only_for_its_coordinator_and_layers(model_path, setup, resume, reason):
+    m = SliceModel.load(model_path, dtype="f32")
+    if setup is not None:
+        m.forward(m.new_session("k"), torch.tensor(TOKENS[:6]), 0)
+        if setup == "kept":
+            m.sessions.keep("k", "coord")
+    kept_id, keep, coordinator, start, end = resume
+    with pytest.raises(KvCacheMiss) as err:
+        m.resume_session(kept_id, "new", keep, coordinator, start, end)
+    assert err.value.reason == reason and err.value.code == "kv_miss"
+    assert m.session("new") is None
+    if setup is not None:
+        assert m.session("k").kv_len == 6  # a refused resume leaves the kept session as it was
+
+
+def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, caplog):
+    m = SliceModel.load(model_path, dtype="f32")
+    for sid in ("old-active", "kept-1", "kept-2", "new-active"):
+        m.forward(m.new_session(sid), torch.tensor(TOKENS[:4]), 0)
+    per_session = m.session("old-active").nbytes  # (marks it used: used again below, after it)
+    m.sessions.keep("kept-1", "c")
+    m.sessions.keep("kept-2", "c")
+    m.session("new-active")
+    with caplog.at_level(logging.INFO, logger="node.inference.slice.session"):
+        # room for three: the older kept one goes, though an active one was used before it
+        assert m.sweep_sessions(max_bytes=3 * per_session) == ["kept-1"]
+        assert m.sweep_sessions(max_bytes=per_session) == ["kept-2", "old-active"]
+    assert [e for e in caplog.messages if "KV-cache session evicted" in e and "kept=True" in e]
+    m.sessions.keep("new-active", "c")
+    m.session("new-active").last_used -= 100
+    assert m.sweep_sessions(ttl_s=1000, kept_ttl_s=50) == ["new-active"]  # kept ones have their own TTL
 
 
 def test_context_limit_and_cache_growth(model_path):

@@ -127,13 +127,14 @@ async def stream_and_signal(coordinator: NodeProcess, model_id: str, content: st
     return SignalledStream("ok", text, None, signalled, headers)
 
 
-def llama_greedy(model: Path, content: str, max_tokens: int) -> str:
-    """What llama.cpp generates greedily for the same chat prompt on the whole file."""
+def llama_greedy(model: Path, content: str | list[dict], max_tokens: int) -> str:
+    """What llama.cpp generates greedily for the same chat prompt (one user message, or these
+    messages) on the whole file."""
     from node.inference.llamacpp import load
     from node.inference.tokenizer import ModelTokenizer
 
     tok = ModelTokenizer(model)
-    ids = tok.chat_tokens([{"role": "user", "content": content}])
+    ids = tok.chat_tokens([{"role": "user", "content": content}] if isinstance(content, str) else content)
     llm = load().Llama(str(model), n_ctx=SPLIT.n_ctx, n_threads=1, verbose=False)
     out: list[int] = []
     for t in llm.generate(ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0):

@@ -449,3 +449,63 @@ async def test_a_sub_range_is_served_by_the_smallest_containing_slice(tmp_path):
         assert _results(peers)[1].error_code == "segment_not_served"
     finally:
         await host.async_close()
+
+
+async def test_a_kept_session_resumes_for_its_coordinator_and_gives_the_fresh_prefills_token(worker):
+    """SESSION_END with keep holds the session (not counted as in use); a WORK of a new session
+    naming it in `resume` starts at the common prefix and samples what a full prefill samples. A
+    resume from another coordinator, or of a session that is gone, is a `kv_miss` error RESULT."""
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    turn1 = list(range(20, 60))
+    w.on_work(_work(entry, 0, 0, turn1).to_header(), encode_tokens(turn1), COORD)
+    await wait_until(lambda: len(_results(peers)) == 1, 30, what="turn 1 RESULT")
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+    assert w.host.session_count() == 0 and w.host.kept_count() == 1 and "s1" not in w.samplers
+
+    turn2 = [*turn1[:32], 7, 8, 9, 10]
+
+    def step(sid, index_pos, tokens, coordinator=COORD, resume=None):
+        return Work(sid=sid, model=entry.sha256, seq=0, index_pos=index_pos, n_tokens=len(tokens),
+                    route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=coordinator, sample=True,
+                    sampling=SamplingParams(temperature=0.0), resume=resume)
+
+    w.on_work(step("other", 32, turn2[32:], coordinator=NEXT, resume="s1").to_header(), encode_tokens(turn2[32:]), NEXT)
+    w.on_work(step("lost", 32, turn2[32:], resume="never-kept").to_header(), encode_tokens(turn2[32:]), COORD)
+    w.on_work(step("s2", 32, turn2[32:], resume="s1").to_header(), encode_tokens(turn2[32:]), COORD)
+    w.on_work(step("fresh", 0, turn2).to_header(), encode_tokens(turn2), COORD)
+    await wait_until(lambda: len(_results(peers)) == 5, 30, what="four RESULTs")
+    by_sid = {r.sid: r for r in _results(peers)[1:]}
+    assert by_sid["other"].error_code == "kv_miss" and "other_coordinator" in by_sid["other"].error
+    assert by_sid["lost"].error_code == "kv_miss" and "evicted" in by_sid["lost"].error
+    assert by_sid["s2"].error is None and by_sid["s2"].token == by_sid["fresh"].token
+    assert hosted.model.session("s2").kv_len == len(turn2)
+    assert w.host.kept_count() == 0 and w.host.session_count() == 2  # s1 became s2; and fresh
+
+
+async def test_a_late_work_of_a_kept_session_does_not_write_into_it(worker):
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    w.on_work(_work(entry, 1, 3, [9]).to_header(), encode_tokens([9]), COORD)  # the ended attempt's
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+    assert hosted.model.sessions.counts() == (0, 1)
+    assert hosted.model.sessions._sessions["s1"].kv_len == 3 and len(_results(peers)) == 1
+
+
+async def test_keeping_past_the_kv_budget_evicts_the_oldest_kept_session_at_once(worker):
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    for i, sid in enumerate(("k1", "k2", "k3")):
+        work = Work(sid=sid, model=entry.sha256, seq=0, index_pos=0, n_tokens=3, route=(Hop(ME, 0, entry.n_layers),),
+                    hop=0, coordinator=COORD, sample=True, sampling=SamplingParams(temperature=0.0))
+        w.on_work(work.to_header(), encode_tokens([5, 6, 7]), COORD)
+        await wait_until(lambda n=i + 1: len(_results(peers)) == n, 30, what="RESULT")
+        if i == 0:
+            w.host.kv_budget_bytes = int(2.5 * hosted.model.session("k1").nbytes)  # room for two
+        w.on_session_end(SessionControl(sid, entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    await wait_until(lambda: w.host.kept_count() == 2, 10, what="the budget to hold (no periodic sweep)")
+    assert "k1" not in hosted.model.sessions and w.host.kv_bytes() <= w.host.kv_budget_bytes

@@ -31,6 +31,7 @@ from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
 from node.inference.pipeline.holders import LayerHolders
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.perf import PeerPerf, PeerPerformance
+from node.inference.pipeline.prefix import ChainPrefixCache, KeptChain
 from node.inference.pipeline.remote_stream import RemoteStream
 from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens, sid_of
 from node.inference.pipeline.run import PipelineRun
@@ -48,8 +49,9 @@ class PipelineCoordinator:
     """Runs distributed generations for this node's API."""
 
     def __init__(self, node_id: str, transport: PipelineTransport, peers: Any | None, host: SliceHost,
-                 activation_bits: int = 16, speculative_max_draft: int = 0):
+                 activation_bits: int = 16, speculative_max_draft: int = 0, kv_cache_seqs: int = 0):
         self.node_id = node_id
+        self.prefix = ChainPrefixCache(kv_cache_seqs)  # finished sessions kept on chains; 0 = off
         self.speculative_max_draft = speculative_max_draft  # n-gram speculation on chains; 0 = off
         self.transport = transport
         self.peers = peers
@@ -147,6 +149,9 @@ class PipelineCoordinator:
         stream.feed(msg)
 
     def _on_peer_event(self, kind: str, snap: Any) -> None:
+        if kind == "removed":
+            for kept in self.prefix.through(snap.node_id):
+                self._end_kept(kept, skip=snap.node_id)
         if kind == "removed" or snap.state != "connected":
             for att in list(self.attempts.values()):
                 if snap.node_id in att.nodes() and not att.failed.done():
@@ -173,15 +178,21 @@ class PipelineCoordinator:
         sid = f"{job.request_id}/{attempt_no}"
         att = Attempt(sid, entry.sha256, plan, tuple(Hop(h.node_id, h.start, h.end) for h in plan.segments), kinds,
                       asyncio.get_running_loop().create_future())
+        if attempt_no == 1 and not (len(plan.segments) == 1 and plan.segments[0].whole):
+            # prefix reuse (a first attempt: a failed-over one prefills prompt + generated afresh)
+            kept, n = self.prefix.take(entry.sha256, att.route, list(job.prompt_tokens), job.request_id)
+            if kept is not None:
+                att.resume, att.cached = kept.sid, n
         self.attempts[sid] = att
         return att
 
     def send_step(self, att: Attempt, job: GenerationJob, tokens: list[int], index_pos: int, *, sample: bool,
                   history: tuple[int, ...], trace: RequestTrace, draft: tuple[int, ...] = (),
-                  rewind: bool = False) -> Step:
+                  rewind: bool = False, resume: str | None = None) -> Step:
         """WORK for `tokens` (then the drafted `draft`) at `index_pos` to segment 0; the step to wait
         for (resolved with an `unreachable` error RESULT at once when segment 0 cannot be reached).
-        `rewind`: the segments forget their positions from index_pos on (a rejected draft)."""
+        `rewind`: the segments forget their positions from index_pos on (a rejected draft);
+        `resume`: the session starts as that kept one, cut to index_pos (prefix reuse)."""
         tokens = [*tokens, *draft]
         seq = att.next_seq
         att.next_seq += 1
@@ -189,14 +200,14 @@ class PipelineCoordinator:
                     route=att.route, hop=0, coordinator=self.node_id, sample=sample,
                     activation_bits=self.activation_bits,
                     sampling=job.params if sample else None,  # the last segment builds its sampler once
-                    history=history, draft=draft, rewind=rewind)
+                    history=history, draft=draft, rewind=rewind, resume=resume)
         step = Step(seq, len(tokens), time.monotonic(), asyncio.get_running_loop().create_future())
         att.steps[seq] = step
         if log.isEnabledFor(logging.DEBUG):
             # seed 000 marker, in its index_pos/kv_offset grep (gotcha #400): the words stay
             log.debug("DIAG: starting forward_through_segments %s", kv(
                 request_id=trace.request_id, sid=att.sid, seq_num=seq, index_pos=index_pos, seq_len=len(tokens),
-                kv_offset=att.kv_len, rewind=rewind))  # measured by the segments on the last step; must
+                kv_offset=att.kv_len, rewind=rewind, resume=resume))  # measured by the segments on the last step; must
             # equal index_pos, or exceed it by the rejected draft tokens when `rewind`
         try:
             self.transport.send(att.route[0].node_id, FrameType.WORK, work.to_header(), encode_tokens(tokens))
@@ -204,6 +215,16 @@ class PipelineCoordinator:
             step.result.set_result(Result(att.sid, seq, error=exc.message, error_code="unreachable",
                                           failed_node=att.route[0].node_id))
         return step
+
+    def _end_kept(self, kept: KeptChain, skip: str | None = None) -> None:
+        """Free a kept session on its segments (evicted here, or its chain lost a node)."""
+        ctl = SessionControl(kept.sid, kept.model, "evicted").to_header()
+        for hop in kept.route:
+            if hop.node_id != skip:
+                try:
+                    self.transport.send(hop.node_id, FrameType.SESSION_END, ctl)
+                except PeerUnreachable:
+                    pass  # its TTL frees it there
 
     def start_remote(self, att: Attempt, job: GenerationJob, prompt: list[int], max_new_tokens: int) -> RemoteStream:
         """GENERATE to the attempt's one segment, a node holding the model whole; the stream its
@@ -223,9 +244,11 @@ class PipelineCoordinator:
             stream.fail(SegmentFailed(exc.message, node_id=holder, cause="unreachable"))
         return stream
 
-    def end(self, att: Attempt, how: str) -> None:
+    def end(self, att: Attempt, how: str, keep: tuple[int, ...] = ()) -> None:
         """Free the attempt's KV sessions on every segment (CANCEL when the client went away); a
-        remote generation still running is cancelled on its holder."""
+        remote generation still running is cancelled on its holder. `keep`: the tokens whose KV
+        the sessions hold (a normal end): they stay kept on the segments for a later request
+        that extends them (prefix reuse), within this coordinator's kv_cache_seqs per model."""
         if self.attempts.pop(att.sid, None) is None:
             return
         stream = self.remote.pop(att.sid, None)
@@ -238,12 +261,22 @@ class PipelineCoordinator:
                     pass  # a holder whose coordinator's link dropped stops by itself
             return
         ftype = FrameType.CANCEL if how == "cancel" else FrameType.SESSION_END
-        ctl = SessionControl(att.sid, att.model_sha, how).to_header()
+        kept = (how == "session_end" and self.prefix.max_per_model > 0 and not att.failed.done()
+                and len(keep) >= const.CHAIN_PREFIX_MIN_TOKENS)
+        ctl = SessionControl(att.sid, att.model_sha, how, keep=kept).to_header()
+        unreachable = None
         for hop in att.route:
             try:
                 self.transport.send(hop.node_id, ftype, ctl)
             except PeerUnreachable:
-                pass  # a dead peer frees its sessions with its process; a live one by TTL
+                unreachable = hop.node_id  # a dead peer frees its sessions with its process; a live one by TTL
+        if kept:
+            chain = KeptChain(att.sid, att.model_sha, att.route, keep, time.monotonic())
+            if unreachable is not None:  # a chain with a hole: nothing to resume, free the rest
+                self._end_kept(chain, skip=unreachable)
+            else:
+                for evicted in self.prefix.put(chain):
+                    self._end_kept(evicted)
         for step in att.steps.values():
             step.disarm()
             if not step.result.done():

@@ -64,6 +64,8 @@ class Attempt:
     steps: dict[int, Step] = field(default_factory=dict)
     next_seq: int = 0
     kv_len: int | None = None  # KV length segment 0 reported after the last completed step
+    resume: str | None = None  # prefix reuse: the kept session this one starts as (first WORK)
+    cached: int = 0  # ... holding this many of the prompt's tokens (prefill starts here)
 
     def nodes(self) -> set[str]:
         """The nodes of the chain."""

@@ -103,7 +103,9 @@ class HostedSlice:
             "engine": "torch-slice", "dtype": info.fmt if info else None,
             "device": info.device if info else "cpu", "error": self.error,
             "cpu_placement_reason": self.placement.cpu_placement_reason if self.placement else None,
-            "sessions": len(self.model.sessions) if self.model is not None else 0,
+            **dict(zip(("sessions", "kept_sessions"),
+                       self.model.sessions.counts() if self.model is not None else (0, 0), strict=True)),
+            "kv_mb": round(self.model.sessions.total_bytes() / 2**20, 1) if self.model is not None else 0.0,
         }
 
 
@@ -120,6 +122,8 @@ class SliceHost:
         self.kv_budget_bytes = kv_budget_bytes
         self.slices: dict[tuple[str, int, int], HostedSlice] = {}
         self._sweeper: asyncio.Task | None = None
+        self._soon: asyncio.Task | None = None  # a sweep asked for by request_sweep
+        self._sweep_again = False
         self.on_change = None  # callback() when the advertised set changes (HELLO update)
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
 
@@ -128,16 +132,22 @@ class SliceHost:
         hosted = self.slices.get((sha256, start, end))
         return hosted if hosted is not None and hosted.state in ("loaded", "draining") else None
 
-    def containing(self, sha256: str, start: int, end: int, sid: str | None = None) -> HostedSlice | None:
+    def containing(self, sha256: str, start: int, end: int, sid: str | None = None,
+                   kept: str | None = None) -> HostedSlice | None:
         """The slice of this model to run layers [start, end) with: the one already holding session
-        `sid` (a draining slice too: its sessions finish), else among loaded slices the exact range,
-        else the smallest range that contains it."""
+        `sid` (a draining slice too: its sessions finish), else a loaded one holding the kept
+        session `kept` (to resume), else among loaded slices the exact range, else the smallest
+        range that contains it."""
         fits = [s for s in self.for_model(sha256, draining=True) if s.start <= start and end <= s.end]
         if sid is not None:
             for s in fits:
                 if s.model is not None and sid in s.model.sessions:
                     return s
         fits = [s for s in fits if s.state == "loaded"]
+        if kept is not None:
+            for s in fits:
+                if s.model is not None and kept in s.model.sessions:
+                    return s
         return min(fits, key=lambda s: (s.end - s.start, s.start), default=None)
 
     def for_model(self, sha256: str, *, draining: bool = False) -> list[HostedSlice]:
@@ -244,7 +254,8 @@ class SliceHost:
             model = hosted.model  # an unload may set it to None while the sweep runs on the executor
             if model is not None and hosted.state != "unloaded" and hosted.executor is not None:
                 try:
-                    freed += await loop.run_in_executor(hosted.executor, model.sweep_sessions, self.session_ttl_s, budget)
+                    freed += await loop.run_in_executor(hosted.executor, model.sweep_sessions, self.session_ttl_s, budget,
+                                                   const.KEPT_SESSION_TTL_S)
                 except RuntimeError:  # the slice was unloaded meanwhile: its executor is shut down
                     continue
                 budget = max(0, budget - model.sessions.total_bytes())  # the budget is per node
@@ -257,12 +268,37 @@ class SliceHost:
         return freed
 
     def session_count(self) -> int:
-        return sum(len(s.model.sessions) for s in self.slices.values() if s.model is not None)
+        """KV sessions in use (not the kept ones, see kept_count)."""
+        return sum(s.model.sessions.counts()[0] for s in self.slices.values() if s.model is not None)
+
+    def kv_bytes(self) -> int:
+        """Bytes held by every slice's KV caches (kept sessions too)."""
+        return sum(s.model.sessions.total_bytes() for s in self.slices.values() if s.model is not None)
+
+    def request_sweep(self) -> None:
+        """Sweep soon (loop thread): a session was kept, the KV budget must hold now, not at the
+        next periodic sweep."""
+        self._sweep_again = True  # one in progress may have passed the slice already: it runs once more
+        if self._soon is None or self._soon.done():
+            self._soon = asyncio.get_running_loop().create_task(self._async_sweep_soon(), name="kv-sweep")
+
+    async def _async_sweep_soon(self) -> None:
+        while self._sweep_again:
+            self._sweep_again = False
+            try:
+                await self.async_sweep()
+            except Exception:
+                log.exception("DIAG: KV session sweep failed; the next one runs as planned")
+
+    def kept_count(self) -> int:
+        """Finished sessions kept for their coordinators' next turn (prefix reuse on chains)."""
+        return sum(s.model.sessions.counts()[1] for s in self.slices.values() if s.model is not None)
 
     async def async_close(self) -> None:
         """Stop the sweeper and the executors."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._soon):
+            if task is not None:
+                task.cancel()
         for hosted in self.slices.values():
             if hosted.executor is not None:
                 hosted.executor.shutdown(wait=False, cancel_futures=True)

@@ -48,7 +48,7 @@ class AttemptChannel(Protocol):
 
     def send_step(self, att: Attempt, job: GenerationJob, tokens: list[int], index_pos: int, *, sample: bool,
                   history: tuple[int, ...], trace: RequestTrace, draft: tuple[int, ...] = (),
-                  rewind: bool = False) -> Step: ...
+                  rewind: bool = False, resume: str | None = None) -> Step: ...
 
     @property
     def speculative_max_draft(self) -> int: ...
@@ -56,7 +56,7 @@ class AttemptChannel(Protocol):
     def start_remote(self, att: Attempt, job: GenerationJob, prompt: list[int],
                      max_new_tokens: int) -> RemoteStream: ...
 
-    def end(self, att: Attempt, how: str) -> None: ...
+    def end(self, att: Attempt, how: str, keep: tuple[int, ...] = ()) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,9 @@ class PipelineRun:
         self.attempt: Attempt | None = None
         # n-gram speculation over all attempts (each attempt drafts afresh); None: never speculated
         self.speculation: SpeculationStats | None = None
+        # prompt tokens the current attempt did not prefill (a resumed kept session); None on a
+        # whole holder's remote generate (its own cache, which it does not report)
+        self.cached_tokens: int | None = None
 
     async def tokens(self) -> AsyncIterator[list[int]]:
         """Sampled tokens, one per list, until EOG, max tokens or cancel."""
@@ -88,15 +91,18 @@ class PipelineRun:
             try:
                 async for batch in self._generate(att):
                     yield batch
-                coordinator.end(att, "session_end")
+                coordinator.end(att, "session_end", keep=self._fed())
                 self._log_segments()
                 self._log_speculation()
                 return
             except SegmentFailed as failure:
                 coordinator.end(att, "session_end")
-                self._failed_over(att, failure)
+                if att.resume is not None and failure.cause in ("kv_miss", "kv_position_mismatch"):
+                    self._resume_missed(att, failure)
+                else:
+                    self._failed_over(att, failure)
             except GeneratorExit:  # the consumer stopped reading (EOG, stop sequence): a normal end
-                coordinator.end(att, "session_end")
+                coordinator.end(att, "session_end", keep=self._fed())
                 self._log_speculation()
                 raise
             except BaseException:  # cancelled (client gone) or failed: every segment stops and frees
@@ -107,17 +113,20 @@ class PipelineRun:
     async def _generate(self, att: Attempt) -> AsyncIterator[list[int]]:
         """Prefill prompt + generated on this attempt's chain, then decode; yields new tokens."""
         if len(att.plan.segments) == 1 and att.plan.segments[0].whole:
+            self.cached_tokens = None
             async for batch in self._generate_remote(att):
                 yield batch
             return
+        self.cached_tokens = att.cached
         job, generated, trace = self.job, self.generated, self.trace
         tokens = list(job.prompt_tokens) + generated
         chunk = const.PREFILL_CHUNK_TOKENS
         last_step = None
-        for start in range(0, len(tokens), chunk):
+        for start in range(att.cached, len(tokens), chunk):  # from the kept prefix, if one is resumed
             part = tokens[start:start + chunk]
             last_step = self.coordinator.send_step(att, job, part, start, sample=start + chunk >= len(tokens),
-                                                   history=tuple(generated), trace=trace)
+                                                   history=tuple(generated), trace=trace,
+                                                   resume=att.resume if start == att.cached else None)
         result = await self._token(att, last_step)
         drafter = self._drafter(tokens)
         draft: tuple[int, ...] = ()
@@ -236,6 +245,20 @@ class PipelineRun:
         hops = len(att.route) - 1 + (att.kinds[0] != "local") + (att.kinds[-1] != "local") if att.route else 0
         self.perf.observe_step(result.telemetry, step.n_tokens, wall_ms, hops)
         att.steps.pop(step.seq, None)
+
+    def _fed(self) -> tuple[int, ...]:
+        """The tokens whose KV the attempt's sessions hold: prompt and generated, less the last
+        sampled token (never fed; rejected draft rows beyond are cut when they are resumed)."""
+        return (*self.job.prompt_tokens, *self.generated)[:-1]
+
+    def _resume_missed(self, att: Attempt, failure: SegmentFailed) -> None:
+        """A segment no longer holds the kept session this attempt resumed (evicted, restarted):
+        the same kind of chain again, prefilling the whole prompt on fresh sessions."""
+        log.info("DIAG: KV-cache MISS — kept session gone on a segment, prefilling in full %s", kv(
+            request_id=self.trace.request_id, reason="evicted_on_segment", kept=att.resume,
+            node=failure.node_id[:8], error=failure.message))
+        self.attempt_no += 1
+        self.attempt = None
 
     def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
         trace = self.trace

@@ -156,6 +156,9 @@ class Work:
     draft: tuple[int, ...] = ()
     # positions >= index_pos in the session are rejected draft tokens of an earlier step: forget them
     rewind: bool = False
+    # prefix reuse: this session starts as that kept session of the same coordinator, cut to
+    # index_pos positions (the prompt's common prefix with the kept one's tokens)
+    resume: str | None = None
 
     @property
     def target(self) -> Hop:
@@ -178,6 +181,8 @@ class Work:
             header["draft"] = list(self.draft)
         if self.rewind:
             header["rewind"] = True
+        if self.resume is not None:
+            header["resume"] = self.resume
         return header
 
     def forward_header(self, hop: int, act: dict[str, Any], telemetry: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +206,8 @@ class Work:
                 history=tuple(int(t) for t in h.get("history") or ()),
                 telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
                 act=dict(h["act"]) if h.get("act") is not None else None,
-                draft=tuple(int(t) for t in h.get("draft") or ()), rewind=bool(h.get("rewind", False)))
+                draft=tuple(int(t) for t in h.get("draft") or ()), rewind=bool(h.get("rewind", False)),
+                resume=str(h["resume"]) if h.get("resume") is not None else None)
         except ProtocolError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -213,6 +219,8 @@ class Work:
             raise ProtocolError(f"malformed WORK: draft={work.draft} n={work.n_tokens} sample={work.sample}")
         if work.activation_bits not in (8, 16, 32):
             raise ProtocolError(f"unsupported activation bits {work.activation_bits}")
+        if work.resume is not None and (work.index_pos == 0 or work.resume == work.sid):
+            raise ProtocolError(f"malformed WORK: resume={work.resume!r} at index_pos={work.index_pos}")
         return work
 
 
@@ -308,19 +316,24 @@ class Ack:
 
 @dataclass(frozen=True)
 class SessionControl:
-    """CANCEL or SESSION_END for a session on one model."""
+    """CANCEL or SESSION_END for a session on one model; `keep` (SESSION_END): hold its KV for
+    the coordinator's next request on this chain (prefix reuse) instead of freeing it."""
 
     sid: str
     model: str
     reason: str = "end"
+    keep: bool = False
 
     def to_header(self) -> dict[str, Any]:
-        return {"sid": self.sid, "model": self.model, "reason": self.reason}
+        header: dict[str, Any] = {"sid": self.sid, "model": self.model, "reason": self.reason}
+        if self.keep:
+            header["keep"] = True
+        return header
 
     @classmethod
     def from_header(cls, h: Any) -> SessionControl:
         try:
-            return cls(str(h["sid"]), str(h["model"]), str(h.get("reason", "end")))
+            return cls(str(h["sid"]), str(h["model"]), str(h.get("reason", "end")), bool(h.get("keep", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed session control header: {exc}") from exc
 

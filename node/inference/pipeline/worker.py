@@ -97,7 +97,7 @@ class SegmentWorker:
         elif work.coordinator != self.node_id and not self.contributing() and work.index_pos == 0:
             refusal = (f"node {self.short_id} has paused contributing to the swarm", "not_contributing")
         else:
-            hosted = self.host.containing(work.model, hop.start, hop.end, work.sid)
+            hosted = self.host.containing(work.model, hop.start, hop.end, work.sid, work.resume)
             if hosted is None:
                 refusal = (f"node {self.short_id} does not serve layers {hop.start}-{hop.end - 1} of model "
                            f"{work.model[:12]}", "segment_not_served")
@@ -181,7 +181,11 @@ class SegmentWorker:
         if inputs.shape[0] != work.n_tokens:
             raise ProtocolError(f"WORK says n={work.n_tokens} but carries {inputs.shape[0]} rows")
         sess = model.session(work.sid)
-        if sess is None:
+        if sess is None and work.resume is not None:  # prefix reuse: a kept session, cut to index_pos
+            sess = model.resume_session(work.resume, work.sid, work.index_pos, work.coordinator, hop.start, hop.end)
+            log.debug("DIAG: KV session resumed from a kept one %s", kv(
+                sid=work.sid, kept=work.resume, cached_tokens=work.index_pos, layers=f"{hop.start}-{hop.end - 1}"))
+        elif sess is None:
             if work.index_pos != 0:
                 raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
             sess = model.new_session(work.sid, hop.start, hop.end)
@@ -295,9 +299,9 @@ class SegmentWorker:
         self._end_session(header, "cancelled")
 
     def on_session_end(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
-        self._end_session(header, "session_end")
+        self._end_session(header, "session_end", sender)
 
-    def _end_session(self, header: dict[str, Any], why: str) -> None:
+    def _end_session(self, header: dict[str, Any], why: str, sender: str = "") -> None:
         try:
             ctl = SessionControl.from_header(header)
         except ProtocolError as exc:
@@ -305,9 +309,17 @@ class SegmentWorker:
             return
         hosted_slices = self.host.for_model(ctl.model, draining=True)
         if hosted_slices:
+            # also when kept: a late WORK of the ended attempt must not write into what is kept
             self.ended[ctl.sid] = time.monotonic() + const.SESSION_TOMBSTONE_S
+        kept = False
         for hosted in hosted_slices:
-            hosted.executor.submit(self._free, hosted, ctl.sid, why)
+            if ctl.keep and sender and hosted.state == "loaded":  # only its sender may resume it
+                hosted.executor.submit(self._keep, hosted, ctl.sid, sender)
+                kept = True
+            else:
+                hosted.executor.submit(self._free, hosted, ctl.sid, why)
+        if kept:
+            self.host.request_sweep()  # the KV budget holds with what is kept (runs after the keep)
 
     def _is_ended(self, sid: str) -> bool:
         expiry = self.ended.get(sid)
@@ -316,6 +328,14 @@ class SegmentWorker:
     def _drop_ended(self, hosted: HostedSlice, sid: str) -> None:
         """A step of an ended session finished computing after the CANCEL / SESSION_END: free what it made."""
         hosted.executor.submit(self._free, hosted, sid, "ended")
+
+    def _keep(self, hosted: HostedSlice, sid: str, coordinator: str) -> None:
+        """Executor thread: a finished session stays, for its coordinator's next turn."""
+        sess = hosted.model.sessions.keep(sid, coordinator) if hosted.model is not None else None
+        if sess is not None:
+            log.debug("DIAG: KV session kept for prefix reuse %s", kv(
+                sid=sid, kv_len=sess.kv_len, bytes=sess.nbytes, layers=f"{hosted.start}-{hosted.end - 1}"))
+        self.samplers.pop(sid, None)
 
     def _free(self, hosted: HostedSlice, sid: str, why: str) -> None:
         if hosted.model.free_session(sid):

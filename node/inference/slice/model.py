@@ -189,9 +189,16 @@ class SliceModel:
         """Drop a session's KV cache (SESSION_END); True if it existed."""
         return self.sessions.free(session_id)
 
-    def sweep_sessions(self, ttl_s: float | None = None, max_bytes: int | None = None) -> list[str]:
-        """Evict idle sessions (TTL) and least-recently-used ones over `max_bytes`; logs each."""
-        return self.sessions.sweep(ttl_s, max_bytes)
+    def resume_session(self, kept_id: str, session_id: str, keep: int, coordinator: str,
+                       start: int, end: int) -> Session:
+        """A kept session as `session_id`, cut to `keep` positions (KvCacheMiss if it cannot be)."""
+        return self.sessions.resume(kept_id, session_id, keep, coordinator, start, end)
+
+    def sweep_sessions(self, ttl_s: float | None = None, max_bytes: int | None = None,
+                       kept_ttl_s: float | None = None) -> list[str]:
+        """Evict idle sessions (TTL; kept ones after kept_ttl_s) and least-recently-used ones over
+        `max_bytes` (kept ones first); logs each."""
+        return self.sessions.sweep(ttl_s, max_bytes, kept_ttl_s)
 
     # --- compute -------------------------------------------------------------------------------
 

@@ -1,5 +1,10 @@
 """Per-request KV caches of a slice and the store that owns them (explicit free, TTL, LRU).
 
+A finished session may be *kept* for its coordinator (SESSION_END with keep: prefix reuse across
+a conversation's turns): it then computes nothing until a later request of that coordinator
+resumes it under its own id, cut to the prefix the two prompts share. Kept sessions go first when
+the store is over its memory budget, and have their own idle TTL.
+
 A session's cache covers only the layers it runs: the slice's own, or a sub-range [a, b) of them
 chosen when the session is created (a chain may enter a holder's range in the middle). `kv_len` is the number of positions
 written; a forward must start exactly there (seed 000, gotcha #400: never compute from a gap).
@@ -15,7 +20,7 @@ from collections import OrderedDict
 
 import torch
 
-from node.errors import ContextLengthExceeded
+from node.errors import ContextLengthExceeded, KvCacheMiss
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -38,6 +43,7 @@ class Session:
         self.capacity = 0
         self.k = self.v = torch.empty(0)
         self.created = self.last_used = time.monotonic()
+        self.kept_for: str | None = None  # kept (finished): the coordinator that may resume it
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +104,50 @@ class SessionStore:
                 s.last_used = time.monotonic()
             return s
 
+    def keep(self, session_id: str, coordinator: str) -> Session | None:
+        """Keep a finished session for `coordinator` to resume (None if it is not here)."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is not None:
+                s.kept_for = coordinator
+                s.last_used = time.monotonic()
+                self._sessions.move_to_end(session_id)
+        return s
+
+    def resume(self, kept_id: str, session_id: str, keep: int, coordinator: str, start: int, end: int) -> Session:
+        """The kept session `kept_id`, now `session_id`, holding its first `keep` positions;
+        KvCacheMiss (with the reason) unless it is kept for this coordinator over these layers."""
+        with self._lock:
+            s = self._sessions.get(kept_id)
+            if s is None:
+                reason = "evicted"
+            elif s.kept_for is None:
+                reason = "not_kept"
+            elif s.kept_for != coordinator:
+                reason = "other_coordinator"
+            elif (s.layer_start, s.layer_end) != (start, end):
+                reason = "layers_differ"
+            elif s.kv_len < keep:
+                reason = "shorter_than_prefix"
+            elif session_id in self._sessions:
+                reason = "session_exists"
+            else:
+                reason = None
+                del self._sessions[kept_id]
+                s.session_id, s.kept_for = session_id, None
+                s.truncate(keep)
+                s.last_used = time.monotonic()
+                self._sessions[session_id] = s
+        if reason is not None:
+            raise KvCacheMiss(kept_id, reason)
+        return s
+
+    def counts(self) -> tuple[int, int]:
+        """(active, kept) sessions."""
+        with self._lock:
+            kept = sum(1 for s in self._sessions.values() if s.kept_for is not None)
+            return len(self._sessions) - kept, kept
+
     def free(self, session_id: str, reason: str = "freed") -> bool:
         """Drop a session; True if it existed."""
         with self._lock:
@@ -111,19 +161,25 @@ class SessionStore:
         with self._lock:
             return sum(s.nbytes for s in self._sessions.values())
 
-    def sweep(self, ttl_s: float | None = None, max_bytes: int | None = None) -> list[str]:
-        """Evict sessions idle longer than ttl_s, then least-recently-used ones over max_bytes."""
+    def sweep(self, ttl_s: float | None = None, max_bytes: int | None = None,
+              kept_ttl_s: float | None = None) -> list[str]:
+        """Evict sessions idle longer than ttl_s (kept ones: kept_ttl_s, default ttl_s), then
+        least-recently-used ones over max_bytes, kept ones before any in use."""
         now = time.monotonic()
+        kept_ttl_s = ttl_s if kept_ttl_s is None else kept_ttl_s
         evicted: list[tuple[Session, str]] = []
         with self._lock:
-            if ttl_s is not None:
-                for sid, s in list(self._sessions.items()):
-                    if now - s.last_used > ttl_s:
-                        evicted.append((self._sessions.pop(sid), "ttl"))
+            for sid, s in list(self._sessions.items()):
+                limit = kept_ttl_s if s.kept_for is not None else ttl_s
+                if limit is not None and now - s.last_used > limit:
+                    evicted.append((self._sessions.pop(sid), "ttl"))
             if max_bytes is not None:
                 total = sum(s.nbytes for s in self._sessions.values())
-                while self._sessions and total > max_bytes:
-                    _, s = self._sessions.popitem(last=False)
+                order = sorted(self._sessions.values(), key=lambda s: s.kept_for is None)  # stable: LRU within each
+                for s in order:
+                    if total <= max_bytes:
+                        break
+                    del self._sessions[s.session_id]
                     total -= s.nbytes
                     evicted.append((s, "memory_pressure"))
             remaining = len(self._sessions)
@@ -140,5 +196,5 @@ class SessionStore:
             level,
             "DIAG: KV-cache session evicted %s",
             kv(model=self.model_name, session=s.session_id, reason=reason, kv_len=s.kv_len,
-               bytes=s.nbytes, idle_s=f"{idle:.1f}"),
+               bytes=s.nbytes, idle_s=f"{idle:.1f}", kept=s.kept_for is not None),
         )
