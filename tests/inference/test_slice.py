@@ -153,6 +153,42 @@ def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, cap
     assert m.sweep_sessions(ttl_s=1000, kept_ttl_s=50) == ["new-active"]  # kept ones have their own TTL
 
 
+@pytest.mark.parametrize("split", [(0, 4), (0, 2), (2, 4)])
+def test_a_batched_forward_gives_each_session_its_lone_forwards_output(model_path, split):
+    """Three sessions at different positions, one decoding a token, one a 5-row step, one its
+    first prefill, in one forward: each output (and the KV it leaves) equals what the session's
+    own forward gives (f32)."""
+    start, end = split
+    m = SliceModel.load(model_path, start, end, dtype="f32")
+    lone = SliceModel.load(model_path, start, end, dtype="f32")
+
+    def inputs(tokens):
+        if start == 0:
+            return torch.tensor(tokens)
+        return torch.randn(len(tokens), 64, generator=torch.Generator().manual_seed(len(tokens)))
+
+    history = {"a": TOKENS[:12], "b": TOKENS[:7], "c": []}
+    step = {"a": [TOKENS[12]], "b": TOKENS[7:12], "c": TOKENS[:9]}
+    for model in (m, lone):
+        for sid, done in history.items():
+            s = model.new_session(sid)
+            if done:
+                model.forward(s, inputs(done), 0)
+    steps = [(m.session(sid), inputs(step[sid]), len(history[sid]), sid != "b") for sid in ("a", "b", "c")]
+    batched = m.forward_many(steps)
+    for (sess, x, pos, last_only), got in zip(steps, batched, strict=True):
+        want = lone.forward(lone.session(sess.session_id), x, pos, last_only=last_only)
+        assert got.shape == want.shape
+        # a matrix over more rows may sum in another order: last-bit differences, no more
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+        assert sess.kv_len == lone.session(sess.session_id).kv_len == pos + x.shape[0]
+    with pytest.raises(KvPositionMismatch):  # checked before anything is computed
+        m.forward_many([(m.session("a"), inputs([1]), 13, True), (m.session("b"), inputs([1]), 0, True)])
+    assert m.session("b").kv_len == 12
+    with pytest.raises(EngineError, match="distinct"):
+        m.forward_many([(m.session("a"), inputs([1]), 13, True), (m.session("a"), inputs([1]), 13, True)])
+
+
 def test_context_limit_and_cache_growth(model_path):
     m = SliceModel.load(model_path, dtype="f32", max_ctx=300)
     sess = m.new_session("long")

@@ -309,13 +309,13 @@ async def test_a_quick_step_acks_with_its_output_and_before_the_result(worker, m
     w, entry, peers = worker
     assert const.ACK_HOLD_S >= 0.05
     hosted = w.host.find(entry.sha256, 0, entry.n_layers)
-    forward = hosted.model.forward
+    forward = hosted.model.forward_many
 
     def forward_30ms(*args, **kw):  # a decode step's order of magnitude, well inside the hold
         time.sleep(0.03)
         return forward(*args, **kw)
 
-    monkeypatch.setattr(hosted.model, "forward", forward_30ms)
+    monkeypatch.setattr(hosted.model, "forward_many", forward_30ms)
     w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
     await wait_until(lambda: _results(peers), 30, what="RESULT")
     assert peers.writes == [[FrameType.ACK, FrameType.RESULT]]  # one write: one TLS pass, one syscall
@@ -331,14 +331,14 @@ async def test_a_slow_step_acks_after_the_hold_not_at_its_end(worker, monkeypatc
     w, entry, peers = worker
     monkeypatch.setattr(const, "ACK_HOLD_S", 0.05)
     hosted = w.host.find(entry.sha256, 0, entry.n_layers)
-    forward = hosted.model.forward
+    forward = hosted.model.forward_many
     gate = asyncio.get_running_loop().create_future()
 
     def slow_forward(*args, **kw):  # the step cannot finish before the test has seen the ACK
         gate_wait(gate)
         return forward(*args, **kw)
 
-    monkeypatch.setattr(hosted.model, "forward", slow_forward)
+    monkeypatch.setattr(hosted.model, "forward_many", slow_forward)
     w.on_work(_work(entry, 0, 0, [5, 6]).to_header(), encode_tokens([5, 6]), COORD)
     await wait_until(lambda: any(t == FrameType.ACK for t, _ in _frames(peers)), 10, what="ACK after the hold")
     assert not _results(peers)
@@ -509,3 +509,43 @@ async def test_keeping_past_the_kv_budget_evicts_the_oldest_kept_session_at_once
         w.on_session_end(SessionControl(sid, entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
     await wait_until(lambda: w.host.kept_count() == 2, 10, what="the budget to hold (no periodic sweep)")
     assert "k1" not in hosted.model.sessions and w.host.kv_bytes() <= w.host.kv_budget_bytes
+
+
+async def test_steps_queued_together_run_as_one_batch_with_each_sessions_lone_token(worker):
+    """Steps of five sessions queued behind a busy executor run as one forward (telemetry says
+    batch=5) and each samples what it samples alone; a session's two prefill chunks run in order
+    (in two batches); a step with a position gap fails alone."""
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+
+    def step(sid, index_pos, tokens, sample=True):
+        return Work(sid=sid, model=entry.sha256, seq=index_pos, index_pos=index_pos, n_tokens=len(tokens),
+                    route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=COORD, sample=sample,
+                    sampling=SamplingParams(temperature=0.0))
+
+    prompts = {f"s{i}": [3 + i, 40 + 7 * i, 11, 90 + i] for i in range(4)}
+    long_prompt = list(range(100, 108))
+    gate = asyncio.get_running_loop().create_future()
+    blocker = asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: gate_wait(gate))
+    w.on_work(step("p", 0, long_prompt[:4], sample=False).to_header(), encode_tokens(long_prompt[:4]), COORD)
+    for sid, prompt in prompts.items():
+        w.on_work(step(sid, 0, prompt).to_header(), encode_tokens(prompt), COORD)
+    w.on_work(step("p", 4, long_prompt[4:]).to_header(), encode_tokens(long_prompt[4:]), COORD)
+    w.on_work(step("gap", 5, [1]).to_header(), encode_tokens([1]), COORD)
+    gate.get_loop().call_soon_threadsafe(gate.set_result, None)
+    await blocker
+    # (the last segment answers every step: p's first chunk with no token)
+    await wait_until(lambda: len(_results(peers)) == 7, 30, what="seven RESULTs")
+    batched = {r.sid: r for r in _results(peers)}  # p: its second chunk's
+    assert batched["gap"].error_code == "kv_position_mismatch"
+    assert [r.telemetry[0].get("batch") for r in _results(peers) if r.sid != "gap"][:5] == [5] * 5
+    assert batched["p"].telemetry[0].get("batch") is None  # its second chunk ran alone, after the first
+    assert hosted.model.session("p").kv_len == 8
+
+    for sid, prompt in [*prompts.items(), ("p", long_prompt)]:  # the same prompts, one at a time
+        n = len(_results(peers))
+        w.on_work(step("alone-" + sid, 0, prompt).to_header(), encode_tokens(prompt), COORD)
+        await wait_until(lambda n=n: len(_results(peers)) == n + 1, 30, what="lone RESULT")
+        alone = _results(peers)[-1]
+        assert alone.error is None and "batch" not in alone.telemetry[0]
+        assert alone.token == batched[sid].token, sid

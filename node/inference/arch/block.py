@@ -83,11 +83,24 @@ def block_forward(
 
     k_cache, v_cache: [n_kv, capacity, head_dim] with capacity >= start + T.
     """
-    T = x.shape[0]
+    return block_forward_many(b, cfg, x, ((k_cache, v_cache, start, x.shape[0], mask),), rope)
+
+
+def block_forward_many(
+    b: Block,
+    cfg: ModelConfig,
+    x: torch.Tensor,
+    parts: tuple[tuple[torch.Tensor, torch.Tensor, int, int, torch.Tensor | None], ...] | list,
+    rope: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """One block on the stacked rows x [R, H] of several sessions (a batched step): every matrix
+    runs once over all rows; attention runs per session over its own KV. `parts` lists, in row
+    order, each session's (k_cache, v_cache, start, rows, mask); `rope` holds each row's factors.
+    """
+    R = x.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    group = nh // nkv
     eps = cfg.rms_eps
-    qkv = b.qkv(rms_norm(x, b.attn_norm, eps)).view(T, nh + 2 * nkv, hd)
+    qkv = b.qkv(rms_norm(x, b.attn_norm, eps)).view(R, nh + 2 * nkv, hd)
     if b.q_norm is not None:
         q = rms_norm(qkv[:, :nh], b.q_norm, eps)
         k = rms_norm(qkv[:, nh : nh + nkv], b.k_norm, eps)
@@ -96,6 +109,26 @@ def block_forward(
         qk = qkv[:, : nh + nkv]
     cos, sin = rope
     qk = apply_rope(qk, cos, sin, cfg.rope.n_rot)  # Q and K heads in one go
+    if len(parts) == 1:
+        k_cache, v_cache, start, _, mask = parts[0]
+        o = _attend(cfg, qk, qkv, k_cache, v_cache, start, mask)
+    else:
+        outs, row = [], 0
+        for k_cache, v_cache, start, T, mask in parts:
+            outs.append(_attend(cfg, qk[row:row + T], qkv[row:row + T], k_cache, v_cache, start, mask))
+            row += T
+        o = torch.cat(outs)
+    x = x + b.out(o)
+    gate, up = b.gate_up(rms_norm(x, b.ffn_norm, eps)).chunk(2, dim=-1)
+    return x + b.down(F.silu(gate).mul_(up))
+
+
+def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            start: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """One session's T rows: append their K/V at [start, start+T), attend; [T, n_heads*head_dim]."""
+    T = qk.shape[0]
+    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    group = nh // nkv
     end = start + T
     k_cache[:, start:end] = qk[:, nh:].transpose(0, 1)
     v_cache[:, start:end] = qkv[:, nh + nkv :].transpose(0, 1)
@@ -109,9 +142,5 @@ def block_forward(
     o = F.scaled_dot_product_attention(qf.to(k_cache.dtype), k_cache[None, :, :end], v_cache[None, :, :end],
                                        attn_mask=mask).float()
     if T == 1:
-        o = o.reshape(1, nh * hd)
-    else:
-        o = o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
-    x = x + b.out(o)
-    gate, up = b.gate_up(rms_norm(x, b.ffn_norm, eps)).chunk(2, dim=-1)
-    return x + b.down(F.silu(gate).mul_(up))
+        return o.reshape(1, nh * hd)
+    return o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)

@@ -5,8 +5,10 @@ its layers (`containing`)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +47,15 @@ class ServedStats:
     coordinators: dict[str, float] = field(default_factory=dict)  # short id -> last seen (bounded below)
 
 
+class StepQueue:
+    """WORK steps received for a slice, waiting for its executor (the worker runs them in batches)."""
+
+    def __init__(self) -> None:
+        self.items: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+        self.scheduled = False  # a drain task is submitted to the executor or running
+
+
 @dataclass
 class HostedSlice:
     """A loaded slice and the executor it runs on."""
@@ -60,6 +71,7 @@ class HostedSlice:
     ms_per_layer: float | None = None  # EWMA of decode steps measured here
     placement: Placement | None = None
     auto_budget: tuple[int, int] | None = None  # --serve auto: (layers, with head) this node's budget fits
+    step_queue: StepQueue = field(default_factory=StepQueue)
     vocab: Any = None  # ModelTokenizer of the slice's GGUF, read on the first constrained step (last segment)
 
     def vocabulary(self):

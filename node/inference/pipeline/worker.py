@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,6 +53,52 @@ class _PendingAck:
         self.work, self.received = work, received
         self.timer: asyncio.TimerHandle | None = None
         self.sent = False
+
+
+class _Job:
+    """A received WORK waiting for (or in) a batch on its slice's executor."""
+
+    __slots__ = ("work", "payload", "received", "sender", "ack", "started", "prepared", "handed_back")
+
+    def __init__(self, work: Work, payload: bytes, received: float, sender: str, ack: _PendingAck):
+        self.work, self.payload, self.received, self.sender, self.ack = work, payload, received, sender, ack
+        self.started = self.prepared = received
+        self.handed_back = False
+
+
+@dataclass
+class _Prepared:
+    sess: Any  # its Session on the slice
+    inputs: torch.Tensor
+    is_last: bool
+    verify: bool  # a draft to verify: every row's logits
+    last_only: bool
+
+
+def take_batch(items: deque[_Job]) -> list[_Job]:
+    """The queued steps to run as one forward, taken out of `items` (the rest keep their order):
+    in arrival order, one step per session (a session's next step waits for this one), all over
+    the first one's layer range, at most BATCH_MAX_STEPS steps and BATCH_MAX_ROWS rows (a long
+    prefill chunk alone may exceed it)."""
+    taken: list[_Job] = []
+    left: list[_Job] = []
+    sids: set[str] = set()  # taken, or with an earlier step left queued
+    rows = 0
+    layers = None
+    while items:
+        job = items.popleft()
+        w = job.work
+        key = (w.target.start, w.target.end)
+        if w.sid in sids or (taken and (key != layers or len(taken) >= const.BATCH_MAX_STEPS
+                                        or rows + w.n_tokens > const.BATCH_MAX_ROWS)):
+            left.append(job)
+        else:
+            taken.append(job)
+            rows += w.n_tokens
+            layers = key
+        sids.add(w.sid)
+    items.extend(left)
+    return taken
 
 
 class SegmentWorker:
@@ -121,7 +169,7 @@ class SegmentWorker:
             # GIL while the slice's thread starts the step, and a timer mid-compute would wake this
             # loop and the coordinator's while the slice's threads run.
             ack.timer = loop.call_later(const.ACK_HOLD_S, self._send_ack, ack)
-        hosted.executor.submit(self._compute, loop, hosted, work, payload, received, sender, ack)
+        self._enqueue(loop, hosted, _Job(work, payload, received, sender, ack))
 
     def _send_ack(self, ack: _PendingAck | None, done: bool = False) -> None:
         """Tell the coordinator a WORK arrived (once); `done`: its output has just left."""
@@ -151,22 +199,80 @@ class SegmentWorker:
                       kv(sid=work.sid, seq=work.seq, hop=work.hop, held_us=held_us))
         return Ack(work.sid, work.seq, work.hop, self.node_id, held_us, done).to_header()
 
-    def _compute(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, work: Work, payload: bytes,
-                 received: float, sender: str, ack: _PendingAck | None) -> None:
-        """Executor thread: run the step, then hand the outcome straight back to the loop (one
-        call_soon_threadsafe: no Future/Task round trip)."""
+    # --- the slice's executor: batched steps ---------------------------------------------------
+
+    def _enqueue(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, job: _Job) -> None:
+        """Queue a step for the slice (loop thread); one drain task on its executor at a time."""
+        q = hosted.step_queue
+        with q.lock:
+            q.items.append(job)
+            submit, q.scheduled = not q.scheduled, True
+        if submit:
+            hosted.executor.submit(self._drain, loop, hosted)
+
+    def _drain(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice) -> None:
+        """Executor thread: run what is queued, as batches, until nothing is left. Steps of one
+        session stay in arrival order; anything submitted to the executor after a step (a
+        SESSION_END's free) runs after it, since this task ends only with the queue empty."""
+        q = hosted.step_queue
+        while True:
+            with q.lock:
+                jobs = take_batch(q.items)
+                if not jobs:
+                    q.scheduled = False
+                    return
+            try:
+                self._run(loop, hosted, jobs)
+            except Exception as exc:  # a bug here must reach every coordinator, not stop the draining
+                log.error("slice batch failed", exc_info=exc)
+                for job in jobs:
+                    if not job.handed_back:
+                        self._hand_back(loop, hosted, job, exc)
+
+    def _run(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, jobs: list[_Job]) -> None:
+        """Executor thread: prepare each step (a failure is that step's alone), run the ready ones
+        as one forward, then sample or encode each and hand its outcome straight back to the loop
+        (one call_soon_threadsafe per step: no Future/Task round trip)."""
+        ready: list[tuple[_Job, _Prepared]] = []
+        for job in jobs:
+            try:
+                prep = self._prepare(hosted, job)
+            except Exception as exc:  # reported on the loop (a bug in the forward path must reach the coordinator)
+                self._hand_back(loop, hosted, job, exc)
+                continue
+            if prep is None:
+                self._hand_back(loop, hosted, job, None)  # ended while queued: not computed
+            else:
+                ready.append((job, prep))
+        if not ready:
+            return
+        computing = time.monotonic()
         try:
-            outcome: Any = self._step(hosted, work, payload, received)
-        except Exception as exc:  # reported on the loop (a bug in the forward path must reach the coordinator)
-            outcome = exc
+            outs = hosted.model.forward_many([(p.sess, p.inputs, job.work.index_pos, p.last_only) for job, p in ready])
+        except Exception as exc:
+            for job, _ in ready:
+                self._hand_back(loop, hosted, job, exc)
+            return
+        computed = time.monotonic()
+        for (job, prep), out in zip(ready, outs, strict=True):
+            try:
+                outcome: Any = self._finish(hosted, job, prep, out, computing, computed, len(ready))
+            except Exception as exc:
+                outcome = exc
+            self._hand_back(loop, hosted, job, outcome)
+
+    def _hand_back(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, job: _Job, outcome: Any) -> None:
+        job.handed_back = True
         try:
-            loop.call_soon_threadsafe(self._after, hosted, work, outcome, time.monotonic(), sender, ack)
+            loop.call_soon_threadsafe(self._after, hosted, job.work, outcome, time.monotonic(), job.sender, job.ack)
         except RuntimeError:
             pass  # the loop is closed: the node is shutting down
 
-    def _step(self, hosted: HostedSlice, work: Work, payload: bytes, received: float):
-        """Decode inputs, run the layers, sample or encode the output (executor thread)."""
-        started = time.monotonic()
+    def _prepare(self, hosted: HostedSlice, job: _Job) -> _Prepared | None:
+        """Executor thread: a step's inputs decoded and its session found (created, resumed,
+        rewound) with room for its rows; None when its session ended while it was queued."""
+        work, payload = job.work, job.payload
+        job.started = time.monotonic()
         if self._is_ended(work.sid):
             return None  # cancelled while queued behind other steps: do not compute
         model = hosted.model
@@ -194,17 +300,29 @@ class SegmentWorker:
                                 f"this WORK asks for {hop.start}-{hop.end - 1}")
         elif work.rewind and sess.kv_len > work.index_pos:
             sess.truncate(work.index_pos)  # the rejected draft tokens of the previous step
+        if work.index_pos != sess.kv_len:
+            raise KvPositionMismatch(work.index_pos, sess.kv_len, session=work.sid)
+        sess.reserve(work.index_pos + work.n_tokens)  # past the context: this step's error, not its batch's
         if log.isEnabledFor(logging.DEBUG):  # seed 000 marker (`DIAG:.*LayerForward`)
             log.debug("DIAG: processing LayerForward locally %s",
                       kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
-        computing = time.monotonic()
         verify = is_last and bool(work.draft)
-        out = model.forward(sess, inputs, work.index_pos, last_only=is_last and not verify)
-        tele = HopTelemetry(self.node_id, hop.start, hop.end, kv_len=sess.kv_len, bytes_in=len(payload),
-                            wait_us=int((started - received) * 1e6))
+        job.prepared = time.monotonic()
+        return _Prepared(sess, inputs, is_last, verify, last_only=is_last and not verify)
+
+    def _finish(self, hosted: HostedSlice, job: _Job, prep: _Prepared, out: torch.Tensor, computing: float,
+                computed: float, batch: int):
+        """Executor thread: sample (last segment) or encode the step's output; its telemetry."""
+        work = job.work
+        hop = work.target
+        tele = HopTelemetry(self.node_id, hop.start, hop.end, kv_len=prep.sess.kv_len, bytes_in=len(job.payload),
+                            wait_us=int((job.started - job.received) * 1e6))
+        if batch > 1:
+            tele.extra["batch"] = batch  # the forward ran this many sessions' steps at once
+        codec = job.prepared - job.started
         token = scores = meta = data = None
         verified: tuple[int, ...] = ()
-        if is_last:
+        if prep.is_last:
             if work.sample:
                 sampler = self.samplers.get(work.sid)
                 if sampler is None:
@@ -213,20 +331,20 @@ class SegmentWorker:
                     constrained = work.sampling.grammar is not None or bool(work.sampling.logit_bias)
                     sampler = self.samplers[work.sid] = Sampler(
                         work.sampling, work.history, vocab=hosted.vocabulary() if constrained else None)
-                if verify:
+                if prep.verify:
                     verified = _verify(sampler, out, work.draft)
                     token = verified[0]
                 else:
                     token = sampler.sample(out[-1])
                     scores = sampler.scores(out[-1], token)  # None unless the request asked for logprobs
-            tele.eval_us = int((time.monotonic() - computing) * 1e6)
-            tele.codec_us = int((computing - started) * 1e6)
+            tele.eval_us = int((computed - computing) * 1e6) + int((time.monotonic() - computed) * 1e6)
         else:
-            computed = time.monotonic()
+            encoding = time.monotonic()
             meta, data = encode_activations(out, work.activation_bits)
             tele.bytes_out = len(data)
             tele.eval_us = int((computed - computing) * 1e6)
-            tele.codec_us = int((computing - started + time.monotonic() - computed) * 1e6)
+            codec += time.monotonic() - encoding
+        tele.codec_us = int(codec * 1e6)
         return tele, (token, verified), scores, meta, data
 
     def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str,

@@ -22,13 +22,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from node.errors import EngineError, KvPositionMismatch, ModelLoadError
 from node.inference.arch import family
-from node.inference.arch.block import Block, attention_mask, block_forward
+from node.inference.arch.block import Block, attention_mask, block_forward_many
 from node.inference.arch.common import ModelConfig, RotaryTables, rms_norm
 from node.inference.slice.session import Session, SessionStore
 from node.inference.weights.gguf_file import GgufFile
@@ -220,44 +221,70 @@ class SliceModel:
                 raise EngineError(f"no KV session {sess} on this slice")
             sess = found
         with self._lock, torch.inference_mode():
-            return self._forward(sess, inputs, index_pos, last_only)
+            return self._forward_many([(sess, inputs, index_pos, last_only)])[0]
 
-    def _forward(self, sess: Session, inputs, index_pos: int, last_only: bool) -> torch.Tensor:
+    def forward_many(self, steps: list[tuple[Session, Any, int, bool]]) -> list[torch.Tensor]:
+        """Several sessions' steps (session, inputs, index_pos, last_only) as one batched forward:
+        each matrix runs once over all their rows, attention per session over its own KV. The
+        sessions must be distinct and run the same layers. Returns each step's `forward` output.
+        Every step is checked (positions, inputs, context) before anything is computed."""
+        with self._lock, torch.inference_mode():
+            return self._forward_many(steps)
+
+    def _forward_many(self, steps: list[tuple[Session, Any, int, bool]]) -> list[torch.Tensor]:
         t0 = time.perf_counter()
-        if index_pos != sess.kv_len:
-            raise KvPositionMismatch(index_pos, sess.kv_len, session=sess.session_id)
-        first = sess.layer_start == 0
-        x = self._input(inputs, first)
-        T = x.shape[0]
-        sess.reserve(index_pos + T)
-        rope = self.rotary.get(index_pos, T)
+        sess0 = steps[0][0]
+        first = sess0.layer_start == 0
         group = self.config.n_heads // self.config.n_kv_heads
-        mask = attention_mask(T, index_pos, group, self.device)
+        xs, sessions, counts, masks, ropes = [], [], [], [], []
+        for sess, inputs, index_pos, _ in steps:
+            if index_pos != sess.kv_len:
+                raise KvPositionMismatch(index_pos, sess.kv_len, session=sess.session_id)
+            if (sess.layer_start, sess.layer_end) != (sess0.layer_start, sess0.layer_end) or sess in sessions:
+                raise EngineError("a batched forward takes distinct sessions over the same layers")
+            x = self._input(inputs, first)
+            sess.reserve(index_pos + x.shape[0])
+            xs.append(x)
+            sessions.append(sess)
+            counts.append(x.shape[0])
+            masks.append(attention_mask(x.shape[0], index_pos, group, self.device))
+            ropes.append(self.rotary.get(index_pos, x.shape[0]))
+        if len(steps) == 1:
+            x, rope = xs[0], ropes[0]
+        else:
+            x = torch.cat(xs)
+            rope = (torch.cat([r[0] for r in ropes]), torch.cat([r[1] for r in ropes]))
         trace = log.isEnabledFor(TRACE)
-        lo = sess.layer_start - self.layer_start
-        blocks = self.blocks if lo == 0 and sess.n_layers == len(self.blocks) else self.blocks[lo:lo + sess.n_layers]
+        lo = sess0.layer_start - self.layer_start
+        blocks = self.blocks if lo == 0 and sess0.n_layers == len(self.blocks) else self.blocks[lo:lo + sess0.n_layers]
+        positions = [index_pos for _, _, index_pos, _ in steps]
         for i, block in enumerate(blocks):
             tl = time.perf_counter() if trace else 0.0
-            x = block_forward(block, self.config, x, sess.k[i], sess.v[i], index_pos, rope, mask)
+            parts = [(s.k[i], s.v[i], pos, n, m) for s, pos, n, m in zip(sessions, positions, counts, masks, strict=True)]
+            x = block_forward_many(block, self.config, x, parts, rope)
             if trace:
                 log.log(TRACE, "DIAG: layer forward complete %s",
-                        kv(layer=sess.layer_start + i, layer_ms=f"{(time.perf_counter() - tl) * 1000:.2f}"))
-        sess.kv_len = index_pos + T
-        sess.last_used = time.monotonic()
-        last = sess.layer_end == self.config.n_layers
+                        kv(layer=sess0.layer_start + i, layer_ms=f"{(time.perf_counter() - tl) * 1000:.2f}"))
+        now = time.monotonic()
+        for sess, pos, n in zip(sessions, positions, counts, strict=True):
+            sess.kv_len = pos + n
+            sess.last_used = now
+        last = sess0.layer_end == self.config.n_layers
+        outs = list(x.split(counts)) if len(steps) > 1 else [x]
         if last:  # the head is loaded whenever the slice ends at the model's last layer
-            if last_only:
-                x = x[-1:]
+            rows = [o[-1:] if step[3] else o for o, step in zip(outs, steps, strict=True)]
             norm, head = self.head
-            x = head(rms_norm(x, norm, self.config.rms_eps))
+            logits = head(rms_norm(rows[0] if len(rows) == 1 else torch.cat(rows), norm, self.config.rms_eps))
+            outs = list(logits.split([r.shape[0] for r in rows])) if len(rows) > 1 else [logits]
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "DIAG: SplitModel forward pass complete %s",
-                kv(forward_ms=f"{(time.perf_counter() - t0) * 1000:.2f}", seq_len=T, num_layers=len(blocks),
-                   is_first=first, is_last=last, index_pos=index_pos, kv_offset=index_pos,
-                   session=sess.session_id),
+                kv(forward_ms=f"{(time.perf_counter() - t0) * 1000:.2f}", seq_len=sum(counts), num_layers=len(blocks),
+                   is_first=first, is_last=last, index_pos=positions[0], kv_offset=positions[0],
+                   session=sess0.session_id, batch=len(steps)),
             )
-        return x if x.device.type == "cpu" else x.float().cpu()  # callers (wire, sampler) get CPU tensors
+        # callers (wire, sampler) get CPU tensors
+        return [o if o.device.type == "cpu" else o.float().cpu() for o in outs]
 
     def _input(self, inputs, first: bool) -> torch.Tensor:
         if first:
