@@ -216,9 +216,9 @@ class PipelineCoordinator:
                                           failed_node=att.route[0].node_id))
         return step
 
-    def _end_kept(self, kept: KeptChain, skip: str | None = None) -> None:
-        """Free a kept session on its segments (evicted here, or its chain lost a node)."""
-        ctl = SessionControl(kept.sid, kept.model, "evicted").to_header()
+    def _end_kept(self, kept: KeptChain, skip: str | None = None, reason: str = "evicted") -> None:
+        """Free a kept session on its segments (evicted here, its chain lost a node, resumed)."""
+        ctl = SessionControl(kept.sid, kept.model, reason).to_header()
         for hop in kept.route:
             if hop.node_id != skip:
                 try:
@@ -270,6 +270,11 @@ class PipelineCoordinator:
                 self.transport.send(hop.node_id, ftype, ctl)
             except PeerUnreachable:
                 unreachable = hop.node_id  # a dead peer frees its sessions with its process; a live one by TTL
+        if att.resume is not None:
+            # the kept session this attempt resumed: gone where its first WORK arrived (renamed),
+            # still held where it did not (a segment after one that missed, a request ended
+            # before its first step): freed there now, not at the kept TTL
+            self._end_kept(KeptChain(att.resume, att.model_sha, att.route, (), 0.0), skip=unreachable, reason="resumed")
         if kept:
             chain = KeptChain(att.sid, att.model_sha, att.route, keep, time.monotonic())
             if unreachable is not None:  # a chain with a hole: nothing to resume, free the rest

@@ -258,9 +258,14 @@ class SliceModel:
         lo = sess0.layer_start - self.layer_start
         blocks = self.blocks if lo == 0 and sess0.n_layers == len(self.blocks) else self.blocks[lo:lo + sess0.n_layers]
         positions = [index_pos for _, _, index_pos, _ in steps]
+        single = len(steps) == 1
+        s0, p0, n0, m0 = sessions[0], positions[0], counts[0], masks[0]
         for i, block in enumerate(blocks):
             tl = time.perf_counter() if trace else 0.0
-            parts = [(s.k[i], s.v[i], pos, n, m) for s, pos, n, m in zip(sessions, positions, counts, masks, strict=True)]
+            if single:  # decode's common case: no per-layer zip
+                parts = ((s0.k[i], s0.v[i], p0, n0, m0),)
+            else:
+                parts = [(s.k[i], s.v[i], pos, n, m) for s, pos, n, m in zip(sessions, positions, counts, masks, strict=True)]
             x = block_forward_many(block, self.config, x, parts, rope)
             if trace:
                 log.log(TRACE, "DIAG: layer forward complete %s",
