@@ -132,7 +132,7 @@ def test_a_kept_session_resumes_only_for_its_coordinator_and_layers(model_path, 
     assert err.value.reason == reason and err.value.code == "kv_miss"
     assert m.session("new") is None
     if setup is not None:
-        assert m.session("k").kv_len == 6  # a refused resume leaves the kept session as it was
+        assert m.sessions.peek("k").kv_len == 6  # a refused resume leaves the kept session as it was
 
 
 def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, caplog):
@@ -149,7 +149,8 @@ def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, cap
         assert m.sweep_sessions(max_bytes=per_session) == ["kept-2", "old-active"]
     assert [e for e in caplog.messages if "KV-cache session evicted" in e and "kept=True" in e]
     m.sessions.keep("new-active", "c")
-    m.session("new-active").last_used -= 100
+    assert m.session("new-active") is None  # kept: not steppable under its own id
+    m.sessions.peek("new-active").last_used -= 100
     assert m.sweep_sessions(ttl_s=1000, kept_ttl_s=50) == ["new-active"]  # kept ones have their own TTL
 
 

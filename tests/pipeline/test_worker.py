@@ -493,7 +493,7 @@ async def test_a_late_work_of_a_kept_session_does_not_write_into_it(worker):
     w.on_work(_work(entry, 1, 3, [9]).to_header(), encode_tokens([9]), COORD)  # the ended attempt's
     await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
     assert hosted.model.sessions.counts() == (0, 1)
-    assert hosted.model.sessions._sessions["s1"].kv_len == 3 and len(_results(peers)) == 1
+    assert hosted.model.sessions.peek("s1").kv_len == 3 and len(_results(peers)) == 1
 
 
 async def test_keeping_past_the_kv_budget_evicts_the_oldest_kept_session_at_once(worker):
@@ -549,3 +549,75 @@ async def test_steps_queued_together_run_as_one_batch_with_each_sessions_lone_to
         alone = _results(peers)[-1]
         assert alone.error is None and "batch" not in alone.telemetry[0]
         assert alone.token == batched[sid].token, sid
+
+
+async def test_only_the_sessions_own_coordinator_may_keep_it(worker):
+    w, entry, peers = worker
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", NEXT)
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+    assert w.host.kept_count() == 0 and w.host.session_count() == 0  # ended, not kept for NEXT
+
+
+async def test_a_paused_node_refuses_to_resume_for_others(worker):
+    w, entry, peers = worker
+    w.on_work(_work(entry, 0, 0, list(range(20, 40))).to_header(), encode_tokens(list(range(20, 40))), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    assert w.host.kept_count() == 1
+    w.contributing = lambda: False
+    resume = Work(sid="s2", model=entry.sha256, seq=0, index_pos=16, n_tokens=2, route=(Hop(ME, 0, entry.n_layers),),
+                  hop=0, coordinator=COORD, sample=True, sampling=SamplingParams(temperature=0.0), resume="s1")
+    w.on_work(resume.to_header(), encode_tokens([1, 2]), COORD)
+    await wait_until(lambda: len(_results(peers)) == 2, 10, what="refusal")
+    assert _results(peers)[1].error_code == "not_contributing"
+
+
+async def test_a_busy_slice_lets_frees_and_sweeps_run_between_its_batches(worker):
+    """The drain runs one batch per executor task: a task submitted while steps queue runs after
+    the batch in progress, not after the whole queue; and a bad step fails alone in its batch."""
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    gate = asyncio.get_running_loop().create_future()
+    blocker = asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: gate_wait(gate))
+    n = 20
+    for i in range(n):
+        tokens = [9999] if i == 3 else [3 + i, 4]  # one id outside the vocabulary
+        work = Work(sid=f"b{i}", model=entry.sha256, seq=0, index_pos=0, n_tokens=len(tokens),
+                    route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=COORD, sample=True,
+                    sampling=SamplingParams(temperature=0.0))
+        w.on_work(work.to_header(), encode_tokens(tokens), COORD)
+    seen = asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: hosted.model.sessions.counts()[0])
+    gate.get_loop().call_soon_threadsafe(gate.set_result, None)
+    await blocker
+    from node import const
+    assert await seen == const.BATCH_MAX_STEPS - 1  # the first batch (less the bad step) ran, the rest had not
+    await wait_until(lambda: len(_results(peers)) == n, 30, what="every RESULT")
+    by_sid = {r.sid: r for r in _results(peers)}
+    assert by_sid["b3"].error_code == "engine_error" and "token id out of range" in by_sid["b3"].error
+    assert [sid for sid, r in by_sid.items() if r.error is not None] == ["b3"]
+
+
+async def test_the_node_wide_budget_evicts_one_slices_kept_sessions_before_anothers_in_use(tmp_path):
+    entry = ModelCatalog(None).scan([(split_model(tmp_path), "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    try:
+        first, second = await host.async_load(entry, 0, 3), await host.async_load(entry, 3, 6)
+        loop = asyncio.get_running_loop()
+
+        def run(hosted, sid, rows):
+            import torch
+            s = hosted.model.new_session(sid)
+            inputs = torch.tensor([5] * rows) if hosted.start == 0 else torch.zeros(rows, 64)
+            hosted.model.forward(s, inputs, 0)
+            return s.nbytes
+        size = await loop.run_in_executor(first.executor, run, first, "kept", 4)
+        first.model.sessions.keep("kept", COORD)
+        assert await loop.run_in_executor(second.executor, run, second, "busy", 4) == size
+        host.kv_budget_bytes = int(1.5 * size)  # room for one: the kept one, in the first slice, goes
+        assert await host.async_sweep() == ["kept"]
+        assert "busy" in second.model.sessions and host.kept_count() == 0
+    finally:
+        await host.async_close()

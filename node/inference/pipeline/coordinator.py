@@ -216,6 +216,10 @@ class PipelineCoordinator:
                                           failed_node=att.route[0].node_id))
         return step
 
+    def resume_missed(self, att: Attempt) -> None:
+        """The kept session `att` resumed was gone on a segment: count it a miss, not a hit."""
+        self.prefix.missed_on_segment(att.cached)
+
     def _end_kept(self, kept: KeptChain, skip: str | None = None, reason: str = "evicted") -> None:
         """Free a kept session on its segments (evicted here, its chain lost a node, resumed)."""
         ctl = SessionControl(kept.sid, kept.model, reason).to_header()

@@ -210,6 +210,8 @@ class SliceHost:
         """Stop advertising a slice (a move left it); its running sessions go on until unloaded."""
         if hosted.state == "loaded":
             hosted.state = "draining"
+            if hosted.model is not None and hosted.executor is not None:
+                hosted.executor.submit(hosted.model.sessions.free_kept)  # never resumed on a draining slice
             if self.on_change is not None:
                 self.on_change()
 
@@ -261,16 +263,31 @@ class SliceHost:
         """Free sessions idle past the TTL, then LRU ones over the KV budget (on each executor)."""
         freed: list[str] = []
         loop = asyncio.get_running_loop()
-        budget = self.kv_budget_bytes
-        for hosted in list(self.slices.values()):
-            model = hosted.model  # an unload may set it to None while the sweep runs on the executor
-            if model is not None and hosted.state != "unloaded" and hosted.executor is not None:
+        budget = self.kv_budget_bytes  # per node, over every slice
+        # pass 1: the TTLs, and kept sessions over what the sessions in use leave of the budget
+        # (node-wide: a slice's kept ones go before another slice's in use); pass 2: sessions in
+        # use over the budget, least recently used first within each slice
+        in_use = sum(h.model.sessions.bytes_by_kind()[0] for h in self.slices.values() if h.model is not None)
+        kept_room = max(0, budget - in_use)
+        for pass_no in (1, 2):
+            for hosted in list(self.slices.values()):
+                model = hosted.model  # an unload may set it to None while the sweep runs on the executor
+                if model is None or hosted.state == "unloaded" or hosted.executor is None:
+                    continue
+                if pass_no == 1:
+                    args = (self.session_ttl_s, model.sessions.bytes_by_kind()[0] + kept_room,
+                            const.KEPT_SESSION_TTL_S, True)
+                else:
+                    args = (None, budget, None, False)
                 try:
-                    freed += await loop.run_in_executor(hosted.executor, model.sweep_sessions, self.session_ttl_s, budget,
-                                                   const.KEPT_SESSION_TTL_S)
+                    freed += await loop.run_in_executor(hosted.executor, model.sweep_sessions, *args)
                 except RuntimeError:  # the slice was unloaded meanwhile: its executor is shut down
                     continue
-                budget = max(0, budget - model.sessions.total_bytes())  # the budget is per node
+                if pass_no == 1:
+                    kept_room = max(0, kept_room - model.sessions.bytes_by_kind()[1])
+                else:
+                    budget = max(0, budget - model.sessions.total_bytes())
+        for hosted in self.slices.values():
             coordinators = hosted.served.coordinators
             if len(coordinators) > const.SERVED_COORDINATORS_MAX:
                 for key in sorted(coordinators, key=coordinators.get)[: len(coordinators) - const.SERVED_COORDINATORS_MAX]:

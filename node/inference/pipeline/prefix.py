@@ -57,6 +57,7 @@ class PrefixStats:
     misses: int = 0
     cached_tokens: int = 0  # prompt tokens not prefilled thanks to hits
     evictions: int = 0  # LRU evictions here (the segments log their own)
+    gone_on_segment: int = 0  # misses: taken here, but a segment had evicted it (kv_miss)
 
 
 class ChainPrefixCache:
@@ -107,6 +108,13 @@ class ChainPrefixCache:
                 request_id=request_id, reason="no_cached_prefix" if self.entries else "cache_empty",
                 cached_sequences=len(self.entries), new_prompt_len=len(prompt)))
         return None, 0
+
+    def missed_on_segment(self, cached: int) -> None:
+        """A hit whose kept session a segment no longer held: the request prefilled in full."""
+        self.stats.hits -= 1
+        self.stats.cached_tokens -= cached
+        self.stats.misses += 1
+        self.stats.gone_on_segment += 1
 
     def put(self, entry: KeptChain) -> list[KeptChain]:
         """Remember a kept session; the ones it pushes out (over max_per_model), to be freed."""

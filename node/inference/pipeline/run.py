@@ -58,6 +58,8 @@ class AttemptChannel(Protocol):
 
     def end(self, att: Attempt, how: str, keep: tuple[int, ...] = ()) -> None: ...
 
+    def resume_missed(self, att: Attempt) -> None: ...
+
 log = logging.getLogger(__name__)
 
 
@@ -79,6 +81,7 @@ class PipelineRun:
         # prompt tokens the current attempt did not prefill (a resumed kept session); None on a
         # whole holder's remote generate (its own cache, which it does not report)
         self.cached_tokens: int | None = None
+        self.resume_misses = 0  # attempts that found a kept session gone (at most one: only attempt 1 resumes)
 
     async def tokens(self) -> AsyncIterator[list[int]]:
         """Sampled tokens, one per list, until EOG, max tokens or cancel."""
@@ -257,6 +260,8 @@ class PipelineRun:
         log.info("DIAG: KV-cache MISS — kept session gone on a segment, prefilling in full %s", kv(
             request_id=self.trace.request_id, reason="evicted_on_segment", kept=att.resume,
             node=failure.node_id[:8], error=failure.message))
+        self.coordinator.resume_missed(att)
+        self.resume_misses += 1  # a new attempt (its own sid), not a failover: it does not count
         self.attempt_no += 1
         self.attempt = None
 
@@ -276,7 +281,7 @@ class PipelineRun:
         else:
             log.warning("DIAG: NO standby available for failed segment %s",
                         kv(request_id=trace.request_id, failed=failure.node_id[:8]))
-        if self.attempt_no >= const.MAX_ASSEMBLIES:
+        if self.attempt_no - self.resume_misses >= const.MAX_ASSEMBLIES:
             raise InsufficientCapacity(f"the pipeline failed {self.attempt_no} times; last: {failure.message}")
         self.attempt_no += 1
         self.attempt = None

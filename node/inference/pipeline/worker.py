@@ -38,6 +38,7 @@ from node.inference.pipeline.wire import (
     decode_tokens,
     encode_activations,
 )
+from node.inference.weights.linear import RESIDUAL_MAX_ROWS
 from node.logs import kv
 from node.net import FrameType
 
@@ -75,11 +76,11 @@ class _Prepared:
     last_only: bool
 
 
-def take_batch(items: deque[_Job]) -> list[_Job]:
+def take_batch(items: deque[_Job], max_rows: int = const.BATCH_MAX_ROWS) -> list[_Job]:
     """The queued steps to run as one forward, taken out of `items` (the rest keep their order):
     in arrival order, one step per session (a session's next step waits for this one), all over
-    the first one's layer range, at most BATCH_MAX_STEPS steps and BATCH_MAX_ROWS rows (a long
-    prefill chunk alone may exceed it)."""
+    the first one's layer range, at most BATCH_MAX_STEPS steps and `max_rows` rows (a longer
+    first step runs alone)."""
     taken: list[_Job] = []
     left: list[_Job] = []
     sids: set[str] = set()  # taken, or with an earlier step left queued
@@ -90,7 +91,7 @@ def take_batch(items: deque[_Job]) -> list[_Job]:
         w = job.work
         key = (w.target.start, w.target.end)
         if w.sid in sids or (taken and (key != layers or len(taken) >= const.BATCH_MAX_STEPS
-                                        or rows + w.n_tokens > const.BATCH_MAX_ROWS)):
+                                        or rows + w.n_tokens > max_rows)):
             left.append(job)
         else:
             taken.append(job)
@@ -142,7 +143,7 @@ class SegmentWorker:
         hosted = None
         if hop.node_id != self.node_id:
             refusal = (f"WORK for node {hop.node_id[:8]} reached {self.short_id}", "misrouted")
-        elif work.coordinator != self.node_id and not self.contributing() and work.index_pos == 0:
+        elif work.coordinator != self.node_id and not self.contributing() and (work.index_pos == 0 or work.resume):
             refusal = (f"node {self.short_id} has paused contributing to the swarm", "not_contributing")
         else:
             hosted = self.host.containing(work.model, hop.start, hop.end, work.sid, work.resume)
@@ -211,23 +212,39 @@ class SegmentWorker:
             hosted.executor.submit(self._drain, loop, hosted)
 
     def _drain(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice) -> None:
-        """Executor thread: run what is queued, as batches, until nothing is left. Steps of one
-        session stay in arrival order; anything submitted to the executor after a step (a
-        SESSION_END's free) runs after it, since this task ends only with the queue empty."""
+        """Executor thread: run one batch of what is queued, then go to the back of the executor's
+        queue if more is waiting: frees, keeps and sweeps submitted meanwhile run in between, so
+        a busy slice never starves them. Steps of one session stay in arrival order (a queued
+        step of an ended session is dropped by its tombstone)."""
         q = hosted.step_queue
-        while True:
+        with q.lock:
+            jobs = take_batch(q.items, max_rows=self._max_rows(hosted))
+            if not jobs:
+                q.scheduled = False
+                return
+        try:
+            self._run(loop, hosted, jobs)
+        except Exception as exc:  # a bug here must reach every coordinator, not stop the draining
+            log.error("slice batch failed", exc_info=exc)
+            for job in jobs:
+                if not job.handed_back:
+                    self._hand_back(loop, hosted, job, exc)
+        with q.lock:
+            if not q.items:
+                q.scheduled = False
+                return
+        try:
+            hosted.executor.submit(self._drain, loop, hosted)
+        except RuntimeError:  # the slice was unloaded: its executor is shut down
             with q.lock:
-                jobs = take_batch(q.items)
-                if not jobs:
-                    q.scheduled = False
-                    return
-            try:
-                self._run(loop, hosted, jobs)
-            except Exception as exc:  # a bug here must reach every coordinator, not stop the draining
-                log.error("slice batch failed", exc_info=exc)
-                for job in jobs:
-                    if not job.handed_back:
-                        self._hand_back(loop, hosted, job, exc)
+                q.scheduled = False
+
+    @staticmethod
+    def _max_rows(hosted: HostedSlice) -> int:
+        """Rows per batch: int8 matrices quantize their input over all its rows and take the
+        residual pass (decode's precision) only up to RESIDUAL_MAX_ROWS, so int8 batches stay
+        within it (a longer step runs alone, as it would unbatched)."""
+        return RESIDUAL_MAX_ROWS if getattr(hosted.model, "fmt", None) == "int8" else const.BATCH_MAX_ROWS
 
     def _run(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, jobs: list[_Job]) -> None:
         """Executor thread: prepare each step (a failure is that step's alone), run the ready ones
@@ -286,6 +303,7 @@ class SegmentWorker:
             inputs = decode_activations(work.act, payload)
         if inputs.shape[0] != work.n_tokens:
             raise ProtocolError(f"WORK says n={work.n_tokens} but carries {inputs.shape[0]} rows")
+        inputs = model.check_input(inputs, hop.start == 0)  # a bad one fails this step, not its batch
         sess = model.session(work.sid)
         if sess is None and work.resume is not None:  # prefix reuse: a kept session, cut to index_pos
             sess = model.resume_session(work.resume, work.sid, work.index_pos, work.coordinator, hop.start, hop.end)
@@ -295,6 +313,7 @@ class SegmentWorker:
             if work.index_pos != 0:
                 raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
             sess = model.new_session(work.sid, hop.start, hop.end)
+            sess.coordinator = work.coordinator  # the one node that may keep it (SESSION_END keep)
         elif (sess.layer_start, sess.layer_end) != (hop.start, hop.end):
             raise ProtocolError(f"session {work.sid} runs layers {sess.layer_start}-{sess.layer_end - 1}, "
                                 f"this WORK asks for {hop.start}-{hop.end - 1}")
@@ -320,6 +339,7 @@ class SegmentWorker:
         if batch > 1:
             tele.extra["batch"] = batch  # the forward ran this many sessions' steps at once
         codec = job.prepared - job.started
+        sampling = time.monotonic()  # (after the batchmates finished before this step)
         token = scores = meta = data = None
         verified: tuple[int, ...] = ()
         if prep.is_last:
@@ -337,7 +357,7 @@ class SegmentWorker:
                 else:
                     token = sampler.sample(out[-1])
                     scores = sampler.scores(out[-1], token)  # None unless the request asked for logprobs
-            tele.eval_us = int((computed - computing) * 1e6) + int((time.monotonic() - computed) * 1e6)
+            tele.eval_us = int((computed - computing) * 1e6) + int((time.monotonic() - sampling) * 1e6)
         else:
             encoding = time.monotonic()
             meta, data = encode_activations(out, work.activation_bits)
@@ -364,15 +384,17 @@ class SegmentWorker:
             self._drop_ended(hosted, work.sid)
             return
         tele, (token, verified), scores, meta, data = outcome
-        hosted.note_eval(tele.eval_us, work.n_tokens, tele.end - tele.start)
+        batch = tele.extra.get("batch", 1)
+        if batch == 1:  # a batched forward's time is not one step's: it would skew ms/layer
+            hosted.note_eval(tele.eval_us, work.n_tokens, tele.end - tele.start)
         if work.coordinator != self.node_id:
             served = hosted.served
-            if work.index_pos == 0:
+            if work.index_pos == 0 or work.resume is not None:
                 served.sessions += 1
             served.coordinators[work.coordinator[:8]] = time.time()
             served.steps += 1
             served.tokens += work.n_tokens
-            served.eval_ms += tele.eval_us / 1000
+            served.eval_ms += tele.eval_us / 1000 / batch  # this step's share of its batch
             served.bytes_in += tele.bytes_in
             served.bytes_out += tele.bytes_out
         try:
@@ -429,15 +451,17 @@ class SegmentWorker:
         if hosted_slices:
             # also when kept: a late WORK of the ended attempt must not write into what is kept
             self.ended[ctl.sid] = time.monotonic() + const.SESSION_TOMBSTONE_S
+        # keep: only for the coordinator that started the session, into a slice that still serves,
+        # and not for other nodes while this one has paused contributing
+        keep = ctl.keep and bool(sender) and (sender == self.node_id or self.contributing())
         kept = False
         for hosted in hosted_slices:
-            if ctl.keep and sender and hosted.state == "loaded":  # only its sender may resume it
-                hosted.executor.submit(self._keep, hosted, ctl.sid, sender)
+            if keep and hosted.state == "loaded" and self._keep(hosted, ctl.sid, sender):
                 kept = True
             else:
                 hosted.executor.submit(self._free, hosted, ctl.sid, why)
         if kept:
-            self.host.request_sweep()  # the KV budget holds with what is kept (runs after the keep)
+            self.host.request_sweep()  # the KV budget holds with what is kept
 
     def _is_ended(self, sid: str) -> bool:
         expiry = self.ended.get(sid)
@@ -447,13 +471,17 @@ class SegmentWorker:
         """A step of an ended session finished computing after the CANCEL / SESSION_END: free what it made."""
         hosted.executor.submit(self._free, hosted, sid, "ended")
 
-    def _keep(self, hosted: HostedSlice, sid: str, coordinator: str) -> None:
-        """Executor thread: a finished session stays, for its coordinator's next turn."""
+    def _keep(self, hosted: HostedSlice, sid: str, coordinator: str) -> bool:
+        """Loop thread: a finished session stays for its coordinator's next turn (marked at once,
+        so that turn's resume, even queued in the same batch, finds it kept); False if this slice
+        does not hold it for that coordinator. Its sampler goes on the executor (its thread)."""
         sess = hosted.model.sessions.keep(sid, coordinator) if hosted.model is not None else None
-        if sess is not None:
-            log.debug("DIAG: KV session kept for prefix reuse %s", kv(
-                sid=sid, kv_len=sess.kv_len, bytes=sess.nbytes, layers=f"{hosted.start}-{hosted.end - 1}"))
-        self.samplers.pop(sid, None)
+        if sess is None:
+            return False
+        log.debug("DIAG: KV session kept for prefix reuse %s", kv(
+            sid=sid, kv_len=sess.kv_len, bytes=sess.nbytes, layers=f"{hosted.start}-{hosted.end - 1}"))
+        hosted.executor.submit(self.samplers.pop, sid, None)
+        return True
 
     def _free(self, hosted: HostedSlice, sid: str, why: str) -> None:
         if hosted.model.free_session(sid):

@@ -196,10 +196,10 @@ class SliceModel:
         return self.sessions.resume(kept_id, session_id, keep, coordinator, start, end)
 
     def sweep_sessions(self, ttl_s: float | None = None, max_bytes: int | None = None,
-                       kept_ttl_s: float | None = None) -> list[str]:
+                       kept_ttl_s: float | None = None, kept_only: bool = False) -> list[str]:
         """Evict idle sessions (TTL; kept ones after kept_ttl_s) and least-recently-used ones over
-        `max_bytes` (kept ones first); logs each."""
-        return self.sessions.sweep(ttl_s, max_bytes, kept_ttl_s)
+        `max_bytes` (kept ones first; `kept_only`: only those); logs each."""
+        return self.sessions.sweep(ttl_s, max_bytes, kept_ttl_s, kept_only)
 
     # --- compute -------------------------------------------------------------------------------
 
@@ -292,13 +292,20 @@ class SliceModel:
         return [o if o.device.type == "cpu" else o.float().cpu() for o in outs]
 
     def _input(self, inputs, first: bool) -> torch.Tensor:
+        x = self.check_input(inputs, first)
+        return self.embed(x) if first else x
+
+    def check_input(self, inputs, first: bool) -> torch.Tensor:
+        """A step's inputs, checked: token ids in the vocabulary (a session starting at layer 0),
+        else float hidden states [T, H] as contiguous float32 (EngineError naming what is wrong).
+        A batch's caller checks each step with it first, so one bad step fails alone."""
         if first:
             ids = torch.as_tensor(inputs)
             if ids.dim() != 1 or ids.dtype.is_floating_point or ids.numel() == 0:
                 raise EngineError("the first slice takes a non-empty 1-D tensor of token ids")
             if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab:
                 raise EngineError(f"token id out of range [0, {self.config.vocab})")
-            return self.embed(ids)
+            return ids
         x = torch.as_tensor(inputs)
         if x.dim() != 2 or x.shape[1] != self.config.hidden or x.shape[0] == 0 or not x.dtype.is_floating_point:
             raise EngineError(f"a session not starting at layer 0 takes float hidden states [T, {self.config.hidden}]")

@@ -44,6 +44,7 @@ class Session:
         self.k = self.v = torch.empty(0)
         self.created = self.last_used = time.monotonic()
         self.kept_for: str | None = None  # kept (finished): the coordinator that may resume it
+        self.coordinator: str | None = None  # the node whose request created it (None: any may keep it)
 
     @property
     def nbytes(self) -> int:
@@ -96,18 +97,29 @@ class SessionStore:
         return session
 
     def get(self, session_id: str) -> Session | None:
-        """The session, marked as just used, or None."""
+        """The session in use, marked as just used, or None (a kept one is resumed under a new id,
+        never stepped under its own: a late step of its ended request must not write into it)."""
         with self._lock:
             s = self._sessions.get(session_id)
+            if s is not None and s.kept_for is not None:
+                return None
             if s is not None:
                 self._sessions.move_to_end(session_id)
                 s.last_used = time.monotonic()
             return s
 
+    def peek(self, session_id: str) -> Session | None:
+        """The session, kept or in use, without marking it used (inspection)."""
+        with self._lock:
+            return self._sessions.get(session_id)
+
     def keep(self, session_id: str, coordinator: str) -> Session | None:
-        """Keep a finished session for `coordinator` to resume (None if it is not here)."""
+        """Keep a finished session for `coordinator` to resume (None if it is not here, or was
+        created for another coordinator)."""
         with self._lock:
             s = self._sessions.get(session_id)
+            if s is not None and s.coordinator not in (None, coordinator):
+                s = None
             if s is not None:
                 s.kept_for = coordinator
                 s.last_used = time.monotonic()
@@ -142,11 +154,25 @@ class SessionStore:
             raise KvCacheMiss(kept_id, reason)
         return s
 
+    def bytes_by_kind(self) -> tuple[int, int]:
+        """(in use, kept) bytes."""
+        with self._lock:
+            kept = sum(s.nbytes for s in self._sessions.values() if s.kept_for is not None)
+            return sum(s.nbytes for s in self._sessions.values()) - kept, kept
+
     def counts(self) -> tuple[int, int]:
         """(active, kept) sessions."""
         with self._lock:
             kept = sum(1 for s in self._sessions.values() if s.kept_for is not None)
             return len(self._sessions) - kept, kept
+
+    def free_kept(self, reason: str = "draining") -> list[str]:
+        """Drop every kept session (their slice stops serving: nobody can resume them); logs each."""
+        with self._lock:
+            gone = [self._sessions.pop(sid) for sid, s in list(self._sessions.items()) if s.kept_for is not None]
+        for s in gone:
+            self._log_evicted(s, reason)
+        return [s.session_id for s in gone]
 
     def free(self, session_id: str, reason: str = "freed") -> bool:
         """Drop a session; True if it existed."""
@@ -162,9 +188,10 @@ class SessionStore:
             return sum(s.nbytes for s in self._sessions.values())
 
     def sweep(self, ttl_s: float | None = None, max_bytes: int | None = None,
-              kept_ttl_s: float | None = None) -> list[str]:
+              kept_ttl_s: float | None = None, kept_only: bool = False) -> list[str]:
         """Evict sessions idle longer than ttl_s (kept ones: kept_ttl_s, default ttl_s), then
-        least-recently-used ones over max_bytes, kept ones before any in use."""
+        least-recently-used ones over max_bytes, kept ones before any in use (`kept_only`:
+        only kept ones)."""
         now = time.monotonic()
         kept_ttl_s = ttl_s if kept_ttl_s is None else kept_ttl_s
         evicted: list[tuple[Session, str]] = []
@@ -177,7 +204,7 @@ class SessionStore:
                 total = sum(s.nbytes for s in self._sessions.values())
                 order = sorted(self._sessions.values(), key=lambda s: s.kept_for is None)  # stable: LRU within each
                 for s in order:
-                    if total <= max_bytes:
+                    if total <= max_bytes or (kept_only and s.kept_for is None):
                         break
                     del self._sessions[s.session_id]
                     total -= s.nbytes
