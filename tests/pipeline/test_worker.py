@@ -621,3 +621,25 @@ async def test_the_node_wide_budget_evicts_one_slices_kept_sessions_before_anoth
         assert "busy" in second.model.sessions and host.kept_count() == 0
     finally:
         await host.async_close()
+
+
+async def test_steps_still_queued_when_their_slice_unloads_fail_at_once(worker):
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    gate = asyncio.get_running_loop().create_future()
+    blocker = asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: gate_wait(gate))
+    from node import const
+    n = const.BATCH_MAX_STEPS + 4
+    for i in range(n):
+        work = Work(sid=f"u{i}", model=entry.sha256, seq=0, index_pos=0, n_tokens=2, route=(Hop(ME, 0, entry.n_layers),),
+                    hop=0, coordinator=COORD, sample=True, sampling=SamplingParams(temperature=0.0))
+        w.on_work(work.to_header(), encode_tokens([3 + i, 4]), COORD)
+    unload = asyncio.create_task(w.host.async_unload(hosted))  # its free queues behind the first batch
+    await asyncio.sleep(0)
+    gate.get_loop().call_soon_threadsafe(gate.set_result, None)
+    await blocker
+    await unload
+    await wait_until(lambda: len(_results(peers)) == n, 10, what="a RESULT for every step")
+    codes = [r.error_code for r in _results(peers)]  # (the unload marks the slice at once: none computes)
+    assert set(codes) <= {None, "segment_not_served"} and "segment_not_served" in codes, codes
+    assert not hosted.step_queue.items and not hosted.step_queue.scheduled

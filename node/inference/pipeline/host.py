@@ -264,29 +264,49 @@ class SliceHost:
         freed: list[str] = []
         loop = asyncio.get_running_loop()
         budget = self.kv_budget_bytes  # per node, over every slice
-        # pass 1: the TTLs, and kept sessions over what the sessions in use leave of the budget
-        # (node-wide: a slice's kept ones go before another slice's in use); pass 2: sessions in
-        # use over the budget, least recently used first within each slice
-        in_use = sum(h.model.sessions.bytes_by_kind()[0] for h in self.slices.values() if h.model is not None)
-        kept_room = max(0, budget - in_use)
-        for pass_no in (1, 2):
+
+        async def each(make_args) -> None:
+            nonlocal freed
             for hosted in list(self.slices.values()):
                 model = hosted.model  # an unload may set it to None while the sweep runs on the executor
                 if model is None or hosted.state == "unloaded" or hosted.executor is None:
                     continue
-                if pass_no == 1:
-                    args = (self.session_ttl_s, model.sessions.bytes_by_kind()[0] + kept_room,
-                            const.KEPT_SESSION_TTL_S, True)
-                else:
-                    args = (None, budget, None, False)
                 try:
-                    freed += await loop.run_in_executor(hosted.executor, model.sweep_sessions, *args)
+                    freed += await loop.run_in_executor(hosted.executor, model.sweep_sessions, *make_args(model))
                 except RuntimeError:  # the slice was unloaded meanwhile: its executor is shut down
                     continue
-                if pass_no == 1:
-                    kept_room = max(0, kept_room - model.sessions.bytes_by_kind()[1])
-                else:
-                    budget = max(0, budget - model.sessions.total_bytes())
+
+        def live() -> list[Any]:
+            return [h.model for h in self.slices.values() if h.model is not None and h.state != "unloaded"]
+
+        async def kept_over_budget() -> None:
+            """Kept sessions over what the sessions in use leave of the budget, node-wide (a slice's
+            kept ones go before another slice's in use)."""
+            room = max(0, budget - sum(m.sessions.bytes_by_kind()[0] for m in live()))
+
+            def args(model):
+                nonlocal room
+                in_use, kept = model.sessions.bytes_by_kind()
+                allowed = in_use + room
+                room = max(0, room - kept)
+                return None, allowed, None, True
+            await each(args)
+
+        # the TTLs first (what expires anyway must not push kept sessions out), then kept sessions
+        # over the budget, then — measured again: sessions grow while the sweep waits behind
+        # steps — kept ones again and only then sessions in use, least recently used first
+        await each(lambda model: (self.session_ttl_s, None, const.KEPT_SESSION_TTL_S, False))
+        await kept_over_budget()
+        if sum(m.sessions.total_bytes() for m in live()) > budget:
+            await kept_over_budget()
+            left = budget
+
+            def in_use_args(model):
+                nonlocal left
+                allowed = left
+                left = max(0, left - min(allowed, model.sessions.total_bytes()))
+                return None, allowed, None, False
+            await each(in_use_args)
         for hosted in self.slices.values():
             coordinators = hosted.served.coordinators
             if len(coordinators) > const.SERVED_COORDINATORS_MAX:

@@ -217,6 +217,9 @@ class SegmentWorker:
         a busy slice never starves them. Steps of one session stay in arrival order (a queued
         step of an ended session is dropped by its tombstone)."""
         q = hosted.step_queue
+        if hosted.model is None or hosted.state == "unloaded":
+            self._refuse_queued(loop, hosted)
+            return
         with q.lock:
             jobs = take_batch(q.items, max_rows=self._max_rows(hosted))
             if not jobs:
@@ -236,8 +239,19 @@ class SegmentWorker:
         try:
             hosted.executor.submit(self._drain, loop, hosted)
         except RuntimeError:  # the slice was unloaded: its executor is shut down
-            with q.lock:
-                q.scheduled = False
+            self._refuse_queued(loop, hosted)
+
+    def _refuse_queued(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice) -> None:
+        """The slice was unloaded with steps still queued: each fails at once (its coordinator
+        re-plans now, not at its RESULT deadline); nothing stays in the queue."""
+        q = hosted.step_queue
+        with q.lock:
+            jobs = list(q.items)
+            q.items.clear()
+            q.scheduled = False
+        for job in jobs:
+            self._hand_back(loop, hosted, job, NodeError(
+                f"node {self.short_id} stopped serving layers {hosted.start}-{hosted.end - 1}", code="segment_not_served"))
 
     @staticmethod
     def _max_rows(hosted: HostedSlice) -> int:
@@ -312,8 +326,7 @@ class SegmentWorker:
         elif sess is None:
             if work.index_pos != 0:
                 raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
-            sess = model.new_session(work.sid, hop.start, hop.end)
-            sess.coordinator = work.coordinator  # the one node that may keep it (SESSION_END keep)
+            sess = model.new_session(work.sid, hop.start, hop.end, coordinator=work.coordinator)
         elif (sess.layer_start, sess.layer_end) != (hop.start, hop.end):
             raise ProtocolError(f"session {work.sid} runs layers {sess.layer_start}-{sess.layer_end - 1}, "
                                 f"this WORK asks for {hop.start}-{hop.end - 1}")

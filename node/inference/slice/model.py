@@ -171,16 +171,20 @@ class SliceModel:
 
     # --- sessions ------------------------------------------------------------------------------
 
-    def new_session(self, session_id: str, start: int | None = None, end: int | None = None) -> Session:
+    def new_session(self, session_id: str, start: int | None = None, end: int | None = None,
+                    coordinator: str | None = None) -> Session:
         """A fresh KV cache for one request over layers [start, end) (default: all loaded ones;
-        any sub-range of them), replacing a session with the same id."""
+        any sub-range of them), replacing a session with the same id; `coordinator`: the one node
+        that may keep it when it ends (SESSION_END keep)."""
         start = self.layer_start if start is None else start
         end = self.layer_end if end is None else end
         if not self.layer_start <= start < end <= self.layer_end:
             raise EngineError(f"layers {start}-{end - 1} are not within this slice's "
                               f"{self.layer_start}-{self.layer_end - 1}")
         shape = (end - start, self.config.n_kv_heads, self.config.head_dim)
-        return self.sessions.add(Session(session_id, shape, self.n_ctx, self.kv_dtype, self.device, start))
+        sess = Session(session_id, shape, self.n_ctx, self.kv_dtype, self.device, start)
+        sess.coordinator = coordinator
+        return self.sessions.add(sess)
 
     def session(self, session_id: str) -> Session | None:
         """An existing session or None."""
