@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from collections.abc import Callable
@@ -42,6 +43,32 @@ def start_chain3(base: Path, model: Path, *, first_extra: list[str] = ()) -> lis
     a = start_slice_node(base, "a", model, "0-1", extra=first_extra)
     return [a, *(start_slice_node(base, name, model, layers, bootstrap=[a.peer_port])
                  for name, layers in (("b", "2-3"), ("c", "4-5")))]
+
+
+@contextlib.contextmanager
+def chain3_and_a_coordinator(base: Path, model: Path, d_config: str, *, d_extra: list[str] = ()):
+    """start_chain3 (a at -vv) plus node d holding nothing, with `d_config` as its config.toml,
+    dialling a; yields {"model_id", "nodes": [a, b, c, d]} once both a and d can route the model,
+    and stops them all after. A node's own config.toml may be written under base/<name> first."""
+    a, b, c = start_chain3(base, model, first_extra=["-vv"])
+    (base / "d").mkdir(exist_ok=True)
+    (base / "d" / "config.toml").write_text(d_config)
+    d = NodeProcess(base / "d", args=["--no-default-model", "--no-mdns", "--n-threads", "1", *d_extra,
+                                      "--bootstrap", f"127.0.0.1:{a.peer_port}"])
+    procs = [a, b, c, d]
+    try:
+        async def ready():
+            for p in procs:
+                await p.async_wait_ready()
+            await wait_peers(a, 2)  # d holds nothing
+            await wait_peers(d, 3)
+            model_id = await wait_for_route(a, "split6")
+            assert await wait_for_route(d, "split6") == model_id
+            return model_id
+        yield {"model_id": run(ready()), "nodes": procs}
+    finally:
+        for p in procs:
+            p.terminate()
 
 
 def start_whole_node(base: Path, name: str, model: Path, *, bootstrap: list[int] = ()) -> NodeProcess:

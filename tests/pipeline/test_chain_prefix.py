@@ -14,7 +14,7 @@ import re
 import openai
 import pytest
 
-from tests.pipeline.swarm import llama_greedy, run, split_model, start_chain3, wait_for_route, wait_peers
+from tests.pipeline.swarm import chain3_and_a_coordinator, llama_greedy, run, split_model
 from tests.support.processes import NodeProcess
 from tests.support.waiting import wait_until
 
@@ -29,25 +29,8 @@ def swarm(tmp_path_factory):
     model = split_model(base)
     (base / "c").mkdir()
     (base / "c" / "config.toml").write_text("[inference]\nslice_kv_budget_mb = 0.3\n")
-    a, b, c = start_chain3(base, model, first_extra=["-vv"])
-    (base / "d").mkdir()
-    (base / "d" / "config.toml").write_text("[inference]\nkv_cache_seqs = 0\n")
-    d = NodeProcess(base / "d", args=["--no-default-model", "--no-mdns", "--n-threads", "1",
-                                      "--bootstrap", f"127.0.0.1:{a.peer_port}"])
-    procs = [a, b, c, d]
-    try:
-        async def ready():
-            for p in procs:
-                await p.async_wait_ready()
-            await wait_peers(a, 2)
-            await wait_peers(d, 3)
-            model_id = await wait_for_route(a, "split6")
-            assert await wait_for_route(d, "split6") == model_id
-            return model_id
-        yield {"model": model, "model_id": run(ready()), "nodes": procs}
-    finally:
-        for p in procs:
-            p.terminate()
+    with chain3_and_a_coordinator(base, model, "[inference]\nkv_cache_seqs = 0\n") as swarm:
+        yield {"model": model, **swarm}
 
 
 def _client(proc: NodeProcess) -> openai.OpenAI:

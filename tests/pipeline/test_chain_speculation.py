@@ -12,15 +12,12 @@ import re
 import pytest
 
 from tests.pipeline.swarm import (
+    chain3_and_a_coordinator,
     chat,
     llama_greedy,
     run,
     split_model,
-    start_chain3,
-    wait_for_route,
-    wait_peers,
 )
-from tests.support.processes import NodeProcess
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -33,25 +30,8 @@ PROMPT = "say it again and again"
 def swarm(tmp_path_factory):
     base = tmp_path_factory.mktemp("chainspec")
     model = split_model(base)
-    a, b, c = start_chain3(base, model, first_extra=["-vv"])
-    (base / "d").mkdir()
-    (base / "d" / "config.toml").write_text("[inference]\nspeculative_max_draft = 0\n")
-    d = NodeProcess(base / "d", args=["--no-default-model", "--no-mdns", "--n-threads", "1", "-vv",
-                                      "--bootstrap", f"127.0.0.1:{a.peer_port}"])
-    procs = [a, b, c, d]
-    try:
-        async def ready():
-            for p in procs:
-                await p.async_wait_ready()
-            await wait_peers(a, 2)  # d holds nothing
-            await wait_peers(d, 3)
-            model_id = await wait_for_route(a, "split6")
-            assert await wait_for_route(d, "split6") == model_id
-            return model_id
-        yield {"model": model, "model_id": run(ready()), "nodes": procs}
-    finally:
-        for p in procs:
-            p.terminate()
+    with chain3_and_a_coordinator(base, model, "[inference]\nspeculative_max_draft = 0\n", d_extra=["-vv"]) as swarm:
+        yield {"model": model, **swarm}
 
 
 def _speculation_lines(proc) -> list[dict[str, float]]:
