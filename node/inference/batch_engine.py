@@ -54,7 +54,7 @@ from node.errors import EngineError, NodeError
 from node.inference import constrain
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.inference.logprobs import scores_from_logits
-from node.inference.speculate import NgramDrafter, accept_count, speculation_off_reason
+from node.inference.speculate import NgramDrafter, accept_count, common_prefix, speculation_off_reason
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -102,14 +102,6 @@ class _Seq:
     out_index: int = -1  # this step's row in the logits, -1 when it has none
     drafter: NgramDrafter | None = None  # n-gram speculation (None: off for this request)
     draft: list[int] = field(default_factory=list)  # this step's draft tokens, rows out_index + 1 ..
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class BatchEngine:
@@ -388,7 +380,7 @@ class BatchEngine:
         limit = len(prompt) - 1
         best, best_n = None, 0
         for slot in free:
-            n = min(_common_prefix(slot.tokens, prompt), limit)
+            n = min(common_prefix(slot.tokens, prompt), limit)
             if n > best_n:
                 best, best_n = slot, n
         if best is not None and best_n * 2 >= len(best.tokens):  # it extends (most of) a cached sequence
@@ -401,7 +393,7 @@ class BatchEngine:
             slot, n = empty[0], 0
         else:
             slot = min(free, key=lambda s: s.last_used)
-            n = min(_common_prefix(slot.tokens, prompt), limit)
+            n = min(common_prefix(slot.tokens, prompt), limit)
             self.evictions += 1
             log.info("DIAG: KV-cache sequence evicted %s", kv(
                 reason="lru", seq=slot.seq_id, cached_tokens=len(slot.tokens), kept_tokens=n,

@@ -14,6 +14,7 @@ has nothing to copy, costs almost nothing. Pure Python, no I/O: the engines own 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_MAX_N = 3
@@ -128,10 +129,16 @@ def speculation_off_reason(params) -> str | None:
     return None
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share (also the prefix caches' measure of reuse)."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 def accept_count(draft: list[int], produced: list[int]) -> int:
     """How many draft tokens the verified `produced` tokens confirm (produced[i] is the model's
     token after draft[:i]; it confirms draft[i] when equal)."""
-    n = 0
-    while n < len(draft) and n < len(produced) and produced[n] == draft[n]:
-        n += 1
-    return n
+    return common_prefix(draft, produced)

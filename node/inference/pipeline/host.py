@@ -5,10 +5,8 @@ its layers (`containing`)."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 from node import const
 from node.errors import ModelLoadError, NodeError
 from node.inference.devices import detect_torch
+from node.inference.pipeline.batching import StepQueue
 from node.inference.placement import Placement, place
 from node.logs import kv
 from node.models.catalog import ModelEntry
@@ -45,15 +44,6 @@ class ServedStats:
     bytes_in: int = 0
     bytes_out: int = 0
     coordinators: dict[str, float] = field(default_factory=dict)  # short id -> last seen (bounded below)
-
-
-class StepQueue:
-    """WORK steps received for a slice, waiting for its executor (the worker runs them in batches)."""
-
-    def __init__(self) -> None:
-        self.items: collections.deque = collections.deque()
-        self.lock = threading.Lock()
-        self.scheduled = False  # a drain task is submitted to the executor or running
 
 
 @dataclass
@@ -109,14 +99,14 @@ class HostedSlice:
     def summary(self) -> dict[str, Any]:
         """Admin API / GUI row."""
         info = self.model.info if self.model is not None else None
+        in_use, kept = self.model.sessions.counts() if self.model is not None else (0, 0)
         return {
             "id": self.entry.id, "name": self.entry.name, "sha256": self.entry.sha256,
             "layers_held": [self.start, self.end], "n_layers": self.entry.n_layers, "state": self.state,
             "engine": "torch-slice", "dtype": info.fmt if info else None,
             "device": info.device if info else "cpu", "error": self.error,
             "cpu_placement_reason": self.placement.cpu_placement_reason if self.placement else None,
-            **dict(zip(("sessions", "kept_sessions"),
-                       self.model.sessions.counts() if self.model is not None else (0, 0), strict=True)),
+            "sessions": in_use, "kept_sessions": kept,
             "kv_mb": round(self.model.sessions.total_bytes() / 2**20, 1) if self.model is not None else 0.0,
         }
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from node import const
 from node.inference.pipeline.wire import Hop
+from node.inference.speculate import common_prefix
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -41,14 +42,6 @@ class KeptChain:
 
     def nodes(self) -> set[str]:
         return {h.node_id for h in self.route}
-
-
-def common_prefix(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass

@@ -16,15 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from node import const
 from node.errors import KvPositionMismatch, NodeError, PeerUnreachable, ProtocolError
+from node.inference.pipeline.batching import PreparedStep, StepJob, take_batch
 from node.inference.pipeline.host import HostedSlice, SliceHost
 from node.inference.pipeline.sampler import Sampler
 from node.inference.pipeline.transport import PipelineTransport
@@ -54,52 +53,6 @@ class _PendingAck:
         self.work, self.received = work, received
         self.timer: asyncio.TimerHandle | None = None
         self.sent = False
-
-
-class _Job:
-    """A received WORK waiting for (or in) a batch on its slice's executor."""
-
-    __slots__ = ("work", "payload", "received", "sender", "ack", "started", "prepared", "handed_back")
-
-    def __init__(self, work: Work, payload: bytes, received: float, sender: str, ack: _PendingAck):
-        self.work, self.payload, self.received, self.sender, self.ack = work, payload, received, sender, ack
-        self.started = self.prepared = received
-        self.handed_back = False
-
-
-@dataclass
-class _Prepared:
-    sess: Any  # its Session on the slice
-    inputs: torch.Tensor
-    is_last: bool
-    verify: bool  # a draft to verify: every row's logits
-    last_only: bool
-
-
-def take_batch(items: deque[_Job], max_rows: int = const.BATCH_MAX_ROWS) -> list[_Job]:
-    """The queued steps to run as one forward, taken out of `items` (the rest keep their order):
-    in arrival order, one step per session (a session's next step waits for this one), all over
-    the first one's layer range, at most BATCH_MAX_STEPS steps and `max_rows` rows (a longer
-    first step runs alone)."""
-    taken: list[_Job] = []
-    left: list[_Job] = []
-    sids: set[str] = set()  # taken, or with an earlier step left queued
-    rows = 0
-    layers = None
-    while items:
-        job = items.popleft()
-        w = job.work
-        key = (w.target.start, w.target.end)
-        if w.sid in sids or (taken and (key != layers or len(taken) >= const.BATCH_MAX_STEPS
-                                        or rows + w.n_tokens > max_rows)):
-            left.append(job)
-        else:
-            taken.append(job)
-            rows += w.n_tokens
-            layers = key
-        sids.add(w.sid)
-    items.extend(left)
-    return taken
 
 
 class SegmentWorker:
@@ -170,7 +123,7 @@ class SegmentWorker:
             # GIL while the slice's thread starts the step, and a timer mid-compute would wake this
             # loop and the coordinator's while the slice's threads run.
             ack.timer = loop.call_later(const.ACK_HOLD_S, self._send_ack, ack)
-        self._enqueue(loop, hosted, _Job(work, payload, received, sender, ack))
+        self._enqueue(loop, hosted, StepJob(work, payload, received, sender, ack))
 
     def _send_ack(self, ack: _PendingAck | None, done: bool = False) -> None:
         """Tell the coordinator a WORK arrived (once); `done`: its output has just left."""
@@ -202,7 +155,7 @@ class SegmentWorker:
 
     # --- the slice's executor: batched steps ---------------------------------------------------
 
-    def _enqueue(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, job: _Job) -> None:
+    def _enqueue(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, job: StepJob) -> None:
         """Queue a step for the slice (loop thread); one drain task on its executor at a time."""
         q = hosted.step_queue
         with q.lock:
@@ -260,11 +213,11 @@ class SegmentWorker:
         within it (a longer step runs alone, as it would unbatched)."""
         return RESIDUAL_MAX_ROWS if getattr(hosted.model, "fmt", None) == "int8" else const.BATCH_MAX_ROWS
 
-    def _run(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, jobs: list[_Job]) -> None:
+    def _run(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, jobs: list[StepJob]) -> None:
         """Executor thread: prepare each step (a failure is that step's alone), run the ready ones
         as one forward, then sample or encode each and hand its outcome straight back to the loop
         (one call_soon_threadsafe per step: no Future/Task round trip)."""
-        ready: list[tuple[_Job, _Prepared]] = []
+        ready: list[tuple[StepJob, PreparedStep]] = []
         for job in jobs:
             try:
                 prep = self._prepare(hosted, job)
@@ -292,14 +245,14 @@ class SegmentWorker:
                 outcome = exc
             self._hand_back(loop, hosted, job, outcome)
 
-    def _hand_back(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, job: _Job, outcome: Any) -> None:
+    def _hand_back(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, job: StepJob, outcome: Any) -> None:
         job.handed_back = True
         try:
             loop.call_soon_threadsafe(self._after, hosted, job.work, outcome, time.monotonic(), job.sender, job.ack)
         except RuntimeError:
             pass  # the loop is closed: the node is shutting down
 
-    def _prepare(self, hosted: HostedSlice, job: _Job) -> _Prepared | None:
+    def _prepare(self, hosted: HostedSlice, job: StepJob) -> PreparedStep | None:
         """Executor thread: a step's inputs decoded and its session found (created, resumed,
         rewound) with room for its rows; None when its session ended while it was queued."""
         work, payload = job.work, job.payload
@@ -340,9 +293,9 @@ class SegmentWorker:
                       kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
         verify = is_last and bool(work.draft)
         job.prepared = time.monotonic()
-        return _Prepared(sess, inputs, is_last, verify, last_only=is_last and not verify)
+        return PreparedStep(sess, inputs, is_last, verify, last_only=is_last and not verify)
 
-    def _finish(self, hosted: HostedSlice, job: _Job, prep: _Prepared, out: torch.Tensor, computing: float,
+    def _finish(self, hosted: HostedSlice, job: StepJob, prep: PreparedStep, out: torch.Tensor, computing: float,
                 computed: float, batch: int):
         """Executor thread: sample (last segment) or encode the step's output; its telemetry."""
         work = job.work
