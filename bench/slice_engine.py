@@ -8,6 +8,10 @@ lands on both. A round = a fresh 128-token prompt prefill (logits of the last po
 generation needs) + 32 greedy decode steps. Prints per-round figures, then medians with the
 min–max spread, the ratios and peak RSS. `--profile` adds a per-stage breakdown of our decode
 and prefill (torch profiler, top operators). The model file is written once to a cache dir.
+
+Loads: our first worker starts on an empty weight cache (it converts and writes the cache), a
+second one, started after the rounds, loads from it (what a node's restart gets); both loads and
+both peak RSS figures are printed. The CPU's model and SIMD flags head the output.
 """
 
 from __future__ import annotations
@@ -73,7 +77,11 @@ class Ours:
 
         self.torch = torch
         n_ctx = args.prompt_tokens + args.decode_tokens + 8
-        self.model = SliceModel.load(args.model, dtype=args.dtype, n_threads=args.threads, max_ctx=n_ctx)
+        from node.inference.weights.cache import WeightCache
+
+        cache = WeightCache(Path(args.weight_cache), 64 << 30) if args.weight_cache else None
+        self.model = SliceModel.load(args.model, dtype=args.dtype, n_threads=args.threads, max_ctx=n_ctx,
+                                     cache=cache, sha256=args.sha256)
 
     def prefill(self, tokens):
         self.sess = self.model.new_session("bench")
@@ -122,9 +130,16 @@ class Llama:
 
 
 def worker(args) -> None:
+    if args.worker == "ours":  # imports are the process's start, not the model's load
+        import node.inference.slice  # noqa: F401
+    else:
+        from node.inference.llamacpp import load
+
+        load()
     t0 = time.perf_counter()
     engine = (Ours if args.worker == "ours" else Llama)(args)
-    reply = {"load_s": time.perf_counter() - t0}
+    reply = {"load_s": time.perf_counter() - t0,
+             "weight_cache": getattr(getattr(engine, "model", None), "weight_cache", None)}
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "round":
@@ -154,6 +169,8 @@ class Worker:
         argv = [sys.executable, __file__, "--worker", kind, "--model", str(args.model),
                 "--threads", str(args.threads), "--dtype", args.dtype,
                 "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+        if kind == "ours" and args.weight_cache:
+            argv += ["--weight-cache", str(args.weight_cache), "--sha256", args.sha256]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      stderr=subprocess.DEVNULL if kind == "llama" else None)
 
@@ -179,12 +196,26 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--profile", action="store_true", help="print our per-operator breakdown")
+    p.add_argument("--weight-cache", default=str(CACHE / "weight-cache"),
+                   help="our converted-weight cache dir (emptied first; '' = none)")
+    p.add_argument("--sha256", default="", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=["ours", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
         return 0
     args.model = model_path(args.model)
+    from node.sysinfo import cpu_features, cpu_name
+
+    print(f"cpu: {cpu_name()} ({' '.join(cpu_features()) or 'no SIMD flags read'}), "
+          f"{os.cpu_count()} logical cpus")
+    if args.weight_cache:
+        import shutil
+
+        from node.models.catalog import sha256_file
+
+        shutil.rmtree(args.weight_cache, ignore_errors=True)
+        args.sha256 = sha256_file(args.model)
     print(f"model {args.model.name} ({args.model.stat().st_size / 1e9:.2f} GB), threads={args.threads}, "
           f"dtype={args.dtype}, prompt={args.prompt_tokens}, decode={args.decode_tokens}, rounds={args.rounds}")
     workers = {"ours": Worker("ours", args), "llama.cpp": Worker("llama", args)}
@@ -205,6 +236,7 @@ def main() -> int:
             "prefill": [args.prompt_tokens / x["prefill_s"] for x in rounds],
             "decode": [args.decode_tokens / x["decode_s"] for x in rounds],
             "load_s": rounds[0].get("load_s", 0.0),
+            "weight_cache": rounds[0].get("weight_cache"),
             **w.ask(op="quit"),
         }
     print(f"\n{'engine':10s} {'decode tok/s (median [min–max])':34s} {'prefill tok/s':30s} peak RSS   load")
@@ -212,6 +244,13 @@ def main() -> int:
         print(f"{name:10s} {spread(s['decode']):34s} {spread(s['prefill']):30s} "
               f"{s['peak_rss_mb']:6.0f} MB  {s['load_s']:.1f} s")
     ours, ref = summary["ours"], summary["llama.cpp"]
+    if args.weight_cache:
+        again = Worker("ours", args)
+        second = {**again.ask(op="round", seed=0), **again.ask(op="quit")}
+        print(f"our loads: first {ours['load_s']:.1f} s (weight cache {ours['weight_cache']}, target <= 10 s), "
+              f"second {second['load_s']:.1f} s (weight cache {second['weight_cache']}, target <= 3 s); "
+              f"peak RSS first {ours['peak_rss_mb']:.0f} MB, second {second['peak_rss_mb']:.0f} MB = "
+              f"{second['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x llama.cpp's (target <= 1.1x)")
     d = statistics.median(ours["decode"]) / statistics.median(ref["decode"])
     pf = statistics.median(ours["prefill"]) / statistics.median(ref["prefill"])
     per_round_d = [a / b for a, b in zip(ours["decode"], ref["decode"], strict=True)]

@@ -73,6 +73,8 @@ class NodeConfig:
     # often (jittered ±20 %), besides on peers joining or leaving
     activation_bits: int = 16  # 32, 16 or 8: hidden-state precision on the wire
     slice_dtype: str = "auto"  # weights of served slices: auto (int8 on CPU, f16 on CUDA), f32, bf16, int8
+    slice_weight_cache_mb: float = const.WEIGHT_CACHE_BYTES / 2**20  # converted slice weights kept on disk
+    # (data dir's cache/weights) so that loading a slice again skips the conversion; 0 = off
 
     # --- peer network ---
     peer_port: int = 0  # 0 = port + 10
@@ -198,6 +200,9 @@ def validate(cfg: NodeConfig) -> None:
         raise InvalidRequest(f"config field speculative_max_draft: must be 0 (off) .. 32, got {cfg.speculative_max_draft}")
     if not cfg.slice_kv_budget_mb > 0:
         raise InvalidRequest(f"config field slice_kv_budget_mb: must be a size in MB above 0, got {cfg.slice_kv_budget_mb}")
+    if not cfg.slice_weight_cache_mb >= 0:
+        raise InvalidRequest(f"config field slice_weight_cache_mb: must be 0 (off) or a size in MB, "
+                             f"got {cfg.slice_weight_cache_mb}")
     if cfg.slice_budget_mb < 0:
         raise InvalidRequest(f"config field slice_budget_mb: must be 0 (free memory) or a size in MB, "
                              f"got {cfg.slice_budget_mb}")

@@ -83,6 +83,7 @@ BATCH_MAX_ROWS = 512  # ... of at most this many rows together (a longer prefill
 CHAIN_PREFIX_MIN_TOKENS = 16  # a chain resumes a kept session only for a common prefix this long
 SESSION_SWEEP_INTERVAL_S = 10.0
 KV_BUDGET_BYTES = 4 * 1024**3  # KV bytes a node keeps across sessions before LRU eviction
+WEIGHT_CACHE_BYTES = 16 * 1024**3  # converted slice weights kept on disk (data dir's cache/weights)
 ACK_DEADLINE_MIN_S = 0.5  # never expect an ACK faster than this (plus the peer's RTO)
 ACK_HOLD_S = 0.1  # a segment sends its ACK with the step's output, or this long after receipt if the
 # step is slower: an ACK at receipt delays the step's start (GIL), and one mid-compute wakes two

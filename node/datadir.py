@@ -12,6 +12,7 @@ log = logging.getLogger(__name__)
 API_KEY_FILE = "api_key"
 CONFIG_FILE = "config.toml"
 MODELS_DIR = "models"
+WEIGHT_CACHE_DIR = "cache/weights"  # converted slice weights (node/inference/weights/cache.py)
 
 DEFAULT_CONFIG_TEXT = """\
 # SwarmLLM node configuration. Precedence: this file < SWARMLLM_* environment < command line.
@@ -29,6 +30,7 @@ DEFAULT_CONFIG_TEXT = """\
 # max_concurrent = 4   # requests a whole model decodes at once (one batch); more wait in its queue
 # kv_cache_seqs = 4    # finished conversations whose KV stays cached per model (prefix reuse, both routes)
 # speculative_max_draft = 8  # n-gram speculation: draft tokens per decode step; 0 = off
+# slice_weight_cache_mb = 16384  # converted slice weights kept on disk (cache/weights); 0 = off
 
 [network]
 # mdns = true

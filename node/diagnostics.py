@@ -7,6 +7,7 @@ Sections follow DESIGN.md §9, in order.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 import urllib.parse
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from node.inference import llamacpp
 from node.inference.pipeline.autoserve import swarm_coverage
 from node.inference.pipeline.layerchoice import Span, layer_counts
+from node.inference.weights.cache import KERNELS
 from node.redact import Redactor
 
 if TYPE_CHECKING:
@@ -92,7 +94,7 @@ def _header(node: ReportParts, r: Redactor) -> list[str]:
 async def _machine(node: ReportParts) -> list[str]:
     m = await node.machine()
     lines = [
-        f"cpu: {m.cpu}",
+        f"cpu: {m.cpu}" + (f"  ({' '.join(m.cpu_features)})" if m.cpu_features else ""),
         f"cores: {m.physical_cores} physical, {m.logical_cores} logical",
         f"ram: {m.ram_total_mb} MiB total, {m.ram_available_mb} MiB available",
         f"os: {m.os}  python: {m.python}",
@@ -106,6 +108,13 @@ async def _machine(node: ReportParts) -> list[str]:
         rates = [f"{s.start}-{s.end - 1}:{s.ms_per_layer:.3f}" for s in node.slice_host.slices.values()
                  if s.ms_per_layer]
         lines.append(f"measured ms/layer (decode): {', '.join(rates) or 'not yet measured'}")
+        kernels = sorted({f"{s.model.fmt} {KERNELS.get(s.model.fmt, 'torch')}" for s in node.slice_host.slices.values()
+                          if s.model is not None})
+        cache = node.slice_host.weight_cache
+        used = await asyncio.get_running_loop().run_in_executor(None, cache.total_bytes) \
+            if cache is not None and cache.enabled else None
+        lines.append(f"slice kernels: {', '.join(kernels) or 'none loaded'}; weight cache: "
+                     + (f"{used / 2**20:.0f} of {cache.budget_bytes / 2**20:.0f} MB" if used is not None else "off"))
     if m.mem_bandwidth_gbps is None:
         lines.append(f"memory bandwidth: could not be measured ({m.bandwidth_error})")
     else:
@@ -251,7 +260,9 @@ def _models(node: ReportParts) -> list[str]:
         info = hosted.summary()
         rows.append(f"{hosted.entry.id}  layers={hosted.start}-{hosted.end - 1} of {hosted.entry.n_layers} "
                     f"engine=torch-slice dtype={info['dtype']} state={hosted.state} device={info['device']} "
-                    f"kv_sessions={info['sessions']} kv_kept={info['kept_sessions']} kv_mb={info['kv_mb']}" + (f" error={hosted.error}" if hosted.error else ""))
+                    f"kv_sessions={info['sessions']} kv_kept={info['kept_sessions']} kv_mb={info['kv_mb']}"
+                    + (f" load_ms={info['load_ms']} weight_cache={info['weight_cache']}" if info["load_ms"] is not None else "")
+                    + (f" error={hosted.error}" if hosted.error else ""))
     return rows or ["(no models)"]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from node import AGENT, __version__, const
 from node.api.server import ApiServer
 from node.config import NodeConfig
-from node.datadir import MODELS_DIR, ensure_data_dir, load_or_create_api_key
+from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
 from node.errors import Conflict, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
@@ -29,6 +29,7 @@ from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
 from node.inference.swarm_models import SwarmModels
+from node.inference.weights.cache import WeightCache
 from node.metrics import NodeMetrics
 from node.models.catalog import ModelCatalog
 from node.models.download import DownloadJob, ModelDownloader, display_url
@@ -73,7 +74,9 @@ class Node:
         self.machine: MachineInfo | None = None
         self.peers: PeerManager | None = None
         self.slice_host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only,
-                                    kv_budget_bytes=int(config.slice_kv_budget_mb * 2**20))
+                                    kv_budget_bytes=int(config.slice_kv_budget_mb * 2**20),
+                                    weight_cache=WeightCache(self.data_dir / WEIGHT_CACHE_DIR,
+                                                             int(config.slice_weight_cache_mb * 2**20)))
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None

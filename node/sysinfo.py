@@ -41,6 +41,7 @@ class MachineInfo:
     os: str
     python: str
     gpus: list[GpuInfo] = field(default_factory=list)
+    cpu_features: list[str] = field(default_factory=list)  # the SIMD extensions kernels choose by
     mem_bandwidth_gbps: float | None = None  # None = could not be measured
     bandwidth_error: str | None = None
 
@@ -68,6 +69,24 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16",
+              "amx_int8", "asimd", "asimddp", "i8mm", "sve")  # x86 and ARM flags as /proc/cpuinfo names them
+
+
+def cpu_features() -> list[str]:
+    """The SIMD extensions this CPU reports (Linux /proc/cpuinfo), in SIMD_FLAGS order; [] elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key = line.split(":", 1)[0].strip().lower()
+                if key in ("flags", "features"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [f for f in SIMD_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
 
 
 def gpu_inventory() -> list[GpuInfo]:
@@ -117,6 +136,7 @@ def collect(measure_bandwidth: bool = True) -> MachineInfo:
         os=f"{platform.system()} {platform.release()}",
         python=platform.python_version(),
         gpus=gpu_inventory(),
+        cpu_features=cpu_features(),
     )
     if measure_bandwidth:
         try:

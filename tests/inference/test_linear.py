@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from node.inference.weights import linear
 from node.inference.weights.linear import (
     PAIR_LIMIT,
     RESIDUAL_MAX_ROWS,
@@ -53,7 +54,7 @@ def test_residual_pass_buys_back_activation_precision():
     x = torch.randn(1, 1024, generator=gen)
     ref = x @ w.T
     corrected = _rel_err(lin(x), ref)
-    uncorrected = _rel_err(plain._op(x, plain.packed, plain.reduce_range), ref)
+    uncorrected = _rel_err(plain._mm(x), ref)
     assert corrected < uncorrected / 10
 
 
@@ -66,7 +67,7 @@ def test_long_prefill_gets_per_token_grids():
     x[0] *= 100.0
     y, ref = lin(x), x @ w.T
     quiet = _rel_err(y[1:], ref[1:])
-    shared_grid = _rel_err(lin._op(x, lin.packed, lin.reduce_range)[1:], ref[1:])
+    shared_grid = _rel_err(lin._mm(x)[1:], ref[1:])
     assert quiet < 0.03
     assert shared_grid > 5 * quiet
 
@@ -96,7 +97,7 @@ def test_pair_safe_weights_take_8_bit_activations_without_saturation(threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        y = lin._op(x, lin.packed, False)
+        y = lin._op(x, lin.packed[0], False)
     finally:
         torch.set_num_threads(before)
     with warnings.catch_warnings():
@@ -122,3 +123,19 @@ def test_hadamard_rotation_is_exact_and_tames_heavy_tails():
         return _rel_err(lin(x), torch.cat([lin(x[i : i + 1]) for i in range(x.shape[0])]))
 
     assert activation_err(rotated) < activation_err(plain) / 2.5
+
+
+@pytest.mark.parametrize("sensitive", [False, True])
+def test_a_tall_matrix_packed_in_row_blocks_computes_the_same(monkeypatch, sensitive):
+    """Vocabulary heads are packed in row blocks (PACK_MAX_ROWS): each block quantizes the same
+    input on the same grid, so decode and prefill outputs are bit-identical to one block."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(200, 96, generator=gen).numpy()
+    bias = torch.randn(200, generator=gen).numpy()
+    whole = make_linear(w, bias, "int8", CPU, sensitive=sensitive)
+    monkeypatch.setattr(linear, "PACK_MAX_ROWS", 64)
+    blocked = make_linear(w, bias, "int8", CPU, sensitive=sensitive)
+    assert len(whole.packed) == 1 and len(blocked.packed) == 4  # 64 + 64 + 64 + 8 rows
+    for rows in (1, 3, 40):
+        x = torch.randn(rows, 96, generator=gen)
+        torch.testing.assert_close(blocked(x.clone()), whole(x.clone()), rtol=0, atol=0)

@@ -90,6 +90,10 @@ def test_trace_lines_and_diagnostics_sections(swarm):
     assert re.search(r"ms_per_layer=\d", perf) and "samples=" in perf and "rtt_ms=" in perf
     served = texts["b"].split("-- served for others --")[1].split("-- peer serving performance --")[0]
     assert "layers=2-3" in served and "tokens=" in served
+    machine = texts["b"].split("-- this machine --")[1].split("-- reachable at --")[0]
+    assert "slice kernels: f32 torch; weight cache: " in machine  # f32 slices: nothing cached
+    models = texts["b"].split("-- models --")[1]
+    assert re.search(r"layers=2-3 of 6 .* load_ms=\d+ weight_cache=off", models)
 
 
 def test_fifty_concurrent_streams_each_get_their_own_text(swarm):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from node.inference.arch.common import LayerWeights, ModelConfig, apply_rope, rms_norm
-from node.inference.weights.linear import Linear, make_linear
+from node.inference.weights.linear import Linear, linear_from_arrays, make_linear
 
 DOWN_ROTATION = 32  # ffn_down's input rotation block (Hadamard order; 16–64 measured alike)
 QKV_PREFILL_RESIDUAL = True  # int8: qkv keeps its residual pass in long prefills (cheap: 1/10 of the compute)
@@ -36,27 +36,63 @@ class Block:
     down: Linear
 
     @classmethod
-    def build(cls, w: LayerWeights, fmt: str, device: torch.device, *, exact_prefill: bool = False) -> Block:
+    def build(cls, w: LayerWeights, fmt: str, device: torch.device, *, exact_prefill: bool = False,
+              keep: dict[str, np.ndarray] | None = None) -> Block:
         """Convert canonical numpy weights to `fmt` on `device` (`exact_prefill`: int8 takes the
-        residual pass on every matrix in long prefills too, as decode does)."""
+        residual pass on every matrix in long prefills too, as decode does). `keep` (int8)
+        receives every converted array by name, from which `from_arrays` rebuilds the block."""
 
-        def vec(a: np.ndarray | None) -> torch.Tensor | None:
-            return None if a is None else torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device)
+        def vec(name: str, a: np.ndarray | None) -> torch.Tensor | None:
+            if a is None:
+                return None
+            a = np.ascontiguousarray(a, dtype=np.float32)
+            if keep is not None:
+                keep[name] = a
+            return torch.from_numpy(a).to(device)
 
-        return cls(
-            attn_norm=vec(w.attn_norm),
-            qkv=make_linear(w.qkv, w.qkv_bias, fmt, device, sensitive=exact_prefill or QKV_PREFILL_RESIDUAL),
-            q_norm=vec(w.q_norm),
-            k_norm=vec(w.k_norm),
-            out=make_linear(w.out, w.out_bias, fmt, device, sensitive=exact_prefill),
-            ffn_norm=vec(w.ffn_norm),
-            gate_up=make_linear(w.gate_up, None, fmt, device, sensitive=exact_prefill),
-            # ffn_down's input (silu(gate)·up) is heavy-tailed within each token (on the trained
-            # default model a token's largest value is ~10× its rms): a blockwise Hadamard
-            # rotation spreads it (~3.8×), which buys long prefills the precision that a
-            # residual pass (twice ffn_down's compute) bought before
-            down=make_linear(w.down, None, fmt, device, sensitive=exact_prefill, rotate=DOWN_ROTATION),
-        )
+        def lin(name: str, weight: np.ndarray, bias: np.ndarray | None) -> Linear:
+            sensitive, rotate = _matrix_options(name, exact_prefill)
+            parts: dict[str, np.ndarray] | None = {} if keep is not None else None
+            linear = make_linear(weight, bias, fmt, device, sensitive=sensitive, rotate=rotate, keep=parts)
+            if keep is not None:
+                keep.update({f"{name}.{k}": v for k, v in parts.items()})
+            return linear
+
+        return cls(attn_norm=vec("attn_norm", w.attn_norm), qkv=lin("qkv", w.qkv, w.qkv_bias),
+                   q_norm=vec("q_norm", w.q_norm), k_norm=vec("k_norm", w.k_norm), out=lin("out", w.out, w.out_bias),
+                   ffn_norm=vec("ffn_norm", w.ffn_norm), gate_up=lin("gate_up", w.gate_up, None),
+                   down=lin("down", w.down, None))
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], fmt: str, device: torch.device, *,
+                    exact_prefill: bool = False) -> Block:
+        """The block `build(..., keep=arrays)` made, from those arrays (vectors copied: the arrays
+        may be views of one buffer, which the block must not keep alive)."""
+
+        def vec(name: str) -> torch.Tensor | None:
+            a = arrays.get(name)
+            return None if a is None else torch.from_numpy(np.array(a, dtype=np.float32)).to(device)
+
+        def lin(name: str) -> Linear:
+            prefix = name + "."
+            parts = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            return linear_from_arrays(parts, fmt, sensitive=_matrix_options(name, exact_prefill)[0])
+
+        return cls(attn_norm=vec("attn_norm"), qkv=lin("qkv"), q_norm=vec("q_norm"), k_norm=vec("k_norm"),
+                   out=lin("out"), ffn_norm=vec("ffn_norm"), gate_up=lin("gate_up"), down=lin("down"))
+
+
+def _matrix_options(name: str, exact_prefill: bool) -> tuple[bool, int]:
+    """(sensitive, rotate) of one block matrix (see `make_linear`)."""
+    if name == "qkv":
+        return exact_prefill or QKV_PREFILL_RESIDUAL, 0
+    if name == "down":
+        # ffn_down's input (silu(gate)·up) is heavy-tailed within each token (on the trained
+        # default model a token's largest value is ~10× its rms): a blockwise Hadamard
+        # rotation spreads it (~3.8×), which buys long prefills the precision that a
+        # residual pass (twice ffn_down's compute) bought before
+        return exact_prefill, DOWN_ROTATION
+    return exact_prefill, 0
 
 
 def attention_mask(T: int, start: int, group: int, device: torch.device) -> torch.Tensor | None:

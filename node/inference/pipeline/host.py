@@ -16,6 +16,7 @@ from node.errors import ModelLoadError, NodeError
 from node.inference.devices import detect_torch
 from node.inference.pipeline.batching import StepQueue
 from node.inference.placement import Placement, place
+from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.models.catalog import ModelEntry
 
@@ -108,6 +109,8 @@ class HostedSlice:
             "cpu_placement_reason": self.placement.cpu_placement_reason if self.placement else None,
             "sessions": in_use, "kept_sessions": kept,
             "kv_mb": round(self.model.sessions.total_bytes() / 2**20, 1) if self.model is not None else 0.0,
+            "load_ms": self.model.load_ms if self.model is not None else None,
+            "weight_cache": self.model.weight_cache if self.model is not None else None,
         }
 
 
@@ -115,8 +118,10 @@ class SliceHost:
     """Loads and owns this node's slices; sweeps idle KV sessions."""
 
     def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0, cpu_only: bool = False,
-                 session_ttl_s: float = const.SESSION_TTL_S, kv_budget_bytes: int = const.KV_BUDGET_BYTES):
+                 session_ttl_s: float = const.SESSION_TTL_S, kv_budget_bytes: int = const.KV_BUDGET_BYTES,
+                 weight_cache: WeightCache | None = None):
         self.dtype = dtype
+        self.weight_cache = weight_cache  # converted weights on disk: a second load skips the conversion
         self.cpu_only = cpu_only
         self.n_threads = n_threads
         self.max_ctx = max_ctx
@@ -182,7 +187,8 @@ class SliceHost:
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
                                                          device=hosted.placement.device,
                                                          n_threads=self.n_threads or None,
-                                                         max_ctx=self.max_ctx or None, name=entry.id))
+                                                         max_ctx=self.max_ctx or None, name=entry.id,
+                                                         cache=self.weight_cache, sha256=entry.sha256))
         except NodeError as exc:
             hosted.state, hosted.error = "failed", exc.message
             log.error("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}", error=exc.message))

@@ -32,8 +32,9 @@ from node.inference.arch import family
 from node.inference.arch.block import Block, attention_mask, block_forward_many
 from node.inference.arch.common import ModelConfig, RotaryTables, rms_norm
 from node.inference.slice.session import Session, SessionStore
+from node.inference.weights.cache import KERNELS, CacheKey, WeightCache
 from node.inference.weights.gguf_file import GgufFile
-from node.inference.weights.linear import Linear, int8_available, make_linear
+from node.inference.weights.linear import Linear, int8_available, linear_from_arrays, make_linear
 from node.logs import TRACE, kv
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ class SliceModel:
         self.rotary = RotaryTables(cfg.rope, device)
         self.kv_dtype = torch.float32 if device.type == "cpu" else torch.float16
         self.sessions = SessionStore(name)
+        self.weight_cache = "off"  # how the load went: off, hit, miss or partial (set by load)
+        self.load_ms = 0
         self._lock = threading.Lock()
 
     # --- loading -----------------------------------------------------------------------------
@@ -89,13 +92,15 @@ class SliceModel:
     @classmethod
     def load(cls, path: str | Path, layer_start: int = 0, layer_end: int | None = None, *,
              dtype: str = "auto", device: str | torch.device = "cpu", n_threads: int | None = None,
-             max_ctx: int | None = None, name: str | None = None, exact_prefill: bool = False) -> SliceModel:
+             max_ctx: int | None = None, name: str | None = None, exact_prefill: bool = False,
+             cache: WeightCache | None = None, sha256: str | None = None) -> SliceModel:
         """Load layers [layer_start, layer_end) (0-based; None = to the last) of the GGUF at `path`.
 
         Blocking (reads and converts weights): run it in the model's executor. `n_threads` sets
         torch's intra-op threads for the whole process. `exact_prefill` (int8): long prefills
         take the residual pass on every matrix, as decode does (logits of every prompt position
-        as good as decode's) at about half the prefill speed.
+        as good as decode's) at about half the prefill speed. `cache` with the file's `sha256`:
+        converted parts are read from it instead of converting, and written to it when missing.
         """
         t0 = time.perf_counter()
         if n_threads:
@@ -109,33 +114,74 @@ class SliceModel:
             raise ModelLoadError(f"layer range [{layer_start}, {end}) is outside the model's {cfg.n_layers} layers")
         fmt = resolve_format(dtype, device)
         last = end == cfg.n_layers  # the slice ends at the model's last layer: it holds the head
+        key = CacheKey(sha256, fmt, KERNELS[fmt], "exact" if exact_prefill else "std") \
+            if cache is not None and cache.enabled and sha256 and fmt in KERNELS else None
+        writable = key is not None and cache.reserve(key, estimate_bytes(path, layer_start, end, fmt))
+        hits = []  # one bool per part: read from the cache
+
+        def cached(part: str, convert, rebuild):
+            arrays = cache.read(key, part) if key is not None else None
+            hits.append(arrays is not None)
+            if arrays is not None:
+                return rebuild(arrays)
+            keep: dict[str, np.ndarray] | None = {} if writable else None
+            built = convert(keep)
+            if keep:
+                cache.write(key, part, keep)
+            return built
 
         def build_head() -> tuple[torch.Tensor, Linear]:
-            norm = torch.from_numpy(f.f32("output_norm.weight")).to(device)
             name_w = "output.weight" if f.has("output.weight") else "token_embd.weight"
-            return norm, make_linear(f.row_source(name_w), f.f32_or_none("output.bias"), fmt, device, sensitive=True)
+
+            def convert(keep):
+                norm = f.f32("output_norm.weight")
+                if keep is not None:
+                    keep["norm"] = norm
+                parts: dict[str, np.ndarray] | None = None if keep is None else {}
+                lin = make_linear(f.row_source(name_w), f.f32_or_none("output.bias"), fmt, device, sensitive=True,
+                                  keep=parts)
+                if keep is not None:
+                    keep.update({f"head.{k}": v for k, v in parts.items()})
+                return torch.from_numpy(norm).to(device), lin
+
+            def rebuild(arrays):
+                head = {k[5:]: v for k, v in arrays.items() if k.startswith("head.")}
+                return (torch.from_numpy(np.array(arrays["norm"], dtype=np.float32)).to(device),
+                        linear_from_arrays(head, fmt, sensitive=True))
+
+            return cached("head", convert, rebuild)
 
         def build(i: int) -> Block:
-            return Block.build(fam.load_layer(f, cfg, i), fmt, device, exact_prefill=exact_prefill)
+            return cached(f"layer-{i:04d}",
+                          lambda keep: Block.build(fam.load_layer(f, cfg, i), fmt, device, exact_prefill=exact_prefill,
+                                                   keep=keep),
+                          lambda arrays: Block.from_arrays(arrays, fmt, device, exact_prefill=exact_prefill))
 
         workers = _load_workers(path, layer_start, end, fmt)
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="slice-load") as pool:
-            head_job = pool.submit(build_head) if last else None
-            blocks = []
-            for block in pool.map(build, range(layer_start, end)):
-                blocks.append(block)
-                f.release_pages()  # the converted copy is what we keep: drop the file pages we read
-                _trim_heap()  # and give the freed float32 temporaries back to the OS
-            head = head_job.result() if head_job is not None else None
+        try:
+            with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="slice-load") as pool:
+                head_job = pool.submit(build_head) if last else None
+                blocks = []
+                for block in pool.map(build, range(layer_start, end)):
+                    blocks.append(block)
+                    f.release_pages()  # the converted copy is what we keep: drop the file pages we read
+                    _trim_heap()  # and give the freed float32 temporaries back to the OS
+                head = head_job.result() if head_job is not None else None
+        finally:
+            if key is not None:
+                cache.release(key)
         f.release_pages()
         _trim_heap()
         model = cls(f, cfg, layer_start, end, fmt, device, max_ctx or cfg.n_ctx_train, blocks, head,
                     name or Path(path).stem)
+        model.weight_cache = ("off" if key is None else "hit" if all(hits) else "miss" if not any(hits) else "partial")
+        model.load_ms = round((time.perf_counter() - t0) * 1000)
         log.info(
             "DIAG: slice model loaded %s",
             kv(model=model.name, arch=cfg.arch, layers=f"{layer_start}-{end}", n_layers=cfg.n_layers,
                dtype=fmt, device=str(device), threads=torch.get_num_threads(), load_workers=workers,
-               load_ms=round((time.perf_counter() - t0) * 1000)),
+               weight_cache=model.weight_cache, cached_parts=f"{sum(hits)}/{len(hits)}",
+               kernel=KERNELS.get(fmt, "torch"), load_ms=model.load_ms),
         )
         return model
 

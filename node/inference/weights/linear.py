@@ -30,6 +30,9 @@ CHUNK_ROWS = 2048  # rows converted at a time: bounds load-time memory for the o
 CHUNK_ELEMENTS = 1 << 22  # int8 quantization: at most this many weights at a time (16 MB of float32)
 RESIDUAL_MAX_ROWS = 8  # int8: inputs up to this many rows always take the residual pass
 RESIDUAL_GAIN = 16.0  # int8: residual rows are scaled by this (|K·r| ≤ 8 steps, inside x's range)
+PACK_MAX_ROWS = 32768  # int8: taller matrices (vocabulary heads) are packed in row blocks: fbgemm's
+# prepack grows faster than its size (a 128256-row head: 3.7 s whole, 1.7 s in 32768-row blocks),
+# decode is the same (8.3 ms either way); blocks of layer-sized matrices cost decode time instead
 PAIR_LIMIT = 128  # pair-safe int8: |q0| + |q1| ≤ 128, so 255·(|q0| + |q1|) fits vpmaddubsw's int16
 
 
@@ -58,7 +61,7 @@ def int8_available() -> bool:
 
 
 def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: str, device: torch.device,
-                *, sensitive: bool = False, rotate: int = 0) -> Linear:
+                *, sensitive: bool = False, rotate: int = 0, keep: dict[str, np.ndarray] | None = None) -> Linear:
     """A callable computing x @ weight.T + bias in format `fmt` on `device`.
 
     int8 only: `sensitive` keeps the residual pass in long prefills too (for the head, whose
@@ -66,11 +69,15 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     such matrices keep the finer weight grid, the others take pair-safe weights so that their
     one pass in long prefills has 8-bit activations. `rotate` = B multiplies inputs (and weight
     rows) by an orthonormal B×B Hadamard matrix blockwise, which spreads heavy-tailed inputs
-    (ffn_down's) evenly over each block.
+    (ffn_down's) evenly over each block. `keep` (int8): receives the converted arrays, from which
+    `linear_from_arrays` rebuilds the same callable without converting again (the weight cache).
     """
     src = ArraySource(weight) if isinstance(weight, np.ndarray) else weight
     if fmt == "int8":
-        return _Int8Dynamic(src, bias, correct_prefill=sensitive, pair_safe=not sensitive, rotate=rotate)
+        return _Int8Dynamic.convert(src, bias, correct_prefill=sensitive, pair_safe=not sensitive, rotate=rotate,
+                                    keep=keep)
+    if keep is not None:
+        raise ValueError(f"format {fmt} keeps no converted arrays")
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[fmt]
     w = torch.empty(src.shape, dtype=dtype, device=device)
     for start in range(0, src.shape[0], CHUNK_ROWS):
@@ -80,6 +87,13 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     if dtype == torch.float32:
         return _FloatLinear(w, b)
     return _HalfLinear(w, b)
+
+
+def linear_from_arrays(arrays: dict[str, np.ndarray], fmt: str, *, sensitive: bool = False) -> Linear:
+    """The callable `make_linear(..., keep=arrays)` built, from those arrays (no conversion)."""
+    if fmt != "int8":
+        raise ValueError(f"format {fmt} is not rebuilt from arrays")
+    return _Int8Dynamic.from_arrays(arrays, correct_prefill=sensitive)
 
 
 def hadamard(n: int) -> torch.Tensor:
@@ -157,19 +171,47 @@ class _Int8Dynamic:
     __slots__ = ("bias", "correct_prefill", "packed", "reduce_range", "rotate")
     _op = torch.ops.quantized.linear_dynamic.default
 
-    def __init__(self, weight: RowSource, bias: np.ndarray | None, correct_prefill: bool = False,
-                 pair_safe: bool = False, rotate: int = 0):
-        self.reduce_range = not (pair_safe and weight.shape[1] % 2 == 0)
-        assert rotate & (rotate - 1) == 0, "the rotation block is a power of 2"
-        self.rotate = hadamard(rotate) if rotate > 1 and weight.shape[1] % rotate == 0 else None
-        q, scales = quantize_rows_int8(weight, pair_safe=not self.reduce_range, rotate=self.rotate)
-        zero = torch.zeros(q.shape[0], dtype=torch.long)
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: np.ndarray | None, *, reduce_range: bool,
+                 rotate: int, correct_prefill: bool):
+        """From int8 rows `q` [out, in] and their float32 `scales` [out] (`rotate`: the Hadamard
+        block the rows were multiplied by, 0 for none); fbgemm's prepack copies the weights."""
+        self.reduce_range = reduce_range
+        self.rotate = hadamard(rotate) if rotate > 1 else None
+        scales = scales.double()
+        zero = torch.zeros(min(q.shape[0], PACK_MAX_ROWS), dtype=torch.long)
+        self.packed = []
         with warnings.catch_warnings():  # the quantized-tensor constructors warn about deprecation
             warnings.simplefilter("ignore")
-            qw = torch._make_per_channel_quantized_tensor(q, scales.double(), zero, 0)
-            self.packed = torch.ops.quantized.linear_prepack(qw, None)
+            for a in range(0, q.shape[0], PACK_MAX_ROWS):
+                b = min(a + PACK_MAX_ROWS, q.shape[0])
+                qw = torch._make_per_channel_quantized_tensor(q[a:b], scales[a:b], zero[: b - a], 0)
+                self.packed.append(torch.ops.quantized.linear_prepack(qw, None))
         self.bias = torch.from_numpy(np.array(bias, dtype=np.float32)) if bias is not None else None
         self.correct_prefill = correct_prefill
+
+    @classmethod
+    def convert(cls, weight: RowSource, bias: np.ndarray | None, *, correct_prefill: bool = False,
+                pair_safe: bool = False, rotate: int = 0, keep: dict[str, np.ndarray] | None = None) -> _Int8Dynamic:
+        """Quantize a float matrix (`keep` receives q, scales, flags and bias for the weight cache)."""
+        reduce_range = not (pair_safe and weight.shape[1] % 2 == 0)
+        assert rotate & (rotate - 1) == 0, "the rotation block is a power of 2"
+        block = rotate if rotate > 1 and weight.shape[1] % rotate == 0 else 0
+        q, scales = quantize_rows_int8(weight, pair_safe=not reduce_range, rotate=hadamard(block) if block else None)
+        if keep is not None:
+            keep.update(q=q.numpy(), scales=scales.numpy(), flags=np.array([reduce_range, block], dtype=np.int32))
+            if bias is not None:
+                keep["bias"] = np.array(bias, dtype=np.float32)
+        return cls(q, scales, bias, reduce_range=reduce_range, rotate=block, correct_prefill=correct_prefill)
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], *, correct_prefill: bool) -> _Int8Dynamic:
+        """The matrix `convert(..., keep=arrays)` made, rebuilt from those arrays (the bias is copied)."""
+        reduce_range, block = (int(v) for v in arrays["flags"])
+        with warnings.catch_warnings():  # read-only arrays (a mapped cache file): prepack only reads them
+            warnings.simplefilter("ignore", UserWarning)
+            q, scales = torch.from_numpy(arrays["q"]), torch.from_numpy(np.array(arrays["scales"]))
+        return cls(q, scales, arrays.get("bias"), reduce_range=bool(reduce_range), rotate=block,
+                   correct_prefill=correct_prefill)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
@@ -180,7 +222,7 @@ class _Int8Dynamic:
             row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
             x = x.div_(row_scale) if self.rotate is not None else x / row_scale
         if T > RESIDUAL_MAX_ROWS and not self.correct_prefill:
-            y = self._op(x, self.packed, self.reduce_range)
+            y = self._mm(x)
         else:
             y = self._residual_pass(x)
         if row_scale is not None:
@@ -189,6 +231,12 @@ class _Int8Dynamic:
             y += self.bias
         return y
 
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        """fbgemm's product with every row block of the weights (one block below PACK_MAX_ROWS)."""
+        if len(self.packed) == 1:
+            return self._op(x, self.packed[0], self.reduce_range)
+        return torch.cat([self._op(x, p, self.reduce_range) for p in self.packed], dim=1)
 
     def _residual_pass(self, x: torch.Tensor) -> torch.Tensor:
         """y = W·x̂ + W·(K·r)/K in one kernel call (the small elementwise work in numpy: on a few
@@ -199,7 +247,7 @@ class _Int8Dynamic:
         stacked = np.empty((2 * T, a.shape[1]), dtype=np.float32)
         stacked[:T] = a
         residual_rows(a, qmax, out=stacked[T:])
-        y2 = self._op(torch.from_numpy(stacked), self.packed, self.reduce_range)
+        y2 = self._mm(torch.from_numpy(stacked))
         y = y2.numpy()
         y[T:] *= 1.0 / RESIDUAL_GAIN
         y[:T] += y[T:]

@@ -1,0 +1,156 @@
+"""The on-disk cache of converted slice weights: a second load reads what the first converted, gives
+the same numbers, and a changed file, format, budget or a damaged part is never served from it."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from node.inference.pipeline.host import SliceHost
+from node.inference.slice import SliceModel
+from node.inference.synth import SynthSpec
+from node.inference.weights.cache import CacheKey, WeightCache
+from node.models.catalog import ModelCatalog
+from tests.inference.reference import our_logits
+
+SPEC = SynthSpec(hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=300, n_layers=4, n_ctx=128)
+OTHER = SynthSpec(hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=300, n_layers=4, n_ctx=128, seed=7)
+TOKENS = [1, *range(10, 40)]
+SHA = "ab" * 32
+BIG = 1 << 30
+
+
+@pytest.fixture
+def path(synth_model):
+    return synth_model(SPEC)
+
+
+def load(path, cache, sha=SHA, start=0, end=None, **kw):
+    return SliceModel.load(path, start, end, dtype=kw.pop("dtype", "int8"), cache=cache, sha256=sha, **kw)
+
+
+def logits(model):
+    return our_logits(model, TOKENS, decode_from=20)
+
+
+def parts(cache: WeightCache) -> list[str]:
+    return sorted(p.name for p in cache.root.rglob("*.swc"))
+
+
+def test_second_load_reads_the_cache_and_computes_the_same_logits(path, tmp_path):
+    cache = WeightCache(tmp_path / "wc", BIG)
+    plain = logits(SliceModel.load(path, dtype="int8"))
+    first = load(path, cache)
+    assert first.weight_cache == "miss"
+    assert parts(cache) == ["head.swc", "layer-0000.swc", "layer-0001.swc", "layer-0002.swc", "layer-0003.swc"]
+    second = load(path, cache)
+    assert second.weight_cache == "hit"
+    np.testing.assert_array_equal(logits(first), plain)
+    np.testing.assert_array_equal(logits(second), plain)  # bit for bit: the same int8 rows and scales
+
+
+def test_slices_of_one_model_share_their_layers(path, tmp_path):
+    cache = WeightCache(tmp_path / "wc", BIG)
+    assert load(path, cache, start=0, end=2).weight_cache == "miss"
+    assert parts(cache) == ["layer-0000.swc", "layer-0001.swc"]
+    whole = load(path, cache)  # layers 0-1 from the first slice's load, 2-3 and the head converted
+    assert whole.weight_cache == "partial"
+    assert load(path, cache, start=1, end=4).weight_cache == "hit"
+
+
+def test_another_file_format_or_variant_is_another_key(path, synth_model, tmp_path):
+    cache = WeightCache(tmp_path / "wc", BIG)
+    load(path, cache)
+    assert load(path, cache, sha="cd" * 32).weight_cache == "miss"  # a changed file has another sha256
+    assert load(path, cache, exact_prefill=True).weight_cache == "miss"
+    assert load(path, cache, exact_prefill=True).weight_cache == "hit"
+    assert load(path, cache, dtype="f32").weight_cache == "off"  # f32 converts in a blink: not cached
+    assert len([d for d in cache.root.iterdir() if d.is_dir()]) == 3
+    # a part of another key's directory (a copy, a renamed dir) is refused on its header, not used
+    other = synth_model(OTHER)
+    key = CacheKey(SHA, "int8", "fbgemm", "std")
+    mine = cache.root / key.dirname / "layer-0001.swc"
+    theirs = cache.root / CacheKey("cd" * 32, "int8", "fbgemm", "std").dirname / "layer-0001.swc"
+    mine.write_bytes(theirs.read_bytes())
+    assert cache.read(key, "layer-0001") is None
+    assert not mine.exists()
+    assert load(other, cache, sha="ef" * 32).weight_cache == "miss"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
+def test_a_damaged_part_is_detected_removed_and_converted_again(path, tmp_path, caplog, damage):
+    cache = WeightCache(tmp_path / "wc", BIG)
+    plain = logits(load(path, cache))
+    victim = next(p for p in cache.root.rglob("layer-0002.swc"))
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[len(data) - 1000] ^= 0x10  # one bit inside the arrays (the header is intact)
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "empty":
+        data = bytearray()
+    else:
+        data = bytearray(b"\x00GGUF" * 100)
+    victim.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="node.inference.weights.cache"):
+        again = load(path, cache)
+    assert again.weight_cache == "partial"
+    assert "weight cache part unusable" in caplog.text and "layer-0002.swc" in caplog.text
+    np.testing.assert_array_equal(logits(again), plain)
+    assert load(path, cache).weight_cache == "hit"  # rewritten whole
+
+
+def test_the_budget_evicts_the_least_recently_used_model_and_never_overflows(path, synth_model, tmp_path):
+    probe = WeightCache(tmp_path / "probe", BIG)
+    load(path, probe)
+    one_model = probe.total_bytes()
+    cache = WeightCache(tmp_path / "wc", int(one_model * 1.5))
+    load(path, cache, sha="aa" * 32)
+    load(path, cache, sha="bb" * 32)  # does not fit beside the first: the first goes
+    assert load(path, cache, sha="bb" * 32).weight_cache == "hit"
+    assert load(path, cache, sha="aa" * 32).weight_cache == "miss"  # evicted; now "bb" is evicted
+    assert cache.total_bytes() <= cache.budget_bytes
+    tiny = WeightCache(tmp_path / "tiny", one_model // 4)  # smaller than one model: nothing written
+    assert load(path, tiny).weight_cache == "miss"
+    assert tiny.total_bytes() == 0
+    assert load(path, tiny).weight_cache == "miss"
+    off = WeightCache(tmp_path / "off", 0)
+    assert load(path, off).weight_cache == "off"
+    assert not off.root.exists()
+
+
+def test_a_part_round_trips_every_array_exactly(tmp_path):
+    cache = WeightCache(tmp_path / "wc", BIG)
+    key = CacheKey(SHA, "int8", "fbgemm", "std")
+    rng = np.random.default_rng(0)
+    arrays = {"q": rng.integers(-127, 128, (33, 70), dtype=np.int8), "scales": rng.random(33, dtype=np.float32),
+              "flags": np.array([1, 32], dtype=np.int32), "odd": rng.random((3, 5)).astype(np.float64)[:, ::2]}
+    assert cache.reserve(key, 1 << 20)
+    assert cache.write(key, "p", arrays)
+    back = cache.read(key, "p")
+    assert set(back) == set(arrays)
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(back[name], a)
+        assert back[name].dtype == a.dtype and back[name].ctypes.data % 16 == 0
+    assert cache.read(key, "absent") is None
+
+
+async def test_a_hosted_slice_loads_from_the_cache_the_second_time(path, tmp_path):
+    entry = ModelCatalog(None).scan([(path, "cli")])[0]
+    host = SliceHost(dtype="int8", n_threads=1, weight_cache=WeightCache(tmp_path / "wc", BIG))
+    try:
+        first = await host.async_load(entry, 0, 4)
+        assert first.state == "loaded" and first.summary()["weight_cache"] == "miss"
+        await host.async_unload(first)
+        second = await host.async_load(entry, 0, 4)
+        assert second.state == "loaded" and second.summary()["weight_cache"] == "hit"
+        assert second.summary()["load_ms"] >= 0
+        assert (tmp_path / "wc" / CacheKey(entry.sha256, "int8", "fbgemm", "std").dirname / "head.swc").is_file()
+        sess = second.model.new_session("s")
+        out = second.model.forward(sess, torch.tensor(TOKENS), 0, last_only=True)
+        assert out.shape == (1, SPEC.vocab) and torch.isfinite(out).all()
+    finally:
+        await host.async_close()
