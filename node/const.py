@@ -73,6 +73,8 @@ DOWNLOAD_READ_TIMEOUT_S = 60.0  # no byte for this long: the attempt failed (the
 DOWNLOAD_RETRIES = 6  # attempts per download (network errors, 5xx, 429), resuming with Range
 DOWNLOAD_RETRY_BASE_S = 1.0  # backoff: base * 2^(attempt-1), at most 30 s
 DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
+PARTIAL_COALESCE_GAP = 1 << 20  # tensors of a partial model this close in the file: one Range request
+PARTIAL_STATE_EVERY = 8 << 20  # bytes between two records of a layer fetch's progress (resume point)
 
 # --- distributed pipeline (node/inference/pipeline) ---
 PREFILL_CHUNK_TOKENS = 256  # prompt tokens per WORK step

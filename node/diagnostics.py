@@ -248,14 +248,20 @@ def _coverage(node: ReportParts) -> list[str]:
     return rows or ["(no model is served in layers here or by peers)"]
 
 
-def _models(node: ReportParts) -> list[str]:
+def _host(url: str | None) -> str:
+    return urllib.parse.urlsplit(url or "").hostname or "?"
+
+
+def _models(node: ReportParts, r: Redactor) -> list[str]:
     rows = []
     for served in node.models.all():
         e = served.entry
         reason = f" reason={served.cpu_placement_reason}" if served.cpu_placement_reason else ""
         rows.append(f"{served.id}  arch={e.architecture} layers={e.n_layers} ctx={served.n_ctx} "
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
-                    f"device={served.device}{reason}" + (f" error={served.error}" if served.error else ""))
+                    f"device={served.device}{reason}"
+                    + (f" partial=\"{e.partial.describe()}\" from={r.host(_host(e.origin_url))}" if e.partial else "")
+                    + (f" error={served.error}" if served.error else ""))
     for hosted in node.slice_host.slices.values():
         info = hosted.summary()
         rows.append(f"{hosted.entry.id}  layers={hosted.start}-{hosted.end - 1} of {hosted.entry.n_layers} "
@@ -295,7 +301,7 @@ async def build_report(node: ReportParts, *, full: bool = False) -> str:
         ("served for others", _served_for_others(node)),
         ("peer serving performance", _peer_performance(node, r)),
         ("swarm coverage", _coverage(node)),
-        ("models", _models(node)),
+        ("models", _models(node, r)),
         ("downloads", _downloads(node, r)),
         ("recent activity", list(node.activity[-30:]) or ["(none)"]),
     ]

@@ -17,7 +17,7 @@ from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
-from node.errors import Conflict, ModelLoadError, ModelNotFound
+from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
@@ -30,10 +30,13 @@ from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
 from node.inference.swarm_models import SwarmModels
 from node.inference.weights.cache import WeightCache
+from node.logs import kv
 from node.metrics import NodeMetrics
-from node.models.catalog import ModelCatalog
-from node.models.download import DownloadJob, ModelDownloader, display_url
+from node.models.catalog import ModelCatalog, ModelEntry
+from node.models.download import DownloadJob, ModelDownloader, display_url, file_name_for, resolve_url
 from node.models.header import HEADERS_DIR, HeaderCache
+from node.models.partial import SUFFIX as PARTIAL_SUFFIX
+from node.models.partial import PartialStore, async_fetch_parts, async_open_partial, parts_for
 from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.resources import default_model_path
 from node.sysinfo import MachineInfo, collect
@@ -77,6 +80,8 @@ class Node:
                                     kv_budget_bytes=int(config.slice_kv_budget_mb * 2**20),
                                     weight_cache=WeightCache(self.data_dir / WEIGHT_CACHE_DIR,
                                                              int(config.slice_weight_cache_mb * 2**20)))
+        self.slice_host.fetch_layers, self.slice_host.trim_layers = self._async_fetch_layers, self._async_trim_layers
+        self._partial_lock = asyncio.Lock()  # one fetch or trim of partial models at a time
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
@@ -120,13 +125,15 @@ class Node:
         self.started_at = time.time()
         self._machine_task = asyncio.create_task(self._collect_machine(), name="machine-info")
         slices, auto = [], []
-        for entry in await self.catalog.async_scan(self._model_sources()):
+        url_dirs = await self._async_open_url_models()
+        for entry in await self.catalog.async_scan(self._model_sources(exclude=url_dirs) +
+                                                   [(d, "cli") for d in url_dirs]):
             as_slice = (bool(self.config.layers) or self.config.serve == "auto") and entry.source == "cli"
             if as_slice and self.config.serve == "auto":
                 auto.append(entry)
             elif as_slice:
                 slices.append((entry, *parse_layers(self.config.layers, entry.n_layers)))
-            await self.models.async_register(entry, whole=not as_slice)
+            await self.models.async_register(entry, whole=not as_slice and entry.whole_ok)
         await self._start_network()
         self.models.subscribe(self._on_model_event)
         await self.api.start(self.api_key)
@@ -266,7 +273,7 @@ class Node:
         assert self.machine is not None
         return self.machine
 
-    def _model_sources(self) -> list[tuple[Path, str]]:
+    def _model_sources(self, exclude: set[Path] = frozenset()) -> list[tuple[Path, str]]:
         sources: list[tuple[Path, str]] = []
         if self.config.include_default_model:
             path = default_model_path()
@@ -277,8 +284,64 @@ class Node:
         models_dir = self.data_dir / MODELS_DIR
         if models_dir.is_dir():
             sources += [(p, "data_dir") for p in sorted(models_dir.glob("*.gguf"))]
-        sources += [(Path(p).expanduser(), "cli") for p in self.config.models]
+            sources += [(p, "data_dir") for p in sorted(models_dir.glob(f"*{PARTIAL_SUFFIX}"))
+                        if p.resolve() not in exclude and PartialStore.is_partial(p)]
+        sources += [(Path(p).expanduser(), "cli") for p in self.config.models if not self._is_url(p)]
         return sources
+
+    @staticmethod
+    def _is_url(model: str) -> bool:
+        return model.startswith(("http://", "https://", "hf://"))
+
+    async def _async_open_url_models(self) -> set[Path]:
+        """`--model URL`: a partial model per URL in models/ (its header probed from the origin;
+        the layers it serves are fetched when its slice loads). Returns their directories."""
+        urls = [m for m in self.config.models if self._is_url(m)]
+        if urls and not (self.config.layers or self.config.serve == "auto"):
+            raise InvalidRequest("a model given by URL is served in layers: add --layers A-B or --serve auto "
+                              "(`swarmllm download URL` fetches the whole file)", param="model")
+        dirs = set()
+        for url in urls:
+            name = Path(file_name_for(resolve_url(url), None)).stem + PARTIAL_SUFFIX
+            store, manifest = await async_open_partial(url, self.data_dir / MODELS_DIR / name)
+            log.info("DIAG: partial model opened %s", kv(url=display_url(resolve_url(url)), dir=name,
+                                                         held=manifest.describe()))
+            dirs.add(store.dir.resolve())
+        return dirs
+
+    async def _async_fetch_layers(self, entry: ModelEntry, start: int, end: int) -> None:
+        """The tensors of layers [start, end) of a partial model, from its origin (SliceHost hook)."""
+        assert entry.partial is not None
+        store, manifest = PartialStore(entry.path), entry.partial
+        parts = parts_for(entry.header, start, end)
+        label = f"{start}-{end - 1}"
+
+        def progress(done: int, total: int) -> None:
+            log.debug("DIAG: fetching layers %s", kv(model=entry.id, layers=label, done_mb=round(done / 1e6, 1),
+                                                     of_mb=round(total / 1e6, 1)))
+
+        async with self._partial_lock:
+            if not manifest.covers(parts):
+                self.note_activity(f"fetching layers {label} of {entry.id} from its origin")
+            stats = await async_fetch_parts(store, manifest, parts, progress=progress)
+        if stats.wire_bytes:
+            self.note_activity(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
+
+    async def _async_trim_layers(self, entry: ModelEntry) -> None:
+        """Delete a partial model's parts no slice of it uses any more (SliceHost hook)."""
+        assert entry.partial is not None
+        keep: set[str] = set()
+        for s in self.slice_host.slices.values():
+            if s.entry.sha256 == entry.sha256 and s.state != "unloaded":
+                keep.update(parts_for(entry.header, s.start, s.end))
+        drop = sorted(p for p in entry.partial.complete if p not in keep)
+        if drop:
+            async with self._partial_lock:
+                freed = await asyncio.get_running_loop().run_in_executor(
+                    None, PartialStore(entry.path).remove_parts, entry.partial, drop)
+            log.info("DIAG: partial model parts deleted %s", kv(model=entry.id, parts=len(drop),
+                                                                freed_mb=round(freed / 1e6, 1),
+                                                                held=entry.partial.describe()))
 
     async def async_add_model(self, path: Path, source: str, *, sha256: str | None = None,
                               origin_url: str | None = None) -> str:

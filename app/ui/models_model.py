@@ -14,6 +14,8 @@ from app.ui.table_model import Column, KeyedTableModel
 
 
 def _layers(m: dict[str, Any]) -> str:
+    if m.get("partial"):  # a slice of a partial model: the layers and bytes on disk, of the file's
+        return str(m["partial"])
     return fmt.layers(m.get("layers_held"), m.get("n_layers"))
 
 

@@ -144,7 +144,7 @@ class HeaderServer:
         if offset >= total:
             raise InvalidRequest(f"MODEL_HEADER offset {offset} is past the header's {total} bytes")
         n = min(const.MODEL_HEADER_CHUNK_BYTES, total - offset)
-        data = await asyncio.get_running_loop().run_in_executor(None, _read_range, entry.path, offset, n)
+        data = await asyncio.get_running_loop().run_in_executor(None, _read_range, entry.header_path, offset, n)
         log.debug("DIAG: served model header chunk %s", kv(peer_id=link.short_id, model=entry.id, offset=offset,
                                                           bytes=len(data)))
         return Frame(FrameType.MODEL_HEADER, {"sha256": sha, "offset": offset, "total": total,

@@ -208,7 +208,7 @@ class ModelManager:
         # visible to requests only once its tokenizer is read: a request never sees it half made
         self._registering[entry.id] = served
         try:
-            served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.path)
+            served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.tokenizer_path)
         except ModelLoadError as exc:
             served.state, served.error = "failed", exc.message
             log.error("model %s cannot be served: %s", entry.id, exc.message)

@@ -25,6 +25,8 @@ from node import const
 from node.errors import ModelLoadError, ModelNotFound
 from node.models.gguf_meta import GgufHeader, read_header
 from node.models.header import header_digest
+from node.models.partial.layout import SUFFIX as PARTIAL_SUFFIX
+from node.models.partial.layout import Manifest, PartialStore
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,22 @@ class ModelEntry:
     header_sha256: str = ""  # sha256 of the bytes before the tensor data (header.py)
     header_bytes: int = 0
     origin_url: str | None = None  # where the file came from (no query string), if known
+    partial: Manifest | None = None  # a partial model (path is its directory): which layers are here
+
+    @property
+    def tokenizer_path(self) -> Path:
+        """What llama.cpp's vocab-only load reads: the file, or a partial model's vocab file."""
+        return PartialStore(self.path).vocab_path if self.partial is not None else self.path
+
+    @property
+    def header_path(self) -> Path:
+        """A file that starts with the model's header bytes."""
+        return PartialStore(self.path).header_path if self.partial is not None else self.path
+
+    @property
+    def whole_ok(self) -> bool:
+        """Whether llama.cpp can load it whole (a file with every tensor, here)."""
+        return self.has_file and self.partial is None
 
     @property
     def has_file(self) -> bool:
@@ -83,6 +101,9 @@ class ModelEntry:
             "source": self.source,
             "header_sha256": self.header_sha256,
             "header_bytes": self.header_bytes,
+            "partial": self.partial.describe() if self.partial is not None else None,
+            "held_layers": self.partial.held_layers if self.partial is not None else None,
+            "held_bytes": self.partial.held_bytes if self.partial is not None else None,
         }
 
 
@@ -178,7 +199,15 @@ class HashCache:
 
 
 def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
-    """Build a ModelEntry for one file (blocking)."""
+    """Build a ModelEntry for one file, or a partial model's directory (blocking)."""
+    if PartialStore.is_partial(path):
+        store = PartialStore(path)
+        manifest = store.load()
+        header = read_header(store.header_path)
+        name = readable_name(Path(path.name.removesuffix(PARTIAL_SUFFIX)), header)
+        return ModelEntry(f"{name}-{manifest.sha256[:8]}", name, path.resolve(), manifest.sha256, manifest.size_bytes,
+                          source, header, header_sha256=manifest.header_sha256, header_bytes=manifest.header_bytes,
+                          origin_url=manifest.origin_url, partial=manifest)
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path.name}")
     header = read_header(path)

@@ -129,6 +129,10 @@ def test_models_model(qapp, qtmodeltester, force_py):
     assert model.cell_text("a-11111111", "Layers held") == "0–21 of 22"
     model.on_model_event("removed", b)
     assert model.rowCount() == 1
+    # a slice of a partial model file says what of the file is on disk
+    model.set_slices({"s": {**a.summary(), "id": "a-11111111", "engine": "torch-slice", "layers_held": [4, 8],
+                            "partial": "layers 4–7 of 22, 310 MB of 1235 MB"}})
+    assert model.cell_text("s", "Layers held") == "layers 4–7 of 22, 310 MB of 1235 MB"
 
 
 @pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])

@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +72,7 @@ class HostedSlice:
         if self.vocab is None:
             from node.inference.tokenizer import ModelTokenizer
 
-            self.vocab = ModelTokenizer(self.entry.path)
+            self.vocab = ModelTokenizer(self.entry.tokenizer_path)
         return self.vocab
 
     @property
@@ -111,6 +112,7 @@ class HostedSlice:
             "kv_mb": round(self.model.sessions.total_bytes() / 2**20, 1) if self.model is not None else 0.0,
             "load_ms": self.model.load_ms if self.model is not None else None,
             "weight_cache": self.model.weight_cache if self.model is not None else None,
+            "partial": self.entry.partial.describe() if self.entry.partial is not None else None,
         }
 
 
@@ -132,6 +134,10 @@ class SliceHost:
         self._soon: asyncio.Task | None = None  # a sweep asked for by request_sweep
         self._sweep_again = False
         self.on_change = None  # callback() when the advertised set changes (HELLO update)
+        # partial models: fetch(entry, start, end) gets the layers' tensors before a load (from the
+        # origin), trim(entry) deletes the parts no slice of the model uses once one is unloaded
+        self.fetch_layers: Callable[[ModelEntry, int, int], Awaitable[None]] | None = None
+        self.trim_layers: Callable[[ModelEntry], Awaitable[None]] | None = None
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
 
     def find(self, sha256: str, start: int, end: int) -> HostedSlice | None:
@@ -182,6 +188,10 @@ class SliceHost:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
+            if entry.partial is not None:
+                if self.fetch_layers is None:
+                    raise ModelLoadError(f"{entry.id} is a partial model and this node fetches no layers")
+                await self.fetch_layers(entry, start, end)
             hosted.placement = await loop.run_in_executor(hosted.executor, self._place, entry, start, end)
             hosted.model = await loop.run_in_executor(
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
@@ -233,6 +243,8 @@ class SliceHost:
             hosted.executor.shutdown(wait=False)
         log.info("DIAG: slice unloaded %s", kv(model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}",
                                                was=was))
+        if hosted.entry.partial is not None and self.trim_layers is not None:
+            await self.trim_layers(hosted.entry)
 
     def _place(self, entry: ModelEntry, start: int, end: int) -> Placement:
         """GPU if torch sees one with room (f16 weights), else the CPU with the reason (blocking)."""

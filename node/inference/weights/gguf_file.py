@@ -4,7 +4,8 @@ The header is walked once with struct over an mmap (long arrays such as a 128k-t
 are skipped by their lengths: `gguf.GGUFReader` spends ~20 s building numpy views of every
 vocabulary string). Tensor data are numpy views into the same mapping, so nothing is read from
 disk until a tensor is touched, and a slice that needs layers [a, b) reads only those tensors
-(plus the embeddings or the output head at the ends).
+(plus the embeddings or the output head at the ends). A partial model's directory
+(node/models/partial) opens the same way: its header, and each held tensor in its part file.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from node.errors import ModelLoadError
 from node.inference.weights import dequant
+from node.models.partial.layout import PartialStore
 
 KEEP_ARRAY_MAX = 1024  # metadata arrays longer than this (vocabularies, merges) are skipped
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -86,15 +88,33 @@ class GgufFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as fh:
-                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"cannot read GGUF file {self.path.name}: {exc}") from exc
+        # a partial model (node/models/partial): the header file, and each held tensor in its part
+        # file; tensors of the header that are not held are listed but raise when read
+        self._where: dict[str, tuple[Path, int, int]] | None = None
+        self._size: int | None = None
+        self._parts: dict[Path, mmap.mmap] = {}
+        source = self.path
+        if PartialStore.is_partial(self.path):
+            store = PartialStore(self.path)
+            manifest, self._where = store.tensor_locations()
+            self._size, source = manifest.size_bytes, store.header_path
+        self._mm = self._map(source)
         self.fields: dict[str, object] = {}
         self.tensors: dict[str, TensorEntry] = {}
         self._parse()
         self.arch = str(self.field("general.architecture", ""))
+
+    def _map(self, path: Path) -> mmap.mmap:
+        try:
+            with open(path, "rb") as fh:
+                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot read GGUF file {self.path.name}: {exc}") from exc
+
+    @property
+    def partial(self) -> bool:
+        """True for a partial model (only some tensors held)."""
+        return self._where is not None
 
     def _parse(self) -> None:
         h = _Header(self._mm, self.path)
@@ -122,7 +142,7 @@ class GgufFile:
                 raise ModelLoadError(f"{self.path.name}: tensor {name} has unknown type {type_id}") from None
             n_bytes = int(np.prod(shape, dtype=np.int64)) // block * type_size
             start = data_start + offset
-            if start + n_bytes > len(self._mm):
+            if start + n_bytes > (len(self._mm) if self._size is None else self._size):
                 raise ModelLoadError(f"{self.path.name}: tensor {name} runs past the end of the file")
             self.tensors[name] = TensorEntry(name, shape, qtype, start, n_bytes)
 
@@ -156,7 +176,18 @@ class GgufFile:
         """Tensor `name`'s bytes as a read-only uint8 view [rows, bytes per row] (no copy)."""
         t = self._tensor(name)
         rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
-        return np.frombuffer(self._mm, dtype=np.uint8, count=t.n_bytes, offset=t.offset).reshape(rows, -1)
+        buf, offset = self._mm, t.offset
+        if self._where is not None:
+            where = self._where.get(name)
+            if where is None or where[2] != t.n_bytes:
+                raise ModelLoadError(f"{self.path.name}: tensor {name} is not held by this partial model")
+            part, offset, _n = where
+            if part not in self._parts:
+                self._parts[part] = self._map(part)
+            buf = self._parts[part]
+            if offset + t.n_bytes > len(buf):
+                raise ModelLoadError(f"{self.path.name}: tensor {name} runs past the end of {part.name}")
+        return np.frombuffer(buf, dtype=np.uint8, count=t.n_bytes, offset=offset).reshape(rows, -1)
 
     def f32(self, name: str) -> np.ndarray:
         """Tensor `name` dequantized to a float32 array (numpy order), owned by the caller."""
@@ -184,7 +215,8 @@ class GgufFile:
         """Drop the mapped file pages from this process's resident set (they stay in the page
         cache); later reads fault back in only what they touch, e.g. embedding rows."""
         if hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            self._mm.madvise(mmap.MADV_DONTNEED)
+            for mm in (self._mm, *self._parts.values()):
+                mm.madvise(mmap.MADV_DONTNEED)
 
     def _tensor(self, name: str) -> TensorEntry:
         try:

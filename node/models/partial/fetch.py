@@ -1,0 +1,387 @@
+"""Layers of a model fetched from its origin by HTTP Range requests, into a partial model.
+
+`async_open_partial(url, directory)` probes the origin: the first MiB (more while the header runs
+on, up to MODEL_HEADER_MAX_BYTES), the file's size from `Content-Range` and its validator (strong
+ETag, else Last-Modified); the tensor table must fit that size before anything is trusted. An
+existing directory of the same URL and header is reused. `async_fetch_parts(store, manifest,
+parts)` then fetches exactly the missing tensors of those parts: runs separated by at most
+PARTIAL_COALESCE_GAP bytes go in one request `Range: bytes=a-b` with `If-Range: <validator>`.
+What arrived is written to the part files on one I/O thread and recorded per tensor
+(`fetch.json`) every PARTIAL_STATE_EVERY bytes and when an attempt ends, so a dropped connection
+resumes where the bytes stopped (nothing fetched twice). Answers:
+
+- 206 from the asked byte, total = the known size: streamed in.
+- 206 elsewhere (a wrong range): retried.
+- fewer bytes than asked (a truncated range, a dropped connection): retried from where it ended.
+- 200 with another validator (If-Range: the file changed), or a 206 of another total: every part
+  of the old version is dropped and the header probed again; the same header restarts the
+  fetch from zero, another one fails (the model this node named is gone from that URL).
+- 200 with the same validator: the server ignores Range; the file is read through once from
+  byte 0, keeping only the wanted tensors' bytes, and the connection dropped after the last.
+- 5xx / 429 retried (DOWNLOAD_RETRIES, backing off), other statuses fail.
+
+A part is complete when every byte of its tensors is here; its tensors are then hashed (sha256,
+on the I/O thread) into the manifest. Later loads check a part against those hashes
+(`PartialStore.verify`): a corrupt byte quarantines the part and it is fetched again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import aiohttp
+
+from node import const
+from node.errors import DownloadFailed, ModelLoadError
+from node.logs import kv
+from node.models.download.fetch import content_range, resume_validator
+from node.models.download.urls import describe_error, display_url, resolve_url
+from node.models.gguf_meta import GgufHeader, read_header_bytes
+
+from .layout import Manifest, PartialStore, new_manifest
+
+log = logging.getLogger(__name__)
+
+PROBE_BYTES = 64 << 10  # the first request; more (doubling) while the header runs on
+_CHUNK = 1 << 20
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+Progress = Callable[[int, int], None]  # (bytes received of the wanted, bytes wanted)
+
+
+class _Retry(Exception):
+    """An attempt failed in a way another attempt (resuming) fixes."""
+
+
+class _OriginChanged(Exception):
+    """The file at the URL is another version than the one being fetched."""
+
+
+@dataclass
+class FetchStats:
+    wire_bytes: int = 0  # every body byte read from the origin (gaps and skipped bytes included)
+    wanted_bytes: int = 0  # the tensors' bytes this fetch had to get
+    requests: int = 0
+    attempts: int = 0
+    restarts: int = 0  # the origin changed: everything fetched again
+
+
+def _timeout() -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S,
+                                 sock_read=const.DOWNLOAD_READ_TIMEOUT_S)
+
+
+async def async_probe(url: str, session: aiohttp.ClientSession,
+                      stats: FetchStats | None = None) -> tuple[bytes, GgufHeader, int, str | None, str | None]:
+    """(header bytes, parse, file size, validator, the whole file's sha256 if the origin says it)."""
+    resolved = resolve_url(url)
+    buf = bytearray()
+    want = PROBE_BYTES
+    size: int | None = None
+    validator = linked = None
+    while True:
+        before = len(buf)
+        headers = {"Range": f"bytes={len(buf)}-{want - 1}", "Accept-Encoding": "identity"}
+        if validator:
+            headers["If-Range"] = validator
+        async with session.get(resolved, headers=headers, auto_decompress=False) as resp:
+            if stats is not None:
+                stats.requests += 1
+            if resp.status not in (200, 206):
+                raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {display_url(resolved)}".strip())
+            v = resume_validator(resp.headers)
+            if validator and v != validator:
+                buf.clear()  # changed between two probe requests: start the probe again
+            validator = v
+            if resp.status == 206:
+                first, total = content_range(resp.headers.get("Content-Range"))
+                if first != len(buf):
+                    raise DownloadFailed(f"{display_url(resolved)} sent a range from byte {first}, asked {len(buf)}")
+            else:
+                buf.clear()
+                total = resp.content_length
+            size = total
+            etag = (resp.headers.get("X-Linked-ETag") or "").strip('"').lower()
+            linked = etag if _SHA.fullmatch(etag) else None
+            while len(buf) < want:
+                chunk = await resp.content.read(min(_CHUNK, want - len(buf)))
+                if not chunk:
+                    break
+                buf += chunk
+                if stats is not None:
+                    stats.wire_bytes += len(chunk)
+        if bytes(buf[:4]) != b"GGUF":
+            raise DownloadFailed(f"{display_url(resolved)} is not a GGUF file (it starts with {bytes(buf[:16])!r})")
+        if size is None:
+            raise DownloadFailed(f"{display_url(resolved)} does not say the file's size (no Content-Range "
+                                 "or Content-Length): layers cannot be fetched from it")
+        try:
+            header = read_header_bytes(bytes(buf), "origin header")
+        except ModelLoadError:
+            header = None
+        if header is not None and header.data_offset <= len(buf):
+            return bytes(buf[:header.data_offset]), header, size, validator, linked
+        if len(buf) >= min(size, const.MODEL_HEADER_MAX_BYTES) or len(buf) <= before:
+            raise DownloadFailed(f"{display_url(resolved)}: no GGUF header within "
+                                 f"{min(size, const.MODEL_HEADER_MAX_BYTES)} bytes")
+        want = min(size, const.MODEL_HEADER_MAX_BYTES,
+                   header.data_offset if header is not None else 2 * want)
+
+
+async def async_open_partial(url: str, directory: Path, *, sha256: str | None = None,
+                             session: aiohttp.ClientSession | None = None) -> tuple[PartialStore, Manifest]:
+    """The partial model of `url` in `directory`: the existing one if it is of the same URL and
+    header, else a new one holding nothing yet (the header probed from the origin)."""
+    loop = asyncio.get_running_loop()
+    store = PartialStore(directory)
+    own = session is None
+    session = session or aiohttp.ClientSession(timeout=_timeout())
+    try:
+        data, header, size, validator, linked = await async_probe(url, session)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise DownloadFailed(f"probing {display_url(resolve_url(url))} failed: {describe_error(exc)}") from exc
+    finally:
+        if own:
+            await session.close()
+    known = sha256.lower() if sha256 else linked
+    fresh = await loop.run_in_executor(None, lambda: new_manifest(
+        header, data, origin_url=display_url(resolve_url(url)), validator=validator, size_bytes=size, sha256=known))
+    if await loop.run_in_executor(None, store.is_partial, directory):
+        try:
+            old = await loop.run_in_executor(None, store.load)
+        except ModelLoadError:
+            old = None
+        if old is not None and old.origin_url == fresh.origin_url and old.header_sha256 == fresh.header_sha256 \
+                and old.size_bytes == size:
+            if old.validator != validator:  # same header, another version: nothing fetched is kept
+                await loop.run_in_executor(None, store.remove_parts, old, sorted({t.part for t in old.tensors.values()}))
+                old.validator = validator
+                await loop.run_in_executor(None, store.save, old)
+            return store, old
+    await loop.run_in_executor(None, store.create, fresh, data, header)
+    log.info("DIAG: partial model created %s", kv(url=fresh.origin_url, model=fresh.sha256[:16],
+                                                  size_mb=round(size / 1e6, 1), n_layers=fresh.n_layers))
+    return store, fresh
+
+
+def _coalesce(spans: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(spans):
+        if out and a - out[-1][1] <= gap:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+class _Writer:
+    """Routes origin bytes to the part files; blocking methods run on the fetch's I/O thread."""
+
+    def __init__(self, store: PartialStore, manifest: Manifest, names: list[str], have: dict[str, int]):
+        self.store, self.manifest = store, manifest
+        self.tensors = sorted((manifest.tensors[n] for n in names), key=lambda t: t.offset)
+        self.have = have
+        self.files: dict[str, IO[bytes]] = {}
+
+    def spans(self) -> list[tuple[int, int]]:
+        return [(t.offset + self.have.get(t.name, 0), t.offset + t.n_bytes)
+                for t in self.tensors if self.have.get(t.name, 0) < t.n_bytes]
+
+    def _file(self, part: str) -> IO[bytes]:
+        fh = self.files.get(part)
+        if fh is None:
+            path = self.store.part_path(part)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(path, "r+b" if path.exists() else "w+b")
+            self.files[part] = fh
+        return fh
+
+    def write(self, pos: int, data: bytes) -> int:
+        """Bytes at origin offset `pos`: the wanted ones land in their part files, only where they
+        extend what a tensor already has (contiguous). Returns the wanted bytes taken."""
+        end, taken = pos + len(data), 0
+        for t in self.tensors:
+            if t.offset >= end:
+                break
+            got = self.have.get(t.name, 0)
+            a = max(pos, t.offset + got)
+            b = min(end, t.offset + t.n_bytes)
+            if a >= b or a != t.offset + got:
+                continue
+            fh = self._file(t.part)
+            fh.seek(t.local + (a - t.offset))
+            fh.write(data[a - pos:b - pos])
+            self.have[t.name] = got + (b - a)
+            taken += b - a
+        return taken
+
+    def checkpoint(self) -> None:
+        for fh in self.files.values():
+            fh.flush()
+        self.store.save_fetch_state(self.manifest.validator, self.have)
+
+    def close(self) -> None:
+        self.checkpoint()
+        for fh in self.files.values():
+            fh.close()
+        self.files.clear()
+
+    def finish_parts(self) -> list[str]:
+        """Hash every part whose tensors are all here and mark it complete; returns them."""
+        done = []
+        for part in sorted({t.part for t in self.tensors}):
+            ts = self.manifest.part_tensors(part)
+            if part in self.manifest.complete or any(self.have.get(t.name, 0) < t.n_bytes for t in ts):
+                continue
+            digests = self.store.hash_part(self.manifest, part)
+            for t in ts:
+                t.sha256 = digests[t.name]
+                self.have.pop(t.name, None)
+            self.manifest.complete.add(part)
+            done.append(part)
+        self.store.save(self.manifest)
+        self.store.save_fetch_state(self.manifest.validator, self.have)
+        return done
+
+
+async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list[str], *,
+                            progress: Progress | None = None,
+                            session: aiohttp.ClientSession | None = None) -> FetchStats:
+    """Fetch the missing tensors of `parts` from the manifest's origin (see the module doc)."""
+    loop = asyncio.get_running_loop()
+    stats = FetchStats()
+    io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="partial-fetch")
+    own = session is None
+    session = session or aiohttp.ClientSession(timeout=_timeout())
+    started = time.monotonic()
+    try:
+        bad = await loop.run_in_executor(io, store.verify, manifest, parts)
+        for part in bad:
+            log.warning("DIAG: partial model part corrupt, quarantined and fetched again %s",
+                        kv(model=manifest.sha256[:16], part=part))
+        while True:
+            try:
+                await _async_fetch_version(store, manifest, parts, session, io, stats, progress)
+                break
+            except _OriginChanged as exc:
+                stats.restarts += 1
+                if stats.restarts > 2:
+                    raise DownloadFailed(f"{manifest.origin_url} keeps changing while its layers are fetched") from exc
+                log.warning("DIAG: model origin changed, fetching again from zero %s",
+                            kv(url=manifest.origin_url, reason=str(exc)))
+                await loop.run_in_executor(io, store.remove_parts, manifest,
+                                           sorted({t.part for t in manifest.tensors.values()}))
+                await loop.run_in_executor(io, store.save_fetch_state, None, {})
+                data, _header, size, validator, _ = await async_probe(manifest.origin_url, session, stats)
+                if hashlib.sha256(data).hexdigest() != manifest.header_sha256 or size != manifest.size_bytes:
+                    raise DownloadFailed(f"the file at {manifest.origin_url} changed: its header or size is "
+                                         "not the model's any more") from exc
+                manifest.validator = validator
+                await loop.run_in_executor(io, store.save, manifest)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed: {describe_error(exc)}") from exc
+    finally:
+        if own:
+            await session.close()
+        io.shutdown(wait=True)
+    log.info("DIAG: partial model parts fetched %s", kv(
+        model=manifest.sha256[:16], parts=len(parts), wanted_mb=round(stats.wanted_bytes / 1e6, 1),
+        wire_mb=round(stats.wire_bytes / 1e6, 1), requests=stats.requests, attempts=stats.attempts,
+        elapsed_s=round(time.monotonic() - started, 1), held=manifest.describe()))
+    return stats
+
+
+async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: list[str],
+                               session: aiohttp.ClientSession, io: concurrent.futures.Executor,
+                               stats: FetchStats, progress: Progress | None) -> None:
+    loop = asyncio.get_running_loop()
+    names = [t.name for t in manifest.tensors.values() if t.part in parts and t.part not in manifest.complete]
+    have = await loop.run_in_executor(io, store.fetch_state, manifest.validator)
+    w = _Writer(store, manifest, names, {n: have[n] for n in names if n in have})
+    total = sum(manifest.tensors[n].n_bytes for n in names)
+    stats.wanted_bytes = max(stats.wanted_bytes, total - sum(w.have.values()))
+    failures = 0
+    try:
+        while spans := w.spans():
+            stats.attempts += 1
+            try:
+                for a, b in _coalesce(spans, const.PARTIAL_COALESCE_GAP):
+                    if await _async_range(session, manifest, w, a, b, io, stats, progress, total):
+                        break  # the server sent the file through: every wanted byte went by
+                failures = 0
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, _Retry) as exc:
+                failures += 1
+                if failures >= const.DOWNLOAD_RETRIES:
+                    raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed {failures} times; "
+                                         f"last: {describe_error(exc)} (what arrived is kept)") from exc
+                delay = min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (failures - 1))
+                log.info("DIAG: layer fetch interrupted, resuming %s", kv(
+                    url=manifest.origin_url, attempt=failures, retry_in_s=delay, error=describe_error(exc)))
+                await loop.run_in_executor(io, w.checkpoint)
+                await asyncio.sleep(delay)
+    finally:
+        await loop.run_in_executor(io, w.close)
+    await loop.run_in_executor(io, w.finish_parts)
+
+
+async def _async_range(session: aiohttp.ClientSession, manifest: Manifest, w: _Writer, a: int, b: int,
+                       io: concurrent.futures.Executor, stats: FetchStats, progress: Progress | None,
+                       total: int) -> bool:
+    """One request for origin bytes [a, b); True when the server sent the whole file instead."""
+    loop = asyncio.get_running_loop()
+    headers = {"Range": f"bytes={a}-{b - 1}", "Accept-Encoding": "identity"}
+    if manifest.validator:
+        headers["If-Range"] = manifest.validator
+    async with session.get(resolve_url(manifest.origin_url), headers=headers, auto_decompress=False) as resp:
+        stats.requests += 1
+        if resp.status in (429, 500, 502, 503, 504):
+            raise _Retry(f"HTTP {resp.status}")
+        if resp.status not in (200, 206):
+            raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {manifest.origin_url}".strip())
+        if resp.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
+            raise DownloadFailed(f"{manifest.origin_url} sent the file encoded, asked identity")
+        if resp.status == 206:
+            first, size = content_range(resp.headers.get("Content-Range"))
+            if size != manifest.size_bytes:
+                raise _OriginChanged(f"size {size}, was {manifest.size_bytes}")
+            if first != a:
+                raise _Retry(f"server sent bytes from {first}, asked from {a}")
+            pos, stop, through = a, b, False
+        else:
+            if resume_validator(resp.headers) != manifest.validator or resp.content_length != manifest.size_bytes:
+                raise _OriginChanged("a full answer to If-Range: another version")
+            if not getattr(w, "warned", False):
+                w.warned = True  # type: ignore[attr-defined]
+                log.warning("DIAG: model origin ignores Range, reading the file through %s",
+                            kv(url=manifest.origin_url))
+            pos, stop, through = 0, max(e for _s, e in w.spans()), True
+        since, last_emit = 0, 0.0
+        while pos < stop:
+            chunk = await resp.content.read(min(_CHUNK, stop - pos))
+            if not chunk:
+                break
+            stats.wire_bytes += len(chunk)
+            await loop.run_in_executor(io, w.write, pos, chunk)
+            pos += len(chunk)
+            since += len(chunk)
+            if since >= const.PARTIAL_STATE_EVERY:
+                since = 0
+                await loop.run_in_executor(io, w.checkpoint)
+            now = time.monotonic()
+            if progress is not None and now - last_emit >= const.DOWNLOAD_PROGRESS_S:
+                last_emit = now
+                progress(sum(w.have.values()), total)
+        if pos < stop:
+            raise aiohttp.ClientPayloadError(f"range ended at byte {pos} of {a}-{b - 1}")
+    if progress is not None:
+        progress(sum(w.have.values()), total)
+    return through

@@ -1,0 +1,313 @@
+"""Partial models against a local HTTP server with Range support that counts the bytes it sends:
+a quarter of the layers costs a quarter of the file, the slice engine reads the partial model as
+it reads the whole file (same logits), and a dropped connection, a server ignoring Range, a
+changed file, a short range and a corrupt byte on disk are each handled."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+import torch
+from aiohttp import web
+
+from node import const
+from node.errors import DownloadFailed, ModelLoadError
+from node.inference.slice.model import SliceModel
+from node.inference.synth import SynthSpec, write_gguf
+from node.models.gguf_meta import read_header
+from node.models.partial import PartialStore, async_fetch_parts, async_open_partial, parts_for
+
+SPEC = SynthSpec(n_layers=8, hidden=256, n_heads=4, n_kv_heads=2, ffn=1024, vocab=512, n_ctx=256, name="part8")
+
+
+class RangeServer:
+    """One file at /m.gguf: `bytes=a-b` and `bytes=a-` ranges, a strong ETag with If-Range, and
+    misbehaviour on request; `sent` counts every body byte written."""
+
+    def __init__(self, data: bytes):
+        self.data, self.etag = data, '"v1"'
+        self.ignore_range = False
+        self.drop_after: int | None = None  # close the connection after this many body bytes (once)
+        self.short_by: int | None = None  # answer the next range this many bytes short (once)
+        self.change_after: tuple[int, bytes] | None = None  # after N body bytes, serve other bytes as "v2"
+        self.sent = 0
+        self.ranges: list[str | None] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/m.gguf", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.change_after is not None and self.sent >= self.change_after[0]:
+            self.data, self.etag, self.change_after = self.change_after[1], '"v2"', None
+        data, rng = self.data, request.headers.get("Range")
+        self.ranges.append(rng)
+        first, last, status = 0, len(data) - 1, 200
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
+        if m and not self.ignore_range and request.headers.get("If-Range") in (None, self.etag):
+            first = int(m.group(1))
+            last = min(int(m.group(2)), len(data) - 1) if m.group(2) else len(data) - 1
+            if self.short_by:
+                last, self.short_by = last - self.short_by, None
+            status = 206
+        resp = web.StreamResponse(status=status)
+        resp.headers["ETag"] = self.etag
+        if status == 206:
+            resp.headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+        resp.content_length = last - first + 1
+        await resp.prepare(request)
+        body = data[first:last + 1]
+        cut, self.drop_after = (self.drop_after, None) if self.drop_after is not None else (len(body), None)
+        try:
+            for i in range(0, min(cut, len(body)), 64 * 1024):
+                piece = body[i:min(i + 64 * 1024, cut)]
+                await resp.write(piece)
+                self.sent += len(piece)
+        except (ConnectionResetError, RuntimeError):  # the client went (it had what it wanted)
+            return resp
+        if cut < len(body):
+            await asyncio.sleep(0.5)  # the client reads what was sent before the connection drops
+            if request.transport is not None:
+                request.transport.close()
+            return resp
+        await resp.write_eof()
+        return resp
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("partial") / "part8.gguf", SPEC)
+
+
+@pytest.fixture
+async def server(model):
+    srv = RangeServer(model.read_bytes())
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch):
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+
+
+def _logits(path, start, end, tokens):
+    m = SliceModel.load(path, start, end, dtype="f32")
+    s = m.new_session("t")
+    return m.forward(s, tokens, 0)
+
+
+def _hidden(path, start, end, x):
+    m = SliceModel.load(path, start, end, dtype="f32")
+    return m.forward(m.new_session("t"), x, 0)
+
+
+async def test_a_quarter_of_the_layers_costs_a_quarter_of_the_file_and_gives_the_same_logits(
+        tmp_path, model, server):
+    size = model.stat().st_size
+    store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
+    header = read_header(store.header_path)
+    assert manifest.n_layers == 8 and manifest.size_bytes == size and not manifest.sha256_known
+    probe = server.sent
+    assert probe < size * 0.02  # the header probe, not the file
+
+    middle = parts_for(header, 2, 4)
+    stats = await async_fetch_parts(store, manifest, middle)
+    assert server.sent <= 0.30 * size, (server.sent, size)
+    assert stats.wire_bytes == server.sent - probe == stats.wanted_bytes  # contiguous layers: no gap bytes
+    assert manifest.describe().startswith("layers 2–3 of 8")
+    x = torch.randn(5, SPEC.hidden)
+    loop = asyncio.get_running_loop()
+    whole = await loop.run_in_executor(None, _hidden, model, 2, 4, x)
+    part = await loop.run_in_executor(None, _hidden, store.dir, 2, 4, x)
+    assert torch.equal(whole, part)
+
+    # the last quarter, with the head; the first slice of the same dir needs the embeddings too
+    await async_fetch_parts(store, manifest, parts_for(header, 6, 8))
+    assert manifest.held_layers == [2, 3, 6, 7]
+    h = torch.randn(4, SPEC.hidden)
+    assert torch.equal(await loop.run_in_executor(None, _hidden, model, 6, 8, h),
+                       await loop.run_in_executor(None, _hidden, store.dir, 6, 8, h))
+    with pytest.raises(ModelLoadError, match="not held"):  # layers 0-1 and the embeddings are not here
+        await loop.run_in_executor(None, _logits, store.dir, 0, 2, torch.tensor([1, 2, 3]))
+    # nothing is fetched again for what is held; the same URL reopens the same partial model
+    sent = server.sent
+    again = await async_fetch_parts(store, manifest, middle)
+    assert again.wire_bytes == 0
+    store2, manifest2 = await async_open_partial(server.url, tmp_path / "m.partial")
+    assert manifest2.held_layers == [2, 3, 6, 7] and server.sent - sent < size * 0.02
+
+
+async def test_a_dropped_connection_resumes_and_fetches_nothing_twice(tmp_path, model, server):
+    store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
+    header = read_header(store.header_path)
+    probe = server.sent
+    parts = parts_for(header, 0, 2)  # the first quarter: embeddings + layers 0-1
+    wanted = sum(t.n_bytes for t in manifest.tensors.values() if t.part in parts)
+    server.drop_after = wanted // 2 + 12345
+    stats = await async_fetch_parts(store, manifest, parts)
+    assert stats.attempts == 2 and server.ranges[-1] is not None
+    # exactly the wanted bytes crossed the wire (plus the gaps between runs coalesced together)
+    assert server.sent - probe == stats.wire_bytes
+    gaps = stats.wire_bytes - wanted
+    assert 0 <= gaps < const.PARTIAL_COALESCE_GAP
+    tokens = torch.tensor([3, 1, 4, 1, 5])
+    loop = asyncio.get_running_loop()
+    assert torch.equal(await loop.run_in_executor(None, _hidden, model, 0, 2, tokens),
+                       await loop.run_in_executor(None, _hidden, store.dir, 0, 2, tokens))
+
+
+async def test_a_server_ignoring_range_is_read_through_once(tmp_path, model, server):
+    store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
+    header = read_header(store.header_path)
+    server.ignore_range = True
+    stats = await async_fetch_parts(store, manifest, parts_for(header, 2, 4))
+    assert stats.requests == 1  # one pass from byte 0, dropped after the last wanted byte
+    assert manifest.held_layers == [2, 3]
+    last = max(t.offset + t.n_bytes for t in manifest.tensors.values() if t.part == "layer-0003")
+    assert stats.wire_bytes <= last + (1 << 20)
+    x = torch.randn(3, SPEC.hidden)
+    loop = asyncio.get_running_loop()
+    assert torch.equal(await loop.run_in_executor(None, _hidden, model, 2, 4, x),
+                       await loop.run_in_executor(None, _hidden, store.dir, 2, 4, x))
+
+
+async def test_a_short_range_is_retried_from_where_it_ended(tmp_path, model, server):
+    store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
+    header = read_header(store.header_path)
+    probe = server.sent
+    parts = parts_for(header, 4, 6)
+    server.short_by = 100_000
+    stats = await async_fetch_parts(store, manifest, parts)
+    assert stats.attempts == 2 and server.sent - probe == stats.wanted_bytes
+    assert manifest.held_layers == [4, 5]
+
+
+async def test_a_changed_file_restarts_from_zero_with_the_new_bytes(tmp_path, model, server):
+    store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
+    header = read_header(store.header_path)
+    parts = parts_for(header, 2, 4)
+    t = manifest.tensors["blk.3.ffn_down.weight"]
+    changed = bytearray(server.data)
+    changed[t.offset + 10] ^= 0xFF  # same header, other weights: a new version of the file
+    server.drop_after = 1_000_000  # the first request breaks; the file changes before the retry
+    server.change_after = (server.sent + 1, bytes(changed))
+    stats = await async_fetch_parts(store, manifest, parts)
+    assert stats.restarts == 1 and manifest.validator == '"v2"'
+    raw = (store.part_path(t.part)).read_bytes()
+    assert raw[t.local:t.local + t.n_bytes] == bytes(changed[t.offset:t.offset + t.n_bytes])
+
+    # another header at the URL: the model is gone from there (a clear error, nothing trusted)
+    other = write_gguf(tmp_path / "other.gguf", SPEC.replace(n_layers=4, name="other")).read_bytes()
+    store.remove_parts(manifest, parts)
+    server.data, server.etag = other, '"v3"'
+    with pytest.raises(DownloadFailed, match="changed"):
+        await async_fetch_parts(store, manifest, parts)
+
+
+async def test_a_corrupt_byte_on_disk_is_quarantined_and_fetched_again(tmp_path, model, server):
+    store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
+    header = read_header(store.header_path)
+    parts = parts_for(header, 2, 4)
+    await async_fetch_parts(store, manifest, parts)
+    path = store.part_path("layer-0003")
+    raw = bytearray(path.read_bytes())
+    raw[1000] ^= 1  # one flipped byte
+    path.write_bytes(bytes(raw))
+    before = server.sent
+    stats = await async_fetch_parts(store, manifest, parts)
+    assert stats.wanted_bytes == sum(t.n_bytes for t in manifest.part_tensors("layer-0003"))  # that part only
+    assert server.sent - before == stats.wire_bytes == stats.wanted_bytes
+    assert len(list((store.dir / "quarantine").iterdir())) == 1
+    assert store.verify(manifest, parts) == []
+    x = torch.randn(2, SPEC.hidden)
+    loop = asyncio.get_running_loop()
+    assert torch.equal(await loop.run_in_executor(None, _hidden, model, 2, 4, x),
+                       await loop.run_in_executor(None, _hidden, store.dir, 2, 4, x))
+
+
+async def test_what_is_not_a_model_is_refused_before_anything_is_stored(tmp_path, server):
+    server.data = b"<html>login</html>" + b" " * 5000
+    with pytest.raises(DownloadFailed, match="not a GGUF"):
+        await async_open_partial(server.url, tmp_path / "m.partial")
+    assert not (tmp_path / "m.partial").exists()
+    # a tensor table that runs past the file's end (a truncated upload) is refused too
+    good = write_gguf(tmp_path / "g.gguf", SPEC.replace(n_layers=2, name="g")).read_bytes()
+    server.data = good[: len(good) - 4096]
+    with pytest.raises(ModelLoadError, match="past the end"):
+        await async_open_partial(server.url, tmp_path / "m.partial")
+    assert not PartialStore.is_partial(tmp_path / "m.partial")
+
+
+def test_layers_map_to_parts(tmp_path):
+    header = read_header(write_gguf(tmp_path / "t.gguf", SPEC.replace(n_layers=4, tied=True, name="tied")))
+    assert parts_for(header, 1, 3) == ["layer-0001", "layer-0002"]
+    assert parts_for(header, 0, 1) == ["layer-0000", "embd"]
+    assert parts_for(header, 3, 4) == ["layer-0003", "embd", "head"]  # a tied head reads the embeddings
+    with pytest.raises(ModelLoadError):
+        parts_for(header, 2, 5)
+
+
+def _interleaved_copy(src, dst):
+    """The same model with its tensors reordered by kind (every layer's attn_norm, then every
+    layer's attn_q, …): a layer's tensors lie in as many runs across the file as it has kinds."""
+    import struct
+
+    data = src.read_bytes()
+    header = read_header(src)
+    pos, where = header.kv_end, {}
+    for _ in header.tensors:  # walk the tensor infos to find each offset field
+        (n,) = struct.unpack_from("<Q", data, pos)
+        name = data[pos + 8:pos + 8 + n].decode()
+        pos += 8 + n
+        (dims,) = struct.unpack_from("<I", data, pos)
+        pos += 4 + 8 * dims + 4
+        where[name] = pos
+        pos += 8
+    order = sorted(header.tensors, key=lambda t: (t.name.split(".", 2)[-1] if t.name.startswith("blk.") else "",
+                                                  t.name))
+    out = bytearray(data[:header.data_offset])
+    body, offset = bytearray(), 0
+    for t in order:
+        offset += (-offset) % header.alignment
+        body += b"\0" * (offset - len(body))
+        struct.pack_into("<Q", out, where[t.name], offset)
+        start = header.data_offset + t.offset
+        body += data[start:start + t.n_bytes]
+        offset += t.n_bytes
+    dst.write_bytes(bytes(out) + bytes(body))
+    return dst
+
+
+async def test_a_layer_spread_over_the_file_is_fetched_tensor_by_tensor(tmp_path, model):
+    loop = asyncio.get_running_loop()
+    spread = await loop.run_in_executor(None, _interleaved_copy, model, tmp_path / "spread.gguf")
+    srv = RangeServer(await loop.run_in_executor(None, spread.read_bytes))
+    await srv.start()
+    try:
+        store, manifest = await async_open_partial(srv.url, tmp_path / "s.partial")
+        probe = srv.sent
+        parts = parts_for(read_header(store.header_path), 2, 4)
+        stats = await async_fetch_parts(store, manifest, parts)
+        assert stats.requests >= 5  # one run per tensor kind: the layers are not one range
+        assert srv.sent - probe == stats.wire_bytes <= stats.wanted_bytes + stats.requests * const.PARTIAL_COALESCE_GAP
+        assert stats.wire_bytes < 0.30 * len(srv.data)
+    finally:
+        await srv.stop()
+    x = torch.randn(3, SPEC.hidden)
+    whole = await loop.run_in_executor(None, _hidden, model, 2, 4, x)
+    assert torch.equal(whole, await loop.run_in_executor(None, _hidden, spread, 2, 4, x))
+    assert torch.equal(whole, await loop.run_in_executor(None, _hidden, store.dir, 2, 4, x))
