@@ -17,7 +17,7 @@ from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
-from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound
+from node.errors import Conflict, DownloadFailed, InvalidRequest, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
@@ -303,7 +303,18 @@ class Node:
         dirs = set()
         for url in urls:
             name = Path(file_name_for(resolve_url(url), None)).stem + PARTIAL_SUFFIX
-            store, manifest = await async_open_partial(url, self.data_dir / MODELS_DIR / name)
+            directory = self.data_dir / MODELS_DIR / name
+            try:
+                store, manifest = await async_open_partial(url, directory)
+            except DownloadFailed as exc:  # the origin is unreachable: serve what is here already
+                store = PartialStore(directory)
+                loop = asyncio.get_running_loop()
+                manifest = await loop.run_in_executor(None, store.load) \
+                    if await loop.run_in_executor(None, store.is_partial, directory) else None
+                if manifest is None or manifest.origin_url != display_url(resolve_url(url)):
+                    raise
+                log.warning("DIAG: model origin unreachable, serving the layers held %s",
+                            kv(url=manifest.origin_url, held=manifest.describe(), error=exc.message))
             log.info("DIAG: partial model opened %s", kv(url=display_url(resolve_url(url)), dir=name,
                                                          held=manifest.describe()))
             dirs.add(store.dir.resolve())

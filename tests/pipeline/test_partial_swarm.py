@@ -71,6 +71,15 @@ def test_three_nodes_fetch_a_copy_between_them_and_serve_the_whole_model(tmp_pat
                 assert 'partial="layers ' in report
                 row = next(ln for ln in report.splitlines() if 'partial="layers ' in ln)
                 assert "from=" in row and origin.url not in report  # the host only (redacted unless loopback)
+
+            # with the origin gone, a restarted node serves the layers it holds
+            origin.close()
+            restarted = nodes[0]
+            restarted.terminate()
+            restarted.start()
+            run(restarted.async_wait_ready())
+            assert "model origin unreachable, serving the layers held" in restarted.node_log()
+            assert run(held([restarted]))[restarted.name] == ranges[restarted.name]
         finally:
             for p in procs:
                 p.terminate()

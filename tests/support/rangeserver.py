@@ -57,6 +57,11 @@ class ThreadedOrigin:
         return self
 
     def __exit__(self, *_exc) -> None:
-        self.server.shutdown()
+        self.close()
+
+    def close(self) -> None:
+        """Stop serving (idempotent): the origin is gone."""
+        if self._thread.is_alive():
+            self.server.shutdown()
+            self._thread.join(5)
         self.server.server_close()
-        self._thread.join(5)
