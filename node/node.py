@@ -327,9 +327,16 @@ class Node:
         parts = parts_for(entry.header, start, end)
         label = f"{start}-{end - 1}"
 
-        def progress(done: int, total: int) -> None:
-            log.debug("DIAG: fetching layers %s", kv(model=entry.id, layers=label, done_mb=round(done / 1e6, 1),
-                                                     of_mb=round(total / 1e6, 1)))
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:  # an INFO line every PARTIAL_PROGRESS_LOG_S (the CLI's)
+            now = time.monotonic()
+            level = logging.INFO if now - last[0] >= const.PARTIAL_PROGRESS_LOG_S or done >= total else logging.DEBUG
+            if level == logging.INFO:
+                last[0] = now
+            log.log(level, "DIAG: fetching layers %s", kv(
+                model=entry.id, layers=label, done_mb=round(done / 1e6, 1), of_mb=round(total / 1e6, 1),
+                percent=round(100 * done / max(total, 1))))
 
         async with self._partial_lock:
             if not manifest.covers(parts):
