@@ -7,6 +7,7 @@ loop): `await node.start()` ... `await node.stop()`. It composes the parts; the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -82,6 +83,7 @@ class Node:
                                                              int(config.slice_weight_cache_mb * 2**20)))
         self.slice_host.fetch_layers, self.slice_host.trim_layers = self._async_fetch_layers, self._async_trim_layers
         self._partial_lock = asyncio.Lock()  # one fetch or trim of partial models at a time
+        self._origin_urls: dict[Path, str] = {}  # partial model dir -> its --model URL as given
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
@@ -302,7 +304,9 @@ class Node:
                               "(`swarmllm download URL` fetches the whole file)", param="model")
         dirs = set()
         for url in urls:
-            name = Path(file_name_for(resolve_url(url), None)).stem + PARTIAL_SUFFIX
+            resolved = resolve_url(url)
+            tag = hashlib.sha256(display_url(resolved).encode()).hexdigest()[:8]  # two URLs, two dirs
+            name = f"{Path(file_name_for(resolved, None)).stem}-{tag}{PARTIAL_SUFFIX}"
             directory = self.data_dir / MODELS_DIR / name
             try:
                 store, manifest = await async_open_partial(url, directory)
@@ -318,6 +322,7 @@ class Node:
             log.info("DIAG: partial model opened %s", kv(url=display_url(resolve_url(url)), dir=name,
                                                          held=manifest.describe()))
             dirs.add(store.dir.resolve())
+            self._origin_urls[store.dir.resolve()] = url  # with its query (never stored on disk)
         return dirs
 
     async def _async_fetch_layers(self, entry: ModelEntry, start: int, end: int) -> None:
@@ -341,7 +346,11 @@ class Node:
         async with self._partial_lock:
             if not manifest.covers(parts):
                 self.note_activity(f"fetching layers {label} of {entry.id} from its origin")
-            stats = await async_fetch_parts(store, manifest, parts, progress=progress)
+            stats = await async_fetch_parts(store, manifest, parts, progress=progress,
+                                            url=self._origin_urls.get(entry.path))
+            if stats.restarts and self.slice_host.weight_cache is not None:  # same id, other bytes
+                await asyncio.get_running_loop().run_in_executor(None, self.slice_host.weight_cache.forget,
+                                                                 entry.sha256)
         if stats.wire_bytes:
             self.note_activity(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
 

@@ -204,7 +204,9 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
         store = PartialStore(path)
         manifest = store.load()
         header = read_header(store.header_path)
-        name = readable_name(Path(path.name.removesuffix(PARTIAL_SUFFIX)), header)
+        # `<stem>-<url tag>.partial`: the name is the stem's (dots kept, as a file's would be)
+        stem = re.sub(r"-[0-9a-f]{8}$", "", path.name.removesuffix(PARTIAL_SUFFIX))
+        name = readable_name(Path(stem + ".gguf"), header)
         return ModelEntry(f"{name}-{manifest.sha256[:8]}", name, path.resolve(), manifest.sha256, manifest.size_bytes,
                           source, header, header_sha256=manifest.header_sha256, header_bytes=manifest.header_bytes,
                           origin_url=manifest.origin_url, partial=manifest)

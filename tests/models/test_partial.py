@@ -171,9 +171,9 @@ async def test_a_dropped_connection_resumes_and_fetches_nothing_twice(tmp_path, 
 
 
 async def test_a_server_ignoring_range_is_read_through_once(tmp_path, model, server):
+    server.ignore_range = True  # from the probe on: 200s with the whole file
     store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
     header = read_header(store.header_path)
-    server.ignore_range = True
     stats = await async_fetch_parts(store, manifest, parts_for(header, 2, 4))
     assert stats.requests == 1  # one pass from byte 0, dropped after the last wanted byte
     assert manifest.held_layers == [2, 3]
@@ -200,15 +200,19 @@ async def test_a_changed_file_restarts_from_zero_with_the_new_bytes(tmp_path, mo
     store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
     header = read_header(store.header_path)
     parts = parts_for(header, 2, 4)
-    t = manifest.tensors["blk.3.ffn_down.weight"]
+    t = manifest.tensors["blk.2.attn_norm.weight"]  # the first bytes of the range: fetched before the drop
     changed = bytearray(server.data)
     changed[t.offset + 10] ^= 0xFF  # same header, other weights: a new version of the file
+    t3 = manifest.tensors["blk.3.ffn_down.weight"]
+    changed[t3.offset + 10] ^= 0xFF
     server.drop_after = 1_000_000  # the first request breaks; the file changes before the retry
     server.change_after = (server.sent + 1, bytes(changed))
     stats = await async_fetch_parts(store, manifest, parts)
     assert stats.restarts == 1 and manifest.validator == '"v2"'
-    raw = (store.part_path(t.part)).read_bytes()
-    assert raw[t.local:t.local + t.n_bytes] == bytes(changed[t.offset:t.offset + t.n_bytes])
+    for part in parts:  # every byte is the new version's: nothing of the old one spliced in
+        raw = store.part_path(part).read_bytes()
+        for x in manifest.part_tensors(part):
+            assert raw[x.local:x.local + x.n_bytes] == bytes(changed[x.offset:x.offset + x.n_bytes]), x.name
 
     # another header at the URL: the model is gone from there (a clear error, nothing trusted)
     other = write_gguf(tmp_path / "other.gguf", SPEC.replace(n_layers=4, name="other")).read_bytes()
@@ -311,3 +315,41 @@ async def test_a_layer_spread_over_the_file_is_fetched_tensor_by_tensor(tmp_path
     whole = await loop.run_in_executor(None, _hidden, model, 2, 4, x)
     assert torch.equal(whole, await loop.run_in_executor(None, _hidden, spread, 2, 4, x))
     assert torch.equal(whole, await loop.run_in_executor(None, _hidden, store.dir, 2, 4, x))
+
+
+async def test_rope_factors_come_with_the_header_and_a_signed_url_is_never_stored(tmp_path):
+    from node.inference.pipeline.autoserve import slice_sizes
+
+    spec = SPEC.replace(n_layers=4, rope_scaling="llama3", rope_scaling_factor=8.0, rope_orig_ctx=128, name="l3")
+    loop = asyncio.get_running_loop()
+    path = await loop.run_in_executor(None, write_gguf, tmp_path / "l3.gguf", spec)
+    srv = RangeServer(await loop.run_in_executor(None, path.read_bytes))
+    await srv.start()
+    try:
+        signed = srv.url + "?token=SECRET123"
+        store, manifest = await async_open_partial(signed, tmp_path / "l3.partial")
+        assert "globals" in manifest.complete  # rope_freqs: what the model's configuration reads
+        sizes = await loop.run_in_executor(None, slice_sizes, store.dir, "f32")  # budgets before any layer
+        assert sizes.n_layers == 4
+        await async_fetch_parts(store, manifest, parts_for(read_header(store.header_path), 1, 3), url=signed)
+        on_disk = b"".join(p.read_bytes() for p in store.dir.glob("*.json"))
+        assert b"SECRET123" not in on_disk and manifest.origin_url == srv.url
+        with pytest.raises(DownloadFailed, match="not this partial model"):
+            await async_fetch_parts(store, manifest, ["layer-0000"], url="http://127.0.0.1:1/other.gguf")
+    finally:
+        await srv.stop()
+    x = torch.randn(3, spec.hidden)
+    assert torch.equal(await loop.run_in_executor(None, _hidden, path, 1, 3, x),
+                       await loop.run_in_executor(None, _hidden, store.dir, 1, 3, x))
+
+
+async def test_the_catalog_lists_a_partial_model_by_its_files_name(tmp_path, server):
+    from node.models.catalog import ModelCatalog
+
+    d = tmp_path / "Llama-3.2-1B-Q8_0-0123abcd.partial"
+    store, manifest = await async_open_partial(server.url, d)
+    await async_fetch_parts(store, manifest, parts_for(read_header(store.header_path), 2, 4))
+    [entry] = await ModelCatalog(None).async_scan([(d, "cli")])
+    assert entry.name == "llama-3.2-1b-q8_0" and entry.id == f"llama-3.2-1b-q8_0-{manifest.sha256[:8]}"
+    assert entry.partial is not None and not entry.whole_ok and entry.tokenizer_path == store.vocab_path
+    assert entry.summary()["partial"].startswith("layers 2–3 of 8, ") and entry.summary()["held_layers"] == [2, 3]

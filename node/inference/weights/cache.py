@@ -171,6 +171,16 @@ class WeightCache:
                 pass
             return False
 
+    def forget(self, sha256: str) -> int:
+        """Remove every cached part of the file with this sha256 (its bytes changed under the
+        same identity: a partial model whose origin changed); returns the directories removed."""
+        gone = 0
+        for d in self._dirs():
+            if d.name.startswith(sha256[:32] + "-"):
+                shutil.rmtree(d, ignore_errors=True)
+                gone += 1
+        return gone
+
     # --- housekeeping ---------------------------------------------------------------------------
 
     def total_bytes(self) -> int:

@@ -31,6 +31,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -125,8 +126,11 @@ async def async_probe(url: str, session: aiohttp.ClientSession,
             raise DownloadFailed(f"{display_url(resolved)} does not say the file's size (no Content-Range "
                                  "or Content-Length): layers cannot be fetched from it")
         try:
-            header = read_header_bytes(bytes(buf), "origin header")
-        except ModelLoadError:
+            header = await asyncio.get_running_loop().run_in_executor(None, read_header_bytes, bytes(buf),
+                                                                      "origin header")
+        except ModelLoadError as exc:
+            if "truncated" not in exc.message:
+                raise DownloadFailed(f"{display_url(resolved)}: {exc.message}") from exc
             header = None
         if header is not None and header.data_offset <= len(buf):
             return bytes(buf[:header.data_offset]), header, size, validator, linked
@@ -164,13 +168,23 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
                 and old.size_bytes == size:
             if old.validator != validator:  # same header, another version: nothing fetched is kept
                 await loop.run_in_executor(None, store.remove_parts, old, sorted({t.part for t in old.tensors.values()}))
+                await loop.run_in_executor(None, store.save_fetch_state, None, {})
                 old.validator = validator
                 await loop.run_in_executor(None, store.save, old)
-            return store, old
-    await loop.run_in_executor(None, store.create, fresh, data, header)
-    log.info("DIAG: partial model created %s", kv(url=fresh.origin_url, model=fresh.sha256[:16],
-                                                  size_mb=round(size / 1e6, 1), n_layers=fresh.n_layers))
-    return store, fresh
+            manifest = old
+        else:
+            manifest = None
+    else:
+        manifest = None
+    if manifest is None:
+        await loop.run_in_executor(None, store.create, fresh, data, header)
+        log.info("DIAG: partial model created %s", kv(url=fresh.origin_url, model=fresh.sha256[:16],
+                                                      size_mb=round(size / 1e6, 1), n_layers=fresh.n_layers))
+        manifest = fresh
+    if any(t.part == "globals" for t in manifest.tensors.values()) and "globals" not in manifest.complete:
+        # rope factors and the like: tiny, and read by the model's configuration (budgets, shapes)
+        await async_fetch_parts(store, manifest, ["globals"], url=url)
+    return store, manifest
 
 
 def _coalesce(spans: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
@@ -191,6 +205,10 @@ class _Writer:
         self.tensors = sorted((manifest.tensors[n] for n in names), key=lambda t: t.offset)
         self.have = have
         self.files: dict[str, IO[bytes]] = {}
+
+    def received(self) -> int:
+        """Bytes of this fetch's tensors here so far."""
+        return sum(min(self.have.get(t.name, 0), t.n_bytes) for t in self.tensors)
 
     def spans(self) -> list[tuple[int, int]]:
         return [(t.offset + self.have.get(t.name, 0), t.offset + t.n_bytes)
@@ -225,15 +243,18 @@ class _Writer:
         return taken
 
     def checkpoint(self) -> None:
-        for fh in self.files.values():
+        for fh in self.files.values():  # the bytes are on disk before the count that says so
             fh.flush()
+            os.fsync(fh.fileno())
         self.store.save_fetch_state(self.manifest.validator, self.have)
 
     def close(self) -> None:
-        self.checkpoint()
-        for fh in self.files.values():
-            fh.close()
-        self.files.clear()
+        try:
+            self.checkpoint()
+        finally:
+            for fh in self.files.values():
+                fh.close()
+            self.files.clear()
 
     def finish_parts(self) -> list[str]:
         """Hash every part whose tensors are all here and mark it complete; returns them."""
@@ -254,10 +275,15 @@ class _Writer:
 
 
 async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list[str], *,
-                            progress: Progress | None = None,
+                            url: str | None = None, progress: Progress | None = None,
                             session: aiohttp.ClientSession | None = None) -> FetchStats:
-    """Fetch the missing tensors of `parts` from the manifest's origin (see the module doc)."""
+    """Fetch the missing tensors of `parts` from the manifest's origin (see the module doc).
+    `url`: the origin as given, with its query (a signed URL's credentials are never stored: the
+    manifest holds the URL without them); default the manifest's."""
     loop = asyncio.get_running_loop()
+    url = resolve_url(url or manifest.origin_url)
+    if display_url(url) != manifest.origin_url:
+        raise DownloadFailed(f"{display_url(url)} is not this partial model's origin {manifest.origin_url}")
     stats = FetchStats()
     io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="partial-fetch")
     own = session is None
@@ -270,7 +296,7 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
                         kv(model=manifest.sha256[:16], part=part))
         while True:
             try:
-                await _async_fetch_version(store, manifest, parts, session, io, stats, progress)
+                await _async_fetch_version(store, manifest, parts, url, session, io, stats, progress)
                 break
             except _OriginChanged as exc:
                 stats.restarts += 1
@@ -281,7 +307,7 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
                 await loop.run_in_executor(io, store.remove_parts, manifest,
                                            sorted({t.part for t in manifest.tensors.values()}))
                 await loop.run_in_executor(io, store.save_fetch_state, None, {})
-                data, _header, size, validator, _ = await async_probe(manifest.origin_url, session, stats)
+                data, _header, size, validator, _ = await async_probe(url, session, stats)
                 if hashlib.sha256(data).hexdigest() != manifest.header_sha256 or size != manifest.size_bytes:
                     raise DownloadFailed(f"the file at {manifest.origin_url} changed: its header or size is "
                                          "not the model's any more") from exc
@@ -289,10 +315,13 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
                 await loop.run_in_executor(io, store.save, manifest)
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed: {describe_error(exc)}") from exc
+    except OSError as exc:  # disk full, permissions: the slice load fails with the reason
+        raise DownloadFailed(f"writing layers of {manifest.origin_url} failed: "
+                             f"{type(exc).__name__}: {exc.strerror or exc}") from exc
     finally:
         if own:
             await session.close()
-        io.shutdown(wait=True)
+        io.shutdown(wait=False)  # a hash still running on a cancel ends on its own
     log.info("DIAG: partial model parts fetched %s", kv(
         model=manifest.sha256[:16], parts=len(parts), wanted_mb=round(stats.wanted_bytes / 1e6, 1),
         wire_mb=round(stats.wire_bytes / 1e6, 1), requests=stats.requests, attempts=stats.attempts,
@@ -300,26 +329,31 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
     return stats
 
 
-async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: list[str],
+async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: list[str], url: str,
                                session: aiohttp.ClientSession, io: concurrent.futures.Executor,
                                stats: FetchStats, progress: Progress | None) -> None:
     loop = asyncio.get_running_loop()
     names = [t.name for t in manifest.tensors.values() if t.part in parts and t.part not in manifest.complete]
-    have = await loop.run_in_executor(io, store.fetch_state, manifest.validator)
-    w = _Writer(store, manifest, names, {n: have[n] for n in names if n in have})
+    have = await loop.run_in_executor(io, store.fetch_state, manifest.validator)  # every tensor's: kept
+    for part in {manifest.tensors[n].part for n in names}:  # bytes counted into a part file that is gone
+        if not await loop.run_in_executor(io, store.part_path(part).exists):
+            for t in manifest.part_tensors(part):
+                have.pop(t.name, None)
+    w = _Writer(store, manifest, names, have)
     total = sum(manifest.tensors[n].n_bytes for n in names)
-    stats.wanted_bytes = max(stats.wanted_bytes, total - sum(w.have.values()))
+    stats.wanted_bytes = max(stats.wanted_bytes, total - w.received())
     failures = 0
     try:
         while spans := w.spans():
             stats.attempts += 1
+            before = w.received()
             try:
                 for a, b in _coalesce(spans, const.PARTIAL_COALESCE_GAP):
-                    if await _async_range(session, manifest, w, a, b, io, stats, progress, total):
+                    if await _async_range(session, url, manifest, w, a, b, io, stats, progress, total):
                         break  # the server sent the file through: every wanted byte went by
                 failures = 0
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, _Retry) as exc:
-                failures += 1
+                failures = 1 if w.received() > before else failures + 1  # progress: not a failure streak
                 if failures >= const.DOWNLOAD_RETRIES:
                     raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed {failures} times; "
                                          f"last: {describe_error(exc)} (what arrived is kept)") from exc
@@ -333,7 +367,7 @@ async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: l
     await loop.run_in_executor(io, w.finish_parts)
 
 
-async def _async_range(session: aiohttp.ClientSession, manifest: Manifest, w: _Writer, a: int, b: int,
+async def _async_range(session: aiohttp.ClientSession, url: str, manifest: Manifest, w: _Writer, a: int, b: int,
                        io: concurrent.futures.Executor, stats: FetchStats, progress: Progress | None,
                        total: int) -> bool:
     """One request for origin bytes [a, b); True when the server sent the whole file instead."""
@@ -341,7 +375,7 @@ async def _async_range(session: aiohttp.ClientSession, manifest: Manifest, w: _W
     headers = {"Range": f"bytes={a}-{b - 1}", "Accept-Encoding": "identity"}
     if manifest.validator:
         headers["If-Range"] = manifest.validator
-    async with session.get(resolve_url(manifest.origin_url), headers=headers, auto_decompress=False) as resp:
+    async with session.get(url, headers=headers, auto_decompress=False) as resp:
         stats.requests += 1
         if resp.status in (429, 500, 502, 503, 504):
             raise _Retry(f"HTTP {resp.status}")
@@ -351,8 +385,12 @@ async def _async_range(session: aiohttp.ClientSession, manifest: Manifest, w: _W
             raise DownloadFailed(f"{manifest.origin_url} sent the file encoded, asked identity")
         if resp.status == 206:
             first, size = content_range(resp.headers.get("Content-Range"))
-            if size != manifest.size_bytes:
-                raise _OriginChanged(f"size {size}, was {manifest.size_bytes}")
+            if size is None:
+                raise _Retry(f"a 206 without a usable Content-Range ({resp.headers.get('Content-Range')!r})")
+            if size != manifest.size_bytes or resume_validator(resp.headers) != manifest.validator:
+                # another version (a server that ignores If-Range still names it): never spliced
+                raise _OriginChanged(f"size {size}, was {manifest.size_bytes}; validator "
+                                     f"{resume_validator(resp.headers)!r}, was {manifest.validator!r}")
             if first != a:
                 raise _Retry(f"server sent bytes from {first}, asked from {a}")
             pos, stop, through = a, b, False
@@ -379,9 +417,9 @@ async def _async_range(session: aiohttp.ClientSession, manifest: Manifest, w: _W
             now = time.monotonic()
             if progress is not None and now - last_emit >= const.DOWNLOAD_PROGRESS_S:
                 last_emit = now
-                progress(sum(w.have.values()), total)
+                progress(w.received(), total)
         if pos < stop:
             raise aiohttp.ClientPayloadError(f"range ended at byte {pos} of {a}-{b - 1}")
     if progress is not None:
-        progress(sum(w.have.values()), total)
+        progress(w.received(), total)
     return through
