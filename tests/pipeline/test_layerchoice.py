@@ -236,3 +236,14 @@ def test_a_repair_below_the_floor_goes_to_the_narrowest_node_that_lifts_it_all()
     for seed in range(10):  # whatever the hash says
         node_id, move = first_mover(L, spans, budgets, seed=seed, balance=False)
         assert node_id == "w2" and (move.start, move.end) == (4, 6), seed
+
+
+def test_of_equally_weak_windows_the_one_on_disk_wins():
+    # layers 3-4 have no holder; windows 2-4 and 3-5 lift them alike: a partial model holding 3-5
+    # takes 3-5 (nothing to fetch), whatever its hash would have said
+    others = [Span("a", 0, 3, 9.0), Span("b", 5, 8, 1.0)]  # b is faster: 2-4 would be the weakest window
+    budget = LayerBudget(3, 3)
+    assert {best_window(8, others, budget, f"node{i}") for i in range(20)} == {(2, 5)}
+    picks = {best_window(8, others, budget, f"node{i}", held=frozenset({3, 4, 5})) for i in range(20)}
+    assert picks == {(3, 6)}
+    assert {best_window(8, others, budget, f"node{i}", held=frozenset({2, 3, 4})) for i in range(20)} == {(2, 5)}

@@ -301,7 +301,8 @@ class AutoServe:
         mine = self.host.for_model(entry.sha256)
         others = [s for s in cov.spans if s.node_id != self.node_id]
         if not mine:
-            d = lc.choose_range(n, others, m.budget, self.node_id, m.seed)
+            held = frozenset(entry.partial.held_layers) if entry.partial is not None else frozenset()
+            d = lc.choose_range(n, others, m.budget, self.node_id, m.seed, held=held)
             if d is None:
                 if not m.settled:
                     self._log(m, "none", coverage_text(n, others), coverage_text(n, others), "budget_fits_no_layer")

@@ -234,43 +234,56 @@ def _candidates(n_layers: int, budget: LayerBudget) -> list[tuple[int, int]]:
     return out
 
 
-def _best_window(cover: _Cover, budget: LayerBudget, node_id: str, seed: int) -> tuple[int, int] | None:
+def _best_window(cover: _Cover, budget: LayerBudget, node_id: str, seed: int,
+                 held: frozenset[int] = frozenset()) -> tuple[int, int] | None:
     n_layers = cover.n_layers
     options = _candidates(n_layers, budget)
     if not options:
         return None
-    strength = cover.strength()
     width = max(end - start for start, end in options)
-    rows = np.full((len(options), width), np.inf)
     plain = [i for i, (start, end) in enumerate(options) if end - start == budget.layers and end < n_layers]
-    if plain:  # the windows of the plain width, sorted in one go
-        windows = np.lib.stride_tricks.sliding_window_view(strength, budget.layers)
-        first = options[plain[0]][0]
-        rows[plain[0]:plain[-1] + 1, : budget.layers] = np.sort(windows[first:first + len(plain)], axis=1)
-    for i, (start, end) in enumerate(options):
-        if not plain or not plain[0] <= i <= plain[-1]:
-            rows[i, : end - start] = np.sort(strength[start:end])
+
+    def sorted_rows(values: np.ndarray) -> list[np.ndarray]:
+        """Each window's values sorted ascending, as sort keys (column 0 = its weakest layer)."""
+        rows = np.full((len(options), width), np.inf)
+        if plain:  # the windows of the plain width, sorted in one go
+            windows = np.lib.stride_tricks.sliding_window_view(values, budget.layers)
+            first = options[plain[0]][0]
+            rows[plain[0]:plain[-1] + 1, : budget.layers] = np.sort(windows[first:first + len(plain)], axis=1)
+        for i, (start, end) in enumerate(options):
+            if not plain or not plain[0] <= i <= plain[-1]:
+                rows[i, : end - start] = np.sort(values[start:end])
+        return [rows[:, c] for c in range(width - 1, -1, -1)]
+
     starts = np.array([start for start, _ in options])
     unaligned = np.array([not (start % (end - start) == 0 or end == n_layers) for start, end in options])
     tie = _tie_row(seed, node_id, n_layers + 1)[starts]
     # np.lexsort: the last key is the primary one (the weakest layer of each window first)
-    order = np.lexsort((tie, unaligned, *(rows[:, c] for c in range(width - 1, -1, -1))))
-    return options[int(order[0])]
+    keys = [tie, unaligned, *sorted_rows(cover.strength())]
+    if held:  # a partial model: of windows with the same holder counts, the one needing the fewest
+        # layers fetched (a layer not on this disk costs a download; an unreachable origin, a failure)
+        missing = np.array([sum(1 for i in range(start, end) if i not in held) for start, end in options])
+        keys += [missing, *sorted_rows(cover.capped().astype(float))]
+    return options[int(np.lexsort(keys)[0])]
 
 
 def best_window(n_layers: int, others: Sequence[Span], budget: LayerBudget, node_id: str,
-                seed: int = 0) -> tuple[int, int] | None:
+                seed: int = 0, held: frozenset[int] = frozenset()) -> tuple[int, int] | None:
     """The weakest-covered window this budget fits (None when not even one layer fits): the
-    lexicographically smallest sorted strengths, then an aligned tile (start a multiple of the
-    width, or ending at the last layer), then a seeded node-id hash."""
-    return _best_window(_Cover(n_layers, others), budget, node_id, seed)
+    lexicographically smallest sorted strengths (for a partial model, `held` = the layers on this
+    node's disk: the smallest sorted holder counts, then the fewest layers not held, then the
+    strengths), then an aligned tile (start a multiple of
+    the width, or ending at the last layer), then a seeded node-id hash."""
+    return _best_window(_Cover(n_layers, others), budget, node_id, seed, held)
 
 
 def choose_range(n_layers: int, others: Sequence[Span], budget: LayerBudget, node_id: str,
-                 seed: int = 0, ms_per_layer: float | None = None) -> Decision | None:
-    """First choice of a node that serves nothing yet: the weakest window it fits."""
+                 seed: int = 0, ms_per_layer: float | None = None,
+                 held: frozenset[int] = frozenset()) -> Decision | None:
+    """First choice of a node that serves nothing yet: the weakest window it fits (of equally
+    weak ones, the one whose layers are on disk already)."""
     cover = _Cover(n_layers, others)
-    window = _best_window(cover, budget, node_id, seed)
+    window = _best_window(cover, budget, node_id, seed, held)
     if window is None:
         return None
     after = cover.edited(add=(*window, Span(node_id, *window, ms_per_layer).throughput)).quality()
