@@ -7,7 +7,6 @@ loop): `await node.start()` ... `await node.stop()`. It composes the parts; the 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from pathlib import Path
@@ -18,26 +17,26 @@ from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
-from node.errors import Conflict, DownloadFailed, InvalidRequest, ModelLoadError, ModelNotFound
+from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
+from node.inference.pipeline.partials import PartialModels
 from node.inference.pipeline.remote_serve import RemoteGenerateServer
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
 from node.inference.swarm_models import SwarmModels
 from node.inference.weights.cache import WeightCache
-from node.logs import kv
 from node.metrics import NodeMetrics
-from node.models.catalog import ModelCatalog, ModelEntry
-from node.models.download import DownloadJob, ModelDownloader, display_url, file_name_for, resolve_url
+from node.models.catalog import ModelCatalog
+from node.models.download import DownloadJob, ModelDownloader, display_url
 from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.partial import SUFFIX as PARTIAL_SUFFIX
-from node.models.partial import PartialStore, async_fetch_parts, async_open_partial, parts_for
+from node.models.partial import PartialStore
 from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.resources import default_model_path
 from node.sysinfo import MachineInfo, collect
@@ -77,13 +76,11 @@ class Node:
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
         self.peers: PeerManager | None = None
+        weight_cache = WeightCache(self.data_dir / WEIGHT_CACHE_DIR, int(config.slice_weight_cache_mb * 2**20))
+        self.partials = PartialModels(self.data_dir / MODELS_DIR, weight_cache, note=self.note_activity)
         self.slice_host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only,
                                     kv_budget_bytes=int(config.slice_kv_budget_mb * 2**20),
-                                    weight_cache=WeightCache(self.data_dir / WEIGHT_CACHE_DIR,
-                                                             int(config.slice_weight_cache_mb * 2**20)))
-        self.slice_host.fetch_layers, self.slice_host.trim_layers = self._async_fetch_layers, self._async_trim_layers
-        self._partial_lock = asyncio.Lock()  # one fetch or trim of partial models at a time
-        self._origin_urls: dict[Path, str] = {}  # partial model dir -> its --model URL as given
+                                    weight_cache=weight_cache, partials=self.partials)
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
@@ -296,79 +293,13 @@ class Node:
         return model.startswith(("http://", "https://", "hf://"))
 
     async def _async_open_url_models(self) -> set[Path]:
-        """`--model URL`: a partial model per URL in models/ (its header probed from the origin;
-        the layers it serves are fetched when its slice loads). Returns their directories."""
+        """`--model URL`: a partial model per URL in models/ (its layers are fetched when a slice
+        of them loads). Returns their directories."""
         urls = [m for m in self.config.models if self._is_url(m)]
         if urls and not (self.config.layers or self.config.serve == "auto"):
             raise InvalidRequest("a model given by URL is served in layers: add --layers A-B or --serve auto "
-                              "(`swarmllm download URL` fetches the whole file)", param="model")
-        dirs = set()
-        for url in urls:
-            resolved = resolve_url(url)
-            tag = hashlib.sha256(display_url(resolved).encode()).hexdigest()[:8]  # two URLs, two dirs
-            name = f"{Path(file_name_for(resolved, None)).stem}-{tag}{PARTIAL_SUFFIX}"
-            directory = self.data_dir / MODELS_DIR / name
-            try:
-                store, manifest = await async_open_partial(url, directory)
-            except DownloadFailed as exc:  # the origin is unreachable: serve what is here already
-                store = PartialStore(directory)
-                loop = asyncio.get_running_loop()
-                manifest = await loop.run_in_executor(None, store.load) \
-                    if await loop.run_in_executor(None, store.is_partial, directory) else None
-                if manifest is None or manifest.origin_url != display_url(resolve_url(url)):
-                    raise
-                log.warning("DIAG: model origin unreachable, serving the layers held %s",
-                            kv(url=manifest.origin_url, held=manifest.describe(), error=exc.message))
-            log.info("DIAG: partial model opened %s", kv(url=display_url(resolve_url(url)), dir=name,
-                                                         held=manifest.describe()))
-            dirs.add(store.dir.resolve())
-            self._origin_urls[store.dir.resolve()] = url  # with its query (never stored on disk)
-        return dirs
-
-    async def _async_fetch_layers(self, entry: ModelEntry, start: int, end: int) -> None:
-        """The tensors of layers [start, end) of a partial model, from its origin (SliceHost hook)."""
-        assert entry.partial is not None
-        store, manifest = PartialStore(entry.path), entry.partial
-        parts = parts_for(entry.header, start, end)
-        label = f"{start}-{end - 1}"
-
-        last = [0.0]
-
-        def progress(done: int, total: int) -> None:  # an INFO line every PARTIAL_PROGRESS_LOG_S (the CLI's)
-            now = time.monotonic()
-            level = logging.INFO if now - last[0] >= const.PARTIAL_PROGRESS_LOG_S or done >= total else logging.DEBUG
-            if level == logging.INFO:
-                last[0] = now
-            log.log(level, "DIAG: fetching layers %s", kv(
-                model=entry.id, layers=label, done_mb=round(done / 1e6, 1), of_mb=round(total / 1e6, 1),
-                percent=round(100 * done / max(total, 1))))
-
-        async with self._partial_lock:
-            if not manifest.covers(parts):
-                self.note_activity(f"fetching layers {label} of {entry.id} from its origin")
-            stats = await async_fetch_parts(store, manifest, parts, progress=progress,
-                                            url=self._origin_urls.get(entry.path))
-            if stats.restarts and self.slice_host.weight_cache is not None:  # same id, other bytes
-                await asyncio.get_running_loop().run_in_executor(None, self.slice_host.weight_cache.forget,
-                                                                 entry.sha256)
-        if stats.wire_bytes:
-            self.note_activity(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
-
-    async def _async_trim_layers(self, entry: ModelEntry) -> None:
-        """Delete a partial model's parts no slice of it uses any more (SliceHost hook)."""
-        assert entry.partial is not None
-        keep: set[str] = set()
-        for s in self.slice_host.slices.values():
-            if s.entry.sha256 == entry.sha256 and s.state != "unloaded":
-                keep.update(parts_for(entry.header, s.start, s.end))
-        drop = sorted(p for p in entry.partial.complete if p not in keep)
-        if drop:
-            async with self._partial_lock:
-                freed = await asyncio.get_running_loop().run_in_executor(
-                    None, PartialStore(entry.path).remove_parts, entry.partial, drop)
-            log.info("DIAG: partial model parts deleted %s", kv(model=entry.id, parts=len(drop),
-                                                                freed_mb=round(freed / 1e6, 1),
-                                                                held=entry.partial.describe()))
+                                 "(`swarmllm download URL` fetches the whole file)", param="model")
+        return {await self.partials.async_open(url) for url in urls}
 
     async def async_add_model(self, path: Path, source: str, *, sha256: str | None = None,
                               origin_url: str | None = None) -> str:

@@ -25,8 +25,7 @@ from node import const
 from node.errors import ModelLoadError, ModelNotFound
 from node.models.gguf_meta import GgufHeader, read_header
 from node.models.header import header_digest
-from node.models.partial.layout import SUFFIX as PARTIAL_SUFFIX
-from node.models.partial.layout import Manifest, PartialStore
+from node.models.partial.layout import Manifest, PartialStore, file_stem
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +203,7 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
         store = PartialStore(path)
         manifest = store.load()
         header = read_header(store.header_path)
-        # `<stem>-<url tag>.partial`: the name is the stem's (dots kept, as a file's would be)
-        stem = re.sub(r"-[0-9a-f]{8}$", "", path.name.removesuffix(PARTIAL_SUFFIX))
-        name = readable_name(Path(stem + ".gguf"), header)
+        name = readable_name(Path(file_stem(path) + ".gguf"), header)  # dots kept, as a file's are
         return ModelEntry(f"{name}-{manifest.sha256[:8]}", name, path.resolve(), manifest.sha256, manifest.size_bytes,
                           source, header, header_sha256=manifest.header_sha256, header_bytes=manifest.header_bytes,
                           origin_url=manifest.origin_url, partial=manifest)

@@ -91,7 +91,8 @@ def vocab_only_gguf(data: bytes, header: GgufHeader) -> bytes:
     return bytes(out)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a file whole or not at all (fsynced temporary file, renamed over it)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
         fh.write(data)
@@ -143,7 +144,7 @@ class HeaderCache:
     def store(self, sha256: str, data: bytes, header: GgufHeader) -> Path:
         """Keep checked header bytes; returns the vocab file to tokenize from."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.header_path(sha256), data)
+        write_atomic(self.header_path(sha256), data)
         return self._write_vocab(sha256, data, header)
 
     def prune(self, *, max_files: int, max_age_s: float, keep: frozenset[str] = frozenset(),
@@ -175,5 +176,5 @@ class HeaderCache:
                 return vocab
         except FileNotFoundError:
             pass
-        _write_atomic(vocab, body)
+        write_atomic(vocab, body)
         return vocab

@@ -8,7 +8,6 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +15,7 @@ from node import const
 from node.errors import ModelLoadError, NodeError
 from node.inference.devices import detect_torch
 from node.inference.pipeline.batching import StepQueue
+from node.inference.pipeline.partials import PartialModels
 from node.inference.placement import Placement, place
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
@@ -121,8 +121,9 @@ class SliceHost:
 
     def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0, cpu_only: bool = False,
                  session_ttl_s: float = const.SESSION_TTL_S, kv_budget_bytes: int = const.KV_BUDGET_BYTES,
-                 weight_cache: WeightCache | None = None):
+                 weight_cache: WeightCache | None = None, partials: PartialModels | None = None):
         self.dtype = dtype
+        self.partials = partials  # models given by URL: their layers are fetched before a load
         self.weight_cache = weight_cache  # converted weights on disk: a second load skips the conversion
         self.cpu_only = cpu_only
         self.n_threads = n_threads
@@ -134,10 +135,6 @@ class SliceHost:
         self._soon: asyncio.Task | None = None  # a sweep asked for by request_sweep
         self._sweep_again = False
         self.on_change = None  # callback() when the advertised set changes (HELLO update)
-        # partial models: fetch(entry, start, end) gets the layers' tensors before a load (from the
-        # origin), trim(entry) deletes the parts no slice of the model uses once one is unloaded
-        self.fetch_layers: Callable[[ModelEntry, int, int], Awaitable[None]] | None = None
-        self.trim_layers: Callable[[ModelEntry], Awaitable[None]] | None = None
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
 
     def find(self, sha256: str, start: int, end: int) -> HostedSlice | None:
@@ -189,9 +186,9 @@ class SliceHost:
         started = time.monotonic()
         try:
             if entry.partial is not None:
-                if self.fetch_layers is None:
+                if self.partials is None:
                     raise ModelLoadError(f"{entry.id} is a partial model and this node fetches no layers")
-                await self.fetch_layers(entry, start, end)
+                await self.partials.async_fetch(entry, start, end)
             hosted.placement = await loop.run_in_executor(hosted.executor, self._place, entry, start, end)
             hosted.model = await loop.run_in_executor(
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
@@ -243,8 +240,9 @@ class SliceHost:
             hosted.executor.shutdown(wait=False)
         log.info("DIAG: slice unloaded %s", kv(model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}",
                                                was=was))
-        if hosted.entry.partial is not None and self.trim_layers is not None:
-            await self.trim_layers(hosted.entry)
+        if hosted.entry.partial is not None and self.partials is not None:  # its parts no other slice uses go
+            await self.partials.async_trim(hosted.entry, [(s.start, s.end) for s in self.slices.values()
+                                                          if s.entry.sha256 == hosted.entry.sha256])
 
     def _place(self, entry: ModelEntry, start: int, end: int) -> Placement:
         """GPU if torch sees one with room (f16 weights), else the CPU with the reason (blocking)."""

@@ -143,48 +143,58 @@ async def async_probe(url: str, session: aiohttp.ClientSession,
 
 async def async_open_partial(url: str, directory: Path, *, sha256: str | None = None,
                              session: aiohttp.ClientSession | None = None) -> tuple[PartialStore, Manifest]:
-    """The partial model of `url` in `directory`: the existing one if it is of the same URL and
-    header, else a new one holding nothing yet (the header probed from the origin)."""
+    """The partial model of `url` in `directory`: the one there if it is of the same URL, header
+    and size (also when the origin cannot be probed now: it serves what it holds), else a new one
+    holding nothing yet but the `globals` part (the header probed from the origin)."""
     loop = asyncio.get_running_loop()
     store = PartialStore(directory)
+    origin = display_url(resolve_url(url))
+    old = await loop.run_in_executor(None, _existing, store, origin)
     own = session is None
     session = session or aiohttp.ClientSession(timeout=_timeout())
     try:
         data, header, size, validator, linked = await async_probe(url, session)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise DownloadFailed(f"probing {display_url(resolve_url(url))} failed: {describe_error(exc)}") from exc
+    except (aiohttp.ClientError, TimeoutError, DownloadFailed) as exc:
+        failed = exc if isinstance(exc, DownloadFailed) else \
+            DownloadFailed(f"probing {origin} failed: {describe_error(exc)}")
+        if old is None:
+            raise failed from exc
+        log.warning("DIAG: model origin unreachable, serving the layers held %s",
+                    kv(url=origin, held=old.describe(), error=failed.message))
+        return store, old
     finally:
         if own:
             await session.close()
-    known = sha256.lower() if sha256 else linked
     fresh = await loop.run_in_executor(None, lambda: new_manifest(
-        header, data, origin_url=display_url(resolve_url(url)), validator=validator, size_bytes=size, sha256=known))
-    if await loop.run_in_executor(None, store.is_partial, directory):
-        try:
-            old = await loop.run_in_executor(None, store.load)
-        except ModelLoadError:
-            old = None
-        if old is not None and old.origin_url == fresh.origin_url and old.header_sha256 == fresh.header_sha256 \
-                and old.size_bytes == size:
-            if old.validator != validator:  # same header, another version: nothing fetched is kept
-                await loop.run_in_executor(None, store.remove_parts, old, sorted({t.part for t in old.tensors.values()}))
-                await loop.run_in_executor(None, store.save_fetch_state, None, {})
-                old.validator = validator
-                await loop.run_in_executor(None, store.save, old)
-            manifest = old
-        else:
-            manifest = None
+        header, data, origin_url=origin, validator=validator, size_bytes=size,
+        sha256=sha256.lower() if sha256 else linked))
+    if old is not None and (old.header_sha256, old.size_bytes) == (fresh.header_sha256, size):
+        manifest = old
+        if old.validator != validator:  # same header, another version: nothing fetched is kept
+            await loop.run_in_executor(None, store.remove_parts, old, sorted({t.part for t in old.tensors.values()}))
+            await loop.run_in_executor(None, store.save_fetch_state, None, {})
+            old.validator = validator
+            await loop.run_in_executor(None, store.save, old)
     else:
-        manifest = None
-    if manifest is None:
         await loop.run_in_executor(None, store.create, fresh, data, header)
-        log.info("DIAG: partial model created %s", kv(url=fresh.origin_url, model=fresh.sha256[:16],
+        log.info("DIAG: partial model created %s", kv(url=origin, model=fresh.sha256[:16],
                                                       size_mb=round(size / 1e6, 1), n_layers=fresh.n_layers))
         manifest = fresh
     if any(t.part == "globals" for t in manifest.tensors.values()) and "globals" not in manifest.complete:
         # rope factors and the like: tiny, and read by the model's configuration (budgets, shapes)
         await async_fetch_parts(store, manifest, ["globals"], url=url)
     return store, manifest
+
+
+def _existing(store: PartialStore, origin: str) -> Manifest | None:
+    """The manifest in the store's directory if it is a partial model of this origin (blocking)."""
+    if not store.is_partial(store.dir):
+        return None
+    try:
+        manifest = store.load()
+    except ModelLoadError:
+        return None
+    return manifest if manifest.origin_url == origin else None
 
 
 def _coalesce(spans: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:

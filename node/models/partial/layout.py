@@ -32,7 +32,7 @@ from typing import Any
 
 from node.errors import ModelLoadError
 from node.models.gguf_meta import GgufHeader
-from node.models.header import vocab_only_gguf
+from node.models.header import vocab_only_gguf, write_atomic
 
 MANIFEST = "manifest.json"
 HEADER = "header.gguf-header"
@@ -44,6 +44,17 @@ SUFFIX = ".partial"
 LOCAL_ALIGN = 64
 MANIFEST_VERSION = 1
 _BLK = re.compile(r"blk\.(\d+)\.")
+
+
+def dir_name(url: str, file_name: str) -> str:
+    """`<stem>-<8 hex of the URL without its query>.partial`: two URLs never share a directory."""
+    tag = hashlib.sha256(url.encode()).hexdigest()[:8]
+    return f"{Path(file_name).stem}-{tag}{SUFFIX}"
+
+
+def file_stem(directory: Path) -> str:
+    """The origin file's stem a partial model's directory was named after (dir_name's inverse)."""
+    return re.sub(r"-[0-9a-f]{8}$", "", directory.name.removesuffix(SUFFIX))
 
 
 def part_of(name: str) -> str:
@@ -204,8 +215,8 @@ class PartialStore:
         shutil.rmtree(self.dir / PARTS_DIR, ignore_errors=True)
         (self.dir / FETCH_STATE).unlink(missing_ok=True)
         (self.dir / PARTS_DIR).mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.header_path, header_data)
-        _write_atomic(self.vocab_path, vocab_only_gguf(header_data, header))
+        write_atomic(self.header_path, header_data)
+        write_atomic(self.vocab_path, vocab_only_gguf(header_data, header))
         self.save(manifest)
 
     def load(self) -> Manifest:
@@ -215,7 +226,7 @@ class PartialStore:
             raise ModelLoadError(f"{self.dir.name}: unreadable partial-model manifest ({exc})") from exc
 
     def save(self, manifest: Manifest) -> None:
-        _write_atomic(self.dir / MANIFEST, json.dumps(manifest.to_json()).encode())
+        write_atomic(self.dir / MANIFEST, json.dumps(manifest.to_json()).encode())
 
     def fetch_state(self, validator: str | None) -> dict[str, int]:
         """Bytes already received per tensor, if they are of this version of the file."""
@@ -229,7 +240,7 @@ class PartialStore:
         return {str(k): int(v) for k, v in have.items()} if isinstance(have, dict) else {}
 
     def save_fetch_state(self, validator: str | None, have: dict[str, int]) -> None:
-        _write_atomic(self.dir / FETCH_STATE, json.dumps({"validator": validator, "have": have}).encode())
+        write_atomic(self.dir / FETCH_STATE, json.dumps({"validator": validator, "have": have}).encode())
 
     def hash_part(self, manifest: Manifest, part: str) -> dict[str, str]:
         """sha256 of each tensor of a part as it is on disk."""
@@ -297,12 +308,3 @@ class PartialStore:
         m = self.load()
         return m, {t.name: (self.part_path(t.part), t.local, t.n_bytes)
                    for t in m.tensors.values() if t.part in m.complete}
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
