@@ -215,6 +215,7 @@ class _Writer:
         self.tensors = sorted((manifest.tensors[n] for n in names), key=lambda t: t.offset)
         self.have = have
         self.files: dict[str, IO[bytes]] = {}
+        self.read_through = False  # the origin ignored Range once (logged once)
 
     def received(self) -> int:
         """Bytes of this fetch's tensors here so far."""
@@ -407,8 +408,8 @@ async def _async_range(session: aiohttp.ClientSession, url: str, manifest: Manif
         else:
             if resume_validator(resp.headers) != manifest.validator or resp.content_length != manifest.size_bytes:
                 raise _OriginChanged("a full answer to If-Range: another version")
-            if not getattr(w, "warned", False):
-                w.warned = True  # type: ignore[attr-defined]
+            if not w.read_through:
+                w.read_through = True
                 log.warning("DIAG: model origin ignores Range, reading the file through %s",
                             kv(url=manifest.origin_url))
             pos, stop, through = 0, max(e for _s, e in w.spans()), True

@@ -118,10 +118,6 @@ class Manifest:
     def part_tensors(self, part: str) -> list[TensorRecord]:
         return [t for t in self.tensors.values() if t.part == part]
 
-    def part_size(self, part: str) -> int:
-        ts = self.part_tensors(part)
-        return max((t.local + t.n_bytes for t in ts), default=0)
-
     @property
     def held_bytes(self) -> int:
         return sum(t.n_bytes for t in self.tensors.values() if t.part in self.complete)
