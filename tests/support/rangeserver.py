@@ -1,9 +1,11 @@
-"""A file origin in a thread (for node subprocesses): `bytes=a-b` / `bytes=a-` ranges, a strong
-ETag honoured by If-Range, and a count of the body bytes it sent."""
+"""A file origin in a thread: `bytes=a-b` / `bytes=a-` ranges, a strong ETag honoured by If-Range, a
+count of the body bytes it sent, and misbehaviour on request. In a thread, not on the test's event
+loop: a server writing megabytes on the loop it is tested from is the test blocking that loop."""
 
 from __future__ import annotations
 
 import re
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -14,6 +16,12 @@ class ThreadedOrigin:
     def __init__(self, data: bytes, name: str = "m.gguf"):
         self.data, self.name, self.etag = data, name, '"v1"'
         self.sent = 0
+        self.ignore_range = False
+        self.drop_after: int | None = None  # close the connection after this many body bytes (once)
+        self.drop_cut: int | None = None  # the drop_after last used
+        self.short_by: int | None = None  # answer the next range this many bytes short (once)
+        self.change_after: tuple[int, bytes] | None = None  # after N body bytes, serve other bytes as "v2"
+        self.ranges: list[str | None] = []
         self._lock = threading.Lock()
         origin = self
 
@@ -25,32 +33,48 @@ class ThreadedOrigin:
                 if self.path.split("?")[0] != f"/{origin.name}":
                     self.send_error(404)
                     return
-                data, first, last, status = origin.data, 0, len(origin.data) - 1, 200
-                m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
-                if m and self.headers.get("If-Range") in (None, origin.etag):
-                    first = int(m.group(1))
-                    last = min(int(m.group(2)), len(data) - 1) if m.group(2) else len(data) - 1
-                    status = 206
+                with origin._lock:
+                    if origin.change_after is not None and origin.sent >= origin.change_after[0]:
+                        origin.data, origin.etag, origin.change_after = origin.change_after[1], '"v2"', None
+                    data, etag, rng = origin.data, origin.etag, self.headers.get("Range")
+                    origin.ranges.append(rng)
+                    first, last, status = 0, len(data) - 1, 200
+                    m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
+                    if m and not origin.ignore_range and self.headers.get("If-Range") in (None, etag):
+                        first = int(m.group(1))
+                        last = min(int(m.group(2)), len(data) - 1) if m.group(2) else len(data) - 1
+                        if origin.short_by:
+                            last, origin.short_by = last - origin.short_by, None
+                        status = 206
+                    cut, origin.drop_after = origin.drop_after, None
+                    if cut is not None:
+                        origin.drop_cut = cut
                 self.send_response(status)
-                self.send_header("ETag", origin.etag)
+                self.send_header("ETag", etag)
                 self.send_header("Content-Length", str(last - first + 1))
                 if status == 206:
                     self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
                 self.end_headers()
                 view = memoryview(data)[first:last + 1]
+                if cut is not None:
+                    view = view[:cut]
                 try:
-                    for i in range(0, len(view), 256 * 1024):
-                        piece = view[i:i + 256 * 1024]
+                    for i in range(0, len(view), 64 * 1024):
+                        piece = view[i:i + 64 * 1024]
                         self.wfile.write(piece)
                         with origin._lock:
                             origin.sent += len(piece)
+                    if cut is not None:  # what was sent arrives, then the connection ends mid-body
+                        self.wfile.flush()
+                        self.connection.shutdown(socket.SHUT_WR)
+                        self.close_connection = True
                 except (BrokenPipeError, ConnectionResetError):
-                    pass
+                    self.close_connection = True
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/{name}"
-        self._thread = threading.Thread(target=self.server.serve_forever, name="test-origin", daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="test-origin", daemon=True)
 
     def __enter__(self) -> ThreadedOrigin:
         self._thread.start()
