@@ -76,6 +76,12 @@ DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
 PARTIAL_COALESCE_GAP = 1 << 20  # tensors of a partial model this close in the file: one Range request
 PARTIAL_PROGRESS_LOG_S = 2.0  # a layer fetch's progress line at INFO this often (DEBUG in between)
 PARTIAL_STATE_EVERY = 8 << 20  # bytes between two records of a layer fetch's progress (resume point)
+# A partial model's tensors from a peer that holds them (MODEL_PART frames), checked against the
+# peer's per-tensor sha256s and one random range of them against the origin (node/models/partial/peers.py):
+PARTIAL_PEER_CHUNK = 1 << 20  # per MODEL_PART reply: no head-of-line block on a busy link
+PARTIAL_PEER_WINDOW = 4  # chunk requests in flight to one peer (flow control: ≤ 4 MiB unread)
+PARTIAL_PEER_TIMEOUT_S = 30.0  # one chunk
+PARTIAL_SPOT_CHECK_BYTES = 64 << 10  # the range refetched from the origin and compared
 
 # --- distributed pipeline (node/inference/pipeline) ---
 PREFILL_CHUNK_TOKENS = 256  # prompt tokens per WORK step

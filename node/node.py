@@ -21,10 +21,10 @@ from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
-from node.inference.pipeline.autoserve import AutoServe
+from node.inference.pipeline.autoserve import AutoServe, swarm_coverage
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.host import SliceHost, parse_layers
-from node.inference.pipeline.partials import PartialModels
+from node.inference.pipeline.partials import PartialModels, PartServer
 from node.inference.pipeline.remote_serve import RemoteGenerateServer
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
@@ -94,6 +94,11 @@ class Node:
         self._advertised_rates: dict[str, float] = {}  # model id -> ms/token peers last heard (whole models)
         self._announce_task: asyncio.Task | None = None
         self._stopping = False
+
+    def _slice_holders(self, sha256: str) -> list[tuple[str, int, int]]:
+        """The connected peers' advertised slices of a model: (node id, start, end)."""
+        cov = swarm_coverage(self.node_id, [], self.peers.peers() if self.peers else []).get(sha256)
+        return [(s.node_id, s.start, s.end) for s in cov.spans if s.node_id != self.node_id] if cov else []
 
     # --- identity ---
 
@@ -196,6 +201,8 @@ class Node:
         self.slice_host.on_sweep = self.worker.forget_expired
         self.pipeline.register()
         self.peers.register_handler(FrameType.MODEL_HEADER, HeaderServer(self.catalog).async_handle)
+        self.peers.register_handler(FrameType.MODEL_PART, PartServer(self.catalog).async_handle)
+        self.partials.attach(self.peers, self._slice_holders)
         self.swarm_models = SwarmModels(self.catalog, self.models, self.peers,
                                         HeaderCache(self.data_dir / HEADERS_DIR))
         self.models.swarm_lookup = self.swarm_models.async_wait_for

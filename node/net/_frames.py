@@ -51,6 +51,7 @@ class FrameType(enum.IntEnum):
     GENERATE = 22  # remote generate: coordinator → a node holding the model whole (prompt ids + sampling)
     TOKENS = 23  # remote generate: holder → coordinator, token ids in batches, keepalives, the end
     GENERATE_CANCEL = 24  # remote generate: coordinator → holder, stop at the next token
+    MODEL_PART = 25  # a partial model's tensor hashes and bytes, in chunks (node.inference.pipeline.partials)
 
 
 def type_name(frame_type: int) -> str:

@@ -6,6 +6,8 @@ and none of them stores it whole."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.pipeline.swarm import chat, llama_greedy, run, wait_for_route, wait_peers
@@ -83,3 +85,73 @@ def test_three_nodes_fetch_a_copy_between_them_and_serve_the_whole_model(tmp_pat
         finally:
             for p in procs:
                 p.terminate()
+
+
+def _parts_match_origin(node_dir, data: bytes) -> list[str]:
+    """The tensors of a node's complete parts whose bytes differ from the origin file's."""
+    [d] = (node_dir / "models").glob("*.partial")
+    m = json.loads((d / "manifest.json").read_text())
+    bad = []
+    for name, part, offset, n_bytes, local, _sha in m["tensors"]:
+        if part in m["complete"]:
+            with open(d / "parts" / f"{part}.bin", "rb") as fh:
+                fh.seek(local)
+                if fh.read(n_bytes) != data[offset:offset + n_bytes]:
+                    bad.append(name)
+    return bad
+
+
+def test_a_node_takes_its_layers_from_a_peer_and_the_origin_catches_altered_bytes(tmp_path):
+    model = auto_model(tmp_path)
+    data = model.read_bytes()
+    with ThreadedOrigin(data, "auto8.gguf") as origin:
+        holder = NodeProcess(tmp_path / "a", args=[
+            "--model", origin.url, "--no-default-model", "--layers", f"0-{AUTO8.n_layers - 1}", "--slice-dtype", "f32",
+            "--activation-bits", "32", "--no-mdns", "--n-threads", "1"])
+        procs = [holder]
+        try:
+            run(holder.async_wait_ready())
+            assert run(held([holder]))["a"] == [(0, AUTO8.n_layers)]
+            before = origin.sent
+
+            # a newcomer's layers come from the holder; the origin sends its header, `globals` and one check
+            newcomer = start_url_node(tmp_path, "b", origin.url, [holder.peer_port])
+            procs.append(newcomer)
+
+            async def serving(p):
+                await p.async_wait_ready()
+                await wait_until(lambda: _async_holds(p), 60.0, 0.5, f"{p.name} to serve some layers")
+            run(serving(newcomer))
+            stored = sum(f.stat().st_size for f in (tmp_path / "b" / "models").rglob("parts/*.bin"))
+            assert stored > 0.2 * len(data)
+            assert origin.sent - before < 0.05 * len(data), (origin.sent - before, stored)
+            log_b = newcomer.node_log()
+            assert "parts fetched from a peer" in log_b and "spot check against the origin" in log_b
+            assert "match=True" in log_b or "match=true" in log_b
+            assert _parts_match_origin(tmp_path / "b", data) == []
+
+            # the holder's disk goes bad under it (it serves what is on disk): a third node notices
+            newcomer.terminate()  # (the only other holder: what the third rejects comes from the origin)
+            for part in (tmp_path / "a" / "models").glob("*.partial/parts/layer-*.bin"):
+                raw = bytearray(part.read_bytes())
+                raw[len(raw) // 2] ^= 0xFF
+                part.write_bytes(bytes(raw))
+            before = origin.sent
+            third = start_url_node(tmp_path, "c", origin.url, [holder.peer_port])
+            procs.append(third)
+            run(serving(third))
+            log_c = third.node_log()
+            assert "did not hash to what it named" in log_c
+            assert "not checked against the origin" not in log_b + log_c  # every kept peer byte was checked
+            assert _parts_match_origin(tmp_path / "c", data) == []  # what it kept is the origin's
+            [c_dir] = (tmp_path / "c" / "models").glob("*.partial")
+            layers = json.loads((c_dir / "manifest.json").read_text())["complete"]
+            assert any(p.startswith("layer-") for p in layers)
+            assert origin.sent - before > 0.05 * len(data)  # the refetch: its layers from the origin
+        finally:
+            for p in procs:
+                p.terminate()
+
+
+async def _async_holds(p: NodeProcess) -> bool:
+    return bool((await held([p]))[p.name])

@@ -1,28 +1,53 @@
 """PartialModels: the slice host's side of models given by URL (node/models/partial).
 
 `async_open(url)` opens (or reuses) the partial model of a `--model URL` in models/; the slice
-host calls `async_fetch(entry, start, end)` before it loads a slice of a partial model (the
-missing tensors come from the origin) and `async_trim(entry, ranges)` after it unloaded one (the
-parts no remaining range uses are deleted). One fetch or trim at a time. The URL as given, with
-its query (a signed URL's credentials), is kept here in memory only.
+host calls `async_fetch(entry, start, end)` before it loads a slice of a partial model and
+`async_trim(entry, ranges)` after it unloaded one (the parts no remaining range uses are
+deleted). One fetch or trim at a time. The URL as given, with its query (a signed URL's
+credentials), is kept here in memory only.
+
+Where the missing tensors come from: first the peers whose advertised slices of the model cover
+them (most layers first), each checked as node/models/partial/peers.py says (their hashes, one
+range against the origin); a peer caught altering bytes is not asked again for that model. What
+no peer gave comes from the origin. Parts kept unchecked (taken from a peer while the origin was
+unreachable) are checked first whenever a fetch runs.
+
+PartServer answers peers' MODEL_PART requests (frame 25) from this node's partial models:
+`{sha256, op: "hashes", parts}` → payload JSON `{"tensors": {name: sha256}}` for the tensors of
+those parts held complete and checked; `{sha256, op: "read", tensor, offset, n}` → those bytes
+(n ≤ PARTIAL_PEER_CHUNK). A malformed request, an unknown model or a part not held is an ERROR
+(the link stays).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from node import const
+from node.errors import InvalidRequest, ModelNotFound, NodeError, PeerError
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
-from node.models.catalog import ModelEntry
+from node.models.catalog import ModelCatalog, ModelEntry
 from node.models.download import file_name_for, resolve_url
 from node.models.download.urls import display_url
-from node.models.partial import PartialStore, async_fetch_parts, async_open_partial, parts_for
+from node.models.partial import (
+    PartialStore,
+    SpotCheckFailed,
+    async_fetch_parts,
+    async_fetch_parts_from,
+    async_open_partial,
+    async_spot_check_held,
+    parts_for,
+)
 from node.models.partial.layout import dir_name
+from node.net import Frame, FrameType
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +62,14 @@ class PartialModels:
         self.note = note  # a line for the node's activity list (the GUI's status)
         self._lock = asyncio.Lock()
         self._urls: dict[Path, str] = {}  # partial model directory -> the URL as given
+        self.peers: Any = None  # PeerManager (async_request), once the node's network is up
+        # (model sha256) -> [(node id, start, end)]: the peers' advertised slices of it
+        self.holders: Callable[[str], list[tuple[str, int, int]]] = lambda _sha: []
+        self._distrusted: set[tuple[str, str]] = set()  # (model, node id): caught altering its bytes
+
+    def attach(self, peers: Any, holders: Callable[[str], list[tuple[str, int, int]]]) -> None:
+        """Fetch from peers too (the node calls this once its peer manager runs)."""
+        self.peers, self.holders = peers, holders
 
     async def async_open(self, url: str) -> Path:
         """The directory of url's partial model (its header probed; nothing else fetched but the
@@ -66,14 +99,52 @@ class PartialModels:
                 percent=round(100 * done / max(total, 1))))
 
         async with self._lock:
+            store, url = PartialStore(entry.path), self._urls.get(entry.path) or manifest.origin_url
+            if manifest.unchecked:
+                try:
+                    await async_spot_check_held(store, manifest, url)
+                except SpotCheckFailed as exc:
+                    log.info("DIAG: unchecked partial model parts still unchecked %s",
+                             kv(model=entry.id, parts=len(manifest.unchecked), reason=str(exc)))
+            await self._async_from_peers(entry, store, parts, start, end, url, label)
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
-            stats = await async_fetch_parts(PartialStore(entry.path), manifest, parts, progress=progress,
+            stats = await async_fetch_parts(store, manifest, parts, progress=progress,
                                             url=self._urls.get(entry.path))
             if stats.restarts and self.weight_cache is not None:  # the same id, other bytes
                 await asyncio.get_running_loop().run_in_executor(None, self.weight_cache.forget, entry.sha256)
         if stats.wire_bytes:
             self.note(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
+
+    async def _async_from_peers(self, entry: ModelEntry, store: PartialStore, parts: list[str], start: int,
+                                end: int, url: str, label: str) -> None:
+        """What peers holding these layers can give, most overlap first (see the module doc)."""
+        manifest = entry.partial
+        assert manifest is not None
+        if self.peers is None or manifest.covers(parts):
+            return
+        n = entry.n_layers
+        candidates = sorted(((min(e, end) - max(s, start), node) for node, s, e in self.holders(entry.sha256)
+                             if (entry.sha256, node) not in self._distrusted
+                             and (min(e, end) > max(s, start) or (start == 0 and s == 0) or (end == n and e == n))),
+                            reverse=True)
+        for _overlap, node in candidates:
+            missing = [p for p in parts if p not in manifest.complete]
+            if not missing:
+                return
+            source = PeerPartSource(self.peers, node)
+            self.note(f"fetching layers {label} of {entry.id} from peer {source.label}")
+            try:
+                got = await async_fetch_parts_from(store, manifest, missing, source, origin_url=url)
+            except NodeError as exc:  # it went, or holds none of these: the next one, then the origin
+                log.info("DIAG: layer fetch from peer failed %s", kv(peer_id=source.label, model=entry.id,
+                                                                     error=exc.message))
+                continue
+            if got.lied:
+                self._distrusted.add((entry.sha256, node))
+            if got.parts:
+                self.note(f"fetched {len(got.parts)} parts of {entry.id} from peer {source.label}: "
+                          f"{got.peer_bytes / 1e6:.1f} MB" + ("" if got.spot_checked else " (not yet checked)"))
 
     async def async_trim(self, entry: ModelEntry, ranges: list[tuple[int, int]]) -> None:
         """Delete the parts of a partial model that none of `ranges` (its slices still here) uses."""
@@ -88,3 +159,86 @@ class PartialModels:
         log.info("DIAG: partial model parts deleted %s", kv(model=entry.id, parts=len(drop),
                                                             freed_mb=round(freed / 1e6, 1),
                                                             held=entry.partial.describe()))
+
+
+_SHA = re.compile(r"[0-9a-f]{64}")
+_PART = re.compile(r"(layer-\d{4}|embd|head|globals)")
+
+
+class PeerPartSource:
+    """A peer's partial model over the peer link (MODEL_PART frames): a PartSource."""
+
+    def __init__(self, peers: Any, node_id: str):
+        self.peers, self.node_id, self.label = peers, node_id, node_id[:8]
+
+    async def async_hashes(self, model: str, parts: list[str]) -> dict[str, str]:
+        reply = await self.peers.async_request(self.node_id, Frame(FrameType.MODEL_PART, {
+            "sha256": model, "op": "hashes", "parts": parts}), const.PARTIAL_PEER_TIMEOUT_S)
+        try:
+            tensors = json.loads(bytes(reply.payload))["tensors"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PeerError(f"peer {self.label} sent an unreadable tensor list ({exc})", code="protocol_error") from exc
+        if not isinstance(tensors, dict):
+            raise PeerError(f"peer {self.label} sent an unreadable tensor list", code="protocol_error")
+        return {str(k): v for k, v in tensors.items() if isinstance(v, str) and _SHA.fullmatch(v)}
+
+    async def async_read(self, model: str, tensor: str, offset: int, n: int) -> bytes:
+        reply = await self.peers.async_request(self.node_id, Frame(FrameType.MODEL_PART, {
+            "sha256": model, "op": "read", "tensor": tensor, "offset": offset, "n": n}), const.PARTIAL_PEER_TIMEOUT_S)
+        return bytes(reply.payload)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class PartServer:
+    """Answers MODEL_PART requests from this node's partial models (see the module doc)."""
+
+    def __init__(self, catalog: ModelCatalog):
+        self.catalog = catalog
+
+    async def async_handle(self, link: Any, frame: Frame) -> Frame:
+        h = frame.header
+        sha, op = h.get("sha256"), h.get("op")
+        if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+            raise InvalidRequest("MODEL_PART needs 'sha256': 64 lower-case hex digits")
+        entry = self.catalog.by_sha(sha)
+        if entry is None or entry.partial is None:
+            raise ModelNotFound(f"no partial model {sha[:16]} on this node")
+        manifest = entry.partial
+        served = manifest.complete - manifest.unchecked  # only bytes this node checked against the origin
+        if op == "hashes":
+            parts = h.get("parts")
+            if not isinstance(parts, list) or len(parts) > 4 * 4096 or \
+                    not all(isinstance(p, str) and _PART.fullmatch(p) for p in parts):
+                raise InvalidRequest("MODEL_PART hashes needs 'parts': a list of part names")
+            wanted = set(parts) & served
+            tensors = {t.name: t.sha256 for t in manifest.tensors.values() if t.part in wanted and t.sha256}
+            return frame.reply(FrameType.MODEL_PART, {"sha256": sha}, json.dumps({"tensors": tensors}).encode())
+        if op != "read":
+            raise InvalidRequest("MODEL_PART 'op' must be 'hashes' or 'read'")
+        name, offset, n = h.get("tensor"), h.get("offset"), h.get("n")
+        t = manifest.tensors.get(name) if isinstance(name, str) else None
+        if t is None or t.part not in served:
+            raise ModelNotFound(f"tensor {str(name)[:64]!r} of {entry.id} is not held here")
+        if not (_is_int(offset) and _is_int(n) and 0 <= offset and 0 < n <= const.PARTIAL_PEER_CHUNK
+                and offset + n <= t.n_bytes):
+            raise InvalidRequest(f"MODEL_PART read needs 0 <= offset, 0 < n <= {const.PARTIAL_PEER_CHUNK}, "
+                                 f"offset + n <= {t.n_bytes}")
+        path, at = PartialStore(entry.path).part_path(t.part), t.local + offset
+        try:
+            data = await asyncio.get_running_loop().run_in_executor(None, _read_range, path, at, n)
+        except OSError as exc:  # trimmed meanwhile
+            raise ModelNotFound(f"tensor {name} of {entry.id} is not held here any more") from exc
+        if len(data) != n:
+            raise ModelNotFound(f"tensor {name} of {entry.id} is not held here any more")
+        log.debug("DIAG: served partial model bytes %s", kv(peer_id=getattr(link, "short_id", "?"), model=entry.id,
+                                                           tensor=name, offset=offset, bytes=n))
+        return frame.reply(FrameType.MODEL_PART, {"sha256": sha, "tensor": name, "offset": offset}, data)
+
+
+def _read_range(path: Path, offset: int, n: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(n)

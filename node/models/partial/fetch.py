@@ -267,22 +267,29 @@ class _Writer:
                 fh.close()
             self.files.clear()
 
-    def finish_parts(self) -> list[str]:
-        """Hash every part whose tensors are all here and mark it complete; returns them."""
-        done = []
+    def finish_parts(self, expected: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
+        """Hash every part whose tensors are all here and mark it complete. `expected` (tensor ->
+        sha256, bytes from a peer): a part whose bytes hash otherwise is quarantined instead, its
+        bytes counted as missing. Returns (the parts completed, the parts quarantined)."""
+        done, bad = [], []
         for part in sorted({t.part for t in self.tensors}):
             ts = self.manifest.part_tensors(part)
             if part in self.manifest.complete or any(self.have.get(t.name, 0) < t.n_bytes for t in ts):
                 continue
             digests = self.store.hash_part(self.manifest, part)
             for t in ts:
-                t.sha256 = digests[t.name]
                 self.have.pop(t.name, None)
+            if expected is not None and any(digests[t.name] != expected.get(t.name) for t in ts):
+                self.store.quarantine(self.manifest, part)
+                bad.append(part)
+                continue
+            for t in ts:
+                t.sha256 = digests[t.name]
             self.manifest.complete.add(part)
             done.append(part)
         self.store.save(self.manifest)
         self.store.save_fetch_state(self.manifest.validator, self.have)
-        return done
+        return done, bad
 
 
 async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list[str], *,

@@ -114,6 +114,7 @@ class Manifest:
     n_layers: int
     tensors: dict[str, TensorRecord] = field(default_factory=dict)
     complete: set[str] = field(default_factory=set)  # parts whose every tensor is here and hashed
+    unchecked: set[str] = field(default_factory=set)  # complete parts from a peer, not yet spot-checked (peers.py)
 
     def part_tensors(self, part: str) -> list[TensorRecord]:
         return [t for t in self.tensors.values() if t.part == part]
@@ -138,14 +139,16 @@ class Manifest:
             else:
                 runs.append([i, i])
         text = ", ".join(f"{a}–{b}" if a != b else f"{a}" for a, b in runs) or "none"
-        return f"layers {text} of {self.n_layers}, {self.held_bytes / 1e6:.0f} MB of {self.size_bytes / 1e6:.0f} MB"
+        unchecked = f", {len(self.unchecked)} parts not yet checked against the origin" if self.unchecked else ""
+        return (f"layers {text} of {self.n_layers}, {self.held_bytes / 1e6:.0f} MB of {self.size_bytes / 1e6:.0f} MB"
+                + unchecked)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": MANIFEST_VERSION, "origin_url": self.origin_url, "validator": self.validator,
             "size_bytes": self.size_bytes, "sha256": self.sha256, "sha256_known": self.sha256_known,
             "header_sha256": self.header_sha256, "header_bytes": self.header_bytes, "n_layers": self.n_layers,
-            "complete": sorted(self.complete),
+            "complete": sorted(self.complete), "unchecked": sorted(self.unchecked),
             "tensors": [[t.name, t.part, t.offset, t.n_bytes, t.local, t.sha256] for t in self.tensors.values()],
         }
 
@@ -158,6 +161,7 @@ class Manifest:
         for name, part, offset, n_bytes, local, sha in d["tensors"]:
             m.tensors[name] = TensorRecord(str(name), str(part), int(offset), int(n_bytes), int(local), sha)
         m.complete = {str(p) for p in d["complete"]}
+        m.unchecked = {str(p) for p in d.get("unchecked", ())} & m.complete
         return m
 
 
@@ -279,6 +283,7 @@ class PartialStore:
         if src.exists():
             os.replace(src, q / f"{part}.{time.time_ns()}.bin")
         manifest.complete.discard(part)
+        manifest.unchecked.discard(part)
         for t in manifest.part_tensors(part):
             t.sha256 = None
 
@@ -293,6 +298,7 @@ class PartialStore:
             except FileNotFoundError:
                 pass
             manifest.complete.discard(part)
+            manifest.unchecked.discard(part)
             for t in manifest.part_tensors(part):
                 t.sha256 = None
         self.save(manifest)
