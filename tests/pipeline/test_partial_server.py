@@ -1,0 +1,117 @@
+"""The MODEL_PART server (node/inference/pipeline/partials.PartServer) and its client
+(PeerPartSource) end to end in-process: the client's requests go to the server's handler as a peer
+link would carry them. A partial model's checked parts are served; unchecked ones, other models
+and malformed requests are errors that name the problem (the link would stay)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from node import const
+from node.errors import InvalidRequest, ModelNotFound, PeerError
+from node.inference.pipeline.partials import PartServer, PeerPartSource
+from node.models.catalog import ModelCatalog
+from node.models.gguf_meta import read_header
+from node.models.partial import async_fetch_parts, async_fetch_parts_from, async_open_partial, parts_for
+from node.net import Frame, FrameType
+from tests.models.test_partial import model as model  # noqa: F401 - the module-scoped GGUF fixture
+from tests.support.rangeserver import ThreadedOrigin
+
+
+class Link:
+    short_id = "client00"
+
+
+class LoopbackPeers:
+    """PeerManager.async_request, answered by a PartServer in this process (errors as the link raises them)."""
+
+    def __init__(self, server: PartServer):
+        self.server, self.requests = server, 0
+
+    async def async_request(self, node_id: str, frame: Frame, timeout_s: float | None = None) -> Frame:
+        self.requests += 1
+        return await asyncio.wait_for(self.server.async_handle(Link(), frame), timeout_s)
+
+
+@pytest.fixture
+def origin(model):  # noqa: F811
+    with ThreadedOrigin(model.read_bytes()) as srv:
+        yield srv
+
+
+async def _holder(tmp_path, origin):
+    d = tmp_path / "m-0123abcd.partial"
+    store, manifest = await async_open_partial(origin.url, d)
+    parts = parts_for(read_header(store.header_path), 2, 5)
+    await async_fetch_parts(store, manifest, parts)
+    catalog = ModelCatalog(None)
+    [entry] = await catalog.async_scan([(d, "cli")])
+    return catalog, entry, parts
+
+
+async def test_a_peer_is_served_its_checked_parts_over_model_part_frames(tmp_path, model, origin):  # noqa: F811
+    catalog, entry, parts = await _holder(tmp_path, origin)
+    peers = LoopbackPeers(PartServer(catalog))
+    source = PeerPartSource(peers, "f" * 64)
+    hashes = await source.async_hashes(entry.sha256, parts + ["layer-0007"])  # one it does not hold
+    assert set(hashes) == {t.name for t in entry.partial.tensors.values() if t.part in parts}
+    store, manifest = await async_open_partial(origin.url, tmp_path / "b.partial")
+    stats = await async_fetch_parts_from(store, manifest, parts, source, origin_url=origin.url, rng=random.Random(1))
+    assert stats.spot_checked and not stats.rejected and manifest.covers(parts)
+    chunks = sum(-(-t.n_bytes // const.PARTIAL_PEER_CHUNK) for p in stats.parts for t in manifest.part_tensors(p))
+    assert peers.requests == 1 + 1 + chunks  # the two hash lists and one request per chunk
+    data = origin.data
+    for p in parts:
+        raw = store.part_path(p).read_bytes()
+        assert all(raw[t.local:t.local + t.n_bytes] == data[t.offset:t.offset + t.n_bytes]
+                   for t in manifest.part_tensors(p))
+
+
+async def test_what_the_server_refuses(tmp_path, model, origin):  # noqa: F811
+    catalog, entry, parts = await _holder(tmp_path, origin)
+    server = PartServer(catalog)
+    t = next(t for t in entry.partial.tensors.values() if t.part == "layer-0003")
+
+    async def ask(header):
+        return await server.async_handle(Link(), Frame(FrameType.MODEL_PART, header))
+
+    reply = await ask({"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": 10, "n": 100})
+    assert bytes(reply.payload) == origin.data[t.offset + 10:t.offset + 110]
+    bad = [
+        ({"sha256": "XYZ", "op": "hashes", "parts": []}, InvalidRequest, "64 lower-case hex"),
+        ({"sha256": "0" * 64, "op": "hashes", "parts": []}, ModelNotFound, "no partial model"),
+        ({"sha256": entry.sha256, "op": "delete"}, InvalidRequest, "'op' must be"),
+        ({"sha256": entry.sha256, "op": "hashes", "parts": "layer-0003"}, InvalidRequest, "a list of part names"),
+        ({"sha256": entry.sha256, "op": "hashes", "parts": ["../../etc"]}, InvalidRequest, "a list of part names"),
+        ({"sha256": entry.sha256, "op": "read", "tensor": "blk.7.attn_q.weight", "offset": 0, "n": 1},
+         ModelNotFound, "not held here"),
+        ({"sha256": entry.sha256, "op": "read", "tensor": ["x"], "offset": 0, "n": 1}, ModelNotFound, "not held"),
+        ({"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": 0, "n": const.PARTIAL_PEER_CHUNK + 1},
+         InvalidRequest, "0 < n <="),
+        ({"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": t.n_bytes - 1, "n": 2},
+         InvalidRequest, "offset \\+ n <="),
+        ({"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": -1, "n": 2}, InvalidRequest, "0 <= offset"),
+        ({"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": True, "n": 2}, InvalidRequest, "offset"),
+    ]
+    for header, error, text in bad:
+        with pytest.raises(error, match=text):
+            await ask(header)
+    # parts taken from a peer and not yet checked against the origin are not passed on
+    entry.partial.unchecked.add("layer-0003")
+    with pytest.raises(ModelNotFound, match="not held here"):
+        await ask({"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": 0, "n": 1})
+    reply = await ask({"sha256": entry.sha256, "op": "hashes", "parts": parts})
+    assert not any(name.startswith("blk.3.") for name in json.loads(reply.payload)["tensors"])
+
+
+async def test_a_garbled_hash_list_is_a_peer_error(tmp_path):
+    class Garbled:
+        async def async_request(self, node_id, frame, timeout_s=None):
+            return frame.reply(FrameType.MODEL_PART, {}, b"\xff not json")
+
+    with pytest.raises(PeerError, match="unreadable tensor list"):
+        await PeerPartSource(Garbled(), "a" * 64).async_hashes("b" * 64, ["layer-0000"])
