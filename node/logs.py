@@ -1,7 +1,14 @@
-"""Logging set-up: verbosity flags, a rotating node.log in the data dir, a TRACE level.
+"""Logging set-up: verbosity flags, a rotating node.log in the data dir, a TRACE level, and a
+progress bar on a terminal.
 
 Conventions (seed 000): diagnostic lines start with `DIAG:` and carry `key=value` fields.
 Per-message network events log at DEBUG (seen with -v); failures stay at INFO/WARNING.
+
+Progress (`progress_extra`): a record carrying `progress=(label, done, total)` is drawn by the
+console handler on a terminal as one bar line, redrawn in place (`\r`), with the rate and the time
+left; any other line clears it first, and the next update draws it again. In node.log, and on a
+console that is not a terminal, only the progress records marked `progress_line` are written (a
+line every PARTIAL_PROGRESS_LOG_S, and the last), as ordinary DIAG lines.
 """
 
 from __future__ import annotations
@@ -9,7 +16,9 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import sys
+import time
 from pathlib import Path
+from typing import IO
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
@@ -43,7 +52,7 @@ def setup_logging(verbosity: int = 0, data_dir: Path | None = None, *, stderr: b
     root.setLevel(level)
     formatter = logging.Formatter(LOG_FORMAT, DATE_FORMAT)
     if stderr:
-        console = logging.StreamHandler(sys.stderr)
+        console = ConsoleHandler(sys.stderr)
         console.setFormatter(formatter)
         setattr(console, _HANDLER_TAG, True)
         root.addHandler(console)
@@ -55,12 +64,74 @@ def setup_logging(verbosity: int = 0, data_dir: Path | None = None, *, stderr: b
             log_path, maxBytes=LOG_FILE_MAX_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8"
         )
         file_handler.setFormatter(formatter)
+        file_handler.addFilter(_progress_lines_only)
         setattr(file_handler, _HANDLER_TAG, True)
         root.addHandler(file_handler)
     # Third-party chatter stays at WARNING unless -vvv.
     for noisy in ("aiohttp.access", "zeroconf", "asyncio", "urllib3", "httpx", "httpcore", "openai"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbosity >= 3 else logging.WARNING)
     return log_path
+
+
+def progress_extra(label: str, done: int, total: int, *, line: bool) -> dict[str, object]:
+    """`extra=` for a progress record: drawn as a bar on a terminal; written as a line (node.log,
+    a console that is not a terminal) only when `line`."""
+    return {"progress": (label, int(done), int(total)), "progress_line": line}
+
+
+def _progress_lines_only(record: logging.LogRecord) -> bool:
+    return getattr(record, "progress", None) is None or bool(getattr(record, "progress_line", False))
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """stderr. On a terminal, progress records draw one bar line in place (see the module doc);
+    elsewhere they are lines only when marked so."""
+
+    WIDTH = 24
+
+    def __init__(self, stream: IO[str] | None = None, *, tty: bool | None = None):
+        super().__init__(stream if stream is not None else sys.stderr)
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty()) if tty is None else tty
+        self._bar = False  # a bar is drawn on the current line
+        self._first: dict[str, tuple[float, int]] = {}  # label -> (when, done) at its first update
+
+    def bar(self, label: str, done: int, total: int, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        t0, d0 = self._first.setdefault(label, (now, done))
+        frac = min(1.0, done / total) if total > 0 else 1.0
+        filled = int(frac * self.WIDTH)
+        text = f"{label}  [{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac * 100:3.0f}%  {_mb(done)} / {_mb(total)} MB"
+        if now - t0 >= 0.5 and done > d0:
+            rate = (done - d0) / (now - t0)
+            left = (total - done) / rate if rate > 0 else 0.0
+            text += f"  {_mb(rate)} MB/s  {int(left) // 60}:{int(left) % 60:02d} left"
+        return text
+
+    def emit(self, record: logging.LogRecord) -> None:
+        progress = getattr(record, "progress", None)
+        if progress is not None and self.tty:
+            try:
+                label, done, total = progress
+                end = done >= total
+                self.stream.write("\r\033[K" + self.bar(label, done, total) + ("\n" if end else ""))
+                self._bar = not end
+                if end:
+                    self._first.pop(label, None)
+                self.flush()
+            except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
+                self.handleError(record)
+            return
+        if progress is not None and not getattr(record, "progress_line", False):
+            return
+        if self._bar:
+            self.stream.write("\r\033[K")
+            self._bar = False
+        super().emit(record)
 
 
 def kv(**fields: object) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 from node import const
 from node.errors import InvalidRequest, ModelNotFound, NodeError, PeerError
 from node.inference.weights.cache import WeightCache
-from node.logs import kv
+from node.logs import kv, progress_extra
 from node.models.catalog import ModelCatalog, ModelEntry
 from node.models.download import file_name_for, resolve_url
 from node.models.download.urls import display_url
@@ -89,14 +89,17 @@ class PartialModels:
         manifest, parts, label = entry.partial, parts_for(entry.header, start, end), f"{start}-{end - 1}"
         last = [0.0]
 
-        def progress(done: int, total: int) -> None:  # INFO every PARTIAL_PROGRESS_LOG_S (the CLI's), else DEBUG
+        def progress(done: int, total: int) -> None:
+            # every update draws the CLI's bar on a terminal; a line (node.log, a pipe) every
+            # PARTIAL_PROGRESS_LOG_S and at the end
             now = time.monotonic()
-            level = logging.INFO if now - last[0] >= const.PARTIAL_PROGRESS_LOG_S or done >= total else logging.DEBUG
-            if level == logging.INFO:
+            line = now - last[0] >= const.PARTIAL_PROGRESS_LOG_S or done >= total
+            if line:
                 last[0] = now
-            log.log(level, "DIAG: fetching layers %s", kv(
+            log.info("DIAG: fetching layers %s", kv(
                 model=entry.id, layers=label, done_mb=round(done / 1e6, 1), of_mb=round(total / 1e6, 1),
-                percent=round(100 * done / max(total, 1))))
+                percent=round(100 * done / max(total, 1))),
+                extra=progress_extra(f"fetching layers {label} of {entry.id}", done, total, line=line))
 
         async with self._lock:
             store, url = PartialStore(entry.path), self._urls.get(entry.path) or manifest.origin_url
