@@ -45,6 +45,7 @@ class NodeFeeds(QObject):
             node.traces.subscribe(self.overview.on_trace_event),
             node.models.subscribe(self.models.on_model_event),
             node.models.subscribe(lambda _event, _served: self._on_models_changed()),
+            node.slice_host.subscribe(lambda _hosted: self._on_models_changed()),  # loads, moves, fetch progress
         ]
         for served in node.models.all():  # models registered before we subscribed
             self.models.on_model_event("added", served)
@@ -66,8 +67,8 @@ class NodeFeeds(QObject):
         self._on_models_changed()
 
     def _on_models_changed(self) -> None:
-        # Slices are loaded during start-up only; their rows are read when the node says models
-        # changed or when it has started.
+        # Slice rows are read when the node says models changed, when it has started, and on
+        # every slice host event (a load, a move, a partial model's layers arriving).
         self.models.set_slices(slice_rows(self.host.node))
         self.overview.on_models(self.host)
 

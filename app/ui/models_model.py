@@ -29,6 +29,10 @@ def _memory(m: dict[str, Any]) -> str:
 
 def _state(m: dict[str, Any]) -> str:
     state = m.get("state", fmt.DASH)
+    fetch = m.get("fetch")
+    if state == "loading" and fetch and fetch.get("total_bytes"):  # a partial model's layers arriving
+        done, total = fetch["done_bytes"], fetch["total_bytes"]
+        return f"fetching layers {100 * done / total:.0f}% ({fmt.size(done)} of {fmt.size(total)})"
     if state == "loaded" and m.get("busy"):
         waiting = m.get("waiting") or 0
         return "loaded, busy" + (f" (+{waiting} waiting)" if waiting else "")

@@ -133,6 +133,10 @@ def test_models_model(qapp, qtmodeltester, force_py):
     model.set_slices({"s": {**a.summary(), "id": "a-11111111", "engine": "torch-slice", "layers_held": [4, 8],
                             "partial": "layers 4–7 of 22, 310 MB of 1235 MB"}})
     assert model.cell_text("s", "Layers held") == "layers 4–7 of 22, 310 MB of 1235 MB"
+    # its layers arriving: the state says how far
+    model.set_slices({"s": {**a.summary(), "id": "a-11111111", "engine": "torch-slice", "layers_held": [4, 8],
+                            "state": "loading", "fetch": {"done_bytes": 3 * 2**20, "total_bytes": 12 * 2**20}}})
+    assert model.cell_text("s", "State") == "fetching layers 25% (3.0 MiB of 12.0 MiB)"
 
 
 @pytest.mark.parametrize("force_py", [False, True], ids=["qt-cpp", "python"])

@@ -115,3 +115,29 @@ async def test_a_garbled_hash_list_is_a_peer_error(tmp_path):
 
     with pytest.raises(PeerError, match="unreadable tensor list"):
         await PeerPartSource(Garbled(), "a" * 64).async_hashes("b" * 64, ["layer-0000"])
+
+
+async def test_the_slice_host_says_how_far_a_partial_models_layers_have_come(tmp_path, model, origin):  # noqa: F811
+    from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.partials import PartialModels
+
+    d = tmp_path / "models"
+    partials = PartialModels(d)
+    directory = await partials.async_open(origin.url)
+    [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
+    host = SliceHost(dtype="f32", partials=partials)
+    seen = []
+    unsubscribe = host.subscribe(lambda hosted: seen.append(hosted.summary()))
+    try:
+        hosted = await host.async_load(entry, 2, 5)
+        assert hosted.state == "loaded", hosted.error
+        fetching = [s for s in seen if s["fetch"]]
+        assert fetching and all(s["state"] == "loading" for s in fetching)
+        last = fetching[-1]["fetch"]
+        assert last["done_bytes"] == last["total_bytes"] > 0  # the GUI's row reaches 100 %
+        assert seen[0]["state"] == "loading" and seen[-1]["state"] == "loaded" and seen[-1]["fetch"] is None
+        await host.async_unload(hosted)
+        assert seen[-1]["state"] == "unloaded"
+    finally:
+        unsubscribe()
+        await host.async_close()

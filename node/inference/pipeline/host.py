@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from node.inference.placement import Placement, place
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.models.catalog import ModelEntry
+from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class HostedSlice:
     auto_budget: tuple[int, int] | None = None  # --serve auto: (layers, with head) this node's budget fits
     step_queue: StepQueue = field(default_factory=StepQueue)
     vocab: Any = None  # ModelTokenizer of the slice's GGUF, read on the first constrained step (last segment)
+    fetch: tuple[int, int] | None = None  # a partial model's layers arriving: (bytes here, bytes wanted)
 
     def vocabulary(self):
         """The model's vocabulary from the slice's own GGUF (blocking: on the slice's executor, the
@@ -113,6 +116,7 @@ class HostedSlice:
             "load_ms": self.model.load_ms if self.model is not None else None,
             "weight_cache": self.model.weight_cache if self.model is not None else None,
             "partial": self.entry.partial.describe() if self.entry.partial is not None else None,
+            "fetch": {"done_bytes": self.fetch[0], "total_bytes": self.fetch[1]} if self.fetch is not None else None,
         }
 
 
@@ -135,7 +139,13 @@ class SliceHost:
         self._soon: asyncio.Task | None = None  # a sweep asked for by request_sweep
         self._sweep_again = False
         self.on_change = None  # callback() when the advertised set changes (HELLO update)
+        self.events: Observers[[HostedSlice]] = Observers("slice host")  # a slice's state or fetch progress
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
+
+    def subscribe(self, callback: Callable[[HostedSlice], None]) -> Callable[[], None]:
+        """callback(hosted) when a slice starts loading, its layers' fetch moves, it is loaded,
+        fails, drains or is unloaded (the GUI's slice rows); returns an unsubscribe."""
+        return self.events.subscribe(callback)
 
     def find(self, sha256: str, start: int, end: int) -> HostedSlice | None:
         """The loaded (or draining: its sessions finish) slice for exactly this model and range."""
@@ -184,11 +194,19 @@ class SliceHost:
         self.slices[hosted.key] = hosted
         loop = asyncio.get_running_loop()
         started = time.monotonic()
+        self.events.emit(hosted)
         try:
             if entry.partial is not None:
                 if self.partials is None:
                     raise ModelLoadError(f"{entry.id} is a partial model and this node fetches no layers")
-                await self.partials.async_fetch(entry, start, end)
+
+                def progress(done: int, total: int) -> None:
+                    hosted.fetch = (done, total)
+                    self.events.emit(hosted)
+                try:
+                    await self.partials.async_fetch(entry, start, end, progress=progress)
+                finally:
+                    hosted.fetch = None
             hosted.placement = await loop.run_in_executor(hosted.executor, self._place, entry, start, end)
             hosted.model = await loop.run_in_executor(
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
@@ -199,8 +217,10 @@ class SliceHost:
         except NodeError as exc:
             hosted.state, hosted.error = "failed", exc.message
             log.error("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}", error=exc.message))
+            self.events.emit(hosted)
             return hosted
         hosted.state = "loaded"
+        self.events.emit(hosted)
         log.info("DIAG: serving slice %s", kv(model=entry.id, layers=f"{start}-{end - 1}", n_layers=entry.n_layers,
                                               elapsed_ms=int((time.monotonic() - started) * 1000)))
         if self._sweeper is None:
@@ -213,6 +233,7 @@ class SliceHost:
         """Stop advertising a slice (a move left it); its running sessions go on until unloaded."""
         if hosted.state == "loaded":
             hosted.state = "draining"
+            self.events.emit(hosted)
             if hosted.model is not None and hosted.executor is not None:
                 hosted.executor.submit(hosted.model.sessions.free_kept)  # never resumed on a draining slice
             if self.on_change is not None:
@@ -224,6 +245,7 @@ class SliceHost:
             del self.slices[hosted.key]
         was = hosted.state
         hosted.state = "unloaded"
+        self.events.emit(hosted)
         if was == "loaded" and self.on_change is not None:
             self.on_change()
         if hosted.executor is not None:

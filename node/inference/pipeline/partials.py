@@ -83,13 +83,17 @@ class PartialModels:
         self._urls[resolved_dir] = url
         return resolved_dir
 
-    async def async_fetch(self, entry: ModelEntry, start: int, end: int) -> None:
-        """The tensors of layers [start, end) of a partial model, from its origin."""
+    async def async_fetch(self, entry: ModelEntry, start: int, end: int, *,
+                          progress: Callable[[int, int], None] | None = None) -> None:
+        """The tensors of layers [start, end) of a partial model, from peers and its origin;
+        `progress(bytes here, bytes wanted)` as the origin's bytes arrive (the GUI's row)."""
         assert entry.partial is not None
         manifest, parts, label = entry.partial, parts_for(entry.header, start, end), f"{start}-{end - 1}"
         last = [0.0]
 
-        def progress(done: int, total: int) -> None:
+        def on_progress(done: int, total: int) -> None:
+            if progress is not None:
+                progress(done, total)
             # every update draws the CLI's bar on a terminal; a line (node.log, a pipe) every
             # PARTIAL_PROGRESS_LOG_S and at the end
             now = time.monotonic()
@@ -112,7 +116,7 @@ class PartialModels:
             await self._async_from_peers(entry, store, parts, start, end, url, label)
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
-            stats = await async_fetch_parts(store, manifest, parts, progress=progress,
+            stats = await async_fetch_parts(store, manifest, parts, progress=on_progress,
                                             url=self._urls.get(entry.path))
             if stats.restarts and self.weight_cache is not None:  # the same id, other bytes
                 await asyncio.get_running_loop().run_in_executor(None, self.weight_cache.forget, entry.sha256)
