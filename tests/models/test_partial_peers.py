@@ -95,8 +95,10 @@ async def _same_output(model_path, store, start, end):  # noqa: F811
 async def test_an_honest_peer_costs_the_origin_one_spot_check(tmp_path, model, origin):  # noqa: F811
     a_store, b_store, b_manifest, parts = await _holder_and_newcomer(tmp_path, origin, 2, 5)
     before = origin.sent
+    moves = []
     stats = await async_fetch_parts_from(b_store, b_manifest, parts, StoreSource(a_store), origin_url=origin.url,
-                                         rng=random.Random(7))
+                                         rng=random.Random(7), progress=lambda d, t: moves.append((d, t)))
+    assert moves and moves[-1] == (stats.peer_bytes, stats.peer_bytes)  # the bar reaches 100 %
     assert sorted(stats.parts) == sorted(p for p in parts if p != "globals") and not stats.rejected
     assert stats.spot_checked and not stats.lied
     assert origin.sent - before == stats.origin_bytes == const.PARTIAL_SPOT_CHECK_BYTES  # the check, nothing else

@@ -101,7 +101,7 @@ async def test_what_the_server_refuses(tmp_path, model, origin):  # noqa: F811
         with pytest.raises(error, match=text):
             await ask(header)
     # parts taken from a peer and not yet checked against the origin are not passed on
-    entry.partial.unchecked.add("layer-0003")
+    entry.partial.mark_unchecked(["layer-0003"])
     with pytest.raises(ModelNotFound, match="not held here"):
         await ask({"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": 0, "n": 1})
     reply = await ask({"sha256": entry.sha256, "op": "hashes", "parts": parts})

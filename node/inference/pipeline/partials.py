@@ -113,7 +113,7 @@ class PartialModels:
                 except SpotCheckFailed as exc:
                     log.info("DIAG: unchecked partial model parts still unchecked %s",
                              kv(model=entry.id, parts=len(manifest.unchecked), reason=str(exc)))
-            await self._async_from_peers(entry, store, parts, start, end, url, label)
+            await self._async_from_peers(entry, store, parts, start, end, url, label, on_progress)
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
             stats = await async_fetch_parts(store, manifest, parts, progress=on_progress,
@@ -124,7 +124,7 @@ class PartialModels:
             self.note(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
 
     async def _async_from_peers(self, entry: ModelEntry, store: PartialStore, parts: list[str], start: int,
-                                end: int, url: str, label: str) -> None:
+                                end: int, url: str, label: str, progress: Callable[[int, int], None]) -> None:
         """What peers holding these layers can give, most overlap first (see the module doc)."""
         manifest = entry.partial
         assert manifest is not None
@@ -142,7 +142,8 @@ class PartialModels:
             source = PeerPartSource(self.peers, node)
             self.note(f"fetching layers {label} of {entry.id} from peer {source.label}")
             try:
-                got = await async_fetch_parts_from(store, manifest, missing, source, origin_url=url)
+                got = await async_fetch_parts_from(store, manifest, missing, source, origin_url=url,
+                                                   progress=progress)
             except NodeError as exc:  # it went, or holds none of these: the next one, then the origin
                 log.info("DIAG: layer fetch from peer failed %s", kv(peer_id=source.label, model=entry.id,
                                                                      error=exc.message))

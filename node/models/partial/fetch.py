@@ -285,7 +285,7 @@ class _Writer:
                 continue
             for t in ts:
                 t.sha256 = digests[t.name]
-            self.manifest.complete.add(part)
+            self.manifest.mark_complete(part)
             done.append(part)
         self.store.save(self.manifest)
         self.store.save_fetch_state(self.manifest.validator, self.have)

@@ -113,8 +113,24 @@ class Manifest:
     header_bytes: int
     n_layers: int
     tensors: dict[str, TensorRecord] = field(default_factory=dict)
-    complete: set[str] = field(default_factory=set)  # parts whose every tensor is here and hashed
-    unchecked: set[str] = field(default_factory=set)  # complete parts from a peer, not yet spot-checked (peers.py)
+    # Both sets are replaced, never changed in place (mark/forget): the fetch's I/O thread updates
+    # them while the loop may be iterating them (a summary, a MODEL_PART answer).
+    complete: frozenset[str] = frozenset()  # parts whose every tensor is here and hashed
+    unchecked: frozenset[str] = frozenset()  # complete parts from a peer, not yet spot-checked (peers.py)
+
+    def mark_complete(self, part: str) -> None:
+        self.complete = self.complete | {part}
+
+    def mark_unchecked(self, parts: list[str] | None) -> None:
+        """Add these parts to the unchecked ones; None: none is unchecked any more."""
+        self.unchecked = frozenset() if parts is None else self.unchecked | set(parts)
+
+    def forget(self, part: str) -> None:
+        """The part is not here (quarantined, deleted): its tensors' hashes go too."""
+        self.complete = self.complete - {part}
+        self.unchecked = self.unchecked - {part}
+        for t in self.part_tensors(part):
+            t.sha256 = None
 
     def part_tensors(self, part: str) -> list[TensorRecord]:
         return [t for t in self.tensors.values() if t.part == part]
@@ -160,8 +176,8 @@ class Manifest:
                 bool(d["sha256_known"]), str(d["header_sha256"]), int(d["header_bytes"]), int(d["n_layers"]))
         for name, part, offset, n_bytes, local, sha in d["tensors"]:
             m.tensors[name] = TensorRecord(str(name), str(part), int(offset), int(n_bytes), int(local), sha)
-        m.complete = {str(p) for p in d["complete"]}
-        m.unchecked = {str(p) for p in d.get("unchecked", ())} & m.complete
+        m.complete = frozenset(str(p) for p in d["complete"])
+        m.unchecked = frozenset(str(p) for p in d.get("unchecked", ())) & m.complete
         return m
 
 
@@ -282,10 +298,7 @@ class PartialStore:
         src = self.part_path(part)
         if src.exists():
             os.replace(src, q / f"{part}.{time.time_ns()}.bin")
-        manifest.complete.discard(part)
-        manifest.unchecked.discard(part)
-        for t in manifest.part_tensors(part):
-            t.sha256 = None
+        manifest.forget(part)
 
     def remove_parts(self, manifest: Manifest, parts: list[str]) -> int:
         """Delete parts no longer served; returns the bytes freed."""
@@ -297,10 +310,7 @@ class PartialStore:
                 path.unlink()
             except FileNotFoundError:
                 pass
-            manifest.complete.discard(part)
-            manifest.unchecked.discard(part)
-            for t in manifest.part_tensors(part):
-                t.sha256 = None
+            manifest.forget(part)
         self.save(manifest)
         return freed
 

@@ -30,6 +30,8 @@ import concurrent.futures
 import logging
 import random
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,7 +43,7 @@ from node.logs import kv
 from node.models.download.fetch import content_range, resume_validator
 from node.models.download.urls import describe_error, resolve_url
 
-from .fetch import _timeout, _Writer
+from .fetch import Progress, _timeout, _Writer
 from .layout import Manifest, PartialStore, TensorRecord
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,8 @@ class SpotCheckFailed(Exception):
 
 async def async_fetch_parts_from(store: PartialStore, manifest: Manifest, parts: list[str], source: PartSource, *,
                                  origin_url: str | None, rng: random.Random | None = None,
-                                 session: aiohttp.ClientSession | None = None) -> PeerFetchStats:
+                                 session: aiohttp.ClientSession | None = None,
+                                 progress: Progress | None = None) -> PeerFetchStats:
     """Fetch the missing parts among `parts` that `source` holds (see the module doc). NodeError
     from the peer (it went, it holds nothing of these) ends the fetch with what was kept; the
     caller gets the rest from the origin."""
@@ -100,9 +103,17 @@ async def async_fetch_parts_from(store: PartialStore, manifest: Manifest, parts:
                 for t in manifest.part_tensors(part):
                     have.pop(t.name, None)
         w = _Writer(store, manifest, names, have)
+        total = sum(t.n_bytes for t in w.tensors)
+        last = [0.0]
+
+        def moved() -> None:
+            now = time.monotonic()
+            if progress is not None and (now - last[0] >= const.DOWNLOAD_PROGRESS_S or w.received() >= total):
+                last[0] = now
+                progress(w.received(), total)
         try:
             for t in w.tensors:
-                stats.peer_bytes += await _async_tensor(source, manifest, t, w, io)
+                stats.peer_bytes += await _async_tensor(source, manifest, t, w, io, moved)
         except NodeError as exc:
             log.warning("DIAG: layer fetch from peer stopped, the rest comes from the origin %s",
                         kv(peer_id=source.label, model=manifest.sha256[:16], error=exc.message))
@@ -125,7 +136,7 @@ async def async_fetch_parts_from(store: PartialStore, manifest: Manifest, parts:
 
 
 async def _async_tensor(source: PartSource, manifest: Manifest, t: TensorRecord, w: _Writer,
-                        io: concurrent.futures.Executor) -> int:
+                        io: concurrent.futures.Executor, moved: Callable[[], None]) -> int:
     """One tensor's missing bytes, chunk by chunk, a window of requests ahead; returns the bytes."""
     loop = asyncio.get_running_loop()
     start = w.have.get(t.name, 0)
@@ -144,6 +155,7 @@ async def _async_tensor(source: PartSource, manifest: Manifest, t: TensorRecord,
                 raise PeerError(f"{t.name} bytes {off}+{n}: the peer sent {len(data)}", code="protocol_error")
             await loop.run_in_executor(io, w.write, t.offset + off, data)
             got += n
+            moved()
     finally:
         for task in pending:
             task.cancel()
@@ -157,7 +169,7 @@ async def _async_check_or_drop(store: PartialStore, manifest: Manifest, taken: l
     try:
         ok, n = await async_spot_check(store, manifest, taken, origin_url, rng=rng, session=session)
     except SpotCheckFailed as exc:
-        manifest.unchecked.update(taken)
+        manifest.mark_unchecked(taken)
         await loop.run_in_executor(io, store.save, manifest)
         log.warning("DIAG: partial model parts from a peer not checked against the origin (kept, checked "
                     "on the next fetch that reaches it) %s", kv(peer_id=label, model=manifest.sha256[:16],
@@ -242,11 +254,11 @@ async def async_spot_check_held(store: PartialStore, manifest: Manifest, origin_
     mismatch quarantines them all. Returns the parts quarantined; SpotCheckFailed keeps waiting."""
     parts = sorted(p for p in manifest.unchecked if p in manifest.complete)
     if not parts:
-        manifest.unchecked.clear()
+        manifest.mark_unchecked(None)
         return []
     ok, _n = await async_spot_check(store, manifest, parts, origin_url, rng=rng)
     loop = asyncio.get_running_loop()
-    manifest.unchecked.clear()
+    manifest.mark_unchecked(None)
     if not ok:
         for part in parts:
             await loop.run_in_executor(None, store.quarantine, manifest, part)
