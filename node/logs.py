@@ -103,6 +103,8 @@ class ConsoleHandler(logging.StreamHandler):
     def bar(self, label: str, done: int, total: int, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
         t0, d0 = self._first.setdefault(label, (now, done))
+        if done < d0:  # another stage under the same label (a peer's bytes, then the origin's)
+            t0, d0 = self._first[label] = (now, done)
         frac = min(1.0, done / total) if total > 0 else 1.0
         filled = int(frac * self.WIDTH)
         text = f"{label}  [{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac * 100:3.0f}%  {_mb(done)} / {_mb(total)} MB"
@@ -129,8 +131,12 @@ class ConsoleHandler(logging.StreamHandler):
         if progress is not None and not getattr(record, "progress_line", False):
             return
         if self._bar:
-            self.stream.write("\r\033[K")
             self._bar = False
+            try:
+                self.stream.write("\r\033[K")
+            except Exception:  # noqa: BLE001 - as above
+                self.handleError(record)
+                return
         super().emit(record)
 
 

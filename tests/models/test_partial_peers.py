@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from node import const
+from node.errors import PeerUnreachable
 from node.models.gguf_meta import read_header
 from node.models.partial import (
     PartialStore,
@@ -34,9 +35,11 @@ class StoreSource:
     files, optionally altering the bytes (`flip`: every 4096th byte of these parts' tensors) and,
     if `lie`, naming the altered bytes' hashes."""
 
-    def __init__(self, store: PartialStore, flip: set[str] = frozenset(), lie: bool = False):
+    def __init__(self, store: PartialStore, flip: set[str] = frozenset(), lie: bool = False,
+                 fail_on: str | None = None):
         self.store, self.manifest = store, store.load()
         self.flip, self.lie, self.label = flip, lie, "peer-a"
+        self.fail_on = fail_on  # a tensor whose read fails (the peer went)
         self.reads = 0
 
     def _altered(self, name: str, offset: int, data: bytes) -> bytes:
@@ -67,6 +70,8 @@ class StoreSource:
     async def async_read(self, model: str, tensor: str, offset: int, n: int) -> bytes:
         assert n <= const.PARTIAL_PEER_CHUNK
         self.reads += 1
+        if tensor == self.fail_on:
+            raise PeerUnreachable("the peer went")
         return await asyncio.get_running_loop().run_in_executor(None, self._read, tensor, offset, n)
 
 
@@ -101,7 +106,8 @@ async def test_an_honest_peer_costs_the_origin_one_spot_check(tmp_path, model, o
     assert moves and moves[-1] == (stats.peer_bytes, stats.peer_bytes)  # the bar reaches 100 %
     assert sorted(stats.parts) == sorted(p for p in parts if p != "globals") and not stats.rejected
     assert stats.spot_checked and not stats.lied
-    assert origin.sent - before == stats.origin_bytes == const.PARTIAL_SPOT_CHECK_BYTES  # the check, nothing else
+    # the checks (one range per part), nothing else
+    assert 0 < origin.sent - before == stats.origin_bytes <= len(stats.parts) * const.PARTIAL_SPOT_CHECK_BYTES
     assert stats.peer_bytes == sum(t.n_bytes for p in stats.parts for t in b_manifest.part_tensors(p))
     assert b_manifest.covers(parts) and not b_manifest.unchecked
     a = a_store.load()
@@ -160,7 +166,7 @@ async def test_with_the_origin_gone_a_peers_bytes_wait_for_their_check(tmp_path,
     before = origin.sent
     assert await async_spot_check_held(b_store, b_manifest, origin.url, rng=random.Random(3)) == []
     assert not b_manifest.unchecked and b_manifest.covers(parts)
-    assert origin.sent - before <= const.PARTIAL_SPOT_CHECK_BYTES
+    assert 0 < origin.sent - before <= len(stats.parts) * const.PARTIAL_SPOT_CHECK_BYTES
 
 
 async def test_unchecked_parts_that_fail_their_later_check_are_dropped(tmp_path, model, origin):  # noqa: F811
@@ -175,3 +181,20 @@ async def test_unchecked_parts_that_fail_their_later_check_are_dropped(tmp_path,
     assert sorted(dropped) == sorted(taken) and not any(p in b_manifest.complete for p in taken)
     await async_fetch_parts(b_store, b_manifest, parts)
     assert await _same_output(model, b_store, 0, 2)
+
+
+async def test_a_peer_that_stops_inside_a_part_leaves_none_of_that_parts_bytes(tmp_path, model, origin):  # noqa: F811
+    a_store, b_store, b_manifest, parts = await _holder_and_newcomer(tmp_path, origin, 2, 5)
+    last_of_3 = b_manifest.part_tensors("layer-0003")[-1].name
+    # it alters layer 3's bytes (naming the true hashes) and goes before that part's last tensor:
+    # nothing of layer 3 may pass to the origin's fetch as if it had been received
+    source = StoreSource(a_store, flip={"layer-0003"}, fail_on=last_of_3)
+    stats = await async_fetch_parts_from(b_store, b_manifest, parts, source, origin_url=origin.url,
+                                         rng=random.Random(7))
+    assert stats.parts == ["layer-0002"] and "layer-0003" not in b_manifest.complete
+    assert b_store.fetch_state(b_manifest.validator).get(b_manifest.part_tensors("layer-0003")[0].name, 0) == 0
+    before = origin.sent
+    fetched = await async_fetch_parts(b_store, b_manifest, parts)
+    wanted = sum(t.n_bytes for p in ("layer-0003", "layer-0004") for t in b_manifest.part_tensors(p))
+    assert fetched.wanted_bytes == wanted and origin.sent - before >= wanted
+    assert await _same_output(model, b_store, 2, 5)

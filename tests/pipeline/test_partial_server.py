@@ -16,7 +16,13 @@ from node.errors import InvalidRequest, ModelNotFound, PeerError
 from node.inference.pipeline.partials import PartServer, PeerPartSource
 from node.models.catalog import ModelCatalog
 from node.models.gguf_meta import read_header
-from node.models.partial import async_fetch_parts, async_fetch_parts_from, async_open_partial, parts_for
+from node.models.partial import (
+    PartialStore,
+    async_fetch_parts,
+    async_fetch_parts_from,
+    async_open_partial,
+    parts_for,
+)
 from node.net import Frame, FrameType
 from tests.models.test_partial import model as model  # noqa: F401 - the module-scoped GGUF fixture
 from tests.support.rangeserver import ThreadedOrigin
@@ -141,3 +147,81 @@ async def test_the_slice_host_says_how_far_a_partial_models_layers_have_come(tmp
     finally:
         unsubscribe()
         await host.async_close()
+
+
+async def test_slices_on_parts_that_later_fail_their_check_are_dropped(tmp_path, model, origin, monkeypatch):  # noqa: F811
+    """A peer's parts taken while the origin was unreachable are used unchecked; when a later fetch
+    reaches the origin and they prove altered, the slices on them go, their converted weights go,
+    and the layers come again from the origin."""
+    from node.inference.pipeline import partials as partials_module
+    from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.partials import PartialModels
+    from node.models.partial import SpotCheckFailed
+    from tests.models.test_partial_peers import StoreSource
+
+    holder = tmp_path / "a.partial"
+    a_store, a_manifest = await async_open_partial(origin.url, holder)
+    await async_fetch_parts(a_store, a_manifest, parts_for(read_header(a_store.header_path), 2, 5))
+    partials = PartialModels(tmp_path / "models")
+    directory = await partials.async_open(origin.url)
+    [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
+    store = PartialStore(directory)
+    lying = StoreSource(a_store, flip={"layer-0002", "layer-0003", "layer-0004"}, lie=True)
+    taken = await async_fetch_parts_from(store, entry.partial, parts_for(entry.header, 2, 5), lying,
+                                         origin_url="http://127.0.0.1:1/m.gguf", rng=random.Random(1))
+    assert taken.parts and entry.partial.unchecked == set(taken.parts)
+
+    async def unreachable(*_a, **_k):
+        raise SpotCheckFailed("origin unreachable (test)")
+    monkeypatch.setattr(partials_module, "async_spot_check_held", unreachable)
+    host = SliceHost(dtype="f32", partials=partials)
+    try:
+        first = await host.async_load(entry, 2, 5)
+        assert first.state == "loaded"  # on unchecked (altered) bytes: the origin could not say
+        monkeypatch.undo()  # the origin is back
+        second = await host.async_load(entry, 3, 4)
+        assert second.state == "loaded", second.error
+        for _ in range(200):  # the drop's unload runs as its own task
+            if first.state == "unloaded":
+                break
+            await asyncio.sleep(0.01)
+        assert first.state == "unloaded" and host.find(entry.sha256, 2, 5) is None
+        assert not entry.partial.unchecked
+        raw = store.part_path("layer-0003").read_bytes()
+        assert all(raw[t.local:t.local + t.n_bytes] == origin.data[t.offset:t.offset + t.n_bytes]
+                   for t in entry.partial.part_tensors("layer-0003"))
+    finally:
+        await host.async_close()
+
+
+async def test_a_peer_cannot_make_the_server_hold_more_than_a_window(tmp_path, model, origin, monkeypatch):  # noqa: F811
+    from node.errors import Overloaded
+    from node.inference.pipeline import partials as partials_module
+
+    catalog, entry, parts = await _holder(tmp_path, origin)
+    server = PartServer(catalog)
+    t = next(t for t in entry.partial.tensors.values() if t.part == "layer-0003")
+    ask = {"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": 0, "n": 16}
+
+    class Unread(Link):
+        unsent = partials_module._SERVE_UNSENT_MAX + 1  # it asks and never reads its replies
+
+    with pytest.raises(Overloaded, match="not read"):
+        await server.async_handle(Unread(), Frame(FrameType.MODEL_PART, ask))
+    # more requests at once than a client's window: the extra ones are refused, the rest answered
+    gate = asyncio.Event()
+    answer = server._async_answer
+
+    async def slow(link, frame):
+        await gate.wait()
+        return await answer(link, frame)
+    monkeypatch.setattr(server, "_async_answer", slow)
+    link = Link()
+    tasks = [asyncio.ensure_future(server.async_handle(link, Frame(FrameType.MODEL_PART, ask)))
+             for _ in range(partials_module._SERVE_PER_LINK + 3)]
+    await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    refused = [r for r in results if isinstance(r, Overloaded)]
+    assert len(refused) == 3 and all(isinstance(r, Frame) for r in results if r not in refused)
+    assert server._serving == {}  # nothing counted once they are done

@@ -135,12 +135,32 @@ class SliceHost:
         self.session_ttl_s = session_ttl_s
         self.kv_budget_bytes = kv_budget_bytes
         self.slices: dict[tuple[str, int, int], HostedSlice] = {}
+        self._unloads: set[asyncio.Task] = set()  # slices being unloaded after their parts were dropped
         self._sweeper: asyncio.Task | None = None
         self._soon: asyncio.Task | None = None  # a sweep asked for by request_sweep
         self._sweep_again = False
         self.on_change = None  # callback() when the advertised set changes (HELLO update)
         self.events: Observers[[HostedSlice]] = Observers("slice host")  # a slice's state or fetch progress
+        if partials is not None:
+            partials.on_dropped = self._parts_dropped
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
+
+    def _parts_dropped(self, entry: ModelEntry, parts: list[str]) -> None:
+        """Parts of a partial model proved altered after slices were loaded from them: those
+        slices stop being advertised and are unloaded (the layer choice, or a restart, loads them
+        again from checked bytes)."""
+        from node.models.partial import parts_for
+
+        for hosted in list(self.slices.values()):
+            if hosted.entry.sha256 == entry.sha256 and hosted.state in ("loaded", "draining") \
+                    and set(parts) & set(parts_for(entry.header, hosted.start, hosted.end)):
+                log.warning("DIAG: slice dropped, its layers did not match the origin %s",
+                            kv(model=entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
+                self.drain(hosted)
+                task = asyncio.get_running_loop().create_task(self.async_unload(hosted),
+                                                              name=f"unload-{entry.name[:12]}-{hosted.start}")
+                self._unloads.add(task)
+                task.add_done_callback(self._unloads.discard)
 
     def subscribe(self, callback: Callable[[HostedSlice], None]) -> Callable[[], None]:
         """callback(hosted) when a slice starts loading, its layers' fetch moves, it is loaded,
@@ -373,7 +393,7 @@ class SliceHost:
 
     async def async_close(self) -> None:
         """Stop the sweeper and the executors."""
-        for task in (self._sweeper, self._soon):
+        for task in (self._sweeper, self._soon, *self._unloads):
             if task is not None:
                 task.cancel()
         for hosted in self.slices.values():

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from node import const
-from node.errors import InvalidRequest, ModelNotFound, NodeError, PeerError
+from node.errors import InvalidRequest, ModelNotFound, NodeError, Overloaded, PeerError
 from node.inference.weights.cache import WeightCache
 from node.logs import kv, progress_extra
 from node.models.catalog import ModelCatalog, ModelEntry
@@ -66,6 +66,8 @@ class PartialModels:
         # (model sha256) -> [(node id, start, end)]: the peers' advertised slices of it
         self.holders: Callable[[str], list[tuple[str, int, int]]] = lambda _sha: []
         self._distrusted: set[tuple[str, str]] = set()  # (model, node id): caught altering its bytes
+        # (entry, parts) when parts already in use proved altered (the slice host drops their slices)
+        self.on_dropped: Callable[[ModelEntry, list[str]], None] = lambda _entry, _parts: None
 
     def attach(self, peers: Any, holders: Callable[[str], list[tuple[str, int, int]]]) -> None:
         """Fetch from peers too (the node calls this once its peer manager runs)."""
@@ -109,10 +111,16 @@ class PartialModels:
             store, url = PartialStore(entry.path), self._urls.get(entry.path) or manifest.origin_url
             if manifest.unchecked:
                 try:
-                    await async_spot_check_held(store, manifest, url)
+                    dropped = await async_spot_check_held(store, manifest, url)
                 except SpotCheckFailed as exc:
+                    dropped = []
                     log.info("DIAG: unchecked partial model parts still unchecked %s",
                              kv(model=entry.id, parts=len(manifest.unchecked), reason=str(exc)))
+                if dropped:  # altered bytes were in use: their conversions and the slices on them go
+                    if self.weight_cache is not None:
+                        await asyncio.get_running_loop().run_in_executor(None, self.weight_cache.forget,
+                                                                         entry.sha256)
+                    self.on_dropped(entry, dropped)
             await self._async_from_peers(entry, store, parts, start, end, url, label, on_progress)
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
@@ -170,6 +178,9 @@ class PartialModels:
 
 
 _SHA = re.compile(r"[0-9a-f]{64}")
+_HASHES_MAX_BYTES = 8 << 20  # a tensor list: ~120 bytes a tensor, far fewer than 70 000 tensors in a model
+_SERVE_PER_LINK = 2 * const.PARTIAL_PEER_WINDOW  # MODEL_PART requests served at once for one peer
+_SERVE_UNSENT_MAX = 2 * const.PARTIAL_PEER_WINDOW * const.PARTIAL_PEER_CHUNK  # a link's unsent bytes: no more reads
 _PART = re.compile(r"(layer-\d{4}|embd|head|globals)")
 
 
@@ -182,8 +193,12 @@ class PeerPartSource:
     async def async_hashes(self, model: str, parts: list[str]) -> dict[str, str]:
         reply = await self.peers.async_request(self.node_id, Frame(FrameType.MODEL_PART, {
             "sha256": model, "op": "hashes", "parts": parts}), const.PARTIAL_PEER_TIMEOUT_S)
+        if len(reply.payload) > _HASHES_MAX_BYTES:
+            raise PeerError(f"peer {self.label} sent a {len(reply.payload)}-byte tensor list", code="protocol_error")
         try:
-            tensors = json.loads(bytes(reply.payload))["tensors"]
+            raw = bytes(reply.payload)
+            tensors = (json.loads(raw) if len(raw) < 65536 else
+                       await asyncio.get_running_loop().run_in_executor(None, json.loads, raw))["tensors"]
         except (ValueError, KeyError, TypeError) as exc:
             raise PeerError(f"peer {self.label} sent an unreadable tensor list ({exc})", code="protocol_error") from exc
         if not isinstance(tensors, dict):
@@ -205,8 +220,24 @@ class PartServer:
 
     def __init__(self, catalog: ModelCatalog):
         self.catalog = catalog
+        self._serving: dict[int, int] = {}  # id(link) -> requests being served for it
 
     async def async_handle(self, link: Any, frame: Frame) -> Frame:
+        """One request; a peer asking more than a client's window at once, or not reading what it
+        asked (its link's unsent bytes over the cap), is told so (`overloaded`) before anything is read:
+        what one peer can make this node hold is bounded."""
+        key = id(link)
+        if self._serving.get(key, 0) >= _SERVE_PER_LINK or getattr(link, "unsent", 0) > _SERVE_UNSENT_MAX:
+            raise Overloaded(f"more than {_SERVE_PER_LINK} MODEL_PART requests at once, or replies not read")
+        self._serving[key] = self._serving.get(key, 0) + 1
+        try:
+            return await self._async_answer(link, frame)
+        finally:
+            left = self._serving.pop(key) - 1
+            if left:
+                self._serving[key] = left
+
+    async def _async_answer(self, link: Any, frame: Frame) -> Frame:
         h = frame.header
         sha, op = h.get("sha256"), h.get("op")
         if not isinstance(sha, str) or not _SHA.fullmatch(sha):

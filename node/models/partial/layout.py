@@ -121,9 +121,12 @@ class Manifest:
     def mark_complete(self, part: str) -> None:
         self.complete = self.complete | {part}
 
-    def mark_unchecked(self, parts: list[str] | None) -> None:
-        """Add these parts to the unchecked ones; None: none is unchecked any more."""
-        self.unchecked = frozenset() if parts is None else self.unchecked | set(parts)
+    def mark_unchecked(self, parts: list[str]) -> None:
+        """These parts came from a peer and the origin has not vouched for them yet."""
+        self.unchecked = self.unchecked | set(parts)
+
+    def mark_checked(self, parts: list[str]) -> None:
+        self.unchecked = self.unchecked - set(parts)
 
     def forget(self, part: str) -> None:
         """The part is not here (quarantined, deleted): its tensors' hashes go too."""

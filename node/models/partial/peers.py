@@ -11,13 +11,16 @@ vouches for them.
 3. Each complete part is hashed here: a part whose bytes do not hash to what the peer named (its
    disk is corrupt, or it altered the bytes but not the names) is quarantined, logged, and left to
    the origin.
-4. A peer's names alone prove nothing (it could alter bytes and names together), so one random
-   range of PARTIAL_SPOT_CHECK_BYTES of the bytes taken from it is fetched from the origin
-   (`Range`, `If-Range` the manifest's validator) and compared. A mismatch quarantines every part
-   taken from that peer in this fetch and marks the result `lied`: the caller stops asking it and
-   fetches those parts from the origin. With the origin unreachable the parts are kept but
-   recorded as not checked (`manifest.unchecked`, shown in diagnostics), and checked on the next
-   fetch that reaches the origin (`async_spot_check_held`).
+4. A peer's names alone prove nothing (it could alter bytes and names together), so the parts
+   are complete but `unchecked` (never served on, and still unchecked after a crash) until the
+   origin vouches: per part, one range of PARTIAL_SPOT_CHECK_BYTES of a tensor chosen uniformly
+   (a small tensor is compared whole) is fetched from the origin (`Range`, `If-Range` the
+   manifest's validator) and compared. A mismatch quarantines every part taken from that peer in
+   this fetch and marks the result `lied`: the caller stops asking it and fetches those parts from
+   the origin. With the origin unreachable the parts stay unchecked (shown in diagnostics) and are
+   checked on the next fetch that reaches the origin (`async_spot_check_held`).
+   A part the peer did not finish (it went, it erred) keeps none of its bytes as a resume point:
+   only whole parts are checked against its names.
 
 Peer agreement never makes bytes trusted: two peers naming the same hashes is not checked here as
 evidence of anything; only the origin settles a disagreement (seed 000).
@@ -38,7 +41,7 @@ from typing import Protocol
 import aiohttp
 
 from node import const
-from node.errors import NodeError, PeerError
+from node.errors import DownloadFailed, NodeError, PeerError
 from node.logs import kv
 from node.models.download.fetch import content_range, resume_validator
 from node.models.download.urls import describe_error, resolve_url
@@ -102,6 +105,7 @@ async def async_fetch_parts_from(store: PartialStore, manifest: Manifest, parts:
             if not await loop.run_in_executor(io, store.part_path(part).exists):
                 for t in manifest.part_tensors(part):
                     have.pop(t.name, None)
+        before = dict(have)  # what was here: the origin's (or nothing)
         w = _Writer(store, manifest, names, have)
         total = sum(t.n_bytes for t in w.tensors)
         last = [0.0]
@@ -118,7 +122,20 @@ async def async_fetch_parts_from(store: PartialStore, manifest: Manifest, parts:
             log.warning("DIAG: layer fetch from peer stopped, the rest comes from the origin %s",
                         kv(peer_id=source.label, model=manifest.sha256[:16], error=exc.message))
         finally:
+            # A part the peer did not finish is not checked against its names (finish_parts only
+            # sees whole parts), so its bytes must not stand as a resume point for the origin's
+            # fetch: those tensors' counts go back to what was here before the peer.
+            for part in offered:
+                ts = manifest.part_tensors(part)
+                if any(w.have.get(t.name, 0) < t.n_bytes for t in ts):
+                    for t in ts:
+                        if t.name in before:
+                            w.have[t.name] = before[t.name]
+                        else:
+                            w.have.pop(t.name, None)
             await loop.run_in_executor(io, w.close)
+        # complete and unchecked in one step (and one manifest write): until the origin vouches for
+        # them, they are neither served to others nor trusted after a crash
         stats.parts, stats.rejected = await loop.run_in_executor(io, w.finish_parts, expected)
         for part in stats.rejected:
             log.warning("DIAG: partial model part from a peer did not hash to what it named, quarantined "
@@ -126,6 +143,9 @@ async def async_fetch_parts_from(store: PartialStore, manifest: Manifest, parts:
                                                              part=part))
         if stats.parts:
             await _async_check_or_drop(store, manifest, stats.parts, source.label, origin_url, stats, rng, session, io)
+    except OSError as exc:  # disk full, a file gone: the caller goes on with the origin
+        raise DownloadFailed(f"writing layers from peer {source.label} failed: {type(exc).__name__}: "
+                             f"{exc.strerror or exc}") from exc
     finally:
         io.shutdown(wait=False)
     log.info("DIAG: partial model parts fetched from a peer %s", kv(
@@ -159,87 +179,101 @@ async def _async_tensor(source: PartSource, manifest: Manifest, t: TensorRecord,
     finally:
         for task in pending:
             task.cancel()
+        if pending:  # retrieved: a chunk that failed meanwhile is not "never retrieved"
+            await asyncio.gather(*pending, return_exceptions=True)
     return got
 
 
 async def _async_check_or_drop(store: PartialStore, manifest: Manifest, taken: list[str], label: str,
                                origin_url: str | None, stats: PeerFetchStats, rng: random.Random | None,
                                session: aiohttp.ClientSession | None, io: concurrent.futures.Executor) -> None:
+    """The parts just taken (complete, unchecked) against the origin: checked, dropped, or left unchecked."""
     loop = asyncio.get_running_loop()
     try:
-        ok, n = await async_spot_check(store, manifest, taken, origin_url, rng=rng, session=session)
+        bad, n = await async_spot_check(store, manifest, taken, origin_url, rng=rng, session=session)
     except SpotCheckFailed as exc:
-        manifest.mark_unchecked(taken)
-        await loop.run_in_executor(io, store.save, manifest)
         log.warning("DIAG: partial model parts from a peer not checked against the origin (kept, checked "
                     "on the next fetch that reaches it) %s", kv(peer_id=label, model=manifest.sha256[:16],
                                                                parts=len(taken), reason=str(exc)))
         return
     stats.spot_checked, stats.origin_bytes = True, n
-    if ok:
+    if not bad:
+        manifest.mark_checked(taken)
+        await loop.run_in_executor(io, store.save, manifest)
         return
-    stats.lied = True
+    stats.lied = True  # its bytes hashed to its names, and the origin says otherwise: nothing of it stays
     for part in taken:
         await loop.run_in_executor(io, store.quarantine, manifest, part)
     await loop.run_in_executor(io, store.save, manifest)
     log.warning("DIAG: partial model parts from a peer do not match the origin, quarantined, fetching them "
-                "from the origin %s", kv(peer_id=label, model=manifest.sha256[:16], parts=len(taken)))
+                "from the origin %s", kv(peer_id=label, model=manifest.sha256[:16], parts=len(taken),
+                                         mismatched=",".join(bad)))
     stats.rejected += taken
     stats.parts = []
 
 
 async def async_spot_check(store: PartialStore, manifest: Manifest, parts: list[str], origin_url: str | None, *,
                            rng: random.Random | None = None,
-                           session: aiohttp.ClientSession | None = None) -> tuple[bool, int]:
-    """(whether one random range of the parts' bytes equals the origin's, bytes read from the
-    origin). SpotCheckFailed when the origin could not be asked or answered for another version."""
+                           session: aiohttp.ClientSession | None = None) -> tuple[list[str], int]:
+    """One range per part compared with the origin's bytes: (the parts whose range differs, bytes
+    read from the origin). Per part, a tensor chosen uniformly (so a small one — a norm — is as
+    likely as a large one, and a tensor of at most PARTIAL_SPOT_CHECK_BYTES is compared whole),
+    then a range of it chosen uniformly. SpotCheckFailed when the origin could not be asked or
+    answered for another version (nothing is concluded)."""
     if not origin_url:
         raise SpotCheckFailed("no origin URL")
     rng = rng or random.SystemRandom()
-    tensors = [t for p in parts for t in manifest.part_tensors(p) if t.n_bytes]
-    if not tensors:
-        return True, 0
-    # a byte chosen uniformly over all of them, and the range around it
-    pick = rng.randrange(sum(t.n_bytes for t in tensors))
-    for t in tensors:
-        if pick < t.n_bytes:
-            break
-        pick -= t.n_bytes
-    n = min(const.PARTIAL_SPOT_CHECK_BYTES, t.n_bytes)
-    at = max(0, min(pick - n // 2, t.n_bytes - n))
     url = resolve_url(origin_url)
-    headers = {"Range": f"bytes={t.offset + at}-{t.offset + at + n - 1}", "Accept-Encoding": "identity"}
-    if manifest.validator:
-        headers["If-Range"] = manifest.validator
     own = session is None
     session = session or aiohttp.ClientSession(timeout=_timeout())
+    bad, read = [], 0
     try:
-        async with session.get(url, headers=headers, auto_decompress=False) as resp:
-            if resp.status != 206:
-                raise SpotCheckFailed(f"HTTP {resp.status} for a range (another version, or no ranges)")
-            first, size = content_range(resp.headers.get("Content-Range"))
-            if first != t.offset + at or size != manifest.size_bytes \
-                    or resume_validator(resp.headers) != manifest.validator:
-                raise SpotCheckFailed("the origin answered for another range or version")
-            buf = bytearray()
-            while len(buf) < n:
-                chunk = await resp.content.read(n - len(buf))
-                if not chunk:
-                    break
-                buf += chunk
-            theirs = bytes(buf)
+        for part in parts:
+            tensors = [t for t in manifest.part_tensors(part) if t.n_bytes]
+            if not tensors:
+                continue
+            t = tensors[rng.randrange(len(tensors))]
+            n = min(const.PARTIAL_SPOT_CHECK_BYTES, t.n_bytes)
+            at = rng.randrange(t.n_bytes - n + 1)
+            theirs = await _async_origin_range(session, url, manifest, t.offset + at, n)
+            read += len(theirs)
+            try:
+                ours = await asyncio.get_running_loop().run_in_executor(None, _read, store, t, at, n)
+            except OSError as exc:
+                raise DownloadFailed(f"reading {part} for its check failed: {exc.strerror or exc}") from exc
+            ok = ours == theirs
+            log.info("DIAG: spot check against the origin %s", kv(model=manifest.sha256[:16], part=part,
+                                                                 tensor=t.name, offset=at, bytes=n, match=ok))
+            if not ok:
+                bad.append(part)
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise SpotCheckFailed(describe_error(exc)) from exc
     finally:
         if own:
             await session.close()
-    if len(theirs) != n:
-        raise SpotCheckFailed(f"the origin sent {len(theirs)} bytes, asked {n}")
-    ours = await asyncio.get_running_loop().run_in_executor(None, _read, store, t, at, n)
-    ok = ours == theirs
-    log.info("DIAG: spot check against the origin %s", kv(model=manifest.sha256[:16], tensor=t.name, offset=at,
-                                                         bytes=n, match=ok))
-    return ok, len(theirs)
+    return bad, read
+
+
+async def _async_origin_range(session: aiohttp.ClientSession, url: str, manifest: Manifest, start: int,
+                              n: int) -> bytes:
+    headers = {"Range": f"bytes={start}-{start + n - 1}", "Accept-Encoding": "identity"}
+    if manifest.validator:
+        headers["If-Range"] = manifest.validator
+    async with session.get(url, headers=headers, auto_decompress=False) as resp:
+        if resp.status != 206:
+            raise SpotCheckFailed(f"HTTP {resp.status} for a range (another version, or no ranges)")
+        first, size = content_range(resp.headers.get("Content-Range"))
+        if first != start or size != manifest.size_bytes or resume_validator(resp.headers) != manifest.validator:
+            raise SpotCheckFailed("the origin answered for another range or version")
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = await resp.content.read(n - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+    if len(buf) != n:
+        raise SpotCheckFailed(f"the origin sent {len(buf)} bytes, asked {n}")
+    return bytes(buf)
 
 
 def _read(store: PartialStore, t: TensorRecord, at: int, n: int) -> bytes:
@@ -253,16 +287,13 @@ async def async_spot_check_held(store: PartialStore, manifest: Manifest, origin_
     """Check the parts kept unchecked (a peer's, taken while the origin was unreachable) now; a
     mismatch quarantines them all. Returns the parts quarantined; SpotCheckFailed keeps waiting."""
     parts = sorted(p for p in manifest.unchecked if p in manifest.complete)
-    if not parts:
-        manifest.mark_unchecked(None)
-        return []
-    ok, _n = await async_spot_check(store, manifest, parts, origin_url, rng=rng)
     loop = asyncio.get_running_loop()
-    manifest.mark_unchecked(None)
-    if not ok:
+    bad, _n = await async_spot_check(store, manifest, parts, origin_url, rng=rng) if parts else ([], 0)
+    if bad:
         for part in parts:
             await loop.run_in_executor(None, store.quarantine, manifest, part)
         log.warning("DIAG: partial model parts taken from a peer unchecked do not match the origin, "
-                    "quarantined %s", kv(model=manifest.sha256[:16], parts=len(parts)))
+                    "quarantined %s", kv(model=manifest.sha256[:16], parts=len(parts), mismatched=",".join(bad)))
+    manifest.mark_checked(parts)
     await loop.run_in_executor(None, store.save, manifest)
-    return [] if ok else parts
+    return parts if bad else []
