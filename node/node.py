@@ -230,7 +230,7 @@ class Node:
             if not self.config.contribute:
                 advert["paused"] = True  # paused: it refuses GENERATE, so no coordinator plans on it
             whole.append(advert)
-        slices = self.slice_host.adverts() if self.config.contribute else []  # paused: offer no layers to peers
+        slices = self.slice_host.adverts(loading=True) if self.config.contribute else []  # paused: offer no layers
         out = []
         for advert in slices + whole:
             entry = self.catalog.by_sha(advert["sha256"])

@@ -79,8 +79,8 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
     if not (isinstance(origin, str) and len(origin) <= 2048 and _fetchable_origin(origin)):
         origin = None
     start, end = m.get("start"), m.get("end")
-    servable = (_is_int(start) and _is_int(end) and 0 <= start < end <= n_layers) or \
-        (m.get("whole") is True and not m.get("paused"))
+    servable = ((_is_int(start) and _is_int(end) and 0 <= start < end <= n_layers) or
+                (m.get("whole") is True and not m.get("paused"))) and not m.get("loading")
     return HeaderAdvert(node_id, sha, name, n_layers, arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None,
                         hsha, n_bytes, size if _is_int(size) and size >= 0 else 0,
                         display_url(origin) if origin else None, servable)

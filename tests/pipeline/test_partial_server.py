@@ -225,3 +225,45 @@ async def test_a_peer_cannot_make_the_server_hold_more_than_a_window(tmp_path, m
     refused = [r for r in results if isinstance(r, Overloaded)]
     assert len(refused) == 3 and all(isinstance(r, Frame) for r in results if r not in refused)
     assert server._serving == {}  # nothing counted once they are done
+
+
+async def test_a_slice_given_up_while_claiming_fetches_nothing(tmp_path, model, origin):  # noqa: F811
+    from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.partials import PartialModels
+
+    partials = PartialModels(tmp_path / "models")
+    directory = await partials.async_open(origin.url)
+    [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
+    host = SliceHost(dtype="f32", partials=partials)
+    seen = []
+
+    async def claim() -> bool:  # what peers see meanwhile: the slice, advertised as loading
+        seen.extend(host.adverts(loading=True))
+        assert host.adverts() == []  # never to a planner
+        return False
+    try:
+        before = origin.sent
+        hosted = await host.async_load(entry, 2, 5, claim=claim)
+        assert hosted.state == "unloaded" and not host.slices and origin.sent == before
+        assert seen and seen[0]["loading"] is True and (seen[0]["start"], seen[0]["end"]) == (2, 5)
+    finally:
+        await host.async_close()
+
+
+def test_a_loading_advert_is_counted_by_layer_choices_but_never_routed_to():
+    from types import SimpleNamespace
+
+    from node.inference.headers import parse_advert
+    from node.inference.pipeline.autoserve import swarm_coverage
+    from node.inference.pipeline.holders import _holder
+
+    advert = {"sha256": "a" * 64, "name": "m", "n_layers": 8, "start": 2, "end": 5, "loading": True}
+    snap = SimpleNamespace(node_id="b" * 64, transport="direct", rtt_ms=1.0, region=None, state="connected",
+                           models=[advert])
+    assert _holder(snap, advert, None) is None
+    assert _holder(snap, {**advert, "loading": False}, None) is not None
+    [span] = swarm_coverage("c" * 64, [], [snap])["a" * 64].spans
+    assert (span.start, span.end) == (2, 5)
+    full = {**advert, "header_sha256": "d" * 64, "header_bytes": 1000}
+    assert not parse_advert("b" * 64, full).servable  # nobody fetches a header for it from a loading slice
+    assert parse_advert("b" * 64, {**full, "loading": False}).servable

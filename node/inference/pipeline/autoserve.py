@@ -309,8 +309,29 @@ class AutoServe:
                 return
             after = coverage_text(n, [*others, lc.Span(self.node_id, d.start, d.end)])
             self._log(m, d.range_text, coverage_text(n, others), after, f"{why}:{d.reason.replace(' ', '_')}")
+            claim = None
+            if entry.partial is not None:  # its layers cost origin bytes: claim them before fetching
+                before = {(s.node_id, s.start, s.end) for s in others}
+
+                async def claim() -> bool:
+                    """Announced as loading, then a moment for a peer that chose at the same instant:
+                    of two overlapping claims the lower node id keeps its choice."""
+                    await self.announce()
+                    await asyncio.sleep(const.AUTO_SERVE_REACT_S)
+                    now = self.coverage().get(entry.sha256)
+                    rivals = [s for s in (now.spans if now else []) if s.node_id < self.node_id
+                              and (s.node_id, s.start, s.end) not in before and s.start < d.end and d.start < s.end]
+                    if rivals:
+                        self._log(m, d.range_text, coverage_text(n, others), coverage_text(n, now.spans),
+                                  f"yielded_to_{rivals[0].node_id[:8]}")
+                        return False
+                    return True
             hosted = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers,
-                                                                                     m.budget.with_head))
+                                                                                     m.budget.with_head), claim=claim)
+            if hosted.state == "unloaded":  # yielded to a peer's claim: choose again at once
+                self._why = "peer_changed"
+                self._wake.set()
+                return
             if hosted.state == "loaded":
                 self.note(f"serving layers {d.range_text} of {entry.id} (chosen)")
                 await self.announce()

@@ -35,6 +35,8 @@ def _holder(snap: Any, m: dict[str, Any], measured: float | None) -> Holder | No
     ([0, n_layers), `whole`; its ms/layer = ms per token / n_layers) unless it paused contributing.
     `measured` (this coordinator's EWMA of the peer's ms/layer) wins over advertised figures."""
     transport, rtt = snap.transport or "direct", snap.rtt_ms or 0.0
+    if m.get("loading"):
+        return None  # its layers are still arriving: counted by layer choices, never routed to
     if "start" in m:
         start, end = m["start"], m.get("end")
         if not (_is_int(start) and _is_int(end) and 0 <= start < end):

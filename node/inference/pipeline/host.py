@@ -8,7 +8,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,8 +195,14 @@ class SliceHost:
         states = ("loaded", "draining") if draining else ("loaded",)
         return [s for s in self.slices.values() if s.entry.sha256 == sha256 and s.state in states]
 
-    def adverts(self) -> list[dict[str, Any]]:
-        return [s.advert() for s in self.slices.values() if s.state == "loaded"]
+    def adverts(self, *, loading: bool = False) -> list[dict[str, Any]]:
+        """The loaded slices' adverts; `loading`: also the slices being loaded (fetched), marked
+        `"loading": true` — peers' layer choices count them (two nodes starting together do not
+        both fetch the same layers), and no planner routes to them."""
+        out = [s.advert() for s in self.slices.values() if s.state == "loaded"]
+        if loading:
+            out += [{**s.advert(), "loading": True} for s in self.slices.values() if s.state == "loading"]
+        return out
 
     @property
     def ready(self) -> bool:
@@ -204,8 +210,11 @@ class SliceHost:
         return bool(self.slices) and all(s.state in ("loaded", "draining") for s in self.slices.values())
 
     async def async_load(self, entry: ModelEntry, start: int, end: int, *,
-                         auto_budget: tuple[int, int] | None = None) -> HostedSlice:
-        """Load layers [start, end) of a catalog model on a dedicated executor."""
+                         auto_budget: tuple[int, int] | None = None,
+                         claim: Callable[[], Awaitable[bool]] | None = None) -> HostedSlice:
+        """Load layers [start, end) of a catalog model on a dedicated executor. `claim`: awaited
+        once the slice is registered (advertised as loading) and before anything is fetched; False
+        gives the slice up (state "unloaded", nothing fetched)."""
         from node.inference.slice import SliceModel
 
         hosted = HostedSlice(entry, start, end, auto_budget=auto_budget)
@@ -215,6 +224,17 @@ class SliceHost:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         self.events.emit(hosted)
+        kept = False
+        try:
+            kept = claim is None or await claim()
+        finally:
+            if not kept and self.slices.get(hosted.key) is hosted:  # given up, or cancelled while claiming
+                del self.slices[hosted.key]
+                hosted.state = "unloaded"
+                hosted.executor.shutdown(wait=False)
+                self.events.emit(hosted)
+        if not kept:
+            return hosted
         try:
             if entry.partial is not None:
                 if self.partials is None:
