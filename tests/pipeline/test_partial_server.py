@@ -267,3 +267,51 @@ def test_a_loading_advert_is_counted_by_layer_choices_but_never_routed_to():
     full = {**advert, "header_sha256": "d" * 64, "header_bytes": 1000}
     assert not parse_advert("b" * 64, full).servable  # nobody fetches a header for it from a loading slice
     assert parse_advert("b" * 64, {**full, "loading": False}).servable
+
+
+async def test_of_two_nodes_claiming_the_same_layers_at_once_the_higher_id_yields(tmp_path, model, origin,  # noqa: F811
+                                                                                 monkeypatch):
+    from node.inference.pipeline.autoserve import AutoServe
+    from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.partials import PartialModels
+    from tests.pipeline.test_autoserve_moves import ScriptedPeers, peer
+
+    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    partials = PartialModels(tmp_path / "models")
+    directory = await partials.async_open(origin.url)
+    [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
+    host = SliceHost(dtype="f32", partials=partials)
+    peers = ScriptedPeers()
+    announced = []
+
+    async def announce():  # the first announcement is our claim; a peer claimed the same moment
+        announced.append(host.adverts(loading=True))
+        if len(announced) == 1:
+            rival = peer("aa" * 32, 0, entry.n_layers, entry.sha256)
+            rival.models = ({**rival.models[0], "loading": True},)
+            peers.snaps = [rival]
+
+    auto = AutoServe("mm" * 32, host, peers, [entry], announce=announce, budget_mb=64)
+    m = auto.models[0]
+    try:
+        await auto._async_budget(m, asyncio.get_running_loop())
+        before = origin.sent
+        await auto._async_evaluate(m, "start")
+        assert announced[0] and announced[0][0]["loading"] is True  # claimed, as loading
+        assert not host.slices and origin.sent == before  # yielded: nothing fetched
+        assert "yielded_to_aaaaaaaa" in auto.decisions[-1] and auto._wake.is_set()
+        assert announced[-1] == []  # and said so
+        # the lower id keeps its claim: the same race seen from its side loads
+        peers2 = ScriptedPeers()
+
+        async def announce2():
+            higher = peer("ff" * 32, 0, entry.n_layers, entry.sha256)
+            higher.models = ({**higher.models[0], "loading": True},)
+            peers2.snaps = [higher]
+        auto2 = AutoServe("00" * 32, host, peers2, [entry], announce=announce2, budget_mb=64)
+        m2 = auto2.models[0]
+        await auto2._async_budget(m2, asyncio.get_running_loop())
+        await auto2._async_evaluate(m2, "start")
+        assert [(s.start, s.end) for s in host.slices.values() if s.state == "loaded"]
+    finally:
+        await host.async_close()

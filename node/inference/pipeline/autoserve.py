@@ -329,6 +329,7 @@ class AutoServe:
             hosted = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers,
                                                                                      m.budget.with_head), claim=claim)
             if hosted.state == "unloaded":  # yielded to a peer's claim: choose again at once
+                await self.announce()  # (the loading advert goes)
                 self._why = "peer_changed"
                 self._wake.set()
                 return
