@@ -19,7 +19,6 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from node import const
@@ -29,12 +28,11 @@ from node.models.catalog import MODEL_NAME_RE, ModelCatalog
 from node.models.download.ranged import async_fetch_prefix
 from node.models.download.urls import display_url
 from node.models.gguf_meta import GgufHeader
-from node.models.header import HeaderRefused, check_header
+from node.models.header import SHA256_HEX, HeaderRefused, check_header, read_range
 from node.net import Frame, FrameType, PeerLink
 
 log = logging.getLogger(__name__)
 
-_SHA = re.compile(r"[0-9a-f]{64}")
 _NAME = MODEL_NAME_RE  # the rule the catalog makes names by
 _ARCH = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _MIN_CHUNK = 64 * 1024  # smallest chunk accepted before the header's end: no million-request trickle
@@ -65,7 +63,7 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
     """A HELLO model advert (untrusted) as a HeaderAdvert; None when it lacks or garbles a field."""
     sha, hsha, name = m.get("sha256"), m.get("header_sha256"), m.get("name")
     n_layers, n_bytes = m.get("n_layers"), m.get("header_bytes")
-    if not (isinstance(sha, str) and _SHA.fullmatch(sha) and isinstance(hsha, str) and _SHA.fullmatch(hsha)):
+    if not (isinstance(sha, str) and SHA256_HEX.fullmatch(sha) and isinstance(hsha, str) and SHA256_HEX.fullmatch(hsha)):
         return None
     if not (isinstance(name, str) and _NAME.fullmatch(name)):
         return None
@@ -118,12 +116,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _read_range(path: Path, offset: int, n: int) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        return fh.read(n)
-
-
 class HeaderServer:
     """Answers MODEL_HEADER requests from the files in this node's catalog."""
 
@@ -133,7 +125,7 @@ class HeaderServer:
     async def async_handle(self, link: PeerLink, frame: Frame) -> Frame:
         """One chunk of a model's header; a NodeError (sent back as ERROR) otherwise."""
         sha, offset = frame.header.get("sha256"), frame.header.get("offset", 0)
-        if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
             raise InvalidRequest("MODEL_HEADER needs 'sha256': 64 lower-case hex digits")
         if not _is_int(offset) or offset < 0:
             raise InvalidRequest("MODEL_HEADER 'offset' must be a non-negative integer")
@@ -144,7 +136,7 @@ class HeaderServer:
         if offset >= total:
             raise InvalidRequest(f"MODEL_HEADER offset {offset} is past the header's {total} bytes")
         n = min(const.MODEL_HEADER_CHUNK_BYTES, total - offset)
-        data = await asyncio.get_running_loop().run_in_executor(None, _read_range, entry.header_path, offset, n)
+        data = await asyncio.get_running_loop().run_in_executor(None, read_range, entry.header_path, offset, n)
         log.debug("DIAG: served model header chunk %s", kv(peer_id=link.short_id, model=entry.id, offset=offset,
                                                           bytes=len(data)))
         return Frame(FrameType.MODEL_HEADER, {"sha256": sha, "offset": offset, "total": total,

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 HEADERS_DIR = "headers"
 _N_TENSORS_AT = 8  # after magic (4) and version (4): u64 tensor count, then u64 key count
-_SHA = re.compile(r"[0-9a-f]{64}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a sha256 as peers and manifests write it
 
 
 class HeaderRefused(ModelLoadError):
@@ -101,6 +101,13 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
+def read_range(path: Path, offset: int, n: int) -> bytes:
+    """Up to n bytes of a file from offset (blocking: an executor)."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(n)
+
+
 class HeaderCache:
     """Fetched headers by model sha256 in `<data_dir>/headers/` (blocking methods: executors)."""
 
@@ -108,7 +115,7 @@ class HeaderCache:
         self.directory = directory
 
     def header_path(self, sha256: str) -> Path:
-        if not _SHA.fullmatch(sha256):
+        if not SHA256_HEX.fullmatch(sha256):
             raise ValueError("model sha256 must be 64 lower-case hex digits")
         return self.directory / f"{sha256}.gguf-header"
 
@@ -157,7 +164,7 @@ class HeaderCache:
             found = [(p.stat().st_mtime, p.name.split(".", 1)[0]) for p in self.directory.glob("*.gguf-header")]
         except OSError:
             return []
-        found = [(mtime, sha) for mtime, sha in found if _SHA.fullmatch(sha) and sha not in keep]
+        found = [(mtime, sha) for mtime, sha in found if SHA256_HEX.fullmatch(sha) and sha not in keep]
         found.sort(reverse=True)  # newest first
         room = max(0, max_files - len(keep))
         gone = [sha for i, (mtime, sha) in enumerate(found) if i >= room or now - mtime > max_age_s]

@@ -37,6 +37,7 @@ from node.logs import kv, progress_extra
 from node.models.catalog import ModelCatalog, ModelEntry
 from node.models.download import file_name_for, resolve_url
 from node.models.download.urls import display_url
+from node.models.header import SHA256_HEX, read_range
 from node.models.partial import (
     PartialStore,
     SpotCheckFailed,
@@ -117,19 +118,21 @@ class PartialModels:
                     log.info("DIAG: unchecked partial model parts still unchecked %s",
                              kv(model=entry.id, parts=len(manifest.unchecked), reason=str(exc)))
                 if dropped:  # altered bytes were in use: their conversions and the slices on them go
-                    if self.weight_cache is not None:
-                        await asyncio.get_running_loop().run_in_executor(None, self.weight_cache.forget,
-                                                                         entry.sha256)
+                    await self._async_forget_conversions(entry)
                     self.on_dropped(entry, dropped)
             await self._async_from_peers(entry, store, parts, start, end, url, label, on_progress)
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
-            stats = await async_fetch_parts(store, manifest, parts, progress=on_progress,
-                                            url=self._urls.get(entry.path))
-            if stats.restarts and self.weight_cache is not None:  # the same id, other bytes
-                await asyncio.get_running_loop().run_in_executor(None, self.weight_cache.forget, entry.sha256)
+            stats = await async_fetch_parts(store, manifest, parts, progress=on_progress, url=url)
+            if stats.restarts:  # the same id, other bytes
+                await self._async_forget_conversions(entry)
         if stats.wire_bytes:
             self.note(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
+
+    async def _async_forget_conversions(self, entry: ModelEntry) -> None:
+        """The weight cache's conversions of this model go (its bytes on disk changed)."""
+        if self.weight_cache is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.weight_cache.forget, entry.sha256)
 
     async def _async_from_peers(self, entry: ModelEntry, store: PartialStore, parts: list[str], start: int,
                                 end: int, url: str, label: str, progress: Callable[[int, int], None]) -> None:
@@ -177,7 +180,6 @@ class PartialModels:
                                                             held=entry.partial.describe()))
 
 
-_SHA = re.compile(r"[0-9a-f]{64}")
 _HASHES_MAX_BYTES = 8 << 20  # a tensor list: ~120 bytes a tensor, far fewer than 70 000 tensors in a model
 _SERVE_PER_LINK = 2 * const.PARTIAL_PEER_WINDOW  # MODEL_PART requests served at once for one peer
 _SERVE_UNSENT_MAX = 2 * const.PARTIAL_PEER_WINDOW * const.PARTIAL_PEER_CHUNK  # a link's unsent bytes: no more reads
@@ -203,7 +205,7 @@ class PeerPartSource:
             raise PeerError(f"peer {self.label} sent an unreadable tensor list ({exc})", code="protocol_error") from exc
         if not isinstance(tensors, dict):
             raise PeerError(f"peer {self.label} sent an unreadable tensor list", code="protocol_error")
-        return {str(k): v for k, v in tensors.items() if isinstance(v, str) and _SHA.fullmatch(v)}
+        return {str(k): v for k, v in tensors.items() if isinstance(v, str) and SHA256_HEX.fullmatch(v)}
 
     async def async_read(self, model: str, tensor: str, offset: int, n: int) -> bytes:
         reply = await self.peers.async_request(self.node_id, Frame(FrameType.MODEL_PART, {
@@ -240,7 +242,7 @@ class PartServer:
     async def _async_answer(self, link: Any, frame: Frame) -> Frame:
         h = frame.header
         sha, op = h.get("sha256"), h.get("op")
-        if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
             raise InvalidRequest("MODEL_PART needs 'sha256': 64 lower-case hex digits")
         entry = self.catalog.by_sha(sha)
         if entry is None or entry.partial is None:
@@ -267,7 +269,7 @@ class PartServer:
                                  f"offset + n <= {t.n_bytes}")
         path, at = PartialStore(entry.path).part_path(t.part), t.local + offset
         try:
-            data = await asyncio.get_running_loop().run_in_executor(None, _read_range, path, at, n)
+            data = await asyncio.get_running_loop().run_in_executor(None, read_range, path, at, n)
         except OSError as exc:  # trimmed meanwhile
             raise ModelNotFound(f"tensor {name} of {entry.id} is not held here any more") from exc
         if len(data) != n:
@@ -275,9 +277,3 @@ class PartServer:
         log.debug("DIAG: served partial model bytes %s", kv(peer_id=getattr(link, "short_id", "?"), model=entry.id,
                                                            tensor=name, offset=offset, bytes=n))
         return frame.reply(FrameType.MODEL_PART, {"sha256": sha, "tensor": name, "offset": offset}, data)
-
-
-def _read_range(path: Path, offset: int, n: int) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        return fh.read(n)

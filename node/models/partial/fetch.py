@@ -32,7 +32,6 @@ import concurrent.futures
 import hashlib
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from node.logs import kv
 from node.models.download.fetch import content_range, resume_validator
 from node.models.download.urls import describe_error, display_url, resolve_url
 from node.models.gguf_meta import GgufHeader, read_header_bytes
+from node.models.header import SHA256_HEX
 
 from .layout import Manifest, PartialStore, new_manifest
 
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 
 PROBE_BYTES = 64 << 10  # the first request; more (doubling) while the header runs on
 _CHUNK = 1 << 20
-_SHA = re.compile(r"[0-9a-f]{64}")
 
 Progress = Callable[[int, int], None]  # (bytes received of the wanted, bytes wanted)
 
@@ -112,7 +111,7 @@ async def async_probe(url: str, session: aiohttp.ClientSession,
                 total = resp.content_length
             size = total
             etag = (resp.headers.get("X-Linked-ETag") or "").strip('"').lower()
-            linked = etag if _SHA.fullmatch(etag) else None
+            linked = etag if SHA256_HEX.fullmatch(etag) else None
             while len(buf) < want:
                 chunk = await resp.content.read(min(_CHUNK, want - len(buf)))
                 if not chunk:

@@ -32,7 +32,6 @@ import asyncio
 import concurrent.futures
 import logging
 import random
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,13 +44,13 @@ from node.errors import DownloadFailed, NodeError, PeerError
 from node.logs import kv
 from node.models.download.fetch import content_range, resume_validator
 from node.models.download.urls import describe_error, resolve_url
+from node.models.header import SHA256_HEX, read_range
 
 from .fetch import Progress, _timeout, _Writer
 from .layout import Manifest, PartialStore, TensorRecord
 
 log = logging.getLogger(__name__)
 
-_SHA = re.compile(r"[0-9a-f]{64}")
 
 
 class PartSource(Protocol):
@@ -93,7 +92,7 @@ async def async_fetch_parts_from(store: PartialStore, manifest: Manifest, parts:
     if not wanted:
         return stats
     named = await source.async_hashes(manifest.sha256, wanted)
-    expected = {n: h for n, h in named.items() if isinstance(h, str) and _SHA.fullmatch(h) and n in manifest.tensors}
+    expected = {n: h for n, h in named.items() if isinstance(h, str) and SHA256_HEX.fullmatch(h) and n in manifest.tensors}
     offered = [p for p in wanted if all(t.name in expected for t in manifest.part_tensors(p))]
     if not offered:
         return stats
@@ -238,7 +237,8 @@ async def async_spot_check(store: PartialStore, manifest: Manifest, parts: list[
             theirs = await _async_origin_range(session, url, manifest, t.offset + at, n)
             read += len(theirs)
             try:
-                ours = await asyncio.get_running_loop().run_in_executor(None, _read, store, t, at, n)
+                ours = await asyncio.get_running_loop().run_in_executor(
+                    None, read_range, store.part_path(t.part), t.local + at, n)
             except OSError as exc:
                 raise DownloadFailed(f"reading {part} for its check failed: {exc.strerror or exc}") from exc
             ok = ours == theirs
@@ -274,12 +274,6 @@ async def _async_origin_range(session: aiohttp.ClientSession, url: str, manifest
     if len(buf) != n:
         raise SpotCheckFailed(f"the origin sent {len(buf)} bytes, asked {n}")
     return bytes(buf)
-
-
-def _read(store: PartialStore, t: TensorRecord, at: int, n: int) -> bytes:
-    with open(store.part_path(t.part), "rb") as fh:
-        fh.seek(t.local + at)
-        return fh.read(n)
 
 
 async def async_spot_check_held(store: PartialStore, manifest: Manifest, origin_url: str | None, *,
