@@ -63,6 +63,7 @@ class NodeHost(QObject):
         self.is_started = False
         self._unsubscribe = self.node.models.subscribe(self._on_model_event)
         self._unsubscribe_peers: Callable[[], None] = lambda: None
+        self._unsubscribe_contributions = self.node.contributions.events.subscribe(self._recompute)
 
     # --- lifecycle ---
 
@@ -96,6 +97,7 @@ class NodeHost(QObject):
         self._set_state(AppState.STOPPING)
         self._unsubscribe()
         self._unsubscribe_peers()
+        self._unsubscribe_contributions()
         await self.node.stop()
         self.is_started = False
 
@@ -106,16 +108,23 @@ class NodeHost(QObject):
         return self.node.config.contribute
 
     def set_contributing(self, on: bool) -> None:
-        """The tray's "Pause contributing": stop (or resume) serving work for peers."""
+        """The tray's "Pause contributing": stop (or resume) serving work for peers; a pause also
+        frees the slices' memory. Kept in config.toml for the next start."""
         if self.node.config.contribute == on:
             return
-        self.node.config.contribute = on
-        self.node.note_activity("contributing to peers " + ("resumed" if on else "paused"))
-        log.info("DIAG: contributing changed contribute=%s source=tray", on)
-        if self.node.peers is not None and self.is_started:
-            # HELLO carries the "pipeline" feature bit from config.contribute: tell peers now.
-            spawn(self.node.peers.async_announce(), what="announcing the change to peers")
-        self._recompute()
+        log.info("DIAG: contributing change asked contribute=%s source=tray", on)
+        if not self.is_started:  # nothing runs yet: the flag is all there is
+            self.node.config.contribute = on
+            self._recompute()
+            return
+        spawn(self.node.contributions.async_set_paused(not on), what="changing contributing")
+
+    async def async_help_serve(self, model_id: str, budget_mb: int) -> None:
+        """The Swarm tab's "Help serve this model" (a new budget for one already helped)."""
+        await self.node.contributions.async_help(model_id, budget_mb)
+
+    async def async_stop_helping(self, model_id: str) -> None:
+        await self.node.contributions.async_stop(model_id)
 
     async def async_load(self, model_id: str) -> None:
         """Load a model (the Models tab's Load button)."""

@@ -86,6 +86,9 @@ class NodeConfig:
     no_direct: bool = False  # testing: reach peers through relays only
     region: str | None = None  # advertised region (e.g. "TH"), optional
     contribute: bool = True  # serve work for peers (the tray's "Pause contributing" clears it)
+    contribute_models: dict[str, int] = field(default_factory=dict)  # model id -> MB: layers of it this node
+    # chooses and serves for the swarm within that memory (0 = free memory minus headroom); the
+    # desktop app's "Help serve this model" writes it, with `contribute`, to config.toml's [desktop]
     swarm: str = "private"  # "private": link only with members of this node's swarm (swarm.json);
     # "open" (opt-in): link with any other node of the open swarm
 
@@ -134,6 +137,8 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
             if isinstance(value, str):
                 return [v.strip() for v in value.split(",") if v.strip()]
             return [str(v) for v in value]
+        if origin is dict:
+            return _budgets(value)
         if typ == (str | None) or typ is str:
             return None if value is None else str(value)
         if typ == (int | None):
@@ -141,6 +146,23 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"config field {name}: {exc}") from exc
     return value
+
+
+def _budgets(value: Any) -> dict[str, int]:
+    """`{"model-id" = MB}` (TOML) or `model-id=MB,other=0` (environment, CLI)."""
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"expected model=MB pairs, got {value!r}")
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a table of model = MB, got {value!r}")
+    out = {}
+    for model, mb in value.items():
+        if isinstance(mb, bool) or not isinstance(mb, int | str) or not str(mb).isdigit():
+            raise ValueError(f"{model}: a memory budget is a whole number of MB (0 = free memory), got {mb!r}")
+        out[str(model)] = int(mb)
+    return out
 
 
 def _field_types() -> dict[str, Any]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import secrets
+import tomllib
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -70,3 +74,46 @@ def load_or_create_api_key(data_dir: Path) -> str:
     write_private(path, key + "\n")
     log.info("created API key file %s", path)
     return key
+
+
+DESKTOP_SECTION = "desktop"  # config.toml's table the desktop app writes (its controls' choices)
+_TABLE_HEADER = re.compile(r"\[\[?\s*[A-Za-z0-9_.\-\" ]+\s*\]\]?")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def save_desktop_settings(data_dir: Path, values: dict[str, Any]) -> None:
+    """Rewrite config.toml's [desktop] table with `values`, keeping every other line (the user's
+    comments and keys) as it was; later tables win when flattened, so these override the same
+    keys elsewhere in the file (blocking: file I/O). The result is parsed before it replaces the
+    file, which stays 0600."""
+    path = data_dir / CONFIG_FILE
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    kept, inside = [], False
+    for line in lines:
+        head = line.split("#", 1)[0].strip()
+        if _TABLE_HEADER.fullmatch(head):  # (not a line of a multi-line array)
+            inside = head == f"[{DESKTOP_SECTION}]"
+            if inside:
+                continue
+        if not inside:
+            kept.append(line)
+    while kept and not kept[-1].strip():
+        kept.pop()
+    block = ["", f"[{DESKTOP_SECTION}]", "# written by the desktop app (Swarm tab: Help serve this model; the tray's "
+             "Pause contributing)", *(f"{k} = {_toml_value(v)}" for k, v in values.items())]
+    text = "\n".join(kept + block) + "\n"
+    tomllib.loads(text)  # never write a file the next start could not read
+    tmp = path.with_name(path.name + ".tmp")
+    write_private(tmp, text)
+    os.replace(tmp, path)

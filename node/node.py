@@ -15,6 +15,7 @@ from typing import Any
 from node import AGENT, __version__, const
 from node.api.server import ApiServer
 from node.config import NodeConfig
+from node.contribute import Contributions
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
 from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound
@@ -31,6 +32,7 @@ from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
 from node.inference.swarm_models import SwarmModels
 from node.inference.weights.cache import WeightCache
+from node.logs import kv
 from node.metrics import NodeMetrics
 from node.models.catalog import ModelCatalog
 from node.models.download import DownloadJob, ModelDownloader, display_url
@@ -85,7 +87,9 @@ class Node:
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None
         self.swarm_models: SwarmModels | None = None  # models only peers hold (their headers fetched)
-        self.autoserve: AutoServe | None = None  # --serve auto: chooses this node's layers
+        self.autoserve: AutoServe | None = None  # chooses this node's layers (--serve auto, contributions)
+        self.contributions = Contributions(config, self.catalog, self.slice_host, self.partials,
+                                           announce=self._async_announce, note=self.note_activity)
         self.remote_server: RemoteGenerateServer | None = None  # runs GENERATE for others on whole models
         self.started_at: float | None = None
         self.activity: list[str] = []
@@ -143,16 +147,21 @@ class Node:
         await self.api.start(self.api_key)
         self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
         await self.models.async_load_all()
-        for entry, start, end in slices:
+        for entry, start, end in slices if self.config.contribute else []:
             await self.slice_host.async_load(entry, start, end)
             self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
+        if slices and not self.config.contribute:
+            log.info("DIAG: contributing paused; the --layers slices load when it resumes %s",
+                     kv(slices=len(slices)))
         if (slices or self.models.ready) and self.peers is not None:  # links made while loading heard none
             await self.peers.async_announce()
-        if auto:
-            self.autoserve = AutoServe(self.node_id, self.slice_host, self.peers, auto, announce=self._async_announce,
-                                       budget_mb=self.config.slice_budget_mb,
-                                       reevaluate_s=self.config.serve_reevaluate_s, note=self.note_activity)
-            self.autoserve.start()
+        # --serve auto's models, and the ones the desktop app helps serve (config's contribute_models)
+        self.autoserve = AutoServe(self.node_id, self.slice_host, self.peers, auto, announce=self._async_announce,
+                                   budget_mb=self.config.slice_budget_mb,
+                                   reevaluate_s=self.config.serve_reevaluate_s, note=self.note_activity)
+        self.contributions.attach(self.autoserve, slices)
+        await self.contributions.async_restore()
+        self.autoserve.start()
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
 
@@ -213,6 +222,10 @@ class Node:
     async def _async_announce(self) -> None:
         if self.peers is not None:
             await self.peers.async_announce()
+
+    def advertised_models(self) -> list[dict[str, Any]]:
+        """What this node advertises to its peers now (the GUI's layer map shows it beside theirs)."""
+        return self._hello_models()
 
     def _hello_models(self) -> list[dict[str, Any]]:
         """What HELLO advertises: our slices (with layer ranges) and the models we hold whole (which
@@ -346,7 +359,8 @@ class Node:
         """True once this node's own models and slices are loaded (and there is something to serve).
         A node that holds nothing is ready once it can serve a model of the swarm (its header here,
         its layers covered by peers)."""
-        if self.autoserve is not None:  # chosen layers: ready once chosen; a later move does not flap it
+        if self.autoserve is not None and self.autoserve.chooses_at_start:
+            # chosen layers: ready once chosen; a later move does not flap it
             whole_loading = any(m.state == "loading" for m in self.models.whole_models())
             sliced = any(s.state == "loaded" for s in self.slice_host.slices.values())
             return self.autoserve.settled and (sliced or self.models.ready) and not whole_loading

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 
 from app.host import NodeHost
 from app.tasks import spawn
+from app.ui.downloads_panel import DownloadsPanel
 from app.ui.models_model import ModelsModel, is_slice
 from app.ui.table_model import ROW_KEY_ROLE
 from app.ui.widgets import FirstRunBanner, table_view
@@ -43,23 +44,21 @@ class ModelsTab(QWidget):
         self.download_button.setToolTip("Download a GGUF model from a URL (https://… or hf://owner/repo/file.gguf) "
                                         "into the models folder")
         self.download_button.clicked.connect(self.ask_download_url)
-        self.cancel_download_button = QPushButton("Cancel download")
-        self.cancel_download_button.clicked.connect(self.cancel_download)
-        self.cancel_download_button.hide()
         self.load_button.clicked.connect(self.load_selected)
         self.unload_button.clicked.connect(self.unload_selected)
         self.add_button.clicked.connect(self.choose_model_file)
         self.status = QLabel()
         self.status.setWordWrap(True)
         buttons = QHBoxLayout()
-        for button in (self.load_button, self.unload_button, self.add_button, self.download_button,
-                       self.cancel_download_button):
+        for button in (self.load_button, self.unload_button, self.add_button, self.download_button):
             buttons.addWidget(button)
         buttons.addWidget(self.status, 1)
         layout = QVBoxLayout(self)
         layout.addWidget(self.banner)
         layout.addWidget(self.view, 1)
         layout.addLayout(buttons)
+        self.downloads = DownloadsPanel(host.node)  # a progress bar per download and per layer fetch
+        layout.addWidget(self.downloads)
         hint = QLabel("Whole models run on this machine with llama.cpp; layer slices (--layers) run "
                       "with torch for the swarm. “Placement reason” says why a model is on the CPU "
                       "rather than the GPU.")
@@ -70,9 +69,11 @@ class ModelsTab(QWidget):
         model.dataChanged.connect(self._update_buttons)
         model.rowsInserted.connect(self._select_first_if_none)
         self._update_buttons()
-        self._download_id: str | None = None
-        self._unsubscribe_downloads = host.node.downloads.subscribe(self._on_download)
-        self.destroyed.connect(lambda *_: self._unsubscribe_downloads())
+        self._download_file: str | None = None  # the file this tab's download writes (a resume is a new job)
+        unsubscribers = [host.node.downloads.subscribe(self._on_download),
+                         host.node.downloads.subscribe(self.downloads.on_download),
+                         host.node.slice_host.subscribe(self.downloads.on_slice)]
+        self.destroyed.connect(lambda *_: [unsubscribe() for unsubscribe in unsubscribers])
 
     def selected_id(self) -> str | None:
         rows = self.view.selectionModel().selectedRows()
@@ -152,20 +153,13 @@ class ModelsTab(QWidget):
         except NodeError as exc:
             self._report(exc.message)
             return
-        self._download_id = job.id
-        self.cancel_download_button.setVisible(job.active)
+        self._download_file = job.file_name
         self._report(f"downloading {job.file_name}…")
-
-    def cancel_download(self) -> None:
-        """Stop the download this tab started (its partial file is removed)."""
-        if self._download_id is not None:
-            self.host.node.downloads.cancel(self._download_id)
 
     def _on_download(self, job) -> None:
         """Download progress (on the loop, which is Qt's thread under qasync)."""
-        if job.id != self._download_id:
+        if job.file_name != self._download_file:
             return
-        self.cancel_download_button.setVisible(job.active)
         summary = job.summary()
         if job.state == "downloading" and job.total_bytes:
             rate = f", {summary['mb_per_s']:.1f} MB/s" if summary.get("mb_per_s") else ""

@@ -115,6 +115,11 @@ class PeersModel(KeyedTableModel):
         host, port = split_address(str(address))
         return self._redactor().address(host, port)
 
+    def address_of(self, node_id: str) -> str:
+        """A peer's address as this table shows it (redacted unless "Show addresses")."""
+        p = self.value(node_id)
+        return self._address(p) if p is not None else fmt.DASH
+
     def _via(self, p: Mapping[str, Any]) -> str | None:
         relay = p.get("via_relay")
         if not relay:

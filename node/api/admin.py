@@ -132,6 +132,37 @@ async def swarm_remove(request: web.Request) -> web.Response:
     return web.json_response({"members_told": await request.app[NODE].async_remove_member(node_id.lower())})
 
 
+@routes.get("/api/admin/contribute")
+async def contribute(request: web.Request) -> web.Response:
+    """What this node serves for the swarm by choice: per model its budget and slices, the pause."""
+    return web.json_response(request.app[NODE].contributions.summary())
+
+
+@routes.post("/api/admin/contribute")
+async def contribute_change(request: web.Request) -> web.Response:
+    """Body: {"model": id, "budget_mb": MB (0 = free memory)} to help serve a model (again: a new
+    budget); {"model": id, "stop": true} to stop; {"paused": bool} to pause or resume contributing."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    unknown = sorted(set(body) - {"model", "budget_mb", "stop", "paused"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+    contributions = request.app[NODE].contributions
+    if "paused" in body:
+        if set(body) != {"paused"} or not isinstance(body["paused"], bool):
+            raise InvalidRequest("paused is a boolean, given alone", param="paused")
+        return web.json_response(await contributions.async_set_paused(body["paused"]))
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model is required (a model id)", param="model")
+    if body.get("stop") is True:
+        return web.json_response(await contributions.async_stop(model))
+    if "stop" in body and body["stop"] is not False:
+        raise InvalidRequest("stop is a boolean", param="stop")
+    return web.json_response(await contributions.async_help(model, body.get("budget_mb", 0)))
+
+
 @routes.get("/api/admin/stats")
 async def stats(request: web.Request) -> web.Response:
     """Node counters (node_id, uptime, requests, in_flight, tok/s)."""

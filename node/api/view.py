@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from node.contribute import Contributions
     from node.inference.generate import CompletionRun
     from node.inference.request import CompletionRequest
     from node.metrics import NodeMetrics
@@ -26,6 +27,10 @@ class NodeView(Protocol):
     @property
     def metrics(self) -> NodeMetrics:
         """The node's Prometheus registry."""
+
+    @property
+    def contributions(self) -> Contributions:
+        """What this node serves for the swarm by choice (help serve a model, pause)."""
 
     def is_ready(self) -> bool:
         """True once this node's own models and slices are loaded and something can serve."""

@@ -24,7 +24,7 @@ from typing import Any
 from node import const
 from node.errors import ModelLoadError, ModelNotFound
 from node.models.gguf_meta import GgufHeader, read_header
-from node.models.header import header_digest
+from node.models.header import HeaderCache, header_digest
 from node.models.partial.layout import Manifest, PartialStore, file_stem
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,11 @@ class ModelEntry:
 
     @property
     def header_path(self) -> Path:
-        """A file that starts with the model's header bytes."""
-        return PartialStore(self.path).header_path if self.partial is not None else self.path
+        """A file that starts with the model's header bytes (a swarm model's: its cached header, beside
+        the vocab file that is its path)."""
+        if self.partial is not None:
+            return PartialStore(self.path).header_path
+        return self.path if self.has_file else HeaderCache(self.path.parent).header_path(self.sha256)
 
     @property
     def whole_ok(self) -> bool:

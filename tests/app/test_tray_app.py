@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import tomllib
 
 import openai
 import pytest
@@ -150,11 +151,17 @@ def test_pause_contributing(qtbot, run, data_dir, tiny_model):
         async with running_app(node_config(data_dir, tiny_model), tray_available=True) as app:
             assert app.node.config.contribute
             app.tray.pause_action.trigger()
+            await wait_until(lambda: app.host.state == AppState.PAUSED, DEADLINE_S, what="the pause")
             assert not app.node.config.contribute
-            assert app.host.state == AppState.PAUSED
             assert app.feeds.overview.text("Contributing") == "paused"
+            assert app.tray.pause_action.isChecked()
+            kept = tomllib.loads((data_dir / "config.toml").read_text())
+            assert kept["desktop"]["contribute"] is False  # the next start stays paused
+            assert "api" in kept  # the rest of the file is as it was
             app.tray.pause_action.trigger()
-            assert app.node.config.contribute and app.host.state == AppState.SERVING
+            await wait_until(lambda: app.host.state == AppState.SERVING, DEADLINE_S, what="the resume")
+            assert app.node.config.contribute and not app.tray.pause_action.isChecked()
+            assert tomllib.loads((data_dir / "config.toml").read_text())["desktop"]["contribute"] is True
 
     run(body())
 
@@ -264,15 +271,17 @@ def test_a_download_can_be_cancelled_from_the_models_tab(qtbot, run, data_dir, t
             try:
                 async with running_app(node_config(data_dir, tiny_model)) as app:
                     tab = app.window.models_tab
-                    assert tab.cancel_download_button.isHidden()
+                    assert tab.downloads.isHidden()
                     tab.download_url(url)
                     await wait_until(lambda: tab.status.text().startswith("downloading slow.gguf: "),
                                      DEADLINE_S, what="progress")
-                    assert not tab.cancel_download_button.isHidden()
+                    row = tab.downloads.rows["file:slow.gguf"]
+                    assert not tab.downloads.isHidden() and not row.cancel_button.isHidden()
                     assert (app.node.data_dir / "models" / "slow.gguf.part").exists()
-                    tab.cancel_download_button.click()
+                    row.cancel_button.click()
                     await wait_until(lambda: "cancelled" in tab.status.text(), DEADLINE_S, what="the cancel")
-                    assert tab.cancel_download_button.isHidden()
+                    assert row.cancel_button.isHidden() and row.pause_button.isHidden()
+                    assert row.detail.text().startswith("cancelled")
                     assert not list((app.node.data_dir / "models").glob("slow.gguf*"))
             finally:
                 release.set()  # the server's handler returns before the server shuts down

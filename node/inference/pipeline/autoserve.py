@@ -137,20 +137,21 @@ class SliceSizes:
     n_layers: int
 
 
-def slice_sizes(path: Any, dtype: str, max_ctx: int = 0) -> SliceSizes:
-    """From tensor shapes only (blocking: opens the file; run it in an executor)."""
+def slice_sizes(path: Any, dtype: str, max_ctx: int = 0, *, header_of_size: int | None = None) -> SliceSizes:
+    """From tensor shapes only (blocking: opens the file; run it in an executor). `header_of_size`:
+    `path` is only the header of a file that large (a model known here by its header)."""
     import torch
 
     from node.inference.arch import family
     from node.inference.slice.model import estimate_bytes, resolve_format
     from node.inference.weights.gguf_file import GgufFile
 
-    f = GgufFile(path)
+    f = GgufFile(path, header_of_size=header_of_size)
     cfg = family(f.arch).config(f)
     fmt = resolve_format(dtype, torch.device("cpu"))
     n = cfg.n_layers
-    head = estimate_bytes(path, n, n, fmt)  # no blocks: the output norm and head only
-    layers = estimate_bytes(path, 0, n, fmt) - head
+    head = estimate_bytes(path, n, n, fmt, header_of_size=header_of_size)  # no blocks: the output norm and head only
+    layers = estimate_bytes(path, 0, n, fmt, header_of_size=header_of_size) - head
     ctx = max_ctx or cfg.n_ctx_train
     kv_bytes = 2 * cfg.kv_dim * ctx * 4  # K and V, f32 on the CPU (the slice's kv dtype there)
     return SliceSizes(-(-layers // n), kv_bytes, head, n)
@@ -175,6 +176,9 @@ class _Model:
     sizes: SliceSizes | None = None
     deferred_to: tuple[str, str] | None = None  # (the first mover we wait for, the coverage we saw)
     deferred_rounds: int = 0
+    budget_mb_override: int | None = None  # a budget for this model alone (the GUI's slider); None: the node's
+    budget_error: str | None = None  # why its layers could not be sized (nothing of it is served)
+    at_start: bool = True  # given at start (`--serve auto`); False: added while running (`settled` ignores it)
 
 
 class AutoServe:
@@ -200,11 +204,73 @@ class AutoServe:
         self._task: asyncio.Task | None = None
         self._drains: set[asyncio.Task] = set()
         self._unsubscribe: Callable[[], None] | None = None
+        self.paused = False  # "Pause contributing": chooses nothing, holds no slice
 
     @property
     def settled(self) -> bool:
-        """Every model has had its first choice (loaded, or nothing fits)."""
-        return all(m.settled for m in self.models)
+        """Every model given at start has had its first choice (loaded, or nothing fits), or
+        contributing is paused."""
+        return self.paused or all(m.settled for m in self.models if m.at_start)
+
+    @property
+    def chooses_at_start(self) -> bool:
+        """Models were given at start (`--serve auto`): the node is ready once they are chosen."""
+        return any(m.at_start for m in self.models)
+
+    # --- models added, changed and removed while running (the desktop app's "Help serve") ---
+
+    def model(self, sha256: str) -> _Model | None:
+        return next((m for m in self.models if m.entry.sha256 == sha256), None)
+
+    async def async_add(self, entry: ModelEntry, budget_mb: int = 0) -> None:
+        """Choose layers of `entry` too, within `budget_mb` (0: the node's budget). A new budget for
+        a model already chosen frees its slice and chooses again (a smaller budget must shrink it)."""
+        m = self.model(entry.sha256)
+        if m is not None and m.budget_mb_override == budget_mb:
+            return
+        if m is None:
+            m = _Model(entry, int(entry.sha256[:8], 16), at_start=False)
+            self.models.append(m)
+        else:
+            await self._async_release(m)
+        m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
+        self._why = "added"
+        self._wake.set()
+
+    async def async_remove(self, sha256: str) -> None:
+        """Stop serving `sha256`: its slices stop being advertised and are freed once idle."""
+        m = self.model(sha256)
+        if m is None:
+            return
+        self.models.remove(m)
+        await self._async_release(m)
+
+    async def async_pause(self) -> None:
+        """Choose nothing and free every chosen slice (each after its sessions end, or the drain
+        grace period)."""
+        self.paused = True
+        for m in list(self.models):
+            await self._async_release(m)
+
+    def resume(self) -> None:
+        self.paused = False
+        self._why = "resumed"
+        self._wake.set()
+
+    async def _async_release(self, m: _Model) -> None:
+        """Stop advertising the model's slices; free each once idle."""
+        mine = self.host.for_model(m.entry.sha256)
+        for hosted in mine:
+            self.host.drain(hosted)
+        if mine:
+            await self.announce()
+        for hosted in mine:  # (one still loading is freed by the evaluation loading it, see _wanted)
+            task = asyncio.create_task(self._async_free(hosted), name="autoserve-release")
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+
+    def _wanted(self, m: _Model) -> bool:
+        return not self.paused and m in self.models
 
     def start(self) -> None:
         """Begin choosing (on the loop)."""
@@ -250,17 +316,18 @@ class AutoServe:
 
     async def _async_run(self) -> None:
         loop = asyncio.get_running_loop()
-        for m in self.models:
-            try:
-                await self._async_budget(m, loop)
-            except Exception as exc:  # an architecture the slice engine cannot size: serve nothing of it
-                log.error("DIAG: slice budget failed %s", kv(model=m.entry.id, error=getattr(exc, "message", exc)))
+        for m in list(self.models):
+            await self._async_budget(m, loop)
         await asyncio.sleep(const.AUTO_SERVE_LOOK_S + self.rng.uniform(0, const.AUTO_SERVE_START_DELAY_S))
         why = "start"
         while True:
             self._wake.clear()  # a change while we evaluate or load wakes the next round at once
-            for m in self.models:
+            for m in list(self.models):  # (the desktop app adds and removes models meanwhile)
+                if not self._wanted(m):
+                    continue
                 try:
+                    if m.budget is None and m.budget_error is None:  # added while running, or re-budgeted
+                        await self._async_budget(m, loop)
                     await self._async_evaluate(m, why)
                 except Exception:
                     log.exception("layer choice for %s failed", m.entry.id)
@@ -274,10 +341,18 @@ class AutoServe:
             await asyncio.sleep(const.AUTO_SERVE_REACT_S * self.rng.uniform(1.0, 3.0))
 
     async def _async_budget(self, m: _Model, loop: asyncio.AbstractEventLoop) -> None:
-        sizes = await loop.run_in_executor(None, slice_sizes, m.entry.path, self.host.dtype, self.host.max_ctx)
+        try:
+            await self._async_size(m, loop)
+        except Exception as exc:  # an architecture the slice engine cannot size: serve nothing of it
+            m.budget_error = str(getattr(exc, "message", exc))
+            log.error("DIAG: slice budget failed %s", kv(model=m.entry.id, error=m.budget_error))
+
+    async def _async_size(self, m: _Model, loop: asyncio.AbstractEventLoop) -> None:
+        sizes = m.sizes or await loop.run_in_executor(None, slice_sizes, m.entry.path, self.host.dtype,
+                                                      self.host.max_ctx)
         m.sizes = sizes
-        budget_bytes = self.budget_mb * 2**20 if self.budget_mb else await loop.run_in_executor(
-            None, default_budget_bytes)
+        budget_mb = m.budget_mb_override or self.budget_mb
+        budget_bytes = budget_mb * 2**20 if budget_mb else await loop.run_in_executor(None, default_budget_bytes)
         m.budget_mb = budget_bytes // 2**20
         m.budget = lc.layers_for_budget(budget_bytes, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
                                         sizes.head_bytes, n_layers=sizes.n_layers)
@@ -328,6 +403,11 @@ class AutoServe:
                     return True
             hosted = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers,
                                                                                      m.budget.with_head), claim=claim)
+            if hosted.state in ("loaded", "failed") and not self._wanted(m):  # paused or removed meanwhile
+                self.host.drain(hosted)
+                await self.host.async_unload(hosted)
+                await self.announce()
+                return
             if hosted.state == "unloaded":  # yielded to a peer's claim: choose again at once
                 await self.announce()  # (the loading advert goes)
                 self._why = "peer_changed"

@@ -391,9 +391,11 @@ def _load_workers(path: str | Path, start: int, end: int, fmt: str) -> int:
     return workers
 
 
-def estimate_bytes(path: str | Path, layer_start: int = 0, layer_end: int | None = None, fmt: str = "int8") -> int:
-    """Weight bytes a slice will hold in `fmt` (for placement), from tensor shapes only."""
-    f = GgufFile(path)
+def estimate_bytes(path: str | Path, layer_start: int = 0, layer_end: int | None = None, fmt: str = "int8", *,
+                   header_of_size: int | None = None) -> int:
+    """Weight bytes a slice will hold in `fmt` (for placement), from tensor shapes only (`path` may
+    be a header alone: see GgufFile's `header_of_size`)."""
+    f = GgufFile(path, header_of_size=header_of_size)
     n_layers = int(f.arch_field("block_count", 0))
     end = n_layers if layer_end is None else layer_end
     per_elem = {"f32": 4, "bf16": 2, "f16": 2, "int8": 1}[fmt]

@@ -86,12 +86,14 @@ class _Skipped:
 class GgufFile:
     """Read-only view of one GGUF model file."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, header_of_size: int | None = None):
+        """`header_of_size`: `path` holds only the header of a file of that many bytes (a model the
+        swarm serves, known here by its header): shapes and metadata are read, no tensor data."""
         self.path = Path(path)
         # a partial model (node/models/partial): the header file, and each held tensor in its part
         # file; tensors of the header that are not held are listed but raise when read
         self._where: dict[str, tuple[Path, int, int]] | None = None
-        self._size: int | None = None
+        self._size: int | None = header_of_size
         self._parts: dict[Path, mmap.mmap] = {}
         source = self.path
         if PartialStore.is_partial(self.path):

@@ -19,7 +19,7 @@ class DownloadJob:
     url: str  # resolved; never shown whole (display_url)
     file_name: str
     sha256: str | None = None
-    state: str = "starting"  # starting | downloading | verifying | done | failed | cancelled
+    state: str = "starting"  # starting | downloading | verifying | done | failed | cancelled | paused
     total_bytes: int | None = None
     done_bytes: int = 0
     attempts: int = 0
@@ -27,6 +27,7 @@ class DownloadJob:
     error: str | None = None
     model_id: str | None = None
     user_cancelled: bool = False
+    user_paused: bool = False  # stopped keeping its .part: resume() goes on from there
     stop: threading.Event = field(default_factory=threading.Event, repr=False)
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None

@@ -91,6 +91,32 @@ class ModelDownloader:
             job.task.cancel()
         return job
 
+    def pause(self, job_id: str) -> DownloadJob:
+        """Stop a download, keeping its partial file (state "paused"; resume() goes on with Range)."""
+        job = self.get(job_id)
+        if job.active and job.task is not None:
+            job.user_paused = True
+            job.task.cancel()
+        return job
+
+    def resume(self, job_id: str) -> DownloadJob:
+        """A new download of a paused one's URL and file, which resumes from its partial file."""
+        job = self.get(job_id)
+        if job.state != "paused":
+            raise Conflict(f"download {job_id} is {job.state}, not paused")
+        return self.start(job.url, sha256=job.sha256, file_name=job.file_name)
+
+    async def async_discard(self, job_id: str) -> DownloadJob:
+        """Cancel a paused download: its partial file is removed."""
+        job = self.get(job_id)
+        if job.state != "paused":
+            raise Conflict(f"download {job_id} is {job.state}, not paused")
+        await asyncio.get_running_loop().run_in_executor(None, discard_part, self.models_dir / (job.file_name + ".part"))
+        job.state, job.error = "cancelled", "cancelled"
+        log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes, was="paused"))
+        self._observers.emit(job)
+        return job
+
     async def async_close(self) -> None:
         """Cancel running downloads (their .part files stay, so a new download of the same file resumes)."""
         tasks = [job.task for job in self.jobs.values() if job.task is not None and not job.task.done()]
@@ -153,8 +179,9 @@ class ModelDownloader:
                 if job.user_cancelled:  # the user said no: nothing of it stays (at shutdown the .part
                     await loop.run_in_executor(io, discard_part, part)  # stays: the same download resumes)
             finally:  # "cancelled" only once the files are gone: a client polling the job can rely on it
-                job.state, job.error, job.finished_at = "cancelled", "cancelled", time.time()
-                log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes))
+                how = "paused" if job.user_paused and not job.user_cancelled else "cancelled"
+                job.state, job.error, job.finished_at = how, how, time.time()
+                log.info("DIAG: model download %s %s", how, kv(download=job.id, done_bytes=job.done_bytes))
             raise
         except DownloadFailed as exc:
             if exc.discard:  # what is on disk is wrong (not a GGUF, bad hash): nothing of it stays

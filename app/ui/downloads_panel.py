@@ -1,0 +1,148 @@
+"""Downloads: one row per download with a real progress bar (bytes, rate, time left), Pause /
+Resume and Cancel; and one row per partial model's layers being fetched (layers a–b), from the
+slice host's fetch events. Fed by node events (the downloader's observer, slice host events).
+"""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+
+from app.tasks import spawn
+from app.ui import fmt
+
+
+def eta_text(done: int, total: int | None, bytes_per_s: float | None) -> str:
+    """'12 s left', '3 min left', or '' when it cannot be told."""
+    if not total or not bytes_per_s or bytes_per_s <= 0 or done >= total:
+        return ""
+    left = (total - done) / bytes_per_s
+    return f"{left:.0f} s left" if left < 90 else f"{left / 60:.0f} min left"
+
+
+def progress_text(done: int, total: int | None, bytes_per_s: float | None) -> str:
+    parts = [f"{fmt.size(done)} of {fmt.size(total)}" if total else fmt.size(done)]
+    if bytes_per_s:
+        parts.append(f"{bytes_per_s / 2**20:.1f} MiB/s")
+    eta = eta_text(done, total, bytes_per_s)
+    if eta:
+        parts.append(eta)
+    return " · ".join(parts)
+
+
+class ProgressRow(QWidget):
+    """A title, a progress bar, the figures, and optional buttons."""
+
+    def __init__(self, title: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.title = QLabel(title)
+        self.title.setMinimumWidth(220)
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 1000)
+        self.bar.setAccessibleName(f"Progress of {title}")
+        self.detail = QLabel()
+        self.detail.setMinimumWidth(260)
+        self.pause_button = QPushButton("Pause")
+        self.cancel_button = QPushButton("Cancel")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.title)
+        row.addWidget(self.bar, 1)
+        row.addWidget(self.detail)
+        row.addWidget(self.pause_button)
+        row.addWidget(self.cancel_button)
+
+    def show_progress(self, done: int, total: int | None, bytes_per_s: float | None, state: str) -> None:
+        if total:
+            self.bar.setRange(0, 1000)
+            self.bar.setValue(min(1000, done * 1000 // total))
+            self.bar.setFormat(f"{done * 100 // total}%")
+        else:
+            self.bar.setRange(0, 0)  # busy: the size is not known yet
+        words = progress_text(done, total, bytes_per_s)
+        self.detail.setText(words if state in ("downloading", "fetching") else f"{state} · {words}")
+        self.bar.setAccessibleDescription(self.detail.text())
+
+
+class DownloadsPanel(QWidget):
+    """Every download of this run and every layer fetch in progress; hidden while there are none."""
+
+    def __init__(self, node, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.node = node
+        self.rows: dict[str, ProgressRow] = {}
+        self._fetch_started: dict[str, tuple[float, int]] = {}  # slice key -> (first seen, bytes then)
+        self.layout_ = QVBoxLayout(self)
+        self.layout_.setContentsMargins(0, 0, 0, 0)
+        self.setVisible(False)
+
+    def _row(self, key: str, title: str) -> ProgressRow:
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = ProgressRow(title)
+            self.layout_.addWidget(row)
+            self.setVisible(True)
+        return row
+
+    def _drop(self, key: str) -> None:
+        row = self.rows.pop(key, None)
+        if row is not None:
+            self.layout_.removeWidget(row)
+            row.deleteLater()
+        self.setVisible(bool(self.rows))
+
+    # --- downloads (the downloader's observer) ---
+
+    def on_download(self, job) -> None:
+        key = f"file:{job.file_name}"  # a resumed download is a new job of the same file: the same row
+        row = self._row(key, job.file_name)
+        summary = job.summary()
+        rate = summary["mb_per_s"] * 1e6 if summary.get("mb_per_s") and job.state == "downloading" else None
+        state = {"verifying": "checking sha256"}.get(job.state, job.state)
+        row.show_progress(job.done_bytes, job.total_bytes, rate, state)
+        if job.state == "failed":
+            row.detail.setText(f"failed: {job.error}")
+        row.setToolTip(summary["url"])
+        for button in (row.pause_button, row.cancel_button):
+            try:
+                button.clicked.disconnect()
+            except (RuntimeError, TypeError):  # nothing connected yet
+                pass
+        row.pause_button.setVisible(job.state in ("downloading", "starting", "paused"))
+        row.pause_button.setText("Resume" if job.state == "paused" else "Pause")
+        row.pause_button.setToolTip("Resume from where it stopped (HTTP Range)" if job.state == "paused"
+                                    else "Stop for now; the bytes so far are kept")
+        if job.state == "paused":
+            row.pause_button.clicked.connect(lambda: self.node.downloads.resume(job.id))
+        else:
+            row.pause_button.clicked.connect(lambda: self.node.downloads.pause(job.id))
+        row.cancel_button.setVisible(job.active or job.state == "paused")
+        row.cancel_button.setToolTip("Stop and delete the partial file")
+        row.cancel_button.clicked.connect(lambda: self._cancel(job))
+        if job.state == "done":
+            row.detail.setText(f"done · {fmt.size(job.total_bytes or job.done_bytes)} · model {job.model_id}")
+
+    def _cancel(self, job) -> None:
+        if job.active:
+            self.node.downloads.cancel(job.id)
+        else:  # paused: its part file goes as a cancel's would
+            spawn(self.node.downloads.async_discard(job.id), what=f"removing the partial {job.file_name}")
+
+    # --- partial models' layers (slice host events) ---
+
+    def on_slice(self, hosted) -> None:
+        key = f"slice:{hosted.entry.sha256}:{hosted.start}:{hosted.end}"
+        if hosted.fetch is None or hosted.state != "loading":
+            if key in self.rows and hosted.state != "loading":
+                self._drop(key)
+            return
+        done, total = hosted.fetch
+        first = self._fetch_started.setdefault(key, (time.monotonic(), done))
+        elapsed = time.monotonic() - first[0]
+        rate = (done - first[1]) / elapsed if elapsed > 0.5 and done > first[1] else None
+        row = self._row(key, f"{hosted.entry.name} layers {hosted.start}–{hosted.end - 1}")
+        row.pause_button.hide()
+        row.cancel_button.hide()  # stopping it is the Swarm tab's "Help serve this model" (or --layers)
+        row.show_progress(done, total, rate, "fetching")
+        row.setToolTip("layers of a partial model arriving from peers and the origin")

@@ -1,0 +1,205 @@
+"""What this node gives the swarm, chosen while it runs: the desktop app's "Help serve this model"
+(a memory budget per model, the layers chosen by the automatic layer choice) and "Pause
+contributing" (no work taken for others, every slice's memory released). Kept in config.toml's
+[desktop] table, restored at the next start. The admin API (`/api/admin/contribute`) and the GUI
+both call this; the GUI follows `events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from node.config import NodeConfig
+from node.datadir import save_desktop_settings
+from node.errors import InvalidRequest, ModelLoadError, NodeError
+from node.inference.pipeline.autoserve import AutoServe, slice_sizes
+from node.inference.pipeline.host import SliceHost
+from node.inference.pipeline.partials import PartialModels
+from node.logs import kv
+from node.models.catalog import ModelCatalog, ModelEntry
+from node.observe import Observers
+
+log = logging.getLogger(__name__)
+
+MAX_BUDGET_MB = 1 << 24  # 16 TiB: anything above is a typo
+
+
+class Contributions:
+    """Per model: serve layers of it for the swarm within a budget; and the pause switch."""
+
+    def __init__(self, config: NodeConfig, catalog: ModelCatalog, slice_host: SliceHost,
+                 partials: PartialModels, *, announce: Callable[[], Awaitable[None]],
+                 note: Callable[[str], None]):
+        self.config = config
+        self.catalog = catalog
+        self.slice_host = slice_host
+        self.partials = partials
+        self.announce = announce
+        self.note = note
+        self.autoserve: AutoServe | None = None
+        self._fixed: list[tuple[ModelEntry, int, int]] = []  # --layers slices: freed by a pause, loaded on resume
+        self.events: Observers[[]] = Observers("contributions")  # a choice changed (the GUI re-reads summary())
+        self._lock = asyncio.Lock()
+
+    def attach(self, autoserve: AutoServe, fixed: list[tuple[ModelEntry, int, int]]) -> None:
+        self.autoserve, self._fixed = autoserve, fixed
+
+    @property
+    def paused(self) -> bool:
+        return not self.config.contribute
+
+    # --- start-up ---
+
+    async def async_restore(self) -> None:
+        """The choices config.toml kept: each model's budget, and the pause."""
+        assert self.autoserve is not None
+        for model_id, budget_mb in dict(self.config.contribute_models).items():
+            try:
+                entry = await self._async_entry(model_id)
+            except NodeError as exc:  # the file went away: say so, keep the choice for when it is back
+                log.warning("DIAG: contribute model not here %s", kv(model=model_id, reason=exc.message))
+                continue
+            await self.autoserve.async_add(entry, budget_mb)
+            log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="config"))
+        if self.paused:
+            await self._async_release_all()
+
+    # --- the controls ---
+
+    async def async_help(self, model_id: str, budget_mb: int) -> dict[str, Any]:
+        """Serve layers of `model_id` for the swarm within `budget_mb` (0: free memory less headroom)."""
+        if isinstance(budget_mb, bool) or not isinstance(budget_mb, int) or not 0 <= budget_mb <= MAX_BUDGET_MB:
+            raise InvalidRequest(f"budget_mb must be a whole number of MB from 0 (free memory) to {MAX_BUDGET_MB}",
+                                 param="budget_mb")
+        if self.autoserve is None:
+            raise ModelLoadError("this node has no peer network: there is no swarm to help")
+        async with self._lock:
+            entry = await self._async_entry(model_id)
+            if entry.n_layers < 1:
+                raise InvalidRequest(f"{entry.id} has no transformer layers to serve", param="model")
+            self.config.contribute_models = {**self.config.contribute_models, entry.id: budget_mb}
+            await self.autoserve.async_add(entry, budget_mb)
+            await self._async_save()
+        log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="control"))
+        self.note(f"helping serve {entry.id} within {budget_mb or 'free'} MB")
+        self.events.emit()
+        return self.summary()
+
+    async def async_stop(self, model_id: str) -> dict[str, Any]:
+        """Stop serving layers of `model_id` for the swarm (its slices are freed once idle)."""
+        async with self._lock:
+            chosen = self.config.contribute_models
+            key = model_id if model_id in chosen else self.catalog.resolve(model_id).id
+            if key not in chosen:
+                raise InvalidRequest(f"this node is not helping serve {model_id}", param="model")
+            self.config.contribute_models = {k: v for k, v in chosen.items() if k != key}
+            entry = self.catalog.entries.get(key)
+            if entry is not None and self.autoserve is not None:
+                await self.autoserve.async_remove(entry.sha256)
+            await self._async_save()
+        log.info("DIAG: contributing stopped %s", kv(model=key))
+        self.note(f"stopped helping serve {key}")
+        self.events.emit()
+        return self.summary()
+
+    async def async_set_paused(self, paused: bool) -> dict[str, Any]:
+        """Pause: take no work for others and free every slice (after its sessions end). Resume:
+        choose layers again and reload the --layers slices."""
+        async with self._lock:
+            if paused == self.paused:
+                return self.summary()
+            self.config.contribute = not paused
+            log.info("DIAG: contributing changed %s", kv(contribute=not paused))
+            self.note("contributing to peers " + ("paused" if paused else "resumed"))
+            if paused:
+                await self._async_release_all()
+            else:
+                await self._async_resume()
+            await self._async_save()
+        self.events.emit()
+        return self.summary()
+
+    async def _async_release_all(self) -> None:
+        if self.autoserve is not None:
+            await self.autoserve.async_pause()
+        fixed = [h for h in self.slice_host.slices.values() if h.auto_budget is None]
+        for hosted in fixed:
+            self.slice_host.drain(hosted)
+        await self.announce()  # HELLO's "pipeline" bit and the slices' adverts go now
+        for hosted in fixed:
+            await self.slice_host.async_unload(hosted)  # (--layers slices: the worker refuses their peers' steps)
+
+    async def _async_resume(self) -> None:
+        await self.announce()
+        for entry, start, end in self._fixed:
+            if (entry.sha256, start, end) not in self.slice_host.slices:
+                await self.slice_host.async_load(entry, start, end)
+        if self._fixed:
+            await self.announce()
+        if self.autoserve is not None:
+            self.autoserve.resume()
+
+    async def _async_entry(self, model_id: str) -> ModelEntry:
+        """The catalog entry; a model known here only by its header (the swarm serves it) is opened
+        as a partial model from the origin its holders name, so its layers can be fetched."""
+        entry = self.catalog.resolve(model_id)
+        if entry.has_file or entry.partial is not None:
+            return entry
+        if not entry.origin_url:
+            raise ModelLoadError(f"{entry.id} is not on this machine and its holders name no origin to fetch "
+                                 "its layers from: download it (Models tab) to help serve it")
+        directory = await self.partials.async_open(entry.origin_url)
+        opened = next(iter(await self.catalog.async_scan([(directory, "swarm")])), None) or \
+            next((e for e in self.catalog.entries.values() if e.path == directory), None)
+        if opened is None or opened.sha256 != entry.sha256:
+            raise ModelLoadError(f"the file at {entry.origin_url} is not the swarm's copy of {entry.id}: its layers "
+                                 "would not match the holders'")
+        return opened
+
+    async def async_layer_cost(self, model_id: str) -> dict[str, Any]:
+        """What one layer of a model costs here (weights at the slice dtype + its KV reserve) and the
+        output head: the budget slider's "≈ N layers". From the file, or the header the swarm gave."""
+        entry = self.catalog.resolve(model_id)
+        header_only = None if entry.has_file else (entry.size_bytes or 1 << 62)  # shapes from the header alone
+        sizes = await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(slice_sizes, entry.header_path, self.slice_host.dtype, self.slice_host.max_ctx,
+                                    header_of_size=header_only))
+        return {"model": entry.id, "n_layers": sizes.n_layers,
+                "per_layer_mb": (sizes.per_layer_bytes + sizes.kv_per_layer_bytes) / 2**20,
+                "head_mb": sizes.head_bytes / 2**20}
+
+    async def _async_save(self) -> None:
+        values = {"contribute": self.config.contribute, "contribute_models": dict(self.config.contribute_models)}
+        await asyncio.get_running_loop().run_in_executor(None, save_desktop_settings, self.config.data_dir, values)
+
+    # --- what it looks like ---
+
+    def summary(self) -> dict[str, Any]:
+        """{"paused", "models": [{model, budget_mb, budget_layers, with_head, serving, error}]}:
+        per model the budget, the layers it fits, and the slices serving now with what they did
+        for other nodes."""
+        out = []
+        for model_id, budget_mb in self.config.contribute_models.items():
+            entry = self.catalog.entries.get(model_id)
+            m = self.autoserve.model(entry.sha256) if entry is not None and self.autoserve is not None else None
+            serving = [{"layers": [h.start, h.end - 1], "state": h.state,
+                        "fetch": {"done_bytes": h.fetch[0], "total_bytes": h.fetch[1]} if h.fetch else None,
+                        "for_others": {"sessions": h.served.sessions, "tokens": h.served.tokens,
+                                       "coordinators": len(h.served.coordinators)}}
+                       for h in self.slice_host.slices.values() if entry is not None and h.entry.sha256 == entry.sha256]
+            out.append({
+                "model": model_id, "budget_mb": budget_mb,
+                "effective_budget_mb": m.budget_mb if m is not None and m.budget is not None else None,
+                "budget_layers": m.budget.layers if m is not None and m.budget is not None else None,
+                "with_head": m.budget.with_head if m is not None and m.budget is not None else None,
+                "per_layer_mb": round((m.sizes.per_layer_bytes + m.sizes.kv_per_layer_bytes) / 2**20, 2)
+                if m is not None and m.sizes is not None else None,
+                "serving": serving,
+                "error": (None if entry is not None else "the model is not on this machine now")
+                or (m.budget_error if m is not None else None),
+            })
+        return {"paused": self.paused, "models": out}
