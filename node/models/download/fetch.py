@@ -76,12 +76,19 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
         job.state, job.done_bytes = "downloading", offset  # once the .part file is there
         progress(job)
         buf = bytearray()
+        late: asyncio.TimerHandle | None = None
         try:
             if offset:
                 await loop.run_in_executor(io, fh.truncate, offset)
                 await loop.run_in_executor(io, fh.seek, offset)
             checked = offset >= len(GGUF_MAGIC)
             last_emit = 0.0
+
+            def emit_late() -> None:
+                nonlocal late, last_emit
+                late, last_emit = None, time.monotonic()
+                progress(job)
+
             async for chunk in resp.content.iter_chunked(_CHUNK):
                 buf += chunk
                 job.done_bytes += len(chunk)
@@ -98,9 +105,13 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
                 if now - last_emit >= const.DOWNLOAD_PROGRESS_S:
                     last_emit = now
                     progress(job)
+                elif late is None:  # the bytes of a burst before a stall are shown, not left unsaid
+                    late = loop.call_later(const.DOWNLOAD_PROGRESS_S - (now - last_emit), emit_late)
             if buf and not checked and bytes(buf[:4]) != GGUF_MAGIC:
                 raise DownloadFailed(f"{display_url(job.url)} is not a GGUF file", discard=True)
         finally:
+            if late is not None:
+                late.cancel()
             # what arrived is kept even when the connection broke: the next attempt resumes after it
             if buf:
                 data = bytes(buf)
