@@ -197,6 +197,7 @@ class Node:
         self.peers = PeerManager(self.config, self.identity, models_provider=self._hello_models,
                                  hardware_provider=self._hello_hardware)
         self.transport = PipelineTransport(self.node_id, self.peers)
+        self.slice_host.on_rate = self._announce_soon
         self.worker = SegmentWorker(self.node_id, self.slice_host, self.transport,
                                     contributing=lambda: self.config.contribute)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
@@ -265,7 +266,11 @@ class Node:
         if rate is None or (last is not None and 1 / const.ADVERT_RATE_CHANGE <= rate / last <= const.ADVERT_RATE_CHANGE):
             return
         self._advertised_rates[served.id] = rate
-        if self._announce_task is None or self._announce_task.done():
+        self._announce_soon()
+
+    def _announce_soon(self) -> None:
+        """HELLO again (a measured rate changed), unless an announcement is on its way."""
+        if self.peers is not None and (self._announce_task is None or self._announce_task.done()):
             self._announce_task = asyncio.create_task(self.peers.async_announce(), name="announce-rate")
 
     def _hello_hardware(self) -> dict[str, Any]:

@@ -30,10 +30,11 @@ CHAIN = QColor("#1d3f72")
 
 
 def speed_color(ms: float | None, fastest: float | None, slowest: float | None) -> QColor:
-    """Green for the fastest holder's ms/layer, red for the slowest, grey when not measured."""
-    if ms is None or fastest is None or slowest is None:
+    """Green for the fastest holder's ms/layer, turning red as a holder is slower than it, fully
+    red at twice its time (so near-equal holders look alike); grey when not measured."""
+    if ms is None or fastest is None or slowest is None or fastest <= 0:
         return UNKNOWN
-    t = 0.0 if slowest <= fastest else min(1.0, max(0.0, (ms - fastest) / (slowest - fastest)))
+    t = min(1.0, max(0.0, ms / fastest - 1.0))
     return QColor.fromRgbF(FAST.redF() + (SLOW.redF() - FAST.redF()) * t,
                            FAST.greenF() + (SLOW.greenF() - FAST.greenF()) * t,
                            FAST.blueF() + (SLOW.blueF() - FAST.blueF()) * t)
@@ -155,7 +156,7 @@ class LayerMapView(QWidget):
         if h.loading:
             p.fillRect(rect, QBrush(color, Qt.BrushStyle.Dense5Pattern))
             p.setPen(QPen(color.darker(130), 1.5, Qt.PenStyle.DashLine))
-        elif h.hop is None and not h.whole:  # a standby: lighter, so the chain's bars stand out
+        elif h.standby:  # lighter, so the chain's bars stand out
             light = QColor(color)
             light.setAlphaF(0.55)
             p.fillRect(rect, light)
@@ -170,42 +171,57 @@ class LayerMapView(QWidget):
             words = h.role
         else:
             words = f"{h.ms_per_layer:.1f} ms/layer" if h.ms_per_layer is not None else "not measured yet"
-            if h.hop is None:
+            if h.standby:
                 words += " · standby"
         p.setPen(_text_on(color) if not h.loading else text)
-        p.drawText(rect.adjusted(4, 0, -4, 0), Qt.AlignmentFlag.AlignCenter, words)
+        room = rect
+        if h.hop is not None and h.hop_layers and h.hop_layers != (h.start, h.end):  # the hop's chip covers part
+            ran = self.hop_rect(i, h)
+            left, right = QRectF(rect.left(), rect.top(), ran.left() - rect.left(), rect.height()), \
+                QRectF(ran.right(), rect.top(), rect.right() - ran.right(), rect.height())
+            room = max(left, right, key=lambda r: r.width())
+        p.drawText(room.adjusted(4, 0, -4, 0), Qt.AlignmentFlag.AlignCenter, words)
+
+    def hop_rect(self, i: int, h: Holder) -> QRectF:
+        """The part of a holder's bar its hop of the last request ran."""
+        a, b = h.hop_layers or (h.start, h.end)
+        bar = self.bar_rect(i, h)
+        return QRectF(self._x(a), bar.top(), self._x(b) - self._x(a), bar.height())
 
     def _paint_chain(self, p: QPainter, m: ModelMap) -> None:
         hops = sorted(((h.hop, i, h) for i, h in enumerate(m.holders) if h.hop is not None), key=lambda t: t[0])
         if not hops:
             return
         pen = QPen(CHAIN, 2.5)
-        p.setPen(pen)
         previous = None
         for hop, i, h in hops:
-            rect = self.bar_rect(i, h)
+            rect = self.hop_rect(i, h)
+            p.setPen(pen)
             p.setBrush(Qt.BrushStyle.NoBrush)
             p.drawRect(rect.adjusted(-1.5, -1.5, 1.5, 1.5))
-            if previous is not None:  # an arrow from the previous hop's last layer to this hop's first
-                a = QPointF(previous.right(), previous.center().y())
-                b = QPointF(rect.left(), rect.center().y())
+            if previous is not None:  # from the previous hop's last layer down to this hop's first
+                a = QPointF(previous.right(), previous.bottom())
+                b = QPointF(rect.left(), rect.top())
                 path = QPainterPath(a)
-                path.cubicTo(QPointF(a.x() + 18, a.y()), QPointF(b.x() - 18, b.y()), b)
+                path.cubicTo(QPointF(a.x(), (a.y() + b.y()) / 2), QPointF(b.x(), (a.y() + b.y()) / 2), b)
                 p.drawPath(path)
                 p.setBrush(CHAIN)
-                p.drawPolygon([b, QPointF(b.x() - 7, b.y() - 4), QPointF(b.x() - 7, b.y() + 4)])
-                p.setBrush(Qt.BrushStyle.NoBrush)
+                p.drawPolygon([b, QPointF(b.x() - 4, b.y() - 7), QPointF(b.x() + 4, b.y() - 7)])
             badge = QRectF(rect.left() - 9, rect.top() - 7, 18, 18)
             p.setBrush(CHAIN)
             p.drawEllipse(badge)
             p.setPen(QColor("white"))
             p.drawText(badge, Qt.AlignmentFlag.AlignCenter, str(hop + 1))
-            p.setPen(pen)
-            p.setBrush(Qt.BrushStyle.NoBrush)
-            if h.hop_ms is not None:
-                p.drawText(QRectF(rect.right() - 80, rect.bottom() - 2, 80, 14),
-                           Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop, fmt.ms(h.hop_ms))
+            if h.hop_ms is not None:  # the hop's time, on a chip at the right end of what it ran
+                words = fmt.ms(h.hop_ms)
+                width = p.fontMetrics().horizontalAdvance(words) + 10
+                chip = QRectF(rect.right() - width - 2, rect.top() + 2, width, rect.height() - 4)
+                p.setPen(Qt.PenStyle.NoPen)
+                p.drawRoundedRect(chip, 4, 4)
+                p.setPen(QColor("white"))
+                p.drawText(chip, Qt.AlignmentFlag.AlignCenter, words)
             previous = rect
+        p.setPen(pen)
         total = f"last request: {len(hops)} hop{'s' if len(hops) != 1 else ''}"
         if m.chain_ms is not None:
             total += f", {fmt.ms(m.chain_ms)} in all"

@@ -1,5 +1,5 @@
 """The main window: Overview, Swarm, Chat, Peers, Models, Requests and Diagnostics tabs over
-NodeFeeds. Its size, place, tab and appearance (system / light / dark) are kept in the data dir's
+NodeFeeds. Its size, place, tab and appearance (system / light / dark: the status bar's Appearance button) are kept in the data dir's
 window.ini and restored on the next open; Alt+1…7 switch tabs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QSettings
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QHideEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QTabWidget
+from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QMenu, QTabWidget, QToolButton
 
 from app.actions import AppActions
 from app.host import NodeHost
@@ -72,7 +72,9 @@ class MainWindow(QMainWindow):
     # --- kept between runs ---
 
     def _appearance_menu(self) -> None:
-        menu = self.menuBar().addMenu("&View")
+        """System colours / Light / Dark, from a button in the status bar (a QMenuBar would cost
+        ~0.2 s of start-up on Linux looking for a desktop's global menu, for one menu)."""
+        menu = QMenu(self)
         group = QActionGroup(self)
         self.appearance_actions: dict[str, QAction] = {}
         for scheme, words in (("system", "&System colours"), ("light", "&Light"), ("dark", "&Dark")):
@@ -81,6 +83,12 @@ class MainWindow(QMainWindow):
             group.addAction(action)
             menu.addAction(action)
             self.appearance_actions[scheme] = action
+        self.appearance_button = QToolButton()
+        self.appearance_button.setText("Appearance")
+        self.appearance_button.setToolTip("Colours of the window: the system's, light or dark")
+        self.appearance_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.appearance_button.setMenu(menu)
+        self.statusBar().addPermanentWidget(self.appearance_button)
 
     def set_appearance(self, scheme: str) -> None:
         palette.apply(QApplication.instance(), scheme)

@@ -56,16 +56,17 @@ def is_slice(m: dict[str, Any]) -> bool:
 
 
 MODEL_COLUMNS = [
-    Column("Model", lambda m: m["id"], tooltip=lambda m: f"sha256 {m.get('sha256', '')}\nsource: {m.get('source')}"),
-    Column("Architecture", _architecture),
-    Column("Size", lambda m: fmt.size(m.get("size_bytes")), numeric=True),
+    Column("Model", lambda m: m["id"], tooltip=lambda m: f"sha256 {m.get('sha256', '')}\nsource: {m.get('source')}",
+           header_tip="the model's id: its name and the first 8 digits of its file's sha256 (the same on every node)"),
+    Column("Architecture", _architecture, header_tip="the model family and the weights' storage type; “torch slice” for layers served with the slice engine"),
+    Column("Size", lambda m: fmt.size(m.get("size_bytes")), numeric=True, header_tip="the GGUF file's size"),
     Column("Layers held", _layers, header_tip="the layers this node holds (inclusive), of the model's total"),
-    Column("Device", lambda m: fmt.placement(m.get("device"), m.get("cpu_placement_reason"))[0]),
+    Column("Device", lambda m: fmt.placement(m.get("device"), m.get("cpu_placement_reason"))[0], header_tip="where it runs: CPU or GPU"),
     Column("Placement reason", lambda m: fmt.placement(m.get("device"), m.get("cpu_placement_reason"))[1],
            tooltip=lambda m: m.get("cpu_placement_reason"),
            header_tip="why the model runs where it runs (GPU admission or the CPU reason)"),
-    Column("Memory", _memory, numeric=True),
-    Column("State", _state, tooltip=_state_tip, color=lambda m: fmt.STATE_COLORS.get(m.get("state", ""))),
+    Column("Memory", _memory, numeric=True, header_tip="memory its weights and KV cache take now (≈: estimated)"),
+    Column("State", _state, tooltip=_state_tip, color=lambda m: fmt.STATE_COLORS.get(m.get("state", "")), header_tip="loaded, loading (with the layers' fetch progress), unloaded or failed (hover for why)"),
 ]
 
 

@@ -23,8 +23,8 @@ ROWS = ("Node", "State", "API URL", "Served models", "Requests/min", "tok/s", "I
         "Contributing")
 
 OVERVIEW_COLUMNS = [
-    Column("What", lambda r: r[0]),
-    Column("Value", lambda r: r[1], tooltip=lambda r: r[2]),
+    Column("What", lambda r: r[0], header_tip="what is shown"),
+    Column("Value", lambda r: r[1], tooltip=lambda r: r[2], header_tip="its value now (hover a value for more)"),
 ]
 
 

@@ -25,6 +25,10 @@ def apply(app: QApplication | None, scheme: str) -> None:
         return
     if not hasattr(apply, "_system"):
         apply._system = (app.style().objectName(), QPalette(app.palette()))  # what the platform gave
+        apply._current = "system"
+    if scheme == apply._current:
+        return  # (a style change re-polishes every widget: not for nothing)
+    apply._current = scheme
     style_name, system_palette = apply._system
     if scheme == "system":
         app.setStyle(style_name)

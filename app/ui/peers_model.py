@@ -81,19 +81,20 @@ class PeersModel(KeyedTableModel):
         self._salt = secrets.token_bytes(16)  # one tag per host for the life of the window
         columns = [
             Column("Peer", lambda p: p.get("short_id") or str(p.get("node_id", ""))[:8],
-                   tooltip=lambda p: f"{p.get('node_id')}\n{p.get('agent') or ''}".strip()),
+                   tooltip=lambda p: f"{p.get('node_id')}\n{p.get('agent') or ''}".strip(),
+                   header_tip="the peer's node id, first 8 digits (hover a row for all of it)"),
             Column("State", lambda p: p.get("state") or fmt.DASH,
                    color=lambda p: fmt.STATE_COLORS.get(p.get("state") or ""),
-                   tooltip=lambda p: p.get("last_error")),
+                   tooltip=lambda p: p.get("last_error"), header_tip="connected, connecting or gone (hover for the last error)"),
             Column("Address", self._address, header_tip="redacted unless “Show addresses” is ticked"),
             Column("Link", _link, tooltip=lambda p: self._via(p),
                    header_tip="direct TLS link, or relayed through another node"),
-            Column("RTT", lambda p: fmt.ms(p.get("rtt_ms")), numeric=True),
+            Column("RTT", lambda p: fmt.ms(p.get("rtt_ms")), numeric=True, header_tip="round-trip time of the link's pings"),
             Column("Models and layers", lambda p: "; ".join(_model_text(m) for m in p.get("models") or ())
-                   or fmt.DASH),
+                   or fmt.DASH, header_tip="what the peer serves: layer ranges of models, or models whole"),
             Column("ms/layer", lambda p: fmt.ms(_ms_per_layer(p)), numeric=True,
                    header_tip="measured per-layer compute time the peer advertises"),
-            Column("Last seen", lambda p: fmt.ago(p.get("last_seen"))),
+            Column("Last seen", lambda p: fmt.ago(p.get("last_seen")), header_tip="when the last message from the peer arrived"),
         ]
         super().__init__(columns, parent=parent)
         self._unsubscribe: Callable[[], None] | None = None

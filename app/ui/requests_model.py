@@ -37,19 +37,20 @@ def _nodes(t: RequestTrace) -> str:
 
 
 REQUEST_COLUMNS = [
-    Column("Time", lambda t: fmt.clock(t.created_at)),
-    Column("Request", lambda t: t.request_id[:8], tooltip=lambda t: t.request_id),
-    Column("Model", lambda t: t.model),
+    Column("Time", lambda t: fmt.clock(t.created_at), header_tip="when the request arrived (local time)"),
+    Column("Request", lambda t: t.request_id[:8], tooltip=lambda t: t.request_id, header_tip="the request id (x-request-id), first 8 digits"),
+    Column("Model", lambda t: t.model, header_tip="the model the request named"),
     Column("Route", lambda t: (t.route or (fmt.DASH if t.done else "choosing")) + (f" ×{t.assemblies}" if t.assemblies > 1 else ""),
            tooltip=lambda t: f"{len(t.segments)} segment(s), {t.peer_count} peer(s)",
            header_tip="local, split, distributed or relayed (×N: assembled N times, i.e. retried)"),
     Column("Nodes", _nodes, header_tip="short ids of the nodes that ran the segments"),
     Column("TTFT", lambda t: fmt.ms(t.ttft_ms), numeric=True,
            header_tip="time to first token, from the route being ready"),
-    Column("tok/s", lambda t: fmt.rate(t.tok_per_sec), numeric=True),
+    Column("tok/s", lambda t: fmt.rate(t.tok_per_sec), numeric=True, header_tip="decode speed: generated tokens per second after the first"),
     Column("Tokens", _tokens, numeric=True, header_tip="prompt → completion tokens"),
     Column("Outcome", outcome_text, color=_outcome_color,
-           tooltip=lambda t: t.error_message or t.finish_detail or t.finish_reason),
+           tooltip=lambda t: t.error_message or t.finish_detail or t.finish_reason,
+           header_tip="ok, in flight, cancelled or error (hover for why it ended)"),
 ]
 
 
@@ -98,15 +99,15 @@ def _telemetry(s: SegmentTrace) -> str:
 
 
 SEGMENT_COLUMNS = [
-    Column("#", lambda s: str(s[0]), numeric=True),
-    Column("Node", lambda s: s[1].node_short_id),
+    Column("#", lambda s: str(s[0]), numeric=True, header_tip="the hop's place in the chain"),
+    Column("Node", lambda s: s[1].node_short_id, header_tip="the node that ran these layers"),
     Column("Layers", lambda s: fmt.layers([s[1].layer_start, s[1].layer_end]),
            header_tip="the layers this node ran (inclusive)"),
-    Column("Transport", lambda s: s[1].transport),
-    Column("Elapsed", lambda s: fmt.ms(s[1].elapsed_ms) if s[1].elapsed_ms else fmt.DASH, numeric=True),
+    Column("Transport", lambda s: s[1].transport, header_tip="local, direct TLS link, or relayed"),
+    Column("Elapsed", lambda s: fmt.ms(s[1].elapsed_ms) if s[1].elapsed_ms else fmt.DASH, numeric=True, header_tip="time spent on this hop for the whole request"),
     Column("Activations", lambda s: fmt.size(s[1].activation_bytes) if s[1].activation_bytes else fmt.DASH,
            numeric=True, header_tip="hidden-state bytes sent to the next hop"),
-    Column("Telemetry", lambda s: _telemetry(s[1])),
+    Column("Telemetry", lambda s: _telemetry(s[1]), header_tip="the hop's own figures: compute (eval), waiting and sending times"),
 ]
 
 

@@ -34,7 +34,9 @@ class Holder:
     fetch: tuple[int, int] | None = None  # (bytes here, bytes wanted) when this node fetches it
     this_node: bool = False
     hop: int | None = None  # its place in the last request's chain (0-based), None when not on it
+    hop_layers: tuple[int, int] | None = None  # the layers that hop ran here [a, b) (a holder may run part)
     hop_ms: float | None = None
+    standby: bool = False  # a chain is drawn and this holder is not on it
     transport: str | None = None  # the last chain's hop: local | direct | relayed
     address: str = fmt.DASH  # redacted as the Peers tab shows it
 
@@ -44,10 +46,12 @@ class Holder:
             done, total = self.fetch or (0, 0)
             return f"fetching layers {done * 100 // total}%" if total else "loading"
         if self.hop is not None:
-            return f"hop {self.hop + 1} of the last request"
+            ran = self.hop_layers or (self.start, self.end)
+            part = "" if ran == (self.start, self.end) else f" (ran {fmt.layers(list(ran))})"
+            return f"hop {self.hop + 1} of the last request{part}"
         if self.whole:
             return "whole model (llama.cpp)"
-        return "standby"
+        return "standby" if self.standby else "serving"
 
 
 @dataclass
@@ -112,10 +116,11 @@ def build_maps(node_id: str, adverts: Iterable[Mapping[str, Any]], peers: Iterab
             mm.holders.append(Holder(s.node_id, s.start, s.end, cov.n_layers, s.ms_per_layer,
                                      loading=(s.node_id, sha, s.start, s.end) in loading,
                                      fetch=fetches.get((sha, s.start, s.end)) if s.node_id == node_id else None,
-                                     this_node=s.node_id == node_id, address=address_of(s.node_id)))
+                                     this_node=s.node_id == node_id,
+                                     address="this machine" if s.node_id == node_id else address_of(s.node_id)))
         for holder in cov.whole:
             mm.holders.append(Holder(holder, 0, cov.n_layers, cov.n_layers, whole=True, this_node=holder == node_id,
-                                     address=address_of(holder)))
+                                     address="this machine" if holder == node_id else address_of(holder)))
         trace = last_traces.get(model_id)
         if trace is not None:
             mm.chain_at, mm.chain_ms = trace.created_at, trace.total_ms
@@ -124,6 +129,9 @@ def build_maps(node_id: str, adverts: Iterable[Mapping[str, Any]], peers: Iterab
                           and h.start <= seg.layer_start and seg.layer_end <= h.end and h.hop is None), None)
                 if h is not None:
                     h.hop, h.hop_ms, h.transport = hop, seg.elapsed_ms, seg.transport
+                    h.hop_layers = (seg.layer_start, seg.layer_end)
+            for h in mm.holders:
+                h.standby = h.hop is None and not h.whole and not h.loading
         mm.holders.sort(key=lambda h: (h.whole, h.start, h.end, h.node_id))
         maps.append(mm)
     return maps
@@ -146,8 +154,8 @@ class LayerMapModel(KeyedTableModel):
             Column("ms/layer", _ms_text, numeric=True,
                    header_tip="measured compute time per layer for one token, as the node advertises it"),
             Column("Role", lambda h: h.role,
-                   header_tip="hop N: on the last request's chain; standby: could take over its layers; "
-                              "fetching: claimed, its layers arriving"),
+                   header_tip="hop N: on the last request's chain; standby: not on it, could take over its "
+                              "layers; fetching: claimed, its layers arriving"),
             Column("Hop time", lambda h: fmt.ms(h.hop_ms), numeric=True,
                    header_tip="time the last request spent on this hop (compute and transfer)"),
             Column("Link", lambda h: h.transport or fmt.DASH,

@@ -14,7 +14,8 @@ from PySide6.QtGui import QImage
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-EXPECTED = ["0-first-run", "1-overview", "2-peers", "3-models", "4-requests", "5-diagnostics", "tray-icons"]
+EXPECTED = ["0-first-run", "1-overview", "2-swarm-gap", "3-swarm-chain", "4-chat", "5-peers", "6-models", "7-requests",
+            "8-diagnostics", "tray-icons"]
 
 
 def _distinct_colours(image: QImage, step: int = 23) -> int:
@@ -49,7 +50,7 @@ def test_screenshots_of_every_tab_under_xvfb(qapp, tmp_path):
         pytest.skip(problem)
     env = _clean_env()
     done = subprocess.run([sys.executable, "-m", "app.screenshots", "--out", str(tmp_path)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for name in EXPECTED:
         image = QImage(str(tmp_path / f"{name}.png"))

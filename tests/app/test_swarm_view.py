@@ -192,7 +192,19 @@ def test_layer_map_model_from_adverts(qapp, qtmodeltester):
     assert [(h.node_id[0], h.start, h.end, h.whole, h.loading) for h in m.holders] == [
         ("b", 0, 3, False, False), ("c", 3, 5, False, True), ("a", 6, 8, False, False), ("d", 0, 8, True, False)]
     assert m.gaps == [(3, 5)] and m.coverage_text() == "gap: layers 3–5"
-    assert m.holders[2].this_node and m.holders[1].role == "loading" and m.holders[0].role == "standby"
+    assert m.holders[2].this_node and m.holders[1].role == "loading" and m.holders[0].role == "serving"
+    # with a chain drawn (b ran 0-2, this node 6-7): its hops numbered, the others standbys
+    from node.trace import RequestTrace, SegmentTrace
+
+    trace = RequestTrace(model="m-abababab", operation="chat.completions")
+    trace.segments = [SegmentTrace("b" * 8, 0, 2, "direct", 12.5), SegmentTrace("a" * 8, 6, 8, "local", 3.0)]
+    m = build_maps("a" * 64, [advert(6, 8)], peers[:1], {sha: "m-abababab"}, {"m-abababab": trace}, {},
+                   lambda _n: "-")[0]
+    assert [(h.node_id[0], h.hop, h.role) for h in m.holders] == [
+        ("b", 0, "hop 1 of the last request (ran 0–1)"), ("a", 1, "hop 2 of the last request")]
+    m = build_maps("a" * 64, [advert(6, 8)], peers[:2], {sha: "m-abababab"}, {"m-abababab": trace}, {},
+                   lambda _n: "-")[0]
+    assert [h.role for h in m.holders if h.node_id[0] == "c"] == ["loading"]
     model = LayerMapModel()
     model.set_maps(maps)
     qtmodeltester.check(model, force_py=True)

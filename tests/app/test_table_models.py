@@ -225,3 +225,20 @@ def test_split_address():
     assert split_address("[fe80::1]:8810") == ("fe80::1", 8810)
     assert split_address("fe80::1") == ("fe80::1", None)
     assert split_address("host.lan") == ("host.lan", None)
+
+
+def test_every_column_header_has_a_tooltip(qapp):
+    """Accessibility: every table's column headers say what the column means."""
+    from PySide6.QtCore import Qt
+
+    from app.ui.models_model import ModelsModel
+    from app.ui.overview_model import OverviewModel
+    from app.ui.peers_model import PeersModel
+    from app.ui.requests_model import RequestsModel, SegmentsModel
+    from app.ui.swarm_model import LayerMapModel
+
+    for model in (ModelsModel(), PeersModel(), RequestsModel(), SegmentsModel(), OverviewModel(), LayerMapModel()):
+        missing = [model.headerData(c, Qt.Orientation.Horizontal, Qt.ItemDataRole.DisplayRole)
+                   for c in range(model.columnCount())
+                   if not model.headerData(c, Qt.Orientation.Horizontal, Qt.ItemDataRole.ToolTipRole)]
+        assert not missing, f"{type(model).__name__}: no header tooltip for {missing}"

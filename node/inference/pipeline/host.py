@@ -63,6 +63,7 @@ class HostedSlice:
     error: str | None = None
     served: ServedStats = field(default_factory=ServedStats)
     ms_per_layer: float | None = None  # EWMA of decode steps measured here
+    advertised_ms: float | None = None  # the ms/layer peers last heard (HELLO)
     placement: Placement | None = None
     auto_budget: tuple[int, int] | None = None  # --serve auto: (layers, with head) this node's budget fits
     step_queue: StepQueue = field(default_factory=StepQueue)
@@ -144,6 +145,19 @@ class SliceHost:
         if partials is not None:
             partials.on_dropped = self._parts_dropped
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
+        self.on_rate = None  # callback() when a slice's ms/layer is first measured or clearly changed (HELLO)
+
+    def note_eval(self, hosted: HostedSlice, eval_us: int, n_tokens: int, layers: int | None = None) -> None:
+        """A decode step's time on `hosted`; its ms/layer, first measured or changed by more than
+        ADVERT_RATE_CHANGE since peers last heard it, is announced (their planners and layer maps
+        weigh this node by it)."""
+        hosted.note_eval(eval_us, n_tokens, layers)
+        rate, last = hosted.ms_per_layer, hosted.advertised_ms
+        if rate is None or (last is not None and 1 / const.ADVERT_RATE_CHANGE <= rate / last <= const.ADVERT_RATE_CHANGE):
+            return
+        hosted.advertised_ms = rate
+        if self.on_rate is not None:
+            self.on_rate()
 
     def _parts_dropped(self, entry: ModelEntry, parts: list[str]) -> None:
         """Parts of a partial model proved altered after slices were loaded from them: those

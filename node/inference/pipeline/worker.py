@@ -352,7 +352,7 @@ class SegmentWorker:
         tele, (token, verified), scores, meta, data = outcome
         batch = tele.extra.get("batch", 1)
         if batch == 1:  # a batched forward's time is not one step's: it would skew ms/layer
-            hosted.note_eval(tele.eval_us, work.n_tokens, tele.end - tele.start)
+            self.host.note_eval(hosted, tele.eval_us, work.n_tokens, tele.end - tele.start)
         if work.coordinator != self.node_id:
             served = hosted.served
             if work.index_pos == 0 or work.resume is not None:
