@@ -285,6 +285,11 @@ async def _async_shoot(out: Path, model_arg: Path | None) -> None:
                     await window.diagnostics_tab.async_refresh()
                 await _settle()
                 _grab(window, out / f"{i}-{'swarm-chain' if name == 'Swarm' else name.lower()}.png")
+            window.set_appearance("dark")  # the dark palette, on the busiest tab
+            window.show_tab("Swarm")
+            await _settle()
+            _grab(window, out / "9-swarm-dark.png")
+            window.set_appearance("system")
         finally:
             for peer in peers:
                 await peer.stop()

@@ -108,7 +108,7 @@ class LayerMapView(QWidget):
         fastest, slowest = (min(measured), max(measured)) if measured else (None, None)
         for i, h in enumerate(m.holders):
             self._paint_holder(p, i, h, text, fastest, slowest)
-        self._paint_chain(p, m)
+        self._paint_chain(p, m, text)
 
     def _paint_axis(self, p: QPainter, m: ModelMap, text: QColor) -> None:
         p.setPen(text)
@@ -188,7 +188,7 @@ class LayerMapView(QWidget):
         bar = self.bar_rect(i, h)
         return QRectF(self._x(a), bar.top(), self._x(b) - self._x(a), bar.height())
 
-    def _paint_chain(self, p: QPainter, m: ModelMap) -> None:
+    def _paint_chain(self, p: QPainter, m: ModelMap, text: QColor) -> None:
         hops = sorted(((h.hop, i, h) for i, h in enumerate(m.holders) if h.hop is not None), key=lambda t: t[0])
         if not hops:
             return
@@ -221,7 +221,7 @@ class LayerMapView(QWidget):
                 p.setPen(QColor("white"))
                 p.drawText(chip, Qt.AlignmentFlag.AlignCenter, words)
             previous = rect
-        p.setPen(pen)
+        p.setPen(text)  # (the palette's: readable on light and dark)
         total = f"last request: {len(hops)} hop{'s' if len(hops) != 1 else ''}"
         if m.chain_ms is not None:
             total += f", {fmt.ms(m.chain_ms)} in all"

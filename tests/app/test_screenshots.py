@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = ["0-first-run", "1-overview", "2-swarm-gap", "3-swarm-chain", "4-chat", "5-peers", "6-models", "7-requests",
-            "8-diagnostics", "tray-icons"]
+            "8-diagnostics", "9-swarm-dark", "tray-icons"]
 
 
 def _distinct_colours(image: QImage, step: int = 23) -> int:
