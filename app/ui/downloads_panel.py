@@ -143,6 +143,15 @@ class DownloadsPanel(QWidget):
         rate = (done - first[1]) / elapsed if elapsed > 0.5 and done > first[1] else None
         row = self._row(key, f"{hosted.entry.name} layers {hosted.start}–{hosted.end - 1}")
         row.pause_button.hide()
-        row.cancel_button.hide()  # stopping it is the Swarm tab's "Help serve this model" (or --layers)
+        helping = hosted.entry.id in self.node.config.contribute_models  # chosen in the Swarm tab
+        row.cancel_button.setVisible(helping)  # (--layers and --serve auto slices are the command line's)
+        row.cancel_button.setToolTip("Stop fetching these layers and stop helping serve the model; what arrived "
+                                     "is kept: “Help serve this model” again resumes from there")
+        try:
+            row.cancel_button.clicked.disconnect()
+        except (RuntimeError, TypeError):  # nothing connected yet
+            pass
+        row.cancel_button.clicked.connect(lambda: spawn(self.node.contributions.async_stop(hosted.entry.id),
+                                                        what=f"stopping the fetch of {hosted.entry.id}"))
         row.show_progress(done, total, rate, "fetching")
         row.setToolTip("layers of a partial model arriving from peers and the origin")

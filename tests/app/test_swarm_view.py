@@ -37,6 +37,13 @@ async def _admin(node, method: str, path: str, body: dict | None = None) -> dict
         return data
 
 
+def _tensor_bytes(path, prefixes: tuple[str, ...]) -> int:
+    from node.inference.weights.gguf_file import GgufFile
+
+    f = GgufFile(path)
+    return sum(t.n_bytes for name, t in f.tensors.items() if name.startswith(prefixes))
+
+
 def _serving(summary: dict) -> list[tuple[list[int], str]]:
     return [(s["layers"], s["state"]) for m in summary["models"] for s in m["serving"]]
 
@@ -224,3 +231,59 @@ def test_rate_series_buckets_and_forgets():
     rates.add(2000.0, 10)
     tokens, _ = rates.series()
     assert sum(tokens) == 1.0  # the old buckets are gone
+
+
+def test_a_layer_fetch_is_cancelled_from_its_bar_and_resumes_from_where_it_stopped(qtbot, run, tmp_path):
+    """The app's node helps serve a partial model from a slow origin: its layers' bar shows in the
+    Models tab; Cancel stops the fetch (no slice, nothing helped, in the node's API) and keeps
+    what arrived; helping again fetches only the rest (the origin's Range starts past zero)."""
+    path = tmp_path / "four.gguf"
+    write_gguf(path, FOUR)
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+
+    async def body():
+        with ThreadedOrigin(path.read_bytes(), "four.gguf") as origin:
+            b = Node(node_config(tmp_path / "b", layers="0-1", slice_dtype="f32", models=[origin.url]))
+            await b.start()
+            try:
+                config = node_config(tmp_path / "a", slice_dtype="f32", bootstrap=[f"127.0.0.1:{b.peers.listen_port}"])
+                async with running_app(config) as app:
+                    panel, layer_map = app.window.swarm_tab.contribute, app.feeds.layer_map
+                    await wait_until(lambda: layer_map.current() is not None and panel.help_box.isEnabled()
+                                     and " layers (" in panel.budget_label.text(), DEADLINE_S, what="the model here")
+                    model_id = layer_map.current().model_id
+                    cost = panel.cost[model_id]
+                    origin.stall_after = origin.sent + 3 * 2**20  # this node's fetch stalls 3 MB in
+                    sent_before = origin.sent
+                    panel.slider.setValue(int(cost["head_mb"] + 2.5 * cost["per_layer_mb"]))
+                    panel.help_box.click()
+                    bars = app.window.models_tab.downloads
+                    await wait_until(lambda: any(k.startswith("slice:") and bars.rows[k].bar.value() > 0
+                                                 for k in bars.rows), DEADLINE_S, what="the layers' bar")
+                    key = next(k for k in bars.rows if k.startswith("slice:"))
+                    assert bars.rows[key].title.text() == "four layers 2–3"
+                    assert not bars.rows[key].cancel_button.isHidden()
+                    bars.rows[key].cancel_button.click()
+                    await wait_until(lambda: key not in bars.rows and not app.node.slice_host.slices, DEADLINE_S,
+                                     what="the fetch cancelled")
+                    assert (await _admin(app.node, "GET", "/api/admin/contribute"))["models"] == []
+                    kept = origin.sent - sent_before
+                    assert kept >= 3 * 2**20
+                    first_ranges = len(origin.ranges)
+                    origin.stall_after = None
+                    origin.release.set()
+                    panel.help_box.click()  # again: the rest only
+                    deadline = asyncio.get_running_loop().time() + DEADLINE_S
+                    while _serving(await _admin(app.node, "GET", "/api/admin/contribute")) != [([2, 3], "loaded")]:
+                        assert asyncio.get_running_loop().time() < deadline, "helping again loaded nothing"
+                        await asyncio.sleep(0.2)
+                    second = origin.sent - sent_before - kept
+                    needed = _tensor_bytes(path, ("blk.2.", "blk.3.", "output"))  # layers 2-3 and the head
+                    assert second < needed - 2 * 2**20, (second, needed)  # what arrived was not fetched again
+                    assert kept + second <= needed + 2**20, (kept, second, needed)  # (in flight at the cancel: lost)
+                    assert any(r and not r.startswith("bytes=0-") for r in origin.ranges[first_ranges:])
+            finally:
+                await b.stop()
+
+    run(body(), timeout_s=400)

@@ -22,6 +22,8 @@ class ThreadedOrigin:
         self.short_by: int | None = None  # answer the next range this many bytes short (once)
         self.change_after: tuple[int, bytes] | None = None  # after N body bytes, serve other bytes as "v2"
         self.ranges: list[str | None] = []
+        self.stall_after: int | None = None  # once this many body bytes went out, wait for `release`
+        self.release = threading.Event()
         self._lock = threading.Lock()
         origin = self
 
@@ -61,6 +63,9 @@ class ThreadedOrigin:
                 try:
                     for i in range(0, len(view), 64 * 1024):
                         piece = view[i:i + 64 * 1024]
+                        if origin.stall_after is not None and origin.sent >= origin.stall_after:
+                            self.wfile.flush()
+                            origin.release.wait(60)  # a slow origin, until the test lets it go on
                         self.wfile.write(piece)
                         with origin._lock:
                             origin.sent += len(piece)
@@ -85,6 +90,7 @@ class ThreadedOrigin:
 
     def close(self) -> None:
         """Stop serving (idempotent): the origin is gone."""
+        self.release.set()
         if self._thread.is_alive():
             self.server.shutdown()
             self._thread.join(5)

@@ -205,6 +205,7 @@ class AutoServe:
         self._drains: set[asyncio.Task] = set()
         self._unsubscribe: Callable[[], None] | None = None
         self.paused = False  # "Pause contributing": chooses nothing, holds no slice
+        self._loads: dict[str, asyncio.Task] = {}  # model sha256 -> its slice load in progress
 
     @property
     def settled(self) -> bool:
@@ -257,8 +258,28 @@ class AutoServe:
         self._why = "resumed"
         self._wake.set()
 
+    async def _async_load(self, m: _Model, d: lc.Decision, **kwargs: Any) -> HostedSlice | None:
+        """host.async_load as a task of its own, which a remove or a pause cancels (a partial
+        model's layers stop arriving; what arrived stays for a later load). None when cancelled so."""
+        task = asyncio.ensure_future(self.host.async_load(
+            m.entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head), **kwargs))
+        self._loads[m.entry.sha256] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are being cancelled ourselves (the node stops)
+            return None
+        finally:
+            if self._loads.get(m.entry.sha256) is task:
+                del self._loads[m.entry.sha256]
+
     async def _async_release(self, m: _Model) -> None:
-        """Stop advertising the model's slices; free each once idle."""
+        """Stop a load in progress; stop advertising the model's slices; free each once idle."""
+        loading = self._loads.pop(m.entry.sha256, None)
+        if loading is not None:
+            loading.cancel()
         mine = self.host.for_model(m.entry.sha256)
         for hosted in mine:
             self.host.drain(hosted)
@@ -282,10 +303,11 @@ class AutoServe:
     async def async_stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
-        for task in [self._task, *self._drains]:
+        tasks = [self._task, *self._drains, *self._loads.values()]
+        for task in tasks:
             if task is not None:
                 task.cancel()
-        for task in [self._task, *self._drains]:
+        for task in tasks:
             if task is not None:
                 try:
                     await task
@@ -401,8 +423,10 @@ class AutoServe:
                                   f"yielded_to_{rivals[0].node_id[:8]}")
                         return False
                     return True
-            hosted = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers,
-                                                                                     m.budget.with_head), claim=claim)
+            hosted = await self._async_load(m, d, claim=claim)
+            if hosted is None:  # cancelled: removed or paused while it loaded
+                await self.announce()
+                return
             if hosted.state in ("loaded", "failed") and not self._wanted(m):  # paused or removed meanwhile
                 self.host.drain(hosted)
                 await self.host.async_unload(hosted)
@@ -454,9 +478,10 @@ class AutoServe:
         if not await self._async_room_for_both(m, d):
             await self._async_move_dropping_first(m, old, d)
             return
-        new = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head))
-        if new.state != "loaded":
-            await self.host.async_unload(new)
+        new = await self._async_load(m, d)
+        if new is None or new.state != "loaded" or not self._wanted(m):
+            if new is not None:
+                await self.host.async_unload(new)
             return
         # commit: the swarm may have changed while we loaded; dropping the old range must leave
         # every one of its layers a holder (our new range counts), and no layer below the
@@ -513,8 +538,10 @@ class AutoServe:
         self.host.drain(old)
         await self.announce()
         await self._async_free(old)
-        new = await self.host.async_load(entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head))
-        if new.state != "loaded":
+        new = await self._async_load(m, d)
+        if new is None:
+            pass  # cancelled (removed, paused)
+        elif new.state != "loaded" or not self._wanted(m):
             await self.host.async_unload(new)  # the next evaluation chooses afresh (this node holds nothing)
         else:
             self.note(f"moved to layers {d.range_text} of {entry.id} (from {old.start}-{old.end - 1}, dropped first)")

@@ -273,6 +273,14 @@ class SliceHost:
             log.error("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}", error=exc.message))
             self.events.emit(hosted)
             return hosted
+        except asyncio.CancelledError:  # given up while its layers arrived (stop helping, a pause):
+            if self.slices.get(hosted.key) is hosted:  # the parts fetched so far stay for a later load
+                del self.slices[hosted.key]
+            hosted.state = "unloaded"
+            hosted.executor.shutdown(wait=False)
+            log.info("DIAG: slice load cancelled %s", kv(model=entry.id, layers=f"{start}-{end - 1}"))
+            self.events.emit(hosted)
+            raise
         hosted.state = "loaded"
         self.events.emit(hosted)
         log.info("DIAG: serving slice %s", kv(model=entry.id, layers=f"{start}-{end - 1}", n_layers=entry.n_layers,
