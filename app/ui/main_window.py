@@ -39,6 +39,10 @@ class MainWindow(QMainWindow):
         self._on_quit = on_quit
         self.setWindowTitle("SwarmLLM")
         self.resize(*DEFAULT_SIZE)
+        self.settings = QSettings(str(host.node.data_dir / SETTINGS_FILE), QSettings.Format.IniFormat)
+        scheme = self.settings.value("appearance", "system")
+        # before any widget exists: a style change later re-polishes every widget (0.2-0.4 s)
+        palette.apply(QApplication.instance(), scheme if scheme in palette.SCHEMES else "system")
         self.tabs = QTabWidget()
         self.overview_tab = OverviewTab(host, feeds.overview, feeds.requests)
         self.swarm_tab = SwarmTab(host, feeds.layer_map, feeds.rates)
@@ -56,7 +60,6 @@ class MainWindow(QMainWindow):
         feeds.swarm_changed.connect(self.swarm_tab.contribute.refresh)
         feeds.swarm_changed.connect(self.chat_tab.refresh_models)
         host.started.connect(self.chat_tab.refresh_models)
-        self.settings = QSettings(str(host.node.data_dir / SETTINGS_FILE), QSettings.Format.IniFormat)
         self._appearance_menu()
         # The overview's banner buttons act like the Models tab's.
         self.overview_tab.banner.add_model_clicked.connect(self.models_tab.choose_model_file)

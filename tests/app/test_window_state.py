@@ -13,6 +13,8 @@ from tests.support.nodes import node_config
 pytestmark = [pytest.mark.gui]
 
 
+@pytest.mark.blocks_loop("switching the palette restyles every widget on the GUI thread, which is the loop's "
+                         "(0.2-0.4 s, once per click of Appearance)")
 def test_size_tab_and_appearance_are_restored(qtbot, run, data_dir, tiny_model):
     async def body():
         async with running_app(node_config(data_dir, tiny_model)) as app:
