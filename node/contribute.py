@@ -153,7 +153,7 @@ class Contributions:
             raise ModelLoadError(f"{entry.id} is not on this machine and its holders name no origin to fetch "
                                  "its layers from: download it (Models tab) to help serve it")
         directory = await self.partials.async_open(entry.origin_url)
-        opened = next(iter(await self.catalog.async_scan([(directory, "swarm")])), None) or \
+        opened = next(iter(await self.catalog.async_scan([(directory, "data_dir")])), None) or \
             next((e for e in self.catalog.entries.values() if e.path == directory), None)
         if opened is None or opened.sha256 != entry.sha256:
             raise ModelLoadError(f"the file at {entry.origin_url} is not the swarm's copy of {entry.id}: its layers "
@@ -164,9 +164,12 @@ class Contributions:
         """What one layer of a model costs here (weights at the slice dtype + its KV reserve) and the
         output head: the budget slider's "≈ N layers". From the file, or the header the swarm gave."""
         entry = self.catalog.resolve(model_id)
-        header_only = None if entry.has_file else (entry.size_bytes or 1 << 62)  # shapes from the header alone
+        if entry.has_file:  # a whole file, or a partial model's directory (GgufFile reads both)
+            path, header_only = entry.path, None
+        else:  # known by its header alone: shapes from the cached header
+            path, header_only = entry.header_path, entry.size_bytes or 1 << 62
         sizes = await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(slice_sizes, entry.header_path, self.slice_host.dtype, self.slice_host.max_ctx,
+            None, functools.partial(slice_sizes, path, self.slice_host.dtype, self.slice_host.max_ctx,
                                     header_of_size=header_only))
         return {"model": entry.id, "n_layers": sizes.n_layers,
                 "per_layer_mb": (sizes.per_layer_bytes + sizes.kv_per_layer_bytes) / 2**20,

@@ -39,6 +39,19 @@ ROUTE_COLORS = {"local": "#1f7a3a", "distributed": "#1d5fa8", "relayed": "#8a6d0
 MAX_TOKENS = 256
 
 
+def _error_text(body: str, status: int) -> str:
+    """The message of an OpenAI-shaped error body, or the body itself, or the status."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    if isinstance(error, str):
+        return error
+    return body.strip()[:200] or f"HTTP {status}"
+
+
 class ChatTab(QWidget):
     """A model picker, the conversation, a prompt line, Send / Stop / New chat, the route badge."""
 
@@ -121,7 +134,7 @@ class ChatTab(QWidget):
 
     def new_chat(self) -> None:
         self.stop()
-        self.messages.clear()
+        self.messages = []  # a new list: the stopped reply's task appends to the old one
         self.transcript.clear()
         self.route_badge.clear()
         self.stats.clear()
@@ -156,8 +169,9 @@ class ChatTab(QWidget):
 
     async def _async_reply(self, model: str) -> None:
         node = self.host.node
+        messages = self.messages  # this conversation (New chat starts another list)
         url = node.api_url.rstrip("/") + "/chat/completions"
-        body = {"model": model, "messages": self.messages, "stream": True, "max_tokens": MAX_TOKENS,
+        body = {"model": model, "messages": list(messages), "stream": True, "max_tokens": MAX_TOKENS,
                 "stream_options": {"include_usage": True}}
         reply: list[str] = []
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
@@ -165,8 +179,7 @@ class ChatTab(QWidget):
             async with aiohttp.ClientSession(timeout=timeout) as session, \
                     session.post(url, json=body, headers={"Authorization": f"Bearer {node.api_key}"}) as resp:
                 if resp.status != 200:
-                    error = (await resp.json(content_type=None)).get("error", {})
-                    raise NodeError(error.get("message") or f"HTTP {resp.status}")
+                    raise NodeError(_error_text(await resp.text(), resp.status))
                 self._show_route(resp.headers.get("x-swarm-route"), resp.headers.get("x-swarm-nodes"))
                 async for raw in resp.content:
                     line = raw.decode("utf-8", "replace").strip()
@@ -174,7 +187,7 @@ class ChatTab(QWidget):
                         continue
                     event = json.loads(line[5:])
                     if "error" in event:
-                        raise NodeError(event["error"].get("message", "the node reported an error"))
+                        raise NodeError(_error_text(line[5:], 200))
                     for choice in event.get("choices") or ():
                         delta = (choice.get("delta") or {}).get("content")
                         if delta:
@@ -184,9 +197,13 @@ class ChatTab(QWidget):
                         self._show_timings(event["x_swarm"], event.get("usage"))
         except aiohttp.ClientError as exc:
             raise NodeError(f"cannot reach this node's API ({type(exc).__name__})") from exc
+        except ValueError as exc:  # a chunk that is not JSON
+            raise NodeError(f"the node sent an unreadable stream ({exc})") from exc
         finally:
             if reply:  # a stopped reply stays in the conversation as far as it got
-                self.messages.append({"role": "assistant", "content": "".join(reply)})
+                messages.append({"role": "assistant", "content": "".join(reply)})
+            elif messages and messages[-1]["role"] == "user":  # failed before any text: the turn is
+                messages.pop()  # not kept (the next one would follow two user turns)
 
     def _show_route(self, route: str | None, nodes: str | None) -> None:
         if not route:

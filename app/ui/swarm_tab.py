@@ -74,9 +74,14 @@ class ContributePanel(QGroupBox):
         layout.addWidget(self.status)
         self.help_box.toggled.connect(self._on_help_toggled)
         self.slider.valueChanged.connect(lambda _v: self._show_budget())
-        self.slider.sliderReleased.connect(self._apply_budget)
-        self.slider.actionTriggered.connect(lambda _a: None if self.slider.isSliderDown() else
-                                            QTimer.singleShot(0, self._apply_budget))  # keys, clicks
+        # a new budget frees the slice and chooses again: applied once the slider has rested 0.8 s
+        # (a drag, arrow keys or a wheel gesture make one change, not one per step)
+        self._apply_timer = QTimer(self)
+        self._apply_timer.setSingleShot(True)
+        self._apply_timer.setInterval(800)
+        self._apply_timer.timeout.connect(self._apply_budget)
+        self.slider.valueChanged.connect(lambda _v: None if self.slider.isSliderDown() else self._apply_timer.start())
+        self.slider.sliderReleased.connect(self._apply_timer.start)
         self.pause_box.toggled.connect(lambda on: host.set_contributing(not on))
         spawn(self._async_range(), what="reading this machine's memory")
 

@@ -65,7 +65,7 @@ def test_stop_cancels_the_request_on_the_node(qtbot, run, data_dir, long_model, 
             def streamed() -> int:
                 running = app.node.traces.in_flight_traces()
                 return running[0].completion_tokens if running else 0
-            await wait_until(lambda: streamed() >= 150, DEADLINE_S, what="most of the reply")  # of 256
+            await wait_until(lambda: streamed() >= 60, DEADLINE_S, what="part of the reply")  # of 256
             assert app.node.traces.in_flight == 1
             chat.stop_button.click()
             await wait_until(lambda: app.node.traces.in_flight == 0, DEADLINE_S, what="the request cancelled")

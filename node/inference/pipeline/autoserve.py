@@ -232,9 +232,10 @@ class AutoServe:
         if m is None:
             m = _Model(entry, int(entry.sha256[:8], 16), at_start=False)
             self.models.append(m)
-        else:
-            await self._async_release(m)
-        m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
+            m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
+        else:  # (before the release's awaits: an evaluation meanwhile sees no budget and loads nothing)
+            m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
+            await self._async_release(m, keep_parts=True)
         self._why = "added"
         self._wake.set()
 
@@ -251,7 +252,7 @@ class AutoServe:
         grace period)."""
         self.paused = True
         for m in list(self.models):
-            await self._async_release(m)
+            await self._async_release(m, keep_parts=True)
 
     def resume(self) -> None:
         self.paused = False
@@ -261,6 +262,8 @@ class AutoServe:
     async def _async_load(self, m: _Model, d: lc.Decision, **kwargs: Any) -> HostedSlice | None:
         """host.async_load as a task of its own, which a remove or a pause cancels (a partial
         model's layers stop arriving; what arrived stays for a later load). None when cancelled so."""
+        if not self._wanted(m) or m.budget is None:  # paused, removed or re-budgeted during an await
+            return None
         task = asyncio.ensure_future(self.host.async_load(
             m.entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head), **kwargs))
         self._loads[m.entry.sha256] = task
@@ -275,7 +278,7 @@ class AutoServe:
             if self._loads.get(m.entry.sha256) is task:
                 del self._loads[m.entry.sha256]
 
-    async def _async_release(self, m: _Model) -> None:
+    async def _async_release(self, m: _Model, *, keep_parts: bool = False) -> None:
         """Stop a load in progress; stop advertising the model's slices; free each once idle."""
         loading = self._loads.pop(m.entry.sha256, None)
         if loading is not None:
@@ -286,7 +289,7 @@ class AutoServe:
         if mine:
             await self.announce()
         for hosted in mine:  # (one still loading is freed by the evaluation loading it, see _wanted)
-            task = asyncio.create_task(self._async_free(hosted), name="autoserve-release")
+            task = asyncio.create_task(self._async_free(hosted, keep_parts=keep_parts), name="autoserve-release")
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
 
@@ -547,11 +550,11 @@ class AutoServe:
             self.note(f"moved to layers {d.range_text} of {entry.id} (from {old.start}-{old.end - 1}, dropped first)")
         await self.announce()
 
-    async def _async_free(self, old: HostedSlice) -> None:
+    async def _async_free(self, old: HostedSlice, *, keep_parts: bool = False) -> None:
         """Free a drained slice once no session uses it, or after the grace period."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + const.AUTO_SERVE_DRAIN_S
         # the session store has no change event; a session ends by SESSION_END, CANCEL or the sweeper
         while old.model is not None and old.model.sessions.counts()[0] and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(const.AUTO_SERVE_DRAIN_POLL_S)
-        await self.host.async_unload(old)
+        await self.host.async_unload(old, keep_parts=keep_parts)

@@ -301,8 +301,11 @@ class SliceHost:
             if self.on_change is not None:
                 self.on_change()
 
-    async def async_unload(self, hosted: HostedSlice) -> None:
-        """Forget a slice and free its weights and sessions on its executor (after steps in flight)."""
+    async def async_unload(self, hosted: HostedSlice, *, keep_parts: bool = False) -> None:
+        """Forget a slice and free its weights and sessions on its executor (after steps in flight).
+        `keep_parts`: a partial model's layer files stay (a pause, a new budget: they load again)."""
+        if hosted.state == "unloaded":
+            return  # (a release and the evaluation that loaded it may both get here)
         if self.slices.get(hosted.key) is hosted:
             del self.slices[hosted.key]
         was = hosted.state
@@ -324,7 +327,7 @@ class SliceHost:
             hosted.executor.shutdown(wait=False)
         log.info("DIAG: slice unloaded %s", kv(model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}",
                                                was=was))
-        if hosted.entry.partial is not None and self.partials is not None:  # its parts no other slice uses go
+        if hosted.entry.partial is not None and self.partials is not None and not keep_parts:  # its parts no other slice uses go
             await self.partials.async_trim(hosted.entry, [(s.start, s.end) for s in self.slices.values()
                                                           if s.entry.sha256 == hosted.entry.sha256])
 
