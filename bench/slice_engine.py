@@ -81,7 +81,8 @@ class Ours:
 
         cache = WeightCache(Path(args.weight_cache), 64 << 30) if args.weight_cache else None
         self.model = SliceModel.load(args.model, dtype=args.dtype, n_threads=args.threads, max_ctx=n_ctx,
-                                     cache=cache, sha256=args.sha256)
+                                     cache=cache, sha256=args.sha256,
+                                     kernel=None if args.kernel == "auto" else args.kernel)
 
     def prefill(self, tokens):
         self.sess = self.model.new_session("bench")
@@ -139,7 +140,8 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     engine = (Ours if args.worker == "ours" else Llama)(args)
     reply = {"load_s": time.perf_counter() - t0,
-             "weight_cache": getattr(getattr(engine, "model", None), "weight_cache", None)}
+             "weight_cache": getattr(getattr(engine, "model", None), "weight_cache", None),
+             "kernel": getattr(getattr(engine, "model", None), "kernel", "llama.cpp")}
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "round":
@@ -151,6 +153,8 @@ def worker(args) -> None:
             for i in range(args.decode_tokens):
                 tok = engine.decode(tok, len(tokens) + i)
             reply = {"prefill_s": prefill_s, "decode_s": time.perf_counter() - t, **reply}
+        elif cmd["op"] == "ping":  # loaded: the load's figures go back with this reply
+            pass
         elif cmd["op"] == "profile":
             reply = {"text": engine.profile(prompt_tokens(args.prompt_tokens, 0), 8)}
         elif cmd["op"] == "quit":
@@ -165,14 +169,15 @@ def worker(args) -> None:
 
 
 class Worker:
-    def __init__(self, kind: str, args):
-        argv = [sys.executable, __file__, "--worker", kind, "--model", str(args.model),
+    def __init__(self, kind: str, args, kernel: str = "auto"):
+        argv = [sys.executable, __file__, "--worker", kind, "--kernel", kernel, "--model", str(args.model),
                 "--threads", str(args.threads), "--dtype", args.dtype,
                 "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
         if kind == "ours" and args.weight_cache:
             argv += ["--weight-cache", str(args.weight_cache), "--sha256", args.sha256]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      stderr=subprocess.DEVNULL if kind == "llama" else None)
+        self.loaded = self.ask(op="ping")  # one engine loads at a time: no load runs beside a round
 
     def ask(self, **cmd) -> dict:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
@@ -198,6 +203,8 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="print our per-operator breakdown")
     p.add_argument("--weight-cache", default=str(CACHE / "weight-cache"),
                    help="our converted-weight cache dir (emptied first; '' = none)")
+    p.add_argument("--kernel", default="auto", choices=["auto", "qgemm", "fbgemm", "both"],
+                   help="our int8 kernel (auto: the one measured fastest here; both: side by side)")
     p.add_argument("--sha256", default="", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=["ours", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -218,46 +225,53 @@ def main() -> int:
         args.sha256 = sha256_file(args.model)
     print(f"model {args.model.name} ({args.model.stat().st_size / 1e9:.2f} GB), threads={args.threads}, "
           f"dtype={args.dtype}, prompt={args.prompt_tokens}, decode={args.decode_tokens}, rounds={args.rounds}")
-    workers = {"ours": Worker("ours", args), "llama.cpp": Worker("llama", args)}
+    kernels = ["qgemm", "fbgemm"] if args.kernel == "both" else [args.kernel]
+    ours_names = [f"ours {k}" if args.kernel == "both" else "ours" for k in kernels]
+    workers = {name: Worker("ours", args, k) for name, k in zip(ours_names, kernels, strict=True)}
+    workers["llama.cpp"] = Worker("llama", args)
     results: dict[str, list[dict]] = {k: [] for k in workers}
     for r in range(args.rounds):
         for name, w in workers.items():
             res = w.ask(op="round", seed=r)
             results[name].append(res)
-            print(f"round {r} {name:9s} prefill {args.prompt_tokens / res['prefill_s']:7.1f} tok/s  "
+            print(f"round {r} {name:12s} prefill {args.prompt_tokens / res['prefill_s']:7.1f} tok/s  "
                   f"decode {args.decode_tokens / res['decode_s']:6.2f} tok/s "
                   f"({res['decode_s'] / args.decode_tokens * 1000:.1f} ms/tok)", flush=True)
     if args.profile:
-        print(workers["ours"].ask(op="profile")["text"])
+        for name in ours_names:
+            print(name, workers[name].ask(op="profile")["text"])
     summary = {}
     for name, w in workers.items():
         rounds = results[name]
         summary[name] = {
             "prefill": [args.prompt_tokens / x["prefill_s"] for x in rounds],
             "decode": [args.decode_tokens / x["decode_s"] for x in rounds],
-            "load_s": rounds[0].get("load_s", 0.0),
-            "weight_cache": rounds[0].get("weight_cache"),
+            "load_s": w.loaded["load_s"],
+            "weight_cache": w.loaded["weight_cache"],
+            "kernel": w.loaded["kernel"],
             **w.ask(op="quit"),
         }
-    print(f"\n{'engine':10s} {'decode tok/s (median [min–max])':34s} {'prefill tok/s':30s} peak RSS   load")
+    print(f"\n{'engine':12s} {'kernel':9s} {'decode tok/s (median [min–max])':34s} {'prefill tok/s':30s} peak RSS   load")
     for name, s in summary.items():
-        print(f"{name:10s} {spread(s['decode']):34s} {spread(s['prefill']):30s} "
+        print(f"{name:12s} {s['kernel']:9s} {spread(s['decode']):34s} {spread(s['prefill']):30s} "
               f"{s['peak_rss_mb']:6.0f} MB  {s['load_s']:.1f} s")
-    ours, ref = summary["ours"], summary["llama.cpp"]
-    if args.weight_cache:
-        again = Worker("ours", args)
-        second = {**again.ask(op="round", seed=0), **again.ask(op="quit")}
-        print(f"our loads: first {ours['load_s']:.1f} s (weight cache {ours['weight_cache']}, target <= 10 s), "
-              f"second {second['load_s']:.1f} s (weight cache {second['weight_cache']}, target <= 3 s); "
-              f"peak RSS first {ours['peak_rss_mb']:.0f} MB, second {second['peak_rss_mb']:.0f} MB = "
-              f"{second['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x llama.cpp's (target <= 1.1x)")
-    d = statistics.median(ours["decode"]) / statistics.median(ref["decode"])
-    pf = statistics.median(ours["prefill"]) / statistics.median(ref["prefill"])
-    per_round_d = [a / b for a, b in zip(ours["decode"], ref["decode"], strict=True)]
-    per_round_p = [a / b for a, b in zip(ours["prefill"], ref["prefill"], strict=True)]
-    print(f"ratio ours/llama.cpp: decode {d:.2f}x (per round {min(per_round_d):.2f}–{max(per_round_d):.2f}; "
-          f"target >= 1.2x), prefill {pf:.2f}x (per round {min(per_round_p):.2f}–{max(per_round_p):.2f}; "
-          f"target >= 2x)")
+    ref = summary["llama.cpp"]
+    for name, kernel in zip(ours_names, kernels, strict=True):
+        ours = summary[name]
+        if args.weight_cache:
+            again = Worker("ours", args, kernel)
+            second = {**again.loaded, **again.ask(op="round", seed=0), **again.ask(op="quit")}
+            print(f"{name} loads: first {ours['load_s']:.1f} s (weight cache {ours['weight_cache']}, target <= 10 s), "
+                  f"second {second['load_s']:.1f} s (weight cache {second['weight_cache']}, target <= 3 s); "
+                  f"peak RSS first {ours['peak_rss_mb']:.0f} MB, second {second['peak_rss_mb']:.0f} MB = "
+                  f"{second['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x llama.cpp's (target <= 1.1x)")
+        d = statistics.median(ours["decode"]) / statistics.median(ref["decode"])
+        pf = statistics.median(ours["prefill"]) / statistics.median(ref["prefill"])
+        per_round_d = [a / b for a, b in zip(ours["decode"], ref["decode"], strict=True)]
+        per_round_p = [a / b for a, b in zip(ours["prefill"], ref["prefill"], strict=True)]
+        print(f"ratio {name} ({ours['kernel']})/llama.cpp: decode {d:.2f}x (per round {min(per_round_d):.2f}–"
+              f"{max(per_round_d):.2f}; target >= 1.2x), prefill {pf:.2f}x (per round {min(per_round_p):.2f}–"
+              f"{max(per_round_p):.2f}; target >= 2x)")
     return 0
 
 

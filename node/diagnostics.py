@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from node.inference import llamacpp
 from node.inference.pipeline.autoserve import swarm_coverage
 from node.inference.pipeline.layerchoice import Span, layer_counts
-from node.inference.weights.cache import KERNELS
 from node.redact import Redactor
 
 if TYPE_CHECKING:
@@ -53,6 +52,17 @@ class ReportParts:
     peers: PeerManager | None
     pipeline: PipelineCoordinator | None
     remote: RemoteGenerateServer | None = None  # remote generate for others on models held whole
+
+
+def _int8_kernel_line() -> str:
+    """Which int8 kernel this machine runs slices on, and the measurement that chose it."""
+    from node.inference.weights import kernels, qgemm
+
+    head = f"int8 kernels: qgemm ({qgemm.isa()})" if qgemm.available() else "int8 kernels: fbgemm only (qgemm not built)"
+    chosen = [f"{r['kernel']} at width {r['width']} (request {r['qgemm_request_ms']} ms qgemm, "
+              f"{r['fbgemm_request_ms']} ms fbgemm, measured {r['measured_at']})"
+              for r in kernels.chosen_records() if "qgemm_request_ms" in r]
+    return head + (f"; chosen: {'; '.join(chosen)}" if chosen else "")
 
 
 def _uptime(seconds: float) -> str:
@@ -108,13 +118,14 @@ async def _machine(node: ReportParts) -> list[str]:
         rates = [f"{s.start}-{s.end - 1}:{s.ms_per_layer:.3f}" for s in node.slice_host.slices.values()
                  if s.ms_per_layer]
         lines.append(f"measured ms/layer (decode): {', '.join(rates) or 'not yet measured'}")
-        kernels = sorted({f"{s.model.fmt} {KERNELS.get(s.model.fmt, 'torch')}" for s in node.slice_host.slices.values()
+        kernels = sorted({f"{s.model.fmt} {s.model.kernel}" for s in node.slice_host.slices.values()
                           if s.model is not None})
         cache = node.slice_host.weight_cache
         used = await asyncio.get_running_loop().run_in_executor(None, cache.total_bytes) \
             if cache is not None and cache.enabled else None
         lines.append(f"slice kernels: {', '.join(kernels) or 'none loaded'}; weight cache: "
                      + (f"{used / 2**20:.0f} of {cache.budget_bytes / 2**20:.0f} MB" if used is not None else "off"))
+    lines.append(_int8_kernel_line())
     if m.mem_bandwidth_gbps is None:
         lines.append(f"memory bandwidth: could not be measured ({m.bandwidth_error})")
     else:

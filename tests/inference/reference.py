@@ -7,6 +7,7 @@ import torch
 
 from node.inference.slice.chain import SliceChain
 from node.inference.slice.ggml_emulation import emulate_model
+from node.inference.weights import qgemm
 
 N_CTX = 512
 
@@ -62,9 +63,14 @@ def first_divergence_is_a_tie(ours: list[int], ref: list[int], ref_logits: np.nd
     return True
 
 
-def chain(path, slices: int = 1, dtype: str = "f32", ggml: bool = False) -> SliceChain:
-    """Our model as `slices` chained slices; `ggml` rounds activations as llama.cpp does."""
-    c = SliceChain.load(path, slices, dtype=dtype, max_ctx=N_CTX)
+# every int8 kernel that can run here: accuracy is asserted on each, not on the one a machine picks
+INT8_KERNELS = ["qgemm", "fbgemm"] if qgemm.available() else ["fbgemm"]
+
+
+def chain(path, slices: int = 1, dtype: str = "f32", ggml: bool = False, kernel: str | None = None) -> SliceChain:
+    """Our model as `slices` chained slices; `ggml` rounds activations as llama.cpp does; `kernel`:
+    int8's kernel (None: the one chosen on this machine)."""
+    c = SliceChain.load(path, slices, dtype=dtype, max_ctx=N_CTX, kernel=kernel)
     if ggml:
         for s in c.slices:
             emulate_model(s)

@@ -14,7 +14,7 @@ import torch
 from node.cli import main
 from node.inference.slice.chain import SliceChain
 from tests.inference.conftest import needs_llama
-from tests.inference.reference import chain, llama_logits, our_logits, top1_agreement
+from tests.inference.reference import INT8_KERNELS, chain, llama_logits, our_logits, top1_agreement
 
 MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "swarmllm-pydoc-q8_0.gguf"
 pytestmark = [
@@ -56,10 +56,11 @@ def test_default_model_passes_test_split_in_three_slices(capsys):
 
 @pytest.mark.llama
 @needs_llama
-def test_default_model_int8_agrees_with_llama_cpp():
+@pytest.mark.parametrize("kernel", INT8_KERNELS)
+def test_default_model_int8_agrees_with_llama_cpp(kernel):
     tokens = _tokens()
     ref = llama_logits(MODEL, tokens)
-    ours = our_logits(chain(MODEL, slices=3, dtype="int8"), tokens, decode_from=16)
+    ours = our_logits(chain(MODEL, slices=3, dtype="int8", kernel=kernel), tokens, decode_from=16)
     assert len(tokens) >= 128
     # llama.cpp quantizes activations to 8 bits for Q8_0 matmuls, so its logits carry noise of
     # ~1% of the logit scale against exact arithmetic (its kernels differ by CPU: AVX2 with weight
@@ -81,8 +82,22 @@ def test_default_model_int8_agrees_with_llama_cpp():
     (None, False, 0.015),
 ])
 def test_default_model_int8_perplexity_within_one_percent_of_f32(decode_from, exact_prefill, tolerance):
+    """fbgemm: 8-bit activations, with the residual pass where it is asked for (exact_prefill)."""
     tokens = _tokens()
     f32 = _perplexity(our_logits(chain(MODEL, dtype="f32"), tokens), tokens)
-    c = SliceChain.load(MODEL, 2, dtype="int8", max_ctx=512, exact_prefill=exact_prefill)
+    c = SliceChain.load(MODEL, 2, dtype="int8", max_ctx=512, exact_prefill=exact_prefill, kernel="fbgemm")
     int8 = _perplexity(our_logits(c, tokens, decode_from=decode_from), tokens)
     assert abs(int8 / f32 - 1) <= tolerance
+
+
+@pytest.mark.llama
+@needs_llama
+@pytest.mark.skipif("qgemm" not in INT8_KERNELS, reason="the qgemm extension is not built")
+@pytest.mark.parametrize("decode_from", [16, None])
+def test_default_model_qgemm_perplexity_within_one_percent_of_f32_on_every_prefill(decode_from):
+    """qgemm has one path for prefill and decode (activations on 13-15 bits): no exact_prefill."""
+    tokens = _tokens()
+    f32 = _perplexity(our_logits(chain(MODEL, dtype="f32"), tokens), tokens)
+    c = SliceChain.load(MODEL, 2, dtype="int8", max_ctx=512, kernel="qgemm")
+    int8 = _perplexity(our_logits(c, tokens, decode_from=decode_from), tokens)
+    assert abs(int8 / f32 - 1) <= 0.01

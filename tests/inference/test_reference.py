@@ -16,6 +16,7 @@ import pytest
 from node.inference.synth import SynthSpec
 from tests.inference.conftest import needs_llama
 from tests.inference.reference import (
+    INT8_KERNELS,
     chain,
     first_divergence_is_a_tie,
     llama_greedy,
@@ -111,11 +112,12 @@ FAST_VARIANTS = {
 }
 
 
+@pytest.mark.parametrize("kernel", INT8_KERNELS)
 @pytest.mark.parametrize("variant", list(FAST_VARIANTS))
-def test_int8_teacher_forced_top1_agreement(synth_model, variant):
+def test_int8_teacher_forced_top1_agreement(synth_model, variant, kernel):
     """Prompt prefill (16 tokens) then 112 teacher-forced decode steps, as generation runs."""
     path = synth_model(FAST_VARIANTS[variant])
     tokens = _tokens(128, BASE.vocab, seed=3)
     ref = llama_logits(path, tokens)
-    ours = our_logits(chain(path, slices=2, dtype="int8"), tokens, decode_from=16)
+    ours = our_logits(chain(path, slices=2, dtype="int8", kernel=kernel), tokens, decode_from=16)
     assert top1_agreement(ours, ref) >= 0.98

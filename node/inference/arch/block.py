@@ -37,10 +37,11 @@ class Block:
 
     @classmethod
     def build(cls, w: LayerWeights, fmt: str, device: torch.device, *, exact_prefill: bool = False,
-              keep: dict[str, np.ndarray] | None = None) -> Block:
+              keep: dict[str, np.ndarray] | None = None, kernel: str = "fbgemm") -> Block:
         """Convert canonical numpy weights to `fmt` on `device` (`exact_prefill`: int8 takes the
         residual pass on every matrix in long prefills too, as decode does). `keep` (int8)
-        receives every converted array by name, from which `from_arrays` rebuilds the block."""
+        receives every converted array by name, from which `from_arrays` rebuilds the block.
+        `kernel`: the int8 kernel (see `make_linear`)."""
 
         def vec(name: str, a: np.ndarray | None) -> torch.Tensor | None:
             if a is None:
@@ -53,7 +54,8 @@ class Block:
         def lin(name: str, weight: np.ndarray, bias: np.ndarray | None) -> Linear:
             sensitive, rotate = _matrix_options(name, exact_prefill)
             parts: dict[str, np.ndarray] | None = {} if keep is not None else None
-            linear = make_linear(weight, bias, fmt, device, sensitive=sensitive, rotate=rotate, keep=parts)
+            linear = make_linear(weight, bias, fmt, device, sensitive=sensitive, rotate=rotate, keep=parts,
+                                 kernel=kernel)
             if keep is not None:
                 keep.update({f"{name}.{k}": v for k, v in parts.items()})
             return linear
@@ -65,7 +67,7 @@ class Block:
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], fmt: str, device: torch.device, *,
-                    exact_prefill: bool = False) -> Block:
+                    exact_prefill: bool = False, kernel: str = "fbgemm") -> Block:
         """The block `build(..., keep=arrays)` made, from those arrays (vectors copied: the arrays
         may be views of one buffer, which the block must not keep alive)."""
 
@@ -76,7 +78,7 @@ class Block:
         def lin(name: str) -> Linear:
             prefix = name + "."
             parts = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-            return linear_from_arrays(parts, fmt, sensitive=_matrix_options(name, exact_prefill)[0])
+            return linear_from_arrays(parts, fmt, sensitive=_matrix_options(name, exact_prefill)[0], kernel=kernel)
 
         return cls(attn_norm=vec("attn_norm"), qkv=lin("qkv"), q_norm=vec("q_norm"), k_norm=vec("k_norm"),
                    out=lin("out"), ffn_norm=vec("ffn_norm"), gate_up=lin("gate_up"), down=lin("down"))

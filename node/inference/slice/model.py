@@ -32,9 +32,12 @@ from node.inference.arch import family
 from node.inference.arch.block import Block, attention_mask, block_forward_many
 from node.inference.arch.common import ModelConfig, RotaryTables, rms_norm
 from node.inference.slice.session import Session, SessionStore
-from node.inference.weights.cache import KERNELS, CacheKey, WeightCache
+from node.inference.weights.cache import CACHED_FORMATS, CacheKey, WeightCache
 from node.inference.weights.gguf_file import GgufFile
+from node.inference.weights.kernels import KERNELS as INT8_KERNELS
+from node.inference.weights.kernels import choose_int8_kernel
 from node.inference.weights.linear import Linear, int8_available, linear_from_arrays, make_linear
+from node.inference.weights.qgemm import available as qgemm_available
 from node.logs import TRACE, kv
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,21 @@ def resolve_format(dtype: str, device: torch.device) -> str:
     if device.type == "cuda":
         return "f16"
     return "int8" if int8_available() else "f32"
+
+
+def resolve_kernel(fmt: str, kernel: str | None, width: int, cache: WeightCache | None) -> str:
+    """The matrix kernel of a slice in `fmt`: "torch" for the float formats; for int8 the one asked
+    for, else the one measured fastest here (remembered beside the weight cache)."""
+    if fmt != "int8":
+        return "torch"
+    if kernel is None:
+        remember = cache.root.parent / "int8-kernel.json" if cache is not None and cache.enabled else None
+        return choose_int8_kernel(width, remember=remember)
+    if kernel not in INT8_KERNELS:
+        raise ModelLoadError(f"unknown int8 kernel {kernel!r}; expected one of {', '.join(INT8_KERNELS)}")
+    if kernel == "qgemm" and not qgemm_available():
+        raise ModelLoadError("int8 kernel qgemm is not installed (its C extension was not built)")
+    return kernel
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,7 @@ class SliceModel:
         self.kv_dtype = torch.float32 if device.type == "cpu" else torch.float16
         self.sessions = SessionStore(name)
         self.weight_cache = "off"  # how the load went: off, hit, miss or partial (set by load)
+        self.kernel = "torch"  # the matrix kernel: qgemm or fbgemm (int8), torch (the float formats)
         self.load_ms = 0
         self._lock = threading.Lock()
 
@@ -93,7 +112,7 @@ class SliceModel:
     def load(cls, path: str | Path, layer_start: int = 0, layer_end: int | None = None, *,
              dtype: str = "auto", device: str | torch.device = "cpu", n_threads: int | None = None,
              max_ctx: int | None = None, name: str | None = None, exact_prefill: bool = False,
-             cache: WeightCache | None = None, sha256: str | None = None) -> SliceModel:
+             cache: WeightCache | None = None, sha256: str | None = None, kernel: str | None = None) -> SliceModel:
         """Load layers [layer_start, layer_end) (0-based; None = to the last) of the GGUF at `path`.
 
         Blocking (reads and converts weights): run it in the model's executor. `n_threads` sets
@@ -101,6 +120,8 @@ class SliceModel:
         take the residual pass on every matrix, as decode does (logits of every prompt position
         as good as decode's) at about half the prefill speed. `cache` with the file's `sha256`:
         converted parts are read from it instead of converting, and written to it when missing.
+        `kernel` (int8): "qgemm" or "fbgemm"; None = the one measured fastest on this machine
+        (`weights/kernels.choose_int8_kernel`, remembered next to the cache).
         """
         t0 = time.perf_counter()
         if n_threads:
@@ -114,8 +135,9 @@ class SliceModel:
             raise ModelLoadError(f"layer range [{layer_start}, {end}) is outside the model's {cfg.n_layers} layers")
         fmt = resolve_format(dtype, device)
         last = end == cfg.n_layers  # the slice ends at the model's last layer: it holds the head
-        key = CacheKey(sha256, fmt, KERNELS[fmt], "exact" if exact_prefill else "std") \
-            if cache is not None and cache.enabled and sha256 and fmt in KERNELS else None
+        kernel = resolve_kernel(fmt, kernel, cfg.hidden, cache)
+        key = CacheKey(sha256, fmt, kernel, "exact" if exact_prefill else "std") \
+            if cache is not None and cache.enabled and sha256 and fmt in CACHED_FORMATS else None
         writable = key is not None and cache.reserve(key, estimate_bytes(path, layer_start, end, fmt))
         hits = []  # one bool per part: read from the cache
 
@@ -139,7 +161,7 @@ class SliceModel:
                     keep["norm"] = norm
                 parts: dict[str, np.ndarray] | None = None if keep is None else {}
                 lin = make_linear(f.row_source(name_w), f.f32_or_none("output.bias"), fmt, device, sensitive=True,
-                                  keep=parts)
+                                  keep=parts, kernel=kernel)
                 if keep is not None:
                     keep.update({f"head.{k}": v for k, v in parts.items()})
                 return torch.from_numpy(norm).to(device), lin
@@ -147,15 +169,16 @@ class SliceModel:
             def rebuild(arrays):
                 head = {k[5:]: v for k, v in arrays.items() if k.startswith("head.")}
                 return (torch.from_numpy(np.array(arrays["norm"], dtype=np.float32)).to(device),
-                        linear_from_arrays(head, fmt, sensitive=True))
+                        linear_from_arrays(head, fmt, sensitive=True, kernel=kernel))
 
             return cached("head", convert, rebuild)
 
         def build(i: int) -> Block:
             return cached(f"layer-{i:04d}",
                           lambda keep: Block.build(fam.load_layer(f, cfg, i), fmt, device, exact_prefill=exact_prefill,
-                                                   keep=keep),
-                          lambda arrays: Block.from_arrays(arrays, fmt, device, exact_prefill=exact_prefill))
+                                                   keep=keep, kernel=kernel),
+                          lambda arrays: Block.from_arrays(arrays, fmt, device, exact_prefill=exact_prefill,
+                                                           kernel=kernel))
 
         workers = _load_workers(path, layer_start, end, fmt)
         try:
@@ -174,6 +197,7 @@ class SliceModel:
         _trim_heap()
         model = cls(f, cfg, layer_start, end, fmt, device, max_ctx or cfg.n_ctx_train, blocks, head,
                     name or Path(path).stem)
+        model.kernel = kernel
         model.weight_cache = ("off" if key is None else "hit" if all(hits) else "miss" if not any(hits) else "partial")
         model.load_ms = round((time.perf_counter() - t0) * 1000)
         log.info(
@@ -181,7 +205,7 @@ class SliceModel:
             kv(model=model.name, arch=cfg.arch, layers=f"{layer_start}-{end}", n_layers=cfg.n_layers,
                dtype=fmt, device=str(device), threads=torch.get_num_threads(), load_workers=workers,
                weight_cache=model.weight_cache, cached_parts=f"{sum(hits)}/{len(hits)}",
-               kernel=KERNELS.get(fmt, "torch"), load_ms=model.load_ms),
+               kernel=kernel, load_ms=model.load_ms),
         )
         return model
 

@@ -1,7 +1,7 @@
 """Converted slice weights on disk, so that a second load skips the conversion.
 
     cache = WeightCache(data_dir / "cache" / "weights", budget_bytes=16 << 30)
-    key = CacheKey(sha256, fmt="int8", kernel="fbgemm", variant="std")
+    key = CacheKey(sha256, fmt="int8", kernel="qgemm", variant="std")
     arrays = cache.read(key, "layer-0003")          # None: absent, stale or corrupt (then removed)
     cache.write(key, "layer-0003", arrays)          # atomic; False when the budget or disk says no
 
@@ -43,8 +43,8 @@ ALIGN = 64
 MIN_FREE_DISK_BYTES = 2 << 30  # never fill the disk for a cache: leave this much free
 _LEN = struct.Struct("<Q")
 _USED = ".last-used"  # touched on every read: the directories' LRU order
-KERNELS = {"int8": "fbgemm"}  # the kernel each cached format's arrays are laid out for (f32/f16/bf16
-# convert at memory speed and are not cached)
+CACHED_FORMATS = ("int8",)  # f32/f16/bf16 convert at memory speed and are not cached; int8's arrays
+# are laid out for a kernel (qgemm or fbgemm), which is part of the key
 
 
 @dataclass(frozen=True)

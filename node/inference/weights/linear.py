@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from node.inference.weights.qgemm import Int8Packed
+
 FORMATS = ("f32", "bf16", "f16", "int8")
 Linear = Callable[[torch.Tensor], torch.Tensor]
 CHUNK_ROWS = 2048  # rows converted at a time: bounds load-time memory for the output head
@@ -61,7 +63,8 @@ def int8_available() -> bool:
 
 
 def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: str, device: torch.device,
-                *, sensitive: bool = False, rotate: int = 0, keep: dict[str, np.ndarray] | None = None) -> Linear:
+                *, sensitive: bool = False, rotate: int = 0, keep: dict[str, np.ndarray] | None = None,
+                kernel: str = "fbgemm") -> Linear:
     """A callable computing x @ weight.T + bias in format `fmt` on `device`.
 
     int8 only: `sensitive` keeps the residual pass in long prefills too (for the head, whose
@@ -71,8 +74,13 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     rows) by an orthonormal B×B Hadamard matrix blockwise, which spreads heavy-tailed inputs
     (ffn_down's) evenly over each block. `keep` (int8): receives the converted arrays, from which
     `linear_from_arrays` rebuilds the same callable without converting again (the weight cache).
+    `kernel` (int8): "fbgemm", or "qgemm" (`weights/qgemm.py`: 13–15-bit activations, so it takes
+    neither `sensitive` nor `rotate`).
     """
     src = ArraySource(weight) if isinstance(weight, np.ndarray) else weight
+    if fmt == "int8" and kernel == "qgemm":
+        q, scales = quantize_rows_int8(src)
+        return Int8Packed.from_rows(q, scales, bias, keep=keep)
     if fmt == "int8":
         return _Int8Dynamic.convert(src, bias, correct_prefill=sensitive, pair_safe=not sensitive, rotate=rotate,
                                     keep=keep)
@@ -89,10 +97,13 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     return _HalfLinear(w, b)
 
 
-def linear_from_arrays(arrays: dict[str, np.ndarray], fmt: str, *, sensitive: bool = False) -> Linear:
+def linear_from_arrays(arrays: dict[str, np.ndarray], fmt: str, *, sensitive: bool = False,
+                       kernel: str = "fbgemm") -> Linear:
     """The callable `make_linear(..., keep=arrays)` built, from those arrays (no conversion)."""
     if fmt != "int8":
         raise ValueError(f"format {fmt} is not rebuilt from arrays")
+    if kernel == "qgemm":
+        return Int8Packed.from_arrays(arrays)
     return _Int8Dynamic.from_arrays(arrays, correct_prefill=sensitive)
 
 

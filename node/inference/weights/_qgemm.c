@@ -1,0 +1,387 @@
+/* The slice engine's own int8 matrix product: y[T, N] = (x[T, K] · W[N, K]ᵀ) · s[N] + b[N].
+
+W: int8 per output row with float32 scales s, in a blocked layout (pack(): [n/NR][kp/KC][NR][KC],
+one contiguous stream per 4 rows, zero padded). That layout is what the weight cache stores and
+what runs: no prepack, so a cached load is a file mapping. x: float32, quantized here per row
+(token) to int16 with the largest magnitude that cannot overflow an int32 lane (K/8 products per
+lane: 32767 for K ≤ 4128, fewer steps beyond; a row's lanes are summed in int64), so activations
+keep 13–15 bits, finer than fbgemm's 8, and need no residual pass. The price: int16 products run
+at half the rate of int8 ones (vpmaddwd / vpdpwssd against vpmaddubsw / vpdpbusd), which long
+prefills feel; decode is bound by reading the weights and gains from the single packed stream.
+
+Kernels: AVX-512BW (+VNNI's vpdpwssd when present) and AVX2, chosen at run time by cpuid, and a
+portable C loop (GCC / clang; another compiler builds the C loop only). Threads: OpenMP, sharing
+torch's runtime (see run()). Every entry point releases the GIL.
+
+Python API (all pointers are addresses, e.g. tensor.data_ptr()):
+    gemm(w, s, n, k, x, t, y, bias, threads)    bias 0 = none; w packed by pack()
+    pack(q, n, k, out), packed_size(n, k)
+    isa() -> "avx512vnni" | "avx512" | "avx2" | "c"
+    set_isa(name)                              for tests and the bench: force a slower path
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define QG_X86 1
+#include <immintrin.h>
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define NR 4      /* output rows per micro tile */
+#define KC 32     /* k per chunk of a packed block */
+#define TB 32     /* tokens per block: their int16 rows stay in L2 while all of W streams by */
+
+typedef struct {
+    const int8_t *w;    /* packed: [n/NR blocks][kp/KC chunks][NR rows][KC] (see pack()) */
+    const float *s;
+    const float *bias;
+    int64_t n, k, kp;   /* kp: k rounded up to KC (zeros beyond k, in W and in xq) */
+    const int16_t *xq;  /* [t, kp] */
+    const float *xs;    /* [t] */
+    int64_t t;
+    float *y;
+} job_t;
+
+typedef void (*range_fn)(const job_t *, int64_t n0, int64_t n1);
+
+static inline const int8_t *block_of(const job_t *j, int64_t n) { return j->w + (n / NR) * NR * j->kp; }
+
+/* acc: a row's whole sum, reduced from the lanes in int64 (each lane fits int32 by the activations'
+   range; their total may not: K · 127 · qmax reaches 2^34 for K = 14336) */
+static inline void store_tile(const job_t *j, int64_t t, int64_t n, int nr, const int64_t *acc) {
+    for (int r = 0; r < nr; r++) {
+        float v = (float)acc[r] * j->s[n + r] * j->xs[t];
+        j->y[t * j->n + n + r] = j->bias ? v + j->bias[n + r] : v;
+    }
+}
+
+/* ---- portable C ---- */
+static void rows_c(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n += NR) {
+        const int8_t *b = block_of(j, n);
+        const int nr = n + NR <= j->n ? NR : (int)(j->n - n);
+        for (int64_t t = 0; t < j->t; t++) {
+            const int16_t *x = j->xq + t * j->kp;
+            int64_t acc[NR] = {0, 0, 0, 0};
+            for (int64_t c = 0; c < j->kp; c += KC)
+                for (int r = 0; r < NR; r++) {
+                    const int8_t *w = b + c * NR + r * KC;
+                    for (int i = 0; i < KC; i++) acc[r] += (int32_t)w[i] * x[c + i];
+                }
+            store_tile(j, t, n, nr, acc);
+        }
+    }
+}
+
+#ifdef QG_X86
+__attribute__((target("avx2,fma")))
+static inline int64_t hsum256(__m256i v) {
+    __m256i s = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)),
+                                 _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1)));
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1);
+}
+
+/* MR tokens x NR rows over the whole of k: each chunk's weights are widened once for MR tokens */
+#define TILE_AVX2(MR)                                                                                     \
+__attribute__((target("avx2,fma")))                                                                       \
+static inline void tile_avx2_##MR(const job_t *j, const int8_t *b, int64_t t, int64_t n, int nr) {       \
+    __m256i acc[MR][NR];                                                                                  \
+    for (int m = 0; m < MR; m++) for (int r = 0; r < NR; r++) acc[m][r] = _mm256_setzero_si256();         \
+    const int16_t *x0 = j->xq + t * j->kp;                                                                \
+    for (int64_t c = 0; c < j->kp; c += KC) {                                                             \
+        const int8_t *w = b + c * NR;                                                                     \
+        for (int h = 0; h < KC; h += 16) {                                                                \
+            __m256i v[NR];                                                                                \
+            for (int r = 0; r < NR; r++)                                                                  \
+                v[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + r * KC + h)));          \
+            for (int m = 0; m < MR; m++) {                                                                \
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x0 + m * j->kp + c + h));               \
+                for (int r = 0; r < NR; r++) acc[m][r] = _mm256_add_epi32(acc[m][r], _mm256_madd_epi16(v[r], xv)); \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
+    for (int m = 0; m < MR; m++) {                                                                        \
+        int64_t s[NR] = {0};                                                                               \
+        for (int r = 0; r < NR; r++) s[r] = hsum256(acc[m][r]);                                           \
+        store_tile(j, t + m, n, nr, s);                                                                   \
+    }                                                                                                     \
+}
+TILE_AVX2(1)
+TILE_AVX2(2)
+
+__attribute__((target("avx2,fma")))
+static void rows_avx2(const job_t *j, int64_t n0, int64_t n1) {
+    for (int64_t tb = 0; tb < j->t; tb += TB) {
+        const int64_t te = tb + TB < j->t ? tb + TB : j->t;
+        for (int64_t n = n0; n < n1; n += NR) {
+            const int8_t *b = block_of(j, n);
+            const int nr = n + NR <= j->n ? NR : (int)(j->n - n);
+            int64_t t = tb;
+            for (; t + 2 <= te; t += 2) tile_avx2_2(j, b, t, n, nr);
+            for (; t < te; t++) tile_avx2_1(j, b, t, n, nr);
+        }
+    }
+}
+
+/* Explicit accumulators: with arrays GCC shuffles VNNI's destructive accumulators between
+   registers (two moves per vpdpwssd, measured as half the throughput) */
+#define HSUM512(v) _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)), \
+                                                             _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1))))
+#define W512(r) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + (r) * KC)))
+#define X512(m) _mm512_loadu_si512((const void *)(x0 + (m) * j->kp + c))
+#define TILE_512(NAME, TARGET, MADD)                                                                      \
+__attribute__((target(TARGET)))                                                                           \
+static inline void NAME##_4(const job_t *j, const int8_t *b, int64_t t, int64_t n, int nr) {             \
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;   \
+    __m512i c0 = a0, c1 = a0, c2 = a0, c3 = a0, d0 = a0, d1 = a0, d2 = a0, d3 = a0;                       \
+    const int16_t *x0 = j->xq + t * j->kp;                                                                \
+    for (int64_t c = 0; c < j->kp; c += KC) {                                                             \
+        const int8_t *w = b + c * NR;                                                                     \
+        __m512i v0 = W512(0), v1 = W512(1), v2 = W512(2), v3 = W512(3), xv;                               \
+        xv = X512(0); a0 = MADD(a0, v0, xv); a1 = MADD(a1, v1, xv); a2 = MADD(a2, v2, xv); a3 = MADD(a3, v3, xv); \
+        xv = X512(1); b0 = MADD(b0, v0, xv); b1 = MADD(b1, v1, xv); b2 = MADD(b2, v2, xv); b3 = MADD(b3, v3, xv); \
+        xv = X512(2); c0 = MADD(c0, v0, xv); c1 = MADD(c1, v1, xv); c2 = MADD(c2, v2, xv); c3 = MADD(c3, v3, xv); \
+        xv = X512(3); d0 = MADD(d0, v0, xv); d1 = MADD(d1, v1, xv); d2 = MADD(d2, v2, xv); d3 = MADD(d3, v3, xv); \
+    }                                                                                                     \
+    int64_t s0[NR] = {HSUM512(a0), HSUM512(a1), HSUM512(a2), \
+                      HSUM512(a3)};                                                       \
+    int64_t s1[NR] = {HSUM512(b0), HSUM512(b1), HSUM512(b2), \
+                      HSUM512(b3)};                                                       \
+    int64_t s2[NR] = {HSUM512(c0), HSUM512(c1), HSUM512(c2), \
+                      HSUM512(c3)};                                                       \
+    int64_t s3[NR] = {HSUM512(d0), HSUM512(d1), HSUM512(d2), \
+                      HSUM512(d3)};                                                       \
+    store_tile(j, t, n, nr, s0); store_tile(j, t + 1, n, nr, s1);                                         \
+    store_tile(j, t + 2, n, nr, s2); store_tile(j, t + 3, n, nr, s3);                                     \
+}                                                                                                         \
+__attribute__((target(TARGET)))                                                                           \
+static inline void NAME##_1(const job_t *j, const int8_t *b, int64_t t, int64_t n, int nr) {             \
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;                                       \
+    const int16_t *x0 = j->xq + t * j->kp;                                                                \
+    for (int64_t c = 0; c < j->kp; c += KC) {                                                             \
+        const int8_t *w = b + c * NR;                                                                     \
+        __m512i xv = X512(0);                                                                             \
+        a0 = MADD(a0, W512(0), xv); a1 = MADD(a1, W512(1), xv); a2 = MADD(a2, W512(2), xv); a3 = MADD(a3, W512(3), xv); \
+    }                                                                                                     \
+    int64_t s0[NR] = {HSUM512(a0), HSUM512(a1), HSUM512(a2), \
+                      HSUM512(a3)};                                                       \
+    store_tile(j, t, n, nr, s0);                                                                          \
+}
+
+#define ROWS_512(NAME, TARGET, MADD)                                                                      \
+TILE_512(NAME, TARGET, MADD)                                                                              \
+__attribute__((target(TARGET)))                                                                           \
+static void NAME(const job_t *j, int64_t n0, int64_t n1) {                                                \
+    for (int64_t tb = 0; tb < j->t; tb += TB) {                                                           \
+        const int64_t te = tb + TB < j->t ? tb + TB : j->t;                                               \
+        for (int64_t n = n0; n < n1; n += NR) {                                                           \
+            const int8_t *b = block_of(j, n);                                                             \
+            const int nr = n + NR <= j->n ? NR : (int)(j->n - n);                                         \
+            int64_t t = tb;                                                                               \
+            for (; t + 4 <= te; t += 4) NAME##_4(j, b, t, n, nr);                                         \
+            for (; t < te; t++) NAME##_1(j, b, t, n, nr);                                                 \
+        }                                                                                                 \
+    }                                                                                                     \
+}
+
+#define MADD_BW(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+#define MADD_VNNI(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+ROWS_512(rows_avx512, "avx512f,avx512bw", MADD_BW)
+ROWS_512(rows_avx512vnni, "avx512f,avx512bw,avx512vnni", MADD_VNNI)
+#endif
+
+/* ---- the path in use ---- */
+static range_fn g_rows = rows_c;
+static const char *g_isa = "c";
+
+static void pick_isa(void) {
+#ifdef QG_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")) {
+        g_rows = rows_avx512vnni; g_isa = "avx512vnni"; return;
+    }
+    if (__builtin_cpu_supports("avx512bw")) { g_rows = rows_avx512; g_isa = "avx512"; return; }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) { g_rows = rows_avx2; g_isa = "avx2"; return; }
+#endif
+    g_rows = rows_c; g_isa = "c";
+}
+
+/* ---- threads: OpenMP, so that the runtime is the one torch already loaded (its wheel ships
+   libgomp.so.1, and a second library of that name is not loaded): one pool, no two sets of threads
+   spinning against each other on a small machine ---- */
+static void run(const job_t *j, int threads) {
+    int64_t blocks = (j->n + NR - 1) / NR;
+    if (threads < 1) threads = 1;
+    if (threads > blocks) threads = (int)blocks;
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+        {
+            int p = omp_get_thread_num(), parts = omp_get_num_threads();
+            int64_t b0 = blocks * p / parts * NR, b1 = blocks * (p + 1) / parts * NR;
+            if (b1 > j->n) b1 = j->n;
+            if (b0 < b1) g_rows(j, b0, b1);
+        }
+        return;
+    }
+#endif
+    g_rows(j, 0, j->n);
+}
+
+/* x rows → int16 with per-row scales; the largest step count whose K/8-product lane sums fit int32 */
+static void quantize(const float *x, int64_t t, int64_t k, int64_t kp, int16_t *xq, float *xs) {
+    double lanes = (double)((k + 7) / 8 + 1);
+    double qmax = floor(2147483647.0 / (127.0 * lanes));
+    if (qmax > 32767.0) qmax = 32767.0;
+    for (int64_t r = 0; r < t; r++) {
+        const float *xr = x + r * k;
+        float m = 0.0f;
+        for (int64_t i = 0; i < k; i++) { float a = fabsf(xr[i]); if (a > m) m = a; }
+        float scale = m > 0.0f ? m / (float)qmax : 1.0f;
+        float inv = 1.0f / scale;
+        int16_t *q = xq + r * kp;
+        for (int64_t i = 0; i < k; i++) q[i] = (int16_t)lrintf(xr[i] * inv);
+        for (int64_t i = k; i < kp; i++) q[i] = 0;
+        xs[r] = scale;
+    }
+}
+
+static int64_t arg_i64(PyObject *o, int *err) {
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) *err = 1;
+    return (int64_t)v;
+}
+
+static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "gemm(w, s, n, k, x, t, y, bias, threads)");
+        return NULL;
+    }
+    int err = 0;
+    int64_t v[9];
+    for (int i = 0; i < 9; i++) v[i] = arg_i64(args[i], &err);
+    if (err) return NULL;
+    int64_t n = v[2], k = v[3], t = v[5];
+    if (!v[0] || !v[1] || !v[4] || !v[6] || n <= 0 || k <= 0 || t <= 0) {
+        PyErr_SetString(PyExc_ValueError, "gemm: null pointer or empty shape");
+        return NULL;
+    }
+    int64_t kp = (k + KC - 1) / KC * KC;
+    int16_t *xq = NULL;
+    float *xs = NULL;
+    xq = (int16_t *)malloc((size_t)(t * kp) * sizeof(int16_t));  /* the kernels load unaligned */
+    xs = (float *)malloc((size_t)t * sizeof(float));
+    if (!xq || !xs) {
+        free(xq); free(xs);
+        return PyErr_NoMemory();
+    }
+    job_t j = {(const int8_t *)(intptr_t)v[0], (const float *)(intptr_t)v[1], (const float *)(intptr_t)v[7],
+               n, k, kp, xq, xs, t, (float *)(intptr_t)v[6]};
+    Py_BEGIN_ALLOW_THREADS
+    quantize((const float *)(intptr_t)v[4], t, k, kp, xq, xs);
+    run(&j, (int)v[8]);
+    Py_END_ALLOW_THREADS
+    free(xq);
+    free(xs);
+    Py_RETURN_NONE;
+}
+
+/* pack(q, n, k, out): int8 rows [n, k] → the blocked layout gemm reads ([n/NR][kp/KC][NR][KC], zeros
+   padding rows to NR and k to KC); out holds packed_size(n, k) bytes */
+static PyObject *py_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "pack(q, n, k, out)");
+        return NULL;
+    }
+    int err = 0;
+    int64_t v[4];
+    for (int i = 0; i < 4; i++) v[i] = arg_i64(args[i], &err);
+    if (err) return NULL;
+    const int8_t *q = (const int8_t *)(intptr_t)v[0];
+    int8_t *out = (int8_t *)(intptr_t)v[3];
+    int64_t n = v[1], k = v[2], kp = (k + KC - 1) / KC * KC, blocks = (n + NR - 1) / NR;
+    if (!q || !out || n <= 0 || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "pack: null pointer or empty shape");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t c = 0; c < kp; c += KC)
+            for (int r = 0; r < NR; r++) {
+                int8_t *dst = out + b * NR * kp + c * NR + r * KC;
+                int64_t row = b * NR + r, len = k - c < KC ? k - c : KC;
+                if (row < n) {
+                    memcpy(dst, q + row * k + c, (size_t)len);
+                    if (len < KC) memset(dst + len, 0, (size_t)(KC - len));
+                } else {
+                    memset(dst, 0, KC);
+                }
+            }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_packed_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "packed_size(n, k)");
+        return NULL;
+    }
+    int err = 0;
+    int64_t n = arg_i64(args[0], &err), k = arg_i64(args[1], &err);
+    if (err) return NULL;
+    return PyLong_FromLongLong((long long)(((n + NR - 1) / NR * NR) * ((k + KC - 1) / KC * KC)));
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    return PyUnicode_FromString(g_isa);
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    pick_isa();
+    const char *best = g_isa;
+    static const char *order[] = {"avx512vnni", "avx512", "avx2", "c"};
+    int bi = 0, ni = -1;
+    for (int i = 0; i < 4; i++) { if (!strcmp(order[i], best)) bi = i; if (!strcmp(order[i], name)) ni = i; }
+    if (ni < 0 || ni < bi) {
+        PyErr_Format(PyExc_ValueError, "isa %s is not available here (best: %s)", name, best);
+        return NULL;
+    }
+#ifdef QG_X86
+    range_fn fns[] = {rows_avx512vnni, rows_avx512, rows_avx2, rows_c};
+    g_rows = fns[ni];
+#endif
+    g_isa = order[ni];
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL, "y = (x @ W.T) * s + bias (see module doc)"},
+    {"pack", (PyCFunction)(void (*)(void))py_pack, METH_FASTCALL, "int8 rows -> the packed layout gemm reads"},
+    {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL, "bytes of a packed [n, k] matrix"},
+    {"isa", py_isa, METH_NOARGS, "the instruction set of the kernel in use"},
+    {"set_isa", py_set_isa, METH_O, "use the kernel of a given (slower) instruction set"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qgemm", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__qgemm(void) {
+    pick_isa();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,139 @@
+"""Which int8 kernel a machine runs: qgemm (`weights/qgemm.py`) or fbgemm (`weights/linear.py`).
+
+    kernel = choose_int8_kernel(width, remember=path)   # measured once per machine, then remembered
+
+Measured at the first int8 load on a machine: a request-shaped product (two 64-row prefills and 64
+decode rows on a [3·width, width] matrix, as a fused qkv) on both kernels, the faster one taken. It
+is remembered in a small JSON file next to the weight cache, keyed by what decides it (CPU and its
+SIMD flags, the kernel's instruction set and version, torch, threads, width); another key is
+measured again. `SWARMLLM_INT8_KERNEL=qgemm|fbgemm` forces one. Blocking: a loader's executor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from node.inference.weights import qgemm
+from node.inference.weights.linear import ArraySource, make_linear
+from node.logs import kv
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("qgemm", "fbgemm")
+PREFILL_ROWS = 64  # the measured request: 2 prefills of this many rows and DECODE_STEPS decode rows
+DECODE_STEPS = 64
+
+_choice_lock = threading.Lock()
+_chosen: dict[tuple, dict] = {}
+
+
+def machine_key(width: int) -> dict[str, str | int]:
+    """What decides which kernel wins here: CPU, instruction set, versions, threads and width."""
+    from node.sysinfo import cpu_features, cpu_name
+
+    return {"cpu": cpu_name(), "features": " ".join(cpu_features()), "machine": platform.machine(),
+            "isa": qgemm.isa(), "torch": torch.__version__, "kernel_version": qgemm.KERNEL_VERSION,
+            "threads": torch.get_num_threads(), "width": width}
+
+
+def choose_int8_kernel(width: int = 2048, *, remember: Path | None = None) -> str:
+    """"qgemm" or "fbgemm": whichever serves a request-shaped product faster on this machine
+    (measured once per machine key, remembered in `remember` when given). Without the compiled
+    kernel (or on a machine where only its portable C loop runs) it is fbgemm without measuring."""
+    if not qgemm.available() or qgemm.isa() == "c":
+        return "fbgemm"
+    forced = os.environ.get("SWARMLLM_INT8_KERNEL")
+    if forced in KERNELS:
+        return forced
+    key = machine_key(width)
+    frozen = tuple(sorted(key.items()))
+    with _choice_lock:
+        if frozen in _chosen:
+            return _chosen[frozen]["kernel"]
+        record = _read_remembered(remember, key)
+        if record is None:
+            record = dict(key, **measure(width))
+            _write_remembered(remember, record)
+            log.info("DIAG: int8 kernel chosen by measurement %s",
+                     kv(kernel=record["kernel"], isa=key["isa"], width=width, threads=key["threads"],
+                        qgemm_request_ms=record["qgemm_request_ms"], fbgemm_request_ms=record["fbgemm_request_ms"]))
+        _chosen[frozen] = record
+        return record["kernel"]
+
+
+def chosen_records() -> list[dict]:
+    """The measurements behind this process's choices (for diagnostics)."""
+    with _choice_lock:
+        return list(_chosen.values())
+
+
+def measure(width: int, *, rounds: int = 3) -> dict[str, float | str]:
+    """Times one request-shaped product (2 prefills of PREFILL_ROWS rows + DECODE_STEPS decode rows,
+    a [width·3, width] matrix like a fused qkv) on both kernels, best of `rounds`."""
+    width = max(64, min(int(width), 4096))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3 * width, width), dtype=np.float32) * 0.02
+    cpu = torch.device("cpu")
+    ours = make_linear(ArraySource(w), None, "int8", cpu, kernel="qgemm")
+    theirs = make_linear(ArraySource(w), None, "int8", cpu, kernel="fbgemm")
+    prefill = torch.from_numpy(rng.standard_normal((PREFILL_ROWS, width), dtype=np.float32))
+    decode = torch.from_numpy(rng.standard_normal((1, width), dtype=np.float32))
+
+    def request_ms(lin) -> float:
+        best = float("inf")
+        lin(prefill.clone())
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(2):
+                lin(prefill.clone())
+            for _ in range(DECODE_STEPS):
+                lin(decode.clone())
+            best = min(best, (time.perf_counter() - t0) * 1000)
+        return best
+
+    q_ms, f_ms = request_ms(ours), request_ms(theirs)
+    return {"kernel": "qgemm" if q_ms <= f_ms else "fbgemm", "qgemm_request_ms": round(q_ms, 3),
+            "fbgemm_request_ms": round(f_ms, 3), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _read_remembered(path: Path | None, key: dict) -> dict | None:
+    if path is None:
+        return None
+    try:
+        records = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    for record in records if isinstance(records, list) else []:
+        if isinstance(record, dict) and all(record.get(k) == v for k, v in key.items()) \
+                and record.get("kernel") in KERNELS:
+            return record
+    return None
+
+
+def _write_remembered(path: Path | None, record: dict) -> None:
+    if path is None:
+        return
+    path = Path(path)
+    try:
+        records = json.loads(path.read_text()) if path.exists() else []
+    except (OSError, ValueError):
+        records = []
+    fields = machine_key(record["width"]).keys()
+    records = [r for r in records if isinstance(r, dict) and any(r.get(k) != record[k] for k in fields)][-15:]
+    records.append(record)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(records, indent=1))
+        tmp.replace(path)
+    except OSError as e:
+        log.warning("DIAG: int8 kernel choice not remembered %s", kv(path=str(path), error=str(e)))

@@ -1,0 +1,85 @@
+"""The slice engine's own int8 kernel (`_qgemm.c`), wrapped.
+
+    lin = Int8Packed.from_rows(q, scales, bias, keep=arrays)   # pack int8 rows; arrays for the cache
+    lin = Int8Packed.from_arrays(arrays)                       # from the cache: no conversion, no copy
+
+Int8Packed keeps int8 weights per output row in the blocked layout the C kernel reads, so what the
+weight cache holds is what runs: a cached load maps the file and is done (fbgemm's prepack copies
+and re-lays out every weight on every load). Activations are quantized per token to 13–15 bits
+in the kernel (see the C file), finer than fbgemm's 8 plus residual pass, so this path needs
+neither pair-safe weights nor the rotation of ffn_down's inputs.
+
+Which of it and fbgemm a machine runs is chosen in `weights/kernels.py`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+try:  # built by `pip install` (setup.py); optional: without it int8 runs on fbgemm
+    from node.inference.weights import _qgemm
+except ImportError:  # pragma: no cover - depends on the install
+    _qgemm = None
+
+KERNEL_VERSION = 1  # bump when the packed layout or the activation quantization changes
+
+
+def available() -> bool:
+    """Whether the compiled kernel is installed."""
+    return _qgemm is not None
+
+
+def isa() -> str:
+    """The instruction set the compiled kernel runs on here ("avx512vnni", "avx512", "avx2", "c"),
+    or "none" when it is not installed."""
+    return _qgemm.isa() if _qgemm is not None else "none"
+
+
+class Int8Packed:
+    """x @ W.T + b with int8 W per output row, packed for `_qgemm.gemm`; float32 in and out."""
+
+    __slots__ = ("_keep", "bias", "n", "k", "packed", "scales")
+
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, n: int, k: int, bias: np.ndarray | None):
+        if _qgemm is None:
+            raise RuntimeError("the compiled int8 kernel is not installed")
+        if packed.nbytes != _qgemm.packed_size(n, k) or scales.shape != (n,):
+            raise ValueError(f"packed weights of {packed.nbytes} bytes / {scales.shape} scales do not fit [{n}, {k}]")
+        self.packed = packed  # may be a read-only view of a mapped cache file: the kernel only reads
+        self.scales = np.ascontiguousarray(scales, dtype=np.float32)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        self.n, self.k = n, k
+        self._keep = None
+
+    @classmethod
+    def from_rows(cls, q: torch.Tensor, scales: torch.Tensor, bias: np.ndarray | None, *,
+                  keep: dict[str, np.ndarray] | None = None) -> Int8Packed:
+        """Pack int8 rows `q` [n, k] with their float32 `scales` [n] (`keep` receives the arrays)."""
+        n, k = q.shape
+        q = q.contiguous()
+        packed = np.empty(_qgemm.packed_size(n, k), dtype=np.int8)
+        _qgemm.pack(q.data_ptr(), n, k, packed.ctypes.data)
+        del q
+        if keep is not None:
+            keep.update(packed=packed, scales=scales.numpy(), shape=np.array([n, k], dtype=np.int64))
+            if bias is not None:
+                keep["bias"] = np.array(bias, dtype=np.float32)
+        return cls(packed, scales.numpy(), n, k, bias)
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Int8Packed:
+        """The matrix `convert(..., keep=arrays)` made, over those arrays (no copy of the weights)."""
+        n, k = (int(v) for v in arrays["shape"])
+        return cls(arrays["packed"], arrays["scales"], n, k, arrays.get("bias"))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        T = x.shape[0]
+        if x.shape[1] != self.k:
+            raise ValueError(f"input of width {x.shape[1]} for a matrix of width {self.k}")
+        y = torch.empty(T, self.n, dtype=torch.float32)
+        _qgemm.gemm(self.packed.ctypes.data, self.scales.ctypes.data, self.n, self.k, x.data_ptr(), T,
+                    y.data_ptr(), 0 if self.bias is None else self.bias.ctypes.data, torch.get_num_threads())
+        return y

@@ -1,0 +1,42 @@
+"""The slice engine's compiled int8 kernel (node/inference/weights/_qgemm.c), built by `pip install`.
+
+Everything else is in pyproject.toml. The extension is optional: without a C compiler (or with
+one that rejects a flag) the install goes on and the slice engine uses torch's fbgemm kernel
+(`node.inference.weights.qgemm.available()` says which). OpenMP is asked for first: it shares
+the runtime torch already loaded (see the C file); without it the kernel runs on one thread.
+"""
+
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """Builds each extension with the first flag set the compiler accepts; none is fatal."""
+
+    FLAG_SETS = (["-O3", "-fopenmp"], ["-O3"]) if sys.platform != "win32" else (["/O2", "/openmp"], ["/O2"])
+
+    def build_extension(self, ext):
+        base_compile, base_link = list(ext.extra_compile_args), list(ext.extra_link_args)
+        for flags in self.FLAG_SETS:
+            ext.extra_compile_args = base_compile + flags
+            ext.extra_link_args = base_link + [f for f in flags if f in ("-fopenmp",)]
+            try:
+                super().build_extension(ext)
+                return
+            except Exception as e:  # a compiler without OpenMP, or none at all
+                print(f"swarmllm: building {ext.name} with {' '.join(flags)} failed ({e})", file=sys.stderr)
+        print(f"swarmllm: {ext.name} not built: the slice engine will use torch's fbgemm kernel", file=sys.stderr)
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # no compiler at all (distutils raises before build_extension)
+            print(f"swarmllm: compiled extensions not built ({e})", file=sys.stderr)
+
+
+setup(
+    ext_modules=[Extension("node.inference.weights._qgemm", ["node/inference/weights/_qgemm.c"])],
+    cmdclass={"build_ext": OptionalBuildExt},
+)

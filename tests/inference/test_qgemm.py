@@ -1,0 +1,167 @@
+"""The compiled int8 kernel (qgemm): exact integer products on every instruction set this CPU has,
+odd shapes, bias, threads; the packed layout; and the per-machine choice between it and fbgemm."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from node.inference.weights import kernels, qgemm
+from node.inference.weights.linear import make_linear, quantize_rows_int8
+
+pytestmark = pytest.mark.skipif(not qgemm.available(), reason="the qgemm extension is not built")
+
+ISAS = ("avx512vnni", "avx512", "avx2", "c")
+
+
+def _isas_here() -> list[str]:
+    best = qgemm.isa()
+    return list(ISAS[ISAS.index(best):]) if best in ISAS else ["c"]
+
+
+@pytest.fixture
+def restore_isa():
+    best = qgemm.isa()
+    yield
+    qgemm._qgemm.set_isa(best)
+
+
+def _reference(q: np.ndarray, scales: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """What the kernel computes, in numpy: x per row to int16 on the kernel's grid, exact integer
+    sums, then (float)acc · s[n] · xs[t] in float32 (+ bias)."""
+    n, k = q.shape
+    lanes = (k + 7) // 8 + 1
+    qmax = min(32767.0, float(np.floor(2147483647.0 / (127.0 * lanes))))
+    m = np.abs(x).max(axis=1).astype(np.float32)
+    xs = np.where(m > 0, m / np.float32(qmax), np.float32(1.0)).astype(np.float32)
+    xq = np.rint(x * (np.float32(1.0) / xs)[:, None]).astype(np.int64)
+    acc = (xq @ q.astype(np.int64).T).astype(np.float32)
+    y = acc * scales[None, :].astype(np.float32) * xs[:, None]
+    return y + bias if bias is not None else y
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 64), (37, 45), (130, 300), (4, 32), (1, 1), (259, 1027)])
+@pytest.mark.parametrize("t", [1, 2, 3, 5, 33, 70])
+def test_every_instruction_set_computes_the_exact_integer_product(n, k, t, restore_isa):
+    rng = np.random.default_rng(n * 1000 + k + t)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = torch.from_numpy(rng.standard_normal((t, k)).astype(np.float32) * 3)
+    bias = rng.standard_normal(n).astype(np.float32)
+    lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), bias)
+    q, scales = quantize_rows_int8(w)
+    expected = _reference(q.numpy(), scales.numpy(), x.numpy(), bias)
+    before = torch.get_num_threads()
+    for name in _isas_here():
+        qgemm._qgemm.set_isa(name)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            try:
+                got = lin(x).numpy()
+            finally:
+                torch.set_num_threads(before)
+            np.testing.assert_allclose(got, expected, rtol=2e-6, atol=2e-6 * float(np.abs(expected).max()),
+                                       err_msg=f"isa {name}, threads {threads}")
+
+
+def test_long_inputs_cannot_overflow_the_int32_sums():
+    """K = 14336 (an 8B model's ffn_down) with every input at full scale and weights at ±127."""
+    n, k = 8, 14336
+    w = np.full((n, k), 1.0, dtype=np.float32)
+    w[1] *= -1
+    x = torch.full((1, k), 5.0)
+    y = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), None)(x).numpy()[0]
+    np.testing.assert_allclose(y[:2], [5.0 * k, -5.0 * k], rtol=1e-5)
+
+
+def test_close_to_the_float_product_and_finer_than_fbgemm():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((512, 1024)).astype(np.float32) * 0.02
+    x = torch.from_numpy(rng.standard_normal((16, 1024)).astype(np.float32))
+    x[:, 7] *= 20  # a heavy-tailed channel, as ffn_down's inputs have
+    exact = x @ torch.from_numpy(w).T
+    deq_w = quantize_rows_int8(w)
+    deq = x @ (deq_w[0].float() * deq_w[1][:, None]).T  # the weights' own rounding, nothing else
+    ours = make_linear(w, None, "int8", torch.device("cpu"), kernel="qgemm")(x)
+    theirs = make_linear(w, None, "int8", torch.device("cpu"), kernel="fbgemm")(x.clone())
+    err = lambda y, ref: float((y - ref).norm() / ref.norm())  # noqa: E731
+    # activations on 15 bits (here with one channel 20x the rest: ~11 for the others), where fbgemm
+    # keeps 8 plus a residual pass
+    assert err(ours, deq) < 5e-4, (err(ours, deq), err(theirs, deq))
+    assert err(ours, exact) < err(theirs, exact)  # the weights' grids are alike: activations decide
+
+
+def test_bad_shapes_and_pointers_are_refused():
+    with pytest.raises(ValueError):
+        qgemm.Int8Packed(np.zeros(10, dtype=np.int8), np.ones(4, dtype=np.float32), 4, 32, None)
+    lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(np.ones((4, 32), dtype=np.float32)), None)
+    with pytest.raises(ValueError, match="width"):
+        lin(torch.ones(1, 31))
+    with pytest.raises(ValueError):
+        qgemm._qgemm.gemm(0, 0, 4, 32, 0, 1, 0, 0, 1)
+    with pytest.raises(TypeError):
+        qgemm._qgemm.gemm(1, 2, 3)
+    with pytest.raises(ValueError, match="not available"):
+        qgemm._qgemm.set_isa("amx-dreams")
+
+
+def test_a_non_contiguous_or_half_input_is_taken(restore_isa):
+    w = np.random.default_rng(2).standard_normal((16, 64)).astype(np.float32)
+    lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), None)
+    x = torch.randn(64, 3).T  # [3, 64], not contiguous
+    np.testing.assert_allclose(lin(x).numpy(), lin(x.contiguous()).numpy())
+    assert lin(x.half()).dtype == torch.float32
+
+
+# --- the choice -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch):
+    monkeypatch.delenv("SWARMLLM_INT8_KERNEL", raising=False)
+    monkeypatch.setattr(kernels, "_chosen", {})
+
+
+def test_the_choice_is_measured_once_remembered_and_remeasured_when_the_machine_changes(
+        fresh_choice, tmp_path, monkeypatch, caplog):
+    path = tmp_path / "int8-kernel.json"
+    calls = []
+    real = kernels.measure
+    monkeypatch.setattr(kernels, "measure", lambda width: calls.append(width) or real(width, rounds=1))
+    with caplog.at_level(logging.INFO, logger="node.inference.weights.kernels"):
+        kernel = kernels.choose_int8_kernel(128, remember=path)
+    assert kernel in kernels.KERNELS and calls == [128]
+    assert "DIAG: int8 kernel chosen by measurement" in caplog.text
+    record = json.loads(path.read_text())[0]
+    assert record["kernel"] == kernel and record["isa"] == qgemm.isa() and record["width"] == 128
+    assert record["qgemm_request_ms"] > 0 and record["fbgemm_request_ms"] > 0
+    # a new process (the in-memory choice forgotten) reads it back without measuring
+    monkeypatch.setattr(kernels, "_chosen", {})
+    assert kernels.choose_int8_kernel(128, remember=path) == kernel and calls == [128]
+    # what the file says is what runs, even when it says the other kernel
+    other = "fbgemm" if kernel == "qgemm" else "qgemm"
+    path.write_text(json.dumps([dict(record, kernel=other)]))
+    monkeypatch.setattr(kernels, "_chosen", {})
+    assert kernels.choose_int8_kernel(128, remember=path) == other and calls == [128]
+    # another torch (or CPU, kernel version, threads) is another machine: measured again, both kept
+    path.write_text(json.dumps([dict(record, torch="0.0-other")]))
+    monkeypatch.setattr(kernels, "_chosen", {})
+    kernels.choose_int8_kernel(128, remember=path)
+    assert calls == [128, 128] and len(json.loads(path.read_text())) == 2
+
+
+def test_a_damaged_choice_file_is_measured_again(fresh_choice, tmp_path, monkeypatch):
+    path = tmp_path / "int8-kernel.json"
+    path.write_text("{not json")
+    monkeypatch.setattr(kernels, "measure", lambda width: {"kernel": "qgemm", "qgemm_request_ms": 1.0,
+                                                         "fbgemm_request_ms": 2.0, "measured_at": "now"})
+    assert kernels.choose_int8_kernel(64, remember=path) == "qgemm"
+    assert json.loads(path.read_text())[0]["kernel"] == "qgemm"
+
+
+def test_the_environment_can_force_a_kernel(fresh_choice, monkeypatch):
+    monkeypatch.setenv("SWARMLLM_INT8_KERNEL", "fbgemm")
+    assert kernels.choose_int8_kernel(64) == "fbgemm"
