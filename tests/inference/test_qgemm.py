@@ -165,3 +165,38 @@ def test_a_damaged_choice_file_is_measured_again(fresh_choice, tmp_path, monkeyp
 def test_the_environment_can_force_a_kernel(fresh_choice, monkeypatch):
     monkeypatch.setenv("SWARMLLM_INT8_KERNEL", "fbgemm")
     assert kernels.choose_int8_kernel(64) == "fbgemm"
+
+
+def test_a_row_computes_the_same_bits_alone_or_in_any_batch():
+    """Each token is quantized on its own grid and summed in exact integers: batching a decode
+    step with others (or a verify row with its draft) cannot move its output by one bit."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((300, 520)).astype(np.float32)
+    lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), rng.standard_normal(300).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((37, 520)).astype(np.float32))
+    x[5] *= 1000  # a row with a far larger range does not coarsen the others
+    batch = lin(x)
+    for i in (0, 5, 6, 36):
+        assert torch.equal(lin(x[i:i + 1]), batch[i:i + 1])
+    assert torch.equal(lin(x[3:11]), batch[3:11])
+
+
+def test_the_compiled_conversion_gives_the_numpy_and_torch_values_bit_for_bit(monkeypatch):
+    """Q8_0 → float32 and float32 → int8 rows at load: the same bits as the reference code."""
+    from gguf import GGMLQuantizationType
+
+    from node.inference.weights import dequant, linear
+
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((70, 320)) * rng.random((70, 1)) * 3).astype(np.float32)
+    w[3] = 0.0  # an all-zero row (scale clamped), a subnormal-scale block, exact ±127 steps
+    w[4, :32] = 1e-3  # scale 7.9e-6: an f16 subnormal
+    w[5, :] = np.linspace(-127, 127, 320, dtype=np.float32)
+    raw = dequant.quantize(w, GGMLQuantizationType.Q8_0)
+    values, scales = dequant.q8_0_blocks(raw, w.shape)
+    numpy_path = (values.reshape(*scales.shape, 32).astype(np.float32) * scales[..., None]).reshape(w.shape)
+    np.testing.assert_array_equal(dequant.dequantize(raw, GGMLQuantizationType.Q8_0, w.shape), numpy_path)
+    q_fast, s_fast = linear.quantize_rows_int8(numpy_path)
+    monkeypatch.setattr(linear, "quantize_rows_into", lambda *a: False)
+    q_torch, s_torch = linear.quantize_rows_int8(numpy_path)
+    assert torch.equal(q_fast, q_torch) and torch.equal(s_fast, s_torch)

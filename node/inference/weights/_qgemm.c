@@ -344,6 +344,107 @@ static PyObject *py_packed_size(PyObject *self, PyObject *const *args, Py_ssize_
     return PyLong_FromLongLong((long long)(((n + NR - 1) / NR * NR) * ((k + KC - 1) / KC * KC)));
 }
 
+/* ---- conversion at load (the first load of a slice is mostly these two passes) ---- */
+
+static float half_to_float(uint16_t h) {  /* exact: every f16 is a float32 */
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* dequant_q8_0(raw, blocks, out, threads): GGML Q8_0 (34-byte blocks: f16 scale, 32 int8) → float32,
+   value · scale in float32 as numpy computes it */
+static PyObject *py_dequant_q8_0(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "dequant_q8_0(raw, blocks, out, threads)");
+        return NULL;
+    }
+    int err = 0;
+    int64_t v[4];
+    for (int i = 0; i < 4; i++) v[i] = arg_i64(args[i], &err);
+    if (err) return NULL;
+    const uint8_t *raw = (const uint8_t *)(intptr_t)v[0];
+    float *out = (float *)(intptr_t)v[2];
+    int64_t blocks = v[1];
+    int threads = v[3] < 1 ? 1 : (int)v[3];
+    if (!raw || !out || blocks <= 0) {
+        PyErr_SetString(PyExc_ValueError, "dequant_q8_0: null pointer or no blocks");
+        return NULL;
+    }
+    (void)threads;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *blk = raw + b * 34;
+        float d = half_to_float((uint16_t)(blk[0] | (blk[1] << 8)));
+        const int8_t *q = (const int8_t *)(blk + 2);
+        float *o = out + b * 32;
+        for (int i = 0; i < 32; i++) o[i] = (float)q[i] * d;
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* quantize_rows(w, n, k, q, s, threads): symmetric int8 per row exactly as quantize_rows_int8 does
+   in torch (s = max|w| / 127 clamped to 1e-12; q = clamp(round_half_even(w / s), -127, 127)) */
+static PyObject *py_quantize_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "quantize_rows(w, n, k, q, s, threads)");
+        return NULL;
+    }
+    int err = 0;
+    int64_t v[6];
+    for (int i = 0; i < 6; i++) v[i] = arg_i64(args[i], &err);
+    if (err) return NULL;
+    const float *w = (const float *)(intptr_t)v[0];
+    int8_t *q = (int8_t *)(intptr_t)v[3];
+    float *sc = (float *)(intptr_t)v[4];
+    int64_t n = v[1], k = v[2];
+    int threads = v[5] < 1 ? 1 : (int)v[5];
+    if (!w || !q || !sc || n <= 0 || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "quantize_rows: null pointer or empty shape");
+        return NULL;
+    }
+    (void)threads;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t r = 0; r < n; r++) {
+        const float *wr = w + r * k;
+        float m = 0.0f;
+        for (int64_t i = 0; i < k; i++) { float a = fabsf(wr[i]); m = a > m ? a : m; }
+        float s = m / 127.0f;
+        if (!(s >= 1e-12f)) s = 1e-12f;
+        int8_t *qr = q + r * k;
+        for (int64_t i = 0; i < k; i++) {
+            float x = rintf(wr[i] / s);
+            qr[i] = (int8_t)(x > 127.0f ? 127.0f : x < -127.0f ? -127.0f : x);
+        }
+        sc[r] = s;
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     return PyUnicode_FromString(g_isa);
@@ -374,6 +475,8 @@ static PyMethodDef methods[] = {
     {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL, "y = (x @ W.T) * s + bias (see module doc)"},
     {"pack", (PyCFunction)(void (*)(void))py_pack, METH_FASTCALL, "int8 rows -> the packed layout gemm reads"},
     {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL, "bytes of a packed [n, k] matrix"},
+    {"dequant_q8_0", (PyCFunction)(void (*)(void))py_dequant_q8_0, METH_FASTCALL, "GGML Q8_0 blocks -> float32"},
+    {"quantize_rows", (PyCFunction)(void (*)(void))py_quantize_rows, METH_FASTCALL, "float32 rows -> int8 + scales"},
     {"isa", py_isa, METH_NOARGS, "the instruction set of the kernel in use"},
     {"set_isa", py_set_isa, METH_O, "use the kernel of a given (slower) instruction set"},
     {NULL, NULL, 0, NULL},

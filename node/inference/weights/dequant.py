@@ -14,6 +14,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as _gq
 
+from node.inference.weights.qgemm import dequant_q8_0
+
 Q = GGMLQuantizationType
 SUPPORTED = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 QK_K = 256
@@ -30,6 +32,9 @@ def dequantize(raw: np.ndarray, qtype: Q, shape: tuple[int, ...]) -> np.ndarray:
     if qtype == Q.F16:
         return raw.view(np.float16).astype(np.float32).reshape(shape)
     if qtype == Q.Q8_0:
+        fast = dequant_q8_0(raw.view(np.uint8), shape)  # the compiled loop, on torch's threads
+        if fast is not None:
+            return fast
         values, scales = q8_0_blocks(raw, shape)
         return (values.reshape(*scales.shape, 32).astype(np.float32) * scales[..., None]).reshape(shape)
     return _gq.dequantize(raw.view(np.uint8), qtype).reshape(shape)

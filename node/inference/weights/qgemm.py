@@ -36,6 +36,30 @@ def isa() -> str:
     return _qgemm.isa() if _qgemm is not None else "none"
 
 
+def dequant_q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """float32 of `shape` from contiguous GGML Q8_0 bytes, on torch's threads (the same values as
+    numpy's value · scale); None when the kernel is not installed or the bytes are not contiguous."""
+    if _qgemm is None or not raw.flags.c_contiguous or raw.nbytes % 34:
+        return None
+    out = np.empty(shape, dtype=np.float32)
+    if out.size != raw.nbytes // 34 * 32:
+        raise ValueError(f"{raw.nbytes} bytes of Q8_0 do not hold {shape}")
+    _qgemm.dequant_q8_0(raw.ctypes.data, raw.nbytes // 34, out.ctypes.data, torch.get_num_threads())
+    return out
+
+
+def quantize_rows_into(w: np.ndarray, q: np.ndarray, scales: np.ndarray) -> bool:
+    """int8 per row of float32 `w` into `q` and `scales` (as `quantize_rows_int8` computes them);
+    False when the kernel is not installed (the caller does it in torch)."""
+    if _qgemm is None:
+        return False
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    assert q.flags.c_contiguous and scales.flags.c_contiguous and q.shape == w.shape and scales.shape == w.shape[:1]
+    _qgemm.quantize_rows(w.ctypes.data, w.shape[0], w.shape[1], q.ctypes.data, scales.ctypes.data,
+                         torch.get_num_threads())
+    return True
+
+
 class Int8Packed:
     """x @ W.T + b with int8 W per output row, packed for `_qgemm.gemm`; float32 in and out."""
 
