@@ -119,6 +119,32 @@ async def test_a_move_drains_the_old_range_until_its_session_ends(tmp_path, monk
 
 
 @pytest.mark.asyncio
+async def test_the_same_range_chosen_while_it_drains_is_kept_not_loaded_twice(tmp_path, monkeypatch):
+    """A pause, then a resume within the drain grace period that picks the same layers: the
+    draining slice serves again with its sessions (before, a second copy replaced it in the host,
+    its peers' sessions failed and its weights were held twice until the grace period ended)."""
+    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    entry, host, peers, auto, model, old, announced = await setup(tmp_path)
+    sha = entry.sha256
+    peers.snaps = [peer("p0" * 32, 0, 4, sha)]  # 4-7 is this node's alone: the choice is 4-7 again
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(old.executor, old.model.new_session, "busy")
+    await auto.async_pause()
+    assert old.state == "draining" and host.for_model(sha) == [] and announced[-1] == []
+    auto.resume()
+    await auto._async_evaluate(model, "resumed")
+    assert host.find(sha, 4, 8) is old and old.state == "loaded" and len(host.slices) == 1
+    assert "busy" in old.model.sessions
+    assert announced[-1] == [(4, 8)]
+    await loop.run_in_executor(old.executor, old.model.free_session, "busy")
+    # the pause's free task sees the slice chosen again and leaves it serving
+    await wait_until(lambda: not auto._drains, 10.0, 0.05, "the pause's release task to end")
+    assert old.state == "loaded" and old.model is not None and host.find(sha, 4, 8) is old
+    await auto.async_stop()
+    await host.async_close()
+
+
+@pytest.mark.asyncio
 async def test_first_choice_then_periodic_and_peer_triggered_moves(tmp_path, monkeypatch):
     monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
     monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)

@@ -555,6 +555,9 @@ class AutoServe:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + const.AUTO_SERVE_DRAIN_S
         # the session store has no change event; a session ends by SESSION_END, CANCEL or the sweeper
-        while old.model is not None and old.model.sessions.counts()[0] and loop.time() < deadline:  # noqa: ASYNC110
+        while old.state == "draining" and old.model is not None and old.model.sessions.counts()[0] \
+                and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(const.AUTO_SERVE_DRAIN_POLL_S)
+        if old.state != "draining":
+            return  # chosen again while it drained (host.async_load kept it): it serves on
         await self.host.async_unload(old, keep_parts=keep_parts)

@@ -231,6 +231,18 @@ class SliceHost:
         gives the slice up (state "unloaded", nothing fetched)."""
         from node.inference.slice import SliceModel
 
+        held = self.slices.get((entry.sha256, start, end))
+        if held is not None and held.state in ("loaded", "draining") and held.model is not None:
+            # the same range asked for again (a resume or a new budget inside the drain grace
+            # period): the slice draining there is kept, with its sessions, not loaded twice
+            revived = held.state == "draining"
+            held.state, held.auto_budget = "loaded", auto_budget or held.auto_budget
+            self.events.emit(held)
+            log.info("DIAG: slice kept %s", kv(model=entry.id, layers=f"{start}-{end - 1}",
+                                               was="draining" if revived else "loaded"))
+            if revived and self.on_change is not None:
+                self.on_change()
+            return held
         hosted = HostedSlice(entry, start, end, auto_budget=auto_budget)
         hosted.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"slice-{entry.name[:12]}-{start}-{end}")
