@@ -369,8 +369,10 @@ class Node:
             whole_loading = any(m.state == "loading" for m in self.models.whole_models())
             sliced = any(s.state == "loaded" for s in self.slice_host.slices.values())
             return self.autoserve.settled and (sliced or self.models.ready) and not whole_loading
+        # slices the layer choice took (contributions from the app) do not hold readiness back: a node
+        # serving its own models stays ready while it fetches layers for the swarm
         loading = any(m.state == "loading" for m in self.models.whole_models()) or \
-            any(s.state == "loading" for s in self.slice_host.slices.values())
+            any(s.state == "loading" and s.auto_budget is None for s in self.slice_host.slices.values())
         if loading:
             return False
         if self.models.ready or self.slice_host.ready:

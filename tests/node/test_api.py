@@ -234,6 +234,22 @@ async def test_health_ready_metrics(node):
     assert got == 200 and "swarmllm_ttft_ms_bucket" in text and "swarmllm_requests_total" in text
 
 
+async def test_a_contributed_slice_loading_keeps_a_serving_node_ready(node):
+    """Layers fetched for the swarm (the app's Contribute) must not turn /health/ready to 503
+    while the node serves its own model; a configured slice (--layers) still holds it back."""
+    from node.inference.pipeline.host import HostedSlice
+
+    entry = node.models.all()[0].entry
+    for auto_budget, expected in (((2, 2), 200), (None, 503)):
+        hosted = HostedSlice(entry, 0, 1, auto_budget=auto_budget)  # loading
+        node.slice_host.slices[hosted.key] = hosted
+        try:
+            assert (await raw(node, "GET", "/health/ready", key=False))[0] == expected
+        finally:
+            del node.slice_host.slices[hosted.key]
+    assert (await raw(node, "GET", "/health/ready", key=False))[0] == 200
+
+
 async def test_usage_identical_cold_and_warm(node, client, model_id):
     """Seed 000 gotcha #400: prompt_tokens is a property of the prompt, cold or warm."""
     body = dict(model=model_id, messages=[{"role": "user", "content": "the same prompt twice"}], max_tokens=3, temperature=0)
