@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QV
 
 from app.tasks import spawn
 from app.ui import fmt
+from node.errors import NodeError
 
 
 def eta_text(done: int, total: int | None, bytes_per_s: float | None) -> str:
@@ -114,7 +115,7 @@ class DownloadsPanel(QWidget):
         row.pause_button.setToolTip("Resume from where it stopped (HTTP Range)" if job.state == "paused"
                                     else "Stop for now; the bytes so far are kept")
         if job.state == "paused":
-            row.pause_button.clicked.connect(lambda: self.node.downloads.resume(job.id))
+            row.pause_button.clicked.connect(lambda: self._resume(job))
         else:
             row.pause_button.clicked.connect(lambda: self.node.downloads.pause(job.id))
         row.cancel_button.setVisible(job.active or job.state == "paused")
@@ -122,6 +123,16 @@ class DownloadsPanel(QWidget):
         row.cancel_button.clicked.connect(lambda: self._cancel(job))
         if job.state == "done":
             row.detail.setText(f"done · {fmt.size(job.total_bytes or job.done_bytes)} · model {job.model_id}")
+
+    def _resume(self, job) -> None:
+        """Resume, and wire the row to the new download at once (its first event comes later: a
+        Cancel meanwhile must stop the download that writes the partial file, not the paused one)."""
+        try:
+            resumed = self.node.downloads.resume(job.id)
+        except NodeError as exc:
+            self._row(f"file:{job.file_name}", job.file_name).detail.setText(f"could not resume: {exc.message}")
+            return
+        self.on_download(resumed)
 
     def _cancel(self, job) -> None:
         if job.active:

@@ -284,6 +284,36 @@ async def test_cancel_stops_and_removes_the_partial_file(node, server, other_byt
     assert not list((node.data_dir / "models").glob("cancelled.gguf*"))
 
 
+async def test_pause_keeps_the_part_a_discard_removes_it_and_never_under_a_resumed_download(node, server):
+    """pause → paused (part kept) → resume is a new download of the same file; discarding the
+    paused job then is refused (the resumed one writes the part: it used to be deleted under it)."""
+    from node.errors import Conflict
+
+    _remove(node, "paused.gguf")
+    server.stall_after, server.release = 100_000, asyncio.Event()
+    part = node.data_dir / "models" / "paused.gguf.part"
+    downloads = node.downloads
+    try:
+        first = downloads.start(server.url, file_name="paused.gguf")
+        await wait_until(lambda: first.done_bytes >= 100_000, what="bytes arriving")
+        downloads.pause(first.id)
+        await wait_until(lambda: first.state == "paused", what="the pause")
+        kept = part.stat().st_size
+        assert kept >= 100_000
+        second = downloads.resume(first.id)
+        assert second.id != first.id and second.active
+        with pytest.raises(Conflict, match=f"resumed as {second.id}"):
+            await downloads.async_discard(first.id)
+        assert part.stat().st_size >= kept  # untouched
+        downloads.pause(second.id)
+        await wait_until(lambda: second.state == "paused", what="the second pause")
+        await downloads.async_discard(second.id)
+        assert second.state == "cancelled" and not part.exists()
+    finally:
+        server.stall_after = None
+        server.release.set()
+
+
 async def test_a_wrong_range_answer_restarts_from_zero(node, server, other_bytes):
     _remove(node, "wrongrange.gguf")
     server.requests.clear()

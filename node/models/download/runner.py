@@ -111,6 +111,10 @@ class ModelDownloader:
         job = self.get(job_id)
         if job.state != "paused":
             raise Conflict(f"download {job_id} is {job.state}, not paused")
+        going = next((j for j in self.jobs.values() if j.active and j.file_name.casefold() == job.file_name.casefold()),
+                     None)
+        if going is not None:  # resumed meanwhile: that download writes the partial file now
+            raise Conflict(f"download {job_id} was resumed as {going.id}; cancel that one")
         await asyncio.get_running_loop().run_in_executor(None, discard_part, self.models_dir / (job.file_name + ".part"))
         job.state, job.error = "cancelled", "cancelled"
         log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes, was="paused"))
@@ -202,7 +206,10 @@ class ModelDownloader:
 
     def _settle(self, job: DownloadJob) -> None:
         """The job's task ended: a task cancelled before it ever ran must not leave the job active."""
-        if job.active:
+        if job.active and job.user_paused and not job.user_cancelled:  # paused before it ran: its part stays
+            job.state, job.finished_at = "paused", time.time()
+            self._observers.emit(job)
+        elif job.active:
             job.state, job.error, job.finished_at = "cancelled", "cancelled before it started", time.time()
             self._observers.emit(job)
 
