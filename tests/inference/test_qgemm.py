@@ -200,3 +200,19 @@ def test_the_compiled_conversion_gives_the_numpy_and_torch_values_bit_for_bit(mo
     monkeypatch.setattr(linear, "quantize_rows_into", lambda *a: False)
     q_torch, s_torch = linear.quantize_rows_int8(numpy_path)
     assert torch.equal(q_fast, q_torch) and torch.equal(s_fast, s_torch)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_input_row_gives_nan_outputs_and_leaves_the_other_rows(bad, restore_isa):
+    """As a float product would: not finite garbage from converting NaN to an integer."""
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((40, 100)).astype(np.float32)
+    lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), None)
+    x = torch.from_numpy(rng.standard_normal((9, 100)).astype(np.float32))
+    clean = lin(x)
+    x[4, 17] = bad
+    for name in _isas_here():
+        qgemm._qgemm.set_isa(name)
+        y = lin(x)
+        assert torch.isnan(y[4]).all(), name
+        assert torch.equal(torch.cat([y[:4], y[5:]]), torch.cat([clean[:4], clean[5:]])), name
