@@ -276,7 +276,8 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
     for hosted in node.slice_host.slices.values():
         info = hosted.summary()
         rows.append(f"{hosted.entry.id}  layers={hosted.start}-{hosted.end - 1} of {hosted.entry.n_layers} "
-                    f"engine=torch-slice dtype={info['dtype']} state={hosted.state} device={info['device']} "
+                    f"engine=torch-slice dtype={info['dtype']} kernel={info['kernel']} state={hosted.state} "
+                    f"device={info['device']} "
                     f"kv_sessions={info['sessions']} kv_kept={info['kept_sessions']} kv_mb={info['kv_mb']}"
                     + (f" load_ms={info['load_ms']} weight_cache={info['weight_cache']}" if info["load_ms"] is not None else "")
                     + (f" error={hosted.error}" if hosted.error else ""))

@@ -95,6 +95,7 @@ def test_trace_lines_and_diagnostics_sections(swarm):
     assert re.search(r"int8 kernels: (qgemm \((avx512vnni|avx512|avx2|c)\)|fbgemm only)", machine)
     models = texts["b"].split("-- models --")[1]
     assert re.search(r"layers=2-3 of 6 .* load_ms=\d+ weight_cache=off", models)
+    assert re.search(r"layers=2-3 of 6 engine=torch-slice dtype=f32 kernel=torch ", models)
 
 
 def test_fifty_concurrent_streams_each_get_their_own_text(swarm):
