@@ -177,7 +177,11 @@ class Contributions:
 
     async def _async_save(self) -> None:
         values = {"contribute": self.config.contribute, "contribute_models": dict(self.config.contribute_models)}
-        await asyncio.get_running_loop().run_in_executor(None, save_desktop_settings, self.config.data_dir, values)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, save_desktop_settings, self.config.data_dir, values)
+        except (OSError, ValueError) as exc:  # (tomllib's error is a ValueError) the choice holds for this run
+            log.warning("DIAG: desktop settings not saved to config.toml, they hold until the node stops %s",
+                        kv(error=str(exc)))
 
     # --- what it looks like ---
 

@@ -86,10 +86,20 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+        # a TOML basic string: JSON's escapes are TOML's, but not its surrogate pairs (characters
+        # beyond the BMP stay as they are) and not a raw DEL
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def _table_name(header: str) -> str | None:
+    """The name of a single-bracket table header as TOML reads it (spaces and quotes around it
+    dropped); None for an array-of-tables header."""
+    if header.startswith("[["):
+        return None
+    return header[1:-1].strip().strip('"').strip("'").strip()
 
 
 def save_desktop_settings(data_dir: Path, values: dict[str, Any]) -> None:
@@ -103,7 +113,7 @@ def save_desktop_settings(data_dir: Path, values: dict[str, Any]) -> None:
     for line in lines:
         head = line.split("#", 1)[0].strip()
         if _TABLE_HEADER.fullmatch(head):  # (not a line of a multi-line array)
-            inside = head == f"[{DESKTOP_SECTION}]"
+            inside = _table_name(head) == DESKTOP_SECTION  # `[desktop]`, `[ desktop ]`, `["desktop"]`
             if inside:
                 continue
         if not inside:

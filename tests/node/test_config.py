@@ -123,3 +123,27 @@ def test_the_kv_of_a_long_context_gets_fewer_sequences_not_more_memory():
     for n_ctx in (256, 1024, 4096, 8192):
         concurrent, cache = kv_sequences(n_ctx, 4, 4, 16384)
         assert (concurrent + cache) * n_ctx <= max(16384, n_ctx)
+
+
+@pytest.mark.parametrize("header", ["[desktop]", "[ desktop ]", '["desktop"]', "[desktop]  # mine"])
+def test_desktop_settings_replace_their_table_and_keep_every_other_line(tmp_path, header):
+    import tomllib
+
+    from node.datadir import save_desktop_settings
+
+    path = tmp_path / "config.toml"
+    path.write_text(f'# my node\nport = 8811  # keep\n\n{header}\ncontribute = true\n\n[other]\nnote = "a [x] b"\n'
+                    f"tags = [\n  \"[desktop]\",\n]\n", encoding="utf-8")
+    save_desktop_settings(tmp_path, {"contribute": False, "contribute_models": {"m-1\U0001f600\x7f\n": 512}})
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# my node\nport = 8811  # keep\n")
+    assert '[other]\nnote = "a [x] b"\ntags = [\n  "[desktop]",\n]' in text  # the array line is not a header
+    parsed = tomllib.loads(text)
+    assert parsed["desktop"] == {"contribute": False, "contribute_models": {"m-1\U0001f600\x7f\n": 512}}
+    assert parsed["port"] == 8811 and parsed["other"]["tags"] == ["[desktop]"]
+    assert text.count("desktop]") == 2  # the new header and the array's string; the old table is gone
+    save_desktop_settings(tmp_path, {"contribute": True, "contribute_models": {}})  # again: still one table
+    assert tomllib.loads(path.read_text(encoding="utf-8"))["desktop"] == {"contribute": True, "contribute_models": {}}
+    assert (path.stat().st_mode & 0o777) == 0o600
+    cfg = load_config({"data_dir": str(tmp_path)}, environ={})
+    assert cfg.port == 8811 and cfg.contribute is True and cfg.contribute_models == {}
