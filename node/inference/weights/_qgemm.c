@@ -37,7 +37,7 @@ Python API (all pointers are addresses, e.g. tensor.data_ptr()):
 
 #define NR 4      /* output rows per micro tile */
 #define KC 32     /* k per chunk of a packed block */
-#define TB 32     /* tokens per block: their int16 rows stay in L2 while all of W streams by */
+#define TB_BYTES (384 * 1024)  /* a token block's int16 rows stay in L2 while all of W streams by once */
 
 typedef struct {
     const int8_t *w;    /* packed: [n/NR blocks][kp/KC chunks][NR rows][KC] (see pack()) */
@@ -61,6 +61,11 @@ static inline void store_tile(const job_t *j, int64_t t, int64_t n, int nr, cons
         float v = (float)acc[r] * j->s[n + r] * j->xs[t];
         j->y[t * j->n + n + r] = j->bias ? v + j->bias[n + r] : v;
     }
+}
+
+static inline int64_t token_block(const job_t *j) {  /* a multiple of 4 tokens (the tiles), at least 4 */
+    int64_t tb = TB_BYTES / (2 * j->kp) / 4 * 4;
+    return tb < 4 ? 4 : tb;
 }
 
 /* ---- portable C ---- */
@@ -120,6 +125,7 @@ TILE_AVX2(2)
 
 __attribute__((target("avx2,fma")))
 static void rows_avx2(const job_t *j, int64_t n0, int64_t n1) {
+    const int64_t TB = token_block(j);
     for (int64_t tb = 0; tb < j->t; tb += TB) {
         const int64_t te = tb + TB < j->t ? tb + TB : j->t;
         for (int64_t n = n0; n < n1; n += NR) {
@@ -181,6 +187,7 @@ static inline void NAME##_1(const job_t *j, const int8_t *b, int64_t t, int64_t 
 TILE_512(NAME, TARGET, MADD)                                                                              \
 __attribute__((target(TARGET)))                                                                           \
 static void NAME(const job_t *j, int64_t n0, int64_t n1) {                                                \
+    const int64_t TB = token_block(j);                                                                    \
     for (int64_t tb = 0; tb < j->t; tb += TB) {                                                           \
         const int64_t te = tb + TB < j->t ? tb + TB : j->t;                                               \
         for (int64_t n = n0; n < n1; n += NR) {                                                           \
