@@ -89,6 +89,8 @@ SESSION_TTL_S = 300.0  # an idle KV session on a segment is freed after this
 KEPT_SESSION_TTL_S = 900.0  # a finished one kept for its conversation's next turn, after this
 BATCH_MAX_STEPS = 16  # a segment runs at most this many sessions' queued steps as one forward
 BATCH_MAX_ROWS = 512  # ... of at most this many rows together (a longer prefill chunk runs alone)
+KEPT_ROUTE_MAX_SLOWDOWN = 1.5  # a conversation's next turn keeps its chain (its KV) unless that chain's
+# estimate per token is this many times the cheapest's (then it prefills in full on the cheaper one)
 CHAIN_PREFIX_MIN_TOKENS = 16  # a chain resumes a kept session only for a common prefix this long
 SESSION_SWEEP_INTERVAL_S = 10.0
 KV_BUDGET_BYTES = 4 * 1024**3  # KV bytes a node keeps across sessions before LRU eviction

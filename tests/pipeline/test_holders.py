@@ -78,3 +78,35 @@ def test_a_peers_speed_figures_cannot_crash_or_hijack_planning():
                     dict(start=-1, end=8)):
         snap_ = PeerSnapshot(P2, P2[:8], "connected", "direct", "127.0.0.1:2", 2.0, 200.0, (_advert(**garbled),), None)
         assert holders(snap_).holders(SHA) == [], garbled
+
+
+def test_assembly_keeps_a_conversations_route_unless_it_is_gone_or_far_slower(caplog):
+    """Turn 2 of a conversation runs where its KV is (a changed route would reuse nothing)."""
+    import logging
+    from types import SimpleNamespace
+
+    from node import const
+    from node.trace import RequestTrace
+
+    lh = holders(snap(P1, (0, 8)), snap(P2, (0, 8)))
+    lh.transport = SimpleNamespace(kind=lambda node_id: "direct")
+    entry = SimpleNamespace(sha256=SHA, n_layers=8)
+
+    def assemble(prefer):
+        plan, _ = lh.assemble(entry, RequestTrace(model="m", operation="chat.completions"), 1, frozenset(),
+                              prefer=prefer)
+        return [(h.node_id, h.start, h.end) for h in plan.segments]
+
+    cheapest = assemble(None)
+    other = P2 if cheapest[0][0] == P1 else P1
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline.holders")
+    assert assemble(((other, 0, 8),)) == [(other, 0, 8)]  # kept: it holds the KV, and costs the same
+    assert "DIAG: pipeline route kept for its cached prefix" in caplog.text
+    assert assemble(((other, 0, 4), (cheapest[0][0], 4, 8))) == [(other, 0, 4), (cheapest[0][0], 4, 8)]
+    assert assemble(((ME, 0, 8),)) == cheapest  # that node holds nothing: the cheapest chain
+    assert "DIAG: pipeline route changed, cache lost" in caplog.text and "kept_est_ms_per_token=unusable" in caplog.text
+    # far slower than the cheapest: the cheaper chain, prefilling in full
+    lh.peers.snaps = [snap(P1, (0, 8)), PeerSnapshot(P2, P2[:8], "connected", "direct", "127.0.0.1:1", 2.0 * 40,
+                                                     200.0, snap(P2, (0, 8)).models, None)]
+    assert assemble(((P2, 0, 8),)) == [(P1, 0, 8)]
+    assert const.KEPT_ROUTE_MAX_SLOWDOWN > 1

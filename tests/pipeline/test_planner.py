@@ -264,3 +264,21 @@ def test_absurd_figures_are_unmeasured_or_clamped_in_both_sweeps(n_holders):
     plan = plan_route(80, hs)
     assert [h.node_id for h in plan.segments] == ["f" * 64]
     assert plan.est_ms == pytest.approx(0.5 * 80 + 4.0)
+
+
+def test_a_kept_route_is_planned_while_its_holders_hold_its_layers():
+    """A conversation's next turn runs on the chain holding its KV, even when another is cheaper."""
+    holders = [Holder(A, 0, 4, "local", 0, 1.0), Holder(B, 4, 8, "direct", 1.0, 1.0),
+               Holder(C, 2, 8, "direct", 2.0, 1.2), Holder(D, 0, 8, "direct", 5.0, 1.0)]
+    assert cut(plan_route(8, holders)) == [("a", 0, 4), ("b", 4, 8)]
+    kept = planner.plan_kept_route(8, holders, ((A, 0, 3), (C, 3, 8)))
+    assert cut(kept) == [("a", 0, 3), ("c", 3, 8)]
+    assert [(h.node_id, h.start, h.end) for h in kept.standbys[1]] == [(D, 3, 4), (B, 4, 8)]  # as plan_route does
+    assert kept.est_ms == pytest.approx(planner.estimate_ms(kept.segments, 8))
+    # unusable: a hop's node gone or excluded, its layers no longer held, a gap, not the whole model
+    assert planner.plan_kept_route(8, [h for h in holders if h.node_id != C], ((A, 0, 3), (C, 3, 8))) is None
+    assert planner.plan_kept_route(8, holders, ((A, 0, 3), (C, 3, 8)), exclude=frozenset({C})) is None
+    assert planner.plan_kept_route(8, holders, ((A, 0, 1), (C, 1, 8))) is None  # C holds 2-7 only
+    assert planner.plan_kept_route(8, holders, ((A, 0, 3), (C, 4, 8))) is None
+    assert planner.plan_kept_route(8, holders, ((A, 0, 4),)) is None
+    assert planner.plan_kept_route(8, holders, ()) is None

@@ -79,3 +79,18 @@ def test_off_when_no_sequences_are_kept():
     cache = ChainPrefixCache(0)
     cache.put(kept("1"))
     assert cache.take("m", ROUTE, [*TURN1, 1], "r") == (None, 0)
+
+
+def test_the_route_a_prompt_would_resume_is_offered_to_the_planner():
+    cache = ChainPrefixCache(4)
+    assert cache.route_for("m", list(TURN1)) is None
+    cache.put(kept("r1/1", route=OTHER))
+    turn2 = [*TURN1, 7, 8]
+    assert cache.route_for("m", turn2) == (("a" * 64, 0, 2), ("c" * 64, 2, 4))
+    assert cache.route_for("other-model", turn2) is None
+    assert cache.route_for("m", list(range(500, 560))) is None  # shares nothing
+    assert cache.route_for("m", [*TURN1[:10], 1, 2, 3]) is None  # shorter than CHAIN_PREFIX_MIN_TOKENS
+    # offering it takes nothing: the hit is still there for the attempt on that route
+    entry, n = cache.take("m", OTHER, turn2, "r2")
+    assert entry is not None and n == len(TURN1)
+    assert ChainPrefixCache(0).route_for("m", turn2) is None  # off

@@ -174,12 +174,13 @@ class PipelineCoordinator:
     def open_attempt(self, job: GenerationJob, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
                      excluded: frozenset[str]) -> Attempt:
         """Plan a chain without the excluded nodes and track its session (InsufficientCapacity if none)."""
-        plan, kinds = self.holders.assemble(entry, trace, attempt_no, excluded)
+        reuses = attempt_no == 1  # (a failed-over attempt prefills prompt + generated afresh)
+        prefer = self.prefix.route_for(entry.sha256, list(job.prompt_tokens)) if reuses else None
+        plan, kinds = self.holders.assemble(entry, trace, attempt_no, excluded, prefer=prefer)
         sid = f"{job.request_id}/{attempt_no}"
         att = Attempt(sid, entry.sha256, plan, tuple(Hop(h.node_id, h.start, h.end) for h in plan.segments), kinds,
                       asyncio.get_running_loop().create_future())
-        if attempt_no == 1 and not (len(plan.segments) == 1 and plan.segments[0].whole):
-            # prefix reuse (a first attempt: a failed-over one prefills prompt + generated afresh)
+        if reuses and not (len(plan.segments) == 1 and plan.segments[0].whole):  # prefix reuse
             kept, n = self.prefix.take(entry.sha256, att.route, list(job.prompt_tokens), job.request_id)
             if kept is not None:
                 att.resume, att.cached = kept.sid, n

@@ -18,10 +18,11 @@ import logging
 import time
 from typing import Any
 
+from node import const
 from node.errors import InsufficientCapacity
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.perf import PeerPerformance
-from node.inference.pipeline.planner import Holder, Plan, plan_route, sane_ms
+from node.inference.pipeline.planner import Holder, Plan, plan_kept_route, plan_route, sane_ms
 from node.inference.pipeline.transport import PipelineTransport
 from node.logs import kv
 from node.models.catalog import ModelEntry
@@ -113,16 +114,29 @@ class LayerHolders:
         return True
 
     def assemble(self, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
-                 excluded: frozenset[str]) -> tuple[Plan, list[str]]:
+                 excluded: frozenset[str], prefer: tuple[tuple[str, int, int], ...] | None = None
+                 ) -> tuple[Plan, list[str]]:
         """The cheapest chain without the excluded nodes and each segment's transport (local |
         direct | relayed), recorded in the trace (sched_ms, segments, route, regions);
-        InsufficientCapacity when no chain is left."""
+        InsufficientCapacity when no chain is left. `prefer`: a kept session's route (its KV holds
+        this prompt's prefix), taken instead while it is usable and its estimate is within
+        KEPT_ROUTE_MAX_SLOWDOWN of the cheapest (a route that changes between turns reuses nothing)."""
         started = trace.begin_assembly()
         try:
-            plan = plan_route(entry.n_layers, self.holders(entry.sha256), exclude=excluded)
+            holders = self.holders(entry.sha256)
+            plan = plan_route(entry.n_layers, holders, exclude=excluded)
         except InsufficientCapacity:
             trace.end_assembly(started)
             raise
+        if prefer is not None and tuple((h.node_id, h.start, h.end) for h in plan.segments) != prefer:
+            kept = plan_kept_route(entry.n_layers, holders, prefer, exclude=excluded)
+            usable = kept is not None and kept.est_ms <= plan.est_ms * const.KEPT_ROUTE_MAX_SLOWDOWN
+            log.info("DIAG: pipeline route %s %s", "kept for its cached prefix" if usable else "changed, cache lost",
+                     kv(request_id=trace.request_id, kept_route=",".join(f"{n[:8]}[{a}-{b - 1}]" for n, a, b in prefer),
+                        kept_est_ms_per_token=round(kept.est_ms, 2) if kept is not None else "unusable",
+                        cheapest=plan.describe(), cheapest_est_ms_per_token=round(plan.est_ms, 2)))
+            if usable:
+                plan = kept
         kinds = [self.transport.kind(h.node_id) for h in plan.segments]
         segments = [SegmentTrace(h.short_id, h.start, h.end, kind) for h, kind in zip(plan.segments, kinds, strict=True)]
         trace.end_assembly(started, segments)

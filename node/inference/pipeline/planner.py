@@ -418,7 +418,10 @@ def plan_route(n_layers: int, holders: list[Holder], *, exclude: frozenset[str] 
         raise InsufficientCapacity(
             f"no chain of peers covers all {n_layers} layers of this model right now ({why}; holders cover "
             f"{sorted((h.start, h.end) for h in usable) or 'nothing'})")
-    chain = _unwind(best)
+    return _with_standbys(_unwind(best), usable, n_layers, standbys)
+
+
+def _with_standbys(chain: list[Holder], usable: list[Holder], n_layers: int, standbys: bool) -> Plan:
     in_chain = {h.node_id for h in chain}
     spare = [h for h in usable if h.node_id not in in_chain] if standbys else []
     spares: list[list[Holder] | None] = []
@@ -427,3 +430,23 @@ def plan_route(n_layers: int, holders: list[Holder], *, exclude: frozenset[str] 
         found = _best(seg.start, seg.end, n_layers, near)
         spares.append(_unwind(found) if found is not None else None)
     return Plan(chain, spares, estimate_ms(chain, n_layers))
+
+
+def plan_kept_route(n_layers: int, holders: list[Holder], route: tuple[tuple[str, int, int], ...], *,
+                    exclude: frozenset[str] = frozenset()) -> Plan | None:
+    """The plan that runs exactly `route` ((node, start, end) per hop: a kept session's chain, whose
+    KV a conversation's next turn reuses), with standbys as plan_route gives them, when every hop's
+    node still holds its layers and is not excluded; None otherwise."""
+    usable = _prune([h for h in holders if h.node_id not in exclude and 0 <= h.start < h.end <= n_layers
+                     and (not h.whole or (h.start, h.end) == (0, n_layers))])
+    if not route or route[0][1] != 0 or route[-1][2] != n_layers \
+            or any(a[2] != b[1] for a, b in zip(route, route[1:], strict=False)):
+        return None
+    chain = []
+    for node_id, start, end in route:
+        holder = next((h for h in usable if h.node_id == node_id and h.start <= start and end <= h.end
+                       and (not h.whole or (start, end) == (0, n_layers))), None)
+        if holder is None:
+            return None
+        chain.append(replace(holder, start=start, end=end))
+    return _with_standbys(chain, usable, n_layers, True)

@@ -64,6 +64,20 @@ class ChainPrefixCache:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def route_for(self, model: str, prompt: list[int]) -> tuple[tuple[str, int, int], ...] | None:
+        """The route of the kept session this prompt would resume (the planner prefers it), or None
+        when none qualifies (the same rule as take(): CHAIN_PREFIX_MIN_TOKENS and half its tokens)."""
+        if self.max_per_model <= 0:
+            return None
+        limit = len(prompt) - 1
+        now = time.monotonic()
+        scored = [(min(common_prefix(e.tokens, prompt), limit), e) for e in self.entries.values()
+                  if e.model == model and now - e.kept_at <= const.KEPT_SESSION_TTL_S]
+        n, best = max(scored, key=lambda x: x[0], default=(0, None))
+        if best is None or n < const.CHAIN_PREFIX_MIN_TOKENS or n * 2 < len(best.tokens):
+            return None
+        return tuple((h.node_id, h.start, h.end) for h in best.route)
+
     def take(self, model: str, route: tuple[Hop, ...], prompt: list[int], request_id: str) -> tuple[KeptChain | None, int]:
         """The kept session this prompt should resume on `route` and how many of its tokens it
         keeps (at most all but the prompt's last: its logits are needed), removed from the cache;
