@@ -14,7 +14,7 @@ import json
 import logging
 
 import aiohttp
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QComboBox,
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 ROUTE_WORDS = {"local": "local", "distributed": "distributed", "relayed": "relayed", "remote": "remote"}
 ROUTE_COLORS = {"local": "#1f7a3a", "distributed": "#1d5fa8", "relayed": "#8a6d00", "remote": "#5b3a99"}
 MAX_TOKENS = 256
+REFRESH_MS = 300  # the model picker follows swarm events at most this often
 
 
 def _error_text(body: str, status: int) -> str:
@@ -100,9 +101,17 @@ class ChatTab(QWidget):
         self.new_button.clicked.connect(self.new_chat)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.stop)
         self._set_busy(False)
+        self._refresh_timer = QTimer(self, singleShot=True, interval=REFRESH_MS)
+        self._refresh_timer.timeout.connect(self.refresh_models)
         self.refresh_models()
 
     # --- models ---
+
+    def schedule_refresh(self) -> None:
+        """refresh_models at most once per REFRESH_MS (swarm events come in bursts; each refresh
+        lists the node's models, a file stat per model)."""
+        if not self._refresh_timer.isActive():
+            self._refresh_timer.start()
 
     def refresh_models(self) -> None:
         """The picker's models (node events: models loaded, the swarm's coverage changed)."""
