@@ -32,9 +32,10 @@ SLIDER_MIN_MB = 16
 
 
 def _free_mb() -> int:
+    """Memory this machine could give now (what the OS calls available), in MB."""
     import psutil
 
-    return int(psutil.virtual_memory().total // 2**20)
+    return int(psutil.virtual_memory().available // 2**20)
 
 
 class ContributePanel(QGroupBox):
@@ -86,8 +87,11 @@ class ContributePanel(QGroupBox):
         spawn(self._async_range(), what="reading this machine's memory")
 
     async def _async_range(self) -> None:
-        total = await asyncio.get_running_loop().run_in_executor(None, _free_mb)
-        self.slider.setMaximum(max(SLIDER_MIN_MB * 2, total - total % SLIDER_STEP_MB))
+        """The slider spans the memory available now (what is free, not the machine's total: a
+        budget beyond it would push other programs into swap); a budget already set above it
+        widens it (see refresh)."""
+        free = await asyncio.get_running_loop().run_in_executor(None, _free_mb)
+        self.slider.setMaximum(max(SLIDER_MIN_MB * 2, free - free % SLIDER_STEP_MB, self.slider.value()))
 
     # --- the selected model ---
 
@@ -133,6 +137,7 @@ class ContributePanel(QGroupBox):
             spawn(self._async_cost(self.model_id), what=f"sizing the layers of {self.model_id}")
         if choice is not None and choice["budget_mb"] and not self.slider.isSliderDown():
             self.slider.blockSignals(True)
+            self.slider.setMaximum(max(self.slider.maximum(), choice["budget_mb"]))
             self.slider.setValue(choice["budget_mb"])
             self.slider.blockSignals(False)
         self._show_budget()
