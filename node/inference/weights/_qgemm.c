@@ -319,22 +319,24 @@ static void quantize(const float *x, int64_t t, int64_t k, int64_t kp, int16_t *
     for (int64_t r = 0; r < t; r++) row(x + r * k, k, kp, qmax, xq + r * kp, xs + r);
 }
 
-static int64_t arg_i64(PyObject *o, int *err) {
-    long long v = PyLong_AsLongLong(o);
-    if (v == -1 && PyErr_Occurred()) *err = 1;
-    return (int64_t)v;
+/* The entry points take integers only (addresses, sizes, counts): `want` of them into v[]. */
+static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage, int64_t *v) {
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < want; i++) {
+        long long x = PyLong_AsLongLong(args[i]);
+        if (x == -1 && PyErr_Occurred()) return 0;
+        v[i] = (int64_t)x;
+    }
+    return 1;
 }
 
 static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "gemm(w, s, n, k, x, t, y, bias, threads)");
-        return NULL;
-    }
-    int err = 0;
     int64_t v[9];
-    for (int i = 0; i < 9; i++) v[i] = arg_i64(args[i], &err);
-    if (err) return NULL;
+    if (!int_args(args, nargs, 9, "gemm(w, s, n, k, x, t, y, bias, threads)", v)) return NULL;
     int64_t n = v[2], k = v[3], t = v[5];
     if (!v[0] || !v[1] || !v[4] || !v[6] || n <= 0 || k <= 0 || t <= 0) {
         PyErr_SetString(PyExc_ValueError, "gemm: null pointer or empty shape");
@@ -364,14 +366,8 @@ static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs
    padding rows to NR and k to KC); out holds packed_size(n, k) bytes */
 static PyObject *py_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "pack(q, n, k, out)");
-        return NULL;
-    }
-    int err = 0;
     int64_t v[4];
-    for (int i = 0; i < 4; i++) v[i] = arg_i64(args[i], &err);
-    if (err) return NULL;
+    if (!int_args(args, nargs, 4, "pack(q, n, k, out)", v)) return NULL;
     const int8_t *q = (const int8_t *)(intptr_t)v[0];
     int8_t *out = (int8_t *)(intptr_t)v[3];
     int64_t n = v[1], k = v[2], kp = (k + KC - 1) / KC * KC, blocks = (n + NR - 1) / NR;
@@ -398,13 +394,9 @@ static PyObject *py_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 static PyObject *py_packed_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "packed_size(n, k)");
-        return NULL;
-    }
-    int err = 0;
-    int64_t n = arg_i64(args[0], &err), k = arg_i64(args[1], &err);
-    if (err) return NULL;
+    int64_t v[2];
+    if (!int_args(args, nargs, 2, "packed_size(n, k)", v)) return NULL;
+    int64_t n = v[0], k = v[1];
     return PyLong_FromLongLong((long long)(((n + NR - 1) / NR * NR) * ((k + KC - 1) / KC * KC)));
 }
 
@@ -434,14 +426,8 @@ static float half_to_float(uint16_t h) {  /* exact: every f16 is a float32 */
    value · scale in float32 as numpy computes it */
 static PyObject *py_dequant_q8_0(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "dequant_q8_0(raw, blocks, out, threads)");
-        return NULL;
-    }
-    int err = 0;
     int64_t v[4];
-    for (int i = 0; i < 4; i++) v[i] = arg_i64(args[i], &err);
-    if (err) return NULL;
+    if (!int_args(args, nargs, 4, "dequant_q8_0(raw, blocks, out, threads)", v)) return NULL;
     const uint8_t *raw = (const uint8_t *)(intptr_t)v[0];
     float *out = (float *)(intptr_t)v[2];
     int64_t blocks = v[1];
@@ -470,14 +456,8 @@ static PyObject *py_dequant_q8_0(PyObject *self, PyObject *const *args, Py_ssize
    in torch (s = max|w| / 127 clamped to 1e-12; q = clamp(round_half_even(w / s), -127, 127)) */
 static PyObject *py_quantize_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "quantize_rows(w, n, k, q, s, threads)");
-        return NULL;
-    }
-    int err = 0;
     int64_t v[6];
-    for (int i = 0; i < 6; i++) v[i] = arg_i64(args[i], &err);
-    if (err) return NULL;
+    if (!int_args(args, nargs, 6, "quantize_rows(w, n, k, q, s, threads)", v)) return NULL;
     const float *w = (const float *)(intptr_t)v[0];
     int8_t *q = (int8_t *)(intptr_t)v[3];
     float *sc = (float *)(intptr_t)v[4];
