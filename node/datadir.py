@@ -77,7 +77,7 @@ def load_or_create_api_key(data_dir: Path) -> str:
 
 
 DESKTOP_SECTION = "desktop"  # config.toml's table the desktop app writes (its controls' choices)
-_TABLE_HEADER = re.compile(r"\[\[?\s*[A-Za-z0-9_.\-\" ]+\s*\]\]?")
+_TABLE_HEADER = re.compile(r"\[\[?\s*[A-Za-z0-9_.\-\"' ]+\s*\]\]?")
 
 
 def _toml_value(value: Any) -> str:

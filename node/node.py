@@ -375,7 +375,9 @@ class Node:
             any(s.state == "loading" and s.auto_budget is None for s in self.slice_host.slices.values())
         if loading:
             return False
-        if self.models.ready or self.slice_host.ready:
+        configured = [s for s in self.slice_host.slices.values() if s.auto_budget is None]
+        if self.models.ready or (configured and all(s.state in ("loaded", "draining") for s in configured)) \
+                or self.slice_host.ready:
             return True
         holds_nothing = not self.models.whole_models() and not self.slice_host.slices
         return holds_nothing and self._serves_from_swarm()

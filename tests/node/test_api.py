@@ -248,6 +248,18 @@ async def test_a_contributed_slice_loading_keeps_a_serving_node_ready(node):
         finally:
             del node.slice_host.slices[hosted.key]
     assert (await raw(node, "GET", "/health/ready", key=False))[0] == 200
+    # a node serving only configured slices (--layers, no whole model) stays ready too
+    served = node.models.all()[0]
+    configured = HostedSlice(entry, 0, 1, state="loaded")
+    contributed = HostedSlice(entry, 1, 2, auto_budget=(1, 1))  # loading
+    node.slice_host.slices.update({configured.key: configured, contributed.key: contributed})
+    was, served.state = served.state, "unloaded"
+    try:
+        assert not node.models.ready
+        assert (await raw(node, "GET", "/health/ready", key=False))[0] == 200
+    finally:
+        served.state = was
+        del node.slice_host.slices[configured.key], node.slice_host.slices[contributed.key]
 
 
 async def test_usage_identical_cold_and_warm(node, client, model_id):

@@ -125,7 +125,7 @@ def test_the_kv_of_a_long_context_gets_fewer_sequences_not_more_memory():
         assert (concurrent + cache) * n_ctx <= max(16384, n_ctx)
 
 
-@pytest.mark.parametrize("header", ["[desktop]", "[ desktop ]", '["desktop"]', "[desktop]  # mine"])
+@pytest.mark.parametrize("header", ["[desktop]", "[ desktop ]", '["desktop"]', "['desktop']", "[desktop]  # mine"])
 def test_desktop_settings_replace_their_table_and_keep_every_other_line(tmp_path, header):
     import tomllib
 

@@ -282,3 +282,11 @@ def test_a_kept_route_is_planned_while_its_holders_hold_its_layers():
     assert planner.plan_kept_route(8, holders, ((A, 0, 3), (C, 4, 8))) is None
     assert planner.plan_kept_route(8, holders, ((A, 0, 4),)) is None
     assert planner.plan_kept_route(8, holders, ()) is None
+
+
+def test_a_kept_route_is_found_among_holders_the_planner_would_prune():
+    """Several as-fast holders of the same range make the planner drop a slightly slower one: the
+    kept chain's node is looked up before that pruning."""
+    holders = [Holder(n, 0, 8, "direct", 1.0, 1.0) for n in (A, B, C, D)] + [Holder(E, 0, 8, "direct", 1.2, 1.0)]
+    kept = planner.plan_kept_route(8, holders, ((E, 0, 8),))
+    assert kept is not None and cut(kept) == [("e", 0, 8)]

@@ -431,8 +431,7 @@ class AutoServe:
                 await self.announce()
                 return
             if hosted.state in ("loaded", "failed") and not self._wanted(m):  # paused or removed meanwhile
-                self.host.drain(hosted)
-                await self.host.async_unload(hosted)
+                await self._async_give_up(hosted)
                 await self.announce()
                 return
             if hosted.state == "unloaded":  # yielded to a peer's claim: choose again at once
@@ -484,7 +483,7 @@ class AutoServe:
         new = await self._async_load(m, d)
         if new is None or new.state != "loaded" or not self._wanted(m):
             if new is not None:
-                await self.host.async_unload(new)
+                await self._async_give_up(new)
             return
         # commit: the swarm may have changed while we loaded; dropping the old range must leave
         # every one of its layers a holder (our new range counts), and no layer below the
@@ -499,7 +498,7 @@ class AutoServe:
                     else f"layers_{thin[0]}-{thin[-1]}_would_fall_below_the_floor")
             self._log(m, f"{old.start}-{old.end - 1}", coverage_text(n, cov.spans), coverage_text(n, cov.spans),
                       f"move_aborted:{what}")
-            await self.host.async_unload(new)
+            await self._async_give_up(new)
             await self.announce()
             return
         self.host.drain(old)
@@ -545,10 +544,22 @@ class AutoServe:
         if new is None:
             pass  # cancelled (removed, paused)
         elif new.state != "loaded" or not self._wanted(m):
-            await self.host.async_unload(new)  # the next evaluation chooses afresh (this node holds nothing)
+            await self._async_give_up(new)  # the next evaluation chooses afresh (this node holds nothing)
         else:
             self.note(f"moved to layers {d.range_text} of {entry.id} (from {old.start}-{old.end - 1}, dropped first)")
         await self.announce()
+
+    async def _async_give_up(self, hosted: HostedSlice) -> None:
+        """A slice loaded for a choice that no longer stands: unloaded now, or, when it runs sessions
+        (a draining slice kept by SliceHost.async_load for the same range), drained and freed once
+        they end, as any drained slice is."""
+        if hosted.model is not None and hosted.model.sessions.counts()[0]:
+            self.host.drain(hosted)
+            task = asyncio.create_task(self._async_free(hosted), name="autoserve-give-up")
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+            return
+        await self.host.async_unload(hosted)
 
     async def _async_free(self, old: HostedSlice, *, keep_parts: bool = False) -> None:
         """Free a drained slice once no session uses it, or after the grace period."""

@@ -437,16 +437,18 @@ def plan_kept_route(n_layers: int, holders: list[Holder], route: tuple[tuple[str
     """The plan that runs exactly `route` ((node, start, end) per hop: a kept session's chain, whose
     KV a conversation's next turn reuses), with standbys as plan_route gives them, when every hop's
     node still holds its layers and is not excluded; None otherwise."""
-    usable = _prune([h for h in holders if h.node_id not in exclude and 0 <= h.start < h.end <= n_layers
-                     and (not h.whole or (h.start, h.end) == (0, n_layers))])
+    candidates = [h for h in holders if h.node_id not in exclude and 0 <= h.start < h.end <= n_layers
+                  and (not h.whole or (h.start, h.end) == (0, n_layers))]
     if not route or route[0][1] != 0 or route[-1][2] != n_layers \
             or any(a[2] != b[1] for a, b in zip(route, route[1:], strict=False)):
         return None
     chain = []
     for node_id, start, end in route:
-        holder = next((h for h in usable if h.node_id == node_id and h.start <= start and end <= h.end
+        # (among all holders: _prune drops a same-range holder when others are as fast, which
+        # is the case a kept route exists for)
+        holder = next((h for h in candidates if h.node_id == node_id and h.start <= start and end <= h.end
                        and (not h.whole or (start, end) == (0, n_layers))), None)
         if holder is None:
             return None
         chain.append(replace(holder, start=start, end=end))
-    return _with_standbys(chain, usable, n_layers, True)
+    return _with_standbys(chain, _prune(candidates), n_layers, True)
