@@ -15,7 +15,8 @@ from setuptools.command.build_ext import build_ext
 class OptionalBuildExt(build_ext):
     """Builds each extension with the first flag set the compiler accepts; none is fatal."""
 
-    FLAG_SETS = (["-O3", "-fopenmp"], ["-O3"]) if sys.platform != "win32" else (["/O2", "/openmp"], ["/O2"])
+    FLAG_SETS = ((["-O3", "-ffp-contract=off", "-fopenmp"], ["-O3", "-ffp-contract=off"]) if sys.platform != "win32"
+                 else (["/O2", "/openmp"], ["/O2"]))
 
     def build_extension(self, ext):
         base_compile, base_link = list(ext.extra_compile_args), list(ext.extra_link_args)

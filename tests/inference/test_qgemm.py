@@ -37,7 +37,7 @@ def _reference(q: np.ndarray, scales: np.ndarray, x: np.ndarray, bias: np.ndarra
     lanes = (k + 7) // 8 + 1
     qmax = min(32767.0, float(np.floor(2147483647.0 / (127.0 * lanes))))
     m = np.abs(x).max(axis=1).astype(np.float32)
-    xs = np.where(m > 0, m / np.float32(qmax), np.float32(1.0)).astype(np.float32)
+    xs = np.where(m / np.float32(qmax) > np.float32(1e-30), m / np.float32(qmax), np.float32(1.0)).astype(np.float32)
     xq = np.rint(x * (np.float32(1.0) / xs)[:, None]).astype(np.int64)
     acc = (xq @ q.astype(np.int64).T).astype(np.float32)
     y = acc * scales[None, :].astype(np.float32) * xs[:, None]
@@ -63,18 +63,25 @@ def test_every_instruction_set_computes_the_exact_integer_product(n, k, t, resto
                 got = lin(x).numpy()
             finally:
                 torch.set_num_threads(before)
-            np.testing.assert_allclose(got, expected, rtol=2e-6, atol=2e-6 * float(np.abs(expected).max()),
-                                       err_msg=f"isa {name}, threads {threads}")
+            np.testing.assert_array_equal(got, expected, err_msg=f"isa {name}, threads {threads}")
 
 
-def test_long_inputs_cannot_overflow_the_int32_sums():
-    """K = 14336 (an 8B model's ffn_down) with every input at full scale and weights at ±127."""
-    n, k = 8, 14336
-    w = np.full((n, k), 1.0, dtype=np.float32)
+@pytest.mark.parametrize("k", [17, 4113, 4121, 8191, 14336, 14353])
+def test_long_inputs_cannot_overflow_the_int32_sums(k, restore_isa):
+    """Every weight at ±127 and every input at full scale, on every instruction set (AVX2's int32
+    lane sums k/8 products, AVX-512's k/16): the exact sum, with either sign."""
+    n = 6
+    w = np.ones((n, k), dtype=np.float32)
     w[1] *= -1
-    x = torch.full((1, k), 5.0)
-    y = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), None)(x).numpy()[0]
-    np.testing.assert_allclose(y[:2], [5.0 * k, -5.0 * k], rtol=1e-5)
+    w[2, ::2] *= -1  # alternating: the lanes' sums cancel, their magnitudes do not
+    x = torch.full((2, k), 5.0)
+    x[1] *= -1
+    lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), None)
+    expected = np.array([[5.0 * k, -5.0 * k, -5.0 * (k % 2)], [-5.0 * k, 5.0 * k, 5.0 * (k % 2)]])
+    for name in _isas_here():
+        qgemm._qgemm.set_isa(name)
+        y = lin(x).numpy()[:, :3]
+        np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-2, err_msg=name)
 
 
 def test_close_to_the_float_product_and_finer_than_fbgemm():
@@ -104,6 +111,8 @@ def test_bad_shapes_and_pointers_are_refused():
         qgemm._qgemm.gemm(0, 0, 4, 32, 0, 1, 0, 0, 1)
     with pytest.raises(TypeError):
         qgemm._qgemm.gemm(1, 2, 3)
+    with pytest.raises(ValueError):
+        qgemm._qgemm.packed_size(-8, -64)
     with pytest.raises(ValueError, match="not available"):
         qgemm._qgemm.set_isa("amx-dreams")
 
@@ -167,7 +176,7 @@ def test_the_environment_can_force_a_kernel(fresh_choice, monkeypatch):
     assert kernels.choose_int8_kernel(64) == "fbgemm"
 
 
-def test_a_row_computes_the_same_bits_alone_or_in_any_batch():
+def test_a_row_computes_the_same_bits_alone_or_in_any_batch(restore_isa):
     """Each token is quantized on its own grid and summed in exact integers: batching a decode
     step with others (or a verify row with its draft) cannot move its output by one bit."""
     rng = np.random.default_rng(4)
@@ -175,10 +184,12 @@ def test_a_row_computes_the_same_bits_alone_or_in_any_batch():
     lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), rng.standard_normal(300).astype(np.float32))
     x = torch.from_numpy(rng.standard_normal((37, 520)).astype(np.float32))
     x[5] *= 1000  # a row with a far larger range does not coarsen the others
-    batch = lin(x)
-    for i in (0, 5, 6, 36):
-        assert torch.equal(lin(x[i:i + 1]), batch[i:i + 1])
-    assert torch.equal(lin(x[3:11]), batch[3:11])
+    for name in _isas_here():
+        qgemm._qgemm.set_isa(name)
+        batch = lin(x)
+        for i in (0, 5, 6, 36):
+            assert torch.equal(lin(x[i:i + 1]), batch[i:i + 1]), name
+        assert torch.equal(lin(x[3:11]), batch[3:11]), name
 
 
 def test_the_compiled_conversion_gives_the_numpy_and_torch_values_bit_for_bit(monkeypatch):
@@ -200,6 +211,12 @@ def test_the_compiled_conversion_gives_the_numpy_and_torch_values_bit_for_bit(mo
     monkeypatch.setattr(linear, "quantize_rows_into", lambda *a: False)
     q_torch, s_torch = linear.quantize_rows_int8(numpy_path)
     assert torch.equal(q_fast, q_torch) and torch.equal(s_fast, s_torch)
+    monkeypatch.undo()
+    bad = numpy_path.copy()
+    bad[7, 3] = np.nan  # a NaN weight: a NaN row (defined), the others as before
+    q_bad, s_bad = linear.quantize_rows_int8(bad)
+    assert torch.isnan(s_bad[7]) and not q_bad[7].any()
+    assert torch.equal(q_bad[:7], q_torch[:7]) and torch.equal(s_bad[8:], s_torch[8:])
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])

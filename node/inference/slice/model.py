@@ -37,6 +37,7 @@ from node.inference.weights.gguf_file import GgufFile
 from node.inference.weights.kernels import KERNELS as INT8_KERNELS
 from node.inference.weights.kernels import choose_int8_kernel
 from node.inference.weights.linear import Linear, int8_available, linear_from_arrays, make_linear
+from node.inference.weights.qgemm import KERNEL_VERSION as QGEMM_KERNEL_VERSION
 from node.inference.weights.qgemm import available as qgemm_available
 from node.logs import TRACE, kv
 
@@ -57,6 +58,17 @@ def resolve_format(dtype: str, device: torch.device) -> str:
     if device.type == "cuda":
         return "f16"
     return "int8" if int8_available() else "f32"
+
+
+def cache_kernel_name(kernel: str) -> str:
+    """The kernel as the weight cache's key names it: qgemm's with its layout version (a part of
+    an older layout is another key, never read as this one)."""
+    return f"qgemm{QGEMM_KERNEL_VERSION}" if kernel == "qgemm" else kernel
+
+
+def cache_variant(kernel: str, exact_prefill: bool) -> str:
+    """fbgemm converts differently for exact prefills; qgemm has one conversion (one variant)."""
+    return "exact" if exact_prefill and kernel != "qgemm" else "std"
 
 
 def resolve_kernel(fmt: str, kernel: str | None, width: int, cache: WeightCache | None) -> str:
@@ -136,7 +148,7 @@ class SliceModel:
         fmt = resolve_format(dtype, device)
         last = end == cfg.n_layers  # the slice ends at the model's last layer: it holds the head
         kernel = resolve_kernel(fmt, kernel, cfg.hidden, cache)
-        key = CacheKey(sha256, fmt, kernel, "exact" if exact_prefill else "std") \
+        key = CacheKey(sha256, fmt, cache_kernel_name(kernel), cache_variant(kernel, exact_prefill)) \
             if cache is not None and cache.enabled and sha256 and fmt in CACHED_FORMATS else None
         writable = key is not None and cache.reserve(key, estimate_bytes(path, layer_start, end, fmt))
         hits = []  # one bool per part: read from the cache

@@ -4,7 +4,7 @@ W: int8 per output row with float32 scales s, in a blocked layout (pack(): [n/NR
 one contiguous stream per 4 rows, zero padded). That layout is what the weight cache stores and
 what runs: no prepack, so a cached load is a file mapping. x: float32, quantized here per row
 (token) to int16 with the largest magnitude that cannot overflow an int32 lane (K/8 products per
-lane: 32767 for K ≤ 4128, fewer steps beyond; a row's lanes are summed in int64), so activations
+lane: 32767 for K ≤ 4120, fewer steps beyond; a row's lanes are summed in int64), so activations
 keep 13–15 bits, finer than fbgemm's 8, and need no residual pass. The price: int16 products run
 at half the rate of int8 ones (vpmaddwd / vpdpwssd against vpmaddubsw / vpdpbusd), which long
 prefills feel; decode is bound by reading the weights and gains from the single packed stream.
@@ -19,6 +19,12 @@ Python API (all pointers are addresses, e.g. tensor.data_ptr()):
     isa() -> "avx512vnni" | "avx512" | "avx2" | "c"
     set_isa(name)                              for tests and the bench: force a slower path
 */
+/* Every path rounds as the portable loop does: no fused multiply-adds made from v * s + b */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#elif defined(__clang__)
+#pragma clang fp contract(off)
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -267,8 +273,8 @@ static void quantize_row_c(const float *xr, int64_t k, int64_t kp, float qmax, i
         m = a > m ? a : m;
         poison += xr[i] * 0.0f;  /* NaN when any element is NaN or infinite */
     }
-    float scale = m > 0.0f ? m / qmax : 1.0f, inv = 1.0f / scale;
-    if (poison != 0.0f || m != m) { scale = NAN; inv = 0.0f; }
+    float scale = m / qmax > 1e-30f ? m / qmax : 1.0f, inv = m / qmax > 1e-30f ? 1.0f / scale : 0.0f;
+    if (poison != 0.0f || m != m) { scale = NAN; inv = 0.0f; }  /* (a row below 1e-30 · qmax is zero) */
     for (int64_t i = 0; i < k; i++) q[i] = (int16_t)lrintf(xr[i] * inv);
     for (int64_t i = k; i < kp; i++) q[i] = 0;
     *xs = scale;
@@ -290,7 +296,7 @@ static void quantize_row_avx2(const float *xr, int64_t k, int64_t kp, float qmax
     _mm256_storeu_ps(plane, poison);
     for (int l = 0; l < 8; l++) { m = lanes[l] > m ? lanes[l] : m; p += plane[l]; }
     for (int64_t r = i; r < k; r++) { float a = fabsf(xr[r]); m = a > m ? a : m; p += xr[r] * 0.0f; }
-    float scale = m > 0.0f ? m / qmax : 1.0f, inv = 1.0f / scale;
+    float scale = m / qmax > 1e-30f ? m / qmax : 1.0f, inv = m / qmax > 1e-30f ? 1.0f / scale : 0.0f;
     if (p != 0.0f || p != p) { scale = NAN; inv = 0.0f; }
     const __m256 vinv = _mm256_set1_ps(inv);
     i = 0;
@@ -354,8 +360,9 @@ static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     job_t j = {(const int8_t *)(intptr_t)v[0], (const float *)(intptr_t)v[1], (const float *)(intptr_t)v[7],
                n, k, kp, xq, xs, t, (float *)(intptr_t)v[6]};
     Py_BEGIN_ALLOW_THREADS
-    quantize((const float *)(intptr_t)v[4], t, k, kp, xq, xs, v[8] < 1 ? 1 : (int)v[8]);
-    run(&j, (int)v[8]);
+    const int threads = v[8] < 1 ? 1 : v[8] > 1024 ? 1024 : (int)v[8];
+    quantize((const float *)(intptr_t)v[4], t, k, kp, xq, xs, threads);
+    run(&j, threads);
     Py_END_ALLOW_THREADS
     free(xq);
     free(xs);
@@ -397,6 +404,10 @@ static PyObject *py_packed_size(PyObject *self, PyObject *const *args, Py_ssize_
     int64_t v[2];
     if (!int_args(args, nargs, 2, "packed_size(n, k)", v)) return NULL;
     int64_t n = v[0], k = v[1];
+    if (n <= 0 || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "packed_size: empty shape");
+        return NULL;
+    }
     return PyLong_FromLongLong((long long)(((n + NR - 1) / NR * NR) * ((k + KC - 1) / KC * KC)));
 }
 
@@ -431,7 +442,7 @@ static PyObject *py_dequant_q8_0(PyObject *self, PyObject *const *args, Py_ssize
     const uint8_t *raw = (const uint8_t *)(intptr_t)v[0];
     float *out = (float *)(intptr_t)v[2];
     int64_t blocks = v[1];
-    int threads = v[3] < 1 ? 1 : (int)v[3];
+    int threads = v[3] < 1 ? 1 : v[3] > 1024 ? 1024 : (int)v[3];
     if (!raw || !out || blocks <= 0) {
         PyErr_SetString(PyExc_ValueError, "dequant_q8_0: null pointer or no blocks");
         return NULL;
@@ -462,7 +473,7 @@ static PyObject *py_quantize_rows(PyObject *self, PyObject *const *args, Py_ssiz
     int8_t *q = (int8_t *)(intptr_t)v[3];
     float *sc = (float *)(intptr_t)v[4];
     int64_t n = v[1], k = v[2];
-    int threads = v[5] < 1 ? 1 : (int)v[5];
+    int threads = v[5] < 1 ? 1 : v[5] > 1024 ? 1024 : (int)v[5];
     if (!w || !q || !sc || n <= 0 || k <= 0) {
         PyErr_SetString(PyExc_ValueError, "quantize_rows: null pointer or empty shape");
         return NULL;
@@ -474,8 +485,13 @@ static PyObject *py_quantize_rows(PyObject *self, PyObject *const *args, Py_ssiz
 #endif
     for (int64_t r = 0; r < n; r++) {
         const float *wr = w + r * k;
-        float m = 0.0f;
-        for (int64_t i = 0; i < k; i++) { float a = fabsf(wr[i]); m = a > m ? a : m; }
+        float m = 0.0f, poison = 0.0f;
+        for (int64_t i = 0; i < k; i++) { float a = fabsf(wr[i]); m = a > m ? a : m; poison += wr[i] * 0.0f; }
+        if (poison != 0.0f || poison != poison) {  /* a NaN or infinite weight: a NaN row, defined */
+            memset(q + r * k, 0, (size_t)k);
+            sc[r] = NAN;
+            continue;
+        }
         float s = m / 127.0f;
         if (!(s >= 1e-12f)) s = 1e-12f;
         int8_t *qr = q + r * k;

@@ -3,7 +3,7 @@
     kernel = choose_int8_kernel(width, remember=path)   # measured once per machine, then remembered
 
 Measured at the first int8 load on a machine: a request-shaped product (two 64-row prefills and 64
-decode rows on a [3·width, width] matrix, as a fused qkv) on both kernels, the faster one taken. It
+decode rows on a [2·width, width] matrix) on both kernels, the faster one taken. It
 is remembered in a small JSON file next to the weight cache, keyed by what decides it (CPU and its
 SIMD flags, the kernel's instruction set and version, torch, threads, width); another key is
 measured again. `SWARMLLM_INT8_KERNEL=qgemm|fbgemm` forces one. Blocking: a loader's executor.
@@ -49,11 +49,11 @@ def choose_int8_kernel(width: int = 2048, *, remember: Path | None = None) -> st
     """"qgemm" or "fbgemm": whichever serves a request-shaped product faster on this machine
     (measured once per machine key, remembered in `remember` when given). Without the compiled
     kernel (or on a machine where only its portable C loop runs) it is fbgemm without measuring."""
+    forced = os.environ.get("SWARMLLM_INT8_KERNEL")
+    if forced == "fbgemm" or (forced == "qgemm" and qgemm.available()):
+        return forced
     if not qgemm.available() or qgemm.isa() == "c":
         return "fbgemm"
-    forced = os.environ.get("SWARMLLM_INT8_KERNEL")
-    if forced in KERNELS:
-        return forced
     key = machine_key(width)
     frozen = tuple(sorted(key.items()))
     with _choice_lock:
@@ -78,10 +78,10 @@ def chosen_records() -> list[dict]:
 
 def measure(width: int, *, rounds: int = 3) -> dict[str, float | str]:
     """Times one request-shaped product (2 prefills of PREFILL_ROWS rows + DECODE_STEPS decode rows,
-    a [width·3, width] matrix like a fused qkv) on both kernels, best of `rounds`."""
+    a [width·2, width] matrix) on both kernels, best of `rounds`."""
     width = max(64, min(int(width), 4096))
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((3 * width, width), dtype=np.float32) * 0.02
+    w = rng.standard_normal((2 * width, width), dtype=np.float32) * 0.02  # 128 MB at 4096: a load's transient
     cpu = torch.device("cpu")
     ours = make_linear(ArraySource(w), None, "int8", cpu, kernel="qgemm")
     theirs = make_linear(ArraySource(w), None, "int8", cpu, kernel="fbgemm")
@@ -132,7 +132,7 @@ def _write_remembered(path: Path | None, record: dict) -> None:
     records.append(record)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(records, indent=1))
         tmp.replace(path)
     except OSError as e:

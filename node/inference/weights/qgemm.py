@@ -63,7 +63,7 @@ def quantize_rows_into(w: np.ndarray, q: np.ndarray, scales: np.ndarray) -> bool
 class Int8Packed:
     """x @ W.T + b with int8 W per output row, packed for `_qgemm.gemm`; float32 in and out."""
 
-    __slots__ = ("_keep", "bias", "n", "k", "packed", "scales")
+    __slots__ = ("bias", "k", "n", "packed", "scales")
 
     def __init__(self, packed: np.ndarray, scales: np.ndarray, n: int, k: int, bias: np.ndarray | None):
         if _qgemm is None:
@@ -74,7 +74,6 @@ class Int8Packed:
         self.scales = np.ascontiguousarray(scales, dtype=np.float32)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.n, self.k = n, k
-        self._keep = None
 
     @classmethod
     def from_rows(cls, q: torch.Tensor, scales: torch.Tensor, bias: np.ndarray | None, *,

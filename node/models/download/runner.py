@@ -111,12 +111,12 @@ class ModelDownloader:
         job = self.get(job_id)
         if job.state != "paused":
             raise Conflict(f"download {job_id} is {job.state}, not paused")
-        going = next((j for j in self.jobs.values() if j.active and j.file_name.casefold() == job.file_name.casefold()),
-                     None)
+        going = next((j for j in self.jobs.values() if j.active and j.file_name.lower() == job.file_name.lower()),
+                     None)  # (the same name test as start()'s)
         if going is not None:  # resumed meanwhile: that download writes the partial file now
             raise Conflict(f"download {job_id} was resumed as {going.id}; cancel that one")
+        job.state, job.error = "cancelled", "cancelled"  # first: a resume now is refused (not paused)
         await asyncio.get_running_loop().run_in_executor(None, discard_part, self.models_dir / (job.file_name + ".part"))
-        job.state, job.error = "cancelled", "cancelled"
         log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes, was="paused"))
         self._observers.emit(job)
         return job
@@ -208,6 +208,7 @@ class ModelDownloader:
         """The job's task ended: a task cancelled before it ever ran must not leave the job active."""
         if job.active and job.user_paused and not job.user_cancelled:  # paused before it ran: its part stays
             job.state, job.finished_at = "paused", time.time()
+            log.info("DIAG: model download paused %s", kv(download=job.id, done_bytes=job.done_bytes, before="start"))
             self._observers.emit(job)
         elif job.active:
             job.state, job.error, job.finished_at = "cancelled", "cancelled before it started", time.time()
