@@ -145,6 +145,29 @@ async def test_the_same_range_chosen_while_it_drains_is_kept_not_loaded_twice(tm
 
 
 @pytest.mark.asyncio
+async def test_a_kept_slice_given_up_by_a_choice_drains_its_sessions_first(tmp_path, monkeypatch):
+    """A move or first choice that loads a range and then gives it up unloads a fresh slice at once;
+    the same call on a draining slice kept for that range (it runs sessions) drains it instead."""
+    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    entry, host, peers, auto, model, old, announced = await setup(tmp_path)
+    sha = entry.sha256
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(old.executor, old.model.new_session, "busy")
+    host.drain(old)
+    kept = await host.async_load(entry, 4, 8, auto_budget=(4, 4))
+    assert kept is old and old.state == "loaded"
+    await auto._async_give_up(kept)
+    assert old.state == "draining" and old.model is not None and "busy" in old.model.sessions
+    await loop.run_in_executor(old.executor, old.model.free_session, "busy")
+    await wait_until(lambda: old.state == "unloaded", 10.0, 0.05, "the given-up slice freed once idle")
+    fresh = await host.async_load(entry, 0, 4, auto_budget=(4, 4))
+    await auto._async_give_up(fresh)  # no sessions: unloaded at once
+    assert fresh.state == "unloaded" and host.find(sha, 0, 4) is None
+    await auto.async_stop()
+    await host.async_close()
+
+
+@pytest.mark.asyncio
 async def test_first_choice_then_periodic_and_peer_triggered_moves(tmp_path, monkeypatch):
     monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
     monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
