@@ -44,6 +44,15 @@ def _tensor_bytes(path, prefixes: tuple[str, ...]) -> int:
     return sum(t.n_bytes for name, t in f.tensors.items() if name.startswith(prefixes))
 
 
+async def _held_bytes(node, model_id: str) -> int:
+    """Bytes of the partial model's directory (its layers' files, complete or not)."""
+    path = node.catalog.entries[model_id].path
+
+    def total() -> int:
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return await asyncio.get_running_loop().run_in_executor(None, total)
+
+
 def _serving(summary: dict) -> list[tuple[list[int], str]]:
     return [(s["layers"], s["state"]) for m in summary["models"] for s in m["serving"]]
 
@@ -256,6 +265,7 @@ def test_a_layer_fetch_is_cancelled_from_its_bar_and_resumes_from_where_it_stopp
                     cost = panel.cost[model_id]
                     origin.stall_after = origin.sent + 3 * 2**20  # this node's fetch stalls 3 MB in
                     sent_before = origin.sent
+                    held_before = await _held_bytes(app.node, model_id)
                     panel.slider.setValue(int(cost["head_mb"] + 2.5 * cost["per_layer_mb"]))
                     panel.help_box.click()
                     bars = app.window.models_tab.downloads
@@ -270,6 +280,10 @@ def test_a_layer_fetch_is_cancelled_from_its_bar_and_resumes_from_where_it_stopp
                     assert (await _admin(app.node, "GET", "/api/admin/contribute"))["models"] == []
                     kept = origin.sent - sent_before
                     assert kept >= 3 * 2**20
+                    # what reached this node's disk before the cancel (the rest of the 3 MB sent may
+                    # still have been in socket buffers on a busy runner: lost, fetched again)
+                    on_disk = await _held_bytes(app.node, model_id) - held_before
+                    assert on_disk > 0
                     first_ranges = len(origin.ranges)
                     origin.stall_after = None
                     origin.release.set()
@@ -280,7 +294,7 @@ def test_a_layer_fetch_is_cancelled_from_its_bar_and_resumes_from_where_it_stopp
                         await asyncio.sleep(0.2)
                     second = origin.sent - sent_before - kept
                     needed = _tensor_bytes(path, ("blk.2.", "blk.3.", "output"))  # layers 2-3 and the head
-                    assert second < needed - 2 * 2**20, (second, needed)  # what arrived was not fetched again
+                    assert second <= needed - on_disk + 2**20, (second, needed, on_disk)  # not fetched again
                     assert kept + second <= needed + 2**20, (kept, second, needed)  # (in flight at the cancel: lost)
                     assert any(r and not r.startswith("bytes=0-") for r in origin.ranges[first_ranges:])
             finally:
