@@ -30,12 +30,13 @@ def restore_isa():
     qgemm._qgemm.set_isa(best)
 
 
-def _reference(q: np.ndarray, scales: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """What the kernel computes, in numpy: x per row to int16 on the kernel's grid, exact integer
-    sums, then (float)acc · s[n] · xs[t] in float32 (+ bias)."""
+def _reference(q: np.ndarray, scales: np.ndarray, x: np.ndarray, bias: np.ndarray | None, *,
+               bits8: bool = False) -> np.ndarray:
+    """What the kernel computes, in numpy: x per row to int16 on the kernel's grid (±127 steps with
+    `bits8`), exact integer sums, then (float)acc · s[n] · xs[t] in float32 (+ bias)."""
     n, k = q.shape
     lanes = (k + 7) // 8 + 1
-    qmax = min(32767.0, float(np.floor(2147483647.0 / (127.0 * lanes))))
+    qmax = 127.0 if bits8 else min(32767.0, float(np.floor(2147483647.0 / (127.0 * lanes))))
     m = np.abs(x).max(axis=1).astype(np.float32)
     xs = np.where(m / np.float32(qmax) > np.float32(1e-30), m / np.float32(qmax), np.float32(1.0)).astype(np.float32)
     xq = np.rint(x * (np.float32(1.0) / xs)[:, None]).astype(np.int64)
@@ -233,3 +234,80 @@ def test_a_non_finite_input_row_gives_nan_outputs_and_leaves_the_other_rows(bad,
         y = lin(x)
         assert torch.isnan(y[4]).all(), name
         assert torch.equal(torch.cat([y[:4], y[5:]]), torch.cat([clean[:4], clean[5:]])), name
+
+
+def _gemm8(lin: qgemm.Int8Packed, x: torch.Tensor, threads: int = 1) -> np.ndarray:
+    """The kernel's 8-bit-activation product, asked for directly (on any instruction set)."""
+    y = torch.empty(x.shape[0], lin.n)
+    x = x.contiguous()
+    qgemm._qgemm.gemm(lin.packed.ctypes.data, lin.scales.ctypes.data, lin.n, lin.k, x.data_ptr(), x.shape[0],
+                      y.data_ptr(), 0 if lin.bias is None else lin.bias.ctypes.data, threads,
+                      lin.row_sums().ctypes.data)
+    return y.numpy()
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 64), (37, 45), (130, 300), (1, 1), (259, 1027)])
+@pytest.mark.parametrize("t", [1, 7, 8, 9, 33, 70])
+def test_eight_bit_activations_give_the_same_integers_on_every_instruction_set(n, k, t, restore_isa):
+    """VNNI's vpdpbusd path (x + 128 as bytes, 128 · sum(w) taken back off) and the 16-bit kernels
+    fed the same ±127 integers agree bit for bit with the numpy reference."""
+    rng = np.random.default_rng(n * 7 + k * 3 + t)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = torch.from_numpy(rng.standard_normal((t, k)).astype(np.float32) * 3)
+    bias = rng.standard_normal(n).astype(np.float32)
+    q, scales = quantize_rows_int8(w)
+    lin = qgemm.Int8Packed.from_rows(q, scales, bias)
+    np.testing.assert_array_equal(lin.row_sums(), q.numpy().astype(np.int64).sum(axis=1))
+    expected = _reference(q.numpy(), scales.numpy(), x.numpy(), bias, bits8=True)
+    for name in _isas_here():
+        qgemm._qgemm.set_isa(name)
+        for threads in (1, 2):
+            np.testing.assert_array_equal(_gemm8(lin, x, threads), expected, err_msg=f"isa {name}, threads {threads}")
+
+
+@pytest.mark.parametrize("k", [17, 8191, 14353])
+def test_eight_bit_sums_of_long_inputs_are_exact(k, restore_isa):
+    """Weights at ±127, inputs at full scale (255 · 127 per unsigned product): no lane overflows."""
+    w = np.ones((6, k), dtype=np.float32)
+    w[1] *= -1
+    w[2, ::2] *= -1
+    x = torch.full((9, k), 5.0)
+    x[1] *= -1
+    lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), None)
+    for name in _isas_here():
+        qgemm._qgemm.set_isa(name)
+        y = _gemm8(lin, x)[:2, :3]
+        np.testing.assert_allclose(y, [[5.0 * k, -5.0 * k, -5.0 * (k % 2)], [-5.0 * k, 5.0 * k, 5.0 * (k % 2)]],
+                                   rtol=1e-5, atol=1e-2, err_msg=name)
+
+
+def test_eight_bit_activations_keep_a_non_finite_row_to_itself(restore_isa):
+    rng = np.random.default_rng(8)
+    lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(rng.standard_normal((12, 70)).astype(np.float32)), None)
+    x = torch.from_numpy(rng.standard_normal((10, 70)).astype(np.float32))
+    clean = _gemm8(lin, x)
+    x[3, 5] = float("nan")
+    for name in _isas_here():
+        qgemm._qgemm.set_isa(name)
+        y = _gemm8(lin, x)
+        assert np.isnan(y[3]).all(), name
+        np.testing.assert_array_equal(np.delete(y, 3, axis=0), np.delete(clean, 3, axis=0), err_msg=name)
+
+
+@pytest.mark.skipif(qgemm.isa() != "avx512vnni", reason="8-bit activations run only where VNNI makes them faster")
+def test_only_long_products_of_a_prefill8_matrix_take_eight_bits():
+    """Decode, batched decode and speculation's verify rows (up to PREFILL8_MIN_ROWS) keep 13–15
+    bits; a long prefill takes 8 on `prefill8` matrices; other matrices never do."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((40, 300)).astype(np.float32)
+    q, scales = quantize_rows_int8(w)
+    fast = qgemm.Int8Packed.from_rows(q, scales, None, prefill8=True)
+    exact = qgemm.Int8Packed.from_rows(q, scales, None)
+    limit = qgemm.PREFILL8_MIN_ROWS
+    for t in (1, 8, limit, limit + 1, 3 * limit):
+        x = torch.from_numpy(rng.standard_normal((t, 300)).astype(np.float32))
+        want8 = t > limit
+        np.testing.assert_array_equal(fast(x).numpy(), _reference(q.numpy(), scales.numpy(), x.numpy(), None,
+                                                                  bits8=want8), err_msg=f"t={t}")
+        np.testing.assert_array_equal(exact(x).numpy(), _reference(q.numpy(), scales.numpy(), x.numpy(), None),
+                                      err_msg=f"t={t}")

@@ -51,7 +51,7 @@ class Block:
                 keep[name] = a
             return torch.from_numpy(a).to(device)
 
-        def lin(name: str, weight: np.ndarray, bias: np.ndarray | None) -> Linear:
+        def lin(name: str, weight, bias: np.ndarray | None) -> Linear:
             sensitive, rotate = _matrix_options(name, exact_prefill)
             parts: dict[str, np.ndarray] | None = {} if keep is not None else None
             linear = make_linear(weight, bias, fmt, device, sensitive=sensitive, rotate=rotate, keep=parts,
@@ -78,7 +78,8 @@ class Block:
         def lin(name: str) -> Linear:
             prefix = name + "."
             parts = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-            return linear_from_arrays(parts, fmt, sensitive=_matrix_options(name, exact_prefill)[0], kernel=kernel)
+            sensitive, rotate = _matrix_options(name, exact_prefill)
+            return linear_from_arrays(parts, fmt, sensitive=sensitive, rotate=rotate, kernel=kernel)
 
         return cls(attn_norm=vec("attn_norm"), qkv=lin("qkv"), q_norm=vec("q_norm"), k_norm=vec("k_norm"),
                    out=lin("out"), ffn_norm=vec("ffn_norm"), gate_up=lin("gate_up"), down=lin("down"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,18 +61,19 @@ class ModelConfig:
 
 @dataclass
 class LayerWeights:
-    """One decoder block in canonical float32 numpy form (rows = output features)."""
+    """One decoder block in canonical float32 form (rows = output features); the matrices are
+    numpy arrays or lazy row sources (`weights.linear.RowSource`: `read_layer` gives those)."""
 
     attn_norm: np.ndarray
-    qkv: np.ndarray  # [q_dim + 2 kv_dim, H], Q/K rows in NeoX rotary layout
+    qkv: Any  # [q_dim + 2 kv_dim, H], Q/K rows in NeoX rotary layout
     qkv_bias: np.ndarray | None
     q_norm: np.ndarray | None  # per-head RMSNorm weights (qwen3), NeoX layout
     k_norm: np.ndarray | None
-    out: np.ndarray  # [H, q_dim]
+    out: Any  # [H, q_dim]
     out_bias: np.ndarray | None
     ffn_norm: np.ndarray
-    gate_up: np.ndarray  # [2 ffn, H]: gate rows then up rows
-    down: np.ndarray  # [H, ffn]
+    gate_up: Any  # [2 ffn, H]: gate rows then up rows
+    down: Any  # [H, ffn]
 
 
 def neox_row_order(head_dim: int, n_rot: int) -> np.ndarray:

@@ -37,7 +37,7 @@ from node.inference.weights.gguf_file import GgufFile
 from node.inference.weights.kernels import KERNELS as INT8_KERNELS
 from node.inference.weights.kernels import choose_int8_kernel
 from node.inference.weights.linear import Linear, int8_available, linear_from_arrays, make_linear
-from node.inference.weights.qgemm import KERNEL_VERSION as QGEMM_KERNEL_VERSION
+from node.inference.weights.qgemm import LAYOUT_VERSION as QGEMM_LAYOUT_VERSION
 from node.inference.weights.qgemm import available as qgemm_available
 from node.logs import TRACE, kv
 
@@ -63,7 +63,7 @@ def resolve_format(dtype: str, device: torch.device) -> str:
 def cache_kernel_name(kernel: str) -> str:
     """The kernel as the weight cache's key names it: qgemm's with its layout version (a part of
     an older layout is another key, never read as this one)."""
-    return f"qgemm{QGEMM_KERNEL_VERSION}" if kernel == "qgemm" else kernel
+    return f"qgemm{QGEMM_LAYOUT_VERSION}" if kernel == "qgemm" else kernel
 
 
 def cache_variant(kernel: str, exact_prefill: bool) -> str:

@@ -8,14 +8,18 @@ lane: 32767 for K ≤ 4120, fewer steps beyond; a row's lanes are summed in int6
 keep 13–15 bits, finer than fbgemm's 8, and need no residual pass. The price: int16 products run
 at half the rate of int8 ones (vpmaddwd / vpdpwssd against vpmaddubsw / vpdpbusd), which long
 prefills feel; decode is bound by reading the weights and gains from the single packed stream.
+So a caller may ask for 8-bit activations (per token, ±127 steps) for a long prefill's less
+sensitive matrices: on VNNI they run through vpdpbusd over the same packed weights (rows_vnni_a8),
+elsewhere through the 16-bit kernels with the same integers (the same results, no faster).
 
 Kernels: AVX-512BW (+VNNI's vpdpwssd when present) and AVX2, chosen at run time by cpuid, and a
 portable C loop (GCC / clang; another compiler builds the C loop only). Threads: OpenMP, sharing
 torch's runtime (see run()). Every entry point releases the GIL.
 
 Python API (all pointers are addresses, e.g. tensor.data_ptr()):
-    gemm(w, s, n, k, x, t, y, bias, threads)    bias 0 = none; w packed by pack()
-    pack(q, n, k, out), packed_size(n, k)
+    gemm(w, s, n, k, x, t, y, bias, threads[, wsum])   bias 0 = none; w packed by pack();
+                                                       wsum = row_sums(w): 8-bit activations
+    pack(q, n, k, out), packed_size(n, k), row_sums(w, n, k, out)
     isa() -> "avx512vnni" | "avx512" | "avx2" | "c"
     set_isa(name)                              for tests and the bench: force a slower path
 */
@@ -54,6 +58,8 @@ typedef struct {
     const float *xs;    /* [t] */
     int64_t t;
     float *y;
+    const uint8_t *xu;  /* 8-bit mode on VNNI: xq + 128 as bytes, [t, kp] */
+    const int32_t *wsum; /* 8-bit mode on VNNI: each row's sum of weights (row_sums()) */
 } job_t;
 
 typedef void (*range_fn)(const job_t *, int64_t n0, int64_t n1);
@@ -217,6 +223,67 @@ __m512i dpwssd_inplace(__m512i acc, __m512i a, __m512i b) {
 #define MADD_VNNI(acc, a, b) dpwssd_inplace(acc, a, b)
 ROWS_512(rows_avx512, "avx512f,avx512bw", MADD_BW)
 ROWS_512(rows_avx512vnni, "avx512f,avx512bw,avx512vnni", MADD_VNNI)
+
+/* 8-bit activations on VNNI: vpdpbusd multiplies unsigned bytes by signed ones, 4 products per
+   lane (twice vpdpwssd's 2), so x is stored as x + 128 and each row's sum(w) · 128 is taken back
+   off: sum((x + 128) · w) - 128 · sum(w) = sum(x · w), exactly (a lane's sum stays far inside
+   int32). One zmm of the packed layout is two rows' 32-k chunks; x's 32 bytes are broadcast to
+   both halves; a tile is 8 tokens x 4 rows (16 accumulators). */
+static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vnni")))
+__m512i dpbusd_inplace(__m512i acc, __m512i u, __m512i w) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(w));
+    return acc;
+}
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static inline void a8_store(const job_t *j, int64_t t, int64_t n, int nr, __m512i r01, __m512i r23) {
+    int64_t acc[NR] = {hsum256(_mm512_castsi512_si256(r01)), hsum256(_mm512_extracti64x4_epi64(r01, 1)),
+                       hsum256(_mm512_castsi512_si256(r23)), hsum256(_mm512_extracti64x4_epi64(r23, 1))};
+    for (int r = 0; r < nr; r++) acc[r] -= 128 * (int64_t)j->wsum[n + r];
+    store_tile(j, t, n, nr, acc);
+}
+#define XB(m) _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x0 + (m) * j->kp + c)))
+#define A8_STEP(m) xv = XB(m); p##m = dpbusd_inplace(p##m, xv, w01); q##m = dpbusd_inplace(q##m, xv, w23);
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static inline void a8_tile_8(const job_t *j, const int8_t *b, int64_t t, int64_t n, int nr) {
+    __m512i p0 = _mm512_setzero_si512(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0, p6 = p0, p7 = p0;
+    __m512i q0 = p0, q1 = p0, q2 = p0, q3 = p0, q4 = p0, q5 = p0, q6 = p0, q7 = p0;
+    const uint8_t *x0 = j->xu + t * j->kp;
+    for (int64_t c = 0; c < j->kp; c += KC) {
+        const int8_t *w = b + c * NR;
+        __m512i w01 = _mm512_loadu_si512((const void *)w), w23 = _mm512_loadu_si512((const void *)(w + 2 * KC)), xv;
+        A8_STEP(0) A8_STEP(1) A8_STEP(2) A8_STEP(3) A8_STEP(4) A8_STEP(5) A8_STEP(6) A8_STEP(7)
+    }
+    a8_store(j, t, n, nr, p0, q0); a8_store(j, t + 1, n, nr, p1, q1);
+    a8_store(j, t + 2, n, nr, p2, q2); a8_store(j, t + 3, n, nr, p3, q3);
+    a8_store(j, t + 4, n, nr, p4, q4); a8_store(j, t + 5, n, nr, p5, q5);
+    a8_store(j, t + 6, n, nr, p6, q6); a8_store(j, t + 7, n, nr, p7, q7);
+}
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static inline void a8_tile_1(const job_t *j, const int8_t *b, int64_t t, int64_t n, int nr) {
+    __m512i p0 = _mm512_setzero_si512(), q0 = p0, xv;
+    const uint8_t *x0 = j->xu + t * j->kp;
+    for (int64_t c = 0; c < j->kp; c += KC) {
+        const int8_t *w = b + c * NR;
+        __m512i w01 = _mm512_loadu_si512((const void *)w), w23 = _mm512_loadu_si512((const void *)(w + 2 * KC));
+        A8_STEP(0)
+    }
+    a8_store(j, t, n, nr, p0, q0);
+}
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static void rows_vnni_a8(const job_t *j, int64_t n0, int64_t n1) {
+    int64_t TB = TB_BYTES / j->kp / 8 * 8;  /* bytes per token row here */
+    if (TB < 8) TB = 8;
+    for (int64_t tb = 0; tb < j->t; tb += TB) {
+        const int64_t te = tb + TB < j->t ? tb + TB : j->t;
+        for (int64_t n = n0; n < n1; n += NR) {
+            const int8_t *b = block_of(j, n);
+            const int nr = n + NR <= j->n ? NR : (int)(j->n - n);
+            int64_t t = tb;
+            for (; t + 8 <= te; t += 8) a8_tile_8(j, b, t, n, nr);
+            for (; t < te; t++) a8_tile_1(j, b, t, n, nr);
+        }
+    }
+}
 #endif
 
 /* ---- the path in use ---- */
@@ -238,7 +305,7 @@ static void pick_isa(void) {
 /* ---- threads: OpenMP, so that the runtime is the one torch already loaded (its wheel ships
    libgomp.so.1, and a second library of that name is not loaded): one pool, no two sets of threads
    spinning against each other on a small machine ---- */
-static void run(const job_t *j, int threads) {
+static void run(const job_t *j, range_fn rows, int threads) {
     int64_t blocks = (j->n + NR - 1) / NR;
     if (threads < 1) threads = 1;
     if (threads > blocks) threads = (int)blocks;
@@ -249,12 +316,12 @@ static void run(const job_t *j, int threads) {
             int p = omp_get_thread_num(), parts = omp_get_num_threads();
             int64_t b0 = blocks * p / parts * NR, b1 = blocks * (p + 1) / parts * NR;
             if (b1 > j->n) b1 = j->n;
-            if (b0 < b1) g_rows(j, b0, b1);
+            if (b0 < b1) rows(j, b0, b1);
         }
         return;
     }
 #endif
-    g_rows(j, 0, j->n);
+    rows(j, 0, j->n);
 }
 
 /* x rows → int16 with per-row scales; the largest step count whose K/8-product lane sums fit int32.
@@ -312,8 +379,8 @@ static void quantize_row_avx2(const float *xr, int64_t k, int64_t kp, float qmax
 }
 #endif
 
-static void quantize(const float *x, int64_t t, int64_t k, int64_t kp, int16_t *xq, float *xs, int threads) {
-    const float qmax = qmax_for(k);
+static void quantize(const float *x, int64_t t, int64_t k, int64_t kp, float qmax, int16_t *xq, float *xs,
+                     int threads) {
     void (*row)(const float *, int64_t, int64_t, float, int16_t *, float *) = quantize_row_c;
 #ifdef QG_X86
     if (g_rows != rows_c) row = quantize_row_avx2;  /* every SIMD path here has AVX2 */
@@ -339,33 +406,71 @@ static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, co
     return 1;
 }
 
+/* gemm(w, s, n, k, x, t, y, bias, threads[, wsum]): with wsum (row_sums() of w; 0 = none),
+   activations take 8 bits (per token, ±127 steps) instead of 13–15: on VNNI through vpdpbusd at
+   twice the rate; elsewhere the same integers through the 16-bit kernels (identical results) */
 static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    int64_t v[9];
-    if (!int_args(args, nargs, 9, "gemm(w, s, n, k, x, t, y, bias, threads)", v)) return NULL;
+    int64_t v[10] = {0};
+    if (!int_args(args, nargs, nargs == 10 ? 10 : 9, "gemm(w, s, n, k, x, t, y, bias, threads[, wsum])", v))
+        return NULL;
     int64_t n = v[2], k = v[3], t = v[5];
     if (!v[0] || !v[1] || !v[4] || !v[6] || n <= 0 || k <= 0 || t <= 0) {
         PyErr_SetString(PyExc_ValueError, "gemm: null pointer or empty shape");
         return NULL;
     }
+    const int a8 = v[9] != 0;
     int64_t kp = (k + KC - 1) / KC * KC;
     int16_t *xq = NULL;
     float *xs = NULL;
+    uint8_t *xu = NULL;
+    range_fn rows = g_rows;
+#ifdef QG_X86
+    if (a8 && g_rows == rows_avx512vnni) rows = rows_vnni_a8;
+#endif
     xq = (int16_t *)malloc((size_t)(t * kp) * sizeof(int16_t));  /* the kernels load unaligned */
     xs = (float *)malloc((size_t)t * sizeof(float));
-    if (!xq || !xs) {
-        free(xq); free(xs);
+    if (rows != g_rows) xu = (uint8_t *)malloc((size_t)(t * kp));
+    if (!xq || !xs || (rows != g_rows && !xu)) {
+        free(xq); free(xs); free(xu);
         return PyErr_NoMemory();
     }
     job_t j = {(const int8_t *)(intptr_t)v[0], (const float *)(intptr_t)v[1], (const float *)(intptr_t)v[7],
-               n, k, kp, xq, xs, t, (float *)(intptr_t)v[6]};
+               n, k, kp, xq, xs, t, (float *)(intptr_t)v[6], xu, (const int32_t *)(intptr_t)v[9]};
     Py_BEGIN_ALLOW_THREADS
     const int threads = v[8] < 1 ? 1 : v[8] > 1024 ? 1024 : (int)v[8];
-    quantize((const float *)(intptr_t)v[4], t, k, kp, xq, xs, threads);
-    run(&j, threads);
+    quantize((const float *)(intptr_t)v[4], t, k, kp, a8 ? 127.0f : qmax_for(k), xq, xs, threads);
+    if (xu)
+        for (int64_t i = 0; i < t * kp; i++) xu[i] = (uint8_t)(xq[i] + 128);
+    run(&j, rows, threads);
     Py_END_ALLOW_THREADS
     free(xq);
     free(xs);
+    free(xu);
+    Py_RETURN_NONE;
+}
+
+/* row_sums(w, n, k, out): each row's sum of its int8 weights (int32 [n]) from the packed layout */
+static PyObject *py_row_sums(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    int64_t v[4];
+    if (!int_args(args, nargs, 4, "row_sums(w, n, k, out)", v)) return NULL;
+    const int8_t *w = (const int8_t *)(intptr_t)v[0];
+    int32_t *out = (int32_t *)(intptr_t)v[3];
+    int64_t n = v[1], k = v[2], kp = (k + KC - 1) / KC * KC;
+    if (!w || !out || n <= 0 || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "row_sums: null pointer or empty shape");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t row = 0; row < n; row++) {
+        const int8_t *b = w + (row / NR) * NR * kp + (row % NR) * KC;
+        int32_t sum = 0;
+        for (int64_t c = 0; c < kp; c += KC)
+            for (int i = 0; i < KC; i++) sum += b[c * NR + i];
+        out[row] = sum;
+    }
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -533,6 +638,7 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL, "y = (x @ W.T) * s + bias (see module doc)"},
+    {"row_sums", (PyCFunction)(void (*)(void))py_row_sums, METH_FASTCALL, "each packed row's sum of weights"},
     {"pack", (PyCFunction)(void (*)(void))py_pack, METH_FASTCALL, "int8 rows -> the packed layout gemm reads"},
     {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL, "bytes of a packed [n, k] matrix"},
     {"dequant_q8_0", (PyCFunction)(void (*)(void))py_dequant_q8_0, METH_FASTCALL, "GGML Q8_0 blocks -> float32"},

@@ -30,6 +30,7 @@ FORMATS = ("f32", "bf16", "f16", "int8")
 Linear = Callable[[torch.Tensor], torch.Tensor]
 CHUNK_ROWS = 2048  # rows converted at a time: bounds load-time memory for the output head
 CHUNK_ELEMENTS = 1 << 22  # int8 quantization: at most this many weights at a time (16 MB of float32)
+QGEMM_DOWN_PREFILL8 = False
 RESIDUAL_MAX_ROWS = 8  # int8: inputs up to this many rows always take the residual pass
 RESIDUAL_GAIN = 16.0  # int8: residual rows are scaled by this (|K·r| ≤ 8 steps, inside x's range)
 PACK_MAX_ROWS = 32768  # int8: taller matrices (vocabulary heads) are packed in row blocks: fbgemm's
@@ -74,13 +75,13 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     rows) by an orthonormal B×B Hadamard matrix blockwise, which spreads heavy-tailed inputs
     (ffn_down's) evenly over each block. `keep` (int8): receives the converted arrays, from which
     `linear_from_arrays` rebuilds the same callable without converting again (the weight cache).
-    `kernel` (int8): "fbgemm", or "qgemm" (`weights/qgemm.py`: 13–15-bit activations, so it takes
-    neither `sensitive` nor `rotate`).
+    `kernel` (int8): "fbgemm", or "qgemm" (`weights/qgemm.py`: 13–15-bit activations, so it needs
+    no rotation; matrices neither `sensitive` nor rotated take 8-bit ones in long prefills).
     """
     src = ArraySource(weight) if isinstance(weight, np.ndarray) else weight
     if fmt == "int8" and kernel == "qgemm":
         q, scales = quantize_rows_int8(src)
-        return Int8Packed.from_rows(q, scales, bias, keep=keep)
+        return Int8Packed.from_rows(q, scales, bias, keep=keep, prefill8=qgemm_prefill8(sensitive, rotate))
     if fmt == "int8":
         return _Int8Dynamic.convert(src, bias, correct_prefill=sensitive, pair_safe=not sensitive, rotate=rotate,
                                     keep=keep)
@@ -97,14 +98,21 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     return _HalfLinear(w, b)
 
 
-def linear_from_arrays(arrays: dict[str, np.ndarray], fmt: str, *, sensitive: bool = False,
+def linear_from_arrays(arrays: dict[str, np.ndarray], fmt: str, *, sensitive: bool = False, rotate: int = 0,
                        kernel: str = "fbgemm") -> Linear:
-    """The callable `make_linear(..., keep=arrays)` built, from those arrays (no conversion)."""
+    """The callable `make_linear(..., keep=arrays)` built, from those arrays (no conversion;
+    `sensitive` and `rotate` as given to make_linear: fbgemm reads its rotation from the arrays)."""
     if fmt != "int8":
         raise ValueError(f"format {fmt} is not rebuilt from arrays")
     if kernel == "qgemm":
-        return Int8Packed.from_arrays(arrays)
+        return Int8Packed.from_arrays(arrays, prefill8=qgemm_prefill8(sensitive, rotate))
     return _Int8Dynamic.from_arrays(arrays, correct_prefill=sensitive)
+
+
+def qgemm_prefill8(sensitive: bool, rotate: int) -> bool:
+    """Whether a qgemm matrix takes 8-bit activations in long prefills: the ones fbgemm runs in
+    one pass there without a rotation (ffn_down's heavy-tailed input keeps 13–15 bits)."""
+    return not sensitive and not (rotate > 1 and not QGEMM_DOWN_PREFILL8)
 
 
 def hadamard(n: int) -> torch.Tensor:

@@ -9,6 +9,11 @@ and re-lays out every weight on every load). Activations are quantized per token
 in the kernel (see the C file), finer than fbgemm's 8 plus residual pass, so this path needs
 neither pair-safe weights nor the rotation of ffn_down's inputs.
 
+`prefill8` matrices (the block's less sensitive ones, as fbgemm's long prefills skip their
+residual pass) take 8-bit activations for products of more than PREFILL8_MIN_ROWS rows on a VNNI
+CPU, where vpdpbusd runs them at twice the rate; decode, batched decode and speculation's
+verification rows (fewer rows) always keep 13–15 bits.
+
 Which of it and fbgemm a machine runs is chosen in `weights/kernels.py`.
 """
 
@@ -22,7 +27,9 @@ try:  # built by `pip install` (setup.py); optional: without it int8 runs on fbg
 except ImportError:  # pragma: no cover - depends on the install
     _qgemm = None
 
-KERNEL_VERSION = 1  # bump when the packed layout or the activation quantization changes
+LAYOUT_VERSION = 1  # bump when the packed layout changes (the weight cache's key names it)
+KERNEL_VERSION = 2  # bump when the kernels or the activation quantization change (the kernel choice)
+PREFILL8_MIN_ROWS = 32  # a product of more rows than this may take 8-bit activations (`prefill8`)
 
 
 def available() -> bool:
@@ -63,9 +70,10 @@ def quantize_rows_into(w: np.ndarray, q: np.ndarray, scales: np.ndarray) -> bool
 class Int8Packed:
     """x @ W.T + b with int8 W per output row, packed for `_qgemm.gemm`; float32 in and out."""
 
-    __slots__ = ("bias", "k", "n", "packed", "scales")
+    __slots__ = ("bias", "k", "n", "packed", "prefill8", "scales", "_wsum")
 
-    def __init__(self, packed: np.ndarray, scales: np.ndarray, n: int, k: int, bias: np.ndarray | None):
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, n: int, k: int, bias: np.ndarray | None, *,
+                 prefill8: bool = False):
         if _qgemm is None:
             raise RuntimeError("the compiled int8 kernel is not installed")
         if packed.nbytes != _qgemm.packed_size(n, k) or scales.shape != (n,):
@@ -74,10 +82,12 @@ class Int8Packed:
         self.scales = np.ascontiguousarray(scales, dtype=np.float32)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.n, self.k = n, k
+        self.prefill8 = prefill8
+        self._wsum: np.ndarray | None = None
 
     @classmethod
     def from_rows(cls, q: torch.Tensor, scales: torch.Tensor, bias: np.ndarray | None, *,
-                  keep: dict[str, np.ndarray] | None = None) -> Int8Packed:
+                  keep: dict[str, np.ndarray] | None = None, prefill8: bool = False) -> Int8Packed:
         """Pack int8 rows `q` [n, k] with their float32 `scales` [n] (`keep` receives the arrays)."""
         n, k = q.shape
         q = q.contiguous()
@@ -88,13 +98,22 @@ class Int8Packed:
             keep.update(packed=packed, scales=scales.numpy(), shape=np.array([n, k], dtype=np.int64))
             if bias is not None:
                 keep["bias"] = np.array(bias, dtype=np.float32)
-        return cls(packed, scales.numpy(), n, k, bias)
+        return cls(packed, scales.numpy(), n, k, bias, prefill8=prefill8)
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Int8Packed:
+    def from_arrays(cls, arrays: dict[str, np.ndarray], *, prefill8: bool = False) -> Int8Packed:
         """The matrix `convert(..., keep=arrays)` made, over those arrays (no copy of the weights)."""
         n, k = (int(v) for v in arrays["shape"])
-        return cls(arrays["packed"], arrays["scales"], n, k, arrays.get("bias"))
+        return cls(arrays["packed"], arrays["scales"], n, k, arrays.get("bias"), prefill8=prefill8)
+
+    def row_sums(self) -> np.ndarray:
+        """Each row's sum of its int8 weights (what 8-bit activations take back off; computed on
+        first use: a race computes the same array twice)."""
+        if self._wsum is None:
+            wsum = np.empty(self.n, dtype=np.int32)
+            _qgemm.row_sums(self.packed.ctypes.data, self.n, self.k, wsum.ctypes.data)
+            self._wsum = wsum
+        return self._wsum
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or not x.is_contiguous():
@@ -103,6 +122,9 @@ class Int8Packed:
         if x.shape[1] != self.k:
             raise ValueError(f"input of width {x.shape[1]} for a matrix of width {self.k}")
         y = torch.empty(T, self.n, dtype=torch.float32)
+        # 8 bits only where vpdpbusd makes them faster: elsewhere they would cost accuracy for nothing
+        wsum = self.row_sums().ctypes.data if self.prefill8 and T > PREFILL8_MIN_ROWS \
+            and _qgemm.isa() == "avx512vnni" else 0
         _qgemm.gemm(self.packed.ctypes.data, self.scales.ctypes.data, self.n, self.k, x.data_ptr(), T,
-                    y.data_ptr(), 0 if self.bias is None else self.bias.ctypes.data, torch.get_num_threads())
+                    y.data_ptr(), 0 if self.bias is None else self.bias.ctypes.data, torch.get_num_threads(), wsum)
         return y
