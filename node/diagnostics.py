@@ -58,7 +58,12 @@ def _int8_kernel_line() -> str:
     """Which int8 kernel this machine runs slices on, and the measurement that chose it."""
     from node.inference.weights import kernels, qgemm
 
-    head = f"int8 kernels: qgemm ({qgemm.isa()})" if qgemm.available() else "int8 kernels: fbgemm only (qgemm not built)"
+    if qgemm.available():
+        isa = qgemm.isa()
+        prefill = "8-bit prefill activations" if isa == "avx512vnni" else "16-bit activations throughout"
+        head = f"int8 kernels: qgemm ({isa}, {prefill})"
+    else:
+        head = "int8 kernels: fbgemm only (qgemm not built)"
     chosen = [f"{r['kernel']} at width {r['width']} (request {r['qgemm_request_ms']} ms qgemm, "
               f"{r['fbgemm_request_ms']} ms fbgemm, measured {r['measured_at']})"
               for r in kernels.chosen_records() if "qgemm_request_ms" in r]

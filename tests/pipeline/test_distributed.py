@@ -92,7 +92,7 @@ def test_trace_lines_and_diagnostics_sections(swarm):
     assert "layers=2-3" in served and "tokens=" in served
     machine = texts["b"].split("-- this machine --")[1].split("-- reachable at --")[0]
     assert "slice kernels: f32 torch; weight cache: " in machine  # f32 slices: nothing cached
-    assert re.search(r"int8 kernels: (qgemm \((avx512vnni|avx512|avx2|c)\)|fbgemm only)", machine)
+    assert re.search(r"int8 kernels: (qgemm \((avx512vnni|avx512|avx2|c), (8-bit prefill activations|16-bit activations throughout)\)|fbgemm only)", machine)
     models = texts["b"].split("-- models --")[1]
     assert re.search(r"layers=2-3 of 6 .* load_ms=\d+ weight_cache=off", models)
     assert re.search(r"layers=2-3 of 6 engine=torch-slice dtype=f32 kernel=torch ", models)
