@@ -57,3 +57,15 @@ def test_row_maps_refuse_what_does_not_fit():
     stacked = StackedRows([a, TakenRows(a, np.array([3, 1]))])
     np.testing.assert_array_equal(stacked.rows(2, 6), np.stack([a.array[2], a.array[3], a.array[3], a.array[1]]))
     assert stacked.rows(3, 3).shape == (0, 3)
+
+
+def test_embedding_rows_read_with_pread_equal_the_mapped_rows(synth_model):
+    """`lookup` (what a first slice embeds with) gives the rows the mapping holds, negative ids
+    counted from the end, and refuses ids outside the table; dropping pages loses nothing."""
+    f = GgufFile(synth_model(SynthSpec(qtype="Q8_0")))
+    ids = np.array([0, 5, 511, -1, 5, 300])
+    np.testing.assert_array_equal(f.lookup("token_embd.weight", ids), f.rows("token_embd.weight", ids))
+    f.release_rows("token_embd.weight", 0, 512)
+    np.testing.assert_array_equal(f.lookup("token_embd.weight", ids[:3]), f.f32("token_embd.weight")[[0, 5, 511]])
+    with pytest.raises(IndexError):
+        f.lookup("token_embd.weight", np.array([512]))

@@ -311,3 +311,17 @@ def test_only_long_products_of_a_prefill8_matrix_take_eight_bits():
                                                                   bits8=want8), err_msg=f"t={t}")
         np.testing.assert_array_equal(exact(x).numpy(), _reference(q.numpy(), scales.numpy(), x.numpy(), None),
                                       err_msg=f"t={t}")
+
+
+@pytest.mark.parametrize(("n", "block_rows"), [(37, 8), (37, 5), (4, 2048), (130, 64)])
+def test_packing_block_by_block_gives_the_same_bytes_as_packing_whole(n, block_rows):
+    """`from_source` (a load's path: no whole int8 copy) against quantize-all-then-pack."""
+    from node.inference.weights.linear import ArraySource
+
+    w = np.random.default_rng(n + block_rows).standard_normal((n, 45)).astype(np.float32)
+    whole = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), None)
+    kept: dict[str, np.ndarray] = {}
+    blocks = qgemm.Int8Packed.from_source(ArraySource(w), None, block_rows=block_rows, keep=kept)
+    np.testing.assert_array_equal(blocks.packed, whole.packed)
+    np.testing.assert_array_equal(blocks.scales, whole.scales)
+    assert qgemm.Int8Packed.from_arrays(kept).packed is kept["packed"]

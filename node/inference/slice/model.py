@@ -290,8 +290,8 @@ class SliceModel:
     # --- compute -------------------------------------------------------------------------------
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings [T, H] (first slice), looked up in the memory-mapped file."""
-        rows = self.file.rows("token_embd.weight", ids.cpu().numpy())
+        """Token embeddings [T, H] (first slice), read from the file (see `GgufFile.lookup`)."""
+        rows = self.file.lookup("token_embd.weight", ids.cpu().numpy())
         return torch.from_numpy(rows).to(self.device)
 
     def forward(self, sess: Session | str, inputs, index_pos: int, *, last_only: bool = False) -> torch.Tensor:

@@ -79,8 +79,8 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     """
     src = ArraySource(weight) if isinstance(weight, np.ndarray) else weight
     if fmt == "int8" and kernel == "qgemm":
-        q, scales = quantize_rows_int8(src)
-        return Int8Packed.from_rows(q, scales, bias, keep=keep, prefill8=qgemm_prefill8(sensitive, rotate))
+        return Int8Packed.from_source(src, bias, block_rows=max(1, min(CHUNK_ROWS, CHUNK_ELEMENTS // src.shape[1])),
+                                      keep=keep, prefill8=qgemm_prefill8(sensitive, rotate))
     if fmt == "int8":
         return _Int8Dynamic.convert(src, bias, correct_prefill=sensitive, pair_safe=not sensitive, rotate=rotate,
                                     keep=keep)

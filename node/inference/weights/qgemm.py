@@ -101,6 +101,27 @@ class Int8Packed:
         return cls(packed, scales.numpy(), n, k, bias, prefill8=prefill8)
 
     @classmethod
+    def from_source(cls, src, bias: np.ndarray | None, *, block_rows: int, keep: dict[str, np.ndarray] | None = None,
+                    prefill8: bool = False) -> Int8Packed:
+        """Quantize (as `quantize_rows_int8`) and pack a float32 row source [n, k] a block of
+        rows at a time, so that no whole int8 copy is made beside the packed one."""
+        n, k = src.shape
+        kp = -(-k // 32) * 32
+        step = max(4, block_rows // 4 * 4)  # whole 4-row blocks of the packed layout
+        packed = np.empty(_qgemm.packed_size(n, k), dtype=np.int8)
+        scales = np.empty(n, dtype=np.float32)
+        q = np.empty((min(step, n), k), dtype=np.int8)
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            quantize_rows_into(src.rows(start, stop), q[: stop - start], scales[start:stop])
+            _qgemm.pack(q.ctypes.data, stop - start, k, packed[start * kp:].ctypes.data)
+        if keep is not None:
+            keep.update(packed=packed, scales=scales, shape=np.array([n, k], dtype=np.int64))
+            if bias is not None:
+                keep["bias"] = np.array(bias, dtype=np.float32)
+        return cls(packed, scales, n, k, bias, prefill8=prefill8)
+
+    @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], *, prefill8: bool = False) -> Int8Packed:
         """The matrix `convert(..., keep=arrays)` made, over those arrays (no copy of the weights)."""
         n, k = (int(v) for v in arrays["shape"])
