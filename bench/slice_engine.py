@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "swarmllm" / "slice-bench"
-VOCAB_LOW, VOCAB_HIGH = 300, 120000
+VOCAB_LOW = 300  # prompt ids from [VOCAB_LOW, vocab): past the special and byte tokens
 
 
 def peak_rss_mb() -> float:
@@ -60,10 +60,12 @@ def model_path(arg: str | None) -> Path:
     return path
 
 
-def prompt_tokens(n: int, seed: int) -> list[int]:
+def prompt_tokens(n: int, seed: int, vocab: int) -> list[int]:
+    """A random prompt of `n` ids from the model's vocabulary (the same for both engines)."""
     import numpy as np
 
-    return [1] + [int(t) for t in np.random.default_rng(seed).integers(VOCAB_LOW, VOCAB_HIGH, n - 1)]
+    low = min(VOCAB_LOW, vocab // 4)
+    return [1] + [int(t) for t in np.random.default_rng(seed).integers(low, vocab, n - 1)]
 
 
 # --- workers (one process per engine) ---------------------------------------------------------
@@ -139,13 +141,16 @@ def worker(args) -> None:
         load()
     t0 = time.perf_counter()
     engine = (Ours if args.worker == "ours" else Llama)(args)
+    from node.models.gguf_meta import read_header
+
+    vocab = read_header(args.model).vocab_size
     reply = {"load_s": time.perf_counter() - t0,
              "weight_cache": getattr(getattr(engine, "model", None), "weight_cache", None),
              "kernel": getattr(getattr(engine, "model", None), "kernel", "llama.cpp")}
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "round":
-            tokens = prompt_tokens(args.prompt_tokens, cmd["seed"])
+            tokens = prompt_tokens(args.prompt_tokens, cmd["seed"], vocab)
             t = time.perf_counter()
             tok = engine.prefill(tokens)
             prefill_s = time.perf_counter() - t
@@ -156,7 +161,7 @@ def worker(args) -> None:
         elif cmd["op"] == "ping":  # loaded: the load's figures go back with this reply
             pass
         elif cmd["op"] == "profile":
-            reply = {"text": engine.profile(prompt_tokens(args.prompt_tokens, 0), 8)}
+            reply = {"text": engine.profile(prompt_tokens(args.prompt_tokens, 0, vocab), 8)}
         elif cmd["op"] == "quit":
             reply = {"peak_rss_mb": peak_rss_mb()}
         print(json.dumps(reply), flush=True)
