@@ -1,9 +1,11 @@
-"""The slice engine's compiled int8 kernel (node/inference/weights/_qgemm.c), built by `pip install`.
+"""The slice engine's compiled kernels, built by `pip install`: the int8 matrix product
+(node/inference/weights/_qgemm.c) and a decode step's attention (node/inference/arch/_attend.c).
 
-Everything else is in pyproject.toml. The extension is optional: without a C compiler (or with
-one that rejects a flag) the install goes on and the slice engine uses torch's fbgemm kernel
-(`node.inference.weights.qgemm.available()` says which). OpenMP is asked for first: it shares
-the runtime torch already loaded (see the C file); without it the kernel runs on one thread.
+Everything else is in pyproject.toml. Both are optional: without a C compiler (or with one that
+rejects a flag) the install goes on and the slice engine uses torch's fbgemm kernel
+(`node.inference.weights.qgemm.available()` says which) and torch's attention. OpenMP is asked
+for first: it shares the runtime torch already loaded (see _qgemm.c); without it a kernel runs on
+one thread.
 """
 
 import sys
@@ -28,7 +30,8 @@ class OptionalBuildExt(build_ext):
                 return
             except Exception as e:  # a compiler without OpenMP, or none at all
                 print(f"swarmllm: building {ext.name} with {' '.join(flags)} failed ({e})", file=sys.stderr)
-        print(f"swarmllm: {ext.name} not built: the slice engine will use torch's fbgemm kernel", file=sys.stderr)
+        fallback = "torch's fbgemm kernel" if ext.name.endswith("_qgemm") else "torch's attention"
+        print(f"swarmllm: {ext.name} not built: the slice engine will use {fallback}", file=sys.stderr)
 
     def run(self):
         try:
@@ -38,6 +41,7 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("node.inference.weights._qgemm", ["node/inference/weights/_qgemm.c"])],
+    ext_modules=[Extension("node.inference.weights._qgemm", ["node/inference/weights/_qgemm.c"]),
+                 Extension("node.inference.arch._attend", ["node/inference/arch/_attend.c"])],
     cmdclass={"build_ext": OptionalBuildExt},
 )
