@@ -43,6 +43,9 @@ def isa() -> str:
     return _qgemm.isa() if _qgemm is not None else "none"
 
 
+DEQUANT_PARALLEL_BYTES = 1 << 18  # Q8_0 bytes below which dequant_q8_0 runs on the calling thread
+
+
 def dequant_q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     """float32 of `shape` from contiguous GGML Q8_0 bytes, on torch's threads (the same values as
     numpy's value · scale); None when the kernel is not installed or the bytes are not contiguous."""
@@ -51,7 +54,9 @@ def dequant_q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     out = np.empty(shape, dtype=np.float32)
     if out.size != raw.nbytes // 34 * 32:
         raise ValueError(f"{raw.nbytes} bytes of Q8_0 do not hold {shape}")
-    _qgemm.dequant_q8_0(raw.ctypes.data, raw.nbytes // 34, out.ctypes.data, torch.get_num_threads())
+    # a few rows (an embedding lookup each decode step) on one thread: waking the team costs more
+    threads = torch.get_num_threads() if raw.nbytes >= DEQUANT_PARALLEL_BYTES else 1
+    _qgemm.dequant_q8_0(raw.ctypes.data, raw.nbytes // 34, out.ctypes.data, threads)
     return out
 
 
