@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from node.models.partial import SUFFIX as PARTIAL_SUFFIX
 from node.models.partial import PartialStore
 from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.resources import default_model_path
+from node.stopping import async_bounded
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
 from node.watchdog import LoopWatchdog
@@ -171,26 +173,45 @@ class Node:
             return
         self._stopping = True
         log.info("DIAG: node stopping node_id=%s", self.short_id)
-        await self.api.stop()
-        if self.autoserve is not None:
-            await self.autoserve.async_stop()
-        if self.pipeline is not None:
-            self.pipeline.close()
-        if self.swarm_models is not None:
-            self.swarm_models.close()
-        if self.remote_server is not None:
-            self.remote_server.close()
-        if self.peers is not None:
-            await self.peers.async_stop()
-        if self._machine_task is not None:
-            self._machine_task.cancel()
-        if self._announce_task is not None:
-            self._announce_task.cancel()
-        await self.downloads.async_close()
-        await self.slice_host.async_close()
-        await self.models.async_close()
+        started = time.monotonic()
+        stuck = []
+        for name, step in self._stop_steps():
+            if not await async_bounded(name, step(), const.NODE_STOP_STEP_S):
+                stuck.append(name)
+        if stuck:
+            log.error("DIAG: node stop left steps behind %s", kv(node_id=self.short_id, stuck=",".join(stuck)))
         self.watchdog.stop()
-        log.info("DIAG: node stopped node_id=%s in_flight=%d", self.short_id, self.traces.in_flight)
+        log.info("DIAG: node stopped %s", kv(node_id=self.short_id, in_flight=self.traces.in_flight,
+                                              elapsed_ms=int((time.monotonic() - started) * 1000)))
+
+    def _stop_steps(self) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
+        """stop()'s steps in order, each an awaitable factory (bounded one by one)."""
+        async def close_networked() -> None:
+            if self.pipeline is not None:
+                self.pipeline.close()
+            if self.swarm_models is not None:
+                self.swarm_models.close()
+            if self.remote_server is not None:
+                self.remote_server.close()
+
+        async def cancel_background() -> None:
+            for task in (self._machine_task, self._announce_task):
+                if task is not None:
+                    task.cancel()
+
+        async def nothing() -> None:
+            return None
+
+        return [
+            ("api", self.api.stop),
+            ("autoserve", self.autoserve.async_stop if self.autoserve is not None else nothing),
+            ("pipeline", close_networked),
+            ("peers", self.peers.async_stop if self.peers is not None else nothing),
+            ("background", cancel_background),
+            ("downloads", self.downloads.async_close),
+            ("slices", self.slice_host.async_close),
+            ("models", self.models.async_close),
+        ]
 
     async def _start_network(self) -> None:
         """The peer network and the pipeline's worker/coordinator on top of it."""

@@ -6,13 +6,17 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
 
 from node.config import load_config
 from node.errors import NodeError
 from node.logs import setup_logging
+from node.stopping import log_pending_tasks
 
 log = logging.getLogger(__name__)
+
+LEFTOVER_TASKS_S = 5.0  # after Node.stop, what still runs has this long to end
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -94,9 +98,16 @@ async def serve(config) -> int:
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():  # a second one while stopping: the user means now
+            log.warning("DIAG: %s while stopping: exiting now", sig.name)
+            _exit_now(1)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):  # Windows: KeyboardInterrupt does it
             pass
     try:
@@ -113,7 +124,27 @@ async def serve(config) -> int:
         await stop.wait()
     finally:
         await node.stop()
+        await _async_end_leftovers()
     return 0
+
+
+async def _async_end_leftovers() -> None:
+    """Cancel what still runs after the node stopped and wait a little: asyncio.run would wait for
+    ever on a task that ignores its cancellation, so one that does is logged and the process ends."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=LEFTOVER_TASKS_S)
+        if pending:
+            log_pending_tasks("still running after the node stopped", exclude=asyncio.current_task())
+            log.error("DIAG: exiting with tasks that ignored their cancellation count=%d", len(pending))
+            _exit_now(1)
+
+
+def _exit_now(code: int) -> None:
+    logging.shutdown()  # the log file gets its last lines
+    os._exit(code)
 
 
 def run(args: argparse.Namespace) -> int:

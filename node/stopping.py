@@ -1,0 +1,72 @@
+"""Bounded shutdown: a stop step that does not end in time is logged with what it waits on, then
+left behind, so a node always stops (a tray Quit, a SIGTERM from systemd or a bench).
+
+A coroutine's own stack (`Task.get_stack`) shows one frame; `await_chain` follows `cr_await`
+down to the innermost awaitable, which names the future the step is stuck on:
+`node.node:stop:181 → node.api.server:stop:90 → …:shutdown:12 → <Future pending>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from node.logs import kv
+
+log = logging.getLogger(__name__)
+
+_CHAIN_MAX = 24  # frames followed down one await chain
+
+
+def await_chain(task: asyncio.Task[Any]) -> str:
+    """Where a pending task waits: its coroutines outermost first, then the awaited object."""
+    parts: list[str] = []
+    obj: Any = task.get_coro()
+    for _ in range(_CHAIN_MAX):
+        frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None) or getattr(obj, "ag_frame", None)
+        if frame is None:
+            break
+        parts.append(f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_name}:{frame.f_lineno}")
+        nxt = getattr(obj, "cr_await", None) or getattr(obj, "gi_yieldfrom", None) or getattr(obj, "ag_await", None)
+        if nxt is None:
+            break
+        obj = nxt
+    if task.done():
+        return "done"
+    waiter = getattr(task, "_fut_waiter", None)  # the future itself (the chain ends at its iterator)
+    if waiter is not None:
+        parts.append(_short(waiter))
+    return " → ".join(parts)
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def log_pending_tasks(reason: str, *, exclude: asyncio.Task[Any] | None = None) -> int:
+    """One WARNING line per pending task on this loop with its await chain; returns how many."""
+    tasks = [t for t in asyncio.all_tasks() if not t.done() and t is not exclude]
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        log.warning("DIAG: pending task %s", kv(reason=reason, task=task.get_name(), waits=await_chain(task)))
+    return len(tasks)
+
+
+async def async_bounded(step: str, aw: Awaitable[Any], timeout_s: float) -> bool:
+    """Await one stop step for at most timeout_s. True when it ended (an error it raised is
+    logged: a stop goes on). When it did not, it is logged with every pending task's await
+    chain, cancelled and left behind (not awaited: a step that ignores its cancellation must not
+    hold the stop either); False."""
+    task = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if done:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("DIAG: stop step failed %s", kv(step=step, error=repr(task.exception())),
+                      exc_info=task.exception())
+        return True
+    log.error("DIAG: stop step did not end %s", kv(step=step, waited_s=timeout_s, waits=await_chain(task)))
+    log_pending_tasks(f"stop step {step} stuck", exclude=asyncio.current_task())
+    task.cancel()
+    return False

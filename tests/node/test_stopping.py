@@ -1,0 +1,208 @@
+"""A node always stops: a stop step that hangs is logged with what it waits on and left behind,
+a task that ignores its cancellation ends the process after a bound, a second SIGTERM exits now."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from node import const
+from node.stopping import async_bounded, await_chain
+from tests.support.nodes import node_config, running_node
+from tests.support.ports import free_port, port_is_free
+from tests.support.processes import REPO, hermetic_env
+from tests.support.swarm import join_test_swarm
+from tests.support.waiting import wait_until, wait_until_sync
+
+
+async def _stubborn(entered: asyncio.Event | None = None, ignore: int = 1) -> None:
+    """Ignores its first `ignore` cancellations (the bug class a stop must survive)."""
+    if entered is not None:
+        entered.set()
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if ignore <= 0:
+                raise
+            ignore -= 1
+
+
+async def _outer(fut: asyncio.Future) -> None:
+    await _inner(fut)
+
+
+async def _inner(fut: asyncio.Future) -> None:
+    await fut
+
+
+async def test_await_chain_names_each_coroutine_and_the_future_it_waits_on():
+    fut = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(_outer(fut), name="chained")
+    await asyncio.sleep(0)
+    chain = await_chain(task)
+    assert chain.index(":_outer:") < chain.index(":_inner:"), chain
+    assert re.search(r" → <Future pending cb=\[Task\.task_wakeup\(\)\][^→]*>$", chain), chain
+    fut.set_result(None)
+    await task
+    assert await_chain(task) == "done"
+
+
+async def test_a_step_that_ends_or_fails_counts_as_ended(caplog):
+    async def fails() -> None:
+        raise RuntimeError("broken close")
+
+    assert await async_bounded("quick", asyncio.sleep(0), 1.0)
+    with caplog.at_level(logging.ERROR, logger="node.stopping"):
+        assert await async_bounded("failing", fails(), 1.0)
+    assert "DIAG: stop step failed step=failing" in caplog.text
+    assert "broken close" in caplog.text
+
+
+async def test_a_step_that_ignores_its_cancellation_is_logged_and_left_behind(caplog):
+    entered = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with caplog.at_level(logging.WARNING, logger="node.stopping"):
+        step = asyncio.ensure_future(_stubborn(entered, ignore=1))
+        assert not await async_bounded("stuck", step, 0.3)
+    assert loop.time() - started < 5.0  # bounded: not held by the step
+    assert entered.is_set()
+    assert "DIAG: stop step did not end step=stuck waited_s=0.3" in caplog.text
+    line = next(r.getMessage() for r in caplog.records if "did not end" in r.getMessage())
+    assert ":_stubborn:" in line, line  # names where it waits
+    assert "DIAG: pending task" in caplog.text
+    await asyncio.sleep(0)  # the step took its (ignored) cancellation
+    assert not step.done()
+    step.cancel()  # the second one it obeys
+    with pytest.raises(asyncio.CancelledError):
+        await step
+
+
+async def test_a_node_stops_when_one_of_its_steps_hangs(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(const, "NODE_STOP_STEP_S", 0.5)
+    stuck: list[asyncio.Task] = []
+
+    async def stubborn_stop() -> None:
+        stuck.append(asyncio.current_task())
+        await _stubborn(ignore=1)
+
+    with caplog.at_level(logging.INFO):
+        async with running_node(node_config(tmp_path / "data")) as node:
+            port, peer_port = node.api.port, node.peers.listen_port
+            monkeypatch.setattr(node.autoserve, "async_stop", stubborn_stop)
+        # running_node's exit ran node.stop(): it came back, and the steps after the stuck one ran
+    assert "DIAG: stop step did not end step=autoserve" in caplog.text
+    assert "DIAG: node stop left steps behind" in caplog.text and "stuck=autoserve" in caplog.text
+    assert "DIAG: node stopped" in caplog.text
+    assert "DIAG: peer network stopped" in caplog.text
+    assert port_is_free(port) and port_is_free(peer_port)
+    assert stuck and not stuck[0].done()
+    stuck[0].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stuck[0]
+
+
+# --- the process (`swarmllm run`) ---
+
+_PATCHED_RUN = """
+import asyncio, sys
+from node.node import Node
+
+async def stubborn():
+    print("STUBBORN ENTERED", flush=True)
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+{patch}
+
+from node.cli import main
+sys.exit(main(["run", "-p", "{port}", "--data-dir", "{data}", "--no-default-model", "--no-mdns"]))
+"""
+
+
+def _run_patched(tmp_path, patch: str):
+    data = tmp_path / "data"
+    join_test_swarm(data)
+    port = free_port()
+    script = _PATCHED_RUN.format(patch=textwrap.dedent(patch), port=port, data=data)
+    out_path = tmp_path / "out.log"
+    out = open(out_path, "wb")  # noqa: SIM115 (the child holds its own copy)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=hermetic_env(), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        out.close()
+
+    def output() -> str:
+        return out_path.read_text(errors="replace")
+
+    return proc, output
+
+
+def _stop_proc(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_while_stopping_exits_now(tmp_path):
+    proc, output = _run_patched(tmp_path, """
+        async def stuck_stop(self):
+            await stubborn()
+        Node.stop = stuck_stop
+    """)
+    try:
+        wait_until_sync(lambda: "serving at" in output() or proc.poll() is not None, 60, what="node up")
+        assert proc.poll() is None, output()
+        proc.send_signal(signal.SIGTERM)
+        wait_until_sync(lambda: "STUBBORN ENTERED" in output() or proc.poll() is not None, 20,
+                        what="the stop to begin")
+        assert proc.poll() is None, output()  # held by the stop, as the patch means it to be
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 1, output()
+        assert "DIAG: SIGTERM while stopping: exiting now" in output()
+    finally:
+        _stop_proc(proc)
+
+
+@pytest.mark.slow
+def test_a_task_that_ignores_its_cancellation_does_not_keep_the_process(tmp_path):
+    proc, output = _run_patched(tmp_path, """
+        _start = Node.start
+        async def start_with_a_stubborn_task(self):
+            await _start(self)
+            self.stubborn_task = asyncio.get_running_loop().create_task(stubborn(), name="stubborn-task")
+        Node.start = start_with_a_stubborn_task
+    """)
+    try:
+        wait_until_sync(lambda: "STUBBORN ENTERED" in output() or proc.poll() is not None, 60, what="node up")
+        assert proc.poll() is None, output()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 1, output()
+        text = output()
+        assert "DIAG: node stopped" in text
+        assert "DIAG: pending task" in text and "task=stubborn-task" in text and ":stubborn:" in text, text[-3000:]
+        assert "DIAG: exiting with tasks that ignored their cancellation count=1" in text
+    finally:
+        _stop_proc(proc)
+
+
+async def test_a_node_stops_cleanly_with_nothing_left_behind(tmp_path, caplog):
+    """The bound changes nothing for a node whose steps all end: no step is reported stuck."""
+    with caplog.at_level(logging.INFO):
+        async with running_node(node_config(tmp_path / "data")):
+            pass
+    await wait_until(lambda: "DIAG: node stopped" in caplog.text, 5, what="stopped line")
+    assert "did not end" not in caplog.text and "left steps behind" not in caplog.text
