@@ -88,8 +88,16 @@ def test_bad_shapes_are_refused():
         block._attend_c.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 4, 3, 16, 32, 8, 0.25, 1)
     with pytest.raises(TypeError):
         block._attend_c.decode(q.data_ptr(), k.data_ptr())
-    with pytest.raises(ValueError, match="not available"):
-        block._attend_c.set_isa("avx1024")
+    with pytest.raises(ValueError, match="2\\^30"):  # a cap whose index math would overflow
+        block._attend_c.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 4, 2, 16, 1 << 31, 8, 0.25, 1)
+    best = block._attend_c.isa()
+    block._attend_c.set_isa("c")
+    try:
+        with pytest.raises(ValueError, match="not available"):
+            block._attend_c.set_isa("avx1024")
+        assert block._attend_c.isa() == "c"  # a refused name changes nothing
+    finally:
+        block._attend_c.set_isa(best)
 
 
 def test_block_decode_step_equals_the_sdpa_path(monkeypatch):

@@ -198,9 +198,10 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
     att_t a = {(const float *)(intptr_t)v[0], (const float *)(intptr_t)v[1], (const float *)(intptr_t)v[2],
                (float *)(intptr_t)v[3], v[4], v[5], v[6], v[7], v[8], (float)scale};
     if (!a.q || !a.k || !a.v || !a.out || a.nh <= 0 || a.nkv <= 0 || a.nh % a.nkv || a.hd <= 0 || a.end <= 0
-            || a.end > a.cap) {
+            || a.end > a.cap || a.nh > (1 << 16) || a.hd > (1 << 16) || a.cap > (1LL << 30)) {
         PyErr_SetString(PyExc_ValueError, "decode: null pointer, or shapes that do not fit "
-                                          "(n_heads a multiple of n_kv, 0 < end <= cap)");
+                                          "(n_heads a multiple of n_kv, 0 < end <= cap <= 2^30, "
+                                          "n_heads and head_dim <= 65536)");
         return NULL;
     }
     int nt = threads < 1 ? 1 : threads > 1024 ? 1024 : (int)threads;
@@ -233,12 +234,17 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
     (void)self;
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
+    head_fn was_head = g_head;
+    const char *was_isa = g_isa;
     pick_isa();
     if (!strcmp(name, "c")) {
         g_head = head_c;
         g_isa = "c";
     } else if (strcmp(name, g_isa)) {
-        PyErr_Format(PyExc_ValueError, "isa %s is not available here (best: %s)", name, g_isa);
+        const char *best = g_isa;
+        g_head = was_head;  /* a refused name changes nothing */
+        g_isa = was_isa;
+        PyErr_Format(PyExc_ValueError, "isa %s is not available here (best: %s)", name, best);
         return NULL;
     }
     Py_RETURN_NONE;
