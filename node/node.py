@@ -186,13 +186,11 @@ class Node:
 
     def _stop_steps(self) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
         """stop()'s steps in order, each an awaitable factory (bounded one by one)."""
-        async def close_networked() -> None:
-            if self.pipeline is not None:
-                self.pipeline.close()
-            if self.swarm_models is not None:
-                self.swarm_models.close()
-            if self.remote_server is not None:
-                self.remote_server.close()
+        def closing(part: Any) -> Callable[[], Awaitable[None]]:
+            async def close() -> None:
+                if part is not None:
+                    part.close()
+            return close
 
         async def cancel_background() -> None:
             for task in (self._machine_task, self._announce_task):
@@ -205,7 +203,9 @@ class Node:
         return [
             ("api", self.api.stop),
             ("autoserve", self.autoserve.async_stop if self.autoserve is not None else nothing),
-            ("pipeline", close_networked),
+            ("pipeline", closing(self.pipeline)),
+            ("swarm models", closing(self.swarm_models)),
+            ("remote generate", closing(self.remote_server)),
             ("peers", self.peers.async_stop if self.peers is not None else nothing),
             ("background", cancel_background),
             ("downloads", self.downloads.async_close),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import threading
 from collections.abc import Awaitable
 from typing import Any
 
@@ -60,7 +62,11 @@ async def async_bounded(step: str, aw: Awaitable[Any], timeout_s: float) -> bool
     chain, cancelled and left behind (not awaited: a step that ignores its cancellation must not
     hold the stop either); False."""
     task = asyncio.ensure_future(aw)
-    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:  # the stop itself is cancelled: so is its step
+        task.cancel()
+        raise
     if done:
         if not task.cancelled() and task.exception() is not None:
             log.error("DIAG: stop step failed %s", kv(step=step, error=repr(task.exception())),
@@ -69,4 +75,37 @@ async def async_bounded(step: str, aw: Awaitable[Any], timeout_s: float) -> bool
     log.error("DIAG: stop step did not end %s", kv(step=step, waited_s=timeout_s, waits=await_chain(task)))
     log_pending_tasks(f"stop step {step} stuck", exclude=asyncio.current_task())
     task.cancel()
+    task.add_done_callback(lambda t: _late(step, t))
     return False
+
+
+def _late(step: str, task: asyncio.Task[Any]) -> None:
+    """A step left behind ended after all: how (its error is retrieved here, under its name)."""
+    error = None if task.cancelled() else task.exception()
+    log.warning("DIAG: stop step ended late %s", kv(step=step, outcome="cancelled" if task.cancelled()
+                                                    else "error" if error is not None else "ok",
+                                                    error=repr(error) if error is not None else None))
+
+
+def log_busy_threads(reason: str) -> int:
+    """One WARNING line per live thread other than this one with its innermost frames; how many."""
+    frames = sys._current_frames()
+    me = threading.get_ident()
+    count = 0
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident)
+        if thread.ident == me or frame is None:
+            continue
+        where = " ← ".join(f"{f.f_globals.get('__name__', '?')}:{f.f_code.co_name}:{f.f_lineno}"
+                           for f in _frames(frame, 4))
+        log.warning("DIAG: busy thread %s", kv(reason=reason, thread=thread.name, daemon=thread.daemon, at=where))
+        count += 1
+    return count
+
+
+def _frames(frame: Any, n: int) -> list[Any]:
+    out = []
+    while frame is not None and len(out) < n:
+        out.append(frame)
+        frame = frame.f_back
+    return out

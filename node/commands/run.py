@@ -8,11 +8,13 @@ import gc
 import logging
 import os
 import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from node.config import load_config
 from node.errors import NodeError
 from node.logs import setup_logging
-from node.stopping import log_pending_tasks
+from node.stopping import log_busy_threads, log_pending_tasks
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,8 @@ async def serve(config) -> int:
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(thread_name_prefix="asyncio")  # the loop's, so that stopping can bound its join
+    loop.set_default_executor(executor)
 
     def on_signal(sig: signal.Signals) -> None:
         if stop.is_set():  # a second one while stopping: the user means now
@@ -115,6 +119,7 @@ async def serve(config) -> int:
     except (OSError, NodeError) as exc:
         log.error("cannot start the node: %s", getattr(exc, "message", None) or exc)
         await node.stop()
+        await _async_end_leftovers(executor)
         return 2
     # Start-up leaves a few hundred thousand long-lived objects (torch, llama, node); moving them out
     # of the collector's reach keeps full GC passes (60-180 ms here) from stalling the loop later.
@@ -124,11 +129,11 @@ async def serve(config) -> int:
         await stop.wait()
     finally:
         await node.stop()
-        await _async_end_leftovers()
+        await _async_end_leftovers(executor)
     return 0
 
 
-async def _async_end_leftovers() -> None:
+async def _async_end_leftovers(executor: ThreadPoolExecutor | None) -> None:
     """Cancel what still runs after the node stopped and wait a little: asyncio.run would wait for
     ever on a task that ignores its cancellation, so one that does is logged and the process ends."""
     tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
@@ -139,6 +144,24 @@ async def _async_end_leftovers() -> None:
         if pending:
             log_pending_tasks("still running after the node stopped", exclude=asyncio.current_task())
             log.error("DIAG: exiting with tasks that ignored their cancellation count=%d", len(pending))
+            _exit_now(1)
+    # asyncio.run then waits for the default executor's threads with no limit (Python 3.11): one
+    # still busy (a to_thread call whose task was cancelled goes on running) is named, and we go
+    # (its shutdown_default_executor joins on the loop, so a bound around it would not hold)
+    if executor is not None:
+        loop = asyncio.get_running_loop()
+        joined = loop.create_future()
+
+        def join() -> None:
+            executor.shutdown(wait=True)
+            loop.call_soon_threadsafe(lambda: joined.done() or joined.set_result(None))
+
+        threading.Thread(target=join, name="executor-join", daemon=True).start()
+        try:
+            await asyncio.wait_for(joined, LEFTOVER_TASKS_S)
+        except TimeoutError:
+            log_busy_threads("still running after the node stopped")
+            log.error("DIAG: exiting with executor threads still busy")
             _exit_now(1)
 
 

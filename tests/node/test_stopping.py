@@ -82,8 +82,11 @@ async def test_a_step_that_ignores_its_cancellation_is_logged_and_left_behind(ca
     await asyncio.sleep(0)  # the step took its (ignored) cancellation
     assert not step.done()
     step.cancel()  # the second one it obeys
-    with pytest.raises(asyncio.CancelledError):
-        await step
+    with caplog.at_level(logging.WARNING, logger="node.stopping"):
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        await wait_until(lambda: "DIAG: stop step ended late step=stuck outcome=cancelled" in caplog.text, 5,
+                         what="the late end logged")
 
 
 async def test_a_node_stops_when_one_of_its_steps_hangs(tmp_path, monkeypatch, caplog):
@@ -195,6 +198,33 @@ def test_a_task_that_ignores_its_cancellation_does_not_keep_the_process(tmp_path
         assert "DIAG: node stopped" in text
         assert "DIAG: pending task" in text and "task=stubborn-task" in text and ":stubborn:" in text, text[-3000:]
         assert "DIAG: exiting with tasks that ignored their cancellation count=1" in text
+    finally:
+        _stop_proc(proc)
+
+
+@pytest.mark.slow
+def test_an_executor_thread_still_busy_does_not_keep_the_process(tmp_path):
+    proc, output = _run_patched(tmp_path, """
+        import time
+        def blocking_work():
+            while True:
+                time.sleep(0.05)
+        _start = Node.start
+        async def start_with_a_busy_thread(self):
+            await _start(self)
+            self.busy = asyncio.get_running_loop().create_task(asyncio.to_thread(blocking_work))
+            print("STUBBORN ENTERED", flush=True)
+        Node.start = start_with_a_busy_thread
+    """)
+    try:
+        wait_until_sync(lambda: "STUBBORN ENTERED" in output() or proc.poll() is not None, 60, what="node up")
+        assert proc.poll() is None, output()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 1, output()
+        text = output()
+        assert "DIAG: node stopped" in text
+        assert "DIAG: busy thread" in text and "__main__:blocking_work" in text, text[-3000:]
+        assert "DIAG: exiting with executor threads still busy" in text
     finally:
         _stop_proc(proc)
 
