@@ -12,6 +12,11 @@ with no network stack: what 3 processes lose on this machine before any hop cost
 
     python bench/pipeline_bench.py                  # ~110M-parameter random llama, Q8_0, 12 layers
     python bench/pipeline_bench.py --model M.gguf --tokens 64 --threads 2
+    python bench/pipeline_bench.py --speculation    # the node arms with n-gram speculation on
+
+The node arms run without n-gram speculation by default (speculative_max_draft = 0), like llama.cpp
+and the pipe ring beside them: a random-weight model loops, so speculation would multiply their
+tok/s by the loop's accepted drafts (bench/speculative.py measures speculation itself).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from bench.pipe_ring import ring_decode  # noqa: E402
 from node.inference.synth import write_gguf  # noqa: E402
 from node.models.gguf_meta import read_header  # noqa: E402
 from node.net import Swarm, write_swarm_file  # noqa: E402
+from node.sysinfo import cpu_name  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 
 PROMPT = "The swarm splits a model by layers and passes hidden states between peers so that"
@@ -140,7 +146,8 @@ class Arm:
 
 
 async def run_arm(model: Path, n_layers: int, segments: int, args, bits: int) -> dict:
-    arm = Arm(model, n_layers, segments, args.threads, bits)
+    config = "" if args.speculation else "speculative_max_draft = 0\n"
+    arm = Arm(model, n_layers, segments, args.threads, bits, config_toml=config)
     try:
         model_id = await arm.ready(model.stem)
         await arm.stream(model_id, 4)  # warm-up
@@ -177,6 +184,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--speculation", action="store_true", help="the node arms speculate (n-gram drafts)")
     args = ap.parse_args()
     model = Path(args.model) if args.model else default_model()
     n_layers = read_header(model).n_layers
@@ -186,7 +194,8 @@ def main() -> None:
     rows.append(asyncio.run(run_arm(model, n_layers, 3, args, 8)))
     direct = [direct_decode(model, PROMPT, args.tokens, args.threads, 1024)[0] for _ in range(args.reps)]
     ring = {n: ring_decode(model, n_layers, n, args.threads, args.tokens, args.reps) for n in (1, 3)}
-    print(f"model={model.name} layers={n_layers} tokens={args.tokens} threads={args.threads} reps={args.reps}")
+    print(f"model={model.name} layers={n_layers} tokens={args.tokens} threads={args.threads} reps={args.reps} "
+          f"speculation={'on' if args.speculation else 'off'} cpu={cpu_name()}")
     print(f"{'arm':28} {'decode tok/s':>12} {'ttft ms':>9} {'hop overhead ms':>16} {'Δ vs 1 seg ms':>14} "
           f"{'act bytes/token/hop':>20}")
     one = rows[0]["tok_s"]
