@@ -53,9 +53,10 @@ class Arm:
     """N node processes, each serving an equal share of the layers."""
 
     def __init__(self, model: Path, n_layers: int, n_segments: int, threads: int, bits: int, *,
-                 config_toml: str = "", first_args: tuple[str, ...] = (), slice_dtype: str | None = None):
+                 config_toml: str = "", first_args: tuple[str, ...] = (), slice_dtype: str | None = None,
+                 repo: Path = REPO):
         """`config_toml`: every node's config.toml; `first_args`: more CLI arguments for the first
-        node (the coordinator)."""
+        node (the coordinator); `repo`: the checkout whose node runs (bench/ab_checkouts.py)."""
         self.procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
         self.dirs: list[Path] = []
@@ -76,7 +77,7 @@ class Arm:
                 args += list(first_args)
             if self.ports:
                 args += ["--bootstrap", f"127.0.0.1:{self.ports[0] + 10}"]
-            self.procs.append(subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.procs.append(subprocess.Popen(args, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             self.ports.append(port)
             self.dirs.append(data)
         self.base = f"http://127.0.0.1:{self.ports[0]}"

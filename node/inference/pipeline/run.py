@@ -147,16 +147,21 @@ class PipelineRun:
                 rewind = accepted < len(draft)  # the segments hold KV rows of the rejected draft tokens
             new = self._until_end(new, len(generated))
             generated.extend(new)
+            step = None
+            if not (self.is_eog(new[-1]) or len(generated) >= job.max_new_tokens or job.cancel.is_set()):
+                # the next step goes out before the consumer gets these tokens: the segments compute
+                # while the loop detokenizes and writes the stream (a stop sequence found there ends
+                # the attempt with one step in vain; its KV row is cut when the kept chain resumes)
+                index_pos = len(job.prompt_tokens) + len(generated) - 1
+                draft = ()
+                if drafter is not None:
+                    drafter.extend(new)
+                    draft = tuple(drafter.draft()[:job.max_new_tokens - len(generated) - 1])
+                step = self.coordinator.send_step(att, job, [new[-1]], index_pos, sample=True, history=(),
+                                                  trace=trace, draft=draft, rewind=rewind)
             yield new if result.scores is None else TokenBatch(new, [result.scores])
-            if self.is_eog(new[-1]) or len(generated) >= job.max_new_tokens or job.cancel.is_set():
+            if step is None or job.cancel.is_set():
                 return
-            index_pos = len(job.prompt_tokens) + len(generated) - 1
-            draft = ()
-            if drafter is not None:
-                drafter.extend(new)
-                draft = tuple(drafter.draft()[:job.max_new_tokens - len(generated) - 1])
-            step = self.coordinator.send_step(att, job, [new[-1]], index_pos, sample=True, history=(), trace=trace,
-                                              draft=draft, rewind=rewind)
             result = await self._token(att, step)
 
     def _drafter(self, context: list[int]) -> NgramDrafter | None:
