@@ -230,7 +230,7 @@ def _peer_performance(node: ReportParts, r: Redactor) -> list[str]:
     if prefix.stats.hits or prefix.stats.misses:
         st = prefix.stats
         rows.append(f"chain prefix reuse: hits={st.hits} misses={st.misses} cached_tokens={st.cached_tokens} "
-                    f"kept={len(prefix)} evictions={st.evictions} gone_on_segment={st.gone_on_segment}")
+                    f"copies={st.copies} kept={len(prefix)} evictions={st.evictions} gone_on_segment={st.gone_on_segment}")
     return rows
 
 

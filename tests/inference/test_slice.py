@@ -113,6 +113,30 @@ def test_a_kept_session_resumes_cut_to_the_prefix_and_gives_the_same_logits(mode
     torch.testing.assert_close(hit, fresh, rtol=1e-5, atol=1e-5)
 
 
+def test_a_kept_sessions_prefix_copied_gives_the_same_logits_and_leaves_it_whole(model_path):
+    """Another conversation with the same beginning copies 20 positions of a kept session: its
+    logits equal a fresh session's; the kept one still holds all 30 and resumes for its own turn."""
+    m = SliceModel.load(model_path, dtype="f32")
+    old = m.new_session("turn1")
+    m.forward(old, torch.tensor(TOKENS[:30]), 0)
+    before = old.k[:, :, :30].clone()
+    m.sessions.keep("turn1", "coord")
+    other = [*TOKENS[:20], 7, 8, 9]
+    copied = m.resume_session("turn1", "other", 20, "coord", 0, 4, copy=True)
+    assert copied is not old and copied.kv_len == 20 and copied.kept_for is None and copied.coordinator == "coord"
+    assert m.sessions.counts() == (1, 1) and m.sessions.peek("turn1").kv_len == 30
+    hit = m.forward(copied, torch.tensor(other[20:]), 20, last_only=True)
+    fresh = m.forward(m.new_session("fresh"), torch.tensor(other), 0, last_only=True)
+    torch.testing.assert_close(hit, fresh, rtol=1e-5, atol=1e-5)
+    assert torch.equal(old.k[:, :, :30], before)  # the copy's writes did not reach the kept rows
+    turn2 = [*TOKENS[:30], 5]
+    resumed = m.resume_session("turn1", "turn2", 30, "coord", 0, 4)
+    hit = m.forward(resumed, torch.tensor(turn2[30:]), 30, last_only=True)
+    fresh = m.forward(m.new_session("fresh2"), torch.tensor(turn2), 0, last_only=True)
+    torch.testing.assert_close(hit, fresh, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("copy", [False, True])
 @pytest.mark.parametrize(("setup", "resume", "reason"), [
     (None, ("gone", 4, "coord", 0, 4), "evicted"),
     ("active", ("k", 4, "coord", 0, 4), "not_kept"),
@@ -120,7 +144,7 @@ def test_a_kept_session_resumes_cut_to_the_prefix_and_gives_the_same_logits(mode
     ("kept", ("k", 4, "coord", 0, 2), "layers_differ"),
     ("kept", ("k", 9, "coord", 0, 4), "shorter_than_prefix"),
 ])
-def test_a_kept_session_resumes_only_for_its_coordinator_and_layers(model_path, setup, resume, reason):
+def test_a_kept_session_resumes_only_for_its_coordinator_and_layers(model_path, setup, resume, reason, copy):
     m = SliceModel.load(model_path, dtype="f32")
     if setup is not None:
         m.forward(m.new_session("k"), torch.tensor(TOKENS[:6]), 0)
@@ -128,7 +152,7 @@ def test_a_kept_session_resumes_only_for_its_coordinator_and_layers(model_path, 
             m.sessions.keep("k", "coord")
     kept_id, keep, coordinator, start, end = resume
     with pytest.raises(KvCacheMiss) as err:
-        m.resume_session(kept_id, "new", keep, coordinator, start, end)
+        m.resume_session(kept_id, "new", keep, coordinator, start, end, copy=copy)
     assert err.value.reason == reason and err.value.code == "kv_miss"
     assert m.session("new") is None
     if setup is not None:

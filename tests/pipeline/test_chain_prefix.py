@@ -87,6 +87,34 @@ def test_later_turns_resume_the_kept_sessions_and_give_the_same_text(swarm):
     assert "chain prefix reuse: hits=" in a.get("/api/admin/diagnostics")[1].decode()
 
 
+def test_a_shared_system_prompt_is_copied_and_the_first_conversation_still_resumes(swarm):
+    """Conversation B starts with conversation A's system prompt (less than half of A's kept
+    tokens): its first turn copies that prefix on every segment; A's own next turn then resumes
+    A's kept session whole. Every reply is llama.cpp's greedy text."""
+    a = swarm["nodes"][0]
+    model_id = swarm["model_id"]
+    system = {"role": "system", "content": "You are the swarm's helpful assistant; answer in one short line."}
+    # A's kept session must stay within 256 positions (c's budget holds two of those, not one of
+    # 512 beside a copy) and hold more than twice the shared prefix (else B would resume it)
+    conv_a = [system, {"role": "user", "content": "describe the weather over the mountains this week " * 3}]
+    resp = _client(a).chat.completions.create(model=model_id, messages=conv_a, max_tokens=N, temperature=0)
+    text_a, prompt_a = resp.choices[0].message.content, resp.usage.prompt_tokens
+    assert text_a == llama_greedy(swarm["model"], conv_a, N)
+    assert prompt_a + N <= 256, prompt_a
+    copies_before = _log_count(a, r"DIAG: KV-cache HIT .*route=chain.*copied_from=")
+    conv_b = [system, {"role": "user", "content": "and the sea?"}]
+    text_b, cached_b, _ = _turn(a, model_id, conv_b)
+    assert text_b == llama_greedy(swarm["model"], conv_b, N)
+    assert 16 <= cached_b and 2 * cached_b < prompt_a + N - 1, (cached_b, prompt_a)  # a copy, not a resume
+    assert _log_count(a, r"DIAG: KV-cache HIT .*route=chain.*copied_from=") == copies_before + 1
+    assert _log_count(a, r"DIAG: KV session copied from a kept one") >= 1  # a's own segment, at -vv
+    follow = [*conv_a, {"role": "assistant", "content": text_a}, {"role": "user", "content": "and next week?"}]
+    text, cached, _ = _turn(a, model_id, follow)
+    assert text == llama_greedy(swarm["model"], follow, N)
+    assert cached >= prompt_a, (cached, prompt_a)  # A's whole first turn: its kept session stayed whole
+    assert "copies=1" in a.get("/api/admin/diagnostics")[1].decode()
+
+
 def test_a_kept_session_evicted_on_a_segment_falls_back_to_a_full_prefill(swarm):
     a, _, c, _ = swarm["nodes"]
     model_id = swarm["model_id"]
@@ -98,10 +126,12 @@ def test_a_kept_session_evicted_on_a_segment_falls_back_to_a_full_prefill(swarm)
     def evicted_on_c():
         return _log_count(c, r"KV-cache session evicted .*reason=memory_pressure.*kept=True") >= 1
     run(wait_until(evicted_on_c, 30, 0.1, "c to evict the first conversation's kept session"))
+    gone = r"KV-cache MISS — kept session gone on a segment.*reason=evicted_on_segment"
+    gone_before = _log_count(a, gone)  # (a first turn copying an earlier test's evicted session)
     follow = [*first, {"role": "assistant", "content": text1}, {"role": "user", "content": "go on"}]
     text, cached, _ = _turn(a, model_id, follow)
     assert text == llama_greedy(swarm["model"], follow, N)
     assert cached == 0  # the resumed attempt failed on c: this one prefilled in full
-    assert _log_count(a, r"KV-cache MISS — kept session gone on a segment.*reason=evicted_on_segment") == 1
+    assert _log_count(a, gone) == gone_before + 1
     stats = _stats(c)
     assert stats["kv_sessions"] == 0 and stats["kv_mb"] <= 0.3

@@ -23,9 +23,9 @@ def test_a_prompt_extending_a_kept_conversation_takes_it_once(caplog):
     cache.put(kept("r1/1"))
     turn2 = [*TURN1[:-1], 999, 5, 6]  # the template's end-of-turn differs from the fed reply's last token
     with caplog.at_level(logging.DEBUG, logger="node.inference.pipeline.prefix"):
-        entry, n = cache.take("m", ROUTE, turn2, "r2")
-        assert entry.sid == "r1/1" and n == len(TURN1) - 1
-        assert cache.take("m", ROUTE, turn2, "r3") == (None, 0)  # consumed: its KV is r2's now
+        entry, n, copy = cache.take("m", ROUTE, turn2, "r2")
+        assert entry.sid == "r1/1" and n == len(TURN1) - 1 and not copy
+        assert cache.take("m", ROUTE, turn2, "r3") == (None, 0, False)  # consumed: its KV is r2's now
     assert any("KV-cache HIT" in m and "cached_tokens=59" in m for m in caplog.messages)
     assert any("KV-cache MISS" in m and "reason=cache_empty" in m for m in caplog.messages)
     assert (cache.stats.hits, cache.stats.misses, cache.stats.cached_tokens) == (1, 1, 59)
@@ -34,7 +34,7 @@ def test_a_prompt_extending_a_kept_conversation_takes_it_once(caplog):
 def test_the_prompts_last_token_is_always_prefilled():
     cache = ChainPrefixCache(4)
     cache.put(kept("r1/1"))
-    entry, n = cache.take("m", ROUTE, list(TURN1), "r2")  # the same tokens again
+    entry, n, _ = cache.take("m", ROUTE, list(TURN1), "r2")  # the same tokens again
     assert entry is not None and n == len(TURN1) - 1
 
 
@@ -42,16 +42,45 @@ def test_misses_say_why(caplog):
     cache = ChainPrefixCache(4)
     cache.put(kept("r1/1"))
     with caplog.at_level(logging.DEBUG, logger="node.inference.pipeline.prefix"):
-        assert cache.take("m", OTHER, [*TURN1, 1], "r2") == (None, 0)  # another chain holds it
-        assert cache.take("m", ROUTE, [*TURN1[:20], 1, 2, 3], "r3") == (None, 0)  # shares a third
-        assert cache.take("m", ROUTE, [7, 8, 9] * 10, "r4") == (None, 0)
-        assert cache.take("other-model", ROUTE, list(TURN1), "r5") == (None, 0)
+        assert cache.take("m", OTHER, [*TURN1, 1], "r2") == (None, 0, False)  # another chain holds it
+        assert cache.take("m", ROUTE, [*TURN1[:10], 1, 2, 3], "r3") == (None, 0, False)  # too short a prefix
+        assert cache.take("m", ROUTE, [7, 8, 9] * 10, "r4") == (None, 0, False)
+        assert cache.take("other-model", ROUTE, list(TURN1), "r5") == (None, 0, False)
     reasons = [m.split("reason=")[1].split()[0] for m in caplog.messages if "KV-cache MISS" in m]
     assert reasons == ["route_changed", "prefix_mismatch", "prefix_mismatch", "no_cached_prefix"]
     assert len(cache) == 1  # nothing taken
     short = ChainPrefixCache(4)
     short.put(kept("s/1", tokens=TURN1[:const.CHAIN_PREFIX_MIN_TOKENS - 1]))
-    assert short.take("m", ROUTE, [*TURN1[:const.CHAIN_PREFIX_MIN_TOKENS - 1], 1, 2], "r6") == (None, 0)
+    assert short.take("m", ROUTE, [*TURN1[:const.CHAIN_PREFIX_MIN_TOKENS - 1], 1, 2], "r6") == (None, 0, False)
+
+
+def test_a_shared_system_prompt_is_copied_and_the_kept_conversation_stays(caplog):
+    cache = ChainPrefixCache(4)
+    cache.put(kept("r1/1", at=time.monotonic() - 100))
+    cache.put(kept("later", tokens=[5] * 40))
+    other = [*TURN1[:20], 1, 2, 3]  # another conversation: the first 20 tokens (a third) are shared
+    with caplog.at_level(logging.DEBUG, logger="node.inference.pipeline.prefix"):
+        entry, n, copy = cache.take("m", ROUTE, other, "r2")
+    assert entry.sid == "r1/1" and n == 20 and copy
+    assert list(cache.entries) == ["later", "r1/1"]  # still kept, now the most recently used
+    assert time.monotonic() - cache.entries["r1/1"].kept_at < 5  # and its TTL starts again
+    assert any("KV-cache HIT" in m and "copied_from=r1/1" in m and "cached_tokens=20" in m for m in caplog.messages)
+    entry, n, copy = cache.take("m", ROUTE, [*TURN1, 7], "r3")  # its own next turn still resumes it
+    assert entry.sid == "r1/1" and n == len(TURN1) and not copy
+    assert (cache.stats.hits, cache.stats.copies, cache.stats.cached_tokens) == (2, 1, 20 + len(TURN1))
+    assert cache.route_for("m", other) is None  # both consumed or not matching: no route preferred
+    cache.put(kept("r4/1"))
+    assert cache.route_for("m", other) == tuple((h.node_id, h.start, h.end) for h in ROUTE)
+
+
+def test_a_copy_whose_kept_session_is_gone_forgets_it():
+    cache = ChainPrefixCache(4)
+    cache.put(kept("r1/1"))
+    entry, n, copy = cache.take("m", ROUTE, [*TURN1[:20], 1], "r2")
+    assert copy
+    gone = cache.missed_on_segment(n, entry.sid)
+    assert gone is not None and gone.sid == "r1/1" and len(cache) == 0
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.gone_on_segment) == (0, 1, 1)
 
 
 def test_lru_per_model_evicts_and_returns_what_to_free(caplog):
@@ -71,14 +100,14 @@ def test_expired_and_lost_chains_are_forgotten():
     cache.put(kept("old", at=time.monotonic() - const.KEPT_SESSION_TTL_S - 1))
     cache.put(kept("via-c", route=OTHER))
     assert [e.sid for e in cache.through("c" * 64)] == ["via-c"]
-    assert cache.take("m", ROUTE, [*TURN1, 1], "r") == (None, 0)  # "old" is past the kept TTL
+    assert cache.take("m", ROUTE, [*TURN1, 1], "r") == (None, 0, False)  # "old" is past the kept TTL
     assert len(cache) == 0
 
 
 def test_off_when_no_sequences_are_kept():
     cache = ChainPrefixCache(0)
     cache.put(kept("1"))
-    assert cache.take("m", ROUTE, [*TURN1, 1], "r") == (None, 0)
+    assert cache.take("m", ROUTE, [*TURN1, 1], "r") == (None, 0, False)
 
 
 def test_the_route_a_prompt_would_resume_is_offered_to_the_planner():
@@ -91,6 +120,6 @@ def test_the_route_a_prompt_would_resume_is_offered_to_the_planner():
     assert cache.route_for("m", list(range(500, 560))) is None  # shares nothing
     assert cache.route_for("m", [*TURN1[:10], 1, 2, 3]) is None  # shorter than CHAIN_PREFIX_MIN_TOKENS
     # offering it takes nothing: the hit is still there for the attempt on that route
-    entry, n = cache.take("m", OTHER, turn2, "r2")
+    entry, n, _ = cache.take("m", OTHER, turn2, "r2")
     assert entry is not None and n == len(TURN1)
     assert ChainPrefixCache(0).route_for("m", turn2) is None  # off

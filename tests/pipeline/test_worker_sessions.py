@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from node.errors import ProtocolError
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.wire import Hop, SessionControl, Work, encode_tokens
 from node.inference.sampling import SamplingParams
@@ -48,6 +51,44 @@ async def test_a_kept_session_resumes_for_its_coordinator_and_gives_the_fresh_pr
     assert by_sid["s2"].error is None and by_sid["s2"].token == by_sid["fresh"].token
     assert hosted.model.session("s2").kv_len == len(turn2)
     assert w.host.kept_count() == 0 and w.host.session_count() == 2  # s1 became s2; and fresh
+
+
+async def test_a_copy_of_a_kept_sessions_prefix_leaves_it_kept_and_samples_the_fresh_prefills_token(worker):
+    """`resume_copy`: a new session starts with a copy of the kept one's first positions (another
+    conversation with the same system prompt); the kept one stays kept, whole, and still resumes.
+    The header key survives the wire; `resume_copy` without `resume` is malformed."""
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    turn1 = list(range(20, 60))
+    w.on_work(_work(entry, 0, 0, turn1).to_header(), encode_tokens(turn1), COORD)
+    await wait_until(lambda: len(_results(peers)) == 1, 30, what="turn 1 RESULT")
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    other = [*turn1[:16], 3, 4, 5]
+
+    def step(sid, index_pos, tokens, resume=None, copy=False):
+        work = Work(sid=sid, model=entry.sha256, seq=0, index_pos=index_pos, n_tokens=len(tokens),
+                    route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=COORD, sample=True,
+                    sampling=SamplingParams(temperature=0.0), resume=resume, resume_copy=copy)
+        assert Work.from_header(work.to_header()) == work
+        return work.to_header()
+
+    w.on_work(step("copy", 16, other[16:], resume="s1", copy=True), encode_tokens(other[16:]), COORD)
+    w.on_work(step("fresh", 0, other), encode_tokens(other), COORD)
+    await wait_until(lambda: len(_results(peers)) == 3, 30, what="two RESULTs")
+    by_sid = {r.sid: r for r in _results(peers)[1:]}
+    assert by_sid["copy"].error is None and by_sid["copy"].token == by_sid["fresh"].token
+    assert hosted.model.session("copy").kv_len == len(other)
+    assert w.host.kept_count() == 1 and hosted.model.sessions.peek("s1").kv_len == len(turn1)
+    turn2 = [*turn1, 9]
+    w.on_work(step("s2", len(turn1), turn2[len(turn1):], resume="s1"), encode_tokens(turn2[len(turn1):]), COORD)
+    w.on_work(step("fresh2", 0, turn2), encode_tokens(turn2), COORD)
+    await wait_until(lambda: len(_results(peers)) == 5, 30, what="two more RESULTs")
+    by_sid = {r.sid: r for r in _results(peers)[3:]}
+    assert by_sid["s2"].error is None and by_sid["s2"].token == by_sid["fresh2"].token
+    bad = step("x", 16, other[16:])
+    bad["resume_copy"] = True
+    with pytest.raises(ProtocolError, match="resume_copy without resume"):
+        Work.from_header(bad)
 
 
 async def test_a_late_work_of_a_kept_session_does_not_write_into_it(worker):

@@ -181,9 +181,9 @@ class PipelineCoordinator:
         att = Attempt(sid, entry.sha256, plan, tuple(Hop(h.node_id, h.start, h.end) for h in plan.segments), kinds,
                       asyncio.get_running_loop().create_future())
         if reuses and not (len(plan.segments) == 1 and plan.segments[0].whole):  # prefix reuse
-            kept, n = self.prefix.take(entry.sha256, att.route, list(job.prompt_tokens), job.request_id)
+            kept, n, copy = self.prefix.take(entry.sha256, att.route, list(job.prompt_tokens), job.request_id)
             if kept is not None:
-                att.resume, att.cached = kept.sid, n
+                att.resume, att.cached, att.resume_copy = kept.sid, n, copy
         self.attempts[sid] = att
         return att
 
@@ -201,7 +201,8 @@ class PipelineCoordinator:
                     route=att.route, hop=0, coordinator=self.node_id, sample=sample,
                     activation_bits=self.activation_bits,
                     sampling=job.params if sample else None,  # the last segment builds its sampler once
-                    history=history, draft=draft, rewind=rewind, resume=resume)
+                    history=history, draft=draft, rewind=rewind, resume=resume,
+                    resume_copy=resume is not None and att.resume_copy)
         step = Step(seq, len(tokens), time.monotonic(), asyncio.get_running_loop().create_future())
         att.steps[seq] = step
         if log.isEnabledFor(logging.DEBUG):
@@ -218,8 +219,11 @@ class PipelineCoordinator:
         return step
 
     def resume_missed(self, att: Attempt) -> None:
-        """The kept session `att` resumed was gone on a segment: count it a miss, not a hit."""
-        self.prefix.missed_on_segment(att.cached)
+        """The kept session `att` resumed was gone on a segment: count it a miss, not a hit; one
+        it copied from is forgotten and freed on the segments still holding it."""
+        gone = self.prefix.missed_on_segment(att.cached, att.resume if att.resume_copy else None)
+        if gone is not None:
+            self._end_kept(gone)
 
     def _end_kept(self, kept: KeptChain, skip: str | None = None, reason: str = "evicted") -> None:
         """Free a kept session on its segments (evicted here, its chain lost a node, resumed)."""
@@ -275,7 +279,7 @@ class PipelineCoordinator:
                 self.transport.send(hop.node_id, ftype, ctl)
             except PeerUnreachable:
                 unreachable = hop.node_id  # a dead peer frees its sessions with its process; a live one by TTL
-        if att.resume is not None:
+        if att.resume is not None and not att.resume_copy:
             # the kept session this attempt resumed: gone where its first WORK arrived (renamed),
             # still held where it did not (a segment after one that missed, a request ended
             # before its first step): freed there now, not at the kept TTL

@@ -66,6 +66,7 @@ class Attempt:
     kv_len: int | None = None  # KV length segment 0 reported after the last completed step
     resume: str | None = None  # prefix reuse: the kept session this one starts as (first WORK)
     cached: int = 0  # ... holding this many of the prompt's tokens (prefill starts here)
+    resume_copy: bool = False  # ... as a copy: the kept session stays kept (a shared system prompt)
 
     def nodes(self) -> set[str]:
         """The nodes of the chain."""

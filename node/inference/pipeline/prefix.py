@@ -9,7 +9,10 @@ segment cuts its KV to. Seed 000's lines say which: `DIAG: KV-cache HIT — skip
 `DIAG: KV-cache MISS — ...` with the reason.
 
 A kept session is consumed by the request that resumes it (its KV becomes that request's), so two
-requests never write into one. At most `max_per_model` are kept per model (LRU; the evicted ones
+requests never write into one. A prompt that shares less than half of a kept session's tokens (but
+at least CHAIN_PREFIX_MIN_TOKENS: another conversation with the same system prompt) copies that
+prefix instead (`resume_copy`): each segment makes a new session holding a copy of those positions
+and the kept one stays kept, whole, for its own conversation's next turn. At most `max_per_model` are kept per model (LRU; the evicted ones
 are freed on their segments); the segments themselves evict kept sessions first when over their
 KV budget and after KEPT_SESSION_TTL_S idle, and a resume that finds it gone fails with `kv_miss`:
 the run then prefills in full on a fresh session (PipelineRun).
@@ -20,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from node import const
 from node.inference.pipeline.wire import Hop
@@ -51,6 +54,7 @@ class PrefixStats:
     cached_tokens: int = 0  # prompt tokens not prefilled thanks to hits
     evictions: int = 0  # LRU evictions here (the segments log their own)
     gone_on_segment: int = 0  # misses: taken here, but a segment had evicted it (kv_miss)
+    copies: int = 0  # hits that copied a kept session's prefix (a shared system prompt)
 
 
 class ChainPrefixCache:
@@ -74,16 +78,19 @@ class ChainPrefixCache:
         scored = [(min(common_prefix(e.tokens, prompt), limit), e) for e in self.entries.values()
                   if e.model == model and now - e.kept_at <= const.KEPT_SESSION_TTL_S]
         n, best = max(scored, key=lambda x: x[0], default=(0, None))
-        if best is None or n < const.CHAIN_PREFIX_MIN_TOKENS or n * 2 < len(best.tokens):
+        if best is None or n < const.CHAIN_PREFIX_MIN_TOKENS:
             return None
         return tuple((h.node_id, h.start, h.end) for h in best.route)
 
-    def take(self, model: str, route: tuple[Hop, ...], prompt: list[int], request_id: str) -> tuple[KeptChain | None, int]:
-        """The kept session this prompt should resume on `route` and how many of its tokens it
-        keeps (at most all but the prompt's last: its logits are needed), removed from the cache;
-        (None, 0) on a miss. Logs HIT or MISS with the reason."""
+    def take(self, model: str, route: tuple[Hop, ...], prompt: list[int],
+             request_id: str) -> tuple[KeptChain | None, int, bool]:
+        """The kept session this prompt should start from on `route`, how many of its tokens it
+        keeps (at most all but the prompt's last: its logits are needed) and whether as a copy:
+        a prompt extending at least half of the kept tokens resumes it (removed from the cache),
+        one sharing less (a system prompt) copies that prefix and the entry stays (just used);
+        (None, 0, False) on a miss. Logs HIT or MISS with the reason."""
         if self.max_per_model <= 0:
-            return None, 0
+            return None, 0, False
         now = time.monotonic()
         for sid in [sid for sid, e in self.entries.items() if now - e.kept_at > const.KEPT_SESSION_TTL_S]:
             del self.entries[sid]  # the segments have evicted them by now
@@ -92,17 +99,23 @@ class ChainPrefixCache:
         scored = [(min(common_prefix(e.tokens, prompt), limit), e) for e in candidates]
         same_route = [(n, e) for n, e in scored if e.route == route]
         n, best = max(same_route, key=lambda x: x[0], default=(0, None))
-        if best is not None and n >= const.CHAIN_PREFIX_MIN_TOKENS and n * 2 >= len(best.tokens):
-            del self.entries[best.sid]
+        if best is not None and n >= const.CHAIN_PREFIX_MIN_TOKENS:
+            copy = n * 2 < len(best.tokens)
+            if copy:
+                self.entries[best.sid] = replace(best, kept_at=time.monotonic())
+                self.entries.move_to_end(best.sid)
+                self.stats.copies += 1
+            else:
+                del self.entries[best.sid]
             self.stats.hits += 1
             self.stats.cached_tokens += n
             log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
                 request_id=request_id, start_pos=n, cached_tokens=n, kept=best.sid, new_prompt_len=len(prompt),
-                route="chain"))
-            return best, n
+                route="chain", **({"copied_from": best.sid} if copy else {})))
+            return best, n, copy
         self.stats.misses += 1
         other_n, other = max(((n, e) for n, e in scored if e.route != route), key=lambda x: x[0], default=(0, None))
-        if other is not None and other_n >= const.CHAIN_PREFIX_MIN_TOKENS and other_n * 2 >= len(other.tokens):
+        if other is not None and other_n >= const.CHAIN_PREFIX_MIN_TOKENS:
             log.debug("DIAG: KV-cache MISS — cached prefix is on another chain %s", kv(
                 request_id=request_id, reason="route_changed", common_tokens=other_n, new_prompt_len=len(prompt)))
         elif scored:
@@ -114,14 +127,17 @@ class ChainPrefixCache:
             log.debug("DIAG: KV-cache MISS — no cached prefix %s", kv(
                 request_id=request_id, reason="no_cached_prefix" if self.entries else "cache_empty",
                 cached_sequences=len(self.entries), new_prompt_len=len(prompt)))
-        return None, 0
+        return None, 0, False
 
-    def missed_on_segment(self, cached: int) -> None:
-        """A hit whose kept session a segment no longer held: the request prefilled in full."""
+    def missed_on_segment(self, cached: int, kept_sid: str | None = None) -> KeptChain | None:
+        """A hit whose kept session a segment no longer held: the request prefilled in full.
+        `kept_sid`: a copied one, still in the cache: forgotten, returned to be freed elsewhere."""
+        gone = self.entries.pop(kept_sid, None) if kept_sid is not None else None
         self.stats.hits -= 1
         self.stats.cached_tokens -= cached
         self.stats.misses += 1
         self.stats.gone_on_segment += 1
+        return gone
 
     def put(self, entry: KeptChain) -> list[KeptChain]:
         """Remember a kept session; the ones it pushes out (over max_per_model), to be freed."""

@@ -159,6 +159,9 @@ class Work:
     # prefix reuse: this session starts as that kept session of the same coordinator, cut to
     # index_pos positions (the prompt's common prefix with the kept one's tokens)
     resume: str | None = None
+    # ... as a copy of that prefix: the kept session stays kept, whole (another conversation with
+    # the same system prompt); an older segment ignores the key and resumes (renames) it
+    resume_copy: bool = False
 
     @property
     def target(self) -> Hop:
@@ -183,6 +186,8 @@ class Work:
             header["rewind"] = True
         if self.resume is not None:
             header["resume"] = self.resume
+            if self.resume_copy:
+                header["resume_copy"] = True
         return header
 
     def forward_header(self, hop: int, act: dict[str, Any], telemetry: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +212,8 @@ class Work:
                 telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
                 act=dict(h["act"]) if h.get("act") is not None else None,
                 draft=tuple(int(t) for t in h.get("draft") or ()), rewind=bool(h.get("rewind", False)),
-                resume=str(h["resume"]) if h.get("resume") is not None else None)
+                resume=str(h["resume"]) if h.get("resume") is not None else None,
+                resume_copy=bool(h.get("resume_copy", False)))
         except ProtocolError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -221,6 +227,8 @@ class Work:
             raise ProtocolError(f"unsupported activation bits {work.activation_bits}")
         if work.resume is not None and (work.index_pos == 0 or work.resume == work.sid):
             raise ProtocolError(f"malformed WORK: resume={work.resume!r} at index_pos={work.index_pos}")
+        if work.resume_copy and work.resume is None:
+            raise ProtocolError("malformed WORK: resume_copy without resume")
         return work
 
 

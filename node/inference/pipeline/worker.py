@@ -273,8 +273,9 @@ class SegmentWorker:
         inputs = model.check_input(inputs, hop.start == 0)  # a bad one fails this step, not its batch
         sess = model.session(work.sid)
         if sess is None and work.resume is not None:  # prefix reuse: a kept session, cut to index_pos
-            sess = model.resume_session(work.resume, work.sid, work.index_pos, work.coordinator, hop.start, hop.end)
-            log.debug("DIAG: KV session resumed from a kept one %s", kv(
+            sess = model.resume_session(work.resume, work.sid, work.index_pos, work.coordinator, hop.start, hop.end,
+                                        copy=work.resume_copy)
+            log.debug("DIAG: KV session %s a kept one %s", "copied from" if work.resume_copy else "resumed from", kv(
                 sid=work.sid, kept=work.resume, cached_tokens=work.index_pos, layers=f"{hop.start}-{hop.end - 1}"))
         elif sess is None:
             if work.index_pos != 0:

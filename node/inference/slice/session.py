@@ -2,7 +2,8 @@
 
 A finished session may be *kept* for its coordinator (SESSION_END with keep: prefix reuse across
 a conversation's turns): it then computes nothing until a later request of that coordinator
-resumes it under its own id, cut to the prefix the two prompts share. Kept sessions go first when
+resumes it under its own id, cut to the prefix the two prompts share, or copies that prefix into
+a new session and leaves it kept (a shared system prompt). Kept sessions go first when
 the store is over its memory budget, and have their own idle TTL.
 
 A session's cache covers only the layers it runs: the slice's own, or a sub-range [a, b) of them
@@ -68,6 +69,19 @@ class Session:
             v[:, :, : self.kv_len] = self.v[:, :, : self.kv_len]
         self.k, self.v, self.capacity = k, v, cap
 
+    def copy_prefix(self, session_id: str, keep: int, coordinator: str | None) -> Session:
+        """A new session `session_id` over the same layers holding a copy of positions [0, keep)."""
+        out = Session(session_id, (self.n_layers, self.n_kv, self.head_dim), self.max_ctx, self.dtype,
+                      self.device, self.layer_start)
+        out.coordinator = coordinator
+        keep = min(keep, self.kv_len)
+        if keep:
+            out.reserve(keep)
+            out.k[:, :, :keep] = self.k[:, :, :keep]
+            out.v[:, :, :keep] = self.v[:, :, :keep]
+            out.kv_len = keep
+        return out
+
     def truncate(self, kv_len: int) -> None:
         """Forget positions >= kv_len (e.g. to re-run from a point the caller chooses)."""
         self.kv_len = min(self.kv_len, max(0, kv_len))
@@ -126,9 +140,14 @@ class SessionStore:
                 self._sessions.move_to_end(session_id)
         return s
 
-    def resume(self, kept_id: str, session_id: str, keep: int, coordinator: str, start: int, end: int) -> Session:
+    def resume(self, kept_id: str, session_id: str, keep: int, coordinator: str, start: int, end: int,
+               copy: bool = False) -> Session:
         """The kept session `kept_id`, now `session_id`, holding its first `keep` positions;
-        KvCacheMiss (with the reason) unless it is kept for this coordinator over these layers."""
+        KvCacheMiss (with the reason) unless it is kept for this coordinator over these layers.
+        `copy`: `session_id` is a new session holding a copy of those positions and the kept one
+        stays kept, whole (a shared system prompt of another conversation). The copy is made under
+        the lock: a resume of the same kept session (a rename, then writes past its own prefix)
+        cannot interleave with it."""
         with self._lock:
             s = self._sessions.get(kept_id)
             if s is None:
@@ -143,6 +162,12 @@ class SessionStore:
                 reason = "shorter_than_prefix"
             elif session_id in self._sessions:
                 reason = "session_exists"
+            elif copy:
+                reason = None
+                s.last_used = time.monotonic()
+                self._sessions.move_to_end(kept_id)
+                s = s.copy_prefix(session_id, keep, coordinator)
+                self._sessions[session_id] = s
             else:
                 reason = None
                 del self._sessions[kept_id]
