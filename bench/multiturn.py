@@ -5,6 +5,10 @@ nothing is reused), and the cached_tokens the node reports.
     python -m bench.multiturn [--model default|110m|PATH] [--turns 6] [--tokens 24] [--threads 2]
                               [--route local|chain]
 
+Then `--new-conversations` (3) other conversations open with the same system prompt: each first
+turn's TTFT against the same prompt cold (on the local route llama.cpp copies the kept sequence's
+prefix; on a chain every segment copies it from the kept session, `resume_copy`).
+
 `--route chain`: the same file as a 3-segment chain (bench.concurrency.start_chain: three nodes on
 127.0.0.1, int8 slices), asked through its first node.
 
@@ -67,7 +71,7 @@ async def main_async(args) -> None:
         server = await start_chain(path, args.threads)
     else:
         server = await start_ours(path, args.threads, n_ctx, Path(tempfile.mkdtemp(prefix="multiturn-logs-")))
-    rows = []
+    rows, shared = [], []
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
             await ask(session, server, [{"role": "user", "content": "warm up"}], 2, bias)
@@ -80,6 +84,13 @@ async def main_async(args) -> None:
                 cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                 rows.append((turn, usage.get("prompt_tokens"), cached, ttft, cold_ttft))
                 messages.append({"role": "assistant", "content": text})
+            for i in range(args.new_conversations):
+                other = [{"role": "system", "content": system}, {"role": "user", "content": f"New topic {i}: {QUESTIONS[i]}"}]
+                cold = [{"role": "system", "content": f"[c{i}] " + system}, other[1]]
+                ttft, _, usage = await ask(session, server, other, args.tokens, bias)
+                cold_ttft, _, _ = await ask(session, server, cold, 1, bias)
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                shared.append((i + 1, usage.get("prompt_tokens"), cached, ttft, cold_ttft))
     finally:
         server.stop()
     first = rows[0][3]
@@ -89,6 +100,12 @@ async def main_async(args) -> None:
     for turn, prompt, cached, ttft, cold in rows:
         print(f"{turn:>4} {prompt:>6} {cached if cached is not None else '-':>6} {ttft * 1000:>6.1f}ms "
               f"{cold * 1000:>7.1f}ms {ttft / first:>10.2f} {ttft / cold:>9.2f}")
+    if shared:
+        print("new conversations with the same system prompt (first turn each):")
+        print(f"{'conv':>4} {'prompt':>6} {'cached':>6} {'TTFT':>8} {'cold TTFT':>9} {'TTFT/cold':>9}")
+        for conv, prompt, cached, ttft, cold in shared:
+            print(f"{conv:>4} {prompt:>6} {cached if cached is not None else '-':>6} {ttft * 1000:>6.1f}ms "
+                  f"{cold * 1000:>7.1f}ms {ttft / cold:>9.2f}")
 
 
 def main() -> None:
@@ -98,6 +115,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--new-conversations", type=int, default=3, help="then this many opening with the same system prompt")
     ap.add_argument("--route", choices=("local", "chain"), default="local")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "swarmllm-bench")
     asyncio.run(main_async(ap.parse_args()))
