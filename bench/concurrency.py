@@ -18,7 +18,8 @@ Models: `default` (resources/models, 256-token context), `110m` (random Q8_0 lla
 ~1.3 GB): the random ones are written once to --cache (default ~/.cache/swarmllm-bench, outside
 the repository). llama-server: --llama-server or $LLAMA_SERVER (default
 /work/cache/llama-build/bin/llama-server); the bench says so and measures only ours when it is
-missing. Both run flash attention off (our engine's setting) and `-np`/max_concurrent 8.
+missing. Both run flash attention off (our engine's default) and `-np`/max_concurrent 8;
+`--flash-attention` turns it on in both (ours: NodeConfig.flash_attention; llama-server `-fa on`).
 
 `--chain` adds a third server: the same file as a 3-segment chain (bench.pipeline_bench.Arm: three
 `swarmllm run` processes on 127.0.0.1, one per third of the layers, int8 slices, each with
@@ -106,11 +107,12 @@ async def wait_ready(base: str, path: str, proc: subprocess.Popen, timeout_s: fl
             await asyncio.sleep(0.2)
 
 
-async def start_ours(path: Path, threads: int, n_ctx: int, log_dir: Path) -> Server:
+async def start_ours(path: Path, threads: int, n_ctx: int, log_dir: Path, flash_attention: bool = False) -> Server:
     port = free_port()
     data = Path(tempfile.mkdtemp(prefix="concbench-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWARMLLM_")}
-    env.update(SWARMLLM_MAX_CONCURRENT=str(PARALLEL), SWARMLLM_MDNS="false")
+    env.update(SWARMLLM_MAX_CONCURRENT=str(PARALLEL), SWARMLLM_MDNS="false",
+               SWARMLLM_FLASH_ATTENTION="true" if flash_attention else "false")
     out = open(log_dir / f"ours-{path.stem}.log", "wb")  # noqa: SIM115, ASYNC230 - the child holds it
     proc = subprocess.Popen([sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir", str(data),  # noqa: ASYNC220
                              "--model", str(path), "--no-default-model", "--n-threads", str(threads),
@@ -125,12 +127,13 @@ async def start_ours(path: Path, threads: int, n_ctx: int, log_dir: Path) -> Ser
     return Server("ours", proc, base, headers, model)
 
 
-async def start_llama_server(binary: Path, path: Path, threads: int, n_ctx: int, log_dir: Path) -> Server:
+async def start_llama_server(binary: Path, path: Path, threads: int, n_ctx: int, log_dir: Path,
+                             flash_attention: bool = False) -> Server:
     port = free_port()
     out = open(log_dir / f"llama-server-{path.stem}.log", "wb")  # noqa: SIM115, ASYNC230
     proc = subprocess.Popen([str(binary), "-m", str(path), "--host", "127.0.0.1", "--port", str(port),  # noqa: ASYNC220
                              "-t", str(threads), "-tb", str(threads), "-np", str(PARALLEL), "-c", str(n_ctx * PARALLEL),
-                             "--cont-batching", "-fa", "off", "--no-webui"], stdout=out, stderr=subprocess.STDOUT)
+                             "--cont-batching", "-fa", "on" if flash_attention else "off", "--no-webui"], stdout=out, stderr=subprocess.STDOUT)
     out.close()
     base = f"http://127.0.0.1:{port}"
     await wait_ready(base, "/health", proc)
@@ -220,13 +223,13 @@ async def bench_model(name: str, args) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="concbench-logs-"))
     results: dict[str, dict[int, dict]] = {}
     try:
-        servers.append(await start_ours(path, args.threads, n_ctx, log_dir))
+        servers.append(await start_ours(path, args.threads, n_ctx, log_dir, args.flash_attention))
         if binary.exists():
-            servers.append(await start_llama_server(binary, path, args.threads, n_ctx, log_dir))
-        if args.chain:
-            servers.append(await start_chain(path, args.chain_threads or args.threads))
+            servers.append(await start_llama_server(binary, path, args.threads, n_ctx, log_dir, args.flash_attention))
         else:
             print(f"llama-server is missing at {binary} (give --llama-server or $LLAMA_SERVER): measuring ours only")
+        if args.chain:
+            servers.append(await start_chain(path, args.chain_threads or args.threads))
         counter = [0]
         for server in servers:
             async with aiohttp.ClientSession() as session:  # warm-up: page cache, first-step costs
@@ -247,7 +250,7 @@ async def bench_model(name: str, args) -> None:
             if server.proc.poll() is None:
                 server.stop()
     print(f"\nmodel={name} file={path.name} threads={args.threads} tokens={args.tokens} rounds={args.rounds} "
-          f"repeats={args.repeats} (best) "
+          f"repeats={args.repeats} (best) flash_attention={'on' if args.flash_attention else 'off'} "
           f"n_ctx/seq={n_ctx} parallel={PARALLEL} cpu={cpu_name()} logs={log_dir}")
     print(f"{'streams':>7} | {'ours tok/s':>10} {'p50 TTFT':>9} {'p95 TTFT':>9} | {'l-s tok/s':>10} "
           f"{'p50 TTFT':>9} {'p95 TTFT':>9} | {'tok/s ratio':>11} {'p95 ratio':>9}")
@@ -286,6 +289,7 @@ def main() -> None:
     ap.add_argument("--llama-server", type=Path, default=Path(os.environ.get("LLAMA_SERVER", DEFAULT_SERVER)))
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "swarmllm-bench")
     ap.add_argument("--chain", action="store_true", help="also a 3-segment chain of the same file")
+    ap.add_argument("--flash-attention", action="store_true", help="flash attention on in ours and llama-server")
     ap.add_argument("--chain-threads", type=int, default=0, help="threads per chain node (default: --threads)")
     args = ap.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]

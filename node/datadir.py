@@ -34,6 +34,7 @@ DEFAULT_CONFIG_TEXT = """\
 # max_concurrent = 4   # requests a whole model decodes at once (one batch); more wait in its queue
 # kv_cache_seqs = 4    # finished conversations whose KV stays cached per model (prefix reuse, both routes)
 # speculative_max_draft = 8  # n-gram speculation: draft tokens per decode step; 0 = off
+# flash_attention = false  # true: faster with many requests at once; seeded texts may vary with load
 # slice_weight_cache_mb = 16384  # converted slice weights kept on disk (cache/weights); 0 = off
 
 [network]

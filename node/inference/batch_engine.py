@@ -59,8 +59,13 @@ from node.logs import kv
 
 log = logging.getLogger(__name__)
 
-# flash attention off, as llama-cpp-python's Llama has it: the same numbers as the node gave before batching
-FLASH_ATTN = 0
+# flash attention off by default, as llama-cpp-python's Llama has it: a request's numbers do not
+# depend on what else is in its batch. With it (NodeConfig.flash_attention: llama-server's "auto")
+# several sequences decode faster, but ggml's CPU kernel takes another path for a lone query row
+# over >= 512 KV cells (split across threads, then reduced) than for a batch of sequences, so a
+# seeded request's text may differ alone and under load (tests/inference/test_speculate.py's
+# batched-vs-alone check fails with it on).
+FLASH_ATTN_OFF, FLASH_ATTN_AUTO = 0, -1  # LLAMA_FLASH_ATTN_TYPE_DISABLED, _AUTO
 PENALTY_LAST_N = 64  # tokens the repeat/frequency/presence penalties look back on (llama-cpp-python's default)
 # a prompt sharing at least this many tokens with a cached sequence it does not continue (the same
 # system prompt or chat-template preamble, another conversation) starts from a copy of that
@@ -110,7 +115,7 @@ class BatchEngine:
 
     def __init__(self, llama_cpp, model, *, model_id: str, n_ctx: int, max_concurrent: int, cache_seqs: int,
                  n_threads: int, executor: concurrent.futures.Executor, n_batch: int = 512,
-                 prefill_chunk: int = 256, speculative_max_draft: int = 0):
+                 prefill_chunk: int = 256, speculative_max_draft: int = 0, flash_attention: bool = False):
         self.ll = llama_cpp
         self.model_id = model_id
         self.n_ctx = n_ctx
@@ -131,7 +136,7 @@ class BatchEngine:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
-        params.flash_attn_type = FLASH_ATTN
+        params.flash_attn_type = FLASH_ATTN_AUTO if flash_attention else FLASH_ATTN_OFF
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise EngineError(f"llama.cpp could not create a context of {self.n_slots} x {n_ctx} tokens")

@@ -37,7 +37,8 @@ class LlamaEngine:
     """One loaded GGUF model in llama.cpp; blocking methods run on `self.executor`."""
 
     def __init__(self, model_id: str, path: Path, *, n_ctx: int, n_threads: int, n_gpu_layers: int = 0,
-                 max_concurrent: int = 1, kv_cache_seqs: int = 0, speculative_max_draft: int = 0):
+                 max_concurrent: int = 1, kv_cache_seqs: int = 0, speculative_max_draft: int = 0,
+                 flash_attention: bool = False):
         self.model_id = model_id
         self.path = path
         self.n_ctx = n_ctx
@@ -46,6 +47,7 @@ class LlamaEngine:
         self.max_concurrent = max_concurrent
         self.kv_cache_seqs = kv_cache_seqs
         self.speculative_max_draft = speculative_max_draft  # n-gram speculation; 0 = off
+        self.flash_attention = flash_attention  # NodeConfig.flash_attention (see batch_engine)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{model_id[:16]}")
         self.model = None  # llama-cpp-python's LlamaModel (weights, vocabulary, metadata)
         self.batcher: BatchEngine | None = None  # the generation context, its sequences and loop
@@ -73,7 +75,8 @@ class LlamaEngine:
                                        max_concurrent=self.max_concurrent, cache_seqs=self.kv_cache_seqs,
                                        n_threads=self.n_threads, executor=self.executor,
                                        n_batch=max(min(512, self.n_ctx), self.max_concurrent),
-                                       speculative_max_draft=self.speculative_max_draft)
+                                       speculative_max_draft=self.speculative_max_draft,
+                                       flash_attention=self.flash_attention)
         except Exception as exc:  # llama.cpp raises ValueError/RuntimeError with little detail
             if self.model is not None:
                 self.model.close()

@@ -305,7 +305,8 @@ class ModelManager:
         engine = LlamaEngine(served.id, served.entry.path, n_ctx=served.n_ctx,
                              n_threads=self.config.n_threads, n_gpu_layers=placed.n_gpu_layers,
                              max_concurrent=concurrent, kv_cache_seqs=cache_seqs,
-                             speculative_max_draft=self.config.speculative_max_draft)
+                             speculative_max_draft=self.config.speculative_max_draft,
+                             flash_attention=self.config.flash_attention)
         try:
             await engine.async_run(engine.load)
         except NodeError as exc:

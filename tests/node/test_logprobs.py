@@ -39,6 +39,16 @@ def chat_messages(content: str = QUESTION) -> list[dict]:
 def reference():
     """llama-cpp-python's own greedy completions with logprobs=5 (logits_all=True) for our chat
     prompt's token ids and for PROMPT's, with the context the node gives the model."""
+    return llama_reference(flash_attn=False)
+
+
+@pytest.fixture(scope="module")
+def reference_fa():
+    """The same with flash attention on (`Llama(flash_attn=True)`)."""
+    return llama_reference(flash_attn=True)
+
+
+def llama_reference(flash_attn: bool) -> dict:
     path = default_model_path()
     tok = ModelTokenizer(path)
     try:
@@ -46,7 +56,8 @@ def reference():
         text_ids = tok.tokenize(PROMPT)
     finally:
         tok.close()
-    llm = load_llama_cpp().Llama(model_path=str(path), n_ctx=256, n_threads=1, logits_all=True, verbose=False)
+    llm = load_llama_cpp().Llama(model_path=str(path), n_ctx=256, n_threads=1, logits_all=True, verbose=False,
+                                 flash_attn=flash_attn)
     try:
         out = {}
         for name, ids in (("chat", chat_ids), ("text", text_ids)):
@@ -59,11 +70,17 @@ def reference():
 
 
 node = default_model_node("logprobs")
+fa_node = default_model_node("logprobs-fa", flash_attention=True)
 
 
 @pytest.fixture
 def client(node):
     return openai_client(node)
+
+
+@pytest.fixture
+def fa_client(fa_node):
+    return openai_client(fa_node)
 
 
 @pytest.fixture
@@ -239,6 +256,24 @@ async def test_chat_logprobs_equal_llama_cpps_and_describe_the_reply(client, mod
         assert abs(entries[i].logprob - ref[i]) <= LOCAL_TOL, (i, entries[i].logprob, ref[i])
         want = sorted(reference["chat"]["top_logprobs"][i].values(), reverse=True)[:5]
         assert [t.logprob for t in entries[i].top_logprobs] == pytest.approx(want, abs=LOCAL_TOL)
+
+
+@needs_default
+@pytest.mark.asyncio(loop_scope="module")
+async def test_flash_attention_on_gives_llama_cpps_flash_attention_numbers(fa_node, fa_client, reference,
+                                                                            reference_fa):
+    """`flash_attention = true` reaches the llama.cpp context: the logprobs equal llama-cpp-python's
+    with flash_attn=True, and differ from the default's (flash attention off) somewhere."""
+    reply = await fa_client.chat.completions.create(
+        model=fa_node.models.all()[0].id, messages=chat_messages(), max_tokens=N, temperature=0, logprobs=True,
+        top_logprobs=5)
+    entries = chat_entries(reply.choices[0].logprobs)
+    ref_fa, ref_off = reference_fa["chat"]["token_logprobs"], reference["chat"]["token_logprobs"]
+    n = min(len(ref_fa), len(ref_off), len(entries))
+    assert n >= min(N, len(entries)) - 1
+    assert all(abs(entries[i].logprob - ref_fa[i]) <= LOCAL_TOL for i in range(n)), \
+        [(entries[i].logprob, ref_fa[i]) for i in range(n)]
+    assert max(abs(entries[i].logprob - ref_off[i]) for i in range(n)) > LOCAL_TOL  # it did take effect
 
 
 @needs_default

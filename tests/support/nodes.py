@@ -45,15 +45,15 @@ async def running_node(config: NodeConfig):
         await node.stop()
 
 
-def default_model_node(name: str):
+def default_model_node(name: str, **overrides):
     """A module-scoped fixture: one real node serving the embedded default model for the whole test
-    module (assign it to the module's `node`)."""
+    module (assign it to the module's `node`); `overrides`: NodeConfig fields."""
     import pytest_asyncio
 
     @pytest_asyncio.fixture(loop_scope="module", scope="module")
     async def node(tmp_path_factory):
         async with running_node(node_config(tmp_path_factory.mktemp(name) / "data",
-                                            include_default_model=True)) as n:
+                                            include_default_model=True, **overrides)) as n:
             yield n
 
     return node
