@@ -189,17 +189,9 @@ def test_a_task_that_ignores_its_cancellation_does_not_keep_the_process(tmp_path
             self.stubborn_task = asyncio.get_running_loop().create_task(stubborn(), name="stubborn-task")
         Node.start = start_with_a_stubborn_task
     """)
-    try:
-        wait_until_sync(lambda: "STUBBORN ENTERED" in output() or proc.poll() is not None, 60, what="node up")
-        assert proc.poll() is None, output()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 1, output()
-        text = output()
-        assert "DIAG: node stopped" in text
-        assert "DIAG: pending task" in text and "task=stubborn-task" in text and ":stubborn:" in text, text[-3000:]
-        assert "DIAG: exiting with tasks that ignored their cancellation count=1" in text
-    finally:
-        _stop_proc(proc)
+    text = _sigterm_expecting_exit_1(proc, output)
+    assert "DIAG: pending task" in text and "task=stubborn-task" in text and ":stubborn:" in text, text[-3000:]
+    assert "DIAG: exiting with tasks that ignored their cancellation count=1" in text
 
 
 @pytest.mark.slow
@@ -216,6 +208,13 @@ def test_an_executor_thread_still_busy_does_not_keep_the_process(tmp_path):
             print("STUBBORN ENTERED", flush=True)
         Node.start = start_with_a_busy_thread
     """)
+    text = _sigterm_expecting_exit_1(proc, output)
+    assert "DIAG: busy thread" in text and "__main__:blocking_work" in text, text[-3000:]
+    assert "DIAG: exiting with executor threads still busy" in text
+
+
+def _sigterm_expecting_exit_1(proc, output) -> str:
+    """Once the patched node says STUBBORN ENTERED: SIGTERM; it must stop and exit 1. Its output."""
     try:
         wait_until_sync(lambda: "STUBBORN ENTERED" in output() or proc.poll() is not None, 60, what="node up")
         assert proc.poll() is None, output()
@@ -223,8 +222,7 @@ def test_an_executor_thread_still_busy_does_not_keep_the_process(tmp_path):
         assert proc.wait(60) == 1, output()
         text = output()
         assert "DIAG: node stopped" in text
-        assert "DIAG: busy thread" in text and "__main__:blocking_work" in text, text[-3000:]
-        assert "DIAG: exiting with executor threads still busy" in text
+        return text
     finally:
         _stop_proc(proc)
 

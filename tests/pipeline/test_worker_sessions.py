@@ -20,6 +20,14 @@ from tests.support.waiting import wait_until
 worker = test_worker.worker  # the fixture: a worker serving the whole 6-layer model, recording peers
 
 
+def _first_step(entry, sid: str, index_pos: int, tokens: list[int], coordinator: str = COORD,
+                resume: str | None = None, copy: bool = False) -> Work:
+    """A session's first greedy WORK over the whole model (at index_pos: a resumed or copied prefix)."""
+    return Work(sid=sid, model=entry.sha256, seq=0, index_pos=index_pos, n_tokens=len(tokens),
+                route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=coordinator, sample=True,
+                sampling=SamplingParams(temperature=0.0), resume=resume, resume_copy=copy)
+
+
 async def test_a_kept_session_resumes_for_its_coordinator_and_gives_the_fresh_prefills_token(worker):
     """SESSION_END with keep holds the session (not counted as in use); a WORK of a new session
     naming it in `resume` starts at the common prefix and samples what a full prefill samples. A
@@ -36,9 +44,7 @@ async def test_a_kept_session_resumes_for_its_coordinator_and_gives_the_fresh_pr
     turn2 = [*turn1[:32], 7, 8, 9, 10]
 
     def step(sid, index_pos, tokens, coordinator=COORD, resume=None):
-        return Work(sid=sid, model=entry.sha256, seq=0, index_pos=index_pos, n_tokens=len(tokens),
-                    route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=coordinator, sample=True,
-                    sampling=SamplingParams(temperature=0.0), resume=resume)
+        return _first_step(entry, sid, index_pos, tokens, coordinator, resume)
 
     w.on_work(step("other", 32, turn2[32:], coordinator=NEXT, resume="s1").to_header(), encode_tokens(turn2[32:]), NEXT)
     w.on_work(step("lost", 32, turn2[32:], resume="never-kept").to_header(), encode_tokens(turn2[32:]), COORD)
@@ -66,9 +72,7 @@ async def test_a_copy_of_a_kept_sessions_prefix_leaves_it_kept_and_samples_the_f
     other = [*turn1[:16], 3, 4, 5]
 
     def step(sid, index_pos, tokens, resume=None, copy=False):
-        work = Work(sid=sid, model=entry.sha256, seq=0, index_pos=index_pos, n_tokens=len(tokens),
-                    route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=COORD, sample=True,
-                    sampling=SamplingParams(temperature=0.0), resume=resume, resume_copy=copy)
+        work = _first_step(entry, sid, index_pos, tokens, COORD, resume, copy)
         assert Work.from_header(work.to_header()) == work
         return work.to_header()
 
