@@ -20,6 +20,17 @@ from tests.support.waiting import wait_until
 worker = test_worker.worker  # the fixture: a worker serving the whole 6-layer model, recording peers
 
 
+async def _kept_turn(worker) -> tuple:
+    """Session s1 computes 40 prompt tokens, then is kept for COORD: (its slice, those tokens)."""
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    turn1 = list(range(20, 60))
+    w.on_work(_work(entry, 0, 0, turn1).to_header(), encode_tokens(turn1), COORD)
+    await wait_until(lambda: len(_results(peers)) == 1, 30, what="turn 1 RESULT")
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    return hosted, turn1
+
+
 def _first_step(entry, sid: str, index_pos: int, tokens: list[int], coordinator: str = COORD,
                 resume: str | None = None, copy: bool = False) -> Work:
     """A session's first greedy WORK over the whole model (at index_pos: a resumed or copied prefix)."""
@@ -33,11 +44,7 @@ async def test_a_kept_session_resumes_for_its_coordinator_and_gives_the_fresh_pr
     naming it in `resume` starts at the common prefix and samples what a full prefill samples. A
     resume from another coordinator, or of a session that is gone, is a `kv_miss` error RESULT."""
     w, entry, peers = worker
-    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
-    turn1 = list(range(20, 60))
-    w.on_work(_work(entry, 0, 0, turn1).to_header(), encode_tokens(turn1), COORD)
-    await wait_until(lambda: len(_results(peers)) == 1, 30, what="turn 1 RESULT")
-    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    hosted, turn1 = await _kept_turn(worker)
     await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
     assert w.host.session_count() == 0 and w.host.kept_count() == 1 and "s1" not in w.samplers
 
@@ -64,11 +71,7 @@ async def test_a_copy_of_a_kept_sessions_prefix_leaves_it_kept_and_samples_the_f
     conversation with the same system prompt); the kept one stays kept, whole, and still resumes.
     The header key survives the wire; `resume_copy` without `resume` is malformed."""
     w, entry, peers = worker
-    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
-    turn1 = list(range(20, 60))
-    w.on_work(_work(entry, 0, 0, turn1).to_header(), encode_tokens(turn1), COORD)
-    await wait_until(lambda: len(_results(peers)) == 1, 30, what="turn 1 RESULT")
-    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    hosted, turn1 = await _kept_turn(worker)
     other = [*turn1[:16], 3, 4, 5]
 
     def step(sid, index_pos, tokens, resume=None, copy=False):
