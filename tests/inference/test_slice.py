@@ -122,8 +122,8 @@ def test_a_kept_sessions_prefix_copied_gives_the_same_logits_and_leaves_it_whole
     before = old.k[:, :, :30].clone()
     m.sessions.keep("turn1", "coord")
     other = [*TOKENS[:20], 7, 8, 9]
-    copied = m.resume_session("turn1", "other", 20, "coord", 0, 4, copy=True)
-    assert copied is not old and copied.kv_len == 20 and copied.kept_for is None and copied.coordinator == "coord"
+    copied = m.resume_session("turn1", "other", 20, "coord", 0, 4, copy=True, room=3)
+    assert copied is not old and copied.kv_len == 20 and copied.capacity >= 23 and copied.kept_for is None and copied.coordinator == "coord"
     assert m.sessions.counts() == (1, 1) and m.sessions.peek("turn1").kv_len == 30
     hit = m.forward(copied, torch.tensor(other[20:]), 20, last_only=True)
     fresh = m.forward(m.new_session("fresh"), torch.tensor(other), 0, last_only=True)

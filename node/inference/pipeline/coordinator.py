@@ -218,10 +218,12 @@ class PipelineCoordinator:
                                           failed_node=att.route[0].node_id))
         return step
 
-    def resume_missed(self, att: Attempt) -> None:
+    def resume_missed(self, att: Attempt, source_gone: bool = True) -> None:
         """The kept session `att` resumed was gone on a segment: count it a miss, not a hit; one
-        it copied from is forgotten and freed on the segments still holding it."""
-        gone = self.prefix.missed_on_segment(att.cached, att.resume if att.resume_copy else None)
+        it copied from, when a segment refused it (`source_gone`), is forgotten and freed on the
+        segments still holding it."""
+        gone = self.prefix.missed_on_segment(att.cached, att.resume if att.resume_copy else None,
+                                             copied=att.resume_copy, source_gone=source_gone)
         if gone is not None:
             self._end_kept(gone)
 

@@ -69,8 +69,8 @@ class ChainPrefixCache:
         return len(self.entries)
 
     def route_for(self, model: str, prompt: list[int]) -> tuple[tuple[str, int, int], ...] | None:
-        """The route of the kept session this prompt would resume (the planner prefers it), or None
-        when none qualifies (the same rule as take(): CHAIN_PREFIX_MIN_TOKENS and half its tokens)."""
+        """The route of the kept session this prompt would resume or copy from (the planner prefers
+        it), or None when none shares CHAIN_PREFIX_MIN_TOKENS with it (take()'s rule)."""
         if self.max_per_model <= 0:
             return None
         limit = len(prompt) - 1
@@ -129,10 +129,14 @@ class ChainPrefixCache:
                 cached_sequences=len(self.entries), new_prompt_len=len(prompt)))
         return None, 0, False
 
-    def missed_on_segment(self, cached: int, kept_sid: str | None = None) -> KeptChain | None:
+    def missed_on_segment(self, cached: int, kept_sid: str | None = None, *, copied: bool = False,
+                          source_gone: bool = True) -> KeptChain | None:
         """A hit whose kept session a segment no longer held: the request prefilled in full.
-        `kept_sid`: a copied one, still in the cache: forgotten, returned to be freed elsewhere."""
-        gone = self.entries.pop(kept_sid, None) if kept_sid is not None else None
+        `kept_sid`: a copied one, still in the cache: forgotten when `source_gone`, returned to be
+        freed elsewhere."""
+        gone = self.entries.pop(kept_sid, None) if kept_sid is not None and source_gone else None
+        if copied:
+            self.stats.copies -= 1
         self.stats.hits -= 1
         self.stats.cached_tokens -= cached
         self.stats.misses += 1

@@ -58,7 +58,7 @@ class AttemptChannel(Protocol):
 
     def end(self, att: Attempt, how: str, keep: tuple[int, ...] = ()) -> None: ...
 
-    def resume_missed(self, att: Attempt) -> None: ...
+    def resume_missed(self, att: Attempt, source_gone: bool = True) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,9 @@ class PipelineRun:
         log.info("DIAG: KV-cache MISS — kept session gone on a segment, prefilling in full %s", kv(
             request_id=self.trace.request_id, reason="evicted_on_segment", kept=att.resume,
             node=failure.node_id[:8], error=failure.message))
-        self.coordinator.resume_missed(att)
+        # kv_miss: a segment refused the kept session itself; kv_position_mismatch may be this
+        # attempt's own session lost later (evicted mid-decode): a copied-from one is still whole
+        self.coordinator.resume_missed(att, source_gone=failure.cause == "kv_miss")
         self.resume_misses += 1  # a new attempt (its own sid), not a failover: it does not count
         self.attempt_no += 1
         self.attempt = None

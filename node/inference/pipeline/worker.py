@@ -274,7 +274,7 @@ class SegmentWorker:
         sess = model.session(work.sid)
         if sess is None and work.resume is not None:  # prefix reuse: a kept session, cut to index_pos
             sess = model.resume_session(work.resume, work.sid, work.index_pos, work.coordinator, hop.start, hop.end,
-                                        copy=work.resume_copy)
+                                        copy=work.resume_copy, room=work.n_tokens)
             log.debug("DIAG: KV session %s a kept one %s", "copied from" if work.resume_copy else "resumed from", kv(
                 sid=work.sid, kept=work.resume, cached_tokens=work.index_pos, layers=f"{hop.start}-{hop.end - 1}"))
         elif sess is None:

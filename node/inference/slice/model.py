@@ -277,10 +277,11 @@ class SliceModel:
         return self.sessions.free(session_id)
 
     def resume_session(self, kept_id: str, session_id: str, keep: int, coordinator: str,
-                       start: int, end: int, copy: bool = False) -> Session:
+                       start: int, end: int, copy: bool = False, room: int = 0) -> Session:
         """A kept session as `session_id`, cut to `keep` positions (KvCacheMiss if it cannot be);
-        `copy`: a new session with a copy of those positions, the kept one stays."""
-        return self.sessions.resume(kept_id, session_id, keep, coordinator, start, end, copy)
+        `copy`: a new session with a copy of those positions (capacity for `room` more), the kept
+        one stays."""
+        return self.sessions.resume(kept_id, session_id, keep, coordinator, start, end, copy, room)
 
     def sweep_sessions(self, ttl_s: float | None = None, max_bytes: int | None = None,
                        kept_ttl_s: float | None = None, kept_only: bool = False) -> list[str]:

@@ -69,14 +69,15 @@ class Session:
             v[:, :, : self.kv_len] = self.v[:, :, : self.kv_len]
         self.k, self.v, self.capacity = k, v, cap
 
-    def copy_prefix(self, session_id: str, keep: int, coordinator: str | None) -> Session:
-        """A new session `session_id` over the same layers holding a copy of positions [0, keep)."""
+    def copy_prefix(self, session_id: str, keep: int, coordinator: str | None, room: int = 0) -> Session:
+        """A new session `session_id` over the same layers holding a copy of positions [0, keep),
+        with capacity for `room` more (the step that follows: no second reallocation)."""
         out = Session(session_id, (self.n_layers, self.n_kv, self.head_dim), self.max_ctx, self.dtype,
                       self.device, self.layer_start)
         out.coordinator = coordinator
         keep = min(keep, self.kv_len)
         if keep:
-            out.reserve(keep)
+            out.reserve(min(keep + room, self.max_ctx))
             out.k[:, :, :keep] = self.k[:, :, :keep]
             out.v[:, :, :keep] = self.v[:, :, :keep]
             out.kv_len = keep
@@ -141,7 +142,7 @@ class SessionStore:
         return s
 
     def resume(self, kept_id: str, session_id: str, keep: int, coordinator: str, start: int, end: int,
-               copy: bool = False) -> Session:
+               copy: bool = False, room: int = 0) -> Session:
         """The kept session `kept_id`, now `session_id`, holding its first `keep` positions;
         KvCacheMiss (with the reason) unless it is kept for this coordinator over these layers.
         `copy`: `session_id` is a new session holding a copy of those positions and the kept one
@@ -166,7 +167,7 @@ class SessionStore:
                 reason = None
                 s.last_used = time.monotonic()
                 self._sessions.move_to_end(kept_id)
-                s = s.copy_prefix(session_id, keep, coordinator)
+                s = s.copy_prefix(session_id, keep, coordinator, room)
                 self._sessions[session_id] = s
             else:
                 reason = None
