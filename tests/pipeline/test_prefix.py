@@ -78,10 +78,10 @@ def test_a_copy_whose_kept_session_is_gone_forgets_it():
     cache.put(kept("r1/1"))
     entry, n, copy = cache.take("m", ROUTE, [*TURN1[:20], 1], "r2")
     assert copy
-    assert cache.missed_on_segment(n, entry.sid, copied=True, source_gone=False) is None  # its own KV lost later
+    assert cache.missed_on_segment(n, entry.sid, source_gone=False) is None  # its own KV lost later
     assert len(cache) == 1 and cache.stats.copies == 0
     entry, n, copy = cache.take("m", ROUTE, [*TURN1[:20], 1], "r3")
-    gone = cache.missed_on_segment(n, entry.sid, copied=True)  # a segment refused the kept session
+    gone = cache.missed_on_segment(n, entry.sid)  # a segment refused the kept session
     assert gone is not None and gone.sid == "r1/1" and len(cache) == 0
     assert (cache.stats.hits, cache.stats.misses, cache.stats.gone_on_segment, cache.stats.copies) == (0, 2, 2, 0)
 

@@ -222,8 +222,7 @@ class PipelineCoordinator:
         """The kept session `att` resumed was gone on a segment: count it a miss, not a hit; one
         it copied from, when a segment refused it (`source_gone`), is forgotten and freed on the
         segments still holding it."""
-        gone = self.prefix.missed_on_segment(att.cached, att.resume if att.resume_copy else None,
-                                             copied=att.resume_copy, source_gone=source_gone)
+        gone = self.prefix.missed_on_segment(att.cached, att.resume if att.resume_copy else None, source_gone)
         if gone is not None:
             self._end_kept(gone)
 

@@ -129,14 +129,15 @@ class ChainPrefixCache:
                 cached_sequences=len(self.entries), new_prompt_len=len(prompt)))
         return None, 0, False
 
-    def missed_on_segment(self, cached: int, kept_sid: str | None = None, *, copied: bool = False,
+    def missed_on_segment(self, cached: int, copied_from: str | None = None,
                           source_gone: bool = True) -> KeptChain | None:
         """A hit whose kept session a segment no longer held: the request prefilled in full.
-        `kept_sid`: a copied one, still in the cache: forgotten when `source_gone`, returned to be
-        freed elsewhere."""
-        gone = self.entries.pop(kept_sid, None) if kept_sid is not None and source_gone else None
-        if copied:
+        `copied_from`: the hit was a copy of that entry, still in the cache: forgotten when
+        `source_gone`, and returned to be freed elsewhere."""
+        gone = None
+        if copied_from is not None:
             self.stats.copies -= 1
+            gone = self.entries.pop(copied_from, None) if source_gone else None
         self.stats.hits -= 1
         self.stats.cached_tokens -= cached
         self.stats.misses += 1

@@ -75,12 +75,10 @@ class Session:
         out = Session(session_id, (self.n_layers, self.n_kv, self.head_dim), self.max_ctx, self.dtype,
                       self.device, self.layer_start)
         out.coordinator = coordinator
-        keep = min(keep, self.kv_len)
-        if keep:
-            out.reserve(min(keep + room, self.max_ctx))
-            out.k[:, :, :keep] = self.k[:, :, :keep]
-            out.v[:, :, :keep] = self.v[:, :, :keep]
-            out.kv_len = keep
+        out.reserve(min(keep + room, self.max_ctx))
+        out.k[:, :, :keep] = self.k[:, :, :keep]
+        out.v[:, :, :keep] = self.v[:, :, :keep]
+        out.kv_len = keep
         return out
 
     def truncate(self, kv_len: int) -> None:
