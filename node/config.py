@@ -57,7 +57,7 @@ class NodeConfig:
     max_concurrent: int = 4  # requests one whole model decodes at once (one llama.cpp batch); more queue
     kv_cache_seqs: int = 4  # finished sequences whose KV stays cached per model (prefix reuse, LRU;
     # on a chain: the sessions this node coordinated, kept on their segments);
-    # the KV is sized (max_concurrent + kv_cache_seqs) x n_ctx tokens per model, at most kv_total_tokens:
+    # the KV is sized (max_concurrent + kv_cache_seqs + 1 spare) x n_ctx tokens per model, at most kv_total_tokens:
     kv_total_tokens: int = 16384  # a long context gets fewer sequences (cache ones first), never less than one
     speculative_max_draft: int = 8  # n-gram speculation (both routes): draft up to this many tokens per
     # decode step from the request's own context, verified in one forward; 0 = off

@@ -37,7 +37,7 @@ class LlamaEngine:
     """One loaded GGUF model in llama.cpp; blocking methods run on `self.executor`."""
 
     def __init__(self, model_id: str, path: Path, *, n_ctx: int, n_threads: int, n_gpu_layers: int = 0,
-                 max_concurrent: int = 1, kv_cache_seqs: int = 0, speculative_max_draft: int = 0,
+                 max_concurrent: int = 1, kv_cache_seqs: int = 0, kv_spare: bool = True, speculative_max_draft: int = 0,
                  flash_attention: bool = False):
         self.model_id = model_id
         self.path = path
@@ -46,6 +46,7 @@ class LlamaEngine:
         self.n_gpu_layers = n_gpu_layers
         self.max_concurrent = max_concurrent
         self.kv_cache_seqs = kv_cache_seqs
+        self.kv_spare = kv_spare
         self.speculative_max_draft = speculative_max_draft  # n-gram speculation; 0 = off
         self.flash_attention = flash_attention  # NodeConfig.flash_attention (see batch_engine)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{model_id[:16]}")
@@ -72,7 +73,7 @@ class LlamaEngine:
             params.n_gpu_layers = self.n_gpu_layers
             self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=False)
             self.batcher = BatchEngine(low, self.model.model, model_id=self.model_id, n_ctx=self.n_ctx,
-                                       max_concurrent=self.max_concurrent, cache_seqs=self.kv_cache_seqs,
+                                       max_concurrent=self.max_concurrent, cache_seqs=self.kv_cache_seqs, spare=self.kv_spare,
                                        n_threads=self.n_threads, executor=self.executor,
                                        n_batch=max(min(512, self.n_ctx), self.max_concurrent),
                                        speculative_max_draft=self.speculative_max_draft,

@@ -39,14 +39,19 @@ def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[
 
 
 
-def kv_sequences(n_ctx: int, max_concurrent: int, kv_cache_seqs: int, kv_total_tokens: int) -> tuple[int, int]:
-    """(sequences decoding at once, cached sequences) of one whole model: each holds n_ctx tokens
-    of KV, and all of them at most kv_total_tokens, so a long context does not multiply the KV
-    memory by the sequence count (8 x 8192 tokens of an 8B model would be 8 GB); the cache gives
-    way first, and one sequence always remains. Requests beyond it wait in the batch engine's queue."""
+def kv_sequences(n_ctx: int, max_concurrent: int, kv_cache_seqs: int,
+                 kv_total_tokens: int) -> tuple[int, int, bool]:
+    """(sequences decoding at once, cached sequences, spare) of one whole model: each holds n_ctx
+    tokens of KV, and all of them at most kv_total_tokens, so a long context does not multiply the
+    KV memory by the sequence count (8 x 8192 tokens of an 8B model would be 8 GB); the cache gives
+    way first, and one sequence always remains. Requests beyond it wait in the batch engine's queue.
+    With several at once the batch engine wants one sequence more that stays empty (its spare: then
+    moving the running ones onto consecutive ids never evicts a cached one); it comes before the
+    cache, and when the running ones fill the budget there is none (a move may then evict)."""
     room = max(1, kv_total_tokens // max(1, n_ctx))
     concurrent = max(1, min(max_concurrent, room))
-    return concurrent, max(0, min(kv_cache_seqs, room - concurrent))
+    spare = concurrent > 1 and room > concurrent
+    return concurrent, max(0, min(kv_cache_seqs, room - concurrent - spare)), spare
 
 class ModelSlots:
     """Who may use a loaded model: up to `limit` requests at once (`acquire`/`release`: they decode in
@@ -300,11 +305,11 @@ class ModelManager:
         served.placement = placed
         device, reason = placed.device, placed.cpu_placement_reason
         served.device, served.cpu_placement_reason = device, reason
-        concurrent, cache_seqs = kv_sequences(served.n_ctx, self.config.max_concurrent, self.config.kv_cache_seqs,
-                                              self.config.kv_total_tokens)
+        concurrent, cache_seqs, spare = kv_sequences(served.n_ctx, self.config.max_concurrent,
+                                                     self.config.kv_cache_seqs, self.config.kv_total_tokens)
         engine = LlamaEngine(served.id, served.entry.path, n_ctx=served.n_ctx,
                              n_threads=self.config.n_threads, n_gpu_layers=placed.n_gpu_layers,
-                             max_concurrent=concurrent, kv_cache_seqs=cache_seqs,
+                             max_concurrent=concurrent, kv_cache_seqs=cache_seqs, kv_spare=spare,
                              speculative_max_draft=self.config.speculative_max_draft,
                              flash_attention=self.config.flash_attention)
         try:

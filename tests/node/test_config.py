@@ -116,13 +116,15 @@ def test_batching_settings_from_toml_and_env_and_their_limits(tmp_path):
 def test_the_kv_of_a_long_context_gets_fewer_sequences_not_more_memory():
     from node.inference.manager import kv_sequences
 
-    assert kv_sequences(1024, 4, 4, 16384) == (4, 4)  # the default model: batching and the prefix cache
-    assert kv_sequences(4096, 4, 4, 16384) == (4, 0)  # the cache gives way first
-    assert kv_sequences(8192, 4, 4, 16384) == (2, 0)
-    assert kv_sequences(32768, 4, 4, 16384) == (1, 0)  # never less than one sequence
-    for n_ctx in (256, 1024, 4096, 8192):
-        concurrent, cache = kv_sequences(n_ctx, 4, 4, 16384)
-        assert (concurrent + cache) * n_ctx <= max(16384, n_ctx)
+    assert kv_sequences(1024, 4, 4, 16384) == (4, 4, True)  # the default model: batching, the prefix cache
+    assert kv_sequences(4096, 4, 4, 16384) == (4, 0, False)  # the cache and the spare give way first
+    assert kv_sequences(2048, 4, 4, 16384) == (4, 3, True)  # the spare before the cache
+    assert kv_sequences(8192, 4, 4, 16384) == (2, 0, False)
+    assert kv_sequences(32768, 4, 4, 16384) == (1, 0, False)  # never less than one sequence
+    assert kv_sequences(1024, 1, 4, 16384) == (1, 4, False)  # one at a time needs no spare
+    for n_ctx in (256, 1024, 2048, 4096, 8192):
+        concurrent, cache, spare = kv_sequences(n_ctx, 4, 4, 16384)
+        assert (concurrent + cache + spare) * n_ctx <= max(16384, n_ctx)
 
 
 @pytest.mark.parametrize("header", ["[desktop]", "[ desktop ]", '["desktop"]', "['desktop']", "[desktop]  # mine"])
