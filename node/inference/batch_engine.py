@@ -321,8 +321,8 @@ class BatchEngine:
             elif dst.tokens:
                 park = next((s for s in self.slots if not s.busy and not s.tokens and s.seq_id not in window), None)
                 if park is None:  # no spare (the running sequences fill the KV budget): evict
-                    park = min((s for s in self.slots if not s.busy and s.tokens and s.seq_id not in window),
-                               key=lambda s: s.last_used, default=dst)
+                    park = min((s for s in self.slots if not s.busy and s.tokens and (s.seq_id not in window or s is dst)),
+                               key=lambda s: s.last_used)  # the hole's own prefix too: then it goes
                     self.evictions += 1
                     log.info("DIAG: KV-cache sequence evicted %s", kv(
                         reason="lru_compaction", seq=park.seq_id, cached_tokens=len(park.tokens),
