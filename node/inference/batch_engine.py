@@ -17,7 +17,8 @@ running sequences are moved onto consecutive ids (`_compact`): a running sequenc
 window is copied into a hole of it (llama_memory_seq_cp of a whole stream, done by llama.cpp at
 the next decode: 0.85 ms per 512-cell stream, 6.4 ms per 4096-cell one, once per move), and a
 cached prefix that sat in the hole moves to an empty slot first - the spare guarantees one, so
-compaction never evicts. The batch lists each sequence's rows together, in id order.
+compaction never evicts (without a spare, when the running sequences fill the KV budget, the
+least recently used prefix goes). The batch lists each sequence's rows together, in id order.
 
 The loop runs on the model's executor thread while there is work (`submit` starts it; it returns
 when nothing is running or waiting, so embeddings and unloads get the thread between bursts).
@@ -323,10 +324,7 @@ class BatchEngine:
                 if park is None:  # no spare (the running sequences fill the KV budget): evict
                     park = min((s for s in self.slots if not s.busy and s.tokens and (s.seq_id not in window or s is dst)),
                                key=lambda s: s.last_used)  # the hole's own prefix too: then it goes
-                    self.evictions += 1
-                    log.info("DIAG: KV-cache sequence evicted %s", kv(
-                        reason="lru_compaction", seq=park.seq_id, cached_tokens=len(park.tokens),
-                        idle_s=round(time.monotonic() - park.last_used, 1), evictions=self.evictions))
+                    self._evicted(park, "lru_compaction")
                     self.ll.llama_memory_seq_rm(self.mem, park.seq_id, -1, -1)
                     park.tokens = []
                 if park is not dst:
@@ -337,6 +335,12 @@ class BatchEngine:
             seq.slot = dst
         log.debug("DIAG: batch sequences moved %s", kv(model=self.model_id, running=k, first_seq=a,
                                                         moved=len(movers), moves=self.moves))
+
+    def _evicted(self, slot: _Slot, reason: str, **extra) -> None:
+        self.evictions += 1
+        log.info("DIAG: KV-cache sequence evicted %s", kv(
+            reason=reason, seq=slot.seq_id, cached_tokens=len(slot.tokens), **extra,
+            idle_s=round(time.monotonic() - slot.last_used, 1), evictions=self.evictions))
 
     def _move(self, src: _Slot, dst: _Slot) -> None:
         """Copy src's KV stream and tokens to dst (whose own are dropped); src is left empty. The
@@ -474,10 +478,7 @@ class BatchEngine:
         else:
             slot = min((s for s in free if s.tokens), key=lambda s: s.last_used)
             n = min(common_prefix(slot.tokens, prompt), limit)
-            self.evictions += 1
-            log.info("DIAG: KV-cache sequence evicted %s", kv(
-                reason="lru", seq=slot.seq_id, cached_tokens=len(slot.tokens), kept_tokens=n,
-                idle_s=round(time.monotonic() - slot.last_used, 1), evictions=self.evictions))
+            self._evicted(slot, "lru", kept_tokens=n)
         if best is not None and best is not slot and best_n > n and best_n >= copy_min:
             # a shared beginning (a system prompt) of a sequence that stays cached: copy its KV
             # stream (llama.cpp copies streams whole), the tail is cut below
