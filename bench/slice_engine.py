@@ -12,6 +12,14 @@ and prefill (torch profiler, top operators). The model file is written once to a
 Loads: our first worker starts on an empty weight cache (it converts and writes the cache), a
 second one, started after the rounds, loads from it (what a node's restart gets); both loads and
 both peak RSS figures are printed. The CPU's model and SIMD flags head the output.
+
+Another CPU's instruction set, emulated on this one (e.g. an AVX2-only machine on an AVX-512
+one): `--isa avx2` runs our qgemm kernel on its AVX2 path and torch's own kernels at
+ATEN_CPU_CAPABILITY=avx2 (fbgemm cannot be told, so the kernel is qgemm), and `--llama-lib DIR`
+runs llama.cpp from a libllama built for that set (LLAMA_CPP_LIB_PATH; for AVX2: llama.cpp's
+sources from llama-cpp-python's sdist, `cmake -B DIR -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=ON
+-DLLAMA_CURL=OFF && cmake --build DIR --target llama`, then DIR/bin holds the libraries). The
+caches, memory and clock stay this machine's: a proxy for the other CPU, said so in the output.
 """
 
 from __future__ import annotations
@@ -135,6 +143,11 @@ class Llama:
 def worker(args) -> None:
     if args.worker == "ours":  # imports are the process's start, not the model's load
         import node.inference.slice  # noqa: F401
+
+        if args.isa:
+            from node.inference.weights import qgemm
+
+            qgemm._qgemm.set_isa(args.isa)
     else:
         from node.inference.llamacpp import load
 
@@ -147,6 +160,16 @@ def worker(args) -> None:
     reply = {"load_s": time.perf_counter() - t0,
              "weight_cache": getattr(getattr(engine, "model", None), "weight_cache", None),
              "kernel": getattr(getattr(engine, "model", None), "kernel", "llama.cpp")}
+    if args.worker == "llama":  # which of its CPU features the llama.cpp build in use has
+        from node.inference.llamacpp import load
+
+        info = load().llama_print_system_info()
+        reply["system_info"] = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+    else:
+        from node.inference.weights import qgemm
+
+        reply["system_info"] = f"qgemm isa={qgemm.isa()}"
+
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "round":
@@ -178,9 +201,18 @@ class Worker:
         argv = [sys.executable, __file__, "--worker", kind, "--kernel", kernel, "--model", str(args.model),
                 "--threads", str(args.threads), "--dtype", args.dtype,
                 "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+        env = dict(os.environ)
         if kind == "ours" and args.weight_cache:
             argv += ["--weight-cache", str(args.weight_cache), "--sha256", args.sha256]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        if kind == "ours" and args.isa:
+            argv += ["--isa", args.isa]
+            if args.isa in ("avx2", "avx512"):  # torch's own kernels (norms, attention, elementwise)
+                env["ATEN_CPU_CAPABILITY"] = "avx2" if args.isa == "avx2" else "avx512"
+            elif args.isa == "c":
+                env["ATEN_CPU_CAPABILITY"] = "default"
+        if kind == "llama" and args.llama_lib:
+            env["LLAMA_CPP_LIB_PATH"] = str(args.llama_lib)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      stderr=subprocess.DEVNULL if kind == "llama" else None)
         self.loaded = self.ask(op="ping")  # one engine loads at a time: no load runs beside a round
 
@@ -210,6 +242,9 @@ def main() -> int:
                    help="our converted-weight cache dir (emptied first; '' = none)")
     p.add_argument("--kernel", default="auto", choices=["auto", "qgemm", "fbgemm", "both"],
                    help="our int8 kernel (auto: the one measured fastest here; both: side by side)")
+    p.add_argument("--isa", default="", choices=["", "avx512", "avx2", "c"],
+                   help="run our qgemm (and torch's kernels) on this instruction set's path (emulation)")
+    p.add_argument("--llama-lib", default="", help="a directory with the libllama to run llama.cpp from")
     p.add_argument("--sha256", default="", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=["ours", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -217,10 +252,17 @@ def main() -> int:
         worker(args)
         return 0
     args.model = model_path(args.model)
+    if args.isa:
+        if args.kernel not in ("auto", "qgemm"):
+            p.error("--isa forces qgemm's path: fbgemm has no such switch")
+        args.kernel = "qgemm"
     from node.sysinfo import cpu_features, cpu_name
 
     print(f"cpu: {cpu_name()} ({' '.join(cpu_features()) or 'no SIMD flags read'}), "
           f"{os.cpu_count()} logical cpus")
+    if args.isa or args.llama_lib:
+        print(f"EMULATION: ours on the {args.isa or 'native'} path, llama.cpp from "
+              f"{args.llama_lib or 'its native build'} (caches, memory and clock are this CPU's)")
     if args.weight_cache:
         import shutil
 
@@ -234,6 +276,8 @@ def main() -> int:
     ours_names = [f"ours {k}" if args.kernel == "both" else "ours" for k in kernels]
     workers = {name: Worker("ours", args, k) for name, k in zip(ours_names, kernels, strict=True)}
     workers["llama.cpp"] = Worker("llama", args)
+    for name, w in workers.items():
+        print(f"{name}: {w.loaded['system_info'].strip()}")
     results: dict[str, list[dict]] = {k: [] for k in workers}
     for r in range(args.rounds):
         for name, w in workers.items():
