@@ -19,6 +19,7 @@ the next decode: 0.85 ms per 512-cell stream, 6.4 ms per 4096-cell one, once per
 cached prefix that sat in the hole moves to an empty slot first - the spare guarantees one, so
 compaction never evicts (without a spare, when the running sequences fill the KV budget, the
 least recently used prefix goes). The batch lists each sequence's rows together, in id order.
+The slots themselves, the prefix cache's choice and the moves are `node.inference.kv_slots`.
 
 The loop runs on the model's executor thread while there is work (`submit` starts it; it returns
 when nothing is running or waiting, so embeddings and unloads get the thread between bursts).
@@ -67,8 +68,9 @@ import numpy as np
 from node.errors import EngineError, NodeError
 from node.inference import constrain
 from node.inference.handoff import GenerationJob, TokenChannel
+from node.inference.kv_slots import COPY_MIN_TOKENS, COPY_MIN_TOKENS_SAMPLED, KvSlots, Slot
 from node.inference.logprobs import scores_from_logits
-from node.inference.speculate import NgramDrafter, accept_count, common_prefix, speculation_off_reason
+from node.inference.speculate import NgramDrafter, accept_count, speculation_off_reason
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -81,28 +83,6 @@ log = logging.getLogger(__name__)
 # batched-vs-alone check fails with it on).
 FLASH_ATTN_OFF, FLASH_ATTN_AUTO = 0, -1  # LLAMA_FLASH_ATTN_TYPE_DISABLED, _AUTO
 PENALTY_LAST_N = 64  # tokens the repeat/frequency/presence penalties look back on (llama-cpp-python's default)
-# a prompt sharing at least this many tokens with a cached sequence it does not continue (the same
-# system prompt or chat-template preamble, another conversation) starts from a copy of that
-# sequence's KV. llama.cpp copies a stream whole, lazily, in the next decode: measured on the 110M
-# bench model (AMD EPYC, 2 threads) 0.85 ms per 512-cell stream, 6.4 ms per 4096-cell one, against
-# 1.8 ms per prefilled token, so a few shared tokens already pay for the copy (llama-server reuses
-# any common prefix of the slot it picks). A copied KV is not the same bits as the prompt
-# prefilled whole (llama.cpp's kernels depend on the batch's shape), which moves a sampled
-# request's draws: its text for a seed would depend on what the cache held. So short copies are
-# for greedy requests (whose text changes only at a near-tie); sampled ones copy from 16 tokens
-# (a real system prompt, where the saving is worth it), as before.
-COPY_MIN_TOKENS = 4
-COPY_MIN_TOKENS_SAMPLED = 16
-
-
-@dataclass
-class _Slot:
-    seq_id: int
-    tokens: list[int] = field(default_factory=list)  # what the KV holds for this sequence, positions 0..
-    last_used: float = 0.0
-    busy: bool = False
-
-
 @dataclass(eq=False)
 class _Seq:
     """One request in the batch."""
@@ -112,7 +92,7 @@ class _Seq:
     is_eog: object
     vocab: object
     future: concurrent.futures.Future
-    slot: _Slot | None = None
+    slot: Slot | None = None
     sampler: object = None
     constraint: constrain.TokenConstraint | None = None
     rest: list[int] = field(default_factory=list)  # prompt tokens still to prefill
@@ -167,15 +147,14 @@ class BatchEngine:
             raise EngineError(f"llama.cpp gave {self.n_ctx_seq} tokens per sequence, {n_ctx} needed")
         self.mem = llama_cpp.llama_get_memory(ctx)
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self.slots = [_Slot(i) for i in range(self.n_slots)]
+        self.kv_slots = KvSlots(llama_cpp, self.mem, model_id=model_id, n_slots=self.n_slots, capacity=self.capacity)
+        self.slots = self.kv_slots.slots
         self._lock = threading.Lock()
         self._pending: collections.deque[_Seq] = collections.deque()
         self._active: list[_Seq] = []
         self._running = False
         self.ms_per_token: float | None = None  # EWMA of decode steps
         self.steps = 0
-        self.evictions = 0
-        self.moves = 0  # sequences copied to another id by `_compact`
         self.max_active_seen = 0
         self.spec_drafted = self.spec_accepted = 0  # totals over requests (tests, diagnostics)
 
@@ -294,62 +273,10 @@ class BatchEngine:
                     self._sample(seq)
 
     def _compact(self) -> None:
-        """Move the running sequences onto consecutive ids (see the module docstring): the window
-        of ids that needs the fewest stream copies, its holes filled by the running sequences
-        outside it, empty holes first. A hole's cached prefix moves to an empty slot outside the
-        window (one exists: the spare, or the slot a mover has just left), or, when the mover has
-        nothing in its KV yet (admitted this step), into the mover's own slot."""
-        ids = sorted(seq.slot.seq_id for seq in self._active)
-        k = len(ids)
-        if ids[-1] - ids[0] + 1 == k:
-            return
-        running = {seq.slot.seq_id: seq for seq in self._active}
-
-        def cost(a: int) -> int:
-            movers = [running[i] for i in ids if not a <= i < a + k]
-            holes = [i for i in range(a, a + k) if i not in running]
-            return sum(1 for m in movers if m.slot.tokens) + sum(1 for i in holes if self.slots[i].tokens)
-
-        a = min(range(self.n_slots - k + 1), key=cost)
-        window = range(a, a + k)
-        movers = [running[i] for i in ids if i not in window]
-        holes = sorted((i for i in window if i not in running), key=lambda i: bool(self.slots[i].tokens))
-        for seq, hole in zip(movers, holes, strict=True):
-            src, dst = seq.slot, self.slots[hole]
-            moving = bool(src.tokens)
-            if dst.tokens and not moving:  # trade places: the cached prefix into the mover's slot
-                self._move(dst, src)
-            elif dst.tokens:
-                park = next((s for s in self.slots if not s.busy and not s.tokens and s.seq_id not in window), None)
-                if park is None:  # no spare (the running sequences fill the KV budget): evict
-                    park = min((s for s in self.slots if not s.busy and s.tokens and (s.seq_id not in window or s is dst)),
-                               key=lambda s: s.last_used)  # the hole's own prefix too: then it goes
-                    self._evicted(park, "lru_compaction")
-                    self.ll.llama_memory_seq_rm(self.mem, park.seq_id, -1, -1)
-                    park.tokens = []
-                if park is not dst:
-                    self._move(dst, park)
-            if moving:
-                self._move(src, dst)
-            src.busy, dst.busy = False, True
-            seq.slot = dst
-        log.debug("DIAG: batch sequences moved %s", kv(model=self.model_id, running=k, first_seq=a,
-                                                        moved=len(movers), moves=self.moves))
-
-    def _evicted(self, slot: _Slot, reason: str, **extra) -> None:
-        self.evictions += 1
-        log.info("DIAG: KV-cache sequence evicted %s", kv(
-            reason=reason, seq=slot.seq_id, cached_tokens=len(slot.tokens), **extra,
-            idle_s=round(time.monotonic() - slot.last_used, 1), evictions=self.evictions))
-
-    def _move(self, src: _Slot, dst: _Slot) -> None:
-        """Copy src's KV stream and tokens to dst (whose own are dropped); src is left empty. The
-        copy is llama.cpp's, done at the next decode, in the order asked."""
-        self.ll.llama_memory_seq_cp(self.mem, src.seq_id, dst.seq_id, -1, -1)
-        self.ll.llama_memory_seq_rm(self.mem, src.seq_id, -1, -1)
-        dst.tokens, src.tokens = src.tokens, []
-        dst.last_used = src.last_used
-        self.moves += 1
+        """The running sequences onto consecutive ids (KvSlots.compact; the module docstring says why)."""
+        moved = self.kv_slots.compact([seq.slot for seq in self._active])
+        for seq in self._active:
+            seq.slot = moved.get(seq.slot.seq_id, seq.slot)
 
     def _sample(self, seq: _Seq) -> None:
         ll, job = self.ll, seq.job
@@ -446,61 +373,14 @@ class BatchEngine:
                 seq.drafter = NgramDrafter(prompt, max_k=self.speculative_max_draft)
             else:
                 log.debug("DIAG: n-gram speculation off for this request %s", kv(request_id=job.request_id, reason=off))
-        slot, reused = self._choose_slot(prompt, job.request_id,
-                                         COPY_MIN_TOKENS if p.greedy else COPY_MIN_TOKENS_SAMPLED)
+        slot, reused = self.kv_slots.choose(prompt, job.request_id,
+                                            COPY_MIN_TOKENS if p.greedy else COPY_MIN_TOKENS_SAMPLED)
         slot.busy = True
         seq.slot = slot
         self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, reused, -1)
         del slot.tokens[reused:]
         seq.rest = prompt[reused:]
         job.cached_tokens = reused
-
-    def _choose_slot(self, prompt: list[int], request_id: str,
-                     copy_min: int = COPY_MIN_TOKENS) -> tuple[_Slot, int]:
-        """The slot for a prompt and how many of its cached tokens it keeps (at most all but the
-        prompt's last token: its logits are needed)."""
-        free = [s for s in self.slots if not s.busy]
-        limit = len(prompt) - 1
-        best, best_n = None, 0
-        for slot in free:
-            n = min(common_prefix(slot.tokens, prompt), limit)
-            if n > best_n:
-                best, best_n = slot, n
-        if best is not None and best_n * 2 >= len(best.tokens):  # it extends (most of) a cached sequence
-            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
-                request_id=request_id, start_pos=best_n, cached_tokens=best_n, seq=best.seq_id,
-                new_prompt_len=len(prompt)))
-            return best, best_n
-        empty = [s for s in free if not s.tokens]
-        held = sum(1 for s in self.slots if s.busy or s.tokens)
-        if empty and held < self.capacity:  # the last empty slot is the spare: never filled
-            slot, n = empty[0], 0
-        else:
-            slot = min((s for s in free if s.tokens), key=lambda s: s.last_used)
-            n = min(common_prefix(slot.tokens, prompt), limit)
-            self._evicted(slot, "lru", kept_tokens=n)
-        if best is not None and best is not slot and best_n > n and best_n >= copy_min:
-            # a shared beginning (a system prompt) of a sequence that stays cached: copy its KV
-            # stream (llama.cpp copies streams whole), the tail is cut below
-            self.ll.llama_memory_seq_cp(self.mem, best.seq_id, slot.seq_id, -1, -1)
-            slot.tokens = list(best.tokens)
-            n = best_n
-            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
-                request_id=request_id, start_pos=n, cached_tokens=n, seq=slot.seq_id, copied_from=best.seq_id,
-                new_prompt_len=len(prompt)))
-        elif n > 0:
-            log.debug("DIAG: KV-cache HIT — skipping prefill %s", kv(
-                request_id=request_id, start_pos=n, cached_tokens=n, seq=slot.seq_id, new_prompt_len=len(prompt)))
-        elif best is not None:
-            log.debug("DIAG: KV-cache MISS — prompt prefix mismatch %s", kv(
-                request_id=request_id, reason="prefix_mismatch", cached_prompt_len=len(best.tokens),
-                common_tokens=best_n, new_prompt_len=len(prompt)))
-        else:
-            cached = sum(1 for s in self.slots if s.tokens)
-            log.debug("DIAG: KV-cache MISS — no cached prefix %s", kv(
-                request_id=request_id, reason="no_cached_prefix" if cached else "cache_empty",
-                cached_sequences=cached, new_prompt_len=len(prompt)))
-        return slot, n
 
     def _sampler(self, p):
         ll = self.ll
@@ -552,11 +432,10 @@ class BatchEngine:
     # --- inspection (tests, diagnostics; any thread, approximate while running) ---
 
     def kv_tokens(self) -> dict[int, int]:
-        """Tokens the KV holds per sequence id, as llama.cpp reports them (pos_max + 1)."""
-        return {s.seq_id: int(self.ll.llama_memory_seq_pos_max(self.mem, s.seq_id)) + 1 for s in self.slots}
+        return self.kv_slots.kv_tokens()
 
     def cached_sequences(self) -> int:
-        return sum(1 for s in self.slots if s.tokens and not s.busy)
+        return self.kv_slots.cached_sequences()
 
     # --- teardown (executor thread, after the loop has stopped) ---
 

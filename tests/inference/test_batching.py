@@ -120,6 +120,7 @@ async def test_the_same_text_alone_and_in_a_batch_of_8(model, params, engine_fac
 
 async def test_a_cancelled_request_frees_its_sequence_and_the_others_are_unchanged(model, engine_factory, caplog):
     caplog.set_level(logging.DEBUG, logger="node.inference.batch_engine")
+    caplog.set_level(logging.DEBUG, logger="node.inference.kv_slots")
     reference = await engine_factory(model.path)
     alone = [await run(reference, model.tok, p, GREEDY, max_new=32) for p in model.prompts]
     engine = await engine_factory(model.path)
@@ -178,7 +179,7 @@ async def test_running_sequences_decode_on_consecutive_ids_and_moving_them_chang
     spy = b.ll = DecodeSpy(b.ll)
     batched = await together(engine, (run(engine, model.tok, p, GREEDY, max_new=n)
                                       for p, n in zip(prompts, lengths, strict=True)))
-    assert b.max_active_seen == 4 and b.moves > 0  # holes appeared and were closed
+    assert b.max_active_seen == 4 and b.kv_slots.moves > 0  # holes appeared and were closed
     assert batched == alone
     multi = [rows for rows in spy.batches if len(set(rows)) > 1]
     assert len(multi) > 10
@@ -199,6 +200,7 @@ async def test_running_sequences_decode_on_consecutive_ids_and_moving_them_chang
 
 async def test_a_prefix_hit_gives_the_same_text_as_a_miss(model, engine_factory, caplog):
     caplog.set_level(logging.DEBUG, logger="node.inference.batch_engine")
+    caplog.set_level(logging.DEBUG, logger="node.inference.kv_slots")
     warm = await engine_factory(model.path, max_concurrent=2, kv_cache_seqs=2)
     first = model.prompts[0]
     reply = await run(warm, model.tok, first, GREEDY)
@@ -233,12 +235,13 @@ async def test_the_kv_stays_within_its_budget_under_many_conversations(tmp_path,
     the KV never holds more than 4 sequences of at most n_ctx tokens, the least recently used are evicted (logged), and a
     conversation whose sequence is still cached hits."""
     caplog.set_level(logging.DEBUG, logger="node.inference.batch_engine")
+    caplog.set_level(logging.DEBUG, logger="node.inference.kv_slots")
     path = tiny_model(tmp_path, RANDOM, "batch.gguf")
     tok = ModelTokenizer(path)
     try:
         engine = await engine_factory(path, max_concurrent=2, kv_cache_seqs=2, n_ctx=128)
         b = engine.batcher
-        assert b.n_slots == 5 and b.capacity == 4
+        assert b.n_slots == 5 and b.kv_slots.capacity == 4
         history: dict[int, list[int]] = {}
         for turn in range(2):
             order = range(12) if turn == 0 else reversed(range(12))  # turn 2: the most recent first
@@ -255,7 +258,7 @@ async def test_the_kv_stays_within_its_budget_under_many_conversations(tmp_path,
                     # last token (sampled, never decoded into the KV)
                     assert job.cached_tokens == len(before) - 1, (c, job.cached_tokens, len(before))
         evicted = [r.getMessage() for r in caplog.records if "KV-cache sequence evicted" in r.getMessage()]
-        assert len(evicted) == b.evictions == 8 + 8  # every first turn after the 4th, every older second turn
+        assert len(evicted) == b.kv_slots.evictions == 8 + 8  # every first turn after the 4th, every older second turn
         assert all("reason=lru" in e for e in evicted)
     finally:
         tok.close()
@@ -300,6 +303,7 @@ async def test_a_new_conversation_with_a_cached_system_prompt_starts_from_a_copy
     """Conversation B shares A's system prompt but not its question: B starts from a copy of A's
     KV (cut after the shared part), gives the text it gives cold, and A stays cached whole."""
     caplog.set_level(logging.DEBUG, logger="node.inference.batch_engine")
+    caplog.set_level(logging.DEBUG, logger="node.inference.kv_slots")
     path = default_model_path()
     tok = ModelTokenizer(path)
     try:
