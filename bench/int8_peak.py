@@ -6,8 +6,8 @@ For each of qgemm's paths (AVX-512 VNNI, AVX-512BW, AVX2 — those this CPU runs
 slice engine's product shapes (a 1B-shaped layer's [2048, 2048], [16384, 2048] and [2048, 8192];
 one decode row and a 128-token prefill) and prints G multiply-adds/s per core; then the peak of
 the instruction that path is built on, from a register-only loop compiled here with the system's
-C compiler (8 independent accumulators; AVX2: vpmaddwd + vpaddd, the pair qgemm's AVX2 path
-issues per 16 products; AVX-512 VNNI: vpdpwssd). The ratio says how much of the instruction's
+C compiler (independent accumulators, 8 ymm / 12 zmm; AVX2 and AVX-512BW: vpmaddwd + vpaddd, the
+pair those paths of qgemm issue; AVX-512 VNNI: vpdpwssd). The ratio says how much of the instruction's
 rate the kernel keeps, i.e. how much a better kernel could still win on that CPU. The CPU's name
 heads the output.
 """
@@ -44,21 +44,37 @@ __attribute__((target("avx2"))) static double avx2(long n) {
     return n * 8.0 * 16 / (now() - t);
 }
 #undef ACC
-#define ACC "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)
+/* 12 accumulators (an asm takes at most 30 operands): vpdpwssd's latency (5 cycles) over 8 chains
+   would cap a CPU with two 512-bit units (Intel Xeons) below its rate */
+#define ACC "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), \
+            "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11)
+#define Z12 __m512i a0 = _mm512_set1_epi16(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, \
+                a8 = a0, a9 = a0, a10 = a0, a11 = a0; \
+            __m512i x = _mm512_set1_epi16(3), y = _mm512_set1_epi16(5)
+#define DP(i) "vpdpwssd %12,%13,%" #i "\n"
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static double vnni(long n) {
-    __m512i a0 = _mm512_set1_epi16(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    __m512i x = _mm512_set1_epi16(3), y = _mm512_set1_epi16(5);
+    Z12;
     double t = now();
     for (long i = 0; i < n; i++)
-        __asm__ volatile("vpdpwssd %8,%9,%0\n vpdpwssd %8,%9,%1\n vpdpwssd %8,%9,%2\n vpdpwssd %8,%9,%3\n"
-                         "vpdpwssd %8,%9,%4\n vpdpwssd %8,%9,%5\n vpdpwssd %8,%9,%6\n vpdpwssd %8,%9,%7\n"
+        __asm__ volatile(DP(0) DP(1) DP(2) DP(3) DP(4) DP(5) DP(6) DP(7) DP(8) DP(9) DP(10) DP(11)
                          : ACC : "v"(x), "v"(y));
-    return n * 8.0 * 32 / (now() - t);
+    return n * 12.0 * 32 / (now() - t);
+}
+/* AVX-512BW: vpmaddwd into a temporary, vpaddd into the accumulator (qgemm's avx512 path) */
+#define MA(i) "vpmaddwd %12,%13,%%zmm30\n vpaddd %%zmm30,%" #i ",%" #i "\n"
+__attribute__((target("avx512f,avx512bw"))) static double bw(long n) {
+    Z12;
+    double t = now();
+    for (long i = 0; i < n; i++)
+        __asm__ volatile(MA(0) MA(1) MA(2) MA(3) MA(4) MA(5) MA(6) MA(7) MA(8) MA(9) MA(10) MA(11)
+                         : ACC : "v"(x), "v"(y) : "zmm30");
+    return n * 12.0 * 32 / (now() - t);
 }
 int main(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) printf("avx2 %.1f\n", avx2(100000000) / 1e9);
-    if (__builtin_cpu_supports("avx512vnni")) printf("avx512vnni %.1f\n", vnni(100000000) / 1e9);
+    if (__builtin_cpu_supports("avx512bw")) printf("avx512 %.1f\n", bw(50000000) / 1e9);
+    if (__builtin_cpu_supports("avx512vnni")) printf("avx512vnni %.1f\n", vnni(50000000) / 1e9);
     return 0;
 }
 """

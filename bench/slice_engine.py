@@ -140,14 +140,27 @@ class Llama:
         return int(self.np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
 
 
+def set_isa(isa: str) -> None:
+    """qgemm (and, for the portable loop, the decode attention kernel) on `isa`'s path; ValueError
+    when this CPU lacks it."""
+    from node.inference.weights import qgemm
+
+    if not qgemm.available():
+        raise ValueError("qgemm is not built here")
+    qgemm._qgemm.set_isa(isa)
+    if isa == "c":
+        from node.inference.arch import block
+
+        if block._attend_c is not None:
+            block._attend_c.set_isa("c")
+
+
 def worker(args) -> None:
     if args.worker == "ours":  # imports are the process's start, not the model's load
         import node.inference.slice  # noqa: F401
 
         if args.isa:
-            from node.inference.weights import qgemm
-
-            qgemm._qgemm.set_isa(args.isa)
+            set_isa(args.isa)
     else:
         from node.inference.llamacpp import load
 
@@ -166,9 +179,11 @@ def worker(args) -> None:
         info = load().llama_print_system_info()
         reply["system_info"] = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
     else:
+        import torch
+
         from node.inference.weights import qgemm
 
-        reply["system_info"] = f"qgemm isa={qgemm.isa()}"
+        reply["system_info"] = f"qgemm isa={qgemm.isa()}, torch kernels {torch.backends.cpu.get_cpu_capability()}"
 
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -251,11 +266,19 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    args.model = model_path(args.model)
-    if args.isa:
+    if args.isa:  # checked before the model is written
         if args.kernel not in ("auto", "qgemm"):
             p.error("--isa forces qgemm's path: fbgemm has no such switch")
+        if args.dtype != "int8":
+            p.error("--isa emulates the int8 path only (bf16/f32 run torch's MKL/oneDNN matmuls)")
+        try:
+            set_isa(args.isa)
+        except ValueError as e:
+            p.error(f"--isa {args.isa}: {e}")
         args.kernel = "qgemm"
+    if args.llama_lib and not any(Path(args.llama_lib).glob("*llama.*")):
+        p.error(f"--llama-lib {args.llama_lib}: no libllama there (the build's bin/ or lib/ directory)")
+    args.model = model_path(args.model)
     from node.sysinfo import cpu_features, cpu_name
 
     print(f"cpu: {cpu_name()} ({' '.join(cpu_features()) or 'no SIMD flags read'}), "
