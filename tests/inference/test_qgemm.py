@@ -45,8 +45,10 @@ def _reference(q: np.ndarray, scales: np.ndarray, x: np.ndarray, bias: np.ndarra
     return y + bias if bias is not None else y
 
 
-@pytest.mark.parametrize(("n", "k"), [(64, 64), (37, 45), (130, 300), (4, 32), (1, 1), (259, 1027)])
-@pytest.mark.parametrize("t", [1, 2, 3, 5, 33, 70])
+# k = 4500 spans AVX2's k panels (KPANEL 2048); t = 70 and 43 span token blocks there (40 tokens), 43
+# leaving a block of 3 to the plain tiles; odd t leaves a token to the one-row tile
+@pytest.mark.parametrize(("n", "k"), [(64, 64), (37, 45), (130, 300), (4, 32), (1, 1), (259, 1027), (37, 4500)])
+@pytest.mark.parametrize("t", [1, 2, 3, 5, 9, 33, 43, 70])
 def test_every_instruction_set_computes_the_exact_integer_product(n, k, t, restore_isa):
     rng = np.random.default_rng(n * 1000 + k + t)
     w = rng.standard_normal((n, k)).astype(np.float32)
@@ -75,10 +77,11 @@ def test_long_inputs_cannot_overflow_the_int32_sums(k, restore_isa):
     w = np.ones((n, k), dtype=np.float32)
     w[1] *= -1
     w[2, ::2] *= -1  # alternating: the lanes' sums cancel, their magnitudes do not
-    x = torch.full((2, k), 5.0)
-    x[1] *= -1
+    x = torch.full((9, k), 5.0)  # 9 rows: AVX2's prefill tiles (int16 weights, k panels) and its one-row tile
+    x[1::2] *= -1
     lin = qgemm.Int8Packed.from_rows(*quantize_rows_int8(w), None)
-    expected = np.array([[5.0 * k, -5.0 * k, -5.0 * (k % 2)], [-5.0 * k, 5.0 * k, 5.0 * (k % 2)]])
+    row = np.array([5.0 * k, -5.0 * k, -5.0 * (k % 2)])
+    expected = np.stack([row if i % 2 == 0 else -row for i in range(9)])
     for name in _isas_here():
         qgemm._qgemm.set_isa(name)
         y = lin(x).numpy()[:, :3]

@@ -135,19 +135,85 @@ static inline void tile_avx2_##MR(const job_t *j, const int8_t *b, int64_t t, in
 TILE_AVX2(1)
 TILE_AVX2(2)
 
+/* Prefill on AVX2: a block's 4 rows are widened to int16 once per token block (wb: [kp/16][NR][16]),
+   so the 2-token tiles issue only loads, vpmaddwd and vpaddd; each widened chunk is loaded once
+   into a register for both tokens, and the accumulation is said in asm (through the intrinsics
+   GCC folded each weight load into both products, and moved or spilled accumulators). */
+static inline __attribute__((always_inline, target("avx2")))
+__m256i addd_inplace(__m256i acc, __m256i p) {
+    __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(p));
+    return acc;
+}
+static inline __attribute__((always_inline, target("avx2")))
+__m256i in_register(__m256i v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+__attribute__((target("avx2,fma")))
+static inline void widen_block(const job_t *j, const int8_t *b, int16_t *wb) {
+    for (int64_t c = 0; c < j->kp; c += KC)
+        for (int h = 0; h < KC; h += 16)
+            for (int r = 0; r < NR; r++)
+                _mm256_store_si256((__m256i *)(wb + ((c + h) / 16 * NR + r) * 16),
+                                   _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + c * NR + r * KC + h))));
+}
+#define KPANEL 2048  /* k per pass: a block's int16 panel (16 KB) and a token pair's (8 KB) stay in L1 */
+__attribute__((target("avx2,fma")))
+static inline void tile_avx2w_2(const job_t *j, const int16_t *wb, int64_t t, int64_t k0, int64_t k1,
+                                int64_t s[2][NR]) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const int16_t *x0 = j->xq + t * j->kp, *x1 = x0 + j->kp;
+    wb += k0 / 16 * NR * 16;
+    for (int64_t i = k0; i < k1; i += 16, wb += NR * 16) {
+        const __m256i x = in_register(_mm256_loadu_si256((const __m256i *)(x0 + i)));
+        const __m256i y = in_register(_mm256_loadu_si256((const __m256i *)(x1 + i)));
+        __m256i v0 = in_register(_mm256_load_si256((const __m256i *)wb));
+        __m256i v1 = in_register(_mm256_load_si256((const __m256i *)(wb + 16)));
+        __m256i v2 = in_register(_mm256_load_si256((const __m256i *)(wb + 32)));
+        __m256i v3 = in_register(_mm256_load_si256((const __m256i *)(wb + 48)));
+        a0 = addd_inplace(a0, _mm256_madd_epi16(v0, x)); b0 = addd_inplace(b0, _mm256_madd_epi16(v0, y));
+        a1 = addd_inplace(a1, _mm256_madd_epi16(v1, x)); b1 = addd_inplace(b1, _mm256_madd_epi16(v1, y));
+        a2 = addd_inplace(a2, _mm256_madd_epi16(v2, x)); b2 = addd_inplace(b2, _mm256_madd_epi16(v2, y));
+        a3 = addd_inplace(a3, _mm256_madd_epi16(v3, x)); b3 = addd_inplace(b3, _mm256_madd_epi16(v3, y));
+    }
+    s[0][0] += hsum256(a0); s[0][1] += hsum256(a1); s[0][2] += hsum256(a2); s[0][3] += hsum256(a3);
+    s[1][0] += hsum256(b0); s[1][1] += hsum256(b1); s[1][2] += hsum256(b2); s[1][3] += hsum256(b3);
+}
+
 __attribute__((target("avx2,fma")))
 static void rows_avx2(const job_t *j, int64_t n0, int64_t n1) {
     const int64_t TB = token_block(j);
+    /* for prefills: a block's rows as int16, and the token block's sums over the k panels (exact:
+       integers, so the same bits as one pass) */
+    int16_t *wb = NULL;
+    int64_t (*acc)[NR] = NULL;
+    if (j->t >= 8) {
+        wb = (int16_t *)aligned_alloc(32, (size_t)(NR * j->kp) * sizeof(int16_t));
+        acc = (int64_t (*)[NR])malloc((size_t)TB * sizeof *acc);
+        if (!wb || !acc) { free(wb); free(acc); wb = NULL; acc = NULL; }  /* the plain tiles serve */
+    }
     for (int64_t tb = 0; tb < j->t; tb += TB) {
         const int64_t te = tb + TB < j->t ? tb + TB : j->t;
         for (int64_t n = n0; n < n1; n += NR) {
             const int8_t *b = block_of(j, n);
             const int nr = n + NR <= j->n ? NR : (int)(j->n - n);
             int64_t t = tb;
+            if (wb && te - tb >= 4) {
+                const int64_t pairs_end = tb + (te - tb) / 2 * 2;
+                widen_block(j, b, wb);
+                memset(acc, 0, (size_t)(pairs_end - tb) * sizeof *acc);
+                for (int64_t k0 = 0; k0 < j->kp; k0 += KPANEL) {
+                    const int64_t k1 = k0 + KPANEL < j->kp ? k0 + KPANEL : j->kp;
+                    for (int64_t u = tb; u < pairs_end; u += 2) tile_avx2w_2(j, wb, u, k0, k1, acc + (u - tb));
+                }
+                for (; t < pairs_end; t++) store_tile(j, t, n, nr, acc[t - tb]);
+            }
             for (; t + 2 <= te; t += 2) tile_avx2_2(j, b, t, n, nr);
             for (; t < te; t++) tile_avx2_1(j, b, t, n, nr);
         }
     }
+    free(wb);
+    free(acc);
 }
 
 /* Explicit accumulators: with arrays GCC shuffles VNNI's destructive accumulators between
