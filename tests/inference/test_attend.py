@@ -100,22 +100,28 @@ def test_bad_shapes_are_refused():
         block._attend_c.set_isa(best)
 
 
-def test_block_decode_step_equals_the_sdpa_path(monkeypatch):
-    """A whole block's decode step through the kernel equals the same step through SDPA."""
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("n_rot", [8, 4])
+def test_block_decode_step_equals_the_sdpa_path(monkeypatch, qk_norm, n_rot):
+    """A whole block's decode step through the kernels (rope_decode) equals the same step through
+    apply_rope and SDPA: full and partial rotation, with and without Q/K norms (qwen3)."""
     import numpy as np
 
     from node.inference.arch.common import LayerWeights, ModelConfig, RopeConfig, RotaryTables
 
     cfg = ModelConfig(arch="llama", n_layers=1, hidden=64, n_heads=8, n_kv_heads=2, head_dim=8, ffn=96, vocab=50,
-                      n_ctx_train=64, rms_eps=1e-5, rope=RopeConfig(n_rot=8, base=10000.0))
+                      n_ctx_train=64, rms_eps=1e-5, rope=RopeConfig(n_rot=n_rot, base=10000.0))
     rng = np.random.default_rng(0)
 
     def m(r, c):
         return (rng.standard_normal((r, c)) * 0.2).astype(np.float32)
 
-    w = LayerWeights(attn_norm=np.ones(64, np.float32), qkv=m(8 * 8 + 2 * 2 * 8, 64), qkv_bias=None, q_norm=None,
-                     k_norm=None, out=m(64, 64), out_bias=None, ffn_norm=np.ones(64, np.float32), gate_up=m(2 * 96, 64),
+    norm = (lambda: (1 + rng.standard_normal(8) * 0.1).astype(np.float32)) if qk_norm else (lambda: None)
+    w = LayerWeights(attn_norm=np.ones(64, np.float32), qkv=m(8 * 8 + 2 * 2 * 8, 64), qkv_bias=None, q_norm=norm(),
+                     k_norm=norm(), out=m(64, 64), out_bias=None, ffn_norm=np.ones(64, np.float32), gate_up=m(2 * 96, 64),
                      down=m(64, 96))
+    fused, real = [], block.rope_decode_attention
+    monkeypatch.setattr(block, "rope_decode_attention", lambda *a: fused.append(1) or real(*a))
     b = block.Block.build(w, "f32", torch.device("cpu"))
     rotary = RotaryTables(cfg.rope, torch.device("cpu"))
     x = torch.randn(11, 64, generator=torch.Generator().manual_seed(1))
@@ -127,6 +133,60 @@ def test_block_decode_step_equals_the_sdpa_path(monkeypatch):
 
     with torch.inference_mode():
         fast = run()
+        assert fused == [1]  # the decode step (not the 10-row prefill) took the compiled path
         monkeypatch.setattr(block, "_attend_c", None)
         slow = run()
+    assert fused == [1]
     assert float((fast - slow).abs().max()) <= 1e-5 * float(slow.abs().max())  # float32 rounding only
+
+
+# (n_heads, n_kv, head_dim, n_rot, cap, pos): full and partial rotation, GQA, the first position, the last cell
+ROPE_SHAPES = [(12, 4, 64, 64, 168, 139), (8, 8, 16, 8, 32, 0), (6, 2, 20, 12, 40, 39), (32, 8, 128, 128, 1024, 700)]
+
+
+@pytest.mark.parametrize("shape", ROPE_SHAPES)
+def test_rope_decode_equals_rotation_then_attention(shape):
+    """The fused step (rotation, cache append at pos, attention over [0, pos]) against apply_rope,
+    the cache writes and decode_attention done apart; cells other than pos are left as they were."""
+    from node.inference.arch.common import apply_rope
+
+    nh, nkv, hd, n_rot, cap, pos = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    qk = torch.randn(1, nh + nkv, hd, generator=g)
+    vrow = torch.randn(nkv, hd, generator=g)
+    theta = torch.rand(n_rot // 2, generator=g) * 6
+    cos = torch.cat([theta.cos(), theta.cos()])[None, None, :].contiguous()
+    sin = torch.cat([-theta.sin(), theta.sin()])[None, None, :].contiguous()
+    k = torch.randn(nkv, cap, hd, generator=g)
+    v = torch.randn(nkv, cap, hd, generator=g)
+    k[:, pos + 1:] = float("nan")  # past pos: never read, never written
+    v[:, pos + 1:] = float("nan")
+    k_ref, v_ref = k.clone(), v.clone()
+    rot = apply_rope(qk, cos, sin, n_rot)
+    k_ref[:, pos] = rot[0, nh:]
+    v_ref[:, pos] = vrow
+    want = decode_attention(rot[0, :nh], k_ref, v_ref, pos + 1)
+    out = torch.empty(1, nh * hd)
+    block._attend_c.rope_decode(qk.data_ptr(), vrow.data_ptr(), cos.data_ptr(), sin.data_ptr(), k.data_ptr(),
+                                v.data_ptr(), out.data_ptr(), nh, nkv, hd, n_rot, cap, pos, hd ** -0.5, 2)
+    scale = float(rot.abs().max())
+    torch.testing.assert_close(k[:, pos], k_ref[:, pos], rtol=0, atol=1e-6 * scale)  # (x·cos + s·sin, with or
+    assert torch.equal(v[:, pos], vrow)                                               # without a fused add)
+    assert torch.equal(k[:, :pos], k_ref[:, :pos]) and torch.equal(v[:, :pos], v_ref[:, :pos])
+    assert torch.isnan(k[:, pos + 1:]).all() and torch.isnan(v[:, pos + 1:]).all()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
+
+
+def test_rope_decode_refuses_bad_arguments():
+    qk, vrow, out = torch.zeros(6, 16), torch.zeros(2, 16), torch.empty(1, 64)
+    cos = sin = torch.ones(16)
+    k = v = torch.zeros(2, 8, 16)
+    args = [qk.data_ptr(), vrow.data_ptr(), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()]
+    with pytest.raises(ValueError, match="pos < cap"):
+        block._attend_c.rope_decode(*args, 4, 2, 16, 16, 8, 8, 0.25, 1)  # pos == cap: no cell to append to
+    with pytest.raises(ValueError, match="even"):
+        block._attend_c.rope_decode(*args, 4, 2, 16, 17, 8, 0, 0.25, 1)
+    with pytest.raises(ValueError, match="null pointer"):
+        block._attend_c.rope_decode(0, *args[1:], 4, 2, 16, 16, 8, 0, 0.25, 1)
+    with pytest.raises(TypeError):
+        block._attend_c.rope_decode(*args)

@@ -154,11 +154,15 @@ def block_forward_many(
     else:
         qk = qkv[:, : nh + nkv]
     cos, sin = rope
-    qk = apply_rope(qk, cos, sin, cfg.rope.n_rot)  # Q and K heads in one go
-    if len(parts) == 1:
+    if len(parts) == 1 and R == 1 and _fused_decode(parts[0], qk, cos):
+        k_cache, v_cache, start, _, _ = parts[0]
+        o = rope_decode_attention(cfg, qk, qkv, cos, sin, k_cache, v_cache, start)
+    elif len(parts) == 1:
+        qk = apply_rope(qk, cos, sin, cfg.rope.n_rot)  # Q and K heads in one go
         k_cache, v_cache, start, _, mask = parts[0]
         o = _attend(cfg, qk, qkv, k_cache, v_cache, start, mask)
     else:
+        qk = apply_rope(qk, cos, sin, cfg.rope.n_rot)
         outs, row = [], 0
         for k_cache, v_cache, start, T, mask in parts:
             outs.append(_attend(cfg, qk[row:row + T], qkv[row:row + T], k_cache, v_cache, start, mask))
@@ -193,6 +197,33 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
     if T == 1:
         return o.reshape(1, nh * hd)
     return o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
+
+
+def _fused_decode(part, qk: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether one session's one-row step can take `rope_decode_attention`: the compiled kernel,
+    no mask, float32 CPU tensors laid out as it reads them."""
+    k_cache, v_cache, _, _, mask = part
+    return (mask is None and _attend_c is not None and k_cache.device.type == "cpu"
+            and k_cache.dtype == v_cache.dtype == qk.dtype == cos.dtype == torch.float32
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and qk.is_contiguous() and cos.is_contiguous())
+
+
+def rope_decode_attention(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:
+    """A decode step's attention in one compiled call: Q and K heads `qk` [1, nh + nkv, hd] rotated
+    (as `apply_rope`), K and V (from `qkv`) appended to the caches at `pos`, attention over [0, pos]:
+    [1, n_heads*hd], what `apply_rope` + `_attend` give, up to the last bits (no fused multiply-add)."""
+    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    if pos >= k_cache.shape[1]:
+        raise ValueError(f"position {pos} is past the KV cache's {k_cache.shape[1]} cells")
+    v = qkv[0, nh + nkv:]
+    if not v.is_contiguous():
+        v = v.contiguous()
+    out = torch.empty(1, nh * hd, dtype=torch.float32)
+    _attend_c.rope_decode(qk.data_ptr(), v.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                          v_cache.data_ptr(), out.data_ptr(), nh, nkv, hd, cfg.rope.n_rot, k_cache.shape[1], pos,
+                          hd ** -0.5, torch.get_num_threads())
+    return out
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, end: int) -> torch.Tensor:
