@@ -178,6 +178,37 @@ def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, cap
     assert m.sweep_sessions(ttl_s=1000, kept_ttl_s=50) == ["new-active"]  # kept ones have their own TTL
 
 
+@pytest.mark.parametrize("split", [(0, 4), (2, 4)])
+def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(model_path, split):
+    """int8 on qgemm: four sessions' one-row steps in one forward give exactly (every bit) what
+    each gives alone, logits and KV: the products, the norms and the fused rotation + attention
+    compute each row alone (the batched chain's "same text alone or in a batch")."""
+    from node.inference.weights import qgemm
+
+    if not qgemm.available():
+        pytest.skip("the qgemm extension is not built")
+    start, end = split
+    m = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm")
+    lone = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm")
+    gen = torch.Generator().manual_seed(3)
+    hidden = {n: torch.randn(n + 1, 64, generator=gen) for n in (3, 6, 9, 12)}
+
+    def inputs(n, step=False):
+        if start == 0:
+            return torch.tensor(TOKENS[n:n + 1] if step else TOKENS[:n])
+        return hidden[n][n:n + 1] if step else hidden[n][:n]
+
+    for model in (m, lone):
+        for n in hidden:
+            model.forward(model.new_session(f"s{n}"), inputs(n), 0)
+    batched = m.forward_many([(m.session(f"s{n}"), inputs(n, step=True), n, True) for n in hidden])
+    for n, got in zip(hidden, batched, strict=True):
+        want = lone.forward(lone.session(f"s{n}"), inputs(n, step=True), n, last_only=True)
+        assert torch.equal(got, want), n
+        a, b = m.session(f"s{n}"), lone.session(f"s{n}")
+        assert torch.equal(a.k[:, :, :n + 1], b.k[:, :, :n + 1]) and torch.equal(a.v[:, :, :n + 1], b.v[:, :, :n + 1])
+
+
 @pytest.mark.parametrize("split", [(0, 4), (0, 2), (2, 4)])
 def test_a_batched_forward_gives_each_session_its_lone_forwards_output(model_path, split):
     """Three sessions at different positions, one decoding a token, one a 5-row step, one its

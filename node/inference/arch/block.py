@@ -161,11 +161,16 @@ def block_forward_many(
         qk = apply_rope(qk, cos, sin, cfg.rope.n_rot)  # Q and K heads in one go
         k_cache, v_cache, start, _, mask = parts[0]
         o = _attend(cfg, qk, qkv, k_cache, v_cache, start, mask)
-    else:
-        qk = apply_rope(qk, cos, sin, cfg.rope.n_rot)
+    else:  # a session's one-row step takes the same compiled call as alone: the same bits
         outs, row = [], 0
-        for k_cache, v_cache, start, T, mask in parts:
-            outs.append(_attend(cfg, qk[row:row + T], qkv[row:row + T], k_cache, v_cache, start, mask))
+        for part in parts:
+            k_cache, v_cache, start, T, mask = part
+            rows = slice(row, row + T)
+            if T == 1 and _fused_decode(part, qk[rows], cos[rows]):
+                outs.append(rope_decode_attention(cfg, qk[rows], qkv[rows], cos[rows], sin[rows], k_cache, v_cache, start))
+            else:
+                qk_s = apply_rope(qk[rows], cos[rows], sin[rows], cfg.rope.n_rot)
+                outs.append(_attend(cfg, qk_s, qkv[rows], k_cache, v_cache, start, mask))
             row += T
         o = torch.cat(outs)
     x = x + b.out(o)
