@@ -190,3 +190,23 @@ def test_rope_decode_refuses_bad_arguments():
         block._attend_c.rope_decode(0, *args[1:], 4, 2, 16, 16, 8, 0, 0.25, 1)
     with pytest.raises(TypeError):
         block._attend_c.rope_decode(*args)
+
+
+@pytest.mark.parametrize("spread", [30.0, 300.0])
+def test_peaked_scores_exp_underflow_and_both_paths_agree(spread):
+    """Scores hundreds apart (most probabilities underflow: the exp's cut-off below -87.3, deep
+    negative arguments): as close to float64 attention as torch's float32 SDPA gets, and the AVX2
+    lanes equal the portable loop bit for bit."""
+    g = torch.Generator().manual_seed(int(spread))
+    q = torch.randn(12, 64, generator=g) * spread
+    k, v = torch.randn(4, 600, 64, generator=g), torch.randn(4, 600, 64, generator=g)
+    got = decode_attention(q, k, v, 550)
+    ref = F.scaled_dot_product_attention(q.double().reshape(1, 4, 3, 64), k.double()[None, :, :550],
+                                         v.double()[None, :, :550]).reshape(1, -1)
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=5e-5)
+    best = block._attend_c.isa()
+    block._attend_c.set_isa("c")
+    try:
+        assert torch.equal(decode_attention(q, k, v, 550), got)
+    finally:
+        block._attend_c.set_isa(best)
