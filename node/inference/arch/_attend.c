@@ -286,22 +286,31 @@ static inline void rope_head(const float *x, const float *cs, const float *sn, i
     for (int64_t i = n_rot; i < hd; i++) out[i] = x[i];
 }
 
+/* The entry points take n integers (addresses, sizes), then a float, then (threaded ones) a
+   thread count: into v[0..n), *f and v[n]. 1, or 0 with the Python error set. */
+static int parse_args(PyObject *const *args, Py_ssize_t nargs, int n, int threaded, const char *usage,
+                      int64_t *v, double *f) {
+    if (nargs != n + 1 + threaded) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return 0;
+    }
+    for (int i = 0; i < n + threaded; i++) {
+        long long x = PyLong_AsLongLong(args[i < n ? i : n + 1]);
+        if (x == -1 && PyErr_Occurred()) return 0;
+        v[i] = (int64_t)x;
+    }
+    *f = PyFloat_AsDouble(args[n]);
+    return !(*f == -1.0 && PyErr_Occurred());
+}
+
 static PyObject *py_rope_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "rope_decode(qk, vrow, cos, sin, k, v, out, n_heads, n_kv, head_dim, "
-                                         "n_rot, cap, pos, scale, threads)");
+    int64_t v[14];
+    double scale;
+    if (!parse_args(args, nargs, 13, 1, "rope_decode(qk, vrow, cos, sin, k, v, out, n_heads, n_kv, head_dim, "
+                                        "n_rot, cap, pos, scale, threads)", v, &scale))
         return NULL;
-    }
-    int64_t v[13];
-    for (int i = 0; i < 13; i++) {
-        v[i] = PyLong_AsLongLong(args[i]);
-        if (v[i] == -1 && PyErr_Occurred()) return NULL;
-    }
-    double scale = PyFloat_AsDouble(args[13]);
-    if (scale == -1.0 && PyErr_Occurred()) return NULL;
-    long long threads = PyLong_AsLongLong(args[14]);
-    if (threads == -1 && PyErr_Occurred()) return NULL;
+    const long long threads = v[13];
     const float *qk = (const float *)(intptr_t)v[0], *vrow = (const float *)(intptr_t)v[1];
     const float *cs = (const float *)(intptr_t)v[2], *sn = (const float *)(intptr_t)v[3];
     float *kc = (float *)(intptr_t)v[4], *vc = (float *)(intptr_t)v[5], *out = (float *)(intptr_t)v[6];
@@ -333,19 +342,12 @@ static PyObject *py_rope_decode(PyObject *self, PyObject *const *args, Py_ssize_
 
 static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "decode(q, k, v, out, n_heads, n_kv, head_dim, cap, end, scale, threads)");
+    int64_t v[10];
+    double scale;
+    if (!parse_args(args, nargs, 9, 1, "decode(q, k, v, out, n_heads, n_kv, head_dim, cap, end, scale, threads)",
+                    v, &scale))
         return NULL;
-    }
-    int64_t v[9];
-    for (int i = 0; i < 9; i++) {
-        v[i] = PyLong_AsLongLong(args[i]);
-        if (v[i] == -1 && PyErr_Occurred()) return NULL;
-    }
-    double scale = PyFloat_AsDouble(args[9]);
-    if (scale == -1.0 && PyErr_Occurred()) return NULL;
-    long long threads = PyLong_AsLongLong(args[10]);
-    if (threads == -1 && PyErr_Occurred()) return NULL;
+    const long long threads = v[9];
     att_t a = {(const float *)(intptr_t)v[0], (const float *)(intptr_t)v[1], (const float *)(intptr_t)v[2],
                (float *)(intptr_t)v[3], v[4], v[5], v[6], v[7], v[8], (float)scale};
     if (!a.q || !a.k || !a.v || !a.out || a.nh <= 0 || a.nkv <= 0 || a.nh % a.nkv || a.hd <= 0 || a.end <= 0
@@ -365,17 +367,9 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
 static PyObject *py_rms_norm_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "rms_norm_rows(x, w, out, rows, k, eps)");
-        return NULL;
-    }
     int64_t v[5];
-    for (int i = 0; i < 5; i++) {
-        v[i] = PyLong_AsLongLong(args[i]);
-        if (v[i] == -1 && PyErr_Occurred()) return NULL;
-    }
-    const double eps = PyFloat_AsDouble(args[5]);
-    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    double eps;
+    if (!parse_args(args, nargs, 5, 0, "rms_norm_rows(x, w, out, rows, k, eps)", v, &eps)) return NULL;
     const float *x = (const float *)(intptr_t)v[0], *w = (const float *)(intptr_t)v[1];
     float *out = (float *)(intptr_t)v[2];
     const int64_t rows = v[3], k = v[4];
