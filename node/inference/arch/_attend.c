@@ -102,8 +102,9 @@ static inline float exp_c(float x) {
     float y = EXP_P0;
     y = y * r + EXP_P1; y = y * r + EXP_P2; y = y * r + EXP_P3; y = y * r + EXP_P4; y = y * r + EXP_P5;
     y = y * (r * r) + r + 1.0f;
-    union { int32_t i; float f; } two = {.i = ((int32_t)n + 127) << 23};  /* n in [-126, 0] here */
-    return n == n ? y * two.f : y;  /* a NaN stays NaN */
+    if (n != n) return y;  /* a NaN stays NaN (y is NaN) */
+    union { uint32_t u; float f; } two = {.u = (uint32_t)((int32_t)n + 127) << 23};  /* n in [-126, 0] here */
+    return y * two.f;
 }
 
 /* scores → probabilities in place, exp(s - max); returns their sum, added in position order */

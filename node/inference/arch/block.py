@@ -24,6 +24,8 @@ try:
     from node.inference.arch import _attend as _attend_c
 except ImportError:  # not built (no C compiler at install): torch's attention for every row
     _attend_c = None
+# rope_decode: absent from a build older than it (an editable install not rebuilt after a pull)
+_FUSED = _attend_c is not None and hasattr(_attend_c, "rope_decode")
 
 DOWN_ROTATION = 32  # ffn_down's input rotation block (Hadamard order; 16–64 measured alike)
 QKV_PREFILL_RESIDUAL = True  # int8: qkv keeps its residual pass in long prefills (cheap: 1/10 of the compute)
@@ -154,7 +156,7 @@ def block_forward_many(
     else:
         qk = qkv[:, : nh + nkv]
     cos, sin = rope
-    if len(parts) == 1 and R == 1 and _fused_decode(parts[0], qk, cos):
+    if len(parts) == 1 and R == 1 and _fused_decode(parts[0], qk, cos, sin):
         k_cache, v_cache, start, _, _ = parts[0]
         o = rope_decode_attention(cfg, qk, qkv, cos, sin, k_cache, v_cache, start)
     elif len(parts) == 1:
@@ -166,7 +168,7 @@ def block_forward_many(
         for part in parts:
             k_cache, v_cache, start, T, mask = part
             rows = slice(row, row + T)
-            if T == 1 and _fused_decode(part, qk[rows], cos[rows]):
+            if T == 1 and _fused_decode(part, qk[rows], cos[rows], sin[rows]):
                 outs.append(rope_decode_attention(cfg, qk[rows], qkv[rows], cos[rows], sin[rows], k_cache, v_cache, start))
             else:
                 qk_s = apply_rope(qk[rows], cos[rows], sin[rows], cfg.rope.n_rot)
@@ -204,13 +206,14 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
     return o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
 
 
-def _fused_decode(part, qk: torch.Tensor, cos: torch.Tensor) -> bool:
+def _fused_decode(part, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether one session's one-row step can take `rope_decode_attention`: the compiled kernel,
     no mask, float32 CPU tensors laid out as it reads them."""
     k_cache, v_cache, _, _, mask = part
-    return (mask is None and _attend_c is not None and k_cache.device.type == "cpu"
-            and k_cache.dtype == v_cache.dtype == qk.dtype == cos.dtype == torch.float32
-            and k_cache.is_contiguous() and v_cache.is_contiguous() and qk.is_contiguous() and cos.is_contiguous())
+    return (mask is None and _attend_c is not None and _FUSED and k_cache.device.type == qk.device.type == "cpu"
+            and k_cache.dtype == v_cache.dtype == qk.dtype == cos.dtype == sin.dtype == torch.float32
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and qk.is_contiguous() and cos.is_contiguous()
+            and sin.is_contiguous() and cos.shape[-1] > 0)
 
 
 def rope_decode_attention(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor,

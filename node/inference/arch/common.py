@@ -22,6 +22,8 @@ try:  # built by `pip install` (setup.py) beside qgemm; optional: numpy and torc
     from node.inference.arch import _attend as _kernels
 except ImportError:  # pragma: no cover - depends on the install
     _kernels = None
+if _kernels is not None and not hasattr(_kernels, "rms_norm_rows"):  # pragma: no cover - a build from
+    _kernels = None  # before the function (an editable install not rebuilt after a pull)
 
 NORM_ROWS_C = 32  # up to this many rows (decode steps, batched or not) RMSNorm runs row by row in C
 
@@ -166,7 +168,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     batch), and per-call overhead is all there is at that size. Without the kernel one row goes
     through numpy (a BLAS dot and two multiplies: half of torch's cost); the rest through torch.
     """
-    if _kernels is not None and x.dim() == 2 and x.shape[0] <= NORM_ROWS_C and x.device.type == "cpu" \
+    if _kernels is not None and x.dim() == 2 and 0 < x.shape[0] <= NORM_ROWS_C and x.shape[1] > 0 and x.device.type == "cpu" \
             and x.dtype == weight.dtype == torch.float32 and x.is_contiguous() and weight.is_contiguous() \
             and weight.shape == (x.shape[1],):
         out = torch.empty_like(x)

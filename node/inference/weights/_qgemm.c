@@ -154,7 +154,7 @@ static inline void widen_block(const job_t *j, const int8_t *b, int16_t *wb) {
     for (int64_t c = 0; c < j->kp; c += KC)
         for (int h = 0; h < KC; h += 16)
             for (int r = 0; r < NR; r++)
-                _mm256_store_si256((__m256i *)(wb + ((c + h) / 16 * NR + r) * 16),
+                _mm256_storeu_si256((__m256i *)(wb + ((c + h) / 16 * NR + r) * 16),
                                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + c * NR + r * KC + h))));
 }
 #define KPANEL 2048  /* k per pass: a block's int16 panel (16 KB) and a token pair's (8 KB) stay in L1 */
@@ -167,10 +167,10 @@ static inline void tile_avx2w_2(const job_t *j, const int16_t *wb, int64_t t, in
     for (int64_t i = k0; i < k1; i += 16, wb += NR * 16) {
         const __m256i x = in_register(_mm256_loadu_si256((const __m256i *)(x0 + i)));
         const __m256i y = in_register(_mm256_loadu_si256((const __m256i *)(x1 + i)));
-        __m256i v0 = in_register(_mm256_load_si256((const __m256i *)wb));
-        __m256i v1 = in_register(_mm256_load_si256((const __m256i *)(wb + 16)));
-        __m256i v2 = in_register(_mm256_load_si256((const __m256i *)(wb + 32)));
-        __m256i v3 = in_register(_mm256_load_si256((const __m256i *)(wb + 48)));
+        __m256i v0 = in_register(_mm256_loadu_si256((const __m256i *)wb));
+        __m256i v1 = in_register(_mm256_loadu_si256((const __m256i *)(wb + 16)));
+        __m256i v2 = in_register(_mm256_loadu_si256((const __m256i *)(wb + 32)));
+        __m256i v3 = in_register(_mm256_loadu_si256((const __m256i *)(wb + 48)));
         a0 = addd_inplace(a0, _mm256_madd_epi16(v0, x)); b0 = addd_inplace(b0, _mm256_madd_epi16(v0, y));
         a1 = addd_inplace(a1, _mm256_madd_epi16(v1, x)); b1 = addd_inplace(b1, _mm256_madd_epi16(v1, y));
         a2 = addd_inplace(a2, _mm256_madd_epi16(v2, x)); b2 = addd_inplace(b2, _mm256_madd_epi16(v2, y));
@@ -188,7 +188,7 @@ static void rows_avx2(const job_t *j, int64_t n0, int64_t n1) {
     int16_t *wb = NULL;
     int64_t (*acc)[NR] = NULL;
     if (j->t >= 8) {
-        wb = (int16_t *)aligned_alloc(32, (size_t)(NR * j->kp) * sizeof(int16_t));
+        wb = (int16_t *)malloc((size_t)(NR * j->kp) * sizeof(int16_t));  /* (loads are unaligned: aligned_alloc is not everywhere) */
         acc = (int64_t (*)[NR])malloc((size_t)TB * sizeof *acc);
         if (!wb || !acc) { free(wb); free(acc); wb = NULL; acc = NULL; }  /* the plain tiles serve */
     }
