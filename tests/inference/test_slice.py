@@ -180,9 +180,10 @@ def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, cap
 
 @pytest.mark.parametrize("split", [(0, 4), (2, 4)])
 def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(model_path, split):
-    """int8 on qgemm: four sessions' one-row steps in one forward give exactly (every bit) what
-    each gives alone, logits and KV: the products, the norms and the fused rotation + attention
-    compute each row alone (the batched chain's "same text alone or in a batch")."""
+    """int8 on qgemm: four sessions' one-row steps and one session's 5-row step (a speculation's
+    verify rows) in one forward give exactly (every bit) what each gives alone, logits and KV: the
+    products, the norms and the rotation + attention compute each row alone up to the 32 rows a
+    qgemm segment batches (the batched chain's "same text alone or in a batch")."""
     from node.inference.weights import qgemm
 
     if not qgemm.available():
@@ -191,22 +192,22 @@ def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(model
     m = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm")
     lone = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm")
     gen = torch.Generator().manual_seed(3)
-    hidden = {n: torch.randn(n + 1, 64, generator=gen) for n in (3, 6, 9, 12)}
+    steps = {3: 1, 6: 1, 9: 5, 12: 1, 20: 1}  # tokens already in the session: rows of this step
+    hidden = {n: torch.randn(n + r, 64, generator=gen) for n, r in steps.items()}
 
     def inputs(n, step=False):
-        if start == 0:
-            return torch.tensor(TOKENS[n:n + 1] if step else TOKENS[:n])
-        return hidden[n][n:n + 1] if step else hidden[n][:n]
+        rows = slice(n, n + steps[n]) if step else slice(0, n)
+        return torch.tensor(TOKENS[rows]) if start == 0 else hidden[n][rows]
 
     for model in (m, lone):
-        for n in hidden:
+        for n in steps:
             model.forward(model.new_session(f"s{n}"), inputs(n), 0)
-    batched = m.forward_many([(m.session(f"s{n}"), inputs(n, step=True), n, True) for n in hidden])
-    for n, got in zip(hidden, batched, strict=True):
-        want = lone.forward(lone.session(f"s{n}"), inputs(n, step=True), n, last_only=True)
+    batched = m.forward_many([(m.session(f"s{n}"), inputs(n, step=True), n, steps[n] == 1) for n in steps])
+    for n, got in zip(steps, batched, strict=True):
+        want = lone.forward(lone.session(f"s{n}"), inputs(n, step=True), n, last_only=steps[n] == 1)
         assert torch.equal(got, want), n
-        a, b = m.session(f"s{n}"), lone.session(f"s{n}")
-        assert torch.equal(a.k[:, :, :n + 1], b.k[:, :, :n + 1]) and torch.equal(a.v[:, :, :n + 1], b.v[:, :, :n + 1])
+        a, b, e = m.session(f"s{n}"), lone.session(f"s{n}"), n + steps[n]
+        assert torch.equal(a.k[:, :, :e], b.k[:, :, :e]) and torch.equal(a.v[:, :, :e], b.v[:, :, :e])
 
 
 @pytest.mark.parametrize("split", [(0, 4), (0, 2), (2, 4)])

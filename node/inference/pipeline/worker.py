@@ -38,6 +38,7 @@ from node.inference.pipeline.wire import (
     encode_activations,
 )
 from node.inference.weights.linear import RESIDUAL_MAX_ROWS
+from node.inference.weights.qgemm import PREFILL8_MIN_ROWS
 from node.logs import kv
 from node.net import FrameType
 
@@ -208,10 +209,15 @@ class SegmentWorker:
 
     @staticmethod
     def _max_rows(hosted: HostedSlice) -> int:
-        """Rows per batch: int8 matrices quantize their input over all its rows and take the
-        residual pass (decode's precision) only up to RESIDUAL_MAX_ROWS, so int8 batches stay
-        within it (a longer step runs alone, as it would unbatched)."""
-        return RESIDUAL_MAX_ROWS if getattr(hosted.model, "fmt", None) == "int8" else const.BATCH_MAX_ROWS
+        """Rows per batch. int8 on fbgemm quantizes a matrix's input over all its rows and takes the
+        residual pass (decode's precision) only up to RESIDUAL_MAX_ROWS; qgemm quantizes each row
+        alone at decode's precision up to PREFILL8_MIN_ROWS (beyond, a prefill may take 8 bits):
+        int8 batches stay within their kernel's bound (a longer step runs alone, as unbatched), so
+        a step's rows are computed as they would be alone."""
+        model = hosted.model
+        if getattr(model, "fmt", None) != "int8":
+            return const.BATCH_MAX_ROWS
+        return PREFILL8_MIN_ROWS if getattr(model, "kernel", None) == "qgemm" else RESIDUAL_MAX_ROWS
 
     def _run(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, jobs: list[StepJob]) -> None:
         """Executor thread: prepare each step (a failure is that step's alone), run the ready ones
