@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import gguf
@@ -178,8 +179,9 @@ def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, cap
     assert m.sweep_sessions(ttl_s=1000, kept_ttl_s=50) == ["new-active"]  # kept ones have their own TTL
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: per-head Q/K norms
 @pytest.mark.parametrize("split", [(0, 4), (2, 4)])
-def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(model_path, split):
+def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(synth_model, split, arch):
     """int8 on qgemm: four sessions' one-row steps and one session's 5-row step (a speculation's
     verify rows) in one forward give exactly (every bit) what each gives alone, logits and KV: the
     products, the norms and the rotation + attention compute each row alone up to the 32 rows a
@@ -189,8 +191,10 @@ def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(model
     if not qgemm.available():
         pytest.skip("the qgemm extension is not built")
     start, end = split
+    model_path = synth_model(SPEC if arch == "llama" else dataclasses.replace(SPEC, arch="qwen3"))
     m = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm")
     lone = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm")
+    assert (m.blocks[0].q_norm is not None) == (arch == "qwen3")
     gen = torch.Generator().manual_seed(3)
     steps = {3: 1, 6: 1, 9: 5, 12: 1, 20: 1}  # tokens already in the session: rows of this step
     hidden = {n: torch.randn(n + r, 64, generator=gen) for n, r in steps.items()}
