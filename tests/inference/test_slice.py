@@ -306,3 +306,28 @@ def test_half_formats_and_half_kv_cache(model_path, dtype):
     out = our_logits(c, TOKENS, decode_from=30)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 0.02
     assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.95
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_the_fused_block_decode_gives_the_unfused_steps_bits(synth_model, arch, monkeypatch):
+    """int8 on qgemm: a decode step through `_attend.block_decode` (the whole block in one compiled
+    call) gives every bit the unfused path gives, logits and KV, step after step."""
+    from node.inference.arch import block as block_mod
+    from node.inference.weights import qgemm
+
+    if not qgemm.available() or not block_mod._FUSED:
+        pytest.skip("the compiled kernels are not built")
+    path = synth_model(SPEC if arch == "llama" else dataclasses.replace(SPEC, arch="qwen3"))
+    fused, plain = (SliceModel.load(path, dtype="int8", kernel="qgemm") for _ in range(2))
+    sf, sp = fused.new_session("s"), plain.new_session("s")
+    fused.forward(sf, torch.tensor(TOKENS[:10]), 0)
+    plain.forward(sp, torch.tensor(TOKENS[:10]), 0)
+    real, used = block_mod.decode_layout, []
+    for i in range(10, 30):
+        monkeypatch.setattr(block_mod, "decode_layout", lambda b, cfg: used.append(1) or real(b, cfg))
+        got = fused.forward(sf, torch.tensor([TOKENS[i]]), i, last_only=True)
+        monkeypatch.setattr(block_mod, "decode_layout", lambda b, cfg: ())
+        want = plain.forward(sp, torch.tensor([TOKENS[i]]), i, last_only=True)
+        assert torch.equal(got, want), i
+    assert len(used) == 20 * SPEC.n_layers and all(b.layout for b in fused.blocks)
+    assert torch.equal(sf.k[:, :, :30], sp.k[:, :, :30]) and torch.equal(sf.v[:, :, :30], sp.v[:, :, :30])

@@ -11,21 +11,21 @@ costs ~40-50 µs of set-up a call for one query: 17 % of a 110M model's decode s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from node.inference.arch.common import LayerWeights, ModelConfig, apply_rope, rms_norm
+from node.inference.arch.common import NORM_ROWS_C, LayerWeights, ModelConfig, apply_rope, rms_norm
 from node.inference.weights.linear import Linear, linear_from_arrays, make_linear
 
 try:
     from node.inference.arch import _attend as _attend_c
 except ImportError:  # not built (no C compiler at install): torch's attention for every row
     _attend_c = None
-# rope_decode: absent from a build older than it (an editable install not rebuilt after a pull)
-_FUSED = _attend_c is not None and hasattr(_attend_c, "rope_decode")
+# the fused kernels: absent from a build older than them (an editable install not rebuilt after a pull)
+_FUSED = _attend_c is not None and all(hasattr(_attend_c, f) for f in ("rope_decode", "silu_mul_rows", "block_decode"))
 
 DOWN_ROTATION = 32  # ffn_down's input rotation block (Hadamard order; 16–64 measured alike)
 QKV_PREFILL_RESIDUAL = True  # int8: qkv keeps its residual pass in long prefills (cheap: 1/10 of the compute)
@@ -43,6 +43,8 @@ class Block:
     ffn_norm: torch.Tensor
     gate_up: Linear
     down: Linear
+    # block_decode's layout (addresses and sizes), made on the first decode step; () = not fusable
+    layout: tuple | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, w: LayerWeights, fmt: str, device: torch.device, *, exact_prefill: bool = False,
@@ -148,6 +150,8 @@ def block_forward_many(
     R = x.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     eps = cfg.rms_eps
+    if R == 1 and len(parts) == 1 and _fused_decode(parts[0], x, *rope) and decode_layout(b, cfg):
+        return block_decode(b, cfg, x, parts[0], rope)
     qkv = b.qkv(rms_norm(x, b.attn_norm, eps)).view(R, nh + 2 * nkv, hd)
     if b.q_norm is not None:
         q = rms_norm(qkv[:, :nh], b.q_norm, eps)
@@ -176,8 +180,20 @@ def block_forward_many(
             row += T
         o = torch.cat(outs)
     x = x + b.out(o)
-    gate, up = b.gate_up(rms_norm(x, b.ffn_norm, eps)).chunk(2, dim=-1)
-    return x + b.down(F.silu(gate).mul_(up))
+    return x + b.down(silu_mul(b.gate_up(rms_norm(x, b.ffn_norm, eps))))
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gate) · up of gate_up's output [R, 2f]: decode steps' rows (up to NORM_ROWS_C, CPU
+    float32) in the compiled kernel, as block_decode computes them; torch otherwise."""
+    R, f2 = gu.shape
+    if _FUSED and _attend_c is not None and R <= NORM_ROWS_C and gu.device.type == "cpu" \
+            and gu.dtype == torch.float32 and gu.is_contiguous() and f2 > 0:
+        out = torch.empty(R, f2 // 2, dtype=torch.float32)
+        _attend_c.silu_mul_rows(gu.data_ptr(), out.data_ptr(), R, f2 // 2, 0.0)
+        return out
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
 
 
 def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -204,6 +220,45 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
     if T == 1:
         return o.reshape(1, nh * hd)
     return o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
+
+
+def decode_layout(b: Block, cfg: ModelConfig) -> tuple:
+    """The block's layout for `_attend.block_decode` (made once): its vectors' and qgemm matrices'
+    addresses and its sizes; () when a part is not in that form (fbgemm or float weights, tensors
+    off the CPU or not float32)."""
+    if b.layout is None:
+        b.layout = _layout(b, cfg)
+    return b.layout
+
+
+def _layout(b: Block, cfg: ModelConfig) -> tuple:
+    from node.inference.weights.qgemm import Int8Packed
+
+    mats = (b.qkv, b.out, b.gate_up, b.down)
+    vecs = [v for v in (b.attn_norm, b.ffn_norm, b.q_norm, b.k_norm) if v is not None]
+    if not all(isinstance(m, Int8Packed) for m in mats) \
+            or (b.q_norm is None) != (b.k_norm is None) or cfg.rope.n_rot <= 0 \
+            or not all(v.device.type == "cpu" and v.dtype == torch.float32 and v.is_contiguous() for v in vecs):
+        return ()
+    ptr = lambda v: 0 if v is None else v.data_ptr()  # noqa: E731
+    return (ptr(b.attn_norm), ptr(b.ffn_norm), ptr(b.q_norm), ptr(b.k_norm), *b.qkv.addresses, *b.out.addresses,
+            *b.gate_up.addresses, *b.down.addresses, b.qkv.k, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+            b.down.k, cfg.rope.n_rot)
+
+
+def block_decode(b: Block, cfg: ModelConfig, x: torch.Tensor, part, rope) -> torch.Tensor:
+    """One session's one-row step through the whole block in one compiled call (`_attend.block_decode`:
+    the unfused path's kernels in its order, so the same bits), appending its K/V to the caches."""
+    k_cache, v_cache, pos, _, _ = part
+    cos, sin = rope
+    if pos >= k_cache.shape[1]:
+        raise ValueError(f"position {pos} is past the KV cache's {k_cache.shape[1]} cells")
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _attend_c.block_decode(b.layout, x.data_ptr(), y.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                           cos.data_ptr(), sin.data_ptr(), k_cache.shape[1], pos, float(cfg.rms_eps),
+                           cfg.head_dim ** -0.5, torch.get_num_threads())
+    return y
 
 
 def _fused_decode(part, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:

@@ -20,6 +20,7 @@ Python API (all pointers are addresses, e.g. tensor.data_ptr()):
     gemm(w, s, n, k, x, t, y, bias, threads[, wsum])   bias 0 = none; w packed by pack();
                                                        wsum = row_sums(w): 8-bit activations
     pack(q, n, k, out), packed_size(n, k), row_sums(w, n, k, out)
+    gemm_c: a capsule of the C function behind gemm (qgemm_gemm_fn), for other extensions
     isa() -> "avx512vnni" | "avx512" | "avx2" | "c"
     set_isa(name)                              for tests and the bench: force a slower path
 */
@@ -475,6 +476,35 @@ static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, co
 /* gemm(w, s, n, k, x, t, y, bias, threads[, wsum]): with wsum (row_sums() of w; 0 = none),
    activations take 8 bits (per token, ±127 steps) instead of 13–15: on VNNI through vpdpbusd at
    twice the rate; elsewhere the same integers through the 16-bit kernels (identical results) */
+/* The product itself, callable without the GIL (py_gemm, and other extensions through the
+   `gemm_c` capsule: the slice engine's fused decode step). 0, or -1 when a buffer cannot be had. */
+static int qgemm_gemm(const int8_t *w, const float *s, int64_t n, int64_t k, const float *x, int64_t t, float *y,
+                      const float *bias, int threads, const int32_t *wsum) {
+    const int a8 = wsum != NULL;
+    const int64_t kp = (k + KC - 1) / KC * KC;
+    range_fn rows = g_rows;
+#ifdef QG_X86
+    if (a8 && g_rows == rows_avx512vnni) rows = rows_vnni_a8;
+#endif
+    int16_t *xq = (int16_t *)malloc((size_t)(t * kp) * sizeof(int16_t));  /* the kernels load unaligned */
+    float *xs = (float *)malloc((size_t)t * sizeof(float));
+    uint8_t *xu = rows != g_rows ? (uint8_t *)malloc((size_t)(t * kp)) : NULL;
+    if (!xq || !xs || (rows != g_rows && !xu)) {
+        free(xq); free(xs); free(xu);
+        return -1;
+    }
+    job_t j = {w, s, bias, n, k, kp, xq, xs, t, y, xu, wsum};
+    threads = threads < 1 ? 1 : threads > 1024 ? 1024 : threads;
+    quantize(x, t, k, kp, a8 ? 127.0f : qmax_for(k), xq, xs, threads);
+    if (xu)
+        for (int64_t i = 0; i < t * kp; i++) xu[i] = (uint8_t)(xq[i] + 128);
+    run(&j, rows, threads);
+    free(xq);
+    free(xs);
+    free(xu);
+    return 0;
+}
+
 static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     int64_t v[10] = {0};
@@ -485,34 +515,13 @@ static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "gemm: null pointer or empty shape");
         return NULL;
     }
-    const int a8 = v[9] != 0;
-    int64_t kp = (k + KC - 1) / KC * KC;
-    int16_t *xq = NULL;
-    float *xs = NULL;
-    uint8_t *xu = NULL;
-    range_fn rows = g_rows;
-#ifdef QG_X86
-    if (a8 && g_rows == rows_avx512vnni) rows = rows_vnni_a8;
-#endif
-    xq = (int16_t *)malloc((size_t)(t * kp) * sizeof(int16_t));  /* the kernels load unaligned */
-    xs = (float *)malloc((size_t)t * sizeof(float));
-    if (rows != g_rows) xu = (uint8_t *)malloc((size_t)(t * kp));
-    if (!xq || !xs || (rows != g_rows && !xu)) {
-        free(xq); free(xs); free(xu);
-        return PyErr_NoMemory();
-    }
-    job_t j = {(const int8_t *)(intptr_t)v[0], (const float *)(intptr_t)v[1], (const float *)(intptr_t)v[7],
-               n, k, kp, xq, xs, t, (float *)(intptr_t)v[6], xu, (const int32_t *)(intptr_t)v[9]};
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    const int threads = v[8] < 1 ? 1 : v[8] > 1024 ? 1024 : (int)v[8];
-    quantize((const float *)(intptr_t)v[4], t, k, kp, a8 ? 127.0f : qmax_for(k), xq, xs, threads);
-    if (xu)
-        for (int64_t i = 0; i < t * kp; i++) xu[i] = (uint8_t)(xq[i] + 128);
-    run(&j, rows, threads);
+    failed = qgemm_gemm((const int8_t *)(intptr_t)v[0], (const float *)(intptr_t)v[1], n, k,
+                        (const float *)(intptr_t)v[4], t, (float *)(intptr_t)v[6], (const float *)(intptr_t)v[7],
+                        v[8] < 1 ? 1 : v[8] > 1024 ? 1024 : (int)v[8], (const int32_t *)(intptr_t)v[9]);
     Py_END_ALLOW_THREADS
-    free(xq);
-    free(xs);
-    free(xu);
+    if (failed) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -716,7 +725,19 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qgemm", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
+typedef int (*qgemm_gemm_fn)(const int8_t *, const float *, int64_t, int64_t, const float *, int64_t, float *,
+                             const float *, int, const int32_t *);
+
 PyMODINIT_FUNC PyInit__qgemm(void) {
     pick_isa();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    /* qgemm_gemm for other extensions (PyCapsule_Import("node.inference.weights._qgemm.gemm_c")) */
+    PyObject *cap = PyCapsule_New((void *)(qgemm_gemm_fn)qgemm_gemm, "node.inference.weights._qgemm.gemm_c", NULL);
+    if (!cap || PyModule_AddObject(m, "gemm_c", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

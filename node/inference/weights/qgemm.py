@@ -135,6 +135,11 @@ class Int8Packed:
         n, k = (int(v) for v in arrays["shape"])
         return cls(arrays["packed"], arrays["scales"], n, k, arrays.get("bias"), prefill8=prefill8)
 
+    @property
+    def addresses(self) -> tuple[int, int, int]:
+        """(packed weights, scales, bias or 0): what `_qgemm.gemm` reads, for a fused caller."""
+        return self._ptrs
+
     def row_sums(self) -> np.ndarray:
         """Each row's sum of its int8 weights (what 8-bit activations take back off; computed on
         first use: a race computes the same array twice)."""
