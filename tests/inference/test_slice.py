@@ -331,3 +331,25 @@ def test_the_fused_block_decode_gives_the_unfused_steps_bits(synth_model, arch, 
         assert torch.equal(got, want), i
     assert len(used) == 20 * SPEC.n_layers and all(b.layout for b in fused.blocks)
     assert torch.equal(sf.k[:, :, :30], sp.k[:, :, :30]) and torch.equal(sf.v[:, :, :30], sp.v[:, :, :30])
+
+
+def test_the_block_decode_layout_follows_the_blocks_matrices(model_path):
+    """The fused step's layout (raw addresses) is made again when a matrix is replaced (as
+    ggml_emulation wraps them), and there is none for a matrix that is not qgemm's or for shapes
+    that do not match the config (the unfused path then runs, or raises as it would)."""
+    from node.inference.arch import block as block_mod
+    from node.inference.weights import qgemm
+
+    if not qgemm.available() or not block_mod._FUSED:
+        pytest.skip("the compiled kernels are not built")
+    m = SliceModel.load(model_path, dtype="int8", kernel="qgemm")
+    b, cfg = m.blocks[0], m.config
+    layout = block_mod.decode_layout(b, cfg)
+    assert layout and block_mod.decode_layout(b, cfg) is layout
+    qkv = b.qkv
+    b.qkv = lambda x: qkv(x)
+    assert block_mod.decode_layout(b, cfg) == ()
+    b.qkv = qkv
+    assert block_mod.decode_layout(b, cfg) == layout
+    for wrong in (dataclasses.replace(cfg, head_dim=cfg.head_dim * 2), dataclasses.replace(cfg, n_kv_heads=cfg.n_heads)):
+        assert block_mod._layout(b, wrong) == ()

@@ -436,7 +436,7 @@ static PyObject *py_silu_mul_rows(PyObject *self, PyObject *const *args, Py_ssiz
 
 /* ---- a whole block's decode step (one session's one row) in one call ----
    The same operations, in the same order, as block_forward_many's unfused path takes for rows of a
-   decode step (rms_rows, qgemm's product through its `gemm_c` capsule, rms_rows per Q/K head,
+   decode step (rms_rows, qgemm's product through its `gemm_c_v1` capsule, rms_rows per Q/K head,
    rope_attend, a float add, silu_mul): the same bits, without ~60 µs a layer of Python between
    them (the 110M bench model's 12 layers: a fifth of its decode step). */
 typedef int (*qgemm_gemm_fn)(const int8_t *, const float *, int64_t, int64_t, const float *, int64_t, float *,
@@ -466,7 +466,7 @@ static PyObject *py_block_decode(PyObject *self, PyObject *const *args, Py_ssize
     const long long threads = PyLong_AsLongLong(args[11]);
     if (threads == -1 && PyErr_Occurred()) return NULL;
     if (!g_gemm) {
-        g_gemm = (qgemm_gemm_fn)PyCapsule_Import("node.inference.weights._qgemm.gemm_c", 0);
+        g_gemm = (qgemm_gemm_fn)PyCapsule_Import("node.inference.weights._qgemm.gemm_c_v1", 0);
         if (!g_gemm) return NULL;
     }
     const float *x = (const float *)(intptr_t)v[0], *cs = (const float *)(intptr_t)v[4];
@@ -483,7 +483,7 @@ static PyObject *py_block_decode(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     const int64_t nq = nh * hd, nqkv = (nh + 2 * nkv) * hd;
-    float *buf = (float *)malloc((size_t)(4 * H + nqkv + (nh + nkv) * hd + nq + 3 * f) * sizeof(float));
+    float *buf = (float *)malloc((size_t)(3 * H + nqkv + (nh + nkv) * hd + nq + 3 * f) * sizeof(float));
     if (!buf) return PyErr_NoMemory();
     float *h = buf, *qkv = h + H, *qkn = qkv + nqkv, *att = qkn + (nh + nkv) * hd, *x2 = att + nq, *t = x2 + H;
     float *gu = t + H, *act = gu + 2 * f;
@@ -491,28 +491,34 @@ static PyObject *py_block_decode(PyObject *self, PyObject *const *args, Py_ssize
     const int nt = threads < 1 ? 1 : threads > 1024 ? 1024 : (int)threads;
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
-    rms_rows(x, (const float *)(intptr_t)d[D_ATTN_NORM], h, 1, H, eps);
-    failed |= g_gemm((const int8_t *)(intptr_t)d[D_QKV_W], (const float *)(intptr_t)d[D_QKV_S], nqkv, H, h, 1, qkv,
-                     (const float *)(intptr_t)d[D_QKV_B], nt, NULL);
-    const float *qk = qkv;
-    if (norms) {
-        rms_rows(qkv, q_norm, qkn, nh, hd, eps);
-        rms_rows(qkv + nq, k_norm, qkn + nq, nkv, hd, eps);
-        qk = qkn;
-    }
-    if (!failed)
-        failed |= rope_attend(qk, qkv + (nh + nkv) * hd, cs, sn, kc, vc, att, nh, nkv, hd, n_rot, cap, pos,
-                              (float)scale, threads);
-    failed |= g_gemm((const int8_t *)(intptr_t)d[D_OUT_W], (const float *)(intptr_t)d[D_OUT_S], H, nq, att, 1, t,
-                     (const float *)(intptr_t)d[D_OUT_B], nt, NULL);
-    for (int64_t i = 0; i < H; i++) x2[i] = x[i] + t[i];
-    rms_rows(x2, (const float *)(intptr_t)d[D_FFN_NORM], h, 1, H, eps);
-    failed |= g_gemm((const int8_t *)(intptr_t)d[D_GU_W], (const float *)(intptr_t)d[D_GU_S], 2 * f, H, h, 1, gu,
-                     (const float *)(intptr_t)d[D_GU_B], nt, NULL);
-    silu_mul(gu, act, 1, f);
-    failed |= g_gemm((const int8_t *)(intptr_t)d[D_DN_W], (const float *)(intptr_t)d[D_DN_S], H, f, act, 1, t,
-                     (const float *)(intptr_t)d[D_DN_B], nt, NULL);
-    for (int64_t i = 0; i < H; i++) y[i] = x2[i] + t[i];
+    do {  /* a product that cannot get its buffers ends the step (MemoryError; y is not written) */
+        rms_rows(x, (const float *)(intptr_t)d[D_ATTN_NORM], h, 1, H, eps);
+        if ((failed = g_gemm((const int8_t *)(intptr_t)d[D_QKV_W], (const float *)(intptr_t)d[D_QKV_S], nqkv, H, h, 1,
+                             qkv, (const float *)(intptr_t)d[D_QKV_B], nt, NULL)))
+            break;
+        const float *qk = qkv;
+        if (norms) {
+            rms_rows(qkv, q_norm, qkn, nh, hd, eps);
+            rms_rows(qkv + nq, k_norm, qkn + nq, nkv, hd, eps);
+            qk = qkn;
+        }
+        if ((failed = rope_attend(qk, qkv + (nh + nkv) * hd, cs, sn, kc, vc, att, nh, nkv, hd, n_rot, cap, pos,
+                                  (float)scale, threads)))
+            break;
+        if ((failed = g_gemm((const int8_t *)(intptr_t)d[D_OUT_W], (const float *)(intptr_t)d[D_OUT_S], H, nq, att, 1,
+                             t, (const float *)(intptr_t)d[D_OUT_B], nt, NULL)))
+            break;
+        for (int64_t i = 0; i < H; i++) x2[i] = x[i] + t[i];
+        rms_rows(x2, (const float *)(intptr_t)d[D_FFN_NORM], h, 1, H, eps);
+        if ((failed = g_gemm((const int8_t *)(intptr_t)d[D_GU_W], (const float *)(intptr_t)d[D_GU_S], 2 * f, H, h, 1,
+                             gu, (const float *)(intptr_t)d[D_GU_B], nt, NULL)))
+            break;
+        silu_mul(gu, act, 1, f);
+        if ((failed = g_gemm((const int8_t *)(intptr_t)d[D_DN_W], (const float *)(intptr_t)d[D_DN_S], H, f, act, 1, t,
+                             (const float *)(intptr_t)d[D_DN_B], nt, NULL)))
+            break;
+        for (int64_t i = 0; i < H; i++) y[i] = x2[i] + t[i];
+    } while (0);
     Py_END_ALLOW_THREADS
     free(buf);
     if (failed) return PyErr_NoMemory();

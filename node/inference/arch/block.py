@@ -43,8 +43,9 @@ class Block:
     ffn_norm: torch.Tensor
     gate_up: Linear
     down: Linear
-    # block_decode's layout (addresses and sizes), made on the first decode step; () = not fusable
-    layout: tuple | None = field(default=None, repr=False, compare=False)
+    # block_decode's layout (addresses and sizes) with the objects it was made from: made again
+    # when one of them was replaced; () = not fusable
+    layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, w: LayerWeights, fmt: str, device: torch.device, *, exact_prefill: bool = False,
@@ -150,8 +151,10 @@ def block_forward_many(
     R = x.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     eps = cfg.rms_eps
-    if R == 1 and len(parts) == 1 and _fused_decode(parts[0], x, *rope) and decode_layout(b, cfg):
-        return block_decode(b, cfg, x, parts[0], rope)
+    if R == 1 and len(parts) == 1 and _fused_decode(parts[0], x, *rope):
+        layout = decode_layout(b, cfg)
+        if layout:
+            return block_decode(layout, cfg, x, parts[0], rope)
     qkv = b.qkv(rms_norm(x, b.attn_norm, eps)).view(R, nh + 2 * nkv, hd)
     if b.q_norm is not None:
         q = rms_norm(qkv[:, :nh], b.q_norm, eps)
@@ -223,39 +226,49 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
 
 
 def decode_layout(b: Block, cfg: ModelConfig) -> tuple:
-    """The block's layout for `_attend.block_decode` (made once): its vectors' and qgemm matrices'
-    addresses and its sizes; () when a part is not in that form (fbgemm or float weights, tensors
-    off the CPU or not float32)."""
-    if b.layout is None:
-        b.layout = _layout(b, cfg)
-    return b.layout
+    """The block's layout for `_attend.block_decode`: its vectors' and qgemm matrices' addresses and
+    its sizes, made once and again whenever one of those objects was replaced (the addresses are
+    theirs); () when a part is not in that form."""
+    sources = (b.attn_norm, b.ffn_norm, b.q_norm, b.k_norm, b.qkv, b.out, b.gate_up, b.down)
+    cached = b.layout
+    if cached is None or any(x is not y for x, y in zip(cached[1], sources, strict=True)):
+        b.layout = cached = (_layout(b, cfg), sources)
+    return cached[0]
 
 
 def _layout(b: Block, cfg: ModelConfig) -> tuple:
-    from node.inference.weights.qgemm import Int8Packed
+    """() unless every matrix is qgemm's (from a build with the `gemm_c_v1` capsule), every vector a
+    contiguous float32 CPU tensor, and every shape the one block_decode computes with."""
+    from node.inference.weights import qgemm
 
+    if not _FUSED or getattr(qgemm._qgemm, "gemm_c_v1", None) is None:  # (a build from before it)
+        return ()
     mats = (b.qkv, b.out, b.gate_up, b.down)
-    vecs = [v for v in (b.attn_norm, b.ffn_norm, b.q_norm, b.k_norm) if v is not None]
-    if not all(isinstance(m, Int8Packed) for m in mats) \
-            or (b.q_norm is None) != (b.k_norm is None) or cfg.rope.n_rot <= 0 \
-            or not all(v.device.type == "cpu" and v.dtype == torch.float32 and v.is_contiguous() for v in vecs):
+    if not all(isinstance(m, qgemm.Int8Packed) for m in mats) or (b.q_norm is None) != (b.k_norm is None):
+        return ()
+    nh, nkv, hd, n_rot = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope.n_rot
+    H, f = b.qkv.k, b.down.k
+    shapes = ((b.qkv, ((nh + 2 * nkv) * hd, H)), (b.out, (H, nh * hd)), (b.gate_up, (2 * f, H)), (b.down, (H, f)))
+    vecs = ((b.attn_norm, H), (b.ffn_norm, H), (b.q_norm, hd), (b.k_norm, hd))
+    if any((m.n, m.k) != shape for m, shape in shapes) or not 0 < n_rot <= hd or n_rot % 2 \
+            or not all(v is None or (v.device.type == "cpu" and v.dtype == torch.float32 and v.is_contiguous()
+                                     and v.shape == (n,)) for v, n in vecs):
         return ()
     ptr = lambda v: 0 if v is None else v.data_ptr()  # noqa: E731
     return (ptr(b.attn_norm), ptr(b.ffn_norm), ptr(b.q_norm), ptr(b.k_norm), *b.qkv.addresses, *b.out.addresses,
-            *b.gate_up.addresses, *b.down.addresses, b.qkv.k, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-            b.down.k, cfg.rope.n_rot)
+            *b.gate_up.addresses, *b.down.addresses, H, nh, nkv, hd, f, n_rot)
 
 
-def block_decode(b: Block, cfg: ModelConfig, x: torch.Tensor, part, rope) -> torch.Tensor:
-    """One session's one-row step through the whole block in one compiled call (`_attend.block_decode`:
-    the unfused path's kernels in its order, so the same bits), appending its K/V to the caches."""
+def block_decode(layout: tuple, cfg: ModelConfig, x: torch.Tensor, part, rope) -> torch.Tensor:
+    """One session's one-row step through a whole block (`layout`: `decode_layout`'s) in one
+    compiled call (`_attend.block_decode`: the unfused path's kernels in its order, so the same
+    bits), appending its K/V to the caches."""
     k_cache, v_cache, pos, _, _ = part
     cos, sin = rope
     if pos >= k_cache.shape[1]:
         raise ValueError(f"position {pos} is past the KV cache's {k_cache.shape[1]} cells")
-    x = x.contiguous()
     y = torch.empty_like(x)
-    _attend_c.block_decode(b.layout, x.data_ptr(), y.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+    _attend_c.block_decode(layout, x.data_ptr(), y.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                            cos.data_ptr(), sin.data_ptr(), k_cache.shape[1], pos, float(cfg.rms_eps),
                            cfg.head_dim ** -0.5, torch.get_num_threads())
     return y

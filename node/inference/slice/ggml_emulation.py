@@ -75,7 +75,6 @@ def emulate_model(model) -> None:
         block.out = emulate(block.out, f.qtype(p + "attn_output.weight"))
         block.gate_up = emulate(block.gate_up, f.qtype(up_name))
         block.down = emulate(block.down, f.qtype(p + "ffn_down.weight"))
-        block.layout = None  # (block_decode's addresses are of the matrices it had)
     if model.head is not None:
         name = "output.weight" if f.has("output.weight") else "token_embd.weight"
         norm, head = model.head

@@ -20,7 +20,7 @@ Python API (all pointers are addresses, e.g. tensor.data_ptr()):
     gemm(w, s, n, k, x, t, y, bias, threads[, wsum])   bias 0 = none; w packed by pack();
                                                        wsum = row_sums(w): 8-bit activations
     pack(q, n, k, out), packed_size(n, k), row_sums(w, n, k, out)
-    gemm_c: a capsule of the C function behind gemm (qgemm_gemm_fn), for other extensions
+    gemm_c_v1: a capsule of the C function behind gemm (qgemm_gemm_fn), for other extensions
     isa() -> "avx512vnni" | "avx512" | "avx2" | "c"
     set_isa(name)                              for tests and the bench: force a slower path
 */
@@ -477,7 +477,7 @@ static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, co
    activations take 8 bits (per token, ±127 steps) instead of 13–15: on VNNI through vpdpbusd at
    twice the rate; elsewhere the same integers through the 16-bit kernels (identical results) */
 /* The product itself, callable without the GIL (py_gemm, and other extensions through the
-   `gemm_c` capsule: the slice engine's fused decode step). 0, or -1 when a buffer cannot be had. */
+   `gemm_c_v1` capsule: the slice engine's fused decode step). 0, or -1 when a buffer cannot be had. */
 static int qgemm_gemm(const int8_t *w, const float *s, int64_t n, int64_t k, const float *x, int64_t t, float *y,
                       const float *bias, int threads, const int32_t *wsum) {
     const int a8 = wsum != NULL;
@@ -732,9 +732,10 @@ PyMODINIT_FUNC PyInit__qgemm(void) {
     pick_isa();
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    /* qgemm_gemm for other extensions (PyCapsule_Import("node.inference.weights._qgemm.gemm_c")) */
-    PyObject *cap = PyCapsule_New((void *)(qgemm_gemm_fn)qgemm_gemm, "node.inference.weights._qgemm.gemm_c", NULL);
-    if (!cap || PyModule_AddObject(m, "gemm_c", cap) < 0) {
+    /* qgemm_gemm for other extensions (PyCapsule_Import("node.inference.weights._qgemm.gemm_c_v1"));
+       a changed signature is another name (_v2), so an extension built for the old one finds none */
+    PyObject *cap = PyCapsule_New((void *)(qgemm_gemm_fn)qgemm_gemm, "node.inference.weights._qgemm.gemm_c_v1", NULL);
+    if (!cap || PyModule_AddObject(m, "gemm_c_v1", cap) < 0) {
         Py_XDECREF(cap);
         Py_DECREF(m);
         return NULL;
