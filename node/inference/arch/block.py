@@ -274,13 +274,14 @@ def block_decode(layout: tuple, cfg: ModelConfig, x: torch.Tensor, part, rope) -
     return y
 
 
-def _fused_decode(part, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether one session's one-row step can take `rope_decode_attention`: the compiled kernel,
-    no mask, float32 CPU tensors laid out as it reads them."""
+def _fused_decode(part, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether one session's one-row step can take the compiled kernels (`block_decode`, with the
+    block's input as `rows`; `rope_decode_attention`, with its Q/K heads): no mask, float32 CPU
+    tensors laid out as they read them."""
     k_cache, v_cache, _, _, mask = part
-    return (mask is None and _attend_c is not None and _FUSED and k_cache.device.type == qk.device.type == "cpu"
-            and k_cache.dtype == v_cache.dtype == qk.dtype == cos.dtype == sin.dtype == torch.float32
-            and k_cache.is_contiguous() and v_cache.is_contiguous() and qk.is_contiguous() and cos.is_contiguous()
+    return (mask is None and _attend_c is not None and _FUSED and k_cache.device.type == rows.device.type == "cpu"
+            and k_cache.dtype == v_cache.dtype == rows.dtype == cos.dtype == sin.dtype == torch.float32
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and rows.is_contiguous() and cos.is_contiguous()
             and sin.is_contiguous() and cos.shape[-1] > 0)
 
 

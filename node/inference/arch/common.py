@@ -163,10 +163,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim (llama.cpp's LLM_NORM_RMS).
 
     Decode steps on the CPU (up to NORM_ROWS_C rows: one session's token, or a batch of sessions';
-    [R, heads, head_dim] for per-head norms) go row by row through the compiled kernel (`_attend.rms_norm_rows`): a row's bits do not
-    depend on the batch (torch's rms_norm gave a lone row other last bits than the same row in a
-    batch), and per-call overhead is all there is at that size. Without the kernel one row goes
-    through numpy (a BLAS dot and two multiplies: half of torch's cost); the rest through torch.
+    [R, heads, head_dim] for per-head norms) go row by row through the compiled kernel
+    (`_attend.rms_norm_rows`, which `_attend.block_decode` uses too): a row's bits do not depend on
+    the batch (torch's rms_norm gave a lone row other last bits than the same row in a batch), and
+    per-call overhead is all there is at that size. Without the kernel one row goes through numpy
+    (a BLAS dot and two multiplies: half of torch's cost); the rest through torch.
     """
     if _kernels is not None and x.dim() >= 2 and 0 < x.shape[0] <= NORM_ROWS_C and x.numel() > 0 \
             and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous() \
