@@ -210,3 +210,97 @@ def test_peaked_scores_exp_underflow_and_both_paths_agree(spread):
         assert torch.equal(decode_attention(q, k, v, 550), got)
     finally:
         block._attend_c.set_isa(best)
+
+
+# --- half (f16) KV caches ---------------------------------------------------------------------
+
+kv16 = pytest.mark.skipif(not block._KV16, reason="the _attend build has no half-cache kernels")
+
+
+@kv16
+def test_half_rounding_is_torchs_bit_for_bit():
+    """The caches' float32 -> half rounding (the C kernels' writes) against torch's float16
+    assignment (prefill's writes): random bit patterns, the half range densely, and the edges
+    (overflow to inf at 65520, subnormals, ties to even, signed zeros)."""
+    g = torch.Generator().manual_seed(0)
+    anywhere = torch.randint(-2**31, 2**31, (1_000_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    exp = torch.randint(95, 150, (1_000_000,), generator=g, dtype=torch.int32)
+    mant = torch.randint(0, 2**23, (1_000_000,), generator=g, dtype=torch.int32)
+    sign = torch.randint(0, 2, (1_000_000,), generator=g, dtype=torch.int32) << 31
+    dense = sign | (exp << 23) | mant
+    edges = torch.tensor([0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 2.0**-24, 2.0**-25, 2.0**-25 * 1.0001,
+                          2.0**-14, 2.0**-14 * (1 - 2**-11), 1 + 2**-11, 1 + 3 * 2**-11, float("inf"), -float("inf")])
+    x = torch.cat([anywhere.view(torch.float32), dense.view(torch.float32), edges])
+    x = x[~torch.isnan(x)].contiguous()
+    got = torch.empty(x.numel(), dtype=torch.float16)
+    block._attend_c.to_f16(x.data_ptr(), got.data_ptr(), x.numel(), 0.0)
+    assert torch.equal(got.view(torch.int16), x.to(torch.float16).view(torch.int16))
+    nan = torch.tensor([float("nan")])
+    one = torch.empty(1, dtype=torch.float16)
+    block._attend_c.to_f16(nan.data_ptr(), one.data_ptr(), 1, 0.0)
+    assert torch.isnan(one).all()
+
+
+@kv16
+@pytest.mark.parametrize("isa", ["best", "c"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_half_caches_read_as_their_float_values(shape, isa):
+    """decode over half caches gives every bit decode gives over float32 caches holding the same
+    (half) values: the reads are exact, the arithmetic is the float32 kernel's, on AVX2 (F16C
+    loads) and the portable loop."""
+    nh, nkv, hd, cap, end = shape
+    q, k, v = rand(nh, nkv, hd, cap, 11)
+    k16, v16 = k.half(), v.half()
+    k16[:, end:] = float("nan")  # never read
+    best = block._attend_c.isa()
+    if isa == "c":
+        block._attend_c.set_isa("c")
+    try:
+        got = decode_attention(q, k16, v16, end)
+        want = decode_attention(q, k16.float(), v16.float(), end)
+    finally:
+        block._attend_c.set_isa(best)
+    assert torch.equal(got, want)
+
+
+@kv16
+@pytest.mark.parametrize("shape", ROPE_SHAPES)
+def test_rope_decode_into_half_caches(shape):
+    """The fused step on half caches writes the float32 step's K and V rounded as torch rounds them,
+    leaves every other cell alone, and attends over the rounded cache exactly as decode does."""
+    nh, nkv, hd, n_rot, cap, pos = shape
+    g = torch.Generator().manual_seed(sum(shape) + 1)
+    qk = torch.randn(1, nh + nkv, hd, generator=g)
+    vrow = torch.randn(nkv, hd, generator=g)
+    theta = torch.rand(n_rot // 2, generator=g) * 6
+    cos = torch.cat([theta.cos(), theta.cos()])[None, None, :].contiguous()
+    sin = torch.cat([-theta.sin(), theta.sin()])[None, None, :].contiguous()
+    k16 = torch.randn(nkv, cap, hd, generator=g).half()
+    v16 = torch.randn(nkv, cap, hd, generator=g).half()
+    k16[:, pos + 1:] = float("nan")
+    v16[:, pos + 1:] = float("nan")
+    k32, v32 = k16.float(), v16.float()
+    before_k, before_v = k16.clone(), v16.clone()
+    out32, out16 = torch.empty(1, nh * hd), torch.empty(1, nh * hd)
+    args = (nh, nkv, hd, n_rot, cap, pos, hd ** -0.5, 2)
+    block._attend_c.rope_decode(qk.data_ptr(), vrow.data_ptr(), cos.data_ptr(), sin.data_ptr(), k32.data_ptr(),
+                                v32.data_ptr(), out32.data_ptr(), *args)
+    block._attend_c.rope_decode_kv16(qk.data_ptr(), vrow.data_ptr(), cos.data_ptr(), sin.data_ptr(), k16.data_ptr(),
+                                     v16.data_ptr(), out16.data_ptr(), *args)
+    assert torch.equal(k16[:, pos].view(torch.int16), k32[:, pos].half().view(torch.int16))
+    assert torch.equal(v16[:, pos].view(torch.int16), vrow.half().view(torch.int16))
+    assert torch.equal(k16[:, :pos].view(torch.int16), before_k[:, :pos].view(torch.int16))
+    assert torch.isnan(k16[:, pos + 1:]).all() and torch.isnan(v16[:, pos + 1:]).all()
+    assert torch.equal(before_v[:, :pos].view(torch.int16), v16[:, :pos].view(torch.int16))
+    from node.inference.arch.common import apply_rope
+    q = apply_rope(qk, cos, sin, n_rot)[0, :nh]  # torch's rotation: the last bits may differ
+    torch.testing.assert_close(out16, decode_attention(q, k16, v16, pos + 1), rtol=1e-5, atol=2e-6)
+    best, again = block._attend_c.isa(), torch.empty(1, nh * hd)
+    block._attend_c.set_isa("c")
+    try:  # the portable loop: the same bits
+        k16[:, pos], v16[:, pos] = float("nan"), float("nan")
+        block._attend_c.rope_decode_kv16(qk.data_ptr(), vrow.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                         k16.data_ptr(), v16.data_ptr(), again.data_ptr(), *args)
+    finally:
+        block._attend_c.set_isa(best)
+    assert torch.equal(again, out16)

@@ -33,6 +33,10 @@ Python API (pointers are addresses, e.g. tensor.data_ptr()):
     rope_decode(qk, vrow, cos, sin, k, v, out, n_heads, n_kv, head_dim, n_rot, cap, pos, scale, threads)
         qk: [n_heads + n_kv, head_dim] (Q heads then K heads, before rotation), vrow: [n_kv, head_dim],
         cos, sin: [n_rot] of the step's position; k, v: the caches [n_kv, cap, head_dim]
+    decode_kv16, rope_decode_kv16, block_decode_kv16: the same over half (IEEE binary16) caches:
+        K and V read exactly as floats (F16C on AVX2), the step's K and V rounded to nearest even
+        as torch's float16 assignment rounds them, so every path writes and reads the same bits
+    to_f16(src, dst, n, 0.0)                   that rounding, for tests
     isa() -> "avx2" | "c";  set_isa("c") for tests: force the portable loop
 */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -59,11 +63,51 @@ Python API (pointers are addresses, e.g. tensor.data_ptr()):
 #define PAR_MIN_MACS (1 << 15)  /* below this a second thread costs more than it saves */
 
 typedef struct {
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v;  /* float32, or IEEE half (uint16_t) when kv16 */
     float *out;
     int64_t nh, nkv, hd, cap, end;
     float scale;
+    int kv16;
 } att_t;
+
+/* IEEE half <-> float32. half -> float is exact; float -> half rounds to nearest, ties to even
+   (as torch's and F16C's conversions do: a cache written here or by torch holds the same bits),
+   overflow to infinity, NaN stays NaN. */
+static inline float h2f(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
+    else if (e) u = s | ((e + 112) << 23) | (m << 13);
+    else if (!m) u = s;
+    else {  /* subnormal: m · 2^-24, normalised */
+        e = 113;
+        while (!(m & 0x400)) { m <<= 1; e--; }
+        u = s | (e << 23) | ((m & 0x3ff) << 13);
+    }
+    union { uint32_t u; float f; } c = {.u = u};
+    return c.f;
+}
+
+static inline uint16_t f2h(float f) {
+    union { float f; uint32_t u; } in = {.f = f};
+    const union { uint32_t u; float f; } magic = {.u = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23};
+    const uint32_t sign = in.u & 0x80000000u;
+    uint32_t o;
+    in.u ^= sign;
+    if (in.u >= (uint32_t)(127 + 16) << 23) o = in.u > 0x7f800000u ? 0x7e00 : 0x7c00;  /* NaN, inf, overflow */
+    else if (in.u < (uint32_t)113 << 23) {  /* a half subnormal: the float add rounds it (to nearest even) */
+        in.f += magic.f;
+        o = in.u - magic.u;
+    } else {  /* normal: rebias, round to nearest even on the 13 dropped bits (a carry may give inf) */
+        const uint32_t odd = (in.u >> 13) & 1;
+        in.u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
+        o = in.u >> 13;
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+/* element i of a K or V cache */
+#define KV_AT(base, i, kv16) ((kv16) ? h2f(((const uint16_t *)(base))[i]) : ((const float *)(base))[i])
 
 typedef void (*head_fn)(const att_t *a, int64_t h, float *scores);
 
@@ -71,13 +115,15 @@ static inline float lanes_sum(const float l[8]) {
     return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
-static inline float dot_c(const float *a, const float *b, int64_t n) {
+/* a · b[off, off + n) of a K cache */
+static inline __attribute__((always_inline)) float dot_c(const float *a, const void *b, int64_t off, int64_t n,
+                                                         const int kv16) {
     float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) l[j] = l[j] + a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++) l[j] = l[j] + a[i + j] * KV_AT(b, off + i + j, kv16);
     float s = lanes_sum(l);
-    for (; i < n; i++) s = s + a[i] * b[i];
+    for (; i < n; i++) s = s + a[i] * KV_AT(b, off + i, kv16);
     return s;
 }
 
@@ -123,25 +169,23 @@ static inline float softmax(float *scores, int64_t end) {
     return sum;
 }
 
-static void softmax_pv_c(const att_t *a, int64_t h, float *scores) {
-    const int64_t hd = a->hd, end = a->end;
-    const float *v = a->v + (h / (a->nh / a->nkv)) * a->cap * hd;
+static inline __attribute__((always_inline)) void head_c_kv(const att_t *a, int64_t h, float *scores,
+                                                             const int kv16) {
+    const int64_t hd = a->hd, end = a->end, base = (h / (a->nh / a->nkv)) * a->cap * hd;
+    const float *q = a->q + h * hd;
+    for (int64_t t = 0; t < end; t++) scores[t] = dot_c(q, a->k, base + t * hd, hd, kv16) * a->scale;
     float *o = a->out + h * hd;
     float sum = softmax(scores, end);
     for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
     for (int64_t t = 0; t < end; t++) {
-        const float p = scores[t], *vr = v + t * hd;
-        for (int64_t d = 0; d < hd; d++) o[d] = o[d] + p * vr[d];
+        const float p = scores[t];
+        for (int64_t d = 0; d < hd; d++) o[d] = o[d] + p * KV_AT(a->v, base + t * hd + d, kv16);
     }
     for (int64_t d = 0; d < hd; d++) o[d] = o[d] / sum;
 }
 
-static void head_c(const att_t *a, int64_t h, float *scores) {
-    const int64_t hd = a->hd;
-    const float *q = a->q + h * hd, *k = a->k + (h / (a->nh / a->nkv)) * a->cap * hd;
-    for (int64_t t = 0; t < a->end; t++) scores[t] = dot_c(q, k + t * hd, hd) * a->scale;
-    softmax_pv_c(a, h, scores);
-}
+static void head_c(const att_t *a, int64_t h, float *scores) { head_c_kv(a, h, scores, 0); }
+static void head_c16(const att_t *a, int64_t h, float *scores) { head_c_kv(a, h, scores, 1); }
 
 #ifdef AT_X86
 __attribute__((target("avx2"))) static inline float hsum_avx2(__m256 acc) {
@@ -181,36 +225,42 @@ __attribute__((target("avx2"))) static inline float softmax_avx2(float *scores, 
     return sum;
 }
 
-__attribute__((target("avx2"))) static void head_avx2(const att_t *a, int64_t h, float *scores) {
-    const int64_t hd = a->hd, end = a->end, hd8 = hd / 8 * 8;
-    const float *q = a->q + h * hd, *k = a->k + (h / (a->nh / a->nkv)) * a->cap * hd;
+/* 8 elements of a K or V cache from element i of base */
+#define LD8(base, i, kv16) ((kv16) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(base) + (i)))) \
+                                   : _mm256_loadu_ps((const float *)(base) + (i)))
+
+__attribute__((target("avx2,f16c"))) static inline __attribute__((always_inline)) void
+head_avx2_kv(const att_t *a, int64_t h, float *scores, const int kv16) {
+    const int64_t hd = a->hd, end = a->end, hd8 = hd / 8 * 8, base = (h / (a->nh / a->nkv)) * a->cap * hd;
+    const float *q = a->q + h * hd;
+    const void *k = a->k, *v = a->v;
     int64_t t = 0;
     for (; t + 4 <= end; t += 4) {  /* four positions at once: four independent add chains */
-        const float *k0 = k + t * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        const int64_t k0 = base + t * hd, k1 = k0 + hd, k2 = k1 + hd, k3 = k2 + hd;
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
         for (int64_t i = 0; i < hd8; i += 8) {
             __m256 qi = _mm256_loadu_ps(q + i);
-            c0 = _mm256_add_ps(c0, _mm256_mul_ps(qi, _mm256_loadu_ps(k0 + i)));
-            c1 = _mm256_add_ps(c1, _mm256_mul_ps(qi, _mm256_loadu_ps(k1 + i)));
-            c2 = _mm256_add_ps(c2, _mm256_mul_ps(qi, _mm256_loadu_ps(k2 + i)));
-            c3 = _mm256_add_ps(c3, _mm256_mul_ps(qi, _mm256_loadu_ps(k3 + i)));
+            c0 = _mm256_add_ps(c0, _mm256_mul_ps(qi, LD8(k, k0 + i, kv16)));
+            c1 = _mm256_add_ps(c1, _mm256_mul_ps(qi, LD8(k, k1 + i, kv16)));
+            c2 = _mm256_add_ps(c2, _mm256_mul_ps(qi, LD8(k, k2 + i, kv16)));
+            c3 = _mm256_add_ps(c3, _mm256_mul_ps(qi, LD8(k, k3 + i, kv16)));
         }
         float s0 = hsum_avx2(c0), s1 = hsum_avx2(c1), s2 = hsum_avx2(c2), s3 = hsum_avx2(c3);
         for (int64_t i = hd8; i < hd; i++) {
-            s0 = s0 + q[i] * k0[i]; s1 = s1 + q[i] * k1[i]; s2 = s2 + q[i] * k2[i]; s3 = s3 + q[i] * k3[i];
+            s0 = s0 + q[i] * KV_AT(k, k0 + i, kv16); s1 = s1 + q[i] * KV_AT(k, k1 + i, kv16);
+            s2 = s2 + q[i] * KV_AT(k, k2 + i, kv16); s3 = s3 + q[i] * KV_AT(k, k3 + i, kv16);
         }
         scores[t] = s0 * a->scale; scores[t + 1] = s1 * a->scale;
         scores[t + 2] = s2 * a->scale; scores[t + 3] = s3 * a->scale;
     }
     for (; t < end; t++) {
-        const float *kt = k + t * hd;
+        const int64_t kt = base + t * hd;
         __m256 c = _mm256_setzero_ps();
-        for (int64_t i = 0; i < hd8; i += 8) c = _mm256_add_ps(c, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kt + i)));
+        for (int64_t i = 0; i < hd8; i += 8) c = _mm256_add_ps(c, _mm256_mul_ps(_mm256_loadu_ps(q + i), LD8(k, kt + i, kv16)));
         float st = hsum_avx2(c);
-        for (int64_t i = hd8; i < hd; i++) st = st + q[i] * kt[i];
+        for (int64_t i = hd8; i < hd; i++) st = st + q[i] * KV_AT(k, kt + i, kv16);
         scores[t] = st * a->scale;
     }
-    const float *v = a->v + (h / (a->nh / a->nkv)) * a->cap * hd;
     float *o = a->out + h * hd;
     const float sum = softmax_avx2(scores, end);
     const __m256 sum8 = _mm256_set1_ps(sum);
@@ -219,11 +269,11 @@ __attribute__((target("avx2"))) static void head_avx2(const att_t *a, int64_t h,
         __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
         for (int64_t u = 0; u < end; u++) {
             const __m256 p = _mm256_set1_ps(scores[u]);
-            const float *vr = v + u * hd + d;
-            o0 = _mm256_add_ps(o0, _mm256_mul_ps(p, _mm256_loadu_ps(vr)));
-            o1 = _mm256_add_ps(o1, _mm256_mul_ps(p, _mm256_loadu_ps(vr + 8)));
-            o2 = _mm256_add_ps(o2, _mm256_mul_ps(p, _mm256_loadu_ps(vr + 16)));
-            o3 = _mm256_add_ps(o3, _mm256_mul_ps(p, _mm256_loadu_ps(vr + 24)));
+            const int64_t vr = base + u * hd + d;
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(p, LD8(v, vr, kv16)));
+            o1 = _mm256_add_ps(o1, _mm256_mul_ps(p, LD8(v, vr + 8, kv16)));
+            o2 = _mm256_add_ps(o2, _mm256_mul_ps(p, LD8(v, vr + 16, kv16)));
+            o3 = _mm256_add_ps(o3, _mm256_mul_ps(p, LD8(v, vr + 24, kv16)));
         }
         _mm256_storeu_ps(o + d, _mm256_div_ps(o0, sum8));
         _mm256_storeu_ps(o + d + 8, _mm256_div_ps(o1, sum8));
@@ -232,21 +282,32 @@ __attribute__((target("avx2"))) static void head_avx2(const att_t *a, int64_t h,
     }
     for (; d < hd; d++) {  /* the rest one output at a time, in the same order */
         float od = 0.0f;
-        for (int64_t u = 0; u < end; u++) od = od + scores[u] * v[u * hd + d];
+        for (int64_t u = 0; u < end; u++) od = od + scores[u] * KV_AT(v, base + u * hd + d, kv16);
         o[d] = od / sum;
     }
 }
+__attribute__((target("avx2,f16c"))) static void head_avx2(const att_t *a, int64_t h, float *scores) {
+    head_avx2_kv(a, h, scores, 0);
+}
+__attribute__((target("avx2,f16c"))) static void head_avx2_16(const att_t *a, int64_t h, float *scores) {
+    head_avx2_kv(a, h, scores, 1);
+}
 #endif
 
-static head_fn g_head = head_c;
+static head_fn g_head = head_c, g_head16 = head_c16;  /* float32 caches, half caches */
 static const char *g_isa = "c";
 
 static void pick_isa(void) {
     g_head = head_c;
+    g_head16 = head_c16;
     g_isa = "c";
 #ifdef AT_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) { g_head = head_avx2; g_isa = "avx2"; }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+        g_head = head_avx2;
+        g_head16 = head_avx2_16;
+        g_isa = "avx2";
+    }
 #endif
 }
 
@@ -265,7 +326,7 @@ static int attend(const att_t *a, long long threads) {
     int nt = threads < 1 ? 1 : threads > 1024 ? 1024 : (int)threads;
     if (a->nh * a->end * a->hd < PAR_MIN_MACS) nt = 1;
     if (nt > a->nh) nt = (int)a->nh;
-    head_fn fn = g_head;
+    head_fn fn = a->kv16 ? g_head16 : g_head;
     int failed = 0;
 #ifdef _OPENMP
     if (nt > 1) {
@@ -307,25 +368,36 @@ static int parse_args(PyObject *const *args, Py_ssize_t nargs, int n, int thread
     return !(*f == -1.0 && PyErr_Occurred());
 }
 
-/* rope_decode's work (checked arguments, no GIL): 0, or -1 when a buffer cannot be had */
-static int rope_attend(const float *qk, const float *vrow, const float *cs, const float *sn, float *kc, float *vc,
+/* rope_decode's work (checked arguments, no GIL): 0, or -1 when a buffer cannot be had. The caches
+   are float32, or half when kv16 (K rotated in float32, then rounded as torch rounds) */
+static int rope_attend(const float *qk, const float *vrow, const float *cs, const float *sn, void *kc, void *vc,
                        float *out, int64_t nh, int64_t nkv, int64_t hd, int64_t n_rot, int64_t cap, int64_t pos,
-                       float scale, long long threads) {
-    float *q = (float *)malloc((size_t)(nh * hd) * sizeof(float));
+                       float scale, long long threads, int kv16) {
+    float *q = (float *)malloc((size_t)((nh + 1) * hd) * sizeof(float));
     if (!q) return -1;
+    float *krow = q + nh * hd;
     for (int64_t h = 0; h < nh; h++) rope_head(qk + h * hd, cs, sn, hd, n_rot, q + h * hd);
     for (int64_t g = 0; g < nkv; g++) {
-        rope_head(qk + (nh + g) * hd, cs, sn, hd, n_rot, kc + (g * cap + pos) * hd);
-        memcpy(vc + (g * cap + pos) * hd, vrow + g * hd, (size_t)hd * sizeof(float));
+        const int64_t at = (g * cap + pos) * hd;
+        if (kv16) {
+            rope_head(qk + (nh + g) * hd, cs, sn, hd, n_rot, krow);
+            uint16_t *k16 = (uint16_t *)kc + at, *v16 = (uint16_t *)vc + at;
+            for (int64_t i = 0; i < hd; i++) {
+                k16[i] = f2h(krow[i]);
+                v16[i] = f2h(vrow[g * hd + i]);
+            }
+        } else {
+            rope_head(qk + (nh + g) * hd, cs, sn, hd, n_rot, (float *)kc + at);
+            memcpy((float *)vc + at, vrow + g * hd, (size_t)hd * sizeof(float));
+        }
     }
-    const att_t a = {q, kc, vc, out, nh, nkv, hd, cap, pos + 1, scale};
+    const att_t a = {q, kc, vc, out, nh, nkv, hd, cap, pos + 1, scale, kv16};
     const int failed = attend(&a, threads);
     free(q);
     return failed;
 }
 
-static PyObject *py_rope_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
+static PyObject *rope_decode_kv(PyObject *const *args, Py_ssize_t nargs, int kv16) {
     int64_t v[14];
     double scale;
     if (!parse_args(args, nargs, 13, 1, "rope_decode(qk, vrow, cos, sin, k, v, out, n_heads, n_kv, head_dim, "
@@ -334,7 +406,8 @@ static PyObject *py_rope_decode(PyObject *self, PyObject *const *args, Py_ssize_
     const long long threads = v[13];
     const float *qk = (const float *)(intptr_t)v[0], *vrow = (const float *)(intptr_t)v[1];
     const float *cs = (const float *)(intptr_t)v[2], *sn = (const float *)(intptr_t)v[3];
-    float *kc = (float *)(intptr_t)v[4], *vc = (float *)(intptr_t)v[5], *out = (float *)(intptr_t)v[6];
+    void *kc = (void *)(intptr_t)v[4], *vc = (void *)(intptr_t)v[5];
+    float *out = (float *)(intptr_t)v[6];
     const int64_t nh = v[7], nkv = v[8], hd = v[9], n_rot = v[10], cap = v[11], pos = v[12];
     if (!qk || !vrow || !cs || !sn || !kc || !vc || !out || nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0
             || n_rot < 0 || n_rot > hd || n_rot % 2 || pos < 0 || pos >= cap || nh > (1 << 16) || hd > (1 << 16)
@@ -346,22 +419,31 @@ static PyObject *py_rope_decode(PyObject *self, PyObject *const *args, Py_ssize_
     }
     int failed;
     Py_BEGIN_ALLOW_THREADS
-    failed = rope_attend(qk, vrow, cs, sn, kc, vc, out, nh, nkv, hd, n_rot, cap, pos, (float)scale, threads);
+    failed = rope_attend(qk, vrow, cs, sn, kc, vc, out, nh, nkv, hd, n_rot, cap, pos, (float)scale, threads, kv16);
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
-static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *py_rope_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
+    return rope_decode_kv(args, nargs, 0);
+}
+
+static PyObject *py_rope_decode_kv16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return rope_decode_kv(args, nargs, 1);
+}
+
+static PyObject *decode_kv(PyObject *const *args, Py_ssize_t nargs, int kv16) {
     int64_t v[10];
     double scale;
     if (!parse_args(args, nargs, 9, 1, "decode(q, k, v, out, n_heads, n_kv, head_dim, cap, end, scale, threads)",
                     v, &scale))
         return NULL;
     const long long threads = v[9];
-    att_t a = {(const float *)(intptr_t)v[0], (const float *)(intptr_t)v[1], (const float *)(intptr_t)v[2],
-               (float *)(intptr_t)v[3], v[4], v[5], v[6], v[7], v[8], (float)scale};
+    att_t a = {(const float *)(intptr_t)v[0], (const void *)(intptr_t)v[1], (const void *)(intptr_t)v[2],
+               (float *)(intptr_t)v[3], v[4], v[5], v[6], v[7], v[8], (float)scale, kv16};
     if (!a.q || !a.k || !a.v || !a.out || a.nh <= 0 || a.nkv <= 0 || a.nh % a.nkv || a.hd <= 0 || a.end <= 0
             || a.end > a.cap || a.nh > (1 << 16) || a.hd > (1 << 16) || a.cap > (1LL << 30)) {
         PyErr_SetString(PyExc_ValueError, "decode: null pointer, or shapes that do not fit "
@@ -374,6 +456,32 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
     failed = attend(&a, threads);
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return decode_kv(args, nargs, 0);
+}
+
+static PyObject *py_decode_kv16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return decode_kv(args, nargs, 1);
+}
+
+/* to_f16(src, dst, n, 0.0): n float32 → half, rounded as the caches are written (for tests) */
+static PyObject *py_to_f16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    int64_t v[3];
+    double unused;
+    if (!parse_args(args, nargs, 3, 0, "to_f16(src, dst, n, 0.0)", v, &unused)) return NULL;
+    if (!v[0] || !v[1] || v[2] < 0) {
+        PyErr_SetString(PyExc_ValueError, "to_f16: null pointer or negative size");
+        return NULL;
+    }
+    const float *src = (const float *)(intptr_t)v[0];
+    uint16_t *dst = (uint16_t *)(intptr_t)v[1];
+    for (int64_t i = 0; i < v[2]; i++) dst[i] = f2h(src[i]);
     Py_RETURN_NONE;
 }
 
@@ -447,8 +555,7 @@ static qgemm_gemm_fn g_gemm = NULL;
 enum { D_ATTN_NORM, D_FFN_NORM, D_Q_NORM, D_K_NORM, D_QKV_W, D_QKV_S, D_QKV_B, D_OUT_W, D_OUT_S, D_OUT_B, D_GU_W,
        D_GU_S, D_GU_B, D_DN_W, D_DN_S, D_DN_B, D_H, D_NH, D_NKV, D_HD, D_FFN, D_NROT };
 
-static PyObject *py_block_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
+static PyObject *block_decode_kv(PyObject *const *args, Py_ssize_t nargs, int kv16) {
     if (nargs != 12 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != DESC_LEN) {
         PyErr_SetString(PyExc_TypeError, "block_decode(layout, x, y, k, v, cos, sin, cap, pos, eps, scale, threads)");
         return NULL;
@@ -471,7 +578,8 @@ static PyObject *py_block_decode(PyObject *self, PyObject *const *args, Py_ssize
     }
     const float *x = (const float *)(intptr_t)v[0], *cs = (const float *)(intptr_t)v[4];
     const float *sn = (const float *)(intptr_t)v[5];
-    float *y = (float *)(intptr_t)v[1], *kc = (float *)(intptr_t)v[2], *vc = (float *)(intptr_t)v[3];
+    float *y = (float *)(intptr_t)v[1];
+    void *kc = (void *)(intptr_t)v[2], *vc = (void *)(intptr_t)v[3];
     const int64_t cap = v[6], pos = v[7];
     const int64_t H = d[D_H], nh = d[D_NH], nkv = d[D_NKV], hd = d[D_HD], f = d[D_FFN], n_rot = d[D_NROT];
     const int norms = d[D_Q_NORM] != 0;
@@ -503,7 +611,7 @@ static PyObject *py_block_decode(PyObject *self, PyObject *const *args, Py_ssize
             qk = qkn;
         }
         if ((failed = rope_attend(qk, qkv + (nh + nkv) * hd, cs, sn, kc, vc, att, nh, nkv, hd, n_rot, cap, pos,
-                                  (float)scale, threads)))
+                                  (float)scale, threads, kv16)))
             break;
         if ((failed = g_gemm((const int8_t *)(intptr_t)d[D_OUT_W], (const float *)(intptr_t)d[D_OUT_S], H, nq, att, 1,
                              t, (const float *)(intptr_t)d[D_OUT_B], nt, NULL)))
@@ -525,6 +633,16 @@ static PyObject *py_block_decode(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+static PyObject *py_block_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return block_decode_kv(args, nargs, 0);
+}
+
+static PyObject *py_block_decode_kv16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return block_decode_kv(args, nargs, 1);
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     return PyUnicode_FromString(g_isa);
@@ -534,15 +652,17 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
     (void)self;
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
-    head_fn was_head = g_head;
+    head_fn was_head = g_head, was_head16 = g_head16;
     const char *was_isa = g_isa;
     pick_isa();
     if (!strcmp(name, "c")) {
         g_head = head_c;
+        g_head16 = head_c16;
         g_isa = "c";
     } else if (strcmp(name, g_isa)) {
         const char *best = g_isa;
         g_head = was_head;  /* a refused name changes nothing */
+        g_head16 = was_head16;
         g_isa = was_isa;
         PyErr_Format(PyExc_ValueError, "isa %s is not available here (best: %s)", name, best);
         return NULL;
@@ -557,6 +677,10 @@ static PyMethodDef methods[] = {
     {"rms_norm_rows", (PyCFunction)(void (*)(void))py_rms_norm_rows, METH_FASTCALL, "RMSNorm row by row (see module doc)"},
     {"silu_mul_rows", (PyCFunction)(void (*)(void))py_silu_mul_rows, METH_FASTCALL, "silu(gate) * up row by row"},
     {"block_decode", (PyCFunction)(void (*)(void))py_block_decode, METH_FASTCALL, "a block's decode step (see above)"},
+    {"decode_kv16", (PyCFunction)(void (*)(void))py_decode_kv16, METH_FASTCALL, "decode over half caches"},
+    {"rope_decode_kv16", (PyCFunction)(void (*)(void))py_rope_decode_kv16, METH_FASTCALL, "rope_decode, half caches"},
+    {"block_decode_kv16", (PyCFunction)(void (*)(void))py_block_decode_kv16, METH_FASTCALL, "block_decode, half caches"},
+    {"to_f16", (PyCFunction)(void (*)(void))py_to_f16, METH_FASTCALL, "float32 -> half as the caches are written"},
     {"isa", py_isa, METH_NOARGS, "the instruction set in use"},
     {"set_isa", py_set_isa, METH_O, "use the portable loop (\"c\") or the best one again"},
     {NULL, NULL, 0, NULL},

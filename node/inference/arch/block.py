@@ -26,6 +26,9 @@ except ImportError:  # not built (no C compiler at install): torch's attention f
     _attend_c = None
 # the fused kernels: absent from a build older than them (an editable install not rebuilt after a pull)
 _FUSED = _attend_c is not None and all(hasattr(_attend_c, f) for f in ("rope_decode", "silu_mul_rows", "block_decode"))
+# half KV caches in the compiled kernels (a build from before them: torch's path)
+_KV16 = _FUSED and all(hasattr(_attend_c, f) for f in ("decode_kv16", "rope_decode_kv16", "block_decode_kv16"))
+_KV_DTYPES = (torch.float32, torch.float16) if _KV16 else (torch.float32,)
 
 DOWN_ROTATION = 32  # ffn_down's input rotation block (Hadamard order; 16–64 measured alike)
 QKV_PREFILL_RESIDUAL = True  # int8: qkv keeps its residual pass in long prefills (cheap: 1/10 of the compute)
@@ -208,8 +211,9 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
     end = start + T
     k_cache[:, start:end] = qk[:, nh:].transpose(0, 1)
     v_cache[:, start:end] = qkv[:, nh + nkv :].transpose(0, 1)
-    if T == 1 and mask is None and _attend_c is not None and k_cache.device.type == "cpu" and k_cache.dtype == torch.float32 \
-            and v_cache.dtype == torch.float32 and k_cache.is_contiguous() and v_cache.is_contiguous():
+    if T == 1 and mask is None and _attend_c is not None and k_cache.device.type == "cpu" \
+            and k_cache.dtype == v_cache.dtype and k_cache.dtype in _KV_DTYPES and k_cache.is_contiguous() \
+            and v_cache.is_contiguous():
         return decode_attention(qk[0, :nh], k_cache, v_cache, end)
     # heads h = kv*group + g share KV head kv: fold them into rows [1, nkv, group*T, hd]
     # (4-D inputs: torch's fused CPU attention kernel only takes [B, H, L, E])
@@ -217,9 +221,11 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
         qf = qk[:, :nh].reshape(1, nkv, group, hd)
     else:
         qf = qk[:, :nh].reshape(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(1, nkv, group * T, hd)
-    # (the cache may be f16 on CUDA; on the CPU both are float32 and these casts are no-ops)
-    o = F.scaled_dot_product_attention(qf.to(k_cache.dtype), k_cache[None, :, :end], v_cache[None, :, :end],
-                                       attn_mask=mask).float()
+    kc, vc = k_cache[None, :, :end], v_cache[None, :, :end]
+    if kc.device.type == "cpu" and kc.dtype != torch.float32:  # half caches on the CPU: attend in float32
+        kc, vc = kc.float(), vc.float()
+    # (on CUDA the cache is f16 and the queries go to it; on the CPU these casts are no-ops)
+    o = F.scaled_dot_product_attention(qf.to(kc.dtype), kc, vc, attn_mask=mask).float()
     if T == 1:
         return o.reshape(1, nh * hd)
     return o.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
@@ -268,19 +274,20 @@ def block_decode(layout: tuple, cfg: ModelConfig, x: torch.Tensor, part, rope) -
     if pos >= k_cache.shape[1]:
         raise ValueError(f"position {pos} is past the KV cache's {k_cache.shape[1]} cells")
     y = torch.empty_like(x)
-    _attend_c.block_decode(layout, x.data_ptr(), y.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                           cos.data_ptr(), sin.data_ptr(), k_cache.shape[1], pos, float(cfg.rms_eps),
-                           cfg.head_dim ** -0.5, torch.get_num_threads())
+    fn = _attend_c.block_decode_kv16 if k_cache.dtype == torch.float16 else _attend_c.block_decode
+    fn(layout, x.data_ptr(), y.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+       k_cache.shape[1], pos, float(cfg.rms_eps), cfg.head_dim ** -0.5, torch.get_num_threads())
     return y
 
 
 def _fused_decode(part, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether one session's one-row step can take the compiled kernels (`block_decode`, with the
     block's input as `rows`; `rope_decode_attention`, with its Q/K heads): no mask, float32 CPU
-    tensors laid out as they read them."""
+    tensors laid out as they read them (the caches float32, or half)."""
     k_cache, v_cache, _, _, mask = part
     return (mask is None and _attend_c is not None and _FUSED and k_cache.device.type == rows.device.type == "cpu"
-            and k_cache.dtype == v_cache.dtype == rows.dtype == cos.dtype == sin.dtype == torch.float32
+            and rows.dtype == cos.dtype == sin.dtype == torch.float32 and k_cache.dtype == v_cache.dtype
+            and k_cache.dtype in _KV_DTYPES
             and k_cache.is_contiguous() and v_cache.is_contiguous() and rows.is_contiguous() and cos.is_contiguous()
             and sin.is_contiguous() and cos.shape[-1] > 0)
 
@@ -297,19 +304,20 @@ def rope_decode_attention(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor,
     if not v.is_contiguous():
         v = v.contiguous()
     out = torch.empty(1, nh * hd, dtype=torch.float32)
-    _attend_c.rope_decode(qk.data_ptr(), v.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-                          v_cache.data_ptr(), out.data_ptr(), nh, nkv, hd, cfg.rope.n_rot, k_cache.shape[1], pos,
-                          hd ** -0.5, torch.get_num_threads())
+    fn = _attend_c.rope_decode_kv16 if k_cache.dtype == torch.float16 else _attend_c.rope_decode
+    fn(qk.data_ptr(), v.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+       out.data_ptr(), nh, nkv, hd, cfg.rope.n_rot, k_cache.shape[1], pos, hd ** -0.5, torch.get_num_threads())
     return out
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, end: int) -> torch.Tensor:
-    """One query row [n_heads, hd] against K/V [n_kv, cap, hd] (float32, CPU, contiguous) over
+    """One query row [n_heads, hd] against K/V [n_kv, cap, hd] (float32 or half, CPU, contiguous) over
     positions [0, end) in the compiled kernel: [1, n_heads*hd], as SDPA gives it (scale 1/√hd)."""
     nh, hd = q.shape
     nkv, cap = k_cache.shape[0], k_cache.shape[1]
     q = q.to(torch.float32).contiguous()
     out = torch.empty(1, nh * hd, dtype=torch.float32)
-    _attend_c.decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), nh, nkv, hd, cap, end,
-                     hd ** -0.5, torch.get_num_threads())
+    fn = _attend_c.decode_kv16 if k_cache.dtype == torch.float16 else _attend_c.decode
+    fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), nh, nkv, hd, cap, end, hd ** -0.5,
+       torch.get_num_threads())
     return out
