@@ -77,6 +77,7 @@ class NodeConfig:
     # often (jittered ±20 %), besides on peers joining or leaving
     activation_bits: int = 16  # 32, 16 or 8: hidden-state precision on the wire
     slice_dtype: str = "auto"  # weights of served slices: auto (int8 on CPU, f16 on CUDA), f32, bf16, int8
+    slice_kv_dtype: str = "auto"  # served slices' KV caches: auto (f16), f16, f32 (twice the memory)
     slice_weight_cache_mb: float = const.WEIGHT_CACHE_BYTES / 2**20  # converted slice weights kept on disk
     # (data dir's cache/weights) so that loading a slice again skips the conversion; 0 = off
 
@@ -234,6 +235,9 @@ def validate(cfg: NodeConfig) -> None:
                              f"got {cfg.slice_budget_mb}")
     if cfg.serve_reevaluate_s <= 0:
         raise InvalidRequest(f"config field serve_reevaluate_s: must be positive, got {cfg.serve_reevaluate_s}")
+    if cfg.slice_kv_dtype not in const.SLICE_KV_DTYPES:
+        raise InvalidRequest(f"config field slice_kv_dtype: expected one of {', '.join(const.SLICE_KV_DTYPES)}, "
+                             f"got {cfg.slice_kv_dtype!r}")
 
 
 def load_config(

@@ -95,6 +95,7 @@ KEPT_ROUTE_MAX_SLOWDOWN = 1.5  # a conversation's next turn keeps its chain (its
 CHAIN_PREFIX_MIN_TOKENS = 16  # a chain resumes a kept session only for a common prefix this long
 SESSION_SWEEP_INTERVAL_S = 10.0
 KV_BUDGET_BYTES = 4 * 1024**3  # KV bytes a node keeps across sessions before LRU eviction
+SLICE_KV_DTYPES = ("auto", "f16", "f32")  # a slice's KV cache element type (auto: f16 where the kernels read it)
 WEIGHT_CACHE_BYTES = 16 * 1024**3  # converted slice weights kept on disk (data dir's cache/weights)
 ACK_DEADLINE_MIN_S = 0.5  # never expect an ACK faster than this (plus the peer's RTO)
 ACK_HOLD_S = 0.1  # a segment sends its ACK with the step's output, or this long after receipt if the

@@ -123,8 +123,8 @@ async def _machine(node: ReportParts) -> list[str]:
         rates = [f"{s.start}-{s.end - 1}:{s.ms_per_layer:.3f}" for s in node.slice_host.slices.values()
                  if s.ms_per_layer]
         lines.append(f"measured ms/layer (decode): {', '.join(rates) or 'not yet measured'}")
-        kernels = sorted({f"{s.model.fmt} {s.model.kernel}" for s in node.slice_host.slices.values()
-                          if s.model is not None})
+        kernels = sorted({f"{s.model.fmt} {s.model.kernel} kv {str(s.model.kv_dtype).removeprefix('torch.')}"
+                          for s in node.slice_host.slices.values() if s.model is not None})
         cache = node.slice_host.weight_cache
         used = await asyncio.get_running_loop().run_in_executor(None, cache.total_bytes) \
             if cache is not None and cache.enabled else None

@@ -84,7 +84,8 @@ class Node:
         self.partials = PartialModels(self.data_dir / MODELS_DIR, weight_cache, note=self.note_activity)
         self.slice_host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only,
                                     kv_budget_bytes=int(config.slice_kv_budget_mb * 2**20),
-                                    weight_cache=weight_cache, partials=self.partials)
+                                    weight_cache=weight_cache, partials=self.partials,
+                                    kv_dtype=config.slice_kv_dtype)
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None

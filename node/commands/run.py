@@ -11,6 +11,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from node import const
 from node.config import load_config
 from node.errors import NodeError
 from node.logs import setup_logging
@@ -49,6 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="hidden-state precision on the wire when coordinating (default 16)")
     g.add_argument("--slice-dtype", choices=("auto", "f32", "bf16", "int8"), default=None,
                    help="weight format of served slices (default auto: int8 on CPU)")
+    g.add_argument("--slice-kv-dtype", choices=const.SLICE_KV_DTYPES, default=None,
+                   help="KV cache type of served slices (default auto: f16; f32 takes twice the memory)")
     g = p.add_argument_group("peer network")
     g.add_argument("--peer-port", type=int, default=None, help="peer listener port (default API port + 10)")
     g.add_argument("--bootstrap", action="append", default=None, metavar="HOST:PORT",
@@ -82,6 +85,7 @@ def cli_overrides(args: argparse.Namespace) -> dict:
         "slice_budget_mb": getattr(args, "slice_budget_mb", None),
         "activation_bits": getattr(args, "activation_bits", None),
         "slice_dtype": getattr(args, "slice_dtype", None),
+        "slice_kv_dtype": getattr(args, "slice_kv_dtype", None),
         "peer_port": getattr(args, "peer_port", None),
         "bootstrap": getattr(args, "bootstrap", None),
         "mdns": False if getattr(args, "no_mdns", False) else None,

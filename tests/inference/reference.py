@@ -12,19 +12,21 @@ from node.inference.weights import qgemm
 N_CTX = 512
 
 
-def llama_model(path, n_ctx: int = N_CTX):
-    """llama.cpp on the whole file, f32 KV cache (llama.cpp's default f16 cache rounds K/V)."""
+def llama_model(path, n_ctx: int = N_CTX, kv_dtype: str = "f32"):
+    """llama.cpp on the whole file, f32 KV cache (llama.cpp's default f16 cache rounds K/V), or
+    with `kv_dtype="f16"` its default one."""
     from node.inference.llamacpp import load
 
+    kv_type = {"f32": 0, "f16": 1}[kv_dtype]  # GGML_TYPE_F32, GGML_TYPE_F16
     return load().Llama(
         str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True, verbose=False,
-        n_threads=1, type_k=0, type_v=0, seed=0,
+        n_threads=1, type_k=kv_type, type_v=kv_type, seed=0,
     )
 
 
-def llama_logits(path, tokens: list[int]) -> np.ndarray:
+def llama_logits(path, tokens: list[int], kv_dtype: str = "f32") -> np.ndarray:
     """llama.cpp's logits [T, V] for `tokens` evaluated in one batch."""
-    m = llama_model(path)
+    m = llama_model(path, kv_dtype=kv_dtype)
     m.eval(tokens)
     out = np.array(m.scores[: len(tokens)], dtype=np.float32)
     m.close()
@@ -67,10 +69,12 @@ def first_divergence_is_a_tie(ours: list[int], ref: list[int], ref_logits: np.nd
 INT8_KERNELS = ["qgemm", "fbgemm"] if qgemm.available() else ["fbgemm"]
 
 
-def chain(path, slices: int = 1, dtype: str = "f32", ggml: bool = False, kernel: str | None = None) -> SliceChain:
+def chain(path, slices: int = 1, dtype: str = "f32", ggml: bool = False, kernel: str | None = None,
+          kv_dtype: str = "f32") -> SliceChain:
     """Our model as `slices` chained slices; `ggml` rounds activations as llama.cpp does; `kernel`:
-    int8's kernel (None: the one chosen on this machine)."""
-    c = SliceChain.load(path, slices, dtype=dtype, max_ctx=N_CTX, kernel=kernel)
+    int8's kernel (None: the one chosen on this machine); `kv_dtype`: the KV caches' (f32 by
+    default, as llama_model's reference cache, not the node's f16)."""
+    c = SliceChain.load(path, slices, dtype=dtype, max_ctx=N_CTX, kernel=kernel, kv_dtype=kv_dtype)
     if ggml:
         for s in c.slices:
             emulate_model(s)

@@ -101,3 +101,21 @@ def test_default_model_qgemm_perplexity_within_one_percent_of_f32_on_every_prefi
     c = SliceChain.load(MODEL, 2, dtype="int8", max_ctx=512, kernel="qgemm")
     int8 = _perplexity(our_logits(c, tokens, decode_from=decode_from), tokens)
     assert abs(int8 / f32 - 1) <= 0.01
+
+
+@pytest.mark.llama
+@needs_llama
+@pytest.mark.parametrize("dtype", ["f32", "int8"])
+def test_default_model_half_kv_cache_keeps_perplexity_and_agrees_with_llama_cpps(dtype):
+    """The node's f16 KV caches (K and V rounded to half when written, read exactly): perplexity
+    within 1% of the same weights on f32 caches, as generation runs (prefill, then decode); and
+    top-1 agreement with llama.cpp on its own default f16 cache (which also rounds the queries and
+    the attention weights to half)."""
+    tokens = _tokens()
+    f32_kv = _perplexity(our_logits(chain(MODEL, 2, dtype=dtype), tokens, decode_from=16), tokens)
+    c = chain(MODEL, 2, dtype=dtype, kv_dtype="f16")
+    assert all(s.kv_dtype == torch.float16 for s in c.slices)
+    ours = our_logits(c, tokens, decode_from=16)
+    assert abs(_perplexity(ours, tokens) / f32_kv - 1) <= 0.01
+    ref = llama_logits(MODEL, tokens, kv_dtype="f16")
+    assert top1_agreement(ours[:128], ref[:128], tie=0.005) >= 0.98

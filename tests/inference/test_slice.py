@@ -42,7 +42,7 @@ def test_one_two_three_slices_give_the_same_logits(model_path, dtype):
 
 
 def test_prefill_decode_and_chunked_prefill_agree(model_path):
-    c = SliceChain.load(model_path, 1, dtype="f32")
+    c = SliceChain.load(model_path, 1, dtype="f32", kv_dtype="f32")  # f16 caches: see test_kv16_*
     whole = our_logits(c, TOKENS)
     stepwise = our_logits(c, TOKENS, decode_from=1)
     np.testing.assert_allclose(stepwise, whole, atol=1e-4)
@@ -179,9 +179,10 @@ def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, cap
     assert m.sweep_sessions(ttl_s=1000, kept_ttl_s=50) == ["new-active"]  # kept ones have their own TTL
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: per-head Q/K norms
 @pytest.mark.parametrize("split", [(0, 4), (2, 4)])
-def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(synth_model, split, arch):
+def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(synth_model, split, arch, kv_dtype):
     """int8 on qgemm: four sessions' one-row steps and one session's 5-row step (a speculation's
     verify rows) in one forward give exactly (every bit) what each gives alone, logits and KV: the
     products, the norms and the rotation + attention compute each row alone up to the 32 rows a
@@ -192,9 +193,10 @@ def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(synth
         pytest.skip("the qgemm extension is not built")
     start, end = split
     model_path = synth_model(SPEC if arch == "llama" else dataclasses.replace(SPEC, arch="qwen3"))
-    m = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm")
-    lone = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm")
+    m = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm", kv_dtype=kv_dtype)
+    lone = SliceModel.load(model_path, start, end, dtype="int8", kernel="qgemm", kv_dtype=kv_dtype)
     assert (m.blocks[0].q_norm is not None) == (arch == "qwen3")
+    assert m.kv_dtype == (torch.float16 if kv_dtype == "f16" else torch.float32)
     gen = torch.Generator().manual_seed(3)
     steps = {3: 1, 6: 1, 9: 5, 12: 1, 20: 1}  # tokens already in the session: rows of this step
     hidden = {n: torch.randn(n + r, 64, generator=gen) for n, r in steps.items()}
@@ -206,6 +208,7 @@ def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(synth
     for model in (m, lone):
         for n in steps:
             model.forward(model.new_session(f"s{n}"), inputs(n), 0)
+    assert m.session("s3").k.dtype == m.kv_dtype
     batched = m.forward_many([(m.session(f"s{n}"), inputs(n, step=True), n, steps[n] == 1) for n in steps])
     for n, got in zip(steps, batched, strict=True):
         want = lone.forward(lone.session(f"s{n}"), inputs(n, step=True), n, last_only=steps[n] == 1)
@@ -285,6 +288,8 @@ def test_unsupported_architecture_and_bad_ranges(tmp_path, model_path):
         SliceModel.load(model_path, 3, 9)
     with pytest.raises(ModelLoadError):
         SliceModel.load(model_path, dtype="fp8")
+    with pytest.raises(ModelLoadError, match="unknown KV cache dtype 'q8'"):
+        SliceModel.load(model_path, kv_dtype="q8")
 
 
 def test_split_ranges_and_estimates(model_path):
@@ -299,7 +304,7 @@ def test_split_ranges_and_estimates(model_path):
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_half_formats_and_half_kv_cache(model_path, dtype):
     """The CUDA path's pieces on the CPU: half weights, and a half KV cache."""
-    ref = our_logits(SliceChain.load(model_path, 1, dtype="f32"), TOKENS, decode_from=30)
+    ref = our_logits(SliceChain.load(model_path, 1, dtype="f32", kv_dtype="f32"), TOKENS, decode_from=30)
     c = SliceChain.load(model_path, 2, dtype=dtype)
     for s in c.slices:
         s.kv_dtype = torch.float16
@@ -308,8 +313,9 @@ def test_half_formats_and_half_kv_cache(model_path, dtype):
     assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.95
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_the_fused_block_decode_gives_the_unfused_steps_bits(synth_model, arch, monkeypatch):
+def test_the_fused_block_decode_gives_the_unfused_steps_bits(synth_model, arch, kv_dtype, monkeypatch):
     """int8 on qgemm: a decode step through `_attend.block_decode` (the whole block in one compiled
     call) gives every bit the unfused path gives, logits and KV, step after step."""
     from node.inference.arch import block as block_mod
@@ -318,8 +324,9 @@ def test_the_fused_block_decode_gives_the_unfused_steps_bits(synth_model, arch, 
     if not qgemm.available() or not block_mod._FUSED:
         pytest.skip("the compiled kernels are not built")
     path = synth_model(SPEC if arch == "llama" else dataclasses.replace(SPEC, arch="qwen3"))
-    fused, plain = (SliceModel.load(path, dtype="int8", kernel="qgemm") for _ in range(2))
+    fused, plain = (SliceModel.load(path, dtype="int8", kernel="qgemm", kv_dtype=kv_dtype) for _ in range(2))
     sf, sp = fused.new_session("s"), plain.new_session("s")
+    assert fused.kv_dtype == (torch.float16 if kv_dtype == "f16" else torch.float32)
     fused.forward(sf, torch.tensor(TOKENS[:10]), 0)
     plain.forward(sp, torch.tensor(TOKENS[:10]), 0)
     real, used = block_mod.decode_layout, []

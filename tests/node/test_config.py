@@ -149,3 +149,17 @@ def test_desktop_settings_replace_their_table_and_keep_every_other_line(tmp_path
     assert (path.stat().st_mode & 0o777) == 0o600
     cfg = load_config({"data_dir": str(tmp_path)}, environ={})
     assert cfg.port == 8811 and cfg.contribute is True and cfg.contribute_models == {}
+
+
+def test_slice_kv_dtype_from_file_and_cli_and_a_wrong_one_refused(tmp_path):
+    from node.cli import build_parser
+    from node.commands.run import cli_overrides
+
+    assert load_config({"data_dir": str(tmp_path)}, environ={}).slice_kv_dtype == "auto"
+    (tmp_path / "config.toml").write_text('[inference]\nslice_kv_dtype = "f32"\n')
+    assert load_config({"data_dir": str(tmp_path)}, environ={}).slice_kv_dtype == "f32"
+    args = build_parser().parse_args(["run", "--data-dir", str(tmp_path), "--slice-kv-dtype", "f16"])
+    assert load_config(cli_overrides(args), environ={}).slice_kv_dtype == "f16"  # the flag wins over the file
+    (tmp_path / "config.toml").write_text('[inference]\nslice_kv_dtype = "q8"\n')
+    with pytest.raises(InvalidRequest, match="slice_kv_dtype.*auto, f16, f32.*'q8'"):
+        load_config({"data_dir": str(tmp_path)}, environ={})

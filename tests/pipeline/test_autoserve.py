@@ -32,7 +32,8 @@ def auto_model(directory: Path) -> Path:
 
 def start_auto_node(base: Path, name: str, model: Path, bootstrap: list[int]) -> NodeProcess:
     args = ["--model", str(model), "--no-default-model", "--serve", "auto", "--slice-budget-mb", str(BUDGET_MB),
-            "--slice-dtype", "f32", "--activation-bits", "32", "--no-mdns", "--n-threads", "1"]
+            "--slice-dtype", "f32", "--slice-kv-dtype", "f32", "--activation-bits", "32", "--no-mdns",
+            "--n-threads", "1"]  # f32 caches: the budget's geometry above (f16 ones fit a fifth layer)
     for port in bootstrap:
         args += ["--bootstrap", f"127.0.0.1:{port}"]
     return NodeProcess(base / name, args=args, env={"SWARMLLM_SERVE_REEVALUATE_S": str(REEVALUATE_S)})
@@ -75,11 +76,14 @@ def per_layer(ranges: dict[str, list[tuple[int, int]]]) -> list[int]:
 
 
 def test_budget_is_half_the_model(tmp_path):
-    sizes = slice_sizes(auto_model(tmp_path), "f32")
+    sizes = slice_sizes(auto_model(tmp_path), "f32", kv_dtype="f32")
     budget = layers_for_budget(BUDGET_MB * 2**20, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
                                sizes.head_bytes, n_layers=AUTO8.n_layers)
     assert (budget.layers, budget.with_head) == (4, 4)
     assert sizes.kv_per_layer_bytes == 2 * 2 * 32 * AUTO8.n_ctx * 4  # K and V, 2 kv heads × 32 dims, f32
+    half = slice_sizes(auto_model(tmp_path), "f32", kv_dtype="f16")  # the node's default caches
+    assert half.kv_per_layer_bytes == sizes.kv_per_layer_bytes // 2
+    assert half.per_layer_bytes == sizes.per_layer_bytes
 
 
 def test_four_auto_nodes_reach_two_holders_then_survivors_recover(tmp_path):

@@ -54,7 +54,7 @@ async def setup(tmp_path):
     path = tmp_path / "mv8.gguf"
     write_gguf(path, SPEC)
     entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
-    host = HookedHost(dtype="f32")
+    host = HookedHost(dtype="f32", kv_dtype="f32")
     peers = ScriptedPeers()
     announced = []
 
@@ -177,7 +177,7 @@ async def test_first_choice_then_periodic_and_peer_triggered_moves(tmp_path, mon
     write_gguf(path, SPEC)
     entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
     sha = entry.sha256
-    host = SliceHost(dtype="f32")
+    host = SliceHost(dtype="f32", kv_dtype="f32")
     peers = ScriptedPeers()
     peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 0, 4, sha)]
     auto = AutoServe("me" * 32, host, peers, [entry], announce=_nothing, budget_mb=1, reevaluate_s=0.3)
@@ -215,7 +215,7 @@ def test_a_sweep_racing_an_unload_and_a_failing_sweep_keep_the_sweeper(tmp_path,
         path = tmp_path / "mv8.gguf"
         write_gguf(path, SPEC)
         entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
-        host = SliceHost(dtype="f32")
+        host = SliceHost(dtype="f32", kv_dtype="f32")
         try:
             hosted = await host.async_load(entry, 0, 4)
             hosted.model.new_session("s1")

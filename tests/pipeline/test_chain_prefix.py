@@ -2,7 +2,7 @@
 
 Node a (layers 0-1) coordinates with prefix reuse on (the default); node d holds nothing and
 coordinates the same chain with `kv_cache_seqs = 0` (no reuse). Node c keeps little KV
-(`slice_kv_budget_mb = 0.3`: one session of up to 512 positions, 0.25 MB there, not two), so a
+(`slice_kv_budget_mb = 0.15`: one session of up to 512 positions, 0.125 MB there in f16, not two), so a
 second long conversation pushes the first one's kept session out there. Every reply must be llama.cpp's greedy text for the whole
 conversation on the whole file, whether the turn resumed kept sessions or prefilled in full."""
 
@@ -28,7 +28,7 @@ def swarm(tmp_path_factory):
     base = tmp_path_factory.mktemp("chainprefix")
     model = split_model(base)
     (base / "c").mkdir()
-    (base / "c" / "config.toml").write_text("[inference]\nslice_kv_budget_mb = 0.3\n")
+    (base / "c" / "config.toml").write_text("[inference]\nslice_kv_budget_mb = 0.15\n")
     with chain3_and_a_coordinator(base, model, "[inference]\nkv_cache_seqs = 0\n") as swarm:
         yield {"model": model, **swarm}
 

@@ -22,12 +22,13 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 PROMPT = "which layers are here?"
-THIRD_MB = 3  # f32 auto8: three layers with their KV (and the head) fit, four do not
+THIRD_MB = 3  # f32 auto8 on f32 caches: three layers with their KV (and the head) fit, four do not
 
 
 def start_url_node(base, name: str, url: str, bootstrap: list[int]) -> NodeProcess:
     args = ["--model", url, "--no-default-model", "--serve", "auto", "--slice-budget-mb", str(THIRD_MB),
-            "--slice-dtype", "f32", "--activation-bits", "32", "--no-mdns", "--n-threads", "1"]
+            "--slice-dtype", "f32", "--slice-kv-dtype", "f32", "--activation-bits", "32", "--no-mdns",
+            "--n-threads", "1"]
     for port in bootstrap:
         args += ["--bootstrap", f"127.0.0.1:{port}"]
     return NodeProcess(base / name, args=args, env={"SWARMLLM_SERVE_REEVALUATE_S": str(REEVALUATE_S)})

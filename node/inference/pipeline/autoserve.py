@@ -14,6 +14,7 @@ frees it once no session uses it or after AUTO_SERVE_DRAIN_S.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -137,13 +138,15 @@ class SliceSizes:
     n_layers: int
 
 
-def slice_sizes(path: Any, dtype: str, max_ctx: int = 0, *, header_of_size: int | None = None) -> SliceSizes:
+def slice_sizes(path: Any, dtype: str, max_ctx: int = 0, *, header_of_size: int | None = None,
+                kv_dtype: str = "auto") -> SliceSizes:
     """From tensor shapes only (blocking: opens the file; run it in an executor). `header_of_size`:
-    `path` is only the header of a file that large (a model known here by its header)."""
+    `path` is only the header of a file that large (a model known here by its header); `kv_dtype`:
+    the slices' KV cache type (SliceModel.load's)."""
     import torch
 
     from node.inference.arch import family
-    from node.inference.slice.model import estimate_bytes, resolve_format
+    from node.inference.slice.model import estimate_bytes, kv_element_bytes, resolve_format
     from node.inference.weights.gguf_file import GgufFile
 
     f = GgufFile(path, header_of_size=header_of_size)
@@ -153,7 +156,7 @@ def slice_sizes(path: Any, dtype: str, max_ctx: int = 0, *, header_of_size: int 
     head = estimate_bytes(path, n, n, fmt, header_of_size=header_of_size)  # no blocks: the output norm and head only
     layers = estimate_bytes(path, 0, n, fmt, header_of_size=header_of_size) - head
     ctx = max_ctx or cfg.n_ctx_train
-    kv_bytes = 2 * cfg.kv_dim * ctx * 4  # K and V, f32 on the CPU (the slice's kv dtype there)
+    kv_bytes = 2 * cfg.kv_dim * ctx * kv_element_bytes(kv_dtype)  # K and V at the slices' KV dtype on the CPU
     return SliceSizes(-(-layers // n), kv_bytes, head, n)
 
 
@@ -373,8 +376,8 @@ class AutoServe:
             log.error("DIAG: slice budget failed %s", kv(model=m.entry.id, error=m.budget_error))
 
     async def _async_size(self, m: _Model, loop: asyncio.AbstractEventLoop) -> None:
-        sizes = m.sizes or await loop.run_in_executor(None, slice_sizes, m.entry.path, self.host.dtype,
-                                                      self.host.max_ctx)
+        sizes = m.sizes or await loop.run_in_executor(None, functools.partial(
+            slice_sizes, m.entry.path, self.host.dtype, self.host.max_ctx, kv_dtype=self.host.kv_dtype))
         m.sizes = sizes
         budget_mb = m.budget_mb_override or self.budget_mb
         budget_bytes = budget_mb * 2**20 if budget_mb else await loop.run_in_executor(None, default_budget_bytes)

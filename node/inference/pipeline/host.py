@@ -117,6 +117,7 @@ class HostedSlice:
             "load_ms": self.model.load_ms if self.model is not None else None,
             "weight_cache": self.model.weight_cache if self.model is not None else None,
             "kernel": self.model.kernel if self.model is not None else None,
+            "kv_dtype": str(self.model.kv_dtype).removeprefix("torch.") if self.model is not None else None,
             "partial": self.entry.partial.describe() if self.entry.partial is not None else None,
             "fetch": {"done_bytes": self.fetch[0], "total_bytes": self.fetch[1]} if self.fetch is not None else None,
         }
@@ -127,8 +128,10 @@ class SliceHost:
 
     def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0, cpu_only: bool = False,
                  session_ttl_s: float = const.SESSION_TTL_S, kv_budget_bytes: int = const.KV_BUDGET_BYTES,
-                 weight_cache: WeightCache | None = None, partials: PartialModels | None = None):
+                 weight_cache: WeightCache | None = None, partials: PartialModels | None = None,
+                 kv_dtype: str = "auto"):
         self.dtype = dtype
+        self.kv_dtype = kv_dtype  # the slices' KV caches (SliceModel.load's kv_dtype)
         self.partials = partials  # models given by URL: their layers are fetched before a load
         self.weight_cache = weight_cache  # converted weights on disk: a second load skips the conversion
         self.cpu_only = cpu_only
@@ -280,7 +283,8 @@ class SliceHost:
                                                          device=hosted.placement.device,
                                                          n_threads=self.n_threads or None,
                                                          max_ctx=self.max_ctx or None, name=entry.id,
-                                                         cache=self.weight_cache, sha256=entry.sha256))
+                                                         cache=self.weight_cache, sha256=entry.sha256,
+                                                         kv_dtype=self.kv_dtype))
         except NodeError as exc:
             hosted.state, hosted.error = "failed", exc.message
             log.error("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}", error=exc.message))

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from node import const
 from node.errors import EngineError, KvPositionMismatch, ModelLoadError
 from node.inference.arch import family
 from node.inference.arch.block import Block, attention_mask, block_forward_many
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 LOAD_WORKERS = 2  # layers converted at once while loading (each holds one layer's float32 transients)
 DTYPES = ("auto", "f32", "bf16", "f16", "int8")
+KV_DTYPES = const.SLICE_KV_DTYPES
 
 
 def resolve_format(dtype: str, device: torch.device) -> str:
@@ -58,6 +60,23 @@ def resolve_format(dtype: str, device: torch.device) -> str:
     if device.type == "cuda":
         return "f16"
     return "int8" if int8_available() else "f32"
+
+
+def resolve_kv_dtype(kv_dtype: str, device: torch.device) -> torch.dtype:
+    """The KV caches' dtype: f16 halves a session's memory (and what a long context's decode reads)
+    at the rounding llama.cpp's default f16 cache has; auto is f16 except on a CPU whose build lacks
+    the compiled half kernels (torch would convert the whole cache every step there)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ModelLoadError(f"unknown KV cache dtype {kv_dtype!r} (one of {', '.join(KV_DTYPES)})")
+    if kv_dtype == "auto":
+        from node.inference.arch.block import _KV16
+        return torch.float16 if device.type != "cpu" or _KV16 else torch.float32
+    return torch.float16 if kv_dtype == "f16" else torch.float32
+
+
+def kv_element_bytes(kv_dtype: str, device: torch.device | None = None) -> int:
+    """Bytes per K or V element for `kv_dtype` (budgets and estimates)."""
+    return resolve_kv_dtype(kv_dtype, device or torch.device("cpu")).itemsize
 
 
 def cache_kernel_name(kernel: str) -> str:
@@ -103,7 +122,7 @@ class SliceModel:
 
     def __init__(self, f: GgufFile, cfg: ModelConfig, start: int, end: int, fmt: str,
                  device: torch.device, max_ctx: int, blocks: list[Block],
-                 head: tuple[torch.Tensor, Linear] | None, name: str):
+                 head: tuple[torch.Tensor, Linear] | None, name: str, kv_dtype: str = "auto"):
         self.file, self.config, self.fmt, self.device = f, cfg, fmt, device
         self.layer_start, self.layer_end = start, end
         self.n_ctx = max_ctx
@@ -111,7 +130,7 @@ class SliceModel:
         self.blocks = blocks
         self.head = head
         self.rotary = RotaryTables(cfg.rope, device)
-        self.kv_dtype = torch.float32 if device.type == "cpu" else torch.float16
+        self.kv_dtype = resolve_kv_dtype(kv_dtype, device)
         self.sessions = SessionStore(name)
         self.weight_cache = "off"  # how the load went: off, hit, miss or partial (set by load)
         self.kernel = "torch"  # the matrix kernel: qgemm or fbgemm (int8), torch (the float formats)
@@ -124,7 +143,8 @@ class SliceModel:
     def load(cls, path: str | Path, layer_start: int = 0, layer_end: int | None = None, *,
              dtype: str = "auto", device: str | torch.device = "cpu", n_threads: int | None = None,
              max_ctx: int | None = None, name: str | None = None, exact_prefill: bool = False,
-             cache: WeightCache | None = None, sha256: str | None = None, kernel: str | None = None) -> SliceModel:
+             cache: WeightCache | None = None, sha256: str | None = None, kernel: str | None = None,
+             kv_dtype: str = "auto") -> SliceModel:
         """Load layers [layer_start, layer_end) (0-based; None = to the last) of the GGUF at `path`.
 
         Blocking (reads and converts weights): run it in the model's executor. `n_threads` sets
@@ -133,7 +153,8 @@ class SliceModel:
         as good as decode's) at about half the prefill speed. `cache` with the file's `sha256`:
         converted parts are read from it instead of converting, and written to it when missing.
         `kernel` (int8): "qgemm" or "fbgemm"; None = the one measured fastest on this machine
-        (`weights/kernels.choose_int8_kernel`, remembered next to the cache).
+        (`weights/kernels.choose_int8_kernel`, remembered next to the cache). `kv_dtype`: the KV
+        caches' element type (`resolve_kv_dtype`: auto is f16).
         """
         t0 = time.perf_counter()
         if n_threads:
@@ -146,6 +167,7 @@ class SliceModel:
         if not 0 <= layer_start < end <= cfg.n_layers:
             raise ModelLoadError(f"layer range [{layer_start}, {end}) is outside the model's {cfg.n_layers} layers")
         fmt = resolve_format(dtype, device)
+        kv_type = resolve_kv_dtype(kv_dtype, device)  # an unknown name fails before any work
         last = end == cfg.n_layers  # the slice ends at the model's last layer: it holds the head
         kernel = resolve_kernel(fmt, kernel, cfg.hidden, cache)
         key = CacheKey(sha256, fmt, cache_kernel_name(kernel), cache_variant(kernel, exact_prefill)) \
@@ -208,7 +230,7 @@ class SliceModel:
         f.release_pages()
         _trim_heap()
         model = cls(f, cfg, layer_start, end, fmt, device, max_ctx or cfg.n_ctx_train, blocks, head,
-                    name or Path(path).stem)
+                    name or Path(path).stem, "f16" if kv_type == torch.float16 else "f32")
         model.kernel = kernel
         model.weight_cache = ("off" if key is None else "hit" if all(hits) else "miss" if not any(hits) else "partial")
         model.load_ms = round((time.perf_counter() - t0) * 1000)
@@ -217,7 +239,7 @@ class SliceModel:
             kv(model=model.name, arch=cfg.arch, layers=f"{layer_start}-{end}", n_layers=cfg.n_layers,
                dtype=fmt, device=str(device), threads=torch.get_num_threads(), load_workers=workers,
                weight_cache=model.weight_cache, cached_parts=f"{sum(hits)}/{len(hits)}",
-               kernel=kernel, load_ms=model.load_ms),
+               kernel=kernel, kv_dtype=str(model.kv_dtype).removeprefix("torch."), load_ms=model.load_ms),
         )
         return model
 
