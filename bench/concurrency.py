@@ -141,23 +141,23 @@ async def start_llama_server(binary: Path, path: Path, threads: int, n_ctx: int,
 
 
 class ChainServer(Server):
-    """A 3-segment chain (pipeline_bench.Arm) as a Server: asked through its first node."""
+    """An N-segment chain (pipeline_bench.Arm) as a Server: asked through its first node."""
 
-    def __init__(self, arm, model: str):
-        super().__init__("chain3", arm.procs[0], arm.base, {"Authorization": f"Bearer {arm.key}"}, model)
+    def __init__(self, arm, model: str, segments: int):
+        super().__init__(f"chain{segments}", arm.procs[0], arm.base, {"Authorization": f"Bearer {arm.key}"}, model)
         self.arm = arm
 
     def stop(self) -> None:
         self.arm.stop()
 
 
-async def start_chain(path: Path, threads: int) -> Server:
+async def start_chain(path: Path, threads: int, segments: int = 3) -> Server:
     from bench.pipeline_bench import Arm
     from node.models.gguf_meta import read_header
 
     n_layers = (await asyncio.to_thread(read_header, path)).n_layers
-    arm = Arm(path, n_layers, 3, threads, 16)
-    return ChainServer(arm, await arm.ready(path.stem))
+    arm = Arm(path, n_layers, segments, threads, 16)
+    return ChainServer(arm, await arm.ready(path.stem), segments)
 
 
 async def one_stream(session: aiohttp.ClientSession, server: Server, prompt: str, n_tokens: int,
@@ -229,7 +229,7 @@ async def bench_model(name: str, args) -> None:
         else:
             print(f"llama-server is missing at {binary} (give --llama-server or $LLAMA_SERVER): measuring ours only")
         if args.chain:
-            servers.append(await start_chain(path, args.chain_threads or args.threads))
+            servers.append(await start_chain(path, args.chain_threads or args.threads, args.chain_segments))
         counter = [0]
         for server in servers:
             async with aiohttp.ClientSession() as session:  # warm-up: page cache, first-step costs
@@ -262,14 +262,15 @@ async def bench_model(name: str, args) -> None:
             row += (f" {s['tps']:>10.1f} {s['p50']:>8.3f}s {s['p95']:>8.3f}s | {o['tps'] / s['tps']:>11.2f} "
                     f"{o['p95'] / s['p95']:>9.2f}")
         print(row)
-    chain = results.get("chain3", {})
+    cname = f"chain{args.chain_segments}"
+    chain = results.get(cname, {})
     if chain:
-        print(f"{'streams':>7} | {'chain3 tok/s':>12} {'p50 TTFT':>9} {'p95 TTFT':>9} | {'vs ours local':>13}")
+        print(f"{'streams':>7} | {cname + ' tok/s':>12} {'p50 TTFT':>9} {'p95 TTFT':>9} | {'vs ours local':>13}")
         for n in args.streams:
             c, o = chain[n], ours[n]
             print(f"{n:>7} | {c['tps']:>12.1f} {c['p50']:>8.3f}s {c['p95']:>8.3f}s | {c['tps'] / o['tps']:>13.2f}")
         if 1 in chain and 8 in chain:
-            print(f"chain3: 8 streams / 1 stream aggregate = {chain[8]['tps'] / chain[1]['tps']:.2f}x; "
+            print(f"{cname}: 8 streams / 1 stream aggregate = {chain[8]['tps'] / chain[1]['tps']:.2f}x; "
                   f"p95 TTFT 8 / 1 = {chain[8]['p95'] / chain[1]['p95']:.2f}x")
     if 1 in ours and 8 in ours:
         print(f"ours: 8 streams / 1 stream aggregate = {ours[8]['tps'] / ours[1]['tps']:.2f}x; "
@@ -290,6 +291,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "swarmllm-bench")
     ap.add_argument("--chain", action="store_true", help="also a 3-segment chain of the same file")
     ap.add_argument("--flash-attention", action="store_true", help="flash attention on in ours and llama-server")
+    ap.add_argument("--chain-segments", type=int, default=3, help="segments of the --chain (1: one node runs every layer on the slice engine)")
     ap.add_argument("--chain-threads", type=int, default=0, help="threads per chain node (default: --threads)")
     args = ap.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]

@@ -91,7 +91,7 @@ class Ours:
 
         cache = WeightCache(Path(args.weight_cache), 64 << 30) if args.weight_cache else None
         self.model = SliceModel.load(args.model, dtype=args.dtype, n_threads=args.threads, max_ctx=n_ctx,
-                                     cache=cache, sha256=args.sha256,
+                                     cache=cache, sha256=args.sha256, kv_dtype=args.kv_dtype,
                                      kernel=None if args.kernel == "auto" else args.kernel)
 
     def prefill(self, tokens):
@@ -127,8 +127,9 @@ class Llama:
 
         self.np = np
         n_ctx = args.prompt_tokens + args.decode_tokens + 8
-        self.llm = llama_cpp.Llama(str(args.model), n_ctx=n_ctx, n_batch=512, n_threads=args.threads,
-                                   n_threads_batch=args.threads, verbose=False)
+        kv_type = 0 if args.kv_dtype == "f32" else 1  # GGML_TYPE_F32 / F16 (llama.cpp's default)
+        self.llm = llama_cpp.Llama(str(args.model), n_ctx=n_ctx, n_batch=max(512, n_ctx), n_threads=args.threads,
+                                   n_threads_batch=args.threads, verbose=False, type_k=kv_type, type_v=kv_type)
 
     def prefill(self, tokens):
         self.llm.reset()
@@ -214,7 +215,7 @@ def worker(args) -> None:
 class Worker:
     def __init__(self, kind: str, args, kernel: str = "auto"):
         argv = [sys.executable, __file__, "--worker", kind, "--kernel", kernel, "--model", str(args.model),
-                "--threads", str(args.threads), "--dtype", args.dtype,
+                "--threads", str(args.threads), "--dtype", args.dtype, "--kv-dtype", args.kv_dtype,
                 "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
         env = dict(os.environ)
         if kind == "ours" and args.weight_cache:
@@ -250,6 +251,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--dtype", default="int8", choices=["int8", "bf16", "f32"])
+    p.add_argument("--kv-dtype", default="auto", choices=["auto", "f16", "f32"],
+                   help="KV caches on both engines (auto: ours f16 where its kernels read it, llama.cpp f16)")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--profile", action="store_true", help="print our per-operator breakdown")
@@ -294,7 +297,7 @@ def main() -> int:
         shutil.rmtree(args.weight_cache, ignore_errors=True)
         args.sha256 = sha256_file(args.model)
     print(f"model {args.model.name} ({args.model.stat().st_size / 1e9:.2f} GB), threads={args.threads}, "
-          f"dtype={args.dtype}, prompt={args.prompt_tokens}, decode={args.decode_tokens}, rounds={args.rounds}")
+          f"dtype={args.dtype}, kv={args.kv_dtype}, prompt={args.prompt_tokens}, decode={args.decode_tokens}, rounds={args.rounds}")
     kernels = ["qgemm", "fbgemm"] if args.kernel == "both" else [args.kernel]
     ours_names = [f"ours {k}" if args.kernel == "both" else "ours" for k in kernels]
     workers = {name: Worker("ours", args, k) for name, k in zip(ours_names, kernels, strict=True)}
