@@ -5,7 +5,8 @@
 Each engine runs in its own worker process (so each has its own peak RSS) with the whole model
 loaded; the parent alternates rounds between them (ours, llama.cpp, ours, ...) so machine noise
 lands on both. A round = a fresh 128-token prompt prefill (logits of the last position only, as
-generation needs) + 32 greedy decode steps. Prints per-round figures, then medians with the
+generation needs; ours in the node's steps of PREFILL_CHUNK_TOKENS, llama.cpp in its ubatches) +
+32 greedy decode steps (`--prompt-tokens`, `--decode-tokens`; `--kv-dtype` the caches of both). Prints per-round figures, then medians with the
 min–max spread, the ratios and peak RSS. `--profile` adds a per-stage breakdown of our decode
 and prefill (torch profiler, top operators). The model file is written once to a cache dir.
 
@@ -95,8 +96,15 @@ class Ours:
                                      kernel=None if args.kernel == "auto" else args.kernel)
 
     def prefill(self, tokens):
+        """In the node's WORK steps of PREFILL_CHUNK_TOKENS (llama.cpp works in ubatches of 512):
+        a long prompt's activations are bounded as they are when the node serves it."""
+        from node import const
+
         self.sess = self.model.new_session("bench")
-        logits = self.model.forward(self.sess, self.torch.tensor(tokens), 0, last_only=True)
+        chunk = const.PREFILL_CHUNK_TOKENS
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start:start + chunk]
+            logits = self.model.forward(self.sess, self.torch.tensor(part), start, last_only=True)
         return int(logits[-1].argmax())
 
     def decode(self, tok, pos):
@@ -127,7 +135,11 @@ class Llama:
 
         self.np = np
         n_ctx = args.prompt_tokens + args.decode_tokens + 8
-        kv_type = 0 if args.kv_dtype == "f32" else 1  # GGML_TYPE_F32 / F16 (llama.cpp's default)
+        kv = args.kv_dtype
+        if kv == "auto":  # what ours resolves (f16 unless its build lacks the half kernels)
+            from node.inference.arch.block import _KV16
+            kv = "f16" if _KV16 else "f32"
+        kv_type = 0 if kv == "f32" else 1  # GGML_TYPE_F32 / F16 (llama.cpp's default)
         self.llm = llama_cpp.Llama(str(args.model), n_ctx=n_ctx, n_batch=max(512, n_ctx), n_threads=args.threads,
                                    n_threads_batch=args.threads, verbose=False, type_k=kv_type, type_v=kv_type)
 

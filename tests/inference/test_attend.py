@@ -304,3 +304,12 @@ def test_rope_decode_into_half_caches(shape):
     finally:
         block._attend_c.set_isa(best)
     assert torch.equal(again, out16)
+
+
+def test_caches_of_a_type_the_kernels_do_not_read_are_refused():
+    """bf16, or K and V of different types, would be read as another type's bytes: refused."""
+    q, k, v = rand(4, 2, 16, 8, 5)
+    with pytest.raises(ValueError, match="KV caches"):
+        decode_attention(q, k.bfloat16(), v.bfloat16(), 8)
+    with pytest.raises(ValueError, match="KV caches"):
+        decode_attention(q, k.half(), v, 8)

@@ -303,11 +303,11 @@ def test_split_ranges_and_estimates(model_path):
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_half_formats_and_half_kv_cache(model_path, dtype):
-    """The CUDA path's pieces on the CPU: half weights, and a half KV cache."""
+    """Half weights (the CUDA formats) with a half KV cache, on the CPU (where the cache is read as
+    float32: SDPA in half, the CUDA branch, runs only on a GPU), against f32 weights and caches."""
     ref = our_logits(SliceChain.load(model_path, 1, dtype="f32", kv_dtype="f32"), TOKENS, decode_from=30)
-    c = SliceChain.load(model_path, 2, dtype=dtype)
-    for s in c.slices:
-        s.kv_dtype = torch.float16
+    c = SliceChain.load(model_path, 2, dtype=dtype, kv_dtype="f16")
+    assert all(s.kv_dtype == torch.float16 for s in c.slices)
     out = our_logits(c, TOKENS, decode_from=30)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 0.02
     assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.95

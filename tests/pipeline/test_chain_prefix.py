@@ -28,7 +28,7 @@ def swarm(tmp_path_factory):
     base = tmp_path_factory.mktemp("chainprefix")
     model = split_model(base)
     (base / "c").mkdir()
-    (base / "c" / "config.toml").write_text("[inference]\nslice_kv_budget_mb = 0.15\n")
+    (base / "c" / "config.toml").write_text('[inference]\nslice_kv_budget_mb = 0.15\nslice_kv_dtype = "f16"\n')
     with chain3_and_a_coordinator(base, model, "[inference]\nkv_cache_seqs = 0\n") as swarm:
         yield {"model": model, **swarm}
 

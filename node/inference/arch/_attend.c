@@ -1,4 +1,4 @@
-/* One query row's attention over a KV cache (a decode step), float32, in one call.
+/* One query row's attention over a KV cache (a decode step), float32 (caches float32 or half), in one call.
 
     out[h] = softmax(q[h] · K[g]ᵀ · scale) · V[g],   g = h / (n_heads / n_kv_heads)   (GQA)
 
@@ -73,7 +73,9 @@ typedef struct {
 
 /* IEEE half <-> float32. half -> float is exact; float -> half rounds to nearest, ties to even
    (as torch's and F16C's conversions do: a cache written here or by torch holds the same bits),
-   overflow to infinity, NaN stays NaN. */
+   overflow to infinity, NaN stays NaN (its payload is not kept: every NaN is written 0x7e00, and
+   "the same bits" holds for the numbers). A K or V value beyond 65504 is infinity in the cache,
+   as in llama.cpp's f16 cache: that head's scores are NaN from then on. */
 static inline float h2f(uint16_t h) {
     uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
     if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
@@ -400,8 +402,10 @@ static int rope_attend(const float *qk, const float *vrow, const float *cs, cons
 static PyObject *rope_decode_kv(PyObject *const *args, Py_ssize_t nargs, int kv16) {
     int64_t v[14];
     double scale;
-    if (!parse_args(args, nargs, 13, 1, "rope_decode(qk, vrow, cos, sin, k, v, out, n_heads, n_kv, head_dim, "
-                                        "n_rot, cap, pos, scale, threads)", v, &scale))
+    if (!parse_args(args, nargs, 13, 1, kv16 ? "rope_decode_kv16(qk, vrow, cos, sin, k, v, out, n_heads, n_kv, "
+                                               "head_dim, n_rot, cap, pos, scale, threads)"
+                                             : "rope_decode(qk, vrow, cos, sin, k, v, out, n_heads, n_kv, head_dim, "
+                                               "n_rot, cap, pos, scale, threads)", v, &scale))
         return NULL;
     const long long threads = v[13];
     const float *qk = (const float *)(intptr_t)v[0], *vrow = (const float *)(intptr_t)v[1];
@@ -438,8 +442,9 @@ static PyObject *py_rope_decode_kv16(PyObject *self, PyObject *const *args, Py_s
 static PyObject *decode_kv(PyObject *const *args, Py_ssize_t nargs, int kv16) {
     int64_t v[10];
     double scale;
-    if (!parse_args(args, nargs, 9, 1, "decode(q, k, v, out, n_heads, n_kv, head_dim, cap, end, scale, threads)",
-                    v, &scale))
+    if (!parse_args(args, nargs, 9, 1,
+                    kv16 ? "decode_kv16(q, k, v, out, n_heads, n_kv, head_dim, cap, end, scale, threads)"
+                         : "decode(q, k, v, out, n_heads, n_kv, head_dim, cap, end, scale, threads)", v, &scale))
         return NULL;
     const long long threads = v[9];
     att_t a = {(const float *)(intptr_t)v[0], (const void *)(intptr_t)v[1], (const void *)(intptr_t)v[2],
@@ -557,7 +562,9 @@ enum { D_ATTN_NORM, D_FFN_NORM, D_Q_NORM, D_K_NORM, D_QKV_W, D_QKV_S, D_QKV_B, D
 
 static PyObject *block_decode_kv(PyObject *const *args, Py_ssize_t nargs, int kv16) {
     if (nargs != 12 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != DESC_LEN) {
-        PyErr_SetString(PyExc_TypeError, "block_decode(layout, x, y, k, v, cos, sin, cap, pos, eps, scale, threads)");
+        PyErr_SetString(PyExc_TypeError, kv16 ? "block_decode_kv16(layout, x, y, k, v, cos, sin, cap, pos, eps, scale, "
+                                                "threads)"
+                                              : "block_decode(layout, x, y, k, v, cos, sin, cap, pos, eps, scale, threads)");
         return NULL;
     }
     int64_t d[DESC_LEN], v[8];

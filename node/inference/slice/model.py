@@ -68,9 +68,12 @@ def resolve_kv_dtype(kv_dtype: str, device: torch.device) -> torch.dtype:
     the compiled half kernels (torch would convert the whole cache every step there)."""
     if kv_dtype not in KV_DTYPES:
         raise ModelLoadError(f"unknown KV cache dtype {kv_dtype!r} (one of {', '.join(KV_DTYPES)})")
+    from node.inference.arch.block import _KV16
     if kv_dtype == "auto":
-        from node.inference.arch.block import _KV16
         return torch.float16 if device.type != "cpu" or _KV16 else torch.float32
+    if kv_dtype == "f16" and device.type == "cpu" and not _KV16:
+        log.warning("DIAG: f16 KV caches asked for without the compiled half kernels (an _attend build from "
+                    "before them): every decode step converts the whole cache; rebuild, or use f32")
     return torch.float16 if kv_dtype == "f16" else torch.float32
 
 
