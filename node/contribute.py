@@ -169,7 +169,7 @@ class Contributions:
         else:  # known by its header alone: shapes from the cached header
             path, header_only = entry.header_path, entry.size_bytes or 1 << 62
         sizes = await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(slice_sizes, path, self.slice_host.dtype, self.slice_host.max_ctx,
+            None, functools.partial(slice_sizes, path, self.slice_host.dtype, self.slice_host.context_for(entry),
                                     header_of_size=header_only, kv_dtype=self.slice_host.kv_dtype))
         return {"model": entry.id, "n_layers": sizes.n_layers,
                 "per_layer_mb": (sizes.per_layer_bytes + sizes.kv_per_layer_bytes) / 2**20,

@@ -83,6 +83,7 @@ class Node:
         weight_cache = WeightCache(self.data_dir / WEIGHT_CACHE_DIR, int(config.slice_weight_cache_mb * 2**20))
         self.partials = PartialModels(self.data_dir / MODELS_DIR, weight_cache, note=self.note_activity)
         self.slice_host = SliceHost(dtype=config.slice_dtype, n_threads=config.n_threads, cpu_only=config.cpu_only,
+                                    n_ctx=config.n_ctx, ctx_cap=config.max_ctx,
                                     kv_budget_bytes=int(config.slice_kv_budget_mb * 2**20),
                                     weight_cache=weight_cache, partials=self.partials,
                                     kv_dtype=config.slice_kv_dtype)

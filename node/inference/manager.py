@@ -23,7 +23,7 @@ from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
 from node.inference.placement import Placement, place
 from node.inference.tokenizer import ModelTokenizer
-from node.models.catalog import ModelCatalog, ModelEntry
+from node.models.catalog import ModelCatalog, ModelEntry, served_context
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
@@ -239,10 +239,7 @@ class ModelManager:
         return model_id in self._served or model_id in self._registering
 
     def _context_for(self, entry: ModelEntry) -> int:
-        trained = entry.context_length or 2048
-        if self.config.n_ctx:
-            return min(self.config.n_ctx, trained)
-        return min(trained, self.config.max_ctx)
+        return served_context(entry.context_length, self.config.n_ctx, self.config.max_ctx)
 
     def get(self, model_id: str) -> ServedModel:
         """The served model for an id, name or hash prefix (404 if unknown here)."""

@@ -32,6 +32,16 @@ log = logging.getLogger(__name__)
 HASH_CACHE_FILE = "model_hashes.json"
 
 
+def served_context(trained: int | None, n_ctx: int, max_ctx: int) -> int:
+    """The context a node serves a model at (NodeConfig `n_ctx`, else the model's trained context
+    capped by `max_ctx`): its requests' limit, and on a slice the positions a session may reach,
+    which its KV reserve is sized for."""
+    trained = trained or 2048
+    if n_ctx:
+        return min(n_ctx, trained)
+    return min(trained, max_ctx) if max_ctx else trained
+
+
 @dataclass
 class ModelEntry:
     """One GGUF file known to this node."""

@@ -293,3 +293,30 @@ async def test_without_memory_for_both_ranges_a_move_drops_the_old_one_first(tmp
     assert announced[-1] == [(0, 4)]
     await auto.async_stop()
     await host.async_close()
+
+
+async def test_slices_and_their_kv_reserve_take_the_context_the_node_serves_not_the_trained_one(tmp_path):
+    """A model trained on 32768 positions, served at NodeConfig's max_ctx (8192, as the local route
+    serves it): its slices' sessions stop there, and the auto budget reserves KV for 8192
+    positions, not 32768 (a real Llama 3's 131072 would have made the reserve 16x the weights)."""
+    from node.inference.pipeline.autoserve import slice_sizes
+    from node.models.catalog import served_context
+
+    long_ctx = SynthSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=32768,
+                         name="long2")
+    path = write_gguf(tmp_path / "long2.gguf", long_ctx)
+    entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
+    assert entry.context_length == 32768
+    host = SliceHost(dtype="f32", kv_dtype="f16", ctx_cap=8192)
+    assert host.context_for(entry) == served_context(32768, 0, 8192) == 8192
+    assert SliceHost(dtype="f32", n_ctx=4096, ctx_cap=8192).context_for(entry) == 4096  # n_ctx wins
+    assert SliceHost(dtype="f32").context_for(entry) == 0  # nothing set: the trained context
+    hosted = await host.async_load(entry, 0, 2)
+    try:
+        assert hosted.model.n_ctx == 8192
+        capped = slice_sizes(path, "f32", host.context_for(entry), kv_dtype="f16")
+        trained = slice_sizes(path, "f32", 0, kv_dtype="f16")
+        assert capped.kv_per_layer_bytes == 2 * 2 * 16 * 8192 * 2  # K and V, 2 kv heads x 16 dims, f16
+        assert trained.kv_per_layer_bytes == 4 * capped.kv_per_layer_bytes
+    finally:
+        await host.async_close()

@@ -377,7 +377,7 @@ class AutoServe:
 
     async def _async_size(self, m: _Model, loop: asyncio.AbstractEventLoop) -> None:
         sizes = m.sizes or await loop.run_in_executor(None, functools.partial(
-            slice_sizes, m.entry.path, self.host.dtype, self.host.max_ctx, kv_dtype=self.host.kv_dtype))
+            slice_sizes, m.entry.path, self.host.dtype, self.host.context_for(m.entry), kv_dtype=self.host.kv_dtype))
         m.sizes = sizes
         budget_mb = m.budget_mb_override or self.budget_mb
         budget_bytes = budget_mb * 2**20 if budget_mb else await loop.run_in_executor(None, default_budget_bytes)

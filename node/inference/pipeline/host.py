@@ -20,7 +20,7 @@ from node.inference.pipeline.partials import PartialModels
 from node.inference.placement import Placement, place
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
-from node.models.catalog import ModelEntry
+from node.models.catalog import ModelEntry, served_context
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,8 @@ class HostedSlice:
 class SliceHost:
     """Loads and owns this node's slices; sweeps idle KV sessions."""
 
-    def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0, cpu_only: bool = False,
+    def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0, n_ctx: int = 0,
+                 ctx_cap: int = 0, cpu_only: bool = False,
                  session_ttl_s: float = const.SESSION_TTL_S, kv_budget_bytes: int = const.KV_BUDGET_BYTES,
                  weight_cache: WeightCache | None = None, partials: PartialModels | None = None,
                  kv_dtype: str = "auto"):
@@ -136,7 +137,8 @@ class SliceHost:
         self.weight_cache = weight_cache  # converted weights on disk: a second load skips the conversion
         self.cpu_only = cpu_only
         self.n_threads = n_threads
-        self.max_ctx = max_ctx
+        self.max_ctx = max_ctx  # every slice's context, when set (tests); else context_for's
+        self.n_ctx, self.ctx_cap = n_ctx, ctx_cap  # NodeConfig n_ctx / max_ctx, as the local route has them
         self.session_ttl_s = session_ttl_s
         self.kv_budget_bytes = kv_budget_bytes
         self.slices: dict[tuple[str, int, int], HostedSlice] = {}
@@ -150,6 +152,16 @@ class SliceHost:
             partials.on_dropped = self._parts_dropped
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
         self.on_rate = None  # callback() when a slice's ms/layer is first measured or clearly changed (HELLO)
+
+    def context_for(self, entry: ModelEntry) -> int:
+        """Positions a session of this model's slices may reach (0: the model's trained context):
+        the context this node serves the model at (`served_context`, NodeConfig `n_ctx` / `max_ctx`),
+        so a model trained on 131072 positions is not given a KV reserve for all of them."""
+        if self.max_ctx:
+            return self.max_ctx
+        if not (self.n_ctx or self.ctx_cap):
+            return 0
+        return served_context(entry.context_length, self.n_ctx, self.ctx_cap)
 
     def note_eval(self, hosted: HostedSlice, eval_us: int, n_tokens: int, layers: int | None = None) -> None:
         """A decode step's time on `hosted`; its ms/layer, first measured or changed by more than
@@ -282,7 +294,7 @@ class SliceHost:
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
                                                          device=hosted.placement.device,
                                                          n_threads=self.n_threads or None,
-                                                         max_ctx=self.max_ctx or None, name=entry.id,
+                                                         max_ctx=self.context_for(entry) or None, name=entry.id,
                                                          cache=self.weight_cache, sha256=entry.sha256,
                                                          kv_dtype=self.kv_dtype))
         except NodeError as exc:
