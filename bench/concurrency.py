@@ -24,6 +24,8 @@ missing. Both run flash attention off (our engine's default) and `-np`/max_concu
 `--chain` adds a third server: the same file as a 3-segment chain (bench.pipeline_bench.Arm: three
 `swarmllm run` processes on 127.0.0.1, one per third of the layers, int8 slices, each with
 --threads or --chain-threads), asked through its first node; printed with its own 8 / 1 scaling.
+`--chain-segments 1` makes it one node serving every layer as one slice (the slice engine in
+place of llama.cpp, through the distributed route).
 (Every process of every server shares this machine's cores: on 2 vCPUs the chain's three nodes
 take turns, and with 2 threads each they oversubscribe the cores once all three compute.)
 """

@@ -219,6 +219,10 @@ def validate(cfg: NodeConfig) -> None:
     if cfg.serve == "auto" and cfg.layers:
         raise InvalidRequest(f"--layers {cfg.layers} and --serve auto conflict: --layers chooses the layers by "
                              "hand, --serve auto lets the node choose them; give one of the two")
+    for name in ("n_ctx", "max_ctx"):
+        if getattr(cfg, name) < 0:
+            raise InvalidRequest(f"config field {name}: must be 0 (the model's own) or a number of tokens, "
+                                 f"got {getattr(cfg, name)}")
     if not 1 <= cfg.max_concurrent <= 64:
         raise InvalidRequest(f"config field max_concurrent: must be 1..64, got {cfg.max_concurrent}")
     if not 0 <= cfg.kv_cache_seqs <= 64:

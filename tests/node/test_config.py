@@ -163,3 +163,9 @@ def test_slice_kv_dtype_from_file_and_cli_and_a_wrong_one_refused(tmp_path):
     (tmp_path / "config.toml").write_text('[inference]\nslice_kv_dtype = "q8"\n')
     with pytest.raises(InvalidRequest, match="slice_kv_dtype.*auto, f16, f32.*'q8'"):
         load_config({"data_dir": str(tmp_path)}, environ={})
+
+
+@pytest.mark.parametrize("field", ["n_ctx", "max_ctx"])
+def test_a_negative_context_is_refused(tmp_path, field):
+    with pytest.raises(InvalidRequest, match=f"config field {field}: must be 0"):
+        load_config({"data_dir": str(tmp_path), field: -1}, environ={})

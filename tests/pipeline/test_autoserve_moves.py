@@ -295,10 +295,12 @@ async def test_without_memory_for_both_ranges_a_move_drops_the_old_one_first(tmp
     await host.async_close()
 
 
-async def test_slices_and_their_kv_reserve_take_the_context_the_node_serves_not_the_trained_one(tmp_path):
+async def test_the_kv_reserve_of_auto_budgets_is_for_the_context_the_node_serves(tmp_path):
     """A model trained on 32768 positions, served at NodeConfig's max_ctx (8192, as the local route
-    serves it): its slices' sessions stop there, and the auto budget reserves KV for 8192
-    positions, not 32768 (a real Llama 3's 131072 would have made the reserve 16x the weights)."""
+    serves it): AutoServe's budget and the contribution offer reserve KV for 8192 positions a
+    layer, not 32768 (a real Llama 3's 131072 made that reserve 4.4 times a 1B model's int8 weights
+    in f16, 8.8 times in f32); a session may still grow to the trained context."""
+    from node.contribute import Contributions
     from node.inference.pipeline.autoserve import slice_sizes
     from node.models.catalog import served_context
 
@@ -311,12 +313,20 @@ async def test_slices_and_their_kv_reserve_take_the_context_the_node_serves_not_
     assert host.context_for(entry) == served_context(32768, 0, 8192) == 8192
     assert SliceHost(dtype="f32", n_ctx=4096, ctx_cap=8192).context_for(entry) == 4096  # n_ctx wins
     assert SliceHost(dtype="f32").context_for(entry) == 0  # nothing set: the trained context
+    from node.node import Node
+    from tests.support.nodes import node_config
+    assert Node(node_config(tmp_path / "n", max_ctx=4096)).slice_host.context_for(entry) == 4096  # the config's
+    reserve = 2 * 2 * 16 * 8192 * 2  # K and V, 2 kv heads x 16 dims, 8192 positions, f16
+    assert slice_sizes(path, "f32", 0, kv_dtype="f16").kv_per_layer_bytes == 4 * reserve
+    auto = AutoServe("me" * 32, host, ScriptedPeers(), [entry], announce=_nothing, budget_mb=1)
+    await auto._async_budget(auto.models[0], asyncio.get_running_loop())
+    assert auto.models[0].sizes.kv_per_layer_bytes == reserve
+    here = SimpleNamespace(catalog=SimpleNamespace(resolve=lambda _: entry), slice_host=host)
+    offer = await Contributions.async_layer_cost(here, entry.id)  # the budget slider's layer cost
+    weights = slice_sizes(path, "f32", 8192, kv_dtype="f16").per_layer_bytes
+    assert offer["per_layer_mb"] == (weights + reserve) / 2**20
     hosted = await host.async_load(entry, 0, 2)
     try:
-        assert hosted.model.n_ctx == 8192
-        capped = slice_sizes(path, "f32", host.context_for(entry), kv_dtype="f16")
-        trained = slice_sizes(path, "f32", 0, kv_dtype="f16")
-        assert capped.kv_per_layer_bytes == 2 * 2 * 16 * 8192 * 2  # K and V, 2 kv heads x 16 dims, f16
-        assert trained.kv_per_layer_bytes == 4 * capped.kv_per_layer_bytes
+        assert hosted.model.n_ctx == 32768  # sessions grow lazily; the budget bounds their sum
     finally:
         await host.async_close()

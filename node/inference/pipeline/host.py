@@ -137,8 +137,8 @@ class SliceHost:
         self.weight_cache = weight_cache  # converted weights on disk: a second load skips the conversion
         self.cpu_only = cpu_only
         self.n_threads = n_threads
-        self.max_ctx = max_ctx  # every slice's context, when set (tests); else context_for's
-        self.n_ctx, self.ctx_cap = n_ctx, ctx_cap  # NodeConfig n_ctx / max_ctx, as the local route has them
+        self.max_ctx = max_ctx  # every slice's context, when set (tests); else the model's trained one
+        self.n_ctx, self.ctx_cap = n_ctx, ctx_cap  # NodeConfig n_ctx / max_ctx: context_for (KV reserves)
         self.session_ttl_s = session_ttl_s
         self.kv_budget_bytes = kv_budget_bytes
         self.slices: dict[tuple[str, int, int], HostedSlice] = {}
@@ -154,9 +154,11 @@ class SliceHost:
         self.on_rate = None  # callback() when a slice's ms/layer is first measured or clearly changed (HELLO)
 
     def context_for(self, entry: ModelEntry) -> int:
-        """Positions a session of this model's slices may reach (0: the model's trained context):
+        """Positions the auto budget reserves a session's KV for (0: the model's trained context):
         the context this node serves the model at (`served_context`, NodeConfig `n_ctx` / `max_ctx`),
-        so a model trained on 131072 positions is not given a KV reserve for all of them."""
+        what coordinators with the defaults send, so a model trained on 131072 positions is not given
+        a reserve for all of them. A session itself may still grow (by doubling) to the trained
+        context: a coordinator configured for more is served, within `kv_budget_bytes`."""
         if self.max_ctx:
             return self.max_ctx
         if not (self.n_ctx or self.ctx_cap):
@@ -294,7 +296,7 @@ class SliceHost:
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
                                                          device=hosted.placement.device,
                                                          n_threads=self.n_threads or None,
-                                                         max_ctx=self.context_for(entry) or None, name=entry.id,
+                                                         max_ctx=self.max_ctx or None, name=entry.id,
                                                          cache=self.weight_cache, sha256=entry.sha256,
                                                          kv_dtype=self.kv_dtype))
         except NodeError as exc:
