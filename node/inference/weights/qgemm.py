@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - depends on the install
     _qgemm = None
 
 LAYOUT_VERSION = 1  # bump when the packed layout changes (the weight cache's key names it)
-KERNEL_VERSION = 3  # bump when the kernels or the activation quantization change (the kernel choice)
+KERNEL_VERSION = 4  # bump when the kernels or the activation quantization change (the kernel choice)
 PREFILL8_MIN_ROWS = 32  # a product of more rows than this may take 8-bit activations (`prefill8`)
 
 
