@@ -104,12 +104,16 @@ static void rows_c(const job_t *j, int64_t n0, int64_t n1) {
    the block's transfer from memory overlaps this block's products. Without it they did not overlap
    (a few tokens over a matrix larger than the caches cost the memory time plus the compute time:
    8 tokens over 8192 x 2048, 1.18 ms against 0.73 with it, AMD EPYC Zen 4, 2 threads); into L1
-   (T0) it evicted the block in use and gained a third of that. A prefetch never faults: the last
-   block's, past the end, is harmless. */
+   (T0) it evicted the block in use and gained a third of that (older AMD cores treat T1 as T0).
+   A prefetch never faults, so the last block's, past the end of the weights, is harmless; its
+   address is made as an integer (a pointer past one-past-the-end would be undefined in C). The
+   AVX2 prefill prefetches while widening, a whole token block ahead: with an L2 under the token
+   block's 384 KB the lines may be gone by then (a wasted prefetch, no more). */
 #define PREFETCH_NEXT_BLOCK(j, w)                                                                         \
     do {                                                                                                  \
-        _mm_prefetch((const char *)((w) + NR * (j)->kp), _MM_HINT_T1);                                    \
-        _mm_prefetch((const char *)((w) + NR * (j)->kp + 64), _MM_HINT_T1);                               \
+        const uintptr_t next_ = (uintptr_t)(w) + (uintptr_t)(NR * (j)->kp);                               \
+        _mm_prefetch((const char *)next_, _MM_HINT_T1);                                                   \
+        _mm_prefetch((const char *)(next_ + 64), _MM_HINT_T1);                                            \
     } while (0)
 __attribute__((target("avx2,fma")))
 static inline int64_t hsum256(__m256i v) {
