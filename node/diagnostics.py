@@ -123,7 +123,7 @@ async def _machine(node: ReportParts) -> list[str]:
         rates = [f"{s.start}-{s.end - 1}:{s.ms_per_layer:.3f}" for s in node.slice_host.slices.values()
                  if s.ms_per_layer]
         lines.append(f"measured ms/layer (decode): {', '.join(rates) or 'not yet measured'}")
-        kernels = sorted({f"{s.model.fmt} {s.model.kernel} kv {str(s.model.kv_dtype).removeprefix('torch.')}"
+        kernels = sorted({f"{s.model.fmt} {s.model.kernel} kv {s.model.kv_name}"
                           for s in node.slice_host.slices.values() if s.model is not None})
         cache = node.slice_host.weight_cache
         used = await asyncio.get_running_loop().run_in_executor(None, cache.total_bytes) \

@@ -29,6 +29,10 @@ _FUSED = _attend_c is not None and all(hasattr(_attend_c, f) for f in ("rope_dec
 # half KV caches in the compiled kernels (a build from before them: torch's path)
 _KV16 = _FUSED and all(hasattr(_attend_c, f) for f in ("decode_kv16", "rope_decode_kv16", "block_decode_kv16"))
 _KV_DTYPES = (torch.float32, torch.float16) if _KV16 else (torch.float32,)
+# each cache dtype's entry points, looked up once (block_decode and the rest run once a layer a step)
+_KV_KERNELS = {dt: {name: getattr(_attend_c, name + ("_kv16" if dt == torch.float16 else ""), None)
+                    for name in ("decode", "rope_decode", "block_decode")}
+               for dt in _KV_DTYPES} if _attend_c is not None else {}
 
 DOWN_ROTATION = 32  # ffn_down's input rotation block (Hadamard order; 16–64 measured alike)
 QKV_PREFILL_RESIDUAL = True  # int8: qkv keeps its residual pass in long prefills (cheap: 1/10 of the compute)
@@ -270,10 +274,11 @@ def _layout(b: Block, cfg: ModelConfig) -> tuple:
 def _kv_kernel(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor):
     """`_attend`'s entry point `name` for these caches (its `_kv16` twin for half ones); a dtype
     the kernels do not read (bf16, K and V apart) is refused, never read as another."""
-    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in _KV_DTYPES:
+    kernels = _KV_KERNELS.get(k_cache.dtype) if k_cache.dtype == v_cache.dtype else None
+    if kernels is None:
         raise ValueError(f"the compiled attention reads float32{' or float16' if _KV16 else ''} KV caches, "
                          f"not K {k_cache.dtype} / V {v_cache.dtype}")
-    return getattr(_attend_c, name + "_kv16" if k_cache.dtype == torch.float16 else name)
+    return kernels[name]
 
 
 def block_decode(layout: tuple, cfg: ModelConfig, x: torch.Tensor, part, rope) -> torch.Tensor:

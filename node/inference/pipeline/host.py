@@ -117,7 +117,7 @@ class HostedSlice:
             "load_ms": self.model.load_ms if self.model is not None else None,
             "weight_cache": self.model.weight_cache if self.model is not None else None,
             "kernel": self.model.kernel if self.model is not None else None,
-            "kv_dtype": str(self.model.kv_dtype).removeprefix("torch.") if self.model is not None else None,
+            "kv_dtype": self.model.kv_name if self.model is not None else None,
             "partial": self.entry.partial.describe() if self.entry.partial is not None else None,
             "fetch": {"done_bytes": self.fetch[0], "total_bytes": self.fetch[1]} if self.fetch is not None else None,
         }

@@ -30,7 +30,7 @@ import torch
 from node import const
 from node.errors import EngineError, KvPositionMismatch, ModelLoadError
 from node.inference.arch import family
-from node.inference.arch.block import Block, attention_mask, block_forward_many
+from node.inference.arch.block import _KV16, Block, attention_mask, block_forward_many
 from node.inference.arch.common import ModelConfig, RotaryTables, rms_norm
 from node.inference.slice.session import Session, SessionStore
 from node.inference.weights.cache import CACHED_FORMATS, CacheKey, WeightCache
@@ -68,7 +68,6 @@ def resolve_kv_dtype(kv_dtype: str, device: torch.device) -> torch.dtype:
     the compiled half kernels (torch would convert the whole cache every step there)."""
     if kv_dtype not in KV_DTYPES:
         raise ModelLoadError(f"unknown KV cache dtype {kv_dtype!r} (one of {', '.join(KV_DTYPES)})")
-    from node.inference.arch.block import _KV16
     if kv_dtype == "auto":
         return torch.float16 if device.type != "cpu" or _KV16 else torch.float32
     if kv_dtype == "f16" and device.type == "cpu" and not _KV16:
@@ -125,7 +124,7 @@ class SliceModel:
 
     def __init__(self, f: GgufFile, cfg: ModelConfig, start: int, end: int, fmt: str,
                  device: torch.device, max_ctx: int, blocks: list[Block],
-                 head: tuple[torch.Tensor, Linear] | None, name: str, kv_dtype: str = "auto"):
+                 head: tuple[torch.Tensor, Linear] | None, name: str, kv_dtype: torch.dtype | None = None):
         self.file, self.config, self.fmt, self.device = f, cfg, fmt, device
         self.layer_start, self.layer_end = start, end
         self.n_ctx = max_ctx
@@ -133,7 +132,7 @@ class SliceModel:
         self.blocks = blocks
         self.head = head
         self.rotary = RotaryTables(cfg.rope, device)
-        self.kv_dtype = resolve_kv_dtype(kv_dtype, device)
+        self.kv_dtype = kv_dtype or resolve_kv_dtype("auto", device)  # the sessions' K and V
         self.sessions = SessionStore(name)
         self.weight_cache = "off"  # how the load went: off, hit, miss or partial (set by load)
         self.kernel = "torch"  # the matrix kernel: qgemm or fbgemm (int8), torch (the float formats)
@@ -233,7 +232,7 @@ class SliceModel:
         f.release_pages()
         _trim_heap()
         model = cls(f, cfg, layer_start, end, fmt, device, max_ctx or cfg.n_ctx_train, blocks, head,
-                    name or Path(path).stem, "f16" if kv_type == torch.float16 else "f32")
+                    name or Path(path).stem, kv_type)
         model.kernel = kernel
         model.weight_cache = ("off" if key is None else "hit" if all(hits) else "miss" if not any(hits) else "partial")
         model.load_ms = round((time.perf_counter() - t0) * 1000)
@@ -242,11 +241,16 @@ class SliceModel:
             kv(model=model.name, arch=cfg.arch, layers=f"{layer_start}-{end}", n_layers=cfg.n_layers,
                dtype=fmt, device=str(device), threads=torch.get_num_threads(), load_workers=workers,
                weight_cache=model.weight_cache, cached_parts=f"{sum(hits)}/{len(hits)}",
-               kernel=kernel, kv_dtype=str(model.kv_dtype).removeprefix("torch."), load_ms=model.load_ms),
+               kernel=kernel, kv_dtype=model.kv_name, load_ms=model.load_ms),
         )
         return model
 
     # --- properties ----------------------------------------------------------------------------
+
+    @property
+    def kv_name(self) -> str:
+        """The KV caches' type as logs and reports name it: float16 or float32."""
+        return str(self.kv_dtype).removeprefix("torch.")
 
     @property
     def is_first(self) -> bool:
