@@ -31,8 +31,11 @@ _KV16 = _FUSED and all(hasattr(_attend_c, f) for f in ("decode_kv16", "rope_deco
 _KV_DTYPES = (torch.float32, torch.float16) if _KV16 else (torch.float32,)
 # each cache dtype's entry points, looked up once (block_decode and the rest run once a layer a step)
 _KV_KERNELS = {dt: {name: getattr(_attend_c, name + ("_kv16" if dt == torch.float16 else ""), None)
-                    for name in ("decode", "rope_decode", "block_decode")}
+                    for name in ("decode", "rope_decode", "block_decode", "attend_rows")}
                for dt in _KV_DTYPES} if _attend_c is not None else {}
+# several rows of one session (a prefill chunk, a verify step) in the compiled kernel, reading half
+# caches as they are (a build from before it: torch's SDPA)
+_ROWS = _attend_c is not None and all(k["attend_rows"] is not None for k in _KV_KERNELS.values())
 
 DOWN_ROTATION = 32  # ffn_down's input rotation block (Hadamard order; 16–64 measured alike)
 QKV_PREFILL_RESIDUAL = True  # int8: qkv keeps its residual pass in long prefills (cheap: 1/10 of the compute)
@@ -215,10 +218,12 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
     end = start + T
     k_cache[:, start:end] = qk[:, nh:].transpose(0, 1)
     v_cache[:, start:end] = qkv[:, nh + nkv :].transpose(0, 1)
-    if T == 1 and mask is None and _attend_c is not None and k_cache.device.type == "cpu" \
-            and k_cache.dtype == v_cache.dtype and k_cache.dtype in _KV_DTYPES and k_cache.is_contiguous() \
-            and v_cache.is_contiguous():
-        return decode_attention(qk[0, :nh], k_cache, v_cache, end)
+    if _attend_c is not None and k_cache.device.type == "cpu" and k_cache.dtype == v_cache.dtype \
+            and k_cache.dtype in _KV_DTYPES and k_cache.is_contiguous() and v_cache.is_contiguous():
+        if T == 1 and mask is None:
+            return decode_attention(qk[0, :nh], k_cache, v_cache, end)
+        if _ROWS:  # (mask is attention_mask's: causal)
+            return rows_attention(qk, k_cache, v_cache, start, nh)
     # heads h = kv*group + g share KV head kv: fold them into rows [1, nkv, group*T, hd]
     # (4-D inputs: torch's fused CPU attention kernel only takes [B, H, L, E])
     if T == 1:
@@ -323,6 +328,22 @@ def rope_decode_attention(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor,
     out = torch.empty(1, nh * hd, dtype=torch.float32)
     fn(qk.data_ptr(), v.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
        out.data_ptr(), nh, nkv, hd, cfg.rope.n_rot, k_cache.shape[1], pos, hd ** -0.5, torch.get_num_threads())
+    return out
+
+
+def rows_attention(qk: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, nh: int) -> torch.Tensor:
+    """T rows of one session at positions [start, start+T), their K/V already in the caches:
+    causal attention in the compiled kernel (`_attend.attend_rows`), Q heads `qk[:, :nh]` (rotated).
+    [T, n_heads*hd]; within float32 rounding of SDPA's, each row's bits independent of the rows with
+    it, and the same on half caches as on float32 caches holding the same values."""
+    T, _, hd = qk.shape
+    nkv, cap = k_cache.shape[0], k_cache.shape[1]
+    fn = _kv_kernel("attend_rows", k_cache, v_cache)
+    if qk.dtype != torch.float32 or not qk.is_contiguous():
+        qk = qk.to(torch.float32).contiguous()
+    out = torch.empty(T, nh * hd, dtype=torch.float32)
+    fn(qk.data_ptr(), qk.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), T, start, nh, nkv, hd,
+       cap, hd ** -0.5, torch.get_num_threads())
     return out
 
 
