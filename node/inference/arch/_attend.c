@@ -628,69 +628,105 @@ __attribute__((target("avx2,f16c"))) static inline void cvt_avx2(const uint16_t 
     for (; i < n; i++) dst[i] = h2f(src[at + i]);
 }
 
-/* scores of 8 lanes: eight keys at a time, then one at a time */
-__attribute__((target("avx2"))) static inline void scores_avx2(const float *QT, const float *kp, int64_t hd, int nk,
-                                                             float scale, float *S) {
+/* AVX2 over NV registers of 8 lanes (a tile of 8·NV rows): every key or value element broadcast
+   from memory serves NV registers, so NV = 2 halves the loads per multiply-add */
+#define AVX2_KEYS(NV) (8 / (NV))  /* keys in registers at a time: 8 accumulators */
+
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
+scores_avx2_n(const float *QT, const float *kp, int64_t hd, int nk, float scale, float *S, const int NV) {
+    const int W = 8 * NV, KU = AVX2_KEYS(NV);
     const __m256 sc = _mm256_set1_ps(scale);
     int i = 0;
-    for (; i + 8 <= nk; i += 8) {  /* eight keys at a time: eight add chains (an add's latency is 3-4 cycles) */
+    for (; i + KU <= nk; i += KU) {
         const float *kk = kp + i * hd;
         __m256 acc[8];
         for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
         for (int64_t c = 0; c < hd; c++) {
-            const __m256 q = _mm256_loadu_ps(QT + c * 8);
-            for (int u = 0; u < 8; u++) acc[u] = _mm256_add_ps(acc[u], _mm256_mul_ps(q, _mm256_set1_ps(kk[u * hd + c])));
+            for (int v = 0; v < NV; v++) {
+                const __m256 q = _mm256_loadu_ps(QT + c * W + 8 * v);
+                for (int u = 0; u < KU; u++)
+                    acc[u * NV + v] = _mm256_add_ps(acc[u * NV + v], _mm256_mul_ps(q, _mm256_set1_ps(kk[u * hd + c])));
+            }
         }
-        for (int u = 0; u < 8; u++) _mm256_storeu_ps(S + (i + u) * 8, _mm256_mul_ps(acc[u], sc));
+        for (int u = 0; u < KU; u++)
+            for (int v = 0; v < NV; v++) _mm256_storeu_ps(S + (i + u) * W + 8 * v, _mm256_mul_ps(acc[u * NV + v], sc));
     }
     for (; i < nk; i++) {
         const float *k0 = kp + i * hd;
-        __m256 a0 = _mm256_setzero_ps();
-        for (int64_t c = 0; c < hd; c++) a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(QT + c * 8), _mm256_set1_ps(k0[c])));
-        _mm256_storeu_ps(S + i * 8, _mm256_mul_ps(a0, sc));
-    }
-}
-
-__attribute__((target("avx2"))) static inline void online_avx2(float *S, int nk, float *m, float *l, float *corr) {
-    const __m256 m0 = _mm256_loadu_ps(m);
-    __m256 mx = m0;
-    for (int i = 0; i < nk; i++) mx = _mm256_max_ps(_mm256_loadu_ps(S + i * 8), mx);  /* s > m ? s : m */
-    const __m256 c = exp_avx2(_mm256_sub_ps(m0, mx));
-    __m256 sum = _mm256_mul_ps(_mm256_loadu_ps(l), c);
-    for (int i = 0; i < nk; i++) {
-        const __m256 p = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(S + i * 8), mx));
-        _mm256_storeu_ps(S + i * 8, p);
-        sum = _mm256_add_ps(sum, p);
-    }
-    _mm256_storeu_ps(corr, c);
-    _mm256_storeu_ps(l, sum);
-    _mm256_storeu_ps(m, mx);
-}
-
-/* O·corr + Σ p·v: 8 dimensions' lanes in registers over the block's keys, then one at a time */
-__attribute__((target("avx2"))) static inline void pv_avx2(float *OT, const float *P, const float *vp, int64_t hd, int nk,
-                                                         const float *corr) {
-    const __m256 c = _mm256_loadu_ps(corr);
-    int64_t d = 0;
-    for (; d + 8 <= hd; d += 8) {
-        __m256 o[8];
-        for (int u = 0; u < 8; u++) o[u] = _mm256_mul_ps(_mm256_loadu_ps(OT + (d + u) * 8), c);
-        for (int i = 0; i < nk; i++) {
-            const __m256 p = _mm256_loadu_ps(P + i * 8);
-            const float *v = vp + i * hd + d;
-            for (int u = 0; u < 8; u++) o[u] = _mm256_add_ps(o[u], _mm256_mul_ps(p, _mm256_set1_ps(v[u])));
+        for (int v = 0; v < NV; v++) {
+            __m256 a0 = _mm256_setzero_ps();
+            for (int64_t c = 0; c < hd; c++)
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(QT + c * W + 8 * v), _mm256_set1_ps(k0[c])));
+            _mm256_storeu_ps(S + i * W + 8 * v, _mm256_mul_ps(a0, sc));
         }
-        for (int u = 0; u < 8; u++) _mm256_storeu_ps(OT + (d + u) * 8, o[u]);
-    }
-    for (; d < hd; d++) {
-        __m256 o = _mm256_mul_ps(_mm256_loadu_ps(OT + d * 8), c);
-        for (int i = 0; i < nk; i++) o = _mm256_add_ps(o, _mm256_mul_ps(_mm256_loadu_ps(P + i * 8), _mm256_set1_ps(vp[i * hd + d])));
-        _mm256_storeu_ps(OT + d * 8, o);
     }
 }
+
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
+online_avx2_n(float *S, int nk, float *m, float *l, float *corr, const int NV) {
+    const int W = 8 * NV;
+    for (int v = 0; v < NV; v++) {
+        const __m256 m0 = _mm256_loadu_ps(m + 8 * v);
+        __m256 mx = m0;
+        for (int i = 0; i < nk; i++) mx = _mm256_max_ps(_mm256_loadu_ps(S + i * W + 8 * v), mx);  /* s > m ? s : m */
+        const __m256 c = exp_avx2(_mm256_sub_ps(m0, mx));
+        __m256 sum = _mm256_mul_ps(_mm256_loadu_ps(l + 8 * v), c);
+        for (int i = 0; i < nk; i++) {
+            const __m256 p = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(S + i * W + 8 * v), mx));
+            _mm256_storeu_ps(S + i * W + 8 * v, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        _mm256_storeu_ps(corr + 8 * v, c);
+        _mm256_storeu_ps(l + 8 * v, sum);
+        _mm256_storeu_ps(m + 8 * v, mx);
+    }
+}
+
+/* O·corr + Σ p·v: 8 accumulators (8/NV dimensions × NV registers) over the block's keys */
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
+pv_avx2_n(float *OT, const float *P, const float *vp, int64_t hd, int nk, const float *corr, const int NV) {
+    const int W = 8 * NV, DU = 8 / NV;
+    __m256 c[2];
+    for (int v = 0; v < NV; v++) c[v] = _mm256_loadu_ps(corr + 8 * v);
+    int64_t d = 0;
+    for (; d + DU <= hd; d += DU) {
+        __m256 o[8];
+        for (int u = 0; u < DU; u++)
+            for (int v = 0; v < NV; v++) o[u * NV + v] = _mm256_mul_ps(_mm256_loadu_ps(OT + (d + u) * W + 8 * v), c[v]);
+        for (int i = 0; i < nk; i++) {
+            const float *vr = vp + i * hd + d;
+            for (int v = 0; v < NV; v++) {
+                const __m256 p = _mm256_loadu_ps(P + i * W + 8 * v);
+                for (int u = 0; u < DU; u++)
+                    o[u * NV + v] = _mm256_add_ps(o[u * NV + v], _mm256_mul_ps(p, _mm256_set1_ps(vr[u])));
+            }
+        }
+        for (int u = 0; u < DU; u++)
+            for (int v = 0; v < NV; v++) _mm256_storeu_ps(OT + (d + u) * W + 8 * v, o[u * NV + v]);
+    }
+    for (; d < hd; d++)
+        for (int v = 0; v < NV; v++) {
+            __m256 o = _mm256_mul_ps(_mm256_loadu_ps(OT + d * W + 8 * v), c[v]);
+            for (int i = 0; i < nk; i++)
+                o = _mm256_add_ps(o, _mm256_mul_ps(_mm256_loadu_ps(P + i * W + 8 * v), _mm256_set1_ps(vp[i * hd + d])));
+            _mm256_storeu_ps(OT + d * W + 8 * v, o);
+        }
+}
+
+#define SCORES_AVX2_1(QT, kp, hd, nk, sc, S) scores_avx2_n(QT, kp, hd, nk, sc, S, 1)
+#define ONLINE_AVX2_1(S, nk, m, l, corr) online_avx2_n(S, nk, m, l, corr, 1)
+#define PV_AVX2_1(OT, P, vp, hd, nk, corr) pv_avx2_n(OT, P, vp, hd, nk, corr, 1)
+#define SCORES_AVX2_2(QT, kp, hd, nk, sc, S) scores_avx2_n(QT, kp, hd, nk, sc, S, 2)
+#define ONLINE_AVX2_2(S, nk, m, l, corr) online_avx2_n(S, nk, m, l, corr, 2)
+#define PV_AVX2_2(OT, P, vp, hd, nk, corr) pv_avx2_n(OT, P, vp, hd, nk, corr, 2)
 
 __attribute__((target("avx2,f16c"))) static void tile_avx2(const rows_t *a, int64_t g, int64_t r0, float *buf) {
-    TILE_BODY(8, cvt_avx2, scores_avx2, online_avx2, pv_avx2)
+    TILE_BODY(8, cvt_avx2, SCORES_AVX2_1, ONLINE_AVX2_1, PV_AVX2_1)
+}
+
+/* 16 rows in two registers (AVX2's wide tile) */
+__attribute__((target("avx2,f16c"))) static void tile_avx2_16(const rows_t *a, int64_t g, int64_t r0, float *buf) {
+    TILE_BODY(16, cvt_avx2, SCORES_AVX2_2, ONLINE_AVX2_2, PV_AVX2_2)
 }
 
 /* exp_c on 16 lanes: the same operations in the same order */
@@ -794,8 +830,10 @@ static void pick_tiles(void) {
     g_tile_w = g_narrow_w = WC;
 #ifdef AT_X86
     if (!strcmp(g_isa, "avx2")) {
-        g_tile = g_narrow = tile_avx2;
-        g_tile_w = g_narrow_w = 8;
+        g_tile = tile_avx2_16;
+        g_tile_w = 16;
+        g_narrow = tile_avx2;
+        g_narrow_w = 8;
     } else if (!strcmp(g_isa, "avx512")) {
         g_tile = tile_avx512;
         g_tile_w = 16;
