@@ -10,7 +10,7 @@ turn's TTFT against the same prompt cold (on the local route llama.cpp copies th
 prefix; on a chain every segment copies it from the kept session, `resume_copy`).
 
 `--route chain`: the same file as a 3-segment chain (bench.concurrency.start_chain: three nodes on
-127.0.0.1, int8 slices), asked through its first node.
+127.0.0.1, int8 slices; `--segments N` for another count), asked through its first node.
 
 `default`: resources/models (256-token context: a short system prompt); `110m`: the random Q8_0
 model of bench/concurrency.py (written once to --cache, outside the repository) with a long
@@ -68,7 +68,7 @@ async def main_async(args) -> None:
     system = SYSTEM if args.model == "default" else SYSTEM * 12
     bias = banned(path)
     if args.route == "chain":
-        server = await start_chain(path, args.threads)
+        server = await start_chain(path, args.threads, args.segments)
     else:
         server = await start_ours(path, args.threads, n_ctx, Path(tempfile.mkdtemp(prefix="multiturn-logs-")))
     rows, shared = [], []
@@ -94,7 +94,7 @@ async def main_async(args) -> None:
     finally:
         server.stop()
     first = rows[0][3]
-    print(f"model={args.model} route={args.route} file={path.name} threads={args.threads} tokens/turn={args.tokens} n_ctx={n_ctx} "
+    print(f"model={args.model} route={args.route}{f' segments={args.segments}' if args.route == 'chain' else ''} file={path.name} threads={args.threads} tokens/turn={args.tokens} n_ctx={n_ctx} "
           f"cpu={cpu_name()} load={os.getloadavg()}")
     print(f"{'turn':>4} {'prompt':>6} {'cached':>6} {'TTFT':>8} {'cold TTFT':>9} {'TTFT/turn1':>10} {'TTFT/cold':>9}")
     for turn, prompt, cached, ttft, cold in rows:
@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--new-conversations", type=int, default=3, help="then this many opening with the same system prompt")
     ap.add_argument("--route", choices=("local", "chain"), default="local")
+    ap.add_argument("--segments", type=int, default=3, help="--route chain: nodes in the chain")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "swarmllm-bench")
     asyncio.run(main_async(ap.parse_args()))
 

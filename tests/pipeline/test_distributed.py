@@ -24,6 +24,7 @@ from tests.pipeline.swarm import (
     wait_for_route,
     wait_peers,
 )
+from node.inference.pipeline.run import prefill_steps
 from tests.support.sse import SseJson
 from tests.support.waiting import wait_until
 
@@ -66,6 +67,26 @@ def test_greedy_text_matches_llama_cpp_streaming_and_not(swarm):
         assert status == 200
         assert headers["x-swarm-route"] == "distributed" and headers["x-swarm-segments"] == "3"
         assert streamed == expected
+    run(go())
+
+
+def test_a_long_prompt_prefilled_in_steps_per_segment_gives_llama_cpps_text(swarm):
+    """A prompt of a few hundred tokens goes as one WORK step per segment (`prefill_steps`: the
+    segments overlap them) and still gives llama.cpp's greedy text."""
+    from node.inference.tokenizer import ModelTokenizer
+
+    prompt = " ".join(f"peer {i} holds layers of the model and forwards hidden states;" for i in range(5))
+    tok = ModelTokenizer(swarm["model"])
+    n = len(tok.chat_tokens([{"role": "user", "content": prompt}]))
+    tok.close()
+    assert len(prefill_steps(0, n, 3)) == 3  # (the prompt is long enough to be cut)
+    expected = llama_greedy(swarm["model"], prompt, 16)
+
+    async def go():
+        status, headers, text = await chat(swarm["a"], swarm["model_id"], prompt, max_tokens=16)
+        assert status == 200, text
+        assert headers["x-swarm-segments"] == "3"
+        assert text == expected
     run(go())
 
 

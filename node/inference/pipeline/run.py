@@ -1,8 +1,8 @@
 """One request's distributed generation: prefill, decode token by token, fail over, end cleanly.
 
 `PipelineRun` is what `PipelineCoordinator.begin` hands to generate.py. Each attempt prefills the
-prompt plus every token already generated (chunks of PREFILL_CHUNK_TOKENS, sent back to back so
-segments overlap them), then decodes one token per step — or, for a greedy request, the last token
+prompt plus every token already generated (`prefill_steps`: steps of at most PREFILL_CHUNK_TOKENS,
+at least one per segment when long enough, sent back to back so segments overlap them), then decodes one token per step — or, for a greedy request, the last token
 followed by an n-gram draft (node.inference.speculate), which the last segment verifies in the same
 step; the next step rewinds the rows of rejected draft tokens on every segment. A step that fails
 (SegmentFailed: an error RESULT, a dropped link, a missed deadline) ends the attempt's sessions,
@@ -61,6 +61,21 @@ class AttemptChannel(Protocol):
     def resume_missed(self, att: Attempt, source_gone: bool = True) -> None: ...
 
 log = logging.getLogger(__name__)
+
+
+def prefill_steps(start: int, end: int, segments: int) -> list[tuple[int, int]]:
+    """A prefill of positions [start, end) as WORK steps [a, b) of equal sizes, sent back to back:
+    at most PREFILL_CHUNK_TOKENS each, and on a chain at least one per segment while each keeps
+    PIPELINE_MIN_CHUNK_TOKENS rows, so the segments work on different steps at once: 200 new tokens
+    on 2 segments go as 2 steps of 100, the first segment computing the second while the next
+    computes the first, where one step of 200 kept one of them idle at a time."""
+    n = end - start
+    if n <= 0:
+        return []
+    k = max(-(-n // const.PREFILL_CHUNK_TOKENS), min(segments, n // const.PIPELINE_MIN_CHUNK_TOKENS), 1)
+    size, extra = divmod(n, k)  # sizes differ by one at most: none below n // k
+    bounds = [start + i * size + min(i, extra) for i in range(k + 1)]
+    return list(zip(bounds, bounds[1:]))
 
 
 class PipelineRun:
@@ -123,11 +138,10 @@ class PipelineRun:
         self.cached_tokens = att.cached
         job, generated, trace = self.job, self.generated, self.trace
         tokens = list(job.prompt_tokens) + generated
-        chunk = const.PREFILL_CHUNK_TOKENS
         last_step = None
-        for start in range(att.cached, len(tokens), chunk):  # from the kept prefix, if one is resumed
-            part = tokens[start:start + chunk]
-            last_step = self.coordinator.send_step(att, job, part, start, sample=start + chunk >= len(tokens),
+        # from the kept prefix, if one is resumed
+        for start, stop in prefill_steps(att.cached, len(tokens), len(att.plan.segments)):
+            last_step = self.coordinator.send_step(att, job, tokens[start:stop], start, sample=stop == len(tokens),
                                                    history=tuple(generated), trace=trace,
                                                    resume=att.resume if start == att.cached else None)
         result = await self._token(att, last_step)
