@@ -109,6 +109,20 @@ def test_a_rows_bits_do_not_depend_on_the_rows_with_it(split):
     assert torch.equal(torch.cat([first, rest]), whole)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_an_infinite_value_past_a_rows_position_leaves_that_row_alone(dtype):
+    """A half cache holds inf for a V beyond 65504: a later row's inf must not reach an earlier row
+    through its masked keys (0·inf), or a row's result would depend on the rows with it and on how
+    a prompt is cut into steps."""
+    nh, nkv, hd, T, start = 4, 2, 16, 6, 10
+    qk, k, v = case((nh, nkv, hd, T, start), 13)
+    k, v = k.to(dtype), v.to(dtype)
+    v[0, start + 4, 3] = float("inf")  # position of row 4
+    together = rows_attention(qk, k, v, start, nh)
+    alone = rows_attention(qk[:1].contiguous(), k, v, start, nh)
+    assert torch.isfinite(together[:4]).all() and torch.equal(together[:1], alone)
+
+
 def test_a_nan_query_gives_nan_in_its_own_row_and_head_only():
     nh, nkv, hd, T, start = 4, 2, 16, 6, 10
     qk, k, v = case((nh, nkv, hd, T, start), 9)
@@ -155,7 +169,13 @@ def test_bad_arguments_are_refused():
         f(*args, 3, 5, 4, 3, 16, k.shape[1], 0.25, 1)
     with pytest.raises(ValueError, match="q_stride"):  # a row stride shorter than the Q heads
         f(qk.data_ptr(), 16, *args[2:], 3, 5, 4, 2, 16, k.shape[1], 0.25, 1)
+    with pytest.raises(ValueError, match="start \\+ T <= cap"):  # a start whose sum with T would overflow
+        f(*args, 1, 2 ** 63 - 1, 4, 2, 16, k.shape[1], 0.25, 1)
     with pytest.raises(TypeError):
         f(*args)
+    with pytest.raises(ValueError, match="do not fit"):  # a head_dim the caches do not have
+        rows_attention(qk[:, :, :8].contiguous(), k, v, 5, 4)
+    with pytest.raises(ValueError, match="do not fit"):  # rows past the cache
+        rows_attention(qk, k, v, k.shape[1] - 2, 4)
     with pytest.raises(ValueError, match="KV caches"):  # a type the kernels do not read
         rows_attention(qk, k.bfloat16(), v.bfloat16(), 5, 4)

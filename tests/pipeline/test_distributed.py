@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from node import const
+from node.inference.pipeline.run import prefill_steps
 from tests.pipeline.swarm import (
     chat,
     llama_greedy,
@@ -24,7 +25,6 @@ from tests.pipeline.swarm import (
     wait_for_route,
     wait_peers,
 )
-from node.inference.pipeline.run import prefill_steps
 from tests.support.sse import SseJson
 from tests.support.waiting import wait_until
 

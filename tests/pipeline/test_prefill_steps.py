@@ -17,7 +17,7 @@ def test_steps_cover_the_prefill_in_order_within_the_chunk(segments, start, n):
     steps = prefill_steps(start, start + n, segments)
     assert steps[0][0] == start and steps[-1][1] == start + n
     assert all(a < b for a, b in steps)
-    assert all(b == a2 for (_, b), (a2, _) in zip(steps, steps[1:]))  # contiguous
+    assert all(b == a2 for (_, b), (a2, _) in zip(steps[:-1], steps[1:], strict=True))  # contiguous
     sizes = [b - a for a, b in steps]
     assert max(sizes) <= CHUNK and max(sizes) - min(sizes) <= 1  # equal steps, no runt
     k = len(steps)

@@ -37,7 +37,11 @@ Python API (pointers are addresses, e.g. tensor.data_ptr()):
         K and V read exactly as floats (F16C on AVX2), the step's K and V rounded to nearest even
         as torch's float16 assignment rounds them, so every path writes and reads the same bits
     to_f16(src, dst, n, 0.0)                   that rounding, for tests
-    isa() -> "avx2" | "c";  set_isa("c") for tests: force the portable loop
+    attend_rows(q, q_stride, k, v, out, T, start, n_heads, n_kv, head_dim, cap, scale, threads)
+        T rows of one session at positions [start, start+T), causal (see attend_rows below);
+        attend_rows_kv16 over half caches
+    isa() -> "avx512" | "avx2" | "c" (avx512: attend_rows' tiles; the decode kernels are AVX2's);
+    set_isa("c" | "avx2" | the best) for tests and benches, never while a kernel runs
 */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
@@ -485,14 +489,15 @@ layer, 5 rows at 4000 positions: ~5 ms against 1.6 on float32 caches).
 Flash attention with the rows in the vector lanes: a tile is W folded rows of one KV head (row r
 is position t = r / group of head g·group + r % group, so a tile's rows are near one another and
 see nearly the same keys), its Q transposed to [head_dim][W] once; keys go by blocks of RK, a half
-block converted to float32 once per tile. Per block: scores [RK][W] (every lane's dot product in
+block converted to float32 once for up to TG tiles of the head that run together. Per block and tile: scores [RK][W] (every lane's dot product in
 dimension order), the causal mask (a key past a lane's position is −inf), the online softmax
 (m = max(m, s), corr = e^(m_old − m), p = e^(s − m), l = l·corr + Σp in key order) and
 O[d][W] = O·corr + Σ p·v in key order. Then out = O / l.
 
 Every lane computes its row alone, in an order that depends on neither the lane width, nor the
-tile, nor the other rows, nor the threads: a masked key adds exactly nothing (p = 0, corr = 1) and
-blocks start at key 0. So the portable loop, AVX2 (8 lanes) and AVX-512 (16) give the same bits, a
+tile, nor the other rows, nor the threads: a masked key adds exactly nothing (its score is −inf,
+so p = 0 in l, and it is left out of O even where V holds inf or NaN; a block of masked keys has
+corr = 1) and blocks start at key 0. So the portable loop, AVX2 (8 lanes) and AVX-512 (16) give the same bits, a
 row gives the same bits whatever rows come with it, and a half cache gives the bits a float32 cache
 holding the same values gives. No fused multiply-adds, as above. Not the decode kernel's bits (its
 dot products go by 8-lane partial sums and its softmax by one max over every position). */
@@ -508,7 +513,7 @@ typedef struct {
     int kv16;
 } rows_t;
 
-typedef void (*tile_fn)(const rows_t *a, int64_t g, int64_t r0, float *buf);
+typedef void (*tile_fn)(const rows_t *a, int64_t g, int64_t r0, int nt, float *buf);  /* nt tiles from row r0 */
 
 /* a tile's lanes: each one's position limit, its Q column, the tile's last key; m = −inf, l = 0 */
 static inline int64_t tile_setup(const rows_t *a, int64_t g, int64_t r0, int W, float *QT, float *m, float *l,
@@ -536,6 +541,28 @@ static inline void tile_mask(float *S, int64_t kb, int nk, const int64_t *lim, i
             if (kb + i > lim[j]) S[i * W + j] = -INFINITY;
 }
 
+/* O += p·v for keys [i0, nk) of the block, lane by lane, leaving out each lane's keys past its
+   position: a masked key adds nothing even where V holds inf or NaN (a half cache's V beyond
+   65504), so a row's result never depends on the rows with it. The same operations in the same
+   order as the vector PV steps (O = O + p·v, key by key) */
+static inline __attribute__((always_inline)) void tile_pv_masked(float *OT, const float *P, const float *vp, int64_t hd,
+                                                                  int64_t kb, int i0, int nk, const int64_t *lim,
+                                                                  const int W) {
+    for (int i = i0; i < nk; i++) {
+        int32_t keep[16];  /* (W <= 16) this key's lanes; a select, so the lane loop vectorises */
+        for (int j = 0; j < W; j++) keep[j] = kb + i <= lim[j];
+        for (int64_t d = 0; d < hd; d++) {
+            const float v = vp[i * hd + d];
+            float *o = OT + d * W;
+            const float *p = P + i * W;
+            for (int j = 0; j < W; j++) {
+                const float sum = o[j] + p[j] * v;
+                o[j] = keep[j] ? sum : o[j];
+            }
+        }
+    }
+}
+
 /* out rows from O / l */
 static inline void tile_store(const rows_t *a, int64_t g, int64_t r0, int W, const float *OT, const float *l) {
     const int64_t hd = a->hd, group = a->nh / a->nkv, nr = a->T * group;
@@ -548,29 +575,47 @@ static inline void tile_store(const rows_t *a, int64_t g, int64_t r0, int W, con
 
 /* The tile: body shared by every instruction set; CVT(src, at, n, dst) turns n half values at
    element `at` into float32, SCORES/ONLINE/PV the block's three steps. */
+#define TG 4  /* tiles of a KV head run together: each half block is converted once for all of them */
+#define TILE_FLOATS(W, hd) (2 * (hd) * (W) + 3 * (W))  /* a tile's state: QT, OT, m, l, corr */
+
 #define TILE_BODY(W, CVT, SCORES, ONLINE, PV)                                                              \
     const int64_t hd = a->hd, base = g * a->cap * hd;                                                      \
-    float *QT = buf, *OT = QT + hd * (W), *S = OT + hd * (W), *Kf = S + RK * (W), *Vf = Kf + RK * hd;      \
-    float *m = Vf + RK * hd, *l = m + (W), *corr = l + (W);                                                \
-    int64_t lim[W], lo;                                                                                    \
-    const int64_t hi = tile_setup(a, g, r0, (W), QT, m, l, lim, &lo);                                      \
-    memset(OT, 0, (size_t)(hd * (W)) * sizeof(float));                                                    \
-    for (int64_t kb = 0; kb <= hi; kb += RK) {                                                             \
-        const int nk = (int)(hi + 1 - kb < RK ? hi + 1 - kb : RK);                                         \
+    float *S = buf, *Kf = S + RK * (W), *Vf = Kf + RK * hd, *state = Vf + RK * hd;                         \
+    int64_t lim[TG][W], lo[TG], hi[TG], top = 0;                                                           \
+    for (int u = 0; u < nt; u++) {                                                                         \
+        float *QT = state + u * TILE_FLOATS(W, hd), *OT = QT + hd * (W), *m = OT + hd * (W), *l = m + (W);  \
+        hi[u] = tile_setup(a, g, r0 + u * (W), (W), QT, m, l, lim[u], &lo[u]);                             \
+        memset(OT, 0, (size_t)(hd * (W)) * sizeof(float));                                                 \
+        top = hi[u] > top ? hi[u] : top;                                                                   \
+    }                                                                                                      \
+    for (int64_t kb = 0; kb <= top; kb += RK) {                                                            \
         const float *kp = Kf, *vp = Vf;                                                                    \
         if (a->kv16) {                                                                                     \
-            CVT((const uint16_t *)a->k, base + kb * hd, nk * hd, Kf);                                      \
-            CVT((const uint16_t *)a->v, base + kb * hd, nk * hd, Vf);                                      \
+            const int64_t n = top + 1 - kb < RK ? top + 1 - kb : RK;                                       \
+            CVT((const uint16_t *)a->k, base + kb * hd, n * hd, Kf);                                       \
+            CVT((const uint16_t *)a->v, base + kb * hd, n * hd, Vf);                                       \
         } else {                                                                                           \
             kp = (const float *)a->k + base + kb * hd;                                                     \
             vp = (const float *)a->v + base + kb * hd;                                                     \
         }                                                                                                  \
-        SCORES(QT, kp, hd, nk, a->scale, S);                                                               \
-        if (kb + nk - 1 > lo) tile_mask(S, kb, nk, lim, (W));                                              \
-        ONLINE(S, nk, m, l, corr);                                                                         \
-        PV(OT, S, vp, hd, nk, corr);                                                                       \
+        for (int u = 0; u < nt; u++) {                                                                     \
+            if (kb > hi[u]) continue;  /* past this tile's last position */                                \
+            float *QT = state + u * TILE_FLOATS(W, hd), *OT = QT + hd * (W), *m = OT + hd * (W);           \
+            float *l = m + (W), *corr = l + (W);                                                           \
+            const int nk = (int)(hi[u] + 1 - kb < RK ? hi[u] + 1 - kb : RK);                               \
+            SCORES(QT, kp, hd, nk, a->scale, S);                                                           \
+            if (kb + nk - 1 > lo[u]) tile_mask(S, kb, nk, lim[u], (W));                                    \
+            ONLINE(S, nk, m, l, corr);                                                                     \
+            /* keys every lane sees, then those past some lane's position one lane at a time */            \
+            const int all = kb + nk - 1 > lo[u] ? (int)(lo[u] + 1 - kb > 0 ? lo[u] + 1 - kb : 0) : nk;     \
+            PV(OT, S, vp, hd, all, corr);                                                                  \
+            if (all < nk) tile_pv_masked(OT, S, vp, hd, kb, all, nk, lim[u], (W));                         \
+        }                                                                                                  \
     }                                                                                                      \
-    tile_store(a, g, r0, (W), OT, l);
+    for (int u = 0; u < nt; u++) {                                                                         \
+        float *OT = state + u * TILE_FLOATS(W, hd) + hd * (W);                                             \
+        tile_store(a, g, r0 + u * (W), (W), OT, OT + hd * (W) + (W));                                      \
+    }
 
 #define WC 8  /* the portable loop's lanes (any width gives the same bits) */
 
@@ -617,7 +662,7 @@ static inline void pv_c(float *OT, const float *P, const float *vp, int64_t hd, 
     }
 }
 
-static void tile_c(const rows_t *a, int64_t g, int64_t r0, float *buf) {
+static void tile_c(const rows_t *a, int64_t g, int64_t r0, int nt, float *buf) {
     TILE_BODY(WC, cvt_c, scores_c, online_c, pv_c)
 }
 
@@ -720,12 +765,12 @@ pv_avx2_n(float *OT, const float *P, const float *vp, int64_t hd, int nk, const 
 #define ONLINE_AVX2_2(S, nk, m, l, corr) online_avx2_n(S, nk, m, l, corr, 2)
 #define PV_AVX2_2(OT, P, vp, hd, nk, corr) pv_avx2_n(OT, P, vp, hd, nk, corr, 2)
 
-__attribute__((target("avx2,f16c"))) static void tile_avx2(const rows_t *a, int64_t g, int64_t r0, float *buf) {
+__attribute__((target("avx2,f16c"))) static void tile_avx2(const rows_t *a, int64_t g, int64_t r0, int nt, float *buf) {
     TILE_BODY(8, cvt_avx2, SCORES_AVX2_1, ONLINE_AVX2_1, PV_AVX2_1)
 }
 
 /* 16 rows in two registers (AVX2's wide tile) */
-__attribute__((target("avx2,f16c"))) static void tile_avx2_16(const rows_t *a, int64_t g, int64_t r0, float *buf) {
+__attribute__((target("avx2,f16c"))) static void tile_avx2_16(const rows_t *a, int64_t g, int64_t r0, int nt, float *buf) {
     TILE_BODY(16, cvt_avx2, SCORES_AVX2_2, ONLINE_AVX2_2, PV_AVX2_2)
 }
 
@@ -814,48 +859,52 @@ __attribute__((target("avx512f"))) static inline void pv_avx512(float *OT, const
     }
 }
 
-__attribute__((target("avx512f"))) static void tile_avx512(const rows_t *a, int64_t g, int64_t r0, float *buf) {
+__attribute__((target("avx512f"))) static void tile_avx512(const rows_t *a, int64_t g, int64_t r0, int nt, float *buf) {
     TILE_BODY(16, cvt_avx512, scores_avx512, online_avx512, pv_avx512)
 }
 #endif
 
-/* attend_rows' tiles: g_tile of g_tile_w lanes, and for a KV head's last rows when they fit
-   g_narrow (same bits, fewer idle lanes: a 1B model's 5-row verify step is 20 rows a head) */
-static tile_fn g_tile = tile_c, g_narrow = tile_c;
-static int g_tile_w = WC, g_narrow_w = WC;
+/* attend_rows' tiles: `wide` of `w` lanes, and for a KV head's last rows when they fit `narrow`
+   (same bits, fewer idle lanes: a 1B model's 5-row verify step is 20 rows a head). One pointer,
+   read once per call: a set_isa between calls never pairs a tile with another's buffer size */
+typedef struct {
+    tile_fn wide, narrow;
+    int w, narrow_w;
+} tiles_t;
+
+static const tiles_t TILES_C = {tile_c, tile_c, WC, WC};
+#ifdef AT_X86
+static const tiles_t TILES_AVX2 = {tile_avx2_16, tile_avx2, 16, 8};
+static const tiles_t TILES_AVX512 = {tile_avx512, tile_avx2, 16, 8};
+#endif
+static const tiles_t *volatile g_tiles = &TILES_C;
 
 /* attend_rows' tiles for g_isa (the decode kernels are AVX2's under "avx512" too) */
 static void pick_tiles(void) {
-    g_tile = g_narrow = tile_c;
-    g_tile_w = g_narrow_w = WC;
+    const tiles_t *t = &TILES_C;
 #ifdef AT_X86
-    if (!strcmp(g_isa, "avx2")) {
-        g_tile = tile_avx2_16;
-        g_tile_w = 16;
-        g_narrow = tile_avx2;
-        g_narrow_w = 8;
-    } else if (!strcmp(g_isa, "avx512")) {
-        g_tile = tile_avx512;
-        g_tile_w = 16;
-        g_narrow = tile_avx2;
-        g_narrow_w = 8;
-    }
+    if (!strcmp(g_isa, "avx2")) t = &TILES_AVX2;
+    else if (!strcmp(g_isa, "avx512")) t = &TILES_AVX512;
 #endif
+    g_tiles = t;
 }
 
 /* every tile of every KV head, on up to `threads` threads; 0, or -1 when a buffer cannot be had */
 static int attend_rows(const rows_t *a, long long threads) {
-    const tile_fn fn = g_tile, narrow = g_narrow;
-    const int W = g_tile_w;
-    const int64_t nr = a->T * a->nh / a->nkv, tiles = (nr + W - 1) / W, n = a->nkv * tiles;
-    const int last_narrow = nr % W && nr % W <= g_narrow_w;  /* a head's last tile on the narrow lanes */
-    const size_t floats = (size_t)(2 * a->hd * W + RK * W + 2 * RK * a->hd + 3 * W);
-    int nt = threads < 1 ? 1 : threads > 1024 ? 1024 : (int)threads;
-    if (a->nh * a->T * (a->start + a->T) * a->hd < PAR_MIN_MACS) nt = 1;
-    if (nt > n) nt = (int)n;
+    const tiles_t *ts = g_tiles;
+    const tile_fn fn = ts->wide, narrow = ts->narrow;
+    const int W = ts->w;
+    const int64_t nr = a->T * a->nh / a->nkv, tiles = (nr + W - 1) / W;
+    const int last_narrow = nr % W && nr % W <= ts->narrow_w;  /* a head's last tile on the narrow lanes */
+    const int64_t wide = tiles - last_narrow, groups = (wide + TG - 1) / TG, per_head = groups + last_narrow;
+    const int64_t n = a->nkv * per_head;  /* tasks: up to TG wide tiles of a head, or its narrow tile */
+    const size_t floats = (size_t)(RK * W + 2 * RK * a->hd + TG * TILE_FLOATS(W, a->hd));
+    int nth = threads < 1 ? 1 : threads > 1024 ? 1024 : (int)threads;
+    if ((double)a->nh * (double)a->T * (double)(a->start + a->T) * (double)a->hd < PAR_MIN_MACS) nth = 1;
+    if (nth > n) nth = (int)n;
     int failed = 0;
 #ifdef _OPENMP
-#pragma omp parallel num_threads(nt) reduction(| : failed) if (nt > 1)
+#pragma omp parallel num_threads(nth) reduction(| : failed) if (nth > 1)
 #endif
     {
         float *buf = (float *)malloc(floats * sizeof(float));
@@ -864,8 +913,14 @@ static int attend_rows(const rows_t *a, long long threads) {
 #pragma omp for schedule(dynamic, 1)
 #endif
         for (int64_t i = 0; i < n; i++) {  /* the last tiles (latest positions, most keys) first */
-            const int64_t g = (n - 1 - i) % a->nkv, tile = (n - 1 - i) / a->nkv;
-            if (buf) (last_narrow && tile == tiles - 1 ? narrow : fn)(a, g, tile * W, buf);
+            const int64_t g = (n - 1 - i) % a->nkv, j = (n - 1 - i) / a->nkv;
+            if (!buf) continue;
+            if (j < groups) {
+                const int64_t t0 = j * TG;
+                fn(a, g, t0 * W, (int)(wide - t0 < TG ? wide - t0 : TG), buf);
+            } else {
+                narrow(a, g, (tiles - 1) * W, 1, buf);
+            }
         }
         free(buf);
     }
@@ -884,8 +939,8 @@ static PyObject *attend_rows_kv(PyObject *const *args, Py_ssize_t nargs, int kv1
     rows_t a = {(const float *)(intptr_t)v[0], v[1], (const void *)(intptr_t)v[2], (const void *)(intptr_t)v[3],
                 (float *)(intptr_t)v[4], v[5], v[6], v[7], v[8], v[9], v[10], (float)scale, kv16};
     if (!a.q || !a.k || !a.v || !a.out || a.nh <= 0 || a.nkv <= 0 || a.nh % a.nkv || a.hd <= 0 || a.T <= 0
-            || a.start < 0 || a.start + a.T > a.cap || a.qs < a.nh * a.hd || a.nh > (1 << 16) || a.hd > (1 << 16)
-            || a.T > (1 << 20) || a.cap > (1LL << 30)) {
+            || a.nh > (1 << 16) || a.hd > (1 << 16) || a.T > (1 << 20) || a.cap > (1LL << 30)
+            || a.start < 0 || a.start > a.cap - a.T || a.qs < a.nh * a.hd) {  /* (no sum that can overflow) */
         PyErr_SetString(PyExc_ValueError, "attend_rows: null pointer, or shapes that do not fit (n_heads a "
                                           "multiple of n_kv, 0 <= start < start + T <= cap <= 2^30, T <= 2^20, "
                                           "q_stride >= n_heads * head_dim, n_heads and head_dim <= 65536)");

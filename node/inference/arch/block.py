@@ -336,9 +336,13 @@ def rows_attention(qk: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     causal attention in the compiled kernel (`_attend.attend_rows`), Q heads `qk[:, :nh]` (rotated).
     [T, n_heads*hd]; within float32 rounding of SDPA's, each row's bits independent of the rows with
     it, and the same on half caches as on float32 caches holding the same values."""
-    T, _, hd = qk.shape
+    T, heads, hd = qk.shape
     nkv, cap = k_cache.shape[0], k_cache.shape[1]
     fn = _kv_kernel("attend_rows", k_cache, v_cache)
+    if (k_cache.shape != v_cache.shape or k_cache.shape[2] != hd or heads < nh or k_cache.device.type != "cpu"
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or not 0 <= start <= cap - T):
+        raise ValueError(f"rows_attention: {T} rows of {heads} heads of {hd} at {start} do not fit caches "
+                         f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)} (contiguous, CPU)")
     if qk.dtype != torch.float32 or not qk.is_contiguous():
         qk = qk.to(torch.float32).contiguous()
     out = torch.empty(T, nh * hd, dtype=torch.float32)

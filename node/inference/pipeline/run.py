@@ -75,7 +75,7 @@ def prefill_steps(start: int, end: int, segments: int) -> list[tuple[int, int]]:
     k = max(-(-n // const.PREFILL_CHUNK_TOKENS), min(segments, n // const.PIPELINE_MIN_CHUNK_TOKENS), 1)
     size, extra = divmod(n, k)  # sizes differ by one at most: none below n // k
     bounds = [start + i * size + min(i, extra) for i in range(k + 1)]
-    return list(zip(bounds, bounds[1:]))
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 class PipelineRun:
