@@ -15,8 +15,9 @@ second one, started after the rounds, loads from it (what a node's restart gets)
 both peak RSS figures are printed. The CPU's model and SIMD flags head the output.
 
 Another CPU's instruction set, emulated on this one (e.g. an AVX2-only machine on an AVX-512
-one): `--isa avx2` runs our qgemm kernel on its AVX2 path and torch's own kernels at
-ATEN_CPU_CAPABILITY=avx2 (fbgemm cannot be told, so the kernel is qgemm), and `--llama-lib DIR`
+one): `--isa avx2` runs our qgemm and attention kernels on their AVX2 paths and torch's own
+kernels at ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2 (fbgemm cannot be told, so
+the kernel is qgemm), and `--llama-lib DIR`
 runs llama.cpp from a libllama built for that set (LLAMA_CPP_LIB_PATH; for AVX2: llama.cpp's
 sources from llama-cpp-python's sdist, `cmake -B DIR -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=ON
 -DLLAMA_CURL=OFF && cmake --build DIR --target llama`, then DIR/bin holds the libraries). The
@@ -154,18 +155,18 @@ class Llama:
 
 
 def set_isa(isa: str) -> None:
-    """qgemm (and, for the portable loop, the decode attention kernel) on `isa`'s path; ValueError
-    when this CPU lacks it."""
+    """qgemm and the attention kernels (for "avx2" or "c": `_attend`'s rows kernel has an AVX-512
+    path of its own) on `isa`'s path; ValueError when this CPU lacks it."""
     from node.inference.weights import qgemm
 
     if not qgemm.available():
         raise ValueError("qgemm is not built here")
     qgemm._qgemm.set_isa(isa)
-    if isa == "c":
+    if isa in ("avx2", "c"):
         from node.inference.arch import block
 
         if block._attend_c is not None:
-            block._attend_c.set_isa("c")
+            block._attend_c.set_isa(isa)
 
 
 def worker(args) -> None:
@@ -194,9 +195,12 @@ def worker(args) -> None:
     else:
         import torch
 
+        from node.inference.arch import block
         from node.inference.weights import qgemm
 
-        reply["system_info"] = f"qgemm isa={qgemm.isa()}, torch kernels {torch.backends.cpu.get_cpu_capability()}"
+        attend = block._attend_c.isa() if block._attend_c is not None else "none"
+        reply["system_info"] = (f"qgemm isa={qgemm.isa()}, attention isa={attend}, "
+                                f"torch kernels {torch.backends.cpu.get_cpu_capability()}")
 
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -236,6 +240,8 @@ class Worker:
             argv += ["--isa", args.isa]
             if args.isa in ("avx2", "avx512"):  # torch's own kernels (norms, attention, elementwise)
                 env["ATEN_CPU_CAPABILITY"] = "avx2" if args.isa == "avx2" else "avx512"
+                if args.isa == "avx2":  # and MKL's, which dispatch on their own
+                    env["MKL_ENABLE_INSTRUCTIONS"] = "AVX2"
             elif args.isa == "c":
                 env["ATEN_CPU_CAPABILITY"] = "default"
         if kind == "llama" and args.llama_lib:
