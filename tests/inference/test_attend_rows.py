@@ -171,8 +171,12 @@ def test_bad_arguments_are_refused():
         f(qk.data_ptr(), 16, *args[2:], 3, 5, 4, 2, 16, k.shape[1], 0.25, 1)
     with pytest.raises(ValueError, match="start \\+ T <= cap"):  # a start whose sum with T would overflow
         f(*args, 1, 2 ** 63 - 1, 4, 2, 16, k.shape[1], 0.25, 1)
+    with pytest.raises(ValueError, match="start \\+ T <= cap"):  # a cap below T (cap - T would wrap)
+        f(*args, 1, 0, 4, 2, 16, -2 ** 63, 0.25, 1)
     with pytest.raises(TypeError):
         f(*args)
+    with pytest.raises(ValueError, match="caches are"):  # not [n_kv, cap, head_dim]
+        rows_attention(qk, k[0], v[0], 5, 4)
     with pytest.raises(ValueError, match="do not fit"):  # a head_dim the caches do not have
         rows_attention(qk[:, :, :8].contiguous(), k, v, 5, 4)
     with pytest.raises(ValueError, match="do not fit"):  # rows past the cache

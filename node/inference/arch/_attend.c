@@ -231,8 +231,8 @@ static int attend(const att_t *a, long long threads) {
     if (a->nh * a->end * a->hd < PAR_MIN_MACS) nt = 1;
     if (nt > a->nh) nt = (int)a->nh;
     head_fn fn = a->kv16 ? g_head16 : g_head;
-    int failed = 0;
 #ifdef _OPENMP
+    int failed = 0;
     if (nt > 1) {
 #pragma omp parallel num_threads(nt) reduction(| : failed)
         {

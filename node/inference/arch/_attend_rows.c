@@ -463,7 +463,7 @@ static PyObject *attend_rows_kv(PyObject *const *args, Py_ssize_t nargs, int kv1
                 (float *)(intptr_t)v[4], v[5], v[6], v[7], v[8], v[9], v[10], (float)scale, kv16};
     if (!a.q || !a.k || !a.v || !a.out || a.nh <= 0 || a.nkv <= 0 || a.nh % a.nkv || a.hd <= 0 || a.T <= 0
             || a.nh > (1 << 16) || a.hd > (1 << 16) || a.T > (1 << 20) || a.cap > (1LL << 30)
-            || a.start < 0 || a.start > a.cap - a.T || a.qs < a.nh * a.hd) {  /* (no sum that can overflow) */
+            || a.cap < a.T || a.start < 0 || a.start > a.cap - a.T || a.qs < a.nh * a.hd) {  /* (no sum can overflow) */
         PyErr_SetString(PyExc_ValueError, "attend_rows: null pointer, or shapes that do not fit (n_heads a "
                                           "multiple of n_kv, 0 <= start < start + T <= cap <= 2^30, T <= 2^20, "
                                           "q_stride >= n_heads * head_dim, n_heads and head_dim <= 65536)");

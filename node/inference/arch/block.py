@@ -337,6 +337,8 @@ def rows_attention(qk: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     [T, n_heads*hd]; within float32 rounding of SDPA's, each row's bits independent of the rows with
     it, and the same on half caches as on float32 caches holding the same values."""
     T, heads, hd = qk.shape
+    if k_cache.dim() != 3:
+        raise ValueError(f"rows_attention: caches are [n_kv, cap, head_dim], not {tuple(k_cache.shape)}")
     nkv, cap = k_cache.shape[0], k_cache.shape[1]
     fn = _kv_kernel("attend_rows", k_cache, v_cache)
     if (k_cache.shape != v_cache.shape or k_cache.shape[2] != hd or heads < nh or k_cache.device.type != "cpu"
