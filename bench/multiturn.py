@@ -94,8 +94,9 @@ async def main_async(args) -> None:
     finally:
         server.stop()
     first = rows[0][3]
-    print(f"model={args.model} route={args.route}{f' segments={args.segments}' if args.route == 'chain' else ''} file={path.name} threads={args.threads} tokens/turn={args.tokens} n_ctx={n_ctx} "
-          f"cpu={cpu_name()} load={os.getloadavg()}")
+    route = f"{args.route} segments={args.segments}" if args.route == "chain" else args.route
+    print(f"model={args.model} route={route} file={path.name} threads={args.threads} tokens/turn={args.tokens} "
+          f"n_ctx={n_ctx} cpu={cpu_name()} load={os.getloadavg()}")
     print(f"{'turn':>4} {'prompt':>6} {'cached':>6} {'TTFT':>8} {'cold TTFT':>9} {'TTFT/turn1':>10} {'TTFT/cold':>9}")
     for turn, prompt, cached, ttft, cold in rows:
         print(f"{turn:>4} {prompt:>6} {cached if cached is not None else '-':>6} {ttft * 1000:>6.1f}ms "

@@ -2,13 +2,13 @@
 
 `PipelineRun` is what `PipelineCoordinator.begin` hands to generate.py. Each attempt prefills the
 prompt plus every token already generated (`prefill_steps`: steps of at most PREFILL_CHUNK_TOKENS,
-at least one per segment when long enough, sent back to back so segments overlap them), then decodes one token per step — or, for a greedy request, the last token
-followed by an n-gram draft (node.inference.speculate), which the last segment verifies in the same
-step; the next step rewinds the rows of rejected draft tokens on every segment. A step that fails
-(SegmentFailed: an error RESULT, a dropped link, a missed deadline) ends the attempt's sessions,
-excludes the failed node and re-plans: the new chain covers the gap with whatever holders or
-sub-ranges are cheapest now (the plan's standby chain for the failed segment, or another cut of
-the survivors' ranges). It re-prefills and its last segment samples the next token, so the client
+at least one per segment when long enough, sent back to back so segments overlap them), then
+decodes one token per step — or, for a greedy request, the last token followed by an n-gram draft
+(node.inference.speculate), which the last segment verifies in the same step; the next step
+rewinds the rows of rejected draft tokens on every segment. A step that fails (SegmentFailed: an
+error RESULT, a dropped link, a missed deadline) ends the attempt's sessions, excludes the failed
+node and re-plans: the new chain covers the gap with whatever holders or sub-ranges are cheapest
+now (the plan's standby chain for the failed segment, or another cut of the survivors' ranges). It re-prefills and its last segment samples the next token, so the client
 sees no repeat and no gap. After MAX_ASSEMBLIES attempts the request fails with InsufficientCapacity.
 
 An attempt whose chain is one node holding the model whole (`Holder.whole`) runs as a remote
