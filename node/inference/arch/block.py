@@ -231,8 +231,8 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
     else:
         qf = qk[:, :nh].reshape(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(1, nkv, group * T, hd)
     kc, vc = k_cache[None, :, :end], v_cache[None, :, :end]
-    # half caches on the CPU: attend in float32 (a converted copy of [0, end) per layer: a 5-row
-    # verify step at 4000 positions of a 1B model's layer, 2.8 ms against 2.0 on float32 caches)
+    # here only on CUDA, or on the CPU with a build from before attend_rows: half caches are then
+    # attended in float32 (a converted copy of [0, end) per layer, which attend_rows does not need)
     if kc.device.type == "cpu" and kc.dtype != torch.float32:
         kc, vc = kc.float(), vc.float()
     # (on CUDA the cache is f16 and the queries go to it; on the CPU these casts are no-ops)
