@@ -68,15 +68,14 @@ def test_slices_of_one_model_share_their_layers(path, tmp_path, kernel):
     assert load(path, cache, start=1, end=4, kernel=kernel).weight_cache == "hit"
 
 
-def test_another_file_format_or_variant_is_another_key(path, synth_model, tmp_path, kernel):
+def test_another_file_or_format_is_another_key_and_prefill_modes_share_one(path, synth_model, tmp_path, kernel):
     cache = WeightCache(tmp_path / "wc", BIG)
     load(path, cache, kernel=kernel)
     assert load(path, cache, sha="cd" * 32, kernel=kernel).weight_cache == "miss"  # a changed file: another sha256
-    # fbgemm converts exact prefills differently (another key); qgemm has one conversion for both
-    assert load(path, cache, exact_prefill=True, kernel=kernel).weight_cache == ("hit" if kernel == "qgemm" else "miss")
+    # one conversion serves both prefill modes (only which matrices take the residual pass differs)
     assert load(path, cache, exact_prefill=True, kernel=kernel).weight_cache == "hit"
     assert load(path, cache, dtype="f32", kernel=kernel).weight_cache == "off"  # f32 converts in a blink: not cached
-    assert len([d for d in cache.root.iterdir() if d.is_dir()]) == (2 if kernel == "qgemm" else 3)
+    assert len([d for d in cache.root.iterdir() if d.is_dir()]) == 2
     # a part of another key's directory (a copy, a renamed dir) is refused on its header, not used
     other = synth_model(OTHER)
     key = CacheKey(SHA, "int8", cache_kernel_name(kernel), "std")
@@ -97,9 +96,7 @@ def test_another_kernel_is_another_key_and_a_qgemm_hit_maps_its_weights(path, tm
     assert hit.weight_cache == "hit" and hit.kernel == "qgemm"
     packed = hit.blocks[0].gate_up.packed
     assert not packed.flags.writeable and not packed.flags.owndata  # a view of the mapped part: no copy
-    assert sorted(d.name.split("-")[2] for d in cache.root.iterdir() if d.is_dir()) == ["fbgemm", "qgemm1"]
-    # one qgemm conversion serves both prefill modes (fbgemm's differ)
-    assert load(path, cache, kernel="qgemm", exact_prefill=True).weight_cache == "hit"
+    assert sorted(d.name.split("-")[2] for d in cache.root.iterdir() if d.is_dir()) == ["fbgemm2", "qgemm1"]
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])

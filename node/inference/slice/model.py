@@ -37,6 +37,7 @@ from node.inference.weights.cache import CACHED_FORMATS, CacheKey, WeightCache
 from node.inference.weights.gguf_file import GgufFile
 from node.inference.weights.kernels import KERNELS as INT8_KERNELS
 from node.inference.weights.kernels import choose_int8_kernel
+from node.inference.weights.linear import LAYOUT_VERSION as FBGEMM_LAYOUT_VERSION
 from node.inference.weights.linear import Linear, int8_available, linear_from_arrays, make_linear
 from node.inference.weights.qgemm import LAYOUT_VERSION as QGEMM_LAYOUT_VERSION
 from node.inference.weights.qgemm import available as qgemm_available
@@ -82,14 +83,10 @@ def kv_element_bytes(kv_dtype: str, device: torch.device | None = None) -> int:
 
 
 def cache_kernel_name(kernel: str) -> str:
-    """The kernel as the weight cache's key names it: qgemm's with its layout version (a part of
-    an older layout is another key, never read as this one)."""
-    return f"qgemm{QGEMM_LAYOUT_VERSION}" if kernel == "qgemm" else kernel
-
-
-def cache_variant(kernel: str, exact_prefill: bool) -> str:
-    """fbgemm converts differently for exact prefills; qgemm has one conversion (one variant)."""
-    return "exact" if exact_prefill and kernel != "qgemm" else "std"
+    """The kernel as the weight cache's key names it, with its layout version (a part of an older
+    layout is another key, never read as this one). fbgemm 2: full 8-bit weights everywhere (1 had
+    pair-safe ones on the matrices without the residual pass in prefills, and an "exact" variant)."""
+    return f"qgemm{QGEMM_LAYOUT_VERSION}" if kernel == "qgemm" else f"{kernel}{FBGEMM_LAYOUT_VERSION}"
 
 
 def resolve_kernel(fmt: str, kernel: str | None, width: int, cache: WeightCache | None) -> str:
@@ -172,7 +169,7 @@ class SliceModel:
         kv_type = resolve_kv_dtype(kv_dtype, device)  # an unknown name fails before any work
         last = end == cfg.n_layers  # the slice ends at the model's last layer: it holds the head
         kernel = resolve_kernel(fmt, kernel, cfg.hidden, cache)
-        key = CacheKey(sha256, fmt, cache_kernel_name(kernel), cache_variant(kernel, exact_prefill)) \
+        key = CacheKey(sha256, fmt, cache_kernel_name(kernel), "std") \
             if cache is not None and cache.enabled and sha256 and fmt in CACHED_FORMATS else None
         writable = key is not None and cache.reserve(key, estimate_bytes(path, layer_start, end, fmt))
         hits = []  # one bool per part: read from the cache

@@ -3,11 +3,11 @@
 - `f32`:  float32 weights, F.linear (reference path; exact against llama.cpp's f32 path).
 - `bf16` / `f16`: half-precision weights (CUDA; bf16 also on CPU), float32 in and out.
 - `int8`: int8 weights per output channel, activations quantized per call by fbgemm's dynamic
-  quantized linear (`quantized::linear_dynamic`) — the fastest CPU format measured in
-  `bench/slice_engine.py`. AVX2's 16-bit pair sums (vpmaddubsw) must not saturate: either the
-  weights are quantized "pair-safe" (|q[2j]| + |q[2j+1]| ≤ 128, so 8-bit activations are safe)
-  or activations are kept to 7 bits (`reduce_range`); a residual pass (see `_Int8Dynamic`) buys
-  activation precision back where it is cheap or needed.
+  quantized linear (`quantized::linear_dynamic`), or by the compiled qgemm kernel
+  (`weights/qgemm.py`; `weights/kernels.py` measures which is faster here). fbgemm: AVX2's 16-bit pair sums
+  (vpmaddubsw) must not saturate, so activations are kept to 7 bits (`reduce_range`) over full
+  8-bit weights; a residual pass (see `_Int8Dynamic`) buys activation precision back where it is
+  cheap or needed.
 
 Every callable maps float32 [T, in] → float32 [T, out], bias included.
 """
@@ -35,7 +35,9 @@ RESIDUAL_GAIN = 16.0  # int8: residual rows are scaled by this (|K·r| ≤ 8 ste
 PACK_MAX_ROWS = 32768  # int8: taller matrices (vocabulary heads) are packed in row blocks: fbgemm's
 # prepack grows faster than its size (a 128256-row head: 3.7 s whole, 1.7 s in 32768-row blocks),
 # decode is the same (8.3 ms either way); blocks of layer-sized matrices cost decode time instead
-PAIR_LIMIT = 128  # pair-safe int8: |q0| + |q1| ≤ 128, so 255·(|q0| + |q1|) fits vpmaddubsw's int16
+LAYOUT_VERSION = 2  # fbgemm's converted arrays (the weight cache's key names it; 1: pair-safe weights)
+REDUCE_RANGE = True  # fbgemm's activations on 7 bits (see _Int8Dynamic)
+ACT_QMAX = 127  # the top of that grid
 
 
 class RowSource(Protocol):
@@ -68,9 +70,8 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     """A callable computing x @ weight.T + bias in format `fmt` on `device`.
 
     int8 only: `sensitive` keeps the residual pass in long prefills too (for the head, whose
-    errors land directly in the logits, for qkv, and for every matrix with `exact_prefill`);
-    such matrices keep the finer weight grid, the others take pair-safe weights so that their
-    one pass in long prefills has 8-bit activations. `rotate` = B multiplies inputs (and weight
+    errors land directly in the logits, for qkv, and for every matrix with `exact_prefill`); the
+    others take one pass with 7-bit activations in long prefills. `rotate` = B multiplies inputs (and weight
     rows) by an orthonormal B×B Hadamard matrix blockwise, which spreads heavy-tailed inputs
     (ffn_down's) evenly over each block. `keep` (int8): receives the converted arrays, from which
     `linear_from_arrays` rebuilds the same callable without converting again (the weight cache).
@@ -82,8 +83,7 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
         return Int8Packed.from_source(src, bias, block_rows=max(1, min(CHUNK_ROWS, CHUNK_ELEMENTS // src.shape[1])),
                                       keep=keep, prefill8=qgemm_prefill8(sensitive, rotate))
     if fmt == "int8":
-        return _Int8Dynamic.convert(src, bias, correct_prefill=sensitive, pair_safe=not sensitive, rotate=rotate,
-                                    keep=keep)
+        return _Int8Dynamic.convert(src, bias, correct_prefill=sensitive, rotate=rotate, keep=keep)
     if keep is not None:
         raise ValueError(f"format {fmt} keeps no converted arrays")
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[fmt]
@@ -125,38 +125,24 @@ def hadamard(n: int) -> torch.Tensor:
     return h / math.sqrt(n)
 
 
-def quantize_rows_int8(src: np.ndarray | RowSource, *, pair_safe: bool = False,
+def quantize_rows_int8(src: np.ndarray | RowSource, *,
                        rotate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per output row: (int8 [out, in], float32 scales [out]), in row blocks.
 
-    `pair_safe`: every pair of neighbouring columns (2j, 2j+1) keeps |q0| + |q1| ≤ 128 (the scale
-    is set by the largest pair, and a pair that rounding pushed one step over loses a step on its
-    larger element). `rotate` [B, B]: each row is first multiplied by it blockwise (W·H)."""
+    `rotate` [B, B]: each row is first multiplied by it blockwise (W·H)."""
     src = ArraySource(src) if isinstance(src, np.ndarray) else src
     q = torch.empty(src.shape, dtype=torch.int8)
     scales = torch.empty(src.shape[0], dtype=torch.float32)
     chunk = max(1, min(CHUNK_ROWS, CHUNK_ELEMENTS // src.shape[1]))  # the transients below are a few chunks
-    fast = not pair_safe and rotate is None
     for start in range(0, src.shape[0], chunk):
         stop = min(start + chunk, src.shape[0])
-        if fast and quantize_rows_into(src.rows(start, stop), q.numpy()[start:stop], scales.numpy()[start:stop]):
+        if rotate is None and quantize_rows_into(src.rows(start, stop), q.numpy()[start:stop], scales.numpy()[start:stop]):
             continue  # the compiled loop: the same values in one pass instead of torch's six
         w = torch.from_numpy(np.array(src.rows(start, stop), dtype=np.float32))
         if rotate is not None:
             w = (w.view(-1, rotate.shape[0]) @ rotate).view(w.shape)
-        s = w.abs().amax(dim=1) / 127.0
-        if pair_safe:
-            pairs = w.abs().view(w.shape[0], -1, 2).sum(dim=2)
-            s = torch.maximum(s, pairs.amax(dim=1) / PAIR_LIMIT)
-        s.clamp_min_(1e-12)
+        s = (w.abs().amax(dim=1) / 127.0).clamp_min_(1e-12)
         w.div_(s[:, None]).round_().clamp_(-127, 127)
-        if pair_safe:
-            wp = w.view(w.shape[0], -1, 2)
-            over = wp.abs().sum(dim=2) > PAIR_LIMIT
-            if bool(over.any()):
-                larger = wp.abs().argmax(dim=2, keepdim=True)
-                step = torch.zeros_like(wp).scatter_(2, larger, 1.0).mul_(wp.sign()).mul_(over[..., None])
-                wp.sub_(step)
         q[start:stop] = w
         scales[start:stop] = s
     return q, scales
@@ -180,8 +166,9 @@ class _HalfLinear(_FloatLinear):
 class _Int8Dynamic:
     """int8 weights (per output row) through fbgemm, with a residual pass for accuracy.
 
-    fbgemm quantizes the whole input with one grid: 8 bits over pair-safe weights, else 7 bits
-    (`reduce_range`). Rows (tokens) are first scaled to a common range, so a long prefill gets
+    fbgemm quantizes the whole input with one grid, here of 7 bits (`reduce_range`: AVX2's vpmaddubsw
+    adds two u8·s8 products in int16, which 8-bit activations over full 8-bit weights can
+    saturate). Rows (tokens) are first scaled to a common range, so a long prefill gets
     per-token grids, not one set by its largest token. The rounding error r = x - x̂
     (|r| ≤ s/2) is what costs accuracy; stacking [x; K·r] as extra rows quantizes r on the same
     grid, and y = W·x̂ + W·(K·r)/K recovers ~12-bit activations. For a few rows (decode) the extra
@@ -192,14 +179,13 @@ class _Int8Dynamic:
     ones, so the grid is set by the block's energy, not its largest element.
     """
 
-    __slots__ = ("bias", "correct_prefill", "packed", "reduce_range", "rotate")
-    _op = torch.ops.quantized.linear_dynamic.default
+    __slots__ = ("bias", "correct_prefill", "packed", "rotate")
+    _op = torch.ops.quantized.linear_dynamic.default  # (x, packed, reduce_range)
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: np.ndarray | None, *, reduce_range: bool,
-                 rotate: int, correct_prefill: bool):
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: np.ndarray | None, *, rotate: int,
+                 correct_prefill: bool):
         """From int8 rows `q` [out, in] and their float32 `scales` [out] (`rotate`: the Hadamard
         block the rows were multiplied by, 0 for none); fbgemm's prepack copies the weights."""
-        self.reduce_range = reduce_range
         self.rotate = hadamard(rotate) if rotate > 1 else None
         scales = scales.double()
         zero = torch.zeros(min(q.shape[0], PACK_MAX_ROWS), dtype=torch.long)
@@ -215,27 +201,26 @@ class _Int8Dynamic:
 
     @classmethod
     def convert(cls, weight: RowSource, bias: np.ndarray | None, *, correct_prefill: bool = False,
-                pair_safe: bool = False, rotate: int = 0, keep: dict[str, np.ndarray] | None = None) -> _Int8Dynamic:
-        """Quantize a float matrix (`keep` receives q, scales, flags and bias for the weight cache)."""
-        reduce_range = not (pair_safe and weight.shape[1] % 2 == 0)
+                rotate: int = 0, keep: dict[str, np.ndarray] | None = None) -> _Int8Dynamic:
+        """Quantize a float matrix (`keep` receives q, scales, the rotation block and the bias for
+        the weight cache)."""
         assert rotate & (rotate - 1) == 0, "the rotation block is a power of 2"
         block = rotate if rotate > 1 and weight.shape[1] % rotate == 0 else 0
-        q, scales = quantize_rows_int8(weight, pair_safe=not reduce_range, rotate=hadamard(block) if block else None)
+        q, scales = quantize_rows_int8(weight, rotate=hadamard(block) if block else None)
         if keep is not None:
-            keep.update(q=q.numpy(), scales=scales.numpy(), flags=np.array([reduce_range, block], dtype=np.int32))
+            keep.update(q=q.numpy(), scales=scales.numpy(), rotate=np.array([block], dtype=np.int32))
             if bias is not None:
                 keep["bias"] = np.array(bias, dtype=np.float32)
-        return cls(q, scales, bias, reduce_range=reduce_range, rotate=block, correct_prefill=correct_prefill)
+        return cls(q, scales, bias, rotate=block, correct_prefill=correct_prefill)
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], *, correct_prefill: bool) -> _Int8Dynamic:
         """The matrix `convert(..., keep=arrays)` made, rebuilt from those arrays (the bias is copied)."""
-        reduce_range, block = (int(v) for v in arrays["flags"])
+        block = int(arrays["rotate"][0])
         with warnings.catch_warnings():  # read-only arrays (a mapped cache file): prepack only reads them
             warnings.simplefilter("ignore", UserWarning)
             q, scales = torch.from_numpy(arrays["q"]), torch.from_numpy(np.array(arrays["scales"]))
-        return cls(q, scales, arrays.get("bias"), reduce_range=bool(reduce_range), rotate=block,
-                   correct_prefill=correct_prefill)
+        return cls(q, scales, arrays.get("bias"), rotate=block, correct_prefill=correct_prefill)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
@@ -255,22 +240,20 @@ class _Int8Dynamic:
             y += self.bias
         return y
 
-
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         """fbgemm's product with every row block of the weights (one block below PACK_MAX_ROWS)."""
         if len(self.packed) == 1:
-            return self._op(x, self.packed[0], self.reduce_range)
-        return torch.cat([self._op(x, p, self.reduce_range) for p in self.packed], dim=1)
+            return self._op(x, self.packed[0], REDUCE_RANGE)
+        return torch.cat([self._op(x, p, REDUCE_RANGE) for p in self.packed], dim=1)
 
     def _residual_pass(self, x: torch.Tensor) -> torch.Tensor:
         """y = W·x̂ + W·(K·r)/K in one kernel call (the small elementwise work in numpy: on a few
         rows its per-call cost is a third of torch's, and decode makes 4 such calls per layer)."""
         T = x.shape[0]
-        qmax = 127 if self.reduce_range else 255
         a = x.numpy()
         stacked = np.empty((2 * T, a.shape[1]), dtype=np.float32)
         stacked[:T] = a
-        residual_rows(a, qmax, out=stacked[T:])
+        residual_rows(a, ACT_QMAX, out=stacked[T:])
         y2 = self._mm(torch.from_numpy(stacked))
         y = y2.numpy()
         y[T:] *= 1.0 / RESIDUAL_GAIN
