@@ -57,13 +57,16 @@ class ReportParts:
 def _int8_kernel_line() -> str:
     """Which int8 kernel this machine runs slices on, and the measurement that chose it."""
     from node.inference.weights import kernels, qgemm
+    from node.inference.weights.linear import fbgemm_available
 
     if qgemm.available():
         isa = qgemm.isa()
         prefill = "8-bit prefill activations" if isa == "avx512vnni" else "16-bit activations throughout"
-        head = f"int8 kernels: qgemm ({isa}, {prefill})"
-    else:
+        head = f"int8 kernels: qgemm ({isa}, {prefill})" + ("" if fbgemm_available() else "; no fbgemm in this torch")
+    elif fbgemm_available():
         head = "int8 kernels: fbgemm only (qgemm not built)"
+    else:
+        head = "int8 kernels: none (qgemm not built, no fbgemm in this torch): slices run in f32"
     chosen = [f"{r['kernel']} at width {r['width']} (request {r['qgemm_request_ms']} ms qgemm, "
               f"{r['fbgemm_request_ms']} ms fbgemm, measured {r['measured_at']})"
               for r in kernels.chosen_records() if "qgemm_request_ms" in r]

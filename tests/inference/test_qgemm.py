@@ -328,3 +328,32 @@ def test_packing_block_by_block_gives_the_same_bytes_as_packing_whole(n, block_r
     np.testing.assert_array_equal(blocks.packed, whole.packed)
     np.testing.assert_array_equal(blocks.scales, whole.scales)
     assert qgemm.Int8Packed.from_arrays(kept).packed is kept["packed"]
+
+
+def test_without_fbgemm_int8_runs_on_qgemm_even_on_its_portable_loop(fresh_choice, synth_model, monkeypatch,
+                                                                      restore_isa):
+    """A torch without fbgemm (ARM builds) on a CPU where only qgemm's C loop runs (ARM): auto slices
+    are int8 on qgemm, unmeasured, with the bits of every other instruction set; fbgemm asked for by
+    name is refused clearly."""
+    from node.errors import ModelLoadError
+    from node.inference.slice import SliceModel
+    from node.inference.slice import model as slice_model
+    from node.inference.synth import SynthSpec
+    from node.inference.weights import linear
+    from tests.inference.reference import our_logits
+
+    path = synth_model(SynthSpec(hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=300, n_layers=2, n_ctx=64))
+    tokens = [1, *range(10, 30)]
+    best = our_logits(SliceModel.load(path, dtype="int8", kernel="qgemm"), tokens, decode_from=12)
+    for module in (linear, kernels, slice_model):
+        monkeypatch.setattr(module, "fbgemm_available", lambda: False)
+    monkeypatch.setattr(kernels, "measure", lambda width: pytest.fail("nothing to measure against"))
+    qgemm._qgemm.set_isa("c")
+    assert slice_model.resolve_format("auto", torch.device("cpu")) == "int8"
+    model = SliceModel.load(path)  # dtype auto, kernel chosen
+    assert model.fmt == "int8" and model.kernel == "qgemm"
+    np.testing.assert_array_equal(our_logits(model, tokens, decode_from=12), best)
+    with pytest.raises(ModelLoadError, match="fbgemm is not in this torch build"):
+        SliceModel.load(path, dtype="int8", kernel="fbgemm")
+    monkeypatch.setenv("SWARMLLM_INT8_KERNEL", "fbgemm")  # a forced kernel that is not there: the other
+    assert kernels.choose_int8_kernel(64) == "qgemm"

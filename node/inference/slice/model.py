@@ -38,7 +38,13 @@ from node.inference.weights.gguf_file import GgufFile
 from node.inference.weights.kernels import KERNELS as INT8_KERNELS
 from node.inference.weights.kernels import choose_int8_kernel
 from node.inference.weights.linear import LAYOUT_VERSION as FBGEMM_LAYOUT_VERSION
-from node.inference.weights.linear import Linear, int8_available, linear_from_arrays, make_linear
+from node.inference.weights.linear import (
+    Linear,
+    fbgemm_available,
+    int8_available,
+    linear_from_arrays,
+    make_linear,
+)
 from node.inference.weights.qgemm import LAYOUT_VERSION as QGEMM_LAYOUT_VERSION
 from node.inference.weights.qgemm import available as qgemm_available
 from node.logs import TRACE, kv
@@ -56,7 +62,8 @@ def resolve_format(dtype: str, device: torch.device) -> str:
         raise ModelLoadError(f"unknown slice dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     if dtype != "auto":
         if dtype == "int8" and (device.type != "cpu" or not int8_available()):
-            raise ModelLoadError(f"dtype int8 needs a CPU with fbgemm (device {device})")
+            raise ModelLoadError(f"dtype int8 needs a CPU with fbgemm or the compiled qgemm kernel "
+                                 f"(device {device})")
         return dtype
     if device.type == "cuda":
         return "f16"
@@ -101,6 +108,8 @@ def resolve_kernel(fmt: str, kernel: str | None, width: int, cache: WeightCache 
         raise ModelLoadError(f"unknown int8 kernel {kernel!r}; expected one of {', '.join(INT8_KERNELS)}")
     if kernel == "qgemm" and not qgemm_available():
         raise ModelLoadError("int8 kernel qgemm is not installed (its C extension was not built)")
+    if kernel == "fbgemm" and not fbgemm_available():
+        raise ModelLoadError("int8 kernel fbgemm is not in this torch build (ARM builds lack it)")
     return kernel
 
 

@@ -13,7 +13,8 @@ sensitive matrices: on VNNI they run through vpdpbusd over the same packed weigh
 elsewhere through the 16-bit kernels with the same integers (the same results, no faster).
 
 Kernels: AVX-512BW (+VNNI's vpdpwssd when present) and AVX2, chosen at run time by cpuid, and a
-portable C loop (GCC / clang; another compiler builds the C loop only). Threads: OpenMP, sharing
+portable C loop written for the compiler to vectorize (what ARM runs; GCC / clang; another compiler
+builds the C loop only). Threads: OpenMP, sharing
 torch's runtime (see run()). Every entry point releases the GIL.
 
 Python API (all pointers are addresses, e.g. tensor.data_ptr()):
@@ -82,20 +83,33 @@ static inline int64_t token_block(const job_t *j) {  /* a multiple of 4 tokens (
 }
 
 /* ---- portable C ---- */
+/* MR tokens by a block's NR rows: a chunk's 32 products fit int32 (|x| ≤ 32767, |w| ≤ 127), so each
+   is a plain int32 dot product that the compiler vectorizes (SSE2's pmaddwd, NEON's smull/smlal),
+   and each weight chunk, loaded once, serves MR tokens */
+#define TILE_C(MR)                                                                                        \
+static inline void tile_c_##MR(const job_t *j, const int8_t *b, int64_t t, int64_t n, int nr) {          \
+    int64_t acc[MR][NR] = {{0}};                                                                          \
+    const int16_t *x = j->xq + t * j->kp;                                                                 \
+    for (int64_t c = 0; c < j->kp; c += KC)                                                               \
+        for (int r = 0; r < NR; r++) {                                                                    \
+            const int8_t *w = b + c * NR + r * KC;                                                        \
+            int32_t s[MR] = {0};                                                                          \
+            for (int i = 0; i < KC; i++)                                                                  \
+                for (int m = 0; m < MR; m++) s[m] += (int32_t)w[i] * x[m * j->kp + c + i];                \
+            for (int m = 0; m < MR; m++) acc[m][r] += s[m];                                               \
+        }                                                                                                 \
+    for (int m = 0; m < MR; m++) store_tile(j, t + m, n, nr, acc[m]);                                     \
+}
+TILE_C(1)
+TILE_C(4)
+
 static void rows_c(const job_t *j, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n += NR) {
         const int8_t *b = block_of(j, n);
         const int nr = n + NR <= j->n ? NR : (int)(j->n - n);
-        for (int64_t t = 0; t < j->t; t++) {
-            const int16_t *x = j->xq + t * j->kp;
-            int64_t acc[NR] = {0, 0, 0, 0};
-            for (int64_t c = 0; c < j->kp; c += KC)
-                for (int r = 0; r < NR; r++) {
-                    const int8_t *w = b + c * NR + r * KC;
-                    for (int i = 0; i < KC; i++) acc[r] += (int32_t)w[i] * x[c + i];
-                }
-            store_tile(j, t, n, nr, acc);
-        }
+        int64_t t = 0;
+        for (; t + 4 <= j->t; t += 4) tile_c_4(j, b, t, n, nr);
+        for (; t < j->t; t++) tile_c_1(j, b, t, n, nr);
     }
 }
 

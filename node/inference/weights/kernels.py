@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from node.inference.weights import qgemm
-from node.inference.weights.linear import ArraySource, make_linear
+from node.inference.weights.linear import ArraySource, fbgemm_available, make_linear
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -47,13 +47,15 @@ def machine_key(width: int) -> dict[str, str | int]:
 
 def choose_int8_kernel(width: int = 2048, *, remember: Path | None = None) -> str:
     """"qgemm" or "fbgemm": whichever serves a request-shaped product faster on this machine
-    (measured once per machine key, remembered in `remember` when given). Without the compiled
-    kernel (or on a machine where only its portable C loop runs) it is fbgemm without measuring."""
+    (measured once per machine key, remembered in `remember` when given). Where only one is there
+    (no compiled kernel; or no fbgemm, as on ARM) it is that one without measuring."""
     forced = os.environ.get("SWARMLLM_INT8_KERNEL")
-    if forced == "fbgemm" or (forced == "qgemm" and qgemm.available()):
+    if (forced == "fbgemm" and fbgemm_available()) or (forced == "qgemm" and qgemm.available()):
         return forced
-    if not qgemm.available() or qgemm.isa() == "c":
+    if not qgemm.available():
         return "fbgemm"
+    if not fbgemm_available():
+        return "qgemm"
     key = machine_key(width)
     frozen = tuple(sorted(key.items()))
     with _choice_lock:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from node.inference.weights.qgemm import Int8Packed, quantize_rows_into
+from node.inference.weights.qgemm import available as qgemm_built
 
 FORMATS = ("f32", "bf16", "f16", "int8")
 Linear = Callable[[torch.Tensor], torch.Tensor]
@@ -59,9 +60,16 @@ class ArraySource:
         return self.array[start:stop]
 
 
-def int8_available() -> bool:
-    """Whether this torch build has the fbgemm dynamic quantized linear (x86 CPU builds do)."""
+def fbgemm_available() -> bool:
+    """Whether this torch build has the fbgemm dynamic quantized linear (x86 CPU builds do; ARM
+    builds do not)."""
     return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def int8_available() -> bool:
+    """Whether an int8 kernel runs here: fbgemm, or the compiled qgemm (whose portable loop is what
+    a CPU without fbgemm and without qgemm's x86 kernels, e.g. ARM, runs)."""
+    return fbgemm_available() or qgemm_built()
 
 
 def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: str, device: torch.device,
