@@ -1,6 +1,6 @@
 """The slice engine's compiled kernels, built by `pip install`: the int8 matrix product
-(node/inference/weights/_qgemm.c) and the attention (node/inference/arch/_attend.c: a decode step,
-and _attend_rows.c: several rows of one session).
+(node/inference/weights/_qgemm.c, its x86 kernels in _qgemm_x86.c) and the attention
+(node/inference/arch/_attend.c: a decode step, and _attend_rows.c: several rows of one session).
 
 Everything else is in pyproject.toml. Both are optional: without a C compiler (or with one that
 rejects a flag) the install goes on and the slice engine uses torch's fbgemm kernel
@@ -42,7 +42,9 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("node.inference.weights._qgemm", ["node/inference/weights/_qgemm.c"]),
+    ext_modules=[Extension("node.inference.weights._qgemm",
+                           ["node/inference/weights/_qgemm.c", "node/inference/weights/_qgemm_x86.c"],
+                           depends=["node/inference/weights/_qgemm.h"]),
                  Extension("node.inference.arch._attend",
                            ["node/inference/arch/_attend.c", "node/inference/arch/_attend_rows.c"],
                            depends=["node/inference/arch/_attend.h"])],
