@@ -3,7 +3,7 @@
 (node/inference/arch/_attend.c: a decode step, and _attend_rows.c: several rows of one session).
 
 Everything else is in pyproject.toml. Both are optional: without a C compiler (or with one that
-rejects a flag) the install goes on and the slice engine uses torch's fbgemm kernel
+rejects a flag) the install goes on and the slice engine uses torch's fbgemm kernel (f32 on ARM)
 (`node.inference.weights.qgemm.available()` says which) and torch's attention. OpenMP is asked
 for first: it shares the runtime torch already loaded (see _qgemm.c); without it a kernel runs on
 one thread.

@@ -66,7 +66,7 @@ def _int8_kernel_line() -> str:
     elif fbgemm_available():
         head = "int8 kernels: fbgemm only (qgemm not built)"
     else:
-        head = "int8 kernels: none (qgemm not built, no fbgemm in this torch): slices run in f32"
+        head = "int8 kernels: none (qgemm not built, no fbgemm in this torch): auto slices run in f32"
     chosen = [f"{r['kernel']} at width {r['width']} (request {r['qgemm_request_ms']} ms qgemm, "
               f"{r['fbgemm_request_ms']} ms fbgemm, measured {r['measured_at']})"
               for r in kernels.chosen_records() if "qgemm_request_ms" in r]

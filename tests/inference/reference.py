@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from node.inference.slice.chain import SliceChain
 from node.inference.slice.ggml_emulation import emulate_model
 from node.inference.weights import qgemm
+from node.inference.weights.linear import fbgemm_available
 
 N_CTX = 512
 
@@ -66,7 +68,8 @@ def first_divergence_is_a_tie(ours: list[int], ref: list[int], ref_logits: np.nd
 
 
 # every int8 kernel that can run here: accuracy is asserted on each, not on the one a machine picks
-INT8_KERNELS = ["qgemm", "fbgemm"] if qgemm.available() else ["fbgemm"]
+INT8_KERNELS = [k for k, here in (("qgemm", qgemm.available()), ("fbgemm", fbgemm_available())) if here]
+needs_fbgemm = pytest.mark.skipif(not fbgemm_available(), reason="no fbgemm in this torch (ARM builds lack it)")
 
 
 def chain(path, slices: int = 1, dtype: str = "f32", ggml: bool = False, kernel: str | None = None,

@@ -2,7 +2,8 @@
 
 Perplexity within 1% of f32, measured the way generation runs (a 16-token prompt prefill, then
 one decode step per token) and as one 128-token prefill computing every position's logits (for
-int8 the fast prefill path: one 8-bit pass on o, gate/up and the rotated ffn_down).
+int8 the fast prefill path: on fbgemm one 7-bit pass on o, gate/up and the rotated ffn_down; on
+qgemm 8 bits on o and gate/up).
 """
 
 from __future__ import annotations

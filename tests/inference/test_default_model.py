@@ -14,7 +14,14 @@ import torch
 from node.cli import main
 from node.inference.slice.chain import SliceChain
 from tests.inference.conftest import needs_llama
-from tests.inference.reference import INT8_KERNELS, chain, llama_logits, our_logits, top1_agreement
+from tests.inference.reference import (
+    INT8_KERNELS,
+    chain,
+    llama_logits,
+    needs_fbgemm,
+    our_logits,
+    top1_agreement,
+)
 
 MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "swarmllm-pydoc-q8_0.gguf"
 pytestmark = [
@@ -82,6 +89,7 @@ def test_default_model_int8_agrees_with_llama_cpp(kernel):
     # and +1.4 %: coarser weights cost more than a bit of activations, which the residual pass
     # buys back anyway.
 ])
+@needs_fbgemm
 def test_default_model_fbgemm_perplexity_within_one_percent_of_f32(decode_from, exact_prefill):
     """fbgemm: 7-bit activations, with the residual pass where it is asked for (exact_prefill)."""
     tokens = _tokens()

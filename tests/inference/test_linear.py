@@ -17,8 +17,10 @@ from node.inference.weights.linear import (
     make_linear,
     quantize_rows_int8,
 )
+from tests.inference.reference import needs_fbgemm
 
 CPU = torch.device("cpu")
+pytestmark = needs_fbgemm
 
 
 def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

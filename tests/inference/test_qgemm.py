@@ -12,6 +12,7 @@ import torch
 
 from node.inference.weights import kernels, qgemm
 from node.inference.weights.linear import make_linear, quantize_rows_int8
+from tests.inference.reference import needs_fbgemm
 
 pytestmark = pytest.mark.skipif(not qgemm.available(), reason="the qgemm extension is not built")
 
@@ -88,6 +89,7 @@ def test_long_inputs_cannot_overflow_the_int32_sums(k, restore_isa):
         np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-2, err_msg=name)
 
 
+@needs_fbgemm
 def test_close_to_the_float_product_and_finer_than_fbgemm():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((512, 1024)).astype(np.float32) * 0.02
@@ -138,6 +140,7 @@ def fresh_choice(monkeypatch):
     monkeypatch.setattr(kernels, "_chosen", {})
 
 
+@needs_fbgemm
 def test_the_choice_is_measured_once_remembered_and_remeasured_when_the_machine_changes(
         fresh_choice, tmp_path, monkeypatch, caplog):
     path = tmp_path / "int8-kernel.json"
@@ -166,6 +169,7 @@ def test_the_choice_is_measured_once_remembered_and_remeasured_when_the_machine_
     assert calls == [128, 128] and len(json.loads(path.read_text())) == 2
 
 
+@needs_fbgemm
 def test_a_damaged_choice_file_is_measured_again(fresh_choice, tmp_path, monkeypatch):
     path = tmp_path / "int8-kernel.json"
     path.write_text("{not json")
@@ -175,6 +179,7 @@ def test_a_damaged_choice_file_is_measured_again(fresh_choice, tmp_path, monkeyp
     assert json.loads(path.read_text())[0]["kernel"] == "qgemm"
 
 
+@needs_fbgemm
 def test_the_environment_can_force_a_kernel(fresh_choice, monkeypatch):
     monkeypatch.setenv("SWARMLLM_INT8_KERNEL", "fbgemm")
     assert kernels.choose_int8_kernel(64) == "fbgemm"
@@ -331,7 +336,7 @@ def test_packing_block_by_block_gives_the_same_bytes_as_packing_whole(n, block_r
 
 
 def test_without_fbgemm_int8_runs_on_qgemm_even_on_its_portable_loop(fresh_choice, synth_model, monkeypatch,
-                                                                      restore_isa):
+                                                                      restore_isa, caplog):
     """A torch without fbgemm (ARM builds) on a CPU where only qgemm's C loop runs (ARM): auto slices
     are int8 on qgemm, unmeasured, with the bits of every other instruction set; fbgemm asked for by
     name is refused clearly."""
@@ -355,5 +360,9 @@ def test_without_fbgemm_int8_runs_on_qgemm_even_on_its_portable_loop(fresh_choic
     np.testing.assert_array_equal(our_logits(model, tokens, decode_from=12), best)
     with pytest.raises(ModelLoadError, match="fbgemm is not in this torch build"):
         SliceModel.load(path, dtype="int8", kernel="fbgemm")
-    monkeypatch.setenv("SWARMLLM_INT8_KERNEL", "fbgemm")  # a forced kernel that is not there: the other
-    assert kernels.choose_int8_kernel(64) == "qgemm"
+    monkeypatch.setenv("SWARMLLM_INT8_KERNEL", "fbgemm")  # a forced kernel that is not there: the other,
+    monkeypatch.setattr(kernels, "_ignored_forced", set())  # said once
+    with caplog.at_level(logging.WARNING, logger="node.inference.weights.kernels"):
+        assert kernels.choose_int8_kernel(64) == "qgemm"
+        assert kernels.choose_int8_kernel(64) == "qgemm"
+    assert caplog.text.count("SWARMLLM_INT8_KERNEL=fbgemm ignored: not available here") == 1

@@ -5,7 +5,7 @@ one contiguous stream per 4 rows, zero padded). That layout is what the weight c
 what runs: no prepack, so a cached load is a file mapping. x: float32, quantized here per row
 (token) to int16 with the largest magnitude that cannot overflow an int32 lane (K/8 products per
 lane: 32767 for K ≤ 4120, fewer steps beyond; a row's lanes are summed in int64), so activations
-keep 13–15 bits, finer than fbgemm's 8, and need no residual pass. The price: int16 products run
+keep 13–15 bits, finer than fbgemm's 7, and need no residual pass. The price: int16 products run
 at half the rate of int8 ones (vpmaddwd / vpdpwssd against vpmaddubsw / vpdpbusd), which long
 prefills feel; decode is bound by reading the weights and gains from the single packed stream.
 So a caller may ask for 8-bit activations (per token, ±127 steps) for a long prefill's less
@@ -134,23 +134,6 @@ static void quantize(const float *x, int64_t t, int64_t k, int64_t kp, float qma
     for (int64_t r = 0; r < t; r++) row(x + r * k, k, kp, qmax, xq + r * kp, xs + r);
 }
 
-/* The entry points take integers only (addresses, sizes, counts): `want` of them into v[]. */
-static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage, int64_t *v) {
-    if (nargs != want) {
-        PyErr_SetString(PyExc_TypeError, usage);
-        return 0;
-    }
-    for (Py_ssize_t i = 0; i < want; i++) {
-        long long x = PyLong_AsLongLong(args[i]);
-        if (x == -1 && PyErr_Occurred()) return 0;
-        v[i] = (int64_t)x;
-    }
-    return 1;
-}
-
-/* gemm(w, s, n, k, x, t, y, bias, threads[, wsum]): with wsum (row_sums() of w; 0 = none),
-   activations take 8 bits (per token, ±127 steps) instead of 13–15: on VNNI through vpdpbusd at
-   twice the rate; elsewhere the same integers through the 16-bit kernels (identical results) */
 /* The product itself, callable without the GIL (py_gemm, and other extensions through the
    `gemm_c_v1` capsule: the slice engine's fused decode step). 0, or -1 when a buffer cannot be had. */
 static int qgemm_gemm(const int8_t *w, const float *s, int64_t n, int64_t k, const float *x, int64_t t, float *y,
@@ -180,6 +163,24 @@ static int qgemm_gemm(const int8_t *w, const float *s, int64_t n, int64_t k, con
     return 0;
 }
 
+#ifndef QGEMM_NO_PYTHON  /* the module (a C test harness builds the kernels without Python) */
+/* The entry points take integers only (addresses, sizes, counts): `want` of them into v[]. */
+static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage, int64_t *v) {
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < want; i++) {
+        long long x = PyLong_AsLongLong(args[i]);
+        if (x == -1 && PyErr_Occurred()) return 0;
+        v[i] = (int64_t)x;
+    }
+    return 1;
+}
+
+/* gemm(w, s, n, k, x, t, y, bias, threads[, wsum]): with wsum (row_sums() of w; 0 = none),
+   activations take 8 bits (per token, ±127 steps) instead of 13–15: on VNNI through vpdpbusd at
+   twice the rate; elsewhere the same integers through the 16-bit kernels (identical results) */
 static PyObject *py_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     int64_t v[10] = {0};
@@ -417,3 +418,4 @@ PyMODINIT_FUNC PyInit__qgemm(void) {
     }
     return m;
 }
+#endif

@@ -10,8 +10,10 @@
 #elif defined(__clang__)
 #pragma clang fp contract(off)
 #endif
+#ifndef QGEMM_NO_PYTHON
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -6,8 +6,9 @@
     cache.write(key, "layer-0003", arrays)          # atomic; False when the budget or disk says no
 
 One directory per key: the model file's sha256 (a changed file is another key), the weight
-format, the kernel the arrays are laid out for, the conversion variant and `CACHE_VERSION` (bumped
-whenever conversion changes). One file per part (a decoder layer, the output head): parts do not
+format, the kernel the arrays are laid out for with its layout version (`qgemm1`, `fbgemm2`: a
+kernel's conversion changed, its name moves), the conversion variant and `CACHE_VERSION` (bumped
+when the file format or every kernel's conversion changes). One file per part (a decoder layer, the output head): parts do not
 depend on the slice's range, so slices of one model share them. A file is a magic, a JSON header
 naming each array (dtype, shape, offset, crc32) and its key, then the arrays, 64-byte aligned.
 Every read checks the header's key and each array's crc32 (3.5 GB/s here, against sha256's 1.5:

@@ -34,6 +34,7 @@ DECODE_STEPS = 64
 
 _choice_lock = threading.Lock()
 _chosen: dict[tuple, dict] = {}
+_ignored_forced: set[str] = set()  # SWARMLLM_INT8_KERNEL values already warned about
 
 
 def machine_key(width: int) -> dict[str, str | int]:
@@ -48,10 +49,15 @@ def machine_key(width: int) -> dict[str, str | int]:
 def choose_int8_kernel(width: int = 2048, *, remember: Path | None = None) -> str:
     """"qgemm" or "fbgemm": whichever serves a request-shaped product faster on this machine
     (measured once per machine key, remembered in `remember` when given). Where only one is there
-    (no compiled kernel; or no fbgemm, as on ARM) it is that one without measuring."""
+    (no compiled kernel; or no fbgemm, as on ARM) it is that one without measuring. Callers ask
+    only where one is (`linear.int8_available()`)."""
     forced = os.environ.get("SWARMLLM_INT8_KERNEL")
     if (forced == "fbgemm" and fbgemm_available()) or (forced == "qgemm" and qgemm.available()):
         return forced
+    if forced and forced not in _ignored_forced:
+        _ignored_forced.add(forced)
+        log.warning("DIAG: SWARMLLM_INT8_KERNEL=%s ignored: %s", forced,
+                    "not an int8 kernel (qgemm, fbgemm)" if forced not in KERNELS else "not available here")
     if not qgemm.available():
         return "fbgemm"
     if not fbgemm_available():

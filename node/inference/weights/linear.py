@@ -179,7 +179,7 @@ class _Int8Dynamic:
     saturate). Rows (tokens) are first scaled to a common range, so a long prefill gets
     per-token grids, not one set by its largest token. The rounding error r = x - x̂
     (|r| ≤ s/2) is what costs accuracy; stacking [x; K·r] as extra rows quantizes r on the same
-    grid, and y = W·x̂ + W·(K·r)/K recovers ~12-bit activations. For a few rows (decode) the extra
+    grid, and y = W·x̂ + W·(K·r)/K recovers ~11-bit activations. For a few rows (decode) the extra
     rows are free (the kernel is bound by reading the weights); for long prefills they double the
     compute, so there only the matrices that need it (`correct_prefill`) take the residual pass.
     With `rotate`, inputs are multiplied by a blockwise Hadamard matrix H first (and the weights

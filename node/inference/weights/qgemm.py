@@ -6,8 +6,8 @@
 Int8Packed keeps int8 weights per output row in the blocked layout the C kernel reads, so what the
 weight cache holds is what runs: a cached load maps the file and is done (fbgemm's prepack copies
 and re-lays out every weight on every load). Activations are quantized per token to 13–15 bits
-in the kernel (see the C file), finer than fbgemm's 8 plus residual pass, so this path needs
-neither pair-safe weights nor the rotation of ffn_down's inputs.
+in the kernel (see the C file), finer than fbgemm's 7 bits plus residual pass, so this path needs
+neither the residual pass nor the rotation of ffn_down's inputs.
 
 `prefill8` matrices (the block's less sensitive ones, as fbgemm's long prefills skip their
 residual pass) take 8-bit activations for products of more than PREFILL8_MIN_ROWS rows on a VNNI
@@ -22,13 +22,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-try:  # built by `pip install` (setup.py); optional: without it int8 runs on fbgemm
+try:  # built by `pip install` (setup.py); optional: without it int8 runs on fbgemm (f32 without that)
     from node.inference.weights import _qgemm
 except ImportError:  # pragma: no cover - depends on the install
     _qgemm = None
 
 LAYOUT_VERSION = 1  # bump when the packed layout changes (the weight cache's key names it)
-KERNEL_VERSION = 4  # bump when the kernels or the activation quantization change (the kernel choice)
+KERNEL_VERSION = 5  # bump when the kernels or the activation quantization change (the kernel choice)
 PREFILL8_MIN_ROWS = 32  # a product of more rows than this may take 8-bit activations (`prefill8`)
 
 
