@@ -256,6 +256,7 @@ static inline void rope_head(const float *x, const float *cs, const float *sn, i
 }
 
 
+#ifndef ATTEND_NO_PYTHON  /* the module (a C test harness builds the kernels above without it) */
 /* The entry points take n integers (addresses, sizes), then a float, then (threaded ones) a
    thread count: into v[0..n), *f and v[n]. 1, or 0 with the Python error set. */
 int at_parse_args(PyObject *const *args, Py_ssize_t nargs, int n, int threaded, const char *usage,
@@ -610,3 +611,4 @@ PyMODINIT_FUNC PyInit__attend(void) {
     at_pick_tiles(g_isa);
     return PyModule_Create(&module);
 }
+#endif

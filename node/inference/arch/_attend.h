@@ -9,8 +9,10 @@
 #elif defined(__clang__)
 #pragma clang fp contract(off)
 #endif
+#ifndef ATTEND_NO_PYTHON  /* a C test harness builds the kernels without the module */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,8 +33,11 @@
    (as torch's and F16C's conversions do: a cache written here or by torch holds the same bits),
    overflow to infinity, NaN stays NaN (its payload is not kept: every NaN is written 0x7e00, and
    "the same bits" holds for the numbers). A K or V value beyond 65504 is infinity in the cache,
-   as in llama.cpp's f16 cache: that head's scores are NaN from then on. */
-static inline float h2f(uint16_t h) {
+   as in llama.cpp's f16 cache: that head's scores are NaN from then on. h2f_bits is the portable
+   conversion; h2f is it, or on ARM the hardware's (fcvt, which every AArch64 CPU has: the same
+   float for every half that is a number, and which the compiler vectorizes), since reading a half
+   cache is the portable decode loop's hot path (bit by bit it cost 10x a float32 cache's read). */
+static inline float h2f_bits(uint16_t h) {
     uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
     if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
     else if (e) u = s | ((e + 112) << 23) | (m << 13);
@@ -45,6 +50,16 @@ static inline float h2f(uint16_t h) {
     union { uint32_t u; float f; } c = {.u = u};
     return c.f;
 }
+
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+static inline float h2f(uint16_t h) {
+    __fp16 x;
+    memcpy(&x, &h, sizeof x);
+    return (float)x;
+}
+#else
+#define h2f h2f_bits
+#endif
 
 static inline uint16_t f2h(float f) {
     union { float f; uint32_t u; } in = {.f = f};
@@ -113,6 +128,7 @@ __attribute__((target("avx2"))) static inline __m256 exp_avx2(__m256 x) {
 }
 #endif
 
+#ifndef ATTEND_NO_PYTHON
 /* _attend.c */
 /* The entry points take n integers (addresses, sizes), then a float, then (threaded ones) a
    thread count: into v[0..n), *f and v[n]. 1, or 0 with the Python error set. */
@@ -122,6 +138,7 @@ int at_parse_args(PyObject *const *args, Py_ssize_t nargs, int n, int threaded, 
 /* _attend_rows.c: the entry points, and the tile set for an instruction set ("c", "avx2", "avx512") */
 PyObject *py_attend_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_attend_rows_kv16(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+#endif
 void at_pick_tiles(const char *isa);
 
 #endif

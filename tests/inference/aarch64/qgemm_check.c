@@ -1,5 +1,5 @@
 /* qgemm's portable loop built for another CPU (aarch64, run under qemu-user by
-   tests/inference/test_qgemm_aarch64.py): the product of every shape below, on 1 and 2 threads,
+   tests/inference/test_kernels_aarch64.py): the product of every shape below, on 1 and 2 threads,
    must be the exact integer product, scaled as store_tile() scales it, bit for bit. The kernel's
    source is included whole, built without its Python module (QGEMM_NO_PYTHON). */
 #include "_qgemm.c"
