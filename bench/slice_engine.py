@@ -105,11 +105,12 @@ class Ours:
         chunk = const.PREFILL_CHUNK_TOKENS
         for start in range(0, len(tokens), chunk):
             part = tokens[start:start + chunk]
-            logits = self.model.forward(self.sess, self.torch.tensor(part), start, last_only=True)
+            logits = self.model.forward(self.sess, self.torch.tensor(part), start, last_only=True,
+                                        prompt_rows=len(part))  # as the node marks a prompt's steps
         return int(logits[-1].argmax())
 
     def decode(self, tok, pos):
-        logits = self.model.forward(self.sess, self.torch.tensor([tok]), pos, last_only=True)
+        logits = self.model.forward(self.sess, self.torch.tensor([tok]), pos, last_only=True, prompt_rows=0)
         return int(logits[-1].argmax())
 
     def profile(self, tokens, steps):

@@ -164,13 +164,17 @@ async def chain(path: Path, args) -> None:
         for name, messages in TEXTS.items():
             rates: dict[int, list[float]] = {d: [] for d in arms}
             texts: dict[int, str] = {}
+            changed: list[int] = []
             for _ in range(args.reps):
                 for draft, arm in arms.items():
                     _, rate, _ = await arm.stream(ids[draft], args.tokens, messages)
                     rates[draft].append(rate)
                     texts.setdefault(draft, arm.last_text)
-                    if texts[draft] != arm.last_text:
-                        raise SystemExit(f"{name}: greedy text changed between repetitions (draft={draft})")
+                    if texts[draft] != arm.last_text and draft not in changed:
+                        changed.append(draft)  # said below; the first repetition's text is compared
+                        print(f"{name}: NOTE greedy text changed between repetitions (draft={draft}; a "
+                              f"repetition resumes the one before's kept prefix: see docs/ARCHITECTURE.md, "
+                              f"'Row kinds')", flush=True)
             log = await asyncio.to_thread((arms[args.draft].dirs[0] / "node.log").read_text, errors="replace")
             line = [ln for ln in log.splitlines() if "pipeline n-gram speculation complete" in ln][-1]
             tpr = re.search(r"tokens_per_round=([\d.]+)", line)

@@ -87,9 +87,9 @@ PARTIAL_SPOT_CHECK_BYTES = 64 << 10  # the range refetched from the origin and c
 # --- distributed pipeline (node/inference/pipeline) ---
 PREFILL_CHUNK_TOKENS = 256  # prompt tokens per WORK step, at most
 PIPELINE_MIN_CHUNK_TOKENS = 64  # a shorter prefill on a chain is cut into one step per segment while each
-# keeps this many rows: the segments work on different steps at once (run.prefill_steps). Above qgemm's
-# PREFILL8_MIN_ROWS (32), so a cut step keeps the 8-bit prefill products: at 3 x 21 rows a 62-row turn
-# lost on the 16-bit products what it gained in overlap
+# keeps this many rows: the segments work on different steps at once (run.prefill_steps). Set when a
+# step of 32 rows or fewer lost qgemm's 8-bit prompt products (3 x 21 rows: a 62-row turn lost there
+# what it gained in overlap); prompt rows are now marked and keep them in any step (not re-measured)
 SESSION_TTL_S = 300.0  # an idle KV session on a segment is freed after this
 KEPT_SESSION_TTL_S = 900.0  # a finished one kept for its conversation's next turn, after this
 BATCH_MAX_STEPS = 16  # a segment runs at most this many sessions' queued steps as one forward

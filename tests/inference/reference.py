@@ -88,9 +88,9 @@ def our_logits(c: SliceChain, tokens: list[int], *, decode_from: int | None = No
     """Our logits [T, V]: one prefill forward, or prefill up to decode_from then one token at a time."""
     c.new_session("t")
     split = len(tokens) if decode_from is None else decode_from
-    rows = [c.forward("t", torch.tensor(tokens[:split]), 0)]
+    rows = [c.forward("t", torch.tensor(tokens[:split]), 0, prompt_rows=split)]  # as the node runs them
     for i in range(split, len(tokens)):
-        rows.append(c.forward("t", torch.tensor(tokens[i : i + 1]), i))
+        rows.append(c.forward("t", torch.tensor(tokens[i : i + 1]), i, prompt_rows=0))
     c.free_session("t")
     return torch.cat(rows).numpy()
 
@@ -98,12 +98,12 @@ def our_logits(c: SliceChain, tokens: list[int], *, decode_from: int | None = No
 def our_greedy(c: SliceChain, prompt: list[int], n: int) -> list[int]:
     """n greedy tokens after `prompt` with our engine (prefill, then decode with last_only)."""
     c.new_session("g")
-    logits = c.forward("g", torch.tensor(prompt), 0, last_only=True)
+    logits = c.forward("g", torch.tensor(prompt), 0, last_only=True, prompt_rows=len(prompt))
     out, pos = [], len(prompt)
     for _ in range(n):
         tok = int(logits[-1].argmax())
         out.append(tok)
-        logits = c.forward("g", torch.tensor([tok]), pos, last_only=True)
+        logits = c.forward("g", torch.tensor([tok]), pos, last_only=True, prompt_rows=0)
         pos += 1
     c.free_session("g")
     return out

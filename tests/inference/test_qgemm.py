@@ -303,22 +303,29 @@ def test_eight_bit_activations_keep_a_non_finite_row_to_itself(restore_isa):
 
 
 @pytest.mark.skipif(qgemm.isa() != "avx512vnni", reason="8-bit activations run only where VNNI makes them faster")
-def test_only_long_products_of_a_prefill8_matrix_take_eight_bits():
-    """Decode, batched decode and speculation's verify rows (up to PREFILL8_MIN_ROWS) keep 13–15
-    bits; a long prefill takes 8 on `prefill8` matrices; other matrices never do."""
-    rng = np.random.default_rng(9)
+@pytest.mark.parametrize("t", [1, 3, 33, 70])
+def test_only_marked_rows_of_a_prefill8_matrix_take_eight_bits_whatever_the_product_size(t):
+    """The prompt rows (`rows8`) of a `prefill8` matrix take 8 bits where VNNI makes them faster;
+    every other row, and every row of another matrix, keeps 13–15 bits; each row's numbers are the
+    same in a product of any size and mix (a prompt cut into other steps, a batch of both kinds)."""
+    rng = np.random.default_rng(9 + t)
     w = rng.standard_normal((40, 300)).astype(np.float32)
     q, scales = quantize_rows_int8(w)
     fast = qgemm.Int8Packed.from_rows(q, scales, None, prefill8=True)
     exact = qgemm.Int8Packed.from_rows(q, scales, None)
-    limit = qgemm.PREFILL8_MIN_ROWS
-    for t in (1, 8, limit, limit + 1, 3 * limit):
-        x = torch.from_numpy(rng.standard_normal((t, 300)).astype(np.float32))
-        want8 = t > limit
-        np.testing.assert_array_equal(fast(x).numpy(), _reference(q.numpy(), scales.numpy(), x.numpy(), None,
-                                                                  bits8=want8), err_msg=f"t={t}")
-        np.testing.assert_array_equal(exact(x).numpy(), _reference(q.numpy(), scales.numpy(), x.numpy(), None),
-                                      err_msg=f"t={t}")
+    vnni = qgemm.isa() == "avx512vnni"
+    x = torch.from_numpy(rng.standard_normal((t, 300)).astype(np.float32))
+    rows8 = torch.from_numpy(rng.random(t) < 0.5)
+    ref16 = _reference(q.numpy(), scales.numpy(), x.numpy(), None)
+    ref8 = _reference(q.numpy(), scales.numpy(), x.numpy(), None, bits8=vnni)
+    want = np.where(rows8.numpy()[:, None], ref8, ref16)
+    for marks in (rows8, torch.ones(t, dtype=torch.bool), torch.zeros(t, dtype=torch.bool), None):
+        expected = ref16 if marks is None else np.where(marks.numpy()[:, None], ref8, ref16)
+        np.testing.assert_array_equal(fast(x, marks).numpy(), expected, err_msg=f"t={t}")
+        np.testing.assert_array_equal(exact(x, marks).numpy(), ref16, err_msg=f"t={t}")
+    np.testing.assert_array_equal(fast(x, rows8).numpy(), want)
+    for i in range(t):  # each row alone, as a 1-row step of its kind
+        np.testing.assert_array_equal(fast(x[i:i + 1], rows8[i:i + 1]).numpy(), want[i:i + 1], err_msg=f"row {i}")
 
 
 @pytest.mark.parametrize(("n", "block_rows"), [(37, 8), (37, 5), (4, 2048), (130, 64)])
@@ -349,6 +356,8 @@ def test_without_fbgemm_int8_runs_on_qgemm_even_on_its_portable_loop(fresh_choic
 
     path = synth_model(SynthSpec(hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=300, n_layers=2, n_ctx=64))
     tokens = [1, *range(10, 30)]
+    if qgemm.isa() != "c":  # the 16-bit kernels' bits (VNNI's 8-bit prompt products are its alone)
+        qgemm._qgemm.set_isa("avx2")
     best = our_logits(SliceModel.load(path, dtype="int8", kernel="qgemm"), tokens, decode_from=12)
     for module in (linear, kernels, slice_model):
         monkeypatch.setattr(module, "fbgemm_available", lambda: False)

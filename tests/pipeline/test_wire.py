@@ -74,12 +74,17 @@ def test_work_header_roundtrip():
                 sample=True, draft=(7, 8, 9), rewind=True)
     assert Work.from_header(spec.to_header()) == spec
     assert "draft" not in w.to_header() and "rewind" not in w.to_header()  # absent unless speculating
+    kinds = Work(sid="s1", model="f" * 64, seq=0, index_pos=0, n_tokens=5, route=route, hop=0, coordinator="a" * 64,
+                 sample=False, prompt_rows=3)
+    assert Work.from_header(kinds.to_header()) == kinds
+    assert Work.from_header({k: v for k, v in kinds.to_header().items() if k != "prompt_rows"}).prompt_rows is None
 
 
 @pytest.mark.parametrize("patch", [
     {"hop": 5}, {"index_pos": -1}, {"n": 0}, {"route": []}, {"route": [{"node": "x", "start": 3, "end": 1}]},
     {"bits": 12}, {"sampling": {"temperature": "hot"}}, {"seq": "x"},
     {"draft": [1, 2]}, {"draft": [1], "sample": False}, {"draft": ["x"]},  # a draft needs a row after it
+    {"prompt_rows": 3}, {"prompt_rows": -1}, {"prompt_rows": "x"}, {"prompt_rows": 2, "draft": [1]},
 ])
 def test_malformed_work_is_protocol_error(patch):
     good = Work(sid="s", model="m", seq=0, index_pos=0, n_tokens=2, route=(Hop("n", 0, 2),), hop=0,

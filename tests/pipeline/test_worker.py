@@ -452,18 +452,16 @@ async def test_a_sub_range_is_served_by_the_smallest_containing_slice(tmp_path):
 
 
 def test_batches_hold_as_many_rows_as_the_kernel_computes_each_alone():
-    """A batch's rows are computed as each step's would be alone: float slices take up to
-    BATCH_MAX_ROWS, int8 on qgemm (each row quantized alone, 16 bits up to PREFILL8_MIN_ROWS) 32,
-    int8 on fbgemm (a matrix's input quantized over all its rows) RESIDUAL_MAX_ROWS."""
+    """A batch's rows are computed as each step's would be alone: float slices and int8 on qgemm
+    (every row alone, at its kind's precision) take up to BATCH_MAX_ROWS, int8 on fbgemm (a
+    matrix's input quantized over all its rows) RESIDUAL_MAX_ROWS."""
     from types import SimpleNamespace
 
     from node import const
     from node.inference.weights.linear import RESIDUAL_MAX_ROWS
-    from node.inference.weights.qgemm import PREFILL8_MIN_ROWS
 
     def rows(fmt, kernel):
         return SegmentWorker._max_rows(SimpleNamespace(model=SimpleNamespace(fmt=fmt, kernel=kernel)))
 
-    assert rows("f32", "torch") == rows("bf16", "torch") == const.BATCH_MAX_ROWS
-    assert rows("int8", "qgemm") == PREFILL8_MIN_ROWS == 32
+    assert rows("f32", "torch") == rows("bf16", "torch") == rows("int8", "qgemm") == const.BATCH_MAX_ROWS
     assert rows("int8", "fbgemm") == RESIDUAL_MAX_ROWS == 8

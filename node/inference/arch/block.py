@@ -17,8 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from node.inference.arch.common import NORM_ROWS_C, LayerWeights, ModelConfig, apply_rope, rms_norm
+from node.inference.arch.common import LayerWeights, ModelConfig, apply_rope, rms_norm
 from node.inference.weights.linear import Linear, linear_from_arrays, make_linear
+from node.inference.weights.qgemm import Int8Packed
 
 try:
     from node.inference.arch import _attend as _attend_c
@@ -153,15 +154,24 @@ def block_forward_many(
     x: torch.Tensor,
     parts: tuple[tuple[torch.Tensor, torch.Tensor, int, int, torch.Tensor | None], ...] | list,
     rope: tuple[torch.Tensor, torch.Tensor],
+    prompt_rows: tuple[int, ...] | list[int] | None = None,
+    rows8: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One block on the stacked rows x [R, H] of several sessions (a batched step): every matrix
     runs once over all rows; attention runs per session over its own KV. `parts` lists, in row
     order, each session's (k_cache, v_cache, start, rows, mask); `rope` holds each row's factors.
+
+    `prompt_rows` (per part: how many of its first rows are prompt tokens, the rest generated
+    ones) makes each row's numbers independent of its step's size and batch: a prompt row is
+    attended in `attend_rows` (split-invariant) and its `prefill8` products may take 8 bits
+    (`rows8`, the prompt rows of x); a generated row goes through decode's kernels one row at a
+    time (so a verification step's rows are the decode steps' they stand for). Without it, one
+    row is decoded and several are attended together, on 13–15-bit products.
     """
     R = x.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     eps = cfg.rms_eps
-    if R == 1 and len(parts) == 1 and _fused_decode(parts[0], x, *rope):
+    if R == 1 and len(parts) == 1 and not (prompt_rows and prompt_rows[0]) and _fused_decode(parts[0], x, *rope):
         layout = decode_layout(b, cfg)
         if layout:
             return block_decode(layout, cfg, x, parts[0], rope)
@@ -173,7 +183,9 @@ def block_forward_many(
     else:
         qk = qkv[:, : nh + nkv]
     cos, sin = rope
-    if len(parts) == 1 and R == 1 and _fused_decode(parts[0], qk, cos, sin):
+    if prompt_rows is not None:
+        o = _attend_by_kind(cfg, qk, qkv, cos, sin, parts, prompt_rows)
+    elif len(parts) == 1 and R == 1 and _fused_decode(parts[0], qk, cos, sin):
         k_cache, v_cache, start, _, _ = parts[0]
         o = rope_decode_attention(cfg, qk, qkv, cos, sin, k_cache, v_cache, start)
     elif len(parts) == 1:
@@ -192,26 +204,59 @@ def block_forward_many(
                 outs.append(_attend(cfg, qk_s, qkv[rows], k_cache, v_cache, start, mask))
             row += T
         o = torch.cat(outs)
-    x = x + b.out(o)
-    return x + b.down(silu_mul(b.gate_up(rms_norm(x, b.ffn_norm, eps))))
+    x = x + _mm(b.out, o, rows8)
+    return x + b.down(silu_mul(_mm(b.gate_up, rms_norm(x, b.ffn_norm, eps), rows8)))
+
+
+def _mm(lin: Linear, x: torch.Tensor, rows8: torch.Tensor | None) -> torch.Tensor:
+    """lin(x), the prompt rows marked where the kernel takes them (qgemm; the others have one grid)."""
+    return lin(x, rows8) if rows8 is not None and isinstance(lin, Int8Packed) else lin(x)
+
+
+def _attend_by_kind(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    parts, prompt_rows) -> torch.Tensor:
+    """Each part's prompt rows together in attend_rows (the same bits however the prompt is cut
+    into steps), then its generated rows one at a time in decode's compiled call (the bits of the
+    decode steps they stand for); where a kernel is missing, as without `prompt_rows`."""
+    outs, row = [], 0
+    for part, n_prompt in zip(parts, prompt_rows, strict=True):
+        k_cache, v_cache, start, T, mask = part
+        if n_prompt:
+            rows = slice(row, row + n_prompt)
+            qk_s = apply_rope(qk[rows], cos[rows], sin[rows], cfg.rope.n_rot)
+            if n_prompt < T:  # the prompt rows see each other causally, nothing after them
+                mask = attention_mask(n_prompt, start, cfg.n_heads // cfg.n_kv_heads, qk.device)
+            outs.append(_attend(cfg, qk_s, qkv[rows], k_cache, v_cache, start, mask, rows_kernel=True))
+        for i in range(row + n_prompt, row + T):
+            one = slice(i, i + 1)
+            pos = start + (i - row)
+            if _fused_decode((k_cache, v_cache, pos, 1, None), qk[one], cos[one], sin[one]):
+                outs.append(rope_decode_attention(cfg, qk[one], qkv[one], cos[one], sin[one], k_cache, v_cache, pos))
+            else:
+                outs.append(_attend(cfg, apply_rope(qk[one], cos[one], sin[one], cfg.rope.n_rot), qkv[one],
+                                    k_cache, v_cache, pos, None))
+        row += T
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """silu(gate) · up of gate_up's output [R, 2f]: decode steps' rows (up to NORM_ROWS_C, CPU
-    float32) in the compiled kernel, as block_decode computes them; torch otherwise."""
+    """silu(gate) · up of gate_up's output [R, 2f]: CPU float32 rows in the compiled kernel, each row
+    alone (as block_decode computes them: the same bits in a step or batch of any size); torch
+    otherwise."""
     R, f2 = gu.shape
-    if _FUSED and _attend_c is not None and R <= NORM_ROWS_C and gu.device.type == "cpu" \
+    if _FUSED and _attend_c is not None and R > 0 and gu.device.type == "cpu" \
             and gu.dtype == torch.float32 and gu.is_contiguous() and f2 > 0:
         out = torch.empty(R, f2 // 2, dtype=torch.float32)
-        _attend_c.silu_mul_rows(gu.data_ptr(), out.data_ptr(), R, f2 // 2, 0.0)
+        _attend_c.silu_mul_rows(gu.data_ptr(), out.data_ptr(), R, f2 // 2, 0.0, torch.get_num_threads())
         return out
     gate, up = gu.chunk(2, dim=-1)
     return F.silu(gate).mul_(up)
 
 
 def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            start: int, mask: torch.Tensor | None) -> torch.Tensor:
-    """One session's T rows: append their K/V at [start, start+T), attend; [T, n_heads*head_dim]."""
+            start: int, mask: torch.Tensor | None, *, rows_kernel: bool = False) -> torch.Tensor:
+    """One session's T rows: append their K/V at [start, start+T), attend; [T, n_heads*head_dim].
+    `rows_kernel`: a lone row in attend_rows too (a prompt row: the bits it has among others)."""
     T = qk.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     group = nh // nkv
@@ -220,7 +265,7 @@ def _attend(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, k_cache: torc
     v_cache[:, start:end] = qkv[:, nh + nkv :].transpose(0, 1)
     if _attend_c is not None and k_cache.device.type == "cpu" and k_cache.dtype == v_cache.dtype \
             and k_cache.dtype in _KV_DTYPES and k_cache.is_contiguous() and v_cache.is_contiguous():
-        if T == 1 and mask is None:
+        if T == 1 and mask is None and not (rows_kernel and _ROWS):
             return decode_attention(qk[0, :nh], k_cache, v_cache, end)
         if _ROWS:  # (mask is attention_mask's: causal)
             return rows_attention(qk, k_cache, v_cache, start, nh)

@@ -25,7 +25,6 @@ except ImportError:  # pragma: no cover - depends on the install
 if _kernels is not None and not hasattr(_kernels, "rms_norm_rows"):  # pragma: no cover - a build from
     _kernels = None  # before the function (an editable install not rebuilt after a pull)
 
-NORM_ROWS_C = 32  # up to this many rows (decode steps, batched or not) RMSNorm runs row by row in C
 
 
 @dataclass(frozen=True)
@@ -162,14 +161,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_rot: int
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim (llama.cpp's LLM_NORM_RMS).
 
-    Decode steps on the CPU (up to NORM_ROWS_C rows: one session's token, or a batch of sessions';
-    [R, heads, head_dim] for per-head norms) go row by row through the compiled kernel
-    (`_attend.rms_norm_rows`, which `_attend.block_decode` uses too): a row's bits do not depend on
-    the batch (torch's rms_norm gave a lone row other last bits than the same row in a batch), and
-    per-call overhead is all there is at that size. Without the kernel one row goes through numpy
-    (a BLAS dot and two multiplies: half of torch's cost); the rest through torch.
+    Rows on the CPU ([R, H], or [R, heads, head_dim] for per-head norms) go row by row through the
+    compiled kernel (`_attend.rms_norm_rows`, which `_attend.block_decode` uses too; rows over
+    threads): a row's bits depend neither on the other rows nor on their number (torch's rms_norm
+    gave a lone row other last bits than the same row in a batch), so a decode step alone or
+    batched, and a prompt cut into steps of any size, compute the same numbers. Without the kernel
+    one row goes through numpy (a BLAS dot and two multiplies: half of torch's cost); the rest
+    through torch.
     """
-    if _kernels is not None and x.dim() >= 2 and 0 < x.shape[0] <= NORM_ROWS_C and x.numel() > 0 \
+    if _kernels is not None and x.dim() >= 2 and x.shape[0] > 0 and x.numel() > 0 \
             and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous() \
             and weight.shape == (x.shape[-1],):
         # [R, H], or [R, heads, head_dim] (qwen3's Q/K norms, strided views of qkv): every row alone,
@@ -177,7 +177,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x = x.contiguous()
         out = torch.empty_like(x)
         _kernels.rms_norm_rows(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
-                               x.shape[-1], float(eps))
+                               x.shape[-1], float(eps), torch.get_num_threads())
         return out
     if x.shape[0] == 1 and x.dim() == 2 and x.device.type == "cpu" and x.dtype == torch.float32 \
             and weight.dtype == torch.float32 and x.is_contiguous():

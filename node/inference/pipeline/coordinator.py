@@ -194,6 +194,7 @@ class PipelineCoordinator:
         for (resolved with an `unreachable` error RESULT at once when segment 0 cannot be reached).
         `rewind`: the segments forget their positions from index_pos on (a rejected draft);
         `resume`: the session starts as that kept one, cut to index_pos (prefix reuse)."""
+        prompt_rows = max(0, min(len(tokens), len(job.prompt_tokens) - index_pos))  # the rest: generated tokens
         tokens = [*tokens, *draft]
         seq = att.next_seq
         att.next_seq += 1
@@ -202,7 +203,7 @@ class PipelineCoordinator:
                     activation_bits=self.activation_bits,
                     sampling=job.params if sample else None,  # the last segment builds its sampler once
                     history=history, draft=draft, rewind=rewind, resume=resume,
-                    resume_copy=resume is not None and att.resume_copy)
+                    resume_copy=resume is not None and att.resume_copy, prompt_rows=prompt_rows)
         step = Step(seq, len(tokens), time.monotonic(), asyncio.get_running_loop().create_future())
         att.steps[seq] = step
         if log.isEnabledFor(logging.DEBUG):

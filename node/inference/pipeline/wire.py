@@ -162,6 +162,10 @@ class Work:
     # ... as a copy of that prefix: the kept session stays kept, whole (another conversation with
     # the same system prompt); an older segment ignores the key and resumes (renames) it
     resume_copy: bool = False
+    # the step's first prompt_rows rows are prompt tokens, the rest generated ones (the slice engine
+    # computes each row as it would in a step of any size: see SliceModel.forward); an older
+    # coordinator sends none, and its steps are computed as before
+    prompt_rows: int | None = None
 
     @property
     def target(self) -> Hop:
@@ -188,6 +192,8 @@ class Work:
             header["resume"] = self.resume
             if self.resume_copy:
                 header["resume_copy"] = True
+        if self.prompt_rows is not None:
+            header["prompt_rows"] = self.prompt_rows
         return header
 
     def forward_header(self, hop: int, act: dict[str, Any], telemetry: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +219,8 @@ class Work:
                 act=dict(h["act"]) if h.get("act") is not None else None,
                 draft=tuple(int(t) for t in h.get("draft") or ()), rewind=bool(h.get("rewind", False)),
                 resume=str(h["resume"]) if h.get("resume") is not None else None,
-                resume_copy=bool(h.get("resume_copy", False)))
+                resume_copy=bool(h.get("resume_copy", False)),
+                prompt_rows=int(h["prompt_rows"]) if h.get("prompt_rows") is not None else None)
         except ProtocolError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -229,6 +236,9 @@ class Work:
             raise ProtocolError(f"malformed WORK: resume={work.resume!r} at index_pos={work.index_pos}")
         if work.resume_copy and work.resume is None:
             raise ProtocolError("malformed WORK: resume_copy without resume")
+        if work.prompt_rows is not None and not 0 <= work.prompt_rows <= work.n_tokens - len(work.draft):
+            raise ProtocolError(f"malformed WORK: prompt_rows={work.prompt_rows} n={work.n_tokens} "
+                                f"draft={len(work.draft)}")
         return work
 
 

@@ -38,7 +38,6 @@ from node.inference.pipeline.wire import (
     encode_activations,
 )
 from node.inference.weights.linear import RESIDUAL_MAX_ROWS
-from node.inference.weights.qgemm import PREFILL8_MIN_ROWS
 from node.logs import kv
 from node.net import FrameType
 
@@ -210,14 +209,14 @@ class SegmentWorker:
     @staticmethod
     def _max_rows(hosted: HostedSlice) -> int:
         """Rows per batch. int8 on fbgemm quantizes a matrix's input over all its rows and takes the
-        residual pass (decode's precision) only up to RESIDUAL_MAX_ROWS; qgemm quantizes each row
-        alone at decode's precision up to PREFILL8_MIN_ROWS (beyond, a prefill may take 8 bits):
-        int8 batches stay within their kernel's bound (a longer step runs alone, as unbatched), so
-        a step's rows are computed as they would be alone."""
+        residual pass (decode's precision) only up to RESIDUAL_MAX_ROWS: its batches stay within
+        that (a longer step runs alone, as unbatched), so a step's rows are computed as they would
+        be alone. qgemm computes every row alone, at its kind's precision (prompt or generated,
+        said by the WORK), in a batch of any size."""
         model = hosted.model
-        if getattr(model, "fmt", None) != "int8":
+        if getattr(model, "fmt", None) != "int8" or getattr(model, "kernel", None) == "qgemm":
             return const.BATCH_MAX_ROWS
-        return PREFILL8_MIN_ROWS if getattr(model, "kernel", None) == "qgemm" else RESIDUAL_MAX_ROWS
+        return RESIDUAL_MAX_ROWS
 
     def _run(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, jobs: list[StepJob]) -> None:
         """Executor thread: prepare each step (a failure is that step's alone), run the ready ones
@@ -238,7 +237,8 @@ class SegmentWorker:
             return
         computing = time.monotonic()
         try:
-            outs = hosted.model.forward_many([(p.sess, p.inputs, job.work.index_pos, p.last_only) for job, p in ready])
+            outs = hosted.model.forward_many([(p.sess, p.inputs, job.work.index_pos, p.last_only, job.work.prompt_rows)
+                                              for job, p in ready])
         except Exception as exc:
             for job, _ in ready:
                 self._hand_back(loop, hosted, job, exc)

@@ -62,9 +62,11 @@ class SliceChain:
         for s in self.slices:
             s.free_session(session_id)
 
-    def forward(self, session_id: str, ids, index_pos: int, *, last_only: bool = False) -> torch.Tensor:
-        """Token ids [T] in, logits [T, V] (or [1, V]) out, through every slice in order."""
+    def forward(self, session_id: str, ids, index_pos: int, *, last_only: bool = False,
+                prompt_rows: int | None = None) -> torch.Tensor:
+        """Token ids [T] in, logits [T, V] (or [1, V]) out, through every slice in order
+        (`prompt_rows`: see SliceModel.forward)."""
         x = torch.as_tensor(ids, dtype=torch.long)
         for s in self.slices:
-            x = s.forward(session_id, x, index_pos, last_only=last_only)
+            x = s.forward(session_id, x, index_pos, last_only=last_only, prompt_rows=prompt_rows)
         return x

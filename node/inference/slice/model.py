@@ -22,7 +22,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -331,12 +330,17 @@ class SliceModel:
         rows = self.file.lookup("token_embd.weight", ids.cpu().numpy())
         return torch.from_numpy(rows).to(self.device)
 
-    def forward(self, sess: Session | str, inputs, index_pos: int, *, last_only: bool = False) -> torch.Tensor:
+    def forward(self, sess: Session | str, inputs, index_pos: int, *, last_only: bool = False,
+                prompt_rows: int | None = None) -> torch.Tensor:
         """Run the session's layers on `inputs` at positions [index_pos, index_pos+T).
 
         inputs: token ids [T] when the session starts at layer 0, float hidden states [T, H]
         otherwise. Returns hidden [T, H] float32, or when the session ends at the model's last
         layer logits [T, V] ([1, V] with `last_only`), always as CPU tensors. Raises KvPositionMismatch unless index_pos equals the session's kv_len.
+        `prompt_rows`: how many of the first rows are prompt tokens (the rest generated ones); with
+        it every row's numbers are those it has in a step of any size or batch (see
+        block_forward_many), and the prompt's may take the faster 8-bit products. None: as before
+        (one row decoded, several attended together, every product on 13–15 bits).
         """
         if isinstance(sess, str):
             found = self.sessions.get(sess)
@@ -344,28 +348,32 @@ class SliceModel:
                 raise EngineError(f"no KV session {sess} on this slice")
             sess = found
         with self._lock, torch.inference_mode():
-            return self._forward_many([(sess, inputs, index_pos, last_only)])[0]
+            return self._forward_many([(sess, inputs, index_pos, last_only, prompt_rows)])[0]
 
-    def forward_many(self, steps: list[tuple[Session, Any, int, bool]]) -> list[torch.Tensor]:
-        """Several sessions' steps (session, inputs, index_pos, last_only) as one batched forward:
+    def forward_many(self, steps: list[tuple]) -> list[torch.Tensor]:
+        """Several sessions' steps (session, inputs, index_pos, last_only[, prompt_rows]) as one batched forward:
         each matrix runs once over all their rows, attention per session over its own KV. The
         sessions must be distinct and run the same layers. Returns each step's `forward` output.
         Every step is checked (positions, inputs, context) before anything is computed."""
         with self._lock, torch.inference_mode():
             return self._forward_many(steps)
 
-    def _forward_many(self, steps: list[tuple[Session, Any, int, bool]]) -> list[torch.Tensor]:
+    def _forward_many(self, steps: list[tuple]) -> list[torch.Tensor]:
         t0 = time.perf_counter()
         sess0 = steps[0][0]
         first = sess0.layer_start == 0
         group = self.config.n_heads // self.config.n_kv_heads
         xs, sessions, counts, masks, ropes = [], [], [], [], []
-        for sess, inputs, index_pos, _ in steps:
+        prompts = [step[4] if len(step) > 4 else None for step in steps]
+        kinds = any(p is not None for p in prompts)  # rows by kind (see forward's prompt_rows)
+        for (sess, inputs, index_pos, *_), n_prompt in zip(steps, prompts, strict=True):
             if index_pos != sess.kv_len:
                 raise KvPositionMismatch(index_pos, sess.kv_len, session=sess.session_id)
             if (sess.layer_start, sess.layer_end) != (sess0.layer_start, sess0.layer_end) or sess in sessions:
                 raise EngineError("a batched forward takes distinct sessions over the same layers")
             x = self._input(inputs, first)
+            if n_prompt is not None and not 0 <= n_prompt <= x.shape[0]:
+                raise EngineError(f"prompt_rows={n_prompt} for a step of {x.shape[0]} rows")
             sess.reserve(index_pos + x.shape[0])
             xs.append(x)
             sessions.append(sess)
@@ -380,7 +388,11 @@ class SliceModel:
         trace = log.isEnabledFor(TRACE)
         lo = sess0.layer_start - self.layer_start
         blocks = self.blocks if lo == 0 and sess0.n_layers == len(self.blocks) else self.blocks[lo:lo + sess0.n_layers]
-        positions = [index_pos for _, _, index_pos, _ in steps]
+        positions = [step[2] for step in steps]
+        prompt_rows = [p or 0 for p in prompts] if kinds else None
+        rows8 = None
+        if kinds and any(prompt_rows) and self.kernel == "qgemm":
+            rows8 = torch.cat([torch.arange(n) < p for n, p in zip(counts, prompt_rows, strict=True)])
         single = len(steps) == 1
         s0, p0, n0, m0 = sessions[0], positions[0], counts[0], masks[0]
         for i, block in enumerate(blocks):
@@ -389,7 +401,7 @@ class SliceModel:
                 parts = ((s0.k[i], s0.v[i], p0, n0, m0),)
             else:
                 parts = [(s.k[i], s.v[i], pos, n, m) for s, pos, n, m in zip(sessions, positions, counts, masks, strict=True)]
-            x = block_forward_many(block, self.config, x, parts, rope)
+            x = block_forward_many(block, self.config, x, parts, rope, prompt_rows, rows8)
             if trace:
                 log.log(TRACE, "DIAG: layer forward complete %s",
                         kv(layer=sess0.layer_start + i, layer_ms=f"{(time.perf_counter() - tl) * 1000:.2f}"))

@@ -108,8 +108,9 @@ def _compare(args):
         llm.eval([cont[-1]])
     llm.close()
     chain.new_session("test-split")
-    rows = [chain.forward("test-split", torch.tensor(prompt), 0, last_only=True)[0]]
+    rows = [chain.forward("test-split", torch.tensor(prompt), 0, last_only=True, prompt_rows=len(prompt))[0]]
     for i, tok in enumerate(cont[:-1]):
-        rows.append(chain.forward("test-split", torch.tensor([tok]), len(prompt) + i, last_only=True)[0])
+        rows.append(chain.forward("test-split", torch.tensor([tok]), len(prompt) + i, last_only=True,
+                                  prompt_rows=0)[0])
     chain.free_session("test-split")
     return prompt, cont, np.stack(ref), torch.stack(rows).numpy(), quantized

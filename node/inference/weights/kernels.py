@@ -95,14 +95,16 @@ def measure(width: int, *, rounds: int = 3) -> dict[str, float | str]:
     theirs = make_linear(ArraySource(w), None, "int8", cpu, kernel="fbgemm")
     prefill = torch.from_numpy(rng.standard_normal((PREFILL_ROWS, width), dtype=np.float32))
     decode = torch.from_numpy(rng.standard_normal((1, width), dtype=np.float32))
+    prompt = torch.ones(PREFILL_ROWS, dtype=torch.bool)  # qgemm's prefill rows are prompt rows (rows8)
 
     def request_ms(lin) -> float:
         best = float("inf")
-        lin(prefill.clone())
+        fill = (lambda x: lin(x, prompt)) if lin is ours else lin
+        fill(prefill.clone())
         for _ in range(rounds):
             t0 = time.perf_counter()
             for _ in range(2):
-                lin(prefill.clone())
+                fill(prefill.clone())
             for _ in range(DECODE_STEPS):
                 lin(decode.clone())
             best = min(best, (time.perf_counter() - t0) * 1000)

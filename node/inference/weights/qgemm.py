@@ -10,9 +10,11 @@ in the kernel (see the C file), finer than fbgemm's 7 bits plus residual pass, s
 neither the residual pass nor the rotation of ffn_down's inputs.
 
 `prefill8` matrices (the block's less sensitive ones, as fbgemm's long prefills skip their
-residual pass) take 8-bit activations for products of more than PREFILL8_MIN_ROWS rows on a VNNI
-CPU, where vpdpbusd runs them at twice the rate; decode, batched decode and speculation's
-verification rows (fewer rows) always keep 13–15 bits.
+residual pass) take 8-bit activations for the rows their caller marks as prompt rows (`rows8`) on
+a VNNI CPU, where vpdpbusd runs them at twice the rate; generated rows (decode, batched decode,
+speculation's verification rows) keep 13–15 bits. Which rows are which is said, never inferred from
+a product's size: a row's bits are then the same in a step of any size and in any batch (a prompt
+cut into other steps, or resumed from a kept prefix, computes the same numbers).
 
 Which of it and fbgemm a machine runs is chosen in `weights/kernels.py`.
 """
@@ -29,7 +31,6 @@ except ImportError:  # pragma: no cover - depends on the install
 
 LAYOUT_VERSION = 1  # bump when the packed layout changes (the weight cache's key names it)
 KERNEL_VERSION = 5  # bump when the kernels or the activation quantization change (the kernel choice)
-PREFILL8_MIN_ROWS = 32  # a product of more rows than this may take 8-bit activations (`prefill8`)
 
 
 def available() -> bool:
@@ -149,16 +150,28 @@ class Int8Packed:
             self._wsum = wsum
         return self._wsum
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, rows8: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, k] float → [T, n] float32. `rows8` (bool [T]): the prompt rows, which a `prefill8`
+        matrix computes with 8-bit activations where vpdpbusd makes them faster (elsewhere they
+        would cost accuracy for nothing); every other row keeps 13–15 bits."""
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
         T = x.shape[0]
         if x.shape[1] != self.k:
             raise ValueError(f"input of width {x.shape[1]} for a matrix of width {self.k}")
         y = torch.empty(T, self.n, dtype=torch.float32)
-        # 8 bits only where vpdpbusd makes them faster: elsewhere they would cost accuracy for nothing
-        wsum = self.row_sums().ctypes.data if self.prefill8 and T > PREFILL8_MIN_ROWS \
-            and _qgemm.isa() == "avx512vnni" else 0
+        n8 = int(rows8.sum()) if rows8 is not None and self.prefill8 and _qgemm.isa() == "avx512vnni" else 0
+        if 0 < n8 < T:  # a step or batch of both kinds: each kind in its own call (rows are exact alone)
+            mask = rows8.to(torch.bool)
+            y[mask] = self._gemm(x[mask], True)
+            y[~mask] = self._gemm(x[~mask], False)
+            return y
+        self._gemm(x, n8 == T > 0, y)
+        return y
+
+    def _gemm(self, x: torch.Tensor, bits8: bool, y: torch.Tensor | None = None) -> torch.Tensor:
+        y = torch.empty(x.shape[0], self.n, dtype=torch.float32) if y is None else y
         w, s, b = self._ptrs
-        _qgemm.gemm(w, s, self.n, self.k, x.data_ptr(), T, y.data_ptr(), b, torch.get_num_threads(), wsum)
+        _qgemm.gemm(w, s, self.n, self.k, x.data_ptr(), x.shape[0], y.data_ptr(), b, torch.get_num_threads(),
+                    self.row_sums().ctypes.data if bits8 else 0)
         return y
