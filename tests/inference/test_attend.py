@@ -313,3 +313,38 @@ def test_caches_of_a_type_the_kernels_do_not_read_are_refused():
         decode_attention(q, k.bfloat16(), v.bfloat16(), 8)
     with pytest.raises(ValueError, match="KV caches"):
         decode_attention(q, k.half(), v, 8)
+
+
+@pytest.mark.skipif(not block._FUSED, reason="the compiled row kernels are not built")
+def test_row_kernels_give_each_row_the_same_bits_on_every_path_and_thread_count():
+    """silu·up's AVX2 loop and the portable one (special values included), and both row kernels on
+    1 and 2 threads over many rows: every row the same bits as alone (rows are never mixed)."""
+    from node.inference.arch.common import rms_norm
+
+    gen = torch.Generator().manual_seed(11)
+    rows, f = 67, 389  # a row count over the threads' split, a width off the 8 lanes
+    gu = torch.randn(rows, 2 * f, generator=gen) * 6
+    gu[0, :8] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -90.0, 88.0])
+    x = torch.randn(rows, f, generator=gen) * 3
+    w = torch.randn(f, generator=gen)
+    best = block._attend_c.isa()
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for isa in dict.fromkeys([best, "c"]):
+            block._attend_c.set_isa(isa)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                outs.append((block.silu_mul(gu), rms_norm(x, w, 1e-5)))
+        alone = [(block.silu_mul(gu[i:i + 1]), rms_norm(x[i:i + 1], w, 1e-5)) for i in range(rows)]
+    finally:
+        block._attend_c.set_isa(best)
+        torch.set_num_threads(before)
+    for silu, rms in outs:
+        torch.testing.assert_close(silu, outs[0][0], rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(rms, outs[0][1], rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat([a[0] for a in alone]), outs[0][0], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(torch.cat([a[1] for a in alone]), outs[0][1], rtol=0, atol=0)
+    ref = F.silu(gu[:, :f].double()) * gu[:, f:].double()  # and they are silu·up
+    finite = torch.isfinite(ref)
+    torch.testing.assert_close(outs[0][0].double()[finite], ref[finite], rtol=1e-6, atol=1e-30)
