@@ -322,7 +322,7 @@ def test_row_kernels_give_each_row_the_same_bits_on_every_path_and_thread_count(
     from node.inference.arch.common import rms_norm
 
     gen = torch.Generator().manual_seed(11)
-    rows, f = 67, 389  # a row count over the threads' split, a width off the 8 lanes
+    rows, f = 67, 1031  # rows × f over ROWS_PAR_MIN (both threads work), a width off the 8 lanes
     gu = torch.randn(rows, 2 * f, generator=gen) * 6
     gu[0, :8] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -90.0, 88.0])
     x = torch.randn(rows, f, generator=gen) * 3

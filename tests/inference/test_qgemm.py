@@ -302,7 +302,6 @@ def test_eight_bit_activations_keep_a_non_finite_row_to_itself(restore_isa):
         np.testing.assert_array_equal(np.delete(y, 3, axis=0), np.delete(clean, 3, axis=0), err_msg=name)
 
 
-@pytest.mark.skipif(qgemm.isa() != "avx512vnni", reason="8-bit activations run only where VNNI makes them faster")
 @pytest.mark.parametrize("t", [1, 3, 33, 70])
 def test_only_marked_rows_of_a_prefill8_matrix_take_eight_bits_whatever_the_product_size(t):
     """The prompt rows (`rows8`) of a `prefill8` matrix take 8 bits where VNNI makes them faster;

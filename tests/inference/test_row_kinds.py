@@ -83,3 +83,18 @@ def test_prompt_rows_beyond_the_step_are_refused(model):
     with pytest.raises(EngineError, match="prompt_rows=3 for a step of 2 rows"):
         model.forward(s, torch.tensor([1, 2]), 0, prompt_rows=3)
     model.free_session("bad")
+
+
+def test_a_step_that_does_not_say_its_kinds_runs_as_before_alone_or_beside_one_that_does(model):
+    """An older coordinator's step (prompt_rows None) batched with a newer one's: the same bits as
+    it gets alone (one row decoded, several attended together, 8 bits past 32 rows)."""
+    s = model.new_session("old")
+    alone = model.forward(s, torch.tensor(PROMPT), 0)
+    model.free_session("old")
+    new = _run(model, [PROMPT[:10]], "n")  # (just to have a session of the other kind below)
+    old, other = model.new_session("old"), model.new_session("new")
+    batched = model.forward_many([(old, torch.tensor(PROMPT), 0, False, None),
+                                  (other, torch.tensor(PROMPT[:10]), 0, False, 10)])
+    model.free_session("old")
+    model.free_session("new")
+    assert torch.equal(batched[0], alone) and torch.equal(batched[1], new[0])

@@ -185,8 +185,8 @@ def test_memory_pressure_evicts_kept_sessions_before_ones_in_use(model_path, cap
 def test_a_batched_decode_step_is_bit_identical_to_each_sessions_lone_step(synth_model, split, arch, kv_dtype):
     """int8 on qgemm: four sessions' one-row steps and one session's 5-row step (a speculation's
     verify rows) in one forward give exactly (every bit) what each gives alone, logits and KV: the
-    products, the norms and the rotation + attention compute each row alone up to the 32 rows a
-    qgemm segment batches (the batched chain's "same text alone or in a batch")."""
+    products, the norms and the rotation + attention compute each row alone (the batched chain's
+    "same text alone or in a batch")."""
     from node.inference.weights import qgemm
 
     if not qgemm.available():

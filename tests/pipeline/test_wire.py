@@ -110,3 +110,13 @@ def test_result_ack_control_roundtrip():
     assert SessionControl.from_header(c.to_header()) == c
     with pytest.raises(ProtocolError):
         Ack.from_header({"sid": "s"})
+
+
+def test_prompt_rows_of_each_kind_of_step():
+    """The coordinator's count of a step's prompt rows (a 10-token prompt)."""
+    from node.inference.pipeline.coordinator import prompt_rows_of
+
+    assert [prompt_rows_of(10, a, n) for a, n in ((0, 4), (4, 4), (8, 2))] == [4, 4, 2]  # chunked prefill
+    assert prompt_rows_of(10, 9, 1) == 1  # a resumed prompt's last token
+    assert prompt_rows_of(10, 6, 7) == 4  # a re-prefill after a failover: 4 prompt + 3 generated
+    assert prompt_rows_of(10, 12, 1) == 0 and prompt_rows_of(10, 10, 1) == 0  # decode / verify steps

@@ -405,7 +405,7 @@ static inline int rows_threads(int64_t rows, int64_t k, int threads) {
 static void rms_rows(const float *x, const float *w, float *out, int64_t rows, int64_t k, double eps, int threads) {
     (void)threads;
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(rows_threads(rows, k, threads)) schedule(static)
+#pragma omp parallel for num_threads(rows_threads(rows, k, threads)) schedule(static) if (rows_threads(rows, k, threads) > 1)
 #endif
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * k;
@@ -469,7 +469,7 @@ static void silu_mul(const float *gu, float *out, int64_t rows, int64_t f, int t
 #endif
     (void)threads;
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(rows_threads(rows, f, threads)) schedule(static)
+#pragma omp parallel for num_threads(rows_threads(rows, f, threads)) schedule(static) if (rows_threads(rows, f, threads) > 1)
 #endif
     for (int64_t r = 0; r < rows; r++) row(gu + r * 2 * f, gu + r * 2 * f + f, out + r * f, f);
 }

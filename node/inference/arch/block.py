@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from node.inference.arch.common import LayerWeights, ModelConfig, apply_rope, rms_norm
+from node.inference.arch.common import LayerWeights, ModelConfig, _takes_threads, apply_rope, rms_norm
 from node.inference.weights.linear import Linear, linear_from_arrays, make_linear
 from node.inference.weights.qgemm import Int8Packed
 
@@ -26,7 +26,8 @@ try:
 except ImportError:  # not built (no C compiler at install): torch's attention for every row
     _attend_c = None
 # the fused kernels: absent from a build older than them (an editable install not rebuilt after a pull)
-_FUSED = _attend_c is not None and all(hasattr(_attend_c, f) for f in ("rope_decode", "silu_mul_rows", "block_decode"))
+_FUSED = _attend_c is not None and all(hasattr(_attend_c, f) for f in ("rope_decode", "silu_mul_rows", "block_decode")) \
+    and _takes_threads(_attend_c.silu_mul_rows, 4)  # (a stale build's takes no thread count)
 # half KV caches in the compiled kernels (a build from before them: torch's path)
 _KV16 = _FUSED and all(hasattr(_attend_c, f) for f in ("decode_kv16", "rope_decode_kv16", "block_decode_kv16"))
 _KV_DTYPES = (torch.float32, torch.float16) if _KV16 else (torch.float32,)
@@ -162,7 +163,8 @@ def block_forward_many(
     order, each session's (k_cache, v_cache, start, rows, mask); `rope` holds each row's factors.
 
     `prompt_rows` (per part: how many of its first rows are prompt tokens, the rest generated
-    ones) makes each row's numbers independent of its step's size and batch: a prompt row is
+    ones; None for a part that does not say) makes each row's numbers independent of its step's
+    size and batch on qgemm's slices (SliceModel passes it there only): a prompt row is
     attended in `attend_rows` (split-invariant) and its `prefill8` products may take 8 bits
     (`rows8`, the prompt rows of x); a generated row goes through decode's kernels one row at a
     time (so a verification step's rows are the decode steps' they stand for). Without it, one
@@ -217,10 +219,21 @@ def _attend_by_kind(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, cos: 
                     parts, prompt_rows) -> torch.Tensor:
     """Each part's prompt rows together in attend_rows (the same bits however the prompt is cut
     into steps), then its generated rows one at a time in decode's compiled call (the bits of the
-    decode steps they stand for); where a kernel is missing, as without `prompt_rows`."""
+    decode steps they stand for). A part whose kind is not said (None: an older coordinator's
+    step) is attended as without `prompt_rows`."""
     outs, row = [], 0
     for part, n_prompt in zip(parts, prompt_rows, strict=True):
         k_cache, v_cache, start, T, mask = part
+        if n_prompt is None:
+            rows = slice(row, row + T)
+            if T == 1 and _fused_decode(part, qk[rows], cos[rows], sin[rows]):
+                outs.append(rope_decode_attention(cfg, qk[rows], qkv[rows], cos[rows], sin[rows], k_cache, v_cache,
+                                                  start))
+            else:
+                outs.append(_attend(cfg, apply_rope(qk[rows], cos[rows], sin[rows], cfg.rope.n_rot), qkv[rows],
+                                    k_cache, v_cache, start, mask))
+            row += T
+            continue
         if n_prompt:
             rows = slice(row, row + n_prompt)
             qk_s = apply_rope(qk[rows], cos[rows], sin[rows], cfg.rope.n_rot)

@@ -22,8 +22,23 @@ try:  # built by `pip install` (setup.py) beside qgemm; optional: numpy and torc
     from node.inference.arch import _attend as _kernels
 except ImportError:  # pragma: no cover - depends on the install
     _kernels = None
-if _kernels is not None and not hasattr(_kernels, "rms_norm_rows"):  # pragma: no cover - a build from
-    _kernels = None  # before the function (an editable install not rebuilt after a pull)
+
+
+def _takes_threads(fn, n_args: int) -> bool:
+    """Whether a row kernel takes the thread count (a build from before it raises TypeError on the
+    extra argument; the current one refuses the null pointers with ValueError)."""
+    try:
+        fn(*([0] * n_args), 0.0, 1)
+    except ValueError:
+        return True
+    except TypeError:
+        return False
+    return False
+
+
+if _kernels is not None and not (hasattr(_kernels, "rms_norm_rows") and _takes_threads(_kernels.rms_norm_rows, 5)):
+    _kernels = None  # pragma: no cover - a build from before the function or its thread count (an
+    # editable install not rebuilt after a pull): numpy and torch serve
 
 
 

@@ -45,6 +45,13 @@ from node.trace import RequestTrace
 log = logging.getLogger(__name__)
 
 
+
+def prompt_rows_of(prompt_len: int, index_pos: int, n_tokens: int) -> int:
+    """How many of a step's first n_tokens rows (at index_pos, before any draft) are prompt tokens:
+    a prefill chunk's all, a resumed prompt's tail all, a re-prefill after a failover the prompt's
+    part (the rest: tokens generated before it), a decode or verify step none."""
+    return max(0, min(n_tokens, prompt_len - index_pos))
+
 class PipelineCoordinator:
     """Runs distributed generations for this node's API."""
 
@@ -194,7 +201,7 @@ class PipelineCoordinator:
         for (resolved with an `unreachable` error RESULT at once when segment 0 cannot be reached).
         `rewind`: the segments forget their positions from index_pos on (a rejected draft);
         `resume`: the session starts as that kept one, cut to index_pos (prefix reuse)."""
-        prompt_rows = max(0, min(len(tokens), len(job.prompt_tokens) - index_pos))  # the rest: generated tokens
+        prompt_rows = prompt_rows_of(len(job.prompt_tokens), index_pos, len(tokens))
         tokens = [*tokens, *draft]
         seq = att.next_seq
         att.next_seq += 1

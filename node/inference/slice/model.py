@@ -50,6 +50,7 @@ from node.logs import TRACE, kv
 
 log = logging.getLogger(__name__)
 
+LEGACY_PREFILL8_MIN_ROWS = 32  # steps that do not say their prompt rows: more rows than this take 8 bits
 LOAD_WORKERS = 2  # layers converted at once while loading (each holds one layer's float32 transients)
 DTYPES = ("auto", "f32", "bf16", "f16", "int8")
 KV_DTYPES = const.SLICE_KV_DTYPES
@@ -365,7 +366,9 @@ class SliceModel:
         group = self.config.n_heads // self.config.n_kv_heads
         xs, sessions, counts, masks, ropes = [], [], [], [], []
         prompts = [step[4] if len(step) > 4 else None for step in steps]
-        kinds = any(p is not None for p in prompts)  # rows by kind (see forward's prompt_rows)
+        # rows by kind (see forward's prompt_rows) where that makes them exact: qgemm's CPU slices
+        # (MKL's float products and fbgemm's per-call grids depend on the rows anyway)
+        kinds = self.kernel == "qgemm" and any(p is not None for p in prompts)
         for (sess, inputs, index_pos, *_), n_prompt in zip(steps, prompts, strict=True):
             if index_pos != sess.kv_len:
                 raise KvPositionMismatch(index_pos, sess.kv_len, session=sess.session_id)
@@ -389,10 +392,14 @@ class SliceModel:
         lo = sess0.layer_start - self.layer_start
         blocks = self.blocks if lo == 0 and sess0.n_layers == len(self.blocks) else self.blocks[lo:lo + sess0.n_layers]
         positions = [step[2] for step in steps]
-        prompt_rows = [p or 0 for p in prompts] if kinds else None
+        prompt_rows = prompts if kinds else None
         rows8 = None
-        if kinds and any(prompt_rows) and self.kernel == "qgemm":
-            rows8 = torch.cat([torch.arange(n) < p for n, p in zip(counts, prompt_rows, strict=True)])
+        if self.kernel == "qgemm":
+            if not kinds:  # as before prompt rows were said: a product of more than 32 rows takes 8 bits
+                rows8 = torch.ones(sum(counts), dtype=torch.bool) if sum(counts) > LEGACY_PREFILL8_MIN_ROWS else None
+            elif any(p is None or p > 0 for p in prompts):  # (an older coordinator's step: by its size)
+                rows8 = torch.cat([torch.arange(n) < (p if p is not None else n if n > LEGACY_PREFILL8_MIN_ROWS else 0)
+                                   for n, p in zip(counts, prompts, strict=True)])
         single = len(steps) == 1
         s0, p0, n0, m0 = sessions[0], positions[0], counts[0], masks[0]
         for i, block in enumerate(blocks):

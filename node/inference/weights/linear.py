@@ -84,7 +84,7 @@ def make_linear(weight: np.ndarray | RowSource, bias: np.ndarray | None, fmt: st
     (ffn_down's) evenly over each block. `keep` (int8): receives the converted arrays, from which
     `linear_from_arrays` rebuilds the same callable without converting again (the weight cache).
     `kernel` (int8): "fbgemm", or "qgemm" (`weights/qgemm.py`: 13–15-bit activations, so it needs
-    no rotation; matrices neither `sensitive` nor rotated take 8-bit ones in long prefills).
+    no rotation; matrices neither `sensitive` nor rotated take 8-bit ones for prompt rows).
     """
     src = ArraySource(weight) if isinstance(weight, np.ndarray) else weight
     if fmt == "int8" and kernel == "qgemm":
@@ -117,8 +117,8 @@ def linear_from_arrays(arrays: dict[str, np.ndarray], fmt: str, *, sensitive: bo
 
 
 def qgemm_prefill8(sensitive: bool, rotate: int) -> bool:
-    """Whether a qgemm matrix takes 8-bit activations in long prefills: the ones fbgemm runs in one
-    pass there without a rotation. ffn_down's heavy-tailed input keeps 13–15 bits: with 8 (rotated
+    """Whether a qgemm matrix takes 8-bit activations for prompt rows (on VNNI): the ones fbgemm runs
+    in one pass in long prefills without a rotation. ffn_down's heavy-tailed input keeps 13–15 bits: with 8 (rotated
     or not) the default model's full-prefill top-1 agreement with f32 fell to 0.938 (0.961
     rotated); with out and gate_up alone on 8 bits it is 0.977 (0.984 with none), perplexity
     -0.54% of f32's (-0.39%)."""
