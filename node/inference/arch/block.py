@@ -168,7 +168,7 @@ def block_forward_many(
     attended in `attend_rows` (split-invariant) and its `prefill8` products may take 8 bits
     (`rows8`, the prompt rows of x); a generated row goes through decode's kernels one row at a
     time (so a verification step's rows are the decode steps' they stand for). Without it, one
-    row is decoded and several are attended together, on 13–15-bit products.
+    row is decoded and several are attended together (and `rows8`, if given, as the caller marks).
     """
     R = x.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim

@@ -340,8 +340,9 @@ class SliceModel:
         layer logits [T, V] ([1, V] with `last_only`), always as CPU tensors. Raises KvPositionMismatch unless index_pos equals the session's kv_len.
         `prompt_rows`: how many of the first rows are prompt tokens (the rest generated ones); with
         it every row's numbers are those it has in a step of any size or batch (see
-        block_forward_many), and the prompt's may take the faster 8-bit products. None: as before
-        (one row decoded, several attended together, every product on 13–15 bits).
+        block_forward_many), and the prompt's may take the faster 8-bit products (qgemm's slices;
+        the others ignore it). None: as before it was said (one row decoded, several attended
+        together; on VNNI a step of more than 32 rows takes the 8-bit products).
         """
         if isinstance(sess, str):
             found = self.sessions.get(sess)
