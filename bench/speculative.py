@@ -172,9 +172,8 @@ async def chain(path: Path, args) -> None:
                     texts.setdefault(draft, arm.last_text)
                     if texts[draft] != arm.last_text and draft not in changed:
                         changed.append(draft)  # noted once; the first repetition's text is compared
-                        print(f"{name}: NOTE greedy text changed between repetitions (draft={draft}; an "
-                              f"open issue on the nodes' path: see docs/ARCHITECTURE.md, 'Row kinds')",
-                              flush=True)
+                        print(f"{name}: NOTE greedy text changed between repetitions (draft={draft}; "
+                              f"is every node on qgemm? see docs/ARCHITECTURE.md, 'Row kinds')", flush=True)
             log = await asyncio.to_thread((arms[args.draft].dirs[0] / "node.log").read_text, errors="replace")
             line = [ln for ln in log.splitlines() if "pipeline n-gram speculation complete" in ln][-1]
             tpr = re.search(r"tokens_per_round=([\d.]+)", line)

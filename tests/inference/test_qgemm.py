@@ -179,6 +179,17 @@ def test_a_damaged_choice_file_is_measured_again(fresh_choice, tmp_path, monkeyp
     assert json.loads(path.read_text())[0]["kernel"] == "qgemm"
 
 
+def test_a_near_tie_or_a_noisy_win_goes_to_qgemm_whose_rows_are_exact_alone():
+    assert kernels.faster(10.0, 9.0) == kernels.faster(10.0, 8.1) == "qgemm"  # within FBGEMM_MARGIN
+    assert kernels.faster(10.0, 7.9) == "fbgemm"
+    assert kernels.chosen_from([(10.0, 5.0)] * 5) == "fbgemm"  # faster in every pair
+    # a busy machine: the best of each kernel favours fbgemm (the old rule), not every pair does
+    pairs = [(145.0, 80.0), (100.0, 75.0), (150.0, 90.0), (120.0, 81.0), (160.0, 200.0)]
+    assert kernels.faster(min(q for q, _ in pairs), min(f for _, f in pairs)) == "fbgemm"
+    assert kernels.chosen_from(pairs) == "qgemm"
+    assert kernels.chosen_from([]) == "qgemm"
+
+
 @needs_fbgemm
 def test_the_environment_can_force_a_kernel(fresh_choice, monkeypatch):
     monkeypatch.setenv("SWARMLLM_INT8_KERNEL", "fbgemm")

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - depends on the install
     _qgemm = None
 
 LAYOUT_VERSION = 1  # bump when the packed layout changes (the weight cache's key names it)
-KERNEL_VERSION = 5  # bump when the kernels or the activation quantization change (the kernel choice)
+KERNEL_VERSION = 6  # bump when the kernels or the activation quantization change (the kernel choice)
 
 
 def available() -> bool:
