@@ -17,7 +17,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from node.inference.arch.common import LayerWeights, ModelConfig, _takes_threads, apply_rope, rms_norm
+from node.inference.arch.common import (
+    LayerWeights,
+    ModelConfig,
+    apply_rope,
+    rms_norm,
+    row_kernel_takes_threads,
+)
 from node.inference.weights.linear import Linear, linear_from_arrays, make_linear
 from node.inference.weights.qgemm import Int8Packed
 
@@ -27,7 +33,7 @@ except ImportError:  # not built (no C compiler at install): torch's attention f
     _attend_c = None
 # the fused kernels: absent from a build older than them (an editable install not rebuilt after a pull)
 _FUSED = _attend_c is not None and all(hasattr(_attend_c, f) for f in ("rope_decode", "silu_mul_rows", "block_decode")) \
-    and _takes_threads(_attend_c.silu_mul_rows, 4)  # (a stale build's takes no thread count)
+    and row_kernel_takes_threads(_attend_c.silu_mul_rows, 4)  # (a stale build's takes no thread count)
 # half KV caches in the compiled kernels (a build from before them: torch's path)
 _KV16 = _FUSED and all(hasattr(_attend_c, f) for f in ("decode_kv16", "rope_decode_kv16", "block_decode_kv16"))
 _KV_DTYPES = (torch.float32, torch.float16) if _KV16 else (torch.float32,)
@@ -185,27 +191,7 @@ def block_forward_many(
     else:
         qk = qkv[:, : nh + nkv]
     cos, sin = rope
-    if prompt_rows is not None:
-        o = _attend_by_kind(cfg, qk, qkv, cos, sin, parts, prompt_rows)
-    elif len(parts) == 1 and R == 1 and _fused_decode(parts[0], qk, cos, sin):
-        k_cache, v_cache, start, _, _ = parts[0]
-        o = rope_decode_attention(cfg, qk, qkv, cos, sin, k_cache, v_cache, start)
-    elif len(parts) == 1:
-        qk = apply_rope(qk, cos, sin, cfg.rope.n_rot)  # Q and K heads in one go
-        k_cache, v_cache, start, _, mask = parts[0]
-        o = _attend(cfg, qk, qkv, k_cache, v_cache, start, mask)
-    else:  # a session's one-row step takes the same compiled call as alone: the same bits
-        outs, row = [], 0
-        for part in parts:
-            k_cache, v_cache, start, T, mask = part
-            rows = slice(row, row + T)
-            if T == 1 and _fused_decode(part, qk[rows], cos[rows], sin[rows]):
-                outs.append(rope_decode_attention(cfg, qk[rows], qkv[rows], cos[rows], sin[rows], k_cache, v_cache, start))
-            else:
-                qk_s = apply_rope(qk[rows], cos[rows], sin[rows], cfg.rope.n_rot)
-                outs.append(_attend(cfg, qk_s, qkv[rows], k_cache, v_cache, start, mask))
-            row += T
-        o = torch.cat(outs)
+    o = _attend_parts(cfg, qk, qkv, cos, sin, parts, prompt_rows if prompt_rows is not None else (None,) * len(parts))
     x = x + _mm(b.out, o, rows8)
     return x + b.down(silu_mul(_mm(b.gate_up, rms_norm(x, b.ffn_norm, eps), rows8)))
 
@@ -215,12 +201,13 @@ def _mm(lin: Linear, x: torch.Tensor, rows8: torch.Tensor | None) -> torch.Tenso
     return lin(x, rows8) if rows8 is not None and isinstance(lin, Int8Packed) else lin(x)
 
 
-def _attend_by_kind(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    parts, prompt_rows) -> torch.Tensor:
-    """Each part's prompt rows together in attend_rows (the same bits however the prompt is cut
-    into steps), then its generated rows one at a time in decode's compiled call (the bits of the
-    decode steps they stand for). A part whose kind is not said (None: an older coordinator's
-    step) is attended as without `prompt_rows`."""
+def _attend_parts(cfg: ModelConfig, qk: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  parts, prompt_rows) -> torch.Tensor:
+    """Each session's rows of a (batched) step, rotated, appended to its KV and attended. A part
+    whose kinds are said: its prompt rows together in attend_rows (the same bits however the
+    prompt is cut into steps), then its generated rows one at a time in decode's compiled call
+    (the bits of the decode steps they stand for). A part whose kinds are not said (None): a lone
+    row in decode's compiled call (the same bits alone or batched), several rows together."""
     outs, row = [], 0
     for part, n_prompt in zip(parts, prompt_rows, strict=True):
         k_cache, v_cache, start, T, mask = part

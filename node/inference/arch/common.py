@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - depends on the install
     _kernels = None
 
 
-def _takes_threads(fn, n_args: int) -> bool:
+def row_kernel_takes_threads(fn, n_args: int) -> bool:
     """Whether a row kernel takes the thread count (a build from before it raises TypeError on the
     extra argument; the current one refuses the null pointers with ValueError)."""
     try:
@@ -36,7 +36,7 @@ def _takes_threads(fn, n_args: int) -> bool:
     return False
 
 
-if _kernels is not None and not (hasattr(_kernels, "rms_norm_rows") and _takes_threads(_kernels.rms_norm_rows, 5)):
+if _kernels is not None and not (hasattr(_kernels, "rms_norm_rows") and row_kernel_takes_threads(_kernels.rms_norm_rows, 5)):
     _kernels = None  # pragma: no cover - a build from before the function or its thread count (an
     # editable install not rebuilt after a pull): numpy and torch serve
 
