@@ -358,8 +358,7 @@ def test_without_fbgemm_int8_runs_on_qgemm_even_on_its_portable_loop(fresh_choic
     are int8 on qgemm, unmeasured, with the bits of every other instruction set; fbgemm asked for by
     name is refused clearly."""
     from node.errors import ModelLoadError
-    from node.inference.slice import SliceModel
-    from node.inference.slice import model as slice_model
+    from node.inference.slice import SliceModel, formats
     from node.inference.synth import SynthSpec
     from node.inference.weights import linear
     from tests.inference.reference import our_logits
@@ -369,11 +368,11 @@ def test_without_fbgemm_int8_runs_on_qgemm_even_on_its_portable_loop(fresh_choic
     if qgemm.isa() != "c":  # the 16-bit kernels' bits (VNNI's 8-bit prompt products are its alone)
         qgemm._qgemm.set_isa("avx2")
     best = our_logits(SliceModel.load(path, dtype="int8", kernel="qgemm"), tokens, decode_from=12)
-    for module in (linear, kernels, slice_model):
+    for module in (linear, kernels, formats):
         monkeypatch.setattr(module, "fbgemm_available", lambda: False)
     monkeypatch.setattr(kernels, "measure", lambda width: pytest.fail("nothing to measure against"))
     qgemm._qgemm.set_isa("c")
-    assert slice_model.resolve_format("auto", torch.device("cpu")) == "int8"
+    assert formats.resolve_format("auto", torch.device("cpu")) == "int8"
     model = SliceModel.load(path)  # dtype auto, kernel chosen
     assert model.fmt == "int8" and model.kernel == "qgemm"
     np.testing.assert_array_equal(our_logits(model, tokens, decode_from=12), best)

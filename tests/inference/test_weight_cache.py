@@ -11,7 +11,7 @@ import torch
 
 from node.inference.pipeline.host import SliceHost
 from node.inference.slice import SliceModel
-from node.inference.slice.model import cache_kernel_name
+from node.inference.slice.formats import cache_kernel_name
 from node.inference.synth import SynthSpec
 from node.inference.weights.cache import CacheKey, WeightCache
 from node.models.catalog import ModelCatalog

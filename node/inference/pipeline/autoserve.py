@@ -146,7 +146,8 @@ def slice_sizes(path: Any, dtype: str, max_ctx: int = 0, *, header_of_size: int 
     import torch
 
     from node.inference.arch import family
-    from node.inference.slice.model import estimate_bytes, kv_element_bytes, resolve_format
+    from node.inference.slice.formats import kv_element_bytes, resolve_format
+    from node.inference.slice.model import estimate_bytes
     from node.inference.weights.gguf_file import GgufFile
 
     f = GgufFile(path, header_of_size=header_of_size)
