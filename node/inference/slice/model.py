@@ -324,13 +324,7 @@ class SliceModel:
         blocks = self.blocks if lo == 0 and sess0.n_layers == len(self.blocks) else self.blocks[lo:lo + sess0.n_layers]
         positions = [step[2] for step in steps]
         prompt_rows = prompts if kinds else None
-        rows8 = None
-        if self.kernel == "qgemm":
-            if not kinds:  # as before prompt rows were said: a product of more than 32 rows takes 8 bits
-                rows8 = torch.ones(sum(counts), dtype=torch.bool) if sum(counts) > LEGACY_PREFILL8_MIN_ROWS else None
-            elif any(p is None or p > 0 for p in prompts):  # (an older coordinator's step: by its size)
-                rows8 = torch.cat([torch.arange(n) < (p if p is not None else n if n > LEGACY_PREFILL8_MIN_ROWS else 0)
-                                   for n, p in zip(counts, prompts, strict=True)])
+        rows8 = _rows8(counts, prompts, kinds) if self.kernel == "qgemm" else None
         single = len(steps) == 1
         s0, p0, n0, m0 = sessions[0], positions[0], counts[0], masks[0]
         for i, block in enumerate(blocks):
@@ -383,6 +377,20 @@ class SliceModel:
         if x.dim() != 2 or x.shape[1] != self.config.hidden or x.shape[0] == 0 or not x.dtype.is_floating_point:
             raise EngineError(f"a session not starting at layer 0 takes float hidden states [T, {self.config.hidden}]")
         return x.to(device=self.device, dtype=torch.float32).contiguous()
+
+
+def _rows8(counts: list[int], prompts: list[int | None], kinds: bool) -> torch.Tensor | None:
+    """The stacked rows that may take qgemm's 8-bit products (None: none): each step's prompt rows;
+    a step that does not say them (an older coordinator's) all its rows when it has more than
+    LEGACY_PREFILL8_MIN_ROWS; without any step saying them, as before, all rows of a product of
+    more than that."""
+    total = sum(counts)
+    if not kinds:
+        return torch.ones(total, dtype=torch.bool) if total > LEGACY_PREFILL8_MIN_ROWS else None
+    marked = [p if p is not None else n if n > LEGACY_PREFILL8_MIN_ROWS else 0 for n, p in zip(counts, prompts, strict=True)]
+    if not any(marked):
+        return None
+    return torch.cat([torch.arange(n) < m for n, m in zip(counts, marked, strict=True)])
 
 
 def _trim_heap() -> None:
