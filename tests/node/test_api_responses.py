@@ -222,4 +222,7 @@ async def test_headers_and_trace(node, client, model_id):
                                                    headers={"Authorization": f"Bearer {node.api_key}"}) as r:
         recent = (await r.json())["recent"]
     trace = next(t for t in recent if t["request_id"] == rid)
-    assert trace["operation"] == "responses" and trace["outcome"] == "ok" and trace["completion_tokens"] == 3
+    assert trace["operation"] == "responses" and trace["outcome"] == "ok"
+    # the trace counts what the response reports, within the cap (a fresh clone's CI once saw the
+    # model end its greedy reply to "hi" after 2 tokens: see the session note)
+    assert trace["completion_tokens"] == body.usage.output_tokens and 1 <= body.usage.output_tokens <= 3
