@@ -16,7 +16,8 @@ from typing import Any
 from node.config import NodeConfig
 from node.datadir import save_desktop_settings
 from node.errors import InvalidRequest, ModelLoadError, NodeError
-from node.inference.pipeline.autoserve import AutoServe, slice_sizes
+from node.inference.pipeline.autoserve import AutoServe
+from node.inference.pipeline.coverage import slice_sizes
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.partials import PartialModels
 from node.logs import kv

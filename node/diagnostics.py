@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from node.inference import llamacpp
-from node.inference.pipeline.autoserve import swarm_coverage
+from node.inference.pipeline.coverage import swarm_coverage
 from node.inference.pipeline.layerchoice import Span, layer_counts
 from node.redact import Redactor
 

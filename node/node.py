@@ -23,8 +23,9 @@ from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
-from node.inference.pipeline.autoserve import AutoServe, swarm_coverage
+from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
+from node.inference.pipeline.coverage import swarm_coverage
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.partials import PartialModels, PartServer
 from node.inference.pipeline.remote_serve import RemoteGenerateServer

@@ -17,7 +17,7 @@ from typing import Any
 from app.ui import fmt
 from app.ui.table_model import Column, KeyedTableModel
 from node.inference.pipeline import layerchoice as lc
-from node.inference.pipeline.autoserve import swarm_coverage
+from node.inference.pipeline.coverage import swarm_coverage
 
 
 @dataclass

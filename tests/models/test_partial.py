@@ -262,7 +262,7 @@ async def test_a_layer_spread_over_the_file_is_fetched_tensor_by_tensor(tmp_path
 
 
 async def test_rope_factors_come_with_the_header_and_a_signed_url_is_never_stored(tmp_path):
-    from node.inference.pipeline.autoserve import slice_sizes
+    from node.inference.pipeline.coverage import slice_sizes
 
     spec = SPEC.replace(n_layers=4, rope_scaling="llama3", rope_scaling_factor=8.0, rope_orig_ctx=128, name="l3")
     loop = asyncio.get_running_loop()

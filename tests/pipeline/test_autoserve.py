@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from node.inference.pipeline.autoserve import slice_sizes
+from node.inference.pipeline.coverage import slice_sizes
 from node.inference.pipeline.layerchoice import layers_for_budget
 from node.inference.synth import SynthSpec, write_gguf
 from tests.pipeline.swarm import chat, llama_greedy, run, wait_for_route

@@ -247,7 +247,7 @@ async def test_a_first_mover_that_never_moves_stalls_nobody_for_ever(tmp_path):
     """Every node computes the same first mover from the same adverts; one that never moves (its
     view differs, or it lies about its budget) is waited for AUTO_SERVE_DEFER_ROUNDS rounds only."""
     from node.inference.pipeline import layerchoice as lc
-    from node.inference.pipeline.autoserve import swarm_coverage
+    from node.inference.pipeline.coverage import swarm_coverage
 
     entry, host, peers, auto, model, old, announced = await setup(tmp_path)
     sha = entry.sha256
@@ -301,7 +301,7 @@ async def test_the_kv_reserve_of_auto_budgets_is_for_the_context_the_node_serves
     layer, not 32768 (a real Llama 3's 131072 made that reserve 4.4 times a 1B model's int8 weights
     in f16, 8.8 times in f32); a session may still grow to the trained context."""
     from node.contribute import Contributions
-    from node.inference.pipeline.autoserve import slice_sizes
+    from node.inference.pipeline.coverage import slice_sizes
     from node.models.catalog import served_context
 
     long_ctx = SynthSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=32768,

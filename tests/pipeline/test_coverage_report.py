@@ -1,11 +1,11 @@
-"""Diagnostics' `-- swarm coverage --` and the advert parsing behind it (autoserve.swarm_coverage)."""
+"""Diagnostics' `-- swarm coverage --` and the advert parsing behind it (coverage.swarm_coverage)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from node.diagnostics import _coverage
-from node.inference.pipeline.autoserve import coverage_text, swarm_coverage
+from node.inference.pipeline.coverage import coverage_text, swarm_coverage
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.layerchoice import LayerBudget, Span
 

@@ -254,7 +254,7 @@ def test_a_loading_advert_is_counted_by_layer_choices_but_never_routed_to():
     from types import SimpleNamespace
 
     from node.inference.headers import parse_advert
-    from node.inference.pipeline.autoserve import swarm_coverage
+    from node.inference.pipeline.coverage import swarm_coverage
     from node.inference.pipeline.holders import _holder
 
     advert = {"sha256": "a" * 64, "name": "m", "n_layers": 8, "start": 2, "end": 5, "loading": True}
