@@ -7,6 +7,7 @@ loop): `await node.start()` ... `await node.stop()`. It composes the parts; the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from node.contribute import Contributions
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
 from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound
+from node.inference.adverts import hardware_advert, model_adverts
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
@@ -37,12 +39,10 @@ from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.metrics import NodeMetrics
 from node.models.catalog import ModelCatalog
-from node.models.download import DownloadJob, ModelDownloader, display_url
+from node.models.download import DownloadJob, ModelDownloader
 from node.models.header import HEADERS_DIR, HeaderCache
-from node.models.partial import SUFFIX as PARTIAL_SUFFIX
-from node.models.partial import PartialStore
+from node.models.sources import is_model_url, model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
-from node.resources import default_model_path
 from node.stopping import async_bounded
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
@@ -139,8 +139,10 @@ class Node:
         self._machine_task = asyncio.create_task(self._collect_machine(), name="machine-info")
         slices, auto = [], []
         url_dirs = await self._async_open_url_models()
-        for entry in await self.catalog.async_scan(self._model_sources(exclude=url_dirs) +
-                                                   [(d, "cli") for d in url_dirs]):
+        sources = await loop.run_in_executor(None, functools.partial(
+            model_sources, self.data_dir, self.config.models, include_default=self.config.include_default_model,
+            exclude=url_dirs))
+        for entry in await self.catalog.async_scan(sources + [(d, "cli") for d in url_dirs]):
             as_slice = (bool(self.config.layers) or self.config.serve == "auto") and entry.source == "cli"
             if as_slice and self.config.serve == "auto":
                 auto.append(entry)
@@ -253,32 +255,7 @@ class Node:
         return self._hello_models()
 
     def _hello_models(self) -> list[dict[str, Any]]:
-        """What HELLO advertises: our slices (with layer ranges) and the models we hold whole (which
-        peers may run here by remote generate), each with what a node without the file needs to
-        fetch and check its header."""
-        whole = []
-        for m in self.models.whole_models():
-            if m.state != "loaded":
-                continue
-            advert: dict[str, Any] = {"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers,
-                                      "whole": True}
-            rate = m.engine.ms_per_token if m.engine is not None else None
-            if rate is not None:
-                advert["ms_per_token"] = round(rate, 3)  # its own recent decode rate (remote generate)
-            if not self.config.contribute:
-                advert["paused"] = True  # paused: it refuses GENERATE, so no coordinator plans on it
-            whole.append(advert)
-        slices = self.slice_host.adverts(loading=True) if self.config.contribute else []  # paused: offer no layers
-        out = []
-        for advert in slices + whole:
-            entry = self.catalog.by_sha(advert["sha256"])
-            if entry is not None and entry.has_file and entry.header_sha256:
-                advert = {**advert, "architecture": entry.architecture, "header_sha256": entry.header_sha256,
-                          "header_bytes": entry.header_bytes, "size_bytes": entry.size_bytes}
-                if entry.origin_url:
-                    advert["origin_url"] = display_url(entry.origin_url)  # never a signed URL's query
-            out.append(advert)
-        return out
+        return model_adverts(self.catalog, self.models, self.slice_host, contribute=self.config.contribute)
 
     def _on_model_event(self, event: str, served: Any) -> None:
         """A whole model's decode rate, first measured or clearly changed, goes to peers (HELLO):
@@ -298,16 +275,7 @@ class Node:
             self._announce_task = asyncio.create_task(self.peers.async_announce(), name="announce-rate")
 
     def _hello_hardware(self) -> dict[str, Any]:
-        m = self.machine
-        out: dict[str, Any] = {"device": "cpu"}
-        if m is not None:
-            out.update(cores=m.physical_cores, ram_mb=m.ram_total_mb, bandwidth_gbps=m.mem_bandwidth_gbps)
-            if m.gpus:
-                out.update(device="cuda", gpu=m.gpus[0].name, vram_free_mb=m.gpus[0].free_mb)
-        rates = [s.ms_per_layer for s in self.slice_host.slices.values() if s.ms_per_layer is not None]
-        if rates:
-            out["ms_per_layer"] = round(min(rates), 3)
-        return out
+        return hardware_advert(self.machine, self.slice_host)
 
     async def _collect_machine(self) -> None:
         loop = asyncio.get_running_loop()
@@ -321,30 +289,10 @@ class Node:
         assert self.machine is not None
         return self.machine
 
-    def _model_sources(self, exclude: set[Path] = frozenset()) -> list[tuple[Path, str]]:
-        sources: list[tuple[Path, str]] = []
-        if self.config.include_default_model:
-            path = default_model_path()
-            if path.is_file():
-                sources.append((path, "default"))
-            else:
-                log.warning("the embedded default model is missing (%s)", path.name)
-        models_dir = self.data_dir / MODELS_DIR
-        if models_dir.is_dir():
-            sources += [(p, "data_dir") for p in sorted(models_dir.glob("*.gguf"))]
-            sources += [(p, "data_dir") for p in sorted(models_dir.glob(f"*{PARTIAL_SUFFIX}"))
-                        if p.resolve() not in exclude and PartialStore.is_partial(p)]
-        sources += [(Path(p).expanduser(), "cli") for p in self.config.models if not self._is_url(p)]
-        return sources
-
-    @staticmethod
-    def _is_url(model: str) -> bool:
-        return model.startswith(("http://", "https://", "hf://"))
-
     async def _async_open_url_models(self) -> set[Path]:
         """`--model URL`: a partial model per URL in models/ (its layers are fetched when a slice
         of them loads). Returns their directories."""
-        urls = [m for m in self.config.models if self._is_url(m)]
+        urls = [m for m in self.config.models if is_model_url(m)]
         if urls and not (self.config.layers or self.config.serve == "auto"):
             raise InvalidRequest("a model given by URL is served in layers: add --layers A-B or --serve auto "
                                  "(`swarmllm download URL` fetches the whole file)", param="model")
