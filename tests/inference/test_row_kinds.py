@@ -1,9 +1,12 @@
 """A row's numbers on int8 (qgemm) slices depend on its kind, never on its step or batch: a prompt
 row is the same whether its prompt went in one step, in several of any sizes, or was resumed a row
 before its end; a generated row is the same decoded alone, verified among drafted rows, or batched
-with other sessions' steps of either kind. (So a prefix hit gives a miss's text, and speculation
-the text without it, to the bit: the products are exact integers per row, the prompt rows are
-attended in attend_rows, the generated ones in decode's kernels, and the norms are row by row.)"""
+with other sessions' steps of either kind. (So speculation gives the text without it, and a prefix
+hit whose cached rows were all prompt rows gives a miss's text, to the bit: the products are exact
+integers per row, the prompt rows are attended in attend_rows, the generated ones in decode's
+kernels, and the norms are row by row. A conversation's next turn resumes its previous reply's
+rows as they were computed, generated rows, where a miss computes them as prompt rows: those two
+can part at a near-tie; see ARCHITECTURE, "Row kinds".)"""
 
 from __future__ import annotations
 
@@ -98,3 +101,23 @@ def test_a_step_that_does_not_say_its_kinds_runs_as_before_alone_or_beside_one_t
     model.free_session("old")
     model.free_session("new")
     assert torch.equal(batched[0], alone) and torch.equal(batched[1], new[0])
+
+
+def test_older_coordinators_steps_batched_past_32_rows_keep_the_bits_they_get_alone(model):
+    """Twelve 3-row steps that do not say their kinds (36 rows in one forward): each takes the
+    products it takes alone (13-15 bits under 32 rows), not 8 bits for the batch's size."""
+    def session(sid):
+        s = model.new_session(sid)
+        model.forward(s, torch.tensor(PROMPT[:20]), 0)
+        return s
+
+    alone = []
+    for i in range(12):
+        alone.append(model.forward(session("a"), torch.tensor([5 + i, 6, 7]), 20))
+        model.free_session("a")
+    sessions = [session(f"s{i}") for i in range(12)]
+    batched = model.forward_many([(s, torch.tensor([5 + i, 6, 7]), 20, False) for i, s in enumerate(sessions)])
+    for i in range(12):
+        model.free_session(f"s{i}")
+    for i, (got, want) in enumerate(zip(batched, alone, strict=True)):
+        assert torch.equal(got, want), i

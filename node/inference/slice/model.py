@@ -324,7 +324,7 @@ class SliceModel:
         blocks = self.blocks if lo == 0 and sess0.n_layers == len(self.blocks) else self.blocks[lo:lo + sess0.n_layers]
         positions = [step[2] for step in steps]
         prompt_rows = prompts if kinds else None
-        rows8 = _rows8(counts, prompts, kinds) if self.kernel == "qgemm" else None
+        rows8 = _rows8(counts, prompts) if self.kernel == "qgemm" else None
         single = len(steps) == 1
         s0, p0, n0, m0 = sessions[0], positions[0], counts[0], masks[0]
         for i, block in enumerate(blocks):
@@ -379,14 +379,11 @@ class SliceModel:
         return x.to(device=self.device, dtype=torch.float32).contiguous()
 
 
-def _rows8(counts: list[int], prompts: list[int | None], kinds: bool) -> torch.Tensor | None:
+def _rows8(counts: list[int], prompts: list[int | None]) -> torch.Tensor | None:
     """The stacked rows that may take qgemm's 8-bit products (None: none): each step's prompt rows;
     a step that does not say them (an older coordinator's) all its rows when it has more than
-    LEGACY_PREFILL8_MIN_ROWS; without any step saying them, as before, all rows of a product of
-    more than that."""
-    total = sum(counts)
-    if not kinds:
-        return torch.ones(total, dtype=torch.bool) if total > LEGACY_PREFILL8_MIN_ROWS else None
+    LEGACY_PREFILL8_MIN_ROWS, as it would alone: so, however steps are batched, each takes the
+    products it would take alone (older nodes never batched more than that many rows)."""
     marked = [p if p is not None else n if n > LEGACY_PREFILL8_MIN_ROWS else 0 for n, p in zip(counts, prompts, strict=True)]
     if not any(marked):
         return None
