@@ -1,5 +1,7 @@
 """Pipeline messages and the activation codec."""
 
+import json
+
 import pytest
 import torch
 
@@ -85,6 +87,10 @@ def test_work_header_roundtrip():
     {"bits": 12}, {"sampling": {"temperature": "hot"}}, {"seq": "x"},
     {"draft": [1, 2]}, {"draft": [1], "sample": False}, {"draft": ["x"]},  # a draft needs a row after it
     {"prompt_rows": 3}, {"prompt_rows": -1}, {"prompt_rows": "x"}, {"prompt_rows": 2, "draft": [1]},
+    # JSON's other numbers are not integers (Python's json reads Infinity and NaN too)
+    {"prompt_rows": True}, {"prompt_rows": 1.5}, {"prompt_rows": "1"}, {"prompt_rows": json.loads("Infinity")},
+    {"index_pos": json.loads("Infinity")}, {"n": 2.0}, {"seq": json.loads("NaN")}, {"hop": False},
+    {"history": [1.5]}, {"route": [{"node": "n", "start": 0.0, "end": 2}]},
 ])
 def test_malformed_work_is_protocol_error(patch):
     good = Work(sid="s", model="m", seq=0, index_pos=0, n_tokens=2, route=(Hop("n", 0, 2),), hop=0,
@@ -110,6 +116,11 @@ def test_result_ack_control_roundtrip():
     assert SessionControl.from_header(c.to_header()) == c
     with pytest.raises(ProtocolError):
         Ack.from_header({"sid": "s"})
+    for bad in ({"seq": json.loads("Infinity")}, {"token": 9.5}, {"tokens": [9, True]}):
+        with pytest.raises(ProtocolError):
+            Result.from_header({**r.to_header(), **bad})
+    with pytest.raises(ProtocolError):
+        Ack.from_header({**a.to_header(), "held_us": json.loads("Infinity")})
 
 
 def test_prompt_rows_of_each_kind_of_step():

@@ -99,6 +99,14 @@ def decode_tokens(payload: bytes) -> list[int]:
 # --- messages -----------------------------------------------------------------------------------
 
 
+def _int(value: Any) -> int:
+    """A JSON integer, nothing else: `int()` would take true, 2.7, "2" and raise OverflowError on
+    Infinity (which Python's json reads)."""
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
 @dataclass(frozen=True)
 class Hop:
     """One segment of a route: who runs layers [start, end)."""
@@ -113,7 +121,7 @@ class Hop:
     @classmethod
     def from_wire(cls, data: Any) -> Hop:
         try:
-            hop = cls(str(data["node"]), int(data["start"]), int(data["end"]))
+            hop = cls(str(data["node"]), _int(data["start"]), _int(data["end"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"bad route hop: {data!r}") from exc
         if not 0 <= hop.start < hop.end:
@@ -210,17 +218,17 @@ class Work:
         try:
             route = tuple(Hop.from_wire(x) for x in h["route"])
             work = cls(
-                sid=str(h["sid"]), model=str(h["model"]), seq=int(h["seq"]), index_pos=int(h["index_pos"]),
-                n_tokens=int(h["n"]), route=route, hop=int(h["hop"]), coordinator=str(h["coord"]),
-                sample=bool(h["sample"]), activation_bits=int(h.get("bits", 16)),
+                sid=str(h["sid"]), model=str(h["model"]), seq=_int(h["seq"]), index_pos=_int(h["index_pos"]),
+                n_tokens=_int(h["n"]), route=route, hop=_int(h["hop"]), coordinator=str(h["coord"]),
+                sample=bool(h["sample"]), activation_bits=_int(h.get("bits", 16)),
                 sampling=_sampling_from_wire(h["sampling"]) if h.get("sampling") is not None else None,
-                history=tuple(int(t) for t in h.get("history") or ()),
+                history=tuple(_int(t) for t in h.get("history") or ()),
                 telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
                 act=dict(h["act"]) if h.get("act") is not None else None,
-                draft=tuple(int(t) for t in h.get("draft") or ()), rewind=bool(h.get("rewind", False)),
+                draft=tuple(_int(t) for t in h.get("draft") or ()), rewind=bool(h.get("rewind", False)),
                 resume=str(h["resume"]) if h.get("resume") is not None else None,
                 resume_copy=bool(h.get("resume_copy", False)),
-                prompt_rows=int(h["prompt_rows"]) if h.get("prompt_rows") is not None else None)
+                prompt_rows=_int(h["prompt_rows"]) if h.get("prompt_rows") is not None else None)
         except ProtocolError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -250,7 +258,7 @@ def scores_to_wire(s: TokenScores) -> dict[str, Any]:
 def scores_from_wire(data: Any) -> TokenScores:
     """The inverse of scores_to_wire; ProtocolError on a malformed one."""
     try:
-        ids = tuple(int(i) for i in data.get("ids") or ())
+        ids = tuple(_int(i) for i in data.get("ids") or ())
         top = tuple(float(v) for v in data.get("top") or ())
         scores = TokenScores(float(data["lp"]), ids, top)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -293,12 +301,12 @@ class Result:
         try:
             err = h.get("error") or {}
             scores = h.get("logprobs")
-            return cls(sid=str(h["sid"]), seq=int(h["seq"]),
-                       token=None if h.get("token") is None else int(h["token"]),
+            return cls(sid=str(h["sid"]), seq=_int(h["seq"]),
+                       token=None if h.get("token") is None else _int(h["token"]),
                        telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
                        error=err.get("message"), error_code=err.get("code"), failed_node=err.get("node"),
                        scores=None if scores is None else scores_from_wire(scores),
-                       tokens=tuple(int(t) for t in h.get("tokens") or ()))
+                       tokens=tuple(_int(t) for t in h.get("tokens") or ()))
         except ProtocolError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -326,7 +334,7 @@ class Ack:
     @classmethod
     def from_header(cls, h: Any) -> Ack:
         try:
-            return cls(str(h["sid"]), int(h["seq"]), int(h["hop"]), str(h["node"]), max(0, int(h.get("held_us", 0))),
+            return cls(str(h["sid"]), _int(h["seq"]), _int(h["hop"]), str(h["node"]), max(0, _int(h.get("held_us", 0))),
                        h.get("done") is True)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed ACK header: {exc}") from exc
