@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import ctypes
 import logging
 import random
 import threading
@@ -157,6 +158,8 @@ class BatchEngine:
         self.steps = 0
         self.max_active_seen = 0
         self.spec_drafted = self.spec_accepted = 0  # totals over requests (tests, diagnostics)
+        # the rows' logits as numpy, built only for a request that reads them (a constraint, logprobs)
+        self._row_type = ctypes.c_float * self.n_vocab
 
     # --- any thread ---
 
@@ -283,9 +286,12 @@ class BatchEngine:
         if job.cancel.is_set():
             self._end(seq, drop=True)
             return
-        row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, seq.out_index), shape=(self.n_vocab,))
         n_top = job.params.logprobs
-        raw = row.copy() if n_top is not None else None  # the model's distribution, before bias and grammar
+        raw = None
+        if seq.constraint is not None or n_top is not None:  # llama.cpp's own row, in place
+            address = ctypes.cast(ll.llama_get_logits_ith(self.ctx, seq.out_index), ctypes.c_void_p).value
+            row = np.frombuffer(self._row_type.from_address(address), dtype=np.float32)
+            raw = row.copy() if n_top is not None else None  # the model's distribution, before bias and grammar
         try:
             if seq.constraint is not None:
                 seq.constraint.apply(row)
