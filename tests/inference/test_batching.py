@@ -74,10 +74,22 @@ async def engine_factory():
 
 
 async def run(engine: LlamaEngine, tok: ModelTokenizer, prompt: list[int], params: SamplingParams,
-              max_new: int = 24, job: GenerationJob | None = None, on_tokens=None, on_batch=None) -> list[int]:
-    """One generation through the batch; its token ids (the end-of-generation token included)."""
+              max_new: int = 24, job: GenerationJob | None = None, on_tokens=None, on_batch=None,
+              cancel_after: int | None = None) -> list[int]:
+    """One generation through the batch; its token ids (the end-of-generation token included).
+    `cancel_after`: the job is cancelled as its n-th token is handed over, on the engine's thread
+    (as a client gone at that moment; a tiny model's steps outrun any loop-side reaction)."""
     job = job or GenerationJob("r", list(prompt), params, max_new)
     channel = TokenChannel(asyncio.get_running_loop())
+    if cancel_after is not None:
+        put, handed = channel.put, []
+
+        def put_then_cancel(item, scores=None):
+            put(item, scores)
+            handed.append(item)
+            if len(handed) == cancel_after:
+                job.cancel.set()
+        channel.put = put_then_cancel
     done = engine.async_generate(job, channel, tok.is_eog, tok)
     out: list[int] = []
     task = asyncio.ensure_future(done)
@@ -125,16 +137,12 @@ async def test_a_cancelled_request_frees_its_sequence_and_the_others_are_unchang
     alone = [await run(reference, model.tok, p, GREEDY, max_new=32) for p in model.prompts]
     engine = await engine_factory(model.path)
     victim = GenerationJob("victim", list(model.prompts[3]), GREEDY, 32)
-
-    def cancel_after_three(out: list[int]) -> None:
-        if len(out) >= 3:
-            victim.cancel.set()
     results = await together(engine, (
         run(engine, model.tok, p, GREEDY, max_new=32, job=victim if i == 3 else None,
-            on_tokens=cancel_after_three if i == 3 else None)
+            cancel_after=3 if i == 3 else None)
         for i, p in enumerate(model.prompts)))
     assert engine.batcher.max_active_seen == 8
-    assert 3 <= len(results[3]) < len(alone[3])
+    assert len(results[3]) == 3 < len(alone[3])
     assert results[3] == alone[3][:len(results[3])]
     assert [r for i, r in enumerate(results) if i != 3] == [a for i, a in enumerate(alone) if i != 3]
     freed = [r.getMessage() for r in caplog.records if "KV-cache sequence freed" in r.getMessage()]

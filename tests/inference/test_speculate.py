@@ -117,12 +117,8 @@ async def test_a_cancel_mid_speculation_frees_the_sequence_and_the_kv_matches_it
     prompt = prompts_of(model)[0]
     full = await run(spec, model.tok, prompt, GREEDY, max_new=48)
     job = GenerationJob("victim", list(prompt), GREEDY, 48)
-
-    def cancel_after(out: list[int]) -> None:
-        if len(out) >= 5:
-            job.cancel.set()
-    cut = await run(spec, model.tok, prompt, GREEDY, max_new=48, job=job, on_tokens=cancel_after)
-    assert 5 <= len(cut) < len(full) and cut == full[:len(cut)]
+    cut = await run(spec, model.tok, prompt, GREEDY, max_new=48, job=job, cancel_after=5)
+    assert len(cut) == 5 < len(full) and cut == full[:5]
     again = await run(spec, model.tok, prompt, GREEDY, max_new=48)
     assert again == full
     kv = spec.batcher.kv_tokens()
