@@ -259,3 +259,38 @@ def test_grammar_specs_per_tool_choice():
     assert "parameters" in lla["item"]["schema"]["anyOf"][0]["properties"]
     for spec in (auto, named, required, mis, lla):
         grammar.validate(spec)
+
+
+TREE = ToolSpec("plant", "A tree of names", {
+    "type": "object", "additionalProperties": False, "required": ["name"],
+    "properties": {"name": {"type": "string"}, "kids": {"type": "array", "maxItems": 2, "items": {"$ref": "#"}},
+                   "kind": {"$ref": "#/definitions/kind"}},
+    "definitions": {"kind": {"enum": ["oak", "elm"]}}})
+
+
+def test_a_tools_own_references_point_into_its_parameters_wherever_the_grammar_puts_them():
+    """"#" and "#/definitions/..." mean the tool's parameters; in every format's grammar they are
+    rebased onto the copy at the root's $defs (and a tool without references stays inline)."""
+    user = [{"role": "user", "content": "hi"}]
+    for name in ("generic", "hermes", "mistral", "llama3"):
+        spec = tool_grammar(FORMATS[name], request(user, choice="required", tools=(TREE, WEATHER)))
+        grammar.validate(spec)
+        text = json.dumps(spec)
+        roots = [s for s in _schemas(spec) if "$defs" in s]
+        assert roots and all(set(r["$defs"]) == {"swarmllm_tool_0"} for r in roots), name
+        lifted = roots[0]["$defs"]["swarmllm_tool_0"]
+        assert lifted["properties"]["kids"]["items"] == {"$ref": "#/$defs/swarmllm_tool_0"}
+        assert lifted["properties"]["kind"] == {"$ref": "#/$defs/swarmllm_tool_0/definitions/kind"}
+        assert '"city"' in text and '"$ref": "#"' not in text  # WEATHER inline; no reference left unrebased
+
+
+def _schemas(spec):
+    """Every JSON schema at a json_value root of a grammar spec."""
+    if isinstance(spec, dict):
+        if spec.get("type") == "json":
+            yield spec["schema"]
+        for v in spec.values():
+            yield from _schemas(v)
+    elif isinstance(spec, list | tuple):
+        for v in spec:
+            yield from _schemas(v)

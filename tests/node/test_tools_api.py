@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import jsonschema
 import openai
 import pytest
 import pytest_asyncio
+from pydantic import BaseModel, Field
 
 from node.inference.synth import SynthSpec
 from node.resources import default_model_path
@@ -204,6 +206,36 @@ async def test_random_model_every_tool_choice(node, client, stream):
         assert_valid_calls(calls, {"get_weather"})
     content, calls, _, _ = await ask(client, model, stream=stream, tools=tools, tool_choice="none", max_tokens=10)
     assert calls == [] and content
+
+
+class Address(BaseModel):
+    city: str = Field(max_length=12)
+    country: Literal["NO", "FR"]
+
+
+class Trip(BaseModel):
+    to: Address
+
+
+# pydantic writes a nested model as a reference into the schema's own `$defs`
+TRIP = Trip.model_json_schema()
+BOOK = {"type": "function", "function": {"name": "book_trip", "parameters": TRIP}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_parameters_that_refer_into_their_own_defs(node, client, stream):
+    """A tool's "#/$defs/..." references resolve against its parameters, not against the call's
+    schema the grammar wraps them in (which once made every pydantic-made schema a 400)."""
+    assert "$defs" in TRIP and TRIP["properties"]["to"] == {"$ref": "#/$defs/Address"}
+    model = model_named(node, "roomy")
+    for seed, choice in ((0, "required"), (1, {"type": "function", "function": {"name": "book_trip"}})):
+        _, calls, finish, _ = await ask(client, model, stream=stream, tools=(BOOK, WEATHER), tool_choice=choice,
+                                        temperature=1.0, seed=seed, max_tokens=400)
+        assert finish == "tool_calls" and calls
+        for _id, name, arguments in calls:
+            jsonschema.validate(json.loads(arguments), TRIP if name == "book_trip" else CITY)
+        if choice != "required":
+            assert [name for _id, name, _a in calls] == ["book_trip"]
 
 
 # --- distributed route: a random model over two nodes ---------------------------------------------

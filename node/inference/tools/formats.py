@@ -175,14 +175,49 @@ def _compact(value: Any) -> str:
 
 # --- the grammar ---
 
-def _call_schema(tool: ToolSpec, args_key: str) -> dict[str, Any]:
-    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: tool.parameters},
+def _has_ref(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return "$ref" in schema or any(_has_ref(v) for v in schema.values())
+    return isinstance(schema, list) and any(_has_ref(v) for v in schema)
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """`schema` with its local references ("#", "#/$defs/x", any "#/..." pointer) pointing where it
+    will sit in the grammar's schema, at `base` ("#/$defs/tool_0")."""
+    if isinstance(schema, list):
+        return [_rebased(v, base) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebased(v, base) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
+def _call_schema(tool: ToolSpec, args_key: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: args},
             "required": ["name", args_key], "additionalProperties": False}
 
 
-def _any_call(tools: tuple[ToolSpec, ...] | list[ToolSpec], args_key: str) -> dict[str, Any]:
-    schemas = [_call_schema(t, args_key) for t in tools]
-    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+def _any_call(tools: tuple[ToolSpec, ...] | list[ToolSpec], args_key: str
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The schema of one call of any of `tools`, and the `$defs` its root must carry: a tool whose
+    parameters refer into themselves (`$defs`/`definitions`, as pydantic writes them, or "#")
+    sits there whole, its references rebased, since inside the call's schema "#" is not its root."""
+    schemas, defs = [], {}
+    for i, t in enumerate(tools):
+        args = t.parameters
+        if _has_ref(args):
+            key = f"swarmllm_tool_{i}"
+            defs[key] = _rebased(args, f"#/$defs/{key}")
+            args = {"$ref": f"#/$defs/{key}"}
+        schemas.append(_call_schema(t, args_key, args))
+    return (schemas[0] if len(schemas) == 1 else {"anyOf": schemas}), defs
+
+
+def _root(schema: dict[str, Any], defs: dict[str, Any]) -> grammar.Spec:
+    return grammar.json_value({**schema, "$defs": defs} if defs else schema)
 
 
 def _one_key(key: str, value: dict[str, Any]) -> dict[str, Any]:
@@ -203,28 +238,28 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
     if choice == "function":
         tools = tuple(t for t in tools if t.name == request.tool_choice_name)
     many = request.parallel_tool_calls and choice != "function"
-    call = _any_call(tools, fmt.args_key)
+    call, defs = _any_call(tools, fmt.args_key)
     if fmt.name == "generic":
         options = [_one_key("tool_call", call)]
         if many:
             options.append(_one_key("tool_calls", {"type": "array", "items": call, "minItems": 1}))
         if choice == "auto":
             options.append(_one_key("response", {"type": "string"}))
-        return grammar.json_value(options[0] if len(options) == 1 else {"anyOf": options})
+        return _root(options[0] if len(options) == 1 else {"anyOf": options}, defs)
     if choice == "auto":
         return None
     max_calls = None if many else 1
     if fmt.name == "hermes":
         # the markers alone in their literals: a vocabulary may hold them as single special tokens
-        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(call),
+        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), _root(call, defs),
                             grammar.literal("\n"), grammar.literal(HERMES_CLOSE))
         return grammar.repeat(block, 1, max_calls, sep="\n")
     if fmt.name == "mistral":
         items: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
         if max_calls is not None:
             items["maxItems"] = max_calls
-        return grammar.seq(grammar.literal(MISTRAL_OPEN), grammar.json_value(items))
-    return grammar.repeat(grammar.json_value(call), 1, max_calls, sep="; ")  # llama3
+        return grammar.seq(grammar.literal(MISTRAL_OPEN), _root(items, defs))
+    return grammar.repeat(_root(call, defs), 1, max_calls, sep="; ")  # llama3
 
 
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
