@@ -20,7 +20,7 @@ from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.errors import read_json, to_anthropic
 from node.api.history import link_tool_results
-from node.api.schemas import _integer, _number
+from node.api.schemas import _integer, _number, async_check_tool_schemas
 from node.api.schemas import _tools as openai_tools
 from node.errors import InvalidRequest, NodeError, Unsupported
 from node.inference.generate import CompletionRun
@@ -405,13 +405,17 @@ class MessagesDialect:
 @routes.post("/v1/messages")
 async def messages(request: web.Request) -> web.StreamResponse:
     """Anthropic Messages: a reply to a conversation, streamed or whole."""
-    return await serve(request, parse_messages(await read_json(request)), MessagesDialect())
+    body = await read_json(request)
+    await async_check_tool_schemas(body)
+    return await serve(request, parse_messages(body), MessagesDialect())
 
 
 @routes.post("/v1/messages/count_tokens")
 async def count_tokens(request: web.Request) -> web.Response:
     """The prompt's token count, rendered exactly as /v1/messages would render it."""
-    completion = parse_messages(await read_json(request), count_only=True)
+    body = await read_json(request)
+    await async_check_tool_schemas(body)
+    completion = parse_messages(body, count_only=True)
     node = request.app[NODE]
     run = node.new_run(completion, RequestTrace(model=completion.model, operation="messages.count_tokens"))
     return web.json_response({"input_tokens": await run.count_prompt_tokens()})

@@ -8,6 +8,7 @@ import json
 import logging
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from node.api.appkeys import MAX_BODY
 from node.errors import (
@@ -118,6 +119,8 @@ async def read_json(request: web.Request) -> object:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body is larger than {request.app[MAX_BODY]} bytes") from exc
+    except RequestPayloadError as exc:  # e.g. Content-Encoding: gzip on a body that is not gzip
+        raise InvalidRequest(f"request body could not be read: {exc}") from exc
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object")
     if len(raw) > _PARSE_ON_LOOP_MAX_BYTES:  # megabytes of JSON would stall the loop for tens of ms
@@ -128,9 +131,13 @@ async def read_json(request: web.Request) -> object:
 _PARSE_ON_LOOP_MAX_BYTES = 256 * 1024
 
 
+def _not_json(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _parse_json(raw: bytes) -> object:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_json)  # Python's json reads NaN and Infinity; JSON has neither
         # \ud800-style escapes decode to lone surrogates, which no tokenizer can encode
         json.dumps(body, ensure_ascii=False).encode("utf-8")
         return body

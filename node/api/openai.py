@@ -19,7 +19,7 @@ from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.errors import error_response, read_json
 from node.api.responses import StreamChunks, completion_body, embeddings_body
-from node.api.schemas import parse_completion, parse_embeddings
+from node.api.schemas import async_check_tool_schemas, parse_completion, parse_embeddings
 from node.errors import NodeError
 from node.inference.embeddings import run_embeddings
 from node.inference.generate import CompletionRun
@@ -47,7 +47,9 @@ async def get_model(request: web.Request) -> web.Response:
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Chat completion, streaming or not."""
-    return await serve_completion(request, parse_completion(await read_json(request), "chat"))
+    body = await read_json(request)
+    await async_check_tool_schemas(body)
+    return await serve_completion(request, parse_completion(body, "chat"))
 
 
 @routes.post("/v1/completions")

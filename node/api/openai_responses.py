@@ -21,7 +21,7 @@ from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.history import link_tool_results
 from node.api.response_store import ResponseStore
-from node.api.schemas import _integer, _number
+from node.api.schemas import _integer, _number, async_check_tool_schemas
 from node.api.schemas import _response_format as openai_response_format
 from node.api.schemas import _tools as openai_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
@@ -418,7 +418,9 @@ class ResponsesDialect:
 async def create_response(request: web.Request) -> web.StreamResponse:
     """A model response to `input` (after the conversation of `previous_response_id`), streamed or whole."""
     store = request.app[STORE]
-    completion, options = parse_responses(await read_json(request), store)
+    body = await read_json(request)
+    await async_check_tool_schemas(body)
+    completion, options = parse_responses(body, store)
     return await serve(request, completion, ResponsesDialect(options, store))
 
 

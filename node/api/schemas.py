@@ -5,9 +5,12 @@ Unsupported options are refused, never silently ignored.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import jsonschema
@@ -18,6 +21,8 @@ from node.inference.request import CompletionRequest, ResponseFormat, ToolCall, 
 from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_STOP_SEQUENCES = 4
+MAX_TOOLS = 128  # functions per request, as OpenAI
+_SCHEMA_CHECKS_KEPT = 512  # tool parameter schemas whose check is remembered (a chat resends its tools each turn)
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 # Accepted and meaningless for a local model (no effect on output): documented, not refused.
@@ -112,7 +117,7 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
                              param="logit_bias")
     out = []
     for key, bias in value.items():
-        if not isinstance(key, str) or not key.isdigit() or not key.isascii():
+        if not isinstance(key, str) or not key.isdigit() or not key.isascii() or len(key) > 12:
             raise InvalidRequest(f"`logit_bias` keys must be token ids written as non-negative integers, got {key!r}",
                                  param="logit_bias")
         if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias) \
@@ -285,13 +290,59 @@ def _messages(body: dict) -> tuple[dict, ...]:
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+_schema_checks: OrderedDict[str, str | None] = OrderedDict()  # canonical JSON -> error message (None: valid)
+_schema_checks_lock = threading.Lock()
+
+
+def _schema_error(schema: dict) -> str | None:
+    """Why `schema` is not a valid JSON schema (None: it is). jsonschema takes ~4 ms a schema
+    (the 2020-12 metaschema): the answers are remembered, and `async_check_tool_schemas` finds
+    new ones off the loop first."""
+    key = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    with _schema_checks_lock:
+        if key in _schema_checks:
+            _schema_checks.move_to_end(key)
+            return _schema_checks[key]
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+        error = None
+    except jsonschema.SchemaError as exc:
+        error = exc.message
+    with _schema_checks_lock:
+        _schema_checks[key] = error
+        while len(_schema_checks) > _SCHEMA_CHECKS_KEPT:
+            _schema_checks.popitem(last=False)
+    return error
+
+
+async def async_check_tool_schemas(body: Any) -> None:
+    """Check the parameter schemas of a body's tools (any dialect: `parameters`, `function.parameters`,
+    `input_schema`) in a worker thread, so the parse that follows finds them checked and a long list
+    of new tools never stalls the event loop. Problems are left for that parse to report."""
+    tools = body.get("tools") if isinstance(body, dict) else None
+    if not isinstance(tools, list) or not tools or len(tools) > MAX_TOOLS:
+        return
+    schemas = []
+    for tool in tools:
+        if isinstance(tool, dict):
+            fn = tool.get("function")
+            schema = tool.get("parameters", tool.get("input_schema", fn.get("parameters") if isinstance(fn, dict) else None))
+            if isinstance(schema, dict):
+                schemas.append(schema)
+    if schemas:
+        await asyncio.to_thread(lambda: [_schema_error(schema) for schema in schemas])
+
+
 def _tools(body: dict) -> tuple[ToolSpec, ...]:
     tools = body.get("tools")
     if tools is None or tools == []:
         return ()
     if not isinstance(tools, list):
         raise InvalidRequest("`tools` must be a list", param="tools")
+    if len(tools) > MAX_TOOLS:
+        raise InvalidRequest(f"`tools` holds {len(tools)} tools; at most {MAX_TOOLS} are allowed", param="tools")
     out: list[ToolSpec] = []
+    names: set[str] = set()
     for i, tool in enumerate(tools):
         at = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -310,8 +361,9 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         if not isinstance(name, str) or not _TOOL_NAME.match(name):
             raise InvalidRequest(f"`{at}.function.name` must be 1-64 letters, digits, '_' or '-', got {name!r}",
                                  param=f"{at}.function.name")
-        if any(t.name == name for t in out):
+        if name in names:
             raise InvalidRequest(f"`{at}.function.name`: two tools are named {name!r}", param=f"{at}.function.name")
+        names.add(name)
         description = fn.get("description") or ""
         if not isinstance(description, str):
             raise InvalidRequest(f"`{at}.function.description` must be a string", param=f"{at}.function.description")
@@ -324,11 +376,10 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         if parameters.get("type", "object") != "object":
             raise InvalidRequest(f"`{at}.function.parameters` must describe an object (\"type\": \"object\")",
                                  param=f"{at}.function.parameters")
-        try:
-            jsonschema.validators.validator_for(parameters).check_schema(parameters)
-        except jsonschema.SchemaError as exc:
-            raise InvalidRequest(f"`{at}.function.parameters` is not a valid JSON schema: {exc.message}",
-                                 param=f"{at}.function.parameters") from exc
+        error = _schema_error(parameters)
+        if error is not None:
+            raise InvalidRequest(f"`{at}.function.parameters` is not a valid JSON schema: {error}",
+                                 param=f"{at}.function.parameters")
         strict = fn.get("strict", False)
         if strict is None:
             strict = False

@@ -161,10 +161,13 @@ def _templates(model_id: str):
     b'{"model": "MODEL", "prompt": "\\ud800", "max_tokens": 4}',
     b'{"model": "MODEL", "messages": [{"role": "user", "content": "a\\udfff"}]}',
     b'{"model": "MODEL", "prompt": "x", "max_tokens": 4, "stop": ["\\ud800"]}',
-], ids=["5000-digit-int", "lone-surrogate-prompt", "lone-surrogate-content", "lone-surrogate-stop"])
+    b'{"model": "MODEL", "prompt": "x", "max_tokens": 4, "logit_bias": {"' + b"1" * 4400 + b'": 1}}',
+    b'{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "user": NaN}',
+], ids=["5000-digit-int", "lone-surrogate-prompt", "lone-surrogate-content", "lone-surrogate-stop",
+        "4400-digit-logit-bias-key", "nan-literal"])
 def test_bodies_the_fuzzer_found(node, body):
     """Each was a 500 once (a ValueError past the integer digit limit; a UnicodeEncodeError in the
-    tokenizer): now a 400 naming the problem."""
+    tokenizer) or an answer that was not JSON (a NaN echoed back): now a 400 naming the problem."""
     path = "/v1/completions" if b'"prompt"' in body else "/v1/chat/completions"
     status, answer = _request(node, "POST", path, body.replace(b"MODEL", node.model_id.encode()))
     assert status == 400, answer
@@ -224,3 +227,10 @@ def test_the_node_is_healthy_after_the_fuzzing(node):
     assert node.proc.poll() is None
     log = (node.data_dir / "node.log").read_text(errors="replace")
     assert "Traceback" not in log and "unhandled error" not in log, log[-3000:]
+
+
+def test_a_body_that_is_not_in_its_content_encoding_is_a_400(node):
+    body = json.dumps({"model": node.model_id, "prompt": "x", "max_tokens": 2}).encode()
+    status, answer = _request(node, "POST", "/v1/completions", body, {"Content-Encoding": "gzip"})
+    assert status == 400 and b"could not be read" in answer, answer  # was a 500
+    _check(status, answer, "gzip", in_hypothesis=False)

@@ -88,3 +88,19 @@ def test_tools_are_a_chat_parameter():
     with pytest.raises(InvalidRequest) as info:
         parse_completion({"model": "m", "prompt": "x", "tools": [TOOL]}, "text")
     assert info.value.param == "tools"
+
+
+def test_at_most_128_tools_and_each_schema_checked_once():
+    from node.api import schemas
+
+    many = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(129)]
+    with pytest.raises(InvalidRequest, match="at most 128") as caught:
+        parse_completion({**CHAT, "tools": many}, "chat")
+    assert caught.value.param == "tools"
+    assert len(parse_completion({**CHAT, "tools": many[:128]}, "chat").tools) == 128
+    fresh = {"type": "object", "properties": {"unique_to_this_test": {"type": "string"}}}
+    assert schemas._schema_error(fresh) is None
+    key = next(k for k in schemas._schema_checks if "unique_to_this_test" in k)
+    assert schemas._schema_checks[key] is None  # remembered: the next request with this tool skips jsonschema
+    bad = {"type": "object", "required": "x"}
+    assert "is not of type 'array'" in schemas._schema_error(bad) and schemas._schema_error(bad)

@@ -316,3 +316,15 @@ async def test_native_formats_forced_and_parsed(node, client, name, stream, monk
                                     max_tokens=400)
     assert finish == "tool_calls" and len(calls) == 1
     assert_valid_calls(calls, {"get_time"})
+
+
+async def test_a_long_list_of_new_tools_is_checked_off_the_loop(node, client):
+    """128 tools never seen before, 40 parameters each: jsonschema's check (~8 ms a schema here)
+    runs in a worker thread, so the loop never stalls (this suite's policing fails a step of over
+    0.5 s; it took ~1 s on the loop before). The prompt is then too long for the model: a 400."""
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": {
+        "type": "object", "properties": {f"p{i}_{j}": {"type": "string", "maxLength": j + 1} for j in range(40)}}}}
+        for i in range(128)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model=model_named(node, "roomy"), messages=ASK, tools=tools, max_tokens=4)
+    assert caught.value.body["code"] == "context_length_exceeded", caught.value.body
