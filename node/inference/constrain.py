@@ -111,6 +111,7 @@ class Vocabulary:
     def matcher(self, spec: g.Spec, param: str = "response_format"):
         """A fresh matcher for `spec` (compiled once, then copied); raises Unsupported/InvalidRequest."""
         import llguidance
+        import llguidance.numpy
 
         key = json.dumps(spec, sort_keys=True, separators=(",", ":"))
         with self._lock:
@@ -120,6 +121,14 @@ class Vocabulary:
                 return template.deep_copy()
         lark = to_lark(spec, self)
         template = llguidance.LLMatcher(self.tokenizer, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+        if not template.is_error():
+            # the first token's mask: a schema that admits no value at all (`{"$ref": "#"}`, a
+            # reference loop) compiles, and fails only here
+            probe = template.deep_copy()
+            llguidance.numpy.fill_next_token_bitmask(probe, llguidance.numpy.allocate_token_bitmask(1, self.tokenizer.vocab_size))
+            if probe.is_error():
+                raise _grammar_error("no output can match it: the schema admits no value (a reference to "
+                                     "itself, or a loop of references?)", param)
         if template.is_error():
             raise _grammar_error(template.get_error(), param)
         with self._lock:
@@ -142,6 +151,14 @@ def vocabulary(tok: ModelTokenizer) -> Vocabulary:
             vocab = Vocabulary(tok)
             tok.constraint_vocab = vocab
         return vocab
+
+
+def _parser_error(message: str) -> str:
+    """llguidance's runtime error without its parser-state dump (internal, and kilobytes long)."""
+    text = message.split("<state>")[0].strip() or "parser error"
+    if "Too many items" in text:
+        return "the grammar's parser ran past its limits (a schema whose values must nest without end?)"
+    return text[:200]
 
 
 def _grammar_error(message: str, param: str) -> InvalidRequest:
@@ -285,6 +302,8 @@ class TokenConstraint:
             allowed = np.zeros(self.n_vocab, dtype=bool)
         else:
             self._fill(matcher, self._bits)
+            if matcher.is_error():  # the request's grammar cannot go on: its fault, said once, not a 500
+                raise InvalidRequest(f"the output grammar cannot be followed: {_parser_error(matcher.get_error())}")
             allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.n_vocab).view(bool)
         if matcher.is_accepting():
             allowed[self.eog_ids] = True
@@ -309,5 +328,8 @@ class TokenConstraint:
         if matcher is None or (self._is_eog(token) and matcher.is_accepting()):
             return
         if not matcher.consume_token(token):
+            error = matcher.get_error()
+            if "Too many items" in error:  # the grammar's parser hit its limits: the request's schema
+                raise InvalidRequest(f"the output grammar cannot be followed: {_parser_error(error)}")
             raise EngineError(f"constrained decoding: token {token} was sampled outside the grammar "
-                              f"({matcher.get_error()[:200]})")
+                              f"({_parser_error(error)})")

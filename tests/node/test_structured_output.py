@@ -124,6 +124,31 @@ async def test_unsupported_schema_feature_is_a_400_naming_it(node, client, schem
         assert feature in error["message"]
 
 
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+], ids=["itself", "a-loop"])
+async def test_a_schema_that_admits_no_value_is_a_400(node, client, schema):
+    """It compiles, and admits nothing: once a 200 with an empty reply (not JSON) marked "stop"."""
+    served = model_named(node, "tiny")
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await complete(client, served.id, fmt(schema), stream=stream, max_tokens=50)
+        assert caught.value.body["param"] == "response_format"
+        assert "admits no value" in caught.value.body["message"], caught.value.body
+
+
+async def test_a_schema_whose_values_nest_without_end_fails_cleanly(node, client):
+    """Every object must hold another: the parser runs past its limits mid-reply. Not a 500 with
+    llguidance's parser state in it (as once): the request's error, said plainly."""
+    served = model_named(node, "roomy")
+    endless = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"], "additionalProperties": False}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await complete(client, served.id, fmt(endless), stream=False, max_tokens=3000)
+    message = caught.value.body["message"]
+    assert "nest without end" in message and "<state>" not in message and len(message) < 400, message
+
+
 async def test_logit_bias_out_of_vocabulary_is_a_400(node, client):
     served = model_named(node, "tiny")
     with pytest.raises(openai.BadRequestError) as caught:
@@ -210,6 +235,14 @@ async def test_distributed_json_object_and_unsupported_feature(chain):
         await complete(chain["client"], chain["model_id"], fmt({"type": "object", "not": {}}), stream=True,
                        max_tokens=20)
     assert caught.value.body["param"] == "response_format" and "not" in caught.value.body["message"]
+
+
+@pytest.mark.slow
+async def test_distributed_schema_whose_values_nest_without_end_fails_cleanly(chain):
+    endless = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"], "additionalProperties": False}
+    with pytest.raises(openai.APIStatusError) as caught:
+        await complete(chain["client"], chain["model_id"], fmt(endless), stream=False, max_tokens=3000)
+    assert caught.value.status_code < 500 and "nest without end" in caught.value.body["message"], caught.value.body
 
 
 @pytest.mark.slow

@@ -24,7 +24,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from node import const
-from node.errors import InsufficientCapacity, SegmentFailed
+from node.errors import (
+    ContextLengthExceeded,
+    InsufficientCapacity,
+    InvalidRequest,
+    SegmentFailed,
+    Unsupported,
+)
 from node.inference.handoff import GenerationJob, TokenBatch
 from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
 from node.inference.pipeline.perf import PeerPerformance, add_segment_telemetry
@@ -61,6 +67,10 @@ class AttemptChannel(Protocol):
     def resume_missed(self, att: Attempt, source_gone: bool = True) -> None: ...
 
 log = logging.getLogger(__name__)
+
+# a segment's error that is the request's fault, not the segment's: the client gets it (a 400),
+# and no healthy peer is excluded or retried (the next chain would fail the same way)
+REQUEST_FAULTS = {e.code: e for e in (InvalidRequest, Unsupported, ContextLengthExceeded)}
 
 
 def prefill_steps(start: int, end: int, segments: int) -> list[tuple[int, int]]:
@@ -115,6 +125,10 @@ class PipelineRun:
                 return
             except SegmentFailed as failure:
                 coordinator.end(att, "session_end")
+                fault = REQUEST_FAULTS.get(failure.cause)
+                if fault is not None:  # the request's own (its grammar cannot go on): no peer to route around
+                    self._log_speculation()
+                    raise fault(failure.message) from failure
                 if att.resume is not None and failure.cause in ("kv_miss", "kv_position_mismatch"):
                     self._resume_missed(att, failure)
                 else:
