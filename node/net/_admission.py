@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from node import const
 from node.errors import NotAMember, ProtocolError
 from node.logs import kv
 
@@ -229,7 +230,7 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
 
 
 async def _read_member(stream: Stream, peer: str, peer_swarm: str) -> dict:
-    frame = await async_read_frame(stream)
+    frame = await async_read_frame(stream, const.HANDSHAKE_FRAME_MAX_BYTES)
     if frame.type == FrameType.ERROR:
         info = ErrorInfo.from_frame(frame)
         if info.code == "not_a_member":

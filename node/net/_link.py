@@ -40,10 +40,14 @@ def _expire(future: asyncio.Future[Frame]) -> None:
         future.set_exception(_Expired())
 
 
-async def async_read_frame(stream: Stream) -> Frame:
-    """Read one frame: prefix (validated before the body is read), then header + payload."""
+async def async_read_frame(stream: Stream, max_bytes: int | None = None) -> Frame:
+    """Read one frame: prefix (validated before the body is read), then header + payload.
+    `max_bytes`: a smaller bound on the body than any frame's (before admission: a peer that has
+    not proved anything must not make us buffer a 256 MiB body)."""
     prefix = decode_prefix(await stream.read_exactly(PREFIX_LEN))
     size = prefix.header_len + prefix.payload_len
+    if max_bytes is not None and size > max_bytes:
+        raise ProtocolError(f"{type_name(prefix.type)} frame of {size} bytes during the handshake (max {max_bytes})")
     body = await stream.read_exactly(size) if size else b""
     return decode_body(prefix, body)
 

@@ -318,7 +318,7 @@ class PeerManager:
 
     async def _async_read_hello(self, stream: Stream, node_id: str) -> Hello:
         async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
-            frame = await async_read_frame(stream)
+            frame = await async_read_frame(stream, const.HANDSHAKE_FRAME_MAX_BYTES)
         if frame.type != FrameType.HELLO:
             raise ProtocolError(f"expected HELLO, got {type_name(frame.type)}")
         hello = Hello.from_frame(frame)

@@ -158,6 +158,20 @@ def test_unknown_or_unserved_types_get_error_and_the_link_stays(target, ftype, r
         sock.close()
 
 
+@pytest.mark.parametrize("payload", [2 * 2**20, 200 * 2**20])
+def test_an_oversized_frame_before_admission_is_refused_unread(target, payload):
+    """A HELLO declaring megabytes, from a peer that has proved nothing yet: the node closes at
+    once (within a deadline well under the 10 s handshake timeout) instead of buffering the body
+    (it once read up to 256 MiB per connection, 64 connections at a time, before refusing)."""
+    sock, _ = target["raw"].tls_socket()
+    try:
+        sock.sendall(PREFIX.pack(MAGIC, 1, int(FrameType.HELLO), 0, 0, 100, payload))
+        assert closed_by_peer(sock, timeout_s=3.0)
+    finally:
+        sock.close()
+    still_serving(target)
+
+
 def test_the_node_logs_what_it_refused(target):
     sock = target["raw"].raw()
     sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
