@@ -52,10 +52,31 @@ def test_large_payload_is_zstd_compressed_and_restored():
     ({"dtype": "f32"}, b""),
     ({"dtype": "f32", "shape": [1, 2], "zstd": 8}, b"not zstd"),
     ({"dtype": "i8", "shape": [1, 4]}, b"\x00" * 4),
+    ({"dtype": "f32", "shape": [json.loads("Infinity"), 4]}, b""),  # was an OverflowError
+    ({"dtype": "f32", "shape": [1.0, 4]}, b"\x00" * 16),
+    ({"dtype": "f32", "shape": [2**40, 2**20]}, b""),  # more than any frame carries
 ])
 def test_bad_activation_payloads_are_protocol_errors(meta, payload):
     with pytest.raises(ProtocolError):
         decode_activations(meta, payload)
+
+
+@pytest.mark.parametrize("content_size", [True, False])
+def test_a_zstd_bomb_is_refused_without_expanding_it(content_size):
+    """A 16 KiB payload of 512 MiB of zeros, for 256 bytes of activations: refused from the frame's
+    stated size, or after reading one byte past 256 when it states none (it once expanded whole)."""
+    import resource
+
+    import zstandard
+
+    size, chunk = 512 * 2**20, b"\0" * 2**20  # written a MiB at a time: this process never holds it
+    cobj = zstandard.ZstdCompressor(level=3, write_content_size=content_size).compressobj(size=size if content_size else -1)
+    bomb = b"".join(cobj.compress(chunk) for _ in range(size // len(chunk))) + cobj.flush()
+    assert len(bomb) < 64 * 2**10 and (zstandard.frame_content_size(bomb) == size) == content_size
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ProtocolError, match="expected 256"):
+        decode_activations({"dtype": "f32", "shape": [1, 64], "zstd": 256}, bomb)
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 < 64 * 2**20
 
 
 def test_tokens_roundtrip():

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import zstandard
 
+from node import const
 from node.errors import ProtocolError
 from node.inference.handoff import TokenScores
 from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
@@ -59,29 +60,46 @@ def decode_activations(meta: dict[str, Any], payload: bytes) -> torch.Tensor:
     """The inverse of encode_activations; a malformed payload is a ProtocolError."""
     try:
         kind = meta["dtype"]
-        rows, cols = (int(v) for v in meta["shape"])
+        rows, cols = (_int(v) for v in meta["shape"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"bad activation metadata: {meta!r}") from exc
+        raise ProtocolError(f"bad activation metadata: {str(meta)[:200]}") from exc
     if kind not in _DTYPES or rows <= 0 or cols <= 0:
-        raise ProtocolError(f"bad activation metadata: {meta!r}")
+        raise ProtocolError(f"bad activation metadata: {str(meta)[:200]}")
+    expected = rows * 4 + rows * cols if kind == "i8" else rows * cols * np.dtype(_DTYPES[kind]).itemsize
+    if expected > const.MAX_FRAME_BYTES:
+        raise ProtocolError(f"activations of {rows}x{cols} {kind} are larger than a frame may carry")
     data = payload
     if meta.get("zstd"):
-        try:
-            data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=int(meta["zstd"]))
-        except zstandard.ZstdError as exc:
-            raise ProtocolError(f"activation payload failed to decompress: {exc}") from exc
+        data = _decompress(payload, expected)
     if kind == "i8":
-        expected = rows * 4 + rows * cols
         if len(data) != expected:
             raise ProtocolError(f"activation payload is {len(data)} bytes, expected {expected}")
         scale = np.frombuffer(data[: rows * 4], dtype=np.float32)
         q = np.frombuffer(data[rows * 4:], dtype=np.int8).reshape(rows, cols)
         return torch.from_numpy(q.astype(np.float32) * scale[:, None])
     dtype = _DTYPES[kind]
-    expected = rows * cols * np.dtype(dtype).itemsize
     if len(data) != expected:
         raise ProtocolError(f"activation payload is {len(data)} bytes, expected {expected}")
     return torch.from_numpy(np.frombuffer(data, dtype=dtype).reshape(rows, cols).astype(np.float32))
+
+
+def _decompress(payload: bytes, expected: int) -> bytes:
+    """A zstd payload that must expand to exactly `expected` bytes, never to more: the frame's own
+    content size is checked first, and the stream is read no further than one byte past it
+    (python-zstandard's `max_output_size` bounds nothing when the frame states its size: a 64 KiB
+    payload of zeros once expanded to 2 GiB before its length was checked)."""
+    try:
+        declared = zstandard.frame_content_size(payload)
+        if declared >= 0 and declared != expected:
+            raise ProtocolError(f"activation payload expands to {declared} bytes, expected {expected}")
+        with zstandard.ZstdDecompressor().stream_reader(payload) as reader:
+            data = reader.read(expected + 1)
+    except zstandard.ZstdError as exc:
+        raise ProtocolError(f"activation payload failed to decompress: {exc}") from exc
+    if len(data) != expected:
+        raise ProtocolError(f"activation payload expands to {len(data)}{'+' if len(data) > expected else ''} bytes, "
+                            f"expected {expected}")
+    return data
 
 
 def encode_tokens(tokens: list[int]) -> bytes:
