@@ -82,12 +82,28 @@ class SamplingParams:
         for _token, value in bias:
             if not -100.0 <= float(value) <= 100.0:  # NaN fails this too
                 raise ValueError("logit_bias values must be between -100 and 100")
+        def number(key: str, lo: float, hi: float) -> float:  # the API's own bounds; NaN fails them too
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+                raise ValueError(f"{key} must be a number between {lo:g} and {hi:g}, got {value!r}")
+            return float(value)
+
+        def integer(key: str) -> int | None:
+            value = data.get(key)
+            if value is not None and (type(value) is not int):
+                raise ValueError(f"{key} must be an integer, got {value!r}")
+            return value
+
+        top_k = integer("top_k")
+        if top_k is None or not 0 <= top_k <= 1 << 20:
+            raise ValueError(f"top_k must be between 0 and {1 << 20}")
+        max_tokens = integer("max_tokens")
         return cls(
-            max_tokens=data.get("max_tokens"), temperature=float(data["temperature"]), top_p=float(data["top_p"]),
-            top_k=int(data["top_k"]), min_p=float(data["min_p"]),
-            seed=None if data.get("seed") is None else int(data["seed"]),
-            presence_penalty=float(data["presence_penalty"]), frequency_penalty=float(data["frequency_penalty"]),
-            repeat_penalty=float(data["repeat_penalty"]), stop=tuple(str(s) for s in data.get("stop") or ()),
+            max_tokens=max_tokens, temperature=number("temperature", 0.0, 2.0), top_p=number("top_p", 0.0, 1.0),
+            top_k=top_k, min_p=number("min_p", 0.0, 1.0), seed=integer("seed"),
+            presence_penalty=number("presence_penalty", -2.0, 2.0),
+            frequency_penalty=number("frequency_penalty", -2.0, 2.0),
+            repeat_penalty=number("repeat_penalty", 0.0, 10.0), stop=tuple(str(s) for s in data.get("stop") or ()),
             logit_bias=tuple((int(t), float(b)) for t, b in data.get("logit_bias") or ()),
             logprobs=None if logprobs is None else int(logprobs),
             grammar=grammar)

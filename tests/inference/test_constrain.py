@@ -225,7 +225,11 @@ def test_sampling_from_a_peer_is_bounded():
     good = SamplingParams(logit_bias=((1, 5.0),), logprobs=3, grammar=g.json_value({"type": "object"}))
     assert SamplingParams.from_wire(good.to_wire()) == good
     for bad in ({"logprobs": 10_000}, {"logit_bias": [[1, float("nan")]]}, {"logit_bias": [[i, 1] for i in range(301)]},
-                {"grammar": g.literal("x" * (2 << 20))}):
+                {"grammar": g.literal("x" * (2 << 20))},
+                # the API's bounds hold for a peer's numbers too (a NaN temperature was a RuntimeError mid-step)
+                {"temperature": float("nan")}, {"temperature": 3.0}, {"top_p": -1}, {"min_p": float("inf")},
+                {"repeat_penalty": 11}, {"presence_penalty": "1"}, {"top_k": 1.5}, {"top_k": -1}, {"seed": 1.5},
+                {"max_tokens": True}):
         with pytest.raises(ValueError):
             SamplingParams.from_wire({**good.to_wire(), **bad})
     wide = g.alt(*[g.literal(str(i)) for i in range(5000)])

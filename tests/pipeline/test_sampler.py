@@ -45,3 +45,15 @@ def test_penalties_change_the_choice():
     assert s.sample(logits) == 1
     s = Sampler(SamplingParams(temperature=0.0, frequency_penalty=0.06), history=(0, 0))
     assert s.sample(logits) == 1  # 2.0 - 2 * 0.06 < 1.9
+
+
+def test_a_history_outside_the_vocabulary_is_a_protocol_error():
+    """A coordinator's token history with penalties: ids past the logits were an IndexError."""
+    import pytest
+
+    from node.errors import ProtocolError
+
+    s = Sampler(SamplingParams(temperature=0.0, repeat_penalty=1.3), history=(1, 2, 10))
+    with pytest.raises(ProtocolError, match="outside the vocabulary"):
+        s.sample(torch.zeros(10))
+    assert Sampler(SamplingParams(temperature=0.0, repeat_penalty=1.3), history=(1, 2, 9)).sample(torch.zeros(10)) in range(10)

@@ -20,6 +20,7 @@ from collections import Counter
 
 import torch
 
+from node.errors import ProtocolError
 from node.inference import constrain
 from node.inference.handoff import TokenScores
 from node.inference.sampling import SamplingParams
@@ -52,6 +53,8 @@ class Sampler:
             return logits
         counts = Counter(self.history[-PENALTY_LAST_N:])
         ids = torch.tensor(list(counts), dtype=torch.long)
+        if int(ids.min()) < 0 or int(ids.max()) >= logits.shape[-1]:  # a coordinator's history, never ours
+            raise ProtocolError(f"the step's token history holds ids outside the vocabulary (0..{logits.shape[-1] - 1})")
         freq = torch.tensor(list(counts.values()), dtype=logits.dtype)
         vals = logits[ids]
         if p.repeat_penalty != 1.0:
