@@ -2,13 +2,16 @@
 
 `T` → TLS server handshake and the manager's `Establish` (a direct peer, or the far end of a relay
 circuit we accepted); on a relay, `C` (connect me to X) and `A` (I accept circuit N) → the
-`RelayService`; anything else is refused. Handshakes are capped (`MAX_PENDING_HANDSHAKES`) and
-time-limited; a failure costs that one connection and is logged at INFO once per host and reason.
+`RelayService`; anything else is refused. Handshakes are capped (`MAX_PENDING_HANDSHAKES`, and
+`MAX_HANDSHAKES_PER_HOST` of them from one remote host) and time-limited; a failure costs that one connection and is logged at INFO once per host and reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import ipaddress
 import logging
 import ssl
 
@@ -30,6 +33,13 @@ log = logging.getLogger(__name__)
 _MAX_LOGGED_HOSTS = 1024
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class InboundRouter:
     """Serves every inbound connection: the listener's, and our end of relay circuits."""
 
@@ -39,6 +49,7 @@ class InboundRouter:
         self._tasks = tasks
         self._establish = establish
         self._handshakes = asyncio.Semaphore(const.MAX_PENDING_HANDSHAKES)
+        self._per_host: collections.Counter[str] = collections.Counter()  # direct handshakes under way
         self._logged_hosts: set[str] = set()
 
     def on_connect(self, stream: Stream) -> None:
@@ -52,29 +63,37 @@ class InboundRouter:
                           via_relay: str | None = None) -> PeerLink | None:
         """Serve one inbound connection: a TLS peer, or (on a relay) a circuit request."""
         addr = peer_address(stream)
-        if self._handshakes.locked():
-            log.debug("DIAG: inbound connection refused %s", kv(remote_addr=addr, reason="too_many_handshakes"))
+        host = parse_addr(addr)[0] if addr != "?" else addr
+        # one host may hold a few of the handshake slots, never all: connections that open and
+        # say nothing until the timeout must not lock every other peer out (loopback is this
+        # machine; a relay's circuits all come from the relay)
+        limited = transport == "direct" and not _is_loopback(host)
+        if self._handshakes.locked() or (limited and self._per_host[host] >= const.MAX_HANDSHAKES_PER_HOST):
+            reason = "too_many_handshakes" if self._handshakes.locked() else "too_many_handshakes_from_host"
+            level = logging.WARNING if self._first_time(f"refused:{host}:{reason}") else logging.DEBUG
+            log.log(level, "DIAG: inbound connection refused %s", kv(remote_addr=addr, reason=reason))
             stream.abort()
             return None
         relay = self._relay if transport == "direct" else None  # no circuits inside circuits
         try:
             async with self._handshakes:
-                async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
-                    kind, body = await read_preamble(stream)
+                with self._host_slot(host if limited else None):
+                    async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+                        kind, body = await read_preamble(stream)
+                        if kind == KIND_TLS:
+                            node_id = await async_accept_tls(stream, self._tls, body)
+                        elif kind == KIND_ACCEPT and relay is not None:
+                            if not relay.handle_accept(stream, body):
+                                log.info("DIAG: relay accept for an unknown circuit %s", kv(remote_addr=addr))
+                            return None  # the stream now belongs to the circuit
+                        elif kind != KIND_CONNECT or relay is None:
+                            send_reply(stream, False, "unsupported")
+                            stream.close()
+                            return None
                     if kind == KIND_TLS:
-                        node_id = await async_accept_tls(stream, self._tls, body)
-                    elif kind == KIND_ACCEPT and relay is not None:
-                        if not relay.handle_accept(stream, body):
-                            log.info("DIAG: relay accept for an unknown circuit %s", kv(remote_addr=addr))
-                        return None  # the stream now belongs to the circuit
-                    elif kind != KIND_CONNECT or relay is None:
-                        send_reply(stream, False, "unsupported")
-                        stream.close()
-                        return None
-                if kind == KIND_TLS:
-                    return await self._establish(
-                        stream, node_id, is_dialer=False, transport=transport,
-                        address=via_relay or addr, via_relay=via_relay)
+                        return await self._establish(
+                            stream, node_id, is_dialer=False, transport=transport,
+                            address=via_relay or addr, via_relay=via_relay)
             assert relay is not None
             await relay.async_handle_connect(stream, body)
         except NotSwarmPeer as exc:
@@ -91,6 +110,20 @@ class InboundRouter:
             log.exception("inbound connection from %s failed unexpectedly", addr)
             stream.abort()
         return None
+
+    @contextlib.contextmanager
+    def _host_slot(self, host: str | None):
+        """One of `host`'s handshake slots while the block runs (None: not counted)."""
+        if host is None:
+            yield
+            return
+        self._per_host[host] += 1
+        try:
+            yield
+        finally:
+            self._per_host[host] -= 1
+            if self._per_host[host] <= 0:
+                del self._per_host[host]
 
     # --- logging once per host ----------------------------------------------------------------
 

@@ -1,0 +1,59 @@
+"""The inbound handshake slots (node.net._inbound): one remote host holds at most
+MAX_HANDSHAKES_PER_HOST of them, so connections that open and then say nothing cannot lock every
+other peer out until they time out (fuzzing showed 64 idle connections from one host refusing a
+member 12 times in 13); loopback is this machine and is not limited."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from node import const
+from node.net._inbound import InboundRouter
+from node.net._tasks import Tasks
+
+
+class SilentStream:
+    """A connection from `host` that never sends a byte."""
+
+    def __init__(self, host: str):
+        self.host = host
+        self.aborted = False
+        self._never = asyncio.get_running_loop().create_future()
+
+    def extra(self, name: str):
+        return (self.host, 40000) if name == "peername" else None
+
+    async def read_some(self, n: int) -> bytes:
+        return await self._never
+
+    def abort(self) -> None:
+        self.aborted = True
+        if not self._never.done():
+            self._never.set_result(b"")
+
+    close = abort
+
+
+async def test_one_host_holds_a_few_handshake_slots_never_all(caplog):
+    caplog.set_level(logging.DEBUG, logger="node.net._inbound")
+    router = InboundRouter(tls=None, relay=None, tasks=Tasks(), establish=None)
+    cap = const.MAX_HANDSHAKES_PER_HOST
+    streams = [SilentStream("192.0.2.7") for _ in range(cap + 3)]
+    others = [SilentStream("192.0.2.8"), SilentStream("127.0.0.1"), SilentStream("127.0.0.1")]
+    tasks = [asyncio.ensure_future(router.async_serve(s)) for s in streams + others]
+    await asyncio.sleep(0)  # each runs to its first read (or is refused before it)
+    assert [s.aborted for s in streams] == [False] * cap + [True] * 3
+    assert not any(s.aborted for s in others)  # another host, and loopback, still get slots
+    refused = [r for r in caplog.records if "too_many_handshakes_from_host" in r.getMessage()]
+    assert len(refused) == 3 and refused[0].levelno == logging.WARNING and refused[1].levelno == logging.DEBUG
+    for s in streams[:cap]:  # their slots come back when they end
+        s.abort()
+    await asyncio.gather(*tasks[:cap])
+    late = SilentStream("192.0.2.7")
+    task = asyncio.ensure_future(router.async_serve(late))
+    await asyncio.sleep(0)
+    assert not late.aborted
+    for s in [late, *others]:
+        s.abort()
+    await asyncio.gather(task, *tasks[cap:])
