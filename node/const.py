@@ -49,6 +49,7 @@ HANDSHAKE_TIMEOUT_S = 10.0  # preamble + TLS + HELLO, each stage
 PREAMBLE_MAX_BYTES = 16 * 1024  # plaintext preamble body (carries the dialler's certificate)
 MAX_PENDING_HANDSHAKES = 64  # inbound connections still setting up; more are refused
 MAX_HANDSHAKES_PER_HOST = 8  # of those, from one remote host (not loopback, not relayed)
+PONG_MAX_BACKLOG_BYTES = 1024 * 1024  # a PING is not answered while more than this waits to go to its sender
 HANDSHAKE_FRAME_MAX_BYTES = 1024 * 1024  # a HELLO / MEMBER frame (its JSON header: adverts, a proof)
 TLS_MAX_TRUST_ANCHORS = 4096  # announced certificates trusted before the server context is rebuilt
 PING_TIMEOUT_MIN_S = 0.5  # a PING waits max(RTO, this): a loaded loop must not look like a dead peer

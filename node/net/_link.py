@@ -219,7 +219,14 @@ class PeerLink:
             return
         try:
             if frame.type == FrameType.PING:
-                self.send_nowait(frame.reply(FrameType.PONG))
+                # a peer that sends PINGs and reads nothing must not grow our send buffer without
+                # bound: with a backlog to it, its PONGs are dropped (a live peer that is reading
+                # sees our other frames arrive, which its ping loop counts as alive)
+                if self.stream.unsent <= const.PONG_MAX_BACKLOG_BYTES:
+                    self.send_nowait(frame.reply(FrameType.PONG))
+                elif log.isEnabledFor(logging.DEBUG):
+                    log.debug("DIAG: PONG dropped, the peer is not reading %s",
+                              kv(peer_id=self.short_id, unsent_bytes=self.stream.unsent))
                 return
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("DIAG: received frame %s", kv(

@@ -1,7 +1,10 @@
-"""The inbound handshake slots (node.net._inbound): one remote host holds at most
-MAX_HANDSHAKES_PER_HOST of them, so connections that open and then say nothing cannot lock every
-other peer out until they time out (fuzzing showed 64 idle connections from one host refusing a
-member 12 times in 13); loopback is this machine and is not limited."""
+"""Peers that hold resources without using them, found by fuzzing the peer port.
+
+Inbound handshake slots (node.net._inbound): one remote host holds at most MAX_HANDSHAKES_PER_HOST
+of them, so connections that open and then say nothing cannot lock every other peer out until they
+time out (64 idle connections from one host refused a member 12 times in 13); loopback is this
+machine and is not limited. A link's PINGs (node.net._link): not answered while a backlog waits to
+go to a peer that reads nothing."""
 
 from __future__ import annotations
 
@@ -57,3 +60,35 @@ async def test_one_host_holds_a_few_handshake_slots_never_all(caplog):
     for s in [late, *others]:
         s.abort()
     await asyncio.gather(task, *tasks[cap:])
+
+
+class BackloggedStream:
+    """A link's stream whose kernel buffer holds `unsent` bytes (the peer reads nothing)."""
+
+    def __init__(self, unsent: int):
+        self.unsent = unsent
+        self.written: list[bytes] = []
+
+    def writelines(self, parts) -> None:
+        self.written += parts
+
+
+async def test_pings_from_a_peer_that_reads_nothing_get_no_pongs_past_a_backlog():
+    """A member flooding PINGs without reading grew the node's memory without bound (fuzzing:
+    +90 MB in 15 s); past PONG_MAX_BACKLOG_BYTES waiting for it, its PINGs go unanswered."""
+    from node.net._frames import Frame, FrameType
+    from node.net._link import PeerLink
+    from node.net._messages import Hello
+    from node.net._rto import RtoEstimator
+
+    def link(stream):
+        return PeerLink(stream, node_id="b" * 64, hello=Hello(node_id="b" * 64, boot_id="x", agent="t", listen_port=0),
+                        link_nonce="n", transport="direct", is_dialer=False, address="192.0.2.7:1",
+                        rto=RtoEstimator(), dispatch=lambda _link, _frame: None)
+
+    reading, stuck = BackloggedStream(0), BackloggedStream(const.PONG_MAX_BACKLOG_BYTES + 1)
+    for stream in (reading, stuck):
+        peer = link(stream)
+        for i in range(3):
+            peer._on_frame(Frame(FrameType.PING, {}, b"", i + 1))
+    assert len(reading.written) > 0 and stuck.written == []
