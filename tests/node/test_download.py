@@ -17,6 +17,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from node import const
+from node.errors import InvalidRequest
 from node.models.download import display_url, file_name_for, resolve_url
 from tests.support.nodes import TINY, node_config, running_node, tiny_model
 from tests.support.waiting import wait_until
@@ -459,3 +460,9 @@ async def test_url_forms():
     assert file_name_for("https://h/a/model%2Bq8.gguf?sig=1", None) == "model+q8.gguf"
     assert file_name_for("https://h/a/weights", None) == "weights.gguf"
     assert json.dumps(file_name_for("https://h/x.gguf", "mine.gguf")) == '"mine.gguf"'
+    assert resolve_url("http://bücher.example/m.gguf") == "http://bücher.example/m.gguf"
+    # each was accepted (202), then the job failed with "internal error: UnicodeError" or worse
+    for bad in ("http://" + "a" * 100_000 + "/m.gguf", "http://h:99999/m.gguf", "http://[::1/m.gguf", "http:///m.gguf"):
+        with pytest.raises(InvalidRequest) as caught:
+            resolve_url(bad)
+        assert caught.value.param == "url"

@@ -29,9 +29,17 @@ def resolve_url(url: str) -> str:
         owner, repo, path = parts[0], parts[1], "/".join(parts[2:])
         quoted = "/".join(urllib.parse.quote(p) for p in (owner, repo))
         return f"{_HF_BASE}/{quoted}/resolve/{urllib.parse.quote(revision or 'main')}/{urllib.parse.quote(path)}"
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        host, _port = parsed.hostname, parsed.port  # a port past 65535 or not a number: ValueError
+    except ValueError as exc:
+        raise InvalidRequest(f"url is not a valid URL: {exc}", param="url") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or not host:
         raise InvalidRequest("url must be http(s)://… or hf://owner/repo/file.gguf", param="url")
+    try:
+        host.encode("idna")  # what the HTTP client will do: labels of 1..63 characters
+    except UnicodeError as exc:
+        raise InvalidRequest(f"url's host name is not a valid host name ({len(host)} characters)", param="url") from exc
     return url
 
 
