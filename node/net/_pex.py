@@ -53,6 +53,8 @@ class Pex:
         for entry in parse_pex(frame):
             if entry.node_id == self._node_id or self._foreign.skip(entry.node_id, "pex"):
                 continue
+            if not entry.addrs and not entry.relays:  # nothing to dial: no record (it would sit "connecting")
+                continue
             rec = self._table.record(entry.node_id, "pex")
             new = False
             for addr in entry.addrs:
@@ -70,7 +72,8 @@ class Pex:
             if rec.link is None or rec.node_id == to.node_id:
                 continue
             addrs = [a for a in rec.addrs[:8] if keep_loopback or not is_loopback(parse_addr(a)[0])]
-            entries.append(PexEntry(rec.node_id, tuple(addrs), tuple(rec.relays[:4])))
+            if addrs or rec.relays:  # a peer that cannot be dialled (it listens nowhere) is not introduced
+                entries.append(PexEntry(rec.node_id, tuple(addrs), tuple(rec.relays[:4])))
         return entries[: const.PEX_MAX_PEERS]
 
     async def _async_loop(self) -> None:

@@ -4,7 +4,7 @@ Inbound handshake slots (node.net._inbound): one remote host holds at most MAX_H
 of them, so connections that open and then say nothing cannot lock every other peer out until they
 time out (64 idle connections from one host refused a member 12 times in 13); loopback is this
 machine and is not limited. A link's PINGs (node.net._link): not answered while a backlog waits to
-go to a peer that reads nothing."""
+go to a peer that reads nothing. PEX (node.net._pex): a peer with nothing to dial is not passed on."""
 
 from __future__ import annotations
 
@@ -92,3 +92,18 @@ async def test_pings_from_a_peer_that_reads_nothing_get_no_pongs_past_a_backlog(
         for i in range(3):
             peer._on_frame(Frame(FrameType.PING, {}, b"", i + 1))
     assert len(reading.written) > 0 and stuck.written == []
+
+
+async def test_pex_does_not_pass_on_or_record_a_peer_with_nothing_to_dial():
+    """A peer that listens nowhere (HELLO listen_port 0, as the fuzzer's) became, through PEX, a
+    "connecting" record on every other node, dialled for ever."""
+    from node.net._foreign import ForeignPeers
+    from node.net._messages import PexEntry, pex_frame
+    from node.net._pex import Pex
+    from node.net._table import PeerTable
+
+    dialled = []
+    table = PeerTable(lambda _node_id: 0)
+    pex = Pex("a" * 64, table, Tasks(), ForeignPeers(lambda: None), set(), dialled.append)
+    pex.handle(None, pex_frame([PexEntry("c" * 64, (), ()), PexEntry("d" * 64, ("192.0.2.9:4000",), ())]))
+    assert table.get("c" * 64) is None and [r.node_id for r in dialled] == ["d" * 64]
