@@ -178,6 +178,8 @@ def _messages(body: dict) -> tuple[dict, ...]:
 def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
     tools_raw = body.get("tools")
     choice_raw = body.get("tool_choice")
+    if tools_raw is not None and not isinstance(tools_raw, list):
+        raise InvalidRequest("tools: must be a list", param="tools")
     if not tools_raw:
         if choice_raw not in (None, {"type": "none"}, {"type": "auto"}):
             raise InvalidRequest("tool_choice: requires tools", param="tool_choice")
@@ -208,7 +210,13 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
     choice = choice_raw if choice_raw is not None else {"type": "auto"}
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")
-    parallel = not choice.get("disable_parallel_tool_use", False)
+    unknown = set(choice) - {"type", "name", "disable_parallel_tool_use"}
+    if unknown:
+        raise InvalidRequest(f"tool_choice.{sorted(unknown)[0]}: Extra inputs are not permitted", param="tool_choice")
+    disable = choice.get("disable_parallel_tool_use", False)
+    if not isinstance(disable, bool):
+        raise InvalidRequest("tool_choice.disable_parallel_tool_use: Input should be a valid boolean", param="tool_choice")
+    parallel = not disable
     kind = choice["type"]
     if kind == "tool":
         name = choice.get("name")
@@ -261,7 +269,8 @@ def parse_messages(body: Any, *, count_only: bool = False) -> CompletionRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream: must be a boolean", param="stream")
-    stops = body.get("stop_sequences") or []
+    stops = body.get("stop_sequences")
+    stops = [] if stops is None else stops
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise InvalidRequest("stop_sequences: must be a list of strings", param="stop_sequences")
     if len(stops) > MAX_STOP_SEQUENCES:

@@ -129,8 +129,11 @@ def _input_messages(raw: Any) -> list[dict]:
 
 
 def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None]:
-    raw = body.get("tools") or []
+    raw = body.get("tools")
+    raw = [] if raw is None else raw
     choice = body.get("tool_choice")
+    if not isinstance(raw, list):
+        raise InvalidRequest("Invalid type for 'tools': expected a list.", param="tools")
     if not raw:
         if choice not in (None, "none", "auto"):
             raise InvalidRequest("Invalid 'tool_choice': tools must be given to choose one.", param="tool_choice")
@@ -194,8 +197,11 @@ def parse_responses(body: Any, store: ResponseStore) -> tuple[CompletionRequest,
             raise InvalidRequest(f"Invalid type for '{key}': expected a boolean.", param=key)
     if body.get("truncation") not in (None, "disabled"):
         raise Unsupported("truncation 'auto' is not supported by this node", param="truncation")
-    if body.get("include"):
-        raise Unsupported(f"include {body['include']!r} is not supported by this node", param="include")
+    include = body.get("include")
+    if include is not None and include != []:
+        if not isinstance(include, list):
+            raise InvalidRequest("Invalid type for 'include': expected a list of strings.", param="include")
+        raise Unsupported(f"include {include!r} is not supported by this node", param="include")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("Invalid type for 'instructions': expected a string.", param="instructions")

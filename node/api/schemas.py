@@ -427,7 +427,8 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("`stream` must be a boolean", param="stream")
-    stream_options = body.get("stream_options") or {}
+    stream_options = body.get("stream_options")
+    stream_options = {} if stream_options is None else stream_options
     if not isinstance(stream_options, dict):
         raise InvalidRequest("`stream_options` must be an object", param="stream_options")
     if stream_options and not stream:

@@ -184,6 +184,8 @@ async def test_delete(client, model_id):
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ""}, "include"),  # "empty" values of the wrong type
+    ({"tools": 0}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"temperature": 3}, "temperature"),

@@ -28,6 +28,8 @@ def test_valid_chat_defaults():
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"model": 7}, "model"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream": True, "stream_options": ""}, "stream_options"),  # "empty" values of the wrong type
+    ({"stream": True, "stream_options": []}, "stream_options"),
     ({"frobnicate": 1}, "frobnicate"),
 ])
 def test_bad_values_name_the_parameter(patch, param):
