@@ -112,7 +112,13 @@ def _input_messages(raw: Any) -> list[dict]:
             if not all(isinstance(v, str) and v for v in (call_id, name)) or not isinstance(args, str):
                 raise InvalidRequest(f"'{where}': a function_call needs call_id, name and arguments (strings).",
                                      param="input")
-            call = ToolCall(call_id, name, args)
+            try:
+                value = json.loads(args or "{}")
+            except ValueError as exc:
+                raise InvalidRequest(f"Invalid '{where}.arguments': not valid JSON ({exc}).", param="input") from exc
+            if not isinstance(value, dict):
+                raise InvalidRequest(f"Invalid '{where}.arguments': must encode a JSON object.", param="input")
+            call = ToolCall(call_id, name, args or "{}")
             if out and out[-1]["role"] == "assistant":  # a message and its calls are one assistant turn
                 out[-1] = {**out[-1], "tool_calls": [*out[-1].get("tool_calls", ()), call]}
             else:

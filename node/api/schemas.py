@@ -192,6 +192,9 @@ def _check_keys(body: dict, allowed: set[str]) -> None:
 def _message_content(msg: dict, index: int) -> str:
     content = msg.get("content")
     if content is None:
+        if msg.get("role") != "assistant":  # only an assistant turn (its tool calls) may say nothing, as OpenAI
+            raise InvalidRequest(f"messages[{index}].content is required on {msg.get('role')} messages",
+                                 param=f"messages[{index}].content")
         return ""
     if isinstance(content, str):
         return content

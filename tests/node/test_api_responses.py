@@ -186,6 +186,7 @@ async def test_delete(client, model_id):
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"include": ""}, "include"),  # "empty" values of the wrong type
     ({"tools": 0}, "tools"),
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"temperature": 3}, "temperature"),
