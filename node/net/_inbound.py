@@ -3,7 +3,8 @@
 `T` → TLS server handshake and the manager's `Establish` (a direct peer, or the far end of a relay
 circuit we accepted); on a relay, `C` (connect me to X) and `A` (I accept circuit N) → the
 `RelayService`; anything else is refused. Handshakes are capped (`MAX_PENDING_HANDSHAKES`, and
-`MAX_HANDSHAKES_PER_HOST` of them from one remote host) and time-limited; a failure costs that one connection and is logged at INFO once per host and reason.
+`MAX_HANDSHAKES_PER_HOST` of them from one remote host) and time-limited; a failure costs that one
+connection and is logged at INFO once per host and reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ipaddress
 import logging
 import ssl
 
@@ -19,7 +19,7 @@ from node import const
 from node.errors import AdmissionEnded, NodeError, NotAMember, SelfConnection
 from node.logs import kv
 
-from ._connect import Establish, async_accept_tls, parse_addr, peer_address
+from ._connect import Establish, async_accept_tls, is_loopback, parse_addr, peer_address
 from ._link import PeerLink, Transport
 from ._messages import NotSwarmPeer
 from ._preamble import KIND_ACCEPT, KIND_CONNECT, KIND_TLS, read_preamble, send_reply
@@ -31,13 +31,6 @@ from ._tls import TlsConfig
 log = logging.getLogger(__name__)
 
 _MAX_LOGGED_HOSTS = 1024
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class InboundRouter:
@@ -67,7 +60,7 @@ class InboundRouter:
         # one host may hold a few of the handshake slots, never all: connections that open and
         # say nothing until the timeout must not lock every other peer out (loopback is this
         # machine; a relay's circuits all come from the relay)
-        limited = transport == "direct" and not _is_loopback(host)
+        limited = transport == "direct" and not is_loopback(host)
         if self._handshakes.locked() or (limited and self._per_host[host] >= const.MAX_HANDSHAKES_PER_HOST):
             reason = "too_many_handshakes" if self._handshakes.locked() else "too_many_handshakes_from_host"
             level = logging.WARNING if self._first_time(f"refused:{host}:{reason}") else logging.DEBUG
