@@ -125,6 +125,30 @@ async def test_keeping_past_the_kv_budget_evicts_the_oldest_kept_session_at_once
     assert "k1" not in hosted.model.sessions and w.host.kv_bytes() <= w.host.kv_budget_bytes
 
 
+@pytest.fixture
+def no_periodic_sweep(monkeypatch):
+    from node import const
+
+    monkeypatch.setattr(const, "SESSION_SWEEP_INTERVAL_S", 3600.0)
+
+
+async def test_sessions_opened_past_the_kv_budget_are_swept_at_once(no_periodic_sweep, worker):
+    """A flood of new sessions (none kept, none ended): the budget holds as they open, not at
+    the next periodic sweep (found by fuzzing: 28x a 1 MB budget for 8 s)."""
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    for i in range(8):
+        work = Work(sid=f"f{i}", model=entry.sha256, seq=0, index_pos=0, n_tokens=3,
+                    route=(Hop(ME, 0, entry.n_layers),), hop=0, coordinator=COORD, sample=True,
+                    sampling=SamplingParams(temperature=0.0))
+        w.on_work(work.to_header(), encode_tokens([5, 6, 7]), COORD)
+        await wait_until(lambda n=i + 1: len(_results(peers)) == n, 30, what="RESULT")
+        if i == 0:
+            w.host.kv_budget_bytes = int(2.5 * hosted.model.session("f0").nbytes)  # room for two
+    await wait_until(lambda: w.host.kv_bytes() <= w.host.kv_budget_bytes, 10, what="the budget to hold")
+    assert len(hosted.model.sessions) <= 2 and "f7" in hosted.model.sessions  # the least recently used went
+
+
 async def test_steps_queued_together_run_as_one_batch_with_each_sessions_lone_token(worker):
     """Steps of five sessions queued behind a busy executor run as one forward (telemetry says
     batch=5) and each samples what it samples alone; a session's two prefill chunks run in order
