@@ -185,6 +185,10 @@ class PeerLink:
         finally:
             if timer is not None:
                 timer.cancel()
+            if future.done() and not future.cancelled():
+                future.exception()  # read: the timer may have failed it while a drain raised
+            else:
+                future.cancel()
             self._pending.pop(rid, None)
             if self.retired and not self._pending:
                 self.close("duplicate")

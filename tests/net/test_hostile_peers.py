@@ -4,12 +4,15 @@ Inbound handshake slots (node.net._inbound): one remote host holds at most MAX_H
 of them, so connections that open and then say nothing cannot lock every other peer out until they
 time out (64 idle connections from one host refused a member 12 times in 13); loopback is this
 machine and is not limited. A link's PINGs (node.net._link): not answered while a backlog waits to
-go to a peer that reads nothing. PEX (node.net._pex): a peer with nothing to dial is not passed on."""
+go to a peer that reads nothing, and a request whose drain fails leaves no unread exception. PEX
+(node.net._pex): a peer with nothing to dial is not passed on."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+
+import pytest
 
 from node import const
 from node.net._inbound import InboundRouter
@@ -107,3 +110,45 @@ async def test_pex_does_not_pass_on_or_record_a_peer_with_nothing_to_dial():
     pex = Pex("a" * 64, table, Tasks(), ForeignPeers(lambda: None), set(), dialled.append)
     pex.handle(None, pex_frame([PexEntry("c" * 64, (), ()), PexEntry("d" * 64, ("192.0.2.9:4000",), ())]))
     assert table.get("c" * 64) is None and [r.node_id for r in dialled] == ["d" * 64]
+
+
+class StuckStream(BackloggedStream):
+    """Writing paused until the link breaks (after `breaks_after` s)."""
+
+    writing_paused = True
+
+    def __init__(self, breaks_after: float):
+        super().__init__(0)
+        self.breaks_after = breaks_after
+
+    async def drain(self) -> None:
+        await asyncio.sleep(self.breaks_after)
+        raise ConnectionResetError("peer went away")
+
+
+async def test_a_request_whose_timer_fires_while_its_drain_fails_leaves_no_unread_exception():
+    """The request's timer failed its future during a drain that then raised: asyncio logged
+    "Future exception was never retrieved" (seen in a fuzzed node's log)."""
+    import gc
+
+    from node.errors import PeerUnreachable
+    from node.net._frames import Frame, FrameType
+    from node.net._link import PeerLink
+    from node.net._messages import Hello
+    from node.net._rto import RtoEstimator
+
+    link = PeerLink(StuckStream(0.05), node_id="b" * 64, hello=Hello(node_id="b" * 64, boot_id="x", agent="t", listen_port=0),
+                    link_nonce="n", transport="direct", is_dialer=False, address="192.0.2.7:1",
+                    rto=RtoEstimator(), dispatch=lambda _link, _frame: None)
+    unread = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: unread.append(context["message"]))
+    try:
+        with pytest.raises(PeerUnreachable):
+            await link.async_request(Frame(FrameType.PING), timeout_s=0.01)
+        gc.collect()  # an unread exception is reported when its future is collected
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert unread == []
