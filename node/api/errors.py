@@ -120,6 +120,11 @@ async def read_json(request: web.Request) -> object:
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body is larger than {request.app[MAX_BODY]} bytes") from exc
     except RequestPayloadError as exc:  # e.g. Content-Encoding: gzip on a body that is not gzip
+        # the rest of the body cannot be read either: the connection ends after this answer, and
+        # aiohttp does not try to drain it afterwards (which logged the error again as unhandled)
+        request.content.feed_eof()
+        if request.protocol is not None:
+            request.protocol.close()
         raise InvalidRequest(f"request body could not be read: {exc}") from exc
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object")
