@@ -87,8 +87,10 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
     except NodeError as exc:
         # seed-000 marker, kept word for word (users grep it); "generate_stream" is the seed's name
         # for the engine loop, here CompletionRun.deltas()
-        log.error("DIAG: local stream generate_stream error — executor error request_id=%s error=%s",
-                  trace.request_id, exc.message)
+        # the request's own fault (a grammar that cannot go on) is not the node's error
+        log.log(logging.ERROR if exc.http_status >= 500 else logging.WARNING,
+                "DIAG: local stream generate_stream error — executor error request_id=%s error=%s",
+                trace.request_id, exc.message)
         await _close_with_error(resp, events, exc)
         return StreamResult(resp, "error", exc)
     except Exception as exc:  # a bug must still end the client's stream with an error, never a hang
