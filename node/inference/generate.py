@@ -109,7 +109,8 @@ class CompletionRun:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {n_ctx} tokens. However, you requested "
                 f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
-                "completion). Please reduce the prompt or max_tokens.", param="max_tokens")
+                f"completion). Please reduce the prompt or {self.request.max_tokens_param}.",
+                param=self.request.max_tokens_param)
         budget = n_ctx - n_prompt
         if max_tokens is None:
             max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.request.kind == "text" else budget

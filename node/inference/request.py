@@ -101,5 +101,12 @@ class CompletionRequest:
 
     @property
     def prompt_param(self) -> str:
-        """The request field a prompt problem is reported against."""
+        """The request field a prompt problem is reported against, in its API's own words."""
+        if self.operation == "responses":
+            return "input"
         return "messages" if self.kind == "chat" else "prompt"
+
+    @property
+    def max_tokens_param(self) -> str:
+        """The request field that caps the reply, in its API's own words."""
+        return "max_output_tokens" if self.operation == "responses" else "max_tokens"

@@ -213,6 +213,10 @@ async def test_errors(node, client, model_id):
     with pytest.raises(openai.BadRequestError) as err:
         await client.responses.create(model=model_id, input="word " * 1200)
     assert err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["param"] == "input"  # this API's field, not chat's `messages`
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.create(model=model_id, input="hi", max_output_tokens=100_000)
+    assert err.value.body["param"] == "max_output_tokens" and "max_output_tokens" in err.value.body["message"]
 
 
 async def test_headers_and_trace(node, client, model_id):
