@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -140,9 +141,18 @@ def _not_json(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: JSON allows the literal, Python reads it as inf
+        raise ValueError(f"{text[:40]} is beyond a float's range")
+    return value
+
+
 def _parse_json(raw: bytes) -> object:
     try:
-        body = json.loads(raw, parse_constant=_not_json)  # Python's json reads NaN and Infinity; JSON has neither
+        # Python's json reads NaN and Infinity (JSON has neither) and 1e999 as inf: a body echoed back
+        # (Responses' metadata) would then not be JSON
+        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
         # \ud800-style escapes decode to lone surrogates, which no tokenizer can encode
         json.dumps(body, ensure_ascii=False).encode("utf-8")
         return body

@@ -6,6 +6,7 @@ Unsupported options are refused, never silently ignored.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import re
@@ -22,7 +23,7 @@ from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOOLS = 128  # functions per request, as OpenAI
-_SCHEMA_CHECKS_KEPT = 512  # tool parameter schemas whose check is remembered (a chat resends its tools each turn)
+_SCHEMA_CHECKS_KEPT = 4096  # tool parameter schemas whose check is remembered (a chat resends its tools each turn)
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 # Accepted and meaningless for a local model (no effect on output): documented, not refused.
@@ -191,10 +192,7 @@ def _check_keys(body: dict, allowed: set[str]) -> None:
 
 def _message_content(msg: dict, index: int) -> str:
     content = msg.get("content")
-    if content is None:
-        if msg.get("role") != "assistant":  # only an assistant turn (its tool calls) may say nothing, as OpenAI
-            raise InvalidRequest(f"messages[{index}].content is required on {msg.get('role')} messages",
-                                 param=f"messages[{index}].content")
+    if content is None:  # empty (llama-server and vLLM take it; OpenAI requires it but for assistant turns)
         return ""
     if isinstance(content, str):
         return content
@@ -301,7 +299,7 @@ def _schema_error(schema: dict) -> str | None:
     """Why `schema` is not a valid JSON schema (None: it is). jsonschema takes ~4 ms a schema
     (the 2020-12 metaschema): the answers are remembered, and `async_check_tool_schemas` finds
     new ones off the loop first."""
-    key = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    key = hashlib.sha256(json.dumps(schema, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     with _schema_checks_lock:
         if key in _schema_checks:
             _schema_checks.move_to_end(key)
@@ -311,6 +309,8 @@ def _schema_error(schema: dict) -> str | None:
         error = None
     except jsonschema.SchemaError as exc:
         error = exc.message
+    except (TypeError, AttributeError, ValueError, RecursionError) as exc:  # e.g. "$schema": [] or 5, nesting
+        error = f"{type(exc).__name__}: {str(exc)[:200]}"
     with _schema_checks_lock:
         _schema_checks[key] = error
         while len(_schema_checks) > _SCHEMA_CHECKS_KEPT:

@@ -163,8 +163,9 @@ def _templates(model_id: str):
     b'{"model": "MODEL", "prompt": "x", "max_tokens": 4, "stop": ["\\ud800"]}',
     b'{"model": "MODEL", "prompt": "x", "max_tokens": 4, "logit_bias": {"' + b"1" * 4400 + b'": 1}}',
     b'{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "user": NaN}',
+    b'{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "metadata": {"a": 1e999}}',
 ], ids=["5000-digit-int", "lone-surrogate-prompt", "lone-surrogate-content", "lone-surrogate-stop",
-        "4400-digit-logit-bias-key", "nan-literal"])
+        "4400-digit-logit-bias-key", "nan-literal", "overflowing-float"])
 def test_bodies_the_fuzzer_found(node, body):
     """Each was a 500 once (a ValueError past the integer digit limit; a UnicodeEncodeError in the
     tokenizer) or an answer that was not JSON (a NaN echoed back): now a 400 naming the problem."""

@@ -3,6 +3,9 @@ internal message shape, and a 400 naming the parameter for every bad value."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
 from node.api.schemas import parse_completion
@@ -100,7 +103,16 @@ def test_at_most_128_tools_and_each_schema_checked_once():
     assert len(parse_completion({**CHAT, "tools": many[:128]}, "chat").tools) == 128
     fresh = {"type": "object", "properties": {"unique_to_this_test": {"type": "string"}}}
     assert schemas._schema_error(fresh) is None
-    key = next(k for k in schemas._schema_checks if "unique_to_this_test" in k)
-    assert schemas._schema_checks[key] is None  # remembered: the next request with this tool skips jsonschema
+    key = hashlib.sha256(json.dumps(fresh, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert schemas._schema_checks[key] is None  # remembered (by hash): the next request with it skips jsonschema
     bad = {"type": "object", "required": "x"}
     assert "is not of type 'array'" in schemas._schema_error(bad) and schemas._schema_error(bad)
+    # what jsonschema raises on its own for some schemas is an answer too, not a 500
+    deep: dict = {"type": "object"}
+    for _ in range(400):
+        deep = {"type": "object", "properties": {"a": deep}}
+    for odd in ({"type": "object", "$schema": []}, {"type": "object", "$schema": 5}, deep):
+        assert schemas._schema_error(odd) is not None
+        with pytest.raises(InvalidRequest):
+            parse_completion({**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": odd}}]},
+                             "chat")
