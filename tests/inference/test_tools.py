@@ -268,20 +268,32 @@ TREE = ToolSpec("plant", "A tree of names", {
     "definitions": {"kind": {"enum": ["oak", "elm"]}}})
 
 
-def test_a_tools_own_references_point_into_its_parameters_wherever_the_grammar_puts_them():
-    """"#" and "#/definitions/..." mean the tool's parameters; in every format's grammar they are
-    rebased onto the copy at the root's $defs (and a tool without references stays inline)."""
+def test_a_tool_that_refers_into_its_parameters_gets_an_id_of_its_own():
+    """"#" and "#/definitions/..." mean the tool's parameters: references resolve against the nearest
+    `$id`, so in every format's grammar the parameters carry one (a tool without references, or
+    with its own `$id`, is left as it is)."""
     user = [{"role": "user", "content": "hi"}]
+    own = ToolSpec("own", "", {**TREE.parameters, "$id": "https://example.com/tree.json"})
     for name in ("generic", "hermes", "mistral", "llama3"):
-        spec = tool_grammar(FORMATS[name], request(user, choice="required", tools=(TREE, WEATHER)))
+        spec = tool_grammar(FORMATS[name], request(user, choice="required", tools=(TREE, WEATHER, own)))
         grammar.validate(spec)
-        text = json.dumps(spec)
-        roots = [s for s in _schemas(spec) if "$defs" in s]
-        assert roots and all(set(r["$defs"]) == {"swarmllm_tool_0"} for r in roots), name
-        lifted = roots[0]["$defs"]["swarmllm_tool_0"]
-        assert lifted["properties"]["kids"]["items"] == {"$ref": "#/$defs/swarmllm_tool_0"}
-        assert lifted["properties"]["kind"] == {"$ref": "#/$defs/swarmllm_tool_0/definitions/kind"}
-        assert '"city"' in text and '"$ref": "#"' not in text  # WEATHER inline; no reference left unrebased
+        ids = [s.get("$id") for root in _schemas(spec) for s in _parameters(root)]
+        want = ["urn:swarmllm:tool:0", None, "https://example.com/tree.json"]
+        assert ids and ids == want * (len(ids) // 3), (name, ids)  # generic: one call and a list of calls
+
+
+def _parameters(schema):
+    """The parameter schemas of the calls in a grammar root's schema (in tool order)."""
+    if isinstance(schema, dict):
+        props = schema.get("properties", {})
+        if "name" in props and set(props) & {"arguments", "parameters"}:
+            yield props.get("arguments", props.get("parameters"))
+            return
+        for v in schema.values():
+            yield from _parameters(v)
+    elif isinstance(schema, list):
+        for v in schema:
+            yield from _parameters(v)
 
 
 def _schemas(spec):

@@ -228,14 +228,16 @@ async def test_parameters_that_refer_into_their_own_defs(node, client, stream):
     schema the grammar wraps them in (which once made every pydantic-made schema a 400)."""
     assert "$defs" in TRIP and TRIP["properties"]["to"] == {"$ref": "#/$defs/Address"}
     model = model_named(node, "roomy")
-    for seed, choice in ((0, "required"), (1, {"type": "function", "function": {"name": "book_trip"}})):
-        _, calls, finish, _ = await ask(client, model, stream=stream, tools=(BOOK, WEATHER), tool_choice=choice,
-                                        temperature=1.0, seed=seed, max_tokens=400)
-        assert finish == "tool_calls" and calls
-        for _id, name, arguments in calls:
-            jsonschema.validate(json.loads(arguments), TRIP if name == "book_trip" else CITY)
-        if choice != "required":
-            assert [name for _id, name, _a in calls] == ["book_trip"]
+    own_id = {**TRIP, "$id": "https://example.com/trip.json"}  # references resolve against it: kept as it is
+    for book in (BOOK, {"type": "function", "function": {"name": "book_trip", "parameters": own_id}}):
+        for seed, choice in ((0, "required"), (1, {"type": "function", "function": {"name": "book_trip"}})):
+            _, calls, finish, _ = await ask(client, model, stream=stream, tools=(book, WEATHER), tool_choice=choice,
+                                            temperature=1.0, seed=seed, max_tokens=400)
+            assert finish == "tool_calls" and calls
+            for _id, name, arguments in calls:
+                jsonschema.validate(json.loads(arguments), TRIP if name == "book_trip" else CITY)
+            if choice != "required":
+                assert [name for _id, name, _a in calls] == ["book_trip"]
 
 
 # --- distributed route: a random model over two nodes ---------------------------------------------

@@ -181,43 +181,23 @@ def _has_ref(schema: Any) -> bool:
     return isinstance(schema, list) and any(_has_ref(v) for v in schema)
 
 
-def _rebased(schema: Any, base: str) -> Any:
-    """`schema` with its local references ("#", "#/$defs/x", any "#/..." pointer) pointing where it
-    will sit in the grammar's schema, at `base` ("#/$defs/tool_0")."""
-    if isinstance(schema, list):
-        return [_rebased(v, base) for v in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _rebased(v, base) for k, v in schema.items()}
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-        out["$ref"] = base + ref[1:]
-    return out
-
-
 def _call_schema(tool: ToolSpec, args_key: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: args},
             "required": ["name", args_key], "additionalProperties": False}
 
 
-def _any_call(tools: tuple[ToolSpec, ...] | list[ToolSpec], args_key: str
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The schema of one call of any of `tools`, and the `$defs` its root must carry: a tool whose
-    parameters refer into themselves (`$defs`/`definitions`, as pydantic writes them, or "#")
-    sits there whole, its references rebased, since inside the call's schema "#" is not its root."""
-    schemas, defs = [], {}
+def _any_call(tools: tuple[ToolSpec, ...] | list[ToolSpec], args_key: str) -> dict[str, Any]:
+    """The schema of one call of any of `tools`. Parameters that refer into themselves (`#/$defs/…`
+    as pydantic writes nested models, `#/definitions/…`, `#`) get an `$id` of their own when they
+    have none: references resolve against the nearest `$id`, so "#" stays their root although they
+    sit inside the call's schema (without it, every such tool was a 400)."""
+    schemas = []
     for i, t in enumerate(tools):
         args = t.parameters
-        if _has_ref(args):
-            key = f"swarmllm_tool_{i}"
-            defs[key] = _rebased(args, f"#/$defs/{key}")
-            args = {"$ref": f"#/$defs/{key}"}
+        if "$id" not in args and _has_ref(args):
+            args = {**args, "$id": f"urn:swarmllm:tool:{i}"}
         schemas.append(_call_schema(t, args_key, args))
-    return (schemas[0] if len(schemas) == 1 else {"anyOf": schemas}), defs
-
-
-def _root(schema: dict[str, Any], defs: dict[str, Any]) -> grammar.Spec:
-    return grammar.json_value({**schema, "$defs": defs} if defs else schema)
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
 def _one_key(key: str, value: dict[str, Any]) -> dict[str, Any]:
@@ -238,28 +218,28 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
     if choice == "function":
         tools = tuple(t for t in tools if t.name == request.tool_choice_name)
     many = request.parallel_tool_calls and choice != "function"
-    call, defs = _any_call(tools, fmt.args_key)
+    call = _any_call(tools, fmt.args_key)
     if fmt.name == "generic":
         options = [_one_key("tool_call", call)]
         if many:
             options.append(_one_key("tool_calls", {"type": "array", "items": call, "minItems": 1}))
         if choice == "auto":
             options.append(_one_key("response", {"type": "string"}))
-        return _root(options[0] if len(options) == 1 else {"anyOf": options}, defs)
+        return grammar.json_value(options[0] if len(options) == 1 else {"anyOf": options})
     if choice == "auto":
         return None
     max_calls = None if many else 1
     if fmt.name == "hermes":
         # the markers alone in their literals: a vocabulary may hold them as single special tokens
-        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), _root(call, defs),
+        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(call),
                             grammar.literal("\n"), grammar.literal(HERMES_CLOSE))
         return grammar.repeat(block, 1, max_calls, sep="\n")
     if fmt.name == "mistral":
         items: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
         if max_calls is not None:
             items["maxItems"] = max_calls
-        return grammar.seq(grammar.literal(MISTRAL_OPEN), _root(items, defs))
-    return grammar.repeat(_root(call, defs), 1, max_calls, sep="; ")  # llama3
+        return grammar.seq(grammar.literal(MISTRAL_OPEN), grammar.json_value(items))
+    return grammar.repeat(grammar.json_value(call), 1, max_calls, sep="; ")  # llama3
 
 
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
