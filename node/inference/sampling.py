@@ -74,14 +74,14 @@ class SamplingParams:
             if len(json.dumps(grammar)) > MAX_GRAMMAR_BYTES:
                 raise ValueError(f"grammar spec larger than {MAX_GRAMMAR_BYTES} bytes")
         logprobs = data.get("logprobs")
-        if logprobs is not None and not 0 <= int(logprobs) <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+        if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS}")
         bias = data.get("logit_bias") or ()
         if len(bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"more than {MAX_LOGIT_BIAS} logit_bias entries")
-        for _token, value in bias:
-            if not -100.0 <= float(value) <= 100.0:  # NaN fails this too
-                raise ValueError("logit_bias values must be between -100 and 100")
+        for token, value in bias:
+            if type(token) is not int or not -100.0 <= float(value) <= 100.0:  # NaN fails this too
+                raise ValueError("logit_bias entries must be [token id, a number between -100 and 100]")
         def number(key: str, lo: float, hi: float) -> float:  # the API's own bounds; NaN fails them too
             value = data[key]
             if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:

@@ -121,10 +121,11 @@ class InboundRouter:
     # --- logging once per host ----------------------------------------------------------------
 
     def _first_time(self, key: str) -> bool:
-        if key in self._logged_hosts:
+        """True the first time `key` is seen; once `_MAX_LOGGED_HOSTS` are remembered, never (a flood
+        from ever new addresses must not turn every refusal into an INFO or WARNING line)."""
+        if key in self._logged_hosts or len(self._logged_hosts) >= _MAX_LOGGED_HOSTS:
             return False
-        if len(self._logged_hosts) < _MAX_LOGGED_HOSTS:
-            self._logged_hosts.add(key)
+        self._logged_hosts.add(key)
         return True
 
     def _note_foreign(self, addr: str, exc: NotSwarmPeer) -> None:

@@ -229,7 +229,7 @@ def test_sampling_from_a_peer_is_bounded():
                 # the API's bounds hold for a peer's numbers too (a NaN temperature was a RuntimeError mid-step)
                 {"temperature": float("nan")}, {"temperature": 3.0}, {"top_p": -1}, {"min_p": float("inf")},
                 {"repeat_penalty": 11}, {"presence_penalty": "1"}, {"top_k": 1.5}, {"top_k": -1}, {"seed": 1.5},
-                {"max_tokens": True}):
+                {"max_tokens": True}, {"logprobs": float("inf")}, {"logprobs": True}, {"logit_bias": [[1.5, 1]]}):
         with pytest.raises(ValueError):
             SamplingParams.from_wire({**good.to_wire(), **bad})
     wide = g.alt(*[g.literal(str(i)) for i in range(5000)])

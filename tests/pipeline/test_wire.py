@@ -137,7 +137,8 @@ def test_result_ack_control_roundtrip():
     assert SessionControl.from_header(c.to_header()) == c
     with pytest.raises(ProtocolError):
         Ack.from_header({"sid": "s"})
-    for bad in ({"seq": json.loads("Infinity")}, {"token": 9.5}, {"tokens": [9, True]}):
+    for bad in ({"seq": json.loads("Infinity")}, {"token": 9.5}, {"tokens": [9, True]},
+                {"error": {"message": "x", "code": ["x"]}}, {"error": "x"}, {"error": {"message": 5}}):
         with pytest.raises(ProtocolError):
             Result.from_header({**r.to_header(), **bad})
     with pytest.raises(ProtocolError):

@@ -125,8 +125,11 @@ class PipelineRun:
                 return
             except SegmentFailed as failure:
                 coordinator.end(att, "session_end")
-                fault = REQUEST_FAULTS.get(failure.cause)
-                if fault is not None:  # the request's own (its grammar cannot go on): no peer to route around
+                # the request's own fault (its grammar cannot go on), said by the segment that samples
+                # (where grammars run): no peer to route around; from any other, a failure as usual
+                fault = REQUEST_FAULTS.get(failure.cause) if att.route and failure.node_id == att.route[-1].node_id \
+                    else None
+                if fault is not None:
                     self._log_speculation()
                     raise fault(failure.message) from failure
                 if att.resume is not None and failure.cause in ("kv_miss", "kv_position_mismatch"):

@@ -318,6 +318,9 @@ class Result:
     def from_header(cls, h: Any) -> Result:
         try:
             err = h.get("error") or {}
+            if not isinstance(err, dict) or not all(v is None or isinstance(v, str) for v in
+                                                    (err.get("message"), err.get("code"), err.get("node"))):
+                raise ProtocolError(f"malformed RESULT error: {str(err)[:200]}")
             scores = h.get("logprobs")
             return cls(sid=str(h["sid"]), seq=_int(h["seq"]),
                        token=None if h.get("token") is None else _int(h["token"]),

@@ -357,9 +357,10 @@ class SegmentWorker:
             self._drop_ended(hosted, work.sid)
             return
         tele, (token, verified), scores, meta, data = outcome
-        if self.host.kv_bytes() > self.host.kv_budget_bytes:
-            # the budget holds as sessions open and grow, not at the next periodic sweep (a member
-            # opening 300 sessions in 3.5 s once held 28x a 1 MB budget for 8 s)
+        if (work.index_pos == 0 or work.resume is not None) and self.host.kv_bytes() > self.host.kv_budget_bytes:
+            # the budget holds as sessions open, not at the next periodic sweep (a member opening 300
+            # sessions in 3.5 s once held 28x a 1 MB budget for 8 s); sessions that grow while
+            # decoding wait for that sweep, so a busy node past its budget does not evict at every step
             self.host.request_sweep()
         batch = tele.extra.get("batch", 1)
         if batch == 1:  # a batched forward's time is not one step's: it would skew ms/layer
