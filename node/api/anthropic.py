@@ -20,8 +20,7 @@ from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.errors import read_json, to_anthropic
 from node.api.history import link_tool_results
-from node.api.schemas import _integer, _number, async_check_tool_schemas
-from node.api.schemas import _tools as openai_tools
+from node.api.schemas import _integer, _number, async_check_tool_schemas, dialect_tools
 from node.errors import InvalidRequest, NodeError, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec
@@ -206,7 +205,8 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
             raise InvalidRequest(f"tools.{i}.{sorted(unknown)[0]}: Extra inputs are not permitted", param="tools")
         functions.append({"type": "function", "function": {"name": name, "description": description,
                                                             "parameters": schema}})
-    tools = list(openai_tools({"tools": functions}))  # the chat route's checks: names, the JSON schemas
+    # the chat route's checks (names, the JSON schemas), its errors in this API's words
+    tools = list(dialect_tools(functions, {"parameters": "input_schema", "name": "name", "description": "description"}))
     choice = choice_raw if choice_raw is not None else {"type": "auto"}
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none", param="tool_choice")

@@ -21,9 +21,8 @@ from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.history import link_tool_results
 from node.api.response_store import ResponseStore
-from node.api.schemas import _integer, _number, async_check_tool_schemas
+from node.api.schemas import _integer, _number, async_check_tool_schemas, dialect_tools
 from node.api.schemas import _response_format as openai_response_format
-from node.api.schemas import _tools as openai_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec
@@ -156,7 +155,9 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None]:
         if unknown:
             raise InvalidRequest(f"Unknown parameter: 'tools[{i}].{sorted(unknown)[0]}'.", param="tools")
         functions.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
-    tools = openai_tools({"tools": functions})  # the chat route's checks: names, the JSON schemas
+    # the chat route's checks (names, the JSON schemas), its errors in this API's words
+    tools = dialect_tools(functions, {"parameters": "parameters", "name": "name", "description": "description",
+                                      "strict": "strict"})
     if choice is None or choice in ("auto", "none", "required"):
         return tuple(tools), choice or "auto", None
     if isinstance(choice, dict) and choice.get("type") == "function":

@@ -392,6 +392,21 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
     return tuple(out)
 
 
+def dialect_tools(functions: list[dict], words: dict[str, str]) -> tuple[ToolSpec, ...]:
+    """`_tools` (the chat route's checks) for another API's tools turned into chat's shape, with its
+    errors naming that API's own fields: `words` maps chat's `function.parameters` / `function.name`
+    / `function.description` to them (Anthropic's `input_schema`, Responses' `parameters`)."""
+    try:
+        return _tools({"tools": functions})
+    except InvalidRequest as exc:
+        message, param = exc.message, exc.param
+        for chat, own in words.items():
+            message = message.replace(f".function.{chat}", f".{own}")
+            param = param.replace(f".function.{chat}", f".{own}") if param else param
+        message = message.replace(".function`", "`")
+        raise type(exc)(message, param=param) from exc
+
+
 def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> tuple[str, str | None]:
     choice = body.get("tool_choice")
     if choice is None:

@@ -195,6 +195,9 @@ async def test_prompt_longer_than_the_context(client, model_id):
     ({"max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "hi"}]}, "temperature"),
     ({"max_tokens": 5, "stop_sequences": "x", "messages": [{"role": "user", "content": "hi"}]}, "stop_sequences"),
     ({"max_tokens": 5, "stop_sequences": 0, "messages": [{"role": "user", "content": "hi"}]}, "stop_sequences"),
+    # the chat route's tool checks, in this API's words (once `tools[0].function.parameters`)
+    ({"max_tokens": 5, "tools": [{"name": "f", "input_schema": {"type": "object", "required": "x"}}],
+      "messages": [{"role": "user", "content": "hi"}]}, "`tools[0].input_schema` is not a valid JSON schema"),
     ({"max_tokens": 5, "tools": {}, "messages": [{"role": "user", "content": "hi"}]}, "tools: must be a list"),
     ({"max_tokens": 5, "tools": [{"name": "f", "input_schema": {"type": "object"}}],
       "tool_choice": {"type": "auto", "foo": 1}, "messages": [{"role": "user", "content": "hi"}]}, "tool_choice.foo"),

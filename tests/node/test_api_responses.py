@@ -186,6 +186,8 @@ async def test_delete(client, model_id):
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"include": ""}, "include"),  # "empty" values of the wrong type
     ({"tools": 0}, "tools"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "required": "x"}}]},
+     "tools[0].parameters"),  # this API's field (once chat's `tools[0].function.parameters`)
     ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
