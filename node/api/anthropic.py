@@ -20,7 +20,8 @@ from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.errors import read_json, to_anthropic
 from node.api.history import link_tool_results
-from node.api.schemas import _integer, _number, async_check_tool_schemas, dialect_tools
+from node.api.schemas import _integer, _number
+from node.api.tool_schemas import async_check_tool_schemas, dialect_tools
 from node.errors import InvalidRequest, NodeError, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec

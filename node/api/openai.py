@@ -19,7 +19,8 @@ from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.errors import error_response, read_json
 from node.api.responses import StreamChunks, completion_body, embeddings_body
-from node.api.schemas import async_check_tool_schemas, parse_completion, parse_embeddings
+from node.api.schemas import parse_completion, parse_embeddings
+from node.api.tool_schemas import async_check_tool_schemas
 from node.errors import NodeError
 from node.inference.embeddings import run_embeddings
 from node.inference.generate import CompletionRun

@@ -21,8 +21,9 @@ from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.history import link_tool_results
 from node.api.response_store import ResponseStore
-from node.api.schemas import _integer, _number, async_check_tool_schemas, dialect_tools
+from node.api.schemas import _integer, _number
 from node.api.schemas import _response_format as openai_response_format
+from node.api.tool_schemas import async_check_tool_schemas, dialect_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec

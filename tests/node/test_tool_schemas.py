@@ -94,7 +94,7 @@ def test_tools_are_a_chat_parameter():
 
 
 def test_at_most_128_tools_and_each_schema_checked_once():
-    from node.api import schemas
+    from node.api import tool_schemas as schemas
 
     many = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(129)]
     with pytest.raises(InvalidRequest, match="at most 128") as caught:
