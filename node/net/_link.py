@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 Transport = Literal["direct", "relayed"]
 _connection_ids = itertools.count(1)
+# The pipeline's frames (WORK, RESULT, ACK, ...), late replies among them: their rate is the
+# work's. Everything else on a link (PING, HELLO, PEX, MEMBER, RELAY, ERROR, a PONG nobody waits
+# for, types we do not know) comes a few times a minute from a peer that works: held to a budget.
+_WORK_TYPES = frozenset(t for t in FrameType if t >= FrameType.WORK)
 
 
 class _Expired(Exception):
@@ -87,6 +91,8 @@ class PeerLink:
         self.close_cause: str | None = None
         self.frames_in = 0
         self.frames_out = 0
+        self._control_tokens = float(const.CONTROL_FRAMES_BURST)  # a token bucket, refilled by time
+        self._control_at = self.last_seen
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._dispatch = dispatch
         self._request_ids = itertools.count(1)
@@ -211,15 +217,17 @@ class PeerLink:
 
     def _on_frame(self, frame: Frame) -> None:
         """Called by the stream for each complete frame, synchronously in data_received."""
-        self.last_seen = time.monotonic()
+        self.last_seen = now = time.monotonic()
         self.frames_in += 1
         if frame.is_response:
             future = self._pending.get(frame.request_id)
             if future is not None and not future.done():
                 future.set_result(frame)
-            elif log.isEnabledFor(logging.DEBUG):
+            elif (frame.type in _WORK_TYPES or self._control_frame(frame, now)) and log.isEnabledFor(logging.DEBUG):
                 log.debug("DIAG: late or unknown reply dropped %s",
                           kv(peer_id=self.short_id, type=type_name(frame.type), request_id=frame.request_id))
+            return
+        if frame.type not in _WORK_TYPES and not self._control_frame(frame, now):
             return
         try:
             if frame.type == FrameType.PING:
@@ -244,6 +252,25 @@ class PeerLink:
         except Exception:  # a bug in a dispatcher must cost this link, not the transport's loop
             log.exception("frame dispatch failed on the link to %s", self.short_id)
             self.close("internal error")
+
+    def _control_frame(self, frame: Frame, now: float) -> bool:
+        """Charge a frame that is not the pipeline's work to the link's budget (CONTROL_FRAMES_BURST,
+        refilled at CONTROL_FRAMES_PER_S); past it the peer is flooding and the link closes. A
+        member sending tiny PINGs or unknown types back to back had this node answer each (and at
+        -v log each) for seconds, while other links' replies and deadlines waited."""
+        tokens = min(float(const.CONTROL_FRAMES_BURST),
+                     self._control_tokens + (now - self._control_at) * const.CONTROL_FRAMES_PER_S)
+        self._control_at = now
+        if tokens >= 1.0:
+            self._control_tokens = tokens - 1.0
+            return True
+        self._control_tokens = tokens
+        if self.close_cause is None:
+            log.warning("DIAG: peer flooding, closing link %s", kv(
+                peer_id=self.short_id, connection_id=self.connection_id, type=type_name(frame.type),
+                burst=const.CONTROL_FRAMES_BURST, per_s=const.CONTROL_FRAMES_PER_S, frames_in=self.frames_in))
+            self.close("flooding")
+        return False
 
     def _on_end(self, cause: str, exc: BaseException | None) -> None:
         """The stream ended (EOF, error) or delivered a malformed/truncated frame."""
@@ -321,7 +348,7 @@ class PeerLink:
         self.close_cause = cause
         self.stream.stop_frames()
         self.stream.close()
-        if cause in ("ping_timeout", "malformed frame", "truncated frame"):
+        if cause in ("ping_timeout", "malformed frame", "truncated frame", "flooding"):
             self.stream.abort()
         for rid, future in list(self._pending.items()):
             if not future.done():

@@ -8,7 +8,10 @@ the transport is paused.
 
 Once a link is established the stream switches to *frame mode* (`start_frames`): complete frames
 are parsed in `data_received` and handed to a callback synchronously, so a reply or an inline
-handler costs no extra loop iteration (the difference between a link and a bare socket).
+handler costs no extra loop iteration (the difference between a link and a bare socket). At most
+`FRAMES_PER_TURN` frames per loop callback: past them reading pauses and the rest is parsed in a
+later iteration, so one peer's burst of small frames (one read holds thousands) cannot hold the
+loop while other links' replies and timers wait.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ._frames import PREFIX_LEN, Frame, Prefix, decode_parts, decode_prefix
 from ._recvbuf import RecvBuffer
 
 _READ_HIGH_WATER = 4 * 1024 * 1024
+FRAMES_PER_TURN = 64  # frames parsed in one loop callback before the rest waits for the next
 
 
 class Stream(asyncio.Protocol):
@@ -54,6 +58,7 @@ class Stream(asyncio.Protocol):
         self._on_frame: Callable[[Frame], None] | None = None
         self._on_end: Callable[[str, BaseException | None], None] | None = None
         self._prefix: Prefix | None = None
+        self._frames_deferred = False  # frames left for a later loop iteration (reading paused)
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -80,7 +85,8 @@ class Stream(asyncio.Protocol):
     def _plain_received(self, data: bytes) -> None:
         self._buf.append(data)
         if self._on_frame is not None:
-            self._parse_frames()
+            if not self._frames_deferred:
+                self._parse_frames()
             return
         if len(self._buf) >= self._wanted:
             self._wake()
@@ -201,10 +207,16 @@ class Stream(asyncio.Protocol):
         self._on_frame = None
         self._on_end = None
 
-    def _parse_frames(self) -> None:
+    def _parse_frames(self, budget: int | None = FRAMES_PER_TURN) -> None:
+        """Deliver the complete frames in the buffer, at most `budget` of them now (None: all)."""
         buf = self._buf
         try:
             while self._on_frame is not None and len(buf) >= PREFIX_LEN:
+                if budget is not None:
+                    if budget == 0:
+                        self._defer_frames()
+                        return
+                    budget -= 1
                 prefix = self._prefix
                 if prefix is None:
                     prefix = self._prefix = decode_prefix(buf.peek(PREFIX_LEN))
@@ -221,9 +233,29 @@ class Stream(asyncio.Protocol):
         except ProtocolError as exc:
             self._end_frames("malformed frame", exc)
 
+    def _defer_frames(self) -> None:
+        """Leave the rest of the buffer to the next loop iteration; read nothing more until then."""
+        if self._frames_deferred:
+            return
+        self._frames_deferred = True
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._loop.call_soon(self._deferred_frames)
+
+    def _deferred_frames(self) -> None:
+        self._frames_deferred = False
+        self._parse_frames()
+        if not self._frames_deferred and self._reading_paused and self._on_frame is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+
     def _frames_ended(self, exc: BaseException | None) -> None:
         if self._on_end is None:
             return
+        self._parse_frames(None)  # complete frames that were waiting for their turn come first
+        if self._on_end is None:
+            return  # a frame closed the link
         if self._buf:
             self._end_frames("truncated frame", ProtocolError(
                 f"truncated frame ({len(self._buf)} bytes of an incomplete frame before the end)"))

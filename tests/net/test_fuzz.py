@@ -7,6 +7,7 @@ answer PING, and the keeper's link must be the very same connection it was at th
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 
@@ -169,6 +170,24 @@ def test_an_oversized_frame_before_admission_is_refused_unread(target, payload):
         assert closed_by_peer(sock, timeout_s=3.0)
     finally:
         sock.close()
+    still_serving(target)
+
+
+@pytest.mark.parametrize("flood", [Frame(FrameType.PING, {}, b"", 7), Frame(200, {}, b"", 0),
+                                   Frame(FrameType.PONG, {}, b"", 12345, 1)], ids=["ping", "unknown", "stray_reply"])
+def test_a_member_flooding_small_frames_loses_its_link_and_no_one_else_does(target, flood):
+    """100,000 frames back to back, nothing read: before, the node answered each (a probe link's
+    PING waited up to 1 s behind them); now the link closes past its control-frame budget."""
+    sock, _ = target["raw"].linked()
+    try:
+        blob = frame_bytes(flood) * 1000
+        with contextlib.suppress(OSError):  # the node may close while we still write
+            for _ in range(100):
+                sock.sendall(blob)
+        assert closed_by_peer(sock, timeout_s=10.0)
+    finally:
+        sock.close()
+    wait_until_sync(lambda: "DIAG: peer flooding, closing link" in target["node"].output(), 20, 0.1, "the WARNING")
     still_serving(target)
 
 

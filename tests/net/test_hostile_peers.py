@@ -76,19 +76,22 @@ class BackloggedStream:
         self.written += parts
 
 
-async def test_pings_from_a_peer_that_reads_nothing_get_no_pongs_past_a_backlog():
-    """A member flooding PINGs without reading grew the node's memory without bound (fuzzing:
-    +90 MB in 15 s); past PONG_MAX_BACKLOG_BYTES waiting for it, its PINGs go unanswered."""
-    from node.net._frames import Frame, FrameType
+def _link(stream, dispatch=lambda _link, _frame: None):
     from node.net._link import PeerLink
     from node.net._messages import Hello
     from node.net._rto import RtoEstimator
 
-    def link(stream):
-        return PeerLink(stream, node_id="b" * 64, hello=Hello(node_id="b" * 64, boot_id="x", agent="t", listen_port=0),
-                        link_nonce="n", transport="direct", is_dialer=False, address="192.0.2.7:1",
-                        rto=RtoEstimator(), dispatch=lambda _link, _frame: None)
+    return PeerLink(stream, node_id="b" * 64, hello=Hello(node_id="b" * 64, boot_id="x", agent="t", listen_port=0),
+                    link_nonce="n", transport="direct", is_dialer=False, address="192.0.2.7:1",
+                    rto=RtoEstimator(), dispatch=dispatch)
 
+
+async def test_pings_from_a_peer_that_reads_nothing_get_no_pongs_past_a_backlog():
+    """A member flooding PINGs without reading grew the node's memory without bound (fuzzing:
+    +90 MB in 15 s); past PONG_MAX_BACKLOG_BYTES waiting for it, its PINGs go unanswered."""
+    from node.net._frames import Frame, FrameType
+
+    link = _link
     reading, stuck = BackloggedStream(0), BackloggedStream(const.PONG_MAX_BACKLOG_BYTES + 1)
     for stream in (reading, stuck):
         peer = link(stream)
@@ -112,6 +115,58 @@ async def test_pex_does_not_pass_on_or_record_a_peer_with_nothing_to_dial():
     assert table.get("c" * 64) is None and [r.node_id for r in dialled] == ["d" * 64]
 
 
+class ClosableStream(BackloggedStream):
+    def __init__(self):
+        super().__init__(0)
+        self.closed = self.aborted = self.stopped = False
+
+    def stop_frames(self) -> None:
+        self.stopped = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def test_a_peer_flooding_control_frames_loses_its_link_and_work_frames_are_not_counted(caplog, monkeypatch):
+    """A member sending PINGs, unknown types, stray replies or HELLOs back to back had every one
+    answered (and at -v logged): a probe link's PING waited up to 1 s behind them. Frames that
+    are not the pipeline's work are held to CONTROL_FRAMES_BURST, refilled at
+    CONTROL_FRAMES_PER_S; past it the link closes (cause "flooding"), with one WARNING."""
+    import time
+
+    from node.net._frames import Frame, FrameType
+
+    monkeypatch.setattr(const, "CONTROL_FRAMES_BURST", 50)
+    monkeypatch.setattr(const, "CONTROL_FRAMES_PER_S", 10.0)
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    dispatched = []
+    stream = ClosableStream()
+    link = _link(stream, lambda _link, frame: dispatched.append(frame.type))
+    for i in range(500):  # the pipeline's frames: their rate is the work's
+        link._on_frame(Frame(FrameType.WORK, {}, b"", i + 1))
+    kinds = [Frame(FrameType.PING, {}, b"", 1), Frame(200, {}, b"", 0), Frame(FrameType.PONG, {}, b"", 9, 1),
+             Frame(FrameType.HELLO, {}, b"", 0)]
+    for i in range(50):  # the burst
+        link._on_frame(kinds[i % 4])
+    for _ in range(20):  # then a steady 10 a second is within the budget
+        clock[0] += 0.1
+        link._on_frame(kinds[1])
+    assert link.close_cause is None and not stream.stopped
+    assert dispatched.count(FrameType.WORK) == 500  # and the others all got their answers:
+    assert dispatched.count(200) == 13 + 20 and dispatched.count(FrameType.HELLO) == 12
+    assert len(stream.written) == 13  # the PINGs' PONGs (a stray reply is dropped)
+    caplog.set_level(logging.WARNING, logger="node.net._link")
+    link._on_frame(kinds[0])
+    link._on_frame(kinds[0])  # past it: closed at once
+    assert link.close_cause == "flooding" and stream.stopped and stream.aborted
+    flooding = [r for r in caplog.records if "peer flooding" in r.getMessage()]
+    assert len(flooding) == 1 and flooding[0].levelno == logging.WARNING
+
+
 class StuckStream(BackloggedStream):
     """Writing paused until the link breaks (after `breaks_after` s)."""
 
@@ -133,13 +188,8 @@ async def test_a_request_whose_timer_fires_while_its_drain_fails_leaves_no_unrea
 
     from node.errors import PeerUnreachable
     from node.net._frames import Frame, FrameType
-    from node.net._link import PeerLink
-    from node.net._messages import Hello
-    from node.net._rto import RtoEstimator
 
-    link = PeerLink(StuckStream(0.05), node_id="b" * 64, hello=Hello(node_id="b" * 64, boot_id="x", agent="t", listen_port=0),
-                    link_nonce="n", transport="direct", is_dialer=False, address="192.0.2.7:1",
-                    rto=RtoEstimator(), dispatch=lambda _link, _frame: None)
+    link = _link(StuckStream(0.05))
     unread = []
     loop = asyncio.get_running_loop()
     previous = loop.get_exception_handler()
