@@ -189,15 +189,16 @@ def _failures(node: ReportParts) -> list[str]:
         return ["(none)"]
     out = []
     for t in rows:
-        out.append(t.summary_line())
-        if t.error_message:
-            out.append(f"    error: {t.error_message}")
+        out.append(t.summary_line(public=True))
+        error = t.public_error()
+        if error:
+            out.append(f"    error: {error}")
     return out
 
 
 def _recent(node: ReportParts) -> list[str]:
     rows = list(node.traces.recent)
-    return [t.summary_line() for t in rows] or ["(none)"]
+    return [t.summary_line(public=True) for t in rows] or ["(none)"]
 
 
 def _served_for_others(node: ReportParts) -> list[str]:

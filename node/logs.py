@@ -140,13 +140,31 @@ class ConsoleHandler(logging.StreamHandler):
         super().emit(record)
 
 
+KV_VALUE_MAX_CHARS = 512  # a value past this is cut (`…(+N chars)`): clients' text can be any size
+
+
+def clean_text(text: str, max_chars: int = KV_VALUE_MAX_CHARS) -> str:
+    """`text` on one line (control characters escaped, as `repr` writes them) and at most
+    `max_chars` long. For what a client or a peer sent, quoted in a log line or a report: a model
+    name with a newline in it forged a `DIAG: request complete` line, one of 200 KB made the
+    diagnostics report 610 KB."""
+    if len(text) > max_chars:
+        text = f"{text[:max_chars]}…(+{len(text) - max_chars} chars)"
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return text
+
+
 def kv(**fields: object) -> str:
-    """Render `key=value` pairs for a DIAG line, skipping None (absent means not measured)."""
+    """Render `key=value` pairs for a DIAG line, skipping None (absent means not measured).
+    Values are made one line and bounded (`clean_text`)."""
     parts = []
     for key, value in fields.items():
         if value is None:
             continue
         if isinstance(value, float):
             value = f"{value:.1f}"
+        elif not isinstance(value, int):
+            value = clean_text(str(value))
         parts.append(f"{key}={value}")
     return " ".join(parts)

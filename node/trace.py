@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node import const
-from node.logs import kv
+from node.errors import NodeError
+from node.logs import clean_text, kv
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
+UNKNOWN_MODEL = "<unknown model>"  # in the report, for a model name the node did not recognise
 
 ROUTES = ("local", "split", "distributed", "relayed")
 
@@ -82,6 +84,9 @@ class RequestTrace:
     outcome: str | None = None  # ok | error | cancelled
     error_type: str | None = None
     error_message: str | None = None
+    error_status: int | None = None  # the HTTP status the error got (4xx: the client's request was wrong)
+    error_code: str | None = None
+    error_param: str | None = None
     first_attempt_cause: str | None = None
 
     # --- phase marks (written by the pipeline) ---
@@ -168,14 +173,15 @@ class RequestTrace:
 
     # --- surfaces ---
 
-    def summary_line(self) -> str:
-        """The `DIAG: request complete …` line (seed 000 format)."""
+    def summary_line(self, *, public: bool = False) -> str:
+        """The `DIAG: request complete …` line (seed 000 format). `public` (the diagnostics
+        report): a model name the node did not recognise is the client's text, not shown."""
         fields: dict[str, Any] = {
             "request_id": self.request_id,
             "route": self.route,
             "segments": len(self.segments) or None,
             "assemblies": self.assemblies if self.assemblies > 1 else None,
-            "model": self.model,
+            "model": self.model if self.resolved or not public or not self.model else UNKNOWN_MODEL,
             "nodes": ",".join(self.node_ids) or None,
             "regions": ",".join(self.regions) or None,
             "queue_ms": _round(self.queue_ms),
@@ -215,6 +221,22 @@ class RequestTrace:
         if parts:
             out["server-timing"] = ", ".join(parts)
         return out
+
+    def public_error(self) -> str | None:
+        """The error as the diagnostics report shows it. A client error's message quotes the
+        request (a model name, a schema's fragment, a pattern), so only its type, code and param
+        are shown: the client has the message. The node's own errors keep theirs (one line,
+        bounded; the report redacts addresses in it)."""
+        if self.error_type is None and self.error_message is None:
+            return None
+        if self.error_status is not None and 400 <= self.error_status < 500:
+            detail = ", ".join(f"{k}={v}" for k, v in (("status", self.error_status), ("code", self.error_code),
+                                                         ("param", self.error_param)) if v is not None)
+            return clean_text(f"{self.error_type} ({detail}; the message went to the client)", 300)
+        message = self.error_message or ""
+        if not self.resolved and self.model:
+            message = message.replace(self.model, UNKNOWN_MODEL)
+        return clean_text(f"{self.error_type}: {message}" if self.error_type else message, 300)
 
     def timings(self) -> dict[str, Any]:
         """Figures for the final SSE event and JSON surfaces (absent → omitted)."""
@@ -304,10 +326,15 @@ class TraceHub:
         trace: RequestTrace,
         outcome: str,
         *,
+        error: NodeError | None = None,
         error_type: str | None = None,
         error_message: str | None = None,
     ) -> None:
-        """Close the trace exactly once: summary line, rings, metrics, observers."""
+        """Close the trace exactly once: summary line, rings, metrics, observers. `error`: the
+        NodeError the client got (its type, message, status, code and param are recorded)."""
+        if error is not None:
+            error_type, error_message = type(error).__name__, error.message
+            trace.error_status, trace.error_code, trace.error_param = error.http_status, error.code, error.param
         if trace.request_id not in self._in_flight and trace.done:
             return
         self._in_flight.pop(trace.request_id, None)

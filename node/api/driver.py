@@ -84,6 +84,4 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
         try:
             await run.close()
         finally:
-            hub.finish(trace, outcome,
-                       error_type=type(error).__name__ if error is not None else None,
-                       error_message=error.message if error is not None else None)
+            hub.finish(trace, outcome, error=error)

@@ -106,5 +106,4 @@ async def embeddings(request: web.Request) -> web.Response:
         error = NodeError("internal server error; see the node log for details")
         return error_response(error, headers=trace.headers())
     finally:
-        hub.finish(trace, outcome, error_type=type(error).__name__ if error is not None else None,
-                   error_message=error.message if error is not None else None)
+        hub.finish(trace, outcome, error=error)

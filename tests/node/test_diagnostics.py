@@ -92,11 +92,48 @@ async def test_report_lists_requests_failures_and_models(tmp_path):
         recent = text.split("-- recent requests --")[1].split("-- served for others --")[0]
         assert recent.count("DIAG: request complete") == 2
         failures = text.split("-- recent inference failures --")[1].split("-- recent requests --")[0]
-        assert "error_type=ModelNotFound" in failures and "does not exist" in failures
+        assert "error_type=ModelNotFound" in failures and "model=<unknown model>" in failures
+        assert "error: ModelNotFound (status=404, code=model_not_found, param=model;" in failures
         models = text.split("-- models --")[1]
         assert "tiny-" in models and "device=cpu reason=no_gpu" in models and "layers=2" in models
         m = re.search(r"memory bandwidth: (.*)", text).group(1)
         assert m.endswith("GB/s (measured)") or m.startswith("could not be measured")
+
+
+async def test_the_report_quotes_nothing_a_client_sent(tmp_path, caplog):
+    """Found by an audit (2026-12-06): the report quoted an unknown model's name and client errors'
+    messages verbatim (a schema's fragment, a pattern), a newline in a model name forged a
+    `DIAG: request complete` line in the report and the log, and a 200 KB name made the report
+    610 KB. Now such a name is `<unknown model>`, a client error shows its type, code and param,
+    and log values are one line and bounded."""
+    model = tiny_model(tmp_path)
+    forged = "ZEBRA-MODEL-1\nDIAG: request complete request_id=FORGED outcome=ok"
+    async with running_node(node_config(tmp_path / "data", model)) as node:
+        base = f"http://127.0.0.1:{node.api.port}"
+        hdrs = {"Authorization": f"Bearer {node.api_key}"}
+        bodies = [
+            {"model": forged, "messages": [{"role": "user", "content": "x"}]},
+            {"model": "ZEBRA-LONG-" + "z" * 200_000, "messages": [{"role": "user", "content": "x"}]},
+            {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "ZEBRA-SCHEMA-2"}}}},
+            {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+             "response_format": {"type": "json_schema", "json_schema": {
+                 "name": "x", "schema": {"type": "string", "pattern": "ZEBRA-PATTERN-3(("}}}},
+        ]
+        async with aiohttp.ClientSession() as s:
+            for body in bodies:
+                async with s.post(base + "/v1/chat/completions", headers=hdrs, json=body) as r:
+                    assert 400 <= r.status < 500, await r.text()
+                    assert "ZEBRA" in (await r.json())["error"]["message"]  # the client is told
+        text = await _report(node)
+    assert "ZEBRA" not in text and "FORGED" not in text and len(text) < 100_000
+    failures = text.split("-- recent inference failures --")[1].split("-- recent requests --")[0]
+    assert failures.count("DIAG: request complete") == 4 and failures.count("    error: ") == 4
+    assert "code=invalid_request" in failures or "param=response_format" in failures
+    logged = [r.getMessage() for r in caplog.records if "DIAG: request complete" in r.getMessage()]
+    assert len(logged) == 4 and not any("\n" in m for m in logged)
+    assert "model=ZEBRA-MODEL-1\\nDIAG: request complete request_id=FORGED" in logged[0]  # escaped, one line
+    assert max(len(m) for m in logged) < 2000
 
 
 @pytest.mark.blocks_loop("the stall the watchdog must name")
