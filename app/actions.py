@@ -13,6 +13,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QGuiApplication
 
 from app.host import NodeHost
+from node.redact import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,19 @@ class AppActions(QObject):
         self._copy(self.host.node.api_key, "API key")
 
     async def async_report(self, *, full: bool = False) -> str:
-        """The diagnostics report text (redacted unless full)."""
+        """The diagnostics report text (redacted unless full). A node that could not start says
+        why first (its error names a path or an address: redacted like the report)."""
+        node = self.host.node
         try:
-            return await self.host.node.async_report(full=full)
-        except Exception as exc:  # a node that never started has no machine facts yet
+            text = await node.async_report(full=full)
+        except Exception as exc:
             log.exception("diagnostics report failed")
-            return f"SwarmLLM diagnostics could not be built: {type(exc).__name__}\n{self.host.status_line()}\n"
+            text = f"SwarmLLM diagnostics could not be built: {type(exc).__name__}\n"
+        if self.host.start_error is not None:
+            redactor = Redactor(enabled=not full, secrets_to_hide=[node.api_key or ""],
+                                known_hosts=getattr(node, "host_names", None))
+            text = redactor.text(self.host.status_line()) + "\n\n" + text
+        return text
 
     async def async_copy_diagnostics(self, *, full: bool = False) -> str:
         """Build the report and put it on the clipboard; returns the text."""

@@ -286,6 +286,8 @@ class Node:
         """The machine snapshot (waits for the first measurement)."""
         if self.machine is None and self._machine_task is not None:
             await asyncio.shield(self._machine_task)
+        if self.machine is None:  # a node that never started (the tray's report says why it did not)
+            await self._collect_machine()
         assert self.machine is not None
         return self.machine
 

@@ -32,9 +32,12 @@ _HOSTNAME = (
 )
 # Any dotted name followed by :port is a host, whatever its suffix (gpu-box.example.xyz:8810).
 _HOST_WITH_PORT = r"(?<![\w./-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]*)(?=:\d{1,5}\b)"
-_URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(\[[^\]]+\]|[^/\s:?#]+)"
-_POSIX_PATH = r"(?<![\w<>:/])/(?:[\w.+@-]+/)*[\w.+@-]+/?"
-_WIN_PATH = r"\b[A-Za-z]:\\(?:[^\\\s]+\\)*[^\\\s]*"
+# scheme://[user[:password]@]host: the user part is dropped (a password in a URL must not survive)
+_URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?(\[[^\]]+\]|[^/\s:?#]+)"
+# A directory may have spaces in its name (/home/John Smith/...): words joined by single spaces
+# count as one segment when a "/" follows them; the last segment stops at a space.
+_POSIX_PATH = r"(?<![\w<>:/])/(?:[\w.+@-]+(?: [\w.+@-]+)*/)*[\w.+@-]+/?"
+_WIN_PATH = r'\b[A-Za-z]:[\\/](?:[^\\/\s<>:"|?*]+(?: [^\\/\s<>:"|?*]+)*[\\/])*[^\\/\s<>:"|?*]*'  # no name has <>:"|?*
 
 _RE_IPV6 = re.compile(_IPV6)
 _RE_IPV4 = re.compile(_IPV4)
@@ -124,7 +127,7 @@ class Redactor:
     @staticmethod
     def _path_sub(match: re.Match) -> str:
         value = match.group(0)
-        if "\\" in value:  # a Windows path
+        if "\\" in value or value[1:2] == ":":  # a Windows path (C:\\... or C:/...)
             return "<path>"
         # keep URL paths of our own API and single segments like /p2p-circuit; hide filesystem paths
         if value.startswith(("/v1", "/api/", "/health", "/metrics")) or value.count("/") < 2:

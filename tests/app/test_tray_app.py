@@ -223,6 +223,25 @@ def test_port_in_use_is_an_error_state_with_the_reason(qtbot, run, data_dir, tmp
     run(body())
 
 
+def test_copy_diagnostics_of_a_node_that_could_not_start_says_why_redacted(qtbot, run, data_dir, tiny_model):
+    """The report of a node that never started failed (no machine facts) and the button fell back
+    to the raw status line, whose start error named the data dir's path (found by an audit,
+    2026-12-06). Now the report is built, led by the reason, redacted like any other."""
+    (data_dir / "api_key").mkdir(parents=True)  # the node cannot read its key: it cannot start
+
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model)) as app:
+            assert app.host.state == AppState.ERROR and str(data_dir) in app.host.status_line()
+            report = await app.actions.async_copy_diagnostics()
+            assert report.startswith("SwarmLLM — could not start:") and "<path>" in report.splitlines()[0]
+            assert "-- this machine --" in report and "cpu: " in report
+            assert str(data_dir) not in report and data_dir.name not in report
+            full = await app.actions.async_report(full=True)
+            assert str(data_dir) in full.splitlines()[0]  # the private report keeps it
+
+    run(body())
+
+
 def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir, tiny_model, tmp_path):
     """The Download… action, against a local HTTP server: progress in the status line, the model
     appears in the table, selected, and Load serves it."""

@@ -60,6 +60,16 @@ def test_paths_and_api_key_never_appear():
     assert "/v1/chat/completions" in text
 
 
+def test_paths_with_spaces_forward_slash_windows_paths_and_url_passwords():
+    """An audit (2026-12-06) found `/home/John Smith/...` redacted to `<path> Smith/...`, `C:/Users/...`
+    kept whole, and `http://user:pw@host` keeping the password."""
+    r = Redactor()
+    text = r.text("/home/John Smith/.local/share/swarmllm/models/x.gguf | C:\\Users\\John Smith\\AppData\\x.gguf | "
+                  "C:/Users/alice/AppData/Local/swarmllm/x.gguf | http://bob:hunter2@10.1.2.3/x | see /usr/lib and /etc/x")
+    assert text == "<path> | <path> | <path> | " + f"http://{r.ip('10.1.2.3')}/x | see <path> and <path>"
+    assert "/v1/chat/completions and 12:30: ok" in r.text("/v1/chat/completions and 12:30: ok")
+
+
 def test_full_mode_keeps_addresses_but_not_the_key():
     r = Redactor(enabled=False, secrets_to_hide=[KEY])
     text = r.text(f"8.8.8.8:1 relay.example.com {KEY}")
