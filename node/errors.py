@@ -136,6 +136,7 @@ class Overloaded(NodeError):
     http_status = 429
     error_type = "rate_limit_error"
     code = "overloaded"
+    retry_after_s = 1  # the Retry-After header: the SDKs wait this long before their retry
 
 
 class RequestTimeout(NodeError):

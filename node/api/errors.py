@@ -64,6 +64,9 @@ def to_anthropic(exc: NodeError) -> dict:
 def error_response(exc: NodeError, headers: dict[str, str] | None = None, *,
                    anthropic: bool = False) -> web.Response:
     """The error's status with the OpenAI body `{"error": {...}}` (or Anthropic's)."""
+    retry_after = getattr(exc, "retry_after_s", None)
+    if retry_after is not None:
+        headers = {**(headers or {}), "Retry-After": str(retry_after)}
     return web.Response(
         status=exc.http_status,
         text=json.dumps(to_anthropic(exc) if anthropic else exc.to_openai()),

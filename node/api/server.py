@@ -6,7 +6,7 @@ import logging
 
 from aiohttp import web
 
-from node.api import admin, anthropic, openai, openai_responses
+from node.api import admin, anthropic, cors, openai, openai_responses
 from node.api.appkeys import MAX_BODY, NODE
 from node.api.auth import make_auth_middleware
 from node.api.errors import error_middleware
@@ -60,6 +60,7 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
     app.add_routes(openai_responses.routes)
     openai_responses.install(app)
     app.add_routes(admin.routes)
+    cors.install(app, cfg.cors_origins)
     return app
 
 
