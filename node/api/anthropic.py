@@ -40,7 +40,6 @@ _COUNT_KEYS = {"model", "messages", "system", "tools", "tool_choice", "output_co
 # accepted, meaningless for a node: no priority tiers, regions, workspaces or prompt cache to steer
 _IGNORED_OK = {"service_tier", "inference_geo", "user_profile_id", "workspace_id", "cache_control"}
 _UNSUPPORTED = {
-    "thinking": "extended thinking is not supported by this node",
     "diagnostics": "request diagnostics (prompt-cache reports) are not supported by this node",
     "speed": "speed modes are not supported by this node",
     "container": "containers (code execution) are not supported by this node",
@@ -48,13 +47,34 @@ _UNSUPPORTED = {
     "context_management": "context management is not supported by this node",
 }
 _BLOCK_EXTRA_OK = {"cache_control", "citations"}  # prompt caching hints: accepted, no effect here
+# ToolParam fields of the current SDK that change nothing here: the arguments are held to the schema
+# by grammar anyway (`strict`), examples, deferred loading, callers and streaming are client-side hints
+_TOOL_EXTRA_OK = {"strict", "input_examples", "defer_loading", "allowed_callers", "eager_input_streaming"}
+
+
+def _thinking(value: object) -> None:
+    """`thinking` is accepted and has no effect: these models write no thinking blocks, and a reply
+    without them is what a client gets when the model chose not to think (Claude Code sends
+    `{"type": "enabled", "budget_tokens": N}` whenever the user turned thinking on; llama-server
+    takes it too). Its shape is still checked."""
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise InvalidRequest("thinking.type: must be one of enabled, disabled, adaptive", param="thinking")
+    budget = value.get("budget_tokens")
+    if kind == "enabled" and (type(budget) is not int or budget < 1):
+        raise InvalidRequest("thinking.budget_tokens: Field required (a positive integer)", param="thinking")
+    log.debug("DIAG: anthropic thinking requested, ignored (the model writes none) type=%s", kind)
 
 
 def _check_keys(body: dict, allowed: set[str]) -> None:
     for key, value in body.items():
+        if key == "thinking":
+            _thinking(value)
+            continue
         if key in _UNSUPPORTED:
-            if value is None or (key == "thinking" and isinstance(value, dict) and value.get("type") == "disabled") \
-                    or (key == "speed" and value == "standard"):
+            if value is None or (key == "speed" and value == "standard"):
                 continue
             raise Unsupported(_UNSUPPORTED[key], param=key)
         if key not in allowed and key not in _IGNORED_OK:
@@ -131,6 +151,8 @@ def _turn(msg: Any, index: int) -> list[dict]:
             calls.append(_tool_use(block, bwhere))
         elif kind == "tool_result" and role == "user":
             results.append(_tool_result(block, bwhere))
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # an earlier turn's thinking: Anthropic's API leaves it out of the context too
         elif kind in ("image", "document", "search_result", "thinking", "redacted_thinking", "server_tool_use",
                       "web_search_tool_result", "container_upload"):
             raise Unsupported(f"{bwhere}: {kind} content blocks are not supported by this node", param="messages")
@@ -167,11 +189,7 @@ def _messages(body: dict) -> tuple[dict, ...]:
         raise InvalidRequest("messages: Field required (a non-empty list)", param="messages")
     for i, msg in enumerate(messages):
         out.extend(_turn(msg, i))
-    out = link_tool_results(out, "messages")
-    if messages[-1].get("role") != "user":
-        # Anthropic continues a final assistant turn (prefill); the chat templates here cannot
-        raise Unsupported("a final assistant message (prefill) is not supported by this node; end with a user turn",
-                          param="messages")
+    out = link_tool_results(out, "messages")  # a final assistant turn is continued (a prefill)
     return tuple(out)
 
 
@@ -201,7 +219,7 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
         description = tool.get("description") or ""
         if not isinstance(description, str):
             raise InvalidRequest(f"tools.{i}.description: must be a string", param="tools")
-        unknown = set(tool) - {"type", "name", "description", "input_schema", "cache_control"}
+        unknown = set(tool) - {"type", "name", "description", "input_schema", "cache_control"} - _TOOL_EXTRA_OK
         if unknown:
             raise InvalidRequest(f"tools.{i}.{sorted(unknown)[0]}: Extra inputs are not permitted", param="tools")
         functions.append({"type": "function", "function": {"name": name, "description": description,

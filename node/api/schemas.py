@@ -19,7 +19,7 @@ MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 # Accepted and meaningless for a local model (no effect on output): documented, not refused.
-_IGNORED_OK = {"user", "store", "metadata", "service_tier"}
+_IGNORED_OK = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "verbosity"}
 # OpenAI options this node cannot honour: refused with a 400 naming the parameter.
 _UNSUPPORTED = {
     "functions": "the legacy `functions` parameter is not supported: use `tools`",
@@ -172,10 +172,16 @@ def _response_format(body: dict) -> ResponseFormat | None:
     return ResponseFormat("json_schema", schema=schema, name=name, strict=strict)
 
 
+# the value an unsupported option has when it asks for nothing (older LangChain sends best_of: 1)
+_NEUTRAL = {"best_of": 1, "suffix": ""}
+
+
 def _check_keys(body: dict, allowed: set[str]) -> None:
     for key in body:
         if key in _UNSUPPORTED:
-            if body[key] in (None, [], {}, False):
+            value = body[key]
+            if value in (None, [], {}, False) or (key in _NEUTRAL and type(value) is type(_NEUTRAL[key])
+                                                  and value == _NEUTRAL[key]):
                 continue  # explicit "none" values are harmless
             raise Unsupported(_UNSUPPORTED[key], param=key)
         if key not in allowed and key not in _IGNORED_OK:
@@ -291,7 +297,8 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     n = _integer(body, "n", 1, 128)
     if n not in (None, 1):
         raise Unsupported("only n=1 is supported by this node", param="n")
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    stream = False if stream is None else stream  # null is the default, as OpenAI takes it
     if not isinstance(stream, bool):
         raise InvalidRequest("`stream` must be a boolean", param="stream")
     stream_options = body.get("stream_options")

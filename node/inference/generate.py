@@ -154,8 +154,27 @@ class CompletionRun:
         if self.request.kind == "chat":
             fmt = detect_format(tok.chat_template)
             messages, tools = prompt_inputs(fmt, self.request, tok.chat_template)
-            return await loop.run_in_executor(None, tok.chat_tokens, messages, tools), fmt
+            prefill = self._prefill()
+            if prefill is not None:
+                messages = messages[:-1]
+            return await loop.run_in_executor(None, tok.chat_tokens, messages, tools, prefill or ""), fmt
         return await loop.run_in_executor(None, tok.tokenize, self.request.prompt), None
+
+    def _prefill(self) -> str | None:
+        """A chat that ends with an assistant message asks for that message to be continued (a
+        prefill, as Anthropic's API and llama-server take it): its text follows the generation
+        prompt and the reply is what comes after it. Until 2026-12-06 the chat route rendered it as
+        a finished turn and answered a new one. None when the chat ends otherwise."""
+        last = self.request.messages[-1] if self.request.messages else None
+        if last is None or last.get("role") != "assistant" or last.get("tool_calls"):
+            return None
+        content = last.get("content")
+        if not isinstance(content, str) or not content:
+            return ""  # an empty placeholder some apps append: the reply starts as usual
+        if self.request.response_format is not None or tools_active(self.request):
+            raise Unsupported("a final assistant message (prefill) cannot be combined with tools or "
+                              "response_format; end with a user turn", param=self.request.prompt_param)
+        return content
 
     async def count_prompt_tokens(self) -> int:
         """Resolve the model and count the prompt's tokens as prepare() would; nothing queues or runs."""

@@ -62,9 +62,10 @@ class ModelTokenizer:
         return render_chat(self.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
                            tools=tools)
 
-    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """Render and tokenize; BOS is added only if the template did not already write it."""
-        text = self.render_chat(messages, tools)
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None, prefill: str = "") -> list[int]:
+        """Render and tokenize; BOS is added only if the template did not already write it.
+        `prefill`: the start of the assistant's reply, written after the generation prompt."""
+        text = self.render_chat(messages, tools) + prefill
         add_bos = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
         return self.tokenize(text, add_bos=add_bos)
 

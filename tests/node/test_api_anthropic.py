@@ -107,6 +107,51 @@ async def test_multi_turn_is_rendered_as_the_chat_template_renders_it(node, clie
     assert msg.usage.input_tokens == len(expected)
 
 
+async def test_a_final_assistant_turn_is_continued_as_the_text_route_continues_it(node, client, oai, model_id):
+    """A prefill: the reply continues the assistant's text. It was a 400 here and, on
+    /v1/chat/completions, rendered as a finished turn that got a new one (a compatibility run,
+    2026-12-06); llama-server and Anthropic's API continue it."""
+    prefill = "Use the built-in"
+    tok = node.models.all()[0].tokenizer
+    expected = tok.chat_tokens(user(QUESTION), None, prefill)
+    assert len(expected) > len(tok.chat_tokens(user(QUESTION)))
+    turns = [*user(QUESTION), {"role": "assistant", "content": prefill}]
+    msg = await client.messages.create(model=model_id, max_tokens=24, messages=turns, extra_body=GREEDY)
+    chat = await oai.chat.completions.create(model=model_id, max_tokens=24, temperature=0, messages=turns)
+    text = await oai.completions.create(model=model_id, max_tokens=24, temperature=0,
+                                        prompt=tok.render_chat(user(QUESTION)) + prefill)
+    assert msg.usage.input_tokens == chat.usage.prompt_tokens == text.usage.prompt_tokens == len(expected)
+    assert msg.content[0].text == chat.choices[0].message.content == text.choices[0].text != ""
+    # an empty assistant placeholder (some apps append one) changes nothing
+    placeholder = await oai.chat.completions.create(model=model_id, max_tokens=24, temperature=0,
+                                                    messages=[*user(QUESTION), {"role": "assistant", "content": ""}])
+    plain = await oai.chat.completions.create(model=model_id, max_tokens=24, temperature=0, messages=user(QUESTION))
+    assert placeholder.choices[0].message.content == plain.choices[0].message.content
+    assert placeholder.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+async def test_what_claude_code_sends_is_taken(client, model_id):
+    """`thinking` enabled, an earlier turn's thinking blocks, and the SDK's newer tool fields were
+    400s (a compatibility run, 2026-12-06). Thinking is accepted and has no effect (these models
+    write none), earlier thinking blocks are left out of the context as Anthropic's API does, the
+    tool fields change nothing here."""
+    turns = [*user("hello"),
+             {"role": "assistant", "content": [{"type": "thinking", "thinking": "greet back", "signature": "x"},
+                                               {"type": "redacted_thinking", "data": "abc"},
+                                               {"type": "text", "text": "Hello!"}]},
+             *user(QUESTION)]
+    tool = {"name": "read_file", "description": "read a file", "strict": True, "defer_loading": False,
+            "input_examples": [{"path": "a.txt"}], "eager_input_streaming": True, "allowed_callers": ["direct"],
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+    msg = await client.messages.create(model=model_id, max_tokens=8, messages=turns, tools=[tool],
+                                       thinking={"type": "enabled", "budget_tokens": 1024}, extra_body=GREEDY)
+    assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use") and msg.usage.output_tokens > 0
+    assert all(b.type != "thinking" for b in msg.content)
+    plain = [*user("hello"), {"role": "assistant", "content": "Hello!"}, *user(QUESTION)]
+    counted = await client.messages.count_tokens(model=model_id, messages=plain)
+    assert counted.input_tokens == (await client.messages.count_tokens(model=model_id, messages=turns)).input_tokens
+
+
 async def test_streaming_events_and_final_message(node, client, model_id):
     whole = await client.messages.create(model=model_id, max_tokens=60, messages=user(QUESTION), extra_body=GREEDY)
     async with client.messages.stream(model=model_id, max_tokens=60, messages=user(QUESTION),
@@ -206,12 +251,13 @@ async def test_prompt_longer_than_the_context(client, model_id):
      "disable_parallel_tool_use"),
     ({"max_tokens": 5, "frequency_penalty": 1, "messages": [{"role": "user", "content": "hi"}]},
      "frequency_penalty: Extra inputs are not permitted"),
-    ({"max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 1024},
-      "messages": [{"role": "user", "content": "hi"}]}, "thinking"),
+    ({"max_tokens": 5, "thinking": {"type": "enabled"}, "messages": [{"role": "user", "content": "hi"}]},
+     "thinking.budget_tokens"),
+    ({"max_tokens": 5, "thinking": {"type": "deep"}, "messages": [{"role": "user", "content": "hi"}]}, "thinking.type"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}, "image"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]},
-     "prefill"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}],
+      "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "prefill"),
 ])
 async def test_bad_bodies_are_400_in_anthropic_shape(node, model_id, body, needle):
     status, _, text = await raw(node, "/v1/messages", {"model": model_id, **body})

@@ -55,6 +55,14 @@ def test_harmless_explicit_defaults_accepted():
                             "echo": False,
                             "user": "u1", "stream": True, "stream_options": {"include_usage": True}}, "chat")
     assert req.stream and req.include_usage
+    # what the current openai SDK and older LangChain send (a compatibility run, 2026-12-06: 400s)
+    req = parse_completion({**CHAT, "stream": None, "prompt_cache_key": "k", "safety_identifier": "s",
+                            "verbosity": "low"}, "chat")
+    assert not req.stream
+    parse_completion({"model": "m", "prompt": "p", "best_of": 1, "suffix": ""}, "text")
+    for patch in ({"best_of": 2}, {"best_of": True}, {"suffix": "x"}):  # asking for something: still refused
+        with pytest.raises(Unsupported):
+            parse_completion({"model": "m", "prompt": "p", **patch}, "text")
 
 
 def test_completion_prompt_forms():
