@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from node.errors import EngineError, InvalidRequest, ModelLoadError
 from node.inference import llamacpp
 from node.inference.batch_engine import BatchEngine
@@ -174,10 +176,12 @@ class LlamaEngine:
         return self.embedder
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """One pooled vector per token list, each decoded alone (blocking; every list fits n_ctx).
+        """One pooled vector per token list, each decoded alone (blocking; every list fits n_ctx),
+        of unit length (L2), as OpenAI's embeddings and llama-server's (`--embd-normalize 2`, its
+        default) are: an app that ranks by dot product (an inner-product index) gets cosine order.
 
-        Uses llama-cpp-python's batch and context the way its own `Llama.embed` does, since that
-        method takes only strings."""
+        Uses llama-cpp-python's batch and context the way its own `Llama.embed(normalize=True)`
+        does, since that method takes only strings."""
         llama_cpp = llamacpp.load()
         llm = self._embedding_context()
         n_embd = llm.n_embd()
@@ -191,7 +195,10 @@ class LlamaEngine:
                 pointer = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
                 if not pointer:
                     raise EngineError("llama.cpp returned no pooled embedding")
-                vectors.append(pointer[:n_embd])
+                vector = np.array(pointer[:n_embd], dtype=np.float64)
+                norm = float(np.linalg.norm(vector))
+                # float32 values, as llama.cpp's: the float and base64 forms of a reply stay equal
+                vectors.append((vector / norm if norm > 0 else vector).astype(np.float32).tolist())
         except EngineError:
             raise
         except Exception as exc:  # llama.cpp decode failure

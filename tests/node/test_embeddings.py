@@ -24,14 +24,14 @@ TEXTS = ["def add(a, b):\n    return a + b", "hello world", "import os"]
 
 @pytest.fixture(scope="module")
 def reference():
-    """llama-cpp-python's own embeddings of TEXTS (mean pooling: the default model declares none),
-    and its token ids for each text."""
+    """llama-cpp-python's own embeddings of TEXTS (mean pooling: the default model declares none;
+    L2-normalized), and its token ids for each text."""
     llama_cpp = load_llama_cpp()
     ref = llama_cpp.Llama(model_path=str(default_model_path()), embedding=True,
                           pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_threads=1, verbose=False)
     try:
         assert ref.pooling_type() == llama_cpp.LLAMA_POOLING_TYPE_MEAN
-        vectors = [ref.embed(text) for text in TEXTS]
+        vectors = [ref.embed(text, normalize=True) for text in TEXTS]  # unit length, as OpenAI's
         tokens = [ref.tokenize(text.encode("utf-8")) for text in TEXTS]
         n_embd = ref.n_embd()
     finally:
@@ -78,6 +78,8 @@ async def test_float_and_base64_agree_and_match_llama_cpp(client, model_id, refe
     decoded = list(struct.unpack(f"<{reference['n_embd']}f", base64.b64decode(encoded)))
     assert close(decoded, vector, 0)
     assert floats.usage.prompt_tokens == floats.usage.total_tokens == len(reference["tokens"][0])
+    # unit length (they were not: norm 34.5 here, while OpenAI's and llama-server's are 1)
+    assert abs(sum(x * x for x in vector) - 1.0) < 1e-5
 
 
 async def test_list_of_strings_in_order_with_index(client, model_id, reference):
