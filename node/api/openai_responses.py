@@ -305,6 +305,8 @@ def _final_status(run: CompletionRun) -> str:
 def _final_output(run: CompletionRun) -> list[dict]:
     out = [_message_item(run.trace, run.content, "completed")] if run.content or not run.tool_calls else []
     out += [_call_item(run.trace, i, c.id, c.name, c.arguments, "completed") for i, c in enumerate(run.tool_calls)]
+    if out:
+        out[-1]["status"] = _final_status(run)  # the item the budget cut is incomplete, as OpenAI marks it
     return out
 
 
@@ -342,7 +344,7 @@ class ResponseEvents:
         snapshot = response_object(self.run.trace, self.options, "in_progress", [], usage=False)
         return [self._ev("response.created", response=snapshot), self._ev("response.in_progress", response=snapshot)]
 
-    def _close_item(self) -> list[bytes]:
+    def _close_item(self, status: str = "completed") -> list[bytes]:
         if self._open is None:
             return []
         index, item = len(self._items) - 1, self._items[-1]
@@ -357,7 +359,7 @@ class ResponseEvents:
         else:
             out.append(self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                 arguments=item["arguments"], name=item["name"]))
-        item["status"] = "completed"
+        item["status"] = status
         out.append(self._ev("response.output_item.done", output_index=index, item=item))
         self._open = None
         return out
@@ -397,8 +399,8 @@ class ResponseEvents:
         return out
 
     def closing(self) -> list[bytes]:
-        out = self._close_item()
         status = _final_status(self.run)
+        out = self._close_item(status)  # the last item: incomplete when the budget cut it
         body = response_object(self.run.trace, self.options, status, self._items, usage=True)
         _remember(self.store, self.run, self.options, body)
         out.append(self._ev("response.completed" if status == "completed" else "response.incomplete", response=body))

@@ -70,6 +70,7 @@ async def test_max_output_tokens_is_incomplete(client, model_id):
     resp = await client.responses.create(model=model_id, input=QUESTION, max_output_tokens=3, temperature=0)
     assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
     assert resp.usage.output_tokens == 3 and resp.max_output_tokens == 3
+    assert [item.status for item in resp.output] == ["incomplete"]  # the cut message too, as OpenAI marks it
 
 
 async def test_stream_events_in_order(node, client, model_id):
@@ -106,6 +107,8 @@ async def test_stream_cut_by_max_output_tokens_ends_incomplete(node, model_id):
     final = events[-1]["response"]
     assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
     assert final["usage"]["output_tokens"] == 4
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["status"] for i in done] == [i["status"] for i in final["output"]] == ["incomplete"]
 
 
 async def test_previous_response_id_continues_the_conversation(node, client, model_id):
