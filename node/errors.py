@@ -130,6 +130,14 @@ class InsufficientCapacity(NodeError):
     code = "insufficient_capacity"
 
 
+class ShuttingDown(NodeError):
+    """The node is stopping: a request it could not finish in the drain, or one that came during it (503)."""
+
+    http_status = 503
+    error_type = "server_error"
+    code = "node_stopping"
+
+
 class Overloaded(NodeError):
     """The admission queue is full (429)."""
 

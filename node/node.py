@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from node.config import NodeConfig
 from node.contribute import Contributions
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
-from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound
+from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound, ShuttingDown
 from node.inference.adverts import hardware_advert, model_adverts
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
@@ -103,6 +104,7 @@ class Node:
         self._advertised_rates: dict[str, float] = {}  # model id -> ms/token peers last heard (whole models)
         self._announce_task: asyncio.Task | None = None
         self._stopping = False
+        self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
 
     def _slice_holders(self, sha256: str) -> list[tuple[str, int, int]]:
         """The connected peers' advertised slices of a model: (node id, start, end)."""
@@ -206,6 +208,7 @@ class Node:
             return None
 
         return [
+            ("drain", self._async_drain),
             ("api", self.api.stop),
             ("autoserve", self.autoserve.async_stop if self.autoserve is not None else nothing),
             ("pipeline", closing(self.pipeline)),
@@ -326,9 +329,27 @@ class Node:
     # --- requests ---
 
     def new_run(self, request: CompletionRequest, trace: RequestTrace) -> CompletionRun:
-        """The run that serves one completion, on whichever route serves its model."""
-        return CompletionRun(self.models, request, trace, self.short_id, on_first_token=self.traces.first_token,
-                             pipeline=self.pipeline)
+        """The run that serves one completion, on whichever route serves its model (one that comes
+        while the node stops is refused with a 503 when it starts)."""
+        run = CompletionRun(self.models, request, trace, self.short_id, on_first_token=self.traces.first_token,
+                            pipeline=self.pipeline)
+        self._runs.add(run)
+        if self._stopping:
+            run.abort(ShuttingDown("the node is shutting down; try another node or again later"))
+        return run
+
+    async def _async_drain(self) -> None:
+        """stop()'s first step: requests under way get `NODE_DRAIN_S` to finish; the rest end with a
+        503 error (an error event in a stream) instead of a connection cut mid-reply, which a
+        client cannot tell from a reply the network lost (found by a swarm test, 2026-12-06)."""
+        if await self.traces.async_idle(const.NODE_DRAIN_S):
+            return
+        left = [run for run in self._runs if not run.trace.done]
+        log.warning("DIAG: stopping with requests under way, ending them %s",
+                    kv(count=len(left), drain_s=const.NODE_DRAIN_S))
+        for run in left:
+            run.abort(ShuttingDown("the node is shutting down: the reply was cut short"))
+        await self.traces.async_idle(const.NODE_DRAIN_S)
 
     def pipelines_in_flight(self) -> int:
         """Distributed pipelines being executed by this node as coordinator."""

@@ -7,6 +7,7 @@ Absent fields mean "not measured", never zero.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
@@ -306,6 +307,22 @@ class TraceHub:
 
     def in_flight_traces(self) -> list[RequestTrace]:
         return list(self._in_flight.values())
+
+    async def async_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight, at most `timeout_s`; True when none is."""
+        if not self._in_flight:
+            return True
+        idle = asyncio.Event()
+        unsubscribe = self.subscribe(lambda event, _t: idle.set() if event == "finished" and not self._in_flight
+                                     else None)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await idle.wait()
+        except TimeoutError:
+            pass
+        finally:
+            unsubscribe()
+        return not self._in_flight
 
     def in_flight_for_model(self, model_id: str) -> int:
         return sum(1 for t in self._in_flight.values() if t.model == model_id)

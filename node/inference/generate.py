@@ -70,6 +70,7 @@ class CompletionRun:
         self.served: ServedModel | None = None
         self.prompt_tokens: list[int] = []
         self.job: GenerationJob | None = None
+        self._aborted: NodeError | None = None  # abort(): the error the reply ends with
         self._holding = False
         self._queued = False
         self._gen_future: asyncio.Future | None = None
@@ -81,8 +82,19 @@ class CompletionRun:
 
     # --- phase 1: everything that can fail with a client error ---
 
+    def abort(self, error: NodeError) -> None:
+        """End this request with `error` (the node is stopping): a generation stops at its next
+        token and the client gets the error, in its stream's error event if it streams, rather
+        than a connection that ends mid-reply."""
+        if self._aborted is None:
+            self._aborted = error
+        if self.job is not None:
+            self.job.cancel.set()
+
     async def prepare(self) -> None:
         """Resolve, tokenize, check context, queue for the model, assemble the route."""
+        if self._aborted is not None:
+            raise self._aborted
         served = await self.models.async_get(self.request.model)
         self.served = served
         self.trace.model = served.id
@@ -215,6 +227,8 @@ class CompletionRun:
         served, job, trace = self.served, self.job, self.trace
         if served is None or job is None:
             raise RuntimeError("deltas() called before prepare()")
+        if self._aborted is not None:
+            raise self._aborted
         if self.pipeline_run is not None:
             source = self.pipeline_run.tokens()
         else:
@@ -228,6 +242,8 @@ class CompletionRun:
         ended_by_eog = False
         produced = 0
         async for batch in source:
+            if self._aborted is not None:
+                raise self._aborted
             scores = batch_scores(batch)
             for i, token in enumerate(batch):
                 produced += 1
@@ -262,6 +278,8 @@ class CompletionRun:
                     break
             if ended_by_eog or assembler.stop_match is not None:
                 break
+        if self._aborted is not None and not ended_by_eog and assembler.stop_match is None:
+            raise self._aborted  # the generation stopped because of it, not at its end
         tail = assembler.finish()
         # a stop sequence's tokens are not reported; without one, the last held-back tokens go now
         rest = () if track is None else (track.take(len(assembler.emitted)) if assembler.stop_match else track.rest())

@@ -10,12 +10,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
+import openai
 import pytest
 
 from node import const
+from node.inference.llama_engine import LlamaEngine
 from node.stopping import async_bounded, await_chain
-from tests.support.nodes import node_config, running_node
+from tests.support.nodes import node_config, running_node, tiny_model
 from tests.support.ports import free_port, port_is_free
 from tests.support.processes import REPO, hermetic_env
 from tests.support.swarm import join_test_swarm
@@ -111,6 +114,51 @@ async def test_a_node_stops_when_one_of_its_steps_hangs(tmp_path, monkeypatch, c
     stuck[0].cancel()
     with pytest.raises(asyncio.CancelledError):
         await stuck[0]
+
+
+async def test_stopping_lets_requests_finish_then_ends_the_rest_with_an_error_event(tmp_path, monkeypatch, caplog):
+    """SIGTERM cut a stream mid-reply with no error event and no [DONE] (the client could not tell
+    it from a lost network; the log blamed the client: "client went away"). Now stop() first gives
+    requests under way NODE_DRAIN_S, then ends the rest with a 503 error event; a request that
+    comes meanwhile gets a 503."""
+    monkeypatch.setattr(const, "NODE_DRAIN_S", 1.0)
+    real_submit = LlamaEngine.submit
+
+    def paced_submit(self, job, channel, is_eog, vocab=None):  # 30 ms a token: 190 tokens outlast the drain
+        return real_submit(self, job, channel, lambda token: time.sleep(0.03) or is_eog(token), vocab)
+
+    monkeypatch.setattr(LlamaEngine, "submit", paced_submit)
+    model = tiny_model(tmp_path)
+    with caplog.at_level(logging.INFO):
+        async with running_node(node_config(tmp_path / "data", model)) as node:
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key,
+                                        max_retries=0)
+            served = node.models.all()[0]
+            model_id, tok = served.id, served.tokenizer
+            never_end = {str(i): -100 for i in range(tok.n_vocab) if tok.is_eog(i)}  # the random model's EOG
+            stream = await client.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": "go"}], max_tokens=190, temperature=0,
+                stream=True, logit_bias=never_end)
+            await stream.__anext__()
+            short = asyncio.ensure_future(client.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": "go"}], max_tokens=3, temperature=0))
+            await wait_until(lambda: node.traces.in_flight == 2, 10, 0.01, "both requests under way")
+            stopping = asyncio.ensure_future(node.stop())
+            await wait_until(lambda: node._stopping, 5, 0.01, "the stop to begin")
+            with pytest.raises(openai.APIStatusError) as late:  # a request during the drain
+                await client.chat.completions.create(model=model_id, max_tokens=2,
+                                                     messages=[{"role": "user", "content": "x"}])
+            assert late.value.status_code == 503 and late.value.body["code"] == "node_stopping"
+            assert (await short).choices[0].finish_reason == "length"  # finished within the drain
+            with pytest.raises(openai.APIError, match="shutting down"):
+                async for _chunk in stream:
+                    pass
+            await stopping
+    traces = list(node.traces.recent)
+    cut = [t for t in traces if t.error_type == "ShuttingDown"]
+    assert len(cut) == 2 and 0 < max(t.completion_tokens for t in cut) < 190  # the long stream and the late request
+    assert "DIAG: stopping with requests under way, ending them count=1" in caplog.text
+    assert "client went away" not in caplog.text and node.traces.in_flight == 0
 
 
 # --- the process (`swarmllm run`) ---
