@@ -70,7 +70,7 @@ class NodeConfig:
     layers: str | None = None  # "A-B" (inclusive): serve only these layers of --model (slice engine)
     serve: str = "whole"  # "whole": each --model whole (llama.cpp) unless --layers; "auto": the node
     # chooses which layers of each --model to serve from the swarm's coverage and its budget
-    slice_budget_mb: int = 0  # memory for auto-chosen slices (weights + KV reserve); 0 = free minus headroom
+    slice_budget_mb: int = 0  # memory for auto-chosen slices (weights + KV reserve), shared by the models; 0 = free minus headroom
     slice_kv_budget_mb: float = const.KV_BUDGET_BYTES / 2**20  # KV caches of served slices, all
     # sessions together (kept ones for prefix reuse go first, then the least recently used)
     serve_reevaluate_s: float = const.AUTO_SERVE_REEVALUATE_S  # --serve auto re-checks its range this

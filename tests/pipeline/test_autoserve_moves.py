@@ -330,3 +330,32 @@ async def test_the_kv_reserve_of_auto_budgets_is_for_the_context_the_node_serves
         assert hosted.model.n_ctx == 32768  # sessions grow lazily; the budget bounds their sum
     finally:
         await host.async_close()
+
+
+@pytest.mark.asyncio
+async def test_models_share_the_node_budget_and_are_sized_again_when_one_leaves(tmp_path, caplog):
+    """Two `--serve auto` models were each sized to the whole `--slice-budget-mb` (a swarm test,
+    2026-12-06: 67 MB held against 60); now the models without a budget of their own share it, and
+    each is sized again when their number changes. A model with its own budget keeps it."""
+    import logging
+
+    entries = []
+    for name in ("sa8", "sb8"):
+        path = write_gguf(tmp_path / f"{name}.gguf", SynthSpec(**{**SPEC.__dict__, "name": name}))
+        entries += await ModelCatalog(tmp_path).async_scan([(path, "cli")])
+    host = SliceHost(dtype="f32", kv_dtype="f32")
+    auto = AutoServe("me" * 32, host, ScriptedPeers(), entries, announce=_nothing, budget_mb=2)
+    loop = asyncio.get_running_loop()
+    with caplog.at_level(logging.INFO, logger="node.inference.pipeline.autoserve"):
+        for m in auto.models:
+            await auto._async_budget(m, loop)
+    assert [(m.budget_mb, m.budget.layers) for m in auto.models] == [(1, 4), (1, 4)]  # half each: 1 MiB, 4 layers
+    assert caplog.text.count("shared_by=2") == 2
+    await auto.async_remove(entries[1].sha256)
+    (alone,) = auto.models
+    assert alone.budget is None and not alone.settled  # sized again...
+    await auto._async_budget(alone, loop)
+    assert (alone.budget_mb, alone.budget.layers) == (2, 8)  # ...to the whole budget: the whole model
+    await auto.async_add(entries[1], budget_mb=1)  # its own budget: the other keeps the node's
+    assert alone.budget is not None and auto.model(entries[1].sha256).budget_mb_override == 1
+    await host.async_close()

@@ -111,6 +111,7 @@ class AutoServe:
         m = self.model(entry.sha256)
         if m is not None and m.budget_mb_override == budget_mb:
             return
+        sharing = len(self._sharing())
         if m is None:
             m = _Model(entry, int(entry.sha256[:8], 16), at_start=False)
             self.models.append(m)
@@ -118,6 +119,8 @@ class AutoServe:
         else:  # (before the release's awaits: an evaluation meanwhile sees no budget and loads nothing)
             m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
             await self._async_release(m, keep_parts=True)
+        if len(self._sharing()) != sharing:
+            await self._async_reshare()
         self._why = "added"
         self._wake.set()
 
@@ -126,8 +129,13 @@ class AutoServe:
         m = self.model(sha256)
         if m is None:
             return
+        sharing = len(self._sharing())
         self.models.remove(m)
         await self._async_release(m)
+        if len(self._sharing()) != sharing:
+            await self._async_reshare()
+            self._why = "removed"
+            self._wake.set()
 
     async def async_pause(self) -> None:
         """Choose nothing and free every chosen slice (each after its sessions end, or the drain
@@ -174,6 +182,21 @@ class AutoServe:
             task = asyncio.create_task(self._async_free(hosted, keep_parts=keep_parts), name="autoserve-release")
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
+
+    def _sharing(self) -> list[_Model]:
+        """The models that share the node's budget: those without a budget of their own. Two
+        models each sized to the whole `--slice-budget-mb` (or to all free memory) held 1.1 times
+        it (a swarm test, 2026-12-06); now each gets its share."""
+        return [m for m in self.models if not m.budget_mb_override]
+
+    async def _async_reshare(self) -> None:
+        """The number of models sharing the node's budget changed: each of them is sized again
+        (a smaller share must shrink its slice; as a new budget does, its slice is freed first and
+        its layers chosen again, the part files kept)."""
+        for m in self._sharing():
+            if m.budget is not None or m.budget_error is not None:
+                m.budget, m.budget_error, m.settled = None, None, False
+                await self._async_release(m, keep_parts=True)
 
     def _wanted(self, m: _Model) -> bool:
         return not self.paused and m in self.models
@@ -258,12 +281,18 @@ class AutoServe:
         sizes = m.sizes or await loop.run_in_executor(None, functools.partial(
             slice_sizes, m.entry.path, self.host.dtype, self.host.context_for(m.entry), kv_dtype=self.host.kv_dtype))
         m.sizes = sizes
-        budget_mb = m.budget_mb_override or self.budget_mb
-        budget_bytes = budget_mb * 2**20 if budget_mb else await loop.run_in_executor(None, default_budget_bytes)
+        sharing = self._sharing()
+        if m.budget_mb_override:
+            budget_bytes = m.budget_mb_override * 2**20
+        else:  # the node's budget (configured, else free memory) is shared by the models without their own
+            node_bytes = self.budget_mb * 2**20 if self.budget_mb else await loop.run_in_executor(None, default_budget_bytes)
+            budget_bytes = node_bytes // max(1, len(sharing))
         m.budget_mb = budget_bytes // 2**20
         m.budget = lc.layers_for_budget(budget_bytes, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
                                         sizes.head_bytes, n_layers=sizes.n_layers)
-        log.info("DIAG: slice budget %s", kv(model=m.entry.id, budget_mb=m.budget_mb, layers=m.budget.layers,
+        log.info("DIAG: slice budget %s", kv(model=m.entry.id, budget_mb=m.budget_mb,
+                                             shared_by=None if m.budget_mb_override else len(sharing),
+                                             layers=m.budget.layers,
                                              with_head=m.budget.with_head, per_layer_bytes=sizes.per_layer_bytes,
                                              kv_per_layer_bytes=sizes.kv_per_layer_bytes,
                                              head_bytes=sizes.head_bytes))
