@@ -133,6 +133,7 @@ AUTO_SERVE_START_DELAY_S = 2.0  # the first choice waits a random 0..this, so no
 AUTO_SERVE_LOOK_S = 1.5  # ... and at least this long after the peer network started (links come up)
 AUTO_SERVE_REACT_S = 0.5  # a peer joining or leaving is acted on after 1-3× this (jittered)
 AUTO_SERVE_DEFER_ROUNDS = 3  # evaluations a node waits for the first mover (same coverage) before moving itself
+AUTO_SERVE_RETRY_MIN_S = 5.0  # a slice that failed to load is chosen again after this, doubling to the re-check period
 AUTO_SERVE_DRAIN_S = 30.0  # after a move, the old range is freed once no session uses it, or after this
 AUTO_SERVE_DRAIN_POLL_S = 0.5
 AUTO_SERVE_HEADROOM_MB = 1024  # free memory kept back when no --slice-budget-mb is given

@@ -359,3 +359,45 @@ async def test_models_share_the_node_budget_and_are_sized_again_when_one_leaves(
     await auto.async_add(entries[1], budget_mb=1)  # its own budget: the other keeps the node's
     assert alone.budget is not None and auto.model(entries[1].sha256).budget_mb_override == 1
     await host.async_close()
+
+
+class FailingHost(SliceHost):
+    """Its first `fails` loads fail (as an unreachable origin makes them)."""
+
+    fails = 2
+
+    async def async_load(self, entry, start, end, **kw):
+        hosted = await super().async_load(entry, start, end, **kw)
+        if self.fails > 0:
+            self.fails -= 1
+            hosted.state = "failed"
+        return hosted
+
+
+@pytest.mark.asyncio
+async def test_a_failed_load_is_chosen_again_soon_not_at_the_periodic_round(tmp_path, monkeypatch, caplog):
+    """A slice whose parts could not be fetched waited for the periodic round (~2 min; a swarm
+    test, 2026-12-06: every request a 503 meanwhile, the origin back at once). Now it is chosen
+    again after AUTO_SERVE_RETRY_MIN_S, doubling."""
+    import logging
+
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.1)
+    path = write_gguf(tmp_path / "mv8.gguf", SPEC)
+    entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
+    host = FailingHost(dtype="f32", kv_dtype="f32")
+    auto = AutoServe("me" * 32, host, ScriptedPeers(), [entry], announce=_nothing, budget_mb=1, reevaluate_s=600)
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline.autoserve")
+    auto.start()
+    try:
+        await wait_until(lambda: any(h.state == "loaded" for h in host.for_model(entry.sha256)), 20.0, 0.05,
+                         "the slice, two failed loads later")
+        assert host.fails == 0 and auto.models[0].failures == 0
+        retries = [r.getMessage() for r in caplog.records if "slice load failed, choosing again soon" in r.getMessage()]
+        assert len(retries) == 2 and "retry_in_s=0.1" in retries[0] and "retry_in_s=0.2" in retries[1]
+        assert sum("reason=retry:" in d for d in auto.decisions) == 2
+    finally:
+        await auto.async_stop()
+        await host.async_close()

@@ -61,6 +61,7 @@ class _Model:
     budget_mb_override: int | None = None  # a budget for this model alone (the GUI's slider); None: the node's
     budget_error: str | None = None  # why its layers could not be sized (nothing of it is served)
     at_start: bool = True  # given at start (`--serve auto`); False: added while running (`settled` ignores it)
+    failures: int = 0  # slice loads that failed in a row (each retried sooner than the periodic round)
 
 
 class AutoServe:
@@ -88,6 +89,7 @@ class AutoServe:
         self._unsubscribe: Callable[[], None] | None = None
         self.paused = False  # "Pause contributing": chooses nothing, holds no slice
         self._loads: dict[str, asyncio.Task] = {}  # model sha256 -> its slice load in progress
+        self._retry: asyncio.TimerHandle | None = None
 
     @property
     def settled(self) -> bool:
@@ -198,6 +200,31 @@ class AutoServe:
                 m.budget, m.budget_error, m.settled = None, None, False
                 await self._async_release(m, keep_parts=True)
 
+    def _loaded(self, m: _Model, hosted: HostedSlice | None) -> None:
+        """Count a load's outcome. A failed one (the origin or the peers holding the parts were
+        unreachable, a part did not verify) is chosen again after AUTO_SERVE_RETRY_MIN_S, doubling
+        up to the periodic round: it waited for that round (~2 min), its layers uncovered for all
+        of it when this node was to be their holder (a swarm test, 2026-12-06)."""
+        if hosted is None or hosted.state == "unloaded":
+            return
+        if hosted.state == "loaded":
+            m.failures = 0
+            return
+        m.failures += 1
+        delay = min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** (m.failures - 1))
+        log.info("DIAG: slice load failed, choosing again soon %s", kv(model=m.entry.id, failures=m.failures,
+                                                                        retry_in_s=round(delay, 1)))
+        if self._retry is not None and self._retry.when() <= asyncio.get_running_loop().time() + delay:
+            return  # an earlier retry wakes every model's evaluation anyway
+        if self._retry is not None:
+            self._retry.cancel()
+        self._retry = asyncio.get_running_loop().call_later(delay, self._retry_now)
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        self._why = "retry"
+        self._wake.set()
+
     def _wanted(self, m: _Model) -> bool:
         return not self.paused and m in self.models
 
@@ -211,6 +238,8 @@ class AutoServe:
     async def async_stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
+        if self._retry is not None:
+            self._retry.cancel()
         tasks = [self._task, *self._drains, *self._loads.values()]
         for task in tasks:
             if task is not None:
@@ -338,6 +367,7 @@ class AutoServe:
                         return False
                     return True
             hosted = await self._async_load(m, d, claim=claim)
+            self._loaded(m, hosted)
             if hosted is None:  # cancelled: removed or paused while it loaded
                 await self.announce()
                 return
@@ -392,6 +422,7 @@ class AutoServe:
             await self._async_move_dropping_first(m, old, d)
             return
         new = await self._async_load(m, d)
+        self._loaded(m, new)
         if new is None or new.state != "loaded" or not self._wanted(m):
             if new is not None:
                 await self._async_give_up(new)
@@ -452,6 +483,7 @@ class AutoServe:
         await self.announce()
         await self._async_free(old)
         new = await self._async_load(m, d)
+        self._loaded(m, new)
         if new is None:
             pass  # cancelled (removed, paused)
         elif new.state != "loaded" or not self._wanted(m):
