@@ -360,10 +360,15 @@ class Node:
         A node that holds nothing is ready once it can serve a model of the swarm (its header here,
         its layers covered by peers)."""
         if self.autoserve is not None and self.autoserve.chooses_at_start:
-            # chosen layers: ready once chosen; a later move does not flap it
+            # chosen layers: ready once chosen; a later move does not flap it. A node whose budget
+            # fits no layer (or that chose none) is ready once the swarm covers a model it can
+            # coordinate: it served chains while /health/ready said 503 for ever (2026-12-06)
             whole_loading = any(m.state == "loading" for m in self.models.whole_models())
             sliced = any(s.state == "loaded" for s in self.slice_host.slices.values())
-            return self.autoserve.settled and (sliced or self.models.ready) and not whole_loading
+            swarm = self.pipeline.swarm_models() if self.pipeline is not None else {}
+            coordinates = any(not m.whole and m.tokenizer is not None and m.entry.sha256 in swarm
+                              for m in self.models.all())
+            return self.autoserve.settled and (sliced or self.models.ready or coordinates) and not whole_loading
         # slices the layer choice took (contributions from the app) do not hold readiness back: a node
         # serving its own models stays ready while it fetches layers for the swarm
         loading = any(m.state == "loading" for m in self.models.whole_models()) or \

@@ -30,8 +30,8 @@ def auto_model(directory: Path) -> Path:
     return path
 
 
-def start_auto_node(base: Path, name: str, model: Path, bootstrap: list[int]) -> NodeProcess:
-    args = ["--model", str(model), "--no-default-model", "--serve", "auto", "--slice-budget-mb", str(BUDGET_MB),
+def start_auto_node(base: Path, name: str, model: Path, bootstrap: list[int], budget_mb: int = BUDGET_MB) -> NodeProcess:
+    args = ["--model", str(model), "--no-default-model", "--serve", "auto", "--slice-budget-mb", str(budget_mb),
             "--slice-dtype", "f32", "--slice-kv-dtype", "f32", "--activation-bits", "32", "--no-mdns",
             "--n-threads", "1"]  # f32 caches: the budget's geometry above (f16 ones fit a fifth layer)
     for port in bootstrap:
@@ -166,3 +166,23 @@ def test_four_auto_nodes_reach_two_holders_then_survivors_recover(tmp_path):
 
 async def _min_is(proc: NodeProcess, want: int) -> bool:
     return await min_holders(proc) == want
+
+
+def test_a_node_whose_budget_fits_no_layer_is_ready_once_the_swarm_covers_the_model(tmp_path):
+    """It coordinated chains (200s) while /health/ready said 503 for ever: supervision waiting on
+    readiness hung (a swarm test, 2026-12-06)."""
+    model = write_gguf(tmp_path / "auto8.gguf", SynthSpec(**{**AUTO8.__dict__, "hidden": 256, "ffn": 512}))
+    holder = start_auto_node(tmp_path, "holder", model, [], budget_mb=64)  # the whole model
+    tiny = start_auto_node(tmp_path, "tiny", model, [holder.peer_port], budget_mb=1)  # a layer is ~2.6 MB
+    try:
+        async def check():
+            await holder.async_wait_ready()
+            await tiny.async_wait_ready()
+            assert "reason=budget_fits_no_layer" in tiny.node_log()
+            model_id = await wait_for_route(tiny, "auto8")
+            status, _, text = await chat(tiny, model_id, "the swarm organises itself", max_tokens=6)
+            assert status == 200 and text
+        run(check())
+    finally:
+        for p in (holder, tiny):
+            p.terminate()
