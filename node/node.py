@@ -44,6 +44,7 @@ from node.models.download import DownloadJob, ModelDownloader
 from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import is_model_url, model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
+from node.status import node_ready, node_stats
 from node.stopping import async_bounded
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
@@ -356,36 +357,8 @@ class Node:
         return self.pipeline.in_flight if self.pipeline is not None else 0
 
     def is_ready(self) -> bool:
-        """True once this node's own models and slices are loaded (and there is something to serve).
-        A node that holds nothing is ready once it can serve a model of the swarm (its header here,
-        its layers covered by peers)."""
-        if self.autoserve is not None and self.autoserve.chooses_at_start:
-            # chosen layers: ready once chosen; a later move does not flap it. A node whose budget
-            # fits no layer (or that chose none) is ready once the swarm covers a model it can
-            # coordinate: it served chains while /health/ready said 503 for ever (2026-12-06)
-            whole_loading = any(m.state == "loading" for m in self.models.whole_models())
-            sliced = any(s.state == "loaded" for s in self.slice_host.slices.values())
-            swarm = self.pipeline.swarm_models() if self.pipeline is not None else {}
-            coordinates = any(not m.whole and m.tokenizer is not None and m.entry.sha256 in swarm
-                              for m in self.models.all())
-            return self.autoserve.settled and (sliced or self.models.ready or coordinates) and not whole_loading
-        # slices the layer choice took (contributions from the app) do not hold readiness back: a node
-        # serving its own models stays ready while it fetches layers for the swarm
-        loading = any(m.state == "loading" for m in self.models.whole_models()) or \
-            any(s.state == "loading" and s.auto_budget is None for s in self.slice_host.slices.values())
-        if loading:
-            return False
-        configured = [s for s in self.slice_host.slices.values() if s.auto_budget is None]
-        if self.models.ready or (configured and all(s.state in ("loaded", "draining") for s in configured)) \
-                or self.slice_host.ready:
-            return True
-        holds_nothing = not self.models.whole_models() and not self.slice_host.slices
-        return holds_nothing and self._serves_from_swarm()
-
-    def _serves_from_swarm(self) -> bool:
-        swarm = self.pipeline.swarm_models() if self.pipeline is not None else {}
-        return any(not m.whole and not m.entry.has_file and m.tokenizer is not None and m.entry.sha256 in swarm
-                   for m in self.models.all())
+        """True once this node can serve (`status.node_ready`)."""
+        return node_ready(self)
 
     def list_openai_models(self) -> list[dict[str, Any]]:
         """/v1/models entries: models served whole here, and models the swarm covers layer by layer."""
@@ -513,25 +486,5 @@ class Node:
         del self.activity[:-100]
 
     def stats(self) -> dict[str, Any]:
-        """Counters for /api/admin/stats and the GUI overview."""
-        recent = list(self.traces.recent)
-        window = [t for t in recent if t.created_at >= time.time() - 60]
-        rates = [t.tok_per_sec for t in recent[-10:] if t.tok_per_sec]
-        return {
-            "node_id": self.node_id,
-            "short_id": self.short_id,
-            "version": self.version,
-            "uptime_s": round(time.time() - self.started_at, 1) if self.started_at else 0,
-            "api_url": self.api_url,
-            "requests": dict(self.traces.counts),
-            "in_flight": {"traces": self.traces.in_flight, "pipelines": self.pipelines_in_flight()},
-            "requests_last_minute": len(window),
-            "recent_tok_per_sec": round(sum(rates) / len(rates), 1) if rates else None,
-            "models_loaded": sum(1 for m in self.models.all() if m.state == "loaded"),
-            "peers": sum(1 for p in self.peers.peers() if p.state == "connected") if self.peers is not None else 0,
-            "kv_sessions": self.slice_host.session_count(),
-            "kv_kept": self.slice_host.kept_count(),  # finished, kept for their conversation's next turn
-            "kv_mb": round(self.slice_host.kv_bytes() / 2**20, 3),
-            "remote_generations": self.remote_server.in_flight if self.remote_server is not None else 0,
-            "loop_stalls": self.watchdog.stalls,
-        }
+        """Counters for /api/admin/stats and the GUI overview (`status.node_stats`)."""
+        return node_stats(self)
