@@ -315,3 +315,43 @@ async def test_of_two_nodes_claiming_the_same_layers_at_once_the_higher_id_yield
         assert [(s.start, s.end) for s in host.slices.values() if s.state == "loaded"]
     finally:
         await host.async_close()
+
+
+async def test_parts_of_a_range_no_longer_chosen_go_once_the_new_choice_has_loaded(tmp_path, model, origin, monkeypatch):  # noqa: F811
+    """A node restarted with layers 4-7 on disk while the swarm needed 0-3: it fetched 0-3 and
+    kept 4-7's parts, the file on disk growing to the whole model (a swarm test, 2026-12-06)."""
+    from types import SimpleNamespace
+
+    from node.inference.pipeline.autoserve import AutoServe
+    from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.partials import PartialModels
+    from tests.support.waiting import wait_until
+
+    for name, value in (("AUTO_SERVE_LOOK_S", 0.0), ("AUTO_SERVE_START_DELAY_S", 0.0), ("AUTO_SERVE_REACT_S", 0.01)):
+        monkeypatch.setattr(const, name, value)
+    partials = PartialModels(tmp_path / "models")
+    directory = await partials.async_open(origin.url)
+    store = PartialStore(directory)
+    manifest = store.load()
+    await async_fetch_parts(store, manifest, parts_for(read_header(store.header_path), 4, 8))  # the last run's range
+    [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
+    assert entry.partial.held_layers == [4, 5, 6, 7]
+    sha = entry.sha256
+    holders = [SimpleNamespace(node_id=f"p{i}" * 32, state="connected", models=(
+        {"sha256": sha, "name": "part8", "n_layers": 8, "start": 4, "end": 8, "ms_per_layer": None},)) for i in range(2)]
+    peers = SimpleNamespace(peers=lambda: holders, subscribe=lambda callback: (lambda: None))
+    host = SliceHost(dtype="f32", kv_dtype="f32", partials=partials)
+
+    async def nothing():
+        return None
+
+    auto = AutoServe("me" * 32, host, peers, [entry], announce=nothing, budget_mb=18)  # 4 layers (4.2 MB each)
+    auto.start()
+    try:
+        await wait_until(lambda: host.find(sha, 0, 4) is not None and host.find(sha, 0, 4).state == "loaded",
+                         30.0, 0.05, "layers 0-3, the ones the swarm lacks")
+        await wait_until(lambda: entry.partial.held_layers == [0, 1, 2, 3], 10.0, 0.05, "4-7's parts to go")
+        assert "head" not in entry.partial.complete and "embd" in entry.partial.complete
+    finally:
+        await auto.async_stop()
+        await host.async_close()

@@ -209,6 +209,12 @@ class AutoServe:
             return
         if hosted.state == "loaded":
             m.failures = 0
+            # the parts of ranges kept for a return (a pause, a new budget, the range on disk at a
+            # restart when the swarm needed another) go once a choice has loaded: they grew the
+            # file on disk to the whole model (a swarm test, 2026-12-06)
+            task = asyncio.create_task(self.host.async_trim_parts(m.entry), name="autoserve-trim")
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
             return
         m.failures += 1
         delay = min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** (m.failures - 1))

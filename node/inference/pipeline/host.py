@@ -358,9 +358,14 @@ class SliceHost:
             hosted.executor.shutdown(wait=False)
         log.info("DIAG: slice unloaded %s", kv(model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}",
                                                was=was))
-        if hosted.entry.partial is not None and self.partials is not None and not keep_parts:  # its parts no other slice uses go
-            await self.partials.async_trim(hosted.entry, [(s.start, s.end) for s in self.slices.values()
-                                                          if s.entry.sha256 == hosted.entry.sha256])
+        if not keep_parts:  # its parts no other slice uses go
+            await self.async_trim_parts(hosted.entry)
+
+    async def async_trim_parts(self, entry: ModelEntry) -> None:
+        """Delete a partial model's parts that no slice here (loading, loaded or draining) reads."""
+        if entry.partial is not None and self.partials is not None:
+            await self.partials.async_trim(entry, [(s.start, s.end) for s in self.slices.values()
+                                                   if s.entry.sha256 == entry.sha256])
 
     def _place(self, entry: ModelEntry, start: int, end: int) -> Placement:
         """GPU if torch sees one with room (f16 weights), else the CPU with the reason (blocking)."""
