@@ -401,3 +401,32 @@ async def test_a_failed_load_is_chosen_again_soon_not_at_the_periodic_round(tmp_
     finally:
         await auto.async_stop()
         await host.async_close()
+
+
+@pytest.mark.asyncio
+async def test_a_reloaded_slice_starts_from_this_machines_measured_speed(tmp_path):
+    """After a re-budget reloaded its slice, a coordinator sent its own layers to a peer: the new
+    slice was unmeasured (the planner's default 2 ms/layer) against a measured peer, so never
+    used, so never measured (a swarm test, 2026-12-06). A slice now starts from the speed this
+    machine measured on the model, beside it or before it; one never measured starts unmeasured."""
+    from node.inference.pipeline.holders import LayerHolders
+    from node.inference.pipeline.perf import PeerPerformance
+
+    path = write_gguf(tmp_path / "mv8.gguf", SPEC)
+    entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
+    host = SliceHost(dtype="f32", kv_dtype="f32")
+    try:
+        first = await host.async_load(entry, 0, 4)
+        assert first.ms_per_layer is None
+        for _ in range(3):
+            host.note_eval(first, 400, 1)  # 0.1 ms a layer
+        beside = await host.async_load(entry, 4, 8)
+        assert beside.ms_per_layer == pytest.approx(0.1)
+        await host.async_unload(first)
+        await host.async_unload(beside)
+        again = await host.async_load(entry, 2, 6)
+        assert again.ms_per_layer == pytest.approx(0.1) and again.advert()["ms_per_layer"] == 0.1
+        holders = LayerHolders("me" * 32, host, None, None, PeerPerformance("me" * 32)).holders(entry.sha256)
+        assert [h.ms_per_layer for h in holders] == [pytest.approx(0.1)]
+    finally:
+        await host.async_close()

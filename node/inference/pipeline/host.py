@@ -134,6 +134,7 @@ class SliceHost:
         self.dtype = dtype
         self.kv_dtype = kv_dtype  # the slices' KV caches (SliceModel.load's kv_dtype)
         self.partials = partials  # models given by URL: their layers are fetched before a load
+        self._ms_per_layer: dict[str, float] = {}  # a model's last measured decode ms/layer here (by sha256)
         self.weight_cache = weight_cache  # converted weights on disk: a second load skips the conversion
         self.cpu_only = cpu_only
         self.n_threads = n_threads
@@ -262,6 +263,11 @@ class SliceHost:
                 self.on_change()
             return held
         hosted = HostedSlice(entry, start, end, auto_budget=auto_budget)
+        # this machine's speed on the model so far (a slice beside it, or the last one here): an
+        # unmeasured local slice cost the planner's default 2 ms/layer and lost its own layers to a
+        # measured peer, so it was never used, so never measured (a swarm test, 2026-12-06)
+        hosted.ms_per_layer = next((s.ms_per_layer for s in self.for_model(entry.sha256, draining=True) if s.ms_per_layer),
+                                   self._ms_per_layer.get(entry.sha256))
         hosted.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"slice-{entry.name[:12]}-{start}-{end}")
         self.slices[hosted.key] = hosted
@@ -339,6 +345,8 @@ class SliceHost:
             return  # (a release and the evaluation that loaded it may both get here)
         if self.slices.get(hosted.key) is hosted:
             del self.slices[hosted.key]
+        if hosted.ms_per_layer is not None:
+            self._ms_per_layer[hosted.entry.sha256] = hosted.ms_per_layer
         was = hosted.state
         hosted.state = "unloaded"
         self.events.emit(hosted)
