@@ -174,7 +174,7 @@ class SliceModel:
         model.load_ms = round((time.perf_counter() - t0) * 1000)
         log.info(
             "DIAG: slice model loaded %s",
-            kv(model=model.name, arch=cfg.arch, layers=f"{layer_start}-{end}", n_layers=cfg.n_layers,
+            kv(model=model.name, arch=cfg.arch, layers=f"{layer_start}-{end - 1}", n_layers=cfg.n_layers,
                dtype=fmt, device=str(device), threads=torch.get_num_threads(), load_workers=workers,
                weight_cache=model.weight_cache, cached_parts=f"{sum(hits)}/{len(hits)}",
                kernel=kernel, kv_dtype=model.kv_name, load_ms=model.load_ms),
