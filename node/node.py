@@ -45,7 +45,7 @@ from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import is_model_url, model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.status import node_ready, node_stats
-from node.stopping import async_bounded
+from node.stopping import async_bounded, async_drain
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
 from node.watchdog import LoopWatchdog
@@ -105,6 +105,8 @@ class Node:
         self._advertised_rates: dict[str, float] = {}  # model id -> ms/token peers last heard (whole models)
         self._announce_task: asyncio.Task | None = None
         self._stopping = False
+        self._later_urls: list[str] = []  # --model URLs unreachable at start (opened in the background)
+        self._url_tasks: list[asyncio.Task] = []
         self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
 
     def _slice_holders(self, sha256: str) -> list[tuple[str, int, int]]:
@@ -172,6 +174,8 @@ class Node:
         self.contributions.attach(self.autoserve, slices)
         await self.contributions.async_restore()
         self.autoserve.start()
+        self._url_tasks = [asyncio.create_task(self.partials.async_open_later(url, self._async_serve_url_model),
+                                               name="open-model-url") for url in self._later_urls]
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
 
@@ -201,7 +205,7 @@ class Node:
             return close
 
         async def cancel_background() -> None:
-            for task in (self._machine_task, self._announce_task):
+            for task in (self._machine_task, self._announce_task, *self._url_tasks):
                 if task is not None:
                     task.cancel()
 
@@ -209,7 +213,7 @@ class Node:
             return None
 
         return [
-            ("drain", self._async_drain),
+            ("drain", lambda: async_drain(self.traces, self._runs)),
             ("api", self.api.stop),
             ("autoserve", self.autoserve.async_stop if self.autoserve is not None else nothing),
             ("pipeline", closing(self.pipeline)),
@@ -297,12 +301,21 @@ class Node:
 
     async def _async_open_url_models(self) -> set[Path]:
         """`--model URL`: a partial model per URL in models/ (its layers are fetched when a slice
-        of them loads). Returns their directories."""
+        of them loads). Returns their directories. With `--serve auto`, one whose origin cannot be
+        read (and nothing of it is here) is opened later, in the background (`_later_urls`)."""
         urls = [m for m in self.config.models if is_model_url(m)]
         if urls and not (self.config.layers or self.config.serve == "auto"):
             raise InvalidRequest("a model given by URL is served in layers: add --layers A-B or --serve auto "
                                  "(`swarmllm download URL` fetches the whole file)", param="model")
-        return {await self.partials.async_open(url) for url in urls}
+        dirs, self._later_urls = await self.partials.async_open_all(urls, later_ok=self.config.serve == "auto")
+        return dirs
+
+    async def _async_serve_url_model(self, directory: Path) -> None:
+        """A `--model URL` opened after start: catalogued, registered and given to the layer choice."""
+        for entry in await self.catalog.async_scan([(directory, "cli")]):
+            await self.models.async_register(entry, whole=False)
+            if self.autoserve is not None:
+                await self.autoserve.async_add(entry)
 
     async def async_add_model(self, path: Path, source: str, *, sha256: str | None = None,
                               origin_url: str | None = None) -> str:
@@ -338,19 +351,6 @@ class Node:
         if self._stopping:
             run.abort(ShuttingDown("the node is shutting down; try another node or again later"))
         return run
-
-    async def _async_drain(self) -> None:
-        """stop()'s first step: requests under way get `NODE_DRAIN_S` to finish; the rest end with a
-        503 error (an error event in a stream) instead of a connection cut mid-reply, which a
-        client cannot tell from a reply the network lost (found by a swarm test, 2026-12-06)."""
-        if await self.traces.async_idle(const.NODE_DRAIN_S):
-            return
-        left = [run for run in self._runs if not run.trace.done]
-        log.warning("DIAG: stopping with requests under way, ending them %s",
-                    kv(count=len(left), drain_s=const.NODE_DRAIN_S))
-        for run in left:
-            run.abort(ShuttingDown("the node is shutting down: the reply was cut short"))
-        await self.traces.async_idle(const.NODE_DRAIN_S)
 
     def pipelines_in_flight(self) -> int:
         """Distributed pipelines being executed by this node as coordinator."""

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Awaitable
 from typing import Any
 
+from node import const
+from node.errors import ShuttingDown
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -109,3 +111,17 @@ def _frames(frame: Any, n: int) -> list[Any]:
         out.append(frame)
         frame = frame.f_back
     return out
+
+
+async def async_drain(traces: Any, runs: Any) -> None:
+    """Node.stop's first step: requests under way (`traces`: the TraceHub) get `NODE_DRAIN_S` to
+    finish; the `runs` (CompletionRuns) still going then end with a 503 `ShuttingDown` (the error
+    event of their stream) instead of a connection cut mid-reply, which a client cannot tell from
+    a reply the network lost (a swarm test, 2026-12-06: no error, no [DONE], "client went away")."""
+    if await traces.async_idle(const.NODE_DRAIN_S):
+        return
+    left = [run for run in list(runs) if not run.trace.done]
+    log.warning("DIAG: stopping with requests under way, ending them %s", kv(count=len(left), drain_s=const.NODE_DRAIN_S))
+    for run in left:
+        run.abort(ShuttingDown("the node is shutting down: the reply was cut short"))
+    await traces.async_idle(const.NODE_DRAIN_S)

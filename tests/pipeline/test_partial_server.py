@@ -25,7 +25,9 @@ from node.models.partial import (
 )
 from node.net import Frame, FrameType
 from tests.models.test_partial import model as model  # noqa: F401 - the module-scoped GGUF fixture
+from tests.support.nodes import node_config, running_node
 from tests.support.rangeserver import ThreadedOrigin
+from tests.support.waiting import wait_until
 
 
 class Link:
@@ -325,7 +327,6 @@ async def test_parts_of_a_range_no_longer_chosen_go_once_the_new_choice_has_load
     from node.inference.pipeline.autoserve import AutoServe
     from node.inference.pipeline.host import SliceHost
     from node.inference.pipeline.partials import PartialModels
-    from tests.support.waiting import wait_until
 
     for name, value in (("AUTO_SERVE_LOOK_S", 0.0), ("AUTO_SERVE_START_DELAY_S", 0.0), ("AUTO_SERVE_REACT_S", 0.01)):
         monkeypatch.setattr(const, name, value)
@@ -355,3 +356,25 @@ async def test_parts_of_a_range_no_longer_chosen_go_once_the_new_choice_has_load
     finally:
         await auto.async_stop()
         await host.async_close()
+
+
+async def test_a_model_url_unreachable_at_start_is_served_once_its_origin_answers(tmp_path, model, origin, monkeypatch, caplog):  # noqa: F811
+    """A fresh `--model URL --serve auto` node whose origin was down exited at start-up (a swarm
+    test, 2026-12-06), though its peers might serve every layer. It now starts, and opens the
+    model in the background once the origin answers."""
+    import logging
+
+    for name, value in (("AUTO_SERVE_LOOK_S", 0.0), ("AUTO_SERVE_START_DELAY_S", 0.0), ("AUTO_SERVE_REACT_S", 0.01),
+                        ("PARTIAL_OPEN_RETRY_MIN_S", 0.1), ("DOWNLOAD_RETRY_BASE_S", 0.01)):
+        monkeypatch.setattr(const, name, value)
+    origin.unavailable = True
+    caplog.set_level(logging.INFO)
+    config = node_config(tmp_path / "data", models=[origin.url], serve="auto", slice_budget_mb=64,
+                         slice_dtype="f32", slice_kv_dtype="f32")
+    async with running_node(config) as node:
+        assert node.models.all() == [] and "DIAG: model URL unreachable at start" in caplog.text
+        await wait_until(lambda: "DIAG: model URL still unreachable" in caplog.text, 10.0, 0.05, "a retry")
+        origin.unavailable = False
+        await wait_until(lambda: any(s.state == "loaded" for s in node.slice_host.slices.values()), 30.0, 0.05,
+                         "the model's layers, once the origin answers")
+        assert [m.entry.name for m in node.models.all()] == ["m"]

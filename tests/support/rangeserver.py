@@ -23,6 +23,7 @@ class ThreadedOrigin:
         self.change_after: tuple[int, bytes] | None = None  # after N body bytes, serve other bytes as "v2"
         self.ranges: list[str | None] = []
         self.stall_after: int | None = None  # once this many body bytes went out, wait for `release`
+        self.unavailable = False  # answer every request 503 (the origin is down)
         self.release = threading.Event()
         self._lock = threading.Lock()
         origin = self
@@ -32,6 +33,9 @@ class ThreadedOrigin:
                 pass
 
             def do_GET(self):  # noqa: N802 - http.server's name
+                if origin.unavailable:
+                    self.send_error(503)
+                    return
                 if self.path.split("?")[0] != f"/{origin.name}":
                     self.send_error(404)
                     return

@@ -26,12 +26,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from node import const
-from node.errors import InvalidRequest, ModelNotFound, NodeError, Overloaded, PeerError
+from node.errors import DownloadFailed, InvalidRequest, ModelNotFound, NodeError, Overloaded, PeerError
 from node.inference.weights.cache import WeightCache
 from node.logs import kv, progress_extra
 from node.models.catalog import ModelCatalog, ModelEntry
@@ -85,6 +85,40 @@ class PartialModels:
         resolved_dir = await asyncio.get_running_loop().run_in_executor(None, store.dir.resolve)
         self._urls[resolved_dir] = url
         return resolved_dir
+
+    async def async_open_all(self, urls: list[str], *, later_ok: bool) -> tuple[set[Path], list[str]]:
+        """Open each URL's partial model: (their directories, the URLs whose origin could not be
+        read with nothing of them here, when `later_ok`; else that DownloadFailed is raised)."""
+        dirs, later = set(), []
+        for url in urls:
+            try:
+                dirs.add(await self.async_open(url))
+            except DownloadFailed as exc:
+                if not later_ok:
+                    raise
+                log.warning("DIAG: model URL unreachable at start, trying again in the background %s",
+                            kv(error=exc.message))
+                later.append(url)
+        return dirs, later
+
+    async def async_open_later(self, url: str, on_open: Callable[[Path], Awaitable[None]]) -> None:
+        """Open `url`'s partial model once its origin answers: tried again after
+        PARTIAL_OPEN_RETRY_MIN_S, doubling up to PARTIAL_OPEN_RETRY_MAX_S, then `on_open(directory)`.
+        For a `--model URL` whose origin could not be read at start with nothing of it here: the
+        node starts without it (it used to exit, although peers may serve every layer of it)."""
+        delay = const.PARTIAL_OPEN_RETRY_MIN_S
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                directory = await self.async_open(url)
+            except DownloadFailed as exc:
+                delay = min(delay * 2, const.PARTIAL_OPEN_RETRY_MAX_S)
+                log.info("DIAG: model URL still unreachable %s", kv(url=display_url(resolve_url(url)),
+                                                                     error=exc.message, retry_in_s=delay))
+                continue
+            self.note(f"model {display_url(resolve_url(url))} reachable: serving it")
+            await on_open(directory)
+            return
 
     async def async_fetch(self, entry: ModelEntry, start: int, end: int, *,
                           progress: Callable[[int, int], None] | None = None) -> None:
