@@ -101,6 +101,8 @@ KEPT_SESSION_TTL_S = 900.0  # a finished one kept for its conversation's next tu
 BATCH_MAX_STEPS = 16  # a segment runs at most this many sessions' queued steps as one forward
 BATCH_MAX_ROWS = 512  # ... of at most this many rows together (a longer prefill chunk runs alone)
 KEPT_ROUTE_MAX_SLOWDOWN = 1.5  # a conversation's next turn keeps its chain (its KV) unless that chain's
+CHAIN_LOAD_WEIGHT = 0.25  # a holder's ms/layer for a new request grows by this per request of ours it runs:
+# equal holders share the requests (a tie-breaker; a segment batches its sessions, so a second costs it far less than one)
 # estimate per token is this many times the cheapest's (then it prefills in full on the cheaper one)
 CHAIN_PREFIX_MIN_TOKENS = 16  # a chain resumes a kept session only for a common prefix this long
 SESSION_SWEEP_INTERVAL_S = 10.0

@@ -110,3 +110,74 @@ def test_assembly_keeps_a_conversations_route_unless_it_is_gone_or_far_slower(ca
                                                      200.0, snap(P2, (0, 8)).models, None)]
     assert assemble(((P2, 0, 8),)) == [(P1, 0, 8)]
     assert const.KEPT_ROUTE_MAX_SLOWDOWN > 1
+
+
+def test_holders_no_slower_share_concurrent_requests_and_a_far_faster_one_keeps_them():
+    """Every request took the same chain while as good holders sat idle (a swarm test,
+    2026-12-06): this coordinator's requests under way make a holder CHAIN_LOAD_WEIGHT dearer per
+    request, so equal holders take turns; a much faster holder still wins a second request."""
+    from types import SimpleNamespace
+
+    from node.trace import RequestTrace
+
+    lh = holders(snap(P1, (0, 8)), snap(P2, (0, 8)))
+    lh.transport = SimpleNamespace(kind=lambda node_id: "direct")
+    entry = SimpleNamespace(sha256=SHA, n_layers=8)
+
+    def assemble(load):
+        plan, _ = lh.assemble(entry, RequestTrace(model="m", operation="chat.completions"), 1, frozenset(), load=load)
+        return [h.node_id for h in plan.segments]
+
+    first = assemble({})
+    other = P2 if first == [P1] else P1
+    assert assemble({first[0]: 1}) == [other]  # the second request goes to the idle holder
+    assert assemble({first[0]: 1, other: 1}) == first  # one each: either again
+    assert assemble({first[0]: 2, other: 1}) == [other]
+    lh.peers.snaps = [snap(P1, (0, 8)), PeerSnapshot(P2, P2[:8], "connected", "direct", "127.0.0.1:1", 2.0 * 40,
+                                                     200.0, snap(P2, (0, 8)).models, None)]  # P2 40x slower
+    assert assemble({P1: 3}) == [P1]
+
+
+async def test_the_coordinator_routes_a_second_request_round_its_first():
+    """The coordinator counts its attempts under way per node for the assembly: two requests at
+    once through two holders of the same layers take one each; a failed attempt counts no more."""
+    import asyncio
+
+    from node.errors import SegmentFailed
+    from node.inference.handoff import GenerationJob
+    from node.inference.pipeline.coordinator import PipelineCoordinator
+    from node.inference.pipeline.transport import PipelineTransport
+    from node.inference.sampling import SamplingParams
+    from node.trace import RequestTrace
+
+    class LinkedPeers(Peers):
+        def peer(self, node_id):
+            return next((s for s in self.snaps if s.node_id == node_id), None)
+
+    peers = LinkedPeers([snap(P1, (0, 8)), snap(P2, (0, 8))])
+    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, None), peers, Host())
+    entry = type("Entry", (), {"sha256": SHA, "n_layers": 8, "id": "m"})()
+
+    def attempt(rid):
+        job = GenerationJob(rid, [1, 2, 3], SamplingParams(), 4)
+        return coordinator.open_attempt(job, entry, RequestTrace(model="m", operation="chat.completions"), 1,
+                                        frozenset())
+
+    first, second = attempt("r1"), attempt("r2")
+    assert {first.route[0].node_id, second.route[0].node_id} == {P1, P2}
+    first.fail(SegmentFailed("gone", node_id=first.route[0].node_id, cause="link_drop"))
+    second.fail(SegmentFailed("gone", node_id=second.route[0].node_id, cause="link_drop"))
+    third, fourth = attempt("r3"), attempt("r4")
+    assert {third.route[0].node_id, fourth.route[0].node_id} == {P1, P2}
+    await asyncio.sleep(0)
+
+
+def test_a_holder_with_no_speed_figure_is_taken_as_the_median_of_those_with_one():
+    """At the flat default (2 ms/layer) an unmeasured holder lost every request to measured ones,
+    so it was never used and never measured (a swarm test, 2026-12-06)."""
+    unmeasured = PeerSnapshot(P2, P2[:8], "connected", "direct", "127.0.0.1:1", 2.0, 200.0,
+                              ({**snap(P2, (0, 8)).models[0], "ms_per_layer": None},), None)
+    lh = holders(snap(P1, (0, 8)), unmeasured)
+    assert sorted(h.ms_per_layer for h in lh.holders(SHA)) == [1.5, 1.5]
+    alone = holders(unmeasured)  # nobody measured: the planner's default
+    assert [h.ms_per_layer for h in alone.holders(SHA)] == [None]

@@ -19,6 +19,7 @@ what RESULT telemetry measured) and, per request, `PipelineRun` (run.py: the tok
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -183,7 +184,8 @@ class PipelineCoordinator:
         """Plan a chain without the excluded nodes and track its session (InsufficientCapacity if none)."""
         reuses = attempt_no == 1  # (a failed-over attempt prefills prompt + generated afresh)
         prefer = self.prefix.route_for(entry.sha256, list(job.prompt_tokens)) if reuses else None
-        plan, kinds = self.holders.assemble(entry, trace, attempt_no, excluded, prefer=prefer)
+        load = collections.Counter(node for a in self.attempts.values() if not a.failed.done() for node in a.nodes())
+        plan, kinds = self.holders.assemble(entry, trace, attempt_no, excluded, prefer=prefer, load=load)
         sid = f"{job.request_id}/{attempt_no}"
         att = Attempt(sid, entry.sha256, plan, tuple(Hop(h.node_id, h.start, h.end) for h in plan.segments), kinds,
                       asyncio.get_running_loop().create_future())

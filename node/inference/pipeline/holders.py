@@ -14,8 +14,10 @@ request's trace and logs it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from node import const
@@ -70,7 +72,20 @@ class LayerHolders:
         self.perf = perf
 
     def holders(self, sha256: str) -> list[Holder]:
-        """Every node that can run a range of this model now: our slices first, then peers'."""
+        """Every node that can run a range of this model now: our slices first, then peers'. One
+        with no speed figure yet (ours measured, or advertised) is taken to be as fast as the
+        median of those with one: at the planner's flat default (2 ms/layer) an unmeasured holder
+        lost every request to a measured one, so it was never used, so never measured (a swarm
+        test, 2026-12-06); once it runs, its own figure replaces the guess."""
+        out = self._holders(sha256)
+        figures = sorted(h.ms_per_layer for h in out if sane_ms(h.ms_per_layer, None) is not None)
+        if figures and len(figures) < len(out):
+            typical = figures[len(figures) // 2]
+            out = [h if sane_ms(h.ms_per_layer, None) is not None else dataclasses.replace(h, ms_per_layer=typical)
+                   for h in out]
+        return out
+
+    def _holders(self, sha256: str) -> list[Holder]:
         out = [Holder(self.node_id, s.start, s.end, "local", 0.0, s.ms_per_layer) for s in self.host.for_model(sha256)]
         if self.peers is None:
             return out
@@ -114,16 +129,22 @@ class LayerHolders:
         return True
 
     def assemble(self, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
-                 excluded: frozenset[str], prefer: tuple[tuple[str, int, int], ...] | None = None
-                 ) -> tuple[Plan, list[str]]:
+                 excluded: frozenset[str], prefer: tuple[tuple[str, int, int], ...] | None = None,
+                 load: Mapping[str, int] | None = None) -> tuple[Plan, list[str]]:
         """The cheapest chain without the excluded nodes and each segment's transport (local |
         direct | relayed), recorded in the trace (sched_ms, segments, route, regions);
         InsufficientCapacity when no chain is left. `prefer`: a kept session's route (its KV holds
         this prompt's prefix), taken instead while it is usable and its estimate is within
-        KEPT_ROUTE_MAX_SLOWDOWN of the cheapest (a route that changes between turns reuses nothing)."""
+        KEPT_ROUTE_MAX_SLOWDOWN of the cheapest (a route that changes between turns reuses nothing).
+        `load`: this coordinator's requests under way per node; each makes a holder's ms/layer
+        CHAIN_LOAD_WEIGHT dearer, so holders no slower share concurrent requests (every request
+        took the same chain while as good holders sat idle: a swarm test, 2026-12-06)."""
         started = trace.begin_assembly()
         try:
             holders = self.holders(entry.sha256)
+            if load:
+                holders = [dataclasses.replace(h, ms_per_layer=h.layer_ms() * (1 + const.CHAIN_LOAD_WEIGHT * load[h.node_id]))
+                           if load.get(h.node_id) else h for h in holders]
             plan = plan_route(entry.n_layers, holders, exclude=excluded)
         except InsufficientCapacity:
             trace.end_assembly(started)
