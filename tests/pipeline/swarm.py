@@ -89,6 +89,8 @@ async def wait_for_route(proc: NodeProcess, model_name: str, timeout_s: float = 
 
 
 async def wait_peers(proc: NodeProcess, n: int, timeout_s: float = 60.0) -> None:
+    await proc.async_wait_ready(timeout_s, path="/health")  # up: its API key is written (it raced a fresh node)
+
     async def enough():
         data = await proc.async_get_json("/api/admin/peers")
         return sum(1 for p in data["peers"] if p["state"] == "connected" and p["models"]) >= n
