@@ -9,10 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from node import const
+from node.contribute import Contributions
 from node.inference.pipeline.autoserve import AutoServe
+from node.inference.pipeline.coverage import slice_sizes
 from node.inference.pipeline.host import SliceHost
 from node.inference.synth import SynthSpec, write_gguf
-from node.models.catalog import ModelCatalog
+from node.models.catalog import ModelCatalog, served_context
+from node.node import Node
+from tests.support.nodes import node_config
 from tests.support.waiting import wait_until
 
 SPEC = SynthSpec(n_layers=8, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=256, name="mv8")
@@ -300,9 +304,6 @@ async def test_the_kv_reserve_of_auto_budgets_is_for_the_context_the_node_serves
     serves it): AutoServe's budget and the contribution offer reserve KV for 8192 positions a
     layer, not 32768 (a real Llama 3's 131072 made that reserve 4.4 times a 1B model's int8 weights
     in f16, 8.8 times in f32); a session may still grow to the trained context."""
-    from node.contribute import Contributions
-    from node.inference.pipeline.coverage import slice_sizes
-    from node.models.catalog import served_context
 
     long_ctx = SynthSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=32768,
                          name="long2")
@@ -313,8 +314,6 @@ async def test_the_kv_reserve_of_auto_budgets_is_for_the_context_the_node_serves
     assert host.context_for(entry) == served_context(32768, 0, 8192) == 8192
     assert SliceHost(dtype="f32", n_ctx=4096, ctx_cap=8192).context_for(entry) == 4096  # n_ctx wins
     assert SliceHost(dtype="f32").context_for(entry) == 0  # nothing set: the trained context
-    from node.node import Node
-    from tests.support.nodes import node_config
     assert Node(node_config(tmp_path / "n", max_ctx=4096)).slice_host.context_for(entry) == 4096  # the config's
     reserve = 2 * 2 * 16 * 8192 * 2  # K and V, 2 kv heads x 16 dims, 8192 positions, f16
     assert slice_sizes(path, "f32", 0, kv_dtype="f16").kv_per_layer_bytes == 4 * reserve
@@ -353,11 +352,20 @@ async def test_models_share_the_node_budget_and_are_sized_again_when_one_leaves(
     assert caplog.text.count("shared_by=2") == 2
     await auto.async_remove(entries[1].sha256)
     (alone,) = auto.models
-    assert alone.budget is None and not alone.settled  # sized again...
-    await auto._async_budget(alone, loop)
-    assert (alone.budget_mb, alone.budget.layers) == (2, 8)  # ...to the whole budget: the whole model
+    assert (alone.budget_mb, alone.budget.layers) == (2, 8)  # sized again to the whole budget: the whole model
     await auto.async_add(entries[1], budget_mb=1)  # its own budget: the other keeps the node's
     assert alone.budget is not None and auto.model(entries[1].sha256).budget_mb_override == 1
+    await auto.async_remove(entries[1].sha256)
+    # a slice that still fits its new share stays; one that does not is freed and chosen again
+    half = await host.async_load(entries[0], 4, 8, auto_budget=(4, 4))
+    await auto.async_add(entries[1])  # two share again: 4 layers each; 4-7 fits
+    assert half.state == "loaded" and alone.budget.layers == 4
+    await auto.async_remove(entries[1].sha256)
+    await host.async_unload(half)
+    whole = await host.async_load(entries[0], 0, 8, auto_budget=(8, 8))
+    await auto.async_add(entries[1])
+    assert whole.state in ("draining", "unloaded") and alone.budget is None and not alone.settled
+    await auto.async_stop()
     await host.async_close()
 
 

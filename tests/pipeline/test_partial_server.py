@@ -378,3 +378,48 @@ async def test_a_model_url_unreachable_at_start_is_served_once_its_origin_answer
         await wait_until(lambda: any(s.state == "loaded" for s in node.slice_host.slices.values()), 30.0, 0.05,
                          "the model's layers, once the origin answers")
         assert [m.entry.name for m in node.models.all()] == ["m"]
+
+
+async def test_a_failed_slice_load_keeps_the_parts_it_fetched_for_the_retry(tmp_path, model, origin, monkeypatch):  # noqa: F811
+    """A failed load unloaded its slice with its parts, so each retry (every few seconds now)
+    fetched the range again from zero: on a flaky origin a big range never finished (a review,
+    2026-12-06). The parts stay; the retry loads them without fetching again."""
+    from types import SimpleNamespace
+
+    from node.inference.pipeline.autoserve import AutoServe
+    from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.partials import PartialModels
+    from node.inference.slice import SliceModel
+
+    for name, value in (("AUTO_SERVE_LOOK_S", 0.0), ("AUTO_SERVE_START_DELAY_S", 0.0), ("AUTO_SERVE_REACT_S", 0.01),
+                        ("AUTO_SERVE_RETRY_MIN_S", 0.1)):
+        monkeypatch.setattr(const, name, value)
+    real_load, fails = SliceModel.load, [1]
+
+    def flaky_load(*args, **kwargs):
+        if fails[0]:
+            fails[0] -= 1
+            raise OSError("the disk hiccuped")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(SliceModel, "load", staticmethod(flaky_load))
+    partials = PartialModels(tmp_path / "models")
+    directory = await partials.async_open(origin.url)
+    [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
+    peers = SimpleNamespace(peers=lambda: [], subscribe=lambda callback: (lambda: None))
+    host = SliceHost(dtype="f32", kv_dtype="f32", partials=partials)
+
+    async def nothing():
+        return None
+
+    auto = AutoServe("me" * 32, host, peers, [entry], announce=nothing, budget_mb=18)  # 4 layers
+    auto.start()
+    try:
+        await wait_until(lambda: auto.models[0].failures == 1, 30.0, 0.05, "the first load to fail")
+        sent = origin.sent
+        assert entry.partial.held_layers  # its parts stayed
+        await wait_until(lambda: any(s.state == "loaded" for s in host.slices.values()), 30.0, 0.05, "the retry")
+        assert origin.sent == sent  # nothing fetched again
+    finally:
+        await auto.async_stop()
+        await host.async_close()

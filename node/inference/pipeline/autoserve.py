@@ -192,13 +192,33 @@ class AutoServe:
         return [m for m in self.models if not m.budget_mb_override]
 
     async def _async_reshare(self) -> None:
-        """The number of models sharing the node's budget changed: each of them is sized again
-        (a smaller share must shrink its slice; as a new budget does, its slice is freed first and
-        its layers chosen again, the part files kept)."""
+        """The number of models sharing the node's budget changed: each of them is sized again.
+        A slice that still fits its new share stays as it is; one that does not is freed and its
+        layers chosen again within the share (as a new budget does; the part files are kept)."""
+        loop = asyncio.get_running_loop()
         for m in self._sharing():
-            if m.budget is not None or m.budget_error is not None:
-                m.budget, m.budget_error, m.settled = None, None, False
+            if m.budget is None:
+                continue  # not sized yet (being added): sized with the others' share when it is
+            await self._async_budget(m, loop)
+            if m.budget is None:
+                continue  # could not be sized (logged): its slices are left as they are
+            too_big = [s for s in self.host.for_model(m.entry.sha256) if s.auto_budget is not None
+                       and s.end - s.start > (m.budget.with_head if s.end == m.entry.n_layers else m.budget.layers)]
+            if too_big:
+                m.budget, m.settled = None, False  # (sized again at the next evaluation, after the release)
                 await self._async_release(m, keep_parts=True)
+
+    def _held_bytes(self, m: _Model) -> int:
+        """What this node's layer-choice slices of `m` hold by the budget's measure (draining ones
+        too: they are freed soon)."""
+        sizes, total = m.sizes, 0
+        if sizes is None:
+            return 0
+        for s in self.host.for_model(m.entry.sha256, draining=True):
+            if s.auto_budget is not None:
+                total += (s.end - s.start) * (sizes.per_layer_bytes + sizes.kv_per_layer_bytes)
+                total += sizes.head_bytes if s.end == m.entry.n_layers else 0
+        return total
 
     def _loaded(self, m: _Model, hosted: HostedSlice | None) -> None:
         """Count a load's outcome. A failed one (the origin or the peers holding the parts were
@@ -217,7 +237,7 @@ class AutoServe:
             task.add_done_callback(self._drains.discard)
             return
         m.failures += 1
-        delay = min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** (m.failures - 1))
+        delay = min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** min(m.failures - 1, 20))
         log.info("DIAG: slice load failed, choosing again soon %s", kv(model=m.entry.id, failures=m.failures,
                                                                         retry_in_s=round(delay, 1)))
         if self._retry is not None and self._retry.when() <= asyncio.get_running_loop().time() + delay:
@@ -316,12 +336,16 @@ class AutoServe:
         sizes = m.sizes or await loop.run_in_executor(None, functools.partial(
             slice_sizes, m.entry.path, self.host.dtype, self.host.context_for(m.entry), kv_dtype=self.host.kv_dtype))
         m.sizes = sizes
-        sharing = self._sharing()
         if m.budget_mb_override:
             budget_bytes = m.budget_mb_override * 2**20
-        else:  # the node's budget (configured, else free memory) is shared by the models without their own
-            node_bytes = self.budget_mb * 2**20 if self.budget_mb else await loop.run_in_executor(None, default_budget_bytes)
-            budget_bytes = node_bytes // max(1, len(sharing))
+        else:  # the node's budget (configured, else free memory plus what its chosen slices hold) is shared
+            if self.budget_mb:
+                node_bytes = self.budget_mb * 2**20
+            else:
+                node_bytes = await loop.run_in_executor(None, default_budget_bytes)
+                node_bytes += sum(self._held_bytes(x) for x in self._sharing())
+            budget_bytes = node_bytes // max(1, len(self._sharing()))  # (counted after the awaits)
+        sharing = self._sharing()
         m.budget_mb = budget_bytes // 2**20
         m.budget = lc.layers_for_budget(budget_bytes, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
                                         sizes.head_bytes, n_layers=sizes.n_layers)
@@ -390,7 +414,9 @@ class AutoServe:
                 self.note(f"serving layers {d.range_text} of {entry.id} (chosen)")
                 await self.announce()
             else:
-                await self.host.async_unload(hosted)  # failed (the host logged why): try again later
+                # failed (the host logged why): try again soon, with the parts it did fetch (a
+                # retry from zero every few seconds would never finish a range on a flaky origin)
+                await self.host.async_unload(hosted, keep_parts=True)
             return
         if len(mine) != 1:
             return  # mid-move
@@ -508,7 +534,7 @@ class AutoServe:
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
             return
-        await self.host.async_unload(hosted)
+        await self.host.async_unload(hosted, keep_parts=hosted.state == "failed")  # (a retry goes on from its parts)
 
     async def _async_free(self, old: HostedSlice, *, keep_parts: bool = False) -> None:
         """Free a drained slice once no session uses it, or after the grace period."""

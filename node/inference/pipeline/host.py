@@ -310,6 +310,12 @@ class SliceHost:
             log.error("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}", error=exc.message))
             self.events.emit(hosted)
             return hosted
+        except Exception as exc:  # noqa: BLE001 - a disk error, memory, a bug: the slice fails, never stays "loading"
+            hosted.state, hosted.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.exception("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}",
+                                                           error=hosted.error))
+            self.events.emit(hosted)
+            return hosted
         except asyncio.CancelledError:  # given up while its layers arrived (stop helping, a pause):
             if self.slices.get(hosted.key) is hosted:  # the parts fetched so far stay for a later load
                 del self.slices[hosted.key]
