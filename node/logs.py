@@ -140,7 +140,7 @@ class ConsoleHandler(logging.StreamHandler):
         super().emit(record)
 
 
-KV_VALUE_MAX_CHARS = 512  # a value past this is cut (`…(+N chars)`): clients' text can be any size
+KV_VALUE_MAX_CHARS = 4096  # a value past this is cut (`…(+N chars)`): clients' text can be any size (a stuck stop step's await chain fits)
 
 
 def clean_text(text: str, max_chars: int = KV_VALUE_MAX_CHARS) -> str:

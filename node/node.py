@@ -125,6 +125,11 @@ class Node:
         return self.node_id[:8]
 
     @property
+    def stopping(self) -> bool:
+        """True once stop() has begun (new requests get a 503; /health/ready says not ready)."""
+        return self._stopping
+
+    @property
     def api_url(self) -> str:
         host = "localhost" if self.config.host in ("127.0.0.1", "::1", "localhost") else self.config.host
         return f"http://{host}:{self.api.port or self.config.port}/v1"

@@ -11,7 +11,9 @@ Node = Any  # node.node.Node (not imported: it imports this module)
 def node_ready(node: Node) -> bool:
     """True once this node's own models and slices are loaded (and there is something to serve).
     A node that holds nothing is ready once it can serve a model of the swarm (its header here,
-    its layers covered by peers)."""
+    its layers covered by peers). A stopping node is not ready: a balancer sends it nothing more."""
+    if node.stopping:
+        return False
     if node.autoserve is not None and node.autoserve.chooses_at_start:
         # chosen layers: ready once chosen; a later move does not flap it. A node whose budget
         # fits no layer (or that chose none) is ready once the swarm covers a model it can

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -235,8 +236,8 @@ class RequestTrace:
                                                          ("param", self.error_param)) if v is not None)
             return clean_text(f"{self.error_type} ({detail}; the message went to the client)", 300)
         message = self.error_message or ""
-        if not self.resolved and self.model:
-            message = message.replace(self.model, UNKNOWN_MODEL)
+        if not self.resolved and self.model:  # the name as a whole word (a name "a" must not mangle the text)
+            message = re.sub(rf"(?<![\w.-]){re.escape(self.model)}(?![\w.-])", UNKNOWN_MODEL, message)
         return clean_text(f"{self.error_type}: {message}" if self.error_type else message, 300)
 
     def timings(self) -> dict[str, Any]:

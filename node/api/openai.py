@@ -21,7 +21,7 @@ from node.api.errors import error_response, read_json
 from node.api.responses import StreamChunks, completion_body, embeddings_body
 from node.api.schemas import parse_completion, parse_embeddings
 from node.api.tool_schemas import async_check_tool_schemas
-from node.errors import NodeError
+from node.errors import NodeError, ShuttingDown
 from node.inference.embeddings import run_embeddings
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, TokenLogprob
@@ -88,6 +88,8 @@ async def embeddings(request: web.Request) -> web.Response:
     trace = hub.start(RequestTrace(model=embedding.model, operation="embeddings"))
     outcome, error = "error", None
     try:
+        if node.stopping:
+            raise ShuttingDown("the node is shutting down; try another node or again later")
         result = await run_embeddings(node.models, embedding, trace, node.short_id)
         trace.finished = time.monotonic()
         loop = asyncio.get_running_loop()  # thousands of floats: format them off the loop

@@ -35,6 +35,10 @@ class NodeView(Protocol):
     def is_ready(self) -> bool:
         """True once this node's own models and slices are loaded and something can serve."""
 
+    @property
+    def stopping(self) -> bool:
+        """True once the node has begun to stop (new requests get a 503)."""
+
     def list_openai_models(self) -> list[dict[str, Any]]:
         """/v1/models entries (models served whole here, models the swarm covers)."""
 

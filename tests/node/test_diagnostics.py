@@ -133,7 +133,7 @@ async def test_the_report_quotes_nothing_a_client_sent(tmp_path, caplog):
     logged = [r.getMessage() for r in caplog.records if "DIAG: request complete" in r.getMessage()]
     assert len(logged) == 4 and not any("\n" in m for m in logged)
     assert "model=ZEBRA-MODEL-1\\nDIAG: request complete request_id=FORGED" in logged[0]  # escaped, one line
-    assert max(len(m) for m in logged) < 2000
+    assert max(len(m) for m in logged) < 6000
 
 
 @pytest.mark.blocks_loop("the stall the watchdog must name")

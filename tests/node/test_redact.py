@@ -68,6 +68,10 @@ def test_paths_with_spaces_forward_slash_windows_paths_and_url_passwords():
                   "C:/Users/alice/AppData/Local/swarmllm/x.gguf | http://bob:hunter2@10.1.2.3/x | see /usr/lib and /etc/x")
     assert text == "<path> | <path> | <path> | " + f"http://{r.ip('10.1.2.3')}/x | see <path> and <path>"
     assert "/v1/chat/completions and 12:30: ok" in r.text("/v1/chat/completions and 12:30: ok")
+    # a line's figures after a path survive (a review: the first cut took the rest of the line as a path)
+    assert r.text("loaded /home/u/models/x.gguf in 2.1 s at 12.5 tok/s") == "loaded <path> in 2.1 s at 12.5 tok/s"
+    assert r.text("C:\\Users\\me\\x.gguf (3 GB) read at 10 MB/s") == "<path> (3 GB) read at 10 MB/s"
+    assert r.text("C:\\Program Files (x86)\\swarm\\x.gguf ok") == "<path> ok"
 
 
 def test_full_mode_keeps_addresses_but_not_the_key():

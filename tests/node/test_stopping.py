@@ -149,6 +149,10 @@ async def test_stopping_lets_requests_finish_then_ends_the_rest_with_an_error_ev
                 await client.chat.completions.create(model=model_id, max_tokens=2,
                                                      messages=[{"role": "user", "content": "x"}])
             assert late.value.status_code == 503 and late.value.body["code"] == "node_stopping"
+            assert not node.is_ready()  # /health/ready: a balancer sends it nothing more
+            with pytest.raises(openai.APIStatusError) as late:
+                await client.embeddings.create(model=model_id, input="x")
+            assert late.value.status_code == 503
             assert (await short).choices[0].finish_reason == "length"  # finished within the drain
             with pytest.raises(openai.APIError, match="shutting down"):
                 async for _chunk in stream:
@@ -156,7 +160,7 @@ async def test_stopping_lets_requests_finish_then_ends_the_rest_with_an_error_ev
             await stopping
     traces = list(node.traces.recent)
     cut = [t for t in traces if t.error_type == "ShuttingDown"]
-    assert len(cut) == 2 and 0 < max(t.completion_tokens for t in cut) < 190  # the long stream and the late request
+    assert len(cut) == 3 and 0 < max(t.completion_tokens for t in cut) < 190  # the stream, the late two  # the long stream and the late request
     assert "DIAG: stopping with requests under way, ending them count=1" in caplog.text
     assert "client went away" not in caplog.text and node.traces.in_flight == 0
 

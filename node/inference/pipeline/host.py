@@ -134,7 +134,7 @@ class SliceHost:
         self.dtype = dtype
         self.kv_dtype = kv_dtype  # the slices' KV caches (SliceModel.load's kv_dtype)
         self.partials = partials  # models given by URL: their layers are fetched before a load
-        self._ms_per_layer: dict[str, float] = {}  # a model's last measured decode ms/layer here (by sha256)
+        self._ms_per_layer: dict[str, tuple[str, float]] = {}  # sha256 -> (device, last measured decode ms/layer)
         self.weight_cache = weight_cache  # converted weights on disk: a second load skips the conversion
         self.cpu_only = cpu_only
         self.n_threads = n_threads
@@ -263,11 +263,6 @@ class SliceHost:
                 self.on_change()
             return held
         hosted = HostedSlice(entry, start, end, auto_budget=auto_budget)
-        # this machine's speed on the model so far (a slice beside it, or the last one here): an
-        # unmeasured local slice cost the planner's default 2 ms/layer and lost its own layers to a
-        # measured peer, so it was never used, so never measured (a swarm test, 2026-12-06)
-        hosted.ms_per_layer = next((s.ms_per_layer for s in self.for_model(entry.sha256, draining=True) if s.ms_per_layer),
-                                   self._ms_per_layer.get(entry.sha256))
         hosted.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"slice-{entry.name[:12]}-{start}-{end}")
         self.slices[hosted.key] = hosted
@@ -298,6 +293,7 @@ class SliceHost:
                 finally:
                     hosted.fetch = None
             hosted.placement = await loop.run_in_executor(hosted.executor, self._place, entry, start, end)
+            hosted.ms_per_layer = self._measured(entry.sha256, str(hosted.placement.device))
             hosted.model = await loop.run_in_executor(
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
                                                          device=hosted.placement.device,
@@ -351,8 +347,8 @@ class SliceHost:
             return  # (a release and the evaluation that loaded it may both get here)
         if self.slices.get(hosted.key) is hosted:
             del self.slices[hosted.key]
-        if hosted.ms_per_layer is not None:
-            self._ms_per_layer[hosted.entry.sha256] = hosted.ms_per_layer
+        if hosted.ms_per_layer is not None and hosted.placement is not None:
+            self._ms_per_layer[hosted.entry.sha256] = (str(hosted.placement.device), hosted.ms_per_layer)
         was = hosted.state
         hosted.state = "unloaded"
         self.events.emit(hosted)
@@ -375,11 +371,23 @@ class SliceHost:
         if not keep_parts:  # its parts no other slice uses go
             await self.async_trim_parts(hosted.entry)
 
+    def _measured(self, sha256: str, device: str) -> float | None:
+        """This machine's decode ms/layer on the model on `device` so far: a slice of it beside
+        this one, or the last one unloaded. A new slice starts from it: unmeasured, it cost the
+        planner's default 2 ms/layer and lost its own layers to a measured peer, so it was never
+        used, so never measured (a swarm test, 2026-12-06). A figure from another device is not
+        this one's."""
+        for s in self.for_model(sha256, draining=True):
+            if s.ms_per_layer and s.placement is not None and str(s.placement.device) == device:
+                return s.ms_per_layer
+        last = self._ms_per_layer.get(sha256)
+        return last[1] if last is not None and last[0] == device else None
+
     async def async_trim_parts(self, entry: ModelEntry) -> None:
         """Delete a partial model's parts that no slice here (loading, loaded or draining) reads."""
         if entry.partial is not None and self.partials is not None:
-            await self.partials.async_trim(entry, [(s.start, s.end) for s in self.slices.values()
-                                                   if s.entry.sha256 == entry.sha256])
+            await self.partials.async_trim(entry, lambda: [(s.start, s.end) for s in self.slices.values()
+                                                           if s.entry.sha256 == entry.sha256])
 
     def _place(self, entry: ModelEntry, start: int, end: int) -> Placement:
         """GPU if torch sees one with room (f16 weights), else the CPU with the reason (blocking)."""

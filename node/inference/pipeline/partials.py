@@ -111,13 +111,17 @@ class PartialModels:
             await asyncio.sleep(delay)
             try:
                 directory = await self.async_open(url)
-            except DownloadFailed as exc:
+            except Exception as exc:  # noqa: BLE001 - unreachable, or a bad header: the origin may change
                 delay = min(delay * 2, const.PARTIAL_OPEN_RETRY_MAX_S)
                 log.info("DIAG: model URL still unreachable %s", kv(url=display_url(resolve_url(url)),
-                                                                     error=exc.message, retry_in_s=delay))
+                                                                     error=getattr(exc, "message", str(exc)),
+                                                                     retry_in_s=delay))
                 continue
             self.note(f"model {display_url(resolve_url(url))} reachable: serving it")
-            await on_open(directory)
+            try:
+                await on_open(directory)
+            except Exception:  # noqa: BLE001 - logged: the node goes on without it
+                log.exception("DIAG: model from URL could not be served url=%s", display_url(resolve_url(url)))
             return
 
     async def async_fetch(self, entry: ModelEntry, start: int, end: int, *,
@@ -199,14 +203,15 @@ class PartialModels:
                 self.note(f"fetched {len(got.parts)} parts of {entry.id} from peer {source.label}: "
                           f"{got.peer_bytes / 1e6:.1f} MB" + ("" if got.spot_checked else " (not yet checked)"))
 
-    async def async_trim(self, entry: ModelEntry, ranges: list[tuple[int, int]]) -> None:
-        """Delete the parts of a partial model that none of `ranges` (its slices still here) uses."""
+    async def async_trim(self, entry: ModelEntry, ranges: Callable[[], list[tuple[int, int]]]) -> None:
+        """Delete the parts of a partial model that none of `ranges()` (its slices here, read once
+        the lock is held: a load registered while the trim waited keeps its parts) uses."""
         assert entry.partial is not None
-        keep = {part for start, end in ranges for part in parts_for(entry.header, start, end)}
-        drop = sorted(p for p in entry.partial.complete if p not in keep)
-        if not drop:
-            return
-        async with self._lock:
+        async with self._lock:  # what to drop is decided under the lock: a fetch it waited for may have added parts
+            keep = {part for start, end in ranges() for part in parts_for(entry.header, start, end)}
+            drop = sorted(p for p in entry.partial.complete if p not in keep)
+            if not drop:
+                return
             freed = await asyncio.get_running_loop().run_in_executor(
                 None, PartialStore(entry.path).remove_parts, entry.partial, drop)
         log.info("DIAG: partial model parts deleted %s", kv(model=entry.id, parts=len(drop),
