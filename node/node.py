@@ -317,6 +317,8 @@ class Node:
 
     async def _async_serve_url_model(self, directory: Path) -> None:
         """A `--model URL` opened after start: catalogued, registered and given to the layer choice."""
+        if self._stopping:
+            return
         for entry in await self.catalog.async_scan([(directory, "cli")]):
             await self.models.async_register(entry, whole=False)
             if self.autoserve is not None:

@@ -34,11 +34,15 @@ _HOSTNAME = (
 _HOST_WITH_PORT = r"(?<![\w./-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]*)(?=:\d{1,5}\b)"
 # scheme://[user[:password]@]host: the user part is dropped (a password in a URL must not survive)
 _URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?(\[[^\]]+\]|[^/\s:?#]+)"
-# A directory may have spaces in its name (/home/John Smith/..., C:\Program Files (x86)\...): up to
-# three words joined by single spaces count as one segment when a separator follows them (more is
-# prose: "x.gguf in 2.1 s at 12.5 tok/s" is not a directory); the last segment stops at a space.
-_POSIX_PATH = r"(?<![\w<>:/])/(?:[\w.+@-]+(?: [\w.+@-]+){0,2}/)*[\w.+@-]+/?"
-_WIN_PATH = r'\b[A-Za-z]:[\\/](?:[^\\/\s<>:"|?*]+(?: [^\\/\s<>:"|?*]+){0,2}[\\/])*[^\\/\s<>:"|?*]*'  # no name has <>:"|?*
+# A directory may have spaces in its name (/home/Ana Maria de la Cruz/..., C:\Program Files (x86)\...).
+# After a backslash any words joined by single spaces are one segment when a backslash follows (prose
+# has none); after a slash the words past the first must start with a letter ("x.gguf 12 MB/s" and
+# "x.gguf in 2.1 s at 12.5 tok/s" are a file and figures, not a directory). The last segment stops
+# at a space. Over-redaction is the safe side: a name must not survive.
+_POSIX_PATH = r"(?<![\w<>:/])/(?:[\w.+@-]+(?: [A-Za-z][\w.+@-]*)*/)*[\w.+@-]+/?"
+_WIN_NAME = r'[^\\/\s<>:"|?*]'  # no Windows name has <>:"|?*
+_WIN_PATH = (rf"\b[A-Za-z]:(?:\\(?:{_WIN_NAME}+(?: {_WIN_NAME}+)*\\)*{_WIN_NAME}*"
+             rf"|/(?:{_WIN_NAME}+(?: [A-Za-z]{_WIN_NAME}*)*/)*{_WIN_NAME}*)")
 
 _RE_IPV6 = re.compile(_IPV6)
 _RE_IPV4 = re.compile(_IPV4)

@@ -237,7 +237,7 @@ class RequestTrace:
             return clean_text(f"{self.error_type} ({detail}; the message went to the client)", 300)
         message = self.error_message or ""
         if not self.resolved and self.model:  # the name as a whole word (a name "a" must not mangle the text)
-            message = re.sub(rf"(?<![\w.-]){re.escape(self.model)}(?![\w.-])", UNKNOWN_MODEL, message)
+            message = re.sub(rf"(?<![\w.-]){re.escape(self.model)}(?![\w-]|\.\w)", UNKNOWN_MODEL, message)
         return clean_text(f"{self.error_type}: {message}" if self.error_type else message, 300)
 
     def timings(self) -> dict[str, Any]:

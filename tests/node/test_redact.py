@@ -72,6 +72,10 @@ def test_paths_with_spaces_forward_slash_windows_paths_and_url_passwords():
     assert r.text("loaded /home/u/models/x.gguf in 2.1 s at 12.5 tok/s") == "loaded <path> in 2.1 s at 12.5 tok/s"
     assert r.text("C:\\Users\\me\\x.gguf (3 GB) read at 10 MB/s") == "<path> (3 GB) read at 10 MB/s"
     assert r.text("C:\\Program Files (x86)\\swarm\\x.gguf ok") == "<path> ok"
+    assert r.text("/home/u/x.gguf 12 MB/s") == "<path> 12 MB/s"
+    # ...and long names with spaces go whole (a second review: a three-word cap left "Garcia Lopez")
+    assert r.text("C:\\Users\\Maria Jose Garcia Lopez\\AppData\\x.gguf") == "<path>"
+    assert r.text("/Users/Ana Maria de la Cruz/x.gguf") == "<path>"
 
 
 def test_full_mode_keeps_addresses_but_not_the_key():

@@ -103,3 +103,21 @@ def test_observer_failure_does_not_break_requests():
     t = hub.start(_trace())
     hub.finish(t, "ok")
     assert hub.in_flight == 0
+
+
+def test_the_public_error_hides_an_unresolved_model_name_and_keeps_the_rest():
+    """A client error shows no message; the node's own message loses the client's model name
+    (as a word: a name "a" must not eat the text; one before a period still goes)."""
+    from node.errors import InvalidRequest
+
+    t = RequestTrace(model="secret-name", operation="chat.completions")
+    t.error_type, t.error_message, t.error_status = "EngineError", "no route for model secret-name.", 500
+    assert t.public_error() == "EngineError: no route for model <unknown model>."
+    short = RequestTrace(model="a", operation="chat.completions")
+    short.error_type, short.error_message, short.error_status = "EngineError", "model a failed to say what", 500
+    assert short.public_error() == "EngineError: model <unknown model> failed to say what"
+    hub = TraceHub()
+    client = hub.start(RequestTrace(model="x", operation="chat.completions"))
+    hub.finish(client, "error", error=InvalidRequest("bad `top_p`: 7 (secret)", param="top_p"))
+    assert client.public_error() == ("InvalidRequest (status=400, code=invalid_request, param=top_p; "
+                                     "the message went to the client)")

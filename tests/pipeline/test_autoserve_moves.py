@@ -438,3 +438,43 @@ async def test_a_reloaded_slice_starts_from_this_machines_measured_speed(tmp_pat
         assert [h.ms_per_layer for h in holders] == [pytest.approx(0.1)]
     finally:
         await host.async_close()
+
+
+@pytest.mark.asyncio
+async def test_a_load_under_way_too_big_for_a_new_share_is_cancelled(tmp_path, monkeypatch):
+    """Re-sharing looked at loaded slices only: a model loading its whole budget's range while a
+    second model came finished that load, and the node held 1.5 times its budget (a review,
+    2026-12-06). A load under way that no longer fits its share is cancelled and chosen again."""
+    import threading
+
+    from node.inference.slice import SliceModel
+
+    for name, value in (("AUTO_SERVE_LOOK_S", 0.0), ("AUTO_SERVE_START_DELAY_S", 0.0), ("AUTO_SERVE_REACT_S", 0.01)):
+        monkeypatch.setattr(const, name, value)
+    gate, real_load = threading.Event(), SliceModel.load
+
+    def held_load(*args, **kwargs):
+        gate.wait(30)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(SliceModel, "load", staticmethod(held_load))
+    entries = []
+    for name in ("la8", "lb8"):
+        path = write_gguf(tmp_path / f"{name}.gguf", SynthSpec(**{**SPEC.__dict__, "name": name}))
+        entries += await ModelCatalog(tmp_path).async_scan([(path, "cli")])
+    host = SliceHost(dtype="f32", kv_dtype="f32")
+    auto = AutoServe("me" * 32, host, ScriptedPeers(), entries[:1], announce=_nothing, budget_mb=2)
+    auto.start()
+    try:
+        await wait_until(lambda: any(s.state == "loading" and (s.start, s.end) == (0, 8) for s in host.slices.values()),
+                         20.0, 0.02, "the whole model to be loading")
+        await auto.async_add(entries[1])  # two share now: 4 layers each
+        gate.set()
+        await wait_until(lambda: not any((s.start, s.end) == (0, 8) for s in host.slices.values()
+                                         if s.state in ("loading", "loaded")), 20.0, 0.05, "the 0-7 load to go")
+        await wait_until(lambda: all(sum(s.end - s.start for s in host.for_model(e.sha256)) == 4 for e in entries),
+                         30.0, 0.05, "4 layers of each")
+    finally:
+        gate.set()
+        await auto.async_stop()
+        await host.async_close()

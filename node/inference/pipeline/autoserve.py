@@ -197,27 +197,34 @@ class AutoServe:
         layers chosen again within the share (as a new budget does; the part files are kept)."""
         loop = asyncio.get_running_loop()
         for m in self._sharing():
-            if m.budget is None:
+            if m.budget is None and m.budget_error is None:
                 continue  # not sized yet (being added): sized with the others' share when it is
+            m.budget_error = None
             await self._async_budget(m, loop)
             if m.budget is None:
                 continue  # could not be sized (logged): its slices are left as they are
-            too_big = [s for s in self.host.for_model(m.entry.sha256) if s.auto_budget is not None
-                       and s.end - s.start > (m.budget.with_head if s.end == m.entry.n_layers else m.budget.layers)]
+            budget = m.budget
+            too_big = [s for s in self.host.slices.values()  # loading ones too: a load under way is cancelled
+                       if s.entry.sha256 == m.entry.sha256 and s.state in ("loading", "loaded")
+                       and s.auto_budget is not None
+                       and s.end - s.start > (budget.with_head if s.end == m.entry.n_layers else budget.layers)]
             if too_big:
                 m.budget, m.settled = None, False  # (sized again at the next evaluation, after the release)
                 await self._async_release(m, keep_parts=True)
 
     def _held_bytes(self, m: _Model) -> int:
-        """What this node's layer-choice slices of `m` hold by the budget's measure (draining ones
-        too: they are freed soon)."""
+        """The memory this node's layer-choice slices of `m` take from free memory now: the weights
+        of those in RAM and the KV their sessions hold (KV is allocated as sessions grow, the
+        rest of the reserve is still free). Draining ones are left out: until their sessions end,
+        their memory is not there to give."""
         sizes, total = m.sizes, 0
         if sizes is None:
             return 0
-        for s in self.host.for_model(m.entry.sha256, draining=True):
-            if s.auto_budget is not None:
-                total += (s.end - s.start) * (sizes.per_layer_bytes + sizes.kv_per_layer_bytes)
-                total += sizes.head_bytes if s.end == m.entry.n_layers else 0
+        for s in self.host.for_model(m.entry.sha256):
+            if s.auto_budget is None or s.placement is None or s.placement.gpu_index is not None:
+                continue
+            total += (s.end - s.start) * sizes.per_layer_bytes + (sizes.head_bytes if s.end == m.entry.n_layers else 0)
+            total += s.model.sessions.total_bytes() if s.model is not None else 0
         return total
 
     def _loaded(self, m: _Model, hosted: HostedSlice | None) -> None:
