@@ -236,6 +236,8 @@ class AutoServe:
             return
         if hosted.state == "loaded":
             m.failures = 0
+            if not self._wanted(m):
+                return  # paused or removed meanwhile: a pause keeps the parts
             # the parts of ranges kept for a return (a pause, a new budget, the range on disk at a
             # restart when the swarm needed another) go once a choice has loaded: they grew the
             # file on disk to the whole model (a swarm test, 2026-12-06)
