@@ -281,3 +281,43 @@ async def test_steps_still_queued_when_their_slice_unloads_fail_at_once(worker):
     codes = [r.error_code for r in _results(peers)]  # (the unload marks the slice at once: none computes)
     assert set(codes) <= {None, "segment_not_served"} and "segment_not_served" in codes, codes
     assert not hosted.step_queue.items and not hosted.step_queue.scheduled
+
+
+async def test_a_coordinators_sessions_in_use_go_with_its_link_and_its_kept_ones_stay(worker):
+    """A coordinator SIGKILLed mid-stream left its sessions on the segments, KV held for nobody
+    until the TTL (300 s; a swarm test, 2026-12-06). Its link going drops the ones in use (it fails
+    those attempts over with new sessions); a kept one stays for its next turn; another
+    coordinator's stay."""
+    from types import SimpleNamespace
+
+    w, entry, peers = worker
+    hosted, _ = await _kept_turn(worker)  # s1: kept for COORD
+    for sid, coordinator in (("s2", COORD), ("s3", NEXT)):
+        w.on_work(_first_step(entry, sid, 0, [5, 6, 7], coordinator=coordinator).to_header(),
+                  encode_tokens([5, 6, 7]), coordinator)
+    await wait_until(lambda: len(_results(peers)) == 3, 30, what="both sessions' first step")
+    assert hosted.model.sessions.counts() == (2, 1)
+    w._on_peer_event("changed", SimpleNamespace(node_id=COORD, state="connected"))  # nothing happens
+    w._on_peer_event("changed", SimpleNamespace(node_id=COORD, state="gone"))
+    await wait_until(lambda: hosted.model.sessions.counts() == (1, 1), 10, what="s2 dropped")
+    assert "s1" in hosted.model.sessions and "s3" in hosted.model.sessions and "s2" not in hosted.model.sessions
+
+
+def test_the_worker_watches_the_peer_links_it_serves():
+    from node.inference.pipeline.transport import PipelineTransport
+    from node.inference.pipeline.worker import SegmentWorker
+
+    class Peers:
+        callbacks: list = []
+
+        def subscribe(self, callback):
+            self.callbacks.append(callback)
+            return lambda: None
+
+        def register_handler(self, *_args, **_kwargs):
+            pass
+
+    peers = Peers()
+    w = SegmentWorker(ME, SliceHost(dtype="f32"), PipelineTransport(ME, peers))
+    w.register()
+    assert peers.callbacks == [w._on_peer_event]

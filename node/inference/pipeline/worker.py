@@ -62,6 +62,7 @@ class SegmentWorker:
                  contributing: Callable[[], bool] = lambda: True):
         self.node_id = node_id
         self.contributing = contributing  # False: "Pause contributing" — refuse work for other nodes
+        self._unlinked: set[str] = set()  # peers whose link is down (their sessions were dropped)
         self.short_id = node_id[:8]
         self.host = host
         self.transport = transport
@@ -77,9 +78,28 @@ class SegmentWorker:
         transport.on_local(FrameType.SESSION_END, self.on_session_end)
 
     def register(self) -> None:
-        """Start serving these frames from peers."""
+        """Start serving these frames from peers; watch their links (a coordinator's sessions in
+        use go with its link)."""
         for ftype in (FrameType.WORK, FrameType.CANCEL, FrameType.SESSION_END):
             self.transport.register_remote(ftype)
+        peers = self.transport.peers
+        if peers is not None and hasattr(peers, "subscribe"):
+            peers.subscribe(self._on_peer_event)
+
+    def _on_peer_event(self, kind: str, snap: Any) -> None:
+        if kind != "removed" and getattr(snap, "state", "connected") == "connected":
+            self._unlinked.discard(snap.node_id)
+        elif snap.node_id not in self._unlinked:  # once per loss of the link (snapshots change often)
+            self._unlinked.add(snap.node_id)
+            self.on_coordinator_gone(snap.node_id)
+
+    def on_coordinator_gone(self, node_id: str) -> None:
+        """A coordinator's link is gone: it fails its attempts over (new sessions, maybe elsewhere),
+        so the sessions it had open here are dropped now rather than at the TTL (300 s of KV held
+        for nobody: a swarm test, 2026-12-06). On each slice's executor, after its queued steps."""
+        for hosted in list(self.host.slices.values()):
+            if hosted.model is not None and hosted.executor is not None and hosted.state in ("loaded", "draining"):
+                hosted.executor.submit(hosted.model.sessions.free_coordinator, node_id)
 
     # --- WORK ---------------------------------------------------------------------------------
 

@@ -198,6 +198,16 @@ class SessionStore:
             self._log_evicted(s, reason)
         return [s.session_id for s in gone]
 
+    def free_coordinator(self, coordinator: str, reason: str = "coordinator_gone") -> list[str]:
+        """Drop the sessions in use that `coordinator` opened (its link is gone: it fails those
+        attempts over, with new sessions); kept ones stay for its next turn. Logs each."""
+        with self._lock:
+            gone = [self._sessions.pop(sid) for sid, s in list(self._sessions.items())
+                    if s.kept_for is None and s.coordinator == coordinator]
+        for s in gone:
+            self._log_evicted(s, reason)
+        return [s.session_id for s in gone]
+
     def free(self, session_id: str, reason: str = "freed") -> bool:
         """Drop a session; True if it existed."""
         with self._lock:
