@@ -114,12 +114,13 @@ def freeze_startup_objects() -> None:
     A full collection over that heap takes 100-200 ms on the loop thread, which showed up as the
     largest event-loop stall while a stream was running (the loop-latency test). Freezing is
     instant (no collection first: that would itself be the stall we avoid); later collections
-    only scan objects made after start-up.
+    only scan objects made after start-up. (The log line once counted the frozen objects,
+    `gc.get_freeze_count()`: a walk of the whole heap, 20 ms at start-up and 0.26 s in a test
+    process's heap, on the loop.)
     """
     started = time.perf_counter()
     gc.freeze()
-    log.info("DIAG: gc freeze objects=%d elapsed_ms=%d", gc.get_freeze_count(),
-             (time.perf_counter() - started) * 1000)
+    log.info("DIAG: gc freeze elapsed_ms=%d", (time.perf_counter() - started) * 1000)
 
 
 def install_quit_signals(on_quit: Callable[[], None]) -> Callable[[], None]:
