@@ -14,21 +14,18 @@ frees it once no session uses it or after AUTO_SERVE_DRAIN_S.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from node import const
 from node.inference.pipeline import layerchoice as lc
+from node.inference.pipeline.budgets import AutoModel, BudgetShares
 from node.inference.pipeline.coverage import (
     ModelCoverage,
-    SliceSizes,
     coverage_text,
     default_budget_bytes,
-    slice_sizes,
     swarm_coverage,
 )
 from node.inference.pipeline.host import HostedSlice, SliceHost
@@ -48,23 +45,7 @@ class PeerView(Protocol):
 
 # --- the chooser ---
 
-@dataclass
-class _Model:
-    entry: ModelEntry
-    seed: int
-    budget: lc.LayerBudget | None = None
-    budget_mb: int = 0
-    settled: bool = False
-    sizes: SliceSizes | None = None
-    deferred_to: tuple[str, str] | None = None  # (the first mover we wait for, the coverage we saw)
-    deferred_rounds: int = 0
-    budget_mb_override: int | None = None  # a budget for this model alone (the GUI's slider); None: the node's
-    budget_error: str | None = None  # why its layers could not be sized (nothing of it is served)
-    at_start: bool = True  # given at start (`--serve auto`); False: added while running (`settled` ignores it)
-    failures: int = 0  # slice loads that failed in a row (each retried sooner than the periodic round)
-
-
-class AutoServe:
+class AutoServe(BudgetShares):
     """Chooses, loads, announces and moves this node's slices of each `--serve auto` model."""
 
     def __init__(self, node_id: str, host: SliceHost, peers: PeerView | None, entries: Sequence[ModelEntry], *,
@@ -78,7 +59,7 @@ class AutoServe:
         self.reevaluate_s = reevaluate_s
         self.note = note or (lambda text: None)
         # the tie-break seed comes from the model, so every node agrees on who moves first
-        self.models = [_Model(e, int(e.sha256[:8], 16)) for e in entries]
+        self.models = [AutoModel(e, int(e.sha256[:8], 16)) for e in entries]
         self.rng = random.Random()
         self.decisions: list[str] = []  # recent DIAG choosing-layers lines (tests, GUI)
         self._wake = asyncio.Event()
@@ -104,7 +85,7 @@ class AutoServe:
 
     # --- models added, changed and removed while running (the desktop app's "Help serve") ---
 
-    def model(self, sha256: str) -> _Model | None:
+    def model(self, sha256: str) -> AutoModel | None:
         return next((m for m in self.models if m.entry.sha256 == sha256), None)
 
     async def async_add(self, entry: ModelEntry, budget_mb: int = 0) -> None:
@@ -115,7 +96,7 @@ class AutoServe:
             return
         sharing = len(self._sharing())
         if m is None:
-            m = _Model(entry, int(entry.sha256[:8], 16), at_start=False)
+            m = AutoModel(entry, int(entry.sha256[:8], 16), at_start=False)
             self.models.append(m)
             m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
         else:  # (before the release's awaits: an evaluation meanwhile sees no budget and loads nothing)
@@ -151,7 +132,7 @@ class AutoServe:
         self._why = "resumed"
         self._wake.set()
 
-    async def _async_load(self, m: _Model, d: lc.Decision, **kwargs: Any) -> HostedSlice | None:
+    async def _async_load(self, m: AutoModel, d: lc.Decision, **kwargs: Any) -> HostedSlice | None:
         """host.async_load as a task of its own, which a remove or a pause cancels (a partial
         model's layers stop arriving; what arrived stays for a later load). None when cancelled so."""
         if not self._wanted(m) or m.budget is None:  # paused, removed or re-budgeted during an await
@@ -170,7 +151,7 @@ class AutoServe:
             if self._loads.get(m.entry.sha256) is task:
                 del self._loads[m.entry.sha256]
 
-    async def _async_release(self, m: _Model, *, keep_parts: bool = False) -> None:
+    async def _async_release(self, m: AutoModel, *, keep_parts: bool = False) -> None:
         """Stop a load in progress; stop advertising the model's slices; free each once idle."""
         loading = self._loads.pop(m.entry.sha256, None)
         if loading is not None:
@@ -185,49 +166,7 @@ class AutoServe:
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
 
-    def _sharing(self) -> list[_Model]:
-        """The models that share the node's budget: those without a budget of their own. Two
-        models each sized to the whole `--slice-budget-mb` (or to all free memory) held 1.1 times
-        it (a swarm test, 2026-12-06); now each gets its share."""
-        return [m for m in self.models if not m.budget_mb_override]
-
-    async def _async_reshare(self) -> None:
-        """The number of models sharing the node's budget changed: each of them is sized again.
-        A slice that still fits its new share stays as it is; one that does not is freed and its
-        layers chosen again within the share (as a new budget does; the part files are kept)."""
-        loop = asyncio.get_running_loop()
-        for m in self._sharing():
-            if m.budget is None and m.budget_error is None:
-                continue  # not sized yet (being added): sized with the others' share when it is
-            m.budget_error = None
-            await self._async_budget(m, loop)
-            if m.budget is None:
-                continue  # could not be sized (logged): its slices are left as they are
-            budget = m.budget
-            too_big = [s for s in self.host.slices.values()  # loading ones too: a load under way is cancelled
-                       if s.entry.sha256 == m.entry.sha256 and s.state in ("loading", "loaded")
-                       and s.auto_budget is not None
-                       and s.end - s.start > (budget.with_head if s.end == m.entry.n_layers else budget.layers)]
-            if too_big:
-                m.budget, m.settled = None, False  # (sized again at the next evaluation, after the release)
-                await self._async_release(m, keep_parts=True)
-
-    def _held_bytes(self, m: _Model) -> int:
-        """The memory this node's layer-choice slices of `m` take from free memory now: the weights
-        of those in RAM and the KV their sessions hold (KV is allocated as sessions grow, the
-        rest of the reserve is still free). Draining ones are left out: until their sessions end,
-        their memory is not there to give."""
-        sizes, total = m.sizes, 0
-        if sizes is None:
-            return 0
-        for s in self.host.for_model(m.entry.sha256):
-            if s.auto_budget is None or s.placement is None or s.placement.gpu_index is not None:
-                continue
-            total += (s.end - s.start) * sizes.per_layer_bytes + (sizes.head_bytes if s.end == m.entry.n_layers else 0)
-            total += s.model.sessions.total_bytes() if s.model is not None else 0
-        return total
-
-    def _loaded(self, m: _Model, hosted: HostedSlice | None) -> None:
+    def _loaded(self, m: AutoModel, hosted: HostedSlice | None) -> None:
         """Count a load's outcome. A failed one (the origin or the peers holding the parts were
         unreachable, a part did not verify) is chosen again after AUTO_SERVE_RETRY_MIN_S, doubling
         up to the periodic round: it waited for that round (~2 min), its layers uncovered for all
@@ -260,7 +199,7 @@ class AutoServe:
         self._why = "retry"
         self._wake.set()
 
-    def _wanted(self, m: _Model) -> bool:
+    def _wanted(self, m: AutoModel) -> bool:
         return not self.paused and m in self.models
 
     def start(self) -> None:
@@ -334,45 +273,14 @@ class AutoServe:
             why = self._why
             await asyncio.sleep(const.AUTO_SERVE_REACT_S * self.rng.uniform(1.0, 3.0))
 
-    async def _async_budget(self, m: _Model, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            await self._async_size(m, loop)
-        except Exception as exc:  # an architecture the slice engine cannot size: serve nothing of it
-            m.budget_error = str(getattr(exc, "message", exc))
-            log.error("DIAG: slice budget failed %s", kv(model=m.entry.id, error=m.budget_error))
-
-    async def _async_size(self, m: _Model, loop: asyncio.AbstractEventLoop) -> None:
-        sizes = m.sizes or await loop.run_in_executor(None, functools.partial(
-            slice_sizes, m.entry.path, self.host.dtype, self.host.context_for(m.entry), kv_dtype=self.host.kv_dtype))
-        m.sizes = sizes
-        if m.budget_mb_override:
-            budget_bytes = m.budget_mb_override * 2**20
-        else:  # the node's budget (configured, else free memory plus what its chosen slices hold) is shared
-            if self.budget_mb:
-                node_bytes = self.budget_mb * 2**20
-            else:
-                node_bytes = await loop.run_in_executor(None, default_budget_bytes)
-                node_bytes += sum(self._held_bytes(x) for x in self._sharing())
-            budget_bytes = node_bytes // max(1, len(self._sharing()))  # (counted after the awaits)
-        sharing = self._sharing()
-        m.budget_mb = budget_bytes // 2**20
-        m.budget = lc.layers_for_budget(budget_bytes, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
-                                        sizes.head_bytes, n_layers=sizes.n_layers)
-        log.info("DIAG: slice budget %s", kv(model=m.entry.id, budget_mb=m.budget_mb,
-                                             shared_by=None if m.budget_mb_override else len(sharing),
-                                             layers=m.budget.layers,
-                                             with_head=m.budget.with_head, per_layer_bytes=sizes.per_layer_bytes,
-                                             kv_per_layer_bytes=sizes.kv_per_layer_bytes,
-                                             head_bytes=sizes.head_bytes))
-
-    def _log(self, m: _Model, range_text: str, before: str, after: str, reason: str) -> None:
+    def _log(self, m: AutoModel, range_text: str, before: str, after: str, reason: str) -> None:
         line = kv(model=m.entry.id, range=range_text, budget_mb=m.budget_mb, coverage_before=before,
                   coverage_after=after, reason=reason)
         log.info("DIAG: choosing layers %s", line)
         self.decisions.append(line)
         del self.decisions[:-50]
 
-    async def _async_evaluate(self, m: _Model, why: str) -> None:
+    async def _async_evaluate(self, m: AutoModel, why: str) -> None:
         entry, n = m.entry, m.entry.n_layers
         if m.budget is None:
             return
@@ -453,7 +361,7 @@ class AutoServe:
         m.deferred_to, m.deferred_rounds = None, 0
         await self._async_move(m, mine[0], decision, cov, why)
 
-    async def _async_move(self, m: _Model, old: HostedSlice, d: lc.Decision, cov: ModelCoverage, why: str) -> None:
+    async def _async_move(self, m: AutoModel, old: HostedSlice, d: lc.Decision, cov: ModelCoverage, why: str) -> None:
         entry, n = m.entry, m.entry.n_layers
         others = [s for s in cov.spans if s.node_id != self.node_id]
         before = coverage_text(n, cov.spans)
@@ -497,7 +405,7 @@ class AutoServe:
         counts = lc.layer_counts(n, keep)
         return [layer for layer in range(old.start, old.end) if counts[layer] == 0]
 
-    async def _async_room_for_both(self, m: _Model, d: lc.Decision) -> bool:
+    async def _async_room_for_both(self, m: AutoModel, d: lc.Decision) -> bool:
         """Whether the machine has memory for the new range while the old one is still loaded
         (available memory now, less the headroom, against the new range's weights and KV)."""
         if m.sizes is None:
@@ -507,7 +415,7 @@ class AutoServe:
             need += m.sizes.head_bytes
         return await asyncio.get_running_loop().run_in_executor(None, default_budget_bytes) >= need
 
-    async def _async_move_dropping_first(self, m: _Model, old: HostedSlice, d: lc.Decision) -> None:
+    async def _async_move_dropping_first(self, m: AutoModel, old: HostedSlice, d: lc.Decision) -> None:
         """A move without room for both ranges: stop advertising the old one (it is dropped only if
         every one of its layers keeps another holder), let its sessions end, free it, then load the
         new one. Never twice the memory; the node serves no new chain while it loads."""

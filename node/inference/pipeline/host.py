@@ -17,6 +17,7 @@ from node.errors import ModelLoadError, NodeError
 from node.inference.devices import detect_torch
 from node.inference.pipeline.batching import StepQueue
 from node.inference.pipeline.partials import PartialModels
+from node.inference.pipeline.perf import LocalSpeeds
 from node.inference.placement import Placement, place
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
@@ -134,7 +135,7 @@ class SliceHost:
         self.dtype = dtype
         self.kv_dtype = kv_dtype  # the slices' KV caches (SliceModel.load's kv_dtype)
         self.partials = partials  # models given by URL: their layers are fetched before a load
-        self._ms_per_layer: dict[str, tuple[str, float]] = {}  # sha256 -> (device, last measured decode ms/layer)
+        self.speeds = LocalSpeeds()  # this machine's measured decode ms/layer per model and device
         self.weight_cache = weight_cache  # converted weights on disk: a second load skips the conversion
         self.cpu_only = cpu_only
         self.n_threads = n_threads
@@ -293,7 +294,8 @@ class SliceHost:
                 finally:
                     hosted.fetch = None
             hosted.placement = await loop.run_in_executor(hosted.executor, self._place, entry, start, end)
-            hosted.ms_per_layer = self._measured(entry.sha256, str(hosted.placement.device))
+            hosted.ms_per_layer = self.speeds.start_from(self.for_model(entry.sha256, draining=True),
+                                                         entry.sha256, str(hosted.placement.device))
             hosted.model = await loop.run_in_executor(
                 hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
                                                          device=hosted.placement.device,
@@ -347,8 +349,7 @@ class SliceHost:
             return  # (a release and the evaluation that loaded it may both get here)
         if self.slices.get(hosted.key) is hosted:
             del self.slices[hosted.key]
-        if hosted.ms_per_layer is not None and hosted.placement is not None:
-            self._ms_per_layer[hosted.entry.sha256] = (str(hosted.placement.device), hosted.ms_per_layer)
+        self.speeds.remember(hosted)
         was = hosted.state
         hosted.state = "unloaded"
         self.events.emit(hosted)
@@ -371,17 +372,12 @@ class SliceHost:
         if not keep_parts:  # its parts no other slice uses go
             await self.async_trim_parts(hosted.entry)
 
-    def _measured(self, sha256: str, device: str) -> float | None:
-        """This machine's decode ms/layer on the model on `device` so far: a slice of it beside
-        this one, or the last one unloaded. A new slice starts from it: unmeasured, it cost the
-        planner's default 2 ms/layer and lost its own layers to a measured peer, so it was never
-        used, so never measured (a swarm test, 2026-12-06). A figure from another device is not
-        this one's."""
-        for s in self.for_model(sha256, draining=True):
-            if s.ms_per_layer and s.placement is not None and str(s.placement.device) == device:
-                return s.ms_per_layer
-        last = self._ms_per_layer.get(sha256)
-        return last[1] if last is not None and last[0] == device else None
+    def free_sessions_of(self, coordinator: str) -> None:
+        """Drop the sessions in use that `coordinator` opened on every slice (its link is gone),
+        on each slice's executor, after its queued steps."""
+        for hosted in list(self.slices.values()):
+            if hosted.model is not None and hosted.executor is not None and hosted.state in ("loaded", "draining"):
+                hosted.executor.submit(hosted.model.sessions.free_coordinator, coordinator)
 
     async def async_trim_parts(self, entry: ModelEntry) -> None:
         """Delete a partial model's parts that no slice here (loading, loaded or draining) reads."""

@@ -91,3 +91,26 @@ def add_segment_telemetry(trace: RequestTrace, telemetry: Sequence[dict[str, Any
         seg.activation_bytes += int(tele.get("bytes_out", 0))
         for key, us in timings.items():
             seg.telemetry[key] = seg.telemetry.get(key, 0) + us
+
+
+class LocalSpeeds:
+    """This machine's decode ms/layer on each model, per device. A new slice starts from it (a
+    slice of the model on the same device beside it, else the last one unloaded there): unmeasured,
+    it cost the planner's default 2 ms/layer and lost its own layers to a measured peer, so it was
+    never used, so never measured (a swarm test, 2026-12-06)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, float]] = {}  # sha256 -> (device, ms/layer)
+
+    def remember(self, hosted: Any) -> None:
+        """A slice going away leaves its figure (a HostedSlice: entry, placement, ms_per_layer)."""
+        if hosted.ms_per_layer is not None and hosted.placement is not None:
+            self._last[hosted.entry.sha256] = (str(hosted.placement.device), hosted.ms_per_layer)
+
+    def start_from(self, siblings: Sequence[Any], sha256: str, device: str) -> float | None:
+        """The figure a new slice of `sha256` on `device` starts from (None: never measured here)."""
+        for s in siblings:
+            if s.ms_per_layer and s.placement is not None and str(s.placement.device) == device:
+                return s.ms_per_layer
+        last = self._last.get(sha256)
+        return last[1] if last is not None and last[0] == device else None

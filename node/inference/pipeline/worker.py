@@ -96,10 +96,8 @@ class SegmentWorker:
     def on_coordinator_gone(self, node_id: str) -> None:
         """A coordinator's link is gone: it fails its attempts over (new sessions, maybe elsewhere),
         so the sessions it had open here are dropped now rather than at the TTL (300 s of KV held
-        for nobody: a swarm test, 2026-12-06). On each slice's executor, after its queued steps."""
-        for hosted in list(self.host.slices.values()):
-            if hosted.model is not None and hosted.executor is not None and hosted.state in ("loaded", "draining"):
-                hosted.executor.submit(hosted.model.sessions.free_coordinator, node_id)
+        for nobody: a swarm test, 2026-12-06)."""
+        self.host.free_sessions_of(node_id)
 
     # --- WORK ---------------------------------------------------------------------------------
 

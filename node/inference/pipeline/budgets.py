@@ -1,0 +1,124 @@
+"""The budget side of `--serve auto` (autoserve.py is the choosing): each model's memory budget,
+in layers. The node's budget (`--slice-budget-mb`, else free memory plus what its chosen slices
+take from it now) is shared equally by the models without a budget of their own; a change in
+their number sizes each again, and a slice that no longer fits its share is freed (or its load
+cancelled) and chosen again."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass
+
+from node.inference.pipeline import layerchoice as lc
+from node.inference.pipeline.coverage import SliceSizes, default_budget_bytes, slice_sizes
+from node.inference.pipeline.host import SliceHost
+from node.logs import kv
+from node.models.catalog import ModelEntry
+
+log = logging.getLogger("node.inference.pipeline.autoserve")  # one logger for the layer choice's lines
+
+
+@dataclass
+class AutoModel:
+    """One model whose layers this node chooses."""
+
+    entry: ModelEntry
+    seed: int
+    budget: lc.LayerBudget | None = None
+    budget_mb: int = 0
+    settled: bool = False
+    sizes: SliceSizes | None = None
+    deferred_to: tuple[str, str] | None = None  # (the first mover we wait for, the coverage we saw)
+    deferred_rounds: int = 0
+    budget_mb_override: int | None = None  # a budget for this model alone (the GUI's slider); None: the node's
+    budget_error: str | None = None  # why its layers could not be sized (nothing of it is served)
+    at_start: bool = True  # given at start (`--serve auto`); False: added while running (`settled` ignores it)
+    failures: int = 0  # slice loads that failed in a row (each retried sooner than the periodic round)
+
+
+
+class BudgetShares:
+    """Sizing for AutoServe (which provides models, host, budget_mb and _async_release)."""
+
+    models: list[AutoModel]
+    host: SliceHost
+    budget_mb: int
+
+    async def _async_release(self, m: AutoModel, *, keep_parts: bool = False) -> None:
+        raise NotImplementedError
+
+    def _sharing(self) -> list[AutoModel]:
+        """The models that share the node's budget: those without a budget of their own. Two
+        models each sized to the whole `--slice-budget-mb` (or to all free memory) held 1.1 times
+        it (a swarm test, 2026-12-06); now each gets its share."""
+        return [m for m in self.models if not m.budget_mb_override]
+
+    async def _async_reshare(self) -> None:
+        """The number of models sharing the node's budget changed: each of them is sized again.
+        A slice that still fits its new share stays as it is; one that does not is freed and its
+        layers chosen again within the share (as a new budget does; the part files are kept)."""
+        loop = asyncio.get_running_loop()
+        for m in self._sharing():
+            if m.budget is None and m.budget_error is None:
+                continue  # not sized yet (being added): sized with the others' share when it is
+            m.budget_error = None
+            await self._async_budget(m, loop)
+            if m.budget is None:
+                continue  # could not be sized (logged): its slices are left as they are
+            budget = m.budget
+            too_big = [s for s in self.host.slices.values()  # loading ones too: a load under way is cancelled
+                       if s.entry.sha256 == m.entry.sha256 and s.state in ("loading", "loaded")
+                       and s.auto_budget is not None
+                       and s.end - s.start > (budget.with_head if s.end == m.entry.n_layers else budget.layers)]
+            if too_big:
+                m.budget, m.settled = None, False  # (sized again at the next evaluation, after the release)
+                await self._async_release(m, keep_parts=True)
+
+    def _held_bytes(self, m: AutoModel) -> int:
+        """The memory this node's layer-choice slices of `m` take from free memory now: the weights
+        of those in RAM and the KV their sessions hold (KV is allocated as sessions grow, the
+        rest of the reserve is still free). Draining ones are left out: until their sessions end,
+        their memory is not there to give."""
+        sizes, total = m.sizes, 0
+        if sizes is None:
+            return 0
+        for s in self.host.for_model(m.entry.sha256):
+            if s.auto_budget is None or s.placement is None or s.placement.gpu_index is not None:
+                continue
+            total += (s.end - s.start) * sizes.per_layer_bytes + (sizes.head_bytes if s.end == m.entry.n_layers else 0)
+            total += s.model.sessions.total_bytes() if s.model is not None else 0
+        return total
+
+    async def _async_budget(self, m: AutoModel, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await self._async_size(m, loop)
+        except Exception as exc:  # an architecture the slice engine cannot size: serve nothing of it
+            m.budget_error = str(getattr(exc, "message", exc))
+            log.error("DIAG: slice budget failed %s", kv(model=m.entry.id, error=m.budget_error))
+
+    async def _async_size(self, m: AutoModel, loop: asyncio.AbstractEventLoop) -> None:
+        sizes = m.sizes or await loop.run_in_executor(None, functools.partial(
+            slice_sizes, m.entry.path, self.host.dtype, self.host.context_for(m.entry), kv_dtype=self.host.kv_dtype))
+        m.sizes = sizes
+        if m.budget_mb_override:
+            budget_bytes = m.budget_mb_override * 2**20
+        else:  # the node's budget (configured, else free memory plus what its chosen slices hold) is shared
+            if self.budget_mb:
+                node_bytes = self.budget_mb * 2**20
+            else:
+                node_bytes = await loop.run_in_executor(None, default_budget_bytes)
+                node_bytes += sum(self._held_bytes(x) for x in self._sharing())
+            budget_bytes = node_bytes // max(1, len(self._sharing()))  # (counted after the awaits)
+        sharing = self._sharing()
+        m.budget_mb = budget_bytes // 2**20
+        m.budget = lc.layers_for_budget(budget_bytes, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
+                                        sizes.head_bytes, n_layers=sizes.n_layers)
+        log.info("DIAG: slice budget %s", kv(model=m.entry.id, budget_mb=m.budget_mb,
+                                             shared_by=None if m.budget_mb_override else len(sharing),
+                                             layers=m.budget.layers,
+                                             with_head=m.budget.with_head, per_layer_bytes=sizes.per_layer_bytes,
+                                             kv_per_layer_bytes=sizes.kv_per_layer_bytes,
+                                             head_bytes=sizes.head_bytes))
+
