@@ -464,8 +464,10 @@ class SegmentWorker:
         return expiry is not None and expiry > time.monotonic()
 
     def _drop_ended(self, hosted: HostedSlice, sid: str) -> None:
-        """A step of an ended session finished computing after the CANCEL / SESSION_END: free what it made."""
-        hosted.executor.submit(self._free, hosted, sid, "ended")
+        """A step of an ended session finished computing after the CANCEL / SESSION_END: free what it
+        made, unless the SESSION_END kept the session (the step was sent before the attempt ended:
+        the next step before the stream when a stop sequence matched) — its next turn resumes it."""
+        hosted.executor.submit(self._free, hosted, sid, "ended", True)
 
     def _keep(self, hosted: HostedSlice, sid: str, coordinator: str) -> bool:
         """Loop thread: a finished session stays for its coordinator's next turn (marked at once,
@@ -479,8 +481,8 @@ class SegmentWorker:
         hosted.executor.submit(self.samplers.pop, sid, None)
         return True
 
-    def _free(self, hosted: HostedSlice, sid: str, why: str) -> None:
-        if hosted.model.free_session(sid):
+    def _free(self, hosted: HostedSlice, sid: str, why: str, unless_kept: bool = False) -> None:
+        if hosted.model.free_session(sid, unless_kept):
             log.info("DIAG: KV session freed %s", kv(sid=sid, reason=why, layers=f"{hosted.start}-{hosted.end - 1}"))
         self.samplers.pop(sid, None)
 

@@ -237,9 +237,9 @@ class SliceModel:
         """An existing session or None."""
         return self.sessions.get(session_id)
 
-    def free_session(self, session_id: str) -> bool:
-        """Drop a session's KV cache (SESSION_END); True if it existed."""
-        return self.sessions.free(session_id)
+    def free_session(self, session_id: str, unless_kept: bool = False) -> bool:
+        """Drop a session's KV cache (SESSION_END); True if it existed (`unless_kept`: not a kept one)."""
+        return self.sessions.free(session_id, unless_kept=unless_kept)
 
     def resume_session(self, kept_id: str, session_id: str, keep: int, coordinator: str,
                        start: int, end: int, copy: bool = False, room: int = 0) -> Session:

@@ -208,9 +208,13 @@ class SessionStore:
             self._log_evicted(s, reason)
         return [s.session_id for s in gone]
 
-    def free(self, session_id: str, reason: str = "freed") -> bool:
-        """Drop a session; True if it existed."""
+    def free(self, session_id: str, reason: str = "freed", *, unless_kept: bool = False) -> bool:
+        """Drop a session; True if it existed. `unless_kept`: a kept one stays (a late step of its
+        ended attempt is dropped, not what its SESSION_END kept)."""
         with self._lock:
+            s = self._sessions.get(session_id)
+            if s is not None and unless_kept and s.kept_for is not None:
+                return False
             s = self._sessions.pop(session_id, None)
         if s is not None:
             self._log_evicted(s, reason)
