@@ -102,11 +102,14 @@ class RequestTrace:
         return time.monotonic()
 
     def end_assembly(self, started: float, segments: list[SegmentTrace] | None = None) -> None:
-        """A route was chosen (one attempt): adds to sched time and counts the assembly."""
+        """A route was chosen (one attempt): adds to sched time and counts the assembly. ttft runs
+        from the first route: a failover's later one (after tokens were streamed, maybe) does not
+        move it."""
         now = time.monotonic()
         self.sched_s += now - started
         self.assemblies += 1
-        self.assembled = now
+        if self.assembled is None:
+            self.assembled = now
         if segments is not None:
             self.segments = segments
 
