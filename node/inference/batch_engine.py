@@ -203,7 +203,7 @@ class BatchEngine:
     def _step(self) -> None:
         self._admit()
         for seq in [s for s in self._active if s.job.cancel.is_set()]:
-            self._end(seq, drop=True)
+            self._end(seq, drop=not seq.job.keep_kv)
         if not self._active:
             return
         self._compact()
@@ -284,7 +284,7 @@ class BatchEngine:
     def _sample(self, seq: _Seq) -> None:
         ll, job = self.ll, seq.job
         if job.cancel.is_set():
-            self._end(seq, drop=True)
+            self._end(seq, drop=not job.keep_kv)
             return
         n_top = job.params.logprobs
         raw = None
@@ -300,7 +300,7 @@ class BatchEngine:
             seq.produced += 1
             if (seq.is_eog(token) or seq.produced >= job.max_new_tokens or job.cancel.is_set()
                     or len(seq.slot.tokens) >= self.n_ctx):
-                self._end(seq, drop=job.cancel.is_set())
+                self._end(seq, drop=job.cancel.is_set() and not job.keep_kv)
                 return
             if seq.constraint is not None:
                 seq.constraint.accept(token)
@@ -314,7 +314,9 @@ class BatchEngine:
         equals it; the KV of the rejected draft positions is removed (see the module docstring)."""
         ll, job, slot = self.ll, seq.job, seq.slot
         if job.cancel.is_set():
-            self._end(seq, drop=True)
+            if job.keep_kv and seq.draft:  # the slot's tokens are its KV: the unverified draft leaves
+                ll.llama_memory_seq_rm(self.mem, slot.seq_id, len(slot.tokens), -1)
+            self._end(seq, drop=not job.keep_kv)
             return
         draft, out, ended = seq.draft, [], False
         for i in range(len(draft) + 1):
@@ -339,7 +341,7 @@ class BatchEngine:
         seq.drafter.extend(out)
         seq.draft = []
         if ended:
-            self._end(seq, drop=job.cancel.is_set())
+            self._end(seq, drop=job.cancel.is_set() and not job.keep_kv)
             return
         seq.next_token = out[-1]
 

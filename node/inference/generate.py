@@ -267,6 +267,7 @@ class CompletionRun:
                         piece = special.encode()
                 delta = assembler.feed(piece)
                 if assembler.stop_match is not None:
+                    job.keep_kv = True  # the reply is complete: its KV serves the next turn
                     job.cancel.set()
                 if delta:
                     self.text += delta

@@ -55,6 +55,9 @@ class GenerationJob:
     params: SamplingParams
     max_new_tokens: int
     cancel: threading.Event = field(default_factory=threading.Event)
+    # set before `cancel` when the reply is complete rather than abandoned (a stop sequence matched):
+    # the engine keeps its sequence's KV cached for the conversation's next turn
+    keep_kv: bool = False
     # the reply's tokens already produced before this job (the prompt's tail after a failover): an
     # output grammar replays them
     history: tuple[int, ...] = ()
