@@ -331,8 +331,11 @@ def stop_reason(run: CompletionRun) -> str:
 
 
 def _usage(trace: RequestTrace) -> dict[str, int]:
-    return {"input_tokens": trace.prompt_tokens or 0, "output_tokens": trace.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    """Anthropic's accounting: the prompt is `input_tokens` + `cache_read_input_tokens` (its prefix
+    found in a KV cache, known once the prompt is placed), as llama-server reports it too."""
+    cached = min(trace.cached_tokens or 0, trace.prompt_tokens or 0)
+    return {"input_tokens": (trace.prompt_tokens or 0) - cached, "output_tokens": trace.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
 def _tool_input(arguments: str) -> Any:
@@ -410,8 +413,8 @@ class MessageEvents:
         return [*self._stop_block(),
                 _event("message_delta", {"delta": {"stop_reason": stop_reason(self.run),
                                                    "stop_sequence": self.run.stop_sequence},
-                                         "usage": {"output_tokens": trace.completion_tokens},
-                                         "x_swarm": trace.timings()}),
+                                         # cumulative, as Anthropic's: the prompt's cached part is known now
+                                         "usage": _usage(trace), "x_swarm": trace.timings()}),
                 _event("message_stop", {})]
 
     def error(self, exc: NodeError) -> list[bytes]:

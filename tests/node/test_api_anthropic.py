@@ -41,6 +41,11 @@ def user(text):
     return [{"role": "user", "content": text}]
 
 
+def prompt_tokens(usage) -> int:
+    """The whole prompt in Anthropic's accounting: what was read from a KV cache is not in input_tokens."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
 async def raw(node, path, body, *, headers=None, method="POST"):
     hdrs = {"x-api-key": node.api_key, "anthropic-version": "2023-06-01", **(headers or {})}
     async with aiohttp.ClientSession() as s, s.request(method, f"http://127.0.0.1:{node.api.port}{path}",
@@ -56,7 +61,7 @@ async def test_text_matches_the_chat_route(client, oai, model_id):
     assert msg.id.startswith("msg_")
     assert [b.type for b in msg.content] == ["text"]
     assert msg.content[0].text == chat.choices[0].message.content and msg.content[0].text
-    assert msg.usage.input_tokens == chat.usage.prompt_tokens
+    assert prompt_tokens(msg.usage) == chat.usage.prompt_tokens
     assert msg.usage.output_tokens == chat.usage.completion_tokens
     assert msg.stop_reason == "end_turn" and chat.choices[0].finish_reason == "stop"
     assert msg.stop_sequence is None
@@ -90,7 +95,7 @@ async def test_system_string_and_blocks_count_alike(client, oai, model_id):
     assert as_string.input_tokens == as_blocks.input_tokens == chat.usage.prompt_tokens
     assert without.input_tokens < as_string.input_tokens
     msg = await client.messages.create(model=model_id, max_tokens=2, system=system, messages=user(QUESTION))
-    assert msg.usage.input_tokens == as_string.input_tokens
+    assert prompt_tokens(msg.usage) == as_string.input_tokens
 
 
 async def test_multi_turn_is_rendered_as_the_chat_template_renders_it(node, client, model_id):
@@ -104,7 +109,28 @@ async def test_multi_turn_is_rendered_as_the_chat_template_renders_it(node, clie
                                 {"role": "user", "content": QUESTION}])
     assert counted.input_tokens == len(expected)
     msg = await client.messages.create(model=model_id, max_tokens=4, system="be brief", messages=turns)
-    assert msg.usage.input_tokens == len(expected)
+    assert prompt_tokens(msg.usage) == len(expected)
+
+
+async def test_the_second_turn_reads_its_prefix_from_the_cache(client, oai, model_id):
+    """Anthropic's usage splits the prompt: cache_read_input_tokens is the prefix found in the KV
+    cache (the first turn's prompt and reply), input_tokens the rest, as llama-server reports it;
+    the streamed message_delta carries the same (its usage is cumulative)."""
+    first = [{"role": "user", "content": "Name a fruit, then a color, then a number."}]
+    msg = await client.messages.create(model=model_id, max_tokens=12, messages=first, extra_body=GREEDY)
+    turns = [*first, {"role": "assistant", "content": msg.content[0].text},
+             {"role": "user", "content": "And another three?"}]
+    counted = (await client.messages.count_tokens(model=model_id, messages=turns)).input_tokens
+    second = await client.messages.create(model=model_id, max_tokens=4, messages=turns, extra_body=GREEDY)
+    assert second.usage.cache_read_input_tokens >= prompt_tokens(msg.usage), second.usage
+    assert second.usage.input_tokens + second.usage.cache_read_input_tokens == counted
+    assert second.usage.cache_creation_input_tokens == 0
+    chat = await oai.chat.completions.create(model=model_id, max_tokens=4, temperature=0, messages=turns)
+    assert chat.usage.prompt_tokens == counted  # OpenAI's accounting: cached tokens are inside
+    async with client.messages.stream(model=model_id, max_tokens=4, messages=turns, extra_body=GREEDY) as stream:
+        final = await stream.get_final_message()
+    assert final.usage.cache_read_input_tokens >= prompt_tokens(msg.usage), final.usage
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == counted
 
 
 async def test_a_final_assistant_turn_is_continued_as_the_text_route_continues_it(node, client, oai, model_id):
@@ -120,7 +146,7 @@ async def test_a_final_assistant_turn_is_continued_as_the_text_route_continues_i
     chat = await oai.chat.completions.create(model=model_id, max_tokens=24, temperature=0, messages=turns)
     text = await oai.completions.create(model=model_id, max_tokens=24, temperature=0,
                                         prompt=tok.render_chat(user(QUESTION)) + prefill)
-    assert msg.usage.input_tokens == chat.usage.prompt_tokens == text.usage.prompt_tokens == len(expected)
+    assert prompt_tokens(msg.usage) == chat.usage.prompt_tokens == text.usage.prompt_tokens == len(expected)
     assert msg.content[0].text == chat.choices[0].message.content == text.choices[0].text != ""
     # an empty assistant placeholder (some apps append one) changes nothing
     placeholder = await oai.chat.completions.create(model=model_id, max_tokens=24, temperature=0,
@@ -161,7 +187,7 @@ async def test_streaming_events_and_final_message(node, client, model_id):
     assert len(pieces) > 1 and "".join(pieces) == whole.content[0].text
     assert final.content[0].text == whole.content[0].text and final.stop_reason == "end_turn"
     assert final.usage.output_tokens == whole.usage.output_tokens
-    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert prompt_tokens(final.usage) == prompt_tokens(whole.usage)
     # the wire: event names and data types agree, in Anthropic's order
     status, headers, body = await raw(node, "/v1/messages", {
         "model": model_id, "max_tokens": 5, "messages": user(QUESTION), "stream": True, "temperature": 0})
@@ -173,7 +199,11 @@ async def test_streaming_events_and_final_message(node, client, model_id):
     assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(names[3:-3]) == {"content_block_delta"}
-    assert events[0]["message"]["usage"]["input_tokens"] == whole.usage.input_tokens
+    # message_start comes before the prompt is placed: all of it is input there; message_delta's
+    # usage (cumulative, as Anthropic's) splits off what the KV cache held
+    assert events[0]["message"]["usage"]["input_tokens"] == prompt_tokens(whole.usage)
+    end = events[-2]["usage"]
+    assert end["input_tokens"] + end["cache_read_input_tokens"] == prompt_tokens(whole.usage)
     assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert events[-2]["usage"]["output_tokens"] == 5
 

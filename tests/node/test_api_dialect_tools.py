@@ -72,7 +72,9 @@ async def test_messages_forced_tool_use(claude, model_id):
         {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": "get_weather",
                                            "input": uses[0].input}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny, 21 C"}]}])
-    assert follow.usage.input_tokens == counted.input_tokens > msg.usage.input_tokens
+    # the whole prompt in Anthropic's accounting: input_tokens + what the KV cache held
+    whole = follow.usage.input_tokens + follow.usage.cache_read_input_tokens
+    assert whole == counted.input_tokens > msg.usage.input_tokens + msg.usage.cache_read_input_tokens
     with pytest.raises(anthropic.BadRequestError):  # a result for a call never made
         await claude.messages.create(model=model_id, max_tokens=4, messages=[
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_nope", "content": "x"}]}])
