@@ -23,12 +23,12 @@ import torch
 
 from node import const
 from node.errors import KvPositionMismatch, NodeError, PeerUnreachable, ProtocolError
+from node.inference.pipeline.acks import Acks, PendingAck
 from node.inference.pipeline.batching import PreparedStep, StepJob, take_batch
 from node.inference.pipeline.host import HostedSlice, SliceHost
 from node.inference.pipeline.sampler import Sampler
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import (
-    Ack,
     HopTelemetry,
     Result,
     SessionControl,
@@ -44,17 +44,6 @@ from node.net import FrameType
 log = logging.getLogger(__name__)
 
 
-class _PendingAck:
-    """An ACK not sent yet (see SegmentWorker.on_work)."""
-
-    __slots__ = ("work", "received", "timer", "sent")
-
-    def __init__(self, work: Work, received: float):
-        self.work, self.received = work, received
-        self.timer: asyncio.TimerHandle | None = None
-        self.sent = False
-
-
 class SegmentWorker:
     """Serves WORK, CANCEL and SESSION_END for the slices in `host`."""
 
@@ -66,6 +55,7 @@ class SegmentWorker:
         self.short_id = node_id[:8]
         self.host = host
         self.transport = transport
+        self.acks = Acks(node_id, transport)
         self.samplers: dict[str, Sampler] = {}  # sid -> sampler (last segment only; executor thread)
         # sid -> expiry of its tombstone, set by CANCEL and SESSION_END alike (a sid is never reused:
         # each attempt has its own). Either travels on the coordinator's link and can overtake a
@@ -122,12 +112,12 @@ class SegmentWorker:
                 refusal = (f"node {self.short_id} does not serve layers {hop.start}-{hop.end - 1} of model "
                            f"{work.model[:12]}", "segment_not_served")
         if refusal is not None:
-            self._send_ack(_PendingAck(work, received))
+            self.acks.send(PendingAck(work, received))
             self._fail(work, *refusal)
             return
         debug = log.isEnabledFor(logging.DEBUG)
         if self._is_ended(work.sid):
-            self._send_ack(_PendingAck(work, received))
+            self.acks.send(PendingAck(work, received))
             if debug:
                 log.debug("DIAG: WORK for an ended session dropped %s", kv(sid=work.sid, seq=work.seq))
             return
@@ -135,41 +125,13 @@ class SegmentWorker:
             log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
                       kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
         loop = asyncio.get_running_loop()
-        ack = _PendingAck(work, received)
+        ack = PendingAck(work, received)
         if work.coordinator != self.node_id:
             # Held until the step's output (or ACK_HOLD_S, if sooner): framing it now would hold the
             # GIL while the slice's thread starts the step, and a timer mid-compute would wake this
             # loop and the coordinator's while the slice's threads run.
-            ack.timer = loop.call_later(const.ACK_HOLD_S, self._send_ack, ack)
+            ack.timer = loop.call_later(const.ACK_HOLD_S, self.acks.send, ack)
         self._enqueue(loop, hosted, StepJob(work, payload, received, sender, ack))
-
-    def _send_ack(self, ack: _PendingAck | None, done: bool = False) -> None:
-        """Tell the coordinator a WORK arrived (once); `done`: its output has just left."""
-        header = self._take_ack(ack, done)
-        if header is None:
-            return
-        try:
-            self.transport.send(ack.work.coordinator, FrameType.ACK, header)
-        except PeerUnreachable:
-            log.info("DIAG: ACK not sent, no link to coordinator %s",
-                     kv(coordinator=ack.work.coordinator[:8], sid=ack.work.sid))
-
-    def _take_ack(self, ack: _PendingAck | None, done: bool = False) -> dict[str, Any] | None:
-        """The ACK's header if it is still to be sent (the caller sends it), else None. A node that
-        is its own coordinator hears only of a finished step (no socket: a local call)."""
-        if ack is None or ack.sent:
-            return None
-        ack.sent = True
-        if ack.timer is not None:
-            ack.timer.cancel()
-        work = ack.work
-        if work.coordinator == self.node_id and not done:
-            return None
-        held_us = int((time.monotonic() - ack.received) * 1e6)
-        if log.isEnabledFor(logging.DEBUG):  # seed 000 marker
-            log.debug("DIAG: acknowledged tensor forward on receipt %s",
-                      kv(sid=work.sid, seq=work.seq, hop=work.hop, held_us=held_us))
-        return Ack(work.sid, work.seq, work.hop, self.node_id, held_us, done).to_header()
 
     # --- the slice's executor: batched steps ---------------------------------------------------
 
@@ -359,10 +321,10 @@ class SegmentWorker:
         return tele, (token, verified), scores, meta, data
 
     def _after(self, hosted: HostedSlice, work: Work, outcome: Any, finished: float, sender: str,
-               ack: _PendingAck | None) -> None:
+               ack: PendingAck | None) -> None:
         """Loop thread: account the step and send its output on (WORK to the next hop, or RESULT)."""
         if isinstance(outcome, Exception):
-            self._send_ack(ack)  # before the error RESULT on the same link, never after it
+            self.acks.send(ack)  # before the error RESULT on the same link, never after it
         if isinstance(outcome, NodeError):
             self._fail(work, outcome.message, outcome.code or "error")
             return
@@ -371,7 +333,7 @@ class SegmentWorker:
             self._fail(work, f"{type(outcome).__name__}: {outcome}", "internal_error")
             return
         if outcome is None or self._is_ended(work.sid):
-            self._take_ack(ack)  # nobody waits for it any more (dropped, with its timer)
+            self.acks.take(ack)  # nobody waits for it any more (dropped, with its timer)
             self._drop_ended(hosted, work.sid)
             return
         tele, (token, verified), scores, meta, data = outcome
@@ -404,7 +366,7 @@ class SegmentWorker:
                 # after the hidden states (the next hop starts sooner); `done` only when they are
                 # on their way at once, so the next hop's ACK budget need not cover a transfer
                 small = len(data) <= const.ACK_DONE_MAX_BYTES and self.transport.unsent(nxt_node) <= const.ACK_DONE_MAX_BYTES
-                self._send_ack(ack, done=small)
+                self.acks.send(ack, done=small)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("DIAG: sent tensor forward to the next hop %s",
                               kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
@@ -412,11 +374,11 @@ class SegmentWorker:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)
                 result = Result(work.sid, work.seq, token=token, telemetry=(*work.telemetry, tele.as_wire()),
                                 scores=scores, tokens=verified)
-                ack_header = self._take_ack(ack, done=True)  # the ACK, then the RESULT, in one write
+                ack_header = self.acks.take(ack, done=True)  # the ACK, then the RESULT, in one write
                 frames = [] if ack_header is None else [(FrameType.ACK, ack_header, b"")]
                 self.transport.send_many(work.coordinator, [*frames, (FrameType.RESULT, result.to_header(), b"")])
         except PeerUnreachable as exc:
-            self._send_ack(ack)
+            self.acks.send(ack)
             nxt = work.route[work.hop + 1].node_id if meta is not None else None
             self._fail(work, f"next hop unreachable: {exc.message}", "next_hop_unreachable", failed_node=nxt)
 
