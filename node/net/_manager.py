@@ -287,6 +287,13 @@ class PeerManager:
                 full = self._hello(nonce, member_nonce=member_nonce)
                 stream.writelines(encode_frame(full.to_frame()))
                 hello = await self._async_read_hello(stream, node_id)
+                # ... or while we waited for its full HELLO (a removal closes only the links it can
+                # see: this one is not registered yet). A member caught by someone else's rotation is
+                # not refused for good: the next attempt runs admission under the new state.
+                if node_id in self.membership.state.removed:
+                    raise NotAMember("removed from this swarm", node_id=node_id, swarm=hello.swarm, by_us=True)
+                if admission.swarm is not self.membership.swarm:
+                    raise PeerUnreachable(f"the swarm changed while {short_id(node_id)} was being admitted")
         except NotAMember as exc:
             stream.close()  # after our ERROR not_a_member, if we sent one
             self.membership.note_refusal(exc, address if is_dialer and via_relay is None else None)
