@@ -148,6 +148,11 @@ class SwarmOps:
 
     async def _async_switch(self, swarm: Swarm, *, removed: set[str], why: str) -> None:
         await self._membership.async_adopt(swarm, removed=removed)
+        # async_adopt keeps the refusals when the swarm id stays, as a rotation must; a join of
+        # the same swarm (a member back after a rotation it missed) is no rotation: the members
+        # it was refused by, or refused, under its old epoch are worth a try again
+        self._membership.refusals.clear()
+        self._membership.refused_addrs.clear()
         for link in self._all_links():
             link.close(f"{why} swarm")
         for rec in self._table:  # refusals were about the old swarm: everyone is worth a try again
