@@ -296,6 +296,8 @@ class PeerManager:
                     raise PeerUnreachable(f"the swarm changed while {short_id(node_id)} was being admitted")
         except NotAMember as exc:
             stream.close()  # after our ERROR not_a_member, if we sent one
+            if join_token is not None:
+                raise  # the inviter refused our invite, not our membership: async_join reports it
             self.membership.note_refusal(exc, address if is_dialer and via_relay is None else None)
             self._note_refused(exc)
             raise
