@@ -206,7 +206,11 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
             return Admission("joined", welcome, frozenset(removed))
         if hello.joining:  # the peer presents an invite of ours
             answer = await _read_member(stream, peer, hello.swarm)
-            if answer.get("op") != "join" or swarm.is_open or peer in membership.state.removed or \
+            if peer in membership.state.removed:  # by its node id: no invite brings it back
+                _refuse(stream, "this node was removed from the swarm: an invite cannot bring it back "
+                                "under the same node identity")
+                raise NotAMember("removed from this swarm", node_id=peer, swarm=hello.swarm, by_us=True)
+            if answer.get("op") != "join" or swarm.is_open or \
                     not membership.take_invite(answer.get("proof"), peer, me, hello.member_nonce, my_nonce):
                 _refuse(stream, "the invite is not valid here (used, expired, or for another swarm)")
                 raise NotAMember("presented no valid invite", node_id=peer, swarm=hello.swarm, by_us=True)

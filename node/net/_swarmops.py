@@ -111,8 +111,7 @@ class SwarmOps:
             except AdmissionEnded:
                 return self._membership.swarm.public_id
             except NotAMember as exc:
-                raise InvalidRequest(f"the inviter refused the invite: {exc.message} (used, expired, or "
-                                     "made by another swarm's node)", param="code") from exc
+                raise InvalidRequest(f"the inviter refused the invite: {exc.message}", param="code") from exc
             except PeerError as exc:
                 errors.append(f"{addr}: {exc.message}")
                 continue
