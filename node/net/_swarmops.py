@@ -183,6 +183,14 @@ class SwarmOps:
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
         removed = self._membership.state.removed | {node_id}
+        if not any(link.node_id not in removed for link in self._live_links()):
+            away = [rec.short_id for rec in self._table if rec.node_id not in removed
+                    and rec.node_id != self._node_id and not self._membership.is_refused(rec.node_id)]
+            if away:  # the new secret would reach no one: this node, not the removed one, would be out
+                raise InvalidRequest(
+                    f"no other member is connected now (away: {', '.join(sorted(away)[:5])}): the new "
+                    "secret would reach none of them, and this node would be the one cut off from the "
+                    "swarm; remove it while this node is linked to another member", param="node_id")
         self._close_removed(removed)  # before anything can wait: no frame reaches them again
         told = self._send_rekey(rotated, removed, skip=None)
         await self._membership.async_adopt(rotated, removed=removed)
