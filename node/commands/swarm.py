@@ -41,10 +41,13 @@ def _client(args):
 
 
 def invite(args: argparse.Namespace) -> int:
+    if not 1 / 60 <= args.hours <= 30 * 24:  # what the node accepts (ttl_s 60 s .. 30 days), in hours
+        raise SystemExit("error: --hours must be from 0.017 (one minute) to 720 (30 days)")
     out = json.loads(_client(args).request("POST", "/api/admin/swarm/invite", {"ttl_s": args.hours * 3600}))
-    left_h = (out["expires_at"] - time.time()) / 3600
+    left_min = max(0, round((out["expires_at"] - time.time()) / 60))
+    valid = f"{left_min} min" if left_min < 90 else f"{left_min / 60:.3g} h"
     print(out["code"])
-    print(f"(valid for {left_h:.0f} h, for one device: on it run  swarmllm join <code>)")
+    print(f"(valid for {valid}, for one device: on it run  swarmllm join <code>)")
     return 0
 
 
