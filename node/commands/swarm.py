@@ -79,5 +79,6 @@ def swarm(args: argparse.Namespace) -> int:
           f"removed: {status['removed']}")
     for r in status["refused"]:
         who = "refused by us" if r["by_us"] else "refused us"
-        print(f"  {r['peer']} {who} (swarm {r['swarm'] or '-'}) x{r['count']}, last {r['last_s_ago']:.0f} s ago")
+        print(f"  {r['peer']} {who} (swarm {r['swarm'] or '-'}) x{r['count']}, last {r['last_s_ago']:.0f} s ago"
+              + (f": {r['reason'].removeprefix('refused us: ')}" if r.get("reason") else ""))
     return 0

@@ -227,7 +227,11 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
         answer = await _read_member(stream, peer, hello.swarm)
         if answer.get("op") != "proof" or hello.epoch != swarm.epoch or not swarm.verify(
                 answer.get("proof"), peer, me, hello.member_nonce, my_nonce):
-            why = "holds an older or newer swarm secret" if hello.epoch != swarm.epoch else "bad membership proof"
+            if hello.epoch > swarm.epoch:  # the peer holds a later rotation: we are the one out of date
+                why = (f"holds a newer swarm secret (epoch {hello.epoch}, ours {swarm.epoch}): this node missed "
+                       "a rotation and needs a new invite")
+            else:
+                why = "holds an older or newer swarm secret" if hello.epoch != swarm.epoch else "bad membership proof"
             _refuse(stream, "membership proof refused")
             raise NotAMember(why, node_id=peer, swarm=hello.swarm, by_us=True)
         return Admission("member", swarm)
