@@ -128,7 +128,8 @@ async def swarm_remove(request: web.Request) -> web.Response:
     body = await read_json(request)
     node_id = body.get("node_id") if isinstance(body, dict) else None
     if not isinstance(node_id, str) or not 4 <= len(node_id) <= 64:
-        raise InvalidRequest("node_id is required (the member's node id or a prefix of it)", param="node_id")
+        raise InvalidRequest("node_id must be the member's node id or a prefix of it of at least 4 characters "
+                             "(`swarmllm swarm` lists the members)", param="node_id")
     return web.json_response({"members_told": await request.app[NODE].async_remove_member(node_id.lower())})
 
 

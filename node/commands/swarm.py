@@ -77,8 +77,18 @@ def swarm(args: argparse.Namespace) -> int:
                                          f" (private, epoch {status['epoch']})"))
     print(f"members connected: {status['members_connected']}  open invites: {status['invites_open']}  "
           f"removed: {status['removed']}")
+    for m in status.get("members", []):
+        when = "connected" if m["connected"] else f"last linked {_ago(m['last_linked_s_ago'])} ago"
+        print(f"  member {m['peer']} ({when})")
     for r in status["refused"]:
         who = "refused by us" if r["by_us"] else "refused us"
         print(f"  {r['peer']} {who} (swarm {r['swarm'] or '-'}) x{r['count']}, last {r['last_s_ago']:.0f} s ago"
               + (f": {r['reason'].removeprefix('refused us: ')}" if r.get("reason") else ""))
     return 0
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"

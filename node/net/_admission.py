@@ -31,7 +31,16 @@ from node.logs import kv
 from ._frames import Frame, FrameType, encode_frame, type_name
 from ._identity import is_node_id, short_id
 from ._link import async_read_frame
-from ._membership import Invite, MembershipState, Swarm, join_proof, load_or_create, write_json
+from ._membership import (
+    MAX_MEMBERS,
+    MEMBER_SEEN_SAVE_S,
+    Invite,
+    MembershipState,
+    Swarm,
+    join_proof,
+    load_or_create,
+    write_json,
+)
 from ._messages import ErrorInfo, Hello
 from ._stream import Stream
 
@@ -136,6 +145,21 @@ class Membership:
     def is_refused(self, node_id: str) -> bool:
         return node_id in self.refusals
 
+    # --- the roster ---------------------------------------------------------------------------
+
+    def note_member(self, node_id: str) -> bool:
+        """A peer admitted as a member (or a joiner we welcomed): remembered, with when it was last
+        linked. True when swarm.json should be written (a new member, or its time is old)."""
+        state = self.state
+        if state.swarm.is_open or node_id in state.removed:
+            return False
+        now = time.time()
+        last = state.members.pop(node_id, None)  # re-inserted last: the dict runs least recent first
+        state.members[node_id] = now
+        while len(state.members) > MAX_MEMBERS:
+            del state.members[next(iter(state.members))]
+        return last is None or now - last >= MEMBER_SEEN_SAVE_S
+
     # --- changes of swarm ---------------------------------------------------------------------
 
     async def async_adopt(self, swarm: Swarm, *, removed: set[str] | None = None) -> None:
@@ -144,8 +168,9 @@ class Membership:
         same = swarm.swarm_id == self.swarm.swarm_id
         invites = self.state.invites if same else {}
         tokens = self.state.tokens if same else {}
-        self.state = MembershipState(swarm, dict(invites), dict(tokens),
-                                     set(removed if removed is not None else self.state.removed))
+        removed = set(removed if removed is not None else self.state.removed)
+        members = {n: t for n, t in self.state.members.items() if n not in removed} if same else {}
+        self.state = MembershipState(swarm, dict(invites), dict(tokens), removed, members)
         if not same:
             self.refusals.clear()
             self.refused_addrs.clear()

@@ -308,6 +308,8 @@ class PeerManager:
             stream.abort()
             raise
         self.membership.refusals.pop(node_id, None)  # admitted now (it may have joined since)
+        if admission.kind in ("member", "welcomed") and self.membership.note_member(node_id):
+            self.tasks.spawn(self.membership.async_save(), name="swarm-save")  # the roster
         if admission.kind != "member":
             stream.close()
             await self.swarm_ops.async_admission_ended(admission, node_id, address)

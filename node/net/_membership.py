@@ -39,6 +39,8 @@ _JOIN_LABEL = b"swarmllm-join-v1"
 _NONCE_BYTES = 16
 NONCE_HEX = 2 * _NONCE_BYTES
 MAX_EPOCH = 2**31 - 1
+MAX_MEMBERS = 1024  # members remembered in swarm.json (the least recently linked are forgotten first)
+MEMBER_SEEN_SAVE_S = 3600.0  # a known member's last-linked time is written again at most this often
 
 
 def new_nonce() -> str:
@@ -152,12 +154,19 @@ def join_proof(token: bytes, joiner: str, inviter: str, joiner_nonce: str, invit
 
 @dataclass
 class MembershipState:
-    """What swarm.json holds: the swarm, the invites still open and nodes removed from it."""
+    """What swarm.json holds: the swarm, the invites still open, nodes removed from it and the members
+    this node has linked with (the roster: `swarm remove` finds a lost device there long after the
+    peer table forgot it)."""
 
     swarm: Swarm
     invites: dict[str, Invite] = field(default_factory=dict)  # token sha256 → invite
     tokens: dict[str, bytes] = field(default_factory=dict, repr=False)  # token sha256 → token (join proofs)
     removed: set[str] = field(default_factory=set)  # node ids removed from this swarm
+    members: dict[str, float] = field(default_factory=dict)  # node id -> when last linked (epoch s)
+
+    def roster(self) -> dict[str, float]:
+        """The members remembered, removed ones left out."""
+        return {n: seen for n, seen in self.members.items() if n not in self.removed}
 
     def to_json(self) -> dict:
         now = time.time()
@@ -166,6 +175,7 @@ class MembershipState:
             "invites": [{"token": self.tokens[h].hex(), "expires_at": inv.expires_at}
                         for h, inv in self.invites.items() if inv.expires_at > now and h in self.tokens],
             "removed": sorted(self.removed),
+            "members": {n: round(seen) for n, seen in self.roster().items()},
         }
 
     @classmethod
@@ -181,6 +191,10 @@ class MembershipState:
                 state.invites[h] = Invite(h, float(item["expires_at"]))
                 state.tokens[h] = token
         state.removed = {r for r in data.get("removed") or [] if _is_hex(r, 64)}
+        members = data.get("members")
+        if isinstance(members, dict):  # absent in files written before the roster
+            seen = [(n, float(t)) for n, t in members.items() if _is_hex(n, 64) and isinstance(t, int | float)]
+            state.members = dict(sorted(seen, key=lambda item: item[1])[-MAX_MEMBERS:])
         return state
 
 

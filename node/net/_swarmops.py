@@ -63,6 +63,7 @@ class SwarmOps:
         """What the report, the admin API and the GUI show (never the secret, never a code)."""
         swarm = self._membership.swarm
         now = time.time()
+        linked = {link.node_id for link in self._live_links()}
         return {
             "swarm": swarm.public_id, "open": swarm.is_open, "epoch": swarm.epoch,
             "members_connected": len(self._live_links()),
@@ -71,6 +72,10 @@ class SwarmOps:
             "refused": [{"peer": short_id(r.node_id), "node_id": r.node_id, "by_us": r.by_us, "swarm": r.swarm,
                          "count": r.count, "last_s_ago": round(now - r.last_at, 1), "reason": r.reason}
                         for r in self._membership.refusals.values()],
+            # the roster, most recently linked first (a lost device is removed by its id from here)
+            "members": [{"peer": short_id(n), "node_id": n, "connected": n in linked,
+                         "last_linked_s_ago": round(max(0.0, now - seen), 1)}
+                        for n, seen in sorted(self._membership.state.roster().items(), key=lambda i: -i[1])],
         }
 
     # --- invite -------------------------------------------------------------------------------
@@ -171,10 +176,12 @@ class SwarmOps:
         if swarm.is_open:
             raise InvalidRequest("an open swarm has no members to remove")
         if not is_node_id(node_id):
-            matches = [r.node_id for r in self._table if r.node_id.startswith(node_id)] if node_id else []
+            # known peers and the roster: a device lost long ago has left the peer table
+            known = {r.node_id for r in self._table} | set(self._membership.state.roster())
+            matches = [n for n in known if n.startswith(node_id)] if node_id else []
             if len(matches) != 1:
-                raise InvalidRequest(f"{node_id!r} is not a node id (or a prefix of exactly one known peer)",
-                                     param="node_id")
+                raise InvalidRequest(f"{node_id!r} is not a node id (or a prefix of exactly one known peer or "
+                                     f"member: `swarmllm swarm` lists them)", param="node_id")
             node_id = matches[0]
         if node_id == self._node_id:
             raise InvalidRequest("to leave the swarm yourself, use leave", param="node_id")

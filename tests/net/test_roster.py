@@ -1,0 +1,62 @@
+"""The roster: the members a node has linked with, kept in swarm.json. A device lost long ago has
+left the peer table (PEER_FORGET_S after it went); `swarm remove` still finds it by its short id in
+the roster, and `swarmllm swarm` lists the members with when they were last linked (before, the
+full id appeared nowhere, and only a forced rotation by a made-up id could lock such a device out)."""
+
+from __future__ import annotations
+
+import json
+
+from node import const
+from node.net import PeerManager, load_or_create_identity
+from node.net._membership import SWARM_FILE, MembershipState
+
+from .util import addr, wait_until
+
+
+def linked(x, y) -> bool:
+    return x.link(y.node_id) is not None and y.link(x.node_id) is not None
+
+
+def on_disk(manager: PeerManager) -> MembershipState:
+    return MembershipState.from_json(json.loads((manager.config.data_dir / SWARM_FILE).read_text()))
+
+
+async def test_a_member_gone_from_the_peer_table_is_removed_by_its_short_id(make_manager, fast_net, monkeypatch):
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    lost = await make_manager("lost", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b) and linked(a, lost), what="a linked with b and the soon lost device")
+    await wait_until(lambda: lost.node_id in on_disk(a).members, what="the roster written to swarm.json")
+    members = {m["node_id"]: m for m in a.swarm_ops.status()["members"]}
+    assert members[lost.node_id]["connected"] and members[lost.node_id]["peer"] == lost.node_id[:8]
+    assert b.node_id in members
+    await lost.async_stop()  # the laptop is stolen: it never comes back
+    monkeypatch.setattr(const, "PEER_FORGET_S", 0.2)
+    await wait_until(lambda: a.table.get(lost.node_id) is None, what="the peer table forgot it")
+    status = {m["node_id"]: m for m in a.swarm_ops.status()["members"]}
+    assert not status[lost.node_id]["connected"] and status[lost.node_id]["last_linked_s_ago"] >= 0
+    assert await a.swarm_ops.async_remove(lost.node_id[:8]) == 1  # b got the new secret
+    assert lost.node_id in a.membership.state.removed and a.membership.swarm.epoch == 1
+    await wait_until(lambda: b.membership.swarm.epoch == 1, what="b adopted the rotation")
+    # gone from the roster (on disk too), kept as removed
+    assert lost.node_id not in {m["node_id"] for m in a.swarm_ops.status()["members"]}
+    await wait_until(lambda: lost.node_id not in on_disk(a).members and lost.node_id in on_disk(a).removed,
+                     what="swarm.json updated")
+
+
+async def test_the_roster_survives_a_restart_and_a_join_elsewhere_clears_it(make_manager, fast_net):
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b), what="a and b linked")
+    await wait_until(lambda: b.node_id in on_disk(a).members, what="the roster written")
+    await a.async_stop()
+    again = PeerManager(a.config, load_or_create_identity(a.config.data_dir))
+    await again.async_start()
+    try:
+        assert b.node_id in {m["node_id"] for m in again.swarm_ops.status()["members"]}
+        await again.swarm_ops.async_leave()  # another swarm: its members are not ours
+        assert again.swarm_ops.status()["members"] == []
+        assert on_disk(again).members == {}
+    finally:
+        await again.async_stop()
