@@ -96,15 +96,25 @@ class SwarmOps:
 
     # --- join ---------------------------------------------------------------------------------
 
+    def _refuse_if_configured_open(self, what: str) -> None:
+        """A node configured into the open swarm (--open-swarm, swarm = "open") is there again at
+        every start: a join or a leave would last until the next restart only."""
+        if self._membership.open_swarm:
+            raise InvalidRequest(f"this node is configured into the open swarm (--open-swarm or swarm = \"open\" "
+                                 f"in its config): restart it without that to {what}")
+
     async def async_join(self, code: str) -> str:
         """Join the swarm of the node that made `code`; returns the new swarm's public id."""
+        self._refuse_if_configured_open("join a private swarm")
         invite = InviteCode.decode(code)
+        if self._node_id.startswith(invite.inviter_prefix):
+            raise InvalidRequest("this code was made by this node: run the join on the device to add", param="code")
         errors: list[str] = []
         for addr in invite.addrs:
             try:
                 stream, proven = await async_dial_direct(self._tls, addr, None)
             except PeerError as exc:
-                errors.append(f"{addr}: {exc.message}")
+                errors.append(exc.message if addr in exc.message else f"{addr}: {exc.message}")
                 continue
             if not proven.startswith(invite.inviter_prefix):
                 stream.abort()
@@ -144,6 +154,7 @@ class SwarmOps:
 
     async def async_leave(self) -> str:
         """Leave this swarm: a new private swarm of one (every link closes)."""
+        self._refuse_if_configured_open("leave the open swarm")
         old = self._membership.swarm.public_id
         swarm = Swarm.create()
         await self._async_switch(swarm, removed=set(), why="left")

@@ -193,6 +193,16 @@ async def test_the_open_swarm_is_opt_in_and_links_only_the_nodes_that_opted_in(s
     assert o1.swarm_ops.status()["swarm"] == "open" and o1.swarm_ops.status()["open"] is True
     assert p.link(o1.node_id) is None
     assert not (o1.config.data_dir / SWARM_FILE).exists()  # nothing secret to store
+    # a node configured open is open again at every start: a join (or a leave) would not last, so
+    # it is refused with what to do instead (it had said "joined", then reverted at the restart)
+    code, _ = await p.swarm_ops.async_invite()
+    with pytest.raises(InvalidRequest, match="configured into the open swarm.*restart it without"):
+        await o1.swarm_ops.async_join(code)
+    with pytest.raises(InvalidRequest, match="configured into the open swarm"):
+        await o1.swarm_ops.async_leave()
+    assert o1.swarm_ops.status()["swarm"] == "open" and not (o1.config.data_dir / SWARM_FILE).exists()
+    with pytest.raises(InvalidRequest, match="made by this node"):  # a code pasted on its own maker
+        await p.swarm_ops.async_join(code)
 
 
 async def test_a_removed_members_secret_links_nowhere_even_under_a_new_identity(swarms, tmp_path):
