@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # module path of each subcommand; each exposes add_parser(subparsers)
@@ -48,7 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     configure_process()  # before any command imports torch
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is an "Exception ignored" trace
+        return rc
+    except BrokenPipeError:  # `swarmllm invite | head -1`: the reader left before the output ended
+        # Python flushes stdout again at exit: point it at /dev/null so that raises nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1  # as Python's own advice on SIGPIPE has it: the output was cut
 
 
 if __name__ == "__main__":

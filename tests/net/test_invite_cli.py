@@ -4,6 +4,7 @@ minimum is refused in hours (the flag the person typed), not as the API's ttl_s 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,5 +30,25 @@ def test_invite_says_how_long_a_short_code_is_valid(tmp_path):
         out = _invite(node, "0.01")  # 36 s: under the minimum
         assert out.returncode != 0
         assert "--hours" in out.stderr and "ttl_s" not in out.stderr, out.stderr
+    finally:
+        node.terminate()
+
+
+def test_invite_into_a_closed_pipe_prints_no_traceback(tmp_path):
+    """`swarmllm invite | head -1`: the reader may be gone before the output ends (here it is gone
+    before the first byte, so the write fails every time): no BrokenPipeError traceback."""
+    node = NodeProcess(tmp_path / "a", args=["--no-default-model", "--no-mdns"])
+    try:
+        node.wait_ready(path="/health")
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            out = subprocess.run([sys.executable, "-m", "node.cli", "invite", "-p", str(node.port), "--data-dir",
+                                  str(node.data_dir)], cwd=REPO, env=hermetic_env(), stdout=w,
+                                 stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(w)
+        assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+        assert out.returncode == 1  # the output was cut, as Python advises to report it
     finally:
         node.terminate()
