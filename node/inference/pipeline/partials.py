@@ -79,7 +79,8 @@ class PartialModels:
         tiny `globals` part). DownloadFailed when the origin cannot be read and nothing is here."""
         resolved = resolve_url(url)
         directory = self.models_dir / dir_name(display_url(resolved), file_name_for(resolved, None))
-        store, manifest = await async_open_partial(url, directory)
+        forget = self.weight_cache.forget if self.weight_cache is not None else None
+        store, manifest = await async_open_partial(url, directory, forget=forget)
         log.info("DIAG: partial model opened %s", kv(url=manifest.origin_url, dir=directory.name,
                                                      held=manifest.describe()))
         resolved_dir = await asyncio.get_running_loop().run_in_executor(None, store.dir.resolve)

@@ -141,10 +141,14 @@ async def async_probe(url: str, session: aiohttp.ClientSession,
 
 
 async def async_open_partial(url: str, directory: Path, *, sha256: str | None = None,
-                             session: aiohttp.ClientSession | None = None) -> tuple[PartialStore, Manifest]:
+                             session: aiohttp.ClientSession | None = None,
+                             forget: Callable[[str], object] | None = None) -> tuple[PartialStore, Manifest]:
     """The partial model of `url` in `directory`: the one there if it is of the same URL, header
     and size (also when the origin cannot be probed now: it serves what it holds), else a new one
-    holding nothing yet but the `globals` part (the header probed from the origin)."""
+    holding nothing yet but the `globals` part (the header probed from the origin). `forget(model
+    sha256)` (blocking, on an executor): another version of the same header is at the URL, whose
+    derived id is the old one's, so what was computed from the old bytes (the weight cache's
+    conversions) must go; called before the new validator is recorded."""
     loop = asyncio.get_running_loop()
     store = PartialStore(directory)
     origin = display_url(resolve_url(url))
@@ -170,6 +174,8 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
     if old is not None and (old.header_sha256, old.size_bytes) == (fresh.header_sha256, size):
         manifest = old
         if old.validator != validator:  # same header, another version: nothing fetched is kept
+            if forget is not None:
+                await loop.run_in_executor(None, forget, old.sha256)
             await loop.run_in_executor(None, store.remove_parts, old, sorted({t.part for t in old.tensors.values()}))
             await loop.run_in_executor(None, store.save_fetch_state, None, {})
             old.validator = validator
