@@ -57,6 +57,10 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             if first != have:  # not where we asked: start over rather than splice wrong bytes
                 await loop.run_in_executor(io, discard_part, part)
                 raise Retryable(f"server sent bytes from {first}, asked from {have}")
+            if resume_validator(resp.headers) != if_range:  # a server ignoring If-Range: another version
+                await loop.run_in_executor(io, discard_part, part)  # never spliced onto the old bytes
+                raise Retryable(f"server sent a range of another version ({resume_validator(resp.headers)!r}, "
+                                f"resumed {if_range!r})")
             offset = have
         else:  # a fresh start, or a server that ignores Range (or the file changed: If-Range)
             total = resp.content_length

@@ -1,0 +1,75 @@
+"""A download resumed against a server that honours Range but ignores If-Range (it names the
+file's new version in its ETag all the same): the file changed between the attempts, and the
+resume spliced the new version's tail onto the old version's head. The result, neither file,
+passed the size check and was registered as a model (found by driving a real node against a local
+origin, 2026-12-06). A 206 naming another version than the one resumed must restart from zero."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from aiohttp import web
+
+from node import const
+from node.models.download import ModelDownloader
+from tests.support.waiting import wait_until
+
+
+class IgnoresIfRange:
+    """Serves `data` at /m.gguf: Range honoured whatever If-Range says; the first answer breaks off."""
+
+    def __init__(self, data: bytes, drop_after: int):
+        self.data, self.etag, self.drop_after = data, '"v1"', drop_after
+        self.requests: list[dict] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append({"range": request.headers.get("Range"), "if_range": request.headers.get("If-Range")})
+        rng = request.headers.get("Range")
+        start = int(rng.removeprefix("bytes=").split("-")[0]) if rng else 0
+        resp = web.StreamResponse(status=206 if start else 200)
+        resp.headers["ETag"] = self.etag
+        if start:
+            resp.headers["Content-Range"] = f"bytes {start}-{len(self.data) - 1}/{len(self.data)}"
+        resp.content_length = len(self.data) - start
+        await resp.prepare(request)
+        body = self.data[start:]
+        if self.drop_after is not None:
+            cut, self.drop_after = self.drop_after, None
+            await resp.write(body[:cut])
+            await asyncio.sleep(0.5)
+            request.transport.close()
+            return resp
+        await resp.write(body)
+        await resp.write_eof()
+        return resp
+
+
+async def test_a_resume_answered_with_another_version_restarts_from_zero(tmp_path, monkeypatch):
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    v1 = b"GGUF" + os.urandom(3_000_000)
+    v2 = b"GGUF" + os.urandom(3_000_000)
+    server = IgnoresIfRange(v1, drop_after=1_000_000)
+    app = web.Application()
+    app.router.add_get("/m.gguf", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
+    added = []
+
+    async def on_file(path, sha256, origin_url):
+        added.append(path.read_bytes())
+        return "id"
+
+    try:
+        job = ModelDownloader(tmp_path / "models", on_file).start(url, file_name="m.gguf")
+        await wait_until(lambda: len(server.requests) >= 1, what="the first request")
+        server.data, server.etag = v2, '"v2"'  # the file changed at the origin before the resume
+        await wait_until(lambda: not job.active, 30.0, what="the download")
+        assert server.requests[1] == {"range": "bytes=1000000-", "if_range": '"v1"'}  # it asked to resume v1
+        assert job.state == "done", job.error
+        assert added == [v2], "a file spliced of two versions was kept"
+    finally:
+        await runner.cleanup()
