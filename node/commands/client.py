@@ -94,8 +94,14 @@ def models(args: argparse.Namespace) -> int:
     print(f"{'ID':44} {'ARCH':8} {'LAYERS':>6} {'QUANT':6} {'SIZE MB':>8} {'STATE':9} DEVICE (reason)")
     for m in data["models"]:
         reason = f" ({m['cpu_placement_reason']})" if m.get("cpu_placement_reason") else ""
-        print(f"{m['id']:44} {m['architecture']:8} {m['n_layers']:>6} {m['quantization']:6} "
-              f"{m['size_bytes'] / 2**20:>8.1f} {m['state']:9} {m['device']}{reason}")
+        # a slice's row (engine torch-slice) has no file metadata: its layers and what is held
+        held = m.get("layers_held")
+        layers = f"{held[0]}-{held[1] - 1}/{m['n_layers']}" if held and m.get("engine") == "torch-slice" \
+            else str(m["n_layers"])
+        size = f"{m['size_bytes'] / 2**20:>8.1f}" if m.get("size_bytes") is not None else f"{'-':>8}"
+        partial = f" [{m['partial']}]" if m.get("partial") else ""
+        print(f"{m['id']:44} {m.get('architecture') or '-':8} {layers:>6} {m.get('quantization') or '-':6} "
+              f"{size} {m['state']:9} {m['device']}{reason}{partial}")
     return 0
 
 
