@@ -32,6 +32,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -367,6 +368,11 @@ async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: l
     w = _Writer(store, manifest, names, have)
     total = sum(manifest.tensors[n].n_bytes for n in names)
     stats.wanted_bytes = max(stats.wanted_bytes, total - w.received())
+    if total - w.received():  # as a download does: refused before the disk is filled, not when it is full
+        free = (await loop.run_in_executor(io, shutil.disk_usage, store.dir)).free
+        if total - w.received() > free:
+            raise DownloadFailed(f"not enough disk space: {(total - w.received()) / 1e6:.0f} MB of layers to fetch, "
+                                 f"{free / 1e6:.0f} MB free in {store.dir.parent}")
     failures = 0
     try:
         while spans := w.spans():
