@@ -118,8 +118,21 @@ async def serve(config) -> int:
             loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):  # Windows: KeyboardInterrupt does it
             pass
+    # start() may take long (a --layers slice fetching its layers from a slow origin): a stop
+    # signal meanwhile ends it there, instead of waiting until the node has started
+    starting = asyncio.create_task(node.start(), name="node-start")
+    stopped = asyncio.create_task(stop.wait(), name="stop-signal")
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("DIAG: stop signal while starting: stopping")
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await node.stop()
+        await _async_end_leftovers(executor)
+        return 0
+    stopped.cancel()
     try:
-        await node.start()
+        starting.result()
     except (OSError, NodeError) as exc:
         log.error("cannot start the node: %s", getattr(exc, "message", None) or exc)
         await node.stop()
