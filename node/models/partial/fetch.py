@@ -320,11 +320,25 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
         for part in bad:
             log.warning("DIAG: partial model part corrupt, quarantined and fetched again %s",
                         kv(model=manifest.sha256[:16], part=part))
+        spurious = 0  # answers that were not the file while the origin's version stayed the same
         while True:
             try:
                 await _async_fetch_version(store, manifest, parts, url, session, io, stats, progress)
                 break
             except _OriginChanged as exc:
+                # the origin says first whether it is another version: an answer that is not the
+                # file (an error page or a proxy's reply with a 200) must not cost the parts held
+                data, _header, size, validator, _ = await async_probe(url, session, stats)
+                same_model = hashlib.sha256(data).hexdigest() == manifest.header_sha256 and size == manifest.size_bytes
+                if same_model and validator == manifest.validator:
+                    spurious += 1
+                    if spurious > 2:
+                        raise DownloadFailed(f"{manifest.origin_url} answers ranges with something other than "
+                                             f"the file ({exc}); the file itself is unchanged") from exc
+                    log.warning("DIAG: model origin answered a range with something other than the file, "
+                                "trying again %s", kv(url=manifest.origin_url, reason=str(exc)))
+                    await asyncio.sleep(min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (spurious - 1)))
+                    continue
                 stats.restarts += 1
                 if stats.restarts > 2:
                     raise DownloadFailed(f"{manifest.origin_url} keeps changing while its layers are fetched") from exc
@@ -333,8 +347,7 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
                 await loop.run_in_executor(io, store.remove_parts, manifest,
                                            sorted({t.part for t in manifest.tensors.values()}))
                 await loop.run_in_executor(io, store.save_fetch_state, None, {})
-                data, _header, size, validator, _ = await async_probe(url, session, stats)
-                if hashlib.sha256(data).hexdigest() != manifest.header_sha256 or size != manifest.size_bytes:
+                if not same_model:
                     raise DownloadFailed(f"the file at {manifest.origin_url} changed: its header or size is "
                                          "not the model's any more") from exc
                 manifest.validator = validator
