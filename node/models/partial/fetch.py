@@ -141,6 +141,25 @@ async def async_probe(url: str, session: aiohttp.ClientSession,
                    header.data_offset if header is not None else 2 * want)
 
 
+async def _async_probe_resuming(url: str, session: aiohttp.ClientSession,
+                                stats: FetchStats | None = None) -> tuple[bytes, GgufHeader, int, str | None, str | None]:
+    """async_probe, asked again (backing off, up to DOWNLOAD_RETRIES) when the origin answered but
+    its answer broke off: one dropped connection must not fail the open as the fetch's never does.
+    An origin that cannot be reached at all fails at once (the caller serves what is held, or opens
+    the model later)."""
+    for attempt in range(1, const.DOWNLOAD_RETRIES + 1):
+        try:
+            return await async_probe(url, session, stats)
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+            if attempt >= const.DOWNLOAD_RETRIES:
+                raise
+            delay = min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (attempt - 1))
+            log.info("DIAG: model header probe interrupted, asking again %s", kv(
+                url=display_url(resolve_url(url)), attempt=attempt, retry_in_s=delay, error=describe_error(exc)))
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 async def async_open_partial(url: str, directory: Path, *, sha256: str | None = None,
                              session: aiohttp.ClientSession | None = None,
                              forget: Callable[[str], object] | None = None) -> tuple[PartialStore, Manifest]:
@@ -157,7 +176,7 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
     own = session is None
     session = session or aiohttp.ClientSession(timeout=_timeout())
     try:
-        data, header, size, validator, linked = await async_probe(url, session)
+        data, header, size, validator, linked = await _async_probe_resuming(url, session)
     except (aiohttp.ClientError, TimeoutError, DownloadFailed) as exc:
         failed = exc if isinstance(exc, DownloadFailed) else \
             DownloadFailed(f"probing {origin} failed: {describe_error(exc)}")
@@ -328,7 +347,7 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
             except _OriginChanged as exc:
                 # the origin says first whether it is another version: an answer that is not the
                 # file (an error page or a proxy's reply with a 200) must not cost the parts held
-                data, _header, size, validator, _ = await async_probe(url, session, stats)
+                data, _header, size, validator, _ = await _async_probe_resuming(url, session, stats)
                 same_model = hashlib.sha256(data).hexdigest() == manifest.header_sha256 and size == manifest.size_bytes
                 if same_model and validator == manifest.validator:
                     spurious += 1
