@@ -7,6 +7,7 @@ origin, 2026-12-06). A 206 naming another version than the one resumed must rest
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 from aiohttp import web
@@ -27,6 +28,8 @@ class IgnoresIfRange:
         self.requests.append({"range": request.headers.get("Range"), "if_range": request.headers.get("If-Range")})
         rng = request.headers.get("Range")
         start = int(rng.removeprefix("bytes=").split("-")[0]) if rng else 0
+        if start >= len(self.data):
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(self.data)}"})
         resp = web.StreamResponse(status=206 if start else 200)
         resp.headers["ETag"] = self.etag
         if start:
@@ -71,5 +74,40 @@ async def test_a_resume_answered_with_another_version_restarts_from_zero(tmp_pat
         assert server.requests[1] == {"range": "bytes=1000000-", "if_range": '"v1"'}  # it asked to resume v1
         assert job.state == "done", job.error
         assert added == [v2], "a file spliced of two versions was kept"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_partial_file_longer_than_the_new_version_restarts_instead_of_failing_for_ever(tmp_path, monkeypatch):
+    """The file at the URL became shorter than the .part kept from an earlier download: the
+    server answered the resume 416, the download failed with 'HTTP 416' and kept the .part, so
+    every later download of the URL failed the same way until the user found and deleted it."""
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    v2 = b"GGUF" + os.urandom(500_000)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "m.gguf.part").write_bytes(b"GGUF" + os.urandom(1_000_000))  # of v1, which was longer
+    server = IgnoresIfRange(v2, drop_after=None)
+    server.etag = '"v2"'
+    app = web.Application()
+    app.router.add_get("/m.gguf", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
+    (models / "m.gguf.part.json").write_text(json.dumps({"url": url, "validator": '"v1"'}))
+    added = []
+
+    async def on_file(path, sha256, origin_url):
+        added.append(path.read_bytes())
+        return "id"
+
+    try:
+        job = ModelDownloader(models, on_file).start(url, file_name="m.gguf")
+        await wait_until(lambda: not job.active, 30.0, what="the download")
+        assert server.requests[0]["range"] == "bytes=1000004-"
+        assert job.state == "done", job.error
+        assert added == [v2]
     finally:
         await runner.cleanup()

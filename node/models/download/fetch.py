@@ -48,6 +48,9 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
         if resp.status == 416 and have and content_range(resp.headers.get("Content-Range"))[1] == have:
             job.total_bytes = job.done_bytes = have  # an earlier attempt already had every byte
             return
+        if resp.status == 416 and have:  # the .part runs past the file there now (another, shorter version)
+            await loop.run_in_executor(io, discard_part, part)  # kept, every later download would fail so
+            raise Retryable(f"HTTP 416: the partial file ({have} bytes) is not of the file there now")
         if resp.status in (429, 500, 502, 503, 504):
             raise Retryable(f"HTTP {resp.status} {resp.reason or ''}".strip())
         if resp.status not in (200, 206):
