@@ -162,7 +162,8 @@ class PartialModels:
             await self._async_from_peers(entry, store, parts, start, end, url, label, on_progress)
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
-            stats = await async_fetch_parts(store, manifest, parts, progress=on_progress, url=url)
+            stats = await async_fetch_parts(store, manifest, parts, progress=on_progress, url=url,
+                                            forget=self.weight_cache.forget if self.weight_cache is not None else None)
             if stats.restarts:  # the same id, other bytes
                 await self._async_forget_conversions(entry)
         if stats.wire_bytes:

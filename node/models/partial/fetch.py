@@ -321,10 +321,13 @@ class _Writer:
 
 async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list[str], *,
                             url: str | None = None, progress: Progress | None = None,
-                            session: aiohttp.ClientSession | None = None) -> FetchStats:
+                            session: aiohttp.ClientSession | None = None,
+                            forget: Callable[[str], object] | None = None) -> FetchStats:
     """Fetch the missing tensors of `parts` from the manifest's origin (see the module doc).
     `url`: the origin as given, with its query (a signed URL's credentials are never stored: the
-    manifest holds the URL without them); default the manifest's."""
+    manifest holds the URL without them); default the manifest's. `forget`: as async_open_partial's,
+    called when the origin changed, before the new validator is recorded (a fetch cancelled or
+    killed after that must not leave the old version's conversions to the next load)."""
     loop = asyncio.get_running_loop()
     url = resolve_url(url or manifest.origin_url)
     if display_url(url) != manifest.origin_url:
@@ -363,6 +366,8 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
                     raise DownloadFailed(f"{manifest.origin_url} keeps changing while its layers are fetched") from exc
                 log.warning("DIAG: model origin changed, fetching again from zero %s",
                             kv(url=manifest.origin_url, reason=str(exc)))
+                if forget is not None:
+                    await loop.run_in_executor(io, forget, manifest.sha256)
                 await loop.run_in_executor(io, store.remove_parts, manifest,
                                            sorted({t.part for t in manifest.tensors.values()}))
                 await loop.run_in_executor(io, store.save_fetch_state, None, {})
