@@ -10,7 +10,8 @@
       parts/<part>.bin     one file per part: `layer-NNNN` (blk.N.*), `embd` (token_embd),
                            `head` (output_norm, output), `globals` (rope factors, …); its tensors
                            in origin order, each at a 64-byte aligned local offset
-      quarantine/          parts whose bytes did not hash to the manifest (kept for a look)
+      quarantine/          parts whose bytes did not hash to the manifest (the newest copy of each,
+                           kept for a look)
 
 A layer's tensors are not always one contiguous range of the origin file (seed 000), so the
 manifest is per tensor. Which parts a slice of layers [a, b) needs: its layers, `globals`, `embd`
@@ -300,6 +301,8 @@ class PartialStore:
         q.mkdir(exist_ok=True)
         src = self.part_path(part)
         if src.exists():
+            for older in q.glob(f"{part}.*.bin"):  # the newest copy is kept for a look, not every one: a
+                older.unlink(missing_ok=True)  # peer sending bad bytes at each start would fill the disk
             os.replace(src, q / f"{part}.{time.time_ns()}.bin")
         manifest.forget(part)
 
