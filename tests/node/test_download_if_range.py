@@ -14,6 +14,7 @@ from aiohttp import web
 
 from node import const
 from node.models.download import ModelDownloader
+from tests.node.test_download import FileServer
 from tests.support.waiting import wait_until
 
 
@@ -111,3 +112,29 @@ async def test_a_partial_file_longer_than_the_new_version_restarts_instead_of_fa
         assert added == [v2]
     finally:
         await runner.cleanup()
+
+
+async def test_bytes_kept_from_an_earlier_download_are_not_counted_as_fetched_after_a_503(tmp_path, monkeypatch):
+    """A resumed download whose first attempt was a 503: the bytes of the .part kept from an
+    earlier download counted as fetched this time (resumed_from was set by attempt 1 only), so
+    its rate (the GUI's MB/s and time left, the log's mb_per_s) came out twice the real one."""
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    data = b"GGUF" + os.urandom(2_000_000)
+    models = tmp_path / "models"
+    models.mkdir()
+    server = FileServer(data)
+    await server.start()
+
+    async def on_file(path, sha256, origin_url):
+        return "id"
+
+    try:
+        (models / "m.gguf.part").write_bytes(data[:1_500_000])  # an earlier download's
+        (models / "m.gguf.part.json").write_text(json.dumps({"url": server.url, "validator": '"v1"'}))
+        server.fail_with = [503]
+        job = ModelDownloader(models, on_file).start(server.url, file_name="m.gguf")
+        await wait_until(lambda: not job.active, 30.0, what="the download")
+        assert job.state == "done" and job.attempts == 2, job.error
+        assert job.resumed_from == 1_500_000
+    finally:
+        await server.stop()

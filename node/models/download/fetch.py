@@ -70,7 +70,7 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             offset = 0
         if job.total_bytes is None or total is not None:
             job.total_bytes = total
-        if job.attempts == 1:
+        if job.state == "starting":  # the first answer with a body (not attempt 1: that may have been a 503)
             job.resumed_from = offset
         if total is not None:
             free = (await loop.run_in_executor(io, shutil.disk_usage, models_dir)).free
