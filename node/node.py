@@ -169,6 +169,9 @@ class Node:
             hosted = await self.slice_host.async_load(entry, start, end)
             if hosted.state == "loaded":
                 self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
+                # parts of another range, held from an earlier run with other --layers, go (as an
+                # automatic move's do): else each new range left the old one on disk
+                await self.slice_host.async_trim_parts(entry)
             else:
                 self.note_activity(f"layers {start}-{end - 1} of {entry.id} failed to load: {hosted.error}")
                 if entry.partial is not None:  # its layers could not be fetched (the origin went): later
