@@ -26,6 +26,7 @@ from node.inference.adverts import hardware_advert, model_adverts
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
+from node.inference.pipeline import fixed
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.coverage import swarm_coverage
@@ -39,7 +40,7 @@ from node.inference.swarm_models import SwarmModels
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.metrics import NodeMetrics
-from node.models.catalog import ModelCatalog, ModelEntry
+from node.models.catalog import ModelCatalog
 from node.models.download import DownloadJob, ModelDownloader
 from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import is_model_url, model_sources
@@ -164,18 +165,8 @@ class Node:
         await self.api.start(self.api_key)
         self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
         await self.models.async_load_all()
-        retries = []
-        for entry, start, end in slices if self.config.contribute else []:
-            hosted = await self.slice_host.async_load(entry, start, end)
-            if hosted.state == "loaded":
-                self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
-                # parts of another range, held from an earlier run with other --layers, go (as an
-                # automatic move's do): else each new range left the old one on disk
-                await self.slice_host.async_trim_parts(entry)
-            else:
-                self.note_activity(f"layers {start}-{end - 1} of {entry.id} failed to load: {hosted.error}")
-                if entry.partial is not None:  # its layers could not be fetched (the origin went): later
-                    retries.append((entry, start, end))
+        retries = await fixed.async_load_at_start(self.slice_host, slices, self.note_activity) \
+            if self.config.contribute else []
         if slices and not self.config.contribute:
             log.info("DIAG: contributing paused; the --layers slices load when it resumes %s",
                      kv(slices=len(slices)))
@@ -190,8 +181,10 @@ class Node:
         self.autoserve.start()
         self._url_tasks = [asyncio.create_task(self.partials.async_open_later(url, self._async_serve_url_model),
                                                name="open-model-url") for url in self._later_urls]
-        self._url_tasks += [asyncio.create_task(self._async_load_later(*slice_), name="load-layers-later")
-                            for slice_ in retries]
+        self._url_tasks += [asyncio.create_task(fixed.async_load_later(
+            self.slice_host, *slice_, note=self.note_activity, announce=self._async_announce,
+            paused=lambda: self.contributions.paused, stopping=lambda: self._stopping), name="load-layers-later")
+            for slice_ in retries]
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
 
@@ -325,29 +318,6 @@ class Node:
                                  "(`swarmllm download URL` fetches the whole file)", param="model")
         dirs, self._later_urls = await self.partials.async_open_all(urls, later_ok=self.config.serve == "auto")
         return dirs
-
-    async def _async_load_later(self, entry: ModelEntry, start: int, end: int) -> None:
-        """A --layers slice of a `--model URL` whose layers could not be fetched at start (the
-        origin was down longer than a fetch's retries): loaded again after
-        PARTIAL_OPEN_RETRY_MIN_S, doubling up to PARTIAL_OPEN_RETRY_MAX_S, until it loads (it
-        stayed failed until a restart). Left alone while contributing is paused (a resume loads it)."""
-        delay = const.PARTIAL_OPEN_RETRY_MIN_S
-        while not self._stopping:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, const.PARTIAL_OPEN_RETRY_MAX_S)
-            held = self.slice_host.slices.get((entry.sha256, start, end))
-            if held is not None and held.state != "failed":
-                return  # loaded or loading another way (a resume)
-            if self.contributions.paused:
-                continue
-            log.info("DIAG: loading layers that failed at start again %s",
-                     kv(model=entry.id, layers=f"{start}-{end - 1}", error=held.error if held else None))
-            hosted = await self.slice_host.async_load(entry, start, end)
-            if hosted.state == "loaded":
-                self.note_activity(f"serving layers {start}-{end - 1} of {entry.id}")
-                if self.peers is not None:
-                    await self.peers.async_announce()
-                return
 
     async def _async_serve_url_model(self, directory: Path) -> None:
         """A `--model URL` opened after start: catalogued, registered and given to the layer choice."""
