@@ -465,3 +465,35 @@ def test_batches_hold_as_many_rows_as_the_kernel_computes_each_alone():
 
     assert rows("f32", "torch") == rows("bf16", "torch") == rows("int8", "qgemm") == const.BATCH_MAX_ROWS
     assert rows("int8", "fbgemm") == RESIDUAL_MAX_ROWS == 8
+
+
+async def test_a_failed_slice_loaded_again_leaves_no_thread_behind(tmp_path, monkeypatch):
+    """A slice that failed to load (say its layers could not be fetched) is loaded again later (the
+    --layers retry, every few seconds at first): each failed attempt's executor thread stayed, idle,
+    for ever once the next attempt replaced its slice."""
+    import threading
+
+    from node.inference.slice import SliceModel
+
+    real_load, fails = SliceModel.load, [3]
+
+    def flaky_load(*args, **kwargs):
+        if fails[0]:
+            fails[0] -= 1
+            raise OSError("the disk hiccuped")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(SliceModel, "load", staticmethod(flaky_load))
+    entry = ModelCatalog(None).scan([(split_model(tmp_path), "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+
+    def slice_threads() -> int:
+        return sum(1 for t in threading.enumerate() if t.name.startswith(f"slice-{entry.name[:12]}-0-6"))
+
+    try:
+        for _ in range(3):
+            assert (await host.async_load(entry, 0, 6)).state == "failed"
+        assert (await host.async_load(entry, 0, 6)).state == "loaded"
+        await wait_until(lambda: slice_threads() == 1, what="the failed attempts' threads gone")
+    finally:
+        await host.async_close()

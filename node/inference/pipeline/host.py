@@ -263,6 +263,8 @@ class SliceHost:
             if revived and self.on_change is not None:
                 self.on_change()
             return held
+        if held is not None and held.state == "failed" and held.executor is not None:
+            held.executor.shutdown(wait=False)  # replaced below: its idle thread stayed for ever
         hosted = HostedSlice(entry, start, end, auto_budget=auto_budget)
         hosted.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"slice-{entry.name[:12]}-{start}-{end}")
