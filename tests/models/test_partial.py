@@ -293,3 +293,16 @@ async def test_the_catalog_lists_a_partial_model_by_its_files_name(tmp_path, ser
     assert entry.name == "llama-3.2-1b-q8_0" and entry.id == f"llama-3.2-1b-q8_0-{manifest.sha256[:8]}"
     assert entry.partial is not None and not entry.whole_ok and entry.tokenizer_path == store.vocab_path
     assert entry.summary()["partial"].startswith("layers 2–3 of 8, ") and entry.summary()["held_layers"] == [2, 3]
+
+
+async def test_an_origin_naming_no_version_is_warned_about(tmp_path, server, caplog):
+    """No ETag and no Last-Modified: a file replaced there by another of the same header and size
+    cannot be told from the one whose layers are held, so the node says so (once, at the open)."""
+    import logging
+
+    server.etag = None
+    caplog.set_level(logging.WARNING, logger="node.models.partial")
+    _store, manifest = await async_open_partial(server.url, tmp_path / "m.partial")
+    assert manifest.validator is None
+    warned = [r.getMessage() for r in caplog.records if "names no version" in r.getMessage()]
+    assert len(warned) == 1 and server.url.split("?")[0].rsplit("/", 1)[0] in warned[0], warned

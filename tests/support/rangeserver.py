@@ -56,7 +56,8 @@ class ThreadedOrigin:
                     if cut is not None:
                         origin.drop_cut = cut
                 self.send_response(status)
-                self.send_header("ETag", etag)
+                if etag is not None:  # None: an origin that names no version
+                    self.send_header("ETag", etag)
                 self.send_header("Content-Length", str(last - first + 1))
                 if status == 206:
                     self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")

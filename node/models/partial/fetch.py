@@ -188,6 +188,9 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
     finally:
         if own:
             await session.close()
+    if validator is None:  # then a file replaced by another of the same header and size goes unseen
+        log.warning("DIAG: model origin names no version (no ETag, no Last-Modified): a change of the file "
+                    "there cannot be detected, and layers of two versions could mix %s", kv(url=origin))
     fresh = await loop.run_in_executor(None, lambda: new_manifest(
         header, data, origin_url=origin, validator=validator, size_bytes=size,
         sha256=sha256.lower() if sha256 else linked))
