@@ -289,6 +289,8 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     f"device={info['device']} "
                     f"kv_sessions={info['sessions']} kv_kept={info['kept_sessions']} kv_mb={info['kv_mb']}"
                     + (f" load_ms={info['load_ms']} weight_cache={info['weight_cache']}" if info["load_ms"] is not None else "")
+                    + (f" fetched_mb={hosted.fetch[0] / 2**20:.1f}/{hosted.fetch[1] / 2**20:.1f}"
+                       if hosted.fetch is not None else "")  # its layers arriving (a partial model)
                     + (f" error={hosted.error}" if hosted.error else ""))
     return rows or ["(no models)"]
 

@@ -24,6 +24,11 @@ def test_a_stop_signal_while_layers_are_fetched_at_start_stops_the_node(tmp_path
         try:
             wait_until_sync(lambda: origin.sent >= origin.stall_after, 60.0, 0.05, "the layer fetch to stall")
             wait_until_sync(lambda: node.healthy(), 30.0, 0.1, "the API (it starts before the slices load)")
+            # meanwhile the report says how far the layers have come, not only "loading"
+            status, report = node.get("/api/admin/diagnostics")
+            assert status == 200
+            line = next(x for x in report.decode().splitlines() if "engine=torch-slice" in x)
+            assert "state=loading" in line and " fetched_mb=" in line, line
             began = time.monotonic()
             rc = node.terminate(signal.SIGTERM, timeout_s=20.0)
             assert rc == 0 and time.monotonic() - began < 20.0, node.output()[-3000:]
