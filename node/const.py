@@ -80,6 +80,7 @@ DOWNLOAD_READ_TIMEOUT_S = 60.0  # no byte for this long: the attempt failed (the
 DOWNLOAD_RETRIES = 6  # attempts per download (network errors, 5xx, 429), resuming with Range
 DOWNLOAD_RETRY_BASE_S = 1.0  # backoff: base * 2^(attempt-1), at most 30 s
 DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
+DOWNLOAD_LOG_S = 30.0  # a download's progress is logged (info) at most this often
 PARTIAL_COALESCE_GAP = 1 << 20  # tensors of a partial model this close in the file: one Range request
 PARTIAL_PROGRESS_LOG_S = 2.0  # a layer fetch's progress line at INFO this often (DEBUG in between)
 PARTIAL_STATE_EVERY = 8 << 20  # bytes between two records of a layer fetch's progress (resume point)

@@ -285,6 +285,32 @@ async def test_cancel_stops_and_removes_the_partial_file(node, server, other_byt
     assert not list((node.data_dir / "models").glob("cancelled.gguf*"))
 
 
+async def test_a_long_download_logs_its_progress(node, server, monkeypatch, caplog):
+    """node.log says how a download goes between "started" and "complete" (a slow origin's hour
+    was silence there), at most every DOWNLOAD_LOG_S."""
+    import logging
+
+    monkeypatch.setattr(const, "DOWNLOAD_LOG_S", 0.0)  # every progress event logs (the first comes with the bytes)
+    caplog.set_level(logging.INFO, logger="node.models.download")
+    _remove(node, "logged.gguf")
+    server.stall_after, server.release = 100_000, asyncio.Event()
+    try:
+        _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "logged.gguf"})
+        job_id = body["download"]["id"]
+
+        def progress_lines():
+            return [r.getMessage() for r in caplog.records
+                    if "model download progress" in r.getMessage() and f"download={job_id}" in r.getMessage()]
+        await wait_until(progress_lines, what="a progress line")
+        line = progress_lines()[-1]
+        assert "done_mb=0.1" in line and "total_mb=" in line and "mb_per_s=" in line, line
+        await api(node, "POST", f"/api/admin/downloads/{job_id}/cancel")
+        await finished(node, job_id)
+    finally:
+        server.stall_after = None
+        server.release.set()
+
+
 async def test_pause_keeps_the_part_a_discard_removes_it_and_never_under_a_resumed_download(node, server):
     """pause → paused (part kept) → resume is a new download of the same file; discarding the
     paused job then is refused (the resumed one writes the part: it used to be deleted under it)."""

@@ -142,11 +142,23 @@ class ModelDownloader:
             await loop.run_in_executor(io, lambda: self.models_dir.mkdir(parents=True, exist_ok=True))
             timeout = aiohttp.ClientTimeout(total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S,
                                             sock_read=const.DOWNLOAD_READ_TIMEOUT_S)
+            logged = [time.monotonic()]
+
+            def progress(job: DownloadJob) -> None:
+                self._observers.emit(job)
+                now = time.monotonic()
+                if job.state == "downloading" and now - logged[0] >= const.DOWNLOAD_LOG_S:
+                    logged[0] = now  # node.log says how it goes, not only "started" and "complete"
+                    log.info("DIAG: model download progress %s", kv(
+                        download=job.id, done_mb=round(job.done_bytes / 1e6, 1),
+                        total_mb=round(job.total_bytes / 1e6, 1) if job.total_bytes else None,
+                        mb_per_s=round((job.done_bytes - job.resumed_from) / 1e6 / max(now - started, 1e-6), 2)))
+
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 while True:
                     job.attempts += 1
                     try:
-                        await async_fetch(session, job, part, io, models_dir=self.models_dir, progress=self._observers.emit)
+                        await async_fetch(session, job, part, io, models_dir=self.models_dir, progress=progress)
                         break
                     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, Retryable) as exc:
                         error = describe_error(exc)
