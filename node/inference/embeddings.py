@@ -18,6 +18,10 @@ from node.trace import RequestTrace, SegmentTrace
 log = logging.getLogger(__name__)
 
 MAX_INPUTS = 2048  # OpenAI's limit on the number of inputs in one request
+# inputs are embedded in runs of about this many tokens, one executor call each: the model's thread
+# also runs the completions' batch loop, which then gets it between two runs (a completion waits
+# for one run, not for every input of an app's indexing request)
+EMBED_RUN_TOKENS = 512
 
 
 @dataclass
@@ -102,10 +106,26 @@ async def _embed_whole(models: ModelManager, served: ServedModel, token_lists: l
         if request.dimensions is not None and request.dimensions != n_embd:
             raise InvalidRequest(f"`dimensions` {request.dimensions} is not supported: model {served.id} gives "
                                  f"vectors of {n_embd} dimensions only", param="dimensions")
-        return await engine.async_run(engine.embed, token_lists)
+        vectors: list[list[float]] = []
+        for run in _runs(token_lists, EMBED_RUN_TOKENS):
+            vectors.extend(await engine.async_run(engine.embed, run))
+        return vectors
     finally:
         if queued:
             models.mark(served, waiting=-1)
         if holding:
             served.lock.release()
             models.mark(served, busy=False)
+
+
+def _runs(token_lists: list[list[int]], tokens: int) -> list[list[list[int]]]:
+    """The inputs in order, in runs of at most `tokens` tokens (an input longer than that alone)."""
+    runs: list[list[list[int]]] = []
+    size = 0
+    for item in token_lists:
+        if not runs or size + len(item) > tokens:
+            runs.append([])
+            size = 0
+        runs[-1].append(item)
+        size += len(item)
+    return runs
