@@ -83,6 +83,7 @@ log = logging.getLogger(__name__)
 # seeded request's text may differ alone and under load (tests/inference/test_speculate.py's
 # batched-vs-alone check fails with it on).
 FLASH_ATTN_OFF, FLASH_ATTN_AUTO = 0, -1  # LLAMA_FLASH_ATTN_TYPE_DISABLED, _AUTO
+YIELD_AFTER_S = 0.1  # steps the loop runs before other work waiting for the thread (embeddings) gets it
 PENALTY_LAST_N = 64  # tokens the repeat/frequency/presence penalties look back on (llama-cpp-python's default)
 @dataclass(eq=False)
 class _Seq:
@@ -111,7 +112,7 @@ class BatchEngine:
     def __init__(self, llama_cpp, model, *, model_id: str, n_ctx: int, max_concurrent: int, cache_seqs: int,
                  n_threads: int, executor: concurrent.futures.Executor, n_batch: int = 512,
                  prefill_chunk: int = 256, speculative_max_draft: int = 0, flash_attention: bool = False,
-                 spare: bool = True):
+                 spare: bool = True, others_waiting=lambda: False):
         self.ll = llama_cpp
         self.model_id = model_id
         self.n_ctx = n_ctx
@@ -126,6 +127,9 @@ class BatchEngine:
         self.n_batch = max(n_batch, self.max_concurrent)
         self.prefill_chunk = max(1, min(prefill_chunk, self.n_batch))
         self.executor = executor
+        # True while other work (embeddings, an unload) waits for `executor`'s thread: the loop then
+        # lets it run between two steps instead of holding the thread while any request runs
+        self.others_waiting = others_waiting
         self.speculative_max_draft = max(0, speculative_max_draft)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
         params = llama_cpp.llama_context_default_params()
@@ -183,12 +187,18 @@ class BatchEngine:
     # --- the loop (executor thread) ---
 
     def _serve(self) -> None:
+        since = time.monotonic()
         try:
             while True:
                 with self._lock:
                     if not self._pending and not self._active:
                         self._running = False
                         return
+                # other work waits for the thread: after a share of steps, go on after it (the
+                # executor runs its work in order)
+                if self.others_waiting() and time.monotonic() - since >= YIELD_AFTER_S:
+                    self.executor.submit(self._serve)
+                    return
                 self._step()
         except BaseException as exc:  # a bug here must end every request, not hang them
             log.exception("DIAG: batch loop failed model=%s", self.model_id)

@@ -21,7 +21,7 @@ MAX_INPUTS = 2048  # OpenAI's limit on the number of inputs in one request
 # inputs are embedded in runs of about this many tokens, one executor call each: the model's thread
 # also runs the completions' batch loop, which then gets it between two runs (a completion waits
 # for one run, not for every input of an app's indexing request)
-EMBED_RUN_TOKENS = 512
+EMBED_RUN_TOKENS = 256
 
 
 @dataclass

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,8 @@ class LlamaEngine:
         self.model = None  # llama-cpp-python's LlamaModel (weights, vocabulary, metadata)
         self.batcher: BatchEngine | None = None  # the generation context, its sequences and loop
         self.embedder = None  # a second context with embeddings on, loaded on the first embeddings request
+        self._calls_waiting = 0  # async_run calls queued for the executor (the batch loop lets them in)
+        self._calls_lock = threading.Lock()
 
     @property
     def ms_per_token(self) -> float | None:
@@ -79,7 +82,8 @@ class LlamaEngine:
                                        n_threads=self.n_threads, executor=self.executor,
                                        n_batch=max(min(512, self.n_ctx), self.max_concurrent),
                                        speculative_max_draft=self.speculative_max_draft,
-                                       flash_attention=self.flash_attention)
+                                       flash_attention=self.flash_attention,
+                                       others_waiting=lambda: self._calls_waiting > 0)
         except Exception as exc:  # llama.cpp raises ValueError/RuntimeError with little detail
             if self.model is not None:
                 self.model.close()
@@ -210,8 +214,27 @@ class LlamaEngine:
     # --- async wrappers ---
 
     async def async_run(self, fn, *args):
-        """Run a blocking method of this engine on its executor."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        """Run a blocking method of this engine on its executor (between two steps of a running
+        batch loop, which would otherwise keep the thread while requests keep coming)."""
+        with self._calls_lock:
+            self._calls_waiting += 1
+        started = False
+
+        def call():
+            nonlocal started
+            with self._calls_lock:
+                if not started:
+                    self._calls_waiting -= 1
+                    started = True
+            return fn(*args)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+        finally:
+            with self._calls_lock:
+                if not started:  # never ran (cancelled in the queue, or the executor was shut down)
+                    self._calls_waiting -= 1
+                    started = True
 
     def shutdown(self) -> None:
         """Stop the executor thread (after close())."""
