@@ -332,7 +332,7 @@ class ModelManager:
         if served.load_task is not None and not served.load_task.done():
             await asyncio.shield(served.load_task)
         if (served.busy or served.waiting) and not force:
-            raise Conflict(f"model {served.id} is in use by {int(served.busy) + served.waiting} request(s)")
+            raise Conflict(f"model {served.id} is in use by {served.lock.holders + served.waiting} request(s)")
         for job in list(served.running):  # force: stop the generation now rather than wait for it
             job.cancel.set()
         async with served.lock.exclusive():
