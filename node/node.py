@@ -21,7 +21,13 @@ from node.config import NodeConfig
 from node.contribute import Contributions
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
-from node.errors import Conflict, InvalidRequest, ModelLoadError, ModelNotFound, ShuttingDown
+from node.errors import (
+    InvalidRequest,
+    ModelLoadError,
+    ModelNotFound,
+    ModelUnavailable,
+    ShuttingDown,
+)
 from node.inference.adverts import hardware_advert, model_adverts
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
@@ -46,7 +52,8 @@ from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import is_model_url, model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.status import node_ready, node_stats
-from node.stopping import async_bounded, async_drain
+from node.stopping import async_bounded, async_drain, end_runs
+from node.swarm_actions import SwarmActions
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
 from node.watchdog import LoopWatchdog
@@ -61,7 +68,7 @@ def _local_host_names() -> list[str]:
     return sorted({socket.gethostname(), socket.getfqdn()} - {"", "localhost"})
 
 
-class Node:
+class Node(SwarmActions):
     """A SwarmLLM node: API server, models, slices, peer network, pipeline, traces, diagnostics.
 
     Implements node.api.view.NodeView, the narrow view the HTTP handlers get."""
@@ -426,7 +433,11 @@ class Node:
         return served.summary()
 
     async def async_unload_model(self, model_id: str, *, force: bool = False) -> dict[str, Any]:
-        """Free a model's weights (Conflict while in use unless forced)."""
+        """Free a model's weights (Conflict while in use unless forced: then its requests, running
+        or queued, end with a 503 rather than a reply that looks finished, or after the queue)."""
+        held = self.models.get(model_id)
+        if force and held.whole:
+            end_runs(self._runs, ModelUnavailable(f"model {held.id} was unloaded: the reply was cut short"), held)
         served = await self.models.async_unload(model_id, force=force)
         self.note_activity(f"model {served.id} unloaded")
         if self.peers is not None:
@@ -452,43 +463,6 @@ class Node:
         return self.downloads.cancel(job_id)
 
     # --- the swarm (node.net does the work; the peer network must be running) ---
-
-    def _swarm(self):
-        if self.peers is None:
-            raise Conflict("the peer network is not running")
-        return self.peers.swarm_ops
-
-    def swarm_status(self) -> dict[str, Any]:
-        """This node's swarm (never the secret or an invite code)."""
-        return self._swarm().status()
-
-    async def async_invite(self, ttl_s: float = 24 * 3600.0) -> tuple[str, float]:
-        """A one-time invite code (shown to the user only) and when it expires."""
-        code, expires_at = await self._swarm().async_invite(ttl_s)
-        self.note_activity("invite created")
-        return code, expires_at
-
-    async def async_join(self, code: str) -> str:
-        """Join the swarm of the node that made the code."""
-        swarm = await self._swarm().async_join(code)
-        self.note_activity(f"joined swarm {swarm}")
-        return swarm
-
-    async def async_leave(self) -> str:
-        """Leave the swarm (a new private one of this node alone)."""
-        swarm = await self._swarm().async_leave()
-        self.note_activity(f"left the swarm; now alone in {swarm}")
-        return swarm
-
-    async def async_remove_member(self, node_id: str) -> int:
-        """Remove a member and rotate the swarm secret."""
-        told = await self._swarm().async_remove(node_id)
-        self.note_activity(f"removed {node_id[:8]} from the swarm")
-        return told
-
-    def peer_rows(self) -> list[dict[str, Any]]:
-        """The peer table as JSON rows ([] when the peer network is off)."""
-        return [p.as_dict() for p in self.peers.peers()] if self.peers is not None else []
 
     def note_activity(self, text: str) -> None:
         """A line for the diagnostics report's recent-activity section."""

@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from node import const
-from node.errors import ShuttingDown
+from node.errors import NodeError, ShuttingDown
 from node.logs import kv
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,16 @@ def _frames(frame: Any, n: int) -> list[Any]:
     return out
 
 
+def end_runs(runs: Any, error: NodeError, served: Any = None) -> int:
+    """End the CompletionRuns under way (those of the model `served` only, when given), running or
+    queued, with `error`: a generation stops at its next token and its client gets the error (the
+    error event of its stream) rather than a reply that looks finished. Returns how many."""
+    left = [run for run in list(runs) if not run.trace.done and (served is None or run.served is served)]
+    for run in left:
+        run.abort(error)
+    return len(left)
+
+
 async def async_drain(traces: Any, runs: Any) -> None:
     """Node.stop's first step: requests under way (`traces`: the TraceHub) get `NODE_DRAIN_S` to
     finish; the `runs` (CompletionRuns) still going then end with a 503 `ShuttingDown` (the error
@@ -120,9 +130,7 @@ async def async_drain(traces: Any, runs: Any) -> None:
     a reply the network lost (a swarm test, 2026-12-06: no error, no [DONE], "client went away")."""
     if await traces.async_idle(const.NODE_DRAIN_S):
         return
-    left = [run for run in list(runs) if not run.trace.done]
-    log.warning("DIAG: stopping with requests under way, ending them %s", kv(count=len(left), drain_s=const.NODE_DRAIN_S))
-    for run in left:
-        run.abort(ShuttingDown("the node is shutting down: the reply was cut short"))
+    left = end_runs(runs, ShuttingDown("the node is shutting down: the reply was cut short"))
+    log.warning("DIAG: stopping with requests under way, ending them %s", kv(count=left, drain_s=const.NODE_DRAIN_S))
     if left:  # (embeddings under way are not ended: they have had their time, the API's stop cuts them)
         await traces.async_idle(const.NODE_DRAIN_S)

@@ -148,6 +148,8 @@ class CompletionRun:
         served.running.add(self.job)
         self._queued = False
         self.models.mark(served, waiting=-1, busy=True)
+        if self._aborted is not None:  # ended while queued (a stop, a forced unload): its 503 before any byte
+            raise self._aborted
         self.trace.mark_dequeued()
         started = self.trace.begin_assembly()
         # seed-000 marker (router dispatch), kept word for word

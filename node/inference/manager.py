@@ -325,7 +325,8 @@ class ModelManager:
 
     async def async_unload(self, model_id: str, *, force: bool = False) -> ServedModel:
         """Free a model's weights; refused (409) while a request is using it unless forced, which
-        cancels the running generation (its client gets what was generated so far)."""
+        cancels the running generations (Node.async_unload_model first ends their requests with an
+        error, so a client does not take the text so far for a finished reply)."""
         served = self.get(model_id)
         if not served.whole:
             raise Conflict(f"model {served.id} is served here as slices only; there is nothing whole to unload")
