@@ -7,13 +7,18 @@ import logging
 import os
 import re
 import secrets
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from node.errors import NodeError
+from node.logs import kv
+
 log = logging.getLogger(__name__)
 
 API_KEY_FILE = "api_key"
+LOCK_FILE = "node.lock"  # held (an OS lock) by the node running on this data dir
 CONFIG_FILE = "config.toml"
 MODELS_DIR = "models"
 WEIGHT_CACHE_DIR = "cache/weights"  # converted slice weights (node/inference/weights/cache.py)
@@ -41,6 +46,64 @@ DEFAULT_CONFIG_TEXT = """\
 # mdns = true
 # bootstrap = ["192.168.1.20:8810"]
 """
+
+
+class DataDirInUse(NodeError):
+    """Another node (another process, or another Node here) runs on this data dir."""
+
+    code = "data_dir_in_use"
+
+
+class DataDirLock:
+    """The data dir's lock, held while a node runs on it: a second node there would share its
+    identity (the same node id twice in the swarm), its API key and every file it writes. An OS
+    lock (flock / msvcrt), so a killed process holds none: nothing is ever stale."""
+
+    def __init__(self, data_dir: Path):
+        self.path = data_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock (blocking: file I/O); DataDirInUse naming the holder's pid when taken."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            _lock(fd)
+        except BlockingIOError:
+            try:
+                os.lseek(fd, 0, os.SEEK_SET)
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            except OSError:  # Windows: the holder's locked byte cannot be read
+                holder = "?"
+            os.close(fd)
+            raise DataDirInUse(f"another SwarmLLM node (pid {holder}) is running with the data dir "
+                               f"{self.path.parent}: stop it, or give this one another --data-dir") from None
+        except OSError as exc:  # a file system without locks (some network shares): run, unguarded
+            log.warning("DIAG: data dir lock not available, running without it %s", kv(error=exc.strerror or exc))
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        """Let the lock go (idempotent; the process's exit does it too)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+if sys.platform == "win32":
+    import msvcrt
+
+    def _lock(fd: int) -> None:
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError as exc:  # EACCES / EDEADLOCK when another process holds it
+            raise BlockingIOError(str(exc)) from exc
+else:
+    import fcntl
+
+    def _lock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -19,7 +19,7 @@ from node import AGENT, __version__, const
 from node.api.server import ApiServer
 from node.config import NodeConfig
 from node.contribute import Contributions
-from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, ensure_data_dir, load_or_create_api_key
+from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, DataDirLock, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
 from node.errors import (
     InvalidRequest,
@@ -76,6 +76,7 @@ class Node(SwarmActions):
     def __init__(self, config: NodeConfig):
         self.config = config
         self.data_dir: Path = config.data_dir
+        self._data_dir_lock = DataDirLock(self.data_dir)
         self.version = __version__
         self.agent = AGENT
         self.api_key = ""
@@ -151,6 +152,7 @@ class Node(SwarmActions):
         loop = asyncio.get_running_loop()
         self.watchdog.start(loop)
         await loop.run_in_executor(None, ensure_data_dir, self.data_dir)
+        await loop.run_in_executor(None, self._data_dir_lock.acquire)  # DataDirInUse: another node runs here
         self.api_key = await loop.run_in_executor(None, load_or_create_api_key, self.data_dir)
         self.identity = await async_load_or_create_identity(self.data_dir)
         self.started_at = time.time()
@@ -209,6 +211,7 @@ class Node(SwarmActions):
         if stuck:
             log.error("DIAG: node stop left steps behind %s", kv(node_id=self.short_id, stuck=",".join(stuck)))
         self.watchdog.stop()
+        self._data_dir_lock.release()  # last: a node started next on this data dir finds it all written
         log.info("DIAG: node stopped %s", kv(node_id=self.short_id, in_flight=self.traces.in_flight,
                                               elapsed_ms=int((time.monotonic() - started) * 1000)))
 

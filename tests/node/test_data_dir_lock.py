@@ -1,0 +1,47 @@
+"""One node per data dir. A second `swarmllm run` on the data dir of one that runs (the tray app's
+node and a terminal's, say, on other ports) would have the same identity — the same node id twice
+in the swarm — the same API key and write the same files; it said only "cannot listen for peers …;
+choose another with --peer-port", and following that advice started it. Now it is refused, naming
+the data dir and the other node's pid; the lock is the OS's, so a killed node leaves none behind."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from tests.support.ports import free_port
+from tests.support.processes import REPO, NodeProcess, hermetic_env
+from tests.support.waiting import wait_until_sync
+
+ARGS = ["--no-default-model", "--no-mdns"]
+
+
+def _second(data_dir) -> subprocess.CompletedProcess:
+    port = free_port()
+    return subprocess.run([sys.executable, "-m", "node.cli", "run", "-p", str(port), "--peer-port", str(free_port()),
+                           "--data-dir", str(data_dir), *ARGS], cwd=REPO, env=hermetic_env(),
+                          capture_output=True, text=True, timeout=90)
+
+
+def test_a_second_node_on_a_data_dir_in_use_is_refused_and_the_first_keeps_serving(tmp_path):
+    first = NodeProcess(tmp_path / "data", args=ARGS)
+    try:
+        first.wait_ready(path="/health")
+        key = first.api_key
+        out = _second(first.data_dir)
+        assert out.returncode == 2, out.stderr[-2000:]
+        said = out.stdout + out.stderr
+        assert "another SwarmLLM node" in said and f"pid {first.proc.pid}" in said and str(first.data_dir) in said, \
+            said[-2000:]
+        assert first.healthy() and first.api_key == key  # untouched
+        first.kill()  # SIGKILL: no clean stop, yet no stale lock
+        wait_until_sync(lambda: not first.alive(), what="the first node gone")
+        again = NodeProcess(first.data_dir, args=ARGS)
+        try:
+            again.wait_ready(path="/health")
+            assert again.terminate(signal.SIGTERM) == 0
+        finally:
+            again.kill()
+    finally:
+        first.kill()
