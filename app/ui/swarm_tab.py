@@ -135,7 +135,10 @@ class ContributePanel(QGroupBox):
         if known and self.model_id not in self.cost:
             self.cost[self.model_id] = {}  # asked once (an empty cost shows the budget in MB only)
             spawn(self._async_cost(self.model_id), what=f"sizing the layers of {self.model_id}")
-        if choice is not None and choice["budget_mb"] and not self.slider.isSliderDown():
+        # not while the user holds the slider or a budget they set waits to be applied: the
+        # node's old budget would undo their move before _apply_budget sees it
+        if choice is not None and choice["budget_mb"] and not self.slider.isSliderDown() \
+                and not self._apply_timer.isActive():
             self.slider.blockSignals(True)
             self.slider.setMaximum(max(self.slider.maximum(), choice["budget_mb"]))
             self.slider.setValue(choice["budget_mb"])
