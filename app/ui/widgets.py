@@ -62,6 +62,7 @@ class FirstRunBanner(QFrame):
         self.setStyleSheet("#firstRunBanner { background: #fff4d6; border: 1px solid #e0b44c; "
                            "border-radius: 6px; } QLabel { color: #4a3800; }")
         self.title = QLabel("<b>No model can serve requests yet</b>")
+        self.title.setWordWrap(True)  # a start error is one long line: wrapped, not a window wider than the screen
         self.text = QLabel()
         self.text.setWordWrap(True)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
