@@ -145,7 +145,12 @@ class ChatTab(QWidget):
         self.stop()
         self.messages = []  # a new list: the stopped reply's task appends to the old one
         self.transcript.clear()
+        self._clear_route()
+
+    def _clear_route(self) -> None:
+        """No badge and no timings (its coloured background goes too, not only its text)."""
         self.route_badge.clear()
+        self.route_badge.setStyleSheet("")
         self.stats.clear()
 
     def send(self, text: str | None = None) -> asyncio.Task | None:
@@ -157,6 +162,7 @@ class ChatTab(QWidget):
         self.prompt.clear()
         self.messages.append({"role": "user", "content": text})
         self._append(("\n\n" if self.transcript.toPlainText() else "") + f"You: {text}\n\n{model}: ")
+        self._clear_route()  # the badge and timings are the last reply's: this one's, or none if it fails
         self.task = spawn(self._async_reply(model), what="the chat reply", on_error=self._failed)
         self.task.add_done_callback(lambda _t: self._set_busy(False))
         self._set_busy(True)
