@@ -100,8 +100,16 @@ class TrayApp:
         """The app's whole life; returns the process exit code."""
         remove_handlers = install_quit_signals(self.request_quit)
         try:
-            await self.async_start()
-            await self.async_wait_quit()
+            start = asyncio.ensure_future(self.async_start())
+            quit_asked = asyncio.ensure_future(self.async_wait_quit())
+            await asyncio.wait({start, quit_asked}, return_when=asyncio.FIRST_COMPLETED)
+            if not start.done():
+                # Quit while the node starts (hashing or loading a large model): give the start up
+                # rather than finish it first; the shutdown below stops what it had started.
+                log.info("DIAG: tray quit during start-up state=%s", self.host.state.value)
+                start.cancel()
+                await asyncio.gather(start, return_exceptions=True)
+            await quit_asked
         finally:
             await self.async_shutdown()
             remove_handlers()

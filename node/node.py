@@ -203,6 +203,7 @@ class Node(SwarmActions):
             return
         self._stopping = True
         log.info("DIAG: node stopping node_id=%s", self.short_id)
+        self.catalog.stop_hashing()
         started = time.monotonic()
         stuck = []
         for name, step in self._stop_steps():

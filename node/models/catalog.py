@@ -137,11 +137,17 @@ def readable_name(path: Path, header: GgufHeader) -> str:
     return name
 
 
-def sha256_file(path: Path) -> str:
-    """Stream a file through sha256 (blocking)."""
+class HashingStopped(OSError):
+    """The node is stopping: a file's hash was given up (a scan skips the file)."""
+
+
+def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
+    """Stream a file through sha256 (blocking); raises HashingStopped once `stop` is set."""
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
         while chunk := fh.read(const.HASH_CHUNK_BYTES):
+            if stop is not None and stop.is_set():
+                raise HashingStopped(f"hashing {path.name} stopped: the node is stopping")
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -152,6 +158,7 @@ class HashCache:
     def __init__(self, path: Path | None):
         self.path = path
         self._lock = threading.Lock()  # scans and downloads use it from executor threads at once
+        self.stop = threading.Event()  # set when the node stops: a hash in progress gives up
         self._data: dict[str, dict[str, Any]] = {}
         if path is not None and path.is_file():
             try:
@@ -167,7 +174,7 @@ class HashCache:
         if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
             return hit["sha256"]
         started = time.monotonic()
-        digest = sha256_file(file)
+        digest = sha256_file(file, self.stop)
         log.info("DIAG: hashed model file name=%s size_mb=%.1f elapsed_ms=%d", file.name,
                  st.st_size / 2**20, (time.monotonic() - started) * 1000)
         with self._lock:
@@ -265,6 +272,11 @@ class ModelCatalog:
         log.info("DIAG: catalog scan complete model_count=%d elapsed_ms=%d", len(self.entries),
                  (time.monotonic() - started) * 1000)
         return found
+
+    def stop_hashing(self) -> None:
+        """Give up any hash in progress, and those asked later (the node is stopping): an executor
+        thread still hashing a large file would keep the process alive after it quits."""
+        self._cache.stop.set()
 
     def remember_hash(self, file: Path, sha256: str, origin_url: str | None = None) -> None:
         """Seed the hash cache for a file whose sha256 is already known (blocking)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 import subprocess
 import sys
 import urllib.request
@@ -58,4 +59,44 @@ def test_sigterm_stops_the_node_and_frees_the_port(tmp_path, tiny_model):
     assert proc.returncode == 0, output
     assert "DIAG: tray quit requested" in output
     assert "DIAG: node stopped" in output and "in_flight=0" in output
+    assert port_is_free(port)
+
+
+@pytest.mark.slow
+def test_quit_while_a_large_model_is_hashed_at_start_exits_promptly(tmp_path, tiny_model):
+    """Quit (SIGTERM takes the tray's Quit path) while the node still hashes a large model file at
+    start: the app exits within seconds, not when the hash is done. Seen: Quit clicked 4 s into
+    the start with a 200 GB model took 196 s to take effect (the node's start was awaited first,
+    then the process waited for the executor thread still hashing), and a second SIGTERM did
+    nothing either; nothing on screen said a quit was pending."""
+    big = tmp_path / "big.gguf"
+    with open(big, "wb") as out:  # a valid header, then a sparse 100 GB: a minute and more of sha256
+        out.write(tiny_model.read_bytes())
+        out.truncate(100 * 2**30)
+    port = free_port()
+    data = tmp_path / "data"
+    env = hermetic_env({"QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.main", "-p", str(port), "--data-dir", str(data), "--no-default-model",
+         "--model", str(big), "--n-threads", "1"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def started() -> bool:  # the key is written before the catalog scan (the hash) begins
+            assert proc.poll() is None, f"the app exited early with {proc.returncode}"
+            return (data / "api_key").is_file()
+        wait_until_sync(started, 120, 0.05, "the node's start")
+        time.sleep(1.0)  # well into the hash
+        proc.send_signal(signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+            pytest.fail("the app was still running 20 s after Quit (hashing the model):\n" + output[-3000:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "DIAG: tray quit requested" in output
+    assert proc.returncode in (0, 1), output[-3000:]  # 1: the node never came up
     assert port_is_free(port)
