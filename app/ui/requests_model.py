@@ -82,11 +82,16 @@ class RequestsModel(KeyedTableModel):
             self._ticker.stop()
 
     def _tick(self) -> None:
+        rows = []
         for key in list(self._in_flight):
-            if self.row_of(key) < 0:  # trimmed away
+            row = self.row_of(key)
+            if row < 0:  # trimmed away
                 self._in_flight.discard(key)
             else:
-                self.refresh(key)
+                rows.append(row)
+        if rows:  # one change over the in-flight rows (the newest, at the top): the views
+            # re-measure their columns once per change, not once per in-flight row
+            self.dataChanged.emit(self.index(min(rows), 0), self.index(max(rows), len(self.columns) - 1))
         if not self._in_flight:
             self._ticker.stop()
 
