@@ -189,6 +189,7 @@ class ChatTab(QWidget):
         body = {"model": model, "messages": list(messages), "stream": True, "max_tokens": MAX_TOKENS,
                 "stream_options": {"include_usage": True}}
         reply: list[str] = []
+        finish_reason, completion_tokens = None, 0
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session, \
@@ -208,8 +209,15 @@ class ChatTab(QWidget):
                         if delta:
                             reply.append(delta)
                             self._append(delta)
+                        finish_reason = choice.get("finish_reason") or finish_reason
+                    if event.get("usage"):
+                        completion_tokens = event["usage"].get("completion_tokens") or completion_tokens
                     if event.get("x_swarm"):
                         self._show_timings(event["x_swarm"], event.get("usage"))
+            if finish_reason == "length":  # said in the transcript only, not sent back to the model
+                self._append(f"\n[reply cut at {MAX_TOKENS} tokens, the Chat tab's limit per reply]"
+                             if completion_tokens >= MAX_TOKENS else
+                             "\n[reply cut: the conversation fills the model's context; start a New chat]")
         except aiohttp.ClientError as exc:
             raise NodeError(f"cannot reach this node's API ({type(exc).__name__})") from exc
         except ValueError as exc:  # a chunk that is not JSON
