@@ -152,8 +152,15 @@ class NodeHost(QObject):
     async def async_stop_helping(self, model_id: str) -> None:
         await self.node.contributions.async_stop(model_id)
 
+    def _require_started(self) -> None:
+        """Model actions need a running node (one that could not start would load a model that
+        no API serves)."""
+        if not self.is_started:
+            raise NodeError(f"the node is not running: {self.start_error or STATE_WORDS[self.state]}")
+
     async def async_load(self, model_id: str) -> None:
         """Load a model (the Models tab's Load button)."""
+        self._require_started()
         served = await self.node.models.async_load(model_id)
         self.node.note_activity(f"model {served.id} loaded on {served.device}")
 
@@ -164,6 +171,7 @@ class NodeHost(QObject):
 
     async def async_add_model(self, path: Path) -> str:
         """Serve a GGUF file for this session (catalog, register, load); returns its id."""
+        self._require_started()
         model_id = await self.node.async_add_model(path, "gui")
         await self.async_load(model_id)
         return model_id
