@@ -137,8 +137,8 @@ def test_exclude_failed_node_uses_the_other_holder():
 
 
 def test_insufficient_capacity_names_the_gap():
-    with pytest.raises(InsufficientCapacity, match=r"12 layers .*no holder has layers 4-4"):
-        plan_route(12, [Holder(A, 0, 4), Holder(B, 5, 12)])
+    with pytest.raises(InsufficientCapacity, match=r"12 layers .*no holder has layers 4-4; held: 0-3, 5-11\)"):
+        plan_route(12, [Holder(A, 0, 4), Holder(B, 5, 12)])  # inclusive ranges, as the gap's (a user reads it)
     with pytest.raises(InsufficientCapacity, match="no holder has layers 0-11"):
         plan_route(12, [])
     with pytest.raises(InsufficientCapacity, match="layers 4-7"):

@@ -416,8 +416,8 @@ def plan_route(n_layers: int, holders: list[Holder], *, exclude: frozenset[str] 
         why = ("no holder has layers " + ", ".join(f"{a}-{b - 1}" for a, b in gaps)) if gaps else \
             "the holders would have to pass a node twice"
         raise InsufficientCapacity(
-            f"no chain of peers covers all {n_layers} layers of this model right now ({why}; holders cover "
-            f"{sorted((h.start, h.end) for h in usable) or 'nothing'})")
+            f"no chain of peers covers all {n_layers} layers of this model right now ({why}; held: "
+            f"{', '.join(f'{a}-{b - 1}' for a, b in sorted({(h.start, h.end) for h in usable})) or 'nothing'})")
     return _with_standbys(_unwind(best), usable, n_layers, standbys)
 
 
