@@ -24,6 +24,11 @@ class ThreadedOrigin:
         self.ranges: list[str | None] = []
         self.stall_after: int | None = None  # once this many body bytes went out, wait for `release`
         self.unavailable = False  # answer every request 503 (the origin is down)
+        # ranges starting at or past this byte fail (the header's first bytes still come through):
+        # with a 503 (the origin went away mid-fetch), or, with `fail_page`, a 200 with a small HTML
+        # page and no ETag (a proxy's or a captive portal's answer that is not the file)
+        self.fail_from: int | None = None
+        self.fail_page = False
         self.release = threading.Event()
         self._lock = threading.Lock()
         origin = self
@@ -38,6 +43,17 @@ class ThreadedOrigin:
                     return
                 if self.path.split("?")[0] != f"/{origin.name}":
                     self.send_error(404)
+                    return
+                m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+                if origin.fail_from is not None and m and int(m.group(1)) >= origin.fail_from:
+                    if not origin.fail_page:
+                        self.send_error(503)
+                        return
+                    page = b"<html>upstream error</html>"
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
                     return
                 with origin._lock:
                     if origin.change_after is not None and origin.sent >= origin.change_after[0]:
