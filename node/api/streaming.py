@@ -10,6 +10,7 @@ trace with it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Protocol
 
 from aiohttp import web
 
+from node import const
 from node.errors import NodeError
 from node.inference.generate import CompletionRun
 from node.inference.request import Delta
@@ -60,18 +62,30 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
         **trace.headers(streaming=True),
     })
     stage = "role"
+
+    async def write(event: bytes) -> None:
+        # a client that stopped reading (the socket's buffers full) must not hold the model's seat
+        # for ever: a write that cannot go on for STREAM_WRITE_STALL_S ends the stream. Only a write
+        # behind unsent bytes can wait: the usual one (nothing queued) skips the timer.
+        transport = request.transport
+        if transport is not None and not transport.get_write_buffer_size():
+            await resp.write(event)
+            return
+        async with asyncio.timeout(const.STREAM_WRITE_STALL_S):
+            await resp.write(event)
+
     try:
         await resp.prepare(request)
         for event in events.opening():
-            await resp.write(event)
+            await write(event)
         stage = "token"
         async for delta in run.deltas():
             for event in events.delta(delta):
-                await resp.write(event)
+                await write(event)
         trace.finished = time.monotonic()
         stage = "finish"
         for event in events.closing():
-            await resp.write(event)
+            await write(event)
         await resp.write_eof()
         log.info("DIAG: %s stream completed request_id=%s elapsed_ms=%d token_count=%d",
                  "local" if trace.route == "local" else "SSE distributed", trace.request_id,
@@ -83,6 +97,12 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
                 "finish": "finish delta send failed — client disconnected at finish"}[stage]
         log.warning("DIAG: local stream %s request_id=%s token_count=%d elapsed_ms=%d", what,
                     trace.request_id, trace.completion_tokens, (time.monotonic() - started) * 1000)
+        return StreamResult(resp, "cancelled")
+    except TimeoutError:  # write()'s: the client takes nothing (its connection is closed under it)
+        log.warning("DIAG: stream cut off, the client stopped reading request_id=%s token_count=%d stalled_s=%d",
+                    trace.request_id, trace.completion_tokens, const.STREAM_WRITE_STALL_S)
+        if request.transport is not None:
+            request.transport.abort()
         return StreamResult(resp, "cancelled")
     except NodeError as exc:
         # seed-000 marker, kept word for word (users grep it); "generate_stream" is the seed's name
