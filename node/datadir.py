@@ -79,10 +79,17 @@ class DataDirLock:
                                f"{self.path.parent}: stop it, or give this one another --data-dir") from None
         except OSError as exc:  # a file system without locks (some network shares): run, unguarded
             log.warning("DIAG: data dir lock not available, running without it %s", kv(error=exc.strerror or exc))
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd  # held from here: release() lets it go whatever happens next
+        try:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except BaseException:  # a full disk: the start fails, and the lock is not left held by no one
+            self.release()
+            raise
 
     def release(self) -> None:
         """Let the lock go (idempotent; the process's exit does it too)."""

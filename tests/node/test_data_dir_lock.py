@@ -6,10 +6,15 @@ the data dir and the other node's pid; the lock is the OS's, so a killed node le
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import subprocess
 import sys
 
+import pytest
+
+from node.datadir import DataDirLock
 from tests.support.ports import free_port
 from tests.support.processes import REPO, NodeProcess, hermetic_env
 from tests.support.waiting import wait_until_sync
@@ -45,3 +50,23 @@ def test_a_second_node_on_a_data_dir_in_use_is_refused_and_the_first_keeps_servi
             again.kill()
     finally:
         first.kill()
+
+
+def test_a_lock_whose_pid_could_not_be_written_is_not_left_held(tmp_path, monkeypatch):
+    """The pid is written after the OS lock is taken: a failure there (a full disk) fails the start,
+    and the lock goes with it; it stayed held by a file descriptor no one would close, refusing
+    every later node of this process on the data dir (its stop finds nothing to release)."""
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    lock = DataDirLock(tmp_path)
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match="No space"):
+        lock.acquire()
+    monkeypatch.setattr(os, "write", real_write)
+    lock.release()  # what Node.stop does after a failed start: nothing held by it
+    again = DataDirLock(tmp_path)
+    again.acquire()  # DataDirInUse if the failed attempt's descriptor still held the lock
+    again.release()
