@@ -68,6 +68,7 @@ PEX_MAX_PEERS = 64
 PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes
 PEER_CACHE_MAX = 256
 MDNS_RESOLVE_TIMEOUT_MS = 3000
+MDNS_ADDRESS_CHECK_S = 5.0  # how often the host's IPv4 addresses are compared with what mDNS announces
 RELAY_MAX_REGISTRATIONS = 1024
 RELAY_MAX_CIRCUITS = 64  # spliced circuits open at once on a relay
 RELAY_CIRCUIT_MAX_BYTES = 4 * 1024 * 1024 * 1024  # per circuit, both directions; then it is closed

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 
+from node import const
 from node.config import NodeConfig
 from node.errors import NodeError
 from node.logs import kv
@@ -24,7 +25,7 @@ from ._dialer import Dialer
 from ._foreign import ForeignPeers
 from ._frames import Frame
 from ._link import PeerLink
-from ._mdns import MdnsDiscovery
+from ._mdns import MdnsDiscovery, local_ipv4_addresses
 from ._peercache import PeerCacheKeeper
 from ._pex import Pex
 from ._relayclient import RelayClient, ServeInbound
@@ -64,15 +65,45 @@ class Discovery:
             if not ips:
                 log.info("DIAG: mdns not started %s", kv(reason="no non-loopback IPv4 address"))
             else:
-                mdns = MdnsDiscovery(self._node_id, listen_port, self._on_mdns_found, ips,
-                                     tag=lambda: self._membership.swarm.mdns_tag(), accept=self._accept_mdns_tag)
-                try:
-                    await mdns.async_start()
-                    self._mdns = mdns
-                    self._tasks.spawn(self._async_retag_daily(), name="mdns-retag")
-                except (OSError, NodeError) as exc:  # a node without multicast still works
-                    log.warning("DIAG: mdns failed to start %s", kv(error=exc))
+                await self._async_start_mdns(ips, listen_port)
+            self._tasks.spawn(self._async_retag_daily(), name="mdns-retag")
+            if self._config.peer_host in ("", "0.0.0.0", "::"):  # listening everywhere: follow the host's addresses
+                self._tasks.spawn(self._async_follow_addresses(ips, listen_port), name="mdns-addresses")
         self.dialer.start()
+
+    async def _async_start_mdns(self, ips: list[str], listen_port: int) -> None:
+        mdns = MdnsDiscovery(self._node_id, listen_port, self._on_mdns_found, ips,
+                             tag=lambda: self._membership.swarm.mdns_tag(), accept=self._accept_mdns_tag)
+        try:
+            await mdns.async_start()
+            self._mdns = mdns
+        except (OSError, NodeError) as exc:  # a node without multicast still works
+            log.warning("DIAG: mdns failed to start %s", kv(error=exc))
+
+    async def _async_follow_addresses(self, ips: list[str], listen_port: int) -> None:
+        """A laptop changes networks (new DHCP lease, another Wi-Fi, offline at start): zeroconf is
+        bound to the addresses it saw at start and announces those, so when the host's addresses
+        change, mDNS starts again on the new ones (else the node is deaf and mute on the new LAN)."""
+        loop = asyncio.get_running_loop()
+        current = sorted(ips)
+        while True:
+            await asyncio.sleep(const.MDNS_ADDRESS_CHECK_S)
+            try:
+                now = sorted(await loop.run_in_executor(None, local_ipv4_addresses))
+            except OSError:
+                continue
+            if now == current:
+                continue
+            log.info("DIAG: mdns restarting after an address change %s", kv(old=",".join(current), new=",".join(now)))
+            current = now
+            if self._mdns is not None:
+                old, self._mdns = self._mdns, None
+                try:
+                    await old.async_stop()
+                except Exception:  # the old interfaces may be gone; a failed goodbye changes nothing
+                    log.debug("mdns stop after an address change failed", exc_info=True)
+            if now:
+                await self._async_start_mdns(now, listen_port)
 
     async def async_stop(self) -> None:
         """Stop mDNS and the pending cache save (the manager cancels the loops)."""
