@@ -63,6 +63,7 @@ UPGRADE_FIRST_S = 2.0  # a relayed link tries a direct one this long after it ca
 UPGRADE_BACKOFF_MIN_S = 30.0  # then, after failures, at this interval doubling up to the max
 UPGRADE_BACKOFF_MAX_S = 600.0
 PEER_FORGET_S = 3600.0  # a peer unreachable this long leaves the table
+ROSTER_AWAY_S = 7 * 86400.0  # a roster member linked this recently counts as away, not gone (swarm remove)
 PEX_INTERVAL_S = 30.0
 PEX_MAX_PEERS = 64
 PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes

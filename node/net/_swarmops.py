@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from node import const
 from node.errors import AdmissionEnded, InvalidRequest, NotAMember, PeerError, PeerUnreachable, ProtocolError
 from node.logs import kv
 
@@ -202,8 +203,13 @@ class SwarmOps:
             raise InvalidRequest(str(exc)) from exc
         removed = self._membership.state.removed | {node_id}
         if not any(link.node_id not in removed for link in self._live_links()):
-            away = [rec.short_id for rec in self._table if rec.node_id not in removed
-                    and rec.node_id != self._node_id and not self._membership.is_refused(rec.node_id)]
+            # the members known: the peer table's, and the roster's linked lately (the table forgets
+            # a peer an hour after it went, and holds nothing after a restart)
+            lately = time.time() - const.ROSTER_AWAY_S
+            known = {rec.node_id for rec in self._table} | {
+                n for n, seen in self._membership.state.roster().items() if seen >= lately}
+            away = [short_id(n) for n in known if n not in removed and n != self._node_id
+                    and not self._membership.is_refused(n)]
             if away:  # the new secret would reach no one: this node, not the removed one, would be out
                 raise InvalidRequest(
                     f"no other member is connected now (away: {', '.join(sorted(away)[:5])}): the new "

@@ -60,3 +60,30 @@ async def test_the_roster_survives_a_restart_and_a_join_elsewhere_clears_it(make
         assert on_disk(again).members == {}
     finally:
         await again.async_stop()
+
+
+async def test_a_removal_is_refused_while_only_the_roster_knows_the_members_away(make_manager, fast_net, monkeypatch):
+    """The self-cut-off guard counts the roster's recent members too: with b and c away long enough
+    for the peer table to forget them, removing c would hand the new secret to no one and leave a
+    (not c) outside the swarm when b comes back."""
+    from node.errors import InvalidRequest
+
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    c = await make_manager("c", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b) and linked(a, c), what="a linked with b and c")
+    await b.async_stop()
+    await c.async_stop()
+    monkeypatch.setattr(const, "PEER_FORGET_S", 0.2)
+    await wait_until(lambda: a.table.get(b.node_id) is None and a.table.get(c.node_id) is None,
+                     what="the peer table forgot both")
+    try:
+        await a.swarm_ops.async_remove(c.node_id[:8])
+    except InvalidRequest as exc:
+        assert "no other member is connected" in exc.message and b.node_id[:8] in exc.message, exc.message
+    else:
+        raise AssertionError("the removal went through with no member to hand the new secret to")
+    assert a.membership.swarm.epoch == 0
+    # a roster member not linked for ROSTER_AWAY_S is long gone: it no longer blocks the removal
+    monkeypatch.setattr(const, "ROSTER_AWAY_S", 0.0)
+    assert await a.swarm_ops.async_remove(c.node_id[:8]) == 0 and a.membership.swarm.epoch == 1
