@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
 import secrets
 import sys
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,8 @@ class DataDirLock:
     def __init__(self, data_dir: Path):
         self.path = data_dir / LOCK_FILE
         self._fd: int | None = None
+        self._guard = threading.Lock()  # acquire runs on an executor: a stop may come meanwhile
+        self._released = False
 
     def acquire(self) -> None:
         """Take the lock (blocking: file I/O); DataDirInUse naming the holder's pid when taken."""
@@ -82,7 +86,11 @@ class DataDirLock:
         except BaseException:
             os.close(fd)
             raise
-        self._fd = fd  # held from here: release() lets it go whatever happens next
+        with self._guard:
+            if self._released:  # the node stopped while this ran (a start cancelled): not held
+                os.close(fd)
+                return
+            self._fd = fd  # held from here: release() lets it go whatever happens next
         try:
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
@@ -92,8 +100,11 @@ class DataDirLock:
             raise
 
     def release(self) -> None:
-        """Let the lock go (idempotent; the process's exit does it too)."""
-        fd, self._fd = self._fd, None
+        """Let the lock go (idempotent; the process's exit does it too); an acquire still running
+        then lets it go at once."""
+        with self._guard:
+            self._released = True
+            fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
 
@@ -101,11 +112,16 @@ class DataDirLock:
 if sys.platform == "win32":
     import msvcrt
 
+    _LOCK_AT = 1 << 20  # the byte locked, past the pid (a locked byte cannot be read by others)
+
     def _lock(fd: int) -> None:
+        os.lseek(fd, _LOCK_AT, os.SEEK_SET)
         try:
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        except OSError as exc:  # EACCES / EDEADLOCK when another process holds it
-            raise BlockingIOError(str(exc)) from exc
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EDEADLK):  # another process holds it
+                raise BlockingIOError(str(exc)) from exc
+            raise  # no locks on this file system: run unguarded
 else:
     import fcntl
 
