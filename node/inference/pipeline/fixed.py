@@ -30,8 +30,10 @@ async def async_load_at_start(host: SliceHost, slices: list[Slice], note: Callab
             await host.async_trim_parts(entry)
         else:
             note(f"layers {start}-{end - 1} of {entry.id} failed to load: {hosted.error}")
-            if entry.partial is not None:  # its layers could not be fetched (the origin went): later
+            if _missing(entry, start, end):  # its layers could not be fetched (the origin went): later
                 later.append((entry, start, end))
+            elif entry.partial is not None:
+                _not_again(entry, start, end, hosted.error)
     return later
 
 
@@ -50,10 +52,24 @@ async def async_load_later(host: SliceHost, entry: ModelEntry, start: int, end: 
             return  # loaded or loading another way (a resume)
         if paused():
             continue
+        if not _missing(entry, start, end):  # every layer is here: what failed is no fetch, and stays
+            _not_again(entry, start, end, held.error if held else None)
+            return
         log.info("DIAG: loading layers that failed at start again %s",
                  kv(model=entry.id, layers=f"{start}-{end - 1}", error=held.error if held else None))
         hosted = await host.async_load(entry, start, end)
         if hosted.state == "loaded":
             note(f"serving layers {start}-{end - 1} of {entry.id}")
+            await host.async_trim_parts(entry)  # as at start: another range's parts go
             await announce()
             return
+
+
+def _missing(entry: ModelEntry, start: int, end: int) -> bool:
+    """Whether layers [start, end) of a partial model are not all on disk (a fetch to retry)."""
+    return entry.partial is not None and not set(range(start, end)) <= set(entry.partial.held_layers)
+
+
+def _not_again(entry: ModelEntry, start: int, end: int, error: str | None) -> None:
+    log.info("DIAG: layers that failed at start are all here; not loading them again %s",
+             kv(model=entry.id, layers=f"{start}-{end - 1}", error=error))
