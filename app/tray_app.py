@@ -109,6 +109,9 @@ class TrayApp:
                 log.info("DIAG: tray quit during start-up state=%s", self.host.state.value)
                 start.cancel()
                 await asyncio.gather(start, return_exceptions=True)
+            else:
+                start.result()  # a start that raised (a bug past the node's own errors) ends the app, not
+                # a wait for Quit in the starting state
             await quit_asked
         finally:
             await self.async_shutdown()
