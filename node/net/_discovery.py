@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from node import const
 from node.config import NodeConfig
@@ -55,6 +56,9 @@ class Discovery:
         self.relays = RelayClient(node_id, table, tasks, self.foreign, self.dialer.dial_soon, serve_inbound)
         self.dialer.ticket = self.relays.async_ticket
         self._mdns: MdnsDiscovery | None = None
+        # called with the host's new IPv4 addresses when they change (the manager's listen addresses,
+        # what HELLO and PEX tell peers, follow them)
+        self.on_addresses: Callable[[list[str]], None] = lambda ips: None
 
     async def async_start(self, listen_addrs: list[str], listen_port: int) -> None:
         """Load the cache, set up targets, start mDNS and the loops."""
@@ -96,6 +100,7 @@ class Discovery:
                 continue
             log.info("DIAG: mdns restarting after an address change %s", kv(old=",".join(current), new=",".join(now)))
             current = now
+            self.on_addresses(now)
             if self._mdns is not None:
                 old, self._mdns = self._mdns, None
                 try:

@@ -123,7 +123,18 @@ class PeerManager:
         log.info("DIAG: peer listener started %s",
                  kv(node_id=self.short_id, peer_port=self.listen_port, relay=self.config.relay,
                     mdns=self.config.mdns, no_direct=self.config.no_direct))
+        self.discovery.on_addresses = self._on_addresses
         await self.discovery.async_start(self.listen_addrs, self.listen_port)
+
+    def _on_addresses(self, ips: list[str]) -> None:
+        """The host's addresses changed (listening everywhere): peers learn the new ones from our
+        next HELLO and PEX (after a move the old ones were sent for ever: a relayed link could not
+        be upgraded by dialling this node's new address)."""
+        self.listen_addrs = [format_addr(ip, self.listen_port) for ip in ips]
+        self.listen_addrs.append(format_addr("127.0.0.1", self.listen_port))
+        self.discovery.pex.set_own(self.listen_addrs)
+        log.info("DIAG: peer listen addresses changed %s", kv(addrs=",".join(self.listen_addrs)))
+        self.tasks.spawn(self.async_announce(), name="announce-addresses")
 
     async def async_stop(self) -> None:
         """Stop discovery, close every link and the listener, save the peer cache."""

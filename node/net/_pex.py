@@ -41,6 +41,10 @@ class Pex:
         self._own = frozenset(listen_addrs)
         self._tasks.spawn(self._async_loop(), name="peer-pex")
 
+    def set_own(self, listen_addrs: Iterable[str]) -> None:
+        """Our addresses changed (another network): the new ones are ours, never learnt from others."""
+        self._own = frozenset(listen_addrs)
+
     def send(self, link: PeerLink) -> None:
         """Send our peers to one link now."""
         try:

@@ -71,3 +71,6 @@ def test_a_node_that_moves_to_another_lan_finds_the_peers_there(lab, tmp_path):
                     f"b to find c by mDNS on its new LAN\n--- b ---\n{node_b.output()[-3000:]}")
     addrs = {p["address"].split(":")[0] for p in _peers(node_c)} | {p["address"].split(":")[0] for p in _peers(node_b)}
     assert addrs <= {"10.236.2.2", "10.236.2.3"}, addrs
+    # what B tells its peers (HELLO, PEX) follows too: its new address, not the one it had at start
+    line = next(x for x in node_b.output().splitlines() if "DIAG: peer listen addresses changed" in x)
+    assert "10.236.2.2:" in line and "10.236.1.2" not in line, line
