@@ -198,7 +198,8 @@ class NodeHost(QObject):
         if self.state in (AppState.STOPPING,) or self.start_error is not None:
             return
         now = self.serving()
-        if now.whole_loaded or now.slices_loaded or now.swarm:
+        if now.whole_loaded or now.slices_loaded or now.swarm or now.whole_idle:
+            # an unloaded whole model still serves: a request loads it again (on demand)
             new = AppState.SERVING if self.contributing else AppState.PAUSED
         elif now.loading:
             new = AppState.LOADING

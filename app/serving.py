@@ -22,9 +22,11 @@ class Serving:
     loading: bool = False
     failed: bool = False
     idle: bool = False  # some model is registered but unloaded (the user can Load it)
+    whole_idle: tuple[str, ...] = ()  # whole models unloaded that a request loads again (on demand)
 
     def describe(self) -> str:
         parts = list(self.whole_loaded)
+        parts += [f"{m} (unloaded: loads on the first request)" for m in self.whole_idle]
         if self.slices_loaded:
             parts.append("layers " + ", ".join(self.slices_loaded))
         local_names = {w.rsplit("-", 1)[0] for w in self.whole_loaded}
@@ -46,4 +48,5 @@ def serving_of(node: Node) -> Serving:
         loading=any(x.state == "loading" for x in [*whole, *slices]),
         failed=any(x.state == "failed" for x in [*whole, *slices]),
         idle=any(m.state == "unloaded" for m in whole),
+        whole_idle=tuple(m.id for m in whole if m.state == "unloaded" and m.tokenizer is not None),
     )
