@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,13 +67,14 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
     async def write(event: bytes) -> None:
         # a client that stopped reading (the socket's buffers full) must not hold the model's seat
         # for ever: a write that cannot go on for STREAM_WRITE_STALL_S ends the stream. Only a write
-        # behind unsent bytes can wait: the usual one (nothing queued) skips the timer.
+        # behind unsent bytes, or one big enough to fill the transport's buffer by itself, can wait:
+        # the usual one (a small event, nothing queued) skips the timer.
         transport = request.transport
-        if transport is not None and not transport.get_write_buffer_size():
+        small = len(event) <= _UNTIMED_WRITE_MAX
+        if small and transport is not None and not transport.get_write_buffer_size():
             await resp.write(event)
             return
-        async with asyncio.timeout(const.STREAM_WRITE_STALL_S):
-            await resp.write(event)
+        await _bounded(resp.write(event))
 
     try:
         await resp.prepare(request)
@@ -86,7 +88,7 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
         stage = "finish"
         for event in events.closing():
             await write(event)
-        await resp.write_eof()
+        await _bounded(resp.write_eof())  # it drains: a client that stopped reading holds it too
         log.info("DIAG: %s stream completed request_id=%s elapsed_ms=%d token_count=%d",
                  "local" if trace.route == "local" else "SSE distributed", trace.request_id,
                  (time.monotonic() - started) * 1000, trace.completion_tokens)
@@ -98,7 +100,7 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
         log.warning("DIAG: local stream %s request_id=%s token_count=%d elapsed_ms=%d", what,
                     trace.request_id, trace.completion_tokens, (time.monotonic() - started) * 1000)
         return StreamResult(resp, "cancelled")
-    except TimeoutError:  # write()'s: the client takes nothing (its connection is closed under it)
+    except _ClientStalled:  # the client takes nothing (its connection is closed under it)
         log.warning("DIAG: stream cut off, the client stopped reading request_id=%s token_count=%d stalled_s=%d",
                     trace.request_id, trace.completion_tokens, const.STREAM_WRITE_STALL_S)
         if request.transport is not None:
@@ -111,22 +113,48 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
         log.log(logging.ERROR if exc.http_status >= 500 else logging.WARNING,
                 "DIAG: local stream generate_stream error — executor error request_id=%s error=%s",
                 trace.request_id, exc.message)
-        await _close_with_error(resp, events, exc)
+        await _close_with_error(request, resp, events, exc)
         return StreamResult(resp, "error", exc)
     except Exception as exc:  # a bug must still end the client's stream with an error, never a hang
         log.exception("DIAG: stream failed unexpectedly request_id=%s", trace.request_id)
         err = NodeError(f"internal error while streaming: {type(exc).__name__}; see the node log")
-        await _close_with_error(resp, events, err)
+        await _close_with_error(request, resp, events, err)
         return StreamResult(resp, "error", err)
 
 
-async def _close_with_error(resp: web.StreamResponse, events: StreamEvents, exc: NodeError) -> None:
-    """The dialect's error events, end of stream (best effort: the client may be gone)."""
+async def _close_with_error(request: web.Request, resp: web.StreamResponse, events: StreamEvents,
+                            exc: NodeError) -> None:
+    """The dialect's error events, end of stream (best effort: the client may be gone, or take nothing)."""
     try:
         if not resp.prepared:
             return
         for event in events.error(exc):
-            await resp.write(event)
-        await resp.write_eof()
+            await _bounded(resp.write(event))
+        await _bounded(resp.write_eof())
     except ConnectionResetError:
         pass
+    except _ClientStalled:
+        if request.transport is not None:
+            request.transport.abort()
+
+
+# a write of at most this much into an empty transport buffer cannot pause the protocol (asyncio's
+# high-water mark is 64 KiB), so it cannot wait on a client that stopped reading
+_UNTIMED_WRITE_MAX = 16 * 1024
+
+
+class _ClientStalled(Exception):
+    """A write waited STREAM_WRITE_STALL_S on a client that reads nothing."""
+
+
+async def _bounded(write: Awaitable[None]) -> None:
+    """A write (or the end of the stream, which drains) that waits at most STREAM_WRITE_STALL_S.
+    Only its own timeout becomes _ClientStalled: a TimeoutError from elsewhere stays what it is."""
+    timer = asyncio.timeout(const.STREAM_WRITE_STALL_S)
+    try:
+        async with timer:
+            await write
+    except TimeoutError:
+        if timer.expired():
+            raise _ClientStalled from None
+        raise
