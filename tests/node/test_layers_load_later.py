@@ -57,3 +57,27 @@ async def test_layers_all_here_that_failed_to_load_are_not_tried_for_ever(tmp_pa
                              what="the node deciding not to retry")
             assert not [t for t in node._url_tasks if t.get_name() == "load-layers-later" and not t.done()]
             assert len(calls) == 1
+
+
+async def test_a_range_missing_only_its_head_is_a_fetch_to_retry(tmp_path):
+    """The last layers read the `head` part too (and `embd` with tied weights): a slice whose layers
+    arrived but whose head did not (the origin went in between) is a fetch to retry, not a failure
+    with everything here (review: only the layer parts were looked at)."""
+    from node.inference.pipeline import fixed
+    from node.models.catalog import ModelCatalog
+    from node.models.gguf_meta import read_header
+    from node.models.partial import async_fetch_parts, async_open_partial, parts_for
+    from tests.models.test_partial import SPEC as PART8
+
+    data = write_gguf(tmp_path / "part8.gguf", PART8).read_bytes()
+    with ThreadedOrigin(data) as origin:
+        store, manifest = await async_open_partial(origin.url, tmp_path / "m.partial")
+        wanted = parts_for(read_header(store.header_path), 6, 8)
+        assert "head" in wanted
+        await async_fetch_parts(store, manifest, [p for p in wanted if p != "head"])
+        [entry] = ModelCatalog(None).scan([(store.dir, "cli")])
+        assert set(range(6, 8)) <= set(entry.partial.held_layers)  # every layer is here ...
+        assert fixed._missing(entry, 6, 8)  # ... and still something to fetch
+        await async_fetch_parts(store, manifest, wanted)
+        [entry] = ModelCatalog(None).scan([(store.dir, "cli")])
+        assert not fixed._missing(entry, 6, 8)

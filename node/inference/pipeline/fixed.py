@@ -9,9 +9,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from node import const
+from node.errors import NodeError
 from node.inference.pipeline.host import SliceHost
 from node.logs import kv
 from node.models.catalog import ModelEntry
+from node.models.partial import parts_for
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +68,14 @@ async def async_load_later(host: SliceHost, entry: ModelEntry, start: int, end: 
 
 
 def _missing(entry: ModelEntry, start: int, end: int) -> bool:
-    """Whether layers [start, end) of a partial model are not all on disk (a fetch to retry)."""
-    return entry.partial is not None and not set(range(start, end)) <= set(entry.partial.held_layers)
+    """Whether a part that layers [start, end) of a partial model read is not on disk (a fetch to
+    retry): its layers, and `globals`, `embd` and `head` as the range needs them."""
+    if entry.partial is None:
+        return False
+    try:
+        return not entry.partial.covers(parts_for(entry.header, start, end))
+    except NodeError:  # a range outside the model: nothing a fetch could bring
+        return False
 
 
 def _not_again(entry: ModelEntry, start: int, end: int, error: str | None) -> None:
