@@ -426,6 +426,10 @@ class PeerManager:
         rec.last_seen = time.time() - (time.monotonic() - link.last_seen)
         rec.last_error = link.close_cause
         if not self.tasks.stopping:
+            # the roster's time is when a member was last linked: now, not when this link came up
+            # (a member linked for weeks then gone counts as away for `swarm remove`'s guard)
+            if link.node_id in self.membership.state.members and self.membership.note_member(link.node_id):
+                self.tasks.spawn(self.membership.async_save(), name="swarm-save")
             rec.state = "gone"
             rec.gone_since = time.monotonic()
             log.info("DIAG: peer gone %s", kv(peer_id=link.short_id, cause=link.close_cause,

@@ -87,3 +87,29 @@ async def test_a_removal_is_refused_while_only_the_roster_knows_the_members_away
     # a roster member not linked for ROSTER_AWAY_S is long gone: it no longer blocks the removal
     monkeypatch.setattr(const, "ROSTER_AWAY_S", 0.0)
     assert await a.swarm_ops.async_remove(c.node_id[:8]) == 0 and a.membership.swarm.epoch == 1
+
+
+async def test_a_member_linked_for_weeks_then_gone_counts_as_away(make_manager, fast_net, monkeypatch):
+    """The roster's time is when a member was last linked, not when its link came up: b, linked for
+    8 days (an always-on desktop), then gone, still blocks a removal that would cut a off (review)."""
+    import time
+
+    from node.errors import InvalidRequest
+
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    c = await make_manager("c", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b) and linked(a, c), what="a linked with b and c")
+    for member in (b, c):  # their links came up 8 days ago
+        a.membership.state.members[member.node_id] = time.time() - 8 * 86400
+    await b.async_stop()
+    await c.async_stop()
+    monkeypatch.setattr(const, "PEER_FORGET_S", 0.2)
+    await wait_until(lambda: a.table.get(b.node_id) is None and a.table.get(c.node_id) is None,
+                     what="the peer table forgot both")
+    try:
+        await a.swarm_ops.async_remove(c.node_id[:8])
+    except InvalidRequest as exc:
+        assert b.node_id[:8] in exc.message, exc.message
+    else:
+        raise AssertionError("b, gone minutes ago, was taken for gone for a week")
