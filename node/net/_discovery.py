@@ -64,15 +64,15 @@ class Discovery:
         """Load the cache, set up targets, start mDNS and the loops."""
         self.pex.start(listen_addrs)
         await self.cache.async_load()
+        ips = [parse_addr(a)[0] for a in listen_addrs if not is_loopback(parse_addr(a)[0])]
         if self._config.mdns:
-            ips = [parse_addr(a)[0] for a in listen_addrs if not is_loopback(parse_addr(a)[0])]
             if not ips:
                 log.info("DIAG: mdns not started %s", kv(reason="no non-loopback IPv4 address"))
             else:
                 await self._async_start_mdns(ips, listen_port)
             self._tasks.spawn(self._async_retag_daily(), name="mdns-retag")
-            if self._config.peer_host in ("", "0.0.0.0", "::"):  # listening everywhere: follow the host's addresses
-                self._tasks.spawn(self._async_follow_addresses(ips, listen_port), name="mdns-addresses")
+        if self._config.peer_host in ("", "0.0.0.0", "::"):  # listening everywhere: follow the host's addresses
+            self._tasks.spawn(self._async_follow_addresses(ips, listen_port), name="follow-addresses")
         self.dialer.start()
 
     async def _async_start_mdns(self, ips: list[str], listen_port: int) -> None:
@@ -85,9 +85,11 @@ class Discovery:
             log.warning("DIAG: mdns failed to start %s", kv(error=exc))
 
     async def _async_follow_addresses(self, ips: list[str], listen_port: int) -> None:
-        """A laptop changes networks (new DHCP lease, another Wi-Fi, offline at start): zeroconf is
-        bound to the addresses it saw at start and announces those, so when the host's addresses
-        change, mDNS starts again on the new ones (else the node is deaf and mute on the new LAN)."""
+        """A laptop changes networks (new DHCP lease, another Wi-Fi, offline at start): the listen
+        addresses peers are told (HELLO, PEX) follow the host's (`on_addresses`), and zeroconf, bound
+        to the addresses it saw at start and announcing those, starts again on the new ones (else the
+        node is deaf and mute on the new LAN); a start that failed (the interface not ready yet) is
+        tried again at the next check."""
         loop = asyncio.get_running_loop()
         current = sorted(ips)
         while True:
@@ -96,12 +98,15 @@ class Discovery:
                 now = sorted(await loop.run_in_executor(None, local_ipv4_addresses))
             except OSError:
                 continue
-            if now == current:
+            changed = now != current
+            if changed:
+                log.info("DIAG: host addresses changed %s", kv(old=",".join(current), new=",".join(now)))
+                current = now
+                self.on_addresses(now)
+            if not self._config.mdns or not (changed or (self._mdns is None and now)):
                 continue
-            log.info("DIAG: mdns restarting after an address change %s", kv(old=",".join(current), new=",".join(now)))
-            current = now
-            self.on_addresses(now)
             if self._mdns is not None:
+                log.info("DIAG: mdns restarting after an address change %s", kv(addresses=",".join(now)))
                 old, self._mdns = self._mdns, None
                 try:
                     await old.async_stop()

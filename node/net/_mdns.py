@@ -69,10 +69,15 @@ class MdnsDiscovery:
     async def async_start(self) -> None:
         """Register our service and start browsing."""
         self._azc = AsyncZeroconf(ip_version=IPVersion.V4Only)
-        name = f"swarmllm-{self.node_id[:16]}.{SERVICE_TYPE}"
-        self._info = self._service_info(name)
-        await (await self._azc.async_register_service(self._info, allow_name_change=True))
-        self._browser = AsyncServiceBrowser(self._azc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
+        try:
+            name = f"swarmllm-{self.node_id[:16]}.{SERVICE_TYPE}"
+            self._info = self._service_info(name)
+            await (await self._azc.async_register_service(self._info, allow_name_change=True))
+            self._browser = AsyncServiceBrowser(self._azc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
+        except BaseException:  # failed or cancelled: its sockets and thread go (a restart may follow)
+            azc, self._azc, self._info = self._azc, None, None
+            await asyncio.shield(azc.async_close())
+            raise
         log.info("DIAG: mdns started %s", kv(service=SERVICE_TYPE, addresses=",".join(self.addresses),
                                             port=self.peer_port))
 

@@ -74,3 +74,26 @@ def test_a_node_that_moves_to_another_lan_finds_the_peers_there(lab, tmp_path):
     # what B tells its peers (HELLO, PEX) follows too: its new address, not the one it had at start
     line = next(x for x in node_b.output().splitlines() if "DIAG: peer listen addresses changed" in x)
     assert "10.236.2.2:" in line and "10.236.1.2" not in line, line
+
+
+def test_a_node_without_mdns_follows_its_new_address_too(lab, tmp_path):
+    """Bootstrap or relay only (--no-mdns): what it tells its peers must follow a move as well (the
+    follow loop ran only with mDNS on; review)."""
+    spaces, nodes = lab
+    sw, b = spaces.add("sw"), spaces.add("b")
+    spaces.run(sw, "ip", "link", "add", "br1", "type", "bridge")
+    spaces.run(sw, "ip", "link", "set", "br1", "up")
+    spaces.veth(b, "eth0", sw, "pb")
+    spaces.run(sw, "ip", "link", "set", "pb", "master", "br1")
+    spaces.address(b, "eth0", "10.236.1.2/24")
+    nodes.append(NodeProcess(tmp_path / "b", API_PORT, ["--no-default-model", "--n-threads", "1", "--no-mdns"],
+                             netns=b))
+    node_b = nodes[0]
+    wait_until_sync(lambda: "DIAG: peer listener started" in node_b.output(), 60, 0.2, "b's listener")
+    spaces.run(b, "ip", "addr", "flush", "dev", "eth0")
+    spaces.address(b, "eth0", "10.236.3.2/24")
+    wait_until_sync(lambda: "DIAG: peer listen addresses changed" in node_b.output(), 30, 0.2,
+                    f"b to take its new address\n{node_b.output()[-2000:]}")
+    line = next(x for x in node_b.output().splitlines() if "DIAG: peer listen addresses changed" in x)
+    assert "10.236.3.2:" in line and "10.236.1.2" not in line, line
+    assert "mdns started" not in node_b.output()  # no mDNS was asked for
