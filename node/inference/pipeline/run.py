@@ -28,6 +28,7 @@ from node.errors import (
     ContextLengthExceeded,
     InsufficientCapacity,
     InvalidRequest,
+    Overloaded,
     SegmentFailed,
     Unsupported,
 )
@@ -99,6 +100,7 @@ class PipelineRun:
         self.job, self.entry, self.trace, self.is_eog = job, entry, trace, is_eog
         self.generated: list[int] = []
         self.excluded: set[str] = set()
+        self.overloaded: SegmentFailed | None = None  # the last refusal of a holder whose queue was full
         self.attempt_no = 1
         self.attempt: Attempt | None = None
         # n-gram speculation over all attempts (each attempt drafts afresh); None: never speculated
@@ -114,8 +116,15 @@ class PipelineRun:
         while True:
             att = self.attempt
             if att is None:
-                att = self.attempt = coordinator.open_attempt(self.job, self.entry, trace, self.attempt_no,
-                                                              frozenset(self.excluded))
+                try:
+                    att = self.attempt = coordinator.open_attempt(self.job, self.entry, trace, self.attempt_no,
+                                                                  frozenset(self.excluded))
+                except InsufficientCapacity as exc:
+                    # no route left because the holders were only busy (their queue full): the client
+                    # gets their 429 (Retry-After), not a 503 saying nobody holds the model
+                    if self.overloaded is not None and not self.generated:
+                        raise Overloaded(self.overloaded.message) from exc
+                    raise
             try:
                 async for batch in self._generate(att):
                     yield batch
@@ -306,6 +315,8 @@ class PipelineRun:
     def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
         trace = self.trace
         self.excluded.add(failure.node_id)
+        if failure.cause == Overloaded.code:
+            self.overloaded = failure
         chain = [h.node_id for h in att.plan.segments]
         standby = att.plan.standbys[chain.index(failure.node_id)] if failure.node_id in chain else None
         log.warning("DIAG: pipeline attempt failed %s", kv(
@@ -320,6 +331,8 @@ class PipelineRun:
             log.warning("DIAG: NO standby available for failed segment %s",
                         kv(request_id=trace.request_id, failed=failure.node_id[:8]))
         if self.attempt_no - self.resume_misses >= const.MAX_ASSEMBLIES:
+            if self.overloaded is not None and not self.generated:
+                raise Overloaded(self.overloaded.message)
             raise InsufficientCapacity(f"the pipeline failed {self.attempt_no} times; last: {failure.message}")
         self.attempt_no += 1
         self.attempt = None
