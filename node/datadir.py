@@ -106,6 +106,7 @@ class DataDirLock:
             self._released = True
             fd, self._fd = self._fd, None
         if fd is not None:
+            _unlock(fd)  # Windows frees a lock at close only "eventually": a quick restart must find it free
             os.close(fd)
 
 
@@ -122,11 +123,21 @@ if sys.platform == "win32":
             if exc.errno in (errno.EACCES, errno.EDEADLK):  # another process holds it
                 raise BlockingIOError(str(exc)) from exc
             raise  # no locks on this file system: run unguarded
+
+    def _unlock(fd: int) -> None:
+        try:
+            os.lseek(fd, _LOCK_AT, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        except OSError:
+            pass  # not held (a file system without locks): closing is all there is
 else:
     import fcntl
 
     def _lock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def _unlock(fd: int) -> None:
+        pass  # flock's lock goes with the descriptor's close
 
 
 def write_private(path: Path, text: str) -> None:
