@@ -47,7 +47,6 @@ def _serves_from_swarm(node: Node) -> bool:
 def node_stats(node: Node) -> dict[str, Any]:
     """Counters for /api/admin/stats and the GUI overview."""
     recent = list(node.traces.recent)
-    window = [t for t in recent if t.created_at >= time.time() - 60]
     rates = [t.tok_per_sec for t in recent[-10:] if t.tok_per_sec]
     return {
         "node_id": node.node_id,
@@ -57,7 +56,7 @@ def node_stats(node: Node) -> dict[str, Any]:
         "api_url": node.api_url,
         "requests": dict(node.traces.counts),
         "in_flight": {"traces": node.traces.in_flight, "pipelines": node.pipelines_in_flight()},
-        "requests_last_minute": len(window),
+        "requests_last_minute": node.traces.finished_since(time.time() - 60),
         "recent_tok_per_sec": round(sum(rates) / len(rates), 1) if rates else None,
         "models_loaded": sum(1 for m in node.models.all() if m.state == "loaded"),
         "peers": sum(1 for p in node.peers.peers() if p.state == "connected") if node.peers is not None else 0,

@@ -25,6 +25,7 @@ from node.observe import Observers
 
 log = logging.getLogger(__name__)
 UNKNOWN_MODEL = "<unknown model>"  # in the report, for a model name the node did not recognise
+REQUEST_RATE_WINDOW_S = 60.0  # finished requests counted for requests_last_minute
 
 ROUTES = ("local", "split", "distributed", "relayed")
 
@@ -300,6 +301,9 @@ class TraceHub:
         self._observers: Observers[[str, RequestTrace]] = Observers("trace")
         self.metrics = metrics
         self.counts: collections.Counter[str] = collections.Counter()
+        # created_at of the requests finished in about the last minute (the recent ring holds only
+        # TRACE_RING_SIZE traces: a count over it stopped at that many)
+        self._finished_created: collections.deque[float] = collections.deque()
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Call observer(event, trace) on every event; returns a function that unsubscribes it."""
@@ -327,6 +331,17 @@ class TraceHub:
         finally:
             unsubscribe()
         return not self._in_flight
+
+    def finished_since(self, since: float) -> int:
+        """How many finished requests were created at or after `since` (wall clock, within the last
+        REQUEST_RATE_WINDOW_S)."""
+        self._trim_finished()
+        return sum(1 for t in self._finished_created if t >= since)
+
+    def _trim_finished(self) -> None:
+        cutoff = time.time() - REQUEST_RATE_WINDOW_S
+        while self._finished_created and self._finished_created[0] < cutoff:
+            self._finished_created.popleft()
 
     def in_flight_for_model(self, model_id: str) -> int:
         return sum(1 for t in self._in_flight.values() if t.model == model_id)
@@ -366,6 +381,8 @@ class TraceHub:
         trace.error_message = error_message
         self.counts[outcome] += 1
         self.recent.append(trace)
+        self._finished_created.append(trace.created_at)
+        self._trim_finished()
         if outcome != "ok":
             self.failures.append(trace)
         line = trace.summary_line()
