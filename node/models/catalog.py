@@ -307,6 +307,10 @@ class ModelCatalog:
         by_name = [e for e in self.entries.values() if e.name == name or e.path.stem == name]
         if len(by_name) == 1:
             return by_name[0]
+        if len(by_name) > 1:  # two files of one name (here, or on peers): never one of them at random
+            ids = ", ".join(sorted(e.id for e in by_name))
+            raise ModelNotFound(f"The model name `{name}` names {len(by_name)} different models here ({ids}): "
+                                "ask for one by its id", param="model")
         lowered = name.lower()
         if len(lowered) >= 8 and re.fullmatch(r"[0-9a-f]+", lowered):
             by_hash = [e for e in self.entries.values() if e.sha256.startswith(lowered)]

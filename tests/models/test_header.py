@@ -166,3 +166,26 @@ def test_cache_prune_drops_the_unused_and_the_least_recently_used(models, tmp_pa
     assert cache.load(shas[3], **kw) is not None
     assert cache.header_path(shas[3]).stat().st_mtime > before
     assert HeaderCache(tmp_path / "absent").prune(max_files=1, max_age_s=1) == []
+
+
+def test_a_name_two_different_files_share_asks_for_an_id(tmp_path):
+    """Two different files of one name (say two peers' builds of a model): asking by the name is a
+    404 that says so and names the ids (it said "does not exist"); each id still resolves."""
+    import pytest
+
+    from node.errors import ModelNotFound
+    from node.inference.synth import SynthSpec, write_gguf
+    from node.models.catalog import ModelCatalog
+
+    for sub, layers in (("a", 2), ("b", 3)):
+        (tmp_path / sub).mkdir()
+        write_gguf(tmp_path / sub / "twin.gguf",
+                   SynthSpec(n_layers=layers, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=128,
+                             name="twin"))
+    catalog = ModelCatalog(None)
+    entries = catalog.scan([(tmp_path / "a" / "twin.gguf", "cli"), (tmp_path / "b" / "twin.gguf", "cli")])
+    assert len(entries) == 2 and entries[0].name == entries[1].name
+    with pytest.raises(ModelNotFound, match="names 2 different models here") as err:
+        catalog.resolve(entries[0].name)
+    assert all(e.id in err.value.message for e in entries)
+    assert {catalog.resolve(e.id).sha256 for e in entries} == {e.sha256 for e in entries}
