@@ -79,8 +79,7 @@ class PartialModels:
         tiny `globals` part). DownloadFailed when the origin cannot be read and nothing is here."""
         resolved = resolve_url(url)
         directory = self.models_dir / dir_name(display_url(resolved), file_name_for(resolved, None))
-        forget = self.weight_cache.forget if self.weight_cache is not None else None
-        store, manifest = await async_open_partial(url, directory, forget=forget)
+        store, manifest = await async_open_partial(url, directory, forget=self._forget)
         log.info("DIAG: partial model opened %s", kv(url=manifest.origin_url, dir=directory.name,
                                                      held=manifest.describe()))
         resolved_dir = await asyncio.get_running_loop().run_in_executor(None, store.dir.resolve)
@@ -162,12 +161,17 @@ class PartialModels:
             await self._async_from_peers(entry, store, parts, start, end, url, label, on_progress)
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
+            # a restart (the same id, other bytes) forgets the conversions itself, before it records the
+            # new version
             stats = await async_fetch_parts(store, manifest, parts, progress=on_progress, url=url,
-                                            forget=self.weight_cache.forget if self.weight_cache is not None else None)
-            if stats.restarts:  # the same id, other bytes
-                await self._async_forget_conversions(entry)
+                                            forget=self._forget)
         if stats.wire_bytes:
             self.note(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
+
+    @property
+    def _forget(self) -> Callable[[str], object] | None:
+        """What forgets a model's weight-cache conversions (blocking), for a fetch to call."""
+        return self.weight_cache.forget if self.weight_cache is not None else None
 
     async def _async_forget_conversions(self, entry: ModelEntry) -> None:
         """The weight cache's conversions of this model go (its bytes on disk changed)."""

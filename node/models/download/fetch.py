@@ -129,6 +129,12 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             raise aiohttp.ClientPayloadError(f"connection ended at {job.done_bytes} of {job.total_bytes} bytes")
 
 
+def retry_delay(attempt: int) -> float:
+    """Seconds before retry number `attempt` (1, 2, ...) of a download or a fetch: doubling from
+    DOWNLOAD_RETRY_BASE_S, at most 30 s."""
+    return min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (attempt - 1))
+
+
 def resume_validator(headers: Any) -> str | None:
     """What If-Range can use: a strong ETag, else Last-Modified (a weak ETag never matches If-Range)."""
     etag = headers.get("ETag")

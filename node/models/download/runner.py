@@ -30,7 +30,7 @@ from node.errors import Conflict, DownloadFailed, InvalidRequest, NodeError, Not
 from node.logs import kv
 from node.observe import Observers
 
-from .fetch import Retryable, async_fetch
+from .fetch import Retryable, async_fetch, retry_delay
 from .job import DownloadJob
 from .partfile import discard_part, sidecar, size_and_sha256, size_or_zero, unlink
 from .urls import describe_error, display_url, file_name_for, resolve_url
@@ -166,7 +166,7 @@ class ModelDownloader:
                             kept = " (the partial file is kept: downloading it again resumes)" \
                                 if await loop.run_in_executor(io, size_or_zero, part) else ""
                             raise DownloadFailed(f"failed {job.attempts} times; last: {error}{kept}") from exc
-                        delay = min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (job.attempts - 1))
+                        delay = retry_delay(job.attempts)
                         log.info("DIAG: model download interrupted, resuming %s", kv(
                             download=job.id, done_bytes=job.done_bytes, attempt=job.attempts,
                             retry_in_s=delay, error=error))

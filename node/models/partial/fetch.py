@@ -44,7 +44,7 @@ import aiohttp
 from node import const
 from node.errors import DownloadFailed, ModelLoadError
 from node.logs import kv
-from node.models.download.fetch import content_range, resume_validator
+from node.models.download.fetch import content_range, resume_validator, retry_delay
 from node.models.download.urls import describe_error, display_url, resolve_url
 from node.models.gguf_meta import GgufHeader, read_header_bytes
 from node.models.header import SHA256_HEX
@@ -153,7 +153,7 @@ async def _async_probe_resuming(url: str, session: aiohttp.ClientSession,
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
             if attempt >= const.DOWNLOAD_RETRIES:
                 raise
-            delay = min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (attempt - 1))
+            delay = retry_delay(attempt)
             log.info("DIAG: model header probe interrupted, asking again %s", kv(
                 url=display_url(resolve_url(url)), attempt=attempt, retry_in_s=delay, error=describe_error(exc)))
             await asyncio.sleep(delay)
@@ -210,7 +210,7 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
         manifest = fresh
     if any(t.part == "globals" for t in manifest.tensors.values()) and "globals" not in manifest.complete:
         # rope factors and the like: tiny, and read by the model's configuration (budgets, shapes)
-        await async_fetch_parts(store, manifest, ["globals"], url=url)
+        await async_fetch_parts(store, manifest, ["globals"], url=url, forget=forget)
     return store, manifest
 
 
@@ -362,7 +362,7 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
                                              f"the file ({exc}); the file itself is unchanged") from exc
                     log.warning("DIAG: model origin answered a range with something other than the file, "
                                 "trying again %s", kv(url=manifest.origin_url, reason=str(exc)))
-                    await asyncio.sleep(min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (spurious - 1)))
+                    await asyncio.sleep(retry_delay(spurious))
                     continue
                 stats.restarts += 1
                 if stats.restarts > 2:
@@ -428,7 +428,7 @@ async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: l
                 if failures >= const.DOWNLOAD_RETRIES:
                     raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed {failures} times; "
                                          f"last: {describe_error(exc)} (what arrived is kept)") from exc
-                delay = min(30.0, const.DOWNLOAD_RETRY_BASE_S * 2 ** (failures - 1))
+                delay = retry_delay(failures)
                 log.info("DIAG: layer fetch interrupted, resuming %s", kv(
                     url=manifest.origin_url, attempt=failures, retry_in_s=delay, error=describe_error(exc)))
                 await loop.run_in_executor(io, w.checkpoint)
