@@ -7,26 +7,23 @@ node events (model observers, start/stop outcome), never by polling: every chang
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
-from PySide6.QtCore import QLockFile, QObject, Signal
+from PySide6.QtCore import QObject, Signal
 
 from app.serving import Serving, serving_of
 from app.tasks import spawn
 from node.config import NodeConfig
-from node.datadir import MODELS_DIR
+from node.datadir import MODELS_DIR, DataDirInUse
 from node.errors import NodeError
 from node.node import Node
 from node.resources import DEFAULT_MODEL_FILE, default_model_path
 
 log = logging.getLogger(__name__)
-
-LOCK_FILE = "app.lock"  # held by the app running on a data dir (Qt removes a dead process's lock)
 
 
 class AppState(StrEnum):
@@ -67,23 +64,19 @@ class NodeHost(QObject):
         self._unsubscribe = self.node.models.subscribe(self._on_model_event)
         self._unsubscribe_peers: Callable[[], None] = lambda: None
         self._unsubscribe_contributions = self.node.contributions.events.subscribe(self._recompute)
-        self._lock: QLockFile | None = None
 
     # --- lifecycle ---
 
     async def async_start(self) -> bool:
         """Start the node on the running loop; False (and state ERROR) if it cannot."""
         self._set_state(AppState.STARTING)
-        if not await self._async_lock_data_dir():
-            # Another copy runs on this data dir: a second node would share its identity (the same
-            # node id twice in the swarm) and its files; starting none leaves the first undisturbed.
-            self.start_error = ("SwarmLLM is already running with this data folder; use that copy (its "
-                                "tray icon or window), or quit it first")
-            log.error("cannot start the node: %s (%s)", self.start_error, self.node.data_dir)
-            self._set_state(AppState.ERROR)
-            return False
         try:
             await self.node.start()
+        except DataDirInUse:
+            # another copy (or a `swarmllm run`) runs on this data dir: the node refused before it
+            # started anything, so the first one is undisturbed
+            self.start_error = ("SwarmLLM is already running with this data folder; use that copy (its "
+                                "tray icon or window), or quit it first")
         except OSError as exc:
             self.start_error = _start_error_text(exc, self.node.config.port)
         except NodeError as exc:
@@ -112,20 +105,6 @@ class NodeHost(QObject):
         self._unsubscribe_contributions()
         await self.node.stop()
         self.is_started = False
-        if self._lock is not None:
-            self._lock.unlock()
-            self._lock = None
-
-    async def _async_lock_data_dir(self) -> bool:
-        """Take the data dir's app lock; False when another copy of the app holds it."""
-        data_dir = self.node.data_dir
-        await asyncio.get_running_loop().run_in_executor(None, lambda: data_dir.mkdir(parents=True, exist_ok=True))
-        lock = QLockFile(str(data_dir / LOCK_FILE))
-        lock.setStaleLockTime(0)  # never stale by age: only when its process is gone
-        if not lock.tryLock(0):
-            return lock.error() != QLockFile.LockError.LockFailedError  # unwritable dir: no lock, no refusal
-        self._lock = lock
-        return True
 
     # --- user actions ---
 
