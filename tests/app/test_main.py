@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import signal
-import time
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from node import const
 from node.net import PeerManager, load_or_create_identity
 from node.net._membership import SWARM_FILE, MembershipState
@@ -62,27 +64,35 @@ async def test_the_roster_survives_a_restart_and_a_join_elsewhere_clears_it(make
         await again.async_stop()
 
 
+async def _both_away_and_forgotten(make_manager, monkeypatch, linked_since: float | None = None):
+    """a linked with b and c (in a's roster since `linked_since`, if given), then b and c gone and
+    a's peer table past forgetting them: only the roster knows them."""
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    c = await make_manager("c", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b) and linked(a, c), what="a linked with b and c")
+    if linked_since is not None:
+        for member in (b, c):
+            a.membership.state.members[member.node_id] = linked_since
+    await b.async_stop()
+    await c.async_stop()
+    monkeypatch.setattr(const, "PEER_FORGET_S", 0.2)
+    await wait_until(lambda: a.table.get(b.node_id) is None and a.table.get(c.node_id) is None,
+                     what="the peer table forgot both")
+    return a, b, c
+
+
 async def test_a_removal_is_refused_while_only_the_roster_knows_the_members_away(make_manager, fast_net, monkeypatch):
     """The self-cut-off guard counts the roster's recent members too: with b and c away long enough
     for the peer table to forget them, removing c would hand the new secret to no one and leave a
     (not c) outside the swarm when b comes back."""
     from node.errors import InvalidRequest
 
-    a = await make_manager("a")
-    b = await make_manager("b", bootstrap=[addr(a)])
-    c = await make_manager("c", bootstrap=[addr(a)])
-    await wait_until(lambda: linked(a, b) and linked(a, c), what="a linked with b and c")
-    await b.async_stop()
-    await c.async_stop()
-    monkeypatch.setattr(const, "PEER_FORGET_S", 0.2)
-    await wait_until(lambda: a.table.get(b.node_id) is None and a.table.get(c.node_id) is None,
-                     what="the peer table forgot both")
-    try:
+    a, b, c = await _both_away_and_forgotten(make_manager, monkeypatch)
+    with pytest.raises(InvalidRequest) as refused:  # no member to hand the new secret to
         await a.swarm_ops.async_remove(c.node_id[:8])
-    except InvalidRequest as exc:
-        assert "no other member is connected" in exc.message and b.node_id[:8] in exc.message, exc.message
-    else:
-        raise AssertionError("the removal went through with no member to hand the new secret to")
+    message = refused.value.message
+    assert "no other member is connected" in message and b.node_id[:8] in message, message
     assert a.membership.swarm.epoch == 0
     # a roster member not linked for ROSTER_AWAY_S is long gone: it no longer blocks the removal
     monkeypatch.setattr(const, "ROSTER_AWAY_S", 0.0)
@@ -96,20 +106,7 @@ async def test_a_member_linked_for_weeks_then_gone_counts_as_away(make_manager, 
 
     from node.errors import InvalidRequest
 
-    a = await make_manager("a")
-    b = await make_manager("b", bootstrap=[addr(a)])
-    c = await make_manager("c", bootstrap=[addr(a)])
-    await wait_until(lambda: linked(a, b) and linked(a, c), what="a linked with b and c")
-    for member in (b, c):  # their links came up 8 days ago
-        a.membership.state.members[member.node_id] = time.time() - 8 * 86400
-    await b.async_stop()
-    await c.async_stop()
-    monkeypatch.setattr(const, "PEER_FORGET_S", 0.2)
-    await wait_until(lambda: a.table.get(b.node_id) is None and a.table.get(c.node_id) is None,
-                     what="the peer table forgot both")
-    try:
+    a, b, c = await _both_away_and_forgotten(make_manager, monkeypatch, linked_since=time.time() - 8 * 86400)
+    with pytest.raises(InvalidRequest) as refused:  # b, gone minutes ago, is not gone for a week
         await a.swarm_ops.async_remove(c.node_id[:8])
-    except InvalidRequest as exc:
-        assert b.node_id[:8] in exc.message, exc.message
-    else:
-        raise AssertionError("b, gone minutes ago, was taken for gone for a week")
+    assert b.node_id[:8] in refused.value.message, refused.value.message

@@ -374,10 +374,17 @@ async def test_force_unload_stops_a_running_generation(node, client, model_id, m
     assert got == 200 and json.loads(text)["model"]["state"] == "unloaded"
     # the stream ends with an error event, not a finish_reason: the text so far is no finished reply
     # (it ended with finish_reason "length" until 2026-12-06, and an app took the cut text for the answer)
-    with pytest.raises(openai.APIError, match="was unloaded: the reply was cut short"):
+    chunks = []
+
+    async def read_rest():
         async for chunk in stream:
-            assert not (chunk.choices and chunk.choices[0].finish_reason), chunk
-            streamed += "".join(c.delta.content or "" for c in chunk.choices)
+            chunks.append(chunk)
+
+    with pytest.raises(openai.APIError, match="was unloaded: the reply was cut short"):
+        await read_rest()
+    for chunk in chunks:
+        assert not (chunk.choices and chunk.choices[0].finish_reason), chunk
+        streamed += "".join(c.delta.content or "" for c in chunk.choices)
     trace = node.traces.recent[-1]
     assert trace.outcome == "error" and text_chunks <= trace.completion_tokens < 200
     # what reached the client is the greedy text's start (and the model loads again on demand)

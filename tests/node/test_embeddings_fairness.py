@@ -99,7 +99,7 @@ async def test_an_embeddings_request_is_served_while_chat_requests_keep_coming(n
                                         timeout=aiohttp.ClientTimeout(total=45)) as r:
                     assert r.status == 200, await r.text()
                     await r.read()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             waited = time.monotonic() - started
             assert not any(t.done() for t in chatters), "the chat stopped by itself: nothing was tested"
