@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,7 @@ class Server:
     base: str
     headers: dict
     model: str
+    data: Path | None = None  # our node's data dir, removed at stop
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -90,6 +92,8 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+        if self.data:
+            shutil.rmtree(self.data, ignore_errors=True)
 
 
 async def wait_ready(base: str, path: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
@@ -126,7 +130,7 @@ async def start_ours(path: Path, threads: int, n_ctx: int, log_dir: Path, flash_
     headers = {"Authorization": f"Bearer {key}"}
     async with aiohttp.ClientSession() as s, s.get(base + "/v1/models", headers=headers) as r:
         model = (await r.json())["data"][0]["id"]
-    return Server("ours", proc, base, headers, model)
+    return Server("ours", proc, base, headers, model, data)
 
 
 async def start_llama_server(binary: Path, path: Path, threads: int, n_ctx: int, log_dir: Path,

@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -140,10 +141,18 @@ class Arm:
             return m.group(1) if m else None
 
     def stop(self) -> None:
+        """Stops the nodes and removes their data dirs (a slice's weight cache is the size of its
+        weights: a bench run left gigabytes in /tmp)."""
         for p in self.procs:
             p.terminate()
         for p in self.procs:
-            p.wait(30)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 async def run_arm(model: Path, n_layers: int, segments: int, args, bits: int) -> dict:
