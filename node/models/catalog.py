@@ -230,6 +230,10 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path.name}")
     header = read_header(path)
+    size, needed = path.stat().st_size, header.data_end()
+    if size < needed:  # llama.cpp would say only that it "could not read the vocabulary"
+        raise ModelLoadError(f"{path.name} is truncated: {size / 1e6:.1f} of the {needed / 1e6:.1f} MB its header "
+                             "describes (an interrupted download or copy? fetch it again)")
     sha = cache.get_or_compute(path)
     header_sha, header_bytes, origin = cache.header_of(path)
     name = readable_name(path, header)

@@ -72,6 +72,18 @@ class GgufHeader:
     kv_end: int = 0  # file offset where the metadata ends (the tensor infos start)
     data_offset: int = 0  # file offset of the tensor data: the header is the bytes before it
 
+    def data_end(self) -> int:
+        """The file size the tensors need: the end of the furthest tensor's data (a tensor of a
+        type this gguf package does not know counts as ending where it starts); 0 with no tensors
+        (a vocabulary-only file ends before the data's alignment padding)."""
+        end = 0
+        for t in self.tensors:
+            try:
+                end = max(end, self.data_offset + t.offset + t.n_bytes)
+            except (KeyError, ValueError):
+                end = max(end, self.data_offset + t.offset)
+        return end
+
     @property
     def alignment(self) -> int:
         """general.alignment (GGUF's default 32), the padding unit before the tensor data."""

@@ -56,6 +56,20 @@ def test_catalog_entry_carries_the_header_hash_once_computed(models, tmp_path):
     assert again.header_sha256 == entry.header_sha256
 
 
+@pytest.mark.parametrize("name", [s.name for s in SPECS])
+def test_a_truncated_file_is_skipped_saying_so_and_a_whole_one_is_not(models, name, tmp_path, caplog):
+    whole = models[name]
+    assert read_header(whole).data_end() == whole.stat().st_size  # the last tensor ends the file
+    cut = tmp_path / whole.name
+    cut.write_bytes(whole.read_bytes()[:-100])  # an interrupted copy
+    catalog = ModelCatalog(tmp_path)
+    with caplog.at_level("WARNING"):
+        assert catalog.scan([(cut, "cli")]) == []
+    assert f"{cut.name} is truncated" in caplog.text and "fetch it again" in caplog.text
+    assert not (tmp_path / "model_hashes.json").exists()  # not hashed either
+    assert len(catalog.scan([(whole, "cli")])) == 1
+
+
 def _check(data: bytes, **over):
     args = {"header_sha256": hashlib.sha256(data).hexdigest(), "n_layers": 3, "architecture": "llama",
             "max_bytes": CAP, **over}
