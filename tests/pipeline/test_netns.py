@@ -42,9 +42,13 @@ class NsNode(NodeProcess):
 def lab(request):
     spaces = Namespaces(request.node.name[-5:].replace("_", ""))
     nodes: list[NsNode] = []
+    failed_before = request.session.testsfailed
     yield spaces, nodes
     for n in nodes:
         n.terminate(timeout_s=20)
+    if request.session.testsfailed > failed_before:  # every node's story (shown with the failure)
+        for n in nodes:
+            print(f"--- {n.netns} node.log (last 150 lines) ---\n" + "\n".join(n.node_log().splitlines()[-150:]))
     spaces.close()
 
 
