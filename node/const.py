@@ -124,6 +124,10 @@ ACK_DONE_MAX_BYTES = 64 * 1024  # an ACK is `done` (the next hop's ACK clock sta
 STEP_COMPUTE_MIN_S = 10.0  # a segment's compute allowance per step, before the estimate scales it
 STEP_COMPUTE_FACTOR = 20.0  # allowance = max(min, factor * estimated compute)
 MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)
+# A request with no route because a holder's link dropped (this request's, or one heard from this
+# long ago) waits this long for it to link again (a restarting peer, a Wi-Fi blip) before failing
+ROUTE_REGAIN_S = 15.0
+ROUTE_REGAIN_POLL_S = 0.2
 SESSION_TOMBSTONE_S = 120.0  # an ended (or cancelled) session id is refused this long (late WORK must not recreate it)
 GENERATE_KEEPALIVE_S = 0.5  # a remote-generate holder with no TOKENS to send for this long sends an
 # empty one (queued, loading, prefill): so silence means a stalled or lost holder, not a long prompt

@@ -135,7 +135,7 @@ class CompletionRun:
                                        "tools" if self._tool_format is not None else "response_format")
         self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, params, max_tokens)
         if not served.whole:
-            self._prepare_distributed(served)
+            await self._prepare_distributed(served)
             return
 
         self.models.admit(served)
@@ -212,7 +212,7 @@ class CompletionRun:
                   len(request.tools), request.parallel_tool_calls, spec["type"] if spec else None)
         return params if spec is None else dataclasses.replace(params, grammar=spec)
 
-    def _prepare_distributed(self, served: ServedModel) -> None:
+    async def _prepare_distributed(self, served: ServedModel) -> None:
         """Plan a chain of segments across this node and its peers (sched_ms); 503 if none covers it."""
         if self.pipeline is None:
             raise ModelUnavailable(f"model {served.id} is held only in slices and the peer network is off")
@@ -220,7 +220,7 @@ class CompletionRun:
         # seed-000 marker (router dispatch), kept word for word
         log.debug("DIAG: dispatch_single starting inference request_id=%s model=%s route=distributed",
                   self.trace.request_id, served.id)
-        self.pipeline_run = self.pipeline.begin(self.job, served.entry, self.trace, served.tokenizer.is_eog)
+        self.pipeline_run = await self.pipeline.begin(self.job, served.entry, self.trace, served.tokenizer.is_eog)
 
     # --- phase 2: tokens ---
 

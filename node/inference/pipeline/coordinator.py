@@ -7,7 +7,9 @@ when the link to a segment in the chain drops, or when an ACK (or the RESULT) mi
 which is derived from each peer's RFC 6298 RTO plus a compute allowance. On failure the coordinator
 re-plans without the failed node (its standby chain or another cut of the ranges), re-prefills
 the prompt plus every token already generated on the new route, and carries on: the client's
-stream neither repeats nor skips a token. With no route left the request fails with InsufficientCapacity (503).
+stream neither repeats nor skips a token. With no route left the request waits up to ROUTE_REGAIN_S
+for a holder whose link just dropped to link again (run.py `PipelineRun.open`), then fails with
+InsufficientCapacity (503).
 
 This module is the node-facing object and the frame router: it opens and ends attempts (a KV
 session per segment), sends their steps and hands ACKs, RESULTs and link drops to the step they
@@ -172,12 +174,17 @@ class PipelineCoordinator:
 
     # --- attempts -----------------------------------------------------------------------------
 
-    def begin(self, job: GenerationJob, entry: ModelEntry, trace: RequestTrace,
-              is_eog: Callable[[int], bool]) -> PipelineRun:
-        """Plan the first route now (InsufficientCapacity before any response byte), run later."""
+    async def begin(self, job: GenerationJob, entry: ModelEntry, trace: RequestTrace,
+                    is_eog: Callable[[int], bool]) -> PipelineRun:
+        """Plan the first route now (InsufficientCapacity before any response byte; waiting up to
+        ROUTE_REGAIN_S for a holder whose link dropped a moment ago), run later."""
         run = PipelineRun(self, self.deadlines, self.performance, job, entry, trace, is_eog)
-        run.attempt = self.open_attempt(job, entry, trace, 1, frozenset())
+        run.attempt = await run.open()
         return run
+
+    def regain(self, sha256: str, lost: dict[str, int | None]) -> tuple[set[str], list[str]]:
+        """(nodes of `lost` linked again, short ids of peers worth waiting for): LayerHolders.regain."""
+        return self.holders.regain(sha256, lost)
 
     def open_attempt(self, job: GenerationJob, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
                      excluded: frozenset[str]) -> Attempt:
@@ -189,6 +196,7 @@ class PipelineCoordinator:
         sid = f"{job.request_id}/{attempt_no}"
         att = Attempt(sid, entry.sha256, plan, tuple(Hop(h.node_id, h.start, h.end) for h in plan.segments), kinds,
                       asyncio.get_running_loop().create_future())
+        att.links = self.holders.connection_ids(att.nodes() - {self.node_id})
         if reuses and not (len(plan.segments) == 1 and plan.segments[0].whole):  # prefix reuse
             kept, n, copy = self.prefix.take(entry.sha256, att.route, list(job.prompt_tokens), job.request_id)
             if kept is not None:

@@ -67,6 +67,7 @@ class Attempt:
     resume: str | None = None  # prefix reuse: the kept session this one starts as (first WORK)
     cached: int = 0  # ... holding this many of the prompt's tokens (prefill starts here)
     resume_copy: bool = False  # ... as a copy: the kept session stays kept (a shared system prompt)
+    links: dict[str, int | None] = field(default_factory=dict)  # node -> connection id of its link when planned
 
     def nodes(self) -> set[str]:
         """The nodes of the chain."""

@@ -105,6 +105,39 @@ class LayerHolders:
                     out.append(holder)
         return out
 
+    def connection_ids(self, nodes: set[str]) -> dict[str, int | None]:
+        """The connection id of each peer's live link now (None: no link, or this node)."""
+        if self.peers is None:
+            return {}
+        out = {}
+        for node in nodes:
+            snap = self.peers.peer(node)
+            out[node] = snap.connection_id if snap is not None else None
+        return out
+
+    def regain(self, sha256: str, lost: Mapping[str, int | None]) -> tuple[set[str], list[str]]:
+        """For a request with no route: (the nodes of `lost` linked again since — a connection
+        other than the one the request lost —, the short ids of peers worth waiting for: those of
+        `lost` not linked again, and those that advertised this model and were heard from within
+        ROUTE_REGAIN_S but are not linked now: a link that dropped a moment ago is being dialled)."""
+        relinked: set[str] = set()
+        awaited: list[str] = []
+        if self.peers is None:
+            return relinked, awaited
+        now = time.time()
+        for snap in self.peers.peers():
+            if snap.state == "refused":
+                continue
+            if snap.state == "connected":
+                if snap.node_id in lost and snap.connection_id != lost[snap.node_id]:
+                    relinked.add(snap.node_id)
+                continue
+            recent = snap.last_seen is not None and now - snap.last_seen < const.ROUTE_REGAIN_S and \
+                any(isinstance(m, Mapping) and m.get("sha256") == sha256 for m in snap.models)
+            if snap.node_id in lost or recent:
+                awaited.append(snap.short_id)
+        return relinked, awaited
+
     def swarm_models(self) -> dict[str, dict[str, Any]]:
         """Models (by sha256) whose layers are fully covered by this node and its peers."""
         found: dict[str, dict[str, Any]] = {}

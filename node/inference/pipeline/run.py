@@ -9,7 +9,9 @@ rewinds the rows of rejected draft tokens on every segment. A step that fails (S
 error RESULT, a dropped link, a missed deadline) ends the attempt's sessions, excludes the failed
 node and re-plans: the new chain covers the gap with whatever holders or sub-ranges are cheapest
 now (the plan's standby chain for the failed segment, or another cut of the survivors' ranges). It re-prefills and its last segment samples the next token, so the client
-sees no repeat and no gap. After MAX_ASSEMBLIES attempts the request fails with InsufficientCapacity.
+sees no repeat and no gap. With no chain left while a holder's link dropped a moment ago, `open` waits
+up to ROUTE_REGAIN_S for it to link again. After MAX_ASSEMBLIES attempts the request fails with
+InsufficientCapacity.
 
 An attempt whose chain is one node holding the model whole (`Holder.whole`) runs as a remote
 generate instead of WORK steps: GENERATE with prompt + generated, then the holder's TOKENS
@@ -18,6 +20,7 @@ batches (remote_stream.py), which fail over the same way.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -67,6 +70,8 @@ class AttemptChannel(Protocol):
 
     def resume_missed(self, att: Attempt, source_gone: bool = True) -> None: ...
 
+    def regain(self, sha256: str, lost: dict[str, int | None]) -> tuple[set[str], list[str]]: ...
+
 log = logging.getLogger(__name__)
 
 # a segment's error that is the request's fault, not the segment's: the client gets it (a 400),
@@ -109,22 +114,16 @@ class PipelineRun:
         # whole holder's remote generate (its own cache, which it does not report)
         self.cached_tokens: int | None = None
         self.resume_misses = 0  # attempts that found a kept session gone (at most one: only attempt 1 resumes)
+        # nodes whose link failed this request -> the connection id it had (taken back once linked anew)
+        self.lost: dict[str, int | None] = {}
 
     async def tokens(self) -> AsyncIterator[list[int]]:
         """Sampled tokens, one per list, until EOG, max tokens or cancel."""
-        coordinator, trace = self.coordinator, self.trace
+        coordinator = self.coordinator
         while True:
             att = self.attempt
             if att is None:
-                try:
-                    att = self.attempt = coordinator.open_attempt(self.job, self.entry, trace, self.attempt_no,
-                                                                  frozenset(self.excluded))
-                except InsufficientCapacity as exc:
-                    # no route left because the holders were only busy (their queue full): the client
-                    # gets their 429 (Retry-After), not a 503 saying nobody holds the model
-                    if self.overloaded is not None and not self.generated:
-                        raise Overloaded(self.overloaded.message) from exc
-                    raise
+                att = self.attempt = await self.open()
             try:
                 async for batch in self._generate(att):
                     yield batch
@@ -153,6 +152,45 @@ class PipelineRun:
                 coordinator.end(att, "cancel")
                 self._log_speculation()
                 raise
+
+    async def open(self) -> Attempt:
+        """The next attempt on the cheapest chain without the excluded nodes. With none, while a
+        holder's link dropped a moment ago (this request's, or a peer heard from within
+        ROUTE_REGAIN_S that advertised the model), waits up to ROUTE_REGAIN_S for it to link again
+        — a node this request lost is taken back on a new link — then InsufficientCapacity."""
+        coordinator, trace = self.coordinator, self.trace
+        waited_from = deadline = None
+        waited_for: list[str] = []
+        while True:
+            relinked, awaited = coordinator.regain(self.entry.sha256, self.lost)
+            for node in relinked:  # linked anew: its sessions are gone, its layers usable again
+                self.excluded.discard(node)
+                del self.lost[node]
+            try:
+                att = coordinator.open_attempt(self.job, self.entry, trace, self.attempt_no, frozenset(self.excluded))
+            except InsufficientCapacity as exc:
+                # no route left because the holders were only busy (their queue full): the client
+                # gets their 429 (Retry-After), not a 503 saying nobody holds the model
+                if self.overloaded is not None and not self.generated:
+                    raise Overloaded(self.overloaded.message) from exc
+                now = time.monotonic()
+                if deadline is None and awaited:
+                    waited_from, deadline, waited_for = now, now + const.ROUTE_REGAIN_S, awaited
+                    log.info("DIAG: pipeline waiting for a lost peer to link again %s", kv(
+                        request_id=trace.request_id, peers=",".join(awaited), deadline_s=const.ROUTE_REGAIN_S,
+                        error=exc.message))
+                if deadline is None:
+                    raise
+                if now >= deadline:
+                    raise InsufficientCapacity(f"{exc.message}; waited {const.ROUTE_REGAIN_S:.0f} s for "
+                                               f"{', '.join(waited_for)} to link again") from exc
+                await asyncio.sleep(const.ROUTE_REGAIN_POLL_S)
+                continue
+            if waited_from is not None:
+                log.info("DIAG: pipeline route regained %s", kv(
+                    request_id=trace.request_id, waited_ms=round((time.monotonic() - waited_from) * 1000),
+                    segments=att.plan.describe()))
+            return att
 
     async def _generate(self, att: Attempt) -> AsyncIterator[list[int]]:
         """Prefill prompt + generated on this attempt's chain, then decode; yields new tokens."""
@@ -315,6 +353,8 @@ class PipelineRun:
     def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
         trace = self.trace
         self.excluded.add(failure.node_id)
+        if failure.cause in ("link_drop", "unreachable"):  # taken back if it links again (open)
+            self.lost[failure.node_id] = att.links.get(failure.node_id)
         if failure.cause == Overloaded.code:
             self.overloaded = failure
         chain = [h.node_id for h in att.plan.segments]
