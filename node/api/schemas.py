@@ -15,7 +15,10 @@ from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
 from node.inference.request import CompletionRequest, ResponseFormat, ToolCall
 from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-MAX_STOP_SEQUENCES = 4
+# OpenAI's API takes 4, but apps pointed at a local server send more: Continue sends its whole list
+# (a dozen or more for autocomplete) to any host but api.openai.com, groq, Azure and Jan, and
+# llama-server and vLLM take any number. Matching is the coordinator's (textstream), cheap per token.
+MAX_STOP_SEQUENCES = 64
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 # Accepted and meaningless for a local model (no effect on output): documented, not refused.

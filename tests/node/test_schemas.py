@@ -22,7 +22,7 @@ def test_valid_chat_defaults():
     ({"top_p": True}, "top_p"),
     ({"stream": "yes"}, "stream"),
     ({"stop": 5}, "stop"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"stop": ["s"] * 65}, "stop"),
     ({"messages": []}, "messages"),
     ({"messages": "hi"}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
