@@ -3,9 +3,15 @@ llama-server answers must not be a 400 here either.
 
 - Continue sends its whole stop list to any host but api.openai.com, groq, Azure and Jan
   (core/llm/llms/OpenAI.ts `_convertArgs`): autocomplete's list holds a dozen or more sequences.
+- Agent apps (MCP servers, pydantic-generated tools) send tool schemas with keywords and formats
+  constrained decoding cannot hold (`format: "path"` for a pathlib.Path, `uniqueItems` for a set,
+  `propertyNames`, `not`): llama-server ignores what its grammar cannot express; a 400 here failed
+  every request that merely listed such a tool.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -45,4 +51,38 @@ async def test_a_continue_sized_stop_list_is_served_and_each_sequence_stops(clie
     completion = await client.completions.create(model=model_id, prompt="def join(", max_tokens=8, temperature=0,
                                                  stop=CONTINUE_STOPS)
     assert completion.choices[0].finish_reason in ("stop", "length")
+
+
+def _tool(name: str, properties: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "description": f"{name} a path",
+                                             "parameters": {"type": "object", "properties": properties}}}
+
+
+# schemas as MCP servers and pydantic write them; constrained decoding holds none of these keywords
+UNHELD = [
+    _tool("read_file", {"path": {"type": "string", "format": "path", "maxLength": 20}}),  # pydantic Path
+    _tool("tag_files", {"tags": {"type": "array", "uniqueItems": True, "maxItems": 2,      # pydantic set[str]
+                                 "items": {"type": "string", "maxLength": 8}}}),
+    _tool("set_env", {"env": {"type": "object", "maxProperties": 1, "propertyNames": {"pattern": "^[A-Z]+$"},
+                              "additionalProperties": {"type": "string", "maxLength": 8}}}),
+    _tool("rename", {"name": {"type": "string", "maxLength": 12, "not": {"const": ""}}}),
+]
+
+
+@pytest.mark.parametrize("tool", UNHELD, ids=[t["function"]["name"] for t in UNHELD])
+async def test_tool_schemas_with_keywords_the_grammar_cannot_hold_are_served(client, model_id, tool):
+    name = tool["function"]["name"]
+    other = _tool("lookup_docs", {"name": {"type": "string", "maxLength": 20}})
+    # listed beside another tool, not called: a chat turn of an agent app
+    reply = await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=40, temperature=0,
+                                                 tools=[other, tool])
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # forced: a call of it whose arguments are an object
+    forced = await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=80, temperature=0,
+                                                  tools=[other, tool],
+                                                  tool_choice={"type": "function", "function": {"name": name}})
+    choice = forced.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert [c.function.name for c in choice.message.tool_calls] == [name]
+    assert isinstance(json.loads(choice.message.tool_calls[0].function.arguments), dict)
 

@@ -200,6 +200,14 @@ def _any_call(tools: tuple[ToolSpec, ...] | list[ToolSpec], args_key: str) -> di
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
+def _lenient(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's schema with the keywords and formats the grammar cannot hold ignored (llguidance's
+    `lenient`; `uniqueItems`, `propertyNames`, `not`, `if`, `format: "path"`, ...), as llama-server's
+    grammar ignores them: tools come from apps and MCP servers as they are written, and one such tool
+    in a list made every request a 400 although the rest of its schema still holds the call."""
+    return {**schema, "x-guidance": {**(schema.get("x-guidance") or {}), "lenient": True}}
+
+
 def _one_key(key: str, value: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
 
@@ -225,21 +233,21 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
             options.append(_one_key("tool_calls", {"type": "array", "items": call, "minItems": 1}))
         if choice == "auto":
             options.append(_one_key("response", {"type": "string"}))
-        return grammar.json_value(options[0] if len(options) == 1 else {"anyOf": options})
+        return grammar.json_value(_lenient(options[0] if len(options) == 1 else {"anyOf": options}))
     if choice == "auto":
         return None
     max_calls = None if many else 1
     if fmt.name == "hermes":
         # the markers alone in their literals: a vocabulary may hold them as single special tokens
-        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(call),
+        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(_lenient(call)),
                             grammar.literal("\n"), grammar.literal(HERMES_CLOSE))
         return grammar.repeat(block, 1, max_calls, sep="\n")
     if fmt.name == "mistral":
         items: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
         if max_calls is not None:
             items["maxItems"] = max_calls
-        return grammar.seq(grammar.literal(MISTRAL_OPEN), grammar.json_value(items))
-    return grammar.repeat(grammar.json_value(call), 1, max_calls, sep="; ")  # llama3
+        return grammar.seq(grammar.literal(MISTRAL_OPEN), grammar.json_value(_lenient(items)))
+    return grammar.repeat(grammar.json_value(_lenient(call)), 1, max_calls, sep="; ")  # llama3
 
 
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
