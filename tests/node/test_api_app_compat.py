@@ -7,6 +7,8 @@ llama-server answers must not be a 400 here either.
   constrained decoding cannot hold (`format: "path"` for a pathlib.Path, `uniqueItems` for a set,
   `propertyNames`, `not`): llama-server ignores what its grammar cannot express; a 400 here failed
   every request that merely listed such a tool.
+- A tool whose `parameters` omit `"type": "object"` (or are `{}`) still takes an object of
+  arguments: forced, it must come back as a tool call, never as the raw JSON in `content`.
 """
 
 from __future__ import annotations
@@ -86,3 +88,19 @@ async def test_tool_schemas_with_keywords_the_grammar_cannot_hold_are_served(cli
     assert [c.function.name for c in choice.message.tool_calls] == [name]
     assert isinstance(json.loads(choice.message.tool_calls[0].function.arguments), dict)
 
+
+@pytest.mark.parametrize("parameters", [
+    {"properties": {"name": {"type": "string", "maxLength": 20}}, "required": ["name"]},
+    {},
+], ids=["no-type", "empty"])
+async def test_tool_parameters_without_a_type_still_take_an_object(client, model_id, parameters):
+    tool = {"type": "function", "function": {"name": "lookup_docs", "description": "Look up docs",
+                                             "parameters": parameters}}
+    for choice in ("required", {"type": "function", "function": {"name": "lookup_docs"}}):
+        reply = await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=60,
+                                                     temperature=0, tools=[tool], tool_choice=choice,
+                                                     parallel_tool_calls=False)
+        answer = reply.choices[0]
+        assert answer.finish_reason == "tool_calls", answer
+        assert answer.message.tool_calls and answer.message.tool_calls[0].function.name == "lookup_docs"
+        assert isinstance(json.loads(answer.message.tool_calls[0].function.arguments), dict)

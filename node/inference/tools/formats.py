@@ -181,7 +181,17 @@ def _has_ref(schema: Any) -> bool:
     return isinstance(schema, list) and any(_has_ref(v) for v in schema)
 
 
+_ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "examples", "default"}
+
+
 def _call_schema(tool: ToolSpec, args_key: str, args: dict[str, Any]) -> dict[str, Any]:
+    # arguments are an object whatever the schema leaves out (the API refuses any other type): without
+    # it the model may write "s", and the call was lost as text in `content`; `{}` (annotations alone)
+    # means no parameters, as an omitted `parameters` does
+    if not set(args) - _ANNOTATIONS:
+        args = {**args, "type": "object", "properties": {}}
+    elif "type" not in args:
+        args = {"type": "object", **args}
     return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: args},
             "required": ["name", args_key], "additionalProperties": False}
 
