@@ -44,7 +44,6 @@ _UNSUPPORTED = {
     "speed": "speed modes are not supported by this node",
     "container": "containers (code execution) are not supported by this node",
     "mcp_servers": "MCP servers are not supported by this node",
-    "context_management": "context management is not supported by this node",
 }
 _BLOCK_EXTRA_OK = {"cache_control", "citations"}  # prompt caching hints: accepted, no effect here
 # ToolParam fields of the current SDK that change nothing here: the arguments are held to the schema
@@ -68,10 +67,29 @@ def _thinking(value: object) -> None:
     log.debug("DIAG: anthropic thinking requested, ignored (the model writes none) type=%s", kind)
 
 
+def _context_management(value: object) -> None:
+    """`context_management` is accepted and applies no edit: Claude Code sends it with every request
+    while prompt caching is on (`{"edits": [{"type": "clear_thinking_20251015", ...}]}`, clear_tool_uses,
+    compact), and a 400 failed each one. Its edits clear or compact what a context past their trigger
+    holds (100k tokens and more by default); earlier turns' thinking is left out here anyway, and a
+    conversation past this model's context is still its 400. Its shape is still checked."""
+    if value is None:
+        return
+    edits = value.get("edits", []) if isinstance(value, dict) else None
+    if not isinstance(edits, list) or not all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in edits):
+        raise InvalidRequest("context_management: expected {\"edits\": [{\"type\": ...}, ...]}",
+                             param="context_management")
+    log.debug("DIAG: anthropic context_management requested, no edit applied edits=%s",
+              ",".join(e["type"] for e in edits))
+
+
 def _check_keys(body: dict, allowed: set[str]) -> None:
     for key, value in body.items():
         if key == "thinking":
             _thinking(value)
+            continue
+        if key == "context_management":
+            _context_management(value)
             continue
         if key in _UNSUPPORTED:
             if value is None or (key == "speed" and value == "standard"):

@@ -9,15 +9,18 @@ llama-server answers must not be a 400 here either.
   every request that merely listed such a tool.
 - A tool whose `parameters` omit `"type": "object"` (or are `{}`) still takes an object of
   arguments: forced, it must come back as a tool call, never as the raw JSON in `content`.
+- Claude Code sends `context_management` with every /v1/messages request while prompt caching is
+  on (and posts to /v1/messages?beta=true): a 400 failed them all.
 """
 
 from __future__ import annotations
 
 import json
 
+import anthropic
 import pytest
 
-from tests.support.nodes import default_model_node, openai_client
+from tests.support.nodes import anthropic_client, default_model_node, openai_client
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -104,3 +107,35 @@ async def test_tool_parameters_without_a_type_still_take_an_object(client, model
         assert answer.finish_reason == "tool_calls", answer
         assert answer.message.tool_calls and answer.message.tool_calls[0].function.name == "lookup_docs"
         assert isinstance(json.loads(answer.message.tool_calls[0].function.arguments), dict)
+
+
+# as Claude Code sends it (the beta messages API: /v1/messages?beta=true with an anthropic-beta header)
+CONTEXT_MANAGEMENT = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"},
+                                {"type": "clear_tool_uses_20250919",
+                                 "trigger": {"type": "input_tokens", "value": 100000}}]}
+
+
+async def test_claude_code_context_management_is_accepted(node, model_id):
+    claude = anthropic_client(node)
+    system = [{"type": "text", "text": "You answer briefly.", "cache_control": {"type": "ephemeral"}}]
+    plain = await claude.messages.create(model=model_id, max_tokens=12, messages=QUESTION, system=system,
+                                         extra_body={"temperature": 0})
+    msg = await claude.beta.messages.create(model=model_id, max_tokens=12, messages=QUESTION, system=system,
+                                            betas=["context-management-2025-06-27"],
+                                            context_management=CONTEXT_MANAGEMENT,
+                                            thinking={"type": "enabled", "budget_tokens": 1024},
+                                            extra_body={"temperature": 0})
+    assert [b.text for b in msg.content] == [b.text for b in plain.content]  # no edit changes this prompt
+    async with claude.beta.messages.stream(model=model_id, max_tokens=12, messages=QUESTION, system=system,
+                                           betas=["context-management-2025-06-27"],
+                                           context_management=CONTEXT_MANAGEMENT,
+                                           extra_body={"temperature": 0}) as stream:
+        final = await stream.get_final_message()
+    assert final.content[0].text == plain.content[0].text
+    counted = await claude.beta.messages.count_tokens(model=model_id, messages=QUESTION, system=system,
+                                                      betas=["context-management-2025-06-27"],
+                                                      context_management=CONTEXT_MANAGEMENT)
+    assert counted.input_tokens == plain.usage.input_tokens + plain.usage.cache_read_input_tokens
+    with pytest.raises(anthropic.BadRequestError):  # its shape is still checked
+        await claude.messages.create(model=model_id, max_tokens=4, messages=QUESTION,
+                                     extra_body={"context_management": {"edits": "all"}})
