@@ -66,6 +66,7 @@ PEER_FORGET_S = 3600.0  # a peer unreachable this long leaves the table
 ROSTER_AWAY_S = 7 * 86400.0  # a roster member linked this recently counts as away, not gone (swarm remove)
 PEX_INTERVAL_S = 30.0
 PEX_MAX_PEERS = 64
+PEX_MAX_UNLINKED = 128  # peers learnt only from PEX and never linked that the table holds; more are not learnt
 PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes
 PEER_CACHE_MAX = 256
 MDNS_RESOLVE_TIMEOUT_MS = 3000

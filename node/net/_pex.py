@@ -9,10 +9,12 @@ addresses and relays to that peer's record and has it dialled at once if it has 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 
 from node import const
 from node.errors import PeerError
+from node.logs import kv
 
 from ._connect import is_loopback, parse_addr
 from ._foreign import ForeignPeers
@@ -21,6 +23,8 @@ from ._link import PeerLink
 from ._messages import PexEntry, parse_pex, pex_frame
 from ._table import PeerRecord, PeerTable
 from ._tasks import Tasks
+
+log = logging.getLogger(__name__)
 
 
 class Pex:
@@ -35,6 +39,7 @@ class Pex:
         self._self_addrs = self_addrs
         self._dial_soon = dial_soon
         self._own: frozenset[str] = frozenset()
+        self._capped = False  # the last PEX frame met PEX_MAX_UNLINKED (logged once per episode)
 
     def start(self, listen_addrs: Iterable[str]) -> None:
         """Know our own addresses (never learnt from others) and start the periodic exchange."""
@@ -53,12 +58,22 @@ class Pex:
             pass
 
     def handle(self, link: PeerLink, frame: Frame) -> None:
-        """Learn peers from a PEX frame (a malformed one closes the link)."""
+        """Learn peers from a PEX frame (a malformed one closes the link). Peers known only from
+        PEX and never linked are at most PEX_MAX_UNLINKED: node ids cost nothing to make up, and 20
+        frames of 256 made-up peers from one member had this node dial 5,120 addresses at once
+        (a file descriptor each) and stall its loop for minutes (every record an observer event)."""
+        unlinked = sum(1 for rec in self._table if rec.hello is None and rec.sources == {"pex"})
+        skipped = 0
         for entry in parse_pex(frame):
             if entry.node_id == self._node_id or self._foreign.skip(entry.node_id, "pex"):
                 continue
             if not entry.addrs and not entry.relays:  # nothing to dial: no record (it would sit "connecting")
                 continue
+            if self._table.get(entry.node_id) is None:
+                if unlinked >= const.PEX_MAX_UNLINKED:
+                    skipped += 1
+                    continue
+                unlinked += 1
             rec = self._table.record(entry.node_id, "pex")
             new = False
             for addr in entry.addrs:
@@ -68,6 +83,10 @@ class Pex:
                 new |= rec.add_relay(relay)
             if new:
                 self._dial_soon(rec)
+        if skipped and not self._capped:
+            log.warning("DIAG: peers from PEX not learnt, too many unlinked ones %s", kv(
+                peer_id=link.short_id, skipped=skipped, unlinked=unlinked, max_unlinked=const.PEX_MAX_UNLINKED))
+        self._capped = bool(skipped)
 
     def _entries(self, to: PeerLink) -> list[PexEntry]:
         keep_loopback = is_loopback(parse_addr(to.address)[0]) if to.transport == "direct" else False

@@ -1,0 +1,69 @@
+"""A member sending PEX frames full of made-up peers (node ids cost nothing to make up).
+
+Found by hand: 20 PEX frames of 256 made-up peers each (100 KB, well inside the control-frame
+budget) from one member of the open swarm had a node create 5,120 peer records and dial every
+one at once (a file descriptor each, 500 open for two frames), and each new record ran the peer
+observers, which snapshot the whole table: the node's loop stalled 22, 24, 10 and 54 s, the API
+answered nothing for 90 s and its other peers' links were dropped. Peers learnt only from PEX and
+never linked are now held at most PEX_MAX_UNLINKED.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+
+import pytest
+
+from node import const
+from node.net import Frame, FrameType
+from node.net._frames import frame_bytes
+from tests.support.processes import NodeProcess
+from tests.support.waiting import wait_until_sync
+
+from .rawclient import RawPeer
+
+pytestmark = pytest.mark.slow
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_member_flooding_pex_with_made_up_peers_does_not_stall_the_node(tmp_path):
+    node = NodeProcess(tmp_path / "victim", args=["--no-default-model", "--no-mdns"])
+    keeper = NodeProcess(tmp_path / "keeper",
+                         args=["--no-default-model", "--no-mdns", "--bootstrap", f"127.0.0.1:{node.peer_port}"])
+    try:
+        node.wait_ready(path="/health")
+        keeper.wait_ready(path="/health")
+        linked = wait_until_sync(lambda: [p for p in node.peers() if p["state"] == "connected"], 60, 0.2,
+                                 "the keeper linked")
+        keeper_id, conn_id = linked[0]["node_id"], linked[0]["connection_id"]
+
+        raw = RawPeer(tmp_path, "127.0.0.1", node.peer_port)
+        sock, _ = raw.linked()
+        for _ in range(8):  # 2,048 made-up peers on unroutable addresses (TEST-NET-1: connects hang)
+            peers = [{"node_id": secrets.token_hex(32), "addrs": [f"192.0.2.{j % 250 + 1}:9"], "relays": []}
+                     for j in range(256)]
+            sock.sendall(frame_bytes(Frame(FrameType.PEX, {"peers": peers})))
+
+        # the node keeps answering its API promptly while it learns and dials what it was sent
+        deadline = time.monotonic() + 8.0
+        worst = 0.0
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            assert node.healthy(), "the API stopped answering"
+            worst = max(worst, time.monotonic() - started)
+        assert worst < 1.5, f"the API took {worst:.1f} s to answer /health"
+        rows = node.peers()
+        assert len(rows) <= const.PEX_MAX_UNLINKED + 2, f"{len(rows)} peer records from one member's PEX"
+        assert _open_fds(node.proc.pid) < const.PEX_MAX_UNLINKED + 100
+        assert node.peer(keeper_id)["connection_id"] == conn_id, "the keeper's link was dropped"
+        wait_until_sync(lambda: "DIAG: peers from PEX not learnt, too many unlinked ones" in node.output(),
+                        20, 0.2, "the WARNING naming the cap")
+        sock.close()
+    finally:
+        node.terminate()
+        keeper.terminate()
