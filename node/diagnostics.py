@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from node.inference import llamacpp
 from node.inference.pipeline.coverage import swarm_coverage
 from node.inference.pipeline.layerchoice import Span, layer_counts
+from node.logs import clean_text
 from node.redact import Redactor
 
 if TYPE_CHECKING:
@@ -168,19 +169,32 @@ def _peers(node: ReportParts, r: Redactor) -> list[str]:
         return ["(peer network not running)"]
     rows = []
     for p in node.peers.peers():
-        models = ", ".join(
-            f"{m.get('name', '?')}[{m['start']}-{m['end'] - 1}]" if "start" in m else f"{m.get('name', '?')}[whole]"
-            for m in p.models) or "-"
+        models = ", ".join(_advert(m) for m in p.models) or "-"
         rtt = f"{p.rtt_ms:.2f}" if p.rtt_ms is not None else "-"
         addr = p.address or "-"
         rows.append(f"{p.short_id} {p.state} transport={p.transport or '-'} addr={addr} rtt_ms={rtt} "
                     f"rto_ms={p.rto_ms:.0f} last_seen={_ago(p.last_seen)} models={models}"
-                    + (f" region={p.region}" if p.region else "") + (f" agent={p.agent}" if p.agent else "")
-                    + (f" error={p.last_error}" if p.last_error and p.state != "connected" else ""))
+                    + (f" region={clean_text(p.region, 64)}" if p.region else "")
+                    + (f" agent={clean_text(p.agent, 300)}" if p.agent else "")
+                    + (f" error={clean_text(p.last_error, 300)}" if p.last_error and p.state != "connected" else ""))
     for ref in node.peers.swarm_ops.status()["refused"]:
         rows.append(f"{ref['peer']} refused ({'not in this swarm' if ref['by_us'] else 'refused this node'}) "
                     f"swarm={ref['swarm'] or '-'} count={ref['count']} last={ref['last_s_ago']:.0f}s ago")
     return rows or ["(no peers)"]
+
+
+def _advert(m: object) -> str:
+    """One model a peer advertises, as its HELLO said it (the peer's word: any shape, any text)."""
+    if not isinstance(m, dict):
+        return "?"
+    name = m.get("name")
+    name = clean_text(name, 120) if isinstance(name, str) else "?"
+    start, end = m.get("start"), m.get("end")
+    if "start" not in m:
+        return f"{name}[whole]"
+    if type(start) is int and type(end) is int:
+        return f"{name}[{start}-{end - 1}]"
+    return f"{name}[?]"
 
 
 def _failures(node: ReportParts) -> list[str]:
@@ -248,7 +262,7 @@ def _coverage(node: ReportParts) -> list[str]:
         # a whole-model holder (llama.cpp, remote generate) holds every layer
         everything = [*cov.spans, *(Span(h, 0, n, None) for h in cov.whole)]
         counts = layer_counts(n, everything) if everything else [0] * n
-        rows.append(f"{cov.name} ({n} layers, sha {cov.sha256[:8]}): min holders per layer "
+        rows.append(f"{clean_text(str(cov.name), 120)} ({n} layers, sha {cov.sha256[:8]}): min holders per layer "
                     f"{min(int(c) for c in counts) if n else 0}" + (" (auto: " + ", ".join(
                         sorted(h[:8] for h in cov.budgets)) + ")" if cov.budgets else ""))
         holders_at = [tuple(sorted({(s.node_id[:8], s.ms_per_layer) for s in cov.spans if s.start <= layer < s.end}))
