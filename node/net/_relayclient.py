@@ -78,6 +78,7 @@ class RelayClient:
             return
         self._registered[link.node_id] = relay_addr
         log.debug("DIAG: relay reservation %s", kv(peer=link.short_id, addr=relay_addr))
+        capped = False
         while link.is_open and not self._tasks.stopping:
             try:
                 reply = await link.async_request(Frame(FrameType.RELAY, {"op": "list"}),
@@ -85,15 +86,29 @@ class RelayClient:
             except NodeError:
                 return
             nodes = reply.header.get("nodes")
+            # peers known only from relays' lists and never linked: at most RELAY_MAX_UNLINKED (a
+            # list of 5,000 made-up ids from one member claiming to be a relay stalled the loop 294 s)
+            unlinked = sum(1 for rec in self._table if rec.hello is None and rec.sources == {"relay"})
+            skipped = 0
             for node in nodes if isinstance(nodes, list) else []:
                 node_id = node.get("node_id") if isinstance(node, dict) else None
                 if node_id in (None, self._node_id, link.node_id) or node_id in self._foreign.ids:
                     continue
                 if not isinstance(node_id, str) or len(node_id) != 64:
                     continue
+                if self._table.get(node_id) is None:
+                    if unlinked >= const.RELAY_MAX_UNLINKED:
+                        skipped += 1
+                        continue
+                    unlinked += 1
                 rec = self._table.record(node_id, "relay")
                 if rec.add_relay(relay_addr):
                     self._dial_soon(rec)
+            if skipped:
+                log.log(logging.WARNING if not capped else logging.DEBUG,
+                        "DIAG: peers from a relay's list not learnt, too many unlinked ones %s",
+                        kv(peer_id=link.short_id, skipped=skipped, max_unlinked=const.RELAY_MAX_UNLINKED))
+            capped = bool(skipped)
             await asyncio.sleep(const.RELAY_LIST_INTERVAL_S)
 
     async def async_ticket(self, relay_addr: str, target: str) -> str:

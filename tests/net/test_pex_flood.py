@@ -1,4 +1,5 @@
-"""A member sending PEX frames full of made-up peers (node ids cost nothing to make up).
+"""A member sending PEX frames (or, posing as a relay, `list` replies) full of made-up peers (node
+ids cost nothing to make up).
 
 Found by hand: 20 PEX frames of 256 made-up peers each (100 KB, well inside the control-frame
 budget) from one member of the open swarm had a node create 5,120 peer records and dial every
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 
 import pytest
@@ -19,10 +21,11 @@ import pytest
 from node import const
 from node.net import Frame, FrameType
 from node.net._frames import frame_bytes
+from node.net._messages import FEATURE_PEX, FEATURE_RELAY, Hello
 from tests.support.processes import NodeProcess
 from tests.support.waiting import wait_until_sync
 
-from .rawclient import RawPeer
+from .rawclient import RawPeer, read_frame
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +70,69 @@ def test_a_member_flooding_pex_with_made_up_peers_does_not_stall_the_node(tmp_pa
     finally:
         node.terminate()
         keeper.terminate()
+
+
+def _serve_as_relay(raw: RawPeer, stop: threading.Event, ids_per_list: int) -> threading.Thread:
+    """A member whose HELLO says it is a relay: it answers `list` with made-up node ids."""
+    sock, node_id = raw.tls_socket()
+    nonce = secrets.token_hex(16)
+
+    def hello() -> bytes:
+        return frame_bytes(Hello(node_id=raw.identity.node_id, boot_id="fuzz", agent="fuzzer/1", listen_port=0,
+                                 features=FEATURE_PEX | FEATURE_RELAY, swarm=raw.swarm.public_id,
+                                 epoch=raw.swarm.epoch, member_nonce=nonce).to_frame())
+
+    sock.sendall(hello())
+    theirs = Hello.from_frame(read_frame(sock))
+    proof = raw.swarm.proof(raw.identity.node_id, node_id, nonce, theirs.member_nonce)
+    sock.sendall(frame_bytes(Frame(FrameType.MEMBER, {"op": "proof", "proof": proof})))
+    read_frame(sock)
+    sock.sendall(hello())
+    read_frame(sock)
+    sock.settimeout(0.5)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                frame = read_frame(sock)
+            except TimeoutError:
+                continue
+            except (ConnectionError, OSError):
+                return
+            if frame.type == FrameType.PING and not frame.is_response:
+                sock.sendall(frame_bytes(frame.reply(FrameType.PONG)))
+            elif frame.type == FrameType.RELAY and frame.header.get("op") == "register":
+                sock.sendall(frame_bytes(frame.reply(FrameType.RELAY, {"ok": True})))
+            elif frame.type == FrameType.RELAY and frame.header.get("op") == "list":
+                nodes = [{"node_id": secrets.token_hex(32)} for _ in range(ids_per_list)]
+                sock.sendall(frame_bytes(frame.reply(FrameType.RELAY, {"nodes": nodes})))
+        sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_member_posing_as_a_relay_with_made_up_peers_does_not_stall_the_node(tmp_path):
+    """Found by hand: one `list` reply of 5,000 made-up node ids from a member whose HELLO says it is
+    a relay stalled the node's loop for 294 s (API silent, every link dropped)."""
+    node = NodeProcess(tmp_path / "victim", args=["--no-default-model", "--no-mdns"])
+    stop = threading.Event()
+    try:
+        node.wait_ready(path="/health")
+        thread = _serve_as_relay(RawPeer(tmp_path, "127.0.0.1", node.peer_port), stop, 3000)
+        wait_until_sync(lambda: len(node.peers()) > 1, 30, 0.2, "the node to learn peers from the relay's list")
+        deadline = time.monotonic() + 8.0
+        worst = 0.0
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            assert node.healthy(), "the API stopped answering"
+            worst = max(worst, time.monotonic() - started)
+        assert worst < 1.5, f"the API took {worst:.1f} s to answer /health"
+        rows = node.peers()
+        assert len(rows) <= const.RELAY_MAX_UNLINKED + 2, f"{len(rows)} peer records from one relay's list"
+        assert "DIAG: peers from a relay's list not learnt, too many unlinked ones" in node.output()
+    finally:
+        stop.set()
+        node.terminate()
+    thread.join(5)
