@@ -189,14 +189,36 @@ async def test_steps_queued_together_run_as_one_batch_with_each_sessions_lone_to
         assert alone.token == batched[sid].token, sid
 
 
-async def test_only_the_sessions_own_coordinator_may_keep_it(worker):
+async def test_only_the_sessions_own_coordinator_may_end_or_keep_it(worker):
+    """Another peer that learnt a session id (a member of the same chain) could end that session,
+    or keep it for itself, with a SESSION_END or CANCEL of its own (a peer-port hunt, 2026-12-06):
+    session control from any node but the session's coordinator is dropped."""
     w, entry, peers = worker
     w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
     await wait_until(lambda: _results(peers), 30, what="RESULT")
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
     w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", NEXT)
+    w.on_cancel(SessionControl("s1", entry.sha256, "cancel").to_header(), b"", NEXT)
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+    assert w.host.kept_count() == 0 and w.host.session_count() == 1  # neither ended nor kept for NEXT
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end", keep=True).to_header(), b"", COORD)
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+    assert w.host.kept_count() == 1  # its own coordinator keeps it
+
+
+async def test_a_step_not_from_its_coordinator_or_previous_segment_is_dropped(worker, caplog):
+    """A peer naming another node as the coordinator of its WORK had this node compute the step and
+    send the output to a node that never asked for it: a step comes from the coordinator (hop 0)
+    or from the segment before it, else it is dropped with one line."""
+    w, entry, peers = worker
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), NEXT)  # claims COORD
     hosted = w.host.find(entry.sha256, 0, entry.n_layers)
     await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
-    assert w.host.kept_count() == 0 and w.host.session_count() == 0  # ended, not kept for NEXT
+    await asyncio.sleep(0)
+    assert w.host.session_count() == 0 and not peers.sent  # nothing computed, nothing sent, no ACK
+    assert "WORK from a node that is not the step's sender dropped" in caplog.text
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT of the real coordinator's step")
 
 
 async def test_a_paused_node_refuses_to_resume_for_others(worker):

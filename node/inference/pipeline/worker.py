@@ -100,6 +100,13 @@ class SegmentWorker:
             log.warning("DIAG: malformed WORK dropped %s", kv(sender=sender[:8], error=exc.message))
             return
         hop = work.target
+        # a step comes from the coordinator (hop 0) or the segment before: another peer naming
+        # them could end a session, or have its output sent to a node that never asked for it
+        came_from = work.coordinator if work.hop == 0 else work.route[work.hop - 1].node_id
+        if sender != came_from:
+            log.warning("DIAG: WORK from a node that is not the step's sender dropped %s",
+                        kv(sender=sender[:8], expected=came_from[:8], sid=work.sid, hop=work.hop))
+            return
         refusal = None
         hosted = None
         if hop.node_id != self.node_id:
@@ -394,18 +401,24 @@ class SegmentWorker:
     # --- session control ----------------------------------------------------------------------
 
     def on_cancel(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
-        self._end_session(header, "cancelled")
+        self._end_session(header, "cancelled", sender)
 
     def on_session_end(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         self._end_session(header, "session_end", sender)
 
-    def _end_session(self, header: dict[str, Any], why: str, sender: str = "") -> None:
+    def _end_session(self, header: dict[str, Any], why: str, sender: str) -> None:
         try:
             ctl = SessionControl.from_header(header)
         except ProtocolError as exc:
             log.warning("DIAG: malformed session control dropped %s", kv(error=exc.message))
             return
         hosted_slices = self.host.for_model(ctl.model, draining=True)
+        owners = {s.coordinator for h in hosted_slices if h.model is not None
+                  for s in [h.model.sessions.peek(ctl.sid)] if s is not None and s.coordinator is not None}
+        if owners - {sender}:  # only the coordinator that opened a session ends it
+            log.warning("DIAG: session control from a node that is not the session's coordinator dropped %s",
+                        kv(sender=sender[:8], sid=ctl.sid, why=why))
+            return
         if hosted_slices:
             # also when kept: a late WORK of the ended attempt must not write into what is kept
             self.ended[ctl.sid] = time.monotonic() + const.SESSION_TOMBSTONE_S
