@@ -63,6 +63,7 @@ class CompletionRun:
         self.models = models
         self.pipeline = pipeline  # for models this node does not hold whole
         self.pipeline_run: Any | None = None  # the coordinator's run of this request (distributed route)
+        self._pipeline_tokens: AsyncIterator[list[int]] | None = None  # its tokens, the first ones taken in prepare()
         self._on_first_token = on_first_token
         self.request = request
         self.trace = trace
@@ -136,6 +137,7 @@ class CompletionRun:
         self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, params, max_tokens)
         if not served.whole:
             await self._prepare_distributed(served)
+            await self._await_first_tokens()
             return
 
         self.models.admit(served)
@@ -222,6 +224,27 @@ class CompletionRun:
                   self.trace.request_id, served.id)
         self.pipeline_run = await self.pipeline.begin(self.job, served.entry, self.trace, served.tokenizer.is_eog)
 
+    async def _await_first_tokens(self) -> None:
+        """Distributed route: run the chain to its first tokens before the reply starts, so that a
+        failure before any token is the response's status, as on the local route where admission
+        comes first: every holder's queue full is a 429 with Retry-After (which the SDKs retry on
+        their own), not a stream whose only event is an `overloaded` error."""
+        source = self.pipeline_run.tokens()
+        try:
+            first = await anext(source)
+        except StopAsyncIteration:
+            first = None
+
+        async def tokens() -> AsyncIterator[list[int]]:
+            try:
+                if first is not None:
+                    yield first
+                    async for batch in source:
+                        yield batch
+            finally:  # the consumer's aclose (a stop sequence) reaches the run: its normal end, KV kept
+                await source.aclose()
+        self._pipeline_tokens = tokens()
+
     # --- phase 2: tokens ---
 
     async def deltas(self) -> AsyncIterator[Delta]:
@@ -232,7 +255,7 @@ class CompletionRun:
         if self._aborted is not None:
             raise self._aborted
         if self.pipeline_run is not None:
-            source = self.pipeline_run.tokens()
+            source = self._pipeline_tokens or self.pipeline_run.tokens()
         else:
             source = await self._local_source()
         tok = served.tokenizer
@@ -383,6 +406,8 @@ class CompletionRun:
             self.job.cancel.set()
         if self.pipeline_run is not None:
             self.pipeline_run.close()
+            if self._pipeline_tokens is not None:  # taken from in prepare(), never read (the client went away)
+                await self._pipeline_tokens.aclose()
         try:
             if self._gen_future is not None:
                 try:
