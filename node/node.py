@@ -442,6 +442,8 @@ class Node(SwarmActions):
         held = self.models.get(model_id)
         if force and held.whole:
             end_runs(self._runs, ModelUnavailable(f"model {held.id} was unloaded: the reply was cut short"), held)
+            if self.remote_server is not None:  # and those it runs for other nodes, queued ones too
+                self.remote_server.end_model(held, f"model {held.id} was unloaded on {self.short_id}")
         served = await self.models.async_unload(model_id, force=force)
         self.note_activity(f"model {served.id} unloaded")
         if self.peers is not None:

@@ -169,6 +169,17 @@ class RemoteGenerateServer:
                 if coordinator == snap.node_id:
                     self._stop(g, f"link to the coordinator dropped ({snap.state})")
 
+    def end_model(self, served: ServedModel, why: str) -> int:
+        """A forced unload: every generation of `served` here, running or queued for the model's
+        lock, ends now with a `model_unavailable` error end (its coordinator fails over at once),
+        rather than a queued one taking the lock before the unload and running its course while
+        the unload waits for it. Returns how many."""
+        ended = [g for g in self.running.values() if g.served is served and not g.cancelled]
+        for g in ended:
+            self._send(g, Tokens(g.gen.sid, g.sent, end="error", error_code=ModelUnavailable.code, error=why))
+            self._stop(g, why)
+        return len(ended)
+
     def _stop(self, g: _Generation, why: str) -> None:
         if g.cancelled:
             return
