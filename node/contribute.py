@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from node import const
 from node.config import NodeConfig
 from node.datadir import save_desktop_settings
 from node.errors import InvalidRequest, ModelLoadError, NodeError
@@ -45,6 +46,7 @@ class Contributions:
         self._fixed: list[tuple[ModelEntry, int, int]] = []  # --layers slices: freed by a pause, loaded on resume
         self.events: Observers[[]] = Observers("contributions")  # a choice changed (the GUI re-reads summary())
         self._lock = asyncio.Lock()
+        self._drains: set[asyncio.Task] = set()  # paused --layers slices waiting for their sessions to end
 
     def attach(self, autoserve: AutoServe, fixed: list[tuple[ModelEntry, int, int]]) -> None:
         self.autoserve, self._fixed = autoserve, fixed
@@ -131,13 +133,28 @@ class Contributions:
         for hosted in fixed:
             self.slice_host.drain(hosted)
         await self.announce()  # HELLO's "pipeline" bit and the slices' adverts go now
-        for hosted in fixed:
-            await self.slice_host.async_unload(hosted)  # (--layers slices: the worker refuses their peers' steps)
+        for hosted in fixed:  # the worker takes no new session of a peer's: the running ones end first
+            task = asyncio.create_task(self._async_free_drained(hosted), name="contribute-release")
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+
+    async def _async_free_drained(self, hosted: Any) -> None:
+        """Free a paused --layers slice once no session uses it, or after the grace period (as the
+        automatic choice frees its own): unloading it at once cut every chain running through it,
+        another node's user's reply ending in an error mid-stream."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + const.AUTO_SERVE_DRAIN_S
+        while hosted.state == "draining" and hosted.model is not None and hosted.model.sessions.counts()[0] \
+                and loop.time() < deadline:  # noqa: ASYNC110 (the session store has no change event)
+            await asyncio.sleep(const.AUTO_SERVE_DRAIN_POLL_S)
+        if hosted.state == "draining":  # (a resume meanwhile kept it: it serves on)
+            await self.slice_host.async_unload(hosted)
 
     async def _async_resume(self) -> None:
         await self.announce()
         for entry, start, end in self._fixed:
-            if (entry.sha256, start, end) not in self.slice_host.slices:
+            held = self.slice_host.slices.get((entry.sha256, start, end))
+            if held is None or held.state == "draining":  # (a draining one is kept, not loaded twice)
                 await self.slice_host.async_load(entry, start, end)
         if self._fixed:
             await self.announce()
