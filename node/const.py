@@ -15,6 +15,7 @@ ACTIVITY_RING_SIZE = 100
 LOOP_STALL_THRESHOLD_MS = 100  # DIAG: network event loop stalled when late by more than this
 LOOP_WATCHDOG_INTERVAL_S = 0.05
 NODE_DRAIN_S = 5.0  # on stop, requests under way get this long to finish; then they end with a 503 error
+NODE_DRAIN_POLL_S = 0.1  # how often the drain looks whether the work for other nodes has ended
 STREAM_WRITE_STALL_S = 60.0  # a streaming client that takes nothing for this long (buffers full) is cut off
 NODE_STOP_STEP_S = 20.0  # one step of Node.stop (the API, the peers, the slices...) waits at most this
 

@@ -52,7 +52,7 @@ from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import is_model_url, model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.status import node_ready, node_stats
-from node.stopping import async_bounded, async_drain, end_runs
+from node.stopping import async_bounded, async_drain, async_drain_others, end_runs
 from node.swarm_actions import SwarmActions
 from node.sysinfo import MachineInfo, collect
 from node.trace import RequestTrace, TraceHub
@@ -216,6 +216,17 @@ class Node(SwarmActions):
         log.info("DIAG: node stopped %s", kv(node_id=self.short_id, in_flight=self.traces.in_flight,
                                               elapsed_ms=int((time.monotonic() - started) * 1000)))
 
+    def _contributing(self) -> bool:
+        """Whether this node takes new work from other nodes: not while paused, nor once it stops."""
+        return self.config.contribute and not self._stopping
+
+    def _work_for_others(self) -> int:
+        """Remote generations and chain sessions under way here (the stop's drain waits for them;
+        this node's own chain sessions end with its own requests, which the drain waits for too)."""
+        remote = self.remote_server.in_flight if self.remote_server is not None else 0
+        return remote + sum(h.model.sessions.counts()[0] for h in list(self.slice_host.slices.values())
+                            if h.model is not None and h.state in ("loaded", "draining"))
+
     def _stop_steps(self) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
         """stop()'s steps in order, each an awaitable factory (bounded one by one)."""
         def closing(part: Any) -> Callable[[], Awaitable[None]]:
@@ -232,8 +243,11 @@ class Node(SwarmActions):
         async def nothing() -> None:
             return None
 
+        async def drain() -> None:  # its own requests and the work it runs for others, side by side
+            await asyncio.gather(async_drain(self.traces, self._runs), async_drain_others(self._work_for_others))
+
         return [
-            ("drain", lambda: async_drain(self.traces, self._runs)),
+            ("drain", drain),
             ("api", self.api.stop),
             ("autoserve", self.autoserve.async_stop if self.autoserve is not None else nothing),
             ("pipeline", closing(self.pipeline)),
@@ -253,13 +267,13 @@ class Node(SwarmActions):
         self.transport = PipelineTransport(self.node_id, self.peers)
         self.slice_host.on_rate = self._announce_soon
         self.worker = SegmentWorker(self.node_id, self.slice_host, self.transport,
-                                    contributing=lambda: self.config.contribute)
+                                    contributing=self._contributing)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
                                             activation_bits=self.config.activation_bits,
                                             speculative_max_draft=self.config.speculative_max_draft,
                                             kv_cache_seqs=self.config.kv_cache_seqs)
         self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
-                                                  contributing=lambda: self.config.contribute)
+                                                  contributing=self._contributing)
         self.worker.register()
         self.remote_server.register()
         self.slice_host.on_sweep = self.worker.forget_expired

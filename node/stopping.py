@@ -12,7 +12,7 @@ import asyncio
 import logging
 import sys
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from node import const
@@ -121,6 +121,21 @@ def end_runs(runs: Any, error: NodeError, served: Any = None) -> int:
     for run in left:
         run.abort(error)
     return len(left)
+
+
+async def async_drain_others(under_way: Callable[[], int]) -> None:
+    """Node.stop's first step too, beside async_drain: the work this node runs for other nodes (its
+    whole models' remote generations, the chain sessions on its slices; `under_way` counts them)
+    gets the same NODE_DRAIN_S to finish, the node taking none new meanwhile. It was cut the moment
+    the stop began, so another node's user saw an error mid-reply when no other node held those
+    layers (a swarm test, 2026-12-06), while this node's own clients had their drain."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + const.NODE_DRAIN_S
+    while under_way() and loop.time() < deadline:  # noqa: ASYNC110 (no change event to wait on)
+        await asyncio.sleep(const.NODE_DRAIN_POLL_S)
+    if left := under_way():
+        log.warning("DIAG: stopping with work for other nodes under way, ending it %s",
+                    kv(count=left, drain_s=const.NODE_DRAIN_S))
 
 
 async def async_drain(traces: Any, runs: Any) -> None:
