@@ -43,6 +43,7 @@ from node.inference.tools import (
     tool_grammar,
     tools_active,
 )
+from node.logs import kv
 from node.trace import RequestTrace, SegmentTrace
 
 if TYPE_CHECKING:
@@ -118,13 +119,14 @@ class CompletionRun:
                 f"This model's maximum context length is {n_ctx} tokens. However, your prompt is "
                 f"{n_prompt} tokens, which leaves no room for a completion.",
                 param=self.request.prompt_param)
-        if max_tokens is not None and n_prompt + max_tokens > n_ctx:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {n_ctx} tokens. However, you requested "
-                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
-                f"completion). Please reduce the prompt or {self.request.max_tokens_param}.",
-                param=self.request.max_tokens_param)
         budget = n_ctx - n_prompt
+        if max_tokens is not None and max_tokens > budget:
+            # the reply gets the room the context has left and ends with finish_reason "length", as
+            # llama-server and Ollama do: apps send their own large defaults (Claude Code 32000,
+            # others 4096) to models of a few thousand tokens, and a 400 failed every request
+            log.debug("DIAG: max_tokens clamped to the context %s", kv(
+                request_id=self.trace.request_id, asked=max_tokens, clamped_to=budget, n_ctx=n_ctx, prompt=n_prompt))
+            max_tokens = budget
         if max_tokens is None:
             max_tokens = min(budget, const.DEFAULT_MAX_TOKENS) if self.request.kind == "text" else budget
         if params.grammar is None:

@@ -106,7 +106,3 @@ class CompletionRequest:
             return "input"
         return "messages" if self.kind == "chat" else "prompt"
 
-    @property
-    def max_tokens_param(self) -> str:
-        """The request field that caps the reply, in its API's own words."""
-        return "max_output_tokens" if self.operation == "responses" else "max_tokens"

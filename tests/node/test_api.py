@@ -192,9 +192,14 @@ async def test_prompt_longer_than_context(node, client, model_id):
     assert got == 400
     err = json.loads(text)["error"]
     assert err["code"] == "context_length_exceeded" and "256" in err["message"]
+    # room for the prompt, not for max_tokens: the reply gets what the context has left (as
+    # llama-server does; apps send large defaults) and ends with "length" (EOS, id 2, banned)
     got, _, text = await raw(node, "POST", "/v1/completions", body={
-        "model": model_id, "prompt": "short", "max_tokens": 10_000})
-    assert got == 400 and json.loads(text)["error"]["param"] == "max_tokens"
+        "model": model_id, "prompt": "short", "max_tokens": 10_000, "temperature": 0, "logit_bias": {"2": -100}})
+    assert got == 200, text
+    reply = json.loads(text)
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"] == 256
     await assert_still_serving(client, model_id)
 
 

@@ -219,9 +219,11 @@ async def test_errors(node, client, model_id):
         await client.responses.create(model=model_id, input="word " * 1200)
     assert err.value.body["code"] == "context_length_exceeded"
     assert err.value.body["param"] == "input"  # this API's field, not chat's `messages`
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.responses.create(model=model_id, input="hi", max_output_tokens=100_000)
-    assert err.value.body["param"] == "max_output_tokens" and "max_output_tokens" in err.value.body["message"]
+    # more than the context has room for: the room left (as llama-server gives it), not a 400
+    resp = await client.responses.create(model=model_id, input="hi", max_output_tokens=100_000)
+    assert resp.status in ("completed", "incomplete") and resp.usage.output_tokens > 0
+    if resp.status == "incomplete":
+        assert resp.incomplete_details.reason == "max_output_tokens"
 
 
 async def test_headers_and_trace(node, client, model_id):
