@@ -5,6 +5,8 @@ and before the first byte (a request that arrives while it is away gets its 200)
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 
 import aiohttp
 import pytest
@@ -80,6 +82,38 @@ def test_a_request_arriving_while_a_holder_restarts_waits_for_it(tmp_path):
         assert status == 200, text  # was a 503 "no holder has layers 4-5" at once
         assert text == expected
         assert "DIAG: pipeline route regained" in a.node_log()
+    finally:
+        for p in procs:
+            p.terminate()
+
+
+def test_a_hung_holder_with_no_standby_is_named_in_the_503(tmp_path):
+    """A holder that fails a request without losing its link (here hung: its ACK deadline passes)
+    is left out of the next plan: the 503 said only "no holder has layers 2-3; held: 0-1, 4-5",
+    as if nobody held them. It names who was left out and why."""
+    model = split_model(tmp_path)
+    procs = a, b, _c = start_chain3(tmp_path, model)
+    try:
+        model_id = run(_ready(procs, a))
+        b_short = run(b.async_get_json("/api/admin/stats"))["short_id"]
+
+        async def go():
+            task = asyncio.create_task(chat(a, model_id, PROMPT, max_tokens=400, timeout_s=90))
+
+            async def running():
+                return (await a.async_get_json("/api/admin/stats"))["in_flight"]["pipelines"] > 0
+            await wait_until(running, 20, 0.05, "the pipeline to start")
+            b.send_signal(signal.SIGSTOP)
+            try:
+                return await task
+            finally:
+                b.send_signal(signal.SIGCONT)
+
+        status, _headers, body = run(go())
+        assert status == 503, body
+        message = json.loads(body)["error"]["message"]
+        assert f"left out after failing this request: {b_short}" in message, message
+        assert "timeout" in message or "deadline" in message, message
     finally:
         for p in procs:
             p.terminate()

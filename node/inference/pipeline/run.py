@@ -116,6 +116,7 @@ class PipelineRun:
         self.resume_misses = 0  # attempts that found a kept session gone (at most one: only attempt 1 resumes)
         # nodes whose link failed this request -> the connection id it had (taken back once linked anew)
         self.lost: dict[str, int | None] = {}
+        self.last_failure: str | None = None  # "<node> <cause>: <message>" of the last failed attempt
 
     async def tokens(self) -> AsyncIterator[list[int]]:
         """Sampled tokens, one per list, until EOG, max tokens or cancel."""
@@ -180,6 +181,10 @@ class PipelineRun:
                         request_id=trace.request_id, peers=",".join(awaited), deadline_s=const.ROUTE_REGAIN_S,
                         error=exc.message))
                 if deadline is None:
+                    if self.excluded and self.last_failure:  # "held: nothing" alone hid who failed, and how
+                        raise InsufficientCapacity(f"{exc.message}; left out after failing this request: "
+                                                   f"{', '.join(sorted(n[:8] for n in self.excluded))} "
+                                                   f"(last: {self.last_failure})") from exc
                     raise
                 if now >= deadline:
                     raise InsufficientCapacity(f"{exc.message}; waited {const.ROUTE_REGAIN_S:.0f} s for "
@@ -364,6 +369,7 @@ class PipelineRun:
             error=failure.message, tokens_so_far=len(self.generated)))
         if trace.first_attempt_cause is None:
             trace.first_attempt_cause = f"{failure.cause}: {failure.message}"
+        self.last_failure = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
         if standby is not None:  # both seed 000 markers
             log.info("DIAG: failing over to standby %s", kv(request_id=trace.request_id, failed=failure.node_id[:8],
                                                             standby=describe_chain(standby, "+")))
