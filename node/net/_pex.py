@@ -9,6 +9,7 @@ addresses and relays to that peer's record and has it dialled at once if it has 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections.abc import Callable, Iterable
 
@@ -64,10 +65,13 @@ class Pex:
         (a file descriptor each) and stall its loop for minutes (every record an observer event)."""
         unlinked = sum(1 for rec in self._table if rec.hello is None and rec.sources == {"pex"})
         skipped = 0
+        from_loopback = _loopback_link(link)
         for entry in parse_pex(frame):
             if entry.node_id == self._node_id or self._foreign.skip(entry.node_id, "pex"):
                 continue
-            if not entry.addrs and not entry.relays:  # nothing to dial: no record (it would sit "connecting")
+            addrs = [a for a in entry.addrs if a not in self._own and a not in self._self_addrs
+                     and _dialable(a, from_loopback)]
+            if not addrs and not entry.relays:  # nothing to dial: no record (it would sit "connecting")
                 continue
             if self._table.get(entry.node_id) is None:
                 if unlinked >= const.PEX_MAX_UNLINKED:
@@ -76,9 +80,8 @@ class Pex:
                 unlinked += 1
             rec = self._table.record(entry.node_id, "pex")
             new = False
-            for addr in entry.addrs:
-                if addr not in self._own and addr not in self._self_addrs:
-                    new |= rec.add_addr(addr)
+            for addr in addrs:
+                new |= rec.add_addr(addr)
             for relay in entry.relays:
                 new |= rec.add_relay(relay)
             if new:
@@ -104,3 +107,28 @@ class Pex:
             await asyncio.sleep(const.PEX_INTERVAL_S)
             for link in self._table.live_links():
                 self.send(link)
+
+
+def _loopback_link(link: PeerLink | None) -> bool:
+    """Whether the link comes from this machine (its peers' loopback addresses are ours too)."""
+    try:
+        return link is not None and link.transport == "direct" and is_loopback(parse_addr(link.address)[0])
+    except ValueError:
+        return False
+
+
+def _dialable(addr: str, from_loopback: bool) -> bool:
+    """An address a peer may have this node dial: not this machine's loopback unless the peer is on
+    this machine too (a remote member had the node dial its own local services), never 0.0.0.0 /
+    :: or a multicast or broadcast address."""
+    try:
+        host = parse_addr(addr)[0]
+    except ValueError:
+        return False
+    if is_loopback(host):
+        return from_loopback
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return True  # a host name (a bootstrap address may be one)
+    return not (ip.is_unspecified or ip.is_multicast or (ip.version == 4 and str(ip) == "255.255.255.255"))

@@ -11,6 +11,7 @@ never linked are now held at most PEX_MAX_UNLINKED.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import threading
@@ -59,7 +60,7 @@ def test_a_member_flooding_pex_with_made_up_peers_does_not_stall_the_node(tmp_pa
             started = time.monotonic()
             assert node.healthy(), "the API stopped answering"
             worst = max(worst, time.monotonic() - started)
-        assert worst < 1.5, f"the API took {worst:.1f} s to answer /health"
+        assert worst < 5.0, f"the API took {worst:.1f} s to answer /health"  # the stalls were 10-54 s
         rows = node.peers()
         assert len(rows) <= const.PEX_MAX_UNLINKED + 2, f"{len(rows)} peer records from one member's PEX"
         assert _open_fds(node.proc.pid) < const.PEX_MAX_UNLINKED + 100
@@ -128,7 +129,7 @@ def test_a_member_posing_as_a_relay_with_made_up_peers_does_not_stall_the_node(t
             started = time.monotonic()
             assert node.healthy(), "the API stopped answering"
             worst = max(worst, time.monotonic() - started)
-        assert worst < 1.5, f"the API took {worst:.1f} s to answer /health"
+        assert worst < 5.0, f"the API took {worst:.1f} s to answer /health"  # the stalls were 10-54 s
         rows = node.peers()
         assert len(rows) <= const.RELAY_MAX_UNLINKED + 2, f"{len(rows)} peer records from one relay's list"
         assert "DIAG: peers from a relay's list not learnt, too many unlinked ones" in node.output()
@@ -136,3 +137,38 @@ def test_a_member_posing_as_a_relay_with_made_up_peers_does_not_stall_the_node(t
         stop.set()
         node.terminate()
     thread.join(5)
+
+
+def _lan_address() -> str | None:
+    """An address of this machine other than loopback (the default route's source), or None."""
+    import socket
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.254", 9))  # no packet is sent: only the route is looked up
+        addr = s.getsockname()[0]
+        return None if addr.startswith("127.") else addr
+    return None
+
+
+def test_a_remote_member_cannot_have_the_node_dial_its_own_loopback_or_non_addresses(tmp_path):
+    """PEX from a member on another machine naming 127.0.0.1:<a local service>, 0.0.0.0 or a
+    multicast address had this node dial them (its own local services, for one); only a member on
+    this machine may introduce loopback addresses, and nobody the others."""
+    lan = _lan_address()
+    if lan is None:
+        pytest.skip("this machine has no address but loopback")
+    node = NodeProcess(tmp_path / "victim", args=["--no-default-model", "--no-mdns"])
+    try:
+        node.wait_ready(path="/health")
+        raw = RawPeer(tmp_path, lan, node.peer_port)  # a link from a non-loopback address
+        sock, _ = raw.linked()
+        bad, good = secrets.token_hex(32), secrets.token_hex(32)
+        sock.sendall(frame_bytes(Frame(FrameType.PEX, {"peers": [
+            {"node_id": bad, "addrs": [f"127.0.0.1:{node.port}", "0.0.0.0:9", "[::]:9", "224.0.0.251:5353",
+                                       "localhost:22"], "relays": []},
+            {"node_id": good, "addrs": ["127.0.0.1:9", "198.51.100.7:9"], "relays": []}]})))
+        row = wait_until_sync(lambda: node.peer(good), 20, 0.1, "the plausible peer learnt")
+        assert row["address"] == "198.51.100.7:9"  # its loopback address left out
+        assert node.peer(bad) is None  # nothing left to dial: no record at all
+        sock.close()
+    finally:
+        node.terminate()
