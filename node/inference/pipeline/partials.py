@@ -131,6 +131,21 @@ class PartialModels:
         assert entry.partial is not None
         manifest, parts, label = entry.partial, parts_for(entry.header, start, end), f"{start}-{end - 1}"
         last = [0.0]
+        # one bar over the whole range: each source (a peer, then the next, then the origin)
+        # reports its own bytes against its own total; counted here against the parts missing
+        # when the fetch begins (`wanted`, set under the lock)
+        wanted: list[str] = []
+        shown = [0]
+
+        def phase() -> Callable[[int, int], None]:
+            """Progress of one source: its bytes on top of the parts completed before it began."""
+            overall = sum(t.n_bytes for p in wanted for t in manifest.part_tensors(p))
+            settled = sum(t.n_bytes for p in wanted if p in manifest.complete for t in manifest.part_tensors(p))
+
+            def report(done: int, _total: int) -> None:
+                shown[0] = min(overall, max(shown[0], settled + done))
+                on_progress(shown[0], overall)
+            return report
 
         def on_progress(done: int, total: int) -> None:
             if progress is not None:
@@ -158,12 +173,13 @@ class PartialModels:
                 if dropped:  # altered bytes were in use: their conversions and the slices on them go
                     await self._async_forget_conversions(entry)
                     self.on_dropped(entry, dropped)
-            await self._async_from_peers(entry, store, parts, start, end, url, label, on_progress)
+            wanted[:] = [p for p in parts if p not in manifest.complete]
+            await self._async_from_peers(entry, store, parts, start, end, url, label, phase)
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
             # a restart (the same id, other bytes) forgets the conversions itself, before it records the
             # new version
-            stats = await async_fetch_parts(store, manifest, parts, progress=on_progress, url=url,
+            stats = await async_fetch_parts(store, manifest, parts, progress=phase(), url=url,
                                             forget=self._forget)
         if stats.wire_bytes:
             self.note(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
@@ -179,7 +195,7 @@ class PartialModels:
             await asyncio.get_running_loop().run_in_executor(None, self.weight_cache.forget, entry.sha256)
 
     async def _async_from_peers(self, entry: ModelEntry, store: PartialStore, parts: list[str], start: int,
-                                end: int, url: str, label: str, progress: Callable[[int, int], None]) -> None:
+                                end: int, url: str, label: str, phase: Callable[[], Callable[[int, int], None]]) -> None:
         """What peers holding these layers can give, most overlap first (see the module doc)."""
         manifest = entry.partial
         assert manifest is not None
@@ -198,7 +214,7 @@ class PartialModels:
             self.note(f"fetching layers {label} of {entry.id} from peer {source.label}")
             try:
                 got = await async_fetch_parts_from(store, manifest, missing, source, origin_url=url,
-                                                   progress=progress)
+                                                   progress=phase())
             except NodeError as exc:  # it went, or holds none of these: the next one, then the origin
                 log.info("DIAG: layer fetch from peer failed %s", kv(peer_id=source.label, model=entry.id,
                                                                      error=exc.message))
