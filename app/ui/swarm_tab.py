@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QScrollArea,
     QSlider,
     QVBoxLayout,
     QWidget,
@@ -23,7 +25,7 @@ from PySide6.QtWidgets import (
 from app.host import NodeHost
 from app.tasks import spawn
 from app.ui import fmt
-from app.ui.layer_map import LayerMapView, RatePlot
+from app.ui.layer_map import AXIS_H, COVERAGE_H, PAD, ROW_H, LayerMapView, RatePlot
 from app.ui.swarm_model import LayerMapModel, RateSeries
 from app.ui.widgets import table_view
 
@@ -36,6 +38,15 @@ def _free_mb() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available // 2**20)
+
+
+class _MapScroll(QScrollArea):
+    """The layer map's scroll area: as tall as the map when there is room (QScrollArea's own size
+    hint is the map's first one, cached)."""
+
+    def sizeHint(self) -> QSize:
+        widget = self.widget()
+        return widget.sizeHint() if widget is not None else super().sizeHint()
 
 
 class ContributePanel(QGroupBox):
@@ -214,6 +225,13 @@ class SwarmTab(QWidget):
         self.picker.setMinimumContentsLength(28)
         self.coverage = QLabel()
         self.map_view = LayerMapView()
+        # in a scroll area: the map is one row per holder, and a swarm of many holders must not make
+        # the window taller than the screen (the tab's minimum height was the whole map's)
+        self.map_scroll = _MapScroll()
+        self.map_scroll.setWidget(self.map_view)
+        self.map_scroll.setWidgetResizable(True)
+        self.map_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.map_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.table = table_view(layer_map)
         self.table.setMaximumHeight(170)
         self.plot = RatePlot()
@@ -224,7 +242,7 @@ class SwarmTab(QWidget):
         top.addWidget(self.coverage, 1)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
-        layout.addWidget(self.map_view)
+        layout.addWidget(self.map_scroll)
         layout.addWidget(self.table)
         layout.addWidget(self.contribute)
         layout.addWidget(self.plot)
@@ -262,6 +280,10 @@ class SwarmTab(QWidget):
             self.picker.blockSignals(False)
         current = self.model.current()
         self.map_view.set_map(current)
+        # the map shrinks to three holders' rows at most (then scrolls), never below its own height
+        self.map_scroll.setMinimumHeight(min(self.map_view.sizeHint().height(),
+                                             AXIS_H + COVERAGE_H + 3 * ROW_H + 2 * PAD))
+        self.map_scroll.updateGeometry()  # its size hint is the map's, which the layout cached
         self.coverage.setText(current.coverage_text() if current else
                               ("not served in the swarm yet" if self.picker.count() else ""))
         self.contribute.set_model(self.picker.currentText() or None)
