@@ -58,6 +58,7 @@ class MainWindow(QMainWindow):
             self.tabs.setTabToolTip(i, f"{name} (Alt+{i + 1})")
             QShortcut(QKeySequence(f"Alt+{i + 1}"), self, activated=lambda i=i: self.tabs.setCurrentIndex(i))
         feeds.swarm_changed.connect(self.swarm_tab.contribute.refresh)
+        feeds.swarm_changed.connect(self.swarm_tab.sync_picker)
         feeds.swarm_changed.connect(self.chat_tab.schedule_refresh)
         host.started.connect(self.chat_tab.refresh_models)
         self._appearance_menu()

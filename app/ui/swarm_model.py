@@ -166,6 +166,8 @@ class LayerMapModel(KeyedTableModel):
         self.selected: str | None = None  # sha256
 
     def set_maps(self, maps: list[ModelMap]) -> None:
+        if maps == self.maps:  # a peer's ping (or another event that changed nothing drawn): no redraw
+            return
         self.maps = maps
         if self.selected not in {m.sha256 for m in maps}:
             self.selected = maps[0].sha256 if maps else None

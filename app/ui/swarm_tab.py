@@ -288,6 +288,12 @@ class SwarmTab(QWidget):
                               ("not served in the swarm yet" if self.picker.count() else ""))
         self.contribute.set_model(self.picker.currentText() or None)
 
+    def sync_picker(self) -> None:
+        """On every swarm event: the picker also lists this node's files, which change (a download,
+        a file added) without any map changing (then the map model emits nothing)."""
+        if [self.picker.itemData(i) for i in range(self.picker.count())] != [sha for _, sha in self.choices()]:
+            self._on_maps()
+
     def _on_pick(self, index: int) -> None:
         self.model.select(self.picker.itemData(index))
         self._on_maps()
