@@ -28,6 +28,7 @@ from app.ui import fmt
 from app.ui.layer_map import AXIS_H, COVERAGE_H, PAD, ROW_H, LayerMapView, RatePlot
 from app.ui.swarm_model import LayerMapModel, RateSeries
 from app.ui.widgets import table_view
+from node.inference.pipeline.layerchoice import layers_for_budget
 
 SLIDER_STEP_MB = 64
 SLIDER_MIN_MB = 16
@@ -126,9 +127,12 @@ class ContributePanel(QGroupBox):
         mb = self.slider.value()
         cost = self.cost.get(self.model_id or "")
         if cost and cost["per_layer_mb"] > 0:
-            layers = int(max(0.0, mb - cost["head_mb"]) // cost["per_layer_mb"])
-            layers = min(cost["n_layers"], int(mb // cost["per_layer_mb"]) if layers <= 0 else layers)
-            self.budget_label.setText(f"{mb:,} MB ≈ {layers} of {cost['n_layers']} layers "
+            # the node's own count (a range that ends at the last layer holds the output head too):
+            # the label said "≈ 3 of 12" while the node served 4 layers that did not
+            fit = layers_for_budget(mb * 2**20, int(cost["per_layer_mb"] * 2**20), 0, int(cost["head_mb"] * 2**20),
+                                    n_layers=cost["n_layers"])
+            head = f", {fit.with_head} with the output head" if fit.with_head != fit.layers else ""
+            self.budget_label.setText(f"{mb:,} MB ≈ {fit.layers} of {cost['n_layers']} layers{head} "
                                       f"({cost['per_layer_mb']:.1f} MB each)")
         else:
             self.budget_label.setText(f"{mb:,} MB")
