@@ -126,7 +126,9 @@ class LayerMapView(QWidget):
         p.setPen(text)
         p.drawText(QRectF(0, y, LABEL_W, COVERAGE_H - 4), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                    "holders per layer")
-        for layer, count in enumerate(m.counts):
+        whole = sum(1 for h in m.holders if h.whole)  # each holds every layer (llama.cpp, the model whole)
+        for layer, slices in enumerate(m.counts):
+            count = slices + whole
             cell = QRectF(self._x(layer) + 1, y, self._x(layer + 1) - self._x(layer) - 2, COVERAGE_H - 6)
             if count == 0:
                 p.fillRect(cell, QBrush(GAP, Qt.BrushStyle.BDiagPattern))

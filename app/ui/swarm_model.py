@@ -89,7 +89,10 @@ class ModelMap:
         if not gaps:
             low = min(self.counts) if self.counts else 0
             return f"every layer covered (at least {low} holder{'s' if low != 1 else ''})"
-        return "gap: layers " + ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in gaps)
+        runs = ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in gaps)
+        if any(h.whole for h in self.holders):  # served anyway: only the slices leave layers out
+            return f"served whole; slices leave out layers {runs}"
+        return "gap: layers " + runs
 
 
 def _chain_of(trace: Any) -> list[Any]:
