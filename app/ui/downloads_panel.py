@@ -105,24 +105,27 @@ class DownloadsPanel(QWidget):
         if job.state == "failed":
             row.detail.setText(f"failed: {job.error}")
         row.setToolTip(summary["url"])
-        for button in (row.pause_button, row.cancel_button):
-            try:
-                button.clicked.disconnect()
-            except (RuntimeError, TypeError):  # nothing connected yet
-                pass
+        # the buttons act on the row's job of the moment (a resume makes a new one): connected once
+        # (disconnecting a button with nothing connected printed a RuntimeWarning on the console)
+        row.job = job
+        if not getattr(row, "buttons_connected", False):
+            row.pause_button.clicked.connect(lambda: self._pause_or_resume(row.job))
+            row.cancel_button.clicked.connect(lambda: self._cancel(row.job))
+            row.buttons_connected = True
         row.pause_button.setVisible(job.state in ("downloading", "starting", "paused"))
         row.pause_button.setText("Resume" if job.state == "paused" else "Pause")
         row.pause_button.setToolTip("Resume from where it stopped (HTTP Range)" if job.state == "paused"
                                     else "Stop for now; the bytes so far are kept")
-        if job.state == "paused":
-            row.pause_button.clicked.connect(lambda: self._resume(job))
-        else:
-            row.pause_button.clicked.connect(lambda: self.node.downloads.pause(job.id))
         row.cancel_button.setVisible(job.active or job.state == "paused")
         row.cancel_button.setToolTip("Stop and delete the partial file")
-        row.cancel_button.clicked.connect(lambda: self._cancel(job))
         if job.state == "done":
             row.detail.setText(f"done · {fmt.size(job.total_bytes or job.done_bytes)} · model {job.model_id}")
+
+    def _pause_or_resume(self, job) -> None:
+        if job.state == "paused":
+            self._resume(job)
+        else:
+            self.node.downloads.pause(job.id)
 
     def _resume(self, job) -> None:
         """Resume, and wire the row to the new download at once (its first event comes later: a
@@ -158,11 +161,11 @@ class DownloadsPanel(QWidget):
         row.cancel_button.setVisible(helping)  # (--layers and --serve auto slices are the command line's)
         row.cancel_button.setToolTip("Stop fetching these layers and stop helping serve the model; what arrived "
                                      "is kept: “Help serve this model” again resumes from there")
-        try:
-            row.cancel_button.clicked.disconnect()
-        except (RuntimeError, TypeError):  # nothing connected yet
-            pass
-        row.cancel_button.clicked.connect(lambda: spawn(self.node.contributions.async_stop(hosted.entry.id),
-                                                        what=f"stopping the fetch of {hosted.entry.id}"))
+        if not getattr(row, "cancel_connected", False):  # once per row (its model does not change);
+            # disconnecting with nothing connected printed a RuntimeWarning on the console
+            model_id = hosted.entry.id
+            row.cancel_button.clicked.connect(lambda: spawn(self.node.contributions.async_stop(model_id),
+                                                            what=f"stopping the fetch of {model_id}"))
+            row.cancel_connected = True
         row.show_progress(done, total, rate, "fetching")
         row.setToolTip("layers of a partial model arriving from peers and the origin")
