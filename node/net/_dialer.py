@@ -23,8 +23,9 @@ from node.config import NodeConfig
 from node.errors import NotAMember, PeerError, PeerIdentityMismatch, PeerUnreachable, SelfConnection
 from node.logs import kv
 
+from ._addr import parse_addr
 from ._admission import Membership
-from ._connect import Establish, async_dial_direct, async_dial_relayed, format_addr, parse_addr
+from ._connect import Establish, async_dial_direct, async_dial_relayed
 from ._foreign import ForeignPeers
 from ._identity import short_id
 from ._link import PeerLink
@@ -58,12 +59,8 @@ def _jitter(seconds: float) -> float:
 
 
 def dial_address(link: PeerLink) -> str:
-    """Where we can dial the peer of a link: the dialled address, or (inbound direct) its observed
-    host with the listen port it announced."""
-    if link.is_dialer or link.transport != "direct":
-        return link.address
-    host = parse_addr(link.address)[0]
-    return format_addr(host, link.hello.listen_port)
+    """Where we can dial the peer of a link (PeerLink.dial_address)."""
+    return link.dial_address
 
 
 async def _no_relay_client(relay_addr: str, target: str) -> str:

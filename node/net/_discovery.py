@@ -20,8 +20,9 @@ from node.config import NodeConfig
 from node.errors import NodeError
 from node.logs import kv
 
+from ._addr import is_loopback, parse_addr
 from ._admission import Membership
-from ._connect import Establish, is_loopback, parse_addr
+from ._connect import Establish
 from ._dialer import Dialer
 from ._foreign import ForeignPeers
 from ._frames import Frame

@@ -19,7 +19,8 @@ from node import const
 from node.errors import AdmissionEnded, NodeError, NotAMember, SelfConnection
 from node.logs import kv
 
-from ._connect import Establish, async_accept_tls, is_loopback, parse_addr, peer_address
+from ._addr import is_loopback, parse_addr
+from ._connect import Establish, async_accept_tls, peer_address
 from ._link import PeerLink, Transport
 from ._messages import NotSwarmPeer
 from ._preamble import KIND_ACCEPT, KIND_CONNECT, KIND_TLS, read_preamble, send_reply

@@ -19,6 +19,7 @@ from node import const
 from node.errors import PeerError, PeerUnreachable, ProtocolError, RequestTimeout
 from node.logs import TRACE, kv
 
+from ._addr import format_addr, parse_addr
 from ._frames import PREFIX_LEN, Frame, FrameType, decode_body, decode_prefix, encode_frame, type_name
 from ._identity import short_id
 from ._messages import ErrorInfo, Hello
@@ -104,6 +105,17 @@ class PeerLink:
     def __repr__(self) -> str:
         return (f"PeerLink({self.short_id} #{self.connection_id} {self.transport} {self.address} "
                 f"dialer={self.is_dialer})")
+
+    @property
+    def dial_address(self) -> str:
+        """Where the peer can be dialled: the dialled address, or (it dialled us, directly) its
+        observed host with the listen port it announced — not the port its connection came from."""
+        if self.is_dialer or self.transport != "direct" or not self.hello.listen_port:
+            return self.address
+        try:
+            return format_addr(parse_addr(self.address)[0], self.hello.listen_port)
+        except ValueError:
+            return self.address
 
     @property
     def is_open(self) -> bool:

@@ -30,8 +30,8 @@ from node.errors import (
 from node.logs import kv
 from node.observe import Observers
 
+from ._addr import format_addr, is_loopback, parse_addr
 from ._admission import Membership, async_admit
-from ._connect import format_addr, is_loopback, parse_addr
 from ._discovery import Discovery
 from ._frames import Frame, FrameType, encode_frame, type_name
 from ._handlers import Handler, Handlers, InlineHandler

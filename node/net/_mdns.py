@@ -24,7 +24,7 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from node import const
 from node.logs import kv
 
-from ._connect import format_addr
+from ._addr import format_addr
 from ._identity import is_node_id, short_id
 from ._messages import PROTOCOL_VERSION
 

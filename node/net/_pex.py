@@ -17,7 +17,7 @@ from node import const
 from node.errors import PeerError
 from node.logs import kv
 
-from ._connect import is_loopback, parse_addr
+from ._addr import is_loopback, parse_addr
 from ._foreign import ForeignPeers
 from ._frames import Frame
 from ._link import PeerLink

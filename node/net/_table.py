@@ -35,7 +35,7 @@ class PeerSnapshot:
     short_id: str
     state: PeerState
     transport: str | None  # "direct" | "relayed" | None (no link)
-    address: str | None  # "host:port" of the live link, else the last known address
+    address: str | None  # "host:port" to dial the peer at (its live link's), else the last known address
     rtt_ms: float | None
     rto_ms: float
     models: tuple[Mapping[str, Any], ...]
@@ -124,7 +124,9 @@ class PeerRecord:
             short_id=self.short_id,
             state=self.state,
             transport=link.transport if link else None,
-            address=link.address if link else self.last_address or (self.addrs[0] if self.addrs else None),
+            # where the peer can be dialled: a peer that dialled us showed the port its connection
+            # came from (an ephemeral one, useless to bootstrap from), not the one it listens on
+            address=link.dial_address if link else self.last_address or (self.addrs[0] if self.addrs else None),
             rtt_ms=(link.rtt_s * 1000) if link and link.rtt_s is not None else (
                 self.rto.last_rtt_s * 1000 if self.rto.last_rtt_s is not None else None),
             rto_ms=self.rto.rto_s * 1000,

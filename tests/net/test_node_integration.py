@@ -41,6 +41,8 @@ def test_admin_peers_stats_and_cli(pair):
     a, b, a_id = pair["a"], pair["b"], pair["a_id"]
     row = b.peer(a_id)
     assert row["transport"] == "direct" and row["address"] == f"127.0.0.1:{a.peer_port}"
+    # the other way (b dialled a): b's listen port, not the port its connection came from
+    assert a.peer(pair["b_id"])["address"] == f"127.0.0.1:{b.peer_port}"
     assert {"node_id", "short_id", "state", "transport", "address", "rtt_ms", "models", "last_seen"} <= set(row)
     wait_until_sync(lambda: b.peer(a_id)["rtt_ms"] is not None, 30, 0.2, "an RTT sample")
     out = subprocess.run([sys.executable, "-m", "node.cli", "peers", "-p", str(b.port), "--data-dir", str(b.data_dir)],
