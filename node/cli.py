@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarmllm` console script."""
+    from node.errors import NodeError
     from node.runtime import configure_process
 
     configure_process()  # before any command imports torch
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         rc = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at exit, where a closed pipe is an "Exception ignored" trace
         return rc
+    except NodeError as exc:  # a bad config.toml or SWARMLLM_* value, met by a command that talks to the node
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `swarmllm invite | head -1`: the reader left before the output ended
         # Python flushes stdout again at exit: point it at /dev/null so that raises nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
