@@ -219,6 +219,12 @@ def validate(cfg: NodeConfig) -> None:
     if cfg.serve == "auto" and cfg.layers:
         raise InvalidRequest(f"--layers {cfg.layers} and --serve auto conflict: --layers chooses the layers by "
                              "hand, --serve auto lets the node choose them; give one of the two")
+    for name in ("port", "peer_port"):  # bind() would raise OverflowError, once the models are loaded
+        if not 0 <= getattr(cfg, name) <= 65535:
+            raise InvalidRequest(f"config field {name}: must be a TCP port 0..65535, got {getattr(cfg, name)}")
+    if cfg.effective_peer_port > 65535:
+        raise InvalidRequest(f"config field peer_port: the default, the API port + {const.PEER_PORT_OFFSET} "
+                             f"({cfg.effective_peer_port}), is past 65535: give a lower port or a --peer-port")
     for name in ("n_ctx", "max_ctx"):
         if getattr(cfg, name) < 0:
             raise InvalidRequest(f"config field {name}: must be 0 (the model's own) or a number of tokens, "
