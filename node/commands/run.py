@@ -195,7 +195,13 @@ def run(args: argparse.Namespace) -> int:
         setup_logging(args.verbose)
         log.error("configuration error: %s", exc.message)
         return 2
-    setup_logging(config.verbosity, config.data_dir if config.log_to_file else None)
+    try:
+        setup_logging(config.verbosity, config.data_dir if config.log_to_file else None)
+    except OSError as exc:  # node.log cannot be made there: read-only, not ours, a file in the way
+        setup_logging(config.verbosity)
+        why = "a file, not a directory" if config.data_dir.is_file() else exc.strerror or exc
+        log.error("cannot use the data dir %s (%s): give a writable directory with --data-dir", config.data_dir, why)
+        return 2
     try:
         return asyncio.run(serve(config))
     except KeyboardInterrupt:
