@@ -55,8 +55,8 @@ class NodeClient:
     def __init__(self, args: argparse.Namespace):
         cfg = load_config({"port": args.port, "data_dir": args.data_dir})
         self.base = f"http://127.0.0.1:{cfg.port}"
-        key_file = cfg.data_dir / API_KEY_FILE
-        self.key = key_file.read_text(encoding="utf-8").strip() if key_file.is_file() else ""
+        self.key_file = cfg.data_dir / API_KEY_FILE
+        self.key = self.key_file.read_text(encoding="utf-8").strip() if self.key_file.is_file() else ""
 
     def request(self, method: str, path: str, body: dict | None = None, stream: bool = False):
         data = json.dumps(body).encode() if body is not None else None
@@ -67,6 +67,10 @@ class NodeClient:
         try:
             resp = urllib.request.urlopen(req, timeout=600)
         except urllib.error.HTTPError as exc:
+            if exc.code == 401:  # the key of this command's data dir is not the node's: another data dir
+                had = "refused the key in" if self.key else "wants a key; there is none in"
+                raise SystemExit(f"error: the node at {self.base} {had} {self.key_file}: give this command the "
+                                 "--data-dir the node runs with") from None
             detail = exc.read().decode(errors="replace")
             try:
                 detail = json.loads(detail)["error"]["message"]
