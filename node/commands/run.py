@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import os
@@ -134,7 +135,11 @@ async def serve(config) -> int:
     try:
         starting.result()
     except (OSError, NodeError) as exc:
-        log.error("cannot start the node: %s", getattr(exc, "message", None) or exc)
+        message = getattr(exc, "message", None) or exc
+        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:  # the API's (the peer port's is a NodeError)
+            message = (f"port {config.port} is already in use (another SwarmLLM node, or another program): "
+                       "stop it, or choose another with -p")
+        log.error("cannot start the node: %s", message)
         await node.stop()
         await _async_end_leftovers(executor)
         return 2

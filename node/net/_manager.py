@@ -108,8 +108,11 @@ class PeerManager:
                 self.config.effective_peer_port, reuse_address=True,
             )
         except OSError as exc:
+            # the default peer port is the API port + 10: taken, most often, by another node on the same -p
+            what = "--peer-port" if self.config.peer_port else \
+                f"-p (another node on port {self.config.port}?), or give a --peer-port"
             raise NodeError(f"cannot listen for peers on {self.config.peer_host}:{self.config.effective_peer_port}"
-                            f" ({exc.strerror or exc}); choose another with --peer-port",
+                            f" ({exc.strerror or exc}); choose another with {what}",
                             code="peer_port_unavailable") from exc
         self.listen_port = self._server.sockets[0].getsockname()[1]
         host = self.config.peer_host
