@@ -227,8 +227,11 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
         return ModelEntry(f"{name}-{manifest.sha256[:8]}", name, path.resolve(), manifest.sha256, manifest.size_bytes,
                           source, header, header_sha256=manifest.header_sha256, header_bytes=manifest.header_bytes,
                           origin_url=manifest.origin_url, partial=manifest)
-    if not path.is_file():
-        raise ModelLoadError(f"model file not found: {path.name}")
+    if path.is_dir():  # the folder a model came in
+        raise ModelLoadError(f"{path} is a directory: give the path of the .gguf file in it")
+    if not path.is_file():  # a typo, or a model's name as other tools take it
+        hint = " (--model takes the path of a .gguf file, or an http(s):// or hf:// URL)" if source == "cli" else ""
+        raise ModelLoadError(f"model file not found: {path.absolute()}{hint}")
     header = read_header(path)
     size, needed = path.stat().st_size, header.data_end()
     if size < needed:  # llama.cpp would say only that it "could not read the vocabulary"
