@@ -245,6 +245,11 @@ def validate(cfg: NodeConfig) -> None:
                              f"got {cfg.slice_budget_mb}")
     if cfg.serve_reevaluate_s <= 0:
         raise InvalidRequest(f"config field serve_reevaluate_s: must be positive, got {cfg.serve_reevaluate_s}")
+    if cfg.slice_dtype not in const.SLICE_DTYPES:  # the file and SWARMLLM_* skip the CLI's choices
+        raise InvalidRequest(f"config field slice_dtype: expected one of {', '.join(const.SLICE_DTYPES)}, "
+                             f"got {cfg.slice_dtype!r}")
+    if cfg.activation_bits not in (32, 16, 8):  # peers refuse any other with every chained request
+        raise InvalidRequest(f"config field activation_bits: expected one of 32, 16, 8, got {cfg.activation_bits}")
     if cfg.slice_kv_dtype not in const.SLICE_KV_DTYPES:
         raise InvalidRequest(f"config field slice_kv_dtype: expected one of {', '.join(const.SLICE_KV_DTYPES)}, "
                              f"got {cfg.slice_kv_dtype!r}")

@@ -21,7 +21,7 @@ from node.inference.weights.qgemm import available as qgemm_available
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("auto", "f32", "bf16", "f16", "int8")
+DTYPES = const.SLICE_DTYPES
 KV_DTYPES = const.SLICE_KV_DTYPES
 
 
