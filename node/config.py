@@ -181,7 +181,11 @@ def apply_overrides(cfg: NodeConfig, values: dict[str, Any], source: str) -> Non
         if key not in types:
             log.warning("ignoring unknown config key %s from %s", key, source)
             continue
-        setattr(cfg, key, _coerce(key, types[key], value))
+        try:
+            setattr(cfg, key, _coerce(key, types[key], value))
+        except InvalidRequest as exc:  # say where the value came from: a stale export is not in config.toml
+            where = f"{ENV_PREFIX}{key.upper()} in the environment" if source == "environment" else source
+            raise InvalidRequest(f"{exc.message} (from {where})") from exc
 
 
 def _flatten_toml(data: dict[str, Any]) -> dict[str, Any]:
