@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except NodeError as exc:  # a bad config.toml or SWARMLLM_* value, met by a command that talks to the node
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while `chat` streams, or while a command waits on a busy node
+        sys.stderr.write("\n")  # the prompt on its own line, after the text cut short
+        return 130
     except BrokenPipeError:  # `swarmllm invite | head -1`: the reader left before the output ended
         # Python flushes stdout again at exit: point it at /dev/null so that raises nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
