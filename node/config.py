@@ -223,6 +223,9 @@ def validate(cfg: NodeConfig) -> None:
     if cfg.serve == "auto" and cfg.layers:
         raise InvalidRequest(f"--layers {cfg.layers} and --serve auto conflict: --layers chooses the layers by "
                              "hand, --serve auto lets the node choose them; give one of the two")
+    if cfg.layers and not cfg.models:  # else ignored: the default model is served whole, as without --layers
+        raise InvalidRequest(f"--layers {cfg.layers} serves those layers of each --model: give the --model PATH "
+                             "(or URL) to take them from")
     for name in ("port", "peer_port"):  # bind() would raise OverflowError, once the models are loaded
         if not 0 <= getattr(cfg, name) <= 65535:
             raise InvalidRequest(f"config field {name}: must be a TCP port 0..65535, got {getattr(cfg, name)}")
