@@ -33,6 +33,8 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, int]:
         first, last = (int(p) for p in text.split("-", 1))
     except ValueError as exc:
         raise ModelLoadError(f"--layers must look like A-B (inclusive), got {text!r}") from exc
+    if first > last:
+        raise ModelLoadError(f"--layers {text}: the first layer comes first (--layers {last}-{first})")
     if not 0 <= first <= last < n_layers:
         raise ModelLoadError(f"--layers {text} is outside the model's layers 0-{n_layers - 1}")
     return first, last + 1
