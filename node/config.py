@@ -8,6 +8,7 @@ nothing else in the node reads `os.environ` for settings.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 import tomllib
@@ -179,7 +180,9 @@ def apply_overrides(cfg: NodeConfig, values: dict[str, Any], source: str) -> Non
     types = _field_types()
     for key, value in values.items():
         if key not in types:
-            log.warning("ignoring unknown config key %s from %s", key, source)
+            near = difflib.get_close_matches(key, types, n=1)  # a typo: say which setting had no effect
+            log.warning("ignoring unknown config key %s from %s%s", key, source,
+                        f": did you mean {near[0]}?" if near else "")
             continue
         try:
             setattr(cfg, key, _coerce(key, types[key], value))
