@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from node import const
 from node.config import load_config
+from node.datadir import API_KEY_FILE
 from node.errors import NodeError
 from node.logs import setup_logging
 from node.stopping import log_busy_threads, log_pending_tasks
@@ -146,7 +147,8 @@ async def serve(config) -> int:
     # Start-up leaves a few hundred thousand long-lived objects (torch, llama, node); moving them out
     # of the collector's reach keeps full GC passes (60-180 ms here) from stalling the loop later.
     gc.freeze()
-    log.info("SwarmLLM node %s serving at %s (API key in the data dir's api_key file)", node.short_id, node.api_url)
+    log.info("SwarmLLM node %s serving at %s (API key in %s)", node.short_id, node.api_url,
+             config.data_dir / API_KEY_FILE)
     try:
         await stop.wait()
     finally:
