@@ -24,7 +24,8 @@ def add_node_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by every command that starts or talks to a node."""
     parser.add_argument("-p", "--port", type=int, default=None, help="HTTP API port (default 8800)")
     parser.add_argument("--data-dir", default=None, help="data dir (default: platform data dir)")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v, -vv, -vvv")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v or -vv: debug (every subsystem's DIAG lines, e.g. `2>&1 | grep DIAG:`); "
+                        "-vvv: trace (per layer and per frame, and the libraries' own debug lines)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,14 +43,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line parsed (exit 2 with argparse's message on a mistake)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `swarm remove -p PORT ID`: argparse takes a command's optional positionals in one run, so a
+    # node id after the options was "unrecognized" (`swarm remove ID -p PORT` worked)
+    if args.command == "swarm" and args.action == "remove" and args.node_id is None and len(extra) == 1 \
+            and not extra[0].startswith("-"):
+        args.node_id, extra = extra[0], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarmllm` console script."""
     from node.errors import NodeError
     from node.runtime import configure_process
 
     configure_process()  # before any command imports torch
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         rc = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at exit, where a closed pipe is an "Exception ignored" trace

@@ -169,3 +169,22 @@ def test_slice_kv_dtype_from_file_and_cli_and_a_wrong_one_refused(tmp_path):
 def test_a_negative_context_is_refused(tmp_path, field):
     with pytest.raises(InvalidRequest, match=f"config field {field}: must be 0"):
         load_config({"data_dir": str(tmp_path), field: -1}, environ={})
+
+
+@pytest.mark.parametrize("argv", [["swarm", "remove", "-p", "8801", "abcd1234"], ["swarm", "remove", "abcd1234", "-p", "8801"],
+                                  ["swarm", "-p", "8801", "remove", "abcd1234"]])
+def test_swarm_remove_takes_the_node_id_before_or_after_the_options(argv):
+    """`swarm remove -p PORT ID` was "unrecognized arguments: ID" (argparse takes a command's
+    optional positionals in one run)."""
+    from node.cli import parse_args
+
+    args = parse_args(argv)
+    assert (args.action, args.node_id, args.port) == ("remove", "abcd1234", 8801)
+
+
+def test_an_unknown_argument_is_still_refused(capsys):
+    from node.cli import parse_args
+
+    with pytest.raises(SystemExit) as caught:
+        parse_args(["models", "--bogus"])
+    assert caught.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
