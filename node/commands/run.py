@@ -194,6 +194,22 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _check_models(models: list[str]) -> None:
+    """Each model path given (--model, config.toml's models) can be served, else a ModelLoadError
+    saying why, before anything starts: the node logged one warning among its start-up lines and
+    went on serving the default model (or nothing), which was easy to miss."""
+    from pathlib import Path
+
+    from node.models.catalog import check_model_file
+    from node.models.partial import PartialStore
+    from node.models.sources import is_model_url
+
+    for model in models:
+        path = Path(model).expanduser()
+        if not is_model_url(model) and not PartialStore.is_partial(path):
+            check_model_file(path, "cli")
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of `swarmllm run`."""
     try:
@@ -208,6 +224,11 @@ def run(args: argparse.Namespace) -> int:
         setup_logging(config.verbosity)
         why = "a file, not a directory" if config.data_dir.is_file() else exc.strerror or exc
         log.error("cannot use the data dir %s (%s): give a writable directory with --data-dir", config.data_dir, why)
+        return 2
+    try:
+        _check_models(config.models)
+    except NodeError as exc:
+        log.error("cannot serve --model: %s", exc.message)
         return 2
     try:
         return asyncio.run(serve(config))

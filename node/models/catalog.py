@@ -217,16 +217,9 @@ class HashCache:
         tmp.replace(self.path)
 
 
-def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
-    """Build a ModelEntry for one file, or a partial model's directory (blocking)."""
-    if PartialStore.is_partial(path):
-        store = PartialStore(path)
-        manifest = store.load()
-        header = read_header(store.header_path)
-        name = readable_name(Path(file_stem(path) + ".gguf"), header)  # dots kept, as a file's are
-        return ModelEntry(f"{name}-{manifest.sha256[:8]}", name, path.resolve(), manifest.sha256, manifest.size_bytes,
-                          source, header, header_sha256=manifest.header_sha256, header_bytes=manifest.header_bytes,
-                          origin_url=manifest.origin_url, partial=manifest)
+def check_model_file(path: Path, source: str) -> GgufHeader:
+    """The header of a GGUF file that can be served whole, or ModelLoadError saying what is wrong
+    with it (a folder, missing, not a GGUF, truncated), before anything hashes it (blocking)."""
     if path.is_dir():  # the folder a model came in
         raise ModelLoadError(f"{path} is a directory: give the path of the .gguf file in it")
     if not path.is_file():  # a typo, or a model's name as other tools take it
@@ -237,6 +230,20 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
     if size < needed:  # llama.cpp would say only that it "could not read the vocabulary"
         raise ModelLoadError(f"{path.name} is truncated: {size / 1e6:.1f} of the {needed / 1e6:.1f} MB its header "
                              "describes (an interrupted download or copy? fetch it again)")
+    return header
+
+
+def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
+    """Build a ModelEntry for one file, or a partial model's directory (blocking)."""
+    if PartialStore.is_partial(path):
+        store = PartialStore(path)
+        manifest = store.load()
+        header = read_header(store.header_path)
+        name = readable_name(Path(file_stem(path) + ".gguf"), header)  # dots kept, as a file's are
+        return ModelEntry(f"{name}-{manifest.sha256[:8]}", name, path.resolve(), manifest.sha256, manifest.size_bytes,
+                          source, header, header_sha256=manifest.header_sha256, header_bytes=manifest.header_bytes,
+                          origin_url=manifest.origin_url, partial=manifest)
+    header = check_model_file(path, source)
     sha = cache.get_or_compute(path)
     header_sha, header_bytes, origin = cache.header_of(path)
     name = readable_name(path, header)
