@@ -286,13 +286,13 @@ async def test_tombstones_and_samplers_of_evicted_sessions_are_forgotten(worker)
     w.on_work(_work(entry, 0, 0, [3]).to_header(), encode_tokens([3]), COORD)
     await wait_until(lambda: _results(peers), 30, what="RESULT")
     w.on_cancel(SessionControl("s9", entry.sha256, "cancel").to_header(), b"", COORD)
-    assert "s9" in w.ended
-    w.ended["s9"] = 0.0  # let the tombstone expire
+    assert ("s9", COORD) in w.ended
+    w.ended[("s9", COORD)] = 0.0  # let the tombstone expire
     w.host.session_ttl_s = 0.0
     await w.host.async_sweep()  # evicts s1 by TTL; the worker forgets its sampler and the tombstone
     w.forget_expired()
     assert "s1" not in w.samplers
-    assert "s9" not in w.ended
+    assert ("s9", COORD) not in w.ended
 
 
 def _frames(peers):
@@ -495,5 +495,46 @@ async def test_a_failed_slice_loaded_again_leaves_no_thread_behind(tmp_path, mon
             assert (await host.async_load(entry, 0, 6)).state == "failed"
         assert (await host.async_load(entry, 0, 6)).state == "loaded"
         await wait_until(lambda: slice_threads() == 1, what="the failed attempts' threads gone")
+    finally:
+        await host.async_close()
+
+
+async def test_a_member_naming_itself_the_hop_before_cannot_step_anothers_session(tmp_path, caplog):
+    """A middle segment's session takes steps only from the node whose step opened it, for its
+    coordinator: a member that learnt the session id and sent a WORK with a route of its own making
+    (itself as the hop before) had the step computed into the session and the RESULT sent to the
+    coordinator (a review of the peer-port fixes, 2026-12-06)."""
+    import torch
+
+    from node.inference.pipeline.wire import encode_activations
+    from node.inference.slice import SliceModel
+
+    other = "d" * 64
+    entry = ModelCatalog(None).scan([(split_model(tmp_path), "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    await host.async_load(entry, 3, 6)
+    peers = RecordingPeers()
+    w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
+    try:
+        lower = SliceModel.load(entry.path, 0, 3, dtype="f32")
+
+        def step(sender: str, seq: int, index_pos: int, tokens: list[int]) -> None:
+            hidden = lower.forward(lower.new_session(f"h{seq}"), torch.tensor(tokens), 0)
+            meta, data = encode_activations(hidden, 32)
+            work = Work(sid="sub", model=entry.sha256, seq=seq, index_pos=index_pos, n_tokens=len(tokens),
+                        route=(Hop(sender, 0, 3), Hop(ME, 3, 6)), hop=1, coordinator=COORD, sample=True,
+                        sampling=SamplingParams(temperature=0.0), act=meta)
+            w.on_work(work.to_header(), data, sender)
+
+        step(NEXT, 0, 0, [5, 6, 7, 8])  # the real chain: NEXT holds 0-2 and opened the session
+        await wait_until(lambda: _results(peers), 30, what="RESULT of the real step")
+        hosted = host.find(entry.sha256, 3, 6)
+        step(other, 1, 4, [9])  # the forger: "I am the hop before"
+        await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)
+        await asyncio.sleep(0.05)
+        assert hosted.model.sessions.peek("sub").kv_len == 4 and len(_results(peers)) == 1
+        assert "WORK into a session another node opened dropped" in caplog.text
+        step(NEXT, 1, 4, [9])  # the real next step still goes on
+        await wait_until(lambda: len(_results(peers)) == 2, 30, what="RESULT of the real next step")
     finally:
         await host.async_close()

@@ -221,6 +221,17 @@ async def test_a_step_not_from_its_coordinator_or_previous_segment_is_dropped(wo
     await wait_until(lambda: _results(peers), 30, what="RESULT of the real coordinator's step")
 
 
+
+async def test_a_tombstone_set_by_another_node_does_not_stop_the_coordinators_steps(worker):
+    """SESSION_END for a sid that is not here yet leaves a tombstone, so the late WORK of an ended
+    attempt is dropped; set by another node (one that learnt a failover's sid) it stopped the real
+    coordinator's steps, which then missed their deadlines."""
+    w, entry, peers = worker
+    w.on_session_end(SessionControl("s1", entry.sha256, "session_end").to_header(), b"", NEXT)
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT of the coordinator's step")
+
+
 async def test_a_paused_node_refuses_to_resume_for_others(worker):
     w, entry, peers = worker
     w.on_work(_work(entry, 0, 0, list(range(20, 40))).to_header(), encode_tokens(list(range(20, 40))), COORD)

@@ -57,12 +57,13 @@ class SegmentWorker:
         self.transport = transport
         self.acks = Acks(node_id, transport)
         self.samplers: dict[str, Sampler] = {}  # sid -> sampler (last segment only; executor thread)
-        # sid -> expiry of its tombstone, set by CANCEL and SESSION_END alike (a sid is never reused:
-        # each attempt has its own). Either travels on the coordinator's link and can overtake a
-        # WORK still coming from the previous segment (or from the coordinator's own slice, still
-        # computing when a later hop failed and the attempt was ended): that WORK must not
-        # recreate the session, which would then hold its KV until the TTL.
-        self.ended: dict[str, float] = {}
+        # (sid, the coordinator that ended it) -> expiry of its tombstone, set by CANCEL and
+        # SESSION_END alike (a sid is never reused: each attempt has its own). Either travels on the
+        # coordinator's link and can overtake a WORK still coming from the previous segment (or from
+        # the coordinator's own slice, still computing when a later hop failed and the attempt was
+        # ended): that WORK must not recreate the session, which would then hold its KV until the
+        # TTL. Keyed by who ended it: another peer's SESSION_END for a sid it learnt stops nothing.
+        self.ended: dict[tuple[str, str], float] = {}
         transport.on_local(FrameType.WORK, self.on_work)
         transport.on_local(FrameType.CANCEL, self.on_cancel)
         transport.on_local(FrameType.SESSION_END, self.on_session_end)
@@ -122,8 +123,16 @@ class SegmentWorker:
             self.acks.send(PendingAck(work, received))
             self._fail(work, *refusal)
             return
+        # a session takes steps only for its coordinator, from the node whose step opened it: a
+        # member naming itself the hop before could otherwise step a session it learnt the id of
+        sess = hosted.model.sessions.peek(work.sid) if hosted.model is not None else None
+        if sess is not None and ((sess.coordinator is not None and sess.coordinator != work.coordinator)
+                                 or (sess.upstream is not None and sess.upstream != sender)):
+            log.warning("DIAG: WORK into a session another node opened dropped %s",
+                        kv(sender=sender[:8], sid=work.sid, hop=work.hop))
+            return
         debug = log.isEnabledFor(logging.DEBUG)
-        if self._is_ended(work.sid):
+        if self._is_ended(work.sid, work.coordinator):
             self.acks.send(PendingAck(work, received))
             if debug:
                 log.debug("DIAG: WORK for an ended session dropped %s", kv(sid=work.sid, seq=work.seq))
@@ -250,7 +259,7 @@ class SegmentWorker:
         rewound) with room for its rows; None when its session ended while it was queued."""
         work, payload = job.work, job.payload
         job.started = time.monotonic()
-        if self._is_ended(work.sid):
+        if self._is_ended(work.sid, work.coordinator):
             return None  # cancelled while queued behind other steps: do not compute
         model = hosted.model
         hop = work.target  # any sub-range of the slice's layers
@@ -270,10 +279,12 @@ class SegmentWorker:
                                         copy=work.resume_copy, room=work.n_tokens)
             log.debug("DIAG: KV session %s a kept one %s", "copied from" if work.resume_copy else "resumed from", kv(
                 sid=work.sid, kept=work.resume, cached_tokens=work.index_pos, layers=f"{hop.start}-{hop.end - 1}"))
+            sess.upstream = job.sender
         elif sess is None:
             if work.index_pos != 0:
                 raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
             sess = model.new_session(work.sid, hop.start, hop.end, coordinator=work.coordinator)
+            sess.upstream = job.sender
         elif (sess.layer_start, sess.layer_end) != (hop.start, hop.end):
             raise ProtocolError(f"session {work.sid} runs layers {sess.layer_start}-{sess.layer_end - 1}, "
                                 f"this WORK asks for {hop.start}-{hop.end - 1}")
@@ -339,7 +350,7 @@ class SegmentWorker:
             log.error("slice forward failed sid=%s", work.sid, exc_info=outcome)
             self._fail(work, f"{type(outcome).__name__}: {outcome}", "internal_error")
             return
-        if outcome is None or self._is_ended(work.sid):
+        if outcome is None or self._is_ended(work.sid, work.coordinator):
             self.acks.take(ack)  # nobody waits for it any more (dropped, with its timer)
             self._drop_ended(hosted, work.sid)
             return
@@ -413,7 +424,8 @@ class SegmentWorker:
             log.warning("DIAG: malformed session control dropped %s", kv(error=exc.message))
             return
         hosted_slices = self.host.for_model(ctl.model, draining=True)
-        owners = {s.coordinator for h in hosted_slices if h.model is not None
+        # every slice, not only the named model's: the sender names the model
+        owners = {s.coordinator for h in self.host.slices.values() if h.model is not None
                   for s in [h.model.sessions.peek(ctl.sid)] if s is not None and s.coordinator is not None}
         if owners - {sender}:  # only the coordinator that opened a session ends it
             log.warning("DIAG: session control from a node that is not the session's coordinator dropped %s",
@@ -421,7 +433,7 @@ class SegmentWorker:
             return
         if hosted_slices:
             # also when kept: a late WORK of the ended attempt must not write into what is kept
-            self.ended[ctl.sid] = time.monotonic() + const.SESSION_TOMBSTONE_S
+            self.ended[(ctl.sid, sender)] = time.monotonic() + const.SESSION_TOMBSTONE_S
         # keep: only for the coordinator that started the session, into a slice that still serves,
         # and not for other nodes while this one has paused contributing
         keep = ctl.keep and bool(sender) and (sender == self.node_id or self.contributing())
@@ -434,8 +446,9 @@ class SegmentWorker:
         if kept:
             self.host.request_sweep()  # the KV budget holds with what is kept
 
-    def _is_ended(self, sid: str) -> bool:
-        expiry = self.ended.get(sid)
+    def _is_ended(self, sid: str, coordinator: str) -> bool:
+        """Whether `coordinator` ended the session `sid` (a tombstone another node set does not count)."""
+        expiry = self.ended.get((sid, coordinator))
         return expiry is not None and expiry > time.monotonic()
 
     def _drop_ended(self, hosted: HostedSlice, sid: str) -> None:
@@ -464,8 +477,8 @@ class SegmentWorker:
     def forget_expired(self) -> None:
         """Drop sampler state of sessions the host's sweeper evicted, and expired tombstones."""
         now = time.monotonic()
-        for sid in [sid for sid, expiry in self.ended.items() if expiry <= now]:
-            del self.ended[sid]
+        for key in [key for key, expiry in self.ended.items() if expiry <= now]:
+            del self.ended[key]
         models = [h.model for h in self.host.slices.values() if h.model is not None]
         for sid in list(self.samplers):
             if not any(sid in m.sessions for m in models):

@@ -46,6 +46,7 @@ class Session:
         self.created = self.last_used = time.monotonic()
         self.kept_for: str | None = None  # kept (finished): the coordinator that may resume it
         self.coordinator: str | None = None  # the node whose request created it (None: any may keep it)
+        self.upstream: str | None = None  # the node whose step opened it (its later steps come from it)
 
     @property
     def nbytes(self) -> int:
