@@ -65,6 +65,7 @@ class CompletionRun:
         self.pipeline = pipeline  # for models this node does not hold whole
         self.pipeline_run: Any | None = None  # the coordinator's run of this request (distributed route)
         self._pipeline_tokens: AsyncIterator[list[int]] | None = None  # its tokens, the first ones taken in prepare()
+        self._pipeline_source: AsyncIterator[list[int]] | None = None  # the run's own token generator
         self._on_first_token = on_first_token
         self.request = request
         self.trace = trace
@@ -231,18 +232,27 @@ class CompletionRun:
         failure before any token is the response's status, as on the local route where admission
         comes first: every holder's queue full is a 429 with Retry-After (which the SDKs retry on
         their own), not a stream whose only event is an `overloaded` error."""
-        source = self.pipeline_run.tokens()
+        source = self._pipeline_source = self.pipeline_run.tokens()
         try:
             first = await anext(source)
         except StopAsyncIteration:
             first = None
+        except NodeError:
+            if self._aborted is not None:  # ended by an abort (the node stops): the client gets its error
+                raise self._aborted from None
+            raise
 
         async def tokens() -> AsyncIterator[list[int]]:
             try:
                 if first is not None:
                     yield first
-                    async for batch in source:
-                        yield batch
+                    try:
+                        async for batch in source:
+                            yield batch
+                    except NodeError:
+                        if self._aborted is not None:
+                            raise self._aborted from None
+                        raise
             finally:  # the consumer's aclose (a stop sequence) reaches the run: its normal end, KV kept
                 await source.aclose()
         self._pipeline_tokens = tokens()
@@ -408,8 +418,9 @@ class CompletionRun:
             self.job.cancel.set()
         if self.pipeline_run is not None:
             self.pipeline_run.close()
-            if self._pipeline_tokens is not None:  # taken from in prepare(), never read (the client went away)
-                await self._pipeline_tokens.aclose()
+            if self._pipeline_tokens is not None:  # taken from in prepare(), maybe never read (the client went away)
+                await self._pipeline_tokens.aclose()  # (a wrapper never started runs no finally:
+                await self._pipeline_source.aclose()  # the run's own generator is closed as well)
         try:
             if self._gen_future is not None:
                 try:

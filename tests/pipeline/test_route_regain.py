@@ -117,3 +117,39 @@ def test_a_hung_holder_with_no_standby_is_named_in_the_503(tmp_path):
     finally:
         for p in procs:
             p.terminate()
+
+
+def test_a_node_stopping_while_a_stream_waits_for_a_lost_peer_ends_it_with_its_error(tmp_path):
+    """The regain wait heeds the request's abort: a coordinator stopped (SIGTERM) while a stream
+    waited for a lost holder cut the stream without an error event (a review)."""
+    model = split_model(tmp_path)
+    procs = a, _b, c = start_chain3(tmp_path, model)
+    try:
+        model_id = run(_ready(procs, a))
+
+        async def go() -> tuple[str, dict | None]:
+            body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400,
+                    "stream": True, "temperature": 0}
+            chunks = 0
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s, s.post(
+                    a.base + "/v1/chat/completions", json=body, headers=a.auth) as r:
+                assert r.status == 200
+                async for event in SseJson(r):
+                    if "error" in event:
+                        return "error", event
+                    chunks += 1
+                    if chunks == 6:
+                        await asyncio.to_thread(c.kill)  # gone for good: the stream waits for it
+
+                        async def waiting():
+                            return "pipeline waiting for a lost peer" in a.node_log()
+                        await wait_until(waiting, 20, 0.05, "the stream waiting for c")
+                        a.send_signal(signal.SIGTERM)
+            return "ended", None
+
+        outcome, event = run(go())
+        assert outcome == "error", "the stream ended without an error event"
+        assert event["error"]["code"] == "node_stopping", event
+    finally:
+        for p in procs:
+            p.terminate()

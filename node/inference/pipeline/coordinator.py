@@ -183,7 +183,7 @@ class PipelineCoordinator:
         return run
 
     def regain(self, sha256: str, lost: dict[str, int | None]) -> tuple[set[str], list[str]]:
-        """(nodes of `lost` linked again, short ids of peers worth waiting for): LayerHolders.regain."""
+        """(nodes of `lost` linked again, peers worth waiting for): LayerHolders.regain."""
         return self.holders.regain(sha256, lost)
 
     def open_attempt(self, job: GenerationJob, entry: ModelEntry, trace: RequestTrace, attempt_no: int,

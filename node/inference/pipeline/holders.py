@@ -119,7 +119,8 @@ class LayerHolders:
         """For a request with no route: (the nodes of `lost` linked again since — a connection
         other than the one the request lost —, the short ids of peers worth waiting for: those of
         `lost` not linked again, and those that advertised this model and were heard from within
-        ROUTE_REGAIN_S but are not linked now: a link that dropped a moment ago is being dialled)."""
+        ROUTE_REGAIN_S but are not linked now: a link that dropped a moment ago is being dialled),
+        both as node ids."""
         relinked: set[str] = set()
         awaited: list[str] = []
         if self.peers is None:
@@ -135,7 +136,7 @@ class LayerHolders:
             recent = snap.last_seen is not None and now - snap.last_seen < const.ROUTE_REGAIN_S and \
                 any(isinstance(m, Mapping) and m.get("sha256") == sha256 for m in snap.models)
             if snap.node_id in lost or recent:
-                awaited.append(snap.short_id)
+                awaited.append(snap.node_id)
         return relinked, awaited
 
     def swarm_models(self) -> dict[str, dict[str, Any]]:

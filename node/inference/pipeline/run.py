@@ -167,6 +167,9 @@ class PipelineRun:
             for node in relinked:  # linked anew: its sessions are gone, its layers usable again
                 self.excluded.discard(node)
                 del self.lost[node]
+            # a node left out for how it failed (a deadline, an error) is not waited for: it would
+            # stay left out when it links again
+            awaited = [n[:8] for n in awaited if n in self.lost or n not in self.excluded]
             try:
                 att = coordinator.open_attempt(self.job, self.entry, trace, self.attempt_no, frozenset(self.excluded))
             except InsufficientCapacity as exc:
@@ -186,8 +189,8 @@ class PipelineRun:
                                                    f"{', '.join(sorted(n[:8] for n in self.excluded))} "
                                                    f"(last: {self.last_failure})") from exc
                     raise
-                if now >= deadline:
-                    raise InsufficientCapacity(f"{exc.message}; waited {const.ROUTE_REGAIN_S:.0f} s for "
+                if now >= deadline or self.job.cancel.is_set():  # (cancelled: the node stops, an unload)
+                    raise InsufficientCapacity(f"{exc.message}; waited {now - waited_from:.0f} s for "
                                                f"{', '.join(waited_for)} to link again") from exc
                 await asyncio.sleep(const.ROUTE_REGAIN_POLL_S)
                 continue
