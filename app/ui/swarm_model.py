@@ -86,8 +86,8 @@ class ModelMap:
         if any(h.whole for h in self.holders) and not any(not h.whole for h in self.holders):
             return "served whole only"
         gaps = self.gaps
-        if not gaps:
-            low = min(self.counts) if self.counts else 0
+        if not gaps:  # whole holders hold every layer too (the map counts them)
+            low = (min(self.counts) if self.counts else 0) + sum(1 for h in self.holders if h.whole)
             return f"every layer covered (at least {low} holder{'s' if low != 1 else ''})"
         runs = ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in gaps)
         if any(h.whole for h in self.holders):  # served anyway: only the slices leave layers out

@@ -314,3 +314,13 @@ def test_a_layer_fetch_is_cancelled_from_its_bar_and_resumes_from_where_it_stopp
                 await b.stop()
 
     run(body(), timeout_s=400)
+
+
+def test_coverage_counts_a_whole_holder_as_the_map_does():
+    """One slice holder of every layer and one whole holder: two holders per layer, as the map
+    paints them (the line said "at least 1 holder")."""
+    from app.ui.swarm_model import Holder, ModelMap
+
+    m = ModelMap("ab" * 32, "m", "m-abababab", 4, counts=[1, 1, 1, 1])
+    m.holders = [Holder("b" * 64, 0, 4, 4), Holder("d" * 64, 0, 4, 4, whole=True)]
+    assert m.coverage_text() == "every layer covered (at least 2 holders)"
