@@ -63,7 +63,7 @@ class Pex:
         PEX and never linked are at most PEX_MAX_UNLINKED: node ids cost nothing to make up, and 20
         frames of 256 made-up peers from one member had this node dial 5,120 addresses at once
         (a file descriptor each) and stall its loop for minutes (every record an observer event)."""
-        unlinked = sum(1 for rec in self._table if rec.hello is None and rec.sources == {"pex"})
+        unlinked = sum(1 for rec in self._table if rec.hello is None and rec.sources <= {"pex", "relay"})
         skipped = 0
         from_loopback = _loopback_link(link)
         for entry in parse_pex(frame):
@@ -118,17 +118,16 @@ def _loopback_link(link: PeerLink | None) -> bool:
 
 
 def _dialable(addr: str, from_loopback: bool) -> bool:
-    """An address a peer may have this node dial: not this machine's loopback unless the peer is on
-    this machine too (a remote member had the node dial its own local services), never 0.0.0.0 /
-    :: or a multicast or broadcast address."""
+    """An address a peer may have this node dial: an IP literal (a name resolves to whatever its
+    owner likes, and `127.1` or `2130706433` are loopback to the resolver), not this machine's
+    loopback unless the peer is on this machine too (a remote member had the node dial its own
+    local services), never 0.0.0.0 / :: or a multicast or broadcast address."""
     try:
-        host = parse_addr(addr)[0]
+        ip = ipaddress.ip_address(parse_addr(addr)[0])
     except ValueError:
         return False
-    if is_loopback(host):
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
         return from_loopback
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return True  # a host name (a bootstrap address may be one)
     return not (ip.is_unspecified or ip.is_multicast or (ip.version == 4 and str(ip) == "255.255.255.255"))

@@ -164,7 +164,8 @@ def test_a_remote_member_cannot_have_the_node_dial_its_own_loopback_or_non_addre
         bad, good = secrets.token_hex(32), secrets.token_hex(32)
         sock.sendall(frame_bytes(Frame(FrameType.PEX, {"peers": [
             {"node_id": bad, "addrs": [f"127.0.0.1:{node.port}", "0.0.0.0:9", "[::]:9", "224.0.0.251:5353",
-                                       "localhost:22"], "relays": []},
+                                       "localhost:22", "127.1:22", "2130706433:22", "0x7f000001:22",
+                                       "[::ffff:127.0.0.1]:22", "localtest.me:22"], "relays": []},
             {"node_id": good, "addrs": ["127.0.0.1:9", "198.51.100.7:9"], "relays": []}]})))
         row = wait_until_sync(lambda: node.peer(good), 20, 0.1, "the plausible peer learnt")
         assert row["address"] == "198.51.100.7:9"  # its loopback address left out
