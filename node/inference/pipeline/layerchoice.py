@@ -302,8 +302,12 @@ def thinned_by_drop(n_layers: int, spans: Sequence[Span], node_id: str, start: i
     range (the commit of a move, on the adverts of the moment; `spans` include the new range
     when it is loaded). The floor is REDUNDANCY holders, or the weakest layer's count now where
     that is lower, and at least one: a repair below the floor may still thin a layer down to the
-    floor, but two moves decided on different snapshots never take a layer from two holders to one."""
-    counts = layer_counts(n_layers, spans)
+    floor, but two moves decided on different snapshots never take a layer from two holders to one.
+    The weakest count is the swarm's without this node's new range: counted with it, a repair that
+    lifts the only thin layer while thinning another to the same count (a clear gain in
+    throughput, which `should_move` proposes) was aborted after every load, and proposed again
+    at the next round (a swarm test, 2026-12-06: a load, an abort and a re-download every round)."""
+    counts = layer_counts(n_layers, [s for s in spans if s.node_id != node_id or (s.start, s.end) == (start, end)])
     if n_layers <= 0:
         return []
     floor = max(1, min(REDUNDANCY, int(counts.min())))
