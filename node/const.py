@@ -87,6 +87,9 @@ DOWNLOAD_RETRIES = 6  # attempts per download (network errors, 5xx, 429), resumi
 DOWNLOAD_RETRY_BASE_S = 1.0  # backoff: base * 2^(attempt-1), at most 30 s
 DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
 DOWNLOAD_LOG_S = 30.0  # a download's progress is logged (info) at most this often
+PARTIAL_HELD_PROBE_S = 10.0  # a partial model with layers here: its origin's probe at start waits at most this,
+# then the node serves what it holds (an origin that accepts and never answers held the start for
+# DOWNLOAD_READ_TIMEOUT_S, the API down for a minute)
 PARTIAL_COALESCE_GAP = 1 << 20  # tensors of a partial model this close in the file: one Range request
 PARTIAL_PROGRESS_LOG_S = 2.0  # a layer fetch's progress line at INFO this often (DEBUG in between)
 PARTIAL_STATE_EVERY = 8 << 20  # bytes between two records of a layer fetch's progress (resume point)

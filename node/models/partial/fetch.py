@@ -176,7 +176,10 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
     own = session is None
     session = session or aiohttp.ClientSession(timeout=_timeout())
     try:
-        data, header, size, validator, linked = await _async_probe_resuming(url, session)
+        probe = _async_probe_resuming(url, session)
+        if old is not None:  # layers here: an origin that hangs must not hold the node's start for a minute
+            probe = asyncio.wait_for(probe, const.PARTIAL_HELD_PROBE_S)
+        data, header, size, validator, linked = await probe
     except (aiohttp.ClientError, TimeoutError, DownloadFailed) as exc:
         failed = exc if isinstance(exc, DownloadFailed) else \
             DownloadFailed(f"probing {origin} failed: {describe_error(exc)}")
