@@ -159,6 +159,7 @@ class PipelineCoordinator:
         stream.feed(msg)
 
     def _on_peer_event(self, kind: str, snap: Any) -> None:
+        self.holders.note_peer(kind, snap)
         if kind == "removed":
             for kept in self.prefix.through(snap.node_id):
                 self._end_kept(kept, skip=snap.node_id)

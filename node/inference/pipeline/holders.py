@@ -70,6 +70,35 @@ class LayerHolders:
         self.peers = peers  # PeerManager: peers() snapshots; None without a peer network
         self.transport = transport
         self.perf = perf
+        # peers whose link dropped: node id -> (unix time last heard, models it held then), so that
+        # once it links again, until it advertises them loaded, a request waits for it (regain)
+        self._gone: dict[str, tuple[float, frozenset[str]]] = {}
+
+    def note_peer(self, kind: str, snap: Any) -> None:
+        """Peer observer (the coordinator's): remember what a peer whose link dropped held. A
+        restarted `--serve auto` node links again with a HELLO offering nothing, then chooses and
+        loads its layers (seconds): in that window it is linked, so it was not waited for, and a
+        request arriving then failed at once with a 503 while one arriving a moment earlier, with
+        the peer away, waited and was served (a churn test, 2026-12-06)."""
+        if kind != "removed" and snap.state == "connected":
+            return
+        now = time.time()
+        for node, (seen, _) in list(self._gone.items()):
+            if now - seen >= const.ROUTE_REGAIN_S:
+                del self._gone[node]
+        held = frozenset(m["sha256"] for m in snap.models if isinstance(m, Mapping) and isinstance(m.get("sha256"), str)
+                         and not m.get("loading") and ("start" in m or m.get("whole") is True))
+        if held and snap.last_seen is not None:
+            self._gone[snap.node_id] = (snap.last_seen, held)
+
+    def _returning(self, snap: Any, sha256: str, now: float) -> bool:
+        """A peer linked again after its link dropped within ROUTE_REGAIN_S holding this model,
+        which does not advertise it loaded yet (a restarted node choosing or loading its layers)."""
+        gone = self._gone.get(snap.node_id)
+        if gone is None or now - gone[0] >= const.ROUTE_REGAIN_S or sha256 not in gone[1]:
+            return False
+        return not any(isinstance(m, Mapping) and m.get("sha256") == sha256 and not m.get("loading")
+                       and ("start" in m or m.get("whole") is True) for m in snap.models)
 
     def holders(self, sha256: str) -> list[Holder]:
         """Every node that can run a range of this model now: our slices first, then peers'. One
@@ -117,10 +146,11 @@ class LayerHolders:
 
     def regain(self, sha256: str, lost: Mapping[str, int | None]) -> tuple[set[str], list[str]]:
         """For a request with no route: (the nodes of `lost` linked again since — a connection
-        other than the one the request lost —, the short ids of peers worth waiting for: those of
-        `lost` not linked again, and those that advertised this model and were heard from within
-        ROUTE_REGAIN_S but are not linked now: a link that dropped a moment ago is being dialled),
-        both as node ids."""
+        other than the one the request lost —, the peers worth waiting for: those of
+        `lost` not linked again, those that advertised this model and were heard from within
+        ROUTE_REGAIN_S but are not linked now: a link that dropped a moment ago is being dialled,
+        and those linked again since that do not advertise it loaded yet: `note_peer`), both as
+        node ids."""
         relinked: set[str] = set()
         awaited: list[str] = []
         if self.peers is None:
@@ -132,6 +162,8 @@ class LayerHolders:
             if snap.state == "connected":
                 if snap.node_id in lost and snap.connection_id != lost[snap.node_id]:
                     relinked.add(snap.node_id)
+                if self._returning(snap, sha256, now):
+                    awaited.append(snap.node_id)
                 continue
             recent = snap.last_seen is not None and now - snap.last_seen < const.ROUTE_REGAIN_S and \
                 any(isinstance(m, Mapping) and m.get("sha256") == sha256 for m in snap.models)
