@@ -257,24 +257,30 @@ def _coverage(node: ReportParts) -> list[str]:
     ms/layer), gaps named plainly."""
     peers = node.peers.peers() if node.peers is not None else []
     rows: list[str] = []
-    for cov in sorted(swarm_coverage(node.short_id, node.slice_host.adverts(), peers).values(), key=lambda c: c.name):
+    for cov in sorted(swarm_coverage(node.short_id, node.slice_host.adverts(loading=True), peers).values(), key=lambda c: c.name):
         n = cov.n_layers
-        # a whole-model holder (llama.cpp, remote generate) holds every layer
-        everything = [*cov.spans, *(Span(h, 0, n, None) for h in cov.whole)]
+        # a whole-model holder (llama.cpp, remote generate) holds every layer; a range still
+        # loading (its layers arriving) holds none yet: listed, not counted
+        loading = set(cov.loading)
+        everything = [*(s for s in cov.spans if s not in loading), *(Span(h, 0, n, None) for h in cov.whole)]
         counts = layer_counts(n, everything) if everything else [0] * n
         rows.append(f"{clean_text(str(cov.name), 120)} ({n} layers, sha {cov.sha256[:8]}): min holders per layer "
                     f"{min(int(c) for c in counts) if n else 0}" + (" (auto: " + ", ".join(
                         sorted(h[:8] for h in cov.budgets)) + ")" if cov.budgets else ""))
-        holders_at = [tuple(sorted({(s.node_id[:8], s.ms_per_layer) for s in cov.spans if s.start <= layer < s.end}))
-                      for layer in range(n)]
+        holders_at = [tuple(sorted({(s in loading, s.node_id[:8], s.ms_per_layer) for s in cov.spans
+                                    if s.start <= layer < s.end})) for layer in range(n)]
         start = 0
         for layer in range(1, n + 1):
             if layer < n and holders_at[layer] == holders_at[start]:
                 continue
-            who = holders_at[start]
+            who = [(h, ms) for arriving, h, ms in holders_at[start] if not arriving]
+            coming = [h for arriving, h, _ in holders_at[start] if arriving]
             text = ", ".join(f"{h} ({ms:.3f} ms/layer)" if ms is not None else f"{h} (not measured)"
                              for h, ms in who) or ("no slice (held by the whole holders below)" if cov.whole
                                                    else "NO HOLDER")
+            if coming:
+                text += f" (loading: {', '.join(coming)})" if not who and not cov.whole else \
+                    "".join(f", {h} (loading)" for h in coming)
             rows.append(f"  layers {start}-{layer - 1}: {text}")
             start = layer
         if cov.whole:

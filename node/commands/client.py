@@ -146,7 +146,7 @@ def _advert_text(m: object) -> str:
         return str(m)
     name = m.get("name") or m.get("id") or "?"
     if isinstance(m.get("start"), int) and isinstance(m.get("end"), int):
-        return f"{name}[{m['start']}-{m['end'] - 1}]"
+        return f"{name}[{m['start']}-{m['end'] - 1}{' loading' if m.get('loading') is True else ''}]"
     return f"{name}[whole]" if m.get("whole") else str(name)
 
 

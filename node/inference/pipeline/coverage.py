@@ -24,6 +24,9 @@ class ModelCoverage:
     spans: list[lc.Span] = field(default_factory=list)
     budgets: dict[str, lc.LayerBudget] = field(default_factory=dict)  # nodes that choose (--serve auto)
     whole: list[str] = field(default_factory=list)  # node ids serving it whole (llama.cpp)
+    # spans (also in `spans`: the layer choice counts them) whose layers are still arriving: no
+    # planner routes to them, so diagnostics do not count them as held
+    loading: list[lc.Span] = field(default_factory=list)
 
 
 def _int(value: Any) -> int | None:
@@ -68,13 +71,13 @@ def swarm_coverage(node_id: str, own_adverts: Iterable[Mapping[str, Any]],
         parsed = _parse_advert(m) if isinstance(m, Mapping) else None
         if parsed is None:
             continue
-        parsed_all.append((holder, parsed))
+        parsed_all.append((holder, parsed, m.get("loading") is True))
         sha, n_layers = parsed[0], parsed[2]
         votes.setdefault(sha, {}).setdefault(n_layers, set()).add(holder)
         if holder == node_id:
             own.setdefault(sha, n_layers)
     believed = {sha: own.get(sha) or max(counts, key=lambda n: (len(counts[n]), -n)) for sha, counts in votes.items()}
-    for holder, (sha, name, n_layers, span, ms, budget) in parsed_all:
+    for holder, (sha, name, n_layers, span, ms, budget), loading in parsed_all:
         if n_layers != believed[sha]:
             continue  # disagrees with what the model is believed to have: not believed
         cov = out.setdefault(sha, ModelCoverage(sha, name, n_layers))
@@ -82,6 +85,8 @@ def swarm_coverage(node_id: str, own_adverts: Iterable[Mapping[str, Any]],
             cov.whole.append(holder)
             continue
         cov.spans.append(lc.Span(holder, span[0], span[1], ms))
+        if loading:
+            cov.loading.append(cov.spans[-1])
         if budget is not None:
             cov.budgets[holder] = budget
     return out
