@@ -71,6 +71,8 @@ class AutoServe(BudgetShares):
         self.paused = False  # "Pause contributing": chooses nothing, holds no slice
         self._loads: dict[str, asyncio.Task] = {}  # model sha256 -> its slice load in progress
         self._retry: asyncio.TimerHandle | None = None
+        self._claims: dict[tuple[str, str, int, int], float] = {}  # peers' loading ranges -> first seen (loop time)
+        self._stale: asyncio.TimerHandle | None = None  # wakes the chooser when the oldest claim goes stale
 
     @property
     def settled(self) -> bool:
@@ -214,6 +216,8 @@ class AutoServe(BudgetShares):
             self._unsubscribe()
         if self._retry is not None:
             self._retry.cancel()
+        if self._stale is not None:
+            self._stale.cancel()
         tasks = [self._task, *self._drains, *self._loads.values()]
         for task in tasks:
             if task is not None:
@@ -243,7 +247,34 @@ class AutoServe(BudgetShares):
         self._wake.set()
 
     def coverage(self) -> dict[str, ModelCoverage]:
-        return swarm_coverage(self.node_id, self.host.adverts(), self.peers.peers() if self.peers else [])
+        """The swarm's coverage as the choice reads it. A peer's claim (a range advertised loading)
+        counts as a holder of its layers until it has been seen for AUTO_SERVE_CLAIM_STALE_S: a
+        claimer whose fetch trickles (a slow or stalling origin) held its layers, so the model
+        uncovered, for as long as the fetch lasted, while nodes that could cover them did not."""
+        covs = swarm_coverage(self.node_id, self.host.adverts(), self.peers.peers() if self.peers else [])
+        loop = asyncio.get_running_loop()
+        now, live, soonest = loop.time(), set(), None
+        for cov in covs.values():
+            for span in cov.loading:
+                key = (cov.sha256, span.node_id, span.start, span.end)
+                live.add(key)
+                stale_at = self._claims.setdefault(key, now) + const.AUTO_SERVE_CLAIM_STALE_S
+                if now >= stale_at:
+                    cov.spans.remove(span)
+                elif soonest is None or stale_at < soonest:
+                    soonest = stale_at
+        for key in [k for k in self._claims if k not in live]:
+            del self._claims[key]
+        if soonest is not None and (self._stale is None or self._stale.when() > soonest + 0.1):
+            if self._stale is not None:
+                self._stale.cancel()
+            self._stale = loop.call_at(soonest + 0.1, self._claim_stale)
+        return covs
+
+    def _claim_stale(self) -> None:
+        self._stale = None
+        self._why = "claim_stale"
+        self._wake.set()
 
     # --- the loop ---
 
@@ -338,7 +369,7 @@ class AutoServe(BudgetShares):
         if len(mine) != 1:
             return  # mid-move
         budgets = {**cov.budgets, self.node_id: m.budget}
-        balance = why not in ("peer_left", "peer_changed")  # throughput is balanced on the periodic round
+        balance = why not in ("peer_left", "peer_changed", "claim_stale")  # throughput: on the periodic round
         found = lc.first_mover(n, cov.spans, budgets, m.seed, balance=balance)
         if found is None:
             m.deferred_to, m.deferred_rounds = None, 0

@@ -1,0 +1,43 @@
+"""A peer's claim on layers (`"loading": true`) that has not turned into served layers after
+AUTO_SERVE_CLAIM_STALE_S no longer counts as a holder of them: the nodes that could cover them
+do. On real nodes (a churn test, 2026-12-06): of three `--serve auto` nodes with room for half of
+auto8 each, the one whose origin trickled claimed layers 0-3; the third node, seeing 0-3 "held",
+doubled 4-7, and for the 150 s watched (the claim would last as long as the fetch) no node held
+0-3: the model could not be served although two nodes with a working origin could hold it."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from node import const
+from tests.pipeline.test_autoserve_moves import setup
+from tests.support.waiting import wait_until
+
+
+def advert(node_id, start, end, sha, **extra):
+    return SimpleNamespace(node_id=node_id, state="connected", models=(
+        {"sha256": sha, "name": "mv8", "n_layers": 8, "start": start, "end": end, "ms_per_layer": None, **extra},))
+
+
+async def test_a_claim_that_never_loads_stops_counting_and_its_layers_are_covered(tmp_path, monkeypatch):
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    monkeypatch.setattr(const, "AUTO_SERVE_CLAIM_STALE_S", 1.0, raising=False)
+    entry, host, peers, auto, model, old, announced = await setup(tmp_path)  # this node serves 4-7
+    sha = entry.sha256
+    auto.reevaluate_s = 600.0  # no periodic round during the test: the claim's staleness must wake it
+    # 4-7: this node and p1 (`--layers`: it never moves); 0-3: only p0's claim, whose layers never arrive
+    peers.snaps = [advert("p0" * 32, 0, 4, sha, loading=True, auto_budget=[4, 4]), advert("p1" * 32, 4, 8, sha)]
+    auto.start()
+    try:
+        await asyncio.sleep(0.5)  # a fresh claim counts: nobody races it for its layers
+        assert host.find(sha, 0, 4) is None and host.find(sha, 4, 8) is old
+        await wait_until(lambda: host.find(sha, 0, 4) is not None and host.find(sha, 0, 4).state == "loaded",
+                         10.0, 0.05, f"this node to cover 0-3 once the claim went stale ({auto.decisions})")
+        assert any("range=0-3" in d and "move_from_4-7" in d for d in auto.decisions), auto.decisions
+    finally:
+        await asyncio.wait_for(auto.async_stop(), 30)
+        await host.async_close()
