@@ -79,6 +79,23 @@ def start_whole_node(base: Path, name: str, model: Path, *, bootstrap: list[int]
     return NodeProcess(base / name, args=args)
 
 
+def start_coordinator(base: Path, holder: NodeProcess, *, config: str = "", name: str = "c") -> NodeProcess:
+    """A node holding no model, dialling `holder`; `config`: its config.toml."""
+    if config:
+        (base / name).mkdir(exist_ok=True)
+        (base / name / "config.toml").write_text(config)
+    return NodeProcess(base / name, args=["--no-default-model", "--no-mdns", "--n-threads", "1",
+                                          "--bootstrap", f"127.0.0.1:{holder.peer_port}"])
+
+
+async def routed_through(coordinator: NodeProcess, holder: NodeProcess, model_name: str) -> str:
+    """Both nodes up, linked, and the coordinator able to route the model: its id."""
+    await holder.async_wait_ready()
+    await coordinator.async_wait_ready()
+    await wait_peers(coordinator, 1)
+    return await wait_for_route(coordinator, model_name)
+
+
 async def wait_for_route(proc: NodeProcess, model_name: str, timeout_s: float = 60.0) -> str:
     """Wait until the node lists the model as servable; returns its id."""
     async def listed():

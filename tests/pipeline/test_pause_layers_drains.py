@@ -14,13 +14,13 @@ import pytest
 from tests.pipeline.swarm import (
     chat,
     llama_greedy,
+    routed_through,
     run,
     split_model,
+    start_coordinator,
     start_slice_node,
     wait_for_route,
-    wait_peers,
 )
-from tests.support.processes import NodeProcess
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -32,16 +32,10 @@ TOKENS = 200
 def test_a_pause_lets_a_running_chain_through_a_layers_holder_finish(tmp_path):
     model = split_model(tmp_path)
     h = start_slice_node(tmp_path, "h", model, "0-5")
-    (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "config.toml").write_text("speculative_max_draft = 0\n")  # one token a step: a long stream
-    c = NodeProcess(tmp_path / "c", args=["--no-default-model", "--no-mdns", "--n-threads", "1",
-                                          "--bootstrap", f"127.0.0.1:{h.peer_port}"])
+    c = start_coordinator(tmp_path, h, config="speculative_max_draft = 0\n")  # one token a step: a long stream
     try:
         async def go():
-            await h.async_wait_ready()
-            await c.async_wait_ready()
-            await wait_peers(c, 1)
-            model_id = await wait_for_route(c, "split6")
+            model_id = await routed_through(c, h, "split6")
             body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS,
                     "temperature": 0, "stream": True}
             text, error, done, chunks = "", None, False, 0

@@ -9,9 +9,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from tests.pipeline.swarm import run, start_whole_node, wait_for_route, wait_peers
+from tests.pipeline.swarm import routed_through, run, start_coordinator, start_whole_node
 from tests.pipeline.test_remote_generate import whole_model
-from tests.support.processes import NodeProcess
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -21,14 +20,10 @@ def test_a_busy_holder_gives_the_coordinators_client_a_429_not_a_503(tmp_path):
     (tmp_path / "h").mkdir()
     (tmp_path / "h" / "config.toml").write_text("max_queue_per_model = 1\nmax_concurrent = 1\n")
     h = start_whole_node(tmp_path, "h", model)
-    c = NodeProcess(tmp_path / "c", args=["--no-default-model", "--no-mdns", "--n-threads", "1",
-                                          "--bootstrap", f"127.0.0.1:{h.peer_port}"])
+    c = start_coordinator(tmp_path, h)
     try:
         async def go():
-            await h.async_wait_ready()
-            await c.async_wait_ready()
-            await wait_peers(c, 1)
-            model_id = await wait_for_route(c, "whole6")
+            model_id = await routed_through(c, h, "whole6")
 
             async def one(s, i):
                 body = {"model": model_id, "messages": [{"role": "user", "content": f"hello {i}"}],

@@ -11,7 +11,7 @@ import json
 import aiohttp
 import pytest
 
-from tests.pipeline.swarm import run, start_whole_node, wait_for_route, wait_peers
+from tests.pipeline.swarm import routed_through, run, start_coordinator, start_whole_node
 from tests.pipeline.test_remote_generate import whole_model
 from tests.support.processes import NodeProcess
 
@@ -39,14 +39,10 @@ def test_a_busy_holder_gives_a_streaming_client_of_a_coordinator_a_429(tmp_path)
     (tmp_path / "h").mkdir()
     (tmp_path / "h" / "config.toml").write_text("max_queue_per_model = 1\nmax_concurrent = 1\n")
     h = start_whole_node(tmp_path, "h", model)
-    c = NodeProcess(tmp_path / "c", args=["--no-default-model", "--no-mdns", "--n-threads", "1",
-                                          "--bootstrap", f"127.0.0.1:{h.peer_port}"])
+    c = start_coordinator(tmp_path, h)
     try:
         async def go():
-            await h.async_wait_ready()
-            await c.async_wait_ready()
-            await wait_peers(c, 1)
-            model_id = await wait_for_route(c, "whole6")
+            model_id = await routed_through(c, h, "whole6")
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
                 results = await asyncio.gather(*[_streamed(s, c, model_id, i) for i in range(8)])
             assert any(r[0] == 200 and r[2] == "ok" for r in results), results

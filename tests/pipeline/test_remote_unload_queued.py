@@ -11,7 +11,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.pipeline.swarm import run, start_whole_node, wait_for_route, wait_peers
+from tests.pipeline.swarm import routed_through, run, start_coordinator, start_whole_node
 from tests.pipeline.test_remote_generate import whole_model
 from tests.support.processes import NodeProcess
 from tests.support.waiting import wait_until
@@ -44,14 +44,10 @@ def test_a_forced_unload_ends_a_queued_remote_generation(tmp_path):
     (tmp_path / "h").mkdir()
     (tmp_path / "h" / "config.toml").write_text("max_concurrent = 1\n")
     h = start_whole_node(tmp_path, "h", model)
-    c = NodeProcess(tmp_path / "c", args=["--no-default-model", "--no-mdns", "--n-threads", "1",
-                                          "--bootstrap", f"127.0.0.1:{h.peer_port}"])
+    c = start_coordinator(tmp_path, h)
     try:
         async def go():
-            await h.async_wait_ready()
-            await c.async_wait_ready()
-            await wait_peers(c, 1)
-            model_id = await wait_for_route(c, "whole6")
+            model_id = await routed_through(c, h, "whole6")
 
             async def model_row():
                 return (await h.async_get_json("/api/admin/models"))["models"][0]

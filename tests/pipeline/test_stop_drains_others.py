@@ -13,12 +13,12 @@ import pytest
 
 from tests.pipeline.swarm import (
     llama_greedy,
+    routed_through,
     run,
     split_model,
+    start_coordinator,
     start_slice_node,
     start_whole_node,
-    wait_for_route,
-    wait_peers,
 )
 from tests.pipeline.test_remote_generate import whole_model
 from tests.support.processes import NodeProcess
@@ -54,13 +54,6 @@ async def _stream_and_stop(c: NodeProcess, h: NodeProcess, model_id: str, tokens
     return text, None, False
 
 
-def _coordinator(base, h: NodeProcess) -> NodeProcess:
-    (base / "c").mkdir()
-    (base / "c" / "config.toml").write_text("speculative_max_draft = 0\n")  # one token a step
-    return NodeProcess(base / "c", args=["--no-default-model", "--no-mdns", "--n-threads", "1",
-                                         "--bootstrap", f"127.0.0.1:{h.peer_port}"])
-
-
 @pytest.mark.parametrize("holder", ["layers", "whole"])
 def test_a_stopping_holder_lets_another_nodes_stream_finish(tmp_path, holder):
     if holder == "layers":
@@ -69,13 +62,10 @@ def test_a_stopping_holder_lets_another_nodes_stream_finish(tmp_path, holder):
     else:
         model, name = whole_model(tmp_path), "whole6"
         h = start_whole_node(tmp_path, "h", model)
-    c = _coordinator(tmp_path, h)
+    c = start_coordinator(tmp_path, h, config="speculative_max_draft = 0\n")  # one token a step
     try:
         async def go():
-            await h.async_wait_ready()
-            await c.async_wait_ready()
-            await wait_peers(c, 1)
-            model_id = await wait_for_route(c, name)
+            model_id = await routed_through(c, h, name)
             return await _stream_and_stop(c, h, model_id, TOKENS[holder])
         text, error, done = run(go())
         assert error is None and done, (error, len(text))
