@@ -263,8 +263,13 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
     return tuple(tools), {"auto": "auto", "any": "required", "none": "none"}[kind], None, parallel
 
 
+_EFFORTS = ("low", "medium", "high", "max")
+
+
 def _output_format(body: dict) -> ResponseFormat | None:
-    """output_config: `format` (a JSON schema the reply must match); `effort` is refused."""
+    """output_config: `format` (a JSON schema the reply must match); `effort` is accepted and does
+    nothing, as `thinking` (these models spend no thinking or tool budget to tune: opencode sends it
+    with every request, and a 400 failed each one)."""
     config = body.get("output_config")
     if config is None:
         return None
@@ -274,8 +279,12 @@ def _output_format(body: dict) -> ResponseFormat | None:
     if unknown:
         raise InvalidRequest(f"output_config.{sorted(unknown)[0]}: Extra inputs are not permitted",
                              param="output_config")
-    if config.get("effort") is not None:
-        raise Unsupported("output_config.effort is not supported by this node", param="output_config.effort")
+    effort = config.get("effort")
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise InvalidRequest(f"output_config.effort: expected one of {', '.join(_EFFORTS)}",
+                                 param="output_config.effort")
+        log.debug("DIAG: anthropic output_config.effort requested, ignored effort=%s", effort)
     fmt = config.get("format")
     if fmt is None:
         return None

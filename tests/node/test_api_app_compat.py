@@ -139,3 +139,18 @@ async def test_claude_code_context_management_is_accepted(node, model_id):
     with pytest.raises(anthropic.BadRequestError):  # its shape is still checked
         await claude.messages.create(model=model_id, max_tokens=4, messages=QUESTION,
                                      extra_body={"context_management": {"edits": "all"}})
+
+
+async def test_output_config_effort_is_accepted_and_changes_nothing(node, model_id):
+    """opencode sends `output_config.effort` with every request; it was a 400. These models spend no
+    thinking or tool budget to tune: the reply is the one without it; a value not in the API's
+    list is still a 400."""
+    claude = anthropic_client(node)
+    plain = await claude.messages.create(model=model_id, max_tokens=12, messages=QUESTION, extra_body={"temperature": 0})
+    tuned = await claude.messages.create(model=model_id, max_tokens=12, messages=QUESTION,
+                                         extra_body={"temperature": 0, "output_config": {"effort": "high"}})
+    assert [b.text for b in tuned.content] == [b.text for b in plain.content]
+    with pytest.raises(anthropic.BadRequestError) as err:
+        await claude.messages.create(model=model_id, max_tokens=4, messages=QUESTION,
+                                     extra_body={"output_config": {"effort": "extreme"}})
+    assert "output_config.effort" in err.value.body["error"]["message"]
