@@ -33,6 +33,11 @@ from node.trace import RequestTrace, SegmentTrace
 log = logging.getLogger(__name__)
 
 
+def _serves(m: Any) -> bool:
+    """An advert of a model served now: a slice or the whole model, loaded (not still arriving)."""
+    return isinstance(m, Mapping) and "sha256" in m and not m.get("loading") and ("start" in m or m.get("whole") is True)
+
+
 def _holder(snap: Any, m: dict[str, Any], measured: float | None) -> Holder | None:
     """The Holder a peer's advert of this model makes: a slice [start, end), or the whole model
     ([0, n_layers), `whole`; its ms/layer = ms per token / n_layers) unless it paused contributing.
@@ -86,19 +91,14 @@ class LayerHolders:
         for node, (seen, _) in list(self._gone.items()):
             if now - seen >= const.ROUTE_REGAIN_S:
                 del self._gone[node]
-        held = frozenset(m["sha256"] for m in snap.models if isinstance(m, Mapping) and isinstance(m.get("sha256"), str)
-                         and not m.get("loading") and ("start" in m or m.get("whole") is True))
+        held = frozenset(m["sha256"] for m in snap.models if _serves(m) and isinstance(m["sha256"], str))
         if held and snap.last_seen is not None:
             self._gone[snap.node_id] = (snap.last_seen, held)
 
-    def _returning(self, snap: Any, sha256: str, now: float) -> bool:
-        """A peer linked again after its link dropped within ROUTE_REGAIN_S holding this model,
-        which does not advertise it loaded yet (a restarted node choosing or loading its layers)."""
-        gone = self._gone.get(snap.node_id)
-        if gone is None or now - gone[0] >= const.ROUTE_REGAIN_S or sha256 not in gone[1]:
-            return False
-        return not any(isinstance(m, Mapping) and m.get("sha256") == sha256 and not m.get("loading")
-                       and ("start" in m or m.get("whole") is True) for m in snap.models)
+    def _held_lately(self, node_id: str, sha256: str, now: float) -> bool:
+        """The peer held this model when its link dropped, within ROUTE_REGAIN_S (note_peer)."""
+        gone = self._gone.get(node_id)
+        return gone is not None and now - gone[0] < const.ROUTE_REGAIN_S and sha256 in gone[1]
 
     def holders(self, sha256: str) -> list[Holder]:
         """Every node that can run a range of this model now: our slices first, then peers'. One
@@ -146,11 +146,10 @@ class LayerHolders:
 
     def regain(self, sha256: str, lost: Mapping[str, int | None]) -> tuple[set[str], list[str]]:
         """For a request with no route: (the nodes of `lost` linked again since — a connection
-        other than the one the request lost —, the peers worth waiting for: those of
-        `lost` not linked again, those that advertised this model and were heard from within
-        ROUTE_REGAIN_S but are not linked now: a link that dropped a moment ago is being dialled,
-        and those linked again since that do not advertise it loaded yet: `note_peer`), both as
-        node ids."""
+        other than the one the request lost —, the peers worth waiting for: those of `lost` not
+        linked again, and those whose link dropped within ROUTE_REGAIN_S while they served this
+        model (`note_peer`) that are not linked yet (being dialled) or linked but not serving it
+        yet (choosing or loading their layers)), both as node ids."""
         relinked: set[str] = set()
         awaited: list[str] = []
         if self.peers is None:
@@ -159,15 +158,14 @@ class LayerHolders:
         for snap in self.peers.peers():
             if snap.state == "refused":
                 continue
+            lately = self._held_lately(snap.node_id, sha256, now)
             if snap.state == "connected":
                 if snap.node_id in lost and snap.connection_id != lost[snap.node_id]:
                     relinked.add(snap.node_id)
-                if self._returning(snap, sha256, now):
+                # back, but not serving it yet (a restarted node choosing or loading its layers)
+                if lately and not any(_serves(m) and m["sha256"] == sha256 for m in snap.models):
                     awaited.append(snap.node_id)
-                continue
-            recent = snap.last_seen is not None and now - snap.last_seen < const.ROUTE_REGAIN_S and \
-                any(isinstance(m, Mapping) and m.get("sha256") == sha256 for m in snap.models)
-            if snap.node_id in lost or recent:
+            elif snap.node_id in lost or lately:
                 awaited.append(snap.node_id)
         return relinked, awaited
 
