@@ -237,10 +237,8 @@ class CompletionRun:
             first = await anext(source)
         except StopAsyncIteration:
             first = None
-        except NodeError:
-            if self._aborted is not None:  # ended by an abort (the node stops): the client gets its error
-                raise self._aborted from None
-            raise
+        except NodeError as exc:
+            raise self._abort_error(exc) from None
 
         async def tokens() -> AsyncIterator[list[int]]:
             try:
@@ -249,13 +247,16 @@ class CompletionRun:
                     try:
                         async for batch in source:
                             yield batch
-                    except NodeError:
-                        if self._aborted is not None:
-                            raise self._aborted from None
-                        raise
+                    except NodeError as exc:
+                        raise self._abort_error(exc) from None
             finally:  # the consumer's aclose (a stop sequence) reaches the run: its normal end, KV kept
                 await source.aclose()
         self._pipeline_tokens = tokens()
+
+    def _abort_error(self, exc: NodeError) -> NodeError:
+        """The error a chain's run ended with, or this request's abort if it had one (the node
+        stops, a forced unload): the client gets the abort's own error."""
+        return self._aborted if self._aborted is not None else exc
 
     # --- phase 2: tokens ---
 
@@ -267,7 +268,7 @@ class CompletionRun:
         if self._aborted is not None:
             raise self._aborted
         if self.pipeline_run is not None:
-            source = self._pipeline_tokens or self.pipeline_run.tokens()
+            source = self._pipeline_tokens  # (prepare() took its first tokens)
         else:
             source = await self._local_source()
         tok = served.tokenizer

@@ -63,9 +63,7 @@ class Pex:
         PEX and never linked are at most PEX_MAX_UNLINKED: node ids cost nothing to make up, and 20
         frames of 256 made-up peers from one member had this node dial 5,120 addresses at once
         (a file descriptor each) and stall its loop for minutes (every record an observer event)."""
-        # never linked, learnt from PEX (and maybe a relay's list too: then it counts in both pools)
-        unlinked = sum(1 for rec in self._table if rec.hello is None and "pex" in rec.sources
-                       and rec.sources <= {"pex", "relay"})
+        unlinked = self._table.never_linked("pex")
         skipped = 0
         from_loopback = _loopback_link(link)
         for entry in parse_pex(frame):

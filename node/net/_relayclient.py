@@ -88,8 +88,7 @@ class RelayClient:
             nodes = reply.header.get("nodes")
             # peers known only from relays' lists and never linked: at most RELAY_MAX_UNLINKED (a
             # list of 5,000 made-up ids from one member claiming to be a relay stalled the loop 294 s)
-            unlinked = sum(1 for rec in self._table if rec.hello is None and "relay" in rec.sources
-                           and rec.sources <= {"pex", "relay"})
+            unlinked = self._table.never_linked("relay")
             skipped = 0
             for node in nodes if isinstance(nodes, list) else []:
                 node_id = node.get("node_id") if isinstance(node, dict) else None

@@ -196,6 +196,12 @@ class PeerTable:
         """The live link of every peer that has one."""
         return [link for node_id in list(self._records) if (link := self.link(node_id)) is not None]
 
+    def never_linked(self, source: str) -> int:
+        """Peers learnt from `source` ("pex" or "relay": a peer's word, perhaps made up) that never
+        linked and were learnt from nowhere else but those two (one learnt from both counts for both)."""
+        return sum(1 for rec in self._records.values()
+                   if rec.hello is None and source in rec.sources and rec.sources <= {"pex", "relay"})
+
     def linked_count(self) -> int:
         """How many peers have a link recorded (open, or closing right now)."""
         return sum(1 for rec in self._records.values() if rec.link is not None)
