@@ -149,9 +149,12 @@ AUTO_SERVE_START_DELAY_S = 2.0  # the first choice waits a random 0..this, so no
 # see each other's choices instead of all taking the same window
 AUTO_SERVE_LOOK_S = 1.5  # ... and at least this long after the peer network started (links come up)
 AUTO_SERVE_REACT_S = 0.5  # a peer joining or leaving is acted on after 1-3× this (jittered)
-AUTO_SERVE_CLAIM_STALE_S = 60.0  # a peer's claim (a range advertised loading) seen this long without its layers
-# arriving no longer counts as their holder: the nodes that can cover them do (a trickling origin held a claim,
+AUTO_SERVE_CLAIM_STALE_S = 60.0  # a peer's claim (a range advertised loading) whose fetch has not moved for
+# this long no longer counts as their holder: the nodes that can cover them do (a stalled origin held a claim,
 # and the model uncovered, for as long as its fetch lasted)
+AUTO_SERVE_CLAIM_MAX_S = 3600.0  # ... nor one seen this long, however its fetch moves (a trickle, or a member
+# that makes its numbers up)
+CLAIM_PROGRESS_ANNOUNCE_S = 20.0  # a loading slice's fetch progress goes to peers (HELLO) at most this often
 AUTO_SERVE_DEFER_ROUNDS = 3  # evaluations a node waits for the first mover (same coverage) before moving itself
 PARTIAL_OPEN_RETRY_MIN_S = 5.0  # a --model URL unreachable at start (nothing of it here) is tried again after this,
 PARTIAL_OPEN_RETRY_MAX_S = 300.0  # doubling up to this

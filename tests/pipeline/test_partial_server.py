@@ -252,6 +252,46 @@ async def test_a_slice_given_up_while_claiming_fetches_nothing(tmp_path, model, 
         await host.async_close()
 
 
+async def test_a_loading_slice_tells_peers_how_far_its_fetch_is(tmp_path, model, origin, monkeypatch):  # noqa: F811
+    """Peers' layer choices keep a claim while its fetch moves (autoserve.AutoServe.coverage): the
+    loading advert carries `fetch: [done, total]`, and the progress is announced again every
+    CLAIM_PROGRESS_ANNOUNCE_S, not on every chunk."""
+    from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.partials import PartialModels
+
+    monkeypatch.setattr(const, "DOWNLOAD_PROGRESS_S", 0.0)
+    monkeypatch.setattr(const, "CLAIM_PROGRESS_ANNOUNCE_S", 0.3)
+    partials = PartialModels(tmp_path / "models")
+    directory = await partials.async_open(origin.url)
+    [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
+    host = SliceHost(dtype="f32", partials=partials)
+    announced: list[list] = []
+    host.on_rate = lambda: announced.append(host.adverts(loading=True))
+    origin.stall_after = origin.sent + 64 * 1024  # one piece, then the origin waits
+    try:
+        load = asyncio.ensure_future(host.async_load(entry, 2, 5))
+
+        def fetching():
+            return [a for a in host.adverts(loading=True) if a.get("fetch", [0])[0] > 0]
+        await wait_until(fetching, 10.0, 0.02, "a loading advert with fetched bytes")
+        [advert] = fetching()
+        done, total = advert["fetch"]
+        assert advert["loading"] is True and 0 < done < total
+        await asyncio.sleep(0.5)
+        assert announced == []  # a stalled fetch has nothing new to say
+        started = asyncio.get_running_loop().time()
+        origin.release.set()  # the fetch moves again: the next piece's progress goes to peers
+        hosted = await asyncio.wait_for(load, 60)
+        assert hosted.state == "loaded", hosted.error
+        assert announced and all(a["fetch"][0] > done for [a] in announced), announced
+        assert host.adverts(loading=True) == host.adverts() and "fetch" not in host.adverts()[0]
+        # throttled: one announcement per 0.3 s at most, not one per 64 KiB piece
+        assert len(announced) <= 1 + (asyncio.get_running_loop().time() - started) / 0.3, len(announced)
+    finally:
+        origin.release.set()
+        await host.async_close()
+
+
 def test_a_loading_advert_is_counted_by_layer_choices_but_never_routed_to():
     from types import SimpleNamespace
 
@@ -266,6 +306,14 @@ def test_a_loading_advert_is_counted_by_layer_choices_but_never_routed_to():
     assert _holder(snap, {**advert, "loading": False}, None) is not None
     [span] = swarm_coverage("c" * 64, [], [snap])["a" * 64].spans
     assert (span.start, span.end) == (2, 5)
+    # its fetch progress, read where it is well formed (a peer's advert is input)
+    for fetch, read in (([300, 1000], 300), ([0, 1000], 0), ([1001, 1000], None), (["300", 1000], None),
+                        ([True, 1000], None), ([300], None), (300, None)):
+        snap.models = [{**advert, "fetch": fetch}]
+        assert swarm_coverage("c" * 64, [], [snap])["a" * 64].fetched.get(("b" * 64, 2, 5)) == read, fetch
+    snap.models = [{**advert, "loading": False, "fetch": [300, 1000]}]  # a loaded one has no fetch to read
+    assert swarm_coverage("c" * 64, [], [snap])["a" * 64].fetched == {}
+    snap.models = [advert]
     full = {**advert, "header_sha256": "d" * 64, "header_bytes": 1000}
     assert not parse_advert("b" * 64, full).servable  # nobody fetches a header for it from a loading slice
     assert parse_advert("b" * 64, {**full, "loading": False}).servable

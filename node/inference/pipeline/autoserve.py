@@ -71,7 +71,8 @@ class AutoServe(BudgetShares):
         self.paused = False  # "Pause contributing": chooses nothing, holds no slice
         self._loads: dict[str, asyncio.Task] = {}  # model sha256 -> its slice load in progress
         self._retry: asyncio.TimerHandle | None = None
-        self._claims: dict[tuple[str, str, int, int], float] = {}  # peers' loading ranges -> first seen (loop time)
+        # peers' loading ranges -> (first seen, last seen moving, bytes fetched then), loop time
+        self._claims: dict[tuple[str, str, int, int], tuple[float, float, int]] = {}
         self._stale: asyncio.TimerHandle | None = None  # wakes the chooser when the oldest claim goes stale
 
     @property
@@ -248,9 +249,12 @@ class AutoServe(BudgetShares):
 
     def coverage(self) -> dict[str, ModelCoverage]:
         """The swarm's coverage as the choice reads it. A peer's claim (a range advertised loading)
-        counts as a holder of its layers until it has been seen for AUTO_SERVE_CLAIM_STALE_S: a
-        claimer whose fetch trickles (a slow or stalling origin) held its layers, so the model
-        uncovered, for as long as the fetch lasted, while nodes that could cover them did not."""
+        counts as a holder of its layers until its fetch has not moved for AUTO_SERVE_CLAIM_STALE_S
+        (the advert's `fetch` bytes; a claim that gives none, or whose fetch only trickles on,
+        from its first sight, at most AUTO_SERVE_CLAIM_MAX_S): a claimer whose origin stalls held
+        its layers, so the model uncovered, for as long as the fetch lasted, while nodes that
+        could cover them did not; and a claimer whose fetch merely took over a minute (any real
+        slice over Wi-Fi) lost its claim, and a second node fetched the same layers."""
         covs = swarm_coverage(self.node_id, self.host.adverts(), self.peers.peers() if self.peers else [])
         loop = asyncio.get_running_loop()
         now, live, soonest = loop.time(), set(), None
@@ -258,7 +262,12 @@ class AutoServe(BudgetShares):
             for span in cov.loading:
                 key = (cov.sha256, span.node_id, span.start, span.end)
                 live.add(key)
-                stale_at = self._claims.setdefault(key, now) + const.AUTO_SERVE_CLAIM_STALE_S
+                done = cov.fetched.get((span.node_id, span.start, span.end))
+                first, moved, was = self._claims.get(key, (now, now, -1))
+                if done is not None and done > was:
+                    moved, was = now, done
+                self._claims[key] = (first, moved, was)
+                stale_at = min(moved + const.AUTO_SERVE_CLAIM_STALE_S, first + const.AUTO_SERVE_CLAIM_MAX_S)
                 if now >= stale_at:
                     cov.spans.remove(span)
                 elif soonest is None or stale_at < soonest:

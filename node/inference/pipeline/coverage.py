@@ -27,6 +27,9 @@ class ModelCoverage:
     # spans (also in `spans`: the layer choice counts them) whose layers are still arriving: no
     # planner routes to them, so diagnostics do not count them as held
     loading: list[lc.Span] = field(default_factory=list)
+    # bytes of its layers a loading span's node says it has fetched (its advert's `fetch`), by
+    # (node, start, end): a claim whose fetch moves is not stale (autoserve.AutoServe.coverage)
+    fetched: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
 
 def _int(value: Any) -> int | None:
@@ -56,6 +59,15 @@ def _parse_advert(m: Mapping[str, Any]) -> tuple[str, str, int, tuple[int, int] 
     return sha, name, n_layers, (start, end), float(ms) if ms is not None else None, budget
 
 
+def _fetch_done(m: Mapping[str, Any]) -> int | None:
+    """Bytes fetched of a loading advert's `fetch: [done, total]`, None when absent or malformed."""
+    raw = m.get("fetch")
+    if not isinstance(raw, list) or len(raw) != 2:
+        return None
+    done, total = _int(raw[0]), _int(raw[1])
+    return done if done is not None and total is not None and 0 <= done <= total else None
+
+
 def swarm_coverage(node_id: str, own_adverts: Iterable[Mapping[str, Any]],
                    peers: Iterable[Any]) -> dict[str, ModelCoverage]:
     """Per model: this node's adverts and every connected peer's (malformed ones skipped). A hash
@@ -71,13 +83,14 @@ def swarm_coverage(node_id: str, own_adverts: Iterable[Mapping[str, Any]],
         parsed = _parse_advert(m) if isinstance(m, Mapping) else None
         if parsed is None:
             continue
-        parsed_all.append((holder, parsed, m.get("loading") is True))
+        loading = m.get("loading") is True
+        parsed_all.append((holder, parsed, loading, _fetch_done(m) if loading else None))
         sha, n_layers = parsed[0], parsed[2]
         votes.setdefault(sha, {}).setdefault(n_layers, set()).add(holder)
         if holder == node_id:
             own.setdefault(sha, n_layers)
     believed = {sha: own.get(sha) or max(counts, key=lambda n: (len(counts[n]), -n)) for sha, counts in votes.items()}
-    for holder, (sha, name, n_layers, span, ms, budget), loading in parsed_all:
+    for holder, (sha, name, n_layers, span, ms, budget), loading, fetched in parsed_all:
         if n_layers != believed[sha]:
             continue  # disagrees with what the model is believed to have: not believed
         cov = out.setdefault(sha, ModelCoverage(sha, name, n_layers))
@@ -87,6 +100,8 @@ def swarm_coverage(node_id: str, own_adverts: Iterable[Mapping[str, Any]],
         cov.spans.append(lc.Span(holder, span[0], span[1], ms))
         if loading:
             cov.loading.append(cov.spans[-1])
+            if fetched is not None:
+                cov.fetched[(holder, span[0], span[1])] = fetched
         if budget is not None:
             cov.budgets[holder] = budget
     return out

@@ -155,7 +155,9 @@ class SliceHost:
         if partials is not None:
             partials.on_dropped = self._parts_dropped
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
-        self.on_rate = None  # callback() when a slice's ms/layer is first measured or clearly changed (HELLO)
+        # callback() when peers should hear our adverts again (HELLO): a slice's ms/layer first
+        # measured or clearly changed, a loading slice's fetch progress (every CLAIM_PROGRESS_ANNOUNCE_S)
+        self.on_rate = None
 
     def context_for(self, entry: ModelEntry) -> int:
         """Positions the auto budget reserves a session's KV for (0: the model's trained context):
@@ -237,7 +239,9 @@ class SliceHost:
         both fetch the same layers), and no planner routes to them."""
         out = [s.advert() for s in self.slices.values() if s.state == "loaded"]
         if loading:
-            out += [{**s.advert(), "loading": True} for s in self.slices.values() if s.state == "loading"]
+            # with what of its layers is here (autoserve: a claim whose fetch moves is not stale)
+            out += [{**s.advert(), "loading": True, **({"fetch": list(s.fetch)} if s.fetch is not None else {})}
+                    for s in self.slices.values() if s.state == "loading"]
         return out
 
     @property
@@ -290,9 +294,15 @@ class SliceHost:
                 if self.partials is None:
                     raise ModelLoadError(f"{entry.id} is a partial model and this node fetches no layers")
 
+                announced = loop.time()  # the claim itself was announced as the slice registered
+
                 def progress(done: int, total: int) -> None:
+                    nonlocal announced
                     hosted.fetch = (done, total)
                     self.events.emit(hosted)
+                    if loop.time() - announced >= const.CLAIM_PROGRESS_ANNOUNCE_S and self.on_rate is not None:
+                        announced = loop.time()  # peers see the fetch move, so the claim stays theirs
+                        self.on_rate()
                 try:
                     await self.partials.async_fetch(entry, start, end, progress=progress)
                 finally:
