@@ -1,14 +1,17 @@
 """The budget side of `--serve auto` (autoserve.py is the choosing): each model's memory budget,
 in layers. The node's budget (`--slice-budget-mb`, else free memory plus what its chosen slices
-take from it now) is shared equally by the models without a budget of their own; a change in
-their number sizes each again, and a slice that no longer fits its share is freed (or its load
-cancelled) and chosen again."""
+take from it now) is shared by the models without a budget of their own by water-filling: each
+gets an equal part, capped at what it can use (all its layers, the head and their KV reserve),
+and what a capped model leaves is shared among the others (`water_fill`). A change in their set
+sizes each again, and a slice that no longer fits its share is freed (or its load cancelled) and
+chosen again."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from node.inference.pipeline import layerchoice as lc
@@ -38,6 +41,30 @@ class AutoModel:
     failures: int = 0  # slice loads that failed in a row (each retried sooner than the periodic round)
 
 
+def whole_bytes(sizes: SliceSizes) -> int:
+    """What a model can use of a budget: all its layers with their KV reserve, and the head
+    (layers_for_budget of it fits the whole model, with the head)."""
+    return sizes.n_layers * (sizes.per_layer_bytes + sizes.kv_per_layer_bytes) + sizes.head_bytes
+
+
+def water_fill(total: int, needs: Sequence[int]) -> list[int]:
+    """`total` split among models that can use `needs` bytes each: equal parts, but none above its
+    need; what a capped model leaves is split among the rest, again and again. An equal split
+    gave a 1.3 GB model and a 7 GB one 4 GB each of 8 GB: 2.7 GB idle, and the big model left
+    with layers nobody held across a swarm of such nodes (2026-12-06)."""
+    shares = [0] * len(needs)
+    left, open_ = max(0, int(total)), sorted(range(len(needs)), key=lambda i: needs[i])
+    while open_:
+        even = left // len(open_)
+        if max(0, needs[open_[0]]) > even:  # the smallest need left is over an equal part: so are all
+            for i in open_:
+                shares[i] = even
+            break
+        i = open_.pop(0)
+        shares[i] = max(0, needs[i])
+        left -= shares[i]
+    return shares
+
 
 class BudgetShares:
     """Sizing for AutoServe (which provides models, host, budget_mb and _async_release)."""
@@ -52,11 +79,11 @@ class BudgetShares:
     def _sharing(self) -> list[AutoModel]:
         """The models that share the node's budget: those without a budget of their own. Two
         models each sized to the whole `--slice-budget-mb` (or to all free memory) held 1.1 times
-        it (a swarm test, 2026-12-06); now each gets its share."""
+        it (a swarm test, 2026-12-06); now each gets its share (`water_fill`)."""
         return [m for m in self.models if not m.budget_mb_override]
 
     async def _async_reshare(self) -> None:
-        """The number of models sharing the node's budget changed: each of them is sized again.
+        """The models sharing the node's budget changed: each of them is sized again.
         A slice that still fits its new share stays as it is; one that does not is freed and its
         layers chosen again within the share (as a new budget does; the part files are kept)."""
         loop = asyncio.get_running_loop()
@@ -98,27 +125,54 @@ class BudgetShares:
             m.budget_error = str(getattr(exc, "message", exc))
             log.error("DIAG: slice budget failed %s", kv(model=m.entry.id, error=m.budget_error))
 
+    async def _async_sizes(self, m: AutoModel, loop: asyncio.AbstractEventLoop) -> SliceSizes:
+        if m.sizes is None:
+            m.sizes = await loop.run_in_executor(None, functools.partial(
+                slice_sizes, m.entry.path, self.host.dtype, self.host.context_for(m.entry),
+                kv_dtype=self.host.kv_dtype))
+        return m.sizes
+
+    async def _async_needs(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Size every model sharing the node's budget (its share depends on what the others can
+        use). One that cannot be sized can use nothing: its own sizing logs why."""
+        for x in self._sharing():
+            if x.sizes is None:
+                try:
+                    await self._async_sizes(x, loop)
+                except Exception:  # noqa: PERF203 (its own _async_budget reports it)
+                    log.debug("sizing %s for the shares failed", x.entry.id, exc_info=True)
+
     async def _async_size(self, m: AutoModel, loop: asyncio.AbstractEventLoop) -> None:
-        sizes = m.sizes or await loop.run_in_executor(None, functools.partial(
-            slice_sizes, m.entry.path, self.host.dtype, self.host.context_for(m.entry), kv_dtype=self.host.kv_dtype))
-        m.sizes = sizes
+        sizes = await self._async_sizes(m, loop)
+        node_mb = share = capped = None
         if m.budget_mb_override:
             budget_bytes = m.budget_mb_override * 2**20
         else:  # the node's budget (configured, else free memory plus what its chosen slices hold) is shared
+            await self._async_needs(loop)
             if self.budget_mb:
                 node_bytes = self.budget_mb * 2**20
             else:
                 node_bytes = await loop.run_in_executor(None, default_budget_bytes)
                 node_bytes += sum(self._held_bytes(x) for x in self._sharing())
-            budget_bytes = node_bytes // max(1, len(self._sharing()))  # (counted after the awaits)
-        sharing = self._sharing()
+            sharing = self._sharing()  # (after the awaits)
+            if m not in sharing:
+                sharing = [*sharing, m]  # removed meanwhile: sized as if it still shared
+            needs = [whole_bytes(x.sizes) if x.sizes is not None else 0 for x in sharing]
+            shares = water_fill(node_bytes, needs)
+            budget_bytes = shares[sharing.index(m)]
+            node_mb = node_bytes // 2**20
+            # why: the whole model fits its share (capped at it), or an equal part of what the
+            # `capped` ones left
+            capped = sum(1 for need, got in zip(needs, shares, strict=True) if got >= need)
+            share = "whole_model" if budget_bytes >= whole_bytes(sizes) else "even"
         m.budget_mb = budget_bytes // 2**20
         m.budget = lc.layers_for_budget(budget_bytes, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
                                         sizes.head_bytes, n_layers=sizes.n_layers)
-        log.info("DIAG: slice budget %s", kv(model=m.entry.id, budget_mb=m.budget_mb,
-                                             shared_by=None if m.budget_mb_override else len(sharing),
+        log.info("DIAG: slice budget %s", kv(model=m.entry.id, budget_mb=m.budget_mb, share=share or "own",
+                                             shared_by=None if m.budget_mb_override else len(self._sharing()),
+                                             node_budget_mb=node_mb, capped=capped,
+                                             whole_model_mb=whole_bytes(sizes) // 2**20,
                                              layers=m.budget.layers,
                                              with_head=m.budget.with_head, per_layer_bytes=sizes.per_layer_bytes,
                                              kv_per_layer_bytes=sizes.kv_per_layer_bytes,
                                              head_bytes=sizes.head_bytes))
-
