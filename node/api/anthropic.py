@@ -26,6 +26,7 @@ from node.errors import InvalidRequest, NodeError, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
+from node.inference.tools import partial_object
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -380,6 +381,9 @@ def message_body(run: CompletionRun) -> dict[str, Any]:
         content.append({"type": "text", "text": run.content})
     for call in run.tool_calls:
         content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)})
+    if run.cut_call is not None:  # max_tokens cut it: the members written whole, as a stream's client parses them
+        call = run.cut_call
+        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": partial_object(call.arguments)})
     return {"id": message_id(trace), "type": "message", "role": "assistant", "model": trace.model,
             "content": content, "stop_reason": stop_reason(run), "stop_sequence": run.stop_sequence,
             "usage": _usage(trace), "x_swarm": trace.timings()}

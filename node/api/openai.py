@@ -71,7 +71,8 @@ class ChatDialect:
         return StreamChunks(self.completion, run.trace)
 
     def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
-        return completion_body(self.completion, run.trace, run.content, logprobs, run.tool_calls)
+        calls = [*run.tool_calls, run.cut_call] if run.cut_call is not None else run.tool_calls  # as a stream sent it
+        return completion_body(self.completion, run.trace, run.content, logprobs, calls)
 
 
 async def serve_completion(request: web.Request, completion: CompletionRequest) -> web.StreamResponse:

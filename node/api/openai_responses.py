@@ -303,8 +303,9 @@ def _final_status(run: CompletionRun) -> str:
 
 
 def _final_output(run: CompletionRun) -> list[dict]:
-    out = [_message_item(run.trace, run.content, "completed")] if run.content or not run.tool_calls else []
-    out += [_call_item(run.trace, i, c.id, c.name, c.arguments, "completed") for i, c in enumerate(run.tool_calls)]
+    calls = [*run.tool_calls, run.cut_call] if run.cut_call is not None else run.tool_calls  # as a stream sent it
+    out = [_message_item(run.trace, run.content, "completed")] if run.content or not calls else []
+    out += [_call_item(run.trace, i, c.id, c.name, c.arguments, "completed") for i, c in enumerate(calls)]
     if out:
         out[-1]["status"] = _final_status(run)  # the item the budget cut is incomplete, as OpenAI marks it
     return out

@@ -80,6 +80,9 @@ class CompletionRun:
         self.text = ""  # everything the model wrote
         self.content = ""  # the reply's text outside tool calls (== text when no tools), once deltas() ends
         self.tool_calls: list[ToolCall] = []  # the reply's complete tool calls, once deltas() ends
+        # the call max_tokens (or the context) cut short, as far as it was written (its arguments are
+        # not valid JSON): the dialects return it, as OpenAI does, never as content
+        self.cut_call: ToolCall | None = None
         self.stop_sequence: str | None = None  # the stop sequence that ended the reply, if one did
         self._tool_format: ToolFormat | None = None  # set when the reply may call tools
 
@@ -328,10 +331,10 @@ class CompletionRun:
             if out is not None:
                 yield out
         if parser is not None:
-            text, calls = parser.finish()
+            text, calls = parser.finish(cut=not ended_by_eog and assembler.stop_match is None)
             if text or calls:
                 yield Delta(text=text, tool_calls=tuple(calls))
-            self.content, self.tool_calls = parser.content, parser.calls
+            self.content, self.tool_calls, self.cut_call = parser.content, parser.calls, parser.cut_call
         else:
             self.content = self.text
         if self.pipeline_run is not None:

@@ -17,7 +17,14 @@ from node.inference import grammar
 from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
-from node.inference.tools import FORMATS, ToolCallParser, detect_format, prompt_inputs, tool_grammar
+from node.inference.tools import (
+    FORMATS,
+    ToolCallParser,
+    detect_format,
+    partial_object,
+    prompt_inputs,
+    tool_grammar,
+)
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 EXPECTED = {
@@ -54,9 +61,11 @@ def render(tmpl: str, req: CompletionRequest, add_generation_prompt: bool = True
                        tools=tools)
 
 
-def parse(fmt_name: str, text: str, cuts: list[int] | None = None):
-    """(calls, final content, streamed content, streamed calls rebuilt from the deltas)."""
-    parser = ToolCallParser(FORMATS[fmt_name].syntax)
+def parse(fmt_name: str, text: str, cuts: list[int] | None = None, *, budget_cut: bool = False,
+          parser: ToolCallParser | None = None):
+    """(calls, final content, streamed content, streamed calls rebuilt from the deltas);
+    `budget_cut`: max_tokens ended the reply."""
+    parser = parser or ToolCallParser(FORMATS[fmt_name].syntax)
     pieces, last = [], 0
     for cut in sorted(set(cuts or [])):
         pieces.append(text[last:cut])
@@ -68,7 +77,7 @@ def parse(fmt_name: str, text: str, cuts: list[int] | None = None):
         streamed += content
         for d in deltas:
             _add_delta(rebuilt, d)
-    content, deltas = parser.finish()
+    content, deltas = parser.finish(cut=budget_cut)
     streamed += content
     for d in deltas:
         _add_delta(rebuilt, d)
@@ -198,8 +207,9 @@ def test_invalid_or_partial_call_text_comes_back_as_content(fmt, reply, caplog):
 @settings(max_examples=20, deadline=None)
 @given(cuts=st.lists(st.integers(0, 120), max_size=8))
 def test_a_reply_cut_after_complete_calls_keeps_them(fmt, reply, cuts):
-    """max_tokens inside the second of several calls (a weak model repeating calls): the complete
-    call is kept, whole or streamed (a stream has sent it already), the unfinished one dropped."""
+    """A reply that ends by itself (a stop sequence) inside the second of several calls: the
+    complete call is kept, whole or streamed (a stream has sent it already), the unfinished one
+    dropped."""
     got, content, streamed, rebuilt = parse(fmt, reply, [c for c in cuts if c <= len(reply)])
     assert [(c.name, json.loads(c.arguments)) for c in got] == [("get_weather", {"city": "Oslo"})]
     assert content == "" and streamed == ""
@@ -207,6 +217,43 @@ def test_a_reply_cut_after_complete_calls_keeps_them(fmt, reply, cuts):
     # (streamed deltas cannot be taken back), and the final message no longer lists it
     assert rebuilt[0][1:] == [got[0].name, got[0].arguments]
     assert all(r[1] == "get_time" for r in rebuilt[1:]) and len(rebuilt) <= 2
+
+
+@pytest.mark.parametrize(("fmt", "reply", "content", "cut"), [
+    ("hermes", 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', "Sure.",
+     ("get_weather", '{"city": "Pa')),
+    ("hermes", 'Sure. <tool_call>\n{"name": "get_wea', "Sure. ", None),  # no name yet: nothing to return
+    ("hermes", "Sure. <tool_", "Sure. ", None),  # a marker's first characters are not content
+    ("generic", '{"tool_call":{"name":"get_weather","arguments":{"city":"Par', "", ("get_weather", '{"city":"Par')),
+    ("generic", '{"tool_ca', "", None),
+    ("generic", '{"response', "", None),
+    ("generic", '{"response":"It is sun', "It is sun", None),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"', "", ("get_weather", '{"city": "Paris"')),
+    ("generic", '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_time","argu', "",
+     ("get_time", "")),
+])
+@settings(max_examples=15, deadline=None)
+@given(cuts=st.lists(st.integers(0, 80), max_size=6))
+def test_a_reply_the_budget_cuts_inside_a_call(fmt, reply, content, cut, cuts):
+    """max_tokens ends the reply inside a call: its markup never becomes content; the call, once its
+    name is written, is `cut_call` with the arguments written so far (as OpenAI and llama-server
+    return it), exactly what a stream sent of it; complete calls before it are kept."""
+    parser = ToolCallParser(FORMATS[fmt].syntax)
+    got, final, streamed, rebuilt = parse(fmt, reply, [c for c in cuts if c <= len(reply)], budget_cut=True,
+                                          parser=parser)
+    assert final == content and streamed.strip() == content.strip()
+    assert (None if parser.cut_call is None else (parser.cut_call.name, parser.cut_call.arguments)) == cut
+    calls = [*got, *([] if parser.cut_call is None else [parser.cut_call])]
+    assert [tuple(r) for r in rebuilt] == [(c.id, c.name, c.arguments) for c in calls]
+
+
+@pytest.mark.parametrize(("raw", "value"), [
+    ('{"city":"Pa', {}), ('{"a":1,"b":"x', {"a": 1}), ('{"a":{"b":2,"c"', {"a": {"b": 2}}),
+    ('{"a":[1,2],"b":', {"a": [1, 2]}), ('{"a":"x,}y"', {"a": "x,}y"}), ("", {}), ('{"a":"b"}', {"a": "b"}),
+])
+def test_cut_arguments_keep_the_members_written_whole(raw, value):
+    """The Anthropic dialect's `input` of a call max_tokens cut: what a streaming client's partial parse reads."""
+    assert partial_object(raw) == value
 
 
 def test_content_around_native_calls_is_kept():

@@ -161,7 +161,7 @@ async def test_default_model_history_with_a_tool_result(node, client, stream):
     assert history[1]["tool_calls"][0]["function"]["arguments"] == call.function.arguments
     content, calls, finish, prompt = await ask(client, model, stream=stream, messages=history, max_tokens=20)
     assert finish in ("stop", "length", "tool_calls")
-    assert content or calls
+    assert content or calls or finish == "length"  # a reply cut inside a call's markup is empty, never the markup
     assert prompt > first.usage.prompt_tokens  # the call and its result are in the prompt
 
 

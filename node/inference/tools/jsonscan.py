@@ -171,3 +171,42 @@ def parse_call(s: str, i: int, *, final: bool = False) -> PartialCall | None:
         if end is None:
             return call
         i = end
+
+
+def partial_object(raw: str) -> dict:
+    """The members of a JSON object cut short (a call's arguments the token budget ended) that were
+    written whole, as a streaming client's partial parse reads them: `{"a": 1, "b": "Pa` is
+    {"a": 1}. {} when none are, or the text is not the start of an object."""
+    cuts: list[tuple[int, str]] = []  # (prefix length, closers) where the text may end cleanly
+    stack: list[str] = []
+    i, n = skip_ws(raw, 0), len(raw)
+    while i < n:
+        c = raw[i]
+        if c == '"':
+            try:
+                end = scan_string(raw, i)
+            except JsonError:
+                end = None
+            if end is None:
+                break
+            i = end
+            cuts.append((i, "".join(reversed(stack))))  # after a value (after a key it will not parse)
+            continue
+        if c in "{[":
+            stack.append("}" if c == "{" else "]")
+            cuts.append((i + 1, "".join(reversed(stack))))
+        elif c in "}]":
+            if not stack:
+                break
+            stack.pop()
+            cuts.append((i + 1, "".join(reversed(stack))))
+        elif c == ",":
+            cuts.append((i, "".join(reversed(stack))))
+        i += 1
+    for length, closers in reversed(cuts):
+        try:
+            value = json.loads(raw[:length] + closers)
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else {}
+    return {}

@@ -10,7 +10,9 @@ re-read after each piece (a region is one call or a few, so this stays cheap), a
 far is compared with what was already sent. Text that turns out not to be a valid call — a region
 that does not parse, or one the reply left unfinished — is returned as content and logged: nothing
 the model wrote is lost. (A call already streamed in part stays streamed: deltas cannot be taken
-back; the final `calls` and `content` are exact.)
+back; the final `calls` and `content` are exact.) A reply cut by its token budget (`finish(cut=True)`)
+is not a malformed one: its unfinished call is `cut_call` (name and the arguments written so far,
+as OpenAI and llama-server return it) and the markup never becomes content.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class _Slot:
     header_sent: bool = False
     args_sent: str = ""
     dead: bool = False
+    cut: bool = False  # the call the token budget cut short (its arguments are unfinished)
 
 
 def final_arguments(call: PartialCall) -> str:
@@ -101,6 +104,7 @@ class ToolCallParser:
         self._region_base = 0  # first slot of the current region
         self._region = Region()
         self.calls: list[ToolCall] = []
+        self.cut_call: ToolCall | None = None  # finish(cut=True): the call the budget cut short, if named
         self.content = ""
         self.failed = False  # some call text was not valid and went back into the content
 
@@ -111,7 +115,57 @@ class ToolCallParser:
         self._advance(final=False)
         return self._emit(final=False)
 
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
+        """The end of the reply; `cut`: the token budget (max_tokens, the context) ended it, so the
+        text may stop anywhere, inside a call or a marker."""
+        if cut:
+            self._finish_cut()
+        else:
+            self._finish_whole()
+        out = self._emit(final=True)
+        live = [s for s in self._slots if not s.dead]
+        self.calls = [ToolCall(s.id, s.call.name or "", final_arguments(s.call)) for s in live if not s.cut]
+        self.cut_call = next((ToolCall(s.id, s.call.name or "", s.args_sent) for s in live if s.cut), None)
+        self.content = self._content.strip() if self.calls or self.cut_call else self._content
+        return out
+
+    def _finish_cut(self) -> None:
+        self._advance(final=False)  # the text is a prefix of what the model meant to write
+        if self._mode == "content":
+            if self._buf.strip():  # the first characters of a marker (held back): markup, not content
+                log.debug("the reply was cut inside a tool-call marker request_id=%s format=%s text=%r", self._rid,
+                          self.syntax.name, self._buf)
+            else:
+                self._content += self._buf
+            self._buf = ""
+            return
+        region = self._read(final=False)
+        if region is None:  # not a call however it went on: returned as content (logged)
+            return
+        self._update_slots(region.calls)
+        slots = self._slots[self._region_base:]
+        complete = 0
+        for slot in slots:
+            if not slot.call.done or slot.call.name is None:
+                break
+            try:
+                final_arguments(slot.call)
+            except JsonError:
+                break
+            complete += 1
+        for k, slot in enumerate(slots[complete:]):
+            if k == 0 and slot.call.name is not None:
+                slot.cut = True  # streamed as far as it was written; returned so, with finish_reason length
+            else:
+                slot.dead = True
+        log.info("the reply was cut inside a tool call (token budget): %d complete call(s), the unfinished one %s "
+                 "request_id=%s format=%s", complete,
+                 "returned with its partial arguments" if any(s.cut for s in slots) else "dropped (no name yet)",
+                 self._rid, self.syntax.name)
+        self._content += region.content
+        self._mode, self._buf, self._region = "content", "", Region()
+
+    def _finish_whole(self) -> None:
         self._advance(final=True)
         if self._mode == "region":
             region = self._read(final=True)
@@ -122,10 +176,6 @@ class ToolCallParser:
         else:
             self._content += self._buf
             self._buf = ""
-        out = self._emit(final=True)
-        self.calls = [ToolCall(s.id, s.call.name or "", final_arguments(s.call)) for s in self._slots if not s.dead]
-        self.content = self._content.strip() if self.calls else self._content
-        return out
 
     # --- the state machine ---
 
@@ -217,9 +267,10 @@ class ToolCallParser:
             self._started = True  # a `{` after a call is content, not another at-start region
 
     def _keep_complete_calls(self, region: Region) -> bool:
-        """The reply ended (max_tokens, the context) inside a region after one or more complete calls
-        (a weak model repeating calls): keep those — a stream has already sent them — and drop the
-        unfinished one (logged). False when no call in the region is complete."""
+        """The reply ended by itself (its end token, a stop sequence) inside a region after one or
+        more complete calls: keep those — a stream has already sent them — and drop the unfinished
+        one (logged). False when no call in the region is complete. (A reply the token budget cut
+        is `_finish_cut`'s.)"""
         self._update_slots(region.calls)
         slots = self._slots[self._region_base:]
         complete = []
