@@ -147,6 +147,12 @@ class Overloaded(NodeError):
     retry_after_s = 1  # the Retry-After header: the SDKs wait this long before their retry
 
 
+class KvBudgetFull(Overloaded):
+    """A segment's sessions in use fill its KV budget (`slice_kv_budget_mb`): it opens no new one
+    now (429). Its code stays `overloaded`: the coordinator tries another holder of those layers,
+    or gives its client this 429 with Retry-After."""
+
+
 class RequestTimeout(NodeError):
     """The request did not complete before its deadline (504)."""
 

@@ -207,11 +207,12 @@ class PipelineCoordinator:
 
     def send_step(self, att: Attempt, job: GenerationJob, tokens: list[int], index_pos: int, *, sample: bool,
                   history: tuple[int, ...], trace: RequestTrace, draft: tuple[int, ...] = (),
-                  rewind: bool = False, resume: str | None = None) -> Step:
+                  rewind: bool = False, resume: str | None = None, expect: int | None = None) -> Step:
         """WORK for `tokens` (then the drafted `draft`) at `index_pos` to segment 0; the step to wait
         for (resolved with an `unreachable` error RESULT at once when segment 0 cannot be reached).
         `rewind`: the segments forget their positions from index_pos on (a rejected draft);
-        `resume`: the session starts as that kept one, cut to index_pos (prefix reuse)."""
+        `resume`: the session starts as that kept one, cut to index_pos (prefix reuse); `expect`
+        (the step opening the sessions): the positions the attempt prefills (KV admission)."""
         prompt_rows = prompt_rows_of(len(job.prompt_tokens), index_pos, len(tokens))
         tokens = [*tokens, *draft]
         seq = att.next_seq
@@ -221,7 +222,7 @@ class PipelineCoordinator:
                     activation_bits=self.activation_bits,
                     sampling=job.params if sample else None,  # the last segment builds its sampler once
                     history=history, draft=draft, rewind=rewind, resume=resume,
-                    resume_copy=resume is not None and att.resume_copy, prompt_rows=prompt_rows)
+                    resume_copy=resume is not None and att.resume_copy, prompt_rows=prompt_rows, expect=expect)
         step = Step(seq, len(tokens), time.monotonic(), asyncio.get_running_loop().create_future())
         att.steps[seq] = step
         if log.isEnabledFor(logging.DEBUG):

@@ -16,6 +16,7 @@ from node import const
 from node.errors import ModelLoadError, NodeError
 from node.inference.devices import detect_torch
 from node.inference.pipeline.batching import StepQueue
+from node.inference.pipeline.kvbudget import KvBudget
 from node.inference.pipeline.partials import PartialModels
 from node.inference.pipeline.perf import LocalSpeeds
 from node.inference.placement import Placement, place
@@ -145,6 +146,7 @@ class SliceHost:
         self.n_ctx, self.ctx_cap = n_ctx, ctx_cap  # NodeConfig n_ctx / max_ctx: context_for (KV reserves)
         self.session_ttl_s = session_ttl_s
         self.kv_budget_bytes = kv_budget_bytes
+        self.budget = KvBudget(self)  # admits new sessions within kv_budget_bytes, sweeps
         self.slices: dict[tuple[str, int, int], HostedSlice] = {}
         self._unloads: set[asyncio.Task] = set()  # slices being unloaded after their parts were dropped
         self._sweeper: asyncio.Task | None = None
@@ -421,53 +423,8 @@ class SliceHost:
                 log.exception("DIAG: KV session sweep failed; the next one runs as planned")
 
     async def async_sweep(self) -> list[str]:
-        """Free sessions idle past the TTL, then LRU ones over the KV budget (on each executor)."""
-        freed: list[str] = []
-        loop = asyncio.get_running_loop()
-        budget = self.kv_budget_bytes  # per node, over every slice
-
-        async def each(make_args) -> None:
-            nonlocal freed
-            for hosted in list(self.slices.values()):
-                model = hosted.model  # an unload may set it to None while the sweep runs on the executor
-                if model is None or hosted.state == "unloaded" or hosted.executor is None:
-                    continue
-                try:
-                    freed += await loop.run_in_executor(hosted.executor, model.sweep_sessions, *make_args(model))
-                except RuntimeError:  # the slice was unloaded meanwhile: its executor is shut down
-                    continue
-
-        def live() -> list[Any]:
-            return [h.model for h in self.slices.values() if h.model is not None and h.state != "unloaded"]
-
-        async def kept_over_budget() -> None:
-            """Kept sessions over what the sessions in use leave of the budget, node-wide (a slice's
-            kept ones go before another slice's in use)."""
-            room = max(0, budget - sum(m.sessions.bytes_by_kind()[0] for m in live()))
-
-            def args(model):
-                nonlocal room
-                in_use, kept = model.sessions.bytes_by_kind()
-                allowed = in_use + room
-                room = max(0, room - kept)
-                return None, allowed, None, True
-            await each(args)
-
-        # the TTLs first (what expires anyway must not push kept sessions out), then kept sessions
-        # over the budget, then — measured again: sessions grow while the sweep waits behind
-        # steps — kept ones again and only then sessions in use, least recently used first
-        await each(lambda model: (self.session_ttl_s, None, const.KEPT_SESSION_TTL_S, False))
-        await kept_over_budget()
-        if sum(m.sessions.total_bytes() for m in live()) > budget:
-            await kept_over_budget()
-            left = budget
-
-            def in_use_args(model):
-                nonlocal left
-                allowed = left
-                left = max(0, left - min(allowed, model.sessions.total_bytes()))
-                return None, allowed, None, False
-            await each(in_use_args)
+        """Free sessions idle past the TTL, then LRU ones over the KV budget (kvbudget.py)."""
+        freed = await self.budget.async_sweep()
         for hosted in self.slices.values():
             coordinators = hosted.served.coordinators
             if len(coordinators) > const.SERVED_COORDINATORS_MAX:

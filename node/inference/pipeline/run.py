@@ -58,7 +58,7 @@ class AttemptChannel(Protocol):
 
     def send_step(self, att: Attempt, job: GenerationJob, tokens: list[int], index_pos: int, *, sample: bool,
                   history: tuple[int, ...], trace: RequestTrace, draft: tuple[int, ...] = (),
-                  rewind: bool = False, resume: str | None = None) -> Step: ...
+                  rewind: bool = False, resume: str | None = None, expect: int | None = None) -> Step: ...
 
     @property
     def speculative_max_draft(self) -> int: ...
@@ -213,9 +213,11 @@ class PipelineRun:
         last_step = None
         # from the kept prefix, if one is resumed
         for start, stop in prefill_steps(att.cached, len(tokens), len(att.plan.segments)):
+            opens = start == att.cached  # the step that opens the sessions: what they are admitted for
             last_step = self.coordinator.send_step(att, job, tokens[start:stop], start, sample=stop == len(tokens),
                                                    history=tuple(generated), trace=trace,
-                                                   resume=att.resume if start == att.cached else None)
+                                                   resume=att.resume if opens else None,
+                                                   expect=len(tokens) if opens else None)
         result = await self._token(att, last_step)
         drafter = self._drafter(tokens)
         draft: tuple[int, ...] = ()

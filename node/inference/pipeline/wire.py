@@ -192,6 +192,10 @@ class Work:
     # computes each row as it would in a step of any size: see SliceModel.forward); an older
     # coordinator sends none, and its steps are computed as before
     prompt_rows: int | None = None
+    # the step that opens a session: the positions its attempt prefills (prompt + tokens generated
+    # before a failover), what the segment's KV admission reserves for (kvbudget.py); an older
+    # coordinator sends none (the step's own end is reserved for)
+    expect: int | None = None
 
     @property
     def target(self) -> Hop:
@@ -220,6 +224,8 @@ class Work:
                 header["resume_copy"] = True
         if self.prompt_rows is not None:
             header["prompt_rows"] = self.prompt_rows
+        if self.expect is not None:
+            header["expect"] = self.expect
         return header
 
     def forward_header(self, hop: int, act: dict[str, Any], telemetry: dict[str, Any]) -> dict[str, Any]:
@@ -246,7 +252,8 @@ class Work:
                 draft=tuple(_int(t) for t in h.get("draft") or ()), rewind=bool(h.get("rewind", False)),
                 resume=str(h["resume"]) if h.get("resume") is not None else None,
                 resume_copy=bool(h.get("resume_copy", False)),
-                prompt_rows=_int(h["prompt_rows"]) if h.get("prompt_rows") is not None else None)
+                prompt_rows=_int(h["prompt_rows"]) if h.get("prompt_rows") is not None else None,
+                expect=_int(h["expect"]) if h.get("expect") is not None else None)
         except ProtocolError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -265,6 +272,9 @@ class Work:
         if work.prompt_rows is not None and not 0 <= work.prompt_rows <= work.n_tokens - len(work.draft):
             raise ProtocolError(f"malformed WORK: prompt_rows={work.prompt_rows} n={work.n_tokens} "
                                 f"draft={len(work.draft)}")
+        if work.expect is not None and work.expect < work.index_pos + work.n_tokens - len(work.draft):
+            raise ProtocolError(f"malformed WORK: expect={work.expect} below index_pos={work.index_pos} "
+                                f"+ n={work.n_tokens}")
         return work
 
 

@@ -274,16 +274,10 @@ class SegmentWorker:
             raise ProtocolError(f"WORK says n={work.n_tokens} but carries {inputs.shape[0]} rows")
         inputs = model.check_input(inputs, hop.start == 0)  # a bad one fails this step, not its batch
         sess = model.session(work.sid)
-        if sess is None and work.resume is not None:  # prefix reuse: a kept session, cut to index_pos
-            sess = model.resume_session(work.resume, work.sid, work.index_pos, work.coordinator, hop.start, hop.end,
-                                        copy=work.resume_copy, room=work.n_tokens)
-            log.debug("DIAG: KV session %s a kept one %s", "copied from" if work.resume_copy else "resumed from", kv(
-                sid=work.sid, kept=work.resume, cached_tokens=work.index_pos, layers=f"{hop.start}-{hop.end - 1}"))
-            sess.upstream = job.sender
-        elif sess is None:
-            if work.index_pos != 0:
-                raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
-            sess = model.new_session(work.sid, hop.start, hop.end, coordinator=work.coordinator)
+        if sess is None and work.resume is None and work.index_pos != 0:
+            raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
+        if sess is None:  # a new session, if the node's KV budget has room for it (KvBudgetFull if not)
+            sess = self.host.budget.admit(hosted, work, self.short_id, lambda: self._open(model, work))
             sess.upstream = job.sender
         elif (sess.layer_start, sess.layer_end) != (hop.start, hop.end):
             raise ProtocolError(f"session {work.sid} runs layers {sess.layer_start}-{sess.layer_end - 1}, "
@@ -299,6 +293,18 @@ class SegmentWorker:
         verify = is_last and bool(work.draft)
         job.prepared = time.monotonic()
         return PreparedStep(sess, inputs, is_last, verify, last_only=is_last and not verify)
+
+    @staticmethod
+    def _open(model: Any, work: Work):
+        """Executor thread: `work`'s new session: fresh, or (prefix reuse) a kept one cut to index_pos."""
+        hop = work.target
+        if work.resume is None:
+            return model.new_session(work.sid, hop.start, hop.end, coordinator=work.coordinator)
+        sess = model.resume_session(work.resume, work.sid, work.index_pos, work.coordinator, hop.start, hop.end,
+                                    copy=work.resume_copy, room=work.n_tokens)
+        log.debug("DIAG: KV session %s a kept one %s", "copied from" if work.resume_copy else "resumed from", kv(
+            sid=work.sid, kept=work.resume, cached_tokens=work.index_pos, layers=f"{hop.start}-{hop.end - 1}"))
+        return sess
 
     def _finish(self, hosted: HostedSlice, job: StepJob, prep: PreparedStep, out: torch.Tensor, computing: float,
                 computed: float, batch: int):
@@ -355,10 +361,10 @@ class SegmentWorker:
             self._drop_ended(hosted, work.sid)
             return
         tele, (token, verified), scores, meta, data = outcome
-        if (work.index_pos == 0 or work.resume is not None) and self.host.kv_bytes() > self.host.kv_budget_bytes:
-            # the budget holds as sessions open, not at the next periodic sweep (a member opening 300
-            # sessions in 3.5 s once held 28x a 1 MB budget for 8 s); sessions that grow while
-            # decoding wait for that sweep, so a busy node past its budget does not evict at every step
+        if (work.index_pos == 0 or work.resume is not None) and self.host.budget.committed() > self.host.kv_budget_bytes:
+            # kept sessions make room for the one admitted (its reserve) now, not at the next periodic
+            # sweep (a member opening 300 sessions in 3.5 s once held 28x a 1 MB budget for 8 s);
+            # sessions that grow while decoding wait for that sweep, not one at every step
             self.host.request_sweep()
         batch = tele.extra.get("batch", 1)
         if batch == 1:  # a batched forward's time is not one step's: it would skew ms/layer

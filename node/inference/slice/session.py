@@ -47,6 +47,7 @@ class Session:
         self.kept_for: str | None = None  # kept (finished): the coordinator that may resume it
         self.coordinator: str | None = None  # the node whose request created it (None: any may keep it)
         self.upstream: str | None = None  # the node whose step opened it (its later steps come from it)
+        self.reserved = 0  # bytes the node's KV admission counted for it (pipeline/kvbudget.py)
 
     @property
     def nbytes(self) -> int:
@@ -180,10 +181,12 @@ class SessionStore:
         return s
 
     def bytes_by_kind(self) -> tuple[int, int]:
-        """(in use, kept) bytes."""
+        """(in use, kept) bytes; a session in use counts what its admission reserved while it holds
+        less (it grows to that as it prefills and decodes)."""
         with self._lock:
             kept = sum(s.nbytes for s in self._sessions.values() if s.kept_for is not None)
-            return sum(s.nbytes for s in self._sessions.values()) - kept, kept
+            in_use = sum(max(s.nbytes, s.reserved) for s in self._sessions.values() if s.kept_for is None)
+            return in_use, kept
 
     def counts(self) -> tuple[int, int]:
         """(active, kept) sessions."""
