@@ -27,11 +27,11 @@ from node.inference.pipeline.acks import Acks, PendingAck
 from node.inference.pipeline.batching import PreparedStep, StepJob, take_batch
 from node.inference.pipeline.host import HostedSlice, SliceHost
 from node.inference.pipeline.sampler import Sampler
+from node.inference.pipeline.sessionctl import SessionControls
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import (
     HopTelemetry,
     Result,
-    SessionControl,
     Work,
     decode_activations,
     decode_tokens,
@@ -44,8 +44,8 @@ from node.net import FrameType
 log = logging.getLogger(__name__)
 
 
-class SegmentWorker:
-    """Serves WORK, CANCEL and SESSION_END for the slices in `host`."""
+class SegmentWorker(SessionControls):
+    """Serves WORK, CANCEL and SESSION_END for the slices in `host` (session control: sessionctl.py)."""
 
     def __init__(self, node_id: str, host: SliceHost, transport: PipelineTransport,
                  contributing: Callable[[], bool] = lambda: True):
@@ -414,81 +414,6 @@ class SegmentWorker:
             self.transport.send(work.coordinator, FrameType.RESULT, result.to_header())
         except PeerUnreachable:
             log.info("DIAG: failure report not delivered, coordinator unreachable %s", kv(sid=work.sid))
-
-    # --- session control ----------------------------------------------------------------------
-
-    def on_cancel(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
-        self._end_session(header, "cancelled", sender)
-
-    def on_session_end(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
-        self._end_session(header, "session_end", sender)
-
-    def _end_session(self, header: dict[str, Any], why: str, sender: str) -> None:
-        try:
-            ctl = SessionControl.from_header(header)
-        except ProtocolError as exc:
-            log.warning("DIAG: malformed session control dropped %s", kv(error=exc.message))
-            return
-        hosted_slices = self.host.for_model(ctl.model, draining=True)
-        # every slice, not only the named model's: the sender names the model
-        owners = {s.coordinator for h in self.host.slices.values() if h.model is not None
-                  for s in [h.model.sessions.peek(ctl.sid)] if s is not None and s.coordinator is not None}
-        if owners - {sender}:  # only the coordinator that opened a session ends it
-            log.warning("DIAG: session control from a node that is not the session's coordinator dropped %s",
-                        kv(sender=sender[:8], sid=ctl.sid, why=why))
-            return
-        if hosted_slices:
-            # also when kept: a late WORK of the ended attempt must not write into what is kept
-            self.ended[(ctl.sid, sender)] = time.monotonic() + const.SESSION_TOMBSTONE_S
-        # keep: only for the coordinator that started the session, into a slice that still serves,
-        # and not for other nodes while this one has paused contributing
-        keep = ctl.keep and bool(sender) and (sender == self.node_id or self.contributing())
-        kept = False
-        for hosted in hosted_slices:
-            if keep and hosted.state == "loaded" and self._keep(hosted, ctl.sid, sender):
-                kept = True
-            else:
-                hosted.executor.submit(self._free, hosted, ctl.sid, why)
-        if kept:
-            self.host.request_sweep()  # the KV budget holds with what is kept
-
-    def _is_ended(self, sid: str, coordinator: str) -> bool:
-        """Whether `coordinator` ended the session `sid` (a tombstone another node set does not count)."""
-        expiry = self.ended.get((sid, coordinator))
-        return expiry is not None and expiry > time.monotonic()
-
-    def _drop_ended(self, hosted: HostedSlice, sid: str) -> None:
-        """A step of an ended session finished computing after the CANCEL / SESSION_END: free what it
-        made, unless the SESSION_END kept the session (the step was sent before the attempt ended:
-        the next step before the stream when a stop sequence matched) — its next turn resumes it."""
-        hosted.executor.submit(self._free, hosted, sid, "ended", True)
-
-    def _keep(self, hosted: HostedSlice, sid: str, coordinator: str) -> bool:
-        """Loop thread: a finished session stays for its coordinator's next turn (marked at once,
-        so that turn's resume, even queued in the same batch, finds it kept); False if this slice
-        does not hold it for that coordinator. Its sampler goes on the executor (its thread)."""
-        sess = hosted.model.sessions.keep(sid, coordinator) if hosted.model is not None else None
-        if sess is None:
-            return False
-        log.debug("DIAG: KV session kept for prefix reuse %s", kv(
-            sid=sid, kv_len=sess.kv_len, bytes=sess.nbytes, layers=f"{hosted.start}-{hosted.end - 1}"))
-        hosted.executor.submit(self.samplers.pop, sid, None)
-        return True
-
-    def _free(self, hosted: HostedSlice, sid: str, why: str, unless_kept: bool = False) -> None:
-        if hosted.model.free_session(sid, unless_kept):
-            log.info("DIAG: KV session freed %s", kv(sid=sid, reason=why, layers=f"{hosted.start}-{hosted.end - 1}"))
-        self.samplers.pop(sid, None)
-
-    def forget_expired(self) -> None:
-        """Drop sampler state of sessions the host's sweeper evicted, and expired tombstones."""
-        now = time.monotonic()
-        for key in [key for key, expiry in self.ended.items() if expiry <= now]:
-            del self.ended[key]
-        models = [h.model for h in self.host.slices.values() if h.model is not None]
-        for sid in list(self.samplers):
-            if not any(sid in m.sessions for m in models):
-                self.samplers.pop(sid, None)
 
 
 def _verify(sampler: Sampler, logits: torch.Tensor, draft: tuple[int, ...]) -> tuple[int, ...]:
