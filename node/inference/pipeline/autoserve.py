@@ -5,10 +5,11 @@ The swarm's coverage comes from peers' HELLO adverts (`swarm_coverage`, also wha
 `-- swarm coverage --` prints). The first choice waits a random 0..AUTO_SERVE_START_DELAY_S and
 at least AUTO_SERVE_LOOK_S after start (links come up, so nodes starting together see each
 other), then re-evaluates when a peer's served layers appear or vanish (after a jittered
-AUTO_SERVE_REACT_S) and every `serve_reevaluate_s` ±20 %. A move loads the new range first (the
-old one keeps serving), re-checks that dropping the old range leaves every one of its layers a
-holder (else it unloads the new one: aborted), announces, stops advertising the old range, and
-frees it once no session uses it or after AUTO_SERVE_DRAIN_S.
+AUTO_SERVE_REACT_S) and every `serve_reevaluate_s` ±20 % (a move for throughput alone once
+AUTO_SERVE_BALANCE_ROUNDS of those periodic rounds in a row found it). A move loads the new range
+first (the old one keeps serving), re-checks that dropping the old range leaves every one of its
+layers a holder (else it unloads the new one: aborted), announces, stops advertising the old range,
+and frees it once no session uses it or after AUTO_SERVE_DRAIN_S.
 """
 
 from __future__ import annotations
@@ -324,6 +325,8 @@ class AutoServe(BudgetShares):
         entry, n = m.entry, m.entry.n_layers
         if m.budget is None:
             return
+        if why == "periodic":
+            m.periodic_rounds += 1
         cov = self.coverage().get(entry.sha256) or ModelCoverage(entry.sha256, entry.name, n)
         mine = self.host.for_model(entry.sha256)
         others = [s for s in cov.spans if s.node_id != self.node_id]
@@ -398,6 +401,8 @@ class AutoServe(BudgetShares):
                 return
             log.info("DIAG: first mover did not move; moving on our own %s", kv(
                 model=entry.id, waited_for=found[0][:8], rounds=m.deferred_rounds - 1))
+        if decision.for_throughput and not m.confirms((mine[0].start, mine[0].end), decision, why):
+            return  # (speeds are noisy: a gain in throughput alone must hold for several rounds)
         m.deferred_to, m.deferred_rounds = None, 0
         await self._async_move(m, mine[0], decision, cov, why)
 

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from node import const
 from node.inference.pipeline import layerchoice as lc
 from node.inference.pipeline.coverage import SliceSizes, default_budget_bytes, slice_sizes
 from node.inference.pipeline.host import SliceHost
@@ -39,6 +40,29 @@ class AutoModel:
     budget_error: str | None = None  # why its layers could not be sized (nothing of it is served)
     at_start: bool = True  # given at start (`--serve auto`); False: added while running (`settled` ignores it)
     failures: int = 0  # slice loads that failed in a row (each retried sooner than the periodic round)
+    periodic_rounds: int = 0  # periodic evaluations so far (a throughput move must be found on consecutive ones)
+    balance_seen: tuple[tuple[int, int, int, int], int, int] | None = None  # (from, to), times found in a row, round
+
+    def confirms(self, old: tuple[int, int], d: lc.Decision, why: str) -> bool:
+        """Whether to make a move for throughput alone (`d.for_throughput`) from the range `old`:
+        on a periodic round that found it for the AUTO_SERVE_BALANCE_ROUNDS-th time in a row.
+        Advertised speeds are measured (decode steps' EWMA) and move with the machine's load, so
+        one round's clear gain may be noise: on speeds alternating by ±25 % a spare node moved back
+        and forth every round, each move a load (maybe a fetch) and drained sessions."""
+        if why != "periodic":
+            return False
+        move = (*old, d.start, d.end)
+        seen, rounds, at = self.balance_seen or (None, 0, -1)
+        rounds = rounds + 1 if seen == move and at == self.periodic_rounds - 1 else 1
+        self.balance_seen = (move, rounds, self.periodic_rounds)
+        if rounds < const.AUTO_SERVE_BALANCE_ROUNDS:
+            log.info("DIAG: throughput move waits for the next rounds %s", kv(
+                model=self.entry.id, old=f"{old[0]}-{old[1] - 1}", range=d.range_text,
+                found=f"{rounds}/{const.AUTO_SERVE_BALANCE_ROUNDS}", before=d.before.describe(),
+                after=d.after.describe()))
+            return False
+        self.balance_seen = None
+        return True
 
 
 def whole_bytes(sizes: SliceSizes) -> int:

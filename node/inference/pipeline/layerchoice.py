@@ -14,10 +14,12 @@ fewer layers are at it. Between the floor and the target: the move lifts every l
 minimum at once, or, on the periodic round only, fewer layers are at it and every layer the mover
 drops keeps the target (surplus holders only, so one leave does not start a cascade of moves).
 At the target, on the periodic round only: the weakest throughput rises by more than
-1 / BALANCE_QUALITY. Never when the layers it would drop have no other holder; a move's commit
-re-checks on fresh adverts that no layer falls below the floor (`thinned_by_drop`). Each move
-raises this (count, −weak layers, throughput) quality strictly, so at a fixed target and speeds moves
-cannot cycle. When several nodes would gain by moving on the same snapshot, only the first moves
+1 / BALANCE_QUALITY (autoserve.py acts on a move for throughput alone, `Decision.for_throughput`, once
+AUTO_SERVE_BALANCE_ROUNDS periodic rounds in a row found it: measured speeds are noisy). Never when
+the layers it would drop have no other holder; a move's commit re-checks on fresh adverts that no
+layer falls below the floor (`thinned_by_drop`). Each move raises this (count, −weak layers,
+throughput) quality strictly, so at a fixed target and speeds moves cannot cycle. When several
+nodes would gain by moving on the same snapshot, only the first moves
 (`first_mover`: below the floor, the narrowest node that lifts every thin layer at once, its load
 being the shortest; else by a seeded node-id hash): every node computes the same answer from the
 same adverts, so nodes that start or react together do not all jump to the same window. Ties
@@ -105,6 +107,16 @@ class Decision:
     @property
     def range_text(self) -> str:
         return f"{self.start}-{self.end - 1}"
+
+    @property
+    def for_throughput(self) -> bool:
+        """A move that gains throughput alone, at or above the floor: the weakest capped count (and,
+        below the target, how many layers are at it) stays as it was, so measured speeds alone
+        justify it, and their noise can (autoserve.py confirms it over several periodic rounds).
+        Below the floor a move is a repair, whatever it gains: never delayed."""
+        b, a = self.before, self.after
+        return b.min_count >= REDUNDANCY and a.min_count == b.min_count and (
+            b.min_count >= b.target or a.n_weakest == b.n_weakest)
 
 
 def layers_for_budget(budget_bytes: int, per_layer_bytes: int, kv_per_layer_bytes: int, head_bytes: int,
