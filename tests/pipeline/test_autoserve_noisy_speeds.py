@@ -125,3 +125,37 @@ def test_only_throughput_gains_at_or_above_the_floor_count_as_for_throughput():
     # below the floor, a gain in throughput alone is a repair too (test_autoserve_repair_commit)
     d = lc.should_move(8, [lc.Span("a", 0, 4, 10.0), lc.Span("me", 4, 8), lc.Span("c", 4, 8, 0.5)], "me", budget)
     assert d is not None and d.before.min_count == d.after.min_count == 1 and not d.for_throughput
+
+
+async def test_peer_events_more_often_than_the_period_do_not_starve_the_periodic_round(tmp_path, monkeypatch):
+    """The periodic round keeps its own clock: a swarm where some peer joins, leaves or moves more
+    often than the period still gets its periodic rounds (and with them its throughput moves).
+    Until 2026-12-06 each peer event restarted the full period: none ever came."""
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    entry, host, peers, auto, model, old, announced = await setup(tmp_path)  # this node serves 4-7
+    sha = entry.sha256
+    auto.reevaluate_s = 1.0  # a periodic round every 0.8-1.2 s
+    holders = [peer("p0" * 32, 0, 4, sha, None), peer("p1" * 32, 4, 8, sha, None), peer("p2" * 32, 0, 4, sha, None)]
+    peers.snaps = holders[:2]
+    auto.start()
+    try:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 4.0  # some four periods
+        flip = 0
+        while loop.time() < until:  # a peer comes and goes every 0.3 s: an event round each time
+            await asyncio.sleep(0.3)
+            flip ^= 1
+            peers.snaps = holders if flip else holders[:2]
+            for observer in list(peers.observers):
+                observer("changed", peers.snaps[-1])
+        assert model.periodic_rounds >= 2, f"periodic rounds in 4 s at a 1 s period: {model.periodic_rounds}"
+        # and a stop just after a peer event ends the chooser (on Python 3.11 asyncio.wait_for could
+        # lose that cancel: the stop waited out its 30 s here)
+        await asyncio.wait_for(auto.async_stop(), 5)
+        assert auto._task.done()
+    finally:
+        await asyncio.wait_for(auto.async_stop(), 30)
+        await host.async_close()
+

@@ -67,6 +67,7 @@ class AutoServe(BudgetShares):
         self._why = "periodic"
         self._signature: frozenset = frozenset()
         self._task: asyncio.Task | None = None
+        self._stopping = False
         self._drains: set[asyncio.Task] = set()
         self._unsubscribe: Callable[[], None] | None = None
         self.paused = False  # "Pause contributing": chooses nothing, holds no slice
@@ -214,8 +215,10 @@ class AutoServe(BudgetShares):
         self._task = asyncio.create_task(self._async_run(), name="autoserve")
 
     async def async_stop(self) -> None:
+        self._stopping = True
         if self._unsubscribe is not None:
             self._unsubscribe()
+            self._unsubscribe = None  # (a second stop is a no-op)
         if self._retry is not None:
             self._retry.cancel()
         if self._stale is not None:
@@ -294,6 +297,11 @@ class AutoServe(BudgetShares):
             await self._async_budget(m, loop)
         await asyncio.sleep(const.AUTO_SERVE_LOOK_S + self.rng.uniform(0, const.AUTO_SERVE_START_DELAY_S))
         why = "start"
+        # the periodic round keeps its own clock, from the end of the last one (or the start): a
+        # peer event in between is acted on and does not put it off (peers joining or moving more
+        # often than the period starved it, and with it every throughput move, which only that
+        # round makes)
+        periodic_at = 0.0
         while True:
             self._wake.clear()  # a change while we evaluate or load wakes the next round at once
             for m in list(self.models):  # (the desktop app adds and removes models meanwhile)
@@ -306,11 +314,18 @@ class AutoServe(BudgetShares):
                 except Exception:
                     log.exception("layer choice for %s failed", m.entry.id)
                 m.settled = True
+            if why in ("start", "periodic"):
+                periodic_at = loop.time() + self.reevaluate_s * self.rng.uniform(0.8, 1.2)
             try:
-                await asyncio.wait_for(self._wake.wait(), self.reevaluate_s * self.rng.uniform(0.8, 1.2))
+                # (not wait_for: on Python 3.11 a cancel landing as the wake completes was lost, and
+                # async_stop waited for this loop forever — a peer event just before a stop)
+                async with asyncio.timeout(max(0.0, periodic_at - loop.time())):
+                    await self._wake.wait()
             except TimeoutError:
                 why = "periodic"
                 continue
+            if self._stopping:
+                return
             why = self._why
             await asyncio.sleep(const.AUTO_SERVE_REACT_S * self.rng.uniform(1.0, 3.0))
 
