@@ -78,6 +78,7 @@ RELAY_CIRCUIT_MAX_BYTES = 4 * 1024 * 1024 * 1024  # per circuit, both directions
 RELAY_CIRCUIT_IDLE_S = 120.0  # a circuit with no bytes this long is dropped (links ping every 2 s)
 RELAY_CIRCUIT_SETUP_TIMEOUT_S = 10.0  # target must answer an incoming circuit within this
 RELAY_LIST_INTERVAL_S = 10.0  # rendezvous: ask each relay who is registered
+RELAY_REGISTER_RETRY_S = 30.0  # a relay that refused our registration (full) is asked again this often
 RELAY_MAX_UNLINKED = 128  # peers learnt only from relays' lists and never linked that the table holds
 
 # --- model downloads (node/models/download/) ---

@@ -67,14 +67,30 @@ class RelayClient:
         if self._registered.pop(link.node_id, None) is not None:
             log.info("DIAG: relay registration lost %s", kv(peer_id=link.short_id, cause=link.close_cause))
 
+    async def _async_register(self, link: PeerLink, relay_addr: str) -> bool:
+        """Register at a relay peer; one that refuses (full) is asked again every
+        RELAY_REGISTER_RETRY_S while its link lasts. False once the link is gone."""
+        attempts = 0
+        while link.is_open and not self._tasks.stopping:
+            try:
+                await link.async_request(Frame(FrameType.RELAY, {"op": "register"}),
+                                         timeout_s=const.HANDSHAKE_TIMEOUT_S)
+                return True
+            except NodeError as exc:
+                if not link.is_open:
+                    return False  # the link went: on_link_up registers again on the next one
+                attempts += 1
+                log.log(logging.WARNING if attempts == 1 else logging.DEBUG,
+                        "DIAG: relay registration failed %s",
+                        kv(peer=link.short_id, addr=relay_addr, error=exc.message, attempts=attempts,
+                           retry_in_s=const.RELAY_REGISTER_RETRY_S))
+            await asyncio.sleep(const.RELAY_REGISTER_RETRY_S)
+        return False
+
     async def _async_use_relay(self, link: PeerLink) -> None:
         """Register at a relay peer, then ask it who else is registered, periodically."""
         relay_addr = dial_address(link)
-        try:
-            await link.async_request(Frame(FrameType.RELAY, {"op": "register"}),
-                                     timeout_s=const.HANDSHAKE_TIMEOUT_S)
-        except NodeError as exc:
-            log.info("DIAG: relay registration failed %s", kv(peer=link.short_id, error=exc.message))
+        if not await self._async_register(link, relay_addr):
             return
         self._registered[link.node_id] = relay_addr
         log.debug("DIAG: relay reservation %s", kv(peer=link.short_id, addr=relay_addr))
