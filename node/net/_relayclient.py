@@ -95,6 +95,7 @@ class RelayClient:
         self._registered[link.node_id] = relay_addr
         log.debug("DIAG: relay reservation %s", kv(peer=link.short_id, addr=relay_addr))
         capped = False
+        fresh = True  # the first list after (re)registering: its nodes are a route that just came back
         while link.is_open and not self._tasks.stopping:
             try:
                 reply = await link.async_request(Frame(FrameType.RELAY, {"op": "list"}),
@@ -118,13 +119,17 @@ class RelayClient:
                         continue
                     unlinked += 1
                 rec = self._table.record(node_id, "relay")
-                if rec.add_relay(relay_addr):
+                # a relay that came back (restarted, or our link to it dropped) is a route again:
+                # dial its nodes now, not when a backoff grown while it was away (up to
+                # RECONNECT_BACKOFF_MAX_S) runs out
+                if rec.add_relay(relay_addr) or fresh:
                     self._dial_soon(rec)
             if skipped:
                 log.log(logging.WARNING if not capped else logging.DEBUG,
                         "DIAG: peers from a relay's list not learnt, too many unlinked ones %s",
                         kv(peer_id=link.short_id, skipped=skipped, max_unlinked=const.RELAY_MAX_UNLINKED))
             capped = bool(skipped)
+            fresh = False
             await asyncio.sleep(const.RELAY_LIST_INTERVAL_S)
 
     async def async_ticket(self, relay_addr: str, target: str) -> str:

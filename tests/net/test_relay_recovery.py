@@ -5,9 +5,43 @@ from __future__ import annotations
 import logging
 
 from node import const
+from node.net import Frame, FrameType
 from tests.support.waiting import wait_until
 
+from .test_relay import echo, relayed
 from .util import addr
+
+
+async def test_relayed_peers_link_again_as_soon_as_a_restarted_relay_is_back(make_manager, fast_net,
+                                                                            monkeypatch):
+    """The relay restarts (same identity and port) while A and B talk through it. Their redial
+    backoff has grown meanwhile (here: 120 s from the first failure); once both are registered at
+    the returned relay they link again at once, not when that backoff runs out. Before, a
+    relay's list only dialled nodes it named for the first time, so a real node waited up to
+    RECONNECT_BACKOFF_MAX_S (30 s, ±20 %) after the relay was back (seen: 11-16 s)."""
+    monkeypatch.setattr(const, "PEX_INTERVAL_S", 0.3)
+    r = await make_manager("r", relay=True)
+    port = r.listen_port
+    a = await make_manager("a", relays=[addr(r)], no_direct=True)
+    b = await make_manager("b", relays=[addr(r)], no_direct=True)
+    b.register_handler(FrameType.WORK, echo)
+    await wait_until(lambda: relayed(a, b), what="a and b linked through the relay")
+    # everything the relay's PEX can tell them about each other is known before it goes (a PEX
+    # naming a new address or relay dials at once, and would hide what this test is about)
+    await wait_until(lambda: a.table.get(b.node_id).addrs and b.table.get(a.node_id).addrs,
+                     what="a and b know each other's addresses from the relay's PEX")
+    monkeypatch.setattr(const, "RECONNECT_BACKOFF_MIN_S", 120.0)
+    monkeypatch.setattr(const, "RECONNECT_BACKOFF_MAX_S", 120.0)
+    await r.async_stop()
+    await wait_until(lambda: a.link(b.node_id) is None and b.link(a.node_id) is None,
+                     what="the relayed link to drop with the relay")
+    # the same relay again: it dials a and b from its peers.json, they register, then list
+    r2 = await make_manager("r", relay=True, peer_port=port)
+    await wait_until(lambda: {a.node_id, b.node_id} <= set(r2.relay.registrations), timeout_s=20,
+                     what="a and b registered at the returned relay")
+    await wait_until(lambda: relayed(a, b), timeout_s=20, what="a and b linked through the relay again")
+    reply = await a.async_request(b.node_id, Frame(FrameType.WORK, {}, b"again"), timeout_s=10)
+    assert reply.payload == b"again"
 
 
 async def test_a_node_a_full_relay_refused_registers_once_there_is_room(make_manager, fast_net,
