@@ -113,7 +113,13 @@ async def async_dial_relayed(tls: TlsConfig, relay_addr: str, target_node_id: st
         async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S + const.RELAY_CIRCUIT_SETUP_TIMEOUT_S):
             stream.write(encode_preamble(KIND_CONNECT, {"v": PREAMBLE_VERSION, "target": target_node_id,
                                                         "from": own_node_id, "ticket": ticket}))
-            await read_reply(stream)  # the relay has the circuit; what follows is the target
+            try:
+                await read_reply(stream)  # the relay has the circuit; what follows is the target
+            except ProtocolError:
+                raise
+            except PeerError as exc:  # the relay's no (full, target gone): say it was the relay
+                raise PeerError(f"relay {relay_addr} refused the circuit: {exc.code}",
+                                code=exc.code) from exc
             await _async_client_tls(stream, tls, target_node_id)
     except (Exception, asyncio.CancelledError) as exc:
         if stream is not None:

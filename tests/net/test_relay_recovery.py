@@ -66,3 +66,20 @@ async def test_a_node_a_full_relay_refused_registers_once_there_is_room(make_man
                      timeout_s=10, what="a registered once b left")
     assert a.link(r.node_id) is not None
     assert refusals()[0].levelno == logging.WARNING  # a user sees why, once; the retries are DEBUG
+
+
+async def test_a_relay_that_refuses_a_circuit_is_named_in_the_peer_error(make_manager, fast_net):
+    """A relay at RELAY_MAX_CIRCUITS (or whose target left) refuses a circuit: the error `swarmllm
+    peers` and the diagnostics report show for the peer names that relay and its reason. Before
+    it read "peer refused: too_many_circuits", as if the peer had refused, and with several
+    relays in --relays nobody could tell which one was full."""
+    r = await make_manager("r", relay=True)
+    r.relay.circuits.update({f"held-{i}": None for i in range(const.RELAY_MAX_CIRCUITS)})  # full
+    a = await make_manager("a", relays=[addr(r)], no_direct=True)
+    b = await make_manager("b", relays=[addr(r)], no_direct=True)
+
+    def refused():  # (a dial that raced a registration fails as "not registered" first)
+        errors = [s.last_error for s in (a.peer(b.node_id), b.peer(a.node_id)) if s is not None]
+        return next((e for e in errors if e and "too_many_circuits" in e), None)
+    error = await wait_until(refused, what="a dial through the full relay refused")
+    assert error == f"relay {addr(r)} refused the circuit: too_many_circuits"
