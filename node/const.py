@@ -24,6 +24,11 @@ DEFAULT_MAX_TOKENS = 512
 MODEL_QUEUE_MAX = 64  # requests waiting per model before 429
 CANCEL_POLL_TOKENS = 1  # check the cancel flag after every token
 HASH_CHUNK_BYTES = 4 * 1024 * 1024
+# embeddings: one input is at most this many tokens (and the model's context), OpenAI's limit per
+# input; the embedding context is sized to the longest input seen, from EMBED_MIN_CONTEXT_TOKENS up
+# in powers of two (llama.cpp's attention scratch grows with its square: node/inference/embedder.py)
+EMBED_MAX_INPUT_TOKENS = 8192
+EMBED_MIN_CONTEXT_TOKENS = 512
 
 # --- peer network ---
 MAX_FRAME_BYTES = 256 * 1024 * 1024

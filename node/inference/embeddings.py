@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from node.errors import Conflict, ContextLengthExceeded, InvalidRequest, ModelUnavailable
+from node.inference.embedder import embed_limit
 from node.inference.manager import ModelManager, ServedModel
 from node.trace import RequestTrace, SegmentTrace
 
@@ -65,12 +66,14 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     token_lists: list[list[int]] = [t if not isinstance(t, str) else [] for t in request.inputs]
     for (i, _), tokens in zip(texts, tokenized, strict=True):
         token_lists[i] = tokens
+    limit = embed_limit(served.n_ctx)
     for i, tokens in enumerate(token_lists):
         if not tokens:
             raise InvalidRequest(f"`{_param(request, i)}` gives no tokens: nothing to embed", param="input")
-        if len(tokens) > served.n_ctx:
+        if len(tokens) > limit:
+            what = "context length" if limit == served.n_ctx else "input length for embeddings"
             raise ContextLengthExceeded(
-                f"This model's maximum context length is {served.n_ctx} tokens. However, `{_param(request, i)}` "
+                f"This model's maximum {what} is {limit} tokens. However, `{_param(request, i)}` "
                 f"is {len(tokens)} tokens. Please reduce the input.", param="input")
         bad = next((t for t in tokens if not 0 <= t < tok.n_vocab), None)
         if bad is not None:

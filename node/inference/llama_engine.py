@@ -15,11 +15,10 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
-from node.errors import EngineError, InvalidRequest, ModelLoadError
+from node.errors import EngineError, InvalidRequest, ModelLoadError, NodeError
 from node.inference import llamacpp
 from node.inference.batch_engine import BatchEngine
+from node.inference.embedder import Embedder
 from node.inference.handoff import GenerationJob, TokenChannel
 from node.logs import kv
 
@@ -55,7 +54,7 @@ class LlamaEngine:
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama-{model_id[:16]}")
         self.model = None  # llama-cpp-python's LlamaModel (weights, vocabulary, metadata)
         self.batcher: BatchEngine | None = None  # the generation context, its sequences and loop
-        self.embedder = None  # a second context with embeddings on, loaded on the first embeddings request
+        self.embedder: Embedder | None = None  # a context with embeddings on, made on the first embeddings request
         self._calls_waiting = 0  # async_run calls queued for the executor (the batch loop lets them in)
         self._calls_lock = threading.Lock()
 
@@ -160,56 +159,25 @@ class LlamaEngine:
                                  param="model")
         return pooling
 
-    def _embedding_context(self):
-        if self.embedder is not None:
-            return self.embedder
-        llama_cpp = llamacpp.load()
-        pooling = self.embedding_pooling()
-        started = time.monotonic()
-        try:
-            # the whole input in one batch and one micro-batch: pooled embeddings need that
-            self.embedder = llama_cpp.Llama(
-                model_path=str(self.path), embedding=True, pooling_type=pooling,
-                n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
-                n_threads=self.n_threads, n_threads_batch=self.n_threads,
-                n_gpu_layers=self.n_gpu_layers, verbose=False)
-        except Exception as exc:
-            raise ModelLoadError(f"llama.cpp could not load {self.path.name} for embeddings: {exc}") from exc
-        log.info("DIAG: load_embedding_context %s", kv(model=self.model_id, pooling=pooling, n_ctx=self.n_ctx,
-                                                       elapsed_ms=int((time.monotonic() - started) * 1000)))
+    def _embedding_context(self) -> Embedder:
+        if self.embedder is None:
+            if self.model is None:
+                raise EngineError(f"model {self.model_id} is not loaded")
+            self.embedder = Embedder(llamacpp.load().llama_cpp, self.model.model, model_id=self.model_id,
+                                     pooling=self.embedding_pooling(), n_ctx=self.n_ctx, n_threads=self.n_threads)
         return self.embedder
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """One pooled vector per token list, each decoded alone (blocking; every list fits n_ctx),
-        of unit length (L2), as OpenAI's embeddings and llama-server's (`--embd-normalize 2`, its
-        default) are: an app that ranks by dot product (an inner-product index) gets cosine order.
-
-        Uses llama-cpp-python's batch and context the way its own `Llama.embed(normalize=True)`
-        does, since that method takes only strings."""
-        llama_cpp = llamacpp.load()
-        llm = self._embedding_context()
-        n_embd = llm.n_embd()
-        vectors = []
+        """One pooled vector per token list, each decoded alone (blocking; every list within
+        `embedder.embed_limit(n_ctx)`), of unit length (L2), as OpenAI's embeddings and
+        llama-server's (`--embd-normalize 2`, its default) are: an app that ranks by dot product
+        (an inner-product index) gets cosine order. See node.inference.embedder."""
         try:
-            for tokens in inputs:
-                llm._batch.reset()
-                llm._batch.add_sequence(tokens, 0, True)
-                llm._ctx.kv_cache_clear()
-                llm._ctx.decode(llm._batch)
-                pointer = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
-                if not pointer:
-                    raise EngineError("llama.cpp returned no pooled embedding")
-                vector = np.array(pointer[:n_embd], dtype=np.float64)
-                norm = float(np.linalg.norm(vector))
-                # float32 values, as llama.cpp's: the float and base64 forms of a reply stay equal
-                vectors.append((vector / norm if norm > 0 else vector).astype(np.float32).tolist())
-        except EngineError:
+            return self._embedding_context().embed(inputs)
+        except NodeError:  # a reranker's 400, a context llama.cpp could not make
             raise
-        except Exception as exc:  # llama.cpp decode failure
+        except Exception as exc:  # llama.cpp failure
             raise EngineError(f"llama.cpp embedding failed: {exc}") from exc
-        finally:
-            llm._batch.reset()
-        return vectors
 
     # --- async wrappers ---
 

@@ -25,10 +25,12 @@ TEXTS = ["def add(a, b):\n    return a + b", "hello world", "import os"]
 @pytest.fixture(scope="module")
 def reference():
     """llama-cpp-python's own embeddings of TEXTS (mean pooling: the default model declares none;
-    L2-normalized), and its token ids for each text."""
+    L2-normalized; flash attention, as llama-server's default `auto` takes on the CPU and the node's
+    embedding context does), and its token ids for each text."""
     llama_cpp = load_llama_cpp()
     ref = llama_cpp.Llama(model_path=str(default_model_path()), embedding=True,
-                          pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_threads=1, verbose=False)
+                          pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_threads=1, verbose=False,
+                          flash_attn=True)
     try:
         assert ref.pooling_type() == llama_cpp.LLAMA_POOLING_TYPE_MEAN
         vectors = [ref.embed(text, normalize=True) for text in TEXTS]  # unit length, as OpenAI's
