@@ -125,9 +125,14 @@ def test_a_request_refused_by_a_full_holder_is_served_by_the_other(tmp_path):
                 assert raw.parse().choices[0].message.content, i
                 assert _id(other) in raw.headers["x-swarm-nodes"], raw.headers["x-swarm-nodes"]
             assert _stats(full)["kv_sessions"] == 1
-            # (both coordinators plan the same first choice: c2's requests were refused there first)
-            assert "DIAG: KV-cache session refused" in full.node_log()
-            assert "DIAG: pipeline attempt failed" in c2.node_log() and "cause=overloaded" in c2.node_log()
+            # c2 plans each request afresh and usually tries the full holder first (the holder c1's
+            # plan chose): refused there, then served by the other. Which one it tries first follows
+            # measured speeds, so a run where it went to the other at once is not a failure: every
+            # attempt the full holder saw was refused, none of them evicted the stream's session
+            refused = full.node_log().count("DIAG: KV-cache session refused")
+            failed_there = [line for line in c2.node_log().splitlines()
+                            if "DIAG: pipeline attempt failed" in line and "cause=overloaded" in line]
+            assert len(failed_there) == refused, (refused, failed_there)
         assert "reason=memory_pressure" not in full.node_log()
     finally:
         for p in (c2, c1, h2, h1):
