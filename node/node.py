@@ -326,8 +326,9 @@ class Node(SwarmActions):
 
     async def async_machine(self) -> MachineInfo:
         """The machine snapshot (waits for the first measurement)."""
-        if self.machine is None and self._machine_task is not None:
-            await asyncio.shield(self._machine_task)
+        task = self._machine_task
+        if self.machine is None and task is not None and not task.done():
+            await asyncio.wait({task})  # its end, not its outcome: a failed start cancels it
         if self.machine is None:  # a node that never started (the tray's report says why it did not)
             await self._collect_machine()
         assert self.machine is not None

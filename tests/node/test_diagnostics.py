@@ -10,6 +10,7 @@ import time
 import aiohttp
 import pytest
 
+from node.node import Node
 from node.watchdog import LoopWatchdog
 from tests.support.nodes import node_config, running_node, tiny_model
 from tests.support.waiting import wait_until
@@ -153,3 +154,15 @@ async def test_watchdog_names_the_blocking_function(caplog):
     assert "DIAG: network event loop stalled took_ms=" in caplog.text
     assert "arm=tests.node.test_diagnostics:hog_the_loop" in caplog.text
     assert dog.max_stall_ms >= 300
+
+
+async def test_the_report_of_a_node_that_failed_to_start_is_built(tmp_path):
+    """A start that failed after the machine's measurement had begun (the API's address cannot be
+    bound) cancelled the measurement, and the report then raised CancelledError: the desktop
+    app's "Copy diagnostics" copied nothing (found by a bug hunt, 2026-12-06)."""
+    node = Node(node_config(tmp_path / "data", host="198.51.100.7"))  # TEST-NET-2: on no machine
+    with pytest.raises(OSError):
+        await node.start()
+    await node.stop()
+    text = await node.async_report()
+    assert "-- this machine --" in text and "cpu: " in text and "198.51.100.7" not in text
