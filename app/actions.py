@@ -8,11 +8,13 @@ eyes. Both come from the node's own report builder, never re-assembled here.
 from __future__ import annotations
 
 import logging
+import socket
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QGuiApplication
 
 from app.host import NodeHost
+from node.diagnostics import report_redactor
 from node.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -46,16 +48,17 @@ class AppActions(QObject):
         """The diagnostics report text (redacted unless full). A node that could not start says
         why first (its error names a path or an address: redacted like the report)."""
         node = self.host.node
-        try:
-            text = await node.async_report(full=full)
+        lead = [self.host.status_line()] if self.host.start_error is not None else []
+        try:  # the reason goes through the report's own redactor: one salt, every known host
+            return await node.async_report(full=full, lead=lead)
         except Exception as exc:
             log.exception("diagnostics report failed")
             text = f"SwarmLLM diagnostics could not be built: {type(exc).__name__}\n"
-        if self.host.start_error is not None:
-            redactor = Redactor(enabled=not full, secrets_to_hide=[node.api_key or ""],
-                                known_hosts=getattr(node, "host_names", None))
-            text = redactor.text(self.host.status_line()) + "\n\n" + text
-        return text
+        try:
+            redactor = report_redactor(node.report_parts(), full=full)
+        except Exception:  # a node too broken to describe itself still redacts paths and addresses
+            redactor = Redactor(enabled=not full, secrets_to_hide=[node.api_key or ""], known_hosts=[socket.gethostname()])
+        return "".join(redactor.text(line) + "\n\n" for line in lead) + text
 
     async def async_copy_diagnostics(self, *, full: bool = False) -> str:
         """Build the report and put it on the clipboard; returns the text."""

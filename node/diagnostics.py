@@ -11,7 +11,7 @@ import asyncio
 import socket
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -325,17 +325,26 @@ def _downloads(node: ReportParts, r: Redactor) -> list[str]:
     return rows or ["(none this run)"]
 
 
-async def build_report(node: ReportParts, *, full: bool = False) -> str:
-    """Render the whole report; redacted unless full."""
-    # Names no pattern can spot: this machine's, and the configured bootstrap/relay hosts.
-    known_hosts = list(node.host_names) or [socket.gethostname()]
+def report_redactor(node: ReportParts, *, full: bool = False) -> Redactor:
+    """The one redactor of a report: everything pasted with it goes through this (one salt, so a
+    host keeps its tag across the whole text)."""
+    # Names no pattern can spot: this machine's, and the configured API, peer, bootstrap and relay hosts.
+    known_hosts = [*node.host_names, socket.gethostname(), node.config.host]
+    if node.config.peer_host:
+        known_hosts.append(node.config.peer_host)
     for addr in [*node.config.bootstrap, *node.config.relays]:
         host = addr.rsplit(":", 1)[0].strip("[]")
         if host:
             known_hosts.append(host)
-    r = Redactor(enabled=not full, secrets_to_hide=[node.api_key], known_hosts=known_hosts)
+    return Redactor(enabled=not full, secrets_to_hide=[node.api_key], known_hosts=known_hosts)
+
+
+async def build_report(node: ReportParts, *, full: bool = False, lead: Sequence[str] = ()) -> str:
+    """Render the whole report; redacted unless full. `lead`: lines put first (the desktop app's
+    reason a node could not start), redacted with the report by the same redactor."""
+    r = report_redactor(node, full=full)
     sections: list[tuple[str | None, list[str]]] = [
-        (None, _header(node, r)),
+        (None, [*lead, *([""] if lead else []), *_header(node, r)]),
         ("this machine", await _machine(node)),
         ("reachable at", _reachable(node, r)),
         ("peers", _peers(node, r)),

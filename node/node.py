@@ -11,7 +11,7 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -425,9 +425,9 @@ class Node(SwarmActions):
 
     # --- what the admin API and the GUI act on ---
 
-    async def async_report(self, *, full: bool = False) -> str:
-        """The diagnostics report (redacted unless full)."""
-        return await build_report(self.report_parts(), full=full)
+    async def async_report(self, *, full: bool = False, lead: Sequence[str] = ()) -> str:
+        """The diagnostics report (redacted unless full), `lead` lines first, redacted with it."""
+        return await build_report(self.report_parts(), full=full, lead=lead)
 
     def report_parts(self) -> ReportParts:
         """The parts the diagnostics report reads."""
