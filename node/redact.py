@@ -3,7 +3,9 @@
 Every IP or host name becomes `<public-ip-xxxx>`, `<private-ip-xxxx>` or `<host-xxxx>`. The tag
 is an HMAC of the address under a salt made fresh for each report, so two occurrences of one host
 share a tag within a report and mean nothing across reports. Ports, node ids and transport
-survive; loopback is exempt; file paths become `<path>`; the API key never appears.
+survive; loopback is exempt; file paths become `<path>`, e-mail addresses `<email>`, MAC addresses
+`<mac>`. In both forms (redacted and full) the given secrets (the API key) become `<api-key>`, and a
+URL loses its user, password, query string and fragment (signed URLs carry credentials there).
 """
 
 from __future__ import annotations
@@ -39,10 +41,23 @@ _URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?(\[[^\]]+\]|[^/\s:?#]+
 # has none); after a slash the words past the first must start with a letter ("x.gguf 12 MB/s" and
 # "x.gguf in 2.1 s at 12.5 tok/s" are a file and figures, not a directory). The last segment stops
 # at a space. Over-redaction is the safe side: a name must not survive.
-_POSIX_PATH = r"(?<![\w<>:/])/(?:[\w.+@-]+(?: [A-Za-z][\w.+@-]*)*/)*[\w.+@-]+/?"
+# A name on disk may hold any character but a slash: `:` (`file:`, joined onto a relative path), `\`
+# (a UNC path after a POSIX one), `%`, `~`... all stay inside the match; a sentence's punctuation at
+# its end is given back (`_path_sub`).
+_SEG = r"[^\s/'\"<>()\[\]{},;|]"
+_POSIX_PATH = rf"(?<![\w<>:/])/(?:{_SEG}+(?: [A-Za-z]{_SEG}*)*/)*{_SEG}+/?"
 _WIN_NAME = r'[^\\/\s<>:"|?*]'  # no Windows name has <>:"|?*
-_WIN_PATH = (rf"\b[A-Za-z]:(?:\\(?:{_WIN_NAME}+(?: {_WIN_NAME}+)*\\)*{_WIN_NAME}*"
-             rf"|/(?:{_WIN_NAME}+(?: [A-Za-z]{_WIN_NAME}*)*/)*{_WIN_NAME}*)")
+# Separators may come doubled: an OSError's text quotes the file name with repr ('C:\\\\Users\\\\...').
+_WIN_TAIL = rf"(?:{_WIN_NAME}+(?: {_WIN_NAME}+)*\\+)*{_WIN_NAME}*"
+_WIN_PATH = (rf"\b[A-Za-z]:(?:\\+{_WIN_TAIL}"
+             rf"|/(?:{_WIN_NAME}+(?: [A-Za-z]{_WIN_NAME}*)*/)*{_WIN_NAME}*)"
+             rf"|(?<![\w\\])\\{{2,}}{_WIN_NAME}+(?:\\+{_WIN_TAIL})?")  # \\server\share\... (UNC)
+_FILE_URL = r"\bfile:/+[^\s'\"<>]*"
+_EMAIL = r"(?<![\w.+-])[\w.+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}(?!\w)"
+_MAC = r"(?<![\w:-])(?:[0-9A-Fa-f]{2}([:-]))(?:[0-9A-Fa-f]{2}\1){4}[0-9A-Fa-f]{2}(?![\w:-])"
+# A URL's user[:password]@ and its ?query#fragment: credentials, dropped in both forms.
+_URL_CREDS = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]*@"
+_URL_QUERY = r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?#'\"<>]*)[?#][^\s'\"<>]*"
 
 _RE_IPV6 = re.compile(_IPV6)
 _RE_IPV4 = re.compile(_IPV4)
@@ -50,6 +65,17 @@ _RE_HOST = re.compile(_HOSTNAME, re.IGNORECASE)
 _RE_HOST_PORT = re.compile(_HOST_WITH_PORT)
 _RE_URL_HOST = re.compile(_URL_HOST)
 _RE_PATH = re.compile(f"{_WIN_PATH}|{_POSIX_PATH}")
+_RE_FILE_URL = re.compile(_FILE_URL)
+_RE_EMAIL = re.compile(_EMAIL)
+_RE_MAC = re.compile(_MAC)
+_RE_URL_CREDS = re.compile(_URL_CREDS)
+_RE_URL_QUERY = re.compile(_URL_QUERY)
+_TRAILING = ".,:;!?"  # a sentence's punctuation after a path is not part of it
+
+
+def _tail(value: str) -> str:
+    """The sentence's punctuation a path match took with it (given back after `<path>`)."""
+    return value[len(value.rstrip(_TRAILING)):]
 _RE_BRACKETED_V6 = re.compile(r"\[([0-9A-Fa-f:.%\w]+)\]")
 
 
@@ -114,8 +140,13 @@ class Redactor:
         """Redact every address, host name, path and secret found in free text."""
         for secret in self._secrets:
             text = text.replace(secret, "<api-key>")
+        text = _RE_URL_CREDS.sub(lambda m: m.group(1), text)
+        text = _RE_URL_QUERY.sub(lambda m: m.group(1) + "?…", text)
         if not self.enabled:
             return text
+        text = _RE_EMAIL.sub("<email>", text)
+        text = _RE_MAC.sub("<mac>", text)
+        text = _RE_FILE_URL.sub(lambda m: "<path>" + _tail(m.group(0)), text)
         text = _RE_URL_HOST.sub(lambda m: m.group(1) + self.host(m.group(2)), text)
         text = _RE_PATH.sub(self._path_sub, text)
         text = _RE_BRACKETED_V6.sub(lambda m: "[" + self.ip(m.group(1)) + "]"
@@ -132,9 +163,10 @@ class Redactor:
     @staticmethod
     def _path_sub(match: re.Match) -> str:
         value = match.group(0)
-        if "\\" in value or value[1:2] == ":":  # a Windows path (C:\\... or C:/...)
-            return "<path>"
+        tail = _tail(value)
+        if value.startswith("\\") or value[1:2] == ":":  # a Windows path (C:\\..., C:/..., \\\\server\\...)
+            return "<path>" + tail
         # keep URL paths of our own API and single segments like /p2p-circuit; hide filesystem paths
         if value.startswith(("/v1", "/api/", "/health", "/metrics")) or value.count("/") < 2:
             return value
-        return "<path>"
+        return "<path>" + tail

@@ -166,3 +166,20 @@ async def test_the_report_of_a_node_that_failed_to_start_is_built(tmp_path):
     await node.stop()
     text = await node.async_report()
     assert "-- this machine --" in text and "cpu: " in text and "198.51.100.7" not in text
+
+
+async def test_a_peers_e_mail_is_not_in_the_report(tmp_path):
+    """A peer's region is its own text, and a user who put an e-mail there (or in any text the
+    report quotes) had its local part pasted in public: `region=ana.garcia@<host-…>` (found by a
+    bug hunt, 2026-12-06). An e-mail is now `<email>`, whole."""
+    model = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "a", model)) as a:
+        b_config = node_config(tmp_path / "b", region="ana.garcia@example.com",
+                               bootstrap=[f"127.0.0.1:{a.peers.listen_port}"])
+        async with running_node(b_config):
+            await wait_until(lambda: any(p.state == "connected" and p.region for p in a.peers.peers()), 30,
+                             what="the peer's HELLO with its region")
+            text = await _report(a)
+    peers = text.split("-- peers --")[1].split("-- recent inference failures --")[0]
+    assert "region=<email>" in peers, peers
+    assert "ana.garcia" not in text and "example.com" not in text

@@ -105,3 +105,50 @@ def test_module_line_locations_are_not_hosts():
     r = Redactor()
     text = r.text("arm=tests.node.test_diagnostics:hog_the_loop:12 arm=posixpath:_joinrealpath:451")
     assert "tests.node.test_diagnostics:hog_the_loop:12" in text
+
+
+def test_e_mail_addresses_go_whole():
+    """A bug hunt (2026-12-06): only an e-mail's domain was tagged (`ana.garcia@<host-…>`), and an
+    e-mail followed by more of a file name (`ana.garcia@example.com-llama.gguf`) not even that."""
+    r = Redactor()
+    text = r.text("region=ana.garcia@example.com; cannot serve --model: ana.garcia@example.com-llama.gguf: truncated "
+                  "GGUF header; mail ops@host.example.com.")
+    assert "ana.garcia" not in text and "example.com" not in text and "ops@" not in text, text
+    assert text.startswith("region=<email>; cannot serve --model: <email>") and text.endswith(" <email>.")
+    assert r.text("hf://o/r/x.gguf@v1.0 and swarmllm-py/0.1.0") .endswith("x.gguf@v1.0 and swarmllm-py/0.1.0")
+
+
+def test_paths_with_any_character_and_unc_and_repr_and_file_urls():
+    """A bug hunt (2026-12-06): a name holding a colon (a `file:///home/<name>/...` URL taken as a
+    relative path), a UNC path (`\\\\nas\\share\\<name>`), an OSError's repr of a Windows path (doubled
+    backslashes) and a file: URL kept the user's name."""
+    r = Redactor()
+    cases = {
+        "model file not found: /work/file:/home/ana.garcia/models/x.gguf (--model takes": "model file not found: ",
+        "not found: /work/\\\\nas\\share\\ana.garcia\\x.gguf (x": "not found: <path> (x",
+        "open \\\\nas\\Ana Garcia\\models\\x.gguf now": "open <path> now",
+        "[Errno 2] No such file or directory: 'C:\\\\Users\\\\ana.garcia\\\\x.gguf'": "[Errno 2] No such file or directory: '<path>",
+        "see file:///home/ana.garcia/x.gguf, then": "see <path>, then",
+        "multiaddr /ip6/2001:db8::1/tcp/4001 ok": "multiaddr <path> ok",
+    }
+    for raw, start in cases.items():
+        text = r.text(raw)
+        assert "ana.garcia" not in text and "Garcia" not in text and "db8" not in text, text
+        assert text.startswith(start), text
+    assert r.text("cannot read /home/u/x.gguf: permission denied. Then /home/u/y.gguf.") == \
+        "cannot read <path>: permission denied. Then <path>."
+
+
+def test_mac_addresses():
+    r = Redactor()
+    assert r.text("mac 00:1A:2B:3C:4D:5E and 00-1a-2b-3c-4d-5e at 11:36:12") == "mac <mac> and <mac> at 11:36:12"
+
+
+def test_url_credentials_and_query_go_in_both_forms():
+    """A signed URL's query and a URL's password are credentials: gone from the full report too."""
+    raw = "fetch https://ana:hunter2@10.1.2.3:8080/m/x.gguf?X-Amz-Signature=S3CRET#frag done"
+    full = Redactor(enabled=False).text(raw)
+    assert full == "fetch https://10.1.2.3:8080/m/x.gguf?… done"
+    redacted = Redactor().text(raw)
+    assert "hunter2" not in redacted and "S3CRET" not in redacted and "ana" not in redacted
+    assert redacted.endswith("/m/x.gguf?… done")
