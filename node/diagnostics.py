@@ -44,6 +44,7 @@ class ReportParts:
     api_key: str  # only to be redacted, never printed
     started_at: float | None
     host_names: list[str]  # this machine's names, redacted from the text
+    user_names: list[str]  # the user's login and full name (every form a file name gives), redacted
     activity: list[str]
     traces: TraceHub
     machine: Callable[[], Awaitable[MachineInfo]]  # waits for the first measurement
@@ -336,7 +337,8 @@ def report_redactor(node: ReportParts, *, full: bool = False) -> Redactor:
         host = addr.rsplit(":", 1)[0].strip("[]")
         if host:
             known_hosts.append(host)
-    return Redactor(enabled=not full, secrets_to_hide=[node.api_key], known_hosts=known_hosts)
+    return Redactor(enabled=not full, secrets_to_hide=[node.api_key], known_hosts=known_hosts,
+                    user_names=node.user_names)
 
 
 async def build_report(node: ReportParts, *, full: bool = False, lead: Sequence[str] = ()) -> str:

@@ -68,6 +68,27 @@ def _local_host_names() -> list[str]:
     return sorted({socket.gethostname(), socket.getfqdn()} - {"", "localhost"})
 
 
+def _local_user_names() -> list[str]:
+    """The user's login, home folder's name and full name, with the full name also as a file name
+    writes it (`Ana Garcia`, `ana-garcia`, `ana.garcia`, `ana_garcia`, `anagarcia`); blocking (the
+    password database may be a network service)."""
+    import getpass
+
+    names = {Path.home().name}
+    try:
+        login = getpass.getuser()
+        names.add(login)
+        import pwd  # POSIX only
+
+        full = pwd.getpwnam(login).pw_gecos.split(",")[0].strip()
+    except (ImportError, KeyError, OSError):
+        full = ""
+    words = full.split()
+    if words:
+        names.update([full, *(sep.join(words) for sep in ("-", ".", "_", ""))])
+    return sorted(n for n in names if n)
+
+
 class Node(SwarmActions):
     """A SwarmLLM node: API server, models, slices, peer network, pipeline, traces, diagnostics.
 
@@ -110,6 +131,7 @@ class Node(SwarmActions):
         self.started_at: float | None = None
         self.activity: list[str] = []
         self.host_names: list[str] = []  # this machine's names, redacted from reports
+        self.user_names: list[str] = []  # the user's names, redacted from reports
         self._machine_task: asyncio.Task | None = None
         self._advertised_rates: dict[str, float] = {}  # model id -> ms/token peers last heard (whole models)
         self._announce_task: asyncio.Task | None = None
@@ -322,6 +344,7 @@ class Node(SwarmActions):
     async def _collect_machine(self) -> None:
         loop = asyncio.get_running_loop()
         self.host_names = await loop.run_in_executor(None, _local_host_names)  # getfqdn may hit DNS
+        self.user_names = await loop.run_in_executor(None, _local_user_names)
         self.machine = await loop.run_in_executor(None, collect)
 
     async def async_machine(self) -> MachineInfo:
@@ -427,6 +450,7 @@ class Node(SwarmActions):
 
     async def async_report(self, *, full: bool = False, lead: Sequence[str] = ()) -> str:
         """The diagnostics report (redacted unless full), `lead` lines first, redacted with it."""
+        await self.async_machine()  # this machine's and its user's names come with its measurement
         return await build_report(self.report_parts(), full=full, lead=lead)
 
     def report_parts(self) -> ReportParts:
@@ -434,6 +458,7 @@ class Node(SwarmActions):
         return ReportParts(
             agent=self.agent, short_id=self.short_id, config=self.config, api_port=self.api.port,
             api_key=self.api_key, started_at=self.started_at, host_names=list(self.host_names),
+            user_names=list(self.user_names),
             activity=list(self.activity), traces=self.traces, machine=self.async_machine, models=self.models,
             slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline,
             remote=self.remote_server)

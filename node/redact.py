@@ -4,7 +4,7 @@ Every IP or host name becomes `<public-ip-xxxx>`, `<private-ip-xxxx>` or `<host-
 is an HMAC of the address under a salt made fresh for each report, so two occurrences of one host
 share a tag within a report and mean nothing across reports. Ports, node ids and transport
 survive; loopback is exempt; file paths become `<path>`, e-mail addresses `<email>`, MAC addresses
-`<mac>`. In both forms (redacted and full) the given secrets (the API key) become `<api-key>`, and a
+`<mac>`, the user's login and full name `<user>` (also inside a model's name). In both forms (redacted and full) the given secrets (the API key) become `<api-key>`, and a
 URL loses its user, password, query string and fragment (signed URLs carry credentials there).
 """
 
@@ -70,6 +70,8 @@ _RE_EMAIL = re.compile(_EMAIL)
 _RE_MAC = re.compile(_MAC)
 _RE_URL_CREDS = re.compile(_URL_CREDS)
 _RE_URL_QUERY = re.compile(_URL_QUERY)
+_RE_TAG = re.compile(r"(<(?:public-ip|private-ip|host)-[0-9a-f]{4}>)")
+_USER_NAME_MIN = 3  # shorter names are words of the report itself
 _TRAILING = ".,:;!?"  # a sentence's punctuation after a path is not part of it
 
 
@@ -83,10 +85,15 @@ class Redactor:
     """Replaces addresses with salted, kind-naming tags; one instance per report."""
 
     def __init__(self, *, enabled: bool = True, secrets_to_hide: list[str] | None = None,
-                 known_hosts: list[str] | None = None, salt: bytes | None = None):
+                 known_hosts: list[str] | None = None, user_names: list[str] | None = None,
+                 salt: bytes | None = None):
         self.enabled = enabled
         self._salt = salt or secrets.token_bytes(16)
         self._secrets = [s for s in (secrets_to_hide or []) if s]
+        # the user's login and full name, in any text (a model named after its owner's file name)
+        names = sorted({n.lower() for n in (user_names or []) if len(n) >= _USER_NAME_MIN}, key=len, reverse=True)
+        self._re_user = re.compile("(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, names)) + ")(?![A-Za-z0-9])",
+                                   re.IGNORECASE) if names else None
         # single-label names (this machine's hostname, peers' names) that no regex can spot
         self._known_hosts = sorted({h for h in (known_hosts or []) if h and h.lower() not in _LOOPBACK_NAMES},
                                    key=len, reverse=True)
@@ -158,6 +165,9 @@ class Redactor:
         for name in self._known_hosts:
             text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", self.host(name), text,
                           flags=re.IGNORECASE)
+        if self._re_user is not None:  # outside the tags made above (a login "beef" is no tag's hex)
+            user = self._re_user
+            text = "".join(part if i % 2 else user.sub("<user>", part) for i, part in enumerate(_RE_TAG.split(text)))
         return text
 
     @staticmethod

@@ -183,3 +183,25 @@ async def test_a_peers_e_mail_is_not_in_the_report(tmp_path):
     peers = text.split("-- peers --")[1].split("-- recent inference failures --")[0]
     assert "region=<email>" in peers, peers
     assert "ana.garcia" not in text and "example.com" not in text
+
+
+async def test_the_users_name_in_a_model_file_name_is_not_in_the_report(tmp_path, monkeypatch):
+    """A model id is its file's name: a file its owner named after themself put their login in
+    every line that names the model (found by a bug hunt, 2026-12-06). The login, the home folder's
+    name and the full name are `<user>` in the redacted report, and kept in the full one."""
+    monkeypatch.setenv("LOGNAME", "ana.garcia")  # what getpass.getuser() reads first
+    monkeypatch.setenv("HOME", str(tmp_path / "home" / "ana.garcia"))
+    model = tiny_model(tmp_path, name="Ana.Garcia-llama.gguf")
+    async with running_node(node_config(tmp_path / "data", model)) as node:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{node.api.port}/v1/completions",
+                              headers={"Authorization": f"Bearer {node.api_key}"},
+                              json={"model": "ana.garcia-llama", "prompt": "a", "max_tokens": 2}) as r:
+                assert r.status == 200, await r.text()
+        text = await _report(node)
+        full = await _report(node, full=True)
+    assert "garcia" not in text.lower(), text
+    models = text.split("-- models --")[1]
+    assert re.search(r"^<user>-llama-[0-9a-f]{8} ", models, re.MULTILINE), models
+    assert "model=<user>-llama-" in text.split("-- recent requests --")[1]
+    assert "ana.garcia-llama-" in full

@@ -152,3 +152,17 @@ def test_url_credentials_and_query_go_in_both_forms():
     redacted = Redactor().text(raw)
     assert "hunter2" not in redacted and "S3CRET" not in redacted and "ana" not in redacted
     assert redacted.endswith("/m/x.gguf?… done")
+
+
+def test_the_users_names_in_any_form():
+    r = Redactor(user_names=["ana.garcia", "Ana Garcia", "ana-garcia", "me"],
+                 salt=b"s" * 16, known_hosts=["gpu"])
+    text = r.text("model=ana-garcia-llama-1a2b3c4d file ANA.GARCIA-x.gguf by Ana Garcia on gpu:8810 "
+                  "me and anagarcia2 and banana.garcia")
+    assert text.startswith("model=<user>-llama-1a2b3c4d file <user>-x.gguf by <user> on <host-")
+    assert " me and anagarcia2 and banana.garcia" in text  # short names and other words stay
+    tag = r.host("gpu")
+    hexes = tag[len("<host-"):-1]
+    r2 = Redactor(user_names=[hexes], salt=b"s" * 16, known_hosts=["gpu"])
+    assert r2.text("gpu:1 and " + hexes) == f"{tag}:1 and <user>"  # a tag's hex is never a name
+    assert Redactor(enabled=False, user_names=["ana.garcia"]).text("ana.garcia-llama") == "ana.garcia-llama"
