@@ -24,7 +24,7 @@ from node.errors import DownloadFailed
 
 from .job import DownloadJob
 from .partfile import discard_part, resumable, write_sidecar
-from .urls import display_url
+from .urls import display_url, http_error
 
 GGUF_MAGIC = b"GGUF"
 _CHUNK = 1 << 20  # bytes per read from the socket
@@ -52,9 +52,9 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             await loop.run_in_executor(io, discard_part, part)  # kept, every later download would fail so
             raise Retryable(f"HTTP 416: the partial file ({have} bytes) is not of the file there now")
         if resp.status in (429, 500, 502, 503, 504):
-            raise Retryable(f"HTTP {resp.status} {resp.reason or ''}".strip())
+            raise Retryable(http_error(resp.status))
         if resp.status not in (200, 206):
-            raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {display_url(job.url)}".strip())
+            raise DownloadFailed(f"{http_error(resp.status)} from {display_url(job.url)}")
         if resp.status == 206:
             first, total = content_range(resp.headers.get("Content-Range"))
             if first != have:  # not where we asked: start over rather than splice wrong bytes

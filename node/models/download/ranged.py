@@ -16,7 +16,7 @@ import aiohttp
 from node.errors import DownloadFailed
 
 from .fetch import content_range
-from .urls import describe_error, display_url, resolve_url
+from .urls import describe_error, display_url, http_error, resolve_url
 
 _CHUNK = 1 << 20
 
@@ -40,7 +40,7 @@ async def async_fetch_prefix(url: str, n_bytes: int, *, timeout_s: float,
                 if first != 0:
                     raise DownloadFailed(f"{display_url(resolved)} sent a range from byte {first}, asked from 0")
             elif resp.status != 200:
-                raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {display_url(resolved)}".strip())
+                raise DownloadFailed(f"{http_error(resp.status)} from {display_url(resolved)}")
             encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 raise DownloadFailed(f"{display_url(resolved)} sent the header {encoding}-encoded, asked identity")

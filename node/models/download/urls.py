@@ -7,6 +7,7 @@ there), also inside error texts.
 
 from __future__ import annotations
 
+import http
 import re
 import urllib.parse
 
@@ -63,6 +64,17 @@ def file_name_for(url: str, name: str | None) -> str:
         raise InvalidRequest(f"cannot use {candidate!r} as a model file name (letters, digits, . _ + - and "
                              "a .gguf suffix)", param="filename")
     return candidate
+
+
+def http_error(status: int) -> str:
+    """`HTTP 403 Forbidden`: the status and its standard phrase, never the server's own reason
+    text (the origin's words, shown in logs, the job and the diagnostics report: a misconfigured
+    or hostile origin put a token or a user's name there)."""
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP {status} {phrase}".strip()
 
 
 _QUERY = re.compile(r"[?#][^\s'\")>]*")

@@ -45,7 +45,7 @@ from node import const
 from node.errors import DownloadFailed, ModelLoadError
 from node.logs import kv
 from node.models.download.fetch import content_range, resume_validator, retry_delay
-from node.models.download.urls import describe_error, display_url, resolve_url
+from node.models.download.urls import describe_error, display_url, http_error, resolve_url
 from node.models.gguf_meta import GgufHeader, read_header_bytes
 from node.models.header import SHA256_HEX
 
@@ -98,7 +98,7 @@ async def async_probe(url: str, session: aiohttp.ClientSession,
             if stats is not None:
                 stats.requests += 1
             if resp.status not in (200, 206):
-                raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {display_url(resolved)}".strip())
+                raise DownloadFailed(f"{http_error(resp.status)} from {display_url(resolved)}")
             v = resume_validator(resp.headers)
             if validator and v != validator:
                 buf.clear()  # changed between two probe requests: start the probe again
@@ -454,7 +454,7 @@ async def _async_range(session: aiohttp.ClientSession, url: str, manifest: Manif
         if resp.status in (429, 500, 502, 503, 504):
             raise _Retry(f"HTTP {resp.status}")
         if resp.status not in (200, 206):
-            raise DownloadFailed(f"HTTP {resp.status} {resp.reason or ''} from {manifest.origin_url}".strip())
+            raise DownloadFailed(f"{http_error(resp.status)} from {manifest.origin_url}")
         if resp.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
             raise DownloadFailed(f"{manifest.origin_url} sent the file encoded, asked identity")
         if resp.status == 206:
