@@ -35,7 +35,9 @@ _HOSTNAME = (
 # Any dotted name followed by :port is a host, whatever its suffix (gpu-box.example.xyz:8810).
 _HOST_WITH_PORT = r"(?<![\w./-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]*)(?=:\d{1,5}\b)"
 # scheme://[user[:password]@]host: the user part is dropped (a password in a URL must not survive)
-_URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?(\[[^\]]+\]|[^/\s:?#]+)"
+# ...and its path: the directories name an account, a bucket, a repository (`/ana-garcia/private/...`)
+_URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?(\[[^\]]+\]|[^/\s:?#]+)(:\d{1,5})?(/[^\s?#'\"<>]*)?"
+_OWN_API = ("/v1", "/api/", "/health", "/metrics")  # URL paths of our own API: kept
 # A directory may have spaces in its name (/home/Ana Maria de la Cruz/..., C:\Program Files (x86)\...).
 # After a backslash any words joined by single spaces are one segment when a backslash follows (prose
 # has none); after a slash the words past the first must start with a letter ("x.gguf 12 MB/s" and
@@ -45,7 +47,7 @@ _URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?(\[[^\]]+\]|[^/\s:?#]+
 # (a UNC path after a POSIX one), `%`, `~`... all stay inside the match; a sentence's punctuation at
 # its end is given back (`_path_sub`).
 _SEG = r"[^\s/'\"<>()\[\]{},;|]"
-_POSIX_PATH = rf"(?<![\w<>:/])/(?:{_SEG}+(?: [A-Za-z]{_SEG}*)*/)*{_SEG}+/?"
+_POSIX_PATH = rf"(?<![\w<>:/…])/(?:{_SEG}+(?: [A-Za-z]{_SEG}*)*/)*{_SEG}+/?"
 _WIN_NAME = r'[^\\/\s<>:"|?*]'  # no Windows name has <>:"|?*
 # Separators may come doubled: an OSError's text quotes the file name with repr ('C:\\\\Users\\\\...').
 _WIN_TAIL = rf"(?:{_WIN_NAME}+(?: {_WIN_NAME}+)*\\+)*{_WIN_NAME}*"
@@ -73,6 +75,13 @@ _RE_URL_QUERY = re.compile(_URL_QUERY)
 _RE_TAG = re.compile(r"(<(?:public-ip|private-ip|host)-[0-9a-f]{4}>)")
 _USER_NAME_MIN = 3  # shorter names are words of the report itself
 _TRAILING = ".,:;!?"  # a sentence's punctuation after a path is not part of it
+
+
+def _url_path(path: str) -> str:
+    """A URL's path without its directories (`/…/x.gguf`); our own API's paths and one segment kept."""
+    if path.startswith(_OWN_API) or path.count("/") < 2:
+        return path
+    return "/…/" + path.rsplit("/", 1)[1]
 
 
 def _tail(value: str) -> str:
@@ -154,7 +163,8 @@ class Redactor:
         text = _RE_EMAIL.sub("<email>", text)
         text = _RE_MAC.sub("<mac>", text)
         text = _RE_FILE_URL.sub(lambda m: "<path>" + _tail(m.group(0)), text)
-        text = _RE_URL_HOST.sub(lambda m: m.group(1) + self.host(m.group(2)), text)
+        text = _RE_URL_HOST.sub(lambda m: m.group(1) + self.host(m.group(2)) + (m.group(3) or "")
+                                + _url_path(m.group(4) or ""), text)
         text = _RE_PATH.sub(self._path_sub, text)
         text = _RE_BRACKETED_V6.sub(lambda m: "[" + self.ip(m.group(1)) + "]"
                                     if self.ip(m.group(1)) != m.group(1) else m.group(0), text)
@@ -177,6 +187,6 @@ class Redactor:
         if value.startswith("\\") or value[1:2] == ":":  # a Windows path (C:\\..., C:/..., \\\\server\\...)
             return "<path>" + tail
         # keep URL paths of our own API and single segments like /p2p-circuit; hide filesystem paths
-        if value.startswith(("/v1", "/api/", "/health", "/metrics")) or value.count("/") < 2:
+        if value.startswith(_OWN_API) or value.count("/") < 2:
             return value
         return "<path>" + tail

@@ -24,7 +24,7 @@ async def _origin(status: int):
         return web.Response(status=status, reason=f"{REASON} ({status})", text="no")
 
     app = web.Application()
-    app.router.add_get("/{name}", handle)
+    app.router.add_get("/{path:.*}", handle)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -69,3 +69,21 @@ async def test_a_layer_fetch_refused_with_words_does_not_quote_them(tmp_path):
     finally:
         await denied.cleanup()
     assert failed.value.message == f"HTTP 403 Forbidden from http://127.0.0.1:{port}/m.gguf"
+
+
+async def test_a_url_s_directories_are_not_in_the_redacted_report(tmp_path):
+    """The redacted report tagged a URL's host and kept its path: `https://<host-…>/ana-garcia/
+    private-finetune/resolve/main/x.gguf` names the account and the repository (found by a bug
+    hunt, 2026-12-06). Its directories are now `…`; the file's name and the full report keep theirs."""
+    denied, port = await _origin(403)
+    try:
+        async with running_node(node_config(tmp_path / "data", tiny_model(tmp_path))) as node:
+            job = node.start_download(f"http://127.0.0.1:{port}/ana-garcia/private-finetune/resolve/main/a.gguf")
+            await wait_until(lambda: job.state == "failed", 30, what="the download to fail")
+            text = await _get(node, "/api/admin/diagnostics")
+            full = await _get(node, "/api/admin/diagnostics?full=1")
+    finally:
+        await denied.cleanup()
+    assert "private-finetune" not in text and "ana-garcia" not in text
+    assert f"error=HTTP 403 Forbidden from http://127.0.0.1:{port}/…/a.gguf" in text, text.split("-- downloads --")[1]
+    assert f"http://127.0.0.1:{port}/ana-garcia/private-finetune/resolve/main/a.gguf" in full
