@@ -175,3 +175,6 @@ AUTO_SERVE_HEADROOM_MB = 1024  # free memory kept back when no --slice-budget-mb
 RESPONSE_STORE_MAX = 256  # stored responses, least recently used dropped first
 RESPONSE_STORE_MAX_BYTES = 16 * 1024 * 1024  # their size (JSON of body + conversation), same order
 RESPONSE_STORE_TTL_S = 3600.0  # a stored response expires this long after it was written
+
+# --- peer network: what a HELLO may say of the peer (node/net/_messages.py) ---
+REGION_MAX_CHARS = 32  # a peer's advertised region; longer is a protocol error

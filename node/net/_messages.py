@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.const import REGION_MAX_CHARS
 from node.errors import ProtocolError
 
 from ._frames import Frame, FrameType
@@ -153,7 +154,7 @@ class Hello:
             features=_int(h, "features", 0, (1 << 32) - 1),
             models=tuple(models),
             hardware=hardware,
-            region=_text(h, "region", optional=True, limit=32),
+            region=_text(h, "region", optional=True, limit=REGION_MAX_CHARS),
             link_nonce=_text(h, "link_nonce", optional=True, limit=32),
             swarm=_swarm_id(h),
             epoch=_int(h, "epoch", 0, MAX_EPOCH),

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from node.const import REGION_MAX_CHARS
+from node.logs import clean_text
 from node.observe import Observers
 
 from ._identity import short_id
@@ -133,7 +135,8 @@ class PeerRecord:
             models=tuple(hello.models) if hello else (),
             last_seen=last_seen,
             agent=hello.agent if hello else None,
-            region=hello.region if hello else None,
+            # the peer's word, shown in reports, logs and tables: one line (a newline forged report lines)
+            region=clean_text(hello.region, REGION_MAX_CHARS) if hello and hello.region else None,
             hardware=hello.hardware if hello else {},
             via_relay=link.via_relay if link else None,
             is_dialer=link.is_dialer if link else None,

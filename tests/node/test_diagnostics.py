@@ -8,6 +8,7 @@ import socket
 import time
 
 import aiohttp
+import openai
 import pytest
 
 from node.node import Node
@@ -205,3 +206,29 @@ async def test_the_users_name_in_a_model_file_name_is_not_in_the_report(tmp_path
     assert re.search(r"^<user>-llama-[0-9a-f]{8} ", models, re.MULTILINE), models
     assert "model=<user>-llama-" in text.split("-- recent requests --")[1]
     assert "ana.garcia-llama-" in full
+
+
+async def test_a_peers_region_cannot_forge_report_lines(tmp_path):
+    """A peer's region is its HELLO's text: a newline in it wrote lines of its own into the
+    `-- peer serving performance --` section (the peers section escaped it; found by a bug hunt,
+    2026-12-06). It is one line there too."""
+    model = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "a", model, layers="0-0")) as a:
+        b_config = node_config(tmp_path / "b", model, layers="1-1", region="TH\nFORGED line",
+                               bootstrap=[f"127.0.0.1:{a.peers.listen_port}"])
+        async with running_node(b_config):
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{a.api.port}/v1", api_key=a.api_key,
+                                        max_retries=0)
+
+            async def served() -> bool:
+                try:
+                    await client.completions.create(model="tiny", prompt="a", max_tokens=2)
+                except openai.APIStatusError:
+                    return False  # the peer's layers not known yet
+                return True
+            await wait_until(served, 30, what="a request through both nodes")
+            await client.close()
+            text = await _report(a)
+    performance = text.split("-- peer serving performance --")[1].split("-- swarm coverage --")[0]
+    assert "region=TH\\nFORGED line" in performance, performance
+    assert not [line for line in text.splitlines() if line.startswith("FORGED")], performance
