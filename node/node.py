@@ -54,39 +54,11 @@ from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.status import node_ready, node_stats
 from node.stopping import async_bounded, async_drain, async_drain_others, end_runs
 from node.swarm_actions import SwarmActions
-from node.sysinfo import MachineInfo, collect
+from node.sysinfo import MachineInfo, collect, host_names, user_names
 from node.trace import RequestTrace, TraceHub
 from node.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
-
-
-def _local_host_names() -> list[str]:
-    """This machine's host name and FQDN (blocking: the FQDN may need a DNS lookup)."""
-    import socket
-
-    return sorted({socket.gethostname(), socket.getfqdn()} - {"", "localhost"})
-
-
-def _local_user_names() -> list[str]:
-    """The user's login, home folder's name and full name, with the full name also as a file name
-    writes it (`Ana Garcia`, `ana-garcia`, `ana.garcia`, `ana_garcia`, `anagarcia`); blocking (the
-    password database may be a network service)."""
-    import getpass
-
-    names = {Path.home().name}
-    try:
-        login = getpass.getuser()
-        names.add(login)
-        import pwd  # POSIX only
-
-        full = pwd.getpwnam(login).pw_gecos.split(",")[0].strip()
-    except (ImportError, KeyError, OSError):
-        full = ""
-    words = full.split()
-    if words:
-        names.update([full, *(sep.join(words) for sep in ("-", ".", "_", ""))])
-    return sorted(n for n in names if n)
 
 
 class Node(SwarmActions):
@@ -343,8 +315,8 @@ class Node(SwarmActions):
 
     async def _collect_machine(self) -> None:
         loop = asyncio.get_running_loop()
-        self.host_names = await loop.run_in_executor(None, _local_host_names)  # getfqdn may hit DNS
-        self.user_names = await loop.run_in_executor(None, _local_user_names)
+        self.host_names = await loop.run_in_executor(None, host_names)  # getfqdn may hit DNS
+        self.user_names = await loop.run_in_executor(None, user_names)
         self.machine = await loop.run_in_executor(None, collect)
 
     async def async_machine(self) -> MachineInfo:

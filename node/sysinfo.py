@@ -10,6 +10,7 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -145,3 +146,31 @@ def collect(measure_bandwidth: bool = True) -> MachineInfo:
             info.bandwidth_error = str(exc) or type(exc).__name__
             log.warning("memory bandwidth could not be measured: %s", info.bandwidth_error)
     return info
+
+
+def host_names() -> list[str]:
+    """This machine's host name and FQDN (blocking: the FQDN may need a DNS lookup)."""
+    import socket
+
+    return sorted({socket.gethostname(), socket.getfqdn()} - {"", "localhost"})
+
+
+def user_names() -> list[str]:
+    """The user's login, home folder's name and full name, with the full name also as a file name
+    writes it (`Ana Garcia`, `ana-garcia`, `ana.garcia`, `ana_garcia`, `anagarcia`): what the
+    diagnostics report redacts. Blocking (the password database may be a network service)."""
+    import getpass
+
+    names = {Path.home().name}
+    try:
+        login = getpass.getuser()
+        names.add(login)
+        import pwd  # POSIX only
+
+        full = pwd.getpwnam(login).pw_gecos.split(",")[0].strip()
+    except (ImportError, KeyError, OSError):
+        full = ""
+    words = full.split()
+    if words:
+        names.update([full, *(sep.join(words) for sep in ("-", ".", "_", ""))])
+    return sorted(n for n in names if n)
