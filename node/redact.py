@@ -74,6 +74,14 @@ _RE_URL_CREDS = re.compile(_URL_CREDS)
 _RE_URL_QUERY = re.compile(_URL_QUERY)
 _RE_TAG = re.compile(r"(<(?:public-ip|private-ip|host)-[0-9a-f]{4}>)")
 _USER_NAME_MIN = 3  # shorter names are words of the report itself
+# Account names that name no person, and words of the report itself: a login `root`, `node` or
+# `admin` made `<user>` of every such word (`node_id=` became `<user>_id=` in every line)
+_GENERIC_NAMES = frozenset({
+    "root", "admin", "administrator", "user", "users", "guest", "default", "public", "owner", "nobody",
+    "ubuntu", "debian", "fedora", "centos", "ec2-user", "runner", "vagrant", "docker", "test", "dev",
+    "home", "node", "swarm", "swarmllm", "model", "models", "peer", "peers", "relay", "data", "app",
+    "server", "local", "shared", "system", "service", "daemon", "layer", "layers", "cache", "host",
+})
 _TRAILING = ".,:;!?"  # a sentence's punctuation after a path is not part of it
 
 
@@ -100,7 +108,8 @@ class Redactor:
         self._salt = salt or secrets.token_bytes(16)
         self._secrets = [s for s in (secrets_to_hide or []) if s]
         # the user's login and full name, in any text (a model named after its owner's file name)
-        names = sorted({n.lower() for n in (user_names or []) if len(n) >= _USER_NAME_MIN}, key=len, reverse=True)
+        names = sorted({n.lower() for n in (user_names or [])
+                        if len(n) >= _USER_NAME_MIN and n.lower() not in _GENERIC_NAMES}, key=len, reverse=True)
         self._re_user = re.compile("(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, names)) + ")(?![A-Za-z0-9])",
                                    re.IGNORECASE) if names else None
         # single-label names (this machine's hostname, peers' names) that no regex can spot

@@ -166,3 +166,11 @@ def test_the_users_names_in_any_form():
     r2 = Redactor(user_names=[hexes], salt=b"s" * 16, known_hosts=["gpu"])
     assert r2.text("gpu:1 and " + hexes) == f"{tag}:1 and <user>"  # a tag's hex is never a name
     assert Redactor(enabled=False, user_names=["ana.garcia"]).text("ana.garcia-llama") == "ana.garcia-llama"
+
+
+def test_a_generic_login_is_no_name_to_hide():
+    """A login such as `root`, `node` or `admin` names nobody, and is a word of the report itself:
+    it made `<user>_id=` of every `node_id=` and `<user>` of every `node` in the report."""
+    r = Redactor(user_names=["root", "node", "Admin", "ana.garcia"])
+    assert r.text("node_id=abc model=x on node 1234 as root; admin; ana.garcia-x.gguf") == \
+        "node_id=abc model=x on node 1234 as root; admin; <user>-x.gguf"
