@@ -114,8 +114,8 @@ def _input_messages(raw: Any) -> list[dict]:
                                      param="input")
             try:
                 value = json.loads(args or "{}")
-            except ValueError as exc:
-                raise InvalidRequest(f"Invalid '{where}.arguments': not valid JSON ({exc}).", param="input") from exc
+            except ValueError:  # a call max_tokens cut short, echoed back (as for chat: schemas.py)
+                value = {}
             if not isinstance(value, dict):
                 raise InvalidRequest(f"Invalid '{where}.arguments': must encode a JSON object.", param="input")
             call = ToolCall(call_id, name, args or "{}")
@@ -315,8 +315,9 @@ def _remember(store: ResponseStore, run: CompletionRun, options: ResponseOptions
     if not options.store:
         return
     reply: dict[str, Any] = {"role": "assistant", "content": run.content}
-    if run.tool_calls:
-        reply["tool_calls"] = list(run.tool_calls)
+    calls = [*run.tool_calls, run.cut_call] if run.cut_call is not None else run.tool_calls  # as returned
+    if calls:
+        reply["tool_calls"] = list(calls)
     store.put(body["id"], body, (*options.conversation, reply))
 
 

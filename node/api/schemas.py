@@ -237,9 +237,11 @@ def _history_calls(msg: dict, i: int) -> tuple[ToolCall, ...]:
                                  param=f"{at}.function.arguments")
         try:
             value = json.loads(arguments or "{}")
-        except ValueError as exc:
-            raise InvalidRequest(f"`{at}.function.arguments` is not valid JSON: {exc}",
-                                 param=f"{at}.function.arguments") from exc
+        except ValueError:
+            # an assistant turn echoed back: a call max_tokens cut short is returned (as OpenAI and
+            # llama-server return it) with its arguments as far as they were written, and a client
+            # sends it back in the history; OpenAI takes it, and the template gets the text as it is
+            value = {}
         if not isinstance(value, dict):
             raise InvalidRequest(f"`{at}.function.arguments` must encode a JSON object",
                                  param=f"{at}.function.arguments")

@@ -115,3 +115,28 @@ async def test_responses_cut_inside_a_call_is_an_incomplete_function_call(oai, m
     assert items and items[-1][:2] == ("function_call", "get_weather") and items[-1][3] == "incomplete"
     with pytest.raises(json.JSONDecodeError):
         json.loads(items[-1][2])  # the arguments as far as they were written
+
+
+async def test_a_cut_call_sent_back_in_the_history_is_taken(oai, model):
+    """A client sends the assistant turn back as it got it, with the cut call's unfinished arguments
+    and a tool result for it: the next turn is served (chat; Responses by previous_response_id).
+    Until 2026-12-06 the node refused its own reply: 400 'arguments is not valid JSON', and every
+    later turn of that conversation with it."""
+    cut = await oai.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                            parallel_tool_calls=False, max_tokens=34, temperature=0)
+    [call] = cut.choices[0].message.tool_calls
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.function.arguments)
+    history = [*ASK, cut.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "the call was cut short"}]
+    again = await oai.chat.completions.create(model=model, messages=history, tools=[WEATHER], max_tokens=8,
+                                              temperature=0)
+    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    tools = [{"type": "function", "name": "get_weather", "parameters": CITY, "strict": True}]
+    first = await oai.responses.create(model=model, input="Weather in Paris?", tools=tools, tool_choice="required",
+                                       parallel_tool_calls=False, temperature=0, max_output_tokens=34)
+    [item] = [i for i in first.output if i.type == "function_call"]
+    second = await oai.responses.create(
+        model=model, previous_response_id=first.id, tools=tools, temperature=0, max_output_tokens=8,
+        input=[{"type": "function_call_output", "call_id": item.call_id, "output": "the call was cut short"}])
+    assert second.status in ("completed", "incomplete")
