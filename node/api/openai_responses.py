@@ -28,6 +28,7 @@ from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
+from node.inference.tools import unfinished_object
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,9 @@ def _input_messages(raw: Any) -> list[dict]:
                                      param="input")
             try:
                 value = json.loads(args or "{}")
-            except ValueError:  # a call max_tokens cut short, echoed back (as for chat: schemas.py)
+            except ValueError as exc:  # a call max_tokens cut short, echoed back, is taken (schemas.py)
+                if not unfinished_object(args):
+                    raise InvalidRequest(f"Invalid '{where}.arguments': not valid JSON ({exc}).", param="input") from exc
                 value = {}
             if not isinstance(value, dict):
                 raise InvalidRequest(f"Invalid '{where}.arguments': must encode a JSON object.", param="input")

@@ -14,6 +14,7 @@ from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
 from node.inference.request import CompletionRequest, ResponseFormat, ToolCall
 from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from node.inference.tools import unfinished_object
 
 # OpenAI's API takes 4, but apps pointed at a local server send more: Continue sends its whole list
 # (a dozen or more for autocomplete) to any host but api.openai.com, groq, Azure and Jan, and
@@ -237,10 +238,13 @@ def _history_calls(msg: dict, i: int) -> tuple[ToolCall, ...]:
                                  param=f"{at}.function.arguments")
         try:
             value = json.loads(arguments or "{}")
-        except ValueError:
+        except ValueError as exc:
             # an assistant turn echoed back: a call max_tokens cut short is returned (as OpenAI and
             # llama-server return it) with its arguments as far as they were written, and a client
-            # sends it back in the history; OpenAI takes it, and the template gets the text as it is
+            # sends it back in the history: taken, the template gets the text as it is
+            if not unfinished_object(arguments):
+                raise InvalidRequest(f"`{at}.function.arguments` is not valid JSON: {exc}",
+                                     param=f"{at}.function.arguments") from exc
             value = {}
         if not isinstance(value, dict):
             raise InvalidRequest(f"`{at}.function.arguments` must encode a JSON object",

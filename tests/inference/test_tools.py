@@ -353,3 +353,12 @@ def _schemas(spec):
     elif isinstance(spec, list | tuple):
         for v in spec:
             yield from _schemas(v)
+
+
+def test_an_unfinished_object_is_told_from_malformed_text():
+    from node.inference.tools import unfinished_object
+
+    for raw in ('{', ' {"city"', '{"city": "Pa', '{"a": [1, {"b": tr', '{"a": "x\\'):
+        assert unfinished_object(raw), raw
+    for raw in ('', 'x', '{x}', '{"a": 1}', '[1', '{"a": 1}}', '{"a": "x"]'):
+        assert not unfinished_object(raw), raw

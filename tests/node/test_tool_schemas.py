@@ -61,7 +61,10 @@ def test_history_with_calls_and_results_becomes_the_internal_shape():
     ({"tools": [TOOL], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"messages": [{"role": "tool", "tool_call_id": "call_9", "content": "x"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
-    ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{x"}}]}]},
+    # (an unfinished object, `{"x": 1`, is taken: a call max_tokens cut short, echoed back)
+    ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{x}"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "x"}}]}]},
      "messages[0].tool_calls[0].function.arguments"),
     ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1]"}}]}]},
      "messages[0].tool_calls[0].function.arguments"),

@@ -16,8 +16,8 @@ from node.inference.tools.formats import (
     tool_grammar,
     tools_active,
 )
-from node.inference.tools.jsonscan import partial_object
+from node.inference.tools.jsonscan import partial_object, unfinished_object
 from node.inference.tools.parser import ToolCallParser, new_call_id
 
 __all__ = ["FORMATS", "ToolCallParser", "ToolFormat", "detect_format", "generic_reply", "new_call_id", "new_parser",
-           "partial_object", "prompt_inputs", "tool_grammar", "tools_active"]
+           "partial_object", "prompt_inputs", "tool_grammar", "tools_active", "unfinished_object"]

@@ -89,6 +89,18 @@ def scan_value(s: str, i: int, *, final: bool = False) -> int | None:
     raise JsonError(f"unexpected {c!r}")
 
 
+def unfinished_object(raw: str) -> bool:
+    """Whether `raw` is a JSON object the text ends inside (as a call max_tokens cut short leaves
+    its arguments), not text that is malformed whatever follows."""
+    i = skip_ws(raw, 0)
+    if i >= len(raw) or raw[i] != "{":
+        return False
+    try:
+        return scan_value(raw, i) is None
+    except JsonError:
+        return False
+
+
 def partial_string(raw: str) -> str:
     """The decoded text of a JSON string's body written so far (no quotes; an escape that is not
     finished is left out)."""
