@@ -123,6 +123,7 @@ CHAIN_LOAD_WEIGHT = 0.25  # a holder's ms/layer for a new request grows by this 
 CHAIN_PREFIX_MIN_TOKENS = 16  # a chain resumes a kept session only for a common prefix this long
 SESSION_SWEEP_INTERVAL_S = 10.0
 KV_BUDGET_BYTES = 4 * 1024**3  # KV bytes a node keeps across sessions before LRU eviction
+KV_RESERVE_IDLE_S = 30.0  # a session in use not stepped this long counts its KV, not its admission's reserve
 SLICE_DTYPES = ("auto", "f32", "bf16", "f16", "int8")  # a slice's weight format (auto: int8 on CPU, f16 on CUDA)
 SLICE_KV_DTYPES = ("auto", "f16", "f32")  # a slice's KV cache element type (auto: f16 where the kernels read it)
 WEIGHT_CACHE_BYTES = 16 * 1024**3  # converted slice weights kept on disk (data dir's cache/weights)

@@ -61,7 +61,6 @@ class Embedder:
             raise EngineError(f"an input of {n_tokens} tokens is over the embeddings limit")
         ll = self.ll
         size = context_size(n_tokens, self.n_ctx)
-        self.close()
         started = time.monotonic()
         params = ll.llama_context_default_params()
         params.n_ctx = params.n_batch = params.n_ubatch = size  # the whole input in one micro-batch
@@ -72,9 +71,10 @@ class Embedder:
         params.no_perf = True
         params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_AUTO
         ctx = ll.llama_init_from_model(self.model, params)
-        if not ctx:
+        if not ctx:  # the smaller context stays for the inputs it fits
             raise ModelLoadError(f"llama.cpp could not make an embedding context of {size} tokens for "
                                  f"{self.model_id}")
+        self.close()
         self.ctx, self.batch, self.size = ctx, ll.llama_batch_init(size, 0, 1), size
         log.info("DIAG: embedding context %s", kv(model=self.model_id, pooling=self.pooling, tokens=size,
                                                   elapsed_ms=int((time.monotonic() - started) * 1000)))

@@ -102,3 +102,24 @@ def test_the_reserve_is_twice_the_prefill_within_the_context():
     from node.errors import ProtocolError
     with pytest.raises(ProtocolError, match="expect"):
         Work.from_header(work(0, 200, expect=100).to_header())
+
+
+async def test_a_session_reserving_the_context_and_never_stepped_stops_holding_the_room(worker, monkeypatch):
+    """A member that opens a session with `expect` at the whole context and never steps it again
+    (or a coordinator gone mid-request) held the budget's room until the session TTL (5 min): every
+    new session was refused. One idle for KV_RESERVE_IDLE_S counts what it holds (found in review)."""
+    from node import const
+
+    w, entry, peers = worker
+    hosted = w.host.find(entry.sha256, 0, entry.n_layers)
+    small = reserve_bytes(hosted.model, _open(entry, "x", [5]))
+    w.host.kv_budget_bytes = 4 * small
+    hog = await _step(w, peers, _open(entry, "hog", [5], expect=hosted.model.n_ctx), [5])
+    assert hog.error is None and hosted.model.session("hog").reserved > w.host.kv_budget_bytes - small
+    refused = await _step(w, peers, _open(entry, "honest", [6, 7]), [6, 7])
+    assert refused.error_code == "overloaded", refused  # while the hog might be stepped, its reserve holds
+    monkeypatch.setattr(const, "KV_RESERVE_IDLE_S", 0.05, raising=False)
+    await wait_until(lambda: w.host.budget.committed() < w.host.kv_budget_bytes - small, 5, 0.02,
+                     "the idle session's reserve to lapse")
+    admitted = await _step(w, peers, _open(entry, "honest2", [6, 7]), [6, 7])
+    assert admitted.error is None and "hog" in hosted.model.sessions  # not evicted: it counts its bytes

@@ -277,16 +277,18 @@ async def test_a_loading_slice_tells_peers_how_far_its_fetch_is(tmp_path, model,
         [advert] = fetching()
         done, total = advert["fetch"]
         assert advert["loading"] is True and 0 < done < total
+        before = len(announced)  # (on a slow machine the first pieces may come 0.3 s apart: announced)
         await asyncio.sleep(0.5)
-        assert announced == []  # a stalled fetch has nothing new to say
+        assert len(announced) == before  # a stalled fetch has nothing new to say
         started = asyncio.get_running_loop().time()
         origin.release.set()  # the fetch moves again: the next piece's progress goes to peers
         hosted = await asyncio.wait_for(load, 60)
         assert hosted.state == "loaded", hosted.error
-        assert announced and all(a["fetch"][0] > done for [a] in announced), announced
+        moved = announced[before:]
+        assert moved and all(a["fetch"][0] > done for [a] in moved), announced
         assert host.adverts(loading=True) == host.adverts() and "fetch" not in host.adverts()[0]
         # throttled: one announcement per 0.3 s at most, not one per 64 KiB piece
-        assert len(announced) <= 1 + (asyncio.get_running_loop().time() - started) / 0.3, len(announced)
+        assert len(moved) <= 1 + (asyncio.get_running_loop().time() - started) / 0.3, len(moved)
     finally:
         origin.release.set()
         await host.async_close()

@@ -69,11 +69,12 @@ class KvBudget:
         """Bytes counted against the budget: sessions in use (at least their reserves) and kept ones."""
         return sum(sum(m.sessions.bytes_by_kind()) for m in self._live())
 
-    def admit(self, hosted: Any, work: Work, node: str, create: Callable[[], Session]) -> Session:
-        """Slice's executor thread: the session `create` opens for `work`, reserved for, if the
+    def admit(self, hosted: Any, model: Any, work: Work, node: str, create: Callable[[], Session]) -> Session:
+        """Slice's executor thread: the session `create` opens for `work` on `model` (the slice's,
+        as the step read it: an unload may clear `hosted.model` meanwhile), reserved for, if the
         node's sessions in use leave room for it; KvBudgetFull (and a DIAG line) if not."""
         budget = self.host.kv_budget_bytes
-        need = reserve_bytes(hosted.model, work)
+        need = reserve_bytes(model, work)
         with self._lock:
             in_use = kept = n_in_use = 0
             for m in self._live():

@@ -277,7 +277,7 @@ class SegmentWorker(SessionControls):
         if sess is None and work.resume is None and work.index_pos != 0:
             raise KvPositionMismatch(work.index_pos, 0, session=work.sid)
         if sess is None:  # a new session, if the node's KV budget has room for it (KvBudgetFull if not)
-            sess = self.host.budget.admit(hosted, work, self.short_id, lambda: self._open(model, work))
+            sess = self.host.budget.admit(hosted, model, work, self.short_id, lambda: self._open(model, work))
             sess.upstream = job.sender
         elif (sess.layer_start, sess.layer_end) != (hop.start, hop.end):
             raise ProtocolError(f"session {work.sid} runs layers {sess.layer_start}-{sess.layer_end - 1}, "

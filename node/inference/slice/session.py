@@ -21,6 +21,7 @@ from collections import OrderedDict
 
 import torch
 
+from node import const
 from node.errors import ContextLengthExceeded, KvCacheMiss
 from node.logs import kv
 
@@ -182,10 +183,15 @@ class SessionStore:
 
     def bytes_by_kind(self) -> tuple[int, int]:
         """(in use, kept) bytes; a session in use counts what its admission reserved while it holds
-        less (it grows to that as it prefills and decodes)."""
+        less (it grows to that as it prefills and decodes), as long as it is stepped: one idle for
+        KV_RESERVE_IDLE_S counts what it holds (a coordinator gone mid-request, or a member that
+        opens sessions reserving the whole context and never steps them, held the budget's room
+        for the session TTL and every new session was refused)."""
+        now = time.monotonic()
         with self._lock:
             kept = sum(s.nbytes for s in self._sessions.values() if s.kept_for is not None)
-            in_use = sum(max(s.nbytes, s.reserved) for s in self._sessions.values() if s.kept_for is None)
+            in_use = sum(max(s.nbytes, s.reserved if now - s.last_used < const.KV_RESERVE_IDLE_S else 0)
+                         for s in self._sessions.values() if s.kept_for is None)
             return in_use, kept
 
     def counts(self) -> tuple[int, int]:

@@ -158,10 +158,11 @@ class ToolCallParser:
                 slot.cut = True  # streamed as far as it was written; returned so, with finish_reason length
             else:
                 slot.dead = True
-        log.info("the reply was cut inside a tool call (token budget): %d complete call(s), the unfinished one %s "
-                 "request_id=%s format=%s", complete,
-                 "returned with its partial arguments" if any(s.cut for s in slots) else "dropped (no name yet)",
-                 self._rid, self.syntax.name)
+        if slots[complete:]:  # (a plain answer in the generic format's `{"response": ...}` is no call)
+            log.info("the reply was cut inside a tool call (token budget): %d complete call(s), the unfinished "
+                     "one %s request_id=%s format=%s", complete,
+                     "returned with its partial arguments" if any(s.cut for s in slots) else "dropped (no name yet)",
+                     self._rid, self.syntax.name)
         self._content += region.content
         self._mode, self._buf, self._region = "content", "", Region()
 
