@@ -106,6 +106,9 @@ async def run(engine: LlamaEngine, tok: ModelTokenizer, prompt: list[int], param
 async def together(engine: LlamaEngine, runs) -> list[list[int]]:
     """Run the coroutines with the engine's thread held until every one has joined the queue, so
     the first step admits them all (a tiny model would finish the first before the last arrives)."""
+    # the last batch loop may still be on the thread after its requests ended: it would admit
+    # these as they come, one by one (a loaded machine's CI run timed out waiting for all of them)
+    await wait_until(lambda: not engine.batcher._running, 10, 0.01, "the last batch loop to end")
     gate = threading.Event()
     held = engine.executor.submit(gate.wait, 30)
     tasks = [asyncio.ensure_future(r) for r in runs]
