@@ -278,11 +278,11 @@ async def test_a_first_mover_that_never_moves_stalls_nobody_for_ever(tmp_path):
 
 @pytest.mark.asyncio
 async def test_without_memory_for_both_ranges_a_move_drops_the_old_one_first(tmp_path, monkeypatch):
-    from node.inference.pipeline import autoserve
+    from node.inference.pipeline import moves
 
     monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
     entry, host, peers, auto, model, old, announced = await setup(tmp_path)
-    monkeypatch.setattr(autoserve, "default_budget_bytes", lambda: 0)  # the machine has no room to spare
+    monkeypatch.setattr(moves, "default_budget_bytes", lambda: 0)  # the machine has no room to spare
     sha = entry.sha256
     peers.snaps = [peer("p0" * 32, 0, 4, sha), peer("p1" * 32, 4, 8, sha), peer("p2" * 32, 4, 8, sha)]
     loop = asyncio.get_running_loop()
