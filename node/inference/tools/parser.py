@@ -142,17 +142,7 @@ class ToolCallParser:
         region = self._read(final=False)
         if region is None:  # not a call however it went on: returned as content (logged)
             return
-        self._update_slots(region.calls)
-        slots = self._slots[self._region_base:]
-        complete = 0
-        for slot in slots:
-            if not slot.call.done or slot.call.name is None:
-                break
-            try:
-                final_arguments(slot.call)
-            except JsonError:
-                break
-            complete += 1
+        slots, complete = self._complete_calls(region)
         for k, slot in enumerate(slots[complete:]):
             if k == 0 and slot.call.name is not None:
                 slot.cut = True  # streamed as far as it was written; returned so, with finish_reason length
@@ -267,14 +257,11 @@ class ToolCallParser:
         if region.calls:
             self._started = True  # a `{` after a call is content, not another at-start region
 
-    def _keep_complete_calls(self, region: Region) -> bool:
-        """The reply ended by itself (its end token, a stop sequence) inside a region after one or
-        more complete calls: keep those — a stream has already sent them — and drop the unfinished
-        one (logged). False when no call in the region is complete. (A reply the token budget cut
-        is `_finish_cut`'s.)"""
+    def _complete_calls(self, region: Region) -> tuple[list[_Slot], int]:
+        """The region's slots (updated from its calls) and how many at its start are complete calls."""
         self._update_slots(region.calls)
         slots = self._slots[self._region_base:]
-        complete = []
+        complete = 0
         for slot in slots:
             if not slot.call.done or slot.call.name is None:
                 break
@@ -282,13 +269,21 @@ class ToolCallParser:
                 final_arguments(slot.call)
             except JsonError:
                 break
-            complete.append(slot)
+            complete += 1
+        return slots, complete
+
+    def _keep_complete_calls(self, region: Region) -> bool:
+        """The reply ended by itself (its end token, a stop sequence) inside a region after one or
+        more complete calls: keep those — a stream has already sent them — and drop the unfinished
+        one (logged). False when no call in the region is complete. (A reply the token budget cut
+        is `_finish_cut`'s.)"""
+        slots, complete = self._complete_calls(region)
         if not complete:
             return False
-        for slot in slots[len(complete):]:
+        for slot in slots[complete:]:
             slot.dead = True
         log.warning("the reply ended inside a tool call: kept the %d complete call(s) before it, dropped the "
-                    "unfinished one request_id=%s format=%s", len(complete), self._rid, self.syntax.name)
+                    "unfinished one request_id=%s format=%s", complete, self._rid, self.syntax.name)
         self._content += region.content
         self._mode, self._buf, self._region = "content", "", Region()
         return True
