@@ -27,8 +27,13 @@ class NodeMetrics:
                                   buckets=_MS_BUCKETS, registry=self.registry)
         self.requests = Counter("swarmllm_requests", "Finished requests", ("model", "route", "outcome"),
                                 registry=self.registry)
-        self.prompt_tokens = Counter("swarmllm_prompt_tokens", "Prompt tokens processed", labels,
-                                     registry=self.registry)
+        # the HTTP status an error got (a fixed set: 400, 404, 409, 429, 500, 503, ...): a client's
+        # bad requests, an overload and the node's own failures are told apart
+        self.errors = Counter("swarmllm_request_errors", "Requests that ended with an error, by HTTP status",
+                              ("model", "route", "status"), registry=self.registry)
+        self.prompt_tokens = Counter("swarmllm_prompt_tokens", "Prompt tokens of requests given a route "
+                                     "(a prompt refused before one, too long or overloaded, is not processed)",
+                                     labels, registry=self.registry)
         self.completion_tokens = Counter("swarmllm_completion_tokens", "Tokens generated", labels,
                                          registry=self.registry)
         self.in_flight = Gauge("swarmllm_in_flight_requests", "Requests being served", registry=self.registry)
@@ -42,7 +47,9 @@ class NodeMetrics:
             if value is not None:
                 hist.labels(*key).observe(value)
         self.requests.labels(*key, trace.outcome or "unknown").inc()
-        if trace.prompt_tokens:
+        if trace.outcome == "error":
+            self.errors.labels(*key, str(trace.error_status or 500)).inc()
+        if trace.prompt_tokens and trace.route is not None:
             self.prompt_tokens.labels(*key).inc(trace.prompt_tokens)
         if trace.completion_tokens:
             self.completion_tokens.labels(*key).inc(trace.completion_tokens)
