@@ -140,7 +140,7 @@ class NodeHost(QObject):
     async def async_load(self, model_id: str) -> None:
         """Load a model (the Models tab's Load button)."""
         self._require_started()
-        served = await self.node.models.async_load(model_id)
+        served = await self.node.models.async_load(model_id, after_unload=True)
         self.node.note_activity(f"model {served.id} loaded on {served.device}")
 
     async def async_unload(self, model_id: str) -> None:

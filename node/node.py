@@ -442,7 +442,7 @@ class Node(SwarmActions):
 
     async def async_load_model(self, model_id: str) -> dict[str, Any]:
         """Load a model now (waits until loaded)."""
-        served = await self.models.async_load(model_id)
+        served = await self.models.async_load(model_id, after_unload=True)
         self.note_activity(f"model {served.id} loaded on {served.device}")
         if self.peers is not None:
             await self.peers.async_announce()  # peers may run it here (remote generate)

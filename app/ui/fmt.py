@@ -20,6 +20,7 @@ STATE_COLORS = {
     "ok": "#1f7a3a",
     "connected": "#1f7a3a",
     "loading": "#8a6d00",
+    "unloading": "#8a6d00",
     "connecting": "#8a6d00",
     "in flight": "#1d5fa8",
     "failed": "#b3261e",

@@ -66,7 +66,7 @@ MODEL_COLUMNS = [
            tooltip=lambda m: m.get("cpu_placement_reason"),
            header_tip="why the model runs where it runs (GPU admission or the CPU reason)"),
     Column("Memory", _memory, numeric=True, header_tip="memory its weights and KV cache take now (≈: estimated)"),
-    Column("State", _state, tooltip=_state_tip, color=lambda m: fmt.STATE_COLORS.get(m.get("state", "")), header_tip="loaded, loading (with the layers' fetch progress), unloaded or failed (hover for why)"),
+    Column("State", _state, tooltip=_state_tip, color=lambda m: fmt.STATE_COLORS.get(m.get("state", "")), header_tip="loaded, loading (with the layers' fetch progress), unloading, unloaded or failed (hover for why)"),
 ]
 
 

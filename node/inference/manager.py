@@ -28,7 +28,7 @@ from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
-States = ("unloaded", "loading", "loaded", "failed")  # whole models; else "slices" or "swarm"
+States = ("unloaded", "loading", "loaded", "unloading", "failed")  # whole models; else "slices" or "swarm"
 
 
 def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[int, int]) -> Placement:
@@ -145,6 +145,7 @@ class ServedModel:
     last_used: float | None = None
     lock: ModelSlots = field(default_factory=lambda: ModelSlots(1))  # set to max_concurrent at registration
     load_task: asyncio.Task | None = None
+    unloading: asyncio.Future | None = None  # set while an unload frees the weights (state "unloading")
     placement: Placement | None = None
     running: set = field(default_factory=set)  # GenerationJobs holding the model (force-unload cancels them)
 
@@ -274,9 +275,15 @@ class ModelManager:
 
     # --- load / unload ---
 
-    async def async_load(self, model_id: str) -> ServedModel:
-        """Load a model (idempotent; concurrent callers share one load)."""
+    async def async_load(self, model_id: str, *, after_unload: bool = False) -> ServedModel:
+        """Load a model (idempotent; concurrent callers share one load). While an unload is under way
+        the caller either waits for it and loads again (`after_unload`: the admin API, the GUI) or,
+        holding the model (a request: the unload waits for it), is told the model is going away."""
         served = self.get(model_id)
+        while served.unloading is not None:
+            if not after_unload:
+                raise ModelUnavailable(f"model {served.id} is being unloaded; load it again once it is unloaded")
+            await asyncio.shield(served.unloading)
         if served.state == "loaded":
             return served
         if not served.whole:
@@ -336,12 +343,28 @@ class ModelManager:
             raise Conflict(f"model {served.id} is in use by {served.lock.holders + served.waiting} request(s)")
         for job in list(served.running):  # force: stop the generation now rather than wait for it
             job.cancel.set()
-        async with served.lock.exclusive():
-            engine, served.engine = served.engine, None
-            if engine is not None:
-                await engine.async_run(engine.close)
-                engine.shutdown()
-            served.state, served.loaded_at = "unloaded", None
+        # "unloading" from now until the weights are freed: /v1/models, the admin API and peers no
+        # longer see it loaded, and a load asked for meanwhile comes after this unload (until
+        # 2026-12-06 such a load answered "loaded" at once and the model was unloaded after it)
+        done = asyncio.get_running_loop().create_future()
+        was, served.unloading = served.state, done
+        if served.engine is not None:
+            served.state = "unloading"
+            self._observers.emit("changed", served)
+        try:
+            async with served.lock.exclusive():
+                engine, served.engine = served.engine, None
+                if engine is not None:
+                    await engine.async_run(engine.close)
+                    engine.shutdown()
+                served.state, served.loaded_at = "unloaded", None
+        finally:
+            if served.unloading is done:
+                served.unloading = None
+            done.set_result(None)
+            if served.state == "unloading":  # cancelled before the weights were freed
+                served.state = was if served.engine is not None else "unloaded"
+                self._observers.emit("changed", served)
         log.info("Model worker stopped and its memory budget released model=%s device=%s", served.id, served.device)
         self._observers.emit("changed", served)
         return served
