@@ -57,7 +57,9 @@ class AppActions(QObject):
         try:
             redactor = report_redactor(node.report_parts(), full=full)
         except Exception:  # a node too broken to describe itself still redacts paths and addresses
-            redactor = Redactor(enabled=not full, secrets_to_hide=[node.api_key or ""], known_hosts=[socket.gethostname()])
+            redactor = Redactor(enabled=not full, secrets_to_hide=[node.api_key or ""],
+                                known_hosts=[socket.gethostname(), *getattr(node, "host_names", [])],
+                                user_names=list(getattr(node, "user_names", [])))
         return "".join(redactor.text(line) + "\n\n" for line in lead) + text
 
     async def async_copy_diagnostics(self, *, full: bool = False) -> str:

@@ -37,7 +37,8 @@ _HOST_WITH_PORT = r"(?<![\w./-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])
 # scheme://[user[:password]@]host: the user part is dropped (a password in a URL must not survive)
 # ...and its path: the directories name an account, a bucket, a repository (`/ana-garcia/private/...`)
 _URL_HOST = r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@]*@)?(\[[^\]]+\]|[^/\s:?#]+)(:\d{1,5})?(/[^\s?#'\"<>]*)?"
-_OWN_API = ("/v1", "/api/", "/health", "/metrics")  # URL paths of our own API: kept
+_OWN_API = re.compile(r"/(?:v1|api|health|metrics)(?:[/?#]|$)")  # URL paths of our own API: kept (whole
+# segments: `/v1beta/...`, `/v1data/ana/...` are not ours)
 # A directory may have spaces in its name (/home/Ana Maria de la Cruz/..., C:\Program Files (x86)\...).
 # After a backslash any words joined by single spaces are one segment when a backslash follows (prose
 # has none); after a slash the words past the first must start with a letter ("x.gguf 12 MB/s" and
@@ -46,8 +47,10 @@ _OWN_API = ("/v1", "/api/", "/health", "/metrics")  # URL paths of our own API: 
 # A name on disk may hold any character but a slash: `:` (`file:`, joined onto a relative path), `\`
 # (a UNC path after a POSIX one), `%`, `~`... all stay inside the match; a sentence's punctuation at
 # its end is given back (`_path_sub`).
-_SEG = r"[^\s/'\"<>()\[\]{},;|]"
-_POSIX_PATH = rf"(?<![\w<>:/…])/(?:{_SEG}+(?: [A-Za-z]{_SEG}*)*/)*{_SEG}+/?"
+_SEG = r"[^\s/'\"`<>()\[\]{},;|]"
+# A path starts the text or follows a space, `=`, a quote or backtick, a bracket, `,`, `;` or `|`: `0.93×/1.00×/1.07×`
+# and `50%/60%/70%` are figures, not a path after `×` or `%`
+_POSIX_PATH = rf"(?<![^\s=('\"\[,`;{{|])/(?:{_SEG}+(?: [A-Za-z]{_SEG}*)*/)*{_SEG}+/?"
 _WIN_NAME = r'[^\\/\s<>:"|?*]'  # no Windows name has <>:"|?*
 # Separators may come doubled: an OSError's text quotes the file name with repr ('C:\\\\Users\\\\...').
 _WIN_TAIL = rf"(?:{_WIN_NAME}+(?: {_WIN_NAME}+)*\\+)*{_WIN_NAME}*"
@@ -87,7 +90,7 @@ _TRAILING = ".,:;!?"  # a sentence's punctuation after a path is not part of it
 
 def _url_path(path: str) -> str:
     """A URL's path without its directories (`/…/x.gguf`); our own API's paths and one segment kept."""
-    if path.startswith(_OWN_API) or path.count("/") < 2:
+    if _OWN_API.match(path) or path.count("/") < 2:
         return path
     return "/…/" + path.rsplit("/", 1)[1]
 
@@ -110,7 +113,8 @@ class Redactor:
         # the user's login and full name, in any text (a model named after its owner's file name)
         names = sorted({n.lower() for n in (user_names or [])
                         if len(n) >= _USER_NAME_MIN and n.lower() not in _GENERIC_NAMES}, key=len, reverse=True)
-        self._re_user = re.compile("(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, names)) + ")(?![A-Za-z0-9])",
+        # (`_` joins words too: a login `max` made `<user>_concurrent=` of `max_concurrent=`)
+        self._re_user = re.compile("(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + ")(?![A-Za-z0-9_])",
                                    re.IGNORECASE) if names else None
         # single-label names (this machine's hostname, peers' names) that no regex can spot
         self._known_hosts = sorted({h for h in (known_hosts or []) if h and h.lower() not in _LOOPBACK_NAMES},
@@ -196,6 +200,6 @@ class Redactor:
         if value.startswith("\\") or value[1:2] == ":":  # a Windows path (C:\\..., C:/..., \\\\server\\...)
             return "<path>" + tail
         # keep URL paths of our own API and single segments like /p2p-circuit; hide filesystem paths
-        if value.startswith(_OWN_API) or value.count("/") < 2:
+        if _OWN_API.match(value) or value.count("/") < 2:
             return value
         return "<path>" + tail

@@ -161,7 +161,11 @@ def user_names() -> list[str]:
     diagnostics report redacts. Blocking (the password database may be a network service)."""
     import getpass
 
-    names = {Path.home().name}
+    names: set[str] = set()
+    try:
+        names.add(Path.home().name)
+    except RuntimeError:  # no HOME and no passwd entry (an arbitrary-uid container): no folder name
+        pass
     try:
         login = getpass.getuser()
         names.add(login)

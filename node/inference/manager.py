@@ -282,7 +282,7 @@ class ModelManager:
         served = self.get(model_id)
         while served.unloading is not None:
             if not after_unload:
-                raise ModelUnavailable(f"model {served.id} is being unloaded; load it again once it is unloaded")
+                raise ModelUnavailable(f"model {served.id} is being unloaded; retry shortly")
             await asyncio.shield(served.unloading)
         if served.state == "loaded":
             return served
@@ -294,6 +294,8 @@ class ModelManager:
             served.load_task = asyncio.create_task(self._load(served), name=f"load-{served.id}")
         await asyncio.shield(served.load_task)
         if served.state != "loaded":
+            if served.unloading is not None or served.error is None:  # a forced unload came first
+                raise ModelUnavailable(f"model {served.id} is being unloaded; retry shortly")
             raise ModelUnavailable(f"model {served.id} failed to load: {served.error}")
         return served
 
@@ -302,7 +304,8 @@ class ModelManager:
         self._observers.emit("changed", served)
         committed: dict[int, int] = {}
         for other in self._served.values():
-            if other.placement is not None and other.placement.gpu_index is not None and other.state == "loaded":
+            if other.placement is not None and other.placement.gpu_index is not None \
+                    and other.state in ("loaded", "unloading"):  # (its weights are there until freed)
                 committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
         placed = await asyncio.get_running_loop().run_in_executor(
             None, place_whole_model, served.entry, self.config, committed)
@@ -337,8 +340,14 @@ class ModelManager:
         served = self.get(model_id)
         if not served.whole:
             raise Conflict(f"model {served.id} is served here as slices only; there is nothing whole to unload")
+        waited = False
+        while served.unloading is not None:  # one unload at a time: a second waits for the first
+            waited = True  # (two that overlapped, one cancelled, closed a load made between them and
+            await asyncio.shield(served.unloading)  # left the first engine's weights loaded for good)
         if served.load_task is not None and not served.load_task.done():
             await asyncio.shield(served.load_task)
+        if waited and served.engine is None:
+            return served  # the unload waited for did it
         if (served.busy or served.waiting) and not force:
             raise Conflict(f"model {served.id} is in use by {served.lock.holders + served.waiting} request(s)")
         for job in list(served.running):  # force: stop the generation now rather than wait for it
@@ -355,8 +364,10 @@ class ModelManager:
             async with served.lock.exclusive():
                 engine, served.engine = served.engine, None
                 if engine is not None:
-                    await engine.async_run(engine.close)
-                    engine.shutdown()
+                    try:
+                        await engine.async_run(engine.close)
+                    finally:  # (cancelled during the close: its thread still goes)
+                        engine.shutdown()
                 served.state, served.loaded_at = "unloaded", None
         finally:
             if served.unloading is done:

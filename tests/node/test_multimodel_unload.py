@@ -131,3 +131,45 @@ async def test_unload_and_reload_one_model_while_the_other_streams(node, client,
     assert await listed_states(node) == {a: "loaded", b: "loaded"}
     assert await stream(client, a, 9) == ("ok", "length")
     await client.close()
+
+
+async def test_two_unloads_at_once_one_cancelled_then_a_load(node, monkeypatch):
+    """A second unload waits for the first (one at a time). Two that overlapped, one of them
+    cancelled (its HTTP client gone), let a load in between them: the other then closed the new
+    engine, and the first engine's weights stayed loaded for good under a model said 'unloaded'
+    (found in review, 2026-12-06)."""
+    a, _ = ids(node)
+    served = node.models.get(a)
+    if served.state != "loaded":
+        await node.models.async_load(a)
+    first_engine = served.engine
+    closing, release = threading.Event(), threading.Event()
+    closed: list[object] = []
+    real_close = LlamaEngine.close
+
+    def held_close(self):
+        if self.model_id == a:
+            closed.append(self)
+            closing.set()
+            release.wait(30)
+        return real_close(self)
+
+    monkeypatch.setattr(LlamaEngine, "close", held_close)
+    u1 = asyncio.create_task(node.models.async_unload(a, force=True))
+    try:
+        await wait_until(closing.is_set, what="the first unload freeing the weights")
+        u2 = asyncio.create_task(node.models.async_unload(a, force=True))
+        await asyncio.sleep(0.05)
+        u2.cancel()  # its client went away
+        await asyncio.gather(u2, return_exceptions=True)
+        assert served.unloading is not None and served.state == "unloading"  # still the first's
+        load = asyncio.create_task(node.models.async_load(a, after_unload=True))
+        await asyncio.sleep(0.05)
+        assert not load.done()  # it waits for the unload under way
+        release.set()
+        await asyncio.wait_for(u1, 30)
+        await asyncio.wait_for(load, 60)
+    finally:
+        release.set()
+    assert closed == [first_engine]  # the first engine was closed, the new one was not
+    assert served.state == "loaded" and served.engine is not None and served.engine is not first_engine

@@ -174,3 +174,31 @@ def test_a_generic_login_is_no_name_to_hide():
     r = Redactor(user_names=["root", "node", "Admin", "ana.garcia"])
     assert r.text("node_id=abc model=x on node 1234 as root; admin; ana.garcia-x.gguf") == \
         "node_id=abc model=x on node 1234 as root; admin; <user>-x.gguf"
+
+
+def test_figures_keys_and_near_api_paths_after_review():
+    """Found in review (2026-12-06): a login `max` made `<user>_concurrent=` of every
+    `max_concurrent=`; `0.93×/1.00×/1.07×` and `50%/60%/70%` became `0.93×<path>`; `/v1beta/...` and
+    `/v1data/ana/...` were kept as our own API's paths."""
+    r = Redactor(user_names=["max", "ram"])
+    assert r.text("max_concurrent=4 max_tokens=512 ram_total_mb=8 as max") == \
+        "max_concurrent=4 max_tokens=512 ram_total_mb=8 as <user>"
+    figures = "ratios 0.93×/1.00×/1.07×, 50%/60%/70% (75%)/2/3 at 12.5 tok/s p50/p95/p99"
+    assert Redactor().text(figures) == figures
+    assert Redactor().text("`/home/ana/m.gguf` and /v1data/ana/x") == "`<path>` and <path>"
+    assert Redactor().text("GET /v1/chat/completions and /api/admin/models") == \
+        "GET /v1/chat/completions and /api/admin/models"
+    assert "ana" not in Redactor().text("https://h.example/v1beta/ana/x.gguf")
+
+
+def test_user_names_without_a_home_folder(monkeypatch):
+    """No HOME and no passwd entry (a container run with an arbitrary uid): Path.home() raises, and
+    the machine snapshot, so every diagnostics report, failed with it (found in review)."""
+    from pathlib import Path
+
+    from node import sysinfo
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert isinstance(sysinfo.user_names(), list)
