@@ -259,7 +259,7 @@ class Node(SwarmActions):
         self.peers = PeerManager(self.config, self.identity, models_provider=self._hello_models,
                                  hardware_provider=self._hello_hardware)
         self.transport = PipelineTransport(self.node_id, self.peers)
-        self.slice_host.on_rate = self._announce_soon
+        self.slice_host.on_advert = self._announce_soon
         self.worker = SegmentWorker(self.node_id, self.slice_host, self.transport,
                                     contributing=self._contributing)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,

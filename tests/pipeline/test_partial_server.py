@@ -266,7 +266,7 @@ async def test_a_loading_slice_tells_peers_how_far_its_fetch_is(tmp_path, model,
     [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
     host = SliceHost(dtype="f32", partials=partials)
     announced: list[list] = []
-    host.on_rate = lambda: announced.append(host.adverts(loading=True))
+    host.on_advert = lambda: announced.append(host.adverts(loading=True))
     origin.stall_after = origin.sent + 64 * 1024  # one piece, then the origin waits
     try:
         load = asyncio.ensure_future(host.async_load(entry, 2, 5))

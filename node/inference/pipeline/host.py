@@ -159,7 +159,7 @@ class SliceHost:
         self.on_sweep = None  # callback() after each sweep (the worker forgets state of freed sessions)
         # callback() when peers should hear our adverts again (HELLO): a slice's ms/layer first
         # measured or clearly changed, a loading slice's fetch progress (every CLAIM_PROGRESS_ANNOUNCE_S)
-        self.on_rate = None
+        self.on_advert = None
 
     def context_for(self, entry: ModelEntry) -> int:
         """Positions the auto budget reserves a session's KV for (0: the model's trained context):
@@ -182,8 +182,8 @@ class SliceHost:
         if rate is None or (last is not None and 1 / const.ADVERT_RATE_CHANGE <= rate / last <= const.ADVERT_RATE_CHANGE):
             return
         hosted.advertised_ms = rate
-        if self.on_rate is not None:
-            self.on_rate()
+        if self.on_advert is not None:
+            self.on_advert()
 
     def _parts_dropped(self, entry: ModelEntry, parts: list[str]) -> None:
         """Parts of a partial model proved altered after slices were loaded from them: those
@@ -302,9 +302,9 @@ class SliceHost:
                     nonlocal announced
                     hosted.fetch = (done, total)
                     self.events.emit(hosted)
-                    if loop.time() - announced >= const.CLAIM_PROGRESS_ANNOUNCE_S and self.on_rate is not None:
+                    if loop.time() - announced >= const.CLAIM_PROGRESS_ANNOUNCE_S and self.on_advert is not None:
                         announced = loop.time()  # peers see the fetch move, so the claim stays theirs
-                        self.on_rate()
+                        self.on_advert()
                 try:
                     await self.partials.async_fetch(entry, start, end, progress=progress)
                 finally:

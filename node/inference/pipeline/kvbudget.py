@@ -51,7 +51,7 @@ def reserve_bytes(model: Any, work: Work) -> int:
     """The KV bytes `work`'s new session is admitted for on `model` (its hop's layers only)."""
     hop = work.target
     element = model.kv_dtype.itemsize
-    per_position = 2 * (hop.end - hop.start) * model.config.n_kv_heads * model.config.head_dim * element
+    per_position = 2 * (hop.end - hop.start) * model.config.kv_dim * element  # K and V
     return per_position * reserve_positions(work, model.n_ctx)
 
 
