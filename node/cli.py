@@ -24,8 +24,9 @@ def add_node_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by every command that starts or talks to a node."""
     parser.add_argument("-p", "--port", type=int, default=None, help="HTTP API port (default 8800)")
     parser.add_argument("--data-dir", default=None, help="data dir (default: platform data dir)")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v or -vv: debug (every subsystem's DIAG lines, e.g. `2>&1 | grep DIAG:`); "
-                        "-vvv: trace (per layer and per frame, and the libraries' own debug lines)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v: debug (every subsystem's DIAG lines, one per request or event, e.g. "
+                        "`2>&1 | grep DIAG:`); -vv: also one per frame and pipeline step; -vvv: trace "
+                        "(per layer, pings, and the libraries' own debug lines)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -99,7 +99,7 @@ class NodeConfig:
     # "open" (opt-in): link with any other node of the open swarm
 
     # --- logging ---
-    verbosity: int = 0  # 0 info, 1 -v debug, 2 -vv debug incl. per-message, 3 -vvv trace
+    verbosity: int = 0  # 0 info, 1 -v debug, 2 -vv per frame/step, 3 -vvv trace
     log_to_file: bool = True  # rotating node.log in the data dir
 
     @property

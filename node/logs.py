@@ -2,7 +2,10 @@
 progress bar on a terminal.
 
 Conventions (seed 000): diagnostic lines start with `DIAG:` and carry `key=value` fields.
-Per-message network events log at DEBUG (seen with -v); failures stay at INFO/WARNING.
+Levels by verbosity: none → INFO (lifecycle, failures, each request's summary); -v → DEBUG (one
+line per request or event: routes, KV-cache HIT/MISS, speculation, dials); -vv → MESSAGE (also one
+line per frame or pipeline step: `sent frame`, `LayerForward`, acks); -vvv → TRACE (per layer,
+pings, and the libraries' own debug lines).
 
 Progress (`progress_extra`): a record carrying `progress=(label, done, total)` is drawn by the
 console handler on a terminal as one bar line, redrawn in place (`\r`), with the rate and the time
@@ -20,7 +23,9 @@ import time
 from pathlib import Path
 from typing import IO
 
-TRACE = 5
+MESSAGE = 7  # per frame / per pipeline step (-vv)
+TRACE = 5  # per layer, pings (-vvv)
+logging.addLevelName(MESSAGE, "MSG")
 logging.addLevelName(TRACE, "TRACE")
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-5s %(name)s: %(message)s"
@@ -33,11 +38,13 @@ _HANDLER_TAG = "_swarmllm_handler"
 
 
 def level_for_verbosity(verbosity: int) -> int:
-    """0 → INFO, 1 (-v) → DEBUG, 2 (-vv) → DEBUG incl. per-message, 3+ (-vvv) → TRACE."""
+    """0 → INFO, 1 (-v) → DEBUG, 2 (-vv) → MESSAGE (per frame and step), 3+ (-vvv) → TRACE."""
     if verbosity <= 0:
         return logging.INFO
-    if verbosity <= 2:
+    if verbosity == 1:
         return logging.DEBUG
+    if verbosity == 2:
+        return MESSAGE
     return TRACE
 
 

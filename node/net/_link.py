@@ -17,7 +17,7 @@ from typing import Literal
 
 from node import const
 from node.errors import PeerError, PeerUnreachable, ProtocolError, RequestTimeout
-from node.logs import TRACE, kv
+from node.logs import MESSAGE, TRACE, kv
 
 from ._addr import format_addr, parse_addr
 from ._frames import PREFIX_LEN, Frame, FrameType, decode_body, decode_prefix, encode_frame, type_name
@@ -154,7 +154,7 @@ class PeerLink:
             raise PeerUnreachable(f"link to {self.short_id} is closed: {exc}") from exc
         self.frames_out += len(frames)
         for frame in frames:
-            level = TRACE if frame.type == FrameType.PING or frame.type == FrameType.PONG else logging.DEBUG
+            level = TRACE if frame.type == FrameType.PING or frame.type == FrameType.PONG else MESSAGE
             if log.isEnabledFor(level):
                 log.log(level, "DIAG: sent frame %s", kv(
                     peer_id=self.short_id, type=type_name(frame.type),
@@ -252,8 +252,8 @@ class PeerLink:
                     log.debug("DIAG: PONG dropped, the peer is not reading %s",
                               kv(peer_id=self.short_id, unsent_bytes=self.stream.unsent))
                 return
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("DIAG: received frame %s", kv(
+            if log.isEnabledFor(MESSAGE):
+                log.log(MESSAGE, "DIAG: received frame %s", kv(
                     peer_id=self.short_id, type=type_name(frame.type), request_id=frame.request_id,
                     payload_bytes=len(frame.payload)))
             self._dispatch(self, frame)

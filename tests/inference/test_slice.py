@@ -22,6 +22,7 @@ from node.inference.slice import SliceModel
 from node.inference.slice.chain import SliceChain, split_ranges
 from node.inference.slice.model import estimate_bytes
 from node.inference.synth import SynthSpec
+from node.logs import MESSAGE
 from tests.inference.reference import our_logits
 
 SPEC = SynthSpec(hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=300, n_layers=4, n_ctx=128)
@@ -266,7 +267,7 @@ def test_context_limit_and_cache_growth(model_path):
 def test_forward_pass_diag_line(model_path, caplog):
     m = SliceModel.load(model_path, 1, 3, dtype="f32")
     sess = m.new_session("d")
-    with caplog.at_level(logging.DEBUG, logger="node.inference.slice.model"):
+    with caplog.at_level(MESSAGE, logger="node.inference.slice.model"):
         m.forward(sess, torch.zeros(3, 64), 0)
     line = next(r.getMessage() for r in caplog.records if "SplitModel forward pass complete" in r.getMessage())
     for field in ("forward_ms=", "seq_len=3", "num_layers=2", "is_first=False", "is_last=False", "kv_offset=0"):

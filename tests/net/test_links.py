@@ -423,3 +423,27 @@ async def test_several_frames_in_one_write_arrive_whole_and_in_order(make_manage
     await wait_until(lambda: len(seen) == 3)
     assert [(t, h["i"]) for t, h, _ in seen] == [(FrameType.ACK, 0), (FrameType.RESULT, 1), (FrameType.ACK, 2)]
     assert seen[1][2] == big and seen[0][2] == b"" and link.frames_out == before + 3
+
+
+async def test_frame_lines_need_vv_and_pings_vvv(make_manager, fast_net, caplog):
+    """-v shows one line per event (the link established), not one per frame; -vv adds the frames;
+    -vvv the pings too (seed 000: `-vv | grep codec`, `-vvv` full trace)."""
+    from node.logs import level_for_verbosity
+
+    levels = [level_for_verbosity(v) for v in range(4)]
+    assert levels == sorted(levels, reverse=True) and len(set(levels)) == 4
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b))
+    a.register_handler(FrameType.WORK, echo)
+    seen = {}
+    for verbosity in (1, 2, 3):
+        caplog.clear()
+        caplog.set_level(level_for_verbosity(verbosity))
+        await b.async_request(a.node_id, Frame(FrameType.WORK, {"n": verbosity}), timeout_s=10)
+        if verbosity == 3:  # a ping round on the TRACE level
+            await wait_until(lambda: "type=PING" in caplog.text, what="a PING line at -vvv")
+        seen[verbosity] = caplog.text
+    assert "DIAG: sent frame" not in seen[1] and "DIAG: received frame" not in seen[1]
+    assert "DIAG: sent frame" in seen[2] and "type=WORK" in seen[2] and "type=PING" not in seen[2]
+    assert "type=PING" in seen[3]

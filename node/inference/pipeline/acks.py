@@ -12,7 +12,7 @@ from typing import Any
 from node.errors import PeerUnreachable
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import Ack, Work
-from node.logs import kv
+from node.logs import MESSAGE, kv
 from node.net import FrameType
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class Acks:
         if work.coordinator == self.node_id and not done:
             return None
         held_us = int((time.monotonic() - ack.received) * 1e6)
-        if log.isEnabledFor(logging.DEBUG):  # seed 000 marker
-            log.debug("DIAG: acknowledged tensor forward on receipt %s",
+        if log.isEnabledFor(MESSAGE):  # seed 000 marker
+            log.log(MESSAGE, "DIAG: acknowledged tensor forward on receipt %s",
                       kv(sid=work.sid, seq=work.seq, hop=work.hop, held_us=held_us))
         return Ack(work.sid, work.seq, work.hop, self.node_id, held_us, done).to_header()

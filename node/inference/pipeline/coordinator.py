@@ -40,7 +40,7 @@ from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens
 from node.inference.pipeline.run import PipelineRun
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import Ack, Hop, Result, SessionControl, Work, encode_tokens
-from node.logs import kv
+from node.logs import MESSAGE, kv
 from node.models.catalog import ModelEntry
 from node.net import FrameType
 from node.trace import RequestTrace
@@ -122,9 +122,9 @@ class PipelineCoordinator:
             log.debug("DIAG: No pending channel for ACK — timed out, duplicate, or old attempt %s", kv(sid=ack.sid, seq=ack.seq))
             return
         self.deadlines.acked(att, step, ack, sender)
-        if log.isEnabledFor(logging.DEBUG):
+        if log.isEnabledFor(MESSAGE):
             # seed 000 marker (its guide: grep 'DIAG: received response' | grep 'kind="ack"')
-            log.debug('DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
+            log.log(MESSAGE, 'DIAG: received response kind="ack" %s', kv(sid=ack.sid, seq=ack.seq, hop=ack.hop, node=sender[:8]))
 
     def on_result(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         """A RESULT from the last segment (or a failing one) resolves its step."""
@@ -225,9 +225,9 @@ class PipelineCoordinator:
                     resume_copy=resume is not None and att.resume_copy, prompt_rows=prompt_rows, expect=expect)
         step = Step(seq, len(tokens), time.monotonic(), asyncio.get_running_loop().create_future())
         att.steps[seq] = step
-        if log.isEnabledFor(logging.DEBUG):
+        if log.isEnabledFor(MESSAGE):
             # seed 000 marker, in its index_pos/kv_offset grep (gotcha #400): the words stay
-            log.debug("DIAG: starting forward_through_segments %s", kv(
+            log.log(MESSAGE, "DIAG: starting forward_through_segments %s", kv(
                 request_id=trace.request_id, sid=att.sid, seq_num=seq, index_pos=index_pos, seq_len=len(tokens),
                 kv_offset=att.kv_len, rewind=rewind, resume=resume))  # measured by the segments on the last step; must
             # equal index_pos, or exceed it by the rejected draft tokens when `rewind`

@@ -33,7 +33,7 @@ from typing import Any
 from node import const
 from node.errors import DownloadFailed, InvalidRequest, ModelNotFound, NodeError, Overloaded, PeerError
 from node.inference.weights.cache import WeightCache
-from node.logs import kv, progress_extra
+from node.logs import MESSAGE, kv, progress_extra
 from node.models.catalog import ModelCatalog, ModelEntry
 from node.models.download import file_name_for, resolve_url
 from node.models.download.urls import display_url
@@ -335,6 +335,6 @@ class PartServer:
             raise ModelNotFound(f"tensor {name} of {entry.id} is not held here any more") from exc
         if len(data) != n:
             raise ModelNotFound(f"tensor {name} of {entry.id} is not held here any more")
-        log.debug("DIAG: served partial model bytes %s", kv(peer_id=getattr(link, "short_id", "?"), model=entry.id,
-                                                           tensor=name, offset=offset, bytes=n))
+        log.log(MESSAGE, "DIAG: served partial model bytes %s", kv(peer_id=getattr(link, "short_id", "?"), model=entry.id,
+                                                                   tensor=name, offset=offset, bytes=n))
         return frame.reply(FrameType.MODEL_PART, {"sha256": sha, "tensor": name, "offset": offset}, data)

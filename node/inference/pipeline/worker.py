@@ -38,7 +38,7 @@ from node.inference.pipeline.wire import (
     encode_activations,
 )
 from node.inference.weights.linear import RESIDUAL_MAX_ROWS
-from node.logs import kv
+from node.logs import MESSAGE, kv
 from node.net import FrameType
 
 log = logging.getLogger(__name__)
@@ -131,14 +131,14 @@ class SegmentWorker(SessionControls):
             log.warning("DIAG: WORK into a session another node opened dropped %s",
                         kv(sender=sender[:8], sid=work.sid, hop=work.hop))
             return
-        debug = log.isEnabledFor(logging.DEBUG)
+        debug = log.isEnabledFor(MESSAGE)
         if self._is_ended(work.sid, work.coordinator):
             self.acks.send(PendingAck(work, received))
             if debug:
-                log.debug("DIAG: WORK for an ended session dropped %s", kv(sid=work.sid, seq=work.seq))
+                log.log(MESSAGE, "DIAG: WORK for an ended session dropped %s", kv(sid=work.sid, seq=work.seq))
             return
         if debug:  # seed 000 marker (its guide greps `DIAG:.*LayerForward` for the forward path)
-            log.debug("DIAG: dispatcher received LayerForward, spawning handler %s",
+            log.log(MESSAGE, "DIAG: dispatcher received LayerForward, spawning handler %s",
                       kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
         loop = asyncio.get_running_loop()
         ack = PendingAck(work, received)
@@ -287,8 +287,8 @@ class SegmentWorker(SessionControls):
         if work.index_pos != sess.kv_len:
             raise KvPositionMismatch(work.index_pos, sess.kv_len, session=work.sid)
         sess.reserve(work.index_pos + work.n_tokens)  # past the context: this step's error, not its batch's
-        if log.isEnabledFor(logging.DEBUG):  # seed 000 marker (`DIAG:.*LayerForward`)
-            log.debug("DIAG: processing LayerForward locally %s",
+        if log.isEnabledFor(MESSAGE):  # seed 000 marker (`DIAG:.*LayerForward`)
+            log.log(MESSAGE, "DIAG: processing LayerForward locally %s",
                       kv(sid=work.sid, seq=work.seq, index_pos=work.index_pos, seq_len=work.n_tokens, kv_offset=sess.kv_len))
         verify = is_last and bool(work.draft)
         job.prepared = time.monotonic()
@@ -391,8 +391,8 @@ class SegmentWorker(SessionControls):
                 # on their way at once, so the next hop's ACK budget need not cover a transfer
                 small = len(data) <= const.ACK_DONE_MAX_BYTES and self.transport.unsent(nxt_node) <= const.ACK_DONE_MAX_BYTES
                 self.acks.send(ack, done=small)
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("DIAG: sent tensor forward to the next hop %s",
+                if log.isEnabledFor(MESSAGE):
+                    log.log(MESSAGE, "DIAG: sent tensor forward to the next hop %s",
                               kv(sid=work.sid, seq=work.seq, to=work.route[nxt].node_id[:8], activation_bytes=len(data)))
             else:
                 tele.send_us = int((time.monotonic() - finished) * 1e6)

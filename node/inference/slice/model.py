@@ -35,7 +35,7 @@ from node.inference.slice.session import Session, SessionStore
 from node.inference.weights.cache import CACHED_FORMATS, CacheKey, WeightCache
 from node.inference.weights.gguf_file import GgufFile
 from node.inference.weights.linear import Linear, linear_from_arrays, make_linear
-from node.logs import TRACE, kv
+from node.logs import MESSAGE, TRACE, kv
 
 log = logging.getLogger(__name__)
 
@@ -348,8 +348,8 @@ class SliceModel:
             norm, head = self.head
             logits = head(rms_norm(rows[0] if len(rows) == 1 else torch.cat(rows), norm, self.config.rms_eps))
             outs = list(logits.split([r.shape[0] for r in rows])) if len(rows) > 1 else [logits]
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
+        if log.isEnabledFor(MESSAGE):
+            log.log(MESSAGE,
                 "DIAG: SplitModel forward pass complete %s",
                 kv(forward_ms=f"{(time.perf_counter() - t0) * 1000:.2f}", seq_len=sum(counts), num_layers=len(blocks),
                    is_first=first, is_last=last, index_pos=positions[0], kv_offset=positions[0],
