@@ -7,8 +7,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from node.trace import RequestTrace
 
-_MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
-_TPOT_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000)
+# Prometheus' base unit is the second (`_seconds`): dashboards and `histogram_quantile` expect it.
+_S_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1)
 
 
 class NodeMetrics:
@@ -17,14 +18,14 @@ class NodeMetrics:
     def __init__(self):
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ("model", "route")
-        self.queue_ms = Histogram("swarmllm_queue_ms", "Time waiting for the model (ms)", labels,
-                                  buckets=_MS_BUCKETS, registry=self.registry)
-        self.ttft_ms = Histogram("swarmllm_ttft_ms", "Route ready to first token (ms)", labels,
-                                 buckets=_MS_BUCKETS, registry=self.registry)
-        self.tpot_ms = Histogram("swarmllm_tpot_ms", "Time per output token after the first (ms)", labels,
-                                 buckets=_TPOT_BUCKETS, registry=self.registry)
-        self.total_ms = Histogram("swarmllm_total_ms", "Whole request (ms)", labels,
-                                  buckets=_MS_BUCKETS, registry=self.registry)
+        self.queue_s = Histogram("swarmllm_queue_seconds", "Time waiting for the model", labels,
+                                 buckets=_S_BUCKETS, registry=self.registry)
+        self.ttft_s = Histogram("swarmllm_ttft_seconds", "Route ready to first token", labels,
+                                buckets=_S_BUCKETS, registry=self.registry)
+        self.tpot_s = Histogram("swarmllm_time_per_output_token_seconds", "Time per output token after the first",
+                                labels, buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.total_s = Histogram("swarmllm_request_duration_seconds", "Whole request", labels,
+                                 buckets=_S_BUCKETS, registry=self.registry)
         self.requests = Counter("swarmllm_requests", "Finished requests", ("model", "route", "outcome"),
                                 registry=self.registry)
         # the HTTP status an error got (a fixed set: 400, 404, 409, 429, 500, 503, ...): a client's
@@ -42,10 +43,10 @@ class NodeMetrics:
         """Record a finished trace."""
         # Unresolved names are client input: one fixed label, so junk cannot grow the series set.
         key = (trace.model if trace.resolved else "unknown", trace.route or "none")
-        for hist, value in ((self.queue_ms, trace.queue_ms), (self.ttft_ms, trace.ttft_ms),
-                            (self.tpot_ms, trace.tpot_ms), (self.total_ms, trace.total_ms)):
-            if value is not None:
-                hist.labels(*key).observe(value)
+        for hist, ms in ((self.queue_s, trace.queue_ms), (self.ttft_s, trace.ttft_ms),
+                         (self.tpot_s, trace.tpot_ms), (self.total_s, trace.total_ms)):
+            if ms is not None:
+                hist.labels(*key).observe(ms / 1000)
         self.requests.labels(*key, trace.outcome or "unknown").inc()
         if trace.outcome == "error":
             self.errors.labels(*key, str(trace.error_status or 500)).inc()

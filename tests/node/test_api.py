@@ -241,7 +241,7 @@ async def test_health_ready_metrics(node):
     assert (await raw(node, "POST", "/v1/chat/completions", body={
         "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))[0] == 200
     got, headers, text = await raw(node, "GET", "/metrics", key=False)
-    assert got == 200 and "swarmllm_ttft_ms_bucket" in text and "swarmllm_requests_total" in text
+    assert got == 200 and "swarmllm_ttft_seconds_bucket" in text and "swarmllm_requests_total" in text
 
 
 async def test_a_contributed_slice_loading_keeps_a_serving_node_ready(node):

@@ -6,6 +6,7 @@ requests, tokens and errors by HTTP status match what was sent; a prompt refused
 from __future__ import annotations
 
 import json
+import time
 
 import aiohttp
 import pytest
@@ -63,6 +64,7 @@ async def idle(node):
 async def test_known_traffic_is_counted_once_with_errors_by_status(node):
     model_id = node.models.all()[0].id
     before = await samples(node)
+    t0 = time.monotonic()
     prompt = completion = 0
     for body in ({"max_tokens": 4}, {"max_tokens": 4},
                  {"max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}):
@@ -81,7 +83,12 @@ async def test_known_traffic_is_counted_once_with_errors_by_status(node):
     prompt_total = sum(delta(before, after, "swarmllm_prompt_tokens_total", model=model_id, route=r)
                        for r in ("local", "none"))
     assert prompt_total == prompt  # the refused prompt's 2000 tokens are not in it
-    assert delta(before, after, "swarmllm_ttft_ms_count", **local) == 3
+    assert delta(before, after, "swarmllm_ttft_seconds_count", **local) == 3
+    # durations in seconds, Prometheus' base unit (they were ms: 3 requests summed to more than
+    # the seconds that had passed)
+    elapsed = time.monotonic() - t0
+    for name in ("swarmllm_ttft_seconds_sum", "swarmllm_request_duration_seconds_sum"):
+        assert 0 < delta(before, after, name, **local) <= elapsed, name
     assert delta(before, after, "swarmllm_request_errors_total", model="unknown", route="none", status="404") == 1
     assert delta(before, after, "swarmllm_request_errors_total", model=model_id, route="none", status="400") == 1
     assert delta(before, after, "swarmllm_requests_total", model=model_id, route="none", outcome="error") == 1
