@@ -1,4 +1,4 @@
-"""KV admission on a segment (kvbudget.py), in-process with test_worker.py's stand-ins: a step
+"""KV admission on a segment (kvbudget.py), in-process with workerkit.py's stand-ins: a step
 that would open a session past what the sessions in use hold of the node's KV budget is refused
 (`overloaded`), kept sessions give way to it, and the sessions in use are never evicted for it."""
 
@@ -12,11 +12,8 @@ from node.inference.pipeline.kvbudget import reserve_bytes, reserve_positions
 from node.inference.pipeline.wire import Hop, SessionControl, Work, encode_tokens
 from node.inference.sampling import SamplingParams
 from node.inference.slice.session import MIN_CAPACITY
-from tests.pipeline import test_worker
-from tests.pipeline.test_worker import COORD, ME, _results
+from tests.pipeline.workerkit import COORD, ME, _results
 from tests.support.waiting import wait_until
-
-worker = test_worker.worker  # the fixture: a worker serving the whole 6-layer model, recording peers
 
 
 def _open(entry, sid: str, tokens: list[int], *, index_pos: int = 0, expect: int | None = None) -> Work:

@@ -18,7 +18,7 @@ from node.inference.sampling import SamplingParams
 from node.models.catalog import ModelCatalog
 from node.net import FrameType
 from tests.pipeline.swarm import split_model
-from tests.pipeline.test_worker import RecordingPeers
+from tests.pipeline.workerkit import RecordingPeers
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama]

@@ -12,12 +12,16 @@ from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.wire import Hop, SessionControl, Work, encode_tokens
 from node.inference.sampling import SamplingParams
 from node.models.catalog import ModelCatalog
-from tests.pipeline import test_worker
 from tests.pipeline.swarm import split_model
-from tests.pipeline.test_worker import COORD, ME, NEXT, _results, _work, gate_wait
+from tests.pipeline.workerkit import (
+    COORD,
+    ME,
+    NEXT,
+    _results,
+    _work,
+    gate_wait,
+)
 from tests.support.waiting import wait_until
-
-worker = test_worker.worker  # the fixture: a worker serving the whole 6-layer model, recording peers
 
 
 async def _kept_turn(worker) -> tuple:
