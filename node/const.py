@@ -179,3 +179,6 @@ RESPONSE_STORE_TTL_S = 3600.0  # a stored response expires this long after it wa
 
 # --- peer network: what a HELLO may say of the peer (node/net/_messages.py) ---
 REGION_MAX_CHARS = 32  # a peer's advertised region; longer is a protocol error
+
+# --- sampling: what every engine's penalties see (batch_engine, pipeline sampler, api/extras) ---
+PENALTY_LAST_N_TOKENS = 64  # tokens the repeat/frequency/presence penalties look back on (llama.cpp's default)

@@ -1,6 +1,8 @@
 """Parse and validate OpenAI request bodies into `CompletionRequest`s; every problem is a clear 400.
 
-Unsupported options are refused, never silently ignored.
+Options that would change the output and cannot be honoured are refused, never silently ignored;
+hints that change nothing here are accepted (`_IGNORED_OK`, `_hints`; llama-server's extras:
+`api/extras.py`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import json
 import math
 from typing import Any
 
+from node.api import extras
 from node.api.tool_schemas import _tool_choice, _tools
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
@@ -30,11 +33,9 @@ _UNSUPPORTED = {
     "function_call": "the legacy `function_call` parameter is not supported: use `tool_choice`",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
-    "prediction": "predicted outputs are not supported",
     "best_of": "best_of is not supported",
     "echo": "echo is not supported",
     "suffix": "suffix (insertion) is not supported",
-    "reasoning_effort": "reasoning_effort is not supported",
     "web_search_options": "web search is not supported",
 }
 _COMMON = {
@@ -45,8 +46,9 @@ _COMMON = {
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
-_CHAT_KEYS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs"}
-_COMPLETION_KEYS = _COMMON | {"prompt", "logprobs"}
+_COMMON_HINTS = {"reasoning_effort", "prediction"}
+_CHAT_KEYS = _COMMON | _COMMON_HINTS | {"messages", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs"}
+_COMPLETION_KEYS = _COMMON | _COMMON_HINTS | {"prompt", "logprobs"}
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 
 
@@ -177,7 +179,23 @@ def _response_format(body: dict) -> ResponseFormat | None:
 
 
 # the value an unsupported option has when it asks for nothing (older LangChain sends best_of: 1)
-_NEUTRAL = {"best_of": 1, "suffix": ""}
+_NEUTRAL = {"best_of": 1, "suffix": "", "modalities": ["text"]}
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def _hints(body: dict) -> None:
+    """OpenAI options that only steer speed or effort: accepted (shape checked), no effect here.
+    `reasoning_effort` (Open WebUI, LiteLLM, aider send it): these models write no reasoning, as
+    the Anthropic route's `thinking`; `prediction` (predicted outputs, aider and Continue's edits)
+    only makes OpenAI's reply faster, never different."""
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise InvalidRequest(f"`reasoning_effort` must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
+                             param="reasoning_effort")
+    prediction = body.get("prediction")
+    if prediction is not None and not (isinstance(prediction, dict) and prediction.get("type") == "content"
+                                       and isinstance(prediction.get("content"), str | list)):
+        raise InvalidRequest("`prediction` must be {\"type\": \"content\", \"content\": ...}", param="prediction")
 
 
 def _check_keys(body: dict, allowed: set[str]) -> None:
@@ -299,7 +317,9 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     """Validate a /v1/chat/completions (kind="chat") or /v1/completions (kind="text") body."""
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
+    body = extras.normalize(body)
     _check_keys(body, _CHAT_KEYS if kind == "chat" else _COMPLETION_KEYS)
+    _hints(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("`model` is required and must be a string", param="model")

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from node.const import PENALTY_LAST_N_TOKENS
 from node.errors import EngineError, NodeError
 from node.inference import constrain
 from node.inference.handoff import GenerationJob, TokenChannel
@@ -84,7 +85,7 @@ log = logging.getLogger(__name__)
 # batched-vs-alone check fails with it on).
 FLASH_ATTN_OFF, FLASH_ATTN_AUTO = 0, -1  # LLAMA_FLASH_ATTN_TYPE_DISABLED, _AUTO
 YIELD_AFTER_S = 0.1  # steps the loop runs before other work waiting for the thread (embeddings) gets it
-PENALTY_LAST_N = 64  # tokens the repeat/frequency/presence penalties look back on (llama-cpp-python's default)
+PENALTY_LAST_N = PENALTY_LAST_N_TOKENS  # what the repeat/frequency/presence penalties look back on
 @dataclass(eq=False)
 class _Seq:
     """One request in the batch."""

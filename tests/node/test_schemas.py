@@ -119,3 +119,9 @@ def test_response_format_and_logit_bias_parsed():
     assert parse_completion({**CHAT, "response_format": {"type": "json_object"}}, "chat").response_format.type \
         == "json_object"
     assert parse_completion({**CHAT, "response_format": {"type": "text"}}, "chat").response_format is None
+
+
+def test_seed_minus_one_is_llama_cpps_random_seed():
+    # llama.cpp reads -1 as "pick a random seed"; taken modulo 2**32 it pinned the seed 2**32 - 1
+    assert parse_completion({**CHAT, "seed": -1}, "chat").params.seed is None
+    assert parse_completion({**CHAT, "seed": 7}, "chat").params.seed == 7

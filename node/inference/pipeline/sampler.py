@@ -20,12 +20,13 @@ from collections import Counter
 
 import torch
 
+from node.const import PENALTY_LAST_N_TOKENS
 from node.errors import ProtocolError
 from node.inference import constrain
 from node.inference.handoff import TokenScores
 from node.inference.sampling import SamplingParams
 
-PENALTY_LAST_N = 64
+PENALTY_LAST_N = PENALTY_LAST_N_TOKENS
 
 
 class Sampler:

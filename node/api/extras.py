@@ -1,0 +1,115 @@
+"""Fields local apps send to an OpenAI-compatible server beyond OpenAI's own: llama-server's
+sampler extras (SillyTavern, llama.cpp web UIs, scripts written for llama-server), vLLM's
+`repetition_penalty`, and LM Studio's `max_tokens: -1`. llama-server takes them all; each one here
+is either applied, mapped onto the OpenAI field it means, accepted because it changes nothing (a
+hint, or a sampler at its neutral value, as SillyTavern sends its defaults), or refused with a 400
+naming it where ignoring it would change the output the client asked for.
+
+`normalize(body)` returns a body `schemas.parse_completion` checks as usual (a copy; the client's
+dict is left alone).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from node.const import PENALTY_LAST_N_TOKENS
+from node.errors import InvalidRequest, Unsupported
+
+log = logging.getLogger(__name__)
+
+# accepted, no effect on the output: the prefix cache is always on, one slot pool, sampler order is ours
+_HINTS = {"cache_prompt", "id_slot", "slot_id", "timings_per_token", "samplers", "sampler_order",
+          "n_keep", "min_keep", "penalize_nl", "return_tokens", "mirostat_tau", "mirostat_eta",
+          "dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+          "dry_sequence_breakers"}
+# samplers this node does not have: accepted at the value that turns them off, else a 400
+_NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "xtc_probability": 0.0,
+            "dry_multiplier": 0.0, "top_a": 0.0, "top_n_sigma": -1.0, "n_probs": 0}
+_PENALTIES = (("repeat_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _neutral(key: str, value: Any) -> None:
+    off = _NEUTRAL[key]
+    if value is None or (_is_number(value) and (value == off or (key == "top_n_sigma" and value <= 0))):
+        return
+    hint = " (use `logprobs`)" if key == "n_probs" else ""
+    raise Unsupported(f"`{key}` is not supported by this node{hint}: send {off:g} or leave it out", param=key)
+
+
+def _max_tokens(out: dict) -> None:
+    """`max_tokens: -1` (LM Studio's documented example) and llama-server's `n_predict` (-1 = no limit)."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        if out.get(key) == -1 and type(out[key]) is int:
+            out[key] = None  # up to the context, as llama-server reads -1
+    if "n_predict" not in out:
+        return
+    n = out.pop("n_predict")
+    if n is None or (type(n) is int and n < 0):
+        return
+    if type(n) is not int or n == 0:
+        raise InvalidRequest("`n_predict` must be a positive integer or -1 (no limit)", param="n_predict")
+    if out.get("max_tokens") is None and out.get("max_completion_tokens") is None:
+        out["max_tokens"] = n
+
+
+def _logit_bias(value: Any) -> Any:
+    """llama-server's list form, [[token id, bias or false]], as an OpenAI map (false bans the token)."""
+    if not isinstance(value, list):
+        return value
+    out = {}
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and pair[0] >= 0
+                and (pair[1] is False or _is_number(pair[1]))):
+            raise InvalidRequest("`logit_bias` as a list must hold [token id, bias or false] pairs", param="logit_bias")
+        out[str(pair[0])] = -100 if pair[1] is False else pair[1]
+    return out
+
+
+def normalize(body: dict) -> dict:
+    """The body with the extras applied, mapped or dropped; a 400 for one that would change the output."""
+    out = dict(body)
+    for key in _HINTS & out.keys():
+        del out[key]
+    for key in _NEUTRAL.keys() & out.keys():
+        _neutral(key, out.pop(key))
+    _max_tokens(out)
+    if "repetition_penalty" in out:  # vLLM's and text-generation-webui's name for llama.cpp's
+        value = out.pop("repetition_penalty")
+        if out.get("repeat_penalty") is None:
+            out["repeat_penalty"] = value
+    if "ignore_eos" in out:
+        if out.pop("ignore_eos") not in (None, False):
+            raise Unsupported("`ignore_eos` is not supported: generation ends at the model's end token",
+                              param="ignore_eos")
+    if "repeat_last_n" in out:
+        n = out.pop("repeat_last_n")
+        active = any(out.get(k) not in (None, off) for k, off in _PENALTIES)
+        if n is not None and n != PENALTY_LAST_N_TOKENS and active:
+            raise Unsupported(f"`repeat_last_n` other than {PENALTY_LAST_N_TOKENS} is not supported: the penalties "
+                              f"look back {PENALTY_LAST_N_TOKENS} tokens", param="repeat_last_n")
+    if "grammar" in out:
+        if out.pop("grammar") not in (None, ""):
+            raise Unsupported("`grammar` (GBNF) is not supported: use `response_format` with a JSON schema",
+                              param="grammar")
+    if "json_schema" in out:  # llama-server's own field for a response schema
+        schema = out.pop("json_schema")
+        if schema is not None:
+            if out.get("response_format") is not None:
+                raise InvalidRequest("give either `json_schema` or `response_format`, not both", param="json_schema")
+            if not isinstance(schema, dict):
+                raise InvalidRequest("`json_schema` must be a JSON Schema object", param="json_schema")
+            out["response_format"] = {"type": "json_schema", "json_schema": {"name": "json_schema", "schema": schema}}
+    if "logit_bias" in out:
+        out["logit_bias"] = _logit_bias(out["logit_bias"])
+    if out.get("seed") == -1 and type(out["seed"]) is int:
+        out["seed"] = None  # llama.cpp's "a random seed", not the fixed seed 2**32 - 1
+    if len(out) != len(body):
+        log.debug("DIAG: request extras taken extras=%s", ",".join(sorted(body.keys() - out.keys())))
+    return out
