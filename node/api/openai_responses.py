@@ -5,7 +5,7 @@ function_call_output items), `instructions`, `previous_response_id` (the convers
 node: response_store) become the same `CompletionRequest` the chat route builds, served by the
 shared driver; this module writes the Response object and its typed stream events (each with a
 sequence_number). Built-in tools, reasoning, background mode and the like are refused with a 400
-naming them.
+naming them (responses_options.py); `reasoning` and `include` are taken where they change nothing.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.history import link_tool_results
 from node.api.response_store import ResponseStore
+from node.api.responses_options import check_include, check_keys, check_reasoning, text_format
 from node.api.schemas import _integer, _number
-from node.api.schemas import _response_format as openai_response_format
 from node.api.tool_schemas import async_check_tool_schemas, dialect_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
 from node.inference.generate import CompletionRun
-from node.inference.request import CompletionRequest, Delta, ResponseFormat, TokenLogprob, ToolCall, ToolSpec
+from node.inference.request import CompletionRequest, Delta, TokenLogprob, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
 from node.inference.tools import unfinished_object
 from node.trace import RequestTrace
@@ -37,37 +37,12 @@ routes = web.RouteTableDef()
 STORE: web.AppKey[ResponseStore] = web.AppKey("response_store", ResponseStore)
 
 
-_KEYS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
-         "parallel_tool_calls", "text", "stream", "store", "previous_response_id", "metadata", "user",
-         "truncation", "include", "service_tier", "safety_identifier", "prompt_cache_key"}
-_UNSUPPORTED = {
-    "reasoning": "reasoning is not supported by this node",
-    "background": "background mode is not supported by this node",
-    "prompt": "prompt templates are not supported by this node",
-    "top_logprobs": "logprobs are not supported by the Responses API on this node",
-    "max_tool_calls": "max_tool_calls is not supported by this node",
-    "conversation": "conversations are not supported by this node; use previous_response_id",
-    "stream_options": "stream_options are not supported by the Responses API on this node",
-}
-_EMPTY = (None, False, [], {})
-
-
 def install(app: web.Application) -> None:
     """Give the app its response store."""
     app[STORE] = ResponseStore()
 
 
 # --- the request ------------------------------------------------------------------------------
-
-
-def _check_keys(body: dict) -> None:
-    for key, value in body.items():
-        if key in _UNSUPPORTED:
-            if value in _EMPTY:
-                continue
-            raise Unsupported(_UNSUPPORTED[key], param=key)
-        if key not in _KEYS:
-            raise InvalidRequest(f"Unknown parameter: '{key}'.", param=key)
 
 
 def _parts_text(content: Any, where: str, kinds: tuple[str, ...]) -> str:
@@ -126,6 +101,8 @@ def _input_messages(raw: Any) -> list[dict]:
                 out[-1] = {**out[-1], "tool_calls": [*out[-1].get("tool_calls", ()), call]}
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "reasoning":
+            continue  # an earlier turn's reasoning (another model's): not prompt text, as chat templates drop it
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
@@ -172,31 +149,11 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None]:
     raise Unsupported(f"tool_choice {choice!r} is not supported by this node", param="tool_choice")
 
 
-def _text_format(body: dict) -> ResponseFormat | None:
-    text = body.get("text")
-    if text is None:
-        return None
-    if not isinstance(text, dict):
-        raise InvalidRequest("Invalid type for 'text': expected an object.", param="text")
-    if text.get("verbosity") not in (None, "medium"):
-        raise Unsupported("text.verbosity is not supported by this node", param="text.verbosity")
-    fmt = text.get("format")
-    if fmt is None or fmt == {"type": "text"}:
-        return None
-    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
-        raise InvalidRequest("Invalid 'text.format.type': expected text, json_object or json_schema.",
-                             param="text.format")
-    # the chat route's checks (name, schema, strict), on the same fields
-    spec = {k: v for k, v in fmt.items() if k != "type"}
-    return openai_response_format({"response_format": {"type": fmt["type"], **({"json_schema": spec}
-                                                                              if fmt["type"] == "json_schema" else {})}})
-
-
 def parse_responses(body: Any, store: ResponseStore) -> tuple[CompletionRequest, ResponseOptions]:
     """Validate a /v1/responses body; the prior conversation comes from the store."""
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    _check_keys(body)
+    check_keys(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("Missing required parameter: 'model'.", param="model")
@@ -208,11 +165,8 @@ def parse_responses(body: Any, store: ResponseStore) -> tuple[CompletionRequest,
             raise InvalidRequest(f"Invalid type for '{key}': expected a boolean.", param=key)
     if body.get("truncation") not in (None, "disabled"):
         raise Unsupported("truncation 'auto' is not supported by this node", param="truncation")
-    include = body.get("include")
-    if include is not None and include != []:
-        if not isinstance(include, list):
-            raise InvalidRequest("Invalid type for 'include': expected a list of strings.", param="include")
-        raise Unsupported(f"include {include!r} is not supported by this node", param="include")
+    check_reasoning(body.get("reasoning"))
+    check_include(body.get("include"))
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("Invalid type for 'instructions': expected a string.", param="instructions")
@@ -233,7 +187,7 @@ def parse_responses(body: Any, store: ResponseStore) -> tuple[CompletionRequest,
     new = tuple(_input_messages(body["input"]))
     new = tuple(link_tool_results([*prior, *new], "input")[len(prior):])
     tools, tool_choice, tool_name = _tools(body)
-    response_format = _text_format(body)
+    response_format = text_format(body)
     params = SamplingParams(max_tokens=_integer(body, "max_output_tokens", 1, 1 << 24),
                             temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                             top_p=_number(body, "top_p", 1.0, 0.0, 1.0))

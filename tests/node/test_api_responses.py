@@ -183,17 +183,18 @@ async def test_delete(client, model_id):
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"tools": [{"type": "web_search"}]}, "tools"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["no.such.include"]}, "include"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"reasoning": "high"}, "reasoning"),
     ({"include": ""}, "include"),  # "empty" values of the wrong type
     ({"tools": 0}, "tools"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "required": "x"}}]},
      "tools[0].parameters"),  # this API's field (once chat's `tools[0].function.parameters`)
     ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"temperature": 3}, "temperature"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"frequency_penalty": 1}, "frequency_penalty"),
@@ -206,6 +207,21 @@ async def test_unsupported_and_bad_options_are_400_naming_them(client, model_id,
     with pytest.raises(openai.BadRequestError) as err:
         await client.responses.create(**{**kwargs, **body}, extra_body=rest)
     assert err.value.body["param"].startswith(param), err.value.body
+
+
+async def test_a_coding_agents_reasoning_and_include_are_taken(client, model_id):
+    """Codex CLI sends `reasoning: {effort, summary}`, `include: ["reasoning.encrypted_content"]` with
+    `store: false`, and passes earlier reasoning items back in `input`: each was a 400. The model
+    writes no reasoning, so the reply is what the request without them gets."""
+    plain = await client.responses.create(model=model_id, input=QUESTION, max_output_tokens=12, temperature=0)
+    agent = await client.responses.create(
+        model=model_id, max_output_tokens=12, temperature=0, store=False,
+        reasoning={"effort": "medium", "summary": "auto"}, include=["reasoning.encrypted_content"],
+        input=[{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+               {"role": "user", "content": [{"type": "input_text", "text": QUESTION}]}])
+    assert agent.status == "completed" and agent.output_text == plain.output_text
+    assert agent.usage.input_tokens == plain.usage.input_tokens  # the reasoning item added nothing
+    assert [item.type for item in agent.output] == ["message"]
 
 
 async def test_errors(node, client, model_id):
