@@ -35,7 +35,7 @@ _UNSUPPORTED = {
     "modalities": "only text output is supported",
     "best_of": "best_of is not supported",
     "echo": "echo is not supported",
-    "suffix": "suffix (insertion) is not supported",
+    "suffix": "`suffix` (fill-in-the-middle) is taken by /v1/completions only",
     "web_search_options": "web search is not supported",
 }
 _COMMON = {
@@ -48,7 +48,7 @@ RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 _COMMON_HINTS = {"reasoning_effort", "prediction"}
 _CHAT_KEYS = _COMMON | _COMMON_HINTS | {"messages", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs"}
-_COMPLETION_KEYS = _COMMON | _COMMON_HINTS | {"prompt", "logprobs"}
+_COMPLETION_KEYS = _COMMON | _COMMON_HINTS | {"prompt", "logprobs", "suffix"}
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 
 
@@ -200,7 +200,7 @@ def _hints(body: dict) -> None:
 
 def _check_keys(body: dict, allowed: set[str]) -> None:
     for key in body:
-        if key in _UNSUPPORTED:
+        if key in _UNSUPPORTED and key not in allowed:
             value = body[key]
             if value in (None, [], {}, False) or (key in _NEUTRAL and type(value) is type(_NEUTRAL[key])
                                                   and value == _NEUTRAL[key]):
@@ -377,7 +377,11 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
             raise Unsupported("`prompt` must be a single string (batched or token prompts are not supported)",
                               param="prompt")
         raise InvalidRequest("`prompt` is required and must be a string", param="prompt")
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise InvalidRequest("`suffix` must be a string", param="suffix")
     return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt,
+                             suffix=suffix or None,  # "" asks for nothing (OpenAI's default)
                              response_format=response_format)
 
 

@@ -180,6 +180,8 @@ class CompletionRun:
             if prefill is not None:
                 messages = messages[:-1]
             return await loop.run_in_executor(None, tok.chat_tokens, messages, tools, prefill or ""), fmt
+        if self.request.suffix is not None:
+            return await loop.run_in_executor(None, tok.infill_tokens, self.request.prompt, self.request.suffix), None
         return await loop.run_in_executor(None, tok.tokenize, self.request.prompt), None
 
     def _prefill(self) -> str | None:

@@ -91,6 +91,7 @@ class CompletionRequest:
     # node.inference.tools.prompt_inputs turns these into what the model's template expects.
     messages: tuple[dict, ...] = ()
     prompt: str = ""  # text completions
+    suffix: str | None = None  # text completions: fill in the middle between `prompt` and this
     response_format: ResponseFormat | None = None
     tools: tuple[ToolSpec, ...] = ()
     # "none" | "auto" | "required" | "function" (then tool_choice_name names it)

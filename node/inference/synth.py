@@ -62,6 +62,7 @@ class SynthSpec:
     bigram: float = 12.0
     tied_gain: float = 3.0  # tied: embedding rows scaled to norm ~tied_gain (logit std ~tied_gain)
     tensor_qtypes: tuple[tuple[str, str], ...] = ()  # (tensor name part, qtype) overrides
+    fim: bool = False  # the last three tokens are fill-in-the-middle control tokens (FIM_TOKENS)
     name: str = "synth"
 
     def __post_init__(self):
@@ -87,6 +88,9 @@ LLAMA_1B = SynthSpec(
     n_ctx=4096, rope_base=500000.0, rope_scaling="llama3", rope_scaling_factor=32.0,
     rope_orig_ctx=8192, tied=True, qtype="Q8_0", name="llama-3.2-1b-shaped",
 )
+
+
+FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
 
 
 def synth_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
@@ -206,6 +210,12 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
     ftype = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
     writer.add_file_type(ftype.get(spec.qtype, 0))
     tokens, scores, types = synth_vocab(spec.vocab)
+    if spec.fim:  # a code model's fill-in-the-middle tokens, named in the metadata as converters do
+        first = spec.vocab - len(FIM_TOKENS)
+        tokens[first:], types[first:] = list(FIM_TOKENS), [TOKEN_CONTROL] * len(FIM_TOKENS)
+        for key, token_id in zip((gguf.Keys.Tokenizer.FIM_PRE_ID, gguf.Keys.Tokenizer.FIM_SUF_ID,
+                                  gguf.Keys.Tokenizer.FIM_MID_ID), range(first, spec.vocab), strict=True):
+            writer.add_uint32(key, token_id)
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)

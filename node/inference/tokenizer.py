@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from node.errors import ModelLoadError, ProtocolError
+from node.errors import ModelLoadError, ProtocolError, Unsupported
 from node.inference.chat import render_chat
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,24 @@ class ModelTokenizer:
         """Token ids of text; special tokens written in the text (e.g. `<|im_start|>`) are parsed."""
         bos = self.add_bos if add_bos is None else add_bos
         return self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=True)
+
+    def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt, as llama-server's /infill writes it (prefix-suffix-middle):
+        [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID; the reply is the middle. The code is taken as
+        text (special-token names in it are not parsed). Unsupported (400) for a model without the
+        three tokens: only code models trained for infilling have them."""
+        ids = [f(self._vocab) for f in (self._llama_cpp.llama_vocab_fim_pre, self._llama_cpp.llama_vocab_fim_suf,
+                                         self._llama_cpp.llama_vocab_fim_mid)]
+        if min(ids) < 0:
+            raise Unsupported("`suffix` (fill-in-the-middle) needs a model trained for infilling; this model has no "
+                              "FIM tokens (code models such as Qwen2.5-Coder, CodeLlama or StarCoder have them)",
+                              param="suffix")
+        pre, suf, mid = ids
+
+        def text(t: str) -> list[int]:
+            return self._llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) if t else []
+
+        return [self.bos_id] * (self.add_bos and self.bos_id >= 0) + [pre, *text(prefix), suf, *text(suffix), mid]
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The prompt text for chat messages (and the tools, OpenAI's shape) under the model's own

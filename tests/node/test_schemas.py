@@ -59,10 +59,12 @@ def test_harmless_explicit_defaults_accepted():
     req = parse_completion({**CHAT, "stream": None, "prompt_cache_key": "k", "safety_identifier": "s",
                             "verbosity": "low"}, "chat")
     assert not req.stream
-    parse_completion({"model": "m", "prompt": "p", "best_of": 1, "suffix": ""}, "text")
-    for patch in ({"best_of": 2}, {"best_of": True}, {"suffix": "x"}):  # asking for something: still refused
-        with pytest.raises(Unsupported):
-            parse_completion({"model": "m", "prompt": "p", **patch}, "text")
+    assert parse_completion({"model": "m", "prompt": "p", "best_of": 1, "suffix": ""}, "text").suffix is None
+    assert parse_completion({"model": "m", "prompt": "p", "suffix": "x"}, "text").suffix == "x"  # fill in the middle
+    parse_completion({**CHAT, "suffix": ""}, "chat")
+    for patch, kind in (({"best_of": 2}, "text"), ({"best_of": True}, "text"), ({"suffix": "x"}, "chat")):
+        with pytest.raises(Unsupported):  # asking for something: still refused
+            parse_completion({**(CHAT if kind == "chat" else {"model": "m", "prompt": "p"}), **patch}, kind)
 
 
 def test_completion_prompt_forms():
