@@ -54,6 +54,8 @@ RECONNECT_BACKOFF_MAX_S = 30.0
 # --- peer network: links, discovery, relay (node/net; owned by the peer-network module) ---
 CONNECT_TIMEOUT_S = 5.0  # TCP connect to a peer or relay
 HANDSHAKE_TIMEOUT_S = 10.0  # preamble + TLS + HELLO, each stage
+PEER_MAX_ADDRS = 16  # direct addresses remembered per peer (most recently good first; the oldest go)
+DIAL_ATTEMPT_DELAY_S = 0.25  # a peer's next address is dialled this long after the last, not after it fails (RFC 8305)
 PREAMBLE_MAX_BYTES = 16 * 1024  # plaintext preamble body (carries the dialler's certificate)
 MAX_PENDING_HANDSHAKES = 64  # inbound connections still setting up; more are refused
 MAX_HANDSHAKES_PER_HOST = 8  # of those, from one remote host (not loopback, not relayed)

@@ -101,6 +101,45 @@ async def async_dial_direct(tls: TlsConfig, addr: str, expected_node_id: str | N
     return stream, node_id
 
 
+async def async_dial_first(tls: TlsConfig, addrs: list[str], expected_node_id: str | None,
+                           ) -> tuple[tuple[str, Stream, str] | None, list[tuple[str, PeerError]]]:
+    """Dial a peer's addresses racing, as Happy Eyeballs does (RFC 8305): the next one starts
+    `DIAL_ATTEMPT_DELAY_S` after the last or as soon as it fails, the first TLS stream up wins and
+    the rest are cancelled. A multi-homed peer announces addresses nobody else can reach (a docker
+    bridge, a VPN): tried one after the other, each cost a whole connect timeout before the LAN
+    address. Returns ((addr, stream, proven node id) or None, [(addr, error) of the failed ones]).
+    """
+    failures: list[tuple[str, PeerError]] = []
+    queue = list(addrs)
+    pending: dict[asyncio.Task[tuple[Stream, str]], str] = {}
+    try:
+        while queue or pending:
+            if queue:
+                addr = queue.pop(0)
+                pending[asyncio.create_task(async_dial_direct(tls, addr, expected_node_id))] = addr
+            done, _ = await asyncio.wait(pending, timeout=const.DIAL_ATTEMPT_DELAY_S if queue else None,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            winner = None
+            for task in done:
+                addr = pending.pop(task)
+                exc = task.exception()
+                if exc is None and winner is None:
+                    winner = (addr, *task.result())
+                elif exc is None:
+                    task.result()[0].abort()
+                else:
+                    failures.append((addr, exc if isinstance(exc, PeerError) else _classify(exc, addr)))
+            if winner is not None:
+                return winner, failures
+        return None, failures
+    finally:
+        for task in pending:
+            task.cancel()
+        for result in await asyncio.gather(*pending, return_exceptions=True):
+            if isinstance(result, tuple):  # finished while being cancelled
+                result[0].abort()
+
+
 async def async_dial_relayed(tls: TlsConfig, relay_addr: str, target_node_id: str,
                              own_node_id: str, ticket: str) -> Stream:
     """A TLS stream to target through the relay at relay_addr (end-to-end: the relay sees

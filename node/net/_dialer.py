@@ -25,11 +25,12 @@ from node.logs import kv
 
 from ._addr import parse_addr
 from ._admission import Membership
-from ._connect import Establish, async_dial_direct, async_dial_relayed
+from ._connect import Establish, async_dial_direct, async_dial_first, async_dial_relayed
 from ._foreign import ForeignPeers
 from ._identity import short_id
 from ._link import PeerLink
 from ._messages import FEATURE_RELAY, NotSwarmPeer
+from ._stream import Stream
 from ._table import PeerRecord, PeerTable
 from ._tasks import Tasks
 from ._tls import TlsConfig
@@ -241,14 +242,24 @@ class Dialer:
 
     async def _async_dial_record(self, rec: PeerRecord) -> PeerLink:
         errors: list[str] = []
-        for addr in self._direct_addrs(rec):
+        addrs = self._direct_addrs(rec)
+        while addrs:  # racing (async_dial_first): a dead address first no longer costs a connect timeout
             if link := self._table.link(rec.node_id):
                 return link
-            try:
-                return await self.async_connect(addr, rec.node_id, site="peer")
-            except PeerIdentityMismatch as exc:
-                rec.addrs.remove(addr)  # someone else lives there now
+            won, failures = await async_dial_first(self._tls, addrs, rec.node_id)
+            for addr, exc in failures:
+                if isinstance(exc, PeerIdentityMismatch) and addr in rec.addrs:
+                    rec.addrs.remove(addr)  # someone else lives there now
+                elif isinstance(exc, NotSwarmPeer):
+                    self._foreign.note_addr(addr, exc, "peer")
                 errors.append(exc.message)
+            if won is None:
+                break
+            addr, stream, proven = won
+            tried = {addr, *(a for a, _ in failures)}
+            addrs = [a for a in addrs if a not in tried]
+            try:
+                return await self._async_setup(stream, proven, addr, "peer")
             except NotAMember:
                 raise  # not in our swarm: no other address or relay will change that
             except PeerError as exc:
@@ -274,6 +285,14 @@ class Dialer:
         self._foreign.check_addr(addr, node_id, site)
         try:
             stream, proven = await async_dial_direct(self._tls, addr, node_id)
+        except NotSwarmPeer as exc:
+            self._foreign.note_addr(addr, exc, site)
+            raise
+        return await self._async_setup(stream, proven, addr, site)
+
+    async def _async_setup(self, stream: Stream, proven: str, addr: str, site: str) -> PeerLink:
+        """HELLO and admission on a stream dialled to addr whose peer proved `proven`."""
+        try:
             if proven in self._foreign.ids:
                 stream.abort()
                 raise NotSwarmPeer(f"{short_id(proven)} does not speak SwarmLLM")
@@ -311,11 +330,17 @@ class Dialer:
         the direct one on both ends and retires the relayed one once its requests drain."""
         errors: list[str] = []
         try:
-            for addr in candidates:
+            while candidates:
                 if rec.link is not link or not link.is_open or self._tasks.stopping:
                     return  # replaced or gone meanwhile
+                won, failures = await async_dial_first(self._tls, candidates, rec.node_id)
+                errors += [f"{addr}: {exc.message}" for addr, exc in failures]
+                if won is None:
+                    break
+                addr, stream, _ = won
+                tried = {addr, *(a for a, _ in failures)}
+                candidates = [a for a in candidates if a not in tried]
                 try:
-                    stream, _ = await async_dial_direct(self._tls, addr, rec.node_id)
                     await self._establish(stream, rec.node_id, is_dialer=True, transport="direct",
                                           address=addr, source="upgrade")
                 except PeerError as exc:

@@ -25,7 +25,7 @@ from node.errors import AdmissionEnded, InvalidRequest, NotAMember, PeerError, P
 from node.logs import kv
 
 from ._admission import Admission, Membership
-from ._connect import Establish, async_dial_direct
+from ._connect import Establish, async_dial_first
 from ._discovery import Discovery
 from ._frames import Frame, FrameType
 from ._identity import is_node_id, short_id
@@ -111,12 +111,15 @@ class SwarmOps:
         if self._node_id.startswith(invite.inviter_prefix):
             raise InvalidRequest("this code was made by this node: run the join on the device to add", param="code")
         errors: list[str] = []
-        for addr in invite.addrs:
-            try:
-                stream, proven = await async_dial_direct(self._tls, addr, None)
-            except PeerError as exc:
-                errors.append(exc.message if addr in exc.message else f"{addr}: {exc.message}")
-                continue
+        addrs = list(invite.addrs)
+        while addrs:  # racing: an inviter's docker bridge or VPN address first costs no connect timeout
+            won, failures = await async_dial_first(self._tls, addrs, None)
+            errors += [exc.message if addr in exc.message else f"{addr}: {exc.message}" for addr, exc in failures]
+            if won is None:
+                break
+            addr, stream, proven = won
+            tried = {addr, *(a for a, _ in failures)}
+            addrs = [a for a in addrs if a not in tried]
             if not proven.startswith(invite.inviter_prefix):
                 stream.abort()
                 errors.append(f"{addr}: another node answers there ({short_id(proven)})")
