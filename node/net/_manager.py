@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -104,9 +105,7 @@ class PeerManager:
         await self.membership.async_load()
         try:
             self._server = await loop.create_server(
-                lambda: Stream(on_connect=self.inbound.on_connect), self.config.peer_host or None,
-                self.config.effective_peer_port, reuse_address=True,
-            )
+                lambda: Stream(on_connect=self.inbound.on_connect), **_listen_where(self.config))
         except OSError as exc:
             # the default peer port is the API port + 10: taken, most often, by another node on the same -p
             what = "--peer-port" if self.config.peer_port else \
@@ -474,3 +473,13 @@ class PeerManager:
         elif ftype != FrameType.PONG:  # an unsolicited PONG is harmless
             link.send_error(frame, "unsupported_frame_type",
                             f"frame type {type_name(ftype)} is not served by this node")
+
+
+def _listen_where(config: NodeConfig) -> dict:
+    """create_server's arguments for the peer listener. `::` is one dual-stack socket: asyncio makes
+    an IPv6 socket IPv6-only, and a node with `peer_host = "::"` announced its IPv4 addresses (mDNS,
+    HELLO, invites) while refusing every IPv4 connection (2026-12-06)."""
+    if config.peer_host != "::" or not socket.has_dualstack_ipv6():
+        return {"host": config.peer_host or None, "port": config.effective_peer_port, "reuse_address": True}
+    return {"sock": socket.create_server(("::", config.effective_peer_port), family=socket.AF_INET6,
+                                         dualstack_ipv6=True, reuse_port=False)}
