@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from node import const
 from node.const import REGION_MAX_CHARS
 from node.logs import clean_text
 from node.observe import Observers
@@ -102,9 +103,10 @@ class PeerRecord:
             return False
         if front:
             self.addrs.insert(0, addr)
-        else:
+        else:  # a full list makes room: the new address (a peer that moved) must not be the one dropped
+            del self.addrs[const.PEER_MAX_ADDRS - 1:]
             self.addrs.append(addr)
-        del self.addrs[16:]
+        del self.addrs[const.PEER_MAX_ADDRS:]
         return True
 
     def add_relay(self, relay: str) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 
 import pytest
 
@@ -447,3 +449,21 @@ async def test_frame_lines_need_vv_and_pings_vvv(make_manager, fast_net, caplog)
     assert "DIAG: sent frame" not in seen[1] and "DIAG: received frame" not in seen[1]
     assert "DIAG: sent frame" in seen[2] and "type=WORK" in seen[2] and "type=PING" not in seen[2]
     assert "type=PING" in seen[3]
+
+
+async def test_a_new_address_is_learnt_when_sixteen_old_ones_are_known(make_manager, fast_net):
+    """A peer that moved often (Wi-Fi roams, DHCP renewals; peers.json keeps them all) has a full
+    list of dead addresses here: the address PEX then tells us must be kept and dialled. It was
+    appended and cut off at once (the list keeps 16), so the peer stayed unreachable (2026-12-06).
+    a dials nobody (no_direct), so only b's dial can link them."""
+    a = await make_manager("a", no_direct=True)
+    b = await make_manager("b", start=False)
+    stale = [f"127.0.0.{i}:{a.listen_port}" for i in range(2, 18)]  # 16 dead loopback addresses
+    (b.config.data_dir / "peers.json").write_text(json.dumps({"version": 1, "foreign": [], "peers": [
+        {"node_id": a.node_id, "addrs": stale, "relays": [], "last_seen": time.time()}]}))
+    hub = await make_manager("hub", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(hub, a), what="hub links to a")
+    b.config.bootstrap = [addr(hub)]
+    await b.async_start()
+    await wait_until(lambda: linked(b, a), 20, what="b to reach a at the address PEX told it")
+    assert b.peer(a.node_id).address == addr(a)
