@@ -286,6 +286,9 @@ def load_config(
             data = tomllib.loads(config_path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise InvalidRequest(f"{config_path}: not valid TOML: {exc}") from exc
+        except UnicodeDecodeError as exc:  # damaged (a crash, a bad copy): was a traceback
+            raise InvalidRequest(f"{config_path}: not valid TOML: not UTF-8 text (byte {exc.start}); fix it, or "
+                                 "move it away to start with the defaults") from None
         apply_overrides(cfg, _flatten_toml(data), str(config_path))
     apply_overrides(cfg, {k: v for k, v in env.items() if k != "data_dir"}, "environment")
     apply_overrides(cfg, {k: v for k, v in cli.items() if k != "data_dir"}, "command line")

@@ -154,15 +154,35 @@ def ensure_data_dir(data_dir: Path) -> None:
     (data_dir / MODELS_DIR).mkdir(exist_ok=True)
     config = data_dir / CONFIG_FILE
     if not config.exists():
-        write_private(config, DEFAULT_CONFIG_TEXT)
+        tmp = config.with_name(CONFIG_FILE + ".tmp")
+        try:  # whole or not at all: a full disk left an empty config.toml, the next start took it as the user's
+            write_private(tmp, DEFAULT_CONFIG_TEXT)
+            os.replace(tmp, config)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         log.info("created config file %s", config)
+
+
+def read_api_key(data_dir: Path) -> str:
+    """The key in the data dir's `api_key` ("" when there is none). A file that is not text (a
+    crash or a copy damaged it) is a NodeError naming it: clients hold the old key, so it is
+    neither replaced nor overwritten here (it was a UnicodeDecodeError traceback)."""
+    path = data_dir / API_KEY_FILE
+    if not path.is_file():
+        return ""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise NodeError(f"{path} is damaged (not text): put the key your clients use back in it, or "
+                        "move it away to have a new one made", code="api_key_unreadable") from None
 
 
 def load_or_create_api_key(data_dir: Path) -> str:
     """The API key from `api_key` (0600), created on first run."""
     path = data_dir / API_KEY_FILE
     if path.is_file():
-        key = path.read_text(encoding="utf-8").strip()
+        key = read_api_key(data_dir)
         if key:
             if path.stat().st_mode & 0o077:
                 os.chmod(path, 0o600)

@@ -67,7 +67,7 @@ def setup_logging(verbosity: int = 0, data_dir: Path | None = None, *, stderr: b
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         log_path = data_dir / LOG_FILE_NAME
-        file_handler = logging.handlers.RotatingFileHandler(
+        file_handler = LogFileHandler(
             log_path, maxBytes=LOG_FILE_MAX_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8"
         )
         file_handler.setFormatter(formatter)
@@ -78,6 +78,43 @@ def setup_logging(verbosity: int = 0, data_dir: Path | None = None, *, stderr: b
     for noisy in ("aiohttp.access", "zeroconf", "asyncio", "urllib3", "httpx", "httpcore", "openai"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbosity >= 3 else logging.WARNING)
     return log_path
+
+
+class LogFileHandler(logging.handlers.RotatingFileHandler):
+    """node.log. A line it cannot write (a full disk) is said once on stderr, and again when the file
+    takes lines anew, instead of logging's traceback for every line: on a full disk that was some 20
+    lines of `--- Logging error ---` per log line, burying the one that named the problem."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._failing = False  # the last write failed (said once)
+        self._failed_now = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed_now = False
+        super().emit(record)  # (under the handler's lock: the flags need none of their own)
+        if self._failing and not self._failed_now:
+            self._failing = False
+            self._say(f"{self.baseFilename} is written again")
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        self._failed_now = True
+        if self._failing:
+            return
+        self._failing = True
+        exc = sys.exc_info()[1]
+        why = getattr(exc, "strerror", None) or exc
+        self._say(f"cannot write {self.baseFilename} ({why}): its lines are lost until it can be written "
+                  "again (free some space there)")
+
+    @staticmethod
+    def _say(text: str) -> None:
+        stamp = time.strftime(DATE_FORMAT)
+        try:
+            sys.stderr.write(f"{stamp} WARNING node.logs: {text}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):  # no stderr (a windowed app): nothing to say it on
+            pass
 
 
 def progress_extra(label: str, done: int, total: int, *, line: bool) -> dict[str, object]:

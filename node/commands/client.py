@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 from node.config import load_config
-from node.datadir import API_KEY_FILE
+from node.datadir import API_KEY_FILE, read_api_key
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +56,7 @@ class NodeClient:
         cfg = load_config({"port": args.port, "data_dir": args.data_dir})
         self.base = f"http://127.0.0.1:{cfg.port}"
         self.key_file = cfg.data_dir / API_KEY_FILE
-        self.key = self.key_file.read_text(encoding="utf-8").strip() if self.key_file.is_file() else ""
+        self.key = read_api_key(cfg.data_dir)
 
     def request(self, method: str, path: str, body: dict | None = None, stream: bool = False):
         data = json.dumps(body).encode() if body is not None else None

@@ -1,7 +1,8 @@
 """`peers.json` in the data dir: peers seen before (dialled at start-up) and foreign addresses.
 
 `load_peer_cache` / `save_peer_cache` are blocking file I/O, run in an executor. Writes are atomic
-(temp file + rename) so a crash never leaves half a cache; a corrupt cache is logged and ignored.
+(temp file + rename) so a crash never leaves half a cache; a damaged cache is logged and kept aside
+(peers.json.broken).
 `PeerCacheKeeper` is the glue on the loop: it fills the peer table and the foreign addresses at
 start, and saves (debounced, `PEER_CACHE_SAVE_DELAY_S`) when links come and go, and at stop.
 """
@@ -59,10 +60,14 @@ def load_peer_cache(data_dir: Path) -> PeerCache:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return PeerCache()
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         log.warning("peer cache %s is unreadable, ignoring it: %s", path, exc)
         return PeerCache()
+    except ValueError as exc:  # damaged: kept aside (the next save would overwrite it), as swarm.json is
+        _keep_aside(path, exc)
+        return PeerCache()
     if not isinstance(data, dict):
+        _keep_aside(path, "not a JSON object")
         return PeerCache()
     peers = []
     for item in data.get("peers", []) if isinstance(data.get("peers"), list) else []:
@@ -76,6 +81,19 @@ def load_peer_cache(data_dir: Path) -> PeerCache:
     return cache
 
 
+def _keep_aside(path: Path, why: object) -> None:
+    """Move a damaged peers.json to peers.json.broken: the peers it named stay for the user to
+    look at (until 2026-12-06 the first save overwrote it)."""
+    broken = path.with_name(PEER_CACHE_FILE + ".broken")
+    try:
+        os.replace(path, broken)
+    except OSError as exc:
+        log.warning("peer cache %s is damaged, ignoring it: %s (could not move it aside: %s)", path, why,
+                    exc.strerror or exc)
+        return
+    log.warning("peer cache %s is damaged, starting without it (the old file is %s): %s", path, broken.name, why)
+
+
 def save_peer_cache(data_dir: Path, cache: PeerCache) -> None:
     """Write peers.json atomically."""
     path = data_dir / PEER_CACHE_FILE
@@ -86,8 +104,12 @@ def save_peer_cache(data_dir: Path, cache: PeerCache) -> None:
         "foreign": cache.foreign,
     }
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:  # a full disk: the old file stays whole, and no empty .tmp is left beside it
+        tmp.unlink(missing_ok=True)
+        raise
     log.debug("DIAG: peer cache saved %s", kv(count=len(cache.peers)))
 
 
