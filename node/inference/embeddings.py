@@ -102,6 +102,7 @@ async def _embed_whole(models: ModelManager, served: ServedModel, token_lists: l
             log.info("On-demand loading: model is on disk but not loaded request_id=%s model=%s",
                      trace.request_id, served.id)
             await models.async_load(served.id)
+        await models.async_check_file(served)
         engine = served.engine
         if engine is None:
             raise ModelUnavailable(f"model {served.id} was unloaded while the request was starting")

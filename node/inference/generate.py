@@ -370,6 +370,7 @@ class CompletionRun:
             log.info("On-demand loading: model is on disk but not loaded request_id=%s model=%s",
                      trace.request_id, served.id)
             await self.models.async_load(served.id)
+        await self.models.async_check_file(served)
         engine, tok = served.engine, served.tokenizer
         if engine is None or tok is None:  # unloaded by force between load and here
             # seed-000 marker, kept word for word

@@ -56,6 +56,8 @@ class LlamaEngine:
         self.batcher: BatchEngine | None = None  # the generation context, its sequences and loop
         self.embedder: Embedder | None = None  # a context with embeddings on, made on the first embeddings request
         self._calls_waiting = 0  # async_run calls queued for the executor (the batch loop lets them in)
+        self._file: tuple[int, int, int] | None = None  # (st_dev, st_ino, st_size) of the file loaded
+        self.file_change_said = False  # ModelManager.async_check_file logged it
         self._calls_lock = threading.Lock()
 
     @property
@@ -73,6 +75,8 @@ class LlamaEngine:
         low = llama_cpp.llama_cpp
         started = time.monotonic()
         try:
+            st = os.stat(self.path)
+            self._file = (st.st_dev, st.st_ino, st.st_size)
             params = low.llama_model_default_params()
             params.n_gpu_layers = self.n_gpu_layers
             self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=False)
@@ -106,6 +110,22 @@ class LlamaEngine:
         if self.model is not None:
             self.model.close()
             self.model = None
+
+    def file_changed(self) -> str | None:
+        """How the loaded file's size changed since the load, or None (blocking: a stat). llama.cpp
+        maps the file: reading a page past a cut end kills the process with SIGBUS (a `cp` of a new
+        download over the served file did). A file deleted, or replaced by a rename, leaves the
+        mapping whole: None."""
+        if self._file is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        dev, ino, size = self._file
+        if (st.st_dev, st.st_ino) != (dev, ino) or st.st_size == size:
+            return None
+        return f"its size went from {size} to {st.st_size} bytes"
 
     # --- generation ---
 

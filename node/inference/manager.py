@@ -23,6 +23,7 @@ from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
 from node.inference.placement import Placement, place
 from node.inference.tokenizer import ModelTokenizer
+from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry, served_context
 from node.observe import Observers
 
@@ -379,6 +380,24 @@ class ModelManager:
         log.info("Model worker stopped and its memory budget released model=%s device=%s", served.id, served.device)
         self._observers.emit("changed", served)
         return served
+
+    async def async_check_file(self, served: ServedModel) -> None:
+        """503 for a loaded model whose file was cut or rewritten in place since its load (a stat,
+        off the loop): running it would read the mapped file and kill the node (SIGBUS). Until
+        2026-12-06 the next request did; now it is refused until the model is loaded again."""
+        engine = served.engine
+        if engine is None:
+            return
+        changed = await asyncio.get_running_loop().run_in_executor(None, engine.file_changed)
+        if changed is None:
+            return
+        why = (f"the file of model {served.id} ({engine.path}) was changed on disk while it was loaded ({changed}): "
+               "put the file back, or unload and load the model again")
+        if not engine.file_change_said:
+            engine.file_change_said = True
+            log.warning("DIAG: model file changed while loaded, refusing its requests %s",
+                        kv(model=served.id, path=engine.path, change=changed))
+        raise ModelUnavailable(why)
 
     async def async_load_all(self) -> None:
         """Load every registered model (failures are recorded, not raised)."""
