@@ -49,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=chat)
 
 
+class NoNode(SystemExit):
+    """No node answers at the client's address (the message is the exit's)."""
+
+
 class NodeClient:
     """Minimal blocking HTTP client for the node's API (CLI use only)."""
 
@@ -77,8 +81,9 @@ class NodeClient:
             except (ValueError, KeyError, TypeError):
                 pass
             raise SystemExit(f"error: {exc.code} {detail}") from None
-        except urllib.error.URLError as exc:
-            raise SystemExit(f"error: no node answering at {self.base} ({exc.reason}); is `swarmllm run` running?") from None
+        except (urllib.error.URLError, ConnectionError) as exc:
+            raise NoNode(f"error: no node answering at {self.base} ({getattr(exc, 'reason', exc)}); "
+                         "is `swarmllm run` running?") from None
         return resp if stream else resp.read()
 
 
@@ -125,6 +130,11 @@ def download(args: argparse.Namespace) -> int:
             sys.stderr.flush()
             time.sleep(0.5)
             job = json.loads(client.request("GET", f"/api/admin/downloads/{job['id']}"))["download"]
+    except NoNode:  # the node stopped mid-download: say what is kept and how to go on
+        sys.stderr.write(f"\nerror: the node at {client.base} stopped answering during the download; "
+                         f"its partial file ({job['done_bytes'] / 1e6:.1f} MB) is kept: start the node and run "
+                         "the same download again to resume it\n")
+        return 1
     except KeyboardInterrupt:
         client.request("POST", f"/api/admin/downloads/{job['id']}/cancel")
         sys.stderr.write("\ncancelled\n")

@@ -1,0 +1,38 @@
+"""`swarmllm download` against a real node process and a local origin: a node that stops mid-download
+is said as that, with what is kept and how to go on (it was "no node answering …; is `swarmllm
+run` running?", though the user had just watched it download)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support.nodes import tiny_model
+from tests.support.processes import REPO, NodeProcess, hermetic_env
+from tests.support.rangeserver import ThreadedOrigin
+from tests.support.waiting import wait_until_sync
+
+
+def test_a_node_stopping_mid_download_says_the_part_is_kept_and_how_to_resume(tmp_path):
+    data = tiny_model(tmp_path).read_bytes()
+    half = len(data) // 2
+    with ThreadedOrigin(data, name="m.gguf") as origin:
+        origin.stall_after = half  # the download hangs there until the node is stopped
+        node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"])
+        try:
+            node.wait_ready(path="/health")
+            cli = subprocess.Popen(
+                [sys.executable, "-m", "node.cli", "download", origin.url, "-p", str(node.port),
+                 "--data-dir", str(node.data_dir)],
+                cwd=REPO, env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            part = node.data_dir / "models" / "m.gguf.part"
+            wait_until_sync(lambda: origin.sent >= half, 60, what="bytes arriving")
+            node.terminate()
+            out, err = cli.communicate(timeout=60)
+        finally:
+            origin.release.set()
+            node.terminate()
+    assert cli.returncode == 1, (out, err)
+    assert "stopped answering during the download" in err and "is kept" in err and "resume" in err, err
+    assert "is `swarmllm run` running?" not in err
+    assert part.stat().st_size > 0  # what the message promises
