@@ -14,6 +14,9 @@ log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 OPEN_PATHS = {"/health", "/health/ready", "/metrics"}  # no key needed (still Host-checked)
+# llama-server's own inference routes (api/llama_native.py): the key as on /v1
+NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template",
+                          "/props"})
 
 
 def _host_name(host_header: str) -> str:
@@ -55,7 +58,8 @@ def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hos
             log.warning("DIAG: rejected request with a non-loopback Host header path=%s", request.path)
             raise ForbiddenHost("Host header is not a loopback name; refusing (DNS-rebinding protection)")
         path = request.path
-        needs_key = path.startswith("/api/admin") or (path.startswith("/v1") and inference_needs_key)
+        needs_key = path.startswith("/api/admin") or (
+            (path.startswith("/v1") or path in NATIVE_PATHS) and inference_needs_key)
         if needs_key and path not in OPEN_PATHS:
             key = presented_key(request)
             if not key or not hmac.compare_digest(key.encode(), api_key.encode()):

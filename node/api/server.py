@@ -6,7 +6,7 @@ import logging
 
 from aiohttp import web
 
-from node.api import admin, anthropic, cors, openai, openai_responses
+from node.api import admin, anthropic, cors, llama_native, openai, openai_responses
 from node.api.appkeys import MAX_BODY, NODE
 from node.api.auth import make_auth_middleware
 from node.api.errors import error_middleware
@@ -57,6 +57,7 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
     app.router.add_get("/metrics", metrics)
     app.add_routes(openai.routes)
     app.add_routes(anthropic.routes)
+    app.add_routes(llama_native.routes)
     app.add_routes(openai_responses.routes)
     openai_responses.install(app)
     app.add_routes(admin.routes)

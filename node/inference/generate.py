@@ -181,7 +181,11 @@ class CompletionRun:
                 messages = messages[:-1]
             return await loop.run_in_executor(None, tok.chat_tokens, messages, tools, prefill or ""), fmt
         if self.request.suffix is not None:
-            return await loop.run_in_executor(None, tok.infill_tokens, self.request.prompt, self.request.suffix), None
+            req = self.request
+            # other files' context fills what the code and the reply leave of the context (llama-server's rule)
+            room = served.n_ctx - 2 * (req.params.max_tokens or const.DEFAULT_MAX_TOKENS)
+            return await loop.run_in_executor(None, tok.infill_tokens, req.prompt, req.suffix, req.infill_extra,
+                                              req.infill_middle, room), None
         return await loop.run_in_executor(None, tok.tokenize, self.request.prompt), None
 
     def _prefill(self) -> str | None:

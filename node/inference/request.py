@@ -92,6 +92,9 @@ class CompletionRequest:
     messages: tuple[dict, ...] = ()
     prompt: str = ""  # text completions
     suffix: str | None = None  # text completions: fill in the middle between `prompt` and this
+    # llama-server's /infill: other files' (filename, text) put before the code, and the middle's start
+    infill_extra: tuple[tuple[str, str], ...] = ()
+    infill_middle: str = ""
     response_format: ResponseFormat | None = None
     tools: tuple[ToolSpec, ...] = ()
     # "none" | "auto" | "required" | "function" (then tool_choice_name names it)

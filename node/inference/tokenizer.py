@@ -18,6 +18,8 @@ from node.inference.chat import render_chat
 
 log = logging.getLogger(__name__)
 
+_SNIPPET = "\n\n--- snippet ---\n\n"  # before each extra chunk when the model has no FIM_SEP (as llama-server)
+
 
 class ModelTokenizer:
     """llama.cpp's tokenizer for one GGUF file."""
@@ -51,16 +53,23 @@ class ModelTokenizer:
         log.debug("DIAG: tokenizer loaded file=%s n_vocab=%d add_bos=%s elapsed_ms=%d", path.name,
                   self.n_vocab, self.add_bos, (time.monotonic() - started) * 1000)
 
-    def tokenize(self, text: str, *, add_bos: bool | None = None) -> list[int]:
-        """Token ids of text; special tokens written in the text (e.g. `<|im_start|>`) are parsed."""
+    def tokenize(self, text: str, *, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        """Token ids of text; special tokens written in the text (e.g. `<|im_start|>`) are parsed
+        (`special=False`: taken as text)."""
         bos = self.add_bos if add_bos is None else add_bos
-        return self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=True)
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=special)
 
-    def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
+    def infill_tokens(self, prefix: str, suffix: str, extra: tuple[tuple[str, str], ...] = (), middle: str = "",
+                      max_prompt_tokens: int | None = None) -> list[int]:
         """A fill-in-the-middle prompt, as llama-server's /infill writes it (prefix-suffix-middle):
-        [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID; the reply is the middle. The code is taken as
-        text (special-token names in it are not parsed). Unsupported (400) for a model without the
-        three tokens: only code models trained for infilling have them."""
+        [BOS] [extra] FIM_PRE prefix middle FIM_SUF suffix FIM_MID; the reply is the middle. The code
+        is taken as text (special-token names in it are not parsed). `extra`: (filename, text) chunks
+        of other files (llama-server's `input_extra`), in the repo-level pattern when the model has
+        FIM_REP / FIM_SEP (FIM_REP "myproject\\n", FIM_SEP filename "\\n" text ..., FIM_SEP
+        "filename\\n"), else each text after a "--- snippet ---" line; only its end is kept where the
+        whole would pass `max_prompt_tokens` (the code around the cursor is never cut). `middle`:
+        the start of the middle, already written (its `prompt`). Unsupported (400) for a model without
+        the three FIM tokens: only code models trained for infilling have them."""
         ids = [f(self._vocab) for f in (self._llama_cpp.llama_vocab_fim_pre, self._llama_cpp.llama_vocab_fim_suf,
                                          self._llama_cpp.llama_vocab_fim_mid)]
         if min(ids) < 0:
@@ -72,7 +81,21 @@ class ModelTokenizer:
         def text(t: str) -> list[int]:
             return self._llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) if t else []
 
-        return [self.bos_id] * (self.add_bos and self.bos_id >= 0) + [pre, *text(prefix), suf, *text(suffix), mid]
+        context: list[int] = []
+        rep, sep = self._llama_cpp.llama_vocab_fim_rep(self._vocab), self._llama_cpp.llama_vocab_fim_sep(self._vocab)
+        if extra and rep >= 0:
+            context += [rep, *text("myproject\n")]
+        for filename, chunk in extra:
+            context += [sep, *text(filename + "\n")] if sep >= 0 else text(_SNIPPET)
+            context += text(chunk)
+        if extra and sep >= 0:
+            context += [sep, *text("filename\n")]
+        bos = [self.bos_id] * (self.add_bos and self.bos_id >= 0)
+        code = [pre, *text(prefix), *text(middle), suf, *text(suffix), mid]
+        if max_prompt_tokens is not None:
+            keep = max(0, max_prompt_tokens - len(bos) - len(code))
+            context = context[len(context) - min(len(context), keep):]
+        return [*bos, *context, *code]
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The prompt text for chat messages (and the tools, OpenAI's shape) under the model's own
