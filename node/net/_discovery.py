@@ -92,15 +92,15 @@ class Discovery:
         node is deaf and mute on the new LAN); a start that failed (the interface not ready yet) is
         tried again at the next check."""
         loop = asyncio.get_running_loop()
-        current = sorted(ips)
+        current = list(ips)  # most likely reachable first (local_ipv4_addresses), as at start
         while True:
             await asyncio.sleep(const.MDNS_ADDRESS_CHECK_S)
             try:
-                now = sorted(await loop.run_in_executor(None, local_ipv4_addresses))
+                now = await loop.run_in_executor(None, local_ipv4_addresses)
             except OSError:
                 continue
-            changed = now != current
-            if changed:
+            changed = set(now) != set(current)  # what mDNS announces (a new order alone does not restart it)
+            if now != current:  # the order too: the default route moved (Ethernet plugged in)
                 log.info("DIAG: host addresses changed %s", kv(old=",".join(current), new=",".join(now)))
                 current = now
                 self.on_addresses(now)

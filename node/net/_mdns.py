@@ -35,9 +35,18 @@ SERVICE_TYPE = "_swarmllm._tcp.local."
 Found = Callable[[str, list[str]], None]  # (node id, ["host:port", ...])
 
 
+# interfaces that are rarely how another machine reaches this one: container and VM bridges, veth ends
+_VIRTUAL_PREFIXES = ("docker", "br-", "veth", "virbr", "vboxnet", "vmnet", "cni", "flannel", "podman", "lxc", "lxd")
+_ROUTE_PROBE = ("198.51.100.1", 9)  # TEST-NET-2: routed like any internet address, never sent to
+
+
 def local_ipv4_addresses() -> list[str]:
-    """This host's IPv4 addresses other than loopback and link-local (blocking, fast)."""
-    out = []
+    """This host's IPv4 addresses other than loopback and link-local (blocking, fast), most likely
+    reachable first: the default route's source address, then the other interfaces in the host's
+    order, container/VM bridges last. Start-up and the address-change check both use this order;
+    an invite keeps the first four (until 2026-12-06 a change sorted them as text, so 10.x, 100.64.x
+    and 172.x bridges and VPNs went ahead of 192.168.x and invites could lack the LAN address)."""
+    found: list[tuple[str, str]] = []
     for adapter in ifaddr.get_adapters():
         for ip in adapter.ips:
             if not isinstance(ip.ip, str):
@@ -45,9 +54,22 @@ def local_ipv4_addresses() -> list[str]:
             addr = ipaddress.ip_address(ip.ip)
             if addr.is_loopback or addr.is_link_local:
                 continue
-            if ip.ip not in out:
-                out.append(ip.ip)
-    return out
+            if all(ip.ip != a for a, _ in found):
+                found.append((ip.ip, str(adapter.name)))
+    default = default_route_ipv4()
+    found.sort(key=lambda f: (f[0] != default, f[1].lower().startswith(_VIRTUAL_PREFIXES)))
+    return [a for a, _ in found]
+
+
+def default_route_ipv4() -> str | None:
+    """The address this host sends from to the internet (its default route), or None without one.
+    A UDP connect only picks the route: nothing is sent."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect(_ROUTE_PROBE)
+            return sock.getsockname()[0]
+    except OSError:
+        return None
 
 
 class MdnsDiscovery:
