@@ -248,10 +248,12 @@ class Dialer:
                 return link
             won, failures = await async_dial_first(self._tls, addrs, rec.node_id)
             for addr, exc in failures:
-                if isinstance(exc, PeerIdentityMismatch) and addr in rec.addrs:
-                    rec.addrs.remove(addr)  # someone else lives there now
+                if isinstance(exc, PeerIdentityMismatch):
+                    rec.remove_addr(addr)  # someone else lives there now
                 elif isinstance(exc, NotSwarmPeer):
                     self._foreign.note_addr(addr, exc, "peer")
+                else:
+                    self._addr_failed(rec, addr, exc)
                 errors.append(exc.message)
             if won is None:
                 break
@@ -277,6 +279,11 @@ class Dialer:
             except PeerError as exc:
                 errors.append(exc.message)
         raise PeerUnreachable("; ".join(errors) or "no address known")
+
+    def _addr_failed(self, rec: PeerRecord, addr: str, exc: PeerError) -> None:
+        if rec.addr_failed(addr, time.time()):
+            log.info("DIAG: dropping a peer address that stopped working %s", kv(
+                peer_id=rec.short_id, addr=addr, error=exc.message, kept=",".join(rec.addrs[:4])))
 
     async def async_connect(self, addr: str, node_id: str | None, *, site: str) -> PeerLink:
         """Dial addr directly (node_id: identity it must prove, None for any) and set up the link."""
@@ -335,6 +342,8 @@ class Dialer:
                     return  # replaced or gone meanwhile
                 won, failures = await async_dial_first(self._tls, candidates, rec.node_id)
                 errors += [f"{addr}: {exc.message}" for addr, exc in failures]
+                for addr, exc in failures:
+                    self._addr_failed(rec, addr, exc)
                 if won is None:
                     break
                 addr, stream, _ = won

@@ -39,6 +39,7 @@ class CachedPeer:
     addrs: list[str] = field(default_factory=list)
     relays: list[str] = field(default_factory=list)
     last_seen: float | None = None
+    failing: dict[str, list[float]] = field(default_factory=dict)  # addr -> [failing since (unix), failed dials]
 
 
 @dataclass
@@ -51,6 +52,14 @@ class PeerCache:
 
 def _str_list(value: object) -> list[str]:
     return [v for v in value if isinstance(v, str)][:16] if isinstance(value, list) else []
+
+
+def _failing(value: object, addrs: list[str]) -> dict[str, list[float]]:
+    if not isinstance(value, dict):
+        return {}
+    return {a: [float(v[0]), float(v[1])] for a, v in value.items()
+            if a in addrs and isinstance(v, list) and len(v) == 2
+            and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)}
 
 
 def load_peer_cache(data_dir: Path) -> PeerCache:
@@ -73,9 +82,10 @@ def load_peer_cache(data_dir: Path) -> PeerCache:
     for item in data.get("peers", []) if isinstance(data.get("peers"), list) else []:
         if isinstance(item, dict) and is_node_id(item.get("node_id")):
             seen = item.get("last_seen")
-            peers.append(CachedPeer(item["node_id"], _str_list(item.get("addrs")),
-                                    _str_list(item.get("relays")),
-                                    float(seen) if isinstance(seen, int | float) else None))
+            addrs = _str_list(item.get("addrs"))
+            peers.append(CachedPeer(item["node_id"], addrs, _str_list(item.get("relays")),
+                                    float(seen) if isinstance(seen, int | float) else None,
+                                    _failing(item.get("failing"), addrs)))
     cache = PeerCache(peers, _str_list(data.get("foreign")))
     log.debug("DIAG: peer cache loaded %s", kv(count=len(cache.peers), foreign=len(cache.foreign)))
     return cache
@@ -99,8 +109,8 @@ def save_peer_cache(data_dir: Path, cache: PeerCache) -> None:
     path = data_dir / PEER_CACHE_FILE
     data = {
         "version": _VERSION,
-        "peers": [{"node_id": p.node_id, "addrs": p.addrs, "relays": p.relays, "last_seen": p.last_seen}
-                  for p in cache.peers],
+        "peers": [{"node_id": p.node_id, "addrs": p.addrs, "relays": p.relays, "last_seen": p.last_seen,
+                   "failing": p.failing} for p in cache.peers],
         "foreign": cache.foreign,
     }
     tmp = path.with_name(path.name + ".tmp")
@@ -137,6 +147,9 @@ class PeerCacheKeeper:
             rec.last_seen = peer.last_seen
             for addr in peer.addrs:
                 rec.add_addr(addr)
+            for addr, entry in peer.failing.items():  # how long each has failed counts across restarts
+                if addr in rec.addrs:
+                    rec.addr_failing.setdefault(addr, list(entry))
             for relay in peer.relays:
                 rec.add_relay(relay)
 
@@ -158,9 +171,12 @@ class PeerCacheKeeper:
         self._save_handle = None
         now = time.time()
         recs = sorted(self._table, key=lambda r: -(now if r.link else (r.last_seen or 0)))
-        peers = [CachedPeer(r.node_id, [a for a in r.addrs if a not in self._self_addrs][:8], r.relays[:4],
-                            now if r.link else r.last_seen)
-                 for r in recs if (r.addrs or r.relays) and r.node_id not in self._foreign.ids]
+        peers = []
+        for r in recs:
+            if (r.addrs or r.relays) and r.node_id not in self._foreign.ids:
+                addrs = [a for a in r.addrs if a not in self._self_addrs][:8]
+                peers.append(CachedPeer(r.node_id, addrs, r.relays[:4], now if r.link else r.last_seen,
+                                        {a: list(r.addr_failing[a]) for a in addrs if a in r.addr_failing}))
         cache = PeerCache(peers[: const.PEER_CACHE_MAX], sorted(self._foreign.addrs)[:1024])
         try:
             await asyncio.get_running_loop().run_in_executor(None, save_peer_cache, self._data_dir, cache)

@@ -76,6 +76,8 @@ class PeerRecord:
     link: PeerLink | None = None
     hello: Hello | None = None
     addrs: list[str] = field(default_factory=list)  # direct "host:port", most recently good first
+    # addr -> [unix time of its first failed dial since it last worked, failed dials since]
+    addr_failing: dict[str, list[float]] = field(default_factory=dict)
     relays: list[str] = field(default_factory=list)  # relay "host:port" it is registered at
     sources: set[str] = field(default_factory=set)  # bootstrap, mdns, pex, cache, relay, inbound
     rto: RtoEstimator = field(default_factory=RtoEstimator)
@@ -95,7 +97,9 @@ class PeerRecord:
         return short_id(self.node_id)
 
     def add_addr(self, addr: str, *, front: bool = False) -> bool:
-        """Remember a direct address; True if it was new."""
+        """Remember a direct address (front: it just worked); True if it was new."""
+        if front:
+            self.addr_failing.pop(addr, None)
         if addr in self.addrs:
             if front:
                 self.addrs.remove(addr)
@@ -107,7 +111,32 @@ class PeerRecord:
             del self.addrs[const.PEER_MAX_ADDRS - 1:]
             self.addrs.append(addr)
         del self.addrs[const.PEER_MAX_ADDRS:]
+        for gone in self.addr_failing.keys() - set(self.addrs):
+            del self.addr_failing[gone]
         return True
+
+    def addr_failed(self, addr: str, now: float) -> bool:
+        """A dial to addr failed; True if that dropped it: it has failed for PEER_ADDR_STALE_S, at
+        least PEER_ADDR_STALE_FAILURES times, and not worked since (an old DHCP lease, a Wi-Fi left
+        behind; until 2026-12-06 every address a peer ever had was kept and dialled, in memory and
+        in peers.json). The most recently good address (the first) is kept: a peer that is only away
+        comes back there."""
+        if addr not in self.addrs:
+            return False
+        entry = self.addr_failing.setdefault(addr, [now, 0])
+        entry[1] += 1
+        if (entry[1] < const.PEER_ADDR_STALE_FAILURES or now - entry[0] < const.PEER_ADDR_STALE_S
+                or addr == self.addrs[0]):
+            return False
+        self.addrs.remove(addr)
+        del self.addr_failing[addr]
+        return True
+
+    def remove_addr(self, addr: str) -> None:
+        """Forget a direct address (someone else lives there now)."""
+        if addr in self.addrs:
+            self.addrs.remove(addr)
+        self.addr_failing.pop(addr, None)
 
     def add_relay(self, relay: str) -> bool:
         """Remember a relay the peer is registered at; True if it was new."""

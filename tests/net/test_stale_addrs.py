@@ -1,0 +1,69 @@
+"""A peer's addresses that stopped working are dropped; the one that worked last is kept (real
+managers on loopback, real TLS, peers.json on disk).
+
+Until 2026-12-06 only a wrong-identity answer removed an address: every DHCP lease and Wi-Fi a
+peer ever had stayed in the table and in peers.json, and was dialled at every reconnect.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from node import const
+from node.net import PeerManager
+from tests.support.waiting import wait_until
+
+from .util import addr
+
+
+def _cached_addrs(manager: PeerManager, node_id: str) -> list[str]:
+    data = json.loads((manager.config.data_dir / "peers.json").read_text())
+    return next(p["addrs"] for p in data["peers"] if p["node_id"] == node_id)
+
+
+async def test_dead_addresses_are_dropped_and_the_last_good_one_kept(make_manager, fast_net, monkeypatch, caplog):
+    monkeypatch.setattr(const, "PEER_ADDR_STALE_S", 1.0, raising=False)
+    b = await make_manager("b")
+    good, port, b_id = addr(b), b.listen_port, b.node_id
+    await b.async_stop()  # b is away for a while
+    dead = [f"127.0.0.{i}:{port}" for i in (2, 3)]  # its old leases: nobody listens there
+    a = await make_manager("a", start=False)
+    (a.config.data_dir / "peers.json").write_text(json.dumps({"version": 1, "foreign": [], "peers": [
+        {"node_id": b_id, "addrs": [good, *dead], "relays": [], "last_seen": time.time() - 60}]}))
+    caplog.set_level("INFO", logger="node.net")
+    await a.async_start()
+    rec = a.table.get(b_id)
+    await wait_until(lambda: rec.addrs == [good], 30,
+                     what=f"a to drop b's dead addresses and keep its last good one ({rec.addrs})")
+    assert "DIAG: dropping a peer address that stopped working" in caplog.text
+    b2 = await make_manager("b", peer_port=port)  # b is back where it worked last
+    await wait_until(lambda: a.link(b2.node_id) is not None, 20, what="a to reach b at its good address")
+    assert rec.addrs == [good] and not rec.addr_failing  # it worked: no longer counted as failing
+    await a.discovery.async_save_cache()
+    assert _cached_addrs(a, b_id) == [good]
+
+
+async def test_a_short_outage_drops_nothing_and_failures_survive_a_restart(make_manager, fast_net, monkeypatch):
+    """Failing for less than PEER_ADDR_STALE_S drops nothing; how long an address has failed is kept
+    in peers.json, so a node restarted often still drops it in time."""
+    b = await make_manager("b")
+    good, port, b_id = addr(b), b.listen_port, b.node_id
+    await b.async_stop()
+    dead = f"127.0.0.2:{port}"
+    a = await make_manager("a", start=False)
+    (a.config.data_dir / "peers.json").write_text(json.dumps({"version": 1, "foreign": [], "peers": [
+        {"node_id": b_id, "addrs": [good, dead], "relays": [], "last_seen": time.time() - 60}]}))
+    await a.async_start()
+    rec = a.table.get(b_id)
+    await wait_until(lambda: rec.addr_failing.get(dead, [0, 0])[1] >= const.PEER_ADDR_STALE_FAILURES, 30,
+                     what="several failed dials to the dead address")
+    assert rec.addrs == [good, dead]  # a day has not passed
+    await a.async_stop()
+    data = json.loads((a.config.data_dir / "peers.json").read_text())
+    failing = next(p["failing"] for p in data["peers"] if p["node_id"] == b_id)
+    assert failing[dead][1] >= const.PEER_ADDR_STALE_FAILURES
+    since = failing[dead][0]
+    a2 = await make_manager("a", start=False)
+    await a2.async_start()
+    assert a2.table.get(b_id).addr_failing[dead][0] == since
