@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.api.anthropic_blocks import document_text, search_result_text, text_blocks, tool_result
 from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.errors import read_json, to_anthropic
@@ -100,37 +101,6 @@ def _check_keys(body: dict, allowed: set[str]) -> None:
             raise InvalidRequest(f"{key}: Extra inputs are not permitted", param=key)
 
 
-def _text_blocks(value: Any, where: str) -> str:
-    """A string, or a list of text blocks joined."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise InvalidRequest(f"{where}: must be a string or a list of text blocks", param=where)
-    texts = []
-    for i, block in enumerate(value):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise InvalidRequest(f"{where}.{i}: expected a text block, got {kind}", param=where)
-        texts.append(block["text"])
-    return "".join(texts)
-
-
-def _tool_result(block: dict, where: str) -> dict:
-    tool_use_id = block.get("tool_use_id")
-    if not isinstance(tool_use_id, str) or not tool_use_id:
-        raise InvalidRequest(f"{where}.tool_use_id: Field required", param=where)
-    content = block.get("content", "")
-    if isinstance(content, list):
-        for i, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") not in ("text", None):
-                raise Unsupported(f"{where}.content.{i}: only text tool results are supported, got "
-                                  f"{part.get('type')}", param=where)
-    text = _text_blocks(content, f"{where}.content")
-    if block.get("is_error"):
-        text = f"Error: {text}"  # the template has no is_error field; the model reads it in the text
-    return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
-
-
 def _tool_use(block: dict, where: str) -> ToolCall:
     tid, name, args = block.get("id"), block.get("name"), block.get("input")
     if not isinstance(tid, str) or not tid:
@@ -169,10 +139,16 @@ def _turn(msg: Any, index: int) -> list[dict]:
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, bwhere))
         elif kind == "tool_result" and role == "user":
-            results.append(_tool_result(block, bwhere))
+            results.append(tool_result(block, bwhere))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # an earlier turn's thinking: Anthropic's API leaves it out of the context too
-        elif kind in ("image", "document", "search_result", "thinking", "redacted_thinking", "server_tool_use",
+        elif kind == "document" and role == "user":
+            texts.append(document_text(block, bwhere))  # its own keys checked there
+            continue
+        elif kind == "search_result" and role == "user":
+            texts.append(search_result_text(block, bwhere))
+            continue
+        elif kind in ("image", "thinking", "redacted_thinking", "server_tool_use",
                       "web_search_tool_result", "container_upload"):
             raise Unsupported(f"{bwhere}: {kind} content blocks are not supported by this node", param="messages")
         elif kind in ("tool_use", "tool_result"):
@@ -200,7 +176,7 @@ def _turn(msg: Any, index: int) -> list[dict]:
 def _messages(body: dict) -> tuple[dict, ...]:
     out: list[dict] = []
     if "system" in body and body["system"] is not None:
-        system = _text_blocks(body["system"], "system")
+        system = text_blocks(body["system"], "system")
         if system:
             out.append({"role": "system", "content": system})
     messages = body.get("messages")
