@@ -173,6 +173,22 @@ def _turn(msg: Any, index: int) -> list[dict]:
     return turns
 
 
+def _append_combined(out: list[dict], turn: dict) -> None:
+    """Consecutive user (or assistant) turns are one turn, as Anthropic's API combines them: their
+    texts a paragraph apart, an assistant's calls in order. Templates that check the roles alternate
+    (Mistral's, Gemma's) refused them with a 400, the others rendered two turns."""
+    last = out[-1] if out else None
+    if last is None or last["role"] != turn["role"] or turn["role"] not in ("user", "assistant"):
+        out.append(turn)
+        return
+    texts = [t for t in (last["content"], turn["content"]) if t]
+    merged = {**last, "content": "\n\n".join(texts)}
+    calls = [*(last.get("tool_calls") or ()), *(turn.get("tool_calls") or ())]
+    if calls:
+        merged["tool_calls"] = calls
+    out[-1] = merged
+
+
 def _messages(body: dict) -> tuple[dict, ...]:
     out: list[dict] = []
     if "system" in body and body["system"] is not None:
@@ -183,7 +199,8 @@ def _messages(body: dict) -> tuple[dict, ...]:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages: Field required (a non-empty list)", param="messages")
     for i, msg in enumerate(messages):
-        out.extend(_turn(msg, i))
+        for turn in _turn(msg, i):
+            _append_combined(out, turn)
     out = link_tool_results(out, "messages")  # a final assistant turn is continued (a prefill)
     return tuple(out)
 

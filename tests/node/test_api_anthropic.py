@@ -5,6 +5,7 @@ here as on /v1/chat/completions: the same prompt tokens and, greedy, the same re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import aiohttp
 import anthropic
@@ -131,6 +132,30 @@ async def test_the_second_turn_reads_its_prefix_from_the_cache(client, oai, mode
         final = await stream.get_final_message()
     assert final.usage.cache_read_input_tokens >= prompt_tokens(msg.usage), final.usage
     assert final.usage.input_tokens + final.usage.cache_read_input_tokens == counted
+
+
+MISTRAL = Path(__file__).resolve().parent.parent / "fixtures" / "templates" / "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+
+
+@pytest.mark.parametrize("template", ["default", "mistral"])
+async def test_consecutive_turns_of_one_role_are_one_turn(node, client, model_id, template, monkeypatch):
+    """Anthropic's API combines consecutive user (or assistant) turns; agents send them (a reminder
+    after a tool result, a note after the question). Here they were two turns: a template that
+    checks the roles alternate (Mistral's) failed the request with a 400, the others rendered a
+    conversation the client never sent. Now the texts are one turn, a paragraph apart."""
+    if template == "mistral":
+        monkeypatch.setattr(node.models.all()[0].tokenizer, "chat_template", MISTRAL.read_text())
+    split = [*user("hello"), *user([{"type": "text", "text": QUESTION}]),
+             {"role": "assistant", "content": "Use open()."}, {"role": "assistant", "content": "It returns a file."},
+             *user("And to read it?")]
+    joined = [*user("hello\n\n" + QUESTION), {"role": "assistant", "content": "Use open().\n\nIt returns a file."},
+              *user("And to read it?")]
+    counted = await client.messages.count_tokens(model=model_id, messages=split)
+    assert counted.input_tokens == (await client.messages.count_tokens(model=model_id, messages=joined)).input_tokens
+    msg = await client.messages.create(model=model_id, max_tokens=8, messages=split, extra_body=GREEDY)
+    same = await client.messages.create(model=model_id, max_tokens=8, messages=joined, extra_body=GREEDY)
+    assert prompt_tokens(msg.usage) == counted.input_tokens
+    assert msg.content == same.content
 
 
 async def test_a_final_assistant_turn_is_continued_as_the_text_route_continues_it(node, client, oai, model_id):
