@@ -97,8 +97,12 @@ def search_result_text(block: dict, where: str) -> str:
     return _tagged("search_result", [("source", source), ("title", title)], text)
 
 
+IMAGE_LEFT_OUT = "[an image was left out: this model reads text only]"
+
+
 def tool_result(block: dict, where: str) -> dict:
-    """A tool_result block as a tool message: its text, documents and search results."""
+    """A tool_result block as a tool message: its text, documents and search results; an image in
+    it becomes IMAGE_LEFT_OUT (an image a user sends is still a 400: they expect it seen)."""
     tool_use_id = block.get("tool_use_id")
     if not isinstance(tool_use_id, str) or not tool_use_id:
         raise InvalidRequest(f"{where}.tool_use_id: Field required", param=where)
@@ -116,6 +120,10 @@ def tool_result(block: dict, where: str) -> dict:
                 parts.append(part["text"])
             elif kind in ("text", None):
                 raise InvalidRequest(f"{pwhere}: expected a text block, got {kind}", param=where)
+            elif kind == "image" and isinstance(part.get("source"), dict):
+                # a tool's picture (Claude Code reads a screenshot): the model is told it was left out.
+                # A 400 here failed that request and every later one, the image staying in the history.
+                parts.append(IMAGE_LEFT_OUT)
             else:
                 raise Unsupported(f"{pwhere}: {kind} tool results are not supported by this node "
                                   "(text, documents and search results are)", param=where)

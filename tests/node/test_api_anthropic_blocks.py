@@ -103,3 +103,21 @@ async def test_documents_this_node_cannot_read_are_400s_naming_them(client, mode
     assert err.value.body["error"]["type"] == "invalid_request_error"
     assert "messages.0.content.0.source" in err.value.body["error"]["message"]
     assert needle in err.value.body["error"]["message"]
+
+
+async def test_an_image_a_tool_returned_is_left_out_and_said_an_image_a_user_sends_is_a_400(client, model_id):
+    """Claude Code reads a screenshot with a tool: a 400 for the image failed that request and every
+    later one (it stays in the history). The model is told it was left out instead; an image the
+    user sends is still a 400, as they expect it seen."""
+    png = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    call = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "screen"}}]}
+    turns = [{"role": "user", "content": "What is on the screen?"}, call, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "shot:"}, png]}]}]
+    expected = [*turns[:2], {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1",
+         "content": "shot:[an image was left out: this model reads text only]"}]}]
+    await same_prompt_and_reply(client, model_id, turns, expected, tools=[TOOL])
+    with pytest.raises(anthropic.BadRequestError):
+        await client.messages.create(model=model_id, max_tokens=4, messages=[
+            {"role": "user", "content": [png, {"type": "text", "text": "What is this?"}]}])
