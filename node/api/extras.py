@@ -21,7 +21,7 @@ from node.errors import InvalidRequest, Unsupported
 log = logging.getLogger(__name__)
 
 # accepted, no effect on the output: the prefix cache is always on, one slot pool, sampler order is ours
-_HINTS = {"cache_prompt", "id_slot", "slot_id", "timings_per_token", "samplers", "sampler_order",
+_HINTS = {"t_max_predict_ms", "cache_prompt", "id_slot", "slot_id", "timings_per_token", "samplers", "sampler_order",
           "n_keep", "min_keep", "penalize_nl", "return_tokens", "mirostat_tau", "mirostat_eta",
           "dynatemp_exponent", "xtc_threshold", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
           "dry_sequence_breakers"}
@@ -70,6 +70,19 @@ def _logit_bias(value: Any) -> Any:
             raise InvalidRequest("`logit_bias` as a list must hold [token id, bias or false] pairs", param="logit_bias")
         out[str(pair[0])] = -100 if pair[1] is False else pair[1]
     return out
+
+
+def predict_time_limit(body: dict) -> int | None:
+    """llama-server's `t_max_predict_ms` (llama.vscode and llama.vim send it so a code completion
+    stays short): None for 0 or absent, else a positive whole number of ms (CompletionRequest
+    .predict_time_limit_ms)."""
+    value = body.get("t_max_predict_ms")
+    if value is None or value == 0:
+        return None
+    if not _is_number(value) or value < 0:
+        raise InvalidRequest("`t_max_predict_ms` must be a number of milliseconds, 0 for no limit",
+                             param="t_max_predict_ms")
+    return max(1, int(value))
 
 
 def normalize(body: dict) -> dict:

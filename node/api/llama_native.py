@@ -35,10 +35,10 @@ log = logging.getLogger(__name__)
 
 routes = web.RouteTableDef()
 
-# llama-server's per-request knobs with no effect on what this node writes: time limits for code
-# completion (the reply still ends at n_predict, a stop or the model's end), progress events, the
+# llama-server's per-request knobs with no effect on what this node writes: the prompt's time
+# limit (t_max_predict_ms is applied: CompletionRequest.predict_time_limit_ms), progress events, the
 # KV-shift reuse chunk, the minimum indent (llama.vim), the SSE ping interval
-_HINTS = {"t_max_predict_ms", "t_max_prompt_ms", "n_indent", "return_progress", "n_cache_reuse",
+_HINTS = {"t_max_prompt_ms", "n_indent", "return_progress", "n_cache_reuse",
           "sse_ping_interval", "post_sampling_probs"}
 _INFILL_KEYS = ("input_prefix", "input_suffix", "input_extra")
 

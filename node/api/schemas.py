@@ -317,6 +317,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     """Validate a /v1/chat/completions (kind="chat") or /v1/completions (kind="text") body."""
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
+    time_limit = extras.predict_time_limit(body)
     body = extras.normalize(body)
     _check_keys(body, _CHAT_KEYS if kind == "chat" else _COMPLETION_KEYS)
     _hints(body)
@@ -368,7 +369,8 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
             raise InvalidRequest("`parallel_tool_calls` must be a boolean", param="parallel_tool_calls")
         return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body),
                                  tools=tools, tool_choice=choice, tool_choice_name=choice_name,
-                                 parallel_tool_calls=parallel, response_format=response_format)
+                                 parallel_tool_calls=parallel, response_format=response_format,
+                                 predict_time_limit_ms=time_limit)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -382,7 +384,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         raise InvalidRequest("`suffix` must be a string", param="suffix")
     return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt,
                              suffix=suffix or None,  # "" asks for nothing (OpenAI's default)
-                             response_format=response_format)
+                             response_format=response_format, predict_time_limit_ms=time_limit)
 
 
 _EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,7 @@ class CompletionRun:
         # not valid JSON): the dialects return it, as OpenAI does, never as content
         self.cut_call: ToolCall | None = None
         self.stop_sequence: str | None = None  # the stop sequence that ended the reply, if one did
+        self.timed_out = False  # ended by the request's predict_time_limit_ms
         self._tool_format: ToolFormat | None = None  # set when the reply may call tools
 
     # --- phase 1: everything that can fail with a client error ---
@@ -288,6 +290,7 @@ class CompletionRun:
         markers = frozenset(fmt.special_markers) if fmt is not None else frozenset()
         ended_by_eog = False
         produced = 0
+        limit_s = (self.request.predict_time_limit_ms or 0) / 1000
         async for batch in source:
             if self._aborted is not None:
                 raise self._aborted
@@ -324,9 +327,13 @@ class CompletionRun:
                         yield out
                 if assembler.stop_match is not None:
                     break
-            if ended_by_eog or assembler.stop_match is not None:
+                if limit_s and self._past_time_limit(limit_s):
+                    job.keep_kv = True  # a whole reply, as at a stop sequence
+                    job.cancel.set()
+                    break
+            if ended_by_eog or assembler.stop_match is not None or self.timed_out:
                 break
-        if self._aborted is not None and not ended_by_eog and assembler.stop_match is None:
+        if self._aborted is not None and not ended_by_eog and assembler.stop_match is None and not self.timed_out:
             raise self._aborted  # the generation stopped because of it, not at its end
         tail = assembler.finish()
         # a stop sequence's tokens are not reported; without one, the last held-back tokens go now
@@ -388,6 +395,15 @@ class CompletionRun:
         self._gen_future = asyncio.ensure_future(engine.async_generate(job, channel, tok.is_eog, tok))
         return channel.batches()
 
+    def _past_time_limit(self, limit_s: float) -> bool:
+        """llama-server's t_max_predict_ms: past the limit since the first token, with a newline
+        written (a code completion ends at a line's end)."""
+        first = self.trace.first_token
+        if first is None or time.monotonic() - first <= limit_s or "\n" not in self.text:
+            return False
+        self.timed_out = True
+        return True
+
     def _finish_reason(self, ended_by_eog: bool, assembler: TextAssembler, produced: int) -> None:
         trace, job = self.trace, self.job
         assert job is not None
@@ -405,6 +421,8 @@ class CompletionRun:
                 log.warning("model ended its turn immediately request_id=%s model=%s prompt_tokens=%d "
                             "(check the chat template and where the prompt ends)", rid, model,
                             len(job.prompt_tokens))
+        elif self.timed_out:
+            trace.finish_reason, trace.finish_detail = "length", "time_limit"
         else:
             trace.finish_reason = "length"
             at_ctx = len(job.prompt_tokens) + produced >= (self.served.n_ctx if self.served else 0)

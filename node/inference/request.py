@@ -92,6 +92,9 @@ class CompletionRequest:
     messages: tuple[dict, ...] = ()
     prompt: str = ""  # text completions
     suffix: str | None = None  # text completions: fill in the middle between `prompt` and this
+    # llama-server's t_max_predict_ms (code completion keeps replies short): the reply ends once this
+    # long has passed since its first token and it holds a newline (finish_reason "length")
+    predict_time_limit_ms: int | None = None
     # llama-server's /infill: other files' (filename, text) put before the code, and the middle's start
     infill_extra: tuple[tuple[str, str], ...] = ()
     infill_middle: str = ""
