@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from app.serving import Serving, serving_of
 from app.tasks import spawn
 from node.config import NodeConfig
-from node.datadir import MODELS_DIR, DataDirInUse
+from node.datadir import MODELS_DIR, DataDirInUse, data_dir_error
 from node.errors import NodeError
 from node.node import Node
 from node.resources import DEFAULT_MODEL_FILE, default_model_path
@@ -78,7 +78,7 @@ class NodeHost(QObject):
             self.start_error = ("SwarmLLM is already running with this data folder; use that copy (its "
                                 "tray icon or window), or quit it first")
         except OSError as exc:
-            self.start_error = _start_error_text(exc, self.node.config.port)
+            self.start_error = _start_error_text(exc, self.node.config)
         except NodeError as exc:
             self.start_error = exc.message
         except Exception as exc:  # the app shows the reason instead of vanishing
@@ -228,8 +228,9 @@ class NodeHost(QObject):
         return "\n".join(lines)
 
 
-def _start_error_text(exc: OSError, port: int) -> str:
+def _start_error_text(exc: OSError, config: NodeConfig) -> str:
     if exc.errno == errno.EADDRINUSE:
-        return (f"port {port} is already in use (another SwarmLLM or another program); quit it or "
+        return (f"port {config.port} is already in use (another SwarmLLM or another program); quit it or "
                 "start with -p PORT")
-    return str(exc)
+    # a data dir it cannot use: `swarmllm run`'s words, not "[Errno 17] File exists: '…'"
+    return data_dir_error(config.data_dir, exc) or str(exc)

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_process()  # before the node imports torch
     from node.commands.run import cli_overrides
     from node.config import load_config
+    from node.datadir import data_dir_error
     from node.errors import NodeError
     from node.logs import setup_logging
 
@@ -70,7 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(args.verbose)
         log.error("configuration error: %s", exc.message)
         return 2
-    setup_logging(config.verbosity, config.data_dir if config.log_to_file else None)
+    try:
+        setup_logging(config.verbosity, config.data_dir if config.log_to_file else None)
+    except OSError as exc:
+        # node.log cannot be made there (read-only, not ours, a file in the way): the app still
+        # opens, and its node's start fails on the same data dir and says why in the window
+        # (this was an OSError traceback on a console the user of a tray app never sees)
+        setup_logging(config.verbosity)
+        log.error("no log file: %s", data_dir_error(config.data_dir, exc) or exc)
     return run_app(config, show_window=args.show, tray_available=False if args.no_tray else None)
 
 

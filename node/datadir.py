@@ -245,3 +245,24 @@ def save_desktop_settings(data_dir: Path, values: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write_private(tmp, text)
     os.replace(tmp, path)
+
+
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+CANNOT_WRITE = _NO_SPACE | {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def data_dir_error(data_dir: Path, exc: OSError) -> str | None:
+    """What to tell a user for an OSError about the data dir or a file in it (None when it is not
+    one): which file, where, and what to do. `swarmllm run` and the desktop app say the same."""
+    if exc.errno in CANNOT_WRITE:
+        what = f"{exc.filename} ({exc.strerror})" if exc.filename else f"in the data dir {data_dir} ({exc.strerror})"
+        if exc.errno in _NO_SPACE:
+            return f"cannot write {what}: free some space there, or give another --data-dir"
+        return f"cannot write {what}: give a writable directory with --data-dir"
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        in_the_way = next((p for p in (data_dir, *data_dir.parents) if p.exists() and not p.is_dir()), None)
+        if in_the_way is not None:
+            which = "a file" if in_the_way == data_dir else f"{in_the_way} is a file"
+            return (f"cannot use the data dir {data_dir} ({which}, not a directory): "
+                    "give a writable directory with --data-dir")
+    return None

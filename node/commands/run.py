@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from node import const
 from node.config import load_config
-from node.datadir import API_KEY_FILE
+from node.datadir import API_KEY_FILE, data_dir_error
 from node.errors import NodeError
 from node.logs import setup_logging
 from node.stopping import log_busy_threads, log_pending_tasks
@@ -140,8 +140,8 @@ async def serve(config) -> int:
         if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:  # the API's (the peer port's is a NodeError)
             message = (f"port {config.port} is already in use (another SwarmLLM node, or another program): "
                        "stop it, or choose another with -p")
-        elif isinstance(exc, OSError) and exc.errno in _CANNOT_WRITE:
-            message = _cannot_write(config.data_dir, exc)
+        elif isinstance(exc, OSError):
+            message = data_dir_error(config.data_dir, exc) or exc
         log.error("cannot start the node: %s", message)
         await node.stop()
         await _async_end_leftovers(executor)
@@ -189,19 +189,6 @@ async def _async_end_leftovers(executor: ThreadPoolExecutor | None) -> None:
             log_busy_threads("still running after the node stopped")
             log.error("DIAG: exiting with executor threads still busy")
             _exit_now(1)
-
-
-_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-_CANNOT_WRITE = _NO_SPACE | {errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-def _cannot_write(data_dir, exc: OSError) -> str:
-    """The start's error for a file it could not write: which, where, and what to do (it was
-    `[Errno 28] No space left on device`, naming neither the file nor the data dir)."""
-    what = f"{exc.filename} ({exc.strerror})" if exc.filename else f"in the data dir {data_dir} ({exc.strerror})"
-    if exc.errno in _NO_SPACE:
-        return f"cannot write {what}: free some space there, or give another --data-dir"
-    return f"cannot write {what}: give a writable directory with --data-dir"
 
 
 def _exit_now(code: int) -> None:
