@@ -217,6 +217,8 @@ class NodeHost(QObject):
         for s in self.node.slice_host.slices.values():
             if s.state == "failed":
                 lines.append(f"Layers {s.start}–{s.end - 1} of {s.entry.id} failed to load: {s.error}")
+        for why in self.node.catalog.skipped_reasons():  # a truncated copy in the models folder
+            lines.append(f"Not served: {why}")
         if models and not failed:
             lines.append("No model is loaded: select one in the Models tab and press Load.")
         if not models:

@@ -12,7 +12,7 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from node.inference import llamacpp
@@ -54,6 +54,7 @@ class ReportParts:
     peers: PeerManager | None
     pipeline: PipelineCoordinator | None
     remote: RemoteGenerateServer | None = None  # remote generate for others on models held whole
+    skipped_models: list[str] = field(default_factory=list)  # ModelCatalog.skipped_reasons()
 
 
 def _int8_kernel_line() -> str:
@@ -313,6 +314,8 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     + (f" fetched_mb={hosted.fetch[0] / 2**20:.1f}/{hosted.fetch[1] / 2**20:.1f}"
                        if hosted.fetch is not None else "")  # its layers arriving (a partial model)
                     + (f" error={hosted.error}" if hosted.error else ""))
+    for why in node.skipped_models:  # a file in the models folder (or --model) it could not serve
+        rows.append(f"skipped: {r.text(why)}")
     return rows or ["(no models)"]
 
 

@@ -433,7 +433,7 @@ class Node(SwarmActions):
             user_names=list(self.user_names),
             activity=list(self.activity), traces=self.traces, machine=self.async_machine, models=self.models,
             slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline,
-            remote=self.remote_server)
+            remote=self.remote_server, skipped_models=self.catalog.skipped_reasons())
 
     def model_summaries(self) -> list[dict[str, Any]]:
         """Every model this node serves: whole ones, then layer slices."""

@@ -259,6 +259,9 @@ class ModelCatalog:
         self.entries: dict[str, ModelEntry] = {}
         self._scan_lock = threading.Lock()  # two scans at once (a download and the GUI's Add) add each file once
         self._cache = HashCache(data_dir / HASH_CACHE_FILE if data_dir else None)
+        # files a scan could not serve → why (a truncated copy in the models folder): the app's
+        # banner and the diagnostics report say it, not only a warning in the log
+        self.skipped: dict[Path, str] = {}
 
     def scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """Scan (path, source) pairs; a bad file is logged and skipped (blocking)."""
@@ -269,10 +272,14 @@ class ModelCatalog:
                 entry = scan_entry(path, source, self._cache)
             except ModelLoadError as exc:
                 log.warning("skipping model %s: %s", path.name, exc.message)
+                self.skipped[path] = exc.message
                 continue
             except OSError as exc:
                 log.warning("skipping model %s: %s", path.name, exc)
+                if not isinstance(exc, HashingStopped):
+                    self.skipped[path] = str(exc)
                 continue
+            self.skipped.pop(path, None)
             with self._scan_lock:
                 known = self.entries.get(entry.id)
                 new = known is None or not known.has_file  # the file replaces a header-only entry
@@ -286,6 +293,10 @@ class ModelCatalog:
         log.info("DIAG: catalog scan complete model_count=%d elapsed_ms=%d", len(self.entries),
                  (time.monotonic() - started) * 1000)
         return found
+
+    def skipped_reasons(self) -> list[str]:
+        """One line per file a scan skipped, naming the file (its reason may name it already)."""
+        return [why if path.name in why else f"{path.name}: {why}" for path, why in list(self.skipped.items())]
 
     def stop_hashing(self) -> None:
         """Give up any hash in progress, and those asked later (the node is stopping): an executor
