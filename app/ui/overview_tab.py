@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFrame,
+    QHeaderView,
+    QLabel,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.host import NodeHost
 from app.ui.overview_model import OverviewModel
@@ -31,11 +39,23 @@ class OverviewTab(QWidget):
         self.view.setFixedHeight(rows * self.view.verticalHeader().defaultSectionSize() + 6)
         # The same live requests model as the Requests tab, a second view on it.
         self.recent = table_view(requests)
-        hint = QLabel(HOW_TO)
-        hint.setWordWrap(True)
-        layout = QVBoxLayout(self)
+        self.recent_label = QLabel("<b>Recent requests</b> (details in the Requests tab)")
+        self.hint = QLabel(HOW_TO)
+        self.hint.setWordWrap(True)
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.addWidget(self.banner)
         layout.addWidget(self.view)
-        layout.addWidget(QLabel("<b>Recent requests</b> (details in the Requests tab)"))
+        layout.addWidget(self.recent_label)
         layout.addWidget(self.recent, 1)
-        layout.addWidget(hint)
+        layout.addWidget(self.hint)
+        # Scrolled when the window is too small for it: the window's minimum height reckons the
+        # banner's wrapped lines at another width, and Qt then drew "Recent requests" over the
+        # summary's last rows (a start error on two lines in a window at its minimum)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
