@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QPlainTextEdit, QSplitter, QVBoxLayout, QWidget
 
@@ -67,6 +69,7 @@ class RequestsTab(QWidget):
         self.detail_title.setText(
             f"<b>Route of {trace.request_id[:8]}</b>: {trace.route or 'not chosen yet'}, {len(trace.segments)} segment(s)"
             + (f", assembled {trace.assemblies}×" if trace.assemblies > 1 else "")
-            + (f" — first attempt failed: {trace.first_attempt_cause}" if trace.first_attempt_cause else ""))
+            # (a peer's error text: never read as HTML)
+            + (f" — first attempt failed: {html.escape(trace.first_attempt_cause)}" if trace.first_attempt_cause else ""))
         self.summary.setPlainText(trace.summary_line() if trace.done else "(in flight: the summary line is "
                                   "written when the request finishes)")

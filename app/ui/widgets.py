@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont, QFontDatabase
 from PySide6.QtWidgets import (
@@ -64,6 +66,7 @@ class FirstRunBanner(QFrame):
         self.title = QLabel("<b>No model can serve requests yet</b>")
         self.title.setWordWrap(True)  # a start error is one long line: wrapped, not a window wider than the screen
         self.text = QLabel()
+        self.text.setTextFormat(Qt.TextFormat.PlainText)  # the reason as written, never read as HTML
         self.text.setWordWrap(True)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.add_button = QPushButton("Add model file…")
@@ -86,7 +89,7 @@ class FirstRunBanner(QFrame):
         self.setVisible(message is not None)
         if message is not None:
             first, _, rest = message.partition("\n")
-            self.title.setText(f"<b>{first}</b>")
+            self.title.setText(f"<b>{html.escape(first)}</b>")  # (a path or a peer's text may hold `<`)
             self.text.setText(rest)
             self.text.setVisible(bool(rest))
         # a node that could not start serves no model added now: no button that seems to fix it

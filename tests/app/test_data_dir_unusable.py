@@ -37,3 +37,26 @@ def test_a_data_dir_that_is_a_file_is_said_in_the_window(qtbot, run, tmp_path, m
             assert "--data-dir" in said and "Errno" not in said
 
     run(body())
+
+
+def test_a_reason_holding_markup_is_shown_as_written(qtbot, run, tmp_path, monkeypatch):
+    """The banner's first line is bold rich text: a path (or a peer's text) holding `<i>` was read as
+    HTML, and the banner showed another path than the one to fix."""
+    from PySide6.QtGui import QTextDocument
+
+    in_the_way = tmp_path / "swarm<i>data"
+    in_the_way.write_text("a file where the data dir should be\n")
+    asked = {}
+    monkeypatch.setattr(app.main, "run_app", lambda config, **kwargs: asked.update(config=config, **kwargs) or 0)
+    assert app.main.main(["--data-dir", str(in_the_way), "-p", str(free_port()), "--no-default-model",
+                          "--no-mdns", "--no-tray"]) == 0
+
+    async def body():
+        async with running_app(asked["config"], tray_available=False) as tray_app:
+            banner = tray_app.window.overview_tab.banner
+            shown = QTextDocument()
+            shown.setHtml(banner.title.text())
+            said = shown.toPlainText() + banner.text.text()
+            assert str(in_the_way) in said, said
+
+    run(body())
