@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from node import const
-from node.errors import KvPositionMismatch, NodeError, PeerUnreachable, ProtocolError
+from node.errors import KvPositionMismatch, NodeError, Overloaded, PeerUnreachable, ProtocolError
 from node.inference.pipeline.acks import Acks, PendingAck
 from node.inference.pipeline.batching import PreparedStep, StepJob, take_batch
 from node.inference.pipeline.host import HostedSlice, SliceHost
@@ -407,7 +407,10 @@ class SegmentWorker(SessionControls):
             self._fail(work, f"next hop unreachable: {exc.message}", "next_hop_unreachable", failed_node=nxt)
 
     def _fail(self, work: Work, message: str, code: str, *, failed_node: str | None = None) -> None:
-        log.warning("DIAG: segment failed %s", kv(sid=work.sid, seq=work.seq, hop=work.hop, code=code, error=message))
+        # a refusal for load (the KV budget, a full queue) is back-pressure the refusal's own DIAG
+        # line explains, not a fault: one INFO line, not a second WARNING for each
+        log.log(logging.INFO if code == Overloaded.code else logging.WARNING, "DIAG: segment failed %s",
+                kv(sid=work.sid, seq=work.seq, hop=work.hop, code=code, error=message))
         result = Result(work.sid, work.seq, telemetry=work.telemetry, error=message, error_code=code,
                         failed_node=failed_node or self.node_id)
         try:
