@@ -67,3 +67,22 @@ async def test_a_short_outage_drops_nothing_and_failures_survive_a_restart(make_
     a2 = await make_manager("a", start=False)
     await a2.async_start()
     assert a2.table.get(b_id).addr_failing[dead][0] == since
+
+
+async def test_pex_does_not_pass_on_an_address_that_is_failing(make_manager, fast_net):
+    """a's dials to one of b's addresses fail: a must not teach it to c (until 2026-12-06 PEX passed
+    on every address of a linked peer, so a stale lease one member had dropped came back from another)."""
+    b = await make_manager("b")
+    good, port, b_id = addr(b), b.listen_port, b.node_id
+    dead = f"127.0.0.2:{port}"  # b's old lease: nobody listens there, and a's dials to it failed
+    a = await make_manager("a", start=False)
+    (a.config.data_dir / "peers.json").write_text(json.dumps({"version": 1, "foreign": [], "peers": [
+        {"node_id": b_id, "addrs": [good, dead], "relays": [], "last_seen": time.time() - 60,
+         "failing": {dead: [time.time() - 600, const.PEER_ADDR_STALE_FAILURES - 1]}}]}))
+    await a.async_start()
+    await wait_until(lambda: a.link(b_id) is not None, 20, what="a to link b from its cache")
+    assert dead in a.table.get(b_id).addr_failing
+    c = await make_manager("c", bootstrap=[addr(a)])
+    await wait_until(lambda: (c.table.get(b_id) is not None and "pex" in c.table.get(b_id).sources
+                              and c.link(b_id) is not None), 20, what="c to learn b from a's PEX and link it")
+    assert c.table.get(b_id).addrs == [good]
