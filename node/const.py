@@ -80,6 +80,9 @@ PEX_MAX_UNLINKED = 128  # peers learnt only from PEX and never linked that the t
 PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes
 PEER_CACHE_MAX = 256
 MDNS_RESOLVE_TIMEOUT_MS = 3000
+MDNS_DAY_S = 86400  # the mDNS tag changes every UTC day (Clock.day)
+CLOCK_SKEW_WARN_S = 300.0  # a peer's HELLO time this far from ours: WARNING once (nothing in a link needs
+# clocks to agree, but a machine this far off has no time sync, and a day off hides it from mDNS)
 MDNS_ADDRESS_CHECK_S = 5.0  # how often the host's IPv4 addresses are compared with what mDNS announces
 RELAY_MAX_REGISTRATIONS = 1024
 RELAY_MAX_CIRCUITS = 64  # spliced circuits open at once on a relay

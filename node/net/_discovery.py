@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from node import const
@@ -22,6 +21,7 @@ from node.logs import kv
 
 from ._addr import is_loopback, parse_addr
 from ._admission import Membership
+from ._clock import Clock
 from ._connect import Establish
 from ._dialer import Dialer
 from ._foreign import ForeignPeers
@@ -42,8 +42,9 @@ class Discovery:
     """The discovery parts of one node, started and stopped with its PeerManager."""
 
     def __init__(self, config: NodeConfig, node_id: str, tls: TlsConfig, table: PeerTable, tasks: Tasks,
-                 establish: Establish, serve_inbound: ServeInbound, membership: Membership):
+                 establish: Establish, serve_inbound: ServeInbound, membership: Membership, clock: Clock):
         self._config = config
+        self._clock = clock
         self._node_id = node_id
         self._table = table
         self.self_addrs: set[str] = set()  # addresses that turned out to be this node
@@ -78,7 +79,7 @@ class Discovery:
 
     async def _async_start_mdns(self, ips: list[str], listen_port: int) -> None:
         mdns = MdnsDiscovery(self._node_id, listen_port, self._on_mdns_found, ips,
-                             tag=lambda: self._membership.swarm.mdns_tag(), accept=self._accept_mdns_tag)
+                             tag=self._mdns_tag, accept=self._accept_mdns_tag)
         try:
             await mdns.async_start()
             self._mdns = mdns
@@ -128,14 +129,18 @@ class Discovery:
         if self._mdns is not None:
             await self._mdns.async_update_tag()
 
-    def _accept_mdns_tag(self, tag: str) -> bool:
-        return tag in self._membership.swarm.mdns_tags_now()
+    def _mdns_tag(self) -> tuple[str, int]:
+        day = self._clock.day()
+        return self._membership.swarm.mdns_tag(day), day
+
+    def _accept_mdns_tag(self, node_id: str, tag: str, day: str | None) -> bool:
+        return self._clock.accept_mdns(self._membership.swarm, node_id, tag, day)
 
     async def _async_retag_daily(self) -> None:
         """The tag rotates daily (a stranger cannot follow one swarm's announcements for long)."""
         while True:
-            now = time.time()
-            await asyncio.sleep(86400 - now % 86400 + 1)
+            now = self._clock.now()
+            await asyncio.sleep(const.MDNS_DAY_S - now % const.MDNS_DAY_S + 1)
             if self._mdns is not None:
                 try:
                     await self._mdns.async_update_tag()

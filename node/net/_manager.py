@@ -33,6 +33,7 @@ from node.observe import Observers
 
 from ._addr import format_addr, is_loopback, parse_addr
 from ._admission import Membership, async_admit
+from ._clock import Clock
 from ._discovery import Discovery
 from ._frames import Frame, FrameType, encode_frame, type_name
 from ._handlers import Handler, Handlers, InlineHandler
@@ -88,8 +89,9 @@ class PeerManager:
         self._hardware_provider = hardware_provider
         self.handlers = Handlers(self.tasks.spawn)
         self.inbound = InboundRouter(self.tls, self.relay, self.tasks, self.async_establish)
+        self.clock = Clock()  # what peers see of our time (tests shift `clock.offset_s`)
         self.discovery = Discovery(config, self.node_id, self.tls, self.table, self.tasks,
-                                   self.async_establish, self.inbound.async_serve, self.membership)
+                                   self.async_establish, self.inbound.async_serve, self.membership, self.clock)
         self.swarm_ops = SwarmOps(self.node_id, self.membership, self.table, self.tasks, self.discovery,
                                   self.tls, self.async_establish, self._live_links, self.listen_addresses,
                                   all_links=lambda: list(self.links))
@@ -258,6 +260,7 @@ class PeerManager:
             region=None if minimal else self.config.region, link_nonce=link_nonce,
             swarm=self.membership.swarm.public_id, epoch=self.membership.swarm.epoch,
             member_nonce=member_nonce or new_nonce(), joining=joining,
+            time=None if minimal else self.clock.now(),
         )
 
     @staticmethod
@@ -402,6 +405,7 @@ class PeerManager:
             rec.dial_failures = 0
             rec.last_address = link.address
             self.table.emit_changed(rec)
+            self.clock.note_hello(link.node_id, link.hello.time)
             self.discovery.on_link_up(link)
         # Frames that came in with the HELLO are delivered by start(): only now, so that a handler
         # answering one (`link(node_id)`, the pipeline's transport) finds this link in the table.
@@ -425,6 +429,7 @@ class PeerManager:
         if rec is None or not was_active:
             return
         rec.link = None
+        self.clock.forget(link.node_id)
         rec.last_seen = time.time() - (time.monotonic() - link.last_seen)
         rec.last_error = link.close_cause
         if not self.tasks.stopping:

@@ -1,9 +1,11 @@
 """LAN discovery with zeroconf's asyncio API: service `_swarmllm._tcp.local.`.
 
 We announce one service per node, TXT `id` (node id), `pv` (protocol version), `port` (peer
-port), `sw` (the day's keyed hash of our swarm id: only members can compute or recognise it), on
-the node's non-loopback IPv4 addresses, and browse for others; a node whose `sw` is not one of our
-swarm's is not dialled at all. Our own announcement is
+port), `sw` (the day's keyed hash of our swarm id: only members can compute or recognise it), `d`
+(the day `sw` is for, on the sender's clock), on the node's non-loopback IPv4 addresses, and browse
+for others; a node whose `sw` is not one of our swarm's is not dialled at all (one whose `sw` is our
+swarm's for a `d` far from our day is a member with a wrong clock: dialled, with a WARNING, see
+`_clock.py`). Our own announcement is
 recognised by its node id and ignored. zeroconf binds every interface with an IPv4 address
 (`InterfaceChoice.All`), which is what a network namespace with veth links needs; loopback has
 no multicast, so two nodes on 127.0.0.1 only find each other through bootstrap or the cache.
@@ -76,10 +78,10 @@ class MdnsDiscovery:
     """Announce this node and report others through `on_found`."""
 
     def __init__(self, node_id: str, peer_port: int, on_found: Found, addresses: list[str], *,
-                 tag: Callable[[], str], accept: Callable[[str], bool]):
+                 tag: Callable[[], tuple[str, int]], accept: Callable[[str, str, str | None], bool]):
         self.node_id = node_id
-        self._tag = tag  # this node's swarm tag for today (TXT "sw")
-        self._accept = accept  # is a TXT "sw" one of our swarm's (today's, or a neighbour day's)?
+        self._tag = tag  # this node's swarm tag for today and the day it is for (TXT "sw", "d")
+        self._accept = accept  # (node id, TXT "sw", TXT "d"): is it a member of our swarm?
         self.peer_port = peer_port
         self.addresses = addresses
         self._on_found = on_found
@@ -104,10 +106,11 @@ class MdnsDiscovery:
                                             port=self.peer_port))
 
     def _service_info(self, name: str) -> AsyncServiceInfo:
+        tag, day = self._tag()
         return AsyncServiceInfo(
             SERVICE_TYPE, name, port=self.peer_port,
             properties={"id": self.node_id, "pv": str(PROTOCOL_VERSION), "port": str(self.peer_port),
-                        "sw": self._tag()},
+                        "sw": tag, "d": str(day)},
             addresses=[socket.inet_aton(a) for a in self.addresses],
             server=f"swarmllm-{short_id(self.node_id)}.local.",
         )
@@ -157,7 +160,7 @@ class MdnsDiscovery:
             log.debug("Not dialling a peer that does not speak SwarmLLM %s",
                       kv(peer_id=short_id(node_id), site="mdns", protocol_version=props.get("pv")))
             return
-        if not self._accept(props.get("sw", "")):
+        if not self._accept(node_id, props.get("sw", ""), props.get("d")):
             log.debug("DIAG: mdns found a node of another swarm, not dialling it %s", kv(peer_id=short_id(node_id)))
             return
         port = info.port or 0

@@ -86,19 +86,19 @@ class Swarm:
         return isinstance(proof, str) and hmac.compare_digest(
             proof, self.proof(prover, verifier, prover_nonce, verifier_nonce))
 
-    def mdns_tag(self, day: int | None = None) -> str:
-        """The day's mDNS tag (16 hex digits): only members holding the current secret can compute
-        or recognise it (a removed member's old secret stops recognising it at the rotation)."""
+    def mdns_tag(self, day: int) -> str:
+        """The mDNS tag (16 hex digits) for one day (`Clock.day`): only members holding the current
+        secret can compute or recognise it (a removed member's old secret stops recognising it at
+        the rotation)."""
         if self.is_open or self.secret is None:
             return OPEN
-        day = int(time.time() // 86400) if day is None else day
         key = hmac.new(self.secret, _MDNS_LABEL, hashlib.sha256).digest()
         return hmac.new(key, str(day).encode(), hashlib.sha256).hexdigest()[:16]
 
-    def mdns_tags_now(self) -> set[str]:
-        """Tags a member's announcement may carry now (yesterday's too: clocks and midnights differ)."""
-        today = int(time.time() // 86400)
-        return {self.mdns_tag(today), self.mdns_tag(today - 1), self.mdns_tag(today + 1)}
+    def mdns_tags_around(self, day: int) -> set[str]:
+        """Tags a member's announcement may carry on `day` (the day before and after too: clocks
+        and midnights differ; `Clock.accept_mdns` handles clocks further off)."""
+        return {self.mdns_tag(day), self.mdns_tag(day - 1), self.mdns_tag(day + 1)}
 
     def rotated(self) -> Swarm:
         """The same swarm with a fresh secret and the next epoch (revocation)."""

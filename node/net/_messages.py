@@ -29,6 +29,7 @@ _MAX_ADDRS = 32
 _MAX_MODELS = 256
 _MAX_TEXT = 256
 _MAX_PEX = 256
+_MAX_TIME = 1e11  # unix seconds (year 5138): a HELLO `time` beyond is not a time
 
 
 class NotSwarmPeer(ProtocolError):
@@ -84,6 +85,15 @@ def _swarm_id(h: Mapping[str, Any]) -> str:
     return _hex(h, "swarm", 8)
 
 
+def _time(h: Mapping[str, Any]) -> float | None:
+    value = h.get("time")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < _MAX_TIME:
+        raise ProtocolError("field 'time' must be a unix time")
+    return float(value)
+
+
 def _node_id(h: Mapping[str, Any], key: str) -> str:
     value = h.get(key)
     if not is_node_id(value):
@@ -109,6 +119,7 @@ class Hello:
     epoch: int = 0  # the swarm secret's generation
     member_nonce: str = ""  # fresh per link: both proofs of membership are bound to both nonces
     joining: bool = False  # the sender presents an invite instead of a membership proof
+    time: float | None = None  # the sender's unix time (full HELLO only; clock skew, see _clock.py)
     protocol: str = PROTOCOL_NAME
     version: int = PROTOCOL_VERSION
 
@@ -127,6 +138,8 @@ class Hello:
             header["region"] = self.region
         if self.link_nonce:
             header["link_nonce"] = self.link_nonce
+        if self.time is not None:
+            header["time"] = round(self.time, 3)
         return Frame(FrameType.HELLO, header)
 
     @classmethod
@@ -160,6 +173,7 @@ class Hello:
             epoch=_int(h, "epoch", 0, MAX_EPOCH),
             member_nonce=_hex(h, "member_nonce", NONCE_HEX),
             joining=h.get("joining") is True,
+            time=_time(h),
         )
 
 

@@ -37,6 +37,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--relay", action="store_true")
     p.add_argument("--no-direct", action="store_true")
     p.add_argument("--mdns", action="store_true")
+    p.add_argument("--clock-offset-s", type=float, default=0.0, help="shift this node's clock (Clock.offset_s)")
     p.add_argument("--echo", action="store_true")
     p.add_argument("--probe", default=None)
     p.add_argument("--tap", type=Path, default=None)
@@ -55,6 +56,7 @@ async def _main(args: argparse.Namespace, tap_file) -> None:
                      no_direct=args.no_direct, mdns=args.mdns)
     manager = PeerManager(cfg, load_or_create_identity(args.data_dir),
                           models_provider=lambda: [{"model_id": "tiny", "layers": [0, 2], "n_layers": 2}])
+    manager.clock.offset_s = args.clock_offset_s
     probes: dict[str, str] = {}
 
     def write_status(*_: object) -> None:

@@ -107,7 +107,7 @@ def _hello(**overrides) -> Hello:
               "listen": ("10.0.0.1:8810",), "features": 3,
               "models": ({"model_id": "m", "layers": [0, 12], "hash": "abc"},),
               "hardware": {"device": "cpu", "free_mb": 1000}, "region": "TH", "link_nonce": "n1",
-              "swarm": "1a2b3c4d", "epoch": 3, "member_nonce": "ab" * 16}
+              "swarm": "1a2b3c4d", "epoch": 3, "member_nonce": "ab" * 16, "time": 1796570000.25}
     fields.update(overrides)
     return Hello(**fields)
 
@@ -147,6 +147,11 @@ def test_hello_from_another_protocol_is_not_a_swarm_peer(protocol, version):
         {"swarm": None},
         {"epoch": 2**31},
         {"epoch": -1},
+        {"time": "yesterday"},
+        {"time": True},
+        {"time": -1},
+        {"time": 1e300},
+        {"time": float("nan")},
     ],
 )
 def test_malformed_hello_fields_are_protocol_errors(change):
