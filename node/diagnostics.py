@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from node import const
 from node.inference import llamacpp
 from node.inference.pipeline.coverage import swarm_coverage
 from node.inference.pipeline.layerchoice import Span, layer_counts
@@ -170,14 +171,18 @@ def _peers(node: ReportParts, r: Redactor) -> list[str]:
     if node.peers is None:
         return ["(peer network not running)"]
     rows = []
+    skews = node.peers.clock.skews_s  # a linked peer's clock minus ours (its HELLO), seconds
     for p in node.peers.peers():
         models = ", ".join(_advert(m) for m in p.models) or "-"
+        skew = skews.get(p.node_id) if p.state == "connected" else None
         rtt = f"{p.rtt_ms:.2f}" if p.rtt_ms is not None else "-"
         addr = p.address or "-"
         rows.append(f"{p.short_id} {p.state} transport={p.transport or '-'} addr={addr} rtt_ms={rtt} "
                     f"rto_ms={p.rto_ms:.0f} last_seen={_ago(p.last_seen)} models={models}"
                     + (f" region={clean_text(p.region, 64)}" if p.region else "")
                     + (f" agent={clean_text(p.agent, 300)}" if p.agent else "")
+                    + (f" clock_skew_s={skew:+.0f}" if skew is not None and abs(skew) > const.CLOCK_SKEW_WARN_S
+                       else "")
                     + (f" error={clean_text(p.last_error, 300)}" if p.last_error and p.state != "connected" else ""))
     for ref in node.peers.swarm_ops.status()["refused"]:
         rows.append(f"{ref['peer']} refused ({'not in this swarm' if ref['by_us'] else 'refused this node'}) "

@@ -186,6 +186,23 @@ async def test_a_peers_e_mail_is_not_in_the_report(tmp_path):
     assert "ana.garcia" not in text and "example.com" not in text
 
 
+async def test_a_peer_whose_clock_is_off_shows_its_skew(tmp_path):
+    """A peer's clock hours off (its HELLO `time`) is shown on its row; one that agrees shows nothing."""
+    model = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "a", model)) as a, \
+            running_node(node_config(tmp_path / "b")) as b, \
+            running_node(node_config(tmp_path / "c", bootstrap=[f"127.0.0.1:{a.peers.listen_port}"])) as c:
+        b.peers.clock.offset_s = -3 * 3600.0  # b's clock is three hours behind
+        await a.peers.async_connect(f"127.0.0.1:{b.peers.listen_port}")
+        await wait_until(lambda: all(a.peers.link(n.peers.node_id) for n in (b, c)), 30, what="a linked to b and c")
+        text = await _report(a)
+    peers = text.split("-- peers --")[1].split("-- recent inference failures --")[0]
+    row_b = next(ln for ln in peers.splitlines() if ln.startswith(b.peers.node_id[:8]))
+    row_c = next(ln for ln in peers.splitlines() if ln.startswith(c.peers.node_id[:8]))
+    assert re.search(r" clock_skew_s=-10[78]\d\d\b", row_b), row_b
+    assert "clock_skew_s" not in row_c, row_c
+
+
 async def test_the_users_name_in_a_model_file_name_is_not_in_the_report(tmp_path, monkeypatch):
     """A model id is its file's name: a file its owner named after themself put their login in
     every line that names the model (found by a bug hunt, 2026-12-06). The login, the home folder's
