@@ -79,6 +79,8 @@ class NodeConfig:
     activation_bits: int = 16  # 32, 16 or 8: hidden-state precision on the wire
     slice_dtype: str = "auto"  # weights of served slices: auto (int8 on CPU, f16 on CUDA), f32, bf16, int8
     slice_kv_dtype: str = "auto"  # served slices' KV caches: auto (f16), f16, f32 (twice the memory)
+    models_watch_s: float = const.MODELS_WATCH_S  # how often the models folder is looked at for .gguf
+    # files added or removed while the node runs; 0 = never (a restart picks them up)
     slice_weight_cache_mb: float = const.WEIGHT_CACHE_BYTES / 2**20  # converted slice weights kept on disk
     # (data dir's cache/weights) so that loading a slice again skips the conversion; 0 = off
 

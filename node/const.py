@@ -100,6 +100,8 @@ DOWNLOAD_RETRIES = 6  # attempts per download (network errors, 5xx, 429), resumi
 DOWNLOAD_RETRY_BASE_S = 1.0  # backoff: base * 2^(attempt-1), at most 30 s
 DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
 DOWNLOAD_LOG_S = 30.0  # a download's progress is logged (info) at most this often
+MODELS_WATCH_S = 5.0  # the models folder is looked at (stat only) this often while the node runs: a new
+# .gguf is taken once two looks find its size and mtime unchanged, a removed one's model leaves
 PARTIAL_HELD_PROBE_S = 10.0  # a partial model with layers here: its origin's probe at start waits at most this,
 # then the node serves what it holds (an origin that accepts and never answers held the start for
 # DOWNLOAD_READ_TIMEOUT_S, the API down for a minute)

@@ -23,7 +23,6 @@ from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, DataDirLock, ensure_data_
 from node.diagnostics import ReportParts, build_report
 from node.errors import (
     InvalidRequest,
-    ModelLoadError,
     ModelNotFound,
     ModelUnavailable,
     ShuttingDown,
@@ -46,6 +45,7 @@ from node.inference.swarm_models import SwarmModels
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.metrics import NodeMetrics
+from node.model_files import ModelFiles
 from node.models.catalog import ModelCatalog
 from node.models.download import DownloadJob, ModelDownloader
 from node.models.header import HEADERS_DIR, HeaderCache
@@ -81,6 +81,7 @@ class Node(SwarmActions):
         self.downloads = ModelDownloader(
             self.data_dir / MODELS_DIR,
             lambda path, sha256, origin: self.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin))
+        self.model_files = ModelFiles(self)  # files added to or removed from models/ while it runs
         self.api = ApiServer(self, config)
         self.watchdog = LoopWatchdog()
         self.machine: MachineInfo | None = None
@@ -182,6 +183,7 @@ class Node(SwarmActions):
         self.contributions.attach(self.autoserve, slices)
         await self.contributions.async_restore()
         self.autoserve.start()
+        self.model_files.watcher.start()
         self._url_tasks = [asyncio.create_task(self.partials.async_open_later(url, self._async_serve_url_model),
                                                name="open-model-url") for url in self._later_urls]
         self._url_tasks += [asyncio.create_task(fixed.async_load_later(
@@ -249,6 +251,7 @@ class Node(SwarmActions):
             ("remote generate", closing(self.remote_server)),
             ("peers", self.peers.async_stop if self.peers is not None else nothing),
             ("background", cancel_background),
+            ("models watch", self.model_files.watcher.async_stop),
             ("downloads", self.downloads.async_close),
             ("slices", self.slice_host.async_close),
             ("models", self.models.async_close),
@@ -351,26 +354,25 @@ class Node(SwarmActions):
 
     async def async_add_model(self, path: Path, source: str, *, sha256: str | None = None,
                               origin_url: str | None = None) -> str:
-        """Serve a GGUF file that was not here at start (a download, the GUI's Add): catalog it,
-        register it (not loaded), tell peers. Returns its model id; the id of the same content if
-        it was already here. `sha256`, when the caller hashed the file already, is not recomputed;
-        `origin_url` (a download's URL) is advertised so nodes without the file fetch its header there."""
+        """Serve a GGUF file that was not here at start (a download, the GUI's Add, the admin API, the
+        models folder's watch): catalog it, register it (not loaded), tell peers. Returns its model
+        id; the id of the same content if it was already here; ModelLoadError says why it cannot be
+        served. `sha256`, when the caller hashed the file already, is not recomputed; `origin_url` (a
+        download's URL) is advertised so nodes without the file fetch its header there."""
         loop = asyncio.get_running_loop()
-        path = await loop.run_in_executor(None, path.resolve)
         if sha256 is not None:
             await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256, origin_url)
-        for entry in await self.catalog.async_scan([(path, source)]):
+        entry, new = await loop.run_in_executor(None, self.catalog.add_file, path, source)
+        if new:
             await self.models.async_register(entry)
             self.note_activity(f"model {entry.id} added ({source})")
             if self.peers is not None:
                 await self.peers.async_announce()
-            return entry.id
-        same = next((e for e in self.catalog.entries.values() if e.path == path), None)
-        if same is None and sha256 is not None:
-            same = self.catalog.by_sha(sha256)  # the same content under another file name
-        if same is None:  # the catalog logged why it skipped the file
-            raise ModelLoadError(f"{path.name} is not a GGUF model this node can serve (see node.log)")
-        return same.id
+        return entry.id
+
+    async def async_add_model_path(self, path: str, *, load: bool = False) -> tuple[dict[str, Any], bool]:
+        """`POST /api/admin/models/add`: serve the GGUF at `path` (model_files.ModelFiles)."""
+        return await self.model_files.async_add_path(path, load=load)
 
     # --- requests ---
 

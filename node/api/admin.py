@@ -42,6 +42,27 @@ async def load(request: web.Request) -> web.Response:
     return web.json_response({"model": await request.app[NODE].async_load_model(request.match_info["model_id"])})
 
 
+@routes.post("/api/admin/models/add")
+async def add(request: web.Request) -> web.Response:
+    """Serve a GGUF file from anywhere on disk for this run, as `--model PATH` at start (registered;
+    loaded too with "load": true). Body: {"path": absolute path, "load"?: bool}. 201 with the model
+    when it is new here, 200 when this file (or one of the same id) is served already; 400 for a
+    missing, non-GGUF or truncated file."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    path, load = body.get("path"), body.get("load", False)
+    if not isinstance(path, str) or not path:
+        raise InvalidRequest("path is required (the absolute path of a .gguf file)", param="path")
+    if not isinstance(load, bool):
+        raise InvalidRequest("load must be a boolean", param="load")
+    unknown = sorted(set(body) - {"path", "load"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+    summary, added = await request.app[NODE].async_add_model_path(path, load=load)
+    return web.json_response({"model": summary, "added": added}, status=201 if added else 200)
+
+
 @routes.post("/api/admin/models/download")
 async def download(request: web.Request) -> web.Response:
     """Start downloading a GGUF into the data dir's models/ (202; poll /api/admin/downloads/{id}).

@@ -60,6 +60,9 @@ class NodeView(Protocol):
     async def async_unload_model(self, model_id: str, *, force: bool) -> dict[str, Any]:
         """Free a model's weights (Conflict while in use unless forced); its summary."""
 
+    async def async_add_model_path(self, path: str, *, load: bool = False) -> tuple[dict[str, Any], bool]:
+        """Serve the GGUF file at an absolute path for this run: (its summary, whether it is new)."""
+
     def start_download(self, url: str, *, sha256: str | None, file_name: str | None) -> DownloadJob:
         """Start (or join) a download into the data dir's models/."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -22,8 +23,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--full", action="store_true", help="keep network addresses (for your own machine)")
     p.set_defaults(func=diagnostics)
 
-    p = sub.add_parser("models", help="list the node's models, where they run and why")
+    p = sub.add_parser("models", help="list the node's models, where they run and why; `models add PATH` serves "
+                       "a GGUF file from anywhere on disk (until the node stops)")
     add_node_options(p)
+    p.add_argument("action", nargs="?", choices=["add"], help="add: serve the GGUF file at PATH")
+    p.add_argument("path", nargs="?", help="the .gguf file to add")
+    p.add_argument("--load", action="store_true", help="with add: load the model too")
     p.add_argument("--json", action="store_true", help="raw JSON")
     p.set_defaults(func=models)
 
@@ -95,7 +100,11 @@ def diagnostics(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
-    """Print the model table."""
+    """Print the model table, or add a model file (`models add PATH`)."""
+    if getattr(args, "action", None) == "add":
+        return models_add(args)
+    if getattr(args, "path", None):
+        raise SystemExit(f"error: unexpected argument {args.path!r} (to serve a file: swarmllm models add PATH)")
     data = json.loads(NodeClient(args).request("GET", "/api/admin/models"))
     if args.json:
         print(json.dumps(data, indent=2))
@@ -111,6 +120,21 @@ def models(args: argparse.Namespace) -> int:
         partial = f" [{m['partial']}]" if m.get("partial") else ""
         print(f"{m['id']:44} {m.get('architecture') or '-':8} {layers:>6} {m.get('quantization') or '-':6} "
               f"{size} {m['state']:9} {m['device']}{reason}{partial}")
+    return 0
+
+
+def models_add(args: argparse.Namespace) -> int:
+    """Serve a GGUF file from anywhere on disk on the running node (`--model PATH` without a restart)."""
+    if not args.path:
+        raise SystemExit("error: models add needs the path of a .gguf file")
+    path = os.path.abspath(os.path.expanduser(args.path))  # the node's working directory is not ours
+    reply = json.loads(NodeClient(args).request("POST", "/api/admin/models/add", {"path": path, "load": args.load}))
+    if args.json:
+        print(json.dumps(reply, indent=2))
+        return 0
+    m = reply["model"]
+    how = "added" if reply["added"] else "already served"
+    print(f"{how}: model {m['id']} ({m['state']}) from {path}")
     return 0
 
 

@@ -190,7 +190,7 @@ class ModelManager:
     # --- observers ---
 
     def subscribe(self, observer: ModelObserver) -> Callable[[], None]:
-        """Call observer(event, model) on every change ("added", "changed"); returns an unsubscribe."""
+        """Call observer(event, model) on every change ("added", "changed", "removed"); returns an unsubscribe."""
         return self._observers.subscribe(observer)
 
     # --- registry ---
@@ -227,14 +227,21 @@ class ModelManager:
         self._observers.emit("added", served)
         return served
 
-    def forget(self, entry: ModelEntry) -> bool:
-        """Drop the registration of this very entry (a swarm model whose tokenizer failed); True if
-        it was registered."""
+    def forget(self, entry: ModelEntry, *, removed: bool = False) -> bool:
+        """Drop the registration of this very entry (a swarm model whose tokenizer failed; with
+        `removed`, a model whose file is gone: observers hear "removed"); True if it was registered.
+        Its tokenizer is not closed: a request that holds the model may still use it."""
         served = self._served.get(entry.id)
         if served is None or served.entry is not entry:
             return False
         del self._served[entry.id]
+        if removed:
+            self._observers.emit("removed", served)
         return True
+
+    def registered(self, model_id: str) -> ServedModel | None:
+        """The model registered under exactly this id, if any."""
+        return self._served.get(model_id)
 
     def is_registered(self, model_id: str) -> bool:
         """Whether a model of exactly this id is registered here (or its tokenizer is being read)."""

@@ -266,33 +266,52 @@ class ModelCatalog:
     def scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """Scan (path, source) pairs; a bad file is logged and skipped (blocking)."""
         started = time.monotonic()
-        found = []
-        for path, source in sources:
-            try:
-                entry = scan_entry(path, source, self._cache)
-            except ModelLoadError as exc:
-                log.warning("skipping model %s: %s", path.name, exc.message)
-                self.skipped[path] = exc.message
-                continue
-            except OSError as exc:
-                log.warning("skipping model %s: %s", path.name, exc)
-                if not isinstance(exc, HashingStopped):
-                    self.skipped[path] = str(exc)
-                continue
-            self.skipped.pop(path, None)
-            with self._scan_lock:
-                known = self.entries.get(entry.id)
-                new = known is None or not known.has_file  # the file replaces a header-only entry
-                if new:
-                    self.entries[entry.id] = entry
-            if new:
-                found.append(entry)
-                log.info("DIAG: load_from_dir model=%s arch=%s layers=%d ctx=%d quant=%s source=%s",
-                         entry.id, entry.architecture, entry.n_layers, entry.context_length,
-                         entry.quantization, source)
+        found = [entry for path, source in sources for entry, new in [self._scan_one(path, source)] if new]
         log.info("DIAG: catalog scan complete model_count=%d elapsed_ms=%d", len(self.entries),
                  (time.monotonic() - started) * 1000)
         return found
+
+    def add_file(self, path: Path, source: str) -> tuple[ModelEntry, bool]:
+        """One file added while the node runs (blocking): the catalog's entry for it and whether it is
+        new (the same file, or a file of the same id, added again is the entry already here);
+        ModelLoadError saying why it cannot be served."""
+        entry, new = self._scan_one(path, source)
+        if entry is None:
+            raise ModelLoadError(self.skipped.get(path) or f"{path.name} could not be read (see node.log)")
+        return entry, new
+
+    def _scan_one(self, path: Path, source: str) -> tuple[ModelEntry | None, bool]:
+        """(the catalog's entry for the file, whether it was added now); (None, False) if skipped."""
+        try:
+            entry = scan_entry(path, source, self._cache)
+        except ModelLoadError as exc:
+            log.warning("skipping model %s: %s", path.name, exc.message)
+            self.skipped[path] = exc.message
+            return None, False
+        except OSError as exc:
+            log.warning("skipping model %s: %s", path.name, exc)
+            if not isinstance(exc, HashingStopped):
+                self.skipped[path] = str(exc)
+            return None, False
+        self.skipped.pop(path, None)
+        with self._scan_lock:
+            known = self.entries.get(entry.id)
+            new = known is None or not known.has_file  # the file replaces a header-only entry
+            if new:
+                self.entries[entry.id] = entry
+        if not new:
+            return known, False
+        log.info("DIAG: load_from_dir model=%s arch=%s layers=%d ctx=%d quant=%s source=%s",
+                 entry.id, entry.architecture, entry.n_layers, entry.context_length, entry.quantization, source)
+        return entry, True
+
+    def remove_file_entry(self, entry: ModelEntry) -> bool:
+        """Take back the entry of a file that is gone (only this very entry)."""
+        with self._scan_lock:
+            if self.entries.get(entry.id) is not entry:
+                return False
+            del self.entries[entry.id]
+            return True
 
     def skipped_reasons(self) -> list[str]:
         """One line per file a scan skipped, naming the file (its reason may name it already)."""

@@ -1,0 +1,71 @@
+"""Model files coming and going while a node runs: the models folder's watch (node.models.watch) and
+the admin API's `POST /api/admin/models/add {"path"}` (`swarmllm models add PATH`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from node.datadir import MODELS_DIR
+from node.errors import InvalidRequest, ModelLoadError
+from node.models.catalog import ModelEntry, check_model_file
+from node.models.watch import ModelWatcher
+
+if TYPE_CHECKING:
+    from node.node import Node
+
+IN_USE_STATES = ("loaded", "loading", "unloading")
+
+
+class ModelFiles:
+    """Adds and removes whole-model files on a running node."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.watcher = ModelWatcher(node.data_dir / MODELS_DIR, node.catalog, interval_s=node.config.models_watch_s,
+                                    add=lambda path: node.async_add_model(path, "data_dir"), drop=self.async_drop,
+                                    busy=lambda: {j.file_name for j in node.downloads.all() if j.active})
+
+    async def async_add_path(self, raw: str, *, load: bool = False) -> tuple[dict[str, Any], bool]:
+        """Serve the GGUF file at `raw` (an absolute path) for this run, as `--model PATH` does at
+        start: (its model summary, whether it is new here). InvalidRequest says what is wrong with
+        the file (missing, a folder, not a GGUF, truncated) before anything hashes it."""
+        if "\x00" in raw:
+            raise InvalidRequest("path holds a NUL character", param="path")
+        path = Path(raw)
+        if not path.is_absolute():
+            raise InvalidRequest(f"path must be absolute (the node's working directory is not yours): {raw}",
+                                 param="path")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, check_model_file, path, "api")
+        except ModelLoadError as exc:
+            raise InvalidRequest(exc.message, param="path") from exc
+        before = {e.id for e in list(self.node.catalog.entries.values()) if e.has_file}
+        model_id = await self.node.async_add_model(path, "api")
+        added = model_id not in before
+        if load:
+            return await self.node.async_load_model(model_id), added
+        return self.node.models.get(model_id).summary(), added
+
+    async def async_drop(self, entry: ModelEntry) -> bool:
+        """Remove the model of a file that is gone, unless it is loaded or in use (False: asked again
+        later) or held here as layer slices."""
+        node = self.node
+        served = node.models.registered(entry.id)
+        if served is not None and served.entry is not entry:
+            return False
+        if served is not None and (served.state in IN_USE_STATES or served.busy or served.waiting or served.running
+                                   or served.engine is not None):
+            return False
+        if any(s.entry.sha256 == entry.sha256 for s in list(node.slice_host.slices.values())):
+            return False
+        if not node.catalog.remove_file_entry(entry):
+            return False
+        if served is not None:
+            node.models.forget(entry, removed=True)
+        node.note_activity(f"model {entry.id} removed (its file is gone)")
+        if node.peers is not None:
+            await node.peers.async_announce()
+        return True

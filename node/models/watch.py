@@ -1,0 +1,135 @@
+"""The models folder while the node runs: `.gguf` files copied in are served, removed ones leave.
+
+Every `models_watch_s` the folder is listed and its files stat'ed (in an executor; nothing is read).
+A file not in the catalog is taken once two looks in a row find the same size and mtime (a copy
+still being written is left alone), then scanned as at start (hashed in an executor) and registered,
+not loaded. A file the scan refuses (truncated, not a GGUF), or finds to be a model served already, is looked at
+again only once it changes. A
+download's file is the download's to register (`busy`: the names of active downloads); `.part`
+files never match `*.gguf`. A catalogued file that is gone (a whole model's, not the embedded
+default's) is handed to `drop`, which refuses while the model is loaded or in use: it is asked again
+on the next look, so the model leaves once it is unloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from node.errors import NodeError
+from node.logs import kv
+from node.models.catalog import ModelCatalog, ModelEntry
+
+log = logging.getLogger(__name__)
+
+Stat = tuple[int, int]  # (size, mtime_ns)
+
+
+def _look(models_dir: Path, known: dict[str, Path]) -> tuple[dict[Path, tuple[Path, Stat]], set[str]]:
+    """(models_dir's *.gguf files → (resolved path, stat), ids in `known` whose file is gone); blocking."""
+    files: dict[Path, tuple[Path, Stat]] = {}
+    try:
+        listed = sorted(models_dir.glob("*.gguf"))
+    except OSError:
+        listed = []
+    for path in listed:
+        try:
+            st = path.stat()
+            if path.is_file():
+                files[path] = (path.resolve(), (st.st_size, st.st_mtime_ns))
+        except OSError:  # removed meanwhile, a dangling link
+            continue
+    gone = set()
+    for model_id, path in known.items():
+        try:
+            if not path.is_file():
+                gone.add(model_id)
+        except OSError:
+            gone.add(model_id)
+    return files, gone
+
+
+class ModelWatcher:
+    """Looks at the models folder every `interval_s`; `add(path)` serves a new file (its model id),
+    `drop(entry)` removes a gone file's model (False while it must stay: loaded, in use)."""
+
+    def __init__(self, models_dir: Path, catalog: ModelCatalog, *, interval_s: float,
+                 add: Callable[[Path], Awaitable[str]], drop: Callable[[ModelEntry], Awaitable[bool]],
+                 busy: Callable[[], set[str]]):
+        self.models_dir = models_dir
+        self.catalog = catalog
+        self.interval_s = interval_s
+        self._add, self._drop, self._busy = add, drop, busy
+        self._pending: dict[Path, Stat] = {}  # a new file → its stat at the last look
+        self._done: dict[Path, Stat] = {}  # a file taken or refused → its stat then (looked at again once changed)
+        self._kept: set[str] = set()  # ids whose file is gone while the model stays (said once)
+        self._task: asyncio.Task | None = None
+        self.looks = 0  # looks completed (tests wait for them)
+
+    def start(self) -> None:
+        if self.interval_s > 0 and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="models-watch")
+
+    async def async_stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.async_look()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not end the watch for the rest of the run
+                log.exception("models folder watch failed; trying again later")
+
+    async def async_look(self) -> None:
+        """One look: take stable new files, drop the models of gone ones."""
+        known = {e.id: e.path for e in list(self.catalog.entries.values())
+                 if e.has_file and e.partial is None and e.source != "default"}
+        files, gone = await asyncio.get_running_loop().run_in_executor(None, _look, self.models_dir, known)
+        catalogued = set(known.values())
+        busy = {name.lower() for name in self._busy()}
+        for path in [p for p in list(self._pending) + list(self._done) if p not in files]:
+            self._pending.pop(path, None)
+            self._done.pop(path, None)
+        for path in [p for p in list(self.catalog.skipped) if p.parent == self.models_dir and p not in files]:
+            self.catalog.skipped.pop(path, None)  # a refused file removed: the banner stops naming it
+        for path, (resolved, stat) in files.items():
+            if path in self.catalog.skipped and path not in self._done:  # refused by the start-up scan
+                self._done[path] = stat
+            if resolved in catalogued or path.name.lower() in busy or self._done.get(path) == stat:
+                self._pending.pop(path, None)
+                continue
+            if self._pending.get(path) != stat:  # new, or still being written
+                self._pending[path] = stat
+                continue
+            del self._pending[path]
+            log.info("DIAG: model file appeared in the models folder %s", kv(file=path.name, size_mb=round(stat[0] / 2**20, 1)))
+            try:
+                model_id: str | None = await self._add(path)
+            except NodeError as exc:
+                log.info("DIAG: model file in the models folder not served %s", kv(file=path.name, error=exc.message))
+                model_id = None
+            self._done[path] = stat  # (a copy of a model served from elsewhere is that model: not taken again)
+            if model_id is not None:
+                log.info("DIAG: model file in the models folder served %s", kv(model=model_id, file=path.name))
+        self._kept &= gone
+        for model_id in sorted(gone):
+            entry = self.catalog.entries.get(model_id)
+            if entry is None:
+                continue
+            if await self._drop(entry):
+                self._kept.discard(model_id)
+                self._done.clear()  # a copy of it taken as that model may now be a model of its own
+                log.info("DIAG: model removed, its file is gone %s", kv(model=model_id, path=entry.path))
+            elif model_id not in self._kept:
+                self._kept.add(model_id)
+                log.info("DIAG: model file gone while the model is loaded; it leaves once unloaded %s",
+                         kv(model=model_id, path=entry.path))
+        self.looks += 1
