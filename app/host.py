@@ -226,7 +226,7 @@ class NodeHost(QObject):
                 lines.append(f"The embedded default model ({DEFAULT_MODEL_FILE}) is missing from this "
                              "installation.")
             lines.append(f"To add a model, click “Add model file…”, or copy a .gguf file into "
-                         f"{self.models_dir} and restart, or start with --model PATH.")
+                         f"{self.models_dir} (it is picked up within seconds), or start with --model PATH.")
         return "\n".join(lines)
 
 
