@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from node.datadir import MODELS_DIR
 from node.errors import InvalidRequest, ModelLoadError
 from node.models.catalog import ModelEntry, check_model_file
 from node.models.watch import ModelWatcher
 
-if TYPE_CHECKING:
-    from node.node import Node
+Node = Any  # node.node.Node (not imported: it imports this module)
 
 IN_USE_STATES = ("loaded", "loading", "unloading")
 
