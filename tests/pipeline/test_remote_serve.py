@@ -181,3 +181,21 @@ async def test_a_generation_stopped_before_its_task_starts_is_removed(holder, ho
     assert _tokens(peers, gen.sid)[-1].end in ("eog", "length")
     await wait_until(lambda: server.in_flight == 0, 10, 0.02, "the second run to finish")
     assert served.waiting == 0
+
+
+def test_a_generate_for_a_model_whose_file_was_cut_is_refused_not_a_crash(tmp_path):
+    """A local request for a model whose file was cut while loaded is refused (0bb9efe); a peer's
+    GENERATE went on and read the mapped file past its new end: the holder died of SIGBUS. In a
+    subprocess (remote_cut_probe.py), so a regression fails this test, not the test run."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.support.processes import REPO, hermetic_env
+
+    done = subprocess.run([sys.executable, "-m", "tests.pipeline.remote_cut_probe", str(tmp_path)], cwd=REPO,
+                          env=hermetic_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    end = json.loads(done.stdout.strip().splitlines()[-1])
+    assert end["end"] == "error" and end["error_code"] == "model_unavailable", end
+    assert "changed on disk while it was loaded" in end["error"]

@@ -204,6 +204,7 @@ class RemoteGenerateServer:
             if served.state != "loaded":
                 log.info("On-demand loading: model is on disk but not loaded sid=%s model=%s", g.gen.sid, served.id)
                 await models.async_load(served.id)
+            await models.async_check_file(served)  # a file cut while loaded: refused, not SIGBUS
             engine, tok = served.engine, served.tokenizer
             if engine is None or tok is None:
                 raise ModelUnavailable(f"model {served.id} was unloaded while the generation was starting")
