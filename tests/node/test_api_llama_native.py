@@ -6,8 +6,11 @@ README and tests (tools/server/tests/unit/test_completion.py, test_infill.py, te
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import random
+import string
 
 import aiohttp
 import pytest
@@ -148,3 +151,34 @@ async def test_props_and_apply_template(node):
     status, text = await call(node, "/apply-template", {"messages": messages})
     assert status == 200, text
     assert json.loads(text)["prompt"] == tiny.tokenizer.render_chat(messages)
+
+
+def _megabyte() -> str:
+    rnd = random.Random(0)
+    return "".join(rnd.choice(string.ascii_letters + " ") for _ in range(1_000_000))
+
+
+async def test_a_megabyte_to_tokenize_does_not_stall_the_loop(node):
+    """The reply of a big /tokenize (with its pieces) is megabytes of JSON: serialised on the loop
+    it stalled every stream and the peers' pings for seconds (found in review: 11 s for 7 MB). The
+    loop police fails this test on a step of the node's over 0.25 s of CPU; the test's own big work
+    runs in threads."""
+    content = await asyncio.to_thread(_megabyte)
+    headers = {"Authorization": f"Bearer {node.api_key}"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://127.0.0.1:{node.api.port}/tokenize", headers=headers,
+                                json={"content": content, "with_pieces": True}) as resp:
+            assert resp.status == 200
+            data = await resp.read()
+
+        def pieces_and_ids() -> tuple[str, str]:
+            tokens = json.loads(data)["tokens"]
+            return "".join(t["piece"] for t in tokens), json.dumps({"tokens": [t["id"] for t in tokens]})
+
+        joined, body = await asyncio.to_thread(pieces_and_ids)
+        assert joined.strip() == content.strip()
+        async with session.post(f"http://127.0.0.1:{node.api.port}/detokenize", data=body,
+                                headers={**headers, "Content-Type": "application/json"}) as resp:
+            assert resp.status == 200
+            text = (await asyncio.to_thread(json.loads, await resp.read()))["content"]
+    assert text.strip() == content.strip()
