@@ -14,6 +14,7 @@ The step after these, HELLOs that turn the stream into a registered link, is the
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import ssl
 from typing import TYPE_CHECKING, Protocol
@@ -57,7 +58,12 @@ def peer_address(stream: Stream) -> str:
     peer = stream.extra("peername")
     if not peer:
         return "?"
-    return format_addr(str(peer[0]), int(peer[1]))
+    host = str(peer[0])
+    try:  # a dual-stack listener (peer_host "::") sees IPv4 peers as ::ffff:a.b.c.d: the IPv4 they are
+        mapped = ipaddress.IPv6Address(host.split("%", 1)[0]).ipv4_mapped
+    except ValueError:
+        mapped = None
+    return format_addr(str(mapped) if mapped is not None else host, int(peer[1]))
 
 
 async def _async_client_tls(stream: Stream, tls: TlsConfig, expected_node_id: str | None) -> str:
