@@ -39,6 +39,14 @@ Found = Callable[[str, list[str]], None]  # (node id, ["host:port", ...])
 
 # interfaces that are rarely how another machine reaches this one: container and VM bridges, veth ends
 _VIRTUAL_PREFIXES = ("docker", "br-", "veth", "virbr", "vboxnet", "vmnet", "cni", "flannel", "podman", "lxc", "lxd")
+# Windows names adapters by GUID: their display names say it ("vEthernet (WSL)", "VirtualBox Host-Only ...")
+_VIRTUAL_WORDS = ("vethernet", "virtualbox", "vmware", "hyper-v", "wsl")
+
+
+def _virtual(name: str, nice_name: str) -> bool:
+    name, nice = name.lower(), nice_name.lower()
+    return name.startswith(_VIRTUAL_PREFIXES) or nice.startswith(_VIRTUAL_PREFIXES) \
+        or any(w in nice for w in _VIRTUAL_WORDS)
 _ROUTE_PROBE = ("198.51.100.1", 9)  # TEST-NET-2: routed like any internet address, never sent to
 
 
@@ -48,7 +56,7 @@ def local_ipv4_addresses() -> list[str]:
     order, container/VM bridges last. Start-up and the address-change check both use this order;
     an invite keeps the first four (until 2026-12-06 a change sorted them as text, so 10.x, 100.64.x
     and 172.x bridges and VPNs went ahead of 192.168.x and invites could lack the LAN address)."""
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, bool]] = []  # (address, a container/VM bridge)
     for adapter in ifaddr.get_adapters():
         for ip in adapter.ips:
             if not isinstance(ip.ip, str):
@@ -57,9 +65,9 @@ def local_ipv4_addresses() -> list[str]:
             if addr.is_loopback or addr.is_link_local:
                 continue
             if all(ip.ip != a for a, _ in found):
-                found.append((ip.ip, str(adapter.name)))
+                found.append((ip.ip, _virtual(str(adapter.name), str(getattr(adapter, "nice_name", "") or ""))))
     default = default_route_ipv4()
-    found.sort(key=lambda f: (f[0] != default, f[1].lower().startswith(_VIRTUAL_PREFIXES)))
+    found.sort(key=lambda f: (f[0] != default, f[1]))
     return [a for a, _ in found]
 
 
