@@ -44,8 +44,10 @@ _HINTS = {"t_max_prompt_ms", "n_indent", "return_progress", "n_cache_reuse",
 _INFILL_KEYS = ("input_prefix", "input_suffix", "input_extra")
 
 
-def _default_model(request: web.Request, named: Any) -> str:
-    """The model a request names, or the one llama-server would serve: the first held whole."""
+def _default_model(request: web.Request, named: Any, *, infill: bool = False) -> str:
+    """The model a request names, or the one llama-server would serve: the first held whole (for
+    /infill the first that can infill: llama.vscode sends no `model`, and a node holding a chat
+    model before its code model refused every completion; found in review)."""
     if named is not None:
         if not isinstance(named, str) or not named:
             raise InvalidRequest("`model` must be a string", param="model")
@@ -54,6 +56,9 @@ def _default_model(request: web.Request, named: Any) -> str:
     served = models.whole_models() or models.all()
     if not served:
         raise ModelNotFound("this node serves no model yet", param="model")
+    if infill:
+        coders = [m for m in served if m.tokenizer is not None and m.tokenizer.can_infill]
+        served = coders or served  # none: the first, whose refusal says why
     return served[0].id
 
 
@@ -66,7 +71,7 @@ def _openai_body(request: web.Request, body: Any, *, infill: bool) -> tuple[dict
     for key, off in (("n_cmpl", 1), ("lora", [])):
         if out.pop(key, None) not in (None, off):
             raise Unsupported(f"`{key}` is not supported by this node: send {off} or leave it out", param=key)
-    out["model"] = _default_model(request, body.get("model"))
+    out["model"] = _default_model(request, body.get("model"), infill=infill)
     prompt = out.get("prompt")
     if infill and prompt is None:
         out["prompt"] = ""

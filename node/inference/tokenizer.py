@@ -59,6 +59,15 @@ class ModelTokenizer:
         bos = self.add_bos if add_bos is None else add_bos
         return self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=special)
 
+    def _fim_ids(self) -> list[int]:
+        return [f(self._vocab) for f in (self._llama_cpp.llama_vocab_fim_pre, self._llama_cpp.llama_vocab_fim_suf,
+                                         self._llama_cpp.llama_vocab_fim_mid)]
+
+    @property
+    def can_infill(self) -> bool:
+        """The model has the three fill-in-the-middle tokens (a code model trained for infilling)."""
+        return min(self._fim_ids()) >= 0
+
     def infill_tokens(self, prefix: str, suffix: str, extra: tuple[tuple[str, str], ...] = (), middle: str = "",
                       max_prompt_tokens: int | None = None) -> list[int]:
         """A fill-in-the-middle prompt, as llama-server's /infill writes it (prefix-suffix-middle):
@@ -70,8 +79,7 @@ class ModelTokenizer:
         whole would pass `max_prompt_tokens` (the code around the cursor is never cut). `middle`:
         the start of the middle, already written (its `prompt`). Unsupported (400) for a model without
         the three FIM tokens: only code models trained for infilling have them."""
-        ids = [f(self._vocab) for f in (self._llama_cpp.llama_vocab_fim_pre, self._llama_cpp.llama_vocab_fim_suf,
-                                         self._llama_cpp.llama_vocab_fim_mid)]
+        ids = self._fim_ids()
         if min(ids) < 0:
             raise Unsupported("`suffix` (fill-in-the-middle) needs a model trained for infilling; this model has no "
                               "FIM tokens (code models such as Qwen2.5-Coder, CodeLlama or StarCoder have them)",

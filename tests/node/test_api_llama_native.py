@@ -133,6 +133,11 @@ async def test_infill_with_extra_context_and_a_started_middle(node):
     plain = await call(node, "/v1/completions", {"model": fim.id, "prompt": PREFIX, "suffix": SUFFIX,
                                                   "max_tokens": 6, "temperature": 0})
     assert json.loads(text)["content"] == json.loads(plain[1])["choices"][0]["text"]
+    # llama.vscode sends no `model`: the node's code model, though a chat model comes first
+    status, text = await call(node, "/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 6,
+                                                "temperature": 0})
+    assert status == 200, text
+    assert json.loads(text)["model"] == fim.id and json.loads(text)["content"] == json.loads(plain[1])["choices"][0]["text"]
     for bad in ({}, {"filename": "ok"}, {"filename": 123, "text": "abc"}):
         status, text = await call(node, "/infill", {**body, "input_extra": [bad]})
         assert status == 400 and json.loads(text)["error"]["param"] == "input_extra"
