@@ -98,6 +98,9 @@ class LogFileHandler(logging.handlers.RotatingFileHandler):
             self._say(f"{self.baseFilename} is written again")
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        if not isinstance(sys.exc_info()[1], OSError):  # a bad log call (its arguments): logging's traceback
+            super().handleError(record)
+            return
         self._failed_now = True
         if self._failing:
             return

@@ -89,3 +89,20 @@ def test_full_disk_at_first_start_is_one_line_naming_the_data_dir(tmp_path):
     assert len(said) == 1 and "cannot write" in said[0], out.stderr[-3000:]  # said once, not per line
     assert (data_dir / "config.toml").read_text().startswith("# SwarmLLM node configuration")
     assert not (data_dir / "config.toml.tmp").exists()
+
+
+def test_a_bad_log_call_is_not_taken_for_a_full_disk(tmp_path, capsys):
+    """node.log's handler says a failed write once ("free some space there"); a log call with wrong
+    arguments (a bug, not the disk) got that message too, and no traceback (found in review)."""
+    import logging
+
+    from node.logs import LogFileHandler
+
+    handler = LogFileHandler(tmp_path / "node.log", maxBytes=1 << 20, backupCount=1, encoding="utf-8")
+    try:
+        bad = logging.LogRecord("node.test", logging.INFO, __file__, 1, "two values %s %s", (1,), None)
+        handler.handle(bad)  # one argument short
+    finally:
+        handler.close()
+    err = capsys.readouterr().err
+    assert "free some space" not in err and "--- Logging error ---" in err, err
