@@ -327,7 +327,7 @@ class CompletionRun:
                         yield out
                 if assembler.stop_match is not None:
                     break
-                if limit_s and self._past_time_limit(limit_s):
+                if limit_s and b"\n" in piece and self._past_time_limit(limit_s):
                     job.keep_kv = True  # a whole reply, as at a stop sequence
                     job.cancel.set()
                     break
@@ -396,10 +396,13 @@ class CompletionRun:
         return channel.batches()
 
     def _past_time_limit(self, limit_s: float) -> bool:
-        """llama-server's t_max_predict_ms: past the limit since the first token, with a newline
-        written (a code completion ends at a line's end)."""
+        """llama-server's t_max_predict_ms, asked at a token that writes a newline: past the limit
+        since the first token (a code completion ends at a line's end). Until 2026-12-06 any token
+        past the limit ended a reply that held a newline anywhere, so one that began with a newline
+        (the usual code completion at a line's end) was cut mid-line, at a point the route's speed
+        chose (a split model and a whole one gave different text)."""
         first = self.trace.first_token
-        if first is None or time.monotonic() - first <= limit_s or "\n" not in self.text:
+        if first is None or time.monotonic() - first <= limit_s:
             return False
         self.timed_out = True
         return True
