@@ -314,6 +314,15 @@ async def apply_template(request: web.Request) -> web.Response:
     return web.json_response({"prompt": prompt})
 
 
+def _model_file(served: ServedModel) -> str:
+    """/props' `model_path`: the file's name where the whole file is here; else (a model known from
+    the swarm, whose path is this node's vocab cache, or a partial download's directory) the name
+    the file has on its holders. Until 2026-12-06 a node holding nothing of the model reported
+    `<sha256>.vocab.gguf`, and clients that name the model by this path saw that."""
+    entry = served.entry
+    return entry.path.name if entry.has_file and entry.partial is None else f"{entry.name}.gguf"
+
+
 @routes.get("/props")
 async def props(request: web.Request) -> web.Response:
     """The model's context, chat template and defaults (`?model=` names one; else the default)."""
@@ -324,6 +333,6 @@ async def props(request: web.Request) -> web.Response:
     return web.json_response({
         "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": served.n_ctx, "is_processing": served.busy,
                                         "params": params, "model": served.id},
-        "total_slots": served.lock.limit, "model_path": served.entry.path.name, "model_alias": served.id,
+        "total_slots": served.lock.limit, "model_path": _model_file(served), "model_alias": served.id,
         "chat_template": tok.chat_template or CHATML_TEMPLATE, "modalities": {"vision": False, "audio": False},
         "bos_token": tok.bos_text, "eos_token": tok.eos_text, "build_info": "swarmllm", "is_sleeping": False})

@@ -3,7 +3,8 @@ split over two real nodes on 127.0.0.1, driven by the official SDKs. Greedy text
 on the whole file, streamed or not; the route shows in the headers and the trace. Today's API
 features (fill-in-the-middle, llama-server's native endpoints, t_max_predict_ms, Anthropic documents
 and search results, Responses' reasoning/include) answer over the split what a node holding the
-same file whole answers: same text, usage, finish reasons and stop types, streamed or not."""
+same file whole answers (and llama-server's endpoints do on a node holding nothing of it): same text,
+usage, finish reasons and stop types, streamed or not."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.pipeline.swarm import (
     SPLIT,
     llama_greedy,
     run,
+    start_coordinator,
     start_slice_node,
     start_whole_node,
     wait_for_route,
@@ -41,19 +43,22 @@ def swarm(tmp_path_factory):
     a = start_slice_node(base, "a", model, "0-2")
     b = start_slice_node(base, "b", model, "3-5", bootstrap=[a.peer_port])
     whole = start_whole_node(base, "w", model)  # on its own: the local route's answers, to compare
+    d = start_coordinator(base, a, name="d")  # holds nothing: knows the model from the swarm only
     try:
         async def ready():
             for p in (a, b, whole):
                 await p.async_wait_ready()
             await wait_peers(a, 1)
+            await wait_peers(d, 2)
             model_id = await wait_for_route(a, "split6-fim")
             assert await wait_for_route(whole, "split6-fim") == model_id
+            assert await wait_for_route(d, "split6-fim") == model_id
             return model_id
         model_id = run(ready())
-        yield {"model": model, "model_id": model_id, "a": a, "whole": whole,
+        yield {"model": model, "model_id": model_id, "a": a, "d": d, "whole": whole,
                "expected": llama_greedy(model, PROMPT, N)}
     finally:
-        for p in (a, b, whole):
+        for p in (a, b, whole, d):
             p.terminate()
 
 
@@ -157,14 +162,19 @@ def test_native_endpoints_over_the_split_equal_whole(swarm):
     assert _native(stopped) == _native(whole_stopped) and stopped["stop_type"] == "word"
     tokens, whole_tokens = both(swarm, "/tokenize", {"content": PROMPT, "with_pieces": True})
     assert tokens == whole_tokens
+    # a node holding nothing of the model: no `model` names the one the swarm serves
+    status, _, on_d = run(_post(swarm["d"], "/completion", body))
+    assert status == 200 and _native(on_d) == _native(whole)
     props = {}
-    for name in ("a", "whole"):
+    for name in ("a", "d", "whole"):
         status, raw = swarm[name].get("/props")
         assert status == 200, raw
         props[name] = json.loads(raw)
-    for key in ("chat_template", "bos_token", "eos_token", "model_alias"):
-        assert props["a"][key] == props["whole"][key], key
-    assert props["a"]["default_generation_settings"]["n_ctx"] == props["whole"]["default_generation_settings"]["n_ctx"]
+    for name in ("a", "d"):
+        for key in ("chat_template", "bos_token", "eos_token", "model_alias", "model_path", "total_slots"):
+            assert props[name][key] == props["whole"][key], (name, key)
+        assert props[name]["default_generation_settings"]["n_ctx"] == \
+            props["whole"]["default_generation_settings"]["n_ctx"]
 
 
 def test_time_limit_over_the_split_ends_at_a_line_end(swarm):
@@ -227,3 +237,4 @@ def test_anthropic_documents_and_responses_options_over_the_split_equal_whole(sw
     assert split["status"] == whole["status"]
     assert [split["usage"][k] for k in ("input_tokens", "output_tokens")] == \
         [whole["usage"][k] for k in ("input_tokens", "output_tokens")]
+
