@@ -174,6 +174,8 @@ CLAIM_PROGRESS_ANNOUNCE_S = 20.0  # a loading slice's fetch progress goes to pee
 AUTO_SERVE_DEFER_ROUNDS = 3  # evaluations a node waits for the first mover (same coverage) before moving itself
 AUTO_SERVE_BALANCE_ROUNDS = 3  # a move for throughput alone is made once found on this many periodic rounds in a
 # row (~6 min): measured speeds that alternate by ±25 % moved a spare node back and forth every round
+PARTIAL_START_OPEN_WAIT_S = 2.0  # a --model URL's origin probe holds the start at most this; a slower one goes on in
+# the background, the node up without it (an origin that accepted and never answered held the API for 60 s)
 PARTIAL_OPEN_RETRY_MIN_S = 5.0  # a --model URL unreachable at start (nothing of it here) is tried again after this,
 PARTIAL_OPEN_RETRY_MAX_S = 300.0  # doubling up to this
 AUTO_SERVE_RETRY_MIN_S = 5.0  # a slice that failed to load is chosen again after this, doubling to the re-check period

@@ -22,7 +22,6 @@ from node.contribute import Contributions
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, DataDirLock, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
 from node.errors import (
-    InvalidRequest,
     ModelNotFound,
     ModelUnavailable,
     ShuttingDown,
@@ -46,22 +45,23 @@ from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.metrics import NodeMetrics
 from node.model_files import ModelFiles
-from node.models.catalog import ModelCatalog
+from node.models.catalog import ModelCatalog, ModelEntry
 from node.models.download import DownloadJob, ModelDownloader
 from node.models.header import HEADERS_DIR, HeaderCache
-from node.models.sources import is_model_url, model_sources
+from node.models.sources import model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.status import node_ready, node_stats
 from node.stopping import async_bounded, async_drain, async_drain_others, end_runs
 from node.swarm_actions import SwarmActions
 from node.sysinfo import MachineInfo, collect, host_names, user_names
 from node.trace import RequestTrace, TraceHub
+from node.url_models import UrlModels
 from node.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
 
-class Node(SwarmActions):
+class Node(SwarmActions, UrlModels):
     """A SwarmLLM node: API server, models, slices, peer network, pipeline, traces, diagnostics.
 
     Implements node.api.view.NodeView, the narrow view the HTTP handlers get."""
@@ -110,6 +110,8 @@ class Node(SwarmActions):
         self._announce_task: asyncio.Task | None = None
         self._stopping = False
         self._later_urls: list[str] = []  # --model URLs unreachable at start (opened in the background)
+        self._pending_urls: dict[str, asyncio.Task] = {}  # --model URLs whose origin had not answered at start
+        self._fixed_slices: list[tuple[ModelEntry, int, int]] = []  # the --layers slices (a late URL's joins them)
         self._url_tasks: list[asyncio.Task] = []
         self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
 
@@ -153,10 +155,10 @@ class Node(SwarmActions):
         self.started_at = time.time()
         self._machine_task = asyncio.create_task(self._collect_machine(), name="machine-info")
         slices, auto = [], []
-        url_dirs = await self._async_open_url_models()
+        url_dirs, url_dirs_all = await self._async_open_url_models()
         sources = await loop.run_in_executor(None, functools.partial(
             model_sources, self.data_dir, self.config.models, include_default=self.config.include_default_model,
-            exclude=url_dirs))
+            exclude=url_dirs_all))
         for entry in await self.catalog.async_scan(sources + [(d, "cli") for d in url_dirs]):
             as_slice = (bool(self.config.layers) or self.config.serve == "auto") and entry.source == "cli"
             if as_slice and self.config.serve == "auto":
@@ -180,16 +182,16 @@ class Node(SwarmActions):
         self.autoserve = AutoServe(self.node_id, self.slice_host, self.peers, auto, announce=self._async_announce,
                                    budget_mb=self.config.slice_budget_mb,
                                    reevaluate_s=self.config.serve_reevaluate_s, note=self.note_activity)
-        self.contributions.attach(self.autoserve, slices)
+        self._fixed_slices = slices
+        self.contributions.attach(self.autoserve, self._fixed_slices)
         await self.contributions.async_restore()
         self.autoserve.start()
         self.model_files.watcher.start()
         self._url_tasks = [asyncio.create_task(self.partials.async_open_later(url, self._async_serve_url_model),
                                                name="open-model-url") for url in self._later_urls]
-        self._url_tasks += [asyncio.create_task(fixed.async_load_later(
-            self.slice_host, *slice_, note=self.note_activity, announce=self._async_announce,
-            paused=lambda: self.contributions.paused, stopping=lambda: self._stopping), name="load-layers-later")
-            for slice_ in retries]
+        self._url_tasks += [asyncio.create_task(self.partials.async_open_pending(url, task, self._async_serve_url_model),
+                                                name="open-model-url-pending") for url, task in self._pending_urls.items()]
+        self._url_tasks += [self._load_later(slice_) for slice_ in retries]
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
 
@@ -232,7 +234,7 @@ class Node(SwarmActions):
             return close
 
         async def cancel_background() -> None:
-            for task in (self._machine_task, self._announce_task, *self._url_tasks):
+            for task in (self._machine_task, self._announce_task, *self._url_tasks, *self._pending_urls.values()):
                 if task is not None:
                     task.cancel()
 
@@ -332,26 +334,6 @@ class Node(SwarmActions):
         assert self.machine is not None
         return self.machine
 
-    async def _async_open_url_models(self) -> set[Path]:
-        """`--model URL`: a partial model per URL in models/ (its layers are fetched when a slice
-        of them loads). Returns their directories. With `--serve auto`, one whose origin cannot be
-        read (and nothing of it is here) is opened later, in the background (`_later_urls`)."""
-        urls = [m for m in self.config.models if is_model_url(m)]
-        if urls and not (self.config.layers or self.config.serve == "auto"):
-            raise InvalidRequest("a model given by URL is served in layers: add --layers A-B or --serve auto "
-                                 "(`swarmllm download URL` fetches the whole file)", param="model")
-        dirs, self._later_urls = await self.partials.async_open_all(urls, later_ok=self.config.serve == "auto")
-        return dirs
-
-    async def _async_serve_url_model(self, directory: Path) -> None:
-        """A `--model URL` opened after start: catalogued, registered and given to the layer choice."""
-        if self._stopping:
-            return
-        for entry in await self.catalog.async_scan([(directory, "cli")]):
-            await self.models.async_register(entry, whole=False)
-            if self.autoserve is not None:
-                await self.autoserve.async_add(entry)
-
     async def async_add_model(self, path: Path, source: str, *, sha256: str | None = None,
                               origin_url: str | None = None) -> str:
         """Serve a GGUF file that was not here at start (a download, the GUI's Add, the admin API, the
@@ -435,7 +417,8 @@ class Node(SwarmActions):
             user_names=list(self.user_names),
             activity=list(self.activity), traces=self.traces, machine=self.async_machine, models=self.models,
             slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline,
-            remote=self.remote_server, skipped_models=self.catalog.skipped_reasons())
+            remote=self.remote_server, skipped_models=self.catalog.skipped_reasons(),
+            waiting_on=self.waiting_on())
 
     def model_summaries(self) -> list[dict[str, Any]]:
         """Every model this node serves: whole ones, then layer slices."""

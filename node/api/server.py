@@ -26,7 +26,9 @@ async def health_ready(request: web.Request) -> web.Response:
     node = request.app[NODE]
     ready = node.is_ready()
     log.debug("DIAG: health_ready probe ready=%s", ready)
-    body = {"status": "ready" if ready else "not_ready", "models_loaded": ready}
+    body: dict = {"status": "ready" if ready else "not_ready", "models_loaded": ready}
+    if waiting := node.waiting_on():  # what the start left under way: a model URL whose origin has not answered
+        body["waiting_on"] = waiting
     return web.json_response(body, status=200 if ready else 503)
 
 

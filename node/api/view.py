@@ -35,6 +35,9 @@ class NodeView(Protocol):
     def is_ready(self) -> bool:
         """True once this node's own models and slices are loaded and something can serve."""
 
+    def waiting_on(self) -> list[str]:
+        """What the start left under way (a model URL whose origin has not answered)."""
+
     @property
     def stopping(self) -> bool:
         """True once the node has begun to stop (new requests get a 503)."""

@@ -24,6 +24,7 @@ class ThreadedOrigin:
         self.ranges: list[str | None] = []
         self.stall_after: int | None = None  # once this many body bytes went out, wait for `release`
         self.unavailable = False  # answer every request 503 (the origin is down)
+        self.hold_answers = False  # accept requests and answer nothing (no status line) until `release`
         # ranges starting at or past this byte fail (the header's first bytes still come through):
         # with a 503 (the origin went away mid-fetch), or, with `fail_page`, a 200 with a small HTML
         # page and no ETag (a proxy's or a captive portal's answer that is not the file)
@@ -38,6 +39,8 @@ class ThreadedOrigin:
                 pass
 
             def do_GET(self):  # noqa: N802 - http.server's name
+                if origin.hold_answers:
+                    origin.release.wait(120)  # a hung origin (a proxy holding the request) until let go
                 if origin.unavailable:
                     self.send_error(503)
                     return

@@ -63,6 +63,8 @@ class PartialModels:
         self.note = note  # a line for the node's activity list (the GUI's status)
         self._lock = asyncio.Lock()
         self._urls: dict[Path, str] = {}  # partial model directory -> the URL as given
+        # URL as given -> since when (epoch s): opens the start did not wait for (their origin not answering)
+        self.opening: dict[str, float] = {}
         self.peers: Any = None  # PeerManager (async_request), once the node's network is up
         # (model sha256) -> [(node id, start, end)]: the peers' advertised slices of it
         self.holders: Callable[[str], list[tuple[str, int, int]]] = lambda _sha: []
@@ -74,11 +76,15 @@ class PartialModels:
         """Fetch from peers too (the node calls this once its peer manager runs)."""
         self.peers, self.holders = peers, holders
 
+    def directory_of(self, url: str) -> Path:
+        """Where url's partial model lies (it may not exist yet; nothing read)."""
+        resolved = resolve_url(url)
+        return self.models_dir / dir_name(display_url(resolved), file_name_for(resolved, None))
+
     async def async_open(self, url: str) -> Path:
         """The directory of url's partial model (its header probed; nothing else fetched but the
         tiny `globals` part). DownloadFailed when the origin cannot be read and nothing is here."""
-        resolved = resolve_url(url)
-        directory = self.models_dir / dir_name(display_url(resolved), file_name_for(resolved, None))
+        directory = self.directory_of(url)
         store, manifest = await async_open_partial(url, directory, forget=self._forget)
         log.info("DIAG: partial model opened %s", kv(url=manifest.origin_url, dir=directory.name,
                                                      held=manifest.describe()))
@@ -86,20 +92,66 @@ class PartialModels:
         self._urls[resolved_dir] = url
         return resolved_dir
 
-    async def async_open_all(self, urls: list[str], *, later_ok: bool) -> tuple[set[Path], list[str]]:
-        """Open each URL's partial model: (their directories, the URLs whose origin could not be
-        read with nothing of them here, when `later_ok`; else that DownloadFailed is raised)."""
-        dirs, later = set(), []
-        for url in urls:
-            try:
-                dirs.add(await self.async_open(url))
-            except DownloadFailed as exc:
-                if not later_ok:
-                    raise
-                log.warning("DIAG: model URL unreachable at start, trying again in the background %s",
-                            kv(error=exc.message))
-                later.append(url)
-        return dirs, later
+    async def async_open_all(self, urls: list[str], *, later_ok: bool,
+                             wait_s: float | None = None) -> tuple[set[Path], list[str], dict[str, asyncio.Task[Path]]]:
+        """Open each URL's partial model, side by side: (their directories, the URLs whose origin
+        could not be read with nothing of them here, when `later_ok` (else that DownloadFailed is
+        raised), the opens still under way after `wait_s` (an origin that accepts and does not
+        answer): the caller hands those to `async_open_pending`, the node starting without them)."""
+        tasks = {url: asyncio.create_task(self.async_open(url), name="open-model-url") for url in urls}
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=wait_s)
+        dirs, later, pending = set(), [], {}
+        try:
+            for url, task in tasks.items():
+                if not task.done():
+                    shown = display_url(resolve_url(url))
+                    log.warning("DIAG: model origin slow to answer at start, opening it in the background %s",
+                                kv(url=shown, waited_s=wait_s))
+                    self.note(f"model {shown}: its origin has not answered yet; opening it in the background")
+                    self.opening[url] = time.time()
+                    pending[url] = task
+                    continue
+                try:
+                    dirs.add(task.result())
+                except DownloadFailed as exc:
+                    if not later_ok:
+                        raise
+                    log.warning("DIAG: model URL unreachable at start, trying again in the background %s",
+                                kv(error=exc.message))
+                    later.append(url)
+        except BaseException:  # the start fails: the other opens go with it
+            for task in tasks.values():
+                task.cancel()
+            raise
+        return dirs, later, pending
+
+    async def async_open_pending(self, url: str, opening: asyncio.Task[Path],
+                                 on_open: Callable[[Path], Awaitable[None]]) -> None:
+        """An open that outlasted the start's wait (`async_open_all`): `on_open(directory)` once it
+        ends; if it fails, opened again as `async_open_later` does."""
+        shown = display_url(resolve_url(url))
+        try:
+            directory = await opening
+        except DownloadFailed as exc:
+            log.warning("DIAG: model URL unreachable at start, trying again in the background %s",
+                        kv(url=shown, error=exc.message))
+            await self.async_open_later(url, on_open)
+            return
+        except NodeError as exc:  # its header is no model (at start this stopped the node): said, not retried
+            self.opening.pop(url, None)
+            log.error("DIAG: model from URL cannot be served %s", kv(url=shown, error=exc.message))
+            self.note(f"model {shown} cannot be served: {exc.message}")
+            return
+        finally:
+            opening.cancel()  # this task cancelled (the node stops): the open goes too
+        self.opening.pop(url, None)
+        log.info("DIAG: model origin answered after the start, serving it %s", kv(url=shown))
+        self.note(f"model {shown} reachable: serving it")
+        try:
+            await on_open(directory)
+        except Exception:  # noqa: BLE001 - logged: the node goes on without it
+            log.exception("DIAG: model from URL could not be served url=%s", shown)
 
     async def async_open_later(self, url: str, on_open: Callable[[Path], Awaitable[None]]) -> None:
         """Open `url`'s partial model once its origin answers: tried again after
@@ -107,6 +159,7 @@ class PartialModels:
         For a `--model URL` whose origin could not be read at start with nothing of it here: the
         node starts without it (it used to exit, although peers may serve every layer of it)."""
         delay = const.PARTIAL_OPEN_RETRY_MIN_S
+        self.opening.setdefault(url, time.time())
         while True:
             await asyncio.sleep(delay)
             try:
@@ -117,12 +170,17 @@ class PartialModels:
                                                                      error=getattr(exc, "message", str(exc)),
                                                                      retry_in_s=delay))
                 continue
+            self.opening.pop(url, None)
             self.note(f"model {display_url(resolve_url(url))} reachable: serving it")
             try:
                 await on_open(directory)
             except Exception:  # noqa: BLE001 - logged: the node goes on without it
                 log.exception("DIAG: model from URL could not be served url=%s", display_url(resolve_url(url)))
             return
+
+    def pending(self) -> list[str]:
+        """The `--model URL`s not open yet (their origin has not answered), as shown (no query)."""
+        return [display_url(resolve_url(url)) for url in self.opening]
 
     async def async_fetch(self, entry: ModelEntry, start: int, end: int, *,
                           progress: Callable[[int, int], None] | None = None) -> None:
