@@ -86,7 +86,12 @@ CLOCK_SKEW_WARN_S = 300.0  # a peer's HELLO time this far from ours: WARNING onc
 MDNS_ADDRESS_CHECK_S = 5.0  # how often the host's IPv4 addresses are compared with what mDNS announces
 RELAY_MAX_REGISTRATIONS = 1024
 RELAY_MAX_CIRCUITS = 64  # spliced circuits open at once on a relay
-RELAY_CIRCUIT_MAX_BYTES = 4 * 1024 * 1024 * 1024  # per circuit, both directions; then it is closed
+# a circuit's bytes (both directions) are rate-limited, never capped over its lifetime: a token bucket
+# of RELAY_CIRCUIT_BURST_BYTES refilled at RELAY_CIRCUIT_BYTES_PER_S; past it the relay stops reading
+# (TCP pushes back on the sender) until the bucket refills. Until 2026-12-06 a circuit was closed after
+# 4 GiB in all, so a busy relayed link (a split model's hidden states) was dropped once per 4 GiB.
+RELAY_CIRCUIT_BURST_BYTES = 256 * 1024 * 1024
+RELAY_CIRCUIT_BYTES_PER_S = 32 * 1024 * 1024
 RELAY_CIRCUIT_IDLE_S = 120.0  # a circuit with no bytes this long is dropped (links ping every 2 s)
 RELAY_CIRCUIT_SETUP_TIMEOUT_S = 10.0  # target must answer an incoming circuit within this
 RELAY_LIST_INTERVAL_S = 10.0  # rendezvous: ask each relay who is registered

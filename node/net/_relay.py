@@ -10,7 +10,8 @@ only members of the relay's swarm get one), then opens a raw TCP connection with
 naming the target and carrying the ticket; the relay sends "incoming" with a fresh unguessable token over the target's link; the target opens
 its own raw connection with an "A" preamble carrying the token; the relay answers both and then
 copies bytes between them. The two ends run TLS end to end over that splice, so the relay only
-ever sees ciphertext. Circuits are capped in number and in bytes, and dropped when idle.
+ever sees ciphertext. Circuits are capped in number, rate-limited in bytes (a token bucket per
+circuit: past it the relay reads more slowly, it never cuts a busy circuit), and dropped when idle.
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ class Circuit:
     last_activity: float = field(default_factory=time.monotonic)
     bytes_forwarded: int = 0
     close_cause: str | None = None
+    tokens: float = field(default_factory=lambda: float(const.RELAY_CIRCUIT_BURST_BYTES))
+    refilled: float = field(default_factory=time.monotonic)
+    throttled_s: float = 0.0  # time the pumps waited for the bucket to refill
+
+    def wait_for(self, nbytes: int) -> float:
+        """Take nbytes from the circuit's bucket; the seconds to wait before forwarding them."""
+        now = time.monotonic()
+        burst, rate = float(const.RELAY_CIRCUIT_BURST_BYTES), float(const.RELAY_CIRCUIT_BYTES_PER_S)
+        self.tokens = min(burst, self.tokens + (now - self.refilled) * rate)
+        self.refilled = now
+        self.tokens -= nbytes
+        return -self.tokens / rate if self.tokens < 0 else 0.0
 
 
 class RelayService:
@@ -78,7 +91,8 @@ class RelayService:
             log.info("DIAG: relay registration accepted %s",
                      kv(peer_id=link.short_id, registered=len(self.registrations)))
             link.send_nowait(frame.reply(FrameType.RELAY, {
-                "op": "ok", "max_circuit_bytes": const.RELAY_CIRCUIT_MAX_BYTES,
+                "op": "ok", "circuit_bytes_per_s": const.RELAY_CIRCUIT_BYTES_PER_S,
+                "circuit_burst_bytes": const.RELAY_CIRCUIT_BURST_BYTES,
                 "circuit_idle_s": const.RELAY_CIRCUIT_IDLE_S,
             }))
         elif op == "list":
@@ -168,7 +182,8 @@ class RelayService:
             other.abort()
             log.info("DIAG: relay circuit closed %s",
                      kv(circuit=circuit.circuit_id, cause=circuit.close_cause,
-                        bytes=circuit.bytes_forwarded, active=len(self.circuits)))
+                        bytes=circuit.bytes_forwarded, throttled_s=round(circuit.throttled_s, 1) or None,
+                        active=len(self.circuits)))
 
     def handle_accept(self, stream: Stream, body: dict) -> bool:
         """An "A" preamble: the target's half of a pending circuit. False if unknown."""
@@ -204,11 +219,15 @@ class RelayService:
                 circuit.last_activity = time.monotonic()
                 circuit.bytes_forwarded += len(data)
                 self.bytes_total += len(data)
-                if circuit.bytes_forwarded > const.RELAY_CIRCUIT_MAX_BYTES:
-                    circuit.close_cause = "byte_cap"
-                    log.warning("DIAG: relay circuit byte cap reached %s",
-                                kv(circuit=circuit.circuit_id, cap=const.RELAY_CIRCUIT_MAX_BYTES))
-                    return
+                wait_s = circuit.wait_for(len(data))
+                if wait_s > 0:  # past its rate: read no more until the bucket refills (TCP pushes back)
+                    if circuit.throttled_s == 0.0:
+                        log.info("DIAG: relay circuit throttled %s", kv(
+                            circuit=circuit.circuit_id, bytes=circuit.bytes_forwarded,
+                            bytes_per_s=const.RELAY_CIRCUIT_BYTES_PER_S))
+                    circuit.throttled_s += wait_s
+                    await asyncio.sleep(wait_s)
+                    circuit.last_activity = time.monotonic()
                 if self.tap is not None:
                     self.tap(circuit.circuit_id, direction, data)
                 dst.write(data)

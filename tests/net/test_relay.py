@@ -94,15 +94,54 @@ async def test_unregistered_target_is_refused(make_manager, fast_net):
         await a.discovery.relays.async_ticket(addr(r), "e" * 64)
 
 
-async def test_byte_cap_closes_the_circuit(relay_trio, monkeypatch, caplog):
+async def test_a_busy_circuit_is_throttled_not_cut(relay_trio, monkeypatch, caplog):
+    """A relayed link that moves more than its burst (a split model's hidden states for hours) is
+    slowed to RELAY_CIRCUIT_BYTES_PER_S and kept. Until 2026-12-06 the relay closed a circuit once
+    RELAY_CIRCUIT_MAX_BYTES (4 GiB) had crossed it in its lifetime: the request in flight failed and
+    the link redialled, once per 4 GiB (patched small here so code with a lifetime cap fails)."""
     r, a, b, _ = relay_trio
     caplog.set_level(logging.INFO)
     first = a.link(b.node_id)
-    monkeypatch.setattr(const, "RELAY_CIRCUIT_MAX_BYTES", 256 * 1024)
+    monkeypatch.setattr(const, "RELAY_CIRCUIT_MAX_BYTES", 256 * 1024, raising=False)
+    monkeypatch.setattr(const, "RELAY_CIRCUIT_BURST_BYTES", 256 * 1024, raising=False)
+    monkeypatch.setattr(const, "RELAY_CIRCUIT_BYTES_PER_S", 2 * 1024 * 1024, raising=False)
+    for circuit in r.relay.circuits.values():  # the trio's circuits were opened with the default bucket
+        circuit.tokens = 0.0
+    payload = b"x" * (512 * 1024)
+    for _ in range(2):
+        reply = await a.async_request(b.node_id, Frame(FrameType.WORK, {}, payload), timeout_s=20)
+        assert reply.payload == payload
+    assert a.link(b.node_id) is first and first.is_open
+    assert sum(c.bytes_forwarded for c in r.relay.circuits.values()) > 4 * len(payload)
+    assert any(c.throttled_s > 0 for c in r.relay.circuits.values())
+    assert "relay circuit throttled" in caplog.text
+
+
+async def test_a_request_in_flight_when_the_circuit_is_cut_fails_at_once_and_the_link_comes_back(relay_trio):
+    """The relay's splice dies under a request (the relay restarts a circuit, a NAT forgets it): the
+    request fails with a PeerError when the link closes, not at its timeout, and the two nodes link
+    again through the relay."""
+    r, a, b, _ = relay_trio
+    answered, hold = asyncio.Event(), asyncio.Event()
+
+    async def held(link, frame):
+        answered.set()
+        await hold.wait()
+        return frame.reply(FrameType.RESULT, {}, frame.payload)
+    b.register_handler(FrameType.WORK, held)
+    first, first_b = a.link(b.node_id), b.link(a.node_id).connection_id
+    request = asyncio.ensure_future(a.async_request(b.node_id, Frame(FrameType.WORK, {}, b"q"), timeout_s=120))
+    await wait_until(answered.is_set, what="the request reached b")
+    first.stream.abort()  # a's end of the circuit dies; the relay closes b's end
     with pytest.raises(PeerError):
-        await a.async_request(b.node_id, Frame(FrameType.WORK, {}, b"x" * (512 * 1024)), timeout_s=20)
-    await wait_until(lambda: not first.is_open, what="the capped circuit's link to close")
-    assert "relay circuit byte cap reached" in caplog.text
+        async with asyncio.timeout(10):
+            await request
+    await wait_until(lambda: b.link(a.node_id) is None or b.link(a.node_id).connection_id != first_b,
+                     what="b saw the circuit go")
+    hold.set()
+    await wait_until(lambda: relayed(a, b) and a.link(b.node_id) is not first, what="a new relayed link")
+    reply = await a.async_request(b.node_id, Frame(FrameType.WORK, {}, b"again"), timeout_s=10)
+    assert reply.payload == b"again"
 
 
 async def test_idle_circuit_is_dropped(make_manager, fast_net, monkeypatch, caplog):
