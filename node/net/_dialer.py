@@ -29,7 +29,7 @@ from ._connect import Establish, async_dial_direct, async_dial_first, async_dial
 from ._foreign import ForeignPeers
 from ._identity import short_id
 from ._link import PeerLink
-from ._messages import FEATURE_RELAY, NotSwarmPeer
+from ._messages import NotSwarmPeer
 from ._stream import Stream
 from ._table import PeerRecord, PeerTable
 from ._tasks import Tasks
@@ -162,6 +162,7 @@ class Dialer:
                     self._table.forget(rec)
                     continue
                 if not self._routes(rec):
+                    self._no_route(rec)
                     continue
                 self._dialing[rec.node_id] = spawn(self._async_dial_record_task(rec), name="dial-peer")
             for rec in self._table:
@@ -182,9 +183,22 @@ class Dialer:
                 pass
 
     def _is_relay(self, rec: PeerRecord) -> bool:
-        if rec.hello is not None and rec.hello.features & FEATURE_RELAY:
+        if rec.is_relay:  # its HELLO said so, or peers.json remembers it did
             return True
         return any(t.node_id == rec.node_id for t in self.targets.values() if t.site == "relay")
+
+    def _no_route(self, rec: PeerRecord) -> None:
+        """A peer with nothing to dial shows why, not "connecting" for ever. It is not gone (not
+        forgotten after PEER_FORGET_S): a relay that lists it, or dialling directly again, is a route."""
+        if rec.link is not None:
+            return
+        if self._config.no_direct and self._dialable(rec.addrs):
+            why = "not dialled: --no-direct (peers only through relays) and no relay it is registered at is known"
+        else:
+            why = "not dialled: no address or relay known"
+        if rec.state == "connecting" or (rec.state == "gone" and rec.last_error != why):
+            rec.state, rec.last_error = "gone", why
+            self._table.emit_changed(rec)
 
     def _dialable(self, addrs: list[str]) -> list[str]:
         return [a for a in addrs if a not in self._foreign.addrs and a not in self._self_addrs]

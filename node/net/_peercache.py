@@ -40,6 +40,7 @@ class CachedPeer:
     relays: list[str] = field(default_factory=list)
     last_seen: float | None = None
     failing: dict[str, list[float]] = field(default_factory=dict)  # addr -> [failing since (unix), failed dials]
+    relay: bool = False  # it runs a relay service (a --no-direct node still dials it directly)
 
 
 @dataclass
@@ -85,7 +86,7 @@ def load_peer_cache(data_dir: Path) -> PeerCache:
             addrs = _str_list(item.get("addrs"))
             peers.append(CachedPeer(item["node_id"], addrs, _str_list(item.get("relays")),
                                     float(seen) if isinstance(seen, int | float) else None,
-                                    _failing(item.get("failing"), addrs)))
+                                    _failing(item.get("failing"), addrs), item.get("relay") is True))
     cache = PeerCache(peers, _str_list(data.get("foreign")))
     log.debug("DIAG: peer cache loaded %s", kv(count=len(cache.peers), foreign=len(cache.foreign)))
     return cache
@@ -110,7 +111,7 @@ def save_peer_cache(data_dir: Path, cache: PeerCache) -> None:
     data = {
         "version": _VERSION,
         "peers": [{"node_id": p.node_id, "addrs": p.addrs, "relays": p.relays, "last_seen": p.last_seen,
-                   "failing": p.failing} for p in cache.peers],
+                   "failing": p.failing, **({"relay": True} if p.relay else {})} for p in cache.peers],
         "foreign": cache.foreign,
     }
     tmp = path.with_name(path.name + ".tmp")
@@ -152,6 +153,7 @@ class PeerCacheKeeper:
                     rec.addr_failing.setdefault(addr, list(entry))
             for relay in peer.relays:
                 rec.add_relay(relay)
+            rec.was_relay = peer.relay
 
     def schedule_save(self) -> None:
         """Save peers.json soon (debounced)."""
@@ -176,7 +178,8 @@ class PeerCacheKeeper:
             if (r.addrs or r.relays) and r.node_id not in self._foreign.ids:
                 addrs = [a for a in r.addrs if a not in self._self_addrs][:8]
                 peers.append(CachedPeer(r.node_id, addrs, r.relays[:4], now if r.link else r.last_seen,
-                                        {a: list(r.addr_failing[a]) for a in addrs if a in r.addr_failing}))
+                                        {a: list(r.addr_failing[a]) for a in addrs if a in r.addr_failing},
+                                        r.is_relay))
         cache = PeerCache(peers[: const.PEER_CACHE_MAX], sorted(self._foreign.addrs)[:1024])
         try:
             await asyncio.get_running_loop().run_in_executor(None, save_peer_cache, self._data_dir, cache)

@@ -90,6 +90,12 @@ class PeerRecord:
     dial_failures: int = 0
     upgrade_at: float = 0.0  # monotonic: when to try a direct link next while the link is relayed
     upgrade_backoff_s: float = 0.0
+    was_relay: bool = False  # peers.json says its last HELLO announced FEATURE_RELAY
+
+    @property
+    def is_relay(self) -> bool:
+        """Its HELLO announced a relay service, or peers.json remembers that it did."""
+        return bool(self.hello.features & FEATURE_RELAY) if self.hello is not None else self.was_relay
 
     @property
     def short_id(self) -> str:
@@ -173,7 +179,7 @@ class PeerRecord:
             is_dialer=link.is_dialer if link else None,
             connections=connections,
             sources=tuple(sorted(self.sources)),
-            is_relay=bool(hello and hello.features & FEATURE_RELAY),
+            is_relay=self.is_relay,
             last_error=self.last_error,
             liveness_deadline_s=link.liveness_deadline_s() if link else None,
             connection_id=link.connection_id if link else None,

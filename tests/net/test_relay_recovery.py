@@ -83,3 +83,22 @@ async def test_a_relay_that_refuses_a_circuit_is_named_in_the_peer_error(make_ma
         return next((e for e in errors if e and "too_many_circuits" in e), None)
     error = await wait_until(refused, what="a dial through the full relay refused")
     assert error == f"relay {addr(r)} refused the circuit: too_many_circuits"
+
+
+async def test_a_no_direct_node_uses_a_relay_it_knows_only_from_peers_json(make_manager, fast_net):
+    """A node met relay R and plain peer P directly, then restarts with --no-direct and no --relays:
+    R (peers.json says it is a relay) is dialled directly, as relays always are, and P shows why it
+    is not dialled. Before, peers.json did not say R was a relay, so --no-direct dialled neither and
+    both showed "connecting" for ever in `swarmllm peers` and the GUI."""
+    r = await make_manager("r", relay=True)
+    p = await make_manager("p")
+    a = await make_manager("a", bootstrap=[addr(r), addr(p)])
+    await wait_until(lambda: a.link(r.node_id) and a.link(p.node_id), what="a linked to r and p")
+    await a.async_stop()
+    await p.async_stop()  # (a running p could dial a2 itself once r's PEX names a2)
+    a2 = await make_manager("a", no_direct=True)  # same data dir: peers.json names r and p
+    await wait_until(lambda: a2.link(r.node_id) is not None, timeout_s=10, what="a dials the cached relay")
+    assert a2.peer(r.node_id).state == "connected" and a2.peer(r.node_id).transport == "direct"
+    await wait_until(lambda: addr(r) in a2.discovery.registered_relays(), what="a registered at r")
+    await wait_until(lambda: a2.peer(p.node_id).state == "gone", what="p shown as not dialled")
+    assert "--no-direct" in a2.peer(p.node_id).last_error
