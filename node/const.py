@@ -50,6 +50,8 @@ RTO_MAX_S = 60.0
 PEER_GONE_MISSED_PINGS = 3
 RECONNECT_BACKOFF_MIN_S = 0.5
 RECONNECT_BACKOFF_MAX_S = 30.0
+RELAY_RECONNECT_BACKOFF_MAX_S = 5.0  # a relay (configured, or known to be one) is redialled at least this
+# often: one address, and a NATed node reaches nobody without it (2026-12-06: it waited up to 36 s)
 
 # --- peer network: links, discovery, relay (node/net; owned by the peer-network module) ---
 CONNECT_TIMEOUT_S = 5.0  # TCP connect to a peer or relay

@@ -51,8 +51,9 @@ class AddrTarget:
     is_self: bool = False
 
 
-def _next_backoff(current: float) -> float:
-    return min(max(current * 2, const.RECONNECT_BACKOFF_MIN_S), const.RECONNECT_BACKOFF_MAX_S)
+def _next_backoff(current: float, *, relay: bool = False) -> float:
+    cap = min(const.RECONNECT_BACKOFF_MAX_S, const.RELAY_RECONNECT_BACKOFF_MAX_S) if relay else const.RECONNECT_BACKOFF_MAX_S
+    return min(max(current * 2, const.RECONNECT_BACKOFF_MIN_S), cap)
 
 
 def _jitter(seconds: float) -> float:
@@ -226,7 +227,7 @@ class Dialer:
             log.info("DIAG: %s address is this node, not dialling it %s", target.site, kv(addr=target.addr))
         except PeerError as exc:
             target.failures += 1
-            target.backoff_s = _next_backoff(target.backoff_s)
+            target.backoff_s = _next_backoff(target.backoff_s, relay=target.site == "relay")
             target.next_at = time.monotonic() + _jitter(target.backoff_s)
             log.warning("DIAG: %s dial failed %s", target.site, kv(
                 addr=target.addr, peer_id=short_id(target.node_id) if target.node_id else None,
@@ -242,7 +243,7 @@ class Dialer:
             pass  # the record says refused now; the maintenance loop leaves it alone
         except PeerError as exc:
             rec.dial_failures += 1
-            rec.backoff_s = _next_backoff(rec.backoff_s)
+            rec.backoff_s = _next_backoff(rec.backoff_s, relay=self._is_relay(rec))
             rec.next_dial_at = time.monotonic() + _jitter(rec.backoff_s)
             rec.last_error = exc.message
             if rec.link is None and rec.state != "gone":

@@ -102,3 +102,25 @@ async def test_a_no_direct_node_uses_a_relay_it_knows_only_from_peers_json(make_
     await wait_until(lambda: addr(r) in a2.discovery.registered_relays(), what="a registered at r")
     await wait_until(lambda: a2.peer(p.node_id).state == "gone", what="p shown as not dialled")
     assert "--no-direct" in a2.peer(p.node_id).last_error
+
+
+async def test_a_nated_node_reaches_a_returning_configured_relay_without_a_long_backoff(make_manager, fast_net,
+                                                                                        monkeypatch):
+    """A --no-direct node's configured relay goes away and comes back (same port). The node redials
+    a relay at most RELAY_RECONNECT_BACKOFF_MAX_S apart, not RECONNECT_BACKOFF_MAX_S: before, after a
+    long outage a NATed node (nobody can dial it; the relay is its only way in) waited up to 36 s
+    (30 s ±20 %) after the relay was back. Here the peers' backoff is 30 s from the first failure."""
+    r = await make_manager("r", relay=True)
+    port = r.listen_port
+    a = await make_manager("a", relays=[addr(r)], no_direct=True)
+    await wait_until(lambda: addr(r) in a.discovery.registered_relays(), what="a registered at r")
+    monkeypatch.setattr(const, "RECONNECT_BACKOFF_MIN_S", 30.0)
+    monkeypatch.setattr(const, "RECONNECT_BACKOFF_MAX_S", 30.0)
+    monkeypatch.setattr(const, "RELAY_RECONNECT_BACKOFF_MAX_S", 0.3, raising=False)
+    await r.async_stop()
+    target = a.discovery.dialer.targets[addr(r)]
+    await wait_until(lambda: target.failures >= 1, what="a's first redial of the relay failed")
+    (r.config.data_dir / "peers.json").unlink()  # a is behind a NAT: the relay cannot dial it back
+    r2 = await make_manager("r", relay=True, peer_port=port)
+    await wait_until(lambda: a.node_id in r2.relay.registrations, timeout_s=10,
+                     what="a registered at the returned relay")
