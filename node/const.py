@@ -163,6 +163,10 @@ GENERATE_KEEPALIVE_S = 0.5  # a remote-generate holder with no TOKENS to send fo
 # empty one (queued, loading, prefill): so silence means a stalled or lost holder, not a long prompt
 GENERATE_SILENCE_S = 1.5  # the coordinator fails a holder silent this long (plus its ACK budget)
 ADVERT_RATE_CHANGE = 1.5  # a whole model's decode rate first measured, or changed by this factor: HELLO again
+# Remote embeddings (EMBED / EMBEDDED frames): what one peer may ask of a whole holder at once
+EMBED_REMOTE_MAX_INPUTS = 2048  # inputs in one EMBED (OpenAI's limit per request)
+EMBED_REMOTE_MAX_TOKENS = 1 << 20  # token ids in one EMBED, all inputs together (4 MiB of payload)
+EMBED_REMOTE_MAX_REPLY_BYTES = 64 * 1024 * 1024  # float32 vectors in one EMBEDDED: inputs x n_embd x 4
 SERVED_COORDINATORS_MAX = 64  # coordinators remembered per slice for `served for others`
 
 # --- automatic layer choice (node/inference/pipeline/autoserve.py, `--serve auto`) ---

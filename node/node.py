@@ -34,6 +34,8 @@ from node.inference.pipeline import fixed
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.coverage import swarm_coverage
+from node.inference.pipeline.embed_remote import RemoteEmbedder
+from node.inference.pipeline.embed_serve import RemoteEmbedServer
 from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.partials import PartialModels, PartServer
 from node.inference.pipeline.remote_serve import RemoteGenerateServer
@@ -101,6 +103,8 @@ class Node(SwarmActions, UrlModels):
         self.contributions = Contributions(config, self.catalog, self.slice_host, self.partials,
                                            announce=self._async_announce, note=self.note_activity)
         self.remote_server: RemoteGenerateServer | None = None  # runs GENERATE for others on whole models
+        self.embed_server: RemoteEmbedServer | None = None  # runs EMBED for others on whole models
+        self.embedder: RemoteEmbedder | None = None  # asks peers holding a model whole for embeddings
         self.started_at: float | None = None
         self.activity: list[str] = []
         self.host_names: list[str] = []  # this machine's names, redacted from reports
@@ -222,6 +226,7 @@ class Node(SwarmActions, UrlModels):
         """Remote generations and chain sessions under way here (the stop's drain waits for them;
         this node's own chain sessions end with its own requests, which the drain waits for too)."""
         remote = self.remote_server.in_flight if self.remote_server is not None else 0
+        remote += self.embed_server.in_flight if self.embed_server is not None else 0
         return remote + sum(h.model.sessions.counts()[0] for h in list(self.slice_host.slices.values())
                             if h.model is not None and h.state in ("loaded", "draining"))
 
@@ -251,6 +256,8 @@ class Node(SwarmActions, UrlModels):
             ("pipeline", closing(self.pipeline)),
             ("swarm models", closing(self.swarm_models)),
             ("remote generate", closing(self.remote_server)),
+            ("remote embeddings", closing(self.embed_server)),
+            ("embeddings asker", closing(self.embedder)),
             ("peers", self.peers.async_stop if self.peers is not None else nothing),
             ("background", cancel_background),
             ("models watch", self.model_files.watcher.async_stop),
@@ -273,8 +280,14 @@ class Node(SwarmActions, UrlModels):
                                             kv_cache_seqs=self.config.kv_cache_seqs)
         self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
                                                   contributing=self._contributing)
+        self.embed_server = RemoteEmbedServer(self.node_id, self.models, self.transport, self.peers,
+                                              contributing=self._contributing)
+        self.embedder = RemoteEmbedder(self.node_id, self.transport, self.peers, self.pipeline.holders,
+                                       self.pipeline.deadlines)
         self.worker.register()
         self.remote_server.register()
+        self.embed_server.register()
+        self.embedder.register()
         self.slice_host.on_sweep = self.worker.forget_expired
         self.pipeline.register()
         self.peers.register_handler(FrameType.MODEL_HEADER, HeaderServer(self.catalog).async_handle)

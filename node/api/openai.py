@@ -82,7 +82,8 @@ async def serve_completion(request: web.Request, completion: CompletionRequest) 
 
 @routes.post("/v1/embeddings")
 async def embeddings(request: web.Request) -> web.Response:
-    """Embeddings of one or more inputs from a model held whole here (llama.cpp embedding mode)."""
+    """Embeddings of one or more inputs from a model held whole here (llama.cpp embedding mode), or
+    by a peer holding it whole (remote embeddings)."""
     embedding = parse_embeddings(await read_json(request))
     node = request.app[NODE]
     hub = node.traces
@@ -91,7 +92,7 @@ async def embeddings(request: web.Request) -> web.Response:
     try:
         if node.stopping:
             raise ShuttingDown("the node is shutting down; try another node or again later")
-        result = await run_embeddings(node.models, embedding, trace, node.short_id)
+        result = await run_embeddings(node.models, embedding, trace, node.short_id, remote=node.embedder)
         trace.finished = time.monotonic()
         loop = asyncio.get_running_loop()  # thousands of floats: format them off the loop
         text = await loop.run_in_executor(

@@ -1,15 +1,19 @@
 """One /v1/embeddings request: resolve the model, tokenize, check, wait for the model, embed.
 
-Embeddings need the model whole on this node (llama.cpp in embedding mode): a model held here only
-as slices, or only by the swarm, is refused with a 409. The work goes through the model's lock,
-like a completion (its wait is the trace's queue_ms), and runs on the model's executor.
+A model held whole here runs on this node's llama.cpp (embedding mode). A model held here only as
+slices, or only by the swarm, is embedded by a peer that holds it whole (remote embeddings:
+pipeline/embed_remote.py); with no such peer it is refused with a 409. The work goes through the
+model's lock, like a completion (its wait is the trace's queue_ms), and runs on the model's executor;
+a peer's EMBED runs the same way (`embed_held`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from node.errors import Conflict, ContextLengthExceeded, InvalidRequest, ModelUnavailable
 from node.inference.embedder import embed_limit
@@ -49,14 +53,16 @@ def _param(request: EmbeddingRequest, i: int) -> str:
 
 
 async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace: RequestTrace,
-                         node_short_id: str) -> EmbeddingResult:
-    """Embed every input with the model's embedding context; client errors are raised before any work."""
+                         node_short_id: str, remote: Any | None = None) -> EmbeddingResult:
+    """Embed every input with the model's embedding context, here or (a model not held whole here)
+    on a peer holding it whole through `remote` (a RemoteEmbedder); client errors are raised before
+    any work."""
     served = await models.async_get(request.model)
     trace.model, trace.resolved = served.id, True
-    if not served.whole:
+    if not served.whole and (remote is None or not remote.has_holder(served.entry.sha256)):
         where = "as slices only" if served.state == "slices" else "only by peers in the swarm"
-        raise Conflict(f"model {served.id} is held on this node {where}; embeddings need the model whole on "
-                       "this node", param="model")
+        raise Conflict(f"model {served.id} is held on this node {where}, and no peer holding it whole serves "
+                       "embeddings now; embeddings need the model whole on this node or on a peer", param="model")
     tok = served.tokenizer
     if tok is None:
         raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
@@ -66,52 +72,71 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     token_lists: list[list[int]] = [t if not isinstance(t, str) else [] for t in request.inputs]
     for (i, _), tokens in zip(texts, tokenized, strict=True):
         token_lists[i] = tokens
-    limit = embed_limit(served.n_ctx)
-    for i, tokens in enumerate(token_lists):
-        if not tokens:
-            raise InvalidRequest(f"`{_param(request, i)}` gives no tokens: nothing to embed", param="input")
-        if len(tokens) > limit:
-            what = "context length" if limit == served.n_ctx else "input length for embeddings"
-            raise ContextLengthExceeded(
-                f"This model's maximum {what} is {limit} tokens. However, `{_param(request, i)}` "
-                f"is {len(tokens)} tokens. Please reduce the input.", param="input")
-        bad = next((t for t in tokens if not 0 <= t < tok.n_vocab), None)
-        if bad is not None:
-            raise InvalidRequest(f"`{_param(request, i)}` holds token id {bad}, outside the model's vocabulary "
-                                 f"(0..{tok.n_vocab - 1})", param="input")
+    check_tokens(token_lists, served.n_ctx, tok.n_vocab, lambda i: _param(request, i))
     total = sum(len(tokens) for tokens in token_lists)
     trace.prompt_tokens = total
-    vectors = await _embed_whole(models, served, token_lists, request, trace, node_short_id)
+    if not served.whole:
+        vectors = await remote.async_embed(served, token_lists, request.dimensions, trace)
+        return EmbeddingResult(served.id, vectors, total)
+
+    def locked() -> None:
+        trace.mark_dequeued()
+        started = trace.begin_assembly()
+        trace.route = "local"
+        trace.end_assembly(started, [SegmentTrace(node_short_id, 0, served.entry.n_layers, "local")])
+
+    models.admit(served)
+    models.mark(served, waiting=+1)
+    vectors = await embed_held(models, served, token_lists, request.dimensions, trace.request_id, locked)
     return EmbeddingResult(served.id, vectors, total)
 
 
-async def _embed_whole(models: ModelManager, served: ServedModel, token_lists: list[list[int]],
-                       request: EmbeddingRequest, trace: RequestTrace, node_short_id: str) -> list[list[float]]:
-    models.admit(served)
-    models.mark(served, waiting=+1)
+def check_tokens(token_lists: list[list[int]] | tuple[tuple[int, ...], ...], n_ctx: int, n_vocab: int,
+                 param: Callable[[int], str]) -> None:
+    """Each input has tokens, fits the embedding limit and the vocabulary (400s naming the input)."""
+    limit = embed_limit(n_ctx)
+    for i, tokens in enumerate(token_lists):
+        if not tokens:
+            raise InvalidRequest(f"`{param(i)}` gives no tokens: nothing to embed", param="input")
+        if len(tokens) > limit:
+            what = "context length" if limit == n_ctx else "input length for embeddings"
+            raise ContextLengthExceeded(
+                f"This model's maximum {what} is {limit} tokens. However, `{param(i)}` "
+                f"is {len(tokens)} tokens. Please reduce the input.", param="input")
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise InvalidRequest(f"`{param(i)}` holds token id {bad}, outside the model's vocabulary "
+                                 f"(0..{n_vocab - 1})", param="input")
+
+
+async def embed_held(models: ModelManager, served: ServedModel, token_lists: list[list[int]],
+                     dimensions: int | None, request_id: str, locked: Callable[[], None] = lambda: None,
+                     cancel: asyncio.Event | None = None) -> list[list[float]]:
+    """The vectors of a model held whole here: the caller admitted the request and counted it in
+    the model's `waiting` (models.mark(waiting=+1)); this waits for the model's lock (then calls
+    `locked`), loads it on demand and embeds in runs (stopping between two when `cancel` is set)."""
     queued, holding = True, False
     try:
         await served.lock.acquire()
         holding, queued = True, False
         models.mark(served, waiting=-1, busy=True)
-        trace.mark_dequeued()
-        started = trace.begin_assembly()
-        trace.route = "local"
-        trace.end_assembly(started, [SegmentTrace(node_short_id, 0, served.entry.n_layers, "local")])
+        locked()
         if served.state != "loaded":
             log.info("On-demand loading: model is on disk but not loaded request_id=%s model=%s",
-                     trace.request_id, served.id)
+                     request_id, served.id)
             await models.async_load(served.id)
         await models.async_check_file(served)
         engine = served.engine
         if engine is None:
             raise ModelUnavailable(f"model {served.id} was unloaded while the request was starting")
         n_embd = await engine.async_run(engine.n_embd)
-        if request.dimensions is not None and request.dimensions != n_embd:
-            raise InvalidRequest(f"`dimensions` {request.dimensions} is not supported: model {served.id} gives "
+        if dimensions is not None and dimensions != n_embd:
+            raise InvalidRequest(f"`dimensions` {dimensions} is not supported: model {served.id} gives "
                                  f"vectors of {n_embd} dimensions only", param="dimensions")
         vectors: list[list[float]] = []
         for run in _runs(token_lists, EMBED_RUN_TOKENS):
+            if cancel is not None and cancel.is_set():
+                raise asyncio.CancelledError
             vectors.extend(await engine.async_run(engine.embed, run))
         return vectors
     finally:

@@ -52,6 +52,9 @@ class FrameType(enum.IntEnum):
     TOKENS = 23  # remote generate: holder → coordinator, token ids in batches, keepalives, the end
     GENERATE_CANCEL = 24  # remote generate: coordinator → holder, stop at the next token
     MODEL_PART = 25  # a partial model's tensor hashes and bytes, in chunks (node.inference.pipeline.partials)
+    EMBED = 26  # remote embeddings: a node without the model → a holder of it whole (inputs' token ids)
+    EMBEDDED = 27  # remote embeddings: holder → asker, keepalives, then the float32 vectors or an error
+    EMBED_CANCEL = 28  # remote embeddings: asker → holder, the client went away
 
 
 def type_name(frame_type: int) -> str:

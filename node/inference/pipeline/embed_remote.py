@@ -1,0 +1,204 @@
+"""The asking side of remote embeddings: a model this node does not hold whole, embedded by a peer
+that does.
+
+The holder is chosen as remote generate chooses one (the planner's cheapest whole holder among
+the peers that advertise the model whole and do not pause contributing; measured ms per token
+first, advertised after). The inputs (tokenized and checked here) go in one EMBED; the holder
+answers with keepalives, then the float32 vectors (embed_serve.py). A holder silent for
+GENERATE_SILENCE_S + its ACK budget, whose link drops, or that ends with a node-side error is
+left out and the next one is asked (MAX_ASSEMBLIES attempts); a client error it reports (an input
+too long for its context, `dimensions`) is the client's answer, as a local request's would be.
+Every holder refusing `overloaded` is a 429; none left, a 503 naming who failed and how.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from node import const
+from node.errors import (
+    ContextLengthExceeded,
+    InsufficientCapacity,
+    InvalidRequest,
+    NodeError,
+    Overloaded,
+    PeerUnreachable,
+    ProtocolError,
+)
+from node.inference.manager import ServedModel
+from node.inference.pipeline.deadlines import StepDeadlines
+from node.inference.pipeline.embed_wire import Embed, EmbedCancel, Embedded
+from node.inference.pipeline.holders import LayerHolders
+from node.inference.pipeline.planner import Holder, plan_route
+from node.inference.pipeline.remote_wire import sid_of
+from node.inference.pipeline.transport import PipelineTransport
+from node.logs import kv
+from node.net import FrameType
+from node.trace import RequestTrace, SegmentTrace
+
+log = logging.getLogger(__name__)
+
+# the holder's error codes that are the request's own fault: the client gets them, nobody is retried
+_CLIENT_ERRORS: dict[str, type[NodeError]] = {ContextLengthExceeded.code: ContextLengthExceeded,
+                                              InvalidRequest.code: InvalidRequest}
+
+
+class _Failed(Exception):
+    def __init__(self, node_id: str, cause: str, message: str):
+        super().__init__(message)
+        self.node_id, self.cause, self.message = node_id, cause, message
+
+
+class RemoteEmbedder:
+    """Sends EMBED for this node's API and routes the EMBEDDED replies to the waiting request."""
+
+    def __init__(self, node_id: str, transport: PipelineTransport, peers: Any | None, holders: LayerHolders,
+                 deadlines: StepDeadlines):
+        self.node_id = node_id
+        self.transport = transport
+        self.peers = peers
+        self.holders = holders
+        self.deadlines = deadlines
+        self.waiting: dict[str, tuple[str, asyncio.Queue]] = {}  # sid -> (holder, its replies)
+        self._unsubscribe: Callable[[], None] | None = None
+        transport.on_local(FrameType.EMBEDDED, self.on_embedded)
+
+    def register(self) -> None:
+        self.transport.register_remote(FrameType.EMBEDDED)
+        if self.peers is not None:
+            self._unsubscribe = self.peers.subscribe(self._on_peer_event)
+
+    def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def _whole(self, sha256: str) -> list[Holder]:
+        return [h for h in self.holders.holders(sha256) if h.whole and h.node_id != self.node_id]
+
+    def has_holder(self, sha256: str) -> bool:
+        """Whether some peer holds the model whole and contributes now."""
+        return bool(self._whole(sha256))
+
+    def on_embedded(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
+        sid = sid_of(header) or ""
+        waiting = self.waiting.get(sid)
+        if waiting is None or waiting[0] != sender:
+            log.debug("DIAG: No pending request for EMBEDDED — ended, cancelled, or old attempt %s",
+                      kv(sid=sid, node=sender[:8]))
+            return
+        try:
+            waiting[1].put_nowait(Embedded.from_frame(header, payload))
+        except ProtocolError as exc:
+            log.warning("DIAG: malformed EMBEDDED %s", kv(sender=sender[:8], error=exc.message))
+            waiting[1].put_nowait(_Failed(sender, "protocol", f"malformed EMBEDDED: {exc.message}"))
+
+    def _on_peer_event(self, kind: str, snap: Any) -> None:
+        if kind == "removed" or snap.state != "connected":
+            for holder, replies in self.waiting.values():
+                if holder == snap.node_id:
+                    replies.put_nowait(_Failed(holder, "link_drop", f"link to {snap.short_id} dropped ({snap.state})"))
+
+    async def async_embed(self, served: ServedModel, token_lists: list[list[int]], dimensions: int | None,
+                          trace: RequestTrace) -> list[list[float]]:
+        """The vectors from a peer holding the model whole, failing over between holders."""
+        entry = served.entry
+        excluded: set[str] = set()
+        overloaded: str | None = None
+        last: str | None = None
+        trace.mark_dequeued()  # nothing queues here: the holder's queue is in its keepalives' time
+        for attempt in range(1, const.MAX_ASSEMBLIES + 1):
+            started = trace.begin_assembly()
+            try:
+                load = collections.Counter(h for h, _ in self.waiting.values())
+                holders = [h if not load.get(h.node_id) else _dearer(h, load[h.node_id])
+                           for h in self._whole(entry.sha256)]
+                plan = plan_route(entry.n_layers, holders, exclude=frozenset(excluded), standbys=False)
+            except InsufficientCapacity as exc:
+                trace.end_assembly(started)
+                if overloaded is not None:
+                    raise Overloaded(overloaded) from exc
+                if last is not None:
+                    raise InsufficientCapacity(f"no peer holding model {served.id} whole could embed the inputs; "
+                                               f"left out after failing this request: "
+                                               f"{', '.join(sorted(n[:8] for n in excluded))} (last: {last})") from exc
+                raise InsufficientCapacity(f"no peer holds model {served.id} whole now") from exc
+            holder = plan.segments[0]
+            kind = self.transport.kind(holder.node_id)
+            trace.end_assembly(started, [SegmentTrace(holder.short_id, 0, entry.n_layers, kind)])
+            trace.route = "relayed" if kind == "relayed" else "distributed"
+            trace.regions = [holder.region] if holder.region else []
+            log.info("DIAG: pipeline assembled %s", kv(
+                request_id=trace.request_id, attempt=attempt, segments=plan.describe(), operation="embeddings",
+                schedule_ms=round((time.monotonic() - started) * 1000, 2)))
+            sid = f"{trace.request_id}/{attempt}"
+            try:
+                msg = await self._ask(sid, holder.node_id, Embed(sid, entry.sha256, tuple(map(tuple, token_lists)),
+                                                                 self.node_id, dimensions))
+            except _Failed as failure:
+                excluded.add(failure.node_id)
+                last = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
+                if failure.cause == Overloaded.code:
+                    overloaded = failure.message
+                if trace.first_attempt_cause is None:
+                    trace.first_attempt_cause = f"{failure.cause}: {failure.message}"
+                log.warning("DIAG: remote embeddings attempt failed %s", kv(
+                    request_id=trace.request_id, attempt=attempt, node=failure.node_id[:8], cause=failure.cause,
+                    error=failure.message))
+                continue
+            if trace.segments:
+                trace.segments[0].elapsed_ms += msg.eval_us / 1000
+            assert msg.vectors is not None
+            return msg.vectors.tolist()
+        if overloaded is not None:
+            raise Overloaded(overloaded)
+        raise InsufficientCapacity(f"remote embeddings failed {const.MAX_ASSEMBLIES} times; last: {last}")
+
+    async def _ask(self, sid: str, holder: str, req: Embed) -> Embedded:
+        """One attempt: EMBED to `holder`, its final EMBEDDED (ok), or _Failed naming why."""
+        replies: asyncio.Queue = asyncio.Queue()
+        self.waiting[sid] = (holder, replies)
+        silence = const.GENERATE_SILENCE_S + self.deadlines.ack_budget(holder)
+        done = False
+        try:
+            try:
+                self.transport.send(holder, FrameType.EMBED, req.to_header(), req.payload())
+            except PeerUnreachable as exc:
+                raise _Failed(holder, "unreachable", exc.message) from exc
+            while True:
+                try:
+                    msg = await asyncio.wait_for(replies.get(), silence)
+                except TimeoutError:
+                    raise _Failed(holder, "deadline", f"{holder[:8]} sent nothing for {silence:.1f} s") from None
+                if isinstance(msg, _Failed):
+                    raise msg
+                if msg.end is None:
+                    continue  # a keepalive
+                done = True
+                if msg.end == "ok":
+                    if msg.vectors is None or msg.vectors.shape[0] != len(req.inputs):
+                        raise _Failed(holder, "protocol", f"EMBEDDED carries {0 if msg.vectors is None else msg.vectors.shape[0]} "
+                                                          f"vectors for {len(req.inputs)} inputs")
+                    return msg
+                client = _CLIENT_ERRORS.get(msg.error_code or "")
+                if client is not None:
+                    raise client(msg.error or "the holder refused the inputs", param=msg.param)
+                raise _Failed(holder, msg.error_code or "error", msg.error or "the holder ended the request")
+        finally:
+            self.waiting.pop(sid, None)
+            if not done:  # cancelled, failed or silent: it must not go on for nobody
+                try:
+                    self.transport.send(holder, FrameType.EMBED_CANCEL, EmbedCancel(sid).to_header())
+                except PeerUnreachable:
+                    pass
+
+
+def _dearer(h: Holder, n: int) -> Holder:
+    """A holder this node already waits on n times is CHAIN_LOAD_WEIGHT dearer for each (as chains)."""
+    return dataclasses.replace(h, ms_per_layer=h.layer_ms() * (1 + const.CHAIN_LOAD_WEIGHT * n))
