@@ -161,3 +161,28 @@ def test_embed_frames_from_a_raw_peer_are_bounded_and_refused_with_their_code(sw
     assert np.allclose(reply.vectors, [d.embedding for d in local.data], atol=1e-6)
     assert "DIAG: remote embeddings refused" in h.node_log()
     assert raw.ping_ok() and short
+
+
+def test_a_holder_whose_queue_is_full_gives_the_askers_client_a_429(tmp_path):
+    """The only holder refuses every request (`max_queue_per_model = 0`): the client of the node
+    without the model gets the holder's 429 (Retry-After), not a 503 saying nobody holds it."""
+    model = whole_model(tmp_path)
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "config.toml").write_text("max_queue_per_model = 0\n")
+    h = start_whole_node(tmp_path, "h", model)
+    c = start_coordinator(tmp_path, h)
+    try:
+        async def ready():
+            for p in (h, c):
+                await p.async_wait_ready()
+            await wait_peers(c, 1)
+            return await wait_for_route(c, "whole6")
+        model_id = run(ready())
+        with pytest.raises(openai.RateLimitError) as err:
+            client(c).embeddings.create(model=model_id, input=TEXTS)
+        assert err.value.body["code"] == "overloaded", err.value.body
+        assert err.value.response.headers.get("Retry-After") == "1"
+        assert "code=overloaded" in h.node_log()
+    finally:
+        for p in (c, h):
+            p.terminate()
