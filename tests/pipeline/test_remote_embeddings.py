@@ -7,10 +7,12 @@ over to the other one; EMBED frames from a raw peer are bounded and refused with
 from __future__ import annotations
 
 import base64
+import contextlib
 import signal
 import struct
 import time
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
@@ -23,6 +25,7 @@ from tests.net.rawclient import RawPeer, read_frame
 from tests.pipeline.swarm import run, start_coordinator, start_whole_node, wait_for_route, wait_peers
 from tests.pipeline.test_remote_generate import whole_model
 from tests.support.processes import NodeProcess
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -186,3 +189,22 @@ def test_a_holder_whose_queue_is_full_gives_the_askers_client_a_429(tmp_path):
     finally:
         for p in (c, h):
             p.terminate()
+
+
+def test_a_client_gone_away_stops_the_holders_work(swarm):
+    """The asker's client disconnects mid-request: the holder gets EMBED_CANCEL and stops at its next
+    run of inputs, releasing the model (not embedding thousands of inputs for nobody)."""
+    c, model_id = swarm["c"], swarm["model_id"]
+    body = {"model": model_id, "input": [[(i * 7 + j) % 500 + 1 for j in range(200)] for i in range(2000)]}
+
+    async def go():
+        with contextlib.suppress(TimeoutError):
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.5)) as s, \
+                    s.post(c.base + "/v1/embeddings", json=body, headers=c.auth) as r:
+                raise AssertionError(f"the request finished within its 1.5 s: {r.status}")
+
+        def stopped():
+            logs = [p.node_log() for p in swarm["holders"].values()]
+            return any("cancelled by the coordinator" in log and "end=cancelled" in log for log in logs)
+        await wait_until(stopped, 60, 0.2, "the holder to stop the cancelled request")
+    run(go())
