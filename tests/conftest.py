@@ -29,6 +29,26 @@ _session_leaks: list[str] = []
 _current: list[pytest.Item] = []
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """The root logger's handlers and level as they were: a test that runs an entry point's set-up
+    (`app.main.main`, `setup_logging`) installed a console handler on pytest's capture of stderr,
+    which is closed after that test, and every later log line printed logging's traceback (the
+    printing took a later test past the loop police's CPU limit)."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+
+
 @pytest.fixture
 def data_dir(tmp_path):
     """A fresh node data dir."""
