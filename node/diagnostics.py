@@ -307,9 +307,12 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
         reason = f" reason={served.cpu_placement_reason}" if served.cpu_placement_reason else ""
         rows.append(f"{served.id}  arch={e.architecture} layers={e.n_layers} ctx={served.n_ctx} "
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
-                    f"device={served.device}{reason}"
+                    f"device={served.device or '-'}{reason}"
                     + (f" partial=\"{e.partial.describe()}\" from={r.host(_host(e.origin_url))}" if e.partial else "")
-                    + (f" error={served.error}" if served.error else ""))
+                    + (f" error={served.error}" if served.error else "")
+                    + (" (not loaded again for requests until its file changes; an admin or app load tries again)"
+                       if served.state == "failed" and served.failure is not None and served.tokenizer is not None
+                       else ""))
     for hosted in node.slice_host.slices.values():
         info = hosted.summary()
         rows.append(f"{hosted.entry.id}  layers={hosted.start}-{hosted.end - 1} of {hosted.entry.n_layers} "

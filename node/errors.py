@@ -173,6 +173,15 @@ class ModelLoadError(NodeError):
     code = "model_load_error"
 
 
+class ModelLoadFailed(ModelLoadError):
+    """A whole model failed to load and its file has not changed since: a request is refused at once
+    (500 with `x-should-retry: false`, which the openai and anthropic SDKs obey: the same file fails
+    the same way, so their retries of a 503 only loaded it again)."""
+
+    code = "model_load_failed"
+    should_retry = False
+
+
 class UnsupportedArchitecture(ModelLoadError):
     """The GGUF's architecture is not implemented by the slice engine."""
 

@@ -73,8 +73,10 @@ def ago(unix_time: float | None, now: float | None = None) -> str:
 
 
 def placement(device: str | None, reason: str | None) -> tuple[str, str]:
-    """(device text, reason text) for the models table."""
-    dev = (device or "cpu").lower()
+    """(device text, reason text) for the models table (device None: no weights are loaded)."""
+    if device is None:
+        return DASH, DASH
+    dev = device.lower()
     shown = "GPU (CUDA)" if dev == "cuda" else ("GPU" if dev.startswith("gpu") else dev.upper())
     if reason:
         return shown, PLACEMENT_REASONS.get(reason, reason.replace("_", " "))

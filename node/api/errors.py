@@ -67,6 +67,8 @@ def error_response(exc: NodeError, headers: dict[str, str] | None = None, *,
     retry_after = getattr(exc, "retry_after_s", None)
     if retry_after is not None:
         headers = {**(headers or {}), "Retry-After": str(retry_after)}
+    if getattr(exc, "should_retry", None) is False:  # the official SDKs obey it before the status
+        headers = {**(headers or {}), "x-should-retry": "false"}
     return web.Response(
         status=exc.http_status,
         text=json.dumps(to_anthropic(exc) if anthropic else exc.to_openai()),

@@ -121,10 +121,7 @@ async def embed_held(models: ModelManager, served: ServedModel, token_lists: lis
         holding, queued = True, False
         models.mark(served, waiting=-1, busy=True)
         locked()
-        if served.state != "loaded":
-            log.info("On-demand loading: model is on disk but not loaded request_id=%s model=%s",
-                     request_id, served.id)
-            await models.async_load(served.id)
+        await models.async_load_on_demand(served, request_id=request_id)
         await models.async_check_file(served)
         engine = served.engine
         if engine is None:

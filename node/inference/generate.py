@@ -148,6 +148,7 @@ class CompletionRun:
             await self._await_first_tokens()
             return
 
+        await self.models.async_refuse_failed(served)  # its failed load's reason, before any byte
         self.models.admit(served)
         self.models.mark(served, waiting=+1)
         self._queued = True
@@ -377,10 +378,7 @@ class CompletionRun:
     async def _local_source(self):
         """Start llama.cpp on the model's executor; returns the token batch iterator."""
         served, job, trace = self.served, self.job, self.trace
-        if served.state != "loaded":
-            log.info("On-demand loading: model is on disk but not loaded request_id=%s model=%s",
-                     trace.request_id, served.id)
-            await self.models.async_load(served.id)
+        await self.models.async_load_on_demand(served, request_id=trace.request_id)
         await self.models.async_check_file(served)
         engine, tok = served.engine, served.tokenizer
         if engine is None or tok is None:  # unloaded by force between load and here

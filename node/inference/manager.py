@@ -21,6 +21,7 @@ from node.config import NodeConfig
 from node.errors import Conflict, ModelLoadError, ModelNotFound, ModelUnavailable, NodeError, Overloaded
 from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
+from node.inference.load_failure import LoadFailure
 from node.inference.placement import Placement, place
 from node.inference.tokenizer import ModelTokenizer
 from node.logs import kv
@@ -136,7 +137,7 @@ class ServedModel:
     tokenizer: ModelTokenizer | None = None
     engine: LlamaEngine | None = None
     state: str = "unloaded"
-    device: str = "cpu"
+    device: str | None = None  # where its weights are (or go, while loading); None while none are
     cpu_placement_reason: str | None = None
     n_ctx: int = 0
     error: str | None = None
@@ -149,6 +150,7 @@ class ServedModel:
     unloading: asyncio.Future | None = None  # set while an unload frees the weights (state "unloading")
     placement: Placement | None = None
     running: set = field(default_factory=set)  # GenerationJobs holding the model (force-unload cancels them)
+    failure: LoadFailure | None = None  # its last load's failure (requests do not load it again)
 
     @property
     def id(self) -> str:
@@ -163,6 +165,7 @@ class ServedModel:
             "cpu_placement_reason": self.cpu_placement_reason,
             "n_ctx": self.n_ctx,
             "error": self.error,
+            "failed_at": self.failure.at if self.failure is not None else None,
             "busy": self.busy,
             "active": self.lock.holders,
             "max_concurrent": self.lock.limit,
@@ -218,6 +221,7 @@ class ModelManager:
             served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.tokenizer_path)
         except ModelLoadError as exc:
             served.state, served.error = "failed", exc.message
+            served.failure = LoadFailure(exc.message, None, time.time())  # (no file to change: stands)
             log.error("model %s cannot be served: %s", entry.id, exc.message)
         finally:
             if self._registering.get(entry.id) is served:
@@ -286,7 +290,9 @@ class ModelManager:
     async def async_load(self, model_id: str, *, after_unload: bool = False) -> ServedModel:
         """Load a model (idempotent; concurrent callers share one load). While an unload is under way
         the caller either waits for it and loads again (`after_unload`: the admin API, the GUI) or,
-        holding the model (a request: the unload waits for it), is told the model is going away."""
+        holding the model (a request: the unload waits for it), is told the model is going away.
+        A model whose load failed is tried again only by such a caller or once its file changed;
+        a request gets the failure (`ModelLoadFailed`) at once."""
         served = self.get(model_id)
         while served.unloading is not None:
             if not after_unload:
@@ -297,15 +303,41 @@ class ModelManager:
         if not served.whole:
             raise Conflict(f"model {served.id} is served here as slices only; it is not loaded whole")
         if served.tokenizer is None:
-            raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
+            raise (served.failure or LoadFailure(str(served.error), None, 0.0)).error(served.id)
+        if not after_unload:
+            await self.async_refuse_failed(served)
         if served.load_task is None or served.load_task.done():
             served.load_task = asyncio.create_task(self._load(served), name=f"load-{served.id}")
         await asyncio.shield(served.load_task)
         if served.state != "loaded":
-            if served.unloading is not None or served.error is None:  # a forced unload came first
+            if served.unloading is not None or served.failure is None:  # a forced unload came first
                 raise ModelUnavailable(f"model {served.id} is being unloaded; retry shortly")
-            raise ModelUnavailable(f"model {served.id} failed to load: {served.error}")
+            raise served.failure.error(served.id)
         return served
+
+    async def async_refuse_failed(self, served: ServedModel) -> None:
+        """Raise the recorded failure of a model whose load failed on the file it still has (a
+        stat, off the loop); return when it has none or its file changed since (a request then
+        loads it again)."""
+        failure = served.failure
+        if served.state != "failed" or failure is None:
+            return
+        if served.tokenizer is None or await asyncio.get_running_loop().run_in_executor(
+                None, failure.stands, served.entry.path):
+            raise failure.error(served.id)
+        log.info("DIAG: model file changed since its failed load, loading it again %s",
+                 kv(model=served.id, path=served.entry.path))
+
+    async def async_load_on_demand(self, served: ServedModel, **ids: str) -> None:
+        """A request's load of a model it holds that is not loaded (`ids`: its request_id or sid
+        for the log): said as on-demand loading only when a load is what happens."""
+        if served.state == "loaded":
+            return
+        if served.unloading is not None:
+            log.info("Model is being unloaded, refusing the request %s", kv(**ids, model=served.id))
+        elif served.state != "failed" or served.failure is None:
+            log.info("On-demand loading: model is on disk but not loaded %s", kv(**ids, model=served.id))
+        await self.async_load(served.id)
 
     async def _load(self, served: ServedModel) -> None:
         served.state, served.error = "loading", None
@@ -315,8 +347,8 @@ class ModelManager:
             if other.placement is not None and other.placement.gpu_index is not None \
                     and other.state in ("loaded", "unloading"):  # (its weights are there until freed)
                 committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
-        placed = await asyncio.get_running_loop().run_in_executor(
-            None, place_whole_model, served.entry, self.config, committed)
+        loop = asyncio.get_running_loop()
+        placed = await loop.run_in_executor(None, place_whole_model, served.entry, self.config, committed)
         served.placement = placed
         device, reason = placed.device, placed.cpu_placement_reason
         served.device, served.cpu_placement_reason = device, reason
@@ -331,11 +363,13 @@ class ModelManager:
             await engine.async_run(engine.load)
         except NodeError as exc:
             engine.shutdown()
+            served.failure = await loop.run_in_executor(None, LoadFailure.now, exc.message, served.entry.path)
             served.state, served.error = "failed", exc.message
+            served.device, served.cpu_placement_reason, served.placement = None, None, None  # none placed
             log.error("DIAG: load_model failed model=%s error=%s", served.id, exc.message)
             self._observers.emit("changed", served)
             return
-        served.engine = engine
+        served.engine, served.failure = engine, None
         served.state, served.loaded_at = "loaded", time.time()
         log.info("model-worker: Model loaded model=%s device=%s%s", served.id, device,
                  f" cpu_placement_reason={reason}" if reason else "")
@@ -376,7 +410,11 @@ class ModelManager:
                         await engine.async_run(engine.close)
                     finally:  # (cancelled during the close: its thread still goes)
                         engine.shutdown()
-                served.state, served.loaded_at = "unloaded", None
+                # (a model whose load failed stays "failed": its failure still stands)
+                served.state, served.loaded_at = "unloaded" if served.failure is None else "failed", None
+                was_on = served.device
+                if engine is not None:  # its weights are freed: it is placed nowhere now
+                    served.device, served.cpu_placement_reason, served.placement = None, None, None
         finally:
             if served.unloading is done:
                 served.unloading = None
@@ -384,7 +422,7 @@ class ModelManager:
             if served.state == "unloading":  # cancelled before the weights were freed
                 served.state = was if served.engine is not None else "unloaded"
                 self._observers.emit("changed", served)
-        log.info("Model worker stopped and its memory budget released model=%s device=%s", served.id, served.device)
+        log.info("Model worker stopped and its memory budget released model=%s device=%s", served.id, was_on)
         self._observers.emit("changed", served)
         return served
 

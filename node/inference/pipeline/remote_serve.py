@@ -201,9 +201,7 @@ class RemoteGenerateServer:
             holding, g.queued = True, False
             served.running.add(job)
             models.mark(served, waiting=-1, busy=True)
-            if served.state != "loaded":
-                log.info("On-demand loading: model is on disk but not loaded sid=%s model=%s", g.gen.sid, served.id)
-                await models.async_load(served.id)
+            await models.async_load_on_demand(served, sid=g.gen.sid)
             await models.async_check_file(served)  # a file cut while loaded: refused, not SIGBUS
             engine, tok = served.engine, served.tokenizer
             if engine is None or tok is None:
