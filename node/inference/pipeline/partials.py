@@ -98,11 +98,15 @@ class PartialModels:
         could not be read with nothing of them here, when `later_ok` (else that DownloadFailed is
         raised), the opens still under way after `wait_s` (an origin that accepts and does not
         answer): the caller hands those to `async_open_pending`, the node starting without them)."""
-        tasks = {url: asyncio.create_task(self.async_open(url), name="open-model-url") for url in urls}
-        if tasks:
-            await asyncio.wait(tasks.values(), timeout=wait_s)
+        # one open per partial directory: two spellings of one URL would write it at once (found in review)
+        firsts: dict[Path, str] = {}
+        for url in urls:
+            firsts.setdefault(self.directory_of(url), url)
+        tasks = {url: asyncio.create_task(self.async_open(url), name="open-model-url") for url in firsts.values()}
         dirs, later, pending = set(), [], {}
         try:
+            if tasks:  # (in the try: a start cancelled while waiting cancels the opens too)
+                await asyncio.wait(tasks.values(), timeout=wait_s)
             for url, task in tasks.items():
                 if not task.done():
                     shown = display_url(resolve_url(url))
@@ -142,6 +146,11 @@ class PartialModels:
             self.opening.pop(url, None)
             log.error("DIAG: model from URL cannot be served %s", kv(url=shown, error=exc.message))
             self.note(f"model {shown} cannot be served: {exc.message}")
+            return
+        except Exception as exc:  # noqa: BLE001 - a full disk, a bug: said, not "waiting" for ever (found in review)
+            self.opening.pop(url, None)
+            log.exception("DIAG: model from URL could not be opened url=%s", shown)
+            self.note(f"model {shown} could not be opened: {exc}")
             return
         finally:
             opening.cancel()  # this task cancelled (the node stops): the open goes too
