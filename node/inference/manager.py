@@ -482,4 +482,5 @@ class ModelManager:
         if busy is not None:  # a request started or ended: busy while any request holds the model
             served.busy = served.lock.holders > 0
             served.last_used = time.time()
-        self._observers.emit("changed", served)
+        if self._served.get(served.id) is served:  # (a request that outlived its model's removal: no ghost row)
+            self._observers.emit("changed", served)

@@ -110,10 +110,17 @@ async def test_a_file_copied_in_is_served_and_leaves_when_deleted(node, client, 
     assert any("model file in the models folder served" in r.getMessage() and model_id in r.getMessage()
                for r in caplog.records)
 
+    served = node.models.registered(model_id)
+    heard = []
+    unsubscribe = node.models.subscribe(lambda event, m: heard.append((event, m.id)))
     target.unlink()
     await wait_until(lambda: model_id not in node.catalog.entries, 30.0, 0.05, "the deleted file's model to leave")
     assert model_id not in await listed(client)
     assert any("model removed, its file is gone" in r.getMessage() for r in caplog.records)
+    # a request that resolved the model before it left ends after: no "changed" brings its row back
+    node.models.mark(served, busy=False)
+    unsubscribe()
+    assert heard == [("removed", model_id)], heard
 
 
 async def test_a_loaded_model_whose_file_is_deleted_stays_until_unloaded(node, client, tmp_path):
