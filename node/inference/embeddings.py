@@ -67,8 +67,14 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     if tok is None:
         raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
     texts = [(i, text) for i, text in enumerate(request.inputs) if isinstance(text, str)]
-    tokenized = await asyncio.get_running_loop().run_in_executor(
-        None, lambda: [tok.tokenize(text) for _, text in texts])
+
+    def prepare() -> list[list[int]]:  # the ids' check tokenizes too: off the loop
+        for i, ids in enumerate(request.inputs):
+            if not isinstance(ids, str):
+                check_client_ids(tok, ids, _param(request, i))
+        return [tok.tokenize(text) for _, text in texts]
+
+    tokenized = await asyncio.get_running_loop().run_in_executor(None, prepare)
     token_lists: list[list[int]] = [t if not isinstance(t, str) else [] for t in request.inputs]
     for (i, _), tokens in zip(texts, tokenized, strict=True):
         token_lists[i] = tokens
@@ -89,6 +95,38 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     models.mark(served, waiting=+1)
     vectors = await embed_held(models, served, token_lists, request.dimensions, trace.request_id, locked)
     return EmbeddingResult(served.id, vectors, total)
+
+
+def check_client_ids(tok: Any, ids: list[int], param: str) -> None:
+    """Token ids a client sent are this model's: in its vocabulary, and its own tokenization of the
+    text they spell (a BOS before and an EOS after aside). Ids made by another tokenizer would be
+    embedded as a different text with no error: LangChain's OpenAIEmbeddings sends OpenAI's tiktoken
+    (cl100k) ids by default. A 400 naming the setting instead (short ids may still pass: a few
+    foreign tokens can spell a text this model tokenizes the same way)."""
+    hint = (f"`{param}` holds token ids that are not this model's: ids from another tokenizer are "
+            "another text to this model. LangChain's OpenAIEmbeddings sends OpenAI's tiktoken ids "
+            "unless made with `check_embedding_ctx_length=False`; send the text instead, or ids "
+            "from this node's POST /tokenize")
+    bad = next((t for t in ids if not 0 <= t < tok.n_vocab), None)
+    if bad is not None:
+        raise InvalidRequest(f"{hint} (token id {bad} is outside the model's vocabulary, "
+                             f"0..{tok.n_vocab - 1})", param="input")
+    core = ids[1:] if ids and ids[0] == tok.bos_id else ids
+    core = core[:-1] if core and core[-1] == tok.eos_id else core
+    if not core:
+        return
+    try:
+        # a control token (`<|im_start|>`, written in the text) as its text: piece() renders none
+        text = b"".join(tok.piece(t) or tok.special_piece(t).encode() for t in core).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest(f"{hint} (they do not spell UTF-8 text)", param="input") from None
+    if tok.tokenize(text, add_bos=False) == core:
+        return
+    if text.startswith(" ") and tok.tokenize(text[1:], add_bos=False) == core:
+        return  # a SentencePiece vocabulary's first piece carries the space it adds itself
+    shown = text if len(text) <= 40 else text[:40] + "…"
+    raise InvalidRequest(f"{hint} (they spell {shown!r} here, which this model tokenizes otherwise)",
+                         param="input")
 
 
 def check_tokens(token_lists: list[list[int]] | tuple[tuple[int, ...], ...], n_ctx: int, n_vocab: int,

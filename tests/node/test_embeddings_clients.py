@@ -1,0 +1,66 @@
+"""What real embedding clients send to /v1/embeddings (and llama-server's own embedding routes), on a
+real node on 127.0.0.1 serving the embedded default model: the official `openai` client as LangChain
+and LlamaIndex drive it, and raw HTTP as Open WebUI and llama.cpp's scripts send it."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from node.resources import default_model_path
+from tests.support.nodes import default_model_node, openai_client
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama,
+              pytest.mark.skipif(not default_model_path().exists(),
+                                 reason="the embedded default model is not in this checkout")]
+
+# a chunk as an app indexes it: long enough that ids from another tokenizer cannot pass as this model's
+CHUNK = ("Open WebUI splits each uploaded document into chunks of about a thousand characters and "
+         "embeds every chunk, so a question can find the passages that answer it. ") * 2
+# "hello world" in OpenAI's tiktoken cl100k_base (tiktoken's README): what LangChain's
+# OpenAIEmbeddings sends for it by default (check_embedding_ctx_length=True)
+TIKTOKEN_HELLO_WORLD = [15339, 1917]
+
+node = default_model_node("embedclients")
+
+
+@pytest.fixture
+def client(node):
+    return openai_client(node)
+
+
+@pytest.fixture
+def model_id(node):
+    return node.models.all()[0].id
+
+
+async def post(node, path, body):
+    async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{node.api.port}{path}", json=body,
+                                                    headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+        return r.status, json.loads(await r.text())
+
+
+async def tokenize(node, text):
+    status, reply = await post(node, "/tokenize", {"content": text})
+    assert status == 200
+    return reply["tokens"]
+
+
+async def test_langchain_tiktoken_ids_are_refused_naming_the_setting(node, client, model_id):
+    """LangChain's OpenAIEmbeddings sends tiktoken ids as lists of lists; they were embedded as
+    whatever text they spell in this model's vocabulary (in it), or refused as "outside the
+    vocabulary" with no word of why (past it)."""
+    own = await tokenize(node, CHUNK)
+    shifted = [t + 1 for t in own]  # the same text in another vocabulary's order
+    for ids in (shifted, TIKTOKEN_HELLO_WORLD):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.embeddings.create(model=model_id, input=[ids])
+        body = caught.value.body
+        assert body["param"] == "input" and "check_embedding_ctx_length=False" in body["message"]
+    # this model's own ids are embedded, and equal the text's vector
+    by_ids = await client.embeddings.create(model=model_id, input=[own], encoding_format="float")
+    by_text = await client.embeddings.create(model=model_id, input=CHUNK, encoding_format="float")
+    assert by_ids.data[0].embedding == by_text.data[0].embedding
