@@ -1,4 +1,5 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings.
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions (/v1/embeddings:
+embed_routes.py).
 
 Handlers are thin: parse (schemas), then the shared driver (driver.serve: trace, run, stream or
 collect) with this dialect's shapes (responses: bodies and chunks).
@@ -6,10 +7,7 @@ collect) with this dialect's shapes (responses: bodies and chunks).
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,15 +15,12 @@ from aiohttp import web
 
 from node.api.appkeys import NODE
 from node.api.driver import serve
-from node.api.errors import error_response, read_json
-from node.api.responses import StreamChunks, completion_body, embeddings_body
-from node.api.schemas import parse_completion, parse_embeddings
+from node.api.errors import read_json
+from node.api.responses import StreamChunks, completion_body
+from node.api.schemas import parse_completion
 from node.api.tool_schemas import async_check_tool_schemas
-from node.errors import NodeError, ShuttingDown
-from node.inference.embeddings import run_embeddings
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, TokenLogprob
-from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -78,36 +73,3 @@ class ChatDialect:
 async def serve_completion(request: web.Request, completion: CompletionRequest) -> web.StreamResponse:
     """Serve one chat or text completion through the shared driver."""
     return await serve(request, completion, ChatDialect(completion))
-
-
-@routes.post("/v1/embeddings")
-async def embeddings(request: web.Request) -> web.Response:
-    """Embeddings of one or more inputs from a model held whole here (llama.cpp embedding mode), or
-    by a peer holding it whole (remote embeddings)."""
-    embedding = parse_embeddings(await read_json(request))
-    node = request.app[NODE]
-    hub = node.traces
-    trace = hub.start(RequestTrace(model=embedding.model, operation="embeddings"))
-    outcome, error = "error", None
-    try:
-        if node.stopping:
-            raise ShuttingDown("the node is shutting down; try another node or again later")
-        result = await run_embeddings(node.models, embedding, trace, node.short_id, remote=node.embedder)
-        trace.finished = time.monotonic()
-        loop = asyncio.get_running_loop()  # thousands of floats: format them off the loop
-        text = await loop.run_in_executor(
-            None, lambda: json.dumps(embeddings_body(result, embedding.encoding_format)))
-        outcome = "ok"
-        return web.Response(text=text, content_type="application/json", headers=trace.headers())
-    except asyncio.CancelledError:
-        outcome = "cancelled"
-        raise
-    except NodeError as exc:
-        error = exc
-        return error_response(exc, headers=trace.headers())
-    except Exception:  # a bug: a 500 in the OpenAI shape, the traceback in the log
-        log.exception("request failed unexpectedly request_id=%s", trace.request_id)
-        error = NodeError("internal server error; see the node log for details")
-        return error_response(error, headers=trace.headers())
-    finally:
-        hub.finish(trace, outcome, error=error)

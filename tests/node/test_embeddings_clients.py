@@ -64,3 +64,28 @@ async def test_langchain_tiktoken_ids_are_refused_naming_the_setting(node, clien
     by_ids = await client.embeddings.create(model=model_id, input=[own], encoding_format="float")
     by_text = await client.embeddings.create(model=model_id, input=CHUNK, encoding_format="float")
     assert by_ids.data[0].embedding == by_text.data[0].embedding
+
+
+async def test_llama_server_native_embedding_routes(node, client, model_id):
+    """llama.cpp's scripts and apps written for llama-server POST /embedding or /embeddings with
+    `content` (no `model`), or `content` to /v1/embeddings, and read `[{index, embedding: [vector]}]`;
+    these were a 404, and `content` on /v1/embeddings a 400."""
+    want = await client.embeddings.create(model=model_id, input=["hello world", CHUNK], encoding_format="float")
+    vectors = [d.embedding for d in want.data]
+    for path in ("/embedding", "/embeddings", "/v1/embeddings"):
+        status, reply = await post(node, path, {"content": "hello world"})
+        assert status == 200, reply
+        assert reply == [{"index": 0, "embedding": [vectors[0]]}]
+    status, reply = await post(node, "/embeddings", {"input": ["hello world", CHUNK], "model": model_id,
+                                                     "embd_normalize": 2})
+    assert status == 200 and [r["embedding"] for r in reply] == [[v] for v in vectors]
+    assert [r["index"] for r in reply] == [0, 1]
+    # llama-server's other normalizations are refused rather than given unit vectors
+    status, reply = await post(node, "/embedding", {"content": "hello world", "embd_normalize": -1})
+    assert status == 400 and reply["error"]["param"] == "embd_normalize"
+    status, reply = await post(node, "/embedding", {"model": model_id})
+    assert status == 400 and reply["error"]["param"] == "input"
+    for path in ("/embedding", "/embeddings"):  # the key, as on /v1
+        async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{node.api.port}{path}",
+                                                        json={"content": "x"}) as r:
+            assert r.status == 401, path

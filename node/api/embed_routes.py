@@ -1,0 +1,108 @@
+"""Embeddings over HTTP: OpenAI's POST /v1/embeddings and llama-server's own embedding routes.
+
+llama-server answers POST /embedding (legacy) and /embeddings with its native shape,
+`[{"index": i, "embedding": [[...vector...]]}, ...]` (one vector per input, pooled, as ours), and
+so does its /v1/embeddings when the body gives `content` instead of `input`. The native routes take
+`content` or `input` (the same shapes as /v1/embeddings), `model` optional (the first model held
+whole, as llama_native), and `embd_normalize` 2 (Euclidean, the only normalization this node does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from node.api.appkeys import NODE
+from node.api.errors import error_response, read_json
+from node.api.llama_native import _default_model
+from node.api.responses import embeddings_body
+from node.api.schemas import parse_embeddings
+from node.errors import InvalidRequest, NodeError, ShuttingDown, Unsupported
+from node.inference.embeddings import EmbeddingRequest, EmbeddingResult, run_embeddings
+from node.trace import RequestTrace
+
+log = logging.getLogger(__name__)
+
+routes = web.RouteTableDef()
+
+EUCLIDEAN = 2  # llama-server's `embd_normalize` for L2, its default and this node's only one
+
+
+async def serve_embeddings(request: web.Request, embedding: EmbeddingRequest,
+                           render: Callable[[EmbeddingResult], Any]) -> web.Response:
+    """Run one embeddings request (traced) and write `render(result)` as JSON."""
+    node = request.app[NODE]
+    hub = node.traces
+    trace = hub.start(RequestTrace(model=embedding.model, operation="embeddings"))
+    outcome, error = "error", None
+    try:
+        if node.stopping:
+            raise ShuttingDown("the node is shutting down; try another node or again later")
+        result = await run_embeddings(node.models, embedding, trace, node.short_id, remote=node.embedder)
+        trace.finished = time.monotonic()
+        loop = asyncio.get_running_loop()  # thousands of floats: format them off the loop
+        text = await loop.run_in_executor(None, lambda: json.dumps(render(result)))
+        outcome = "ok"
+        return web.Response(text=text, content_type="application/json", headers=trace.headers())
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    except NodeError as exc:
+        error = exc
+        return error_response(exc, headers=trace.headers())
+    except Exception:  # a bug: a 500 in the OpenAI shape, the traceback in the log
+        log.exception("request failed unexpectedly request_id=%s", trace.request_id)
+        error = NodeError("internal server error; see the node log for details")
+        return error_response(error, headers=trace.headers())
+    finally:
+        hub.finish(trace, outcome, error=error)
+
+
+def native_body(result: EmbeddingResult) -> list[dict[str, Any]]:
+    """llama-server's native reply: each input's pooled vector, as a list of one vector."""
+    return [{"index": i, "embedding": [vector]} for i, vector in enumerate(result.vectors)]
+
+
+def parse_native(request: web.Request, body: Any) -> EmbeddingRequest:
+    """A llama-server native embeddings body as the /v1/embeddings request it means."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    out = dict(body)
+    if "input" not in out and "content" in out:
+        out["input"] = out.pop("content")
+    elif "input" not in out:
+        raise InvalidRequest('"input" or "content" must be provided', param="input")
+    normalize = out.pop("embd_normalize", None)
+    if normalize is not None and (type(normalize) is not int or normalize != EUCLIDEAN):
+        raise Unsupported(f"`embd_normalize` {normalize!r} is not supported: this node's vectors are of unit "
+                          f"Euclidean length ({EUCLIDEAN}, llama-server's default)", param="embd_normalize")
+    out.pop("encoding_format", None)  # llama-server writes floats in this shape whatever it says
+    out["model"] = _default_model(request, body.get("model"))
+    return parse_embeddings(out)
+
+
+@routes.post("/v1/embeddings")
+async def embeddings(request: web.Request) -> web.Response:
+    """Embeddings of one or more inputs from a model held whole here (llama.cpp embedding mode), or
+    by a peer holding it whole (remote embeddings). A body with `content` and no `input` is
+    llama-server's native form and gets its native reply, as llama-server gives it."""
+    body = await read_json(request)
+    if isinstance(body, dict) and "content" in body and "input" not in body:
+        return await serve_embeddings(request, parse_native(request, body), native_body)
+    embedding = parse_embeddings(body)
+    return await serve_embeddings(request, embedding,
+                                  lambda result: embeddings_body(result, embedding.encoding_format))
+
+
+@routes.post("/embedding")
+@routes.post("/embeddings")
+async def native_embeddings(request: web.Request) -> web.Response:
+    """llama-server's native embeddings: `content` (or `input`), the reply a list of
+    `{index, embedding: [vector]}`."""
+    return await serve_embeddings(request, parse_native(request, await read_json(request)), native_body)
