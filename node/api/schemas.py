@@ -387,7 +387,13 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
                              response_format=response_format, predict_time_limit_ms=time_limit)
 
 
-_EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user"}
+# NVIDIA NIM's (langchain-nvidia-ai-endpoints' NVIDIAEmbeddings sends both): `truncate` NONE (a 400
+# past the limit, as without it), END or START (the input's first or last tokens); `input_type`
+# query | passage, a no-op here as on llama-server: a GGUF declares no per-type prefix, so the text
+# is embedded as sent
+_EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user", "truncate", "input_type"}
+EMBED_TRUNCATE = ("NONE", "START", "END")
+EMBED_INPUT_TYPES = ("query", "passage")
 
 
 def _token_list(value: list, param: str) -> list[int]:
@@ -449,4 +455,13 @@ def parse_embeddings(body: Any) -> EmbeddingRequest:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidRequest("`user` must be a string", param="user")
-    return EmbeddingRequest(model, inputs, encoding, dimensions)
+    truncate = body.get("truncate")
+    truncate = "NONE" if truncate is None else truncate
+    if not isinstance(truncate, str) or truncate.upper() not in EMBED_TRUNCATE:
+        raise InvalidRequest(f"`truncate` must be one of {', '.join(EMBED_TRUNCATE)}, got {truncate!r}",
+                             param="truncate")
+    input_type = body.get("input_type")
+    if input_type is not None and input_type not in EMBED_INPUT_TYPES:
+        raise InvalidRequest(f"`input_type` must be \"query\" or \"passage\", got {input_type!r}",
+                             param="input_type")
+    return EmbeddingRequest(model, inputs, encoding, dimensions, truncate.upper())

@@ -37,6 +37,7 @@ class EmbeddingRequest:
     inputs: list[str | list[int]]
     encoding_format: str = "float"  # float | base64
     dimensions: int | None = None
+    truncate: str = "NONE"  # NIM's: NONE (too long is a 400) | END (keep the first tokens) | START (the last)
 
 
 @dataclass
@@ -68,16 +69,21 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
         raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
     texts = [(i, text) for i, text in enumerate(request.inputs) if isinstance(text, str)]
 
+    limit = embed_limit(served.n_ctx)
+    longest = limit if request.truncate == "NONE" else None  # cut after: all checked (the body bounds them)
+
     def prepare() -> list[list[int]]:  # the ids' check tokenizes too: off the loop
         for i, ids in enumerate(request.inputs):
             if not isinstance(ids, str):
-                check_client_ids(tok, ids, _param(request, i))
+                check_client_ids(tok, ids, _param(request, i), longest)
         return [tok.tokenize(text) for _, text in texts]
 
     tokenized = await asyncio.get_running_loop().run_in_executor(None, prepare)
     token_lists: list[list[int]] = [t if not isinstance(t, str) else [] for t in request.inputs]
     for (i, _), tokens in zip(texts, tokenized, strict=True):
         token_lists[i] = tokens
+    if request.truncate != "NONE":
+        token_lists = [t[:limit] if request.truncate == "END" else t[-limit:] for t in token_lists]
     check_tokens(token_lists, served.n_ctx, tok.n_vocab, lambda i: _param(request, i))
     total = sum(len(tokens) for tokens in token_lists)
     trace.prompt_tokens = total
@@ -97,7 +103,7 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     return EmbeddingResult(served.id, vectors, total)
 
 
-def check_client_ids(tok: Any, ids: list[int], param: str) -> None:
+def check_client_ids(tok: Any, ids: list[int], param: str, max_tokens: int | None = None) -> None:
     """Token ids a client sent are this model's: in its vocabulary, and its own tokenization of the
     text they spell (a BOS before and an EOS after aside). Ids made by another tokenizer would be
     embedded as a different text with no error: LangChain's OpenAIEmbeddings sends OpenAI's tiktoken
@@ -111,6 +117,8 @@ def check_client_ids(tok: Any, ids: list[int], param: str) -> None:
     if bad is not None:
         raise InvalidRequest(f"{hint} (token id {bad} is outside the model's vocabulary, "
                              f"0..{tok.n_vocab - 1})", param="input")
+    if max_tokens is not None and len(ids) > max_tokens:
+        return  # too long: check_tokens says so
     core = ids[1:] if ids and ids[0] == tok.bos_id else ids
     core = core[:-1] if core and core[-1] == tok.eos_id else core
     if not core:
@@ -120,8 +128,9 @@ def check_client_ids(tok: Any, ids: list[int], param: str) -> None:
         text = b"".join(tok.piece(t) or tok.special_piece(t).encode() for t in core).decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidRequest(f"{hint} (they do not spell UTF-8 text)", param="input") from None
-    if tok.tokenize(text, add_bos=False) == core:
-        return
+    back = tok.tokenize(text, add_bos=False)
+    if back == core or (back[1:] == core and tok.piece(back[0]) == b" "):
+        return  # (or less the lone space a SentencePiece vocabulary puts first)
     if text.startswith(" ") and tok.tokenize(text[1:], add_bos=False) == core:
         return  # a SentencePiece vocabulary's first piece carries the space it adds itself
     shown = text if len(text) <= 40 else text[:40] + "…"

@@ -10,6 +10,7 @@ import aiohttp
 import openai
 import pytest
 
+from node.inference.embedder import embed_limit
 from node.resources import default_model_path
 from tests.support.nodes import default_model_node, openai_client
 
@@ -89,3 +90,29 @@ async def test_llama_server_native_embedding_routes(node, client, model_id):
         async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{node.api.port}{path}",
                                                         json={"content": "x"}) as r:
             assert r.status == 401, path
+
+
+async def test_nvidia_nim_input_type_and_truncate(node, client, model_id):
+    """NVIDIAEmbeddings (langchain-nvidia-ai-endpoints) sends `input_type` and, when set, `truncate`
+    (NONE, START, END): each was a 400 "unrecognized request argument"."""
+    limit = embed_limit(node.models.get(model_id).n_ctx)
+    long_text = "word " * (limit + 200)
+    ids = await tokenize(node, long_text)
+    assert len(ids) > limit
+    status, reply = await post(node, "/v1/embeddings", {"input": [long_text, "hello world"], "model": model_id,
+                                                       "encoding_format": "float", "input_type": "passage",
+                                                       "truncate": "END"})
+    assert status == 200, reply
+    head = await client.embeddings.create(model=model_id, input=[ids[:limit], "hello world"], encoding_format="float")
+    assert [d["embedding"] for d in reply["data"]] == [d.embedding for d in head.data]
+    assert reply["usage"]["prompt_tokens"] == head.usage.prompt_tokens
+    status, reply = await post(node, "/v1/embeddings", {"input": long_text, "model": model_id,
+                                                       "input_type": "query", "truncate": "START"})
+    tail = await client.embeddings.create(model=model_id, input=[ids[-limit:]], encoding_format="float")
+    assert status == 200 and reply["data"][0]["embedding"] == tail.data[0].embedding
+    # NONE (NIM's default): too long is the 400 it is without `truncate`
+    status, reply = await post(node, "/v1/embeddings", {"input": long_text, "model": model_id, "truncate": "NONE"})
+    assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+    for bad in ({"truncate": "MIDDLE"}, {"input_type": "document"}):
+        status, reply = await post(node, "/v1/embeddings", {"input": "x", "model": model_id, **bad})
+        assert status == 400 and reply["error"]["param"] == next(iter(bad))

@@ -123,6 +123,12 @@ def _raw_until(sock, sid: str, timeout_s: float = 20.0) -> Frame:
             return frame
 
 
+async def _tokenize(proc: NodeProcess, text: str) -> list[int]:
+    async with aiohttp.ClientSession() as s, s.post(proc.base + "/tokenize", json={"content": text},
+                                                    headers=proc.auth) as r:
+        return (await r.json())["tokens"]
+
+
 def test_embed_frames_from_a_raw_peer_are_bounded_and_refused_with_their_code(swarm, tmp_path):
     c, model_id = swarm["c"], swarm["model_id"]
     short, h = next(iter(swarm["holders"].items()))
@@ -130,7 +136,11 @@ def test_embed_frames_from_a_raw_peer_are_bounded_and_refused_with_their_code(sw
                if m.get("whole"))
     raw = RawPeer(tmp_path, "127.0.0.1", h.peer_port)
     me = raw.identity.node_id
-    good = Embed("raw/ok", sha, ((1, 2, 3), (4, 5)), me)
+    # this model's own ids (the node's API takes no others: check_client_ids); a raw peer's are
+    # only bounded and checked against the vocabulary
+    ids = tuple(tuple(run(_tokenize(h, text))) for text in TEXTS[1:])
+    good = Embed("raw/bad", sha, ((1, 2, 3), (4, 5)), me)  # the refusals' frame
+    own = Embed("raw/ok", sha, ids, me)
     sock, _hello = raw.linked()
     try:
         def ask(header, payload=b"") -> dict:
@@ -155,12 +165,12 @@ def test_embed_frames_from_a_raw_peer_are_bounded_and_refused_with_their_code(sw
         for header, payload, code in cases:
             end = ask(header, payload)
             assert end["end"] == "error" and end["error"]["code"] == code, (header["sid"], end)
-        sock.sendall(frame_bytes(Frame(FrameType.EMBED, good.to_header(), good.payload())))
-        reply = Embedded.from_frame(dict((frame := _raw_until(sock, good.sid)).header), frame.payload)
+        sock.sendall(frame_bytes(Frame(FrameType.EMBED, own.to_header(), own.payload())))
+        reply = Embedded.from_frame(dict((frame := _raw_until(sock, own.sid)).header), frame.payload)
     finally:
         sock.close()
     assert reply.end == "ok" and reply.vectors.shape[0] == 2
-    local = client(h).embeddings.create(model=model_id, input=[[1, 2, 3], [4, 5]], encoding_format="float")
+    local = client(h).embeddings.create(model=model_id, input=[list(t) for t in ids], encoding_format="float")
     assert np.allclose(reply.vectors, [d.embedding for d in local.data], atol=1e-6)
     assert "DIAG: remote embeddings refused" in h.node_log()
     assert raw.ping_ok() and short
@@ -195,7 +205,7 @@ def test_a_client_gone_away_stops_the_holders_work(swarm):
     """The asker's client disconnects mid-request: the holder gets EMBED_CANCEL and stops at its next
     run of inputs, releasing the model (not embedding thousands of inputs for nobody)."""
     c, model_id = swarm["c"], swarm["model_id"]
-    body = {"model": model_id, "input": [[(i * 7 + j) % 500 + 1 for j in range(200)] for i in range(2000)]}
+    body = {"model": model_id, "input": [f"{i} " + "peers and layers " * 12 for i in range(2000)]}  # ~200 tokens each
 
     async def go():
         with contextlib.suppress(TimeoutError):
