@@ -71,7 +71,8 @@ class ModelTokenizer:
     def infill_tokens(self, prefix: str, suffix: str, extra: tuple[tuple[str, str], ...] = (), middle: str = "",
                       max_prompt_tokens: int | None = None) -> list[int]:
         """A fill-in-the-middle prompt, as llama-server's /infill writes it (prefix-suffix-middle):
-        [BOS] [extra] FIM_PRE prefix middle FIM_SUF suffix FIM_MID; the reply is the middle. The code
+        [extra] [BOS] FIM_PRE prefix middle FIM_SUF suffix FIM_MID (llama-server puts the other files
+        before BOS, format_prompt_infill); the reply is the middle. The code
         is taken as text (special-token names in it are not parsed). `extra`: (filename, text) chunks
         of other files (llama-server's `input_extra`), in the repo-level pattern when the model has
         FIM_REP / FIM_SEP (FIM_REP "myproject\\n", FIM_SEP filename "\\n" text ..., FIM_SEP
@@ -103,7 +104,7 @@ class ModelTokenizer:
         if max_prompt_tokens is not None:
             keep = max(0, max_prompt_tokens - len(bos) - len(code))
             context = context[len(context) - min(len(context), keep):]
-        return [*bos, *context, *code]
+        return [*context, *bos, *code]
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The prompt text for chat messages (and the tools, OpenAI's shape) under the model's own

@@ -125,6 +125,7 @@ async def test_infill_with_extra_context_and_a_started_middle(node):
     assert status == 200, text
     got = json.loads(text)
     want = tok.infill_tokens(PREFIX, SUFFIX, (("util.py", extra[0]["text"]),), "total")
+    assert tok.add_bos and want.index(tok.bos_id) > 0  # the other files before BOS, as llama-server puts them
     assert got["tokens_evaluated"] == len(want) > len(tok.infill_tokens(PREFIX, SUFFIX))
     assert got["tokens_predicted"] > 0
     # without extra and middle it is /v1/completions' `suffix`
