@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from app.host import NodeHost
+from app.host import AppState, NodeHost
 from app.ui.models_model import ModelsModel
 from app.ui.overview_model import OverviewModel
 from app.ui.peers_model import PeersModel
@@ -108,7 +108,8 @@ class NodeFeeds(QObject):
     def _on_peer_count(self, *_args) -> None:
         rows = self.peers.values()
         connected = sum(1 for p in rows if p.get("state") == "connected")
-        self.overview.on_peer_count(connected, len(rows), self.host.node.peers is not None)
+        self.overview.on_peer_count(connected, len(rows), self.host.node.peers is not None,
+                                    starting=self.host.state == AppState.STARTING)
 
     def detach(self) -> None:
         """Stop following the node (shutdown)."""

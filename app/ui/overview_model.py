@@ -87,9 +87,9 @@ class OverviewModel(KeyedTableModel):
             self._update_rate()
         self.set_value("In flight", str(len(self._in_flight)))
 
-    def on_peer_count(self, connected: int, known: int, network_on: bool) -> None:
-        if not network_on:
-            self.set_value("Peers", "0 (peer network off)")
+    def on_peer_count(self, connected: int, known: int, network_on: bool, *, starting: bool = False) -> None:
+        if not network_on:  # (not up yet while the node starts: "off" there was untrue)
+            self.set_value("Peers", "— (starting)" if starting else "0 (peer network off)")
         else:
             self.set_value("Peers", f"{connected} connected" + (f" ({known} known)" if known != connected else ""))
 

@@ -94,3 +94,5 @@ class FirstRunBanner(QFrame):
             self.text.setVisible(bool(rest))
         # a node that could not start serves no model added now: no button that seems to fix it
         self.add_button.setVisible(self.host.start_error is None)
+        # nor a folder that is not there (a data dir that could not be used)
+        self.folder_button.setVisible(self.host.start_error is None or self.host.models_dir.is_dir())

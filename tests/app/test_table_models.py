@@ -216,6 +216,8 @@ def test_overview_model(qapp, qtmodeltester, force_py):
     assert model.text("Requests/min") == "1"
     model.on_peer_count(0, 0, False)
     assert model.text("Peers") == "0 (peer network off)"
+    model.on_peer_count(0, 0, False, starting=True)  # not up yet: not "off"
+    assert model.text("Peers") == "— (starting)"
     model.on_peer_count(1, 2, True)
     assert model.text("Peers") == "1 connected (2 known)"
 
