@@ -88,6 +88,9 @@ CLOCK_SKEW_WARN_S = 300.0  # a peer's HELLO time this far from ours: WARNING onc
 MDNS_ADDRESS_CHECK_S = 5.0  # how often the host's IPv4 addresses are compared with what mDNS announces
 RELAY_MAX_REGISTRATIONS = 1024
 RELAY_MAX_CIRCUITS = 64  # spliced circuits open at once on a relay
+# circuits (open, being set up, or ticketed and not yet used) one member may hold at a relay: until
+# 2026-12-06 one member could take all RELAY_MAX_CIRCUITS and every other got too_many_circuits
+RELAY_MAX_CIRCUITS_PER_MEMBER = 8
 # a circuit's bytes (both directions) are rate-limited, never capped over its lifetime: a token bucket
 # of RELAY_CIRCUIT_BURST_BYTES refilled at RELAY_CIRCUIT_BYTES_PER_S; past it the relay stops reading
 # (TCP pushes back on the sender) until the bucket refills. Until 2026-12-06 a circuit was closed after

@@ -10,8 +10,10 @@ only members of the relay's swarm get one), then opens a raw TCP connection with
 naming the target and carrying the ticket; the relay sends "incoming" with a fresh unguessable token over the target's link; the target opens
 its own raw connection with an "A" preamble carrying the token; the relay answers both and then
 copies bytes between them. The two ends run TLS end to end over that splice, so the relay only
-ever sees ciphertext. Circuits are capped in number, rate-limited in bytes (a token bucket per
-circuit: past it the relay reads more slowly, it never cuts a busy circuit), and dropped when idle.
+ever sees ciphertext. Circuits are capped in number, in all and per member (a member's open,
+pending and ticketed circuits count: one member cannot take them all; no ticket to oneself),
+rate-limited in bytes (a token bucket per circuit: past it the relay reads more slowly, it never
+cuts a busy circuit), and dropped when idle.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class RelayService:
 
     def __init__(self) -> None:
         self.registrations: dict[str, PeerLink] = {}
-        self._pending: dict[str, tuple[str, asyncio.Future[Stream]]] = {}
+        self._pending: dict[str, tuple[str, str, asyncio.Future[Stream]]] = {}  # token → (source, target, …)
         self.circuits: dict[str, Circuit] = {}
         self.tap: Tap | None = None  # test hook: sees every byte the relay forwards
         self.circuits_total = 0
@@ -105,10 +107,19 @@ class RelayService:
             if reg is None or not reg.is_open:
                 link.send_error(frame, "not_registered", "that node is not registered at this relay")
                 return
+            if target == link.node_id:
+                link.send_error(frame, "self_circuit", "a circuit to oneself is refused")
+                return
             now = time.monotonic()
             for t, (_, _, expires) in list(self._tickets.items()):
                 if expires < now:
                     del self._tickets[t]
+            held = self._held_by(link.node_id)
+            if held >= const.RELAY_MAX_CIRCUITS_PER_MEMBER:
+                link.send_error(frame, "too_many_circuits", "this member holds its share of the relay's circuits")
+                log.info("DIAG: relay ticket refused %s", kv(
+                    peer_id=link.short_id, reason="too_many_circuits", held=held))
+                return
             ticket = secrets.token_hex(16)
             self._tickets[ticket] = (link.node_id, target, now + const.RELAY_CIRCUIT_SETUP_TIMEOUT_S)
             link.send_nowait(frame.reply(FrameType.RELAY, {"op": "ticket", "ticket": ticket}))
@@ -146,14 +157,17 @@ class RelayService:
             send_reply(stream, False, "not_registered")
             stream.close()
             return
-        if len(self.circuits) + len(self._pending) >= const.RELAY_MAX_CIRCUITS:
+        held = self._held_by(source)  # its other tickets, pending and open circuits (this one's ticket is used)
+        if len(self.circuits) + len(self._pending) >= const.RELAY_MAX_CIRCUITS or (
+                held >= const.RELAY_MAX_CIRCUITS_PER_MEMBER):
             send_reply(stream, False, "too_many_circuits")
             stream.close()
-            log.warning("DIAG: relay circuit refused %s", kv(target=short_id(target), reason="too_many_circuits"))
+            log.warning("DIAG: relay circuit refused %s", kv(
+                source=short_id(source), target=short_id(target), reason="too_many_circuits", held=held))
             return
         token = secrets.token_hex(16)
         future: asyncio.Future[Stream] = asyncio.get_running_loop().create_future()
-        self._pending[token] = (target, future)
+        self._pending[token] = (source, target, future)
         try:
             link.send_nowait(Frame(FrameType.RELAY, {"op": "incoming", "circuit": token, "from": source}))
             async with asyncio.timeout(const.RELAY_CIRCUIT_SETUP_TIMEOUT_S):
@@ -189,12 +203,19 @@ class RelayService:
         """An "A" preamble: the target's half of a pending circuit. False if unknown."""
         token = body.get("circuit")
         entry = self._pending.get(token) if isinstance(token, str) else None
-        if entry is None or entry[1].done():
+        if entry is None or entry[2].done():
             send_reply(stream, False, "unknown_circuit")
             stream.close()
             return False
-        entry[1].set_result(stream)
+        entry[2].set_result(stream)
         return True
+
+    def _held_by(self, member: str) -> int:
+        """Circuits `member` holds here: unexpired tickets, circuits being set up, open circuits."""
+        now = time.monotonic()
+        return (sum(1 for m, _, expires in self._tickets.values() if m == member and expires >= now)
+                + sum(1 for source, _, _ in self._pending.values() if source == member)
+                + sum(1 for c in self.circuits.values() if c.source == member))
 
     async def _async_splice(self, circuit: Circuit, a: Stream, b: Stream) -> None:
         pumps = [
