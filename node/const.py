@@ -85,6 +85,9 @@ MDNS_RESOLVE_TIMEOUT_MS = 3000
 MDNS_DAY_S = 86400  # the mDNS tag changes every UTC day (Clock.day)
 CLOCK_SKEW_WARN_S = 300.0  # a peer's HELLO time this far from ours: WARNING once (nothing in a link needs
 # clocks to agree, but a machine this far off has no time sync, and a day off hides it from mDNS)
+# an mDNS tag for a day this far from ours is not accepted: a member's recorded announcement could
+# otherwise be replayed forever (a clock reset to 1970 or 2000 is not found by mDNS; bootstrap works)
+MDNS_CLOCK_SKEW_MAX_DAYS = 366
 MDNS_ADDRESS_CHECK_S = 5.0  # how often the host's IPv4 addresses are compared with what mDNS announces
 RELAY_MAX_REGISTRATIONS = 1024
 RELAY_MAX_CIRCUITS = 64  # spliced circuits open at once on a relay

@@ -4,8 +4,8 @@ We announce one service per node, TXT `id` (node id), `pv` (protocol version), `
 port), `sw` (the day's keyed hash of our swarm id: only members can compute or recognise it), `d`
 (the day `sw` is for, on the sender's clock), on the node's non-loopback IPv4 addresses, and browse
 for others; a node whose `sw` is not one of our swarm's is not dialled at all (one whose `sw` is our
-swarm's for a `d` far from our day is a member with a wrong clock: dialled, with a WARNING, see
-`_clock.py`). Our own announcement is
+swarm's for a `d` far from our day is a member with a wrong clock: dialled, and warned about once
+its HELLO is admitted, see `_clock.py`). Our own announcement is
 recognised by its node id and ignored. zeroconf binds every interface with an IPv4 address
 (`InterfaceChoice.All`), which is what a network namespace with veth links needs; loopback has
 no multicast, so two nodes on 127.0.0.1 only find each other through bootstrap or the cache.
