@@ -2,9 +2,11 @@
 
 Sent when a link comes up and every `PEX_INTERVAL_S` on every live link: the connected peers
 (not the receiver itself) with their dialable direct addresses and the relays they are registered
-at, at most `PEX_MAX_PEERS`. Loopback addresses go only to loopback peers; an address our dials to
-fail (`PeerRecord.addr_failing`) is not passed on (until 2026-12-06 it was: a member that had dropped
-a peer's old lease learnt it again from a peer that still held it, and dialled it again). A received entry adds
+at, at most `PEX_MAX_PEERS`. Loopback addresses go only to loopback peers; an address that counts as
+stale here (`PeerRecord.addr_stale`: failing for a day, three dials) is not passed on (until
+2026-12-06 it was: a member that had dropped a peer's old lease learnt it again from a peer that still
+held it, and dialled it again; then, briefly, one failed dial from this node withheld it for good,
+though this node's own NAT or egress may be what fails and others reach it). A received entry adds
 addresses and relays to that peer's record and has it dialled at once if it has no link.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 from node import const
@@ -96,11 +99,12 @@ class Pex:
     def _entries(self, to: PeerLink) -> list[PexEntry]:
         keep_loopback = is_loopback(parse_addr(to.address)[0]) if to.transport == "direct" else False
         entries = []
+        now = time.time()
         for rec in self._table:
             if rec.link is None or rec.node_id == to.node_id:
                 continue
             addrs = [a for a in rec.addrs[:8] if (keep_loopback or not is_loopback(parse_addr(a)[0]))
-                     and a not in rec.addr_failing]  # failing here: another member would re-teach it
+                     and not rec.addr_stale(a, now)]  # stale here: another member would re-teach it
             if addrs or rec.relays:  # a peer that cannot be dialled (it listens nowhere) is not introduced
                 entries.append(PexEntry(rec.node_id, tuple(addrs), tuple(rec.relays[:4])))
         return entries[: const.PEX_MAX_PEERS]

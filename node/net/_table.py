@@ -138,6 +138,14 @@ class PeerRecord:
         del self.addr_failing[addr]
         return True
 
+    def addr_stale(self, addr: str, now: float) -> bool:
+        """Whether addr counts as stale here: its dials have failed for PEER_ADDR_STALE_S, at least
+        PEER_ADDR_STALE_FAILURES times, and it has not worked since (what drops an address that is
+        not the first; one failure is not that: this node's own NAT or egress may be the cause)."""
+        entry = self.addr_failing.get(addr)
+        return (entry is not None and entry[1] >= const.PEER_ADDR_STALE_FAILURES
+                and now - entry[0] >= const.PEER_ADDR_STALE_S)
+
     def remove_addr(self, addr: str) -> None:
         """Forget a direct address (someone else lives there now)."""
         if addr in self.addrs:
