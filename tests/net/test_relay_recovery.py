@@ -6,6 +6,7 @@ import logging
 
 from node import const
 from node.net import Frame, FrameType
+from node.net._relay import Circuit
 from tests.support.waiting import wait_until
 
 from .test_relay import echo, relayed
@@ -74,7 +75,8 @@ async def test_a_relay_that_refuses_a_circuit_is_named_in_the_peer_error(make_ma
     it read "peer refused: too_many_circuits", as if the peer had refused, and with several
     relays in --relays nobody could tell which one was full."""
     r = await make_manager("r", relay=True)
-    r.relay.circuits.update({f"held-{i}": None for i in range(const.RELAY_MAX_CIRCUITS)})  # full
+    others = [f"{i:064x}" for i in range(const.RELAY_MAX_CIRCUITS)]  # other members' circuits: full
+    r.relay.circuits.update({f"held-{i}": Circuit(f"held-{i}", m, m) for i, m in enumerate(others)})
     a = await make_manager("a", relays=[addr(r)], no_direct=True)
     b = await make_manager("b", relays=[addr(r)], no_direct=True)
 
