@@ -173,6 +173,9 @@ ADVERT_RATE_CHANGE = 1.5  # a whole model's decode rate first measured, or chang
 EMBED_REMOTE_MAX_INPUTS = 2048  # inputs in one EMBED (OpenAI's limit per request)
 EMBED_REMOTE_MAX_TOKENS = 1 << 20  # token ids in one EMBED, all inputs together (4 MiB of payload)
 EMBED_REMOTE_MAX_REPLY_BYTES = 64 * 1024 * 1024  # float32 vectors in one EMBEDDED: inputs x n_embd x 4
+# EMBEDs one peer may have running or queued on a holder at once (each holds up to 4 MiB of ids and
+# a reply of up to EMBED_REMOTE_MAX_REPLY_BYTES): more are refused `overloaded`
+EMBED_REMOTE_MAX_PER_ASKER = 8
 SERVED_COORDINATORS_MAX = 64  # coordinators remembered per slice for `served for others`
 
 # --- automatic layer choice (node/inference/pipeline/autoserve.py, `--serve auto`) ---

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from node.errors import NodeError
 from node.inference.embeddings import EmbeddingResult
@@ -182,11 +183,11 @@ class StreamChunks:
 def embeddings_body(result: EmbeddingResult, encoding_format: str) -> dict[str, Any]:
     """The /v1/embeddings body; base64 is the vector as little-endian float32 bytes, as OpenAI sends it."""
     data = []
-    for index, vector in enumerate(result.vectors):
+    for index, vector in enumerate(result.vectors):  # float32 rows
         if encoding_format == "base64":
-            embedding: Any = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+            embedding: Any = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
         else:
-            embedding = vector
+            embedding = np.asarray(vector, dtype="<f4").tolist()
         data.append({"object": "embedding", "index": index, "embedding": embedding})
     return {"object": "list", "data": data, "model": result.model,
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from node.errors import Conflict, ContextLengthExceeded, InvalidRequest, ModelUnavailable
 from node.inference.embedder import embed_limit
@@ -45,7 +47,7 @@ class EmbeddingResult:
     """One vector per input, in input order, and the tokens they took."""
 
     model: str
-    vectors: list[list[float]]
+    vectors: np.ndarray  # float32 (inputs x width): made JSON off the loop
     prompt_tokens: int
 
 
@@ -156,12 +158,33 @@ def check_tokens(token_lists: list[list[int]] | tuple[tuple[int, ...], ...], n_c
                                  f"(0..{n_vocab - 1})", param="input")
 
 
-async def embed_held(models: ModelManager, served: ServedModel, token_lists: list[list[int]],
+def check_ids(ids: np.ndarray, lens: Sequence[int], n_ctx: int, n_vocab: int, param: Callable[[int], str]) -> None:
+    """check_tokens for inputs given as one array of ids and each input's length (a peer's EMBED),
+    vectorised: no Python object per id on the loop (each length is >= 1, each id >= 0: checked
+    on decoding)."""
+    limit = embed_limit(n_ctx)
+    long = next((i for i, n in enumerate(lens) if n > limit), None)
+    if long is not None:
+        what = "context length" if limit == n_ctx else "input length for embeddings"
+        raise ContextLengthExceeded(
+            f"This model's maximum {what} is {limit} tokens. However, `{param(long)}` "
+            f"is {lens[long]} tokens. Please reduce the input.", param="input")
+    outside = np.flatnonzero(ids >= n_vocab)
+    if outside.size:
+        at = int(outside[0])
+        i = int(np.searchsorted(np.cumsum(lens), at, side="right"))
+        raise InvalidRequest(f"`{param(i)}` holds token id {int(ids[at])}, outside the model's vocabulary "
+                             f"(0..{n_vocab - 1})", param="input")
+
+
+async def embed_held(models: ModelManager, served: ServedModel, token_lists: Sequence[Sequence[int]],
                      dimensions: int | None, request_id: str, locked: Callable[[], None] = lambda: None,
-                     cancel: asyncio.Event | None = None) -> list[list[float]]:
+                     cancel: asyncio.Event | None = None) -> np.ndarray:
     """The vectors of a model held whole here: the caller admitted the request and counted it in
     the model's `waiting` (models.mark(waiting=+1)); this waits for the model's lock (then calls
-    `locked`), loads it on demand and embeds in runs (stopping between two when `cancel` is set)."""
+    `locked`), loads it on demand and embeds in runs (stopping between two when `cancel` is set).
+    The vectors come back as one float32 array (inputs x n_embd), made on executors: millions of
+    Python floats are never made, nor freed, on the loop."""
     queued, holding = True, False
     try:
         await served.lock.acquire()
@@ -177,12 +200,12 @@ async def embed_held(models: ModelManager, served: ServedModel, token_lists: lis
         if dimensions is not None and dimensions != n_embd:
             raise InvalidRequest(f"`dimensions` {dimensions} is not supported: model {served.id} gives "
                                  f"vectors of {n_embd} dimensions only", param="dimensions")
-        vectors: list[list[float]] = []
+        parts: list[np.ndarray] = []
         for run in _runs(token_lists, EMBED_RUN_TOKENS):
             if cancel is not None and cancel.is_set():
                 raise asyncio.CancelledError
-            vectors.extend(await engine.async_run(engine.embed, run))
-        return vectors
+            parts.append(await engine.async_run(_embed_run, engine, run))
+        return await asyncio.get_running_loop().run_in_executor(None, np.concatenate, parts)
     finally:
         if queued:
             models.mark(served, waiting=-1)
@@ -191,9 +214,16 @@ async def embed_held(models: ModelManager, served: ServedModel, token_lists: lis
             models.mark(served, busy=False)
 
 
-def _runs(token_lists: list[list[int]], tokens: int) -> list[list[list[int]]]:
+def _embed_run(engine: Any, run: list[Sequence[int]]) -> np.ndarray:
+    """One run on the engine's executor: ids given as arrays (a peer's EMBED) become lists here,
+    and the vectors one float32 array (run x n_embd)."""
+    vectors = engine.embed([ids.tolist() if isinstance(ids, np.ndarray) else ids for ids in run])
+    return np.asarray(vectors, dtype="<f4").reshape(len(vectors), -1)
+
+
+def _runs(token_lists: Sequence[Sequence[int]], tokens: int) -> list[list[Sequence[int]]]:
     """The inputs in order, in runs of at most `tokens` tokens (an input longer than that alone)."""
-    runs: list[list[list[int]]] = []
+    runs: list[list[Sequence[int]]] = []
     size = 0
     for item in token_lists:
         if not runs or size + len(item) > tokens:

@@ -139,8 +139,8 @@ def test_embed_frames_from_a_raw_peer_are_bounded_and_refused_with_their_code(sw
     # this model's own ids (the node's API takes no others: check_client_ids); a raw peer's are
     # only bounded and checked against the vocabulary
     ids = tuple(tuple(run(_tokenize(h, text))) for text in TEXTS[1:])
-    good = Embed("raw/bad", sha, ((1, 2, 3), (4, 5)), me)  # the refusals' frame
-    own = Embed("raw/ok", sha, ids, me)
+    good = Embed.of("raw/bad", sha, ((1, 2, 3), (4, 5)), me)  # the refusals' frame
+    own = Embed.of("raw/ok", sha, ids, me)
     sock, _hello = raw.linked()
     try:
         def ask(header, payload=b"") -> dict:
@@ -154,11 +154,11 @@ def test_embed_frames_from_a_raw_peer_are_bounded_and_refused_with_their_code(sw
             ({**good.to_header(), "sid": "bad/many", "lens": [1] * many}, b"\0" * 4 * many, "malformed_embed"),
             ({**good.to_header(), "sid": "bad/huge", "lens": [const.EMBED_REMOTE_MAX_TOKENS + 1]}, b"",
              "malformed_embed"),
-            ({**good.to_header(), "sid": "bad/neg"}, Embed("x", sha, ((1, 2, -3), (4, 5)), me).payload(),
+            ({**good.to_header(), "sid": "bad/neg"}, Embed.of("x", sha, ((1, 2, -3), (4, 5)), me).payload(),
              "malformed_embed"),
             ({**good.to_header(), "sid": "bad/coord", "coord": "0" * 64}, good.payload(), "coordinator_mismatch"),
             ({**good.to_header(), "sid": "bad/sha", "model": "0" * 64}, good.payload(), "model_not_held_whole"),
-            ({**good.to_header(), "sid": "bad/vocab"}, Embed("x", sha, ((1, 2, 99999), (4, 5)), me).payload(),
+            ({**good.to_header(), "sid": "bad/vocab"}, Embed.of("x", sha, ((1, 2, 99999), (4, 5)), me).payload(),
              "invalid_request"),
             ({**good.to_header(), "sid": "bad/long", "lens": [9000]}, b"\1\0\0\0" * 9000, "context_length_exceeded"),
         ]

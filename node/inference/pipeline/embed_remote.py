@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from node import const
 from node.errors import (
     ContextLengthExceeded,
@@ -106,7 +108,7 @@ class RemoteEmbedder:
                     replies.put_nowait(_Failed(holder, "link_drop", f"link to {snap.short_id} dropped ({snap.state})"))
 
     async def async_embed(self, served: ServedModel, token_lists: list[list[int]], dimensions: int | None,
-                          trace: RequestTrace) -> list[list[float]]:
+                          trace: RequestTrace) -> np.ndarray:
         """The vectors from a peer holding the model whole, failing over between holders."""
         entry = served.entry
         excluded: set[str] = set()
@@ -139,8 +141,8 @@ class RemoteEmbedder:
                 schedule_ms=round((time.monotonic() - started) * 1000, 2)))
             sid = f"{trace.request_id}/{attempt}"
             try:
-                msg = await self._ask(sid, holder.node_id, Embed(sid, entry.sha256, tuple(map(tuple, token_lists)),
-                                                                 self.node_id, dimensions))
+                msg = await self._ask(sid, holder.node_id, Embed.of(sid, entry.sha256, token_lists, self.node_id,
+                                                                    dimensions))
             except _Failed as failure:
                 excluded.add(failure.node_id)
                 last = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
@@ -155,7 +157,7 @@ class RemoteEmbedder:
             if trace.segments:
                 trace.segments[0].elapsed_ms += msg.eval_us / 1000
             assert msg.vectors is not None
-            return msg.vectors.tolist()
+            return msg.vectors  # float32 (inputs x width): the API makes its JSON off the loop
         if overloaded is not None:
             raise Overloaded(overloaded)
         raise InsufficientCapacity(f"remote embeddings failed {const.MAX_ASSEMBLIES} times; last: {last}")
@@ -182,9 +184,9 @@ class RemoteEmbedder:
                     continue  # a keepalive
                 done = True
                 if msg.end == "ok":
-                    if msg.vectors is None or msg.vectors.shape[0] != len(req.inputs):
+                    if msg.vectors is None or msg.vectors.shape[0] != req.n_inputs:
                         raise _Failed(holder, "protocol", f"EMBEDDED carries {0 if msg.vectors is None else msg.vectors.shape[0]} "
-                                                          f"vectors for {len(req.inputs)} inputs")
+                                                          f"vectors for {req.n_inputs} inputs")
                     return msg
                 client = _CLIENT_ERRORS.get(msg.error_code or "")
                 if client is not None:

@@ -8,11 +8,15 @@ waits or computes (so the asker tells a slow holder from a stalled one), then th
 or an error end. EMBED_CANCEL, or the asker's link dropping, stops the work at its next run and
 releases the model's lock. It runs only what it holds whole and never forwards an EMBED.
 
+The cheap checks (the header's counts, the model, the queue) come before the one that reads every
+id (the vocabulary, vectorised); ids stay one int32 array until the engine's executor makes each
+run's lists, and the vectors become float32 bytes there too: the loop never walks a token or a float.
+
 Refusals (an EMBEDDED error end, or an ERROR frame when there is no usable sid): `malformed_embed`
 (every field validated, bounded by EMBED_REMOTE_MAX_INPUTS / _TOKENS), `coordinator_mismatch`,
 `duplicate_session`, `not_contributing` (paused), `model_not_held_whole`, `model_unavailable`,
 `reply_too_large` (inputs x n_embd x 4 over EMBED_REMOTE_MAX_REPLY_BYTES), `overloaded` (the
-model's queue is full), and the client errors a local request gets (`context_length_exceeded`,
+model's queue is full, or EMBED_REMOTE_MAX_PER_ASKER of this peer's EMBEDs run or wait here), and the client errors a local request gets (`context_length_exceeded`,
 `invalid_request` with its param), which the asker hands to its client unchanged.
 """
 
@@ -25,11 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from node import const
 from node.errors import NodeError, Overloaded, PeerUnreachable, ProtocolError
-from node.inference.embeddings import check_tokens, embed_held
+from node.inference.embeddings import check_ids, embed_held
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.pipeline.embed_wire import Embed, EmbedCancel, Embedded
 from node.inference.pipeline.remote_wire import sid_of
@@ -107,7 +109,7 @@ class RemoteEmbedServer:
         self.models.mark(served, waiting=+1)  # counted at once: a burst in one read is held to the queue cap
         self.running[(sender, req.sid)] = job
         log.info("DIAG: remote embeddings started %s", kv(
-            sid=req.sid, coordinator=sender[:8], model=served.id, inputs=len(req.inputs), tokens=req.n_tokens()))
+            sid=req.sid, coordinator=sender[:8], model=served.id, inputs=req.n_inputs, tokens=req.n_tokens()))
         job.keepalive = asyncio.get_running_loop().call_later(const.GENERATE_KEEPALIVE_S, self._keepalive, job)
         job.task = asyncio.create_task(self._run(job), name=f"remote-embed-{req.sid}")
         job.task.add_done_callback(lambda _task: self._ended(job))
@@ -125,15 +127,20 @@ class RemoteEmbedServer:
         if served.tokenizer is None or served.state == "failed":
             return "model_unavailable", f"model {served.id} cannot be served on {me}: {served.error}"
         n_embd = served.entry.header.arch_get("embedding_length")
-        if isinstance(n_embd, int) and len(req.inputs) * n_embd * 4 > const.EMBED_REMOTE_MAX_REPLY_BYTES:
-            return "reply_too_large", (f"{len(req.inputs)} vectors of {n_embd} floats exceed "
+        if isinstance(n_embd, int) and req.n_inputs * n_embd * 4 > const.EMBED_REMOTE_MAX_REPLY_BYTES:
+            return "reply_too_large", (f"{req.n_inputs} vectors of {n_embd} floats exceed "
                                        f"{const.EMBED_REMOTE_MAX_REPLY_BYTES} bytes in one reply")
-        check_tokens(req.inputs, served.n_ctx, served.tokenizer.n_vocab,
-                     lambda i: "input" if len(req.inputs) == 1 else f"input[{i}]")
+        mine = sum(1 for asker, _sid in self.running if asker == sender)
+        if mine >= const.EMBED_REMOTE_MAX_PER_ASKER:
+            return "overloaded", (f"node {me} already embeds {mine} requests for {sender[:8]}; "
+                                  f"at most {const.EMBED_REMOTE_MAX_PER_ASKER} at once from one peer")
         try:
             self.models.admit(served)
         except Overloaded as exc:
             return "overloaded", exc.message
+        # last: the only check that reads every id (vectorised, no Python int per id)
+        check_ids(req.ids, req.lens, served.n_ctx, served.tokenizer.n_vocab,
+                  lambda i: "input" if req.n_inputs == 1 else f"input[{i}]")
         return None
 
     def on_cancel(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
@@ -170,14 +177,16 @@ class RemoteEmbedServer:
             job.locked = time.monotonic()
 
         try:
-            vectors = await embed_held(self.models, served, [list(i) for i in req.inputs], req.dimensions, req.sid,
+            vectors = await embed_held(self.models, served, req.input_ids(), req.dimensions, req.sid,
                                        locked, job.cancel)
-            array = np.asarray(vectors, dtype="<f4").reshape(len(vectors), -1)
+            # float32 already (embed_held); its bytes (up to 64 MiB) are copied off the loop too
+            payload = await asyncio.get_running_loop().run_in_executor(None, vectors.tobytes)
+            array = vectors
             if array.nbytes > const.EMBED_REMOTE_MAX_REPLY_BYTES:
                 raise NodeError(f"{len(vectors)} vectors of {array.shape[1]} floats exceed "
                                 f"{const.EMBED_REMOTE_MAX_REPLY_BYTES} bytes in one reply", code="reply_too_large")
             eval_us = int((time.monotonic() - job.locked) * 1e6) if job.locked is not None else 0
-            self._send(job, Embedded(req.sid, "ok", array, eval_us=eval_us))
+            self._send(job, Embedded(req.sid, "ok", array, eval_us=eval_us), payload)
             end = "ok"
         except asyncio.CancelledError:
             end = "cancelled"
@@ -206,7 +215,7 @@ class RemoteEmbedServer:
             return
         self.served += 1
         log.info("DIAG: remote embeddings finished %s", kv(
-            sid=req.sid, coordinator=req.coordinator[:8], inputs=len(req.inputs), end=end,
+            sid=req.sid, coordinator=req.coordinator[:8], inputs=req.n_inputs, end=end,
             total_ms=round((time.monotonic() - job.received) * 1000, 1)))
 
     def _keepalive(self, job: _Job) -> None:
@@ -215,11 +224,13 @@ class RemoteEmbedServer:
         self._send(job, Embedded(job.req.sid))
         job.keepalive = asyncio.get_running_loop().call_later(const.GENERATE_KEEPALIVE_S, self._keepalive, job)
 
-    def _send(self, job: _Job, msg: Embedded) -> None:
+    def _send(self, job: _Job, msg: Embedded, payload: bytes | None = None) -> None:
+        """Send `msg` (its vectors' bytes as `payload` when already made off the loop)."""
         if job.cancel.is_set():
             return
         try:
-            self.transport.send(job.req.coordinator, FrameType.EMBEDDED, msg.to_header(), msg.payload())
+            self.transport.send(job.req.coordinator, FrameType.EMBEDDED, msg.to_header(),
+                                msg.payload() if payload is None else payload)
         except PeerUnreachable:
             self._stop(job, "the coordinator is unreachable")
 

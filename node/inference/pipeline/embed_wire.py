@@ -13,6 +13,7 @@ counts are checked against the payload's length before anything is decoded.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,28 +29,39 @@ MAX_DIM = 1 << 20
 
 @dataclass(frozen=True, eq=False)
 class Embed:
-    """Embed each input (token ids) with the model held whole; `dimensions` as the client asked."""
+    """Embed each input (token ids) with the model held whole; `dimensions` as the client asked.
+
+    The ids stay one int32 array (the payload's own bytes, not a Python int per token) with each
+    input's length: a queued EMBED costs its payload, and the per-input lists are made run by run
+    on the engine's executor (`input_ids`)."""
 
     sid: str  # request id + attempt: EMBEDDED and EMBED_CANCEL name it
     model: str  # sha256 of the GGUF
-    inputs: tuple[tuple[int, ...], ...]
+    ids: np.ndarray  # every input's token ids back to back (int32, read-only)
+    lens: tuple[int, ...]  # each input's number of ids
     coordinator: str  # node id the EMBEDDED go to: must be the sender
     dimensions: int | None = None
 
+    @classmethod
+    def of(cls, sid: str, model: str, inputs: Sequence[Sequence[int]], coordinator: str,
+           dimensions: int | None = None) -> Embed:
+        ids = np.fromiter((t for i in inputs for t in i), dtype="<i4")
+        return cls(sid, model, ids, tuple(len(i) for i in inputs), coordinator, dimensions)
+
     def to_header(self) -> dict[str, Any]:
         header: dict[str, Any] = {"sid": self.sid, "model": self.model, "coord": self.coordinator,
-                                  "lens": [len(i) for i in self.inputs]}
+                                  "lens": list(self.lens)}
         if self.dimensions is not None:
             header["dims"] = self.dimensions
         return header
 
     def payload(self) -> bytes:
-        return np.fromiter((t for i in self.inputs for t in i), dtype="<i4").tobytes()
+        return np.ascontiguousarray(self.ids, dtype="<i4").tobytes()
 
     @classmethod
     def from_frame(cls, h: Any, payload: bytes) -> Embed:
         """Decode and validate (ProtocolError naming the bad field); ids are checked non-negative
-        here, against the model's vocabulary by the holder."""
+        here, against the model's vocabulary by the holder. Vectorised: no Python object per id."""
         if not isinstance(h, dict):
             raise ProtocolError("EMBED header is not an object")
         sid = _sid(h.get("sid"))
@@ -68,15 +80,19 @@ class Embed:
         ids = np.frombuffer(payload, dtype="<i4")
         if (ids < 0).any():
             raise ProtocolError("EMBED carries a negative token id")
-        flat = ids.tolist()
-        inputs, at = [], 0
-        for n in lens:
-            inputs.append(tuple(flat[at:at + n]))
-            at += n
-        return cls(sid, model, tuple(inputs), coordinator, dims)
+        return cls(sid, model, ids, tuple(lens), coordinator, dims)
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.lens)
 
     def n_tokens(self) -> int:
-        return sum(len(i) for i in self.inputs)
+        return int(self.ids.size)
+
+    def input_ids(self) -> list[np.ndarray]:
+        """Each input's ids: views of `ids`, no copy (cheap on the loop; `tolist` them off it)."""
+        bounds = np.cumsum((0, *self.lens))
+        return [self.ids[bounds[i]:bounds[i + 1]] for i in range(len(self.lens))]
 
 
 @dataclass(frozen=True, eq=False)

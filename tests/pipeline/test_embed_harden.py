@@ -1,0 +1,124 @@
+"""Remote embeddings in-process, bounded against a peer that asks too much or answers too much:
+the holder (a real ModelManager running llama.cpp, the real transport, frames to the asker
+captured) never walks a token or a float on its loop, refuses cheaply before reading every id, and
+holds one peer to EMBED_REMOTE_MAX_PER_ASKER EMBEDs at once. The loop police (tests/conftest.py) fails a loop step over 0.25 s of CPU."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from node import const
+from node.config import NodeConfig
+from node.inference.manager import ModelManager
+from node.inference.pipeline.embed_serve import RemoteEmbedServer
+from node.inference.pipeline.embed_wire import Embedded
+from node.inference.pipeline.transport import PipelineTransport
+from node.inference.synth import SynthSpec, write_gguf
+from node.models.catalog import ModelCatalog
+from node.net import FrameType
+from tests.pipeline.test_remote_generate import whole_model
+from tests.pipeline.workerkit import RecordingPeers
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.llama]
+
+ME, COORD, OTHER = "a" * 64, "c" * 64, "e" * 64
+# wide and cheap: 8192-float vectors (as a 70B model's) from one narrow layer
+WIDE = SynthSpec(n_layers=1, hidden=8192, n_heads=1, n_kv_heads=1, head_dim=32, ffn=32, vocab=512, n_ctx=512,
+                 name="wide1")
+
+
+async def _holder(tmp_path, model, **config):
+    catalog = ModelCatalog(None)
+    entry = (await asyncio.to_thread(catalog.scan, [(model, "cli")]))[0]  # hashing the file: off the loop
+    models = ModelManager(NodeConfig(data_dir=tmp_path, n_threads=1, **config), catalog)
+    served = await models.async_register(entry)
+    await models.async_load(served.id)
+    peers = RecordingPeers()
+    return RemoteEmbedServer(ME, models, PipelineTransport(ME, peers), None), models, served, peers
+
+
+def _frame(sid: str, sha: str, lens: list[int], ids: np.ndarray, coord: str = COORD) -> tuple[dict, bytes]:
+    """An EMBED's header and payload as a peer sends them (the ids made here without a loop over them)."""
+    return {"sid": sid, "model": sha, "coord": coord, "lens": lens}, ids.astype("<i4").tobytes()
+
+
+def _small(sid: str, sha: str, inputs: list[list[int]], coord: str = COORD) -> tuple[dict, bytes]:
+    return _frame(sid, sha, [len(i) for i in inputs], np.array([t for i in inputs for t in i]), coord)
+
+
+def _ends(peers) -> dict[str, Embedded]:
+    return {m.sid: m for m in (Embedded.from_frame(f.header, f.payload) for f in peers.sent
+                               if f.type == FrameType.EMBEDDED and f.header.get("end"))}
+
+
+async def test_a_wide_reply_is_made_float32_off_the_loop(tmp_path):
+    """2048 inputs x 8192 floats (the most one reply may carry): made into float32 bytes on the
+    loop, those 16M Python floats took ~0.5 s of it."""
+    server, models, served, peers = await _holder(tmp_path, await asyncio.to_thread(write_gguf, tmp_path / "wide1.gguf", WIDE))
+    try:
+        server.on_embed(*_frame("s/wide", served.entry.sha256, [1] * 2048, 1 + np.arange(2048) % 500), COORD)
+        await wait_until(lambda: "s/wide" in _ends(peers), 300, 0.05, "the wide reply")
+        end = _ends(peers)["s/wide"]
+        assert end.end == "ok", end
+        assert end.vectors.shape == (2048, 8192) and end.vectors.dtype == np.dtype("<f4")
+        assert np.allclose(np.linalg.norm(end.vectors, axis=1), 1.0, atol=1e-4)
+    finally:
+        server.close()
+        await models.async_close()
+
+
+async def test_refusals_cost_the_loop_nothing_and_ids_are_checked_vectorised(tmp_path):
+    """A full queue refuses 1M-token EMBEDs before reading their ids (each cost ~0.06 s of loop when
+    every id became a Python int first): sixteen (64 MiB) in one read are one loop step. The vocabulary check
+    still names the input holding a bad id."""
+    server, models, served, peers = await _holder(tmp_path, await asyncio.to_thread(whole_model, tmp_path), max_queue_per_model=0)
+    try:
+        sha = served.entry.sha256
+        header, payload = _frame("x", sha, [512] * 2048, np.full(const.EMBED_REMOTE_MAX_TOKENS, 7))
+        for n in range(16):  # one loop step, as frames arriving in one read are
+            server.on_embed({**header, "sid": f"big/{n}"}, payload, COORD)
+        ends = _ends(peers)
+        assert [ends[f"big/{n}"].error_code for n in range(16)] == ["overloaded"] * 16, ends
+        assert server.in_flight == 0 and served.waiting == 0
+    finally:
+        server.close()
+        await models.async_close()
+    server, models, served, peers = await _holder(tmp_path, await asyncio.to_thread(whole_model, tmp_path))
+    try:
+        server.on_embed(*_small("s/vocab", served.entry.sha256, [[1, 2], [3, 4, 512], [5]]), COORD)
+        end = _ends(peers)["s/vocab"]
+        assert end.error_code == "invalid_request" and "`input[1]`" in end.error and "512" in end.error, end
+    finally:
+        server.close()
+        await models.async_close()
+
+
+async def test_one_peer_has_at_most_its_share_of_embeds_on_a_holder(tmp_path):
+    """EMBEDs from one asker queued behind a busy model: past EMBED_REMOTE_MAX_PER_ASKER they are
+    refused `overloaded` (each held its ids and would hold its reply); another peer's still queue,
+    and the queued ones all finish once the model is free."""
+    server, models, served, peers = await _holder(tmp_path, await asyncio.to_thread(whole_model, tmp_path))
+    sha = served.entry.sha256
+    await served.lock.acquire()  # the model is busy: EMBEDs queue
+    try:
+        limit = const.EMBED_REMOTE_MAX_PER_ASKER
+        for n in range(limit + 1):
+            server.on_embed(*_small(f"q/{n}", sha, [[1, 2, 3]]), COORD)
+        server.on_embed(*_small("o/1", sha, [[1, 2, 3]], OTHER), OTHER)
+        ends = _ends(peers)
+        assert list(ends) == [f"q/{limit}"] and ends[f"q/{limit}"].error_code == "overloaded", ends
+        assert server.in_flight == limit + 1
+    finally:
+        served.lock.release()
+    try:
+        await wait_until(lambda: len(_ends(peers)) == limit + 2, 60, 0.05, "the queued EMBEDs to finish")
+        ends = _ends(peers)
+        assert all(ends[f"q/{n}"].end == "ok" for n in range(limit)) and ends["o/1"].end == "ok", ends
+        await wait_until(lambda: server.in_flight == 0, 10, 0.02, "the jobs to end")
+    finally:
+        server.close()
+        await models.async_close()
