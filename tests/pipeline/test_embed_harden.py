@@ -1,11 +1,14 @@
 """Remote embeddings in-process, bounded against a peer that asks too much or answers too much:
 the holder (a real ModelManager running llama.cpp, the real transport, frames to the asker
 captured) never walks a token or a float on its loop, refuses cheaply before reading every id, and
-holds one peer to EMBED_REMOTE_MAX_PER_ASKER EMBEDs at once. The loop police (tests/conftest.py) fails a loop step over 0.25 s of CPU."""
+holds one peer to EMBED_REMOTE_MAX_PER_ASKER EMBEDs at once; the asker (the real RemoteEmbedder,
+LayerHolders over peer snapshots) leaves out a holder whose vectors have the wrong width or size
+and asks the next one. The loop police (tests/conftest.py) fails a loop step over 0.25 s of CPU."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,12 +16,17 @@ import pytest
 from node import const
 from node.config import NodeConfig
 from node.inference.manager import ModelManager
+from node.inference.pipeline.deadlines import StepDeadlines
+from node.inference.pipeline.embed_remote import RemoteEmbedder
 from node.inference.pipeline.embed_serve import RemoteEmbedServer
 from node.inference.pipeline.embed_wire import Embedded
+from node.inference.pipeline.holders import LayerHolders
+from node.inference.pipeline.perf import PeerPerformance
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.synth import SynthSpec, write_gguf
 from node.models.catalog import ModelCatalog
-from node.net import FrameType
+from node.net import FrameType, PeerSnapshot
+from node.trace import RequestTrace
 from tests.pipeline.test_remote_generate import whole_model
 from tests.pipeline.workerkit import RecordingPeers
 from tests.support.waiting import wait_until
@@ -122,3 +130,61 @@ async def test_one_peer_has_at_most_its_share_of_embeds_on_a_holder(tmp_path):
     finally:
         server.close()
         await models.async_close()
+
+
+# --- the asking side -----------------------------------------------------------------------------
+
+
+class _Peers(RecordingPeers):
+    """Peer snapshots advertising the model whole on each holder, and recorded links to them."""
+
+    def __init__(self, sha, holders):
+        super().__init__()
+        self.snaps = [PeerSnapshot(h, h[:8], "connected", "direct", "127.0.0.1:1", 2.0, 200.0,
+                                   ({"sha256": sha, "name": "m", "n_layers": 6, "whole": True},), None)
+                      for h in holders]
+
+    def peers(self):
+        return self.snaps
+
+    def peer(self, node_id):
+        return next((s for s in self.snaps if s.node_id == node_id), None)
+
+
+async def test_a_holder_answering_vectors_of_the_wrong_width_or_size_is_left_out(tmp_path, caplog):
+    """Holders answering 3 vectors of width+1 floats, or 17 x 2^20 floats (68 MiB, ~1 s and ~600 MB
+    as Python floats), are protocol failures: the next holder's vectors are the answer."""
+    catalog = ModelCatalog(None)
+    entry = (await asyncio.to_thread(catalog.scan, [(await asyncio.to_thread(whole_model, tmp_path), "cli")]))[0]
+    models = ModelManager(NodeConfig(data_dir=tmp_path, n_threads=1), catalog)
+    served = await models.async_register(entry)  # a model this node does not load: the swarm's
+    width = entry.header.arch_get("embedding_length")
+    holders = ["1" * 64, "2" * 64, "3" * 64]
+    peers = _Peers(entry.sha256, holders)
+    transport = PipelineTransport(ME, peers)
+    perf = PeerPerformance(ME)
+    host = SimpleNamespace(for_model=lambda sha: [], adverts=lambda: [])  # no slices here
+    asker = RemoteEmbedder(ME, transport, peers, LayerHolders(ME, host, peers, transport, perf),
+                           StepDeadlines(ME, None, perf))
+    good = np.random.default_rng(0).standard_normal((3, width)).astype("<f4")
+    answers = [(np.zeros((3, width + 1), "<f4"), "floats"), (np.zeros((17, 1 << 20), "<f4"), "bytes"), (good, None)]
+    asked: list[str] = []
+    try:
+        task = asyncio.create_task(asker.async_embed(served, [[1, 2], [3], [4, 5, 6]], None, RequestTrace(model=served.id, operation="embeddings")))
+        for vectors, _why in answers:
+            await wait_until(lambda: sum(f.type == FrameType.EMBED for f in peers.sent) > len(asked), 10, 0.01,
+                             "the next EMBED")
+            sent = [f for f in peers.sent if f.type == FrameType.EMBED][-1]
+            sid = sent.header["sid"]
+            holder = next(h for h, _q in [asker.waiting[sid]])
+            asked.append(holder)
+            reply = Embedded(sid, "ok", vectors)
+            asker.on_embedded(reply.to_header(), reply.payload(), holder)
+        got = await asyncio.wait_for(task, 10)
+    finally:
+        await models.async_close()
+    assert sorted(asked) == holders  # each asked once: the two bad ones were left out
+    failed = [r.getMessage() for r in caplog.records if "remote embeddings attempt failed" in r.getMessage()]
+    assert len(failed) == 2 and all("cause=protocol" in m for m in failed), failed
+    assert f"node={asked[0][:8]}" in failed[0] and "floats" in failed[0] and "bytes" in failed[1], failed
+    assert np.array_equal(np.asarray(got), good)

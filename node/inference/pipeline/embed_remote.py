@@ -142,7 +142,7 @@ class RemoteEmbedder:
             sid = f"{trace.request_id}/{attempt}"
             try:
                 msg = await self._ask(sid, holder.node_id, Embed.of(sid, entry.sha256, token_lists, self.node_id,
-                                                                    dimensions))
+                                                                    dimensions), _widths(served, dimensions))
             except _Failed as failure:
                 excluded.add(failure.node_id)
                 last = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
@@ -162,8 +162,9 @@ class RemoteEmbedder:
             raise Overloaded(overloaded)
         raise InsufficientCapacity(f"remote embeddings failed {const.MAX_ASSEMBLIES} times; last: {last}")
 
-    async def _ask(self, sid: str, holder: str, req: Embed) -> Embedded:
-        """One attempt: EMBED to `holder`, its final EMBEDDED (ok), or _Failed naming why."""
+    async def _ask(self, sid: str, holder: str, req: Embed, widths: set[int]) -> Embedded:
+        """One attempt: EMBED to `holder`, its final EMBEDDED (ok: one vector per input, each of
+        the `widths` known), or _Failed naming why."""
         replies: asyncio.Queue = asyncio.Queue()
         self.waiting[sid] = (holder, replies)
         silence = const.GENERATE_SILENCE_S + self.deadlines.ack_budget(holder)
@@ -184,9 +185,9 @@ class RemoteEmbedder:
                     continue  # a keepalive
                 done = True
                 if msg.end == "ok":
-                    if msg.vectors is None or msg.vectors.shape[0] != req.n_inputs:
-                        raise _Failed(holder, "protocol", f"EMBEDDED carries {0 if msg.vectors is None else msg.vectors.shape[0]} "
-                                                          f"vectors for {req.n_inputs} inputs")
+                    problem = _bad_vectors(msg, req.n_inputs, widths)
+                    if problem is not None:
+                        raise _Failed(holder, "protocol", problem)
                     return msg
                 client = _CLIENT_ERRORS.get(msg.error_code or "")
                 if client is not None:
@@ -199,6 +200,28 @@ class RemoteEmbedder:
                     self.transport.send(holder, FrameType.EMBED_CANCEL, EmbedCancel(sid).to_header())
                 except PeerUnreachable:
                     pass
+
+
+def _widths(served: ServedModel, dimensions: int | None) -> set[int]:
+    """The width every vector must have: the model's embedding_length (its GGUF header) and the
+    client's `dimensions` if set (both, when both are known: a holder answers only its model's own
+    width, and a client asking another one gets the holder's 400)."""
+    n_embd = served.entry.header.arch_get("embedding_length")
+    return {w for w in (n_embd, dimensions) if isinstance(w, int) and w > 0}
+
+
+def _bad_vectors(msg: Embedded, n_inputs: int, widths: set[int]) -> str | None:
+    """Why an ok EMBEDDED cannot be the answer (a holder answering other shapes is broken or
+    hostile: its reply is refused before any float becomes a Python object), or None."""
+    vectors = msg.vectors
+    if vectors is None or vectors.shape[0] != n_inputs:
+        return f"EMBEDDED carries {0 if vectors is None else vectors.shape[0]} vectors for {n_inputs} inputs"
+    if vectors.nbytes > const.EMBED_REMOTE_MAX_REPLY_BYTES:
+        return f"EMBEDDED carries {vectors.nbytes} bytes of vectors; at most {const.EMBED_REMOTE_MAX_REPLY_BYTES}"
+    if any(vectors.shape[1] != w for w in widths):
+        return (f"EMBEDDED carries vectors of {vectors.shape[1]} floats; "
+                f"the request's are {' and '.join(map(str, sorted(widths)))}")
+    return None
 
 
 def _dearer(h: Holder, n: int) -> Holder:

@@ -135,6 +135,9 @@ class Embedded:
         if end == "ok":
             n = _int(h.get("n"), "vector count", 1, const.EMBED_REMOTE_MAX_INPUTS)
             dim = _int(h.get("dim"), "vector dimensions", 1, MAX_DIM)
+            if 4 * n * dim > const.EMBED_REMOTE_MAX_REPLY_BYTES:
+                raise ProtocolError(f"EMBEDDED says {n} x {dim} floats: over "
+                                    f"{const.EMBED_REMOTE_MAX_REPLY_BYTES} bytes in one reply")
             if len(payload) != 4 * n * dim:
                 raise ProtocolError(f"EMBEDDED says {n} x {dim} floats but carries {len(payload)} bytes")
             vectors = np.frombuffer(payload, dtype="<f4").reshape(n, dim)
