@@ -15,11 +15,12 @@ import pytest
 
 from node import const
 from node.config import NodeConfig
+from node.errors import ProtocolError
 from node.inference.manager import ModelManager
 from node.inference.pipeline.deadlines import StepDeadlines
 from node.inference.pipeline.embed_remote import RemoteEmbedder
 from node.inference.pipeline.embed_serve import RemoteEmbedServer
-from node.inference.pipeline.embed_wire import Embedded
+from node.inference.pipeline.embed_wire import Embed, Embedded
 from node.inference.pipeline.holders import LayerHolders
 from node.inference.pipeline.perf import PeerPerformance
 from node.inference.pipeline.transport import PipelineTransport
@@ -138,10 +139,10 @@ async def test_one_peer_has_at_most_its_share_of_embeds_on_a_holder(tmp_path):
 class _Peers(RecordingPeers):
     """Peer snapshots advertising the model whole on each holder, and recorded links to them."""
 
-    def __init__(self, sha, holders):
+    def __init__(self, sha, holders, n_layers=6):
         super().__init__()
         self.snaps = [PeerSnapshot(h, h[:8], "connected", "direct", "127.0.0.1:1", 2.0, 200.0,
-                                   ({"sha256": sha, "name": "m", "n_layers": 6, "whole": True},), None)
+                                   ({"sha256": sha, "name": "m", "n_layers": n_layers, "whole": True},), None)
                       for h in holders]
 
     def peers(self):
@@ -188,3 +189,61 @@ async def test_a_holder_answering_vectors_of_the_wrong_width_or_size_is_left_out
     assert len(failed) == 2 and all("cause=protocol" in m for m in failed), failed
     assert f"node={asked[0][:8]}" in failed[0] and "floats" in failed[0] and "bytes" in failed[1], failed
     assert np.array_equal(np.asarray(got), good)
+
+
+# widest: 16384-float vectors (as a 405B model's): 2048 of them are 128 MiB, two replies' worth
+WIDEST = SynthSpec(n_layers=1, hidden=16384, n_heads=1, n_kv_heads=1, head_dim=32, ffn=32, vocab=259, n_ctx=512,
+                   name="widest1")
+
+
+@pytest.mark.parametrize("shape", ["tokens", "reply"])
+async def test_inputs_past_one_embeds_bounds_are_sent_in_parts(tmp_path, shape):
+    """2048 inputs of 513 tokens (over EMBED_REMOTE_MAX_TOKENS), or 2048 vectors of 16384 floats
+    (over EMBED_REMOTE_MAX_REPLY_BYTES): a client's valid request, which every holder refused
+    (`malformed_embed` / `reply_too_large`), a 503. Holders here decode each EMBED as a real one
+    does; the vectors come back whole and in order."""
+    model = await asyncio.to_thread(whole_model, tmp_path) if shape == "tokens" else \
+        await asyncio.to_thread(write_gguf, tmp_path / "widest1.gguf", WIDEST)
+    catalog = ModelCatalog(None)
+    entry = (await asyncio.to_thread(catalog.scan, [(model, "cli")]))[0]
+    models = ModelManager(NodeConfig(data_dir=tmp_path, n_threads=1), catalog)
+    served = await models.async_register(entry)
+    width = entry.header.arch_get("embedding_length")
+    peers = _Peers(entry.sha256, ["1" * 64, "2" * 64], entry.n_layers)
+    transport = PipelineTransport(ME, peers)
+    perf = PeerPerformance(ME)
+    host = SimpleNamespace(for_model=lambda sha: [], adverts=lambda: [])
+    asker = RemoteEmbedder(ME, transport, peers, LayerHolders(ME, host, peers, transport, perf),
+                           StepDeadlines(ME, None, perf))
+    per_input = 513 if shape == "tokens" else 1
+    inputs = [[i % 256] + [7] * (per_input - 1) for i in range(2048)]
+    answered, refused = 0, []
+    try:
+        task = asyncio.create_task(asker.async_embed(served, inputs, None, RequestTrace(model=served.id,
+                                                                                        operation="embeddings")))
+        while not task.done():
+            await wait_until(lambda n=answered: task.done() or sum(f.type == FrameType.EMBED for f in peers.sent) > n,
+                             30, 0.01, "the next EMBED")
+            for frame in [f for f in peers.sent if f.type == FrameType.EMBED][answered:]:
+                answered += 1
+                sid, holder = frame.header["sid"], asker.waiting[frame.header["sid"]][0]
+                try:  # as the holder decodes and bounds it
+                    req = Embed.from_frame(frame.header, frame.payload)
+                    if req.n_inputs * width * 4 > const.EMBED_REMOTE_MAX_REPLY_BYTES:
+                        raise ProtocolError("reply_too_large")
+                except ProtocolError as exc:
+                    refused.append(exc.message)
+                    code = "reply_too_large" if exc.message == "reply_too_large" else "malformed_embed"
+                    reply = Embedded(sid, "error", error_code=code, error=exc.message)
+                else:
+                    vectors = np.zeros((req.n_inputs, width), "<f4")
+                    vectors[:, 0] = req.ids[np.cumsum((0, *req.lens[:-1]))]  # each input's first id
+                    reply = Embedded(sid, "ok", vectors)
+                # the vectors' own bytes, not a 64 MiB copy made on this loop (the test's, not the asker's, cost)
+                payload = memoryview(vectors.reshape(-1).view(np.uint8)) if reply.vectors is not None else b""
+                asker.on_embedded(reply.to_header(), payload, holder)
+        got = await task
+    finally:
+        await models.async_close()
+    assert not refused and answered == 2, (answered, refused)
+    assert got.shape == (2048, width) and np.array_equal(got[:, 0], np.arange(2048) % 256)

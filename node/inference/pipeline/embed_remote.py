@@ -109,12 +109,24 @@ class RemoteEmbedder:
 
     async def async_embed(self, served: ServedModel, token_lists: list[list[int]], dimensions: int | None,
                           trace: RequestTrace) -> np.ndarray:
-        """The vectors from a peer holding the model whole, failing over between holders."""
+        """The vectors from a peer holding the model whole, failing over between holders: in one
+        EMBED, or (inputs over one EMBED's bounds) in parts one after the other."""
+        trace.mark_dequeued()  # nothing queues here: the holder's queue is in its keepalives' time
+        widths = _widths(served, dimensions)
+        parts = _parts(token_lists, max(widths, default=None))
+        if len(parts) == 1:
+            return await self._embed_part(served, token_lists, dimensions, widths, trace, trace.request_id)
+        vectors = [await self._embed_part(served, token_lists[a:b], dimensions, widths, trace,
+                                          f"{trace.request_id}/p{n}") for n, (a, b) in enumerate(parts)]
+        return await asyncio.get_running_loop().run_in_executor(None, np.concatenate, vectors)
+
+    async def _embed_part(self, served: ServedModel, token_lists: list[list[int]], dimensions: int | None,
+                          widths: set[int], trace: RequestTrace, name: str) -> np.ndarray:
+        """One EMBED's worth of inputs, failing over between holders (sids `name`/attempt)."""
         entry = served.entry
         excluded: set[str] = set()
         overloaded: str | None = None
         last: str | None = None
-        trace.mark_dequeued()  # nothing queues here: the holder's queue is in its keepalives' time
         for attempt in range(1, const.MAX_ASSEMBLIES + 1):
             started = trace.begin_assembly()
             try:
@@ -139,10 +151,10 @@ class RemoteEmbedder:
             log.info("DIAG: pipeline assembled %s", kv(
                 request_id=trace.request_id, attempt=attempt, segments=plan.describe(), operation="embeddings",
                 schedule_ms=round((time.monotonic() - started) * 1000, 2)))
-            sid = f"{trace.request_id}/{attempt}"
+            sid = f"{name}/{attempt}"
             try:
                 msg = await self._ask(sid, holder.node_id, Embed.of(sid, entry.sha256, token_lists, self.node_id,
-                                                                    dimensions), _widths(served, dimensions))
+                                                                    dimensions), widths)
             except _Failed as failure:
                 excluded.add(failure.node_id)
                 last = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
@@ -200,6 +212,24 @@ class RemoteEmbedder:
                     self.transport.send(holder, FrameType.EMBED_CANCEL, EmbedCancel(sid).to_header())
                 except PeerUnreachable:
                     pass
+
+
+def _parts(token_lists: list[list[int]], width: int | None) -> list[tuple[int, int]]:
+    """The inputs as consecutive [a, b) ranges, each within one EMBED's bounds: at most
+    EMBED_REMOTE_MAX_INPUTS inputs and EMBED_REMOTE_MAX_TOKENS tokens, and a reply (b - a) x width
+    x 4 of at most EMBED_REMOTE_MAX_REPLY_BYTES (a holder refuses more; each input fits alone)."""
+    most = const.EMBED_REMOTE_MAX_INPUTS
+    if width:
+        most = max(1, min(most, const.EMBED_REMOTE_MAX_REPLY_BYTES // (4 * width)))
+    parts: list[tuple[int, int]] = []
+    start = tokens = 0
+    for i, ids in enumerate(token_lists):
+        if i > start and (i - start >= most or tokens + len(ids) > const.EMBED_REMOTE_MAX_TOKENS):
+            parts.append((start, i))
+            start, tokens = i, 0
+        tokens += len(ids)
+    parts.append((start, len(token_lists)))
+    return parts
 
 
 def _widths(served: ServedModel, dimensions: int | None) -> set[int]:
