@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from node.api.appkeys import NODE
@@ -66,7 +67,8 @@ async def serve_embeddings(request: web.Request, embedding: EmbeddingRequest,
 
 def native_body(result: EmbeddingResult) -> list[dict[str, Any]]:
     """llama-server's native reply: each input's pooled vector, as a list of one vector."""
-    return [{"index": i, "embedding": [vector]} for i, vector in enumerate(result.vectors)]
+    # (run in the executor: a float32 array's rows become lists of floats here)
+    return [{"index": i, "embedding": [np.asarray(vector, dtype="<f4").tolist()]} for i, vector in enumerate(result.vectors)]
 
 
 def parse_native(request: web.Request, body: Any) -> EmbeddingRequest:
