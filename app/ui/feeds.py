@@ -69,6 +69,7 @@ class NodeFeeds(QObject):
 
     def _on_state(self, *_args) -> None:
         self.overview.on_host_state(self.host)
+        self._on_peer_count()  # (a failed start leaves STARTING without a `started`: not "starting" for good)
 
     def _on_started(self) -> None:
         self.peers.attach(self.host.node.peers)

@@ -36,6 +36,7 @@ def test_a_data_dir_that_is_a_file_is_said_in_the_window(qtbot, run, tmp_path, m
             assert f"cannot use the data dir {in_the_way} (a file, not a directory)" in said, said
             assert "--data-dir" in said and "Errno" not in said
             assert not banner.folder_button.isVisible()  # no models folder to open there
+            assert tray_app.feeds.overview.text("Peers") == "0 (peer network off)"  # not "starting" for good
 
     run(body())
 
