@@ -29,6 +29,9 @@ HASH_CHUNK_BYTES = 4 * 1024 * 1024
 # in powers of two (llama.cpp's attention scratch grows with its square: node/inference/embedder.py)
 EMBED_MAX_INPUT_TOKENS = 8192
 EMBED_MIN_CONTEXT_TOKENS = 512
+# token ids of a client's input whose text check_client_ids tokenizes again (~3 us an id, on an
+# executor): the first ones tell a foreign tokenizer's ids
+EMBED_CHECK_IDS = 1024
 
 # --- peer network ---
 MAX_FRAME_BYTES = 256 * 1024 * 1024
@@ -176,6 +179,9 @@ EMBED_REMOTE_MAX_REPLY_BYTES = 64 * 1024 * 1024  # float32 vectors in one EMBEDD
 # EMBEDs one peer may have running or queued on a holder at once (each holds up to 4 MiB of ids and
 # a reply of up to EMBED_REMOTE_MAX_REPLY_BYTES): more are refused `overloaded`
 EMBED_REMOTE_MAX_PER_ASKER = 8
+# the asker's wait for one EMBED's vectors, keepalives or not: a holder that keeps the request
+# alive for longer is left out and the next one asked
+EMBED_REMOTE_MAX_WAIT_S = 600.0
 SERVED_COORDINATORS_MAX = 64  # coordinators remembered per slice for `served for others`
 
 # --- automatic layer choice (node/inference/pipeline/autoserve.py, `--serve auto`) ---

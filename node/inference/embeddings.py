@@ -10,6 +10,7 @@ a peer's EMBED runs the same way (`embed_held`).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from node import const
 from node.errors import Conflict, ContextLengthExceeded, InvalidRequest, ModelUnavailable
 from node.inference.embedder import embed_limit
 from node.inference.manager import ModelManager, ServedModel
@@ -69,28 +71,28 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     tok = served.tokenizer
     if tok is None:
         raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
-    texts = [(i, text) for i, text in enumerate(request.inputs) if isinstance(text, str)]
-
     limit = embed_limit(served.n_ctx)
     longest = limit if request.truncate == "NONE" else None  # cut after: all checked (the body bounds them)
 
-    def prepare() -> list[list[int]]:  # the ids' check tokenizes too: off the loop
+    def prepare() -> list[list[int]]:  # tokenizing, checking and cutting: off the loop
         for i, ids in enumerate(request.inputs):
             if not isinstance(ids, str):
                 check_client_ids(tok, ids, _param(request, i), longest)
-        return [tok.tokenize(text) for _, text in texts]
+        head, tail = special_ends(tok)
+        lists = [tok.tokenize(t) if isinstance(t, str) else list(t) for t in request.inputs]
+        if request.truncate != "NONE":
+            lists = [cut(ids, limit, request.truncate, *((head, tail) if isinstance(t, str) else
+                                                         client_ends(tok, ids)))
+                     for t, ids in zip(request.inputs, lists, strict=True)]
+        check_tokens(lists, served.n_ctx, tok.n_vocab, lambda i: _param(request, i))
+        return lists
 
-    tokenized = await asyncio.get_running_loop().run_in_executor(None, prepare)
-    token_lists: list[list[int]] = [t if not isinstance(t, str) else [] for t in request.inputs]
-    for (i, _), tokens in zip(texts, tokenized, strict=True):
-        token_lists[i] = tokens
-    if request.truncate != "NONE":
-        token_lists = [t[:limit] if request.truncate == "END" else t[-limit:] for t in token_lists]
-    check_tokens(token_lists, served.n_ctx, tok.n_vocab, lambda i: _param(request, i))
+    token_lists = await asyncio.get_running_loop().run_in_executor(None, prepare)
     total = sum(len(tokens) for tokens in token_lists)
     trace.prompt_tokens = total
     if not served.whole:
-        vectors = await remote.async_embed(served, token_lists, request.dimensions, trace)
+        vectors = await remote.async_embed(served, token_lists, request.dimensions, trace,
+                                           truncated=request.truncate != "NONE")
         return EmbeddingResult(served.id, vectors, total)
 
     def locked() -> None:
@@ -105,35 +107,153 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     return EmbeddingResult(served.id, vectors, total)
 
 
+def special_ends(tok: Any) -> tuple[int, int]:
+    """How many ids `tok.tokenize` puts before a text's own (BOS, BERT's [CLS]) and after them
+    (EOS, BERT's [SEP]): as the vocabulary adds them, found once by tokenizing with and without."""
+    ends = getattr(tok, "_embed_special_ends", None)
+    if ends is None:
+        full, bare = tok.tokenize("a"), tok.tokenize("a", add_bos=False)
+        head = next((k for k in range(len(full) - len(bare) + 1) if full[k:k + len(bare)] == bare), 0)
+        ends = (head, max(0, len(full) - head - len(bare)))
+        tok._embed_special_ends = ends
+    return ends
+
+
+def client_ends(tok: Any, ids: Sequence[int]) -> tuple[int, int]:
+    """The specials a client's ids start and end with (a BOS, an EOS or the ids the vocabulary adds
+    there, e.g. [CLS] / [SEP]), as special_ends counts a text's."""
+    if not ids:
+        return 0, 0
+    head, tail = special_ends(tok)
+    full = tok.tokenize("a") if head or tail else []
+    starts = {tok.bos_id, *full[:head]} - {-1}
+    ends = {tok.eos_id, *full[len(full) - tail:]} - {-1}
+    first = int(ids[0] in starts)
+    return first, int(len(ids) > first and ids[-1] in ends)
+
+
+def cut(ids: list[int], limit: int, mode: str, head: int, tail: int) -> list[int]:
+    """`truncate`: END keeps the first tokens, START the last, to `limit` in all; the `head` ids
+    before and `tail` ids after the content (BOS / [CLS], EOS / [SEP]) stay, as the pooling reads
+    them (CLS pooling reads the first, last-token pooling the last)."""
+    if len(ids) <= limit:
+        return ids
+    keep = max(0, limit - head - tail)
+    content = ids[head:len(ids) - tail]
+    content = content[:keep] if mode == "END" else content[len(content) - keep:]
+    return ids[:head] + content + ids[len(ids) - tail:]
+
+
 def check_client_ids(tok: Any, ids: list[int], param: str, max_tokens: int | None = None) -> None:
     """Token ids a client sent are this model's: in its vocabulary, and its own tokenization of the
     text they spell (a BOS before and an EOS after aside). Ids made by another tokenizer would be
     embedded as a different text with no error: LangChain's OpenAIEmbeddings sends OpenAI's tiktoken
     (cl100k) ids by default. A 400 naming the setting instead (short ids may still pass: a few
-    foreign tokens can spell a text this model tokenizes the same way)."""
+    foreign tokens can spell a text this model tokenizes the same way). Only the first
+    EMBED_CHECK_IDS ids are read (their cut end may tokenize otherwise); ids split at the unknown
+    token (a character a UGM vocabulary lacks: `<unk>` is no text), and a window of ids may start
+    or end inside a character."""
     hint = (f"`{param}` holds token ids that are not this model's: ids from another tokenizer are "
             "another text to this model. LangChain's OpenAIEmbeddings sends OpenAI's tiktoken ids "
             "unless made with `check_embedding_ctx_length=False`; send the text instead, or ids "
             "from this node's POST /tokenize")
-    bad = next((t for t in ids if not 0 <= t < tok.n_vocab), None)
-    if bad is not None:
+    if ids and (min(ids) < 0 or max(ids) >= tok.n_vocab):
+        bad = next(t for t in ids if not 0 <= t < tok.n_vocab)
         raise InvalidRequest(f"{hint} (token id {bad} is outside the model's vocabulary, "
                              f"0..{tok.n_vocab - 1})", param="input")
     if max_tokens is not None and len(ids) > max_tokens:
         return  # too long: check_tokens says so
     core = ids[1:] if ids and ids[0] == tok.bos_id else ids
     core = core[:-1] if core and core[-1] == tok.eos_id else core
-    if not core:
-        return
+    cut_end = len(core) > const.EMBED_CHECK_IDS
+    core = core[:const.EMBED_CHECK_IDS]
+    unk = getattr(tok, "unk_id", -1)
+    if unk < 0 or unk not in core:
+        return _round_trip(tok, core, hint, cut_end)
+    stand_in = _unknown_char(tok)
+    if stand_in:  # `<unk>` as its written name (BERT's [UNK] parses back), else as a character it stands for
+        try:
+            return _round_trip(tok, core, hint, cut_end)
+        except InvalidRequest:
+            return _round_trip(tok, core, hint, cut_end, stand_in)
+    segments: list[list[int]] = [[]]
+    for t in core:
+        if t == unk:
+            segments.append([])
+        else:
+            segments[-1].append(t)
+    for n, segment in enumerate(segments):
+        _round_trip(tok, segment, hint, cut_end and n == len(segments) - 1, beside_unk=True)
+
+
+# characters few vocabularies hold: one a vocabulary tokenizes as its unknown token stands for it
+_RARE = ("\U0001F99C", "\u4537", "\u8e36", "\U000179C0", "\U0002C8E9", "\ua4d0", "\u0f3a")
+
+
+def _unknown_char(tok: Any) -> bytes:
+    """A character the vocabulary tokenizes as its unknown token alone (b"" if none): `<unk>`
+    renders as no text, so a client's ids holding it are checked with this character there
+    (a run of unknown characters is one `<unk>`)."""
+    found = getattr(tok, "_embed_unknown_char", None)
+    if found is None:
+        unk = getattr(tok, "unk_id", -1)
+        found = b""
+        for c in _RARE if unk >= 0 else ():
+            if [t for t in tok.tokenize(c, add_bos=False) if not tok.piece(t).isspace()] == [unk]:
+                found = c.encode()
+                break
+        tok._embed_unknown_char = found
+    return found
+
+
+# ids at the cut end of a checked prefix that may tokenize otherwise (a word cut in two)
+_CUT_SLACK = 4
+
+
+def _round_trip(tok: Any, core: list[int], hint: str, cut_end: bool, unk_as: bytes = b"",
+                beside_unk: bool = False) -> None:
+    """The text `core` spells tokenizes back to `core` (InvalidRequest if not); beside an unknown
+    token, a lone space (the one before the unknown character) is taken as it is."""
+    unk = getattr(tok, "unk_id", -1)
+    pieces = [tok.piece(t) or (unk_as if t == unk and unk_as else tok.special_piece(t).encode()) for t in core]
+    # a window of the model's ids may start or end inside a character (byte-fallback pieces):
+    # those edge ids are left out; invalid bytes anywhere else are refused
+    lead = 0
+    while lead < 3 and lead < len(pieces) and pieces[lead] and all(0x80 <= c < 0xC0 for c in pieces[lead]):
+        lead += 1
+    data = b"".join(pieces[lead:])
+    decoder = codecs.getincrementaldecoder("utf-8")()
     try:
-        # a control token (`<|im_start|>`, written in the text) as its text: piece() renders none
-        text = b"".join(tok.piece(t) or tok.special_piece(t).encode() for t in core).decode("utf-8")
+        decoder.decode(data, final=False)
     except UnicodeDecodeError:
         raise InvalidRequest(f"{hint} (they do not spell UTF-8 text)", param="input") from None
+    pending, end = len(decoder.getstate()[0]), len(pieces)
+    while pending > 0 and end > lead:
+        end -= 1
+        pending -= len(pieces[end])
+    core = core[lead:end]
+    if not core:
+        return
+    if beside_unk:  # the spaces around an unknown character are pieces of their own there
+        while end > lead and pieces[end - 1].isspace():
+            end -= 1
+        while lead < end and pieces[lead].isspace():
+            lead += 1
+        core = core[lead:end]
+        if not core:
+            return
+    text = b"".join(pieces[lead:end]).decode("utf-8")
     back = tok.tokenize(text, add_bos=False)
-    if back == core or (back[1:] == core and tok.piece(back[0]) == b" "):
+
+    def same(a: list[int], b: list[int]) -> bool:
+        if not cut_end:
+            return a == b
+        n = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        return n >= len(b) - _CUT_SLACK
+
+    if same(back, core) or (back and same(back[1:], core) and tok.piece(back[0]) == b" "):
         return  # (or less the lone space a SentencePiece vocabulary puts first)
-    if text.startswith(" ") and tok.tokenize(text[1:], add_bos=False) == core:
+    if text.startswith(" ") and same(tok.tokenize(text[1:], add_bos=False), core):
         return  # a SentencePiece vocabulary's first piece carries the space it adds itself
     shown = text if len(text) <= 40 else text[:40] + "…"
     raise InvalidRequest(f"{hint} (they spell {shown!r} here, which this model tokenizes otherwise)",
@@ -142,7 +262,8 @@ def check_client_ids(tok: Any, ids: list[int], param: str, max_tokens: int | Non
 
 def check_tokens(token_lists: list[list[int]] | tuple[tuple[int, ...], ...], n_ctx: int, n_vocab: int,
                  param: Callable[[int], str]) -> None:
-    """Each input has tokens, fits the embedding limit and the vocabulary (400s naming the input)."""
+    """Each input has tokens, fits the embedding limit and the vocabulary (400s naming the input);
+    min/max walk the ids in C (runs on an executor)."""
     limit = embed_limit(n_ctx)
     for i, tokens in enumerate(token_lists):
         if not tokens:
@@ -152,8 +273,8 @@ def check_tokens(token_lists: list[list[int]] | tuple[tuple[int, ...], ...], n_c
             raise ContextLengthExceeded(
                 f"This model's maximum {what} is {limit} tokens. However, `{param(i)}` "
                 f"is {len(tokens)} tokens. Please reduce the input.", param="input")
-        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
-        if bad is not None:
+        if min(tokens) < 0 or max(tokens) >= n_vocab:
+            bad = next(t for t in tokens if not 0 <= t < n_vocab)
             raise InvalidRequest(f"`{param(i)}` holds token id {bad}, outside the model's vocabulary "
                                  f"(0..{n_vocab - 1})", param="input")
 

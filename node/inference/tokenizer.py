@@ -45,6 +45,8 @@ class ModelTokenizer:
         self.bos_id = self._llm.token_bos()
         self.eos_id = self._llm.token_eos()
         self.bos_text = model.token_get_text(self.bos_id) if self.bos_id >= 0 else ""
+        unk = meta.get("tokenizer.ggml.unknown_token_id")
+        self.unk_id = int(unk) if unk is not None and str(unk).isdigit() else -1  # <unk>: no text of its own
         self.eos_text = model.token_get_text(self.eos_id) if self.eos_id >= 0 else ""
         self._pieces: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
