@@ -22,6 +22,7 @@ NODE_STOP_STEP_S = 20.0  # one step of Node.stop (the API, the peers, the slices
 # --- inference ---
 DEFAULT_MAX_TOKENS = 512
 MODEL_QUEUE_MAX = 64  # requests waiting per model before 429
+LOAD_FAILURE_RETRY_S = 300.0  # a whole model's failed load is refused to requests this long at most (memory short then may not be now)
 CANCEL_POLL_TOKENS = 1  # check the cancel flag after every token
 HASH_CHUNK_BYTES = 4 * 1024 * 1024
 # embeddings: one input is at most this many tokens (and the model's context), OpenAI's limit per

@@ -310,7 +310,8 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     f"device={served.device or '-'}{reason}"
                     + (f" partial=\"{e.partial.describe()}\" from={r.host(_host(e.origin_url))}" if e.partial else "")
                     + (f" error={served.error}" if served.error else "")
-                    + (" (not loaded again for requests until its file changes; an admin or app load tries again)"
+                    + (" (not loaded again for requests until its file changes, another model is unloaded or a few "
+                       "minutes pass; an admin or app load tries again)"
                        if served.state == "failed" and served.failure is not None and served.tokenizer is not None
                        else ""))
     for hosted in node.slice_host.slices.values():

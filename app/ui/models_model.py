@@ -41,8 +41,8 @@ def _state(m: dict[str, Any]) -> str:
 
 def _state_tip(m: dict[str, Any]) -> str | None:
     if m.get("state") == "failed" and m.get("failed_at") and m.get("error"):  # a failed load, remembered
-        return (f"{m['error']}\n\nRequests do not load it again until its file changes: "
-                "select it and press Load to try again.")
+        return (f"{m['error']}\n\nRequests do not load it again until its file changes, another "
+                "model is unloaded or a few minutes pass: select it and press Load to try again.")
     return m.get("error") or None
 
 

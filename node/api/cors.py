@@ -4,8 +4,9 @@ A web page on http://localhost:3000 that calls the node must first pass a prefli
 request with `Origin` and `Access-Control-Request-Method` and never a key (browsers do not send
 one there), so it is answered before the key check. Every other response to an allowed origin,
 streams and errors included, carries `Access-Control-Allow-Origin` (added as it is prepared, the
-moment a stream's headers leave) and exposes the `x-swarm-*` and `server-timing` headers. `"*"`
-allows any origin; the key still guards every request but the preflight, and the Host check
+moment a stream's headers leave) and exposes the `x-swarm-*`, `server-timing`, `retry-after` and
+`x-should-retry` headers (a browser SDK reads the last to leave a failed model's 500 unretried).
+`"*"` allows any origin; the key still guards every request but the preflight, and the Host check
 (DNS rebinding) is unchanged.
 """
 
@@ -18,7 +19,7 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 _METHODS = "GET, POST, DELETE, OPTIONS"
-_EXPOSED = "server-timing, x-request-id, x-swarm-route, x-swarm-segments, x-swarm-peers, x-swarm-nodes, retry-after"
+_EXPOSED = "server-timing, x-request-id, x-swarm-route, x-swarm-segments, x-swarm-peers, x-swarm-nodes, retry-after, x-should-retry"
 _MAX_AGE_S = "600"
 
 

@@ -69,8 +69,9 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
         raise Conflict(f"model {served.id} is held on this node {where}, and no peer holding it whole serves "
                        "embeddings now; embeddings need the model whole on this node or on a peer", param="model")
     tok = served.tokenizer
-    if tok is None:
-        raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
+    if served.whole or tok is None:  # a failed load's reason before anything queues (a 500, not retried)
+        await models.async_refuse_failed(served)
+    assert tok is not None  # (refused above)
     limit = embed_limit(served.n_ctx)
     longest = limit if request.truncate == "NONE" else None  # cut after: all checked (the body bounds them)
 
@@ -308,6 +309,7 @@ async def embed_held(models: ModelManager, served: ServedModel, token_lists: Seq
     Python floats are never made, nor freed, on the loop."""
     queued, holding = True, False
     try:
+        await models.async_refuse_failed(served)  # (a peer's EMBED: its check could not stat the file)
         await served.lock.acquire()
         holding, queued = True, False
         models.mark(served, waiting=-1, busy=True)

@@ -173,8 +173,8 @@ class CompletionRun:
         """The prompt's tokens (the chat rendered with the model's template and the tools, or the
         text; off the loop) and, for a chat, the model's tool-call format."""
         tok = served.tokenizer
-        if tok is None:
-            raise ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
+        if tok is None:  # its vocabulary could not be read: the recorded failure (a 500, not retried)
+            raise self.models.unservable(served)
         loop = asyncio.get_running_loop()
         if self.request.kind == "chat":
             fmt = detect_format(tok.chat_template)

@@ -57,6 +57,7 @@ class LlamaEngine:
         self.embedder: Embedder | None = None  # a context with embeddings on, made on the first embeddings request
         self._calls_waiting = 0  # async_run calls queued for the executor (the batch loop lets them in)
         self._file: tuple[int, int, int] | None = None  # (st_dev, st_ino, st_size) of the file loaded
+        self.identity: tuple[int, int] | None = None  # (size, mtime_ns) as load() found the file
         self.file_change_said = False  # ModelManager.async_check_file logged it
         self._calls_lock = threading.Lock()
 
@@ -77,6 +78,7 @@ class LlamaEngine:
         try:
             st = os.stat(self.path)
             self._file = (st.st_dev, st.st_ino, st.st_size)
+            self.identity = (st.st_size, st.st_mtime_ns)  # the file this load reads (a failure names it)
             params = low.llama_model_default_params()
             params.n_gpu_layers = self.n_gpu_layers
             self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=False)

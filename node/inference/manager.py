@@ -221,7 +221,7 @@ class ModelManager:
             served.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ModelTokenizer, entry.tokenizer_path)
         except ModelLoadError as exc:
             served.state, served.error = "failed", exc.message
-            served.failure = LoadFailure(exc.message, None, time.time())  # (no file to change: stands)
+            served.failure = LoadFailure(exc.message, None, time.time(), vocabulary=True)  # stands for good
             log.error("model %s cannot be served: %s", entry.id, exc.message)
         finally:
             if self._registering.get(entry.id) is served:
@@ -303,7 +303,7 @@ class ModelManager:
         if not served.whole:
             raise Conflict(f"model {served.id} is served here as slices only; it is not loaded whole")
         if served.tokenizer is None:
-            raise (served.failure or LoadFailure(str(served.error), None, 0.0)).error(served.id)
+            raise self.unservable(served)
         if not after_unload:
             await self.async_refuse_failed(served)
         if served.load_task is None or served.load_task.done():
@@ -315,18 +315,29 @@ class ModelManager:
             raise served.failure.error(served.id)
         return served
 
+    def unservable(self, served: ServedModel) -> NodeError:
+        """What a request for a model without a tokenizer is told: its recorded failure (500
+        `model_load_failed`, not retried: no load can succeed without a vocabulary), or a 503 when
+        it has none (its tokenizer was closed: the node is stopping)."""
+        if served.failure is not None:
+            return served.failure.error(served.id)
+        return ModelUnavailable(f"model {served.id} cannot be served: {served.error or 'the node is stopping'}")
+
     async def async_refuse_failed(self, served: ServedModel) -> None:
-        """Raise the recorded failure of a model whose load failed on the file it still has (a
-        stat, off the loop); return when it has none or its file changed since (a request then
-        loads it again)."""
+        """Raise the recorded failure of a model whose load failed while it still stands (the
+        same file, a stat off the loop; see LoadFailure.lapsed); return when it has none or it
+        lapsed (a request then loads the model again)."""
         failure = served.failure
+        if served.tokenizer is None:
+            raise self.unservable(served)
         if served.state != "failed" or failure is None:
             return
-        if served.tokenizer is None or await asyncio.get_running_loop().run_in_executor(
-                None, failure.stands, served.entry.path):
+        why = await asyncio.get_running_loop().run_in_executor(None, failure.lapsed, served.entry.path)
+        if why is None:
             raise failure.error(served.id)
-        log.info("DIAG: model file changed since its failed load, loading it again %s",
-                 kv(model=served.id, path=served.entry.path))
+        if not failure.retry_said:
+            failure.retry_said = True
+            log.info("DIAG: failed model loaded again by a request %s", kv(model=served.id, why=why))
 
     async def async_load_on_demand(self, served: ServedModel, **ids: str) -> None:
         """A request's load of a model it holds that is not loaded (`ids`: its request_id or sid
@@ -362,8 +373,8 @@ class ModelManager:
         try:
             await engine.async_run(engine.load)
         except NodeError as exc:
-            engine.shutdown()
-            served.failure = await loop.run_in_executor(None, LoadFailure.now, exc.message, served.entry.path)
+            engine.shutdown()  # (the file's identity is the one the load read: one replaced since is tried again)
+            served.failure = LoadFailure(exc.message, engine.identity, time.time())
             served.state, served.error = "failed", exc.message
             served.device, served.cpu_placement_reason, served.placement = None, None, None  # none placed
             log.error("DIAG: load_model failed model=%s error=%s", served.id, exc.message)
@@ -415,6 +426,7 @@ class ModelManager:
                 was_on = served.device
                 if engine is not None:  # its weights are freed: it is placed nowhere now
                     served.device, served.cpu_placement_reason, served.placement = None, None, None
+                    self._memory_freed(served)
         finally:
             if served.unloading is done:
                 served.unloading = None
@@ -425,6 +437,15 @@ class ModelManager:
         log.info("Model worker stopped and its memory budget released model=%s device=%s", served.id, was_on)
         self._observers.emit("changed", served)
         return served
+
+    def _memory_freed(self, freed: ServedModel) -> None:
+        """`freed`'s weights are gone: a load that failed for want of memory may succeed now, so
+        the next request for such a model tries again (a vocabulary that could not be read stays)."""
+        for other in self._served.values():
+            if other is not freed and other.state == "failed" and other.failure is not None \
+                    and not other.failure.vocabulary and not other.failure.memory_freed:
+                other.failure.memory_freed = True
+                log.info("DIAG: failed model may load now, memory was freed %s", kv(model=other.id, freed=freed.id))
 
     async def async_check_file(self, served: ServedModel) -> None:
         """503 for a loaded model whose file was cut or rewritten in place since its load (a stat,

@@ -28,12 +28,13 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
 
-def without_tensor(src, dst, drop: str):
-    """A copy of a GGUF without one tensor: llama.cpp reads its vocabulary but cannot load it."""
+def without_tensor(src, dst, drop: str, drop_key: str | None = None):
+    """A copy of a GGUF without one tensor: llama.cpp reads its vocabulary but cannot load it
+    (without the key `drop_key` too: "tokenizer.ggml.tokens" leaves no vocabulary to read)."""
     r = gguf.GGUFReader(str(src))
     w = gguf.GGUFWriter(str(dst), "llama")
     for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+        if name.startswith("GGUF.") or name in ("general.architecture", drop_key):
             continue
         if f.types[0] == gguf.GGUFValueType.ARRAY:
             w.add_key_value(name, f.contents(), f.types[0], sub_type=f.types[-1])
