@@ -14,7 +14,8 @@ run's lists, and the vectors become float32 bytes there too: the loop never walk
 
 Refusals (an EMBEDDED error end, or an ERROR frame when there is no usable sid): `malformed_embed`
 (every field validated, bounded by EMBED_REMOTE_MAX_INPUTS / _TOKENS), `coordinator_mismatch`,
-`duplicate_session`, `not_contributing` (paused), `model_not_held_whole`, `model_unavailable`,
+`duplicate_session`, `not_contributing` (paused), `model_not_held_whole`, `model_load_failed` (the vocabulary could not be read; a failed
+load that still stands is the same error end from its task, before it queues),
 `reply_too_large` (inputs x n_embd x 4 over EMBED_REMOTE_MAX_REPLY_BYTES), `overloaded` (the
 model's queue is full, or EMBED_REMOTE_MAX_PER_ASKER of this peer's EMBEDs run or wait here), and the client errors a local request gets (`context_length_exceeded`,
 `invalid_request` with its param), which the asker hands to its client unchanged.
@@ -124,8 +125,9 @@ class RemoteEmbedServer:
             return "not_contributing", f"node {me} has paused contributing to the swarm"
         if served is None:
             return "model_not_held_whole", f"node {me} does not serve model {req.model[:12]} whole"
-        if served.tokenizer is None or served.state == "failed":
-            return "model_unavailable", f"model {served.id} cannot be served on {me}: {served.error}"
+        if served.tokenizer is None:  # (a failed load with a vocabulary: the task refuses it, or loads a
+            err = self.models.unservable(served)  # changed file, as for a local request; a stat is not for the loop)
+            return err.code or "model_unavailable", f"{err.message} (on {me})"
         n_embd = served.entry.header.arch_get("embedding_length")
         if isinstance(n_embd, int) and req.n_inputs * n_embd * 4 > const.EMBED_REMOTE_MAX_REPLY_BYTES:
             return "reply_too_large", (f"{req.n_inputs} vectors of {n_embd} floats exceed "

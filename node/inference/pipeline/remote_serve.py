@@ -11,7 +11,8 @@ dropping, stops the generation at its next token and releases the model's lock.
 It runs only what it holds whole and never forwards a GENERATE: a request cannot loop through the
 swarm. It refuses, with a TOKENS error end naming a code (or an ERROR frame when the GENERATE has no
 usable session id): `malformed_generate`, `coordinator_mismatch`, `duplicate_session`,
-`not_contributing` (paused), `model_not_held_whole`, `model_unavailable`, `context_exceeded`,
+`not_contributing` (paused), `model_not_held_whole`, `model_load_failed` (its vocabulary could not be read; a failed
+load that still stands is the same error end from its task, before it queues), `model_unavailable`, `context_exceeded`,
 `overloaded`.
 """
 
@@ -139,8 +140,9 @@ class RemoteGenerateServer:
             return "not_contributing", f"node {me} has paused contributing to the swarm"
         if served is None:
             return "model_not_held_whole", f"node {me} does not serve model {gen.model[:12]} whole"
-        if served.tokenizer is None or served.state == "failed":
-            return "model_unavailable", f"model {served.id} cannot be served on {me}: {served.error}"
+        if served.tokenizer is None:  # (a failed load with a vocabulary: the task refuses it, or loads a
+            err = self.models.unservable(served)  # changed file, as for a local request; a stat is not for the loop)
+            return err.code or "model_unavailable", f"{err.message} (on {me})"
         if len(gen.prompt) >= served.n_ctx:  # before any token is looked at: n is up to MAX_PROMPT_TOKENS
             return "context_exceeded", (f"the prompt is {len(gen.prompt)} tokens; model {served.id} runs with a "
                                         f"context of {served.n_ctx} on {me}")
@@ -197,6 +199,7 @@ class RemoteGenerateServer:
         loop = asyncio.get_running_loop()
         holding, gen_future = False, None
         try:
+            await models.async_refuse_failed(served)  # a failed load's reason, unless its file changed since
             await served.lock.acquire()
             holding, g.queued = True, False
             served.running.add(job)
