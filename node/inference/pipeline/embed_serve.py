@@ -26,17 +26,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from node import const
 from node.errors import NodeError, Overloaded, PeerUnreachable, ProtocolError
 from node.inference.embeddings import check_ids, embed_held
-from node.inference.manager import ModelManager, ServedModel
+from node.inference.manager import ServedModel
 from node.inference.pipeline.embed_wire import Embed, EmbedCancel, Embedded
+from node.inference.pipeline.peer_requests import PeerRequestServer
 from node.inference.pipeline.remote_wire import sid_of
-from node.inference.pipeline.transport import PipelineTransport
 from node.logs import kv
 from node.net import ErrorInfo, FrameType
 
@@ -55,38 +54,10 @@ class _Job:
     keepalive: asyncio.TimerHandle | None = None
 
 
-class RemoteEmbedServer:
+class RemoteEmbedServer(PeerRequestServer):
     """Serves EMBED and EMBED_CANCEL for the models this node holds whole."""
 
-    def __init__(self, node_id: str, models: ModelManager, transport: PipelineTransport, peers: Any | None,
-                 contributing: Callable[[], bool] = lambda: True):
-        self.node_id = node_id
-        self.models = models
-        self.transport = transport
-        self.peers = peers
-        self.contributing = contributing
-        self.running: dict[tuple[str, str], _Job] = {}  # (asker, sid)
-        self.served = 0  # requests completed for others
-        self._unsubscribe: Callable[[], None] | None = None
-        transport.on_local(FrameType.EMBED, self.on_embed)
-        transport.on_local(FrameType.EMBED_CANCEL, self.on_cancel)
-
-    def register(self) -> None:
-        for ftype in (FrameType.EMBED, FrameType.EMBED_CANCEL):
-            self.transport.register_remote(ftype)
-        if self.peers is not None:
-            self._unsubscribe = self.peers.subscribe(self._on_peer_event)
-
-    def close(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-        for job in list(self.running.values()):
-            self._stop(job, "node stopping")
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.running)
+    REQUEST, CANCEL = FrameType.EMBED, FrameType.EMBED_CANCEL
 
     def on_embed(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         """An EMBED (loop thread): refuse it at once, or start its task."""
@@ -145,6 +116,8 @@ class RemoteEmbedServer:
                   lambda i: "input" if req.n_inputs == 1 else f"input[{i}]")
         return None
 
+    on_request = on_embed
+
     def on_cancel(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         try:
             ctl = EmbedCancel.from_header(header)
@@ -154,12 +127,6 @@ class RemoteEmbedServer:
         job = self.running.get((sender, ctl.sid))
         if job is not None:
             self._stop(job, "cancelled by the coordinator")
-
-    def _on_peer_event(self, kind: str, snap: Any) -> None:
-        if kind == "removed" or snap.state != "connected":
-            for (asker, _sid), job in list(self.running.items()):
-                if asker == snap.node_id:
-                    self._stop(job, f"link to the coordinator dropped ({snap.state})")
 
     def _stop(self, job: _Job, why: str) -> None:
         if job.cancel.is_set():

@@ -29,6 +29,7 @@ from node import const
 from node.errors import ModelUnavailable, NodeError, Overloaded, PeerUnreachable, ProtocolError
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.manager import ModelManager, ServedModel
+from node.inference.pipeline.peer_requests import PeerRequestServer
 from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens, sid_of
 from node.inference.pipeline.transport import PipelineTransport
 from node.logs import kv
@@ -56,43 +57,16 @@ class _Generation:
     end: str = "cancelled"
 
 
-class RemoteGenerateServer:
+class RemoteGenerateServer(PeerRequestServer):
     """Serves GENERATE and GENERATE_CANCEL for the models this node holds whole."""
+
+    REQUEST, CANCEL = FrameType.GENERATE, FrameType.GENERATE_CANCEL
 
     def __init__(self, node_id: str, models: ModelManager, transport: PipelineTransport, peers: Any | None,
                  contributing: Callable[[], bool] = lambda: True):
-        self.node_id = node_id
-        self.models = models
-        self.transport = transport
-        self.peers = peers  # PeerManager: link drops (observer); None without a peer network
-        self.contributing = contributing  # False: "Pause contributing" — refuse work for other nodes
-        self.running: dict[tuple[str, str], _Generation] = {}  # (coordinator, sid)
-        self.served = 0  # generations completed for others
+        super().__init__(node_id, models, transport, peers, contributing)
         self.tokens = 0  # tokens sent to others
         self.coordinators: set[str] = set()  # short ids of the nodes served (diagnostics)
-        self._unsubscribe: Callable[[], None] | None = None
-        transport.on_local(FrameType.GENERATE, self.on_generate)
-        transport.on_local(FrameType.GENERATE_CANCEL, self.on_cancel)
-
-    def register(self) -> None:
-        """Serve these frames from peers; watch coordinators' links."""
-        for ftype in (FrameType.GENERATE, FrameType.GENERATE_CANCEL):
-            self.transport.register_remote(ftype)
-        if self.peers is not None:
-            self._unsubscribe = self.peers.subscribe(self._on_peer_event)
-
-    def close(self) -> None:
-        """Stop watching links and stop every generation."""
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-        for g in list(self.running.values()):
-            self._stop(g, "node stopping")
-
-    @property
-    def in_flight(self) -> int:
-        """Generations running (or queued) here for other nodes."""
-        return len(self.running)
 
     # --- frames in ----------------------------------------------------------------------------
 
@@ -154,6 +128,8 @@ class RemoteGenerateServer:
             return "overloaded", exc.message
         return None
 
+    on_request = on_generate
+
     def on_cancel(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         """The coordinator stopped listening: stop that generation at its next token."""
         try:
@@ -164,12 +140,6 @@ class RemoteGenerateServer:
         g = self.running.get((sender, ctl.sid))
         if g is not None:
             self._stop(g, "cancelled by the coordinator")
-
-    def _on_peer_event(self, kind: str, snap: Any) -> None:
-        if kind == "removed" or snap.state != "connected":
-            for (coordinator, _sid), g in list(self.running.items()):
-                if coordinator == snap.node_id:
-                    self._stop(g, f"link to the coordinator dropped ({snap.state})")
 
     def end_model(self, served: ServedModel, why: str) -> int:
         """A forced unload: every generation of `served` here, running or queued for the model's
