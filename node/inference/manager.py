@@ -9,8 +9,6 @@ models table) on the loop thread.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +20,7 @@ from node.errors import Conflict, ModelLoadError, ModelNotFound, ModelUnavailabl
 from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
 from node.inference.load_failure import LoadFailure
+from node.inference.model_slots import ModelSlots
 from node.inference.placement import Placement, place
 from node.inference.tokenizer import ModelTokenizer
 from node.logs import kv
@@ -54,79 +53,6 @@ def kv_sequences(n_ctx: int, max_concurrent: int, kv_cache_seqs: int,
     concurrent = max(1, min(max_concurrent, room))
     spare = concurrent > 1 and room > concurrent
     return concurrent, max(0, min(kv_cache_seqs, room - concurrent - spare)), spare
-
-class ModelSlots:
-    """Who may use a loaded model: up to `limit` requests at once (`acquire`/`release`: they decode in
-    one batch), or one holder alone (`exclusive()`: unload, which waits for every request to end and
-    keeps new ones out meanwhile). Waiters are served first come, first served (loop thread only)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.holders = 0
-        self._exclusive = False
-        self._waiters: collections.deque[tuple[asyncio.Future, bool]] = collections.deque()
-
-    def locked(self) -> bool:
-        """True when a new request would wait."""
-        return self._exclusive or self.holders >= self.limit or bool(self._waiters)
-
-    async def _wait(self, exclusive: bool) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append((fut, exclusive))
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # granted, then cancelled before it ran: give it back
-                self._give_back(exclusive)
-            else:
-                self._wake()
-            raise
-
-    async def acquire(self) -> None:
-        if not self.locked():
-            self.holders += 1
-            return
-        await self._wait(False)
-
-    def release(self) -> None:
-        self._give_back(False)
-
-    def _give_back(self, exclusive: bool) -> None:
-        if exclusive:
-            self._exclusive = False
-        else:
-            if self.holders <= 0:
-                raise RuntimeError("ModelSlots released more often than acquired")
-            self.holders -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters:
-            fut, exclusive = self._waiters[0]
-            if fut.done():  # cancelled while waiting
-                self._waiters.popleft()
-                continue
-            if self._exclusive or (exclusive and self.holders) or (not exclusive and self.holders >= self.limit):
-                return
-            self._waiters.popleft()
-            if exclusive:
-                self._exclusive = True
-            else:
-                self.holders += 1
-            fut.set_result(None)
-
-    @contextlib.asynccontextmanager
-    async def exclusive(self):
-        """Hold the model alone (waits for the requests before it to end)."""
-        if not self.locked() and self.holders == 0:
-            self._exclusive = True
-        else:
-            await self._wait(True)
-        try:
-            yield
-        finally:
-            self._give_back(True)
-
 
 @dataclass
 class ServedModel:

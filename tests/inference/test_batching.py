@@ -276,7 +276,7 @@ async def test_the_kv_stays_within_its_budget_under_many_conversations(tmp_path,
 
 
 async def test_model_slots_admit_up_to_the_limit_first_come_first_served_and_unload_waits_for_all():
-    from node.inference.manager import ModelSlots
+    from node.inference.model_slots import ModelSlots
 
     slots = ModelSlots(2)
     await slots.acquire()
