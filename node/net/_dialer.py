@@ -262,14 +262,8 @@ class Dialer:
             if link := self._table.link(rec.node_id):
                 return link
             won, failures = await async_dial_first(self._tls, addrs, rec.node_id)
-            for addr, exc in failures:
-                if isinstance(exc, PeerIdentityMismatch):
-                    rec.remove_addr(addr)  # someone else lives there now
-                elif isinstance(exc, NotSwarmPeer):
-                    self._foreign.note_addr(addr, exc, "peer")
-                else:
-                    self._addr_failed(rec, addr, exc)
-                errors.append(exc.message)
+            self._dials_failed(rec, failures, "peer")
+            errors += [exc.message for _addr, exc in failures]
             if won is None:
                 break
             addr, stream, proven = won
@@ -294,6 +288,18 @@ class Dialer:
             except PeerError as exc:
                 errors.append(exc.message)
         raise PeerUnreachable("; ".join(errors) or "no address known")
+
+    def _dials_failed(self, rec: PeerRecord, failures: list[tuple[str, PeerError]], site: str) -> None:
+        """What failed dials of a peer's addresses teach, on every path that dials them: an address
+        where another node answers is not the peer's any more, one that is no SwarmLLM node is
+        foreign, any other failure counts towards the address going stale."""
+        for addr, exc in failures:
+            if isinstance(exc, PeerIdentityMismatch):
+                rec.remove_addr(addr)  # someone else lives there now
+            elif isinstance(exc, NotSwarmPeer):
+                self._foreign.note_addr(addr, exc, site)
+            else:
+                self._addr_failed(rec, addr, exc)
 
     def _addr_failed(self, rec: PeerRecord, addr: str, exc: PeerError) -> None:
         if rec.addr_failed(addr, time.time()):
@@ -357,8 +363,7 @@ class Dialer:
                     return  # replaced or gone meanwhile
                 won, failures = await async_dial_first(self._tls, candidates, rec.node_id)
                 errors += [f"{addr}: {exc.message}" for addr, exc in failures]
-                for addr, exc in failures:
-                    self._addr_failed(rec, addr, exc)
+                self._dials_failed(rec, failures, "upgrade")
                 if won is None:
                     break
                 addr, stream, _ = won
