@@ -47,7 +47,8 @@ _UNSUPPORTED = {
     "container": "containers (code execution) are not supported by this node",
     "mcp_servers": "MCP servers are not supported by this node",
 }
-_BLOCK_EXTRA_OK = {"cache_control", "citations"}  # prompt caching hints: accepted, no effect here
+_BLOCK_EXTRA_OK = {"cache_control", "citations"}
+_TOOL_USE_EXTRA_OK = {"caller", "toolset_name"}  # checked in _tool_use  # prompt caching hints: accepted, no effect here
 # ToolParam fields of the current SDK that change nothing here: the arguments are held to the schema
 # by grammar anyway (`strict`), examples, deferred loading, callers and streaming are client-side hints
 _TOOL_EXTRA_OK = {"strict", "input_examples", "defer_loading", "allowed_callers", "eager_input_streaming"}
@@ -109,6 +110,13 @@ def _tool_use(block: dict, where: str) -> ToolCall:
         raise InvalidRequest(f"{where}.name: Field required", param=where)
     if not isinstance(args, dict):
         raise InvalidRequest(f"{where}.input: must be an object", param=where)
+    # who made the call (Anthropic's programmatic tool calling) and a toolset member's family: blocks
+    # from Anthropic's API carry them, a conversation moved over from it sends them back; no effect here
+    caller, toolset = block.get("caller"), block.get("toolset_name")
+    if caller is not None and not (isinstance(caller, dict) and isinstance(caller.get("type"), str)):
+        raise InvalidRequest(f"{where}.caller: must be an object with a type", param="messages")
+    if toolset is not None and not isinstance(toolset, str):
+        raise InvalidRequest(f"{where}.toolset_name: must be a string", param="messages")
     return ToolCall(tid, name, json.dumps(args, ensure_ascii=False))
 
 
@@ -158,7 +166,7 @@ def _turn(msg: Any, index: int) -> list[dict]:
             raise InvalidRequest(f"{bwhere}: not a valid content block (type {kind!r})", param="messages")
         if isinstance(block, dict):
             unknown = set(block) - {"type", "text", "id", "name", "input", "tool_use_id", "content", "is_error"} \
-                - _BLOCK_EXTRA_OK
+                - _BLOCK_EXTRA_OK - (_TOOL_USE_EXTRA_OK if kind == "tool_use" else set())
             if unknown:
                 raise InvalidRequest(f"{bwhere}.{sorted(unknown)[0]}: Extra inputs are not permitted",
                                      param="messages")

@@ -80,6 +80,32 @@ async def test_messages_forced_tool_use(claude, model_id):
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_nope", "content": "x"}]}])
 
 
+async def test_the_reply_content_goes_back_as_anthropic_documents_it(claude, model_id):
+    """Anthropic's tool-use guide appends `response.content` (the SDK's own block objects) as the
+    assistant turn; blocks from Anthropic's API itself carry `caller` and `toolset_name` too."""
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    msg = await claude.messages.create(model=model_id, max_tokens=160, tools=[ANTHROPIC_TOOL],
+                                       tool_choice={"type": "tool", "name": "get_weather"}, messages=ask,
+                                       extra_body=GREEDY)
+    use = next(b for b in msg.content if b.type == "tool_use")
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}
+    echoed = await claude.messages.create(model=model_id, max_tokens=4, tools=[ANTHROPIC_TOOL], extra_body=GREEDY,
+                                          messages=[*ask, {"role": "assistant", "content": msg.content}, result])
+    from_api = {"type": "tool_use", "id": use.id, "name": "get_weather", "input": use.input,
+                "caller": {"type": "direct"}, "toolset_name": None}
+    theirs = await claude.messages.create(model=model_id, max_tokens=4, tools=[ANTHROPIC_TOOL], extra_body=GREEDY,
+                                          messages=[*ask, {"role": "assistant", "content": [from_api]}, result])
+    def reply(m):  # greedy: the same prompt gives the same blocks (a tool_use's id is new each time)
+        return [b.model_dump(exclude={"id"}) for b in m.content], m.stop_reason
+
+    assert reply(echoed) == reply(theirs)
+    assert echoed.usage.input_tokens + echoed.usage.cache_read_input_tokens == \
+        theirs.usage.input_tokens + theirs.usage.cache_read_input_tokens
+    with pytest.raises(anthropic.BadRequestError, match="caller"):  # still checked: a caller is an object
+        await claude.messages.create(model=model_id, max_tokens=4, tools=[ANTHROPIC_TOOL], messages=[
+            *ask, {"role": "assistant", "content": [{**from_api, "caller": "me"}]}, result])
+
+
 async def test_responses_forced_function_call(oai, model_id):
     resp = await oai.responses.create(model=model_id, input="Weather in Paris?", tools=[RESPONSES_TOOL],
                                       tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
