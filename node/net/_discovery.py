@@ -105,7 +105,8 @@ class Discovery:
                 log.info("DIAG: host addresses changed %s", kv(old=",".join(current), new=",".join(now)))
                 current = now
                 self.on_addresses(now)
-            if not self._config.mdns or not (changed or (self._mdns is None and now)):
+            down = self._mdns is None or self._mdns.failed  # not started, or its registration failed
+            if not self._config.mdns or not (changed or (down and now)):
                 continue
             if self._mdns is not None:
                 log.info("DIAG: mdns restarting after an address change %s", kv(addresses=",".join(now)))

@@ -14,9 +14,11 @@ no multicast, so two nodes on 127.0.0.1 only find each other through bootstrap o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import socket
+import time
 from collections.abc import Callable
 
 import ifaddr
@@ -97,21 +99,44 @@ class MdnsDiscovery:
         self._browser: AsyncServiceBrowser | None = None
         self._info: AsyncServiceInfo | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._registering: asyncio.Task[None] | None = None
+        self.failed = False  # the registration failed (browsing still works)
 
     async def async_start(self) -> None:
-        """Register our service and start browsing."""
+        """Bind zeroconf and start browsing; the registration (probing for the name, then announcing:
+        ~1.6 s) goes on in the background, so the node's API does not wait for it. `failed` is set
+        when it did not succeed (the address check tries again)."""
         self._azc = AsyncZeroconf(ip_version=IPVersion.V4Only)
         try:
             name = f"swarmllm-{self.node_id[:16]}.{SERVICE_TYPE}"
             self._info = self._service_info(name)
-            await (await self._azc.async_register_service(self._info, allow_name_change=True))
             self._browser = AsyncServiceBrowser(self._azc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
         except BaseException:  # failed or cancelled: its sockets and thread go (a restart may follow)
             azc, self._azc, self._info = self._azc, None, None
             await asyncio.shield(azc.async_close())
             raise
+        self._registering = asyncio.create_task(self._async_register(), name="mdns-register")
+
+    async def _async_register(self) -> None:
+        assert self._azc is not None and self._info is not None
+        started = time.monotonic()
+        try:
+            await (await self._azc.async_register_service(self._info, allow_name_change=True))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - browsing goes on; the address check registers again
+            self.failed = True
+            log.warning("DIAG: mdns failed to register %s", kv(error=f"{type(exc).__name__}: {exc}"))
+            return
         log.info("DIAG: mdns started %s", kv(service=SERVICE_TYPE, addresses=",".join(self.addresses),
-                                            port=self.peer_port))
+                                            port=self.peer_port, elapsed_ms=round((time.monotonic() - started) * 1000)))
+
+    async def _async_registered(self) -> bool:
+        """Wait for the background registration; True when it succeeded."""
+        if self._registering is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._registering)
+        return not self.failed and self._registering is not None and not self._registering.cancelled()
 
     def _service_info(self, name: str) -> AsyncServiceInfo:
         tag, day = self._tag()
@@ -125,8 +150,8 @@ class MdnsDiscovery:
 
     async def async_update_tag(self) -> None:
         """Announce the current swarm tag (the swarm changed, or a new day began)."""
-        if self._azc is None or self._info is None:
-            return
+        if self._azc is None or self._info is None or not await self._async_registered():
+            return  # not announced: nothing to update (a new registration takes the tag then)
         self._info = self._service_info(self._info.name)
         await (await self._azc.async_update_service(self._info))
         log.debug("DIAG: mdns swarm tag updated")
@@ -135,11 +160,17 @@ class MdnsDiscovery:
         """Unregister, stop browsing, close zeroconf."""
         for task in list(self._tasks):
             task.cancel()
+        registered = False
+        if self._registering is not None:
+            self._registering.cancel()  # still probing: nothing to say goodbye for
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._registering
+            registered = not self._registering.cancelled() and not self.failed
         if self._browser is not None:
             await self._browser.async_cancel()
         if self._azc is not None:
             try:
-                if self._info is not None:
+                if self._info is not None and registered:
                     await (await self._azc.async_unregister_service(self._info))
             except Exception:  # closing anyway; a failed goodbye only delays others' cache expiry
                 log.debug("mdns unregister failed", exc_info=True)
