@@ -1,0 +1,133 @@
+"""The openai SDK's structured-output helpers against a real node (the default model): `parse()` and
+`stream()` with pydantic models as `response_format` and `openai.pydantic_function_tool` tools. The
+model's text is random-ish; the grammar holds its shape, so every `.parsed` / `.parsed_arguments`
+validates."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from typing import Annotated, Literal
+
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.support.nodes import default_model_node, openai_client
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+node = default_model_node("sdk-structured")
+
+
+@pytest.fixture
+def client(node):
+    return openai_client(node)
+
+
+@pytest.fixture
+def model_id(node):
+    return node.models.all()[0].id
+
+
+ASK = [{"role": "user", "content": "Ship a parcel, as JSON."}]
+
+
+class Addr(BaseModel):
+    city: str = Field(max_length=8)
+
+
+class Colour(enum.StrEnum):
+    red = "red"
+    blue = "blue"
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    lives: int = Field(ge=0, le=9)
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    barks: int = Field(ge=0, le=9)
+
+
+class Parcel(BaseModel):
+    """What pydantic writes for real apps: a model used twice ($defs/$ref), `str | None` (anyOf with
+    null), Literal and Enum, list[Sub] with max_items, a pattern, bounds, a date, a discriminated
+    union (oneOf + discriminator)."""
+    src: Addr
+    dst: Addr
+    note: str | None = Field(max_length=8)
+    size: Literal["s", "m", "l"]
+    colour: Colour
+    stops: list[Addr] = Field(max_length=2)
+    code: str = Field(pattern=r"^[A-Z]{3}$")
+    weight: int = Field(ge=1, le=30)
+    sent: datetime.date
+    pet: Annotated[Cat | Dog, Field(discriminator="kind")]
+
+
+class Tree(BaseModel):
+    v: int = Field(ge=0, le=9)
+    kids: list[Tree] = Field(max_length=2)
+
+
+class Ship(BaseModel):
+    src: Addr
+    dst: Addr
+
+
+class Answer(BaseModel):
+    verdict: Literal["yes", "no"]
+
+
+SHIP = openai.pydantic_function_tool(Ship, name="ship")
+
+
+@pytest.mark.parametrize("shape", [Parcel, Tree])
+async def test_parse_and_stream_pydantic_models(client, model_id, shape):
+    reply = await client.chat.completions.parse(model=model_id, messages=ASK, response_format=shape,
+                                                max_tokens=200, temperature=0.7, seed=3)
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
+    assert isinstance(reply.choices[0].message.parsed, shape)
+    async with client.chat.completions.stream(model=model_id, messages=ASK, response_format=shape,
+                                              max_tokens=200, temperature=0.7, seed=4) as stream:
+        async for _ in stream:
+            pass
+        final = await stream.get_final_completion()
+    assert isinstance(final.choices[0].message.parsed, shape)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "ship"}}],
+                         ids=["required", "named"])
+async def test_a_forced_call_with_a_response_format(client, model_id, tool_choice):
+    """An app that gives its final answer's shape and forces a tool call first (as OpenAI takes it:
+    response_format governs the content, the reply here is calls). Until 2026-12-06 a 400."""
+    kwargs = dict(model=model_id, messages=ASK, tools=[SHIP], tool_choice=tool_choice, response_format=Answer,
+                  parallel_tool_calls=False, max_tokens=120, temperature=0)
+    reply = await client.chat.completions.parse(**kwargs)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.id and call.function.name == "ship" and isinstance(call.function.parsed_arguments, Ship)
+    async with client.chat.completions.stream(**kwargs) as stream:
+        async for _ in stream:
+            pass
+        final = await stream.get_final_completion()
+    [streamed] = final.choices[0].message.tool_calls
+    assert streamed.function.arguments == call.function.arguments and streamed.id.startswith("call_")
+    # the call's result goes back; with tool_choice none the reply is the response_format's
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "ship", "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": [{"type": "text", "text": "shipped"}]}]
+    answer = await client.chat.completions.parse(model=model_id, messages=history, tools=[SHIP], tool_choice="none",
+                                                 response_format=Answer, max_tokens=20, temperature=0)
+    assert isinstance(answer.choices[0].message.parsed, Answer)
+
+
+async def test_auto_tool_choice_with_a_response_format_is_still_a_400(client, model_id):
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.parse(model=model_id, messages=ASK, tools=[SHIP], response_format=Answer,
+                                            max_tokens=20)
+    assert caught.value.body["param"] == "response_format" and '"auto"' in caught.value.body["message"]
