@@ -220,12 +220,8 @@ class CompletionRun:
         if not tools_active(request):
             return params
         # "required" or a named function: the reply is calls, which response_format does not govern (as
-        # at OpenAI; SDK helpers send both, and until 2026-12-06 this was a 400); "none" hides the tools
-        if (request.tool_choice == "auto" and request.response_format is not None
-                and request.response_format.type != "text"):
-            raise Unsupported("`response_format` cannot be combined with tools under tool_choice \"auto\": a "
-                              "reply that may call a tool is not held to a JSON schema here (tool_choice "
-                              "\"required\", a named function or \"none\" can be)", param="response_format")
+        # at OpenAI; SDK helpers send both); "auto": calls or the response_format's JSON (tool_grammar);
+        # "none" hides the tools. Until 2026-12-06 any of them with a response_format was a 400.
         self._tool_format = fmt
         spec = tool_grammar(fmt, request)
         log.debug("DIAG: tool calling request_id=%s format=%s tool_choice=%s tools=%d parallel=%s grammar=%s",

@@ -6,6 +6,7 @@ the text the model was trained to produce."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.inference import grammar
+from node.inference import constrain, grammar
 from node.inference.chat import render_chat
-from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.request import CompletionRequest, ResponseFormat, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
+from node.inference.tokenizer import ModelTokenizer
 from node.inference.tools import (
     FORMATS,
     ToolCallParser,
@@ -25,6 +27,8 @@ from node.inference.tools import (
     prompt_inputs,
     tool_grammar,
 )
+from node.inference.tools.formats import generic_system_prompt
+from node.resources import default_model_path
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 EXPECTED = {
@@ -171,6 +175,9 @@ GENERIC_REPLIES = [
      [("get_weather", {"city": "Oslo"}), ("get_time", {})], ""),
     ('{"response":"It is \\"sunny\\" \\u00e9\\ud83d\\ude00 today."}', [], 'It is "sunny" é😀 today.'),
     ('{"response":"cut sho', [], "cut sho"),  # max_tokens inside the response: the text so far
+    # a response_format's answer (tool_choice "auto"): its JSON text as written is the content
+    ('{"response": {"verdict":"no","n":[1, {"x":"}"}]} }', [], '{"verdict":"no","n":[1, {"x":"}"}]}'),
+    ('{"response":{"verdict":"n', [], '{"verdict":"n'),
 ]
 
 
@@ -306,6 +313,56 @@ def test_grammar_specs_per_tool_choice():
     assert "parameters" in lla["item"]["schema"]["anyOf"][0]["properties"]
     for spec in (auto, named, required, mis, lla):
         grammar.validate(spec)
+
+
+ANSWER = {"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}, "next": {"$ref": "#/$defs/step"}},
+          "required": ["verdict"], "additionalProperties": False,
+          "$defs": {"step": {"type": "string", "maxLength": 5}}}
+
+
+def test_auto_with_a_response_format_allows_calls_or_the_answer(tok):
+    """tool_choice "auto" and a response_format (the OpenAI Agents SDK's output type beside its tools):
+    the grammar takes a call or the answer's JSON and nothing else, in the generic format and the
+    native ones alike (the answer's own `$ref`s still resolve inside it)."""
+    user = [{"role": "user", "content": "hi"}]
+    req = dataclasses.replace(request(user, parallel=False), response_format=ResponseFormat("json_schema", ANSWER))
+    generic = tool_grammar(FORMATS["generic"], req)
+    hermes = tool_grammar(FORMATS["hermes"], req)
+    assert hermes["type"] == "alt" and hermes["items"][0]["schema"]["$id"] == "urn:swarmllm:answer"
+    cases = [
+        (generic, '{"response":{"verdict":"no","next":"go"}}', True),
+        (generic, '{"tool_call":{"name":"get_time","arguments":{"tz":"UTC"}}}', True),
+        (generic, '{"response":"no"}', False),  # a free-text answer is not the schema's
+        (generic, '{"response":{"verdict":"no","next":"too long"}}', False),  # the $ref'd maxLength holds
+        (hermes, '{"verdict":"yes"}', True),
+        (hermes, '<tool_call>\n{"name":"get_time","arguments":{"tz":"UTC"}}\n</tool_call>', True),
+        (hermes, "Sure, here you go.", False),
+    ]
+    for spec, text, ok in cases:
+        grammar.validate(spec)
+        assert accepts(tok, spec, text) == ok, (spec["type"], text)
+    assert tool_grammar(FORMATS["hermes"], request(user)) is None  # no response_format: parsed, not forced
+    prompt = generic_system_prompt(req)
+    assert '"response":{..}' in prompt and '"verdict"' in prompt
+
+
+def accepts(tok, spec, text: str) -> bool:
+    """The grammar allows `text` token by token and may end after it."""
+    c = constrain.constraint_for(tok, SamplingParams(grammar=spec))
+    for token in tok.tokenize(text, add_bos=False, special=True):
+        if not c.allowed()[token]:
+            return False
+        c.accept(token)
+    return bool(c.allowed()[c.eog_ids].any())
+
+
+@pytest.fixture(scope="module")
+def tok():
+    if not default_model_path().exists():
+        pytest.skip("the embedded default model is not in this checkout")
+    t = ModelTokenizer(default_model_path())
+    yield t
+    t.close()
 
 
 TREE = ToolSpec("plant", "A tree of names", {

@@ -175,7 +175,6 @@ async def test_default_model_bad_tool_requests_are_400s(node, client):
         (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                                                                                       "properties": 3}}}]),
          "tools[0].function.parameters"),
-        (dict(tools=[WEATHER], response_format={"type": "json_object"}), "response_format"),
         (dict(tools=[{"type": "function", "function": {
             # keywords and formats the grammar cannot hold are ignored (lenient); a pattern it cannot
             # compile is still a 400

@@ -145,6 +145,10 @@ def generic_system_prompt(request: CompletionRequest) -> str:
     listed = _compact([{"name": t.name, **({"description": t.description} if t.description else {}),
                         "parameters": t.parameters} for t in tools])
     call = '{"tool_call":{"name":..,"arguments":{..}}}'
+    answer = answer_schema(request)
+    if answer is not None:
+        return (f'Tools: {listed}\nAnswer schema: {_compact(answer)}\nReply in JSON: {{"response":{{..}}}} '
+                f"(the answer) or, to call a tool, {call}")
     if request.tool_choice == "auto":
         return f'Tools: {listed}\nReply in JSON: {{"response":".."}} or, to call a tool, {call}'
     return f"Tools: {listed}\nReply in JSON: {call}"
@@ -222,12 +226,29 @@ def _one_key(key: str, value: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
 
 
+def answer_schema(request: CompletionRequest) -> dict[str, Any] | None:
+    """Under tool_choice "auto", the JSON a reply that calls no tool must be (`response_format`:
+    json_object any object, json_schema its schema), or None (free text). A schema that refers into
+    itself gets an `$id` of its own, as a tool's parameters do (`_any_call`)."""
+    fmt = request.response_format
+    if request.tool_choice != "auto" or fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object" or fmt.schema is None:
+        return {"type": "object"}
+    schema = fmt.schema
+    if isinstance(schema, dict) and "$id" not in schema and _has_ref(schema):
+        schema = {**schema, "$id": "urn:swarmllm:answer"}
+    return schema
+
+
 def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | None:
     """The grammar the reply must follow, or None (no tools, tool_choice "none", or "auto" with a
-    native format: the model's own format is parsed without forcing).
+    native format and no response_format: the model's own format is parsed without forcing).
 
     "required": at least one call of any tool (several when parallel_tool_calls); a named function:
     exactly one call of it; the generic format always (with "auto", a `response` is allowed too).
+    "auto" with a response_format (the OpenAI Agents SDK's output type beside its tools): calls, or
+    an answer that is the response_format's JSON (the generic format's `response` holds it).
     Every call's arguments validate against its function's parameters schema."""
     if not tools_active(request):
         return None
@@ -237,16 +258,21 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
         tools = tuple(t for t in tools if t.name == request.tool_choice_name)
     many = request.parallel_tool_calls and choice != "function"
     call = _any_call(tools, fmt.args_key)
+    answer = answer_schema(request)
     if fmt.name == "generic":
         options = [_one_key("tool_call", call)]
         if many:
             options.append(_one_key("tool_calls", {"type": "array", "items": call, "minItems": 1}))
         if choice == "auto":
-            options.append(_one_key("response", {"type": "string"}))
+            options.append(_one_key("response", {"type": "string"} if answer is None else answer))
         return grammar.json_value(_lenient(options[0] if len(options) == 1 else {"anyOf": options}))
-    if choice == "auto":
+    if choice == "auto" and answer is None:
         return None
-    max_calls = None if many else 1
+    calls = _native_calls(fmt, call, None if many else 1)
+    return calls if answer is None else grammar.alt(grammar.json_value(answer), calls)
+
+
+def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None) -> grammar.Spec:
     if fmt.name == "hermes":
         # the markers alone in their literals: a vocabulary may hold them as single special tokens
         block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(_lenient(call)),

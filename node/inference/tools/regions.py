@@ -5,13 +5,21 @@
   llama3   `{"name": ..., "parameters": {...}}` (Llama 3.1-3.3; after `<|python_tag|>` or alone;
            several separated by `;`)
   generic  the whole reply is `{"tool_call": {...}}`, `{"tool_calls": [...]}` or `{"response": "..."}`
+           (`{"response": {...}}` under a response_format: the value's JSON text is the content)
 """
 
 from __future__ import annotations
 
 import json
 
-from node.inference.tools.jsonscan import JsonError, parse_call, partial_string, scan_string, skip_ws
+from node.inference.tools.jsonscan import (
+    JsonError,
+    parse_call,
+    partial_string,
+    scan_string,
+    scan_value,
+    skip_ws,
+)
 from node.inference.tools.parser import Region, Syntax
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -134,9 +142,14 @@ def _generic(text: str, final: bool) -> Region:
         if region.end is None:
             return region
         i, region.end = region.end, None
+    elif key == "response" and text[i] != '"':  # a response_format's JSON (tool_choice "auto"): as written
+        end = scan_value(text, i, final=final)
+        region.content = text[i: len(text) if end is None else end]
+        if end is None:
+            region.partial_ok = True
+            return region
+        i = end
     elif key == "response":
-        if text[i] != '"':
-            raise JsonError("`response` must be a string")
         end = scan_string(text, i)
         region.content = partial_string(text[i + 1: len(text) if end is None else end - 1])
         if end is None:
