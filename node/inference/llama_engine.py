@@ -75,13 +75,15 @@ class LlamaEngine:
 
         low = llama_cpp.llama_cpp
         started = time.monotonic()
+        said: list[str] = []  # llama.cpp's warnings and errors while the weights load
         try:
             st = os.stat(self.path)
             self._file = (st.st_dev, st.st_ino, st.st_size)
             self.identity = (st.st_size, st.st_mtime_ns)  # the file this load reads (a failure names it)
             params = low.llama_model_default_params()
             params.n_gpu_layers = self.n_gpu_layers
-            self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=False)
+            with llamacpp.capture_errors() as said:
+                self.model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=False)
             self.batcher = BatchEngine(low, self.model.model, model_id=self.model_id, n_ctx=self.n_ctx,
                                        max_concurrent=self.max_concurrent, cache_seqs=self.kv_cache_seqs, spare=self.kv_spare,
                                        n_threads=self.n_threads, executor=self.executor,
@@ -93,7 +95,7 @@ class LlamaEngine:
             if self.model is not None:
                 self.model.close()
                 self.model = None
-            raise ModelLoadError(f"llama.cpp could not load {self.path.name}: {exc}") from exc
+            raise ModelLoadError(llamacpp.with_cause(f"llama.cpp could not load {self.path.name}: {exc}", said)) from exc
         b = self.batcher
         log.info("DIAG: load_model %s", kv(model=self.model_id, backend_type="llama.cpp",
                                            n_ctx=self.n_ctx, n_threads=self.n_threads,

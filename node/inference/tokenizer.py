@@ -26,15 +26,17 @@ class ModelTokenizer:
 
     def __init__(self, path: Path | str):
         path = Path(path)
-        from node.inference.llamacpp import load
+        from node.inference.llamacpp import capture_errors, load, with_cause
 
         llama_cpp = load()
         self._llama_cpp = llama_cpp
         started = time.monotonic()
         try:
-            self._llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-        except Exception as exc:  # llama.cpp gives ValueError with little detail
-            raise ModelLoadError(f"llama.cpp could not read the vocabulary of {path.name}: {exc}") from exc
+            with capture_errors() as said:
+                self._llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        except Exception as exc:  # llama.cpp gives ValueError with little detail: its log says why
+            raise ModelLoadError(with_cause(f"llama.cpp could not read the vocabulary of {path.name}: {exc}",
+                                            said)) from exc
         model = self._llm._model
         self._vocab = model.vocab
         self.n_vocab = self._llm.n_vocab()
