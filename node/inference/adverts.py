@@ -17,10 +17,11 @@ def model_adverts(catalog: ModelCatalog, models: ModelManager, slice_host: Slice
                   contribute: bool) -> list[dict[str, Any]]:
     """Our slices (with layer ranges) and the models we hold whole (which peers may run here by
     remote generate), each with what a node without the file needs to fetch and check its header.
-    Paused (`contribute` false): no layers offered, whole models marked paused."""
+    Paused (`contribute` false): no layers offered, whole models marked paused. A model split in parts
+    (file_kinds.py) is not advertised: its id hashes part 1 only, and no peer could fetch its layers."""
     whole = []
     for m in models.whole_models():
-        if m.state != "loaded":
+        if m.state != "loaded" or m.entry.split_count > 1:  # a split model is served here only (catalog.py)
             continue
         advert: dict[str, Any] = {"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers,
                                   "whole": True}

@@ -1,6 +1,7 @@
 """The model catalog: GGUF files this node can serve, with stable content-hash ids.
 
-Sources: the embedded default model, `data_dir/models/*.gguf`, and `--model` paths. A model id is
+Sources: the embedded default model, `data_dir/models/*.gguf` (any case; a split model by its part 1,
+file_kinds.py), and `--model` paths. A model id is
 a readable name plus the first 8 hex of the file's sha256 (`swarmllm-pydoc-q8_0-1a2b3c4d`), so the
 same file has the same id on every node. Hashes are cached per (path, size, mtime) in
 `data_dir/model_hashes.json`, with the header's hash and length (header.py) and, for a download,
@@ -23,6 +24,8 @@ from typing import Any
 
 from node import const
 from node.errors import ModelLoadError, ModelNotFound
+from node.logs import kv
+from node.models.file_kinds import NotAModel, check_split, not_a_model, set_files, set_stem
 from node.models.gguf_meta import GgufHeader, read_header
 from node.models.header import HeaderCache, header_digest
 from node.models.partial.layout import Manifest, PartialStore, file_stem
@@ -86,6 +89,12 @@ class ModelEntry:
         return self.header.architecture
 
     @property
+    def split_count(self) -> int:
+        """Parts of a model split by gguf-split (path is part 1); 1 for a single file. Served here
+        only: its id hashes part 1, and peers could not fetch its layers from one file."""
+        return max(1, int(self.header.get("split.count", 1) or 1))
+
+    @property
     def n_layers(self) -> int:
         return self.header.n_layers
 
@@ -131,9 +140,10 @@ def _name_from(text: str) -> str:
 
 
 def readable_name(path: Path, header: GgufHeader) -> str:
-    """A lower-case, dash-separated name from the file stem (else the model's general.name, else
+    """A lower-case, dash-separated name from the file stem (a split model's set name, without
+    `-00001-of-00003`; else the model's general.name, else
     "model"): always a MODEL_NAME_RE match, at most MODEL_NAME_MAX characters."""
-    name = _name_from(path.stem) or _name_from(str(header.get("general.name", "model"))) or "model"
+    name = _name_from(set_stem(path)) or _name_from(str(header.get("general.name", "model"))) or "model"
     return name
 
 
@@ -219,13 +229,27 @@ class HashCache:
 
 def check_model_file(path: Path, source: str) -> GgufHeader:
     """The header of a GGUF file that can be served whole, or ModelLoadError saying what is wrong
-    with it (a folder, missing, not a GGUF, truncated), before anything hashes it (blocking)."""
+    with it (a folder, missing, not a GGUF, truncated, a split model's part missing or not part 1;
+    NotAModel: a projector, an adapter, a vocabulary), before anything hashes it (blocking)."""
     if path.is_dir():  # the folder a model came in
         raise ModelLoadError(f"{path} is a directory: give the path of the .gguf file in it")
+    if path.is_symlink() and not path.exists():
+        raise ModelLoadError(f"{path.name} is a link to {path.readlink()}, which is missing (moved, deleted, "
+                             "or on a drive not mounted?)")
     if not path.is_file():  # a typo, or a model's name as other tools take it
         hint = " (--model takes the path of a .gguf file, or an http(s):// or hf:// URL)" if source == "cli" else ""
         raise ModelLoadError(f"model file not found: {path.absolute()}{hint}")
     header = read_header(path)
+    what = not_a_model(header)
+    if what is not None:
+        raise NotAModel(f"{path.name} is {what}")
+    split_no, split_count = int(header.get("split.no", 0) or 0), int(header.get("split.count", 0) or 0)
+    if split_count >= 2:
+        if split_no != 0:
+            raise ModelLoadError(f"{path.name} is part {split_no + 1} of a model split in {split_count} parts: "
+                                 "give the path of part 1 (name-00001-of-…), llama.cpp loads the others from it")
+        check_split(path, header)
+        return header
     size, needed = path.stat().st_size, header.data_end()
     if size < needed:  # llama.cpp would say only that it "could not read the vocabulary"
         raise ModelLoadError(f"{path.name} is truncated: {size / 1e6:.1f} of the {needed / 1e6:.1f} MB its header "
@@ -247,7 +271,8 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
     sha = cache.get_or_compute(path)
     header_sha, header_bytes, origin = cache.header_of(path)
     name = readable_name(path, header)
-    return ModelEntry(f"{name}-{sha[:8]}", name, path.resolve(), sha, path.stat().st_size, source, header,
+    size = sum(p.stat().st_size for p in set_files(path))  # a split model's parts together
+    return ModelEntry(f"{name}-{sha[:8]}", name, path.resolve(), sha, size, source, header,
                       header_sha256=header_sha, header_bytes=header_bytes, origin_url=origin)
 
 
@@ -262,6 +287,9 @@ class ModelCatalog:
         # files a scan could not serve → why (a truncated copy in the models folder): the app's
         # banner and the diagnostics report say it, not only a warning in the log
         self.skipped: dict[Path, str] = {}
+        # GGUFs that are not models (a vision projector, a LoRA adapter, a vocabulary) → what they are:
+        # not offered, not a problem to show in the banner (file_kinds.py)
+        self.ignored: dict[Path, str] = {}
 
     def scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """Scan (path, source) pairs; a bad file is logged and skipped (blocking)."""
@@ -277,13 +305,17 @@ class ModelCatalog:
         ModelLoadError saying why it cannot be served."""
         entry, new = self._scan_one(path, source)
         if entry is None:
-            raise ModelLoadError(self.skipped.get(path) or f"{path.name} could not be read (see node.log)")
+            raise ModelLoadError(self.skipped.get(path) or self.ignored.get(path) or f"{path.name} could not be read (see node.log)")
         return entry, new
 
     def _scan_one(self, path: Path, source: str) -> tuple[ModelEntry | None, bool]:
         """(the catalog's entry for the file, whether it was added now); (None, False) if skipped."""
         try:
             entry = scan_entry(path, source, self._cache)
+        except NotAModel as exc:
+            log.info("DIAG: not a model, not served %s", kv(file=path.name, what=exc.message))
+            self.ignored[path] = exc.message
+            return None, False
         except ModelLoadError as exc:
             log.warning("skipping model %s: %s", path.name, exc.message)
             self.skipped[path] = exc.message
@@ -294,6 +326,7 @@ class ModelCatalog:
                 self.skipped[path] = str(exc)
             return None, False
         self.skipped.pop(path, None)
+        self.ignored.pop(path, None)
         with self._scan_lock:
             known = self.entries.get(entry.id)
             new = known is None or not known.has_file  # the file replaces a header-only entry

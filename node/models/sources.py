@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from node.datadir import MODELS_DIR
+from node.models.file_kinds import model_files
 from node.models.partial import SUFFIX as PARTIAL_SUFFIX
 from node.models.partial import PartialStore
 from node.resources import default_model_path
@@ -35,7 +36,8 @@ def model_sources(data_dir: Path, cli_models: Iterable[str], *, include_default:
             log.warning("the embedded default model is missing (%s)", path.name)
     models_dir = data_dir / MODELS_DIR
     if models_dir.is_dir():
-        sources += [(p, "data_dir") for p in sorted(models_dir.glob("*.gguf"))]
+        # any-case .gguf; of a split model part 1 only (llama.cpp loads the rest from it)
+        sources += [(p, "data_dir") for p in model_files(models_dir)]
         sources += [(p, "data_dir") for p in sorted(models_dir.glob(f"*{PARTIAL_SUFFIX}"))
                     if p.resolve() not in exclude and PartialStore.is_partial(p)]
     sources += [(Path(p).expanduser(), "cli") for p in cli_models if not is_model_url(p)]

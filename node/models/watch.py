@@ -1,4 +1,5 @@
 """The models folder while the node runs: `.gguf` files copied in are served, removed ones leave.
+(Any-case `.gguf`; a split model is its part 1, whose stat here covers the parts present: file_kinds.py.)
 
 Every `models_watch_s` the folder is listed and its files stat'ed (in an executor; nothing is read).
 A file not in the catalog is taken once two looks in a row find the same size and mtime (a copy
@@ -14,6 +15,7 @@ on the next look, so the model leaves once it is unloaded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,24 +23,36 @@ from pathlib import Path
 from node.errors import NodeError
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry
+from node.models.file_kinds import model_files, set_files
 
 log = logging.getLogger(__name__)
 
-Stat = tuple[int, int]  # (size, mtime_ns)
+Stat = tuple[int, ...]  # (size, mtime_ns) of each file of the model (a split model's present parts)
 
 
 def _look(models_dir: Path, known: dict[str, Path]) -> tuple[dict[Path, tuple[Path, Stat]], set[str]]:
-    """(models_dir's *.gguf files → (resolved path, stat), ids in `known` whose file is gone); blocking."""
+    """(models_dir's model files → (resolved path, stat), ids in `known` whose file is gone); blocking.
+    A split model's stat covers its parts present, so part 2 copied in after part 1 was refused
+    ("part 2 of 3 missing") is a change that makes part 1 tried again."""
     files: dict[Path, tuple[Path, Stat]] = {}
     try:
-        listed = sorted(models_dir.glob("*.gguf"))
+        listed = model_files(models_dir)
     except OSError:
         listed = []
     for path in listed:
         try:
+            if path.is_symlink() and not path.exists():  # a link to a file not there (a drive not mounted)
+                files[path] = (path, (-1, -1))  # refused with that reason; tried again once its file is there
+                continue
             st = path.stat()
-            if path.is_file():
-                files[path] = (path.resolve(), (st.st_size, st.st_mtime_ns))
+            if not path.is_file():
+                continue
+            stat: Stat = (st.st_size, st.st_mtime_ns)
+            for part in set_files(path)[1:]:
+                with contextlib.suppress(OSError):  # a part not there (yet)
+                    pst = part.stat()
+                    stat += (pst.st_size, pst.st_mtime_ns)
+            files[path] = (path.resolve(), stat)
         except OSError:  # removed meanwhile, a dangling link
             continue
     gone = set()
@@ -98,10 +112,11 @@ class ModelWatcher:
         for path in [p for p in list(self._pending) + list(self._done) if p not in files]:
             self._pending.pop(path, None)
             self._done.pop(path, None)
-        for path in [p for p in list(self.catalog.skipped) if p.parent == self.models_dir and p not in files]:
-            self.catalog.skipped.pop(path, None)  # a refused file removed: the banner stops naming it
+        for refused in (self.catalog.skipped, self.catalog.ignored):
+            for path in [p for p in list(refused) if p.parent == self.models_dir and p not in files]:
+                refused.pop(path, None)  # a refused file removed: the banner stops naming it
         for path, (resolved, stat) in files.items():
-            if path in self.catalog.skipped and path not in self._done:  # refused by the start-up scan
+            if (path in self.catalog.skipped or path in self.catalog.ignored) and path not in self._done:  # refused at start
                 self._done[path] = stat
             if resolved in catalogued or path.name.lower() in busy or self._done.get(path) == stat:
                 self._pending.pop(path, None)
@@ -110,7 +125,7 @@ class ModelWatcher:
                 self._pending[path] = stat
                 continue
             del self._pending[path]
-            log.info("DIAG: model file appeared in the models folder %s", kv(file=path.name, size_mb=round(stat[0] / 2**20, 1)))
+            log.info("DIAG: model file appeared in the models folder %s", kv(file=path.name, size_mb=round(sum(stat[0::2]) / 2**20, 1)))
             try:
                 model_id: str | None = await self._add(path)
             except NodeError as exc:
