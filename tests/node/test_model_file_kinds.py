@@ -1,0 +1,151 @@
+"""Model files as users have them in the models folder (2026-12-06).
+
+Until then only `*.gguf` (lower case) was listed, and every `.gguf` was a model: a split model from
+Hugging Face (`big-00001-of-00003.gguf` …) showed as three models, parts 2 and 3 failing with "Failed
+to load model from file"; a vision projector, a LoRA adapter or a vocabulary-only file next to the
+models showed as models that failed the same way (or, an adapter, "loaded"); `MODEL.GGUF` was not
+seen; and a file of an architecture this llama.cpp does not know failed with that same vague text,
+the cause only in llama.cpp's own log, which a quiet load discards."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+
+import gguf
+import numpy as np
+import openai
+import pytest
+import pytest_asyncio
+
+from node.datadir import MODELS_DIR
+from node.inference.adverts import model_adverts
+from tests.support.nodes import TINY, node_config, openai_client, running_node, tiny_model
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+
+def rewrite(src, dst, *, arch=None, extra=None, tensors=True, split_max_tensors=0, drop_tensor=None):
+    """A copy of a GGUF with another architecture, more KV keys, no tensors, or split by
+    gguf-split's rules (`dst` is then the set's name: `stem-0000N-of-0000M.gguf` are written)."""
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), arch or str(r.fields["general.architecture"].contents()),
+                        split_max_tensors=split_max_tensors)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, f.contents(), f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, f.contents(), f.types[0])
+    for key, value in (extra or {}).items():
+        w.add_key_value(key, value, gguf.GGUFValueType.STRING)
+    for t in r.tensors if tensors else []:
+        if t.name != drop_tensor:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """The data dir, its models folder as a user has it (written off the loop)."""
+    base = tmp_path_factory.mktemp("filekinds")
+    src = tiny_model(base, TINY, "src.gguf")
+    models = base / "data" / MODELS_DIR
+    models.mkdir(parents=True)
+    rewrite(src, models / "big.gguf", split_max_tensors=8)  # big-00001-of-00003.gguf …
+    rewrite(src, models / "mmproj-tiny-f16.gguf", arch="clip")
+    rewrite(src, models / "tiny-lora.gguf", extra={"general.type": "adapter", "adapter.type": "lora"})
+    rewrite(src, models / "ggml-vocab-tiny.gguf", tensors=False)
+    rewrite(src, models / "notreal.gguf", arch="notreal")
+    rewrite(src, models / "holey.gguf", drop_tensor="blk.1.ffn_down.weight")
+    shutil.copyfile(tiny_model(base, dataclasses.replace(TINY, seed=21), "upper-src.gguf"), models / "SHOUTY.GGUF")
+    (models / "linked.gguf").symlink_to(tiny_model(base, dataclasses.replace(TINY, seed=22), "linked.gguf"))
+    (models / "dangling.gguf").symlink_to(base / "nowhere.gguf")
+    return base / "data", src
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(folder):
+    async with running_node(node_config(folder[0], models_watch_s=0.05)) as n:
+        yield n
+
+
+@pytest.fixture(scope="module")
+def client(node):
+    return openai_client(node)
+
+
+def named(node, name: str) -> list[str]:
+    return [e.id for e in node.catalog.entries.values() if e.name == name]
+
+
+async def test_a_split_model_is_one_model_loaded_from_part_one(node, client):
+    entries = [e for e in node.catalog.entries.values() if e.name.startswith("big")]
+    assert [e.name for e in entries] == ["big"], [e.id for e in node.catalog.entries.values()]
+    big = entries[0]
+    assert big.split_count == 3 and big.path.name == "big-00001-of-00003.gguf"
+    parts = sorted((node.data_dir / MODELS_DIR).glob("big-*.gguf"))
+    assert big.size_bytes == sum(p.stat().st_size for p in parts)
+    assert not [p for p in node.catalog.skipped if p.name.startswith("big")], node.catalog.skipped
+    reply = await client.chat.completions.create(model=big.id, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=2)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert big.id in {m.id async for m in client.models.list()}
+    assert node.models.registered(big.id).state == "loaded"
+    # served here only: its id hashes part 1, no peer could fetch its layers (a loaded single file is offered)
+    offered = {a["sha256"] for a in model_adverts(node.catalog, node.models, node.slice_host, contribute=True)}
+    shouty = node.catalog.entries[named(node, "shouty")[0]]
+    assert big.sha256 not in offered and (shouty.sha256 in offered) == (node.models.registered(shouty.id).state == "loaded")
+
+
+async def test_a_split_model_with_a_part_missing_says_which_and_is_taken_once_complete(node, folder, tmp_path):
+    await asyncio.to_thread(rewrite, folder[1], tmp_path / "late.gguf", split_max_tensors=8)
+    models = node.data_dir / MODELS_DIR
+    for name in ("late-00001-of-00003.gguf", "late-00003-of-00003.gguf"):
+        shutil.copyfile(tmp_path / name, models / name)
+    part1 = models / "late-00001-of-00003.gguf"
+    await wait_until(lambda: part1 in node.catalog.skipped, 30.0, 0.05, "part 1 refused")
+    assert "late: part 2 of 3 missing" in node.catalog.skipped[part1], node.catalog.skipped[part1]
+    assert not named(node, "late") and not [p for p in node.catalog.skipped if p.name.startswith("late-0000")
+                                              and p != part1]
+    shutil.copyfile(tmp_path / "late-00002-of-00003.gguf", models / "late-00002-of-00003.gguf")
+    await wait_until(lambda: named(node, "late"), 30.0, 0.05, "the completed set served")
+    assert part1 not in node.catalog.skipped
+
+
+async def test_files_that_are_not_models_are_not_listed_and_say_what_they_are(node, client):
+    listed = {m.id async for m in client.models.list()}
+    admin = {e.name for e in node.catalog.entries.values()}
+    for name, what in (("mmproj-tiny-f16", "vision projector"), ("tiny-lora", "LoRA adapter"),
+                       ("ggml-vocab-tiny", "vocabulary only")):
+        assert name not in admin and not any(i.startswith(name) for i in listed), (name, admin)
+        reason = node.catalog.ignored[node.data_dir / MODELS_DIR / f"{name}.gguf"]
+        assert what in reason, reason
+    assert not [p for p in node.catalog.skipped if "mmproj" in p.name or "lora" in p.name or "vocab" in p.name]
+
+
+async def test_any_case_suffix_and_a_link_to_a_file_elsewhere_are_served(node):
+    assert named(node, "shouty") and named(node, "linked"), sorted(node.catalog.entries)
+    dangling = node.data_dir / MODELS_DIR / "dangling.gguf"
+    said = node.catalog.skipped[dangling]
+    assert "is a link to" in said and "nowhere.gguf, which is missing" in said, said
+    looks = node.model_files.watcher.looks
+    await wait_until(lambda: node.model_files.watcher.looks >= looks + 3, 30.0, 0.02, "3 looks at models/")
+    assert dangling in node.catalog.skipped, "the watch forgot why the link is not served"
+
+
+@pytest.mark.parametrize(("name", "cause"), [("notreal", "unknown model architecture: 'notreal'"),
+                                           ("holey", "tensor 'blk.1.ffn_down.weight' not found")])
+async def test_a_failed_load_says_what_llama_cpp_said(node, name, cause):
+    model_id = named(node, name)[0]
+    with pytest.raises(openai.APIStatusError) as refused:
+        await openai_client(node).chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert refused.value.body["code"] == "model_load_failed", refused.value.body
+    assert cause in refused.value.message, refused.value.message
