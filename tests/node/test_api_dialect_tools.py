@@ -133,6 +133,25 @@ async def test_responses_forced_function_call(oai, model_id):
     assert follow.usage.input_tokens == explicit.usage.input_tokens > resp.usage.input_tokens
 
 
+async def test_responses_output_type_beside_tools(oai, model_id):
+    """What the OpenAI Agents SDK sends for an agent with tools and an output type: text.format
+    json_schema, tools, tool_choice left at auto. The output is a call or the schema's JSON."""
+    fmt = {"type": "json_schema", "name": "city", "schema": SCHEMA, "strict": True}
+    kwargs = dict(model=model_id, input="Weather in Paris?", tools=[RESPONSES_TOOL], text={"format": fmt},
+                  parallel_tool_calls=False, temperature=0, max_output_tokens=160)
+    resp = await oai.responses.create(**kwargs)
+    async with oai.responses.stream(**kwargs) as stream:
+        final = await stream.get_final_response()
+    assert resp.status == "completed"
+    calls = [item for item in resp.output if item.type == "function_call"]
+    if calls:
+        jsonschema.validate(json.loads(calls[0].arguments), SCHEMA)
+        assert [c.arguments for c in final.output if c.type == "function_call"] == [calls[0].arguments]
+    else:
+        jsonschema.validate(json.loads(resp.output_text), SCHEMA)
+        assert final.output_text == resp.output_text
+
+
 async def test_json_schema_output(claude, oai, model_id):
     resp = await oai.responses.create(model=model_id, input="Name a city.", max_output_tokens=40, temperature=0,
                                       text={"format": {"type": "json_schema", "name": "city", "schema": SCHEMA,
