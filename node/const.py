@@ -115,6 +115,7 @@ DOWNLOAD_CONNECT_TIMEOUT_S = 15.0
 DOWNLOAD_READ_TIMEOUT_S = 60.0  # no byte for this long: the attempt failed (then resumes)
 DOWNLOAD_RETRIES = 6  # attempts per download (network errors, 5xx, 429), resuming with Range
 DOWNLOAD_RETRY_BASE_S = 1.0  # backoff: base * 2^(attempt-1), at most 30 s
+DOWNLOAD_RETRY_AFTER_MAX_S = 120.0  # a 429/503's Retry-After is honoured up to this long
 DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
 DOWNLOAD_LOG_S = 30.0  # a download's progress is logged (info) at most this often
 MODELS_WATCH_S = 5.0  # the models folder is looked at (stat only) this often while the node runs: a new

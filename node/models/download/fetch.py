@@ -22,6 +22,7 @@ import aiohttp
 from node import const
 from node.errors import DownloadFailed
 
+from .hub import hub_headers, linked_sha256, refusal_hint, retry_after_s
 from .job import DownloadJob
 from .partfile import discard_part, resumable, write_sidecar
 from .urls import display_url, http_error
@@ -32,7 +33,12 @@ _FLUSH = 8 << 20  # bytes buffered before a write on the I/O thread
 
 
 class Retryable(Exception):
-    """An attempt failed in a way another attempt (resuming) can fix: 5xx, 429."""
+    """An attempt failed in a way another attempt (resuming) can fix: 5xx, 429. `retry_after_s`: the
+    server's Retry-After (capped), which the next attempt waits at least."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Path, io: concurrent.futures.Executor,
@@ -41,7 +47,8 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
     thread for file operations; `progress(job)` publishes state changes."""
     loop = asyncio.get_running_loop()
     have, if_range = await loop.run_in_executor(io, resumable, part, job.url)
-    headers = {"Accept-Encoding": "identity"}  # byte offsets must be the file's
+    headers = {"Accept-Encoding": "identity",  # byte offsets must be the file's
+               **await loop.run_in_executor(io, hub_headers, job.url)}  # the HF token, to the Hub only
     if have and if_range:
         headers.update({"Range": f"bytes={have}-", "If-Range": if_range})
     async with session.get(job.url, headers=headers) as resp:
@@ -52,9 +59,12 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             await loop.run_in_executor(io, discard_part, part)  # kept, every later download would fail so
             raise Retryable(f"HTTP 416: the partial file ({have} bytes) is not of the file there now")
         if resp.status in (429, 500, 502, 503, 504):
-            raise Retryable(http_error(resp.status))
+            raise Retryable(http_error(resp.status), retry_after_s(resp.headers))
         if resp.status not in (200, 206):
-            raise DownloadFailed(f"{http_error(resp.status)} from {display_url(job.url)}")
+            hint = "" if resp.history else \
+                refusal_hint(str(resp.url), resp.status, "Authorization" in headers)  # the Hub's, not the CDN's
+            raise DownloadFailed(f"{http_error(resp.status)} from {display_url(job.url)}{hint}")
+        job.linked_sha256 = linked_sha256(resp.history, resp.headers) or job.linked_sha256
         if resp.status == 206:
             first, total = content_range(resp.headers.get("Content-Range"))
             if first != have:  # not where we asked: start over rather than splice wrong bytes

@@ -19,6 +19,7 @@ class DownloadJob:
     url: str  # resolved; never shown whole (display_url)
     file_name: str
     sha256: str | None = None
+    linked_sha256: str | None = None  # the whole file's sha256 as the Hub states it (X-Linked-Etag)
     state: str = "starting"  # starting | downloading | verifying | done | failed | cancelled | paused
     total_bytes: int | None = None
     done_bytes: int = 0

@@ -166,10 +166,11 @@ class ModelDownloader:
                             kept = " (the partial file is kept: downloading it again resumes)" \
                                 if await loop.run_in_executor(io, size_or_zero, part) else ""
                             raise DownloadFailed(f"failed {job.attempts} times; last: {error}{kept}") from exc
-                        delay = retry_delay(job.attempts)
+                        asked = exc.retry_after_s if isinstance(exc, Retryable) else None
+                        delay = max(retry_delay(job.attempts), asked or 0.0)  # the server's Retry-After, capped
                         log.info("DIAG: model download interrupted, resuming %s", kv(
                             download=job.id, done_bytes=job.done_bytes, attempt=job.attempts,
-                            retry_in_s=delay, error=error))
+                            retry_in_s=round(delay, 2), retry_after_s=asked, error=error))
                         await asyncio.sleep(delay)
             job.state = "verifying"
             self._observers.emit(job)
@@ -179,6 +180,9 @@ class ModelDownloader:
             if job.sha256 is not None and digest != job.sha256:
                 raise DownloadFailed(f"sha256 mismatch: expected {job.sha256}, got {digest} (file removed)",
                                      discard=True)
+            if job.sha256 is None and job.linked_sha256 is not None and digest != job.linked_sha256:
+                raise DownloadFailed(f"sha256 mismatch: the Hub states {job.linked_sha256} (X-Linked-Etag), "
+                                     f"got {digest} (file removed)", discard=True)
             target = self.models_dir / job.file_name
             await loop.run_in_executor(io, os.replace, part, target)
             await loop.run_in_executor(io, unlink, sidecar(part))

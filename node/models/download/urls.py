@@ -1,6 +1,6 @@
 """Download URLs: which are accepted, how they are shown, and the file name they give.
 
-`hf://owner/repo/path/file.gguf[@revision]` is Hugging Face's resolve URL; only http(s) otherwise.
+`hf://owner/repo/path/file.gguf[@revision]` is Hugging Face's resolve URL (on HF_ENDPOINT, hub.py); only http(s) otherwise.
 A URL is never shown or logged with its query string or fragment (signed URLs carry credentials
 there), also inside error texts.
 """
@@ -13,7 +13,8 @@ import urllib.parse
 
 from node.errors import InvalidRequest
 
-_HF_BASE = "https://huggingface.co"
+from .hub import hf_endpoint
+
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}\.gguf$")
 _RESERVED_NAMES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
@@ -29,7 +30,7 @@ def resolve_url(url: str) -> str:
             raise InvalidRequest("hf:// URLs are hf://owner/repo/path/to/file.gguf[@revision]", param="url")
         owner, repo, path = parts[0], parts[1], "/".join(parts[2:])
         quoted = "/".join(urllib.parse.quote(p) for p in (owner, repo))
-        return f"{_HF_BASE}/{quoted}/resolve/{urllib.parse.quote(revision or 'main')}/{urllib.parse.quote(path)}"
+        return f"{hf_endpoint()}/{quoted}/resolve/{urllib.parse.quote(revision or 'main')}/{urllib.parse.quote(path)}"
     try:
         parsed = urllib.parse.urlsplit(url)
         host, _port = parsed.hostname, parsed.port  # a port past 65535 or not a number: ValueError

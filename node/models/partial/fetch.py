@@ -44,10 +44,10 @@ import aiohttp
 from node import const
 from node.errors import DownloadFailed, ModelLoadError
 from node.logs import kv
-from node.models.download.fetch import content_range, resume_validator, retry_delay
+from node.models.download.fetch import Retryable, content_range, resume_validator, retry_delay
+from node.models.download.hub import hub_headers, linked_sha256, refusal_hint, retry_after_s
 from node.models.download.urls import describe_error, display_url, http_error, resolve_url
 from node.models.gguf_meta import GgufHeader, read_header_bytes
-from node.models.header import SHA256_HEX
 
 from .layout import Manifest, PartialStore, new_manifest
 
@@ -59,8 +59,8 @@ _CHUNK = 1 << 20
 Progress = Callable[[int, int], None]  # (bytes received of the wanted, bytes wanted)
 
 
-class _Retry(Exception):
-    """An attempt failed in a way another attempt (resuming) fixes."""
+class _Retry(Retryable):
+    """An attempt failed in a way another attempt (resuming) fixes (with the server's Retry-After)."""
 
 
 class _OriginChanged(Exception):
@@ -91,14 +91,16 @@ async def async_probe(url: str, session: aiohttp.ClientSession,
     validator = linked = None
     while True:
         before = len(buf)
-        headers = {"Range": f"bytes={len(buf)}-{want - 1}", "Accept-Encoding": "identity"}
+        headers = {"Range": f"bytes={len(buf)}-{want - 1}", "Accept-Encoding": "identity",
+                   **await asyncio.get_running_loop().run_in_executor(None, hub_headers, resolved)}
         if validator:
             headers["If-Range"] = validator
         async with session.get(resolved, headers=headers, auto_decompress=False) as resp:
             if stats is not None:
                 stats.requests += 1
             if resp.status not in (200, 206):
-                raise DownloadFailed(f"{http_error(resp.status)} from {display_url(resolved)}")
+                hint = "" if resp.history else refusal_hint(resolved, resp.status, "Authorization" in headers)
+                raise DownloadFailed(f"{http_error(resp.status)} from {display_url(resolved)}{hint}")
             v = resume_validator(resp.headers)
             if validator and v != validator:
                 buf.clear()  # changed between two probe requests: start the probe again
@@ -111,8 +113,7 @@ async def async_probe(url: str, session: aiohttp.ClientSession,
                 buf.clear()
                 total = resp.content_length
             size = total
-            etag = (resp.headers.get("X-Linked-ETag") or "").strip('"').lower()
-            linked = etag if SHA256_HEX.fullmatch(etag) else None
+            linked = linked_sha256(resp.history, resp.headers)  # the Hub's, on its redirect to the CDN
             while len(buf) < want:
                 chunk = await resp.content.read(min(_CHUNK, want - len(buf)))
                 if not chunk:
@@ -431,9 +432,11 @@ async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: l
                 if failures >= const.DOWNLOAD_RETRIES:
                     raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed {failures} times; "
                                          f"last: {describe_error(exc)} (what arrived is kept)") from exc
-                delay = retry_delay(failures)
+                asked = exc.retry_after_s if isinstance(exc, Retryable) else None
+                delay = max(retry_delay(failures), asked or 0.0)
                 log.info("DIAG: layer fetch interrupted, resuming %s", kv(
-                    url=manifest.origin_url, attempt=failures, retry_in_s=delay, error=describe_error(exc)))
+                    url=manifest.origin_url, attempt=failures, retry_in_s=round(delay, 2), retry_after_s=asked,
+                    error=describe_error(exc)))
                 await loop.run_in_executor(io, w.checkpoint)
                 await asyncio.sleep(delay)
     finally:
@@ -446,15 +449,17 @@ async def _async_range(session: aiohttp.ClientSession, url: str, manifest: Manif
                        total: int) -> bool:
     """One request for origin bytes [a, b); True when the server sent the whole file instead."""
     loop = asyncio.get_running_loop()
-    headers = {"Range": f"bytes={a}-{b - 1}", "Accept-Encoding": "identity"}
+    headers = {"Range": f"bytes={a}-{b - 1}", "Accept-Encoding": "identity",
+               **await loop.run_in_executor(io, hub_headers, url)}
     if manifest.validator:
         headers["If-Range"] = manifest.validator
     async with session.get(url, headers=headers, auto_decompress=False) as resp:
         stats.requests += 1
         if resp.status in (429, 500, 502, 503, 504):
-            raise _Retry(f"HTTP {resp.status}")
+            raise _Retry(f"HTTP {resp.status}", retry_after_s(resp.headers))
         if resp.status not in (200, 206):
-            raise DownloadFailed(f"{http_error(resp.status)} from {manifest.origin_url}")
+            hint = "" if resp.history else refusal_hint(url, resp.status, "Authorization" in headers)
+            raise DownloadFailed(f"{http_error(resp.status)} from {manifest.origin_url}{hint}")
         if resp.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
             raise DownloadFailed(f"{manifest.origin_url} sent the file encoded, asked identity")
         if resp.status == 206:

@@ -43,6 +43,7 @@ from node import const
 from node.errors import DownloadFailed, NodeError, PeerError
 from node.logs import kv
 from node.models.download.fetch import content_range, resume_validator
+from node.models.download.hub import hub_headers
 from node.models.download.urls import describe_error, resolve_url
 from node.models.header import SHA256_HEX, read_range
 
@@ -256,7 +257,8 @@ async def async_spot_check(store: PartialStore, manifest: Manifest, parts: list[
 
 async def _async_origin_range(session: aiohttp.ClientSession, url: str, manifest: Manifest, start: int,
                               n: int) -> bytes:
-    headers = {"Range": f"bytes={start}-{start + n - 1}", "Accept-Encoding": "identity"}
+    headers = {"Range": f"bytes={start}-{start + n - 1}", "Accept-Encoding": "identity",
+               **await asyncio.get_running_loop().run_in_executor(None, hub_headers, url)}
     if manifest.validator:
         headers["If-Range"] = manifest.validator
     async with session.get(url, headers=headers, auto_decompress=False) as resp:

@@ -1,0 +1,109 @@
+"""A local stand-in for Hugging Face: the Hub's resolve URL answers 302 to a signed URL on a CDN
+(another port, or a relative Location), with X-Linked-Size / X-Linked-Etag (the file's sha256,
+quoted) / ETag / x-repo-commit; the CDN serves Range and If-Range, refuses an expired signed URL
+with 403, and misbehaves on request. Both record each request's headers."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+
+from aiohttp import web
+
+
+class HubServer:
+    def __init__(self, data: bytes, path: str = "/org/model/resolve/main/m.gguf"):
+        self.data = data
+        self.path = path
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        self.cdn_etag = '"cdn-v1"'
+        self.body_override: bytes | None = None  # the CDN's bytes, when not the file's
+        self.token: str | None = None  # a gated repo: this Bearer token is needed
+        self.uses_per_signature = 1  # a signed URL answers this many requests, then 403 (expired)
+        self.relative_location = False  # the 302 names a path on the Hub's own host
+        self.hub_fail_with: list[tuple[int, dict[str, str]]] = []  # (status, headers), one per request
+        self.drop_after: int | None = None  # the CDN closes after this many body bytes (once)
+        self.hub_requests: list[dict] = []
+        self.cdn_requests: list[dict] = []
+        self.sent = 0
+        self._uses: dict[str, int] = {}
+        self._sig = itertools.count()
+        self.runners: list[web.AppRunner] = []
+        self.hub = self.cdn = ""
+
+    @property
+    def url(self) -> str:
+        return self.hub + self.path
+
+    async def _site(self, app: web.Application) -> str:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.runners.append(runner)
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # noqa: SLF001
+
+    async def start(self) -> None:
+        hub, cdn = web.Application(), web.Application()
+        hub.router.add_route("*", self.path, self.resolve)
+        hub.router.add_get("/cdn/{sig}", self.serve)  # a relative Location lands here
+        cdn.router.add_get("/cdn/{sig}", self.serve)
+        self.hub = await self._site(hub)
+        self.cdn = await self._site(cdn)
+
+    async def stop(self) -> None:
+        for runner in self.runners:
+            await runner.cleanup()
+
+    async def resolve(self, request: web.Request) -> web.Response:
+        self.hub_requests.append(dict(request.headers))
+        if self.hub_fail_with:
+            status, headers = self.hub_fail_with.pop(0)
+            return web.Response(status=status, headers=headers, text="busy")
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            status = 403 if "Authorization" in request.headers else 401
+            return web.Response(status=status, text=f"Access to model org/model is restricted. {status}")
+        sig = f"sig{next(self._sig)}"
+        self._uses[sig] = 0
+        where = f"/cdn/{sig}?X-Amz-Expires=3600&X-Amz-Signature=secret{sig}"
+        return web.Response(status=302, headers={
+            "Location": where if self.relative_location else self.cdn + where,
+            "X-Linked-Size": str(len(self.data)), "X-Linked-Etag": f'"{self.sha256}"',
+            "ETag": f'"{self.sha256}"', "x-repo-commit": "0123456789abcdef0123456789abcdef01234567"})
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        self.cdn_requests.append(dict(request.headers))
+        sig = request.match_info["sig"]
+        if sig not in self._uses or self._uses[sig] >= self.uses_per_signature:
+            return web.Response(status=403, text="Request has expired")
+        self._uses[sig] += 1
+        data = self.body_override if self.body_override is not None else self.data
+        start = 0
+        rng = request.headers.get("Range")
+        if rng and request.headers.get("If-Range") in (None, self.cdn_etag):
+            start = int(rng.removeprefix("bytes=").split("-")[0])
+            end = rng.split("-")[1]
+            stop = int(end) + 1 if end else len(data)
+        else:
+            stop = len(data)
+        resp = web.StreamResponse(status=206 if rng and start or (rng and stop < len(data)) else 200)
+        resp.headers["ETag"] = self.cdn_etag
+        resp.headers["Accept-Ranges"] = "bytes"
+        if resp.status == 206:
+            resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
+        resp.content_length = stop - start
+        await resp.prepare(request)
+        body = data[start:stop]
+        if self.drop_after is not None:
+            cut, self.drop_after = self.drop_after, None
+            await resp.write(body[:cut])
+            self.sent += cut
+            await asyncio.sleep(0.5)  # the client reads what was sent before the close
+            if request.transport is not None:
+                request.transport.close()
+            return resp
+        await resp.write(body)
+        self.sent += len(body)
+        await resp.write_eof()
+        return resp
