@@ -181,3 +181,40 @@ def test_a_holder_with_no_speed_figure_is_taken_as_the_median_of_those_with_one(
     assert sorted(h.ms_per_layer for h in lh.holders(SHA)) == [1.5, 1.5]
     alone = holders(unmeasured)  # nobody measured: the planner's default
     assert [h.ms_per_layer for h in alone.holders(SHA)] == [None]
+
+
+class _Clocks:
+    """Stands in for the `time` module in holders.py: a wall clock that can step, a monotonic one."""
+
+    def __init__(self):
+        self.wall, self.mono = 1_800_000_000.0, 5_000.0
+
+    def time(self):
+        return self.wall
+
+    def monotonic(self):
+        return self.mono
+
+    def advance(self, seconds, *, wall_step=0.0):
+        self.mono += seconds
+        self.wall += seconds + wall_step
+
+
+def test_a_wall_clock_step_neither_extends_nor_cuts_the_wait_for_a_lost_holder(monkeypatch):
+    """A holder whose link dropped is waited for ROUTE_REGAIN_S of real time, whatever the wall
+    clock does meanwhile (NTP stepping it, a laptop's clock set on wake)."""
+    import dataclasses
+
+    from node import const
+    from node.inference.pipeline import holders as holders_module
+
+    clocks = _Clocks()
+    monkeypatch.setattr(holders_module, "time", clocks)
+    for wall_step, after_s, waited in ((-3600.0, const.ROUTE_REGAIN_S + 1, False),  # back: not waited for an hour
+                                       (+3600.0, 1.0, True)):  # forward: still waited for, a second later
+        gone = dataclasses.replace(snap(P1, (0, 8), state="gone"), last_seen=clocks.wall)
+        h = holders(gone)
+        h.note_peer("changed", gone)
+        assert h.regain(SHA, {})[1] == [P1]
+        clocks.advance(after_s, wall_step=wall_step)
+        assert (h.regain(SHA, {})[1] == [P1]) is waited, (wall_step, after_s)

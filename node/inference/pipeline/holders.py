@@ -75,8 +75,8 @@ class LayerHolders:
         self.peers = peers  # PeerManager: peers() snapshots; None without a peer network
         self.transport = transport
         self.perf = perf
-        # peers whose link dropped: node id -> (unix time last heard, models it held then), so that
-        # once it links again, until it advertises them loaded, a request waits for it (regain)
+        # peers whose link dropped: node id -> (monotonic time last heard, models it held then), so
+        # that once it links again, until it advertises them loaded, a request waits for it (regain)
         self._gone: dict[str, tuple[float, frozenset[str]]] = {}
 
     def note_peer(self, kind: str, snap: Any) -> None:
@@ -87,16 +87,21 @@ class LayerHolders:
         the peer away, waited and was served (a churn test, 2026-12-06)."""
         if kind != "removed" and snap.state == "connected":
             return
-        now = time.time()
+        now = time.monotonic()
         for node, (seen, _) in list(self._gone.items()):
             if now - seen >= const.ROUTE_REGAIN_S:
                 del self._gone[node]
         held = frozenset(m["sha256"] for m in snap.models if _serves(m) and isinstance(m["sha256"], str))
         if held and snap.last_seen is not None:
-            self._gone[snap.node_id] = (snap.last_seen, held)
+            # the snapshot's unix time, read as an age now, kept on the monotonic clock: a wall-clock
+            # step (NTP, a laptop's clock set on wake) later neither kept waiting for the peer for
+            # as long as the clock went back nor forgot it at once when it went forward (2026-12-06)
+            age_s = max(0.0, time.time() - snap.last_seen)
+            self._gone[snap.node_id] = (now - age_s, held)
 
     def _held_lately(self, node_id: str, sha256: str, now: float) -> bool:
-        """The peer held this model when its link dropped, within ROUTE_REGAIN_S (note_peer)."""
+        """The peer held this model when its link dropped, within ROUTE_REGAIN_S (note_peer);
+        `now` is time.monotonic()."""
         gone = self._gone.get(node_id)
         return gone is not None and now - gone[0] < const.ROUTE_REGAIN_S and sha256 in gone[1]
 
@@ -154,7 +159,7 @@ class LayerHolders:
         awaited: list[str] = []
         if self.peers is None:
             return relinked, awaited
-        now = time.time()
+        now = time.monotonic()
         for snap in self.peers.peers():
             if snap.state == "refused":
                 continue
