@@ -168,6 +168,7 @@ MAX_ASSEMBLIES = 3  # attempts per request (first + failovers)
 # A request with no route because a holder's link dropped (this request's, or one heard from this
 # long ago) waits this long for it to link again (a restarting peer, a Wi-Fi blip) before failing
 ROUTE_REGAIN_S = 15.0
+ROUTE_GONE_MAX = 1024  # peers whose link dropped remembered for regain before the expired ones are pruned
 ROUTE_REGAIN_POLL_S = 0.2
 SESSION_TOMBSTONE_S = 120.0  # an ended (or cancelled) session id is refused this long (late WORK must not recreate it)
 GENERATE_KEEPALIVE_S = 0.5  # a remote-generate holder with no TOKENS to send for this long sends an

@@ -218,3 +218,23 @@ def test_a_wall_clock_step_neither_extends_nor_cuts_the_wait_for_a_lost_holder(m
         assert h.regain(SHA, {})[1] == [P1]
         clocks.advance(after_s, wall_step=wall_step)
         assert (h.regain(SHA, {})[1] == [P1]) is waited, (wall_step, after_s)
+
+
+def test_a_coordinator_that_slept_waits_for_the_holder_whose_link_it_finds_dropped_on_wake(monkeypatch):
+    """A laptop coordinator wakes after 60 s: its link to a holder last heard 60 s ago drops only
+    now. A request arriving then waits for the holder (it relinks in milliseconds) instead of a 503
+    at once; later snapshots of that same drop do not start the wait afresh."""
+    import dataclasses
+
+    from node import const
+    from node.inference.pipeline import holders as holders_module
+
+    clocks = _Clocks()
+    monkeypatch.setattr(holders_module, "time", clocks)
+    gone = dataclasses.replace(snap(P1, (0, 8), state="gone"), last_seen=clocks.wall - 60)
+    h = holders(gone)
+    h.note_peer("changed", gone)
+    assert h.regain(SHA, {})[1] == [P1]
+    clocks.advance(const.ROUTE_REGAIN_S + 1)
+    h.note_peer("changed", dataclasses.replace(gone, last_error="dial failed"))  # the same drop
+    assert h.regain(SHA, {})[1] == []

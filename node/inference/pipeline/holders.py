@@ -75,9 +75,10 @@ class LayerHolders:
         self.peers = peers  # PeerManager: peers() snapshots; None without a peer network
         self.transport = transport
         self.perf = perf
-        # peers whose link dropped: node id -> (monotonic time last heard, models it held then), so
-        # that once it links again, until it advertises them loaded, a request waits for it (regain)
-        self._gone: dict[str, tuple[float, frozenset[str]]] = {}
+        # peers whose link dropped: node id -> (monotonic time this node saw the drop, the peer's
+        # last_seen then, models it held then), so that once it links again, until it advertises
+        # them loaded, a request waits for it (regain)
+        self._gone: dict[str, tuple[float, float, frozenset[str]]] = {}
 
     def note_peer(self, kind: str, snap: Any) -> None:
         """Peer observer (the coordinator's): remember what a peer whose link dropped held. A
@@ -88,22 +89,24 @@ class LayerHolders:
         if kind != "removed" and snap.state == "connected":
             return
         now = time.monotonic()
-        for node, (seen, _) in list(self._gone.items()):
-            if now - seen >= const.ROUTE_REGAIN_S:
-                del self._gone[node]
+        if len(self._gone) >= const.ROUTE_GONE_MAX:  # peers come and go for weeks: the expired ones go
+            self._gone = {n: g for n, g in self._gone.items() if now - g[0] < const.ROUTE_REGAIN_S}
         held = frozenset(m["sha256"] for m in snap.models if _serves(m) and isinstance(m["sha256"], str))
         if held and snap.last_seen is not None:
-            # the snapshot's unix time, read as an age now, kept on the monotonic clock: a wall-clock
-            # step (NTP, a laptop's clock set on wake) later neither kept waiting for the peer for
-            # as long as the clock went back nor forgot it at once when it went forward (2026-12-06)
-            age_s = max(0.0, time.time() - snap.last_seen)
-            self._gone[snap.node_id] = (now - age_s, held)
+            # timed from when this node saw the link drop (a later snapshot of the same drop, same
+            # last_seen, keeps it), on the monotonic clock (2026-12-06): from the peer's unix
+            # last_seen, a wall clock stepped back kept a gone peer awaited for as long as the step,
+            # and a coordinator that had itself slept (a closed lid) counted its own sleep against
+            # the peer: a request right after wake got a 503 while the peer relinked 30 ms later
+            prev = self._gone.get(snap.node_id)
+            dropped = prev[0] if prev is not None and prev[1] == snap.last_seen else now
+            self._gone[snap.node_id] = (dropped, snap.last_seen, held)
 
     def _held_lately(self, node_id: str, sha256: str, now: float) -> bool:
         """The peer held this model when its link dropped, within ROUTE_REGAIN_S (note_peer);
         `now` is time.monotonic()."""
         gone = self._gone.get(node_id)
-        return gone is not None and now - gone[0] < const.ROUTE_REGAIN_S and sha256 in gone[1]
+        return gone is not None and now - gone[0] < const.ROUTE_REGAIN_S and sha256 in gone[2]
 
     def holders(self, sha256: str) -> list[Holder]:
         """Every node that can run a range of this model now: our slices first, then peers'. One
