@@ -477,7 +477,8 @@ async def test_bad_requests_get_clear_errors(node, server):
     assert got == 404
 
 
-async def test_url_forms():
+async def test_url_forms(monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)  # a developer's mirror would move hf:// elsewhere
     assert resolve_url("hf://bartowski/Llama-3.2-1B-Instruct-GGUF/Llama-3.2-1B-Instruct-Q4_K_M.gguf") == (
         "https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q4_K_M.gguf")
     assert resolve_url("hf://o/r/sub dir/m.gguf@v1.0").endswith("/o/r/resolve/v1.0/sub%20dir/m.gguf")
