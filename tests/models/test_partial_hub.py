@@ -76,3 +76,20 @@ async def test_a_503s_retry_after_is_honoured_within_its_cap(tmp_path, hub, monk
     await async_fetch_parts(store, manifest, parts_for(read_header(store.header_path), 0, 1))
     line = next(r.getMessage() for r in caplog.records if "layer fetch interrupted" in r.getMessage())
     assert "retry_after_s=0.3" in line and "retry_in_s=0.3" in line
+
+
+async def test_the_header_probe_waits_out_a_rate_limit(tmp_path, hub, monkeypatch, caplog):
+    """A 429 on the first look at the model (a `--layers` node's start) is asked again after its
+    Retry-After; until 2026-12-06 it failed the open at once."""
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_AFTER_MAX_S", 0.2)
+    hub.hub_fail_with = [(429, {"Retry-After": "30"}), (503, {})]
+    caplog.set_level(logging.INFO)
+    store, manifest = await async_open_partial(hub.url, tmp_path / "m.partial")
+    assert manifest.sha256 == hub.sha256 and store.header_path.exists()
+    lines = [r.getMessage() for r in caplog.records if "model header probe interrupted" in r.getMessage()]
+    assert len(lines) == 2 and "retry_after_s=0.2" in lines[0] and "HTTP 429" in lines[0]
+    # busy every time: a clear failure after the retries, not a hang
+    monkeypatch.setattr(const, "DOWNLOAD_RETRIES", 2)
+    hub.hub_fail_with = [(429, {"Retry-After": "1"})] * 3
+    with pytest.raises(DownloadFailed, match="429.*2 attempts"):
+        await async_open_partial(hub.url, tmp_path / "other.partial")

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from node import const
-from node.models.partial.fetch import PROBE_BYTES
+from node.models.partial.probe import PROBE_BYTES
 from tests.pipeline.swarm import chat, llama_greedy, run, wait_for_route, wait_peers
 from tests.pipeline.test_autoserve import AUTO8, REEVALUATE_S, auto_model, held, per_layer
 from tests.pipeline.test_self_organising import empty_node
