@@ -134,8 +134,7 @@ class MdnsDiscovery:
     async def _async_registered(self) -> bool:
         """Wait for the background registration; True when it succeeded."""
         if self._registering is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self._registering)
+            await asyncio.wait({self._registering})  # the caller's own cancel still reaches it
         return not self.failed and self._registering is not None and not self._registering.cancelled()
 
     def _service_info(self, name: str) -> AsyncServiceInfo:

@@ -56,3 +56,24 @@ async def test_stop_while_still_probing_closes_everything(addresses, caplog):
     assert mdns._azc is None and mdns._registering.cancelled()
     messages = [r.getMessage() for r in caplog.records]
     assert not any("mdns started" in m or "unregister failed" in m or "failed to register" in m for m in messages)
+
+
+async def test_a_tag_update_cancelled_while_registering_is_cancelled(addresses, caplog):
+    """A swarm change (or the daily retag) cancelled in the first seconds after a start: the cancel
+    reaches it (it used to be swallowed, and the update went out to a name still being probed)."""
+    caplog.set_level(logging.DEBUG, logger="node.net._mdns")
+    mdns = _discovery(addresses, 40997)
+    await mdns.async_start()
+    try:
+        update = asyncio.create_task(mdns.async_update_tag())
+        await asyncio.sleep(0.05)
+        assert not update.done() and not mdns._registering.done()
+        update.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await update
+        assert not mdns._registering.done()  # the registration itself goes on
+        await wait_until(lambda: mdns._registering.done(), 20, 0.05, "the registration")
+        assert not mdns.failed
+        assert not any("swarm tag updated" in r.getMessage() for r in caplog.records)
+    finally:
+        await mdns.async_stop()
