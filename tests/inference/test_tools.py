@@ -27,7 +27,7 @@ from node.inference.tools import (
     prompt_inputs,
     tool_grammar,
 )
-from node.inference.tools.formats import generic_system_prompt
+from node.inference.tools.formats import generic_system_prompt, new_parser
 from node.resources import default_model_path
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
@@ -344,6 +344,42 @@ def test_auto_with_a_response_format_allows_calls_or_the_answer(tok):
     assert tool_grammar(FORMATS["hermes"], request(user)) is None  # no response_format: parsed, not forced
     prompt = generic_system_prompt(req)
     assert '"response":{..}' in prompt and '"verdict"' in prompt
+
+
+LLAMA_ANSWERS = [  # (reply, calls): Llama 3 writes calls as bare objects, and so is an answer
+    ('{"name": "Science Fair", "date": "Friday", "participants": ["Alice"]}', []),  # OpenAI's CalendarEvent
+    ('{"verdict": "yes"}', []),
+    ('{"names": ["a"]}', []),
+    ('{"name": "get_time", "parameters": {"tz": "UTC"}}', [("get_time", {"tz": "UTC"})]),
+    ('<|python_tag|>{"name": "get_time", "parameters": {}}', [("get_time", {})]),
+]
+
+
+@pytest.mark.parametrize(("reply", "calls"), LLAMA_ANSWERS)
+@settings(max_examples=20, deadline=None)
+@given(cuts=st.lists(st.integers(0, 80), max_size=8))
+def test_llama3_tells_an_answer_from_a_call(reply, calls, cuts):
+    """tool_choice "auto" with a response_format on a Llama 3 model: a bare object is a call only when
+    it opens as one of an offered tool; any other object is the answer, streamed as content as it is
+    written (until 2026-12-06 an answer with a `name` came back as a call of a tool that does not
+    exist, and any other answer was held back to the end and logged as an invalid call)."""
+    user = [{"role": "user", "content": "hi"}]
+    req = dataclasses.replace(request(user), response_format=ResponseFormat("json_schema", ANSWER))
+    parser = new_parser(FORMATS["llama3"], req)
+    got, content, streamed, rebuilt = parse("llama3", reply, [c for c in cuts if c <= len(reply)], parser=parser)
+    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
+    if not calls:
+        assert content == streamed == reply and not rebuilt
+        assert not parser.failed  # not taken for a broken call (that logged a warning)
+    # without a response_format the old reading stands: a bare object with a name is a call
+    assert not new_parser(FORMATS["llama3"], request(user))._answers
+
+
+def test_an_answer_streams_before_it_ends():
+    user = [{"role": "user", "content": "hi"}]
+    req = dataclasses.replace(request(user), response_format=ResponseFormat("json_schema", ANSWER))
+    parser = new_parser(FORMATS["llama3"], req)
+    assert parser.feed('{"verd') == ('{"verd', [])  # not `{"name"`: the answer, sent as it comes
 
 
 def accepts(tok, spec, text: str) -> bool:

@@ -287,4 +287,6 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None) 
 
 
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
-    return ToolCallParser(fmt.syntax, request_id=request_id, known=tuple(t.name for t in request.tools))
+    answers = fmt.syntax.at_start and fmt.name != "generic" and answer_schema(request) is not None
+    return ToolCallParser(fmt.syntax, request_id=request_id, known=tuple(t.name for t in request.tools),
+                          answers=answers)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from node.inference.request import ToolCall, ToolCallDelta
-from node.inference.tools.jsonscan import JsonError, PartialCall, skip_ws
+from node.inference.tools.jsonscan import JsonError, PartialCall, scan_string, skip_ws
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,12 @@ class ToolCallParser:
     """Splits one reply into content and tool calls, as it streams."""
 
     def __init__(self, syntax: Syntax, *, request_id: str = "", known: tuple[str, ...] = (),
-                 new_id: Callable[[], str] = new_call_id):
+                 new_id: Callable[[], str] = new_call_id, answers: bool = False):
         self.syntax = syntax
+        # a reply that starts with `{` may be a response_format's answer, not a call (Llama 3's bare
+        # JSON calls under tool_choice "auto"): such a region is a call only when it opens as one,
+        # `{"name": "<an offered tool>"`, else it is content (`_call_head`)
+        self._answers = answers
         self._rid = request_id
         self._known = known
         self._new_id = new_id
@@ -222,11 +226,42 @@ class ToolCallParser:
         self._region_base, self._region = len(self._slots), Region()
 
     def _read(self, final: bool) -> Region | None:
+        if self._answers and self._opener == "":
+            head = self._call_head()
+            if head is None and not final:
+                return Region()  # undecided yet
+            if not head:  # the answer: content, as it goes on (no call, nothing to warn about)
+                log.debug("a reply object is the answer, not a call request_id=%s format=%s", self._rid,
+                          self.syntax.name)
+                self._content += self._buf
+                self._started = True
+                self._mode, self._buf, self._region = "content", "", Region()
+                return None
         try:
             return self.syntax.region(self._buf, final)
         except JsonError as exc:
             self._fail(str(exc))
             return None
+
+    def _call_head(self) -> bool | None:
+        """Does the bare object being read open as a call of an offered tool, `{"name": "<tool>"`?
+        None while the text written so far cannot tell."""
+        buf, i = self._buf, 0
+        for part in ("{", '"name"', ":"):
+            i = skip_ws(buf, i)
+            got = buf[i:i + len(part)]
+            if got != part:
+                return None if len(got) < len(part) and part.startswith(got) else False
+            i += len(part)
+        i = skip_ws(buf, i)
+        if i >= len(buf):
+            return None
+        if buf[i] != '"':
+            return False
+        end = scan_string(buf, i)
+        if end is None:
+            return None
+        return json.loads(buf[i:end]) in self._known
 
     def _update_slots(self, calls: list[PartialCall]) -> None:
         for j, call in enumerate(calls):
