@@ -47,8 +47,8 @@ _UNSUPPORTED = {
     "container": "containers (code execution) are not supported by this node",
     "mcp_servers": "MCP servers are not supported by this node",
 }
-_BLOCK_EXTRA_OK = {"cache_control", "citations"}
-_TOOL_USE_EXTRA_OK = {"caller", "toolset_name"}  # checked in _tool_use  # prompt caching hints: accepted, no effect here
+_BLOCK_EXTRA_OK = {"cache_control", "citations"}  # prompt caching hints: accepted, no effect here
+_TOOL_USE_EXTRA_OK = {"caller", "toolset_name"}  # from Anthropic's API; checked in _tool_use
 # ToolParam fields of the current SDK that change nothing here: the arguments are held to the schema
 # by grammar anyway (`strict`), examples, deferred loading, callers and streaming are client-side hints
 _TOOL_EXTRA_OK = {"strict", "input_examples", "defer_loading", "allowed_callers", "eager_input_streaming"}
