@@ -7,6 +7,11 @@ Units are in the names: _S seconds, _MS milliseconds, _BYTES bytes.
 DEFAULT_API_PORT = 8800
 PEER_PORT_OFFSET = 10  # peer listener = api port + 10 (seed 000: TCP P2P on port+10)
 MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
+# a connection with no request under way (idle keep-alive, or request headers still not complete) is
+# closed after this long; aiohttp's own default is 3630 s, so leaked or trickling sockets held fds an hour
+API_IDLE_CONNECTION_S = 75.0
+API_BODY_STALL_S = 30.0  # a request body that sends no byte for this long is a 408 and its connection ends
+API_BODY_READ_MAX_S = 300.0  # and one still not complete after this long (a trickle) is too
 TRACE_RING_SIZE = 50  # recent requests kept for diagnostics
 FAILURE_RING_SIZE = 50
 ACTIVITY_RING_SIZE = 100

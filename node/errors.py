@@ -153,6 +153,14 @@ class KvBudgetFull(Overloaded):
     or gives its client this 429 with Retry-After."""
 
 
+class BodyTimeout(NodeError):
+    """The client did not finish sending its request body in time (408)."""
+
+    http_status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class RequestTimeout(NodeError):
     """The request did not complete before its deadline (504)."""
 

@@ -11,9 +11,11 @@ import math
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from node import const
 from node.api.appkeys import MAX_BODY
 from node.errors import (
     AuthenticationFailed,
+    BodyTimeout,
     ForbiddenHost,
     InsufficientCapacity,
     InvalidRequest,
@@ -122,16 +124,17 @@ async def read_json(request: web.Request) -> object:
     if request.content_length is not None and request.content_length > request.app[MAX_BODY]:
         raise PayloadTooLarge(f"request body is larger than {request.app[MAX_BODY]} bytes")
     try:
-        raw = await request.read()
+        raw = await _read_body(request)
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body is larger than {request.app[MAX_BODY]} bytes") from exc
     except RequestPayloadError as exc:  # e.g. Content-Encoding: gzip on a body that is not gzip
         # the rest of the body cannot be read either: the connection ends after this answer, and
         # aiohttp does not try to drain it afterwards (which logged the error again as unhandled)
-        request.content.feed_eof()
-        if request.protocol is not None:
-            request.protocol.close()
+        _end_connection(request)
         raise InvalidRequest(f"request body could not be read: {exc}") from exc
+    except BodyTimeout:
+        _end_connection(request)
+        raise
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object")
     if len(raw) > _PARSE_ON_LOOP_MAX_BYTES:  # megabytes of JSON would stall the loop for tens of ms
@@ -140,6 +143,44 @@ async def read_json(request: web.Request) -> object:
 
 
 _PARSE_ON_LOOP_MAX_BYTES = 256 * 1024
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """`request.read()`, given up (BodyTimeout) when the client sends no byte for API_BODY_STALL_S
+    or has not finished after API_BODY_READ_MAX_S. aiohttp has no timeout of its own here: a
+    Content-Length larger than what was sent, or a chunked body that stops, held the handler and the
+    connection (with up to max_request_body_bytes of it in memory) for as long as the socket stayed open."""
+    if not request.body_exists:  # nothing to wait for (and aiohttp's empty payload counts no bytes)
+        return await request.read()
+    reading = asyncio.ensure_future(request.read())
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + const.API_BODY_READ_MAX_S
+    seen = request.content.total_raw_bytes
+    try:
+        while True:
+            wait_s = min(const.API_BODY_STALL_S, give_up_at - loop.time())
+            done, _ = await asyncio.wait({reading}, timeout=max(wait_s, 0))
+            if done:
+                return reading.result()
+            got = request.content.total_raw_bytes
+            if got == seen or loop.time() >= give_up_at:
+                why = "sent nothing" if got == seen else "was still not complete"
+                log.warning("DIAG: request body timed out path=%s received_bytes=%d declared_bytes=%s why=%s",
+                            request.path, got, request.content_length, why.replace(" ", "_"))
+                after = const.API_BODY_STALL_S if got == seen else const.API_BODY_READ_MAX_S
+                raise BodyTimeout(f"the request body {why} for {after:g} s; "
+                                  f"received {got} bytes of {request.content_length or 'a chunked body'}")
+            seen = got
+    finally:
+        if not reading.done():
+            reading.cancel()
+
+
+def _end_connection(request: web.Request) -> None:
+    """The connection ends after this answer; its unread body is not drained."""
+    request.content.feed_eof()
+    if request.protocol is not None:
+        request.protocol.close()
 
 
 def _not_json(name: str) -> object:

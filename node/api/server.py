@@ -6,6 +6,7 @@ import logging
 
 from aiohttp import web
 
+from node import const
 from node.api import admin, anthropic, cors, embed_routes, llama_native, openai, openai_responses
 from node.api.appkeys import MAX_BODY, NODE
 from node.api.auth import make_auth_middleware
@@ -81,7 +82,7 @@ class ApiServer:
         """Bind and serve on config.host:config.port."""
         cfg = self.config
         self.runner = web.AppRunner(build_app(self.node, cfg, api_key), access_log=None, handler_cancellation=True,
-                                    shutdown_timeout=2.0)
+                                    shutdown_timeout=2.0, keepalive_timeout=const.API_IDLE_CONNECTION_S)
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True)
         await site.start()
