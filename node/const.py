@@ -12,6 +12,9 @@ MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
 API_IDLE_CONNECTION_S = 75.0
 API_BODY_STALL_S = 30.0  # a request body that sends no byte for this long is a 408 and its connection ends
 API_BODY_READ_MAX_S = 300.0  # and one still not complete after this long (a trickle) is too
+# the process's soft limit of open files is raised to its hard limit, at most this: the default soft
+# limit (1024 on Linux, 256 on macOS) let a few hundred local sockets lock every client out (EMFILE)
+OPEN_FILES_SOFT_LIMIT_MAX = 8192
 TRACE_RING_SIZE = 50  # recent requests kept for diagnostics
 FAILURE_RING_SIZE = 50
 ACTIVITY_RING_SIZE = 100
