@@ -11,6 +11,7 @@ from node.api import admin, anthropic, cors, embed_routes, llama_native, openai,
 from node.api.appkeys import MAX_BODY, NODE
 from node.api.auth import make_auth_middleware
 from node.api.errors import error_middleware
+from node.api.streaming import bounded_send_middleware
 from node.api.view import NodeView
 from node.config import NodeConfig
 
@@ -47,6 +48,7 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
     cfg = config
     app = web.Application(
         middlewares=[
+            bounded_send_middleware,
             error_middleware,
             make_auth_middleware(api_key, inference_needs_key=cfg.require_api_key_for_inference,
                                  allowed_hosts={h.lower() for h in cfg.allowed_hosts}),

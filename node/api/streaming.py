@@ -138,6 +138,29 @@ async def _close_with_error(request: web.Request, resp: web.StreamResponse, even
             request.transport.abort()
 
 
+@web.middleware
+async def bounded_send_middleware(request: web.Request, handler):
+    """Send a handler's whole response (a JSON reply, an error) here, its write timed as a stream's.
+    aiohttp writes it after the handler returns and its drain waits on the client untimed: a client
+    that sent a request and read nothing back (a non-stream reply of megabytes: logprobs, embeddings)
+    held its connection and the reply's bytes for as long as its socket stayed open. The run's seat
+    and trace are released before (the handler has returned)."""
+    resp = await handler(request)
+    if not isinstance(resp, web.StreamResponse) or resp.prepared:  # a stream has sent itself
+        return resp
+    try:
+        await resp.prepare(request)
+        await _bounded(resp.write_eof())
+    except ConnectionError:  # the client went away: aiohttp's own write_eof meets it again, quietly
+        pass
+    except _ClientStalled:
+        log.warning("DIAG: response cut off, the client stopped reading path=%s status=%d stalled_s=%d",
+                    request.path, resp.status, const.STREAM_WRITE_STALL_S)
+        if request.transport is not None:
+            request.transport.abort()  # aiohttp's own write_eof then meets a closed connection, quietly
+    return resp
+
+
 # a write of at most this much into an empty transport buffer cannot pause the protocol (asyncio's
 # high-water mark is 64 KiB), so it cannot wait on a client that stopped reading
 _UNTIMED_WRITE_MAX = 16 * 1024
