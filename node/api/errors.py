@@ -13,6 +13,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from node import const
 from node.api.appkeys import MAX_BODY
+from node.api.body_decode import IDENTITY, decode_content
 from node.errors import (
     AuthenticationFailed,
     BodyTimeout,
@@ -135,6 +136,10 @@ async def read_json(request: web.Request) -> object:
     except BodyTimeout:
         _end_connection(request)
         raise
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if raw and encoding not in IDENTITY:  # off the loop, stopping at the limit (body_decode.py)
+        raw = await asyncio.get_running_loop().run_in_executor(None, decode_content, raw, encoding,
+                                                               request.app[MAX_BODY])
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object")
     if len(raw) > _PARSE_ON_LOOP_MAX_BYTES:  # megabytes of JSON would stall the loop for tens of ms

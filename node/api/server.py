@@ -84,7 +84,8 @@ class ApiServer:
         """Bind and serve on config.host:config.port."""
         cfg = self.config
         self.runner = web.AppRunner(build_app(self.node, cfg, api_key), access_log=None, handler_cancellation=True,
-                                    shutdown_timeout=2.0, keepalive_timeout=const.API_IDLE_CONNECTION_S)
+                                    shutdown_timeout=2.0, keepalive_timeout=const.API_IDLE_CONNECTION_S,
+                                    auto_decompress=False)  # read_json decodes, off the loop (body_decode.py)
         await self.runner.setup()
         site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True)
         await site.start()
