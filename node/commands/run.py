@@ -115,10 +115,19 @@ async def serve(config) -> int:
             _exit_now(1)
         stop.set()
 
+    def from_signal_handler(signum: int, _frame) -> None:  # a plain handler, between two bytecodes
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(on_signal, signal.Signals(signum))
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, on_signal, sig)
-        except (NotImplementedError, RuntimeError):  # Windows: KeyboardInterrupt does it
+        except NotImplementedError:
+            # Windows' ProactorEventLoop has none: a plain handler hands the signal to the loop.
+            # (asyncio.run's own Ctrl-C handler cancelled this coroutine instead: a Ctrl-C while
+            # starting skipped node.stop() and exited 130.)
+            signal.signal(sig, from_signal_handler)
+        except RuntimeError:  # not the main thread: whoever runs us stops us
             pass
     # start() may take long (a --layers slice fetching its layers from a slow origin): a stop
     # signal meanwhile ends it there, instead of waiting until the node has started
