@@ -148,6 +148,21 @@ def write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
+def keep_private(path: Path) -> None:
+    """A secret file (api_key, identity.key) readable by others is made 0600, with a warning.
+    Where the file system keeps no such bits, nothing can be tightened and nothing is said but a
+    DEBUG line: on Windows `st_mode` is 0o666 for every writable file and chmod sets only the
+    read-only flag (the data dir is in the user's own AppData); FAT/exFAT drives and some shares
+    are the same. It warned "tightened to 0600" at every start there (2026-12-06)."""
+    if not path.stat().st_mode & 0o077:
+        return
+    os.chmod(path, 0o600)
+    if path.stat().st_mode & 0o077:
+        log.debug("DIAG: owner-only permissions not kept by this file system %s", kv(path=path))
+        return
+    log.warning("%s was readable by others; permissions tightened to 0600", path.name)
+
+
 def ensure_data_dir(data_dir: Path) -> None:
     """Create the data dir layout and a commented config.toml on first run."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -184,9 +199,7 @@ def load_or_create_api_key(data_dir: Path) -> str:
     if path.is_file():
         key = read_api_key(data_dir)
         if key:
-            if path.stat().st_mode & 0o077:
-                os.chmod(path, 0o600)
-                log.warning("api_key was readable by others; permissions tightened to 0600")
+            keep_private(path)
             return key
     key = "sk-swarm-" + secrets.token_hex(24)
     write_private(path, key + "\n")

@@ -87,7 +87,9 @@ class ApiServer:
                                     shutdown_timeout=2.0, keepalive_timeout=const.API_IDLE_CONNECTION_S,
                                     auto_decompress=False)  # read_json decodes, off the loop (body_decode.py)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, cfg.host, cfg.port, reuse_address=True)
+        # reuse_address left to asyncio: SO_REUSEADDR on POSIX (a restart binds at once), not on
+        # Windows, where it lets a second program bind the same port and take its connections
+        site = web.TCPSite(self.runner, cfg.host, cfg.port)
         await site.start()
         sockets = self.runner.addresses
         self.port = sockets[0][1] if sockets else cfg.port

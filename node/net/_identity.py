@@ -17,6 +17,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from node.datadir import keep_private
 from node.errors import NodeError
 from node.logs import kv
 
@@ -112,9 +113,7 @@ def load_or_create_identity(data_dir: Path) -> Identity:
                             "with a new identity", code="identity_unreadable") from exc
         if not isinstance(key, ed25519.Ed25519PrivateKey):
             raise NodeError(f"{path}: identity key is not Ed25519", code="identity_unreadable")
-        if path.stat().st_mode & 0o077:
-            os.chmod(path, 0o600)
-            log.warning("identity.key was readable by others; permissions tightened to 0600")
+        keep_private(path)
         identity = Identity.from_private_key(key, path)
         log.info("DIAG: identity key loaded from disk %s", kv(path=path, node_id=identity.short_id))
         return identity
