@@ -66,6 +66,15 @@ class CacheKey:
                 "version": CACHE_VERSION, "part": part}
 
 
+def _map_read(fd: int, size: int) -> mmap.mmap:
+    """The file mapped read-only, populated in one fault pass where Linux offers it (MAP_POPULATE).
+    Elsewhere `access=`: Windows' mmap has no flags, prot or MAP_SHARED (every second load of a
+    slice, the first that read the cache, failed there with an AttributeError; 2026-12-06)."""
+    if hasattr(mmap, "MAP_POPULATE"):
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+    return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+
+
 class WeightCache:
     """A directory of converted weights under a size budget (bytes; 0 = nothing is written)."""
 
@@ -93,8 +102,7 @@ class WeightCache:
                 size = os.fstat(fh.fileno()).st_size
                 if size == 0:
                     raise ValueError("empty file")
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # one fault pass, not one per page
-                mapped = mmap.mmap(fh.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+                mapped = _map_read(fh.fileno(), size)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
