@@ -69,7 +69,7 @@ class DataDirLock:
 
     def acquire(self) -> None:
         """Take the lock (blocking: file I/O); DataDirInUse naming the holder's pid when taken."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | binary_flag(), 0o600)
         try:
             _lock(fd)
         except BlockingIOError:
@@ -140,9 +140,23 @@ else:
         pass  # flock's lock goes with the descriptor's close
 
 
+def binary_flag() -> int:
+    """os.O_BINARY where there is one (Windows), else 0. A descriptor from os.open is in the C
+    runtime's text mode there: each "\n" written became "\r\n" after Python's own text layer had
+    already made it one, so config.toml and api_key were written with "\r\r\n" (every line of
+    config.toml double-spaced in an editor)."""
+    return getattr(os, "O_BINARY", 0)
+
+
+def open_private(path: Path) -> int:
+    """A descriptor of `path` truncated for writing, created 0600 (never briefly readable by
+    others), bytes written as given."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | binary_flag(), 0o600)
+
+
 def write_private(path: Path, text: str) -> None:
     """Write a file readable only by its owner (0600), created with that mode from the start."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = open_private(path)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.chmod(path, 0o600)

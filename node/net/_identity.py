@@ -17,7 +17,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from node.datadir import keep_private
+from node.datadir import keep_private, open_private
 from node.errors import NodeError
 from node.logs import kv
 
@@ -92,7 +92,7 @@ def verify_signature(raw_public_key: bytes, signature: bytes, data: bytes) -> bo
 def write_private_bytes(path: Path, data: bytes) -> None:
     """Write a file created 0600 from the start (never briefly world-readable)."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = open_private(tmp)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.datadir import open_private
 from node.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ def write_json(data_dir: Path, data: dict) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / SWARM_FILE
     tmp = path.with_name(f"{SWARM_FILE}.{secrets.token_hex(4)}.tmp")  # concurrent writers never share one
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = open_private(tmp)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f)

@@ -100,3 +100,28 @@ async def test_secret_files_readable_by_others_are_still_tightened_on_posix(tmp_
     assert all(stat.S_IMODE((data / f).stat().st_mode) == 0o600 for f in ("api_key", "identity.key"))
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "api_key was readable by others" in warned and "identity.key was readable by others" in warned, warned
+
+
+async def test_data_dir_files_are_opened_binary_where_the_c_runtime_has_text_mode(tmp_path, monkeypatch):
+    """Windows' C runtime opens a descriptor in text mode unless os.O_BINARY is given: what Python
+    wrote as "\\r\\n" (its own text layer) became "\\r\\r\\n". Every file the node writes through
+    os.open must ask for binary mode where the flag exists (0x8000 is Windows' O_BINARY; Linux's
+    open takes it as O_LARGEFILE, a no-op on 64 bits)."""
+    monkeypatch.setattr(os, "O_BINARY", 0x8000, raising=False)
+    data = tmp_path / "data"
+    opened: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def recording_open(path, flags, *args, **kwargs):
+        if str(path).startswith(str(data)):
+            opened.append((os.path.basename(path), flags))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    async with running_node(node_config(data)):
+        pass
+    names = {name.split(".")[0] for name, _ in opened}
+    assert {"config", "api_key", "identity", "node"} <= names, opened  # node.lock
+    assert [(name, flags) for name, flags in opened if not flags & 0x8000] == []
+    async with running_node(node_config(data)) as node:  # what was written reads back
+        assert await _serves(node)
