@@ -8,8 +8,9 @@ line per frame or pipeline step: `sent frame`, `LayerForward`, acks); -vvv → T
 pings, and the libraries' own debug lines).
 
 Progress (`progress_extra`): a record carrying `progress=(label, done, total)` is drawn by the
-console handler on a terminal as one bar line, redrawn in place (`\r`), with the rate and the time
-left; any other line clears it first, and the next update draws it again. In node.log, and on a
+console handler on a terminal as one bar line, redrawn in place (`\r`, spaces over what is left of
+the longer line before: no escape sequence, which Windows' console prints as `←[K` unless a program
+turns them on), with the rate and the time left; any other line clears it first (spaces), and the next update draws it again. In node.log, and on a
 console that is not a terminal, only the progress records marked `progress_line` are written (a
 line every PARTIAL_PROGRESS_LOG_S, and the last), as ordinary DIAG lines.
 """
@@ -144,7 +145,7 @@ class ConsoleHandler(logging.StreamHandler):
         super().__init__(stream if stream is not None else sys.stderr)
         isatty = getattr(self.stream, "isatty", None)
         self.tty = bool(isatty and isatty()) if tty is None else tty
-        self._bar = False  # a bar is drawn on the current line
+        self._drawn = 0  # how many characters the bar covers on the current line (0: none)
         self._first: dict[str, tuple[float, int]] = {}  # label -> (when, done) at its first update
 
     def bar(self, label: str, done: int, total: int, now: float | None = None) -> str:
@@ -167,8 +168,9 @@ class ConsoleHandler(logging.StreamHandler):
             try:
                 label, done, total = progress
                 end = done >= total
-                self.stream.write("\r\033[K" + self.bar(label, done, total) + ("\n" if end else ""))
-                self._bar = not end
+                line = self.bar(label, done, total)
+                self.stream.write("\r" + line + " " * max(0, self._drawn - len(line)) + ("\n" if end else ""))
+                self._drawn = 0 if end else max(self._drawn, len(line))  # what the screen shows
                 if end:
                     self._first.pop(label, None)
                 self.flush()
@@ -177,10 +179,10 @@ class ConsoleHandler(logging.StreamHandler):
             return
         if progress is not None and not getattr(record, "progress_line", False):
             return
-        if self._bar:
-            self._bar = False
+        if self._drawn:
+            drawn, self._drawn = self._drawn, 0
             try:
-                self.stream.write("\r\033[K")
+                self.stream.write("\r" + " " * drawn + "\r")
             except Exception:  # noqa: BLE001 - as above
                 self.handleError(record)
                 return

@@ -29,12 +29,29 @@ def test_a_terminal_gets_one_bar_redrawn_in_place():
     h.handle(_record("DIAG: fetching layers", progress_extra("fetching layers 2-4 of m", 4_000_000, 4_000_000,
                                                              line=True)))
     text = out.getvalue()
-    frames = text.split("\r\033[K")
+    frames = text.split("\r")
     assert frames[1].startswith("fetching layers 2-4 of m  [######..................]  25%  1.0 / 4.0 MB")
     assert "50%  2.0 / 4.0 MB" in frames[2] and "\n" not in frames[2]  # in place: no new line
-    assert "DIAG: something else\n" in frames[3]  # the bar was cleared before the line
-    assert frames[4] == "fetching layers 2-4 of m  [########################] 100%  4.0 / 4.0 MB\n"
+    assert frames[3].strip() == "" and len(frames[3]) >= len(frames[2].rstrip())  # the bar cleared...
+    assert frames[4].endswith("DIAG: something else\n")  # ...before the line
+    assert frames[5] == "fetching layers 2-4 of m  [########################] 100%  4.0 / 4.0 MB\n"
     assert "DIAG: fetching layers" not in text  # the bar stands for those lines
+
+
+def test_the_bar_uses_no_escape_sequences_and_covers_a_longer_line():
+    """Windows' console (conhost) prints an escape sequence as `←[K` unless the program turns
+    them on: the bar draws with `\r` and spaces only, a shorter redraw covering the longer one."""
+    out = io.StringIO()
+    h = ConsoleHandler(out, tty=True)
+    h.setFormatter(logging.Formatter("%(message)s"))
+    h.handle(_record("p", progress_extra("a long label for the first stage", 1, 4, line=False)))
+    h.handle(_record("p", progress_extra("short", 2, 4, line=False)))
+    h.handle(_record("DIAG: other"))
+    text = out.getvalue()
+    assert "\033" not in text, repr(text)
+    first, second, clear = text.split("\r")[1:4]
+    assert len(second) == len(first) and second.rstrip().startswith("short")  # nothing of the first left
+    assert clear == " " * len(first)
 
 
 def test_the_rate_and_time_left_once_it_moves():
