@@ -58,6 +58,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _keep_stdout_writable() -> None:
+    """stdout redirected to a file or pipe on Windows is in the ANSI code page (cp1252, ...) with
+    strict errors: a model's reply (`swarmllm chat ... > out.txt`) with a character outside it ended
+    the command in a UnicodeEncodeError traceback. Such characters are written as escapes instead,
+    as Python does on stderr."""
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarmllm` console script."""
     from node.errors import NodeError
@@ -65,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_process()  # before any command imports torch
     args = parse_args(argv)
+    _keep_stdout_writable()
     try:
         rc = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at exit, where a closed pipe is an "Exception ignored" trace
