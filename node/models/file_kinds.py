@@ -109,6 +109,8 @@ def not_a_model(header: GgufHeader) -> str | None:
         return "a vision projector (mmproj) for a multimodal model, not a model of its own"
     if kind == "imatrix":
         return "importance-matrix data for quantizing, not a model"
-    if not header.tensors:
+    if not header.tensors and int(header.get("split.count", 0) or 0) < 2:
+        # (part 1 of a split set may hold none: gguf-split --no-tensor-first-split; llama.cpp reads
+        # the tensors from the other parts)
         return "a vocabulary only, without weights (as llama.cpp's ggml-vocab-* test files)"
     return None

@@ -27,12 +27,14 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
 
-def rewrite(src, dst, *, arch=None, extra=None, tensors=True, split_max_tensors=0, drop_tensor=None):
+def rewrite(src, dst, *, arch=None, extra=None, tensors=True, split_max_tensors=0, drop_tensor=None,
+            small_first_shard=False):
     """A copy of a GGUF with another architecture, more KV keys, no tensors, or split by
-    gguf-split's rules (`dst` is then the set's name: `stem-0000N-of-0000M.gguf` are written)."""
+    gguf-split's rules (`dst` is then the set's name: `stem-0000N-of-0000M.gguf` are written;
+    `small_first_shard`: part 1 holds the metadata only, as `gguf-split --no-tensor-first-split`)."""
     r = gguf.GGUFReader(str(src))
     w = gguf.GGUFWriter(str(dst), arch or str(r.fields["general.architecture"].contents()),
-                        split_max_tensors=split_max_tensors)
+                        split_max_tensors=split_max_tensors, small_first_shard=small_first_shard)
     for name, f in r.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
@@ -59,6 +61,7 @@ def folder(tmp_path_factory):
     models = base / "data" / MODELS_DIR
     models.mkdir(parents=True)
     rewrite(src, models / "big.gguf", split_max_tensors=8)  # big-00001-of-00003.gguf …
+    rewrite(src, models / "lean.gguf", split_max_tensors=8, small_first_shard=True)  # part 1: no tensors
     rewrite(src, models / "mmproj-tiny-f16.gguf", arch="clip")
     rewrite(src, models / "tiny-lora.gguf", extra={"general.type": "adapter", "adapter.type": "lora"})
     rewrite(src, models / "ggml-vocab-tiny.gguf", tensors=False)
@@ -102,6 +105,22 @@ async def test_a_split_model_is_one_model_loaded_from_part_one(node, client):
     offered = {a["sha256"] for a in model_adverts(node.catalog, node.models, node.slice_host, contribute=True)}
     shouty = node.catalog.entries[named(node, "shouty")[0]]
     assert big.sha256 not in offered and (shouty.sha256 in offered) == (node.models.registered(shouty.id).state == "loaded")
+
+
+async def test_a_split_model_whose_part_one_holds_no_tensors_is_a_model(node, client):
+    # `gguf-split --no-tensor-first-split`: part 1 is the metadata alone; it was ignored as "a
+    # vocabulary only" (llama.cpp loads the set from it)
+    models = node.data_dir / MODELS_DIR
+    part1 = models / "lean-00001-of-00004.gguf"
+    assert part1.is_file() and not gguf.GGUFReader(str(part1)).tensors, sorted(p.name for p in models.iterdir())
+    assert part1 not in node.catalog.ignored and part1 not in node.catalog.skipped, \
+        (node.catalog.ignored.get(part1), node.catalog.skipped.get(part1))
+    (lean_id,) = named(node, "lean")
+    lean = node.catalog.entries[lean_id]
+    assert lean.split_count == 4 and lean.path.name == part1.name
+    reply = await client.chat.completions.create(model=lean_id, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=2)
+    assert reply.choices[0].finish_reason in ("stop", "length")
 
 
 async def test_a_split_model_with_a_part_missing_says_which_and_is_taken_once_complete(node, folder, tmp_path):
