@@ -20,7 +20,8 @@ from pathlib import Path
 from node.errors import ModelLoadError
 from node.models.gguf_meta import GgufHeader, read_header
 
-# llama.cpp's llama_split_path: "%s-%05d-of-%05d.gguf"
+# llama.cpp's llama_split_path: "%s-%05d-of-%05d.gguf"; matched in any case so that a set spelt
+# otherwise (`-OF-`, `.GGUF`) is one set, refused as a whole with the reason (check_split)
 SPLIT_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
 
@@ -61,14 +62,33 @@ def model_files(models_dir: Path) -> list[Path]:
     return sorted(out)
 
 
+def llama_split_name(prefix: str, no: int, count: int) -> str:
+    """A split part's name as llama.cpp spells it (llama_split_path), and as it alone accepts part 1's."""
+    return f"{prefix}-{no:05d}-of-{count:05d}.gguf"
+
+
 def set_files(path: Path) -> list[Path]:
-    """The files of part 1's split set as llama.cpp looks for them (only `path` if not a split part)."""
+    """The files of part 1's split set as llama.cpp looks for them (only `path` if not a split part):
+    llama.cpp's spelling, lower-case `-of-` and `.gguf`, whatever the case of `path`'s."""
     part = split_part(path)
     if part is None or part[1] != 1:
         return [path]
     prefix, _, count = part
-    suffix = path.name[-len(".gguf"):]
-    return [path.with_name(f"{prefix}-{i:05d}-of-{count:05d}{suffix}") for i in range(1, count + 1)]
+    return [path.with_name(llama_split_name(prefix, i, count)) for i in range(1, count + 1)]
+
+
+def _misspelt(stem: str, found: Path, wanted: str) -> ModelLoadError:
+    return ModelLoadError(f"{stem}: {found.name} is not spelt as llama.cpp looks for a split model's parts "
+                          f"({wanted}), so it cannot load the set: rename the parts to lower-case "
+                          f"-of-…gguf ({wanted} …)")
+
+
+def _any_case(part: Path) -> Path | None:
+    """A file beside `part` whose name differs from its only in case (blocking)."""
+    try:
+        return next((p for p in part.parent.iterdir() if p.name.lower() == part.name.lower()), None)
+    except OSError:
+        return None
 
 
 def check_split(path: Path, header: GgufHeader) -> int:
@@ -84,8 +104,13 @@ def check_split(path: Path, header: GgufHeader) -> int:
                              f"(name-00001-of-{count:05d}.gguf …)")
     total = 0
     stem = set_stem(path)
+    if path.name != files[0].name:  # llama.cpp: "invalid split file name"
+        raise _misspelt(stem, path, files[0].name)
     for i, part in enumerate(files, start=1):
         if not part.is_file():
+            found = _any_case(part)
+            if found is not None:  # `-OF-`, `.GGUF`: llama.cpp opens the lower-case name only
+                raise _misspelt(stem, found, part.name)
             raise ModelLoadError(f"{stem}: part {i} of {count} missing ({part.name}; a download or copy still "
                                  f"to come?)")
         part_header = header if i == 1 else read_header(part)

@@ -62,6 +62,12 @@ def folder(tmp_path_factory):
     models.mkdir(parents=True)
     rewrite(src, models / "big.gguf", split_max_tensors=8)  # big-00001-of-00003.gguf …
     rewrite(src, models / "lean.gguf", split_max_tensors=8, small_first_shard=True)  # part 1: no tensors
+    for stem, respell in (("loud", lambda n: n.replace(".gguf", ".GGUF")),  # llama.cpp wants its spelling
+                          ("ofs", lambda n: n.replace("-of-", "-OF-")),
+                          ("mixed", lambda n: n if "-00001-" in n else n.replace("-of-", "-OF-"))):
+        rewrite(src, models / f"{stem}.gguf", split_max_tensors=8)
+        for part in sorted(models.glob(f"{stem}-0000?-of-00003.gguf")):
+            part.rename(part.with_name(respell(part.name)))
     rewrite(src, models / "mmproj-tiny-f16.gguf", arch="clip")
     rewrite(src, models / "tiny-lora.gguf", extra={"general.type": "adapter", "adapter.type": "lora"})
     rewrite(src, models / "ggml-vocab-tiny.gguf", tensors=False)
@@ -136,6 +142,21 @@ async def test_a_split_model_with_a_part_missing_says_which_and_is_taken_once_co
     shutil.copyfile(tmp_path / "late-00002-of-00003.gguf", models / "late-00002-of-00003.gguf")
     await wait_until(lambda: named(node, "late"), 30.0, 0.05, "the completed set served")
     assert part1 not in node.catalog.skipped
+
+
+async def test_a_split_set_not_spelt_as_llama_cpp_wants_is_refused_saying_rename(node):
+    # llama.cpp opens a set only as `-0000N-of-0000M.gguf`, in lower case: `.GGUF` was listed and then
+    # failed to load ("invalid split file name"), `-OF-` was refused as "part 1 of 3 missing"
+    models = node.data_dir / MODELS_DIR
+    for stem in ("loud", "ofs", "mixed"):
+        files = sorted(p for p in models.iterdir() if p.name.startswith(f"{stem}-0000"))
+        assert len(files) == 3, files
+        assert not named(node, stem), sorted(node.catalog.entries)
+        said = node.catalog.skipped[files[0]]
+        assert "rename the parts to lower-case -of-" in said and "missing" not in said, said
+        others = files[1:]
+        assert not [p for p in others if p in node.catalog.skipped or p in node.catalog.ignored], others
+        assert not [e for e in node.catalog.entries.values() if e.path.name in {p.name for p in others}]
 
 
 async def test_files_that_are_not_models_are_not_listed_and_say_what_they_are(node, client):
