@@ -165,6 +165,7 @@ class Contributions:
         """The catalog entry; a model known here only by its header (the swarm serves it) is opened
         as a partial model from the origin its holders name, so its layers can be fetched."""
         entry = self.catalog.resolve(model_id)
+        entry.refuse_slices()  # a split model is served whole only
         if entry.has_file or entry.partial is not None:
             return entry
         if not entry.origin_url:
@@ -182,6 +183,7 @@ class Contributions:
         """What one layer of a model costs here (weights at the slice dtype + its KV reserve) and the
         output head: the budget slider's "≈ N layers". From the file, or the header the swarm gave."""
         entry = self.catalog.resolve(model_id)
+        entry.refuse_slices()  # (slice_sizes would read part 1 alone: sizes of tensors not there)
         if entry.has_file:  # a whole file, or a partial model's directory (GgufFile reads both)
             path, header_only = entry.path, None
         else:  # known by its header alone: shapes from the cached header

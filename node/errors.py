@@ -45,6 +45,13 @@ class InvalidRequest(NodeError):
     code = "invalid_request"
 
 
+class SplitModelServedWhole(InvalidRequest):
+    """Layers (slices) asked of a model split in parts by gguf-split: it is served whole on this
+    node only (file_kinds.py)."""
+
+    code = "split_model_served_whole"
+
+
 class ContextLengthExceeded(InvalidRequest):
     """The prompt (plus the requested completion) does not fit the model's context (400)."""
 

@@ -165,6 +165,8 @@ class Node(SwarmActions, UrlModels):
             exclude=url_dirs_all))
         for entry in await self.catalog.async_scan(sources + [(d, "cli") for d in url_dirs]):
             as_slice = (bool(self.config.layers) or self.config.serve == "auto") and entry.source == "cli"
+            if as_slice:  # (before anything loads: the slice engine failed later on part 1's tensors)
+                entry.refuse_slices()
             if as_slice and self.config.serve == "auto":
                 auto.append(entry)
             elif as_slice:

@@ -205,20 +205,24 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _check_models(models: list[str]) -> None:
+def _check_models(models: list[str], *, as_slices: bool) -> None:
     """Each model path given (--model, config.toml's models) can be served, else a ModelLoadError
     saying why, before anything starts: the node logged one warning among its start-up lines and
-    went on serving the default model (or nothing), which was easy to miss."""
+    went on serving the default model (or nothing), which was easy to miss. `as_slices` (--layers,
+    --serve auto): a split model is refused (it is served whole only), before it is hashed."""
     from pathlib import Path
 
     from node.models.catalog import check_model_file
+    from node.models.file_kinds import refuse_slices
     from node.models.partial import PartialStore
     from node.models.sources import is_model_url
 
     for model in models:
         path = Path(model).expanduser()
         if not is_model_url(model) and not PartialStore.is_partial(path):
-            check_model_file(path, "cli")
+            header = check_model_file(path, "cli")
+            if as_slices:
+                refuse_slices(path.name, header)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -237,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot use the data dir %s (%s): give a writable directory with --data-dir", config.data_dir, why)
         return 2
     try:
-        _check_models(config.models)
+        _check_models(config.models, as_slices=bool(config.layers) or config.serve == "auto")
     except NodeError as exc:
         log.error("cannot serve --model: %s", exc.message)
         return 2

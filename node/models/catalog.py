@@ -25,7 +25,7 @@ from typing import Any
 from node import const
 from node.errors import ModelLoadError, ModelNotFound
 from node.logs import kv
-from node.models.file_kinds import NotAModel, check_split, not_a_model, set_files, set_stem
+from node.models.file_kinds import NotAModel, check_split, not_a_model, refuse_slices, set_files, set_stem
 from node.models.gguf_meta import GgufHeader, read_header
 from node.models.header import HeaderCache, header_digest
 from node.models.partial.layout import Manifest, PartialStore, file_stem
@@ -93,6 +93,10 @@ class ModelEntry:
         """Parts of a model split by gguf-split (path is part 1); 1 for a single file. Served here
         only: its id hashes part 1, and peers could not fetch its layers from one file."""
         return max(1, int(self.header.get("split.count", 1) or 1))
+
+    def refuse_slices(self) -> None:
+        """SplitModelServedWhole for a split model (its layers are not served as slices)."""
+        refuse_slices(self.id, self.header)
 
     @property
     def n_layers(self) -> int:

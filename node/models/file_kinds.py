@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from node.errors import ModelLoadError
+from node.errors import ModelLoadError, SplitModelServedWhole
 from node.models.gguf_meta import GgufHeader, read_header
 
 # llama.cpp's llama_split_path: "%s-%05d-of-%05d.gguf"; matched in any case so that a set spelt
@@ -123,6 +123,18 @@ def check_split(path: Path, header: GgufHeader) -> int:
                                  f"{needed / 1e6:.1f} MB its header describes (an interrupted download or copy?)")
         total += size
     return total
+
+
+def refuse_slices(name: str, header: GgufHeader) -> None:
+    """SplitModelServedWhole if `header` is a split model's: the slice engine reads one file, and a
+    peer could not fetch its layers (its id hashes part 1). Called wherever a model is taken for
+    slices (--layers, --serve auto, the contributions), before anything is loaded."""
+    count = int(header.get("split.count", 0) or 0)
+    if count >= 2:
+        raise SplitModelServedWhole(f"{name}: a split model ({count} parts) is served whole on this node only, "
+                                    "not as layers (--layers, --serve auto, helping serve it for the swarm); to "
+                                    "serve layers of it, merge its parts into one file (llama-gguf-split --merge)",
+                                    param="model")
 
 
 def not_a_model(header: GgufHeader) -> str | None:

@@ -292,6 +292,7 @@ class SliceHost:
         if not kept:
             return hosted
         try:
+            entry.refuse_slices()  # (a split model: callers refuse it earlier, saying so to the user)
             if entry.partial is not None:
                 if self.partials is None:
                     raise ModelLoadError(f"{entry.id} is a partial model and this node fetches no layers")
