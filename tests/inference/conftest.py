@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from node.inference.synth import SynthSpec, write_gguf
+from node.inference.tokenizer import ModelTokenizer
+from node.resources import default_model_path
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama-cpp-python is not installed")
@@ -35,3 +37,13 @@ def synth_model(tmp_path_factory):
         return cache[spec]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The embedded default model's tokenizer (grammar and tool-format tests)."""
+    if not default_model_path().exists():
+        pytest.skip("the embedded default model is not in this checkout")
+    t = ModelTokenizer(default_model_path())
+    yield t
+    t.close()

@@ -13,19 +13,9 @@ from node.inference import constrain
 from node.inference import grammar as g
 from node.inference.sampling import SamplingParams
 from node.inference.tokenizer import ModelTokenizer
-from node.resources import default_model_path
 from tests.support.nodes import tiny_model
 
 pytestmark = pytest.mark.llama
-
-
-@pytest.fixture(scope="module")
-def tok():
-    if not default_model_path().exists():
-        pytest.skip("the embedded default model is not in this checkout")
-    t = ModelTokenizer(default_model_path())
-    yield t
-    t.close()
 
 
 @pytest.fixture(scope="module")

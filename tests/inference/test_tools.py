@@ -18,7 +18,6 @@ from node.inference import constrain, grammar
 from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ResponseFormat, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
-from node.inference.tokenizer import ModelTokenizer
 from node.inference.tools import (
     FORMATS,
     ToolCallParser,
@@ -28,7 +27,6 @@ from node.inference.tools import (
     tool_grammar,
 )
 from node.inference.tools.formats import generic_system_prompt, new_parser
-from node.resources import default_model_path
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 EXPECTED = {
@@ -390,15 +388,6 @@ def accepts(tok, spec, text: str) -> bool:
             return False
         c.accept(token)
     return bool(c.allowed()[c.eog_ids].any())
-
-
-@pytest.fixture(scope="module")
-def tok():
-    if not default_model_path().exists():
-        pytest.skip("the embedded default model is not in this checkout")
-    t = ModelTokenizer(default_model_path())
-    yield t
-    t.close()
 
 
 TREE = ToolSpec("plant", "A tree of names", {
