@@ -27,15 +27,21 @@ def decode_content(raw: bytes, encoding: str, limit_bytes: int) -> bytes:
                              "supported (gzip, deflate or none)")
     error: zlib.error | None = None
     for wbits in tries:
-        decoder = zlib.decompressobj(wbits)
+        out, rest = b"", raw
         try:
-            out = decoder.decompress(raw, limit_bytes + 1)
+            while True:  # gzip members one after another (RFC 1952) are one body, as aiohttp took them
+                decoder = zlib.decompressobj(wbits)
+                out += decoder.decompress(rest, limit_bytes + 1 - len(out))
+                if len(out) > limit_bytes:
+                    raise PayloadTooLarge(f"request body is larger than {limit_bytes} bytes once decompressed")
+                if not decoder.eof:
+                    raise InvalidRequest(f"request body could not be read: it is not one complete {encoding} stream")
+                rest = decoder.unused_data
+                if not rest:
+                    return out
+                if wbits < 0 or not rest.startswith(b"\x1f\x8b"):
+                    raise InvalidRequest(f"request body could not be read: bytes follow the {encoding} stream")
         except zlib.error as exc:
             error = exc
             continue
-        if len(out) > limit_bytes:
-            raise PayloadTooLarge(f"request body is larger than {limit_bytes} bytes once decompressed")
-        if not decoder.eof or decoder.unused_data:
-            raise InvalidRequest(f"request body could not be read: it is not one complete {encoding} stream")
-        return out
     raise InvalidRequest(f"request body could not be read: not {encoding} ({error})")

@@ -120,6 +120,13 @@ async def error_middleware(request: web.Request, handler):
         return error_response(NodeError("internal server error; see the node log for details"), anthropic=anthropic)
 
 
+def _received(request: web.Request) -> int:
+    """Body bytes received so far, as sent (`total_raw_bytes` from aiohttp 3.13; before it
+    `total_bytes`, the same count here: the server does not decompress)."""
+    content = request.content
+    return getattr(content, "total_raw_bytes", content.total_bytes)
+
+
 async def read_json(request: web.Request) -> object:
     """The request body as JSON, or a clear 400."""
     if request.content_length is not None and request.content_length > request.app[MAX_BODY]:
@@ -160,14 +167,14 @@ async def _read_body(request: web.Request) -> bytes:
     reading = asyncio.ensure_future(request.read())
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + const.API_BODY_READ_MAX_S
-    seen = request.content.total_raw_bytes
+    seen = _received(request)
     try:
         while True:
             wait_s = min(const.API_BODY_STALL_S, give_up_at - loop.time())
             done, _ = await asyncio.wait({reading}, timeout=max(wait_s, 0))
             if done:
                 return reading.result()
-            got = request.content.total_raw_bytes
+            got = _received(request)
             if got == seen or loop.time() >= give_up_at:
                 why = "sent nothing" if got == seen else "was still not complete"
                 log.warning("DIAG: request body timed out path=%s received_bytes=%d declared_bytes=%s why=%s",
