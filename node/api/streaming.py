@@ -150,7 +150,7 @@ async def bounded_send_middleware(request: web.Request, handler):
         return resp
     try:
         await resp.prepare(request)
-        await _bounded(resp.write_eof())
+        await _drained(resp)
     except ConnectionError:  # the client went away: aiohttp's own write_eof meets it again, quietly
         pass
     except _ClientStalled:
@@ -159,6 +159,25 @@ async def bounded_send_middleware(request: web.Request, handler):
         if request.transport is not None:
             request.transport.abort()  # aiohttp's own write_eof then meets a closed connection, quietly
     return resp
+
+
+async def _drained(resp: web.StreamResponse) -> None:
+    """A whole body written and drained within STREAM_WRITE_STALL_S plus its length at
+    REPLY_MIN_RATE_BYTES_S; past that, _ClientStalled. Progress cannot be watched from here: the
+    kernel's socket buffers take megabytes on their own (a slow reader drains them for seconds while
+    nothing leaves the transport's buffer), so a slow client that keeps reading is given the time a
+    slow link needs (found in review: the first version timed the whole send at 60 s, so a reply of
+    megabytes over a slow link was cut off and logged as a stall)."""
+    size = resp.content_length or 0
+    allowed = const.STREAM_WRITE_STALL_S + size / const.REPLY_MIN_RATE_BYTES_S
+    timer = asyncio.timeout(allowed)
+    try:
+        async with timer:
+            await resp.write_eof()
+    except TimeoutError:
+        if timer.expired():
+            raise _ClientStalled from None
+        raise
 
 
 # a write of at most this much into an empty transport buffer cannot pause the protocol (asyncio's

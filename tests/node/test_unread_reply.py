@@ -34,6 +34,7 @@ async def node(tmp_path_factory):
                          "measured); left as it was, said in the report")
 async def test_a_reply_never_read_is_cut_off(node, monkeypatch):
     monkeypatch.setattr(const, "STREAM_WRITE_STALL_S", 1.0, raising=False)
+    monkeypatch.setattr(const, "REPLY_MIN_RATE_BYTES_S", 1 << 30, raising=False)  # no time for its length
     served = node.models.all()[0]
     tok = served.tokenizer
     body = json.dumps({
@@ -65,3 +66,42 @@ async def test_a_reply_never_read_is_cut_off(node, monkeypatch):
             assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] > 0
     finally:
         sock.close()
+
+
+async def test_a_slow_reader_that_keeps_reading_gets_the_whole_reply(monkeypatch):
+    """A whole reply's send is given time for its length (found in review: a 4 MiB reply read 32 KiB
+    every 50 ms was cut off after the stall limit, short of its Content-Length)."""
+    from aiohttp import web
+
+    from node.api.streaming import bounded_send_middleware
+
+    monkeypatch.setattr(const, "STREAM_WRITE_STALL_S", 1.0, raising=False)
+    body = bytes(range(256)) * (4 * 4096)  # 4 MiB
+
+    async def big(request):
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    app = web.Application(middlewares=[bounded_send_middleware])
+    app.router.add_get("/big", big)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        reader, writer = await asyncio.open_connection(sock=sock)
+        writer.write(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        got = bytearray()
+        while True:  # ~640 KB/s: the whole reply takes ~6 s, six times the stall limit
+            chunk = await reader.read(32 * 1024)
+            if not chunk:
+                break
+            got += chunk
+            await asyncio.sleep(0.05)
+        writer.close()
+        head, _, rest = bytes(got).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and rest == body
+    finally:
+        await runner.cleanup()
