@@ -373,11 +373,23 @@ def test_llama3_tells_an_answer_from_a_call(reply, calls, cuts):
     assert not new_parser(FORMATS["llama3"], request(user))._answers
 
 
+@pytest.mark.parametrize("reply", ['{"na', '{"name": "Science Fa', '{"name": "get_ti'])
+def test_llama3_an_answer_cut_before_it_could_tell_is_content(reply):
+    """max_tokens ends the reply while its start could still be a call's (found in review: the text
+    was dropped, content empty): it is the answer as far as it was written."""
+    user = [{"role": "user", "content": "hi"}]
+    req = dataclasses.replace(request(user), response_format=ResponseFormat("json_schema", ANSWER))
+    got, content, streamed, _ = parse("llama3", reply, parser=new_parser(FORMATS["llama3"], req), budget_cut=True)
+    assert got == [] and content == streamed == reply
+
+
 def test_an_answer_streams_before_it_ends():
     user = [{"role": "user", "content": "hi"}]
     req = dataclasses.replace(request(user), response_format=ResponseFormat("json_schema", ANSWER))
     parser = new_parser(FORMATS["llama3"], req)
     assert parser.feed('{"verd') == ('{"verd', [])  # not `{"name"`: the answer, sent as it comes
+    other = new_parser(FORMATS["llama3"], req)
+    assert other.feed('{"name": "Sci') == ('{"name": "Sci', [])  # no offered tool's name starts so
 
 
 def accepts(tok, spec, text: str) -> bool:

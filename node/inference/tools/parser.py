@@ -135,6 +135,10 @@ class ToolCallParser:
 
     def _finish_cut(self) -> None:
         self._advance(final=False)  # the text is a prefix of what the model meant to write
+        if self._mode == "region" and self._answers and self._opener == "" and not self._call_head():
+            self._content += self._buf  # cut before it could tell: the answer as far as it was written
+            self._mode, self._buf, self._region = "content", "", Region()
+            return
         if self._mode == "content":
             if self._buf.strip():  # the first characters of a marker (held back): markup, not content
                 log.debug("the reply was cut inside a tool-call marker request_id=%s format=%s text=%r", self._rid,
@@ -259,8 +263,8 @@ class ToolCallParser:
         if buf[i] != '"':
             return False
         end = scan_string(buf, i)
-        if end is None:
-            return None
+        if end is None:  # the name so far: still a call only while it can become an offered tool's
+            return None if any(name.startswith(buf[i + 1:]) for name in self._known) else False
         return json.loads(buf[i:end]) in self._known
 
     def _update_slots(self, calls: list[PartialCall]) -> None:
