@@ -115,6 +115,12 @@ class ContributePanel(QGroupBox):
         """The selected model is in the catalog (a swarm model: once its header is here)."""
         return self.model_id is not None and self.model_id in self.host.node.catalog.entries
 
+    def _split_parts(self) -> int:
+        """The selected model's number of files when it is a split model (its layers are not served
+        as slices: the box stays off and says why), else 0."""
+        entry = self.host.node.catalog.entries.get(self.model_id) if self.model_id is not None else None
+        return entry.split_count if entry is not None and entry.split_count > 1 else 0
+
     async def _async_cost(self, model_id: str) -> None:
         self.cost[model_id] = await self.host.node.contributions.async_layer_cost(model_id)
         self._show_budget()
@@ -146,8 +152,9 @@ class ContributePanel(QGroupBox):
             widget.setChecked(value)
             widget.blockSignals(False)
         known = self._known()
-        self.help_box.setEnabled(known and self.host.node.autoserve is not None)
-        if known and self.model_id not in self.cost:
+        parts = self._split_parts()
+        self.help_box.setEnabled(known and not parts and self.host.node.autoserve is not None)
+        if known and not parts and self.model_id not in self.cost:
             self.cost[self.model_id] = {}  # asked once (an empty cost shows the budget in MB only)
             spawn(self._async_cost(self.model_id), what=f"sizing the layers of {self.model_id}")
         # not while the user holds the slider or a budget they set waits to be applied: the
@@ -168,6 +175,11 @@ class ContributePanel(QGroupBox):
             return "Select a model to help serve it."
         if choice is None and not self._known():
             return "Learning this model's header from its holders…"
+        parts = self._split_parts()
+        if parts:
+            return (f"This model is split in {parts} files: it is served whole on this node only, not as layers "
+                    "for the swarm. To help serve its layers, merge its parts into one file "
+                    "(llama-gguf-split --merge).")
         if choice is None:
             return "Not helping serve this model. Tick “Help serve this model” to let the node choose layers for it."
         if choice.get("error"):

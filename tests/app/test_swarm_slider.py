@@ -51,3 +51,25 @@ def test_a_budget_moved_while_the_node_reports_events_is_applied(qtbot, run, dat
             assert slider.value() == wanted
 
     run(body())
+
+
+def test_a_split_model_cannot_be_ticked_and_says_why(qtbot, run, data_dir, tiny_model, tmp_path):
+    """A split model is served whole on this node only: "Help serve" stays off and the panel says so
+    (until 2026-12-06 it could be ticked, and the node refused it with a warning in the log)."""
+    from tests.node.test_model_file_kinds import rewrite
+
+    rewrite(tiny_model, tmp_path / "big.gguf", split_max_tensors=8)
+    part1 = tmp_path / "big-00001-of-00003.gguf"
+    assert part1.exists()
+
+    async def body():
+        async with running_app(node_config(data_dir, part1)) as app:
+            window = app.window
+            window.show_tab("Swarm")
+            panel = window.swarm_tab.contribute
+            await wait_until(lambda: panel._known() and "split in 3 files" in panel.status.text(), DEADLINE_S,
+                             what="the split model's explanation")
+            assert not panel.help_box.isEnabled()
+            assert panel.model_id not in panel.cost  # nothing asked the node for its layers' cost
+
+    run(body())
