@@ -175,3 +175,26 @@ async def test_a_hosted_slice_loads_from_the_cache_the_second_time(path, tmp_pat
         assert out.shape == (1, SPEC.vocab) and torch.isfinite(out).all()
     finally:
         await host.async_close()
+
+
+def test_out_of_descriptors_is_not_a_damaged_part(tmp_path, monkeypatch, caplog):
+    """EMFILE (macOS starts programs at 256 open files; each mapped part holds one) says nothing
+    about the part: it is kept for the next load, not removed and converted again."""
+    import errno
+
+    from node.inference.weights import cache as cache_mod
+
+    cache = WeightCache(tmp_path / "wc", BIG)
+    key = CacheKey(SHA, "int8", "fbgemm", "std")
+    assert cache.reserve(key, 1 << 20) and cache.write(key, "p", {"a": np.arange(8, dtype=np.int32)})
+
+    def out_of_files(fd, size):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    real = cache_mod._map_read
+    monkeypatch.setattr(cache_mod, "_map_read", out_of_files)
+    with caplog.at_level(logging.WARNING, logger="node.inference.weights.cache"):
+        assert cache.read(key, "p") is None
+    assert "not readable now" in caplog.text and "unusable" not in caplog.text
+    monkeypatch.setattr(cache_mod, "_map_read", real)
+    np.testing.assert_array_equal(cache.read(key, "p")["a"], np.arange(8, dtype=np.int32))

@@ -20,6 +20,7 @@ Blocking (file I/O): call from a loader's executor thread, never the event loop.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import mmap
@@ -75,6 +76,10 @@ def _map_read(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
 
 
+# errors that say nothing about the part (the process is out of descriptors or memory): it is kept
+_TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN}
+
+
 class WeightCache:
     """A directory of converted weights under a size budget (bytes; 0 = nothing is written)."""
 
@@ -105,7 +110,14 @@ class WeightCache:
                 mapped = _map_read(fh.fileno(), size)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            if exc.errno in _TRANSIENT:  # out of descriptors or memory now: the part itself may be fine
+                log.warning("DIAG: weight cache part not readable now, converting instead %s",
+                            kv(part=path.name, dir=path.parent.name, reason=exc))
+                return None
+            self._corrupt(path, f"unreadable: {exc}")
+            return None
+        except ValueError as exc:
             self._corrupt(path, f"unreadable: {exc}")
             return None
         try:
