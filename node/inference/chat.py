@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 import jinja2
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from node.errors import InvalidRequest
@@ -43,9 +44,24 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+class _Generation(Extension):
+    """`{% generation %}...{% endgeneration %}` (Hugging Face marks the assistant's tokens with it for
+    training masks): renders its body as it is. LFM 2.5 and Poolside Laguna templates use it."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
 @functools.lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
+    # the extensions Hugging Face's apply_chat_template enables: `{% break %}`/`{% continue %}` (Command R7B,
+    # Kimi K3, Reka) and `{% generation %}`; without them those templates were a 400 on every request
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader(),
+                                       extensions=["jinja2.ext.loopcontrols", _Generation])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson

@@ -2,7 +2,7 @@
 
   formats  detect_format(template), prompt_inputs(), tool_grammar(), new_parser()
   parser   ToolCallParser: a reply's text in, content and OpenAI tool-call deltas out
-  regions  how each format writes its calls
+  regions  how each format writes its calls (tagged: the formats that write the name outside JSON)
   jsonscan reading JSON that is still being written
 """
 

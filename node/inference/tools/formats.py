@@ -2,8 +2,10 @@
 grammar that makes a reply a valid call.
 
 Native formats (the template renders `tools` itself and the model was trained to answer so):
-Hermes 2 Pro / Hermes 3 / Qwen 2.5 (`<tool_call>`), Llama 3.1-3.3 (JSON with "parameters"),
-Mistral Nemo (`[TOOL_CALLS]`). Any other template — the embedded default model's plain ChatML
+Hermes 2 Pro / Hermes 3 / Qwen 2.5 / Qwen 3 / Granite 4 (`<tool_call>` JSON), Llama 3.1-3.3 (JSON with
+"parameters"), Mistral Nemo (`[TOOL_CALLS][...]`), Mistral Small 3.2 / Ministral 3 / Devstral
+(`[TOOL_CALLS]name[ARGS]{...}`), Qwen3-Coder / Qwen3.5 / Nemotron 3 Nano (`<function=name>` XML with
+`<parameter=p>` values; tagged.py). Any other template — the embedded default model's plain ChatML
 among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
 in a compact system message, and the reply is one JSON object, `{"tool_call": {...}}` (or
 `{"tool_calls": [...]}` when parallel calls are allowed) or `{"response": "..."}`, enforced by the
@@ -19,6 +21,8 @@ alphanumeric ids: each id is mapped to one, the same for a call and its result.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import string
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.inference import grammar
+from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
 from node.inference.tools.parser import Syntax, ToolCallParser
 from node.inference.tools.regions import (
@@ -38,11 +43,23 @@ from node.inference.tools.regions import (
     MISTRAL_OPEN,
     PYTHON_TAG,
 )
+from node.inference.tools.tagged import (
+    ARGS,
+    CALL_ID,
+    FUNCTION_OPEN,
+    MISTRAL_ARGS,
+    QWEN_XML,
+    TOOL_CALL_OPEN,
+    mistral_args_call,
+    param_schemas,
+    qwen_xml,
+    qwen_xml_call,
+)
 
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # hermes | llama3 | mistral | generic
+    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | generic
     syntax: Syntax
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
@@ -53,18 +70,33 @@ FORMATS = {
     "hermes": ToolFormat("hermes", HERMES, True, special_markers=(HERMES_OPEN, HERMES_CLOSE)),
     "llama3": ToolFormat("llama3", LLAMA3, True, args_key="parameters", special_markers=(PYTHON_TAG,)),
     "mistral": ToolFormat("mistral", MISTRAL, True, special_markers=(MISTRAL_OPEN,)),
+    "mistral_args": ToolFormat("mistral_args", MISTRAL_ARGS, True, special_markers=(MISTRAL_OPEN, ARGS, CALL_ID)),
+    "qwen_xml": ToolFormat("qwen_xml", QWEN_XML, True, special_markers=(TOOL_CALL_OPEN, HERMES_CLOSE)),
     "generic": ToolFormat("generic", GENERIC, False),
 }
+
+
+# `<tool_call>` followed by something other than a JSON object: GLM 4.5-4.7, Ling 3 and Spark
+# (`name<arg_key>`), MiniMax (`<invoke name=`), Apriel (`<tool_calls>[`): not Hermes (its parser read
+# none of their calls); they get the generic format until they have their own
+_NOT_HERMES = ("<arg_key>", "<invoke", "<tool_calls>", FUNCTION_OPEN)
 
 
 def detect_format(template: str | None) -> ToolFormat:
     """The format a chat template speaks, from its source (generic when none is recognised)."""
     t = template or ""
-    if "<tool_call>" in t and "<function=" not in t and "tools" in t:
+    if "tools" not in t:
+        return FORMATS["generic"]
+    if TOOL_CALL_OPEN in t and FUNCTION_OPEN in t and "<parameter=" in t:
+        return FORMATS["qwen_xml"]
+    if "<tool_call>" in t and not any(m in t for m in _NOT_HERMES):
         return FORMATS["hermes"]
-    if "[TOOL_CALLS]" in t and "tools" in t:
+    if "[TOOL_CALLS]" in t and ARGS in t:
+        return FORMATS["mistral_args"]
+    if "[TOOL_CALLS]" in t:
         return FORMATS["mistral"]
-    if "<|start_header_id|>" in t and "tools" in t and ("ipython" in t or '"parameters"' in t):
+    # (Functionary 3.1 has Llama's header and ipython but writes `<function=name>{...}</function>`)
+    if "<|start_header_id|>" in t and FUNCTION_OPEN not in t and ("ipython" in t or '"parameters"' in t):
         return FORMATS["llama3"]
     return FORMATS["generic"]
 
@@ -85,16 +117,43 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
     if fmt.native:
         tools = [_openai_tool(t) for t in request.tools] if active else None
         return [_native_message(fmt, m) for m in messages], tools
-    # a template that checks roles (raise_exception) may refuse "tool": results go as user messages
-    role_for_results = "user" if template and "raise_exception" in template and "tool" not in template else "tool"
-    out = [_generic_message(m, role_for_results) for m in messages]
+    system_ok, tool_ok = _template_roles(template) if template else (True, True)
+    out = [_generic_message(m, "tool" if tool_ok else "user") for m in messages]
     if active:
         prompt = generic_system_prompt(request)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": prompt + "\n\n" + out[0]["content"]}
         else:
             out.insert(0, {"role": "system", "content": prompt})
+    if not system_ok and out and out[0]["role"] == "system":  # (Gemma 2): the system text opens the first user turn
+        system = out.pop(0)["content"]
+        if out and out[0]["role"] == "user":
+            out[0] = {**out[0], "content": system + "\n\n" + out[0]["content"]}
+        else:
+            out.insert(0, {"role": "user", "content": system})
     return out, None
+
+
+_PROBE = "swarmllm-probe-7f3a"
+
+
+@functools.lru_cache(maxsize=32)
+def _template_roles(template: str) -> tuple[bool, bool]:
+    """(system messages render, tool results after a plain assistant turn render) under this
+    template, tried once on a short chat. The generic format's calls are the assistant's text, so a
+    template that wants a `tool` message to answer its own `tool_calls` (gpt-oss, MiniMax M2/M3)
+    raised, and one that knows no `tool` role (Phi 3.5) left the result out; Gemma 2 raises on a
+    system message. Until 2026-12-06 every tools request on such a model was a 400 or lost the results."""
+    def renders(messages: list[dict[str, Any]]) -> bool:
+        try:
+            return _PROBE in render_chat(template, messages)
+        except Exception:  # noqa: BLE001 - any failure means: not this way (the real render reports its own)
+            return False
+    user = {"role": "user", "content": "hi"}
+    system_ok = renders([{"role": "system", "content": _PROBE}, user])
+    tool_ok = renders([user, {"role": "assistant", "content": "x"},
+                       {"role": "tool", "content": _PROBE, "tool_call_id": "call_0", "name": "f"}])
+    return system_ok or not renders([{"role": "user", "content": _PROBE}]), tool_ok
 
 
 def _openai_tool(tool: ToolSpec) -> dict[str, Any]:
@@ -128,7 +187,10 @@ def _generic_message(msg: dict[str, Any], result_role: str) -> dict[str, Any]:
         content = msg.get("content") or ""
         if result_role == "user":
             content = _compact({"tool_response": {"name": msg.get("name", ""), "content": content}})
-        return {"role": result_role, "content": content}
+            return {"role": "user", "content": content}
+        # (templates read these: Solar Open's failed without tool_call_id)
+        return {"role": "tool", "content": content, "tool_call_id": msg.get("tool_call_id", ""),
+                "name": msg.get("name", "")}
     return {"role": role, "content": msg.get("content") or ""}
 
 
@@ -165,7 +227,7 @@ _ALNUM = string.ascii_letters + string.digits
 
 
 def _render_id(fmt: ToolFormat, call_id: str) -> str:
-    if fmt.name != "mistral":
+    if fmt.name not in ("mistral", "mistral_args"):
         return call_id
     if len(call_id) == 9 and call_id.isalnum():
         return call_id
@@ -205,13 +267,15 @@ def _any_call(tools: tuple[ToolSpec, ...] | list[ToolSpec], args_key: str) -> di
     as pydantic writes nested models, `#/definitions/…`, `#`) get an `$id` of their own when they
     have none: references resolve against the nearest `$id`, so "#" stays their root although they
     sit inside the call's schema (without it, every such tool was a 400)."""
-    schemas = []
-    for i, t in enumerate(tools):
-        args = t.parameters
-        if "$id" not in args and _has_ref(args):
-            args = {**args, "$id": f"urn:swarmllm:tool:{i}"}
-        schemas.append(_call_schema(t, args_key, args))
+    schemas = [_call_schema(t, args_key, _own_id(i, t)) for i, t in enumerate(tools)]
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _own_id(i: int, tool: ToolSpec) -> dict[str, Any]:
+    args = tool.parameters
+    if "$id" not in args and _has_ref(args):
+        args = {**args, "$id": f"urn:swarmllm:tool:{i}"}
+    return args
 
 
 def _lenient(schema: dict[str, Any]) -> dict[str, Any]:
@@ -268,11 +332,20 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
         return grammar.json_value(_lenient(options[0] if len(options) == 1 else {"anyOf": options}))
     if choice == "auto" and answer is None:
         return None
-    calls = _native_calls(fmt, call, None if many else 1)
+    calls = _native_calls(fmt, call, None if many else 1, tools)
     return calls if answer is None else grammar.alt(grammar.json_value(answer), calls)
 
 
-def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None) -> grammar.Spec:
+def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
+                  tools: tuple[ToolSpec, ...]) -> grammar.Spec:
+    if fmt.name in ("qwen_xml", "mistral_args"):  # the name outside the JSON: one branch a tool
+        if fmt.name == "qwen_xml":
+            each = [qwen_xml_call(t) for t in tools]
+        else:
+            each = [mistral_args_call(t, _lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"]))
+                    for i, t in enumerate(tools)]
+        one = each[0] if len(each) == 1 else grammar.alt(*each)
+        return grammar.repeat(one, 1, max_calls, sep="\n" if fmt.name == "qwen_xml" else "")
     if fmt.name == "hermes":
         # the markers alone in their literals: a vocabulary may hold them as single special tokens
         block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(_lenient(call)),
@@ -288,5 +361,8 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None) 
 
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
     answers = fmt.syntax.at_start and fmt.name != "generic" and answer_schema(request) is not None
-    return ToolCallParser(fmt.syntax, request_id=request_id, known=tuple(t.name for t in request.tools),
+    syntax = fmt.syntax
+    if fmt.name == "qwen_xml":  # values are written raw: the parameters' schemas tell a string from a number
+        syntax = dataclasses.replace(syntax, region=functools.partial(qwen_xml, params=param_schemas(request.tools)))
+    return ToolCallParser(syntax, request_id=request_id, known=tuple(t.name for t in request.tools),
                           answers=answers)

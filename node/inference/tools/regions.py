@@ -46,7 +46,7 @@ def _hermes(text: str, final: bool) -> Region:
     return region
 
 
-def _call_list(text: str, i: int, final: bool, region: Region) -> Region:
+def call_list(text: str, i: int, final: bool, region: Region) -> Region:
     """A JSON array of call objects from s[i] ('[' expected after whitespace)."""
     i = skip_ws(text, i)
     if i >= len(text):
@@ -79,7 +79,7 @@ def _call_list(text: str, i: int, final: bool, region: Region) -> Region:
 
 
 def _mistral(text: str, final: bool) -> Region:
-    return _call_list(text, 0, final, Region())
+    return call_list(text, 0, final, Region())
 
 
 def _llama3(text: str, final: bool) -> Region:
@@ -138,7 +138,7 @@ def _generic(text: str, final: bool) -> Region:
             return region
         i = call.end
     elif key == "tool_calls":
-        _call_list(text, i, final, region)
+        call_list(text, i, final, region)
         if region.end is None:
             return region
         i, region.end = region.end, None

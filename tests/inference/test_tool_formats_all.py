@@ -1,0 +1,182 @@
+"""Every chat template llama.cpp keeps for its own tests (tests/fixtures/templates/): the tool format
+detected, a chat with tools and a tool result rendered; and the formats added for the models people
+run now (Qwen3-Coder XML, Mistral Small 3.2's `[TOOL_CALLS]name[ARGS]`): the template's own call text
+parses back, in any chunking, and the forced grammar accepts it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from node.errors import InvalidRequest
+from node.inference import grammar
+from node.inference.request import ToolCall, ToolSpec
+from node.inference.tools import detect_format, tool_grammar
+from node.inference.tools.formats import new_parser
+from tests.inference.test_tools import TIME, WEATHER, accepts, parse, render, request
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+# the format each template gets (a model with its own format not handled yet gets the generic one:
+# the tools in the system message, the reply forced to JSON)
+DETECTED = {
+    "Apertus-8B-Instruct": "generic", "Apriel-1.6-15b-Thinker-fixed": "generic",
+    "Bielik-11B-v3.0-Instruct": "hermes", "ByteDance-Seed-OSS": "generic", "Cohere2MoE": "generic",
+    "CohereForAI-c4ai-command-r-plus-tool_use": "generic", "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "generic",
+    "GLM-4.6": "generic", "GLM-4.7-Flash": "generic",  # `<tool_call>name<arg_key>`: not Hermes
+    "GigaChat3-10B-A1.8B": "generic", "GigaChat3.1-10B-A1.8B": "generic", "HuggingFaceTB-SmolLM3-3B": "generic",
+    "Kimi-K2-Instruct": "generic", "Kimi-K2-Thinking": "generic", "Kimi-K3": "generic", "LFM2-8B-A1B": "generic",
+    "LFM2.5-8B-A1B": "generic", "LFM2.5-Instruct": "generic", "MiMo-VL": "hermes", "MiniMax-M1": "generic",
+    "MiniMax-M2": "generic", "MiniMax-M3": "generic", "Mistral-Small-3.2-24B-Instruct-2506": "mistral_args",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen_xml", "NVIDIA-Nemotron-Nano-v2": "generic",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes",
+    "Qwen-QwQ-32B": "hermes", "Qwen-Qwen2.5-7B-Instruct": "hermes", "Qwen-Qwen3-0.6B": "hermes",
+    "Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "Reka-Edge": "hermes", "Spark2.5": "generic",
+    "StepFun3.5-Flash": "qwen_xml", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "generic",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "generic", "deepseek-ai-DeepSeek-V3.1": "generic",
+    "deepseek-ai-DeepSeek-V3.2": "generic", "deepseek-ai-DeepSeek-V4-Flash-0731": "generic",
+    "deepseek-ai-DeepSeek-V4": "generic", "fireworks-ai-llama-3-firefunction-v2": "generic",
+    "google-gemma-2-2b-it": "generic", "google-gemma-4-31B-it-interleaved": "generic", "google-gemma-4-31B-it": "generic",
+    "ibm-granite-granite-3.3-2B-Instruct": "generic", "ibm-granite-granite-4.0": "hermes",
+    "ibm-granite-granite-4.1": "hermes", "inclusionai-ling-3.0-flash": "generic", "llama-cpp-deepseek-r1": "generic",
+    "llama-cpp-rwkv-world": "generic", "meetkai-functionary-medium-v3.1": "generic",
+    "meetkai-functionary-medium-v3.2": "generic", "meta-llama-Llama-3.1-8B-Instruct": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct": "llama3", "meta-llama-Llama-3.3-70B-Instruct": "llama3",
+    "microsoft-Phi-3.5-mini-instruct": "generic", "mistralai-Ministral-3-14B-Reasoning-2512": "mistral_args",
+    "mistralai-Mistral-Nemo-Instruct-2407": "mistral", "moonshotai-Kimi-K2": "generic", "muse-glimmer": "generic",
+    "openai-gpt-oss-120b": "generic", "openbmb-MiniCPM5-1B": "generic", "poolside-Laguna-S-2.1": "generic",
+    "poolside-Laguna-XS-2.1": "generic", "poolside-Laguna-XS.2": "generic", "tencent-Hy3": "generic",
+    "unsloth-Apriel-1.5": "generic", "unsloth-mistral-Devstral-Small-2507": "mistral_args",
+    "upstage-Solar-Open-100B": "generic",
+}
+# templates that cannot take an OpenAI chat with tools: a 400 that names the template's problem
+REFUSED = {"fireworks-ai-llama-3-firefunction-v2": "'functions' is undefined"}  # wants its own `functions` variable
+NEW = {"Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen_xml",
+       "StepFun3.5-Flash": "qwen_xml", "Mistral-Small-3.2-24B-Instruct-2506": "mistral_args",
+       "mistralai-Ministral-3-14B-Reasoning-2512": "mistral_args", "unsloth-mistral-Devstral-Small-2507": "mistral_args"}
+FLAGS = ToolSpec("set_flags", "Flags", {"type": "object", "required": ["on", "ids"], "properties": {
+    "on": {"type": "boolean"}, "ids": {"type": "array", "items": {"type": "integer"}}, "note": {"type": "string"}}})
+CALLS = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),
+         ToolCall("call_b2", "set_flags", '{"on": true, "ids": [1, 2], "note": "42"}'))
+TOOLS = (WEATHER, TIME, FLAGS)
+
+
+def template(name: str) -> str:
+    return (TEMPLATES / f"{name}.jinja").read_text()
+
+
+def test_every_template_is_listed():
+    assert sorted(p.stem for p in TEMPLATES.glob("*.jinja")) == sorted(DETECTED)
+
+
+@pytest.mark.parametrize("name", sorted(DETECTED))
+def test_every_template_renders_tools_and_a_tool_result(name):
+    """Until 2026-12-06 fifteen of these were a 400 on every tools request (unknown `{% break %}` and
+    `{% generation %}` tags, a system message Gemma 2 refuses, a tool result that gpt-oss and
+    MiniMax refuse after calls written as text, Solar's missing tool_call_id) or dropped the tool
+    result without a word (Phi 3.5, Gemma 4, RWKV); GLM 4.6/4.7, MiniMax M3, Apriel 1.5 and
+    Functionary 3.1 were read as Hermes or Llama 3 and none of their calls was recognised."""
+    tmpl = template(name)
+    assert detect_format(tmpl).name == DETECTED[name]
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": CALLS[:1]},
+               {"role": "tool", "content": "sunny, 21C", "tool_call_id": "call_a1", "name": "get_weather"},
+               {"role": "assistant", "content": "Sunny in Paris."},
+               {"role": "user", "content": "And tomorrow?"}]
+    if name in REFUSED:
+        with pytest.raises(InvalidRequest, match=REFUSED[name]):
+            render(tmpl, request(history))
+        return
+    text = render(tmpl, request(history))
+    assert "get_weather" in text and "Current weather in a city" in text
+    assert "sunny, 21C" in text and "And tomorrow?" in text
+
+
+def template_reply(name: str, calls: tuple[ToolCall, ...]) -> str:
+    """The template's own text for an assistant turn making these calls (up to its end)."""
+    tmpl = template(name)
+    user = [{"role": "user", "content": "Weather in Paris?"}]
+    prefix = render(tmpl, request(user, tools=TOOLS))
+    full = render(tmpl, request([*user, {"role": "assistant", "content": "", "tool_calls": calls}], tools=TOOLS),
+                  add_generation_prompt=False)
+    common = 0
+    while common < min(len(prefix), len(full)) and prefix[common] == full[common]:
+        common += 1
+    reply = full[common:]  # (a thinking template closes an empty think block first)
+    for end in ("<|im_end|>", "</s>"):
+        reply = reply.split(end)[0]
+    return reply.split("</think>")[-1]
+
+
+def _parse(name: str, reply: str, cuts=None):
+    return parse(NEW[name], reply, cuts, parser=new_parser(detect_format(template(name)), request([], tools=TOOLS)))
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_the_new_formats_read_the_templates_own_calls(name):
+    reply = template_reply(name, CALLS)
+    got, content, streamed, rebuilt = _parse(name, reply)
+    assert [(c.name, json.loads(c.arguments)) for c in got] == [(c.name, json.loads(c.arguments)) for c in CALLS], reply
+    assert content == "" and streamed.strip() == ""
+    assert [[c.id, c.name, c.arguments] for c in got] == rebuilt
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_new_formats_in_any_chunking(data):
+    name = data.draw(st.sampled_from(sorted(NEW)))
+    reply = "Let me look that up.\n" + template_reply(name, CALLS)
+    cuts = data.draw(st.lists(st.integers(0, len(reply)), max_size=12))
+    whole, chunked = _parse(name, reply), _parse(name, reply, cuts)
+    assert [(c.name, c.arguments) for c in chunked[0]] == [(c.name, c.arguments) for c in whole[0]]
+    assert len(whole[0]) == 2 and chunked[1] == whole[1] == "Let me look that up."
+    assert chunked[2].strip() == chunked[1]
+    assert [r[1:] for r in chunked[3]] == [[c.name, c.arguments] for c in chunked[0]]
+
+
+@pytest.mark.parametrize(("fmt", "reply"), [
+    ("qwen_xml", "<tool_call>\nnot a function\n</tool_call>"),
+    ("qwen_xml", "<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC"),  # ended inside the call
+    ("mistral_args", "[TOOL_CALLS]get weather[ARGS]{}"),
+    ("mistral_args", '[TOOL_CALLS]get_time[ARGS]"UTC"'),
+])
+def test_broken_call_text_comes_back_as_content(fmt, reply):
+    got, content, _, _ = parse(fmt, reply)
+    assert got == [] and content == reply
+
+
+def test_a_value_is_read_by_its_parameters_type():
+    reply = ("<tool_call>\n<function=set_flags>\n<parameter=on>\nTrue\n</parameter>\n<parameter=ids>\n[3]\n"
+             "</parameter>\n<parameter=note>\n7\n</parameter>\n</function>\n</tool_call>")
+    got, *_ = parse("qwen_xml", reply, parser=new_parser(detect_format(template("Qwen3-Coder")),
+                                                         request([], tools=TOOLS)))
+    assert json.loads(got[0].arguments) == {"on": True, "ids": [3], "note": "7"}  # "7": note is a string
+
+
+@pytest.mark.parametrize("name", ["Qwen3-Coder", "Mistral-Small-3.2-24B-Instruct-2506",
+                                  "mistralai-Ministral-3-14B-Reasoning-2512"])
+def test_the_forced_grammar_accepts_the_formats_calls(tok, name):
+    fmt = detect_format(template(name))
+    user = [{"role": "user", "content": "hi"}]
+    required = tool_grammar(fmt, request(user, choice="required", tools=TOOLS))
+    named = tool_grammar(fmt, request(user, choice="function", name="set_flags", tools=TOOLS))
+    for spec in (required, named):
+        grammar.validate(spec)
+    if fmt.name == "qwen_xml":
+        one = ("<tool_call>\n<function=set_flags>\n<parameter=on>\ntrue\n</parameter>\n<parameter=ids>\n[1,2]\n"
+               "</parameter>\n<parameter=note>\nline one\nline two\n</parameter>\n</function>\n</tool_call>")
+        two = one + "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>"
+        missing = "<tool_call>\n<function=set_flags>\n<parameter=on>\ntrue\n</parameter>\n</function>\n</tool_call>"
+    else:
+        one = '[TOOL_CALLS]set_flags[ARGS]{"on":true,"ids":[1,2],"note":"x"}'  # (JSON as the grammar writes it)
+        two = one + '[TOOL_CALLS]get_time[ARGS]{"tz":"UTC"}'
+        missing = '[TOOL_CALLS]set_flags[ARGS]{"on":true}'
+    assert accepts(tok, required, one) and accepts(tok, required, two)
+    assert accepts(tok, named, one) and not accepts(tok, named, two)
+    assert not accepts(tok, required, missing)  # a required parameter left out
+    assert not accepts(tok, required, "Sure, let me check.")
+    got, *_ = parse(fmt.name, two, parser=new_parser(fmt, request(user, tools=TOOLS)))
+    assert [c.name for c in got] == ["set_flags", "get_time"]
