@@ -56,6 +56,7 @@ class ReportParts:
     pipeline: PipelineCoordinator | None
     remote: RemoteGenerateServer | None = None  # remote generate for others on models held whole
     skipped_models: list[str] = field(default_factory=list)  # ModelCatalog.skipped_reasons()
+    ignored_models: list[str] = field(default_factory=list)  # ModelCatalog.ignored_reasons()
     waiting_on: list[str] = field(default_factory=list)  # what the start left under way (Node.waiting_on)
 
 
@@ -326,6 +327,8 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     + (f" error={hosted.error}" if hosted.error else ""))
     for why in node.skipped_models:  # a file in the models folder (or --model) it could not serve
         rows.append(f"skipped: {r.text(why)}")
+    for why in node.ignored_models:  # a GGUF that is not a model (projector, adapter, vocabulary)
+        rows.append(f"not a model: {r.text(why)}")
     for what in node.waiting_on:  # a --model URL whose origin has not answered (it opens in the background)
         rows.append(f"waiting: {r.text(what)}")
     return rows or ["(no models)"]

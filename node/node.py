@@ -433,6 +433,7 @@ class Node(SwarmActions, UrlModels):
             activity=list(self.activity), traces=self.traces, machine=self.async_machine, models=self.models,
             slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline,
             remote=self.remote_server, skipped_models=self.catalog.skipped_reasons(),
+            ignored_models=self.catalog.ignored_reasons(),
             waiting_on=self.waiting_on())
 
     def model_summaries(self) -> list[dict[str, Any]]:

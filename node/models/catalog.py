@@ -354,6 +354,11 @@ class ModelCatalog:
         """One line per file a scan skipped, naming the file (its reason may name it already)."""
         return [why if path.name in why else f"{path.name}: {why}" for path, why in list(self.skipped.items())]
 
+    def ignored_reasons(self) -> list[str]:
+        """One line per GGUF in the models folder that is not a model (a projector, an adapter, a
+        vocabulary), saying what it is."""
+        return [why if path.name in why else f"{path.name}: {why}" for path, why in list(self.ignored.items())]
+
     def stop_hashing(self) -> None:
         """Give up any hash in progress, and those asked later (the node is stopping): an executor
         thread still hashing a large file would keep the process alive after it quits."""

@@ -168,6 +168,8 @@ async def test_files_that_are_not_models_are_not_listed_and_say_what_they_are(no
         reason = node.catalog.ignored[node.data_dir / MODELS_DIR / f"{name}.gguf"]
         assert what in reason, reason
     assert not [p for p in node.catalog.skipped if "mmproj" in p.name or "lora" in p.name or "vocab" in p.name]
+    report = await node.async_report()  # what a user pastes when asking why a file is not listed
+    assert "not a model: mmproj-tiny-f16.gguf" in report and "vision projector" in report, report
 
 
 async def test_any_case_suffix_and_a_link_to_a_file_elsewhere_are_served(node):
