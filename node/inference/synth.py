@@ -21,7 +21,7 @@ from node.inference.weights import dequant
 ARCHS = ("llama", "qwen2", "qwen3", "phi3")
 
 # token types of the llama vocabulary (llama.cpp's llama_token_type)
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_BYTE = 1, 2, 3, 6
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 1, 2, 3, 4, 6
 SPACE = "\u2581"  # SentencePiece's word-boundary mark
 _WORDS = (
     "the of and to in is that for it as with was on be by this are from at or an not which "
@@ -63,6 +63,9 @@ class SynthSpec:
     tied_gain: float = 3.0  # tied: embedding rows scaled to norm ~tied_gain (logit std ~tied_gain)
     tensor_qtypes: tuple[tuple[str, str], ...] = ()  # (tensor name part, qtype) overrides
     fim: bool = False  # the last three tokens are fill-in-the-middle control tokens (FIM_TOKENS)
+    # `<think>` and `</think>` as user-defined tokens (before the FIM ones), as Qwen3's vocabulary has them
+    think: bool = False
+    chat_template: str | None = None  # tokenizer.chat_template (None: none, the node uses ChatML)
     name: str = "synth"
 
     def __post_init__(self):
@@ -91,6 +94,7 @@ LLAMA_1B = SynthSpec(
 
 
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+THINK_TOKENS = ("<think>", "</think>")
 
 
 def synth_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
@@ -216,6 +220,11 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
         for key, token_id in zip((gguf.Keys.Tokenizer.FIM_PRE_ID, gguf.Keys.Tokenizer.FIM_SUF_ID,
                                   gguf.Keys.Tokenizer.FIM_MID_ID), range(first, spec.vocab), strict=True):
             writer.add_uint32(key, token_id)
+    if spec.think:  # a reasoning model's thought tags, single tokens the text shows
+        first = spec.vocab - len(THINK_TOKENS) - (len(FIM_TOKENS) if spec.fim else 0)
+        tokens[first:first + 2], types[first:first + 2] = list(THINK_TOKENS), [TOKEN_USER_DEFINED] * 2
+    if spec.chat_template is not None:
+        writer.add_chat_template(spec.chat_template)
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
