@@ -28,6 +28,7 @@ from node.errors import InvalidRequest, ModelNotFound, Unsupported
 from node.inference.chat import CHATML_TEMPLATE
 from node.inference.generate import CompletionRun
 from node.inference.manager import ServedModel
+from node.inference.reasoning import with_history
 from node.inference.request import CompletionRequest, Delta, TokenLogprob
 from node.inference.tools import detect_format, prompt_inputs
 from node.trace import RequestTrace
@@ -310,7 +311,9 @@ async def apply_template(request: web.Request) -> web.Response:
     tok = (await _served(request, chat.model)).tokenizer
     fmt = detect_format(tok.chat_template)
     messages, tools = prompt_inputs(fmt, chat, tok.chat_template)
-    prompt = await asyncio.get_running_loop().run_in_executor(None, tok.render_chat, messages, tools)
+    messages = with_history(chat.messages, messages)  # as a run renders it: thoughts, template kwargs
+    prompt = await asyncio.get_running_loop().run_in_executor(None, tok.render_chat, messages, tools,
+                                                              chat.template_kwargs)
     return web.json_response({"prompt": prompt})
 
 

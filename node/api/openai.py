@@ -67,7 +67,7 @@ class ChatDialect:
 
     def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
         calls = [*run.tool_calls, run.cut_call] if run.cut_call is not None else run.tool_calls  # as a stream sent it
-        return completion_body(self.completion, run.trace, run.content, logprobs, calls)
+        return completion_body(self.completion, run.trace, run.content, logprobs, calls, run.reasoning)
 
 
 async def serve_completion(request: web.Request, completion: CompletionRequest) -> web.StreamResponse:

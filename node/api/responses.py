@@ -80,11 +80,14 @@ def tool_call_deltas_json(deltas: tuple[ToolCallDelta, ...] | list[ToolCallDelta
 
 def completion_body(completion: CompletionRequest, trace: RequestTrace, text: str,
                     logprobs: Sequence[TokenLogprob] = (),
-                    tool_calls: list[ToolCall] | tuple[ToolCall, ...] = ()) -> dict[str, Any]:
-    """The non-streaming response body (content null when the reply is only tool calls)."""
+                    tool_calls: list[ToolCall] | tuple[ToolCall, ...] = (), reasoning: str = "") -> dict[str, Any]:
+    """The non-streaming response body (content null when the reply is only tool calls; a reasoning
+    model's thoughts in reasoning_content, as llama-server writes them, when it wrote any)."""
     lp = logprobs_field(completion, logprobs)
     if completion.kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text if (text or not tool_calls) else None}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         if tool_calls:
             message["tool_calls"] = tool_calls_json(tool_calls)
         choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": trace.finish_reason}
@@ -145,7 +148,13 @@ class StreamChunks:
     def delta(self, delta: Delta) -> list[bytes]:
         """A chunk of generated text (with the logprobs of its tokens when they were asked), and one of
         tool-call pieces (chat only); none for an empty delta."""
-        if delta.logprobs:
+        if delta.reasoning and self._chat:  # a reasoning model's thoughts: their own chunk, as llama-server's
+            out = [self._chunk({"reasoning_content": delta.reasoning}, None,
+                               logprobs=logprobs_field(self._completion, delta.logprobs) if not delta.text else None)]
+            if delta.text:
+                out.append(self._chunk({"content": delta.text}, None,
+                                       logprobs=logprobs_field(self._completion, delta.logprobs)))
+        elif delta.logprobs:
             out = [self._chunk({"content": delta.text}, None, logprobs=logprobs_field(self._completion, delta.logprobs))]
         elif delta.text:
             out = [self._text_chunk(delta.text)]

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from node.api import extras
+from node.api import chat_options, extras
 from node.api.tool_schemas import _tool_choice, _tools
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
@@ -47,7 +47,8 @@ MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 _COMMON_HINTS = {"reasoning_effort", "prediction"}
-_CHAT_KEYS = _COMMON | _COMMON_HINTS | {"messages", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs"}
+_CHAT_KEYS = _COMMON | _COMMON_HINTS | chat_options.KEYS | {"messages", "tools", "tool_choice", "parallel_tool_calls",
+                                                            "logprobs", "top_logprobs"}
 _COMPLETION_KEYS = _COMMON | _COMMON_HINTS | {"prompt", "logprobs", "suffix"}
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 
@@ -185,8 +186,8 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 def _hints(body: dict) -> None:
     """OpenAI options that only steer speed or effort: accepted (shape checked), no effect here.
-    `reasoning_effort` (Open WebUI, LiteLLM, aider send it): these models write no reasoning, as
-    the Anthropic route's `thinking`; `prediction` (predicted outputs, aider and Continue's edits)
+    `reasoning_effort` (Open WebUI, LiteLLM, aider send it): "none" turns a reasoning model's thinking
+    off, another effort reaches the chat template (chat_options.template_kwargs); `prediction` (predicted outputs, aider and Continue's edits)
     only makes OpenAI's reply faster, never different."""
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in REASONING_EFFORTS:
@@ -295,6 +296,9 @@ def _messages(body: dict) -> tuple[dict, ...]:
             raise InvalidRequest(f"messages[{i}].tool_calls is only allowed on assistant messages",
                                  param=f"messages[{i}].tool_calls")
         if role == "assistant":
+            thoughts = chat_options.history_reasoning(msg, i)
+            if thoughts is not None:
+                entry["reasoning_content"] = thoughts
             calls = _history_calls(msg, i)
             if calls:
                 entry["tool_calls"] = calls
@@ -370,7 +374,9 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body),
                                  tools=tools, tool_choice=choice, tool_choice_name=choice_name,
                                  parallel_tool_calls=parallel, response_format=response_format,
-                                 predict_time_limit_ms=time_limit)
+                                 predict_time_limit_ms=time_limit,
+                                 reasoning_format=chat_options.reasoning_format(body),
+                                 template_kwargs=chat_options.template_kwargs(body))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

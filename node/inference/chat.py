@@ -4,7 +4,10 @@ The template sees what Hugging Face's `apply_chat_template` gives it: `messages`
 when no tool may be called; node.inference.tools shapes both), `bos_token`, `eos_token`,
 `add_generation_prompt`, `raise_exception`, `strftime_now`, and a `tojson` that keeps the key
 order and non-ASCII text as written (Jinja's own sorts keys and escapes `<`, `>`, `&`, `'`, which
-would change the tool-call text the model was trained on).
+would change the tool-call text the model was trained on). As llama-server, it also sees
+`enable_thinking` (true unless the request's `chat_template_kwargs` say otherwise: llama.cpp's
+copies of the R1-distill and QwQ templates close the thoughts at once when it is not set) and the
+request's other `chat_template_kwargs` (which cannot replace the variables above).
 """
 
 from __future__ import annotations
@@ -70,13 +73,14 @@ def _compile(template: str) -> jinja2.Template:
 
 def render_chat(template: str | None, messages: list[dict], *, bos_token: str = "",
                 eos_token: str = "", add_generation_prompt: bool = True,
-                tools: list[dict] | None = None) -> str:
-    """The prompt text for `messages` under `template` (ChatML when the model has none)."""
+                tools: list[dict] | None = None, extra: dict[str, Any] | None = None) -> str:
+    """The prompt text for `messages` under `template` (ChatML when the model has none); `extra`:
+    the request's chat_template_kwargs."""
     if not template:
         log.debug("DIAG: build_prompt template_matched=false fallback=chatml")
     try:
         compiled = _compile(template or CHATML_TEMPLATE)
-        context: dict[str, Any] = {"messages": messages, "bos_token": bos_token, "eos_token": eos_token,
+        context: dict[str, Any] = {"enable_thinking": True, **(extra or {}), "messages": messages, "bos_token": bos_token, "eos_token": eos_token,
                                    "add_generation_prompt": add_generation_prompt}
         if tools is not None:  # templates test `tools is defined` / `tools is not none`
             context["tools"] = tools

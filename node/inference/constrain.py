@@ -214,6 +214,9 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             stop = s.get("stop")
             if not stop:
                 return rule("/(?s:.*)/")
+            special = vocab.special_token(stop)
+            if special is not None:  # a token only (a reasoning model's `</think>`): text cannot spell it
+                return rule(f"/(?s:.*)/ <[{special}]>")
             name = f"r{len(rules)}"
             rules.append(f"{name}[lazy]: /(?s:.*){_regex_escape(stop)}/")
             return name

@@ -28,7 +28,7 @@ from node.errors import (
     NodeError,
     Unsupported,
 )
-from node.inference import constrain
+from node.inference import constrain, reasoning
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.logprobs import LogprobTrack
 from node.inference.manager import ModelManager, ServedModel
@@ -87,6 +87,10 @@ class CompletionRun:
         self.stop_sequence: str | None = None  # the stop sequence that ended the reply, if one did
         self.timed_out = False  # ended by the request's predict_time_limit_ms
         self._tool_format: ToolFormat | None = None  # set when the reply may call tools
+        self.reasoning = ""  # a reasoning model's thoughts, apart from `content`, once deltas() ends
+        self._thoughts: reasoning.ReasoningSplitter | None = None  # set for a reasoning model's chat
+        self._splitter: reasoning.ReasoningSplitter | None = None  # the same, when the reply is split
+        self._answer = ""  # the reply's text outside the thoughts (the tool parser's input)
 
     # --- phase 1: everything that can fail with a client error ---
 
@@ -139,6 +143,8 @@ class CompletionRun:
             spec = constrain.request_grammar(self.request)
             if spec is not None:
                 params = dataclasses.replace(params, grammar=spec)
+        if params.grammar is not None and self._thoughts is not None:  # room to think before it
+            params = dataclasses.replace(params, grammar=self._thoughts.grammar(params.grammar))
         if params.grammar is not None or params.logit_bias:  # compile here: its 400 comes before any byte
             await loop.run_in_executor(None, constrain.check, tok, params,
                                        "tools" if self._tool_format is not None else "response_format")
@@ -179,10 +185,15 @@ class CompletionRun:
         if self.request.kind == "chat":
             fmt = detect_format(tok.chat_template)
             messages, tools = prompt_inputs(fmt, self.request, tok.chat_template)
+            messages = reasoning.with_history(self.request.messages, messages)
             prefill = self._prefill()
             if prefill is not None:
                 messages = messages[:-1]
-            return await loop.run_in_executor(None, tok.chat_tokens, messages, tools, prefill or ""), fmt
+            rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
+                                                          self.request.template_kwargs)
+            self._thoughts = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill)
+            self._splitter = self._thoughts if self.request.reasoning_format != "none" else None
+            return tokens, fmt
         if self.request.suffix is not None:
             req = self.request
             # other files' context fills what the code and the reply leave of the context (llama-server's rule)
@@ -289,6 +300,8 @@ class CompletionRun:
         fmt = self._tool_format
         parser = new_parser(fmt, self.request, trace.request_id) if fmt is not None else None
         markers = frozenset(fmt.special_markers) if fmt is not None else frozenset()
+        if self._thoughts is not None:  # a thought tag may be a control token (Ministral's [THINK])
+            markers |= {self._thoughts.tags.open, self._thoughts.tags.close}
         ended_by_eog = False
         produced = 0
         limit_s = (self.request.predict_time_limit_ms or 0) / 1000
@@ -339,9 +352,9 @@ class CompletionRun:
         tail = assembler.finish()
         # a stop sequence's tokens are not reported; without one, the last held-back tokens go now
         rest = () if track is None else (track.take(len(assembler.emitted)) if assembler.stop_match else track.rest())
-        if tail or rest:
+        if tail or rest or self._splitter is not None:
             self.text += tail
-            out = self._split(parser, tail, rest)
+            out = self._split(parser, tail, rest, final=True)
             if out is not None:
                 yield out
         if parser is not None:
@@ -350,7 +363,7 @@ class CompletionRun:
                 yield Delta(text=text, tool_calls=tuple(calls))
             self.content, self.tool_calls, self.cut_call = parser.content, parser.calls, parser.cut_call
         else:
-            self.content = self.text
+            self.content = self._answer
         if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()
@@ -364,15 +377,26 @@ class CompletionRun:
         (None on a whole holder's remote generate: not reported)."""
         return self.job.cached_tokens if self.pipeline_run is None else self.pipeline_run.cached_tokens
 
-    @staticmethod
-    def _split(parser: ToolCallParser | None, text: str, logprobs: tuple = ()) -> Delta | None:
-        """A piece of the reply as a Delta: as it is, or content and tool-call pieces (with the
-        logprobs of the tokens it came from)."""
+    def _split(self, parser: ToolCallParser | None, text: str, logprobs: tuple = (),
+               final: bool = False) -> Delta | None:
+        """A piece of the reply as a Delta: as it is, or thoughts, content and tool-call pieces (with
+        the logprobs of the tokens it came from); the tool parser sees only the text after the
+        thoughts. `final`: the reply's last piece (the splitter lets go of what it held)."""
+        thoughts = ""
+        if self._splitter is not None:
+            thoughts, text = self._splitter.feed(text) if text else ("", "")
+            if final:
+                more, rest = self._splitter.finish()
+                thoughts, text = thoughts + more, text + rest
+            self.reasoning += thoughts
+        self._answer += text
         if parser is None:
-            return Delta(text=text, logprobs=logprobs)
+            if text or thoughts or logprobs:
+                return Delta(text=text, logprobs=logprobs, reasoning=thoughts)
+            return None
         content, calls = parser.feed(text) if text else ("", [])
-        if content or calls or logprobs:
-            return Delta(text=content, tool_calls=tuple(calls), logprobs=logprobs)
+        if content or calls or logprobs or thoughts:
+            return Delta(text=content, tool_calls=tuple(calls), logprobs=logprobs, reasoning=thoughts)
         return None
 
     async def _local_source(self):

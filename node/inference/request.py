@@ -68,9 +68,10 @@ class TokenLogprob:
 class Delta:
     """What a run yields as the reply grows: text, tool-call pieces, and the logprobs of its tokens."""
 
-    text: str = ""
+    text: str = ""  # the answer (chat: the text outside the thoughts and the tool calls)
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    reasoning: str = ""  # a reasoning model's thoughts (node.inference.reasoning)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class CompletionRequest:
     #   {"role": "system" | "user" | "assistant" | "tool", "content": str}  ("" when null)
     #   assistant messages that called tools add "tool_calls": a tuple of ToolCall (id, name,
     #     arguments as a JSON text encoding an object); their "content" may be ""
+    #   assistant messages may add "reasoning_content": the thoughts a reasoning model wrote then
     #   tool messages add "tool_call_id" (the id of a call made by an earlier assistant message)
     #     and "name" (that call's function name); "content" is the result as text
     # node.inference.tools.prompt_inputs turns these into what the model's template expects.
@@ -104,6 +106,11 @@ class CompletionRequest:
     tool_choice: Literal["none", "auto", "required", "function"] = "auto"
     tool_choice_name: str | None = None
     parallel_tool_calls: bool = True
+    # a reasoning model's thoughts apart ("deepseek": reasoning_content, llama-server's default) or
+    # left in the text ("none"); chat only
+    reasoning_format: Literal["none", "deepseek"] = "deepseek"
+    # the request's chat_template_kwargs (enable_thinking, ...), given to the chat template
+    template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     operation: str = ""  # the API operation for the trace ("chat.completions", "messages", "responses", ...)
 
     @property

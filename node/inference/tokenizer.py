@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from node.errors import ModelLoadError, ProtocolError, Unsupported
 from node.inference.chat import render_chat
@@ -110,18 +111,26 @@ class ModelTokenizer:
             context = context[len(context) - min(len(context), keep):]
         return [*context, *bos, *code]
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    extra: dict[str, Any] | None = None) -> str:
         """The prompt text for chat messages (and the tools, OpenAI's shape) under the model's own
-        template; node.inference.tools.prompt_inputs prepares both."""
+        template; node.inference.tools.prompt_inputs prepares both. `extra`: chat_template_kwargs."""
         return render_chat(self.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
-                           tools=tools)
+                           tools=tools, extra=extra)
 
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None, prefill: str = "") -> list[int]:
         """Render and tokenize; BOS is added only if the template did not already write it.
         `prefill`: the start of the assistant's reply, written after the generation prompt."""
-        text = self.render_chat(messages, tools) + prefill
+        return self.chat_prompt(messages, tools, prefill)[1]
+
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, prefill: str = "",
+                    extra: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+        """chat_tokens, with the rendered text before the prefill (where the generation prompt
+        leaves the reply: node.inference.reasoning reads it)."""
+        rendered = self.render_chat(messages, tools, extra)
+        text = rendered + prefill
         add_bos = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
-        return self.tokenize(text, add_bos=add_bos)
+        return rendered, self.tokenize(text, add_bos=add_bos)
 
     def _check(self, token_id: int) -> None:
         """llama.cpp aborts the process (a C++ out_of_range) on an id outside the vocabulary: ids

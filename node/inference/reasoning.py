@@ -1,0 +1,183 @@
+"""Reasoning models: their thoughts apart from their answer.
+
+Models that think before they answer (Qwen3, QwQ, DeepSeek-R1 distills, Qwen3.5, Ministral
+Reasoning, ...) write `<think> ... </think>` (Ministral: `[THINK] ... [/THINK]`) and then the
+answer. Their chat templates say so: they write the tags (to show or strip earlier thoughts, or to
+open the thoughts in the generation prompt). `think_tags(template)` finds them; `ReasoningSplitter`
+cuts the reply's text, in any chunking, into thoughts (`reasoning_content`) and answer (`content`),
+as llama-server's `--reasoning-format deepseek` does:
+
+- a generation prompt that ends with the opening tag (R1 distills, QwQ, Qwen3.5: `<think>\\n`)
+  starts the reply inside the thoughts, with no opening tag of its own;
+- otherwise an opening tag at the very start of the reply (after whitespace) opens them (Qwen3);
+  a reply that starts with anything else is all answer;
+- the thoughts end at the closing tag; a reply that never writes it (max_tokens cut it) is all
+  thoughts, its answer empty;
+- whitespace around the thoughts and at the start of the answer is dropped (the templates write
+  `<think>\\n` ... `\\n</think>\\n\\n`).
+
+The tool-call parser then sees only the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from node.inference import grammar as g
+
+if TYPE_CHECKING:
+    from node.inference.request import CompletionRequest
+
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """The tags a model writes around its thoughts."""
+
+    open: str
+    close: str
+
+
+THINK = ThinkTags("<think>", "</think>")
+MISTRAL_THINK = ThinkTags("[THINK]", "[/THINK]")
+
+
+def think_tags(template: str | None) -> ThinkTags | None:
+    """The thought tags a chat template writes, or None: not a reasoning template."""
+    if not template:
+        return None
+    for tags in (THINK, MISTRAL_THINK):
+        if tags.open in template and tags.close in template:
+            return tags
+    return None
+
+
+def opens_inside(prompt: str, tags: ThinkTags) -> bool:
+    """Whether the rendered prompt ends inside the thoughts (its generation prompt opened them)."""
+    return prompt.rstrip().endswith(tags.open)
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ReasoningSplitter:
+    """Feed the reply's text in pieces, get (reasoning, content) pieces; text that may be part of a
+    tag, or whitespace that may end the thoughts, is held back until the next piece tells."""
+
+    def __init__(self, tags: ThinkTags, inside: bool):
+        self.tags = tags
+        self._state = "thinking" if inside else "start"
+        self._began = False  # thoughts have had their first non-space character
+        self._held = ""
+
+    @property
+    def thinking(self) -> bool:
+        """Inside the thoughts (or possibly about to open them)."""
+        return self._state in ("start", "thinking")
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """One piece of the reply: its (reasoning, content) parts ready to send."""
+        return self._run(self._held + text, final=False)
+
+    def finish(self) -> tuple[str, str]:
+        """The end of the reply: whatever was held back."""
+        return self._run(self._held, final=True)
+
+    def _run(self, text: str, final: bool) -> tuple[str, str]:
+        self._held = ""
+        reasoning = content = ""
+        while text:
+            if self._state == "start":
+                body = text.lstrip()
+                if body.startswith(self.tags.open):
+                    self._state, text = "thinking", body[len(self.tags.open):]
+                    continue
+                if not final and self.tags.open.startswith(body):  # "" or a tag's beginning
+                    self._held = text
+                    return reasoning, content
+                self._state = "content"
+                continue
+            if self._state == "thinking":
+                if not self._began:
+                    text = text.lstrip()
+                    if not text:
+                        break
+                    self._began = True
+                at = text.find(self.tags.close)
+                if at >= 0:
+                    reasoning += text[:at].rstrip()
+                    self._state, text = "answer", text[at + len(self.tags.close):]
+                    continue
+                if final:
+                    reasoning += text.rstrip()
+                    break
+                keep = _partial_suffix(text, self.tags.close)
+                body = text[:len(text) - keep]
+                ready = body.rstrip()
+                reasoning += ready
+                self._held = text[len(ready):]  # trailing whitespace and a possible closing tag's start
+                break
+            if self._state == "answer":  # the answer's leading whitespace is dropped
+                text = text.lstrip()
+                if text:
+                    self._state = "content"
+                continue
+            content += text
+            break
+        return reasoning, content
+
+    @property
+    def phase(self) -> str:
+        """start (the reply may open thoughts), thinking, or answer."""
+        return "answer" if self._state in ("answer", "content") else self._state
+
+    def grammar(self, spec: g.Spec) -> g.Spec:
+        """A grammar the reply must follow, with room to think first (as llama-server's grammars
+        for reasoning models): thoughts are free text up to the closing tag, then the answer keeps
+        to `spec`. Without it a JSON or tool-call grammar forced its text from the first token."""
+        gap = g.repeat(g.literal("\n"), 0, 2)
+        thoughts = g.seq(g.free_text(self.tags.close), gap, spec)
+        if self.phase == "thinking":
+            return thoughts
+        if self.phase == "start":
+            return g.alt(g.seq(g.literal(self.tags.open), thoughts), spec)
+        return spec
+
+
+def splitter_for(request: CompletionRequest, template: str | None, rendered: str,
+                 prefill: str | None) -> ReasoningSplitter | None:
+    """Where a chat's reply stands with its thoughts, or None (not a reasoning template). With
+    reasoning_format "none" it only shapes the grammar: the text is not split. `rendered`: the
+    prompt as the template wrote it; `prefill`: the start of the reply the request wrote itself (it
+    may open or close the thoughts)."""
+    tags = think_tags(template)
+    if tags is None or request.kind != "chat":
+        return None
+    splitter = ReasoningSplitter(tags, opens_inside(rendered, tags))
+    if prefill:
+        splitter.feed(prefill)  # the client's own text is not sent back
+        splitter._held = ""
+    return splitter
+
+
+def with_history(original: tuple[dict, ...], rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Earlier assistant turns' `reasoning_content` handed to the template, as Hugging Face's
+    templates read it (Qwen3's, Qwen3.5's: they show the thoughts of the turns after the last user
+    message and drop the others); `rendered`: node.inference.tools.prompt_inputs' messages (the
+    same assistant turns, in order)."""
+    thoughts = [m.get("reasoning_content") for m in original if m.get("role") == "assistant"]
+    if not any(thoughts):
+        return rendered
+    out, turn = [], 0
+    for msg in rendered:
+        if msg.get("role") == "assistant":
+            if turn < len(thoughts) and thoughts[turn]:
+                msg = {**msg, "reasoning_content": thoughts[turn]}
+            turn += 1
+        out.append(msg)
+    return out

@@ -1,0 +1,196 @@
+"""Reasoning models on /v1/chat/completions, through the official `openai` client against a real
+node: a tiny random model whose vocabulary has `<think>`/`</think>` tokens (as Qwen3's) and whose
+chat template is a real reasoning model's (DeepSeek-R1-Distill: the reply starts inside the
+thoughts; Qwen3: thoughts of earlier turns read from `reasoning_content`). A random model never
+closes its thoughts by itself: a logit_bias on `</think>` makes it, a banned one keeps it thinking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+import pytest_asyncio
+
+from node.inference.synth import SynthSpec
+from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+R1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+QWEN3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+SPEC = SynthSpec(n_ctx=2048, think=True, chat_template=R1, name="thinker")
+ASK = [{"role": "user", "content": "Is the sky blue?"}]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("reasoning")
+    models = (tiny_model(base, SPEC, "thinker.gguf"),
+              tiny_model(base, SPEC.replace(chat_template=QWEN3, name="qwen3ish"), "qwen3ish.gguf"))
+    async with running_node(node_config(base / "data", *models)) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    return openai_client(node)
+
+
+def model_id(node, name: str) -> str:
+    return next(s.id for s in node.models.all() if s.entry.name == name)
+
+
+def close_token(node) -> str:
+    tok = node.models.all()[0].tokenizer
+    ids = tok.tokenize("</think>", add_bos=False)
+    assert len(ids) == 1
+    return str(ids[0])
+
+
+async def ask(client, model: str, stream: bool, **kw) -> tuple[str | None, str | None, str, object]:
+    """(reasoning_content, content, finish_reason, usage) of one reply, a stream's put back together."""
+    if not stream:
+        r = await client.chat.completions.create(model=model, messages=kw.pop("messages", ASK), **kw)
+        msg = r.choices[0].message
+        return getattr(msg, "reasoning_content", None), msg.content, r.choices[0].finish_reason, r.usage
+    reasoning = content = None
+    finish, usage = "", None
+    async with await client.chat.completions.create(model=model, messages=kw.pop("messages", ASK), stream=True,
+                                                    stream_options={"include_usage": True}, **kw) as events:
+        async for chunk in events:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                piece = getattr(choice.delta, "reasoning_content", None)
+                if piece:
+                    reasoning = (reasoning or "") + piece
+                if choice.delta.content:
+                    content = (content or "") + choice.delta.content
+                finish = choice.finish_reason or finish
+    return reasoning, content, finish, usage
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_thoughts_cut_by_max_tokens_are_reasoning_content(node, client, stream):
+    """R1's prompt opens the thoughts: a reply max_tokens cuts before `</think>` is all thoughts,
+    the content empty, finish_reason length; reasoning_format "none" keeps them in content, as the
+    model wrote them."""
+    model = model_id(node, "thinker")
+    kw = dict(max_tokens=12, temperature=0, logit_bias={close_token(node): -100})
+    raw, raw_content, _, _ = await ask(client, model, stream, extra_body={"reasoning_format": "none"}, **kw)
+    assert raw is None and raw_content and raw_content.strip()
+    reasoning, content, finish, usage = await ask(client, model, stream, **kw)
+    assert reasoning == raw_content.strip()
+    assert content in ("", None) and finish == "length"
+    assert usage.completion_tokens == 12
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_json_answer_comes_after_the_thoughts(node, client, stream):
+    """A response_format's grammar leaves room to think: the thoughts are free text up to
+    `</think>`, the content is the JSON (until 2026-12-06 the grammar forced JSON at the first
+    token, inside the thoughts)."""
+    model = model_id(node, "thinker")
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"enum": ["yes", "no"]}}}
+    kw = dict(max_tokens=64, temperature=0, response_format=schema, logit_bias={close_token(node): 100})
+    _, raw, _, _ = await ask(client, model, stream, extra_body={"reasoning_format": "none"}, **kw)
+    assert "</think>" in raw
+    reasoning, content, finish, _ = await ask(client, model, stream, **kw)
+    thoughts, answer = raw.split("</think>", 1)
+    assert (reasoning or "") == thoughts.strip()
+    assert content == answer.strip() and content in ('"yes"', '"no"') and finish == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_calls_come_after_the_thoughts(node, client, stream):
+    """The tool grammar leaves room to think (the first token is `</think>`: the bias), and the
+    tool-call parser reads only the text after it."""
+    model = model_id(node, "thinker")
+    tool = {"type": "function", "function": {"name": "sky", "parameters": {
+        "type": "object", "properties": {"c": {"enum": ["blue"]}}, "required": ["c"], "additionalProperties": False}}}
+    kw = dict(max_tokens=120, temperature=0, tools=[tool], tool_choice="required", parallel_tool_calls=False,
+              logit_bias={close_token(node): 100}, logprobs=True)
+    if stream:
+        calls, tokens = {}, []
+        async with await client.chat.completions.create(model=model, messages=ASK, stream=True, **kw) as events:
+            async for chunk in events:
+                if chunk.choices and chunk.choices[0].logprobs:
+                    tokens += [t.token for t in chunk.choices[0].logprobs.content]
+                for d in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
+                    calls.setdefault(d.index, ["", ""])
+                    calls[d.index][0] += d.function.name or ""
+                    calls[d.index][1] += d.function.arguments or ""
+        assert list(calls.values()) == [["sky", '{"c":"blue"}']], calls
+        assert tokens[0] == "</think>"
+    else:
+        r = await client.chat.completions.create(model=model, messages=ASK, **kw)
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert r.choices[0].logprobs.content[0].token == "</think>"
+        assert [(c.function.name, c.function.arguments) for c in msg.tool_calls] == [("sky", '{"c":"blue"}')]
+        assert "</think>" not in (msg.content or "") and "sky" not in (getattr(msg, "reasoning_content", "") or "")
+
+
+async def test_chat_template_kwargs_reach_the_template(node, client):
+    """enable_thinking false: R1's template closes the thoughts in the prompt (one more token), the
+    reply is content; unknown kwargs change nothing; a wrong type is a 400 naming it."""
+    model = model_id(node, "thinker")
+    kw = dict(max_tokens=6, temperature=0, logit_bias={close_token(node): -100})
+    reasoning, content, _, usage = await ask(client, model, False, **kw)
+    assert reasoning and not content
+    off = await ask(client, model, False, extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **kw)
+    assert off[0] is None and off[1] and off[3].prompt_tokens == usage.prompt_tokens + 1
+    same = await ask(client, model, False, extra_body={"chat_template_kwargs": {"colour": "blue"}}, **kw)
+    assert same[:2] == (reasoning, content) and same[3].prompt_tokens == usage.prompt_tokens
+    effort = await ask(client, model, False, reasoning_effort="none", **kw)  # llama-server's meaning
+    assert effort[3].prompt_tokens == usage.prompt_tokens + 1
+    for bad, param in (({"enable_thinking": "no"}, "chat_template_kwargs.enable_thinking"),
+                       (["enable_thinking"], "chat_template_kwargs"),
+                       ({"messages": []}, "chat_template_kwargs.messages")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await ask(client, model, False, extra_body={"chat_template_kwargs": bad}, **kw)
+        assert caught.value.body["param"] == param, caught.value.body
+    with pytest.raises(openai.BadRequestError) as caught:
+        await ask(client, model, False, extra_body={"reasoning_format": "thoughts"}, **kw)
+    assert caught.value.body["param"] == "reasoning_format"
+
+
+async def test_history_thoughts_reach_the_template(node, client):
+    """An assistant turn's reasoning_content goes to the template: Qwen3's shows the thoughts of
+    the turns after the last user message (here a tool call's), so the prompt grows by them."""
+    model = model_id(node, "qwen3ish")
+    tool = {"type": "function", "function": {"name": "sky", "parameters": {"type": "object", "properties": {}}}}
+
+    def history(thoughts):
+        turn = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "sky", "arguments": "{}"}}]}
+        if thoughts:
+            turn["reasoning_content"] = thoughts
+        return [*ASK, turn, {"role": "tool", "tool_call_id": "c1", "content": "blue"}]
+
+    kw = dict(max_tokens=1, temperature=0, tools=[tool])
+    plain = (await ask(client, model, False, messages=history(None), **kw))[3].prompt_tokens
+    thought = (await ask(client, model, False, messages=history("I must look at the sky"), **kw))[3].prompt_tokens
+    assert thought > plain
+    with pytest.raises(openai.BadRequestError) as caught:
+        await ask(client, model, False, messages=history(["no"]), **kw)
+    assert caught.value.body["param"] == "messages[1].reasoning_content"
+
+
+async def test_apply_template_renders_as_a_run_does(node):
+    """llama-server's /apply-template takes chat_template_kwargs and history thoughts too."""
+    url = f"http://127.0.0.1:{node.api.port}/apply-template"
+    headers = {"Authorization": f"Bearer {node.api_key}"}
+    history = [*ASK, {"role": "assistant", "content": "Yes.", "reasoning_content": "Rayleigh."}]
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async def prompt(model: str, **extra) -> str:
+            async with http.post(url, json={"model": model_id(node, model), **extra}) as resp:
+                assert resp.status == 200, await resp.text()
+                return (await resp.json())["prompt"]
+
+        assert (await prompt("thinker", messages=ASK)).endswith("<think>\n")
+        off = await prompt("thinker", messages=ASK, chat_template_kwargs={"enable_thinking": False})
+        assert off.endswith("<think>\n</think>")
+        assert "<think>\nRayleigh.\n</think>\n\nYes." in await prompt("qwen3ish", messages=history)
