@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.api import anthropic_thinking as thinking
 from node.api.anthropic_blocks import document_text, search_result_text, text_blocks, tool_result
 from node.api.appkeys import NODE
 from node.api.driver import serve
@@ -55,10 +56,9 @@ _TOOL_EXTRA_OK = {"strict", "input_examples", "defer_loading", "allowed_callers"
 
 
 def _thinking(value: object) -> None:
-    """`thinking` is accepted and has no effect: these models write no thinking blocks, and a reply
-    without them is what a client gets when the model chose not to think (Claude Code sends
-    `{"type": "enabled", "budget_tokens": N}` whenever the user turned thinking on; llama-server
-    takes it too). Its shape is still checked."""
+    """`thinking`'s shape is checked; "disabled" turns a reasoning model's thinking off, the budget
+    has no effect (anthropic_thinking; Claude Code sends `{"type": "enabled", "budget_tokens": N}`
+    whenever the user turned thinking on; llama-server takes it too)."""
     if value is None:
         return
     kind = value.get("type") if isinstance(value, dict) else None
@@ -67,7 +67,7 @@ def _thinking(value: object) -> None:
     budget = value.get("budget_tokens")
     if kind == "enabled" and (type(budget) is not int or budget < 1):
         raise InvalidRequest("thinking.budget_tokens: Field required (a positive integer)", param="thinking")
-    log.debug("DIAG: anthropic thinking requested, ignored (the model writes none) type=%s", kind)
+    log.debug("DIAG: anthropic thinking requested type=%s", kind)
 
 
 def _context_management(value: object) -> None:
@@ -137,6 +137,7 @@ def _turn(msg: Any, index: int) -> list[dict]:
     if not isinstance(content, list):
         raise InvalidRequest(f"{where}.content: must be a string or a list of content blocks", param="messages")
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[ToolCall] = []
     results: list[dict] = []
     for i, block in enumerate(content):
@@ -149,7 +150,8 @@ def _turn(msg: Any, index: int) -> list[dict]:
         elif kind == "tool_result" and role == "user":
             results.append(tool_result(block, bwhere))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-            continue  # an earlier turn's thinking: Anthropic's API leaves it out of the context too
+            thoughts.append(thinking.history_thinking(block, bwhere))  # the template shows or drops it
+            continue
         elif kind == "document" and role == "user":
             texts.append(document_text(block, bwhere))  # its own keys checked there
             continue
@@ -172,6 +174,8 @@ def _turn(msg: Any, index: int) -> list[dict]:
                                      param="messages")
     if role == "assistant":
         out: dict = {"role": "assistant", "content": "".join(texts)}
+        if any(thoughts):
+            out["reasoning_content"] = "".join(thoughts)
         if calls:
             out["tool_calls"] = calls
         return [out]
@@ -191,6 +195,8 @@ def _append_combined(out: list[dict], turn: dict) -> None:
         return
     texts = [t for t in (last["content"], turn["content"]) if t]
     merged = {**last, "content": "\n\n".join(texts)}
+    if turn.get("reasoning_content"):
+        merged["reasoning_content"] = (last.get("reasoning_content") or "") + turn["reasoning_content"]
     calls = [*(last.get("tool_calls") or ()), *(turn.get("tool_calls") or ())]
     if calls:
         merged["tool_calls"] = calls
@@ -310,7 +316,7 @@ def parse_messages(body: Any, *, count_only: bool = False) -> CompletionRequest:
     if count_only:
         return CompletionRequest("chat", model, False, False, SamplingParams(), messages=messages, tools=tools,
                                  tool_choice=tool_choice, tool_choice_name=tool_name, response_format=response_format,
-                                 operation="messages.count_tokens")
+                                 operation="messages.count_tokens", template_kwargs=thinking.template_kwargs(body))
     if body.get("max_tokens") is None:
         raise InvalidRequest("max_tokens: Field required", param="max_tokens")
     max_tokens = _integer(body, "max_tokens", 1, 1 << 24)
@@ -337,7 +343,8 @@ def parse_messages(body: Any, *, count_only: bool = False) -> CompletionRequest:
     )
     return CompletionRequest("chat", model, stream, False, params, messages=messages, tools=tools,
                              tool_choice=tool_choice, tool_choice_name=tool_name, parallel_tool_calls=parallel,
-                             response_format=response_format, operation="messages")
+                             response_format=response_format, operation="messages",
+                             template_kwargs=thinking.template_kwargs(body))
 
 
 # --- the reply --------------------------------------------------------------------------------
@@ -377,7 +384,7 @@ def _tool_input(arguments: str) -> Any:
 def message_body(run: CompletionRun) -> dict[str, Any]:
     """The non-streaming Message."""
     trace = run.trace
-    content: list[dict[str, Any]] = []
+    content: list[dict[str, Any]] = [thinking.thinking_block(run.reasoning)] if run.reasoning else []
     if run.content:
         content.append({"type": "text", "text": run.content})
     for call in run.tool_calls:
@@ -401,7 +408,7 @@ class MessageEvents:
     def __init__(self, run: CompletionRun):
         self.run = run
         self._index = -1  # the open content block's index
-        self._open: str | None = None  # "text" | "tool_use" | None
+        self._open: str | None = None  # "thinking" | "text" | "tool_use" | None
         self._tool_index: int | None = None  # the open tool_use block's ToolCallDelta.index
 
     def opening(self) -> list[bytes]:
@@ -420,11 +427,19 @@ class MessageEvents:
     def _stop_block(self) -> list[bytes]:
         if self._open is None:
             return []
+        sign = [self._block_delta(thinking.signature_delta())] if self._open == "thinking" else []
         self._open = None
-        return [_event("content_block_stop", {"index": self._index})]
+        return [*sign, _event("content_block_stop", {"index": self._index})]
+
+    def _block_delta(self, delta: dict[str, Any]) -> bytes:
+        return _event("content_block_delta", {"index": self._index, "delta": delta})
 
     def delta(self, delta: Delta) -> list[bytes]:
         out: list[bytes] = []
+        if delta.reasoning:
+            if self._open != "thinking":
+                out += self._start(thinking.opening_block(), "thinking")
+            out.append(self._block_delta(thinking.thinking_delta(delta.reasoning)))
         if delta.text:
             if self._open != "text":
                 out += self._start({"type": "text", "text": ""}, "text")

@@ -232,6 +232,14 @@ def _message_item(trace: RequestTrace, text: str, status: str, index: int = 0) -
             "role": "assistant", "content": content}
 
 
+def _reasoning_item(trace: RequestTrace, text: str, status: str) -> dict[str, Any]:
+    """A reasoning model's thoughts (node.inference.reasoning) as a reasoning item, its text in
+    `content` (reasoning_text, as OpenAI's open-weight models write it), no summary."""
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"id": "rs_" + trace.request_id.replace("-", ""), "type": "reasoning", "status": status,
+            "summary": [], "content": content}
+
+
 def _call_item(trace: RequestTrace, index: int, call_id: str, name: str, arguments: str, status: str) -> dict:
     return {"id": f"fc_{trace.request_id.replace('-', '')}_{index}", "type": "function_call", "status": status,
             "call_id": call_id, "name": name, "arguments": arguments}
@@ -261,7 +269,8 @@ def _final_status(run: CompletionRun) -> str:
 
 def _final_output(run: CompletionRun) -> list[dict]:
     calls = [*run.tool_calls, run.cut_call] if run.cut_call is not None else run.tool_calls  # as a stream sent it
-    out = [_message_item(run.trace, run.content, "completed")] if run.content or not calls else []
+    out = [_reasoning_item(run.trace, run.reasoning, "completed")] if run.reasoning else []
+    out += [_message_item(run.trace, run.content, "completed")] if run.content or not (calls or out) else []
     out += [_call_item(run.trace, i, c.id, c.name, c.arguments, "completed") for i, c in enumerate(calls)]
     if out:
         out[-1]["status"] = _final_status(run)  # the item the budget cut is incomplete, as OpenAI marks it
@@ -272,6 +281,8 @@ def _remember(store: ResponseStore, run: CompletionRun, options: ResponseOptions
     if not options.store:
         return
     reply: dict[str, Any] = {"role": "assistant", "content": run.content}
+    if run.reasoning:  # the template shows or drops it, as a chat's reasoning_content
+        reply["reasoning_content"] = run.reasoning
     calls = [*run.tool_calls, run.cut_call] if run.cut_call is not None else run.tool_calls  # as returned
     if calls:
         reply["tool_calls"] = list(calls)
@@ -290,7 +301,7 @@ class ResponseEvents:
         self.run, self.options, self.store = run, options, store
         self._seq = 0
         self._items: list[dict] = []  # output items so far (the open one last)
-        self._open: str | None = None  # "message" | "function_call"
+        self._open: str | None = None  # "reasoning" | "message" | "function_call"
         self._call_index: int | None = None  # ToolCallDelta.index of the open function_call
         self._calls = 0
 
@@ -308,7 +319,13 @@ class ResponseEvents:
             return []
         index, item = len(self._items) - 1, self._items[-1]
         out: list[bytes] = []
-        if self._open == "message":
+        if self._open == "reasoning":
+            part = item["content"][0]
+            out += [self._ev("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                             content_index=0, text=part["text"]),
+                    self._ev("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                             part=part)]
+        elif self._open == "message":
             text = item["content"][0]["text"]
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             out += [self._ev("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
@@ -325,6 +342,21 @@ class ResponseEvents:
 
     def delta(self, delta: Delta) -> list[bytes]:
         trace, out = self.run.trace, []
+        if delta.reasoning:  # the thoughts come first, in one item
+            if self._open != "reasoning":
+                out += self._close_item()
+                item = _reasoning_item(trace, "", "in_progress")
+                self._items.append(item)
+                self._open = "reasoning"
+                out += [self._ev("response.output_item.added", output_index=len(self._items) - 1,
+                                 item={**item, "content": []}),
+                        self._ev("response.content_part.added", item_id=item["id"], output_index=len(self._items) - 1,
+                                 content_index=0, part={"type": "reasoning_text", "text": ""})]
+                item["content"] = [{"type": "reasoning_text", "text": ""}]
+            item = self._items[-1]
+            item["content"][0]["text"] += delta.reasoning
+            out.append(self._ev("response.reasoning_text.delta", item_id=item["id"], output_index=len(self._items) - 1,
+                                content_index=0, delta=delta.reasoning))
         if delta.text:
             if self._open != "message":
                 out += self._close_item()

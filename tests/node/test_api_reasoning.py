@@ -1,5 +1,5 @@
-"""Reasoning models on /v1/chat/completions, through the official `openai` client against a real
-node: a tiny random model whose vocabulary has `<think>`/`</think>` tokens (as Qwen3's) and whose
+"""Reasoning models on /v1/chat/completions (and Anthropic Messages, Responses), through the
+official `openai` and `anthropic` clients against a real node: a tiny random model whose vocabulary has `<think>`/`</think>` tokens (as Qwen3's) and whose
 chat template is a real reasoning model's (DeepSeek-R1-Distill: the reply starts inside the
 thoughts; Qwen3: thoughts of earlier turns read from `reasoning_content`). A random model never
 closes its thoughts by itself: a logit_bias on `</think>` makes it, a banned one keeps it thinking."""
@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from node.inference.synth import SynthSpec
-from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import anthropic_client, node_config, openai_client, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -37,6 +37,11 @@ async def node(tmp_path_factory):
 @pytest.fixture
 def client(node):
     return openai_client(node)
+
+
+@pytest.fixture
+def claude(node):
+    return anthropic_client(node)  # (its SDK models built here, off the loop)
 
 
 def model_id(node, name: str) -> str:
@@ -194,3 +199,79 @@ async def test_apply_template_renders_as_a_run_does(node):
         off = await prompt("thinker", messages=ASK, chat_template_kwargs={"enable_thinking": False})
         assert off.endswith("<think>\n</think>")
         assert "<think>\nRayleigh.\n</think>\n\nYes." in await prompt("qwen3ish", messages=history)
+
+
+# --- Anthropic Messages: thinking blocks -----------------------------------------------------------
+
+
+async def test_anthropic_thinking_blocks(node, client, claude):
+    """The thoughts come as a thinking block with an empty signature, first (stream: thinking_delta
+    events and a signature_delta, as the SDK's accumulator expects): the same text the chat route
+    puts in reasoning_content for the same greedy reply."""
+    model = model_id(node, "thinker")
+    reasoning, content, _, _ = await ask(client, model, False, max_tokens=12, temperature=0)
+    assert reasoning
+    kw = dict(model=model, max_tokens=12, messages=ASK, extra_body={"temperature": 0})
+    msg = await claude.messages.create(**kw)
+    assert msg.content[0].type == "thinking" and msg.content[0].signature == ""
+    assert msg.content[0].thinking == reasoning
+    assert [b.text for b in msg.content[1:] if b.type == "text"] == ([content] if content else [])
+    kinds = []
+    async with claude.messages.stream(**kw) as events:
+        async for event in events:
+            if event.type == "content_block_delta":
+                kinds.append(event.delta.type)
+        final = await events.get_final_message()
+    assert "thinking_delta" in kinds and "signature_delta" in kinds
+    assert final.model_dump()["content"] == msg.model_dump()["content"]
+    # thinking disabled: the template closes the thoughts in the prompt (one more token)
+    off = await claude.messages.create(**kw, thinking={"type": "disabled"})
+    def prompt(m):
+        return m.usage.input_tokens + m.usage.cache_read_input_tokens
+
+    assert prompt(off) == prompt(msg) + 1
+    assert all(b.type != "thinking" for b in off.content)
+
+
+async def test_anthropic_history_thinking_reaches_the_template(node, claude):
+    """An earlier turn's thinking block is its reasoning_content: Qwen3's template shows it within
+    the tool-use loop (after the last user message), so the prompt grows by it."""
+    tool = {"name": "sky", "input_schema": {"type": "object", "properties": {}}}
+
+    def history(thoughts):
+        blocks = [{"type": "thinking", "thinking": thoughts, "signature": ""}] if thoughts else []
+        return [*ASK, {"role": "assistant", "content": [*blocks, {"type": "tool_use", "id": "t1", "name": "sky",
+                                                                  "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "blue"}]}]
+
+    model = model_id(node, "qwen3ish")
+    plain = await claude.messages.count_tokens(model=model, messages=history(None), tools=[tool])
+    thought = await claude.messages.count_tokens(model=model, messages=history("Look up"), tools=[tool])
+    assert thought.input_tokens > plain.input_tokens
+
+
+# --- OpenAI Responses: a reasoning item ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_responses_reasoning_item(node, client, stream):
+    """The thoughts come as a reasoning output item (reasoning_text content), first: the text the
+    chat route puts in reasoning_content for the same greedy reply."""
+    model = model_id(node, "thinker")
+    reasoning, content, _, _ = await ask(client, model, False, max_tokens=16, temperature=0)
+    assert reasoning
+    kw = dict(model=model, input="Is the sky blue?", max_output_tokens=16, temperature=0)
+    if stream:
+        deltas, response = [], None
+        async with client.responses.stream(**kw) as events:
+            async for event in events:
+                if event.type == "response.reasoning_text.delta":
+                    deltas.append(event.delta)
+                if event.type in ("response.completed", "response.incomplete"):  # (max_output_tokens cut it)
+                    response = event.response
+        assert "".join(deltas) == reasoning
+    else:
+        response = await client.responses.create(**kw)
+    item = response.output[0]
+    assert item.type == "reasoning" and [c.text for c in item.content] == [reasoning]
+    assert response.output_text == (content or "")
