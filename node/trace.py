@@ -82,6 +82,7 @@ class RequestTrace:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens whose KV was reused (prefix cache), when known
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, those of a reasoning model's thoughts
     finish_reason: str | None = None  # stop | length | tool_calls
     finish_detail: str | None = None  # eos | stop_sequence | max_tokens | context
     outcome: str | None = None  # ok | error | cancelled

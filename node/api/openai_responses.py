@@ -248,7 +248,7 @@ def _call_item(trace: RequestTrace, index: int, call_id: str, name: str, argumen
 def _usage(trace: RequestTrace) -> dict[str, Any]:
     prompt = trace.prompt_tokens or 0
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": trace.cached_tokens or 0},
-            "output_tokens": trace.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": trace.completion_tokens, "output_tokens_details": {"reasoning_tokens": trace.reasoning_tokens},
             "total_tokens": prompt + trace.completion_tokens}
 
 

@@ -34,6 +34,8 @@ def usage(trace: RequestTrace) -> dict[str, Any]:
                            "total_tokens": prompt + trace.completion_tokens}
     if trace.cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": trace.cached_tokens}
+    if trace.reasoning_tokens:  # a reasoning model's thoughts, as OpenAI counts them
+        out["completion_tokens_details"] = {"reasoning_tokens": trace.reasoning_tokens}
     return out
 
 

@@ -330,6 +330,7 @@ class CompletionRun:
                     if special in markers:
                         piece = special.encode()
                 delta = assembler.feed(piece)
+                thinking = self._splitter is not None and self._splitter.phase == "thinking"
                 if assembler.stop_match is not None:
                     job.keep_kv = True  # the reply is complete: its KV serves the next turn
                     job.cancel.set()
@@ -339,6 +340,8 @@ class CompletionRun:
                                       () if track is None else track.take(len(assembler.emitted)))
                     if out is not None:
                         yield out
+                if thinking or (self._splitter is not None and self._splitter.phase == "thinking"):
+                    trace.reasoning_tokens += 1  # a token of the thoughts (its tags included)
                 if assembler.stop_match is not None:
                     break
                 if limit_s and b"\n" in piece and self._past_time_limit(limit_s):

@@ -89,7 +89,7 @@ async def test_thoughts_cut_by_max_tokens_are_reasoning_content(node, client, st
     reasoning, content, finish, usage = await ask(client, model, stream, **kw)
     assert reasoning == raw_content.strip()
     assert content in ("", None) and finish == "length"
-    assert usage.completion_tokens == 12
+    assert usage.completion_tokens == usage.completion_tokens_details.reasoning_tokens == 12
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -102,7 +102,8 @@ async def test_a_json_answer_comes_after_the_thoughts(node, client, stream):
     kw = dict(max_tokens=64, temperature=0, response_format=schema, logit_bias={close_token(node): 100})
     _, raw, _, _ = await ask(client, model, stream, extra_body={"reasoning_format": "none"}, **kw)
     assert "</think>" in raw
-    reasoning, content, finish, _ = await ask(client, model, stream, **kw)
+    reasoning, content, finish, usage = await ask(client, model, stream, **kw)
+    assert usage.completion_tokens_details.reasoning_tokens == 1  # `</think>` (the bias): no thoughts before it
     thoughts, answer = raw.split("</think>", 1)
     assert (reasoning or "") == thoughts.strip()
     assert content == answer.strip() and content in ('"yes"', '"no"') and finish == "stop"
