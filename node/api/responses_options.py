@@ -3,9 +3,10 @@ naming them, and the checks of `text`, `reasoning` and `include`.
 
 `reasoning` and `include` are taken where they change nothing (2026-12-06). Coding agents send them
 on every request: Codex CLI sends `reasoning: {effort, summary}` and, with `store: false`,
-`include: ["reasoning.encrypted_content"]`. These models write no reasoning items (as `thinking` on
-the Anthropic route), and this node runs no built-in tools and takes no images, so there is nothing
-to include; only what would be missing from the reply (`message.output_text.logprobs`) is refused.
+`include: ["reasoning.encrypted_content"]`. A reasoning model's thoughts come as a reasoning item
+with its text in `content`, never encrypted (node.api.openai_responses), and this node runs no
+built-in tools and takes no images, so there is nothing to include; only what would be missing from
+the reply (`message.output_text.logprobs`) is refused.
 """
 
 from __future__ import annotations
