@@ -26,12 +26,12 @@ from node.errors import (
     InvalidRequest,
     ModelUnavailable,
     NodeError,
-    Unsupported,
 )
 from node.inference import constrain, reasoning
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.logprobs import LogprobTrack
 from node.inference.manager import ModelManager, ServedModel
+from node.inference.prefill import prefill_of
 from node.inference.request import CompletionRequest, Delta, ToolCall
 from node.inference.sampling import SamplingParams
 from node.inference.textstream import TextAssembler
@@ -91,6 +91,7 @@ class CompletionRun:
         self._thoughts: reasoning.ReasoningSplitter | None = None  # set for a reasoning model's chat
         self._splitter: reasoning.ReasoningSplitter | None = None  # the same, when the reply is split
         self._answer = ""  # the reply's text outside the thoughts (the tool parser's input)
+        self._inline = ""  # reasoning_format "none": the thoughts as written, kept in content
 
     # --- phase 1: everything that can fail with a client error ---
 
@@ -144,7 +145,8 @@ class CompletionRun:
             if spec is not None:
                 params = dataclasses.replace(params, grammar=spec)
         if params.grammar is not None and self._thoughts is not None:  # room to think before it
-            params = dataclasses.replace(params, grammar=self._thoughts.grammar(params.grammar))
+            spec = await loop.run_in_executor(None, reasoning.grammar_with_room, self._thoughts, params.grammar, tok)
+            params = dataclasses.replace(params, grammar=spec)
         if params.grammar is not None or params.logit_bias:  # compile here: its 400 comes before any byte
             await loop.run_in_executor(None, constrain.check, tok, params,
                                        "tools" if self._tool_format is not None else "response_format")
@@ -186,13 +188,13 @@ class CompletionRun:
             fmt = detect_format(tok.chat_template)
             messages, tools = prompt_inputs(fmt, self.request, tok.chat_template)
             messages = reasoning.with_history(self.request.messages, messages)
-            prefill = self._prefill()
+            prefill = prefill_of(self.request)
             if prefill is not None:
                 messages = messages[:-1]
             rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
                                                           self.request.template_kwargs)
             self._thoughts = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill)
-            self._splitter = self._thoughts if self.request.reasoning_format != "none" else None
+            self._splitter = self._thoughts  # with reasoning_format "none" the thoughts stay content (_split)
             return tokens, fmt
         if self.request.suffix is not None:
             req = self.request
@@ -201,22 +203,6 @@ class CompletionRun:
             return await loop.run_in_executor(None, tok.infill_tokens, req.prompt, req.suffix, req.infill_extra,
                                               req.infill_middle, room), None
         return await loop.run_in_executor(None, tok.tokenize, self.request.prompt), None
-
-    def _prefill(self) -> str | None:
-        """A chat that ends with an assistant message asks for that message to be continued (a
-        prefill, as Anthropic's API and llama-server take it): its text follows the generation
-        prompt and the reply is what comes after it. Until 2026-12-06 the chat route rendered it as
-        a finished turn and answered a new one. None when the chat ends otherwise."""
-        last = self.request.messages[-1] if self.request.messages else None
-        if last is None or last.get("role") != "assistant" or last.get("tool_calls"):
-            return None
-        content = last.get("content")
-        if not isinstance(content, str) or not content:
-            return ""  # an empty placeholder some apps append: the reply starts as usual
-        if self.request.response_format is not None or tools_active(self.request):
-            raise Unsupported("a final assistant message (prefill) cannot be combined with tools or "
-                              "response_format; end with a user turn", param=self.request.prompt_param)
-        return content
 
     async def count_prompt_tokens(self) -> int:
         """Resolve the model and count the prompt's tokens as prepare() would; nothing queues or runs."""
@@ -364,9 +350,9 @@ class CompletionRun:
             text, calls = parser.finish(cut=not ended_by_eog and assembler.stop_match is None)
             if text or calls:
                 yield Delta(text=text, tool_calls=tuple(calls))
-            self.content, self.tool_calls, self.cut_call = parser.content, parser.calls, parser.cut_call
+            self.content, self.tool_calls, self.cut_call = self._inline + parser.content, parser.calls, parser.cut_call
         else:
-            self.content = self._answer
+            self.content = self._inline + self._answer
         if self.pipeline_run is not None:
             await source.aclose()
         await self._wait_generation()
@@ -385,8 +371,11 @@ class CompletionRun:
         """A piece of the reply as a Delta: as it is, or thoughts, content and tool-call pieces (with
         the logprobs of the tokens it came from); the tool parser sees only the text after the
         thoughts. `final`: the reply's last piece (the splitter lets go of what it held)."""
-        thoughts = ""
-        if self._splitter is not None:
+        thoughts = inline = ""
+        if self._splitter is not None and self.request.reasoning_format == "none":
+            inline, text = self._splitter.feed_raw(text, final)  # the thoughts as written stay content
+            self._inline += inline
+        elif self._splitter is not None:
             thoughts, text = self._splitter.feed(text) if text else ("", "")
             if final:
                 more, rest = self._splitter.finish()
@@ -394,12 +383,12 @@ class CompletionRun:
             self.reasoning += thoughts
         self._answer += text
         if parser is None:
-            if text or thoughts or logprobs:
-                return Delta(text=text, logprobs=logprobs, reasoning=thoughts)
+            if inline or text or thoughts or logprobs:
+                return Delta(text=inline + text, logprobs=logprobs, reasoning=thoughts)
             return None
-        content, calls = parser.feed(text) if text else ("", [])
-        if content or calls or logprobs or thoughts:
-            return Delta(text=content, tool_calls=tuple(calls), logprobs=logprobs, reasoning=thoughts)
+        content, calls = parser.feed(text) if text else ("", [])  # the answer only: never the thoughts
+        if inline or content or calls or logprobs or thoughts:
+            return Delta(text=inline + content, tool_calls=tuple(calls), logprobs=logprobs, reasoning=thoughts)
         return None
 
     async def _local_source(self):

@@ -88,6 +88,14 @@ class ReasoningSplitter:
         """The end of the reply: whatever was held back."""
         return self._run(self._held, final=True)
 
+    def feed_raw(self, text: str, final: bool = False) -> tuple[str, str]:
+        """As feed (finish with `final`), but the first part is the thoughts' text as written, tags
+        and whitespace included (reasoning_format "none": it stays content, and only the rest goes to
+        the tool parser). Content is always the tail of what came in, held text the tail otherwise."""
+        came = self._held + text
+        _, content = self._run(came, final=final)
+        return came[:len(came) - len(self._held) - len(content)], content
+
     def _run(self, text: str, final: bool) -> tuple[str, str]:
         self._held = ""
         reasoning = content = ""
@@ -136,12 +144,17 @@ class ReasoningSplitter:
         """start (the reply may open thoughts), thinking, or answer."""
         return "answer" if self._state in ("answer", "content") else self._state
 
-    def grammar(self, spec: g.Spec) -> g.Spec:
+    def grammar(self, spec: g.Spec, close_is_token: bool = False) -> g.Spec:
         """A grammar the reply must follow, with room to think first (as llama-server's grammars
         for reasoning models): thoughts are free text up to the closing tag, then the answer keeps
-        to `spec`. Without it a JSON or tool-call grammar forced its text from the first token."""
+        to `spec`. Without it a JSON or tool-call grammar forced its text from the first token.
+        `close_is_token`: the closing tag is one special token of the vocabulary; it is then written
+        as free text and a literal, which every peer's grammar compiler resolves to that token (a
+        text node's `stop` as a token is new: an older sampling peer would wait for it spelt as
+        text, which a model never writes, and think until max_tokens; found in review)."""
         gap = g.repeat(g.literal("\n"), 0, 2)
-        thoughts = g.seq(g.free_text(self.tags.close), gap, spec)
+        end = g.seq(g.free_text(), g.literal(self.tags.close)) if close_is_token else g.free_text(self.tags.close)
+        thoughts = g.seq(end, gap, spec)
         if self.phase == "thinking":
             return thoughts
         if self.phase == "start":
@@ -152,7 +165,7 @@ class ReasoningSplitter:
 def splitter_for(request: CompletionRequest, template: str | None, rendered: str,
                  prefill: str | None) -> ReasoningSplitter | None:
     """Where a chat's reply stands with its thoughts, or None (not a reasoning template). With
-    reasoning_format "none" it only shapes the grammar: the text is not split. `rendered`: the
+    reasoning_format "none" the thoughts stay content (`feed_raw`). `rendered`: the
     prompt as the template wrote it; `prefill`: the start of the reply the request wrote itself (it
     may open or close the thoughts)."""
     tags = think_tags(template)
@@ -181,3 +194,11 @@ def with_history(original: tuple[dict, ...], rendered: list[dict[str, Any]]) -> 
             turn += 1
         out.append(msg)
     return out
+
+
+def grammar_with_room(splitter: ReasoningSplitter, spec: g.Spec, tok: Any) -> g.Spec:
+    """`splitter.grammar(spec)`, knowing whether the closing tag is one special token of `tok`'s
+    vocabulary (blocking: the grammar vocabulary may be built here)."""
+    from node.inference import constrain
+
+    return splitter.grammar(spec, constrain.vocabulary(tok).special_token(splitter.tags.close) is not None)

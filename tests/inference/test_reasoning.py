@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from node.inference import constrain
+from node.inference import constrain, reasoning
 from node.inference import grammar as g
 from node.inference.chat import render_chat
 from node.inference.reasoning import (
@@ -165,3 +165,29 @@ def test_a_grammar_leaves_room_to_think_first(think_tok):
     answered = ReasoningSplitter(THINK, False)
     answered.feed("x")
     assert answered.grammar(answer) == answer  # already answering: the grammar as it was
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_raw_thoughts_and_the_answer_rebuild_the_reply_in_any_chunking(inside):
+    """reasoning_format "none": feed_raw's first part is the thoughts as written (tags, whitespace),
+    the second the answer the tool parser reads; together they are the reply."""
+    reply = ("  <think>\n" if not inside else "") + "let me see </thi nk> no\n</think>\n\n{\"a\": 1}"
+    for cut in range(len(reply) + 1):
+        for cut2 in range(cut, len(reply) + 1, 5):
+            s = reasoning.ReasoningSplitter(reasoning.ThinkTags("<think>", "</think>"), inside)
+            raw = answer = ""
+            for piece in (reply[:cut], reply[cut:cut2], reply[cut2:]):
+                r, a = s.feed_raw(piece)
+                raw, answer = raw + r, answer + a
+            r, a = s.feed_raw("", final=True)
+            raw, answer = raw + r, answer + a
+            assert raw + answer == reply and answer == '{"a": 1}', (cut, cut2, raw, answer)
+
+
+def test_a_closing_tag_that_is_a_token_is_a_literal_every_peer_resolves():
+    """An older sampling peer compiles a text node's `stop` as text; `</think>` as a special token
+    cannot be spelt so, and the model thought until max_tokens (found in review)."""
+    s = reasoning.ReasoningSplitter(reasoning.ThinkTags("<think>", "</think>"), True)
+    spec = s.grammar(g.json_value({"enum": ["yes"]}), close_is_token=True)
+    assert spec["items"][0] == g.seq(g.free_text(), g.literal("</think>"))
+    assert s.grammar(g.json_value(None))["items"][0] == g.free_text("</think>")

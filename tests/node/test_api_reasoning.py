@@ -139,6 +139,36 @@ async def test_tool_calls_come_after_the_thoughts(node, client, stream):
         assert "</think>" not in (msg.content or "") and "sky" not in (getattr(msg, "reasoning_content", "") or "")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_calls_are_read_with_the_thoughts_kept_as_content(node, client, stream):
+    """reasoning_format "none" keeps the thoughts in content as written, and the tool-call parser still
+    reads only the text after them (found in review: the parser saw `</think>` first and the call
+    came back as content)."""
+    model = model_id(node, "thinker")
+    tool = {"type": "function", "function": {"name": "sky", "parameters": {
+        "type": "object", "properties": {"c": {"enum": ["blue"]}}, "required": ["c"], "additionalProperties": False}}}
+    kw = dict(model=model, messages=ASK, max_tokens=120, temperature=0, tools=[tool], tool_choice="required",
+              parallel_tool_calls=False, logit_bias={close_token(node): 100}, extra_body={"reasoning_format": "none"})
+    if stream:
+        calls, content = {}, ""
+        async with await client.chat.completions.create(stream=True, **kw) as events:
+            async for chunk in events:
+                delta = chunk.choices[0].delta if chunk.choices else None
+                content += (delta.content or "") if delta else ""
+                for d in (delta.tool_calls or ()) if delta else ():
+                    calls.setdefault(d.index, ["", ""])
+                    calls[d.index][0] += d.function.name or ""
+                    calls[d.index][1] += d.function.arguments or ""
+        got = list(calls.values())
+    else:
+        r = await client.chat.completions.create(**kw)
+        assert r.choices[0].finish_reason == "tool_calls"
+        got = [[c.function.name, c.function.arguments] for c in r.choices[0].message.tool_calls]
+        content = r.choices[0].message.content or ""
+    assert got == [["sky", '{"c":"blue"}']]
+    assert content.strip() == "</think>" and "tool_call" not in content
+
+
 async def test_chat_template_kwargs_reach_the_template(node, client):
     """enable_thinking false: R1's template closes the thoughts in the prompt (one more token), the
     reply is content; unknown kwargs change nothing; a wrong type is a 400 naming it."""
