@@ -21,7 +21,13 @@ from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.history import link_tool_results
 from node.api.response_store import ResponseStore
-from node.api.responses_options import check_include, check_keys, check_reasoning, text_format
+from node.api.responses_options import (
+    check_include,
+    check_keys,
+    check_reasoning,
+    reasoning_kwargs,
+    text_format,
+)
 from node.api.schemas import _integer, _number
 from node.api.tool_schemas import async_check_tool_schemas, dialect_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
@@ -70,8 +76,12 @@ def _input_messages(raw: Any) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("Invalid 'input': expected a string or a non-empty list of items.", param="input")
     out: list[dict] = []
+    thoughts = ""  # a reasoning item's text: the next assistant turn's reasoning_content
     for i, item in enumerate(raw):
         where = f"input[{i}]"
+        if thoughts and out and out[-1]["role"] == "assistant" and "reasoning_content" not in out[-1]:
+            out[-1] = {**out[-1], "reasoning_content": thoughts}
+            thoughts = ""
         if not isinstance(item, dict):
             raise InvalidRequest(f"Invalid type for '{where}': expected an object.", param="input")
         kind = item.get("type", "message")
@@ -102,7 +112,12 @@ def _input_messages(raw: Any) -> list[dict]:
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "reasoning":
-            continue  # an earlier turn's reasoning (another model's): not prompt text, as chat templates drop it
+            # an earlier turn's thoughts, as stateless clients (store false: Codex CLI) send the output
+            # back: its assistant turn's reasoning_content, for the templates that show them (Qwen3's
+            # inside a tool loop), as previous_response_id keeps them; its text, or else its summary
+            parts = item.get("content") or item.get("summary") or []
+            thoughts = "".join(p.get("text", "") for p in parts if isinstance(p, dict)
+                               and isinstance(p.get("text"), str)) if isinstance(parts, list) else ""
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
@@ -111,6 +126,8 @@ def _input_messages(raw: Any) -> list[dict]:
             out.append({"role": "tool", "tool_call_id": call_id, "content": output})
         else:
             raise Unsupported(f"'{where}': {kind} input items are not supported by this node", param="input")
+    if thoughts and out and out[-1]["role"] == "assistant" and "reasoning_content" not in out[-1]:
+        out[-1] = {**out[-1], "reasoning_content": thoughts}
     return out
 
 
@@ -194,7 +211,8 @@ def parse_responses(body: Any, store: ResponseStore) -> tuple[CompletionRequest,
     system = ({"role": "system", "content": instructions},) if instructions else ()
     completion = CompletionRequest("chat", model, stream, False, params, messages=system + prior + new,
                                    response_format=response_format, tools=tools, tool_choice=tool_choice,
-                                   tool_choice_name=tool_name, parallel_tool_calls=parallel, operation="responses")
+                                   tool_choice_name=tool_name, parallel_tool_calls=parallel, operation="responses",
+                                   template_kwargs=reasoning_kwargs(body.get("reasoning")))
     echo = {
         "instructions": instructions, "max_output_tokens": params.max_tokens, "metadata": metadata or {},
         "parallel_tool_calls": parallel, "previous_response_id": previous, "store": store_it,

@@ -52,7 +52,8 @@ def check_keys(body: dict) -> None:
 
 
 def check_reasoning(value: object) -> None:
-    """`reasoning: {effort, summary}`: checked, then ignored (these models write no reasoning)."""
+    """`reasoning: {effort, summary}`: checked (a reasoning model's thoughts come as a reasoning
+    item whatever they say; `effort: "none"` turns thinking off: reasoning_kwargs)."""
     if value is None:
         return
     if not isinstance(value, dict):
@@ -64,8 +65,17 @@ def check_reasoning(value: object) -> None:
     unknown = value.keys() - {"effort", "summary", "generate_summary"}
     if unknown:
         raise InvalidRequest(f"Unknown parameter: 'reasoning.{sorted(unknown)[0]}'.", param="reasoning")
-    if value.get("effort") not in (None, "none"):
-        log.debug("DIAG: reasoning requested, ignored (the model writes none) effort=%s", value.get("effort"))
+
+
+
+def reasoning_kwargs(value: object) -> dict:
+    """The chat template's kwargs from `reasoning` (checked before): effort "none" is
+    enable_thinking false, as reasoning_effort "none" is on the chat route; another effort reaches
+    the template as reasoning_effort (gpt-oss's reads it)."""
+    effort = value.get("effort") if isinstance(value, dict) else None
+    if effort == "none":
+        return {"enable_thinking": False}
+    return {"reasoning_effort": effort} if effort else {}
 
 
 def check_include(value: object) -> None:

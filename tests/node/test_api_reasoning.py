@@ -306,3 +306,23 @@ async def test_responses_reasoning_item(node, client, stream):
     item = response.output[0]
     assert item.type == "reasoning" and [c.text for c in item.content] == [reasoning]
     assert response.output_text == (content or "")
+
+
+async def test_responses_input_reasoning_and_effort_none_reach_the_template(node, client):
+    """A stateless client (store false: Codex CLI) sends the reasoning item back in `input`: it is
+    that turn's reasoning_content, which Qwen3's template shows inside a tool loop; `reasoning:
+    {effort: "none"}` turns thinking off (found in review: both were dropped)."""
+    model = model_id(node, "qwen3ish")
+    tool = {"type": "function", "name": "sky", "parameters": {"type": "object", "properties": {}}}
+    turn = [{"role": "user", "content": "Is the sky blue?"},
+            {"type": "function_call", "call_id": "call_1", "name": "sky", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "blue"}]
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "I should look at the sky first, carefully."}]}
+    kw = dict(model=model, tools=[tool], max_output_tokens=1, temperature=0)
+    without = await client.responses.create(input=turn, **kw)
+    with_thought = await client.responses.create(input=[turn[0], thought, *turn[1:]], **kw)
+    assert with_thought.usage.input_tokens > without.usage.input_tokens + 5
+    on = await client.responses.create(input="Is the sky blue?", **kw)
+    off = await client.responses.create(input="Is the sky blue?", reasoning={"effort": "none"}, **kw)
+    assert off.usage.input_tokens > on.usage.input_tokens  # Qwen3's template closes the thoughts itself
