@@ -310,10 +310,10 @@ async def apply_template(request: web.Request) -> web.Response:
     chat = parse_completion({**body, "model": _default_model(request, body.get("model"))}, "chat")
     tok = (await _served(request, chat.model)).tokenizer
     fmt = detect_format(tok.chat_template)
-    messages, tools = prompt_inputs(fmt, chat, tok.chat_template)
+    loop = asyncio.get_running_loop()
+    messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, chat, tok.chat_template)
     messages = with_history(chat.messages, messages)  # as a run renders it: thoughts, template kwargs
-    prompt = await asyncio.get_running_loop().run_in_executor(None, tok.render_chat, messages, tools,
-                                                              chat.template_kwargs)
+    prompt = await loop.run_in_executor(None, tok.render_chat, messages, tools, chat.template_kwargs)
     return web.json_response({"prompt": prompt})
 
 

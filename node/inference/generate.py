@@ -186,7 +186,8 @@ class CompletionRun:
         loop = asyncio.get_running_loop()
         if self.request.kind == "chat":
             fmt = detect_format(tok.chat_template)
-            messages, tools = prompt_inputs(fmt, self.request, tok.chat_template)
+            # off the loop: the generic format tries a template once (~50 ms for the largest)
+            messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, self.request, tok.chat_template)
             messages = reasoning.with_history(self.request.messages, messages)
             prefill = prefill_of(self.request)
             if prefill is not None:
