@@ -14,6 +14,7 @@ from tests.pipeline.swarm import llama_greedy
 from tests.pipeline.test_autoserve import BUDGET_MB, auto_model
 from tests.pipeline.test_netns import NsNode, lab  # noqa: F401 (the fixture)
 from tests.pipeline.test_self_organising import llama_prompt_tokens
+from tests.support.waiting import wait_until_sync
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.llama]
 _why = netns_unavailable()
@@ -65,7 +66,12 @@ def test_auto_nodes_found_by_mdns_serve_a_node_without_the_file(lab, tmp_path): 
     peers = [p for p in json.loads(node_a.client("peers"))["peers"] if p["state"] == "connected"]
     assert len(peers) == 3
     for p in peers:  # found on the LAN, with no address configured anywhere
-        assert "bootstrap" not in p["sources"] and "mdns" in p["sources"]
+        assert "bootstrap" not in p["sources"]
+
+    def all_heard() -> bool:  # A's browser hears each announcement (a peer that heard A's first dialled it)
+        return all("mdns" in p["sources"] for p in json.loads(node_a.client("peers"))["peers"]
+                   if p["state"] == "connected")
+    wait_until_sync(all_heard, 30, 0.5, "A to find every holder by mDNS")
 
 
 def test_auto_nodes_with_one_behind_a_relay(lab, tmp_path):  # noqa: F811
