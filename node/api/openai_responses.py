@@ -82,6 +82,9 @@ def _input_messages(raw: Any) -> list[dict]:
         if thoughts and out and out[-1]["role"] == "assistant" and "reasoning_content" not in out[-1]:
             out[-1] = {**out[-1], "reasoning_content": thoughts}
             thoughts = ""
+        if isinstance(item, dict) and (item.get("type", "message") == "function_call_output"
+                                       or item.get("role") in ("user", "system", "developer")):
+            thoughts = ""  # a reasoning item belongs to the assistant items right after it only
         if not isinstance(item, dict):
             raise InvalidRequest(f"Invalid type for '{where}': expected an object.", param="input")
         kind = item.get("type", "message")

@@ -326,3 +326,21 @@ async def test_responses_input_reasoning_and_effort_none_reach_the_template(node
     on = await client.responses.create(input="Is the sky blue?", **kw)
     off = await client.responses.create(input="Is the sky blue?", reasoning={"effort": "none"}, **kw)
     assert off.usage.input_tokens > on.usage.input_tokens  # Qwen3's template closes the thoughts itself
+
+
+async def test_a_reasoning_item_belongs_to_the_assistant_items_right_after_it():
+    """A turn cut while thinking leaves a reasoning item with no answer after it: its thoughts are
+    not the next turn's (found in review)."""
+    from node.api.openai_responses import _input_messages
+
+    def thought(text):
+        return {"type": "reasoning", "content": [{"type": "reasoning_text", "text": text}]}
+
+    def said(text):
+        return {"role": "assistant", "content": [{"type": "output_text", "text": text}]}
+
+    cut = _input_messages([{"role": "user", "content": "q1"}, thought("T1"), {"role": "user", "content": "q2"},
+                           said("answer two")])
+    assert "reasoning_content" not in cut[-1]
+    kept = _input_messages([{"role": "user", "content": "q1"}, thought("T1"), said("a1")])
+    assert kept[-1]["reasoning_content"] == "T1"

@@ -155,6 +155,14 @@ async def test_gzip_members_one_after_another_are_one_body():
         decode_content(gzip.compress(b"{}") + b"junk", "gzip", 1 << 20)
     with pytest.raises(PayloadTooLarge):
         decode_content(gzip.compress(b" " * 600) + gzip.compress(b" " * 600), "gzip", 1000)
+    # a body of ~400k empty members (8 MiB): decoding each copied what followed it, 47 s of CPU that
+    # also held the loop (found in review); a body holds at most MAX_MEMBERS
+    empty = gzip.compress(b"")
+    with pytest.raises(InvalidRequest, match="more than 64"):
+        decode_content(empty * (8 * 2**20 // len(empty)), "gzip", 1 << 20)
+    assert decode_content(gzip.compress(b"[") + empty * 62 + gzip.compress(b"]"), "gzip", 100) == b"[]"
+    spread = gzip.compress(bytes(range(256)) * 2000, compresslevel=0)  # members longer than a read chunk
+    assert decode_content(spread + spread, "gzip", 2 << 20) == bytes(range(256)) * 4000
 
 
 async def test_the_body_count_reads_on_aiohttp_before_3_13():

@@ -69,8 +69,8 @@ def test_auto_nodes_found_by_mdns_serve_a_node_without_the_file(lab, tmp_path): 
         assert "bootstrap" not in p["sources"]
 
     def all_heard() -> bool:  # A's browser hears each announcement (a peer that heard A's first dialled it)
-        return all("mdns" in p["sources"] for p in json.loads(node_a.client("peers"))["peers"]
-                   if p["state"] == "connected")
+        linked = [p for p in json.loads(node_a.client("peers"))["peers"] if p["state"] == "connected"]
+        return len(linked) == 3 and all("mdns" in p["sources"] for p in linked)
     wait_until_sync(all_heard, 30, 0.5, "A to find every holder by mDNS")
 
 
