@@ -55,12 +55,16 @@ def template_kwargs(body: dict) -> dict[str, Any]:
         raise InvalidRequest(f"`chat_template_kwargs.enable_thinking` must be a boolean, got "
                              f"{type(thinking).__name__}", param="chat_template_kwargs.enable_thinking")
     out = {k: v for k, v in value.items() if v is not None or k != "enable_thinking"}
-    effort = body.get("reasoning_effort")  # its value is checked with the other hints
+    return {**out, **effort_kwargs(body.get("reasoning_effort"))}  # its value is checked with the other hints
+
+
+def effort_kwargs(effort: object) -> dict[str, Any]:
+    """A reasoning effort as the template's kwargs, as llama-server folds it in: "none" turns
+    thinking off (enable_thinking false); another effort reaches the template as `reasoning_effort`
+    (gpt-oss's reads it). The chat route's `reasoning_effort`, Responses' `reasoning.effort`."""
     if effort == "none":
-        out["enable_thinking"] = False
-    elif isinstance(effort, str):
-        out["reasoning_effort"] = effort
-    return out
+        return {"enable_thinking": False}
+    return {"reasoning_effort": effort} if isinstance(effort, str) and effort else {}
 
 
 def history_reasoning(msg: dict, index: int) -> str | None:

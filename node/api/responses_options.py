@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from node.api.chat_options import effort_kwargs
 from node.api.schemas import _response_format as openai_response_format
 from node.errors import InvalidRequest, Unsupported
 from node.inference.request import ResponseFormat
@@ -69,13 +70,9 @@ def check_reasoning(value: object) -> None:
 
 
 def reasoning_kwargs(value: object) -> dict:
-    """The chat template's kwargs from `reasoning` (checked before): effort "none" is
-    enable_thinking false, as reasoning_effort "none" is on the chat route; another effort reaches
-    the template as reasoning_effort (gpt-oss's reads it)."""
-    effort = value.get("effort") if isinstance(value, dict) else None
-    if effort == "none":
-        return {"enable_thinking": False}
-    return {"reasoning_effort": effort} if effort else {}
+    """The chat template's kwargs from `reasoning` (checked before): its effort, as the chat route's
+    reasoning_effort (chat_options.effort_kwargs)."""
+    return effort_kwargs(value.get("effort") if isinstance(value, dict) else None)
 
 
 def check_include(value: object) -> None:

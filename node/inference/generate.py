@@ -88,8 +88,8 @@ class CompletionRun:
         self.timed_out = False  # ended by the request's predict_time_limit_ms
         self._tool_format: ToolFormat | None = None  # set when the reply may call tools
         self.reasoning = ""  # a reasoning model's thoughts, apart from `content`, once deltas() ends
-        self._thoughts: reasoning.ReasoningSplitter | None = None  # set for a reasoning model's chat
-        self._splitter: reasoning.ReasoningSplitter | None = None  # the same, when the reply is split
+        # a reasoning model's chat: splits its reply (with reasoning_format "none" the thoughts stay content)
+        self._thoughts: reasoning.ReasoningSplitter | None = None
         self._answer = ""  # the reply's text outside the thoughts (the tool parser's input)
         self._inline = ""  # reasoning_format "none": the thoughts as written, kept in content
 
@@ -195,7 +195,6 @@ class CompletionRun:
             rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
                                                           self.request.template_kwargs)
             self._thoughts = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill)
-            self._splitter = self._thoughts  # with reasoning_format "none" the thoughts stay content (_split)
             return tokens, fmt
         if self.request.suffix is not None:
             req = self.request
@@ -317,7 +316,7 @@ class CompletionRun:
                     if special in markers:
                         piece = special.encode()
                 delta = assembler.feed(piece)
-                thinking = self._splitter is not None and self._splitter.phase == "thinking"
+                thinking = self._thoughts is not None and self._thoughts.phase == "thinking"
                 if assembler.stop_match is not None:
                     job.keep_kv = True  # the reply is complete: its KV serves the next turn
                     job.cancel.set()
@@ -327,7 +326,7 @@ class CompletionRun:
                                       () if track is None else track.take(len(assembler.emitted)))
                     if out is not None:
                         yield out
-                if thinking or (self._splitter is not None and self._splitter.phase == "thinking"):
+                if thinking or (self._thoughts is not None and self._thoughts.phase == "thinking"):
                     trace.reasoning_tokens += 1  # a token of the thoughts (its tags included)
                 if assembler.stop_match is not None:
                     break
@@ -342,7 +341,7 @@ class CompletionRun:
         tail = assembler.finish()
         # a stop sequence's tokens are not reported; without one, the last held-back tokens go now
         rest = () if track is None else (track.take(len(assembler.emitted)) if assembler.stop_match else track.rest())
-        if tail or rest or self._splitter is not None:
+        if tail or rest or self._thoughts is not None:
             self.text += tail
             out = self._split(parser, tail, rest, final=True)
             if out is not None:
@@ -373,13 +372,13 @@ class CompletionRun:
         the logprobs of the tokens it came from); the tool parser sees only the text after the
         thoughts. `final`: the reply's last piece (the splitter lets go of what it held)."""
         thoughts = inline = ""
-        if self._splitter is not None and self.request.reasoning_format == "none":
-            inline, text = self._splitter.feed_raw(text, final)  # the thoughts as written stay content
+        if self._thoughts is not None and self.request.reasoning_format == "none":
+            inline, text = self._thoughts.feed_raw(text, final)  # the thoughts as written stay content
             self._inline += inline
-        elif self._splitter is not None:
-            thoughts, text = self._splitter.feed(text) if text else ("", "")
+        elif self._thoughts is not None:
+            thoughts, text = self._thoughts.feed(text) if text else ("", "")
             if final:
-                more, rest = self._splitter.finish()
+                more, rest = self._thoughts.finish()
                 thoughts, text = thoughts + more, text + rest
             self.reasoning += thoughts
         self._answer += text

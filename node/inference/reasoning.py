@@ -75,11 +75,6 @@ class ReasoningSplitter:
         self._began = False  # thoughts have had their first non-space character
         self._held = ""
 
-    @property
-    def thinking(self) -> bool:
-        """Inside the thoughts (or possibly about to open them)."""
-        return self._state in ("start", "thinking")
-
     def feed(self, text: str) -> tuple[str, str]:
         """One piece of the reply: its (reasoning, content) parts ready to send."""
         return self._run(self._held + text, final=False)

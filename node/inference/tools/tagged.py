@@ -84,16 +84,23 @@ def _strip_newline(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
+def _name_until(text: str, i: int, end: str) -> tuple[str, int]:
+    """The function name from `i` up to `end` (its index, -1 while not written yet); JsonError when
+    what is written cannot be a name."""
+    k = text.find(end, i)
+    name = text[i:] if k < 0 else text[i:k]
+    if (name and not _NAME.fullmatch(name)) or len(name) > _MAX_NAME or (k >= 0 and not name):
+        raise JsonError(f"not a function name: {name[:80]!r}")
+    return name, k
+
+
 def qwen_xml(text: str, final: bool, params: ParamTypes | None = None) -> Region:
     """One `<tool_call>` block of the Qwen3-Coder XML format (the text after the marker)."""
     region = Region()
     i = _tag(text, skip_ws(text, 0), FUNCTION_OPEN)
     if i is None:
         return region
-    k = text.find(">", i)
-    name = text[i:] if k < 0 else text[i:k]
-    if (name and not _NAME.fullmatch(name)) or len(name) > _MAX_NAME or (k >= 0 and not name):
-        raise JsonError(f"not a function name: {name[:80]!r}")
+    name, k = _name_until(text, i, ">")
     if k < 0:
         return region
     call = PartialCall(name=name, args="{")
@@ -145,10 +152,7 @@ def mistral_args(text: str, final: bool) -> Region:
     if i < len(text) and text[i] == "[":
         return call_list(text, i, final, Region())
     region = Region()
-    k = text.find("[", i)
-    name = text[i:] if k < 0 else text[i:k]
-    if (name and not _NAME.fullmatch(name)) or len(name) > _MAX_NAME or (k >= 0 and not name):
-        raise JsonError(f"not a function name: {name[:80]!r}")
+    name, k = _name_until(text, i, "[")
     if k < 0:
         return region
     call = PartialCall(name=name)
