@@ -162,8 +162,8 @@ async def _read_body(request: web.Request) -> bytes:
     or has not finished after API_BODY_READ_MAX_S. aiohttp has no timeout of its own here: a
     Content-Length larger than what was sent, or a chunked body that stops, held the handler and the
     connection (with up to max_request_body_bytes of it in memory) for as long as the socket stayed open."""
-    if not request.body_exists:  # nothing to wait for (and aiohttp's empty payload counts no bytes)
-        return await request.read()
+    if not request.body_exists or request.content.is_eof():  # nothing to wait for: the usual request,
+        return await request.read()                          # its whole body already here, no timer
     reading = asyncio.ensure_future(request.read())
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + const.API_BODY_READ_MAX_S
