@@ -8,7 +8,7 @@ not loaded. A file the scan refuses (truncated, not a GGUF), or finds to be a mo
 again only once it changes. A
 download's file is the download's to register (`busy`: the names of active downloads); `.part`
 files never match `*.gguf`. A catalogued file that is gone (a whole model's, not the embedded
-default's) is handed to `drop`, which refuses while the model is loaded or in use: it is asked again
+default's; of a split model, any part's) is handed to `drop`, which refuses while the model is loaded or in use: it is asked again
 on the next look, so the model leaves once it is unloaded.
 """
 
@@ -57,8 +57,8 @@ def _look(models_dir: Path, known: dict[str, Path]) -> tuple[dict[Path, tuple[Pa
             continue
     gone = set()
     for model_id, path in known.items():
-        try:
-            if not path.is_file():
+        try:  # a split model is gone when any of its parts is (llama.cpp could not load it)
+            if not all(part.is_file() for part in set_files(path)):
                 gone.add(model_id)
         except OSError:
             gone.add(model_id)

@@ -144,6 +144,28 @@ async def test_a_split_model_with_a_part_missing_says_which_and_is_taken_once_co
     assert part1 not in node.catalog.skipped
 
 
+async def test_a_served_split_model_whose_part_is_deleted_leaves_and_comes_back(node, folder, tmp_path, client):
+    # until 2026-12-06 only part 1 was watched: deleting part 2 left the model listed until a restart,
+    # and a request then failed to load it
+    await asyncio.to_thread(rewrite, folder[1], tmp_path / "brittle.gguf", split_max_tensors=8)
+    models = node.data_dir / MODELS_DIR
+    for i in (1, 2, 3):
+        name = f"brittle-0000{i}-of-00003.gguf"
+        shutil.copyfile(tmp_path / name, models / name)
+    await wait_until(lambda: named(node, "brittle"), 30.0, 0.05, "the set served")
+    (model_id,) = named(node, "brittle")
+    assert model_id in {m.id async for m in client.models.list()}
+    part1, part2 = models / "brittle-00001-of-00003.gguf", models / "brittle-00002-of-00003.gguf"
+    part2.unlink()
+    await wait_until(lambda: not named(node, "brittle"), 30.0, 0.05, "the model gone with its part 2")
+    assert model_id not in {m.id async for m in client.models.list()}
+    await wait_until(lambda: part1 in node.catalog.skipped, 30.0, 0.05, "part 1 refused, saying why")
+    assert "brittle: part 2 of 3 missing" in node.catalog.skipped[part1], node.catalog.skipped[part1]
+    shutil.copyfile(tmp_path / part2.name, part2)
+    await wait_until(lambda: named(node, "brittle"), 30.0, 0.05, "the set served again")
+    assert named(node, "brittle") == [model_id] and part1 not in node.catalog.skipped
+
+
 async def test_a_split_set_not_spelt_as_llama_cpp_wants_is_refused_saying_rename(node):
     # llama.cpp opens a set only as `-0000N-of-0000M.gguf`, in lower case: `.GGUF` was listed and then
     # failed to load ("invalid split file name"), `-OF-` was refused as "part 1 of 3 missing"
