@@ -1,7 +1,9 @@
 """A local stand-in for Hugging Face: the Hub's resolve URL answers 302 to a signed URL on a CDN
 (another port, or a relative Location), with X-Linked-Size / X-Linked-Etag (the file's sha256,
 quoted) / ETag / x-repo-commit; the CDN serves Range and If-Range, refuses an expired signed URL
-with 403, and misbehaves on request. Both record each request's headers."""
+with 403, and misbehaves on request. Both record each request's headers. More files of the repo
+(a split model's parts) are served with `add_file` before `start`; `served` counts each file's
+body bytes sent."""
 
 from __future__ import annotations
 
@@ -31,6 +33,13 @@ class HubServer:
         self._sig = itertools.count()
         self.runners: list[web.AppRunner] = []
         self.hub = self.cdn = ""
+        self.files: dict[str, bytes] = {path: data}  # more with add_file (before start)
+        self.served: dict[str, int] = {}  # path → body bytes sent
+        self.drop_path: str | None = None  # drop_after applies to this file only (None: any)
+        self._sig_path: dict[str, str] = {}
+
+    def add_file(self, path: str, data: bytes) -> None:
+        self.files[path] = data
 
     @property
     def url(self) -> str:
@@ -46,7 +55,8 @@ class HubServer:
 
     async def start(self) -> None:
         hub, cdn = web.Application(), web.Application()
-        hub.router.add_route("*", self.path, self.resolve)
+        for path in self.files:
+            hub.router.add_route("*", path, self.resolve)
         hub.router.add_get("/cdn/{sig}", self.serve)  # a relative Location lands here
         cdn.router.add_get("/cdn/{sig}", self.serve)
         self.hub = await self._site(hub)
@@ -66,11 +76,13 @@ class HubServer:
             return web.Response(status=status, text=f"Access to model org/model is restricted. {status}")
         sig = f"sig{next(self._sig)}"
         self._uses[sig] = 0
+        self._sig_path[sig] = request.path
+        data = self.files[request.path]
         where = f"/cdn/{sig}?X-Amz-Expires=3600&X-Amz-Signature=secret{sig}"
         return web.Response(status=302, headers={
             "Location": where if self.relative_location else self.cdn + where,
-            "X-Linked-Size": str(len(self.data)), "X-Linked-Etag": f'"{self.sha256}"',
-            "ETag": f'"{self.sha256}"', "x-repo-commit": "0123456789abcdef0123456789abcdef01234567"})
+            "X-Linked-Size": str(len(data)), "X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"',
+            "ETag": f'"{hashlib.sha256(data).hexdigest()}"', "x-repo-commit": "0123456789abcdef0123456789abcdef01234567"})
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
         self.cdn_requests.append(dict(request.headers))
@@ -78,7 +90,8 @@ class HubServer:
         if sig not in self._uses or self._uses[sig] >= self.uses_per_signature:
             return web.Response(status=403, text="Request has expired")
         self._uses[sig] += 1
-        data = self.body_override if self.body_override is not None else self.data
+        path = self._sig_path[sig]
+        data = self.body_override if self.body_override is not None and path == self.path else self.files[path]
         start = 0
         rng = request.headers.get("Range")
         if rng and request.headers.get("If-Range") in (None, self.cdn_etag):
@@ -95,15 +108,17 @@ class HubServer:
         resp.content_length = stop - start
         await resp.prepare(request)
         body = data[start:stop]
-        if self.drop_after is not None:
+        if self.drop_after is not None and self.drop_path in (None, path):
             cut, self.drop_after = self.drop_after, None
             await resp.write(body[:cut])
             self.sent += cut
+            self.served[path] = self.served.get(path, 0) + cut
             await asyncio.sleep(0.5)  # the client reads what was sent before the close
             if request.transport is not None:
                 request.transport.close()
             return resp
         await resp.write(body)
         self.sent += len(body)
+        self.served[path] = self.served.get(path, 0) + len(body)
         await resp.write_eof()
         return resp

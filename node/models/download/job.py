@@ -33,6 +33,16 @@ class DownloadJob:
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    # a split model (sets.py): every part's (URL, file name), part 1 first; `file_name` is part 1's,
+    # `url` the part named (whose file `sha256` is); done/total_bytes count the whole set
+    parts: list[tuple[str, str]] = field(default_factory=list)
+    part: int = 1  # the part being fetched (1-based)
+    part_bytes: list[int | None] = field(default_factory=list)  # each part's size, when known
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            self.parts = [(self.url, self.file_name)]
+        self.part_bytes = self.part_bytes or [None] * len(self.parts)
 
     @property
     def active(self) -> bool:
@@ -47,4 +57,5 @@ class DownloadJob:
             "progress": round(self.done_bytes / self.total_bytes, 4) if self.total_bytes else None,
             "mb_per_s": round(fetched / 1e6 / elapsed, 2) if elapsed > 0 else None,
             "attempts": self.attempts, "error": self.error, "model_id": self.model_id,
+            "parts": len(self.parts), "part": self.part,
         }

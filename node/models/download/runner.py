@@ -8,7 +8,9 @@ the end, and the sha256 when one was given. Only then is the file renamed into `
 into the catalog and registered, so it shows up in /api/admin/models and the GUI and can be loaded.
 Writes, hashing and renames run in an executor (the loop never blocks); progress is published to
 observers at most DOWNLOAD_PROGRESS_S apart. URLs are logged without their query string (signed
-URLs carry credentials there).
+URLs carry credentials there). Any part of a split model (`big-00002-of-00003.gguf`) downloads the
+whole set, part after part, each resumed and checked as one file; the parts land in `models/`
+together once every one is checked (sets.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from node.observe import Observers
 from .fetch import Retryable, async_fetch, retry_delay
 from .job import DownloadJob
 from .partfile import discard_part, sidecar, size_and_sha256, size_or_zero, unlink
+from .sets import async_plan, set_parts
 from .urls import describe_error, display_url, file_name_for, resolve_url
 
 log = logging.getLogger(__name__)
@@ -57,18 +60,20 @@ class ModelDownloader:
     def start(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
         """Start a download (loop); the same file already downloading is that job, not a second."""
         resolved = resolve_url(url)
-        name = file_name_for(resolved, file_name)
+        parts = set_parts(resolved, file_name_for(resolved, file_name), file_name)
+        name = parts[0][1]  # a split set's: its part 1's
         if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
             raise InvalidRequest("sha256 must be 64 hex digits", param="sha256")
         for job in self.jobs.values():
             if job.file_name.lower() == name.lower() and job.active:  # one .part per name on any filesystem
-                if job.url != resolved:
+                if job.parts[0][0] != parts[0][0]:
                     raise Conflict(f"{name} is already being downloaded from another URL")
                 return job
-        if (self.models_dir / name).exists():
-            raise Conflict(f"models/{name} already exists; remove it first or choose another filename")
+        for _url, part_name in parts:
+            if (self.models_dir / part_name).exists():
+                raise Conflict(f"models/{part_name} already exists; remove it first or choose another filename")
         job = DownloadJob(hashlib.sha256(f"{resolved}\0{time.time_ns()}".encode()).hexdigest()[:12], resolved, name,
-                          sha256.lower() if sha256 else None)
+                          sha256.lower() if sha256 else None, parts=parts)
         self.jobs[job.id] = job
         job.task = asyncio.get_running_loop().create_task(self._async_run(job), name=f"download-{job.id}")
         job.task.add_done_callback(lambda _task: self._settle(job))
@@ -116,7 +121,8 @@ class ModelDownloader:
         if going is not None:  # resumed meanwhile: that download writes the partial file now
             raise Conflict(f"download {job_id} was resumed as {going.id}; cancel that one")
         job.state, job.error = "cancelled", "cancelled"  # first: a resume now is refused (not paused)
-        await asyncio.get_running_loop().run_in_executor(None, discard_part, self.models_dir / (job.file_name + ".part"))
+        for _url, name in job.parts:
+            await asyncio.get_running_loop().run_in_executor(None, discard_part, self.models_dir / (name + ".part"))
         log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes, was="paused"))
         self._observers.emit(job)
         return job
@@ -132,12 +138,13 @@ class ModelDownloader:
 
     async def _async_run(self, job: DownloadJob) -> None:
         loop = asyncio.get_running_loop()
-        part = self.models_dir / (job.file_name + ".part")
+        parts = [self.models_dir / (name + ".part") for _url, name in job.parts]
         started = time.monotonic()
         # one thread for this download's file operations: they happen in order, and a write still
         # running when the task is cancelled finishes before the file is closed
         io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"download-{job.id}")
-        log.info("DIAG: model download started %s", kv(download=job.id, url=display_url(job.url), file=job.file_name))
+        log.info("DIAG: model download started %s", kv(download=job.id, url=display_url(job.url), file=job.file_name,
+                                                        parts=len(parts) if len(parts) > 1 else None))
         try:
             await loop.run_in_executor(io, lambda: self.models_dir.mkdir(parents=True, exist_ok=True))
             timeout = aiohttp.ClientTimeout(total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S,
@@ -152,61 +159,42 @@ class ModelDownloader:
                     log.info("DIAG: model download progress %s", kv(
                         download=job.id, done_mb=round(job.done_bytes / 1e6, 1),
                         total_mb=round(job.total_bytes / 1e6, 1) if job.total_bytes else None,
+                        part=job.part if len(job.parts) > 1 else None,
                         mb_per_s=round((job.done_bytes - job.resumed_from) / 1e6 / max(now - started, 1e-6), 2)))
 
+            digests: list[str] = []
+            size = 0
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                while True:
-                    job.attempts += 1
-                    try:
-                        await async_fetch(session, job, part, io, models_dir=self.models_dir, progress=progress)
-                        break
-                    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, Retryable) as exc:
-                        error = describe_error(exc)
-                        if job.attempts >= const.DOWNLOAD_RETRIES:
-                            kept = " (the partial file is kept: downloading it again resumes)" \
-                                if await loop.run_in_executor(io, size_or_zero, part) else ""
-                            raise DownloadFailed(f"failed {job.attempts} times; last: {error}{kept}") from exc
-                        asked = exc.retry_after_s if isinstance(exc, Retryable) else None
-                        delay = max(retry_delay(job.attempts), asked or 0.0)  # the server's Retry-After, capped
-                        log.info("DIAG: model download interrupted, resuming %s", kv(
-                            download=job.id, done_bytes=job.done_bytes, attempt=job.attempts,
-                            retry_in_s=round(delay, 2), retry_after_s=asked, error=error))
-                        await asyncio.sleep(delay)
-            job.state = "verifying"
-            self._observers.emit(job)
-            size, digest = await loop.run_in_executor(io, size_and_sha256, part, job.stop)
-            if job.total_bytes is not None and size != job.total_bytes:
-                raise DownloadFailed(f"got {size} bytes, the server announced {job.total_bytes}", discard=True)
-            if job.sha256 is not None and digest != job.sha256:
-                raise DownloadFailed(f"sha256 mismatch: expected {job.sha256}, got {digest} (file removed)",
-                                     discard=True)
-            if job.sha256 is None and job.linked_sha256 is not None and digest != job.linked_sha256:
-                raise DownloadFailed(f"sha256 mismatch: the Hub states {job.linked_sha256} (X-Linked-Etag), "
-                                     f"got {digest} (file removed)", discard=True)
+                if len(parts) > 1:
+                    await async_plan(session, job, parts, io, self.models_dir)
+                for i, part in enumerate(parts):
+                    job.part = i + 1
+                    got, digest = await self._async_part(session, job, i, part, io, progress, size)
+                    size += got
+                    digests.append(digest)
+            for i in reversed(range(len(parts))):  # every part checked: into models/, part 1 (the one listed) last
+                await loop.run_in_executor(io, os.replace, parts[i], self.models_dir / job.parts[i][1])
+                await loop.run_in_executor(io, unlink, sidecar(parts[i]))
             target = self.models_dir / job.file_name
-            await loop.run_in_executor(io, os.replace, part, target)
-            await loop.run_in_executor(io, unlink, sidecar(part))
-            job.model_id = await self.on_file(target, digest, display_url(job.url))
+            job.model_id = await self.on_file(target, digests[0], display_url(job.parts[0][0]))
             job.state = "done"
             job.finished_at = time.time()
             elapsed = time.monotonic() - started
             log.info("DIAG: model download complete %s", kv(
                 download=job.id, model=job.model_id, bytes=size, elapsed_s=round(elapsed, 1),
-                mb_per_s=round((size - job.resumed_from) / 1e6 / max(elapsed, 1e-6), 2), sha256=digest[:16]))
+                parts=len(parts) if len(parts) > 1 else None,
+                mb_per_s=round((size - job.resumed_from) / 1e6 / max(elapsed, 1e-6), 2), sha256=digests[0][:16]))
         except asyncio.CancelledError:
             job.stop.set()  # a hash in progress stops
             try:
                 if job.user_cancelled:  # the user said no: nothing of it stays (at shutdown the .part
-                    await loop.run_in_executor(io, discard_part, part)  # stays: the same download resumes)
+                    for part in parts:  # files stay: the same download resumes)
+                        await loop.run_in_executor(io, discard_part, part)
             finally:  # "cancelled" only once the files are gone: a client polling the job can rely on it
                 how = "paused" if job.user_paused and not job.user_cancelled else "cancelled"
                 job.state, job.error, job.finished_at = how, how, time.time()
                 log.info("DIAG: model download %s %s", how, kv(download=job.id, done_bytes=job.done_bytes))
             raise
-        except DownloadFailed as exc:
-            if exc.discard:  # what is on disk is wrong (not a GGUF, bad hash): nothing of it stays
-                await loop.run_in_executor(io, discard_part, part)
-            self._fail(job, exc.message)
         except NodeError as exc:
             self._fail(job, exc.message)
         except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
@@ -219,6 +207,68 @@ class ModelDownloader:
         finally:
             io.shutdown(wait=False)
             self._observers.emit(job)
+
+    async def _async_part(self, session: aiohttp.ClientSession, job: DownloadJob, i: int, part: Path,
+                          io: concurrent.futures.Executor, progress: Callable[[DownloadJob], None],
+                          done_before: int) -> tuple[int, str]:
+        """Fetch (with retries, resuming) and check part i (0-based) of the job's files: (size, sha256).
+        A failure's DownloadFailed names the part of a split set; a wrong file's `.part` is removed."""
+        loop = asyncio.get_running_loop()
+        url, name = job.parts[i]
+        where = f"part {i + 1} of {len(job.parts)} ({name}): " if len(job.parts) > 1 else ""
+        one = DownloadJob(job.id, url, name, job.sha256 if url == job.url else None, stop=job.stop,
+                          total_bytes=job.part_bytes[i])
+        resumed_before, attempts_before = job.resumed_from, job.attempts
+
+        def step(one: DownloadJob) -> None:  # this part's progress as the whole set's
+            job.state, job.done_bytes = one.state, done_before + one.done_bytes
+            job.resumed_from, job.attempts = resumed_before + one.resumed_from, attempts_before + one.attempts
+            job.linked_sha256 = one.linked_sha256
+            if one.total_bytes is not None:
+                job.part_bytes[i] = one.total_bytes
+            known = [b for b in job.part_bytes if b is not None]
+            job.total_bytes = sum(known) if len(known) == len(job.parts) else None
+            progress(job)
+
+        try:
+            while True:
+                one.attempts += 1
+                job.attempts = attempts_before + one.attempts
+                try:
+                    await async_fetch(session, one, part, io, models_dir=self.models_dir, progress=step)
+                    break
+                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, Retryable) as exc:
+                    error = describe_error(exc)
+                    if one.attempts >= const.DOWNLOAD_RETRIES:
+                        kept = " (the partial file is kept: downloading it again resumes)" \
+                            if await loop.run_in_executor(io, size_or_zero, part) else ""
+                        raise DownloadFailed(f"failed {one.attempts} times; last: {error}{kept}") from exc
+                    asked = exc.retry_after_s if isinstance(exc, Retryable) else None
+                    delay = max(retry_delay(one.attempts), asked or 0.0)  # the server's Retry-After, capped
+                    log.info("DIAG: model download interrupted, resuming %s", kv(
+                        download=job.id, part=i + 1 if where else None, done_bytes=one.done_bytes,
+                        attempt=one.attempts, retry_in_s=round(delay, 2), retry_after_s=asked, error=error))
+                    await asyncio.sleep(delay)
+            one.state = "verifying"
+            step(one)
+            size, digest = await loop.run_in_executor(io, size_and_sha256, part, job.stop)
+            if one.total_bytes is not None and size != one.total_bytes:
+                raise DownloadFailed(f"got {size} bytes, the server announced {one.total_bytes}", discard=True)
+            if one.sha256 is not None and digest != one.sha256:
+                raise DownloadFailed(f"sha256 mismatch: expected {one.sha256}, got {digest} (file removed)",
+                                     discard=True)
+            if one.sha256 is None and one.linked_sha256 is not None and digest != one.linked_sha256:
+                raise DownloadFailed(f"sha256 mismatch: the Hub states {one.linked_sha256} (X-Linked-Etag), "
+                                     f"got {digest} (file removed)", discard=True)
+            return size, digest
+        except DownloadFailed as exc:
+            if exc.discard:  # what is on disk is wrong (not a GGUF, bad hash): nothing of it stays
+                await loop.run_in_executor(io, discard_part, part)
+            raise DownloadFailed(where + exc.message) from exc
+        except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
+            raise DownloadFailed(f"{where}{type(exc).__name__} fetching {display_url(url)}") from exc
+        except OSError as exc:  # disk full, permissions
+            raise DownloadFailed(f"{where}{type(exc).__name__}: {exc.strerror or exc}") from exc
 
     def _settle(self, job: DownloadJob) -> None:
         """The job's task ended: a task cancelled before it ever ran must not leave the job active."""

@@ -1,0 +1,84 @@
+"""A split model's parts as one download (2026-12-06).
+
+Hugging Face ships big models split by gguf-split (`big-00001-of-00003.gguf` …), and llama.cpp loads
+such a model only with all its parts beside part 1. A download of any part's URL (or name) is the
+whole set: every part's URL is the named one with its part number replaced, each lands in
+`models/` under llama.cpp's spelling (`llama_split_name`), part 1's name is the set's (one active
+download per set; the models folder's watch lists part 1 only). `async_plan` asks the origin for
+each part's size first (`HEAD`, redirects not followed: the Hub's resolve answer carries
+`X-Linked-Size`), so a missing part fails before gigabytes are fetched and the free disk space is
+checked against the whole set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import shutil
+import urllib.parse
+from pathlib import Path
+
+import aiohttp
+
+from node.errors import DownloadFailed, InvalidRequest
+from node.models.file_kinds import SPLIT_RE, llama_split_name, split_part
+
+from .hub import hub_headers
+from .job import DownloadJob
+from .partfile import size_or_zero
+from .urls import display_url, http_error
+
+
+def set_parts(url: str, file_name: str, given_name: str | None) -> list[tuple[str, str]]:
+    """[(URL, file name in models/)] of every part of the split set `url` names (any part), part 1
+    first; [(url, file_name)] for a file that is not a split part."""
+    parsed = urllib.parse.urlsplit(url)
+    head, _, segment = parsed.path.rpartition("/")
+    m = SPLIT_RE.match(urllib.parse.unquote(segment))
+    named = split_part(Path(urllib.parse.unquote(segment)))
+    if m is None or named is None:
+        return [(url, file_name)]
+    count = named[2]
+    local = split_part(Path(file_name))
+    if given_name is not None and (local is None or local[2] != count):
+        raise InvalidRequest(f"{urllib.parse.unquote(segment)} is part {named[1]} of a model split in {count} "
+                             f"parts, downloaded as the whole set: a filename for it must be a part's name too "
+                             f"(name-00001-of-{count:05d}.gguf)", param="filename")
+    prefix = local[0] if local is not None else named[0]
+    plain = urllib.parse.unquote(segment)
+    out = []
+    for no in range(1, count + 1):
+        remote = plain[:m.start("no")] + f"{no:05d}" + plain[m.end("no"):]  # the origin's own spelling
+        path = f"{head}/{urllib.parse.quote(remote)}"
+        out.append((urllib.parse.urlunsplit(parsed._replace(path=path)), llama_split_name(prefix, no, count)))
+    return out
+
+
+async def async_plan(session: aiohttp.ClientSession, job: DownloadJob, parts: list[Path],
+                     io: concurrent.futures.Executor, models_dir: Path) -> None:
+    """Each part's size from the origin (`part_bytes`), the set's total, and the free disk space
+    against what is still to fetch; DownloadFailed naming a part the origin does not have. A part
+    whose size cannot be learnt (no HEAD, no size, a busy server) is learnt when it is fetched."""
+    loop = asyncio.get_running_loop()
+    n = len(job.parts)
+    for i, (url, name) in enumerate(job.parts):
+        headers = {"Accept-Encoding": "identity", **await loop.run_in_executor(io, hub_headers, url)}
+        try:
+            async with session.head(url, headers=headers, allow_redirects=False) as resp:
+                if resp.status in (404, 410):
+                    raise DownloadFailed(f"part {i + 1} of {n} ({name}): {http_error(resp.status)} from "
+                                         f"{display_url(url)}: the origin does not have this part of the set")
+                size = resp.headers.get("X-Linked-Size") if 300 <= resp.status < 400 else \
+                    resp.headers.get("Content-Length") if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            size = None  # the fetch itself will say what is wrong
+        job.part_bytes[i] = int(size) if size and size.isdigit() else None
+    if all(b is not None for b in job.part_bytes):
+        job.total_bytes = sum(b for b in job.part_bytes if b is not None)
+        have = 0
+        for part in parts:
+            have += await loop.run_in_executor(io, size_or_zero, part)
+        free = (await loop.run_in_executor(io, shutil.disk_usage, models_dir)).free
+        if job.total_bytes - have > free:
+            raise DownloadFailed(f"not enough disk space: {(job.total_bytes - have) / 1e6:.0f} MB to download "
+                                 f"({n} parts), {free / 1e6:.0f} MB free in {models_dir}")

@@ -1,0 +1,140 @@
+"""Downloads of a split model (2026-12-06): Hugging Face ships big models as `name-00001-of-00003.gguf`
+…, and until then a download of part 1 (or any part) fetched that one file: the user got a model
+refused as "part 2 of 3 missing". Now any part's URL fetches the whole set, each part resumed with
+Range and checked against the Hub's X-Linked-Etag, progress counted over the set, a failure naming
+its part, an interrupted set resumed where it stopped. Against the Hub stand-in
+(tests/support/hubserver.py) and a real node that then answers with the model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from node import const
+from node.datadir import MODELS_DIR
+from node.models.download import ModelDownloader
+from tests.node.test_model_file_kinds import rewrite
+from tests.support.hubserver import HubServer
+from tests.support.nodes import TINY, node_config, openai_client, running_node, tiny_model
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+REPO = "/org/model/resolve/main/"
+
+
+@pytest.fixture
+def parts(tmp_path):
+    """A real split model (gguf-split's rules): {file name: bytes}, part 1 first."""
+    src = tiny_model(tmp_path, TINY, "src.gguf")
+    rewrite(src, tmp_path / "big.gguf", split_max_tensors=8)
+    return {p.name: p.read_bytes() for p in sorted(tmp_path.glob("big-0000?-of-00003.gguf"))}
+
+
+@pytest_asyncio.fixture
+async def hub(monkeypatch, tmp_path, parts, request):
+    names = list(parts)
+    served = getattr(request, "param", names)  # the parts the Hub has
+    srv = HubServer(parts[served[1]], REPO + served[1])  # the main file: part 2 (body_override, drops)
+    for name in served:
+        if name != served[1]:
+            srv.add_file(REPO + name, parts[name])
+    await srv.start()
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    yield srv
+    await srv.stop()
+
+
+async def _download(models, url):
+    got, seen = {}, []
+
+    async def on_file(path, sha256, origin):
+        got.update(path=path, sha256=sha256, origin=origin)
+        return "model-id"
+
+    dl = ModelDownloader(models, on_file)
+    dl.subscribe(lambda job: seen.append((job.done_bytes, job.total_bytes, job.part)))
+    job = dl.start(url)
+    await wait_until(lambda: not job.active, timeout_s=30, what="the download to end")
+    return job, got, seen
+
+
+async def test_a_part_of_a_split_set_downloads_every_part_checked(tmp_path, hub, parts):
+    models = tmp_path / "models"
+    job, got, seen = await _download(models, "hf://org/model/big-00002-of-00003.gguf")
+    assert job.state == "done", job.error
+    assert sorted(p.name for p in models.iterdir()) == list(parts)  # no .part, no sidecar left
+    for name, data in parts.items():
+        assert (models / name).read_bytes() == data
+        assert hub.served[REPO + name] == len(data)  # each fetched once
+    assert got["path"] == models / "big-00001-of-00003.gguf" and job.file_name == got["path"].name
+    total = sum(len(d) for d in parts.values())
+    assert job.total_bytes == job.done_bytes == total and job.summary()["parts"] == 3
+    assert all(t == total for _d, t, _p in seen if t is not None) and {p for _d, _t, p in seen} == {1, 2, 3}
+    assert [d for d, _t, _p in seen] == sorted(d for d, _t, _p in seen)  # progress never goes back
+
+
+async def test_an_interrupted_set_resumes_where_it_stopped(tmp_path, hub, parts, monkeypatch):
+    names = list(parts)
+    monkeypatch.setattr(const, "DOWNLOAD_RETRIES", 1)
+    hub.drop_path, hub.drop_after = REPO + names[1], len(parts[names[1]]) // 2
+    models = tmp_path / "models"
+    job, _got, _seen = await _download(models, "hf://org/model/big-00001-of-00003.gguf")
+    assert job.state == "failed" and f"part 2 of 3 ({names[1]})" in job.error and "kept" in job.error, job.error
+    assert not list(models.glob("*.gguf"))  # no part served alone
+    job, got, _seen = await _download(models, "hf://org/model/big-00001-of-00003.gguf")
+    assert job.state == "done", job.error
+    for name, data in parts.items():
+        assert (models / name).read_bytes() == data and hub.served[REPO + name] == len(data)  # nothing twice
+    assert got["path"].name == names[0]
+
+
+async def test_a_part_with_wrong_bytes_fails_naming_it(tmp_path, hub, parts):
+    names = list(parts)
+    hub.body_override = b"GGUF" + bytes(len(parts[names[1]]) - 4)
+    models = tmp_path / "models"
+    job, got, _seen = await _download(models, "hf://org/model/big-00003-of-00003.gguf")
+    assert job.state == "failed" and job.error.startswith(f"part 2 of 3 ({names[1]}): sha256 mismatch"), job.error
+    assert not got and not list(models.glob("*.gguf"))
+
+
+@pytest.mark.parametrize("hub", [["big-00001-of-00003.gguf", "big-00002-of-00003.gguf"]], indirect=True)
+async def test_a_part_the_hub_lacks_fails_before_anything_is_fetched(tmp_path, hub):
+    job, _got, _seen = await _download(tmp_path / "models", "hf://org/model/big-00001-of-00003.gguf")
+    assert job.state == "failed" and "part 3 of 3 (big-00003-of-00003.gguf)" in job.error \
+        and "404" in job.error, job.error
+    assert not hub.served
+
+
+@pytest.mark.llama
+async def test_a_node_downloads_a_split_model_that_answers(tmp_path, hub, parts):
+    async with running_node(node_config(tmp_path / "data")) as node:
+        headers = {"Authorization": f"Bearer {node.api_key}"}
+        base = f"http://127.0.0.1:{node.api.port}"
+        async with aiohttp.ClientSession(headers=headers) as s:
+            async with s.post(f"{base}/api/admin/models/download",
+                              json={"url": "hf://org/model/big-00001-of-00003.gguf"}) as r:
+                assert r.status == 202, await r.text()
+                job_id = (await r.json())["download"]["id"]
+            job = {}
+
+            async def done() -> bool:
+                async with s.get(f"{base}/api/admin/downloads/{job_id}") as r:
+                    job.update(json.loads(await r.text())["download"])
+                return job["state"] not in ("starting", "downloading", "verifying")
+            await wait_until(done, timeout_s=60, what="the download to end")
+        assert job["state"] == "done" and job["parts"] == 3, job
+        assert sorted(p.name for p in (node.data_dir / MODELS_DIR).iterdir()) == list(parts)
+        client = await asyncio.to_thread(openai_client, node)
+        assert job["model_id"] in {m.id async for m in client.models.list()}
+        reply = await client.chat.completions.create(model=job["model_id"], max_tokens=2,
+                                                     messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].finish_reason in ("stop", "length")
