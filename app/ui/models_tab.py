@@ -24,6 +24,7 @@ from app.ui.models_model import ModelsModel, is_slice
 from app.ui.table_model import ROW_KEY_ROLE
 from app.ui.widgets import FirstRunBanner, table_view
 from node.errors import NodeError
+from node.models.file_kinds import split_part
 
 
 class ModelsTab(QWidget):
@@ -130,7 +131,9 @@ class ModelsTab(QWidget):
         async def run() -> None:
             model_id = await self.host.async_add_model(path)
             self.select(model_id)
-            self._report(f"{model_id} added for this session; copy the file into {self.host.models_dir} "
+            part = split_part(path)  # a split model: part 1 alone in models/ would be refused
+            what = f"its {part[2]} parts ({path.name} …)" if part is not None else "the file"
+            self._report(f"{model_id} added for this session; copy {what} into {self.host.models_dir} "
                          "to keep it")
 
         spawn(run(), what=f"adding {path.name}", on_error=self._report)

@@ -195,6 +195,23 @@ def test_add_model_file_from_the_first_run_state(qtbot, run, data_dir, tiny_mode
     run(body())
 
 
+def test_add_model_file_of_a_split_model_says_to_keep_all_its_parts(qtbot, run, data_dir, tiny_model, tmp_path):
+    # until 2026-12-06 it said "copy the file into models/": part 1 alone there is refused
+    from tests.node.test_model_file_kinds import rewrite
+
+    rewrite(tiny_model, tmp_path / "big.gguf", split_max_tensors=8)
+
+    async def body():
+        async with running_app(node_config(data_dir)) as app:
+            tab = app.window.models_tab
+            tab.add_model_file(tmp_path / "big-00001-of-00003.gguf")
+            await wait_until(lambda: "added for this session" in tab.status.text(), DEADLINE_S,
+                             what="the added split model")
+            assert "copy its 3 parts (big-00001-of-00003.gguf …) into" in tab.status.text(), tab.status.text()
+
+    run(body())
+
+
 def test_without_a_system_tray_the_window_is_the_app(qtbot, run, data_dir, tiny_model):
     async def body():
         from app.tray_app import TrayApp
