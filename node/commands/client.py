@@ -138,6 +138,11 @@ def models_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _part_of(job: dict) -> str:
+    """` (part 2/3)` while a split model's set is fetched, part after part; "" for one file."""
+    return f" (part {job['part']}/{job['parts']})" if job.get("parts", 1) > 1 and job.get("part") else ""
+
+
 def download(args: argparse.Namespace) -> int:
     """Start a download on the node and show its progress until it ends (Ctrl-C cancels it)."""
     client = NodeClient(args)
@@ -150,7 +155,7 @@ def download(args: argparse.Namespace) -> int:
             done = f"{job['done_bytes'] / 1e6:.1f}" + (f" / {total / 1e6:.1f} MB ({job['progress'] * 100:.0f}%)"
                                                        if total else " MB")
             rate = f", {job['mb_per_s']:.1f} MB/s" if job.get("mb_per_s") else ""
-            sys.stderr.write(f"\r{job['file']}: {job['state']} {done}{rate}   ")
+            sys.stderr.write(f"\r{job['file']}{_part_of(job)}: {job['state']} {done}{rate}   ")
             sys.stderr.flush()
             time.sleep(0.5)
             job = json.loads(client.request("GET", f"/api/admin/downloads/{job['id']}"))["download"]
@@ -167,7 +172,8 @@ def download(args: argparse.Namespace) -> int:
     if job["state"] != "done":
         print(f"download {job['state']}: {job['error']}")
         return 1
-    print(f"downloaded {job['file']} ({job['done_bytes'] / 1e6:.1f} MB): model {job['model_id']}")
+    parts = f", {job['parts']} parts" if job.get("parts", 1) > 1 else ""
+    print(f"downloaded {job['file']} ({job['done_bytes'] / 1e6:.1f} MB{parts}): model {job['model_id']}")
     if args.load:
         client.request("POST", f"/api/admin/models/{job['model_id']}/load")
         print(f"loaded {job['model_id']}")

@@ -36,3 +36,11 @@ def test_a_node_stopping_mid_download_says_the_part_is_kept_and_how_to_resume(tm
     assert "stopped answering during the download" in err and "is kept" in err and "resume" in err, err
     assert "is `swarmllm run` running?" not in err
     assert part.stat().st_size > 0  # what the message promises
+
+
+def test_the_progress_line_names_the_part_of_a_split_set_being_fetched():
+    from node.commands.client import _part_of
+    assert _part_of({"parts": 3, "part": 2}) == " (part 2/3)"
+    assert _part_of({"parts": 1, "part": 1}) == ""  # one file: nothing to say
+    assert _part_of({"parts": 3, "part": None}) == ""  # planned, no part fetched yet
+    assert _part_of({}) == ""  # a node from before split downloads
