@@ -59,12 +59,25 @@ class _Generation(Extension):
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
+class _ChatEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, except that a template may `append` to and `pop` from a list (Kimi K2
+    Instruct / Thinking queue their call ids so; llama.cpp's Jinja engine allows it): without it those
+    templates were a 400 on every chat whose history held a tool call. The lists a template reaches
+    are this request's own (node.inference.tools gives it fresh messages and tools); dicts, strings
+    and the rest stay immutable."""
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if type(obj) is list and attr in ("append", "pop"):
+            return True
+        return super().is_safe_attribute(obj, attr, value)
+
+
 @functools.lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
     # the extensions Hugging Face's apply_chat_template enables: `{% break %}`/`{% continue %}` (Command R7B,
     # Kimi K3, Reka) and `{% generation %}`; without them those templates were a 400 on every request
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader(),
-                                       extensions=["jinja2.ext.loopcontrols", _Generation])
+    env = _ChatEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader(),
+                          extensions=["jinja2.ext.loopcontrols", _Generation])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson

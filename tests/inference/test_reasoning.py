@@ -41,7 +41,9 @@ def prompt(name: str, **extra) -> str:
 # (template, where its generation prompt leaves the reply: inside the thoughts or not, and whether
 # the template reads enable_thinking)
 OPENS = [("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", True, True), ("llama-cpp-deepseek-r1", True, False),
-         ("Qwen-QwQ-32B", True, True), ("Qwen3.5-4B", True, True), ("Qwen-Qwen3-0.6B", False, True)]
+         ("Qwen-QwQ-32B", True, True), ("Qwen3.5-4B", True, True), ("Qwen-Qwen3-0.6B", False, True),
+         ("GLM-4.6", False, True), ("GLM-4.7-Flash", True, True), ("deepseek-ai-DeepSeek-V3.1", True, True),
+         ("Kimi-K2-Thinking", False, False)]
 
 
 @pytest.mark.parametrize(("name", "inside", "switch"), OPENS)

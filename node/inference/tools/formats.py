@@ -5,7 +5,8 @@ Native formats (the template renders `tools` itself and the model was trained to
 Hermes 2 Pro / Hermes 3 / Qwen 2.5 / Qwen 3 / Granite 4 (`<tool_call>` JSON), Llama 3.1-3.3 (JSON with
 "parameters"), Mistral Nemo (`[TOOL_CALLS][...]`), Mistral Small 3.2 / Ministral 3 / Devstral
 (`[TOOL_CALLS]name[ARGS]{...}`), Qwen3-Coder / Qwen3.5 / Nemotron 3 Nano (`<function=name>` XML with
-`<parameter=p>` values; tagged.py). Any other template — the embedded default model's plain ChatML
+`<parameter=p>` values; tagged.py), GLM 4.5-4.7 / Ling 3 / Spark 2.5 / Laguna (`<tool_call>name<arg_key>`),
+DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_begin|>`; special.py). Any other template — the embedded default model's plain ChatML
 among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
 in a compact system message, and the reply is one JSON object, `{"tool_call": {...}}` (or
 `{"tool_calls": [...]}` when parallel calls are allowed) or `{"response": "..."}`, enforced by the
@@ -43,6 +44,19 @@ from node.inference.tools.regions import (
     MISTRAL_OPEN,
     PYTHON_TAG,
 )
+from node.inference.tools.special import (
+    ARG_KEY,
+    DEEPSEEK,
+    DEEPSEEK_V31,
+    GLM,
+    GLM_MARKERS,
+    KIMI,
+    KIMI_K2,
+    deepseek_tools_prompt,
+    glm,
+    glm_call,
+    sectioned_calls,
+)
 from node.inference.tools.tagged import (
     ARGS,
     CALL_ID,
@@ -59,7 +73,7 @@ from node.inference.tools.tagged import (
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | generic
+    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | kimi_k2 | generic
     syntax: Syntax
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
@@ -72,23 +86,35 @@ FORMATS = {
     "mistral": ToolFormat("mistral", MISTRAL, True, special_markers=(MISTRAL_OPEN,)),
     "mistral_args": ToolFormat("mistral_args", MISTRAL_ARGS, True, special_markers=(MISTRAL_OPEN, ARGS, CALL_ID)),
     "qwen_xml": ToolFormat("qwen_xml", QWEN_XML, True, special_markers=(TOOL_CALL_OPEN, HERMES_CLOSE)),
+    "glm": ToolFormat("glm", GLM, True, special_markers=GLM_MARKERS),
+    "deepseek_v31": ToolFormat("deepseek_v31", DEEPSEEK, True, special_markers=DEEPSEEK_V31.markers),
+    "kimi_k2": ToolFormat("kimi_k2", KIMI, True, special_markers=KIMI_K2.markers),
     "generic": ToolFormat("generic", GENERIC, False),
 }
+_SECTIONS = {"deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
 
 
 # `<tool_call>` followed by something other than a JSON object: GLM 4.5-4.7, Ling 3 and Spark
-# (`name<arg_key>`), MiniMax (`<invoke name=`), Apriel (`<tool_calls>[`): not Hermes (its parser read
-# none of their calls); they get the generic format until they have their own
+# (`name<arg_key>`: their own format), MiniMax (`<invoke name=`), Apriel (`<tool_calls>[`): not Hermes
+# (its parser read none of their calls); the last two get the generic format until they have their own
 _NOT_HERMES = ("<arg_key>", "<invoke", "<tool_calls>", FUNCTION_OPEN)
 
 
 def detect_format(template: str | None) -> ToolFormat:
     """The format a chat template speaks, from its source (generic when none is recognised)."""
     t = template or ""
+    # (DeepSeek V3.1's template renders no tools: prompt_inputs adds them; DeepSeek V3 and the R1
+    # distills write `function<｜tool▁sep｜>name` and a ```json block: not this format)
+    if DEEPSEEK_V31.begin in t and DEEPSEEK_V31.sep in t and "```json" not in t:
+        return FORMATS["deepseek_v31"]
     if "tools" not in t:
         return FORMATS["generic"]
     if TOOL_CALL_OPEN in t and FUNCTION_OPEN in t and "<parameter=" in t:
         return FORMATS["qwen_xml"]
+    if TOOL_CALL_OPEN in t and ARG_KEY in t:
+        return FORMATS["glm"]
+    if KIMI_K2.begin in t and KIMI_K2.call in t:
+        return FORMATS["kimi_k2"]
     if "<tool_call>" in t and not any(m in t for m in _NOT_HERMES):
         return FORMATS["hermes"]
     if "[TOOL_CALLS]" in t and ARGS in t:
@@ -116,15 +142,14 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
     active = tools_active(request)
     if fmt.native:
         tools = [_openai_tool(t) for t in request.tools] if active else None
-        return [_native_message(fmt, m) for m in messages], tools
+        out = [_native_message(fmt, m) for m in messages]
+        if active and fmt.name == "deepseek_v31":
+            _system_head(out, deepseek_tools_prompt(request.tools), after=True)
+        return out, tools
     system_ok, tool_ok = _template_roles(template) if template else (True, True)
     out = [_generic_message(m, "tool" if tool_ok else "user") for m in messages]
     if active:
-        prompt = generic_system_prompt(request)
-        if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": prompt + "\n\n" + out[0]["content"]}
-        else:
-            out.insert(0, {"role": "system", "content": prompt})
+        _system_head(out, generic_system_prompt(request))
     if not system_ok and out and out[0]["role"] == "system":  # (Gemma 2): the system text opens the first user turn
         system = out.pop(0)["content"]
         if out and out[0]["role"] == "user":
@@ -132,6 +157,15 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
         else:
             out.insert(0, {"role": "user", "content": system})
     return out, None
+
+
+def _system_head(out: list[dict[str, Any]], text: str, after: bool = False) -> None:
+    """`text` joined to the first system message (before its own text, or `after` it), or as one."""
+    if out and out[0]["role"] == "system":
+        own = out[0]["content"]
+        out[0] = {**out[0], "content": (own + "\n\n" + text) if after else (text + "\n\n" + own)}
+    else:
+        out.insert(0, {"role": "system", "content": text})
 
 
 _PROBE = "swarmllm-probe-7f3a"
@@ -338,14 +372,18 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
 
 def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
                   tools: tuple[ToolSpec, ...]) -> grammar.Spec:
-    if fmt.name in ("qwen_xml", "mistral_args"):  # the name outside the JSON: one branch a tool
-        if fmt.name == "qwen_xml":
-            each = [qwen_xml_call(t) for t in tools]
+    if fmt.name in _SECTIONS:
+        args = [_lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"])
+                for i, t in enumerate(tools)]
+        return sectioned_calls(_SECTIONS[fmt.name], tools, args, max_calls)
+    if fmt.name in ("qwen_xml", "mistral_args", "glm"):  # the name outside the JSON: one branch a tool
+        if fmt.name in ("qwen_xml", "glm"):
+            each = [(qwen_xml_call if fmt.name == "qwen_xml" else glm_call)(t) for t in tools]
         else:
             each = [mistral_args_call(t, _lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"]))
                     for i, t in enumerate(tools)]
         one = each[0] if len(each) == 1 else grammar.alt(*each)
-        return grammar.repeat(one, 1, max_calls, sep="\n" if fmt.name == "qwen_xml" else "")
+        return grammar.repeat(one, 1, max_calls, sep="" if fmt.name == "mistral_args" else "\n")
     if fmt.name == "hermes":
         # the markers alone in their literals: a vocabulary may hold them as single special tokens
         block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(_lenient(call)),
@@ -362,7 +400,8 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
     answers = fmt.syntax.at_start and fmt.name != "generic" and answer_schema(request) is not None
     syntax = fmt.syntax
-    if fmt.name == "qwen_xml":  # values are written raw: the parameters' schemas tell a string from a number
-        syntax = dataclasses.replace(syntax, region=functools.partial(qwen_xml, params=param_schemas(request.tools)))
+    if fmt.name in ("qwen_xml", "glm"):  # values are written raw: the parameters' schemas tell a string from a number
+        reader = qwen_xml if fmt.name == "qwen_xml" else glm
+        syntax = dataclasses.replace(syntax, region=functools.partial(reader, params=param_schemas(request.tools)))
     return ToolCallParser(syntax, request_id=request_id, known=tuple(t.name for t in request.tools),
                           answers=answers)

@@ -1,0 +1,269 @@
+"""Tool-call formats written with the model's own special tokens: their region readers and grammars.
+
+  glm          `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n...</tool_call>`
+               (GLM 4.5-4.7; GLM 4.7 writes no newlines; Ling 3, Spark 2.5 and Laguna write the
+               same): one block a call; a value is raw text for a string parameter, JSON otherwise
+               (read by the tool's schema, as the Qwen3-Coder XML values are)
+  deepseek_v31 `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{ARGS}<｜tool▁call▁end｜>...`
+               `<｜tool▁calls▁end｜>` (DeepSeek V3.1; fullwidth bars and U+2581 in the tokens)
+  kimi_k2      `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX`
+               `<|tool_call_argument_begin|>{ARGS}<|tool_call_end|>...<|tool_calls_section_end|>`
+               (Kimi K2 Instruct / Thinking)
+
+In the two sectioned formats a call may also open with its own marker without the section's (Kimi
+K2 does, as llama.cpp's parser allows), and a missing call or section end is forgiven where the
+text that follows tells.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from node.inference import grammar
+from node.inference.tools.jsonscan import JsonError, PartialCall, scan_value, skip_ws
+from node.inference.tools.parser import Region, Syntax
+from node.inference.tools.tagged import (
+    _MAX_NAME,
+    _NAME,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ParamTypes,
+    _args_text,
+    _is_string,
+    _tag,
+    _value_schema,
+    read_value,
+)
+
+ARG_KEY, ARG_KEY_END = "<arg_key>", "</arg_key>"
+ARG_VALUE, ARG_VALUE_END = "<arg_value>", "</arg_value>"
+GLM_MARKERS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, ARG_KEY, ARG_KEY_END, ARG_VALUE, ARG_VALUE_END)
+_NAME_END = re.compile(r"[\s<]")
+_PARTIAL_NAME = re.compile(r"[A-Za-z0-9_.:\-]*")
+
+
+def _check_name(name: str) -> str:
+    if not name or not _NAME.fullmatch(name) or len(name) > _MAX_NAME:
+        raise JsonError(f"not a function name: {name[:80]!r}")
+    return name
+
+
+def _partial_name(raw: str) -> None:
+    """Raises JsonError when the name written so far cannot become one."""
+    if len(raw) > _MAX_NAME + 16 or not _PARTIAL_NAME.fullmatch(raw):
+        raise JsonError(f"not a function name: {raw[:80]!r}")
+
+
+def _waits(rest: str, *tags: str) -> bool:
+    """`rest` may still become one of `tags` (it is a proper prefix of one)."""
+    return any(len(rest) < len(t) and t.startswith(rest) for t in tags)
+
+
+# --- GLM ---
+
+def glm(text: str, final: bool, params: ParamTypes | None = None) -> Region:
+    """One `<tool_call>` block of the GLM format (the text after the marker)."""
+    region = Region()
+    i = skip_ws(text, 0)
+    m = _NAME_END.search(text, i)
+    if m is None:
+        _partial_name(text[i:])
+        if not final or i >= len(text):
+            return region
+        end = len(text)
+    else:
+        end = m.start()
+    call = PartialCall(name=_check_name(text[i:end]), args="{")
+    region.calls.append(call)
+    schemas = (params or {}).get(call.name, {})
+    members: list[tuple[str, Any]] = []
+    i = end
+    while True:
+        i = skip_ws(text, i)
+        rest = text[i:]
+        if rest.startswith(TOOL_CALL_CLOSE):
+            call.done = call.args_done = True
+            call.end = region.end = i + len(TOOL_CALL_CLOSE)
+            break
+        if not rest or _waits(rest, TOOL_CALL_CLOSE, ARG_KEY):
+            if final:  # the reply ended where only the closing tag was missing: a call all the same
+                call.done = call.args_done = True
+                call.end = region.end = len(text)
+            break
+        j = _tag(text, i, ARG_KEY)
+        k = text.find(ARG_KEY_END, j)
+        if k < 0:
+            break
+        key = text[j:k].strip()
+        v = _tag(text, skip_ws(text, k + len(ARG_KEY_END)), ARG_VALUE)
+        if v is None:
+            break
+        end = text.find(ARG_VALUE_END, v)
+        if end < 0:
+            break
+        members.append((key, read_value(text[v:end], schemas.get(key))))
+        i = end + len(ARG_VALUE_END)
+    call.args = _args_text(members, call.done)
+    return region
+
+
+def _glm_parameter(key: str, prop: Any, root: dict[str, Any]) -> grammar.Spec:
+    head = [grammar.literal(ARG_KEY), grammar.literal(key), grammar.literal(ARG_KEY_END), grammar.literal("\n"),
+            grammar.literal(ARG_VALUE)]
+    if _is_string(prop):
+        return grammar.seq(*head, grammar.free_text(stop=ARG_VALUE_END), grammar.literal("\n"))
+    return grammar.seq(*head, grammar.json_value(_value_schema(prop, root)), grammar.literal(ARG_VALUE_END),
+                       grammar.literal("\n"))
+
+
+def glm_call(tool: Any) -> grammar.Spec:
+    """One call of `tool` in the GLM format (GLM 4.5/4.6's layout, one parameter a line): its
+    required parameters in the schema's order, then any of the others."""
+    root = tool.parameters if isinstance(tool.parameters, dict) else {}
+    props = root.get("properties") if isinstance(root.get("properties"), dict) else {}
+    required = [k for k in root.get("required", []) if k in props]
+    optional = [k for k in props if k not in required]
+    items = [grammar.literal(TOOL_CALL_OPEN), grammar.literal(f"{tool.name}\n")]
+    items += [_glm_parameter(k, props[k], root) for k in required]
+    if optional:
+        options = [_glm_parameter(k, props[k], root) for k in optional]
+        items.append(grammar.repeat(options[0] if len(options) == 1 else grammar.alt(*options), 0, len(optional)))
+    items.append(grammar.literal(TOOL_CALL_CLOSE))
+    return grammar.seq(*items)
+
+
+# --- DeepSeek V3.1 and Kimi K2: a section of calls, each a name and a JSON object ---
+
+@dataclass(frozen=True)
+class Sections:
+    begin: str  # opens the section of calls
+    end: str  # closes it
+    call: str  # opens one call
+    sep: str  # between the call's name and its arguments
+    call_end: str  # closes one call
+    name: Callable[[str], str]  # the function name from what the call writes before `sep`
+    prefix: str = ""  # what the call writes before the name (grammar)
+    indexed: bool = False  # the call writes `:IDX` after the name (grammar)
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return (self.begin, self.end, self.call, self.sep, self.call_end)
+
+
+def _kimi_name(raw: str) -> str:
+    """`functions.NAME:IDX` (the call's id as Kimi writes it) -> NAME."""
+    name = raw.removeprefix("functions.")
+    head, colon, idx = name.rpartition(":")
+    return head if colon and idx.isdigit() else name
+
+
+DEEPSEEK_V31 = Sections("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                        "<｜tool▁call▁end｜>", str)
+KIMI_K2 = Sections("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                   "<|tool_call_argument_begin|>", "<|tool_call_end|>", _kimi_name, prefix="functions.", indexed=True)
+
+
+def sectioned(s: Sections, text: str, final: bool) -> Region:
+    """The calls after `s.begin` (a section) or after `s.call` (calls without a section)."""
+    region = Region()
+    i = skip_ws(text, 0)
+    if i >= len(text):
+        return region
+    bare = text[i] != "<"  # opened by a call's own marker: the name follows at once
+    while True:
+        if region.calls or not bare:
+            i = skip_ws(text, i)
+            rest = text[i:]
+            if rest.startswith(s.end):
+                region.end = i + len(s.end)
+                return region
+            if rest.startswith(s.call):
+                i += len(s.call)
+            elif not rest or _waits(rest, s.end, s.call):
+                if final and region.calls:  # the section's end was left out: the calls stand
+                    region.end = len(text)
+                return region
+            elif bare:  # what follows calls made without a section is content
+                region.end = i
+                return region
+            else:
+                raise JsonError(f"expected {s.call!r} or {s.end!r}, got {rest[:20]!r}")
+        k = text.find(s.sep, i)
+        if k < 0:
+            raw = text[i:]
+            lt = raw.find("<")  # (the separator may be starting)
+            if lt >= 0 and not s.sep.startswith(raw[lt:]):
+                raise JsonError(f"expected {s.sep!r} after the name, got {raw[lt:lt + 20]!r}")
+            _partial_name(raw[: len(raw) if lt < 0 else lt].strip())
+            return region
+        call = PartialCall(name=_check_name(s.name(text[i:k].strip())))
+        region.calls.append(call)
+        j = skip_ws(text, k + len(s.sep))
+        if j >= len(text):
+            return region
+        if text[j] != "{":
+            raise JsonError(f"expected the arguments object, got {text[j]!r}")
+        end = scan_value(text, j, final=final)
+        call.args = text[j: len(text) if end is None else end]
+        if end is None:
+            return region
+        call.args_done = True
+        j = skip_ws(text, end)
+        rest = text[j:]
+        if rest.startswith(s.call_end):
+            i = j + len(s.call_end)
+        elif _waits(rest, s.call_end) or not rest:
+            if not final:
+                return region
+            i = len(text)
+        else:  # the call's end was left out (llama.cpp allows it): what follows tells
+            i = end
+        call.done, call.end = True, i
+
+
+def sectioned_calls(s: Sections, tools: Any, arguments: list[dict[str, Any]], max_calls: int | None) -> grammar.Spec:
+    """A section of one or more calls (at most `max_calls`) of `tools` (`arguments`: each one's
+    schema, made lenient)."""
+    each = []
+    for tool, args in zip(tools, arguments, strict=True):
+        head = [grammar.literal(s.call), grammar.literal(s.prefix + tool.name + (":" if s.indexed else ""))]
+        if s.indexed:
+            digit = grammar.alt(*(grammar.literal(str(d)) for d in range(10)))
+            head.append(grammar.repeat(digit, 1, 3))
+        each.append(grammar.seq(*head, grammar.literal(s.sep), grammar.json_value(args), grammar.literal(s.call_end)))
+    one = each[0] if len(each) == 1 else grammar.alt(*each)
+    return grammar.seq(grammar.literal(s.begin), grammar.repeat(one, 1, max_calls), grammar.literal(s.end))
+
+
+def deepseek_tools_prompt(tools: Any) -> str:
+    """The tool list DeepSeek V3.1's model card puts after the system prompt (its chat template
+    renders no tools: without this the model never saw them)."""
+    lines = ["## Tools", "You have access to the following tools:"]
+    for t in tools:
+        lines += ["", f"### {t.name}", f"Description: {t.description or ''}", "",
+                  f"Parameters: {json.dumps(t.parameters, ensure_ascii=False)}"]
+    s = DEEPSEEK_V31
+    lines += ["", "IMPORTANT: ALWAYS adhere to this exact format for tool use:",
+              f"{s.begin}{s.call}tool_call_name{s.sep}tool_call_arguments{s.call_end}{{{{additional_tool_calls}}}}{s.end}",
+              "", "Where:", "",
+              "- `tool_call_name` must be an exact match to one of the available tools",
+              "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema",
+              "- For multiple tool calls, chain them directly without separators or spaces"]
+    return "\n".join(lines)
+
+
+def _deepseek(text: str, final: bool) -> Region:
+    return sectioned(DEEPSEEK_V31, text, final)
+
+
+def _kimi(text: str, final: bool) -> Region:
+    return sectioned(KIMI_K2, text, final)
+
+
+GLM = Syntax("glm", (TOOL_CALL_OPEN,), False, glm)
+DEEPSEEK = Syntax("deepseek_v31", (DEEPSEEK_V31.begin, DEEPSEEK_V31.call), False, _deepseek)
+KIMI = Syntax("kimi_k2", (KIMI_K2.begin, KIMI_K2.call), False, _kimi)
