@@ -10,6 +10,10 @@ MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
 # a connection with no request under way (idle keep-alive, or request headers still not complete) is
 # closed after this long; aiohttp's own default is 3630 s, so leaked or trickling sockets held fds an hour
 API_IDLE_CONNECTION_S = 75.0
+# a complete reply carrying more logprob entries than this (tokens + their alternatives, ~70 bytes
+# each) is built and JSON-encoded on a worker thread, not on the loop the peer links share
+REPLY_ON_LOOP_MAX_LOGPROBS = 2000
+JSON_SLICE_ITEMS = 128  # such a reply's long lists are encoded this many items at a time (~5 ms each)
 REPLY_MIN_RATE_BYTES_S = 32 * 1024  # a whole reply's send may take STREAM_WRITE_STALL_S + its length at this rate
 API_BODY_STALL_S = 30.0  # a request body that sends no byte for this long is a 408 and its connection ends
 API_BODY_READ_MAX_S = 300.0  # and one still not complete after this long (a trickle) is too

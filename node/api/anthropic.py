@@ -472,6 +472,7 @@ class MessagesDialect:
     """Anthropic Message bodies, events and errors (driver.Dialect)."""
 
     anthropic_errors = True
+    body_in_worker = True  # the body reads the finished run only
 
     def events(self, run: CompletionRun) -> MessageEvents:
         return MessageEvents(run)

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from node import const
+from node.api import json_body
 from node.api.appkeys import NODE
 from node.api.errors import error_response
 from node.api.streaming import StreamEvents, stream_completion
@@ -33,6 +35,7 @@ class Dialect(Protocol):
     """How one API writes a reply."""
 
     anthropic_errors: bool  # error bodies in Anthropic's shape (else OpenAI's)
+    body_in_worker: bool  # body() only reads the finished run: it may run on a worker thread
 
     def events(self, run: CompletionRun) -> StreamEvents:
         """The SSE events of a streamed reply."""
@@ -65,9 +68,9 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
         async for delta in run.deltas():  # the run keeps the text and tool calls
             logprobs.extend(delta.logprobs)
         trace.finished = time.monotonic()  # the response's timings and the summary line agree
-        body = dialect.body(run, logprobs)
+        reply = await _json_reply(dialect, run, logprobs, trace.headers())
         outcome = "ok"
-        return web.json_response(body, headers=trace.headers())
+        return reply
     except asyncio.CancelledError:
         outcome = "cancelled"
         # seed-000 marker, kept word for word: the seed's result_tx is the request's reply channel
@@ -85,3 +88,21 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
             await run.close()
         finally:
             hub.finish(trace, outcome, error=error)
+
+
+def _encoded_body(dialect: Dialect, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> bytes:
+    """The body's bytes, as aiohttp's json_response writes them (json.dumps, UTF-8)."""
+    return json_body.encode(dialect.body(run, logprobs))
+
+
+async def _json_reply(dialect: Dialect, run: CompletionRun, logprobs: Sequence[TokenLogprob],
+                      headers: dict[str, str]) -> web.Response:
+    """A complete reply. One with many logprobs (each token's top alternatives: megabytes) is built
+    and encoded on a worker thread, in pieces (json_body): on the loop, which the peer links share,
+    8,100 tokens with top_logprobs 20 (11.7 MB) stalled it 1.3 s. Others are a few kilobytes."""
+    entries = sum(1 + len(t.top) for t in logprobs)
+    if dialect.body_in_worker and entries > const.REPLY_ON_LOOP_MAX_LOGPROBS:
+        data = await asyncio.get_running_loop().run_in_executor(None, _encoded_body, dialect, run, logprobs)
+    else:
+        data = _encoded_body(dialect, run, logprobs)
+    return web.Response(body=data, content_type="application/json", charset="utf-8", headers=headers)

@@ -58,6 +58,7 @@ class ChatDialect:
     """OpenAI chat.completion / text_completion bodies and chunks (driver.Dialect)."""
 
     anthropic_errors = False
+    body_in_worker = True  # the body reads the finished run only
 
     def __init__(self, completion: CompletionRequest):
         self.completion = completion

@@ -429,6 +429,7 @@ class ResponsesDialect:
     """Response objects and events; OpenAI-shaped errors (driver.Dialect)."""
 
     anthropic_errors = False
+    body_in_worker = False  # the body is stored (the store is the loop's)
 
     def __init__(self, options: ResponseOptions, store: ResponseStore):
         self.options, self.store = options, store

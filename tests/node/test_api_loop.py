@@ -1,0 +1,74 @@
+"""The API shares its event loop with the peer links (heartbeats, relay): a big complete reply is
+built and JSON-encoded off that loop, with the bytes json.dumps gives (node/api/json_body.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from node.api import responses
+from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("api-loop")
+    async with running_node(node_config(base / "data", tiny_model(base))) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):  # (sync: the SDK's models are built off the loop)
+    return openai_client(node)
+
+
+def _no_end(served) -> dict[str, int]:
+    tok = served.tokenizer
+    return {str(t): -100 for t in range(tok.n_vocab) if tok.is_eog(t)}
+
+
+async def test_a_reply_with_many_logprobs_is_built_and_encoded_off_the_loop(node, client, monkeypatch):
+    """200 tokens with top_logprobs 20 (4,200 entries): the body is built on a worker thread (on the
+    loop, 8,100 such tokens, 11.7 MB, stalled it 1.3 s) and the client gets json.dumps's bytes."""
+    served = node.models.all()[0]
+    loop_thread = threading.get_ident()
+    built_on: list[int] = []
+    real = responses.chat_logprobs
+
+    def recording(items):
+        built_on.append(threading.get_ident())
+        return real(items)
+
+    monkeypatch.setattr(responses, "chat_logprobs", recording)
+    request = {"model": served.id, "max_tokens": 200, "logprobs": True, "top_logprobs": 20,
+               "logit_bias": _no_end(served), "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://127.0.0.1:{node.api.port}/v1/chat/completions", json=request,
+            headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+        raw = await r.read()
+        assert r.status == 200 and r.headers["Content-Type"] == "application/json; charset=utf-8", raw[:300]
+    body = json.loads(raw)
+    assert len(body["choices"][0]["logprobs"]["content"]) == 200
+    assert raw == json.dumps(body).encode()  # what aiohttp's json_response sent before, byte for byte
+    assert built_on and loop_thread not in built_on, "the logprobs body was built on the event loop"
+    # and the official client reads it as before
+    reply = await client.chat.completions.create(**request)
+    assert len(reply.choices[0].logprobs.content) == 200
+    assert len(reply.choices[0].logprobs.content[0].top_logprobs) == 20
+
+
+async def test_a_small_reply_is_made_on_the_loop(node, client, monkeypatch):
+    """A reply with few logprobs is a few kilobytes: no hop to a worker."""
+    served = node.models.all()[0]
+    built_on: list[int] = []
+    real = responses.chat_logprobs
+    monkeypatch.setattr(responses, "chat_logprobs", lambda items: built_on.append(threading.get_ident()) or real(items))
+    reply = await client.chat.completions.create(
+        model=served.id, max_tokens=4, logprobs=True, top_logprobs=2, messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].logprobs.content and built_on == [threading.get_ident()]
