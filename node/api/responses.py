@@ -126,6 +126,7 @@ class StreamChunks:
         self._completion = completion
         self._trace = trace
         self._include_usage = completion.include_usage
+        self._opened = False  # the assistant-role chunk has gone out
         self._base: dict[str, Any] = {
             "id": completion_id(trace, completion.kind),
             "object": "chat.completion.chunk" if self._chat else "text_completion",
@@ -144,24 +145,40 @@ class StreamChunks:
         self._text_tail = sample[cut + len(json.dumps(marker, ensure_ascii=False)):].encode()
 
     def opening(self) -> list[bytes]:
-        """Chat streams open with an assistant-role delta (role assistant, empty content)."""
-        return [self._chunk({"role": "assistant", "content": ""}, None)] if self._chat else []
+        """Nothing yet: a chat stream's assistant-role delta goes with the reply's first piece, when
+        it is known whether the reply is text (content "") or tool calls (content null, as OpenAI's
+        first delta of a tool-call reply: the openai SDK's stream helpers accumulate that value,
+        so a tool-call-only reply streamed ended with content "" where the whole one had None)."""
+        return []
+
+    def _role(self, content: str | None) -> list[bytes]:
+        """The assistant-role chunk, once, before the first piece of a chat reply."""
+        if not self._chat or self._opened:
+            return []
+        self._opened = True
+        return [self._chunk({"role": "assistant", "content": content}, None)]
 
     def delta(self, delta: Delta) -> list[bytes]:
         """A chunk of generated text (with the logprobs of its tokens when they were asked), and one of
         tool-call pieces (chat only); none for an empty delta."""
+        if delta.reasoning or delta.text or delta.logprobs:
+            out = self._role("")
+        elif delta.tool_calls and self._chat and not self._opened:  # OpenAI's first delta of a tool-call reply
+            self._opened = True
+            return [self._chunk({"role": "assistant", "content": None,
+                                 "tool_calls": tool_call_deltas_json(delta.tool_calls)}, None)]
+        else:
+            out = []
         if delta.reasoning and self._chat:  # a reasoning model's thoughts: their own chunk, as llama-server's
-            out = [self._chunk({"reasoning_content": delta.reasoning}, None,
-                               logprobs=logprobs_field(self._completion, delta.logprobs) if not delta.text else None)]
+            out.append(self._chunk({"reasoning_content": delta.reasoning}, None,
+                                   logprobs=logprobs_field(self._completion, delta.logprobs) if not delta.text else None))
             if delta.text:
                 out.append(self._chunk({"content": delta.text}, None,
                                        logprobs=logprobs_field(self._completion, delta.logprobs)))
         elif delta.logprobs:
-            out = [self._chunk({"content": delta.text}, None, logprobs=logprobs_field(self._completion, delta.logprobs))]
+            out.append(self._chunk({"content": delta.text}, None, logprobs=logprobs_field(self._completion, delta.logprobs)))
         elif delta.text:
-            out = [self._text_chunk(delta.text)]
-        else:
-            out = []
+            out.append(self._text_chunk(delta.text))
         if delta.tool_calls:
             out.append(self._chunk({"tool_calls": tool_call_deltas_json(delta.tool_calls)}, None))
         return out
@@ -173,11 +190,12 @@ class StreamChunks:
     def closing(self) -> list[bytes]:
         """The events after the last text: the finish chunk, usage if asked, [DONE]."""
         trace = self._trace
+        opening = self._role("")  # a reply of nothing: the role chunk still comes first
         if self._include_usage:
-            return [self._chunk({}, trace.finish_reason),
+            return [*opening, self._chunk({}, trace.finish_reason),
                     sse_event({**self._base, "choices": [], "usage": usage(trace), "x_swarm": trace.timings()}),
                     DONE_EVENT]
-        return [self._chunk({}, trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
+        return [*opening, self._chunk({}, trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
 
     def _text_chunk(self, text: str) -> bytes:
         return self._text_head + json.dumps(text, ensure_ascii=False).encode() + self._text_tail

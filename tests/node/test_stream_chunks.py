@@ -47,5 +47,8 @@ def test_text_chunk_equals_the_general_chunk_for_any_text_and_model_name(text, m
 
 def test_delta_uses_the_text_chunk_and_keeps_logprobs_and_empty_deltas():
     events = chunks("chat", False)
+    assert events.opening() == []  # the role chunk goes with the first piece (content "" for text)
+    assert events.delta(Delta(text="hi")) == [events._chunk({"role": "assistant", "content": ""}, None),
+                                              events._chunk({"content": "hi"}, None)]
     assert events.delta(Delta(text="hi")) == [events._chunk({"content": "hi"}, None)]
     assert events.delta(Delta(text="")) == []
