@@ -74,6 +74,12 @@ class ReasoningSplitter:
         self._state = "thinking" if inside else "start"
         self._began = False  # thoughts have had their first non-space character
         self._held = ""
+        self._echo = 0  # characters at the front of `_held` that the client wrote itself (its prefill)
+
+    @property
+    def held(self) -> str:
+        """The text held back: whitespace, or a tag's possible start."""
+        return self._held
 
     def feed(self, text: str) -> tuple[str, str]:
         """One piece of the reply: its (reasoning, content) parts ready to send."""
@@ -87,21 +93,23 @@ class ReasoningSplitter:
         """As feed (finish with `final`), but the first part is the thoughts' text as written, tags
         and whitespace included (reasoning_format "none": it stays content, and only the rest goes to
         the tool parser). Content is always the tail of what came in, held text the tail otherwise."""
-        came = self._held + text
+        came, echo = self._held + text, self._echo
         _, content = self._run(came, final=final)
-        return came[:len(came) - len(self._held) - len(content)], content
+        first = came[:len(came) - len(self._held) - len(content)]
+        return first[min(echo, len(first)):], content
 
     def _run(self, text: str, final: bool) -> tuple[str, str]:
         self._held = ""
+        echo, self._echo = self._echo, 0  # the client's own text at the front of `text`: not sent back
         reasoning = content = ""
         while text:
             if self._state == "start":
                 body = text.lstrip()
                 if body.startswith(self.tags.open):
-                    self._state, text = "thinking", body[len(self.tags.open):]
+                    self._state, text, echo = "thinking", body[len(self.tags.open):], 0
                     continue
                 if not final and self.tags.open.startswith(body):  # "" or a tag's beginning
-                    self._held = text
+                    self._held, self._echo = text, echo
                     return reasoning, content
                 self._state = "content"
                 continue
@@ -113,24 +121,25 @@ class ReasoningSplitter:
                     self._began = True
                 at = text.find(self.tags.close)
                 if at >= 0:
-                    reasoning += text[:at].rstrip()
-                    self._state, text = "answer", text[at + len(self.tags.close):]
+                    reasoning += text[:at].rstrip()[echo:]
+                    self._state, text, echo = "answer", text[at + len(self.tags.close):], 0
                     continue
                 if final:
-                    reasoning += text.rstrip()
+                    reasoning += text.rstrip()[echo:]
                     break
                 keep = _partial_suffix(text, self.tags.close)
                 body = text[:len(text) - keep]
                 ready = body.rstrip()
-                reasoning += ready
+                reasoning += ready[echo:]
                 self._held = text[len(ready):]  # trailing whitespace and a possible closing tag's start
+                self._echo = max(0, echo - len(ready))
                 break
             if self._state == "answer":  # the answer's leading whitespace is dropped
                 text = text.lstrip()
                 if text:
                     self._state = "content"
                 continue
-            content += text
+            content += text[echo:]
             break
         return reasoning, content
 
@@ -167,9 +176,9 @@ def splitter_for(request: CompletionRequest, template: str | None, rendered: str
     if tags is None or request.kind != "chat":
         return None
     splitter = ReasoningSplitter(tags, opens_inside(rendered, tags))
-    if prefill:
-        splitter.feed(prefill)  # the client's own text is not sent back
-        splitter._held = ""
+    if prefill:  # the client's own text is not sent back; what the splitter holds of it (a tag's
+        splitter.feed(prefill)  # start: "<thi") is read with the reply's first text, not dropped
+        splitter._echo = len(splitter.held)
     return splitter
 
 
