@@ -92,6 +92,7 @@ class CompletionRun:
         self._thoughts: reasoning.ReasoningSplitter | None = None
         self._answer = ""  # the reply's text outside the thoughts (the tool parser's input)
         self._inline = ""  # reasoning_format "none": the thoughts as written, kept in content
+        self._counter: reasoning.ThoughtCounter | None = None  # usage's reasoning_tokens
 
     # --- phase 1: everything that can fail with a client error ---
 
@@ -195,6 +196,8 @@ class CompletionRun:
             rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
                                                           self.request.template_kwargs)
             self._thoughts = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill)
+            counting = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill)
+            self._counter = None if counting is None else reasoning.ThoughtCounter(counting)
             return tokens, fmt
         if self.request.suffix is not None:
             req = self.request
@@ -288,6 +291,7 @@ class CompletionRun:
         markers = frozenset(fmt.special_markers) if fmt is not None else frozenset()
         if self._thoughts is not None:  # a thought tag may be a control token (Ministral's [THINK])
             markers |= {self._thoughts.tags.open, self._thoughts.tags.close}
+        counter = self._counter
         ended_by_eog = False
         produced = 0
         limit_s = (self.request.predict_time_limit_ms or 0) / 1000
@@ -316,7 +320,8 @@ class CompletionRun:
                     if special in markers:
                         piece = special.encode()
                 delta = assembler.feed(piece)
-                thinking = self._thoughts is not None and self._thoughts.phase == "thinking"
+                if counter is not None:  # a token of the thoughts (its tags included)
+                    trace.reasoning_tokens += counter.add(piece)
                 if assembler.stop_match is not None:
                     job.keep_kv = True  # the reply is complete: its KV serves the next turn
                     job.cancel.set()
@@ -326,8 +331,6 @@ class CompletionRun:
                                       () if track is None else track.take(len(assembler.emitted)))
                     if out is not None:
                         yield out
-                if thinking or (self._thoughts is not None and self._thoughts.phase == "thinking"):
-                    trace.reasoning_tokens += 1  # a token of the thoughts (its tags included)
                 if assembler.stop_match is not None:
                     break
                 if limit_s and b"\n" in piece and self._past_time_limit(limit_s):

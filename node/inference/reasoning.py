@@ -21,6 +21,7 @@ The tool-call parser then sees only the answer.
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -180,6 +181,30 @@ def splitter_for(request: CompletionRequest, template: str | None, rendered: str
         splitter.feed(prefill)  # start: "<thi") is read with the reply's first text, not dropped
         splitter._echo = len(splitter.held)
     return splitter
+
+
+class ThoughtCounter:
+    """Counts the reply's tokens written in the thoughts, tags included (usage's reasoning_tokens),
+    from each token's own text: a splitter of its own, fed as the tokens come, not the text a stop
+    sequence's possible start holds back (found 2026-12-06: the token after the closing tag was
+    counted as a thought when the stop sequence began there). Tokens that may begin the opening
+    tag ("<", "thi") count once it is complete."""
+
+    def __init__(self, splitter: ReasoningSplitter):
+        self._splitter = splitter
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = 0  # tokens read at the reply's start that may be the opening tag's
+
+    def add(self, piece: bytes) -> int:
+        """One token's text; how many tokens it adds to the thoughts' count."""
+        before = self._splitter.phase
+        self._splitter.feed(self._decoder.decode(piece))
+        after = self._splitter.phase
+        if "thinking" in (before, after):
+            counted, self._pending = 1 + self._pending, 0
+            return counted
+        self._pending = self._pending + 1 if after == "start" else 0
+        return 0
 
 
 def with_history(original: tuple[dict, ...], rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -91,3 +91,16 @@ async def test_a_prefill_that_ends_mid_tag(node, client, stream):
     reasoning, content, _, usage = await chat(node, client, "thinker", stream, messages=closing, max_tokens=5, logit_bias=gt)
     assert (reasoning, content) == ("", ">>>>")
     assert usage.completion_tokens_details.reasoning_tokens == 1  # the tag's ">"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_stop_sequence_right_after_the_thoughts(node, client, stream):
+    """A stop sequence holds back the text that may start it: the token after the closing tag is the
+    answer's, not a thought, when the stop sequence ends the reply there (found 2026-12-06:
+    reasoning_tokens counted it, one too many)."""
+    gt = {str(token_of(node, ">")): 100}
+    closing = [*ASK, {"role": "assistant", "content": "Blue, surely.</think"}]
+    reasoning, content, finish, usage = await chat(node, client, "thinker", stream, messages=closing, max_tokens=8,
+                                                   logit_bias=gt, stop=[">>"])
+    assert (reasoning, content, finish) == ("", "", "stop")
+    assert usage.completion_tokens == 2 and usage.completion_tokens_details.reasoning_tokens == 1
