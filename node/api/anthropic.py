@@ -56,9 +56,9 @@ _TOOL_EXTRA_OK = {"strict", "input_examples", "defer_loading", "allowed_callers"
 
 
 def _thinking(value: object) -> None:
-    """`thinking`'s shape is checked; "disabled" turns a reasoning model's thinking off, the budget
-    has no effect (anthropic_thinking; Claude Code sends `{"type": "enabled", "budget_tokens": N}`
-    whenever the user turned thinking on; llama-server takes it too)."""
+    """`thinking`'s shape is checked; "disabled" turns a reasoning model's thinking off, "enabled"'s
+    budget_tokens caps the thoughts (anthropic_thinking; Claude Code sends `{"type": "enabled",
+    "budget_tokens": N}` whenever the user turned thinking on; llama-server enforces it too)."""
     if value is None:
         return
     kind = value.get("type") if isinstance(value, dict) else None
@@ -344,7 +344,7 @@ def parse_messages(body: Any, *, count_only: bool = False) -> CompletionRequest:
     return CompletionRequest("chat", model, stream, False, params, messages=messages, tools=tools,
                              tool_choice=tool_choice, tool_choice_name=tool_name, parallel_tool_calls=parallel,
                              response_format=response_format, operation="messages",
-                             template_kwargs=thinking.template_kwargs(body))
+                             template_kwargs=thinking.template_kwargs(body), reasoning_budget=thinking.budget(body))
 
 
 # --- the reply --------------------------------------------------------------------------------

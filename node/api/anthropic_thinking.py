@@ -6,7 +6,9 @@ as Anthropic's API sends and the SDK's stream accumulator expects). The `signatu
 empty string: nothing here can sign thoughts (llama-server sends the same); a client that sends the
 block back gets it read, not checked. They come whether or not the request had `thinking`, as on
 llama-server; `thinking: {"type": "disabled"}` asks the template not to think (enable_thinking
-false), which the templates that read it (Qwen3, QwQ, R1 distills as llama.cpp ships them) honour.
+false), which the templates that read it (Qwen3, QwQ, R1 distills as llama.cpp ships them) honour;
+`{"type": "enabled", "budget_tokens": N}` caps the thoughts at N tokens (the closing tag is then
+forced, as llama-server does: node.inference.think_budget).
 An earlier assistant turn's thinking blocks become its `reasoning_content` (the template shows or
 drops it: Qwen3's keeps those of the turns after the last user message, as Anthropic's API keeps
 them within a tool-use loop); redacted_thinking blocks are left out.
@@ -27,6 +29,16 @@ def template_kwargs(body: dict) -> dict[str, Any]:
     if isinstance(thinking, dict) and thinking.get("type") == "disabled":
         return {"enable_thinking": False}
     return {}
+
+
+def budget(body: dict) -> int | None:
+    """The thinking budget in tokens `{"type": "enabled", "budget_tokens": N}` asks for (its shape is
+    checked elsewhere): after N tokens of thoughts the closing tag is forced, as llama-server does
+    (node.inference.think_budget); None: no budget."""
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        return thinking.get("budget_tokens")
+    return None
 
 
 def history_thinking(block: dict, where: str) -> str:

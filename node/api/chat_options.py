@@ -8,6 +8,9 @@ in `reasoning_content`, "none" leaves them in `content` as the model wrote them.
 be a boolean; the template's own variables (messages, tools, ...) cannot be replaced.
 `reasoning_effort: "none"` turns thinking off, as on llama-server (enable_thinking false); another
 effort reaches the template as `reasoning_effort` (gpt-oss's reads it).
+`reasoning_budget_tokens` (or `thinking_budget_tokens`), llama-server's: the thoughts' budget in
+tokens, after which the closing tag is forced (node.inference.think_budget); -1 (the default) is
+none, 0 closes the thoughts at once.
 An assistant message's `reasoning_content` (a string) is kept for the template (node.inference.reasoning).
 """
 
@@ -20,7 +23,8 @@ from node.errors import InvalidRequest, Unsupported
 REASONING_FORMATS = ("none", "auto", "deepseek")
 RESERVED_TEMPLATE_NAMES = ("messages", "tools", "bos_token", "eos_token", "add_generation_prompt",
                            "raise_exception", "strftime_now")
-KEYS = {"reasoning_format", "chat_template_kwargs"}
+KEYS = {"reasoning_format", "chat_template_kwargs", "reasoning_budget_tokens", "thinking_budget_tokens"}
+MAX_BUDGET_TOKENS = (1 << 31) - 1
 
 
 def reasoning_format(body: dict) -> str:
@@ -56,6 +60,17 @@ def template_kwargs(body: dict) -> dict[str, Any]:
                              f"{type(thinking).__name__}", param="chat_template_kwargs.enable_thinking")
     out = {k: v for k, v in value.items() if v is not None or k != "enable_thinking"}
     return {**out, **effort_kwargs(body.get("reasoning_effort"))}  # its value is checked with the other hints
+
+
+def reasoning_budget(body: dict) -> int | None:
+    """llama-server's `reasoning_budget_tokens` (`thinking_budget_tokens`): None for none (-1)."""
+    key = "reasoning_budget_tokens" if body.get("reasoning_budget_tokens") is not None else "thinking_budget_tokens"
+    value = body.get(key)
+    if value is None or value == -1:
+        return None
+    if type(value) is not int or not 0 <= value <= MAX_BUDGET_TOKENS:
+        raise InvalidRequest(f"`{key}` must be -1 (no budget) or a number of tokens, got {value!r}", param=key)
+    return value
 
 
 def effort_kwargs(effort: object) -> dict[str, Any]:

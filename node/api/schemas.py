@@ -376,6 +376,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
                                  parallel_tool_calls=parallel, response_format=response_format,
                                  predict_time_limit_ms=time_limit,
                                  reasoning_format=chat_options.reasoning_format(body),
+                                 reasoning_budget=chat_options.reasoning_budget(body),
                                  template_kwargs=chat_options.template_kwargs(body))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

@@ -381,7 +381,7 @@ class BatchEngine:
         prompt = list(job.prompt_tokens)
         if not prompt or len(prompt) >= self.n_ctx:
             raise EngineError(f"a prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx}")
-        if p.grammar is not None or p.logit_bias:
+        if p.constrained:
             if seq.vocab is None:
                 raise EngineError("a constrained generation needs the model's vocabulary")
             seq.constraint = constrain.constraint_for(seq.vocab, p, job.history)

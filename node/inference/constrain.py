@@ -10,7 +10,8 @@ compiles each grammar once (an LRU per vocabulary; a request deep-copies the com
 Per request, `TokenConstraint`:
   apply(logits)   logit_bias first (-100 bans), then the grammar's mask (a bias never breaks it);
                   once the grammar is complete only end-of-generation tokens stay allowed, so the
-                  reply ends with finish_reason "stop";
+                  reply ends with finish_reason "stop"; a spent thinking budget
+                  (node.inference.think_budget) leaves only its closing tag's next token;
   accept(token)   advances the matcher on the token that was sampled.
 Building the tokenizer and compiling block (up to ~1 s for a 150k vocabulary): never on the loop.
 """
@@ -30,6 +31,7 @@ import numpy as np
 from node.errors import EngineError, InvalidRequest, Unsupported
 from node.inference import grammar as g
 from node.inference.sampling import SamplingParams
+from node.inference.think_budget import ThinkBudget
 
 if TYPE_CHECKING:
     from node.inference.request import CompletionRequest
@@ -258,10 +260,10 @@ def check(tok: ModelTokenizer, params: SamplingParams, param: str = "response_fo
 
 def constraint_for(tok: ModelTokenizer, params: SamplingParams, history: tuple[int, ...] | list[int] = ()
                    ) -> TokenConstraint | None:
-    """The constraint of one generation, or None when it has neither grammar nor logit_bias
-    (blocking; on the thread that samples). `history`: tokens already generated (a session
+    """The constraint of one generation, or None when it has neither grammar, logit_bias nor
+    thinking budget (blocking; on the thread that samples). `history`: tokens already generated (a session
     rebuilt after a failover), replayed through the matcher."""
-    if params.grammar is None and not params.logit_bias:
+    if not params.constrained:
         return None
     constraint = TokenConstraint(tok, params)
     for token in history:
@@ -289,6 +291,7 @@ class TokenConstraint:
             self.eog_ids = vocab.eog_ids
             self._bits = llguidance.numpy.allocate_token_bitmask(1, self.n_vocab)
             self._fill = llguidance.numpy.fill_next_token_bitmask
+        self.budget = None if params.reasoning_budget is None else ThinkBudget(tok, params.reasoning_budget)
         self.steps = 0
 
     @property
@@ -322,11 +325,15 @@ class TokenConstraint:
             np.copyto(view, -np.inf, where=~allowed)
             if len(logits) > self.n_vocab:  # a padded output head: the padding is never a token
                 logits[self.n_vocab:] = -np.inf
+        if self.budget is not None:  # its thinking budget spent: the closing tag, whatever else says
+            self.budget.apply(logits)
         return logits
 
     def accept(self, token: int) -> None:
         """Advance on the sampled token (an end-of-generation token ends the reply: not consumed)."""
         self.steps += 1
+        if self.budget is not None:
+            self.budget.accept(token)
         matcher = self.matcher
         if matcher is None or (self._is_eog(token) and matcher.is_accepting()):
             return

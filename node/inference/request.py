@@ -109,6 +109,9 @@ class CompletionRequest:
     # a reasoning model's thoughts apart ("deepseek": reasoning_content, llama-server's default) or
     # left in the text ("none"); chat only
     reasoning_format: Literal["none", "deepseek"] = "deepseek"
+    # a reasoning model's thinking budget in tokens (Anthropic's thinking.budget_tokens, llama-server's
+    # reasoning_budget_tokens): the closing tag is forced after it (node.inference.think_budget)
+    reasoning_budget: int | None = None
     # the request's chat_template_kwargs (enable_thinking, ...), given to the chat template
     template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     operation: str = ""  # the API operation for the trace ("chat.completions", "messages", "responses", ...)

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.inference import think_budget
+
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 MAX_GRAMMAR_BYTES = 1 << 20  # a grammar spec from a peer (the API's own bodies are smaller)
@@ -37,6 +39,13 @@ class SamplingParams:
     logprobs: int | None = None
     # what the output must match: a node.inference.grammar spec in its wire form (JSON-able), or None
     grammar: dict[str, Any] | None = field(default=None, hash=False, compare=True)
+    # a reasoning model's thinking budget (node.inference.think_budget's dict), or None
+    reasoning_budget: dict[str, Any] | None = field(default=None, hash=False, compare=True)
+
+    @property
+    def constrained(self) -> bool:
+        """Whether sampling needs the vocabulary (node.inference.constrain's TokenConstraint)."""
+        return self.grammar is not None or bool(self.logit_bias) or self.reasoning_budget is not None
 
     @property
     def greedy(self) -> bool:
@@ -58,11 +67,13 @@ class SamplingParams:
             "logit_bias": len(self.logit_bias),
             "logprobs": self.logprobs,
             "grammar": None if self.grammar is None else self.grammar.get("type"),
+            "reasoning_budget": None if self.reasoning_budget is None else self.reasoning_budget["tokens"],
         }
 
     def to_wire(self) -> dict[str, Any]:
         """Everything, for the peer that samples (decoded by `from_wire`)."""
-        return {**self.as_dict(), "logit_bias": [[t, b] for t, b in self.logit_bias], "grammar": self.grammar}
+        return {**self.as_dict(), "logit_bias": [[t, b] for t, b in self.logit_bias], "grammar": self.grammar,
+                "reasoning_budget": self.reasoning_budget}
 
     @classmethod
     def from_wire(cls, data: Any) -> SamplingParams:
@@ -73,6 +84,9 @@ class SamplingParams:
                 raise TypeError("grammar must be an object")
             if len(json.dumps(grammar)) > MAX_GRAMMAR_BYTES:
                 raise ValueError(f"grammar spec larger than {MAX_GRAMMAR_BYTES} bytes")
+        budget = data.get("reasoning_budget")  # (absent from an older peer's)
+        if budget is not None:
+            budget = think_budget.validate(budget)
         logprobs = data.get("logprobs")
         if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS}")
@@ -106,4 +120,4 @@ class SamplingParams:
             repeat_penalty=number("repeat_penalty", 0.0, 10.0), stop=tuple(str(s) for s in data.get("stop") or ()),
             logit_bias=tuple((int(t), float(b)) for t, b in data.get("logit_bias") or ()),
             logprobs=None if logprobs is None else int(logprobs),
-            grammar=grammar)
+            grammar=grammar, reasoning_budget=budget)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import openai
 import pytest
 import pytest_asyncio
 
@@ -69,6 +70,57 @@ async def chat(node, client, model: str, stream: bool = False, **kw) -> tuple[st
                 content += choice.delta.content or ""
                 finish = choice.finish_reason or finish
     return reasoning, content, finish, usage
+
+
+# --- the budget -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_budget_tokens_close_the_thoughts(node, claude, stream):
+    """`thinking: {type: enabled, budget_tokens: 4}`: after 4 tokens of thoughts `</think>` is forced
+    and the answer follows (until 2026-12-06 the budget was accepted and ignored: this model thinks
+    until max_tokens and never answers)."""
+    kw = dict(model=model_id(node, "thinker"), max_tokens=30, messages=ASK, extra_body={"temperature": 0})
+    free = await claude.messages.create(**kw)
+    assert [b.type for b in free.content] == ["thinking"] and free.stop_reason == "max_tokens"
+    budget = {"type": "enabled", "budget_tokens": 4}
+    if stream:
+        async with claude.messages.stream(**kw, thinking=budget) as events:
+            async for _ in events:
+                pass
+            capped = await events.get_final_message()
+    else:
+        capped = await claude.messages.create(**kw, thinking=budget)
+    assert [b.type for b in capped.content] == ["thinking", "text"], capped.content
+    thoughts = capped.content[0].thinking
+    assert thoughts and free.content[0].thinking.startswith(thoughts) and len(thoughts) < len(free.content[0].thinking)
+    assert capped.content[1].text.strip()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_reasoning_budget_tokens_on_chat_completions(node, client, stream):
+    """llama-server's `reasoning_budget_tokens`: the closing tag after 3 tokens of thoughts, even where
+    a logit_bias bans it; reasoning_tokens counts them and the tag; 0 closes the thoughts at once,
+    -1 is no budget, another value a 400 naming it."""
+    ban = {str(token_of(node, "</think>")): -100}
+    _, raw, _, _ = await chat(node, client, "thinker", stream, max_tokens=20, logit_bias=ban,
+                         extra_body={"reasoning_format": "none"})
+    _, raw_capped, _, _ = await chat(node, client, "thinker", stream, max_tokens=20, logit_bias=ban,
+                                     extra_body={"reasoning_format": "none", "reasoning_budget_tokens": 3})
+    thoughts, answer = raw_capped.split("</think>", 1)
+    assert raw.startswith(thoughts) and answer
+    reasoning, content, finish, usage = await chat(node, client, "thinker", stream, max_tokens=20, logit_bias=ban,
+                                                   extra_body={"reasoning_budget_tokens": 3})
+    assert reasoning == thoughts.strip() and content == answer.strip() and finish == "length"
+    assert usage.completion_tokens_details.reasoning_tokens == 4
+    _, content, _, usage = await chat(node, client, "thinker", stream, max_tokens=6,
+                                      extra_body={"thinking_budget_tokens": 0})
+    assert content and usage.completion_tokens_details.reasoning_tokens == 1
+    none = await chat(node, client, "thinker", stream, max_tokens=6, logit_bias=ban, extra_body={"reasoning_budget_tokens": -1})
+    assert none[1] == "" and none[3].completion_tokens_details.reasoning_tokens == 6
+    with pytest.raises(openai.BadRequestError) as caught:
+        await chat(node, client, "thinker", stream, max_tokens=6, extra_body={"reasoning_budget_tokens": "10"})
+    assert caught.value.body["param"] == "reasoning_budget_tokens"
 
 
 # --- prefills and stop sequences -------------------------------------------------------------------

@@ -1,9 +1,13 @@
 """Sampling on the output-head segment."""
 
+import pytest
 import torch
 
 from node.inference.pipeline.sampler import Sampler
 from node.inference.sampling import SamplingParams
+from node.inference.synth import SynthSpec
+from node.inference.think_budget import spec as budget_spec
+from tests.support.nodes import tiny_model
 
 
 def test_greedy_picks_argmax():
@@ -57,3 +61,26 @@ def test_a_history_outside_the_vocabulary_is_a_protocol_error():
     with pytest.raises(ProtocolError, match="outside the vocabulary"):
         s.sample(torch.zeros(10))
     assert Sampler(SamplingParams(temperature=0.0, repeat_penalty=1.3), history=(1, 2, 9)).sample(torch.zeros(10)) in range(10)
+
+
+@pytest.mark.llama
+def test_a_thinking_budget_forces_the_closing_tag(tmp_path):
+    """A chain's last segment samples with node.inference.pipeline.sampler: the budget travels in
+    the sampling parameters (the wire form) and forces the closing tag there, as on the local route;
+    a session rebuilt with its history (a failover) goes on from where it was."""
+    from node.inference.tokenizer import ModelTokenizer  # (llama-cpp-python)
+
+    tok = ModelTokenizer(tiny_model(tmp_path, SynthSpec(think=True), "thinker.gguf"))
+    try:
+        close = tok.tokenize("</think>", add_bos=False)[-1]
+        word = tok.tokenize("I", add_bos=False)[-1]
+        params = SamplingParams.from_wire(SamplingParams(temperature=0, reasoning_budget=budget_spec(
+            3, "<think>", "</think>", inside=True)).to_wire())
+        logits = torch.zeros(tok.n_vocab)
+        logits[word] = 10.0
+        sampler = Sampler(params, vocab=tok)
+        assert [sampler.sample(logits) for _ in range(5)] == [word, word, word, close, word]
+        resumed = Sampler(params, history=(word, word), vocab=tok)
+        assert [resumed.sample(logits) for _ in range(2)] == [word, close]
+    finally:
+        tok.close()

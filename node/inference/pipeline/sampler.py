@@ -33,12 +33,12 @@ class Sampler:
     """Per-session sampler state: the parameters, the RNG and the generated history."""
 
     def __init__(self, params: SamplingParams, history: tuple[int, ...] = (), vocab=None):
-        """`vocab`: the model's ModelTokenizer, needed when params carry a grammar or a logit_bias
-        (the grammar is compiled here, blocking, and replays `history`)."""
+        """`vocab`: the model's ModelTokenizer, needed when params carry a grammar, a logit_bias or a
+        thinking budget (the grammar is compiled here, blocking, and replays `history`)."""
         self.params = params
         self.history: list[int] = list(history)
         self.constraint = None
-        if params.grammar is not None or params.logit_bias:
+        if params.constrained:
             if vocab is None:
                 raise ValueError("a constrained sampler needs the model's vocabulary")
             self.constraint = constrain.constraint_for(vocab, params, self.history)

@@ -325,7 +325,7 @@ class SegmentWorker(SessionControls):
                 if sampler is None:
                     if work.sampling is None:
                         raise ProtocolError("first sampling step of a session carries no sampling parameters")
-                    constrained = work.sampling.grammar is not None or bool(work.sampling.logit_bias)
+                    constrained = work.sampling.constrained
                     sampler = self.samplers[work.sid] = Sampler(
                         work.sampling, work.history, vocab=hosted.vocabulary() if constrained else None)
                 if prep.verify:
