@@ -84,3 +84,26 @@ def test_a_thinking_budget_forces_the_closing_tag(tmp_path):
         assert [resumed.sample(logits) for _ in range(2)] == [word, close]
     finally:
         tok.close()
+
+
+@pytest.mark.llama
+def test_a_thinking_budget_waits_for_a_whole_character(tmp_path):
+    """A budget spent in the middle of a UTF-8 character forces the closing tag after the character's
+    last byte, as llama-server's does (the thoughts never end with half a character)."""
+    from node.inference.tokenizer import ModelTokenizer  # (llama-cpp-python)
+
+    tok = ModelTokenizer(tiny_model(tmp_path, SynthSpec(think=True), "thinker.gguf"))
+    try:
+        close = tok.tokenize("</think>", add_bos=False)[-1]
+        lead, cont = (next(t for t in range(tok.n_vocab) if tok.piece(t) == b) for b in (b"\xc3", b"\xa9"))
+        params = SamplingParams(temperature=0, reasoning_budget=budget_spec(1, "<think>", "</think>", inside=True))
+        sampler = Sampler(params, vocab=tok)
+
+        def row(token: int) -> torch.Tensor:
+            logits = torch.zeros(tok.n_vocab)
+            logits[token] = 10.0
+            return logits
+
+        assert [sampler.sample(row(t)) for t in (lead, cont, cont)] == [lead, cont, close]
+    finally:
+        tok.close()
