@@ -27,7 +27,7 @@ from node.errors import (
     ModelUnavailable,
     NodeError,
 )
-from node.inference import constrain, reasoning, think_budget
+from node.inference import constrain, reasoning
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.logprobs import LogprobTrack
 from node.inference.manager import ModelManager, ServedModel
@@ -145,7 +145,7 @@ class CompletionRun:
             spec = constrain.request_grammar(self.request)
             if spec is not None:
                 params = dataclasses.replace(params, grammar=spec)
-        params = think_budget.with_budget(params, self._thoughts, self.request.reasoning_budget)
+        params = reasoning.with_budget(params, self._thoughts, self.request.reasoning_budget)
         if params.grammar is not None and self._thoughts is not None:  # room to think before it
             spec = await loop.run_in_executor(None, reasoning.grammar_with_room, self._thoughts, params.grammar, tok)
             params = dataclasses.replace(params, grammar=spec)

@@ -22,13 +22,16 @@ The tool-call parser then sees only the answer.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from node.inference import grammar as g
+from node.inference import think_budget
 
 if TYPE_CHECKING:
     from node.inference.request import CompletionRequest
+    from node.inference.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -231,3 +234,13 @@ def grammar_with_room(splitter: ReasoningSplitter, spec: g.Spec, tok: Any) -> g.
     from node.inference import constrain
 
     return splitter.grammar(spec, constrain.vocabulary(tok).special_token(splitter.tags.close) is not None)
+
+
+def with_budget(params: SamplingParams, thoughts: ReasoningSplitter | None, tokens: int | None) -> SamplingParams:
+    """`params` with the request's thinking budget of `tokens` (node.inference.think_budget), where the
+    reply (split by `thoughts`) may still think."""
+    if thoughts is None or tokens is None or thoughts.phase == "answer":
+        return params
+    budget = think_budget.spec(tokens, thoughts.tags.open, thoughts.tags.close, thoughts.phase == "thinking",
+                               thoughts.held)
+    return dataclasses.replace(params, reasoning_budget=budget)

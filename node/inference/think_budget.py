@@ -20,14 +20,11 @@ forced tokens are the closing tag as the tokenizer spells it (one special token 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from node.inference.reasoning import ReasoningSplitter
-    from node.inference.sampling import SamplingParams
     from node.inference.tokenizer import ModelTokenizer
 
 MAX_TAG_CHARS = 64
@@ -38,15 +35,6 @@ def spec(tokens: int, open_tag: str, close_tag: str, inside: bool, written: str 
     start ("<thi"), which the reply's first tokens may finish."""
     return {"tokens": tokens, "open": open_tag, "close": close_tag, "inside": inside,
             "written": written[-MAX_TAG_CHARS:]}
-
-
-def with_budget(params: SamplingParams, thoughts: ReasoningSplitter | None, tokens: int | None) -> SamplingParams:
-    """`params` with the request's budget of `tokens`, where the reply (split by `thoughts`) may
-    still think."""
-    if thoughts is None or tokens is None or thoughts.phase == "answer":
-        return params
-    budget = spec(tokens, thoughts.tags.open, thoughts.tags.close, thoughts.phase == "thinking", thoughts.held)
-    return dataclasses.replace(params, reasoning_budget=budget)
 
 
 def validate(value: Any) -> dict[str, Any]:
