@@ -65,6 +65,9 @@ class SynthSpec:
     fim: bool = False  # the last three tokens are fill-in-the-middle control tokens (FIM_TOKENS)
     # `<think>` and `</think>` as user-defined tokens (before the FIM ones), as Qwen3's vocabulary has them
     think: bool = False
+    # gpt-oss's harmony tokens (HARMONY_TOKENS, before the think and FIM ones): `<|start|>` `<|channel|>`
+    # `<|message|>` `<|constrain|>` shown as text, `<|end|>` a control token, `<|return|>` `<|call|>` end
+    harmony: bool = False
     chat_template: str | None = None  # tokenizer.chat_template (None: none, the node uses ChatML)
     name: str = "synth"
 
@@ -95,6 +98,7 @@ LLAMA_1B = SynthSpec(
 
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
 THINK_TOKENS = ("<think>", "</think>")
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|return|>", "<|call|>")
 
 
 def synth_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
@@ -223,6 +227,10 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
     if spec.think:  # a reasoning model's thought tags, single tokens the text shows
         first = spec.vocab - len(THINK_TOKENS) - (len(FIM_TOKENS) if spec.fim else 0)
         tokens[first:first + 2], types[first:first + 2] = list(THINK_TOKENS), [TOKEN_USER_DEFINED] * 2
+    if spec.harmony:
+        first = spec.vocab - len(HARMONY_TOKENS) - (2 if spec.think else 0) - (len(FIM_TOKENS) if spec.fim else 0)
+        tokens[first:first + len(HARMONY_TOKENS)] = list(HARMONY_TOKENS)
+        types[first:first + len(HARMONY_TOKENS)] = [TOKEN_USER_DEFINED] * 4 + [TOKEN_CONTROL] * 3
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
     writer.add_tokenizer_model("llama")
