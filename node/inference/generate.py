@@ -290,8 +290,8 @@ class CompletionRun:
         fmt = self._tool_format
         parser = new_parser(fmt, self.request, trace.request_id) if fmt is not None else None
         markers = frozenset(fmt.special_markers) if fmt is not None else frozenset()
-        if self._thoughts is not None:  # a thought tag may be a control token (Ministral's [THINK])
-            markers |= {self._thoughts.tags.open, self._thoughts.tags.close}
+        if self._thoughts is not None:  # a thought tag may be a control token (Ministral's [THINK], gpt-oss's <|end|>)
+            markers |= set(self._thoughts.markers)
         counter = self._counter
         ended_by_eog = False
         produced = 0

@@ -85,6 +85,11 @@ class ReasoningSplitter:
         """The text held back: whitespace, or a tag's possible start."""
         return self._held
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Tags that may be control tokens, which the reply's text must show."""
+        return (self.tags.open, self.tags.close)
+
     def feed(self, text: str) -> tuple[str, str]:
         """One piece of the reply: its (reasoning, content) parts ready to send."""
         return self._run(self._held + text, final=False)
@@ -176,6 +181,14 @@ def splitter_for(request: CompletionRequest, template: str | None, rendered: str
     reasoning_format "none" the thoughts stay content (`feed_raw`). `rendered`: the
     prompt as the template wrote it; `prefill`: the start of the reply the request wrote itself (it
     may open or close the thoughts)."""
+    from node.inference.tools.harmony import HarmonySplitter, is_harmony
+
+    if request.kind == "chat" and is_harmony(template):  # gpt-oss: channels, not tags
+        harmony = HarmonySplitter(bool(request.tools) and request.tool_choice != "none")
+        if prefill:
+            harmony.feed(prefill)  # the client's own text is not sent back
+            harmony._held = ""
+        return harmony
     tags = think_tags(template)
     if tags is None or request.kind != "chat":
         return None

@@ -48,7 +48,7 @@ DETECTED = {
     "meta-llama-Llama-3.2-3B-Instruct": "llama3", "meta-llama-Llama-3.3-70B-Instruct": "llama3",
     "microsoft-Phi-3.5-mini-instruct": "generic", "mistralai-Ministral-3-14B-Reasoning-2512": "mistral_args",
     "mistralai-Mistral-Nemo-Instruct-2407": "mistral", "moonshotai-Kimi-K2": "kimi_k2", "muse-glimmer": "generic",
-    "openai-gpt-oss-120b": "generic", "openbmb-MiniCPM5-1B": "generic", "poolside-Laguna-S-2.1": "glm",
+    "openai-gpt-oss-120b": "harmony", "openbmb-MiniCPM5-1B": "generic", "poolside-Laguna-S-2.1": "glm",
     "poolside-Laguna-XS-2.1": "glm", "poolside-Laguna-XS.2": "glm", "tencent-Hy3": "generic",
     "unsloth-Apriel-1.5": "generic", "unsloth-mistral-Devstral-Small-2507": "mistral_args",
     "upstage-Solar-Open-100B": "generic",

@@ -6,7 +6,8 @@ Hermes 2 Pro / Hermes 3 / Qwen 2.5 / Qwen 3 / Granite 4 (`<tool_call>` JSON), Ll
 "parameters"), Mistral Nemo (`[TOOL_CALLS][...]`), Mistral Small 3.2 / Ministral 3 / Devstral
 (`[TOOL_CALLS]name[ARGS]{...}`), Qwen3-Coder / Qwen3.5 / Nemotron 3 Nano (`<function=name>` XML with
 `<parameter=p>` values; tagged.py), GLM 4.5-4.7 / Ling 3 / Spark 2.5 / Laguna (`<tool_call>name<arg_key>`),
-DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_begin|>`; special.py). Any other template — the embedded default model's plain ChatML
+DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_begin|>`; special.py),
+gpt-oss (harmony channels; harmony.py). Any other template — the embedded default model's plain ChatML
 among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
 in a compact system message, and the reply is one JSON object, `{"tool_call": {...}}` (or
 `{"tool_calls": [...]}` when parallel calls are allowed) or `{"response": "..."}`, enforced by the
@@ -33,6 +34,7 @@ from typing import Any
 from node.inference import grammar
 from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.tools.harmony import HARMONY, TOKENS, call_grammar, harmony_history, is_harmony
 from node.inference.tools.parser import Syntax, ToolCallParser
 from node.inference.tools.regions import (
     GENERIC,
@@ -73,7 +75,7 @@ from node.inference.tools.tagged import (
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | kimi_k2 | generic
+    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | kimi_k2 | harmony | generic
     syntax: Syntax
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
@@ -89,6 +91,7 @@ FORMATS = {
     "glm": ToolFormat("glm", GLM, True, special_markers=GLM_MARKERS),
     "deepseek_v31": ToolFormat("deepseek_v31", DEEPSEEK, True, special_markers=DEEPSEEK_V31.markers),
     "kimi_k2": ToolFormat("kimi_k2", KIMI, True, special_markers=KIMI_K2.markers),
+    "harmony": ToolFormat("harmony", HARMONY, True, special_markers=TOKENS),
     "generic": ToolFormat("generic", GENERIC, False),
 }
 _SECTIONS = {"deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
@@ -109,6 +112,8 @@ def detect_format(template: str | None) -> ToolFormat:
         return FORMATS["deepseek_v31"]
     if "tools" not in t:
         return FORMATS["generic"]
+    if is_harmony(t):  # gpt-oss (harmony.py)
+        return FORMATS["harmony"]
     if TOOL_CALL_OPEN in t and FUNCTION_OPEN in t and "<parameter=" in t:
         return FORMATS["qwen_xml"]
     if TOOL_CALL_OPEN in t and ARG_KEY in t:
@@ -145,7 +150,7 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
         out = [_native_message(fmt, m) for m in messages]
         if active and fmt.name == "deepseek_v31":
             _system_head(out, deepseek_tools_prompt(request.tools), after=True)
-        return out, tools
+        return (harmony_history(messages, out) if fmt.name == "harmony" else out), tools
     system_ok, tool_ok = _template_roles(template) if template else (True, True)
     out = [_generic_message(m, "tool" if tool_ok else "user") for m in messages]
     if active:
@@ -366,6 +371,9 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
         return grammar.json_value(_lenient(options[0] if len(options) == 1 else {"anyOf": options}))
     if choice == "auto" and answer is None:
         return None
+    if fmt.name == "harmony":
+        return call_grammar([(t.name, _lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"]))
+                             for i, t in enumerate(tools)], answer)
     calls = _native_calls(fmt, call, None if many else 1, tools)
     return calls if answer is None else grammar.alt(grammar.json_value(answer), calls)
 

@@ -1,0 +1,115 @@
+"""gpt-oss (the harmony format) on the API, through the official `openai` client against a real
+node serving a tiny random model with gpt-oss's vocabulary tokens (`<|end|>` a control token,
+`<|return|>` and `<|call|>` ending the generation) and its real chat template. A random model writes
+no harmony by itself: a forced call's grammar makes it, and a logit_bias on `<|end|>` closes the
+analysis channel at once. The reply's split in every chunking is tests/inference/test_harmony.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from node.inference.synth import SynthSpec
+from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+TEMPLATE = (Path(__file__).resolve().parent.parent / "fixtures" / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+SPEC = SynthSpec(n_ctx=2048, harmony=True, chat_template=TEMPLATE, name="gptoss")
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+        "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("harmony")
+    async with running_node(node_config(base / "data", tiny_model(base, SPEC, "gptoss.gguf"))) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    return openai_client(node)
+
+
+def end_token(node) -> str:
+    ids = node.models.all()[0].tokenizer.tokenize("<|end|>", add_bos=False)
+    assert len(ids) == 1
+    return str(ids[0])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+async def test_forced_call_is_a_tool_call(node, client, stream, choice):
+    """The forced call's grammar writes harmony (room for the analysis channel, then
+    `<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{...}`): the client
+    gets a tool call, and no channel markup as content."""
+    model = node.models.all()[0].id
+    kw = dict(model=model, messages=ASK, tools=[WEATHER], tool_choice=choice, max_tokens=200,
+              logit_bias={end_token(node): 100})
+    if not stream:
+        r = await client.chat.completions.create(logprobs=True, **kw)
+        written = "".join(t.token for t in r.choices[0].logprobs.content)  # the model's own text
+        msg = r.choices[0].message
+        content, finish = msg.content, r.choices[0].finish_reason
+        calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+        thoughts = getattr(msg, "reasoning_content", None)
+    else:
+        content = thoughts = None
+        finish, parts, written = "", {}, ""
+        async with await client.chat.completions.create(stream=True, logprobs=True, **kw) as events:
+            async for chunk in events:
+                for c in chunk.choices:
+                    written += "".join(t.token for t in (c.logprobs.content or [])) if c.logprobs else ""
+                    content = (content or "") + (c.delta.content or "") if c.delta.content else content
+                    piece = getattr(c.delta, "reasoning_content", None)
+                    thoughts = (thoughts or "") + piece if piece else thoughts
+                    for d in c.delta.tool_calls or []:
+                        name, args = parts.get(d.index, ("", ""))
+                        parts[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+                    finish = c.finish_reason or finish
+        calls = list(parts.values())
+    assert written.startswith("<|channel|>") and "to=functions.get_weather <|constrain|>json<|message|>{" in written
+    assert finish == "tool_calls"
+    assert [name for name, _ in calls] == ["get_weather"]
+    assert json.loads(calls[0][1])["city"] in ("Paris", "Rome")
+    assert not content
+    assert "<|" not in (thoughts or "")
+
+
+async def test_history_and_effort_reach_the_template(node):
+    """A tool-calling turn and its result go back through the template as gpt-oss was trained on
+    (thoughts in `thinking`, the call in the role header), and reasoning_effort sets its system block."""
+    url = f"http://127.0.0.1:{node.api.port}/apply-template"
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*ASK, {"role": "assistant", "content": None, "reasoning_content": "Look it up.", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {node.api_key}"}) as http:
+        async with http.post(url, json={"messages": history, "tools": [WEATHER], "reasoning_effort": "high"}) as resp:
+            assert resp.status == 200, await resp.text()
+            prompt = (await resp.json())["prompt"]
+    assert "Reasoning: high" in prompt
+    assert ("<|start|>assistant<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant "
+            'to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+            '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny"<|end|>') in prompt
+
+
+async def test_response_format_answer_in_the_final_channel(node, client):
+    """A response_format's JSON is written in the final channel (after room for the analysis), as
+    gpt-oss answers: the client gets the JSON alone as content."""
+    model = node.models.all()[0].id
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+              "additionalProperties": False}
+    r = await client.chat.completions.create(
+        model=model, messages=ASK, max_tokens=200, logprobs=True, logit_bias={end_token(node): 100},
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    written = "".join(t.token for t in r.choices[0].logprobs.content)
+    assert "<|channel|>final<|message|>{" in written
+    assert json.loads(r.choices[0].message.content)["city"] in ("Paris", "Rome")
+    assert r.choices[0].finish_reason == "stop"
