@@ -44,6 +44,7 @@ from node.inference.tools import (
     tool_grammar,
     tools_active,
 )
+from node.inference.tools.harmony import continued
 from node.logs import kv
 from node.trace import RequestTrace, SegmentTrace
 
@@ -194,6 +195,7 @@ class CompletionRun:
             prefill = prefill_of(self.request)
             if prefill is not None:
                 messages = messages[:-1]
+                prefill = continued(tok.chat_template, prefill)  # gpt-oss: in its final channel
             rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
                                                           self.request.template_kwargs)
             self._thoughts = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill)

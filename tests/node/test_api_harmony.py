@@ -113,3 +113,15 @@ async def test_response_format_answer_in_the_final_channel(node, client):
     assert "<|channel|>final<|message|>{" in written
     assert json.loads(r.choices[0].message.content)["city"] in ("Paris", "Rome")
     assert r.choices[0].finish_reason == "stop"
+
+
+async def test_continued_final_message(node, client):
+    """A final assistant message to continue (a prefill) is written in the final channel, as
+    llama.cpp continues one: the model's `<|end|>` then ends the answer (a plain text prefill after
+    `<|start|>assistant` was no message, and everything after it came back as content, `<|end|>` too)."""
+    model = node.models.all()[0].id
+    r = await client.chat.completions.create(
+        model=model, messages=[*ASK, {"role": "assistant", "content": "It is"}], max_tokens=4,
+        logit_bias={end_token(node): 100})
+    assert r.choices[0].message.content == ""
+    assert r.choices[0].finish_reason == "length"

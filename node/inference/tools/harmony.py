@@ -60,6 +60,14 @@ def is_harmony(template: str | None) -> bool:
     return bool(template) and CHANNEL in template and START in template
 
 
+def continued(template: str | None, prefill: str) -> str:
+    """A prefill (a final assistant message to continue) as the reply's text: in the final channel
+    for harmony (llama.cpp's continuation), where plain text after `<|start|>assistant` is no message."""
+    if not prefill or not is_harmony(template) or prefill.lstrip().startswith((CHANNEL, " to=", "to=")):
+        return prefill
+    return CHANNEL + "final" + MESSAGE + prefill
+
+
 def _held(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest tail of `text` that may begin one of `tags`."""
     for n in range(min(len(text), max(len(t) for t in tags) - 1), 0, -1):
