@@ -125,3 +125,13 @@ async def test_continued_final_message(node, client):
         logit_bias={end_token(node): 100})
     assert r.choices[0].message.content == ""
     assert r.choices[0].finish_reason == "length"
+
+
+async def test_a_tool_without_description(node, client):
+    """The template writes `"// " + description` for each tool: a tool without one (optional at
+    OpenAI) was a 400 on every request ("the model's chat template failed to render")."""
+    model = node.models.all()[0].id
+    bare = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
+    r = await client.chat.completions.create(model=model, messages=ASK, tools=[bare], tool_choice="required",
+                                             max_tokens=200, logit_bias={end_token(node): 100})
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]

@@ -34,7 +34,14 @@ from typing import Any
 from node.inference import grammar
 from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
-from node.inference.tools.harmony import HARMONY, TOKENS, call_grammar, harmony_history, is_harmony
+from node.inference.tools.harmony import (
+    HARMONY,
+    TOKENS,
+    call_grammar,
+    harmony_history,
+    harmony_tools,
+    is_harmony,
+)
 from node.inference.tools.parser import Syntax, ToolCallParser
 from node.inference.tools.regions import (
     GENERIC,
@@ -150,7 +157,9 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
         out = [_native_message(fmt, m) for m in messages]
         if active and fmt.name == "deepseek_v31":
             _system_head(out, deepseek_tools_prompt(request.tools), after=True)
-        return (harmony_history(messages, out) if fmt.name == "harmony" else out), tools
+        if fmt.name == "harmony":
+            return harmony_history(messages, out), harmony_tools(tools)
+        return out, tools
     system_ok, tool_ok = _template_roles(template) if template else (True, True)
     out = [_generic_message(m, "tool" if tool_ok else "user") for m in messages]
     if active:

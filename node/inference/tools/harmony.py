@@ -273,6 +273,14 @@ def harmony_region(text: str, final: bool) -> Region:
 HARMONY = Syntax("harmony", (CALL_OPEN,), False, harmony_region)
 
 
+def harmony_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools with a description each: the template writes `"// " + description`, and a tool
+    without one (optional at OpenAI; most MCP tools' parameters have none) failed to render."""
+    if tools is None:
+        return None
+    return [{**t, "function": {"description": "", **t["function"]}} for t in tools]
+
+
 def harmony_history(original: list[dict[str, Any]], rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The template's messages (`rendered`: the native ones, one for each of `original`)."""
     out: list[dict[str, Any]] = []
