@@ -176,7 +176,7 @@ class ReasoningSplitter:
 
 
 def splitter_for(request: CompletionRequest, template: str | None, rendered: str,
-                 prefill: str | None) -> ReasoningSplitter | None:
+                 prefill: str | None) -> Any:
     """Where a chat's reply stands with its thoughts, or None (not a reasoning template). With
     reasoning_format "none" the thoughts stay content (`feed_raw`). `rendered`: the
     prompt as the template wrote it; `prefill`: the start of the reply the request wrote itself (it

@@ -135,3 +135,22 @@ async def test_a_tool_without_description(node, client):
     r = await client.chat.completions.create(model=model, messages=ASK, tools=[bare], tool_choice="required",
                                              max_tokens=200, logit_bias={end_token(node): 100})
     assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
+
+
+async def test_a_thinking_budget_closes_the_analysis_channel(node, client):
+    """`thinking_budget_tokens` on gpt-oss: the analysis channel is its thoughts (`<|channel|>analysis
+    <|message|>` … `<|end|>`, llama.cpp's tags for it); with `<|end|>` banned the model would think
+    until max_tokens, the budget forces `<|end|>` after 3 tokens and the forced call follows (the
+    budget read the harmony splitter, which had no `held`: every such request was a 500)."""
+    model = node.models.all()[0].id
+    r = await client.chat.completions.create(
+        model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=120, logprobs=True,
+        logit_bias={end_token(node): -100}, extra_body={"thinking_budget_tokens": 3})
+    tokens = [t.token for t in r.choices[0].logprobs.content]
+    written = "".join(tokens)
+    assert r.choices[0].finish_reason == "tool_calls", written
+    assert "to=functions.get_weather" in written
+    head = "<|channel|>analysis<|message|>"
+    if written.startswith(head):  # the grammar lets the model skip its thoughts; where it thinks, 3 tokens
+        opened = next(i for i in range(len(tokens)) if "".join(tokens[:i + 1]).endswith(head))
+        assert tokens.index("<|end|>") - opened - 1 <= 3, tokens

@@ -95,6 +95,11 @@ class HarmonySplitter:
     def _held(self) -> str:  # (reasoning.splitter_for forgets what a prefill left held)
         return self._buf
 
+    @property
+    def held(self) -> str:
+        """The text held back (a header or a tag's possible start); a thinking budget reads it."""
+        return self._buf
+
     @_held.setter
     def _held(self, value: str) -> None:
         self._buf = value
