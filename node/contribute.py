@@ -23,6 +23,7 @@ from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.partials import PartialModels
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry
+from node.models.download import display_url
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class Contributions:
         self.events: Observers[[]] = Observers("contributions")  # a choice changed (the GUI re-reads summary())
         self._lock = asyncio.Lock()
         self._drains: set[asyncio.Task] = set()  # paused --layers slices waiting for their sessions to end
+        # the origin connected holders name now (SwarmModels.origin_of, set once the peer network is up)
+        self.origin_of: Callable[[ModelEntry], str | None] = lambda entry: None
 
     def attach(self, autoserve: AutoServe, fixed: list[tuple[ModelEntry, int, int]]) -> None:
         self.autoserve, self._fixed = autoserve, fixed
@@ -168,14 +171,17 @@ class Contributions:
         entry.refuse_slices()  # a split model is served whole only
         if entry.has_file or entry.partial is not None:
             return entry
-        if not entry.origin_url:
+        # the origin named when its header came, else one a holder names now (a holder that downloaded
+        # it may have come after one that was given the file)
+        origin = entry.origin_url or self.origin_of(entry)
+        if not origin:
             raise ModelLoadError(f"{entry.id} is not on this machine and its holders name no origin to fetch "
                                  "its layers from: download it (Models tab) to help serve it")
-        directory = await self.partials.async_open(entry.origin_url)
+        directory = await self.partials.async_open(origin)
         opened = next(iter(await self.catalog.async_scan([(directory, "data_dir")])), None) or \
             next((e for e in self.catalog.entries.values() if e.path == directory), None)
         if opened is None or opened.sha256 != entry.sha256:
-            raise ModelLoadError(f"the file at {entry.origin_url} is not the swarm's copy of {entry.id}: its layers "
+            raise ModelLoadError(f"the file at {display_url(origin)} is not the swarm's copy of {entry.id}: its layers "
                                  "would not match the holders'")
         return opened
 

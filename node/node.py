@@ -300,6 +300,7 @@ class Node(SwarmActions, UrlModels):
         self.models.swarm_lookup = self.swarm_models.async_wait_for
         await self.peers.async_start()
         self.swarm_models.start()
+        self.contributions.origin_of = self.swarm_models.origin_of
         self.note_activity(f"peer listener on port {self.peers.listen_port}")
 
     async def _async_announce(self) -> None:

@@ -114,6 +114,11 @@ class SwarmModels:
                     out.setdefault(advert.sha256, []).append(advert)
         return out
 
+    def origin_of(self, entry: ModelEntry) -> str | None:
+        """An origin a connected holder names now for this model's file (the same header), if any."""
+        return next((a.origin_url for a in self.adverts(entry.sha256).get(entry.sha256, [])
+                     if a.origin_url and a.header_sha256 == entry.header_sha256), None)
+
     def _scan(self) -> None:
         """Start a header task for every advertised model not in the catalog (on the loop)."""
         now = time.monotonic()
