@@ -189,7 +189,7 @@ _PROBE = "swarmllm-probe-7f3a"
 def _template_roles(template: str) -> tuple[bool, bool]:
     """(system messages render, tool results after a plain assistant turn render) under this
     template, tried once on a short chat. The generic format's calls are the assistant's text, so a
-    template that wants a `tool` message to answer its own `tool_calls` (gpt-oss, MiniMax M2/M3)
+    template that wants a `tool` message to answer its own `tool_calls` (MiniMax M2/M3; gpt-oss did until it got its own format)
     raised, and one that knows no `tool` role (Phi 3.5) left the result out; Gemma 2 raises on a
     system message. Until 2026-12-06 every tools request on such a model was a 400 or lost the results."""
     def renders(messages: list[dict[str, Any]]) -> bool:
