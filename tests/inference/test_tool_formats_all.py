@@ -38,8 +38,8 @@ DETECTED = {
     "Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "Reka-Edge": "hermes", "Spark2.5": "glm",
     "StepFun3.5-Flash": "qwen_xml", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "generic",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "generic", "deepseek-ai-DeepSeek-V3.1": "deepseek_v31",
-    "deepseek-ai-DeepSeek-V3.2": "generic", "deepseek-ai-DeepSeek-V4-Flash-0731": "generic",
-    "deepseek-ai-DeepSeek-V4": "generic", "fireworks-ai-llama-3-firefunction-v2": "generic",
+    "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml",
+    "deepseek-ai-DeepSeek-V4": "dsml", "fireworks-ai-llama-3-firefunction-v2": "generic",
     "google-gemma-2-2b-it": "generic", "google-gemma-4-31B-it-interleaved": "generic", "google-gemma-4-31B-it": "generic",
     "ibm-granite-granite-3.3-2B-Instruct": "generic", "ibm-granite-granite-4.0": "hermes",
     "ibm-granite-granite-4.1": "hermes", "inclusionai-ling-3.0-flash": "glm", "llama-cpp-deepseek-r1": "generic",
@@ -61,7 +61,8 @@ NEW = {"Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "NVIDIA-Nemotron-3-N
        "GLM-4.6": "glm", "GLM-4.7-Flash": "glm", "inclusionai-ling-3.0-flash": "glm", "Spark2.5": "glm",
        "poolside-Laguna-S-2.1": "glm", "poolside-Laguna-XS-2.1": "glm", "poolside-Laguna-XS.2": "glm",
        "deepseek-ai-DeepSeek-V3.1": "deepseek_v31", "Kimi-K2-Instruct": "kimi_k2", "Kimi-K2-Thinking": "kimi_k2",
-       "moonshotai-Kimi-K2": "kimi_k2"}
+       "moonshotai-Kimi-K2": "kimi_k2", "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4": "dsml",
+       "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml"}
 FLAGS = ToolSpec("set_flags", "Flags", {"type": "object", "required": ["on", "ids"], "properties": {
     "on": {"type": "boolean"}, "ids": {"type": "array", "items": {"type": "integer"}}, "note": {"type": "string"}}})
 CALLS = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),
@@ -162,6 +163,11 @@ def _section(fmt: str, calls: list[tuple[str, str]]) -> str:
     ("deepseek_v31", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": "UT'),
     ("kimi_k2", "<|tool_calls_section_begin|>[get_time]<|tool_calls_section_end|>"),
     ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.get time:0<|tool_call_argument_begin|>{}"),
+    ("dsml", '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get weather">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
+    ("dsml", '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter name="tz" kind="x">UTC'
+             "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
+    ("dsml", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter name="tz" string="true">UT'),
+    ("dsml", "<｜DSML｜function_calls>\n[get_time]\n</｜DSML｜function_calls>"),
     ("qwen_xml", "<tool_call>\nnot a function\n</tool_call>"),
     ("qwen_xml", "<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC"),  # ended inside the call
     ("mistral_args", "[TOOL_CALLS]get weather[ARGS]{}"),
@@ -226,12 +232,16 @@ def test_the_forced_grammar_accepts_the_formats_calls(tok, name):
                       "<arg_value>Paris 2</arg_value><arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"),
     ("deepseek-ai-DeepSeek-V3.1", "I need <｜tool▁calls▁begin｜> first.</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
                                   'get_weather<｜tool▁sep｜>{"city": "Paris 2", "days": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
+    ("deepseek-ai-DeepSeek-V3.2", "I need <｜DSML｜function_calls> first.</think>\n\n<｜DSML｜function_calls>\n"
+                                  '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris 2'
+                                  '</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
+                                  "</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
     ("Kimi-K2-Thinking", "<think>I need <|tool_call_begin|> first.</think><|tool_calls_section_begin|><|tool_call_begin|>"
                          'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris 2", "days": 2}'
                          "<|tool_call_end|><|tool_calls_section_end|>"),
 ])
 def test_a_reasoning_models_thoughts_are_not_read_for_calls(name, reply):
-    """GLM 4.7, DeepSeek V3.1 and Kimi K2 Thinking think first: the thoughts (a marker in them
+    """GLM 4.7, DeepSeek V3.1 / V3.2 and Kimi K2 Thinking think first: the thoughts (a marker in them
     included) are reasoning_content, the calls are read from the answer alone."""
     tmpl = template(name)
     splitter = splitter_for(request([{"role": "user", "content": "hi"}], tools=TOOLS), tmpl,
@@ -244,3 +254,53 @@ def test_a_reasoning_models_thoughts_are_not_read_for_calls(name, reply):
                                parser=new_parser(detect_format(tmpl), request([], tools=TOOLS)))
     assert [(c.name, json.loads(c.arguments)) for c in got] == [("get_weather", {"city": "Paris 2", "days": 2})]
     assert content == "" and thoughts.strip().startswith("I need") and thoughts.strip().endswith("first.")
+
+
+DSML_FAMILY = sorted(n for n, f in NEW.items() if f == "dsml")
+ONE = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),)
+TWO = (*ONE, ToolCall("call_b2", "get_time", '{"tz": "Europe/Paris"}'))
+
+
+@pytest.mark.parametrize("name", DSML_FAMILY)
+def test_the_forced_grammar_writes_the_calls_as_the_template_does(tok, name):
+    """A forced call is laid out as the model's own template writes calls in the history: DeepSeek
+    V3.2 `<｜DSML｜function_calls>`, V4 `<｜DSML｜tool_calls>` (until 2026-12-06 both got the generic
+    JSON format)."""
+    fmt = detect_format(template(name))
+    assert fmt.name == NEW[name]
+    user = [{"role": "user", "content": "hi"}]
+    required = tool_grammar(fmt, request(user, choice="required", tools=TOOLS))
+    named = tool_grammar(fmt, request(user, choice="function", name="get_weather", tools=TOOLS))
+    one, two = template_reply(name, ONE).strip(), template_reply(name, TWO).strip()
+    assert accepts(tok, named, one) and accepts(tok, required, one) and accepts(tok, required, two), (one, two)
+    assert not accepts(tok, named, two) and not accepts(tok, required, "Sure, let me check.")
+    missing = one.replace("Paris 2", "", 1).replace("city", "town", 1)  # the required `city` left out
+    assert not accepts(tok, required, missing)
+    got, *_ = parse(fmt.name, two, parser=new_parser(fmt, request(user, tools=TOOLS)))
+    assert [(c.name, json.loads(c.arguments)) for c in got] == [(c.name, json.loads(c.arguments)) for c in TWO]
+
+
+@pytest.mark.parametrize("name", DSML_FAMILY)
+def test_dsml_calls_cut_anywhere(name):
+    """Streamed in two pieces cut at any point, the calls and content are those of the whole reply
+    (a cut inside an invoke's `">` once turned the name into `set_flags"`, not a name: both calls lost)."""
+    reply = "Let me look that up." + template_reply(name, CALLS)
+    whole = _parse(name, reply)
+    for cut in range(len(reply)):
+        got, content, _, rebuilt = _parse(name, reply, [cut])
+        assert [(c.name, c.arguments) for c in got] == [(c.name, c.arguments) for c in whole[0]], cut
+        assert content == "Let me look that up." and [r[1:] for r in rebuilt] == [[c.name, c.arguments] for c in got]
+
+
+def test_dsml_values_follow_their_string_attribute():
+    """`string="true"` is text as written (a number-looking note stays a string), `string="false"`
+    JSON; a string-marked value of a number parameter is read as the number."""
+    reply = ('<｜DSML｜function_calls>\n<｜DSML｜invoke name="set_flags">\n'
+             '<｜DSML｜parameter name="on" string="false">true</｜DSML｜parameter>\n'
+             '<｜DSML｜parameter name="ids" string="true">[3]</｜DSML｜parameter>\n'
+             '<｜DSML｜parameter name="note" string="true">[7] "x"\nline</｜DSML｜parameter>\n'
+             '</｜DSML｜invoke>\n</｜DSML｜function_calls>')
+    fmt = detect_format(template("deepseek-ai-DeepSeek-V3.2"))
+    got, content, *_ = parse("dsml", reply, parser=new_parser(fmt, request([], tools=TOOLS)))
+    assert json.loads(got[0].arguments) == {"on": True, "ids": [3], "note": '[7] "x"\nline'} and content == ""
+

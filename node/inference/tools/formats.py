@@ -6,8 +6,9 @@ Hermes 2 Pro / Hermes 3 / Qwen 2.5 / Qwen 3 / Granite 4 (`<tool_call>` JSON), Ll
 "parameters"), Mistral Nemo (`[TOOL_CALLS][...]`), Mistral Small 3.2 / Ministral 3 / Devstral
 (`[TOOL_CALLS]name[ARGS]{...}`), Qwen3-Coder / Qwen3.5 / Nemotron 3 Nano (`<function=name>` XML with
 `<parameter=p>` values; tagged.py), GLM 4.5-4.7 / Ling 3 / Spark 2.5 / Laguna (`<tool_call>name<arg_key>`),
-DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_begin|>`; special.py),
-gpt-oss (harmony channels; harmony.py). Any other template — the embedded default model's plain ChatML
+DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_begin|>`; special.py), DeepSeek
+V3.2 / V4 (`<｜DSML｜function_calls>`; dsml.py), gpt-oss (harmony channels; harmony.py). Any other template —
+the embedded default model's plain ChatML
 among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
 in a compact system message, and the reply is one JSON object, `{"tool_call": {...}}` (or
 `{"tool_calls": [...]}` when parallel calls are allowed) or `{"response": "..."}`, enforced by the
@@ -28,12 +29,13 @@ import functools
 import hashlib
 import json
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from node.inference import grammar
 from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.tools.dsml import DSML, DSML_SYNTAX, block_of, dsml, dsml_calls
 from node.inference.tools.harmony import (
     HARMONY,
     TOKENS,
@@ -82,11 +84,12 @@ from node.inference.tools.tagged import (
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | kimi_k2 | harmony | generic
+    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | kimi_k2 | dsml | harmony | generic
     syntax: Syntax
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
     special_markers: tuple[str, ...] = ()  # markers that may be control tokens (rendered empty)
+    template: str = field(default="", compare=False, repr=False)  # (dsml: the grammar writes its block name)
 
 
 FORMATS = {
@@ -99,6 +102,7 @@ FORMATS = {
     "deepseek_v31": ToolFormat("deepseek_v31", DEEPSEEK, True, special_markers=DEEPSEEK_V31.markers),
     "kimi_k2": ToolFormat("kimi_k2", KIMI, True, special_markers=KIMI_K2.markers),
     "harmony": ToolFormat("harmony", HARMONY, True, special_markers=TOKENS),
+    "dsml": ToolFormat("dsml", DSML_SYNTAX, True, special_markers=(DSML,)),
     "generic": ToolFormat("generic", GENERIC, False),
 }
 _SECTIONS = {"deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
@@ -117,6 +121,8 @@ def detect_format(template: str | None) -> ToolFormat:
     # distills write `function<｜tool▁sep｜>name` and a ```json block: not this format)
     if DEEPSEEK_V31.begin in t and DEEPSEEK_V31.sep in t and "```json" not in t:
         return FORMATS["deepseek_v31"]
+    if "dsml_token" in t and DSML in t:  # DeepSeek V3.2 / V4 (llama.cpp's test)
+        return dataclasses.replace(FORMATS["dsml"], template=t)
     if "tools" not in t:
         return FORMATS["generic"]
     if is_harmony(t):  # gpt-oss (harmony.py)
@@ -393,6 +399,8 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
         args = [_lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"])
                 for i, t in enumerate(tools)]
         return sectioned_calls(_SECTIONS[fmt.name], tools, args, max_calls)
+    if fmt.name == "dsml":
+        return dsml_calls(block_of(fmt.template), tools, max_calls)
     if fmt.name in ("qwen_xml", "mistral_args", "glm"):  # the name outside the JSON: one branch a tool
         if fmt.name in ("qwen_xml", "glm"):
             each = [(qwen_xml_call if fmt.name == "qwen_xml" else glm_call)(t) for t in tools]
@@ -417,8 +425,8 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
     answers = fmt.syntax.at_start and fmt.name != "generic" and answer_schema(request) is not None
     syntax = fmt.syntax
-    if fmt.name in ("qwen_xml", "glm"):  # values are written raw: the parameters' schemas tell a string from a number
-        reader = qwen_xml if fmt.name == "qwen_xml" else glm
+    if fmt.name in ("qwen_xml", "glm", "dsml"):  # values are written raw: the parameters' schemas tell a string from a number
+        reader = {"qwen_xml": qwen_xml, "glm": glm, "dsml": dsml}[fmt.name]
         syntax = dataclasses.replace(syntax, region=functools.partial(reader, params=param_schemas(request.tools)))
     return ToolCallParser(syntax, request_id=request_id, known=tuple(t.name for t in request.tools),
                           answers=answers)
