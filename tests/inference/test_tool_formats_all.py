@@ -256,16 +256,18 @@ def test_a_reasoning_models_thoughts_are_not_read_for_calls(name, reply):
     assert content == "" and thoughts.strip().startswith("I need") and thoughts.strip().endswith("first.")
 
 
+GLM_FAMILY = sorted(n for n, f in NEW.items() if f == "glm")
 DSML_FAMILY = sorted(n for n, f in NEW.items() if f == "dsml")
 ONE = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),)
 TWO = (*ONE, ToolCall("call_b2", "get_time", '{"tz": "Europe/Paris"}'))
 
 
-@pytest.mark.parametrize("name", DSML_FAMILY)
+@pytest.mark.parametrize("name", GLM_FAMILY + DSML_FAMILY)
 def test_the_forced_grammar_writes_the_calls_as_the_template_does(tok, name):
-    """A forced call is laid out as the model's own template writes calls in the history: DeepSeek
-    V3.2 `<｜DSML｜function_calls>`, V4 `<｜DSML｜tool_calls>` (until 2026-12-06 both got the generic
-    JSON format)."""
+    """A forced call is laid out as the model's own template writes calls in the history: GLM 4.7
+    Flash, Spark 2.5 and Laguna S with no newlines (until 2026-12-06 the grammar made them write GLM
+    4.6's one parameter a line), Ling 3 its own mix; DeepSeek V3.2 `<｜DSML｜function_calls>`, V4
+    `<｜DSML｜tool_calls>` (until 2026-12-06 both got the generic JSON format)."""
     fmt = detect_format(template(name))
     assert fmt.name == NEW[name]
     user = [{"role": "user", "content": "hi"}]

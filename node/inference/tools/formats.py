@@ -66,6 +66,7 @@ from node.inference.tools.special import (
     deepseek_tools_prompt,
     glm,
     glm_call,
+    glm_layout,
     sectioned_calls,
 )
 from node.inference.tools.tagged import (
@@ -89,7 +90,7 @@ class ToolFormat:
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
     special_markers: tuple[str, ...] = ()  # markers that may be control tokens (rendered empty)
-    template: str = field(default="", compare=False, repr=False)  # (dsml: the grammar writes its block name)
+    template: str = field(default="", compare=False, repr=False)  # (glm, dsml: the grammar writes its layout)
 
 
 FORMATS = {
@@ -130,7 +131,7 @@ def detect_format(template: str | None) -> ToolFormat:
     if TOOL_CALL_OPEN in t and FUNCTION_OPEN in t and "<parameter=" in t:
         return FORMATS["qwen_xml"]
     if TOOL_CALL_OPEN in t and ARG_KEY in t:
-        return FORMATS["glm"]
+        return dataclasses.replace(FORMATS["glm"], template=t)
     if KIMI_K2.begin in t and KIMI_K2.call in t:
         return FORMATS["kimi_k2"]
     if "<tool_call>" in t and not any(m in t for m in _NOT_HERMES):
@@ -403,12 +404,12 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
         return dsml_calls(block_of(fmt.template), tools, max_calls)
     if fmt.name in ("qwen_xml", "mistral_args", "glm"):  # the name outside the JSON: one branch a tool
         if fmt.name in ("qwen_xml", "glm"):
-            each = [(qwen_xml_call if fmt.name == "qwen_xml" else glm_call)(t) for t in tools]
+            each = [qwen_xml_call(t) if fmt.name == "qwen_xml" else glm_call(t, glm_layout(fmt.template)) for t in tools]
         else:
             each = [mistral_args_call(t, _lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"]))
                     for i, t in enumerate(tools)]
         one = each[0] if len(each) == 1 else grammar.alt(*each)
-        return grammar.repeat(one, 1, max_calls, sep="" if fmt.name == "mistral_args" else "\n")
+        return grammar.repeat(one, 1, max_calls, sep=_call_sep(fmt))
     if fmt.name == "hermes":
         # the markers alone in their literals: a vocabulary may hold them as single special tokens
         block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(_lenient(call)),
@@ -420,6 +421,13 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
             items["maxItems"] = max_calls
         return grammar.seq(grammar.literal(MISTRAL_OPEN), grammar.json_value(_lenient(items)))
     return grammar.repeat(grammar.json_value(_lenient(call)), 1, max_calls, sep="; ")  # llama3
+
+
+def _call_sep(fmt: ToolFormat) -> str:
+    """Between two calls: none for Mistral's markers, and none where a GLM template writes no newlines."""
+    if fmt.name == "mistral_args" or (fmt.name == "glm" and glm_layout(fmt.template).name == ""):
+        return ""
+    return "\n"
 
 
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:

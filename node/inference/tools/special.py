@@ -17,6 +17,7 @@ text that follows tells.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.inference import grammar
+from node.inference.chat import render_chat
 from node.inference.tools.jsonscan import JsonError, PartialCall, scan_value, skip_ws
 from node.inference.tools.parser import Region, Syntax
 from node.inference.tools.tagged import (
@@ -111,28 +113,70 @@ def glm(text: str, final: bool, params: ParamTypes | None = None) -> Region:
     return region
 
 
-def _glm_parameter(key: str, prop: Any, root: dict[str, Any]) -> grammar.Spec:
-    head = [grammar.literal(ARG_KEY), grammar.literal(key), grammar.literal(ARG_KEY_END), grammar.literal("\n"),
-            grammar.literal(ARG_VALUE)]
+@dataclass(frozen=True)
+class GlmLayout:
+    """The whitespace a GLM-family template writes in a call: after the name, between a key and
+    its value, after each value, and before `</tool_call>` after the last one."""
+
+    name: str = "\n"
+    key: str = "\n"
+    value: str = "\n"
+    close: str = ""
+
+
+GLM_46 = GlmLayout()  # GLM 4.5/4.6, Laguna XS: one parameter a line
+_PROBE_NAME = "swarmllm_probe_fn"
+_LAYOUT = re.compile(re.escape(TOOL_CALL_OPEN + _PROBE_NAME) + r"(\s*)" + re.escape(ARG_KEY) + "a" + re.escape(ARG_KEY_END)
+                     + r"(\s*)" + re.escape(ARG_VALUE) + "x" + re.escape(ARG_VALUE_END) + r"(\s*)" + re.escape(ARG_KEY)
+                     + ".*?" + re.escape(ARG_VALUE_END) + r"(\s*)" + re.escape(TOOL_CALL_CLOSE), re.S)
+
+
+@functools.lru_cache(maxsize=32)
+def glm_layout(template: str) -> GlmLayout:
+    """How `template` lays out a call in the history (GLM 4.7, Spark 2.5 and Laguna S write no
+    newlines, GLM 4.6 one parameter a line, Ling 3 its own mix), read from a call it renders; GLM
+    4.6's when it cannot tell. (Cheap: the template is compiled when the prompt is rendered, first.)"""
+    call = {"id": "call_0", "type": "function", "function": {"name": _PROBE_NAME, "arguments": {"a": "x", "b": 1}}}
+    try:
+        text = render_chat(template, [{"role": "user", "content": "u"},
+                                      {"role": "assistant", "content": "", "tool_calls": [call]}],
+                           add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - any failure: the usual layout
+        return GLM_46
+    m = _LAYOUT.search(text)
+    if m is None:
+        return GLM_46
+    name, key, value, last = m.groups()
+    return GlmLayout(name, key, value, last.removeprefix(value))
+
+
+def _glm_parameter(key: str, prop: Any, root: dict[str, Any], layout: GlmLayout) -> grammar.Spec:
+    head = _literals(ARG_KEY, key, ARG_KEY_END, layout.key, ARG_VALUE)
     if _is_string(prop):
-        return grammar.seq(*head, grammar.free_text(stop=ARG_VALUE_END), grammar.literal("\n"))
-    return grammar.seq(*head, grammar.json_value(_value_schema(prop, root)), grammar.literal(ARG_VALUE_END),
-                       grammar.literal("\n"))
+        value = [grammar.free_text(stop=ARG_VALUE_END)]
+    else:
+        value = [grammar.json_value(_value_schema(prop, root)), grammar.literal(ARG_VALUE_END)]
+    return grammar.seq(*head, *value, *_literals(layout.value))
 
 
-def glm_call(tool: Any) -> grammar.Spec:
-    """One call of `tool` in the GLM format (GLM 4.5/4.6's layout, one parameter a line): its
+def _literals(*texts: str) -> list[grammar.Spec]:
+    """One literal each (the markers alone in theirs: they may be single special tokens), empty ones left out."""
+    return [grammar.literal(t) for t in texts if t]
+
+
+def glm_call(tool: Any, layout: GlmLayout = GLM_46) -> grammar.Spec:
+    """One call of `tool` in the GLM format, laid out as the model's template writes calls: its
     required parameters in the schema's order, then any of the others."""
     root = tool.parameters if isinstance(tool.parameters, dict) else {}
     props = root.get("properties") if isinstance(root.get("properties"), dict) else {}
     required = [k for k in root.get("required", []) if k in props]
     optional = [k for k in props if k not in required]
-    items = [grammar.literal(TOOL_CALL_OPEN), grammar.literal(f"{tool.name}\n")]
-    items += [_glm_parameter(k, props[k], root) for k in required]
+    items = _literals(TOOL_CALL_OPEN, tool.name + layout.name)
+    items += [_glm_parameter(k, props[k], root, layout) for k in required]
     if optional:
-        options = [_glm_parameter(k, props[k], root) for k in optional]
+        options = [_glm_parameter(k, props[k], root, layout) for k in optional]
         items.append(grammar.repeat(options[0] if len(options) == 1 else grammar.alt(*options), 0, len(optional)))
-    items.append(grammar.literal(TOOL_CALL_CLOSE))
+    items += _literals(layout.close if props else "", TOOL_CALL_CLOSE)
     return grammar.seq(*items)
 
 
