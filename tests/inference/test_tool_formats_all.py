@@ -6,6 +6,7 @@ parses back, in any chunking, and the forced grammar accepts it."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,22 @@ def test_dsml_values_follow_their_string_attribute():
     got, content, *_ = parse("dsml", reply, parser=new_parser(fmt, request([], tools=TOOLS)))
     assert json.loads(got[0].arguments) == {"on": True, "ids": [3], "note": '[7] "x"\nline'} and content == ""
 
+@pytest.mark.parametrize("name", ["moonshotai-Kimi-K2", "Kimi-K2-Instruct", "Kimi-K2-Thinking"])
+def test_kimi_results_name_the_calls_they_answer(name):
+    """Kimi K2 writes call ids `functions.NAME:IDX` and each result as `## Return of <id>`: the
+    client's own ids (`call_...`) reach the template as the ids it writes for the calls, the same
+    for a call and its result. Until 2026-12-06 moonshotai's template showed the model
+    `functions.get_weather:0` answered by `## Return of call_a1`."""
+    calls = (ToolCall("call_a1", "get_weather", '{"city": "Paris"}'), ToolCall("call_b2", "get_time", "{}"))
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": calls},
+               {"role": "tool", "content": "sunny", "tool_call_id": "call_a1", "name": "get_weather"},
+               {"role": "tool", "content": "noon", "tool_call_id": "call_b2", "name": "get_time"},
+               {"role": "assistant", "content": "", "tool_calls": (ToolCall("call_c3", "get_time", "{}"),)},
+               {"role": "tool", "content": "one pm", "tool_call_id": "call_c3", "name": "get_time"}]
+    text = render(template(name), request(history, tools=TOOLS))
+    written = re.findall(r"<\|tool_call_begin\|>(.*?)<\|tool_call_argument_begin\|>", text)
+    answered = re.findall(r"## Return of (\S+?)(?:\\n|\n)", text)
+    assert len(written) == 3 and answered == written, text
+    assert all(re.fullmatch(r"functions\.get_(weather|time):\d", i) for i in written)
+    assert not re.search(r"call_[abc]\d", text)

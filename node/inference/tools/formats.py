@@ -67,6 +67,7 @@ from node.inference.tools.special import (
     glm,
     glm_call,
     glm_layout,
+    kimi_history,
     sectioned_calls,
 )
 from node.inference.tools.tagged import (
@@ -162,6 +163,8 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
     if fmt.native:
         tools = [_openai_tool(t) for t in request.tools] if active else None
         out = [_native_message(fmt, m) for m in messages]
+        if fmt.name == "kimi_k2":
+            out = kimi_history(out)
         if active and fmt.name == "deepseek_v31":
             _system_head(out, deepseek_tools_prompt(request.tools), after=True)
         if fmt.name == "harmony":

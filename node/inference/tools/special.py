@@ -311,3 +311,23 @@ def _kimi(text: str, final: bool) -> Region:
 GLM = Syntax("glm", (TOOL_CALL_OPEN,), False, glm)
 DEEPSEEK = Syntax("deepseek_v31", (DEEPSEEK_V31.begin, DEEPSEEK_V31.call), False, _deepseek)
 KIMI = Syntax("kimi_k2", (KIMI_K2.begin, KIMI_K2.call), False, _kimi)
+
+
+def kimi_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history's call ids as Kimi K2 writes them, `functions.NAME:IDX` (IDX: the call's place in
+    its turn, as the template numbers the calls it renders), the same for a call and its result:
+    the template writes the calls with these ids and each result as `## Return of {tool_call_id}`,
+    so with the client's own ids (`call_...`) no result named the call it answers."""
+    ids: dict[str, str] = {}
+    out = []
+    for msg in messages:
+        if msg["role"] == "assistant" and msg.get("tool_calls"):
+            calls = []
+            for i, call in enumerate(msg["tool_calls"]):
+                ids[call["id"]] = own = f"functions.{call['function']['name']}:{i}"
+                calls.append({**call, "id": own})
+            msg = {**msg, "tool_calls": calls}
+        elif msg["role"] == "tool":
+            msg = {**msg, "tool_call_id": ids.get(msg["tool_call_id"], msg["tool_call_id"])}
+        out.append(msg)
+    return out
