@@ -255,5 +255,5 @@ def with_budget(params: SamplingParams, thoughts: ReasoningSplitter | None, toke
     if thoughts is None or tokens is None or thoughts.phase == "answer":
         return params
     budget = think_budget.spec(tokens, thoughts.tags.open, thoughts.tags.close, thoughts.phase == "thinking",
-                               thoughts.held)
+                               thoughts.held, rearm=getattr(thoughts, "rearms", False))
     return dataclasses.replace(params, reasoning_budget=budget)

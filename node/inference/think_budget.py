@@ -30,11 +30,17 @@ if TYPE_CHECKING:
 MAX_TAG_CHARS = 64
 
 
-def spec(tokens: int, open_tag: str, close_tag: str, inside: bool, written: str = "") -> dict[str, Any]:
+def spec(tokens: int, open_tag: str, close_tag: str, inside: bool, written: str = "",
+         rearm: bool = False) -> dict[str, Any]:
     """`written`: the end of the text before the reply (the client's prefill) that may be a tag's
-    start ("<thi"), which the reply's first tokens may finish."""
-    return {"tokens": tokens, "open": open_tag, "close": close_tag, "inside": inside,
-            "written": written[-MAX_TAG_CHARS:]}
+    start ("<thi"), which the reply's first tokens may finish. `rearm`: an opening tag later in the
+    reply starts a new budget (gpt-oss: every analysis message is thoughts, and a model whose
+    thoughts were cut writes another; llama-server re-arms so for every model)."""
+    out = {"tokens": tokens, "open": open_tag, "close": close_tag, "inside": inside,
+           "written": written[-MAX_TAG_CHARS:]}
+    if rearm:  # (only then: a peer from before it refuses nothing, it ignores the key)
+        out["rearm"] = True
+    return out
 
 
 def validate(value: Any) -> dict[str, Any]:
@@ -52,7 +58,10 @@ def validate(value: Any) -> dict[str, Any]:
     written = value.get("written", "")
     if not isinstance(written, str) or len(written) > MAX_TAG_CHARS:
         raise ValueError(f"reasoning_budget.written must be a string of at most {MAX_TAG_CHARS} characters")
-    return spec(tokens, open_tag, close_tag, inside, written)
+    rearm = value.get("rearm", False)
+    if not isinstance(rearm, bool):
+        raise TypeError("reasoning_budget.rearm must be a boolean")
+    return spec(tokens, open_tag, close_tag, inside, written, rearm)
 
 
 def _utf8_complete(data: bytes) -> bool:
@@ -76,6 +85,7 @@ class ThinkBudget:
         self._tail = ""  # the last characters written: a tag may come in several tokens
         self._pending = b""  # bytes of an unfinished UTF-8 character
         self.remaining = self.budget
+        self._rearm = bool(budget.get("rearm"))
         self.state = "idle"
         self.force_at = 0
         if budget["inside"]:
@@ -133,6 +143,8 @@ class ThinkBudget:
                 self.state, self._tail = "done", ""
             return
         if self.state == "done":
+            if self._rearm and self._saw(text, self.open):  # another thoughts message: a new budget
+                self._enter()
             return
         if self.state == "idle":  # the reply's start (after whitespace): an opening tag, or the answer
             self._tail += text
@@ -141,6 +153,8 @@ class ThinkBudget:
                 self._enter()
             elif not self.open.startswith(start):
                 self.state = "done"
+                if self._rearm:  # keep the tail: the opening tag may be on its way
+                    self._saw("", self.open)
             return
         if self._saw(text, self.close):  # the model closed its thoughts itself
             self.state = "done"

@@ -107,3 +107,43 @@ def test_a_thinking_budget_waits_for_a_whole_character(tmp_path):
         assert [sampler.sample(row(t)) for t in (lead, cont, cont)] == [lead, cont, close]
     finally:
         tok.close()
+
+
+@pytest.mark.llama
+def test_a_thinking_budget_rearms_on_each_gpt_oss_analysis_message(tmp_path):
+    """gpt-oss's thoughts are every analysis message (`<|channel|>analysis<|message|>` … `<|end|>`);
+    a model whose thoughts were cut starts another: the budget starts again there, as llama-server's
+    does (found in review: only the first message was capped, a second one thought until
+    max_tokens). Through the wire form, as on a chain's last segment."""
+    from node.inference.reasoning import with_budget
+    from node.inference.tokenizer import ModelTokenizer  # (llama-cpp-python)
+    from node.inference.tools.harmony import TAGS, HarmonySplitter
+
+    tok = ModelTokenizer(tiny_model(tmp_path, SynthSpec(harmony=True), "gptoss.gguf"))
+    try:
+        end = tok.tokenize("<|end|>", add_bos=False, special=True)
+        assert len(end) == 1
+        word = tok.tokenize("I", add_bos=False)[-1]
+        pieces = {tok.piece(t): t for t in range(tok.n_vocab)}
+
+        def spelt(*parts: str) -> list[int]:  # harmony tokens whole, words letter by letter (as
+            return [pieces[p.encode()] for part in parts  # gpt-oss's BPE writes them, without the
+                    for p in ([part] if part.startswith("<|") else part)]  # synth vocabulary's space prefix)
+
+        first = spelt("<|channel|>", "analysis", "<|message|>")
+        again = spelt("<|start|>", "assistant", "<|channel|>", "analysis", "<|message|>")
+        assert "".join(tok.piece(t).decode() for t in again).endswith(TAGS.open)
+        budgeted = with_budget(SamplingParams(temperature=0), HarmonySplitter(False), 2)
+        params = SamplingParams.from_wire(budgeted.to_wire())
+        sampler = Sampler(params, vocab=tok)
+
+        def row(token: int) -> torch.Tensor:
+            logits = torch.zeros(tok.n_vocab)
+            logits[token] = 10.0
+            return logits
+
+        for message in (first, again):
+            assert [sampler.sample(row(t)) for t in message] == message
+            assert [sampler.sample(row(word)) for _ in range(3)] == [word, word, end[0]]
+    finally:
+        tok.close()

@@ -80,6 +80,7 @@ class HarmonySplitter:
     """A harmony reply in pieces in, (reasoning, answer) pieces out (see the module's text)."""
 
     tags = TAGS
+    rearms = True  # every analysis message is thoughts: a thinking budget starts again on each
     markers = TOKENS  # control tokens the text must show (`<|end|>` renders as nothing otherwise)
 
     def __init__(self, tools: bool, request_id: str = ""):
