@@ -209,6 +209,7 @@ class NativeDialect:
     """llama-server's /completion and /infill shapes (driver.Dialect)."""
 
     anthropic_errors = False
+    body_in_worker = True  # the body reads the finished run only
 
     def __init__(self, fields: Any):
         self.fields = fields
