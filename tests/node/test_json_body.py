@@ -20,3 +20,14 @@ from node.api import json_body
 def test_pieces_join_to_json_dumps(obj, monkeypatch):
     monkeypatch.setattr(const, "JSON_SLICE_ITEMS", 7, raising=False)
     assert json_body.encode(obj) == json.dumps(obj).encode()
+
+
+def test_no_piece_is_a_slice_of_wide_embeddings():
+    """An embeddings reply (2048 inputs of 4096 floats, 80 MB of text): every piece the C encoder
+    writes at once stays small, so the GIL passes to the loop between them. Sliced 128 items at a
+    time, one piece was 128 vectors (~10 MB, 0.3-0.6 s with the GIL held: found in review)."""
+    body = {"object": "list", "data": [{"object": "embedding", "index": i, "embedding": [0.123456789] * 4096}
+                                       for i in range(256)], "usage": {"prompt_tokens": 1}}
+    pieces = list(json_body.dumps_in_pieces(body))
+    assert "".join(pieces) == json.dumps(body)
+    assert max(map(len, pieces)) < 64 * 1024  # one slice of 128 floats, not of 128 vectors
