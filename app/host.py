@@ -7,7 +7,6 @@ node events (model observers, start/stop outcome), never by polling: every chang
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import Callable
 from enum import StrEnum
@@ -231,8 +230,6 @@ class NodeHost(QObject):
 
 
 def _start_error_text(exc: OSError, config: NodeConfig) -> str:
-    if exc.errno == errno.EADDRINUSE:
-        return (f"port {config.port} is already in use (another SwarmLLM or another program); quit it or "
-                "start with -p PORT")
+    # (a port it cannot listen on is a NodeError, in `swarmllm run`'s words: node.api.server)
     # a data dir it cannot use: `swarmllm run`'s words, not "[Errno 17] File exists: '…'"
     return data_dir_error(config.data_dir, exc) or str(exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 
 from aiohttp import web
@@ -14,8 +15,30 @@ from node.api.errors import error_middleware
 from node.api.streaming import bounded_send_middleware
 from node.api.view import NodeView
 from node.config import NodeConfig
+from node.errors import NodeError
 
 log = logging.getLogger(__name__)
+
+
+class ApiPortUnavailable(NodeError):
+    """The API cannot listen on its host:port; the message says which and what to do."""
+
+    code = "api_port_unavailable"
+
+
+def listen_error_text(host: str, port: int, exc: OSError) -> str:
+    """What to tell a user whose API port cannot be listened on, by the reason: a port in use, a
+    port below 1024 without the rights for it, a --host this machine does not have."""
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {port} is already in use (another SwarmLLM node, or another program): "
+                "stop it, or choose another with -p")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (f"cannot listen on {host}:{port} (permission denied: ports below 1024 need administrator "
+                "rights): choose another with -p, e.g. the default 8800")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (f"cannot listen on {host}:{port} (this machine has no address {host}): give --host one of "
+                "its addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every network)")
+    return f"cannot listen on {host}:{port} ({exc.strerror or exc}): choose another port with -p"
 
 
 async def health(request: web.Request) -> web.Response:
@@ -90,7 +113,10 @@ class ApiServer:
         # reuse_address left to asyncio: SO_REUSEADDR on POSIX (a restart binds at once), not on
         # Windows, where it lets a second program bind the same port and take its connections
         site = web.TCPSite(self.runner, cfg.host, cfg.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # not the data dir's fault: run.py took any OSError for one
+            raise ApiPortUnavailable(listen_error_text(cfg.host, cfg.port, exc)) from exc
         sockets = self.runner.addresses
         self.port = sockets[0][1] if sockets else cfg.port
         log.info("DIAG: server startup addr=%s:%s", cfg.host, self.port)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import gc
 import logging
 import os
@@ -146,10 +145,7 @@ async def serve(config) -> int:
         starting.result()
     except (OSError, NodeError) as exc:
         message = getattr(exc, "message", None) or exc
-        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:  # the API's (the peer port's is a NodeError)
-            message = (f"port {config.port} is already in use (another SwarmLLM node, or another program): "
-                       "stop it, or choose another with -p")
-        elif isinstance(exc, OSError):
+        if isinstance(exc, OSError):  # the ports' are NodeErrors (api.server, net._manager)
             message = data_dir_error(config.data_dir, exc) or exc
         log.error("cannot start the node: %s", message)
         await node.stop()

@@ -1,17 +1,25 @@
 """Starting a second node on the same machine with the same -p (another data dir: the usual way to
 try a swarm of two): its peer port (API port + 10) is taken first, and the advice must be about the
 port the person chose (-p), not only --peer-port, after which the API port fails in turn; an API
-port in use says what to do too, not only "[Errno 98] ... address already in use"."""
+port in use says what to do too, not only "[Errno 98] ... address already in use". An API port it
+may not listen on (below 1024, no rights) or a --host this machine lacks is said as that: any
+OSError from the API's bind was taken for the data dir's ("cannot write in the data dir D (error while
+attempting to bind on address ('127.0.0.1', 800): permission denied): give a writable directory with
+--data-dir")."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
 from contextlib import contextmanager
 
+import pytest
+
 from node import const
-from tests.support.ports import free_port
+from tests.support.ports import free_port, port_is_free
 from tests.support.processes import REPO, hermetic_env
 
 
@@ -27,9 +35,9 @@ def _listening(host, port):
         s.close()
 
 
-def _run(tmp_path, port):
-    return subprocess.run([sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir", str(tmp_path),
-                           "--no-mdns", "--no-default-model"], cwd=REPO, env=hermetic_env(),
+def _run(tmp_path, port, *args, prefix=()):
+    return subprocess.run([*prefix, sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir",
+                           str(tmp_path), "--no-mdns", "--no-default-model", *args], cwd=REPO, env=hermetic_env(),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -54,3 +62,18 @@ def test_api_port_in_use_says_choose_another(tmp_path):
     with _listening("127.0.0.1", port):
         line = _error_line(_run(tmp_path, port))
     assert str(port) in line and " -p" in line, line
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to take away the right to listen below 1024")
+def test_api_port_below_1024_without_the_right_says_so_not_the_data_dir(tmp_path):
+    port = next(p for p in range(1023, 900, -1) if port_is_free(p))
+    without_right = ("setpriv", "--bounding-set", "-net_bind_service", "--inh-caps", "-net_bind_service")
+    line = _error_line(_run(tmp_path, port, "--peer-port", str(free_port()), prefix=without_right))
+    assert f"127.0.0.1:{port}" in line and "permission denied" in line and " -p" in line, line
+    assert "data dir" not in line, line
+
+
+def test_a_host_this_machine_does_not_have_says_so(tmp_path):
+    line = _error_line(_run(tmp_path, free_port(), "--host", "192.0.2.1"))  # TEST-NET-1: no one's
+    assert "192.0.2.1" in line and "--host" in line and "Errno" not in line, line
