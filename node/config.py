@@ -283,14 +283,19 @@ def load_config(
     config_path = cfg.data_dir / "config.toml"
     log.debug("DIAG: config load_or_create starting config_path=%s cli_port=%s cli_data_dir=%s",
               config_path, cli.get("port"), cli.get("data_dir"))
-    if config_path.is_file():
+    try:
+        text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
+    except UnicodeDecodeError as exc:  # damaged (a crash, a bad copy): was a traceback
+        raise InvalidRequest(f"{config_path}: not valid TOML: not UTF-8 text (byte {exc.start}); fix it, or "
+                             "move it away to start with the defaults") from None
+    except OSError as exc:  # not ours to read (a data dir made with sudo): was a PermissionError traceback
+        raise InvalidRequest(f"cannot read {config_path} ({exc.strerror or exc}): give this user the right to "
+                             "read it and its data dir, or give another --data-dir") from None
+    if text is not None:
         try:
-            data = tomllib.loads(config_path.read_text(encoding="utf-8"))
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InvalidRequest(f"{config_path}: not valid TOML: {exc}") from exc
-        except UnicodeDecodeError as exc:  # damaged (a crash, a bad copy): was a traceback
-            raise InvalidRequest(f"{config_path}: not valid TOML: not UTF-8 text (byte {exc.start}); fix it, or "
-                                 "move it away to start with the defaults") from None
         apply_overrides(cfg, _flatten_toml(data), str(config_path))
     apply_overrides(cfg, {k: v for k, v in env.items() if k != "data_dir"}, "environment")
     apply_overrides(cfg, {k: v for k, v in cli.items() if k != "data_dir"}, "command line")

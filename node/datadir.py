@@ -205,6 +205,9 @@ def read_api_key(data_dir: Path) -> str:
     except UnicodeDecodeError:
         raise NodeError(f"{path} is damaged (not text): put the key your clients use back in it, or "
                         "move it away to have a new one made", code="api_key_unreadable") from None
+    except OSError as exc:  # not this user's to read (made with sudo): was a PermissionError traceback
+        raise NodeError(f"cannot read {path} ({exc.strerror or exc}): give this user the right to read it, or "
+                        "give another --data-dir", code="api_key_unreadable") from None
 
 
 def load_or_create_api_key(data_dir: Path) -> str:
