@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import hashlib
 import logging
 import os
@@ -200,7 +201,7 @@ class ModelDownloader:
         except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
             self._fail(job, f"{type(exc).__name__} fetching {display_url(job.url)}")
         except OSError as exc:  # disk full, permissions
-            self._fail(job, f"{type(exc).__name__}: {exc.strerror or exc}")
+            self._fail(job, await self._async_disk_error(exc, part, io))
         except Exception as exc:  # a bug must end in a failed job, never a stuck one
             log.error("model download %s failed unexpectedly: %s", job.id, type(exc).__name__)
             self._fail(job, f"internal error: {type(exc).__name__}")
@@ -279,6 +280,17 @@ class ModelDownloader:
         elif job.active:
             job.state, job.error, job.finished_at = "cancelled", "cancelled before it started", time.time()
             self._observers.emit(job)
+
+    async def _async_disk_error(self, exc: OSError, part: Path, io) -> str:
+        """A failed write said with where and what to do ("OSError: No space left on device" named
+        neither): the partial file stays for a resume, so its size is said, to free it by hand."""
+        kept = await asyncio.get_running_loop().run_in_executor(io, size_or_zero, part)
+        part_note = (f"; the partial file {part} ({kept / 1e6:.0f} MB) is kept: downloading it again resumes, "
+                     "or delete it") if kept else ""
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return f"the disk is full: no space left in {self.models_dir} (free some space there){part_note}"
+        where = exc.filename or self.models_dir
+        return f"cannot write {where} ({exc.strerror or exc}){part_note}"
 
     def _fail(self, job: DownloadJob, message: str) -> None:
         job.state, job.error, job.finished_at = "failed", message, time.time()
