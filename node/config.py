@@ -131,29 +131,48 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError(f"not a boolean: {value!r}")
-        if typ is int:
-            if isinstance(value, bool):
-                raise ValueError("boolean given for an integer")
-            return int(value)
+        if typ is int or typ == (int | None):
+            if value is None and typ is not int:
+                return None
+            return _whole_number(value)
         if typ is float:
-            if isinstance(value, bool):
-                raise ValueError("boolean given for a number")
-            return float(value)
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise ValueError(f"expected a number, got {value!r}")
+            try:
+                return float(value)
+            except ValueError:
+                raise ValueError(f"expected a number, got {value!r}") from None
         if typ is Path:
             return Path(value).expanduser()
         if origin is list:
             if isinstance(value, str):
                 return [v.strip() for v in value.split(",") if v.strip()]
-            return [str(v) for v in value]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f'expected a list of strings, e.g. ["a", "b"], got {value!r}')
+            return list(value)
         if origin is dict:
             return _budgets(value)
         if typ == (str | None) or typ is str:
+            if isinstance(value, bool) or not isinstance(value, str | int | float | None):
+                raise ValueError(f"expected a string, got {value!r}")
             return None if value is None else str(value)
-        if typ == (int | None):
-            return None if value is None else int(value)
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"config field {name}: {exc}") from exc
     return value
+
+
+def _whole_number(value: Any) -> int:
+    """An int field's value: a whole number (TOML's 2.7 was cut to 2, `true` said "boolean given")."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"expected a whole number, got {value!r}")
+        return int(value)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {value!r}") from None
 
 
 def _budgets(value: Any) -> dict[str, int]:
@@ -196,8 +215,9 @@ def apply_overrides(cfg: NodeConfig, values: dict[str, Any], source: str) -> Non
 def _flatten_toml(data: dict[str, Any]) -> dict[str, Any]:
     """Accept both flat keys and [section] tables (section names are only grouping)."""
     flat: dict[str, Any] = {}
+    tables = {k for k, t in _field_types().items() if getattr(t, "__origin__", None) is dict}
     for key, value in data.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and key not in tables:  # `contribute_models = {...}` is a value
             flat.update(value)
         else:
             flat[key] = value
