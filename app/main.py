@@ -53,6 +53,18 @@ def run_app(config, *, show_window: bool = False, tray_available: bool | None = 
         loop.close()
 
 
+def say_cannot_start(text: str) -> None:
+    """A reason the app cannot start at all (a config.toml it cannot use), in a dialog: a tray
+    app's user has no console, and the app vanished without a word (the line went to stderr)."""
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    qt_app = QApplication.instance() or QApplication(sys.argv[:1])
+    qt_app.setApplicationName("SwarmLLM")
+    box = QMessageBox(QMessageBox.Icon.Critical, "SwarmLLM cannot start", text, QMessageBox.StandardButton.Close)
+    box.setObjectName("cannot-start")
+    box.exec()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarmllm-tray` console script."""
     from node.runtime import configure_process
@@ -70,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except NodeError as exc:
         setup_logging(args.verbose)
         log.error("configuration error: %s", exc.message)
+        say_cannot_start(f"Configuration error: {exc.message}")
         return 2
     try:
         setup_logging(config.verbosity, config.data_dir if config.log_to_file else None)
