@@ -1,0 +1,59 @@
+"""A closed terminal (or a dropped ssh session) sends `swarmllm run` SIGHUP: the node stops as for
+SIGTERM (the drain, its last log lines, exit 0); under `nohup` (SIGHUP ignored) it serves on.
+
+Found by hand on 2026-12-06: SIGHUP's default ended the process at once, exit -SIGHUP, without
+"node stopped": streams under way were cut with no error event and no drain."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.nodes import tiny_model
+from tests.support.ports import free_port, port_is_free
+from tests.support.processes import REPO, NodeProcess, hermetic_env
+from tests.support.swarm import join_test_swarm
+from tests.support.waiting import wait_until_sync
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX only")]
+
+
+def test_sighup_stops_the_node_as_sigterm_does(tmp_path):
+    proc = NodeProcess(tmp_path / "data", args=["--model", str(tiny_model(tmp_path)), "--no-default-model",
+                                                "--no-mdns", "--n-threads", "1"])
+    try:
+        proc.wait_ready()
+        assert proc.terminate(signal.SIGHUP) == 0, proc.output()[-3000:]
+        assert "DIAG: node stopped" in proc.output() and "Traceback" not in proc.output()
+        assert port_is_free(proc.port)
+    finally:
+        proc.kill()
+
+
+def test_under_nohup_sighup_is_still_ignored(tmp_path):
+    data = tmp_path / "data"
+    join_test_swarm(data)
+    port = free_port()
+    out_path = tmp_path / "out.log"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "node.cli", "run", "-p", str(port), "--data-dir", str(data),
+                                 "--model", str(tiny_model(tmp_path)), "--no-default-model", "--no-mdns"],
+                                cwd=REPO, env=hermetic_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup does
+    try:
+        wait_until_sync(lambda: "serving at" in out_path.read_text() or proc.poll() is not None, 120,
+                        what="the node to serve")
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGTERM)  # the stop that shows whether SIGHUP began one before it
+        assert proc.wait(60) == 0
+        output = out_path.read_text()
+        assert "SIGTERM while stopping" not in output and "DIAG: node stopped" in output, output[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
