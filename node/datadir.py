@@ -66,6 +66,7 @@ class DataDirLock:
         self._fd: int | None = None
         self._guard = threading.Lock()  # acquire runs on an executor: a stop may come meanwhile
         self._released = False
+        self.refused = False  # another node holds it (its node.log is not told that this one stopped)
 
     def acquire(self) -> None:
         """Take the lock (blocking: file I/O); DataDirInUse naming the holder's pid when taken."""
@@ -79,6 +80,7 @@ class DataDirLock:
             except OSError:  # Windows: the holder's locked byte cannot be read
                 holder = "?"
             os.close(fd)
+            self.refused = True
             raise DataDirInUse(f"another SwarmLLM node (pid {holder}) is running with the data dir "
                                f"{self.path.parent}: stop it, or give this one another --data-dir") from None
         except OSError as exc:  # a file system without locks (some network shares): run, unguarded

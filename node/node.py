@@ -206,6 +206,9 @@ class Node(SwarmActions, UrlModels):
         if self._stopping:
             return
         self._stopping = True
+        if self._data_dir_lock.refused:  # another node runs here, node.log is its log: nothing started
+            self.watchdog.stop()
+            return
         log.info("DIAG: node stopping node_id=%s", self.short_id)
         self.catalog.stop_hashing()
         started = time.monotonic()

@@ -40,6 +40,10 @@ def test_a_second_node_on_a_data_dir_in_use_is_refused_and_the_first_keeps_servi
         assert "another SwarmLLM node" in said and f"pid {first.proc.pid}" in said and str(first.data_dir) in said, \
             said[-2000:]
         assert first.healthy() and first.api_key == key  # untouched
+        # node.log is the first node's log: the refused one's lines there must not say a node stopped
+        # (it said "node stopping node_id=" and "node stopped" while the first served on)
+        log = first.node_log()
+        assert "another SwarmLLM node" in log and "node stopping" not in log and "node stopped" not in log, log
         first.kill()  # SIGKILL: no clean stop, yet no stale lock
         wait_until_sync(lambda: not first.alive(), what="the first node gone")
         again = NodeProcess(first.data_dir, args=ARGS)
