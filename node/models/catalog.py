@@ -12,6 +12,7 @@ by a header fetched from the swarm is an entry of source "swarm" (no file here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -174,6 +175,7 @@ class HashCache:
         self._lock = threading.Lock()  # scans and downloads use it from executor threads at once
         self.stop = threading.Event()  # set when the node stops: a hash in progress gives up
         self._data: dict[str, dict[str, Any]] = {}
+        self._unsaved = False  # the last save failed (said once)
         if path is not None and path.is_file():
             try:
                 self._data = json.loads(path.read_text(encoding="utf-8"))
@@ -227,8 +229,18 @@ class HashCache:
         if self.path is None:
             return
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._data, indent=1), encoding="utf-8")
-        tmp.replace(self.path)
+        try:
+            tmp.write_text(json.dumps(self._data, indent=1), encoding="utf-8")
+            tmp.replace(self.path)
+        except OSError as exc:  # a full disk: the model is served all the same (this is only a cache)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if not self._unsaved:  # said once, until a save works again
+                log.warning("DIAG: model hash cache not saved, files will be hashed again at the next start %s",
+                            kv(path=self.path, error=exc.strerror or exc))
+            self._unsaved = True
+            return
+        self._unsaved = False
 
 
 def check_model_file(path: Path, source: str) -> GgufHeader:
