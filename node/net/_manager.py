@@ -9,6 +9,7 @@ duplicates the same way (`_preferred`) and retire the loser.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import secrets
 import socket
@@ -110,11 +111,13 @@ class PeerManager:
                 lambda: Stream(on_connect=self.inbound.on_connect), **_listen_where(self.config))
         except OSError as exc:
             # the default peer port is the API port + 10: taken, most often, by another node on the same -p
+            in_use = exc.errno == errno.EADDRINUSE
             what = "--peer-port" if self.config.peer_port else \
-                f"-p (another node on port {self.config.port}?), or give a --peer-port"
+                f"-p{f' (another node on port {self.config.port}?)' if in_use else ''}, or give a --peer-port"
+            why = "permission denied: ports below 1024 need administrator rights" \
+                if exc.errno in (errno.EACCES, errno.EPERM) else exc.strerror or exc
             raise NodeError(f"cannot listen for peers on {self.config.peer_host}:{self.config.effective_peer_port}"
-                            f" ({exc.strerror or exc}); choose another with {what}",
-                            code="peer_port_unavailable") from exc
+                            f" ({why}); choose another with {what}", code="peer_port_unavailable") from exc
         self.listen_port = self._server.sockets[0].getsockname()[1]
         host = self.config.peer_host
         if host in ("", "0.0.0.0", "::"):

@@ -74,6 +74,15 @@ def test_api_port_below_1024_without_the_right_says_so_not_the_data_dir(tmp_path
     assert "data dir" not in line, line
 
 
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to take away the right to listen below 1024")
+def test_peer_port_below_1024_without_the_right_says_so_not_another_node(tmp_path):
+    port = next(p for p in range(1013, 900, -1) if port_is_free(p) and port_is_free(p + 10, "0.0.0.0"))
+    without_right = ("setpriv", "--bounding-set", "-net_bind_service", "--inh-caps", "-net_bind_service")
+    line = _error_line(_run(tmp_path, port, prefix=without_right))
+    assert f":{port + 10}" in line and "ports below 1024" in line and "another node" not in line, line
+
+
 def test_a_host_this_machine_does_not_have_says_so(tmp_path):
     line = _error_line(_run(tmp_path, free_port(), "--host", "192.0.2.1"))  # TEST-NET-1: no one's
     assert "192.0.2.1" in line and "--host" in line and "Errno" not in line, line
