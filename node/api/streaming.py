@@ -20,7 +20,7 @@ from typing import Protocol
 from aiohttp import web
 
 from node import const
-from node.errors import NodeError
+from node.errors import NodeError, ShuttingDown
 from node.inference.generate import CompletionRun
 from node.inference.request import Delta
 
@@ -109,8 +109,9 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
     except NodeError as exc:
         # seed-000 marker, kept word for word (users grep it); "generate_stream" is the seed's name
         # for the engine loop, here CompletionRun.deltas()
-        # the request's own fault (a grammar that cannot go on) is not the node's error
-        log.log(logging.ERROR if exc.http_status >= 500 else logging.WARNING,
+        # the request's own fault (a grammar that cannot go on) is not the node's error, nor is a stop's
+        # drain ending it (one ERROR line per stream made a planned stop look like a failure)
+        log.log(logging.ERROR if exc.http_status >= 500 and not isinstance(exc, ShuttingDown) else logging.WARNING,
                 "DIAG: local stream generate_stream error — executor error request_id=%s error=%s",
                 trace.request_id, exc.message)
         await _close_with_error(request, resp, events, exc)
