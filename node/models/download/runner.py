@@ -200,8 +200,8 @@ class ModelDownloader:
             self._fail(job, exc.message)
         except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
             self._fail(job, f"{type(exc).__name__} fetching {display_url(job.url)}")
-        except OSError as exc:  # disk full, permissions
-            self._fail(job, await self._async_disk_error(exc, part, io))
+        except OSError as exc:  # disk full, permissions (a part's own are DownloadFailed: _async_part)
+            self._fail(job, await self._async_disk_error(exc, None, io))
         except Exception as exc:  # a bug must end in a failed job, never a stuck one
             log.error("model download %s failed unexpectedly: %s", job.id, type(exc).__name__)
             self._fail(job, f"internal error: {type(exc).__name__}")
@@ -269,7 +269,7 @@ class ModelDownloader:
         except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
             raise DownloadFailed(f"{where}{type(exc).__name__} fetching {display_url(url)}") from exc
         except OSError as exc:  # disk full, permissions
-            raise DownloadFailed(f"{where}{type(exc).__name__}: {exc.strerror or exc}") from exc
+            raise DownloadFailed(where + await self._async_disk_error(exc, part, io)) from exc
 
     def _settle(self, job: DownloadJob) -> None:
         """The job's task ended: a task cancelled before it ever ran must not leave the job active."""
@@ -281,10 +281,13 @@ class ModelDownloader:
             job.state, job.error, job.finished_at = "cancelled", "cancelled before it started", time.time()
             self._observers.emit(job)
 
-    async def _async_disk_error(self, exc: OSError, part: Path, io) -> str:
+    async def _async_disk_error(self, exc: OSError, part: Path | None, io) -> str:
         """A failed write said with where and what to do ("OSError: No space left on device" named
         neither): the partial file stays for a resume, so its size is said, to free it by hand."""
-        kept = await asyncio.get_running_loop().run_in_executor(io, size_or_zero, part)
+        try:
+            kept = await asyncio.get_running_loop().run_in_executor(io, size_or_zero, part) if part else 0
+        except OSError:  # not even its size can be read: nothing said of it
+            kept = 0
         part_note = (f"; the partial file {part} ({kept / 1e6:.0f} MB) is kept: downloading it again resumes, "
                      "or delete it") if kept else ""
         if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
