@@ -69,6 +69,10 @@ class SynthSpec:
     # `<|message|>` `<|constrain|>` shown as text, `<|end|>` a control token, `<|return|>` `<|call|>` end
     harmony: bool = False
     chat_template: str | None = None  # tokenizer.chat_template (None: none, the node uses ChatML)
+    # a reranker (qwen3 only, as Qwen3-Reranker's GGUF): `qwen3.pooling_type` RANK, two classifier
+    # labels and a `cls.output.weight` head; llama.cpp scores a pair as softmax(head(last token))[0]
+    rerank: bool = False
+    rerank_template: str | None = None  # tokenizer.chat_template.rerank ({query}, {document})
     name: str = "synth"
 
     def __post_init__(self):
@@ -78,6 +82,8 @@ class SynthSpec:
             raise ValueError("synth: vocab must be >= 259 (control + byte tokens)")
         if self.n_heads % self.n_kv_heads:
             raise ValueError("synth: n_heads must be a multiple of n_kv_heads")
+        if (self.rerank or self.rerank_template is not None) and self.arch != "qwen3":
+            raise ValueError("synth: a reranker is written as qwen3 only (llama.cpp's classifier head)")
 
     @property
     def hd(self) -> int:
@@ -98,6 +104,7 @@ LLAMA_1B = SynthSpec(
 
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
 THINK_TOKENS = ("<think>", "</think>")
+RERANK_LABELS = ("yes", "no")  # Qwen3-Reranker's: the score is the first one's probability
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|return|>", "<|call|>")
 
 
@@ -233,6 +240,11 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
         types[first:first + len(HARMONY_TOKENS)] = [TOKEN_USER_DEFINED] * 4 + [TOKEN_CONTROL] * 3
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
+    if spec.rerank:
+        writer.add_pooling_type(gguf.PoolingType.RANK)
+        writer.add_classifier_output_labels(list(RERANK_LABELS))
+    if spec.rerank_template is not None:
+        writer.add_string(gguf.Keys.Tokenizer.CHAT_TEMPLATE_N.format(name="rerank"), spec.rerank_template)
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -300,6 +312,8 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
         successor = w.rng.permutation(spec.vocab)
         head[successor] += np.float32(3.0 * spec.bigram / spec.hidden) * embd
         _add_matrix(writer, "output.weight", head, _qtype_for(spec, "output.weight"))
+    if spec.rerank:  # (labels x hidden): gain 3, so the two labels' softmax is not near 0.5 always
+        writer.add_tensor("cls.output.weight", w.matrix(len(RERANK_LABELS), spec.hidden, gain=3.0))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
