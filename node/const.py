@@ -46,6 +46,8 @@ EMBED_MIN_CONTEXT_TOKENS = 512
 # token ids of a client's input whose text check_client_ids tokenizes again (~3 us an id, on an
 # executor): the first ones tell a foreign tokenizer's ids
 EMBED_CHECK_IDS = 1024
+# documents in one /v1/rerank request (each one query/document pair decoded alone)
+RERANK_MAX_DOCUMENTS = 2048
 
 # --- peer network ---
 MAX_FRAME_BYTES = 256 * 1024 * 1024

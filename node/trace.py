@@ -64,7 +64,7 @@ class RequestTrace:
     """Everything known about one request; timestamps are time.monotonic() seconds."""
 
     model: str
-    operation: str  # chat.completions | completions | embeddings
+    operation: str  # chat.completions | completions | embeddings | rerank
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     route: str | None = None  # set when a route is assembled
     resolved: bool = False  # `model` is a catalog id (not just what the client typed)

@@ -14,9 +14,10 @@ log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 OPEN_PATHS = {"/health", "/health/ready", "/metrics"}  # no key needed (still Host-checked)
-# llama-server's own inference routes (api/llama_native.py, api/embed_routes.py): the key as on /v1
+# llama-server's own inference routes (api/llama_native.py, api/embed_routes.py, api/rerank_routes.py):
+# the key as on /v1
 NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template",
-                          "/props", "/embedding", "/embeddings"})
+                          "/props", "/embedding", "/embeddings", "/rerank", "/reranking"})
 
 
 def _host_name(host_header: str) -> str:

@@ -8,7 +8,16 @@ import logging
 from aiohttp import web
 
 from node import const
-from node.api import admin, anthropic, cors, embed_routes, llama_native, openai, openai_responses
+from node.api import (
+    admin,
+    anthropic,
+    cors,
+    embed_routes,
+    llama_native,
+    openai,
+    openai_responses,
+    rerank_routes,
+)
 from node.api.appkeys import MAX_BODY, NODE
 from node.api.auth import make_auth_middleware
 from node.api.errors import error_middleware
@@ -85,6 +94,7 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
     app.router.add_get("/metrics", metrics)
     app.add_routes(openai.routes)
     app.add_routes(embed_routes.routes)
+    app.add_routes(rerank_routes.routes)
     app.add_routes(anthropic.routes)
     app.add_routes(llama_native.routes)
     app.add_routes(openai_responses.routes)

@@ -79,32 +79,43 @@ class Embedder:
         log.info("DIAG: embedding context %s", kv(model=self.model_id, pooling=self.pooling, tokens=size,
                                                   elapsed_ms=int((time.monotonic() - started) * 1000)))
 
+    def _decode(self, tokens: list[int]):
+        """Decode one input alone; the pointer to its pooled output (n_embd floats, or a reranker's
+        n_cls_out scores)."""
+        ll, batch = self.ll, self.batch
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
+        batch.n_tokens = len(tokens)
+        ll.llama_memory_clear(ll.llama_get_memory(self.ctx), True)
+        status = ll.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise EngineError(f"llama.cpp embedding failed: llama_decode returned {status}")
+        pointer = ll.llama_get_embeddings_seq(self.ctx, 0)
+        if not pointer:
+            raise EngineError("llama.cpp returned no pooled embedding")
+        return pointer
+
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One pooled vector per token list, each decoded alone, of unit length (L2)."""
-        ll = self.ll
         self._fit(max(len(tokens) for tokens in inputs))
         vectors = []
         for tokens in inputs:
-            batch = self.batch
-            for i, token in enumerate(tokens):
-                batch.token[i] = token
-                batch.pos[i] = i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = True
-            batch.n_tokens = len(tokens)
-            ll.llama_memory_clear(ll.llama_get_memory(self.ctx), True)
-            status = ll.llama_decode(self.ctx, batch)
-            if status != 0:
-                raise EngineError(f"llama.cpp embedding failed: llama_decode returned {status}")
-            pointer = ll.llama_get_embeddings_seq(self.ctx, 0)
-            if not pointer:
-                raise EngineError("llama.cpp returned no pooled embedding")
+            pointer = self._decode(tokens)
             vector = np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).astype(np.float64)
             norm = float(np.linalg.norm(vector))
             # float32 values, as llama.cpp's: the float and base64 forms of a reply stay equal
             vectors.append((vector / norm if norm > 0 else vector).astype(np.float32).tolist())
         return vectors
+
+    def rank(self, inputs: list[list[int]]) -> list[float]:
+        """A reranker's score of each token list (a query/document pair), each decoded alone: the
+        first of the classifier's outputs, as llama-server's /rerank reads it (rank pooling)."""
+        self._fit(max(len(tokens) for tokens in inputs))
+        return [float(self._decode(tokens)[0]) for tokens in inputs]
 
     def close(self) -> None:
         if self.ctx is not None:

@@ -183,13 +183,35 @@ class LlamaEngine:
                                  param="model")
         return pooling
 
-    def _embedding_context(self) -> Embedder:
+    def _embedding_context(self, rank: bool = False) -> Embedder:
         if self.embedder is None:
             if self.model is None:
                 raise EngineError(f"model {self.model_id} is not loaded")
+            pooling = self.rank_pooling() if rank else self.embedding_pooling()
             self.embedder = Embedder(llamacpp.load().llama_cpp, self.model.model, model_id=self.model_id,
-                                     pooling=self.embedding_pooling(), n_ctx=self.n_ctx, n_threads=self.n_threads)
+                                     pooling=pooling, n_ctx=self.n_ctx, n_threads=self.n_threads)
+        elif (self.embedder.pooling == llamacpp.load().LLAMA_POOLING_TYPE_RANK) != rank:
+            self.rank_pooling() if rank else self.embedding_pooling()  # the other kind's 400
         return self.embedder
+
+    def rank_pooling(self) -> int:
+        """Rank pooling, for a model that declares it (a reranker); else a 400 naming the model."""
+        rank = llamacpp.load().LLAMA_POOLING_TYPE_RANK
+        meta = self.model.metadata() if self.model is not None else {}
+        if meta.get(f"{meta.get('general.architecture', '')}.pooling_type") != str(rank):
+            raise InvalidRequest(f"model {self.model_id} is not a reranker (its GGUF declares no rank "
+                                 "pooling); /v1/rerank needs a reranker model", param="model")
+        return rank
+
+    def rank(self, inputs: list[list[int]]) -> list[float]:
+        """A reranker's score of each query/document pair's tokens, each decoded alone (blocking;
+        every list within `embedder.embed_limit(n_ctx)`). See node.inference.rerank."""
+        try:
+            return self._embedding_context(rank=True).rank(inputs)
+        except NodeError:  # not a reranker, a context llama.cpp could not make
+            raise
+        except Exception as exc:  # llama.cpp failure
+            raise EngineError(f"llama.cpp reranking failed: {exc}") from exc
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One pooled vector per token list, each decoded alone (blocking; every list within

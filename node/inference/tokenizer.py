@@ -51,6 +51,15 @@ class ModelTokenizer:
         unk = meta.get("tokenizer.ggml.unknown_token_id")
         self.unk_id = int(unk) if unk is not None and str(unk).isdigit() else -1  # <unk>: no text of its own
         self.eos_text = model.token_get_text(self.eos_id) if self.eos_id >= 0 else ""
+        # a reranker (rank pooling) and how llama-server builds its query/document pair
+        # (node.inference.rerank): the GGUF's rerank template, else the specials the vocabulary adds
+        low = llama_cpp.llama_cpp
+        self.reranker = meta.get(f"{meta.get('general.architecture', '')}.pooling_type") == str(
+            llama_cpp.LLAMA_POOLING_TYPE_RANK)
+        self.rerank_template: str | None = meta.get("tokenizer.chat_template.rerank")
+        self.add_eos = bool(low.llama_vocab_get_add_eos(self._vocab))
+        self.add_sep = bool(low.llama_vocab_get_add_sep(self._vocab))
+        self.sep_id = int(low.llama_vocab_sep(self._vocab))
         self._pieces: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
         self._lock = threading.Lock()
