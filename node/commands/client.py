@@ -143,6 +143,15 @@ def _part_of(job: dict) -> str:
     return f" (part {job['part']}/{job['parts']})" if job.get("parts", 1) > 1 and job.get("part") else ""
 
 
+def _done_text(job: dict) -> str:
+    """A finished download: its file and model, or (one part of a split set, fetched alone from a
+    signed URL) the job's note naming the parts still missing."""
+    parts = f", {job['parts']} parts" if job.get("parts", 1) > 1 else ""
+    done = f"downloaded {job['file']} ({job['done_bytes'] / 1e6:.1f} MB{parts})"
+    return f"{done}: model {job['model_id']}" if job.get("model_id") or not job.get("note") else \
+        f"{done}; {job['note']}"
+
+
 def download(args: argparse.Namespace) -> int:
     """Start a download on the node and show its progress until it ends (Ctrl-C cancels it)."""
     client = NodeClient(args)
@@ -172,9 +181,8 @@ def download(args: argparse.Namespace) -> int:
     if job["state"] != "done":
         print(f"download {job['state']}: {job['error']}")
         return 1
-    parts = f", {job['parts']} parts" if job.get("parts", 1) > 1 else ""
-    print(f"downloaded {job['file']} ({job['done_bytes'] / 1e6:.1f} MB{parts}): model {job['model_id']}")
-    if args.load:
+    print(_done_text(job))
+    if args.load and job.get("model_id"):
         client.request("POST", f"/api/admin/models/{job['model_id']}/load")
         print(f"loaded {job['model_id']}")
     return 0

@@ -44,3 +44,14 @@ def test_the_progress_line_names_the_part_of_a_split_set_being_fetched():
     assert _part_of({"parts": 1, "part": 1}) == ""  # one file: nothing to say
     assert _part_of({"parts": 3, "part": None}) == ""  # planned, no part fetched yet
     assert _part_of({}) == ""  # a node from before split downloads
+
+
+def test_a_split_part_fetched_alone_says_what_is_still_missing():
+    """A presigned part downloads alone (no model yet): its note is said, not "model None"."""
+    from node.commands.client import _done_text
+    note = "big-00002-of-00003.gguf is one part …: big-00001-of-00003.gguf still missing"
+    text = _done_text({"file": "big-00002-of-00003.gguf", "done_bytes": 2e6, "parts": 1, "model_id": None,
+                       "note": note})
+    assert text == f"downloaded big-00002-of-00003.gguf (2.0 MB); {note}" and "None" not in text
+    assert _done_text({"file": "m.gguf", "done_bytes": 1e6, "parts": 3, "model_id": "m-1"}) == \
+        "downloaded m.gguf (1.0 MB, 3 parts): model m-1"

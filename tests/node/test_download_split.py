@@ -8,7 +8,9 @@ its part, an interrupted set resumed where it stopped. Against the Hub stand-in
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 
 import aiohttp
 import pytest
@@ -53,7 +55,7 @@ async def hub(monkeypatch, tmp_path, parts, request):
     await srv.stop()
 
 
-async def _download(models, url):
+async def _download(models, url, sha256=None):
     got, seen = {}, []
 
     async def on_file(path, sha256, origin):
@@ -62,7 +64,7 @@ async def _download(models, url):
 
     dl = ModelDownloader(models, on_file)
     dl.subscribe(lambda job: seen.append((job.done_bytes, job.total_bytes, job.part)))
-    job = dl.start(url)
+    job = dl.start(url, sha256=sha256)
     await wait_until(lambda: not job.active, timeout_s=30, what="the download to end")
     return job, got, seen
 
@@ -138,3 +140,82 @@ async def test_a_node_downloads_a_split_model_that_answers(tmp_path, hub, parts)
         reply = await client.chat.completions.create(model=job["model_id"], max_tokens=2,
                                                      messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("spelt", ["big+q-00002-of-00003.gguf", "big%2bq-00002-of-00003.gguf"])
+async def test_sha256_is_checked_however_the_named_part_url_is_spelt(tmp_path, hub, parts, spelt):
+    """Found in review: the named part was found by comparing its rebuilt URL (`%2B`) with the
+    user's (`+`, `%2b`): no part got the sha256, and a wrong one ended "done" unchecked."""
+    names = list(parts)
+    for name, data in parts.items():  # the same set, a `+` in its name
+        hub.add_file(REPO + name.replace("big-", "big+q-"), data)
+    await hub.stop()
+    await hub.start()
+    models = tmp_path / "models"
+    job, _got, _seen = await _download(models, hub.hub + REPO + spelt, sha256="0" * 64)
+    assert job.state == "failed" and job.error.startswith(
+        "part 2 of 3 (big+q-00002-of-00003.gguf): sha256 mismatch: expected 000"), job.error
+    assert not list(models.glob("*.gguf"))
+    right = hashlib.sha256(parts[names[1]]).hexdigest()
+    job, got, _seen = await _download(models, hub.hub + REPO + spelt, sha256=right)
+    assert job.state == "done" and got["path"].name == "big+q-00001-of-00003.gguf", job.error
+
+
+async def test_a_presigned_part_downloads_alone_and_names_the_parts_missing(tmp_path, hub, parts):
+    """Found in review: an S3 presigned URL's signature was copied onto the other parts' URLs (403),
+    so such a split model could not be downloaded at all. Now the part downloads alone, the job's
+    note names what is missing; the part that completes the set registers it by part 1."""
+    names = list(parts)
+    models = tmp_path / "models"
+    job, got, _seen = await _download(models, hub.presigned(REPO + names[1]),
+                                      sha256=hashlib.sha256(parts[names[1]]).hexdigest())
+    assert job.state == "done" and job.summary()["parts"] == 1, job.error
+    assert sorted(p.name for p in models.iterdir()) == [names[1]] and not got
+    note = job.summary()["note"]
+    assert f"{names[0]}, {names[2]} still missing" in note and "its own URL" in note, note
+    assert "X-Amz" not in note and "X-Amz" not in json.dumps(job.summary())
+    job, got, _seen = await _download(models, hub.presigned(REPO + names[2]))
+    assert job.state == "done" and f": {names[0]} still missing" in job.note and not got, job.note
+    job, got, _seen = await _download(models, hub.presigned(REPO + names[0]))
+    assert job.state == "done" and job.note is None, (job.error, job.note)
+    assert got["path"] == models / names[0] and got["sha256"] == hashlib.sha256(parts[names[0]]).hexdigest()
+    assert sorted(p.name for p in models.iterdir()) == names
+    assert all((models / name).read_bytes() == data for name, data in parts.items())
+
+
+async def test_the_hubs_own_download_query_still_fetches_the_set(tmp_path, hub, parts):
+    job, got, _seen = await _download(tmp_path / "models", hub.hub + REPO + list(parts)[1] + "?download=true")
+    assert job.state == "done" and job.summary()["parts"] == 3 and job.note is None, job.error
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == list(parts)
+
+
+@pytest.mark.parametrize("how", ["pause", "cancel", "shutdown"])
+async def test_a_stop_while_the_parts_land_leaves_the_set_whole(tmp_path, hub, parts, monkeypatch, how):
+    """Found in review: the parts moved into models/ one awaited rename at a time, so a pause, cancel
+    or shutdown then left part 3 in models/ and the others as .part (a resume was refused "already
+    exists"). The stop comes right after the first part landed (os.replace is the real one)."""
+    models = tmp_path / "models"
+    loop = asyncio.get_running_loop()
+    real, stopped = os.replace, []
+
+    async def on_file(path, sha256, origin):
+        return "model-id"
+
+    dl = ModelDownloader(models, on_file)
+    stop = {"pause": lambda: dl.pause(job.id), "cancel": lambda: dl.cancel(job.id),
+            "shutdown": lambda: job.task.cancel()}[how]  # async_close cancels the task so
+
+    def replace(src, dst):
+        real(src, dst)
+        if os.path.dirname(dst) == str(models) and not stopped:
+            stopped.append(dst)
+            loop.call_soon_threadsafe(stop)  # before the rename's own completion reaches the loop
+
+    monkeypatch.setattr(os, "replace", replace)
+    job = dl.start("hf://org/model/big-00002-of-00003.gguf")
+    await wait_until(lambda: not job.active, timeout_s=30, what="the download to end")
+    await dl.async_close()
+    assert stopped and sorted(p.name for p in models.iterdir()) == list(parts)  # no .part, no sidecar
+    # a pause or cancel once every part is checked is too late: the set is whole and served
+    assert job.state == ("cancelled" if how == "shutdown" else "done") and job.model_id == (
+        None if how == "shutdown" else "model-id"), (job.state, job.error)

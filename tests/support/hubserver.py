@@ -3,7 +3,8 @@
 quoted) / ETag / x-repo-commit; the CDN serves Range and If-Range, refuses an expired signed URL
 with 403, and misbehaves on request. Both record each request's headers. More files of the repo
 (a split model's parts) are served with `add_file` before `start`; `served` counts each file's
-body bytes sent."""
+body bytes sent. `presigned(path)` is an S3-style URL of one file on the CDN, its signature valid
+for that object only (another object's answers 403)."""
 
 from __future__ import annotations
 
@@ -59,8 +60,26 @@ class HubServer:
             hub.router.add_route("*", path, self.resolve)
         hub.router.add_get("/cdn/{sig}", self.serve)  # a relative Location lands here
         cdn.router.add_get("/cdn/{sig}", self.serve)
+        for path in self.files:
+            cdn.router.add_get("/bucket" + path, self.serve_presigned)
         self.hub = await self._site(hub)
         self.cdn = await self._site(cdn)
+
+    @staticmethod
+    def _object_sig(path: str) -> str:
+        return hashlib.sha256(f"key\0{path}".encode()).hexdigest()[:16]
+
+    def presigned(self, path: str) -> str:
+        """An S3 presigned URL of the file at `path` (after start): valid for that object only."""
+        return f"{self.cdn}/bucket{path}?X-Amz-Expires=3600&X-Amz-Signature={self._object_sig(path)}"
+
+    async def serve_presigned(self, request: web.Request) -> web.Response:
+        path = request.path.removeprefix("/bucket")
+        self.cdn_requests.append(dict(request.headers))
+        if request.query.get("X-Amz-Signature") != self._object_sig(path):
+            return web.Response(status=403, text="SignatureDoesNotMatch")
+        self.served[path] = self.served.get(path, 0) + (len(self.files[path]) if request.method == "GET" else 0)
+        return web.Response(body=self.files[path], headers={"ETag": self.cdn_etag})
 
     async def stop(self) -> None:
         for runner in self.runners:

@@ -34,8 +34,14 @@ class DownloadJob:
     finished_at: float | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     # a split model (sets.py): every part's (URL, file name), part 1 first; `file_name` is part 1's,
-    # `url` the part named (whose file `sha256` is); done/total_bytes count the whole set
+    # `url` the part named, `parts[named]` (whose file `sha256` is); done/total_bytes count the whole set
     parts: list[tuple[str, str]] = field(default_factory=list)
+    named: int = 0
+    # a split part fetched alone (a per-object signed URL): the set's other parts (URL without the
+    # query, file name); `note` says which are still missing once it is done
+    others: list[tuple[str, str]] = field(default_factory=list)
+    note: str | None = None
+    landing: bool = False  # every part checked, moving into models/: too late to pause or cancel
     part: int = 1  # the part being fetched (1-based)
     part_bytes: list[int | None] = field(default_factory=list)  # each part's size, when known
 
@@ -57,5 +63,5 @@ class DownloadJob:
             "progress": round(self.done_bytes / self.total_bytes, 4) if self.total_bytes else None,
             "mb_per_s": round(fetched / 1e6 / elapsed, 2) if elapsed > 0 else None,
             "attempts": self.attempts, "error": self.error, "model_id": self.model_id,
-            "parts": len(self.parts), "part": self.part,
+            "parts": len(self.parts), "part": self.part, "note": self.note,
         }

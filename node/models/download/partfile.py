@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -34,6 +35,15 @@ def sidecar(part: Path) -> Path:
 def discard_part(part: Path) -> None:
     part.unlink(missing_ok=True)
     sidecar(part).unlink(missing_ok=True)
+
+
+def land(parts: list[Path], targets: list[Path]) -> None:
+    """Every checked part into models/, part 1 (the one the folder lists) last, and their sidecars
+    gone: one executor job, so that nothing stops it half-way (runner._async_to_the_end)."""
+    for part, target in reversed(list(zip(parts, targets, strict=True))):
+        os.replace(part, target)
+    for part in parts:
+        sidecar(part).unlink(missing_ok=True)
 
 
 def write_sidecar(part: Path, url: str, validator: str | None) -> None:

@@ -20,7 +20,6 @@ import concurrent.futures
 import errno
 import hashlib
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -31,12 +30,13 @@ import aiohttp
 from node import const
 from node.errors import Conflict, DownloadFailed, InvalidRequest, NodeError, NotFound
 from node.logs import kv
+from node.models.file_kinds import split_part
 from node.observe import Observers
 
 from .fetch import Retryable, async_fetch, retry_delay
 from .job import DownloadJob
-from .partfile import discard_part, sidecar, size_and_sha256, size_or_zero, unlink
-from .sets import async_plan, set_parts
+from .partfile import discard_part, land, size_and_sha256, size_or_zero
+from .sets import alone_note, async_plan, set_parts
 from .urls import describe_error, display_url, file_name_for, resolve_url
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,26 @@ log = logging.getLogger(__name__)
 DownloadObserver = Callable[[DownloadJob], None]
 
 
+async def _async_to_the_end(work: asyncio.Future[None]) -> None:
+    """Await an executor job to its end even when the task is cancelled meanwhile (the cancel is
+    raised once it is done)."""
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cancelled = True
+    work.result()
+    if cancelled:
+        raise asyncio.CancelledError
+
+
 class ModelDownloader:
     """Runs downloads into `models_dir`; `on_file(path, sha256, origin_url)` adds a finished file to
-    the node and returns its model id (origin_url: where it came from, without the query string)."""
+    the node and returns its model id (origin_url: where it came from, without the query string;
+    sha256: None when the catalog must hash it)."""
 
-    def __init__(self, models_dir: Path, on_file: Callable[[Path, str, str], Awaitable[str]]):
+    def __init__(self, models_dir: Path, on_file: Callable[[Path, str | None, str], Awaitable[str]]):
         self.models_dir = models_dir
         self.on_file = on_file
         self.jobs: dict[str, DownloadJob] = {}
@@ -61,7 +76,8 @@ class ModelDownloader:
     def start(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
         """Start a download (loop); the same file already downloading is that job, not a second."""
         resolved = resolve_url(url)
-        parts = set_parts(resolved, file_name_for(resolved, file_name), file_name)
+        plan = set_parts(resolved, file_name_for(resolved, file_name), file_name)
+        parts = plan.parts
         name = parts[0][1]  # a split set's: its part 1's
         if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
             raise InvalidRequest("sha256 must be 64 hex digits", param="sha256")
@@ -74,7 +90,7 @@ class ModelDownloader:
             if (self.models_dir / part_name).exists():
                 raise Conflict(f"models/{part_name} already exists; remove it first or choose another filename")
         job = DownloadJob(hashlib.sha256(f"{resolved}\0{time.time_ns()}".encode()).hexdigest()[:12], resolved, name,
-                          sha256.lower() if sha256 else None, parts=parts)
+                          sha256.lower() if sha256 else None, parts=parts, named=plan.named, others=plan.others)
         self.jobs[job.id] = job
         job.task = asyncio.get_running_loop().create_task(self._async_run(job), name=f"download-{job.id}")
         job.task.add_done_callback(lambda _task: self._settle(job))
@@ -92,7 +108,7 @@ class ModelDownloader:
 
     def cancel(self, job_id: str) -> DownloadJob:
         job = self.get(job_id)
-        if job.active and job.task is not None:
+        if job.active and job.task is not None and not job.landing:  # landing: too late, it ends done
             job.user_cancelled = True
             job.task.cancel()
         return job
@@ -100,7 +116,7 @@ class ModelDownloader:
     def pause(self, job_id: str) -> DownloadJob:
         """Stop a download, keeping its partial file (state "paused"; resume() goes on with Range)."""
         job = self.get(job_id)
-        if job.active and job.task is not None:
+        if job.active and job.task is not None and not job.landing:
             job.user_paused = True
             job.task.cancel()
         return job
@@ -173,11 +189,16 @@ class ModelDownloader:
                     got, digest = await self._async_part(session, job, i, part, io, progress, size)
                     size += got
                     digests.append(digest)
-            for i in reversed(range(len(parts))):  # every part checked: into models/, part 1 (the one listed) last
-                await loop.run_in_executor(io, os.replace, parts[i], self.models_dir / job.parts[i][1])
-                await loop.run_in_executor(io, unlink, sidecar(parts[i]))
-            target = self.models_dir / job.file_name
-            job.model_id = await self.on_file(target, digests[0], display_url(job.parts[0][0]))
+            # every part checked: into models/ as one executor job that a pause, cancel or shutdown
+            # does not cut short (some parts landed, others still .part, was refused "already exists")
+            job.landing = True
+            await _async_to_the_end(loop.run_in_executor(
+                io, land, parts, [self.models_dir / name for _url, name in job.parts]))
+            if job.others:
+                await self._async_alone(job, digests[0], io)
+            else:
+                job.model_id = await self.on_file(self.models_dir / job.file_name, digests[0],
+                                                  display_url(job.parts[0][0]))
             job.state = "done"
             job.finished_at = time.time()
             elapsed = time.monotonic() - started
@@ -217,7 +238,7 @@ class ModelDownloader:
         loop = asyncio.get_running_loop()
         url, name = job.parts[i]
         where = f"part {i + 1} of {len(job.parts)} ({name}): " if len(job.parts) > 1 else ""
-        one = DownloadJob(job.id, url, name, job.sha256 if url == job.url else None, stop=job.stop,
+        one = DownloadJob(job.id, url, name, job.sha256 if i == job.named else None, stop=job.stop,
                           total_bytes=job.part_bytes[i])
         resumed_before, attempts_before = job.resumed_from, job.attempts
 
@@ -270,6 +291,23 @@ class ModelDownloader:
             raise DownloadFailed(f"{where}{type(exc).__name__} fetching {display_url(url)}") from exc
         except OSError as exc:  # disk full, permissions
             raise DownloadFailed(where + await self._async_disk_error(exc, part, io)) from exc
+
+    async def _async_alone(self, job: DownloadJob, digest: str, io: concurrent.futures.Executor) -> None:
+        """A split part fetched alone is in models/: the set is served once its last part is here,
+        else the job's note names the parts still missing."""
+        loop = asyncio.get_running_loop()
+        missing = [name for _url, name in job.others
+                   if not await loop.run_in_executor(io, (self.models_dir / name).exists)]
+        if missing:
+            job.note = alone_note(job.file_name, len(job.others) + 1, missing)
+            log.info("DIAG: model download of one part of a split set %s", kv(
+                download=job.id, file=job.file_name, missing=",".join(missing)))
+            return
+        part = split_part(Path(job.file_name))
+        if part is not None and part[1] == 1:  # part 1 came last: its hash is known
+            job.model_id = await self.on_file(self.models_dir / job.file_name, digest, display_url(job.url))
+        else:  # part 1's hash is the catalog's to compute
+            job.model_id = await self.on_file(self.models_dir / job.others[0][1], None, job.others[0][0])
 
     def _settle(self, job: DownloadJob) -> None:
         """The job's task ended: a task cancelled before it ever ran must not leave the job active."""

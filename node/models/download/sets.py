@@ -7,7 +7,9 @@ whole set: every part's URL is the named one with its part number replaced, each
 download per set; the models folder's watch lists part 1 only). `async_plan` asks the origin for
 each part's size first (`HEAD`, redirects not followed: the Hub's resolve answer carries
 `X-Linked-Size`), so a missing part fails before gigabytes are fetched and the free disk space is
-checked against the whole set.
+checked against the whole set. The named part's URL is kept as the user spelt it (`--sha256` is its
+file's). A URL with a query string of its own (an S3 presigned URL: one object's signature) fetches
+the named part alone, its job's `note` naming the parts still missing, each needing its own URL.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import concurrent.futures
 import shutil
 import urllib.parse
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -29,15 +32,34 @@ from .partfile import size_or_zero
 from .urls import display_url, http_error
 
 
-def set_parts(url: str, file_name: str, given_name: str | None) -> list[tuple[str, str]]:
-    """[(URL, file name in models/)] of every part of the split set `url` names (any part), part 1
-    first; [(url, file_name)] for a file that is not a split part."""
+@dataclass
+class PartSet:
+    """What a download URL fetches: `parts` [(URL, file name in models/)], part 1 first; `named`, the
+    index of the part the URL named (the user's URL verbatim: `--sha256` is its file's); `others`, a
+    split part fetched alone (a per-object signed URL): the set's other parts [(URL without the query,
+    file name)], part 1 first, which each need their own URL."""
+
+    parts: list[tuple[str, str]]
+    named: int = 0
+    others: list[tuple[str, str]] = field(default_factory=list)
+
+
+def signed_per_object(url: str) -> bool:
+    """A query string other than the Hub's own `?download=true`: an S3 presigned URL and the like sign
+    one object, so the query cannot be carried over to another part's URL (it answers 403 there)."""
+    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query, keep_blank_values=True)
+    return bool(query) and query != [("download", "true")]
+
+
+def set_parts(url: str, file_name: str, given_name: str | None) -> PartSet:
+    """Every part of the split set `url` names (any part); just (url, file_name) for a file that is
+    not a split part; the named part alone (and the others listed) for a per-object signed URL."""
     parsed = urllib.parse.urlsplit(url)
     head, _, segment = parsed.path.rpartition("/")
     m = SPLIT_RE.match(urllib.parse.unquote(segment))
     named = split_part(Path(urllib.parse.unquote(segment)))
     if m is None or named is None:
-        return [(url, file_name)]
+        return PartSet([(url, file_name)])
     count = named[2]
     local = split_part(Path(file_name))
     if given_name is not None and (local is None or local[2] != count):
@@ -50,8 +72,19 @@ def set_parts(url: str, file_name: str, given_name: str | None) -> list[tuple[st
     for no in range(1, count + 1):
         remote = plain[:m.start("no")] + f"{no:05d}" + plain[m.end("no"):]  # the origin's own spelling
         path = f"{head}/{urllib.parse.quote(remote)}"
-        out.append((urllib.parse.urlunsplit(parsed._replace(path=path)), llama_split_name(prefix, no, count)))
-    return out
+        part_url = url if no == named[1] else urllib.parse.urlunsplit(parsed._replace(path=path))
+        out.append((part_url, llama_split_name(prefix, no, count)))
+    i = named[1] - 1
+    if signed_per_object(url):
+        return PartSet([out[i]], 0, [(display_url(u), n) for u, n in out[:i] + out[i + 1:]])
+    return PartSet(out, i)
+
+
+def alone_note(name: str, count: int, missing: list[str]) -> str:
+    """What a split part fetched alone leaves to do (the job's `note`): the parts still missing."""
+    return (f"{name} is one part of a model split in {count} parts; its URL is signed for "
+            f"that one file (a query string), so the other parts were not fetched with it: "
+            f"{', '.join(missing)} still missing — download each with its own URL")
 
 
 async def async_plan(session: aiohttp.ClientSession, job: DownloadJob, parts: list[Path],
