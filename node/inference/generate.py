@@ -41,6 +41,7 @@ from node.inference.tools import (
     detect_format,
     new_parser,
     prompt_inputs,
+    thought_ends,
     tool_grammar,
     tools_active,
 )
@@ -198,8 +199,9 @@ class CompletionRun:
                 prefill = continued(tok.chat_template, prefill)  # gpt-oss: in its final channel
             rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
                                                           self.request.template_kwargs)
-            self._thoughts = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill)
-            counting = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill)
+            ends = thought_ends(fmt, self.request)  # a call's opener ends the thoughts too
+            self._thoughts = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill, ends)
+            counting = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill, ends)
             self._counter = None if counting is None else reasoning.ThoughtCounter(counting)
             return tokens, fmt
         if self.request.suffix is not None:

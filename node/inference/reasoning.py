@@ -13,6 +13,10 @@ as llama-server's `--reasoning-format deepseek` does:
   a reply that starts with anything else is all answer;
 - the thoughts end at the closing tag; a reply that never writes it (max_tokens cut it) is all
   thoughts, its answer empty;
+- when the request offers tools, they also end where the tool format's call opener begins
+  (`ToolFormat.thought_ends`: Kimi K2 Thinking, DeepSeek V3.1/V3.2, GLM, Qwen3.5 call tools at the
+  end of their thoughts without closing them, as llama.cpp's parsers allow); the opener is the
+  answer's first text, for the tool parser;
 - whitespace around the thoughts and at the start of the answer is dropped (the templates write
   `<think>\\n` ... `\\n</think>\\n\\n`).
 
@@ -61,6 +65,12 @@ def opens_inside(prompt: str, tags: ThinkTags) -> bool:
     return prompt.rstrip().endswith(tags.open)
 
 
+def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
+    """Where the first of `tags` begins in `text` (-1 when none does) and which."""
+    found = [(at, tag) for tag in tags if (at := text.find(tag)) >= 0]
+    return min(found) if found else (-1, "")
+
+
 def _partial_suffix(text: str, tag: str) -> int:
     """Length of the longest tail of `text` that is a proper prefix of `tag`."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
@@ -73,8 +83,10 @@ class ReasoningSplitter:
     """Feed the reply's text in pieces, get (reasoning, content) pieces; text that may be part of a
     tag, or whitespace that may end the thoughts, is held back until the next piece tells."""
 
-    def __init__(self, tags: ThinkTags, inside: bool):
+    def __init__(self, tags: ThinkTags, inside: bool, ends: tuple[str, ...] = ()):
         self.tags = tags
+        self.ends = tuple(ends)  # tool-call openers that also end the thoughts (kept as the answer's start)
+        self.by_call = False  # the thoughts ended at one of `ends`, not at the closing tag
         self._state = "thinking" if inside else "start"
         self._began = False  # thoughts have had their first non-space character
         self._held = ""
@@ -88,7 +100,7 @@ class ReasoningSplitter:
     @property
     def markers(self) -> tuple[str, ...]:
         """Tags that may be control tokens, which the reply's text must show."""
-        return (self.tags.open, self.tags.close)
+        return (self.tags.open, self.tags.close, *self.ends)
 
     def feed(self, text: str) -> tuple[str, str]:
         """One piece of the reply: its (reasoning, content) parts ready to send."""
@@ -128,15 +140,18 @@ class ReasoningSplitter:
                     if not text:
                         break
                     self._began = True
-                at = text.find(self.tags.close)
+                at, tag = _first(text, (self.tags.close, *self.ends))
                 if at >= 0:
                     reasoning += text[:at].rstrip()[echo:]
-                    self._state, text, echo = "answer", text[at + len(self.tags.close):], 0
+                    if tag == self.tags.close:
+                        self._state, text, echo = "answer", text[at + len(tag):], 0
+                    else:  # a tool call's opener: the tool parser reads it, as answer text
+                        self._state, text, echo, self.by_call = "content", text[at:], 0, True
                     continue
                 if final:
                     reasoning += text.rstrip()[echo:]
                     break
-                keep = _partial_suffix(text, self.tags.close)
+                keep = max(_partial_suffix(text, t) for t in (self.tags.close, *self.ends))
                 body = text[:len(text) - keep]
                 ready = body.rstrip()
                 reasoning += ready[echo:]
@@ -176,11 +191,12 @@ class ReasoningSplitter:
 
 
 def splitter_for(request: CompletionRequest, template: str | None, rendered: str,
-                 prefill: str | None) -> Any:
+                 prefill: str | None, ends: tuple[str, ...] = ()) -> Any:
     """Where a chat's reply stands with its thoughts, or None (not a reasoning template). With
     reasoning_format "none" the thoughts stay content (`feed_raw`). `rendered`: the
     prompt as the template wrote it; `prefill`: the start of the reply the request wrote itself (it
-    may open or close the thoughts)."""
+    may open or close the thoughts); `ends`: tool-call openers that also end the thoughts (the
+    format's `thought_ends` when the request offers tools)."""
     from node.inference.tools.harmony import HarmonySplitter, is_harmony
 
     if request.kind == "chat" and is_harmony(template):  # gpt-oss: channels, not tags
@@ -192,7 +208,7 @@ def splitter_for(request: CompletionRequest, template: str | None, rendered: str
     tags = think_tags(template)
     if tags is None or request.kind != "chat":
         return None
-    splitter = ReasoningSplitter(tags, opens_inside(rendered, tags))
+    splitter = ReasoningSplitter(tags, opens_inside(rendered, tags), ends)
     if prefill:  # the client's own text is not sent back; what the splitter holds of it (a tag's
         splitter.feed(prefill)  # start: "<thi") is read with the reply's first text, not dropped
         splitter._echo = len(splitter.held)
@@ -204,7 +220,8 @@ class ThoughtCounter:
     from each token's own text: a splitter of its own, fed as the tokens come, not the text a stop
     sequence's possible start holds back (found 2026-12-06: the token after the closing tag was
     counted as a thought when the stop sequence began there). Tokens that may begin the opening
-    tag ("<", "thi") count once it is complete."""
+    tag ("<", "thi") count once it is complete. The token that completes a tool call's opener ending
+    the thoughts (`ReasoningSplitter.ends`) is the call's, not a thought."""
 
     def __init__(self, splitter: ReasoningSplitter):
         self._splitter = splitter
@@ -216,6 +233,8 @@ class ThoughtCounter:
         before = self._splitter.phase
         self._splitter.feed(self._decoder.decode(piece))
         after = self._splitter.phase
+        if before == "thinking" and after == "answer" and getattr(self._splitter, "by_call", False):
+            return 0
         if "thinking" in (before, after):
             counted, self._pending = 1 + self._pending, 0
             return counted
@@ -255,5 +274,6 @@ def with_budget(params: SamplingParams, thoughts: ReasoningSplitter | None, toke
     if thoughts is None or tokens is None or thoughts.phase == "answer":
         return params
     budget = think_budget.spec(tokens, thoughts.tags.open, thoughts.tags.close, thoughts.phase == "thinking",
-                               thoughts.held, rearm=getattr(thoughts, "rearms", False))
+                               thoughts.held, rearm=getattr(thoughts, "rearms", False),
+                               ends=getattr(thoughts, "ends", ()))
     return dataclasses.replace(params, reasoning_budget=budget)

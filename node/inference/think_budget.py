@@ -16,6 +16,9 @@ answer, which the splitter does not take as thoughts). As llama-server: the toke
 opening tag count, the closing tag written by the model ends the count, and the closing tag is
 forced only at a UTF-8 character's end. The tags are matched on the text (a tag written in several tokens counts as well) and the
 forced tokens are the closing tag as the tokenizer spells it (one special token where it is one).
+`ends` (optional; only where the request offers tools): tool-call openers that end the thoughts as
+the closing tag does (node.inference.reasoning), so they end the count too, as llama-server's
+`thinking_end_tags` do; an older peer ignores the key.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ if TYPE_CHECKING:
     from node.inference.tokenizer import ModelTokenizer
 
 MAX_TAG_CHARS = 64
+MAX_END_TAGS = 8
 
 
 def spec(tokens: int, open_tag: str, close_tag: str, inside: bool, written: str = "",
-         rearm: bool = False) -> dict[str, Any]:
+         rearm: bool = False, ends: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
     """`written`: the end of the text before the reply (the client's prefill) that may be a tag's
     start ("<thi"), which the reply's first tokens may finish. `rearm`: an opening tag later in the
     reply starts a new budget (gpt-oss: every analysis message is thoughts, and a model whose
@@ -40,6 +44,8 @@ def spec(tokens: int, open_tag: str, close_tag: str, inside: bool, written: str 
            "written": written[-MAX_TAG_CHARS:]}
     if rearm:  # (only then: a peer from before it refuses nothing, it ignores the key)
         out["rearm"] = True
+    if ends:
+        out["ends"] = list(ends)
     return out
 
 
@@ -61,7 +67,13 @@ def validate(value: Any) -> dict[str, Any]:
     rearm = value.get("rearm", False)
     if not isinstance(rearm, bool):
         raise TypeError("reasoning_budget.rearm must be a boolean")
-    return spec(tokens, open_tag, close_tag, inside, written, rearm)
+    ends = value.get("ends", [])
+    if not isinstance(ends, list | tuple) or len(ends) > MAX_END_TAGS:
+        raise TypeError(f"reasoning_budget.ends must be a list of at most {MAX_END_TAGS} tags")
+    for tag in ends:
+        if not isinstance(tag, str) or not 0 < len(tag) <= MAX_TAG_CHARS:
+            raise ValueError(f"reasoning_budget.ends must be strings of 1 to {MAX_TAG_CHARS} characters")
+    return spec(tokens, open_tag, close_tag, inside, written, rearm, tuple(ends))
 
 
 def _utf8_complete(data: bytes) -> bool:
@@ -81,6 +93,7 @@ class ThinkBudget:
         self._tok = tok
         self.budget = budget["tokens"]
         self.open, self.close = budget["open"], budget["close"]
+        self.ends = (self.close, *budget.get("ends", ()))  # what ends the thoughts' count
         self._forced = tok.tokenize(self.close, add_bos=False, special=True)
         self._tail = ""  # the last characters written: a tag may come in several tokens
         self._pending = b""  # bytes of an unfinished UTF-8 character
@@ -118,7 +131,7 @@ class ThinkBudget:
         piece = self._tok.piece(token)
         if not piece:  # a control token: a tag may be one ([THINK])
             special = self._tok.special_piece(token)
-            if special in (self.open, self.close):
+            if special == self.open or special in self.ends:
                 piece = special.encode()
         data = self._pending + piece
         if not _utf8_complete(data):
@@ -127,9 +140,9 @@ class ThinkBudget:
         self._pending = b""
         return data.decode("utf-8", errors="replace")
 
-    def _saw(self, text: str, tag: str) -> bool:
+    def _saw(self, text: str, *tags: str) -> bool:
         self._tail = (self._tail + text)[-(2 * MAX_TAG_CHARS):]
-        if tag in self._tail:
+        if any(tag in self._tail for tag in tags):
             self._tail = ""
             return True
         return False
@@ -156,7 +169,7 @@ class ThinkBudget:
                 if self._rearm:  # keep the tail: the opening tag may be on its way
                     self._saw("", self.open)
             return
-        if self._saw(text, self.close):  # the model closed its thoughts itself
+        if self._saw(text, *self.ends):  # the model closed its thoughts itself (or began a call)
             self.state = "done"
             return
         if self.state == "counting":

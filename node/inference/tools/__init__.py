@@ -13,6 +13,7 @@ from node.inference.tools.formats import (
     generic_reply,
     new_parser,
     prompt_inputs,
+    thought_ends,
     tool_grammar,
     tools_active,
 )
@@ -20,4 +21,4 @@ from node.inference.tools.jsonscan import partial_object, unfinished_object
 from node.inference.tools.parser import ToolCallParser, new_call_id
 
 __all__ = ["FORMATS", "ToolCallParser", "ToolFormat", "detect_format", "generic_reply", "new_call_id", "new_parser",
-           "partial_object", "prompt_inputs", "tool_grammar", "tools_active", "unfinished_object"]
+           "partial_object", "prompt_inputs", "thought_ends", "tool_grammar", "tools_active", "unfinished_object"]

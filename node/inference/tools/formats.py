@@ -91,6 +91,10 @@ class ToolFormat:
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
     special_markers: tuple[str, ...] = ()  # markers that may be control tokens (rendered empty)
+    # call openers that also end a reasoning model's thoughts when tools are offered: these models may
+    # call at the end of their thoughts without closing them (llama.cpp's kimi-k2, deepseek (DSML),
+    # qwen3-coder (Qwen3.5) and ling3 parsers end the reasoning there; node.inference.reasoning)
+    thought_ends: tuple[str, ...] = ()
     template: str = field(default="", compare=False, repr=False)  # (glm, dsml: the grammar writes its layout)
 
 
@@ -99,12 +103,14 @@ FORMATS = {
     "llama3": ToolFormat("llama3", LLAMA3, True, args_key="parameters", special_markers=(PYTHON_TAG,)),
     "mistral": ToolFormat("mistral", MISTRAL, True, special_markers=(MISTRAL_OPEN,)),
     "mistral_args": ToolFormat("mistral_args", MISTRAL_ARGS, True, special_markers=(MISTRAL_OPEN, ARGS, CALL_ID)),
-    "qwen_xml": ToolFormat("qwen_xml", QWEN_XML, True, special_markers=(TOOL_CALL_OPEN, HERMES_CLOSE)),
-    "glm": ToolFormat("glm", GLM, True, special_markers=GLM_MARKERS),
-    "deepseek_v31": ToolFormat("deepseek_v31", DEEPSEEK, True, special_markers=DEEPSEEK_V31.markers),
-    "kimi_k2": ToolFormat("kimi_k2", KIMI, True, special_markers=KIMI_K2.markers),
+    "qwen_xml": ToolFormat("qwen_xml", QWEN_XML, True, special_markers=(TOOL_CALL_OPEN, HERMES_CLOSE),
+                           thought_ends=QWEN_XML.markers),
+    "glm": ToolFormat("glm", GLM, True, special_markers=GLM_MARKERS, thought_ends=GLM.markers),
+    "deepseek_v31": ToolFormat("deepseek_v31", DEEPSEEK, True, special_markers=DEEPSEEK_V31.markers,
+                               thought_ends=DEEPSEEK.markers),
+    "kimi_k2": ToolFormat("kimi_k2", KIMI, True, special_markers=KIMI_K2.markers, thought_ends=KIMI.markers),
     "harmony": ToolFormat("harmony", HARMONY, True, special_markers=TOKENS),
-    "dsml": ToolFormat("dsml", DSML_SYNTAX, True, special_markers=(DSML,)),
+    "dsml": ToolFormat("dsml", DSML_SYNTAX, True, special_markers=(DSML,), thought_ends=DSML_SYNTAX.markers),
     "generic": ToolFormat("generic", GENERIC, False),
 }
 _SECTIONS = {"deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
@@ -150,6 +156,11 @@ def detect_format(template: str | None) -> ToolFormat:
 def tools_active(request: CompletionRequest) -> bool:
     """Whether the reply may call tools (tools offered and tool_choice is not "none")."""
     return bool(request.tools) and request.tool_choice != "none"
+
+
+def thought_ends(fmt: ToolFormat, request: CompletionRequest) -> tuple[str, ...]:
+    """The call openers that end this request's thoughts: none when it may call no tool."""
+    return fmt.thought_ends if tools_active(request) else ()
 
 
 # --- the prompt ---
