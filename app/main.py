@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,12 @@ def run_app(config, *, show_window: bool = False, tray_available: bool | None = 
 
 def say_cannot_start(text: str) -> None:
     """A reason the app cannot start at all (a config.toml it cannot use), in a dialog: a tray
-    app's user has no console, and the app vanished without a word (the line went to stderr)."""
+    app's user has no console, and the app vanished without a word (the line went to stderr).
+    Without a display (Linux, no X11/Wayland, no QT_QPA_PLATFORM) Qt would abort the process
+    (exit 134, found in review): the stderr line is all there is then."""
+    if sys.platform.startswith("linux") and not any(
+            os.environ.get(k) for k in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")):
+        return
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     qt_app = QApplication.instance() or QApplication(sys.argv[:1])

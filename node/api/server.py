@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 
 from aiohttp import web
 
@@ -38,12 +39,21 @@ class ApiPortUnavailable(NodeError):
 def listen_error_text(host: str, port: int, exc: OSError) -> str:
     """What to tell a user whose API port cannot be listened on, by the reason: a port in use, a
     port below 1024 without the rights for it, a --host this machine does not have."""
+    if isinstance(exc, socket.gaierror):  # a --host name that does not resolve (it was "choose another port")
+        return (f"cannot listen on {host}:{port} (this machine cannot find the address {host}: "
+                f"{exc.strerror or exc}): give --host an IP address, 127.0.0.1 (this machine only) or 0.0.0.0 "
+                "(every network)")
     if exc.errno == errno.EADDRINUSE:
         return (f"port {port} is already in use (another SwarmLLM node, or another program): "
                 "stop it, or choose another with -p")
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return (f"cannot listen on {host}:{port} (permission denied: ports below 1024 need administrator "
-                "rights): choose another with -p, e.g. the default 8800")
+        if port < 1024:
+            return (f"cannot listen on {host}:{port} (permission denied: ports below 1024 need administrator "
+                    "rights): choose another with -p, e.g. the default 8800")
+        # Windows reserves port ranges (Hyper-V, WSL, Docker: `netsh interface ipv4 show
+        # excludedportrange protocol=tcp`) and says WinError 10013, EACCES; a policy may forbid one
+        return (f"cannot listen on {host}:{port} (permission denied: the system reserves or forbids this port): "
+                "choose another with -p")
     if exc.errno == errno.EADDRNOTAVAIL:
         return (f"cannot listen on {host}:{port} (this machine has no address {host}): give --host one of "
                 "its addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every network)")

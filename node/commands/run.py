@@ -110,6 +110,8 @@ async def serve(config) -> int:
 
     def on_signal(sig: signal.Signals) -> None:
         if stop.is_set():  # a second one while stopping: the user means now
+            if sig.name == "SIGHUP":  # not a user: a closing terminal sends it twice (bash passes
+                return  # it on, then the kernel to the foreground group) within milliseconds
             log.warning("DIAG: %s while stopping: exiting now", sig.name)
             _exit_now(1)
         stop.set()

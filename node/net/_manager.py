@@ -114,8 +114,10 @@ class PeerManager:
             in_use = exc.errno == errno.EADDRINUSE
             what = "--peer-port" if self.config.peer_port else \
                 f"-p{f' (another node on port {self.config.port}?)' if in_use else ''}, or give a --peer-port"
-            why = "permission denied: ports below 1024 need administrator rights" \
-                if exc.errno in (errno.EACCES, errno.EPERM) else exc.strerror or exc
+            port = self.config.effective_peer_port
+            why = exc.strerror or exc if exc.errno not in (errno.EACCES, errno.EPERM) else \
+                "permission denied: " + ("ports below 1024 need administrator rights" if port < 1024 else
+                                         "the system reserves or forbids this port")
             raise NodeError(f"cannot listen for peers on {self.config.peer_host}:{self.config.effective_peer_port}"
                             f" ({why}); choose another with {what}", code="peer_port_unavailable") from exc
         self.listen_port = self._server.sockets[0].getsockname()[1]

@@ -86,3 +86,19 @@ def test_peer_port_below_1024_without_the_right_says_so_not_another_node(tmp_pat
 def test_a_host_this_machine_does_not_have_says_so(tmp_path):
     line = _error_line(_run(tmp_path, free_port(), "--host", "192.0.2.1"))  # TEST-NET-1: no one's
     assert "192.0.2.1" in line and "--host" in line and "Errno" not in line, line
+
+
+def test_listen_errors_name_their_real_cause():
+    """Found in review: a --host name that does not resolve was told to choose another port, and any
+    permission denied was blamed on ports below 1024 (Windows reserves port ranges: WinError 10013 is
+    EACCES on 8800 too), suggesting the very port that failed."""
+    import errno
+
+    from node.api.server import listen_error_text
+
+    unresolved = listen_error_text("my-lapotp", 8800, socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    assert "--host" in unresolved and "another port" not in unresolved, unresolved
+    reserved = listen_error_text("127.0.0.1", 8800, PermissionError(errno.EACCES, "Permission denied"))
+    assert "1024" not in reserved and "reserves or forbids" in reserved and "e.g. the default 8800" not in reserved
+    low = listen_error_text("127.0.0.1", 80, PermissionError(errno.EACCES, "Permission denied"))
+    assert "below 1024" in low and "8800" in low

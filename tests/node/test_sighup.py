@@ -34,6 +34,23 @@ def test_sighup_stops_the_node_as_sigterm_does(tmp_path):
         proc.kill()
 
 
+def test_a_closing_terminals_two_sighups_still_stop_cleanly(tmp_path):
+    """A closing terminal sends SIGHUP twice, milliseconds apart (bash passes it on to its jobs, then
+    the kernel sends it to the foreground group): the second is not a user's "now" (found in review:
+    it took the immediate-exit path, exit 1, no drain, in 3 of 5 closes)."""
+    proc = NodeProcess(tmp_path / "data", args=["--model", str(tiny_model(tmp_path)), "--no-default-model",
+                                                "--no-mdns", "--n-threads", "1"])
+    try:
+        proc.wait_ready()
+        proc.proc.send_signal(signal.SIGHUP)
+        wait_until_sync(lambda: "DIAG: node stopping" in proc.output() or not proc.alive(), 30,
+                        what="the stop to begin")
+        assert proc.terminate(signal.SIGHUP) == 0, proc.output()[-3000:]
+        assert "DIAG: node stopped" in proc.output() and "exiting now" not in proc.output()
+    finally:
+        proc.kill()
+
+
 def test_under_nohup_sighup_is_still_ignored(tmp_path):
     data = tmp_path / "data"
     join_test_swarm(data)
