@@ -119,7 +119,12 @@ class DownloadsPanel(QWidget):
         row.cancel_button.setVisible(job.active or job.state == "paused")
         row.cancel_button.setToolTip("Stop and delete the partial file")
         if job.state == "done":
-            row.detail.setText(f"done · {fmt.size(job.total_bytes or job.done_bytes)} · model {job.model_id}")
+            size = fmt.size(job.total_bytes or job.done_bytes)
+            if job.model_id is None and job.note:  # one part of a split set, fetched alone: what is missing
+                row.detail.setText(f"done · {size} · {job.note}")
+            else:  # peers see loaded models only: say so, the user expected the swarm to see it now
+                row.detail.setText(f"done · {size} · model {job.model_id} · Load it (Models tab) to share it "
+                                   "with your swarm")
 
     def _pause_or_resume(self, job) -> None:
         if job.state == "paused":

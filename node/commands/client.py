@@ -143,6 +143,12 @@ def _part_of(job: dict) -> str:
     return f" (part {job['part']}/{job['parts']})" if job.get("parts", 1) > 1 and job.get("part") else ""
 
 
+# a downloaded model is registered, not loaded (memory is the user's call), and peers see only
+# loaded models: a user who downloaded one on a second laptop saw nothing on the first
+NOT_SHARED_YET = ("not loaded yet: it loads on its first request here, and your swarm's other devices "
+                  "see it once it is loaded (run the download with --load, or Load in the Models tab)")
+
+
 def _done_text(job: dict) -> str:
     """A finished download: its file and model, or (one part of a split set, fetched alone from a
     signed URL) the job's note naming the parts still missing."""
@@ -185,6 +191,8 @@ def download(args: argparse.Namespace) -> int:
     if args.load and job.get("model_id"):
         client.request("POST", f"/api/admin/models/{job['model_id']}/load")
         print(f"loaded {job['model_id']}")
+    elif job.get("model_id"):
+        print(NOT_SHARED_YET)
     return 0
 
 

@@ -55,3 +55,23 @@ def test_a_split_part_fetched_alone_says_what_is_still_missing():
     assert text == f"downloaded big-00002-of-00003.gguf (2.0 MB); {note}" and "None" not in text
     assert _done_text({"file": "m.gguf", "done_bytes": 1e6, "parts": 3, "model_id": "m-1"}) == \
         "downloaded m.gguf (1.0 MB, 3 parts): model m-1"
+
+
+def test_a_finished_download_says_peers_see_it_once_it_is_loaded(tmp_path):
+    """Peers see loaded models only: the two-laptop user who downloaded a model on one saw nothing on
+    the other and was not told why (found in a first-hour walkthrough, 2026-12-06)."""
+    from node.commands.client import NOT_SHARED_YET
+
+    data = tiny_model(tmp_path).read_bytes()
+    with ThreadedOrigin(data, name="m.gguf") as origin:
+        node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"])
+        try:
+            node.wait_ready(path="/health")
+            done = subprocess.run(
+                [sys.executable, "-m", "node.cli", "download", origin.url, "-p", str(node.port),
+                 "--data-dir", str(node.data_dir)],
+                cwd=REPO, env=hermetic_env(), capture_output=True, text=True, timeout=120)
+        finally:
+            node.terminate()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "downloaded m.gguf" in done.stdout and NOT_SHARED_YET in done.stdout, done.stdout
