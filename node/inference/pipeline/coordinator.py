@@ -183,9 +183,10 @@ class PipelineCoordinator:
         run.attempt = await run.open()
         return run
 
-    def regain(self, sha256: str, lost: dict[str, int | None]) -> tuple[set[str], list[str]]:
+    def regain(self, sha256: str, lost: dict[str, int | None],
+               silent: dict[str, float] | None = None) -> tuple[set[str], list[str]]:
         """(nodes of `lost` linked again, peers worth waiting for): LayerHolders.regain."""
-        return self.holders.regain(sha256, lost)
+        return self.holders.regain(sha256, lost, silent)
 
     def open_attempt(self, job: GenerationJob, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
                      excluded: frozenset[str]) -> Attempt:

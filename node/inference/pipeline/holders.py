@@ -152,12 +152,16 @@ class LayerHolders:
             out[node] = snap.connection_id if snap is not None else None
         return out
 
-    def regain(self, sha256: str, lost: Mapping[str, int | None]) -> tuple[set[str], list[str]]:
+    def regain(self, sha256: str, lost: Mapping[str, int | None],
+               silent: Mapping[str, float] | None = None) -> tuple[set[str], list[str]]:
         """For a request with no route: (the nodes of `lost` linked again since — a connection
         other than the one the request lost —, the peers worth waiting for: those of `lost` not
         linked again, and those whose link dropped within ROUTE_REGAIN_S while they served this
         model (`note_peer`) that are not linked yet (being dialled) or linked but not serving it
-        yet (choosing or loading their layers)), both as node ids."""
+        yet (choosing or loading their layers)), both as node ids. A node of `silent` (unix time
+        it failed the request by silence) still on the link it had is awaited while nothing came
+        on that link since: a dead link the pings have not found dead yet (2026-12-06: a Wi-Fi
+        blip ended the stream at the first missed ACK); a peer that speaks again is slow, not gone."""
         relinked: set[str] = set()
         awaited: list[str] = []
         if self.peers is None:
@@ -170,6 +174,8 @@ class LayerHolders:
             if snap.state == "connected":
                 if snap.node_id in lost and snap.connection_id != lost[snap.node_id]:
                     relinked.add(snap.node_id)
+                elif snap.node_id in (silent or {}) and (snap.last_seen or 0.0) <= silent[snap.node_id]:
+                    awaited.append(snap.node_id)
                 # back, but not serving it yet (a restarted node choosing or loading its layers)
                 if lately and not any(_serves(m) and m["sha256"] == sha256 for m in snap.models):
                     awaited.append(snap.node_id)

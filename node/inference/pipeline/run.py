@@ -70,13 +70,17 @@ class AttemptChannel(Protocol):
 
     def resume_missed(self, att: Attempt, source_gone: bool = True) -> None: ...
 
-    def regain(self, sha256: str, lost: dict[str, int | None]) -> tuple[set[str], list[str]]: ...
+    def regain(self, sha256: str, lost: dict[str, int | None],
+               silent: dict[str, float] | None = None) -> tuple[set[str], list[str]]: ...
 
 log = logging.getLogger(__name__)
 
 # a segment's error that is the request's fault, not the segment's: the client gets it (a 400),
 # and no healthy peer is excluded or retried (the next chain would fail the same way)
 REQUEST_FAULTS = {e.code: e for e in (InvalidRequest, Unsupported, ContextLengthExceeded)}
+# a segment that went silent (no ACK, RESULT or TOKENS in time): a dead link not yet found dead looks
+# the same, so the request waits for it to link again as for a dropped link (while it stays silent)
+SILENCES = ("ack_deadline", "result_deadline", "tokens_deadline")
 
 
 def prefill_steps(start: int, end: int, segments: int) -> list[tuple[int, int]]:
@@ -116,6 +120,7 @@ class PipelineRun:
         self.resume_misses = 0  # attempts that found a kept session gone (at most one: only attempt 1 resumes)
         # nodes whose link failed this request -> the connection id it had (taken back once linked anew)
         self.lost: dict[str, int | None] = {}
+        self.silent: dict[str, float] = {}  # of `lost`, those that fell silent: when (unix time)
         self.last_failure: str | None = None  # "<node> <cause>: <message>" of the last failed attempt
 
     async def tokens(self) -> AsyncIterator[list[int]]:
@@ -163,10 +168,11 @@ class PipelineRun:
         waited_from = deadline = None
         waited_for: list[str] = []
         while True:
-            relinked, awaited = coordinator.regain(self.entry.sha256, self.lost)
+            relinked, awaited = coordinator.regain(self.entry.sha256, self.lost, self.silent)
             for node in relinked:  # linked anew: its sessions are gone, its layers usable again
                 self.excluded.discard(node)
                 del self.lost[node]
+                self.silent.pop(node, None)
             # a node left out for how it failed (a deadline, an error) is not waited for: it would
             # stay left out when it links again
             awaited = [n[:8] for n in awaited if n in self.lost or n not in self.excluded]
@@ -190,8 +196,9 @@ class PipelineRun:
                                                    f"(last: {self.last_failure})") from exc
                     raise
                 if now >= deadline or self.job.cancel.is_set():  # (cancelled: the node stops, an unload)
+                    last = f" (last: {self.last_failure})" if self.last_failure else ""
                     raise InsufficientCapacity(f"{exc.message}; waited {now - waited_from:.0f} s for "
-                                               f"{', '.join(waited_for)} to link again") from exc
+                                               f"{', '.join(waited_for)} to link again{last}") from exc
                 await asyncio.sleep(const.ROUTE_REGAIN_POLL_S)
                 continue
             if waited_from is not None:
@@ -363,8 +370,10 @@ class PipelineRun:
     def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
         trace = self.trace
         self.excluded.add(failure.node_id)
-        if failure.cause in ("link_drop", "unreachable"):  # taken back if it links again (open)
-            self.lost[failure.node_id] = att.links.get(failure.node_id)
+        if failure.cause in ("link_drop", "unreachable") or failure.cause in SILENCES:  # taken back if it
+            self.lost[failure.node_id] = att.links.get(failure.node_id)  # links again (open)
+        if failure.cause in SILENCES:  # its link may be dead and not known to be yet (a Wi-Fi blip, a lid)
+            self.silent[failure.node_id] = time.time()
         if failure.cause == Overloaded.code:
             self.overloaded = failure
         chain = [h.node_id for h in att.plan.segments]
