@@ -21,8 +21,17 @@ log = logging.getLogger(__name__)
 _SKIP_MODULES = ("asyncio", "selectors", "threading", "concurrent", "qasync")
 
 
+# the loop thread found waiting in select while its beat is late: it was not busy, the process
+# did not run (SIGSTOP, a debugger, a VM paused, CPU starvation)
+IDLE_ARM = "idle_in_select(process suspended or starved of CPU)"
+
+
 def _describe_frame(frame) -> str:
-    """The innermost frame that is not event-loop machinery, as module:function:line."""
+    """The innermost frame that is not event-loop machinery, as module:function:line; IDLE_ARM
+    when the innermost frame is the selector's wait (2026-12-06: a node SIGSTOPped 70 s logged
+    `arm=node.commands.run:run:249`, the outermost frame above the idle loop, as the culprit)."""
+    if frame is not None and frame.f_globals.get("__name__") == "selectors":
+        return IDLE_ARM
     best = None
     while frame is not None:
         module = frame.f_globals.get("__name__", "?")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import selectors
 import socket
+import threading
 import time
 
 import aiohttp
@@ -12,9 +14,9 @@ import openai
 import pytest
 
 from node.node import Node
-from node.watchdog import LoopWatchdog
+from node.watchdog import LoopWatchdog, _sample
 from tests.support.nodes import node_config, running_node, tiny_model
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_sync
 
 pytestmark = pytest.mark.llama
 
@@ -155,6 +157,24 @@ async def test_watchdog_names_the_blocking_function(caplog):
     assert "DIAG: network event loop stalled took_ms=" in caplog.text
     assert "arm=tests.node.test_diagnostics:hog_the_loop" in caplog.text
     assert dog.max_stall_ms >= 300
+
+
+def test_watchdog_names_an_idle_loop_as_idle_not_its_caller():
+    """A loop waiting in select while its beat is late was not busy: the process did not run
+    (SIGSTOP, a paused VM). The line named the frame above the idle loop (`node.commands.run:run`)."""
+    sel, (r, w) = selectors.DefaultSelector(), socket.socketpair()
+    sel.register(r, selectors.EVENT_READ)
+    waiting = threading.Thread(target=sel.select, args=(30,), daemon=True)
+    waiting.start()
+    try:
+        wait_until_sync(lambda: (_sample(waiting.ident) or "").startswith("idle_in_select("), 5,
+                        what="the thread sampled in select, named idle")
+    finally:
+        w.send(b"x")
+        waiting.join(5)
+        sel.close()
+        r.close()
+        w.close()
 
 
 async def test_the_report_of_a_node_that_failed_to_start_is_built(tmp_path):
