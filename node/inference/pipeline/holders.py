@@ -158,8 +158,8 @@ class LayerHolders:
         other than the one the request lost —, the peers worth waiting for: those of `lost` not
         linked again, and those whose link dropped within ROUTE_REGAIN_S while they served this
         model (`note_peer`) that are not linked yet (being dialled) or linked but not serving it
-        yet (choosing or loading their layers)), both as node ids. A node of `silent` (unix time
-        it failed the request by silence) still on the link it had is awaited while nothing came
+        yet (choosing or loading their layers)), both as node ids. A node of `silent` (monotonic
+        time it failed the request by silence) still on the link it had is awaited while nothing came
         on that link since: a dead link the pings have not found dead yet (2026-12-06: a Wi-Fi
         blip ended the stream at the first missed ACK); a peer that speaks again is slow, not gone."""
         relinked: set[str] = set()
@@ -174,7 +174,7 @@ class LayerHolders:
             if snap.state == "connected":
                 if snap.node_id in lost and snap.connection_id != lost[snap.node_id]:
                     relinked.add(snap.node_id)
-                elif snap.node_id in (silent or {}) and (snap.last_seen or 0.0) <= silent[snap.node_id]:
+                elif snap.node_id in (silent or {}) and self._silent_since(snap.node_id, silent[snap.node_id]):
                     awaited.append(snap.node_id)
                 # back, but not serving it yet (a restarted node choosing or loading its layers)
                 if lately and not any(_serves(m) and m["sha256"] == sha256 for m in snap.models):
@@ -182,6 +182,12 @@ class LayerHolders:
             elif snap.node_id in lost or lately:
                 awaited.append(snap.node_id)
         return relinked, awaited
+
+    def _silent_since(self, node_id: str, since: float) -> bool:
+        """Nothing came from the peer since `since` (time.monotonic()) on its link now (monotonic,
+        so a wall clock set on wake changes nothing)."""
+        link = self.peers.link(node_id)
+        return link is None or link.last_seen <= since
 
     def swarm_models(self) -> dict[str, dict[str, Any]]:
         """Models (by sha256) whose layers are fully covered by this node and its peers."""

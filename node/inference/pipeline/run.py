@@ -120,7 +120,7 @@ class PipelineRun:
         self.resume_misses = 0  # attempts that found a kept session gone (at most one: only attempt 1 resumes)
         # nodes whose link failed this request -> the connection id it had (taken back once linked anew)
         self.lost: dict[str, int | None] = {}
-        self.silent: dict[str, float] = {}  # of `lost`, those that fell silent: when (unix time)
+        self.silent: dict[str, float] = {}  # of `lost`, those that fell silent: when (time.monotonic())
         self.last_failure: str | None = None  # "<node> <cause>: <message>" of the last failed attempt
 
     async def tokens(self) -> AsyncIterator[list[int]]:
@@ -189,7 +189,7 @@ class PipelineRun:
                     log.info("DIAG: pipeline waiting for a lost peer to link again %s", kv(
                         request_id=trace.request_id, peers=",".join(awaited), deadline_s=const.ROUTE_REGAIN_S,
                         error=exc.message))
-                if deadline is None:
+                if deadline is None or not awaited:  # (a silent one that spoke again: slow, not gone)
                     if self.excluded and self.last_failure:  # "held: nothing" alone hid who failed, and how
                         raise InsufficientCapacity(f"{exc.message}; left out after failing this request: "
                                                    f"{', '.join(sorted(n[:8] for n in self.excluded))} "
@@ -373,7 +373,7 @@ class PipelineRun:
         if failure.cause in ("link_drop", "unreachable") or failure.cause in SILENCES:  # taken back if it
             self.lost[failure.node_id] = att.links.get(failure.node_id)  # links again (open)
         if failure.cause in SILENCES:  # its link may be dead and not known to be yet (a Wi-Fi blip, a lid)
-            self.silent[failure.node_id] = time.time()
+            self.silent[failure.node_id] = time.monotonic()
         if failure.cause == Overloaded.code:
             self.overloaded = failure
         chain = [h.node_id for h in att.plan.segments]
