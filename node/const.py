@@ -147,6 +147,8 @@ PARTIAL_PEER_CHUNK = 1 << 20  # per MODEL_PART reply: no head-of-line block on a
 PARTIAL_PEER_WINDOW = 4  # chunk requests in flight to one peer (flow control: ≤ 4 MiB unread)
 PARTIAL_PEER_TIMEOUT_S = 30.0  # one chunk
 PARTIAL_SPOT_CHECK_BYTES = 64 << 10  # the range refetched from the origin and compared
+# a node holding a model's whole file answers MODEL_PART too (node/inference/pipeline/wholeparts.py):
+PARTIAL_WHOLE_HASH_BYTES = 256 << 20  # tensor bytes hashed for one `hashes` request at most (the rest: asked again)
 
 # --- distributed pipeline (node/inference/pipeline) ---
 PREFILL_CHUNK_TOKENS = 256  # prompt tokens per WORK step, at most

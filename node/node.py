@@ -124,6 +124,11 @@ class Node(SwarmActions, UrlModels):
         cov = swarm_coverage(self.node_id, [], self.peers.peers() if self.peers else []).get(sha256)
         return [(s.node_id, s.start, s.end) for s in cov.spans if s.node_id != self.node_id] if cov else []
 
+    def _whole_holders(self, sha256: str) -> list[str]:
+        """The connected peers advertising a model's whole file: node ids."""
+        cov = swarm_coverage(self.node_id, [], self.peers.peers() if self.peers else []).get(sha256)
+        return [n for n in cov.whole if n != self.node_id] if cov else []
+
     # --- identity ---
 
     @property
@@ -297,7 +302,7 @@ class Node(SwarmActions, UrlModels):
         self.pipeline.register()
         self.peers.register_handler(FrameType.MODEL_HEADER, HeaderServer(self.catalog).async_handle)
         self.peers.register_handler(FrameType.MODEL_PART, PartServer(self.catalog).async_handle)
-        self.partials.attach(self.peers, self._slice_holders)
+        self.partials.attach(self.peers, self._slice_holders, self._whole_holders)
         self.swarm_models = SwarmModels(self.catalog, self.models, self.peers,
                                         HeaderCache(self.data_dir / HEADERS_DIR))
         self.models.swarm_lookup = self.swarm_models.async_wait_for

@@ -32,6 +32,7 @@ from typing import Any
 
 from node import const
 from node.errors import DownloadFailed, InvalidRequest, ModelNotFound, NodeError, Overloaded, PeerError
+from node.inference.pipeline.wholeparts import WholeFileParts
 from node.inference.weights.cache import WeightCache
 from node.logs import MESSAGE, kv, progress_extra
 from node.models.catalog import ModelCatalog, ModelEntry
@@ -68,13 +69,15 @@ class PartialModels:
         self.peers: Any = None  # PeerManager (async_request), once the node's network is up
         # (model sha256) -> [(node id, start, end)]: the peers' advertised slices of it
         self.holders: Callable[[str], list[tuple[str, int, int]]] = lambda _sha: []
+        self.whole_holders: Callable[[str], list[str]] = lambda _sha: []  # peers holding its whole file
         self._distrusted: set[tuple[str, str]] = set()  # (model, node id): caught altering its bytes
         # (entry, parts) when parts already in use proved altered (the slice host drops their slices)
         self.on_dropped: Callable[[ModelEntry, list[str]], None] = lambda _entry, _parts: None
 
-    def attach(self, peers: Any, holders: Callable[[str], list[tuple[str, int, int]]]) -> None:
+    def attach(self, peers: Any, holders: Callable[[str], list[tuple[str, int, int]]],
+               whole_holders: Callable[[str], list[str]] = lambda _sha: []) -> None:
         """Fetch from peers too (the node calls this once its peer manager runs)."""
-        self.peers, self.holders = peers, holders
+        self.peers, self.holders, self.whole_holders = peers, holders, whole_holders
 
     def directory_of(self, url: str) -> Path:
         """Where url's partial model lies (it may not exist yet; nothing read)."""
@@ -273,24 +276,39 @@ class PartialModels:
                              if (entry.sha256, node) not in self._distrusted
                              and (min(e, end) > max(s, start) or (start == 0 and s == 0) or (end == n and e == n))),
                             reverse=True)
-        for _overlap, node in candidates:
-            missing = [p for p in parts if p not in manifest.complete]
-            if not missing:
-                return
-            source = PeerPartSource(self.peers, node)
+        # then the peers holding its whole file (any tensor of it), before the origin
+        asked = [(node, "slice") for _overlap, node in candidates]
+        asked += [(node, "whole") for node in dict.fromkeys(self.whole_holders(entry.sha256))
+                  if (entry.sha256, node) not in self._distrusted and all(node != n for n, _ in asked)]
+        for node, kind in asked:
+            await self._async_from_peer(entry, store, parts, node, kind, url, label, phase)
+
+    async def _async_from_peer(self, entry: ModelEntry, store: PartialStore, parts: list[str], node: str, kind: str,
+                               url: str, label: str, phase: Callable[[], Callable[[int, int], None]]) -> None:
+        """What one peer gives of the parts still missing: asked again while each answer brings parts
+        (a whole holder names the hashes of at most PARTIAL_WHOLE_HASH_BYTES of tensors at a time)."""
+        manifest = entry.partial
+        assert manifest is not None
+        source, refused = PeerPartSource(self.peers, node), set()
+        while (missing := [p for p in parts if p not in manifest.complete and p not in refused]):
+            log.info("DIAG: asking a peer for layers %s", kv(peer_id=source.label, model=entry.id, holds=kind,
+                                                              parts=len(missing)))
             self.note(f"fetching layers {label} of {entry.id} from peer {source.label}")
             try:
                 got = await async_fetch_parts_from(store, manifest, missing, source, origin_url=url,
                                                    progress=phase())
             except NodeError as exc:  # it went, or holds none of these: the next one, then the origin
                 log.info("DIAG: layer fetch from peer failed %s", kv(peer_id=source.label, model=entry.id,
-                                                                     error=exc.message))
-                continue
+                                                                     holds=kind, error=exc.message))
+                return
             if got.lied:
                 self._distrusted.add((entry.sha256, node))
             if got.parts:
                 self.note(f"fetched {len(got.parts)} parts of {entry.id} from peer {source.label}: "
                           f"{got.peer_bytes / 1e6:.1f} MB" + ("" if got.spot_checked else " (not yet checked)"))
+            refused.update(got.rejected)  # its bytes did not hash to its names: not asked of it again
+            if got.lied or not got.parts:
+                return
 
     async def async_trim(self, entry: ModelEntry, ranges: Callable[[], list[tuple[int, int]]]) -> None:
         """Delete the parts of a partial model that none of `ranges()` (its slices here, read once
@@ -351,6 +369,7 @@ class PartServer:
     def __init__(self, catalog: ModelCatalog):
         self.catalog = catalog
         self._serving: dict[int, int] = {}  # id(link) -> requests being served for it
+        self.whole = WholeFileParts()  # the same requests, answered from whole files
 
     async def async_handle(self, link: Any, frame: Frame) -> Frame:
         """One request; a peer asking more than a client's window at once, or not reading what it
@@ -372,21 +391,29 @@ class PartServer:
         sha, op = h.get("sha256"), h.get("op")
         if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
             raise InvalidRequest("MODEL_PART needs 'sha256': 64 lower-case hex digits")
+        if op not in ("hashes", "read"):
+            raise InvalidRequest("MODEL_PART 'op' must be 'hashes' or 'read'")
         entry = self.catalog.by_sha(sha)
-        if entry is None or entry.partial is None:
-            raise ModelNotFound(f"no partial model {sha[:16]} on this node")
-        manifest = entry.partial
-        served = manifest.complete - manifest.unchecked  # only bytes this node checked against the origin
+        # a whole file here: its id hash is the sha256 the catalog computed over it
+        whole = entry is not None and entry.whole_ok and entry.sha256 == sha
+        if entry is None or (entry.partial is None and not whole):
+            raise ModelNotFound(f"no partial model or file {sha[:16]} on this node")
         if op == "hashes":
             parts = h.get("parts")
             if not isinstance(parts, list) or len(parts) > 4 * 4096 or \
                     not all(isinstance(p, str) and _PART.fullmatch(p) for p in parts):
                 raise InvalidRequest("MODEL_PART hashes needs 'parts': a list of part names")
+            if whole:
+                return await self.whole.async_hashes(link, frame, entry, parts)
+        elif op == "read" and whole:
+            return await self.whole.async_read(link, frame, entry, h.get("tensor"), h.get("offset"), h.get("n"))
+        manifest = entry.partial
+        assert manifest is not None
+        served = manifest.complete - manifest.unchecked  # only bytes this node checked against the origin
+        if op == "hashes":
             wanted = set(parts) & served
             tensors = {t.name: t.sha256 for t in manifest.tensors.values() if t.part in wanted and t.sha256}
             return frame.reply(FrameType.MODEL_PART, {"sha256": sha}, json.dumps({"tensors": tensors}).encode())
-        if op != "read":
-            raise InvalidRequest("MODEL_PART 'op' must be 'hashes' or 'read'")
         name, offset, n = h.get("tensor"), h.get("offset"), h.get("n")
         t = manifest.tensors.get(name) if isinstance(name, str) else None
         if t is None or t.part not in served:

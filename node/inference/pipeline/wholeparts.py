@@ -1,0 +1,118 @@
+"""MODEL_PART answered from a model's whole file (a node that downloaded or was given the file).
+
+A node holding a model's whole GGUF (catalog entry with a file, not partial, its id hash the sha256
+the catalog computed over the file) hands out any tensor of it as a partial holder does its parts:
+`hashes` names the sha256 of each tensor of the parts asked, hashed here off the loop from the file
+and cached (per model, while the file's size and mtime stay); one request hashes at most
+`PARTIAL_WHOLE_HASH_BYTES` of tensors not hashed yet, one request at a time for the whole node: the
+parts not reached are left out of the answer, and the asker asks again. `read` returns the bytes of
+a tensor from the file. The per-link bounds are PartServer's (it calls this).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from node import const
+from node.errors import InvalidRequest, ModelNotFound
+from node.logs import MESSAGE, kv
+from node.models.catalog import ModelEntry
+from node.models.gguf_meta import TensorInfo
+from node.models.header import read_range
+from node.models.partial.layout import part_of
+from node.net import Frame, FrameType
+
+log = logging.getLogger(__name__)
+
+_HASH_BLOCK = 8 << 20  # bytes read at a time while hashing a tensor
+
+
+def _hash_tensor(path: Path, at: int, n: int) -> str:
+    """sha256 of n bytes of a file from `at` (blocking); ModelNotFound when the file is shorter."""
+    digest, left = hashlib.sha256(), n
+    with open(path, "rb") as fh:
+        fh.seek(at)
+        while left:
+            block = fh.read(min(_HASH_BLOCK, left))
+            if not block:
+                raise ModelNotFound(f"{path.name} is shorter than its header says")
+            digest.update(block)
+            left -= len(block)
+    return digest.hexdigest()
+
+
+def _stat_key(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+class WholeFileParts:
+    """Tensor hashes and bytes of the whole files in the catalog, for peers fetching layers."""
+
+    def __init__(self) -> None:
+        # model sha256 -> ((size, mtime_ns) of the file when hashed, tensor name -> sha256)
+        self._hashes: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
+        self._hashing = asyncio.Lock()  # one hashing request at a time for the whole node
+
+    @staticmethod
+    def _tensors(entry: ModelEntry) -> dict[str, TensorInfo]:
+        return {t.name: t for t in entry.header.tensors}
+
+    async def async_hashes(self, link: Any, frame: Frame, entry: ModelEntry, parts: list[str]) -> Frame:
+        loop = asyncio.get_running_loop()
+        wanted = set(parts)
+        todo = [t for t in entry.header.tensors if part_of(t.name) in wanted]
+        async with self._hashing:
+            key = await loop.run_in_executor(None, _stat_key, entry.path)
+            cached = self._hashes.get(entry.sha256)
+            known = cached[1] if cached is not None and cached[0] == key else {}
+            budget, hashed, reached = const.PARTIAL_WHOLE_HASH_BYTES, 0, set()
+            by_part: dict[str, list[TensorInfo]] = {}
+            for t in todo:
+                by_part.setdefault(part_of(t.name), []).append(t)
+            for part, tensors in by_part.items():
+                cost = sum(t.n_bytes for t in tensors if t.name not in known)
+                if cost and hashed and hashed + cost > budget:
+                    continue  # the next request (a part larger than the budget alone is hashed whole)
+                for t in tensors:
+                    if t.name not in known:
+                        known[t.name] = await loop.run_in_executor(
+                            None, _hash_tensor, entry.path, entry.header.data_offset + t.offset, t.n_bytes)
+                hashed += cost
+                reached.add(part)
+            self._hashes[entry.sha256] = (key, known)
+        tensors = {t.name: known[t.name] for t in todo if part_of(t.name) in reached}
+        log.debug("DIAG: whole model tensor hashes served %s", kv(
+            peer_id=getattr(link, "short_id", "?"), model=entry.id, parts=len(reached), asked=len(wanted),
+            hashed_mb=round(hashed / 1e6, 1)))
+        payload = await loop.run_in_executor(None, lambda: json.dumps({"tensors": tensors}).encode())
+        return frame.reply(FrameType.MODEL_PART, {"sha256": entry.sha256}, payload)
+
+    async def async_read(self, link: Any, frame: Frame, entry: ModelEntry, name: Any, offset: Any, n: Any) -> Frame:
+        t = self._tensors(entry).get(name) if isinstance(name, str) else None
+        if t is None:
+            raise ModelNotFound(f"tensor {str(name)[:64]!r} is not a tensor of {entry.id}")
+        if not (_is_int(offset) and _is_int(n) and 0 <= offset and 0 < n <= const.PARTIAL_PEER_CHUNK
+                and offset + n <= t.n_bytes):
+            raise InvalidRequest(f"MODEL_PART read needs 0 <= offset, 0 < n <= {const.PARTIAL_PEER_CHUNK}, "
+                                 f"offset + n <= {t.n_bytes}")
+        try:
+            data = await asyncio.get_running_loop().run_in_executor(
+                None, read_range, entry.path, entry.header.data_offset + t.offset + offset, n)
+        except OSError as exc:  # the file went meanwhile
+            raise ModelNotFound(f"{entry.id}'s file is not here any more") from exc
+        if len(data) != n:
+            raise ModelNotFound(f"{entry.id}'s file is shorter than its header says")
+        log.log(MESSAGE, "DIAG: served whole model bytes %s", kv(peer_id=getattr(link, "short_id", "?"),
+                                                                 model=entry.id, tensor=name, offset=offset, bytes=n))
+        return frame.reply(FrameType.MODEL_PART, {"sha256": entry.sha256, "tensor": name, "offset": offset}, data)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
