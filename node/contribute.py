@@ -16,7 +16,7 @@ from typing import Any
 from node import const
 from node.config import NodeConfig
 from node.datadir import save_desktop_settings
-from node.errors import InvalidRequest, ModelLoadError, NodeError
+from node.errors import DownloadFailed, InvalidRequest, ModelLoadError, NodeError
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coverage import slice_sizes
 from node.inference.pipeline.host import SliceHost
@@ -174,10 +174,14 @@ class Contributions:
         # the origin named when its header came, else one a holder names now (a holder that downloaded
         # it may have come after one that was given the file)
         origin = entry.origin_url or self.origin_of(entry)
-        if not origin:
-            raise ModelLoadError(f"{entry.id} is not on this machine and its holders name no origin to fetch "
-                                 "its layers from: download it (Models tab) to help serve it")
-        directory = await self.partials.async_open(origin)
+        try:
+            if not origin:
+                raise DownloadFailed("its holders name no origin")
+            directory = await self.partials.async_open(origin)
+        except DownloadFailed as exc:  # no internet, an origin this node may not use, or none named: peers give
+            log.warning("DIAG: model origin not usable, its layers come from peers only %s", kv(
+                model=entry.id, url=display_url(origin) if origin else None, error=exc.message))
+            directory = await self.partials.async_open_from_swarm(entry, origin)
         opened = next(iter(await self.catalog.async_scan([(directory, "data_dir")])), None) or \
             next((e for e in self.catalog.entries.values() if e.path == directory), None)
         if opened is None or opened.sha256 != entry.sha256:

@@ -282,7 +282,7 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
         name = readable_name(Path(file_stem(path) + ".gguf"), header)  # dots kept, as a file's are
         return ModelEntry(f"{name}-{manifest.sha256[:8]}", name, path.resolve(), manifest.sha256, manifest.size_bytes,
                           source, header, header_sha256=manifest.header_sha256, header_bytes=manifest.header_bytes,
-                          origin_url=manifest.origin_url, partial=manifest)
+                          origin_url=manifest.origin_url or None, partial=manifest)
     header = check_model_file(path, source)
     sha = cache.get_or_compute(path)
     header_sha, header_bytes, origin = cache.header_of(path)

@@ -48,6 +48,7 @@ from node.models.partial import (
     async_spot_check_held,
     parts_for,
 )
+from node.models.partial.fromheader import create_from_header
 from node.models.partial.layout import dir_name
 from node.net import Frame, FrameType
 
@@ -94,6 +95,24 @@ class PartialModels:
         resolved_dir = await asyncio.get_running_loop().run_in_executor(None, store.dir.resolve)
         self._urls[resolved_dir] = url
         return resolved_dir
+
+    async def async_open_from_swarm(self, entry: ModelEntry, origin: str | None) -> Path:
+        """A partial model of a model known here by the header a holder gave (`entry`, source
+        `swarm`), when its origin cannot be read or none is named: its layers come from peers only
+        (node/models/partial/fromheader.py). The directory is the origin's when one is named (an
+        open once it answers finds it), else one named after the model's id hash."""
+        if origin:
+            directory = self.directory_of(origin)
+        else:
+            directory = self.models_dir / dir_name(f"swarm:{entry.sha256}", f"{entry.name}.gguf")
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(None, entry.header_path.read_bytes)
+        resolved = await loop.run_in_executor(None, lambda: create_from_header(
+            directory, data, entry.header, sha256=entry.sha256, header_sha256=entry.header_sha256,
+            size_bytes=entry.size_bytes, origin_url=display_url(resolve_url(origin)) if origin else None))
+        if origin:
+            self._urls[resolved] = origin
+        return resolved
 
     async def async_open_all(self, urls: list[str], *, later_ok: bool,
                              wait_s: float | None = None) -> tuple[set[Path], list[str], dict[str, asyncio.Task[Path]]]:
@@ -245,6 +264,11 @@ class PartialModels:
                     self.on_dropped(entry, dropped)
             wanted[:] = [p for p in parts if p not in manifest.complete]
             await self._async_from_peers(entry, store, parts, start, end, url, label, phase)
+            if not url:  # opened from the swarm's header with no origin named: peers are the only source
+                if not manifest.covers(parts):
+                    raise DownloadFailed(f"layers {label} of {entry.id}: no peer gave them and no origin is "
+                                         "known to fetch them from")
+                return
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")
             # a restart (the same id, other bytes) forgets the conversions itself, before it records the

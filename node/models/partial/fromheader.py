@@ -1,0 +1,44 @@
+"""A partial model opened from a header the swarm gave, for when no origin can be read (a LAN
+without internet, a holder that was given the file, an origin this node may not use).
+
+`create_from_header(directory, header_data, header, sha256=, size_bytes=, origin_url=)` (blocking)
+makes, or reuses, a partial model holding nothing: the header bytes are the ones a holder sent,
+already checked against the advertised header hash (node/inference/headers.py), and checked again
+here; its id is the swarm's (the holders' advertised whole-file sha256), so it chains with them.
+Its layers then come from peers only (their hashes; kept `unchecked` until an origin, if one is
+named, vouches), and the validator is unknown (`None`): an origin that answers later for a file of
+the same header and size records its own (fetch.py's reopen) and the parts kept here stay unchecked
+until its spot check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from node.errors import ModelLoadError
+from node.logs import kv
+from node.models.gguf_meta import GgufHeader
+
+from .layout import PartialStore, new_manifest
+
+log = logging.getLogger("node.models.partial.fetch")
+
+
+def create_from_header(directory: Path, header_data: bytes, header: GgufHeader, *, sha256: str, header_sha256: str,
+                       size_bytes: int, origin_url: str | None) -> Path:
+    """The partial model directory (resolved); ModelLoadError when the header is not the one named."""
+    if hashlib.sha256(header_data).hexdigest() != header_sha256 or len(header_data) != header.data_offset:
+        raise ModelLoadError(f"the header held for {sha256[:16]} is not the one its holders advertise")
+    store = PartialStore(directory)
+    if PartialStore.is_partial(directory):
+        old = store.load()
+        if (old.sha256, old.header_sha256, old.size_bytes) == (sha256, header_sha256, size_bytes):
+            return directory.resolve()
+    manifest = new_manifest(header, header_data, origin_url=origin_url or "", validator=None,
+                            size_bytes=size_bytes, sha256=sha256)
+    store.create(manifest, header_data, header)
+    log.info("DIAG: partial model created from the swarm's header %s", kv(
+        model=sha256[:16], origin=origin_url or "none", size_mb=round(size_bytes / 1e6, 1), n_layers=manifest.n_layers))
+    return directory.resolve()
