@@ -48,7 +48,7 @@ from node.models.partial import (
     async_spot_check_held,
     parts_for,
 )
-from node.models.partial.fromheader import create_from_header
+from node.models.partial.fromheader import async_adopt_origin, create_from_header
 from node.models.partial.layout import dir_name
 from node.net import Frame, FrameType
 
@@ -252,6 +252,8 @@ class PartialModels:
 
         async with self._lock:
             store, url = PartialStore(entry.path), self._urls.get(entry.path) or manifest.origin_url
+            if url and manifest.validator is None and (manifest.unchecked or not manifest.covers(parts)):
+                await async_adopt_origin(store, manifest, url)  # (opened from the swarm's header: fromheader.py)
             if manifest.unchecked:
                 try:
                     dropped = await async_spot_check_held(store, manifest, url)

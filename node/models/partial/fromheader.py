@@ -13,15 +13,21 @@ until its spot check.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from pathlib import Path
 
-from node.errors import ModelLoadError
+import aiohttp
+
+from node.errors import DownloadFailed, ModelLoadError
 from node.logs import kv
+from node.models.download.urls import describe_error, display_url, resolve_url
 from node.models.gguf_meta import GgufHeader
 
-from .layout import PartialStore, new_manifest
+from .fetch import _timeout
+from .layout import Manifest, PartialStore, new_manifest
+from .probe import async_probe
 
 log = logging.getLogger("node.models.partial.fetch")
 
@@ -42,3 +48,27 @@ def create_from_header(directory: Path, header_data: bytes, header: GgufHeader, 
     log.info("DIAG: partial model created from the swarm's header %s", kv(
         model=sha256[:16], origin=origin_url or "none", size_mb=round(size_bytes / 1e6, 1), n_layers=manifest.n_layers))
     return directory.resolve()
+
+
+async def async_adopt_origin(store: PartialStore, manifest: Manifest, url: str) -> bool:
+    """A manifest with no validator takes the origin's, if the origin answers now with the same
+    header and size (True); else nothing changes (unreachable, another file, no version named)."""
+    try:
+        async with aiohttp.ClientSession(timeout=_timeout()) as session:
+            data, _header, size, validator, _linked = await async_probe(url, session)
+    except (aiohttp.ClientError, TimeoutError, DownloadFailed, ModelLoadError) as exc:
+        log.info("DIAG: model origin not reachable, layers taken from peers stay unchecked %s",
+                 kv(model=manifest.sha256[:16], error=getattr(exc, "message", None) or describe_error(exc)))
+        return False
+    same = hashlib.sha256(data).hexdigest() == manifest.header_sha256 and size == manifest.size_bytes
+    if validator is None:  # (an origin that names no version: nothing to record)
+        return False
+    if not same:
+        log.warning("DIAG: model origin answers for another file, layers taken from peers stay unchecked %s",
+                    kv(model=manifest.sha256[:16], url=display_url(resolve_url(url))))
+        return False
+    manifest.validator = validator
+    await asyncio.get_running_loop().run_in_executor(None, store.save, manifest)
+    log.info("DIAG: model origin answered, its version recorded for the layers taken from peers %s",
+             kv(model=manifest.sha256[:16], url=display_url(resolve_url(url))))
+    return True
