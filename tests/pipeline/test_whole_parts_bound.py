@@ -97,3 +97,14 @@ async def test_a_whole_holder_refuses_reads_outside_its_bounds(whole):
         await read(tensor="blk.99.nothing", offset=0, n=1)
     reply = await read(tensor=t.name, offset=0, n=min(16, t.n_bytes))
     assert bytes(reply.payload) == _path.read_bytes()[entry.header.data_offset + t.offset:][:min(16, t.n_bytes)]
+
+
+async def test_a_split_models_part_is_not_handed_out(whole):
+    """Its id hashes part 1 only and its tensors lie in the other files: nothing is served from it."""
+    _path, entry = whole
+    entry.header.metadata["split.count"] = 3  # (as part 1 of a gguf-split set says)
+    server = PartServer(_Catalog(entry))
+    for h in ({"op": "hashes", "parts": ["layer-0000"]},
+              {"op": "read", "tensor": entry.header.tensors[0].name, "offset": 0, "n": 1}):
+        with pytest.raises(ModelNotFound):
+            await server.async_handle(_Link(), Frame(FrameType.MODEL_PART, {"sha256": entry.sha256, **h}))

@@ -420,8 +420,10 @@ class PartServer:
         if op not in ("hashes", "read"):
             raise InvalidRequest("MODEL_PART 'op' must be 'hashes' or 'read'")
         entry = self.catalog.by_sha(sha)
-        # a whole file here: its id hash is the sha256 the catalog computed over it
-        whole = entry is not None and entry.whole_ok and entry.sha256 == sha
+        # a whole file here: its id hash is the sha256 the catalog computed over it (a split model's
+        # hashes part 1 only, and its tensors lie in other files: not handed out)
+        whole = entry is not None and entry.whole_ok and entry.sha256 == sha and \
+            int(entry.header.get("split.count", 0) or 0) < 2
         if entry is None or (entry.partial is None and not whole):
             raise ModelNotFound(f"no partial model or file {sha[:16]} on this node")
         if op == "hashes":
