@@ -22,8 +22,6 @@ from node.contribute import Contributions
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, DataDirLock, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
 from node.errors import (
-    ModelNotFound,
-    ModelUnavailable,
     ShuttingDown,
 )
 from node.inference.adverts import hardware_advert, model_adverts
@@ -46,14 +44,15 @@ from node.inference.swarm_models import SwarmModels
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.metrics import NodeMetrics
+from node.model_actions import ModelActions
 from node.model_files import ModelFiles
 from node.models.catalog import ModelCatalog, ModelEntry
-from node.models.download import DownloadJob, ModelDownloader
+from node.models.download import ModelDownloader
 from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
 from node.status import node_ready, node_stats
-from node.stopping import async_bounded, async_drain, async_drain_others, end_runs
+from node.stopping import async_bounded, async_drain, async_drain_others
 from node.swarm_actions import SwarmActions
 from node.sysinfo import MachineInfo, collect, host_names, user_names
 from node.trace import RequestTrace, TraceHub
@@ -63,7 +62,7 @@ from node.watchdog import LoopWatchdog
 log = logging.getLogger(__name__)
 
 
-class Node(SwarmActions, UrlModels):
+class Node(SwarmActions, UrlModels, ModelActions):
     """A SwarmLLM node: API server, models, slices, peer network, pipeline, traces, diagnostics.
 
     Implements node.api.view.NodeView, the narrow view the HTTP handlers get."""
@@ -400,32 +399,6 @@ class Node(SwarmActions, UrlModels):
         """True once this node can serve (`status.node_ready`)."""
         return node_ready(self)
 
-    def list_openai_models(self) -> list[dict[str, Any]]:
-        """/v1/models entries: models served whole here, and models the swarm covers layer by layer."""
-        out = []
-        swarm = self.pipeline.swarm_models() if self.pipeline is not None else {}
-        for served in self.models.all():
-            if served.state == "failed" or (not served.whole and served.entry.sha256 not in swarm):
-                continue
-            out.append({
-                "id": served.id,
-                "object": "model",
-                "created": int(served.entry.path.stat().st_mtime) if served.entry.path.exists() else 0,
-                "owned_by": "swarmllm",
-                "name": served.entry.name,
-                "state": served.state,
-                "context_length": served.n_ctx,
-                "route": "local" if served.whole else "distributed",
-            })
-        return out
-
-    def openai_model(self, name: str) -> dict[str, Any]:
-        """One /v1/models entry by id or readable name; ModelNotFound otherwise."""
-        for model in self.list_openai_models():
-            if model["id"] == name or model.get("name") == name:
-                return model
-        raise ModelNotFound(f"The model `{name}` does not exist on this node", param="model")
-
     # --- what the admin API and the GUI act on ---
 
     async def async_report(self, *, full: bool = False, lead: Sequence[str] = ()) -> str:
@@ -444,51 +417,6 @@ class Node(SwarmActions, UrlModels):
             remote=self.remote_server, skipped_models=self.catalog.skipped_reasons(),
             ignored_models=self.catalog.ignored_reasons(),
             waiting_on=self.waiting_on())
-
-    def model_summaries(self) -> list[dict[str, Any]]:
-        """Every model this node serves: whole ones, then layer slices."""
-        return [m.summary() for m in self.models.whole_models()] + \
-            [s.summary() for s in self.slice_host.slices.values()]
-
-    async def async_load_model(self, model_id: str) -> dict[str, Any]:
-        """Load a model now (waits until loaded)."""
-        served = await self.models.async_load(model_id, after_unload=True)
-        self.note_activity(f"model {served.id} loaded on {served.device}")
-        if self.peers is not None:
-            await self.peers.async_announce()  # peers may run it here (remote generate)
-        return served.summary()
-
-    async def async_unload_model(self, model_id: str, *, force: bool = False) -> dict[str, Any]:
-        """Free a model's weights (Conflict while in use unless forced: then its requests, running
-        or queued, end with a 503 rather than a reply that looks finished, or after the queue)."""
-        held = self.models.get(model_id)
-        if force and held.whole:
-            end_runs(self._runs, ModelUnavailable(f"model {held.id} was unloaded: the reply was cut short"), held)
-            if self.remote_server is not None:  # and those it runs for other nodes, queued ones too
-                self.remote_server.end_model(held, f"model {held.id} was unloaded on {self.short_id}")
-        served = await self.models.async_unload(model_id, force=force)
-        self.note_activity(f"model {served.id} unloaded")
-        if self.peers is not None:
-            await self.peers.async_announce()
-        return served.summary()
-
-    def start_download(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
-        """Start (or join) a download into models/."""
-        job = self.downloads.start(url, sha256=sha256, file_name=file_name)
-        self.note_activity(f"downloading {job.file_name}")
-        return job
-
-    def download_jobs(self) -> list[DownloadJob]:
-        """Every download of this run, oldest first."""
-        return self.downloads.all()
-
-    def download_job(self, job_id: str) -> DownloadJob:
-        """One download (NotFound if unknown)."""
-        return self.downloads.get(job_id)
-
-    def cancel_download(self, job_id: str) -> DownloadJob:
-        """Stop a download and remove its partial file."""
-        return self.downloads.cancel(job_id)
 
     # --- the swarm (node.net does the work; the peer network must be running) ---
 
