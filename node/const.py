@@ -133,6 +133,11 @@ DOWNLOAD_RETRY_BASE_S = 1.0  # backoff: base * 2^(attempt-1), at most 30 s
 DOWNLOAD_RETRY_AFTER_MAX_S = 120.0  # a 429/503's Retry-After is honoured up to this long
 DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
 DOWNLOAD_LOG_S = 30.0  # a download's progress is logged (info) at most this often
+HF_LISTING_TIMEOUT_S = 30.0  # a Hub repo's file listing (hf://owner/repo:QUANT), each page, all in all
+HF_LISTING_ATTEMPTS = 3  # asks of the listing on a 429/5xx or a dropped connection
+HF_LISTING_RETRY_AFTER_MAX_S = 20.0  # the listing's Retry-After is honoured up to this long (a request waits)
+HF_LISTING_PAGES_MAX = 50  # pages of a repo's listing followed (the Hub's Link: rel="next")
+HF_LISTING_NAMES_SHOWN = 8  # files named in an error that lists what a repo has
 MODELS_WATCH_S = 5.0  # the models folder is looked at (stat only) this often while the node runs: a new
 # .gguf is taken once two looks find its size and mtime unchanged, a removed one's model leaves
 PARTIAL_HELD_PROBE_S = 10.0  # a partial model with layers here: its origin's probe at start waits at most this,

@@ -80,6 +80,15 @@ class ForbiddenHost(NodeError):
     code = "forbidden_host"
 
 
+class HubAccessDenied(NodeError):
+    """Hugging Face refused a repo's listing (401/403: gated or private) (403; never the node's own
+    401, which the CLI reads as a wrong API key)."""
+
+    http_status = 403
+    error_type = "permission_error"
+    code = "hub_access_denied"
+
+
 class NotFound(NodeError):
     """A route or resource that does not exist (404)."""
 

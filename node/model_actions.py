@@ -79,8 +79,15 @@ class ModelActions:
         return served.summary()
 
     def start_download(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
-        """Start (or join) a download into models/."""
+        """Start (or join) a download of a file's URL into models/."""
         job = self.downloads.start(url, sha256=sha256, file_name=file_name)
+        self.note_activity(f"downloading {job.file_name}")
+        return job
+
+    async def async_start_download(self, url: str, *, sha256: str | None = None,
+                                   file_name: str | None = None) -> DownloadJob:
+        """Start (or join) a download into models/; a Hugging Face repo[:QUANT] is looked up first."""
+        job = await self.downloads.async_start(url, sha256=sha256, file_name=file_name)
         self.note_activity(f"downloading {job.file_name}")
         return job
 

@@ -66,7 +66,8 @@ async def add(request: web.Request) -> web.Response:
 @routes.post("/api/admin/models/download")
 async def download(request: web.Request) -> web.Response:
     """Start downloading a GGUF into the data dir's models/ (202; poll /api/admin/downloads/{id}).
-    Body: {"url": "https://…/x.gguf" | "hf://owner/repo/x.gguf", "sha256"?: hex, "filename"?: name}."""
+    Body: {"url": "https://…/x.gguf" | "hf://owner/repo/x.gguf" | "hf://owner/repo[:QUANT]", "sha256"?: hex,
+    "filename"?: name}; a repo is looked up on the Hub first (400 naming its files if the quant is not one)."""
     body = await read_json(request)
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
@@ -79,7 +80,7 @@ async def download(request: web.Request) -> web.Response:
     unknown = sorted(set(body) - {"url", "sha256", "filename"})
     if unknown:
         raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
-    job = request.app[NODE].start_download(url, sha256=sha256, file_name=filename)
+    job = await request.app[NODE].async_start_download(url, sha256=sha256, file_name=filename)
     return web.json_response({"download": job.summary()}, status=202)
 
 

@@ -67,7 +67,10 @@ class NodeView(Protocol):
         """Serve the GGUF file at an absolute path for this run: (its summary, whether it is new)."""
 
     def start_download(self, url: str, *, sha256: str | None, file_name: str | None) -> DownloadJob:
-        """Start (or join) a download into the data dir's models/."""
+        """Start (or join) a download of a file's URL into the data dir's models/."""
+
+    async def async_start_download(self, url: str, *, sha256: str | None, file_name: str | None) -> DownloadJob:
+        """Start (or join) a download into models/; a Hugging Face repo[:QUANT] is looked up first."""
 
     def download_jobs(self) -> list[DownloadJob]:
         """Every download of this run, oldest first."""

@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("download", help="download a GGUF model into the node's models/ folder")
     add_node_options(p)
-    p.add_argument("url", help="https://…/model.gguf or hf://owner/repo/model.gguf[@revision]")
+    p.add_argument("url", help="https://…/model.gguf, hf://owner/repo/model.gguf[@revision] or "
+                   "hf://owner/repo[:QUANT] (default Q4_K_M, as llama.cpp's -hf)")
     p.add_argument("--sha256", default=None, help="expected sha256 of the file (checked before it is kept)")
     p.add_argument("--filename", default=None, help="file name in models/ (default: the URL's)")
     p.add_argument("--load", action="store_true", help="load the model once it is downloaded")

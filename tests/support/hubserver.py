@@ -4,7 +4,15 @@ quoted) / ETag / x-repo-commit; the CDN serves Range and If-Range, refuses an ex
 with 403, and misbehaves on request. Both record each request's headers. More files of the repo
 (a split model's parts) are served with `add_file` before `start`; `served` counts each file's
 body bytes sent. `presigned(path)` is an S3-style URL of one file on the CDN, its signature valid
-for that object only (another object's answers 403)."""
+for that object only (another object's answers 403).
+
+The repo's listing, as the Hub answers `GET /api/models/{owner}/{repo}/tree/{revision}?recursive=true`
+(huggingface_hub's list_repo_tree, llama.cpp's -hf): a JSON array of `{"type": "file", "oid",
+"size", "path", "lfs": {"oid": sha256, "size", "pointerSize"}}` and `{"type": "directory", …}`,
+paged with `Link: <…?cursor=…>; rel="next"` (`tree_page_size`); a repo it has no file of answers
+401 with `X-Error-Code: RepoNotFound` to a stranger and 404 to a token holder, a gated one (`token`)
+401/403 with `X-Error-Code: GatedRepo`, an unknown revision 404 `RevisionNotFound`. `api_requests`
+records each listing request's headers; `api_fail_with` answers (status, headers) first."""
 
 from __future__ import annotations
 
@@ -38,6 +46,9 @@ class HubServer:
         self.served: dict[str, int] = {}  # path → body bytes sent
         self.drop_path: str | None = None  # drop_after applies to this file only (None: any)
         self._sig_path: dict[str, str] = {}
+        self.api_requests: list[dict] = []
+        self.api_fail_with: list[tuple[int, dict[str, str]]] = []
+        self.tree_page_size: int | None = None  # None: one page
 
     def add_file(self, path: str, data: bytes) -> None:
         self.files[path] = data
@@ -59,6 +70,7 @@ class HubServer:
         for path in self.files:
             hub.router.add_route("*", path, self.resolve)
         hub.router.add_get("/cdn/{sig}", self.serve)  # a relative Location lands here
+        hub.router.add_get("/api/models/{owner}/{repo}/tree/{revision}", self.tree)
         cdn.router.add_get("/cdn/{sig}", self.serve)
         for path in self.files:
             cdn.router.add_get("/bucket" + path, self.serve_presigned)
@@ -80,6 +92,46 @@ class HubServer:
             return web.Response(status=403, text="SignatureDoesNotMatch")
         self.served[path] = self.served.get(path, 0) + (len(self.files[path]) if request.method == "GET" else 0)
         return web.Response(body=self.files[path], headers={"ETag": self.cdn_etag})
+
+    async def tree(self, request: web.Request) -> web.Response:
+        """The repo's files at a revision, as the Hub lists them (directories included, paged)."""
+        self.api_requests.append(dict(request.headers))
+        if self.api_fail_with:
+            status, headers = self.api_fail_with.pop(0)
+            return web.Response(status=status, headers=headers, text="busy")
+        m = request.match_info
+        repo = f"/{m['owner']}/{m['repo']}/resolve/"
+        prefix = f"{repo}{m['revision']}/"
+        auth = request.headers.get("Authorization")
+        if not any(p.startswith(repo) for p in self.files):
+            return web.json_response({"error": "Repository not found"}, status=404 if auth else 401,
+                                     headers={"X-Error-Code": "RepoNotFound"})
+        if self.token is not None and auth != f"Bearer {self.token}":
+            return web.json_response({"error": "Access to this repo is restricted"}, status=403 if auth else 401,
+                                     headers={"X-Error-Code": "GatedRepo"})
+        if not any(p.startswith(prefix) for p in self.files):
+            return web.json_response({"error": "Invalid rev id"}, status=404,
+                                     headers={"X-Error-Code": "RevisionNotFound"})
+        entries, dirs = [], set()
+        for path, data in sorted(self.files.items()):
+            if not path.startswith(prefix):
+                continue
+            rel = path[len(prefix):]
+            for i in range(1, rel.count("/") + 1):
+                d = "/".join(rel.split("/")[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    entries.append({"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(),
+                                    "size": 0, "path": d})
+            sha = hashlib.sha256(data).hexdigest()
+            entries.append({"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data),
+                            "path": rel, "lfs": {"oid": sha, "size": len(data), "pointerSize": 134}})
+        start = int(request.query.get("cursor", "0"))
+        stop = len(entries) if self.tree_page_size is None else start + self.tree_page_size
+        headers = {}
+        if stop < len(entries):
+            headers["Link"] = f'<{self.hub}{request.path}?recursive=true&cursor={stop}>; rel="next"'
+        return web.json_response(entries[start:stop], headers=headers)
 
     async def stop(self) -> None:
         for runner in self.runners:

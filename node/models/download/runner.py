@@ -34,6 +34,7 @@ from node.models.file_kinds import split_part
 from node.observe import Observers
 
 from .fetch import Retryable, async_fetch, retry_delay
+from .hfrepo import RepoSpec, async_find_file, read_spec
 from .job import DownloadJob
 from .partfile import discard_part, land, size_and_sha256, size_or_zero
 from .sets import alone_note, async_plan, set_parts
@@ -73,9 +74,22 @@ class ModelDownloader:
         """Call observer(job) on every state change and progress step; returns an unsubscribe."""
         return self._observers.subscribe(observer)
 
+    async def async_start(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
+        """start(), after a Hugging Face repo (`hf://owner/repo[:QUANT]`, `hf.co/…`, a repo's page) is
+        looked up on the Hub for its model file (hfrepo.py)."""
+        target = read_spec(url)
+        if isinstance(target, RepoSpec):
+            target = await async_find_file(target)
+        return self.start(target, sha256=sha256, file_name=file_name)
+
     def start(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
-        """Start a download (loop); the same file already downloading is that job, not a second."""
-        resolved = resolve_url(url)
+        """Start a download of a file's URL (loop); the same file already downloading is that job, not
+        a second. A repo (no file named) needs the Hub: async_start."""
+        target = read_spec(url)
+        if isinstance(target, RepoSpec):
+            raise InvalidRequest(f"{target.label} names a repo, not a file: it is looked up on the Hub by "
+                                 "async_start", param="url")
+        resolved = resolve_url(target)
         plan = set_parts(resolved, file_name_for(resolved, file_name), file_name)
         parts = plan.parts
         name = parts[0][1]  # a split set's: its part 1's
