@@ -24,6 +24,7 @@ from app.ui.models_model import ModelsModel, is_slice
 from app.ui.table_model import ROW_KEY_ROLE
 from app.ui.widgets import FirstRunBanner, table_view
 from node.errors import NodeError
+from node.models.download.hfrepo import RepoSpec, read_spec
 from node.models.file_kinds import split_part
 
 
@@ -143,19 +144,30 @@ class ModelsTab(QWidget):
         dialog = QInputDialog(self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.setWindowTitle("Download a model")
-        dialog.setLabelText("GGUF URL (https://… or hf://owner/repo/file.gguf):")
+        dialog.setLabelText("GGUF URL (https://…, hf://owner/repo/file.gguf, or hf://owner/repo:Q4_K_M):")
         dialog.setTextEchoMode(QLineEdit.EchoMode.Normal)
         dialog.resize(560, dialog.height())
         dialog.textValueSelected.connect(lambda url: self.download_url(url.strip()) if url.strip() else None)
         dialog.open()
 
     def download_url(self, url: str) -> None:
-        """Start downloading into the models folder; progress shows in the status line."""
+        """Start downloading into the models folder; progress shows in the status line. A Hugging
+        Face repo[:QUANT] is looked up on the Hub first (off the loop's critical path)."""
         try:
-            job = self.host.node.downloads.start(url)
+            target = read_spec(url)
+            if isinstance(target, RepoSpec):
+                self._report(f"looking up {target.label} on Hugging Face…")
+
+                async def run() -> None:
+                    self._downloading(await self.host.node.downloads.async_start(url))
+
+                spawn(run(), what=f"downloading {target.label}", on_error=self._report)
+                return
+            self._downloading(self.host.node.downloads.start(target))
         except NodeError as exc:
             self._report(exc.message)
-            return
+
+    def _downloading(self, job) -> None:
         self._download_file = job.file_name
         self._report(f"downloading {job.file_name}…")
 
