@@ -6,12 +6,14 @@ slice host's fetch events. Fed by node events (the downloader's observer, slice 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from app.tasks import spawn
 from app.ui import fmt
 from node.errors import NodeError
+from node.models.file_kinds import split_part
 
 
 def eta_text(done: int, total: int | None, bytes_per_s: float | None) -> str:
@@ -122,6 +124,9 @@ class DownloadsPanel(QWidget):
             size = fmt.size(job.total_bytes or job.done_bytes)
             if job.model_id is None and job.note:  # one part of a split set, fetched alone: what is missing
                 row.detail.setText(f"done · {size} · {job.note}")
+            elif split_part(Path(job.file_name)):  # served here only, loaded or not (found in review)
+                row.detail.setText(f"done · {size} · model {job.model_id} · split in parts: served on this "
+                                   "device only")
             else:  # peers see loaded models only: say so, the user expected the swarm to see it now
                 row.detail.setText(f"done · {size} · model {job.model_id} · Load it (Models tab) to share it "
                                    "with your swarm")

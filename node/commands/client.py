@@ -148,6 +148,17 @@ def _part_of(job: dict) -> str:
 # loaded models: a user who downloaded one on a second laptop saw nothing on the first
 NOT_SHARED_YET = ("not loaded yet: it loads on its first request here, and your swarm's other devices "
                   "see it once it is loaded (run the download with --load, or Load in the Models tab)")
+# a model split in parts is served on this node only, loaded or not (node.inference.adverts)
+SPLIT_NOT_SHARED = "a model split in parts is served on this device only: the swarm's other devices do not see it"
+
+
+def sharing_text(file_name: str) -> str:
+    """What a finished download means for the swarm (found in review: a split set was told Load shares it)."""
+    from pathlib import Path
+
+    from node.models.file_kinds import split_part
+
+    return SPLIT_NOT_SHARED if split_part(Path(file_name)) else NOT_SHARED_YET
 
 
 def _done_text(job: dict) -> str:
@@ -192,8 +203,10 @@ def download(args: argparse.Namespace) -> int:
     if args.load and job.get("model_id"):
         client.request("POST", f"/api/admin/models/{job['model_id']}/load")
         print(f"loaded {job['model_id']}")
+        if sharing_text(job["file"]) == SPLIT_NOT_SHARED:
+            print(SPLIT_NOT_SHARED)
     elif job.get("model_id"):
-        print(NOT_SHARED_YET)
+        print(sharing_text(job["file"]))
     return 0
 
 

@@ -118,6 +118,9 @@ class PeerManager:
             why = exc.strerror or exc if exc.errno not in (errno.EACCES, errno.EPERM) else \
                 "permission denied: " + ("ports below 1024 need administrator rights" if port < 1024 else
                                          "the system reserves or forbids this port")
+            if isinstance(exc, socket.gaierror):  # a peer_host name that does not resolve
+                what = "peer_host set to an IP address, or 0.0.0.0"
+                why = f"this machine cannot find the address {self.config.peer_host}: {exc.strerror or exc}"
             raise NodeError(f"cannot listen for peers on {self.config.peer_host}:{self.config.effective_peer_port}"
                             f" ({why}); choose another with {what}", code="peer_port_unavailable") from exc
         self.listen_port = self._server.sockets[0].getsockname()[1]

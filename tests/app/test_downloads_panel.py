@@ -32,3 +32,15 @@ def test_a_split_part_fetched_alone_says_what_is_still_missing(qtbot):
     panel.on_download(_done(note=note))
     text = panel.rows["file:m.gguf"].detail.text()
     assert note in text and "None" not in text, text
+
+
+def test_a_finished_split_set_says_it_is_served_on_this_device_only(qtbot):
+    """A split model is never advertised to peers, loaded or not: telling its user that Load shares
+    it was untrue (found in review)."""
+    panel = DownloadsPanel(node=None)
+    qtbot.addWidget(panel)
+    job = _done(model_id="big-1a2b3c4d")
+    job.file_name = "big-00001-of-00003.gguf"
+    panel.on_download(job)
+    text = panel.rows["file:big-00001-of-00003.gguf"].detail.text()
+    assert "this device only" in text and "share it with your swarm" not in text, text

@@ -75,3 +75,9 @@ def test_a_finished_download_says_peers_see_it_once_it_is_loaded(tmp_path):
             node.terminate()
     assert done.returncode == 0, done.stderr[-2000:]
     assert "downloaded m.gguf" in done.stdout and NOT_SHARED_YET in done.stdout, done.stdout
+
+
+def test_a_split_set_is_not_promised_to_the_swarm():
+    from node.commands.client import NOT_SHARED_YET, SPLIT_NOT_SHARED, sharing_text
+    assert sharing_text("big-00001-of-00003.gguf") == SPLIT_NOT_SHARED
+    assert sharing_text("m.gguf") == NOT_SHARED_YET

@@ -19,6 +19,10 @@ from contextlib import contextmanager
 import pytest
 
 from node import const
+from node.errors import Conflict, NodeError
+from node.models.download import ModelDownloader
+from node.node import Node
+from tests.support.nodes import node_config
 from tests.support.ports import free_port, port_is_free
 from tests.support.processes import REPO, hermetic_env
 
@@ -102,3 +106,31 @@ def test_listen_errors_name_their_real_cause():
     assert "1024" not in reserved and "reserves or forbids" in reserved and "e.g. the default 8800" not in reserved
     low = listen_error_text("127.0.0.1", 80, PermissionError(errno.EACCES, "Permission denied"))
     assert "below 1024" in low and "8800" in low
+
+
+@pytest.mark.asyncio
+async def test_a_peer_host_name_that_does_not_resolve_says_so(tmp_path):
+    """config.toml's peer_host a name this machine cannot find: it was told to choose another port
+    (found in review)."""
+    node = Node(node_config(tmp_path / "data", peer_host="no-such-host.invalid"))
+    try:
+        with pytest.raises(NodeError) as caught:
+            await node.start()
+    finally:
+        await node.stop()
+    assert "cannot find the address no-such-host.invalid" in caught.value.message, caught.value.message
+    assert "choose another with -p" not in caught.value.message
+
+
+@pytest.mark.asyncio
+async def test_a_set_and_one_of_its_parts_are_not_fetched_twice_into_one_part_file(tmp_path):
+    """A whole-set download and a presigned download of one of its parts wrote the same .part (found in
+    review): the second is a Conflict naming the part."""
+    downloads = ModelDownloader(tmp_path / "models", on_file=None)
+    whole = downloads.start("http://127.0.0.1:9/org/big-00001-of-00003.gguf")
+    try:
+        with pytest.raises(Conflict, match="big-00002-of-00003.gguf"):
+            downloads.start("http://127.0.0.1:9/bucket/big-00002-of-00003.gguf?X-Amz-Signature=abc")
+    finally:
+        downloads.cancel(whole.id)
+        await downloads.async_close()

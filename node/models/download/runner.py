@@ -10,7 +10,7 @@ Writes, hashing and renames run in an executor (the loop never blocks); progress
 observers at most DOWNLOAD_PROGRESS_S apart. URLs are logged without their query string (signed
 URLs carry credentials there). Any part of a split model (`big-00002-of-00003.gguf`) downloads the
 whole set, part after part, each resumed and checked as one file; the parts land in `models/`
-together once every one is checked (sets.py).
+together once every one is checked (sets.py); a part's per-object signed URL fetches that part alone.
 """
 
 from __future__ import annotations
@@ -100,6 +100,10 @@ class ModelDownloader:
                 if job.parts[0][0] != parts[0][0]:
                     raise Conflict(f"{name} is already being downloaded from another URL")
                 return job
+        for job in self.jobs.values():  # a part of a set fetched alone and the whole set: the same .part
+            shared = {n.lower() for _u, n in job.parts} & {n.lower() for _u, n in parts} if job.active else set()
+            if shared:
+                raise Conflict(f"{min(shared)} is already being downloaded (as part of {job.file_name})")
         for _url, part_name in parts:
             if (self.models_dir / part_name).exists():
                 raise Conflict(f"models/{part_name} already exists; remove it first or choose another filename")
