@@ -31,7 +31,7 @@ from node.inference.manager import ModelManager
 from node.inference.pipeline import fixed
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
-from node.inference.pipeline.coverage import swarm_coverage
+from node.inference.pipeline.coverage import paused_holders, swarm_coverage
 from node.inference.pipeline.embed_remote import RemoteEmbedder
 from node.inference.pipeline.embed_serve import RemoteEmbedServer
 from node.inference.pipeline.host import SliceHost, parse_layers
@@ -124,9 +124,15 @@ class Node(SwarmActions, UrlModels, ModelActions):
         return [(s.node_id, s.start, s.end) for s in cov.spans if s.node_id != self.node_id] if cov else []
 
     def _whole_holders(self, sha256: str) -> list[str]:
-        """The connected peers advertising a model's whole file: node ids."""
-        cov = swarm_coverage(self.node_id, [], self.peers.peers() if self.peers else []).get(sha256)
-        return [n for n in cov.whole if n != self.node_id] if cov else []
+        """The connected peers advertising a model's whole file, not paused (they refuse): node ids."""
+        peers = self.peers.peers() if self.peers else []
+        cov = swarm_coverage(self.node_id, [], peers).get(sha256)
+        paused = paused_holders(peers, sha256)
+        return [n for n in cov.whole if n != self.node_id and n not in paused] if cov else []
+
+    def _runs_whole(self, sha256: str) -> bool:
+        """Whether this node runs a model whole (loaded): the files its PartServer hands out."""
+        return any(m.entry.sha256 == sha256 and m.state == "loaded" for m in self.models.whole_models())
 
     # --- identity ---
 
@@ -300,7 +306,8 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self.slice_host.on_sweep = self.worker.forget_expired
         self.pipeline.register()
         self.peers.register_handler(FrameType.MODEL_HEADER, HeaderServer(self.catalog).async_handle)
-        self.peers.register_handler(FrameType.MODEL_PART, PartServer(self.catalog).async_handle)
+        self.peers.register_handler(FrameType.MODEL_PART, PartServer(
+            self.catalog, contributing=self._contributing, runs_whole=self._runs_whole).async_handle)
         self.partials.attach(self.peers, self._slice_holders, self._whole_holders)
         self.swarm_models = SwarmModels(self.catalog, self.models, self.peers,
                                         HeaderCache(self.data_dir / HEADERS_DIR))

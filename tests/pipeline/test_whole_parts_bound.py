@@ -6,18 +6,22 @@ requests go to that server."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+from types import SimpleNamespace
 
 import pytest
 
 from node import const
-from node.errors import InvalidRequest, ModelNotFound
+from node.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from node.inference.pipeline import wholeparts
 from node.inference.pipeline.partials import PartialModels, PartServer
 from node.inference.synth import write_gguf
 from node.models.catalog import HashCache, scan_entry
 from node.models.partial.fromheader import create_from_header
 from node.net import Frame, FrameType
+from node.node import Node
 from tests.pipeline.test_autoserve import AUTO8
 
 
@@ -108,3 +112,77 @@ async def test_a_split_models_part_is_not_handed_out(whole):
               {"op": "read", "tensor": entry.header.tensors[0].name, "offset": 0, "n": 1}):
         with pytest.raises(ModelNotFound):
             await server.async_handle(_Link(), Frame(FrameType.MODEL_PART, {"sha256": entry.sha256, **h}))
+
+
+async def test_each_hashes_request_hashes_at_most_the_bound_and_a_cached_answer_waits_for_no_hashing(
+        tmp_path, whole, monkeypatch):
+    """Bytes hashed per request (not per tensor) stay within PARTIAL_WHOLE_HASH_BYTES (plus one part
+    larger than it alone); once every tensor asked is hashed, the answer does not wait on another
+    request's hashing (the node-wide lock)."""
+    path, entry = whole
+    layer = sum(t.n_bytes for t in entry.header.tensors if t.name.startswith("blk.0."))
+    monkeypatch.setattr(const, "PARTIAL_WHOLE_HASH_BYTES", layer)
+    server = PartServer(_Catalog(entry))
+    per_request, real = [], wholeparts._hash_tensor
+    monkeypatch.setattr(wholeparts, "_hash_tensor", lambda p, at, n: per_request.__setitem__(-1, per_request[-1] + n)
+                        or real(p, at, n))
+    manifest = create_from_header_manifest(tmp_path, path, entry)
+    parts = sorted({t.part for t in manifest.tensors.values()})
+    answered: set[str] = set()
+    while set(parts) - answered:
+        per_request.append(0)
+        reply = await server.async_handle(_Link(), Frame(FrameType.MODEL_PART, {
+            "sha256": entry.sha256, "op": "hashes", "parts": sorted(set(parts) - answered)}))
+        names = set(json.loads(bytes(reply.payload))["tensors"])
+        answered |= {t.part for t in manifest.tensors.values() if t.name in names}
+        biggest = max(sum(t.n_bytes for t in entry.header.tensors if wholeparts.part_of(t.name) == p) for p in parts)
+        assert 0 < per_request[-1] <= max(layer, biggest), per_request
+    async with server.whole._hashing:  # another request hashing: a fully cached one still answers
+        reply = await asyncio.wait_for(server.async_handle(_Link(), Frame(FrameType.MODEL_PART, {
+            "sha256": entry.sha256, "op": "hashes", "parts": parts})), 10)
+    assert len(json.loads(bytes(reply.payload))["tensors"]) == len(entry.header.tensors)
+
+
+async def test_a_whole_file_gone_while_listed_is_model_not_found(whole):
+    path, entry = whole
+    server = PartServer(_Catalog(entry))
+    path.unlink()  # deleted or moved by its owner; still in the catalog until the next scan
+    with pytest.raises(ModelNotFound):
+        await server.async_handle(_Link(), Frame(FrameType.MODEL_PART, {
+            "sha256": entry.sha256, "op": "hashes", "parts": ["layer-0000"]}))
+
+
+async def test_a_paused_node_or_one_not_running_the_model_hands_out_no_whole_file(whole):
+    """Contributing off ("Pause contributing"): its whole files are refused `not_contributing`; a
+    file it does not run (not loaded, so not advertised) is not handed out."""
+    _path, entry = whole
+    asks = ({"op": "hashes", "parts": ["layer-0000"]},
+            {"op": "read", "tensor": entry.header.tensors[0].name, "offset": 0, "n": 1})
+    paused = PartServer(_Catalog(entry), contributing=lambda: False)
+    for h in asks:
+        with pytest.raises(ModelUnavailable) as err:
+            await paused.async_handle(_Link(), Frame(FrameType.MODEL_PART, {"sha256": entry.sha256, **h}))
+        assert err.value.code == "not_contributing"
+    not_run = PartServer(_Catalog(entry), runs_whole=lambda _sha: False)
+    for h in asks:
+        with pytest.raises(ModelNotFound):
+            await not_run.async_handle(_Link(), Frame(FrameType.MODEL_PART, {"sha256": entry.sha256, **h}))
+
+
+def test_a_paused_peer_is_not_counted_as_a_whole_holder(whole):
+    """Its advert says `paused` (it refuses): the fetching node does not ask it."""
+    _path, entry = whole
+    advert = {"sha256": entry.sha256, "name": "auto8", "n_layers": AUTO8.n_layers, "whole": True}
+    peers = [SimpleNamespace(node_id="a" * 64, state="connected", models=({**advert, "paused": True},)),
+             SimpleNamespace(node_id="c" * 64, state="connected", models=(advert,))]
+    me = SimpleNamespace(node_id="b" * 64, peers=SimpleNamespace(peers=lambda: peers))
+    assert Node._whole_holders(me, entry.sha256) == ["c" * 64]
+
+
+def create_from_header_manifest(tmp_path, path, entry):
+    """The manifest a newcomer makes from this file's header (its parts and tensors)."""
+    header = path.read_bytes()[:entry.header.data_offset]
+    directory = create_from_header(tmp_path / "m.partial", header, entry.header, sha256=entry.sha256,
+                                   header_sha256=hashlib.sha256(header).hexdigest(),
+                                   size_bytes=entry.size_bytes, origin_url=None)
+    return scan_entry(directory, "data_dir", HashCache(None)).partial

@@ -16,6 +16,8 @@ class ThreadedOrigin:
     def __init__(self, data: bytes, name: str = "m.gguf"):
         self.data, self.name, self.etag = data, name, '"v1"'
         self.sent = 0
+        self.requests = 0  # every request received (answered or not)
+        self.linked_etag: str | None = None  # sent as X-Linked-Etag (the whole file's sha256, as the Hub states it)
         self.ignore_range = False
         self.drop_after: int | None = None  # close the connection after this many body bytes (once)
         self.drop_cut: int | None = None  # the drop_after last used
@@ -39,6 +41,8 @@ class ThreadedOrigin:
                 pass
 
             def do_GET(self):  # noqa: N802 - http.server's name
+                with origin._lock:
+                    origin.requests += 1
                 if origin.hold_answers:
                     origin.release.wait(120)  # a hung origin (a proxy holding the request) until let go
                 if origin.unavailable:
@@ -77,6 +81,8 @@ class ThreadedOrigin:
                 self.send_response(status)
                 if etag is not None:  # None: an origin that names no version
                     self.send_header("ETag", etag)
+                if origin.linked_etag is not None:
+                    self.send_header("X-Linked-Etag", f'"{origin.linked_etag}"')
                 self.send_header("Content-Length", str(last - first + 1))
                 if status == 206:
                     self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")

@@ -107,6 +107,13 @@ def swarm_coverage(node_id: str, own_adverts: Iterable[Mapping[str, Any]],
     return out
 
 
+def paused_holders(peers: Iterable[Any], sha256: str) -> set[str]:
+    """The connected peers whose advert of this model says `paused` (contributing off: they refuse
+    GENERATE and MODEL_PART for its whole file), though swarm_coverage counts them in `whole`."""
+    return {p.node_id for p in peers if p.state == "connected" for m in p.models
+            if isinstance(m, Mapping) and m.get("sha256") == sha256 and m.get("paused") is True}
+
+
 def coverage_text(n_layers: int, spans: Sequence[lc.Span]) -> str:
     """Holders per layer, run-length: `2x4,1x4` = four layers with two holders, then four with one."""
     counts = [int(c) for c in lc.layer_counts(n_layers, spans)]

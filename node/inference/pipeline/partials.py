@@ -10,7 +10,9 @@ Where the missing tensors come from: first the peers whose advertised slices of 
 them (most layers first), each checked as node/models/partial/peers.py says (their hashes, one
 range against the origin); a peer caught altering bytes is not asked again for that model. What
 no peer gave comes from the origin. Parts kept unchecked (taken from a peer while the origin was
-unreachable) are checked first whenever a fetch runs.
+unreachable) are checked first whenever a fetch runs. Once the origin failed in a fetch (not read,
+busy, another version), that fetch's later peer rounds take parts unchecked rather than wait for it
+again under the lock; the next fetch checks them.
 
 PartServer answers peers' MODEL_PART requests (frame 25) from this node's partial models:
 `{sha256, op: "hashes", parts}` → payload JSON `{"tensors": {name: sha256}}` for the tensors of
@@ -31,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from node import const
-from node.errors import DownloadFailed, InvalidRequest, ModelNotFound, NodeError, Overloaded, PeerError
+from node.errors import (
+    DownloadFailed,
+    InvalidRequest,
+    ModelNotFound,
+    ModelUnavailable,
+    NodeError,
+    Overloaded,
+    PeerError,
+)
 from node.inference.pipeline.wholeparts import WholeFileParts
 from node.inference.weights.cache import WeightCache
 from node.logs import MESSAGE, kv, progress_extra
@@ -252,20 +262,25 @@ class PartialModels:
 
         async with self._lock:
             store, url = PartialStore(entry.path), self._urls.get(entry.path) or manifest.origin_url
+            # the URL the peers' parts are checked against: None once the origin failed in this fetch
+            # (unreachable, busy, another version): each check would wait for it again, under the lock
+            check = [url]
             if url and manifest.validator is None and (manifest.unchecked or not manifest.covers(parts)):
-                await async_adopt_origin(store, manifest, url)  # (opened from the swarm's header: fromheader.py)
-            if manifest.unchecked:
+                # (opened from the swarm's header: fromheader.py)
+                if await async_adopt_origin(store, manifest, url) is None:
+                    check[0] = None
+            if manifest.unchecked and check[0]:
                 try:
                     dropped = await async_spot_check_held(store, manifest, url)
                 except SpotCheckFailed as exc:
-                    dropped = []
+                    dropped, check[0] = [], None
                     log.info("DIAG: unchecked partial model parts still unchecked %s",
                              kv(model=entry.id, parts=len(manifest.unchecked), reason=str(exc)))
                 if dropped:  # altered bytes were in use: their conversions and the slices on them go
                     await self._async_forget_conversions(entry)
                     self.on_dropped(entry, dropped)
             wanted[:] = [p for p in parts if p not in manifest.complete]
-            await self._async_from_peers(entry, store, parts, start, end, url, label, phase)
+            await self._async_from_peers(entry, store, parts, start, end, check, label, phase)
             if not url:  # opened from the swarm's header with no origin named: peers are the only source
                 if not manifest.covers(parts):
                     raise DownloadFailed(f"layers {label} of {entry.id}: no peer gave them and no origin is "
@@ -291,7 +306,7 @@ class PartialModels:
             await asyncio.get_running_loop().run_in_executor(None, self.weight_cache.forget, entry.sha256)
 
     async def _async_from_peers(self, entry: ModelEntry, store: PartialStore, parts: list[str], start: int,
-                                end: int, url: str, label: str, phase: Callable[[], Callable[[int, int], None]]) -> None:
+                                end: int, check: list[str | None], label: str, phase: Callable[[], Callable[[int, int], None]]) -> None:
         """What peers holding these layers can give, most overlap first (see the module doc)."""
         manifest = entry.partial
         assert manifest is not None
@@ -307,12 +322,13 @@ class PartialModels:
         asked += [(node, "whole") for node in dict.fromkeys(self.whole_holders(entry.sha256))
                   if (entry.sha256, node) not in self._distrusted and all(node != n for n, _ in asked)]
         for node, kind in asked:
-            await self._async_from_peer(entry, store, parts, node, kind, url, label, phase)
+            await self._async_from_peer(entry, store, parts, node, kind, check, label, phase)
 
     async def _async_from_peer(self, entry: ModelEntry, store: PartialStore, parts: list[str], node: str, kind: str,
-                               url: str, label: str, phase: Callable[[], Callable[[int, int], None]]) -> None:
+                               check: list[str | None], label: str, phase: Callable[[], Callable[[int, int], None]]) -> None:
         """What one peer gives of the parts still missing: asked again while each answer brings parts
-        (a whole holder names the hashes of at most PARTIAL_WHOLE_HASH_BYTES of tensors at a time)."""
+        (a whole holder names the hashes of at most PARTIAL_WHOLE_HASH_BYTES of tensors at a time).
+        `check[0]`: the origin to check them against, set to None here when it could not check them."""
         manifest = entry.partial
         assert manifest is not None
         source, refused = PeerPartSource(self.peers, node), set()
@@ -321,12 +337,14 @@ class PartialModels:
                                                               parts=len(missing)))
             self.note(f"fetching layers {label} of {entry.id} from peer {source.label}")
             try:
-                got = await async_fetch_parts_from(store, manifest, missing, source, origin_url=url,
+                got = await async_fetch_parts_from(store, manifest, missing, source, origin_url=check[0],
                                                    progress=phase())
             except NodeError as exc:  # it went, or holds none of these: the next one, then the origin
                 log.info("DIAG: layer fetch from peer failed %s", kv(peer_id=source.label, model=entry.id,
                                                                      holds=kind, error=exc.message))
                 return
+            if got.parts and not got.spot_checked:  # the origin could not check them: not asked again
+                check[0] = None
             if got.lied:
                 self._distrusted.add((entry.sha256, node))
             if got.parts:
@@ -392,8 +410,12 @@ def _is_int(v: object) -> bool:
 class PartServer:
     """Answers MODEL_PART requests from this node's partial models (see the module doc)."""
 
-    def __init__(self, catalog: ModelCatalog):
+    def __init__(self, catalog: ModelCatalog, *, contributing: Callable[[], bool] = lambda: True,
+                 runs_whole: Callable[[str], bool] = lambda _sha: True):
         self.catalog = catalog
+        # whole files are handed out only while contributing, and only those this node runs (loaded:
+        # the ones it advertises), as its adverts say; a paused node's are refused `not_contributing`
+        self.contributing, self.runs_whole = contributing, runs_whole
         self._serving: dict[int, int] = {}  # id(link) -> requests being served for it
         self.whole = WholeFileParts()  # the same requests, answered from whole files
 
@@ -424,8 +446,10 @@ class PartServer:
         # hashes part 1 only, and its tensors lie in other files: not handed out)
         whole = entry is not None and entry.whole_ok and entry.sha256 == sha and \
             int(entry.header.get("split.count", 0) or 0) < 2
-        if entry is None or (entry.partial is None and not whole):
-            raise ModelNotFound(f"no partial model or file {sha[:16]} on this node")
+        if entry is None or (entry.partial is None and not (whole and self.runs_whole(sha))):
+            raise ModelNotFound(f"no partial model or file {sha[:16]} served on this node")
+        if whole and not self.contributing():
+            raise ModelUnavailable("this node has paused contributing to the swarm", code="not_contributing")
         if op == "hashes":
             parts = h.get("parts")
             if not isinstance(parts, list) or len(parts) > 4 * 4096 or \

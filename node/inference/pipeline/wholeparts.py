@@ -4,8 +4,9 @@ A node holding a model's whole GGUF (catalog entry with a file, not partial, its
 the catalog computed over the file) hands out any tensor of it as a partial holder does its parts:
 `hashes` names the sha256 of each tensor of the parts asked, hashed here off the loop from the file
 and cached (per model, while the file's size and mtime stay); one request hashes at most
-`PARTIAL_WHOLE_HASH_BYTES` of tensors not hashed yet, one request at a time for the whole node: the
-parts not reached are left out of the answer, and the asker asks again. `read` returns the bytes of
+`PARTIAL_WHOLE_HASH_BYTES` of tensors not hashed yet, one hashing request at a time for the whole
+node (one whose tensors are all hashed already answers at once): the parts not reached are left out
+of the answer, and the asker asks again. The file gone meanwhile is `ModelNotFound`. `read` returns the bytes of
 a tensor from the file. The per-link bounds are PartServer's (it calls this).
 """
 
@@ -58,24 +59,52 @@ class WholeFileParts:
     def __init__(self) -> None:
         # model sha256 -> ((size, mtime_ns) of the file when hashed, tensor name -> sha256)
         self._hashes: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
+        self._by_name: dict[str, dict[str, TensorInfo]] = {}  # model sha256 -> its tensors by name (reads)
         self._hashing = asyncio.Lock()  # one hashing request at a time for the whole node
 
-    @staticmethod
-    def _tensors(entry: ModelEntry) -> dict[str, TensorInfo]:
-        return {t.name: t for t in entry.header.tensors}
+    def _tensors(self, entry: ModelEntry) -> dict[str, TensorInfo]:
+        """Its tensors by name, made once per model (its sha256 fixes its header), not per 1 MiB read."""
+        by_name = self._by_name.get(entry.sha256)
+        if by_name is None:
+            by_name = self._by_name[entry.sha256] = {t.name: t for t in entry.header.tensors}
+        return by_name
+
+    async def _async_stat(self, entry: ModelEntry) -> tuple[int, int]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, _stat_key, entry.path)
+        except OSError as exc:  # deleted or moved while listed
+            raise ModelNotFound(f"{entry.id}'s file is not here any more") from exc
 
     async def async_hashes(self, link: Any, frame: Frame, entry: ModelEntry, parts: list[str]) -> Frame:
         loop = asyncio.get_running_loop()
         wanted = set(parts)
         todo = [t for t in entry.header.tensors if part_of(t.name) in wanted]
-        async with self._hashing:
-            key = await loop.run_in_executor(None, _stat_key, entry.path)
-            cached = self._hashes.get(entry.sha256)
-            known = cached[1] if cached is not None and cached[0] == key else {}
-            budget, hashed, reached = const.PARTIAL_WHOLE_HASH_BYTES, 0, set()
-            by_part: dict[str, list[TensorInfo]] = {}
-            for t in todo:
-                by_part.setdefault(part_of(t.name), []).append(t)
+        cached = self._hashes.get(entry.sha256)
+        hashed, reached = 0, wanted
+        if cached is None or cached[0] != await self._async_stat(entry) or \
+                any(t.name not in cached[1] for t in todo):  # (all hashed already: no wait on others' hashing)
+            async with self._hashing:
+                known, hashed, reached = await self._async_hash(entry, todo)
+        else:
+            known = cached[1]
+        tensors = {t.name: known[t.name] for t in todo if part_of(t.name) in reached}
+        log.debug("DIAG: whole model tensor hashes served %s", kv(
+            peer_id=getattr(link, "short_id", "?"), model=entry.id, parts=len(reached), asked=len(wanted),
+            hashed_mb=round(hashed / 1e6, 1)))
+        payload = await loop.run_in_executor(None, lambda: json.dumps({"tensors": tensors}).encode())
+        return frame.reply(FrameType.MODEL_PART, {"sha256": entry.sha256}, payload)
+
+    async def _async_hash(self, entry: ModelEntry, todo: list[TensorInfo]) -> tuple[dict[str, str], int, set[str]]:
+        """(tensor hashes known, bytes hashed now, the parts reached) within PARTIAL_WHOLE_HASH_BYTES."""
+        loop = asyncio.get_running_loop()
+        key = await self._async_stat(entry)
+        cached = self._hashes.get(entry.sha256)
+        known = cached[1] if cached is not None and cached[0] == key else {}
+        budget, hashed, reached = const.PARTIAL_WHOLE_HASH_BYTES, 0, set()
+        by_part: dict[str, list[TensorInfo]] = {}
+        for t in todo:
+            by_part.setdefault(part_of(t.name), []).append(t)
+        try:
             for part, tensors in by_part.items():
                 cost = sum(t.n_bytes for t in tensors if t.name not in known)
                 if cost and hashed and hashed + cost > budget:
@@ -86,13 +115,11 @@ class WholeFileParts:
                             None, _hash_tensor, entry.path, entry.header.data_offset + t.offset, t.n_bytes)
                 hashed += cost
                 reached.add(part)
+        except OSError as exc:  # deleted or moved meanwhile
+            raise ModelNotFound(f"{entry.id}'s file is not here any more") from exc
+        finally:
             self._hashes[entry.sha256] = (key, known)
-        tensors = {t.name: known[t.name] for t in todo if part_of(t.name) in reached}
-        log.debug("DIAG: whole model tensor hashes served %s", kv(
-            peer_id=getattr(link, "short_id", "?"), model=entry.id, parts=len(reached), asked=len(wanted),
-            hashed_mb=round(hashed / 1e6, 1)))
-        payload = await loop.run_in_executor(None, lambda: json.dumps({"tensors": tensors}).encode())
-        return frame.reply(FrameType.MODEL_PART, {"sha256": entry.sha256}, payload)
+        return known, hashed, reached
 
     async def async_read(self, link: Any, frame: Frame, entry: ModelEntry, name: Any, offset: Any, n: Any) -> Frame:
         t = self._tensors(entry).get(name) if isinstance(name, str) else None

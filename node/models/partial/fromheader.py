@@ -7,8 +7,9 @@ already checked against the advertised header hash (node/inference/headers.py), 
 here; its id is the swarm's (the holders' advertised whole-file sha256), so it chains with them.
 Its layers then come from peers only (their hashes; kept `unchecked` until an origin, if one is
 named, vouches), and the validator is unknown (`None`): an origin that answers later for a file of
-the same header and size records its own (fetch.py's reopen) and the parts kept here stay unchecked
-until its spot check.
+the same header and size (and, where it states one, the same whole-file sha256) has its validator
+recorded (`async_adopt_origin`, before a fetch) and the parts kept here stay unchecked until its
+spot check.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import aiohttp
 
+from node import const
 from node.errors import DownloadFailed, ModelLoadError
 from node.logs import kv
+from node.models.download.fetch import Retryable
 from node.models.download.urls import describe_error, display_url, resolve_url
 from node.models.gguf_meta import GgufHeader
 
@@ -50,22 +53,26 @@ def create_from_header(directory: Path, header_data: bytes, header: GgufHeader, 
     return directory.resolve()
 
 
-async def async_adopt_origin(store: PartialStore, manifest: Manifest, url: str) -> bool:
+async def async_adopt_origin(store: PartialStore, manifest: Manifest, url: str) -> bool | None:
     """A manifest with no validator takes the origin's, if the origin answers now with the same
-    header and size (True); else nothing changes (unreachable, another file, no version named)."""
+    header and size, and the same whole-file sha256 where it states one (True); False when it answered
+    but nothing changes (another file, no version named); None when it could not be read (unreachable,
+    busy: 429/5xx, no answer within PARTIAL_HELD_PROBE_S): the caller asks it nothing more this fetch."""
     try:
-        async with aiohttp.ClientSession(timeout=_timeout()) as session:
-            data, _header, size, validator, _linked = await async_probe(url, session)
-    except (aiohttp.ClientError, TimeoutError, DownloadFailed, ModelLoadError) as exc:
+        async with asyncio.timeout(const.PARTIAL_HELD_PROBE_S), \
+                aiohttp.ClientSession(timeout=_timeout()) as session:
+            data, _header, size, validator, linked = await async_probe(url, session)
+    except (aiohttp.ClientError, TimeoutError, DownloadFailed, ModelLoadError, Retryable) as exc:
         log.info("DIAG: model origin not reachable, layers taken from peers stay unchecked %s",
                  kv(model=manifest.sha256[:16], error=getattr(exc, "message", None) or describe_error(exc)))
-        return False
+        return None
     same = hashlib.sha256(data).hexdigest() == manifest.header_sha256 and size == manifest.size_bytes
     if validator is None:  # (an origin that names no version: nothing to record)
         return False
-    if not same:
+    if not same or (linked is not None and linked != manifest.sha256):  # (replaced in place: same header and size)
         log.warning("DIAG: model origin answers for another file, layers taken from peers stay unchecked %s",
-                    kv(model=manifest.sha256[:16], url=display_url(resolve_url(url))))
+                    kv(model=manifest.sha256[:16], url=display_url(resolve_url(url)),
+                       origin_sha256=(linked or "")[:16] or None))
         return False
     manifest.validator = validator
     await asyncio.get_running_loop().run_in_executor(None, store.save, manifest)
