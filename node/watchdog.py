@@ -24,14 +24,25 @@ _SKIP_MODULES = ("asyncio", "selectors", "threading", "concurrent", "qasync")
 # the loop thread found waiting in select while its beat is late: it was not busy, the process
 # did not run (SIGSTOP, a debugger, a VM paused, CPU starvation)
 IDLE_ARM = "idle_in_select(process suspended or starved of CPU)"
+# the GUI's qasync loop found in Qt's own event loop (no Python frame above it): idle, or Qt's own
+# C++ work (drawing), which cannot be told apart from here
+QT_ARM = "in_qt_event_loop(idle or Qt's own work; process suspended or starved of CPU)"
+# where an idle loop waits: selector loops (selectors' select), Windows' ProactorEventLoop
+# (asyncio.windows_events IocpProactor._poll, in GetQueuedCompletionStatus)
+_IDLE_WAITS = (("selectors", None), ("asyncio.windows_events", "_poll"))
 
 
 def _describe_frame(frame) -> str:
     """The innermost frame that is not event-loop machinery, as module:function:line; IDLE_ARM
-    when the innermost frame is the selector's wait (2026-12-06: a node SIGSTOPped 70 s logged
+    when the innermost frame is the loop's wait (a selector's, the Proactor's _poll), QT_ARM when it
+    is qasync's run_forever (2026-12-06: a node SIGSTOPped 70 s logged
     `arm=node.commands.run:run:249`, the outermost frame above the idle loop, as the culprit)."""
-    if frame is not None and frame.f_globals.get("__name__") == "selectors":
-        return IDLE_ARM
+    if frame is not None:
+        module, function = frame.f_globals.get("__name__"), frame.f_code.co_name
+        if (module, None) in _IDLE_WAITS or (module, function) in _IDLE_WAITS:
+            return IDLE_ARM
+        if module == "qasync" and function == "run_forever":  # (the app's exec() runs below it, in C++)
+            return QT_ARM
     best = None
     while frame is not None:
         module = frame.f_globals.get("__name__", "?")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import selectors
 import socket
@@ -175,6 +176,28 @@ def test_watchdog_names_an_idle_loop_as_idle_not_its_caller():
         sel.close()
         r.close()
         w.close()
+
+
+@pytest.mark.parametrize(("module", "function", "arm"), [
+    ("asyncio.windows_events", "_poll", "idle_in_select("),  # Windows' ProactorEventLoop, idle
+    ("qasync", "run_forever", "in_qt_event_loop("),  # the desktop app's loop, in Qt's exec()
+])
+def test_watchdog_names_other_idle_loops(module, function, arm):
+    """Idle in another loop's wait: its innermost frame is machinery the sampler skipped, so the line
+    named the frame above the loop as the culprit (found in review, 2026-12-06)."""
+    release = threading.Lock()
+    release.acquire()
+    code = compile(f"def {function}(wait):\n    wait(30)\n", f"<{module}>", "exec")
+    space = {"__name__": module}
+    exec(code, space)  # a real frame of that module and function, blocked as the loop's wait is
+    # (a C call, as GetQueuedCompletionStatus and QApplication.exec are: no Python frame above the module's)
+    waiting = threading.Thread(target=space[function], args=(functools.partial(release.acquire, True),), daemon=True)
+    waiting.start()
+    try:
+        wait_until_sync(lambda: (_sample(waiting.ident) or "").startswith(arm), 5, what=f"the thread named {arm}")
+    finally:
+        release.release()
+        waiting.join(5)
 
 
 async def test_the_report_of_a_node_that_failed_to_start_is_built(tmp_path):
