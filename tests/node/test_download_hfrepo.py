@@ -92,6 +92,36 @@ async def test_the_forms_users_paste_are_read_as_a_repo_or_a_file():
             read_spec(bad)
 
 
+async def test_pages_with_folders_revisions_with_slashes_and_scheme_less_file_links():
+    """Found in review: a folder's page (`/tree/main/M-Q4_K_M`, where bartowski keeps split sets) was read
+    as revision `main/M-Q4_K_M` (a 404); a `refs/pr/1` revision reached the file URL unencoded (the Hub
+    does not resolve it so); `huggingface.co/o/r/resolve/main/x.gguf` without its scheme became
+    `…/resolve/main/resolve/main/x.gguf`."""
+    from node.models.download.hfrepo import pick_file
+    from node.models.download.urls import resolve_url
+
+    folder = read_spec("https://huggingface.co/o/M-GGUF/tree/main/M-Q4_K_M")
+    assert folder == RepoSpec("o", "M-GGUF", None, "main", "M-Q4_K_M")
+    paths = ["M-Q4_K_M/M-Q4_K_M-00001-of-00002.gguf", "M-Q4_K_M/M-Q4_K_M-00002-of-00002.gguf", "M-Q8_0.gguf"]
+    assert pick_file(folder, paths) == "M-Q4_K_M/M-Q4_K_M-00001-of-00002.gguf"
+    assert read_spec("https://huggingface.co/o/r/tree/refs%2Fpr%2F10") == RepoSpec("o", "r", None, "refs/pr/10")
+    assert resolve_url("hf://o/r/x.gguf@refs/pr/1").endswith("/o/r/resolve/refs%2Fpr%2F1/x.gguf")
+    assert read_spec("huggingface.co/o/r/resolve/main/x.gguf") == "https://huggingface.co/o/r/resolve/main/x.gguf"
+    assert read_spec("hf.co/o/r/blob/main/x.gguf") == "hf://o/r/x.gguf@main"
+
+
+async def test_a_lookup_ending_after_the_node_stopped_starts_nothing(tmp_path):
+    """The GUI's lookup may end after the node stopped (app quit during a slow Hub): its start() made
+    a download task on a closed downloader, leaked (found in review)."""
+    from node.errors import ShuttingDown
+
+    dl = ModelDownloader(tmp_path / "models", on_file=None)
+    await dl.async_close()
+    with pytest.raises(ShuttingDown):
+        dl.start("http://127.0.0.1:9/m.gguf")
+    assert dl.jobs == {}
+
+
 async def test_no_quant_is_q4_k_m_as_llama_cpp_never_the_projector(tmp_path, hub):
     job, got = await _download(tmp_path, "hf://org/Qwen-GGUF")
     assert job.state == "done", job.error

@@ -51,6 +51,7 @@ class RepoSpec:
     repo: str
     quant: str | None = None
     revision: str | None = None
+    folder: str | None = None  # a subfolder's page (`/tree/REV/FOLDER`): the model is looked for there
 
     @property
     def repo_id(self) -> str:
@@ -61,7 +62,7 @@ class RepoSpec:
         return self.repo_id + (f":{self.quant}" if self.quant else "") + (f"@{self.revision}" if self.revision else "")
 
 
-def _repo(owner: str, repo: str, revision: str | None) -> RepoSpec:
+def _repo(owner: str, repo: str, revision: str | None, folder: str | None = None) -> RepoSpec:
     """owner/repo[:QUANT] checked (an InvalidRequest saying the accepted forms otherwise)."""
     repo, _, quant = repo.partition(":")
     if revision and ":" in revision and not quant:  # hf://o/r@rev:Q4_K_M, the two swapped
@@ -70,7 +71,7 @@ def _repo(owner: str, repo: str, revision: str | None) -> RepoSpec:
         raise InvalidRequest(f"{owner}/{repo}{':' + quant if quant else ''} is not a Hugging Face repo "
                              "(hf://owner/repo[:QUANT], e.g. hf://bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M)",
                              param="url")
-    return RepoSpec(owner, repo, None if quant.lower() in ("", "latest") else quant, revision or None)
+    return RepoSpec(owner, repo, None if quant.lower() in ("", "latest") else quant, revision or None, folder or None)
 
 
 def read_spec(url: str) -> RepoSpec | str:
@@ -78,9 +79,13 @@ def read_spec(url: str) -> RepoSpec | str:
     Hub page as its hf:// URL). InvalidRequest for a malformed repo."""
     url = url.strip()
     lower = url.lower()
-    for prefix in ("hf.co/", "huggingface.co/"):  # Ollama's spelling, no scheme
-        if lower.startswith(prefix):
-            url, lower = "hf://" + url[len(prefix):], "hf://" + lower[len(prefix):]
+    for prefix in ("hf.co/", "huggingface.co/"):  # Ollama's spelling, no scheme: owner/repo[:QUANT] is a
+        if lower.startswith(prefix):  # repo, anything longer a page of the Hub's as a browser shows it
+            rest = url[len(prefix):]
+            if len([p for p in rest.partition("@")[0].split("/") if p]) == 2:
+                url, lower = "hf://" + rest, "hf://" + lower[len(prefix):]
+            else:  # (was read as hf://: `huggingface.co/o/r/resolve/main/x.gguf` gave …/resolve/main/resolve/…)
+                url, lower = "https://" + url, "https://" + lower
     if lower.startswith("hf://"):
         spec, _, revision = url[len("hf://"):].partition("@")
         parts = [p for p in spec.split("/") if p]
@@ -95,8 +100,8 @@ def read_spec(url: str) -> RepoSpec | str:
     seg = [urllib.parse.unquote(p) for p in parsed.path.split("/") if p]
     if len(seg) == 2:
         return _repo(seg[0], seg[1], None)
-    if len(seg) >= 4 and seg[2] == "tree":
-        return _repo(seg[0], seg[1], "/".join(seg[3:]))
+    if len(seg) >= 4 and seg[2] == "tree":  # the Hub's pages write a revision with `/` as %2F (refs%2Fpr%2F1):
+        return _repo(seg[0], seg[1], seg[3], "/".join(seg[4:]))  # what follows it is a folder
     if len(seg) >= 5 and seg[2] == "blob" and seg[-1].lower().endswith(".gguf"):  # a file's page
         return f"hf://{seg[0]}/{seg[1]}/{'/'.join(seg[4:])}@{seg[3]}"
     return url
@@ -131,6 +136,8 @@ def _shown(paths: list[str]) -> str:
 
 def pick_file(spec: RepoSpec, paths: list[str]) -> str:
     """The repo path of the model file spec names among the repo's files (InvalidRequest if none or several)."""
+    if spec.folder:
+        paths = [p for p in paths if p.startswith(spec.folder.rstrip("/") + "/")]
     models = sorted(p for p in paths if _is_model(p))
     if not models:
         ggufs = [p for p in paths if p.lower().endswith(".gguf")]

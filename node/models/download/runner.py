@@ -28,7 +28,7 @@ from pathlib import Path
 import aiohttp
 
 from node import const
-from node.errors import Conflict, DownloadFailed, InvalidRequest, NodeError, NotFound
+from node.errors import Conflict, DownloadFailed, InvalidRequest, NodeError, NotFound, ShuttingDown
 from node.logs import kv
 from node.models.file_kinds import split_part
 from node.observe import Observers
@@ -68,6 +68,7 @@ class ModelDownloader:
         self.models_dir = models_dir
         self.on_file = on_file
         self.jobs: dict[str, DownloadJob] = {}
+        self._closed = False  # async_close ran: a Hub lookup ending after it starts nothing (found in review)
         self._observers: Observers[[DownloadJob]] = Observers("download")
 
     def subscribe(self, observer: DownloadObserver) -> Callable[[], None]:
@@ -85,6 +86,8 @@ class ModelDownloader:
     def start(self, url: str, *, sha256: str | None = None, file_name: str | None = None) -> DownloadJob:
         """Start a download of a file's URL (loop); the same file already downloading is that job, not
         a second. A repo (no file named) needs the Hub: async_start."""
+        if self._closed:
+            raise ShuttingDown("the node is stopping: the download was not started")
         target = read_spec(url)
         if isinstance(target, RepoSpec):
             raise InvalidRequest(f"{target.label} names a repo, not a file: it is looked up on the Hub by "
@@ -164,6 +167,7 @@ class ModelDownloader:
 
     async def async_close(self) -> None:
         """Cancel running downloads (their .part files stay, so a new download of the same file resumes)."""
+        self._closed = True
         tasks = [job.task for job in self.jobs.values() if job.task is not None and not job.task.done()]
         for task in tasks:
             task.cancel()

@@ -30,7 +30,9 @@ def resolve_url(url: str) -> str:
             raise InvalidRequest("hf:// URLs are hf://owner/repo/path/to/file.gguf[@revision]", param="url")
         owner, repo, path = parts[0], parts[1], "/".join(parts[2:])
         quoted = "/".join(urllib.parse.quote(p) for p in (owner, repo))
-        return f"{hf_endpoint()}/{quoted}/resolve/{urllib.parse.quote(revision or 'main')}/{urllib.parse.quote(path)}"
+        # a revision's `/` (refs/pr/1) encoded, as huggingface_hub does: the Hub resolves it only so
+        rev = urllib.parse.quote(revision or "main", safe="")
+        return f"{hf_endpoint()}/{quoted}/resolve/{rev}/{urllib.parse.quote(path)}"
     try:
         parsed = urllib.parse.urlsplit(url)
         host, _port = parsed.hostname, parsed.port  # a port past 65535 or not a number: ValueError
