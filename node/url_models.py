@@ -60,7 +60,9 @@ class UrlModels:
             urls, later_ok=self.config.serve == "auto", wait_s=const.PARTIAL_START_OPEN_WAIT_S)
         # the directories of those not open yet are theirs too: the scan of models/ must not serve
         # them as files of the data dir (the open serves them when it ends)
-        later = [self.partials.directory_of(url) for url in [*self._later_urls, *self._pending_urls]]
+        # (a Hugging Face repo the Hub did not answer for has no directory known yet)
+        later = [self.partials.directory_of(url) for url in [*self._later_urls, *self._pending_urls]
+                 if self.partials.origins.file_of(url)]
         return dirs, dirs | set(await asyncio.get_running_loop().run_in_executor(None, lambda: [p.resolve() for p in later]))
 
     async def _async_serve_url_model(self, directory: Path) -> None:

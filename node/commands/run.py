@@ -30,9 +30,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start the node and serve the API")
     add_node_options(p)
     p.add_argument("--host", default=None, help="API bind address (default 127.0.0.1)")
-    p.add_argument("--model", action="append", default=None, metavar="PATH",
-                   help="serve this GGUF file, or fetch only the served layers of one from an http(s):// or hf:// URL "
-                        "(with --layers or --serve auto; repeatable)")
+    p.add_argument("--model", action="append", default=None, metavar="PATH|URL",
+                   help="serve this GGUF file, or fetch only the served layers of one from its URL: http(s)://…, "
+                        "hf://owner/repo/file.gguf, or a Hugging Face repo and quant, hf://owner/repo:Q4_K_M or "
+                        "hf.co/owner/repo:Q4_K_M (with --layers or --serve auto; repeatable)")
     p.add_argument("--no-default-model", action="store_true", help="do not serve the embedded default model")
     p.add_argument("--n-threads", type=int, default=None, help="compute threads (default: physical cores)")
     p.add_argument("--ctx", type=int, default=None, dest="n_ctx", help="context length per model")

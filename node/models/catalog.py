@@ -253,7 +253,8 @@ def check_model_file(path: Path, source: str) -> GgufHeader:
         raise ModelLoadError(f"{path.name} is a link to {path.readlink()}, which is missing (moved, deleted, "
                              "or on a drive not mounted?)")
     if not path.is_file():  # a typo, or a model's name as other tools take it
-        hint = " (--model takes the path of a .gguf file, or an http(s):// or hf:// URL)" if source == "cli" else ""
+        hint = " (--model takes the path of a .gguf file, or an http(s):// or hf:// URL, hf://owner/repo:QUANT)" \
+            if source == "cli" else ""
         raise ModelLoadError(f"model file not found: {path.absolute()}{hint}")
     header = read_header(path)
     what = not_a_model(header)

@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 
 
 def is_model_url(model: str) -> bool:
-    """A `--model` given by URL (fetched layer by layer), not a path."""
-    return model.startswith(("http://", "https://", "hf://"))
+    """A `--model` given by URL (fetched layer by layer), not a path: a file's URL or a Hugging Face
+    repo (`hf://owner/repo:QUANT`, Ollama's `hf.co/owner/repo:QUANT`: node/models/download/hfrepo.py)."""
+    return model.lower().startswith(("http://", "https://", "hf://", "hf.co/", "huggingface.co/"))
 
 
 def model_sources(data_dir: Path, cli_models: Iterable[str], *, include_default: bool,

@@ -41,7 +41,9 @@ from node.errors import (
     NodeError,
     Overloaded,
     PeerError,
+    SplitModelServedWhole,
 )
+from node.inference.pipeline.origin_urls import OriginUrls
 from node.inference.pipeline.wholeparts import WholeFileParts
 from node.inference.weights.cache import WeightCache
 from node.logs import MESSAGE, kv, progress_extra
@@ -74,7 +76,9 @@ class PartialModels:
         self.weight_cache = weight_cache
         self.note = note  # a line for the node's activity list (the GUI's status)
         self._lock = asyncio.Lock()
-        self._urls: dict[Path, str] = {}  # partial model directory -> the URL as given
+        self._urls: dict[Path, str] = {}  # partial model directory -> the file URL as given (its query too)
+        self.origins = OriginUrls()  # a URL as given -> its file's URL (a Hugging Face repo looked up once)
+        self._open_locks: dict[Path, asyncio.Lock] = {}  # one open at a time per directory
         # URL as given -> since when (epoch s): opens the start did not wait for (their origin not answering)
         self.opening: dict[str, float] = {}
         self.peers: Any = None  # PeerManager (async_request), once the node's network is up
@@ -91,15 +95,19 @@ class PartialModels:
         self.peers, self.holders, self.whole_holders = peers, holders, whole_holders
 
     def directory_of(self, url: str) -> Path:
-        """Where url's partial model lies (it may not exist yet; nothing read)."""
-        resolved = resolve_url(url)
+        """Where url's partial model lies (it may not exist yet; nothing read); a Hugging Face repo
+        once looked up (`origins`), else an InvalidRequest."""
+        resolved = resolve_url(self.origins.file_of(url) or url)
         return self.models_dir / dir_name(display_url(resolved), file_name_for(resolved, None))
 
     async def async_open(self, url: str) -> Path:
         """The directory of url's partial model (its header probed; nothing else fetched but the
-        tiny `globals` part). DownloadFailed when the origin cannot be read and nothing is here."""
+        tiny `globals` part). DownloadFailed when the origin cannot be read and nothing is here. A
+        Hugging Face repo is looked up first (origin_urls.py): its file is the origin kept."""
+        url = await self.origins.async_file_of(url)
         directory = self.directory_of(url)
-        store, manifest = await async_open_partial(url, directory, forget=self._forget)
+        async with self._open_locks.setdefault(directory, asyncio.Lock()):  # two spellings of one file
+            store, manifest = await async_open_partial(url, directory, forget=self._forget)
         log.info("DIAG: partial model opened %s", kv(url=manifest.origin_url, dir=directory.name,
                                                      held=manifest.describe()))
         resolved_dir = await asyncio.get_running_loop().run_in_executor(None, store.dir.resolve)
@@ -131,9 +139,9 @@ class PartialModels:
         raised), the opens still under way after `wait_s` (an origin that accepts and does not
         answer): the caller hands those to `async_open_pending`, the node starting without them)."""
         # one open per partial directory: two spellings of one URL would write it at once (found in review)
-        firsts: dict[Path, str] = {}
+        firsts: dict[object, str] = {}  # (a repo not looked up yet: by its spelling; the open's lock does the rest)
         for url in urls:
-            firsts.setdefault(self.directory_of(url), url)
+            firsts.setdefault(self.directory_of(url) if self.origins.file_of(url) else url, url)
         tasks = {url: asyncio.create_task(self.async_open(url), name="open-model-url") for url in firsts.values()}
         dirs, later, pending = set(), [], {}
         try:
@@ -141,7 +149,7 @@ class PartialModels:
                 await asyncio.wait(tasks.values(), timeout=wait_s)
             for url, task in tasks.items():
                 if not task.done():
-                    shown = display_url(resolve_url(url))
+                    shown = self.origins.shown(url)
                     log.warning("DIAG: model origin slow to answer at start, opening it in the background %s",
                                 kv(url=shown, waited_s=wait_s))
                     self.note(f"model {shown}: its origin has not answered yet; opening it in the background")
@@ -156,6 +164,7 @@ class PartialModels:
                     log.warning("DIAG: model URL unreachable at start, trying again in the background %s",
                                 kv(error=exc.message))
                     later.append(url)
+                    self.opening[url] = time.time()  # (waiting_on says so from the start on)
         except BaseException:  # the start fails: the other opens go with it
             for task in tasks.values():
                 task.cancel()
@@ -166,7 +175,7 @@ class PartialModels:
                                  on_open: Callable[[Path], Awaitable[None]]) -> None:
         """An open that outlasted the start's wait (`async_open_all`): `on_open(directory)` once it
         ends; if it fails, opened again as `async_open_later` does."""
-        shown = display_url(resolve_url(url))
+        shown = self.origins.shown(url)
         try:
             directory = await opening
         except DownloadFailed as exc:
@@ -205,23 +214,27 @@ class PartialModels:
             await asyncio.sleep(delay)
             try:
                 directory = await self.async_open(url)
+            except SplitModelServedWhole as exc:  # a repo's quant that is a split set: never served as layers
+                self.opening.pop(url, None)
+                log.error("DIAG: model from URL cannot be served %s", kv(url=self.origins.shown(url), error=exc.message))
+                return self.note(f"model {self.origins.shown(url)} cannot be served: {exc.message}")
             except Exception as exc:  # noqa: BLE001 - unreachable, or a bad header: the origin may change
                 delay = min(delay * 2, const.PARTIAL_OPEN_RETRY_MAX_S)
-                log.info("DIAG: model URL still unreachable %s", kv(url=display_url(resolve_url(url)),
+                log.info("DIAG: model URL still unreachable %s", kv(url=self.origins.shown(url),
                                                                      error=getattr(exc, "message", str(exc)),
                                                                      retry_in_s=delay))
                 continue
             self.opening.pop(url, None)
-            self.note(f"model {display_url(resolve_url(url))} reachable: serving it")
+            self.note(f"model {self.origins.shown(url)} reachable: serving it")
             try:
                 await on_open(directory)
             except Exception:  # noqa: BLE001 - logged: the node goes on without it
-                log.exception("DIAG: model from URL could not be served url=%s", display_url(resolve_url(url)))
+                log.exception("DIAG: model from URL could not be served url=%s", self.origins.shown(url))
             return
 
     def pending(self) -> list[str]:
         """The `--model URL`s not open yet (their origin has not answered), as shown (no query)."""
-        return [display_url(resolve_url(url)) for url in self.opening]
+        return [self.origins.shown(url) for url in self.opening]
 
     async def async_fetch(self, entry: ModelEntry, start: int, end: int, *,
                           progress: Callable[[int, int], None] | None = None) -> None:

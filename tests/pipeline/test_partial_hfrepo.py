@@ -1,0 +1,118 @@
+"""A partial model's origin named as a Hugging Face repo and quant (2026-12-06): `swarmllm run --model
+hf://owner/repo:Q4_K_M --layers A-B` (or `--serve auto`, config.toml's `models`), `hf.co/owner/repo:QUANT`
+as Ollama's docs write it, a repo's page pasted from a browser. Until then only `swarmllm download`
+looked a repo up on the Hub: `--model hf://owner/repo:Q4_K_M` stopped the node ("hf:// URLs are
+hf://owner/repo/path/to/file.gguf"), `hf.co/…` was read as a file path that does not exist, and a
+repo's page was fetched as if it were the GGUF. Against the Hub stand-in (tests/support/hubserver.py,
+its tree listing) and real nodes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import pytest_asyncio
+
+from node import const
+from node.errors import SplitModelServedWhole
+from node.inference.pipeline.partials import PartialModels
+from node.inference.synth import SynthSpec, write_gguf
+from tests.support.hubserver import HubServer
+from tests.support.nodes import node_config, running_node
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+SPEC = SynthSpec(n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=128, name="hfrepo")
+REPO = "/org/Tiny-GGUF/resolve/main/"
+Q4 = "Tiny-Q4_K_M.gguf"
+
+
+def _env(monkeypatch, tmp_path, srv: HubServer) -> None:
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # never the real user's token file
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+
+
+@pytest_asyncio.fixture
+async def hub(monkeypatch, tmp_path):
+    """A repo with the model in two quants (other bytes each) and a projector."""
+    q4 = write_gguf(tmp_path / "q4.gguf", SPEC).read_bytes()
+    q8 = write_gguf(tmp_path / "q8.gguf", SynthSpec(**{**SPEC.__dict__, "name": "other"})).read_bytes()
+    srv = HubServer(q4, REPO + Q4)
+    srv.add_file(REPO + "Tiny-Q8_0.gguf", q8)
+    srv.add_file(REPO + "mmproj-Tiny-f16.gguf", q8)
+    srv.tree_page_size = 2
+    await srv.start()
+    _env(monkeypatch, tmp_path, srv)
+    yield srv
+    await srv.stop()
+
+
+async def test_a_repo_and_quant_serves_layers_and_its_file_is_the_origin(tmp_path, hub):
+    config = node_config(tmp_path / "data", models=["hf://org/Tiny-GGUF:Q4_K_M"], layers="1-2", slice_dtype="f32",
+                         slice_kv_dtype="f32")
+    async with running_node(config) as node:
+        await wait_until(lambda: any(s.state == "loaded" for s in node.slice_host.slices.values()), 30.0, 0.05,
+                         "layers 1-2 of the repo's Q4_K_M file")
+        [hosted] = node.slice_host.slices.values()
+        # the file looked up is what the partial model keeps and advertises: peers fetch it, not the repo
+        assert hosted.entry.sha256 == hub.sha256
+        assert hosted.entry.origin_url == hosted.entry.partial.origin_url == hub.hub + REPO + Q4
+        assert len(hub.api_requests) == 2  # the listing (two pages), looked up once
+
+
+async def test_every_spelling_users_paste_opens_the_one_file(tmp_path, hub):
+    """Ollama's `hf.co/…` (any case of the quant), the repo's page from a browser (no quant: Q4_K_M,
+    as llama.cpp), and hf://: one partial model, opened once at a time."""
+    partials = PartialModels(tmp_path / "models")
+    (tmp_path / "models").mkdir()
+    urls = ["hf.co/org/Tiny-GGUF:q4_k_m", f"{hub.hub}/org/Tiny-GGUF", "hf://org/Tiny-GGUF:Q4_K_M",
+            f"{hub.hub}/org/Tiny-GGUF/blob/main/{Q4}"]
+    dirs, later, pending = await partials.async_open_all(urls, later_ok=False)
+    assert len(dirs) == 1 and not later and not pending
+    assert {partials.origins.shown(u) for u in urls} == {hub.hub + REPO + Q4}
+
+
+async def test_a_split_quant_is_refused_before_anything_is_fetched(tmp_path, monkeypatch):
+    data = write_gguf(tmp_path / "m.gguf", SPEC).read_bytes()
+    srv = HubServer(data, REPO + "Q4_K_M/Tiny-Q4_K_M-00001-of-00002.gguf")
+    srv.add_file(REPO + "Q4_K_M/Tiny-Q4_K_M-00002-of-00002.gguf", data)
+    await srv.start()
+    try:
+        _env(monkeypatch, tmp_path, srv)
+        config = node_config(tmp_path / "data", models=["hf.co/org/Tiny-GGUF:Q4_K_M"], layers="0-1")
+        with pytest.raises(SplitModelServedWhole, match=r"split model \(2 parts.*served whole.*swarmllm download"):
+            async with running_node(config):
+                pass
+        assert srv.hub_requests == []  # no probe of part 1: said from the listing
+    finally:
+        await srv.stop()
+
+
+async def test_a_hub_not_answering_at_start_is_looked_up_again(tmp_path, hub, monkeypatch, caplog):
+    """`--serve auto`: the node starts without the model, says it waits for it, and serves it once
+    the Hub answers (as for a file URL whose origin is down)."""
+    for name, value in (("AUTO_SERVE_LOOK_S", 0.0), ("AUTO_SERVE_START_DELAY_S", 0.0), ("AUTO_SERVE_REACT_S", 0.01),
+                        ("PARTIAL_OPEN_RETRY_MIN_S", 0.2), ("HF_LISTING_ATTEMPTS", 1)):
+        monkeypatch.setattr(const, name, value)
+    hub.api_fail_with = [(503, {})]
+    caplog.set_level(logging.INFO)
+    config = node_config(tmp_path / "data", models=["hf://org/Tiny-GGUF:Q4_K_M"], serve="auto", slice_budget_mb=64,
+                         slice_dtype="f32", slice_kv_dtype="f32")
+    async with running_node(config) as node:
+        assert node.waiting_on() == ["model hf://org/Tiny-GGUF:Q4_K_M: waiting for its origin"]
+        await wait_until(lambda: any(s.state == "loaded" for s in node.slice_host.slices.values()), 30.0, 0.05,
+                         "the model's layers, once the Hub answers")
+        assert [m.entry.sha256 for m in node.models.all()] == [hub.sha256]
+
+
+async def test_a_repo_on_the_command_line_is_a_url_not_a_missing_file(tmp_path):
+    from node.commands.run import _check_models
+    from node.models.sources import model_sources
+
+    models = ["hf.co/org/Tiny-GGUF:Q4_K_M", "huggingface.co/org/Tiny-GGUF", "hf://org/Tiny-GGUF:Q8_0"]
+    _check_models(models, as_slices=True)  # was: "no such file hf.co/org/Tiny-GGUF:Q4_K_M"
+    assert model_sources(tmp_path, models, include_default=False) == []
