@@ -84,3 +84,40 @@ def validate(spec: Any, depth: int = 0, _seen: list[int] | None = None) -> Spec:
         if not isinstance(spec.get("sep", ""), str):
             raise ValueError("grammar repeat node: sep must be a string")
     return spec
+
+
+def after(spec: Spec, text: str) -> list[Spec] | None:
+    """What must follow `text` in the outputs of `spec` that begin with it, as a sequence of specs
+    (empty: nothing more), or None when none begins with it as a literal (a JSON value, free text,
+    a repeat that may be empty). A reasoning model's thoughts that end at a tool call's opener go on
+    with the rest of the call's grammar (node.inference.reasoning)."""
+    kind = spec["type"]
+    if kind == "literal":
+        if not spec["text"].startswith(text):
+            return None
+        rest = spec["text"][len(text):]
+        return [literal(rest)] if rest else []
+    if kind == "seq":
+        head = after(spec["items"][0], text)
+        return None if head is None else head + spec["items"][1:]
+    if kind == "alt":
+        branches = [b for item in spec["items"] if (b := after(item, text)) is not None]
+        if not branches:
+            return None
+        if len(branches) == 1:
+            return branches[0]
+        full = [b[0] if len(b) == 1 else seq(*b) for b in branches if b]
+        if not full:
+            return []
+        one = full[0] if len(full) == 1 else alt(*full)
+        return [repeat(one, 0, 1)] if len(full) < len(branches) else [one]  # (a branch that ends there)
+    if kind == "repeat":
+        lo, hi, sep = spec.get("min", 1), spec.get("max"), spec.get("sep") or ""
+        head = None if lo == 0 else after(spec["item"], text)
+        if head is None:
+            return None
+        if hi == 1:
+            return head
+        tail = seq(literal(sep), spec["item"]) if sep else spec["item"]
+        return [*head, repeat(tail, lo - 1, None if hi is None else hi - 1)]
+    return None

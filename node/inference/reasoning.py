@@ -172,22 +172,35 @@ class ReasoningSplitter:
         """start (the reply may open thoughts), thinking, or answer."""
         return "answer" if self._state in ("answer", "content") else self._state
 
-    def grammar(self, spec: g.Spec, close_is_token: bool = False) -> g.Spec:
+    def grammar(self, spec: g.Spec, close_is_token: bool = False, token_ends: tuple[str, ...] = ()) -> g.Spec:
         """A grammar the reply must follow, with room to think first (as llama-server's grammars
         for reasoning models): thoughts are free text up to the closing tag, then the answer keeps
         to `spec`. Without it a JSON or tool-call grammar forced its text from the first token.
         `close_is_token`: the closing tag is one special token of the vocabulary; it is then written
         as free text and a literal, which every peer's grammar compiler resolves to that token (a
         text node's `stop` as a token is new: an older sampling peer would wait for it spelt as
-        text, which a model never writes, and think until max_tokens; found in review)."""
+        text, which a model never writes, and think until max_tokens; found in review).
+        Where a call's opener also ends the thoughts (`ends`) and `spec` may begin with it (a forced
+        call), the thoughts may also end directly at the opener, the call's grammar going on from
+        there, as llama.cpp's grammars for these models allow (until 2026-12-06 the model was made
+        to write the closing tag first); `token_ends`: the openers that are one special token."""
         gap = g.repeat(g.literal("\n"), 0, 2)
-        end = g.seq(g.free_text(), g.literal(self.tags.close)) if close_is_token else g.free_text(self.tags.close)
-        thoughts = g.seq(end, gap, spec)
+        ends = [g.seq(_upto(self.tags.close, close_is_token), gap, spec)]
+        for opener in self.ends:
+            rest = g.after(spec, opener)
+            if rest is not None:
+                ends.append(g.seq(_upto(opener, opener in token_ends), *rest))
+        thoughts = ends[0] if len(ends) == 1 else g.alt(*ends)
         if self.phase == "thinking":
             return thoughts
         if self.phase == "start":
             return g.alt(g.seq(g.literal(self.tags.open), thoughts), spec)
         return spec
+
+
+def _upto(tag: str, is_token: bool) -> g.Spec:
+    """Free text up to and with `tag` (a special token: free text, then the token's literal)."""
+    return g.seq(g.free_text(), g.literal(tag)) if is_token else g.free_text(tag)
 
 
 def splitter_for(request: CompletionRequest, template: str | None, rendered: str,
@@ -265,7 +278,12 @@ def grammar_with_room(splitter: ReasoningSplitter, spec: g.Spec, tok: Any) -> g.
     vocabulary (blocking: the grammar vocabulary may be built here)."""
     from node.inference import constrain
 
-    return splitter.grammar(spec, constrain.vocabulary(tok).special_token(splitter.tags.close) is not None)
+    vocab = constrain.vocabulary(tok)
+    close_is_token = vocab.special_token(splitter.tags.close) is not None
+    ends = getattr(splitter, "ends", ())
+    if not ends:
+        return splitter.grammar(spec, close_is_token)
+    return splitter.grammar(spec, close_is_token, tuple(e for e in ends if vocab.special_token(e) is not None))
 
 
 def with_budget(params: SamplingParams, thoughts: ReasoningSplitter | None, tokens: int | None) -> SamplingParams:
