@@ -168,3 +168,16 @@ def test_a_spent_thinking_budget_still_closes_the_thoughts_into_the_call(think_t
         assert c.allowed()[token]
         c.accept(token)
     assert c.allowed()[c.eog_ids].any()
+
+
+def test_an_opener_that_is_a_token_is_a_literal_every_peer_resolves():
+    """As the closing tag (test_reasoning.py): free text, then the opener's literal, never a text
+    node's `stop` spelt as a token, which an older sampling peer would wait for as text."""
+    calls = g.seq(g.literal("<tool_call>"), g.literal("x"), g.literal("</tool_call>"))
+    s = reasoning.ReasoningSplitter(reasoning.THINK, True, ends=("<tool_call>",))
+    spec = s.grammar(calls, close_is_token=True, token_ends=("<tool_call>",))
+    assert spec["items"][1] == g.seq(g.seq(g.free_text(), g.literal("<tool_call>")), g.literal("x"),
+                                     g.literal("</tool_call>"))
+    assert s.grammar(calls)["items"][1] == g.seq(g.free_text("<tool_call>"), g.literal("x"), g.literal("</tool_call>"))
+    # no call opener among the grammar's starts (a JSON answer alone): the closing tag only, as before
+    assert s.grammar(g.json_value(None)) == reasoning.ReasoningSplitter(reasoning.THINK, True).grammar(g.json_value(None))
