@@ -188,7 +188,8 @@ def _peers(node: ReportParts, r: Redactor) -> list[str]:
                     + (f" error={clean_text(p.last_error, 300)}" if p.last_error and p.state != "connected" else ""))
     for ref in node.peers.swarm_ops.status()["refused"]:
         rows.append(f"{ref['peer']} refused ({'not in this swarm' if ref['by_us'] else 'refused this node'}) "
-                    f"swarm={ref['swarm'] or '-'} count={ref['count']} last={ref['last_s_ago']:.0f}s ago")
+                    f"swarm={ref['swarm'] or '-'} count={ref['count']} last={ref['last_s_ago']:.0f}s ago"
+                    + (f" hint: {ref['hint']}" if ref.get("hint") else ""))
     return rows or ["(no peers)"]
 
 

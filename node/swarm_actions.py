@@ -52,3 +52,7 @@ class SwarmActions:
     def peer_rows(self) -> list[dict[str, Any]]:
         """The peer table as JSON rows ([] when the peer network is off)."""
         return [p.as_dict() for p in self.peers.peers()] if self.peers is not None else []
+
+    def refused_rows(self) -> list[dict[str, Any]]:
+        """The peers refused for not being in this swarm, with what to do (swarm status's rows)."""
+        return self.peers.swarm_ops.status()["refused"] if self.peers is not None else []

@@ -100,7 +100,8 @@ class PeersTab(QWidget):
         self.refused_label.setVisible(bool(refused))
         self.refused_label.setText("Refused (not in this swarm): " + ", ".join(
             f"{r['peer']} ×{r['count']}" + ("" if r["by_us"] else " (refused us)") for r in refused[-8:]))
-        self.refused_label.setToolTip("\n".join(f"{r['peer']}: {r['reason']}" for r in refused[-20:]))
+        self.refused_label.setToolTip("\n".join(f"{r['peer']}: {r['reason']}" + (f" ({r['hint']})" if r.get("hint")
+                                                 else "") for r in refused[-20:]))
 
     def swarm_text(self) -> str:
         """"Swarm 1a2b3c4d (private) · 2 members connected · 1 refused"."""

@@ -105,8 +105,9 @@ async def download_cancel(request: web.Request) -> web.Response:
 
 @routes.get("/api/admin/peers")
 async def peers(request: web.Request) -> web.Response:
-    """The peer table."""
-    return web.json_response({"peers": request.app[NODE].peer_rows()})
+    """The peer table, and the peers refused for not being in this swarm."""
+    node = request.app[NODE]
+    return web.json_response({"peers": node.peer_rows(), "refused": node.refused_rows()})
 
 
 @routes.get("/api/admin/swarm")

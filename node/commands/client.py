@@ -226,8 +226,8 @@ def peers(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    rows = data.get("peers", [])
-    if not rows:
+    rows, refused = data.get("peers", []), data.get("refused", [])
+    if not rows and not refused:
         print("no peers")
         return 0
     print(f"{'PEER':9} {'STATE':10} {'TRANSPORT':9} {'RTT MS':>7} {'ADDRESS':28} MODELS")
@@ -236,6 +236,12 @@ def peers(args: argparse.Namespace) -> int:
         models_text = ", ".join(_advert_text(m) for m in p.get("models", [])) or "-"
         print(f"{p['short_id']:9} {p['state']:10} {p.get('transport') or '-':9} {rtt:>7} "
               f"{p.get('address') or '-':28} {models_text}")
+        if p.get("last_error") and p["state"] != "connected":
+            print(f"{'':9} last error: {p['last_error']}")
+    shown = {p["short_id"] for p in rows}
+    for r in (r for r in refused if r["peer"] not in shown):  # never linked (a --bootstrap address)
+        print(f"{r['peer']:9} {'refused':10} not in this swarm (swarm {r['swarm'] or '-'}) x{r['count']}: "
+              f"{r['reason']}" + (f"\n{'':9} {r['hint']}" if r.get("hint") else ""))
     return 0
 
 

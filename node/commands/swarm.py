@@ -84,6 +84,8 @@ def swarm(args: argparse.Namespace) -> int:
         who = "refused by us" if r["by_us"] else "refused us"
         print(f"  {r['peer']} {who} (swarm {r['swarm'] or '-'}) x{r['count']}, last {r['last_s_ago']:.0f} s ago"
               + (f": {r['reason'].removeprefix('refused us: ')}" if r.get("reason") else ""))
+        if r.get("hint"):
+            print(f"    {r['hint']}")
     return 0
 
 

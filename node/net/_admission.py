@@ -29,6 +29,7 @@ from node.errors import NotAMember, ProtocolError
 from node.logs import kv
 
 from ._frames import Frame, FrameType, encode_frame, type_name
+from ._hints import refusal_hint
 from ._identity import is_node_id, short_id
 from ._link import async_read_frame
 from ._membership import (
@@ -62,6 +63,12 @@ class Refusal:
     last_at: float = 0.0
     address: str | None = None
     reason: str = ""  # the last refusal's reason
+    hint: str = ""  # what a person can do about it (another swarm: invite and join), or ''
+
+    def describe(self) -> str:
+        """The refused peer's last_error: why, and what to do about it when there is a way."""
+        why = ("not in this swarm: " if self.by_us else "") + self.reason  # else: "refused us: ..."
+        return f"{why} ({self.hint})" if self.hint else why
 
 class Membership:
     """This node's swarm at run time. Loop-only; file writes go to an executor."""
@@ -116,8 +123,9 @@ class Membership:
 
     # --- refusals -----------------------------------------------------------------------------
 
-    def note_refusal(self, exc: NotAMember, address: str | None) -> Refusal:
-        """Count a refusal; the first for a peer is logged (the dialer never retries it)."""
+    def note_refusal(self, exc: NotAMember, address: str | None, *, dialled: bool = False) -> Refusal:
+        """Count a refusal; the first for a peer is logged, with what to do about it (the dialer
+        never retries it). `dialled`: this node dialled the peer (it meant to reach it)."""
         ref = self.refusals.get(exc.node_id)
         now = time.time()
         if ref is not None:
@@ -126,15 +134,18 @@ class Membership:
             while len(self.refusals) >= MAX_REFUSALS:  # fresh identities are cheap: keep the recent ones
                 self.refusals.popitem(last=False)
                 self.refusals_dropped += 1
+            hint = refusal_hint(peer_swarm=exc.swarm, ours=self.swarm.public_id, dialled=dialled,
+                                removed=exc.node_id in self.state.removed)
             ref = self.refusals[exc.node_id] = Refusal(exc.node_id, exc.swarm, exc.by_us, first_at=now,
-                                                       address=address)
+                                                       address=address, hint=hint)
             if exc.by_us:
                 log.warning("DIAG: refusing a peer that is not in this swarm %s", kv(
                     peer_id=short_id(exc.node_id), swarm=exc.swarm or "-", ours=self.swarm.public_id,
-                    reason=exc.message))
+                    reason=exc.message, hint=hint or None))
             else:
                 log.warning("DIAG: a peer refused this node: not in its swarm %s", kv(
-                    peer_id=short_id(exc.node_id), swarm=exc.swarm or "-", ours=self.swarm.public_id))
+                    peer_id=short_id(exc.node_id), swarm=exc.swarm or "-", ours=self.swarm.public_id,
+                    hint=hint or None))
         ref.count += 1
         ref.last_at = now
         ref.reason = exc.message

@@ -322,8 +322,7 @@ class PeerManager:
             stream.close()  # after our ERROR not_a_member, if we sent one
             if join_token is not None:
                 raise  # the inviter refused our invite, not our membership: async_join reports it
-            self.membership.note_refusal(exc, address if is_dialer and via_relay is None else None)
-            self._note_refused(exc)
+            self._note_refused(exc, address if is_dialer and via_relay is None else None, is_dialer)
             raise
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             stream.abort()
@@ -362,12 +361,13 @@ class PeerManager:
                 f"HELLO claims {short_id(hello.node_id)} but the certificate proves {short_id(node_id)}")
         return hello
 
-    def _note_refused(self, exc: NotAMember) -> None:
-        """A refused peer's record says so (the dialer leaves it alone; the GUI and report show it)."""
+    def _note_refused(self, exc: NotAMember, address: str | None, dialled: bool) -> None:
+        """Count the refusal; the peer's record says so and what to do (GUI, `peers`, report)."""
+        ref = self.membership.note_refusal(exc, address, dialled=dialled)
         rec = self.table.get(exc.node_id)
         if rec is not None and rec.link is None:
             rec.state = "refused"
-            rec.last_error = ("not in this swarm: " if exc.by_us else "refused us: ") + exc.message
+            rec.last_error = ref.describe()
             self.table.emit_changed(rec)
 
     def _preferred(self, a: PeerLink, b: PeerLink) -> PeerLink:

@@ -71,7 +71,8 @@ class SwarmOps:
             "invites_open": sum(1 for i in self._membership.state.invites.values() if i.expires_at > now),
             "removed": len(self._membership.state.removed),
             "refused": [{"peer": short_id(r.node_id), "node_id": r.node_id, "by_us": r.by_us, "swarm": r.swarm,
-                         "count": r.count, "last_s_ago": round(now - r.last_at, 1), "reason": r.reason}
+                         "count": r.count, "last_s_ago": round(now - r.last_at, 1), "reason": r.reason,
+                         "hint": r.hint}
                         for r in self._membership.refusals.values()],
             # the roster, most recently linked first (a lost device is removed by its id from here)
             "members": [{"peer": short_id(n), "node_id": n, "connected": n in linked,
