@@ -5,11 +5,18 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from node import errors
 from node.trace import RequestTrace
 
 # Prometheus' base unit is the second (`_seconds`): dashboards and `histogram_quantile` expect it.
 _S_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1)
+
+# swarmllm_failovers' causes: how a segment failed (pipeline/run.py, coordinator.py, deadlines.py)
+# or the error code a peer answered with (any NodeError's)
+FAILURE_CAUSES = frozenset({"link_drop", "unreachable", "protocol", "error", "ack_deadline", "result_deadline",
+                            "tokens_deadline", "deadline", "cancelled"} | {
+    c.code for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.NodeError)})
 
 
 class NodeMetrics:
@@ -37,6 +44,14 @@ class NodeMetrics:
                                      labels, registry=self.registry)
         self.completion_tokens = Counter("swarmllm_completion_tokens", "Tokens generated", labels,
                                          registry=self.registry)
+        # A peer failing a request mid-way (the request leaves it for another route, or fails when
+        # none is left) and the waits for a lost peer to link again: before, in logs and traces only.
+        self.failovers = Counter("swarmllm_failovers", "Attempts that failed on a peer (the request "
+                                 "failed over, or failed with none left), by cause", ("model", "route", "cause"),
+                                 registry=self.registry)
+        self.regain_wait_s = Histogram("swarmllm_route_regain_wait_seconds", "Waits for a lost peer to link "
+                                       "again (outcome: regained or gave_up)", ("model", "route", "outcome"),
+                                       buckets=_S_BUCKETS, registry=self.registry)
         self.in_flight = Gauge("swarmllm_in_flight_requests", "Requests being served", registry=self.registry)
 
     def observe_trace(self, trace: RequestTrace) -> None:
@@ -54,6 +69,10 @@ class NodeMetrics:
             self.prompt_tokens.labels(*key).inc(trace.prompt_tokens)
         if trace.completion_tokens:
             self.completion_tokens.labels(*key).inc(trace.completion_tokens)
+        for cause in trace.failure_causes:  # a peer's error code is its word: a fixed set, or "other"
+            self.failovers.labels(*key, cause if cause in FAILURE_CAUSES else "other").inc()
+        for seconds, regained in trace.regain_waits:
+            self.regain_wait_s.labels(*key, "regained" if regained else "gave_up").observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """Exposition text and its content type."""

@@ -92,6 +92,8 @@ class RequestTrace:
     error_code: str | None = None
     error_param: str | None = None
     first_attempt_cause: str | None = None
+    failure_causes: list[str] = field(default_factory=list)  # each failed attempt's cause, in order
+    regain_waits: list[tuple[float, bool]] = field(default_factory=list)  # (seconds, regained?) per wait
 
     # --- phase marks (written by the pipeline) ---
 
@@ -114,6 +116,16 @@ class RequestTrace:
             self.assembled = now
         if segments is not None:
             self.segments = segments
+
+    def note_failure(self, cause: str, message: str) -> None:
+        """An attempt failed on a peer (the request fails over, or fails): /metrics counts causes."""
+        if self.first_attempt_cause is None:
+            self.first_attempt_cause = f"{cause}: {message}"
+        self.failure_causes.append(cause)
+
+    def note_regain_wait(self, seconds: float, regained: bool) -> None:
+        """The request waited for a lost peer to link again (ROUTE_REGAIN_S at most)."""
+        self.regain_waits.append((seconds, regained))
 
     def mark_token(self, n: int = 1) -> None:
         """n completion tokens were produced."""

@@ -167,8 +167,7 @@ class RemoteEmbedder:
                 last = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
                 if failure.cause == Overloaded.code:
                     overloaded = failure.message
-                if trace.first_attempt_cause is None:
-                    trace.first_attempt_cause = f"{failure.cause}: {failure.message}"
+                trace.note_failure(failure.cause, failure.message)
                 log.warning("DIAG: remote embeddings attempt failed %s", kv(
                     request_id=trace.request_id, attempt=attempt, node=failure.node_id[:8], cause=failure.cause,
                     error=failure.message))

@@ -196,12 +196,14 @@ class PipelineRun:
                                                    f"(last: {self.last_failure})") from exc
                     raise
                 if now >= deadline or self.job.cancel.is_set():  # (cancelled: the node stops, an unload)
+                    trace.note_regain_wait(now - waited_from, regained=False)
                     last = f" (last: {self.last_failure})" if self.last_failure else ""
                     raise InsufficientCapacity(f"{exc.message}; waited {now - waited_from:.0f} s for "
                                                f"{', '.join(waited_for)} to link again{last}") from exc
                 await asyncio.sleep(const.ROUTE_REGAIN_POLL_S)
                 continue
             if waited_from is not None:
+                trace.note_regain_wait(time.monotonic() - waited_from, regained=True)
                 log.info("DIAG: pipeline route regained %s", kv(
                     request_id=trace.request_id, waited_ms=round((time.monotonic() - waited_from) * 1000),
                     segments=att.plan.describe()))
@@ -381,8 +383,7 @@ class PipelineRun:
         log.warning("DIAG: pipeline attempt failed %s", kv(
             request_id=trace.request_id, attempt=self.attempt_no, node=failure.node_id[:8], cause=failure.cause,
             error=failure.message, tokens_so_far=len(self.generated)))
-        if trace.first_attempt_cause is None:
-            trace.first_attempt_cause = f"{failure.cause}: {failure.message}"
+        trace.note_failure(failure.cause, failure.message)
         self.last_failure = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
         if standby is not None:  # both seed 000 markers
             log.info("DIAG: failing over to standby %s", kv(request_id=trace.request_id, failed=failure.node_id[:8],

@@ -1,0 +1,66 @@
+"""A failover and a wait for a lost peer show in GET /metrics (swarmllm_failovers_total by cause,
+swarmllm_route_regain_wait_seconds by outcome), not only in the log and the request's trace."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import aiohttp
+import pytest
+
+from tests.pipeline.swarm import split_model, start_chain3, wait_for_route, wait_peers
+from tests.support.sse import SseJson, delta_text
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.slow]
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of metric `name` whose labels include `labels` (None: no such series)."""
+    for line in text.splitlines():
+        m = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            return float(m.group(2))
+    return None
+
+
+def test_a_holder_restarted_mid_stream_counts_a_failover_and_a_regained_wait(tmp_path):
+    model = split_model(tmp_path)
+    procs = a, _b, c = start_chain3(tmp_path, model)
+    try:
+        async def go() -> tuple[dict | None, str]:
+            for p in procs:
+                await p.async_wait_ready()
+            await wait_peers(a, 2)
+            model_id = await wait_for_route(a, "split6")
+            body = {"model": model_id, "messages": [{"role": "user", "content": "count the peers"}],
+                    "max_tokens": 40, "stream": True, "temperature": 0}
+            chunks, error = 0, None
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+                async with s.post(a.base + "/v1/chat/completions", json=body, headers=a.auth) as r:
+                    assert r.status == 200
+                    async for event in SseJson(r):
+                        if "error" in event:
+                            error = event
+                            break
+                        chunks += bool(delta_text(event))
+                        if chunks == 4:  # the last segment's node dies and starts again (same identity)
+                            await asyncio.to_thread(c.kill)
+                            c.start()
+
+
+                async def counted() -> str | None:  # the trace is observed as the request finishes
+                    async with s.get(a.base + "/metrics") as r:
+                        text = await r.text()
+                    return text if _sample(text, "swarmllm_failovers_total", cause="link_drop") else None
+                return error, await wait_until(counted, 20, 0.1, "the failover counted in /metrics")
+
+        error, metrics = asyncio.run(go())
+        assert error is None, error
+        assert _sample(metrics, "swarmllm_failovers_total", cause="link_drop", route="distributed") == 1, metrics
+        assert _sample(metrics, "swarmllm_route_regain_wait_seconds_count", outcome="regained") == 1, metrics
+        assert _sample(metrics, "swarmllm_route_regain_wait_seconds_sum", outcome="regained") > 0
+    finally:
+        for p in procs:
+            p.terminate()
