@@ -278,6 +278,7 @@ class PeerUnreachable(PeerError):
     """Could not connect to a peer (direct or relayed)."""
 
     code = "peer_unreachable"
+    timed_out = False  # True: nothing answered (no refusal, no reset): asleep or off the network
 
 
 class SelfConnection(PeerError):

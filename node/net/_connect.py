@@ -82,7 +82,9 @@ def _classify(exc: BaseException, addr: str) -> BaseException:
     if isinstance(exc, NotSwarmPeer | PeerIdentityMismatch | PeerError):
         return exc
     if isinstance(exc, TimeoutError):
-        return PeerUnreachable(f"{addr}: timed out")
+        silent = PeerUnreachable(f"{addr}: timed out")
+        silent.timed_out = True
+        return silent
     if isinstance(exc, asyncio.IncompleteReadError):
         return PeerUnreachable(f"{addr}: connection closed during set-up")
     if isinstance(exc, OSError):

@@ -27,6 +27,7 @@ from ._addr import parse_addr
 from ._admission import Membership
 from ._connect import Establish, async_dial_direct, async_dial_first, async_dial_relayed
 from ._foreign import ForeignPeers
+from ._hints import no_answer_since
 from ._identity import short_id
 from ._link import PeerLink
 from ._messages import NotSwarmPeer
@@ -246,6 +247,8 @@ class Dialer:
             rec.backoff_s = _next_backoff(rec.backoff_s, relay=self._is_relay(rec))
             rec.next_dial_at = time.monotonic() + _jitter(rec.backoff_s)
             rec.last_error = exc.message
+            if isinstance(exc, PeerUnreachable) and exc.timed_out and rec.last_seen is not None:
+                rec.last_error = no_answer_since(rec.last_seen, exc.message)  # it went silent: say when
             if rec.link is None and rec.state != "gone":
                 rec.state = "gone"
                 rec.gone_since = time.monotonic()
@@ -257,6 +260,7 @@ class Dialer:
 
     async def _async_dial_record(self, rec: PeerRecord) -> PeerLink:
         errors: list[str] = []
+        silent: list[bool] = []  # per failure: it timed out (nothing answered)
         addrs = self._direct_addrs(rec)
         while addrs:  # racing (async_dial_first): a dead address first no longer costs a connect timeout
             if link := self._table.link(rec.node_id):
@@ -264,6 +268,7 @@ class Dialer:
             won, failures = await async_dial_first(self._tls, addrs, rec.node_id)
             self._dials_failed(rec, failures, "peer")
             errors += [exc.message for _addr, exc in failures]
+            silent += [isinstance(exc, PeerUnreachable) and exc.timed_out for _addr, exc in failures]
             if won is None:
                 break
             addr, stream, proven = won
@@ -275,6 +280,7 @@ class Dialer:
                 raise  # not in our swarm: no other address or relay will change that
             except PeerError as exc:
                 errors.append(exc.message)
+                silent.append(isinstance(exc, PeerUnreachable) and exc.timed_out)
         for relay_addr in list(rec.relays):
             if link := self._table.link(rec.node_id):
                 return link
@@ -287,7 +293,10 @@ class Dialer:
                 raise
             except PeerError as exc:
                 errors.append(exc.message)
-        raise PeerUnreachable("; ".join(errors) or "no address known")
+                silent.append(isinstance(exc, PeerUnreachable) and exc.timed_out)
+        failed = PeerUnreachable("; ".join(errors) or "no address known")
+        failed.timed_out = bool(silent) and all(silent)
+        raise failed
 
     def _dials_failed(self, rec: PeerRecord, failures: list[tuple[str, PeerError]], site: str) -> None:
         """What failed dials of a peer's addresses teach, on every path that dials them: an address

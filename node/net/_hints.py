@@ -9,6 +9,8 @@ peers`, the GUI's peer row and report).
 
 from __future__ import annotations
 
+import time
+
 from ._membership import OPEN
 
 JOIN_THERE = "to join that device's swarm: run `swarmllm invite` on it, then `swarmllm join CODE` here"
@@ -28,3 +30,10 @@ def refusal_hint(*, peer_swarm: str | None, ours: str, removed: bool, dialled: b
     if ours == OPEN:
         return WE_OPEN if dialled else ""
     return JOIN_THERE if dialled else LET_IN
+
+
+def no_answer_since(last_seen: float, error: str) -> str:
+    """A linked peer's redials time out: when it was last heard, and the likely why (before
+    2026-12-06 only "ADDR: timed out"). `last_seen`: unix time of its last frame."""
+    return f"no answer since {time.strftime('%H:%M:%S', time.localtime(last_seen))} " \
+           f"(asleep or off the network?): {error}"

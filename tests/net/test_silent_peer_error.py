@@ -1,0 +1,39 @@
+"""A peer that went silent (a laptop asleep, off the Wi-Fi) is redialled; its last_error says when
+it was last heard and the likely why, not only "ADDR: timed out"."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from node import const
+from tests.support.waiting import wait_until
+
+from .test_links import linked
+from .util import addr
+
+
+async def test_a_silent_peers_last_error_says_since_when(make_manager, fast_net, monkeypatch):
+    monkeypatch.setattr(const, "HANDSHAKE_TIMEOUT_S", 0.5)  # a redial into silence gives up soon
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    await wait_until(lambda: linked(a, b), what="a and b linked")
+    port, b_id = b.listen_port, b.node_id
+    await b.async_stop()
+    # b's address now takes connections and never answers, as a machine whose process is frozen
+    silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    silent.bind(("127.0.0.1", port))
+    silent.listen(64)
+    try:
+        def said() -> str | None:
+            err = a.peer(b_id).last_error or ""
+            return err if "timed out" in err else None
+        err = await wait_until(said, 20, 0.05, "a redial of b timing out")
+        heard = a.peer(b_id).last_seen
+        assert heard is not None
+        since = time.strftime("%H:%M:%S", time.localtime(heard))
+        assert err.startswith(f"no answer since {since} (asleep or off the network?): "), err
+        assert err.endswith(f"127.0.0.1:{port}: timed out"), err
+    finally:
+        silent.close()
