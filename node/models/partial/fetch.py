@@ -16,6 +16,10 @@ resumes where the bytes stopped (nothing fetched twice). Answers:
 - 200 with another validator (If-Range: the file changed), or a 206 of another total: every part
   of the old version is dropped and the header probed again; the same header restarts the
   fetch from zero, another one fails (the model this node named is gone from that URL).
+  A manifest with no validator yet (made from the swarm's header, fromheader.py) meeting its
+  origin's first one is no change: the same file (header, size, the whole-file sha256 where the
+  origin states one) has that validator recorded and every part held kept; another file fails
+  the fetch, nothing removed.
 - 200 with the same validator: the server ignores Range; the file is read through once from
   byte 0, keeping only the wanted tensors' bytes, and the connection dropped after the last.
 - 5xx / 429 retried (DOWNLOAD_RETRIES, backing off), other statuses fail.
@@ -105,7 +109,14 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
         sha256=sha256.lower() if sha256 else linked))
     if old is not None and (old.header_sha256, old.size_bytes) == (fresh.header_sha256, size):
         manifest = old
-        if old.validator != validator:  # same header, another version: nothing fetched is kept
+        if old.validator is None and validator is not None:  # made from the swarm's header: a first version
+            if linked is not None and linked != old.sha256:  # the swarm's file replaced in place: kept, unvouched
+                log.warning("DIAG: model origin answers for another file, serving the layers held %s",
+                            kv(url=origin, model=old.sha256[:16], origin_sha256=linked[:16], held=old.describe()))
+                return store, old
+            old.validator = validator  # the parts held (peers', unchecked) stay until a spot check
+            await loop.run_in_executor(None, store.save, old)
+        elif old.validator != validator:  # same header, another version: nothing fetched is kept
             if forget is not None:
                 await loop.run_in_executor(None, forget, old.sha256)
             await loop.run_in_executor(None, store.remove_parts, old, sorted({t.part for t in old.tensors.values()}))
@@ -262,8 +273,13 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
             except _OriginChanged as exc:
                 # the origin says first whether it is another version: an answer that is not the
                 # file (an error page or a proxy's reply with a 200) must not cost the parts held
-                data, _header, size, validator, _ = await _async_probe_resuming(url, session, stats)
+                data, _header, size, validator, linked = await _async_probe_resuming(url, session, stats)
                 same_model = hashlib.sha256(data).hexdigest() == manifest.header_sha256 and size == manifest.size_bytes
+                if manifest.validator is None and validator is not None:
+                    # never validated (made from the swarm's header, fromheader.py): a first version is
+                    # no change, and the parts held (peers', unchecked) are the swarm's file's
+                    await _async_first_version(store, manifest, io, same_model, validator, linked)
+                    continue
                 if same_model and validator == manifest.validator:
                     spurious += 1
                     if spurious > 2:
@@ -302,6 +318,22 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
         wire_mb=round(stats.wire_bytes / 1e6, 1), requests=stats.requests, attempts=stats.attempts,
         elapsed_s=round(time.monotonic() - started, 1), held=manifest.describe()))
     return stats
+
+
+async def _async_first_version(store: PartialStore, manifest: Manifest, io: concurrent.futures.Executor,
+                               same_model: bool, validator: str, linked: str | None) -> None:
+    """A manifest with no validator meets its origin's first: recorded when the origin holds the
+    same file (header, size, and whole-file sha256 where it states one), nothing removed (the parts
+    held stay unchecked until a spot check); else DownloadFailed, nothing removed either."""
+    if not same_model or (linked is not None and linked != manifest.sha256):
+        log.warning("DIAG: model origin answers for another file, the layers held are kept %s",
+                    kv(model=manifest.sha256[:16], url=manifest.origin_url, origin_sha256=(linked or "")[:16] or None))
+        raise DownloadFailed(f"{manifest.origin_url} now holds another file than this model "
+                             f"({manifest.sha256[:16]}): its layers can come from peers only")
+    manifest.validator = validator
+    await asyncio.get_running_loop().run_in_executor(io, store.save, manifest)
+    log.info("DIAG: model origin answered, its version recorded for the layers taken from peers %s",
+             kv(model=manifest.sha256[:16], url=manifest.origin_url))
 
 
 async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: list[str], url: str,

@@ -8,8 +8,9 @@ here; its id is the swarm's (the holders' advertised whole-file sha256), so it c
 Its layers then come from peers only (their hashes; kept `unchecked` until an origin, if one is
 named, vouches), and the validator is unknown (`None`): an origin that answers later for a file of
 the same header and size (and, where it states one, the same whole-file sha256) has its validator
-recorded (`async_adopt_origin`, before a fetch) and the parts kept here stay unchecked until its
-spot check.
+recorded (`async_adopt_origin`, before a fetch; when that probe gets no answer, by the fetch's
+first answer: fetch.py `_async_first_version`) and the parts kept here stay unchecked until its
+spot check; an origin holding another file fails the fetch, and nothing held is removed.
 """
 
 from __future__ import annotations
