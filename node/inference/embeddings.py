@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -299,14 +300,13 @@ def check_ids(ids: np.ndarray, lens: Sequence[int], n_ctx: int, n_vocab: int, pa
                              f"(0..{n_vocab - 1})", param="input")
 
 
-async def embed_held(models: ModelManager, served: ServedModel, token_lists: Sequence[Sequence[int]],
-                     dimensions: int | None, request_id: str, locked: Callable[[], None] = lambda: None,
-                     cancel: asyncio.Event | None = None) -> np.ndarray:
-    """The vectors of a model held whole here: the caller admitted the request and counted it in
-    the model's `waiting` (models.mark(waiting=+1)); this waits for the model's lock (then calls
-    `locked`), loads it on demand and embeds in runs (stopping between two when `cancel` is set).
-    The vectors come back as one float32 array (inputs x n_embd), made on executors: millions of
-    Python floats are never made, nor freed, on the loop."""
+@contextlib.asynccontextmanager
+async def held_engine(models: ModelManager, served: ServedModel, request_id: str,
+                      locked: Callable[[], None] = lambda: None) -> AsyncIterator[Any]:
+    """The engine of a model held whole here, for embeddings and reranking alike: the caller admitted
+    the request and counted it in the model's `waiting` (models.mark(waiting=+1)); this waits for
+    the model's lock (then calls `locked`), loads the model on demand, and frees the lock and the
+    counts when the block ends (a completion on the model waits between two of its runs only)."""
     queued, holding = True, False
     try:
         await models.async_refuse_failed(served)  # (a peer's EMBED: its check could not stat the file)
@@ -319,6 +319,23 @@ async def embed_held(models: ModelManager, served: ServedModel, token_lists: Seq
         engine = served.engine
         if engine is None:
             raise ModelUnavailable(f"model {served.id} was unloaded while the request was starting")
+        yield engine
+    finally:
+        if queued:
+            models.mark(served, waiting=-1)
+        if holding:
+            served.lock.release()
+            models.mark(served, busy=False)
+
+
+async def embed_held(models: ModelManager, served: ServedModel, token_lists: Sequence[Sequence[int]],
+                     dimensions: int | None, request_id: str, locked: Callable[[], None] = lambda: None,
+                     cancel: asyncio.Event | None = None) -> np.ndarray:
+    """The vectors of a model held whole here (held_engine: the caller admitted the request and
+    counted it in `waiting`), embedded in runs (stopping between two when `cancel` is set). The
+    vectors come back as one float32 array (inputs x n_embd), made on executors: millions of
+    Python floats are never made, nor freed, on the loop."""
+    async with held_engine(models, served, request_id, locked) as engine:
         n_embd = await engine.async_run(engine.n_embd)
         if dimensions is not None and dimensions != n_embd:
             raise InvalidRequest(f"`dimensions` {dimensions} is not supported: model {served.id} gives "
@@ -329,12 +346,6 @@ async def embed_held(models: ModelManager, served: ServedModel, token_lists: Seq
                 raise asyncio.CancelledError
             parts.append(await engine.async_run(_embed_run, engine, run))
         return await asyncio.get_running_loop().run_in_executor(None, np.concatenate, parts)
-    finally:
-        if queued:
-            models.mark(served, waiting=-1)
-        if holding:
-            served.lock.release()
-            models.mark(served, busy=False)
 
 
 def _embed_run(engine: Any, run: list[Sequence[int]]) -> np.ndarray:

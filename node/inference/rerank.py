@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from node.errors import Conflict, ContextLengthExceeded, InvalidRequest, ModelUnavailable
+from node.errors import Conflict, ContextLengthExceeded, InvalidRequest
 from node.inference.embedder import embed_limit
-from node.inference.embeddings import EMBED_RUN_TOKENS, _runs
+from node.inference.embeddings import EMBED_RUN_TOKENS, _runs, held_engine
 from node.inference.manager import ModelManager, ServedModel
 from node.trace import RequestTrace, SegmentTrace
 
@@ -128,27 +128,10 @@ async def run_rerank(models: ModelManager, request: RerankRequest, trace: Reques
 
 async def rank_held(models: ModelManager, served: ServedModel, pairs: Sequence[list[int]], request_id: str,
                     locked: Callable[[], None]) -> list[float]:
-    """The scores of a reranker held whole here, as embeddings.embed_held runs: the caller admitted
-    the request and counted it in `waiting`; this waits for the model's lock, loads it on demand and
-    scores in runs of about EMBED_RUN_TOKENS tokens (a completion on the model waits for one run)."""
-    queued, holding = True, False
-    try:
-        await served.lock.acquire()
-        holding, queued = True, False
-        models.mark(served, waiting=-1, busy=True)
-        locked()
-        await models.async_load_on_demand(served, request_id=request_id)
-        await models.async_check_file(served)
-        engine = served.engine
-        if engine is None:
-            raise ModelUnavailable(f"model {served.id} was unloaded while the request was starting")
+    """The scores of a reranker held whole here (embeddings.held_engine: the caller admitted the
+    request and counted it in `waiting`), scored in runs of about EMBED_RUN_TOKENS tokens."""
+    async with held_engine(models, served, request_id, locked) as engine:
         scores: list[float] = []
         for run in _runs(pairs, EMBED_RUN_TOKENS):
             scores += await engine.async_run(engine.rank, run)
         return scores
-    finally:
-        if queued:
-            models.mark(served, waiting=-1)
-        if holding:
-            served.lock.release()
-            models.mark(served, busy=False)
