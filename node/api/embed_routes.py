@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -35,21 +35,21 @@ routes = web.RouteTableDef()
 EUCLIDEAN = 2  # llama-server's `embd_normalize` for L2, its default and this node's only one
 
 
-async def serve_embeddings(request: web.Request, embedding: EmbeddingRequest,
-                           render: Callable[[EmbeddingResult], Any]) -> web.Response:
-    """Run one embeddings request (traced) and write `render(result)` as JSON."""
-    node = request.app[NODE]
+async def serve_traced_json(node: Any, trace: RequestTrace,
+                            produce: Callable[[], Awaitable[Callable[[], Any]]]) -> web.Response:
+    """One traced request whose reply is one JSON body (embeddings, rerank): `produce()` does the
+    work and gives the function that builds the body, which runs off the loop with its encoding, in
+    pieces (thousands of floats, megabytes of documents: one json.dumps holds the GIL throughout,
+    2,048 inputs' vectors, 2.9 MB, stalled the loop 0.28 s from a worker thread). Errors in the
+    OpenAI shape; the trace is finished either way."""
     hub = node.traces
-    trace = hub.start(RequestTrace(model=embedding.model, operation="embeddings"))
     outcome, error = "error", None
     try:
         if node.stopping:
             raise ShuttingDown("the node is shutting down; try another node or again later")
-        result = await run_embeddings(node.models, embedding, trace, node.short_id, remote=node.embedder)
+        build = await produce()
         trace.finished = time.monotonic()
-        # thousands of floats: format them off the loop, in pieces (one json.dumps holds the GIL
-        # throughout: 2,048 inputs' vectors, 2.9 MB, stalled the loop 0.28 s from a worker thread)
-        data = await asyncio.get_running_loop().run_in_executor(None, lambda: json_body.encode(render(result)))
+        data = await asyncio.get_running_loop().run_in_executor(None, lambda: json_body.encode(build()))
         outcome = "ok"
         return web.Response(body=data, content_type="application/json", charset="utf-8", headers=trace.headers())
     except asyncio.CancelledError:
@@ -64,6 +64,19 @@ async def serve_embeddings(request: web.Request, embedding: EmbeddingRequest,
         return error_response(error, headers=trace.headers())
     finally:
         hub.finish(trace, outcome, error=error)
+
+
+async def serve_embeddings(request: web.Request, embedding: EmbeddingRequest,
+                           render: Callable[[EmbeddingResult], Any]) -> web.Response:
+    """Run one embeddings request (traced) and write `render(result)` as JSON."""
+    node = request.app[NODE]
+    trace = node.traces.start(RequestTrace(model=embedding.model, operation="embeddings"))
+
+    async def produce() -> Callable[[], Any]:
+        result = await run_embeddings(node.models, embedding, trace, node.short_id, remote=node.embedder)
+        return lambda: render(result)
+
+    return await serve_traced_json(node, trace, produce)
 
 
 def native_body(result: EmbeddingResult) -> list[dict[str, Any]]:

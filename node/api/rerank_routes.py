@@ -11,19 +11,17 @@ reranker held whole here. Scoring: node.inference.rerank.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import Any
 
 from aiohttp import web
 
 from node import const
-from node.api import json_body
 from node.api.appkeys import NODE
-from node.api.errors import error_response, read_json
+from node.api.embed_routes import serve_traced_json
+from node.api.errors import read_json
 from node.api.llama_native import _default_model
-from node.errors import InvalidRequest, NodeError, ShuttingDown
+from node.errors import InvalidRequest
 from node.inference.rerank import RerankRequest, RerankResult, run_rerank
 from node.trace import RequestTrace
 
@@ -109,28 +107,11 @@ async def rerank(request: web.Request) -> web.Response:
     body = await read_json(request)
     trace = hub.start(RequestTrace(model=str(body.get("model") or "") if isinstance(body, dict) else "",
                                    operation="rerank"))
-    outcome, error = "error", None
-    try:
-        if node.stopping:
-            raise ShuttingDown("the node is shutting down; try another node or again later")
+
+    async def produce() -> Any:
         parsed = parse_rerank(request, body)
         trace.model = parsed.model
         result = await run_rerank(node.models, parsed, trace, node.short_id)
-        trace.finished = time.monotonic()
-        # the documents (return_documents) may be megabytes: JSON made off the loop
-        data = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: json_body.encode(rerank_body(parsed, result)))
-        outcome = "ok"
-        return web.Response(body=data, content_type="application/json", charset="utf-8", headers=trace.headers())
-    except asyncio.CancelledError:
-        outcome = "cancelled"
-        raise
-    except NodeError as exc:
-        error = exc
-        return error_response(exc, headers=trace.headers())
-    except Exception:  # a bug: a 500 in the OpenAI shape, the traceback in the log
-        log.exception("request failed unexpectedly request_id=%s", trace.request_id)
-        error = NodeError("internal server error; see the node log for details")
-        return error_response(error, headers=trace.headers())
-    finally:
-        hub.finish(trace, outcome, error=error)
+        return lambda: rerank_body(parsed, result)  # (the documents, return_documents: maybe megabytes)
+
+    return await serve_traced_json(node, trace, produce)
