@@ -121,7 +121,11 @@ class Vocabulary:
             if template is not None:
                 self._compiled.move_to_end(key)
                 return template.deep_copy()
-        lark = to_lark(spec, self)
+        try:
+            lark = to_lark(spec, self)
+        except ValueError as exc:  # past the bound (g.MAX_NODES): many tools with big schemas (was a 500)
+            raise InvalidRequest(f"`{param}`: the constrained-decoding grammar is too large ({exc}); offer fewer "
+                                 "tools or smaller schemas", param=param) from exc
         template = llguidance.LLMatcher(self.tokenizer, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
         if not template.is_error():
             # the first token's mask: a schema that admits no value at all (`{"$ref": "#"}`, a

@@ -190,12 +190,27 @@ class ReasoningSplitter:
             rest = g.after(spec, opener)
             if rest is not None:
                 ends.append(g.seq(_upto(opener, opener in token_ends), *rest))
+        whole = self._with_room(spec, ends)
+        if len(ends) > 1 and not _fits(whole):  # each opener branch copies the call grammar: with many
+            whole = self._with_room(spec, ends[:1])  # tools that passed g.MAX_NODES (a 500 for 40 tools,
+        return whole  # found in review): the closing tag alone then, as before
+
+    def _with_room(self, spec: g.Spec, ends: list[g.Spec]) -> g.Spec:
         thoughts = ends[0] if len(ends) == 1 else g.alt(*ends)
         if self.phase == "thinking":
             return thoughts
         if self.phase == "start":
             return g.alt(g.seq(g.literal(self.tags.open), thoughts), spec)
         return spec
+
+
+def _fits(spec: g.Spec) -> bool:
+    """Whether a spec keeps within the grammar's node bound (g.MAX_NODES)."""
+    try:
+        g.validate(spec)
+    except ValueError:
+        return False
+    return True
 
 
 def _upto(tag: str, is_token: bool) -> g.Spec:

@@ -35,5 +35,6 @@ def refusal_hint(*, peer_swarm: str | None, ours: str, removed: bool, dialled: b
 def no_answer_since(last_seen: float, error: str) -> str:
     """A linked peer's redials time out: when it was last heard, and the likely why (before
     2026-12-06 only "ADDR: timed out"). `last_seen`: unix time of its last frame."""
-    return f"no answer since {time.strftime('%H:%M:%S', time.localtime(last_seen))} " \
-           f"(asleep or off the network?): {error}"
+    when = time.localtime(last_seen)  # (from peers.json: maybe days ago; the date is said then)
+    shown = time.strftime("%H:%M:%S" if when[:3] == time.localtime()[:3] else "%Y-%m-%d %H:%M", when)
+    return f"no answer since {shown} (asleep or off the network?): {error}"

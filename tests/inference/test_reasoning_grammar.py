@@ -181,3 +181,23 @@ def test_an_opener_that_is_a_token_is_a_literal_every_peer_resolves():
     assert s.grammar(calls)["items"][1] == g.seq(g.free_text("<tool_call>"), g.literal("x"), g.literal("</tool_call>"))
     # no call opener among the grammar's starts (a JSON answer alone): the closing tag only, as before
     assert s.grammar(g.json_value(None)) == reasoning.ReasoningSplitter(reasoning.THINK, True).grammar(g.json_value(None))
+
+
+@pytest.mark.llama
+def test_many_tools_keep_within_the_grammar_bound_and_a_grammar_past_it_is_a_400(think_tok):
+    """Each opener branch copies the call grammar: 40 tools of 8 parameters on Qwen3.5 passed
+    g.MAX_NODES and every such request was a 500 (found in review). The branches are then left out
+    (the closing tag alone, as before); a tool grammar past the bound by itself is a 400 naming `tools`."""
+    from node.errors import InvalidRequest
+    from node.inference.request import ToolSpec
+
+    params = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(8)},
+              "required": [f"p{i}" for i in range(8)]}
+    tools = tuple(ToolSpec(f"tool_{n}", "a tool", params) for n in range(40))
+    spec = forced("Qwen3.5-4B", request(HI, tools=tools, choice="required"), think_tok)
+    g.validate(spec)  # within the bound
+    constrain.check(think_tok, SamplingParams(grammar=spec), "tools")  # compiles: no 500
+    too_many = tuple(ToolSpec(f"tool_{n}", "a tool", params) for n in range(128))
+    big = tool_grammar(detect_format(template("Qwen3.5-4B")), request(HI, tools=too_many, choice="required"))
+    with pytest.raises(InvalidRequest, match="too large"):
+        constrain.check(think_tok, SamplingParams(grammar=big), "tools")

@@ -37,3 +37,16 @@ async def test_a_silent_peers_last_error_says_since_when(make_manager, fast_net,
         assert err.endswith(f"127.0.0.1:{port}: timed out"), err
     finally:
         silent.close()
+
+
+def test_a_peer_last_heard_on_another_day_is_said_with_its_date():
+    """`last_seen` may come from peers.json (a peer heard days ago, redialled after a restart): a bare
+    time read as today (found in review)."""
+    import time as _time
+
+    from node.net._hints import no_answer_since
+
+    now = _time.time()
+    assert _time.strftime("%Y-%m-%d", _time.localtime(now - 3 * 86400)) in no_answer_since(now - 3 * 86400, "x")
+    today = no_answer_since(now, "x")
+    assert _time.strftime("%H:%M", _time.localtime(now)) in today and _time.strftime("%Y-", _time.localtime(now)) not in today

@@ -190,6 +190,8 @@ class PipelineRun:
                         request_id=trace.request_id, peers=",".join(awaited), deadline_s=const.ROUTE_REGAIN_S,
                         error=exc.message))
                 if deadline is None or not awaited:  # (a silent one that spoke again: slow, not gone)
+                    if waited_from is not None:  # a wait begun and ended so counts too (found in review)
+                        trace.note_regain_wait(now - waited_from, regained=False)
                     if self.excluded and self.last_failure:  # "held: nothing" alone hid who failed, and how
                         raise InsufficientCapacity(f"{exc.message}; left out after failing this request: "
                                                    f"{', '.join(sorted(n[:8] for n in self.excluded))} "
