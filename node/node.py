@@ -207,7 +207,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
                                                name="open-model-url") for url in self._later_urls]
         self._url_tasks += [asyncio.create_task(self.partials.async_open_pending(url, task, self._async_serve_url_model),
                                                 name="open-model-url-pending") for url, task in self._pending_urls.items()]
-        self._url_tasks += [self._load_later(slice_) for slice_ in retries]
+        self._url_tasks += [self._load_later(slice_) for slice_ in retries] + self._repo_refreshes()
         log.info("DIAG: node started node_id=%s api=%s models=%d ready=%s elapsed_ms=%d", self.short_id,
                  self.api_url, len(self.models.all()), self.models.ready, (time.monotonic() - started) * 1000)
 

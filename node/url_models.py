@@ -6,6 +6,7 @@ the layer choice; `--layers`: its slice loaded)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,11 @@ from node import const
 from node.errors import InvalidRequest
 from node.inference.pipeline import fixed
 from node.inference.pipeline.host import parse_layers
+from node.logs import kv
 from node.models.catalog import ModelEntry
 from node.models.sources import is_model_url
+
+log = logging.getLogger(__name__)
 
 
 class UrlModels:
@@ -56,11 +60,13 @@ class UrlModels:
         if urls and not (self.config.layers or self.config.serve == "auto"):
             raise InvalidRequest("a model given by URL is served in layers: add --layers A-B or --serve auto "
                                  "(`swarmllm download URL` fetches the whole file)", param="model")
+        await self.partials.origins.async_load()  # a repo an earlier run looked up: its file, offline too
         dirs, self._later_urls, self._pending_urls = await self.partials.async_open_all(
             urls, later_ok=self.config.serve == "auto", wait_s=const.PARTIAL_START_OPEN_WAIT_S)
         # the directories of those not open yet are theirs too: the scan of models/ must not serve
         # them as files of the data dir (the open serves them when it ends)
-        # (a Hugging Face repo the Hub did not answer for has no directory known yet)
+        # (a Hugging Face repo never looked up has no directory known yet: `_async_serve_url_model`
+        # takes it from the scan's data_dir models when its open ends)
         later = [self.partials.directory_of(url) for url in [*self._later_urls, *self._pending_urls]
                  if self.partials.origins.file_of(url)]
         return dirs, dirs | set(await asyncio.get_running_loop().run_in_executor(None, lambda: [p.resolve() for p in later]))
@@ -70,8 +76,16 @@ class UrlModels:
         (`--serve auto`) or its `--layers` slice loaded."""
         if self._stopping:
             return
-        for entry in await self.catalog.async_scan([(directory, "cli")]):
-            await self.models.async_register(entry, whole=False)
+        entries = await self.catalog.async_scan([(directory, "cli")])
+        if not entries:  # scanned at start as a folder of models/ (a repo not known then): the URL's now
+            entries = [e for e in self.catalog.entries.values() if e.partial is not None and e.path == directory
+                       and e.source == "data_dir"]
+            for entry in entries:
+                log.info("DIAG: partial model of models/ is a --model URL's, serving it %s", kv(model=entry.id))
+                entry.source = "cli"
+        for entry in entries:
+            if not self.models.is_registered(entry.id):
+                await self.models.async_register(entry, whole=False)
             if self.autoserve is not None and self.config.serve == "auto":
                 await self.autoserve.async_add(entry)
             elif self.config.layers:
@@ -85,6 +99,12 @@ class UrlModels:
         retries = await fixed.async_load_at_start(self.slice_host, slices, self.note_activity)
         await self._async_announce()
         self._url_tasks += [self._load_later(slice_) for slice_ in retries]
+
+    def _repo_refreshes(self) -> list[asyncio.Task]:
+        """The Hub asked again, in the background, for the repos whose file an earlier run found."""
+        origins = self.partials.origins
+        return [asyncio.create_task(origins.async_refresh(url), name="refresh-model-repo")
+                for url in self.config.models if is_model_url(url) and origins.remembered(url)]
 
     def _load_later(self, slice_: tuple[Any, int, int]) -> asyncio.Task:
         return asyncio.create_task(fixed.async_load_later(

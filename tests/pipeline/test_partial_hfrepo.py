@@ -116,3 +116,69 @@ async def test_a_repo_on_the_command_line_is_a_url_not_a_missing_file(tmp_path):
     models = ["hf.co/org/Tiny-GGUF:Q4_K_M", "huggingface.co/org/Tiny-GGUF", "hf://org/Tiny-GGUF:Q8_0"]
     _check_models(models, as_slices=True)  # was: "no such file hf.co/org/Tiny-GGUF:Q4_K_M"
     assert model_sources(tmp_path, models, include_default=False) == []
+
+
+def _loaded(node) -> bool:
+    return any(s.state == "loaded" for s in node.slice_host.slices.values())
+
+
+async def test_a_repo_served_before_is_served_at_once_with_the_hub_down(tmp_path, hub, monkeypatch):
+    """Day 2, the Hub answering 503 to everything: the file the first run found is remembered
+    (models/repo-files.json), its partial model opens from what it holds and its layers load (the
+    start used to stop: the repo could not be looked up, `--layers` refuses to wait)."""
+    monkeypatch.setattr(const, "HF_LISTING_ATTEMPTS", 1)
+    config = node_config(tmp_path / "data", models=["hf://org/Tiny-GGUF:Q4_K_M"], layers="1-2", slice_dtype="f32",
+                         slice_kv_dtype="f32")
+    async with running_node(config) as node:
+        await wait_until(lambda: _loaded(node), 30.0, 0.05, "layers 1-2, the Hub answering")
+    hub.api_fail_with = hub.hub_fail_with = [(503, {})] * 1000
+    async with running_node(config) as node:
+        await wait_until(lambda: _loaded(node), 30.0, 0.05, "layers 1-2 held, the Hub down")
+        [hosted] = node.slice_host.slices.values()
+        assert (hosted.entry.sha256, hosted.entry.source) == (hub.sha256, "cli")
+        assert node.waiting_on() == []
+    # another spelling of the repo finds the same remembered file, offline too
+    config = node_config(tmp_path / "data", models=["hf.co/org/Tiny-GGUF:q4_k_m"], layers="1-2", slice_dtype="f32",
+                         slice_kv_dtype="f32")
+    async with running_node(config) as node:
+        await wait_until(lambda: _loaded(node), 30.0, 0.05, "layers 1-2 held, spelt hf.co/…")
+    assert len(hub.hub_fail_with) < 1000  # (the Hub was asked, and refused)
+
+
+async def test_a_repo_whose_lookup_ends_after_the_start_serves_its_folder_of_models(tmp_path, hub, monkeypatch):
+    """A data dir where the repo's file is not remembered (an earlier version's, the file deleted) and
+    the Hub answers only on the second try: the start catalogs the partial model as a folder of
+    models/; once the lookup ends, that model is the URL's and is served (it was left unserved,
+    though the node said "reachable: serving it")."""
+    for name, value in (("AUTO_SERVE_LOOK_S", 0.0), ("AUTO_SERVE_START_DELAY_S", 0.0), ("AUTO_SERVE_REACT_S", 0.01),
+                        ("PARTIAL_OPEN_RETRY_MIN_S", 0.2), ("HF_LISTING_ATTEMPTS", 1)):
+        monkeypatch.setattr(const, name, value)
+    config = node_config(tmp_path / "data", models=["hf://org/Tiny-GGUF:Q4_K_M"], serve="auto", slice_budget_mb=64,
+                         slice_dtype="f32", slice_kv_dtype="f32")
+    async with running_node(config) as node:
+        await wait_until(lambda: _loaded(node), 30.0, 0.05, "the model's layers, the Hub answering")
+    (tmp_path / "data" / "models" / "repo-files.json").unlink(missing_ok=True)
+    hub.api_fail_with = [(503, {})]
+    async with running_node(config) as node:
+        assert [m.entry.source for m in node.models.all()] == ["data_dir"]
+        await wait_until(lambda: _loaded(node), 30.0, 0.05, "the model's layers, once the Hub answers")
+        assert [(m.entry.sha256, m.entry.source) for m in node.models.all()] == [(hub.sha256, "cli")]
+
+
+async def test_a_remembered_repo_file_is_looked_up_again_and_a_new_one_remembered(tmp_path, hub, caplog):
+    """The repo's quant is another file now (renamed on the Hub): the running node goes on with the file
+    remembered; the next start opens the new one (another partial model, another model id)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "repo-files.json").write_text('{"repos": {"org/Tiny-GGUF:Q4_K_M@/": "hf://org/Tiny-GGUF/Old-Q4_K_M.gguf"}}')
+    partials = PartialModels(models)
+    await partials.origins.async_load()
+    url = "hf.co/org/Tiny-GGUF:Q4_K_M"
+    assert partials.origins.remembered(url) and partials.origins.file_of(url) == "hf://org/Tiny-GGUF/Old-Q4_K_M.gguf"
+    caplog.set_level(logging.INFO)
+    await partials.origins.async_refresh(url)
+    assert partials.origins.file_of(url) == f"hf://org/Tiny-GGUF/{Q4}" and not partials.origins.remembered(url)
+    assert "names another file now" in caplog.text
+    again = PartialModels(models)
+    await again.origins.async_load()
+    assert again.origins.file_of("hf://org/Tiny-GGUF:q4_k_m") == f"hf://org/Tiny-GGUF/{Q4}"

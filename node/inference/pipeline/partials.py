@@ -77,7 +77,7 @@ class PartialModels:
         self.note = note  # a line for the node's activity list (the GUI's status)
         self._lock = asyncio.Lock()
         self._urls: dict[Path, str] = {}  # partial model directory -> the file URL as given (its query too)
-        self.origins = OriginUrls()  # a URL as given -> its file's URL (a Hugging Face repo looked up once)
+        self.origins = OriginUrls(models_dir)  # a URL as given -> its file's URL (a Hugging Face repo looked up once)
         self._open_locks: dict[Path, asyncio.Lock] = {}  # one open at a time per directory
         # URL as given -> since when (epoch s): opens the start did not wait for (their origin not answering)
         self.opening: dict[str, float] = {}
