@@ -48,5 +48,9 @@ def test_a_peer_last_heard_on_another_day_is_said_with_its_date():
 
     now = _time.time()
     assert _time.strftime("%Y-%m-%d", _time.localtime(now - 3 * 86400)) in no_answer_since(now - 3 * 86400, "x")
-    today = no_answer_since(now, "x")
+    for _ in range(2):  # (a run across midnight: the second try is on the new day)
+        now = _time.time()
+        today = no_answer_since(now, "x")
+        if _time.localtime(now)[:3] == _time.localtime()[:3]:
+            break
     assert _time.strftime("%H:%M", _time.localtime(now)) in today and _time.strftime("%Y-", _time.localtime(now)) not in today

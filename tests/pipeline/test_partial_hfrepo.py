@@ -145,6 +145,23 @@ async def test_a_repo_served_before_is_served_at_once_with_the_hub_down(tmp_path
     assert len(hub.hub_fail_with) < 1000  # (the Hub was asked, and refused)
 
 
+async def test_a_remembered_file_whose_folder_is_gone_is_looked_up_again(tmp_path, hub):
+    """repo-files.json names a file the Hub no longer has (the quant renamed) and its folder is gone
+    (deleted to free space): the start looks the repo up again and serves the file it names now
+    (every `--layers` start was a 404 for a file the user never named: found in review)."""
+    models = tmp_path / "data" / "models"
+    models.mkdir(parents=True)
+    (models / "repo-files.json").write_text(
+        '{"repos": {"org/Tiny-GGUF:Q4_K_M@/": "hf://org/Tiny-GGUF/Old-Q4_K_M.gguf"}}')
+    config = node_config(tmp_path / "data", models=["hf://org/Tiny-GGUF:Q4_K_M"], layers="1-2", slice_dtype="f32",
+                         slice_kv_dtype="f32")
+    async with running_node(config) as node:
+        await wait_until(lambda: _loaded(node), 30.0, 0.05, "layers 1-2 of the file the repo names now")
+        [hosted] = node.slice_host.slices.values()
+        assert hosted.entry.sha256 == hub.sha256
+    assert "Old-Q4_K_M" not in (models / "repo-files.json").read_text()
+
+
 async def test_a_repo_whose_lookup_ends_after_the_start_serves_its_folder_of_models(tmp_path, hub, monkeypatch):
     """A data dir where the repo's file is not remembered (an earlier version's, the file deleted) and
     the Hub answers only on the second try: the start catalogs the partial model as a folder of

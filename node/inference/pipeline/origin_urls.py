@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from node.errors import InvalidRequest, SplitModelServedWhole
@@ -74,11 +75,17 @@ class OriginUrls:
         spec = read_spec(url)
         return isinstance(spec, RepoSpec) and _key(spec) in self._files and _key(spec) not in self._looked_up
 
-    async def async_file_of(self, url: str) -> str:
+    async def async_file_of(self, url: str, held: Callable[[str], bool] | None = None) -> str:
         """The file URL `url` names, a repo looked up on the Hub (DownloadFailed, NotFound,
-        HubAccessDenied, InvalidRequest as `swarmllm download` says them; SplitModelServedWhole)."""
+        HubAccessDenied, InvalidRequest as `swarmllm download` says them; SplitModelServedWhole).
+        `held(file URL)` (blocking, run off the loop): whether that file's partial model is on disk;
+        a file remembered from an earlier run whose folder is gone is looked up again (found in
+        review: a quant renamed on the Hub, the folder deleted, made every `--layers` start a 404)."""
         await self.async_load()
         known = self.file_of(url)
+        if known is not None and held is not None and self.remembered(url):
+            if not await asyncio.get_running_loop().run_in_executor(None, held, known):
+                known = None
         if known is not None:
             return known
         return await self._async_look_up(url)

@@ -104,7 +104,7 @@ class PartialModels:
         """The directory of url's partial model (its header probed; nothing else fetched but the
         tiny `globals` part). DownloadFailed when the origin cannot be read and nothing is here. A
         Hugging Face repo is looked up first (origin_urls.py): its file is the origin kept."""
-        url = await self.origins.async_file_of(url)
+        url = await self.origins.async_file_of(url, held=lambda file: self.directory_of(file).exists())
         directory = self.directory_of(url)
         async with self._open_locks.setdefault(directory, asyncio.Lock()):  # two spellings of one file
             store, manifest = await async_open_partial(url, directory, forget=self._forget)
