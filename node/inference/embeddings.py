@@ -97,15 +97,10 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
                                            truncated=request.truncate != "NONE")
         return EmbeddingResult(served.id, vectors, total)
 
-    def locked() -> None:
-        trace.mark_dequeued()
-        started = trace.begin_assembly()
-        trace.route = "local"
-        trace.end_assembly(started, [SegmentTrace(node_short_id, 0, served.entry.n_layers, "local")])
-
     models.admit(served)
     models.mark(served, waiting=+1)
-    vectors = await embed_held(models, served, token_lists, request.dimensions, trace.request_id, locked)
+    vectors = await embed_held(models, served, token_lists, request.dimensions, trace.request_id,
+                               traced_local(trace, node_short_id, served))
     return EmbeddingResult(served.id, vectors, total)
 
 
@@ -298,6 +293,17 @@ def check_ids(ids: np.ndarray, lens: Sequence[int], n_ctx: int, n_vocab: int, pa
         i = int(np.searchsorted(np.cumsum(lens), at, side="right"))
         raise InvalidRequest(f"`{param(i)}` holds token id {int(ids[at])}, outside the model's vocabulary "
                              f"(0..{n_vocab - 1})", param="input")
+
+
+def traced_local(trace: RequestTrace, node_short_id: str, served: ServedModel) -> Callable[[], None]:
+    """What held_engine calls once the model's lock is taken: the request leaves the queue and its
+    route is this node's whole model, one local segment."""
+    def locked() -> None:
+        trace.mark_dequeued()
+        started = trace.begin_assembly()
+        trace.route = "local"
+        trace.end_assembly(started, [SegmentTrace(node_short_id, 0, served.entry.n_layers, "local")])
+    return locked
 
 
 @contextlib.asynccontextmanager

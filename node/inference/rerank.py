@@ -24,9 +24,9 @@ from typing import Any
 
 from node.errors import Conflict, ContextLengthExceeded, InvalidRequest
 from node.inference.embedder import embed_limit
-from node.inference.embeddings import EMBED_RUN_TOKENS, _runs, held_engine
+from node.inference.embeddings import EMBED_RUN_TOKENS, _runs, held_engine, traced_local
 from node.inference.manager import ModelManager, ServedModel
-from node.trace import RequestTrace, SegmentTrace
+from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +114,9 @@ async def run_rerank(models: ModelManager, request: RerankRequest, trace: Reques
     total = sum(len(ids) for ids in pairs)
     trace.prompt_tokens = total
 
-    def locked() -> None:
-        trace.mark_dequeued()
-        started = trace.begin_assembly()
-        trace.route = "local"
-        trace.end_assembly(started, [SegmentTrace(node_short_id, 0, served.entry.n_layers, "local")])
-
     models.admit(served)
     models.mark(served, waiting=+1)
-    scores = await rank_held(models, served, pairs, trace.request_id, locked)
+    scores = await rank_held(models, served, pairs, trace.request_id, traced_local(trace, node_short_id, served))
     return RerankResult(served.id, scores, total)
 
 
