@@ -16,10 +16,7 @@ import pytest_asyncio
 from tests.node.test_api_harmony import CITY, SPEC
 from tests.support.nodes import anthropic_client, node_config, openai_client, running_node, tiny_model
 
-# each SDK's first request in the module stalled the shared loop 0.6-2.3 s in imports (not pinned down:
-# the client's send side alone costs 0.03 s); reported, not failed
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama,
-              pytest.mark.blocks_loop("the first request of each SDK: lazy imports")]
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 TOOL = {"name": "get_weather", "description": "Weather", "input_schema": CITY}
 FUNCTION = {"type": "function", "name": "get_weather", "description": "Weather", "parameters": CITY}
 ASK = "Weather in Paris?"
@@ -35,14 +32,24 @@ async def node(tmp_path_factory):
         yield n
 
 
+@pytest.fixture
+def anthropic_sdk(node):  # (made outside the loop: the SDK builds its types ~1 s at first use)
+    return anthropic_client(node)
+
+
+@pytest.fixture
+def openai_sdk(node):
+    return openai_client(node)
+
+
 def model_id(node, name: str) -> str:
     return next(m.id for m in node.models.all() if m.id.startswith(name))
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
-async def test_messages_forced_call(node, stream, choice):
-    client = anthropic_client(node)
+async def test_messages_forced_call(node, anthropic_sdk, stream, choice):
+    client = anthropic_sdk
     kw = dict(model=model_id(node, "gptoss"), max_tokens=1200, messages=[{"role": "user", "content": ASK}],
               tools=[TOOL], tool_choice=choice, thinking={"type": "enabled", "budget_tokens": 1024}, extra_body=GREEDY)
     if stream:
@@ -67,8 +74,8 @@ async def test_messages_forced_call(node, stream, choice):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_responses_forced_call_and_next_turns(node, stream):
-    client = openai_client(node)
+async def test_responses_forced_call_and_next_turns(node, openai_sdk, stream):
+    client = openai_sdk
     kw = dict(model=model_id(node, "caller"), input=ASK, tools=[FUNCTION], tool_choice="required",
               max_output_tokens=100, temperature=0)
     if stream:
