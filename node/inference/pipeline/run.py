@@ -80,7 +80,10 @@ log = logging.getLogger(__name__)
 REQUEST_FAULTS = {e.code: e for e in (InvalidRequest, Unsupported, ContextLengthExceeded)}
 # a segment that went silent (no ACK, RESULT or TOKENS in time): a dead link not yet found dead looks
 # the same, so the request waits for it to link again as for a dropped link (while it stays silent)
-SILENCES = ("ack_deadline", "result_deadline", "tokens_deadline")
+# failures that may be a holder gone silent, its link not yet known dead: waited for as a lost one
+# unless it speaks again on its old link; the previous hop's "next hop unreachable" is one (found by
+# CI: whether the coordinator's own deadline or the hop before it noticed first decided a wait or a 503)
+SILENCES = ("ack_deadline", "result_deadline", "tokens_deadline", "next_hop_unreachable")
 
 
 def prefill_steps(start: int, end: int, segments: int) -> list[tuple[int, int]]:
