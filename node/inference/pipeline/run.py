@@ -80,10 +80,12 @@ log = logging.getLogger(__name__)
 REQUEST_FAULTS = {e.code: e for e in (InvalidRequest, Unsupported, ContextLengthExceeded)}
 # a segment that went silent (no ACK, RESULT or TOKENS in time): a dead link not yet found dead looks
 # the same, so the request waits for it to link again as for a dropped link (while it stays silent)
-# failures that may be a holder gone silent, its link not yet known dead: waited for as a lost one
-# unless it speaks again on its old link; the previous hop's "next hop unreachable" is one (found by
-# CI: whether the coordinator's own deadline or the hop before it noticed first decided a wait or a 503)
-SILENCES = ("ack_deadline", "result_deadline", "tokens_deadline", "next_hop_unreachable")
+SILENCES = ("ack_deadline", "result_deadline", "tokens_deadline")
+LOST = ("link_drop", "unreachable")  # the holder is waited for until it links again (ROUTE_REGAIN_S)
+# the hop before a holder has no link to it (a holder back from a blip links to the coordinator
+# before its neighbours): tried again after NEXT_HOP_RETRY_S while the wait lasts (found by CI: a
+# 503 at once, or a wait, by which of them the holder relinked to first)
+NEXT_HOP_RETRY_S = 1.0
 
 
 def prefill_steps(start: int, end: int, segments: int) -> list[tuple[int, int]]:
@@ -124,6 +126,7 @@ class PipelineRun:
         # nodes whose link failed this request -> the connection id it had (taken back once linked anew)
         self.lost: dict[str, int | None] = {}
         self.silent: dict[str, float] = {}  # of `lost`, those that fell silent: when (time.monotonic())
+        self.unreached: dict[str, float] = {}  # found unreachable by the hop before them: when (monotonic)
         self.last_failure: str | None = None  # "<node> <cause>: <message>" of the last failed attempt
 
     async def tokens(self) -> AsyncIterator[list[int]]:
@@ -176,9 +179,15 @@ class PipelineRun:
                 self.excluded.discard(node)
                 del self.lost[node]
                 self.silent.pop(node, None)
+            for node, when in list(self.unreached.items()):
+                if time.monotonic() - when >= NEXT_HOP_RETRY_S:  # its neighbours may have linked to it now
+                    self.excluded.discard(node)
+                    del self.unreached[node]
+                else:
+                    awaited = [*awaited, node]
             # a node left out for how it failed (a deadline, an error) is not waited for: it would
             # stay left out when it links again
-            awaited = [n[:8] for n in awaited if n in self.lost or n not in self.excluded]
+            awaited = [n[:8] for n in awaited if n in self.lost or n in self.unreached or n not in self.excluded]
             try:
                 att = coordinator.open_attempt(self.job, self.entry, trace, self.attempt_no, frozenset(self.excluded))
             except InsufficientCapacity as exc:
@@ -377,7 +386,9 @@ class PipelineRun:
     def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
         trace = self.trace
         self.excluded.add(failure.node_id)
-        if failure.cause in ("link_drop", "unreachable") or failure.cause in SILENCES:  # taken back if it
+        if failure.cause == "next_hop_unreachable":
+            self.unreached[failure.node_id] = time.monotonic()
+        if failure.cause in LOST or failure.cause in SILENCES:  # taken back if it
             self.lost[failure.node_id] = att.links.get(failure.node_id)  # links again (open)
         if failure.cause in SILENCES:  # its link may be dead and not known to be yet (a Wi-Fi blip, a lid)
             self.silent[failure.node_id] = time.monotonic()
