@@ -219,3 +219,46 @@ async def test_a_stop_while_the_parts_land_leaves_the_set_whole(tmp_path, hub, p
     # a pause or cancel once every part is checked is too late: the set is whole and served
     assert job.state == ("cancelled" if how == "shutdown" else "done") and job.model_id == (
         None if how == "shutdown" else "model-id"), (job.state, job.error)
+
+
+async def test_a_set_whose_landing_a_crash_cut_short_downloads_again(tmp_path, hub, parts, monkeypatch):
+    """A crash (kill -9, power) between the landing's renames left part 3 in models/ and parts 1-2
+    as .part: the next run's download of the set was refused "models/…-00003-of-00003.gguf already
+    exists" for good (the folder never lists a set without its part 1). Now the part is taken back
+    and checked, nothing fetched again. The crash: land() dies after its first rename (the disk as a
+    killed process leaves it; the job itself fails, as the process would have)."""
+    from node.models.download import runner
+
+    models = tmp_path / "models"
+    real_land = runner.land
+
+    def land_then_die(done, targets):
+        os.replace(done[-1], targets[-1])  # land() moves the last part first
+        raise RuntimeError("killed mid-landing")
+
+    monkeypatch.setattr(runner, "land", land_then_die)
+    job, _got, _seen = await _download(models, "hf://org/model/big-00001-of-00003.gguf")
+    names = list(parts)
+    assert job.state == "failed" and (models / names[2]).exists() and not (models / names[0]).exists()
+    monkeypatch.setattr(runner, "land", real_land)
+    job, got, _seen = await _download(models, "hf://org/model/big-00001-of-00003.gguf")  # the next run
+    assert job.state == "done", job.error
+    assert sorted(p.name for p in models.iterdir()) == names  # no .part, no sidecar left
+    for name, data in parts.items():
+        assert (models / name).read_bytes() == data and hub.served[REPO + name] == len(data)  # nothing twice
+    assert got["path"].name == names[0]
+
+
+async def test_a_part_fetched_alone_still_blocks_a_set_download_over_it(tmp_path, hub, parts):
+    """The landing-cut-short rule takes back only parts with a download's sidecar: a user's own file
+    of the same name (here part 3 put there by hand) is not moved, the download is refused."""
+    from node.errors import Conflict
+
+    models = tmp_path / "models"
+    models.mkdir()
+    names = list(parts)
+    (models / names[2]).write_bytes(parts[names[2]])
+    dl = ModelDownloader(models, lambda *a: None)
+    with pytest.raises(Conflict, match="already exists"):
+        dl.start("hf://org/model/big-00001-of-00003.gguf")
+    assert (models / names[2]).read_bytes() == parts[names[2]]

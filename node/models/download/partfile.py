@@ -46,6 +46,24 @@ def land(parts: list[Path], targets: list[Path]) -> None:
         sidecar(part).unlink(missing_ok=True)
 
 
+def cut_landing(part: Path, target: Path) -> bool:
+    """Whether `target` is a part that an earlier run's landing moved into models/ and then died (a
+    crash or kill -9 between land()'s renames): its `.part` is gone and its sidecar, which land()
+    removes only after every rename, is still there. A part fetched alone and landed has none."""
+    return target.exists() and not part.exists() and sidecar(part).exists()
+
+
+def reclaim_cut_landing(parts: list[Path], targets: list[Path]) -> list[Path]:
+    """The parts of a set whose landing was cut short moved back to their `.part` (the download
+    resumes them: complete, they are only checked again); the targets moved."""
+    moved = []
+    for part, target in zip(parts, targets, strict=True):
+        if cut_landing(part, target):
+            os.replace(target, part)
+            moved.append(target)
+    return moved
+
+
 def write_sidecar(part: Path, url: str, validator: str | None) -> None:
     # the URL without its query: no credentials on disk, and a fresh signed URL of the same file
     # still resumes (If-Range guards the version)

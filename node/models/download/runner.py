@@ -36,7 +36,7 @@ from node.observe import Observers
 from .fetch import Retryable, async_fetch, retry_delay
 from .hfrepo import RepoSpec, async_find_file, read_spec
 from .job import DownloadJob
-from .partfile import discard_part, land, size_and_sha256, size_or_zero
+from .partfile import cut_landing, discard_part, land, reclaim_cut_landing, size_and_sha256, size_or_zero
 from .sets import alone_note, async_plan, set_parts
 from .urls import describe_error, display_url, file_name_for, resolve_url
 
@@ -107,8 +107,12 @@ class ModelDownloader:
             shared = {n.lower() for _u, n in job.parts} & {n.lower() for _u, n in parts} if job.active else set()
             if shared:
                 raise Conflict(f"{min(shared)} is already being downloaded (as part of {job.file_name})")
+        set_landed = len(parts) > 1 and (self.models_dir / name).exists()  # part 1 lands last
         for _url, part_name in parts:
-            if (self.models_dir / part_name).exists():
+            target = self.models_dir / part_name
+            if len(parts) > 1 and not set_landed and cut_landing(target.with_name(part_name + ".part"), target):
+                continue  # an earlier run died landing this set: the download takes the part back
+            if target.exists():
                 raise Conflict(f"models/{part_name} already exists; remove it first or choose another filename")
         job = DownloadJob(hashlib.sha256(f"{resolved}\0{time.time_ns()}".encode()).hexdigest()[:12], resolved, name,
                           sha256.lower() if sha256 else None, parts=parts, named=plan.named, others=plan.others)
@@ -186,6 +190,12 @@ class ModelDownloader:
                                                         parts=len(parts) if len(parts) > 1 else None))
         try:
             await loop.run_in_executor(io, lambda: self.models_dir.mkdir(parents=True, exist_ok=True))
+            if len(parts) > 1:
+                moved = await loop.run_in_executor(io, reclaim_cut_landing, parts,
+                                                   [self.models_dir / name for _url, name in job.parts])
+                if moved:
+                    log.info("DIAG: model download resumes a landing an earlier run did not finish %s", kv(
+                        download=job.id, parts=",".join(p.name for p in moved)))
             timeout = aiohttp.ClientTimeout(total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S,
                                             sock_read=const.DOWNLOAD_READ_TIMEOUT_S)
             logged = [time.monotonic()]
