@@ -176,6 +176,10 @@ class HashCache:
         self.stop = threading.Event()  # set when the node stops: a hash in progress gives up
         self._data: dict[str, dict[str, Any]] = {}
         self._unsaved = False  # the last save failed (said once)
+        # hashes in progress, by file → (size, mtime_ns, done, [digest]): a second caller for the same
+        # file (a download's completion and the folder watch, the GUI's Add) waits for the first one's
+        # result instead of reading the whole file again beside it
+        self._hashing: dict[str, tuple[int, int, threading.Event, list[str]]] = {}
         if path is not None and path.is_file():
             try:
                 self._data = json.loads(path.read_text(encoding="utf-8"))
@@ -187,16 +191,34 @@ class HashCache:
         key = str(file.resolve())
         with self._lock:
             hit = self._data.get(key)
-        if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
-            return hit["sha256"]
-        started = time.monotonic()
-        digest = sha256_file(file, self.stop)
-        log.info("DIAG: hashed model file name=%s size_mb=%.1f elapsed_ms=%d", file.name,
-                 st.st_size / 2**20, (time.monotonic() - started) * 1000)
-        with self._lock:
-            self._data[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-            self._save()
-        return digest
+            if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+                return hit["sha256"]
+            running = self._hashing.get(key)
+            mine = running is None or running[:2] != (st.st_size, st.st_mtime_ns)
+            if mine:
+                running = self._hashing[key] = (st.st_size, st.st_mtime_ns, threading.Event(), [])
+        assert running is not None
+        if not mine:
+            log.info("DIAG: model file already being hashed, waiting for it %s", kv(name=file.name))
+            running[2].wait()
+            if running[3]:
+                return running[3][0]
+            return self.get_or_compute(file)  # that one failed or stopped: this caller's own try
+        try:
+            started = time.monotonic()
+            digest = sha256_file(file, self.stop)
+            log.info("DIAG: hashed model file name=%s size_mb=%.1f elapsed_ms=%d", file.name,
+                     st.st_size / 2**20, (time.monotonic() - started) * 1000)
+            with self._lock:
+                self._data[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+                self._save()
+            running[3].append(digest)
+            return digest
+        finally:
+            with self._lock:
+                if self._hashing.get(key) is running:
+                    del self._hashing[key]
+            running[2].set()
 
     def remember(self, file: Path, sha256: str, origin_url: str | None = None) -> None:
         """Record a hash computed elsewhere (a download hashes as it verifies; blocking), and
