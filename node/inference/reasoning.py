@@ -1,7 +1,8 @@
 """Reasoning models: their thoughts apart from their answer.
 
 Models that think before they answer (Qwen3, QwQ, DeepSeek-R1 distills, Qwen3.5, Ministral
-Reasoning, ...) write `<think> ... </think>` (Ministral: `[THINK] ... [/THINK]`) and then the
+Reasoning, ...) write `<think> ... </think>` (Ministral: `[THINK] ... [/THINK]`, Gemma 4:
+`<|channel>thought ... <channel|>`) and then the
 answer. Their chat templates say so: they write the tags (to show or strip earlier thoughts, or to
 open the thoughts in the generation prompt). `think_tags(template)` finds them; `ReasoningSplitter`
 cuts the reply's text, in any chunking, into thoughts (`reasoning_content`) and answer (`content`),
@@ -48,13 +49,15 @@ class ThinkTags:
 
 THINK = ThinkTags("<think>", "</think>")
 MISTRAL_THINK = ThinkTags("[THINK]", "[/THINK]")
+GEMMA4_THINK = ThinkTags("<|channel>thought", "<channel|>")  # Gemma 4's thinking channel (its generation
+# prompt closes an empty one unless enable_thinking; the template strips earlier ones)
 
 
 def think_tags(template: str | None) -> ThinkTags | None:
     """The thought tags a chat template writes, or None: not a reasoning template."""
     if not template:
         return None
-    for tags in (THINK, MISTRAL_THINK):
+    for tags in (THINK, MISTRAL_THINK, GEMMA4_THINK):
         if tags.open in template and tags.close in template:
             return tags
     return None

@@ -41,7 +41,7 @@ DETECTED = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "generic", "deepseek-ai-DeepSeek-V3.1": "deepseek_v31",
     "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml",
     "deepseek-ai-DeepSeek-V4": "dsml", "fireworks-ai-llama-3-firefunction-v2": "generic",
-    "google-gemma-2-2b-it": "generic", "google-gemma-4-31B-it-interleaved": "generic", "google-gemma-4-31B-it": "generic",
+    "google-gemma-2-2b-it": "generic", "google-gemma-4-31B-it-interleaved": "gemma4", "google-gemma-4-31B-it": "gemma4",
     "ibm-granite-granite-3.3-2B-Instruct": "generic", "ibm-granite-granite-4.0": "hermes",
     "ibm-granite-granite-4.1": "hermes", "inclusionai-ling-3.0-flash": "glm", "llama-cpp-deepseek-r1": "generic",
     "llama-cpp-rwkv-world": "generic", "meetkai-functionary-medium-v3.1": "generic",
@@ -63,7 +63,8 @@ NEW = {"Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "NVIDIA-Nemotron-3-N
        "poolside-Laguna-S-2.1": "glm", "poolside-Laguna-XS-2.1": "glm", "poolside-Laguna-XS.2": "glm",
        "deepseek-ai-DeepSeek-V3.1": "deepseek_v31", "Kimi-K2-Instruct": "kimi_k2", "Kimi-K2-Thinking": "kimi_k2",
        "moonshotai-Kimi-K2": "kimi_k2", "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4": "dsml",
-       "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml"}
+       "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml", "google-gemma-4-31B-it": "gemma4",
+       "google-gemma-4-31B-it-interleaved": "gemma4"}
 FLAGS = ToolSpec("set_flags", "Flags", {"type": "object", "required": ["on", "ids"], "properties": {
     "on": {"type": "boolean"}, "ids": {"type": "array", "items": {"type": "integer"}}, "note": {"type": "string"}}})
 CALLS = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),
@@ -115,7 +116,8 @@ def template_reply(name: str, calls: tuple[ToolCall, ...]) -> str:
     reply = full[common:]  # (a thinking template closes an empty think block first)
     if "</think>" in full[common - len("</think>"):]:  # (where the prompt opened it: `<think>` vs `</think>`)
         reply = full[common - len("</think>"):].split("</think>", 1)[1]
-    for end in ("<|im_end|>", "</s>", "<｜end▁of▁sentence｜>", "<|role_end|>", "</assistant>"):
+    for end in ("<|im_end|>", "</s>", "<｜end▁of▁sentence｜>", "<|role_end|>", "</assistant>", "<|tool_response>",
+                "<turn|>"):
         reply = reply.split(end)[0]
     return reply.split("</think>")[-1]
 
@@ -172,6 +174,10 @@ def _section(fmt: str, calls: list[tuple[str, str]]) -> str:
     ("qwen_xml", "<tool_call>\nnot a function\n</tool_call>"),
     ("qwen_xml", "<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC"),  # ended inside the call
     ("mistral_args", "[TOOL_CALLS]get weather[ARGS]{}"),
+    ("gemma4", "<|tool_call>get_time{}<tool_call|>"),
+    ("gemma4", "<|tool_call>call:get time{}<tool_call|>"),
+    ("gemma4", '<|tool_call>call:get_time{tz:UTC}<tool_call|>'),
+    ("gemma4", '<|tool_call>call:get_time{tz:<|"|>UTC'),  # ended inside the call
     ("mistral_args", '[TOOL_CALLS]get_time[ARGS]"UTC"'),
 ])
 def test_broken_call_text_comes_back_as_content(fmt, reply):
@@ -237,6 +243,8 @@ def test_the_forced_grammar_accepts_the_formats_calls(tok, name):
                                   '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris 2'
                                   '</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
                                   "</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
+    ("google-gemma-4-31B-it", '<|channel>thought\nI need <|tool_call>call:get_time{} first.<channel|>'
+                              '<|tool_call>call:get_weather{city:<|"|>Paris 2<|"|>,days:2}<tool_call|>'),
     ("Kimi-K2-Thinking", "<think>I need <|tool_call_begin|> first.</think><|tool_calls_section_begin|><|tool_call_begin|>"
                          'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris 2", "days": 2}'
                          "<|tool_call_end|><|tool_calls_section_end|>"),
@@ -259,11 +267,12 @@ def test_a_reasoning_models_thoughts_are_not_read_for_calls(name, reply):
 
 GLM_FAMILY = sorted(n for n, f in NEW.items() if f == "glm")
 DSML_FAMILY = sorted(n for n, f in NEW.items() if f == "dsml")
+GEMMA4_FAMILY = sorted(n for n, f in NEW.items() if f == "gemma4")
 ONE = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),)
 TWO = (*ONE, ToolCall("call_b2", "get_time", '{"tz": "Europe/Paris"}'))
 
 
-@pytest.mark.parametrize("name", GLM_FAMILY + DSML_FAMILY)
+@pytest.mark.parametrize("name", GLM_FAMILY + DSML_FAMILY + GEMMA4_FAMILY)
 def test_the_forced_grammar_writes_the_calls_as_the_template_does(tok, name):
     """A forced call is laid out as the model's own template writes calls in the history: GLM 4.7
     Flash, Spark 2.5 and Laguna S with no newlines (until 2026-12-06 the grammar made them write GLM

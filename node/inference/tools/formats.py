@@ -7,7 +7,8 @@ Hermes 2 Pro / Hermes 3 / Qwen 2.5 / Qwen 3 / Granite 4 (`<tool_call>` JSON), Ll
 (`[TOOL_CALLS]name[ARGS]{...}`), Qwen3-Coder / Qwen3.5 / Nemotron 3 Nano (`<function=name>` XML with
 `<parameter=p>` values; tagged.py), GLM 4.5-4.7 / Ling 3 / Spark 2.5 / Laguna (`<tool_call>name<arg_key>`),
 DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_begin|>`; special.py), DeepSeek
-V3.2 / V4 (`<｜DSML｜function_calls>`; dsml.py), gpt-oss (harmony channels; harmony.py). Any other template —
+V3.2 / V4 (`<｜DSML｜function_calls>`; dsml.py), gpt-oss (harmony channels; harmony.py), Gemma 4
+(`<|tool_call>call:name{k:<|"|>v<|"|>}<tool_call|>`; gemma4.py). Any other template —
 the embedded default model's plain ChatML
 among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
 in a compact system message, and the reply is one JSON object, `{"tool_call": {...}}` (or
@@ -36,6 +37,8 @@ from node.inference import grammar
 from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
 from node.inference.tools.dsml import DSML, DSML_SYNTAX, block_of, dsml, dsml_calls
+from node.inference.tools.gemma4 import GEMMA4, gemma4_call, gemma4_history, is_gemma4
+from node.inference.tools.gemma4 import MARKERS as GEMMA4_MARKERS
 from node.inference.tools.harmony import (
     HARMONY,
     TOKENS,
@@ -86,7 +89,7 @@ from node.inference.tools.tagged import (
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | kimi_k2 | dsml | harmony | generic
+    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | kimi_k2 | dsml | harmony | gemma4 | generic
     syntax: Syntax
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
@@ -111,6 +114,7 @@ FORMATS = {
     "kimi_k2": ToolFormat("kimi_k2", KIMI, True, special_markers=KIMI_K2.markers, thought_ends=KIMI.markers),
     "harmony": ToolFormat("harmony", HARMONY, True, special_markers=TOKENS),
     "dsml": ToolFormat("dsml", DSML_SYNTAX, True, special_markers=(DSML,), thought_ends=DSML_SYNTAX.markers),
+    "gemma4": ToolFormat("gemma4", GEMMA4, True, special_markers=GEMMA4_MARKERS),
     "generic": ToolFormat("generic", GENERIC, False),
 }
 _SECTIONS = {"deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
@@ -135,6 +139,8 @@ def detect_format(template: str | None) -> ToolFormat:
         return FORMATS["generic"]
     if is_harmony(t):  # gpt-oss (harmony.py)
         return FORMATS["harmony"]
+    if is_gemma4(t):  # Gemma 4 (gemma4.py)
+        return dataclasses.replace(FORMATS["gemma4"], template=t)
     if TOOL_CALL_OPEN in t and FUNCTION_OPEN in t and "<parameter=" in t:
         return FORMATS["qwen_xml"]
     if TOOL_CALL_OPEN in t and ARG_KEY in t:
@@ -180,6 +186,8 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
             _system_head(out, deepseek_tools_prompt(request.tools), after=True)
         if fmt.name == "harmony":
             return harmony_history(messages, out), harmony_tools(tools)
+        if fmt.name == "gemma4":
+            out = gemma4_history(out, fmt.template)
         return out, tools
     system_ok, tool_ok = _template_roles(template) if template else (True, True)
     out = [_generic_message(m, "tool" if tool_ok else "user") for m in messages]
@@ -416,8 +424,10 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
         return sectioned_calls(_SECTIONS[fmt.name], tools, args, max_calls)
     if fmt.name == "dsml":
         return dsml_calls(block_of(fmt.template), tools, max_calls)
-    if fmt.name in ("qwen_xml", "mistral_args", "glm"):  # the name outside the JSON: one branch a tool
-        if fmt.name in ("qwen_xml", "glm"):
+    if fmt.name in ("qwen_xml", "mistral_args", "glm", "gemma4"):  # the name outside the JSON: one branch a tool
+        if fmt.name == "gemma4":
+            each = [gemma4_call(t) for t in tools]
+        elif fmt.name in ("qwen_xml", "glm"):
             each = [qwen_xml_call(t) if fmt.name == "qwen_xml" else glm_call(t, glm_layout(fmt.template)) for t in tools]
         else:
             each = [mistral_args_call(t, _lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"]))
@@ -439,7 +449,7 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
 
 def _call_sep(fmt: ToolFormat) -> str:
     """Between two calls: none for Mistral's markers, and none where a GLM template writes no newlines."""
-    if fmt.name == "mistral_args" or (fmt.name == "glm" and glm_layout(fmt.template).name == ""):
+    if fmt.name in ("mistral_args", "gemma4") or (fmt.name == "glm" and glm_layout(fmt.template).name == ""):
         return ""
     return "\n"
 
