@@ -40,7 +40,16 @@ def _raise(message: str) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_listed)
+
+
+def _listed(value: Any) -> Any:
+    """A sequence Jinja leaves lazy (`tools | map(attribute='function')`, as llama.cpp's R1 template
+    writes the tools) as a list; anything else is not JSON."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    return list(value)
 
 
 def _strftime_now(fmt: str) -> str:

@@ -68,6 +68,9 @@ class SynthSpec:
     # gpt-oss's harmony tokens (HARMONY_TOKENS, before the think and FIM ones): `<|start|>` `<|channel|>`
     # `<|message|>` `<|constrain|>` shown as text, `<|end|>` a control token, `<|return|>` `<|call|>` end
     harmony: bool = False
+    # more control tokens (before the harmony, think and FIM ones), written out where they are a tool
+    # format's markers (DeepSeek R1's `<｜tool▁calls▁begin｜>`...: U+2581 in them stays as it is)
+    control_tokens: tuple[str, ...] = ()
     chat_template: str | None = None  # tokenizer.chat_template (None: none, the node uses ChatML)
     # a reranker (qwen3 only, as Qwen3-Reranker's GGUF): `qwen3.pooling_type` RANK, two classifier
     # labels and a `cls.output.weight` head; llama.cpp scores a pair as softmax(head(last token))[0]
@@ -238,6 +241,11 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
         first = spec.vocab - len(HARMONY_TOKENS) - (2 if spec.think else 0) - (len(FIM_TOKENS) if spec.fim else 0)
         tokens[first:first + len(HARMONY_TOKENS)] = list(HARMONY_TOKENS)
         types[first:first + len(HARMONY_TOKENS)] = [TOKEN_USER_DEFINED] * 4 + [TOKEN_CONTROL] * 3
+    if spec.control_tokens:
+        first = (spec.vocab - len(spec.control_tokens) - (len(HARMONY_TOKENS) if spec.harmony else 0)
+                 - (2 if spec.think else 0) - (len(FIM_TOKENS) if spec.fim else 0))
+        tokens[first:first + len(spec.control_tokens)] = list(spec.control_tokens)
+        types[first:first + len(spec.control_tokens)] = [TOKEN_CONTROL] * len(spec.control_tokens)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
     if spec.rerank:
@@ -255,6 +263,8 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
+    if spec.control_tokens:  # (text after a control token is not prefixed with a space: "function", not "▁function")
+        writer.add_add_space_prefix(False)
 
 
 def _write_layer(writer: gguf.GGUFWriter, spec: SynthSpec, w: _Weights, i: int) -> None:

@@ -37,13 +37,13 @@ DETECTED = {
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes",
     "Qwen-QwQ-32B": "hermes", "Qwen-Qwen2.5-7B-Instruct": "hermes", "Qwen-Qwen3-0.6B": "hermes",
     "Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "Reka-Edge": "hermes", "Spark2.5": "glm",
-    "StepFun3.5-Flash": "qwen_xml", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "generic",
-    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "generic", "deepseek-ai-DeepSeek-V3.1": "deepseek_v31",
+    "StepFun3.5-Flash": "qwen_xml", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "deepseek_r1",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek_r1", "deepseek-ai-DeepSeek-V3.1": "deepseek_v31",
     "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml",
     "deepseek-ai-DeepSeek-V4": "dsml", "fireworks-ai-llama-3-firefunction-v2": "generic",
     "google-gemma-2-2b-it": "generic", "google-gemma-4-31B-it-interleaved": "gemma4", "google-gemma-4-31B-it": "gemma4",
     "ibm-granite-granite-3.3-2B-Instruct": "generic", "ibm-granite-granite-4.0": "hermes",
-    "ibm-granite-granite-4.1": "hermes", "inclusionai-ling-3.0-flash": "glm", "llama-cpp-deepseek-r1": "generic",
+    "ibm-granite-granite-4.1": "hermes", "inclusionai-ling-3.0-flash": "glm", "llama-cpp-deepseek-r1": "deepseek_r1",
     "llama-cpp-rwkv-world": "generic", "meetkai-functionary-medium-v3.1": "generic",
     "meetkai-functionary-medium-v3.2": "generic", "meta-llama-Llama-3.1-8B-Instruct": "llama3",
     "meta-llama-Llama-3.2-3B-Instruct": "llama3", "meta-llama-Llama-3.3-70B-Instruct": "llama3",
@@ -64,7 +64,8 @@ NEW = {"Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "NVIDIA-Nemotron-3-N
        "deepseek-ai-DeepSeek-V3.1": "deepseek_v31", "Kimi-K2-Instruct": "kimi_k2", "Kimi-K2-Thinking": "kimi_k2",
        "moonshotai-Kimi-K2": "kimi_k2", "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4": "dsml",
        "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml", "google-gemma-4-31B-it": "gemma4",
-       "google-gemma-4-31B-it-interleaved": "gemma4"}
+       "google-gemma-4-31B-it-interleaved": "gemma4", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "deepseek_r1",
+       "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek_r1", "llama-cpp-deepseek-r1": "deepseek_r1"}
 FLAGS = ToolSpec("set_flags", "Flags", {"type": "object", "required": ["on", "ids"], "properties": {
     "on": {"type": "boolean"}, "ids": {"type": "array", "items": {"type": "integer"}}, "note": {"type": "string"}}})
 CALLS = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),
@@ -113,6 +114,8 @@ def template_reply(name: str, calls: tuple[ToolCall, ...]) -> str:
     common = 0
     while common < min(len(prefix), len(full)) and prefix[common] == full[common]:
         common += 1
+    if full[common - 1:common] == "<":  # (R1-Distill's prompt ends `<｜Assistant｜><think>`, its calls `<｜Assistant｜><｜tool…`)
+        common -= 1
     reply = full[common:]  # (a thinking template closes an empty think block first)
     if "</think>" in full[common - len("</think>"):]:  # (where the prompt opened it: `<think>` vs `</think>`)
         reply = full[common - len("</think>"):].split("</think>", 1)[1]

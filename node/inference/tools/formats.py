@@ -7,7 +7,8 @@ Hermes 2 Pro / Hermes 3 / Qwen 2.5 / Qwen 3 / Granite 4 (`<tool_call>` JSON), Ll
 (`[TOOL_CALLS]name[ARGS]{...}`), Qwen3-Coder / Qwen3.5 / Nemotron 3 Nano (`<function=name>` XML with
 `<parameter=p>` values; tagged.py), GLM 4.5-4.7 / Ling 3 / Spark 2.5 / Laguna (`<tool_call>name<arg_key>`),
 DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_begin|>`; special.py), DeepSeek
-V3.2 / V4 (`<｜DSML｜function_calls>`; dsml.py), gpt-oss (harmony channels; harmony.py), Gemma 4
+V3.2 / V4 (`<｜DSML｜function_calls>`; dsml.py), DeepSeek R1 and its distills (`function<｜tool▁sep｜>name`
+and a fenced JSON block; deepseek_r1.py), gpt-oss (harmony channels; harmony.py), Gemma 4
 (`<|tool_call>call:name{k:<|"|>v<|"|>}<tool_call|>`; gemma4.py). Any other template —
 the embedded default model's plain ChatML
 among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
@@ -36,6 +37,15 @@ from typing import Any
 from node.inference import grammar
 from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.tools.deepseek_r1 import (
+    DEEPSEEK_R1,
+    MARKERS,
+    is_r1,
+    r1_calls,
+    r1_history,
+    r1_tools_prompt,
+    renders_tools,
+)
 from node.inference.tools.dsml import DSML, DSML_SYNTAX, block_of, dsml, dsml_calls
 from node.inference.tools.gemma4 import GEMMA4, gemma4_call, gemma4_history, is_gemma4
 from node.inference.tools.gemma4 import MARKERS as GEMMA4_MARKERS
@@ -89,7 +99,7 @@ from node.inference.tools.tagged import (
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | kimi_k2 | dsml | harmony | gemma4 | generic
+    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | deepseek_r1 | kimi_k2 | dsml | harmony | gemma4 | generic
     syntax: Syntax
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
@@ -111,6 +121,8 @@ FORMATS = {
     "glm": ToolFormat("glm", GLM, True, special_markers=GLM_MARKERS, thought_ends=GLM.markers),
     "deepseek_v31": ToolFormat("deepseek_v31", DEEPSEEK, True, special_markers=DEEPSEEK_V31.markers,
                                thought_ends=DEEPSEEK.markers),
+    "deepseek_r1": ToolFormat("deepseek_r1", DEEPSEEK_R1, True, special_markers=MARKERS,
+                              thought_ends=DEEPSEEK_R1.markers),
     "kimi_k2": ToolFormat("kimi_k2", KIMI, True, special_markers=KIMI_K2.markers, thought_ends=KIMI.markers),
     "harmony": ToolFormat("harmony", HARMONY, True, special_markers=TOKENS),
     "dsml": ToolFormat("dsml", DSML_SYNTAX, True, special_markers=(DSML,), thought_ends=DSML_SYNTAX.markers),
@@ -133,6 +145,8 @@ def detect_format(template: str | None) -> ToolFormat:
     # distills write `function<｜tool▁sep｜>name` and a ```json block: not this format)
     if DEEPSEEK_V31.begin in t and DEEPSEEK_V31.sep in t and "```json" not in t:
         return FORMATS["deepseek_v31"]
+    if is_r1(t):  # DeepSeek R1 and its distills (deepseek_r1.py)
+        return dataclasses.replace(FORMATS["deepseek_r1"], template=t)
     if "dsml_token" in t and DSML in t:  # DeepSeek V3.2 / V4 (llama.cpp's test)
         return dataclasses.replace(FORMATS["dsml"], template=t)
     if "tools" not in t:
@@ -182,6 +196,10 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
         out = [_native_message(fmt, m) for m in messages]
         if fmt.name == "kimi_k2":
             out = kimi_history(out)
+        if fmt.name == "deepseek_r1":
+            out = r1_history(out, fmt.template)
+            if active and not renders_tools(fmt.template):
+                _system_head(out, r1_tools_prompt(request.tools), after=True)
         if active and fmt.name == "deepseek_v31":
             _system_head(out, deepseek_tools_prompt(request.tools), after=True)
         if fmt.name == "harmony":
@@ -418,9 +436,11 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
 
 def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
                   tools: tuple[ToolSpec, ...]) -> grammar.Spec:
-    if fmt.name in _SECTIONS:
+    if fmt.name in _SECTIONS or fmt.name == "deepseek_r1":
         args = [_lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"])
                 for i, t in enumerate(tools)]
+        if fmt.name == "deepseek_r1":
+            return r1_calls(tools, args, max_calls)
         return sectioned_calls(_SECTIONS[fmt.name], tools, args, max_calls)
     if fmt.name == "dsml":
         return dsml_calls(block_of(fmt.template), tools, max_calls)
