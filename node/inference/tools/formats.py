@@ -39,13 +39,13 @@ from node.inference.chat import render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
 from node.inference.tools.deepseek_r1 import (
     DEEPSEEK_R1,
-    MARKERS,
     is_r1,
     r1_calls,
     r1_history,
     r1_tools_prompt,
     renders_tools,
 )
+from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
 from node.inference.tools.dsml import DSML, DSML_SYNTAX, block_of, dsml, dsml_calls
 from node.inference.tools.gemma4 import GEMMA4, gemma4_call, gemma4_history, is_gemma4
 from node.inference.tools.gemma4 import MARKERS as GEMMA4_MARKERS
@@ -121,7 +121,7 @@ FORMATS = {
     "glm": ToolFormat("glm", GLM, True, special_markers=GLM_MARKERS, thought_ends=GLM.markers),
     "deepseek_v31": ToolFormat("deepseek_v31", DEEPSEEK, True, special_markers=DEEPSEEK_V31.markers,
                                thought_ends=DEEPSEEK.markers),
-    "deepseek_r1": ToolFormat("deepseek_r1", DEEPSEEK_R1, True, special_markers=MARKERS,
+    "deepseek_r1": ToolFormat("deepseek_r1", DEEPSEEK_R1, True, special_markers=R1_MARKERS,
                               thought_ends=DEEPSEEK_R1.markers),
     "kimi_k2": ToolFormat("kimi_k2", KIMI, True, special_markers=KIMI_K2.markers, thought_ends=KIMI.markers),
     "harmony": ToolFormat("harmony", HARMONY, True, special_markers=TOKENS),
