@@ -58,7 +58,7 @@ def setup_logging(verbosity: int = 0, data_dir: Path | None = None, *, stderr: b
             handler.close()
     level = level_for_verbosity(verbosity)
     root.setLevel(level)
-    formatter = logging.Formatter(LOG_FORMAT, DATE_FORMAT)
+    formatter = LineFormatter(LOG_FORMAT, DATE_FORMAT)
     if stderr:
         console = ConsoleHandler(sys.stderr)
         console.setFormatter(formatter)
@@ -79,6 +79,20 @@ def setup_logging(verbosity: int = 0, data_dir: Path | None = None, *, stderr: b
     for noisy in ("aiohttp.access", "zeroconf", "asyncio", "urllib3", "httpx", "httpcore", "openai"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbosity >= 3 else logging.WARNING)
     return log_path
+
+
+class LineFormatter(logging.Formatter):
+    """Every record's message on one line of its own (`clean_text`, bounded by LOG_MESSAGE_MAX_CHARS);
+    a traceback keeps its lines. Lines quoting what a client sent with `%s` (a Messages request's
+    context_management edit types, a body's unknown keys) wrote a newline into node.log, and after it
+    a `DIAG: request complete` line of the client's making (found 2026-12-06); `kv()` made its own
+    values one line, not the rest."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        message = record.message
+        if len(message) > LOG_MESSAGE_MAX_CHARS or not message.isprintable():
+            record.message = clean_text(message, LOG_MESSAGE_MAX_CHARS)
+        return super().formatMessage(record)
 
 
 class LogFileHandler(logging.handlers.RotatingFileHandler):
@@ -189,6 +203,7 @@ class ConsoleHandler(logging.StreamHandler):
         super().emit(record)
 
 
+LOG_MESSAGE_MAX_CHARS = 65536  # a whole log message past this is cut (its values are KV_VALUE_MAX_CHARS each)
 KV_VALUE_MAX_CHARS = 4096  # a value past this is cut (`…(+N chars)`): clients' text can be any size (a stuck stop step's await chain fits)
 
 
