@@ -193,14 +193,16 @@ class RequestTrace:
     # --- surfaces ---
 
     def summary_line(self, *, public: bool = False) -> str:
-        """The `DIAG: request complete …` line (seed 000 format). `public` (the diagnostics
-        report): a model name the node did not recognise is the client's text, not shown."""
+        """The `DIAG: request complete …` line (seed 000 format, and `op=` the API operation: a rerank
+        line read as a chat that produced no tokens). `public` (the diagnostics report): a model
+        name the node did not recognise is the client's text, not shown."""
         fields: dict[str, Any] = {
             "request_id": self.request_id,
             "route": self.route,
             "segments": len(self.segments) or None,
             "assemblies": self.assemblies if self.assemblies > 1 else None,
             "model": self.model if self.resolved or not public or not self.model else UNKNOWN_MODEL,
+            "op": self.operation or None,  # rerank, embeddings, messages, responses...: one kind of line each
             "nodes": ",".join(self.node_ids) or None,
             "regions": ",".join(self.regions) or None,
             "queue_ms": _round(self.queue_ms),

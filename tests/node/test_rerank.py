@@ -15,6 +15,7 @@ import pytest_asyncio
 
 from node.inference.llamacpp import load as load_llama_cpp
 from node.inference.synth import SynthSpec
+from node.logs import TRACE
 from tests.support.nodes import TINY, node_config, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -178,3 +179,20 @@ async def test_reranker_held_as_slices_is_a_409(tmp_path):
         status, reply = await post(sliced, "/v1/rerank", {"model": served.id, "query": QUERY, "documents": DOCS})
     assert status == 409, reply
     assert "whole" in reply["error"]["message"] and reply["error"]["param"] == "model"
+
+
+async def test_a_rerank_is_a_request_line_of_its_own_in_the_report_with_no_content(node, caplog):
+    """Found hunting the report's privacy (2026-12-06): a rerank's `DIAG: request complete` line had no
+    word of what it was (a chat that produced no tokens, to a reader). Now `op=rerank`, its timings,
+    and neither the query nor a document, in the report or the log (at -vvv)."""
+    caplog.set_level(TRACE)
+    await rerank(node, {"model": model_id(node, "tiny-reranker.gguf"), "query": "QUERY-ZEBRA-1",
+                        "documents": ["DOC-ZEBRA-2 one", {"text": "DOC-ZEBRA-3 two"}]})
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{node.api.port}/api/admin/diagnostics",
+                                                   headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+        text = await r.text()
+    recent = text.split("-- recent requests --")[1].split("-- served for others --")[0]
+    [line] = [ln for ln in recent.splitlines() if " op=rerank " in ln][-1:]
+    assert "outcome=ok" in line and "total_ms=" in line and "queue_ms=" in line, line
+    assert "ZEBRA" not in text
+    assert not [rec for rec in caplog.records if "ZEBRA" in rec.getMessage()]
