@@ -298,8 +298,12 @@ def _coverage(node: ReportParts) -> list[str]:
     return rows or ["(no model is served in layers here or by peers)"]
 
 
-def _host(url: str | None) -> str:
-    return urllib.parse.urlsplit(url or "").hostname or "?"
+def _origin(url: str | None, r: Redactor) -> str:
+    """Where a partial model's layers come from: its origin's host, or the swarm's peers alone (a
+    model made from a holder's header: no origin named; before 2026-12-06 shown as a made-up
+    `<host-…>` tag, the tag of "?")."""
+    host = urllib.parse.urlsplit(url or "").hostname
+    return r.host(host) if host else "peers (no origin named)"
 
 
 def _models(node: ReportParts, r: Redactor) -> list[str]:
@@ -310,7 +314,7 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
         rows.append(f"{served.id}  arch={e.architecture} layers={e.n_layers} ctx={served.n_ctx} "
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
                     f"device={served.device or '-'}{reason}"
-                    + (f" partial=\"{e.partial.describe()}\" from={r.host(_host(e.origin_url))}" if e.partial else "")
+                    + (f" partial=\"{e.partial.describe()}\" from={_origin(e.origin_url, r)}" if e.partial else "")
                     + (f" error={served.error}" if served.error else "")
                     + (" (not loaded again for requests until its file changes, another model is unloaded or a few "
                        "minutes pass; an admin or app load tries again)"

@@ -294,3 +294,35 @@ async def test_a_peers_region_cannot_forge_report_lines(tmp_path):
     performance = text.split("-- peer serving performance --")[1].split("-- swarm coverage --")[0]
     assert "region=TH\\nFORGED line" in performance, performance
     assert not [line for line in text.splitlines() if line.startswith("FORGED")], performance
+
+
+async def test_a_partial_model_with_no_origin_says_its_layers_come_from_peers(tmp_path):
+    """A partial model made from a holder's header with no origin named (its layers come from peers
+    only) showed `from=<host-…>`: a tag made of "?", a host that does not exist (found hunting the
+    report, 2026-12-06). It says so; one with an origin still names the origin's host, redacted."""
+    import hashlib
+
+    from node.inference.synth import write_gguf
+    from node.models.catalog import HashCache, scan_entry
+    from node.models.partial.fromheader import create_from_header
+    from node.models.partial.layout import dir_name
+    from tests.support.nodes import TINY
+
+    path = write_gguf(tmp_path / "whole.gguf", TINY)
+    entry = scan_entry(path, "cli", HashCache(None))
+    header = path.read_bytes()[:entry.header.data_offset]
+    models = tmp_path / "data" / "models"
+    models.mkdir(parents=True)
+    for origin, name in ((None, "swarm"), ("https://gpu-box.example.org/o/r/resolve/main/x.gguf", "origin")):
+        create_from_header(models / dir_name(f"swarm:{name}", f"{name}.gguf"), header, entry.header,
+                           sha256=hashlib.sha256(name.encode()).hexdigest(),
+                           header_sha256=hashlib.sha256(header).hexdigest(), size_bytes=entry.size_bytes,
+                           origin_url=origin)
+    async with running_node(node_config(tmp_path / "data")) as node:
+        text = await _report(node)
+        full = await _report(node, full=True)
+    rows = [ln for ln in text.split("-- models --")[1].splitlines() if " partial=" in ln]
+    assert len(rows) == 2, text
+    assert sum(ln.endswith("from=peers (no origin named)") for ln in rows) == 1, rows
+    assert sum(bool(re.search(r"from=<host-[0-9a-f]{4}>$", ln)) for ln in rows) == 1, rows
+    assert "from=gpu-box.example.org" in full and "from=peers (no origin named)" in full
