@@ -5,6 +5,7 @@ history rendered back through the real template."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,16 @@ def test_forced_call_grammar_writes_harmony():
     text = json.dumps(whole)
     assert '"commentary to=functions.get_weather "' in text and '"<|constrain|>"' in text
     assert '"analysis"' in text  # room for the thoughts first
+
+
+def test_dropped_text_is_quoted_in_the_log_only_at_debug(caplog):
+    """Text where a harmony header belongs is dropped with a warning; the warning quoted the model's
+    reply into every node.log (found 2026-12-06): the text is at -v (DEBUG) only."""
+    reply = "<|channel|>analysis<|message|>hmm<|end|>SECRET-WORDS-9 no header<|message|>x"
+    with caplog.at_level(logging.INFO):
+        split(reply, 1000)
+    assert "no message header was dropped" in caplog.text and "SECRET-WORDS-9" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        split(reply, 1000)
+    assert "SECRET-WORDS-9" in caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -456,3 +457,17 @@ def test_an_unfinished_object_is_told_from_malformed_text():
         assert unfinished_object(raw), raw
     for raw in ('', 'x', '{x}', '{"a": 1}', '[1', '{"a": 1}}', '{"a": "x"]'):
         assert not unfinished_object(raw), raw
+
+
+def test_an_invalid_call_logs_the_replys_text_only_at_debug(caplog):
+    """The warning of an invalid call quoted 200 characters of the model's reply (the user's own words
+    echoed, tool arguments) into every node.log at the default level (found 2026-12-06): the warning
+    now says how long it was; the text is at -v (DEBUG) only."""
+    reply = "<tool_call>\nnot json SECRET-WORDS-7 at all\n</tool_call>"
+    with caplog.at_level(logging.INFO):
+        parse("hermes", reply)
+    assert "tool call text was not valid" in caplog.text and "SECRET-WORDS-7" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        parse("hermes", reply)
+    assert "SECRET-WORDS-7" in caplog.text

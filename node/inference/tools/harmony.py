@@ -153,8 +153,9 @@ class HarmonySplitter:
                 log.debug("a reply without a harmony header: all content request_id=%s", self._rid)
                 self._state = "raw"
                 return buf
-            log.warning("harmony text that is no message header was dropped request_id=%s text=%r", self._rid,
-                        head[:200])
+            log.warning("harmony text that is no message header was dropped request_id=%s chars=%d", self._rid,
+                        len(head))  # (the text itself, the model's reply, at -v only)
+            log.debug("the harmony text dropped request_id=%s text=%r", self._rid, head[:200])
             self._state, self._kind = "body", "drop"
             return buf[len(head):] if at < 0 else buf[at + len(MESSAGE):]
         if at < 0:

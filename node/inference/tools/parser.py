@@ -330,8 +330,11 @@ class ToolCallParser:
     def _fail(self, why: str) -> None:
         """The region is not a valid call: its text (marker included) becomes content."""
         self.failed = True
-        log.warning("tool call text was not valid; returned as content request_id=%s format=%s reason=%s "
-                    "text=%r", self._rid, self.syntax.name, why, (self._opener + self._buf)[:200])
+        # the text is the model's reply (it can hold what the user wrote): at -v only, not in every node.log
+        log.warning("tool call text was not valid; returned as content request_id=%s format=%s reason=%s chars=%d",
+                    self._rid, self.syntax.name, why, len(self._opener + self._buf))
+        log.debug("the tool call text that was not valid request_id=%s text=%r", self._rid,
+                  (self._opener + self._buf)[:200])
         for slot in self._slots[self._region_base:]:
             slot.dead = True
         self._content += self._opener + self._buf
