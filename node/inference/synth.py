@@ -71,6 +71,9 @@ class SynthSpec:
     # more control tokens (before the harmony, think and FIM ones), written out where they are a tool
     # format's markers (DeepSeek R1's `<｜tool▁calls▁begin｜>`...: U+2581 in them stays as it is)
     control_tokens: tuple[str, ...] = ()
+    # Gemma 4's tokens (GEMMA4_TOKENS, before the harmony, think and FIM ones): `<|"|>` shown as text,
+    # the others control tokens; llama.cpp ends the generation at `<turn|>` and `<|tool_response>`
+    gemma4: bool = False
     chat_template: str | None = None  # tokenizer.chat_template (None: none, the node uses ChatML)
     # a reranker (qwen3 only, as Qwen3-Reranker's GGUF): `qwen3.pooling_type` RANK, two classifier
     # labels and a `cls.output.weight` head; llama.cpp scores a pair as softmax(head(last token))[0]
@@ -109,6 +112,8 @@ FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
 THINK_TOKENS = ("<think>", "</think>")
 RERANK_LABELS = ("yes", "no")  # Qwen3-Reranker's: the score is the first one's probability
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|return|>", "<|call|>")
+GEMMA4_TOKENS = ('<|"|>', "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>",
+                 "<|tool_response>", "<tool_response|>", "<|tool>", "<tool|>", "<|think|>")
 
 
 def synth_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
@@ -246,6 +251,11 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
                  - (2 if spec.think else 0) - (len(FIM_TOKENS) if spec.fim else 0))
         tokens[first:first + len(spec.control_tokens)] = list(spec.control_tokens)
         types[first:first + len(spec.control_tokens)] = [TOKEN_CONTROL] * len(spec.control_tokens)
+    if spec.gemma4:
+        first = (spec.vocab - len(GEMMA4_TOKENS) - len(spec.control_tokens) - (len(HARMONY_TOKENS) if spec.harmony else 0)
+                 - (2 if spec.think else 0) - (len(FIM_TOKENS) if spec.fim else 0))
+        tokens[first:first + len(GEMMA4_TOKENS)] = list(GEMMA4_TOKENS)
+        types[first:first + len(GEMMA4_TOKENS)] = [TOKEN_USER_DEFINED] + [TOKEN_CONTROL] * (len(GEMMA4_TOKENS) - 1)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
     if spec.rerank:
