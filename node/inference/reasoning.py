@@ -45,12 +45,16 @@ class ThinkTags:
 
     open: str
     close: str
+    # the model may open its thoughts again after its answer (Gemma 4 ends an answer with an empty
+    # `<|channel>thought<channel|>`, and may write a lone `<channel|>`): such blocks are thoughts
+    # and a stray closing tag is dropped, as llama.cpp's Gemma 4 parser reads them
+    reopens: bool = False
 
 
 THINK = ThinkTags("<think>", "</think>")
 MISTRAL_THINK = ThinkTags("[THINK]", "[/THINK]")
-GEMMA4_THINK = ThinkTags("<|channel>thought", "<channel|>")  # Gemma 4's thinking channel (its generation
-# prompt closes an empty one unless enable_thinking; the template strips earlier ones)
+GEMMA4_THINK = ThinkTags("<|channel>thought", "<channel|>", reopens=True)  # Gemma 4's thinking channel
+# (its generation prompt closes an empty one unless enable_thinking; the template strips earlier ones)
 
 
 def think_tags(template: str | None) -> ThinkTags | None:
@@ -118,11 +122,11 @@ class ReasoningSplitter:
         and whitespace included (reasoning_format "none": it stays content, and only the rest goes to
         the tool parser). Content is always the tail of what came in, held text the tail otherwise."""
         came, echo = self._held + text, self._echo
-        _, content = self._run(came, final=final)
+        _, content = self._run(came, final=final, raw=True)
         first = came[:len(came) - len(self._held) - len(content)]
         return first[min(echo, len(first)):], content
 
-    def _run(self, text: str, final: bool) -> tuple[str, str]:
+    def _run(self, text: str, final: bool, raw: bool = False) -> tuple[str, str]:
         self._held = ""
         echo, self._echo = self._echo, 0  # the client's own text at the front of `text`: not sent back
         reasoning = content = ""
@@ -166,9 +170,35 @@ class ReasoningSplitter:
                 if text:
                     self._state = "content"
                 continue
+            if self.tags.reopens and not raw:
+                text, more = self._reopen(text, final)
+                content += text[echo:]
+                if more is None:
+                    self._echo = max(0, echo - len(text)) if self._held else 0
+                    break
+                text, echo = more, 0
+                continue
             content += text[echo:]
             break
         return reasoning, content
+
+    def _reopen(self, text: str, final: bool) -> tuple[str, str | None]:
+        """The answer's text up to thoughts opened again (what follows their opening tag, None when
+        none opens); a stray closing tag is dropped, a possible tag's start held back."""
+        tags = self.tags
+        while True:
+            at, tag = _first(text, (tags.open, tags.close))
+            if at < 0:
+                break
+            if tag == tags.close:
+                text = text[:at] + text[at + len(tag):]
+                continue
+            self._state, self._began = "thinking", False
+            return text[:at].rstrip(), text[at + len(tag):]
+        keep = 0 if final else max(_partial_suffix(text, t) for t in (tags.open, tags.close))
+        if keep:
+            self._held = text[len(text) - keep:]
+        return text[:len(text) - keep], None
 
     @property
     def phase(self) -> str:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from node.inference.reasoning import splitter_for
 from node.inference.request import ToolCall, ToolSpec
 from node.inference.tools import detect_format, tool_grammar
 from node.inference.tools.formats import new_parser
@@ -69,3 +70,32 @@ def test_tool_results_are_the_templates_tool_responses(name):
     assert "<|turn>tool" not in text
     assert "<|tool_response>response:get_time{value:<|\"|>noon<|\"|>}<tool_response|>" in text
     assert "response:get_weather{" in text and "Clear, 21C at noon.<turn|>" in text
+
+
+def _split(name: str, reply: str, cuts: list[int]) -> tuple[str, str]:
+    """(reasoning, content) of `reply` fed in pieces cut at `cuts`, through the chat's splitter."""
+    hi = [{"role": "user", "content": "hi"}]
+    tmpl = template(name)
+    splitter = splitter_for(request(hi), tmpl, render(tmpl, request(hi)), None)
+    thoughts = content = ""
+    for a, b in zip([0, *cuts], [*cuts, len(reply)], strict=True):
+        r, c = splitter.feed(reply[a:b])
+        thoughts, content = thoughts + r, content + c
+    r, c = splitter.finish()
+    return thoughts + r, content + c
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("reply", "thoughts", "answer"), [
+    ("<|channel>thought\nLet me see.<channel|>Paris is sunny.<|channel>thought\n<channel|>", "Let me see.", "Paris is sunny."),
+    ("Paris is sunny.<|channel>thought\n<channel|>", "", "Paris is sunny."),
+    ("<|channel>thought\n<channel|>Paris is sunny.<channel|>", "", "Paris is sunny."),
+    ("Paris.<|channel>thought\nAnd Rome?<channel|>", "And Rome?", "Paris."),
+])
+def test_an_empty_thought_block_after_the_answer_is_not_content(name, reply, thoughts, answer):
+    """Gemma 4 may end its answer with an empty `<|channel>thought<channel|>` (or a lone `<channel|>`);
+    llama.cpp's parser reads every such block as thoughts. Until 2026-12-06 the splitter saw one block
+    at the start only: the client got `<|channel>thought<channel|>` at the end of its content."""
+    for cut in range(len(reply) + 1):
+        assert _split(name, reply, [cut]) == (thoughts, answer), cut
+    assert _split(name, reply, list(range(1, len(reply)))) == (thoughts, answer)
