@@ -16,6 +16,7 @@ from typing import Any
 
 from node.errors import ModelLoadError, ProtocolError, Unsupported
 from node.inference.chat import render_chat
+from node.inference.tools.gemma4 import model_turn
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,9 @@ class ModelTokenizer:
                     extra: dict[str, Any] | None = None) -> str:
         """The prompt text for chat messages (and the tools, OpenAI's shape) under the model's own
         template; node.inference.tools.prompt_inputs prepares both. `extra`: chat_template_kwargs."""
-        return render_chat(self.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
-                           tools=tools, extra=extra)
+        rendered = render_chat(self.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
+                               tools=tools, extra=extra)
+        return model_turn(self.chat_template, rendered)  # (Gemma 4: a model turn its template left closed)
 
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None, prefill: str = "") -> list[int]:
         """Render and tokenize; BOS is added only if the template did not already write it.

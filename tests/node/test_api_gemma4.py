@@ -150,3 +150,22 @@ async def test_messages_forced_call(node, anthropic_sdk, stream):
                                                    "max_tokens": 8})
     assert again.stop_reason in ("max_tokens", "end_turn", "tool_use")
     assert all("<|" not in (getattr(b, "text", "") or "") for b in again.content)
+
+
+async def test_a_turn_with_text_beside_its_calls_opens_the_next_model_turn(node, client):
+    """A turn with text beside its call, then the result: the template closes the model's turn
+    (`<turn|>`) and, after a tool response, opens none; the model was asked to go on after its own
+    turn's end. llama.cpp opens `<|turn>model` there: so does the node, in a run and /apply-template."""
+    model = node.models.all()[0].id
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}
+    history = [*ASK, {"role": "assistant", "content": "Let me check.", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    url = f"http://127.0.0.1:{node.api.port}/apply-template"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {node.api_key}"}) as http:
+        async with http.post(url, json={"messages": history, "tools": [WEATHER]}) as resp:
+            assert resp.status == 200, await resp.text()
+            prompt = (await resp.json())["prompt"]
+    assert prompt.endswith("<tool_response|>Let me check.<turn|>\n<|turn>model\n"), prompt
+    kw = dict(model=model, tools=[WEATHER], max_tokens=4, temperature=0)
+    again = await client.chat.completions.create(messages=history, **kw)
+    assert again.usage.prompt_tokens == len(node.models.all()[0].tokenizer.tokenize(prompt, add_bos=False))

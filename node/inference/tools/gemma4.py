@@ -25,6 +25,7 @@ CALL_OPEN, CALL_CLOSE = "<|tool_call>", "<tool_call|>"
 QUOTE = '<|"|>'
 MARKERS = (CALL_OPEN, CALL_CLOSE, QUOTE, "<|tool_response>", "<tool_response|>", "<|channel>", "<channel|>")
 _HEAD = "call:"
+TURN_END, MODEL_TURN = "<turn|>\n", "<|turn>model\n"
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _NUMBER_CHARS = re.compile(r"[-+0-9.eE]*")
 _WORDS = {"true": True, "false": False, "null": None}
@@ -35,6 +36,16 @@ OPENAI_RESULTS = "{#- OpenAI Chat Completions:"
 
 def is_gemma4(template: str) -> bool:
     return "'<|tool_call>call:'" in template  # (llama.cpp's test)
+
+
+def model_turn(template: str | None, rendered: str) -> str:
+    """The prompt with the model's turn opened where the template leaves it closed: after a turn
+    with text beside its calls and their results the template writes `<turn|>` and no generation
+    prompt (it opens none after a tool response), so the model was asked to go on after its own
+    turn's end. llama.cpp opens `<|turn>model` there."""
+    if template and rendered.endswith(TURN_END) and is_gemma4(template):
+        return rendered + MODEL_TURN
+    return rendered
 
 
 class _Short(Exception):
