@@ -111,3 +111,22 @@ def render_chat(template: str | None, messages: list[dict], *, bos_token: str = 
         raise
     except jinja2.TemplateError as exc:
         raise InvalidRequest(f"the model's chat template failed to render: {exc}", param="messages") from exc
+
+
+# --- Gemma 4 (tools/gemma4.py): its template leaves a model turn closed that llama.cpp opens ---
+
+GEMMA4_TURN_END, GEMMA4_MODEL_TURN = "<turn|>\n", "<|turn>model\n"
+
+
+def is_gemma4(template: str) -> bool:
+    return "'<|tool_call>call:'" in template  # (llama.cpp's test)
+
+
+def model_turn(template: str | None, rendered: str) -> str:
+    """The prompt with the model's turn opened where the template leaves it closed: after a turn
+    with text beside its calls and their results the template writes `<turn|>` and no generation
+    prompt (it opens none after a tool response), so the model was asked to go on after its own
+    turn's end. llama.cpp opens `<|turn>model` there."""
+    if template and rendered.endswith(GEMMA4_TURN_END) and is_gemma4(template):
+        return rendered + GEMMA4_MODEL_TURN
+    return rendered

@@ -71,7 +71,7 @@ class SynthSpec:
     # more control tokens (before the harmony, think and FIM ones), written out where they are a tool
     # format's markers (DeepSeek R1's `<｜tool▁calls▁begin｜>`...: U+2581 in them stays as it is)
     control_tokens: tuple[str, ...] = ()
-    # Gemma 4's tokens (GEMMA4_TOKENS, before the harmony, think and FIM ones): `<|"|>` shown as text,
+    # Gemma 4's tokens (GEMMA4_TOKENS, before control_tokens and the harmony, think, FIM ones): `<|"|>` text,
     # the others control tokens; llama.cpp ends the generation at `<turn|>` and `<|tool_response>`
     gemma4: bool = False
     chat_template: str | None = None  # tokenizer.chat_template (None: none, the node uses ChatML)

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import ModelLoadError, ProtocolError, Unsupported
-from node.inference.chat import render_chat
-from node.inference.tools.gemma4 import model_turn
+from node.inference.chat import model_turn, render_chat
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.inference import grammar
-from node.inference.chat import render_chat
+from node.inference.chat import is_gemma4, render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
 from node.inference.tools.deepseek_r1 import (
     DEEPSEEK_R1,
@@ -47,7 +47,7 @@ from node.inference.tools.deepseek_r1 import (
 )
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
 from node.inference.tools.dsml import DSML, DSML_SYNTAX, block_of, dsml, dsml_calls
-from node.inference.tools.gemma4 import GEMMA4, gemma4_call, gemma4_history, is_gemma4
+from node.inference.tools.gemma4 import GEMMA4, gemma4_call, gemma4_history
 from node.inference.tools.gemma4 import MARKERS as GEMMA4_MARKERS
 from node.inference.tools.harmony import (
     HARMONY,

@@ -3,7 +3,8 @@
   <|tool_call>call:NAME{city:<|"|>Paris<|"|>,days:2,opts:{deep:true,tags:[<|"|>a<|"|>]}}<tool_call|>
 
 One marker pair a call (`<|tool_call>` and `<tool_call|>` are single tokens in Gemma 4's
-vocabulary). The arguments are Gemma's own notation, not JSON: keys unquoted (the template writes
+vocabulary). Detection (`is_gemma4`) and the model turn its template leaves closed (`model_turn`)
+are in chat.py: the tokenizer uses the second and may not import this package (import-linter). The arguments are Gemma's own notation, not JSON: keys unquoted (the template writes
 them sorted), strings between `<|"|>` marks (a token too), numbers, `true`/`false`/`null`, `{...}`
 and `[...]` as in JSON. JSON strings and quoted keys are read as well (the forced grammar writes an
 object or array parameter as JSON: its schema holds it that way). Results go back as
@@ -25,27 +26,12 @@ CALL_OPEN, CALL_CLOSE = "<|tool_call>", "<tool_call|>"
 QUOTE = '<|"|>'
 MARKERS = (CALL_OPEN, CALL_CLOSE, QUOTE, "<|tool_response>", "<tool_response|>", "<|channel>", "<channel|>")
 _HEAD = "call:"
-TURN_END, MODEL_TURN = "<turn|>\n", "<|turn>model\n"
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _NUMBER_CHARS = re.compile(r"[-+0-9.eE]*")
 _WORDS = {"true": True, "false": False, "null": None}
 # the newer official template reads OpenAI `tool` messages itself; the older one (-interleaved)
 # wants each call's results as `tool_responses` on its assistant message (llama.cpp's workaround)
 OPENAI_RESULTS = "{#- OpenAI Chat Completions:"
-
-
-def is_gemma4(template: str) -> bool:
-    return "'<|tool_call>call:'" in template  # (llama.cpp's test)
-
-
-def model_turn(template: str | None, rendered: str) -> str:
-    """The prompt with the model's turn opened where the template leaves it closed: after a turn
-    with text beside its calls and their results the template writes `<turn|>` and no generation
-    prompt (it opens none after a tool response), so the model was asked to go on after its own
-    turn's end. llama.cpp opens `<|turn>model` there."""
-    if template and rendered.endswith(TURN_END) and is_gemma4(template):
-        return rendered + MODEL_TURN
-    return rendered
 
 
 class _Short(Exception):
