@@ -153,6 +153,7 @@ PARTIAL_PEER_WINDOW = 4  # chunk requests in flight to one peer (flow control: â
 PARTIAL_PEER_TIMEOUT_S = 30.0  # one chunk
 PARTIAL_SPOT_CHECK_BYTES = 64 << 10  # the range refetched from the origin and compared
 # a node holding a model's whole file answers MODEL_PART too (node/inference/pipeline/wholeparts.py):
+ADVERT_FILES_MAX = 64  # whole files a HELLO lists as held (`files`: 64-hex sha256 each, ~4.3 KB at most)
 PARTIAL_WHOLE_HASH_BYTES = 256 << 20  # tensor bytes hashed for one `hashes` request at most (the rest: asked again)
 
 # --- distributed pipeline (node/inference/pipeline) ---

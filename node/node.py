@@ -38,6 +38,7 @@ from node.inference.pipeline.host import SliceHost, parse_layers
 from node.inference.pipeline.partials import PartialModels, PartServer
 from node.inference.pipeline.remote_serve import RemoteGenerateServer
 from node.inference.pipeline.transport import PipelineTransport
+from node.inference.pipeline.wholeparts import held_files
 from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
 from node.inference.swarm_models import SwarmModels
@@ -124,15 +125,21 @@ class Node(SwarmActions, UrlModels, ModelActions):
         return [(s.node_id, s.start, s.end) for s in cov.spans if s.node_id != self.node_id] if cov else []
 
     def _whole_holders(self, sha256: str) -> list[str]:
-        """The connected peers advertising a model's whole file, not paused (they refuse): node ids."""
+        """The connected peers holding a model's whole file: those running it whole, not paused (they
+        refuse), then those listing the file in their HELLO's `files` (held on disk, loaded or not;
+        a paused node lists none; an older node sends no `files`). Node ids."""
         peers = self.peers.peers() if self.peers else []
         cov = swarm_coverage(self.node_id, [], peers).get(sha256)
         paused = paused_holders(peers, sha256)
-        return [n for n in cov.whole if n != self.node_id and n not in paused] if cov else []
+        loaded = [n for n in cov.whole if n not in paused] if cov else []
+        on_disk = [p.node_id for p in peers if p.state == "connected" and sha256 in getattr(p, "files", ())]
+        return [n for n in dict.fromkeys(loaded + on_disk) if n != self.node_id]
 
-    def _runs_whole(self, sha256: str) -> bool:
-        """Whether this node runs a model whole (loaded): the files its PartServer hands out."""
-        return any(m.entry.sha256 == sha256 and m.state == "loaded" for m in self.models.whole_models())
+    def _shares_whole(self, sha256: str) -> bool:
+        """Whether this node advertises a model's whole file (its PartServer hands out those): run
+        whole (loaded), or listed in its HELLO's `files`."""
+        return sha256 in self._hello_files() or \
+            any(m.entry.sha256 == sha256 and m.state == "loaded" for m in self.models.whole_models())
 
     # --- identity ---
 
@@ -284,7 +291,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
     async def _start_network(self) -> None:
         """The peer network and the pipeline's worker/coordinator on top of it."""
         self.peers = PeerManager(self.config, self.identity, models_provider=self._hello_models,
-                                 hardware_provider=self._hello_hardware)
+                                 hardware_provider=self._hello_hardware, files_provider=self._hello_files)
         self.transport = PipelineTransport(self.node_id, self.peers)
         self.slice_host.on_advert = self._announce_soon
         self.worker = SegmentWorker(self.node_id, self.slice_host, self.transport,
@@ -307,7 +314,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self.pipeline.register()
         self.peers.register_handler(FrameType.MODEL_HEADER, HeaderServer(self.catalog).async_handle)
         self.peers.register_handler(FrameType.MODEL_PART, PartServer(
-            self.catalog, contributing=self._contributing, runs_whole=self._runs_whole).async_handle)
+            self.catalog, contributing=self._contributing, shares_whole=self._shares_whole).async_handle)
         self.partials.attach(self.peers, self._slice_holders, self._whole_holders)
         self.swarm_models = SwarmModels(self.catalog, self.models, self.peers,
                                         HeaderCache(self.data_dir / HEADERS_DIR))
@@ -327,6 +334,10 @@ class Node(SwarmActions, UrlModels, ModelActions):
 
     def _hello_models(self) -> list[dict[str, Any]]:
         return model_adverts(self.catalog, self.models, self.slice_host, contribute=self.config.contribute)
+
+    def _hello_files(self) -> list[str]:
+        """The whole files this node hands out layers of, loaded or not (none while paused or stopping)."""
+        return held_files(self.catalog) if self._contributing() else []
 
     def _on_model_event(self, event: str, served: Any) -> None:
         """A whole model's decode rate, first measured or clearly changed, goes to peers (HELLO):

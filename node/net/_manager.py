@@ -68,6 +68,7 @@ class PeerManager:
         *,
         models_provider: Callable[[], list[Mapping[str, Any]]] | None = None,
         hardware_provider: Callable[[], Mapping[str, Any]] | None = None,
+        files_provider: Callable[[], list[str]] | None = None,
         agent: str = AGENT,
     ):
         self.config = config
@@ -88,6 +89,7 @@ class PeerManager:
         self.tasks = Tasks()
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
+        self._files_provider = files_provider
         self.handlers = Handlers(self.tasks.spawn)
         self.inbound = InboundRouter(self.tls, self.relay, self.tasks, self.async_establish)
         self.clock = Clock()  # what peers see of our time (tests shift `clock.offset_s`)
@@ -254,7 +256,7 @@ class PeerManager:
 
     def _hello(self, link_nonce: str | None = None, *, member_nonce: str | None = None, joining: bool = False,
                minimal: bool = False) -> Hello:
-        """Our HELLO; `minimal` (before admission): no models, hardware, addresses or region."""
+        """Our HELLO; `minimal` (before admission): no models, files, hardware, addresses or region."""
         features = FEATURE_PEX
         if self.relay is not None:
             features |= FEATURE_RELAY
@@ -265,6 +267,7 @@ class PeerManager:
             listen=() if minimal else tuple(self.listen_addrs), features=features,
             models=() if minimal else tuple(self._call_provider(self._models_provider, [])),
             hardware={} if minimal else self._call_provider(self._hardware_provider, {}),
+            files=() if minimal else tuple(self._call_provider(self._files_provider, [])),
             region=None if minimal else self.config.region, link_nonce=link_nonce,
             swarm=self.membership.swarm.public_id, epoch=self.membership.swarm.epoch,
             member_nonce=member_nonce or new_nonce(), joining=joining,
@@ -346,7 +349,7 @@ class PeerManager:
         link.on_rtt = self._on_rtt
         self._register(link)
         fresh = self._hello()
-        if link.is_open and (fresh.models != full.models or fresh.hardware != full.hardware):
+        if link.is_open and (fresh.models, fresh.hardware, fresh.files) != (full.models, full.hardware, full.files):
             link.send_nowait(fresh.to_frame())  # what we serve changed during the handshake
         return link
 

@@ -6,6 +6,7 @@ violation raises `ProtocolError` (the link that sent it is closed, nothing else)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,8 @@ FEATURE_PIPELINE = 1 << 2  # serves WORK for the distributed pipeline (contribut
 
 _MAX_ADDRS = 32
 _MAX_MODELS = 256
+_MAX_FILES = 256  # whole files a HELLO may list as held (senders list at most ADVERT_FILES_MAX)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _MAX_TEXT = 256
 _MAX_PEX = 256
 _MAX_TIME = 1e11  # unix seconds (year 5138): a HELLO `time` beyond is not a time
@@ -94,6 +97,14 @@ def _time(h: Mapping[str, Any]) -> float | None:
     return float(value)
 
 
+def _files(h: Mapping[str, Any]) -> tuple[str, ...]:
+    files = h.get("files", [])
+    if not isinstance(files, list) or len(files) > _MAX_FILES or not all(
+            isinstance(f, str) and _SHA256.fullmatch(f) for f in files):
+        raise ProtocolError(f"field 'files' must be a list of at most {_MAX_FILES} sha256 hex strings")
+    return tuple(dict.fromkeys(files))
+
+
 def _node_id(h: Mapping[str, Any], key: str) -> str:
     value = h.get(key)
     if not is_node_id(value):
@@ -113,6 +124,9 @@ class Hello:
     features: int = 0
     models: tuple[Mapping[str, Any], ...] = ()  # served models with layer ranges + content hash
     hardware: Mapping[str, Any] = field(default_factory=dict)
+    # sha256 of the whole files it holds and hands out layers of (MODEL_PART), loaded or not; absent
+    # (an older node, or one paused) means none
+    files: tuple[str, ...] = ()
     region: str | None = None
     link_nonce: str | None = None  # the dialler's random nonce for this link (duplicate tie-break)
     swarm: str = ""  # the swarm's public id (a hash of its id; "open" for the open swarm)
@@ -132,6 +146,8 @@ class Hello:
             "models": [dict(m) for m in self.models], "hardware": dict(self.hardware),
         }
         header.update(swarm=self.swarm, epoch=self.epoch, member_nonce=self.member_nonce)
+        if self.files:
+            header["files"] = list(self.files)
         if self.joining:
             header["joining"] = True
         if self.region:
@@ -167,6 +183,7 @@ class Hello:
             features=_int(h, "features", 0, (1 << 32) - 1),
             models=tuple(models),
             hardware=hardware,
+            files=_files(h),
             region=_text(h, "region", optional=True, limit=REGION_MAX_CHARS),
             link_nonce=_text(h, "link_nonce", optional=True, limit=32),
             swarm=_swarm_id(h),

@@ -46,6 +46,7 @@ class PeerSnapshot:
     agent: str | None = None
     region: str | None = None
     hardware: Mapping[str, Any] = field(default_factory=dict)
+    files: tuple[str, ...] = ()  # sha256 of the whole files it hands out layers of (its HELLO's `files`)
     via_relay: str | None = None
     is_dialer: bool | None = None
     connections: int = 0
@@ -61,6 +62,7 @@ class PeerSnapshot:
         out["models"] = [dict(m) for m in self.models]
         out["sources"] = list(self.sources)
         out["hardware"] = dict(self.hardware)
+        out["files"] = list(self.files)
         for key in ("rtt_ms", "rto_ms"):
             if out[key] is not None:
                 out[key] = round(out[key], 3)
@@ -183,6 +185,7 @@ class PeerRecord:
             # the peer's word, shown in reports, logs and tables: one line (a newline forged report lines)
             region=clean_text(hello.region, REGION_MAX_CHARS) if hello and hello.region else None,
             hardware=hello.hardware if hello else {},
+            files=hello.files if hello else (),
             via_relay=link.via_relay if link else None,
             is_dialer=link.is_dialer if link else None,
             connections=connections,

@@ -163,7 +163,7 @@ async def test_a_paused_node_or_one_not_running_the_model_hands_out_no_whole_fil
         with pytest.raises(ModelUnavailable) as err:
             await paused.async_handle(_Link(), Frame(FrameType.MODEL_PART, {"sha256": entry.sha256, **h}))
         assert err.value.code == "not_contributing"
-    not_run = PartServer(_Catalog(entry), runs_whole=lambda _sha: False)
+    not_run = PartServer(_Catalog(entry), shares_whole=lambda _sha: False)
     for h in asks:
         with pytest.raises(ModelNotFound):
             await not_run.async_handle(_Link(), Frame(FrameType.MODEL_PART, {"sha256": entry.sha256, **h}))

@@ -44,7 +44,7 @@ from node.errors import (
     SplitModelServedWhole,
 )
 from node.inference.pipeline.origin_urls import OriginUrls
-from node.inference.pipeline.wholeparts import WholeFileParts
+from node.inference.pipeline.wholeparts import WholeFileParts, whole_file
 from node.inference.weights.cache import WeightCache
 from node.logs import MESSAGE, kv, progress_extra
 from node.models.catalog import ModelCatalog, ModelEntry
@@ -424,11 +424,11 @@ class PartServer:
     """Answers MODEL_PART requests from this node's partial models (see the module doc)."""
 
     def __init__(self, catalog: ModelCatalog, *, contributing: Callable[[], bool] = lambda: True,
-                 runs_whole: Callable[[str], bool] = lambda _sha: True):
+                 shares_whole: Callable[[str], bool] = lambda _sha: True):
         self.catalog = catalog
-        # whole files are handed out only while contributing, and only those this node runs (loaded:
-        # the ones it advertises), as its adverts say; a paused node's are refused `not_contributing`
-        self.contributing, self.runs_whole = contributing, runs_whole
+        # whole files are handed out only while contributing, and only those this node advertises
+        # (loaded, or listed in its HELLO's `files`); a paused node's are refused `not_contributing`
+        self.contributing, self.shares_whole = contributing, shares_whole
         self._serving: dict[int, int] = {}  # id(link) -> requests being served for it
         self.whole = WholeFileParts()  # the same requests, answered from whole files
 
@@ -455,11 +455,8 @@ class PartServer:
         if op not in ("hashes", "read"):
             raise InvalidRequest("MODEL_PART 'op' must be 'hashes' or 'read'")
         entry = self.catalog.by_sha(sha)
-        # a whole file here: its id hash is the sha256 the catalog computed over it (a split model's
-        # hashes part 1 only, and its tensors lie in other files: not handed out)
-        whole = entry is not None and entry.whole_ok and entry.sha256 == sha and \
-            int(entry.header.get("split.count", 0) or 0) < 2
-        if entry is None or (entry.partial is None and not (whole and self.runs_whole(sha))):
+        whole = whole_file(entry, sha)  # (wholeparts.whole_file says which)
+        if entry is None or (entry.partial is None and not (whole and self.shares_whole(sha))):
             raise ModelNotFound(f"no partial model or file {sha[:16]} served on this node")
         if whole and not self.contributing():
             raise ModelUnavailable("this node has paused contributing to the swarm", code="not_contributing")

@@ -1,7 +1,8 @@
 """MODEL_PART answered from a model's whole file (a node that downloaded or was given the file).
 
 A node holding a model's whole GGUF (catalog entry with a file, not partial, its id hash the sha256
-the catalog computed over the file) hands out any tensor of it as a partial holder does its parts:
+the catalog computed over the file; loaded or not: nothing of a loaded model is read, only the file
+and its catalogued header), while contributing, hands out any tensor of it as a partial holder does its parts:
 `hashes` names the sha256 of each tensor of the parts asked, hashed here off the loop from the file
 and cached (per model, while the file's size and mtime stay); one request hashes at most
 `PARTIAL_WHOLE_HASH_BYTES` of tensors not hashed yet, one hashing request at a time for the whole
@@ -51,6 +52,19 @@ def _hash_tensor(path: Path, at: int, n: int) -> str:
 def _stat_key(path: Path) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns
+
+
+def whole_file(entry: ModelEntry | None, sha256: str) -> bool:
+    """Whether a catalog entry is a whole file whose tensors may be handed out under this id: a file
+    with every tensor here, its id hash the sha256 the catalog computed over it (a split model's hashes
+    part 1 only, and its tensors lie in other files: not handed out)."""
+    return entry is not None and entry.whole_ok and entry.sha256 == sha256 and entry.split_count < 2
+
+
+def held_files(catalog: Any) -> list[str]:
+    """sha256 of the whole files in the catalog (loaded or not), at most ADVERT_FILES_MAX, by model id."""
+    entries = sorted((e for e in list(catalog.entries.values()) if whole_file(e, e.sha256)), key=lambda e: e.id)
+    return list(dict.fromkeys(e.sha256 for e in entries))[:const.ADVERT_FILES_MAX]
 
 
 class WholeFileParts:
