@@ -127,9 +127,9 @@ class DownloadsPanel(QWidget):
             elif split_part(Path(job.file_name)):  # served here only, loaded or not (found in review)
                 row.detail.setText(f"done · {size} · model {job.model_id} · split in parts: served on this "
                                    "device only")
-            else:  # peers see loaded models only: say so, the user expected the swarm to see it now
-                row.detail.setText(f"done · {size} · model {job.model_id} · Load it (Models tab) to share it "
-                                   "with your swarm")
+            else:  # peers take its layers from here now (while contributing); they see the model loaded only
+                row.detail.setText(f"done · {size} · model {job.model_id} · your swarm can take its layers from "
+                                   "this device now; Load it (Models tab) to let them use it here")
 
     def _pause_or_resume(self, job) -> None:
         if job.state == "paused":

@@ -144,10 +144,12 @@ def _part_of(job: dict) -> str:
     return f" (part {job['part']}/{job['parts']})" if job.get("parts", 1) > 1 and job.get("part") else ""
 
 
-# a downloaded model is registered, not loaded (memory is the user's call), and peers see only
-# loaded models: a user who downloaded one on a second laptop saw nothing on the first
-NOT_SHARED_YET = ("not loaded yet: it loads on its first request here, and your swarm's other devices "
-                  "see it once it is loaded (run the download with --load, or Load in the Models tab)")
+# a downloaded model is registered, not loaded (memory is the user's call): peers fetch its layers
+# from this node at once (while it contributes: its HELLO's `files`), but run it here, and list it
+# among the swarm's models, only once it is loaded (until 2026-12-06 its layers too)
+NOT_SHARED_YET = ("not loaded yet: it loads on its first request here. Your swarm's other devices can take its "
+                  "layers from this device now (while it contributes), and use it here once it is loaded "
+                  "(run the download with --load, or Load in the Models tab)")
 # a model split in parts is served on this node only, loaded or not (node.inference.adverts)
 SPLIT_NOT_SHARED = "a model split in parts is served on this device only: the swarm's other devices do not see it"
 

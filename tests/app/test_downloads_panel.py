@@ -17,12 +17,14 @@ def _done(**kw) -> DownloadJob:
                        total_bytes=5 * 2**20, done_bytes=5 * 2**20, **kw)
 
 
-def test_a_finished_download_says_its_model_and_to_load_it_to_share_it(qtbot):
+def test_a_finished_download_says_its_model_and_that_the_swarm_takes_its_layers_now(qtbot):
+    """Not loaded, its file is shared (peers fetch its layers from here); loading lets them use it."""
     panel = DownloadsPanel(node=None)
     qtbot.addWidget(panel)
     panel.on_download(_done(model_id="m-1a2b3c4d"))
     text = panel.rows["file:m.gguf"].detail.text()
-    assert "model m-1a2b3c4d" in text and "share it with your swarm" in text, text
+    assert "model m-1a2b3c4d" in text and "swarm can take its layers from this device now" in text, text
+    assert "to share it" not in text, text
 
 
 def test_a_split_part_fetched_alone_says_what_is_still_missing(qtbot):
@@ -43,4 +45,4 @@ def test_a_finished_split_set_says_it_is_served_on_this_device_only(qtbot):
     job.file_name = "big-00001-of-00003.gguf"
     panel.on_download(job)
     text = panel.rows["file:big-00001-of-00003.gguf"].detail.text()
-    assert "this device only" in text and "share it with your swarm" not in text, text
+    assert "this device only" in text and "swarm can take its layers" not in text, text
