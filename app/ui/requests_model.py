@@ -20,6 +20,8 @@ def outcome_text(t: RequestTrace) -> str:
         return "in flight"
     if t.outcome == "error":
         return f"error: {t.error_type}" if t.error_type else "error"
+    if t.outcome == "ok" and t.finish_reason in FINISH_WORDS:
+        return f"ok · {FINISH_WORDS[t.finish_reason]}"
     return t.outcome or fmt.DASH
 
 
@@ -27,9 +29,28 @@ def _outcome_color(t: RequestTrace) -> str | None:
     return fmt.STATE_COLORS.get("in flight" if not t.done else (t.outcome or ""))
 
 
+# what the client asked for, as its API names it (the trace's `operation`)
+OPERATIONS = {"chat.completions": "chat", "completions": "completion", "completion": "completion",
+              "messages": "chat (Anthropic)", "messages.count_tokens": "count tokens", "responses": "responses",
+              "infill": "infill", "embeddings": "embeddings", "rerank": "rerank"}
+NO_COMPLETION = ("embeddings", "rerank", "messages.count_tokens")  # they read tokens and generate none
+FINISH_WORDS = {"tool_calls": "tool calls", "length": "cut at max tokens"}  # worth saying beside "ok"
+
+
+def operation_text(t: RequestTrace) -> str:
+    return OPERATIONS.get(t.operation, t.operation or fmt.DASH)
+
+
 def _tokens(t: RequestTrace) -> str:
     prompt = fmt.DASH if t.prompt_tokens is None else str(t.prompt_tokens)
-    return f"{prompt} → {t.completion_tokens}"
+    if t.operation in NO_COMPLETION:
+        return f"{prompt} in"
+    if t.cached_tokens:  # the prefix cache's share of the prompt
+        prompt += f" ({t.cached_tokens} cached)"
+    completion = str(t.completion_tokens)
+    if t.reasoning_tokens:
+        completion += f" ({t.reasoning_tokens} thinking)"
+    return f"{prompt} → {completion}"
 
 
 def _nodes(t: RequestTrace) -> str:
@@ -40,6 +61,8 @@ REQUEST_COLUMNS = [
     Column("Time", lambda t: fmt.clock(t.created_at), header_tip="when the request arrived (local time)"),
     Column("Request", lambda t: t.request_id[:8], tooltip=lambda t: t.request_id, header_tip="the request id (x-request-id), first 8 digits"),
     Column("Model", lambda t: t.model, header_tip="the model the request named"),
+    Column("Operation", operation_text, tooltip=lambda t: t.operation,
+           header_tip="what was asked: chat, completion, embeddings, rerank… (the API's endpoint)"),
     Column("Route", lambda t: (t.route or (fmt.DASH if t.done else "choosing")) + (f" ×{t.assemblies}" if t.assemblies > 1 else ""),
            tooltip=lambda t: f"{len(t.segments)} segment(s), {t.peer_count} peer(s)",
            header_tip="local, split, distributed or relayed (×N: assembled N times, i.e. retried)"),
@@ -47,7 +70,8 @@ REQUEST_COLUMNS = [
     Column("TTFT", lambda t: fmt.ms(t.ttft_ms), numeric=True,
            header_tip="time to first token, from the route being ready"),
     Column("tok/s", lambda t: fmt.rate(t.tok_per_sec), numeric=True, header_tip="decode speed: generated tokens per second after the first"),
-    Column("Tokens", _tokens, numeric=True, header_tip="prompt → completion tokens"),
+    Column("Tokens", _tokens, numeric=True, header_tip="prompt → completion tokens (cached: prompt tokens the prefix cache reused; "
+                                                          "thinking: a reasoning model's; embeddings and rerank read only)"),
     Column("Outcome", outcome_text, color=_outcome_color,
            tooltip=lambda t: t.error_message or t.finish_detail or t.finish_reason,
            header_tip="ok, in flight, cancelled or error (hover for why it ended)"),
