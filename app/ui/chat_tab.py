@@ -117,7 +117,8 @@ class ChatTab(QWidget):
         """The picker's models (node events: models loaded, the swarm's coverage changed)."""
         if not self.host.is_started:
             return
-        ids = [m["id"] for m in self.host.node.list_openai_models()]
+        rerankers = {s.id for s in self.host.node.models.all() if s.tokenizer is not None and s.tokenizer.reranker}
+        ids = [m["id"] for m in self.host.node.list_openai_models() if m["id"] not in rerankers]  # no chat models
         if ids == [self.picker.itemText(i) for i in range(self.picker.count())]:
             return
         current = self.picker.currentText()

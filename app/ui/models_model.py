@@ -50,6 +50,8 @@ def _architecture(m: dict[str, Any]) -> str:
     text = f"{m.get('architecture', '?')} · {m.get('quantization', '?')}"
     if is_slice(m):
         text += f" · torch slice {m.get('dtype') or ''}".rstrip()
+    if m.get("reranker"):  # not a chat model: /v1/rerank only (the Chat tab does not offer it)
+        text += " · reranker"
     return text
 
 
@@ -61,7 +63,7 @@ def is_slice(m: dict[str, Any]) -> bool:
 MODEL_COLUMNS = [
     Column("Model", lambda m: m["id"], tooltip=lambda m: f"sha256 {m.get('sha256', '')}\nsource: {m.get('source')}",
            header_tip="the model's id: its name and the first 8 digits of its file's sha256 (the same on every node)"),
-    Column("Architecture", _architecture, header_tip="the model family and the weights' storage type; “torch slice” for layers served with the slice engine"),
+    Column("Architecture", _architecture, header_tip="the model family and the weights' storage type; “torch slice” for layers served with the slice engine; “reranker” for a model that scores documents (/v1/rerank), not a chat model"),
     Column("Size", lambda m: fmt.size(m.get("size_bytes")), numeric=True, header_tip="the GGUF file's size"),
     Column("Layers held", _layers, header_tip="the layers this node holds (inclusive), of the model's total"),
     Column("Device", lambda m: fmt.placement(m.get("device"), m.get("cpu_placement_reason"))[0], header_tip="where it runs: CPU or GPU"),

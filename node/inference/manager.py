@@ -98,6 +98,8 @@ class ServedModel:
             "waiting": self.waiting,
             "layers_held": [0, self.entry.n_layers],
             "engine": "llama.cpp",
+            # a reranker (rank pooling) scores pairs on /v1/rerank; it is no chat model
+            "reranker": bool(self.tokenizer is not None and self.tokenizer.reranker),
         }
 
 
