@@ -61,7 +61,7 @@ def is_slice(m: dict[str, Any]) -> bool:
 
 
 MODEL_COLUMNS = [
-    Column("Model", lambda m: m["id"], tooltip=lambda m: f"sha256 {m.get('sha256', '')}\nsource: {m.get('source')}",
+    Column("Model", lambda m: m["id"], tooltip=lambda m: f"{m['id']}\nsha256 {m.get('sha256', '')}\nsource: {m.get('source')}",
            header_tip="the model's id: its name and the first 8 digits of its file's sha256 (the same on every node)"),
     Column("Architecture", _architecture, header_tip="the model family and the weights' storage type; “torch slice” for layers served with the slice engine; “reranker” for a model that scores documents (/v1/rerank), not a chat model"),
     Column("Size", lambda m: fmt.size(m.get("size_bytes")), numeric=True, header_tip="the GGUF file's size"),

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 from app.host import NodeHost
 
 RESIZE_ROWS = 30  # rows (beyond the visible ones) a ResizeToContents column is fitted to
+MAX_COLUMN_PX = 320  # the widest a column fits itself to its contents (longer text is elided)
 
 
 def table_view(model, parent: QWidget | None = None, *, stretch_last: bool = True) -> QTableView:
@@ -40,6 +41,11 @@ def table_view(model, parent: QWidget | None = None, *, stretch_last: bool = Tru
     # (1000 rows) each changed cell re-measured the whole table, 64k data() calls and 0.2-0.4 s
     # on the loop per in-flight row's tick once the requests table held its 500 rows.
     header.setResizeContentsPrecision(RESIZE_ROWS)
+    # A long name (a 90-character GGUF file name, a repo path) widened its column past the window and
+    # pushed State and Memory off screen: columns stop at MAX_COLUMN_PX, the text elided in the
+    # middle (a model id's hash suffix stays in view; the cell's tooltip has it whole)
+    header.setMaximumSectionSize(MAX_COLUMN_PX)
+    view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
     header.setStretchLastSection(stretch_last)
     header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
     return view
