@@ -185,6 +185,22 @@ def parse_call(s: str, i: int, *, final: bool = False) -> PartialCall | None:
         i = end
 
 
+def call_args(text: str, j: int, call: PartialCall, *, final: bool = False) -> int | None:
+    """Reads the arguments object of `call` starting at text[j] (after whitespace) into call.args
+    (the raw text so far; args_done once closed): the index after it, or None while it is not
+    finished (call.args stays None when nothing of it is written yet). Raises JsonError when what
+    is there is not an object."""
+    j = skip_ws(text, j)
+    if j >= len(text):
+        return None
+    if text[j] != "{":
+        raise JsonError(f"expected the arguments object, got {text[j]!r}")
+    end = scan_value(text, j, final=final)
+    call.args = text[j: len(text) if end is None else end]
+    call.args_done = end is not None
+    return end
+
+
 def partial_object(raw: str) -> dict:
     """The members of a JSON object cut short (a call's arguments the token budget ended) that were
     written whole, as a streaming client's partial parse reads them: `{"a": 1, "b": "Pa` is

@@ -26,7 +26,7 @@ from typing import Any
 
 from node.inference import grammar
 from node.inference.chat import render_chat
-from node.inference.tools.jsonscan import JsonError, PartialCall, scan_value, skip_ws
+from node.inference.tools.jsonscan import JsonError, PartialCall, call_args, skip_ws
 from node.inference.tools.parser import Region, Syntax
 from node.inference.tools.tagged import (
     _MAX_NAME,
@@ -246,16 +246,9 @@ def sectioned(s: Sections, text: str, final: bool) -> Region:
             return region
         call = PartialCall(name=_check_name(s.name(text[i:k].strip())))
         region.calls.append(call)
-        j = skip_ws(text, k + len(s.sep))
-        if j >= len(text):
-            return region
-        if text[j] != "{":
-            raise JsonError(f"expected the arguments object, got {text[j]!r}")
-        end = scan_value(text, j, final=final)
-        call.args = text[j: len(text) if end is None else end]
+        end = call_args(text, k + len(s.sep), call, final=final)
         if end is None:
             return region
-        call.args_done = True
         j = skip_ws(text, end)
         rest = text[j:]
         if rest.startswith(s.call_end):

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from node.inference import grammar
-from node.inference.tools.jsonscan import JsonError, PartialCall, scan_value, skip_ws
+from node.inference.tools.jsonscan import JsonError, PartialCall, call_args, skip_ws
 from node.inference.tools.parser import Region, Syntax
 from node.inference.tools.regions import call_list
 
@@ -167,15 +167,9 @@ def mistral_args(text: str, final: bool) -> Region:
     j = _tag(text, k, ARGS)
     if j is None:
         return region
-    j = skip_ws(text, j)
-    if j >= len(text):
-        return region
-    if text[j] != "{":
-        raise JsonError(f"expected the arguments object, got {text[j]!r}")
-    end = scan_value(text, j, final=final)
-    call.args = text[j: len(text) if end is None else end]
+    end = call_args(text, j, call, final=final)
     if end is not None:
-        call.done = call.args_done = True
+        call.done = True
         call.end = region.end = end
     return region
 
