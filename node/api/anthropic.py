@@ -19,6 +19,7 @@ from node.api import anthropic_thinking as thinking
 from node.api.anthropic_blocks import document_text, search_result_text, text_blocks, tool_result
 from node.api.anthropic_reply import MessagesDialect
 from node.api.appkeys import NODE
+from node.api.chat_options import effort_kwargs
 from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.history import link_tool_results
@@ -272,10 +273,18 @@ def _tools(body: dict) -> tuple[tuple[ToolSpec, ...], str, str | None, bool]:
 _EFFORTS = ("low", "medium", "high", "max")
 
 
+def _effort_kwargs(body: dict) -> dict[str, Any]:
+    """output_config.effort (checked in _output_format) as the chat route's reasoning_effort: the
+    template's `reasoning_effort` (gpt-oss's writes `Reasoning: low|medium|high`; others ignore it).
+    "max" is gpt-oss's highest, "high"."""
+    config = body.get("output_config")
+    effort = config.get("effort") if isinstance(config, dict) else None
+    return effort_kwargs("high" if effort == "max" else effort)
+
+
 def _output_format(body: dict) -> ResponseFormat | None:
-    """output_config: `format` (a JSON schema the reply must match); `effort` is accepted and does
-    nothing, as `thinking` (these models spend no thinking or tool budget to tune: opencode sends it
-    with every request, and a 400 failed each one)."""
+    """output_config: `format` (a JSON schema the reply must match) and `effort` (_effort_kwargs;
+    opencode sends it with every request)."""
     config = body.get("output_config")
     if config is None:
         return None
@@ -290,7 +299,6 @@ def _output_format(body: dict) -> ResponseFormat | None:
         if effort not in _EFFORTS:
             raise InvalidRequest(f"output_config.effort: expected one of {', '.join(_EFFORTS)}",
                                  param="output_config.effort")
-        log.debug("DIAG: anthropic output_config.effort requested, ignored effort=%s", effort)
     fmt = config.get("format")
     if fmt is None:
         return None
@@ -314,7 +322,7 @@ def parse_messages(body: Any, *, count_only: bool = False) -> CompletionRequest:
     if count_only:
         return CompletionRequest("chat", model, False, False, SamplingParams(), messages=messages, tools=tools,
                                  tool_choice=tool_choice, tool_choice_name=tool_name, response_format=response_format,
-                                 operation="messages.count_tokens", template_kwargs=thinking.template_kwargs(body))
+                                 operation="messages.count_tokens", template_kwargs={**thinking.template_kwargs(body), **_effort_kwargs(body)})
     if body.get("max_tokens") is None:
         raise InvalidRequest("max_tokens: Field required", param="max_tokens")
     max_tokens = _integer(body, "max_tokens", 1, 1 << 24)
@@ -342,7 +350,8 @@ def parse_messages(body: Any, *, count_only: bool = False) -> CompletionRequest:
     return CompletionRequest("chat", model, stream, False, params, messages=messages, tools=tools,
                              tool_choice=tool_choice, tool_choice_name=tool_name, parallel_tool_calls=parallel,
                              response_format=response_format, operation="messages",
-                             template_kwargs=thinking.template_kwargs(body), reasoning_budget=thinking.budget(body))
+                             template_kwargs={**thinking.template_kwargs(body), **_effort_kwargs(body)},
+                             reasoning_budget=thinking.budget(body))
 
 
 @routes.post("/v1/messages")

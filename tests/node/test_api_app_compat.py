@@ -142,9 +142,9 @@ async def test_claude_code_context_management_is_accepted(node, model_id):
 
 
 async def test_output_config_effort_is_accepted_and_changes_nothing(node, model_id):
-    """opencode sends `output_config.effort` with every request; it was a 400. These models spend no
-    thinking or tool budget to tune: the reply is the one without it; a value not in the API's
-    list is still a 400."""
+    """opencode sends `output_config.effort` with every request; it was a 400. A template that does
+    not read `reasoning_effort` (this one; gpt-oss's does: test_api_harmony_routes.py) gives the
+    reply without it; a value not in the API's list is still a 400."""
     claude = anthropic_client(node)
     plain = await claude.messages.create(model=model_id, max_tokens=12, messages=QUESTION, extra_body={"temperature": 0})
     tuned = await claude.messages.create(model=model_id, max_tokens=12, messages=QUESTION,

@@ -101,3 +101,25 @@ async def test_responses_forced_call_and_next_turns(node, openai_sdk, stream):
     for r in (chained, stateless):
         assert r.usage.input_tokens > first.usage.input_tokens
         assert "<|" not in r.output_text
+
+
+async def test_messages_effort_sets_the_reasoning_line_as_the_chat_routes(node, anthropic_sdk, openai_sdk):
+    """output_config.effort reaches gpt-oss's template as the chat route's reasoning_effort does
+    (`Reasoning: low`): the prompt is the chat route's for the same effort, in count_tokens and in a
+    reply's usage ("max" is gpt-oss's "high"). Until 2026-12-06 it was checked and dropped."""
+    model = model_id(node, "gptoss")
+    messages = [{"role": "user", "content": ASK}]
+    counts = {}
+    for effort in ("low", "high", "max"):
+        config = {"output_config": {"effort": effort}}
+        counted = await anthropic_sdk.messages.count_tokens(model=model, messages=messages, extra_body=config)
+        reply = await anthropic_sdk.messages.create(model=model, messages=messages, max_tokens=1, extra_body=config)
+        chat = await openai_sdk.chat.completions.create(model=model, messages=messages, max_tokens=1,
+                                                        reasoning_effort="high" if effort == "max" else effort)
+        placed = reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
+        assert counted.input_tokens == placed == chat.usage.prompt_tokens, effort
+        counts[effort] = counted.input_tokens
+    plain = await anthropic_sdk.messages.count_tokens(model=model, messages=messages)  # the template's own: medium
+    medium = await openai_sdk.chat.completions.create(model=model, messages=messages, max_tokens=1)
+    assert plain.input_tokens == medium.usage.prompt_tokens
+    assert len({counts["low"], counts["high"], plain.input_tokens}) == 3, counts  # the effort shows in the prompt
