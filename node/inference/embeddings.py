@@ -65,6 +65,9 @@ async def run_embeddings(models: ModelManager, request: EmbeddingRequest, trace:
     any work."""
     served = await models.async_get(request.model)
     trace.model, trace.resolved = served.id, True
+    if served.tokenizer is not None and served.tokenizer.reranker:  # its GGUF says so: no load for a 400
+        raise InvalidRequest(f"model {served.id} is a reranker (rank pooling); it gives no embeddings: "
+                             "use /v1/rerank", param="model")
     if not served.whole and (remote is None or not remote.has_holder(served.entry.sha256)):
         where = "as slices only" if served.state == "slices" else "only by peers in the swarm"
         raise Conflict(f"model {served.id} is held on this node {where}, and no peer holding it whole serves "

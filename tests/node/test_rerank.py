@@ -8,15 +8,17 @@ and the score of a pair against llama-cpp-python's own rank pooling of the same 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import aiohttp
+import openai
 import pytest
 import pytest_asyncio
 
 from node.inference.llamacpp import load as load_llama_cpp
 from node.inference.synth import SynthSpec
 from node.logs import TRACE
-from tests.support.nodes import TINY, node_config, running_node, tiny_model
+from tests.support.nodes import TINY, node_config, openai_client, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -196,3 +198,28 @@ async def test_a_rerank_is_a_request_line_of_its_own_in_the_report_with_no_conte
     assert "outcome=ok" in line and "total_ms=" in line and "queue_ms=" in line, line
     assert "ZEBRA" not in text
     assert not [rec for rec in caplog.records if "ZEBRA" in rec.getMessage()]
+
+
+@pytest.fixture
+def sdk_ready():  # (outside the loop: the SDK builds its types at first use)
+    openai_client(SimpleNamespace(api=SimpleNamespace(port=0), api_key="unused"))
+
+
+async def test_wrong_kind_is_refused_before_the_model_loads(tmp_path, sdk_ready):
+    """Embeddings of a reranker, and reranking with a chat model, are 400s the GGUF's metadata
+    decides: the model is not loaded for them (embeddings of a reranker loaded it first, a
+    multi-GB load for a 400, until 2026-12-06)."""
+    models = [tiny_model(tmp_path, RERANKER, "tiny-reranker.gguf"), tiny_model(tmp_path, TINY, "tiny-chat.gguf")]
+    async with running_node(node_config(tmp_path / "data", *models)) as n:
+        reranker, chat = (next(m for m in n.models.all() if m.entry.path.name == name)
+                          for name in ("tiny-reranker.gguf", "tiny-chat.gguf"))
+        for served in (reranker, chat):  # (all load at start; an idle unload leaves them so)
+            await n.models.async_unload(served.id)
+        assert reranker.state == chat.state == "unloaded"
+        client = openai_client(n)
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.embeddings.create(model=reranker.id, input="hello")
+        assert caught.value.body["param"] == "model" and "reranker" in caught.value.body["message"]
+        status, reply = await post(n, "/v1/rerank", {"model": chat.id, "query": QUERY, "documents": DOCS})
+        assert status == 400 and "not a reranker" in reply["error"]["message"], reply
+        assert reranker.state == chat.state == "unloaded"
