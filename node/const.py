@@ -13,6 +13,8 @@ API_IDLE_CONNECTION_S = 75.0
 # a complete reply carrying more logprob entries than this (tokens + their alternatives, ~70 bytes
 # each) is built and JSON-encoded on a worker thread, not on the loop the peer links share
 REPLY_ON_LOOP_MAX_LOGPROBS = 2000
+# ... and so is one of more tokens than this (its text, and a Responses body's stored copy: ~4 bytes each)
+REPLY_ON_LOOP_MAX_TOKENS = 4096
 JSON_SLICE_ITEMS = 128  # such a reply's long lists are encoded this many items at a time (~5 ms each)
 REPLY_MIN_RATE_BYTES_S = 32 * 1024  # a whole reply's send may take STREAM_WRITE_STALL_S + its length at this rate
 API_BODY_STALL_S = 30.0  # a request body that sends no byte for this long is a 408 and its connection ends

@@ -97,12 +97,18 @@ def _encoded_body(dialect: Dialect, run: CompletionRun, logprobs: Sequence[Token
 
 async def _json_reply(dialect: Dialect, run: CompletionRun, logprobs: Sequence[TokenLogprob],
                       headers: dict[str, str]) -> web.Response:
-    """A complete reply. One with many logprobs (each token's top alternatives: megabytes) is built
-    and encoded on a worker thread, in pieces (json_body): on the loop, which the peer links share,
-    8,100 tokens with top_logprobs 20 (11.7 MB) stalled it 1.3 s. Others are a few kilobytes."""
+    """A complete reply. One with many logprobs (each token's top alternatives: megabytes) or many
+    tokens is built and encoded on a worker thread, in pieces (json_body): on the loop, which the
+    peer links share, 8,100 tokens with top_logprobs 20 (11.7 MB) stalled it 1.3 s. A dialect whose
+    body is the loop's (Responses stores it) builds it here and encodes it there. Others are a few
+    kilobytes, made here."""
     entries = sum(1 + len(t.top) for t in logprobs)
-    if dialect.body_in_worker and entries > const.REPLY_ON_LOOP_MAX_LOGPROBS:
-        data = await asyncio.get_running_loop().run_in_executor(None, _encoded_body, dialect, run, logprobs)
+    big = entries > const.REPLY_ON_LOOP_MAX_LOGPROBS or run.trace.completion_tokens > const.REPLY_ON_LOOP_MAX_TOKENS
+    loop = asyncio.get_running_loop()
+    if big and dialect.body_in_worker:
+        data = await loop.run_in_executor(None, _encoded_body, dialect, run, logprobs)
+    elif big:
+        data = await loop.run_in_executor(None, json_body.encode, dialect.body(run, logprobs))
     else:
         data = _encoded_body(dialect, run, logprobs)
     return web.Response(body=data, content_type="application/json", charset="utf-8", headers=headers)

@@ -10,6 +10,7 @@ naming them (responses_options.py); `reasoning` and `include` are taken where th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.api import json_body
 from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.history import link_tool_results
@@ -429,7 +431,7 @@ class ResponsesDialect:
     """Response objects and events; OpenAI-shaped errors (driver.Dialect)."""
 
     anthropic_errors = False
-    body_in_worker = False  # the body is stored (the store is the loop's)
+    body_in_worker = False  # the body is stored (the store is the loop's): built there, a big one encoded off it
 
     def __init__(self, options: ResponseOptions, store: ResponseStore):
         self.options, self.store = options, store
@@ -463,8 +465,10 @@ def _stored(request: web.Request) -> tuple[str, dict[str, Any]]:
 
 @routes.get("/v1/responses/{response_id}")
 async def get_response(request: web.Request) -> web.Response:
-    """A stored response (404 when unknown, expired or created with store=false)."""
-    return web.json_response(_stored(request)[1])
+    """A stored response (404 when unknown, expired or created with store=false), encoded off the
+    loop (json_body: a long reply's text and reasoning)."""
+    data = await asyncio.get_running_loop().run_in_executor(None, json_body.encode, _stored(request)[1])
+    return web.Response(body=data, content_type="application/json", charset="utf-8")
 
 
 @routes.delete("/v1/responses/{response_id}")

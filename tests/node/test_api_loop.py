@@ -99,3 +99,33 @@ async def test_many_embeddings_are_encoded_off_the_loop_in_pieces(node, monkeypa
     assert len(body if native else body["data"]) == 2048
     assert raw == await asyncio.to_thread(lambda: json.dumps(body).encode())
     assert encoded_on and threading.get_ident() not in encoded_on, "the vectors were not encoded in pieces off the loop"
+
+
+async def test_a_long_responses_reply_is_encoded_off_the_loop(node, client, monkeypatch):
+    """The Responses body is built on the loop (it is stored there) and, a long one, encoded on a
+    worker thread in pieces, with json.dumps's bytes; so is a stored one fetched again (both were
+    encoded on the loop until 2026-12-06). Here "long" is any token: the limit is patched to 0."""
+    from node import const
+
+    served = node.models.all()[0]
+    monkeypatch.setattr(const, "REPLY_ON_LOOP_MAX_TOKENS", 0, raising=False)
+    encoded_on: list[int] = []
+    real = json_body.encode
+    monkeypatch.setattr(json_body, "encode", lambda obj: encoded_on.append(threading.get_ident()) or real(obj))
+    headers = {"Authorization": f"Bearer {node.api_key}"}
+    request = {"model": served.id, "input": "hi", "max_output_tokens": 8, "temperature": 0}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(f"http://127.0.0.1:{node.api.port}/v1/responses", json=request) as r:
+            raw = await r.read()
+            assert r.status == 200 and r.headers["Content-Type"] == "application/json; charset=utf-8", raw[:300]
+        body = json.loads(raw)
+        assert body["usage"]["output_tokens"] > 0 and raw == json.dumps(body).encode()
+        assert encoded_on and threading.get_ident() not in encoded_on, "the Responses body was encoded on the loop"
+        encoded_on.clear()
+        async with session.get(f"http://127.0.0.1:{node.api.port}/v1/responses/{body['id']}") as r:
+            again = await r.read()
+            assert r.status == 200 and r.headers["Content-Type"] == "application/json; charset=utf-8"
+        assert json.loads(again) == body and again == json.dumps(body).encode()
+        assert encoded_on and threading.get_ident() not in encoded_on, "the stored response was encoded on the loop"
+    reply = await client.responses.create(**request)  # and the official client reads it as before
+    assert reply.output_text == body["output"][0]["content"][0]["text"]
