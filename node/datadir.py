@@ -164,6 +164,30 @@ def write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
+def write_atomic(path: Path, data: bytes, *, private: bool = False) -> None:
+    """Write a file whole or not at all: an fsynced temporary file beside it, renamed over it; a
+    failed write (a full disk) removes the temporary file (it was left behind) and raises an OSError
+    naming `path`, not the temporary file. `private`: created 0600 from the start."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = open_private(tmp) if private else os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | binary_flag(), 0o666)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if private:
+            os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc  # (the errno's own subclass)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def keep_private(path: Path) -> None:
     """A secret file (api_key, identity.key) readable by others is made 0600, with a warning.
     Where the file system keeps no such bits, nothing can be tightened and nothing is said but a

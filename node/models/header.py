@@ -28,6 +28,7 @@ import struct
 import time
 from pathlib import Path
 
+from node.datadir import write_atomic
 from node.errors import ModelLoadError
 from node.models.gguf_meta import GgufHeader, parse_header, read_header_bytes
 
@@ -89,16 +90,6 @@ def vocab_only_gguf(data: bytes, header: GgufHeader) -> bytes:
     out[_N_TENSORS_AT:_N_TENSORS_AT + 8] = struct.pack("<Q", 0)
     out += b"\0" * ((-len(out)) % header.alignment)  # llama.cpp refuses a file shorter than aligned
     return bytes(out)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file whole or not at all (fsynced temporary file, renamed over it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
 
 
 def read_range(path: Path, offset: int, n: int) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from node.datadir import keep_private, open_private
+from node.datadir import keep_private, write_atomic
 from node.errors import NodeError
 from node.logs import kv
 
@@ -90,15 +89,8 @@ def verify_signature(raw_public_key: bytes, signature: bytes, data: bytes) -> bo
 
 
 def write_private_bytes(path: Path, data: bytes) -> None:
-    """Write a file created 0600 from the start (never briefly world-readable)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = open_private(tmp)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    """Write a file created 0600 from the start (never briefly world-readable), whole or not at all."""
+    write_atomic(path, data, private=True)
 
 
 def load_or_create_identity(data_dir: Path) -> Identity:

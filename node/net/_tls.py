@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from node import const
+from node.datadir import write_atomic
 from node.errors import PeerIdentityMismatch, ProtocolError
 
 from ._identity import Identity, node_id_for_public_key, short_id, write_private_bytes
@@ -108,10 +109,20 @@ class TlsConfig:
         self._client: ssl.SSLContext | None = None
 
     def write_files(self) -> None:
-        """Write identity.crt (and identity.key when the identity is in-memory only). Blocking."""
+        """Write identity.crt (and identity.key when the identity is in-memory only). Blocking.
+        The certificate is the same bytes at every start (fixed dates, deterministic signature): a
+        file that holds them is left alone; another (none, or one a crash cut short) is replaced
+        whole (it was rewritten in place: a full disk or a crash mid-write left it cut short). A
+        failed write is an OSError naming identity.crt: the start says it as any data-dir file's
+        (datadir.data_dir_error)."""
         self.cert_path.parent.mkdir(parents=True, exist_ok=True)
         pem = x509.load_der_x509_certificate(self.cert_der).public_bytes(serialization.Encoding.PEM)
-        self.cert_path.write_bytes(pem)
+        try:
+            same = self.cert_path.read_bytes() == pem
+        except FileNotFoundError:
+            same = False
+        if not same:
+            write_atomic(self.cert_path, pem)
         if self.identity.path is None:
             write_private_bytes(self.key_path, self.identity.private_pem())
 
