@@ -287,6 +287,19 @@ def validate(cfg: NodeConfig) -> None:
                              f"got {cfg.slice_kv_dtype!r}")
 
 
+def _from_folder(model: str, folder: Path) -> str:
+    """config.toml's `models` entry: a relative path is the config file's folder's (the tray app
+    started from the desktop, cwd $HOME or /, and `swarmllm run` from a shell found different
+    files until 2026-12-06); a URL or an absolute path is as written. --model and SWARMLLM_MODELS
+    stay the working directory's, as a shell's paths are."""
+    from node.models.sources import is_model_url  # (here: that package takes ~0.5 s to import)
+
+    if is_model_url(model):
+        return model
+    path = Path(model).expanduser()
+    return model if path.is_absolute() else str(folder / path)
+
+
 def load_config(
     cli: dict[str, Any] | None = None, environ: dict[str, str] | None = None
 ) -> NodeConfig:
@@ -317,6 +330,7 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise InvalidRequest(f"{config_path}: not valid TOML: {exc}") from exc
         apply_overrides(cfg, _flatten_toml(data), str(config_path))
+        cfg.models = [_from_folder(m, config_path.parent) for m in cfg.models]
     apply_overrides(cfg, {k: v for k, v in env.items() if k != "data_dir"}, "environment")
     apply_overrides(cfg, {k: v for k, v in cli.items() if k != "data_dir"}, "command line")
     if data_dir:
