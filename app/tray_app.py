@@ -22,6 +22,7 @@ from app.tray import Tray
 from app.ui.feeds import NodeFeeds
 from app.ui.main_window import MainWindow
 from node.config import NodeConfig
+from node.stopping import stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +136,13 @@ def freeze_startup_objects() -> None:
 
 
 def install_quit_signals(on_quit: Callable[[], None]) -> Callable[[], None]:
-    """SIGTERM and SIGINT request a clean quit; returns a function that removes the handlers."""
+    """SIGTERM, SIGINT and SIGHUP (the terminal that started `swarmllm-tray` closed; not when it is
+    ignored: nohup) request a clean quit, as they stop `swarmllm run` (node.stopping.stop_signals;
+    SIGHUP's default ended the app at once until 2026-12-06: no drain, the node's files and
+    sessions left as they were). Returns a function that removes the handlers."""
     loop = asyncio.get_running_loop()
     installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in stop_signals():
         try:
             loop.add_signal_handler(sig, on_quit)
             installed.append(sig)

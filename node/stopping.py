@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -149,3 +150,15 @@ async def async_drain(traces: Any, runs: Any) -> None:
     log.warning("DIAG: stopping with requests under way, ending them %s", kv(count=left, drain_s=const.NODE_DRAIN_S))
     if left:  # (embeddings under way are not ended: they have had their time, the API's stop cuts them)
         await traces.async_idle(const.NODE_DRAIN_S)
+
+
+def stop_signals() -> list[signal.Signals]:
+    """The signals that stop a node cleanly (`swarmllm run`, the tray app): SIGINT, SIGTERM, and
+    SIGHUP (POSIX) unless it is ignored: a closed terminal or a dropped ssh
+    session sends SIGHUP, whose default ended the node at once (no drain: streams cut without an
+    error event, its last log lines lost); `nohup swarmllm run` ignores it and keeps ignoring it."""
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is not None and signal.getsignal(hup) is not signal.SIG_IGN:
+        sigs.append(hup)
+    return sigs

@@ -16,7 +16,7 @@ from node.config import load_config
 from node.datadir import API_KEY_FILE, data_dir_error
 from node.errors import NodeError
 from node.logs import setup_logging
-from node.stopping import log_busy_threads, log_pending_tasks
+from node.stopping import log_busy_threads, log_pending_tasks, stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ async def serve(config) -> int:
         if not loop.is_closed():
             loop.call_soon_threadsafe(on_signal, signal.Signals(signum))
 
-    for sig in _stop_signals():
+    for sig in stop_signals():
         try:
             loop.add_signal_handler(sig, on_signal, sig)
         except NotImplementedError:
@@ -165,17 +165,6 @@ async def serve(config) -> int:
         await node.stop()
         await _async_end_leftovers(executor)
     return 0
-
-
-def _stop_signals() -> list[signal.Signals]:
-    """SIGINT, SIGTERM, and SIGHUP (POSIX) unless it is ignored: a closed terminal or a dropped ssh
-    session sends SIGHUP, whose default ended the node at once (no drain: streams cut without an
-    error event, its last log lines lost); `nohup swarmllm run` ignores it and keeps ignoring it."""
-    sigs = [signal.SIGINT, signal.SIGTERM]
-    hup = getattr(signal, "SIGHUP", None)
-    if hup is not None and signal.getsignal(hup) is not signal.SIG_IGN:
-        sigs.append(hup)
-    return sigs
 
 
 async def _async_end_leftovers(executor: ThreadPoolExecutor | None) -> None:

@@ -1,7 +1,8 @@
-"""`swarmllm-tray`: the same options as `swarmllm run`, and a clean exit on SIGTERM."""
+"""`swarmllm-tray`: the same options as `swarmllm run`, and a clean exit on SIGTERM and SIGHUP."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -41,16 +42,22 @@ def _wait_ready(port: int, proc: subprocess.Popen, deadline_s: float = 120.0) ->
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_node_and_frees_the_port(tmp_path, tiny_model):
+@pytest.mark.parametrize("sig", ["SIGTERM", pytest.param("SIGHUP", marks=pytest.mark.skipif(
+    os.name != "posix", reason="POSIX only"))])
+def test_a_stop_signal_stops_the_node_and_frees_the_port(tmp_path, tiny_model, sig):
+    """SIGTERM (a session's logout, systemd) and SIGHUP (the terminal that started swarmllm-tray
+    closed: its default ended the app at once, no clean stop, until 2026-12-06), as `swarmllm run`."""
     port = free_port()
     env = hermetic_env({"QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(REPO)})
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.main", "-p", str(port), "--data-dir", str(tmp_path / "data"),
          "--no-default-model", "--model", str(tiny_model), "--n-threads", "1"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)) if os.name == "posix" else None)
+    # (SIGHUP's default, as a terminal starts it, whatever this test runner was started with: nohup)
     try:
         _wait_ready(port, proc)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, sig))
         output, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
