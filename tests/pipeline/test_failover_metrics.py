@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 
 import aiohttp
 import pytest
@@ -64,3 +65,58 @@ def test_a_holder_restarted_mid_stream_counts_a_failover_and_a_regained_wait(tmp
     finally:
         for p in procs:
             p.terminate()
+
+
+def test_a_holder_silent_mid_stream_that_speaks_again_is_taken_back_and_its_wait_counted(tmp_path):
+    """A Wi-Fi blip or a short pause (SIGSTOP) of the only holder of some layers, over before its
+    link is found dead: the request waits for it and, once it speaks again on the same link, takes
+    it back. The stream went on (was: an SSE 503 "left out after failing this request" once it
+    spoke again, though it was there to serve), and /metrics counts the failover and the wait."""
+    model = split_model(tmp_path)
+    procs = a, _b, c = start_chain3(tmp_path, model)
+    try:
+        async def go() -> tuple[dict | None, int, str]:
+            for p in procs:
+                await p.async_wait_ready()
+            await wait_peers(a, 2)
+            model_id = await wait_for_route(a, "split6")
+            body = {"model": model_id, "messages": [{"role": "user", "content": "count the peers"}],
+                    "max_tokens": 40, "stream": True, "temperature": 0}
+            chunks, error = 0, None
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+                async with s.post(a.base + "/v1/chat/completions", json=body, headers=a.auth) as r:
+                    assert r.status == 200
+                    async for event in SseJson(r):
+                        if "error" in event:
+                            error = event
+                            break
+                        chunks += bool(delta_text(event))
+                        if chunks == 4:  # the last segment's node pauses until the request waits for it
+                            c.send_signal(signal.SIGSTOP)
+                            try:
+                                await wait_until(lambda: "pipeline waiting for a lost peer" in a.node_log(), 20,
+                                                 0.05, "the stream waiting for c")
+                            finally:
+                                c.send_signal(signal.SIGCONT)
+
+                async def counted() -> str | None:  # the trace is observed as the request finishes
+                    async with s.get(a.base + "/metrics") as r:
+                        text = await r.text()
+                    return text if _sample(text, "swarmllm_route_regain_wait_seconds_count") else None
+                return error, chunks, await wait_until(counted, 20, 0.1, "the wait counted in /metrics")
+
+        error, chunks, metrics = asyncio.run(go())
+        assert error is None, error
+        assert chunks > 4
+        silences = sum(_sample(metrics, "swarmllm_failovers_total", cause=cause) or 0
+                       for cause in ("ack_deadline", "result_deadline"))
+        assert silences == 1, metrics
+        assert _sample(metrics, "swarmllm_failovers_total", cause="link_drop") is None, metrics  # the same link
+        assert _sample(metrics, "swarmllm_route_regain_wait_seconds_count", outcome="regained") == 1, metrics
+        assert _sample(metrics, "swarmllm_route_regain_wait_seconds_sum", outcome="regained") > 0
+        assert "DIAG: pipeline route regained" in a.node_log()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGCONT)
+            p.terminate()
+

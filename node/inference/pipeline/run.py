@@ -185,6 +185,8 @@ class PipelineRun:
                     del self.unreached[node]
                 else:
                     awaited = [*awaited, node]
+            # silent ones that spoke again on their link: slow or back from a pause, not gone
+            spoke = [n for n in self.silent if n not in awaited and n not in relinked]
             # a node left out for how it failed (a deadline, an error) is not waited for: it would
             # stay left out when it links again
             awaited = [n[:8] for n in awaited if n in self.lost or n in self.unreached or n not in self.excluded]
@@ -201,7 +203,16 @@ class PipelineRun:
                     log.info("DIAG: pipeline waiting for a lost peer to link again %s", kv(
                         request_id=trace.request_id, peers=",".join(awaited), deadline_s=const.ROUTE_REGAIN_S,
                         error=exc.message))
-                if deadline is None or not awaited:  # (a silent one that spoke again: slow, not gone)
+                if spoke:  # no route without them: tried again (a 503 while they are there to serve
+                    # was the end of a Wi-Fi blip or a short pause); a slow one fails again, MAX_ASSEMBLIES
+                    log.info("DIAG: pipeline taking back a silent peer that spoke again %s", kv(
+                        request_id=trace.request_id, peers=",".join(n[:8] for n in spoke)))
+                    for node in spoke:
+                        self.excluded.discard(node)
+                        self.lost.pop(node, None)
+                        del self.silent[node]
+                    continue
+                if deadline is None or not awaited:
                     if waited_from is not None:  # a wait begun and ended so counts too (found in review)
                         trace.note_regain_wait(now - waited_from, regained=False)
                     if self.excluded and self.last_failure:  # "held: nothing" alone hid who failed, and how
