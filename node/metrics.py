@@ -50,7 +50,7 @@ class NodeMetrics:
                                  "failed over, or failed with none left), by cause", ("model", "route", "cause"),
                                  registry=self.registry)
         self.regain_wait_s = Histogram("swarmllm_route_regain_wait_seconds", "Waits for a lost peer to link "
-                                       "again (outcome: regained or gave_up)", ("model", "route", "outcome"),
+                                       "again (outcome: regained, gave_up or client_gone)", ("model", "route", "outcome"),
                                        buckets=_S_BUCKETS, registry=self.registry)
         self.in_flight = Gauge("swarmllm_in_flight_requests", "Requests being served", registry=self.registry)
 
@@ -71,8 +71,8 @@ class NodeMetrics:
             self.completion_tokens.labels(*key).inc(trace.completion_tokens)
         for cause in trace.failure_causes:  # a peer's error code is its word: a fixed set, or "other"
             self.failovers.labels(*key, cause if cause in FAILURE_CAUSES else "other").inc()
-        for seconds, regained in trace.regain_waits:
-            self.regain_wait_s.labels(*key, "regained" if regained else "gave_up").observe(seconds)
+        for seconds, outcome in trace.regain_waits:
+            self.regain_wait_s.labels(*key, outcome).observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """Exposition text and its content type."""

@@ -93,7 +93,8 @@ class RequestTrace:
     error_param: str | None = None
     first_attempt_cause: str | None = None
     failure_causes: list[str] = field(default_factory=list)  # each failed attempt's cause, in order
-    regain_waits: list[tuple[float, bool]] = field(default_factory=list)  # (seconds, regained?) per wait
+    # (seconds, outcome) per wait for a lost peer: regained | gave_up | client_gone
+    regain_waits: list[tuple[float, str]] = field(default_factory=list)
 
     # --- phase marks (written by the pipeline) ---
 
@@ -123,9 +124,10 @@ class RequestTrace:
             self.first_attempt_cause = f"{cause}: {message}"
         self.failure_causes.append(cause)
 
-    def note_regain_wait(self, seconds: float, regained: bool) -> None:
-        """The request waited for a lost peer to link again (ROUTE_REGAIN_S at most)."""
-        self.regain_waits.append((seconds, regained))
+    def note_regain_wait(self, seconds: float, outcome: str) -> None:
+        """The request waited for a lost peer to link again (ROUTE_REGAIN_S at most); `outcome`:
+        regained, gave_up, or client_gone (the client left while it waited)."""
+        self.regain_waits.append((seconds, outcome))
 
     def mark_token(self, n: int = 1) -> None:
         """n completion tokens were produced."""
@@ -294,6 +296,8 @@ class RequestTrace:
             "outcome": self.outcome,
             "error_type": self.error_type,
             "error_message": self.error_message,
+            "failure_causes": list(self.failure_causes),
+            "regain_waits": [{"seconds": round(sec, 3), "outcome": how} for sec, how in self.regain_waits],
             **{k: v for k, v in self.timings().items() if k not in ("route", "segments", "nodes")},
             "summary": self.summary_line() if self.done else None,
         }

@@ -120,3 +120,52 @@ def test_a_holder_silent_mid_stream_that_speaks_again_is_taken_back_and_its_wait
             p.send_signal(signal.SIGCONT)
             p.terminate()
 
+
+def test_a_wait_for_a_lost_peer_cut_short_by_the_client_leaving_is_counted(tmp_path):
+    """The client gives up while its stream waits for a holder to link again: the wait was in no
+    metric and the trace said nothing of it. It counts as outcome=client_gone, and the request's
+    trace (/api/admin/requests) lists it."""
+    model = split_model(tmp_path)
+    procs = a, _b, c = start_chain3(tmp_path, model)
+    try:
+        async def go() -> tuple[str, dict]:
+            for p in procs:
+                await p.async_wait_ready()
+            await wait_peers(a, 2)
+            model_id = await wait_for_route(a, "split6")
+            body = {"model": model_id, "messages": [{"role": "user", "content": "count the peers"}],
+                    "max_tokens": 200, "stream": True, "temperature": 0}
+            chunks = 0
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+                async with s.post(a.base + "/v1/chat/completions", json=body, headers=a.auth) as r:
+                    assert r.status == 200
+                    request_id = r.headers["x-request-id"]
+                    async for event in SseJson(r):
+                        assert "error" not in event, event
+                        chunks += bool(delta_text(event))
+                        if chunks == 4:  # gone for good: the stream waits for it
+                            await asyncio.to_thread(c.kill)
+                            await wait_until(lambda: "pipeline waiting for a lost peer" in a.node_log(), 20,
+                                             0.05, "the stream waiting for c")
+                            break  # the client leaves: the connection closes
+
+                async def counted() -> str | None:  # the trace is observed as the request finishes
+                    async with s.get(a.base + "/metrics") as r:
+                        text = await r.text()
+                    return text if _sample(text, "swarmllm_route_regain_wait_seconds_count") else None
+                metrics = await wait_until(counted, 20, 0.1, "the wait counted in /metrics")
+                async with s.get(a.base + "/api/admin/requests", headers=a.auth) as r:
+                    recent = (await r.json())["recent"]
+            return metrics, next(t for t in recent if t["request_id"] == request_id)
+
+        metrics, trace = asyncio.run(go())
+        assert _sample(metrics, "swarmllm_route_regain_wait_seconds_count", outcome="client_gone") == 1, metrics
+        assert _sample(metrics, "swarmllm_route_regain_wait_seconds_sum", outcome="client_gone") > 0
+        assert _sample(metrics, "swarmllm_route_regain_wait_seconds_count", outcome="gave_up") is None, metrics
+        assert trace["outcome"] == "cancelled", trace
+        assert [w["outcome"] for w in trace["regain_waits"]] == ["client_gone"], trace
+        assert trace["failure_causes"] == ["link_drop"], trace
+        assert "DIAG: pipeline wait for a lost peer ended: the client left" in a.node_log()
+    finally:
+        for p in procs:
+            p.terminate()

@@ -88,4 +88,4 @@ async def test_a_holder_its_previous_hop_has_no_link_to_is_tried_again_once_link
             assert reply.choices[0].message.content is not None
             [trace] = [t for t in a.traces.recent if t.route == "distributed"]
             assert trace.failure_causes == ["next_hop_unreachable"], trace.failure_causes
-            assert [regained for _s, regained in trace.regain_waits] == [True], trace.regain_waits
+            assert [how for _s, how in trace.regain_waits] == ["regained"], trace.regain_waits

@@ -214,21 +214,29 @@ class PipelineRun:
                     continue
                 if deadline is None or not awaited:
                     if waited_from is not None:  # a wait begun and ended so counts too (found in review)
-                        trace.note_regain_wait(now - waited_from, regained=False)
+                        trace.note_regain_wait(now - waited_from, "gave_up")
                     if self.excluded and self.last_failure:  # "held: nothing" alone hid who failed, and how
                         raise InsufficientCapacity(f"{exc.message}; left out after failing this request: "
                                                    f"{', '.join(sorted(n[:8] for n in self.excluded))} "
                                                    f"(last: {self.last_failure})") from exc
                     raise
                 if now >= deadline or self.job.cancel.is_set():  # (cancelled: the node stops, an unload)
-                    trace.note_regain_wait(now - waited_from, regained=False)
+                    trace.note_regain_wait(now - waited_from, "gave_up")
                     last = f" (last: {self.last_failure})" if self.last_failure else ""
                     raise InsufficientCapacity(f"{exc.message}; waited {now - waited_from:.0f} s for "
                                                f"{', '.join(waited_for)} to link again{last}") from exc
-                await asyncio.sleep(const.ROUTE_REGAIN_POLL_S)
+                try:
+                    await asyncio.sleep(const.ROUTE_REGAIN_POLL_S)
+                except asyncio.CancelledError:  # the client left (its handler cancelled): a wait
+                    # cut short counts too (it was in no metric, and the trace said nothing of it)
+                    waited = time.monotonic() - waited_from
+                    trace.note_regain_wait(waited, "client_gone")
+                    log.info("DIAG: pipeline wait for a lost peer ended: the client left %s", kv(
+                        request_id=trace.request_id, peers=",".join(waited_for), waited_ms=round(waited * 1000)))
+                    raise
                 continue
             if waited_from is not None:
-                trace.note_regain_wait(time.monotonic() - waited_from, regained=True)
+                trace.note_regain_wait(time.monotonic() - waited_from, "regained")
                 log.info("DIAG: pipeline route regained %s", kv(
                     request_id=trace.request_id, waited_ms=round((time.monotonic() - waited_from) * 1000),
                     segments=att.plan.describe()))
