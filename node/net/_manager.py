@@ -32,7 +32,7 @@ from node.errors import (
 from node.logs import kv
 from node.observe import Observers
 
-from ._addr import format_addr, is_loopback, parse_addr
+from ._addr import format_addr, is_loopback, listen_where, parse_addr
 from ._admission import Membership, async_admit
 from ._clock import Clock
 from ._discovery import Discovery
@@ -110,7 +110,7 @@ class PeerManager:
         await self.membership.async_load()
         try:
             self._server = await loop.create_server(
-                lambda: Stream(on_connect=self.inbound.on_connect), **_listen_where(self.config))
+                lambda: Stream(on_connect=self.inbound.on_connect), **listen_where(self.config))
         except OSError as exc:
             # the default peer port is the API port + 10: taken, most often, by another node on the same -p
             in_use = exc.errno == errno.EADDRINUSE
@@ -490,14 +490,3 @@ class PeerManager:
             link.send_error(frame, "unsupported_frame_type",
                             f"frame type {type_name(ftype)} is not served by this node")
 
-
-def _listen_where(config: NodeConfig) -> dict:
-    """create_server's arguments for the peer listener. `::` is one dual-stack socket: asyncio makes
-    an IPv6 socket IPv6-only, and a node with `peer_host = "::"` announced its IPv4 addresses (mDNS,
-    HELLO, invites) while refusing every IPv4 connection (2026-12-06). SO_REUSEADDR is asyncio's
-    (and create_server's) choice: POSIX only; on Windows it would let a second node bind the same
-    port (no "cannot listen for peers" error; connections reach either)."""
-    if config.peer_host != "::" or not socket.has_dualstack_ipv6():
-        return {"host": config.peer_host or None, "port": config.effective_peer_port}
-    return {"sock": socket.create_server(("::", config.effective_peer_port), family=socket.AF_INET6,
-                                         dualstack_ipv6=True, reuse_port=False)}
