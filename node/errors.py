@@ -281,6 +281,12 @@ class PeerUnreachable(PeerError):
     timed_out = False  # True: nothing answered (no refusal, no reset): asleep or off the network
 
 
+class SetupTimedOut(PeerUnreachable):
+    """A link's set-up (HELLO, admission) got no answer within HANDSHAKE_TIMEOUT_S."""
+
+    timed_out = True
+
+
 class SelfConnection(PeerError):
     """We dialled an address that turned out to be this node."""
 

@@ -28,6 +28,7 @@ from node.errors import (
     PeerUnreachable,
     ProtocolError,
     SelfConnection,
+    SetupTimedOut,
 )
 from node.logs import kv
 from node.observe import Observers
@@ -327,6 +328,10 @@ class PeerManager:
                 raise  # the inviter refused our invite, not our membership: async_join reports it
             self._note_refused(exc, address if is_dialer and via_relay is None else None, is_dialer)
             raise
+        except TimeoutError as exc:  # an OSError too: it was "closed the connection", which it never did
+            stream.abort()
+            raise SetupTimedOut(f"{short_id(node_id)} did not answer within {const.HANDSHAKE_TIMEOUT_S:g} s "
+                             "(HANDSHAKE_TIMEOUT_S) during set-up: timed out") from exc
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             stream.abort()
             raise PeerUnreachable(f"{short_id(node_id)} closed the connection during set-up") from exc
@@ -354,8 +359,12 @@ class PeerManager:
         return link
 
     async def _async_read_hello(self, stream: Stream, node_id: str) -> Hello:
-        async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
-            frame = await async_read_frame(stream, const.HANDSHAKE_FRAME_MAX_BYTES)
+        try:
+            async with asyncio.timeout(const.HANDSHAKE_TIMEOUT_S):
+                frame = await async_read_frame(stream, const.HANDSHAKE_FRAME_MAX_BYTES)
+        except TimeoutError:
+            raise SetupTimedOut(f"{short_id(node_id)} sent no HELLO within {const.HANDSHAKE_TIMEOUT_S:g} s "
+                             "(HANDSHAKE_TIMEOUT_S) of link set-up: timed out") from None
         if frame.type != FrameType.HELLO:
             raise ProtocolError(f"expected HELLO, got {type_name(frame.type)}")
         hello = Hello.from_frame(frame)
@@ -489,4 +498,3 @@ class PeerManager:
         elif ftype != FrameType.PONG:  # an unsolicited PONG is harmless
             link.send_error(frame, "unsupported_frame_type",
                             f"frame type {type_name(ftype)} is not served by this node")
-
