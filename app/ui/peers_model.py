@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,8 @@ class PeersModel(KeyedTableModel):
         ]
         super().__init__(columns, parent=parent)
         self._unsubscribe: Callable[[], None] | None = None
+        self._peers: PeerManager | None = None
+        self._refused_only: set[str] = set()  # rows of refused peers the peer table has no record of
         # "Last seen" ages without events: re-render that column (no node access) every few seconds.
         self._ager = QTimer(self)
         self._ager.setInterval(5000)
@@ -135,6 +138,7 @@ class PeersModel(KeyedTableModel):
             self.dataChanged.emit(self.index(0, 0), self.index(self.rowCount() - 1, self.columnCount() - 1))
 
     def _age(self) -> None:
+        self._sync_refused()
         if self.rowCount():
             col = self.columnCount() - 1
             self.dataChanged.emit(self.index(0, col), self.index(self.rowCount() - 1, col))
@@ -147,6 +151,7 @@ class PeersModel(KeyedTableModel):
         key = p.get("node_id")
         if not key:
             return
+        self._refused_only.discard(key)  # the peer table's own row from now on
         if kind == "removed":
             self.remove(key)
         else:
@@ -159,9 +164,33 @@ class PeersModel(KeyedTableModel):
             return
         rows = [peer_dict(item) for item in peers.peers()]
         self.replace_all((p["node_id"], p) for p in rows)
+        self._refused_only.clear()
         self._unsubscribe = peers.subscribe(self.on_peer_event)
+        self._peers = peers
+        self._sync_refused()
 
     def detach(self) -> None:
+        self._peers = None
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+
+    def _sync_refused(self) -> None:
+        """A row for each refused peer that never linked (the peer table has no record of it, so it
+        had no row: only the "Refused" label above the table named it), its reason and what to do
+        in the State column's tooltip: a friend invited, whose node is not here, shows why (2026-12-06).
+        Read with the "Last seen" ageing (every 5 s) and on attach."""
+        refused = self._peers.swarm_ops.status()["refused"] if self._peers is not None else []
+        wanted: dict[str, dict[str, Any]] = {}
+        for r in refused:
+            key = r["node_id"]
+            if key in self._refused_only or self.value(key) is None:
+                wanted[key] = {"node_id": key, "short_id": r["peer"], "state": "refused",
+                               "last_error": r.get("error") or r["reason"],
+                               "last_seen": time.time() - float(r["last_s_ago"])}
+        for key in self._refused_only - wanted.keys():
+            self.remove(key)
+        for key, row in wanted.items():
+            if self.value(key) != row:
+                self.upsert(key, row)
+        self._refused_only = set(wanted)

@@ -72,7 +72,7 @@ class SwarmOps:
             "removed": len(self._membership.state.removed),
             "refused": [{"peer": short_id(r.node_id), "node_id": r.node_id, "by_us": r.by_us, "swarm": r.swarm,
                          "count": r.count, "last_s_ago": round(now - r.last_at, 1), "reason": r.reason,
-                         "hint": r.hint}
+                         "hint": r.hint, "error": r.describe()}
                         for r in self._membership.refusals.values()],
             # the roster, most recently linked first (a lost device is removed by its id from here)
             "members": [{"peer": short_id(n), "node_id": n, "connected": n in linked,
