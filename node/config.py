@@ -287,13 +287,17 @@ def validate(cfg: NodeConfig) -> None:
                              f"got {cfg.slice_kv_dtype!r}")
 
 
+def is_model_url(model: str) -> bool:
+    """A `--model` given by URL (fetched layer by layer), not a path: a file's URL or a Hugging Face
+    repo (`hf://owner/repo:QUANT`, Ollama's `hf.co/owner/repo:QUANT`: node/models/download/hfrepo.py)."""
+    return model.lower().startswith(("http://", "https://", "hf://", "hf.co/", "huggingface.co/"))
+
+
 def _from_folder(model: str, folder: Path) -> str:
     """config.toml's `models` entry: a relative path is the config file's folder's (the tray app
     started from the desktop, cwd $HOME or /, and `swarmllm run` from a shell found different
     files until 2026-12-06); a URL or an absolute path is as written. --model and SWARMLLM_MODELS
     stay the working directory's, as a shell's paths are."""
-    from node.models.sources import is_model_url  # (here: that package takes ~0.5 s to import)
-
     if is_model_url(model):
         return model
     path = Path(model).expanduser()

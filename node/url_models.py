@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from node import const
+from node.config import is_model_url
 from node.errors import InvalidRequest
 from node.inference.pipeline import fixed
 from node.inference.pipeline.host import parse_layers
 from node.logs import kv
 from node.models.catalog import ModelEntry
-from node.models.sources import is_model_url
 
 log = logging.getLogger(__name__)
 

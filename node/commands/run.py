@@ -211,10 +211,10 @@ def _check_models(models: list[str], *, as_slices: bool) -> None:
     --serve auto): a split model is refused (it is served whole only), before it is hashed."""
     from pathlib import Path
 
+    from node.config import is_model_url
     from node.models.catalog import check_model_file
     from node.models.file_kinds import refuse_slices
     from node.models.partial import PartialStore
-    from node.models.sources import is_model_url
 
     for model in models:
         path = Path(model).expanduser()

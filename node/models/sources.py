@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from node.config import is_model_url
 from node.datadir import MODELS_DIR
 from node.models.file_kinds import model_files
 from node.models.partial import SUFFIX as PARTIAL_SUFFIX
@@ -15,12 +16,6 @@ from node.models.partial import PartialStore
 from node.resources import default_model_path
 
 log = logging.getLogger(__name__)
-
-
-def is_model_url(model: str) -> bool:
-    """A `--model` given by URL (fetched layer by layer), not a path: a file's URL or a Hugging Face
-    repo (`hf://owner/repo:QUANT`, Ollama's `hf.co/owner/repo:QUANT`: node/models/download/hfrepo.py)."""
-    return model.lower().startswith(("http://", "https://", "hf://", "hf.co/", "huggingface.co/"))
 
 
 def model_sources(data_dir: Path, cli_models: Iterable[str], *, include_default: bool,
