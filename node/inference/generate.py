@@ -115,6 +115,9 @@ class CompletionRun:
         self.served = served
         self.trace.model = served.id
         self.trace.resolved = True
+        if served.tokenizer is not None and served.tokenizer.reranker:  # (llama.cpp would answer noise)
+            raise InvalidRequest(f"model {served.id} is a reranker: it scores documents on /v1/rerank and "
+                                 "writes no text", param="model")
         params = self.request.params
         self.prompt_tokens, fmt = await self._tokenize_prompt(served)
         if fmt is not None:

@@ -223,3 +223,17 @@ async def test_wrong_kind_is_refused_before_the_model_loads(tmp_path, sdk_ready)
         status, reply = await post(n, "/v1/rerank", {"model": chat.id, "query": QUERY, "documents": DOCS})
         assert status == 400 and "not a reranker" in reply["error"]["message"], reply
         assert reranker.state == chat.state == "unloaded"
+
+
+async def test_a_chat_or_completion_asked_of_a_reranker_is_a_400_naming_it(node):
+    """Found in the GUI hunt (2026-12-06): /v1/chat/completions of a reranker answered 200 with noise
+    (its head was read as a vocabulary). Now a 400 on `model` saying what the model does, as
+    /v1/embeddings of a reranker says; the Anthropic route goes through the same run."""
+    model = model_id(node, "tiny-reranker.gguf")
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"}),
+                       ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})):
+        status, reply = await post(node, path, {"model": model, "max_tokens": 4, **body})
+        assert status == 400, (path, reply)
+        error = reply["error"]
+        assert "is a reranker" in error["message"] and "/v1/rerank" in error["message"], (path, reply)
