@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from node.inference.synth import SynthSpec
+from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
 from tests.support.nodes import anthropic_client, node_config, openai_client, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -21,7 +22,8 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 R1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
 QWEN3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
-SPEC = SynthSpec(n_ctx=2048, think=True, chat_template=R1, name="thinker")
+# (R1's tool-call markers are tokens of its vocabulary: its template's calls are read in its own format)
+SPEC = SynthSpec(n_ctx=2048, think=True, control_tokens=R1_MARKERS, chat_template=R1, name="thinker")
 ASK = [{"role": "user", "content": "Is the sky blue?"}]
 
 
