@@ -31,21 +31,11 @@ from node.inference import constrain, reasoning
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.logprobs import LogprobTrack
 from node.inference.manager import ModelManager, ServedModel
-from node.inference.prefill import prefill_of
+from node.inference.prompting import async_prompt
 from node.inference.request import CompletionRequest, Delta, ToolCall
 from node.inference.sampling import SamplingParams
 from node.inference.textstream import TextAssembler
-from node.inference.tools import (
-    ToolCallParser,
-    ToolFormat,
-    detect_format,
-    new_parser,
-    prompt_inputs,
-    thought_ends,
-    tool_grammar,
-    tools_active,
-)
-from node.inference.tools.harmony import continued
+from node.inference.tools import ToolCallParser, ToolFormat, new_parser, tool_grammar, tools_active
 from node.logs import kv
 from node.trace import RequestTrace, SegmentTrace
 
@@ -185,35 +175,14 @@ class CompletionRun:
         self.trace.end_assembly(started, [SegmentTrace(self.node_short_id, 0, served.entry.n_layers, "local")])
 
     async def _tokenize_prompt(self, served: ServedModel) -> tuple[list[int], ToolFormat | None]:
-        """The prompt's tokens (the chat rendered with the model's template and the tools, or the
-        text; off the loop) and, for a chat, the model's tool-call format."""
-        tok = served.tokenizer
-        if tok is None:  # its vocabulary could not be read: the recorded failure (a 500, not retried)
+        """The prompt's tokens (prompting.py) and, for a chat, the model's tool-call format; the
+        reasoning splitter and counter kept for the reply."""
+        if served.tokenizer is None:  # its vocabulary could not be read: the recorded failure (a 500, not retried)
             raise self.models.unservable(served)
-        loop = asyncio.get_running_loop()
-        if self.request.kind == "chat":
-            fmt = detect_format(tok.chat_template)
-            # off the loop: the generic format tries a template once (~50 ms for the largest)
-            messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, self.request, tok.chat_template)
-            messages = reasoning.with_history(self.request.messages, messages)
-            prefill = prefill_of(self.request)
-            if prefill is not None:
-                messages = messages[:-1]
-                prefill = continued(tok.chat_template, prefill)  # gpt-oss: in its final channel
-            rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
-                                                          self.request.template_kwargs)
-            ends = thought_ends(fmt, self.request)  # a call's opener ends the thoughts too
-            self._thoughts = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill, ends)
-            counting = reasoning.splitter_for(self.request, tok.chat_template, rendered, prefill, ends)
-            self._counter = None if counting is None else reasoning.ThoughtCounter(counting)
-            return tokens, fmt
-        if self.request.suffix is not None:
-            req = self.request
-            # other files' context fills what the code and the reply leave of the context (llama-server's rule)
-            room = served.n_ctx - 2 * (req.params.max_tokens or const.DEFAULT_MAX_TOKENS)
-            return await loop.run_in_executor(None, tok.infill_tokens, req.prompt, req.suffix, req.infill_extra,
-                                              req.infill_middle, room), None
-        return await loop.run_in_executor(None, tok.tokenize, self.request.prompt), None
+        prompt = await async_prompt(self.request, served.tokenizer, served.n_ctx)
+        if prompt.fmt is not None:
+            self._thoughts, self._counter = prompt.thoughts, prompt.counter
+        return prompt.tokens, prompt.fmt
 
     async def count_prompt_tokens(self) -> int:
         """Resolve the model and count the prompt's tokens as prepare() would; nothing queues or runs."""
