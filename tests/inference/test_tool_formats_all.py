@@ -32,7 +32,7 @@ DETECTED = {
     "GigaChat3-10B-A1.8B": "generic", "GigaChat3.1-10B-A1.8B": "generic", "HuggingFaceTB-SmolLM3-3B": "generic",
     "Kimi-K2-Instruct": "kimi_k2", "Kimi-K2-Thinking": "kimi_k2", "Kimi-K3": "generic", "LFM2-8B-A1B": "generic",
     "LFM2.5-8B-A1B": "generic", "LFM2.5-Instruct": "generic", "MiMo-VL": "hermes", "MiniMax-M1": "generic",
-    "MiniMax-M2": "generic", "MiniMax-M3": "generic", "Mistral-Small-3.2-24B-Instruct-2506": "mistral_args",
+    "MiniMax-M2": "minimax_m2", "MiniMax-M3": "generic", "Mistral-Small-3.2-24B-Instruct-2506": "mistral_args",
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen_xml", "NVIDIA-Nemotron-Nano-v2": "generic",
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes",
     "Qwen-QwQ-32B": "hermes", "Qwen-Qwen2.5-7B-Instruct": "hermes", "Qwen-Qwen3-0.6B": "hermes",
@@ -65,7 +65,8 @@ NEW = {"Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "NVIDIA-Nemotron-3-N
        "moonshotai-Kimi-K2": "kimi_k2", "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4": "dsml",
        "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml", "google-gemma-4-31B-it": "gemma4",
        "google-gemma-4-31B-it-interleaved": "gemma4", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "deepseek_r1",
-       "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek_r1", "llama-cpp-deepseek-r1": "deepseek_r1"}
+       "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek_r1", "llama-cpp-deepseek-r1": "deepseek_r1",
+       "MiniMax-M2": "minimax_m2"}
 FLAGS = ToolSpec("set_flags", "Flags", {"type": "object", "required": ["on", "ids"], "properties": {
     "on": {"type": "boolean"}, "ids": {"type": "array", "items": {"type": "integer"}}, "note": {"type": "string"}}})
 CALLS = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),
@@ -120,7 +121,7 @@ def template_reply(name: str, calls: tuple[ToolCall, ...]) -> str:
     if "</think>" in full[common - len("</think>"):]:  # (where the prompt opened it: `<think>` vs `</think>`)
         reply = full[common - len("</think>"):].split("</think>", 1)[1]
     for end in ("<|im_end|>", "</s>", "<｜end▁of▁sentence｜>", "<|role_end|>", "</assistant>", "<|tool_response>",
-                "<turn|>"):
+                "<turn|>", "[e~["):
         reply = reply.split(end)[0]
     return reply.split("</think>")[-1]
 

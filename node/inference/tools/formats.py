@@ -9,7 +9,8 @@ Hermes 2 Pro / Hermes 3 / Qwen 2.5 / Qwen 3 / Granite 4 (`<tool_call>` JSON), Ll
 DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_begin|>`; special.py), DeepSeek
 V3.2 / V4 (`<｜DSML｜function_calls>`; dsml.py), DeepSeek R1 and its distills (`function<｜tool▁sep｜>name`
 and a fenced JSON block; deepseek_r1.py), gpt-oss (harmony channels; harmony.py), Gemma 4
-(`<|tool_call>call:name{k:<|"|>v<|"|>}<tool_call|>`; gemma4.py). Any other template —
+(`<|tool_call>call:name{k:<|"|>v<|"|>}<tool_call|>`; gemma4.py), MiniMax M2 (`<minimax:tool_call>`
+`<invoke name="name">` `<parameter name="k">v</parameter>`; minimax.py). Any other template —
 the embedded default model's plain ChatML
 among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
 in a compact system message, and the reply is one JSON object, `{"tool_call": {...}}` (or
@@ -57,6 +58,8 @@ from node.inference.tools.harmony import (
     harmony_tools,
     is_harmony,
 )
+from node.inference.tools.minimax import MARKERS as MINIMAX_MARKERS
+from node.inference.tools.minimax import MINIMAX_M2, is_minimax_m2, minimax, minimax_calls
 from node.inference.tools.parser import Syntax, ToolCallParser
 from node.inference.tools.regions import (
     GENERIC,
@@ -99,7 +102,8 @@ from node.inference.tools.tagged import (
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | deepseek_r1 | kimi_k2 | dsml | harmony | gemma4 | generic
+    name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | deepseek_r1 | kimi_k2 | dsml
+    # | harmony | gemma4 | minimax_m2 | generic
     syntax: Syntax
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
@@ -127,13 +131,15 @@ FORMATS = {
     "harmony": ToolFormat("harmony", HARMONY, True, special_markers=TOKENS),
     "dsml": ToolFormat("dsml", DSML_SYNTAX, True, special_markers=(DSML,), thought_ends=DSML_SYNTAX.markers),
     "gemma4": ToolFormat("gemma4", GEMMA4, True, special_markers=GEMMA4_MARKERS),
+    "minimax_m2": ToolFormat("minimax_m2", MINIMAX_M2, True, special_markers=MINIMAX_MARKERS,
+                             thought_ends=MINIMAX_M2.markers),
     "generic": ToolFormat("generic", GENERIC, False),
 }
 _SECTIONS = {"deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
 
 
 # `<tool_call>` followed by something other than a JSON object: GLM 4.5-4.7, Ling 3 and Spark
-# (`name<arg_key>`: their own format), MiniMax (`<invoke name=`), Apriel (`<tool_calls>[`): not Hermes
+# (`name<arg_key>`: their own format), MiniMax M3 (`<invoke name=`), Apriel (`<tool_calls>[`): not Hermes
 # (its parser read none of their calls); the last two get the generic format until they have their own
 _NOT_HERMES = ("<arg_key>", "<invoke", "<tool_calls>", FUNCTION_OPEN)
 
@@ -155,6 +161,8 @@ def detect_format(template: str | None) -> ToolFormat:
         return FORMATS["harmony"]
     if is_gemma4(t):  # Gemma 4 (gemma4.py)
         return dataclasses.replace(FORMATS["gemma4"], template=t)
+    if is_minimax_m2(t):  # MiniMax M2 (minimax.py)
+        return FORMATS["minimax_m2"]
     if TOOL_CALL_OPEN in t and FUNCTION_OPEN in t and "<parameter=" in t:
         return FORMATS["qwen_xml"]
     if TOOL_CALL_OPEN in t and ARG_KEY in t:
@@ -444,6 +452,8 @@ def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
         return sectioned_calls(_SECTIONS[fmt.name], tools, args, max_calls)
     if fmt.name == "dsml":
         return dsml_calls(block_of(fmt.template), tools, max_calls)
+    if fmt.name == "minimax_m2":
+        return minimax_calls(tools, max_calls)
     if fmt.name in ("qwen_xml", "mistral_args", "glm", "gemma4"):  # the name outside the JSON: one branch a tool
         if fmt.name == "gemma4":
             each = [gemma4_call(t) for t in tools]
@@ -477,8 +487,8 @@ def _call_sep(fmt: ToolFormat) -> str:
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
     answers = fmt.syntax.at_start and fmt.name != "generic" and answer_schema(request) is not None
     syntax = fmt.syntax
-    if fmt.name in ("qwen_xml", "glm", "dsml"):  # values are written raw: the parameters' schemas tell a string from a number
-        reader = {"qwen_xml": qwen_xml, "glm": glm, "dsml": dsml}[fmt.name]
+    if fmt.name in ("qwen_xml", "glm", "dsml", "minimax_m2"):  # values are written raw: the parameters' schemas tell a string from a number
+        reader = {"qwen_xml": qwen_xml, "glm": glm, "dsml": dsml, "minimax_m2": minimax}[fmt.name]
         syntax = dataclasses.replace(syntax, region=functools.partial(reader, params=param_schemas(request.tools)))
     return ToolCallParser(syntax, request_id=request_id, known=tuple(t.name for t in request.tools),
                           answers=answers)
