@@ -339,3 +339,20 @@ def test_kimi_results_name_the_calls_they_answer(name):
     assert len(written) == 3 and answered == written, text
     assert all(re.fullmatch(r"functions\.get_(weather|time):\d", i) for i in written)
     assert not re.search(r"call_[abc]\d", text)
+
+
+ENUM_TOOLS = (ToolSpec("get_weather", "Weather", {"type": "object", "required": ["city"], "properties": {
+    "city": {"type": "string", "enum": ["Paris 2", "Rome"]}, "days": {"type": "integer"}}}),)
+
+
+@pytest.mark.parametrize("name", ["Qwen3-Coder", "GLM-4.6", "MiniMax-M2"] + DSML_FAMILY + GEMMA4_FAMILY)
+def test_a_string_parameters_enum_holds_in_a_forced_call(tok, name):
+    """The formats that write a string parameter unquoted (Qwen3-Coder's XML, GLM, DSML, Gemma 4,
+    MiniMax M2) forced it as free text: an `enum` (or `const`) was not kept, the model could write
+    any city (found 2026-12-06 for MiniMax and DSML; tagged.string_value serves them all now)."""
+    fmt = detect_format(template(name))
+    spec = tool_grammar(fmt, request([{"role": "user", "content": "hi"}], choice="required", tools=ENUM_TOOLS))
+    grammar.validate(spec)
+    good = template_reply(name, (ToolCall("call_a1", "get_weather", '{"city": "Rome", "days": 2}'),)).strip()
+    assert accepts(tok, spec, good), good
+    assert not accepts(tok, spec, good.replace("Rome", "Berlin")), good

@@ -22,7 +22,15 @@ from typing import Any
 from node.inference import grammar
 from node.inference.tools.jsonscan import JsonError, PartialCall, skip_ws
 from node.inference.tools.parser import Region, Syntax
-from node.inference.tools.tagged import ParamTypes, _args_text, _is_string, _tag, _value_schema, read_value
+from node.inference.tools.tagged import (
+    ParamTypes,
+    _args_text,
+    _is_string,
+    _tag,
+    _value_schema,
+    read_value,
+    string_value,
+)
 
 DSML = "｜DSML｜"
 BLOCKS = ("function_calls", "tool_calls")  # V3.2, V4
@@ -120,7 +128,7 @@ def _parameter(key: str, prop: Any, root: dict[str, Any]) -> grammar.Spec:
     string = _is_string(prop)
     head = grammar.literal(f'{PARAM_OPEN}{key}" string="{"true" if string else "false"}">')
     if string:
-        return grammar.seq(head, grammar.free_text(stop=PARAM_CLOSE), grammar.literal("\n"))
+        return grammar.seq(head, string_value(prop, PARAM_CLOSE), grammar.literal("\n"))
     return grammar.seq(head, grammar.json_value(_value_schema(prop, root)), grammar.literal(PARAM_CLOSE + "\n"))
 
 

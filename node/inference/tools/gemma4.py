@@ -20,7 +20,7 @@ from typing import Any
 from node.inference import grammar
 from node.inference.tools.jsonscan import JsonError, PartialCall, scan_string, skip_ws
 from node.inference.tools.parser import Region, Syntax
-from node.inference.tools.tagged import _MAX_NAME, _NAME, _args_text, _is_string, _value_schema
+from node.inference.tools.tagged import _MAX_NAME, _NAME, _args_text, _is_string, _value_schema, string_value
 
 CALL_OPEN, CALL_CLOSE = "<|tool_call>", "<tool_call|>"
 QUOTE = '<|"|>'
@@ -185,7 +185,7 @@ GEMMA4 = Syntax("gemma4", (CALL_OPEN,), False, gemma4)
 def _param(key: str, prop: Any, root: dict[str, Any], comma: bool) -> grammar.Spec:
     head = grammar.literal(("," if comma else "") + key + ":")
     if _is_string(prop):  # (`<|"|>` alone in its literals: a single token in Gemma 4's vocabulary)
-        return grammar.seq(head, grammar.literal(QUOTE), grammar.free_text(stop=QUOTE))
+        return grammar.seq(head, grammar.literal(QUOTE), string_value(prop, QUOTE))
     return grammar.seq(head, grammar.json_value(_value_schema(prop, root)))
 
 

@@ -25,7 +25,15 @@ from typing import Any
 from node.inference import grammar
 from node.inference.tools.jsonscan import JsonError, PartialCall, skip_ws
 from node.inference.tools.parser import Region, Syntax
-from node.inference.tools.tagged import ParamTypes, _args_text, _is_string, _tag, _value_schema, read_value
+from node.inference.tools.tagged import (
+    ParamTypes,
+    _args_text,
+    _is_string,
+    _tag,
+    _value_schema,
+    read_value,
+    string_value,
+)
 
 OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
 INVOKE_OPEN, INVOKE_CLOSE = '<invoke name="', "</invoke>"
@@ -105,20 +113,10 @@ def _invoke(text: str, i: int, call: PartialCall, schemas: dict[str, Any] | None
 
 # --- the grammar (a tool_choice that forces calls) ---
 
-def _choices(prop: Any) -> list[str] | None:
-    """The strings a string parameter may only be (its `enum`, its `const`), or None: any text."""
-    values = prop.get("enum") if isinstance(prop.get("enum"), list) else [prop["const"]] if "const" in prop else None
-    return values if values and all(isinstance(v, str) and PARAM_CLOSE not in v for v in values) else None
-
-
 def _parameter(key: str, prop: Any, root: dict[str, Any]) -> grammar.Spec:
     head = grammar.literal(f'{PARAM_OPEN}{key}">')
     if _is_string(prop):
-        choices = _choices(prop)
-        if choices:  # (raw text would lose them: the value is one of the strings as written)
-            value = grammar.alt(*(grammar.literal(v) for v in choices)) if len(choices) > 1 else grammar.literal(choices[0])
-            return grammar.seq(head, value, grammar.literal(PARAM_CLOSE + "\n"))
-        return grammar.seq(head, grammar.free_text(stop=PARAM_CLOSE), grammar.literal("\n"))
+        return grammar.seq(head, string_value(prop, PARAM_CLOSE), grammar.literal("\n"))
     return grammar.seq(head, grammar.json_value(_value_schema(prop, root)), grammar.literal(PARAM_CLOSE + "\n"))
 
 

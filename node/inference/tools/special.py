@@ -39,6 +39,7 @@ from node.inference.tools.tagged import (
     _tag,
     _value_schema,
     read_value,
+    string_value,
 )
 
 ARG_KEY, ARG_KEY_END = "<arg_key>", "</arg_key>"
@@ -153,7 +154,7 @@ def glm_layout(template: str) -> GlmLayout:
 def _glm_parameter(key: str, prop: Any, root: dict[str, Any], layout: GlmLayout) -> grammar.Spec:
     head = _literals(ARG_KEY, key, ARG_KEY_END, layout.key, ARG_VALUE)
     if _is_string(prop):
-        value = [grammar.free_text(stop=ARG_VALUE_END)]
+        value = [string_value(prop, ARG_VALUE_END)]
     else:
         value = [grammar.json_value(_value_schema(prop, root)), grammar.literal(ARG_VALUE_END)]
     return grammar.seq(*head, *value, *_literals(layout.value))

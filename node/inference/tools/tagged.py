@@ -189,10 +189,23 @@ def _value_schema(prop: Any, root: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "x-guidance": {**(schema.get("x-guidance") or {}), "lenient": True}}
 
 
+def string_value(prop: Any, stop: str) -> grammar.Spec:
+    """A string parameter's raw value up to and with `stop` (the formats that write strings unquoted):
+    one of its `enum` / `const` strings where it names them, as written (free text let the model
+    write any value, and a tiny or unsure one never end it), else any text."""
+    schema = prop if isinstance(prop, dict) else {}
+    values = schema.get("enum") if isinstance(schema.get("enum"), list) else \
+        [schema["const"]] if "const" in schema else None
+    if values and all(isinstance(v, str) and v and stop not in v for v in values):
+        choice = grammar.literal(values[0]) if len(values) == 1 else grammar.alt(*map(grammar.literal, values))
+        return grammar.seq(choice, grammar.literal(stop))
+    return grammar.free_text(stop=stop)
+
+
 def _xml_parameter(key: str, prop: Any, root: dict[str, Any]) -> grammar.Spec:
     head = grammar.literal(f"{PARAMETER_OPEN}{key}>\n")
     if _is_string(prop):
-        value = grammar.free_text(stop=f"\n{PARAMETER_CLOSE}")  # the stop is written, then the newline
+        value = string_value(prop, f"\n{PARAMETER_CLOSE}")  # the stop is written, then the newline
         return grammar.seq(head, value, grammar.literal("\n"))
     return grammar.seq(head, grammar.json_value(_value_schema(prop, root)), grammar.literal(f"\n{PARAMETER_CLOSE}\n"))
 
