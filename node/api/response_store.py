@@ -27,8 +27,24 @@ class StoredResponse:
     size: int  # bytes counted against the store's limit
 
 
+def _text_len(value: Any) -> int:
+    """The length of the strings in a body's output items (a few nodes each: Responses carry no
+    logprobs) plus a little for each node."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + 4 + _text_len(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_text_len(v) + 2 for v in value)
+    return 8
+
+
 def _size(body: dict[str, Any], messages: tuple[dict, ...]) -> int:
-    n = len(json.dumps(body, ensure_ascii=False))
+    """Bytes counted against the store's limit, near the body's JSON size, without encoding the reply
+    on the loop (a long reply's whole body was dumped here once only to be measured; 2026-12-06): the
+    body but its output is small (the request's echoed options, tools), the output is measured."""
+    n = len(json.dumps({k: v for k, v in body.items() if k != "output"}, ensure_ascii=False))
+    n += _text_len(body.get("output") or [])
     for msg in messages:
         n += len(msg.get("content") or "") + 32
         for call in msg.get("tool_calls") or ():

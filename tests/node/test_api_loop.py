@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
-from node.api import json_body, responses
+from node.api import json_body, response_store, responses
 from tests.support.nodes import node_config, openai_client, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -112,6 +113,14 @@ async def test_a_long_responses_reply_is_encoded_off_the_loop(node, client, monk
     encoded_on: list[int] = []
     real = json_body.encode
     monkeypatch.setattr(json_body, "encode", lambda obj: encoded_on.append(threading.get_ident()) or real(obj))
+    measured_on: list[int] = []  # the store measured the reply by dumping it whole (found in review)
+
+    def dumps(obj, **kw):
+        if isinstance(obj, dict) and "output" in obj:
+            measured_on.append(threading.get_ident())
+        return json.dumps(obj, **kw)
+
+    monkeypatch.setattr(response_store, "json", SimpleNamespace(dumps=dumps))
     headers = {"Authorization": f"Bearer {node.api_key}"}
     request = {"model": served.id, "input": "hi", "max_output_tokens": 8, "temperature": 0}
     async with aiohttp.ClientSession(headers=headers) as session:
@@ -121,6 +130,7 @@ async def test_a_long_responses_reply_is_encoded_off_the_loop(node, client, monk
         body = json.loads(raw)
         assert body["usage"]["output_tokens"] > 0 and raw == json.dumps(body).encode()
         assert encoded_on and threading.get_ident() not in encoded_on, "the Responses body was encoded on the loop"
+        assert threading.get_ident() not in measured_on, "the stored body was encoded on the loop to be measured"
         encoded_on.clear()
         async with session.get(f"http://127.0.0.1:{node.api.port}/v1/responses/{body['id']}") as r:
             again = await r.read()
