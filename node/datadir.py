@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -179,12 +180,14 @@ def write_atomic(path: Path, data: bytes, *, private: bool = False) -> None:
             os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (a read-only mount refuses the unlink too: EROFS)
+            tmp.unlink(missing_ok=True)
         if exc.errno is None:
             raise
         raise OSError(exc.errno, exc.strerror, str(path)) from exc  # (the errno's own subclass)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
 
 

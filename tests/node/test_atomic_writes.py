@@ -62,6 +62,23 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(full_disk):
 
 
 @needs_root
+def test_a_write_on_a_read_only_mount_names_the_file(tmp_path):
+    """A read-only data dir (EROFS): the temporary's cleanup failed too (unlink is refused there even
+    for a file that does not exist) and its error, naming `manifest.json.tmp`, escaped instead
+    (found in review, 2026-12-06)."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(where)], check=True)
+    try:
+        with pytest.raises(OSError) as caught:
+            write_atomic(where / "manifest.json", b"x")
+        assert caught.value.errno == errno.EROFS and caught.value.filename == str(where / "manifest.json")
+        assert "manifest.json.tmp" not in (data_dir_error(where, caught.value) or "")
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@needs_root
 def test_the_certificate_on_a_full_disk(full_disk):
     """The certificate a start writes: one already there (the same bytes every start) is left
     alone, so a full disk does not stop the start; one missing is an OSError naming identity.crt
