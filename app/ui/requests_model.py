@@ -20,6 +20,8 @@ def outcome_text(t: RequestTrace) -> str:
         return "in flight"
     if t.outcome == "error":
         return f"error: {t.error_type}" if t.error_type else "error"
+    if t.outcome == "ok" and t.finish_reason == "length":  # which limit cut it: the fix differs
+        return f"ok · {LENGTH_WORDS.get(t.finish_detail or '', LENGTH_WORDS['max_tokens'])}"
     if t.outcome == "ok" and t.finish_reason in FINISH_WORDS:
         return f"ok · {FINISH_WORDS[t.finish_reason]}"
     return t.outcome or fmt.DASH
@@ -34,7 +36,10 @@ OPERATIONS = {"chat.completions": "chat", "completions": "completion", "completi
               "messages": "chat (Anthropic)", "messages.count_tokens": "count tokens", "responses": "responses",
               "infill": "infill", "embeddings": "embeddings", "rerank": "rerank"}
 NO_COMPLETION = ("embeddings", "rerank", "messages.count_tokens")  # they read tokens and generate none
-FINISH_WORDS = {"tool_calls": "tool calls", "length": "cut at max tokens"}  # worth saying beside "ok"
+FINISH_WORDS = {"tool_calls": "tool calls"}  # worth saying beside "ok"
+# a reply cut short, by what (the trace's finish_detail): a full context wants a larger context, not
+# a larger max_tokens (found in review, 2026-12-06: every one read "cut at max tokens")
+LENGTH_WORDS = {"max_tokens": "cut at max tokens", "context": "cut: context full", "time_limit": "cut: time limit"}
 
 
 def operation_text(t: RequestTrace) -> str:

@@ -90,13 +90,17 @@ def _finished(**fields) -> RequestTrace:
 def test_tool_calls_max_tokens_cached_and_thinking_tokens_are_said(qapp):
     model = RequestsModel()
     tools = _finished(finish_reason="tool_calls", cached_tokens=100, reasoning_tokens=12)
-    cut = _finished(finish_reason="length")
+    cut = _finished(finish_reason="length", finish_detail="max_tokens")
+    full = _finished(finish_reason="length", finish_detail="context")  # (found in review: "max tokens" too)
+    late = _finished(finish_reason="length", finish_detail="time_limit")
     plain = _finished(finish_reason="stop")
-    for trace in (tools, cut, plain):
+    for trace in (tools, cut, full, late, plain):
         model.on_trace_event("started", trace)
         model.on_trace_event("finished", trace)
     assert model.cell_text(tools.request_id, "Outcome") == "ok · tool calls"
     assert model.cell_text(tools.request_id, "Tokens") == "120 (100 cached) → 30 (12 thinking)"
     assert model.cell_text(cut.request_id, "Outcome") == "ok · cut at max tokens"
+    assert model.cell_text(full.request_id, "Outcome") == "ok · cut: context full"
+    assert model.cell_text(late.request_id, "Outcome") == "ok · cut: time limit"
     assert model.cell_text(plain.request_id, "Outcome") == "ok"
     assert model.cell_text(plain.request_id, "Tokens") == "120 → 30"
