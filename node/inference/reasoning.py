@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,12 +50,23 @@ class ThinkTags:
     # `<|channel>thought<channel|>`, and may write a lone `<channel|>`): such blocks are thoughts
     # and a stray closing tag is dropped, as llama.cpp's Gemma 4 parser reads them
     reopens: bool = False
+    # control tokens a tag is written with besides a whole tag's own (Gemma 4 writes `<|channel>` as
+    # one and `thought` as text): the reply's text must show them, and a grammar spells them as tokens
+    tokens: tuple[str, ...] = ()
+
+    def parts(self, tag: str) -> tuple[str, ...]:
+        """`tag` cut into its control tokens (`tokens`) and the text between, in order."""
+        if not self.tokens:
+            return (tag,)
+        pattern = "(" + "|".join(re.escape(t) for t in sorted(self.tokens, key=len, reverse=True)) + ")"
+        return tuple(part for part in re.split(pattern, tag) if part)
 
 
 THINK = ThinkTags("<think>", "</think>")
 MISTRAL_THINK = ThinkTags("[THINK]", "[/THINK]")
-GEMMA4_THINK = ThinkTags("<|channel>thought", "<channel|>", reopens=True)  # Gemma 4's thinking channel
-# (its generation prompt closes an empty one unless enable_thinking; the template strips earlier ones)
+# Gemma 4's thinking channel (its generation prompt closes an empty one unless enable_thinking; the
+# template strips earlier ones): `<|channel>` is a control token, `thought` text
+GEMMA4_THINK = ThinkTags("<|channel>thought", "<channel|>", reopens=True, tokens=("<|channel>",))
 
 
 def think_tags(template: str | None) -> ThinkTags | None:
@@ -106,8 +118,10 @@ class ReasoningSplitter:
 
     @property
     def markers(self) -> tuple[str, ...]:
-        """Tags that may be control tokens, which the reply's text must show."""
-        return (self.tags.open, self.tags.close, *self.ends)
+        """Tags that may be control tokens, and the control tokens a tag is written with (Gemma 4's
+        `<|channel>`: until 2026-12-06 it rendered "" without tools, and its thoughts were content),
+        which the reply's text must show."""
+        return (self.tags.open, self.tags.close, *self.tags.tokens, *self.ends)
 
     def feed(self, text: str) -> tuple[str, str]:
         """One piece of the reply: its (reasoning, content) parts ready to send."""
@@ -205,7 +219,8 @@ class ReasoningSplitter:
         """start (the reply may open thoughts), thinking, or answer."""
         return "answer" if self._state in ("answer", "content") else self._state
 
-    def grammar(self, spec: g.Spec, close_is_token: bool = False, token_ends: tuple[str, ...] = ()) -> g.Spec:
+    def grammar(self, spec: g.Spec, close_is_token: bool = False, token_ends: tuple[str, ...] = (),
+                open_parts: tuple[str, ...] | None = None) -> g.Spec:
         """A grammar the reply must follow, with room to think first (as llama-server's grammars
         for reasoning models): thoughts are free text up to the closing tag, then the answer keeps
         to `spec`. Without it a JSON or tool-call grammar forced its text from the first token.
@@ -216,24 +231,28 @@ class ReasoningSplitter:
         Where a call's opener also ends the thoughts (`ends`) and `spec` may begin with it (a forced
         call), the thoughts may also end directly at the opener, the call's grammar going on from
         there, as llama.cpp's grammars for these models allow (until 2026-12-06 the model was made
-        to write the closing tag first); `token_ends`: the openers that are one special token."""
+        to write the closing tag first); `token_ends`: the openers that are one special token.
+        `open_parts`: the opening tag cut into its control tokens and text (`ThinkTags.parts`), one
+        literal each: Gemma 4's `<|channel>thought` as one literal was plain text, which cannot spell
+        the token `<|channel>`, so no grammar let it think (until 2026-12-06)."""
         gap = g.repeat(g.literal("\n"), 0, 2)
         ends = [g.seq(_upto(self.tags.close, close_is_token), gap, spec)]
         for opener in self.ends:
             rest = g.after(spec, opener)
             if rest is not None:
                 ends.append(g.seq(_upto(opener, opener in token_ends), *rest))
-        whole = self._with_room(spec, ends)
+        opening = [g.literal(part) for part in (open_parts or self.tags.parts(self.tags.open))]
+        whole = self._with_room(spec, ends, opening)
         if len(ends) > 1 and not _fits(whole):  # each opener branch copies the call grammar: with many
-            whole = self._with_room(spec, ends[:1])  # tools that passed g.MAX_NODES (a 500 for 40 tools,
-        return whole  # found in review): the closing tag alone then, as before
+            whole = self._with_room(spec, ends[:1], opening)  # tools that passed g.MAX_NODES (a 500 for
+        return whole  # 40 tools, found in review): the closing tag alone then, as before
 
-    def _with_room(self, spec: g.Spec, ends: list[g.Spec]) -> g.Spec:
+    def _with_room(self, spec: g.Spec, ends: list[g.Spec], opening: list[g.Spec]) -> g.Spec:
         thoughts = ends[0] if len(ends) == 1 else g.alt(*ends)
         if self.phase == "thinking":
             return thoughts
         if self.phase == "start":
-            return g.alt(g.seq(g.literal(self.tags.open), thoughts), spec)
+            return g.alt(g.seq(*opening, thoughts), spec)
         return spec
 
 

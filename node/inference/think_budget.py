@@ -129,9 +129,10 @@ class ThinkBudget:
 
     def _text(self, token: int) -> str:
         piece = self._tok.piece(token)
-        if not piece:  # a control token: a tag may be one ([THINK])
+        if not piece:  # a control token: a tag may be one ([THINK]) or begin with one (Gemma 4's
+            # `<|channel>` before `thought` as text; until 2026-12-06 its budget never began)
             special = self._tok.special_piece(token)
-            if special == self.open or special in self.ends:
+            if special and any(tag.startswith(special) for tag in (self.open, *self.ends)):
                 piece = special.encode()
         data = self._pending + piece
         if not _utf8_complete(data):

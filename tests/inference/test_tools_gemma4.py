@@ -99,3 +99,16 @@ def test_an_empty_thought_block_after_the_answer_is_not_content(name, reply, tho
     for cut in range(len(reply) + 1):
         assert _split(name, reply, [cut]) == (thoughts, answer), cut
     assert _split(name, reply, list(range(1, len(reply)))) == (thoughts, answer)
+
+
+def test_the_thought_tag_is_its_control_token_and_text():
+    """`<|channel>thought`: the reply's text must show the control token `<|channel>`, and a grammar
+    spells it as that token (one literal of its own) before the text."""
+    from node.inference import grammar as g
+    from node.inference.reasoning import GEMMA4_THINK, ReasoningSplitter
+
+    splitter = ReasoningSplitter(GEMMA4_THINK, inside=False)
+    assert "<|channel>" in splitter.markers
+    spec = splitter.grammar(g.json_value({"type": "object"}), close_is_token=True)
+    opened = spec["items"][0]
+    assert opened["items"][:2] == [g.literal("<|channel>"), g.literal("thought")], opened

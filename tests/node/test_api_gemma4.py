@@ -169,3 +169,35 @@ async def test_a_turn_with_text_beside_its_calls_opens_the_next_model_turn(node,
     kw = dict(model=model, tools=[WEATHER], max_tokens=4, temperature=0)
     again = await client.chat.completions.create(messages=history, **kw)
     assert again.usage.prompt_tokens == len(node.models.all()[0].tokenizer.tokenize(prompt, add_bos=False))
+
+
+ANSWER = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+    "type": "object", "properties": {"ok": {"enum": ["yes"]}}, "required": ["ok"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_thoughts_without_tools_are_reasoning_content(node, client, stream):
+    """No tools, thinking on (Gemma 4's default): the model opens its thoughts with the control token
+    `<|channel>` and the text `thought`. The reply's text shows the token, so the thoughts are
+    reasoning_content (they were content, "thought…", with the token rendered ""), counted in
+    reasoning_tokens, and the thinking budget closes them. A grammar (response_format) leaves room to
+    open them (`<|channel>` was masked: the tag compiled as plain text)."""
+    model = node.models.all()[0].id
+    written, content, thoughts, _, finish = await forced(
+        client, model, stream, messages=ASK, response_format=ANSWER, max_tokens=60,
+        logit_bias={token_id(node, "<|channel>"): 100}, extra_body={"reasoning_budget_tokens": 4},
+        stream_options={"include_usage": True} if stream else None)
+    assert finish == "stop", (written, content, thoughts)
+    assert json.loads(content) == {"ok": "yes"}, (written, content, thoughts)
+    assert thoughts and "thought" not in thoughts[:7] and "<channel|>" not in thoughts, (written, thoughts)
+
+
+async def test_thought_tokens_are_counted(node, client):
+    """usage's reasoning_tokens counts the thoughts: the opening tag's two tokens, the budget's four
+    and the closing token."""
+    model = node.models.all()[0].id
+    r = await client.chat.completions.create(
+        model=model, messages=ASK, response_format=ANSWER, max_tokens=60,
+        logit_bias={token_id(node, "<|channel>"): 100}, extra_body={"reasoning_budget_tokens": 4})
+    assert r.choices[0].message.reasoning_content, r
+    assert r.usage.completion_tokens_details.reasoning_tokens >= 6, r.usage
