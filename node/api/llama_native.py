@@ -312,8 +312,8 @@ async def apply_template(request: web.Request) -> web.Response:
     tok = (await _served(request, chat.model)).tokenizer
     fmt = detect_format(tok.chat_template)
     loop = asyncio.get_running_loop()
-    messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, chat, tok.chat_template)
-    messages = with_history(chat.messages, messages)  # as a run renders it: thoughts, template kwargs
+    # as a run renders it: thoughts, template kwargs
+    messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, chat, tok.chat_template, with_history)
     prompt = await loop.run_in_executor(None, tok.render_chat, messages, tools, chat.template_kwargs)
     return web.json_response({"prompt": prompt})
 

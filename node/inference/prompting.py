@@ -30,11 +30,10 @@ async def async_prompt(request: CompletionRequest, tok: ModelTokenizer, n_ctx: i
     loop = asyncio.get_running_loop()
     if request.kind == "chat":
         fmt = detect_format(tok.chat_template)
-        messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, request, tok.chat_template)
-        messages = reasoning.with_history(request.messages, messages)
-        prefill = prefill_of(request)
+        prefill = prefill_of(request)  # (its message is left out before the history is built)
+        messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, request, tok.chat_template,
+                                                     reasoning.with_history, prefill is not None)
         if prefill is not None:
-            messages = messages[:-1]
             prefill = continued(tok.chat_template, prefill)  # gpt-oss: in its final channel
         rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
                                                       request.template_kwargs)

@@ -325,8 +325,9 @@ class ThoughtCounter:
 def with_history(original: tuple[dict, ...], rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Earlier assistant turns' `reasoning_content` handed to the template, as Hugging Face's
     templates read it (Qwen3's, Qwen3.5's: they show the thoughts of the turns after the last user
-    message and drop the others); `rendered`: node.inference.tools.prompt_inputs' messages (the
-    same assistant turns, in order)."""
+    message and drop the others); `rendered`: the messages as node.inference.tools.prompt_inputs
+    maps them, one for each of `original`, before a format's history merges or splits turns
+    (prompt_inputs applies it there)."""
     thoughts = [m.get("reasoning_content") for m in original if m.get("role") == "assistant"]
     if not any(thoughts):
         return rendered

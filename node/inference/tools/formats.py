@@ -32,6 +32,7 @@ import functools
 import hashlib
 import json
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,15 +194,27 @@ def thought_ends(fmt: ToolFormat, request: CompletionRequest) -> tuple[str, ...]
 
 # --- the prompt ---
 
-def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
-                  template: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def prompt_inputs(fmt: ToolFormat, request: CompletionRequest, template: str | None,
+                  history: Callable[[list[dict], list[dict]], list[dict]] | None = None,
+                  prefilled: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(messages, tools) to render with the model's template: the template's `tools` variable is
-    None when no tool may be called (tool_choice "none": the tools are not shown)."""
+    None when no tool may be called (tool_choice "none": the tools are not shown). `history`
+    (node.inference.reasoning.with_history): given the messages and their rendered forms, one for
+    each, it gives the rendered ones their earlier thoughts, before a format's history merges or
+    splits turns (Gemma 4's older template merges the answer after a call's results into the call's
+    turn: applied after, each thought landed one turn off, until 2026-12-06). `prefilled`: the last
+    message is the reply's start (node.inference.prefill), left out here, before a history can merge
+    it into an earlier turn (Gemma 4's older template did: the caller's `[:-1]` then removed the
+    calls, their results and the prefill)."""
     messages = list(request.messages)
+    if prefilled:
+        messages = messages[:-1]
     active = tools_active(request)
     if fmt.native:
         tools = [_openai_tool(t) for t in request.tools] if active else None
         out = [_native_message(fmt, m) for m in messages]
+        if history is not None:
+            out = history(messages, out)
         if fmt.name == "kimi_k2":
             out = kimi_history(out)
         if fmt.name == "deepseek_r1":
@@ -217,6 +230,8 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest,
         return out, tools
     system_ok, tool_ok = _template_roles(template) if template else (True, True)
     out = [_generic_message(m, "tool" if tool_ok else "user") for m in messages]
+    if history is not None:
+        out = history(messages, out)
     if active:
         _system_head(out, generic_system_prompt(request))
     if not system_ok and out and out[0]["role"] == "system":  # (Gemma 2): the system text opens the first user turn

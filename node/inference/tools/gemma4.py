@@ -218,7 +218,8 @@ def gemma4_history(messages: list[dict[str, Any]], template: str) -> list[dict[s
     for the older one each assistant turn with calls carries its results as `tool_responses`
     (`{"name", "response"}`, the result's JSON when it is JSON) and the plain answer after them as
     its content, as llama.cpp converts them (its `tool` messages would be a `<|turn>tool` turn the
-    model never saw)."""
+    model never saw); the call turn keeps its own `reasoning_content` (node.inference.reasoning.
+    with_history sets it before the merge)."""
     if OPENAI_RESULTS in template:
         return messages
     out: list[dict[str, Any]] = []
@@ -237,6 +238,8 @@ def gemma4_history(messages: list[dict[str, Any]], template: str) -> list[dict[s
             name = calls[len(responses)]["function"]["name"] if len(responses) < len(calls) else ""
             responses.append({"name": name or result.get("tool_call_id", ""), "response": _result(result["content"])})
         turn = {"role": "assistant", "content": msg.get("content") or "", "tool_calls": calls}
+        if msg.get("reasoning_content"):  # the call turn's thoughts (the merged answer's are dropped, as llama.cpp)
+            turn["reasoning_content"] = msg["reasoning_content"]
         if responses:
             turn["tool_responses"] = responses
         if (i < len(messages) and messages[i]["role"] == "assistant" and not messages[i].get("tool_calls")
