@@ -150,3 +150,18 @@ def test_the_forced_grammar_writes_the_calls_as_the_template_does(r1_tok, name):
     assert accepts(r1_tok, either, '{"answer":42}') and not accepts(r1_tok, required, '{"answer":42}')
     assert not accepts(r1_tok, required, "Sure, let me check.")
     assert not accepts(r1_tok, required, one.replace('"city"', '"town"'))  # a required parameter left out
+
+
+@pytest.mark.parametrize("name", R1)
+def test_text_beside_a_call_keeps_the_call(name):
+    """A turn with text beside its call: every R1 template renders the call (as its own turn, the
+    text a plain turn before it). R1-Distill-Llama renders calls only when content is none and
+    llama.cpp's fixed template only when it is empty: until 2026-12-06 they rendered the text alone,
+    and the model saw a result for a call it never made."""
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "Checking.", "tool_calls": (call,)},
+               {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"}]
+    text = render(template(name), request(history, tools=TOOLS))
+    assert f"{MARKERS[0]}" in text and "get_weather\n```json" in text, text
+    assert text.index("Checking.") < text.index("get_weather\n```json") < text.index("sunny"), text

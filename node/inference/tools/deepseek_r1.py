@@ -161,9 +161,12 @@ def _string_arguments(template: str) -> bool:
 
 
 def r1_history(messages: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
-    """Assistant turns with calls as the R1 templates read them: content none when it is empty
-    (R1-Distill-Llama renders calls only then, and R1-Distill-Qwen writes an empty turn after them
-    otherwise), the arguments a JSON string where the template does not write them with `tojson`."""
+    """Assistant turns with calls as the R1 templates read them: content none (R1-Distill-Llama
+    renders calls only then, llama.cpp's fixed template only when it is empty, and R1-Distill-Qwen
+    writes the text as a turn after them), a turn's text beside its calls a plain turn of its own
+    before them (until 2026-12-06 it stayed: those two templates rendered no call, and the model saw
+    results for a call it never made); the arguments a JSON string where the template does not write
+    them with `tojson`."""
     as_text = _string_arguments(template)
     out = []
     for msg in messages:
@@ -172,7 +175,9 @@ def r1_history(messages: list[dict[str, Any]], template: str) -> list[dict[str, 
             if as_text:
                 calls = [{**c, "function": {**c["function"], "arguments": _text(c["function"]["arguments"])}}
                          for c in calls]
-            msg = {**msg, "content": msg.get("content") or None, "tool_calls": calls}
+            if msg.get("content"):
+                out.append({k: v for k, v in msg.items() if k != "tool_calls"})
+            msg = {"role": "assistant", "content": None, "tool_calls": calls}
         out.append(msg)
     return out
 
