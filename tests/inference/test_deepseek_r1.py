@@ -165,3 +165,12 @@ def test_text_beside_a_call_keeps_the_call(name):
     text = render(template(name), request(history, tools=TOOLS))
     assert f"{MARKERS[0]}" in text and "get_weather\n```json" in text, text
     assert text.index("Checking.") < text.index("get_weather\n```json") < text.index("sunny"), text
+
+
+def test_the_tool_list_goes_before_the_system_text():
+    """A distill's template renders no tools: the node writes llama.cpp's R1 tool list where llama.cpp's
+    fixed template does, before the system prompt's text (after it until 2026-12-06)."""
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    for name in R1[:2]:
+        text = render(template(name), request(history, tools=TOOLS))
+        assert text.index("You can call any of the following function tools") < text.index("Be brief."), text

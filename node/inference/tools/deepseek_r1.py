@@ -8,8 +8,9 @@ The same fullwidth-bar tokens as DeepSeek V3.1 (special.py), but the call writes
 the separator and the name and a fenced JSON block after it. A call may open with its own marker
 without the section's, the fences and a call's or the section's end may be left out (llama.cpp's
 parser allows it); the text that follows tells. The distills' own templates render no tools (the
-tool list goes after the system prompt, as llama.cpp's fixed template writes it); R1-Distill-Llama's
-writes a call's arguments as they are (a string) and only for a turn whose content is none.
+tool list goes before the system prompt's text, as llama.cpp's fixed template writes it; after it
+until 2026-12-06); R1-Distill-Llama's writes a call's arguments as they are (a string) and only for
+a turn whose content is none.
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest, template: str | N
         if fmt.name == "deepseek_r1":
             out = r1_history(out, fmt.template)
             if active and not renders_tools(fmt.template):
-                _system_head(out, r1_tools_prompt(request.tools), after=True)
+                _system_head(out, r1_tools_prompt(request.tools))  # (before the system text, as llama.cpp's)
         if active and fmt.name == "deepseek_v31":
             _system_head(out, deepseek_tools_prompt(request.tools), after=True)
         if fmt.name == "harmony":
