@@ -202,6 +202,21 @@ class NodeHost(QObject):
             return f"SwarmLLM — could not start: {self.start_error}"
         return f"SwarmLLM {self.node.short_id} — {words}".replace("  ", " ")
 
+    def status_brief(self) -> tuple[str, str]:
+        """The status bar's line (what it serves in counts) and its tooltip (every model, one a line):
+        every model id in one line ran off the window's edge."""
+        if self.state not in (AppState.SERVING, AppState.PAUSED):
+            return self.status_line(), self.status_line()
+        now = self.serving()
+        words = STATE_WORDS[self.state]
+        lines = [f"SwarmLLM {self.node.short_id} — {words} at {self.node.api_url}"]
+        lines += [f"  {m}" for m in now.whole_loaded]
+        lines += [f"  {m} (unloaded: loads on the first request)" for m in now.whole_idle]
+        lines += [f"  layers {s}" for s in now.slices_loaded]
+        local_names = {w.rsplit("-", 1)[0] for w in now.whole_loaded}
+        lines += [f"  via peers {n}" for n in now.swarm if n not in local_names]
+        return f"SwarmLLM {self.node.short_id} — {words}: {now.brief()} at {self.node.api_url}", "\n".join(lines)
+
     def first_run_text(self) -> str | None:
         """What to tell a user whose node cannot serve any model yet (None when it can)."""
         if self.start_error is not None:

@@ -35,6 +35,30 @@ class Serving:
             parts.append("via peers " + ", ".join(swarm))
         return "; ".join(parts) or "nothing"
 
+    def brief(self) -> str:
+        """describe() in counts, for one short line (the status bar): "2 models (+1 loads on the first
+        request) · layers of 1 model · 3 via peers"; a single model keeps its name."""
+        local_names = {w.rsplit("-", 1)[0] for w in self.whole_loaded}
+        swarm = [n for n in self.swarm if n not in local_names]
+        parts = []
+        whole = len(self.whole_loaded) + len(self.whole_idle)
+        if whole == 1 and not self.slices_loaded and not swarm:
+            return self.describe()
+        if self.whole_loaded:
+            parts.append(_count(len(self.whole_loaded), "model"))
+        if self.whole_idle:
+            idle = f"{len(self.whole_idle)} unloaded: loads on the first request"
+            parts.append(f"+{idle}" if self.whole_loaded else idle)
+        if self.slices_loaded:
+            parts.append(_count(len(self.slices_loaded), "layer slice"))
+        if swarm:
+            parts.append(f"{len(swarm)} via peers")
+        return " · ".join(parts) or "nothing"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
 
 def serving_of(node: Node) -> Serving:
     """Read what the node can serve from its model manager, slice host and pipeline."""

@@ -125,6 +125,11 @@ def measure_memory_bandwidth(buffer_bytes: int = BANDWIDTH_BUFFER_BYTES,
     return 2 * buffer_bytes / best / 1e9
 
 
+def ram_available_bytes() -> int:
+    """RAM available now (blocking: reads the OS; run it in an executor)."""
+    return int(psutil.virtual_memory().available)
+
+
 def collect(measure_bandwidth: bool = True) -> MachineInfo:
     """Gather the machine snapshot (blocking: run in an executor)."""
     vm = psutil.virtual_memory()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QSettings
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QHideEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QMenu, QTabWidget, QToolButton
+from PySide6.QtWidgets import QApplication, QMainWindow, QMenu, QTabWidget, QToolButton
 
 from app.actions import AppActions
 from app.host import NodeHost
@@ -22,6 +22,7 @@ from app.ui.overview_tab import OverviewTab
 from app.ui.peers_tab import PeersTab
 from app.ui.requests_tab import RequestsTab
 from app.ui.swarm_tab import SwarmTab
+from app.ui.widgets import ElidedLabel
 
 TAB_NAMES = ("Overview", "Swarm", "Chat", "Peers", "Models", "Requests", "Diagnostics")
 SETTINGS_FILE = "window.ini"
@@ -66,8 +67,8 @@ class MainWindow(QMainWindow):
         self.overview_tab.banner.add_model_clicked.connect(self.models_tab.choose_model_file)
         self.overview_tab.banner.open_folder_clicked.connect(self.models_tab.open_models_folder)
         self.setCentralWidget(self.tabs)
-        self.state_label = QLabel()
-        self.statusBar().addPermanentWidget(self.state_label)
+        self.state_label = ElidedLabel()  # counts, elided at the window's edge; the whole list in its tooltip
+        self.statusBar().addPermanentWidget(self.state_label, 1)
         actions.message.connect(lambda text: self.statusBar().showMessage(text, 6000))
         host.state_changed.connect(self._on_state)
         self._on_state()
@@ -131,7 +132,9 @@ class MainWindow(QMainWindow):
 
     def _on_state(self, *_args) -> None:
         self.setWindowIcon(state_icon(self.host.state))
-        self.state_label.setText(self.host.status_line())
+        text, full = self.host.status_brief()
+        self.state_label.set_full_text(text)
+        self.state_label.setToolTip(full)
         short = self.host.node.short_id
         self.setWindowTitle(f"SwarmLLM — node {short}" if short else "SwarmLLM")
 

@@ -20,11 +20,37 @@ def _layers(m: dict[str, Any]) -> str:
 
 
 def _memory(m: dict[str, Any]) -> str:
-    # A whole model held by llama.cpp occupies about its file size (weights are mmapped); a
-    # slice's footprint depends on its layers and dtype, which its summary does not say.
-    if m.get("state") != "loaded" or is_slice(m):
+    # A whole model held by llama.cpp takes about its file (weights are mmapped) and its KV cache at
+    # the served context; told before a load too, to decide whether to press Load. A slice's
+    # footprint depends on its layers and dtype, which its summary does not say.
+    estimate = m.get("memory_estimate")
+    if is_slice(m) or not estimate:
         return fmt.DASH
-    return "≈ " + fmt.size(m.get("size_bytes"))
+    text = "≈ " + fmt.size(estimate["total_bytes"])
+    return text if m.get("state") in ("loaded", "loading", "unloading") else text + " to load"
+
+
+def memory_tip(m: dict[str, Any]) -> str | None:
+    """What the Memory figure is made of."""
+    estimate = m.get("memory_estimate")
+    if is_slice(m) or not estimate:
+        return None
+    return (f"≈ {fmt.size(estimate['total_bytes'])}: the weights (the file, {fmt.size(estimate['weights_bytes'])}) "
+            f"and the KV cache ({fmt.size(estimate['kv_bytes'])}: {estimate['kv_tokens']:,} tokens of context)")
+
+
+def fit(m: dict[str, Any], ram_free_bytes: int) -> tuple[bool | None, str]:
+    """Whether a load of this model fits in the RAM free now, and that in words (None, '' when
+    nothing is known)."""
+    estimate = m.get("memory_estimate")
+    if not estimate:
+        return None, ""
+    need, free = estimate["total_bytes"], ram_free_bytes
+    if need <= free:
+        return True, f"Loading {m['id']} takes ≈ {fmt.size(need)}; {fmt.size(free)} of RAM is free."
+    return False, (f"Loading {m['id']} takes ≈ {fmt.size(need)}, more than the {fmt.size(free)} of RAM free now: "
+            "it may not fit (the machine slows down swapping, or the load fails). Unload another model first, "
+            "or start with a smaller --ctx.")
 
 
 def _state(m: dict[str, Any]) -> str:
@@ -70,7 +96,8 @@ MODEL_COLUMNS = [
     Column("Placement reason", lambda m: fmt.placement(m.get("device"), m.get("cpu_placement_reason"))[1],
            tooltip=lambda m: m.get("cpu_placement_reason"),
            header_tip="why the model runs where it runs (GPU admission or the CPU reason)"),
-    Column("Memory", _memory, numeric=True, header_tip="memory its weights and KV cache take now (≈: estimated)"),
+    Column("Memory", _memory, numeric=True, tooltip=memory_tip,
+           header_tip="memory its weights and KV cache take (≈: estimated); “to load”: what a load would take"),
     Column("State", _state, tooltip=_state_tip, color=lambda m: fmt.STATE_COLORS.get(m.get("state", "")), header_tip="loaded, loading (with the layers' fetch progress), unloading, unloaded or failed (hover for why)"),
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QUrl
@@ -20,12 +21,13 @@ from PySide6.QtWidgets import (
 from app.host import NodeHost
 from app.tasks import spawn
 from app.ui.downloads_panel import DownloadsPanel
-from app.ui.models_model import ModelsModel, is_slice
+from app.ui.models_model import ModelsModel, fit, is_slice
 from app.ui.table_model import ROW_KEY_ROLE
 from app.ui.widgets import FirstRunBanner, table_view
 from node.errors import NodeError
 from node.models.download.hfrepo import RepoSpec, read_spec
 from node.models.file_kinds import split_part
+from node.sysinfo import ram_available_bytes
 
 
 class ModelsTab(QWidget):
@@ -68,6 +70,7 @@ class ModelsTab(QWidget):
         hint.setStyleSheet("color: palette(mid);")
         layout.addWidget(hint)
         self.view.selectionModel().selectionChanged.connect(self._update_buttons)
+        self.view.selectionModel().selectionChanged.connect(self._tell_fit)
         model.dataChanged.connect(self._update_buttons)
         model.rowsInserted.connect(self._select_first_if_none)
         self._update_buttons()
@@ -101,12 +104,42 @@ class ModelsTab(QWidget):
     def _report(self, text: str) -> None:
         self.status.setText(text)
 
+    def _loadable(self, model_id: str | None) -> dict | None:
+        summary = self.model.summary(model_id) if model_id else None
+        if summary is None or is_slice(summary) or summary.get("state") not in ("unloaded", "failed"):
+            return None
+        return summary
+
+    def _tell_fit(self, *_args) -> None:
+        """A model that is not loaded selected: what loading it takes, against the RAM free now."""
+        model_id = self.selected_id()
+        if self._loadable(model_id) is None:
+            return
+
+        async def run() -> None:
+            free = await asyncio.get_running_loop().run_in_executor(None, ram_available_bytes)
+            summary = self._loadable(self.selected_id())
+            if summary is not None and summary["id"] == model_id:  # (still selected)
+                self._report(fit(summary, free)[1])
+
+        spawn(run(), what="reading the free memory")
+
     def load_selected(self) -> None:
         model_id = self.selected_id()
         if model_id:
             self._report(f"loading {model_id}…")
-            spawn(self._async_then(self.host.async_load(model_id), f"{model_id} loaded"),
-                  what=f"loading {model_id}", on_error=self._report)
+
+            async def run() -> None:
+                summary = self._loadable(model_id)
+                free = await asyncio.get_running_loop().run_in_executor(None, ram_available_bytes)
+                fits, warning = fit(summary, free) if summary is not None else (None, "")
+                too_big = fits is False
+                if too_big:
+                    self._report(f"loading {model_id}… {warning}")
+                await self.host.async_load(model_id)
+                self._report(f"{model_id} loaded" + (f" ({warning})" if too_big else ""))
+
+            spawn(run(), what=f"loading {model_id}", on_error=self._report)
 
     def unload_selected(self) -> None:
         model_id = self.selected_id()

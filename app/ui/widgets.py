@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QSizePolicy,
     QTableView,
     QVBoxLayout,
     QWidget,
@@ -102,3 +103,25 @@ class FirstRunBanner(QFrame):
         self.add_button.setVisible(self.host.start_error is None)
         # nor a folder that is not there (a data dir that could not be used)
         self.folder_button.setVisible(self.host.start_error is None or self.host.models_dir.is_dir())
+
+
+class ElidedLabel(QLabel):
+    """One line that never widens its window: text longer than the label is elided at the right
+    ("…"); `full_text` keeps the whole of it."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.full_text = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setMinimumWidth(1)
+
+    def set_full_text(self, text: str) -> None:
+        self.full_text = text
+        self._elide()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        self.setText(self.fontMetrics().elidedText(self.full_text, Qt.TextElideMode.ElideRight, max(1, self.width())))

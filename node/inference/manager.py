@@ -20,6 +20,7 @@ from node.errors import Conflict, ModelLoadError, ModelNotFound, ModelUnavailabl
 from node.inference.devices import detect_llama
 from node.inference.llama_engine import LlamaEngine
 from node.inference.load_failure import LoadFailure
+from node.inference.memory_estimate import MemoryEstimate, estimate_whole
 from node.inference.model_slots import ModelSlots
 from node.inference.placement import Placement, place
 from node.inference.tokenizer import ModelTokenizer
@@ -77,6 +78,7 @@ class ServedModel:
     placement: Placement | None = None
     running: set = field(default_factory=set)  # GenerationJobs holding the model (force-unload cancels them)
     failure: LoadFailure | None = None  # its last load's failure (requests do not load it again)
+    memory: MemoryEstimate | None = None  # what a load takes: weights + KV at n_ctx (set at registration)
 
     @property
     def id(self) -> str:
@@ -100,6 +102,8 @@ class ServedModel:
             "engine": "llama.cpp",
             # a reranker (rank pooling) scores pairs on /v1/rerank; it is no chat model
             "reranker": bool(self.tokenizer is not None and self.tokenizer.reranker),
+            # weights + KV cache once loaded, known before a load (the GUI's Memory column)
+            "memory_estimate": self.memory.as_dict() if self.memory is not None else None,
         }
 
 
@@ -155,6 +159,9 @@ class ModelManager:
             if self._registering.get(entry.id) is served:
                 del self._registering[entry.id]
         served.n_ctx = self._context_for(entry)
+        if whole and entry.has_file:
+            served.memory = estimate_whole(entry.header, entry.size_bytes, served.n_ctx * sum(kv_sequences(
+                served.n_ctx, self.config.max_concurrent, self.config.kv_cache_seqs, self.config.kv_total_tokens)))
         self._served[entry.id] = served
         self._observers.emit("added", served)
         return served

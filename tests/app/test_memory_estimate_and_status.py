@@ -1,0 +1,77 @@
+"""Before pressing Load, the Models tab says what a model takes and whether that fits; the status
+bar stays readable with many long model ids.
+
+Seen: an unloaded model's Memory read "—" (and a loaded one its file size alone, without its KV
+cache), so a user deciding whether to load a model could not tell what it costs; the status bar's
+"serving: <every model id>; …" ran off the window's right edge.
+"""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.ui import fmt
+from tests.app.helpers import DEADLINE_S, running_app
+from tests.support.nodes import node_config
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.gui  # the window shows: offscreen Qt warns it cannot raise() it
+
+
+def _memory_cell(tab, model_id: str):
+    column = [c.title for c in tab.model.columns].index("Memory")
+    return tab.model.index(tab.model.row_of(model_id), column)
+
+
+def test_an_unloaded_model_shows_what_a_load_takes_and_whether_it_fits(qtbot, run, data_dir, tiny_model,
+                                                                        monkeypatch):
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model, n_ctx=2048)) as tray_app:
+            host, tab = tray_app.host, tray_app.window.models_tab
+            (model_id,) = [m.id for m in host.node.models.whole_models()]
+            estimate = host.node.models.get(model_id).summary()["memory_estimate"]
+            # 2 layers x 2 KV heads x (16 + 16) dims x F16, over every sequence's 2048 tokens
+            assert estimate["kv_bytes"] == estimate["kv_tokens"] * 2 * 2 * 32 * 2 > 0
+            assert estimate["total_bytes"] == tiny_model.stat().st_size + estimate["kv_bytes"]
+            await host.async_unload(model_id)
+            cell = _memory_cell(tab, model_id)
+            await wait_until(lambda: cell.data() == f"≈ {fmt.size(estimate['total_bytes'])} to load", DEADLINE_S,
+                             what="the Memory column to say what a load takes")
+            assert "KV cache" in cell.data(Qt.ItemDataRole.ToolTipRole)
+
+            tab.view.clearSelection()
+            tab.select(model_id)
+            await wait_until(lambda: "of RAM is free" in tab.status.text(), DEADLINE_S,
+                             what="the free memory beside the estimate")
+
+            monkeypatch.setattr("app.ui.models_tab.ram_available_bytes", lambda: 2**20)  # 1 MiB free
+            tab.view.clearSelection()
+            tab.select(model_id)
+            await wait_until(lambda: "more than the 1.0 MiB of RAM free now" in tab.status.text(), DEADLINE_S,
+                             what="a load that does not fit to say so")
+            tab.load_selected()
+            await wait_until(lambda: tab.status.text().startswith(f"{model_id} loaded (") and
+                             "may not fit" in tab.status.text(), DEADLINE_S, what="the load, with its warning")
+            assert _memory_cell(tab, model_id).data() == f"≈ {fmt.size(estimate['total_bytes'])}"
+
+    run(body())
+
+
+def test_the_status_bar_counts_models_and_lists_them_in_its_tooltip(qtbot, run, data_dir, tiny_model, long_model):
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model, long_model)) as tray_app:
+            host, window = tray_app.host, tray_app.window
+            await wait_until(lambda: all(m.state == "loaded" for m in host.node.models.whole_models()), DEADLINE_S,
+                             what="both models to load")
+            ids = [m.id for m in host.node.models.whole_models()]
+            await wait_until(lambda: "serving: 2 models at http" in window.state_label.full_text, DEADLINE_S,
+                             what="the status bar to count the models")
+            assert not any(i in window.state_label.full_text for i in ids)
+            assert all(f"\n  {i}" in window.state_label.toolTip() for i in ids), window.state_label.toolTip()
+            window.show()
+            window.state_label.set_full_text("serving: " + "; ".join(ids * 20))  # longer than any screen
+            assert window.state_label.text().endswith("…")
+            assert window.minimumSizeHint().width() < 1120  # the line does not widen the window
+
+    run(body())
