@@ -60,6 +60,13 @@ class ModelsTab(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.banner)
         layout.addWidget(self.view, 1)
+        # files in the models folder a scan skipped (a truncated copy): said here while other models
+        # serve too (the first-run banner shows only while none does; the log alone said it)
+        self.skipped = QLabel()
+        self.skipped.setWordWrap(True)
+        self.skipped.setVisible(False)
+        layout.addWidget(self.skipped)
+        host.state_changed.connect(self._show_skipped)
         layout.addLayout(buttons)
         self.downloads = DownloadsPanel(host.node)  # a progress bar per download and per layer fetch
         layout.addWidget(self.downloads)
@@ -103,6 +110,11 @@ class ModelsTab(QWidget):
 
     def _report(self, text: str) -> None:
         self.status.setText(text)
+
+    def _show_skipped(self, *_args) -> None:
+        reasons = self.host.node.catalog.skipped_reasons()
+        self.skipped.setText("\n".join(f"Not served: {why}" for why in reasons))
+        self.skipped.setVisible(bool(reasons))
 
     def _loadable(self, model_id: str | None) -> dict | None:
         summary = self.model.summary(model_id) if model_id else None

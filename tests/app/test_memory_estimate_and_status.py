@@ -75,3 +75,22 @@ def test_the_status_bar_counts_models_and_lists_them_in_its_tooltip(qtbot, run, 
             assert window.minimumSizeHint().width() < 1120  # the line does not widen the window
 
     run(body())
+
+
+def test_a_skipped_file_is_named_in_the_models_tab_while_another_model_serves(qtbot, run, data_dir, tiny_model):
+    """The first-run banner names a truncated copy only while no model serves: with another one
+    loaded, the window said nothing (the log alone: "skipping model broken-copy.gguf: …")."""
+    models = data_dir / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    whole = tiny_model.read_bytes()
+    (models / "broken-copy.gguf").write_bytes(whole[: len(whole) // 3])
+
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model)) as tray_app:
+            tab = tray_app.window.models_tab
+            await wait_until(lambda: tray_app.host.serving().whole_loaded, DEADLINE_S, what="the model to load")
+            await wait_until(lambda: "Not served: broken-copy.gguf is truncated" in tab.skipped.text(), DEADLINE_S,
+                             what="the skipped file named in the Models tab")
+            assert not tab.skipped.isHidden()
+
+    run(body())
