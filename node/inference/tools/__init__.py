@@ -1,11 +1,13 @@
 """Tool calling: the formats templates speak, the prompt inputs, the grammar of a call, the parser.
 
-  formats  detect_format(template), prompt_inputs(), tool_grammar(), new_parser()
+  formats  detect_format(template), prompt_inputs(), new_parser()
+  forced   tool_grammar(): the grammar of a forced call, in each format's syntax
   parser   ToolCallParser: a reply's text in, content and OpenAI tool-call deltas out
   regions  how each format writes its calls (tagged: the formats that write the name outside JSON)
   jsonscan reading JSON that is still being written
 """
 
+from node.inference.tools.forced import tool_grammar
 from node.inference.tools.formats import (
     FORMATS,
     ToolFormat,
@@ -14,7 +16,6 @@ from node.inference.tools.formats import (
     new_parser,
     prompt_inputs,
     thought_ends,
-    tool_grammar,
     tools_active,
 )
 from node.inference.tools.jsonscan import partial_object, unfinished_object

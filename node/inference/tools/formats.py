@@ -36,31 +36,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.inference import grammar
 from node.inference.chat import is_gemma4, render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
 from node.inference.tools.deepseek_r1 import (
     DEEPSEEK_R1,
     is_r1,
-    r1_calls,
     r1_history,
     r1_tools_prompt,
     renders_tools,
 )
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
-from node.inference.tools.dsml import DSML, DSML_SYNTAX, block_of, dsml, dsml_calls
-from node.inference.tools.gemma4 import GEMMA4, gemma4_call, gemma4_history
+from node.inference.tools.dsml import DSML, DSML_SYNTAX, dsml
+from node.inference.tools.gemma4 import GEMMA4, gemma4_history
 from node.inference.tools.gemma4 import MARKERS as GEMMA4_MARKERS
 from node.inference.tools.harmony import (
     HARMONY,
     TOKENS,
-    call_grammar,
     harmony_history,
     harmony_tools,
     is_harmony,
 )
 from node.inference.tools.minimax import MARKERS as MINIMAX_MARKERS
-from node.inference.tools.minimax import MINIMAX_M2, is_minimax_m2, minimax, minimax_calls
+from node.inference.tools.minimax import MINIMAX_M2, is_minimax_m2, minimax
 from node.inference.tools.parser import Syntax, ToolCallParser
 from node.inference.tools.regions import (
     GENERIC,
@@ -82,10 +79,7 @@ from node.inference.tools.special import (
     KIMI_K2,
     deepseek_tools_prompt,
     glm,
-    glm_call,
-    glm_layout,
     kimi_history,
-    sectioned_calls,
 )
 from node.inference.tools.tagged import (
     ARGS,
@@ -94,10 +88,8 @@ from node.inference.tools.tagged import (
     MISTRAL_ARGS,
     QWEN_XML,
     TOOL_CALL_OPEN,
-    mistral_args_call,
     param_schemas,
     qwen_xml,
-    qwen_xml_call,
 )
 
 
@@ -136,7 +128,6 @@ FORMATS = {
                              thought_ends=MINIMAX_M2.markers),
     "generic": ToolFormat("generic", GENERIC, False),
 }
-_SECTIONS = {"deepseek_v31": DEEPSEEK_V31, "kimi_k2": KIMI_K2}
 
 
 # `<tool_call>` followed by something other than a JSON object: GLM 4.5-4.7, Ling 3 and Spark
@@ -357,55 +348,13 @@ def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-# --- the grammar ---
+# --- the grammar (forced.py writes a forced call's) ---
 
-def _has_ref(schema: Any) -> bool:
+def has_ref(schema: Any) -> bool:
+    """Whether a JSON schema holds a `$ref` anywhere."""
     if isinstance(schema, dict):
-        return "$ref" in schema or any(_has_ref(v) for v in schema.values())
-    return isinstance(schema, list) and any(_has_ref(v) for v in schema)
-
-
-_ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "examples", "default"}
-
-
-def _call_schema(tool: ToolSpec, args_key: str, args: dict[str, Any]) -> dict[str, Any]:
-    # arguments are an object whatever the schema leaves out (the API refuses any other type): without
-    # it the model may write "s", and the call was lost as text in `content`; `{}` (annotations alone)
-    # means no parameters, as an omitted `parameters` does
-    if not set(args) - _ANNOTATIONS:
-        args = {**args, "type": "object", "properties": {}}
-    elif "type" not in args:
-        args = {"type": "object", **args}
-    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: args},
-            "required": ["name", args_key], "additionalProperties": False}
-
-
-def _any_call(tools: tuple[ToolSpec, ...] | list[ToolSpec], args_key: str) -> dict[str, Any]:
-    """The schema of one call of any of `tools`. Parameters that refer into themselves (`#/$defs/…`
-    as pydantic writes nested models, `#/definitions/…`, `#`) get an `$id` of their own when they
-    have none: references resolve against the nearest `$id`, so "#" stays their root although they
-    sit inside the call's schema (without it, every such tool was a 400)."""
-    schemas = [_call_schema(t, args_key, _own_id(i, t)) for i, t in enumerate(tools)]
-    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-
-
-def _own_id(i: int, tool: ToolSpec) -> dict[str, Any]:
-    args = tool.parameters
-    if "$id" not in args and _has_ref(args):
-        args = {**args, "$id": f"urn:swarmllm:tool:{i}"}
-    return args
-
-
-def _lenient(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool call's schema with the keywords and formats the grammar cannot hold ignored (llguidance's
-    `lenient`; `uniqueItems`, `propertyNames`, `not`, `if`, `format: "path"`, ...), as llama-server's
-    grammar ignores them: tools come from apps and MCP servers as they are written, and one such tool
-    in a list made every request a 400 although the rest of its schema still holds the call."""
-    return {**schema, "x-guidance": {**(schema.get("x-guidance") or {}), "lenient": True}}
-
-
-def _one_key(key: str, value: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
+        return "$ref" in schema or any(has_ref(v) for v in schema.values())
+    return isinstance(schema, list) and any(has_ref(v) for v in schema)
 
 
 def answer_schema(request: CompletionRequest) -> dict[str, Any] | None:
@@ -418,85 +367,9 @@ def answer_schema(request: CompletionRequest) -> dict[str, Any] | None:
     if fmt.type == "json_object" or fmt.schema is None:
         return {"type": "object"}
     schema = fmt.schema
-    if isinstance(schema, dict) and "$id" not in schema and _has_ref(schema):
+    if isinstance(schema, dict) and "$id" not in schema and has_ref(schema):
         schema = {**schema, "$id": "urn:swarmllm:answer"}
     return schema
-
-
-def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | None:
-    """The grammar the reply must follow, or None (no tools, tool_choice "none", or "auto" with a
-    native format and no response_format: the model's own format is parsed without forcing).
-
-    "required": at least one call of any tool (several when parallel_tool_calls); a named function:
-    exactly one call of it; the generic format always (with "auto", a `response` is allowed too).
-    "auto" with a response_format (the OpenAI Agents SDK's output type beside its tools): calls, or
-    an answer that is the response_format's JSON (the generic format's `response` holds it).
-    Every call's arguments validate against its function's parameters schema."""
-    if not tools_active(request):
-        return None
-    choice = request.tool_choice
-    tools = request.tools
-    if choice == "function":
-        tools = tuple(t for t in tools if t.name == request.tool_choice_name)
-    many = request.parallel_tool_calls and choice != "function"
-    call = _any_call(tools, fmt.args_key)
-    answer = answer_schema(request)
-    if fmt.name == "generic":
-        options = [_one_key("tool_call", call)]
-        if many:
-            options.append(_one_key("tool_calls", {"type": "array", "items": call, "minItems": 1}))
-        if choice == "auto":
-            options.append(_one_key("response", {"type": "string"} if answer is None else answer))
-        return grammar.json_value(_lenient(options[0] if len(options) == 1 else {"anyOf": options}))
-    if choice == "auto" and answer is None:
-        return None
-    if fmt.name == "harmony":
-        return call_grammar([(t.name, _lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"]))
-                             for i, t in enumerate(tools)], answer)
-    calls = _native_calls(fmt, call, None if many else 1, tools)
-    return calls if answer is None else grammar.alt(grammar.json_value(answer), calls)
-
-
-def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
-                  tools: tuple[ToolSpec, ...]) -> grammar.Spec:
-    if fmt.name in _SECTIONS or fmt.name == "deepseek_r1":
-        args = [_lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"])
-                for i, t in enumerate(tools)]
-        if fmt.name == "deepseek_r1":
-            return r1_calls(tools, args, max_calls)
-        return sectioned_calls(_SECTIONS[fmt.name], tools, args, max_calls)
-    if fmt.name == "dsml":
-        return dsml_calls(block_of(fmt.template), tools, max_calls)
-    if fmt.name == "minimax_m2":
-        return minimax_calls(tools, max_calls)
-    if fmt.name in ("qwen_xml", "mistral_args", "glm", "gemma4"):  # the name outside the JSON: one branch a tool
-        if fmt.name == "gemma4":
-            each = [gemma4_call(t) for t in tools]
-        elif fmt.name in ("qwen_xml", "glm"):
-            each = [qwen_xml_call(t) if fmt.name == "qwen_xml" else glm_call(t, glm_layout(fmt.template)) for t in tools]
-        else:
-            each = [mistral_args_call(t, _lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"]))
-                    for i, t in enumerate(tools)]
-        one = each[0] if len(each) == 1 else grammar.alt(*each)
-        return grammar.repeat(one, 1, max_calls, sep=_call_sep(fmt))
-    if fmt.name == "hermes":
-        # the markers alone in their literals: a vocabulary may hold them as single special tokens
-        block = grammar.seq(grammar.literal(HERMES_OPEN), grammar.literal("\n"), grammar.json_value(_lenient(call)),
-                            grammar.literal("\n"), grammar.literal(HERMES_CLOSE))
-        return grammar.repeat(block, 1, max_calls, sep="\n")
-    if fmt.name == "mistral":
-        items: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
-        if max_calls is not None:
-            items["maxItems"] = max_calls
-        return grammar.seq(grammar.literal(MISTRAL_OPEN), grammar.json_value(_lenient(items)))
-    return grammar.repeat(grammar.json_value(_lenient(call)), 1, max_calls, sep="; ")  # llama3
-
-
-def _call_sep(fmt: ToolFormat) -> str:
-    """Between two calls: none for Mistral's markers, and none where a GLM template writes no newlines."""
-    if fmt.name in ("mistral_args", "gemma4") or (fmt.name == "glm" and glm_layout(fmt.template).name == ""):
-        return ""
-    return "\n"
 
 
 def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
