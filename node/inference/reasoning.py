@@ -69,11 +69,14 @@ MISTRAL_THINK = ThinkTags("[THINK]", "[/THINK]")
 GEMMA4_THINK = ThinkTags("<|channel>thought", "<channel|>", reopens=True, tokens=("<|channel>",))
 
 
+COHERE_THINK = ThinkTags("<|START_THINKING|>", "<|END_THINKING|>")  # Command R7B, Cohere2 MoE
+
+
 def think_tags(template: str | None) -> ThinkTags | None:
     """The thought tags a chat template writes, or None: not a reasoning template."""
     if not template:
         return None
-    for tags in (THINK, MISTRAL_THINK, GEMMA4_THINK):
+    for tags in (THINK, MISTRAL_THINK, GEMMA4_THINK, COHERE_THINK):
         if tags.open in template and tags.close in template:
             return tags
     return None

@@ -26,8 +26,8 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 # the tools in the system message, the reply forced to JSON)
 DETECTED = {
     "Apertus-8B-Instruct": "generic", "Apriel-1.6-15b-Thinker-fixed": "generic",
-    "Bielik-11B-v3.0-Instruct": "hermes", "ByteDance-Seed-OSS": "generic", "Cohere2MoE": "generic",
-    "CohereForAI-c4ai-command-r-plus-tool_use": "generic", "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "generic",
+    "Bielik-11B-v3.0-Instruct": "hermes", "ByteDance-Seed-OSS": "generic", "Cohere2MoE": "cohere",
+    "CohereForAI-c4ai-command-r-plus-tool_use": "generic", "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "cohere",
     "GLM-4.6": "glm", "GLM-4.7-Flash": "glm",  # `<tool_call>name<arg_key>`: not Hermes
     "GigaChat3-10B-A1.8B": "generic", "GigaChat3.1-10B-A1.8B": "generic", "HuggingFaceTB-SmolLM3-3B": "generic",
     "Kimi-K2-Instruct": "kimi_k2", "Kimi-K2-Thinking": "kimi_k2", "Kimi-K3": "generic", "LFM2-8B-A1B": "generic",
@@ -66,7 +66,7 @@ NEW = {"Qwen3-Coder": "qwen_xml", "Qwen3.5-4B": "qwen_xml", "NVIDIA-Nemotron-3-N
        "deepseek-ai-DeepSeek-V4-Flash-0731": "dsml", "google-gemma-4-31B-it": "gemma4",
        "google-gemma-4-31B-it-interleaved": "gemma4", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "deepseek_r1",
        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek_r1", "llama-cpp-deepseek-r1": "deepseek_r1",
-       "MiniMax-M2": "minimax_m2"}
+       "MiniMax-M2": "minimax_m2", "Cohere2MoE": "cohere", "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "cohere"}
 FLAGS = ToolSpec("set_flags", "Flags", {"type": "object", "required": ["on", "ids"], "properties": {
     "on": {"type": "boolean"}, "ids": {"type": "array", "items": {"type": "integer"}}, "note": {"type": "string"}}})
 CALLS = (ToolCall("call_a1", "get_weather", '{"city": "Paris 2", "days": 2}'),
@@ -117,12 +117,15 @@ def template_reply(name: str, calls: tuple[ToolCall, ...]) -> str:
         common += 1
     if full[common - 1:common] == "<":  # (R1-Distill's prompt ends `<｜Assistant｜><think>`, its calls `<｜Assistant｜><｜tool…`)
         common -= 1
+    if full[:common].endswith("<|START_"):  # (Cohere2 MoE's prompt ends `<|START_THINKING|>`, its calls `<|START_ACTION|>`)
+        common -= len("<|START_")
     reply = full[common:]  # (a thinking template closes an empty think block first)
     if "</think>" in full[common - len("</think>"):]:  # (where the prompt opened it: `<think>` vs `</think>`)
         reply = full[common - len("</think>"):].split("</think>", 1)[1]
     for end in ("<|im_end|>", "</s>", "<｜end▁of▁sentence｜>", "<|role_end|>", "</assistant>", "<|tool_response>",
-                "<turn|>", "[e~["):
+                "<turn|>", "[e~[", "<|END_OF_TURN_TOKEN|>"):
         reply = reply.split(end)[0]
+    reply = reply.removeprefix("<|START_THINKING|><|END_THINKING|>")  # (Command R7B's empty plan: the splitter's)
     return reply.split("</think>")[-1]
 
 

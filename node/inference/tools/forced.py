@@ -9,6 +9,7 @@ from typing import Any
 
 from node.inference import grammar
 from node.inference.request import CompletionRequest, ToolSpec
+from node.inference.tools.cohere import cohere_calls
 from node.inference.tools.deepseek_r1 import r1_calls
 from node.inference.tools.dsml import block_of, dsml_calls
 from node.inference.tools.formats import ToolFormat, answer_schema, has_ref, tools_active
@@ -100,6 +101,8 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
 
 def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
                   tools: tuple[ToolSpec, ...]) -> grammar.Spec:
+    if fmt.name == "cohere":
+        return cohere_calls(tools, [_own_id(i, t) for i, t in enumerate(tools)], max_calls)
     if fmt.name in _SECTIONS or fmt.name == "deepseek_r1":
         args = [_lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"])
                 for i, t in enumerate(tools)]

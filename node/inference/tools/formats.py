@@ -10,7 +10,8 @@ DeepSeek V3.1 (`<｜tool▁calls▁begin｜>`), Kimi K2 (`<|tool_calls_section_b
 V3.2 / V4 (`<｜DSML｜function_calls>`; dsml.py), DeepSeek R1 and its distills (`function<｜tool▁sep｜>name`
 and a fenced JSON block; deepseek_r1.py), gpt-oss (harmony channels; harmony.py), Gemma 4
 (`<|tool_call>call:name{k:<|"|>v<|"|>}<tool_call|>`; gemma4.py), MiniMax M2 (`<minimax:tool_call>`
-`<invoke name="name">` `<parameter name="k">v</parameter>`; minimax.py). Any other template —
+`<invoke name="name">` `<parameter name="k">v</parameter>`; minimax.py), Command R7B / Cohere2 MoE
+(`<|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]<|END_ACTION|>`; cohere.py). Any other template —
 the embedded default model's plain ChatML
 among them — gets the generic format, as llama.cpp's generic handler does: the tools are described
 in a compact system message, and the reply is one JSON object, `{"tool_call": {...}}` (or
@@ -38,6 +39,8 @@ from typing import Any
 
 from node.inference.chat import is_gemma4, render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.tools.cohere import COHERE, is_cohere
+from node.inference.tools.cohere import MARKERS as COHERE_MARKERS
 from node.inference.tools.deepseek_r1 import (
     DEEPSEEK_R1,
     is_r1,
@@ -96,7 +99,7 @@ from node.inference.tools.tagged import (
 @dataclass(frozen=True)
 class ToolFormat:
     name: str  # hermes | llama3 | mistral | mistral_args | qwen_xml | glm | deepseek_v31 | deepseek_r1 | kimi_k2 | dsml
-    # | harmony | gemma4 | minimax_m2 | generic
+    # | harmony | gemma4 | minimax_m2 | cohere | generic
     syntax: Syntax
     native: bool  # the template renders the tools and the calls itself
     args_key: str = "arguments"
@@ -126,6 +129,7 @@ FORMATS = {
     "gemma4": ToolFormat("gemma4", GEMMA4, True, special_markers=GEMMA4_MARKERS),
     "minimax_m2": ToolFormat("minimax_m2", MINIMAX_M2, True, special_markers=MINIMAX_MARKERS,
                              thought_ends=MINIMAX_M2.markers),
+    "cohere": ToolFormat("cohere", COHERE, True, special_markers=COHERE_MARKERS, thought_ends=(COHERE.markers[0],)),
     "generic": ToolFormat("generic", GENERIC, False),
 }
 
@@ -155,6 +159,8 @@ def detect_format(template: str | None) -> ToolFormat:
         return dataclasses.replace(FORMATS["gemma4"], template=t)
     if is_minimax_m2(t):  # MiniMax M2 (minimax.py)
         return FORMATS["minimax_m2"]
+    if is_cohere(t):  # Command R7B, Cohere2 MoE (cohere.py)
+        return FORMATS["cohere"]
     if TOOL_CALL_OPEN in t and FUNCTION_OPEN in t and "<parameter=" in t:
         return FORMATS["qwen_xml"]
     if TOOL_CALL_OPEN in t and ARG_KEY in t:

@@ -125,9 +125,10 @@ class PartialCall:
 ARGS_KEYS = ("arguments", "parameters")
 
 
-def parse_call(s: str, i: int, *, final: bool = False) -> PartialCall | None:
+def parse_call(s: str, i: int, *, final: bool = False, name_key: str = "name") -> PartialCall | None:
     """The call object starting at s[i] (after whitespace), or None if nothing of it is written
-    yet. Raises JsonError when the text is not a call object."""
+    yet; `name_key`: the key of its name (Cohere's `tool_name`). Raises JsonError when the text is
+    not a call object."""
     i = skip_ws(s, i)
     n = len(s)
     if i >= n:
@@ -172,7 +173,7 @@ def parse_call(s: str, i: int, *, final: bool = False) -> PartialCall | None:
         if key in ARGS_KEYS and call.args is None:
             call.args = s[i:] if end is None else s[i:end]
             call.args_done = end is not None
-        elif key == "name" and end is not None:
+        elif key == name_key and end is not None:
             name = json.loads(s[i:end])
             if not isinstance(name, str):
                 raise JsonError("a call's name must be a string")

@@ -53,12 +53,14 @@ RegionParser = Callable[[str, bool], Region]  # (region text, final) -> Region; 
 @dataclass(frozen=True)
 class Syntax:
     """How one format writes calls: the texts that open a region, whether a reply beginning with
-    `{` is one (Llama 3.x, generic), and the region's reader."""
+    `{` is one (Llama 3.x, generic), and the region's reader (`readers`: openers with a reader of
+    their own, as Cohere's answer wrappers, whose text is content)."""
 
     name: str
     markers: tuple[str, ...]
     at_start: bool
     region: RegionParser
+    readers: tuple[tuple[str, RegionParser], ...] = ()
 
 
 @dataclass
@@ -241,8 +243,9 @@ class ToolCallParser:
                 self._started = True
                 self._mode, self._buf, self._region = "content", "", Region()
                 return None
+        reader = next((r for opener, r in self.syntax.readers if opener == self._opener), self.syntax.region)
         try:
-            return self.syntax.region(self._buf, final)
+            return reader(self._buf, final)
         except JsonError as exc:
             self._fail(str(exc))
             return None

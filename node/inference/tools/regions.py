@@ -46,8 +46,9 @@ def _hermes(text: str, final: bool) -> Region:
     return region
 
 
-def call_list(text: str, i: int, final: bool, region: Region) -> Region:
-    """A JSON array of call objects from s[i] ('[' expected after whitespace)."""
+def call_list(text: str, i: int, final: bool, region: Region, name_key: str = "name") -> Region:
+    """A JSON array of call objects from s[i] ('[' expected after whitespace); `name_key`: the key
+    of each call's name."""
     i = skip_ws(text, i)
     if i >= len(text):
         return region
@@ -61,7 +62,7 @@ def call_list(text: str, i: int, final: bool, region: Region) -> Region:
         if text[i] == "]" and not region.calls:
             region.end = i + 1
             return region
-        call = parse_call(text, i, final=final)
+        call = parse_call(text, i, final=final, name_key=name_key)
         if call is None:
             return region
         region.calls.append(call)
