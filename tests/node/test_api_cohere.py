@@ -1,0 +1,118 @@
+"""Command R7B and Cohere2 MoE calling tools on the API, through the official `openai` client against a
+real node serving tiny random models whose vocabulary has Cohere's tags (`<|START_ACTION|>`,
+`<|START_RESPONSE|>`, `<|START_THINKING|>`, ...) as control tokens, with the real templates. A random
+model writes no calls by itself: a forced call's grammar writes the format's action block, and a
+logit_bias keeps the thoughts short (`_bias`). The format's parsing in every chunking is tests/inference/test_cohere.py's."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from node.inference.synth import SynthSpec
+from node.inference.tools.cohere import MARKERS
+from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+TOKENS = (*MARKERS, "<|START_THINKING|>", "<|END_THINKING|>")
+R7B = SynthSpec(n_ctx=8192, control_tokens=TOKENS, name="r7b",
+                chat_template=(TEMPLATES / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja").read_text())
+MOE = SynthSpec(n_ctx=8192, control_tokens=TOKENS, name="moe", chat_template=(TEMPLATES / "Cohere2MoE.jinja").read_text())
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+        "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cohere")
+    models = (tiny_model(base, R7B, "r7b.gguf"), tiny_model(base, MOE, "moe.gguf"))
+    async with running_node(node_config(base / "data", *models)) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    return openai_client(node)
+
+
+def _model(node, name: str):
+    return next(m for m in node.models.all() if name in m.id)
+
+
+def _bias(node, name: str) -> dict[str, int]:
+    """Cohere2 MoE's generation prompt opens the thoughts: `<|END_THINKING|>` closes them at once;
+    R7B's closes an empty plan, and the grammar lets it open one: `<|START_THINKING|>` is kept out."""
+    tag, bias = ("<|START_THINKING|>", -100) if name == "r7b" else ("<|END_THINKING|>", 100)
+    ids = _model(node, name).tokenizer.tokenize(tag, add_bos=False, special=True)
+    assert len(ids) == 1
+    return {str(ids[0]): bias}
+
+
+async def _ask(client, stream: bool, **kw):
+    """(content, reasoning, finish_reason, [(name, arguments)], the model's text from the logprobs)."""
+    if not stream:
+        r = await client.chat.completions.create(logprobs=True, **kw)
+        msg = r.choices[0].message
+        written = "".join(t.token for t in r.choices[0].logprobs.content)
+        calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+        return msg.content, getattr(msg, "reasoning_content", None), r.choices[0].finish_reason, calls, written
+    content, reasoning, finish, parts, written = None, None, "", {}, ""
+    async with await client.chat.completions.create(stream=True, logprobs=True, **kw) as events:
+        async for chunk in events:
+            for c in chunk.choices:
+                written += "".join(t.token for t in (c.logprobs.content or [])) if c.logprobs else ""
+                content = (content or "") + c.delta.content if c.delta.content else content
+                more = getattr(c.delta, "reasoning_content", None)
+                reasoning = (reasoning or "") + more if more else reasoning
+                for d in c.delta.tool_calls or []:
+                    name, args = parts.get(d.index, ("", ""))
+                    parts[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+                finish = c.finish_reason or finish
+    return content, reasoning, finish, list(parts.values()), written
+
+
+@pytest.mark.parametrize("name", ["r7b", "moe"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+async def test_forced_call_is_a_tool_call(node, client, name, stream, choice):
+    """The forced call's grammar writes the action block (`<|START_ACTION|>[{"tool_call_id":"0",
+    "tool_name":"get_weather","parameters":{...}}]<|END_ACTION|>`): the client gets a tool call, and
+    none of the markup as content (the tags are control tokens: the parser sees them all the same)."""
+    kw = dict(model=_model(node, name).id, messages=ASK, tools=[WEATHER], tool_choice=choice, max_tokens=200,
+              logit_bias=_bias(node, name), parallel_tool_calls=False)
+    content, _, finish, calls, written = await _ask(client, stream, **kw)
+    assert re.fullmatch(r'\[\n    \{"tool_call_id":"[0-9]+","tool_name":"get_weather","parameters":\{"city":"(Paris|Rome)"\}\}\n\]',
+                        written), written  # (the tags are control tokens: no logprob shows their text)
+    assert finish == "tool_calls", (written, content)
+    assert [n for n, _ in calls] == ["get_weather"]
+    assert json.loads(calls[0][1])["city"] in ("Paris", "Rome")
+    assert not content
+
+
+@pytest.mark.parametrize("name", ["r7b", "moe"])
+async def test_history_reaches_the_template(node, name):
+    """The tools, a tool-calling turn and its result go back through the template as Cohere writes
+    them: the call as an action block, the result under the call's counter (the generic format gave
+    the template its calls as text and every result `"tool_call_id": ""`)."""
+    url = f"http://127.0.0.1:{node.api.port}/apply-template"
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {node.api_key}"}) as http:
+        async with http.post(url, json={"model": _model(node, name).id, "messages": history, "tools": [WEATHER]}) as resp:
+            assert resp.status == 200, await resp.text()
+            prompt = (await resp.json())["prompt"]
+    assert '{"name": "get_weather", "description": "Weather"' in prompt
+    assert ('<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}'
+            in prompt), prompt
+    at = prompt.index("<|START_TOOL_RESULT|>", prompt.index("Weather in Paris?"))
+    assert '"tool_call_id": "0"' in prompt[at:] and "sunny" in prompt[at:], prompt[at:]
