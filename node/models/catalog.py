@@ -61,6 +61,8 @@ class ModelEntry:
     header_bytes: int = 0
     origin_url: str | None = None  # where the file came from (no query string), if known
     partial: Manifest | None = None  # a partial model (path is its directory): which layers are here
+    hashed_stat: tuple[int, int] | None = None  # (size, mtime_ns) of the file when its sha256 was computed
+    changed: bool = False  # its file changed on disk since (the watch saw it): not handed out to peers
 
     @property
     def tokenizer_path(self) -> Path:
@@ -210,7 +212,10 @@ class HashCache:
             log.info("DIAG: hashed model file name=%s size_mb=%.1f elapsed_ms=%d", file.name,
                      st.st_size / 2**20, (time.monotonic() - started) * 1000)
             with self._lock:
-                self._data[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+                record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+                if hit and hit.get("sha256") == digest and hit.get("origin"):  # the same bytes (touched): same origin
+                    record["origin"] = hit["origin"]
+                self._data[key] = record
                 self._save()
             running[3].append(digest)
             return digest
@@ -230,6 +235,12 @@ class HashCache:
         with self._lock:
             self._data[str(file.resolve())] = record
             self._save()
+
+    def stat_of(self, file: Path) -> tuple[int, int] | None:
+        """(size, mtime_ns) of a file when its cached sha256 was computed (None: not cached)."""
+        with self._lock:
+            hit = self._data.get(str(file.resolve()))
+        return (int(hit["size"]), int(hit["mtime_ns"])) if hit else None
 
     def header_of(self, file: Path) -> tuple[str, int, str | None]:
         """(header sha256, header bytes, origin URL) of a file whose hash is cached (blocking):
@@ -312,7 +323,8 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
     name = readable_name(path, header)
     size = sum(p.stat().st_size for p in set_files(path))  # a split model's parts together
     return ModelEntry(f"{name}-{sha[:8]}", name, path.resolve(), sha, size, source, header,
-                      header_sha256=header_sha, header_bytes=header_bytes, origin_url=origin)
+                      header_sha256=header_sha, header_bytes=header_bytes, origin_url=origin,
+                      hashed_stat=cache.stat_of(path))
 
 
 class ModelCatalog:

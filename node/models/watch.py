@@ -9,7 +9,9 @@ again only once it changes. A
 download's file is the download's to register (`busy`: the names of active downloads); `.part`
 files never match `*.gguf`. A catalogued file that is gone (a whole model's, not the embedded
 default's; of a split model, any part's) is handed to `drop`, which refuses while the model is loaded or in use: it is asked again
-on the next look, so the model leaves once it is unloaded.
+on the next look, so the model leaves once it is unloaded. A catalogued file whose size or mtime are
+no longer those it was hashed at (overwritten in place) is a drop and an add: its model leaves and
+the file is taken as a new one (a loaded model stays, marked `changed`: not handed out to peers).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ log = logging.getLogger(__name__)
 Stat = tuple[int, ...]  # (size, mtime_ns) of each file of the model (a split model's present parts)
 
 
-def _look(models_dir: Path, known: dict[str, Path]) -> tuple[dict[Path, tuple[Path, Stat]], set[str]]:
-    """(models_dir's model files → (resolved path, stat), ids in `known` whose file is gone); blocking.
+def _look(models_dir: Path, known: dict[str, Path]) -> tuple[dict[Path, tuple[Path, Stat]], set[str], dict[str, Stat]]:
+    """(models_dir's model files → (resolved path, stat), ids in `known` whose file is gone, the
+    (size, mtime_ns) of the others' files now); blocking.
     A split model's stat covers its parts present, so part 2 copied in after part 1 was refused
     ("part 2 of 3 missing") is a change that makes part 1 tried again."""
     files: dict[Path, tuple[Path, Stat]] = {}
@@ -55,14 +58,17 @@ def _look(models_dir: Path, known: dict[str, Path]) -> tuple[dict[Path, tuple[Pa
             files[path] = (path.resolve(), stat)
         except OSError:  # removed meanwhile, a dangling link
             continue
-    gone = set()
+    gone, now = set(), {}
     for model_id, path in known.items():
         try:  # a split model is gone when any of its parts is (llama.cpp could not load it)
             if not all(part.is_file() for part in set_files(path)):
                 gone.add(model_id)
+                continue
+            st = path.stat()
+            now[model_id] = (st.st_size, st.st_mtime_ns)
         except OSError:
             gone.add(model_id)
-    return files, gone
+    return files, gone, now
 
 
 class ModelWatcher:
@@ -79,6 +85,7 @@ class ModelWatcher:
         self._pending: dict[Path, Stat] = {}  # a new file → its stat at the last look
         self._done: dict[Path, Stat] = {}  # a file taken or refused → its stat then (looked at again once changed)
         self._kept: set[str] = set()  # ids whose file is gone while the model stays (said once)
+        self._stale: set[str] = set()  # ids whose file changed while the model must stay (loaded)
         self._task: asyncio.Task | None = None
         self.looks = 0  # looks completed (tests wait for them)
 
@@ -106,8 +113,9 @@ class ModelWatcher:
         """One look: take stable new files, drop the models of gone ones."""
         known = {e.id: e.path for e in list(self.catalog.entries.values())
                  if e.has_file and e.partial is None and e.source != "default"}
-        files, gone = await asyncio.get_running_loop().run_in_executor(None, _look, self.models_dir, known)
-        catalogued = set(known.values())
+        files, gone, now = await asyncio.get_running_loop().run_in_executor(None, _look, self.models_dir, known)
+        await self._async_changed(now, {resolved for resolved, _stat in files.values()})
+        catalogued = {e.path for e in list(self.catalog.entries.values()) if e.has_file and e.partial is None}
         busy = {name.lower() for name in self._busy()}
         for path in [p for p in list(self._pending) + list(self._done) if p not in files]:
             self._pending.pop(path, None)
@@ -134,7 +142,7 @@ class ModelWatcher:
             self._done[path] = stat  # (a copy of a model served from elsewhere is that model: not taken again)
             if model_id is not None:
                 log.info("DIAG: model file in the models folder served %s", kv(model=model_id, file=path.name))
-        self._kept &= gone
+        self._kept &= gone | self._stale
         for model_id in sorted(gone):
             entry = self.catalog.entries.get(model_id)
             if entry is None:
@@ -148,3 +156,31 @@ class ModelWatcher:
                 log.info("DIAG: model file gone while the model is loaded; it leaves once unloaded %s",
                          kv(model=model_id, path=entry.path))
         self.looks += 1
+
+    async def _async_changed(self, now: dict[str, Stat], in_folder: set[Path]) -> None:
+        """A catalogued file whose (size, mtime_ns) are not those its sha256 was computed over
+        (overwritten in place: `cp other.gguf models/x.gguf`, another tool downloading it again) is a
+        drop and an add: its model leaves (its id names the old bytes) and the file is taken again as
+        a new one (hashed, advertised). A model that must stay (loaded, in use) is not unloaded: it is
+        marked changed (not handed out to peers, not in the HELLO's `files`), said once, and dropped
+        once it is unloaded; a file outside the models folder (`--model PATH`, added by path) is only
+        marked and said: its owner adds it again."""
+        self._stale &= set(now)
+        for model_id, stat in sorted(now.items()):
+            entry = self.catalog.entries.get(model_id)
+            if entry is None or entry.hashed_stat is None or entry.hashed_stat == stat:
+                continue
+            entry.changed = True
+            outside = entry.path not in in_folder
+            if not outside and await self._drop(entry):
+                self._stale.discard(model_id)
+                self._kept.discard(model_id)
+                self._done.clear()  # the new bytes are a file to take again (also a copy taken as the old model)
+                log.info("DIAG: model file changed on disk, the model is removed and the file read again %s",
+                         kv(model=model_id, path=entry.path))
+            elif model_id not in self._stale:
+                self._stale.add(model_id)
+                then = "add the file again (swarmllm models add) or restart to serve its new bytes" if outside else \
+                    "it leaves once unloaded and the file is then read again"
+                log.warning("DIAG: model file changed on disk since it was hashed; the model is not handed out to "
+                            "peers, and is not unloaded %s", kv(model=model_id, path=entry.path, then=then))

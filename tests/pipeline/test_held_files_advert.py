@@ -58,12 +58,14 @@ def test_a_malformed_or_oversized_files_list_is_a_protocol_error(files):
         _wire(_hello(), files=files)
 
 
-def _entry(n: int, *, partial=False, split=1, has_file=True):
-    return SimpleNamespace(id=f"m{n:03d}", sha256=f"{n:064x}", whole_ok=has_file and not partial, split_count=split)
+def _entry(n: int, *, partial=False, split=1, has_file=True, changed=False):
+    return SimpleNamespace(id=f"m{n:03d}", sha256=f"{n:064x}", whole_ok=has_file and not partial, split_count=split,
+                           changed=changed)
 
 
 def test_only_whole_files_are_listed_and_at_most_the_cap():
-    entries = [_entry(1), _entry(2, partial=True), _entry(3, split=3), _entry(4, has_file=False)]
+    entries = [_entry(1), _entry(2, partial=True), _entry(3, split=3), _entry(4, has_file=False),
+               _entry(5, changed=True)]  # (overwritten since hashed: the watch saw it)
     assert held_files(SimpleNamespace(entries={e.id: e for e in entries})) == [f"{1:064x}"]
     many = [_entry(n) for n in range(const.ADVERT_FILES_MAX + 10)]
     listed = held_files(SimpleNamespace(entries={e.id: e for e in many}))

@@ -7,7 +7,9 @@ and its catalogued header), while contributing, hands out any tensor of it as a 
 and cached (per model, while the file's size and mtime stay); one request hashes at most
 `PARTIAL_WHOLE_HASH_BYTES` of tensors not hashed yet, one hashing request at a time for the whole
 node (one whose tensors are all hashed already answers at once): the parts not reached are left out
-of the answer, and the asker asks again. The file gone meanwhile is `ModelNotFound`. `read` returns the bytes of
+of the answer, and the asker asks again. The file gone meanwhile is `ModelNotFound`, and so is a file
+whose size or mtime are no longer those the catalog hashed (overwritten in place: its tensors would be
+another model's, answered under this id). `read` returns the bytes of
 a tensor from the file. The per-link bounds are PartServer's (it calls this).
 """
 
@@ -54,15 +56,24 @@ def _stat_key(path: Path) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
+def _read_if_same(path: Path, at: int, n: int, hashed: tuple[int, int] | None) -> bytes | None:
+    """n bytes of a file from `at`, or None when its (size, mtime_ns) are not `hashed` (blocking)."""
+    if hashed is not None and _stat_key(path) != hashed:
+        return None
+    return read_range(path, at, n)
+
+
 def whole_file(entry: ModelEntry | None, sha256: str) -> bool:
     """Whether a catalog entry is a whole file whose tensors may be handed out under this id: a file
     with every tensor here, its id hash the sha256 the catalog computed over it (a split model's hashes
     part 1 only, and its tensors lie in other files: not handed out)."""
-    return entry is not None and entry.whole_ok and entry.sha256 == sha256 and entry.split_count < 2
+    return entry is not None and entry.whole_ok and entry.sha256 == sha256 and entry.split_count < 2 \
+        and not entry.changed
 
 
 def held_files(catalog: Any) -> list[str]:
-    """sha256 of the whole files in the catalog (loaded or not), at most ADVERT_FILES_MAX, by model id."""
+    """sha256 of the whole files in the catalog (loaded or not), at most ADVERT_FILES_MAX, by model id;
+    not a file the models folder's watch saw changed since it was hashed."""
     entries = sorted((e for e in list(catalog.entries.values()) if whole_file(e, e.sha256)), key=lambda e: e.id)
     return list(dict.fromkeys(e.sha256 for e in entries))[:const.ADVERT_FILES_MAX]
 
@@ -75,6 +86,7 @@ class WholeFileParts:
         self._hashes: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
         self._by_name: dict[str, dict[str, TensorInfo]] = {}  # model sha256 -> its tensors by name (reads)
         self._hashing = asyncio.Lock()  # one hashing request at a time for the whole node
+        self._changed: set[str] = set()  # models whose file was found overwritten (logged once)
 
     def _tensors(self, entry: ModelEntry) -> dict[str, TensorInfo]:
         """Its tensors by name, made once per model (its sha256 fixes its header), not per 1 MiB read."""
@@ -84,10 +96,22 @@ class WholeFileParts:
         return by_name
 
     async def _async_stat(self, entry: ModelEntry) -> tuple[int, int]:
+        """The file's (size, mtime_ns) now; ModelNotFound when it is gone, or is not the file the
+        catalog hashed (overwritten in place: its tensors are another model's, not this id's)."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, _stat_key, entry.path)
+            key = await asyncio.get_running_loop().run_in_executor(None, _stat_key, entry.path)
         except OSError as exc:  # deleted or moved while listed
             raise ModelNotFound(f"{entry.id}'s file is not here any more") from exc
+        if entry.hashed_stat is not None and key != entry.hashed_stat:
+            self._refuse_changed(entry)
+        return key
+
+    def _refuse_changed(self, entry: ModelEntry) -> None:
+        if entry.sha256 not in self._changed:  # said once per model
+            self._changed.add(entry.sha256)
+            log.info("DIAG: whole model file changed on disk since it was hashed, not handed out %s",
+                     kv(model=entry.id, path=entry.path))
+        raise ModelNotFound(f"{entry.id}'s file changed on disk since it was hashed")
 
     async def async_hashes(self, link: Any, frame: Frame, entry: ModelEntry, parts: list[str]) -> Frame:
         loop = asyncio.get_running_loop()
@@ -145,9 +169,11 @@ class WholeFileParts:
                                  f"offset + n <= {t.n_bytes}")
         try:
             data = await asyncio.get_running_loop().run_in_executor(
-                None, read_range, entry.path, entry.header.data_offset + t.offset + offset, n)
+                None, _read_if_same, entry.path, entry.header.data_offset + t.offset + offset, n, entry.hashed_stat)
         except OSError as exc:  # the file went meanwhile
             raise ModelNotFound(f"{entry.id}'s file is not here any more") from exc
+        if data is None:  # overwritten in place: another model's bytes
+            self._refuse_changed(entry)
         if len(data) != n:
             raise ModelNotFound(f"{entry.id}'s file is shorter than its header says")
         log.log(MESSAGE, "DIAG: served whole model bytes %s", kv(peer_id=getattr(link, "short_id", "?"),
