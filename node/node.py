@@ -137,7 +137,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
 
     def _shares_whole(self, sha256: str) -> bool:
         """Whether this node advertises a model's whole file (its PartServer hands out those): run
-        whole (loaded), or listed in its HELLO's `files`."""
+        whole (loaded), or listed in its HELLO's `files` (downloaded from a public origin)."""
         return sha256 in self._hello_files() or \
             any(m.entry.sha256 == sha256 and m.state == "loaded" for m in self.models.whole_models())
 
@@ -336,7 +336,8 @@ class Node(SwarmActions, UrlModels, ModelActions):
         return model_adverts(self.catalog, self.models, self.slice_host, contribute=self.config.contribute)
 
     def _hello_files(self) -> list[str]:
-        """The whole files this node hands out layers of, loaded or not (none while paused or stopping)."""
+        """The whole files from a public origin this node hands out layers of, loaded or not (none
+        while paused or stopping; a file the user gave is handed out only while loaded: held_files)."""
         return held_files(self.catalog) if self._contributing() else []
 
     def _on_model_event(self, event: str, served: Any) -> None:

@@ -127,9 +127,11 @@ class DownloadsPanel(QWidget):
             elif split_part(Path(job.file_name)):  # served here only, loaded or not (found in review)
                 row.detail.setText(f"done · {size} · model {job.model_id} · split in parts: served on this "
                                    "device only")
-            else:  # peers take its layers from here now (while contributing); they see the model loaded only
+            else:  # peers take its layers from here now (while contributing: a download, from a public
+                # origin; a file the user added is handed out only while loaded); they see the model loaded only
                 row.detail.setText(f"done · {size} · model {job.model_id} · your swarm can take its layers from "
-                                   "this device now; Load it (Models tab) to let them use it here")
+                                   "this device now (a download; files you add yourself are shared only while "
+                                   "loaded); Load it (Models tab) to let them use it here")
 
     def _pause_or_resume(self, job) -> None:
         if job.state == "paused":

@@ -1,8 +1,9 @@
 """MODEL_PART answered from a model's whole file (a node that downloaded or was given the file).
 
 A node holding a model's whole GGUF (catalog entry with a file, not partial, its id hash the sha256
-the catalog computed over the file; loaded or not: nothing of a loaded model is read, only the file
-and its catalogued header), while contributing, hands out any tensor of it as a partial holder does its parts:
+the catalog computed over the file; loaded, or unloaded and downloaded from a public origin: nothing
+of a loaded model is read, only the file and its catalogued header), while contributing, hands out
+any tensor of it as a partial holder does its parts:
 `hashes` names the sha256 of each tensor of the parts asked, hashed here off the loop from the file
 and cached (per model, while the file's size and mtime stay); one request hashes at most
 `PARTIAL_WHOLE_HASH_BYTES` of tensors not hashed yet, one hashing request at a time for the whole
@@ -72,9 +73,14 @@ def whole_file(entry: ModelEntry | None, sha256: str) -> bool:
 
 
 def held_files(catalog: Any) -> list[str]:
-    """sha256 of the whole files in the catalog (loaded or not), at most ADVERT_FILES_MAX, by model id;
-    not a file the models folder's watch saw changed since it was hashed."""
-    entries = sorted((e for e in list(catalog.entries.values()) if whole_file(e, e.sha256)), key=lambda e: e.id)
+    """sha256 of the whole files in the catalog that came from a public origin (a download: the entry
+    has an origin_url, so a peer could fetch it from there anyway), at most ADVERT_FILES_MAX, by model
+    id; not a file the models folder's watch saw changed since it was hashed. A file the user gave
+    (`--model PATH`, the GUI's Add, copied into models/: a private fine-tune, perhaps) is neither
+    listed nor handed out while unloaded; a loaded model is handed out as before (advertised in
+    `models`: the user chose to serve it)."""
+    entries = sorted((e for e in list(catalog.entries.values()) if whole_file(e, e.sha256) and e.origin_url),
+                     key=lambda e: e.id)
     return list(dict.fromkeys(e.sha256 for e in entries))[:const.ADVERT_FILES_MAX]
 
 
