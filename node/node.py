@@ -137,8 +137,9 @@ class Node(SwarmActions, UrlModels, ModelActions):
 
     def _shares_whole(self, sha256: str) -> bool:
         """Whether this node advertises a model's whole file (its PartServer hands out those): run
-        whole (loaded), or listed in its HELLO's `files` (downloaded from a public origin)."""
-        return sha256 in self._hello_files() or \
+        whole (loaded), or one its HELLO's `files` lists while it contributes (downloaded from a public
+        origin); paused, PartServer then answers `not_contributing` (not `model_not_found`)."""
+        return sha256 in held_files(self.catalog) or \
             any(m.entry.sha256 == sha256 and m.state == "loaded" for m in self.models.whole_models())
 
     # --- identity ---

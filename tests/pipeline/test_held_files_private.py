@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import hashlib
 
+import aiohttp
 import pytest
 
 from node.inference.synth import write_gguf
@@ -47,3 +48,23 @@ async def test_only_downloaded_files_are_listed_and_handed_out_unloaded(tmp_path
         served = await asyncio.to_thread(_ask, peer, {"sha256": mine, "op": "hashes", "parts": [part]})
         assert served.type == FrameType.MODEL_PART and b"blk.0." in bytes(served.payload), served.header
         assert await asyncio.to_thread(_files, peer) == (public,)  # (its advert is in `models`)
+
+
+async def test_a_paused_node_answers_not_contributing_for_a_downloaded_files_parts(tmp_path):
+    """Paused, a node lists no `files` and refuses their parts `not_contributing`, as the docs say
+    (found in review, 2026-12-06: it answered `model_not_found`, its files list being empty while
+    paused)."""
+    data_dir = tmp_path / "data"
+    path, public = _downloaded(data_dir)
+    async with running_node(node_config(data_dir)) as node:
+        [entry] = node.catalog.entries.values()
+        assert await _admin(node, "POST", f"/api/admin/models/{entry.id}/unload") == 200
+        part = part_of(next(t.name for t in entry.header.tensors if t.name.startswith("blk.0.")))
+        async with aiohttp.ClientSession() as s, s.post(
+                f"http://127.0.0.1:{node.api.port}/api/admin/contribute", json={"paused": True},
+                headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+            assert r.status == 200, await r.text()
+        peer = RawPeer(tmp_path / "peer", "127.0.0.1", node.peers.listen_port)
+        assert await asyncio.to_thread(_files, peer) == ()
+        refused = await asyncio.to_thread(_ask, peer, {"sha256": public, "op": "hashes", "parts": [part]})
+        assert refused.type == FrameType.ERROR and refused.header.get("code") == "not_contributing", refused.header
