@@ -244,6 +244,9 @@ RESPONSE_STORE_TTL_S = 3600.0  # a stored response expires this long after it wa
 
 # --- peer network: what a HELLO may say of the peer (node/net/_messages.py) ---
 REGION_MAX_CHARS = 32  # a peer's advertised region; longer is a protocol error
+# a peer's refusal text (ERROR not_a_member) as this node keeps it for the report, the admin API and
+# the GUI's Peers table: one line, at most this long (a stranger wrote up to 1024 chars, newlines kept)
+REFUSAL_REASON_MAX_CHARS = 160
 
 # --- sampling: what every engine's penalties see (batch_engine, pipeline sampler, api/extras) ---
 PENALTY_LAST_N_TOKENS = 64  # tokens the repeat/frequency/presence penalties look back on (llama.cpp's default)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QTimer
+from PySide6.QtGui import Qt
 
 from app.ui import fmt
 from app.ui.table_model import Column, KeyedTableModel
@@ -24,6 +25,16 @@ if TYPE_CHECKING:
     from node.net import PeerManager
 
 log = logging.getLogger(__name__)
+
+# refused peers that never linked shown as rows, the most recent: anyone who can reach the peer port
+# can be refused under fresh identities (the node remembers up to MAX_REFUSALS of them)
+REFUSED_ROWS_MAX = 20
+
+
+def _plain(text: str | None) -> str | None:
+    """A tooltip of text a peer wrote, shown as the text it is: Qt renders a tooltip that looks like
+    HTML as rich text (escaped into a rich-text paragraph, newlines kept)."""
+    return Qt.convertFromPlainText(text, Qt.WhiteSpaceMode.WhiteSpaceNormal) if text else None  # (wraps)
 
 
 def peer_dict(item: Any) -> dict[str, Any]:
@@ -82,11 +93,11 @@ class PeersModel(KeyedTableModel):
         self._salt = secrets.token_bytes(16)  # one tag per host for the life of the window
         columns = [
             Column("Peer", lambda p: p.get("short_id") or str(p.get("node_id", ""))[:8],
-                   tooltip=lambda p: f"{p.get('node_id')}\n{p.get('agent') or ''}".strip(),
+                   tooltip=lambda p: _plain(f"{p.get('node_id')}\n{p.get('agent') or ''}".strip()),
                    header_tip="the peer's node id, first 8 digits (hover a row for all of it)"),
             Column("State", lambda p: p.get("state") or fmt.DASH,
                    color=lambda p: fmt.STATE_COLORS.get(p.get("state") or ""),
-                   tooltip=lambda p: p.get("last_error"), header_tip="connected, connecting or gone (hover for the last error)"),
+                   tooltip=lambda p: _plain(p.get("last_error")), header_tip="connected, connecting or gone (hover for the last error)"),
             Column("Address", self._address, header_tip="redacted unless “Show addresses” is ticked"),
             Column("Link", _link, tooltip=lambda p: self._via(p),
                    header_tip="direct TLS link, or relayed through another node"),
@@ -179,15 +190,16 @@ class PeersModel(KeyedTableModel):
         """A row for each refused peer that never linked (the peer table has no record of it, so it
         had no row: only the "Refused" label above the table named it), its reason and what to do
         in the State column's tooltip: a friend invited, whose node is not here, shows why (2026-12-06).
+        At most REFUSED_ROWS_MAX rows, the most recent; the reason (a peer's own text, one line and
+        capped by the node) shows as plain text.
         Read with the "Last seen" ageing (every 5 s) and on attach."""
         refused = self._peers.swarm_ops.status()["refused"] if self._peers is not None else []
         wanted: dict[str, dict[str, Any]] = {}
-        for r in refused:
-            key = r["node_id"]
-            if key in self._refused_only or self.value(key) is None:
-                wanted[key] = {"node_id": key, "short_id": r["peer"], "state": "refused",
-                               "last_error": r.get("error") or r["reason"],
-                               "last_seen": time.time() - float(r["last_s_ago"])}
+        rows = [r for r in refused if r["node_id"] in self._refused_only or self.value(r["node_id"]) is None]
+        for r in rows[-REFUSED_ROWS_MAX:]:  # the most recent (anyone who reaches the port can be refused)
+            wanted[r["node_id"]] = {"node_id": r["node_id"], "short_id": r["peer"], "state": "refused",
+                                    "last_error": r.get("error") or r["reason"],
+                                    "last_seen": time.time() - float(r["last_s_ago"])}
         for key in self._refused_only - wanted.keys():
             self.remove(key)
         for key, row in wanted.items():

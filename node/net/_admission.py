@@ -26,7 +26,7 @@ from pathlib import Path
 
 from node import const
 from node.errors import NotAMember, ProtocolError
-from node.logs import kv
+from node.logs import clean_text, kv
 
 from ._frames import Frame, FrameType, encode_frame, type_name
 from ._hints import refusal_hint
@@ -148,7 +148,7 @@ class Membership:
                     hint=hint or None))
         ref.count += 1
         ref.last_at = now
-        ref.reason = exc.message
+        ref.reason = clean_text(exc.message, const.REFUSAL_REASON_MAX_CHARS)  # (a stranger's text: one line, capped)
         if address:
             self.refused_addrs.add(address)
         return ref
