@@ -126,7 +126,8 @@ class RequestTrace:
 
     def note_regain_wait(self, seconds: float, outcome: str) -> None:
         """The request waited for a lost peer to link again (ROUTE_REGAIN_S at most); `outcome`:
-        regained, gave_up, or client_gone (the client left while it waited)."""
+        regained, gave_up (also: the node ended the request meanwhile, its stop or a forced unload),
+        or client_gone (the client left while it waited)."""
         self.regain_waits.append((seconds, outcome))
 
     def mark_token(self, n: int = 1) -> None:

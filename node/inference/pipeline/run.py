@@ -228,11 +228,16 @@ class PipelineRun:
                 try:
                     await asyncio.sleep(const.ROUTE_REGAIN_POLL_S)
                 except asyncio.CancelledError:  # the client left (its handler cancelled): a wait
-                    # cut short counts too (it was in no metric, and the trace said nothing of it)
+                    # cut short counts too (it was in no metric, and the trace said nothing of it);
+                    # a request the node ended (its stop's drain, a forced unload: the job cancelled)
+                    # whose handler is cancelled is the node giving up, not the client (a review)
                     waited = time.monotonic() - waited_from
-                    trace.note_regain_wait(waited, "client_gone")
-                    log.info("DIAG: pipeline wait for a lost peer ended: the client left %s", kv(
-                        request_id=trace.request_id, peers=",".join(waited_for), waited_ms=round(waited * 1000)))
+                    ended = self.job.cancel.is_set()
+                    trace.note_regain_wait(waited, "gave_up" if ended else "client_gone")
+                    log.info("DIAG: pipeline wait for a lost peer ended: %s %s",
+                             "the request was ended here" if ended else "the client left", kv(
+                                 request_id=trace.request_id, peers=",".join(waited_for),
+                                 waited_ms=round(waited * 1000)))
                     raise
                 continue
             if waited_from is not None:
