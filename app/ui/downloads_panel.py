@@ -8,10 +8,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from app.tasks import spawn
 from app.ui import fmt
+from node import const
 from node.errors import NodeError
 from node.models.file_kinds import split_part
 
@@ -76,6 +78,11 @@ class DownloadsPanel(QWidget):
         self.node = node
         self.rows: dict[str, ProgressRow] = {}
         self._fetch_started: dict[str, tuple[float, int]] = {}  # slice key -> (first seen, bytes then)
+        # file key -> (when its bytes last grew, bytes then): a download whose bytes stop growing
+        # sends no events, so a timer looks and says "stalled" (the bar just stood still before)
+        self._last_growth: dict[str, tuple[float, int]] = {}
+        self._stall_timer = QTimer(self, interval=int(const.DOWNLOAD_STALL_CHECK_S * 1000))
+        self._stall_timer.timeout.connect(self._show_stalls)
         self.layout_ = QVBoxLayout(self)
         self.layout_.setContentsMargins(0, 0, 0, 0)
         self.setVisible(False)
@@ -90,6 +97,7 @@ class DownloadsPanel(QWidget):
 
     def _drop(self, key: str) -> None:
         row = self.rows.pop(key, None)
+        self._last_growth.pop(key, None)
         if row is not None:
             self.layout_.removeWidget(row)
             row.deleteLater()
@@ -99,11 +107,16 @@ class DownloadsPanel(QWidget):
 
     def on_download(self, job) -> None:
         key = f"file:{job.file_name}"  # a resumed download is a new job of the same file: the same row
-        row = self._row(key, job.file_name)
+        n_parts = len(job.parts)
+        # a split set: its part 1's name alone read as one file of it (found 2026-12-06)
+        row = self._row(key, f"{job.file_name} (split model, {n_parts} parts)" if n_parts > 1 else job.file_name)
         summary = job.summary()
         rate = summary["mb_per_s"] * 1e6 if summary.get("mb_per_s") and job.state == "downloading" else None
         state = {"verifying": "checking sha256"}.get(job.state, job.state)
         row.show_progress(job.done_bytes, job.total_bytes, rate, state)
+        if n_parts > 1 and job.active:  # which part of the set is on the wire; the bar is the set's
+            row.detail.setText(f"part {job.part} of {n_parts} · {row.detail.text()}")
+        self._note_growth(key, job)
         if job.state == "failed":
             row.detail.setText(f"failed: {job.error}")
         row.setToolTip(summary["url"])
@@ -132,6 +145,34 @@ class DownloadsPanel(QWidget):
                 row.detail.setText(f"done · {size} · model {job.model_id} · your swarm can take its layers from "
                                    "this device now (a download; files you add yourself are shared only while "
                                    "loaded); Load it (Models tab) to let them use it here")
+
+    def _note_growth(self, key: str, job) -> None:
+        if job.state != "downloading":
+            self._last_growth.pop(key, None)
+        else:
+            seen = self._last_growth.get(key)
+            if seen is None or job.done_bytes != seen[1]:
+                self._last_growth[key] = (time.monotonic(), job.done_bytes)
+        if self._last_growth and not self._stall_timer.isActive():
+            self._stall_timer.start()
+        elif not self._last_growth:
+            self._stall_timer.stop()
+
+    def _show_stalls(self) -> None:
+        """A download with no new byte for DOWNLOAD_STALLED_S says so (its average rate and time left
+        went on as if bytes came in; the node retries and resumes by itself after a read timeout)."""
+        now = time.monotonic()
+        for key, (since, done) in self._last_growth.items():
+            row = self.rows.get(key)
+            idle = now - since
+            if row is None or idle < const.DOWNLOAD_STALLED_S:
+                continue
+            job = row.job
+            size = f"{fmt.size(done)} of {fmt.size(job.total_bytes)}" if job.total_bytes else fmt.size(done)
+            part = f"part {job.part} of {len(job.parts)} · " if len(job.parts) > 1 else ""
+            row.detail.setText(f"{part}stalled: no data for {idle:.0f} s · {size} · the origin is slow or "
+                               "unreachable; it retries and resumes by itself (or Pause and Resume later)")
+            row.bar.setAccessibleDescription(row.detail.text())
 
     def _pause_or_resume(self, job) -> None:
         if job.state == "paused":
