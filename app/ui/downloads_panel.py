@@ -46,25 +46,35 @@ class ProgressRow(QWidget):
         self.bar = QProgressBar()
         self.bar.setRange(0, 1000)
         self.bar.setAccessibleName(f"Progress of {title}")
+        # the figures on a line of their own under the bar, wrapped: a failure's text (what to do
+        # with a full disk) ran past the window's edge beside the bar, which it squeezed (2026-12-06)
         self.detail = QLabel()
-        self.detail.setMinimumWidth(260)
+        self.detail.setWordWrap(True)
         self.pause_button = QPushButton("Pause")
         self.cancel_button = QPushButton("Cancel")
-        row = QHBoxLayout(self)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(self.title)
-        row.addWidget(self.bar, 1)
-        row.addWidget(self.detail)
-        row.addWidget(self.pause_button)
-        row.addWidget(self.cancel_button)
+        line = QHBoxLayout()
+        line.setContentsMargins(0, 0, 0, 0)
+        line.addWidget(self.title)
+        line.addWidget(self.bar, 1)
+        line.addWidget(self.pause_button)
+        line.addWidget(self.cancel_button)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(2)
+        column.addLayout(line)
+        column.addWidget(self.detail)
 
     def show_progress(self, done: int, total: int | None, bytes_per_s: float | None, state: str) -> None:
         if total:
             self.bar.setRange(0, 1000)
             self.bar.setValue(min(1000, done * 1000 // total))
             self.bar.setFormat(f"{done * 100 // total}%")
-        else:
+        elif state in ("downloading", "fetching", "starting", "checking sha256"):
             self.bar.setRange(0, 0)  # busy: the size is not known yet
+        else:  # ended (failed, paused, cancelled) without a size: not a busy bar, as if it went on
+            self.bar.setRange(0, 1000)
+            self.bar.setValue(0)
+            self.bar.setFormat("")
         words = progress_text(done, total, bytes_per_s)
         self.detail.setText(words if state in ("downloading", "fetching") else f"{state} · {words}")
         self.bar.setAccessibleDescription(self.detail.text())

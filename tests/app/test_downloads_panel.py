@@ -46,3 +46,30 @@ def test_a_finished_split_set_says_it_is_served_on_this_device_only(qtbot):
     panel.on_download(job)
     text = panel.rows["file:big-00001-of-00003.gguf"].detail.text()
     assert "this device only" in text and "swarm can take its layers" not in text, text
+
+
+def test_a_full_disks_failure_text_is_readable_whole_in_a_narrow_window(qtbot):
+    """The text says what to do (free space; the partial file is kept and resumes); beside the bar it
+    ran past the window's edge, cut at 'downloading it again resu…' (2026-12-06). A failure whose
+    size was never known showed a busy bar, as if it went on."""
+    from PySide6.QtCore import QRect, Qt
+    from PySide6.QtGui import QFontMetrics
+
+    panel = DownloadsPanel(node=None)
+    qtbot.addWidget(panel)
+    error = ("the disk is full: no space left in /data/models (free some space there); the partial file "
+             "/data/models/m.gguf.part (20 MB) is kept: downloading it again resumes, or delete it")
+    panel.on_download(DownloadJob(id="d2", url="https://example.invalid/m.gguf", file_name="m.gguf",
+                                  state="failed", done_bytes=20 * 2**20, error=error))
+    panel.resize(800, 200)
+    panel.show()
+    qtbot.waitExposed(panel)
+    row = panel.rows["file:m.gguf"]
+    label = row.detail
+    assert label.text() == f"failed: {error}"
+    right_edge = label.mapTo(panel, label.rect().topRight()).x()
+    assert right_edge <= panel.width(), (right_edge, panel.width())
+    flags = Qt.TextWordWrap if label.wordWrap() else Qt.TextSingleLine
+    needed = QFontMetrics(label.font()).boundingRect(QRect(0, 0, label.width(), 10_000), flags, label.text())
+    assert needed.width() <= label.width() and needed.height() <= label.height(), (needed, label.size())
+    assert row.bar.maximum() > 0, "a failed download's bar is busy"
