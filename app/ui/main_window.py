@@ -68,7 +68,7 @@ class MainWindow(QMainWindow):
         self.overview_tab.banner.open_folder_clicked.connect(self.models_tab.open_models_folder)
         self.setCentralWidget(self.tabs)
         self.state_label = ElidedLabel()  # counts, elided at the window's edge; the whole list in its tooltip
-        self.statusBar().addPermanentWidget(self.state_label, 1)
+        self.statusBar().addWidget(self.state_label, 1)  # (not permanent: a message shows in its place)
         actions.message.connect(lambda text: self.statusBar().showMessage(text, 6000))
         host.state_changed.connect(self._on_state)
         self._on_state()

@@ -73,6 +73,12 @@ def test_the_status_bar_counts_models_and_lists_them_in_its_tooltip(qtbot, run, 
             window.state_label.set_full_text("serving: " + "; ".join(ids * 20))  # longer than any screen
             assert window.state_label.text().endswith("…")
             assert window.minimumSizeHint().width() < 1120  # the line does not widen the window
+            # a message ("API URL copied") shows in its place: the stretched label as a permanent widget
+            # left it no room, so no message was ever seen (found in review, 2026-12-06)
+            window.statusBar().showMessage("API URL copied to the clipboard", 6000)
+            await wait_until(lambda: not window.state_label.isVisible(), DEADLINE_S, what="the message to show")
+            window.statusBar().clearMessage()
+            await wait_until(lambda: window.state_label.isVisible(), DEADLINE_S, what="the status line back")
 
     run(body())
 
