@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QUrl
+from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -71,6 +71,11 @@ class ModelsTab(QWidget):
         self.skipped.setVisible(False)
         layout.addWidget(self.skipped)
         host.state_changed.connect(self._show_skipped)
+        # the folder watch skips (or forgets) a file with no state change to say so: read again at its pace
+        self._skipped_timer = QTimer(self, interval=max(500, int(host.node.config.models_watch_s * 1000))
+                                     if host.node is not None else 5000)
+        self._skipped_timer.timeout.connect(self._show_skipped)
+        self._skipped_timer.start()
         layout.addLayout(buttons)
         self.downloads = DownloadsPanel(host.node)  # a progress bar per download and per layer fetch
         layout.addWidget(self.downloads)
@@ -116,6 +121,8 @@ class ModelsTab(QWidget):
         self.status.setText(text)
 
     def _show_skipped(self, *_args) -> None:
+        if self.host.node is None:  # (stopped)
+            return
         reasons = self.host.node.catalog.skipped_reasons()
         self.skipped.setText("\n".join(f"Not served: {why}" for why in reasons))
         self.skipped.setVisible(bool(reasons))

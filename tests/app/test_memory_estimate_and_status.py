@@ -100,3 +100,23 @@ def test_a_skipped_file_is_named_in_the_models_tab_while_another_model_serves(qt
             assert not tab.skipped.isHidden()
 
     run(body())
+
+
+def test_a_file_skipped_while_the_app_runs_is_named_and_forgotten_when_removed(qtbot, run, data_dir, tiny_model):
+    """Found in review (2026-12-06): the line was refreshed on state changes only, and the folder
+    watch skipping a truncated copy dropped in while a model serves changes no state: it was never
+    named (nor cleared when the file went)."""
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model, models_watch_s=0.1)) as tray_app:
+            tab = tray_app.window.models_tab
+            await wait_until(lambda: tray_app.host.serving().whole_loaded, DEADLINE_S, what="the model to load")
+            broken = data_dir / "models" / "broken-copy.gguf"
+            broken.parent.mkdir(parents=True, exist_ok=True)
+            whole = tiny_model.read_bytes()
+            broken.write_bytes(whole[: len(whole) // 3])
+            await wait_until(lambda: "Not served: broken-copy.gguf is truncated" in tab.skipped.text(), DEADLINE_S,
+                             what="the file skipped at run time named in the Models tab")
+            broken.unlink()
+            await wait_until(lambda: tab.skipped.isHidden(), DEADLINE_S, what="the line gone with the file")
+
+    run(body())
