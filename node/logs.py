@@ -212,11 +212,13 @@ def clean_text(text: str, max_chars: int = KV_VALUE_MAX_CHARS) -> str:
     `max_chars` long. For what a client or a peer sent, quoted in a log line or a report: a model
     name with a newline in it forged a `DIAG: request complete` line, one of 200 KB made the
     diagnostics report 610 KB."""
-    if len(text) > max_chars:
-        text = f"{text[:max_chars]}…(+{len(text) - max_chars} chars)"
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-    return text
+    head = text[:max_chars]
+    if not head.isprintable():  # (escaped before the bound: an escape is up to 10 characters)
+        head = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in head)
+    if len(head) > max_chars or len(text) > max_chars:
+        left = len(text) - max_chars
+        return f"{head[:max_chars]}…" + (f"(+{left} chars)" if left > 0 else "")
+    return head
 
 
 def kv(**fields: object) -> str:

@@ -279,7 +279,10 @@ async def _read_member(stream: Stream, peer: str, peer_swarm: str) -> dict:
         info = ErrorInfo.from_frame(frame)
         if info.code == "not_a_member":
             raise NotAMember(f"refused us: {info.message}", node_id=peer, swarm=peer_swarm, by_us=False)
-        raise ProtocolError(f"peer answered admission with ERROR {info.code}: {info.message}")
+        # (the peer's words, kept as the link's last_error and shown by the admin API and the GUI:
+        # one line, bounded, as a refusal's reason is)
+        raise ProtocolError(f"peer answered admission with ERROR {clean_text(info.code, 64)}: "
+                            f"{clean_text(info.message, const.REFUSAL_REASON_MAX_CHARS)}")
     if frame.type != FrameType.MEMBER:
         raise ProtocolError(f"expected MEMBER during admission, got {type_name(frame.type)}")
     return dict(frame.header)

@@ -49,4 +49,41 @@ async def test_a_strangers_refusal_text_is_kept_on_one_line_and_capped(tmp_path)
         for text in (r["reason"], r["error"]):
             assert "\n" not in text and "\r" not in text, text
         assert r["reason"].startswith("refused us: <b>urgent</b>\\nDIAG"), r["reason"]
-        assert len(r["reason"]) <= 2 * const.REFUSAL_REASON_MAX_CHARS, len(r["reason"])  # (escapes: "\\n" is 2)
+        assert len(r["reason"]) <= const.REFUSAL_REASON_MAX_CHARS + 20, len(r["reason"])  # (escaped, then bounded)
+
+
+class _Bytes:
+    """A stream reading from bytes (what _read_member reads the peer's answer from)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    async def read_exactly(self, n: int) -> bytes:
+        out, self.data = self.data[:n], self.data[n:]
+        return out
+
+
+async def test_a_peers_admission_error_text_is_kept_on_one_line_and_capped():
+    """Found in review (2026-12-06): a peer we dial answering admission with another ERROR code put
+    its text, newlines and all (up to 1024 chars), into the link's last_error, which the admin API
+    and the GUI show; and the escapes of a capped text could make it ten times the cap."""
+    from node.errors import ProtocolError
+    from node.net._admission import _read_member
+
+    frame = frame_bytes(Frame(FrameType.ERROR, ErrorInfo("busy\nDIAG: x", EVIL).to_header()))
+    try:
+        await _read_member(_Bytes(frame), "b" * 16, "s" * 16)
+    except ProtocolError as exc:
+        message = exc.message
+    else:
+        raise AssertionError("no error")
+    assert "\n" not in message and "\r" not in message, message
+    assert len(message) <= 100 + const.REFUSAL_REASON_MAX_CHARS, len(message)
+
+
+def test_clean_text_escapes_before_it_bounds():
+    from node.logs import clean_text
+
+    tagged = "\U000e0001" * 500  # (escaped, each is 10 characters: \U000e0001)
+    assert len(clean_text(tagged, 160)) <= 160 + len("…(+340 chars)")
+    assert clean_text("a\nb", 160) == "a\\nb" and clean_text("x" * 10, 4) == "xxxx…(+6 chars)"
