@@ -243,15 +243,17 @@ class KvCacheMiss(EngineError):
 
 class DownloadFailed(NodeError):
     """The download could not complete (network, HTTP status, content, size, hash, disk).
-    `discard`: what is on disk is wrong, not merely incomplete (the .part goes)."""
+    `discard`: what is on disk is wrong, not merely incomplete (the .part goes); `origin_status`: the
+    origin's refusal (401, 403, …), when that is what failed."""
 
     http_status = 502
     error_type = "download_error"
     code = "download_failed"
 
-    def __init__(self, message: str, *, discard: bool = False):
+    def __init__(self, message: str, *, discard: bool = False, origin_status: int | None = None):
         super().__init__(message)
         self.discard = discard
+        self.origin_status = origin_status
 
 
 class PeerError(NodeError):

@@ -99,6 +99,16 @@ class ModelActions:
         """One download (NotFound if unknown)."""
         return self.downloads.get(job_id)
 
-    def cancel_download(self, job_id: str) -> DownloadJob:
-        """Stop a download and remove its partial file."""
+    async def async_cancel_download(self, job_id: str) -> DownloadJob:
+        """Stop a download and remove its partial file; a paused one (or a failed one's kept partial
+        file, or one an earlier run left) has its partial file removed."""
+        job = self.downloads.get(job_id)
+        if job.resumable or job.resumed_as is not None:
+            return await self.downloads.async_discard(job_id)
         return self.downloads.cancel(job_id)
+
+    def resume_download(self, job_id: str) -> DownloadJob:
+        """Go on with a paused download (or a failed one whose partial file is kept): a new job."""
+        job = self.downloads.resume(job_id)
+        self.note_activity(f"downloading {job.file_name}")
+        return job

@@ -192,6 +192,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
             await self.models.async_register(entry, whole=not as_slice and entry.whole_ok)
         await self._start_network()
         self.models.subscribe(self._on_model_event)
+        await self.downloads.async_restore()  # an earlier run's unfinished downloads, paused
         await self.api.start(self.api_key)
         self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
         await self.models.async_load_all()

@@ -86,7 +86,7 @@ async def download(request: web.Request) -> web.Response:
 
 @routes.get("/api/admin/downloads")
 async def downloads(request: web.Request) -> web.Response:
-    """Every download of this run, newest last."""
+    """Every download of this run, newest last, and those an earlier run left unfinished (paused)."""
     return web.json_response({"downloads": [j.summary() for j in request.app[NODE].download_jobs()]})
 
 
@@ -98,9 +98,18 @@ async def download_status(request: web.Request) -> web.Response:
 
 @routes.post("/api/admin/downloads/{job_id}/cancel")
 async def download_cancel(request: web.Request) -> web.Response:
-    """Stop a download and remove its partial file."""
-    job = request.app[NODE].cancel_download(request.match_info["job_id"])
+    """Stop a download and remove its partial file (a paused one's, a failed one's kept file, one an
+    earlier run left: 409 if it was resumed, cancel that one)."""
+    job = await request.app[NODE].async_cancel_download(request.match_info["job_id"])
     return web.json_response({"download": job.summary()})
+
+
+@routes.post("/api/admin/downloads/{job_id}/resume")
+async def download_resume(request: web.Request) -> web.Response:
+    """Go on with a paused download (one an earlier run left too) or a failed one whose partial file
+    is kept: 202 with the new download (Range from the bytes on disk); 409 if there is nothing to resume."""
+    job = request.app[NODE].resume_download(request.match_info["job_id"])
+    return web.json_response({"download": job.summary()}, status=202)
 
 
 @routes.get("/api/admin/peers")

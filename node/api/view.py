@@ -78,8 +78,11 @@ class NodeView(Protocol):
     def download_job(self, job_id: str) -> DownloadJob:
         """One download (NotFound if unknown)."""
 
-    def cancel_download(self, job_id: str) -> DownloadJob:
-        """Stop a download and remove its partial file."""
+    async def async_cancel_download(self, job_id: str) -> DownloadJob:
+        """Stop a download and remove its partial file (a paused or failed one's too)."""
+
+    def resume_download(self, job_id: str) -> DownloadJob:
+        """Go on with a paused download (or a failed one whose partial file is kept): a new job."""
 
     def peer_rows(self) -> list[dict[str, Any]]:
         """The peer table as JSON rows ([] when the peer network is off)."""

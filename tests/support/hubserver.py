@@ -49,6 +49,11 @@ class HubServer:
         self.api_requests: list[dict] = []
         self.api_fail_with: list[tuple[int, dict[str, str]]] = []
         self.tree_page_size: int | None = None  # None: one page
+        # the CDN (and a presigned URL) sends this many body bytes of `stall_path`'s file (None: any),
+        # then holds the connection until `release` is set (a node stopped meanwhile)
+        self.stall_after: int | None = None
+        self.stall_path: str | None = None
+        self.release = asyncio.Event()
 
     def add_file(self, path: str, data: bytes) -> None:
         self.files[path] = data
@@ -90,8 +95,9 @@ class HubServer:
         self.cdn_requests.append(dict(request.headers))
         if request.query.get("X-Amz-Signature") != self._object_sig(path):
             return web.Response(status=403, text="SignatureDoesNotMatch")
-        self.served[path] = self.served.get(path, 0) + (len(self.files[path]) if request.method == "GET" else 0)
-        return web.Response(body=self.files[path], headers={"ETag": self.cdn_etag})
+        if request.method != "GET":
+            return web.Response(body=self.files[path], headers={"ETag": self.cdn_etag})
+        return await self._send(request, path, self.files[path])
 
     async def tree(self, request: web.Request) -> web.Response:
         """The repo's files at a revision, as the Hub lists them (directories included, paged)."""
@@ -163,6 +169,10 @@ class HubServer:
         self._uses[sig] += 1
         path = self._sig_path[sig]
         data = self.body_override if self.body_override is not None and path == self.path else self.files[path]
+        return await self._send(request, path, data)
+
+    async def _send(self, request: web.Request, path: str, data: bytes) -> web.StreamResponse:
+        """`data` from the Range asked (If-Range: the CDN's ETag), dropping or stalling on request."""
         start = 0
         rng = request.headers.get("Range")
         if rng and request.headers.get("If-Range") in (None, self.cdn_etag):
@@ -179,6 +189,14 @@ class HubServer:
         resp.content_length = stop - start
         await resp.prepare(request)
         body = data[start:stop]
+        if self.stall_after is not None and self.stall_path in (None, path):
+            cut, self.stall_after = self.stall_after, None
+            await resp.write(body[:cut])
+            self.served[path] = self.served.get(path, 0) + cut
+            await self.release.wait()
+            if request.transport is not None:
+                request.transport.close()
+            return resp
         if self.drop_after is not None and self.drop_path in (None, path):
             cut, self.drop_after = self.drop_after, None
             await resp.write(body[:cut])

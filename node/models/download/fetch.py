@@ -63,7 +63,8 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
         if resp.status not in (200, 206):
             hint = "" if resp.history else \
                 refusal_hint(str(resp.url), resp.status, "Authorization" in headers)  # the Hub's, not the CDN's
-            raise DownloadFailed(f"{http_error(resp.status)} from {display_url(job.url)}{hint}")
+            raise DownloadFailed(f"{http_error(resp.status)} from {display_url(job.url)}{hint}",
+                                 origin_status=resp.status)
         job.linked_sha256 = linked_sha256(resp.history, resp.headers) or job.linked_sha256
         if resp.status == 206:
             first, total = content_range(resp.headers.get("Content-Range"))

@@ -44,6 +44,12 @@ class DownloadJob:
     landing: bool = False  # every part checked, moving into models/: too late to pause or cancel
     part: int = 1  # the part being fetched (1-based)
     part_bytes: list[int | None] = field(default_factory=list)  # each part's size, when known
+    # an earlier run's download found at start (restore.py): its URL is the sidecar's, without the
+    # query string; `signed`: the URL had one (a 401/403 then says to paste the link again)
+    restored: bool = False
+    signed: bool = False
+    kept_bytes: int = 0  # a failed download's partial files left on disk: resume() goes on from them
+    resumed_as: str | None = None  # resume() made this download: it goes on there (this one is done with)
 
     def __post_init__(self) -> None:
         if not self.parts:
@@ -53,6 +59,11 @@ class DownloadJob:
     @property
     def active(self) -> bool:
         return self.state in ("starting", "downloading", "verifying")
+
+    @property
+    def resumable(self) -> bool:
+        """Paused, or failed with its partial file kept: resume() goes on from the bytes on disk."""
+        return self.resumed_as is None and (self.state == "paused" or (self.state == "failed" and self.kept_bytes > 0))
 
     def summary(self) -> dict[str, Any]:
         elapsed = (self.finished_at or time.time()) - self.started_at
@@ -64,4 +75,6 @@ class DownloadJob:
             "mb_per_s": round(fetched / 1e6 / elapsed, 2) if elapsed > 0 else None,
             "attempts": self.attempts, "error": self.error, "model_id": self.model_id,
             "parts": len(self.parts), "part": self.part, "note": self.note,
+            "resumable": self.resumable, "restored": self.restored, "kept_bytes": self.kept_bytes,
+            "resumed_as": self.resumed_as,
         }

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import threading
+import urllib.parse
 from pathlib import Path
 
 from .urls import display_url
@@ -66,8 +67,12 @@ def reclaim_cut_landing(parts: list[Path], targets: list[Path]) -> list[Path]:
 
 def write_sidecar(part: Path, url: str, validator: str | None) -> None:
     # the URL without its query: no credentials on disk, and a fresh signed URL of the same file
-    # still resumes (If-Range guards the version)
-    sidecar(part).write_text(json.dumps({"url": display_url(url), "validator": validator}), encoding="utf-8")
+    # still resumes (If-Range guards the version); `signed`: it had one, so a node started again
+    # (restore.py) may find the bare URL refused, and says to paste the link again
+    meta = {"url": display_url(url), "validator": validator}
+    if urllib.parse.urlsplit(url).query:
+        meta["signed"] = True
+    sidecar(part).write_text(json.dumps(meta), encoding="utf-8")
 
 
 def resumable(part: Path, url: str) -> tuple[int, str | None]:

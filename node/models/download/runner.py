@@ -37,6 +37,7 @@ from .fetch import Retryable, async_fetch, retry_delay
 from .hfrepo import RepoSpec, async_find_file, read_spec
 from .job import DownloadJob
 from .partfile import cut_landing, discard_part, land, reclaim_cut_landing, size_and_sha256, size_or_zero
+from .restore import find_kept, restored_jobs
 from .sets import alone_note, async_plan, set_parts
 from .urls import describe_error, display_url, file_name_for, resolve_url
 
@@ -146,26 +147,52 @@ class ModelDownloader:
             job.task.cancel()
         return job
 
+    async def async_restore(self) -> list[DownloadJob]:
+        """At start: the downloads an earlier run left in models/ (`.part` + sidecar) as paused jobs
+        (restore.py); a `.part` without a sidecar, which cannot be resumed, is said in the log."""
+        kept, orphans = await asyncio.get_running_loop().run_in_executor(None, find_kept, self.models_dir)
+        for name, size in orphans:
+            log.info("DIAG: model download partial file cannot be resumed (no sidecar) %s", kv(
+                file=name, mb=round(size / 1e6, 1), dir=self.models_dir))
+        jobs = [job for job in restored_jobs(kept)
+                if not any(j.file_name.lower() == job.file_name.lower() for j in self.jobs.values())]
+        for job in jobs:
+            self.jobs[job.id] = job
+            log.info("DIAG: model download kept from an earlier run, paused %s", kv(
+                download=job.id, file=job.file_name, url=display_url(job.url), done_bytes=job.done_bytes,
+                parts=len(job.parts) if len(job.parts) > 1 else None))
+            self._observers.emit(job)
+        return jobs
+
     def resume(self, job_id: str) -> DownloadJob:
-        """A new download of a paused one's URL and file, which resumes from its partial file."""
+        """A new download of a paused one's URL and file (or a failed one's whose partial file is
+        kept), which resumes from its partial file."""
         job = self.get(job_id)
-        if job.state != "paused":
-            raise Conflict(f"download {job_id} is {job.state}, not paused")
-        return self.start(job.url, sha256=job.sha256, file_name=job.file_name)
+        if not job.resumable:
+            raise Conflict(f"download {job_id} is {job.state}, not paused" if job.state != "failed" else
+                           f"download {job_id} failed and kept no partial file: start it again")
+        resumed = self.start(job.url, sha256=job.sha256, file_name=job.file_name)
+        if job.restored:  # its URL is the sidecar's, without a query: a refusal says to paste the link
+            resumed.restored, resumed.signed = True, resumed.signed or job.signed
+        job.resumed_as = resumed.id
+        return resumed
 
     async def async_discard(self, job_id: str) -> DownloadJob:
-        """Cancel a paused download: its partial file is removed."""
+        """Cancel a paused download (or a failed one's kept partial file): its partial file is removed."""
         job = self.get(job_id)
-        if job.state != "paused":
-            raise Conflict(f"download {job_id} is {job.state}, not paused")
         going = next((j for j in self.jobs.values() if j.active and j.file_name.lower() == job.file_name.lower()),
                      None)  # (the same name test as start()'s)
-        if going is not None:  # resumed meanwhile: that download writes the partial file now
+        if going is not None and job.state in ("paused", "failed"):  # that download writes the partial file now
             raise Conflict(f"download {job_id} was resumed as {going.id}; cancel that one")
-        job.state, job.error = "cancelled", "cancelled"  # first: a resume now is refused (not paused)
+        if job.resumed_as is not None:
+            raise Conflict(f"download {job_id} was resumed as {job.resumed_as}; cancel that one")
+        if not job.resumable:
+            raise Conflict(f"download {job_id} is {job.state}, not paused")
+        was = job.state
+        job.state, job.error, job.kept_bytes = "cancelled", "cancelled", 0  # first: a resume now is refused
         for _url, name in job.parts:
             await asyncio.get_running_loop().run_in_executor(None, discard_part, self.models_dir / (name + ".part"))
-        log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes, was="paused"))
+        log.info("DIAG: model download cancelled %s", kv(download=job.id, done_bytes=job.done_bytes, was=was))
         self._observers.emit(job)
         return job
 
@@ -250,7 +277,7 @@ class ModelDownloader:
                 log.info("DIAG: model download %s %s", how, kv(download=job.id, done_bytes=job.done_bytes))
             raise
         except NodeError as exc:
-            self._fail(job, exc.message)
+            self._fail(job, exc.message + self._paste_again(job, exc))
         except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
             self._fail(job, f"{type(exc).__name__} fetching {display_url(job.url)}")
         except OSError as exc:  # disk full, permissions (a part's own are DownloadFailed: _async_part)
@@ -259,8 +286,26 @@ class ModelDownloader:
             log.error("model download %s failed unexpectedly: %s", job.id, type(exc).__name__)
             self._fail(job, f"internal error: {type(exc).__name__}")
         finally:
+            if job.state == "failed":  # what stays on disk: Resume goes on from it
+                job.kept_bytes = 0
+                try:
+                    for part in parts:
+                        job.kept_bytes += await loop.run_in_executor(io, size_or_zero, part)
+                except OSError:
+                    pass
             io.shutdown(wait=False)
             self._observers.emit(job)
+
+    @staticmethod
+    def _paste_again(job: DownloadJob, exc: NodeError) -> str:
+        """What to do when the origin refuses a download restored from disk: its URL is the sidecar's,
+        without the query string a signed link needs (never kept on disk)."""
+        if not job.restored or not isinstance(exc, DownloadFailed) or exc.origin_status not in (401, 403, 410):
+            return ""
+        why = "its link was signed (a query string, never kept on disk) and the bare link is refused" \
+            if job.signed else "the origin refused the link kept on disk"
+        return (f"; {why}: paste the download link again (Download…, or `swarmllm download URL`) "
+                "and it resumes from the bytes kept")
 
     async def _async_part(self, session: aiohttp.ClientSession, job: DownloadJob, i: int, part: Path,
                           io: concurrent.futures.Executor, progress: Callable[[DownloadJob], None],
@@ -318,7 +363,7 @@ class ModelDownloader:
         except DownloadFailed as exc:
             if exc.discard:  # what is on disk is wrong (not a GGUF, bad hash): nothing of it stays
                 await loop.run_in_executor(io, discard_part, part)
-            raise DownloadFailed(where + exc.message) from exc
+            raise DownloadFailed(where + exc.message, origin_status=exc.origin_status) from exc
         except aiohttp.ClientError as exc:  # redirects, bad URLs: their text may hold a signed URL
             raise DownloadFailed(f"{where}{type(exc).__name__} fetching {display_url(url)}") from exc
         except OSError as exc:  # disk full, permissions

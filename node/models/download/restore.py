@@ -1,0 +1,102 @@
+"""Downloads an earlier run left unfinished, found again at start (2026-12-06).
+
+A node stopped mid-download (the app quit, a laptop closed, a crash) leaves `models/<name>.gguf.part`
+and its sidecar `<name>.gguf.part.json` (partfile.py: the URL without its query, the validator).
+Until 2026-12-06 nothing listed them after a restart: the user had to know to paste the same URL
+again. Now each `.part` with a readable sidecar is a paused job again (its URL from the sidecar,
+`done_bytes` the bytes on disk), a split set's parts one job; Resume fetches from there with Range
+and If-Range, Cancel deletes the files. A `.part` without a sidecar cannot be resumed (nothing says
+where it came from or which version it is): it is said in the log, not listed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.errors import NodeError
+from node.models.file_kinds import llama_split_name, split_part
+
+from .job import DownloadJob
+from .partfile import sidecar, size_or_zero
+from .sets import set_parts
+from .urls import resolve_url
+
+PART = ".part"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A `.part` file of an earlier run and what its sidecar says."""
+
+    name: str  # its file name in models/ once complete (without `.part`)
+    url: str  # without the query string
+    signed: bool  # the URL had a query string, not kept on disk (a signed URL's signature)
+    size: int
+
+
+def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int]]]:
+    """(the `.part` files with a readable sidecar, the others as (file name, bytes)). Blocking."""
+    kept: list[Kept] = []
+    orphans: list[tuple[str, int]] = []
+    try:
+        found = sorted(p for p in models_dir.glob(f"*.gguf{PART}") if p.is_file())
+    except OSError:  # no models/ yet
+        return kept, orphans
+    for part in found:
+        size = size_or_zero(part)
+        try:
+            meta = json.loads(sidecar(part).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = None
+        url = meta.get("url") if isinstance(meta, dict) else None
+        if not isinstance(url, str) or not url:
+            orphans.append((part.name, size))
+            continue
+        kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size))
+    return kept, orphans
+
+
+def _job(url: str, file_name: str, size: int, signed: bool, **more) -> DownloadJob:
+    job_id = hashlib.sha256(f"restored\0{file_name}\0{time.time_ns()}".encode()).hexdigest()[:12]
+    return DownloadJob(job_id, url, file_name, state="paused", done_bytes=size, error="paused",
+                       finished_at=time.time(), restored=True, signed=signed, **more)
+
+
+def _set_job(members: list[Kept]) -> DownloadJob | None:
+    """One job for a split set's kept parts, when the sidecar's URL rebuilds that set; else None."""
+    members = sorted(members, key=lambda k: split_part(Path(k.name))[1])
+    first = split_part(Path(members[0].name))
+    first_name = llama_split_name(first[0], 1, first[2])
+    try:
+        plan = set_parts(resolve_url(members[0].url), first_name, first_name)
+    except NodeError:
+        return None
+    names = {n.lower() for _u, n in plan.parts}
+    if len(plan.parts) != first[2] or any(k.name.lower() not in names for k in members):
+        return None
+    return _job(members[0].url, plan.parts[0][1], sum(k.size for k in members), any(k.signed for k in members),
+                parts=plan.parts, named=plan.named)
+
+
+def restored_jobs(kept: list[Kept]) -> list[DownloadJob]:
+    """Paused jobs for the kept `.part` files: one per file, one per split set (the parts of a set
+    are named `prefix-0000N-of-0000M.gguf`; one of them kept is enough to list the set)."""
+    jobs: list[DownloadJob] = []
+    sets: dict[tuple[str, int], list[Kept]] = {}
+    for k in kept:
+        part = split_part(Path(k.name))
+        if part is None:
+            jobs.append(_job(k.url, k.name, k.size, k.signed))
+        else:
+            sets.setdefault((part[0].lower(), part[2]), []).append(k)
+    for members in sets.values():
+        job = _set_job(members)
+        if job is not None:
+            jobs.append(job)
+        else:  # its URL is not a set's (a part downloaded under another name): each part alone
+            jobs += [_job(k.url, k.name, k.size, k.signed) for k in members]
+    return jobs
