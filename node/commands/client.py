@@ -34,8 +34,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("download", help="download a GGUF model into the node's models/ folder")
     add_node_options(p)
-    p.add_argument("url", help="https://…/model.gguf, hf://owner/repo/model.gguf[@revision] or "
+    p.add_argument("url", nargs="?", help="https://…/model.gguf, hf://owner/repo/model.gguf[@revision] or "
                    "hf://owner/repo[:QUANT] (default Q4_K_M, as llama.cpp's -hf)")
+    p.add_argument("--list", action="store_true", help="list the node's downloads, those a stopped node left "
+                   "unfinished too (paused: --resume ID goes on, --cancel ID deletes the partial file)")
+    p.add_argument("--resume", metavar="ID", default=None, help="go on with a paused or failed download")
+    p.add_argument("--cancel", metavar="ID", default=None, help="stop a download and delete its partial file")
     p.add_argument("--sha256", default=None, help="expected sha256 of the file (checked before it is kept)")
     p.add_argument("--filename", default=None, help="file name in models/ (default: the URL's)")
     p.add_argument("--load", action="store_true", help="load the model once it is downloaded")
@@ -174,12 +178,47 @@ def _done_text(job: dict) -> str:
         f"{done}; {job['note']}"
 
 
+def _list_line(job: dict) -> str:
+    """One download of `download --list`: id, state, file, bytes, and what can be done with it."""
+    total = f" of {job['total_bytes'] / 1e6:.1f}" if job.get("total_bytes") else ""
+    line = f"{job['id']}  {job['state']:<11} {job['file']}{_part_of(job) if job['state'] != 'paused' else ''}  " \
+           f"{job['done_bytes'] / 1e6:.1f}{total} MB"
+    if job.get("resumed_as"):
+        return f"{line}  (resumed as {job['resumed_as']})"
+    if job.get("restored") and job["state"] == "paused":
+        line += "  (left by an earlier run)"
+    if job.get("resumable"):
+        line += f"  --resume {job['id']} goes on, --cancel {job['id']} deletes it"
+    if job["state"] == "failed":
+        line += f"\n    {job['error']}"
+    return line
+
+
+def _download_list(client: NodeClient) -> int:
+    jobs = json.loads(client.request("GET", "/api/admin/downloads"))["downloads"]
+    print("\n".join(_list_line(job) for job in jobs) if jobs else "no downloads")
+    return 0
+
+
 def download(args: argparse.Namespace) -> int:
-    """Start a download on the node and show its progress until it ends (Ctrl-C cancels it)."""
+    """Start a download on the node and show its progress until it ends (Ctrl-C cancels it); --list,
+    --resume ID and --cancel ID act on the node's downloads (an earlier run's unfinished ones too)."""
     client = NodeClient(args)
-    body = {"url": args.url, "sha256": args.sha256, "filename": args.filename}
-    job = json.loads(client.request("POST", "/api/admin/models/download",
-                                    {k: v for k, v in body.items() if v is not None}))["download"]
+    if args.list:
+        return _download_list(client)
+    if args.cancel:
+        job = json.loads(client.request("POST", f"/api/admin/downloads/{args.cancel}/cancel"))["download"]
+        print(f"download {job['id']} {job['state']}: {job['file']}")
+        return 0
+    if args.resume:
+        job = json.loads(client.request("POST", f"/api/admin/downloads/{args.resume}/resume"))["download"]
+    elif args.url:
+        body = {"url": args.url, "sha256": args.sha256, "filename": args.filename}
+        job = json.loads(client.request("POST", "/api/admin/models/download",
+                                        {k: v for k, v in body.items() if v is not None}))["download"]
+    else:
+        sys.stderr.write("error: download needs a URL (or --list, --resume ID, --cancel ID)\n")
+        return 2
     try:
         while job["state"] in ("starting", "downloading", "verifying"):
             total = job["total_bytes"]
@@ -192,8 +231,9 @@ def download(args: argparse.Namespace) -> int:
             job = json.loads(client.request("GET", f"/api/admin/downloads/{job['id']}"))["download"]
     except NoNode:  # the node stopped mid-download: say what is kept and how to go on
         sys.stderr.write(f"\nerror: the node at {client.base} stopped answering during the download; "
-                         f"its partial file ({job['done_bytes'] / 1e6:.1f} MB) is kept: start the node and run "
-                         "the same download again to resume it\n")
+                         f"its partial file ({job['done_bytes'] / 1e6:.1f} MB) is kept: start the node again and "
+                         f"`swarmllm download --resume {job['id']}` (see `swarmllm download --list`), or run the "
+                         "same download again, to resume it\n")
         return 1
     except KeyboardInterrupt:
         client.request("POST", f"/api/admin/downloads/{job['id']}/cancel")

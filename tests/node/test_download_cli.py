@@ -81,3 +81,47 @@ def test_a_split_set_is_not_promised_to_the_swarm():
     from node.commands.client import NOT_SHARED_YET, SPLIT_NOT_SHARED, sharing_text
     assert sharing_text("big-00001-of-00003.gguf") == SPLIT_NOT_SHARED
     assert sharing_text("m.gguf") == NOT_SHARED_YET
+
+
+def test_a_download_a_stopped_node_left_is_listed_and_resumed_by_the_cli(tmp_path):
+    """2026-12-06: after the node's restart nothing listed the kept bytes; `download --list` shows
+    the download paused, `--resume ID` goes on from them (Range: nothing fetched twice)."""
+    data = tiny_model(tmp_path).read_bytes()
+    half = len(data) // 2
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "node.cli", "download", *args, "-p", str(node.port),
+                               "--data-dir", str(node.data_dir)], cwd=REPO, env=hermetic_env(),
+                              capture_output=True, text=True, timeout=120)
+
+    with ThreadedOrigin(data, name="m.gguf") as origin:
+        origin.stall_after = half
+        node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"])
+        try:
+            node.wait_ready(path="/health")
+            started = subprocess.Popen(
+                [sys.executable, "-m", "node.cli", "download", origin.url, "-p", str(node.port),
+                 "--data-dir", str(node.data_dir)],
+                cwd=REPO, env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            wait_until_sync(lambda: origin.sent >= half, 60, what="bytes arriving")
+            node.terminate()
+            started.communicate(timeout=60)
+            kept = (tmp_path / "data" / "models" / "m.gguf.part").stat().st_size
+        finally:
+            origin.stall_after = None
+            origin.release.set()
+            node.terminate()
+        node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"])  # started again
+        try:
+            node.wait_ready(path="/health")
+            listed = cli("--list")
+            assert listed.returncode == 0, listed
+            assert "paused" in listed.stdout and "m.gguf" in listed.stdout and "earlier run" in listed.stdout, listed
+            job_id = listed.stdout.split()[0]
+            resumed = cli("--resume", job_id)
+            assert resumed.returncode == 0, resumed
+            assert "downloaded m.gguf" in resumed.stdout, resumed
+            assert kept >= half and origin.ranges[-1] == f"bytes={kept}-"  # nothing fetched twice
+        finally:
+            node.terminate()
+    assert (tmp_path / "data" / "models" / "m.gguf").read_bytes() == data
