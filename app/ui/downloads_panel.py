@@ -96,6 +96,9 @@ class DownloadsPanel(QWidget):
         self.layout_ = QVBoxLayout(self)
         self.layout_.setContentsMargins(0, 0, 0, 0)
         self.setVisible(False)
+        for job in node.downloads.all() if node is not None else []:  # already there: an earlier run's unfinished ones (paused), found
+            if job.active or job.resumable:  # at start, were hidden until 2026-12-06
+                self.on_download(job)
 
     def _row(self, key: str, title: str) -> ProgressRow:
         row = self.rows.get(key)
@@ -129,6 +132,9 @@ class DownloadsPanel(QWidget):
         self._note_growth(key, job)
         if job.state == "failed":
             row.detail.setText(f"failed: {job.error}")
+        elif job.state == "paused" and job.restored:
+            row.detail.setText(f"{row.detail.text()} · kept from an earlier run: Resume goes on from there, "
+                               "Cancel deletes it")
         row.setToolTip(summary["url"])
         # the buttons act on the row's job of the moment (a resume makes a new one): connected once
         # (disconnecting a button with nothing connected printed a RuntimeWarning on the console)
@@ -137,11 +143,12 @@ class DownloadsPanel(QWidget):
             row.pause_button.clicked.connect(lambda: self._pause_or_resume(row.job))
             row.cancel_button.clicked.connect(lambda: self._cancel(row.job))
             row.buttons_connected = True
-        row.pause_button.setVisible(job.state in ("downloading", "starting", "paused"))
-        row.pause_button.setText("Resume" if job.state == "paused" else "Pause")
-        row.pause_button.setToolTip("Resume from where it stopped (HTTP Range)" if job.state == "paused"
+        # a failed download whose partial file is kept resumes too (it had no button until 2026-12-06)
+        row.pause_button.setVisible(job.state in ("downloading", "starting") or job.resumable)
+        row.pause_button.setText("Resume" if job.resumable else "Pause")
+        row.pause_button.setToolTip("Resume from where it stopped (HTTP Range)" if job.resumable
                                     else "Stop for now; the bytes so far are kept")
-        row.cancel_button.setVisible(job.active or job.state == "paused")
+        row.cancel_button.setVisible(job.active or job.resumable)
         row.cancel_button.setToolTip("Stop and delete the partial file")
         if job.state == "done":
             size = fmt.size(job.total_bytes or job.done_bytes)
@@ -185,7 +192,7 @@ class DownloadsPanel(QWidget):
             row.bar.setAccessibleDescription(row.detail.text())
 
     def _pause_or_resume(self, job) -> None:
-        if job.state == "paused":
+        if job.resumable:
             self._resume(job)
         else:
             self.node.downloads.pause(job.id)
@@ -203,7 +210,7 @@ class DownloadsPanel(QWidget):
     def _cancel(self, job) -> None:
         if job.active:
             self.node.downloads.cancel(job.id)
-        else:  # paused: its part file goes as a cancel's would
+        else:  # paused, or failed with its part file kept: it goes as a cancel's would
             spawn(self.node.downloads.async_discard(job.id), what=f"removing the partial {job.file_name}")
 
     # --- partial models' layers (slice host events) ---

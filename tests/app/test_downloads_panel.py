@@ -73,3 +73,18 @@ def test_a_full_disks_failure_text_is_readable_whole_in_a_narrow_window(qtbot):
     needed = QFontMetrics(label.font()).boundingRect(QRect(0, 0, label.width(), 10_000), flags, label.text())
     assert needed.width() <= label.width() and needed.height() <= label.height(), (needed, label.size())
     assert row.bar.maximum() > 0, "a failed download's bar is busy"
+
+
+def test_a_failed_download_whose_partial_file_is_kept_offers_resume_and_cancel(qtbot):
+    """2026-12-06: its text said "downloading it again resumes" but it had no Resume."""
+    panel = DownloadsPanel(node=None)
+    qtbot.addWidget(panel)
+    job = DownloadJob(id="d2", url="https://example.invalid/m.gguf", file_name="m.gguf", state="failed",
+                      done_bytes=2 * 2**20, error="failed 6 times; last: timeout (the partial file is kept)")
+    panel.on_download(job)
+    row = panel.rows["file:m.gguf"]
+    assert row.pause_button.isHidden() and row.cancel_button.isHidden()  # nothing kept: nothing to resume
+    job.kept_bytes = 2 * 2**20
+    panel.on_download(job)
+    assert not row.pause_button.isHidden() and row.pause_button.text() == "Resume"
+    assert not row.cancel_button.isHidden()

@@ -109,3 +109,44 @@ def test_a_download_whose_origin_stops_sending_says_it_is_stalled(qtbot, run, da
                 stall.set()
 
     run(body())
+
+
+def test_a_download_a_stopped_node_left_is_shown_paused_and_resumes(qtbot, run, data_dir, tiny_model, tmp_path):
+    """2026-12-06: a download cut by the node's stop (the app quit, a laptop closed) lived only in
+    memory: after the restart the panel was hidden and nothing said the bytes kept."""
+    from tests.node.test_download import FileServer
+    from tests.support.nodes import running_node
+
+    other = tmp_path / "kept-src.gguf"
+    write_gguf(other, dataclasses.replace(TINY, seed=17, name="kept", vocab=4096))
+    data = other.read_bytes()
+
+    async def body():
+        server = FileServer(data)
+        server.stall_after = len(data) // 3
+        await server.start()
+        try:
+            async with running_node(node_config(data_dir, tiny_model)) as node:  # the earlier run
+                job = node.downloads.start(server.url, file_name="kept.gguf")
+                await wait_until(lambda: job.done_bytes >= len(data) // 3, DEADLINE_S, what="a third downloaded")
+            server.stall_after = None
+            server.release.set()
+            server.requests.clear()
+            async with running_app(node_config(data_dir, tiny_model)) as app:
+                panel = app.window.models_tab.downloads
+                await wait_until(lambda: "file:kept.gguf" in panel.rows, DEADLINE_S, what="the kept download's row")
+                row = panel.rows["file:kept.gguf"]
+                assert panel.isVisibleTo(app.window.models_tab)
+                assert row.detail.text().startswith("paused"), row.detail.text()
+                assert "kept from an earlier run" in row.detail.text(), row.detail.text()
+                assert not row.pause_button.isHidden() and row.pause_button.text() == "Resume"
+                assert not row.cancel_button.isHidden()
+                row.pause_button.click()
+                await wait_until(lambda: row.detail.text().startswith("done"), DEADLINE_S, what="the resumed download")
+                assert server.requests == [{"range": f"bytes={len(data) // 3}-", "if_range": '"v1"'}]
+                assert (data_dir / "models" / "kept.gguf").read_bytes() == data
+        finally:
+            server.release.set()
+            await server.stop()
+
+    run(body())
