@@ -92,6 +92,8 @@ class NodeConfig:
     relay: bool = False  # act as a relay and rendezvous for other nodes
     relays: list[str] = field(default_factory=list)  # relay HOST:PORT to register at
     no_direct: bool = False  # testing: reach peers through relays only
+    public_lan_origins: bool = False  # testing, or a LAN mirror every member reaches: a download from a
+    # loopback/LAN host may count as public (shared unloaded; download/public.py)
     region: str | None = None  # advertised region (e.g. "TH"), optional
     contribute: bool = True  # serve work for peers (the tray's "Pause contributing" clears it)
     contribute_models: dict[str, int] = field(default_factory=dict)  # model id -> MB: layers of it this node

@@ -133,6 +133,7 @@ DOWNLOAD_READ_TIMEOUT_S = 60.0  # no byte for this long: the attempt failed (the
 DOWNLOAD_RETRIES = 6  # attempts per download (network errors, 5xx, 429), resuming with Range
 DOWNLOAD_RETRY_BASE_S = 1.0  # backoff: base * 2^(attempt-1), at most 30 s
 DOWNLOAD_RETRY_AFTER_MAX_S = 120.0  # a 429/503's Retry-After is honoured up to this long
+DOWNLOAD_PUBLIC_CHECK_S = 20.0  # a finished download's origin check (DNS + one HEAD): longer = not public
 DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
 DOWNLOAD_LOG_S = 30.0  # a download's progress is logged (info) at most this often
 DOWNLOAD_STALLED_S = 10.0  # the GUI's downloads panel says "stalled" after no byte arrived for this long

@@ -49,6 +49,7 @@ from node.model_actions import ModelActions
 from node.model_files import ModelFiles
 from node.models.catalog import ModelCatalog, ModelEntry
 from node.models.download import ModelDownloader
+from node.models.download.public import async_origin_public
 from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
@@ -82,7 +83,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self.models = ModelManager(config, self.catalog)
         self.downloads = ModelDownloader(
             self.data_dir / MODELS_DIR,
-            lambda path, sha256, origin: self.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin))
+            self._async_downloaded)
         self.model_files = ModelFiles(self)  # files added to or removed from models/ while it runs
         self.api = ApiServer(self, config)
         self.watchdog = LoopWatchdog()
@@ -395,6 +396,23 @@ class Node(SwarmActions, UrlModels, ModelActions):
             if self.peers is not None:
                 await self.peers.async_announce()
         return entry.id
+
+    async def _async_downloaded(self, path: Path, sha256: str | None, origin: str | None) -> str:
+        """A finished download: served at once (not shared unloaded), then its origin checked in the
+        background (download/public.py): only a public one's file is listed in `files`."""
+        model_id = await self.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin)
+        url = next((u for job in self.downloads.all() for u, name in job.parts if name == path.name), None)
+        if sha256 is not None and origin and url:
+            self._url_tasks.append(asyncio.create_task(self._async_check_origin(path, sha256, url),
+                                                       name="download-origin-check"))
+        return model_id
+
+    async def _async_check_origin(self, path: Path, sha256: str, url: str) -> None:
+        public = await async_origin_public(url, lan_ok=self.config.public_lan_origins)
+        entry = await asyncio.get_running_loop().run_in_executor(
+            None, self.catalog.set_origin_public, path, sha256, public)
+        if entry is not None and entry.origin_public and self.peers is not None:
+            await self.peers.async_announce()  # its HELLO `files` now lists it
 
     async def async_add_model_path(self, path: str, *, load: bool = False) -> tuple[dict[str, Any], bool]:
         """`POST /api/admin/models/add`: serve the GGUF at `path` (model_files.ModelFiles)."""

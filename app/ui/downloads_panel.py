@@ -157,11 +157,13 @@ class DownloadsPanel(QWidget):
             elif split_part(Path(job.file_name)):  # served here only, loaded or not (found in review)
                 row.detail.setText(f"done · {size} · model {job.model_id} · split in parts: served on this "
                                    "device only")
-            else:  # peers take its layers from here now (while contributing: a download, from a public
-                # origin; a file the user added is handed out only while loaded); they see the model loaded only
+            else:  # peers take its layers from here now (while contributing: a download from a public
+                # origin, download/public.py; a private or signed one, or a file the user added, is handed
+                # out only while loaded); they see the model loaded only
                 row.detail.setText(f"done · {size} · model {job.model_id} · your swarm can take its layers from "
-                                   "this device now (a download; files you add yourself are shared only while "
-                                   "loaded); Load it (Models tab) to let them use it here")
+                                   "this device now if its source is public (a private repo's or signed link's "
+                                   "download, or a file you add, is shared only while loaded); Load it (Models "
+                                   "tab) to let them use it here")
 
     def _note_growth(self, key: str, job) -> None:
         if job.state != "downloading":

@@ -46,11 +46,12 @@ class ModelsTab(QWidget):
         self.add_button = QPushButton("Add model file…")
         self.add_button.setToolTip("Serve a GGUF file from your disk. Your swarm's devices get its layers from "
                                    "this device only while it is loaded here (a file you add is not handed out "
-                                   "otherwise; a download is, while you contribute)")
+                                   "otherwise; a download from a public source is, while you contribute)")
         self.download_button = QPushButton("Download…")
         self.download_button.setToolTip("Download a GGUF model from a URL (https://… or hf://owner/repo/file.gguf) "
                                         "into the models folder; your swarm's devices can take its layers from "
-                                        "this device, loaded or not, while you contribute")
+                                        "this device while you contribute: loaded or not if anyone could download "
+                                        "it there, only while loaded from a private repo or a signed link")
         self.download_button.clicked.connect(self.ask_download_url)
         self.load_button.clicked.connect(self.load_selected)
         self.unload_button.clicked.connect(self.unload_selected)

@@ -149,12 +149,14 @@ def _part_of(job: dict) -> str:
 
 
 # a downloaded model is registered, not loaded (memory is the user's call): peers fetch its layers
-# from this node at once (while it contributes: its HELLO's `files`, which lists only files with a
-# public origin; a file the user added is handed out only while loaded), but run it here, and list it
-# among the swarm's models, only once it is loaded (until 2026-12-06 its layers too)
+# from this node at once (while it contributes: its HELLO's `files`, which lists only files from a
+# public origin, download/public.py; a private or signed download and a file the user added are
+# handed out only while loaded), but run it here, and list it among the swarm's models, only once
+# it is loaded (until 2026-12-06 its layers too)
 NOT_SHARED_YET = ("not loaded yet: it loads on its first request here. Your swarm's other devices can take its "
-                  "layers from this device now (while it contributes: it came from a public origin; a file you "
-                  "add yourself is shared only while loaded), and use it here once it is loaded "
+                  "layers from this device now if anyone could download it where it came from (while it "
+                  "contributes; a private repo's or signed link's download, or a file you add yourself, is "
+                  "shared only while loaded), and use it here once it is loaded "
                   "(run the download with --load, or Load in the Models tab)")
 # a model split in parts is served on this node only, loaded or not (node.inference.adverts)
 SPLIT_NOT_SHARED = "a model split in parts is served on this device only: the swarm's other devices do not see it"

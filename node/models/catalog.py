@@ -5,7 +5,8 @@ file_kinds.py), and `--model` paths. A model id is
 a readable name plus the first 8 hex of the file's sha256 (`swarmllm-pydoc-q8_0-1a2b3c4d`), so the
 same file has the same id on every node. Hashes are cached per (path, size, mtime) in
 `data_dir/model_hashes.json`, with the header's hash and length (header.py) and, for a download,
-its origin URL; hashing and header parsing are blocking and run in an executor. A model known only
+its origin URL and whether that origin is public (`public`: anyone could fetch the file there; a
+record without it is not); hashing and header parsing are blocking and run in an executor. A model known only
 by a header fetched from the swarm is an entry of source "swarm" (no file here).
 """
 
@@ -60,6 +61,7 @@ class ModelEntry:
     header_sha256: str = ""  # sha256 of the bytes before the tensor data (header.py)
     header_bytes: int = 0
     origin_url: str | None = None  # where the file came from (no query string), if known
+    origin_public: bool = False  # that origin serves the file to anyone (download/public.py): shared unloaded
     partial: Manifest | None = None  # a partial model (path is its directory): which layers are here
     hashed_stat: tuple[int, int] | None = None  # (size, mtime_ns) of the file when its sha256 was computed
     changed: bool = False  # its file changed on disk since (the watch saw it): not handed out to peers
@@ -214,7 +216,7 @@ class HashCache:
             with self._lock:
                 record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
                 if hit and hit.get("sha256") == digest and hit.get("origin"):  # the same bytes (touched): same origin
-                    record["origin"] = hit["origin"]
+                    record.update({k: hit[k] for k in ("origin", "public") if k in hit})
                 self._data[key] = record
                 self._save()
             running[3].append(digest)
@@ -235,6 +237,23 @@ class HashCache:
         with self._lock:
             self._data[str(file.resolve())] = record
             self._save()
+
+    def set_public(self, file: Path, sha256: str, public: bool) -> bool:
+        """Record whether a downloaded file's origin is public, if its record still holds this sha256
+        (blocking); whether it was recorded."""
+        with self._lock:
+            hit = self._data.get(str(file.resolve()))
+            if not hit or hit.get("sha256") != sha256:
+                return False
+            hit["public"] = bool(public)
+            self._save()
+        return True
+
+    def public_of(self, file: Path) -> bool:
+        """Whether a file's recorded origin is public (an older record, without the flag: not)."""
+        with self._lock:
+            hit = self._data.get(str(file.resolve()))
+        return bool(hit and hit.get("origin") and hit.get("public") is True)
 
     def stat_of(self, file: Path) -> tuple[int, int] | None:
         """(size, mtime_ns) of a file when its cached sha256 was computed (None: not cached)."""
@@ -324,7 +343,7 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
     size = sum(p.stat().st_size for p in set_files(path))  # a split model's parts together
     return ModelEntry(f"{name}-{sha[:8]}", name, path.resolve(), sha, size, source, header,
                       header_sha256=header_sha, header_bytes=header_bytes, origin_url=origin,
-                      hashed_stat=cache.stat_of(path))
+                      origin_public=cache.public_of(path), hashed_stat=cache.stat_of(path))
 
 
 class ModelCatalog:
@@ -414,6 +433,17 @@ class ModelCatalog:
     def remember_hash(self, file: Path, sha256: str, origin_url: str | None = None) -> None:
         """Seed the hash cache for a file whose sha256 is already known (blocking)."""
         self._cache.remember(file, sha256, origin_url)
+
+    def set_origin_public(self, file: Path, sha256: str, public: bool) -> ModelEntry | None:
+        """Record a download's origin check (blocking): in the hash cache, and on the file's entry,
+        which it returns (None: the file changed or left meanwhile)."""
+        if not self._cache.set_public(file, sha256, public):
+            return None
+        entry = self.by_sha(sha256)
+        if entry is None or not entry.has_file or entry.path != file.resolve():
+            return None
+        entry.origin_public = bool(public) and entry.origin_url is not None
+        return entry
 
     def add_swarm_entry(self, entry: ModelEntry) -> ModelEntry:
         """Add a model known here by its fetched header only; the entry already there (a file

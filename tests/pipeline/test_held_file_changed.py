@@ -34,11 +34,14 @@ ORIGIN = "https://huggingface.co/org/tiny/resolve/main/tiny.gguf"
 
 
 def _downloaded(data_dir, spec=TINY):
-    """models/tiny.gguf as a download leaves it (its hash and origin recorded): (path, sha256)."""
+    """models/tiny.gguf as a download from a public origin leaves it (its hash, origin and the
+    origin's check recorded): (path, sha256)."""
     (data_dir / MODELS_DIR).mkdir(parents=True, exist_ok=True)
     path = write_gguf(data_dir / MODELS_DIR / "tiny.gguf", spec)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    HashCache(data_dir / HASH_CACHE_FILE).remember(path, sha, ORIGIN)
+    cache = HashCache(data_dir / HASH_CACHE_FILE)
+    cache.remember(path, sha, ORIGIN)
+    assert cache.set_public(path, sha, True)
     return path, sha
 
 

@@ -43,7 +43,8 @@ async def _pair(tmp_path, *, alter: bool = False, pause_a: bool = False,
     it has heard A's advert) serves layers 0-3 of it by URL. (origin bytes sent for B, A's short id, B)"""
     data = write_gguf(tmp_path / "auto8.gguf", AUTO8).read_bytes()
     hub = _HubThread(data)
-    env = {"HF_ENDPOINT": hub.srv.hub, "HF_HOME": str(tmp_path / "hf-home"), "SWARMLLM_MODELS_WATCH_S": "0.5"}
+    env = {"HF_ENDPOINT": hub.srv.hub, "HF_HOME": str(tmp_path / "hf-home"), "SWARMLLM_MODELS_WATCH_S": "0.5",
+           "SWARMLLM_PUBLIC_LAN_ORIGINS": "true"}  # the Hub stand-in is on 127.0.0.1 (download/public.py)
     a = NodeProcess(tmp_path / "a", args=ARGS, env=env)
     nodes = [a]
     try:

@@ -59,15 +59,17 @@ def test_a_malformed_or_oversized_files_list_is_a_protocol_error(files):
         _wire(_hello(), files=files)
 
 
-def _entry(n: int, *, partial=False, split=1, has_file=True, changed=False, origin="https://hf.co/o/r/m.gguf"):
+def _entry(n: int, *, partial=False, split=1, has_file=True, changed=False, origin="https://hf.co/o/r/m.gguf",
+           public=True):
     return SimpleNamespace(id=f"m{n:03d}", sha256=f"{n:064x}", whole_ok=has_file and not partial, split_count=split,
-                           changed=changed, origin_url=origin)
+                           changed=changed, origin_url=origin, origin_public=public)
 
 
 def test_only_whole_files_are_listed_and_at_most_the_cap():
     entries = [_entry(1), _entry(2, partial=True), _entry(3, split=3), _entry(4, has_file=False),
                _entry(5, changed=True),  # (overwritten since hashed: the watch saw it)
-               _entry(6, origin=None)]  # the user's own file (no public origin): not while unloaded
+               _entry(6, origin=None),  # the user's own file (no public origin): not while unloaded
+               _entry(7, public=False)]  # a private repo's or signed download (download/public.py): not either
     assert held_files(SimpleNamespace(entries={e.id: e for e in entries})) == [f"{1:064x}"]
     many = [_entry(n) for n in range(const.ADVERT_FILES_MAX + 10)]
     listed = held_files(SimpleNamespace(entries={e.id: e for e in many}))
@@ -93,7 +95,9 @@ def test_a_real_node_lists_its_file_and_reads_an_older_peers_hello_as_before(tmp
     is read as before: its models, no files."""
     model = write_gguf(tmp_path / "node" / "models" / "auto8.gguf", AUTO8)
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
-    HashCache(tmp_path / "node" / HASH_CACHE_FILE).remember(model, sha, "https://huggingface.co/org/auto8/resolve/main/auto8.gguf")
+    cache = HashCache(tmp_path / "node" / HASH_CACHE_FILE)
+    cache.remember(model, sha, "https://huggingface.co/org/auto8/resolve/main/auto8.gguf")
+    assert cache.set_public(model, sha, True)
     node = NodeProcess(tmp_path / "node", args=["--no-default-model", "--no-mdns"])
     try:
         node.wait_ready(path="/health")

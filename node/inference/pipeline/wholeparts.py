@@ -2,7 +2,7 @@
 
 A node holding a model's whole GGUF (catalog entry with a file, not partial, its id hash the sha256
 the catalog computed over the file; loaded, or unloaded and downloaded from a public origin: nothing
-of a loaded model is read, only the file and its catalogued header), while contributing, hands out
+of a loaded model is read, only the file and its catalogued header; public: download/public.py), while contributing, hands out
 any tensor of it as a partial holder does its parts:
 `hashes` names the sha256 of each tensor of the parts asked, hashed here off the loop from the file
 and cached (per model, while the file's size and mtime stay); one request hashes at most
@@ -73,13 +73,16 @@ def whole_file(entry: ModelEntry | None, sha256: str) -> bool:
 
 
 def held_files(catalog: Any) -> list[str]:
-    """sha256 of the whole files in the catalog that came from a public origin (a download: the entry
-    has an origin_url, so a peer could fetch it from there anyway), at most ADVERT_FILES_MAX, by model
-    id; not a file the models folder's watch saw changed since it was hashed. A file the user gave
-    (`--model PATH`, the GUI's Add, copied into models/: a private fine-tune, perhaps) is neither
-    listed nor handed out while unloaded; a loaded model is handed out as before (advertised in
-    `models`: the user chose to serve it)."""
-    entries = sorted((e for e in list(catalog.entries.values()) if whole_file(e, e.sha256) and e.origin_url),
+    """sha256 of the whole files in the catalog that came from a public origin (a download its
+    downloader found anyone could fetch: no token needed, no signed or `user:pass@` URL, not a LAN
+    host; download/public.py; the entry's origin_public), at most ADVERT_FILES_MAX, by model id; not
+    a file the models folder's watch saw changed since it was hashed. A file the user gave
+    (`--model PATH`, the GUI's Add, copied into models/) or a private or signed download (a private
+    fine-tune, perhaps) is neither listed nor handed out while unloaded; a loaded model is handed
+    out as before (advertised in `models`: the user chose to serve it). Until 2026-12-06 any
+    download with an origin_url was, a private Hugging Face repo's too."""
+    entries = sorted((e for e in list(catalog.entries.values())
+                      if whole_file(e, e.sha256) and e.origin_url and e.origin_public),
                      key=lambda e: e.id)
     return list(dict.fromkeys(e.sha256 for e in entries))[:const.ADVERT_FILES_MAX]
 

@@ -1,0 +1,100 @@
+"""Whether a finished download's origin is public: anyone could fetch the file there, so a peer may
+take its layers from this node while it is not loaded (wholeparts.held_files). Checked once, when a
+download completes, off its critical path (the model is served meanwhile, as not public):
+
+- the URL the user gave has no query string (a signed S3/CDN link carries its credentials there)
+  and no `user:pass@`;
+- its host is not loopback, private, link-local or otherwise not global (a LAN server: every
+  address the name resolves to must be global), unless the node is told LAN origins count
+  (NodeConfig `public_lan_origins`, for tests and a mirror every member reaches);
+- when the download sent the user's Hugging Face token (hub.py: to the Hub only), a HEAD without
+  it, following the Hub's redirects on its own host as the download does, answers 2xx or the Hub's
+  302 to its CDN (which it sends only to a reader it lets in); a 401, 403 or 404 (a private or
+  gated repo) is not public.
+
+Any failure (DNS, a timeout after DOWNLOAD_PUBLIC_CHECK_S, a refusal) is "not public". (Before
+2026-12-06 every download with an origin was handed out, a private Hugging Face repo's too.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import urllib.parse
+
+import aiohttp
+
+from node import const
+from node.logs import kv
+
+from .hub import hub_headers, is_hub_url
+from .urls import display_url
+
+log = logging.getLogger(__name__)
+
+_MAX_HOPS = 5  # the Hub's own redirects followed by the check
+
+
+def _global(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+async def _async_host_public(host: str, port: int) -> bool:
+    """Whether every address the host resolves to is a global one (a name resolving to a LAN,
+    loopback or link-local address is not)."""
+    try:
+        ipaddress.ip_address(host)
+        addresses = [host]
+    except ValueError:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = [info[4][0] for info in infos]
+    return bool(addresses) and all(_global(str(a)) for a in addresses)
+
+
+async def _async_fetchable_without_token(url: str) -> bool:
+    """HEAD without credentials, following the Hub's own redirects (a renamed repo): a 2xx, or the
+    Hub's redirect off its host (to its CDN, as it answers only a reader it lets in), is public."""
+    timeout = aiohttp.ClientTimeout(total=const.DOWNLOAD_PUBLIC_CHECK_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for _hop in range(_MAX_HOPS):
+            async with session.head(url, allow_redirects=False, headers={"Accept-Encoding": "identity"}) as resp:
+                if 200 <= resp.status < 300:
+                    return True
+                where = resp.headers.get("Location")
+                if resp.status not in (301, 302, 303, 307, 308) or not where:
+                    return False  # 401/403 (private, gated), 404 (a private repo to a stranger)
+                url = urllib.parse.urljoin(url, where)
+                if not is_hub_url(url):
+                    return True  # the Hub hands the file to its CDN
+    return False
+
+
+async def async_origin_public(url: str, *, lan_ok: bool = False) -> bool:
+    """Whether the file at `url` (as the user gave it, resolved) is public; never raises."""
+    parsed = urllib.parse.urlsplit(url)
+    why = None
+    try:
+        if parsed.query:
+            why = "signed"  # a query string: a signed link's credentials
+        elif parsed.username is not None or parsed.password is not None:
+            why = "userinfo"
+        elif not lan_ok and not await asyncio.wait_for(
+                _async_host_public(parsed.hostname or "", parsed.port or 443), const.DOWNLOAD_PUBLIC_CHECK_S):
+            why = "lan_host"
+        else:
+            sent_token = bool(await asyncio.get_running_loop().run_in_executor(None, hub_headers, url))
+            if sent_token and not await asyncio.wait_for(_async_fetchable_without_token(url),
+                                                         const.DOWNLOAD_PUBLIC_CHECK_S):
+                why = "needs_token"
+    except (TimeoutError, OSError, aiohttp.ClientError, ValueError) as exc:
+        why = f"check_failed:{type(exc).__name__}"
+    log.info("DIAG: model origin checked %s", kv(url=display_url(url), public=why is None, why=why))
+    return why is None

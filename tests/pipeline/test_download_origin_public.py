@@ -1,0 +1,90 @@
+"""Which downloads a node shares while they are not loaded (review of 2026-12-06): only a file from
+a public origin, checked when the download completes (download/public.py) and recorded beside its
+origin in the hash cache. A private Hugging Face repo's file (downloaded with the user's HF_TOKEN:
+one HEAD without it is refused) and a signed URL's are neither listed in HELLO `files` nor handed
+out, also after a restart; a public repo's is, though the user's token went with it too. Before,
+every download with an origin was, a private fine-tune's included. A real node downloads from the
+Hub stand-in (on 127.0.0.1: `public_lan_origins` lets that loopback host count, as a LAN mirror
+would); a real TLS peer on 127.0.0.1 asks."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+
+from node.datadir import MODELS_DIR
+from node.inference.synth import write_gguf
+from node.models.catalog import HASH_CACHE_FILE
+from node.models.download.public import async_origin_public
+from node.models.partial.layout import part_of
+from node.net import FrameType
+from tests.net.rawclient import RawPeer
+from tests.pipeline.test_held_file_changed import _ask, _files
+from tests.support.hubserver import HubServer
+from tests.support.nodes import TINY, node_config, running_node
+from tests.support.waiting import wait_until
+
+MINE = dataclasses.replace(TINY, seed=21, name="mine")  # the user's fine-tune, in their private repo
+SIGNED = dataclasses.replace(TINY, seed=22, name="signed")
+TOKEN = "hf_usertoken"
+
+
+def _checked(data_dir, name: str) -> object:
+    """The hash cache's `public` for models/<name> (None: not checked yet)."""
+    path = data_dir / HASH_CACHE_FILE
+    records = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return records.get(str((data_dir / MODELS_DIR / name).resolve()), {}).get("public")
+
+
+async def _download(node, data_dir, url: str, name: str) -> None:
+    job = await node.downloads.async_start(url)
+    await wait_until(lambda: job.state == "done", 60, 0.1, f"the download of {name}")
+    await wait_until(lambda: _checked(data_dir, name) is not None, 30, 0.1, f"{name}'s origin check")
+
+
+async def test_private_and_signed_downloads_are_shared_only_while_loaded(tmp_path, monkeypatch):
+    blobs = {n: write_gguf(tmp_path / f"{n}.gguf", spec).read_bytes()
+             for n, spec in (("mine", MINE), ("tiny", TINY), ("signed", SIGNED))}
+    sha = {n: hashlib.sha256(b).hexdigest() for n, b in blobs.items()}
+    hub = HubServer(blobs["mine"], "/me/fine-tune/resolve/main/mine.gguf")
+    hub.add_file("/org/tiny/resolve/main/tiny.gguf", blobs["tiny"])
+    hub.add_file("/org/signed/resolve/main/signed.gguf", blobs["signed"])
+    await hub.start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the user is logged in to Hugging Face
+    data_dir = tmp_path / "data"
+    config = node_config(data_dir, public_lan_origins=True)
+    try:
+        async with running_node(config) as node:
+            hub.token = TOKEN  # the private repo: only the user's token reads it
+            await _download(node, data_dir, "hf://me/fine-tune/mine.gguf", "mine.gguf")
+            hub.token = None  # a public repo (the user's token is sent all the same)
+            await _download(node, data_dir, "hf://org/tiny/tiny.gguf", "tiny.gguf")
+            await _download(node, data_dir, hub.presigned("/org/signed/resolve/main/signed.gguf"), "signed.gguf")
+            assert {n: _checked(data_dir, f"{n}.gguf") for n in blobs} == {"mine": False, "tiny": True, "signed": False}
+            assert hub.hub_requests[-1].get("Authorization") is None  # the check's HEAD, without the token
+            entry = node.catalog.by_sha(sha["mine"])
+            part = part_of(next(t.name for t in entry.header.tensors if t.name.startswith("blk.0.")))
+            peer = RawPeer(tmp_path / "peer", "127.0.0.1", node.peers.listen_port)
+            assert await asyncio.to_thread(_files, peer) == (sha["tiny"],)
+            for private in (sha["mine"], sha["signed"]):
+                refused = await asyncio.to_thread(_ask, peer, {"sha256": private, "op": "hashes", "parts": [part]})
+                assert refused.type == FrameType.ERROR and refused.header.get("code") == "model_not_found", \
+                    refused.header
+            served = await asyncio.to_thread(_ask, peer, {"sha256": sha["tiny"], "op": "hashes", "parts": [part]})
+            assert served.type == FrameType.MODEL_PART, served.header
+        async with running_node(config) as node:  # the checks are kept: a restart shares no more
+            peer = RawPeer(tmp_path / "peer2", "127.0.0.1", node.peers.listen_port)
+            assert await asyncio.to_thread(_files, peer) == (sha["tiny"],)
+    finally:
+        await hub.stop()
+
+
+async def test_what_is_never_public():
+    """Without asking anyone: a `user:pass@` URL, a signed one, a LAN, loopback or link-local host."""
+    for url in ("https://user:pw@8.8.8.8/m.gguf", "https://8.8.8.8/m.gguf?X-Amz-Signature=x",
+                "http://192.168.1.5/m.gguf", "http://127.0.0.1:8000/m.gguf", "http://[fe80::1]/m.gguf",
+                "http://10.0.0.2/m.gguf", "http://[::ffff:192.168.0.1]/m.gguf"):
+        assert await async_origin_public(url) is False, url
