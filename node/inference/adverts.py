@@ -23,6 +23,8 @@ def model_adverts(catalog: ModelCatalog, models: ModelManager, slice_host: Slice
     for m in models.whole_models():
         if m.state != "loaded" or m.entry.split_count > 1:  # a split model is served here only (catalog.py)
             continue
+        if m.entry.changed:  # its file is no longer the bytes its sha256 names (the watch saw it overwritten)
+            continue
         advert: dict[str, Any] = {"sha256": m.entry.sha256, "name": m.entry.name, "n_layers": m.entry.n_layers,
                                   "whole": True}
         rate = m.engine.ms_per_token if m.engine is not None else None

@@ -445,6 +445,21 @@ class ModelCatalog:
         entry.origin_public = bool(public) and entry.origin_url is not None
         return entry
 
+    def same_bytes(self, entry: ModelEntry) -> bool | None:
+        """Whether a file whose stat changed since it was hashed still holds the bytes its sha256
+        names (blocking: hashes it again, once, through the cache): a touched file is (its entry then
+        takes the new stat, no longer `changed`), a file overwritten with other bytes is not (marked
+        `changed`); None when it cannot be read (gone: the caller's load says so)."""
+        try:
+            digest = self._cache.get_or_compute(entry.path)
+        except OSError:
+            return None
+        if digest != entry.sha256:
+            entry.changed = True
+            return False
+        entry.hashed_stat, entry.changed = self._cache.stat_of(entry.path), False
+        return True
+
     def add_swarm_entry(self, entry: ModelEntry) -> ModelEntry:
         """Add a model known here by its fetched header only; the entry already there (a file
         of the same content found meanwhile) wins."""
