@@ -16,7 +16,7 @@ import pytest
 
 from node.inference import grammar
 from node.inference.reasoning import splitter_for
-from node.inference.request import ResponseFormat, ToolCall
+from node.inference.request import ResponseFormat, ToolCall, ToolSpec
 from node.inference.synth import SynthSpec, write_gguf
 from node.inference.tokenizer import ModelTokenizer
 from node.inference.tools import detect_format, tool_grammar
@@ -197,3 +197,20 @@ def test_the_forced_grammar_writes_the_calls_as_the_template_does(cohere_tok, na
     assert accepts(cohere_tok, either, '{"answer":42}') and not accepts(cohere_tok, required, '{"answer":42}')
     assert not accepts(cohere_tok, required, "Sure, let me check.")
     assert not accepts(cohere_tok, required, one.replace('"city"', '"town"'))  # a required parameter left out
+
+
+@needs_llama
+@BOTH
+@pytest.mark.parametrize("params", [{}, {"properties": {"q": {"type": "string"}}}])
+def test_a_forced_calls_parameters_are_an_object_whatever_the_schema_leaves_out(cohere_tok, name, params):
+    """`parameters: {}` (no parameters) or a schema without "type": the grammar still holds the call's
+    `parameters` to an object, as every other format's (before, it allowed "s", null, [] or 3, which the
+    parser then refused: the call reached the client as content)."""
+    fmt = detect_format(template(name))
+    spec = tool_grammar(fmt, request([{"role": "user", "content": "hi"}], choice="required",
+                                     tools=(ToolSpec("lookup", "", params),)))
+    grammar.validate(spec)
+    call = '<|START_ACTION|>[\n    {"tool_call_id":"0","tool_name":"lookup","parameters":%s}\n]<|END_ACTION|>'
+    assert accepts(cohere_tok, spec, call % "{}")
+    for bad in ('"s"', "null", "[]", "3"):
+        assert not accepts(cohere_tok, spec, call % bad), bad

@@ -101,8 +101,9 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
 
 def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,
                   tools: tuple[ToolSpec, ...]) -> grammar.Spec:
-    if fmt.name == "cohere":
-        return cohere_calls(tools, [_own_id(i, t) for i, t in enumerate(tools)], max_calls)
+    if fmt.name == "cohere":  # (the coerced object schema: the raw one let `"parameters":"s"` through)
+        return cohere_calls(tools, [_call_schema(t, "parameters", _own_id(i, t))["properties"]["parameters"]
+                                    for i, t in enumerate(tools)], max_calls)
     if fmt.name in _SECTIONS or fmt.name == "deepseek_r1":
         args = [_lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"])
                 for i, t in enumerate(tools)]
