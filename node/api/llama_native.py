@@ -30,7 +30,7 @@ from node.inference.generate import CompletionRun
 from node.inference.manager import ServedModel
 from node.inference.reasoning import with_history
 from node.inference.request import CompletionRequest, Delta, TokenLogprob
-from node.inference.tools import detect_format, prompt_inputs
+from node.inference.tools import chat_format, prompt_inputs
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -310,11 +310,11 @@ async def apply_template(request: web.Request) -> web.Response:
         raise InvalidRequest("request body must be a JSON object")
     chat = parse_completion({**body, "model": _default_model(request, body.get("model"))}, "chat")
     tok = (await _served(request, chat.model)).tokenizer
-    fmt = detect_format(tok.chat_template)
+    template = tok.template_for(bool(chat.tools))  # as a run renders it: its template, thoughts, template kwargs
     loop = asyncio.get_running_loop()
-    # as a run renders it: thoughts, template kwargs
-    messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, chat, tok.chat_template, with_history)
-    prompt = await loop.run_in_executor(None, tok.render_chat, messages, tools, chat.template_kwargs)
+    fmt = await loop.run_in_executor(None, chat_format, template)
+    messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, chat, template, with_history)
+    prompt = await loop.run_in_executor(None, tok.render_chat, messages, tools, chat.template_kwargs, template)
     return web.json_response({"prompt": prompt})
 
 
@@ -339,4 +339,5 @@ async def props(request: web.Request) -> web.Response:
                                         "params": params, "model": served.id},
         "total_slots": served.lock.limit, "model_path": _model_file(served), "model_alias": served.id,
         "chat_template": tok.chat_template or CHATML_TEMPLATE, "modalities": {"vision": False, "audio": False},
-        "bos_token": tok.bos_text, "eos_token": tok.eos_text, "build_info": "swarmllm", "is_sleeping": False})
+        "bos_token": tok.bos_text, "eos_token": tok.eos_text, "build_info": "swarmllm", "is_sleeping": False,
+        **({"chat_template_tool_use": tok.named_templates["tool_use"]} if "tool_use" in tok.named_templates else {})})

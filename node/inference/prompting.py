@@ -12,7 +12,7 @@ from node.inference import reasoning
 from node.inference.prefill import prefill_of
 from node.inference.request import CompletionRequest
 from node.inference.tokenizer import ModelTokenizer
-from node.inference.tools import ToolFormat, detect_format, prompt_inputs, thought_ends
+from node.inference.tools import ToolFormat, chat_format, prompt_inputs, thought_ends
 from node.inference.tools.harmony import continued
 
 
@@ -29,17 +29,18 @@ async def async_prompt(request: CompletionRequest, tok: ModelTokenizer, n_ctx: i
     tries a template once, ~50 ms for the largest; rendering and tokenizing)."""
     loop = asyncio.get_running_loop()
     if request.kind == "chat":
-        fmt = detect_format(tok.chat_template)
+        template = tok.template_for(bool(request.tools))  # (the tool_use one when tools are offered)
+        fmt = await loop.run_in_executor(None, chat_format, template)  # (a probe render, once a template)
         prefill = prefill_of(request)  # (its message is left out before the history is built)
-        messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, request, tok.chat_template,
+        messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, request, template,
                                                      reasoning.with_history, prefill is not None)
         if prefill is not None:
-            prefill = continued(tok.chat_template, prefill)  # gpt-oss: in its final channel
+            prefill = continued(template, prefill)  # gpt-oss: in its final channel
         rendered, tokens = await loop.run_in_executor(None, tok.chat_prompt, messages, tools, prefill or "",
-                                                      request.template_kwargs)
+                                                      request.template_kwargs, template)
         ends = thought_ends(fmt, request)  # a call's opener ends the thoughts too
-        thoughts = reasoning.splitter_for(request, tok.chat_template, rendered, prefill, ends)
-        counting = reasoning.splitter_for(request, tok.chat_template, rendered, prefill, ends)
+        thoughts = reasoning.splitter_for(request, template, rendered, prefill, ends)
+        counting = reasoning.splitter_for(request, template, rendered, prefill, ends)
         return Prompt(tokens, fmt, thoughts, None if counting is None else reasoning.ThoughtCounter(counting))
     if request.suffix is not None:
         # other files' context fills what the code and the reply leave of the context (llama-server's rule)

@@ -75,6 +75,7 @@ class SynthSpec:
     # the others control tokens; llama.cpp ends the generation at `<turn|>` and `<|tool_response>`
     gemma4: bool = False
     chat_template: str | None = None  # tokenizer.chat_template (None: none, the node uses ChatML)
+    chat_templates: tuple[tuple[str, str], ...] = ()  # (name, template): tokenizer.chat_template.<name> (tool_use, ...)
     # a reranker (qwen3 only, as Qwen3-Reranker's GGUF): `qwen3.pooling_type` RANK, two classifier
     # labels and a `cls.output.weight` head; llama.cpp scores a pair as softmax(head(last token))[0]
     rerank: bool = False
@@ -258,6 +259,8 @@ def _write_metadata(writer: gguf.GGUFWriter, spec: SynthSpec) -> None:
         types[first:first + len(GEMMA4_TOKENS)] = [TOKEN_USER_DEFINED] + [TOKEN_CONTROL] * (len(GEMMA4_TOKENS) - 1)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
+    for name, text in spec.chat_templates:
+        writer.add_string(gguf.Keys.Tokenizer.CHAT_TEMPLATE_N.format(name=name), text)
     if spec.rerank:
         writer.add_pooling_type(gguf.PoolingType.RANK)
         writer.add_classifier_output_labels(list(RERANK_LABELS))

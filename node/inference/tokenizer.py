@@ -19,6 +19,7 @@ from node.inference.chat import model_turn, render_chat
 
 log = logging.getLogger(__name__)
 
+_NAMED = "tokenizer.chat_template."  # a named template's key: tool_use, rag, rerank, ...
 _SNIPPET = "\n\n--- snippet ---\n\n"  # before each extra chunk when the model has no FIM_SEP (as llama-server)
 
 
@@ -43,7 +44,12 @@ class ModelTokenizer:
         self.n_vocab = self._llm.n_vocab()
         self.n_ctx_train = model.n_ctx_train()
         meta = self._llm.metadata
-        self.chat_template: str | None = meta.get("tokenizer.chat_template")
+        # the default template and the named ones (`tokenizer.chat_template.<name>`: Command R7B, R+ and
+        # Hermes 2 Pro ship a `tool_use` one, which alone renders the tools); a GGUF with only a
+        # tool_use template uses it for every chat, as llama.cpp does (common_chat_templates_init)
+        self.named_templates: dict[str, str] = {
+            k.removeprefix(_NAMED): v for k, v in meta.items() if k.startswith(_NAMED) and isinstance(v, str)}
+        self.chat_template: str | None = meta.get("tokenizer.chat_template") or self.named_templates.get("tool_use")
         self.add_bos = bool(model.add_bos_token())
         self.bos_id = self._llm.token_bos()
         self.eos_id = self._llm.token_eos()
@@ -120,13 +126,21 @@ class ModelTokenizer:
             context = context[len(context) - min(len(context), keep):]
         return [*context, *bos, *code]
 
+    def template_for(self, tools: bool) -> str | None:
+        """The template a chat renders with: the `tool_use` one when the request offers tools and the
+        model has one (llama.cpp's rule, common_chat_templates_apply_jinja), else the default. Until
+        2026-12-06 the tool_use one was never read: Command R7B's default template shows no tools."""
+        return (self.named_templates.get("tool_use") if tools else None) or self.chat_template
+
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    extra: dict[str, Any] | None = None) -> str:
+                    extra: dict[str, Any] | None = None, template: str | None = None) -> str:
         """The prompt text for chat messages (and the tools, OpenAI's shape) under the model's own
-        template; node.inference.tools.prompt_inputs prepares both. `extra`: chat_template_kwargs."""
-        rendered = render_chat(self.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
+        template (`template`: one of its templates, template_for's; the default when None);
+        node.inference.tools.prompt_inputs prepares both. `extra`: chat_template_kwargs."""
+        template = template or self.chat_template
+        rendered = render_chat(template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
                                tools=tools, extra=extra)
-        return model_turn(self.chat_template, rendered)  # (Gemma 4: a model turn its template left closed)
+        return model_turn(template, rendered)  # (Gemma 4: a model turn its template left closed)
 
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None, prefill: str = "") -> list[int]:
         """Render and tokenize; BOS is added only if the template did not already write it.
@@ -134,10 +148,10 @@ class ModelTokenizer:
         return self.chat_prompt(messages, tools, prefill)[1]
 
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, prefill: str = "",
-                    extra: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+                    extra: dict[str, Any] | None = None, template: str | None = None) -> tuple[str, list[int]]:
         """chat_tokens, with the rendered text before the prefill (where the generation prompt
         leaves the reply: node.inference.reasoning reads it)."""
-        rendered = self.render_chat(messages, tools, extra)
+        rendered = self.render_chat(messages, tools, extra, template)
         text = rendered + prefill
         add_bos = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
         return rendered, self.tokenize(text, add_bos=add_bos)

@@ -25,6 +25,18 @@ TOKENS = (*MARKERS, "<|START_THINKING|>", "<|END_THINKING|>")
 R7B = SynthSpec(n_ctx=8192, control_tokens=TOKENS, name="r7b",
                 chat_template=(TEMPLATES / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja").read_text())
 MOE = SynthSpec(n_ctx=8192, control_tokens=TOKENS, name="moe", chat_template=(TEMPLATES / "Cohere2MoE.jinja").read_text())
+# a real R7B GGUF's default template (the shape of huggingface.js ollama-utils' automap for command-r7b):
+# the tool-use body only beside documents, which empties `tools`; plain chat otherwise. Its tool_use
+# template (the fixture) is `tokenizer.chat_template.tool_use`.
+TOOL_USE = R7B.chat_template
+PLAIN_CHAT = ("{% for message in messages %}<|START_OF_TURN_TOKEN|>{% if message.role == 'user' %}<|USER_TOKEN|>"
+              "{% elif message.role == 'system' %}<|SYSTEM_TOKEN|>{% else %}<|CHATBOT_TOKEN|><|START_RESPONSE|>{% endif %}"
+              "{{ message.content }}{% if message.role == 'assistant' %}<|END_RESPONSE|>{% endif %}<|END_OF_TURN_TOKEN|>"
+              "{% endfor %}{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>{% endif %}")
+R7B_DEFAULT = ("{% if documents %}{% set tools = [] %}" + TOOL_USE.removeprefix("{{ bos_token }}") + "{% else %}"
+               + "{{ bos_token }}" + PLAIN_CHAT + "{% endif %}")
+BOTH_TEMPLATES = R7B.replace(name="cmdr-both", chat_template=R7B_DEFAULT, chat_templates=(("tool_use", TOOL_USE),))
+DEFAULT_ONLY = R7B.replace(name="cmdr-plain", chat_template=R7B_DEFAULT)
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
         "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}
@@ -34,7 +46,8 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("cohere")
-    models = (tiny_model(base, R7B, "r7b.gguf"), tiny_model(base, MOE, "moe.gguf"))
+    models = (tiny_model(base, R7B, "r7b.gguf"), tiny_model(base, MOE, "moe.gguf"),
+              tiny_model(base, BOTH_TEMPLATES, "cmdr-both.gguf"), tiny_model(base, DEFAULT_ONLY, "cmdr-plain.gguf"))
     async with running_node(node_config(base / "data", *models)) as n:
         yield n
 
@@ -116,3 +129,30 @@ async def test_history_reaches_the_template(node, name):
             in prompt), prompt
     at = prompt.index("<|START_TOOL_RESULT|>", prompt.index("Weather in Paris?"))
     assert '"tool_call_id": "0"' in prompt[at:] and "sunny" in prompt[at:], prompt[at:]
+
+
+async def _apply_template(node, model: str, **body) -> str:
+    url = f"http://127.0.0.1:{node.api.port}/apply-template"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {node.api_key}"}) as http:
+        async with http.post(url, json={"model": model, **body}) as resp:
+            assert resp.status == 200, await resp.text()
+            return (await resp.json())["prompt"]
+
+
+@pytest.mark.parametrize("name", ["cmdr-both", "cmdr-plain"])
+async def test_tools_reach_the_model_whose_default_template_hides_them(node, client, name):
+    """A real R7B GGUF: its default template renders the tools only beside documents; its tool_use
+    template (`tokenizer.chat_template.tool_use`) renders them. With tools and tool_choice auto the
+    prompt holds the tool: the tool_use template's where the GGUF has one (as llama.cpp picks it), the
+    generic format's system message where it has not (before, the model never saw the tools)."""
+    model = _model(node, name)
+    prompt = await _apply_template(node, model.id, messages=ASK, tools=[WEATHER], tool_choice="auto")
+    assert "get_weather" in prompt, prompt
+    if name == "cmdr-both":
+        assert '{"name": "get_weather", "description": "Weather"' in prompt, prompt  # (the tool_use template's list)
+    r = await client.chat.completions.create(model=model.id, messages=ASK, tools=[WEATHER], tool_choice="auto",
+                                             max_tokens=1)
+    tok = model.tokenizer
+    assert r.usage.prompt_tokens == len(tok.tokenize(prompt, add_bos=not prompt.startswith(tok.bos_text)))
+    plain = await _apply_template(node, model.id, messages=ASK)  # no tools: the default template, as before
+    assert "get_weather" not in plain and plain.endswith("<|CHATBOT_TOKEN|><|START_RESPONSE|>"), plain

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from typing import Any
 
 from node.inference.chat import is_gemma4, render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
+from node.inference.sampling import SamplingParams
 from node.inference.tools.cohere import COHERE, is_cohere
 from node.inference.tools.cohere import MARKERS as COHERE_MARKERS
 from node.inference.tools.deepseek_r1 import (
@@ -94,6 +96,8 @@ from node.inference.tools.tagged import (
     param_schemas,
     qwen_xml,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,31 @@ def detect_format(template: str | None) -> ToolFormat:
     if "<|start_header_id|>" in t and FUNCTION_OPEN not in t and ("ipython" in t or '"parameters"' in t):
         return FORMATS["llama3"]
     return FORMATS["generic"]
+
+
+def chat_format(template: str | None) -> ToolFormat:
+    """detect_format, where a native format's template shows a tool it is given (the generic format,
+    which lists them in the system message, where it shows none): Command R7B's default template
+    renders the tools only beside `documents` (its tool_use template, tokenizer.template_for's, renders
+    them), and with it every tool offered was hidden from the model until 2026-12-06. Tried once a
+    template, off the loop (a render)."""
+    fmt = detect_format(template)
+    if not fmt.native or not template or _shows_tools(template):
+        return fmt
+    log.info("DIAG: template shows no tools format=%s using=generic", fmt.name)
+    return FORMATS["generic"]
+
+
+@functools.lru_cache(maxsize=32)
+def _shows_tools(template: str) -> bool:
+    fmt = detect_format(template)
+    probe = CompletionRequest("chat", "", False, False, SamplingParams(),
+                              messages=({"role": "user", "content": "hi"},), tools=(ToolSpec(_PROBE),))
+    try:
+        messages, tools = prompt_inputs(fmt, probe, template)
+        return _PROBE in render_chat(template, messages, tools=tools)
+    except Exception:  # noqa: BLE001 - a template that fails here fails the real render too, which reports it
+        return True
 
 
 def tools_active(request: CompletionRequest) -> bool:
