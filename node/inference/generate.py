@@ -85,6 +85,7 @@ class CompletionRun:
         self._answer = ""  # the reply's text outside the thoughts (the tool parser's input)
         self._inline = ""  # reasoning_format "none": the thoughts as written, kept in content
         self._counter: reasoning.ThoughtCounter | None = None  # usage's reasoning_tokens
+        self._wrapper: tuple[str, str] | None = None  # an answer's wrapper the prompt opened (prompting.Prompt)
 
     # --- phase 1: everything that can fail with a client error ---
 
@@ -181,7 +182,7 @@ class CompletionRun:
             raise self.models.unservable(served)
         prompt = await async_prompt(self.request, served.tokenizer, served.n_ctx)
         if prompt.fmt is not None:
-            self._thoughts, self._counter = prompt.thoughts, prompt.counter
+            self._thoughts, self._counter, self._wrapper = prompt.thoughts, prompt.counter, prompt.answer
         return prompt.tokens, prompt.fmt
 
     async def count_prompt_tokens(self) -> int:
@@ -261,11 +262,14 @@ class CompletionRun:
         else:
             source = await self._local_source()
         tok = served.tokenizer
-        assembler = TextAssembler(job.params.stop)
+        # a wrapper the prompt opened ends the reply at its closer (a control token shown for it, as a stop
+        # string: Ollama's), reported as the turn's end; the parser starts inside it
+        opener, closer = self._wrapper or ("", "")
+        assembler = TextAssembler((*job.params.stop, closer))
         track = None if job.params.logprobs is None else LogprobTrack(tok.piece)
         fmt = self._tool_format
-        parser = new_parser(fmt, self.request, trace.request_id) if fmt is not None else None
-        markers = frozenset(fmt.special_markers) if fmt is not None else frozenset()
+        parser = new_parser(fmt, self.request, trace.request_id, opener) if fmt is not None else None
+        markers = (frozenset(fmt.special_markers) if fmt is not None else frozenset()) | ({closer} - {""})
         if self._thoughts is not None:  # a thought tag may be a control token (Ministral's [THINK], gpt-oss's <|end|>)
             markers |= set(self._thoughts.markers)
         counter = self._counter
@@ -405,7 +409,9 @@ class CompletionRun:
         trace, job = self.trace, self.job
         assert job is not None
         rid, model = trace.request_id, trace.model
-        if assembler.stop_match is not None:
+        if assembler.stop_match is not None and assembler.stop_match.sequence not in job.params.stop:
+            trace.finish_reason, trace.finish_detail = "stop", "eos"  # an answer's closer (self._wrapper)
+        elif assembler.stop_match is not None:
             trace.finish_reason, trace.finish_detail = "stop", "stop_sequence"
             self.stop_sequence = assembler.stop_match.sequence
             if trace.completion_tokens <= EARLY_STOP_TOKENS or not assembler.emitted.strip():

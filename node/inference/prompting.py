@@ -13,6 +13,7 @@ from node.inference.prefill import prefill_of
 from node.inference.request import CompletionRequest
 from node.inference.tokenizer import ModelTokenizer
 from node.inference.tools import ToolFormat, chat_format, prompt_inputs, thought_ends
+from node.inference.tools.cohere import opened_answer
 from node.inference.tools.harmony import continued
 
 
@@ -22,6 +23,7 @@ class Prompt:
     fmt: ToolFormat | None = None  # a chat's: the model's tool-call format
     thoughts: reasoning.ReasoningSplitter | None = None  # a reasoning model's thoughts, kept apart
     counter: reasoning.ThoughtCounter | None = None  # usage's reasoning_tokens
+    answer: tuple[str, str] | None = None  # (opener, closer) of an answer's wrapper the prompt opened (Cohere)
 
 
 async def async_prompt(request: CompletionRequest, tok: ModelTokenizer, n_ctx: int) -> Prompt:
@@ -41,7 +43,8 @@ async def async_prompt(request: CompletionRequest, tok: ModelTokenizer, n_ctx: i
         ends = thought_ends(fmt, request)  # a call's opener ends the thoughts too
         thoughts = reasoning.splitter_for(request, template, rendered, prefill, ends)
         counting = reasoning.splitter_for(request, template, rendered, prefill, ends)
-        return Prompt(tokens, fmt, thoughts, None if counting is None else reasoning.ThoughtCounter(counting))
+        return Prompt(tokens, fmt, thoughts, None if counting is None else reasoning.ThoughtCounter(counting),
+                      opened_answer(rendered))
     if request.suffix is not None:
         # other files' context fills what the code and the reply leave of the context (llama-server's rule)
         room = n_ctx - 2 * (request.params.max_tokens or const.DEFAULT_MAX_TOKENS)

@@ -214,3 +214,16 @@ def test_a_forced_calls_parameters_are_an_object_whatever_the_schema_leaves_out(
     assert accepts(cohere_tok, spec, call % "{}")
     for bad in ('"s"', "null", "[]", "3"):
         assert not accepts(cohere_tok, spec, call % bad), bad
+
+
+@BOTH
+def test_a_reply_that_starts_inside_the_answer_the_prompt_opened(name):
+    """The generation prompt ends with the answer's opener (R7B's default template): the parser starts
+    inside the wrapper, so its closer is not content (before, it was: its opener was in the prompt)."""
+    from node.inference.tools.cohere import opened_answer
+    opener, closer = WRAPPER[name]
+    assert opened_answer("<|CHATBOT_TOKEN|>" + opener) == (opener, closer) and opened_answer("<|CHATBOT_TOKEN|>") is None
+    fmt = detect_format(template(name))
+    for cuts in (None, [3, 7, 9], list(range(1, 30))):
+        got = parse(fmt.name, "Hello" + closer, cuts, parser=new_parser(fmt, request([], tools=TOOLS), opened=opener))
+        assert got[0] == [] and got[1] == "Hello" and got[2] == "Hello", (cuts, got)

@@ -37,6 +37,8 @@ R7B_DEFAULT = ("{% if documents %}{% set tools = [] %}" + TOOL_USE.removeprefix(
                + "{{ bos_token }}" + PLAIN_CHAT + "{% endif %}")
 BOTH_TEMPLATES = R7B.replace(name="cmdr-both", chat_template=R7B_DEFAULT, chat_templates=(("tool_use", TOOL_USE),))
 DEFAULT_ONLY = R7B.replace(name="cmdr-plain", chat_template=R7B_DEFAULT)
+# a template that shows the tools and opens the answer in its generation prompt
+ANSWER_OPEN = R7B.replace(name="cmdr-answer", chat_template=TOOL_USE + "<|START_RESPONSE|>")
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
         "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}
@@ -47,7 +49,8 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 async def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("cohere")
     models = (tiny_model(base, R7B, "r7b.gguf"), tiny_model(base, MOE, "moe.gguf"),
-              tiny_model(base, BOTH_TEMPLATES, "cmdr-both.gguf"), tiny_model(base, DEFAULT_ONLY, "cmdr-plain.gguf"))
+              tiny_model(base, BOTH_TEMPLATES, "cmdr-both.gguf"), tiny_model(base, DEFAULT_ONLY, "cmdr-plain.gguf"),
+              tiny_model(base, ANSWER_OPEN, "cmdr-answer.gguf"))
     async with running_node(node_config(base / "data", *models)) as n:
         yield n
 
@@ -156,3 +159,21 @@ async def test_tools_reach_the_model_whose_default_template_hides_them(node, cli
     assert r.usage.prompt_tokens == len(tok.tokenize(prompt, add_bos=not prompt.startswith(tok.bos_text)))
     plain = await _apply_template(node, model.id, messages=ASK)  # no tools: the default template, as before
     assert "get_weather" not in plain and plain.endswith("<|CHATBOT_TOKEN|><|START_RESPONSE|>"), plain
+
+
+@pytest.mark.parametrize("name", ["cmdr-plain", "cmdr-answer"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_reply_ends_at_the_closer_of_the_answer_the_prompt_opened(node, client, name, stream):
+    """The generation prompt ends with `<|START_RESPONSE|>` (R7B's default template; with tools, one that
+    shows them): the reply ends at `<|END_RESPONSE|>`, which is no end-of-generation token, and the tag
+    never reaches the client (before: without tools the model wrote on past it to max_tokens; with
+    tools, a shown marker outside any region it opened, the client got "<|END_RESPONSE|>…")."""
+    model = _model(node, name)
+    ids = model.tokenizer.tokenize("<|END_RESPONSE|>", add_bos=False, special=True)
+    kw = dict(model=model.id, messages=ASK, max_tokens=6, logit_bias={str(ids[0]): 100})
+    if name == "cmdr-answer":
+        kw.update(tools=[WEATHER], tool_choice="auto")
+        assert (await _apply_template(node, model.id, messages=ASK, tools=[WEATHER])).endswith("<|START_RESPONSE|>")
+    content, _, finish, calls, _ = await _ask(client, stream, **kw)
+    assert finish == "stop" and not calls, (finish, content)
+    assert "END_RESPONSE" not in (content or "")

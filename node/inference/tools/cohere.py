@@ -37,6 +37,14 @@ def is_cohere(template: str) -> bool:
     return ACTION_OPEN in template and '"tool_name"' in template and (RESPONSE_OPEN in template or TEXT_OPEN in template)
 
 
+def opened_answer(rendered: str) -> tuple[str, str] | None:
+    """(opener, closer) of the answer's wrapper that the prompt opens (R7B's default template ends its
+    generation prompt with `<|START_RESPONSE|>`), or None: the reply starts inside it, and ends at the
+    closer, which no vocabulary makes an end-of-generation token (Ollama adds it as a stop string)."""
+    end = rendered.rstrip()
+    return next(((o, c) for o, c in ((RESPONSE_OPEN, RESPONSE_CLOSE), (TEXT_OPEN, TEXT_CLOSE)) if end.endswith(o)), None)
+
+
 def _waits(rest: str, tag: str) -> bool:
     return len(rest) < len(tag) and tag.startswith(rest)
 

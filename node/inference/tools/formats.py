@@ -407,11 +407,13 @@ def answer_schema(request: CompletionRequest) -> dict[str, Any] | None:
     return schema
 
 
-def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "") -> ToolCallParser:
+def new_parser(fmt: ToolFormat, request: CompletionRequest, request_id: str = "", opened: str = "") -> ToolCallParser:
+    """The reply's parser; `opened`: an opener of the format's own readers that the prompt ends with
+    (Cohere's answer wrapper: cohere.opened_answer), the reply starting inside its region."""
     answers = fmt.syntax.at_start and fmt.name != "generic" and answer_schema(request) is not None
     syntax = fmt.syntax
     if fmt.name in ("qwen_xml", "glm", "dsml", "minimax_m2"):  # values are written raw: the parameters' schemas tell a string from a number
         reader = {"qwen_xml": qwen_xml, "glm": glm, "dsml": dsml, "minimax_m2": minimax}[fmt.name]
         syntax = dataclasses.replace(syntax, region=functools.partial(reader, params=param_schemas(request.tools)))
     return ToolCallParser(syntax, request_id=request_id, known=tuple(t.name for t in request.tools),
-                          answers=answers)
+                          answers=answers, opened=opened if opened in dict(syntax.readers) else "")

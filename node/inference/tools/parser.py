@@ -91,7 +91,7 @@ class ToolCallParser:
     """Splits one reply into content and tool calls, as it streams."""
 
     def __init__(self, syntax: Syntax, *, request_id: str = "", known: tuple[str, ...] = (),
-                 new_id: Callable[[], str] = new_call_id, answers: bool = False):
+                 new_id: Callable[[], str] = new_call_id, answers: bool = False, opened: str = ""):
         self.syntax = syntax
         # a reply that starts with `{` may be a response_format's answer, not a call (Llama 3's bare
         # JSON calls under tool_choice "auto"): such a region is a call only when it opens as one,
@@ -113,6 +113,8 @@ class ToolCallParser:
         self.cut_call: ToolCall | None = None  # finish(cut=True): the call the budget cut short, if named
         self.content = ""
         self.failed = False  # some call text was not valid and went back into the content
+        if opened:  # the prompt opened this region (one of syntax.readers'): the reply starts inside it
+            self._enter(opened, "")
 
     # --- input ---
 
