@@ -227,3 +227,24 @@ def test_a_reply_that_starts_inside_the_answer_the_prompt_opened(name):
     for cuts in (None, [3, 7, 9], list(range(1, 30))):
         got = parse(fmt.name, "Hello" + closer, cuts, parser=new_parser(fmt, request([], tools=TOOLS), opened=opener))
         assert got[0] == [] and got[1] == "Hello" and got[2] == "Hello", (cuts, got)
+
+
+@needs_llama
+@BOTH
+def test_an_answer_beside_tools_may_be_wrapped_as_the_template_writes_it(cohere_tok, name):
+    """tool_choice auto with a response_format: the answer is the JSON in the model's own wrapper
+    (R7B `<|START_RESPONSE|>`, Cohere2 MoE `<|START_TEXT|>`), either tag optional (llama.cpp's
+    cohere2moe grammar); the parser keeps the JSON alone as content. Before, only bare JSON was allowed,
+    which these models never write."""
+    opener, closer = WRAPPER[name]
+    fmt = detect_format(template(name))
+    spec = tool_grammar(fmt, dataclasses.replace(request([{"role": "user", "content": "hi"}], tools=TOOLS),
+                                                 response_format=ResponseFormat("json_object")))
+    grammar.validate(spec)
+    for ok in (opener + '{"answer":42}' + closer, opener + '{"answer":42}', '{"answer":42}' + closer, '{"answer":42}'):
+        assert accepts(cohere_tok, spec, ok), ok
+    other = WRAPPER[MOE if name == R7B else R7B][0]
+    for bad in (opener + "42" + closer, opener + opener + '{"answer":42}', other + '{"answer":42}', opener + "Sure."):
+        assert not accepts(cohere_tok, spec, bad), bad
+    got = _parse(name, opener + '{"answer":42}' + closer)
+    assert got[0] == [] and got[1] == '{"answer":42}', got

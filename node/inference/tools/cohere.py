@@ -101,5 +101,16 @@ def cohere_calls(tools: Any, args: list[dict[str, Any]], max_calls: int | None) 
                        grammar.literal(ACTION_CLOSE))
 
 
+def cohere_answer(template: str, answer: grammar.Spec) -> grammar.Spec:
+    """The answer of a reply that may call tools beside a response_format: the JSON in the answer's
+    wrapper as the template writes it (R7B's `<|START_RESPONSE|>`, Cohere2 MoE's `<|START_TEXT|>`), both
+    tags optional (the prompt may have opened it; the reply may end without the closer; llama.cpp's
+    cohere2moe grammar), each alone in its literal (a control token); the parser keeps the JSON alone
+    as content. Before 2026-12-06 the answer was bare JSON, which these models never write."""
+    opener, closer = (TEXT_OPEN, TEXT_CLOSE) if TEXT_OPEN in template else (RESPONSE_OPEN, RESPONSE_CLOSE)
+    return grammar.seq(grammar.repeat(grammar.literal(opener), 0, 1), answer,
+                       grammar.repeat(grammar.literal(closer), 0, 1))
+
+
 COHERE = Syntax("cohere", (ACTION_OPEN, RESPONSE_OPEN, TEXT_OPEN), False, action,
                 ((RESPONSE_OPEN, wrapped(RESPONSE_CLOSE)), (TEXT_OPEN, wrapped(TEXT_CLOSE))))

@@ -9,7 +9,7 @@ from typing import Any
 
 from node.inference import grammar
 from node.inference.request import CompletionRequest, ToolSpec
-from node.inference.tools.cohere import cohere_calls
+from node.inference.tools.cohere import cohere_answer, cohere_calls
 from node.inference.tools.deepseek_r1 import r1_calls
 from node.inference.tools.dsml import block_of, dsml_calls
 from node.inference.tools.formats import ToolFormat, answer_schema, has_ref, tools_active
@@ -96,7 +96,10 @@ def tool_grammar(fmt: ToolFormat, request: CompletionRequest) -> grammar.Spec | 
         return call_grammar([(t.name, _lenient(_call_schema(t, "arguments", _own_id(i, t))["properties"]["arguments"]))
                              for i, t in enumerate(tools)], answer)
     calls = _native_calls(fmt, call, None if many else 1, tools)
-    return calls if answer is None else grammar.alt(grammar.json_value(answer), calls)
+    if answer is None:
+        return calls
+    json_answer = grammar.json_value(answer)
+    return grammar.alt(cohere_answer(fmt.template, json_answer) if fmt.name == "cohere" else json_answer, calls)
 
 
 def _native_calls(fmt: ToolFormat, call: dict[str, Any], max_calls: int | None,

@@ -112,7 +112,7 @@ class ToolFormat:
     # call at the end of their thoughts without closing them (llama.cpp's kimi-k2, deepseek (DSML),
     # qwen3-coder (Qwen3.5) and ling3 parsers end the reasoning there; node.inference.reasoning)
     thought_ends: tuple[str, ...] = ()
-    template: str = field(default="", compare=False, repr=False)  # (glm, dsml: the grammar writes its layout)
+    template: str = field(default="", compare=False, repr=False)  # (glm, dsml, cohere: the grammar writes its layout)
 
 
 FORMATS = {
@@ -163,8 +163,8 @@ def detect_format(template: str | None) -> ToolFormat:
         return dataclasses.replace(FORMATS["gemma4"], template=t)
     if is_minimax_m2(t):  # MiniMax M2 (minimax.py)
         return FORMATS["minimax_m2"]
-    if is_cohere(t):  # Command R7B, Cohere2 MoE (cohere.py)
-        return FORMATS["cohere"]
+    if is_cohere(t):  # Command R7B, Cohere2 MoE (cohere.py; the grammar writes the answer's wrapper)
+        return dataclasses.replace(FORMATS["cohere"], template=t)
     if TOOL_CALL_OPEN in t and FUNCTION_OPEN in t and "<parameter=" in t:
         return FORMATS["qwen_xml"]
     if TOOL_CALL_OPEN in t and ARG_KEY in t:
