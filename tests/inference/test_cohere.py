@@ -248,3 +248,24 @@ def test_an_answer_beside_tools_may_be_wrapped_as_the_template_writes_it(cohere_
         assert not accepts(cohere_tok, spec, bad), bad
     got = _parse(name, opener + '{"answer":42}' + closer)
     assert got[0] == [] and got[1] == '{"answer":42}', got
+
+
+def test_a_call_turns_thoughts_reach_r7bs_published_template_as_its_tool_plan():
+    """R7B's published tool_use template writes `<|START_THINKING|>{{message.tool_plan}}<|END_THINKING|>`
+    before an earlier turn's action (llama.cpp's copy, the fixture, reads `reasoning_content`): the
+    turn's thoughts are its tool_plan (before, the template wrote an empty plan)."""
+    from node.inference.chat import render_chat
+    from node.inference.reasoning import with_history
+    from node.inference.tools import prompt_inputs
+
+    published = template(R7B).replace("message.reasoning_content", "message.tool_plan")
+    assert "message.tool_plan" in published
+    history = _history(CALLS[:1])
+    history[1] = {**history[1], "reasoning_content": "I will look up the weather."}
+    for tmpl in (published, template(R7B), template(MOE)):
+        fmt = detect_format(tmpl)
+        messages, tools = prompt_inputs(fmt, request(history, tools=TOOLS), tmpl, with_history)
+        text = render_chat(tmpl, messages, tools=tools)
+        at = text.index("<|START_ACTION|>", text.index("Weather in Paris?"))
+        before = text[text.rindex("<|START_THINKING|>", 0, at):at].strip()
+        assert before == "<|START_THINKING|>I will look up the weather.<|END_THINKING|>", before

@@ -45,6 +45,15 @@ def opened_answer(rendered: str) -> tuple[str, str] | None:
     return next(((o, c) for o, c in ((RESPONSE_OPEN, RESPONSE_CLOSE), (TEXT_OPEN, TEXT_CLOSE)) if end.endswith(o)), None)
 
 
+def cohere_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each earlier call turn's thoughts as its `tool_plan`, which R7B's published tool_use template
+    writes in `<|START_THINKING|>…<|END_THINKING|>` before the action (Cohere2 MoE's reads it first,
+    then `reasoning_content`; llama.cpp's copy of R7B's was edited to read `reasoning_content`)."""
+    return [{**m, "tool_plan": m["reasoning_content"]}
+            if m.get("role") == "assistant" and m.get("tool_calls") and m.get("reasoning_content") else m
+            for m in messages]
+
+
 def _waits(rest: str, tag: str) -> bool:
     return len(rest) < len(tag) and tag.startswith(rest)
 

@@ -41,7 +41,7 @@ from typing import Any
 from node.inference.chat import is_gemma4, render_chat
 from node.inference.request import CompletionRequest, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
-from node.inference.tools.cohere import COHERE, is_cohere
+from node.inference.tools.cohere import COHERE, cohere_history, is_cohere
 from node.inference.tools.cohere import MARKERS as COHERE_MARKERS
 from node.inference.tools.deepseek_r1 import (
     DEEPSEEK_R1,
@@ -243,6 +243,8 @@ def prompt_inputs(fmt: ToolFormat, request: CompletionRequest, template: str | N
             out = history(messages, out)
         if fmt.name == "kimi_k2":
             out = kimi_history(out)
+        if fmt.name == "cohere":
+            out = cohere_history(out)
         if fmt.name == "deepseek_r1":
             out = r1_history(out, fmt.template)
             if active and not renders_tools(fmt.template):
