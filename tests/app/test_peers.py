@@ -53,7 +53,9 @@ def test_a_peer_and_a_distributed_request(qtbot, run, tmp_path, tiny_model):
                     await client.close()
                 request_id = reply.headers["x-request-id"]
                 rows = app.feeds.requests
-                await wait_until(lambda: rows.cell_text(request_id, "Outcome") == "ok",
+                # (a reply max_tokens cut says so beside "ok")
+                outcome = "ok" if reply.parse().choices[0].finish_reason == "stop" else "ok · cut at max tokens"
+                await wait_until(lambda: rows.cell_text(request_id, "Outcome") == outcome,
                                  DEADLINE_S, what="the finished row")
                 assert rows.cell_text(request_id, "Route") == reply.headers["x-swarm-route"] == "distributed"
                 assert rows.cell_text(request_id, "Nodes") == f"{app.node.short_id},{b.short_id}"
