@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from node.models import catalog
-from node.models.catalog import HashCache
+from node.models import hash_cache
+from node.models.hash_cache import HashCache
 
 
 def _poll(predicate, what: str, timeout_s: float = 10.0) -> None:
@@ -30,7 +30,7 @@ def gated(monkeypatch):
     """sha256_file counting its calls and held until `gate` is set; `fail_first` makes the first
     call raise as a file read error would."""
     state = {"calls": 0, "gate": threading.Event(), "fail_first": False}
-    real = catalog.sha256_file
+    real = hash_cache.sha256_file
 
     def held(path, stop):
         state["calls"] += 1
@@ -39,7 +39,7 @@ def gated(monkeypatch):
             raise OSError("read error")
         return real(path, stop)
 
-    monkeypatch.setattr(catalog, "sha256_file", held)
+    monkeypatch.setattr(hash_cache, "sha256_file", held)
     return state
 
 

@@ -1,0 +1,162 @@
+"""The model hash cache (`model_hashes.json` in the data dir): a file's sha256 per (path, size,
+mtime_ns), computed once (a second caller for a file being hashed waits for that hash), with where
+the file came from (its origin URL and whether that origin is public). Moved out of catalog.py
+(2026-12-06, at 501 lines); catalog.py imports it."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from node import const
+from node.logs import kv
+from node.models.header import header_digest
+
+log = logging.getLogger(__name__)
+
+HASH_CACHE_FILE = "model_hashes.json"
+
+
+class HashingStopped(OSError):
+    """The node is stopping: a file's hash was given up (a scan skips the file)."""
+
+
+def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
+    """Stream a file through sha256 (blocking); raises HashingStopped once `stop` is set."""
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        while chunk := fh.read(const.HASH_CHUNK_BYTES):
+            if stop is not None and stop.is_set():
+                raise HashingStopped(f"hashing {path.name} stopped: the node is stopping")
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class HashCache:
+    """sha256 per (path, size, mtime_ns), persisted as JSON in the data dir."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._lock = threading.Lock()  # scans and downloads use it from executor threads at once
+        self.stop = threading.Event()  # set when the node stops: a hash in progress gives up
+        self._data: dict[str, dict[str, Any]] = {}
+        self._unsaved = False  # the last save failed (said once)
+        # hashes in progress, by file → (size, mtime_ns, done, [digest]): a second caller for the same
+        # file (a download's completion and the folder watch, the GUI's Add) waits for the first one's
+        # result instead of reading the whole file again beside it
+        self._hashing: dict[str, tuple[int, int, threading.Event, list[str]]] = {}
+        if path is not None and path.is_file():
+            try:
+                self._data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                log.warning("model hash cache unreadable; rebuilding it")
+
+    def get_or_compute(self, file: Path) -> str:
+        st = file.stat()
+        key = str(file.resolve())
+        with self._lock:
+            hit = self._data.get(key)
+            if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+                return hit["sha256"]
+            running = self._hashing.get(key)
+            mine = running is None or running[:2] != (st.st_size, st.st_mtime_ns)
+            if mine:
+                running = self._hashing[key] = (st.st_size, st.st_mtime_ns, threading.Event(), [])
+        assert running is not None
+        if not mine:
+            log.info("DIAG: model file already being hashed, waiting for it %s", kv(name=file.name))
+            running[2].wait()
+            if running[3]:
+                return running[3][0]
+            return self.get_or_compute(file)  # that one failed or stopped: this caller's own try
+        try:
+            started = time.monotonic()
+            digest = sha256_file(file, self.stop)
+            log.info("DIAG: hashed model file name=%s size_mb=%.1f elapsed_ms=%d", file.name,
+                     st.st_size / 2**20, (time.monotonic() - started) * 1000)
+            with self._lock:
+                record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+                if hit and hit.get("sha256") == digest and hit.get("origin"):  # the same bytes (touched): same origin
+                    record.update({k: hit[k] for k in ("origin", "public") if k in hit})
+                self._data[key] = record
+                self._save()
+            running[3].append(digest)
+            return digest
+        finally:
+            with self._lock:
+                if self._hashing.get(key) is running:
+                    del self._hashing[key]
+            running[2].set()
+
+    def remember(self, file: Path, sha256: str, origin_url: str | None = None) -> None:
+        """Record a hash computed elsewhere (a download hashes as it verifies; blocking), and
+        where the file came from."""
+        st = file.stat()
+        record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+        if origin_url:
+            record["origin"] = origin_url
+        with self._lock:
+            self._data[str(file.resolve())] = record
+            self._save()
+
+    def set_public(self, file: Path, sha256: str, public: bool) -> bool:
+        """Record whether a downloaded file's origin is public, if its record still holds this sha256
+        (blocking); whether it was recorded."""
+        with self._lock:
+            hit = self._data.get(str(file.resolve()))
+            if not hit or hit.get("sha256") != sha256:
+                return False
+            hit["public"] = bool(public)
+            self._save()
+        return True
+
+    def public_of(self, file: Path) -> bool:
+        """Whether a file's recorded origin is public (an older record, without the flag: not)."""
+        with self._lock:
+            hit = self._data.get(str(file.resolve()))
+        return bool(hit and hit.get("origin") and hit.get("public") is True)
+
+    def stat_of(self, file: Path) -> tuple[int, int] | None:
+        """(size, mtime_ns) of a file when its cached sha256 was computed (None: not cached)."""
+        with self._lock:
+            hit = self._data.get(str(file.resolve()))
+        return (int(hit["size"]), int(hit["mtime_ns"])) if hit else None
+
+    def header_of(self, file: Path) -> tuple[str, int, str | None]:
+        """(header sha256, header bytes, origin URL) of a file whose hash is cached (blocking):
+        the header hash is computed once and kept in the same record."""
+        key = str(file.resolve())
+        with self._lock:
+            hit = dict(self._data.get(key) or {})
+        if "header_sha256" in hit and "header_bytes" in hit:
+            return hit["header_sha256"], int(hit["header_bytes"]), hit.get("origin")
+        digest, n_bytes = header_digest(file)
+        with self._lock:
+            record = self._data.get(key)
+            if record is not None and record.get("sha256") == hit.get("sha256"):
+                record.update(header_sha256=digest, header_bytes=n_bytes)
+                self._save()
+        return digest, n_bytes, hit.get("origin")
+
+    def _save(self) -> None:  # under self._lock
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(self._data, indent=1), encoding="utf-8")
+            tmp.replace(self.path)
+        except OSError as exc:  # a full disk: the model is served all the same (this is only a cache)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if not self._unsaved:  # said once, until a save works again
+                log.warning("DIAG: model hash cache not saved, files will be hashed again at the next start %s",
+                            kv(path=self.path, error=exc.strerror or exc))
+            self._unsaved = True
+            return
+        self._unsaved = False
