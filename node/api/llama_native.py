@@ -30,7 +30,7 @@ from node.inference.generate import CompletionRun
 from node.inference.manager import ServedModel
 from node.inference.reasoning import with_history
 from node.inference.request import CompletionRequest, Delta, TokenLogprob
-from node.inference.tools import chat_format, prompt_inputs
+from node.inference.tools import chat_template, prompt_inputs
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -310,9 +310,9 @@ async def apply_template(request: web.Request) -> web.Response:
         raise InvalidRequest("request body must be a JSON object")
     chat = parse_completion({**body, "model": _default_model(request, body.get("model"))}, "chat")
     tok = (await _served(request, chat.model)).tokenizer
-    template = tok.template_for(bool(chat.tools))  # as a run renders it: its template, thoughts, template kwargs
-    loop = asyncio.get_running_loop()
-    fmt = await loop.run_in_executor(None, chat_format, template)
+    loop = asyncio.get_running_loop()  # as a run renders it: its template, thoughts, template kwargs
+    template, fmt = await loop.run_in_executor(None, chat_template, chat, tok.chat_template,
+                                               tok.named_templates.get("tool_use"))
     messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, chat, template, with_history)
     prompt = await loop.run_in_executor(None, tok.render_chat, messages, tools, chat.template_kwargs, template)
     return web.json_response({"prompt": prompt})

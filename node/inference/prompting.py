@@ -12,7 +12,7 @@ from node.inference import reasoning
 from node.inference.prefill import prefill_of
 from node.inference.request import CompletionRequest
 from node.inference.tokenizer import ModelTokenizer
-from node.inference.tools import ToolFormat, chat_format, prompt_inputs, thought_ends
+from node.inference.tools import ToolFormat, chat_template, prompt_inputs, thought_ends
 from node.inference.tools.cohere import opened_answer
 from node.inference.tools.harmony import continued
 
@@ -31,8 +31,9 @@ async def async_prompt(request: CompletionRequest, tok: ModelTokenizer, n_ctx: i
     tries a template once, ~50 ms for the largest; rendering and tokenizing)."""
     loop = asyncio.get_running_loop()
     if request.kind == "chat":
-        template = tok.template_for(bool(request.tools))  # (the tool_use one when tools are offered)
-        fmt = await loop.run_in_executor(None, chat_format, template)  # (a probe render, once a template)
+        # the tool_use template when the reply may call tools and it shows them (a probe render, once a template)
+        template, fmt = await loop.run_in_executor(None, chat_template, request, tok.chat_template,
+                                                   tok.named_templates.get("tool_use"))
         prefill = prefill_of(request)  # (its message is left out before the history is built)
         messages, tools = await loop.run_in_executor(None, prompt_inputs, fmt, request, template,
                                                      reasoning.with_history, prefill is not None)

@@ -126,16 +126,10 @@ class ModelTokenizer:
             context = context[len(context) - min(len(context), keep):]
         return [*context, *bos, *code]
 
-    def template_for(self, tools: bool) -> str | None:
-        """The template a chat renders with: the `tool_use` one when the request offers tools and the
-        model has one (llama.cpp's rule, common_chat_templates_apply_jinja), else the default. Until
-        2026-12-06 the tool_use one was never read: Command R7B's default template shows no tools."""
-        return (self.named_templates.get("tool_use") if tools else None) or self.chat_template
-
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
                     extra: dict[str, Any] | None = None, template: str | None = None) -> str:
         """The prompt text for chat messages (and the tools, OpenAI's shape) under the model's own
-        template (`template`: one of its templates, template_for's; the default when None);
+        template (`template`: one of its templates, tools.chat_template's; the default when None);
         node.inference.tools.prompt_inputs prepares both. `extra`: chat_template_kwargs."""
         template = template or self.chat_template
         rendered = render_chat(template, messages, bos_token=self.bos_text, eos_token=self.eos_text,

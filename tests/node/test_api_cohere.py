@@ -37,6 +37,9 @@ R7B_DEFAULT = ("{% if documents %}{% set tools = [] %}" + TOOL_USE.removeprefix(
                + "{{ bos_token }}" + PLAIN_CHAT + "{% endif %}")
 BOTH_TEMPLATES = R7B.replace(name="cmdr-both", chat_template=R7B_DEFAULT, chat_templates=(("tool_use", TOOL_USE),))
 DEFAULT_ONLY = R7B.replace(name="cmdr-plain", chat_template=R7B_DEFAULT)
+# Command R+: its tool_use template writes calls as `Action: ```json`, a format read here as generic
+PLUS = R7B.replace(name="cmdr-plus", chat_template="{{ bos_token }}" + PLAIN_CHAT, chat_templates=(
+    ("tool_use", (TEMPLATES / "CohereForAI-c4ai-command-r-plus-tool_use.jinja").read_text()),))
 # a template that shows the tools and opens the answer in its generation prompt
 ANSWER_OPEN = R7B.replace(name="cmdr-answer", chat_template=TOOL_USE + "<|START_RESPONSE|>")
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
@@ -50,7 +53,7 @@ async def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("cohere")
     models = (tiny_model(base, R7B, "r7b.gguf"), tiny_model(base, MOE, "moe.gguf"),
               tiny_model(base, BOTH_TEMPLATES, "cmdr-both.gguf"), tiny_model(base, DEFAULT_ONLY, "cmdr-plain.gguf"),
-              tiny_model(base, ANSWER_OPEN, "cmdr-answer.gguf"))
+              tiny_model(base, ANSWER_OPEN, "cmdr-answer.gguf"), tiny_model(base, PLUS, "cmdr-plus.gguf"))
     async with running_node(node_config(base / "data", *models)) as n:
         yield n
 
@@ -159,6 +162,20 @@ async def test_tools_reach_the_model_whose_default_template_hides_them(node, cli
     assert r.usage.prompt_tokens == len(tok.tokenize(prompt, add_bos=not prompt.startswith(tok.bos_text)))
     plain = await _apply_template(node, model.id, messages=ASK)  # no tools: the default template, as before
     assert "get_weather" not in plain and plain.endswith("<|CHATBOT_TOKEN|><|START_RESPONSE|>"), plain
+
+
+async def test_the_tool_use_template_only_where_it_shows_the_tools_a_reply_may_call(node):
+    """Found in review (2026-12-06): the tool_use template was taken for any request with tools. With
+    tool_choice "none" (an agent forcing a final answer) the model got that template's call
+    instructions around an empty tool list; Command R+'s tool_use template, whose `Action:` format is
+    generic here, got an empty tool section and its own call syntax beside the generic one the grammar
+    forces. Now: the default template then, as without tools."""
+    both = _model(node, "cmdr-both").id
+    plain = await _apply_template(node, both, messages=ASK)
+    assert await _apply_template(node, both, messages=ASK, tools=[WEATHER], tool_choice="none") == plain
+    plus = _model(node, "cmdr-plus").id
+    prompt = await _apply_template(node, plus, messages=ASK, tools=[WEATHER], tool_choice="auto")
+    assert "get_weather" in prompt and "Action:" not in prompt and "directly-answer" not in prompt, prompt
 
 
 @pytest.mark.parametrize("name", ["cmdr-plain", "cmdr-answer"])

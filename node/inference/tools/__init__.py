@@ -12,6 +12,7 @@ from node.inference.tools.formats import (
     FORMATS,
     ToolFormat,
     chat_format,
+    chat_template,
     detect_format,
     generic_reply,
     new_parser,
@@ -22,5 +23,5 @@ from node.inference.tools.formats import (
 from node.inference.tools.jsonscan import partial_object, unfinished_object
 from node.inference.tools.parser import ToolCallParser, new_call_id
 
-__all__ = ["FORMATS", "ToolCallParser", "ToolFormat", "chat_format", "detect_format", "generic_reply", "new_call_id", "new_parser",
+__all__ = ["FORMATS", "ToolCallParser", "ToolFormat", "chat_format", "chat_template", "detect_format", "generic_reply", "new_call_id", "new_parser",
            "partial_object", "prompt_inputs", "thought_ends", "tool_grammar", "tools_active", "unfinished_object"]

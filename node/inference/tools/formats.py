@@ -186,14 +186,27 @@ def detect_format(template: str | None) -> ToolFormat:
 def chat_format(template: str | None) -> ToolFormat:
     """detect_format, where a native format's template shows a tool it is given (the generic format,
     which lists them in the system message, where it shows none): Command R7B's default template
-    renders the tools only beside `documents` (its tool_use template, tokenizer.template_for's, renders
+    renders the tools only beside `documents` (its tool_use template, chat_template's pick, renders
     them), and with it every tool offered was hidden from the model until 2026-12-06. Tried once a
     template, off the loop (a render)."""
     fmt = detect_format(template)
     if not fmt.native or not template or _shows_tools(template):
         return fmt
-    log.info("DIAG: template shows no tools format=%s using=generic", fmt.name)
     return FORMATS["generic"]
+
+
+def chat_template(request: CompletionRequest, default: str | None, tool_use: str | None) -> tuple[str | None, ToolFormat]:
+    """The template a chat renders with, and its format (blocking: a probe render, once a template): the
+    model's `tool_use` template (a GGUF's `tokenizer.chat_template.tool_use`) when the reply may call
+    tools and that template shows them itself, as llama.cpp picks it; else the default. (Found in review,
+    2026-12-06: taken for any request with tools, it gave a `tool_choice: "none"` request Hermes 2 Pro's
+    call instructions with an empty tool list, and Command R/R+, whose tool_use format is generic here,
+    an empty "Available Tools" and an `Action:` syntax beside the generic one the grammar forces.)"""
+    if tool_use and tools_active(request):
+        fmt = chat_format(tool_use)
+        if fmt.native:
+            return tool_use, fmt
+    return default, chat_format(default)
 
 
 @functools.lru_cache(maxsize=32)
@@ -203,9 +216,12 @@ def _shows_tools(template: str) -> bool:
                               messages=({"role": "user", "content": "hi"},), tools=(ToolSpec(_PROBE),))
     try:
         messages, tools = prompt_inputs(fmt, probe, template)
-        return _PROBE in render_chat(template, messages, tools=tools)
+        shown = _PROBE in render_chat(template, messages, tools=tools)
     except Exception:  # noqa: BLE001 - a template that fails here fails the real render too, which reports it
         return True
+    if not shown:  # (once a template: every plain chat logged it, found in review)
+        log.info("DIAG: template shows no tools format=%s using=generic", fmt.name)
+    return shown
 
 
 def tools_active(request: CompletionRequest) -> bool:
