@@ -397,11 +397,12 @@ class Node(SwarmActions, UrlModels, ModelActions):
                 await self.peers.async_announce()
         return entry.id
 
-    async def _async_downloaded(self, path: Path, sha256: str | None, origin: str | None) -> str:
+    async def _async_downloaded(self, path: Path, sha256: str | None, origin: str | None, url: str) -> str:
         """A finished download: served at once (not shared unloaded), then its origin checked in the
-        background (download/public.py): only a public one's file is listed in `files`."""
+        background (download/public.py): only a public one's file is listed in `files`. `url` is the
+        finishing job's own URL, query included (an earlier job of the same file name may have had
+        another: a bare link refused, then a signed one pasted)."""
         model_id = await self.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin)
-        url = next((u for job in self.downloads.all() for u, name in job.parts if name == path.name), None)
         if sha256 is not None and origin and url:
             self._url_tasks.append(asyncio.create_task(self._async_check_origin(path, sha256, url),
                                                        name="download-origin-check"))

@@ -378,7 +378,7 @@ async def test_shutdown_keeps_the_partial_file_and_a_restarted_node_resumes(tmp_
 
     added = []
 
-    async def on_file(path, sha256, origin_url):
+    async def on_file(path, sha256, origin_url, _url=None):
         added.append((path.name, sha256, origin_url))
         return "id-" + sha256[:8]
 
@@ -410,7 +410,7 @@ async def test_shutdown_keeps_the_partial_file_and_a_restarted_node_resumes(tmp_
 async def test_a_complete_partial_file_is_finished_without_refetching(tmp_path, server, other_bytes):
     from node.models.download import ModelDownloader
 
-    async def on_file(path, sha256, origin_url):
+    async def on_file(path, sha256, origin_url, _url=None):
         return "id"
 
     models = tmp_path / "models"
@@ -429,7 +429,7 @@ async def test_a_complete_partial_file_is_finished_without_refetching(tmp_path, 
 async def test_a_job_cancelled_before_it_ran_is_not_left_active(tmp_path, server):
     from node.models.download import ModelDownloader
 
-    async def on_file(path, sha256, origin_url):
+    async def on_file(path, sha256, origin_url, _url=None):
         return "id"
 
     downloader = ModelDownloader(tmp_path / "models", on_file)

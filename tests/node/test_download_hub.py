@@ -40,7 +40,7 @@ async def hub(monkeypatch, tmp_path):
 async def _download(tmp_path, url):
     got = {}
 
-    async def on_file(path, sha256, origin):
+    async def on_file(path, sha256, origin, _url=None):
         got.update(path=path, sha256=sha256, origin=origin)
         return "model-id"
 

@@ -63,7 +63,7 @@ async def test_a_resume_answered_with_another_version_restarts_from_zero(tmp_pat
     url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
     added = []
 
-    async def on_file(path, sha256, origin_url):
+    async def on_file(path, sha256, origin_url, _url=None):
         added.append(path.read_bytes())
         return "id"
 
@@ -100,7 +100,7 @@ async def test_a_partial_file_longer_than_the_new_version_restarts_instead_of_fa
     (models / "m.gguf.part.json").write_text(json.dumps({"url": url, "validator": '"v1"'}))
     added = []
 
-    async def on_file(path, sha256, origin_url):
+    async def on_file(path, sha256, origin_url, _url=None):
         added.append(path.read_bytes())
         return "id"
 
@@ -125,7 +125,7 @@ async def test_bytes_kept_from_an_earlier_download_are_not_counted_as_fetched_af
     server = FileServer(data)
     await server.start()
 
-    async def on_file(path, sha256, origin_url):
+    async def on_file(path, sha256, origin_url, _url=None):
         return "id"
 
     try:

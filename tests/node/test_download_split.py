@@ -58,7 +58,7 @@ async def hub(monkeypatch, tmp_path, parts, request):
 async def _download(models, url, sha256=None):
     got, seen = {}, []
 
-    async def on_file(path, sha256, origin):
+    async def on_file(path, sha256, origin, _url=None):
         got.update(path=path, sha256=sha256, origin=origin)
         return "model-id"
 
@@ -198,7 +198,7 @@ async def test_a_stop_while_the_parts_land_leaves_the_set_whole(tmp_path, hub, p
     loop = asyncio.get_running_loop()
     real, stopped = os.replace, []
 
-    async def on_file(path, sha256, origin):
+    async def on_file(path, sha256, origin, _url=None):
         return "model-id"
 
     dl = ModelDownloader(models, on_file)

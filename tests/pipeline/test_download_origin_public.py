@@ -88,3 +88,48 @@ async def test_what_is_never_public():
                 "http://192.168.1.5/m.gguf", "http://127.0.0.1:8000/m.gguf", "http://[fe80::1]/m.gguf",
                 "http://10.0.0.2/m.gguf", "http://[::ffff:192.168.0.1]/m.gguf"):
         assert await async_origin_public(url) is False, url
+
+
+async def _ended(job) -> None:
+    await wait_until(lambda: not job.active, 60, 0.1, f"download {job.id} to end")
+
+
+async def test_the_check_runs_on_the_url_that_fetched_the_file_not_an_earlier_jobs(tmp_path, monkeypatch):
+    """A bare link refused (403) and then the signed link pasted; a restored signed download whose
+    Resume was refused ("paste the link again") and then the signed link pasted: the check runs on
+    the signed URL that finished, not on the bare one of the earlier job of the same file name
+    (until 2026-12-06 it took the oldest job's: `public: true`, the signed file handed to peers)."""
+    blobs = {n: write_gguf(tmp_path / f"{n}.gguf", dataclasses.replace(TINY, seed=30 + i, name=n)).read_bytes()
+             for i, n in enumerate(("first", "second"))}
+    paths = {n: f"/org/{n}/resolve/main/{n}.gguf" for n in blobs}
+    hub = HubServer(blobs["first"], paths["first"])
+    hub.add_file(paths["second"], blobs["second"])
+    await hub.start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    data_dir = tmp_path / "data"
+    config = node_config(data_dir, public_lan_origins=True)
+    try:
+        async with running_node(config) as node:
+            bare = await node.downloads.async_start(hub.presigned(paths["first"]).split("?")[0])
+            await _ended(bare)
+            assert bare.state == "failed" and "403" in (bare.error or ""), bare.error
+            await _download(node, data_dir, hub.presigned(paths["first"]), "first.gguf")
+            assert _checked(data_dir, "first.gguf") is False
+            hub.stall_path, hub.stall_after = paths["second"], 4096
+            job = await node.downloads.async_start(hub.presigned(paths["second"]))
+            await wait_until(lambda: job.done_bytes >= 4096, 30, 0.05, "bytes arriving")
+        hub.release.set()
+        async with running_node(config) as node:  # the signed download comes back paused, its URL bare
+            [restored] = [j for j in node.downloads.all() if j.file_name == "second.gguf"]
+            refused = node.downloads.resume(restored.id)
+            await _ended(refused)
+            assert refused.state == "failed" and "paste the download link again" in refused.error, refused.error
+            await _download(node, data_dir, hub.presigned(paths["second"]), "second.gguf")
+            assert _checked(data_dir, "second.gguf") is False
+            peer = RawPeer(tmp_path / "peer", "127.0.0.1", node.peers.listen_port)
+            assert await asyncio.to_thread(_files, peer) == ()
+    finally:
+        hub.release.set()
+        await hub.stop()

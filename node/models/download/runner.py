@@ -61,11 +61,12 @@ async def _async_to_the_end(work: asyncio.Future[None]) -> None:
 
 
 class ModelDownloader:
-    """Runs downloads into `models_dir`; `on_file(path, sha256, origin_url)` adds a finished file to
-    the node and returns its model id (origin_url: where it came from, without the query string;
-    sha256: None when the catalog must hash it)."""
+    """Runs downloads into `models_dir`; `on_file(path, sha256, origin_url, url)` adds a finished file
+    to the node and returns its model id (origin_url: where it came from, without the query string;
+    url: the finishing job's own whole URL, query included, in memory only, for the public-origin
+    check; sha256: None when the catalog must hash it)."""
 
-    def __init__(self, models_dir: Path, on_file: Callable[[Path, str | None, str], Awaitable[str]]):
+    def __init__(self, models_dir: Path, on_file: Callable[[Path, str | None, str, str], Awaitable[str]]):
         self.models_dir = models_dir
         self.on_file = on_file
         self.jobs: dict[str, DownloadJob] = {}
@@ -257,7 +258,7 @@ class ModelDownloader:
                 await self._async_alone(job, digests[0], io)
             else:
                 job.model_id = await self.on_file(self.models_dir / job.file_name, digests[0],
-                                                  display_url(job.parts[0][0]))
+                                                  display_url(job.parts[0][0]), job.parts[0][0])
             job.state = "done"
             job.finished_at = time.time()
             elapsed = time.monotonic() - started
@@ -382,9 +383,9 @@ class ModelDownloader:
             return
         part = split_part(Path(job.file_name))
         if part is not None and part[1] == 1:  # part 1 came last: its hash is known
-            job.model_id = await self.on_file(self.models_dir / job.file_name, digest, display_url(job.url))
-        else:  # part 1's hash is the catalog's to compute
-            job.model_id = await self.on_file(self.models_dir / job.others[0][1], None, job.others[0][0])
+            job.model_id = await self.on_file(self.models_dir / job.file_name, digest, display_url(job.url), job.url)
+        else:  # part 1's hash is the catalog's to compute (and its origin is not checked: sha256 None)
+            job.model_id = await self.on_file(self.models_dir / job.others[0][1], None, job.others[0][0], job.url)
 
     def _settle(self, job: DownloadJob) -> None:
         """The job's task ended: a task cancelled before it ever ran must not leave the job active."""
