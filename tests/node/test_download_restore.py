@@ -7,6 +7,7 @@ Until then the job lived in the node's memory only: after a restart nothing ment
 
 from __future__ import annotations
 
+import json
 import logging
 
 import aiohttp
@@ -235,3 +236,19 @@ async def test_a_signed_link_kept_without_its_query_says_to_paste_it_again(tmp_p
         done = await finished(node, body["download"]["id"])
         assert done["state"] == "done", done
         assert hub.served[one] - served == len(parts[names[0]]) - 4096  # it resumed
+
+
+async def test_a_sidecar_with_an_invalid_url_does_not_stop_the_node(tmp_path, caplog):
+    """A damaged or edited sidecar (a port past 65535, an unclosed IPv6 bracket, not http) is an
+    orphan, said once in the log and not listed; until 2026-12-06 its ValueError stopped Node.start."""
+    models = tmp_path / "data" / "models"
+    models.mkdir(parents=True)
+    for name, url in (("a", "https://example.com:99999/a.gguf"), ("b", "https://[::1/b.gguf"),
+                      ("c", "ftp://example.com/c.gguf")):
+        (models / f"{name}.gguf.part").write_bytes(b"x" * 100)
+        (models / f"{name}.gguf.part.json").write_text(json.dumps({"url": url, "validator": '"v1"'}))
+    caplog.set_level(logging.INFO, logger="node.models.download")
+    async with running_node(node_config(tmp_path / "data")) as node:
+        assert await listed(node) == []
+        said = [r.message for r in caplog.records if "cannot be resumed" in r.message]
+        assert len(said) == 3 and all("no valid URL" in m for m in said), said

@@ -6,7 +6,8 @@ Until 2026-12-06 nothing listed them after a restart: the user had to know to pa
 again. Now each `.part` with a readable sidecar is a paused job again (its URL from the sidecar,
 `done_bytes` the bytes on disk), a split set's parts one job; Resume fetches from there with Range
 and If-Range, Cancel deletes the files. A `.part` without a sidecar cannot be resumed (nothing says
-where it came from or which version it is): it is said in the log, not listed.
+where it came from or which version it is): it is said in the log, not listed; so is one whose
+sidecar's URL is not valid (2026-12-06: it stopped the node from starting).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from node.models.file_kinds import llama_split_name, split_part
 from .job import DownloadJob
 from .partfile import sidecar, size_or_zero
 from .sets import set_parts
-from .urls import resolve_url
+from .urls import display_url, resolve_url
 
 PART = ".part"
 
@@ -38,10 +39,22 @@ class Kept:
     size: int
 
 
-def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int]]]:
-    """(the `.part` files with a readable sidecar, the others as (file name, bytes)). Blocking."""
+def _valid_url(url: object) -> bool:
+    """Whether a sidecar's URL is one a download can fetch (an edited or damaged sidecar's, such as
+    `https://example.com:99999/a.gguf` or `https://[::1/b.gguf`, raised up through Node.start)."""
+    if not isinstance(url, str) or not url:
+        return False
+    try:
+        display_url(resolve_url(url))
+    except (NodeError, ValueError):
+        return False
+    return True
+
+
+def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]:
+    """(the `.part` files with a readable sidecar, the others as (file name, bytes, why)). Blocking."""
     kept: list[Kept] = []
-    orphans: list[tuple[str, int]] = []
+    orphans: list[tuple[str, int, str]] = []
     try:
         found = sorted(p for p in models_dir.glob(f"*.gguf{PART}") if p.is_file())
     except OSError:  # no models/ yet
@@ -53,8 +66,8 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int]]]:
         except (OSError, ValueError):
             meta = None
         url = meta.get("url") if isinstance(meta, dict) else None
-        if not isinstance(url, str) or not url:
-            orphans.append((part.name, size))
+        if not _valid_url(url):
+            orphans.append((part.name, size, "no sidecar" if meta is None else "its sidecar has no valid URL"))
             continue
         kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size))
     return kept, orphans

@@ -152,8 +152,8 @@ class ModelDownloader:
         """At start: the downloads an earlier run left in models/ (`.part` + sidecar) as paused jobs
         (restore.py); a `.part` without a sidecar, which cannot be resumed, is said in the log."""
         kept, orphans = await asyncio.get_running_loop().run_in_executor(None, find_kept, self.models_dir)
-        for name, size in orphans:
-            log.info("DIAG: model download partial file cannot be resumed (no sidecar) %s", kv(
+        for name, size, why in orphans:
+            log.info("DIAG: model download partial file cannot be resumed (%s) %s", why, kv(
                 file=name, mb=round(size / 1e6, 1), dir=self.models_dir))
         jobs = [job for job in restored_jobs(kept)
                 if not any(j.file_name.lower() == job.file_name.lower() for j in self.jobs.values())]
