@@ -85,7 +85,8 @@ def test_a_split_set_is_not_promised_to_the_swarm():
 
 def test_a_download_a_stopped_node_left_is_listed_and_resumed_by_the_cli(tmp_path):
     """2026-12-06: after the node's restart nothing listed the kept bytes; `download --list` shows
-    the download paused, `--resume ID` goes on from them (Range: nothing fetched twice)."""
+    the download paused, `--resume ID` goes on from them (Range: nothing fetched twice). The ID is
+    the one the interrupted CLI said to resume (the sidecar keeps it: the restored job had a new one)."""
     data = tiny_model(tmp_path).read_bytes()
     half = len(data) // 2
 
@@ -105,7 +106,7 @@ def test_a_download_a_stopped_node_left_is_listed_and_resumed_by_the_cli(tmp_pat
                 cwd=REPO, env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             wait_until_sync(lambda: origin.sent >= half, 60, what="bytes arriving")
             node.terminate()
-            started.communicate(timeout=60)
+            _, said = started.communicate(timeout=60)
             kept = (tmp_path / "data" / "models" / "m.gguf.part").stat().st_size
         finally:
             origin.stall_after = None
@@ -118,6 +119,7 @@ def test_a_download_a_stopped_node_left_is_listed_and_resumed_by_the_cli(tmp_pat
             assert listed.returncode == 0, listed
             assert "paused" in listed.stdout and "m.gguf" in listed.stdout and "earlier run" in listed.stdout, listed
             job_id = listed.stdout.split()[0]
+            assert f"swarmllm download --resume {job_id}`" in said, (said, listed.stdout)
             resumed = cli("--resume", job_id)
             assert resumed.returncode == 0, resumed
             assert "downloaded m.gguf" in resumed.stdout, resumed

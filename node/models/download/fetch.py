@@ -89,7 +89,7 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
                 raise DownloadFailed(f"not enough disk space: {(total - offset) / 1e6:.0f} MB to download, "
                                      f"{free / 1e6:.0f} MB free in {models_dir}")
         # what a later attempt must present to resume: the same file, the same version
-        await loop.run_in_executor(io, write_sidecar, part, job.url, resume_validator(resp.headers))
+        await loop.run_in_executor(io, write_sidecar, part, job.url, resume_validator(resp.headers), job.id)
         fh = await loop.run_in_executor(io, open, part, "r+b" if offset else "wb")
         job.state, job.done_bytes = "downloading", offset  # once the .part file is there
         progress(job)

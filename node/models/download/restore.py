@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ class Kept:
     url: str  # without the query string
     signed: bool  # the URL had a query string, not kept on disk (a signed URL's signature)
     size: int
+    job_id: str | None = None  # the download's id in the run that wrote the sidecar (it is kept)
 
 
 def _valid_url(url: object) -> bool:
@@ -69,12 +71,15 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
         if not _valid_url(url):
             orphans.append((part.name, size, "no sidecar" if meta is None else "its sidecar has no valid URL"))
             continue
-        kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size))
+        job_id = meta.get("job")
+        job_id = job_id if isinstance(job_id, str) and re.fullmatch(r"[0-9a-f]{12}", job_id) else None
+        kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size, job_id))
     return kept, orphans
 
 
-def _job(url: str, file_name: str, size: int, signed: bool, **more) -> DownloadJob:
-    job_id = hashlib.sha256(f"restored\0{file_name}\0{time.time_ns()}".encode()).hexdigest()[:12]
+def _job(url: str, file_name: str, size: int, signed: bool, job_id: str | None, **more) -> DownloadJob:
+    """A paused job; its id the sidecar's when it has one (what `swarmllm download` said to resume)."""
+    job_id = job_id or hashlib.sha256(f"restored\0{file_name}\0{time.time_ns()}".encode()).hexdigest()[:12]
     return DownloadJob(job_id, url, file_name, state="paused", done_bytes=size, error="paused",
                        finished_at=time.time(), restored=True, signed=signed, **more)
 
@@ -92,18 +97,29 @@ def _set_job(members: list[Kept]) -> DownloadJob | None:
     if len(plan.parts) != first[2] or any(k.name.lower() not in names for k in members):
         return None
     return _job(members[0].url, plan.parts[0][1], sum(k.size for k in members), any(k.signed for k in members),
-                parts=plan.parts, named=plan.named)
+                next((k.job_id for k in members if k.job_id), None), parts=plan.parts, named=plan.named)
 
 
-def restored_jobs(kept: list[Kept]) -> list[DownloadJob]:
+def restored_jobs(kept: list[Kept], taken: set[str] = frozenset()) -> list[DownloadJob]:
     """Paused jobs for the kept `.part` files: one per file, one per split set (the parts of a set
-    are named `prefix-0000N-of-0000M.gguf`; one of them kept is enough to list the set)."""
+    are named `prefix-0000N-of-0000M.gguf`; one of them kept is enough to list the set). A job keeps
+    its sidecar's id unless `taken` or another kept file's has it (then a new one)."""
+    jobs = _restored_jobs(kept)
+    seen = set(taken)
+    for job in jobs:
+        if job.id in seen:
+            job.id = hashlib.sha256(f"restored\0{job.file_name}\0{time.time_ns()}".encode()).hexdigest()[:12]
+        seen.add(job.id)
+    return jobs
+
+
+def _restored_jobs(kept: list[Kept]) -> list[DownloadJob]:
     jobs: list[DownloadJob] = []
     sets: dict[tuple[str, int], list[Kept]] = {}
     for k in kept:
         part = split_part(Path(k.name))
         if part is None:
-            jobs.append(_job(k.url, k.name, k.size, k.signed))
+            jobs.append(_job(k.url, k.name, k.size, k.signed, k.job_id))
         else:
             sets.setdefault((part[0].lower(), part[2]), []).append(k)
     for members in sets.values():
@@ -111,5 +127,5 @@ def restored_jobs(kept: list[Kept]) -> list[DownloadJob]:
         if job is not None:
             jobs.append(job)
         else:  # its URL is not a set's (a part downloaded under another name): each part alone
-            jobs += [_job(k.url, k.name, k.size, k.signed) for k in members]
+            jobs += [_job(k.url, k.name, k.size, k.signed, k.job_id) for k in members]
     return jobs

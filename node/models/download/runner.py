@@ -155,7 +155,7 @@ class ModelDownloader:
         for name, size, why in orphans:
             log.info("DIAG: model download partial file cannot be resumed (%s) %s", why, kv(
                 file=name, mb=round(size / 1e6, 1), dir=self.models_dir))
-        jobs = [job for job in restored_jobs(kept)
+        jobs = [job for job in restored_jobs(kept, set(self.jobs))
                 if not any(j.file_name.lower() == job.file_name.lower() for j in self.jobs.values())]
         for job in jobs:
             self.jobs[job.id] = job
