@@ -118,6 +118,9 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self._pending_urls: dict[str, asyncio.Task] = {}  # --model URLs whose origin had not answered at start
         self._fixed_slices: list[tuple[ModelEntry, int, int]] = []  # the --layers slices (a late URL's joins them)
         self._url_tasks: list[asyncio.Task] = []
+        # finished downloads' origin checks, dropped when done, cancelled and awaited at stop (they were
+        # in _url_tasks, whose assignment in start() dropped one begun meanwhile: never cancelled)
+        self._origin_checks: set[asyncio.Task] = set()
         self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
 
     def _slice_holders(self, sha256: str) -> list[tuple[str, int, int]]:
@@ -271,6 +274,12 @@ class Node(SwarmActions, UrlModels, ModelActions):
         async def nothing() -> None:
             return None
 
+        async def origin_checks() -> None:  # after the downloads: one finishing meanwhile starts one
+            checks = list(self._origin_checks)
+            for task in checks:
+                task.cancel()
+            await asyncio.gather(*checks, return_exceptions=True)
+
         async def drain() -> None:  # its own requests and the work it runs for others, side by side
             await asyncio.gather(async_drain(self.traces, self._runs), async_drain_others(self._work_for_others))
 
@@ -287,6 +296,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
             ("background", cancel_background),
             ("models watch", self.model_files.watcher.async_stop),
             ("downloads", self.downloads.async_close),
+            ("origin checks", origin_checks),
             ("slices", self.slice_host.async_close),
             ("models", self.models.async_close),
         ]
@@ -404,14 +414,19 @@ class Node(SwarmActions, UrlModels, ModelActions):
         another: a bare link refused, then a signed one pasted)."""
         model_id = await self.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin)
         if sha256 is not None and origin and url:
-            self._url_tasks.append(asyncio.create_task(self._async_check_origin(path, sha256, url),
-                                                       name="download-origin-check"))
+            task = asyncio.create_task(self._async_check_origin(path, sha256, url), name="download-origin-check")
+            self._origin_checks.add(task)
+            task.add_done_callback(self._origin_checks.discard)
         return model_id
 
     async def _async_check_origin(self, path: Path, sha256: str, url: str) -> None:
         public = await async_origin_public(url, lan_ok=self.config.public_lan_origins)
-        entry = await asyncio.get_running_loop().run_in_executor(
-            None, self.catalog.set_origin_public, path, sha256, public)
+        write = asyncio.get_running_loop().run_in_executor(None, self.catalog.set_origin_public, path, sha256, public)
+        try:
+            entry = await asyncio.shield(write)
+        except asyncio.CancelledError:  # the stop awaits the write: none after the data dir's lock is released
+            await asyncio.wait([write])
+            raise
         if entry is not None and entry.origin_public and self.peers is not None:
             await self.peers.async_announce()  # its HELLO `files` now lists it
 

@@ -20,6 +20,7 @@ from node.models.catalog import HASH_CACHE_FILE
 from node.models.download.public import async_origin_public
 from node.models.partial.layout import part_of
 from node.net import FrameType
+from node.node import Node
 from tests.net.rawclient import RawPeer
 from tests.pipeline.test_held_file_changed import _ask, _files
 from tests.support.hubserver import HubServer
@@ -132,4 +133,36 @@ async def test_the_check_runs_on_the_url_that_fetched_the_file_not_an_earlier_jo
             assert await asyncio.to_thread(_files, peer) == ()
     finally:
         hub.release.set()
+        await hub.stop()
+
+
+async def test_an_origin_check_begun_while_the_node_starts_ends_with_its_stop(tmp_path, monkeypatch):
+    """A download finishing while the node starts (after the API is up, the models loading) begins
+    its origin check; the node's stop cancels and awaits it (until 2026-12-06 start() replaced the
+    list that held it: it ran on after the stop, and could write model_hashes.json after the data
+    dir's lock was released). The Hub stand-in holds the check's HEAD, so it is still under way."""
+    blob = write_gguf(tmp_path / "tiny.gguf", TINY).read_bytes()
+    hub = HubServer(blob, "/org/tiny/resolve/main/tiny.gguf")
+    await hub.start()
+    hub.hold_head = asyncio.Event()
+    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the check then asks the Hub without it
+    node = Node(node_config(tmp_path / "data", public_lan_origins=True))
+    load_all = node.models.async_load_all
+
+    async def a_download_ends_meanwhile(*args, **kwargs):
+        job = await node.downloads.async_start("hf://org/tiny/tiny.gguf")
+        await wait_until(lambda: job.state == "done", 60, 0.05, "the download")
+        await wait_until(lambda: any("Authorization" not in r for r in hub.hub_requests), 30, 0.05, "the check's HEAD")
+        return await load_all(*args, **kwargs)
+
+    monkeypatch.setattr(node.models, "async_load_all", a_download_ends_meanwhile)
+    try:
+        try:
+            await node.start()
+        finally:
+            await node.stop()
+        assert [t for t in asyncio.all_tasks() if t.get_name() == "download-origin-check" and not t.done()] == []
+    finally:
+        hub.hold_head.set()
         await hub.stop()

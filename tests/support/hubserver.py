@@ -54,6 +54,7 @@ class HubServer:
         self.stall_after: int | None = None
         self.stall_path: str | None = None
         self.release = asyncio.Event()
+        self.hold_head: asyncio.Event | None = None  # a HEAD without a token waits for it (a slow check)
 
     def add_file(self, path: str, data: bytes) -> None:
         self.files[path] = data
@@ -145,6 +146,8 @@ class HubServer:
 
     async def resolve(self, request: web.Request) -> web.Response:
         self.hub_requests.append(dict(request.headers))
+        if request.method == "HEAD" and "Authorization" not in request.headers and self.hold_head is not None:
+            await self.hold_head.wait()
         if self.hub_fail_with:
             status, headers = self.hub_fail_with.pop(0)
             return web.Response(status=status, headers=headers, text="busy")
