@@ -252,3 +252,37 @@ async def test_a_sidecar_with_an_invalid_url_does_not_stop_the_node(tmp_path, ca
         assert await listed(node) == []
         said = [r.message for r in caplog.records if "cannot be resumed" in r.message]
         assert len(said) == 3 and all("no valid URL" in m for m in said), said
+
+
+async def test_a_newer_download_of_the_same_file_supersedes_the_older_resumable_one(tmp_path, server, other_bytes,
+                                                                                 monkeypatch):
+    """A failed download whose partial file is kept, then the same file downloaded again and paused:
+    the old job is no longer resumable and its Cancel deletes nothing (until 2026-12-06 it stayed
+    listed resumable, and its Cancel deleted the newer paused download's partial file)."""
+    monkeypatch.setattr(const, "DOWNLOAD_RETRIES", 1)
+    server.drop_after = 200_000
+    async with running_node(node_config(tmp_path / "data")) as node:
+        _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "f.gguf"})
+        old = await finished(node, body["download"]["id"])
+        assert old["state"] == "failed" and old["resumable"], old
+        server.stall_after = 300_000
+        _, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "f.gguf"})
+        new_id = body["download"]["id"]
+        await wait_until(lambda: node.downloads.get(new_id).done_bytes >= 300_000, 30, 0.05, "bytes arriving")
+        node.downloads.pause(new_id)
+        await wait_until(lambda: node.downloads.get(new_id).state == "paused", 30, 0.05, "the pause")
+        server.release.set()
+        server.stall_after = None
+        stale = await job_of(node, old["id"])
+        assert not stale["resumable"] and stale["resumed_as"] == new_id, stale
+        part = node.data_dir / "models" / "f.gguf.part"
+        kept = part.stat().st_size
+        assert kept > 200_000
+        status, body = await api(node, "POST", f"/api/admin/downloads/{old['id']}/cancel")
+        assert status == 409, body
+        assert part.stat().st_size == kept  # the newer download's bytes are still there
+        status, body = await api(node, "POST", f"/api/admin/downloads/{new_id}/resume")
+        assert status == 202, body
+        done = await finished(node, body["download"]["id"])
+        assert done["state"] == "done", done
+        assert (node.data_dir / "models" / "f.gguf").read_bytes() == other_bytes

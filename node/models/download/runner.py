@@ -119,9 +119,21 @@ class ModelDownloader:
         job = DownloadJob(hashlib.sha256(f"{resolved}\0{time.time_ns()}".encode()).hexdigest()[:12], resolved, name,
                           sha256.lower() if sha256 else None, parts=parts, named=plan.named, others=plan.others)
         self.jobs[job.id] = job
+        self._supersede(job)
         job.task = asyncio.get_running_loop().create_task(self._async_run(job), name=f"download-{job.id}")
         job.task.add_done_callback(lambda _task: self._settle(job))
         return job
+
+    def _supersede(self, job: DownloadJob) -> None:
+        """Every other resumable job of the new one's file names goes on as it (2026-12-06: a restored or
+        failed job stayed listed resumable, Resume answered 409, and its Cancel deleted the `.part` of a
+        newer download of that file paused meanwhile): no longer resumable, its Cancel deletes nothing."""
+        names = {n.lower() for _u, n in job.parts}
+        for other in self.jobs.values():
+            if other is not job and other.resumable and names & {n.lower() for _u, n in other.parts}:
+                other.resumed_as = job.id
+                log.info("DIAG: model download superseded %s", kv(download=other.id, by=job.id, file=other.file_name))
+                self._observers.emit(other)
 
     def all(self) -> list[DownloadJob]:
         """Every download of this run, oldest first."""
