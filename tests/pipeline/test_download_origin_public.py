@@ -166,3 +166,22 @@ async def test_an_origin_check_begun_while_the_node_starts_ends_with_its_stop(tm
     finally:
         hub.hold_head.set()
         await hub.stop()
+
+
+async def test_the_hubs_own_download_link_is_not_a_signed_one(tmp_path, monkeypatch):
+    """The Hub's browser link `…/resolve/main/f.gguf?download=true` (its query is no signature) of a
+    public repo is public; until 2026-12-06 any query counted as signed."""
+    blob = write_gguf(tmp_path / "tiny.gguf", TINY).read_bytes()
+    hub = HubServer(blob, "/org/tiny/resolve/main/tiny.gguf")
+    await hub.start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    data_dir = tmp_path / "data"
+    try:
+        async with running_node(node_config(data_dir, public_lan_origins=True)) as node:
+            await _download(node, data_dir, hub.url + "?download=true", "tiny.gguf")
+            assert _checked(data_dir, "tiny.gguf") is True
+        assert await async_origin_public(hub.url + "?download=true&X-Amz-Signature=x", lan_ok=True) is False
+    finally:
+        await hub.stop()

@@ -12,10 +12,9 @@ import hashlib
 import json
 import os
 import threading
-import urllib.parse
 from pathlib import Path
 
-from .urls import display_url
+from .urls import display_url, signed_query
 
 
 def size_or_zero(path: Path) -> int:
@@ -73,7 +72,7 @@ def write_sidecar(part: Path, url: str, validator: str | None, job_id: str | Non
     meta = {"url": display_url(url), "validator": validator}
     if job_id:
         meta["job"] = job_id
-    if urllib.parse.urlsplit(url).query:
+    if signed_query(url):
         meta["signed"] = True
     sidecar(part).write_text(json.dumps(meta), encoding="utf-8")
 

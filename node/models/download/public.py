@@ -2,8 +2,8 @@
 take its layers from this node while it is not loaded (wholeparts.held_files). Checked once, when a
 download completes, off its critical path (the model is served meanwhile, as not public):
 
-- the URL the user gave has no query string (a signed S3/CDN link carries its credentials there)
-  and no `user:pass@`;
+- the URL the user gave has no query string (a signed S3/CDN link carries its credentials there;
+  the Hub's own `?download=true` is none) and no `user:pass@`;
 - its host is not loopback, private, link-local or otherwise not global (a LAN server: every
   address the name resolves to must be global), unless the node is told LAN origins count
   (NodeConfig `public_lan_origins`, for tests and a mirror every member reaches);
@@ -30,7 +30,7 @@ from node import const
 from node.logs import kv
 
 from .hub import hub_headers, is_hub_url
-from .urls import display_url
+from .urls import display_url, signed_query
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ async def async_origin_public(url: str, *, lan_ok: bool = False) -> bool:
     parsed = urllib.parse.urlsplit(url)
     why = None
     try:
-        if parsed.query:
-            why = "signed"  # a query string: a signed link's credentials
+        if signed_query(url):
+            why = "signed"  # a query string: a signed link's credentials (not the Hub's ?download=true)
         elif parsed.username is not None or parsed.password is not None:
             why = "userinfo"
         elif not lan_ok and not await asyncio.wait_for(

@@ -13,7 +13,7 @@ import urllib.parse
 
 from node.errors import InvalidRequest
 
-from .hub import hf_endpoint
+from .hub import hf_endpoint, is_hub_url
 
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}\.gguf$")
 _RESERVED_NAMES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
@@ -45,6 +45,15 @@ def resolve_url(url: str) -> str:
     except UnicodeError as exc:
         raise InvalidRequest(f"url's host name is not a valid host name ({len(host)} characters)", param="url") from exc
     return url
+
+
+def signed_query(url: str) -> bool:
+    """Whether the URL's query string may carry credentials (a signed link's): any query, except the
+    Hub's own browser link `…/resolve/main/f.gguf?download=true` (2026-12-06: it counted as signed)."""
+    query = urllib.parse.urlsplit(url).query
+    if not query:
+        return False
+    return not (is_hub_url(url) and urllib.parse.parse_qsl(query, keep_blank_values=True) == [("download", "true")])
 
 
 def display_url(url: str) -> str:
