@@ -131,41 +131,43 @@ async def serve(config) -> int:
             signal.signal(sig, from_signal_handler)
         except RuntimeError:  # not the main thread: whoever runs us stops us
             pass
-    # start() may take long (a --layers slice fetching its layers from a slow origin): a stop
-    # signal meanwhile ends it there, instead of waiting until the node has started
-    starting = asyncio.create_task(node.start(), name="node-start")
-    stopped = asyncio.create_task(stop.wait(), name="stop-signal")
-    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    if not starting.done():
-        log.info("DIAG: stop signal while starting: stopping")
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        await node.stop()
-        await _async_end_leftovers(executor)
+    try:  # every way out (a stop signal while starting, a failed start too: 2026-12-06 only the last)
+        # start() may take long (a --layers slice fetching its layers from a slow origin): a stop
+        # signal meanwhile ends it there, instead of waiting until the node has started
+        starting = asyncio.create_task(node.start(), name="node-start")
+        stopped = asyncio.create_task(stop.wait(), name="stop-signal")
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("DIAG: stop signal while starting: stopping")
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await node.stop()
+            await _async_end_leftovers(executor)
+            return 0
+        stopped.cancel()
+        try:
+            starting.result()
+        except (OSError, NodeError) as exc:
+            message = getattr(exc, "message", None) or exc
+            if isinstance(exc, OSError):  # the ports' are NodeErrors (api.server, net._manager)
+                message = data_dir_error(config.data_dir, exc) or exc
+            log.error("cannot start the node: %s", message)
+            await node.stop()
+            await _async_end_leftovers(executor)
+            return 2
+        # Start-up leaves a few hundred thousand long-lived objects (torch, llama, node); moving them out
+        # of the collector's reach keeps full GC passes (60-180 ms here) from stalling the loop later.
+        gc.freeze()
+        log.info("SwarmLLM node %s serving at %s (API key in %s)", node.short_id, node.api_url,
+                 config.data_dir / API_KEY_FILE)
+        try:
+            await stop.wait()
+        finally:
+            await node.stop()
+            await _async_end_leftovers(executor)
         return 0
-    stopped.cancel()
-    try:
-        starting.result()
-    except (OSError, NodeError) as exc:
-        message = getattr(exc, "message", None) or exc
-        if isinstance(exc, OSError):  # the ports' are NodeErrors (api.server, net._manager)
-            message = data_dir_error(config.data_dir, exc) or exc
-        log.error("cannot start the node: %s", message)
-        await node.stop()
-        await _async_end_leftovers(executor)
-        return 2
-    # Start-up leaves a few hundred thousand long-lived objects (torch, llama, node); moving them out
-    # of the collector's reach keeps full GC passes (60-180 ms here) from stalling the loop later.
-    gc.freeze()
-    log.info("SwarmLLM node %s serving at %s (API key in %s)", node.short_id, node.api_url,
-             config.data_dir / API_KEY_FILE)
-    try:
-        await stop.wait()
     finally:
-        await node.stop()
-        await _async_end_leftovers(executor)
         _ignore_late_hangups(loop)
-    return 0
 
 
 def _ignore_late_hangups(loop: asyncio.AbstractEventLoop) -> None:

@@ -74,3 +74,27 @@ def test_under_nohup_sighup_is_still_ignored(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+_FAILED_START = """
+import asyncio, signal, socket, sys
+from pathlib import Path
+from node.commands.run import serve
+from tests.support.nodes import node_config
+held = socket.socket()
+held.bind(("127.0.0.1", 0))
+held.listen()
+config = node_config(Path(sys.argv[1]), port=held.getsockname()[1], host="127.0.0.1")
+rc = asyncio.run(serve(config))
+print("rc", rc, "sighup_ignored", signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)
+"""
+
+
+def test_a_failed_start_also_ignores_a_late_hangup(tmp_path):
+    """A start that fails (the API port taken: exit 2) leaves SIGHUP ignored as a stopped node does:
+    closing the loop restored its default, so a closing terminal's late SIGHUP killed the process
+    (2026-12-06: only the path after serving did; the failed start and a stop signal while starting
+    did not). Run in its own process: serve() sets the process's signal handlers."""
+    done = subprocess.run([sys.executable, "-c", _FAILED_START, str(tmp_path / "data")], cwd=REPO,
+                          env=hermetic_env(), capture_output=True, text=True, timeout=120)
+    assert "rc 2 sighup_ignored True" in done.stdout, (done.stdout, done.stderr[-3000:])
