@@ -107,6 +107,10 @@ class ModelActions:
             return await self.downloads.async_discard(job_id)
         return self.downloads.cancel(job_id)
 
+    def pause_download(self, job_id: str) -> DownloadJob:
+        """Stop a download keeping its partial file (paused: resume_download goes on from it)."""
+        return self.downloads.pause(job_id)
+
     def resume_download(self, job_id: str) -> DownloadJob:
         """Go on with a paused download (or a failed one whose partial file is kept): a new job."""
         job = self.downloads.resume(job_id)

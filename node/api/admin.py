@@ -104,6 +104,14 @@ async def download_cancel(request: web.Request) -> web.Response:
     return web.json_response({"download": job.summary()})
 
 
+@routes.post("/api/admin/downloads/{job_id}/pause")
+async def download_pause(request: web.Request) -> web.Response:
+    """Stop a download keeping its partial file (`swarmllm download --resume`'s Ctrl-C): it ends
+    `paused`, and …/resume goes on from the bytes kept."""
+    job = request.app[NODE].pause_download(request.match_info["job_id"])
+    return web.json_response({"download": job.summary()})
+
+
 @routes.post("/api/admin/downloads/{job_id}/resume")
 async def download_resume(request: web.Request) -> web.Response:
     """Go on with a paused download (one an earlier run left too) or a failed one whose partial file

@@ -203,7 +203,8 @@ def _download_list(client: NodeClient) -> int:
 
 
 def download(args: argparse.Namespace) -> int:
-    """Start a download on the node and show its progress until it ends (Ctrl-C cancels it); --list,
+    """Start a download on the node and show its progress until it ends (Ctrl-C cancels it, or pauses
+    a --resume); --list,
     --resume ID and --cancel ID act on the node's downloads (an earlier run's unfinished ones too)."""
     client = NodeClient(args)
     if args.list:
@@ -238,6 +239,11 @@ def download(args: argparse.Namespace) -> int:
                          "same download again, to resume it\n")
         return 1
     except KeyboardInterrupt:
+        if args.resume:  # the user went on with kept bytes: Ctrl-C keeps them (2026-12-06: it deleted them)
+            client.request("POST", f"/api/admin/downloads/{job['id']}/pause")
+            sys.stderr.write(f"\npaused: its partial file is kept; `swarmllm download --resume {job['id']}` goes on, "
+                             f"`swarmllm download --cancel {job['id']}` deletes it\n")
+            return 130
         client.request("POST", f"/api/admin/downloads/{job['id']}/cancel")
         sys.stderr.write("\ncancelled\n")
         return 130

@@ -4,8 +4,10 @@ run` running?", though the user had just watched it download)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 
 from tests.support.nodes import tiny_model
 from tests.support.processes import REPO, NodeProcess, hermetic_env
@@ -127,3 +129,55 @@ def test_a_download_a_stopped_node_left_is_listed_and_resumed_by_the_cli(tmp_pat
         finally:
             node.terminate()
     assert (tmp_path / "data" / "models" / "m.gguf").read_bytes() == data
+
+
+def test_ctrl_c_during_a_resume_pauses_it_and_keeps_the_bytes(tmp_path):
+    """`swarmllm download --resume ID` goes on with kept bytes: Ctrl-C there pauses it (says so, the
+    partial file stays, --list offers it again); until 2026-12-06 it cancelled, deleting the file."""
+    data = tiny_model(tmp_path).read_bytes()
+    third = len(data) // 3
+
+    def cli(*args):
+        return [sys.executable, "-m", "node.cli", "download", *args, "-p", str(node.port), "--data-dir",
+                str(node.data_dir)]
+
+    with ThreadedOrigin(data, name="m.gguf") as origin:
+        origin.stall_after = third
+        node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"])
+        try:
+            node.wait_ready(path="/health")
+            first = subprocess.Popen(cli(origin.url), cwd=REPO, env=hermetic_env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+            wait_until_sync(lambda: origin.sent >= third, 60, what="bytes arriving")
+            node.terminate()  # the node stops mid-download: the job is restored paused
+            first.communicate(timeout=60)
+        finally:
+            origin.release.set()
+            node.terminate()
+        origin.release = threading.Event()
+        origin.stall_after = 2 * third
+        part = tmp_path / "data" / "models" / "m.gguf.part"
+        node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"])
+        try:
+            node.wait_ready(path="/health")
+            listed = subprocess.run(cli("--list"), cwd=REPO, env=hermetic_env(), capture_output=True, text=True,
+                                    timeout=120)
+            job_id = listed.stdout.split()[0]
+            said = tmp_path / "resume.err"
+            with open(said, "w") as err_file:
+                resuming = subprocess.Popen(cli("--resume", job_id), cwd=REPO, env=hermetic_env(),
+                                            stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+            wait_until_sync(lambda: origin.sent >= 2 * third, 60, what="more bytes arriving")
+            wait_until_sync(lambda: "downloading" in said.read_text(), 60, what="the CLI's progress")
+            resuming.send_signal(signal.SIGINT)  # Ctrl-C
+            resuming.wait(60)
+            err = said.read_text()
+            origin.release.set()
+            assert "paused" in err and "cancelled" not in err, err
+            again = subprocess.run(cli("--list"), cwd=REPO, env=hermetic_env(), capture_output=True, text=True,
+                                   timeout=120)
+            assert "paused" in again.stdout and "--resume" in again.stdout, again.stdout
+            assert part.stat().st_size >= third  # the bytes are kept
+        finally:
+            origin.release.set()
+            node.terminate()
