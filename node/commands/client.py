@@ -239,7 +239,13 @@ def download(args: argparse.Namespace) -> int:
                          "same download again, to resume it\n")
         return 1
     except KeyboardInterrupt:
-        if args.resume:  # the user went on with kept bytes: Ctrl-C keeps them (2026-12-06: it deleted them)
+        try:  # (the latest state: whether this run went on from kept bytes)
+            job = json.loads(client.request("GET", f"/api/admin/downloads/{job['id']}"))["download"]
+        except (NoNode, KeyError, ValueError):
+            pass
+        # the user went on with kept bytes (--resume, or the same download again, as the messages say to):
+        # Ctrl-C keeps them (2026-12-06: it deleted them; the plain-URL way found in review)
+        if args.resume or job.get("resumed_from"):
             client.request("POST", f"/api/admin/downloads/{job['id']}/pause")
             sys.stderr.write(f"\npaused: its partial file is kept; `swarmllm download --resume {job['id']}` goes on, "
                              f"`swarmllm download --cancel {job['id']}` deletes it\n")

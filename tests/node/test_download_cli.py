@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from tests.support.nodes import tiny_model
 from tests.support.processes import REPO, NodeProcess, hermetic_env
 from tests.support.rangeserver import ThreadedOrigin
@@ -131,9 +133,11 @@ def test_a_download_a_stopped_node_left_is_listed_and_resumed_by_the_cli(tmp_pat
     assert (tmp_path / "data" / "models" / "m.gguf").read_bytes() == data
 
 
-def test_ctrl_c_during_a_resume_pauses_it_and_keeps_the_bytes(tmp_path):
-    """`swarmllm download --resume ID` goes on with kept bytes: Ctrl-C there pauses it (says so, the
-    partial file stays, --list offers it again); until 2026-12-06 it cancelled, deleting the file."""
+@pytest.mark.parametrize("how", ["--resume", "the same URL"])
+def test_ctrl_c_during_a_resume_pauses_it_and_keeps_the_bytes(tmp_path, how):
+    """`swarmllm download --resume ID`, or the same download again (as the messages say to), goes on
+    with kept bytes: Ctrl-C there pauses it (says so, the partial file stays, --list offers it again);
+    until 2026-12-06 it cancelled, deleting the file (the same-URL way found in review)."""
     data = tiny_model(tmp_path).read_bytes()
     third = len(data) // 3
 
@@ -165,7 +169,8 @@ def test_ctrl_c_during_a_resume_pauses_it_and_keeps_the_bytes(tmp_path):
             job_id = listed.stdout.split()[0]
             said = tmp_path / "resume.err"
             with open(said, "w") as err_file:
-                resuming = subprocess.Popen(cli("--resume", job_id), cwd=REPO, env=hermetic_env(),
+                resuming = subprocess.Popen(cli("--resume", job_id) if how == "--resume" else cli(origin.url),
+                                            cwd=REPO, env=hermetic_env(),
                                             stdout=subprocess.DEVNULL, stderr=err_file, text=True)
             wait_until_sync(lambda: origin.sent >= 2 * third, 60, what="more bytes arriving")
             wait_until_sync(lambda: "downloading" in said.read_text(), 60, what="the CLI's progress")

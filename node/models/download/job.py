@@ -76,5 +76,5 @@ class DownloadJob:
             "attempts": self.attempts, "error": self.error, "model_id": self.model_id,
             "parts": len(self.parts), "part": self.part, "note": self.note,
             "resumable": self.resumable, "restored": self.restored, "kept_bytes": self.kept_bytes,
-            "resumed_as": self.resumed_as,
+            "resumed_as": self.resumed_as, "resumed_from": self.resumed_from,
         }
