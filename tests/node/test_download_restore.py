@@ -286,3 +286,16 @@ async def test_a_newer_download_of_the_same_file_supersedes_the_older_resumable_
         done = await finished(node, body["download"]["id"])
         assert done["state"] == "done", done
         assert (node.data_dir / "models" / "f.gguf").read_bytes() == other_bytes
+
+
+def test_a_split_set_comes_back_under_its_latest_jobs_id():
+    """Found in review (2026-12-06): job B resuming a set past its complete part 1 (the origin's 416)
+    rewrote only part 2's sidecar, so part 1 still named job A; the set came back as A while the CLI
+    had told the user `--resume B`. Parts are fetched in order: the latest part with an id names it."""
+    from node.models.download.restore import Kept, restored_jobs
+
+    url = "https://huggingface.co/org/model/resolve/main/big-00001-of-00003.gguf"
+    kept = [Kept("big-00001-of-00003.gguf", url, False, 100, "aaaaaaaaaaaa"),
+            Kept("big-00002-of-00003.gguf", url.replace("00001-of", "00002-of"), False, 50, "bbbbbbbbbbbb")]
+    [job] = restored_jobs(kept)
+    assert job.id == "bbbbbbbbbbbb" and len(job.parts) == 3

@@ -97,7 +97,9 @@ def _set_job(members: list[Kept]) -> DownloadJob | None:
     if len(plan.parts) != first[2] or any(k.name.lower() not in names for k in members):
         return None
     return _job(members[0].url, plan.parts[0][1], sum(k.size for k in members), any(k.signed for k in members),
-                next((k.job_id for k in members if k.job_id), None), parts=plan.parts, named=plan.named)
+                # the latest job's id: parts are fetched in order, and a job going on past a complete part
+                # (the origin's 416) leaves that part's sidecar as an earlier job wrote it (found in review)
+                next((k.job_id for k in reversed(members) if k.job_id), None), parts=plan.parts, named=plan.named)
 
 
 def restored_jobs(kept: list[Kept], taken: set[str] = frozenset()) -> list[DownloadJob]:
