@@ -73,6 +73,7 @@ class ModelsTab(QWidget):
         layout.addWidget(self.skipped)
         host.state_changed.connect(self._show_skipped)
         # the folder watch skips (or forgets) a file with no state change to say so: read again at its pace
+        self._fit_lead: str | None = None  # a line the fit text follows (a download just done)
         self._skipped_timer = QTimer(self, interval=max(500, int(host.node.config.models_watch_s * 1000))
                                      if host.node is not None else 5000)
         self._skipped_timer.timeout.connect(self._show_skipped)
@@ -136,7 +137,7 @@ class ModelsTab(QWidget):
 
     def _tell_fit(self, *_args) -> None:
         """A model that is not loaded selected: what loading it takes, against the RAM free now."""
-        model_id = self.selected_id()
+        model_id, lead = self.selected_id(), self._fit_lead
         if self._loadable(model_id) is None:
             return
 
@@ -144,7 +145,7 @@ class ModelsTab(QWidget):
             free = await asyncio.get_running_loop().run_in_executor(None, ram_available_bytes)
             summary = self._loadable(self.selected_id())
             if summary is not None and summary["id"] == model_id:  # (still selected)
-                self._report(fit(summary, free)[1])
+                self._report(f"{lead} · {fit(summary, free)[1]}" if lead else fit(summary, free)[1])
 
         spawn(run(), what="reading the free memory")
 
@@ -240,8 +241,11 @@ class ModelsTab(QWidget):
         elif job.state == "verifying":
             self._report(f"checking {job.file_name}…")
         elif job.state == "done":
+            done = f"downloaded {job.file_name}: {job.model_id} (select it and press Load)"
+            self._report(done)
+            self._fit_lead = done  # (selecting it tells what a load takes: after this line, not instead of it)
             self.select(job.model_id)
-            self._report(f"downloaded {job.file_name}: {job.model_id} (select it and press Load)")
+            self._fit_lead = None
         elif job.state in ("failed", "cancelled"):
             self._report(f"download of {job.file_name} {job.state}: {job.error}")
 

@@ -284,6 +284,9 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
                                  DEADLINE_S, what="the download")
                 model_id = tab.selected_id()
                 assert model_id is not None and model_id.startswith("fetched-")
+                # what a load takes follows the line (it replaced it: found in CI, 2026-12-06)
+                await wait_until(lambda: " takes ≈" in tab.status.text(), DEADLINE_S, what="the fit text")
+                assert tab.status.text().startswith("downloaded fetched.gguf"), tab.status.text()
                 assert app.feeds.models.summary(model_id)["state"] == "unloaded"
                 assert any(text.startswith("downloading fetched.gguf: ") and " MB (" in text for text in seen), seen
                 assert tab.load_button.isEnabled()
