@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -71,6 +72,19 @@ def say_cannot_start(text: str) -> None:
     box.exec()
 
 
+def missing_gui_packages() -> list[str]:
+    """The desktop app's packages (the `gui` extra) that cannot be imported: `pip install -e .`
+    (README's quick start) installs the node only, and `swarmllm-tray` then ended in a
+    ModuleNotFoundError traceback (found in the docs audit of 2026-12-07)."""
+    missing = []
+    for name in ("PySide6.QtWidgets", "qasync"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name.split(".")[0])
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarmllm-tray` console script."""
     from node.runtime import configure_process
@@ -82,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     from node.errors import NodeError
     from node.logs import setup_logging
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help works without the GUI packages
+    missing = missing_gui_packages()
+    if missing:
+        setup_logging(args.verbose)
+        log.error("the desktop app needs %s: pip install 'swarmllm[gui]' (from a checkout: pip install -e "
+                  "'.[gui]'); `swarmllm run` serves the same node without it", " and ".join(missing))
+        return 2
     try:
         config = load_config(cli_overrides(args))
     except NodeError as exc:
