@@ -35,8 +35,16 @@ def memory_tip(m: dict[str, Any]) -> str | None:
     estimate = m.get("memory_estimate")
     if is_slice(m) or not estimate:
         return None
-    return (f"≈ {fmt.size(estimate['total_bytes'])}: the weights (the file, {fmt.size(estimate['weights_bytes'])}) "
-            f"and the KV cache ({fmt.size(estimate['kv_bytes'])}: {estimate['kv_tokens']:,} tokens of context)")
+    tip = (f"≈ {fmt.size(estimate['total_bytes'])}: the weights (the file, {fmt.size(estimate['weights_bytes'])}) "
+           f"and the KV cache ({fmt.size(estimate['kv_bytes'])}: {estimate['kv_tokens']:,} tokens of context)")
+    if estimate.get("gpu_bytes"):  # offloaded layers and their cache take VRAM, not RAM
+        tip += f"; ≈ {fmt.size(estimate['gpu_bytes'])} of it on the GPU, ≈ {fmt.size(_ram(estimate))} in RAM"
+    return tip
+
+
+def _ram(estimate: dict[str, Any]) -> int:
+    """The part of an estimate that takes RAM (all of it when nothing is on a GPU)."""
+    return estimate.get("ram_bytes", estimate["total_bytes"])
 
 
 def fit(m: dict[str, Any], ram_free_bytes: int) -> tuple[bool | None, str]:
@@ -45,7 +53,7 @@ def fit(m: dict[str, Any], ram_free_bytes: int) -> tuple[bool | None, str]:
     estimate = m.get("memory_estimate")
     if not estimate:
         return None, ""
-    need, free = estimate["total_bytes"], ram_free_bytes
+    need, free = _ram(estimate), ram_free_bytes
     if need <= free:
         return True, f"Loading {m['id']} takes ≈ {fmt.size(need)}; {fmt.size(free)} of RAM is free."
     return False, (f"Loading {m['id']} takes ≈ {fmt.size(need)}, more than the {fmt.size(free)} of RAM free now: "

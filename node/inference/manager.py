@@ -170,8 +170,7 @@ class ModelManager:
                 del self._registering[entry.id]
         served.n_ctx = self._context_for(entry)
         if whole and entry.has_file:
-            served.memory = estimate_whole(entry.header, entry.size_bytes, served.n_ctx * sum(kv_sequences(
-                served.n_ctx, self.config.max_concurrent, self.config.kv_cache_seqs, self.config.kv_total_tokens)))
+            served.memory = self._estimate(served)
         self._served[entry.id] = served
         self._observers.emit("added", served)
         return served
@@ -195,6 +194,12 @@ class ModelManager:
     def is_registered(self, model_id: str) -> bool:
         """Whether a model of exactly this id is registered here (or its tokenizer is being read)."""
         return model_id in self._served or model_id in self._registering
+
+    def _estimate(self, served: ServedModel, n_gpu_layers: int = 0) -> MemoryEstimate:
+        """What a load of `served` takes (weights + KV at n_ctx), the part on a GPU with `n_gpu_layers`."""
+        tokens = served.n_ctx * sum(kv_sequences(served.n_ctx, self.config.max_concurrent,
+                                                 self.config.kv_cache_seqs, self.config.kv_total_tokens))
+        return estimate_whole(served.entry.header, served.entry.size_bytes, tokens, n_gpu_layers)
 
     def _context_for(self, entry: ModelEntry) -> int:
         return served_context(entry.context_length, self.config.n_ctx, self.config.max_ctx)
@@ -333,6 +338,8 @@ class ModelManager:
         loop = asyncio.get_running_loop()
         placed = await loop.run_in_executor(None, place_whole_model, served.entry, self.config, committed)
         served.placement = placed
+        if served.memory is not None:  # what lies on the GPU does not take RAM (the Memory column, the fit)
+            served.memory = self._estimate(served, placed.n_gpu_layers)
         device, reason = placed.device, placed.cpu_placement_reason
         served.device, served.cpu_placement_reason = device, reason
         concurrent, cache_seqs, spare = kv_sequences(served.n_ctx, self.config.max_concurrent,
@@ -349,6 +356,7 @@ class ModelManager:
             served.failure = LoadFailure(exc.message, engine.identity, time.time())
             served.state, served.error = "failed", exc.message
             served.device, served.cpu_placement_reason, served.placement = None, None, None  # none placed
+            served.memory = self._estimate(served) if served.memory is not None else None
             log.error("DIAG: load_model failed model=%s error=%s", served.id, exc.message)
             self._observers.emit("changed", served)
             return
@@ -398,6 +406,7 @@ class ModelManager:
                 was_on = served.device
                 if engine is not None:  # its weights are freed: it is placed nowhere now
                     served.device, served.cpu_placement_reason, served.placement = None, None, None
+                    served.memory = self._estimate(served) if served.memory is not None else None
                     self._memory_freed(served)
         finally:
             if served.unloading is done:

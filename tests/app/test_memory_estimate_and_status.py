@@ -120,3 +120,15 @@ def test_a_file_skipped_while_the_app_runs_is_named_and_forgotten_when_removed(q
             await wait_until(lambda: tab.skipped.isHidden(), DEADLINE_S, what="the line gone with the file")
 
     run(body())
+
+
+def test_the_fit_and_the_tooltip_count_only_what_takes_ram():
+    """A model on a GPU: its offloaded layers and their cache take VRAM; the fit compared all of
+    it with the RAM free."""
+    from app.ui.models_model import fit, memory_tip
+
+    gib = 2**30
+    row = {"id": "big-0123abcd", "memory_estimate": {"weights_bytes": 9 * gib, "kv_bytes": 1 * gib, "kv_tokens": 8192,
+                                                     "total_bytes": 10 * gib, "ram_bytes": 1 * gib, "gpu_bytes": 9 * gib}}
+    assert fit(row, 2 * gib)[0] is True
+    assert "9.0 GiB of it on the GPU" in memory_tip(row)
