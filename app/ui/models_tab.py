@@ -23,7 +23,7 @@ from app.tasks import spawn
 from app.ui.downloads_panel import DownloadsPanel
 from app.ui.models_model import ModelsModel, fit, is_slice
 from app.ui.table_model import ROW_KEY_ROLE
-from app.ui.widgets import FirstRunBanner, table_view
+from app.ui.widgets import ElidedLabel, FirstRunBanner, table_view
 from node.errors import NodeError
 from node.models.download.hfrepo import RepoSpec, read_spec
 from node.models.file_kinds import split_part
@@ -56,12 +56,14 @@ class ModelsTab(QWidget):
         self.load_button.clicked.connect(self.load_selected)
         self.unload_button.clicked.connect(self.unload_selected)
         self.add_button.clicked.connect(self.choose_model_file)
-        self.status = QLabel()
-        self.status.setWordWrap(True)
+        # its own line under the buttons, elided at the window's edge, the whole text in its tooltip:
+        # beside them, word-wrapped, a long line (a download's, a fit's) grew into a tall column
+        # that squeezed the buttons in a narrow window
+        self.status = ElidedLabel()
         buttons = QHBoxLayout()
         for button in (self.load_button, self.unload_button, self.add_button, self.download_button):
             buttons.addWidget(button)
-        buttons.addWidget(self.status, 1)
+        buttons.addStretch(1)
         layout = QVBoxLayout(self)
         layout.addWidget(self.banner)
         layout.addWidget(self.view, 1)
@@ -79,6 +81,7 @@ class ModelsTab(QWidget):
         self._skipped_timer.timeout.connect(self._show_skipped)
         self._skipped_timer.start()
         layout.addLayout(buttons)
+        layout.addWidget(self.status)
         self.downloads = DownloadsPanel(host.node)  # a progress bar per download and per layer fetch
         layout.addWidget(self.downloads)
         hint = QLabel("Whole models run on this machine with llama.cpp; layer slices (--layers) run "
@@ -120,7 +123,8 @@ class ModelsTab(QWidget):
         self.unload_button.setEnabled(whole and state == "loaded" and not summary.get("busy"))
 
     def _report(self, text: str) -> None:
-        self.status.setText(text)
+        self.status.set_full_text(text)
+        self.status.setToolTip(text)
 
     def _show_skipped(self, *_args) -> None:
         if self.host.node is None:  # (stopped)

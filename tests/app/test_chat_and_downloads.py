@@ -153,10 +153,10 @@ def test_download_of_a_hugging_face_repo_and_quant(qtbot, run, data_dir, tiny_mo
             async with running_app(node_config(data_dir, tiny_model)) as app:
                 tab = app.window.models_tab
                 tab.download_url("hf://org/Tiny-GGUF:Q5_K_S")
-                await wait_until(lambda: "has no Q5_K_S file" in tab.status.text(), DEADLINE_S, what="the refusal")
-                assert "Tiny-Q4_K_M.gguf" in tab.status.text()
+                await wait_until(lambda: "has no Q5_K_S file" in tab.status.full_text, DEADLINE_S, what="the refusal")
+                assert "Tiny-Q4_K_M.gguf" in tab.status.full_text
                 tab.download_url("hf://org/Tiny-GGUF:q8_0")
-                await wait_until(lambda: tab.status.text().startswith("downloaded Tiny-Q8_0.gguf"), DEADLINE_S,
+                await wait_until(lambda: tab.status.full_text.startswith("downloaded Tiny-Q8_0.gguf"), DEADLINE_S,
                                  what="the download")
                 assert (app.node.data_dir / "models" / "Tiny-Q8_0.gguf").read_bytes() == data
         finally:

@@ -42,17 +42,17 @@ def test_an_unloaded_model_shows_what_a_load_takes_and_whether_it_fits(qtbot, ru
 
             tab.view.clearSelection()
             tab.select(model_id)
-            await wait_until(lambda: "of RAM is free" in tab.status.text(), DEADLINE_S,
+            await wait_until(lambda: "of RAM is free" in tab.status.full_text, DEADLINE_S,
                              what="the free memory beside the estimate")
 
             monkeypatch.setattr("app.ui.models_tab.ram_available_bytes", lambda: 2**20)  # 1 MiB free
             tab.view.clearSelection()
             tab.select(model_id)
-            await wait_until(lambda: "more than the 1.0 MiB of RAM free now" in tab.status.text(), DEADLINE_S,
+            await wait_until(lambda: "more than the 1.0 MiB of RAM free now" in tab.status.full_text, DEADLINE_S,
                              what="a load that does not fit to say so")
             tab.load_selected()
-            await wait_until(lambda: tab.status.text().startswith(f"{model_id} loaded (") and
-                             "may not fit" in tab.status.text(), DEADLINE_S, what="the load, with its warning")
+            await wait_until(lambda: tab.status.full_text.startswith(f"{model_id} loaded (") and
+                             "may not fit" in tab.status.full_text, DEADLINE_S, what="the load, with its warning")
             assert _memory_cell(tab, model_id).data() == f"≈ {fmt.size(estimate['total_bytes'])}"
 
     run(body())

@@ -31,6 +31,6 @@ def test_add_model_file_in_a_node_that_could_not_start_loads_nothing(qtbot, run,
                 tab.add_model_file(tiny_model)  # as the Models tab's own button does
                 await asyncio.sleep(2.0)
                 assert [m.state for m in second.node.models.all()] == [], "a model was loaded into a node that is not running"
-                assert "not running" in tab.status.text(), tab.status.text()
+                assert "not running" in tab.status.full_text, tab.status.full_text
 
     run(body())

@@ -207,9 +207,9 @@ def test_add_model_file_of_a_split_model_says_to_keep_all_its_parts(qtbot, run, 
         async with running_app(node_config(data_dir)) as app:
             tab = app.window.models_tab
             tab.add_model_file(tmp_path / "big-00001-of-00003.gguf")
-            await wait_until(lambda: "added for this session" in tab.status.text(), DEADLINE_S,
+            await wait_until(lambda: "added for this session" in tab.status.full_text, DEADLINE_S,
                              what="the added split model")
-            assert "copy its 3 parts (big-00001-of-00003.gguf …) into" in tab.status.text(), tab.status.text()
+            assert "copy its 3 parts (big-00001-of-00003.gguf …) into" in tab.status.full_text, tab.status.full_text
 
     run(body())
 
@@ -278,15 +278,15 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
             async with running_app(node_config(data_dir, tiny_model)) as app:
                 tab = app.window.models_tab
                 seen: list[str] = []  # what the status line showed as the download ran
-                app.node.downloads.subscribe(lambda job: seen.append(tab.status.text()))
+                app.node.downloads.subscribe(lambda job: seen.append(tab.status.full_text))
                 tab.download_url(url)
-                await wait_until(lambda: tab.status.text().startswith("downloaded fetched.gguf"),
+                await wait_until(lambda: tab.status.full_text.startswith("downloaded fetched.gguf"),
                                  DEADLINE_S, what="the download")
                 model_id = tab.selected_id()
                 assert model_id is not None and model_id.startswith("fetched-")
                 # what a load takes follows the line (it replaced it: found in CI, 2026-12-06)
-                await wait_until(lambda: " takes ≈" in tab.status.text(), DEADLINE_S, what="the fit text")
-                assert tab.status.text().startswith("downloaded fetched.gguf"), tab.status.text()
+                await wait_until(lambda: " takes ≈" in tab.status.full_text, DEADLINE_S, what="the fit text")
+                assert tab.status.full_text.startswith("downloaded fetched.gguf"), tab.status.full_text
                 assert app.feeds.models.summary(model_id)["state"] == "unloaded"
                 assert any(text.startswith("downloading fetched.gguf: ") and " MB (" in text for text in seen), seen
                 assert tab.load_button.isEnabled()
@@ -294,7 +294,7 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
                 await wait_until(lambda: app.feeds.models.summary(model_id)["state"] == "loaded",
                                  DEADLINE_S, what="the model loaded")
                 tab.download_url("ftp://nope/x.gguf")
-                assert "http(s)" in tab.status.text()
+                assert "http(s)" in tab.status.full_text
 
     run(body())
 
@@ -317,13 +317,13 @@ def test_a_download_can_be_cancelled_from_the_models_tab(qtbot, run, data_dir, t
                     tab = app.window.models_tab
                     assert tab.downloads.isHidden()
                     tab.download_url(url)
-                    await wait_until(lambda: tab.status.text().startswith("downloading slow.gguf: "),
+                    await wait_until(lambda: tab.status.full_text.startswith("downloading slow.gguf: "),
                                      DEADLINE_S, what="progress")
                     row = tab.downloads.rows["file:slow.gguf"]
                     assert not tab.downloads.isHidden() and not row.cancel_button.isHidden()
                     assert (app.node.data_dir / "models" / "slow.gguf.part").exists()
                     row.cancel_button.click()
-                    await wait_until(lambda: "cancelled" in tab.status.text(), DEADLINE_S, what="the cancel")
+                    await wait_until(lambda: "cancelled" in tab.status.full_text, DEADLINE_S, what="the cancel")
                     assert row.cancel_button.isHidden() and row.pause_button.isHidden()
                     assert row.detail.text().startswith("cancelled")
                     assert not list((app.node.data_dir / "models").glob("slow.gguf*"))
