@@ -2,7 +2,9 @@
 
 The node is started and stopped on the running loop (qasync's QEventLoop). State is derived from
 node events (model observers, start/stop outcome), never by polling: every change emits
-`state_changed`, which the tray icon, the status bar and the first-run banner follow.
+`state_changed`, which the tray icon, the status bar and the first-run banner follow. The banner's
+text also names what changes with no state change (a file the folder watch skipped, a download's
+progress): the Models tab's folder-watch timer reads it again (`FirstRunBanner.update_from_host`).
 """
 
 from __future__ import annotations
@@ -233,6 +235,10 @@ class NodeHost(QObject):
                 lines.append(f"Layers {s.start}–{s.end - 1} of {s.entry.id} failed to load: {s.error}")
         for why in self.node.catalog.skipped_reasons():  # a truncated copy in the models folder
             lines.append(f"Not served: {why}")
+        for job in self.node.downloads.all():  # (the Models tab's Download…: it serves once done)
+            if job.active:
+                done = f": {100 * job.done_bytes / job.total_bytes:.0f}%" if job.total_bytes else ""
+                lines.append(f"Downloading {job.file_name}{done}; it is served once the download is done.")
         if models and not failed:
             lines.append("No model is loaded: select one in the Models tab and press Load.")
         if not models:

@@ -66,6 +66,7 @@ class MainWindow(QMainWindow):
         # The overview's banner buttons act like the Models tab's.
         self.overview_tab.banner.add_model_clicked.connect(self.models_tab.choose_model_file)
         self.overview_tab.banner.open_folder_clicked.connect(self.models_tab.open_models_folder)
+        self.models_tab.folder_timer.timeout.connect(self.overview_tab.banner.update_from_host)
         self.setCentralWidget(self.tabs)
         self.state_label = ElidedLabel()  # counts, elided at the window's edge; the whole list in its tooltip
         self.statusBar().addWidget(self.state_label, 1)  # (not permanent: a message shows in its place)

@@ -76,10 +76,13 @@ class ModelsTab(QWidget):
         host.state_changed.connect(self._show_skipped)
         # the folder watch skips (or forgets) a file with no state change to say so: read again at its pace
         self._fit_lead: str | None = None  # a line the fit text follows (a download just done)
-        self._skipped_timer = QTimer(self, interval=max(500, int(host.node.config.models_watch_s * 1000))
-                                     if host.node is not None else 5000)
-        self._skipped_timer.timeout.connect(self._show_skipped)
-        self._skipped_timer.start()
+        # (the first-run banners too: a file skipped, a download's progress change no state; the
+        # main window hangs the Overview's on it)
+        self.folder_timer = QTimer(self, interval=max(500, int(host.node.config.models_watch_s * 1000))
+                                   if host.node is not None else 5000)
+        self.folder_timer.timeout.connect(self._show_skipped)
+        self.folder_timer.timeout.connect(self.banner.update_from_host)
+        self.folder_timer.start()
         layout.addLayout(buttons)
         layout.addWidget(self.status)
         self.downloads = DownloadsPanel(host.node)  # a progress bar per download and per layer fetch

@@ -88,11 +88,19 @@ class FirstRunBanner(QFrame):
         layout.addWidget(self.title)
         layout.addWidget(self.text)
         layout.addLayout(buttons)
+        self._shown: tuple | None = None  # what it shows now: nothing is redrawn when that is unchanged
         host.state_changed.connect(self.update_from_host)
         self.update_from_host()
 
     def update_from_host(self, *_args) -> None:
+        """Read the text again: on state changes and on the window's folder-watch timer, since some of
+        it (a file skipped, a download's progress) changes with no state change."""
         message = self.host.first_run_text()
+        shown = (message, self.host.start_error is None,
+                 self.host.start_error is None or self.host.models_dir.is_dir())
+        if shown == self._shown:
+            return
+        self._shown = shown
         self.setVisible(message is not None)
         if message is not None:
             first, _, rest = message.partition("\n")
