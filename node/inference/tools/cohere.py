@@ -24,6 +24,7 @@ from node.inference import grammar
 from node.inference.tools.jsonscan import JsonError, skip_ws
 from node.inference.tools.parser import Region, Syntax
 from node.inference.tools.regions import call_list
+from node.inference.tools.tagged import waits
 
 ACTION_OPEN, ACTION_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<|START_RESPONSE|>", "<|END_RESPONSE|>"  # R7B's answer
@@ -54,10 +55,6 @@ def cohere_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for m in messages]
 
 
-def _waits(rest: str, tag: str) -> bool:
-    return len(rest) < len(tag) and tag.startswith(rest)
-
-
 def action(text: str, final: bool) -> Region:
     """The calls of one action block (the text after `<|START_ACTION|>`): a JSON list of
     `{"tool_call_id", "tool_name", "parameters"}` objects, then `<|END_ACTION|>`."""
@@ -70,9 +67,9 @@ def action(text: str, final: bool) -> Region:
     rest = text[i:]
     if rest.startswith(ACTION_CLOSE):
         region.end = i + len(ACTION_CLOSE)
-    elif _waits(rest, ACTION_CLOSE) and not final:
+    elif waits(rest, ACTION_CLOSE) and not final:
         region.end = None  # the closing tag may be coming
-    elif _waits(rest, ACTION_CLOSE):  # the reply ended without it: the calls stand
+    elif waits(rest, ACTION_CLOSE):  # the reply ended without it: the calls stand
         region.end = len(text)
     # (anything else after the list: the calls stand, what follows is content)
     return region

@@ -23,7 +23,8 @@ from node.inference import grammar
 from node.inference.chat import render_chat
 from node.inference.tools.jsonscan import JsonError, PartialCall, scan_value, skip_ws
 from node.inference.tools.parser import Region, Syntax
-from node.inference.tools.special import DEEPSEEK_V31, _check_name, _partial_name, _waits
+from node.inference.tools.special import DEEPSEEK_V31, _check_name, _partial_name
+from node.inference.tools.tagged import waits
 
 BEGIN, END = DEEPSEEK_V31.begin, DEEPSEEK_V31.end
 CALL, SEP, CALL_END = DEEPSEEK_V31.call, DEEPSEEK_V31.sep, DEEPSEEK_V31.call_end
@@ -59,7 +60,7 @@ def r1(text: str, final: bool) -> Region:
                 return region
             if rest.startswith(CALL):
                 i += len(CALL)
-            elif not rest or _waits(rest, END, CALL):
+            elif not rest or waits(rest, END, CALL):
                 if final and region.calls:  # the section's end was left out: the calls stand
                     region.end = len(text)
                 return region
@@ -87,7 +88,7 @@ def r1(text: str, final: bool) -> Region:
         call = PartialCall(name=_check_name(text[n:m].strip()))
         region.calls.append(call)
         j = skip_ws(text, m)
-        if _waits(text[j:], FENCE_JSON) and not final:
+        if waits(text[j:], FENCE_JSON) and not final:
             return region
         for fence in (FENCE_JSON, FENCE):
             if text.startswith(fence, j):
@@ -105,12 +106,12 @@ def r1(text: str, final: bool) -> Region:
         j = skip_ws(text, end)
         if text.startswith(FENCE, j):
             j = skip_ws(text, j + len(FENCE))
-        elif _waits(text[j:], FENCE) and j < len(text) and not final:
+        elif waits(text[j:], FENCE) and j < len(text) and not final:
             return region
         rest = text[j:]
         if rest.startswith(CALL_END):
             i = j + len(CALL_END)
-        elif _waits(rest, CALL_END) or not rest:
+        elif waits(rest, CALL_END) or not rest:
             if not final:
                 return region
             i = len(text)

@@ -20,15 +20,15 @@ import re
 from typing import Any
 
 from node.inference import grammar
-from node.inference.tools.jsonscan import JsonError, PartialCall, skip_ws
+from node.inference.tools.jsonscan import JsonError
 from node.inference.tools.parser import Region, Syntax
 from node.inference.tools.tagged import (
+    Invokes,
+    ParamHead,
     ParamTypes,
-    _args_text,
     _is_string,
-    _tag,
     _value_schema,
-    read_value,
+    invokes,
     string_value,
 )
 
@@ -39,7 +39,6 @@ CLOSES = tuple(f"</{DSML}{b}>" for b in BLOCKS)
 INVOKE_OPEN, INVOKE_CLOSE = f'<{DSML}invoke name="', f"</{DSML}invoke>"
 PARAM_OPEN, PARAM_CLOSE = f'<{DSML}parameter name="', f"</{DSML}parameter>"
 MARKERS = (*OPENS, *CLOSES, INVOKE_OPEN, INVOKE_CLOSE, PARAM_OPEN, PARAM_CLOSE)
-_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _ATTRS = re.compile(r'\s*string="(true|false)"\s*')
 
 
@@ -48,80 +47,24 @@ def block_of(template: str) -> str:
     return BLOCKS[0] if f"{BLOCKS[0]}>" in template else BLOCKS[1]
 
 
-def _waits(rest: str, *tags: str) -> bool:
-    return any(len(rest) < len(t) and t.startswith(rest) for t in tags)
+def _head(text: str, j: int) -> ParamHead | None:
+    """A parameter's `NAME" string="true|false">`, the mark optional (tagged.Invokes.head)."""
+    q = text.find('"', j)
+    gt = text.find(">", j)
+    if q < 0 or gt < 0:
+        return None
+    attrs = _ATTRS.fullmatch(text[q + 1:gt])
+    if attrs is None and text[q + 1:gt].strip():
+        raise JsonError(f"unexpected parameter attributes: {text[q + 1:gt][:40]!r}")
+    return text[j:q], gt + 1, None if attrs is None else attrs.group(1) == "true"
 
 
-def _value(raw: str, is_string: bool | None, schema: Any) -> Any:
-    """A parameter's value: the text itself when it is marked a string (unless the parameter's
-    schema says it is not one), JSON when marked not (text that is no JSON stays text), read by the
-    schema when unmarked."""
-    if is_string is None:
-        return read_value(raw, schema)
-    if is_string and (schema is None or _is_string(schema)):
-        return raw
-    return read_value(raw, None)
+_INVOKES = Invokes(CLOSES, INVOKE_OPEN, INVOKE_CLOSE, PARAM_OPEN, PARAM_CLOSE, _head)
 
 
 def dsml(text: str, final: bool, params: ParamTypes | None = None) -> Region:
     """The invokes of one DSML block (the text after its opening tag)."""
-    region = Region()
-    i = 0
-    while True:
-        i = skip_ws(text, i)
-        rest = text[i:]
-        close = next((c for c in CLOSES if rest.startswith(c)), None)
-        if close is not None:
-            region.end = i + len(close)
-            return region
-        if not rest or _waits(rest, *CLOSES, INVOKE_OPEN):
-            if final and region.calls:  # the block's end was left out: the calls stand
-                region.end = len(text)
-            return region
-        j = _tag(text, i, INVOKE_OPEN)
-        k = text.find('">', j)
-        name = text[j:].removesuffix('"') if k < 0 else text[j:k]  # (the `">` may be half written)
-        if (name or k >= 0) and not _NAME.fullmatch(name):
-            raise JsonError(f"not a function name: {name[:80]!r}")
-        if k < 0:
-            return region
-        call = PartialCall(name=name, args="{")
-        region.calls.append(call)
-        i = _invoke(text, k + 2, call, (params or {}).get(name))
-        call.args = call.args or "{"
-        if not call.done:
-            return region
-
-
-def _invoke(text: str, i: int, call: PartialCall, schemas: dict[str, Any] | None) -> int:
-    """Reads the parameters of `call` from `i`; returns the index after its closing tag (the call done)."""
-    members: list[tuple[str, Any]] = []
-    while True:
-        i = skip_ws(text, i)
-        rest = text[i:]
-        if rest.startswith(INVOKE_CLOSE):
-            call.done = call.args_done = True
-            i = call.end = i + len(INVOKE_CLOSE)
-            break
-        if not rest or _waits(rest, INVOKE_CLOSE, PARAM_OPEN):
-            break
-        j = _tag(text, i, PARAM_OPEN)
-        q = text.find('"', j)
-        gt = text.find(">", j)
-        if q < 0 or gt < 0:
-            break
-        key = text[j:q]
-        attrs = _ATTRS.fullmatch(text[q + 1:gt])
-        if attrs is None and text[q + 1:gt].strip():
-            raise JsonError(f"unexpected parameter attributes: {text[q + 1:gt][:40]!r}")
-        end = text.find(PARAM_CLOSE, gt + 1)
-        if end < 0:
-            break
-        is_string = None if attrs is None else attrs.group(1) == "true"
-        members.append((key, _value(text[gt + 1:end], is_string, (schemas or {}).get(key))))
-        i = end + len(PARAM_CLOSE)
-    call.args = _args_text(members, call.done)
-    return i
+    return invokes(_INVOKES, text, final, params)
 
 
 def _parameter(key: str, prop: Any, root: dict[str, Any]) -> grammar.Spec:

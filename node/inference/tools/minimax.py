@@ -23,15 +23,15 @@ import re
 from typing import Any
 
 from node.inference import grammar
-from node.inference.tools.jsonscan import JsonError, PartialCall, skip_ws
+from node.inference.tools.jsonscan import JsonError
 from node.inference.tools.parser import Region, Syntax
 from node.inference.tools.tagged import (
+    Invokes,
+    ParamHead,
     ParamTypes,
-    _args_text,
     _is_string,
-    _tag,
     _value_schema,
-    read_value,
+    invokes,
     string_value,
 )
 
@@ -40,7 +40,6 @@ INVOKE_OPEN, INVOKE_CLOSE = '<invoke name="', "</invoke>"
 PARAM_OPEN, PARAM_CLOSE = '<parameter name="', "</parameter>"
 END = "[e~["  # the end of a turn (an end-of-generation token to llama.cpp)
 MARKERS = (OPEN, CLOSE, END, "]~b]", "]~!b[")  # may be control tokens in a MiniMax vocabulary
-_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _KEY = re.compile(r"[^\"<>\n]{1,256}")
 
 
@@ -49,66 +48,21 @@ def is_minimax_m2(template: str) -> bool:
     return OPEN in template and INVOKE_OPEN in template
 
 
-def _waits(rest: str, *tags: str) -> bool:
-    return any(len(rest) < len(t) and t.startswith(rest) for t in tags)
+def _head(text: str, j: int) -> ParamHead | None:
+    """A parameter's `NAME">` (tagged.Invokes.head)."""
+    k = text.find('">', j)
+    key = text[j:] if k < 0 else text[j:k]
+    if (key or k >= 0) and not _KEY.fullmatch(key.removesuffix('"') if k < 0 else key):
+        raise JsonError(f"not a parameter name: {key[:80]!r}")
+    return None if k < 0 else (key, k + 2, None)
+
+
+_INVOKES = Invokes((CLOSE,), INVOKE_OPEN, INVOKE_CLOSE, PARAM_OPEN, PARAM_CLOSE, _head, needs_calls=True)
 
 
 def minimax(text: str, final: bool, params: ParamTypes | None = None) -> Region:
     """The invokes of one `<minimax:tool_call>` block (the text after its opening tag)."""
-    region = Region()
-    i = 0
-    while True:
-        i = skip_ws(text, i)
-        rest = text[i:]
-        if rest.startswith(CLOSE):
-            if not region.calls:
-                raise JsonError("a call block without calls")
-            region.end = i + len(CLOSE)
-            return region
-        if not rest or _waits(rest, CLOSE, INVOKE_OPEN):
-            if final and region.calls:  # the block's end was left out: the calls stand
-                region.end = len(text)
-            return region
-        j = _tag(text, i, INVOKE_OPEN)
-        k = text.find('">', j)
-        name = text[j:].removesuffix('"') if k < 0 else text[j:k]  # (the `">` may be half written)
-        if (name or k >= 0) and not _NAME.fullmatch(name):
-            raise JsonError(f"not a function name: {name[:80]!r}")
-        if k < 0:
-            return region
-        call = PartialCall(name=name, args="{")
-        region.calls.append(call)
-        i = _invoke(text, k + 2, call, (params or {}).get(name))
-        if not call.done:
-            return region
-
-
-def _invoke(text: str, i: int, call: PartialCall, schemas: dict[str, Any] | None) -> int:
-    """Reads the parameters of `call` from `i`; returns the index after its closing tag (the call done)."""
-    members: list[tuple[str, Any]] = []
-    while True:
-        i = skip_ws(text, i)
-        rest = text[i:]
-        if rest.startswith(INVOKE_CLOSE):
-            call.done = call.args_done = True
-            i = call.end = i + len(INVOKE_CLOSE)
-            break
-        if not rest or _waits(rest, INVOKE_CLOSE, PARAM_OPEN):
-            break
-        j = _tag(text, i, PARAM_OPEN)
-        k = text.find('">', j)
-        key = text[j:] if k < 0 else text[j:k]
-        if (key or k >= 0) and not _KEY.fullmatch(key.removesuffix('"') if k < 0 else key):
-            raise JsonError(f"not a parameter name: {key[:80]!r}")
-        if k < 0:
-            break
-        end = text.find(PARAM_CLOSE, k + 2)
-        if end < 0:
-            break
-        members.append((key, read_value(text[k + 2:end], (schemas or {}).get(key))))
-        i = end + len(PARAM_CLOSE)
-    call.args = _args_text(members, call.done)
-    return i
+    return invokes(_INVOKES, text, final, params)
 
 
 # --- the grammar (a tool_choice that forces calls) ---

@@ -40,6 +40,7 @@ from node.inference.tools.tagged import (
     _value_schema,
     read_value,
     string_value,
+    waits,
 )
 
 ARG_KEY, ARG_KEY_END = "<arg_key>", "</arg_key>"
@@ -59,11 +60,6 @@ def _partial_name(raw: str) -> None:
     """Raises JsonError when the name written so far cannot become one."""
     if len(raw) > _MAX_NAME + 16 or not _PARTIAL_NAME.fullmatch(raw):
         raise JsonError(f"not a function name: {raw[:80]!r}")
-
-
-def _waits(rest: str, *tags: str) -> bool:
-    """`rest` may still become one of `tags` (it is a proper prefix of one)."""
-    return any(len(rest) < len(t) and t.startswith(rest) for t in tags)
 
 
 # --- GLM ---
@@ -92,7 +88,7 @@ def glm(text: str, final: bool, params: ParamTypes | None = None) -> Region:
             call.done = call.args_done = True
             call.end = region.end = i + len(TOOL_CALL_CLOSE)
             break
-        if not rest or _waits(rest, TOOL_CALL_CLOSE, ARG_KEY):
+        if not rest or waits(rest, TOOL_CALL_CLOSE, ARG_KEY):
             if final:  # the reply ended where only the closing tag was missing: a call all the same
                 call.done = call.args_done = True
                 call.end = region.end = len(text)
@@ -228,7 +224,7 @@ def sectioned(s: Sections, text: str, final: bool) -> Region:
                 return region
             if rest.startswith(s.call):
                 i += len(s.call)
-            elif not rest or _waits(rest, s.end, s.call):
+            elif not rest or waits(rest, s.end, s.call):
                 if final and region.calls:  # the section's end was left out: the calls stand
                     region.end = len(text)
                 return region
@@ -254,7 +250,7 @@ def sectioned(s: Sections, text: str, final: bool) -> Region:
         rest = text[j:]
         if rest.startswith(s.call_end):
             i = j + len(s.call_end)
-        elif _waits(rest, s.call_end) or not rest:
+        elif waits(rest, s.call_end) or not rest:
             if not final:
                 return region
             i = len(text)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from node.inference import grammar
@@ -92,6 +94,98 @@ def _name_until(text: str, i: int, end: str) -> tuple[str, int]:
     if (name and not _NAME.fullmatch(name)) or len(name) > _MAX_NAME or (k >= 0 and not name):
         raise JsonError(f"not a function name: {name[:80]!r}")
     return name, k
+
+
+def waits(rest: str, *tags: str) -> bool:
+    """`rest` may still become one of `tags` (it is a proper prefix of one)."""
+    return any(len(rest) < len(t) and t.startswith(rest) for t in tags)
+
+
+def marked_value(raw: str, is_string: bool | None, schema: Any) -> Any:
+    """A parameter's value: the text itself when it is marked a string (unless the parameter's
+    schema says it is not one), JSON when marked not (text that is no JSON stays text), read by the
+    schema when unmarked."""
+    if is_string is None:
+        return read_value(raw, schema)
+    if is_string and (schema is None or _is_string(schema)):
+        return raw
+    return read_value(raw, None)
+
+
+ParamHead = tuple[str, int, bool | None]  # a parameter's name, where its value starts, its string mark
+
+
+@dataclass(frozen=True)
+class Invokes:
+    """The tags of a block of `<invoke name="NAME">` calls, each parameter a tag of its own (MiniMax
+    M2, DSML)."""
+
+    closes: tuple[str, ...]  # the block's closing tag(s)
+    invoke_open: str  # up to the name; `">` follows it
+    invoke_close: str
+    param_open: str
+    param_close: str
+    head: Callable[[str, int], ParamHead | None]  # reads a parameter's head after `param_open` at i; None: unwritten
+    needs_calls: bool = False  # a block without calls is malformed
+
+
+_INVOKE_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+
+
+def invokes(m: Invokes, text: str, final: bool, params: ParamTypes | None = None) -> Region:
+    """The invokes of one block (the text after its opening tag)."""
+    region = Region()
+    i = 0
+    while True:
+        i = skip_ws(text, i)
+        rest = text[i:]
+        close = next((c for c in m.closes if rest.startswith(c)), None)
+        if close is not None:
+            if m.needs_calls and not region.calls:
+                raise JsonError("a call block without calls")
+            region.end = i + len(close)
+            return region
+        if not rest or waits(rest, *m.closes, m.invoke_open):
+            if final and region.calls:  # the block's end was left out: the calls stand
+                region.end = len(text)
+            return region
+        j = _tag(text, i, m.invoke_open)
+        k = text.find('">', j)
+        name = text[j:].removesuffix('"') if k < 0 else text[j:k]  # (the `">` may be half written)
+        if (name or k >= 0) and not _INVOKE_NAME.fullmatch(name):
+            raise JsonError(f"not a function name: {name[:80]!r}")
+        if k < 0:
+            return region
+        call = PartialCall(name=name, args="{")
+        region.calls.append(call)
+        i = _invoke(m, text, k + 2, call, (params or {}).get(name))
+        if not call.done:
+            return region
+
+
+def _invoke(m: Invokes, text: str, i: int, call: PartialCall, schemas: dict[str, Any] | None) -> int:
+    """Reads the parameters of `call` from `i`; returns the index after its closing tag (the call done)."""
+    members: list[tuple[str, Any]] = []
+    while True:
+        i = skip_ws(text, i)
+        rest = text[i:]
+        if rest.startswith(m.invoke_close):
+            call.done = call.args_done = True
+            i = call.end = i + len(m.invoke_close)
+            break
+        if not rest or waits(rest, m.invoke_close, m.param_open):
+            break
+        head = m.head(text, _tag(text, i, m.param_open))
+        if head is None:
+            break
+        key, start, is_string = head
+        end = text.find(m.param_close, start)
+        if end < 0:
+            break
+        members.append((key, marked_value(text[start:end], is_string, (schemas or {}).get(key))))
+        i = end + len(m.param_close)
+    call.args = _args_text(members, call.done)
+    return i
 
 
 def qwen_xml(text: str, final: bool, params: ParamTypes | None = None) -> Region:
