@@ -28,6 +28,7 @@ from node.inference.tools.tagged import (
     ParamTypes,
     _is_string,
     _value_schema,
+    invoke_call,
     invokes,
     string_value,
 )
@@ -75,25 +76,9 @@ def _parameter(key: str, prop: Any, root: dict[str, Any]) -> grammar.Spec:
     return grammar.seq(head, grammar.json_value(_value_schema(prop, root)), grammar.literal(PARAM_CLOSE + "\n"))
 
 
-def dsml_invoke(tool: Any) -> grammar.Spec:
-    """One invoke of `tool` as the template writes it: its required parameters in the schema's
-    order, then any of the others."""
-    root = tool.parameters if isinstance(tool.parameters, dict) else {}
-    props = root.get("properties") if isinstance(root.get("properties"), dict) else {}
-    required = [k for k in root.get("required", []) if k in props]
-    optional = [k for k in props if k not in required]
-    items = [grammar.literal(f'{INVOKE_OPEN}{tool.name}">\n')]
-    items += [_parameter(k, props[k], root) for k in required]
-    if optional:
-        options = [_parameter(k, props[k], root) for k in optional]
-        items.append(grammar.repeat(options[0] if len(options) == 1 else grammar.alt(*options), 0, len(optional)))
-    items.append(grammar.literal(INVOKE_CLOSE + "\n"))
-    return grammar.seq(*items)
-
-
 def dsml_calls(block: str, tools: Any, max_calls: int | None) -> grammar.Spec:
     """A block of one or more invokes (at most `max_calls`) of `tools`."""
-    each = [dsml_invoke(t) for t in tools]
+    each = [invoke_call(_INVOKES, t, _parameter) for t in tools]
     one = each[0] if len(each) == 1 else grammar.alt(*each)
     return grammar.seq(grammar.literal(f"<{DSML}{block}>\n"), grammar.repeat(one, 1, max_calls),
                        grammar.literal(f"</{DSML}{block}>"))

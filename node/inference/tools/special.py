@@ -38,6 +38,7 @@ from node.inference.tools.tagged import (
     _is_string,
     _tag,
     _value_schema,
+    parameter_specs,
     read_value,
     string_value,
     waits,
@@ -162,19 +163,10 @@ def _literals(*texts: str) -> list[grammar.Spec]:
 
 
 def glm_call(tool: Any, layout: GlmLayout = GLM_46) -> grammar.Spec:
-    """One call of `tool` in the GLM format, laid out as the model's template writes calls: its
-    required parameters in the schema's order, then any of the others."""
-    root = tool.parameters if isinstance(tool.parameters, dict) else {}
-    props = root.get("properties") if isinstance(root.get("properties"), dict) else {}
-    required = [k for k in root.get("required", []) if k in props]
-    optional = [k for k in props if k not in required]
-    items = _literals(TOOL_CALL_OPEN, tool.name + layout.name)
-    items += [_glm_parameter(k, props[k], root, layout) for k in required]
-    if optional:
-        options = [_glm_parameter(k, props[k], root, layout) for k in optional]
-        items.append(grammar.repeat(options[0] if len(options) == 1 else grammar.alt(*options), 0, len(optional)))
-    items += _literals(layout.close if props else "", TOOL_CALL_CLOSE)
-    return grammar.seq(*items)
+    """One call of `tool` in the GLM format, laid out as the model's template writes calls."""
+    params = parameter_specs(tool, functools.partial(_glm_parameter, layout=layout))
+    return grammar.seq(*_literals(TOOL_CALL_OPEN, tool.name + layout.name), *params,
+                       *_literals(layout.close if params else "", TOOL_CALL_CLOSE))
 
 
 # --- DeepSeek V3.1 and Kimi K2: a section of calls, each a name and a JSON object ---

@@ -304,20 +304,34 @@ def _xml_parameter(key: str, prop: Any, root: dict[str, Any]) -> grammar.Spec:
     return grammar.seq(head, grammar.json_value(_value_schema(prop, root)), grammar.literal(f"\n{PARAMETER_CLOSE}\n"))
 
 
-def qwen_xml_call(tool: Any) -> grammar.Spec:
-    """One call of `tool` in the Qwen3-Coder XML format: its required parameters in the schema's
-    order, then any of the others (each at most as often as there are of them)."""
+ParamSpec = Callable[[str, Any, dict[str, Any]], grammar.Spec]  # (name, its schema, the tool's parameters) -> its grammar
+
+
+def parameter_specs(tool: Any, parameter: ParamSpec) -> list[grammar.Spec]:
+    """`tool`'s parameters, each as `parameter` writes it: the required ones in the schema's order,
+    then any of the others (each at most as often as there are of them)."""
     root = tool.parameters if isinstance(tool.parameters, dict) else {}
     props = root.get("properties") if isinstance(root.get("properties"), dict) else {}
     required = [k for k in root.get("required", []) if k in props]
     optional = [k for k in props if k not in required]
-    items = [grammar.literal(TOOL_CALL_OPEN), grammar.literal(f"\n{FUNCTION_OPEN}{tool.name}>\n")]
-    items += [_xml_parameter(k, props[k], root) for k in required]
+    items = [parameter(k, props[k], root) for k in required]
     if optional:
-        options = [_xml_parameter(k, props[k], root) for k in optional]
+        options = [parameter(k, props[k], root) for k in optional]
         items.append(grammar.repeat(options[0] if len(options) == 1 else grammar.alt(*options), 0, len(optional)))
-    items += [grammar.literal(f"{FUNCTION_CLOSE}\n"), grammar.literal(TOOL_CALL_CLOSE)]
-    return grammar.seq(*items)
+    return items
+
+
+def invoke_call(m: Invokes, tool: Any, parameter: ParamSpec) -> grammar.Spec:
+    """One invoke of `tool` as the MiniMax M2 and DSML templates write it."""
+    return grammar.seq(grammar.literal(f'{m.invoke_open}{tool.name}">\n'), *parameter_specs(tool, parameter),
+                       grammar.literal(m.invoke_close + "\n"))
+
+
+def qwen_xml_call(tool: Any) -> grammar.Spec:
+    """One call of `tool` in the Qwen3-Coder XML format."""
+    return grammar.seq(grammar.literal(TOOL_CALL_OPEN), grammar.literal(f"\n{FUNCTION_OPEN}{tool.name}>\n"),
+                       *parameter_specs(tool, _xml_parameter),
+                       grammar.literal(f"{FUNCTION_CLOSE}\n"), grammar.literal(TOOL_CALL_CLOSE))
 
 
 def mistral_args_call(tool: Any, arguments: dict[str, Any]) -> grammar.Spec:
