@@ -23,7 +23,7 @@ from node.inference import grammar
 from node.inference.chat import render_chat
 from node.inference.tools.jsonscan import JsonError, PartialCall, scan_value, skip_ws
 from node.inference.tools.parser import Region, Syntax
-from node.inference.tools.special import DEEPSEEK_V31, _check_name, _partial_name
+from node.inference.tools.special import DEEPSEEK_V31, _check_name, _partial_name, sectioned
 from node.inference.tools.tagged import waits
 
 BEGIN, END = DEEPSEEK_V31.begin, DEEPSEEK_V31.end
@@ -44,80 +44,45 @@ def _name_end(text: str, i: int) -> int:
     return min(ends) if ends else -1
 
 
+def _r1_call(kind: str, text: str, n: int, final: bool, region: Region) -> tuple[int, int] | None:
+    """One call after its type and the separator: the name, then the (fenced) arguments (special.sectioned's `read`)."""
+    _check_name(kind)  # the type ("function")
+    n = skip_ws(text, n)
+    m = _name_end(text, n)
+    if m < 0:
+        _partial_name(text[n:].strip())
+        if not final:
+            return None
+        m = len(text)
+    call = PartialCall(name=_check_name(text[n:m].strip()))
+    region.calls.append(call)
+    j = skip_ws(text, m)
+    if waits(text[j:], FENCE_JSON) and not final:
+        return None
+    for fence in (FENCE_JSON, FENCE):
+        if text.startswith(fence, j):
+            j = skip_ws(text, j + len(fence))
+            break
+    if j >= len(text):
+        return None
+    if text[j] != "{":
+        raise JsonError(f"expected the arguments object, got {text[j]!r}")
+    end = scan_value(text, j, final=final)
+    call.args = text[j: len(text) if end is None else end]
+    if end is None:
+        return None
+    call.args_done = True
+    j = skip_ws(text, end)
+    if text.startswith(FENCE, j):
+        j = skip_ws(text, j + len(FENCE))
+    elif waits(text[j:], FENCE) and j < len(text) and not final:
+        return None
+    return j, j
+
+
 def r1(text: str, final: bool) -> Region:
     """The calls after `BEGIN` (a section) or after `CALL` (calls without a section)."""
-    region = Region()
-    i = skip_ws(text, 0)
-    if i >= len(text):
-        return region
-    bare = text[i] != "<"  # opened by a call's own marker: the type follows at once
-    while True:
-        if region.calls or not bare:
-            i = skip_ws(text, i)
-            rest = text[i:]
-            if rest.startswith(END):
-                region.end = i + len(END)
-                return region
-            if rest.startswith(CALL):
-                i += len(CALL)
-            elif not rest or waits(rest, END, CALL):
-                if final and region.calls:  # the section's end was left out: the calls stand
-                    region.end = len(text)
-                return region
-            elif bare:  # what follows calls made without a section is content
-                region.end = i
-                return region
-            else:
-                raise JsonError(f"expected {CALL!r} or {END!r}, got {rest[:20]!r}")
-        k = text.find(SEP, i)
-        if k < 0:
-            raw = text[i:]
-            lt = raw.find("<")  # (the separator may be starting)
-            if lt >= 0 and not SEP.startswith(raw[lt:]):
-                raise JsonError(f"expected {SEP!r} after the call's type, got {raw[lt:lt + 20]!r}")
-            _partial_name(raw[: len(raw) if lt < 0 else lt].strip())
-            return region
-        _check_name(text[i:k].strip())  # the type ("function")
-        n = skip_ws(text, k + len(SEP))
-        m = _name_end(text, n)
-        if m < 0:
-            _partial_name(text[n:].strip())
-            if not final:
-                return region
-            m = len(text)
-        call = PartialCall(name=_check_name(text[n:m].strip()))
-        region.calls.append(call)
-        j = skip_ws(text, m)
-        if waits(text[j:], FENCE_JSON) and not final:
-            return region
-        for fence in (FENCE_JSON, FENCE):
-            if text.startswith(fence, j):
-                j = skip_ws(text, j + len(fence))
-                break
-        if j >= len(text):
-            return region
-        if text[j] != "{":
-            raise JsonError(f"expected the arguments object, got {text[j]!r}")
-        end = scan_value(text, j, final=final)
-        call.args = text[j: len(text) if end is None else end]
-        if end is None:
-            return region
-        call.args_done = True
-        j = skip_ws(text, end)
-        if text.startswith(FENCE, j):
-            j = skip_ws(text, j + len(FENCE))
-        elif waits(text[j:], FENCE) and j < len(text) and not final:
-            return region
-        rest = text[j:]
-        if rest.startswith(CALL_END):
-            i = j + len(CALL_END)
-        elif waits(rest, CALL_END) or not rest:
-            if not final:
-                return region
-            i = len(text)
-        else:  # the call's end was left out (llama.cpp allows it): what follows tells
-            i = j
-        call.done, call.end = True, i
+    return sectioned(DEEPSEEK_V31, text, final, _r1_call, head="the call's type")
 
 
 def r1_calls(tools: Any, arguments: list[dict[str, Any]], max_calls: int | None) -> grammar.Spec:

@@ -200,8 +200,22 @@ KIMI_K2 = Sections("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
                    "<|tool_call_argument_begin|>", "<|tool_call_end|>", _kimi_name, prefix="functions.", indexed=True)
 
 
-def sectioned(s: Sections, text: str, final: bool) -> Region:
-    """The calls after `s.begin` (a section) or after `s.call` (calls without a section)."""
+CallReader = Callable[[str, str, int, bool, Region], tuple[int, int] | None]
+
+
+def _json_call(head: str, text: str, i: int, final: bool, region: Region) -> tuple[int, int] | None:
+    """A call that writes its name before the separator and a JSON object after it (at `i`)."""
+    call = PartialCall(name=_check_name(head))
+    region.calls.append(call)
+    end = call_args(text, i, call, final=final)
+    return None if end is None else (skip_ws(text, end), end)
+
+
+def sectioned(s: Sections, text: str, final: bool, read: CallReader = _json_call, head: str = "the name") -> Region:
+    """The calls after `s.begin` (a section) or after `s.call` (calls without a section). `read` gets
+    `s.name` of what a call writes before `s.sep` (`head` names it in errors) and the index after
+    `s.sep`, adds the call to the region and returns where its `s.call_end` may start and where to
+    go on when that is left out, None while the call runs past the text."""
     region = Region()
     i = skip_ws(text, 0)
     if i >= len(text):
@@ -230,15 +244,13 @@ def sectioned(s: Sections, text: str, final: bool) -> Region:
             raw = text[i:]
             lt = raw.find("<")  # (the separator may be starting)
             if lt >= 0 and not s.sep.startswith(raw[lt:]):
-                raise JsonError(f"expected {s.sep!r} after the name, got {raw[lt:lt + 20]!r}")
+                raise JsonError(f"expected {s.sep!r} after {head}, got {raw[lt:lt + 20]!r}")
             _partial_name(raw[: len(raw) if lt < 0 else lt].strip())
             return region
-        call = PartialCall(name=_check_name(s.name(text[i:k].strip())))
-        region.calls.append(call)
-        end = call_args(text, k + len(s.sep), call, final=final)
-        if end is None:
+        got = read(s.name(text[i:k].strip()), text, k + len(s.sep), final, region)
+        if got is None:
             return region
-        j = skip_ws(text, end)
+        j, after = got
         rest = text[j:]
         if rest.startswith(s.call_end):
             i = j + len(s.call_end)
@@ -247,8 +259,8 @@ def sectioned(s: Sections, text: str, final: bool) -> Region:
                 return region
             i = len(text)
         else:  # the call's end was left out (llama.cpp allows it): what follows tells
-            i = end
-        call.done, call.end = True, i
+            i = after
+        region.calls[-1].done, region.calls[-1].end = True, i
 
 
 def sectioned_calls(s: Sections, tools: Any, arguments: list[dict[str, Any]], max_calls: int | None) -> grammar.Spec:
