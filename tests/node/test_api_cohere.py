@@ -8,23 +8,20 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from node.inference.synth import SynthSpec
 from node.inference.tools.cohere import MARKERS
-from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import openai_client, template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 TOKENS = (*MARKERS, "<|START_THINKING|>", "<|END_THINKING|>")
 R7B = SynthSpec(n_ctx=8192, control_tokens=TOKENS, name="r7b",
-                chat_template=(TEMPLATES / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja").read_text())
-MOE = SynthSpec(n_ctx=8192, control_tokens=TOKENS, name="moe", chat_template=(TEMPLATES / "Cohere2MoE.jinja").read_text())
+                chat_template=template("CohereForAI-c4ai-command-r7b-12-2024-tool_use"))
+MOE = SynthSpec(n_ctx=8192, control_tokens=TOKENS, name="moe", chat_template=template("Cohere2MoE"))
 # a real R7B GGUF's default template (the shape of huggingface.js ollama-utils' automap for command-r7b):
 # the tool-use body only beside documents, which empties `tools`; plain chat otherwise. Its tool_use
 # template (the fixture) is `tokenizer.chat_template.tool_use`.
@@ -39,7 +36,7 @@ BOTH_TEMPLATES = R7B.replace(name="cmdr-both", chat_template=R7B_DEFAULT, chat_t
 DEFAULT_ONLY = R7B.replace(name="cmdr-plain", chat_template=R7B_DEFAULT)
 # Command R+: its tool_use template writes calls as `Action: ```json`, a format read here as generic
 PLUS = R7B.replace(name="cmdr-plus", chat_template="{{ bos_token }}" + PLAIN_CHAT, chat_templates=(
-    ("tool_use", (TEMPLATES / "CohereForAI-c4ai-command-r-plus-tool_use.jinja").read_text()),))
+    ("tool_use", template("CohereForAI-c4ai-command-r-plus-tool_use")),))
 # a template that shows the tools and opens the answer in its generation prompt
 ANSWER_OPEN = R7B.replace(name="cmdr-answer", chat_template=TOOL_USE + "<|START_RESPONSE|>")
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
@@ -48,14 +45,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("cohere")
-    models = (tiny_model(base, R7B, "r7b.gguf"), tiny_model(base, MOE, "moe.gguf"),
-              tiny_model(base, BOTH_TEMPLATES, "cmdr-both.gguf"), tiny_model(base, DEFAULT_ONLY, "cmdr-plain.gguf"),
-              tiny_model(base, ANSWER_OPEN, "cmdr-answer.gguf"), tiny_model(base, PLUS, "cmdr-plus.gguf"))
-    async with running_node(node_config(base / "data", *models)) as n:
-        yield n
+node = tiny_models_node(R7B, MOE, BOTH_TEMPLATES, DEFAULT_ONLY, ANSWER_OPEN, PLUS)
 
 
 @pytest.fixture

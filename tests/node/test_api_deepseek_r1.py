@@ -7,32 +7,25 @@ generation prompt opened. The format's parsing in every chunking is tests/infere
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS
-from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import openai_client, template, tiny_models_node, token_id
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-TEMPLATE = (Path(__file__).resolve().parent.parent / "fixtures" / "templates"
-            / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
-SPEC = SynthSpec(n_ctx=2048, think=True, control_tokens=MARKERS, chat_template=TEMPLATE, name="r1")
+SPEC = SynthSpec(n_ctx=2048, think=True, control_tokens=MARKERS, name="r1",
+                 chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"))
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
         "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("r1")
-    async with running_node(node_config(base / "data", tiny_model(base, SPEC, "r1.gguf"))) as n:
-        yield n
+node = tiny_models_node(SPEC)
 
 
 @pytest.fixture
@@ -41,9 +34,7 @@ def client(node):
 
 
 def close_thoughts(node) -> dict[str, int]:
-    ids = node.models.all()[0].tokenizer.tokenize("</think>", add_bos=False)
-    assert len(ids) == 1
-    return {str(ids[0]): 100}
+    return {token_id(node, "</think>"): 100}
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -7,41 +7,28 @@ call's grammar makes it. The reply's split in every chunking is tests/inference/
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from node.inference.synth import SynthSpec
-from tests.support.nodes import anthropic_client, node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import anthropic_client, openai_client, template, tiny_models_node, token_id
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-TEMPLATE = (Path(__file__).resolve().parent.parent / "fixtures" / "templates" / "google-gemma-4-31B-it.jinja").read_text()
-SPEC = SynthSpec(n_ctx=2048, gemma4=True, chat_template=TEMPLATE, name="gemma4")
+SPEC = SynthSpec(n_ctx=2048, gemma4=True, chat_template=template("google-gemma-4-31B-it"), name="gemma4")
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
           "required": ["city", "days"], "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": PARAMS}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("gemma4")
-    async with running_node(node_config(base / "data", tiny_model(base, SPEC, "gemma4.gguf"))) as n:
-        yield n
+node = tiny_models_node(SPEC)
 
 
 @pytest.fixture
 def client(node):
     return openai_client(node)
-
-
-def token_id(node, text: str) -> str:
-    ids = node.models.all()[0].tokenizer.tokenize(text, add_bos=False)
-    assert len(ids) == 1, ids
-    return str(ids[0])
 
 
 def bias(node) -> dict[str, int]:

@@ -6,20 +6,15 @@ must still land where they belong."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from node.inference.synth import SynthSpec
-from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import openai_client, template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-TEMPLATE = (Path(__file__).resolve().parent.parent / "fixtures" / "templates"
-            / "google-gemma-4-31B-it-interleaved.jinja").read_text()
-SPEC = SynthSpec(n_ctx=2048, gemma4=True, chat_template=TEMPLATE, name="gemma4i")
+SPEC = SynthSpec(n_ctx=2048, gemma4=True, chat_template=template("google-gemma-4-31B-it-interleaved"), name="gemma4i")
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": PARAMS}}
 
@@ -29,11 +24,7 @@ def call(n: int, city: str) -> dict:
             "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'}}
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("gemma4i")
-    async with running_node(node_config(base / "data", tiny_model(base, SPEC, "gemma4i.gguf"))) as n:
-        yield n
+node = tiny_models_node(SPEC)
 
 
 @pytest.fixture

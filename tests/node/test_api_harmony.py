@@ -7,30 +7,23 @@ analysis channel at once. The reply's split in every chunking is tests/inference
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from node.inference.synth import SynthSpec
-from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import openai_client, template, tiny_models_node, token_id
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-TEMPLATE = (Path(__file__).resolve().parent.parent / "fixtures" / "templates" / "openai-gpt-oss-120b.jinja").read_text()
-SPEC = SynthSpec(n_ctx=2048, harmony=True, chat_template=TEMPLATE, name="gptoss")
+SPEC = SynthSpec(n_ctx=2048, harmony=True, chat_template=template("openai-gpt-oss-120b"), name="gptoss")
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
         "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("harmony")
-    async with running_node(node_config(base / "data", tiny_model(base, SPEC, "gptoss.gguf"))) as n:
-        yield n
+node = tiny_models_node(SPEC)
 
 
 @pytest.fixture
@@ -39,9 +32,7 @@ def client(node):
 
 
 def end_token(node) -> str:
-    ids = node.models.all()[0].tokenizer.tokenize("<|end|>", add_bos=False)
-    assert len(ids) == 1
-    return str(ids[0])
+    return token_id(node, "<|end|>")
 
 
 @pytest.mark.parametrize("stream", [False, True])

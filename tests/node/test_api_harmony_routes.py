@@ -11,10 +11,9 @@ import dataclasses
 import json
 
 import pytest
-import pytest_asyncio
 
 from tests.node.test_api_harmony import CITY, SPEC
-from tests.support.nodes import anthropic_client, node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import anthropic_client, openai_client, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 TOOL = {"name": "get_weather", "description": "Weather", "input_schema": CITY}
@@ -23,13 +22,8 @@ ASK = "Weather in Paris?"
 GREEDY = {"temperature": 0}
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("harmony_routes")
-    thinker = tiny_model(base, SPEC, "gptoss.gguf")  # greedy, it thinks until a budget closes the channel
-    caller = tiny_model(base, dataclasses.replace(SPEC, seed=1, name="caller"), "caller.gguf")  # greedy, it calls
-    async with running_node(node_config(base / "data", thinker, caller)) as n:
-        yield n
+# greedy, the first thinks until a budget closes the channel, the second (seed 1) calls
+node = tiny_models_node(SPEC, dataclasses.replace(SPEC, seed=1, name="caller"))
 
 
 @pytest.fixture

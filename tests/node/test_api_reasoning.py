@@ -6,34 +6,24 @@ closes its thoughts by itself: a logit_bias on `</think>` makes it, a banned one
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
-from tests.support.nodes import anthropic_client, node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import anthropic_client, openai_client, template, tiny_models_node, token_id
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
-R1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
-QWEN3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+R1 = template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")
+QWEN3 = template("Qwen-Qwen3-0.6B")
 # (R1's tool-call markers are tokens of its vocabulary: its template's calls are read in its own format)
 SPEC = SynthSpec(n_ctx=2048, think=True, control_tokens=R1_MARKERS, chat_template=R1, name="thinker")
 ASK = [{"role": "user", "content": "Is the sky blue?"}]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("reasoning")
-    models = (tiny_model(base, SPEC, "thinker.gguf"),
-              tiny_model(base, SPEC.replace(chat_template=QWEN3, name="qwen3ish"), "qwen3ish.gguf"))
-    async with running_node(node_config(base / "data", *models)) as n:
-        yield n
+node = tiny_models_node(SPEC, SPEC.replace(chat_template=QWEN3, name="qwen3ish"))
 
 
 @pytest.fixture
@@ -51,10 +41,7 @@ def model_id(node, name: str) -> str:
 
 
 def close_token(node) -> str:
-    tok = node.models.all()[0].tokenizer
-    ids = tok.tokenize("</think>", add_bos=False)
-    assert len(ids) == 1
-    return str(ids[0])
+    return token_id(node, "</think>")
 
 
 async def ask(client, model: str, stream: bool, **kw) -> tuple[str | None, str | None, str, object]:

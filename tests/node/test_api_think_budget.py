@@ -6,31 +6,21 @@ itself; a logit_bias makes one token come every time."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import openai
 import pytest
-import pytest_asyncio
 
 from node.inference.synth import SynthSpec
-from tests.support.nodes import anthropic_client, node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import anthropic_client, openai_client, template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
-R1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
-QWEN3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+R1 = template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")
+QWEN3 = template("Qwen-Qwen3-0.6B")
 SPEC = SynthSpec(n_ctx=2048, think=True, chat_template=R1, name="thinker")
 ASK = [{"role": "user", "content": "Is the sky blue?"}]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("think_budget")
-    models = (tiny_model(base, SPEC, "thinker.gguf"),
-              tiny_model(base, SPEC.replace(chat_template=QWEN3, name="qwen3ish"), "qwen3ish.gguf"))
-    async with running_node(node_config(base / "data", *models)) as n:
-        yield n
+node = tiny_models_node(SPEC, SPEC.replace(chat_template=QWEN3, name="qwen3ish"))
 
 
 @pytest.fixture

@@ -59,6 +59,36 @@ def default_model_node(name: str, **overrides):
     return node
 
 
+def tiny_models_node(*specs: SynthSpec):
+    """A module-scoped fixture: one real node serving a tiny random model per spec, each in
+    `<spec.name>.gguf`, for the whole test module (assign it to the module's `node`)."""
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module")
+    async def node(tmp_path_factory):
+        base = tmp_path_factory.mktemp(specs[0].name)
+        models = [tiny_model(base, spec, f"{spec.name}.gguf") for spec in specs]
+        async with running_node(node_config(base / "data", *models)) as n:
+            yield n
+
+    return node
+
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+
+
+def template(name: str) -> str:
+    """A chat template of tests/fixtures/templates (`name` without `.jinja`)."""
+    return (TEMPLATES / f"{name}.jinja").read_text()
+
+
+def token_id(node: Node, text: str) -> str:
+    """The id of the one token `text` is in the node's first model (as a logit_bias key)."""
+    ids = node.models.all()[0].tokenizer.tokenize(text, add_bos=False)
+    assert len(ids) == 1, ids
+    return str(ids[0])
+
+
 @functools.cache
 def _build_sdk_models(*modules: str) -> None:
     """Build the SDK's pydantic models now. They defer it to first use (`defer_build`), which then
