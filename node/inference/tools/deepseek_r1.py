@@ -21,7 +21,7 @@ from typing import Any
 
 from node.inference import grammar
 from node.inference.chat import render_chat
-from node.inference.tools.jsonscan import JsonError, PartialCall, scan_value, skip_ws
+from node.inference.tools.jsonscan import PartialCall, call_args, skip_ws
 from node.inference.tools.parser import Region, Syntax
 from node.inference.tools.special import DEEPSEEK_V31, _check_name, _partial_name, sectioned
 from node.inference.tools.tagged import waits
@@ -63,15 +63,9 @@ def _r1_call(kind: str, text: str, n: int, final: bool, region: Region) -> tuple
         if text.startswith(fence, j):
             j = skip_ws(text, j + len(fence))
             break
-    if j >= len(text):
-        return None
-    if text[j] != "{":
-        raise JsonError(f"expected the arguments object, got {text[j]!r}")
-    end = scan_value(text, j, final=final)
-    call.args = text[j: len(text) if end is None else end]
+    end = call_args(text, j, call, final=final)
     if end is None:
         return None
-    call.args_done = True
     j = skip_ws(text, end)
     if text.startswith(FENCE, j):
         j = skip_ws(text, j + len(FENCE))
