@@ -29,6 +29,11 @@ ACTIVITY_RING_SIZE = 100
 # --- event loop health ---
 LOOP_STALL_THRESHOLD_MS = 100  # DIAG: network event loop stalled when late by more than this
 LOOP_WATCHDOG_INTERVAL_S = 0.05
+# a stall of the loop this long is this node pausing (SIGSTOP, a laptop's lid, a VM paused): peers'
+# missed deadlines and link drops within it are not charged to them (watchdog.paused_since)
+SELF_PAUSE_MIN_S = 1.0
+# a link drop or failure this soon after such a pause ended is counted as the pause's doing
+SELF_PAUSE_GRACE_S = 2.0
 NODE_DRAIN_S = 5.0  # on stop, requests under way get this long to finish; then they end with a 503 error
 NODE_DRAIN_POLL_S = 0.1  # how often the drain looks whether the work for other nodes has ended
 STREAM_WRITE_STALL_S = 60.0  # a streaming client that takes nothing for this long (buffers full) is cut off

@@ -15,7 +15,7 @@ _TPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 
 # swarmllm_failovers' causes: how a segment failed (pipeline/run.py, coordinator.py, deadlines.py)
 # or the error code a peer answered with (any NodeError's)
 FAILURE_CAUSES = frozenset({"link_drop", "unreachable", "protocol", "error", "ack_deadline", "result_deadline",
-                            "tokens_deadline", "deadline", "cancelled"} | {
+                            "tokens_deadline", "deadline", "cancelled", "self_paused"} | {
     c.code for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.NodeError)})
 
 

@@ -312,7 +312,8 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
                                             activation_bits=self.config.activation_bits,
                                             speculative_max_draft=self.config.speculative_max_draft,
-                                            kv_cache_seqs=self.config.kv_cache_seqs)
+                                            kv_cache_seqs=self.config.kv_cache_seqs,
+                                            pauses=self.watchdog)
         self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
                                                   contributing=self._contributing)
         self.embed_server = RemoteEmbedServer(self.node_id, self.models, self.transport, self.peers,

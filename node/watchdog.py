@@ -9,12 +9,14 @@ late by more than the threshold, one line is logged:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import sys
 import threading
 import time
 
 from node import const
+from node.logs import kv
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,30 @@ class LoopWatchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handle: asyncio.TimerHandle | None = None
+        self._expected = self._last_beat + interval_s
+        # the last stalls of SELF_PAUSE_MIN_S or more: (monotonic start, end); pipeline deadlines and
+        # link drops that fell in one are this node's doing, not the peer's (paused_since)
+        self.pauses: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)
+
+    def _spans(self, now: float) -> list[tuple[float, float]]:
+        spans = list(self.pauses)
+        if self._loop is not None and now - self._expected >= const.SELF_PAUSE_MIN_S:
+            spans.append((self._expected, now))  # the beat is that late: the loop has not run since
+        return spans
+
+    def paused_since(self, since: float, now: float | None = None) -> float:
+        """Seconds of stalls of SELF_PAUSE_MIN_S or more (SIGSTOP, a VM or laptop asleep, a loop
+        kept busy) after the monotonic time `since`, the one still going on included: a timer run
+        late by one fires in the same loop pass as the frames that came meanwhile, before the
+        heartbeat that records it, so the heartbeat's lateness is read here too."""
+        now = time.monotonic() if now is None else now
+        return sum(max(0.0, end - max(start, since)) for start, end in self._spans(now) if end > since)
+
+    def last_pause(self, within_s: float) -> float:
+        """How long the last such stall lasted when it ended within `within_s` (or goes on), else 0."""
+        now = time.monotonic()
+        recent = [end - start for start, end in self._spans(now) if now - end <= within_s]
+        return recent[-1] if recent else 0.0
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Start watching the running loop (call from the loop thread)."""
@@ -102,6 +128,11 @@ class LoopWatchdog:
             self.max_stall_ms = max(self.max_stall_ms, took_ms)
             log.warning("DIAG: network event loop stalled took_ms=%d arm=%s", took_ms,
                         self._arm or "unsampled(process or GIL starved)")
+            if late_s >= const.SELF_PAUSE_MIN_S:
+                self.pauses.append((self._expected, now))
+                log.warning("DIAG: this node was paused %.1f s (its event loop did not run: the process "
+                            "suspended, the machine asleep or starved of CPU); deadlines and link drops "
+                            "of that time are not charged to peers %s", late_s, kv(paused_ms=round(took_ms)))
         self._arm = None
         self._last_beat = now
         self._schedule()

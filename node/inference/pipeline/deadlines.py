@@ -43,6 +43,7 @@ class Step:
     acks: dict[int, tuple[float, bool]] = field(default_factory=dict)  # hop -> (when, its output had left)
     timer: asyncio.TimerHandle | None = None  # the pending deadline of a step being waited for
     trace: RequestTrace | None = None  # set while waited for (deadline log lines)
+    armed: tuple[float, float] = (0.0, 0.0)  # (when, for how long) the pending deadline was set
 
     def disarm(self) -> None:
         """Cancel the pending deadline, if any."""
@@ -86,10 +87,12 @@ class Attempt:
 class StepDeadlines:
     """Arms, re-arms and fires the waited step's deadline; feeds and backs off peers' RTOs."""
 
-    def __init__(self, node_id: str, peers: Any | None, perf: PeerPerformance):
+    def __init__(self, node_id: str, peers: Any | None, perf: PeerPerformance, pauses: Any | None = None):
         self.node_id = node_id
         self.peers = peers  # PeerManager: rto(node_id) per peer; None without a peer network
         self.perf = perf
+        # the loop watchdog (paused_since, last_pause): this node's own pauses; None: not known
+        self.pauses = pauses
 
     def _rto(self, node_id: str):
         return self.peers.rto(node_id) if self.peers is not None else None
@@ -125,8 +128,9 @@ class StepDeadlines:
         """(Re)schedule the step's earliest pending deadline."""
         deadline, hop, what = self.deadline(att, step)
         step.disarm()
-        step.timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._expire,
-                                                           att, step, hop, what)
+        now = time.monotonic()
+        step.armed = (now, max(0.0, deadline - now))
+        step.timer = asyncio.get_running_loop().call_later(step.armed[1], self._expire, att, step, hop, what)
 
     def deadline(self, att: Attempt, step: Step) -> tuple[float, int, str]:
         """(time, hop, what) of the earliest deadline still pending for this step."""
@@ -164,6 +168,17 @@ class StepDeadlines:
             return
         trace = step.trace
         node = att.route[hop].node_id
+        armed_at, span = step.armed
+        paused = self.pauses.paused_since(armed_at) if self.pauses is not None else 0.0
+        if paused > 0:  # this node was paused (SIGSTOP, a lid closed) while it waited: not the
+            # peer's silence; its frames of that time came first in this loop pass. A fresh budget
+            # from now: a deadline missed with no pause of ours after it is the peer's again
+            log.info("DIAG: pipeline deadline ran out while this node was paused: re-armed %s", kv(
+                request_id=trace.request_id if trace else None, seq=step.seq, hop=hop, node=node[:8],
+                what=what, paused_ms=round(paused * 1000)))
+            step.armed = (time.monotonic(), max(span, self.ack_budget(node)))
+            step.timer = asyncio.get_running_loop().call_later(step.armed[1], self._expire, att, step, hop, what)
+            return
         rto = self._rto(node)
         if rto is not None:
             rto.backoff()

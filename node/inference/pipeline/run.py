@@ -123,6 +123,7 @@ class PipelineRun:
         # whole holder's remote generate (its own cache, which it does not report)
         self.cached_tokens: int | None = None
         self.resume_misses = 0  # attempts that found a kept session gone (at most one: only attempt 1 resumes)
+        self.own_pauses = 0  # attempts that failed because this node was paused (not counted either)
         # nodes whose link failed this request -> the connection id it had (taken back once linked anew)
         self.lost: dict[str, int | None] = {}
         self.silent: dict[str, float] = {}  # of `lost`, those that fell silent: when (time.monotonic())
@@ -407,8 +408,28 @@ class PipelineRun:
         self.attempt_no += 1
         self.attempt = None
 
+    def _own_pause(self, failure: SegmentFailed) -> float:
+        """How long this node was itself paused just before a peer's link dropped or it fell silent
+        (0: not paused): a peer that heard nothing from us for its liveness deadline closed the link."""
+        pauses = self.deadlines.pauses
+        if pauses is None or not (failure.cause in LOST or failure.cause in SILENCES):
+            return 0.0
+        return pauses.last_pause(const.SELF_PAUSE_GRACE_S)
+
     def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
         trace = self.trace
+        paused = self._own_pause(failure)
+        if paused:  # not the peer's doing: it is not left out, and the attempt does not count
+            # toward MAX_ASSEMBLIES; a new attempt (its sessions may be gone) waits for its link
+            self.lost[failure.node_id] = att.links.get(failure.node_id)
+            log.info("DIAG: pipeline attempt failed because this node was paused, not the peer: failing over %s", kv(
+                request_id=trace.request_id, attempt=self.attempt_no, node=failure.node_id[:8],
+                cause=failure.cause, paused_ms=round(paused * 1000), tokens_so_far=len(self.generated)))
+            trace.note_failure("self_paused", failure.message)
+            self.own_pauses += 1
+            self.attempt_no += 1
+            self.attempt = None
+            return
         self.excluded.add(failure.node_id)
         if failure.cause == "next_hop_unreachable":
             self.unreached[failure.node_id] = time.monotonic()
@@ -431,7 +452,7 @@ class PipelineRun:
         else:
             log.warning("DIAG: NO standby available for failed segment %s",
                         kv(request_id=trace.request_id, failed=failure.node_id[:8]))
-        if self.attempt_no - self.resume_misses >= const.MAX_ASSEMBLIES:
+        if self.attempt_no - self.resume_misses - self.own_pauses >= const.MAX_ASSEMBLIES:
             if self.overloaded is not None and not self.generated:
                 raise Overloaded(self.overloaded.message)
             raise InsufficientCapacity(f"the pipeline failed {self.attempt_no} times; last: {failure.message}")

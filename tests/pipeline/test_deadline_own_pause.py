@@ -1,0 +1,59 @@
+"""A step's ACK deadline that ran out while this node itself did not run (its loop stalled past
+SELF_PAUSE_MIN_S: SIGSTOP, a lid closed, a VM paused) is re-armed with a fresh budget, not charged
+to the peer: the peer's late answer is still taken. (A real coordinator paused mid-stream:
+test_coordinator_paused.py; there the peer's frames of that time are read before the timers fire,
+so this case — a WORK not yet on the wire when the node stopped, a prefill behind a full buffer —
+is driven here on the real deadline machinery and the real loop watchdog.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from node import const
+from node.errors import SegmentFailed
+from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
+from node.inference.pipeline.perf import PeerPerformance
+from node.inference.pipeline.planner import Plan
+from node.inference.pipeline.wire import Hop, Result
+from node.trace import RequestTrace
+from node.watchdog import LoopWatchdog
+from tests.support.waiting import wait_until
+
+
+def pause_this_node(seconds: float) -> None:
+    time.sleep(seconds)  # deliberately blocking: the loop does not run, as under SIGSTOP
+
+
+@pytest.mark.blocks_loop("this node's own pause while a step waits for its peer")
+async def test_a_deadline_run_out_while_this_node_was_paused_is_re_armed(caplog):
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    try:
+        deadlines = StepDeadlines("self-node", None, PeerPerformance("self-node"), dog)
+        loop = asyncio.get_running_loop()
+        att = Attempt(sid="r/1", model_sha="m", plan=Plan([]), route=(Hop("peer-node", 0, 2),), kinds=["direct"],
+                      failed=loop.create_future())
+        step = att.steps[0] = Step(seq=0, n_tokens=1, sent_at=time.monotonic(), result=loop.create_future())
+        waiting = asyncio.create_task(deadlines.wait(att, step, RequestTrace(model="m", operation="chat.completions")))
+        await wait_until(lambda: step.timer is not None, 5, what="the ACK deadline armed")
+        budget = deadlines.ack_budget("peer-node")
+        pause_this_node(budget + const.SELF_PAUSE_MIN_S)
+        resumed = time.monotonic()
+        # the overdue timer fires in the next loop pass: it fails the step (charged to the peer) or re-arms
+        await wait_until(lambda: step.result.done() or getattr(step, "armed", (0.0,))[0] >= resumed, 5,
+                         what="the deadline that ran out during the pause to fire")
+        assert not step.result.done(), step.result.result()
+        step.result.set_result(Result(sid="r/1", seq=0, token=7))  # the peer's answer, after the pause
+        outcome = await waiting
+        assert not isinstance(outcome, SegmentFailed) and outcome.token == 7
+        assert "pipeline deadline ran out while this node was paused: re-armed" in caplog.text
+        assert "not acknowledged within the ACK deadline" not in caplog.text
+        await wait_until(lambda: dog.pauses, 5, what="the watchdog to record the pause")
+        assert caplog.text.count("DIAG: this node was paused") == 1
+    finally:
+        dog.stop()
