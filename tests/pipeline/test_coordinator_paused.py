@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import time
 
 import aiohttp
 import pytest
@@ -41,6 +42,8 @@ def test_a_coordinator_paused_mid_stream_does_not_blame_its_peer(tmp_path):
             peers = (await b.async_get_json("/api/admin/peers"))["peers"]
             return not any(p["node_id"] == a_id and p["state"] == "connected" for p in peers)
 
+        paused_s: list[float] = []
+
         async def go() -> tuple[str, dict | None, str]:
             body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 120,
                     "stream": True, "temperature": 0}
@@ -55,10 +58,12 @@ def test_a_coordinator_paused_mid_stream_does_not_blame_its_peer(tmp_path):
                     chunks += 1
                     if chunks == 6:  # the coordinator sleeps until its peer gives up on it
                         a.send_signal(signal.SIGSTOP)
+                        stopped = time.monotonic()
                         try:
                             await wait_until(b_lost_a, 30, 0.1, "b to find the paused coordinator's link dead")
                         finally:
                             a.send_signal(signal.SIGCONT)
+                            paused_s.append(time.monotonic() - stopped)
             async with aiohttp.ClientSession() as s, s.post(  # the next request: still through b
                     a.base + "/v1/chat/completions", headers=a.auth,
                     json={**body, "stream": False, "max_tokens": 4}) as r:
@@ -70,7 +75,9 @@ def test_a_coordinator_paused_mid_stream_does_not_blame_its_peer(tmp_path):
         assert text == expected  # failed over (b's session died with the link): nothing lost or repeated
         assert b_id[:8] in next_nodes.split(",")
         log = a.node_log()
-        assert len(re.findall(r"DIAG: this node was paused \d+\.\d s", log)) == 1, log[-3000:]
+        # said once for the pause (other stalls of a loaded machine may be said too, shorter)
+        pauses = [float(n) for n in re.findall(r"DIAG: this node was paused (\d+\.\d) s", log)]
+        assert len([n for n in pauses if n >= paused_s[0] / 2]) == 1, (paused_s, log[-3000:])
         assert "pipeline attempt failed because this node was paused" in log
         # the peer is not blamed: no failure charged to it, not left out
         assert not re.search(r"WARNING .*DIAG: pipeline attempt failed request_id", log)
