@@ -69,6 +69,7 @@ class NodeClient:
     def __init__(self, args: argparse.Namespace):
         cfg = load_config({"port": args.port, "data_dir": args.data_dir})
         self.base = f"http://127.0.0.1:{cfg.port}"
+        self.data_dir = cfg.data_dir
         self.key_file = cfg.data_dir / API_KEY_FILE
         self.key = read_api_key(cfg.data_dir)
 
@@ -196,6 +197,48 @@ def _list_line(job: dict) -> str:
     return line
 
 
+def _kept_on_disk(client: NodeClient, job: dict) -> tuple[int, str | None]:
+    """(bytes of the download's `.part` files in the node's models/, the job id their sidecar names:
+    the one a restarted node lists it under). The CLI runs beside its node (127.0.0.1), so the files
+    are there to read once it stopped; a split set's parts all count."""
+    from pathlib import Path
+
+    from node.models.file_kinds import llama_split_name, split_part
+
+    split = split_part(Path(job["file"])) if job.get("parts", 1) > 1 else None
+    names = [llama_split_name(split[0], n, split[2]).lower() for n in range(1, split[2] + 1)] if split else \
+        [job["file"].lower()]
+    try:
+        found = {p.name[:-len(".part")].lower(): p for p in (client.data_dir / "models").iterdir()
+                 if p.name.endswith(".part")}
+    except OSError:
+        return 0, None
+    size, job_id = 0, None
+    for name in names:
+        if (part := found.get(name)) is None:
+            continue
+        try:
+            size += part.stat().st_size
+            meta = json.loads(part.with_name(part.name + ".json").read_text(encoding="utf-8"))
+            job_id = meta.get("job") if isinstance(meta, dict) and isinstance(meta.get("job"), str) else job_id
+        except (OSError, ValueError):
+            pass
+    return size, job_id
+
+
+def _stopped_text(client: NodeClient, job: dict) -> str:
+    """What is kept of a download whose node stopped answering, and how to go on, from the files
+    on disk (2026-12-07: from the last progress seen, up to half a second old, so a download that had
+    just begun, or not yet, said "its partial file (0.0 MB) is kept")."""
+    size, job_id = _kept_on_disk(client, job)
+    if not size:
+        return "nothing of it had been downloaded yet: start the node again and run the same download again"
+    amount = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
+    return (f"its partial file ({amount}) is kept: start the node again and "
+            f"`swarmllm download --resume {job_id or job['id']}` (see `swarmllm download --list`), or run the "
+            "same download again, to resume it")
+
+
 def _download_list(client: NodeClient) -> int:
     jobs = json.loads(client.request("GET", "/api/admin/downloads"))["downloads"]
     print("\n".join(_list_line(job) for job in jobs) if jobs else "no downloads")
@@ -234,9 +277,7 @@ def download(args: argparse.Namespace) -> int:
             job = json.loads(client.request("GET", f"/api/admin/downloads/{job['id']}"))["download"]
     except NoNode:  # the node stopped mid-download: say what is kept and how to go on
         sys.stderr.write(f"\nerror: the node at {client.base} stopped answering during the download; "
-                         f"its partial file ({job['done_bytes'] / 1e6:.1f} MB) is kept: start the node again and "
-                         f"`swarmllm download --resume {job['id']}` (see `swarmllm download --list`), or run the "
-                         "same download again, to resume it\n")
+                         f"{_stopped_text(client, job)}\n")
         return 1
     except KeyboardInterrupt:
         try:  # (the latest state: whether this run went on from kept bytes)

@@ -40,6 +40,8 @@ def test_a_node_stopping_mid_download_says_the_part_is_kept_and_how_to_resume(tm
     assert "stopped answering during the download" in err and "is kept" in err and "resume" in err, err
     assert "is `swarmllm run` running?" not in err
     assert part.stat().st_size > 0  # what the message promises
+    size = part.stat().st_size  # the bytes on disk, not the last progress seen (it said "0.0 MB" of them)
+    assert f"({size / 1e6:.1f} MB) is kept" in err or f"({size} bytes) is kept" in err, err
 
 
 def test_the_progress_line_names_the_part_of_a_split_set_being_fetched():
@@ -186,3 +188,30 @@ def test_ctrl_c_during_a_resume_pauses_it_and_keeps_the_bytes(tmp_path, how):
         finally:
             origin.release.set()
             node.terminate()
+
+
+def test_a_node_stopping_before_any_byte_came_does_not_say_bytes_are_kept(tmp_path):
+    """The node stopped while the origin had not answered yet: the line said "its partial file (0.0 MB)
+    is kept … --resume ID", an id no restarted node lists (nothing was written)."""
+    data = tiny_model(tmp_path).read_bytes()
+    with ThreadedOrigin(data, name="m.gguf") as origin:
+        origin.hold_answers = True  # the request is taken and never answered until the test ends
+        node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"])
+        try:
+            node.wait_ready(path="/health")
+            cli = subprocess.Popen(
+                [sys.executable, "-m", "node.cli", "download", origin.url, "-p", str(node.port),
+                 "--data-dir", str(node.data_dir)],
+                cwd=REPO, env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            wait_until_sync(lambda: origin.requests >= 1, 60, what="the download's request at the origin")
+            node.terminate()
+            out, err = cli.communicate(timeout=60)
+        finally:
+            origin.release.set()
+            node.terminate()
+    assert cli.returncode == 1, (out, err)
+    assert "stopped answering during the download" in err, err
+    said = err[err.index("error:"):]  # (the progress line before it says "starting 0.0 MB", as it was)
+    assert "0.0 MB" not in said and "--resume" not in said and "is kept" not in said, err
+    assert "nothing of it had been downloaded yet" in said, err
+    assert not (node.data_dir / "models" / "m.gguf.part").exists()  # indeed nothing is kept
