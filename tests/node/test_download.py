@@ -394,7 +394,8 @@ async def test_shutdown_keeps_the_partial_file_and_a_restarted_node_resumes(tmp_
     assert job.state == "cancelled"
     assert (models / "kept.gguf.part").stat().st_size == 250_000
     sidecar = json.loads((models / "kept.gguf.part.json").read_text())
-    assert sidecar == {"url": server.url, "validator": '"v1"', "job": job.id}  # no query, the job's id kept
+    assert sidecar == {"url": server.url, "validator": '"v1"', "job": job.id,  # no query, the job's id kept
+                       "total": len(other_bytes)}  # its size (--list; 2026-12-07), no sha256 given
 
     second = ModelDownloader(models, on_file)  # the node started again
     job = second.start(server.url, file_name="kept.gguf")

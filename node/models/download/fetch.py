@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import re
 import shutil
 import time
@@ -89,7 +90,8 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
                 raise DownloadFailed(f"not enough disk space: {(total - offset) / 1e6:.0f} MB to download, "
                                      f"{free / 1e6:.0f} MB free in {models_dir}")
         # what a later attempt must present to resume: the same file, the same version
-        await loop.run_in_executor(io, write_sidecar, part, job.url, resume_validator(resp.headers), job.id)
+        await loop.run_in_executor(io, functools.partial(write_sidecar, part, job.url, resume_validator(resp.headers),
+                                                         job.id, total=job.total_bytes, sha256=job.sha256))
         fh = await loop.run_in_executor(io, open, part, "r+b" if offset else "wb")
         job.state, job.done_bytes = "downloading", offset  # once the .part file is there
         progress(job)

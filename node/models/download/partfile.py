@@ -64,14 +64,21 @@ def reclaim_cut_landing(parts: list[Path], targets: list[Path]) -> list[Path]:
     return moved
 
 
-def write_sidecar(part: Path, url: str, validator: str | None, job_id: str | None = None) -> None:
+def write_sidecar(part: Path, url: str, validator: str | None, job_id: str | None = None, *,
+                  total: int | None = None, sha256: str | None = None) -> None:
     # the URL without its query: no credentials on disk, and a fresh signed URL of the same file
     # still resumes (If-Range guards the version); `signed`: it had one, so a node started again
     # (restore.py) may find the bare URL refused, and says to paste the link again; `job`: the
-    # download's id, which the job restored at the next start keeps (`swarmllm download --resume ID`)
-    meta = {"url": display_url(url), "validator": validator}
+    # download's id, which the job restored at the next start keeps (`swarmllm download --resume ID`);
+    # `total`: the file's size as the server announced it, `sha256`: the hash the user gave for it
+    # (2026-12-07: a restored job had no size until resumed, and its resume no longer checked the hash)
+    meta: dict[str, object] = {"url": display_url(url), "validator": validator}
     if job_id:
         meta["job"] = job_id
+    if total is not None:
+        meta["total"] = total
+    if sha256:
+        meta["sha256"] = sha256
     if signed_query(url):
         meta["signed"] = True
     sidecar(part).write_text(json.dumps(meta), encoding="utf-8")

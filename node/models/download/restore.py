@@ -39,6 +39,8 @@ class Kept:
     signed: bool  # the URL had a query string, not kept on disk (a signed URL's signature)
     size: int
     job_id: str | None = None  # the download's id in the run that wrote the sidecar (it is kept)
+    total: int | None = None  # the file's size as its server announced it (sidecars since 2026-12-07)
+    sha256: str | None = None  # the hash the user gave for it, checked when it completes (idem)
 
 
 def _valid_url(url: object) -> bool:
@@ -73,12 +75,21 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
             continue
         job_id = meta.get("job")
         job_id = job_id if isinstance(job_id, str) and re.fullmatch(r"[0-9a-f]{12}", job_id) else None
-        kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size, job_id))
+        total = meta.get("total")
+        total = total if isinstance(total, int) and not isinstance(total, bool) and total >= size else None
+        sha256 = meta.get("sha256")
+        sha256 = sha256.lower() if isinstance(sha256, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha256) else None
+        kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size, job_id, total, sha256))
     return kept, orphans
 
 
+def _one_job(k: Kept) -> DownloadJob:
+    return _job(k.url, k.name, k.size, k.signed, k.job_id, total_bytes=k.total, part_bytes=[k.total], sha256=k.sha256)
+
+
 def _job(url: str, file_name: str, size: int, signed: bool, job_id: str | None, **more) -> DownloadJob:
-    """A paused job; its id the sidecar's when it has one (what `swarmllm download` said to resume)."""
+    """A paused job; its id the sidecar's when it has one (what `swarmllm download` said to resume);
+    its size and hash the sidecar's too (an older sidecar has neither: unknown, none)."""
     job_id = job_id or hashlib.sha256(f"restored\0{file_name}\0{time.time_ns()}".encode()).hexdigest()[:12]
     return DownloadJob(job_id, url, file_name, state="paused", done_bytes=size, error="paused",
                        finished_at=time.time(), restored=True, signed=signed, **more)
@@ -96,10 +107,16 @@ def _set_job(members: list[Kept]) -> DownloadJob | None:
     names = {n.lower() for _u, n in plan.parts}
     if len(plan.parts) != first[2] or any(k.name.lower() not in names for k in members):
         return None
+    by_name = {k.name.lower(): k for k in members}
+    part_bytes = [by_name[n.lower()].total if n.lower() in by_name else None for _u, n in plan.parts]
+    known = [b for b in part_bytes if b is not None]
+    named = by_name.get(plan.parts[plan.named][1].lower())  # the part the hash is of
     return _job(members[0].url, plan.parts[0][1], sum(k.size for k in members), any(k.signed for k in members),
                 # the latest job's id: parts are fetched in order, and a job going on past a complete part
                 # (the origin's 416) leaves that part's sidecar as an earlier job wrote it (found in review)
-                next((k.job_id for k in reversed(members) if k.job_id), None), parts=plan.parts, named=plan.named)
+                next((k.job_id for k in reversed(members) if k.job_id), None), parts=plan.parts, named=plan.named,
+                part_bytes=part_bytes, total_bytes=sum(known) if len(known) == len(part_bytes) else None,
+                sha256=named.sha256 if named else None)
 
 
 def restored_jobs(kept: list[Kept], taken: set[str] = frozenset()) -> list[DownloadJob]:
@@ -121,7 +138,7 @@ def _restored_jobs(kept: list[Kept]) -> list[DownloadJob]:
     for k in kept:
         part = split_part(Path(k.name))
         if part is None:
-            jobs.append(_job(k.url, k.name, k.size, k.signed, k.job_id))
+            jobs.append(_one_job(k))
         else:
             sets.setdefault((part[0].lower(), part[2]), []).append(k)
     for members in sets.values():
@@ -129,5 +146,5 @@ def _restored_jobs(kept: list[Kept]) -> list[DownloadJob]:
         if job is not None:
             jobs.append(job)
         else:  # its URL is not a set's (a part downloaded under another name): each part alone
-            jobs += [_job(k.url, k.name, k.size, k.signed, k.job_id) for k in members]
+            jobs += [_one_job(k) for k in members]
     return jobs
