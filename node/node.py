@@ -121,6 +121,9 @@ class Node(SwarmActions, UrlModels, ModelActions):
         # finished downloads' origin checks, dropped when done, cancelled and awaited at stop (they were
         # in _url_tasks, whose assignment in start() dropped one begun meanwhile: never cancelled)
         self._origin_checks: set[asyncio.Task] = set()
+        # (catalog generation, held_files, as a set): the whole files handed out unloaded, rebuilt only
+        # when the catalog changed (2026-12-07: a pass over the catalog for every MODEL_PART request)
+        self._held: tuple[int, list[str], frozenset[str]] = (-1, [], frozenset())
         self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
 
     def _slice_holders(self, sha256: str) -> list[tuple[str, int, int]]:
@@ -143,7 +146,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
         """Whether this node advertises a model's whole file (its PartServer hands out those): run
         whole (loaded), or one its HELLO's `files` lists while it contributes (downloaded from a public
         origin); paused, PartServer then answers `not_contributing` (not `model_not_found`)."""
-        return sha256 in held_files(self.catalog) or \
+        return sha256 in self._held_files()[1] or \
             any(m.entry.sha256 == sha256 and m.state == "loaded" for m in self.models.whole_models())
 
     # --- identity ---
@@ -352,7 +355,15 @@ class Node(SwarmActions, UrlModels, ModelActions):
     def _hello_files(self) -> list[str]:
         """The whole files from a public origin this node hands out layers of, loaded or not (none
         while paused or stopping; a file the user gave is handed out only while loaded: held_files)."""
-        return held_files(self.catalog) if self._contributing() else []
+        return self._held_files()[0] if self._contributing() else []
+
+    def _held_files(self) -> tuple[list[str], frozenset[str]]:
+        """held_files(catalog), computed again only when the catalog changed since (its generation)."""
+        generation = self.catalog.generation  # read first: a change during the pass is seen next time
+        if self._held[0] != generation:
+            held = held_files(self.catalog)
+            self._held = (generation, held, frozenset(held))
+        return self._held[1], self._held[2]
 
     def _on_model_event(self, event: str, served: Any) -> None:
         """A whole model's decode rate, first measured or clearly changed, goes to peers (HELLO):

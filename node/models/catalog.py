@@ -13,6 +13,7 @@ by a header fetched from the swarm is an entry of source "swarm" (no file here).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import threading
@@ -217,6 +218,11 @@ class ModelCatalog:
         # GGUFs that are not models (a vision projector, a LoRA adapter, a vocabulary) → what they are:
         # not offered, not a problem to show in the banner (file_kinds.py)
         self.ignored: dict[Path, str] = {}
+        # bumped on every change of an entry or of what is known of one (added, removed, its origin
+        # found public, its file found changed or the same again): Node keeps the whole files it hands
+        # out (wholeparts.held_files) until this moves, not a pass over the catalog per MODEL_PART
+        self._generations = itertools.count(1)  # next() is atomic: scans bump it from executor threads
+        self.generation = 0
 
     def scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """Scan (path, source) pairs; a bad file is logged and skipped (blocking)."""
@@ -259,6 +265,7 @@ class ModelCatalog:
             new = known is None or not known.has_file  # the file replaces a header-only entry
             if new:
                 self.entries[entry.id] = entry
+                self.generation = next(self._generations)
         if not new:
             return known, False
         log.info("DIAG: load_from_dir model=%s arch=%s layers=%d ctx=%d quant=%s source=%s",
@@ -271,6 +278,7 @@ class ModelCatalog:
             if self.entries.get(entry.id) is not entry:
                 return False
             del self.entries[entry.id]
+            self.generation = next(self._generations)
             return True
 
     def skipped_reasons(self) -> list[str]:
@@ -296,6 +304,7 @@ class ModelCatalog:
         which it returns (None: the file changed or left meanwhile)."""
         if not self._cache.set_public(file, sha256, public):
             return None
+        self.generation = next(self._generations)
         entry = self.by_sha(sha256)
         if entry is None or not entry.has_file or entry.path != file.resolve():
             return None
@@ -312,15 +321,22 @@ class ModelCatalog:
         except OSError:
             return None
         if digest != entry.sha256:
-            entry.changed = True
+            self.mark_changed(entry)
             return False
         entry.hashed_stat, entry.changed = self._cache.stat_of(entry.path), False
+        self.generation = next(self._generations)
         return True
+
+    def mark_changed(self, entry: ModelEntry) -> None:
+        """A file whose bytes are no longer those its sha256 names: not handed out (wholeparts)."""
+        entry.changed = True
+        self.generation = next(self._generations)
 
     def add_swarm_entry(self, entry: ModelEntry) -> ModelEntry:
         """Add a model known here by its fetched header only; the entry already there (a file
         of the same content found meanwhile) wins."""
         with self._scan_lock:
+            self.generation = next(self._generations)
             return self.entries.setdefault(entry.id, entry)
 
     def remove_swarm_entry(self, entry: ModelEntry) -> bool:
@@ -329,6 +345,7 @@ class ModelCatalog:
             if entry.has_file or self.entries.get(entry.id) is not entry:
                 return False
             del self.entries[entry.id]
+            self.generation = next(self._generations)
             return True
 
     async def async_scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:

@@ -170,7 +170,7 @@ class ModelWatcher:
             entry = self.catalog.entries.get(model_id)
             if entry is None or entry.hashed_stat is None or entry.hashed_stat == stat:
                 continue
-            entry.changed = True
+            self.catalog.mark_changed(entry)
             outside = entry.path not in in_folder
             if not outside and await self._drop(entry):
                 self._stale.discard(model_id)
