@@ -49,10 +49,10 @@ from node.model_actions import ModelActions
 from node.model_files import ModelFiles
 from node.models.catalog import ModelCatalog, ModelEntry
 from node.models.download import ModelDownloader
-from node.models.download.public import async_origin_public
 from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
+from node.origin_checks import OriginChecks
 from node.status import node_ready, node_stats
 from node.stopping import async_bounded, async_drain, async_drain_others
 from node.swarm_actions import SwarmActions
@@ -118,9 +118,9 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self._pending_urls: dict[str, asyncio.Task] = {}  # --model URLs whose origin had not answered at start
         self._fixed_slices: list[tuple[ModelEntry, int, int]] = []  # the --layers slices (a late URL's joins them)
         self._url_tasks: list[asyncio.Task] = []
-        # finished downloads' origin checks, dropped when done, cancelled and awaited at stop (they were
-        # in _url_tasks, whose assignment in start() dropped one begun meanwhile: never cancelled)
-        self._origin_checks: set[asyncio.Task] = set()
+        # finished downloads' origin checks, cancelled and awaited at stop (they were in _url_tasks,
+        # whose assignment in start() dropped one begun meanwhile: never cancelled)
+        self.origin_checks = OriginChecks(config, self.catalog, self._async_announce)
         # (catalog generation, held_files, as a set): the whole files handed out unloaded, rebuilt only
         # when the catalog changed (2026-12-07: a pass over the catalog for every MODEL_PART request)
         self._held: tuple[int, list[str], frozenset[str]] = (-1, [], frozenset())
@@ -200,6 +200,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
         await self._start_network()
         self.models.subscribe(self._on_model_event)
         await self.downloads.async_restore()  # an earlier run's unfinished downloads, paused
+        self.origin_checks.recheck_unchecked()  # downloads whose origin could not be checked (background)
         await self.api.start(self.api_key)
         self.note_activity(f"API listening on {self.config.host}:{self.api.port}")
         await self.models.async_load_all()
@@ -277,12 +278,6 @@ class Node(SwarmActions, UrlModels, ModelActions):
         async def nothing() -> None:
             return None
 
-        async def origin_checks() -> None:  # after the downloads: one finishing meanwhile starts one
-            checks = list(self._origin_checks)
-            for task in checks:
-                task.cancel()
-            await asyncio.gather(*checks, return_exceptions=True)
-
         async def drain() -> None:  # its own requests and the work it runs for others, side by side
             await asyncio.gather(async_drain(self.traces, self._runs), async_drain_others(self._work_for_others))
 
@@ -299,7 +294,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
             ("background", cancel_background),
             ("models watch", self.model_files.watcher.async_stop),
             ("downloads", self.downloads.async_close),
-            ("origin checks", origin_checks),
+            ("origin checks", self.origin_checks.async_stop),
             ("slices", self.slice_host.async_close),
             ("models", self.models.async_close),
         ]
@@ -426,21 +421,8 @@ class Node(SwarmActions, UrlModels, ModelActions):
         another: a bare link refused, then a signed one pasted)."""
         model_id = await self.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin)
         if sha256 is not None and origin and url:
-            task = asyncio.create_task(self._async_check_origin(path, sha256, url), name="download-origin-check")
-            self._origin_checks.add(task)
-            task.add_done_callback(self._origin_checks.discard)
+            self.origin_checks.start(path, sha256, url)
         return model_id
-
-    async def _async_check_origin(self, path: Path, sha256: str, url: str) -> None:
-        public = await async_origin_public(url, lan_ok=self.config.public_lan_origins)
-        write = asyncio.get_running_loop().run_in_executor(None, self.catalog.set_origin_public, path, sha256, public)
-        try:
-            entry = await asyncio.shield(write)
-        except asyncio.CancelledError:  # the stop awaits the write: none after the data dir's lock is released
-            await asyncio.wait([write])
-            raise
-        if entry is not None and entry.origin_public and self.peers is not None:
-            await self.peers.async_announce()  # its HELLO `files` now lists it
 
     async def async_add_model_path(self, path: str, *, load: bool = False) -> tuple[dict[str, Any], bool]:
         """`POST /api/admin/models/add`: serve the GGUF at `path` (model_files.ModelFiles)."""

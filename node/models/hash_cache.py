@@ -21,6 +21,9 @@ from node.models.header import header_digest
 log = logging.getLogger(__name__)
 
 HASH_CACHE_FILE = "model_hashes.json"
+# a record's `public` when the origin check could not be made (the network, not the file): not public,
+# and checked again at the next start (origin_checks.py; 2026-12-07: recorded false for good)
+UNCHECKED = "unchecked"
 
 
 class HashingStopped(OSError):
@@ -105,19 +108,30 @@ class HashCache:
             self._data[str(file.resolve())] = record
             self._save()
 
-    def set_public(self, file: Path, sha256: str, public: bool) -> bool:
-        """Record whether a downloaded file's origin is public, if its record still holds this sha256
-        (blocking); whether it was recorded."""
+    def set_public(self, file: Path, sha256: str, public: bool | None) -> bool:
+        """Record whether a downloaded file's origin is public (None: the check could not be made,
+        UNCHECKED), if its record still holds this sha256 (blocking); whether it was recorded."""
         with self._lock:
             hit = self._data.get(str(file.resolve()))
             if not hit or hit.get("sha256") != sha256:
                 return False
-            hit["public"] = bool(public)
+            hit["public"] = UNCHECKED if public is None else bool(public)
             self._save()
         return True
 
+    def unchecked_of(self, file: Path, sha256: str) -> str | None:
+        """The origin URL of a file whose origin check could not be made (UNCHECKED), if its record
+        holds this sha256; None otherwise (checked, or an older record without `public`: not asked)."""
+        with self._lock:
+            hit = self._data.get(str(file.resolve()))
+        if not hit or hit.get("sha256") != sha256 or hit.get("public") != UNCHECKED:
+            return None
+        origin = hit.get("origin")
+        return origin if isinstance(origin, str) and origin else None
+
     def public_of(self, file: Path) -> bool:
-        """Whether a file's recorded origin is public (an older record, without the flag: not)."""
+        """Whether a file's recorded origin is public (an older record, without the flag, and an
+        UNCHECKED one: not)."""
         with self._lock:
             hit = self._data.get(str(file.resolve()))
         return bool(hit and hit.get("origin") and hit.get("public") is True)

@@ -12,8 +12,11 @@ download completes, off its critical path (the model is served meanwhile, as not
   302 to its CDN (which it sends only to a reader it lets in); a 401, 403 or 404 (a private or
   gated repo) is not public.
 
-Any failure (DNS, a timeout after DOWNLOAD_PUBLIC_CHECK_S, a refusal) is "not public". (Before
-2026-12-06 every download with an origin was handed out, a private Hugging Face repo's too.)
+A check that could not be made (DNS, a timeout after DOWNLOAD_PUBLIC_CHECK_S, a refused or dropped
+connection, the Hub's 5xx or 429) is neither: None, recorded "unchecked" (not shared: privacy first)
+and made again at the node's next start (origin_checks.py; 2026-12-07: it was "not public" for good,
+so a download finished during a network blip was never shared unloaded). (Before 2026-12-06 every
+download with an origin was handed out, a private Hugging Face repo's too.)
 """
 
 from __future__ import annotations
@@ -59,15 +62,18 @@ async def _async_host_public(host: str, port: int) -> bool:
     return bool(addresses) and all(_global(str(a)) for a in addresses)
 
 
-async def _async_fetchable_without_token(url: str) -> bool:
+async def _async_fetchable_without_token(url: str) -> bool | None:
     """HEAD without credentials, following the Hub's own redirects (a renamed repo): a 2xx, or the
-    Hub's redirect off its host (to its CDN, as it answers only a reader it lets in), is public."""
+    Hub's redirect off its host (to its CDN, as it answers only a reader it lets in), is public; a
+    5xx or 429 (the Hub busy or down for a while) says nothing: None."""
     timeout = aiohttp.ClientTimeout(total=const.DOWNLOAD_PUBLIC_CHECK_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for _hop in range(_MAX_HOPS):
             async with session.head(url, allow_redirects=False, headers={"Accept-Encoding": "identity"}) as resp:
                 if 200 <= resp.status < 300:
                     return True
+                if resp.status >= 500 or resp.status == 429:
+                    return None
                 where = resp.headers.get("Location")
                 if resp.status not in (301, 302, 303, 307, 308) or not where:
                     return False  # 401/403 (private, gated), 404 (a private repo to a stranger)
@@ -77,10 +83,12 @@ async def _async_fetchable_without_token(url: str) -> bool:
     return False
 
 
-async def async_origin_public(url: str, *, lan_ok: bool = False) -> bool:
-    """Whether the file at `url` (as the user gave it, resolved) is public; never raises."""
+async def async_origin_public(url: str, *, lan_ok: bool = False) -> bool | None:
+    """Whether the file at `url` (as the user gave it, resolved) is public; None when that could not
+    be found out now (the network, not the file: ask again later); never raises."""
     parsed = urllib.parse.urlsplit(url)
     why = None
+    unchecked = False
     try:
         if signed_query(url):
             why = "signed"  # a query string: a signed link's credentials (not the Hub's ?download=true)
@@ -91,10 +99,16 @@ async def async_origin_public(url: str, *, lan_ok: bool = False) -> bool:
             why = "lan_host"
         else:
             sent_token = bool(await asyncio.get_running_loop().run_in_executor(None, hub_headers, url))
-            if sent_token and not await asyncio.wait_for(_async_fetchable_without_token(url),
-                                                         const.DOWNLOAD_PUBLIC_CHECK_S):
+            fetchable = await asyncio.wait_for(_async_fetchable_without_token(url), const.DOWNLOAD_PUBLIC_CHECK_S) \
+                if sent_token else True
+            if fetchable is None:
+                why, unchecked = "hub_unavailable", True
+            elif not fetchable:
                 why = "needs_token"
-    except (TimeoutError, OSError, aiohttp.ClientError, ValueError) as exc:
+    except ValueError as exc:  # a URL that cannot be asked (aiohttp's InvalidURL too): not public, for good
         why = f"check_failed:{type(exc).__name__}"
-    log.info("DIAG: model origin checked %s", kv(url=display_url(url), public=why is None, why=why))
-    return why is None
+    except (TimeoutError, OSError, aiohttp.ClientError) as exc:  # DNS, a refusal, a drop: asked again later
+        why, unchecked = f"check_failed:{type(exc).__name__}", True
+    log.info("DIAG: model origin checked %s", kv(url=display_url(url), public=None if unchecked else why is None,
+                                                 why=why, unchecked=unchecked or None))
+    return None if unchecked else why is None

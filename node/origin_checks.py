@@ -1,0 +1,70 @@
+"""Whether a finished download's origin is public (download/public.py), checked in the background:
+at the download's end, and once more at the node's start for the files whose check could not be
+made then (a timeout, DNS, a refused connection: recorded `unchecked`, not shared; 2026-12-07: it was
+recorded not public for good, so a download finished during a network blip was never shared while
+unloaded). Only a public one's file is listed in the HELLO's `files` (wholeparts.held_files). The
+checks are tasks of their own, cancelled and awaited at stop (moved out of node.py, 2026-12-07)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from node.config import NodeConfig
+from node.logs import kv
+from node.models.catalog import ModelCatalog
+from node.models.download.public import async_origin_public
+
+log = logging.getLogger(__name__)
+
+
+class OriginChecks:
+    """The origin checks under way; `announce()` sends a fresh HELLO (a file found public)."""
+
+    def __init__(self, config: NodeConfig, catalog: ModelCatalog, announce: Callable[[], Awaitable[None]]):
+        self.config, self.catalog, self.announce = config, catalog, announce
+        self._tasks: set[asyncio.Task] = set()
+
+    def start(self, path: Path, sha256: str, url: str) -> None:
+        """Check a finished download's origin (`url`: the finishing job's own, query included)."""
+        self._spawn(self._async_check(path, sha256, url), "download-origin-check")
+
+    def recheck_unchecked(self) -> None:
+        """At start: check again, once, the downloads whose check could not be made (in the
+        background, each bounded by DOWNLOAD_PUBLIC_CHECK_S; still unchecked: again at the next start).
+        Their URL is the recorded origin: an unchecked one had no query string nor `user:pass@`
+        (those are decided without the network)."""
+        self._spawn(self._async_recheck(), "download-origin-recheck")
+
+    async def async_stop(self) -> None:
+        """Cancel the checks and wait for them (none writes after the data dir's lock is released)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _async_recheck(self) -> None:
+        loop = asyncio.get_running_loop()
+        unchecked = await loop.run_in_executor(None, self.catalog.unchecked_origins)
+        if unchecked:
+            log.info("DIAG: model origins not checked before, checking them again %s", kv(files=len(unchecked)))
+        await asyncio.gather(*(self._async_check(path, sha, url) for path, sha, url in unchecked))
+
+    async def _async_check(self, path: Path, sha256: str, url: str) -> None:
+        public = await async_origin_public(url, lan_ok=self.config.public_lan_origins)
+        write = asyncio.get_running_loop().run_in_executor(None, self.catalog.set_origin_public, path, sha256, public)
+        try:
+            entry = await asyncio.shield(write)
+        except asyncio.CancelledError:  # the stop awaits the write: none after the data dir's lock is released
+            await asyncio.wait([write])
+            raise
+        if entry is not None and entry.origin_public:
+            await self.announce()  # its HELLO `files` now lists it
