@@ -55,6 +55,7 @@ class PeerSnapshot:
     last_error: str | None = None
     liveness_deadline_s: float | None = None  # silence after which the live link is declared dead
     connection_id: int | None = None  # this process's id of the live link (DIAG lines carry it)
+    boot_id: str | None = None  # its last HELLO's: a new one is a restarted process (not a relinked one)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
@@ -194,6 +195,7 @@ class PeerRecord:
             last_error=self.last_error,
             liveness_deadline_s=link.liveness_deadline_s() if link else None,
             connection_id=link.connection_id if link else None,
+            boot_id=(hello.boot_id or None) if hello else None,
         )
 
 

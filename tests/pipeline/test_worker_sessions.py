@@ -361,3 +361,23 @@ def test_the_worker_watches_the_peer_links_it_serves():
     w = SegmentWorker(ME, SliceHost(dtype="f32"), PipelineTransport(ME, peers))
     w.register()
     assert peers.callbacks == [w._on_peer_event]
+
+
+async def test_a_coordinator_back_as_a_new_process_loses_its_kept_sessions_and_a_relinked_one_keeps_them(worker):
+    """The same boot_id after a lost link (the same process): kept sessions stay for its next
+    turn. Another boot_id (it restarted, its prefix cache is gone): its sessions, kept ones too,
+    are freed at once; another coordinator's stay (test_coordinator_restart.py: real nodes)."""
+    from types import SimpleNamespace
+
+    w, entry, peers = worker
+    hosted, _ = await _kept_turn(worker)  # s1: kept for COORD
+    w.on_work(_first_step(entry, "s3", 0, [5, 6, 7], coordinator=NEXT).to_header(), encode_tokens([5, 6, 7]), NEXT)
+    await wait_until(lambda: len(_results(peers)) == 2, 30, what="s3's first step")
+    for state, boot in (("connected", "one"), ("gone", "one"), ("connected", "one")):
+        w._on_peer_event("changed", SimpleNamespace(node_id=COORD, state=state, boot_id=boot))
+    w._on_peer_event("changed", SimpleNamespace(node_id=NEXT, state="connected", boot_id="other"))
+    await asyncio.get_running_loop().run_in_executor(hosted.executor, lambda: None)  # after any free
+    assert hosted.model.sessions.counts() == (1, 1)
+    w._on_peer_event("changed", SimpleNamespace(node_id=COORD, state="connected", boot_id="two"))
+    await wait_until(lambda: hosted.model.sessions.counts() == (1, 0), 10, what="s1 freed")
+    assert "s3" in hosted.model.sessions

@@ -389,12 +389,16 @@ class SliceHost:
         if not keep_parts:  # its parts no other slice uses go
             await self.async_trim_parts(hosted.entry)
 
-    def free_sessions_of(self, coordinator: str) -> None:
+    def free_sessions_of(self, coordinator: str, *, restarted: bool = False) -> None:
         """Drop the sessions in use that `coordinator` opened on every slice (its link is gone),
-        on each slice's executor, after its queued steps."""
+        on each slice's executor, after its queued steps; `restarted` (it came back as a new
+        process): its kept ones too, with one DIAG line per slice that held any."""
         for hosted in list(self.slices.values()):
             if hosted.model is not None and hosted.executor is not None and hosted.state in ("loaded", "draining"):
-                hosted.executor.submit(hosted.model.sessions.free_coordinator, coordinator)
+                if restarted:
+                    hosted.executor.submit(_free_restarted, hosted, coordinator)
+                else:
+                    hosted.executor.submit(hosted.model.sessions.free_coordinator, coordinator)
 
     async def async_trim_parts(self, entry: ModelEntry) -> None:
         """Delete a partial model's parts that no slice here (loading, loaded or draining) reads."""
@@ -470,3 +474,12 @@ class SliceHost:
         for hosted in self.slices.values():
             if hosted.executor is not None:
                 hosted.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _free_restarted(hosted: HostedSlice, coordinator: str) -> None:
+    """Executor: free every session (in use and kept) a restarted coordinator's old process had here."""
+    gone = hosted.model.sessions.free_coordinator(coordinator, "coordinator_restarted", kept=True)
+    if gone:
+        log.info("DIAG: KV sessions of a restarted coordinator freed %s", kv(
+            peer_id=coordinator[:8], count=len(gone), kept=sum(1 for s in gone if s.kept_for is not None),
+            bytes_freed=sum(s.nbytes for s in gone), layers=f"{hosted.start}-{hosted.end - 1}"))

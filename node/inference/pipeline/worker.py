@@ -52,6 +52,7 @@ class SegmentWorker(SessionControls):
         self.node_id = node_id
         self.contributing = contributing  # False: "Pause contributing" — refuse work for other nodes
         self._unlinked: set[str] = set()  # peers whose link is down (their sessions were dropped)
+        self._boots: dict[str, str] = {}  # peer -> the boot_id of its process we last linked to
         self.short_id = node_id[:8]
         self.host = host
         self.transport = transport
@@ -80,7 +81,18 @@ class SegmentWorker(SessionControls):
     def _on_peer_event(self, kind: str, snap: Any) -> None:
         if kind != "removed" and getattr(snap, "state", "connected") == "connected":
             self._unlinked.discard(snap.node_id)
-        elif snap.node_id not in self._unlinked:  # once per loss of the link (snapshots change often)
+            # a new process (HELLO boot_id) behind the peer's id: told when its link enters the
+            # table, before any of its frames are delivered, so what is here now is the old one's
+            boot = getattr(snap, "boot_id", None)
+            if boot:
+                before = self._boots.get(snap.node_id)
+                self._boots[snap.node_id] = boot
+                if before is not None and before != boot:
+                    self.on_coordinator_restarted(snap.node_id)
+            return
+        if kind == "removed":
+            self._boots.pop(snap.node_id, None)
+        if snap.node_id not in self._unlinked:  # once per loss of the link (snapshots change often)
             self._unlinked.add(snap.node_id)
             self.on_coordinator_gone(snap.node_id)
 
@@ -89,6 +101,13 @@ class SegmentWorker(SessionControls):
         so the sessions it had open here are dropped now rather than at the TTL (300 s of KV held
         for nobody: a swarm test, 2026-12-06)."""
         self.host.free_sessions_of(node_id)
+
+    def on_coordinator_restarted(self, node_id: str) -> None:
+        """A coordinator came back as a new process (crash, kill -9, update): its kept sessions
+        can never be resumed (its prefix cache died with the old one), so they are freed now, not
+        after KEPT_SESSION_TTL_S of KV held for nobody and counted against this node's budget. A
+        link regained by the same process (same boot_id) keeps them: its next turn resumes them."""
+        self.host.free_sessions_of(node_id, restarted=True)
 
     # --- WORK ---------------------------------------------------------------------------------
 

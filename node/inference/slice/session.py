@@ -208,15 +208,18 @@ class SessionStore:
             self._log_evicted(s, reason)
         return [s.session_id for s in gone]
 
-    def free_coordinator(self, coordinator: str, reason: str = "coordinator_gone") -> list[str]:
+    def free_coordinator(self, coordinator: str, reason: str = "coordinator_gone", *,
+                         kept: bool = False) -> list[Session]:
         """Drop the sessions in use that `coordinator` opened (its link is gone: it fails those
-        attempts over, with new sessions); kept ones stay for its next turn. Logs each."""
+        attempts over, with new sessions); kept ones stay for its next turn, unless `kept` (it
+        restarted: the new process knows nothing of them). Logs each; the sessions dropped."""
         with self._lock:
             gone = [self._sessions.pop(sid) for sid, s in list(self._sessions.items())
-                    if s.kept_for is None and s.coordinator == coordinator]
+                    if (s.kept_for == coordinator if s.kept_for is not None else s.coordinator == coordinator)
+                    and (kept or s.kept_for is None)]
         for s in gone:
             self._log_evicted(s, reason)
-        return [s.session_id for s in gone]
+        return gone
 
     def free(self, session_id: str, reason: str = "freed", *, unless_kept: bool = False) -> bool:
         """Drop a session; True if it existed. `unless_kept`: a kept one stays (a late step of its
