@@ -204,6 +204,12 @@ ROUTE_REGAIN_S = 15.0
 ROUTE_GONE_MAX = 1024  # peers whose link dropped remembered for regain before the expired ones are pruned
 ROUTE_REGAIN_POLL_S = 0.2
 SESSION_TOMBSTONE_S = 120.0  # an ended (or cancelled) session id is refused this long (late WORK must not recreate it)
+# CANCEL / SESSION_END naming a session this node does not hold in use for its sender (never opened
+# here yet, already ended, kept) cost a tombstone and a job on each slice's executor: charged to a
+# per-sender token bucket (an honest coordinator sends one per session and segment); past it they
+# are dropped. Ending a session its sender opened here is never charged.
+SESSION_CONTROL_BURST = 512
+SESSION_CONTROL_PER_S = 50.0
 GENERATE_KEEPALIVE_S = 0.5  # a remote-generate holder with no TOKENS to send for this long sends an
 # empty one (queued, loading, prefill): so silence means a stalled or lost holder, not a long prompt
 GENERATE_SILENCE_S = 1.5  # the coordinator fails a holder silent this long (plus its ACK budget)

@@ -63,6 +63,9 @@ def node_stats(node: Node) -> dict[str, Any]:
         "kv_sessions": node.slice_host.session_count(),
         "kv_kept": node.slice_host.kept_count(),  # finished, kept for their conversation's next turn
         "kv_mb": round(node.slice_host.kv_bytes() / 2**20, 3),
+        # ended session ids refused to late WORK; session controls dropped past a sender's budget
+        "session_tombstones": len(node.worker.ended) if node.worker is not None else 0,
+        "session_controls_dropped": node.worker.control_budget.dropped if node.worker is not None else 0,
         "remote_generations": node.remote_server.in_flight if node.remote_server is not None else 0,
         "loop_stalls": node.watchdog.stalls,
     }

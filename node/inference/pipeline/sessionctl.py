@@ -29,6 +29,7 @@ class SessionControls:
     samplers: dict[str, Sampler]
     ended: dict[tuple[str, str], float]
     contributing: Any
+    control_budget: ControlBudget
 
     def on_cancel(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         self._end_session(header, "cancelled", sender)
@@ -44,11 +45,17 @@ class SessionControls:
             return
         hosted_slices = self.host.for_model(ctl.model, draining=True)
         # every slice, not only the named model's: the sender names the model
-        owners = {s.coordinator for h in self.host.slices.values() if h.model is not None
-                  for s in [h.model.sessions.peek(ctl.sid)] if s is not None and s.coordinator is not None}
+        held = [s for h in self.host.slices.values() if h.model is not None
+                for s in [h.model.sessions.peek(ctl.sid)] if s is not None]
+        owners = {s.coordinator for s in held if s.coordinator is not None}
         if owners - {sender}:  # only the coordinator that opened a session ends it
             log.warning("DIAG: session control from a node that is not the session's coordinator dropped %s",
                         kv(sender=sender[:8], sid=ctl.sid, why=why))
+            return
+        # ending what its sender has in use here is free; anything else costs a tombstone and
+        # executor jobs, and a member sending them back to back (a work frame: no link budget)
+        # grew the tombstones without bound and queued jobs before the slices' steps
+        if not any(s.kept_for is None for s in held) and not self.control_budget.take(sender):
             return
         if hosted_slices:
             # also when kept: a late WORK of the ended attempt must not write into what is kept
@@ -98,7 +105,43 @@ class SessionControls:
         now = time.monotonic()
         for key in [key for key, expiry in self.ended.items() if expiry <= now]:
             del self.ended[key]
+        self.control_budget.forget_full(now)
         models = [h.model for h in self.host.slices.values() if h.model is not None]
         for sid in list(self.samplers):
             if not any(sid in m.sessions for m in models):
                 self.samplers.pop(sid, None)
+
+
+class ControlBudget:
+    """A token bucket per sender for session controls that are not the end of a session the
+    sender has in use here (SESSION_CONTROL_BURST, refilled at SESSION_CONTROL_PER_S); past it they
+    are dropped, with one WARNING per sender until its bucket refills."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, list[float]] = {}  # sender -> [tokens, monotonic time of the last take]
+        self._warned: set[str] = set()
+        self.dropped = 0
+
+    def take(self, sender: str) -> bool:
+        now = time.monotonic()
+        tokens, at = self._buckets.get(sender, (float(const.SESSION_CONTROL_BURST), now))
+        tokens = min(float(const.SESSION_CONTROL_BURST), tokens + (now - at) * const.SESSION_CONTROL_PER_S)
+        if tokens >= 1.0:
+            self._buckets[sender] = [tokens - 1.0, now]
+            if tokens >= const.SESSION_CONTROL_BURST / 2:
+                self._warned.discard(sender)
+            return True
+        self._buckets[sender] = [tokens, now]
+        self.dropped += 1
+        if sender not in self._warned:
+            self._warned.add(sender)
+            log.warning("DIAG: session controls dropped, the sender is past its budget %s", kv(
+                sender=sender[:8], burst=const.SESSION_CONTROL_BURST, per_s=const.SESSION_CONTROL_PER_S))
+        return False
+
+    def forget_full(self, now: float) -> None:
+        """Drop the buckets that have refilled (what a new sender starts with)."""
+        for sender, (tokens, at) in list(self._buckets.items()):
+            if tokens + (now - at) * const.SESSION_CONTROL_PER_S >= const.SESSION_CONTROL_BURST:
+                del self._buckets[sender]
+                self._warned.discard(sender)

@@ -27,7 +27,7 @@ from node.inference.pipeline.acks import Acks, PendingAck
 from node.inference.pipeline.batching import PreparedStep, StepJob, take_batch
 from node.inference.pipeline.host import HostedSlice, SliceHost
 from node.inference.pipeline.sampler import Sampler
-from node.inference.pipeline.sessionctl import SessionControls
+from node.inference.pipeline.sessionctl import ControlBudget, SessionControls
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import (
     HopTelemetry,
@@ -65,6 +65,7 @@ class SegmentWorker(SessionControls):
         # ended): that WORK must not recreate the session, which would then hold its KV until the
         # TTL. Keyed by who ended it: another peer's SESSION_END for a sid it learnt stops nothing.
         self.ended: dict[tuple[str, str], float] = {}
+        self.control_budget = ControlBudget()  # CANCEL / SESSION_END that cost more than a free
         transport.on_local(FrameType.WORK, self.on_work)
         transport.on_local(FrameType.CANCEL, self.on_cancel)
         transport.on_local(FrameType.SESSION_END, self.on_session_end)
