@@ -67,8 +67,12 @@ class Pex:
         """Learn peers from a PEX frame (a malformed one closes the link). Peers known only from
         PEX and never linked are at most PEX_MAX_UNLINKED: node ids cost nothing to make up, and 20
         frames of 256 made-up peers from one member had this node dial 5,120 addresses at once
-        (a file descriptor each) and stall its loop for minutes (every record an observer event)."""
+        (a file descriptor each) and stall its loop for minutes (every record an observer event).
+        One member's PEX may have taught at most PEX_MAX_UNLINKED_PER_SOURCE of them."""
         unlinked = self._table.never_linked("pex")
+        # one member's share of the pool: made-up peers from one must not push out what the others
+        # introduce (one member's 128 made-up ids filled it, and no other member's peer was learnt)
+        taught = self._table.never_linked("pex", link.node_id)
         skipped = 0
         from_loopback = _loopback_link(link)
         for entry in parse_pex(frame):
@@ -78,12 +82,16 @@ class Pex:
                      and _dialable(a, from_loopback)]
             if not addrs and not entry.relays:  # nothing to dial: no record (it would sit "connecting")
                 continue
-            if self._table.get(entry.node_id) is None:
-                if unlinked >= const.PEX_MAX_UNLINKED:
+            fresh = self._table.get(entry.node_id) is None
+            if fresh:
+                if unlinked >= const.PEX_MAX_UNLINKED or taught >= const.PEX_MAX_UNLINKED_PER_SOURCE:
                     skipped += 1
                     continue
                 unlinked += 1
+                taught += 1
             rec = self._table.record(entry.node_id, "pex")
+            if fresh:
+                rec.taught_by = link.node_id
             new = False
             for addr in addrs:
                 new |= rec.add_addr(addr)
@@ -93,7 +101,8 @@ class Pex:
                 self._dial_soon(rec)
         if skipped and not self._capped:
             log.warning("DIAG: peers from PEX not learnt, too many unlinked ones %s", kv(
-                peer_id=link.short_id, skipped=skipped, unlinked=unlinked, max_unlinked=const.PEX_MAX_UNLINKED))
+                peer_id=link.short_id, skipped=skipped, unlinked=unlinked, max_unlinked=const.PEX_MAX_UNLINKED,
+                from_this_peer=taught, max_per_peer=const.PEX_MAX_UNLINKED_PER_SOURCE))
         self._capped = bool(skipped)
 
     def _entries(self, to: PeerLink) -> list[PexEntry]:

@@ -94,6 +94,7 @@ class PeerRecord:
     upgrade_at: float = 0.0  # monotonic: when to try a direct link next while the link is relayed
     upgrade_backoff_s: float = 0.0
     was_relay: bool = False  # peers.json says its last HELLO announced FEATURE_RELAY
+    taught_by: str | None = None  # the member whose PEX first named it (its share of PEX_MAX_UNLINKED)
 
     @property
     def is_relay(self) -> bool:
@@ -249,11 +250,13 @@ class PeerTable:
         """The live link of every peer that has one."""
         return [link for node_id in list(self._records) if (link := self.link(node_id)) is not None]
 
-    def never_linked(self, source: str) -> int:
+    def never_linked(self, source: str, taught_by: str | None = None) -> int:
         """Peers learnt from `source` ("pex" or "relay": a peer's word, perhaps made up) that never
-        linked and were learnt from nowhere else but those two (one learnt from both counts for both)."""
+        linked and were learnt from nowhere else but those two (one learnt from both counts for both);
+        `taught_by`: only those that member's PEX first named."""
         return sum(1 for rec in self._records.values()
-                   if rec.hello is None and source in rec.sources and rec.sources <= {"pex", "relay"})
+                   if rec.hello is None and source in rec.sources and rec.sources <= {"pex", "relay"}
+                   and (taught_by is None or rec.taught_by == taught_by))
 
     def linked_count(self) -> int:
         """How many peers have a link recorded (open, or closing right now)."""

@@ -173,3 +173,29 @@ def test_a_remote_member_cannot_have_the_node_dial_its_own_loopback_or_non_addre
         sock.close()
     finally:
         node.terminate()
+
+
+def test_one_member_cannot_fill_the_pex_pool_for_the_others(tmp_path):
+    """Found in review: one member's PEX of 128 made-up peers filled PEX_MAX_UNLINKED, shared by
+    all, and every peer another member introduced afterwards was not learnt. A member's PEX now
+    holds at most PEX_MAX_UNLINKED_PER_SOURCE of the pool."""
+    node = NodeProcess(tmp_path / "victim", args=["--no-default-model", "--no-mdns"])
+    try:
+        node.wait_ready(path="/health")
+        hostile, _ = RawPeer(tmp_path / "hostile", "127.0.0.1", node.peer_port).linked()
+        made_up = [{"node_id": secrets.token_hex(32), "addrs": [f"192.0.2.{j % 250 + 1}:9"], "relays": []}
+                   for j in range(const.PEX_MAX_UNLINKED + 8)]
+        hostile.sendall(frame_bytes(Frame(FrameType.PEX, {"peers": made_up})))
+        wait_until_sync(lambda: "DIAG: peers from PEX not learnt, too many unlinked ones" in node.output(),
+                        20, 0.2, "the hostile member's share to be full")
+        honest, _ = RawPeer(tmp_path / "honest", "127.0.0.1", node.peer_port).linked()
+        real = secrets.token_hex(32)
+        honest.sendall(frame_bytes(Frame(FrameType.PEX, {"peers": [
+            {"node_id": real, "addrs": ["198.51.100.7:9"], "relays": []}]})))
+        wait_until_sync(lambda: node.peer(real), 20, 0.1, "the honest member's peer to be learnt")
+        learnt = {p["node_id"] for p in node.peers()} & {e["node_id"] for e in made_up}
+        assert len(learnt) == const.PEX_MAX_UNLINKED_PER_SOURCE
+        hostile.close()
+        honest.close()
+    finally:
+        node.terminate()
