@@ -1,8 +1,8 @@
 """NodeHost: owns the node object inside the app, its lifecycle and the app-level state.
 
 The node is started and stopped on the running loop (qasync's QEventLoop). State is derived from
-node events (model observers, start/stop outcome), never by polling: every change emits
-`state_changed`, which the tray icon, the status bar and the first-run banner follow. The banner's
+node events (model, slice host, peer and contribution observers, start/stop outcome), never by
+polling: every change emits `state_changed`, which the tray icon, the status bar and the first-run banner follow. The banner's
 text also names what changes with no state change (a file the folder watch skipped, a download's
 progress): the Models tab's folder-watch timer reads it again (`FirstRunBanner.update_from_host`).
 """
@@ -63,6 +63,8 @@ class NodeHost(QObject):
         self.start_error: str | None = None
         self.is_started = False
         self._unsubscribe = self.node.models.subscribe(self._on_model_event)
+        # layer slices load, fail and go after the start too (--serve auto, "Help serve", a resume)
+        self._unsubscribe_slices = self.node.slice_host.subscribe(self._on_slice_event)
         self._unsubscribe_peers: Callable[[], None] = lambda: None
         self._unsubscribe_contributions = self.node.contributions.events.subscribe(self._recompute)
 
@@ -102,6 +104,7 @@ class NodeHost(QObject):
         """Stop serving and free the API port, models and KV sessions (idempotent)."""
         self._set_state(AppState.STOPPING)
         self._unsubscribe()
+        self._unsubscribe_slices()
         self._unsubscribe_peers()
         self._unsubscribe_contributions()
         await self.node.stop()
@@ -163,6 +166,10 @@ class NodeHost(QObject):
         return self.node.data_dir / MODELS_DIR
 
     def _on_model_event(self, event: str, served) -> None:
+        if self.is_started:
+            self._recompute()
+
+    def _on_slice_event(self, hosted) -> None:
         if self.is_started:
             self._recompute()
 
