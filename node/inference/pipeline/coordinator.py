@@ -265,7 +265,8 @@ class PipelineCoordinator:
         holder = att.route[0].node_id
         budget = const.GENERATE_SILENCE_S + self.deadlines.ack_budget(holder)
         rto = self.peers.rto(holder) if self.peers is not None else None
-        stream = RemoteStream(att.sid, holder, budget, rto.backoff if rto is not None else None)
+        stream = RemoteStream(att.sid, holder, budget, rto.backoff if rto is not None else None,
+                              pauses=self.deadlines.pauses)
         self.remote[att.sid] = stream
         gen = Generate(att.sid, att.model_sha, tuple(prompt), job.params, max_new_tokens, self.node_id,
                        n_generated=len(prompt) - len(job.prompt_tokens))

@@ -7,7 +7,10 @@ holder drops (the coordinator's peer observer), or when the holder has been sile
 budget (`tokens_deadline`): a holder sends an empty TOKENS when it has nothing else to send for
 GENERATE_KEEPALIVE_S, so silence means a stalled (SIGSTOP) or lost holder, however long its prompt
 or its queue. The deadline is one loop timer, re-armed lazily: it fires at the last frame + budget
-and only re-schedules itself when a frame came since, so no timer work is done per frame.
+and only re-schedules itself when a frame came since, so no timer work is done per frame. A
+deadline that ran out while this node was itself paused (SIGSTOP, a lid closed: the loop watchdog's
+`paused_since`) is re-armed with a fresh budget, the holder's RTO untouched: the holder's frames of
+that time are read after the overdue timer fires.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from node.errors import SegmentFailed
 from node.inference.pipeline.remote_wire import Tokens
@@ -28,10 +32,12 @@ log = logging.getLogger(__name__)
 class RemoteStream:
     """TOKENS frames of one attempt's remote generation, in order, until the end or a failure."""
 
-    def __init__(self, sid: str, holder: str, budget_s: float, on_silence: Callable[[], None] | None = None):
+    def __init__(self, sid: str, holder: str, budget_s: float, on_silence: Callable[[], None] | None = None,
+                 pauses: Any | None = None):
         self.sid, self.holder = sid, holder
         self.budget_s = budget_s  # the longest silence allowed between frames (and before the first)
         self.on_silence = on_silence  # e.g. back off the holder's RTO
+        self.pauses = pauses  # the loop watchdog (paused_since): this node's own pauses; None: not known
         self.sent_at = self.last_at = time.monotonic()
         self.received = 0  # tokens received: the next frame's `first`
         self.ended = False  # the holder sent its end frame
@@ -92,6 +98,15 @@ class RemoteStream:
         silent = time.monotonic() - self.last_at
         if silent < self.budget_s:
             self._timer = asyncio.get_running_loop().call_later(self.budget_s - silent, self._check)
+            return
+        paused = self.pauses.paused_since(self.last_at) if self.pauses is not None else 0.0
+        if paused > 0:  # this node did not run meanwhile: not the holder's silence. A fresh budget from
+            # now (last_at moves, so a later silence with no pause of ours after it is the holder's again)
+            log.info("DIAG: remote generate deadline ran out while this node was paused: re-armed %s", kv(
+                sid=self.sid, node=self.holder[:8], silent_ms=round(silent * 1000), paused_ms=round(paused * 1000),
+                tokens=self.received))
+            self.last_at = time.monotonic()
+            self._timer = asyncio.get_running_loop().call_later(self.budget_s, self._check)
             return
         if self.on_silence is not None:
             self.on_silence()

@@ -1,0 +1,61 @@
+"""A remote generation's TOKENS deadline (a whole model served by a peer, streamed to us) that ran
+out while this node itself did not run (SIGSTOP, a lid closed, a VM paused) is re-armed once with a
+fresh budget, not charged to the holder: its RTO is not backed off and the stream goes on. A
+silence after that, with no pause of ours, is the holder's again. (The pipeline's step deadlines
+do the same: test_deadline_own_pause.py.) Driven on the real RemoteStream and the real loop
+watchdog, the loop blocked past the budget as a paused process's is."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from node import const
+from node.errors import SegmentFailed
+from node.inference.pipeline.remote_stream import RemoteStream
+from node.inference.pipeline.remote_wire import Tokens
+from node.watchdog import LoopWatchdog
+from tests.support.waiting import wait_until
+
+BUDGET_S = 0.5
+
+
+def pause_this_node(seconds: float) -> None:
+    time.sleep(seconds)  # deliberately blocking: the loop does not run, as under SIGSTOP
+
+
+@pytest.mark.blocks_loop("this node's own pause while a remote generation waits for its holder")
+async def test_a_tokens_deadline_run_out_while_this_node_was_paused_is_re_armed(caplog):
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    backoffs: list[str] = []
+    stream = None
+    try:
+        stream = RemoteStream("r/1", "holder-node", BUDGET_S, lambda: backoffs.append("holder-node"), pauses=dog)
+        stream.feed(Tokens("r/1", 0, (5,)))
+        assert (await stream.next()).tokens == (5,)
+        pause_this_node(BUDGET_S + const.SELF_PAUSE_MIN_S)
+        resumed = time.monotonic()
+        # the overdue timer fires in the next loop pass: it fails the stream (the holder blamed) or re-arms
+        await wait_until(lambda: stream.failure is not None or stream.last_at >= resumed, 5,
+                         what="the deadline that ran out during the pause to fire")
+        assert stream.failure is None, stream.failure
+        assert backoffs == []  # the holder's RTO untouched
+        stream.feed(Tokens("r/1", 1, (6,)))  # the holder's frame of that time, read after the timer
+        assert (await stream.next()).tokens == (6,)
+        assert "remote generate deadline ran out while this node was paused: re-armed" in caplog.text
+        assert "remote generate TIMED OUT" not in caplog.text
+        # then the holder falls silent, and this node runs: that is the holder's silence
+        with pytest.raises(SegmentFailed) as failed:
+            await asyncio.wait_for(stream.next(), 30)
+        assert failed.value.cause == "tokens_deadline"
+        assert backoffs == ["holder-node"]
+        assert caplog.text.count("re-armed") == 1
+    finally:
+        if stream is not None:
+            stream.close()
+        dog.stop()
