@@ -3,11 +3,16 @@ at the download's end, and once more at the node's start for the files whose che
 made then (a timeout, DNS, a refused connection: recorded `unchecked`, not shared; 2026-12-07: it was
 recorded not public for good, so a download finished during a network blip was never shared while
 unloaded). Only a public one's file is listed in the HELLO's `files` (wholeparts.held_files). The
-checks are tasks of their own, cancelled and awaited at stop (moved out of node.py, 2026-12-07)."""
+checks are tasks of their own, cancelled and awaited at stop (moved out of node.py, 2026-12-07).
+Whether the download sent the user's Hugging Face token is found once, at its end (this process
+sent it), and kept with an `unchecked` record: the check made again asks without a token when one
+went, whatever HF_TOKEN or HF_ENDPOINT the later start has (2026-12-07: it looked at that start's
+environment, and a private repo's file checked again without HF_TOKEN was recorded public)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,6 +20,7 @@ from pathlib import Path
 from node.config import NodeConfig
 from node.logs import kv
 from node.models.catalog import ModelCatalog
+from node.models.download.hub import hub_headers
 from node.models.download.public import async_origin_public
 
 log = logging.getLogger(__name__)
@@ -29,7 +35,7 @@ class OriginChecks:
 
     def start(self, path: Path, sha256: str, url: str) -> None:
         """Check a finished download's origin (`url`: the finishing job's own, query included)."""
-        self._spawn(self._async_check(path, sha256, url), "download-origin-check")
+        self._spawn(self._async_check_download(path, sha256, url), "download-origin-check")
 
     def recheck_unchecked(self) -> None:
         """At start: check again, once, the downloads whose check could not be made (in the
@@ -56,11 +62,17 @@ class OriginChecks:
         unchecked = await loop.run_in_executor(None, self.catalog.unchecked_origins)
         if unchecked:
             log.info("DIAG: model origins not checked before, checking them again %s", kv(files=len(unchecked)))
-        await asyncio.gather(*(self._async_check(path, sha, url) for path, sha, url in unchecked))
+        await asyncio.gather(*(self._async_check(path, sha, url, token) for path, sha, url, token in unchecked))
 
-    async def _async_check(self, path: Path, sha256: str, url: str) -> None:
-        public = await async_origin_public(url, lan_ok=self.config.public_lan_origins)
-        write = asyncio.get_running_loop().run_in_executor(None, self.catalog.set_origin_public, path, sha256, public)
+    async def _async_check_download(self, path: Path, sha256: str, url: str) -> None:
+        # whether the download sent a token: the one this process sends there (hub.py, read just now)
+        sent_token = bool(await asyncio.get_running_loop().run_in_executor(None, hub_headers, url))
+        await self._async_check(path, sha256, url, sent_token)
+
+    async def _async_check(self, path: Path, sha256: str, url: str, sent_token: bool) -> None:
+        public = await async_origin_public(url, sent_token=sent_token, lan_ok=self.config.public_lan_origins)
+        write = asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.catalog.set_origin_public, path, sha256, public, sent_token=sent_token))
         try:
             entry = await asyncio.shield(write)
         except asyncio.CancelledError:  # the stop awaits the write: none after the data dir's lock is released

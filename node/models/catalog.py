@@ -299,11 +299,12 @@ class ModelCatalog:
         """Seed the hash cache for a file whose sha256 is already known (blocking)."""
         self._cache.remember(file, sha256, origin_url)
 
-    def set_origin_public(self, file: Path, sha256: str, public: bool | None) -> ModelEntry | None:
+    def set_origin_public(self, file: Path, sha256: str, public: bool | None, *,
+                          sent_token: bool = True) -> ModelEntry | None:
         """Record a download's origin check (blocking; None: it could not be made, not public until
-        checked again): in the hash cache, and on the file's entry, which it returns (None: the file
-        changed or left meanwhile)."""
-        if not self._cache.set_public(file, sha256, public):
+        checked again, asked then without a token if `sent_token`): in the hash cache, and on the
+        file's entry, which it returns (None: the file changed or left meanwhile)."""
+        if not self._cache.set_public(file, sha256, public, sent_token=sent_token):
             return None
         self.generation = next(self._generations)
         entry = self.by_sha(sha256)
@@ -312,11 +313,11 @@ class ModelCatalog:
         entry.origin_public = public is True and entry.origin_url is not None
         return entry
 
-    def unchecked_origins(self) -> list[tuple[Path, str, str]]:
-        """(file, sha256, origin URL) of the downloaded files whose origin check could not be made
-        (blocking): origin_checks.py asks again at start."""
-        return [(e.path, e.sha256, origin) for e in list(self.entries.values())
-                if e.whole_ok and (origin := self._cache.unchecked_of(e.path, e.sha256))]
+    def unchecked_origins(self) -> list[tuple[Path, str, str, bool]]:
+        """(file, sha256, origin URL, whether its download sent a token) of the downloaded files whose
+        origin check could not be made (blocking): origin_checks.py asks again at start."""
+        return [(e.path, e.sha256, *found) for e in list(self.entries.values())
+                if e.whole_ok and (found := self._cache.unchecked_of(e.path, e.sha256))]
 
     def same_bytes(self, entry: ModelEntry) -> bool | None:
         """Whether a file whose stat changed since it was hashed still holds the bytes its sha256

@@ -86,7 +86,7 @@ class HashCache:
             with self._lock:
                 record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
                 if hit and hit.get("sha256") == digest and hit.get("origin"):  # the same bytes (touched): same origin
-                    record.update({k: hit[k] for k in ("origin", "public") if k in hit})
+                    record.update({k: hit[k] for k in ("origin", "public", "token") if k in hit})
                 self._data[key] = record
                 self._save()
             running[3].append(digest)
@@ -108,26 +108,32 @@ class HashCache:
             self._data[str(file.resolve())] = record
             self._save()
 
-    def set_public(self, file: Path, sha256: str, public: bool | None) -> bool:
+    def set_public(self, file: Path, sha256: str, public: bool | None, *, sent_token: bool = True) -> bool:
         """Record whether a downloaded file's origin is public (None: the check could not be made,
-        UNCHECKED), if its record still holds this sha256 (blocking); whether it was recorded."""
+        UNCHECKED, kept with `token`: whether the download sent a Hugging Face token, for the check
+        made again), if its record still holds this sha256 (blocking); whether it was recorded."""
         with self._lock:
             hit = self._data.get(str(file.resolve()))
             if not hit or hit.get("sha256") != sha256:
                 return False
             hit["public"] = UNCHECKED if public is None else bool(public)
+            hit.pop("token", None)
+            if public is None:
+                hit["token"] = bool(sent_token)
             self._save()
         return True
 
-    def unchecked_of(self, file: Path, sha256: str) -> str | None:
-        """The origin URL of a file whose origin check could not be made (UNCHECKED), if its record
-        holds this sha256; None otherwise (checked, or an older record without `public`: not asked)."""
+    def unchecked_of(self, file: Path, sha256: str) -> tuple[str, bool] | None:
+        """(origin URL, whether the download sent a token) of a file whose origin check could not be
+        made (UNCHECKED), if its record holds this sha256 (a record without `token`, written before
+        2026-12-07's fix: True, asked without one); None otherwise (checked, or an older record
+        without `public`: not asked)."""
         with self._lock:
             hit = self._data.get(str(file.resolve()))
         if not hit or hit.get("sha256") != sha256 or hit.get("public") != UNCHECKED:
             return None
         origin = hit.get("origin")
-        return origin if isinstance(origin, str) and origin else None
+        return (origin, hit.get("token") is not False) if isinstance(origin, str) and origin else None
 
     def public_of(self, file: Path) -> bool:
         """Whether a file's recorded origin is public (an older record, without the flag, and an

@@ -88,7 +88,7 @@ async def test_what_is_never_public():
     for url in ("https://user:pw@8.8.8.8/m.gguf", "https://8.8.8.8/m.gguf?X-Amz-Signature=x",
                 "http://192.168.1.5/m.gguf", "http://127.0.0.1:8000/m.gguf", "http://[fe80::1]/m.gguf",
                 "http://10.0.0.2/m.gguf", "http://[::ffff:192.168.0.1]/m.gguf"):
-        assert await async_origin_public(url) is False, url
+        assert await async_origin_public(url, sent_token=True) is False, url
 
 
 async def _ended(job) -> None:
@@ -182,6 +182,7 @@ async def test_the_hubs_own_download_link_is_not_a_signed_one(tmp_path, monkeypa
         async with running_node(node_config(data_dir, public_lan_origins=True)) as node:
             await _download(node, data_dir, hub.url + "?download=true", "tiny.gguf")
             assert _checked(data_dir, "tiny.gguf") is True
-        assert await async_origin_public(hub.url + "?download=true&X-Amz-Signature=x", lan_ok=True) is False
+        assert await async_origin_public(hub.url + "?download=true&X-Amz-Signature=x", sent_token=False,
+                                         lan_ok=True) is False
     finally:
         await hub.stop()

@@ -92,5 +92,44 @@ async def test_a_refused_connection_is_unchecked_not_private(monkeypatch, tmp_pa
     monkeypatch.setenv("HF_ENDPOINT", hub)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    assert await async_origin_public(hub + PATH, lan_ok=True) is None
-    assert await async_origin_public(hub + PATH + "?X-Amz-Signature=x", lan_ok=True) is False  # signed: for good
+    assert await async_origin_public(hub + PATH, sent_token=True, lan_ok=True) is None
+    assert await async_origin_public(hub + PATH + "?X-Amz-Signature=x", sent_token=True, lan_ok=True) is False  # signed: for good
+
+
+async def test_a_private_repos_file_stays_unshared_when_checked_again_without_the_token(tmp_path, monkeypatch):
+    """The download sent HF_TOKEN (a private repo: the Hub answers 401 without it), its check met a
+    503: unchecked. The next start has no HF_TOKEN and another HF_ENDPOINT (the desktop app, another
+    shell): the check made again asks the Hub without a token all the same, finds it private, and the
+    file is not shared. 2026-12-07: that start's environment said "no token was sent", and the file
+    was recorded public without a request and listed in HELLO's `files`."""
+    blob = write_gguf(tmp_path / "tiny.gguf", TINY).read_bytes()
+    hub = HubServer(blob, PATH)
+    hub.token = TOKEN  # private: a request without it is refused
+    await hub.start()
+    hub.hold_head = asyncio.Event()
+    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file there
+    data_dir = tmp_path / "data"
+    config = node_config(data_dir, public_lan_origins=True)
+    try:
+        async with running_node(config) as node:
+            job = await node.downloads.async_start("hf://org/tiny/tiny.gguf")
+            await wait_until(lambda: job.state == "done", 60, 0.05, "the download")
+            await wait_until(lambda: _unauthenticated_heads(hub) == 1, 30, 0.05, "the check's HEAD")
+            hub.hub_fail_with = [(503, {})]
+            hub.hold_head.set()
+            await wait_until(lambda: _checked(data_dir, "tiny.gguf") is not None, 30, 0.05, "the check's record")
+            assert _checked(data_dir, "tiny.gguf") == "unchecked"
+        monkeypatch.delenv("HF_TOKEN")
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # another Hub now (nothing there)
+        async with running_node(config) as node:
+            await wait_until(lambda: _checked(data_dir, "tiny.gguf") is not None
+                             and _checked(data_dir, "tiny.gguf") != "unchecked", 30, 0.05, "the check made again")
+            assert _checked(data_dir, "tiny.gguf") is False
+            assert _unauthenticated_heads(hub) == 2  # it asked the Hub the file came from, without a token
+            peer = RawPeer(tmp_path / "peer", "127.0.0.1", node.peers.listen_port)
+            assert await asyncio.to_thread(_files, peer) == ()
+    finally:
+        hub.hold_head.set()
+        await hub.stop()

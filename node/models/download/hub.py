@@ -33,6 +33,11 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parsed.scheme, (parsed.hostname or "").lower(), port
 
 
+def same_origin(a: str, b: str) -> bool:
+    """Whether two URLs share scheme, host and port (whatever HF_ENDPOINT says today)."""
+    return _origin(a) == _origin(b)
+
+
 def is_hub_url(url: str) -> bool:
     """Whether url is on the Hugging Face endpoint (the only host the token goes to)."""
     return _origin(url) == _origin(hf_endpoint())

@@ -8,9 +8,13 @@ download completes, off its critical path (the model is served meanwhile, as not
   address the name resolves to must be global), unless the node is told LAN origins count
   (NodeConfig `public_lan_origins`, for tests and a mirror every member reaches);
 - when the download sent the user's Hugging Face token (hub.py: to the Hub only), a HEAD without
-  it, following the Hub's redirects on its own host as the download does, answers 2xx or the Hub's
-  302 to its CDN (which it sends only to a reader it lets in); a 401, 403 or 404 (a private or
-  gated repo) is not public.
+  it, following redirects on the URL's own host as the download does, answers 2xx or a redirect to
+  another host (the Hub's 302 to its CDN, which it sends only to a reader it lets in); a 401, 403
+  or 404 (a private or gated repo) is not public. Whether a token went is the caller's to say
+  (origin_checks.py: found when the download ends, recorded with an `unchecked` result), never
+  inferred here from this process's environment, nor the redirect rule from today's HF_ENDPOINT:
+  2026-12-07, a check made again at a later start without HF_TOKEN (or with another HF_ENDPOINT)
+  found "no token sent" and recorded a private repo's file public, without asking anyone.
 
 A check that could not be made (DNS, a timeout after DOWNLOAD_PUBLIC_CHECK_S, a refused or dropped
 connection, the Hub's 5xx or 429) is neither: None, recorded "unchecked" (not shared: privacy first)
@@ -32,7 +36,7 @@ import aiohttp
 from node import const
 from node.logs import kv
 
-from .hub import hub_headers, is_hub_url
+from .hub import same_origin
 from .urls import display_url, signed_query
 
 log = logging.getLogger(__name__)
@@ -63,9 +67,10 @@ async def _async_host_public(host: str, port: int) -> bool:
 
 
 async def _async_fetchable_without_token(url: str) -> bool | None:
-    """HEAD without credentials, following the Hub's own redirects (a renamed repo): a 2xx, or the
-    Hub's redirect off its host (to its CDN, as it answers only a reader it lets in), is public; a
-    5xx or 429 (the Hub busy or down for a while) says nothing: None."""
+    """HEAD without credentials, following redirects on the URL's own host (a renamed repo): a 2xx,
+    or a redirect off that host (the Hub's to its CDN, as it answers only a reader it lets in), is
+    public; a 5xx or 429 (the Hub busy or down for a while) says nothing: None."""
+    asked = url
     timeout = aiohttp.ClientTimeout(total=const.DOWNLOAD_PUBLIC_CHECK_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for _hop in range(_MAX_HOPS):
@@ -78,14 +83,16 @@ async def _async_fetchable_without_token(url: str) -> bool | None:
                 if resp.status not in (301, 302, 303, 307, 308) or not where:
                     return False  # 401/403 (private, gated), 404 (a private repo to a stranger)
                 url = urllib.parse.urljoin(url, where)
-                if not is_hub_url(url):
+                if not same_origin(url, asked):
                     return True  # the Hub hands the file to its CDN
     return False
 
 
-async def async_origin_public(url: str, *, lan_ok: bool = False) -> bool | None:
+async def async_origin_public(url: str, *, sent_token: bool, lan_ok: bool = False) -> bool | None:
     """Whether the file at `url` (as the user gave it, resolved) is public; None when that could not
-    be found out now (the network, not the file: ask again later); never raises."""
+    be found out now (the network, not the file: ask again later); never raises. `sent_token`: the
+    download sent a Hugging Face token (or that is not known: True), so the file is asked for
+    without it."""
     parsed = urllib.parse.urlsplit(url)
     why = None
     unchecked = False
@@ -98,7 +105,6 @@ async def async_origin_public(url: str, *, lan_ok: bool = False) -> bool | None:
                 _async_host_public(parsed.hostname or "", parsed.port or 443), const.DOWNLOAD_PUBLIC_CHECK_S):
             why = "lan_host"
         else:
-            sent_token = bool(await asyncio.get_running_loop().run_in_executor(None, hub_headers, url))
             fetchable = await asyncio.wait_for(_async_fetchable_without_token(url), const.DOWNLOAD_PUBLIC_CHECK_S) \
                 if sent_token else True
             if fetchable is None:
