@@ -91,7 +91,8 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
                                      f"{free / 1e6:.0f} MB free in {models_dir}")
         # what a later attempt must present to resume: the same file, the same version
         await loop.run_in_executor(io, functools.partial(write_sidecar, part, job.url, resume_validator(resp.headers),
-                                                         job.id, total=job.total_bytes, sha256=job.sha256))
+                                                         job.id, total=job.total_bytes, sha256=job.sha256,
+                                                         named=job.set_named))
         fh = await loop.run_in_executor(io, open, part, "r+b" if offset else "wb")
         job.state, job.done_bytes = "downloading", offset  # once the .part file is there
         progress(job)

@@ -37,6 +37,9 @@ class DownloadJob:
     # `url` the part named, `parts[named]` (whose file `sha256` is); done/total_bytes count the whole set
     parts: list[tuple[str, str]] = field(default_factory=list)
     named: int = 0
+    # one part's fetch of a split set (runner._async_part): the named part's URL and the user's sha256
+    # of it, which every part's sidecar keeps (restore.py rebuilds the set from that URL)
+    set_named: tuple[str, str | None] | None = None
     # a split part fetched alone (a per-object signed URL): the set's other parts (URL without the
     # query, file name); `note` says which are still missing once it is done
     others: list[tuple[str, str]] = field(default_factory=list)

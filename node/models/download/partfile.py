@@ -65,14 +65,22 @@ def reclaim_cut_landing(parts: list[Path], targets: list[Path]) -> list[Path]:
 
 
 def write_sidecar(part: Path, url: str, validator: str | None, job_id: str | None = None, *,
-                  total: int | None = None, sha256: str | None = None) -> None:
+                  total: int | None = None, sha256: str | None = None,
+                  named: tuple[str, str | None] | None = None) -> None:
     # the URL without its query: no credentials on disk, and a fresh signed URL of the same file
     # still resumes (If-Range guards the version); `signed`: it had one, so a node started again
     # (restore.py) may find the bare URL refused, and says to paste the link again; `job`: the
     # download's id, which the job restored at the next start keeps (`swarmllm download --resume ID`);
     # `total`: the file's size as the server announced it, `sha256`: the hash the user gave for it
-    # (2026-12-07: a restored job had no size until resumed, and its resume no longer checked the hash)
+    # (2026-12-07: a restored job had no size until resumed, and its resume no longer checked the hash);
+    # `named_url`, `named_sha256`: a split set's part, the part the user's URL named and the hash given
+    # for it, in every part's sidecar (2026-12-07: a set restored from part 1's URL lost them, and a
+    # `--sha256` given with part 2's URL was no longer checked after a restart)
     meta: dict[str, object] = {"url": display_url(url), "validator": validator}
+    if named is not None:
+        meta["named_url"] = display_url(named[0])
+        if named[1]:
+            meta["named_sha256"] = named[1]
     if job_id:
         meta["job"] = job_id
     if total is not None:

@@ -41,6 +41,8 @@ class Kept:
     job_id: str | None = None  # the download's id in the run that wrote the sidecar (it is kept)
     total: int | None = None  # the file's size as its server announced it (sidecars since 2026-12-07)
     sha256: str | None = None  # the hash the user gave for it, checked when it completes (idem)
+    named_url: str | None = None  # a split set's part: the URL of the part the user named (idem)
+    named_sha256: str | None = None  # and the hash the user gave for that part
 
 
 def _valid_url(url: object) -> bool:
@@ -53,6 +55,10 @@ def _valid_url(url: object) -> bool:
     except (NodeError, ValueError):
         return False
     return True
+
+
+def _sha256(value: object) -> str | None:
+    return value.lower() if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{64}", value) else None
 
 
 def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]:
@@ -77,9 +83,9 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
         job_id = job_id if isinstance(job_id, str) and re.fullmatch(r"[0-9a-f]{12}", job_id) else None
         total = meta.get("total")
         total = total if isinstance(total, int) and not isinstance(total, bool) and total >= size else None
-        sha256 = meta.get("sha256")
-        sha256 = sha256.lower() if isinstance(sha256, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha256) else None
-        kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size, job_id, total, sha256))
+        named_url = meta.get("named_url") if _valid_url(meta.get("named_url")) else None
+        kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size, job_id, total,
+                         _sha256(meta.get("sha256")), named_url, _sha256(meta.get("named_sha256"))))
     return kept, orphans
 
 
@@ -96,12 +102,15 @@ def _job(url: str, file_name: str, size: int, signed: bool, job_id: str | None, 
 
 
 def _set_job(members: list[Kept]) -> DownloadJob | None:
-    """One job for a split set's kept parts, when the sidecar's URL rebuilds that set; else None."""
+    """One job for a split set's kept parts, when the sidecar's URL rebuilds that set; else None. The
+    set is rebuilt from the named part's URL (`named_url`, sidecars since 2026-12-07; else part 1's):
+    the job's URL, what resume() starts, so the hash given is checked against that part again."""
     members = sorted(members, key=lambda k: split_part(Path(k.name))[1])
     first = split_part(Path(members[0].name))
     first_name = llama_split_name(first[0], 1, first[2])
+    given = next((k for k in members if k.named_url), None)
     try:
-        plan = set_parts(resolve_url(members[0].url), first_name, first_name)
+        plan = set_parts(resolve_url(given.named_url if given else members[0].url), first_name, first_name)
     except NodeError:
         return None
     names = {n.lower() for _u, n in plan.parts}
@@ -110,13 +119,14 @@ def _set_job(members: list[Kept]) -> DownloadJob | None:
     by_name = {k.name.lower(): k for k in members}
     part_bytes = [by_name[n.lower()].total if n.lower() in by_name else None for _u, n in plan.parts]
     known = [b for b in part_bytes if b is not None]
-    named = by_name.get(plan.parts[plan.named][1].lower())  # the part the hash is of
-    return _job(members[0].url, plan.parts[0][1], sum(k.size for k in members), any(k.signed for k in members),
+    named = by_name.get(plan.parts[plan.named][1].lower())  # the part the hash is of (an older sidecar's)
+    sha256 = given.named_sha256 if given else named.sha256 if named else None
+    return _job(plan.parts[plan.named][0], plan.parts[0][1], sum(k.size for k in members), any(k.signed for k in members),
                 # the latest job's id: parts are fetched in order, and a job going on past a complete part
                 # (the origin's 416) leaves that part's sidecar as an earlier job wrote it (found in review)
                 next((k.job_id for k in reversed(members) if k.job_id), None), parts=plan.parts, named=plan.named,
                 part_bytes=part_bytes, total_bytes=sum(known) if len(known) == len(part_bytes) else None,
-                sha256=named.sha256 if named else None)
+                sha256=sha256)
 
 
 def restored_jobs(kept: list[Kept], taken: set[str] = frozenset()) -> list[DownloadJob]:

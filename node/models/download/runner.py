@@ -329,7 +329,8 @@ class ModelDownloader:
         url, name = job.parts[i]
         where = f"part {i + 1} of {len(job.parts)} ({name}): " if len(job.parts) > 1 else ""
         one = DownloadJob(job.id, url, name, job.sha256 if i == job.named else None, stop=job.stop,
-                          total_bytes=job.part_bytes[i])
+                          total_bytes=job.part_bytes[i],
+                          set_named=(job.parts[job.named][0], job.sha256) if len(job.parts) > 1 else None)
         resumed_before, attempts_before = job.resumed_from, job.attempts
 
         def step(one: DownloadJob) -> None:  # this part's progress as the whole set's
