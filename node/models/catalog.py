@@ -219,8 +219,10 @@ class ModelCatalog:
         # not offered, not a problem to show in the banner (file_kinds.py)
         self.ignored: dict[Path, str] = {}
         # bumped on every change of an entry or of what is known of one (added, removed, its origin
-        # found public, its file found changed or the same again): Node keeps the whole files it hands
-        # out (wholeparts.held_files) until this moves, not a pass over the catalog per MODEL_PART
+        # found public, its file found changed or the same again), AFTER the change: Node keeps the
+        # whole files it hands out (wholeparts.held_files) until this moves, not a pass over the
+        # catalog per MODEL_PART, reading it before its pass (2026-12-07: the origin check bumped it
+        # first, and the loop could keep the old list under the new generation)
         self._generations = itertools.count(1)  # next() is atomic: scans bump it from executor threads
         self.generation = 0
 
@@ -306,12 +308,14 @@ class ModelCatalog:
         file's entry, which it returns (None: the file changed or left meanwhile)."""
         if not self._cache.set_public(file, sha256, public, sent_token=sent_token):
             return None
-        self.generation = next(self._generations)
-        entry = self.by_sha(sha256)
-        if entry is None or not entry.has_file or entry.path != file.resolve():
-            return None
-        entry.origin_public = public is True and entry.origin_url is not None
-        return entry
+        try:
+            entry = self.by_sha(sha256)
+            if entry is None or not entry.has_file or entry.path != file.resolve():
+                return None
+            entry.origin_public = public is True and entry.origin_url is not None
+            return entry
+        finally:  # bumped after the change (a reader caches what it saw under the generation it read first)
+            self.generation = next(self._generations)
 
     def unchecked_origins(self) -> list[tuple[Path, str, str, bool]]:
         """(file, sha256, origin URL, whether its download sent a token) of the downloaded files whose
@@ -344,8 +348,9 @@ class ModelCatalog:
         """Add a model known here by its fetched header only; the entry already there (a file
         of the same content found meanwhile) wins."""
         with self._scan_lock:
-            self.generation = next(self._generations)
-            return self.entries.setdefault(entry.id, entry)
+            kept = self.entries.setdefault(entry.id, entry)
+            self.generation = next(self._generations)  # after the change, as everywhere
+            return kept
 
     def remove_swarm_entry(self, entry: ModelEntry) -> bool:
         """Take back a header-only entry (its tokenizer could not be read); only this very entry."""

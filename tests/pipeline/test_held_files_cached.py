@@ -64,3 +64,30 @@ async def test_the_held_files_are_not_computed_again_per_part_request(tmp_path, 
         [served] = await asyncio.to_thread(_ask_many, peer, asks[:1])
         assert served.type == FrameType.MODEL_PART, served.header
         assert await asyncio.to_thread(_files, peer) == (public,)
+
+
+async def test_a_read_between_the_generations_bump_and_the_change_is_not_kept(tmp_path):
+    """The origin check's record (an executor thread) bumped the catalog's generation BEFORE it set the
+    entry's origin_public: the loop reading the held files in between kept the old list under the new
+    generation, and the HELLO sent right after the check (and every one until an unrelated change) left
+    the file out. Here the loop reads at the moment the generation is set, every time."""
+    data_dir = tmp_path / "data"
+    path, public = _downloaded(data_dir)
+    async with running_node(node_config(data_dir)) as node:
+        assert await asyncio.to_thread(node.catalog.set_origin_public, path, public, False) is not None
+        peer = RawPeer(tmp_path / "peer", "127.0.0.1", node.peers.listen_port)
+        assert await asyncio.to_thread(_files, peer) == ()
+        loop = asyncio.get_running_loop()
+
+        async def read() -> None:
+            node._held_files()
+
+        class Watched(type(node.catalog)):  # the loop reads the held files as soon as the generation moves
+            def __setattr__(self, name, value):
+                super().__setattr__(name, value)
+                if name == "generation":
+                    asyncio.run_coroutine_threadsafe(read(), loop).result(10)
+
+        node.catalog.__class__ = Watched
+        assert await asyncio.to_thread(node.catalog.set_origin_public, path, public, True) is not None
+        assert await asyncio.to_thread(_files, peer) == (public,)
