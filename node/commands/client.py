@@ -231,6 +231,12 @@ def _stopped_text(client: NodeClient, job: dict) -> str:
     on disk (2026-12-07: from the last progress seen, up to half a second old, so a download that had
     just begun, or not yet, said "its partial file (0.0 MB) is kept")."""
     size, job_id = _kept_on_disk(client, job)
+    if not size and (client.data_dir / "models" / job["file"]).is_file():
+        # landed (the .part renamed into models/, part 1 of a set last) before the next poll saw it done
+        # (2026-12-07: "nothing of it had been downloaded yet … run the same download again", which the
+        # node then refused: "models/X already exists")
+        return (f"it had completed: models/{job['file']} is there, served once the node starts again "
+                "(no need to download it again)")
     if not size:
         return "nothing of it had been downloaded yet: start the node again and run the same download again"
     amount = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"

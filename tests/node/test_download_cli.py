@@ -215,3 +215,44 @@ def test_a_node_stopping_before_any_byte_came_does_not_say_bytes_are_kept(tmp_pa
     assert "0.0 MB" not in said and "--resume" not in said and "is kept" not in said, err
     assert "nothing of it had been downloaded yet" in said, err
     assert not (node.data_dir / "models" / "m.gguf.part").exists()  # indeed nothing is kept
+
+
+def test_a_node_stopping_just_after_the_file_landed_says_it_completed(tmp_path):
+    """The node landed the file (`.part` renamed into models/) and stopped before the CLI's next poll
+    saw the job done: it said "nothing of it had been downloaded yet … run the same download again",
+    which the node then refused, "models/m.gguf already exists". The CLI is held still (SIGSTOP) while
+    the download completes and the node stops, then let go: its next poll finds no node."""
+    data = tiny_model(tmp_path).read_bytes()
+    half = len(data) // 2
+    with ThreadedOrigin(data, name="m.gguf") as origin:
+        origin.stall_after = half
+        node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"])
+        cli = None
+        try:
+            node.wait_ready(path="/health")
+            cli = subprocess.Popen(
+                [sys.executable, "-m", "node.cli", "download", origin.url, "-p", str(node.port),
+                 "--data-dir", str(node.data_dir)],
+                cwd=REPO, env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            models = node.data_dir / "models"
+            wait_until_sync(lambda: origin.sent >= half, 60, what="bytes arriving")
+            cli.send_signal(signal.SIGSTOP)
+            origin.release.set()
+            wait_until_sync(lambda: (models / "m.gguf").is_file() and not (models / "m.gguf.part").exists(), 60,
+                            what="the file landing in models/")
+            node.terminate()
+            cli.send_signal(signal.SIGCONT)
+            out, err = cli.communicate(timeout=60)
+        finally:
+            origin.release.set()
+            if cli is not None and cli.poll() is None:
+                cli.send_signal(signal.SIGCONT)
+                cli.kill()
+                cli.wait()
+            node.terminate()
+    assert cli.returncode == 1, (out, err)
+    said = err[err.index("error:"):]
+    assert "stopped answering during the download" in said, err
+    assert "it had completed: models/m.gguf is there" in said, err
+    assert "nothing of it had been downloaded" not in said and "download again" not in said, err
+    assert (models / "m.gguf").read_bytes() == data
