@@ -37,6 +37,8 @@ def memory_tip(m: dict[str, Any]) -> str | None:
         return None
     tip = (f"≈ {fmt.size(estimate['total_bytes'])}: the weights (the file, {fmt.size(estimate['weights_bytes'])}) "
            f"and the KV cache ({fmt.size(estimate['kv_bytes'])}: {estimate['kv_tokens']:,} tokens of context)")
+    if estimate.get("head_copy_bytes"):  # a tied head: llama.cpp copies the embeddings to its GPU
+        tip += f", and a GPU copy of the token embeddings for the head ({fmt.size(estimate['head_copy_bytes'])})"
     if estimate.get("gpu_bytes"):  # offloaded layers and their cache take VRAM, not RAM
         tip += f"; ≈ {fmt.size(estimate['gpu_bytes'])} of it on the GPU, ≈ {fmt.size(_ram(estimate))} in RAM"
     return tip

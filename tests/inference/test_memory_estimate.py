@@ -59,7 +59,52 @@ def test_what_a_gpu_holds_takes_no_ram(tmp_path):
     assert all_on_gpu.ram_bytes == embeddings + (size - sum(t.n_bytes for t in header.tensors))
     assert all_on_gpu.gpu_bytes == on_cpu.total_bytes - all_on_gpu.ram_bytes
 
-    half = estimate_whole(header, size, 1000, n_gpu_layers=2)  # the last two blocks and their cache
-    blocks_2_3 = sum(t.n_bytes for t in header.tensors if t.name.startswith(("blk.2.", "blk.3.")))
-    assert half.gpu_bytes == blocks_2_3 + on_cpu.kv_bytes // 2
-    assert half.as_dict()["ram_bytes"] == half.total_bytes - half.gpu_bytes
+
+
+def test_a_partial_offload_puts_the_head_first_as_llama_cpp_does(tmp_path):
+    """Found in review (2026-12-07): llama.cpp counts the output head as one layer after the blocks
+    (i_gpu_start = n_layer + 1 - n_gpu_layers): two layers offloaded are the head and blk.3, not
+    blk.2 and blk.3 without the head."""
+    header = _header(tmp_path)
+    size = header.data_end()
+    kv_per_layer = estimate_whole(header, size, 1000).kv_bytes // SPEC.n_layers
+
+    def on_gpu(*prefixes):
+        return sum(t.n_bytes for t in header.tensors if t.name.startswith(prefixes))
+
+    two = estimate_whole(header, size, 1000, n_gpu_layers=2)
+    assert two.gpu_bytes == on_gpu("blk.3.", "output") + kv_per_layer
+    assert two.as_dict()["ram_bytes"] == two.total_bytes - two.gpu_bytes
+    head_only = estimate_whole(header, size, 1000, n_gpu_layers=1)
+    assert head_only.gpu_bytes == on_gpu("output") > 0
+    every_block = estimate_whole(header, size, 1000, n_gpu_layers=SPEC.n_layers + 1)
+    assert every_block == estimate_whole(header, size, 1000, n_gpu_layers=-1)
+
+
+def test_a_tied_head_on_the_gpu_counts_its_copy_of_the_embeddings(tmp_path):
+    """No output.weight: llama.cpp loads token_embd again for the head's device (TENSOR_DUPLICATED);
+    the copy on the GPU was not counted."""
+    header = read_header(write_gguf(tmp_path / "tied.gguf", dataclasses.replace(SPEC, tied=True)))
+    assert "output.weight" not in {t.name for t in header.tensors}
+    size = header.data_end()
+    embeddings = sum(t.n_bytes for t in header.tensors if t.name == "token_embd.weight")
+    on_cpu = estimate_whole(header, size, 1000)
+    on_gpu = estimate_whole(header, size, 1000, n_gpu_layers=-1)
+    assert on_gpu.head_copy_bytes == embeddings > 0 and on_cpu.head_copy_bytes == 0
+    assert on_gpu.total_bytes == on_cpu.total_bytes + embeddings
+    # RAM keeps the embeddings (and the file's padding); the GPU holds the rest and the copy
+    assert on_gpu.ram_bytes == embeddings + (size - sum(t.n_bytes for t in header.tensors))
+
+
+def test_a_dsa_model_counts_its_indexer_key_cache(tmp_path):
+    """DeepSeek V3.2 / GLM-DSA keep a lightning-indexer K cache beside the MLA latent
+    (llama-kv-cache-dsa.cpp: one head of indexer key_length, no V), left out until 2026-12-07."""
+    mla = {"llama.attention.kv_lora_rank": 512, "llama.rope.dimension_count": 64,
+           "llama.attention.key_length_mla": 192, "llama.attention.head_count_kv": 1}
+    dsa = _header(tmp_path, **mla, **{"llama.attention.indexer.key_length": 128,
+                                      "llama.attention.indexer.head_count": 64})
+    assert kv_bytes_per_token(dsa) == SPEC.n_layers * (512 + 64 + 128) * KV_ELEMENT_BYTES
+    # GLM-DSA: only the layers its indexer types mark full keep indexer keys
+    glm = _header(tmp_path, **mla, **{"llama.attention.indexer.key_length": 128,
+                                      "llama.attention.indexer.types": [1, 0, 0, 1]})
+    assert kv_bytes_per_token(glm) == (SPEC.n_layers * (512 + 64) + 2 * 128) * KV_ELEMENT_BYTES
