@@ -53,19 +53,29 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
     return dict(action.choices)
 
 
+def _command_line(line: str, m: re.Match) -> str:
+    """The command a CLI_RE match starts: to the end of its `code span` (or of the line outside
+    one), cut at a shell comment, `;`, `&&` or `|`; every flag in it is checked, not only the ones
+    before the first value (`swarmllm run --ctx 4096 --no-such-flag` passed until 2026-12-07)."""
+    inside_span = line.count("`", 0, m.start()) % 2 == 1
+    end = line.find("`", m.end()) if inside_span else -1
+    rest = line[m.start(2):end if end >= 0 else len(line)]
+    return re.split(r" #|;|&&| \| ", rest)[0]
+
+
 def test_cli_commands_and_flags_in_the_docs_exist():
     commands = _subparsers()
     wrong = []
-    uses = [(where, m) for where, line in _lines() for m in CLI_RE.finditer(line)]
+    uses = [(where, line, m) for where, line in _lines() for m in CLI_RE.finditer(line)]
     assert len(uses) > 20  # the pattern still reads the docs
-    for where, m in uses:
-        name, rest = m.group(1), m.group(2)
+    for where, line, m in uses:
+        name, rest = m.group(1), _command_line(line, m)
         if name not in commands:
             wrong.append(f"{where}: swarmllm {name} (no such command)")
             continue
         flags = {s for a in commands[name]._actions for s in a.option_strings}
-        wrong += [f"{where}: swarmllm {name} {flag} (no such flag)"
-                  for flag in re.findall(r"(?<![\w-])--?[a-z][\w-]*", rest)
+        named = re.findall(r"(?<![\w-])-[a-z][\w-]*", m.group(2)) + re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+        wrong += [f"{where}: swarmllm {name} {flag} (no such flag)" for flag in dict.fromkeys(named)
                   if re.sub(r"^-v+$", "-v", flag) not in flags]  # -vv, -vvv: -v counted
     assert not wrong, "the docs name CLI commands or flags that do not exist:\n" + "\n".join(wrong)
 
@@ -102,24 +112,71 @@ def test_routes_in_the_docs_exist():
     assert not wrong, "the docs name routes the API does not have:\n" + "\n".join(wrong)
 
 
+def _assigned(target: ast.AST, owner: str | None) -> list[str]:
+    """The names an assignment target binds: `x` (owner None) or `self.x` (owner "self")."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for t in target.elts for n in _assigned(t, owner)]
+    if isinstance(target, ast.Starred):
+        return _assigned(target.value, owner)
+    if owner is None and isinstance(target, ast.Name):
+        return [target.id]
+    if owner is not None and isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+            and target.value.id == owner:
+        return [target.attr]
+    return []
+
+
+def _targets(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.Assign):
+        return node.targets
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+        return [node.target]
+    return []
+
+
+def _own_members(cls: ast.ClassDef) -> set[str]:
+    """What a class defines: its methods (properties too), nested classes, class-level assignments
+    (dataclass fields, constants) and the attributes its methods assign on self (or cls)."""
+    names: set[str] = set()
+    for item in cls.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(item.name)
+        for target in _targets(item):
+            names.update(_assigned(target, None))
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.args.args:
+            owner = item.args.args[0].arg  # self, or cls in a classmethod
+            for inner in ast.walk(item):
+                for target in _targets(inner):
+                    names.update(_assigned(target, owner))
+    return names
+
+
 def _class_members() -> dict[str, set[str]]:
-    members: dict[str, set[str]] = {}
+    own: dict[str, set[str]] = {}
+    bases: dict[str, set[str]] = {}
     for path in [*REPO.glob("node/**/*.py"), *REPO.glob("app/**/*.py")]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
-                names = members.setdefault(node.name, set())
-                for inner in ast.walk(node):
-                    if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        names.add(inner.name)
-                    elif isinstance(inner, ast.Attribute):
-                        names.add(inner.attr)
-                    elif isinstance(inner, ast.Name):
-                        names.add(inner.id)
-    return members
+                own.setdefault(node.name, set()).update(_own_members(node))
+                bases.setdefault(node.name, set()).update(
+                    b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                    if isinstance(b, (ast.Name, ast.Attribute)))
+
+    def inherited(name: str, seen: set[str]) -> set[str]:  # its own and its bases' (those in node/ and app/)
+        seen.add(name)
+        names = set(own.get(name, ()))
+        for base in bases.get(name, ()):
+            if base in own and base not in seen:
+                names |= inherited(base, seen)
+        return names
+
+    return {name: inherited(name, set()) for name in own}
 
 
 def test_class_members_in_the_docs_exist():
-    """`RequestTrace.note_failure`: a class of node/ or app/ and a name its body defines or uses."""
+    """`RequestTrace.note_failure`: a class of node/ or app/ and a name it (or a base of it there)
+    defines: a method or property, a class-level name, or an attribute its methods assign on self.
+    Until 2026-12-07 any name its body used counted (`CompletionRun.len`, `Node.asyncio` passed)."""
     members = _class_members()
     wrong, named = [], 0
     for where, line in _lines():
@@ -131,3 +188,14 @@ def test_class_members_in_the_docs_exist():
                         wrong.append(f"{where}: {cls}.{attr}")
     assert named > 20  # the pattern still reads the docs
     assert not wrong, "the docs name methods or attributes their classes lack:\n" + "\n".join(wrong)
+
+
+def test_the_checks_see_what_they_passed_until_2026_12_07():
+    """Found in review: a flag after a value, and a name a class body only uses, went unchecked."""
+    line = "Start it with `swarmllm run --ctx 4096 --no-such-flag` and then `swarmllm run --port 1 | x --other`."
+    first, second = [_command_line(line, m) for m in CLI_RE.finditer(line)]
+    assert "--no-such-flag" in first and "--other" not in second
+    members = _class_members()
+    assert {"len", "self"}.isdisjoint(members["CompletionRun"]) and "asyncio" not in members["Node"]
+    assert "summary" in members["ServedModel"] and "memory" in members["ServedModel"]  # a method, a field
+    assert "_served" in members["ModelManager"]  # assigned on self in __init__
