@@ -12,6 +12,7 @@ import asyncio
 import importlib
 import logging
 import os
+import re
 import sys
 
 log = logging.getLogger(__name__)
@@ -72,17 +73,50 @@ def say_cannot_start(text: str) -> None:
     box.exec()
 
 
-def missing_gui_packages() -> list[str]:
-    """The desktop app's packages (the `gui` extra) that cannot be imported: `pip install -e .`
-    (README's quick start) installs the node only, and `swarmllm-tray` then ended in a
-    ModuleNotFoundError traceback (found in the docs audit of 2026-12-07)."""
-    missing = []
-    for name in ("PySide6.QtWidgets", "qasync"):
+GUI_PACKAGES = (("PySide6", "PySide6.QtWidgets"), ("qasync", "qasync"), ("segno", "segno"))  # the gui extra
+_SHARED_LIBRARY = re.compile(r"[\w.+-]+\.(?:so(?:\.[\d.]+)?|dylib|dll)\b", re.IGNORECASE)
+
+
+def _is_missing(exc: ImportError, package: str) -> bool:
+    """Whether `exc` says `package` itself (or one of its modules) is not installed."""
+    name = exc.name or ""
+    return isinstance(exc, ModuleNotFoundError) and (name == package or name.startswith(package + "."))
+
+
+def gui_import_problems() -> tuple[list[str], dict[str, str]]:
+    """The desktop app's packages (the `gui` extra) that are not installed, and those installed
+    that fail to import, with the error (a system library missing: PySide6 on a minimal Linux says
+    "libEGL.so.1: cannot open shared object file"). `pip install -e .` (README's quick start)
+    installs the node only, and `swarmllm-tray` then ended in a ModuleNotFoundError traceback (found
+    in the docs audit of 2026-12-07); until review, any ImportError read as "not installed" (the
+    user was told to reinstall and never saw the library's name) and segno was not checked."""
+    missing: list[str] = []
+    broken: dict[str, str] = {}
+    for package, module in GUI_PACKAGES:
         try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name.split(".")[0])
-    return missing
+            importlib.import_module(module)
+        except ImportError as exc:
+            if _is_missing(exc, package):
+                missing.append(package)
+            elif package == "qasync" and ("PySide6" in missing or "PySide6" in broken):
+                continue  # qasync imports PySide6: its failure is that one, said already
+            else:
+                broken[package] = str(exc)
+    return missing, broken
+
+
+def say_gui_import_problems(missing: list[str], broken: dict[str, str]) -> None:
+    """Log what to install: the gui extra for a package not installed, a system library for one
+    that is installed but cannot load."""
+    if missing:
+        log.error("the desktop app needs %s: pip install 'swarmllm[gui]' (from a checkout: pip install -e "
+                  "'.[gui]'); `swarmllm run` serves the same node without it", " and ".join(missing))
+    for package, error in broken.items():
+        library = _SHARED_LIBRARY.search(error)
+        what = f"the system library {library.group(0)}" if library else "a system library it needs"
+        log.error("the desktop app cannot load %s, which is installed: %s. %s is probably missing: install it "
+                  "with the system's package manager (reinstalling %s does not bring it); `swarmllm run` "
+                  "serves the same node without the app", package, error, what[0].upper() + what[1:], package)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,11 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     from node.logs import setup_logging
 
     args = build_parser().parse_args(argv)  # --help works without the GUI packages
-    missing = missing_gui_packages()
-    if missing:
+    missing, broken = gui_import_problems()
+    if missing or broken:
         setup_logging(args.verbose)
-        log.error("the desktop app needs %s: pip install 'swarmllm[gui]' (from a checkout: pip install -e "
-                  "'.[gui]'); `swarmllm run` serves the same node without it", " and ".join(missing))
+        say_gui_import_problems(missing, broken)
         return 2
     try:
         config = load_config(cli_overrides(args))
