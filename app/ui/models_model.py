@@ -56,9 +56,12 @@ def fit(m: dict[str, Any], ram_free_bytes: int) -> tuple[bool | None, str]:
     if not estimate:
         return None, ""
     need, free = _ram(estimate), ram_free_bytes
+    takes = f"Loading {m['id']} takes ≈ {fmt.size(need)}"
+    if estimate.get("gpu_bytes"):  # placed on a GPU as the load would place it now
+        takes += f" of RAM (≈ {fmt.size(estimate['gpu_bytes'])} more on the GPU)"
     if need <= free:
-        return True, f"Loading {m['id']} takes ≈ {fmt.size(need)}; {fmt.size(free)} of RAM is free."
-    return False, (f"Loading {m['id']} takes ≈ {fmt.size(need)}, more than the {fmt.size(free)} of RAM free now: "
+        return True, f"{takes}; {fmt.size(free)} of RAM is free."
+    return False, (f"{takes}, more than the {fmt.size(free)} of RAM free now: "
             "it may not fit (the machine slows down swapping, or the load fails). Unload another model first, "
             "or start with a smaller --ctx.")
 

@@ -142,6 +142,17 @@ class ModelsTab(QWidget):
             return None
         return summary
 
+    async def _async_fit(self, model_id: str) -> tuple[bool | None, str]:
+        """Whether a load of this model fits in the RAM free now: estimated as the load would place
+        it (what goes to a GPU takes no RAM), which also refreshes its row's Memory tooltip."""
+        node = self.host.node
+        estimate = await node.models.async_estimate_load(model_id) if node is not None else None
+        free = await asyncio.get_running_loop().run_in_executor(None, ram_available_bytes)
+        summary = self._loadable(model_id)
+        if summary is None:
+            return None, ""
+        return fit({**summary, "memory_estimate": estimate or summary.get("memory_estimate")}, free)
+
     def _tell_fit(self, *_args) -> None:
         """A model that is not loaded selected: what loading it takes, against the RAM free now."""
         model_id, lead = self.selected_id(), self._fit_lead
@@ -149,10 +160,9 @@ class ModelsTab(QWidget):
             return
 
         async def run() -> None:
-            free = await asyncio.get_running_loop().run_in_executor(None, ram_available_bytes)
-            summary = self._loadable(self.selected_id())
-            if summary is not None and summary["id"] == model_id:  # (still selected)
-                self._report(f"{lead} · {fit(summary, free)[1]}" if lead else fit(summary, free)[1])
+            text = (await self._async_fit(model_id))[1]
+            if self.selected_id() == model_id and text:  # (still selected)
+                self._report(f"{lead} · {text}" if lead else text)
 
         spawn(run(), what="reading the free memory")
 
@@ -162,9 +172,7 @@ class ModelsTab(QWidget):
             self._report(f"loading {model_id}…")
 
             async def run() -> None:
-                summary = self._loadable(model_id)
-                free = await asyncio.get_running_loop().run_in_executor(None, ram_available_bytes)
-                fits, warning = fit(summary, free) if summary is not None else (None, "")
+                fits, warning = await self._async_fit(model_id)
                 too_big = fits is False
                 if too_big:
                     self._report(f"loading {model_id}… {warning}")

@@ -18,7 +18,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import Conflict, ModelLoadError, ModelNotFound, ModelUnavailable, NodeError, Overloaded
-from node.inference.devices import detect_llama
+from node.inference.devices import DeviceInventory, detect_llama
 from node.inference.llama_engine import LlamaEngine
 from node.inference.load_failure import LoadFailure
 from node.inference.memory_estimate import MemoryEstimate, estimate_whole
@@ -43,11 +43,13 @@ def _stat_or_none(path: Path) -> tuple[int, int] | None:
 States = ("unloaded", "loading", "loaded", "unloading", "failed")  # whole models; else "slices" or "swarm"
 
 
-def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[int, int]) -> Placement:
-    """Where llama.cpp runs a whole model (blocking: detects devices; run it in an executor)."""
+def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[int, int],
+                      detect: Callable[[], DeviceInventory] = detect_llama, quiet: bool = False) -> Placement:
+    """Where llama.cpp runs a whole model (blocking: detects devices; run it in an executor);
+    `quiet`: a dry run for an estimate, logged at DEBUG."""
     estimated_mb = entry.size_bytes // 2**20 + 256  # weights + KV cache and compute buffers, roughly
-    return place(entry.id, estimated_mb, detect_llama(), cpu_only=config.cpu_only, committed_mb=committed_mb,
-                 budget_mb=config.gpu_memory_budget_mb)
+    return place(entry.id, estimated_mb, detect(), cpu_only=config.cpu_only, committed_mb=committed_mb,
+                 budget_mb=config.gpu_memory_budget_mb, quiet=quiet)
 
 
 
@@ -131,6 +133,8 @@ class ModelManager:
         self._registering: dict[str, ServedModel] = {}  # by model id, while the tokenizer is read
         self._observers: Observers[[str, ServedModel]] = Observers("model")
         self.swarm_lookup: SwarmLookup | None = None  # swarm_models.SwarmModels.async_wait_for
+        # the GPUs llama.cpp can use (blocking; tests put a fake GPU here, never CUDA)
+        self.detect_devices: Callable[[], DeviceInventory] = detect_llama
 
     # --- observers ---
 
@@ -169,8 +173,8 @@ class ModelManager:
             if self._registering.get(entry.id) is served:
                 del self._registering[entry.id]
         served.n_ctx = self._context_for(entry)
-        if whole and entry.has_file:
-            served.memory = self._estimate(served)
+        if whole and entry.has_file:  # (placed as a load would place it now: its GPU part takes no RAM)
+            served.memory = self._estimate(served, (await self._async_dry_placement(served)).n_gpu_layers)
         self._served[entry.id] = served
         self._observers.emit("added", served)
         return served
@@ -200,6 +204,35 @@ class ModelManager:
         tokens = served.n_ctx * sum(kv_sequences(served.n_ctx, self.config.max_concurrent,
                                                  self.config.kv_cache_seqs, self.config.kv_total_tokens))
         return estimate_whole(served.entry.header, served.entry.size_bytes, tokens, n_gpu_layers)
+
+    def _committed_mb(self) -> dict[int, int]:
+        """Per GPU index, the megabytes admitted there for the models loaded (or still unloading)."""
+        committed: dict[int, int] = {}
+        for other in self._served.values():
+            if other.placement is not None and other.placement.gpu_index is not None \
+                    and other.state in ("loaded", "unloading"):  # (its weights are there until freed)
+                committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
+        return committed
+
+    async def _async_dry_placement(self, served: ServedModel) -> Placement:
+        """Where a load of `served` would go now (no log at INFO, nothing placed)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, place_whole_model, served.entry, self.config, self._committed_mb(), self.detect_devices, True)
+
+    async def async_estimate_load(self, model_id: str) -> dict[str, Any] | None:
+        """What a load of a whole model not loaded would take, placed as that load would place it
+        now (the Models tab's fit); its summary follows ("changed"). None for anything else."""
+        served = self._served.get(model_id)
+        if served is None or served.memory is None or served.state not in ("unloaded", "failed"):
+            return None
+        placed = await self._async_dry_placement(served)
+        if served.state not in ("unloaded", "failed"):  # a load began meanwhile: it placed it itself
+            return served.memory.as_dict()
+        estimate = self._estimate(served, placed.n_gpu_layers)
+        if estimate != served.memory:
+            served.memory = estimate
+            self._observers.emit("changed", served)
+        return estimate.as_dict()
 
     def _context_for(self, entry: ModelEntry) -> int:
         return served_context(entry.context_length, self.config.n_ctx, self.config.max_ctx)
@@ -330,13 +363,9 @@ class ModelManager:
     async def _load(self, served: ServedModel) -> None:
         served.state, served.error = "loading", None
         self._observers.emit("changed", served)
-        committed: dict[int, int] = {}
-        for other in self._served.values():
-            if other.placement is not None and other.placement.gpu_index is not None \
-                    and other.state in ("loaded", "unloading"):  # (its weights are there until freed)
-                committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
         loop = asyncio.get_running_loop()
-        placed = await loop.run_in_executor(None, place_whole_model, served.entry, self.config, committed)
+        placed = await loop.run_in_executor(None, place_whole_model, served.entry, self.config, self._committed_mb(),
+                                            self.detect_devices)
         served.placement = placed
         if served.memory is not None:  # what lies on the GPU does not take RAM (the Memory column, the fit)
             served.memory = self._estimate(served, placed.n_gpu_layers)
@@ -356,7 +385,6 @@ class ModelManager:
             served.failure = LoadFailure(exc.message, engine.identity, time.time())
             served.state, served.error = "failed", exc.message
             served.device, served.cpu_placement_reason, served.placement = None, None, None  # none placed
-            served.memory = self._estimate(served) if served.memory is not None else None
             log.error("DIAG: load_model failed model=%s error=%s", served.id, exc.message)
             self._observers.emit("changed", served)
             return
@@ -406,7 +434,6 @@ class ModelManager:
                 was_on = served.device
                 if engine is not None:  # its weights are freed: it is placed nowhere now
                     served.device, served.cpu_placement_reason, served.placement = None, None, None
-                    served.memory = self._estimate(served) if served.memory is not None else None
                     self._memory_freed(served)
         finally:
             if served.unloading is done:

@@ -53,21 +53,23 @@ class Placement:
 
 
 def place(model: str, estimated_mb: int, inventory: DeviceInventory, *, cpu_only: bool = False,
-          committed_mb: dict[int, int] | None = None, budget_mb: int = 0) -> Placement:
+          committed_mb: dict[int, int] | None = None, budget_mb: int = 0, quiet: bool = False) -> Placement:
     """Decide where `model` (needing `estimated_mb` of weights + cache) runs.
 
     committed_mb: per GPU index, what this node already admitted there (models on the CPU do not
     count). budget_mb: the node's VRAM budget per GPU; 0 = free VRAM minus GPU_RESERVE_MB.
+    quiet: a dry run (what a load would choose, for an estimate): the decision logs at DEBUG.
     """
+    level = logging.DEBUG if quiet else logging.INFO
     if cpu_only:
-        return _on_cpu(model, estimated_mb, CONFIGURED_CPU_ONLY)
+        return _on_cpu(model, estimated_mb, CONFIGURED_CPU_ONLY, level)
     if not inventory.gpus:
-        return _on_cpu(model, estimated_mb, NO_GPU)
+        return _on_cpu(model, estimated_mb, NO_GPU, level)
     if not inventory.build_supports_gpu:
-        return _on_cpu(model, estimated_mb, GPU_NOT_SUPPORTED)
+        return _on_cpu(model, estimated_mb, GPU_NOT_SUPPORTED, level)
     usable = [g for g in inventory.gpus if _new_enough(g, inventory.min_compute_capability)]
     if not usable:
-        return _on_cpu(model, estimated_mb, GPU_TOO_OLD)
+        return _on_cpu(model, estimated_mb, GPU_TOO_OLD, level)
     committed_mb = committed_mb or {}
     best: tuple[int, Gpu, int, int] | None = None
     for gpu in usable:
@@ -78,21 +80,21 @@ def place(model: str, estimated_mb: int, inventory: DeviceInventory, *, cpu_only
         if best is None or headroom > best[0]:
             best = (headroom, gpu, committed, budget)
     headroom, gpu, committed, budget = best
-    log.info("DIAG: admitting model to GPU %s", kv(model=model, gpu=gpu.index, estimated_mb=estimated_mb,
+    log.log(level, "DIAG: admitting model to GPU %s", kv(model=model, gpu=gpu.index, estimated_mb=estimated_mb,
                                                    committed_mb=committed, budget_mb=budget, headroom_mb=headroom))
     if headroom >= 0:
         return Placement(model, f"cuda:{gpu.index}", None, estimated_mb, n_gpu_layers=-1, gpu_index=gpu.index,
                          budget_mb=budget, headroom_mb=headroom)
     log.debug("DIAG: GPU admission refused — not enough budget at this moment %s",
               kv(model=model, estimated_mb=estimated_mb, headroom_mb=headroom))
-    return _on_cpu(model, estimated_mb, NOT_ENOUGH_VRAM, budget_mb=budget, headroom_mb=headroom)
+    return _on_cpu(model, estimated_mb, NOT_ENOUGH_VRAM, level, budget_mb=budget, headroom_mb=headroom)
 
 
 def _new_enough(gpu: Gpu, minimum: tuple[int, int] | None) -> bool:
     return minimum is None or gpu.compute_capability >= minimum
 
 
-def _on_cpu(model: str, estimated_mb: int, reason: str, **extra) -> Placement:
-    log.info("Model will run on the CPU %s", kv(model=model, reason=reason, configured_gpu_layers=0,
+def _on_cpu(model: str, estimated_mb: int, reason: str, level: int, **extra) -> Placement:
+    log.log(level, "Model will run on the CPU %s", kv(model=model, reason=reason, configured_gpu_layers=0,
                                                 estimated_vram_mb=estimated_mb))
     return Placement(model, "cpu", reason, estimated_mb, **extra)

@@ -132,3 +132,43 @@ def test_the_fit_and_the_tooltip_count_only_what_takes_ram():
                                                      "total_bytes": 10 * gib, "ram_bytes": 1 * gib, "gpu_bytes": 9 * gib}}
     assert fit(row, 2 * gib)[0] is True
     assert "9.0 GiB of it on the GPU" in memory_tip(row)
+
+
+def test_an_unloaded_model_a_gpu_would_take_fits_by_its_ram_part(qtbot, run, data_dir, tiny_model, monkeypatch):
+    """Found in review (2026-12-07): an unloaded model's estimate was always made with no layers on
+    a GPU, so the fit compared all of it with the RAM free and its tooltip named no GPU, on a
+    machine whose GPU a load would use (24 GB VRAM, 16 GB RAM, a 14 GB model: "may not fit").
+    The node's device detection is replaced by a fake GPU: no CUDA here."""
+    from node.inference.devices import DeviceInventory, Gpu
+
+    def gpu_with(free_mb: int):
+        return lambda: DeviceInventory(gpus=(Gpu(0, "Fake GPU", 24576, free_mb, (8, 9)),), build_supports_gpu=True)
+
+    async def body():
+        async with running_app(node_config(data_dir, tiny_model, n_ctx=2048)) as tray_app:
+            host, tab = tray_app.host, tray_app.window.models_tab
+            (model_id,) = [m.id for m in host.node.models.whole_models()]
+            await wait_until(lambda: host.node.models.get(model_id).state == "loaded", DEADLINE_S, what="the load")
+            await host.async_unload(model_id)
+            total = host.node.models.get(model_id).summary()["memory_estimate"]["total_bytes"]
+            # less RAM free than the whole model: it fits only because most of it goes to the GPU
+            monkeypatch.setattr("app.ui.models_tab.ram_available_bytes", lambda: total - 1)
+            host.node.models.detect_devices = gpu_with(16384)
+            tab.view.clearSelection()
+            tab.select(model_id)
+            await wait_until(lambda: "more on the GPU); " in tab.status.full_text and
+                             "of RAM is free" in tab.status.full_text, DEADLINE_S,
+                             what="the fit to count the RAM part only")
+            cell = _memory_cell(tab, model_id)
+            await wait_until(lambda: "of it on the GPU" in (cell.data(Qt.ItemDataRole.ToolTipRole) or ""),
+                             DEADLINE_S, what="the tooltip to split the GPU part off")
+            assert cell.data() == f"≈ {fmt.size(total)} to load"
+
+            host.node.models.detect_devices = gpu_with(600)  # a GPU too full for it: the CPU, all in RAM
+            tab.view.clearSelection()
+            tab.select(model_id)
+            await wait_until(lambda: "may not fit" in tab.status.full_text, DEADLINE_S,
+                             what="all of it in RAM again")
+            assert "on the GPU" not in (cell.data(Qt.ItemDataRole.ToolTipRole) or "")
+
+    run(body())
