@@ -90,11 +90,14 @@ class LoopWatchdog:
         now = time.monotonic() if now is None else now
         return sum(max(0.0, end - max(start, since)) for start, end in self._spans(now) if end > since)
 
-    def last_pause(self, within_s: float) -> float:
-        """How long the last such stall lasted when it ended within `within_s` (or goes on), else 0."""
+    def last_pause(self, within_s: float) -> tuple[float, float] | None:
+        """(monotonic start, end) of the last such stall when it ended within `within_s`, else None.
+        The one still going on ends `now`: a caller on the loop itself (it runs, so that stall is
+        over) counts it only from a time the loop last ran, e.g. when it opened what failed
+        (run.py `_own_pause`; counting it whole excused a request's every failure for ever, 2026-12-07)."""
         now = time.monotonic()
-        recent = [end - start for start, end in self._spans(now) if now - end <= within_s]
-        return recent[-1] if recent else 0.0
+        recent = [span for span in self._spans(now) if now - span[1] <= within_s]
+        return recent[-1] if recent else None
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Start watching the running loop (call from the loop thread)."""

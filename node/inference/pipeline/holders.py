@@ -176,6 +176,10 @@ class LayerHolders:
                     relinked.add(snap.node_id)
                 elif snap.node_id in (silent or {}) and self._silent_since(snap.node_id, silent[snap.node_id]):
                     awaited.append(snap.node_id)
+                elif snap.node_id in lost and self.peers.link(snap.node_id) is None:
+                    # its link is closing (the table says so a loop pass later): awaited like a
+                    # dropped one, not a 503 at once (2026-12-07: right after this node's pause)
+                    awaited.append(snap.node_id)
                 # back, but not serving it yet (a restarted node choosing or loading its layers)
                 if lately and not any(_serves(m) and m["sha256"] == sha256 for m in snap.models):
                     awaited.append(snap.node_id)

@@ -10,8 +10,10 @@ error RESULT, a dropped link, a missed deadline) ends the attempt's sessions, ex
 node and re-plans: the new chain covers the gap with whatever holders or sub-ranges are cheapest
 now (the plan's standby chain for the failed segment, or another cut of the survivors' ranges). It re-prefills and its last segment samples the next token, so the client
 sees no repeat and no gap. With no chain left while a holder's link dropped a moment ago, `open` waits
-up to ROUTE_REGAIN_S for it to link again. After MAX_ASSEMBLIES attempts the request fails with
-InsufficientCapacity.
+up to ROUTE_REGAIN_S for it to link again. After MAX_ASSEMBLIES failed attempts the request fails
+with InsufficientCapacity; not counted are one kept-session miss and the failures excused by this
+node's own pause (each node once per pause, MAX_ASSEMBLIES at most), so a request makes at most
+2 x MAX_ASSEMBLIES + 1 attempts.
 
 An attempt whose chain is one node holding the model whole (`Holder.whole`) runs as a remote
 generate instead of WORK steps: GENERATE with prompt + generated, then the holder's TOKENS
@@ -124,6 +126,7 @@ class PipelineRun:
         self.cached_tokens: int | None = None
         self.resume_misses = 0  # attempts that found a kept session gone (at most one: only attempt 1 resumes)
         self.own_pauses = 0  # attempts that failed because this node was paused (not counted either)
+        self.excused: dict[str, float] = {}  # node -> start of the pause its last excused failure fell in
         # nodes whose link failed this request -> the connection id it had (taken back once linked anew)
         self.lost: dict[str, int | None] = {}
         self.silent: dict[str, float] = {}  # of `lost`, those that fell silent: when (time.monotonic())
@@ -408,17 +411,31 @@ class PipelineRun:
         self.attempt_no += 1
         self.attempt = None
 
-    def _own_pause(self, failure: SegmentFailed) -> float:
-        """How long this node was itself paused just before a peer's link dropped or it fell silent
-        (0: not paused): a peer that heard nothing from us for its liveness deadline closed the link."""
+    def _own_pause(self, att: Attempt, failure: SegmentFailed) -> float:
+        """How long this node was itself paused while the attempt was under way, just before a
+        peer's link dropped or it fell silent (0: not paused, or not excused): a peer that heard
+        nothing from us for its liveness deadline closed the link. Excused once per pause and node,
+        MAX_ASSEMBLIES times per request at most, and only for the part of the pause after the
+        attempt was opened (the loop ran then): until 2026-12-07 a peer that looked connected while
+        every send to it failed at once (its link closing) was excused again and again — open, send,
+        fail, excuse, none of which suspends, so the heartbeat never ran and the stall 'went on' —
+        and the node spun at 100% CPU with the stream never ending (review r21)."""
         pauses = self.deadlines.pauses
-        if pauses is None or not (failure.cause in LOST or failure.cause in SILENCES):
+        if (pauses is None or not (failure.cause in LOST or failure.cause in SILENCES)
+                or self.own_pauses >= const.MAX_ASSEMBLIES):
             return 0.0
-        return pauses.last_pause(const.SELF_PAUSE_GRACE_S)
+        span = pauses.last_pause(const.SELF_PAUSE_GRACE_S)
+        if span is None or self.excused.get(failure.node_id) == span[0]:
+            return 0.0
+        paused = span[1] - max(span[0], att.opened)
+        if paused < const.SELF_PAUSE_MIN_S:  # opened after the pause (or during a busy loop's stall)
+            return 0.0
+        self.excused[failure.node_id] = span[0]
+        return paused
 
     def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
         trace = self.trace
-        paused = self._own_pause(failure)
+        paused = self._own_pause(att, failure)
         if paused:  # not the peer's doing: it is not left out, and the attempt does not count
             # toward MAX_ASSEMBLIES; a new attempt (its sessions may be gone) waits for its link
             self.lost[failure.node_id] = att.links.get(failure.node_id)

@@ -1,0 +1,170 @@
+"""A coordinator back from a pause whose peer still looks connected while every send to it fails
+at once (the window between a link starting to close and the peer table saying so) must not spin:
+the excused failover ("this node was paused, not the peer") is granted once per pause and node,
+the next failure counts toward MAX_ASSEMBLIES, and the request waits for the peer on the loop
+(other tasks run) and goes on once it relinks. Before (review r21, finding 1), every attempt was
+excused again, no await in open → send → fail → excuse ever suspended, the loop never ran: 100%
+CPU, a stream that never ended, the API and pings dead.
+
+Driven on the real PipelineCoordinator, PipelineRun, StepDeadlines, PipelineTransport and
+LoopWatchdog; the peer manager is a stand-in whose peer answers WORK with RESULT and can show the
+close window (the table says connected, link() is None)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from node import const
+from node.inference.handoff import GenerationJob
+from node.inference.pipeline.coordinator import PipelineCoordinator
+from node.inference.pipeline.transport import PipelineTransport
+from node.inference.pipeline.wire import Result, Work
+from node.inference.sampling import SamplingParams
+from node.net import FrameType, PeerSnapshot
+from node.trace import RequestTrace
+from node.watchdog import LoopWatchdog
+from tests.support.waiting import wait_until
+
+ME, PEER, SHA = "a" * 64, "b" * 64, "f" * 64
+MAX_NEW = 12
+HELD_AFTER = 4  # the peer answers this many steps, then holds the next RESULT until the test lets it go
+
+
+class Host:
+    def for_model(self, sha256):
+        return []
+
+    def adverts(self):
+        return []
+
+
+class Link:
+    """The peer's end: answers each WORK with a RESULT on a later loop pass (or holds it)."""
+
+    def __init__(self, peers: Peers):
+        self.peers, self.last_seen, self.unsent = peers, time.monotonic(), 0
+
+    def send_nowait(self, frame) -> None:
+        if frame.type != FrameType.WORK:
+            return
+        work = Work.from_header(frame.header)
+        result = Result(work.sid, work.seq, token=100 + work.index_pos).to_header()
+        self.peers.works += 1
+        if self.peers.works == HELD_AFTER + 1:
+            self.peers.held = result
+        else:
+            asyncio.get_running_loop().call_soon(self.peers.deliver, result)
+
+
+class Peers:
+    """Stand-in PeerManager: one peer holding the whole model as a slice."""
+
+    def __init__(self):
+        self.snap = PeerSnapshot(PEER, PEER[:8], "connected", "direct", "127.0.0.1:1", 2.0, 200.0,
+                                 ({"sha256": SHA, "name": "m", "start": 0, "end": 8, "n_layers": 8,
+                                   "ms_per_layer": 1.0},), time.time(), connections=1)
+        self.connection = 1
+        self.live: Link | None = Link(self)
+        self.works = 0
+        self.held: dict | None = None
+        self.observers: list = []
+        self.coordinator: PipelineCoordinator | None = None
+        self.broken = False  # set from the test's safety-valve thread: the run must stop somehow
+
+    def deliver(self, header: dict) -> None:
+        self.coordinator.on_result(header, b"", PEER)
+
+    def _check(self) -> None:
+        if self.broken:
+            raise RuntimeError("the test gave up on a request that never yielded the loop")
+
+    def peers(self):
+        self._check()
+        return [dataclasses.replace(self.snap, connection_id=self.connection)] if self.snap else []
+
+    def peer(self, node_id):
+        self._check()
+        return dataclasses.replace(self.snap, connection_id=self.connection) if node_id == PEER and self.snap else None
+
+    def link(self, node_id):
+        self._check()
+        return self.live if node_id == PEER else None
+
+    def rto(self, node_id):
+        return None
+
+    def subscribe(self, callback):
+        self.observers.append(callback)
+        return lambda: self.observers.remove(callback)
+
+    def register_handler(self, frame_type, handler) -> None:
+        pass
+
+
+def pause_this_node(seconds: float) -> None:
+    time.sleep(seconds)  # deliberately blocking: the loop does not run, as under SIGSTOP
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_a_failover_excused_by_a_pause_that_fails_again_at_once_still_ends(caplog):
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    peers = Peers()
+    valve = threading.Timer(20.0, lambda: setattr(peers, "broken", True))
+    valve.start()
+    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=dog)
+    peers.coordinator = coordinator
+    coordinator.register()
+    ticks = [0]
+
+    async def ticker():
+        while True:
+            await asyncio.sleep(0.01)
+            ticks[0] += 1
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        job = GenerationJob("req-1", [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
+        trace = RequestTrace(model="m", operation="chat.completions")
+        run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
+        got: list[int] = []
+
+        async def consume():
+            async for batch in run.tokens():
+                got.extend(batch)
+
+        consuming = asyncio.create_task(consume())
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        # the node pauses; meanwhile its peer answered and, hearing nothing, began closing the link:
+        # the table still says connected, but there is no link to send on
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        peers.live = None
+        peers.deliver(peers.held)
+        before = ticks[0]
+        await wait_until(lambda: ticks[0] >= before + 5, 10, 0.01, "the loop to run other tasks after the pause")
+        assert not peers.broken, "the request kept the loop busy until the test gave up"
+        assert not consuming.done() or consuming.exception() is None, consuming.exception()
+        # the table catches up: the link closed, then the peer links again on a new connection
+        peers.snap = dataclasses.replace(peers.snap, state="disconnected")
+        for observer in list(peers.observers):
+            observer("changed", peers.snap)
+        peers.connection, peers.live = 2, Link(peers)
+        peers.snap = dataclasses.replace(peers.snap, state="connected")
+        await asyncio.wait_for(consuming, 30)
+        assert len(got) == MAX_NEW  # failed over, nothing lost
+        assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
+        assert trace.assemblies <= 1 + const.MAX_ASSEMBLIES
+    finally:
+        valve.cancel()
+        valve.join()
+        ticking.cancel()
+        dog.stop()
+        coordinator.close()
