@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from node import const
 from node.logs import kv
@@ -32,6 +34,28 @@ QT_ARM = "in_qt_event_loop(idle or Qt's own work; process suspended or starved o
 # where an idle loop waits: selector loops (selectors' select), Windows' ProactorEventLoop
 # (asyncio.windows_events IocpProactor._poll, in GetQueuedCompletionStatus)
 _IDLE_WAITS = (("selectors", None), ("asyncio.windows_events", "_poll"))
+
+
+def suspend_clock() -> tuple[Callable[[], float], str]:
+    """(a clock in seconds that keeps counting while the machine is suspended, its name): time.monotonic
+    does not on Linux (CLOCK_MONOTONIC) nor macOS (mach_absolute_time), so a closed lid left the
+    heartbeat on time and the sleep unseen. Linux: CLOCK_BOOTTIME; macOS: clock_gettime's
+    CLOCK_MONOTONIC (Apple's counts sleep; CLOCK_UPTIME_RAW, like mach_absolute_time, does not);
+    Windows: GetTickCount64 (documented to include sleep and hibernation; time.monotonic is
+    QueryPerformanceCounter from Python 3.13, GetTickCount64 before). Elsewhere time.monotonic:
+    a suspend of the whole machine is not told from a running one there."""
+    if sys.platform.startswith("linux") and hasattr(time, "CLOCK_BOOTTIME"):
+        return (lambda: time.clock_gettime(time.CLOCK_BOOTTIME)), "CLOCK_BOOTTIME"
+    if sys.platform == "darwin" and hasattr(time, "CLOCK_MONOTONIC"):
+        return (lambda: time.clock_gettime(time.CLOCK_MONOTONIC)), "CLOCK_MONOTONIC"
+    if sys.platform == "win32":
+        try:
+            ticks = ctypes.windll.kernel32.GetTickCount64  # type: ignore[attr-defined]
+            ticks.restype = ctypes.c_ulonglong
+            return (lambda: ticks() / 1000.0), "GetTickCount64"
+        except (AttributeError, OSError):
+            pass
+    return time.monotonic, "monotonic(suspend not counted)"
 
 
 def _describe_frame(frame) -> str:
@@ -59,8 +83,11 @@ class LoopWatchdog:
     """Watch one asyncio loop from a daemon thread."""
 
     def __init__(self, threshold_ms: float = const.LOOP_STALL_THRESHOLD_MS,
-                 interval_s: float = const.LOOP_WATCHDOG_INTERVAL_S):
+                 interval_s: float = const.LOOP_WATCHDOG_INTERVAL_S,
+                 suspend: tuple[Callable[[], float], str] | None = None):
         self.threshold_s = threshold_ms / 1000.0
+        # a clock counting the machine's suspend too (suspend_clock; tests inject one)
+        self._suspend_clock, self.suspend_clock_name = suspend or suspend_clock()
         self.interval_s = interval_s
         self.stalls = 0
         self.max_stall_ms = 0.0
@@ -72,14 +99,21 @@ class LoopWatchdog:
         self._thread: threading.Thread | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._expected = self._last_beat + interval_s
-        # the last stalls of SELF_PAUSE_MIN_S or more: (monotonic start, end); pipeline deadlines and
-        # link drops that fell in one are this node's doing, not the peer's (paused_since)
-        self.pauses: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)
+        self._expected_suspend = self._suspend_clock() + interval_s  # the same, on the suspend clock
+        # the last stalls of SELF_PAUSE_MIN_S or more: (monotonic start, end, seconds it lasted: the
+        # suspend clock's, which a machine's sleep leaves monotonic's span near zero); pipeline
+        # deadlines and link drops that fell in one are this node's doing, not the peer's (paused_since)
+        self.pauses: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=8)
 
-    def _spans(self, now: float) -> list[tuple[float, float]]:
+    def _late(self, now: float) -> float:
+        """How late the beat is now: the process stopped (monotonic) or the machine asleep too."""
+        return max(now - self._expected, self._suspend_clock() - self._expected_suspend)
+
+    def _spans(self, now: float) -> list[tuple[float, float, float]]:
         spans = list(self.pauses)
-        if self._loop is not None and now - self._expected >= const.SELF_PAUSE_MIN_S:
-            spans.append((self._expected, now))  # the beat is that late: the loop has not run since
+        late = self._late(now) if self._loop is not None else 0.0
+        if late >= const.SELF_PAUSE_MIN_S:
+            spans.append((self._expected, now, late))  # the beat is that late: the loop has not run since
         return spans
 
     def paused_since(self, since: float, now: float | None = None) -> float:
@@ -88,10 +122,10 @@ class LoopWatchdog:
         late by one fires in the same loop pass as the frames that came meanwhile, before the
         heartbeat that records it, so the heartbeat's lateness is read here too."""
         now = time.monotonic() if now is None else now
-        return sum(max(0.0, end - max(start, since)) for start, end in self._spans(now) if end > since)
+        return sum(max(0.0, took - max(0.0, since - start)) for start, end, took in self._spans(now) if end > since)
 
-    def last_pause(self, within_s: float) -> tuple[float, float] | None:
-        """(monotonic start, end) of the last such stall when it ended within `within_s`, else None.
+    def last_pause(self, within_s: float) -> tuple[float, float, float] | None:
+        """(monotonic start, end, seconds it lasted) of the last such stall when it ended within `within_s`, else None.
         The one still going on ends `now`: a caller on the loop itself (it runs, so that stall is
         over) counts it only from a time the loop last ran, e.g. when it opened what failed
         (run.py `_own_pause`; counting it whole excused a request's every failure for ever, 2026-12-07)."""
@@ -120,11 +154,13 @@ class LoopWatchdog:
     def _schedule(self) -> None:
         if self._loop is not None and not self._stop.is_set():
             self._expected = time.monotonic() + self.interval_s
+            self._expected_suspend = self._suspend_clock() + self.interval_s
             self._handle = self._loop.call_later(self.interval_s, self._beat)
 
     def _beat(self) -> None:
         now = time.monotonic()
-        late_s = now - self._expected
+        stopped_s = now - self._expected  # the process did not run (SIGSTOP, a paused VM, starved)
+        late_s = self._late(now)  # ... or the machine slept (not seen by monotonic: the beat on time)
         if late_s > self.threshold_s:
             took_ms = late_s * 1000.0
             self.stalls += 1
@@ -132,10 +168,14 @@ class LoopWatchdog:
             log.warning("DIAG: network event loop stalled took_ms=%d arm=%s", took_ms,
                         self._arm or "unsampled(process or GIL starved)")
             if late_s >= const.SELF_PAUSE_MIN_S:
-                self.pauses.append((self._expected, now))
-                log.warning("DIAG: this node was paused %.1f s (its event loop did not run: the process "
-                            "suspended, the machine asleep or starved of CPU); deadlines and link drops "
-                            "of that time are not charged to peers %s", late_s, kv(paused_ms=round(took_ms)))
+                self.pauses.append((self._expected, now, late_s))
+                asleep_s = max(0.0, late_s - stopped_s)
+                log.warning("DIAG: this node was paused %.1f s (%s); deadlines and link drops of that time "
+                            "are not charged to peers %s", late_s,
+                            "the machine was asleep" if asleep_s >= const.SELF_PAUSE_MIN_S else
+                            "its event loop did not run: the process suspended or starved of CPU",
+                            kv(paused_ms=round(took_ms), asleep_ms=round(asleep_s * 1000),
+                               clock=self.suspend_clock_name))
         self._arm = None
         self._last_beat = now
         self._schedule()

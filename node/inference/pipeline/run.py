@@ -427,7 +427,8 @@ class PipelineRun:
         span = pauses.last_pause(const.SELF_PAUSE_GRACE_S)
         if span is None or self.excused.get(failure.node_id) == span[0]:
             return 0.0
-        paused = span[1] - max(span[0], att.opened)
+        start, _end, took = span
+        paused = took - max(0.0, att.opened - start)  # (a machine's sleep: its monotonic span is ~0)
         if paused < const.SELF_PAUSE_MIN_S:  # opened after the pause (or during a busy loop's stall)
             return 0.0
         self.excused[failure.node_id] = span[0]
