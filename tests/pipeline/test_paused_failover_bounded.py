@@ -168,3 +168,41 @@ async def test_a_failover_excused_by_a_pause_that_fails_again_at_once_still_ends
         ticking.cancel()
         dog.stop()
         coordinator.close()
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_a_next_hop_unreachable_right_after_this_nodes_pause_is_not_the_peers_fault(caplog):
+    """This node's own first segment forwarding to a peer that dropped it during the pause fails
+    with next_hop_unreachable naming the peer: excused like a link drop (review r21, finding 3;
+    before: WARN, the peer left out, the attempt counted)."""
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    peers = Peers()
+    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=dog)
+    peers.coordinator = coordinator
+    coordinator.register()
+    try:
+        job = GenerationJob("req-2", [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
+        trace = RequestTrace(model="m", operation="chat.completions")
+        run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
+        got: list[int] = []
+
+        async def consume():
+            async for batch in run.tokens():
+                got.extend(batch)
+
+        consuming = asyncio.create_task(consume())
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        held = peers.held
+        peers.deliver(Result(held["sid"], held["seq"], error=f"no link to peer {PEER[:8]}",
+                             error_code="next_hop_unreachable", failed_node=PEER).to_header())
+        await asyncio.wait_for(consuming, 30)
+        assert len(got) == MAX_NEW
+        assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
+        assert "DIAG: pipeline attempt failed request_id" not in caplog.text
+        assert "NO standby available" not in caplog.text
+    finally:
+        dog.stop()
+        coordinator.close()

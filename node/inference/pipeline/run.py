@@ -421,7 +421,9 @@ class PipelineRun:
         fail, excuse, none of which suspends, so the heartbeat never ran and the stall 'went on' —
         and the node spun at 100% CPU with the stream never ending (review r21)."""
         pauses = self.deadlines.pauses
-        if (pauses is None or not (failure.cause in LOST or failure.cause in SILENCES)
+        # next_hop_unreachable: this node's own segment forwarding to a peer that dropped it meanwhile
+        if (pauses is None or not (failure.cause in LOST or failure.cause in SILENCES
+                                   or failure.cause == "next_hop_unreachable")
                 or self.own_pauses >= const.MAX_ASSEMBLIES):
             return 0.0
         span = pauses.last_pause(const.SELF_PAUSE_GRACE_S)
