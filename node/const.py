@@ -34,6 +34,7 @@ LOOP_WATCHDOG_INTERVAL_S = 0.05
 SELF_PAUSE_MIN_S = 1.0
 # a link drop or failure this soon after such a pause ended is counted as the pause's doing
 SELF_PAUSE_GRACE_S = 2.0
+SELF_PAUSE_REARMS = 2  # a step's deadline is pushed back for such pauses this many times at most
 NODE_DRAIN_S = 5.0  # on stop, requests under way get this long to finish; then they end with a 503 error
 NODE_DRAIN_POLL_S = 0.1  # how often the drain looks whether the work for other nodes has ended
 STREAM_WRITE_STALL_S = 60.0  # a streaming client that takes nothing for this long (buffers full) is cut off

@@ -57,3 +57,41 @@ async def test_a_deadline_run_out_while_this_node_was_paused_is_re_armed(caplog)
         assert caplog.text.count("DIAG: this node was paused") == 1
     finally:
         dog.stop()
+
+
+@pytest.mark.blocks_loop("this node's own pauses while a step waits for its peer")
+async def test_a_pause_pushes_a_deadline_back_by_the_pause_not_a_fresh_budget_and_only_so_often(caplog):
+    """Review r21 finding 4: any overlap with a pause re-armed the deadline with a whole fresh
+    budget from now, any number of times (a silent peer kept for ever by a node that stalls now and
+    then). Now the deadline moves back by the pause, at most SELF_PAUSE_REARMS times per step."""
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    try:
+        deadlines = StepDeadlines("self-node", None, PeerPerformance("self-node"), dog)
+        loop = asyncio.get_running_loop()
+        att = Attempt(sid="r/2", model_sha="m", plan=Plan([]), route=(Hop("peer-node", 0, 2),), kinds=["direct"],
+                      failed=loop.create_future())
+        step = att.steps[0] = Step(seq=0, n_tokens=1, sent_at=time.monotonic(), result=loop.create_future())
+        waiting = asyncio.create_task(deadlines.wait(att, step, RequestTrace(model="m", operation="chat.completions")))
+        await wait_until(lambda: step.timer is not None, 5, what="the ACK deadline armed")
+        budget = deadlines.ack_budget("peer-node")
+        for n in range(const.SELF_PAUSE_REARMS):
+            armed_at, span = step.armed
+            # most of the budget passes with the node running, then it pauses past the deadline
+            late = armed_at + 0.7 * span
+            await wait_until(lambda late=late: time.monotonic() >= late, 5, 0.01, what="most of the budget")
+            pause_this_node(max(0.0, armed_at + span - time.monotonic()) + const.SELF_PAUSE_MIN_S + 0.2)  # paused
+            resumed = time.monotonic()
+            await wait_until(lambda resumed=resumed: step.result.done() or step.armed[0] >= resumed, 5, 0.01,
+                             what="the deadline that ran out during the pause to fire")
+            assert not step.result.done(), (n, step.result.result())
+            # pushed back by the pause: what was left of the budget when it began, not a fresh one
+            assert step.armed[1] < span / 2, (n, step.armed, budget)
+        pause_this_node(max(0.0, step.armed[0] + step.armed[1] - time.monotonic()) + const.SELF_PAUSE_MIN_S + 0.2)
+        with pytest.raises(SegmentFailed) as failed:  # paused once more: now charged to the peer
+            await asyncio.wait_for(waiting, 10)
+        assert failed.value.cause == "ack_deadline"
+        assert caplog.text.count("re-armed") == const.SELF_PAUSE_REARMS
+    finally:
+        dog.stop()

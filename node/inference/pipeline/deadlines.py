@@ -44,6 +44,7 @@ class Step:
     timer: asyncio.TimerHandle | None = None  # the pending deadline of a step being waited for
     trace: RequestTrace | None = None  # set while waited for (deadline log lines)
     armed: tuple[float, float] = (0.0, 0.0)  # (when, for how long) the pending deadline was set
+    rearms: int = 0  # deadlines pushed back for this node's own pause (SELF_PAUSE_REARMS at most)
 
     def disarm(self) -> None:
         """Cancel the pending deadline, if any."""
@@ -171,13 +172,18 @@ class StepDeadlines:
         node = att.route[hop].node_id
         armed_at, span = step.armed
         paused = self.pauses.paused_since(armed_at) if self.pauses is not None else 0.0
-        if paused > 0:  # this node was paused (SIGSTOP, a lid closed) while it waited: not the
-            # peer's silence; its frames of that time came first in this loop pass. A fresh budget
-            # from now: a deadline missed with no pause of ours after it is the peer's again
+        if paused > 0 and step.rearms < const.SELF_PAUSE_REARMS:  # this node was paused (SIGSTOP, a
+            # lid closed) while it waited: not the peer's silence; its frames of that time came first
+            # in this loop pass. The deadline moves back by the pause (on the monotonic clock, which
+            # a machine's sleep did not advance): the peer gets the budget it had, not a fresh one
+            # (until 2026-12-07 a 1 s stall gave a silent peer a whole new budget, any number of times)
+            now = time.monotonic()
+            push = min(paused, now - armed_at)
+            step.rearms += 1
             log.info("DIAG: pipeline deadline ran out while this node was paused: re-armed %s", kv(
                 request_id=trace.request_id if trace else None, seq=step.seq, hop=hop, node=node[:8],
-                what=what, paused_ms=round(paused * 1000)))
-            step.armed = (time.monotonic(), max(span, self.ack_budget(node)))
+                what=what, paused_ms=round(paused * 1000), pushed_ms=round(push * 1000)))
+            step.armed = (now, max(0.0, armed_at + span + push - now))
             step.timer = asyncio.get_running_loop().call_later(step.armed[1], self._expire, att, step, hop, what)
             return
         rto = self._rto(node)
