@@ -403,8 +403,8 @@ class TraceHub:
         self.recent.append(trace)
         self._finished_created.append(trace.created_at)
         self._trim_finished()
-        if outcome != "ok":
-            self.failures.append(trace)
+        if outcome == "error":  # a client closing its request is no failure: an editor's autocomplete
+            self.failures.append(trace)  # cancelled 50 in a few seconds, pushing every real one out
         line = trace.summary_line()
         if outcome == "error":
             log.warning(line)

@@ -73,8 +73,10 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
         return reply
     except asyncio.CancelledError:
         outcome = "cancelled"
-        # seed-000 marker, kept word for word: the seed's result_tx is the request's reply channel
-        log.warning("DIAG: result_tx receiver dropped request_id=%s (client went away)", trace.request_id)
+        # seed-000 marker, kept word for word: the seed's result_tx is the request's reply channel.
+        # DEBUG: the summary line (INFO, outcome=cancelled) records it; an editor's autocomplete
+        # closes a request per keystroke, and a WARNING each put two lines per keystroke in the log
+        log.debug("DIAG: result_tx receiver dropped request_id=%s (client went away)", trace.request_id)
         raise
     except NodeError as exc:
         error = exc

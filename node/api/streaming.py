@@ -97,7 +97,8 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
         what = {"role": "role delta send failed — client disconnected early",
                 "token": "token send failed — channel full or client disconnected",
                 "finish": "finish delta send failed — client disconnected at finish"}[stage]
-        log.warning("DIAG: local stream %s request_id=%s token_count=%d elapsed_ms=%d", what,
+        # DEBUG, as the driver's: the summary line says outcome=cancelled (a client closing is routine)
+        log.debug("DIAG: local stream %s request_id=%s token_count=%d elapsed_ms=%d", what,
                     trace.request_id, trace.completion_tokens, (time.monotonic() - started) * 1000)
         return StreamResult(resp, "cancelled")
     except _ClientStalled:  # the client takes nothing (its connection is closed under it)
