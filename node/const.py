@@ -106,7 +106,8 @@ ROSTER_AWAY_S = 7 * 86400.0  # a roster member linked this recently counts as aw
 PEX_INTERVAL_S = 30.0
 PEX_MAX_PEERS = 64
 PEX_MAX_UNLINKED = 128  # peers learnt only from PEX and never linked that the table holds; more are not learnt
-PEX_MAX_UNLINKED_PER_SOURCE = 32  # ...of which one member's PEX may have taught at most this many
+PEX_EVICT_PER_PEER = PEX_MAX_PEERS  # a full pool: never-linked records one member's PEX may push out (those the
+# largest other sharer taught), refilled over PEX_INTERVAL_S: a full honest frame every interval gets in whole
 PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes
 PEER_CACHE_MAX = 256
 MDNS_RESOLVE_TIMEOUT_MS = 3000

@@ -68,12 +68,13 @@ class Pex:
         PEX and never linked are at most PEX_MAX_UNLINKED: node ids cost nothing to make up, and 20
         frames of 256 made-up peers from one member had this node dial 5,120 addresses at once
         (a file descriptor each) and stall its loop for minutes (every record an observer event).
-        One member's PEX may have taught at most PEX_MAX_UNLINKED_PER_SOURCE of them."""
-        unlinked = self._table.never_linked("pex")
-        # one member's share of the pool: made-up peers from one must not push out what the others
-        # introduce (one member's 128 made-up ids filled it, and no other member's peer was learnt)
-        taught = self._table.never_linked("pex", link.node_id)
-        skipped = 0
+        When the pool is full, a member's new peer takes the place of one that the member holding the
+        largest share of the pool taught (its failed ones first, then the oldest): made-up ids, under
+        as many member ids as one likes, hold space only until an honest member's next PEX. A member
+        pushes out at most PEX_EVICT_PER_PEER per PEX_INTERVAL_S (a full frame), never its own."""
+        pool = _Pool(self._table.never_linked_records("pex"), link.node_id)
+        allowance = _Allowance(self._table.get(link.node_id))
+        skipped = evicted = 0
         from_loopback = _loopback_link(link)
         for entry in parse_pex(frame):
             if entry.node_id == self._node_id or self._foreign.skip(entry.node_id, "pex"):
@@ -83,15 +84,18 @@ class Pex:
             if not addrs and not entry.relays:  # nothing to dial: no record (it would sit "connecting")
                 continue
             fresh = self._table.get(entry.node_id) is None
-            if fresh:
-                if unlinked >= const.PEX_MAX_UNLINKED or taught >= const.PEX_MAX_UNLINKED_PER_SOURCE:
+            if fresh and pool.size >= const.PEX_MAX_UNLINKED:
+                victim = pool.victim() if allowance.left() else None
+                if victim is None:
                     skipped += 1
                     continue
-                unlinked += 1
-                taught += 1
+                allowance.spend()
+                self._table.forget(victim)
+                evicted += 1
             rec = self._table.record(entry.node_id, "pex")
             if fresh:
                 rec.taught_by = link.node_id
+                pool.add(rec)
             new = False
             for addr in addrs:
                 new |= rec.add_addr(addr)
@@ -99,10 +103,14 @@ class Pex:
                 new |= rec.add_relay(relay)
             if new:
                 self._dial_soon(rec)
+        allowance.save()
+        if evicted:
+            log.debug("DIAG: never-linked peers from PEX forgotten to make room %s", kv(
+                peer_id=link.short_id, evicted=evicted, unlinked=pool.size))
         if skipped and not self._capped:
             log.warning("DIAG: peers from PEX not learnt, too many unlinked ones %s", kv(
-                peer_id=link.short_id, skipped=skipped, unlinked=unlinked, max_unlinked=const.PEX_MAX_UNLINKED,
-                from_this_peer=taught, max_per_peer=const.PEX_MAX_UNLINKED_PER_SOURCE))
+                peer_id=link.short_id, skipped=skipped, unlinked=pool.size, max_unlinked=const.PEX_MAX_UNLINKED,
+                from_this_peer=pool.own, evicted=evicted, max_evict_per_peer=const.PEX_EVICT_PER_PEER))
         self._capped = bool(skipped)
 
     def _entries(self, to: PeerLink) -> list[PexEntry]:
@@ -123,6 +131,57 @@ class Pex:
             await asyncio.sleep(const.PEX_INTERVAL_S)
             for link in self._table.live_links():
                 self.send(link)
+
+
+class _Pool:
+    """The never-linked PEX records by the member that taught them, each member's in the order
+    they go first when the pool makes room: those whose dials failed, then the oldest."""
+
+    def __init__(self, records: list[PeerRecord], sender: str):
+        self._sender = sender
+        self._by_member: dict[str | None, list[PeerRecord]] = {}
+        for rec in sorted(records, key=lambda r: r.state != "gone"):  # stable: oldest first within
+            self._by_member.setdefault(rec.taught_by, []).append(rec)
+        self.size = len(records)
+
+    @property
+    def own(self) -> int:
+        return len(self._by_member.get(self._sender, ()))
+
+    def add(self, rec: PeerRecord) -> None:
+        self._by_member.setdefault(rec.taught_by, []).append(rec)
+        self.size += 1
+
+    def victim(self) -> PeerRecord | None:
+        """Taken out of the pool: the first record of the member (not the sender) with the most."""
+        others = [m for m, recs in self._by_member.items() if m != self._sender and recs]
+        if not others:
+            return None
+        self.size -= 1
+        return self._by_member[max(others, key=lambda m: len(self._by_member[m]))].pop(0)
+
+
+class _Allowance:
+    """What one member may still push out of a full pool (PEX_EVICT_PER_PEER, refilled over
+    PEX_INTERVAL_S), kept on its record."""
+
+    def __init__(self, rec: PeerRecord | None):
+        self._rec = rec
+        now = time.monotonic()
+        tokens, at = rec.pex_evictions if rec is not None else (0.0, now)
+        refill = const.PEX_EVICT_PER_PEER / const.PEX_INTERVAL_S
+        self._tokens = min(float(const.PEX_EVICT_PER_PEER), tokens + (now - at) * refill)
+        self._now = now
+
+    def left(self) -> bool:
+        return self._tokens >= 1.0
+
+    def spend(self) -> None:
+        self._tokens -= 1.0
+
+    def save(self) -> None:
+        if self._rec is not None:
+            self._rec.pex_evictions = [self._tokens, self._now]
 
 
 def _loopback_link(link: PeerLink | None) -> bool:

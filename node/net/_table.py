@@ -95,6 +95,8 @@ class PeerRecord:
     upgrade_backoff_s: float = 0.0
     was_relay: bool = False  # peers.json says its last HELLO announced FEATURE_RELAY
     taught_by: str | None = None  # the member whose PEX first named it (its share of PEX_MAX_UNLINKED)
+    # as a PEX sender: what it may still push out of a full pool [records, monotonic time of the last]
+    pex_evictions: list[float] = field(default_factory=lambda: [float(const.PEX_EVICT_PER_PEER), 0.0])
 
     @property
     def is_relay(self) -> bool:
@@ -250,13 +252,15 @@ class PeerTable:
         """The live link of every peer that has one."""
         return [link for node_id in list(self._records) if (link := self.link(node_id)) is not None]
 
-    def never_linked(self, source: str, taught_by: str | None = None) -> int:
+    def never_linked(self, source: str) -> int:
         """Peers learnt from `source` ("pex" or "relay": a peer's word, perhaps made up) that never
-        linked and were learnt from nowhere else but those two (one learnt from both counts for both);
-        `taught_by`: only those that member's PEX first named."""
-        return sum(1 for rec in self._records.values()
-                   if rec.hello is None and source in rec.sources and rec.sources <= {"pex", "relay"}
-                   and (taught_by is None or rec.taught_by == taught_by))
+        linked and were learnt from nowhere else but those two (one learnt from both counts for both)."""
+        return len(self.never_linked_records(source))
+
+    def never_linked_records(self, source: str) -> list[PeerRecord]:
+        """The records `never_linked` counts, oldest first."""
+        return [rec for rec in self._records.values()
+                if rec.hello is None and source in rec.sources and rec.sources <= {"pex", "relay"}]
 
     def linked_count(self) -> int:
         """How many peers have a link recorded (open, or closing right now)."""
@@ -272,7 +276,9 @@ class PeerTable:
         return sorted(snaps, key=lambda s: (_STATE_ORDER.get(s.state, 3), s.short_id))
 
     def emit_changed(self, rec: PeerRecord) -> None:
-        """Tell observers a record changed."""
+        """Tell observers a record changed (not one forgotten meanwhile: a dial of an evicted record ends)."""
+        if self._records.get(rec.node_id) is not rec:
+            return
         self.observers.emit("changed", self.snapshot(rec))
 
     def forget(self, rec: PeerRecord) -> None:

@@ -111,7 +111,7 @@ async def test_pex_does_not_pass_on_or_record_a_peer_with_nothing_to_dial():
     dialled = []
     table = PeerTable(lambda _node_id: 0)
     pex = Pex("a" * 64, table, Tasks(), ForeignPeers(lambda: None), set(), dialled.append)
-    pex.handle(None, pex_frame([PexEntry("c" * 64, (), ()), PexEntry("d" * 64, ("192.0.2.9:4000",), ())]))
+    pex.handle(_link(BackloggedStream(0)), pex_frame([PexEntry("c" * 64, (), ()), PexEntry("d" * 64, ("192.0.2.9:4000",), ())]))
     assert table.get("c" * 64) is None and [r.node_id for r in dialled] == ["d" * 64]
 
 

@@ -177,8 +177,8 @@ def test_a_remote_member_cannot_have_the_node_dial_its_own_loopback_or_non_addre
 
 def test_one_member_cannot_fill_the_pex_pool_for_the_others(tmp_path):
     """Found in review: one member's PEX of 128 made-up peers filled PEX_MAX_UNLINKED, shared by
-    all, and every peer another member introduced afterwards was not learnt. A member's PEX now
-    holds at most PEX_MAX_UNLINKED_PER_SOURCE of the pool."""
+    all, and every peer another member introduced afterwards was not learnt. A full pool now makes
+    room for another member's peer by forgetting one the largest sharer taught."""
     node = NodeProcess(tmp_path / "victim", args=["--no-default-model", "--no-mdns"])
     try:
         node.wait_ready(path="/health")
@@ -194,7 +194,7 @@ def test_one_member_cannot_fill_the_pex_pool_for_the_others(tmp_path):
             {"node_id": real, "addrs": ["198.51.100.7:9"], "relays": []}]})))
         wait_until_sync(lambda: node.peer(real), 20, 0.1, "the honest member's peer to be learnt")
         learnt = {p["node_id"] for p in node.peers()} & {e["node_id"] for e in made_up}
-        assert len(learnt) == const.PEX_MAX_UNLINKED_PER_SOURCE
+        assert len(learnt) == const.PEX_MAX_UNLINKED - 1
         hostile.close()
         honest.close()
     finally:
