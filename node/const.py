@@ -213,6 +213,7 @@ SESSION_TOMBSTONE_S = 120.0  # an ended (or cancelled) session id is refused thi
 # are dropped. Ending a session its sender opened here is never charged.
 SESSION_CONTROL_BURST = 512
 SESSION_CONTROL_PER_S = 50.0
+SESSION_CONTROL_MAX_SENDERS = 1024  # buckets kept; past it refilled ones, then the least recently charged, go
 GENERATE_KEEPALIVE_S = 0.5  # a remote-generate holder with no TOKENS to send for this long sends an
 # empty one (queued, loading, prefill): so silence means a stalled or lost holder, not a long prompt
 GENERATE_SILENCE_S = 1.5  # the coordinator fails a holder silent this long (plus its ACK budget)

@@ -66,6 +66,7 @@ def node_stats(node: Node) -> dict[str, Any]:
         # ended session ids refused to late WORK; session controls dropped past a sender's budget
         "session_tombstones": len(node.worker.ended) if node.worker is not None else 0,
         "session_controls_dropped": node.worker.control_budget.dropped if node.worker is not None else 0,
+        "session_control_senders": len(node.worker.control_budget) if node.worker is not None else 0,
         "remote_generations": node.remote_server.in_flight if node.remote_server is not None else 0,
         "loop_stalls": node.watchdog.stalls,
     }

@@ -8,14 +8,17 @@ SESSION_CONTROL_PER_S) and dropped past it; ending a session its sender has in u
 from __future__ import annotations
 
 import secrets
+from types import SimpleNamespace
 
 import pytest
 
 from node import const
+from node.inference.pipeline.wire import SessionControl
 from node.net import Frame, FrameType
 from node.net._frames import frame_bytes
 from tests.net.rawclient import RawPeer, read_frame
 from tests.pipeline.swarm import split_model, start_slice_node
+from tests.support.processes import NodeProcess
 from tests.support.waiting import wait_until_sync
 
 pytestmark = [pytest.mark.slow]
@@ -64,3 +67,45 @@ def _served_sha(raw: RawPeer) -> str | None:
     sock, hello = raw.linked()
     sock.close()
     return next((m["sha256"] for m in hello.models if m.get("sha256")), None)
+
+
+def test_a_node_serving_no_slice_charges_and_keeps_nothing_for_session_controls(tmp_path):
+    """Found in review: a consumer-only node charged every CANCEL / SESSION_END to its sender's
+    bucket (they end nothing there and cost nothing) and kept the buckets for ever (the sweep that
+    drops refilled ones starts with the first slice): one bucket per distinct sender."""
+    node = NodeProcess(tmp_path / "consumer", args=["--no-default-model", "--no-mdns"])
+    try:
+        node.wait_ready(path="/health")
+        socks = [RawPeer(tmp_path / f"member{i}", "127.0.0.1", node.peer_port).linked()[0] for i in range(3)]
+        model = secrets.token_hex(32)
+        for sock in socks:
+            sock.sendall(b"".join(frame_bytes(Frame(FrameType.SESSION_END if i % 2 else FrameType.CANCEL,
+                                                    {"sid": secrets.token_hex(8) + "/0", "model": model,
+                                                     "reason": "end"}))
+                                  for i in range(const.SESSION_CONTROL_BURST * 2)))
+            sock.sendall(frame_bytes(Frame(FrameType.PING, {}, b"", 99)))  # answered after all of them
+            while not ((frame := read_frame(sock)).is_response and frame.request_id == 99):
+                pass
+        stats = _stats(node)
+        assert stats["session_controls_dropped"] == 0, stats
+        assert stats["session_control_senders"] == 0 and stats["session_tombstones"] == 0, stats
+        assert "DIAG: session controls dropped" not in node.output()
+        for sock in socks:
+            sock.close()
+    finally:
+        node.terminate()
+
+
+async def test_the_session_control_buckets_are_bounded_and_a_removed_peers_is_forgotten(worker):
+    """Buckets were dropped only by the slice sweeper once refilled: senders past the table's size
+    push out the refilled, then the least recently charged; a peer leaving the table takes its own."""
+    w, entry, _peers = worker
+    senders = [secrets.token_hex(32) for _ in range(const.SESSION_CONTROL_MAX_SENDERS * 2)]
+    for sender in senders:
+        w.on_cancel(SessionControl(secrets.token_hex(8) + "/0", entry.sha256, "cancel").to_header(), b"", sender)
+    assert len(w.control_budget) <= const.SESSION_CONTROL_MAX_SENDERS
+    w.on_cancel(SessionControl(secrets.token_hex(8) + "/0", entry.sha256, "cancel").to_header(), b"", senders[0])
+    assert len(w.control_budget) <= const.SESSION_CONTROL_MAX_SENDERS
+    before = len(w.control_budget)
+    w._on_peer_event("removed", SimpleNamespace(node_id=senders[0], state="gone", boot_id=None))
+    assert len(w.control_budget) == before - 1

@@ -44,6 +44,8 @@ class SessionControls:
             log.warning("DIAG: malformed session control dropped %s", kv(error=exc.message))
             return
         hosted_slices = self.host.for_model(ctl.model, draining=True)
+        if not hosted_slices:  # nothing here to end or tombstone: it costs nothing, nor is it charged
+            return             # (a consumer-only node kept a bucket for every sender, for ever)
         # every slice, not only the named model's: the sender names the model
         held = [s for h in self.host.slices.values() if h.model is not None
                 for s in [h.model.sessions.peek(ctl.sid)] if s is not None]
@@ -57,9 +59,8 @@ class SessionControls:
         # grew the tombstones without bound and queued jobs before the slices' steps
         if not any(s.kept_for is None for s in held) and not self.control_budget.take(sender):
             return
-        if hosted_slices:
-            # also when kept: a late WORK of the ended attempt must not write into what is kept
-            self.ended[(ctl.sid, sender)] = time.monotonic() + const.SESSION_TOMBSTONE_S
+        # also when kept: a late WORK of the ended attempt must not write into what is kept
+        self.ended[(ctl.sid, sender)] = time.monotonic() + const.SESSION_TOMBSTONE_S
         # keep: only for the coordinator that started the session, into a slice that still serves,
         # and not for other nodes while this one has paused contributing
         keep = ctl.keep and bool(sender) and (sender == self.node_id or self.contributing())
@@ -115,19 +116,27 @@ class SessionControls:
 class ControlBudget:
     """A token bucket per sender for session controls that are not the end of a session the
     sender has in use here (SESSION_CONTROL_BURST, refilled at SESSION_CONTROL_PER_S); past it they
-    are dropped, with one WARNING per sender until its bucket refills."""
+    are dropped, with one WARNING per sender until its bucket refills. At most
+    SESSION_CONTROL_MAX_SENDERS buckets are kept (refilled ones go first, then the least recently
+    charged: a forgotten bucket is a full one, what a new sender starts with anyway); a sender that
+    leaves the peer table is forgotten."""
 
     def __init__(self) -> None:
         self._buckets: dict[str, list[float]] = {}  # sender -> [tokens, monotonic time of the last take]
         self._warned: set[str] = set()
         self.dropped = 0
 
+    def __len__(self) -> int:
+        return len(self._buckets)
+
     def take(self, sender: str) -> bool:
         now = time.monotonic()
-        tokens, at = self._buckets.get(sender, (float(const.SESSION_CONTROL_BURST), now))
+        tokens, at = self._buckets.pop(sender, (float(const.SESSION_CONTROL_BURST), now))
         tokens = min(float(const.SESSION_CONTROL_BURST), tokens + (now - at) * const.SESSION_CONTROL_PER_S)
+        if len(self._buckets) >= const.SESSION_CONTROL_MAX_SENDERS:
+            self._make_room(now)
         if tokens >= 1.0:
-            self._buckets[sender] = [tokens - 1.0, now]
+            self._buckets[sender] = [tokens - 1.0, now]  # re-inserted: the most recently charged last
             if tokens >= const.SESSION_CONTROL_BURST / 2:
                 self._warned.discard(sender)
             return True
@@ -139,9 +148,18 @@ class ControlBudget:
                 sender=sender[:8], burst=const.SESSION_CONTROL_BURST, per_s=const.SESSION_CONTROL_PER_S))
         return False
 
+    def _make_room(self, now: float) -> None:
+        self.forget_full(now)
+        while len(self._buckets) >= const.SESSION_CONTROL_MAX_SENDERS:
+            self.forget(next(iter(self._buckets)))
+
+    def forget(self, sender: str) -> None:
+        """A sender gone from the peer table."""
+        self._buckets.pop(sender, None)
+        self._warned.discard(sender)
+
     def forget_full(self, now: float) -> None:
         """Drop the buckets that have refilled (what a new sender starts with)."""
         for sender, (tokens, at) in list(self._buckets.items()):
             if tokens + (now - at) * const.SESSION_CONTROL_PER_S >= const.SESSION_CONTROL_BURST:
-                del self._buckets[sender]
-                self._warned.discard(sender)
+                self.forget(sender)

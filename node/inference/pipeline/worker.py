@@ -93,6 +93,7 @@ class SegmentWorker(SessionControls):
             return
         if kind == "removed":
             self._boots.pop(snap.node_id, None)
+            self.control_budget.forget(snap.node_id)
         if snap.node_id not in self._unlinked:  # once per loss of the link (snapshots change often)
             self._unlinked.add(snap.node_id)
             self.on_coordinator_gone(snap.node_id)
