@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from node import const
 from node.errors import ProtocolError
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.wire import Hop, SessionControl, Work, encode_tokens
@@ -381,3 +382,19 @@ async def test_a_coordinator_back_as_a_new_process_loses_its_kept_sessions_and_a
     w._on_peer_event("changed", SimpleNamespace(node_id=COORD, state="connected", boot_id="two"))
     await wait_until(lambda: hosted.model.sessions.counts() == (1, 0), 10, what="s1 freed")
     assert "s3" in hosted.model.sessions
+
+
+async def test_session_controls_from_a_node_that_is_not_the_coordinator_are_charged_and_logged_once(worker, caplog):
+    """Found in review: a segment on another coordinator's route sees its session ids in the WORK
+    it forwards; its CANCELs naming them were dropped before the sender's budget was charged, with a
+    WARNING each: 5,000 frames, 5,000 lines, none counted as dropped."""
+    w, entry, peers = worker
+    w.on_work(_work(entry, 0, 0, [5, 6, 7]).to_header(), encode_tokens([5, 6, 7]), COORD)
+    await wait_until(lambda: _results(peers), 30, what="RESULT")
+    flood = 5000
+    for _ in range(flood):
+        w.on_cancel(SessionControl("s1", entry.sha256, "cancel").to_header(), b"", NEXT)
+    assert caplog.text.count("not the session's coordinator dropped") == 1
+    assert caplog.text.count("session controls dropped, the sender is past its budget") == 1
+    assert w.control_budget.dropped >= flood - 2 * const.SESSION_CONTROL_BURST
+    assert w.host.session_count() == 1  # still the coordinator's

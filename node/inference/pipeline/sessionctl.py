@@ -51,8 +51,11 @@ class SessionControls:
                 for s in [h.model.sessions.peek(ctl.sid)] if s is not None]
         owners = {s.coordinator for s in held if s.coordinator is not None}
         if owners - {sender}:  # only the coordinator that opened a session ends it
-            log.warning("DIAG: session control from a node that is not the session's coordinator dropped %s",
-                        kv(sender=sender[:8], sid=ctl.sid, why=why))
+            # charged too: a segment on another coordinator's route sees its sids in the WORK it
+            # forwards, and 5,000 CANCELs naming them logged 5,000 WARNINGs, none dropped
+            if self.control_budget.take(sender) and self.control_budget.first(sender, "not_coordinator"):
+                log.warning("DIAG: session control from a node that is not the session's coordinator dropped %s",
+                            kv(sender=sender[:8], sid=ctl.sid, why=why, more="not logged until its budget refills"))
             return
         # ending what its sender has in use here is free; anything else costs a tombstone and
         # executor jobs, and a member sending them back to back (a work frame: no link budget)
@@ -124,6 +127,7 @@ class ControlBudget:
     def __init__(self) -> None:
         self._buckets: dict[str, list[float]] = {}  # sender -> [tokens, monotonic time of the last take]
         self._warned: set[str] = set()
+        self._noted: dict[str, set[str]] = {}  # sender -> what was logged since its bucket was last full
         self.dropped = 0
 
     def __len__(self) -> int:
@@ -148,6 +152,15 @@ class ControlBudget:
                 sender=sender[:8], burst=const.SESSION_CONTROL_BURST, per_s=const.SESSION_CONTROL_PER_S))
         return False
 
+    def first(self, sender: str, what: str) -> bool:
+        """Whether this is the sender's first `what` since its bucket was last full (and forgotten):
+        one line per episode. Call after `take` (the note goes with the sender's bucket)."""
+        noted = self._noted.setdefault(sender, set()) if sender in self._buckets else {what}
+        if what in noted:
+            return False
+        noted.add(what)
+        return True
+
     def _make_room(self, now: float) -> None:
         self.forget_full(now)
         while len(self._buckets) >= const.SESSION_CONTROL_MAX_SENDERS:
@@ -157,6 +170,7 @@ class ControlBudget:
         """A sender gone from the peer table."""
         self._buckets.pop(sender, None)
         self._warned.discard(sender)
+        self._noted.pop(sender, None)
 
     def forget_full(self, now: float) -> None:
         """Drop the buckets that have refilled (what a new sender starts with)."""
