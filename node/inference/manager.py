@@ -1,4 +1,5 @@
-"""ModelManager: the models this node serves whole, their state, placement and admission queue.
+"""ModelManager: the models this node serves whole, their state and admission queue (their placement
+and memory: whole_sizing.WholeSizing).
 
 One `ServedModel` per catalog entry. A model is loaded on start-up and again on demand after an
 unload (logged as on-demand loading). Up to `max_concurrent` requests use a model at once (one
@@ -18,13 +19,14 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import Conflict, ModelLoadError, ModelNotFound, ModelUnavailable, NodeError, Overloaded
-from node.inference.devices import DeviceInventory, detect_llama
+from node.inference.devices import DeviceInventory
 from node.inference.llama_engine import LlamaEngine
 from node.inference.load_failure import LoadFailure
-from node.inference.memory_estimate import MemoryEstimate, estimate_whole
+from node.inference.memory_estimate import MemoryEstimate
 from node.inference.model_slots import ModelSlots
-from node.inference.placement import Placement, place
+from node.inference.placement import Placement
 from node.inference.tokenizer import ModelTokenizer
+from node.inference.whole_sizing import WholeSizing
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry, served_context
 from node.observe import Observers
@@ -42,30 +44,6 @@ def _stat_or_none(path: Path) -> tuple[int, int] | None:
 
 States = ("unloaded", "loading", "loaded", "unloading", "failed")  # whole models; else "slices" or "swarm"
 
-
-def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[int, int],
-                      detect: Callable[[], DeviceInventory] = detect_llama, quiet: bool = False) -> Placement:
-    """Where llama.cpp runs a whole model (blocking: detects devices; run it in an executor);
-    `quiet`: a dry run for an estimate, logged at DEBUG."""
-    estimated_mb = entry.size_bytes // 2**20 + 256  # weights + KV cache and compute buffers, roughly
-    return place(entry.id, estimated_mb, detect(), cpu_only=config.cpu_only, committed_mb=committed_mb,
-                 budget_mb=config.gpu_memory_budget_mb, quiet=quiet)
-
-
-
-def kv_sequences(n_ctx: int, max_concurrent: int, kv_cache_seqs: int,
-                 kv_total_tokens: int) -> tuple[int, int, bool]:
-    """(sequences decoding at once, cached sequences, spare) of one whole model: each holds n_ctx
-    tokens of KV, and all of them at most kv_total_tokens, so a long context does not multiply the
-    KV memory by the sequence count (8 x 8192 tokens of an 8B model would be 8 GB); the cache gives
-    way first, and one sequence always remains. Requests beyond it wait in the batch engine's queue.
-    With several at once the batch engine wants one sequence more that stays empty (its spare: then
-    moving the running ones onto consecutive ids never evicts a cached one); it comes before the
-    cache, and when the running ones fill the budget there is none (a move may then evict)."""
-    room = max(1, kv_total_tokens // max(1, n_ctx))
-    concurrent = max(1, min(max_concurrent, room))
-    spare = concurrent > 1 and room > concurrent
-    return concurrent, max(0, min(kv_cache_seqs, room - concurrent - spare)), spare
 
 @dataclass
 class ServedModel:
@@ -133,8 +111,16 @@ class ModelManager:
         self._registering: dict[str, ServedModel] = {}  # by model id, while the tokenizer is read
         self._observers: Observers[[str, ServedModel]] = Observers("model")
         self.swarm_lookup: SwarmLookup | None = None  # swarm_models.SwarmModels.async_wait_for
-        # the GPUs llama.cpp can use (blocking; tests put a fake GPU here, never CUDA)
-        self.detect_devices: Callable[[], DeviceInventory] = detect_llama
+        self.sizing = WholeSizing(config)  # placement and memory of the whole models
+
+    @property
+    def detect_devices(self) -> Callable[[], DeviceInventory]:
+        """The GPUs llama.cpp can use (`WholeSizing.detect_devices`; tests put a fake GPU here)."""
+        return self.sizing.detect_devices
+
+    @detect_devices.setter
+    def detect_devices(self, detect: Callable[[], DeviceInventory]) -> None:
+        self.sizing.detect_devices = detect
 
     # --- observers ---
 
@@ -201,9 +187,7 @@ class ModelManager:
 
     def _estimate(self, served: ServedModel, n_gpu_layers: int = 0) -> MemoryEstimate:
         """What a load of `served` takes (weights + KV at n_ctx), the part on a GPU with `n_gpu_layers`."""
-        tokens = served.n_ctx * sum(kv_sequences(served.n_ctx, self.config.max_concurrent,
-                                                 self.config.kv_cache_seqs, self.config.kv_total_tokens))
-        return estimate_whole(served.entry.header, served.entry.size_bytes, tokens, n_gpu_layers)
+        return self.sizing.estimate(served.entry, served.n_ctx, n_gpu_layers)
 
     def _committed_mb(self) -> dict[int, int]:
         """Per GPU index, the megabytes admitted there for the models loaded (or still unloading)."""
@@ -216,8 +200,7 @@ class ModelManager:
 
     async def _async_dry_placement(self, served: ServedModel) -> Placement:
         """Where a load of `served` would go now (no log at INFO, nothing placed)."""
-        return await asyncio.get_running_loop().run_in_executor(
-            None, place_whole_model, served.entry, self.config, self._committed_mb(), self.detect_devices, True)
+        return await self.sizing.async_place(served.entry, self._committed_mb(), dry=True)
 
     async def async_estimate_load(self, model_id: str) -> dict[str, Any] | None:
         """What a load of a whole model not loaded would take, placed as that load would place it
@@ -363,16 +346,13 @@ class ModelManager:
     async def _load(self, served: ServedModel) -> None:
         served.state, served.error = "loading", None
         self._observers.emit("changed", served)
-        loop = asyncio.get_running_loop()
-        placed = await loop.run_in_executor(None, place_whole_model, served.entry, self.config, self._committed_mb(),
-                                            self.detect_devices)
+        placed = await self.sizing.async_place(served.entry, self._committed_mb())
         served.placement = placed
         if served.memory is not None:  # what lies on the GPU does not take RAM (the Memory column, the fit)
             served.memory = self._estimate(served, placed.n_gpu_layers)
         device, reason = placed.device, placed.cpu_placement_reason
         served.device, served.cpu_placement_reason = device, reason
-        concurrent, cache_seqs, spare = kv_sequences(served.n_ctx, self.config.max_concurrent,
-                                                     self.config.kv_cache_seqs, self.config.kv_total_tokens)
+        concurrent, cache_seqs, spare = self.sizing.sequences(served.n_ctx)
         engine = LlamaEngine(served.id, served.entry.path, n_ctx=served.n_ctx,
                              n_threads=self.config.n_threads, n_gpu_layers=placed.n_gpu_layers,
                              max_concurrent=concurrent, kv_cache_seqs=cache_seqs, kv_spare=spare,

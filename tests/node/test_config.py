@@ -114,7 +114,7 @@ def test_batching_settings_from_toml_and_env_and_their_limits(tmp_path):
 
 
 def test_the_kv_of_a_long_context_gets_fewer_sequences_not_more_memory():
-    from node.inference.manager import kv_sequences
+    from node.inference.whole_sizing import kv_sequences
 
     assert kv_sequences(1024, 4, 4, 16384) == (4, 4, True)  # the default model: batching, the prefix cache
     assert kv_sequences(4096, 4, 4, 16384) == (4, 0, False)  # the cache and the spare give way first
