@@ -2,7 +2,8 @@
 
 A plain, frozen description so `placement.place` stays a pure function that tests can feed
 fakes. `detect_torch()` reads it from torch (the slice engine); `detect_llama()` from torch's
-GPU list plus llama.cpp's own GPU support (whole models served by llama.cpp).
+GPU list plus llama.cpp's own GPU support (whole models served by llama.cpp); `count_llama_gpus()`
+only counts them, without the CUDA context reading a GPU's free memory makes.
 """
 
 from __future__ import annotations
@@ -58,14 +59,32 @@ def detect_torch() -> DeviceInventory:
     return DeviceInventory(gpus=gpus, build_supports_gpu=bool(gpus), min_compute_capability=min_cc)
 
 
-def detect_llama() -> DeviceInventory:
-    """What llama.cpp can use: the GPUs torch sees, if llama.cpp was built with GPU offload."""
-    gpus, _ = _torch_gpus()
+def _llama_offload() -> bool:
+    """Whether this llama.cpp build can offload to a GPU (no llama.cpp or a broken one: no)."""
     try:
         from node.inference.llamacpp import load
 
-        llama_cpp = load()
-        offload = bool(llama_cpp.llama_supports_gpu_offload())
+        return bool(load().llama_supports_gpu_offload())
     except Exception:  # no llama.cpp or a broken one: no GPU path either
-        offload = False
-    return DeviceInventory(gpus=gpus, build_supports_gpu=offload)
+        return False
+
+
+def detect_llama() -> DeviceInventory:
+    """What llama.cpp can use: the GPUs torch sees, if llama.cpp was built with GPU offload.
+    Reads each GPU's free memory (torch.cuda.mem_get_info), which makes a CUDA context on it
+    (hundreds of MB of VRAM held by this process from then on)."""
+    gpus, _ = _torch_gpus()
+    return DeviceInventory(gpus=gpus, build_supports_gpu=_llama_offload())
+
+
+def count_llama_gpus() -> int:
+    """How many GPUs llama.cpp could use, without reading them: torch.cuda.is_available() and
+    device_count() only (no CUDA context is made); 0 when its build has no GPU offload. Blocking."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:  # a broken driver reads as "no GPU", with the reason logged
+        log.warning("GPU count failed: %s", exc)
+        count = 0
+    return count if count and _llama_offload() else 0

@@ -159,8 +159,9 @@ class ModelManager:
             if self._registering.get(entry.id) is served:
                 del self._registering[entry.id]
         served.n_ctx = self._context_for(entry)
-        if whole and entry.has_file:  # (placed as a load would place it now: its GPU part takes no RAM)
-            served.memory = self._estimate(served, (await self._async_dry_placement(served)).n_gpu_layers)
+        if whole and entry.has_file:  # (placed as a load would place it now, GPUs unread: WholeSizing)
+            placed = await self.sizing.async_place(entry, self._committed_mb(), dry=True, read_memory=False)
+            served.memory = self._estimate(served, placed.n_gpu_layers if placed is not None else 0)
         self._served[entry.id] = served
         self._observers.emit("added", served)
         return served
@@ -198,17 +199,13 @@ class ModelManager:
                 committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
         return committed
 
-    async def _async_dry_placement(self, served: ServedModel) -> Placement:
-        """Where a load of `served` would go now (no log at INFO, nothing placed)."""
-        return await self.sizing.async_place(served.entry, self._committed_mb(), dry=True)
-
     async def async_estimate_load(self, model_id: str) -> dict[str, Any] | None:
         """What a load of a whole model not loaded would take, placed as that load would place it
         now (the Models tab's fit); its summary follows ("changed"). None for anything else."""
         served = self._served.get(model_id)
         if served is None or served.memory is None or served.state not in ("unloaded", "failed"):
             return None
-        placed = await self._async_dry_placement(served)
+        placed = await self.sizing.async_place(served.entry, self._committed_mb(), dry=True)
         if served.state not in ("unloaded", "failed"):  # a load began meanwhile: it placed it itself
             return served.memory.as_dict()
         estimate = self._estimate(served, placed.n_gpu_layers)
