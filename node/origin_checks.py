@@ -26,6 +26,14 @@ from node.models.download.public import async_origin_public
 log = logging.getLogger(__name__)
 
 
+def _size_or_none(path: Path) -> int | None:
+    """The downloaded file's size (blocking); None when it is gone."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
 class OriginChecks:
     """The origin checks under way; `announce()` sends a fresh HELLO (a file found public)."""
 
@@ -70,7 +78,8 @@ class OriginChecks:
         await self._async_check(path, sha256, url, sent_token)
 
     async def _async_check(self, path: Path, sha256: str, url: str, sent_token: bool) -> None:
-        public = await async_origin_public(url, sent_token=sent_token, lan_ok=self.config.public_lan_origins)
+        size = await asyncio.get_running_loop().run_in_executor(None, _size_or_none, path)  # (what came back must be as big)
+        public = await async_origin_public(url, sent_token=sent_token, size=size, lan_ok=self.config.public_lan_origins)
         write = asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self.catalog.set_origin_public, path, sha256, public, sent_token=sent_token))
         try:

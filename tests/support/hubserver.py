@@ -33,6 +33,9 @@ class HubServer:
         self.token: str | None = None  # a gated repo: this Bearer token is needed
         self.uses_per_signature = 1  # a signed URL answers this many requests, then 403 (expired)
         self.relative_location = False  # the 302 names a path on the Hub's own host
+        # with a token set: a reader without it is sent (302) to a login page on another host (the
+        # CDN's port: 200 text/html), as an SSO before a private mirror does, not answered 401
+        self.login_redirect = False
         self.hub_fail_with: list[tuple[int, dict[str, str]]] = []  # (status, headers), one per request
         self.drop_after: int | None = None  # the CDN closes after this many body bytes (once)
         self.hub_requests: list[dict] = []
@@ -78,6 +81,7 @@ class HubServer:
         hub.router.add_get("/cdn/{sig}", self.serve)  # a relative Location lands here
         hub.router.add_get("/api/models/{owner}/{repo}/tree/{revision}", self.tree)
         cdn.router.add_get("/cdn/{sig}", self.serve)
+        cdn.router.add_get("/login", self.login)
         for path in self.files:
             cdn.router.add_get("/bucket" + path, self.serve_presigned)
         self.hub = await self._site(hub)
@@ -151,6 +155,8 @@ class HubServer:
         if self.hub_fail_with:
             status, headers = self.hub_fail_with.pop(0)
             return web.Response(status=status, headers=headers, text="busy")
+        if self.token is not None and self.login_redirect and "Authorization" not in request.headers:
+            return web.Response(status=302, headers={"Location": f"{self.cdn}/login?next={request.path}"})
         if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
             status = 403 if "Authorization" in request.headers else 401
             return web.Response(status=status, text=f"Access to model org/model is restricted. {status}")
@@ -163,6 +169,11 @@ class HubServer:
             "Location": where if self.relative_location else self.cdn + where,
             "X-Linked-Size": str(len(data)), "X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"',
             "ETag": f'"{hashlib.sha256(data).hexdigest()}"', "x-repo-commit": "0123456789abcdef0123456789abcdef01234567"})
+
+    async def login(self, request: web.Request) -> web.Response:
+        """The SSO's login page (login_redirect): any reader gets it, 200."""
+        self.cdn_requests.append(dict(request.headers))
+        return web.Response(text="<html><body><form>Sign in</form></body></html>", content_type="text/html")
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
         self.cdn_requests.append(dict(request.headers))

@@ -7,10 +7,12 @@ download completes, off its critical path (the model is served meanwhile, as not
 - its host is not loopback, private, link-local or otherwise not global (a LAN server: every
   address the name resolves to must be global), unless the node is told LAN origins count
   (NodeConfig `public_lan_origins`, for tests and a mirror every member reaches);
-- when the download sent the user's Hugging Face token (hub.py: to the Hub only), a HEAD without
-  it, following redirects on the URL's own host as the download does, answers 2xx or a redirect to
-  another host (the Hub's 302 to its CDN, which it sends only to a reader it lets in); a 401, 403
-  or 404 (a private or gated repo) is not public. Whether a token went is the caller's to say
+- when the download sent the user's Hugging Face token (hub.py: to the Hub only), the file asked
+  for without it, following redirects to any host (a HEAD, then a GET of one byte where it
+  redirects), comes back: a 2xx that is no web page and has the downloaded file's size (Content-Range
+  or Content-Length, else the X-Linked-Size of the Hub's 302 to its CDN). A 401, 403 or 404 (a
+  private or gated repo), or a login page (an SSO before a private mirror: a redirect to another
+  host, then a 200 text/html; 2026-12-07: any redirect off the host counted as public) is not. Whether a token went is the caller's to say
   (origin_checks.py: found when the download ends, recorded with an `unchecked` result), never
   inferred here from this process's environment, nor the redirect rule from today's HF_ENDPOINT:
   2026-12-07, a check made again at a later start without HF_TOKEN (or with another HF_ENDPOINT)
@@ -36,7 +38,6 @@ import aiohttp
 from node import const
 from node.logs import kv
 
-from .hub import same_origin
 from .urls import display_url, signed_query
 
 log = logging.getLogger(__name__)
@@ -66,33 +67,59 @@ async def _async_host_public(host: str, port: int) -> bool:
     return bool(addresses) and all(_global(str(a)) for a in addresses)
 
 
-async def _async_fetchable_without_token(url: str) -> bool | None:
-    """HEAD without credentials, following redirects on the URL's own host (a renamed repo): a 2xx,
-    or a redirect off that host (the Hub's to its CDN, as it answers only a reader it lets in), is
-    public; a 5xx or 429 (the Hub busy or down for a while) says nothing: None."""
-    asked = url
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _is_the_file(resp: aiohttp.ClientResponse, size: int | None, linked: int | None) -> bool:
+    """Whether a 2xx answered with the file: no web page (a login page is text/html) and the file's
+    size: Content-Range's total (a 206 to the first byte), else Content-Length, else the X-Linked-Size
+    a redirect gave (the Hub's 302); no size at all is not the file."""
+    if resp.headers.get("Content-Type", "").split(";")[0].strip().lower() in ("text/html", "application/xhtml+xml"):
+        return False
+    got = _int(resp.headers.get("Content-Range", "").rpartition("/")[2]) if resp.status == 206 \
+        else _int(resp.headers.get("Content-Length"))
+    return size is not None and (got if got is not None else linked) == size
+
+
+async def _async_fetchable_without_token(url: str, size: int | None) -> bool | None:
+    """Asked without credentials, following redirects (at most _MAX_HOPS, to any host): public only
+    when the last answer is a 2xx with the file (`size` bytes, no web page: `_is_the_file`). The URL
+    gets a HEAD, where it redirects a GET of the first byte (a CDN's presigned link may answer only
+    the method it was signed for). A 401, 403 or 404 (private, gated), a login page on another host (an
+    SSO before a private mirror), another size: not public; a 5xx or 429 (busy, down) says nothing:
+    None. (Until 2026-12-07 any redirect to another host counted as public: a private origin sending
+    a stranger to its login page did.)"""
+    asked, linked = url, None
     timeout = aiohttp.ClientTimeout(total=const.DOWNLOAD_PUBLIC_CHECK_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for _hop in range(_MAX_HOPS):
-            async with session.head(url, allow_redirects=False, headers={"Accept-Encoding": "identity"}) as resp:
-                if 200 <= resp.status < 300:
-                    return True
+            method, headers = "HEAD", {"Accept-Encoding": "identity"}
+            if url != asked:  # where a redirect sent it (a CDN's presigned link answers only a GET)
+                method, headers = "GET", {**headers, "Range": "bytes=0-0"}
+            async with session.request(method, url, allow_redirects=False, headers=headers) as resp:
                 if resp.status >= 500 or resp.status == 429:
                     return None
+                if 200 <= resp.status < 300:
+                    return _is_the_file(resp, size, linked)
+                linked = _int(resp.headers.get("X-Linked-Size")) or linked
                 where = resp.headers.get("Location")
                 if resp.status not in (301, 302, 303, 307, 308) or not where:
                     return False  # 401/403 (private, gated), 404 (a private repo to a stranger)
                 url = urllib.parse.urljoin(url, where)
-                if not same_origin(url, asked):
-                    return True  # the Hub hands the file to its CDN
     return False
 
 
-async def async_origin_public(url: str, *, sent_token: bool, lan_ok: bool = False) -> bool | None:
+async def async_origin_public(url: str, *, sent_token: bool, size: int | None = None,
+                              lan_ok: bool = False) -> bool | None:
     """Whether the file at `url` (as the user gave it, resolved) is public; None when that could not
     be found out now (the network, not the file: ask again later); never raises. `sent_token`: the
     download sent a Hugging Face token (or that is not known: True), so the file is asked for
-    without it."""
+    without it, and is public only if what comes back is `size` bytes (the downloaded file's; None:
+    unknown, so not public)."""
     parsed = urllib.parse.urlsplit(url)
     why = None
     unchecked = False
@@ -105,7 +132,7 @@ async def async_origin_public(url: str, *, sent_token: bool, lan_ok: bool = Fals
                 _async_host_public(parsed.hostname or "", parsed.port or 443), const.DOWNLOAD_PUBLIC_CHECK_S):
             why = "lan_host"
         else:
-            fetchable = await asyncio.wait_for(_async_fetchable_without_token(url), const.DOWNLOAD_PUBLIC_CHECK_S) \
+            fetchable = await asyncio.wait_for(_async_fetchable_without_token(url, size), const.DOWNLOAD_PUBLIC_CHECK_S) \
                 if sent_token else True
             if fetchable is None:
                 why, unchecked = "hub_unavailable", True
