@@ -190,7 +190,7 @@ class NodeHost(QObject):
             new = AppState.SERVING if self.contributing else AppState.PAUSED
         elif now.loading:
             new = AppState.LOADING
-        elif now.failed and not now.idle:
+        elif (now.failed or now.choice_failed) and not now.idle:
             new = AppState.ERROR
         else:
             new = AppState.NO_MODEL
@@ -240,6 +240,8 @@ class NodeHost(QObject):
         for s in self.node.slice_host.slices.values():
             if s.state == "failed":
                 lines.append(f"Layers {s.start}–{s.end - 1} of {s.entry.id} failed to load: {s.error}")
+        for what in self.serving().choice_failed:  # (--serve auto's, "Help serve"'s: the slice itself is gone)
+            lines.append(what[0].upper() + what[1:])
         for why in self.node.catalog.skipped_reasons():  # a truncated copy in the models folder
             lines.append(f"Not served: {why}")
         for job in self.node.downloads.all():  # (the Models tab's Download…: it serves once done)

@@ -23,6 +23,7 @@ class Serving:
     failed: bool = False
     idle: bool = False  # some model is registered but unloaded (the user can Load it)
     whole_idle: tuple[str, ...] = ()  # whole models unloaded that a request loads again (on demand)
+    choice_failed: tuple[str, ...] = ()  # the layer choice's last failed loads, in words (AutoServe.failures)
 
     def describe(self) -> str:
         parts = list(self.whole_loaded)
@@ -73,4 +74,5 @@ def serving_of(node: Node) -> Serving:
         failed=any(x.state == "failed" for x in [*whole, *slices]),
         idle=any(m.state == "unloaded" for m in whole),
         whole_idle=tuple(m.id for m in whole if m.state == "unloaded" and m.tokenizer is not None),
+        choice_failed=tuple(f.text() for f in node.autoserve.failures()) if node.autoserve is not None else (),
     )

@@ -216,9 +216,11 @@ class Contributions:
     # --- what it looks like ---
 
     def summary(self) -> dict[str, Any]:
-        """{"paused", "models": [{model, budget_mb, budget_layers, with_head, serving, error}]}:
-        per model the budget, the layers it fits, and the slices serving now with what they did
-        for other nodes."""
+        """{"paused", "models": [{model, budget_mb, budget_layers, with_head, serving, last_failure,
+        error}], "failures": [{model, layers, reason, at, retry_at, failures}]}: per model the budget,
+        the layers it fits, the slices serving now with what they did for other nodes, and the last
+        failed load of its layer choice (until a later choice loads; `failures`: every model the
+        choice takes, `--serve auto`'s too)."""
         out = []
         for model_id, budget_mb in self.config.contribute_models.items():
             entry = self.catalog.entries.get(model_id)
@@ -228,6 +230,7 @@ class Contributions:
                         "for_others": {"sessions": h.served.sessions, "tokens": h.served.tokens,
                                        "coordinators": len(h.served.coordinators)}}
                        for h in self.slice_host.slices.values() if entry is not None and h.entry.sha256 == entry.sha256]
+            failure = m.last_failure if m is not None and not self.paused else None
             out.append({
                 "model": model_id, "budget_mb": budget_mb,
                 "effective_budget_mb": m.budget_mb if m is not None and m.budget is not None else None,
@@ -236,7 +239,11 @@ class Contributions:
                 "per_layer_mb": round((m.sizes.per_layer_bytes + m.sizes.kv_per_layer_bytes) / 2**20, 2)
                 if m is not None and m.sizes is not None else None,
                 "serving": serving,
+                "last_failure": failure.summary() if failure is not None else None,
                 "error": (None if entry is not None else "the model is not on this machine now")
                 or (m.budget_error if m is not None else None),
             })
-        return {"paused": self.paused, "models": out}
+        # every model the layer choice takes (--serve auto's too, not in contribute_models): its last
+        # failed load, until a later choice loads
+        failures = [f.summary() for f in self.autoserve.failures()] if self.autoserve is not None else []
+        return {"paused": self.paused, "models": out, "failures": failures}

@@ -58,6 +58,7 @@ class ReportParts:
     skipped_models: list[str] = field(default_factory=list)  # ModelCatalog.skipped_reasons()
     ignored_models: list[str] = field(default_factory=list)  # ModelCatalog.ignored_reasons()
     waiting_on: list[str] = field(default_factory=list)  # what the start left under way (Node.waiting_on)
+    choice_failures: list[str] = field(default_factory=list)  # the layer choice's last failed loads (AutoServe.failures)
 
 
 def _int8_kernel_line() -> str:
@@ -330,6 +331,8 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     + (f" fetched_mb={hosted.fetch[0] / 2**20:.1f}/{hosted.fetch[1] / 2**20:.1f}"
                        if hosted.fetch is not None else "")  # its layers arriving (a partial model)
                     + (f" error={hosted.error}" if hosted.error else ""))
+    for what in node.choice_failures:  # (the failed slice itself is unloaded at once)
+        rows.append(f"failed: {r.text(what)}")
     for why in node.skipped_models:  # a file in the models folder (or --model) it could not serve
         rows.append(f"skipped: {r.text(why)}")
     for why in node.ignored_models:  # a GGUF that is not a model (projector, adapter, vocabulary)

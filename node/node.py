@@ -465,7 +465,8 @@ class Node(SwarmActions, UrlModels, ModelActions):
             slice_host=self.slice_host, downloads=self.downloads, peers=self.peers, pipeline=self.pipeline,
             remote=self.remote_server, skipped_models=self.catalog.skipped_reasons(),
             ignored_models=self.catalog.ignored_reasons(),
-            waiting_on=self.waiting_on())
+            waiting_on=self.waiting_on(),
+            choice_failures=[f.text() for f in self.autoserve.failures()] if self.autoserve is not None else [])
 
     # --- the swarm (node.net does the work; the peer network must be running) ---
 

@@ -7,6 +7,7 @@ API's /api/admin/contribute); what the node then serves comes back through its e
 from __future__ import annotations
 
 import asyncio
+import time
 
 from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtWidgets import (
@@ -180,12 +181,20 @@ class ContributePanel(QGroupBox):
             return (f"This model is split in {parts} files: it is served whole on this node only, not as layers "
                     "for the swarm. To help serve its layers, merge its parts into one file "
                     "(llama-gguf-split --merge).")
+        failure = choice.get("last_failure") if choice is not None else None
         if choice is None:
             return "Not helping serve this model. Tick “Help serve this model” to let the node choose layers for it."
         if choice.get("error"):
             return f"Cannot serve it: {choice['error']}"
         serving = choice["serving"]
+        failed = ""
+        if failure is not None:  # (the failed slice is gone: this is all that says why nothing serves)
+            when = time.strftime("%H:%M:%S", time.localtime(failure["retry_at"]))
+            failed = (f"Layers {fmt.layers([failure['layers'][0], failure['layers'][1] + 1])} failed to load: "
+                      f"{failure['reason']}; choosing again at {when}" + ("…" if not serving else " — "))
         if not serving:
+            if failed:
+                return failed
             fits = choice.get("budget_layers")
             return ("Choosing layers…" if fits is None else
                     f"The budget fits {fits} layer{'s' if fits != 1 else ''}; choosing where the swarm needs them…"
@@ -202,7 +211,7 @@ class ContributePanel(QGroupBox):
             parts.append(f"serving layers {layers} ({s['state']}) — for others: {others['sessions']} sessions, "
                          f"{others['tokens']} tokens, {others['coordinators']} node"
                          f"{'s' if others['coordinators'] != 1 else ''}")
-        return "; ".join(parts).capitalize()
+        return failed + "; ".join(parts).capitalize()
 
     # --- actions ---
 

@@ -413,6 +413,34 @@ async def test_a_failed_load_is_chosen_again_soon_not_at_the_periodic_round(tmp_
 
 
 @pytest.mark.asyncio
+async def test_a_failed_choice_is_kept_until_a_later_choice_loads(tmp_path, monkeypatch):
+    """The failed slice is unloaded at once; its failure (layers, reason, next choice) is kept for
+    the app, diagnostics and the admin API until a later choice of the model loads (2026-12-07)."""
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.5)
+    path = write_gguf(tmp_path / "mv8.gguf", SPEC)
+    entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
+    host = FailingHost(dtype="f32", kv_dtype="f32")
+    host.fails = 1
+    auto = AutoServe("me" * 32, host, ScriptedPeers(), [entry], announce=_nothing, budget_mb=1, reevaluate_s=600)
+    auto.start()
+    try:
+        await wait_until(lambda: auto.failures(), 20.0, 0.01, "the first load to fail")
+        [failure] = auto.failures()
+        assert failure.model == entry.id and failure.failures == 1 and failure.end > failure.start
+        assert failure.retry_at > failure.at and failure.reason
+        assert f"layers {failure.start}–{failure.end - 1} of {entry.id}" in failure.text()
+        await wait_until(lambda: any(h.state == "loaded" for h in host.for_model(entry.sha256)), 20.0, 0.05,
+                         "the slice, one failed load later")
+        assert auto.failures() == []
+    finally:
+        await auto.async_stop()
+        await host.async_close()
+
+
+@pytest.mark.asyncio
 async def test_a_reloaded_slice_starts_from_this_machines_measured_speed(tmp_path):
     """After a re-budget reloaded its slice, a coordinator sent its own layers to a peer: the new
     slice was unmeasured (the planner's default 2 ms/layer) against a measured peer, so never

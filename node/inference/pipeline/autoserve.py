@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from node import const
 from node.inference.pipeline import layerchoice as lc
-from node.inference.pipeline.budgets import AutoModel, BudgetShares
+from node.inference.pipeline.budgets import AutoModel, BudgetShares, ChoiceFailure
 from node.inference.pipeline.coverage import (
     ModelCoverage,
     coverage_text,
@@ -130,6 +131,7 @@ class AutoServe(Moves, BudgetShares):
         grace period)."""
         self.paused = True
         for m in list(self.models):
+            m.last_failure = None  # (nothing is chosen while paused: no failure is pending)
             await self._async_release(m, keep_parts=True)
 
     def resume(self) -> None:
@@ -179,7 +181,7 @@ class AutoServe(Moves, BudgetShares):
         if hosted is None or hosted.state == "unloaded":
             return
         if hosted.state == "loaded":
-            m.failures = 0
+            m.failures, m.last_failure = 0, None
             if not self._wanted(m):
                 return  # paused or removed meanwhile: a pause keeps the parts
             # the parts of ranges kept for a return (a pause, a new budget, the range on disk at a
@@ -191,13 +193,26 @@ class AutoServe(Moves, BudgetShares):
             return
         m.failures += 1
         delay = min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** min(m.failures - 1, 20))
-        log.info("DIAG: slice load failed, choosing again soon %s", kv(model=m.entry.id, failures=m.failures,
-                                                                        retry_in_s=round(delay, 1)))
-        if self._retry is not None and self._retry.when() <= asyncio.get_running_loop().time() + delay:
-            return  # an earlier retry wakes every model's evaluation anyway
-        if self._retry is not None:
-            self._retry.cancel()
-        self._retry = asyncio.get_running_loop().call_later(delay, self._retry_now)
+        loop = asyncio.get_running_loop()
+        if self._retry is not None and self._retry.when() <= loop.time() + delay:
+            delay = max(0.0, self._retry.when() - loop.time())  # an earlier retry wakes every model's evaluation
+        else:
+            if self._retry is not None:
+                self._retry.cancel()
+            self._retry = loop.call_later(delay, self._retry_now)
+        # kept (the slice itself is unloaded now) for the app, diagnostics and the admin API: the app
+        # went back to "no model can serve" and nothing said why (2026-12-07)
+        now = time.time()
+        m.last_failure = ChoiceFailure(m.entry.id, hosted.start, hosted.end, hosted.error or "unknown error", now,
+                                       now + delay, m.failures)
+        log.info("DIAG: slice load failed, choosing again soon %s", kv(
+            model=m.entry.id, layers=f"{hosted.start}-{hosted.end - 1}", failures=m.failures,
+            retry_in_s=round(delay, 1), reason=hosted.error))
+        self.note(m.last_failure.text())
+
+    def failures(self) -> list[ChoiceFailure]:
+        """The last failed load of each model whose later choice has not loaded yet (paused: none)."""
+        return [] if self.paused else [m.last_failure for m in self.models if m.last_failure is not None]
 
     def _retry_now(self) -> None:
         self._retry = None

@@ -24,6 +24,32 @@ from node.models.catalog import ModelEntry
 log = logging.getLogger("node.inference.pipeline.autoserve")  # one logger for the layer choice's lines
 
 
+@dataclass(frozen=True)
+class ChoiceFailure:
+    """The last load of a layer choice that failed (kept until a later choice of the model loads):
+    the failed slice itself is unloaded at once, so without it nothing said why nothing served."""
+
+    model: str
+    start: int
+    end: int
+    reason: str
+    at: float  # wall clock (time.time()) of the failure
+    retry_at: float  # wall clock of the next choice
+    failures: int  # failed loads in a row
+
+    def summary(self) -> dict:
+        return {"model": self.model, "layers": [self.start, self.end - 1], "reason": self.reason,
+                "at": round(self.at, 3), "retry_at": round(self.retry_at, 3), "failures": self.failures}
+
+    def text(self) -> str:
+        """One line for people: "layers 0–1 of X failed to load: why; chosen again at 01:02:03"."""
+        import time
+
+        when = time.strftime("%H:%M:%S", time.localtime(self.retry_at))
+        return (f"layers {self.start}–{self.end - 1} of {self.model} (chosen automatically) failed to load: "
+                f"{self.reason}; chosen again at {when}")
+
+
 @dataclass
 class AutoModel:
     """One model whose layers this node chooses."""
@@ -40,6 +66,7 @@ class AutoModel:
     budget_error: str | None = None  # why its layers could not be sized (nothing of it is served)
     at_start: bool = True  # given at start (`--serve auto`); False: added while running (`settled` ignores it)
     failures: int = 0  # slice loads that failed in a row (each retried sooner than the periodic round)
+    last_failure: ChoiceFailure | None = None  # the last failed load, until a later choice loads
     periodic_rounds: int = 0  # periodic evaluations so far (a throughput move must be found on consecutive ones)
     balance_seen: tuple[tuple[int, int, int, int], int, int] | None = None  # (from, to), times found in a row, round
 
