@@ -240,6 +240,8 @@ class NodeHost(QObject):
         for s in self.node.slice_host.slices.values():
             if s.state == "failed":
                 lines.append(f"Layers {s.start}–{s.end - 1} of {s.entry.id} failed to load: {s.error}")
+            elif s.state == "loading" and s.retrying is not None and s.auto_budget is None:  # (auto: below)
+                lines.append(f"Layers {s.start}–{s.end - 1} of {s.entry.id} failed to load: {s.retrying} (retrying…)")
         for what in self.serving().choice_failed:  # (--serve auto's, "Help serve"'s: the slice itself is gone)
             lines.append(what[0].upper() + what[1:])
         for why in self.node.catalog.skipped_reasons():  # a truncated copy in the models folder

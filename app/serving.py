@@ -66,13 +66,18 @@ def serving_of(node: Node) -> Serving:
     whole = node.models.whole_models()
     slices = list(node.slice_host.slices.values())
     swarm = node.pipeline.swarm_models() if node.pipeline is not None else {}
+    # a slice loading again after a failed load counts as failed until it loads: the app showed
+    # "loading" (banner hidden) between two failures of each background retry (2026-12-07)
+    retries = [s for s in slices if s.state == "loading" and s.retrying is not None]
+    again, retried = {s.entry.id for s in retries}, {id(s) for s in retries}
+    failures = node.autoserve.failures() if node.autoserve is not None else []
     return Serving(
         whole_loaded=tuple(m.id for m in whole if m.state == "loaded"),
         slices_loaded=tuple(f"{s.entry.name}[{s.start}-{s.end - 1}]" for s in slices if s.state == "loaded"),
         swarm=tuple(sorted(str(info.get("name") or sha[:12]) for sha, info in swarm.items())),
-        loading=any(x.state == "loading" for x in [*whole, *slices]),
-        failed=any(x.state == "failed" for x in [*whole, *slices]),
+        loading=any(x.state == "loading" for x in [*whole, *slices] if id(x) not in retried),
+        failed=any(x.state == "failed" for x in [*whole, *slices]) or bool(retries),
         idle=any(m.state == "unloaded" for m in whole),
         whole_idle=tuple(m.id for m in whole if m.state == "unloaded" and m.tokenizer is not None),
-        choice_failed=tuple(f.text() for f in node.autoserve.failures()) if node.autoserve is not None else (),
+        choice_failed=tuple(f.text(retrying=f.model in again) for f in failures),
     )

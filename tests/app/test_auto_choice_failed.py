@@ -64,3 +64,34 @@ def test_a_failed_automatic_choice_is_shown_in_the_banner_swarm_tab_diagnostics_
             assert row["last_failure"] is not None and row["last_failure"]["reason"], row
 
     run(body())
+
+
+def test_the_automatic_choices_retry_keeps_its_failure_shown(qtbot, run, data_dir, tmp_path, monkeypatch, caplog):
+    """Each retry of the choice loaded a slice "loading": the app said "loading a model" (banner
+    hidden) between two failures. A load retrying a failed one now keeps the failure shown."""
+    from node import const
+
+    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.2)
+    model = wrong_layer_count(tmp_path / "wrongcount.gguf")
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline.autoserve")
+
+    async def body():
+        async with running_app(node_config(data_dir, model, serve="auto")) as tray_app:
+            host = tray_app.host
+            await wait_until(lambda: host.node.autoserve.failures() and host.state == AppState.ERROR, DEADLINE_S,
+                             what="the automatic choice to fail")
+            seen: list[tuple[str, str, str | None]] = []  # (slice state, app state, banner text) at each event
+            unsubscribe = host.node.slice_host.subscribe(
+                lambda hosted: seen.append((hosted.state, host.state, host.first_run_text())))
+            try:
+                await wait_until(lambda: [s for s, *_ in seen].count("failed") >= 2, DEADLINE_S,
+                                 what="two retries of the choice, each failing")
+            finally:
+                unsubscribe()
+            loading = [(app, text) for state, app, text in seen if state == "loading"]
+            assert loading, seen
+            assert all(app == AppState.ERROR for app, _ in loading), seen
+            assert all(text and "(chosen automatically) failed to load" in text and "retrying…" in text
+                       for _, text in loading), seen
+
+    run(body())

@@ -145,7 +145,8 @@ class AutoServe(Moves, BudgetShares):
         if not self._wanted(m) or m.budget is None:  # paused, removed or re-budgeted during an await
             return None
         task = asyncio.ensure_future(self.host.async_load(
-            m.entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head), **kwargs))
+            m.entry, d.start, d.end, auto_budget=(m.budget.layers, m.budget.with_head),
+            retrying=m.last_failure.reason if m.last_failure is not None else None, **kwargs))
         self._loads[m.entry.sha256] = task
         try:
             return await task

@@ -41,13 +41,14 @@ class ChoiceFailure:
         return {"model": self.model, "layers": [self.start, self.end - 1], "reason": self.reason,
                 "at": round(self.at, 3), "retry_at": round(self.retry_at, 3), "failures": self.failures}
 
-    def text(self) -> str:
-        """One line for people: "layers 0–1 of X failed to load: why; chosen again at 01:02:03"."""
+    def text(self, *, retrying: bool = False) -> str:
+        """One line for people: "layers 0–1 of X failed to load: why; chosen again at 01:02:03"
+        (`retrying`: a later choice is loading now, "…; retrying…")."""
         import time
 
-        when = time.strftime("%H:%M:%S", time.localtime(self.retry_at))
+        when = "retrying…" if retrying else f"chosen again at {time.strftime('%H:%M:%S', time.localtime(self.retry_at))}"
         return (f"layers {self.start}–{self.end - 1} of {self.model} (chosen automatically) failed to load: "
-                f"{self.reason}; chosen again at {when}")
+                f"{self.reason}; {when}")
 
 
 @dataclass

@@ -73,6 +73,7 @@ class HostedSlice:
     step_queue: StepQueue = field(default_factory=StepQueue)
     vocab: Any = None  # ModelTokenizer of the slice's GGUF, read on the first constrained step (last segment)
     fetch: tuple[int, int] | None = None  # a partial model's layers arriving: (bytes here, bytes wanted)
+    retrying: str | None = None  # loading again after a failed load: that load's error (the app keeps it shown)
 
     def vocabulary(self):
         """The model's vocabulary from the slice's own GGUF (blocking: on the slice's executor, the
@@ -124,6 +125,7 @@ class HostedSlice:
             "kv_dtype": self.model.kv_name if self.model is not None else None,
             "partial": self.entry.partial.describe() if self.entry.partial is not None else None,
             "fetch": {"done_bytes": self.fetch[0], "total_bytes": self.fetch[1]} if self.fetch is not None else None,
+            "retrying": self.retrying,
         }
 
 
@@ -253,10 +255,12 @@ class SliceHost:
 
     async def async_load(self, entry: ModelEntry, start: int, end: int, *,
                          auto_budget: tuple[int, int] | None = None,
-                         claim: Callable[[], Awaitable[bool]] | None = None) -> HostedSlice:
+                         claim: Callable[[], Awaitable[bool]] | None = None,
+                         retrying: str | None = None) -> HostedSlice:
         """Load layers [start, end) of a catalog model on a dedicated executor. `claim`: awaited
         once the slice is registered (advertised as loading) and before anything is fetched; False
-        gives the slice up (state "unloaded", nothing fetched)."""
+        gives the slice up (state "unloaded", nothing fetched). `retrying`: the error of the failed
+        load this one tries again (a failed slice of the same range being replaced: its own)."""
         from node.inference.slice import SliceModel
 
         held = self.slices.get((entry.sha256, start, end))
@@ -273,7 +277,10 @@ class SliceHost:
             return held
         if held is not None and held.state == "failed" and held.executor is not None:
             held.executor.shutdown(wait=False)  # replaced below: its idle thread stayed for ever
-        hosted = HostedSlice(entry, start, end, auto_budget=auto_budget)
+        if held is not None and held.state == "failed":
+            retrying = held.error or retrying
+        # (a retry of a failed load: the app kept showing "loading", banner hidden, between two failures)
+        hosted = HostedSlice(entry, start, end, auto_budget=auto_budget, retrying=retrying)
         hosted.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"slice-{entry.name[:12]}-{start}-{end}")
         self.slices[hosted.key] = hosted
