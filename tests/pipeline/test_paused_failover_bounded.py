@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from node import const
+from node.errors import InsufficientCapacity
 from node.inference.handoff import GenerationJob
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.transport import PipelineTransport
@@ -57,7 +58,10 @@ class Link:
         work = Work.from_header(frame.header)
         result = Result(work.sid, work.seq, token=100 + work.index_pos).to_header()
         self.peers.works += 1
-        if self.peers.works == HELD_AFTER + 1:
+        answer = self.peers.answer(work) if self.peers.answer is not None else None
+        if answer is not None:
+            asyncio.get_running_loop().call_soon(self.peers.deliver, answer)
+        elif self.peers.works == HELD_AFTER + 1:
             self.peers.held = result
         else:
             asyncio.get_running_loop().call_soon(self.peers.deliver, result)
@@ -77,6 +81,7 @@ class Peers:
         self.observers: list = []
         self.coordinator: PipelineCoordinator | None = None
         self.broken = False  # set from the test's safety-valve thread: the run must stop somehow
+        self.answer = None  # a test's own answer to a WORK (a RESULT header), None: the usual one
 
     def deliver(self, header: dict) -> None:
         self.coordinator.on_result(header, b"", PEER)
@@ -106,6 +111,17 @@ class Peers:
 
     def register_handler(self, frame_type, handler) -> None:
         pass
+
+
+    def relink(self, state: str, connection: int | None = None) -> None:
+        """The peer table changes: the link closed ("disconnected"), or a new one came up."""
+        if connection is not None:
+            self.connection, self.live = connection, Link(self)
+        elif state != "connected":
+            self.live = None
+        self.snap = dataclasses.replace(self.snap, state=state)
+        for observer in list(self.observers):
+            observer("changed", self.snap)
 
 
 def pause_this_node(seconds: float) -> None:
@@ -206,3 +222,53 @@ async def test_a_next_hop_unreachable_right_after_this_nodes_pause_is_not_the_pe
     finally:
         dog.stop()
         coordinator.close()
+
+
+async def _streaming(job_id: str, pauses: LoopWatchdog):
+    """A request on the stand-in peer, under way: (peers, coordinator, trace, the consuming task, tokens got)."""
+    peers = Peers()
+    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=pauses)
+    peers.coordinator = coordinator
+    coordinator.register()
+    job = GenerationJob(job_id, [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
+    trace = RequestTrace(model="m", operation="chat.completions")
+    run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
+    got: list[int] = []
+
+    async def consume():
+        async for batch in run.tokens():
+            got.extend(batch)
+
+    return peers, coordinator, trace, asyncio.create_task(consume()), got
+
+
+def _next_hop_unreachable(header: dict) -> dict:
+    return Result(header["sid"], header["seq"], error=f"no link to peer {PEER[:8]}",
+                  error_code="next_hop_unreachable", failed_node=PEER).to_header()
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_the_503_after_waiting_for_a_peer_lost_to_this_nodes_pause_says_how_it_was_lost(monkeypatch, caplog):
+    """A peer that dropped this node during its pause and never came back: the request waits for it,
+    then fails with a 503 that says how it was lost (review r21, finding 5: an excused failure set
+    no last failure, so the message was "waited 15 s for bbbbbbbb to link again" and no why)."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(const, "ROUTE_REGAIN_S", 1.0)
+    dog = LoopWatchdog()
+    dog.start()
+    peers, coordinator, _trace, consuming, _got = await _streaming("req-3", dog)
+    try:
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        peers.relink("disconnected")  # it heard nothing for its liveness deadline and closed the link
+        with pytest.raises(InsufficientCapacity) as failed:
+            await asyncio.wait_for(consuming, 30)
+        assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
+        message = failed.value.message
+        assert f"for {PEER[:8]} to link again" in message, message
+        assert f"(last: {PEER[:8]} link_drop: " in message, message
+        assert message.endswith("(after this node's own pause))"), message
+    finally:
+        dog.stop()
+        coordinator.close()
+

@@ -445,7 +445,8 @@ class PipelineRun:
             log.info("DIAG: pipeline attempt failed because this node was paused, not the peer: failing over %s", kv(
                 request_id=trace.request_id, attempt=self.attempt_no, node=failure.node_id[:8],
                 cause=failure.cause, paused_ms=round(paused * 1000), tokens_so_far=len(self.generated)))
-            trace.note_failure("self_paused", failure.message)
+            trace.note_failure("self_paused", failure.message)  # and the last failure: a 503 after the wait said no why
+            self.last_failure = f"{failure.node_id[:8]} {failure.cause}: {failure.message} (after this node's own pause)"
             self.own_pauses += 1
             self.attempt_no += 1
             self.attempt = None
