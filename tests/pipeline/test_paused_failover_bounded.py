@@ -272,3 +272,42 @@ async def test_the_503_after_waiting_for_a_peer_lost_to_this_nodes_pause_says_ho
         dog.stop()
         coordinator.close()
 
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_a_peer_excused_once_then_left_out_for_an_error_is_not_taken_back_when_it_relinks(caplog):
+    """A peer whose failure was excused by this node's pause (kept in the request's `lost`, same
+    link), then failing the request with an error and going away, is not waited for nor taken back
+    when it links again: a node left out for how it failed stays out (review r21, finding 5: the
+    excused failure's entry stayed, so the request waited for it and went on through it)."""
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    peers, coordinator, _trace, consuming, _got = await _streaming("req-4", dog)
+    try:
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        errs: list[dict] = []
+
+        def crash(work: Work) -> dict:  # the next WORK: an error, then its node is gone
+            peers.answer = None
+            errs.append(Result(work.sid, work.seq, error="CUDA error: out of memory", error_code="error",
+                               failed_node=PEER).to_header())
+            loop = asyncio.get_running_loop()  # the link closes after the error came (a pass later)
+            loop.call_soon(loop.call_soon, peers.relink, "disconnected")
+            return errs[-1]
+
+        peers.answer = crash
+        peers.deliver(_next_hop_unreachable(peers.held))  # excused: its link is still the one it was
+        await wait_until(lambda: consuming.done() or "waiting for a lost peer" in caplog.text, 10, 0.01,
+                         "the request to fail or to wait")
+        peers.relink("connected", connection=2)  # it comes back (restarted) within ROUTE_REGAIN_S
+        with pytest.raises(InsufficientCapacity) as failed:
+            await asyncio.wait_for(consuming, 30)
+        assert errs, "the peer was not asked again after the excused failure"
+        assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
+        assert "waiting for a lost peer" not in caplog.text
+        message = failed.value.message
+        assert "left out after failing this request" in message and "CUDA error" in message, message
+    finally:
+        dog.stop()
+        coordinator.close()

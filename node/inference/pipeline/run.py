@@ -456,6 +456,9 @@ class PipelineRun:
             self.unreached[failure.node_id] = time.monotonic()
         if failure.cause in LOST or failure.cause in SILENCES:  # taken back if it
             self.lost[failure.node_id] = att.links.get(failure.node_id)  # links again (open)
+        elif failure.cause != "next_hop_unreachable":  # left out for how it failed: an earlier (excused)
+            self.lost.pop(failure.node_id, None)  # failure's entry would take it back once it links
+            self.silent.pop(failure.node_id, None)  # again, or speaks again
         if failure.cause in SILENCES:  # its link may be dead and not known to be yet (a Wi-Fi blip, a lid)
             self.silent[failure.node_id] = time.monotonic()
         if failure.cause == Overloaded.code:
