@@ -311,3 +311,29 @@ async def test_a_peer_excused_once_then_left_out_for_an_error_is_not_taken_back_
     finally:
         dog.stop()
         coordinator.close()
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_failed_n_times_counts_only_the_attempts_charged(caplog):
+    """The request that ends after MAX_ASSEMBLIES failures says it failed MAX_ASSEMBLIES times, and
+    how many more were excused by this node's pause (review r21, finding 5: it counted the excused
+    attempt too, "failed 4 times" for 3)."""
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    peers, coordinator, _trace, consuming, _got = await _streaming("req-5", dog)
+    try:
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        # the peer's own next hop stays unreachable: tried again after NEXT_HOP_RETRY_S each time
+        peers.answer = lambda work: _next_hop_unreachable({"sid": work.sid, "seq": work.seq})
+        peers.deliver(_next_hop_unreachable(peers.held))
+        with pytest.raises(InsufficientCapacity) as failed:
+            await asyncio.wait_for(consuming, 30)
+        assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
+        assert caplog.text.count("DIAG: pipeline attempt failed request_id") == const.MAX_ASSEMBLIES
+        message = failed.value.message
+        assert f"failed {const.MAX_ASSEMBLIES} times (and 1 more after this node's own pause)" in message, message
+    finally:
+        dog.stop()
+        coordinator.close()

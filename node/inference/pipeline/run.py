@@ -476,10 +476,12 @@ class PipelineRun:
         else:
             log.warning("DIAG: NO standby available for failed segment %s",
                         kv(request_id=trace.request_id, failed=failure.node_id[:8]))
-        if self.attempt_no - self.resume_misses - self.own_pauses >= const.MAX_ASSEMBLIES:
+        charged = self.attempt_no - self.resume_misses - self.own_pauses
+        if charged >= const.MAX_ASSEMBLIES:
             if self.overloaded is not None and not self.generated:
                 raise Overloaded(self.overloaded.message)
-            raise InsufficientCapacity(f"the pipeline failed {self.attempt_no} times; last: {failure.message}")
+            excused = f" (and {self.own_pauses} more after this node's own pause)" if self.own_pauses else ""
+            raise InsufficientCapacity(f"the pipeline failed {charged} times{excused}; last: {failure.message}")
         self.attempt_no += 1
         self.attempt = None
 
