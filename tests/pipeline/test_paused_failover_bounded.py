@@ -337,3 +337,67 @@ async def test_failed_n_times_counts_only_the_attempts_charged(caplog):
     finally:
         dog.stop()
         coordinator.close()
+
+
+STANDBY = "c" * 64
+
+
+class WithStandby(Peers):
+    """The stand-in peer table with a second, slower holder of the whole model: the plan's standby."""
+
+    def __init__(self):
+        super().__init__()
+        models = ({**self.snap.models[0], "ms_per_layer": 3.0},)
+        self.standby = dataclasses.replace(self.snap, node_id=STANDBY, short_id=STANDBY[:8], models=models,
+                                           connection_id=7)
+        self.standby_link = Link(self)
+
+    def peers(self):
+        return [*super().peers(), self.standby]
+
+    def peer(self, node_id):
+        return self.standby if node_id == STANDBY else super().peer(node_id)
+
+    def link(self, node_id):
+        return self.standby_link if node_id == STANDBY else super().link(node_id)
+
+
+@pytest.mark.parametrize("paused", [False, True])
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_a_peer_gone_while_the_table_still_says_connected_fails_over_to_the_standby_at_once(paused, caplog):
+    """A lost peer with no link while the table still says connected is waited for like a dropped
+    one (holders.regain, 2026-12-07) only when no route is left: with a standby the request goes
+    on there without waiting, the table never catching up (a guard: this was so before too)."""
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    peers = WithStandby()
+    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=dog)
+    peers.coordinator = coordinator
+    coordinator.register()
+    try:
+        job = GenerationJob("req-6", [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
+        trace = RequestTrace(model="m", operation="chat.completions")
+        run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
+        assert [h.node_id for h in run.attempt.plan.segments] == [PEER]
+        got: list[int] = []
+
+        async def consume():
+            async for batch in run.tokens():
+                got.extend(batch)
+
+        consuming = asyncio.create_task(consume())
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        if paused:
+            pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        peers.live = None  # its link is gone for good; its table entry stays "connected"
+        peers.deliver(peers.held)
+        await asyncio.wait_for(consuming, 30)
+        assert len(got) == MAX_NEW
+        assert caplog.text.count("pipeline attempt failed because this node was paused") == int(paused)
+        assert "failing over to standby" in caplog.text
+        assert "waiting for a lost peer" not in caplog.text
+        assert trace.regain_waits == []
+    finally:
+        dog.stop()
+        coordinator.close()
