@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from node import const
 from node.errors import PeerError, PeerUnreachable, ProtocolError, RequestTimeout
@@ -216,10 +216,11 @@ class PeerLink:
                             code=info.code)
         return reply
 
-    def send_error(self, request: Frame, code: str, message: str) -> None:
-        """Answer a request with ERROR (best effort: the link may already be gone)."""
-        frame = Frame(FrameType.ERROR, ErrorInfo(code, message).to_header(), b"",
-                      request.request_id, 1 if request.request_id else 0)
+    def send_error(self, request: Frame, code: str, message: str, extra: dict[str, Any] | None = None) -> None:
+        """Answer a request with ERROR (best effort: the link may already be gone); `extra`: more
+        header fields (code and message stay these)."""
+        header: dict[str, Any] = {**(extra or {}), **ErrorInfo(code, message).to_header()}
+        frame = Frame(FrameType.ERROR, header, b"", request.request_id, 1 if request.request_id else 0)
         try:
             self.send_nowait(frame)
         except PeerUnreachable:

@@ -41,6 +41,7 @@ from ._frames import Frame, FrameType, encode_frame, type_name
 from ._handlers import Handler, Handlers, InlineHandler
 from ._identity import Identity, short_id
 from ._inbound import InboundRouter
+from ._lacks import PeerLacks, refuse_unsupported
 from ._link import PeerLink, Transport, async_read_frame
 from ._mdns import local_ipv4_addresses
 from ._membership import new_nonce
@@ -92,6 +93,8 @@ class PeerManager:
         self._hardware_provider = hardware_provider
         self._files_provider = files_provider
         self.handlers = Handlers(self.tasks.spawn)
+        # frame types a peer's (older) process does not serve, by its live link's boot_id
+        self.lacks = PeerLacks(lambda node_id: (link.hello.boot_id if (link := self.table.link(node_id)) else None))
         self.inbound = InboundRouter(self.tls, self.relay, self.tasks, self.async_establish)
         self.clock = Clock()  # what peers see of our time (tests shift `clock.offset_s`)
         self.discovery = Discovery(config, self.node_id, self.tls, self.table, self.tasks,
@@ -492,9 +495,6 @@ class PeerManager:
             else:
                 link.send_error(frame, "unsupported", "this node is not a relay")
         elif ftype == FrameType.ERROR:
-            info = frame.header
-            log.info("DIAG: peer reported an error %s", kv(peer_id=link.short_id, code=info.get("code"),
-                                                          message=info.get("message")))
+            self.lacks.on_error(link, frame)  # logged; unsupported_frame_type remembered, askers told
         elif ftype != FrameType.PONG:  # an unsolicited PONG is harmless
-            link.send_error(frame, "unsupported_frame_type",
-                            f"frame type {type_name(ftype)} is not served by this node")
+            refuse_unsupported(link, frame)

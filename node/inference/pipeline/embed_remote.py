@@ -69,21 +69,44 @@ class RemoteEmbedder:
         self.holders = holders
         self.deadlines = deadlines
         self.waiting: dict[str, tuple[str, asyncio.Queue]] = {}  # sid -> (holder, its replies)
-        self._unsubscribe: Callable[[], None] | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
         transport.on_local(FrameType.EMBEDDED, self.on_embedded)
 
     def register(self) -> None:
         self.transport.register_remote(FrameType.EMBEDDED)
         if self.peers is not None:
-            self._unsubscribe = self.peers.subscribe(self._on_peer_event)
+            self._unsubscribe.append(self.peers.subscribe(self._on_peer_event))
+            lacks = getattr(self.peers, "lacks", None)
+            if lacks is not None:
+                self._unsubscribe.append(lacks.subscribe(self._on_unsupported))
 
     def close(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        while self._unsubscribe:
+            self._unsubscribe.pop()()
 
     def _whole(self, sha256: str) -> list[Holder]:
         return [h for h in self.holders.holders(sha256) if h.whole and h.node_id != self.node_id]
+
+    def _lacks_embed(self, node_id: str) -> bool:
+        """Whether that peer's process refused EMBED as an unknown frame type (a version before
+        remote embeddings, 2026-12-06): not asked for embeddings until it restarts."""
+        lacks = getattr(self.peers, "lacks", None)
+        return lacks is not None and lacks.lacks(node_id, FrameType.EMBED)
+
+    def _on_unsupported(self, node_id: str, frame_type: int | None, sid: str | None) -> None:
+        """A peer refused a frame type as unknown: when it is EMBED, or unnamed (a peer before
+        2026-12-07) while an EMBED waits on it that it has not shown it serves, every EMBED
+        waiting on it fails now (an old peer's silence would last GENERATE_SILENCE_S)."""
+        if frame_type not in (None, FrameType.EMBED, FrameType.EMBED_CANCEL):
+            return
+        waiting = [replies for holder, replies in self.waiting.values() if holder == node_id]
+        if frame_type is None:
+            if not waiting or self.peers.lacks.knows(node_id, FrameType.EMBED):
+                return  # not about remote embeddings: it answered EMBED before
+            self.peers.lacks.note_lacks(node_id, FrameType.EMBED, "an unnamed unsupported_frame_type with EMBED waiting")
+        for replies in waiting:
+            replies.put_nowait(_Failed(node_id, "old_version", f"{node_id[:8]}'s version has no remote "
+                                       "embeddings (it refused EMBED as an unknown frame type): update it"))
 
     def has_holder(self, sha256: str) -> bool:
         """Whether some peer holds the model whole and contributes now."""
@@ -96,6 +119,9 @@ class RemoteEmbedder:
             log.debug("DIAG: No pending request for EMBEDDED — ended, cancelled, or old attempt %s",
                       kv(sid=sid, node=sender[:8]))
             return
+        lacks = getattr(self.peers, "lacks", None)
+        if lacks is not None:
+            lacks.note_knows(sender, FrameType.EMBED)  # an unnamed unsupported_frame_type is not about EMBED
         try:
             waiting[1].put_nowait(Embedded.from_frame(header, payload))
         except ProtocolError as exc:
@@ -139,13 +165,19 @@ class RemoteEmbedder:
             started = trace.begin_assembly()
             try:
                 load = collections.Counter(h for h, _ in self.waiting.values())
+                whole = self._whole(entry.sha256)
+                old = sorted(h.node_id[:8] for h in whole if self._lacks_embed(h.node_id))
                 holders = [h if not load.get(h.node_id) else _dearer(h, load[h.node_id])
-                           for h in self._whole(entry.sha256)]
+                           for h in whole if not self._lacks_embed(h.node_id)]
                 plan = plan_route(entry.n_layers, holders, exclude=frozenset(excluded), standbys=False)
             except InsufficientCapacity as exc:
                 trace.end_assembly(started)
                 if overloaded is not None:
                     raise Overloaded(overloaded) from exc
+                if old and not excluded - {h.node_id for h in whole if self._lacks_embed(h.node_id)}:
+                    raise InsufficientCapacity(
+                        f"the peers holding model {served.id} whole ({', '.join(old)}) run a version without "
+                        "remote embeddings: update them, or load the model whole on this node") from exc
                 if last is not None:
                     raise InsufficientCapacity(f"no peer holding model {served.id} whole could embed the inputs; "
                                                f"left out after failing this request: "
@@ -224,7 +256,7 @@ class RemoteEmbedder:
                 raise _Failed(holder, msg.error_code or "error", msg.error or "the holder ended the request")
         finally:
             self.waiting.pop(sid, None)
-            if not done:  # cancelled, failed or silent: it must not go on for nobody
+            if not done and not self._lacks_embed(holder):  # cancelled, failed or silent: it must not go on
                 try:
                     self.transport.send(holder, FrameType.EMBED_CANCEL, EmbedCancel(sid).to_header())
                 except PeerUnreachable:
