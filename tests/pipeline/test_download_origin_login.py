@@ -73,3 +73,27 @@ async def test_a_node_does_not_share_a_file_whose_origin_sends_strangers_to_a_lo
             assert await asyncio.to_thread(_files, peer) == ()
     finally:
         await hub.stop()
+
+
+async def test_a_redirect_to_a_host_that_is_not_global_is_not_followed(tmp_path, monkeypatch):
+    """A private mirror on a global address sending readers without the token to a LAN storage host
+    that serves anyone inside the LAN: the node, inside, would get the file there, yet no peer
+    outside could. Only the Hub's port counts as global here; its CDN (another port on 127.0.0.1)
+    stands for the LAN host. Until 2026-12-07 every hop after the first was asked whatever its host:
+    public, and the node made a request to its own loopback service on any origin's word."""
+    from node.models.download import public
+
+    hub = await _hub(tmp_path)
+    try:
+        hub_port = int(hub.hub.rpartition(":")[2])
+
+        async def only_the_hub_is_global(host: str, port: int) -> bool:
+            return port == hub_port
+
+        monkeypatch.setattr(public, "_async_host_public", only_the_hub_is_global)
+        assert await async_origin_public(hub.url, sent_token=True, size=len(hub.data)) is False
+        assert hub.cdn_requests == [], "the check asked the host that is not global"
+        # told LAN origins count (a mirror every member reaches), the same redirect is the file
+        assert await async_origin_public(hub.url, sent_token=True, size=len(hub.data), lan_ok=True) is True
+    finally:
+        await hub.stop()

@@ -8,7 +8,10 @@ download completes, off its critical path (the model is served meanwhile, as not
   address the name resolves to must be global), unless the node is told LAN origins count
   (NodeConfig `public_lan_origins`, for tests and a mirror every member reaches);
 - when the download sent the user's Hugging Face token (hub.py: to the Hub only), the file asked
-  for without it, following redirects to any host (a HEAD, then a GET of one byte where it
+  for without it, following redirects to global hosts only (a hop to a LAN, loopback or link-local
+  host is not asked and makes it not public, unless `public_lan_origins`: 2026-12-07, every hop
+  after the first was asked, so a private mirror sending strangers to a LAN store made its file
+  public, and any origin had the node request its own local services) (a HEAD, then a GET of one byte where it
   redirects), comes back: a 2xx that is no web page and has the downloaded file's size (Content-Range
   or Content-Length, else the X-Linked-Size of the Hub's 302 to its CDN). A 401, 403 or 404 (a
   private or gated repo), or a login page (an SSO before a private mirror: a redirect to another
@@ -85,18 +88,27 @@ def _is_the_file(resp: aiohttp.ClientResponse, size: int | None, linked: int | N
     return size is not None and (got if got is not None else linked) == size
 
 
-async def _async_fetchable_without_token(url: str, size: int | None) -> bool | None:
-    """Asked without credentials, following redirects (at most _MAX_HOPS, to any host): public only
-    when the last answer is a 2xx with the file (`size` bytes, no web page: `_is_the_file`). The URL
-    gets a HEAD, where it redirects a GET of the first byte (a CDN's presigned link may answer only
-    the method it was signed for). A 401, 403 or 404 (private, gated), a login page on another host (an
-    SSO before a private mirror), another size: not public; a 5xx or 429 (busy, down) says nothing:
-    None. (Until 2026-12-07 any redirect to another host counted as public: a private origin sending
-    a stranger to its login page did.)"""
+async def _async_fetchable_without_token(url: str, size: int | None, lan_ok: bool) -> bool | None:
+    """Asked without credentials, following redirects (at most _MAX_HOPS, to global hosts only unless
+    `lan_ok`): public only when the last answer is a 2xx with the file (`size` bytes, no web page:
+    `_is_the_file`). The URL gets a HEAD, where it redirects a GET of the first byte (a CDN's
+    presigned link may answer only the method it was signed for). A 401, 403 or 404 (private,
+    gated), a login page on another host (an SSO before a private mirror), another size, a redirect
+    to a host that is not global (a LAN storage host serving anyone inside the LAN, or this
+    machine's own services: not asked): not public; a 5xx or 429 (busy, down) says nothing: None.
+    (Until 2026-12-07 any redirect to another host counted as public: a private origin sending a
+    stranger to its login page did; then, for a day, every hop after the first was asked whatever
+    its host, so a private mirror redirecting to a 10.x store made its file public.)"""
     asked, linked = url, None
     timeout = aiohttp.ClientTimeout(total=const.DOWNLOAD_PUBLIC_CHECK_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for _hop in range(_MAX_HOPS):
+            hop = urllib.parse.urlsplit(url)
+            if not lan_ok and not await _async_host_public(
+                    hop.hostname or "", hop.port or (80 if hop.scheme == "http" else 443)):
+                log.debug("DIAG: origin check not following a redirect to a host that is not global %s",
+                          kv(url=display_url(url)))
+                return False
             method, headers = "HEAD", {"Accept-Encoding": "identity"}
             if url != asked:  # where a redirect sent it (a CDN's presigned link answers only a GET)
                 method, headers = "GET", {**headers, "Range": "bytes=0-0"}
@@ -132,7 +144,7 @@ async def async_origin_public(url: str, *, sent_token: bool, size: int | None = 
                 _async_host_public(parsed.hostname or "", parsed.port or 443), const.DOWNLOAD_PUBLIC_CHECK_S):
             why = "lan_host"
         else:
-            fetchable = await asyncio.wait_for(_async_fetchable_without_token(url, size), const.DOWNLOAD_PUBLIC_CHECK_S) \
+            fetchable = await asyncio.wait_for(_async_fetchable_without_token(url, size, lan_ok), const.DOWNLOAD_PUBLIC_CHECK_S) \
                 if sent_token else True
             if fetchable is None:
                 why, unchecked = "hub_unavailable", True
