@@ -46,7 +46,8 @@ class OriginChecks:
         self._spawn(self._async_check_download(path, sha256, url), "download-origin-check")
 
     def recheck_unchecked(self) -> None:
-        """At start: check again, once, the downloads whose check could not be made (in the
+        """At start: check again, once, the downloads whose check could not be made, and those found
+        public under an older rule than hash_cache.PUBLIC_RULE (not shared meanwhile; in the
         background, each bounded by DOWNLOAD_PUBLIC_CHECK_S; still unchecked: again at the next start).
         Their URL is the recorded origin: an unchecked one had no query string nor `user:pass@`
         (those are decided without the network)."""

@@ -24,6 +24,11 @@ HASH_CACHE_FILE = "model_hashes.json"
 # a record's `public` when the origin check could not be made (the network, not the file): not public,
 # and checked again at the next start (origin_checks.py; 2026-12-07: recorded false for good)
 UNCHECKED = "unchecked"
+# the origin check's rule a `public: true` record was decided under (its `rule`); one decided under an
+# older rule (none recorded: 2026-12-07's, which called any redirect to another host public, then one
+# that followed redirects to LAN hosts) is not trusted: not public, and checked again at start as an
+# UNCHECKED one is (2026-12-07 review: such records were shared for good)
+PUBLIC_RULE = 2
 
 
 class HashingStopped(OSError):
@@ -86,7 +91,7 @@ class HashCache:
             with self._lock:
                 record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
                 if hit and hit.get("sha256") == digest and hit.get("origin"):  # the same bytes (touched): same origin
-                    record.update({k: hit[k] for k in ("origin", "public", "token") if k in hit})
+                    record.update({k: hit[k] for k in ("origin", "public", "token", "rule") if k in hit})
                 self._data[key] = record
                 self._save()
             running[3].append(digest)
@@ -117,6 +122,7 @@ class HashCache:
             if not hit or hit.get("sha256") != sha256:
                 return False
             hit["public"] = UNCHECKED if public is None else bool(public)
+            hit["rule"] = PUBLIC_RULE
             hit.pop("token", None)
             if public is None:
                 hit["token"] = bool(sent_token)
@@ -125,22 +131,25 @@ class HashCache:
 
     def unchecked_of(self, file: Path, sha256: str) -> tuple[str, bool] | None:
         """(origin URL, whether the download sent a token) of a file whose origin check could not be
-        made (UNCHECKED), if its record holds this sha256 (a record without `token`, written before
-        2026-12-07's fix: True, asked without one); None otherwise (checked, or an older record
-        without `public`: not asked)."""
+        made (UNCHECKED), or that was found public under an older rule than PUBLIC_RULE, if its record
+        holds this sha256 (a record without `token`, written before 2026-12-07's fix, or public under
+        an older rule: True, asked without one); None otherwise (checked under this rule, not public,
+        or an older record without `public`: not asked)."""
         with self._lock:
             hit = self._data.get(str(file.resolve()))
-        if not hit or hit.get("sha256") != sha256 or hit.get("public") != UNCHECKED:
+        if not hit or hit.get("sha256") != sha256:
+            return None
+        if hit.get("public") != UNCHECKED and not (hit.get("public") is True and hit.get("rule") != PUBLIC_RULE):
             return None
         origin = hit.get("origin")
         return (origin, hit.get("token") is not False) if isinstance(origin, str) and origin else None
 
     def public_of(self, file: Path) -> bool:
-        """Whether a file's recorded origin is public (an older record, without the flag, and an
-        UNCHECKED one: not)."""
+        """Whether a file's recorded origin is public under this PUBLIC_RULE (an older record, without
+        the flag, an UNCHECKED one, and one found public under an older rule: not)."""
         with self._lock:
             hit = self._data.get(str(file.resolve()))
-        return bool(hit and hit.get("origin") and hit.get("public") is True)
+        return bool(hit and hit.get("origin") and hit.get("public") is True and hit.get("rule") == PUBLIC_RULE)
 
     def stat_of(self, file: Path) -> tuple[int, int] | None:
         """(size, mtime_ns) of a file when its cached sha256 was computed (None: not cached)."""
