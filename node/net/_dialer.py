@@ -115,6 +115,10 @@ class Dialer:
         """Run the maintenance loop now."""
         self._wake.set()
 
+    def dialing(self, node_id: str) -> bool:
+        """Whether a dial of that peer's record is under way (PEX leaves it in the pool)."""
+        return node_id in self._dialing
+
     def dial_soon(self, rec: PeerRecord) -> None:
         """A new route to rec was learnt: dial it now if it has no link."""
         if rec.link is None:

@@ -55,6 +55,7 @@ class Discovery:
         self.dialer = Dialer(config, node_id, tls, table, tasks, self.foreign, self.self_addrs, establish,
                              membership)
         self.pex = Pex(node_id, table, tasks, self.foreign, self.self_addrs, self.dialer.dial_soon)
+        self.pex.dialing = self.dialer.dialing  # a peer being dialled is not pushed out of the PEX pool
         self.relays = RelayClient(node_id, table, tasks, self.foreign, self.dialer.dial_soon, serve_inbound)
         self.dialer.ticket = self.relays.async_ticket
         self._mdns: MdnsDiscovery | None = None

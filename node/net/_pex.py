@@ -44,6 +44,8 @@ class Pex:
         self._foreign = foreign
         self._self_addrs = self_addrs
         self._dial_soon = dial_soon
+        # whether a dial of that node id is under way: the dialer's (set by Discovery)
+        self.dialing: Callable[[str], bool] = lambda _node_id: False
         self._own: frozenset[str] = frozenset()
         self._capped = False  # the last PEX frame met PEX_MAX_UNLINKED (logged once per episode)
 
@@ -71,9 +73,14 @@ class Pex:
         When the pool is full, a member's new peer takes the place of one that the member holding the
         largest share of the pool taught (its failed ones first, then the oldest): made-up ids, under
         as many member ids as one likes, hold space only until an honest member's next PEX. A member
-        pushes out at most PEX_EVICT_PER_PEER per PEX_INTERVAL_S (a full frame), never its own."""
+        pushes out at most PEX_EVICT_PER_PEER per PEX_INTERVAL_S (a full frame), never its own, and
+        never a peer being dialled: the pool bounds the dials in flight, and a record must have had
+        its dial end before it makes room (2026-12-07 review: the allowance is per node id, which
+        costs nothing, and an evicted record's dial ran on: 50 ids had 3,200 records learnt,
+        forgotten and dialled in one interval, the dials in flight no longer bounded by the pool)."""
         pool = _Pool(self._table.never_linked_records("pex"), link.node_id)
-        allowance = _Allowance(self._table.get(link.node_id))
+        sender = self._table.get(link.node_id)
+        allowance = _Allowance(sender.pex_evictions if sender is not None else None, const.PEX_EVICT_PER_PEER)
         skipped = evicted = 0
         from_loopback = _loopback_link(link)
         for entry in parse_pex(frame):
@@ -85,7 +92,7 @@ class Pex:
                 continue
             fresh = self._table.get(entry.node_id) is None
             if fresh and pool.size >= const.PEX_MAX_UNLINKED:
-                victim = pool.victim() if allowance.left() else None
+                victim = pool.victim(self.dialing) if allowance.left() else None
                 if victim is None:
                     skipped += 1
                     continue
@@ -152,25 +159,29 @@ class _Pool:
         self._by_member.setdefault(rec.taught_by, []).append(rec)
         self.size += 1
 
-    def victim(self) -> PeerRecord | None:
-        """Taken out of the pool: the first record of the member (not the sender) with the most."""
-        others = [m for m, recs in self._by_member.items() if m != self._sender and recs]
-        if not others:
-            return None
-        self.size -= 1
-        return self._by_member[max(others, key=lambda m: len(self._by_member[m]))].pop(0)
+    def victim(self, dialing: Callable[[str], bool]) -> PeerRecord | None:
+        """Taken out of the pool: the first record not being dialled of the member (not the sender)
+        with the most (a dial under way is left to end: a socket each, the pool bounds them)."""
+        others = sorted((m for m, recs in self._by_member.items() if m != self._sender and recs),
+                        key=lambda m: len(self._by_member[m]), reverse=True)
+        for member in others:
+            recs = self._by_member[member]
+            for i, rec in enumerate(recs):
+                if not dialing(rec.node_id):
+                    self.size -= 1
+                    return recs.pop(i)
+        return None
 
 
 class _Allowance:
-    """What one member may still push out of a full pool (PEX_EVICT_PER_PEER, refilled over
-    PEX_INTERVAL_S), kept on its record."""
+    """What may still be pushed out of a full pool (`per_interval`, refilled over PEX_INTERVAL_S):
+    by one member (kept on its record) or by all of them (kept by Pex); `state` is [tokens, at]."""
 
-    def __init__(self, rec: PeerRecord | None):
-        self._rec = rec
+    def __init__(self, state: list[float] | None, per_interval: int):
         now = time.monotonic()
-        tokens, at = rec.pex_evictions if rec is not None else (0.0, now)
-        refill = const.PEX_EVICT_PER_PEER / const.PEX_INTERVAL_S
-        self._tokens = min(float(const.PEX_EVICT_PER_PEER), tokens + (now - at) * refill)
+        self._state = state
+        tokens, at = state if state is not None else (0.0, now)
+        self._tokens = min(float(per_interval), tokens + (now - at) * per_interval / const.PEX_INTERVAL_S)
         self._now = now
 
     def left(self) -> bool:
@@ -180,8 +191,8 @@ class _Allowance:
         self._tokens -= 1.0
 
     def save(self) -> None:
-        if self._rec is not None:
-            self._rec.pex_evictions = [self._tokens, self._now]
+        if self._state is not None:
+            self._state[:] = [self._tokens, self._now]
 
 
 def _loopback_link(link: PeerLink | None) -> bool:
