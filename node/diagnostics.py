@@ -126,7 +126,8 @@ async def _machine(node: ReportParts) -> list[str]:
     ]
     if m.gpus:
         for i, g in enumerate(m.gpus):
-            lines.append(f"gpu{i}: {g.name} (sm {g.compute_capability}) vram {g.total_mb} MiB, {g.free_mb} MiB free")
+            free = "free not read (no load yet)" if g.free_mb is None else f"{g.free_mb} MiB free"
+            lines.append(f"gpu{i}: {g.name} (sm {g.compute_capability}) vram {g.total_mb} MiB, {free}")
     else:
         lines.append("gpu: none")
     if node.slice_host.slices:

@@ -384,7 +384,8 @@ class Node(SwarmActions, UrlModels, ModelActions):
         loop = asyncio.get_running_loop()
         self.host_names = await loop.run_in_executor(None, host_names)  # getfqdn may hit DNS
         self.user_names = await loop.run_in_executor(None, user_names)
-        self.machine = await loop.run_in_executor(None, collect)
+        # a CPU-only node asks CUDA nothing (2026-12-07 review: every start read each GPU's memory)
+        self.machine = await loop.run_in_executor(None, functools.partial(collect, gpus=not self.config.cpu_only))
 
     async def async_machine(self) -> MachineInfo:
         """The machine snapshot (waits for the first measurement)."""

@@ -22,11 +22,13 @@ BANDWIDTH_REPEATS = 5
 
 @dataclass
 class GpuInfo:
-    """One accelerator as torch reports it."""
+    """One accelerator as torch reports it, without its free memory (`free_mb` None): reading that
+    (torch.cuda.mem_get_info) makes a CUDA context on the GPU, hundreds of MB of VRAM held from then
+    on by a node that may never load a model; a load reads it (inference.devices)."""
 
     name: str
     total_mb: int
-    free_mb: int
+    free_mb: int | None
     compute_capability: str
 
 
@@ -91,7 +93,10 @@ def cpu_features() -> list[str]:
 
 
 def gpu_inventory() -> list[GpuInfo]:
-    """CUDA devices via torch (empty without torch or CUDA)."""
+    """CUDA devices via torch (empty without torch or CUDA): name, total memory and compute
+    capability from the device's properties (cudaGetDeviceProperties: no CUDA context), never its
+    free memory (2026-12-07 review: torch.cuda.mem_get_info here made a context on every GPU at
+    every start, a CPU-only node's too)."""
     try:
         import torch
     except Exception:  # torch missing or broken: no GPU we can use
@@ -102,8 +107,7 @@ def gpu_inventory() -> list[GpuInfo]:
             return []
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            free, total = torch.cuda.mem_get_info(index)
-            gpus.append(GpuInfo(props.name, total // 2**20, free // 2**20, f"{props.major}.{props.minor}"))
+            gpus.append(GpuInfo(props.name, props.total_memory // 2**20, None, f"{props.major}.{props.minor}"))
     except Exception as exc:  # a broken driver is reported as no GPU, with the reason logged
         log.warning("GPU inventory failed: %s", exc)
     return gpus
@@ -130,8 +134,9 @@ def ram_available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def collect(measure_bandwidth: bool = True) -> MachineInfo:
-    """Gather the machine snapshot (blocking: run in an executor)."""
+def collect(measure_bandwidth: bool = True, gpus: bool = True) -> MachineInfo:
+    """Gather the machine snapshot (blocking: run in an executor); `gpus` False (a CPU-only node):
+    CUDA is not asked at all."""
     vm = psutil.virtual_memory()
     info = MachineInfo(
         cpu=cpu_name(),
@@ -141,7 +146,7 @@ def collect(measure_bandwidth: bool = True) -> MachineInfo:
         ram_available_mb=vm.available // 2**20,
         os=f"{platform.system()} {platform.release()}",
         python=platform.python_version(),
-        gpus=gpu_inventory(),
+        gpus=gpu_inventory() if gpus else [],
         cpu_features=cpu_features(),
     )
     if measure_bandwidth:

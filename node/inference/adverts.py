@@ -47,12 +47,13 @@ def model_adverts(catalog: ModelCatalog, models: ModelManager, slice_host: Slice
 
 
 def hardware_advert(machine: MachineInfo | None, slice_host: SliceHost) -> dict[str, Any]:
-    """The device, cores, RAM, memory bandwidth and our best measured ms per layer."""
+    """The device, cores, RAM, memory bandwidth and our best measured ms per layer (a GPU's total
+    memory, `vram_mb`: its free memory is not read until a load, 2026-12-07; it was `vram_free_mb`)."""
     out: dict[str, Any] = {"device": "cpu"}
     if machine is not None:
         out.update(cores=machine.physical_cores, ram_mb=machine.ram_total_mb, bandwidth_gbps=machine.mem_bandwidth_gbps)
         if machine.gpus:
-            out.update(device="cuda", gpu=machine.gpus[0].name, vram_free_mb=machine.gpus[0].free_mb)
+            out.update(device="cuda", gpu=machine.gpus[0].name, vram_mb=machine.gpus[0].total_mb)
     rates = [s.ms_per_layer for s in slice_host.slices.values() if s.ms_per_layer is not None]
     if rates:
         out["ms_per_layer"] = round(min(rates), 3)

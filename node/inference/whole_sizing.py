@@ -7,7 +7,10 @@ hundreds of MB of VRAM this process then holds. A load reads it, and so does the
 (`ModelManager.async_estimate_load`); a registration's dry run only counts the GPUs (once: no
 context) and, while no load or fit has read them, estimates a model a GPU would take as all in RAM.
 A node configured CPU-only never asks (2026-12-07: every registration read every GPU, so a node
-that never loaded a model held a CUDA context on each).
+that never loaded a model held a CUDA context on each). Nor does the node's start: its machine
+snapshot (sysinfo.gpu_inventory) reads each GPU's name and total memory from its properties (no
+context) and not at all on a CPU-only node (2026-12-07 review: it read every GPU's free memory at
+every start, which is where the contexts still came from).
 """
 
 from __future__ import annotations

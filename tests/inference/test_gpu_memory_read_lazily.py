@@ -1,19 +1,28 @@
 """A registration does not read the GPUs' memory (2026-12-07): reading it (torch.cuda.mem_get_info)
 makes a CUDA context on each GPU, hundreds of MB of VRAM held by a node that may never load a
 model; every registration did, once per whole model. It counts the GPUs only (once); a load or
-the Models tab's fit (async_estimate_load) reads them. The probes are injected: no CUDA here."""
+the Models tab's fit (async_estimate_load) reads them. The probes are injected: no CUDA here.
+
+2026-12-07 (review): a started node still read every GPU's free memory, the machine snapshot's
+(sysinfo.gpu_inventory, at each start, a CPU-only node's too). It reads the device's properties
+only (name, total memory: no context), and a CPU-only node asks CUDA nothing. torch.cuda's
+functions are replaced by fakes that count the calls."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
 
 from node.config import NodeConfig
 from node.inference.devices import DeviceInventory, Gpu
 from node.inference.manager import ModelManager
 from node.inference.synth import write_gguf
 from node.models.catalog import ModelCatalog
-from tests.support.nodes import TINY
+from tests.support.nodes import TINY, node_config, running_node
 
 
 class Probes:
@@ -73,3 +82,34 @@ def test_a_cpu_only_node_never_asks_about_gpus(tmp_path):
             await models.async_close()
 
     asyncio.run(go())
+
+
+class FakeCuda:
+    """torch.cuda with one 24 GiB GPU: which functions were called, how often."""
+
+    def __init__(self, monkeypatch):
+        self.calls: dict[str, int] = {}
+        props = SimpleNamespace(name="Fake GPU", total_memory=24 * 2**30, major=8, minor=9)
+        for name, result in (("is_available", True), ("device_count", 1), ("get_device_properties", props),
+                             ("mem_get_info", (16 * 2**30, 24 * 2**30))):
+            monkeypatch.setattr(torch.cuda, name, self._counted(name, result))
+
+    def _counted(self, name: str, result):
+        def call(*_args, **_kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return result
+        return call
+
+
+@pytest.mark.parametrize("cpu_only", [False, True])
+async def test_a_started_node_does_not_read_the_gpus_memory(tmp_path, monkeypatch, cpu_only):
+    cuda = FakeCuda(monkeypatch)
+    async with running_node(node_config(tmp_path / "data", cpu_only=cpu_only)) as node:
+        machine = await node.async_machine()
+        report = await node.async_report()
+    assert "mem_get_info" not in cuda.calls, "the start made a CUDA context to read a GPU's free memory"
+    if cpu_only:
+        assert machine.gpus == [] and cuda.calls == {}, "a CPU-only node asked CUDA"
+    else:
+        assert [(g.name, g.total_mb, g.free_mb) for g in machine.gpus] == [("Fake GPU", 24576, None)]
+        assert "gpu0: Fake GPU (sm 8.9) vram 24576 MiB, free not read (no load yet)" in report
