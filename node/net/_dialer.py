@@ -50,6 +50,8 @@ class AddrTarget:
     next_at: float = 0.0
     failures: int = 0
     is_self: bool = False
+    warned: str | None = None  # the error this run of failures was logged at WARNING with
+    warned_at: float = 0.0  # monotonic
 
 
 def _next_backoff(current: float, *, relay: bool = False) -> float:
@@ -223,6 +225,7 @@ class Dialer:
             target.node_id = link.node_id
             target.failures = 0
             target.backoff_s = 0.0
+            target.warned = None
         except NotSwarmPeer:
             pass  # logged once by ForeignPeers.note_addr; never dialled again
         except NotAMember:
@@ -231,13 +234,23 @@ class Dialer:
             target.is_self = True
             log.info("DIAG: %s address is this node, not dialling it %s", target.site, kv(addr=target.addr))
         except PeerError as exc:
+            # WARNING once per run of failures (and when the error changes), the retries at DEBUG: a
+            # bootstrap or relay that is down put a WARNING in node.log every retry, for ever
+            # (120 an hour at the 30 s cap, 720 for a relay at 5 s), burying what else happened.
+            # A link to its node since (whoever dialled) ended the last run.
+            rec = self._table.get(target.node_id) if target.node_id else None
+            if rec is not None and rec.gone_since is not None and rec.gone_since > target.warned_at:
+                target.warned, target.failures = None, 0
             target.failures += 1
             target.backoff_s = _next_backoff(target.backoff_s, relay=target.site == "relay")
             target.next_at = time.monotonic() + _jitter(target.backoff_s)
-            log.warning("DIAG: %s dial failed %s", target.site, kv(
+            level = logging.DEBUG if target.warned == exc.message else logging.WARNING
+            if level == logging.WARNING:
+                target.warned, target.warned_at = exc.message, time.monotonic()
+            log.log(level, "DIAG: %s dial failed %s", target.site, kv(
                 addr=target.addr, peer_id=short_id(target.node_id) if target.node_id else None,
                 error=exc.message, connected_peers=self._table.linked_count(),
-                retry_in_s=round(target.backoff_s, 1)))
+                retry_in_s=round(target.backoff_s, 1), failures=target.failures))
         finally:
             self._dialing.pop(key, None)
 
