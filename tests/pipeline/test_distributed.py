@@ -37,7 +37,7 @@ PROMPT = "tell me about the swarm"
 def swarm(tmp_path_factory):
     base = tmp_path_factory.mktemp("swarm3")
     model = split_model(base)
-    procs = a, b, c = start_chain3(base, model)
+    procs = a, b, c = start_chain3(base, model, first_extra=["-v"])  # -v: `pipeline assembled` (DEBUG)
     try:
         async def ready():
             for p in procs:
@@ -299,7 +299,7 @@ def test_overlapping_slices_route_through_sub_ranges_and_fail_over(tmp_path):
     llama.cpp's; SIGKILL of the node serving the second segment mid-stream: the other one takes
     over (re-prefilled on its own cut), the text stays identical and the trace says assemblies=2."""
     model = split_model(tmp_path)
-    a = start_slice_node(tmp_path, "a", model, "0-3")
+    a = start_slice_node(tmp_path, "a", model, "0-3", extra=["-v"])  # -v: the first `pipeline assembled` (DEBUG)
     peer = a.peer_port
     b = start_slice_node(tmp_path, "b", model, "2-5", bootstrap=[peer])
     c = start_slice_node(tmp_path, "c", model, "2-5", bootstrap=[peer])

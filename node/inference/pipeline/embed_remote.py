@@ -188,7 +188,7 @@ class RemoteEmbedder:
             trace.end_assembly(started, [SegmentTrace(holder.short_id, 0, entry.n_layers, kind)])
             trace.route = "relayed" if kind == "relayed" else "distributed"
             trace.regions = [holder.region] if holder.region else []
-            log.info("DIAG: pipeline assembled %s", kv(
+            log.log(logging.INFO if attempt > 1 else logging.DEBUG, "DIAG: pipeline assembled %s", kv(
                 request_id=trace.request_id, attempt=attempt, segments=plan.describe(), operation="embeddings",
                 schedule_ms=round((time.monotonic() - started) * 1000, 2)))
             sid = f"{name}/{attempt}"

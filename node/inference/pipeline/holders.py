@@ -251,8 +251,9 @@ class LayerHolders:
         trace.end_assembly(started, segments)
         trace.route = "relayed" if "relayed" in kinds else "distributed"
         trace.regions = [h.region for h in plan.segments if h.region]
-        # seed 000 marker (`DIAG: pipeline assembled` with segments, standbys, schedule_ms)
-        log.info("DIAG: pipeline assembled %s", kv(
+        # seed 000 marker (`DIAG: pipeline assembled` with segments, standbys, schedule_ms): DEBUG for a
+        # request's first route (its summary line names the nodes), INFO for a failover's new one
+        log.log(logging.INFO if attempt_no > 1 else logging.DEBUG, "DIAG: pipeline assembled %s", kv(
             request_id=trace.request_id, attempt=attempt_no, segments=plan.describe(), standbys=plan.describe_standbys(),
             est_ms_per_token=round(plan.est_ms, 2), schedule_ms=round((time.monotonic() - started) * 1000, 2)))
         return plan, kinds

@@ -101,7 +101,8 @@ class SessionControls:
 
     def _free(self, hosted: HostedSlice, sid: str, why: str, unless_kept: bool = False) -> None:
         if hosted.model.free_session(sid, unless_kept):
-            log.info("DIAG: KV session freed %s", kv(sid=sid, reason=why, layers=f"{hosted.start}-{hosted.end - 1}"))
+            # DEBUG: one per slice per request (each cancelled one), on every node of the route
+            log.debug("DIAG: KV session freed %s", kv(sid=sid, reason=why, layers=f"{hosted.start}-{hosted.end - 1}"))
         self.samplers.pop(sid, None)
 
     def forget_expired(self) -> None:
