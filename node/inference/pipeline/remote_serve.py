@@ -51,6 +51,7 @@ class _Generation:
     finished: bool = False  # _finish ran (it runs once, from the task's end or its done-callback)
     generating: bool = False  # the engine has it (a cancel then stops it at its next token)
     cancelled: bool = False  # nobody listens any more: send nothing
+    why: str | None = None  # why it was cancelled (in the `finished` line)
     sent: int = 0  # tokens sent so far
     last_sent: float = 0.0
     keepalive: asyncio.TimerHandle | None = None
@@ -94,7 +95,8 @@ class RemoteGenerateServer(PeerRequestServer):
         self.running[(sender, gen.sid)] = g
         if len(self.coordinators) < const.SERVED_COORDINATORS_MAX:
             self.coordinators.add(sender[:8])
-        log.info("DIAG: remote generate started %s", kv(
+        # DEBUG: the holder's one INFO line per generation is `remote generate finished`
+        log.debug("DIAG: remote generate started %s", kv(
             sid=gen.sid, coordinator=sender[:8], model=served.id, prompt_tokens=len(gen.prompt),
             max_new=job.max_new_tokens))
         loop = asyncio.get_running_loop()
@@ -155,9 +157,9 @@ class RemoteGenerateServer(PeerRequestServer):
     def _stop(self, g: _Generation, why: str) -> None:
         if g.cancelled:
             return
-        g.cancelled = True
+        g.cancelled, g.why = True, why
         g.job.cancel.set()  # the engine stops at its next token
-        log.info("DIAG: remote generate cancelled %s", kv(sid=g.gen.sid, coordinator=g.gen.coordinator[:8],
+        log.debug("DIAG: remote generate cancelled %s", kv(sid=g.gen.sid, coordinator=g.gen.coordinator[:8],
                                                           tokens=g.sent, why=why))
         if not g.generating and g.task is not None:
             g.task.cancel()  # still queued for the model's lock or loading it
@@ -233,7 +235,7 @@ class RemoteGenerateServer(PeerRequestServer):
         self.served += 1
         self.tokens += g.sent
         log.info("DIAG: remote generate finished %s", kv(
-            sid=g.gen.sid, coordinator=g.gen.coordinator[:8], tokens=g.sent, reason=g.end,
+            sid=g.gen.sid, coordinator=g.gen.coordinator[:8], tokens=g.sent, reason=g.end, why=g.why,
             total_ms=round((time.monotonic() - g.received) * 1000, 1)))
 
     def _keepalive(self, g: _Generation) -> None:
