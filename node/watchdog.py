@@ -128,7 +128,7 @@ class LoopWatchdog:
         """(monotonic start, end, seconds it lasted) of the last such stall when it ended within `within_s`, else None.
         The one still going on ends `now`: a caller on the loop itself (it runs, so that stall is
         over) counts it only from a time the loop last ran, e.g. when it opened what failed
-        (run.py `_own_pause`; counting it whole excused a request's every failure for ever, 2026-12-07)."""
+        (failover.py `_own_pause`; counting it whole excused a request's every failure for ever, 2026-12-07)."""
         now = time.monotonic()
         recent = [span for span in self._spans(now) if now - span[1] <= within_s]
         return recent[-1] if recent else None

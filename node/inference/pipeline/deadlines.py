@@ -70,7 +70,7 @@ class Attempt:
     cached: int = 0  # ... holding this many of the prompt's tokens (prefill starts here)
     resume_copy: bool = False  # ... as a copy: the kept session stays kept (a shared system prompt)
     links: dict[str, int | None] = field(default_factory=dict)  # node -> connection id of its link when planned
-    opened: float = field(default_factory=time.monotonic)  # when planned: the loop ran then (run.py _own_pause)
+    opened: float = field(default_factory=time.monotonic)  # when planned: the loop ran then (failover.py _own_pause)
 
     def nodes(self) -> set[str]:
         """The nodes of the chain."""

@@ -13,7 +13,7 @@ sees no repeat and no gap. With no chain left while a holder's link dropped a mo
 up to ROUTE_REGAIN_S for it to link again. After MAX_ASSEMBLIES failed attempts the request fails
 with InsufficientCapacity; not counted are one kept-session miss and the failures excused by this
 node's own pause (each node once per pause, MAX_ASSEMBLIES at most), so a request makes at most
-2 x MAX_ASSEMBLIES + 1 attempts.
+2 x MAX_ASSEMBLIES + 1 attempts (that bookkeeping: failover.py, `Failover`, PipelineRun's base).
 
 An attempt whose chain is one node holding the model whole (`Holder.whole`) runs as a remote
 generate instead of WORK steps: GENERATE with prompt + generated, then the holder's TOKENS
@@ -39,8 +39,8 @@ from node.errors import (
 )
 from node.inference.handoff import GenerationJob, TokenBatch
 from node.inference.pipeline.deadlines import Attempt, Step, StepDeadlines
+from node.inference.pipeline.failover import Failover
 from node.inference.pipeline.perf import PeerPerformance, add_segment_telemetry
-from node.inference.pipeline.planner import describe_chain
 from node.inference.pipeline.remote_stream import RemoteStream
 from node.inference.pipeline.remote_wire import Tokens
 from node.inference.pipeline.wire import Result
@@ -80,10 +80,6 @@ log = logging.getLogger(__name__)
 # a segment's error that is the request's fault, not the segment's: the client gets it (a 400),
 # and no healthy peer is excluded or retried (the next chain would fail the same way)
 REQUEST_FAULTS = {e.code: e for e in (InvalidRequest, Unsupported, ContextLengthExceeded)}
-# a segment that went silent (no ACK, RESULT or TOKENS in time): a dead link not yet found dead looks
-# the same, so the request waits for it to link again as for a dropped link (while it stays silent)
-SILENCES = ("ack_deadline", "result_deadline", "tokens_deadline")
-LOST = ("link_drop", "unreachable")  # the holder is waited for until it links again (ROUTE_REGAIN_S)
 # the hop before a holder has no link to it (a holder back from a blip links to the coordinator
 # before its neighbours): tried again after NEXT_HOP_RETRY_S while the wait lasts (found by CI: a
 # 503 at once, or a wait, by which of them the holder relinked to first)
@@ -105,7 +101,7 @@ def prefill_steps(start: int, end: int, segments: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-class PipelineRun:
+class PipelineRun(Failover):
     """One request's distributed generation: yields tokens, re-plans on failure."""
 
     def __init__(self, coordinator: AttemptChannel, deadlines: StepDeadlines, perf: PeerPerformance,
@@ -115,8 +111,6 @@ class PipelineRun:
         self.perf = perf  # takes each completed step's telemetry
         self.job, self.entry, self.trace, self.is_eog = job, entry, trace, is_eog
         self.generated: list[int] = []
-        self.excluded: set[str] = set()
-        self.overloaded: SegmentFailed | None = None  # the last refusal of a holder whose queue was full
         self.attempt_no = 1
         self.attempt: Attempt | None = None
         # n-gram speculation over all attempts (each attempt drafts afresh); None: never speculated
@@ -124,14 +118,7 @@ class PipelineRun:
         # prompt tokens the current attempt did not prefill (a resumed kept session); None on a
         # whole holder's remote generate (its own cache, which it does not report)
         self.cached_tokens: int | None = None
-        self.resume_misses = 0  # attempts that found a kept session gone (at most one: only attempt 1 resumes)
-        self.own_pauses = 0  # attempts that failed because this node was paused (not counted either)
-        self.excused: dict[str, float] = {}  # node -> start of the pause its last excused failure fell in
-        # nodes whose link failed this request -> the connection id it had (taken back once linked anew)
-        self.lost: dict[str, int | None] = {}
-        self.silent: dict[str, float] = {}  # of `lost`, those that fell silent: when (time.monotonic())
-        self.unreached: dict[str, float] = {}  # found unreachable by the hop before them: when (monotonic)
-        self.last_failure: str | None = None  # "<node> <cause>: <message>" of the last failed attempt
+        super().__init__()  # the failover bookkeeping: excluded, lost, silent, unreached, excused, ...
 
     async def tokens(self) -> AsyncIterator[list[int]]:
         """Sampled tokens, one per list, until EOG, max tokens or cancel."""
@@ -397,93 +384,6 @@ class PipelineRun:
         """The tokens whose KV the attempt's sessions hold: prompt and generated, less the last
         sampled token (never fed; rejected draft rows beyond are cut when they are resumed)."""
         return (*self.job.prompt_tokens, *self.generated)[:-1]
-
-    def _resume_missed(self, att: Attempt, failure: SegmentFailed) -> None:
-        """A segment no longer holds the kept session this attempt resumed (evicted, restarted):
-        the same kind of chain again, prefilling the whole prompt on fresh sessions."""
-        log.info("DIAG: KV-cache MISS — kept session gone on a segment, prefilling in full %s", kv(
-            request_id=self.trace.request_id, reason="evicted_on_segment", kept=att.resume,
-            node=failure.node_id[:8], error=failure.message))
-        # kv_miss: a segment refused the kept session itself; kv_position_mismatch may be this
-        # attempt's own session lost later (evicted mid-decode): a copied-from one is still whole
-        self.coordinator.resume_missed(att, source_gone=failure.cause == "kv_miss")
-        self.resume_misses += 1  # a new attempt (its own sid), not a failover: it does not count
-        self.attempt_no += 1
-        self.attempt = None
-
-    def _own_pause(self, att: Attempt, failure: SegmentFailed) -> float:
-        """How long this node was itself paused while the attempt was under way, just before a
-        peer's link dropped or it fell silent (0: not paused, or not excused): a peer that heard
-        nothing from us for its liveness deadline closed the link. Excused once per pause and node,
-        MAX_ASSEMBLIES times per request at most, and only for the part of the pause after the
-        attempt was opened (the loop ran then): until 2026-12-07 a peer that looked connected while
-        every send to it failed at once (its link closing) was excused again and again — open, send,
-        fail, excuse, none of which suspends, so the heartbeat never ran and the stall 'went on' —
-        and the node spun at 100% CPU with the stream never ending (review r21)."""
-        pauses = self.deadlines.pauses
-        # next_hop_unreachable: this node's own segment forwarding to a peer that dropped it meanwhile
-        if (pauses is None or not (failure.cause in LOST or failure.cause in SILENCES
-                                   or failure.cause == "next_hop_unreachable")
-                or self.own_pauses >= const.MAX_ASSEMBLIES):
-            return 0.0
-        span = pauses.last_pause(const.SELF_PAUSE_GRACE_S)
-        if span is None or self.excused.get(failure.node_id) == span[0]:
-            return 0.0
-        start, _end, took = span
-        paused = took - max(0.0, att.opened - start)  # (a machine's sleep: its monotonic span is ~0)
-        if paused < const.SELF_PAUSE_MIN_S:  # opened after the pause (or during a busy loop's stall)
-            return 0.0
-        self.excused[failure.node_id] = span[0]
-        return paused
-
-    def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
-        trace = self.trace
-        paused = self._own_pause(att, failure)
-        if paused:  # not the peer's doing: it is not left out, and the attempt does not count
-            # toward MAX_ASSEMBLIES; a new attempt (its sessions may be gone) waits for its link
-            self.lost[failure.node_id] = att.links.get(failure.node_id)
-            log.info("DIAG: pipeline attempt failed because this node was paused, not the peer: failing over %s", kv(
-                request_id=trace.request_id, attempt=self.attempt_no, node=failure.node_id[:8],
-                cause=failure.cause, paused_ms=round(paused * 1000), tokens_so_far=len(self.generated)))
-            trace.note_failure("self_paused", failure.message)  # and the last failure: a 503 after the wait said no why
-            self.last_failure = f"{failure.node_id[:8]} {failure.cause}: {failure.message} (after this node's own pause)"
-            self.own_pauses += 1
-            self.attempt_no += 1
-            self.attempt = None
-            return
-        self.excluded.add(failure.node_id)
-        if failure.cause == "next_hop_unreachable":
-            self.unreached[failure.node_id] = time.monotonic()
-        if failure.cause in LOST or failure.cause in SILENCES:  # taken back if it
-            self.lost[failure.node_id] = att.links.get(failure.node_id)  # links again (open)
-        elif failure.cause != "next_hop_unreachable":  # left out for how it failed: an earlier (excused)
-            self.lost.pop(failure.node_id, None)  # failure's entry would take it back once it links
-            self.silent.pop(failure.node_id, None)  # again, or speaks again
-        if failure.cause in SILENCES:  # its link may be dead and not known to be yet (a Wi-Fi blip, a lid)
-            self.silent[failure.node_id] = time.monotonic()
-        if failure.cause == Overloaded.code:
-            self.overloaded = failure
-        chain = [h.node_id for h in att.plan.segments]
-        standby = att.plan.standbys[chain.index(failure.node_id)] if failure.node_id in chain else None
-        log.warning("DIAG: pipeline attempt failed %s", kv(
-            request_id=trace.request_id, attempt=self.attempt_no, node=failure.node_id[:8], cause=failure.cause,
-            error=failure.message, tokens_so_far=len(self.generated)))
-        trace.note_failure(failure.cause, failure.message)
-        self.last_failure = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
-        if standby is not None:  # both seed 000 markers
-            log.info("DIAG: failing over to standby %s", kv(request_id=trace.request_id, failed=failure.node_id[:8],
-                                                            standby=describe_chain(standby, "+")))
-        else:
-            log.warning("DIAG: NO standby available for failed segment %s",
-                        kv(request_id=trace.request_id, failed=failure.node_id[:8]))
-        charged = self.attempt_no - self.resume_misses - self.own_pauses
-        if charged >= const.MAX_ASSEMBLIES:
-            if self.overloaded is not None and not self.generated:
-                raise Overloaded(self.overloaded.message)
-            excused = f" (and {self.own_pauses} more after this node's own pause)" if self.own_pauses else ""
-            raise InsufficientCapacity(f"the pipeline failed {charged} times{excused}; last: {failure.message}")
-        self.attempt_no += 1
-        self.attempt = None
 
     def _log_segments(self) -> None:
         trace = self.trace
