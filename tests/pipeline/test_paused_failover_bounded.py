@@ -395,9 +395,74 @@ async def test_a_peer_gone_while_the_table_still_says_connected_fails_over_to_th
         await asyncio.wait_for(consuming, 30)
         assert len(got) == MAX_NEW
         assert caplog.text.count("pipeline attempt failed because this node was paused") == int(paused)
-        assert "failing over to standby" in caplog.text
+        # excused, the peer is not left out, but with no link it is planned on no more (2026-12-07:
+        # it was, that send failed at once and was charged, then the standby): straight to the standby
+        assert ("failing over to standby" in caplog.text) is not paused
+        assert ("DIAG: pipeline attempt failed request_id" in caplog.text) is not paused
+        assert [h.node_id for h in run.attempt.plan.segments] == [STANDBY]
         assert "waiting for a lost peer" not in caplog.text
         assert trace.regain_waits == []
     finally:
         dog.stop()
+        coordinator.close()
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_the_peer_of_an_excused_failure_with_no_link_is_waited_for_not_planned_on(caplog):
+    """After a failure excused by this node's own pause the peer stays in the request; while its
+    link is closing (the table still says connected, link() None) the next attempt is not planned
+    on it: a send there fails at once and was one of the MAX_ASSEMBLIES attempts burnt, charged to
+    the peer (WARN `pipeline attempt failed … cause=unreachable`). It is waited for instead, and the
+    request goes on when it links again."""
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    peers, coordinator, trace, consuming, got = await _streaming("req-7", dog)
+    try:
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        peers.live = None  # it heard nothing for its liveness deadline: its link is closing
+        peers.deliver(_next_hop_unreachable(peers.held))  # excused: this node's own pause
+        await wait_until(lambda: consuming.done() or "waiting for a lost peer" in caplog.text, 10, 0.01,
+                         "the request to fail or to wait")
+        peers.relink("disconnected")  # the table catches up, then the peer links again
+        peers.relink("connected", connection=2)
+        await asyncio.wait_for(consuming, 30)
+        assert len(got) == MAX_NEW
+        assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
+        assert "DIAG: pipeline attempt failed request_id" not in caplog.text, "an attempt burnt on a peer with no link"
+        assert trace.failure_causes == ["self_paused"]
+        assert trace.regain_waits and trace.regain_waits[-1][1] == "regained"
+    finally:
+        dog.stop()
+        coordinator.close()
+
+
+async def test_a_request_arriving_while_its_holders_link_closes_waits_for_it_without_a_failed_attempt(caplog):
+    """A request that arrives while its one holder's link is closing (the table still says
+    connected) waits for it instead of planning on it: that attempt failed at once (`unreachable`)
+    and counted toward MAX_ASSEMBLIES."""
+    caplog.set_level(logging.INFO)
+    peers = Peers()
+    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host())
+    peers.coordinator = coordinator
+    coordinator.register()
+    try:
+        peers.live = None
+        job = GenerationJob("req-8", [1, 2, 3], SamplingParams(temperature=0), 3)
+        trace = RequestTrace(model="m", operation="chat.completions")
+        beginning = asyncio.create_task(
+            coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False))
+        await wait_until(lambda: beginning.done() or "waiting for a lost peer" in caplog.text, 10, 0.01,
+                         "the request to fail or to wait")
+        assert not beginning.done() or beginning.exception() is None, beginning.exception()
+        peers.relink("disconnected")
+        peers.relink("connected", connection=2)
+        run = await asyncio.wait_for(beginning, 30)
+        got = [t async for batch in run.tokens() for t in batch]
+        assert len(got) == 3
+        assert "DIAG: pipeline attempt failed" not in caplog.text, "an attempt burnt on a peer with no link"
+        assert trace.failure_causes == [] and run.attempt_no == 1
+        assert trace.regain_waits and trace.regain_waits[-1][1] == "regained"
+    finally:
         coordinator.close()

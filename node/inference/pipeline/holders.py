@@ -158,7 +158,8 @@ class LayerHolders:
         other than the one the request lost —, the peers worth waiting for: those of `lost` not
         linked again, and those whose link dropped within ROUTE_REGAIN_S while they served this
         model (`note_peer`) that are not linked yet (being dialled) or linked but not serving it
-        yet (choosing or loading their layers)), both as node ids. A node of `silent` (monotonic
+        yet (choosing or loading their layers), and those linked in the table with no live link (closing:
+        of `lost`, or serving this model; `assemble` plans on none such)), both as node ids. A node of `silent` (monotonic
         time it failed the request by silence) still on the link it had is awaited while nothing came
         on that link since: a dead link the pings have not found dead yet (2026-12-06: a Wi-Fi
         blip ended the stream at the first missed ACK); a peer that speaks again is slow, not gone."""
@@ -176,9 +177,11 @@ class LayerHolders:
                     relinked.add(snap.node_id)
                 elif snap.node_id in (silent or {}) and self._silent_since(snap.node_id, silent[snap.node_id]):
                     awaited.append(snap.node_id)
-                elif snap.node_id in lost and self.peers.link(snap.node_id) is None:
+                elif ((snap.node_id in lost or any(_serves(m) and m["sha256"] == sha256 for m in snap.models))
+                      and self.peers.link(snap.node_id) is None):
                     # its link is closing (the table says so a loop pass later): awaited like a
-                    # dropped one, not a 503 at once (2026-12-07: right after this node's pause)
+                    # dropped one, not a 503 at once (2026-12-07: right after this node's pause);
+                    # `assemble` plans on none such, lost by this request or not
                     awaited.append(snap.node_id)
                 # back, but not serving it yet (a restarted node choosing or loading its layers)
                 if lately and not any(_serves(m) and m["sha256"] == sha256 for m in snap.models):
@@ -186,6 +189,10 @@ class LayerHolders:
             elif snap.node_id in lost or lately:
                 awaited.append(snap.node_id)
         return relinked, awaited
+
+    def _linked(self, node_id: str) -> bool:
+        """This node, or a peer with a live link to send on."""
+        return node_id == self.node_id or (self.peers is not None and self.peers.link(node_id) is not None)
 
     def _silent_since(self, node_id: str, since: float) -> bool:
         """Nothing came from the peer since `since` (time.monotonic()) on its link now (monotonic,
@@ -221,7 +228,8 @@ class LayerHolders:
                  load: Mapping[str, int] | None = None) -> tuple[Plan, list[str]]:
         """The cheapest chain without the excluded nodes and each segment's transport (local |
         direct | relayed), recorded in the trace (sched_ms, segments, route, regions);
-        InsufficientCapacity when no chain is left. `prefer`: a kept session's route (its KV holds
+        InsufficientCapacity when no chain is left. A peer with no live link (its link closing while the
+        table still says connected) is left out. `prefer`: a kept session's route (its KV holds
         this prompt's prefix), taken instead while it is usable and its estimate is within
         KEPT_ROUTE_MAX_SLOWDOWN of the cheapest (a route that changes between turns reuses nothing).
         `load`: this coordinator's requests under way per node; each makes a holder's ms/layer
@@ -229,7 +237,10 @@ class LayerHolders:
         took the same chain while as good holders sat idle: a swarm test, 2026-12-06)."""
         started = trace.begin_assembly()
         try:
-            holders = self.holders(entry.sha256)
+            # a peer the table says connected with no link (closing: the table says so a loop pass
+            # later) is no holder: a send to it fails at once, one of MAX_ASSEMBLIES attempts burnt
+            # (2026-12-07: the peer of a failure excused by this node's own pause); `regain` awaits it
+            holders = [h for h in self.holders(entry.sha256) if self._linked(h.node_id)]
             if load:
                 holders = [dataclasses.replace(h, ms_per_layer=h.layer_ms() * (1 + const.CHAIN_LOAD_WEIGHT * load[h.node_id]))
                            if load.get(h.node_id) else h for h in holders]
