@@ -168,3 +168,41 @@ def test_linux_installer_refuses_to_run_outside_a_bundle(tmp_path):
     assert done.returncode == 2
     assert "unpacked SwarmLLM folder" in done.stderr
     assert not (home / ".local").exists()
+
+
+def _reads_own_metadata_at_import(init: Path, dist: str) -> bool:
+    """Whether a package's __init__ calls importlib.metadata's version()/distribution() at module
+    level (as llguidance's does): in a bundle without the dist-info that import raises."""
+    text = init.read_text(errors="replace")
+    if "metadata" not in text:
+        return False
+    call = re.compile(r"^[A-Za-z_][\w.]*\s*=\s*[\w.]*(?:version|distribution)\(\s*['\"]([\w.-]+)['\"]", re.MULTILINE)
+    norm = lambda name: re.sub(r"[-_.]+", "_", name).lower()  # noqa: E731
+    return any(norm(m.group(1)) == norm(dist) for m in call.finditer(text))
+
+
+def test_spec_copies_the_metadata_of_packages_that_read_it_when_imported():
+    """PyInstaller bundles modules, not dist-info: a package that asks importlib.metadata for its own
+    version at import fails to import in the bundle. llguidance does, and every response_format or
+    tool request of the bundled node was a 500 (found by packaging/smoke.py, 2026-12-07)."""
+    import importlib.metadata as md
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["gui"]]
+    dists = {re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0] for req in wanted}
+    spec = (PACKAGING / "swarmllm.spec").read_text()
+    copied = set(re.findall(r'copy_metadata\("([\w.-]+)"\)', spec))
+    needing = []
+    for dist in sorted(dists):
+        try:
+            files = md.distribution(dist).files or []
+        except md.PackageNotFoundError:
+            continue  # not installed here (an optional platform's)
+        for f in files:
+            if f.name == "__init__.py" and len(f.parts) == 2 and _reads_own_metadata_at_import(Path(f.locate()), dist):
+                needing.append(dist)
+                break
+    assert "llguidance" in needing  # the scan sees the case it is written for
+    missing = [d for d in needing if d not in copied]
+    assert not missing, f"swarmllm.spec does not copy_metadata({missing}): they fail to import in the bundle"
