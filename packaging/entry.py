@@ -27,8 +27,43 @@ def ensure_std_streams() -> None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
 
 
+# where Linux distributions keep their CA bundle (Go's crypto/x509 list, the common part)
+SYSTEM_CA_FILES = (
+    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu, Arch, Gentoo
+    "/etc/pki/tls/certs/ca-bundle.crt",  # Fedora, RHEL
+    "/etc/ssl/ca-bundle.pem",  # openSUSE
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",  # RHEL 7+
+    "/etc/ssl/cert.pem",  # Alpine
+)
+
+
+def ensure_ca_roots(environ=os.environ, defaults=None, candidates=SYSTEM_CA_FILES) -> str | None:
+    """The bundle carries the build machine's libssl, which looks for CA certificates where the
+    build's distribution keeps them (Debian's: /usr/lib/ssl). On a distribution without that
+    folder (Fedora, Arch, openSUSE) every HTTPS download failed with CERTIFICATE_VERIFY_FAILED.
+    When neither SSL_CERT_FILE/SSL_CERT_DIR is set nor the compiled-in place exists, point
+    SSL_CERT_FILE at this system's bundle, or at certifi's in the bundle. Returns what it set."""
+    if not getattr(sys, "frozen", False) or sys.platform != "linux":
+        return None
+    if environ.get("SSL_CERT_FILE") or environ.get("SSL_CERT_DIR"):
+        return None
+    import ssl
+
+    paths = defaults or ssl.get_default_verify_paths()
+    if (paths.openssl_cafile and os.path.isfile(paths.openssl_cafile)) or \
+            (paths.openssl_capath and os.path.isdir(paths.openssl_capath) and os.listdir(paths.openssl_capath)):
+        return None
+    bundled = os.path.join(getattr(sys, "_MEIPASS", ""), "certifi", "cacert.pem")
+    for path in (*candidates, bundled):
+        if os.path.isfile(path):
+            environ["SSL_CERT_FILE"] = path
+            return path
+    return None
+
+
 def main() -> int:
     ensure_std_streams()
+    ensure_ca_roots()
     if Path(sys.executable).stem.lower().startswith("swarmllm-tray"):
         from app.main import main as tray_main
 

@@ -206,3 +206,82 @@ def test_spec_copies_the_metadata_of_packages_that_read_it_when_imported():
     assert "llguidance" in needing  # the scan sees the case it is written for
     missing = [d for d in needing if d not in copied]
     assert not missing, f"swarmllm.spec does not copy_metadata({missing}): they fail to import in the bundle"
+
+
+# A bundle's TLS client on a distribution that keeps its CA bundle elsewhere than the build's
+# libssl looks: `entry.ensure_ca_roots` with the compiled-in places missing (as on Fedora or Arch
+# for a bundle built on Debian), then a real HTTPS request to a server whose CA is only in the
+# system's bundle file.
+_CA_CHILD = """
+import json, os, ssl, sys, types, urllib.request
+sys.path.insert(0, sys.argv[1])
+import entry
+sys.frozen = True
+def get():
+    try:
+        with urllib.request.urlopen(sys.argv[4], timeout=30, context=ssl.create_default_context()) as r:
+            return r.status
+    except Exception as exc:
+        return type(exc).__name__ + ": " + str(exc)
+before = get()
+nowhere = types.SimpleNamespace(openssl_cafile=sys.argv[2] + "/none/cert.pem", openssl_capath=sys.argv[2] + "/none")
+chosen = entry.ensure_ca_roots(os.environ, nowhere, (sys.argv[2] + "/absent.crt", sys.argv[3]))
+print(json.dumps({"before": before, "chosen": chosen, "after": get()}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the Linux bundle's CA lookup")
+def test_bundle_finds_the_systems_ca_roots_where_its_libssl_does_not_look(tmp_path):
+    import datetime
+    import http.server
+    import ipaddress
+    import ssl
+    import threading
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    root = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "packaging test root")])
+    valid = {"not_valid_before": now - datetime.timedelta(hours=1), "not_valid_after": now + datetime.timedelta(hours=1)}
+    ca = (x509.CertificateBuilder(subject_name=root, issuer_name=root, public_key=ca_key.public_key(), serial_number=1,
+                                  **valid).add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder(subject_name=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]),
+                                    issuer_name=root, public_key=key.public_key(), serial_number=2, **valid)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False).sign(ca_key, hashes.SHA256()))
+    system_bundle = tmp_path / "ca-bundle.crt"
+    system_bundle.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "leaf.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "leaf.pem")
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+        url = f"https://127.0.0.1:{server.server_address[1]}/"
+        done = subprocess.run([sys.executable, "-c", _CA_CHILD, str(PACKAGING), str(tmp_path), str(system_bundle), url],
+                              env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(result["before"])  # the CA is only in the "system's" file
+    assert result["chosen"] == str(system_bundle)
+    assert result["after"] == 200
