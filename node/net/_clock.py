@@ -93,6 +93,13 @@ class Clock:
         """The peer's link closed: its skew is no longer current."""
         self.skews_s.pop(node_id, None)
 
+    def drop(self, node_id: str) -> None:
+        """The peer table forgot the peer: nothing of it is kept (a node meets peers for weeks)."""
+        self.forget(node_id)
+        self.agreeing.discard(node_id)
+        self._warned.discard(node_id)
+        self._mdns_days.pop(node_id, None)
+
     def _warn(self, node_id: str, site: str, skew_s: float, days: int | None = None) -> None:
         if node_id in self._warned:
             return

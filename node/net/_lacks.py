@@ -96,6 +96,11 @@ class PeerLacks:
         types = self._types(self._knows, node_id)
         return types is not None and int(frame_type) in types
 
+    def forget(self, node_id: str) -> None:
+        """The peer table forgot the peer: what its process lacked or served goes too."""
+        self._lacks.pop(node_id, None)
+        self._knows.pop(node_id, None)
+
     def note_knows(self, node_id: str, frame_type: int) -> None:
         """The peer answered a frame of this type (its reply came): an old ERROR is not about it."""
         self._add(self._knows, node_id, frame_type)

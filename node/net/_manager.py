@@ -97,6 +97,7 @@ class PeerManager:
         self.lacks = PeerLacks(lambda node_id: (link.hello.boot_id if (link := self.table.link(node_id)) else None))
         self.inbound = InboundRouter(self.tls, self.relay, self.tasks, self.async_establish)
         self.clock = Clock()  # what peers see of our time (tests shift `clock.offset_s`)
+        self.table.observers.subscribe(lambda kind, snap: self._on_forgotten(snap.node_id) if kind == "removed" else None)
         self.discovery = Discovery(config, self.node_id, self.tls, self.table, self.tasks,
                                    self.async_establish, self.inbound.async_serve, self.membership, self.clock)
         self.swarm_ops = SwarmOps(self.node_id, self.membership, self.table, self.tasks, self.discovery,
@@ -438,6 +439,11 @@ class PeerManager:
         rec = self.table.get(link.node_id)
         if rec is not None and rec.link is link:
             self.table.emit_changed(rec)
+
+    def _on_forgotten(self, node_id: str) -> None:
+        """The table forgot a peer: what was kept of it goes (one entry per peer met, for weeks)."""
+        self.clock.drop(node_id)
+        self.lacks.forget(node_id)
 
     def _on_link_closed(self, link: PeerLink) -> None:
         self.links.discard(link)

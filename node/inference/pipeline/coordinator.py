@@ -163,6 +163,7 @@ class PipelineCoordinator:
     def _on_peer_event(self, kind: str, snap: Any) -> None:
         self.holders.note_peer(kind, snap)
         if kind == "removed":
+            self.performance.peers.pop(snap.node_id, None)  # measured again if it comes back
             for kept in self.prefix.through(snap.node_id):
                 self._end_kept(kept, skip=snap.node_id)
         if kind == "removed" or snap.state != "connected":

@@ -97,6 +97,8 @@ class SegmentWorker(SessionControls):
         if snap.node_id not in self._unlinked:  # once per loss of the link (snapshots change often)
             self._unlinked.add(snap.node_id)
             self.on_coordinator_gone(snap.node_id)
+        if kind == "removed":  # forgotten by the table: kept no longer (one id per peer met, for weeks)
+            self._unlinked.discard(snap.node_id)
 
     def on_coordinator_gone(self, node_id: str) -> None:
         """A coordinator's link is gone: it fails its attempts over (new sessions, maybe elsewhere),
