@@ -32,7 +32,7 @@ from node.logs import kv
 from node.models.file_kinds import split_part
 
 from .hub import hf_endpoint, hub_headers, is_hub_url, refusal_hint, retry_after_s
-from .urls import describe_error, display_url, http_error
+from .urls import cert_failure, describe_error, display_url, http_error
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,8 @@ async def _async_page(session: aiohttp.ClientSession, spec: RepoSpec, url: str,
                 asked = retry_after_s(resp.headers)
                 wait = min(max(wait, asked or 0.0), const.HF_LISTING_RETRY_AFTER_MAX_S)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            if (bad_cert := cert_failure(exc, url)) is not None:  # not asked again: it will not fix itself
+                raise DownloadFailed(f"cannot list the files of {spec.repo_id} on Hugging Face: {bad_cert}") from exc
             error = describe_error(exc)
         except (ValueError, UnicodeDecodeError) as exc:
             raise DownloadFailed(f"Hugging Face's listing of {spec.repo_id} is not JSON ({display_url(url)}): "

@@ -24,7 +24,8 @@ download completes, off its critical path (the model is served meanwhile, as not
 A check that could not be made (DNS, a timeout after DOWNLOAD_PUBLIC_CHECK_S, a refused or dropped
 connection, the Hub's 5xx or 429) is neither: None, recorded "unchecked" (not shared: privacy first)
 and made again at the node's next start (origin_checks.py; 2026-12-07: it was "not public" for good,
-so a download finished during a network blip was never shared unloaded). (Before 2026-12-06 every
+so a download finished during a network blip was never shared unloaded). A certificate that fails
+its check is the origin's, not the network's: not public, for good (`tls_certificate`). (Before 2026-12-06 every
 download with an origin was handed out, a private Hugging Face repo's too.)
 """
 
@@ -34,6 +35,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import ssl
 import urllib.parse
 
 import aiohttp
@@ -150,6 +152,14 @@ async def async_origin_public(url: str, *, sent_token: bool, size: int | None = 
                 why, unchecked = "hub_unavailable", True
             elif not fetchable:
                 why = "needs_token"
+    except ssl.SSLCertVerificationError:  # (aiohttp's ClientConnectorCertificateError too)
+        # not public, for good, not "unchecked": the download went through, so a host on the way to
+        # the file (the origin, a redirect's CDN) showed the check a certificate this node does not
+        # trust; whoever else fetches the file there meets the same certificate, and nothing says
+        # strangers can fetch it. A certificate is not fixed in a blip, as a timeout is; a recheck
+        # at every start would ask that host again for nothing. (It counted as a ValueError before
+        # 2026-12-07: not public, but said "check_failed", as if the URL could not be asked.)
+        why = "tls_certificate"
     except ValueError as exc:  # a URL that cannot be asked (aiohttp's InvalidURL too): not public, for good
         why = f"check_failed:{type(exc).__name__}"
     except (TimeoutError, OSError, aiohttp.ClientError) as exc:  # DNS, a refusal, a drop: asked again later

@@ -39,7 +39,7 @@ from .job import DownloadJob
 from .partfile import cut_landing, discard_part, land, reclaim_cut_landing, size_and_sha256, size_or_zero
 from .restore import find_kept, restored_jobs
 from .sets import alone_note, async_plan, set_parts
-from .urls import describe_error, display_url, file_name_for, resolve_url
+from .urls import cert_failure, describe_error, display_url, file_name_for, resolve_url
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +351,8 @@ class ModelDownloader:
                     await async_fetch(session, one, part, io, models_dir=self.models_dir, progress=step)
                     break
                 except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, Retryable) as exc:
+                    if (bad_cert := cert_failure(exc, one.url)) is not None:  # another attempt fares no better
+                        raise DownloadFailed(bad_cert) from exc
                     error = describe_error(exc)
                     if one.attempts >= const.DOWNLOAD_RETRIES:
                         kept = " (the partial file is kept: downloading it again resumes)" \

@@ -29,7 +29,7 @@ from node.models.file_kinds import SPLIT_RE, llama_split_name, split_part
 from .hub import hub_headers
 from .job import DownloadJob
 from .partfile import size_or_zero
-from .urls import display_url, http_error
+from .urls import cert_failure, display_url, http_error
 
 
 @dataclass
@@ -103,7 +103,9 @@ async def async_plan(session: aiohttp.ClientSession, job: DownloadJob, parts: li
                                          f"{display_url(url)}: the origin does not have this part of the set")
                 size = resp.headers.get("X-Linked-Size") if 300 <= resp.status < 400 else \
                     resp.headers.get("Content-Length") if resp.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError):
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if (bad_cert := cert_failure(exc, url)) is not None:  # not asked again for every part, then fetched
+                raise DownloadFailed(f"part {i + 1} of {n} ({name}): {bad_cert}") from exc
             size = None  # the fetch itself will say what is wrong
         job.part_bytes[i] = int(size) if size and size.isdigit() else None
     if all(b is not None for b in job.part_bytes):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import http
 import re
+import ssl
+import sys
 import urllib.parse
 
 from node.errors import InvalidRequest
@@ -96,3 +98,19 @@ def describe_error(exc: BaseException) -> str:
     """An attempt's error for logs and the job: type and text, never a URL's query string."""
     text = _QUERY.sub("?…", str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def cert_failure(exc: BaseException, url: str) -> str | None:
+    """What to say of a TLS certificate that failed its check (not trusted, expired, another host's
+    name: ssl's SSLCertVerificationError, which aiohttp's ClientConnectorCertificateError is), with
+    the host and OpenSSL's reason; None for any other error. Such a failure is not tried again: a
+    certificate does not fix itself between attempts (2026-12-07: it was, DOWNLOAD_RETRIES times, and
+    said only after a minute of backing off)."""
+    if not isinstance(exc, ssl.SSLCertVerificationError):
+        return None
+    cert = getattr(exc, "certificate_error", exc)  # aiohttp's error wraps ssl's
+    reason = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or "certificate verify failed"
+    host = getattr(exc, "host", None) or urllib.parse.urlsplit(url).hostname or "the origin"
+    proxy = ("; if a proxy or security software inspects HTTPS on this network, set SSL_CERT_FILE to the "
+             "CA bundle (a PEM file) it needs and start the node again") if sys.platform.startswith("linux") else ""
+    return f"the TLS certificate of {host} failed its check ({reason}): not tried again{proxy}"
