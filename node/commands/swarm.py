@@ -47,7 +47,7 @@ def invite(args: argparse.Namespace) -> int:
     left_min = max(0, round((out["expires_at"] - time.time()) / 60))
     valid = f"{left_min} min" if left_min < 90 else f"{left_min / 60:.3g} h"
     print(out["code"])
-    print(f"(valid for {valid}, for one device: on it run  swarmllm join <code>)")
+    print(f"(valid for {valid}, for one device: on it, run swarmllm join <code>)")
     return 0
 
 

@@ -25,6 +25,9 @@ def test_invite_says_how_long_a_short_code_is_valid(tmp_path):
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("swarmllm1-")
         assert "0 h" not in out.stdout and "30 min" in out.stdout, out.stdout
+        # the line after the code, as printed (2026-12-07: "on it run  swarmllm join", a double space)
+        assert out.stdout.splitlines()[1] == "(valid for 30 min, for one device: on it, run swarmllm join <code>)", \
+            out.stdout
         out = _invite(node, "2")
         assert "2 h" in out.stdout, out.stdout
         out = _invite(node, "0.01")  # 36 s: under the minimum
