@@ -1,7 +1,8 @@
 """A remote generation's TOKENS deadline (a whole model served by a peer, streamed to us) that ran
-out while this node itself did not run (SIGSTOP, a lid closed, a VM paused) is re-armed once with a
-fresh budget, not charged to the holder: its RTO is not backed off and the stream goes on. A
-silence after that, with no pause of ours, is the holder's again. (The pipeline's step deadlines
+out while this node itself did not run (SIGSTOP, a lid closed, a VM paused) is pushed back by the
+pause, not charged to the holder: its RTO is not backed off and the stream goes on. A silence after
+that, with no pause of ours, is the holder's again, and so is one that outlasts SELF_PAUSE_REARMS
+such pauses. (The pipeline's step deadlines
 do the same: test_deadline_own_pause.py.) Driven on the real RemoteStream and the real loop
 watchdog, the loop blocked past the budget as a paused process's is."""
 
@@ -39,9 +40,8 @@ async def test_a_tokens_deadline_run_out_while_this_node_was_paused_is_re_armed(
         stream.feed(Tokens("r/1", 0, (5,)))
         assert (await stream.next()).tokens == (5,)
         pause_this_node(BUDGET_S + const.SELF_PAUSE_MIN_S)
-        resumed = time.monotonic()
         # the overdue timer fires in the next loop pass: it fails the stream (the holder blamed) or re-arms
-        await wait_until(lambda: stream.failure is not None or stream.last_at >= resumed, 5,
+        await wait_until(lambda: stream.failure is not None or "re-armed" in caplog.text, 5,
                          what="the deadline that ran out during the pause to fire")
         assert stream.failure is None, stream.failure
         assert backoffs == []  # the holder's RTO untouched
@@ -55,6 +55,45 @@ async def test_a_tokens_deadline_run_out_while_this_node_was_paused_is_re_armed(
         assert failed.value.cause == "tokens_deadline"
         assert backoffs == ["holder-node"]
         assert caplog.text.count("re-armed") == 1
+    finally:
+        if stream is not None:
+            stream.close()
+        dog.stop()
+
+
+def _due(stream: RemoteStream) -> float:
+    return stream.last_at + stream.budget_s + getattr(stream, "pushed", 0.0)
+
+
+@pytest.mark.blocks_loop("this node's own pauses while a remote generation waits for its holder")
+async def test_a_silent_holder_is_charged_after_so_many_pauses_and_gets_no_fresh_budget(caplog):
+    """Review r25 finding 1: each pause of 1 s or more re-armed the deadline with a whole fresh
+    budget, any number of times: a coordinator whose loop stalls now and then (CPU-starved, App Nap)
+    kept a silent holder's stream open for ever, the client seeing neither tokens nor an error. Now
+    the deadline moves back by the pause (what was left of the budget when it began), at most
+    SELF_PAUSE_REARMS times per silence; then the holder is charged."""
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    backoffs: list[str] = []
+    stream = None
+    try:
+        stream = RemoteStream("r/2", "holder-node", BUDGET_S, lambda: backoffs.append("holder-node"), pauses=dog)
+        for n in range(const.SELF_PAUSE_REARMS + 1):  # the holder never sends; this node pauses past each deadline
+            due = _due(stream)
+            late = due - 0.3 * stream.budget_s  # most of the budget passes with the node running
+            await wait_until(lambda late=late: time.monotonic() >= late, 5, 0.01, what="most of the budget")
+            pause_this_node(max(0.0, due - time.monotonic()) + const.SELF_PAUSE_MIN_S + 0.2)
+            before = caplog.text.count("re-armed")
+            await wait_until(lambda before=before: stream.failure is not None or caplog.text.count("re-armed") > before,
+                             5, 0.01, what="the deadline that ran out during the pause to fire")
+            if n < const.SELF_PAUSE_REARMS:
+                assert stream.failure is None, (n, stream.failure)
+                # pushed back by the pause: what was left of the budget when it began, not a fresh one
+                assert _due(stream) - time.monotonic() < stream.budget_s / 2, (n, _due(stream) - time.monotonic())
+        assert stream.failure is not None and stream.failure.cause == "tokens_deadline", stream.failure
+        assert backoffs == ["holder-node"]
+        assert caplog.text.count("re-armed") == const.SELF_PAUSE_REARMS
     finally:
         if stream is not None:
             stream.close()

@@ -9,8 +9,10 @@ GENERATE_KEEPALIVE_S, so silence means a stalled (SIGSTOP) or lost holder, howev
 or its queue. The deadline is one loop timer, re-armed lazily: it fires at the last frame + budget
 and only re-schedules itself when a frame came since, so no timer work is done per frame. A
 deadline that ran out while this node was itself paused (SIGSTOP, a lid closed: the loop watchdog's
-`paused_since`) is re-armed with a fresh budget, the holder's RTO untouched: the holder's frames of
-that time are read after the overdue timer fires.
+`paused_since`) is pushed back by the pause, the holder's RTO untouched (the holder's frames of
+that time are read after the overdue timer fires), SELF_PAUSE_REARMS times per silence at most, as
+a pipeline step's (deadlines.py): until 2026-12-07 each pause gave a silent holder a whole fresh
+budget, any number of times, so a coordinator stalling now and then kept it for ever (review r25).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from node import const
 from node.errors import SegmentFailed
 from node.inference.pipeline.remote_wire import Tokens
 from node.logs import kv
@@ -42,6 +45,9 @@ class RemoteStream:
         self.received = 0  # tokens received: the next frame's `first`
         self.ended = False  # the holder sent its end frame
         self.failure: SegmentFailed | None = None
+        # this silence's deadline pushed back for this node's own pauses: by how much, how often (at
+        # most SELF_PAUSE_REARMS), and when last (pauses before it are counted already)
+        self.pushed, self.rearms, self.rearmed_at = 0.0, 0, 0.0
         self._frames: collections.deque[Tokens] = collections.deque()
         self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(budget_s, self._check)
@@ -51,6 +57,7 @@ class RemoteStream:
         if self.failure is not None or self.ended:
             return
         self.last_at = time.monotonic()
+        self.pushed, self.rearms = 0.0, 0  # a new silence starts: the holder's whole budget
         if msg.first != self.received:
             self.fail(SegmentFailed(f"TOKENS from {self.holder[:8]} start at {msg.first}, expected {self.received}",
                                     node_id=self.holder, cause="protocol"))
@@ -91,22 +98,30 @@ class RemoteStream:
             self._waiter.set_result(None)
 
     def _check(self) -> None:
-        """Loop timer: fail the stream if the holder has been silent for the whole budget."""
+        """Loop timer: fail the stream if the holder has been silent for the whole budget (and
+        what this node's own pauses pushed it back by)."""
         self._timer = None
         if self.failure is not None or self.ended:
             return
-        silent = time.monotonic() - self.last_at
-        if silent < self.budget_s:
-            self._timer = asyncio.get_running_loop().call_later(self.budget_s - silent, self._check)
+        now = time.monotonic()
+        silent = now - self.last_at
+        due = self.last_at + self.budget_s + self.pushed
+        if now < due:
+            self._timer = asyncio.get_running_loop().call_later(due - now, self._check)
             return
-        paused = self.pauses.paused_since(self.last_at) if self.pauses is not None else 0.0
-        if paused > 0:  # this node did not run meanwhile: not the holder's silence. A fresh budget from
-            # now (last_at moves, so a later silence with no pause of ours after it is the holder's again)
+        since = max(self.last_at, self.rearmed_at)
+        paused = self.pauses.paused_since(since, now) if self.pauses is not None else 0.0
+        push = min(paused, now - since)
+        if push > 0 and due + push > now and self.rearms < const.SELF_PAUSE_REARMS:  # this node did not
+            # run meanwhile: not the holder's silence. The deadline moves back by the pause: the holder
+            # gets the budget it had, not a fresh one, and only so often (a busy or starved loop stalls often)
+            self.pushed += push
+            self.rearms += 1
+            self.rearmed_at = now
             log.info("DIAG: remote generate deadline ran out while this node was paused: re-armed %s", kv(
                 sid=self.sid, node=self.holder[:8], silent_ms=round(silent * 1000), paused_ms=round(paused * 1000),
-                tokens=self.received))
-            self.last_at = time.monotonic()
-            self._timer = asyncio.get_running_loop().call_later(self.budget_s, self._check)
+                pushed_ms=round(push * 1000), tokens=self.received))
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, due + push - now), self._check)
             return
         if self.on_silence is not None:
             self.on_silence()
