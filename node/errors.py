@@ -322,7 +322,10 @@ class SegmentFailed(PeerError):
 
     code = "segment_failed"
 
-    def __init__(self, message: str, *, node_id: str, cause: str):
+    def __init__(self, message: str, *, node_id: str, cause: str, since: float | None = None):
         super().__init__(message)
         self.node_id = node_id
         self.cause = cause
+        # a silence (a missed deadline): when what went unanswered was sent, or the last frame
+        # came (time.monotonic()); a pause of this node's own before it explains nothing
+        self.since = since

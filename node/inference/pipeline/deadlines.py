@@ -196,4 +196,4 @@ class StepDeadlines:
             log.warning("DIAG: segment TIMED OUT — no result received %s",
                         kv(request_id=trace.request_id, sid=att.sid, seq=step.seq, node=node[:8]))
         step.result.set_result(SegmentFailed(f"no {what.upper()} from {node[:8]} within the deadline", node_id=node,
-                                             cause=f"{what}_deadline"))
+                                             cause=f"{what}_deadline", since=step.sent_at))

@@ -79,20 +79,38 @@ class Failover:
         fail, excuse, none of which suspends, so the heartbeat never ran and the stall 'went on' —
         and the node spun at 100% CPU with the stream never ending (review r21)."""
         pauses = self.deadlines.pauses
-        # next_hop_unreachable: this node's own segment forwarding to a peer that dropped it meanwhile
         if (pauses is None or not (failure.cause in LOST or failure.cause in SILENCES
-                                   or failure.cause == "next_hop_unreachable")
+                                   or self._forwarded_by_us(att, failure))
                 or self.own_pauses >= const.MAX_ASSEMBLIES):
             return 0.0
         span = pauses.last_pause(const.SELF_PAUSE_GRACE_S)
         if span is None or self.excused.get(failure.node_id) == span[0]:
             return 0.0
         start, _end, took = span
-        paused = took - max(0.0, att.opened - start)  # (a machine's sleep: its monotonic span is ~0)
-        if paused < const.SELF_PAUSE_MIN_S:  # opened after the pause (or during a busy loop's stall)
+        # a silence counts only the pause after what went unanswered was sent (or the last frame
+        # came): a step sent after the pause, to a peer that never answers, is the peer's (its
+        # deadline was charged as such: deadlines.py) — until 2026-12-07 it was excused, the peer
+        # neither left out nor recorded silent, and the next attempt was planned on it (review r25)
+        since = max(att.opened, failure.since or 0.0) if failure.cause in SILENCES else att.opened
+        paused = took - max(0.0, since - start)  # (a machine's sleep: its monotonic span is ~0)
+        if paused < const.SELF_PAUSE_MIN_S:  # opened or sent after the pause (or during a busy loop's stall)
             return 0.0
         self.excused[failure.node_id] = span[0]
         return paused
+
+    @staticmethod
+    def _forwarded_by_us(att: Attempt, failure: SegmentFailed) -> bool:
+        """A next_hop_unreachable that this node's own pause can explain: the hop that could not
+        reach `failure.node_id` is this node (its own segment, `local`; or, for the first hop,
+        the coordinator: this node). One between two peers (B cannot reach C) is theirs: until
+        2026-12-07 it was excused too when this node had stalled a moment before (review r25)."""
+        if failure.cause != "next_hop_unreachable":
+            return False
+        chain = [h.node_id for h in att.route]
+        if failure.node_id not in chain:
+            return False
+        i = chain.index(failure.node_id)
+        return i == 0 or att.kinds[i - 1] == "local"
 
     def _failed_over(self, att: Attempt, failure: SegmentFailed) -> None:
         trace = self.trace

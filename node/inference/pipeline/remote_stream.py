@@ -128,4 +128,4 @@ class RemoteStream:
         log.warning("DIAG: remote generate TIMED OUT — no TOKENS received %s",
                     kv(sid=self.sid, node=self.holder[:8], silent_ms=round(silent * 1000), tokens=self.received))
         self.fail(SegmentFailed(f"no TOKENS from {self.holder[:8]} for {silent:.1f} s", node_id=self.holder,
-                                cause="tokens_deadline"))
+                                cause="tokens_deadline", since=self.last_at))

@@ -1,0 +1,139 @@
+"""Failures this node's own pause cannot explain are charged to the peer, even right after a pause
+(review r25, finding 2; before, `_own_pause` excused any silence or next_hop_unreachable that came
+within SELF_PAUSE_GRACE_S of a pause the attempt lived through: the peer was neither left out nor
+recorded silent, and the next attempt was planned on it again):
+
+- a step sent AFTER the pause to a peer that never answers: its deadline is the peer's (deadlines.py
+  already charged it: no pause fell in its wait);
+- a next hop that a PEER could not reach (B cannot reach C, neither of them this node).
+
+Driven on the real PipelineCoordinator, PipelineRun, StepDeadlines and LoopWatchdog, with the
+stand-in peer table of test_paused_failover_bounded.py."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from node import const
+from node.inference.handoff import GenerationJob
+from node.inference.pipeline.coordinator import PipelineCoordinator
+from node.inference.pipeline.transport import PipelineTransport
+from node.inference.pipeline.wire import Result
+from node.inference.sampling import SamplingParams
+from node.trace import RequestTrace
+from node.watchdog import LoopWatchdog
+from tests.pipeline.test_paused_failover_bounded import (
+    MAX_NEW,
+    ME,
+    PEER,
+    SHA,
+    Host,
+    Link,
+    Peers,
+    pause_this_node,
+)
+from tests.support.waiting import wait_until
+
+NEXT = "c" * 64  # the second segment's holder
+
+
+class Mute:
+    """A link to a peer that takes every frame and never answers (stalled, or its end gone)."""
+
+    last_seen = time.monotonic()
+
+    def send_nowait(self, frame) -> None:
+        pass
+
+
+class TwoHops(Peers):
+    """The stand-in peer table with the model split over two peers: PEER [0-4), then NEXT [4-8).
+    PEER's stand-in link answers each WORK with the chain's RESULT (the coordinator sends only to hop 0)."""
+
+    def __init__(self):
+        super().__init__()
+        first = {**self.snap.models[0], "end": 4}
+        self.snap = dataclasses.replace(self.snap, models=(first,))
+        self.next = dataclasses.replace(self.snap, node_id=NEXT, short_id=NEXT[:8], connection_id=9,
+                                        models=({**first, "start": 4, "end": 8},))
+        self.next_link = Link(self)
+
+    def peers(self):
+        return [*super().peers(), self.next]
+
+    def peer(self, node_id):
+        return self.next if node_id == NEXT else super().peer(node_id)
+
+    def link(self, node_id):
+        return self.next_link if node_id == NEXT else super().link(node_id)
+
+
+async def _begin(peers: Peers, job_id: str, dog: LoopWatchdog):
+    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=dog)
+    peers.coordinator = coordinator
+    coordinator.register()
+    job = GenerationJob(job_id, [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
+    trace = RequestTrace(model="m", operation="chat.completions")
+    run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
+    got: list[int] = []
+
+    async def consume():
+        async for batch in run.tokens():
+            got.extend(batch)
+
+    return coordinator, run, trace, asyncio.create_task(consume()), got
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_a_step_sent_after_this_nodes_pause_to_a_silent_peer_is_charged_to_the_peer(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(const, "ROUTE_REGAIN_S", 1.0)
+    dog = LoopWatchdog()
+    dog.start()
+    peers = Peers()
+    coordinator, _run, trace, consuming, _got = await _begin(peers, "req-a", dog)
+    try:
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)  # the attempt lives through the pause ...
+        await wait_until(lambda: dog.pauses, 5, 0.01, "the watchdog to record the pause")
+        peers.live = Mute()  # ... then the peer falls silent: the next step, sent after the pause, goes unanswered
+        peers.deliver(peers.held)
+        await wait_until(lambda: trace.failure_causes, 10, 0.01, "the silent step's attempt to fail")
+        assert trace.failure_causes[0] == "ack_deadline", trace.failure_causes
+        assert "pipeline attempt failed because this node was paused" not in caplog.text
+        assert "DIAG: pipeline attempt failed request_id" in caplog.text  # charged: left out, recorded silent
+        await asyncio.wait_for(asyncio.gather(consuming, return_exceptions=True), 30)
+    finally:
+        consuming.cancel()
+        dog.stop()
+        coordinator.close()
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_a_next_hop_one_peer_cannot_reach_right_after_this_nodes_pause_is_charged(caplog):
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    peers = TwoHops()
+    coordinator, run, trace, consuming, got = await _begin(peers, "req-b", dog)
+    try:
+        assert [h.node_id for h in run.attempt.route] == [PEER, NEXT] and run.attempt.kinds == ["direct", "direct"]
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        held = peers.held  # PEER reports it cannot reach NEXT: a matter between them, not this node's pause
+        peers.deliver(Result(held["sid"], held["seq"], error=f"no link to peer {NEXT[:8]}",
+                             error_code="next_hop_unreachable", failed_node=NEXT).to_header())
+        await asyncio.wait_for(consuming, 30)  # NEXT tried again after NEXT_HOP_RETRY_S: it is reachable now
+        assert len(got) == MAX_NEW
+        assert trace.failure_causes == ["next_hop_unreachable"], trace.failure_causes
+        assert "pipeline attempt failed because this node was paused" not in caplog.text
+        assert "DIAG: pipeline attempt failed request_id" in caplog.text
+    finally:
+        dog.stop()
+        coordinator.close()
