@@ -85,7 +85,7 @@ class RequestTrace:
     reasoning_tokens: int = 0  # of completion_tokens, those of a reasoning model's thoughts
     finish_reason: str | None = None  # stop | length | tool_calls
     finish_detail: str | None = None  # eos | stop_sequence | max_tokens | context
-    outcome: str | None = None  # ok | error | cancelled
+    outcome: str | None = None  # ok | error | cancelled | stalled (a client that took nothing, cut off)
     error_type: str | None = None
     error_message: str | None = None
     error_status: int | None = None  # the HTTP status the error got (4xx: the client's request was wrong)
@@ -307,6 +307,11 @@ class RequestTrace:
 Observer = Callable[[str, RequestTrace], None]
 
 
+# the outcomes the failure ring keeps: an error, and a stream the node cut off because its client
+# took nothing for STREAM_WRITE_STALL_S (2026-12-07, review r25: that one ended `cancelled`, out of it)
+FAILED_OUTCOMES = ("error", "stalled")
+
+
 class TraceHub:
     """Owns the in-flight set, the recent and failure rings, and observers.
 
@@ -403,8 +408,10 @@ class TraceHub:
         self.recent.append(trace)
         self._finished_created.append(trace.created_at)
         self._trim_finished()
-        if outcome == "error":  # a client closing its request is no failure: an editor's autocomplete
-            self.failures.append(trace)  # cancelled 50 in a few seconds, pushing every real one out
+        # a client closing its request is no failure: an editor's autocomplete cancelled 50 in a few
+        # seconds, pushing every real one out; a client the node cut off (stalled) is one to look at
+        if outcome in FAILED_OUTCOMES:
+            self.failures.append(trace)
         line = trace.summary_line()
         if outcome == "error":
             log.warning(line)

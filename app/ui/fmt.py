@@ -28,6 +28,7 @@ STATE_COLORS = {
     "gone": "#6b6b6b",
     "unloaded": "#6b6b6b",
     "cancelled": "#6b6b6b",
+    "stalled": "#8a6d00",  # a streaming client that took nothing, cut off (the node's doing)
 }
 
 

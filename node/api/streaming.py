@@ -4,8 +4,11 @@ One writer for the three APIs: a dialect supplies the events (`StreamEvents`: Op
 Anthropic message events, Responses typed events); this module owns the response, the order of
 writes, the seed-000 DIAG lines and what a failure mid-stream becomes. Headers go out once the
 route is assembled (queue and sched are known); token-level timings ride on the dialect's last
-event. The stream's outcome (ok, cancelled, error) is returned to the driver, which closes the
-trace with it.
+event. The stream's outcome (ok, cancelled, stalled, error) is returned to the driver, which
+closes the trace with it. `stalled`: the node cut off a client that took nothing for
+STREAM_WRITE_STALL_S (a hung app, a buffering proxy): the node's decision, not the client's close,
+so it enters the diagnostics' failure ring (2026-12-07, review r25: it was `cancelled`, which
+does not).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class StreamEvents(Protocol):
 
 @dataclass(frozen=True)
 class StreamResult:
-    """What became of a stream: the response, and ok / cancelled / error (with the error)."""
+    """What became of a stream: the response, and ok / cancelled / stalled / error (with the error)."""
 
     response: web.StreamResponse
     outcome: str
@@ -106,7 +109,7 @@ async def stream_completion(request: web.Request, run: CompletionRun, events: St
                     trace.request_id, trace.completion_tokens, const.STREAM_WRITE_STALL_S)
         if request.transport is not None:
             request.transport.abort()
-        return StreamResult(resp, "cancelled")
+        return StreamResult(resp, "stalled")
     except NodeError as exc:
         # seed-000 marker, kept word for word (users grep it); "generate_stream" is the seed's name
         # for the engine loop, here CompletionRun.deltas()
