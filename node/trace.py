@@ -76,7 +76,7 @@ class RequestTrace:
     first_token: float | None = None
     finished: float | None = None
     sched_s: float = 0.0  # time spent assembling, summed across attempts
-    assemblies: int = 0
+    assemblies: int = 0  # routes chosen (attempts), not planning tries that found none
     segments: list[SegmentTrace] = field(default_factory=list)
     regions: list[str] = field(default_factory=list)
     prompt_tokens: int | None = None
@@ -107,16 +107,20 @@ class RequestTrace:
         return time.monotonic()
 
     def end_assembly(self, started: float, segments: list[SegmentTrace] | None = None) -> None:
-        """A route was chosen (one attempt): adds to sched time and counts the assembly. ttft runs
-        from the first route: a failover's later one (after tokens were streamed, maybe) does not
-        move it."""
+        """Route planning ended: adds to sched time. `segments`: a route was chosen (one attempt),
+        counted in `assemblies`; None: none could be (no holder left: a wait for a lost peer plans
+        again every ROUTE_REGAIN_POLL_S), which is no assembly (2026-12-07: each such check counted
+        one: a 15 s wait, about 75 on the summary line). ttft runs from the first planning's end (a
+        wait for a lost peer is in it: queue + sched + ttft + decode ≈ total): a failover's later one
+        (after tokens were streamed, maybe) does not move it."""
         now = time.monotonic()
         self.sched_s += now - started
-        self.assemblies += 1
         if self.assembled is None:
             self.assembled = now
-        if segments is not None:
-            self.segments = segments
+        if segments is None:
+            return
+        self.assemblies += 1
+        self.segments = segments
 
     def note_failure(self, cause: str, message: str) -> None:
         """An attempt failed on a peer (the request fails over, or fails): /metrics counts causes."""
@@ -144,7 +148,7 @@ class RequestTrace:
 
     @property
     def sched_ms(self) -> float | None:
-        return self.sched_s * 1000.0 if self.assemblies else None
+        return self.sched_s * 1000.0 if self.assemblies or self.sched_s else None
 
     @property
     def ttft_ms(self) -> float | None:
