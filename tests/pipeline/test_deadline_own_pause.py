@@ -1,6 +1,7 @@
 """A step's ACK deadline that ran out while this node itself did not run (its loop stalled past
-SELF_PAUSE_MIN_S: SIGSTOP, a lid closed, a VM paused) is re-armed with a fresh budget, not charged
-to the peer: the peer's late answer is still taken. (A real coordinator paused mid-stream:
+SELF_PAUSE_MIN_S: SIGSTOP, a lid closed, a VM paused) is pushed back by the pause (the budget left
+when it began, not a fresh one), SELF_PAUSE_REARMS times per step at most, not charged to the peer:
+the peer's late answer is still taken. (A real coordinator paused mid-stream:
 test_coordinator_paused.py; there the peer's frames of that time are read before the timers fire,
 so this case — a WORK not yet on the wire when the node stopped, a prefill behind a full buffer —
 is driven here on the real deadline machinery and the real loop watchdog.)"""
