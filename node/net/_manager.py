@@ -1,7 +1,8 @@
-"""PeerManager: the listener, link set-up and HELLO, one link per peer, dispatch, the public API.
+"""PeerManager: the listener, link set-up and HELLO, one link per peer, the public API.
 
 This module owns the links; the records are the `PeerTable`'s (`_table.py`), inbound connections
-are routed by `_inbound.py`, and finding and dialling peers is `_discovery.py`'s and its parts'.
+are routed by `_inbound.py`, a link's frames are dispatched by `_control.py`, and finding and
+dialling peers is `_discovery.py`'s and its parts'.
 Exactly one link per peer pair survives even when both ends dial at once: both ends rank
 duplicates the same way (`_preferred`) and retire the loser.
 """
@@ -36,12 +37,13 @@ from node.observe import Observers
 from ._addr import format_addr, is_loopback, listen_where, parse_addr
 from ._admission import Membership, async_admit
 from ._clock import Clock
+from ._control import RESERVED, ControlFrames
 from ._discovery import Discovery
 from ._frames import Frame, FrameType, encode_frame, type_name
 from ._handlers import Handler, Handlers, InlineHandler
 from ._identity import Identity, short_id
 from ._inbound import InboundRouter
-from ._lacks import PeerLacks, refuse_unsupported
+from ._lacks import PeerLacks
 from ._link import PeerLink, Transport, async_read_frame
 from ._mdns import local_ipv4_addresses
 from ._membership import new_nonce
@@ -55,9 +57,6 @@ from ._tasks import Tasks
 from ._tls import TlsConfig
 
 log = logging.getLogger(__name__)
-
-_RESERVED = {FrameType.HELLO, FrameType.ERROR, FrameType.PING, FrameType.PONG, FrameType.PEX,
-             FrameType.RELAY, FrameType.MEMBER}
 
 
 class PeerManager:
@@ -103,6 +102,8 @@ class PeerManager:
         self.swarm_ops = SwarmOps(self.node_id, self.membership, self.table, self.tasks, self.discovery,
                                   self.tls, self.async_establish, self._live_links, self.listen_addresses,
                                   all_links=lambda: list(self.links))
+        self.control = ControlFrames(self.handlers, self.table, self.discovery, self.swarm_ops, self.relay,
+                                     self.lacks)
         self._server: asyncio.Server | None = None
         self._started = False
 
@@ -181,7 +182,7 @@ class PeerManager:
         with no task: it must not block (ACK bookkeeping, CANCEL; hand real work to a task).
         A returned frame is sent back when the frame was a request; a raised NodeError is sent
         back as ERROR with its code."""
-        if int(frame_type) in _RESERVED:
+        if int(frame_type) in RESERVED:
             raise ValueError(f"{type_name(frame_type)} is handled by the network itself")
         self.handlers.register(frame_type, handler, ordered=ordered)
 
@@ -353,7 +354,7 @@ class PeerManager:
             stream, node_id=node_id, hello=hello, link_nonce=nonce or hello.link_nonce or "",
             transport=transport, is_dialer=is_dialer, address=address,
             rto=self.table.record(node_id, source or ("inbound" if not is_dialer else "dial")).rto,
-            dispatch=self._dispatch, via_relay=via_relay,
+            dispatch=self.control.dispatch, via_relay=via_relay,
         )
         link.on_rtt = self._on_rtt
         self._register(link)
@@ -472,35 +473,3 @@ class PeerManager:
                                               deadline_s=round(link.liveness_deadline_s(), 2)))
             self.table.emit_changed(rec)
         self.discovery.on_link_down(link)
-
-    # --- dispatch -----------------------------------------------------------------------------
-
-    def _dispatch(self, link: PeerLink, frame: Frame) -> None:
-        """Frames that are not responses or PINGs. A ProtocolError here closes that link."""
-        ftype = frame.type
-        if self.handlers.dispatch(link, frame):  # the hot path first: WORK/ACK/RESULT...
-            return
-        if ftype == FrameType.HELLO:
-            hello = Hello.from_frame(frame)
-            if hello.node_id != link.node_id:
-                raise ProtocolError("HELLO update claims another node id")
-            link.hello = hello
-            rec = self.table.get(link.node_id)
-            if rec is not None and rec.link is link:
-                rec.hello = hello
-                self.table.emit_changed(rec)
-        elif ftype == FrameType.PEX:
-            self.discovery.handle_pex(link, frame)
-        elif ftype == FrameType.MEMBER:
-            self.swarm_ops.handle_frame(link, frame)
-        elif ftype == FrameType.RELAY:
-            if frame.header.get("op") == "incoming":
-                self.discovery.handle_relay_incoming(link, frame)
-            elif self.relay is not None:
-                self.relay.handle_frame(link, frame)
-            else:
-                link.send_error(frame, "unsupported", "this node is not a relay")
-        elif ftype == FrameType.ERROR:
-            self.lacks.on_error(link, frame)  # logged; unsupported_frame_type remembered, askers told
-        elif ftype != FrameType.PONG:  # an unsolicited PONG is harmless
-            refuse_unsupported(link, frame)
