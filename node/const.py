@@ -110,6 +110,8 @@ PEX_EVICT_PER_PEER = PEX_MAX_PEERS  # a full pool: never-linked records one memb
 # largest other sharer taught), refilled over PEX_INTERVAL_S: a full honest frame every interval gets in whole
 PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes
 PEER_CACHE_MAX = 256
+FOREIGN_PEERS_MAX = 1024  # entries: addresses (peers.json too) and, apart, node ids known not to speak SwarmLLM;
+# past it the oldest go first (one entry per misdialled address, never forgotten, grew without end)
 MDNS_RESOLVE_TIMEOUT_MS = 3000
 MDNS_DAY_S = 86400  # the mDNS tag changes every UTC day (Clock.day)
 CLOCK_SKEW_WARN_S = 300.0  # a peer's HELLO time this far from ours: WARNING once (nothing in a link needs

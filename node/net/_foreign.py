@@ -4,6 +4,8 @@ An address whose far end is not a SwarmLLM node (HTTP, SSH, garbage, no preamble
 at INFO and remembered, in peers.json too, so a restart does not dial it again. A node id that
 proved an identity but speaks another protocol version is remembered for this run: PEX, mDNS and
 relay rendezvous then skip it (`Not dialling a peer that does not speak SwarmLLM` at DEBUG).
+Each kind keeps at most `const.FOREIGN_PEERS_MAX` entries, the oldest dropped first (a forgotten
+one is dialled once more and remembered again).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from node import const
 from node.logs import kv
 
 from ._identity import short_id
@@ -26,12 +29,13 @@ class ForeignPeers:
 
     def __init__(self, on_new_addr: Callable[[], None]) -> None:
         self.addrs: dict[str, str] = {}  # address -> site: bootstrap, relay, peer, api, cache
-        self.ids: set[str] = set()
+        self.ids: dict[str, None] = {}  # node ids, oldest first
         self._on_new_addr = on_new_addr  # e.g. save peers.json soon
 
     def load(self, addrs: Iterable[str]) -> None:
         """Addresses remembered in peers.json."""
         self.addrs.update({addr: "cache" for addr in addrs})
+        _bound(self.addrs)
 
     def check_addr(self, addr: str, node_id: str | None, site: str) -> None:
         """Raise NotSwarmPeer (logged at DEBUG) if addr is known not to speak SwarmLLM."""
@@ -51,6 +55,7 @@ class ForeignPeers:
         if addr in self.addrs:
             return
         self.addrs[addr] = site
+        _bound(self.addrs)
         log.info("Ignoring a peer that does not speak SwarmLLM %s",
                  kv(addr=addr, protocol_version=exc.protocol_version, agent=exc.agent, site=site,
                     reason=exc.message))
@@ -58,8 +63,15 @@ class ForeignPeers:
 
     def note_id(self, node_id: str) -> None:
         """node_id proved an identity but speaks another protocol."""
-        self.ids.add(node_id)
+        self.ids[node_id] = None
+        _bound(self.ids)
 
     def speaks_swarm(self, node_id: str) -> None:
         """A link to node_id came up: it speaks our protocol now."""
-        self.ids.discard(node_id)
+        self.ids.pop(node_id, None)
+
+
+def _bound(entries: dict) -> None:
+    """Drop the oldest entries past FOREIGN_PEERS_MAX (dicts keep insertion order)."""
+    while len(entries) > const.FOREIGN_PEERS_MAX:
+        del entries[next(iter(entries))]

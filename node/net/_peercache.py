@@ -180,7 +180,7 @@ class PeerCacheKeeper:
                 peers.append(CachedPeer(r.node_id, addrs, r.relays[:4], now if r.link else r.last_seen,
                                         {a: list(r.addr_failing[a]) for a in addrs if a in r.addr_failing},
                                         r.is_relay))
-        cache = PeerCache(peers[: const.PEER_CACHE_MAX], sorted(self._foreign.addrs)[:1024])
+        cache = PeerCache(peers[: const.PEER_CACHE_MAX], list(self._foreign.addrs))  # bounded there, oldest first
         try:
             await asyncio.get_running_loop().run_in_executor(None, save_peer_cache, self._data_dir, cache)
         except OSError as exc:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 
 import pytest
 
+from node import const
+from node.net._foreign import ForeignPeers
+from node.net._messages import NotSwarmPeer
 from tests.support.waiting import wait_until
 
 from .util import addr
@@ -89,3 +93,35 @@ async def test_peer_with_another_protocol_version_is_ignored(make_manager, fast_
     dialled = [r for r in caplog.records
                if f"connection established peer_id={a.short_id}" in r.getMessage() and "is_dialer=False" in r.getMessage()]
     assert len(dialled) <= 1  # the one first attempt, never again
+
+
+async def test_foreign_addresses_are_bounded_oldest_out_and_so_is_peers_json(make_manager, fast_net, monkeypatch):
+    """Every misdialled address was remembered for ever, in memory and in peers.json: a node that
+    met many (a scanner's, a typo in a script dialling on) grew both without end."""
+    monkeypatch.setattr(const, "FOREIGN_PEERS_MAX", 3)
+    a = await make_manager("a")
+    async with contextlib.AsyncExitStack() as stack:
+        fakes = [await stack.enter_async_context(FakeServer(b"HTTP/1.1 400 Bad Request\r\n\r\n")) for _ in range(5)]
+        for fake in fakes:  # one at a time: the order they are met in is known
+            with pytest.raises(NotSwarmPeer):
+                await a.async_connect(fake.address)
+        kept = [fake.address for fake in fakes[-3:]]
+        assert list(a.discovery.foreign.addrs) == kept
+        await a.async_stop()
+    assert json.loads((a.config.data_dir / "peers.json").read_text())["foreign"] == kept
+    a2 = await make_manager("a", start=False)
+    await a2.discovery.cache.async_load()
+    assert list(a2.discovery.foreign.addrs) == kept
+
+
+def test_foreign_ids_and_loaded_addresses_are_bounded(monkeypatch):
+    monkeypatch.setattr(const, "FOREIGN_PEERS_MAX", 3)
+    foreign = ForeignPeers(lambda: None)
+    foreign.load(f"192.0.2.{i}:4000" for i in range(10))  # a peers.json written before the bound
+    assert list(foreign.addrs) == [f"192.0.2.{i}:4000" for i in (7, 8, 9)]
+    ids = [f"{i:x}" * 64 for i in range(5)]
+    for node_id in ids:
+        foreign.note_id(node_id)
+    assert list(foreign.ids) == ids[-3:]
+    foreign.speaks_swarm(ids[-1])
+    assert list(foreign.ids) == ids[2:4] and not foreign.skip(ids[-1], "pex") and foreign.skip(ids[2], "pex")
