@@ -24,7 +24,7 @@ API_BODY_READ_MAX_S = 300.0  # and one still not complete after this long (a tri
 OPEN_FILES_SOFT_LIMIT_MAX = 8192
 TRACE_RING_SIZE = 50  # recent requests kept for diagnostics
 FAILURE_RING_SIZE = 50
-ACTIVITY_RING_SIZE = 100
+ACTIVITY_RING_SIZE = 100  # lines of recent activity kept for the diagnostics report
 
 # --- event loop health ---
 LOOP_STALL_THRESHOLD_MS = 100  # DIAG: network event loop stalled when late by more than this

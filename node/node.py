@@ -7,6 +7,7 @@ loop): `await node.start()` ... `await node.stop()`. It composes the parts; the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -107,7 +108,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self.embed_server: RemoteEmbedServer | None = None  # runs EMBED for others on whole models
         self.embedder: RemoteEmbedder | None = None  # asks peers holding a model whole for embeddings
         self.started_at: float | None = None
-        self.activity: list[str] = []
+        self.activity: collections.deque[str] = collections.deque(maxlen=const.ACTIVITY_RING_SIZE)
         self.host_names: list[str] = []  # this machine's names, redacted from reports
         self.user_names: list[str] = []  # the user's names, redacted from reports
         self._machine_task: asyncio.Task | None = None
@@ -474,8 +475,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
     def note_activity(self, text: str) -> None:
         """A line for the diagnostics report's recent-activity section."""
         stamp = time.strftime("%H:%M:%S")
-        self.activity.append(f"{stamp} {text}")
-        del self.activity[:-100]
+        self.activity.append(f"{stamp} {text}")  # the oldest goes past ACTIVITY_RING_SIZE lines
 
     def stats(self) -> dict[str, Any]:
         """Counters for /api/admin/stats and the GUI overview (`status.node_stats`)."""
