@@ -39,6 +39,8 @@ async def test_a_member_that_missed_a_rotation_is_told_it_needs_a_new_invite(tmp
         await wait_until(lambda: a.node_id in m2.membership.refusals, what="m refusing a / refused by a")
         reason = m2.membership.refusals[a.node_id].reason
         assert "new invite" in reason, reason
+        # a notes its own refusal of m2 on its side of the exchange, not necessarily before m2 notes its own
+        await wait_until(lambda: m2.node_id in a.membership.refusals, what="a refusing m2")
         assert "new invite" not in a.membership.refusals[m2.node_id].reason  # a holds the newer secret
     finally:
         for manager in reversed(made):
