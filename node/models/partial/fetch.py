@@ -49,7 +49,7 @@ from node.errors import DownloadFailed, ModelLoadError
 from node.logs import kv
 from node.models.download.fetch import Retryable, content_range, resume_validator, retry_delay
 from node.models.download.hub import hub_headers, refusal_hint, retry_after_s
-from node.models.download.urls import describe_error, display_url, http_error, resolve_url
+from node.models.download.urls import cert_failure, describe_error, display_url, http_error, resolve_url
 
 from .layout import Manifest, PartialStore, new_manifest
 from .probe import FetchStats, _async_probe_resuming, _Retry
@@ -365,6 +365,8 @@ async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: l
                         break  # the server sent the file through: every wanted byte went by
                 failures = 0
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, _Retry) as exc:
+                if (bad_cert := cert_failure(exc, url)) is not None:  # another attempt fares no better
+                    raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed: {bad_cert}") from exc
                 failures = 1 if w.received() > before else failures + 1  # progress: not a failure streak
                 if failures >= const.DOWNLOAD_RETRIES:
                     raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed {failures} times; "
