@@ -112,6 +112,8 @@ PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes
 PEER_CACHE_MAX = 256
 FOREIGN_PEERS_MAX = 1024  # entries: addresses (peers.json too) and, apart, node ids known not to speak SwarmLLM;
 # past it the oldest go first (one entry per misdialled address, never forgotten, grew without end)
+PEER_LACKS_MAX = 1024  # peer processes (node ids) whose refused, or answered, frame types are kept (each of the two
+# tables); past it the least recently noted goes first (a client churning identities grew them until forgotten)
 MDNS_RESOLVE_TIMEOUT_MS = 3000
 MDNS_DAY_S = 86400  # the mDNS tag changes every UTC day (Clock.day)
 CLOCK_SKEW_WARN_S = 300.0  # a peer's HELLO time this far from ours: WARNING once (nothing in a link needs

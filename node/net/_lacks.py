@@ -9,17 +9,24 @@ tells its listeners (the pipeline's askers), which fail what waits on that peer 
 once and stop choosing it for that kind of request. An old ERROR names no type: the listeners get
 None and attribute it to their own outstanding frames to that peer whose type it has not shown it
 serves (`knows`: it answered one this boot). An honest peer of this version always names the type.
+
+Only the types this node sends that an older peer may refuse (`REFUSABLE`) are kept, for at most
+`PEER_LACKS_MAX` peer processes, the least recently noted going first: any peer could name any type
+0-255 and a client churning identities left a table entry each until the peer table forgot it
+(2026-12-07, review r27).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from node import const
 from node.logs import kv
 
-from ._frames import Frame, type_name
+from ._frames import Frame, FrameType, type_name
 from ._link import PeerLink
 from ._messages import ErrorInfo
 
@@ -27,6 +34,10 @@ log = logging.getLogger(__name__)
 
 UNSUPPORTED = "unsupported_frame_type"
 _MAX_SID = 256  # an echoed sid longer than this is left out (sids are ~40 characters)
+
+# the frame types this node sends that a peer of an older version may not serve (remote embeddings,
+# 2026-12-06): the only ones whose refusal is remembered or told (an asker waits on no other)
+REFUSABLE: frozenset[int] = frozenset({FrameType.EMBED, FrameType.EMBED_CANCEL})
 
 # callback(node_id, frame_type or None (an old peer's ERROR), sid or None)
 LackListener = Callable[[str, "int | None", "str | None"], None]
@@ -54,8 +65,9 @@ class PeerLacks:
 
     def __init__(self, boot_of: Callable[[str], str | None]):
         self._boot_of = boot_of  # node id -> the boot_id of its live link's HELLO (None: no link)
-        self._lacks: dict[str, tuple[str, set[int]]] = {}  # node id -> (boot_id, types it lacks)
-        self._knows: dict[str, tuple[str, set[int]]] = {}  # node id -> (boot_id, types it answered)
+        # node id -> (boot_id, types it lacks / answered), least recently noted first
+        self._lacks: OrderedDict[str, tuple[str, set[int]]] = OrderedDict()
+        self._knows: OrderedDict[str, tuple[str, set[int]]] = OrderedDict()
         self._listeners: list[LackListener] = []
 
     def subscribe(self, listener: LackListener) -> Callable[[], None]:
@@ -73,14 +85,17 @@ class PeerLacks:
             return None
         return entry[1]
 
-    def _add(self, table: dict[str, tuple[str, set[int]]], node_id: str, frame_type: int) -> bool:
+    def _add(self, table: OrderedDict[str, tuple[str, set[int]]], node_id: str, frame_type: int) -> bool:
         boot = self._boot_of(node_id)
-        if boot is None:
+        if boot is None or int(frame_type) not in REFUSABLE:
             return False
         types = self._types(table, node_id)
         if types is None:
             types = set()
             table[node_id] = (boot, types)
+            while len(table) > const.PEER_LACKS_MAX:
+                table.popitem(last=False)
+        table.move_to_end(node_id)
         if frame_type in types:
             return False
         types.add(int(frame_type))
@@ -120,6 +135,10 @@ class PeerLacks:
                                                           message=info.message))
             return
         refused = _refused_type(frame.header)
+        if refused is not None and refused not in REFUSABLE:  # never sent it: nothing waits, nothing to keep
+            log.debug("DIAG: peer refused a frame type this node does not send it %s", kv(
+                peer_id=link.short_id, type=refused))
+            return
         sid = frame.header.get("sid")
         sid = sid if isinstance(sid, str) and 0 < len(sid) <= _MAX_SID else None
         if refused is not None:
@@ -134,4 +153,4 @@ class PeerLacks:
                 log.exception("unsupported_frame_type listener failed")
 
 
-__all__ = ["UNSUPPORTED", "LackListener", "PeerLacks", "refuse_unsupported"]
+__all__ = ["REFUSABLE", "UNSUPPORTED", "LackListener", "PeerLacks", "refuse_unsupported"]
