@@ -125,7 +125,8 @@ class HostedSlice:
             "kv_dtype": self.model.kv_name if self.model is not None else None,
             "partial": self.entry.partial.describe() if self.entry.partial is not None else None,
             "fetch": {"done_bytes": self.fetch[0], "total_bytes": self.fetch[1]} if self.fetch is not None else None,
-            "retrying": self.retrying,
+            # only while it loads: a slice that loaded said "retrying" an old error for ever (2026-12-07)
+            "retrying": self.retrying if self.state == "loading" else None,
         }
 
 
@@ -328,12 +329,12 @@ class SliceHost:
                                                          cache=self.weight_cache, sha256=entry.sha256,
                                                          kv_dtype=self.kv_dtype))
         except NodeError as exc:
-            hosted.state, hosted.error = "failed", exc.message
+            hosted.state, hosted.error, hosted.retrying = "failed", exc.message, None
             log.error("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}", error=exc.message))
             self.events.emit(hosted)
             return hosted
         except Exception as exc:  # noqa: BLE001 - a disk error, memory, a bug: the slice fails, never stays "loading"
-            hosted.state, hosted.error = "failed", f"{type(exc).__name__}: {exc}"
+            hosted.state, hosted.error, hosted.retrying = "failed", f"{type(exc).__name__}: {exc}", None
             log.exception("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}",
                                                            error=hosted.error))
             self.events.emit(hosted)
@@ -346,7 +347,7 @@ class SliceHost:
             log.info("DIAG: slice load cancelled %s", kv(model=entry.id, layers=f"{start}-{end - 1}"))
             self.events.emit(hosted)
             raise
-        hosted.state = "loaded"
+        hosted.state, hosted.retrying = "loaded", None  # (the failure it retried is over)
         self.events.emit(hosted)
         log.info("DIAG: serving slice %s", kv(model=entry.id, layers=f"{start}-{end - 1}", n_layers=entry.n_layers,
                                               elapsed_ms=int((time.monotonic() - started) * 1000)))
