@@ -53,6 +53,7 @@ class Contributions:
 
     def attach(self, autoserve: AutoServe, fixed: list[tuple[ModelEntry, int, int]]) -> None:
         self.autoserve, self._fixed = autoserve, fixed
+        autoserve.failures_changed.subscribe(self.events.emit)  # a failure kept or over: the GUI re-reads
 
     @property
     def paused(self) -> bool:

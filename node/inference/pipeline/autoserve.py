@@ -33,6 +33,7 @@ from node.inference.pipeline.host import HostedSlice, SliceHost
 from node.inference.pipeline.moves import Moves
 from node.logs import kv
 from node.models.catalog import ModelEntry
+from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class AutoServe(Moves, BudgetShares):
         # peers' loading ranges -> (first seen, last seen moving, bytes fetched then), loop time
         self._claims: dict[tuple[str, str, int, int], tuple[float, float, int]] = {}
         self._stale: asyncio.TimerHandle | None = None  # wakes the chooser when the oldest claim goes stale
+        self.failures_changed: Observers[[]] = Observers("autoserve failures")  # failures() changed (the app)
 
     @property
     def settled(self) -> bool:
@@ -107,6 +109,8 @@ class AutoServe(Moves, BudgetShares):
             m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
         else:  # (before the release's awaits: an evaluation meanwhile sees no budget and loads nothing)
             m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
+            m.failures = 0
+            self._set_failure(m, None)  # a new budget is a new choice: the old one's failure is over
             await self._async_release(m, keep_parts=True)
         if len(self._sharing()) != sharing:
             await self._async_reshare()
@@ -120,6 +124,7 @@ class AutoServe(Moves, BudgetShares):
             return
         sharing = len(self._sharing())
         self.models.remove(m)
+        self._set_failure(m, None)
         await self._async_release(m)
         if len(self._sharing()) != sharing:
             await self._async_reshare()
@@ -131,7 +136,7 @@ class AutoServe(Moves, BudgetShares):
         grace period)."""
         self.paused = True
         for m in list(self.models):
-            m.last_failure = None  # (nothing is chosen while paused: no failure is pending)
+            self._set_failure(m, None)  # (nothing is chosen while paused: no failure is pending)
             await self._async_release(m, keep_parts=True)
 
     def resume(self) -> None:
@@ -182,7 +187,8 @@ class AutoServe(Moves, BudgetShares):
         if hosted is None or hosted.state == "unloaded":
             return
         if hosted.state == "loaded":
-            m.failures, m.last_failure = 0, None
+            m.failures = 0
+            self._set_failure(m, None)
             if not self._wanted(m):
                 return  # paused or removed meanwhile: a pause keeps the parts
             # the parts of ranges kept for a return (a pause, a new budget, the range on disk at a
@@ -191,6 +197,10 @@ class AutoServe(Moves, BudgetShares):
             task = asyncio.create_task(self.host.async_trim_parts(m.entry), name="autoserve-trim")
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
+            return
+        if not self._wanted(m):
+            # paused or removed as it failed (the load had ended before the release could cancel it):
+            # no failure, no retry timer (2026-12-07: one was kept after async_pause had cleared it)
             return
         m.failures += 1
         delay = min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** min(m.failures - 1, 20))
@@ -204,12 +214,17 @@ class AutoServe(Moves, BudgetShares):
         # kept (the slice itself is unloaded now) for the app, diagnostics and the admin API: the app
         # went back to "no model can serve" and nothing said why (2026-12-07)
         now = time.time()
-        m.last_failure = ChoiceFailure(m.entry.id, hosted.start, hosted.end, hosted.error or "unknown error", now,
-                                       now + delay, m.failures)
+        self._set_failure(m, ChoiceFailure(m.entry.id, hosted.start, hosted.end, hosted.error or "unknown error",
+                                           now, now + delay, m.failures))
         log.info("DIAG: slice load failed, choosing again soon %s", kv(
             model=m.entry.id, layers=f"{hosted.start}-{hosted.end - 1}", failures=m.failures,
             retry_in_s=round(delay, 1), reason=hosted.error))
         self.note(m.last_failure.text())
+
+    def _set_failure(self, m: AutoModel, failure: ChoiceFailure | None) -> None:
+        if m.last_failure is not failure:
+            m.last_failure = failure
+            self.failures_changed.emit()
 
     def failures(self) -> list[ChoiceFailure]:
         """The last failed load of each model whose later choice has not loaded yet (paused: none)."""
@@ -353,6 +368,15 @@ class AutoServe(Moves, BudgetShares):
         del self.decisions[:-50]
 
     async def _async_evaluate(self, m: AutoModel, why: str) -> None:
+        """Choose for `m` (below). A choice that loads nothing (the budget fits no layer now, no move,
+        a failed move's old range serving on) ends the last failure: nothing retries it. It stayed
+        shown for ever, "chosen again at" a time long past (2026-12-07, review r27)."""
+        before = m.last_failure
+        await self._async_choose(m, why)
+        if before is not None and m.last_failure is before and self._wanted(m):
+            self._set_failure(m, None)
+
+    async def _async_choose(self, m: AutoModel, why: str) -> None:
         entry, n = m.entry, m.entry.n_layers
         if m.budget is None:
             return
