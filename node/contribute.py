@@ -105,13 +105,37 @@ class Contributions:
                 raise InvalidRequest(f"this node is not helping serve {model_id}", param="model")
             self.config.contribute_models = {k: v for k, v in chosen.items() if k != key}
             entry = self.catalog.entries.get(key)
-            if entry is not None and self.autoserve is not None:
-                await self.autoserve.async_remove(entry.sha256)
+            if self.autoserve is not None:
+                # by the sha256 of the model chosen, also when the catalog forgot it (its file deleted):
+                # it went on being chosen, its failure shown everywhere (2026-12-07, review r27)
+                sha256 = entry.sha256 if entry is not None else next(
+                    (m.entry.sha256 for m in self.autoserve.models if m.entry.id == key), None)
+                if sha256 is not None:
+                    await self.autoserve.async_remove(sha256)
             await self._async_save()
         log.info("DIAG: contributing stopped %s", kv(model=key))
         self.note(f"stopped helping serve {key}")
         self.events.emit()
         return self.summary()
+
+    async def async_forget(self, entry: ModelEntry) -> None:
+        """The catalog dropped `entry` (its file is gone): its layers are not chosen any more (each
+        retry failed on the missing file, the failure shown everywhere); a "Help serve" choice stays
+        in config.toml and is taken up again when the file is back (`async_file_back`)."""
+        if self.autoserve is not None and self.autoserve.model(entry.sha256) is not None:
+            log.info("DIAG: layer choice stops, the model's file is gone %s", kv(model=entry.id))
+            await self.autoserve.async_remove(entry.sha256)
+            self.events.emit()
+
+    async def async_file_back(self, entry: ModelEntry) -> None:
+        """A model file came (back) while running: a "Help serve" choice kept for it is taken up."""
+        budget_mb = self.config.contribute_models.get(entry.id)
+        if budget_mb is None or self.autoserve is None or self.autoserve.model(entry.sha256) is not None:
+            return
+        async with self._lock:
+            await self.autoserve.async_add(entry, budget_mb)
+        log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="file_back"))
+        self.events.emit()
 
     async def async_set_paused(self, paused: bool) -> dict[str, Any]:
         """Pause: take no work for others and free every slice (after its sessions end). Resume:

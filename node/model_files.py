@@ -64,6 +64,7 @@ class ModelFiles:
             return False
         if served is not None:
             node.models.forget(entry, removed=True)
+        await node.contributions.async_forget(entry)  # (its layer choice retried the missing file for ever)
         node.note_activity(f"model {entry.id} removed (its file is gone)")
         if node.peers is not None:
             await node.peers.async_announce()

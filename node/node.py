@@ -412,6 +412,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
         if new:
             await self.models.async_register(entry)
             self.note_activity(f"model {entry.id} added ({source})")
+            await self.contributions.async_file_back(entry)  # a "Help serve" kept while its file was gone
             if self.peers is not None:
                 await self.peers.async_announce()
         return entry.id
