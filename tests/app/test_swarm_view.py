@@ -188,7 +188,7 @@ def test_the_admin_api_refuses_bad_contribute_bodies(qtbot, run, tmp_path, tiny_
                         assert resp.status in (400, 404), (bad, resp.status, text)
                         assert words in text, (bad, text)
                 async with session.get(url, headers=auth) as resp:
-                    assert (await resp.json()) == {"paused": False, "models": []}
+                    assert (await resp.json()) == {"paused": False, "models": [], "failures": []}
 
     run(body())
 
