@@ -24,7 +24,7 @@ from node import const
 from node.inference.handoff import GenerationJob
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.transport import PipelineTransport
-from node.inference.pipeline.wire import Result
+from node.inference.pipeline.wire import Ack, Result
 from node.inference.sampling import SamplingParams
 from node.trace import RequestTrace
 from node.watchdog import LoopWatchdog
@@ -135,5 +135,34 @@ async def test_a_next_hop_one_peer_cannot_reach_right_after_this_nodes_pause_is_
         assert "pipeline attempt failed because this node was paused" not in caplog.text
         assert "DIAG: pipeline attempt failed request_id" in caplog.text
     finally:
+        dog.stop()
+        coordinator.close()
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_a_later_hop_silent_after_its_clock_started_past_this_nodes_pause_is_charged(monkeypatch, caplog):
+    """Route PEER -> NEXT; the step goes out, this node pauses, PEER's ACK is read when the pause
+    ends, so NEXT's ACK deadline starts after the pause; NEXT never answers. Its silence is NEXT's
+    (review r28, finding 1: `SegmentFailed.since` was the step's send time, before the pause, so
+    `_own_pause` excused it: NEXT was neither left out nor recorded silent, and planned on again)."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(const, "ROUTE_REGAIN_S", 1.0)
+    dog = LoopWatchdog()
+    dog.start()
+    peers = TwoHops()
+    coordinator, run, trace, consuming, _got = await _begin(peers, "req-c", dog)
+    try:
+        assert [h.node_id for h in run.attempt.route] == [PEER, NEXT] and run.attempt.kinds == ["direct", "direct"]
+        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)  # the step was sent before the pause
+        held = peers.held  # PEER's ACK (its output on its way to NEXT), read as the pause ends
+        coordinator.on_ack(Ack(held["sid"], held["seq"], 0, PEER, done=True).to_header(), b"", PEER)
+        await wait_until(lambda: trace.failure_causes, 10, 0.01, "NEXT's silent ACK to fail the attempt")
+        assert trace.failure_causes[0] == "ack_deadline", trace.failure_causes
+        assert "pipeline attempt failed because this node was paused" not in caplog.text
+        assert f"node={NEXT[:8]} cause=ack_deadline" in caplog.text  # charged: left out, recorded silent
+        await asyncio.wait_for(asyncio.gather(consuming, return_exceptions=True), 30)
+    finally:
+        consuming.cancel()
         dog.stop()
         coordinator.close()

@@ -45,6 +45,7 @@ class Step:
     trace: RequestTrace | None = None  # set while waited for (deadline log lines)
     armed: tuple[float, float] = (0.0, 0.0)  # (when, for how long) the pending deadline was set
     rearms: int = 0  # deadlines pushed back for this node's own pause (SELF_PAUSE_REARMS at most)
+    clock: float = 0.0  # when the pending deadline's clock started (sent_at, or the ACK it runs from was read)
 
     def disarm(self) -> None:
         """Cancel the pending deadline, if any."""
@@ -128,28 +129,32 @@ class StepDeadlines:
 
     def arm(self, att: Attempt, step: Step) -> None:
         """(Re)schedule the step's earliest pending deadline."""
-        deadline, hop, what = self.deadline(att, step)
+        deadline, hop, what, step.clock = self.deadline(att, step)
         step.disarm()
         now = time.monotonic()
         step.armed = (now, max(0.0, deadline - now))
         step.timer = asyncio.get_running_loop().call_later(step.armed[1], self._expire, att, step, hop, what)
 
-    def deadline(self, att: Attempt, step: Step) -> tuple[float, int, str]:
-        """(time, hop, what) of the earliest deadline still pending for this step."""
-        basis = step.sent_at
+    def deadline(self, att: Attempt, step: Step) -> tuple[float, int, str, float]:
+        """(time, hop, what, since) of the earliest deadline still pending for this step; `since`:
+        when its clock started, the loop running then (the step sent, or the ACK it runs from read)."""
+        basis = since = step.sent_at
         for i, hop in enumerate(att.route):
             got = step.acks.get(i)
             if got is None:
                 if att.kinds[i] != "local":
-                    return basis + self.ack_budget(hop.node_id), i, "ack"
+                    return basis + self.ack_budget(hop.node_id), i, "ack", since
                 got = (basis, False)  # our own hop, still computing: no message to miss
+            else:
+                since = got[0]
             acked, done = got
             # an ACK sent with the step's output starts the next hop's clock; an earlier one (a
             # slow step, after ACK_HOLD_S) leaves the step its compute allowance first
             basis = acked if done else acked + self.compute_allowance(hop, step.n_tokens)
         last = att.route[-1].node_id
         # our own last hop: its RESULT follows its ACK within a loop pass; a margin, not a race
-        return basis + (const.ACK_HOLD_S if att.kinds[-1] == "local" else self.ack_budget(last)), len(att.route) - 1, "result"
+        margin = const.ACK_HOLD_S if att.kinds[-1] == "local" else self.ack_budget(last)
+        return basis + margin, len(att.route) - 1, "result", since
 
     def ack_budget(self, node_id: str) -> float:
         """How long an ACK from this node may take: its RTO (or the initial one), at least the
@@ -196,4 +201,4 @@ class StepDeadlines:
             log.warning("DIAG: segment TIMED OUT — no result received %s",
                         kv(request_id=trace.request_id, sid=att.sid, seq=step.seq, node=node[:8]))
         step.result.set_result(SegmentFailed(f"no {what.upper()} from {node[:8]} within the deadline", node_id=node,
-                                             cause=f"{what}_deadline", since=step.sent_at))
+                                             cause=f"{what}_deadline", since=step.clock or step.sent_at))

@@ -87,10 +87,12 @@ class Failover:
         if span is None or self.excused.get(failure.node_id) == span[0]:
             return 0.0
         start, _end, took = span
-        # a silence counts only the pause after what went unanswered was sent (or the last frame
-        # came): a step sent after the pause, to a peer that never answers, is the peer's (its
-        # deadline was charged as such: deadlines.py) — until 2026-12-07 it was excused, the peer
-        # neither left out nor recorded silent, and the next attempt was planned on it (review r25)
+        # a silence counts only the pause after its deadline's clock started (the step sent, the
+        # ACK of the hop before read, the last frame came): a step sent after the pause, to a peer
+        # that never answers, is the peer's (its deadline was charged as such: deadlines.py) — until
+        # 2026-12-07 it was excused, the peer neither left out nor recorded silent, and the next
+        # attempt was planned on it (review r25); a later hop's counted from the step's send, before
+        # a pause its own wait began after (review r28)
         since = max(att.opened, failure.since or 0.0) if failure.cause in SILENCES else att.opened
         paused = took - max(0.0, since - start)  # (a machine's sleep: its monotonic span is ~0)
         if paused < const.SELF_PAUSE_MIN_S:  # opened or sent after the pause (or during a busy loop's stall)
