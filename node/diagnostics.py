@@ -11,7 +11,7 @@ import asyncio
 import socket
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,7 @@ from node.inference.pipeline.coverage import swarm_coverage
 from node.inference.pipeline.layerchoice import Span, layer_counts
 from node.logs import clean_text
 from node.redact import Redactor
+from node.trace import FAILED_OUTCOMES
 
 if TYPE_CHECKING:
     from node.config import NodeConfig
@@ -88,6 +89,15 @@ def _uptime(seconds: float) -> str:
     return (f"{days}d " if days else "") + f"{hours:02d}:{minutes:02d}:{secs:02d}"
 
 
+def _failed(counts: Mapping[str, int]) -> str:
+    """'N failed' over every outcome the failure ring keeps, naming the ones that are no error: a
+    stream cut off because its client took nothing (2026-12-07, review r28: the header counted only
+    `error`, so those left the header while the ring listed them)."""
+    failed = sum(counts.get(o, 0) for o in FAILED_OUTCOMES)
+    others = [f"{counts[o]} {o}" for o in FAILED_OUTCOMES if o != "error" and counts.get(o, 0)]
+    return f"{failed} failed" + (f" ({', '.join(others)})" if others else "")
+
+
 def _header(node: ReportParts, r: Redactor) -> list[str]:
     counts = node.traces.counts
     uptime = time.time() - node.started_at if node.started_at else 0
@@ -108,8 +118,8 @@ def _header(node: ReportParts, r: Redactor) -> list[str]:
         f"node: {node.short_id}  uptime: {_uptime(uptime)}",
         f"reachability: {reach}",
         swarm_line,
-        f"requests: {counts.get('started', 0)} started, {counts.get('ok', 0)} ok, "
-        f"{counts.get('error', 0)} failed, {counts.get('cancelled', 0)} cancelled",
+        f"requests: {counts.get('started', 0)} started, {counts.get('ok', 0)} ok, {_failed(counts)}, "
+        f"{counts.get('cancelled', 0)} cancelled",
         f"in_flight: {node.traces.in_flight} traces, "
         f"{node.pipeline.in_flight if node.pipeline is not None else 0} pipelines",
         f"generated: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  redacted: {'no' if not r.enabled else 'yes'}",
