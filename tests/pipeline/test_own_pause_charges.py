@@ -5,7 +5,10 @@ recorded silent, and the next attempt was planned on it again):
 
 - a step sent AFTER the pause to a peer that never answers: its deadline is the peer's (deadlines.py
   already charged it: no pause fell in its wait);
-- a next hop that a PEER could not reach (B cannot reach C, neither of them this node).
+- a next hop that a PEER could not reach (B cannot reach C, neither of them this node);
+- a later hop whose deadline started only after the pause (the ACK before it read as it ended).
+
+And the one it can: this node's own segment not reaching the next peer after the pause is excused.
 
 Driven on the real PipelineCoordinator, PipelineRun, StepDeadlines and LoopWatchdog, with the
 stand-in peer table of test_paused_failover_bounded.py."""
@@ -24,11 +27,13 @@ from node import const
 from node.inference.handoff import GenerationJob
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.transport import PipelineTransport
-from node.inference.pipeline.wire import Ack, Result
+from node.inference.pipeline.wire import Ack, Result, Work
 from node.inference.sampling import SamplingParams
+from node.net import FrameType
 from node.trace import RequestTrace
 from node.watchdog import LoopWatchdog
 from tests.pipeline.test_paused_failover_bounded import (
+    HELD_AFTER,
     MAX_NEW,
     ME,
     PEER,
@@ -164,5 +169,75 @@ async def test_a_later_hop_silent_after_its_clock_started_past_this_nodes_pause_
         await asyncio.wait_for(asyncio.gather(consuming, return_exceptions=True), 30)
     finally:
         consuming.cancel()
+        dog.stop()
+        coordinator.close()
+
+
+class LocalWorker:
+    """This node's own first segment [0-4) (the stand-in of its worker): answers each WORK with the
+    chain's RESULT on a later loop pass, holding the one after HELD_AFTER until the test lets it go."""
+
+    def __init__(self, transport: PipelineTransport):
+        self.coordinator: PipelineCoordinator | None = None
+        self.works, self.held = 0, None
+        transport.on_local(FrameType.WORK, self.on_work)
+        for ftype in (FrameType.SESSION_END, FrameType.CANCEL):
+            transport.on_local(ftype, lambda header, payload, sender: None)
+
+    def for_model(self, sha256):
+        return [SimpleNamespace(start=0, end=4, ms_per_layer=1.0)] if sha256 == SHA else []
+
+    def adverts(self):
+        return []
+
+    def on_work(self, header: dict, payload: bytes, sender: str) -> None:
+        work = Work.from_header(header)
+        self.works += 1
+        result = Result(work.sid, work.seq, token=100 + work.index_pos).to_header()
+        if self.works == HELD_AFTER + 1:
+            self.held = result
+        else:
+            asyncio.get_running_loop().call_soon(self.coordinator.on_result, result, b"", ME)
+
+
+@pytest.mark.blocks_loop("this node's own pause mid-stream")
+async def test_this_nodes_own_segment_not_reaching_the_next_peer_after_its_pause_is_excused(caplog):
+    """Route ME (local) -> PEER: this node's own segment cannot forward to PEER, which dropped the
+    link while this node was paused. That is this node's pause, not PEER's fault: PEER is not left
+    out and the attempt does not count (review r28, finding 3: only the first-hop case was tested)."""
+    caplog.set_level(logging.INFO)
+    dog = LoopWatchdog()
+    dog.start()
+    peers = Peers()
+    peers.snap = dataclasses.replace(peers.snap, models=({**peers.snap.models[0], "start": 4},))
+    transport = PipelineTransport(ME, peers)
+    worker = LocalWorker(transport)
+    coordinator = PipelineCoordinator(ME, transport, peers, worker, pauses=dog)
+    peers.coordinator = worker.coordinator = coordinator
+    coordinator.register()
+    try:
+        job = GenerationJob("req-d", [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
+        trace = RequestTrace(model="m", operation="chat.completions")
+        run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
+        assert [h.node_id for h in run.attempt.route] == [ME, PEER] and run.attempt.kinds == ["local", "direct"]
+        got: list[int] = []
+
+        async def consume():
+            async for batch in run.tokens():
+                got.extend(batch)
+
+        consuming = asyncio.create_task(consume())
+        await wait_until(lambda: worker.held is not None, 10, 0.01, "this node's segment to hold a RESULT")
+        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+        held = worker.held  # after the pause, its forward to PEER finds no link
+        coordinator.on_result(Result(held["sid"], held["seq"], error=f"no link to peer {PEER[:8]}",
+                                     error_code="next_hop_unreachable", failed_node=PEER).to_header(), b"", ME)
+        await asyncio.wait_for(consuming, 30)
+        assert len(got) == MAX_NEW
+        assert trace.failure_causes == ["self_paused"], trace.failure_causes
+        assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
+        assert "DIAG: pipeline attempt failed request_id" not in caplog.text
+        assert [h.node_id for h in run.attempt.route] == [ME, PEER]  # planned on PEER again
+    finally:
         dog.stop()
         coordinator.close()

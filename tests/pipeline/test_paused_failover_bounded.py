@@ -188,9 +188,11 @@ async def test_a_failover_excused_by_a_pause_that_fails_again_at_once_still_ends
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
 async def test_a_next_hop_unreachable_right_after_this_nodes_pause_is_not_the_peers_fault(caplog):
-    """This node's own first segment forwarding to a peer that dropped it during the pause fails
-    with next_hop_unreachable naming the peer: excused like a link drop (review r21, finding 3;
-    before: WARN, the peer left out, the attempt counted)."""
+    """A next_hop_unreachable naming the route's first hop, the one peer here: the hop before it is
+    this node, the coordinator, that the peer dropped during the pause; excused like a link drop
+    (review r21, finding 3; before: WARN, the peer left out, the attempt counted). This node's own
+    segment not reaching the next peer (route [this node (local), peer]):
+    test_own_pause_charges.py::test_this_nodes_own_segment_not_reaching_the_next_peer_after_its_pause_is_excused."""
     caplog.set_level(logging.INFO)
     dog = LoopWatchdog()
     dog.start()
