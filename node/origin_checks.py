@@ -2,7 +2,8 @@
 at the download's end, and once more at the node's start for the files whose check could not be
 made then (a timeout, DNS, a refused connection: recorded `unchecked`, not shared; 2026-12-07: it was
 recorded not public for good, so a download finished during a network blip was never shared while
-unloaded). Only a public one's file is listed in the HELLO's `files` (wholeparts.held_files). The
+unloaded; at that later start a certificate failure too, which may be that start's network's: a
+captive portal, an inspecting proxy, a wrong clock; 2026-12-07, review r28). Only a public one's file is listed in the HELLO's `files` (wholeparts.held_files). The
 checks are tasks of their own, cancelled and awaited at stop (moved out of node.py, 2026-12-07).
 Whether the download sent the user's Hugging Face token is found once, at its end (this process
 sent it), and kept with an `unchecked` record: the check made again asks without a token when one
@@ -71,16 +72,19 @@ class OriginChecks:
         unchecked = await loop.run_in_executor(None, self.catalog.unchecked_origins)
         if unchecked:
             log.info("DIAG: model origins not checked before, checking them again %s", kv(files=len(unchecked)))
-        await asyncio.gather(*(self._async_check(path, sha, url, token) for path, sha, url, token in unchecked))
+        await asyncio.gather(*(self._async_check(path, sha, url, token, recheck=True)
+                               for path, sha, url, token in unchecked))
 
     async def _async_check_download(self, path: Path, sha256: str, url: str) -> None:
         # whether the download sent a token: the one this process sends there (hub.py, read just now)
         sent_token = bool(await asyncio.get_running_loop().run_in_executor(None, hub_headers, url))
         await self._async_check(path, sha256, url, sent_token)
 
-    async def _async_check(self, path: Path, sha256: str, url: str, sent_token: bool) -> None:
+    async def _async_check(self, path: Path, sha256: str, url: str, sent_token: bool, recheck: bool = False) -> None:
+        """`recheck`: at a later start, maybe on another network (a certificate failure stays unchecked)."""
         size = await asyncio.get_running_loop().run_in_executor(None, _size_or_none, path)  # (what came back must be as big)
-        public = await async_origin_public(url, sent_token=sent_token, size=size, lan_ok=self.config.public_lan_origins)
+        public = await async_origin_public(url, sent_token=sent_token, size=size, lan_ok=self.config.public_lan_origins,
+                                           recheck=recheck)
         write = asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self.catalog.set_origin_public, path, sha256, public, sent_token=sent_token))
         try:

@@ -2,7 +2,8 @@
 name) fails at once, naming the host and the reason (2026-12-07: it was tried DOWNLOAD_RETRIES times,
 backing off, though a certificate does not fix itself, and said as `failed 6 times; last:
 ClientConnectorCertificateError: …`). The same for a split set, an hf:// file, a Hub repo's listing,
-and the public-origin check (not public, for good: not a network blip to ask again)."""
+and the public-origin check right after a download (not public, for good: not a network blip to
+ask again; made again at a later start it stays unchecked: test_origin_recheck_tls.py)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,10 @@ A check that could not be made (DNS, a timeout after DOWNLOAD_PUBLIC_CHECK_S, a 
 connection, the Hub's 5xx or 429) is neither: None, recorded "unchecked" (not shared: privacy first)
 and made again at the node's next start (origin_checks.py; 2026-12-07: it was "not public" for good,
 so a download finished during a network blip was never shared unloaded). A certificate that fails
-its check is the origin's, not the network's: not public, for good (`tls_certificate`). (Before 2026-12-06 every
+its check right after the download (the network that just fetched the file) is the origin's: not
+public, for good (`tls_certificate`); at a check made again at a later start (`recheck`) it may be
+that network's (a captive portal, an HTTPS-inspecting proxy, a wrong clock): unchecked, asked again
+at the next start (2026-12-07, review r28: not public for good there too). (Before 2026-12-06 every
 download with an origin was handed out, a private Hugging Face repo's too.)
 """
 
@@ -128,12 +131,13 @@ async def _async_fetchable_without_token(url: str, size: int | None, lan_ok: boo
 
 
 async def async_origin_public(url: str, *, sent_token: bool, size: int | None = None,
-                              lan_ok: bool = False) -> bool | None:
+                              lan_ok: bool = False, recheck: bool = False) -> bool | None:
     """Whether the file at `url` (as the user gave it, resolved) is public; None when that could not
     be found out now (the network, not the file: ask again later); never raises. `sent_token`: the
     download sent a Hugging Face token (or that is not known: True), so the file is asked for
     without it, and is public only if what comes back is `size` bytes (the downloaded file's; None:
-    unknown, so not public)."""
+    unknown, so not public). `recheck`: a check made again at a later start, not right after the
+    download (a certificate failure there is None, not False)."""
     parsed = urllib.parse.urlsplit(url)
     why = None
     unchecked = False
@@ -153,13 +157,16 @@ async def async_origin_public(url: str, *, sent_token: bool, size: int | None = 
             elif not fetchable:
                 why = "needs_token"
     except ssl.SSLCertVerificationError:  # (aiohttp's ClientConnectorCertificateError too)
-        # not public, for good, not "unchecked": the download went through, so a host on the way to
-        # the file (the origin, a redirect's CDN) showed the check a certificate this node does not
-        # trust; whoever else fetches the file there meets the same certificate, and nothing says
-        # strangers can fetch it. A certificate is not fixed in a blip, as a timeout is; a recheck
-        # at every start would ask that host again for nothing. (It counted as a ValueError before
-        # 2026-12-07: not public, but said "check_failed", as if the URL could not be asked.)
-        why = "tls_certificate"
+        # right after the download, not public, for good, not "unchecked": the download went
+        # through, so a host on the way to the file (the origin, a redirect's CDN) showed the check,
+        # on the same network, a certificate this node does not trust; whoever else fetches the file
+        # there meets the same certificate, and nothing says strangers can fetch it. A certificate is
+        # not fixed in a blip, as a timeout is. (It counted as a ValueError before 2026-12-07: not
+        # public, but said "check_failed", as if the URL could not be asked.) At a later start the
+        # network may be another one (a captive portal, an HTTPS-inspecting office proxy, a clock
+        # set wrong): nothing about the origin, so unchecked, asked again at the next start
+        # (2026-12-07, review r28: it was not public for good there too)
+        why, unchecked = "tls_certificate", recheck
     except ValueError as exc:  # a URL that cannot be asked (aiohttp's InvalidURL too): not public, for good
         why = f"check_failed:{type(exc).__name__}"
     except (TimeoutError, OSError, aiohttp.ClientError) as exc:  # DNS, a refusal, a drop: asked again later
