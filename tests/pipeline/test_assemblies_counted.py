@@ -2,20 +2,14 @@
 the routes chosen, not each planning try that found none: a request waiting for a lost peer plans
 again every ROUTE_REGAIN_POLL_S, and each of those counted (RequestTrace.end_assembly, before
 2026-12-07), so a request routed once after a 15 s wait said about 75. Driven on the real
-PipelineCoordinator and PipelineRun with the stand-in peer table of test_paused_failover_bounded.py."""
+PipelineCoordinator and PipelineRun with the stand-in peer table of tests/support/pause_harness.py."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from types import SimpleNamespace
 
-from node.inference.handoff import GenerationJob
-from node.inference.pipeline.coordinator import PipelineCoordinator
-from node.inference.pipeline.transport import PipelineTransport
-from node.inference.sampling import SamplingParams
-from node.trace import RequestTrace
-from tests.pipeline.test_paused_failover_bounded import ME, PEER, SHA, Host, Peers
+from tests.support.pause_harness import PEER, Peers, begin, coordinating, request
 from tests.support.waiting import wait_until
 
 
@@ -34,15 +28,10 @@ class Counting(Peers):
 async def test_a_wait_for_a_lost_peer_counts_one_assembly_not_one_per_check(caplog):
     caplog.set_level(logging.INFO)
     peers = Counting()
-    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host())
-    peers.coordinator = coordinator
-    coordinator.register()
-    try:
+    with coordinating(peers) as coordinator:
         peers.live = None  # its link is closing: the request waits for it
-        job = GenerationJob("req-c", [1, 2, 3], SamplingParams(temperature=0), 3)
-        trace = RequestTrace(model="m", operation="chat.completions")
-        beginning = asyncio.create_task(
-            coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False))
+        job, trace = request("req-c", max_new=3)
+        beginning = asyncio.create_task(begin(coordinator, job, trace))
         await wait_until(lambda: beginning.done() or "waiting for a lost peer" in caplog.text, 10, 0.01,
                          "the request to wait for its holder")
         asked = peers.asked
@@ -55,5 +44,3 @@ async def test_a_wait_for_a_lost_peer_counts_one_assembly_not_one_per_check(capl
         assert trace.assemblies == 1, trace.assemblies
         assert "assemblies=" not in trace.summary_line()
         assert trace.sched_ms is not None and trace.regain_waits[-1][1] == "regained"
-    finally:
-        coordinator.close()

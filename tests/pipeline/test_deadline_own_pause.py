@@ -21,28 +21,28 @@ from node.inference.pipeline.perf import PeerPerformance
 from node.inference.pipeline.planner import Plan
 from node.inference.pipeline.wire import Hop, Result
 from node.trace import RequestTrace
-from node.watchdog import LoopWatchdog
+from tests.support.pause_harness import pause_this_node, watched_loop
 from tests.support.waiting import wait_until
 
 
-def pause_this_node(seconds: float) -> None:
-    time.sleep(seconds)  # deliberately blocking: the loop does not run, as under SIGSTOP
+async def _waiting_step(dog, sid: str):
+    """A step sent to `peer-node` whose ACK deadline is armed: (the step, the task waiting for it,
+    the peer's ACK budget)."""
+    deadlines = StepDeadlines("self-node", None, PeerPerformance("self-node"), dog)
+    loop = asyncio.get_running_loop()
+    att = Attempt(sid=sid, model_sha="m", plan=Plan([]), route=(Hop("peer-node", 0, 2),), kinds=["direct"],
+                  failed=loop.create_future())
+    step = att.steps[0] = Step(seq=0, n_tokens=1, sent_at=time.monotonic(), result=loop.create_future())
+    waiting = asyncio.create_task(deadlines.wait(att, step, RequestTrace(model="m", operation="chat.completions")))
+    await wait_until(lambda: step.timer is not None, 5, what="the ACK deadline armed")
+    return step, waiting, deadlines.ack_budget("peer-node")
 
 
 @pytest.mark.blocks_loop("this node's own pause while a step waits for its peer")
 async def test_a_deadline_run_out_while_this_node_was_paused_is_re_armed(caplog):
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
-    try:
-        deadlines = StepDeadlines("self-node", None, PeerPerformance("self-node"), dog)
-        loop = asyncio.get_running_loop()
-        att = Attempt(sid="r/1", model_sha="m", plan=Plan([]), route=(Hop("peer-node", 0, 2),), kinds=["direct"],
-                      failed=loop.create_future())
-        step = att.steps[0] = Step(seq=0, n_tokens=1, sent_at=time.monotonic(), result=loop.create_future())
-        waiting = asyncio.create_task(deadlines.wait(att, step, RequestTrace(model="m", operation="chat.completions")))
-        await wait_until(lambda: step.timer is not None, 5, what="the ACK deadline armed")
-        budget = deadlines.ack_budget("peer-node")
+    with watched_loop() as dog:
+        step, waiting, budget = await _waiting_step(dog, "r/1")
         pause_this_node(budget + const.SELF_PAUSE_MIN_S)
         resumed = time.monotonic()
         # the overdue timer fires in the next loop pass: it fails the step (charged to the peer) or re-arms
@@ -56,8 +56,6 @@ async def test_a_deadline_run_out_while_this_node_was_paused_is_re_armed(caplog)
         assert "not acknowledged within the ACK deadline" not in caplog.text
         await wait_until(lambda: dog.pauses, 5, what="the watchdog to record the pause")
         assert caplog.text.count("DIAG: this node was paused") == 1
-    finally:
-        dog.stop()
 
 
 @pytest.mark.blocks_loop("this node's own pauses while a step waits for its peer")
@@ -66,17 +64,8 @@ async def test_a_pause_pushes_a_deadline_back_by_the_pause_not_a_fresh_budget_an
     budget from now, any number of times (a silent peer kept for ever by a node that stalls now and
     then). Now the deadline moves back by the pause, at most SELF_PAUSE_REARMS times per step."""
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
-    try:
-        deadlines = StepDeadlines("self-node", None, PeerPerformance("self-node"), dog)
-        loop = asyncio.get_running_loop()
-        att = Attempt(sid="r/2", model_sha="m", plan=Plan([]), route=(Hop("peer-node", 0, 2),), kinds=["direct"],
-                      failed=loop.create_future())
-        step = att.steps[0] = Step(seq=0, n_tokens=1, sent_at=time.monotonic(), result=loop.create_future())
-        waiting = asyncio.create_task(deadlines.wait(att, step, RequestTrace(model="m", operation="chat.completions")))
-        await wait_until(lambda: step.timer is not None, 5, what="the ACK deadline armed")
-        budget = deadlines.ack_budget("peer-node")
+    with watched_loop() as dog:
+        step, waiting, budget = await _waiting_step(dog, "r/2")
         for n in range(const.SELF_PAUSE_REARMS):
             armed_at, span = step.armed
             # most of the budget passes with the node running, then it pauses past the deadline
@@ -94,5 +83,3 @@ async def test_a_pause_pushes_a_deadline_back_by_the_pause_not_a_fresh_budget_an
             await asyncio.wait_for(waiting, 10)
         assert failed.value.cause == "ack_deadline"
         assert caplog.text.count("re-armed") == const.SELF_PAUSE_REARMS
-    finally:
-        dog.stop()

@@ -11,7 +11,7 @@ recorded silent, and the next attempt was planned on it again):
 And the one it can: this node's own segment not reaching the next peer after the pause is excused.
 
 Driven on the real PipelineCoordinator, PipelineRun, StepDeadlines and LoopWatchdog, with the
-stand-in peer table of test_paused_failover_bounded.py."""
+stand-in peer table of tests/support/pause_harness.py."""
 
 from __future__ import annotations
 
@@ -24,24 +24,23 @@ from types import SimpleNamespace
 import pytest
 
 from node import const
-from node.inference.handoff import GenerationJob
 from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import Ack, Result, Work
-from node.inference.sampling import SamplingParams
 from node.net import FrameType
-from node.trace import RequestTrace
-from node.watchdog import LoopWatchdog
-from tests.pipeline.test_paused_failover_bounded import (
+from tests.support.pause_harness import (
     HELD_AFTER,
     MAX_NEW,
     ME,
     PEER,
     SHA,
-    Host,
     Link,
     Peers,
-    pause_this_node,
+    coordinating,
+    next_hop_unreachable,
+    pause_with_a_result_held,
+    streaming,
+    watched_loop,
 )
 from tests.support.waiting import wait_until
 
@@ -79,69 +78,42 @@ class TwoHops(Peers):
         return self.next_link if node_id == NEXT else super().link(node_id)
 
 
-async def _begin(peers: Peers, job_id: str, dog: LoopWatchdog):
-    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=dog)
-    peers.coordinator = coordinator
-    coordinator.register()
-    job = GenerationJob(job_id, [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
-    trace = RequestTrace(model="m", operation="chat.completions")
-    run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
-    got: list[int] = []
-
-    async def consume():
-        async for batch in run.tokens():
-            got.extend(batch)
-
-    return coordinator, run, trace, asyncio.create_task(consume()), got
-
-
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
 async def test_a_step_sent_after_this_nodes_pause_to_a_silent_peer_is_charged_to_the_peer(monkeypatch, caplog):
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(const, "ROUTE_REGAIN_S", 1.0)
-    dog = LoopWatchdog()
-    dog.start()
     peers = Peers()
-    coordinator, _run, trace, consuming, _got = await _begin(peers, "req-a", dog)
-    try:
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)  # the attempt lives through the pause ...
-        await wait_until(lambda: dog.pauses, 5, 0.01, "the watchdog to record the pause")
-        peers.live = Mute()  # ... then the peer falls silent: the next step, sent after the pause, goes unanswered
-        peers.deliver(peers.held)
-        await wait_until(lambda: trace.failure_causes, 10, 0.01, "the silent step's attempt to fail")
-        assert trace.failure_causes[0] == "ack_deadline", trace.failure_causes
-        assert "pipeline attempt failed because this node was paused" not in caplog.text
-        assert "DIAG: pipeline attempt failed request_id" in caplog.text  # charged: left out, recorded silent
-        await asyncio.wait_for(asyncio.gather(consuming, return_exceptions=True), 30)
-    finally:
-        consuming.cancel()
-        dog.stop()
-        coordinator.close()
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        _run, trace, consuming, _got = await streaming(coordinator, "req-a")
+        try:
+            held = await pause_with_a_result_held(peers)  # the attempt lives through the pause ...
+            await wait_until(lambda: dog.pauses, 5, 0.01, "the watchdog to record the pause")
+            peers.live = Mute()  # ... then the peer falls silent: the next step, sent after the pause, goes unanswered
+            peers.deliver(held)
+            await wait_until(lambda: trace.failure_causes, 10, 0.01, "the silent step's attempt to fail")
+            assert trace.failure_causes[0] == "ack_deadline", trace.failure_causes
+            assert "pipeline attempt failed because this node was paused" not in caplog.text
+            assert "DIAG: pipeline attempt failed request_id" in caplog.text  # charged: left out, recorded silent
+            await asyncio.wait_for(asyncio.gather(consuming, return_exceptions=True), 30)
+        finally:
+            consuming.cancel()
 
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
 async def test_a_next_hop_one_peer_cannot_reach_right_after_this_nodes_pause_is_charged(caplog):
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
     peers = TwoHops()
-    coordinator, run, trace, consuming, got = await _begin(peers, "req-b", dog)
-    try:
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        run, trace, consuming, got = await streaming(coordinator, "req-b")
         assert [h.node_id for h in run.attempt.route] == [PEER, NEXT] and run.attempt.kinds == ["direct", "direct"]
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
-        held = peers.held  # PEER reports it cannot reach NEXT: a matter between them, not this node's pause
-        peers.deliver(Result(held["sid"], held["seq"], error=f"no link to peer {NEXT[:8]}",
-                             error_code="next_hop_unreachable", failed_node=NEXT).to_header())
+        held = await pause_with_a_result_held(peers)
+        # PEER reports it cannot reach NEXT: a matter between them, not this node's pause
+        peers.deliver(next_hop_unreachable(held, NEXT))
         await asyncio.wait_for(consuming, 30)  # NEXT tried again after NEXT_HOP_RETRY_S: it is reachable now
         assert len(got) == MAX_NEW
         assert trace.failure_causes == ["next_hop_unreachable"], trace.failure_causes
         assert "pipeline attempt failed because this node was paused" not in caplog.text
         assert "DIAG: pipeline attempt failed request_id" in caplog.text
-    finally:
-        dog.stop()
-        coordinator.close()
 
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
@@ -152,25 +124,21 @@ async def test_a_later_hop_silent_after_its_clock_started_past_this_nodes_pause_
     `_own_pause` excused it: NEXT was neither left out nor recorded silent, and planned on again)."""
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(const, "ROUTE_REGAIN_S", 1.0)
-    dog = LoopWatchdog()
-    dog.start()
     peers = TwoHops()
-    coordinator, run, trace, consuming, _got = await _begin(peers, "req-c", dog)
-    try:
-        assert [h.node_id for h in run.attempt.route] == [PEER, NEXT] and run.attempt.kinds == ["direct", "direct"]
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)  # the step was sent before the pause
-        held = peers.held  # PEER's ACK (its output on its way to NEXT), read as the pause ends
-        coordinator.on_ack(Ack(held["sid"], held["seq"], 0, PEER, done=True).to_header(), b"", PEER)
-        await wait_until(lambda: trace.failure_causes, 10, 0.01, "NEXT's silent ACK to fail the attempt")
-        assert trace.failure_causes[0] == "ack_deadline", trace.failure_causes
-        assert "pipeline attempt failed because this node was paused" not in caplog.text
-        assert f"node={NEXT[:8]} cause=ack_deadline" in caplog.text  # charged: left out, recorded silent
-        await asyncio.wait_for(asyncio.gather(consuming, return_exceptions=True), 30)
-    finally:
-        consuming.cancel()
-        dog.stop()
-        coordinator.close()
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        run, trace, consuming, _got = await streaming(coordinator, "req-c")
+        try:
+            assert [h.node_id for h in run.attempt.route] == [PEER, NEXT] and run.attempt.kinds == ["direct", "direct"]
+            held = await pause_with_a_result_held(peers)  # the step was sent before the pause
+            # PEER's ACK (its output on its way to NEXT), read as the pause ends
+            coordinator.on_ack(Ack(held["sid"], held["seq"], 0, PEER, done=True).to_header(), b"", PEER)
+            await wait_until(lambda: trace.failure_causes, 10, 0.01, "NEXT's silent ACK to fail the attempt")
+            assert trace.failure_causes[0] == "ack_deadline", trace.failure_causes
+            assert "pipeline attempt failed because this node was paused" not in caplog.text
+            assert f"node={NEXT[:8]} cause=ack_deadline" in caplog.text  # charged: left out, recorded silent
+            await asyncio.wait_for(asyncio.gather(consuming, return_exceptions=True), 30)
+        finally:
+            consuming.cancel()
 
 
 class LocalWorker:
@@ -206,38 +174,20 @@ async def test_this_nodes_own_segment_not_reaching_the_next_peer_after_its_pause
     link while this node was paused. That is this node's pause, not PEER's fault: PEER is not left
     out and the attempt does not count (review r28, finding 3: only the first-hop case was tested)."""
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
     peers = Peers()
     peers.snap = dataclasses.replace(peers.snap, models=({**peers.snap.models[0], "start": 4},))
     transport = PipelineTransport(ME, peers)
     worker = LocalWorker(transport)
-    coordinator = PipelineCoordinator(ME, transport, peers, worker, pauses=dog)
-    peers.coordinator = worker.coordinator = coordinator
-    coordinator.register()
-    try:
-        job = GenerationJob("req-d", [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
-        trace = RequestTrace(model="m", operation="chat.completions")
-        run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
+    with watched_loop() as dog, coordinating(peers, pauses=dog, host=worker, transport=transport) as coordinator:
+        worker.coordinator = coordinator
+        run, trace, consuming, got = await streaming(coordinator, "req-d")
         assert [h.node_id for h in run.attempt.route] == [ME, PEER] and run.attempt.kinds == ["local", "direct"]
-        got: list[int] = []
-
-        async def consume():
-            async for batch in run.tokens():
-                got.extend(batch)
-
-        consuming = asyncio.create_task(consume())
-        await wait_until(lambda: worker.held is not None, 10, 0.01, "this node's segment to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
-        held = worker.held  # after the pause, its forward to PEER finds no link
-        coordinator.on_result(Result(held["sid"], held["seq"], error=f"no link to peer {PEER[:8]}",
-                                     error_code="next_hop_unreachable", failed_node=PEER).to_header(), b"", ME)
+        held = await pause_with_a_result_held(worker, "this node's segment to hold a RESULT")
+        # after the pause, its forward to PEER finds no link
+        coordinator.on_result(next_hop_unreachable(held), b"", ME)
         await asyncio.wait_for(consuming, 30)
         assert len(got) == MAX_NEW
         assert trace.failure_causes == ["self_paused"], trace.failure_causes
         assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
         assert "DIAG: pipeline attempt failed request_id" not in caplog.text
         assert [h.node_id for h in run.attempt.route] == [ME, PEER]  # planned on PEER again
-    finally:
-        dog.stop()
-        coordinator.close()

@@ -7,8 +7,8 @@ excused again, no await in open → send → fail → excuse ever suspended, the
 CPU, a stream that never ended, the API and pings dead.
 
 Driven on the real PipelineCoordinator, PipelineRun, StepDeadlines, PipelineTransport and
-LoopWatchdog; the peer manager is a stand-in whose peer answers WORK with RESULT and can show the
-close window (the table says connected, link() is None)."""
+LoopWatchdog with the stand-in peer table of tests/support/pause_harness.py, whose peer answers WORK
+with RESULT and can show the close window (the table says connected, link() is None)."""
 
 from __future__ import annotations
 
@@ -16,129 +16,35 @@ import asyncio
 import dataclasses
 import logging
 import threading
-import time
-from types import SimpleNamespace
 
 import pytest
 
 from node import const
 from node.errors import InsufficientCapacity
-from node.inference.handoff import GenerationJob
-from node.inference.pipeline.coordinator import PipelineCoordinator
-from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import Result, Work
-from node.inference.sampling import SamplingParams
-from node.net import FrameType, PeerSnapshot
-from node.trace import RequestTrace
-from node.watchdog import LoopWatchdog
+from tests.support.pause_harness import (
+    MAX_NEW,
+    PEER,
+    Link,
+    Peers,
+    begin,
+    coordinating,
+    next_hop_unreachable,
+    pause_this_node,
+    pause_with_a_result_held,
+    request,
+    streaming,
+    watched_loop,
+)
 from tests.support.waiting import wait_until
-
-ME, PEER, SHA = "a" * 64, "b" * 64, "f" * 64
-MAX_NEW = 12
-HELD_AFTER = 4  # the peer answers this many steps, then holds the next RESULT until the test lets it go
-
-
-class Host:
-    def for_model(self, sha256):
-        return []
-
-    def adverts(self):
-        return []
-
-
-class Link:
-    """The peer's end: answers each WORK with a RESULT on a later loop pass (or holds it)."""
-
-    def __init__(self, peers: Peers):
-        self.peers, self.last_seen, self.unsent = peers, time.monotonic(), 0
-
-    def send_nowait(self, frame) -> None:
-        if frame.type != FrameType.WORK:
-            return
-        work = Work.from_header(frame.header)
-        result = Result(work.sid, work.seq, token=100 + work.index_pos).to_header()
-        self.peers.works += 1
-        answer = self.peers.answer(work) if self.peers.answer is not None else None
-        if answer is not None:
-            asyncio.get_running_loop().call_soon(self.peers.deliver, answer)
-        elif self.peers.works == HELD_AFTER + 1:
-            self.peers.held = result
-        else:
-            asyncio.get_running_loop().call_soon(self.peers.deliver, result)
-
-
-class Peers:
-    """Stand-in PeerManager: one peer holding the whole model as a slice."""
-
-    def __init__(self):
-        self.snap = PeerSnapshot(PEER, PEER[:8], "connected", "direct", "127.0.0.1:1", 2.0, 200.0,
-                                 ({"sha256": SHA, "name": "m", "start": 0, "end": 8, "n_layers": 8,
-                                   "ms_per_layer": 1.0},), time.time(), connections=1)
-        self.connection = 1
-        self.live: Link | None = Link(self)
-        self.works = 0
-        self.held: dict | None = None
-        self.observers: list = []
-        self.coordinator: PipelineCoordinator | None = None
-        self.broken = False  # set from the test's safety-valve thread: the run must stop somehow
-        self.answer = None  # a test's own answer to a WORK (a RESULT header), None: the usual one
-
-    def deliver(self, header: dict) -> None:
-        self.coordinator.on_result(header, b"", PEER)
-
-    def _check(self) -> None:
-        if self.broken:
-            raise RuntimeError("the test gave up on a request that never yielded the loop")
-
-    def peers(self):
-        self._check()
-        return [dataclasses.replace(self.snap, connection_id=self.connection)] if self.snap else []
-
-    def peer(self, node_id):
-        self._check()
-        return dataclasses.replace(self.snap, connection_id=self.connection) if node_id == PEER and self.snap else None
-
-    def link(self, node_id):
-        self._check()
-        return self.live if node_id == PEER else None
-
-    def rto(self, node_id):
-        return None
-
-    def subscribe(self, callback):
-        self.observers.append(callback)
-        return lambda: self.observers.remove(callback)
-
-    def register_handler(self, frame_type, handler) -> None:
-        pass
-
-
-    def relink(self, state: str, connection: int | None = None) -> None:
-        """The peer table changes: the link closed ("disconnected"), or a new one came up."""
-        if connection is not None:
-            self.connection, self.live = connection, Link(self)
-        elif state != "connected":
-            self.live = None
-        self.snap = dataclasses.replace(self.snap, state=state)
-        for observer in list(self.observers):
-            observer("changed", self.snap)
-
-
-def pause_this_node(seconds: float) -> None:
-    time.sleep(seconds)  # deliberately blocking: the loop does not run, as under SIGSTOP
 
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
 async def test_a_failover_excused_by_a_pause_that_fails_again_at_once_still_ends(caplog):
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
     peers = Peers()
     valve = threading.Timer(20.0, lambda: setattr(peers, "broken", True))
     valve.start()
-    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=dog)
-    peers.coordinator = coordinator
-    coordinator.register()
     ticks = [0]
 
     async def ticker():
@@ -148,42 +54,30 @@ async def test_a_failover_excused_by_a_pause_that_fails_again_at_once_still_ends
 
     ticking = asyncio.create_task(ticker())
     try:
-        job = GenerationJob("req-1", [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
-        trace = RequestTrace(model="m", operation="chat.completions")
-        run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
-        got: list[int] = []
-
-        async def consume():
-            async for batch in run.tokens():
-                got.extend(batch)
-
-        consuming = asyncio.create_task(consume())
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        # the node pauses; meanwhile its peer answered and, hearing nothing, began closing the link:
-        # the table still says connected, but there is no link to send on
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
-        peers.live = None
-        peers.deliver(peers.held)
-        before = ticks[0]
-        await wait_until(lambda: ticks[0] >= before + 5, 10, 0.01, "the loop to run other tasks after the pause")
-        assert not peers.broken, "the request kept the loop busy until the test gave up"
-        assert not consuming.done() or consuming.exception() is None, consuming.exception()
-        # the table catches up: the link closed, then the peer links again on a new connection
-        peers.snap = dataclasses.replace(peers.snap, state="disconnected")
-        for observer in list(peers.observers):
-            observer("changed", peers.snap)
-        peers.connection, peers.live = 2, Link(peers)
-        peers.snap = dataclasses.replace(peers.snap, state="connected")
-        await asyncio.wait_for(consuming, 30)
-        assert len(got) == MAX_NEW  # failed over, nothing lost
-        assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
-        assert trace.assemblies <= 1 + const.MAX_ASSEMBLIES
+        with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+            _run, trace, consuming, got = await streaming(coordinator, "req-1")
+            # the node pauses; meanwhile its peer answered and, hearing nothing, began closing the link:
+            # the table still says connected, but there is no link to send on
+            held = await pause_with_a_result_held(peers)
+            peers.live = None
+            peers.deliver(held)
+            before = ticks[0]
+            await wait_until(lambda: ticks[0] >= before + 5, 10, 0.01, "the loop to run other tasks after the pause")
+            assert not peers.broken, "the request kept the loop busy until the test gave up"
+            assert not consuming.done() or consuming.exception() is None, consuming.exception()
+            # the table catches up: the link closed, then the peer links again on a new connection
+            # (the table says so without an event: the request finds it when it looks)
+            peers.relink("disconnected")
+            peers.connection, peers.live = 2, Link(peers)
+            peers.snap = dataclasses.replace(peers.snap, state="connected")
+            await asyncio.wait_for(consuming, 30)
+            assert len(got) == MAX_NEW  # failed over, nothing lost
+            assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
+            assert trace.assemblies <= 1 + const.MAX_ASSEMBLIES
     finally:
         valve.cancel()
         valve.join()
         ticking.cancel()
-        dog.stop()
-        coordinator.close()
 
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
@@ -194,59 +88,16 @@ async def test_a_next_hop_unreachable_right_after_this_nodes_pause_is_not_the_pe
     segment not reaching the next peer (route [this node (local), peer]):
     test_own_pause_charges.py::test_this_nodes_own_segment_not_reaching_the_next_peer_after_its_pause_is_excused."""
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
     peers = Peers()
-    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=dog)
-    peers.coordinator = coordinator
-    coordinator.register()
-    try:
-        job = GenerationJob("req-2", [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
-        trace = RequestTrace(model="m", operation="chat.completions")
-        run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
-        got: list[int] = []
-
-        async def consume():
-            async for batch in run.tokens():
-                got.extend(batch)
-
-        consuming = asyncio.create_task(consume())
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
-        held = peers.held
-        peers.deliver(Result(held["sid"], held["seq"], error=f"no link to peer {PEER[:8]}",
-                             error_code="next_hop_unreachable", failed_node=PEER).to_header())
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        _run, _trace, consuming, got = await streaming(coordinator, "req-2")
+        held = await pause_with_a_result_held(peers)
+        peers.deliver(next_hop_unreachable(held))
         await asyncio.wait_for(consuming, 30)
         assert len(got) == MAX_NEW
         assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
         assert "DIAG: pipeline attempt failed request_id" not in caplog.text
         assert "NO standby available" not in caplog.text
-    finally:
-        dog.stop()
-        coordinator.close()
-
-
-async def _streaming(job_id: str, pauses: LoopWatchdog):
-    """A request on the stand-in peer, under way: (peers, coordinator, trace, the consuming task, tokens got)."""
-    peers = Peers()
-    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=pauses)
-    peers.coordinator = coordinator
-    coordinator.register()
-    job = GenerationJob(job_id, [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
-    trace = RequestTrace(model="m", operation="chat.completions")
-    run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
-    got: list[int] = []
-
-    async def consume():
-        async for batch in run.tokens():
-            got.extend(batch)
-
-    return peers, coordinator, trace, asyncio.create_task(consume()), got
-
-
-def _next_hop_unreachable(header: dict) -> dict:
-    return Result(header["sid"], header["seq"], error=f"no link to peer {PEER[:8]}",
-                  error_code="next_hop_unreachable", failed_node=PEER).to_header()
 
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
@@ -256,12 +107,10 @@ async def test_the_503_after_waiting_for_a_peer_lost_to_this_nodes_pause_says_ho
     no last failure, so the message was "waited 15 s for bbbbbbbb to link again" and no why)."""
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(const, "ROUTE_REGAIN_S", 1.0)
-    dog = LoopWatchdog()
-    dog.start()
-    peers, coordinator, _trace, consuming, _got = await _streaming("req-3", dog)
-    try:
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+    peers = Peers()
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        _run, _trace, consuming, _got = await streaming(coordinator, "req-3")
+        await pause_with_a_result_held(peers)
         peers.relink("disconnected")  # it heard nothing for its liveness deadline and closed the link
         with pytest.raises(InsufficientCapacity) as failed:
             await asyncio.wait_for(consuming, 30)
@@ -270,9 +119,6 @@ async def test_the_503_after_waiting_for_a_peer_lost_to_this_nodes_pause_says_ho
         assert f"for {PEER[:8]} to link again" in message, message
         assert f"(last: {PEER[:8]} link_drop: " in message, message
         assert message.endswith("(after this node's own pause))"), message
-    finally:
-        dog.stop()
-        coordinator.close()
 
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
@@ -282,12 +128,10 @@ async def test_a_peer_excused_once_then_left_out_for_an_error_is_not_taken_back_
     when it links again: a node left out for how it failed stays out (review r21, finding 5: the
     excused failure's entry stayed, so the request waited for it and went on through it)."""
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
-    peers, coordinator, _trace, consuming, _got = await _streaming("req-4", dog)
-    try:
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+    peers = Peers()
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        _run, _trace, consuming, _got = await streaming(coordinator, "req-4")
+        held = await pause_with_a_result_held(peers)
         errs: list[dict] = []
 
         def crash(work: Work) -> dict:  # the next WORK: an error, then its node is gone
@@ -299,7 +143,7 @@ async def test_a_peer_excused_once_then_left_out_for_an_error_is_not_taken_back_
             return errs[-1]
 
         peers.answer = crash
-        peers.deliver(_next_hop_unreachable(peers.held))  # excused: its link is still the one it was
+        peers.deliver(next_hop_unreachable(held))  # excused: its link is still the one it was
         await wait_until(lambda: consuming.done() or "waiting for a lost peer" in caplog.text, 10, 0.01,
                          "the request to fail or to wait")
         peers.relink("connected", connection=2)  # it comes back (restarted) within ROUTE_REGAIN_S
@@ -310,9 +154,6 @@ async def test_a_peer_excused_once_then_left_out_for_an_error_is_not_taken_back_
         assert "waiting for a lost peer" not in caplog.text
         message = failed.value.message
         assert "left out after failing this request" in message and "CUDA error" in message, message
-    finally:
-        dog.stop()
-        coordinator.close()
 
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
@@ -321,24 +162,19 @@ async def test_failed_n_times_counts_only_the_attempts_charged(caplog):
     how many more were excused by this node's pause (review r21, finding 5: it counted the excused
     attempt too, "failed 4 times" for 3)."""
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
-    peers, coordinator, _trace, consuming, _got = await _streaming("req-5", dog)
-    try:
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+    peers = Peers()
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        _run, _trace, consuming, _got = await streaming(coordinator, "req-5")
+        held = await pause_with_a_result_held(peers)
         # the peer's own next hop stays unreachable: tried again after NEXT_HOP_RETRY_S each time
-        peers.answer = lambda work: _next_hop_unreachable({"sid": work.sid, "seq": work.seq})
-        peers.deliver(_next_hop_unreachable(peers.held))
+        peers.answer = lambda work: next_hop_unreachable({"sid": work.sid, "seq": work.seq})
+        peers.deliver(next_hop_unreachable(held))
         with pytest.raises(InsufficientCapacity) as failed:
             await asyncio.wait_for(consuming, 30)
         assert caplog.text.count("pipeline attempt failed because this node was paused") == 1
         assert caplog.text.count("DIAG: pipeline attempt failed request_id") == const.MAX_ASSEMBLIES
         message = failed.value.message
         assert f"failed {const.MAX_ASSEMBLIES} times (and 1 more after this node's own pause)" in message, message
-    finally:
-        dog.stop()
-        coordinator.close()
 
 
 STANDBY = "c" * 64
@@ -371,24 +207,10 @@ async def test_a_peer_gone_while_the_table_still_says_connected_fails_over_to_th
     one (holders.regain, 2026-12-07) only when no route is left: with a standby the request goes
     on there without waiting, the table never catching up (a guard: this was so before too)."""
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
     peers = WithStandby()
-    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host(), pauses=dog)
-    peers.coordinator = coordinator
-    coordinator.register()
-    try:
-        job = GenerationJob("req-6", [1, 2, 3], SamplingParams(temperature=0), MAX_NEW)
-        trace = RequestTrace(model="m", operation="chat.completions")
-        run = await coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False)
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        run, trace, consuming, got = await streaming(coordinator, "req-6")
         assert [h.node_id for h in run.attempt.plan.segments] == [PEER]
-        got: list[int] = []
-
-        async def consume():
-            async for batch in run.tokens():
-                got.extend(batch)
-
-        consuming = asyncio.create_task(consume())
         await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
         if paused:
             pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
@@ -404,9 +226,6 @@ async def test_a_peer_gone_while_the_table_still_says_connected_fails_over_to_th
         assert [h.node_id for h in run.attempt.plan.segments] == [STANDBY]
         assert "waiting for a lost peer" not in caplog.text
         assert trace.regain_waits == []
-    finally:
-        dog.stop()
-        coordinator.close()
 
 
 @pytest.mark.blocks_loop("this node's own pause mid-stream")
@@ -417,14 +236,12 @@ async def test_the_peer_of_an_excused_failure_with_no_link_is_waited_for_not_pla
     the peer (WARN `pipeline attempt failed … cause=unreachable`). It is waited for instead, and the
     request goes on when it links again."""
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
-    peers, coordinator, trace, consuming, got = await _streaming("req-7", dog)
-    try:
-        await wait_until(lambda: peers.held is not None, 10, 0.01, "the peer to hold a RESULT")
-        pause_this_node(const.SELF_PAUSE_MIN_S + 0.3)
+    peers = Peers()
+    with watched_loop() as dog, coordinating(peers, pauses=dog) as coordinator:
+        _run, trace, consuming, got = await streaming(coordinator, "req-7")
+        held = await pause_with_a_result_held(peers)
         peers.live = None  # it heard nothing for its liveness deadline: its link is closing
-        peers.deliver(_next_hop_unreachable(peers.held))  # excused: this node's own pause
+        peers.deliver(next_hop_unreachable(held))  # excused: this node's own pause
         await wait_until(lambda: consuming.done() or "waiting for a lost peer" in caplog.text, 10, 0.01,
                          "the request to fail or to wait")
         peers.relink("disconnected")  # the table catches up, then the peer links again
@@ -435,9 +252,6 @@ async def test_the_peer_of_an_excused_failure_with_no_link_is_waited_for_not_pla
         assert "DIAG: pipeline attempt failed request_id" not in caplog.text, "an attempt burnt on a peer with no link"
         assert trace.failure_causes == ["self_paused"]
         assert trace.regain_waits and trace.regain_waits[-1][1] == "regained"
-    finally:
-        dog.stop()
-        coordinator.close()
 
 
 async def test_a_request_arriving_while_its_holders_link_closes_waits_for_it_without_a_failed_attempt(caplog):
@@ -446,15 +260,10 @@ async def test_a_request_arriving_while_its_holders_link_closes_waits_for_it_wit
     and counted toward MAX_ASSEMBLIES."""
     caplog.set_level(logging.INFO)
     peers = Peers()
-    coordinator = PipelineCoordinator(ME, PipelineTransport(ME, peers), peers, Host())
-    peers.coordinator = coordinator
-    coordinator.register()
-    try:
+    with coordinating(peers) as coordinator:
         peers.live = None
-        job = GenerationJob("req-8", [1, 2, 3], SamplingParams(temperature=0), 3)
-        trace = RequestTrace(model="m", operation="chat.completions")
-        beginning = asyncio.create_task(
-            coordinator.begin(job, SimpleNamespace(sha256=SHA, n_layers=8), trace, lambda t: False))
+        job, trace = request("req-8", max_new=3)
+        beginning = asyncio.create_task(begin(coordinator, job, trace))
         await wait_until(lambda: beginning.done() or "waiting for a lost peer" in caplog.text, 10, 0.01,
                          "the request to fail or to wait")
         assert not beginning.done() or beginning.exception() is None, beginning.exception()
@@ -466,5 +275,3 @@ async def test_a_request_arriving_while_its_holders_link_closes_waits_for_it_wit
         assert "DIAG: pipeline attempt failed" not in caplog.text, "an attempt burnt on a peer with no link"
         assert trace.failure_causes == [] and run.attempt_no == 1
         assert trace.regain_waits and trace.regain_waits[-1][1] == "regained"
-    finally:
-        coordinator.close()

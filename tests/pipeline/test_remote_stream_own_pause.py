@@ -9,8 +9,10 @@ watchdog, the loop blocked past the budget as a paused process's is."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,25 +20,29 @@ from node import const
 from node.errors import SegmentFailed
 from node.inference.pipeline.remote_stream import RemoteStream
 from node.inference.pipeline.remote_wire import Tokens
-from node.watchdog import LoopWatchdog
+from tests.support.pause_harness import pause_this_node, watched_loop
 from tests.support.waiting import wait_until
 
 BUDGET_S = 0.5
 
 
-def pause_this_node(seconds: float) -> None:
-    time.sleep(seconds)  # deliberately blocking: the loop does not run, as under SIGSTOP
+@contextlib.contextmanager
+def holder_stream(sid: str) -> Iterator[tuple[RemoteStream, list[str]]]:
+    """A remote generation from `holder-node` under this node's loop watchdog, closed after: (the
+    stream, the holders whose RTO it backed off)."""
+    backoffs: list[str] = []
+    with watched_loop() as dog:
+        stream = RemoteStream(sid, "holder-node", BUDGET_S, lambda: backoffs.append("holder-node"), pauses=dog)
+        try:
+            yield stream, backoffs
+        finally:
+            stream.close()
 
 
 @pytest.mark.blocks_loop("this node's own pause while a remote generation waits for its holder")
 async def test_a_tokens_deadline_run_out_while_this_node_was_paused_is_re_armed(caplog):
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
-    backoffs: list[str] = []
-    stream = None
-    try:
-        stream = RemoteStream("r/1", "holder-node", BUDGET_S, lambda: backoffs.append("holder-node"), pauses=dog)
+    with holder_stream("r/1") as (stream, backoffs):
         stream.feed(Tokens("r/1", 0, (5,)))
         assert (await stream.next()).tokens == (5,)
         pause_this_node(BUDGET_S + const.SELF_PAUSE_MIN_S)
@@ -55,10 +61,6 @@ async def test_a_tokens_deadline_run_out_while_this_node_was_paused_is_re_armed(
         assert failed.value.cause == "tokens_deadline"
         assert backoffs == ["holder-node"]
         assert caplog.text.count("re-armed") == 1
-    finally:
-        if stream is not None:
-            stream.close()
-        dog.stop()
 
 
 def _due(stream: RemoteStream) -> float:
@@ -73,12 +75,7 @@ async def test_a_silent_holder_is_charged_after_so_many_pauses_and_gets_no_fresh
     the deadline moves back by the pause (what was left of the budget when it began), at most
     SELF_PAUSE_REARMS times per silence; then the holder is charged."""
     caplog.set_level(logging.INFO)
-    dog = LoopWatchdog()
-    dog.start()
-    backoffs: list[str] = []
-    stream = None
-    try:
-        stream = RemoteStream("r/2", "holder-node", BUDGET_S, lambda: backoffs.append("holder-node"), pauses=dog)
+    with holder_stream("r/2") as (stream, backoffs):
         for n in range(const.SELF_PAUSE_REARMS + 1):  # the holder never sends; this node pauses past each deadline
             due = _due(stream)
             late = due - 0.3 * stream.budget_s  # most of the budget passes with the node running
@@ -94,7 +91,3 @@ async def test_a_silent_holder_is_charged_after_so_many_pauses_and_gets_no_fresh
         assert stream.failure is not None and stream.failure.cause == "tokens_deadline", stream.failure
         assert backoffs == ["holder-node"]
         assert caplog.text.count("re-armed") == const.SELF_PAUSE_REARMS
-    finally:
-        if stream is not None:
-            stream.close()
-        dog.stop()
