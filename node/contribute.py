@@ -47,6 +47,7 @@ class Contributions:
         self._fixed: list[tuple[ModelEntry, int, int]] = []  # --layers slices: freed by a pause, loaded on resume
         self.events: Observers[[]] = Observers("contributions")  # a choice changed (the GUI re-reads summary())
         self._lock = asyncio.Lock()
+        self._chosen: dict[str, str] = {}  # model id -> the sha256 its "Help serve" chose (async_stop, file gone)
         self._drains: set[asyncio.Task] = set()  # paused --layers slices waiting for their sessions to end
         # the origin connected holders name now (SwarmModels.origin_of, set once the peer network is up)
         self.origin_of: Callable[[ModelEntry], str | None] = lambda entry: None
@@ -71,6 +72,7 @@ class Contributions:
                 log.warning("DIAG: contribute model not here %s", kv(model=model_id, reason=exc.message))
                 continue
             await self.autoserve.async_add(entry, budget_mb)
+            self._chosen[entry.id] = entry.sha256
             log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="config"))
         if self.paused:
             await self._async_release_all()
@@ -90,6 +92,7 @@ class Contributions:
                 raise InvalidRequest(f"{entry.id} has no transformer layers to serve", param="model")
             self.config.contribute_models = {**self.config.contribute_models, entry.id: budget_mb}
             await self.autoserve.async_add(entry, budget_mb)
+            self._chosen[entry.id] = entry.sha256
             await self._async_save()
         log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="control"))
         self.note(f"helping serve {entry.id} within {budget_mb or 'free'} MB")
@@ -108,8 +111,8 @@ class Contributions:
             if self.autoserve is not None:
                 # by the sha256 of the model chosen, also when the catalog forgot it (its file deleted):
                 # it went on being chosen, its failure shown everywhere (2026-12-07, review r27)
-                sha256 = entry.sha256 if entry is not None else next(
-                    (m.entry.sha256 for m in self.autoserve.models if m.entry.id == key), None)
+                sha256 = entry.sha256 if entry is not None else self._chosen.get(key)
+                self._chosen.pop(key, None)
                 if sha256 is not None:
                     await self.autoserve.async_remove(sha256)
             await self._async_save()
@@ -119,13 +122,26 @@ class Contributions:
         return self.summary()
 
     async def async_forget(self, entry: ModelEntry) -> None:
-        """The catalog dropped `entry` (its file is gone): its layers are not chosen any more (each
-        retry failed on the missing file, the failure shown everywhere); a "Help serve" choice stays
-        in config.toml and is taken up again when the file is back (`async_file_back`)."""
-        if self.autoserve is not None and self.autoserve.model(entry.sha256) is not None:
-            log.info("DIAG: layer choice stops, the model's file is gone %s", kv(model=entry.id))
-            await self.autoserve.async_remove(entry.sha256)
-            self.events.emit()
+        """The catalog dropped `entry` (its file is gone): a "Help serve" choice of it is not chosen
+        any more (each retry failed on the missing file, the failure shown everywhere); it stays in
+        config.toml and is taken up again when the file is back (`async_file_back`). Not ended (2026-12-07,
+        review r29): a `--serve auto` model's (nothing would take it up again: it retries, and loads
+        once the file is back), nor one whose content another file in the catalog still has (the
+        choice keys models by sha256: deleting a copy ended the original's; its own file deleted,
+        it goes on from the copy)."""
+        m = self.autoserve.model(entry.sha256) if self.autoserve is not None else None
+        if m is None or m.at_start:
+            return
+        other = next((e for e in list(self.catalog.entries.values())
+                      if e.sha256 == entry.sha256 and e.has_file and e is not entry), None)
+        if other is not None:
+            if m.entry is entry:  # (no slice of it is held: async_drop drops nothing then)
+                log.info("DIAG: layer choice goes on from a copy %s", kv(model=entry.id, copy=other.id))
+                m.entry = other
+            return
+        log.info("DIAG: layer choice stops, the model's file is gone %s", kv(model=entry.id))
+        await self.autoserve.async_remove(entry.sha256)
+        self.events.emit()
 
     async def async_file_back(self, entry: ModelEntry) -> None:
         """A model file came (back) while running: a "Help serve" choice kept for it is taken up."""
@@ -134,6 +150,7 @@ class Contributions:
             return
         async with self._lock:
             await self.autoserve.async_add(entry, budget_mb)
+            self._chosen[entry.id] = entry.sha256
         log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="file_back"))
         self.events.emit()
 

@@ -11,7 +11,7 @@ import pytest
 
 from node import const
 from node.inference.synth import SynthSpec, write_gguf
-from tests.support.nodes import node_config, running_node
+from tests.support.nodes import node_config, running_node, tiny_model
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -71,3 +71,73 @@ async def test_a_help_serve_models_deleted_file_ends_its_choice_until_the_file_i
         path.write_bytes(kept)  # the file is back: the "Help serve" kept in config.toml is taken up again
         await wait_until(lambda: node.autoserve.model(entry.sha256) is not None, 20.0,
                          what="the choice to take the model up again")
+
+
+# --- review r29 ---
+
+async def test_a_serve_auto_models_file_gone_for_a_while_is_chosen_again_once_back(tmp_path, monkeypatch, quick):
+    """`--serve auto` of a file outside the models folder (a network drive that dropped): the watch
+    dropped it and its choice ended, and nothing took it up again (its choice is not a "Help serve"
+    kept in config.toml): the node served nothing of it until restarted. It is chosen on, retrying."""
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 1.0)  # (the file goes before the first choice loads)
+    nas = tmp_path / "nas"
+    nas.mkdir()
+    path = tiny_model(nas)
+    kept = path.read_bytes()
+    async with running_node(node_config(tmp_path / "data", path, serve="auto", models_watch_s=0.2,
+                                        serve_reevaluate_s=1.0)) as node:
+        entry = node.catalog.resolve("tiny")
+        [m] = node.autoserve.models
+        await wait_until(lambda: m.budget is not None, 20.0, what="the model's budget")
+        path.unlink()
+        await wait_until(lambda: f"model {entry.id} removed (its file is gone)" in " ".join(node.activity), 20.0,
+                         what="the watch to drop the model")
+        assert node.autoserve.model(entry.sha256) is m
+        path.write_bytes(kept)  # the drive is back
+        await wait_until(lambda: any(h.state == "loaded" for h in node.slice_host.for_model(entry.sha256)), 20.0,
+                         what="the model's layers to load once its file is back")
+
+
+def copies(models):
+    """wrongcount.gguf and an identical wrongcount-copy.gguf: two catalog entries, one sha256."""
+    path = wrong_layer_count(models / "wrongcount.gguf")
+    copy = models / "wrongcount-copy.gguf"
+    copy.write_bytes(path.read_bytes())
+    return path, copy
+
+
+async def test_deleting_a_copy_of_a_help_serve_model_leaves_the_originals_choice(tmp_path, quick):
+    """The layer choice keys models by sha256: deleting an identical copy under another name ended
+    the choice of the original the user helps serve (shown helped, nothing served, no error)."""
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    path, copy = copies(data / "models")
+    async with running_node(node_config(data, models_watch_s=0.2)) as node:
+        entry = node.catalog.resolve("wrongcount")
+        copy_id = next(e.id for e in node.catalog.entries.values() if e.path.name == copy.name)
+        await node.contributions.async_help(entry.id, 0)
+        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        copy.unlink()
+        await wait_until(lambda: f"model {copy_id} removed (its file is gone)" in " ".join(node.activity), 20.0,
+                         what="the watch to drop the copy")
+        m = node.autoserve.model(entry.sha256)
+        assert m is not None and m.entry is entry
+
+
+async def test_deleting_the_help_serve_models_file_with_a_copy_left_chooses_on_from_the_copy(tmp_path, quick):
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    path, copy = copies(data / "models")
+    async with running_node(node_config(data, models_watch_s=0.2)) as node:
+        entry = node.catalog.resolve("wrongcount")
+        other = next(e for e in node.catalog.entries.values() if e.path.name == copy.name)
+        await node.contributions.async_help(entry.id, 0)
+        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        path.unlink()
+        await wait_until(lambda: f"model {entry.id} removed (its file is gone)" in " ".join(node.activity), 20.0,
+                         what="the watch to drop the original")
+        m = node.autoserve.model(entry.sha256)
+        assert m is not None and m.entry is other  # (it retried the deleted file for ever)
+        await node.contributions.async_stop(entry.id)  # unticking still ends it
+        assert node.autoserve.model(entry.sha256) is None and node.contributions.summary()["models"] == []
+
