@@ -129,26 +129,33 @@ class Contributions:
         once the file is back), nor one whose content another file in the catalog still has (the
         choice keys models by sha256: deleting a copy ended the original's; its own file deleted,
         it goes on from the copy)."""
-        m = self.autoserve.model(entry.sha256) if self.autoserve is not None else None
-        if m is None or m.at_start:
+        if self.autoserve is None:
             return
-        other = next((e for e in list(self.catalog.entries.values())
-                      if e.sha256 == entry.sha256 and e.has_file and e is not entry), None)
-        if other is not None:
-            if m.entry is entry:  # (no slice of it is held: async_drop drops nothing then)
-                log.info("DIAG: layer choice goes on from a copy %s", kv(model=entry.id, copy=other.id))
-                m.entry = other
-            return
-        log.info("DIAG: layer choice stops, the model's file is gone %s", kv(model=entry.id))
-        await self.autoserve.async_remove(entry.sha256)
+        async with self._lock:
+            m = self.autoserve.model(entry.sha256)
+            if m is None or m.at_start:
+                return
+            other = next((e for e in list(self.catalog.entries.values())
+                          if e.sha256 == entry.sha256 and e.has_file and e is not entry), None)
+            if other is not None:
+                if m.entry is entry:  # (no slice of it is held: async_drop drops nothing then)
+                    log.info("DIAG: layer choice goes on from a copy %s", kv(model=entry.id, copy=other.id))
+                    m.entry = other
+                return
+            log.info("DIAG: layer choice stops, the model's file is gone %s", kv(model=entry.id))
+            await self.autoserve.async_remove(entry.sha256)
         self.events.emit()
 
     async def async_file_back(self, entry: ModelEntry) -> None:
-        """A model file came (back) while running: a "Help serve" choice kept for it is taken up."""
-        budget_mb = self.config.contribute_models.get(entry.id)
-        if budget_mb is None or self.autoserve is None or self.autoserve.model(entry.sha256) is not None:
+        """A model file came (back) while running: a "Help serve" choice kept for it is taken up.
+        What is kept is read under the lock: read before it, an untick or a new budget queued
+        ahead was undone (2026-12-07, review r29)."""
+        if self.autoserve is None:
             return
         async with self._lock:
+            budget_mb = self.config.contribute_models.get(entry.id)
+            if budget_mb is None or self.autoserve.model(entry.sha256) is not None:
+                return
             await self.autoserve.async_add(entry, budget_mb)
             self._chosen[entry.id] = entry.sha256
         log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="file_back"))

@@ -7,6 +7,8 @@ sha256 chosen; the choice kept in config.toml is taken up again when the file is
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from node import const
@@ -141,3 +143,30 @@ async def test_deleting_the_help_serve_models_file_with_a_copy_left_chooses_on_f
         await node.contributions.async_stop(entry.id)  # unticking still ends it
         assert node.autoserve.model(entry.sha256) is None and node.contributions.summary()["models"] == []
 
+
+async def test_stopping_help_while_the_file_comes_back_is_not_undone(tmp_path, quick):
+    """async_file_back read the budget kept and whether the model was chosen before waiting for the
+    lock: an untick queued ahead of it was undone (the model served on, and could not be unticked:
+    "not helping serve"), and a new budget queued ahead was reverted."""
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    path = wrong_layer_count(data / "models" / "wrongcount.gguf")
+    async with running_node(node_config(data, models_watch_s=3600.0)) as node:
+        entry = node.catalog.resolve("wrongcount")
+        await node.contributions.async_help(entry.id, 0)
+        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        moved = path.with_suffix(".away")
+        path.rename(moved)
+        assert await node.model_files.async_drop(entry)  # (the folder's watch does this)
+        assert node.autoserve.model(entry.sha256) is None
+        moved.rename(path)
+        lock = node.contributions._lock
+        async with lock:  # another control holds the lock: the untick waits, then the file comes back
+            stop = asyncio.ensure_future(node.contributions.async_stop(entry.id))
+            back = asyncio.ensure_future(node.async_add_model(path, "data_dir"))
+            await wait_until(lambda: len(lock._waiters or ()) == 2 or back.done(), 20.0,
+                             what="the untick and the file's return to wait for the lock")
+        await asyncio.gather(stop, back)
+        assert entry.id not in node.config.contribute_models
+        assert node.autoserve.model(entry.sha256) is None
+        assert node.contributions.summary()["models"] == []
