@@ -99,8 +99,10 @@ async def test_forced_call_is_a_tool_call(node, client, name, stream, choice):
     kw = dict(model=_model(node, name).id, messages=ASK, tools=[WEATHER], tool_choice=choice, max_tokens=200,
               logit_bias=_bias(node, name), parallel_tool_calls=False)
     content, _, finish, calls, written = await _ask(client, stream, **kw)
-    assert re.fullmatch(r'\[\n    \{"tool_call_id":"[0-9]+","tool_name":"get_weather","parameters":\{"city":"(Paris|Rome)"\}\}\n\]',
-                        written), written  # (the tags are control tokens: no logprob shows their text)
+    # (the tags are control tokens: no logprob shows their text; whitespace may follow the thoughts'
+    # closing tag before the action block, which a sampled reply sometimes writes)
+    assert re.fullmatch(r'\s*\[\n    \{"tool_call_id":"[0-9]+","tool_name":"get_weather","parameters":\{"city":"(Paris|Rome)"\}\}\n\]',
+                        written), written
     assert finish == "tool_calls", (written, content)
     assert [n for n, _ in calls] == ["get_weather"]
     assert json.loads(calls[0][1])["city"] in ("Paris", "Rome")
