@@ -128,12 +128,15 @@ class Contributions:
         review r29): a `--serve auto` model's (nothing would take it up again: it retries, and loads
         once the file is back), nor one whose content another file in the catalog still has (the
         choice keys models by sha256: deleting a copy ended the original's; its own file deleted,
-        it goes on from the copy)."""
-        if self.autoserve is None:
+        it goes on from the copy, under the copy's id in config.toml: review r30, the Swarm tab and
+        the admin API said the model was not on this machine while the copy served it). A file with
+        no choice returns before the lock (review r30: every file added or dropped waited behind a
+        Help serve's partial-model probe or a resume's layer fetch)."""
+        if self.autoserve is None or self.autoserve.model(entry.sha256) is None:
             return
         async with self._lock:
             m = self.autoserve.model(entry.sha256)
-            if m is None or m.at_start:
+            if m is None:
                 return
             other = next((e for e in list(self.catalog.entries.values())
                           if e.sha256 == entry.sha256 and e.has_file and e is not entry), None)
@@ -141,17 +144,35 @@ class Contributions:
                 if m.entry is entry:  # (no slice of it is held: async_drop drops nothing then)
                     log.info("DIAG: layer choice goes on from a copy %s", kv(model=entry.id, copy=other.id))
                     m.entry = other
+                    await self._async_move_choice(entry.id, other.id)
+                else:
+                    return
+            elif m.at_start:
                 return
-            log.info("DIAG: layer choice stops, the model's file is gone %s", kv(model=entry.id))
-            await self.autoserve.async_remove(entry.sha256)
+            else:
+                log.info("DIAG: layer choice stops, the model's file is gone %s", kv(model=entry.id))
+                await self.autoserve.async_remove(entry.sha256)
         self.events.emit()
+
+    async def _async_move_choice(self, old: str, new: str) -> None:
+        """A Help-serve choice kept under `old` is kept under `new` (the same bytes), its budget with it
+        (under the lock)."""
+        chosen = self.config.contribute_models
+        if old not in chosen:
+            return
+        # (both chosen: one layer choice served them already; the copy's budget stands)
+        self.config.contribute_models = {(new if k == old else k): v for k, v in chosen.items()
+                                         if not (k == old and new in chosen)}
+        if old in self._chosen:
+            self._chosen[new] = self._chosen.pop(old)
+        await self._async_save()
 
     async def async_file_back(self, entry: ModelEntry) -> None:
         """A model file came (back) while running: a "Help serve" choice kept for it is taken up.
         What is kept is read under the lock: read before it, an untick or a new budget queued
         ahead was undone (2026-12-07, review r29)."""
-        if self.autoserve is None:
-            return
+        if self.autoserve is None or entry.id not in self.config.contribute_models:
+            return  # (no choice kept for it: not behind the lock, review r30; re-read under it below)
         async with self._lock:
             budget_mb = self.config.contribute_models.get(entry.id)
             if budget_mb is None or self.autoserve.model(entry.sha256) is not None:
