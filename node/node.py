@@ -36,7 +36,8 @@ from node.inference.pipeline.coverage import paused_holders, swarm_coverage
 from node.inference.pipeline.embed_remote import RemoteEmbedder
 from node.inference.pipeline.embed_serve import RemoteEmbedServer
 from node.inference.pipeline.host import SliceHost, parse_layers
-from node.inference.pipeline.partials import PartialModels, PartServer
+from node.inference.pipeline.part_server import PartServer
+from node.inference.pipeline.partials import PartialModels
 from node.inference.pipeline.remote_serve import RemoteGenerateServer
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wholeparts import held_files

@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import logging
 
-from node.inference.pipeline.partials import PartialModels, PartServer
+from node.inference.pipeline.part_server import PartServer
+from node.inference.pipeline.partials import PartialModels
 from node.models.catalog import HashCache, scan_entry
 from node.models.download.urls import display_url, resolve_url
 from node.models.partial import async_fetch_parts, async_open_partial, parts_for

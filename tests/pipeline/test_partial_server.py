@@ -1,4 +1,4 @@
-"""The MODEL_PART server (node/inference/pipeline/partials.PartServer) and its client
+"""The MODEL_PART server (node/inference/pipeline/part_server.PartServer) and its client
 (PeerPartSource) end to end in-process: the client's requests go to the server's handler as a peer
 link would carry them. A partial model's checked parts are served; unchecked ones, other models
 and malformed requests are errors that name the problem (the link would stay)."""
@@ -13,7 +13,8 @@ import pytest
 
 from node import const
 from node.errors import InvalidRequest, ModelNotFound, PeerError
-from node.inference.pipeline.partials import PartServer, PeerPartSource
+from node.inference.pipeline.part_server import PartServer
+from node.inference.pipeline.partials import PeerPartSource
 from node.models.catalog import ModelCatalog
 from node.models.gguf_meta import read_header
 from node.models.partial import (
@@ -198,7 +199,7 @@ async def test_slices_on_parts_that_later_fail_their_check_are_dropped(tmp_path,
 
 async def test_a_peer_cannot_make_the_server_hold_more_than_a_window(tmp_path, model, origin, monkeypatch):  # noqa: F811
     from node.errors import Overloaded
-    from node.inference.pipeline import partials as partials_module
+    from node.inference.pipeline import part_server as part_server_module
 
     catalog, entry, parts = await _holder(tmp_path, origin)
     server = PartServer(catalog)
@@ -206,7 +207,7 @@ async def test_a_peer_cannot_make_the_server_hold_more_than_a_window(tmp_path, m
     ask = {"sha256": entry.sha256, "op": "read", "tensor": t.name, "offset": 0, "n": 16}
 
     class Unread(Link):
-        unsent = partials_module._SERVE_UNSENT_MAX + 1  # it asks and never reads its replies
+        unsent = part_server_module._SERVE_UNSENT_MAX + 1  # it asks and never reads its replies
 
     with pytest.raises(Overloaded, match="not read"):
         await server.async_handle(Unread(), Frame(FrameType.MODEL_PART, ask))
@@ -220,7 +221,7 @@ async def test_a_peer_cannot_make_the_server_hold_more_than_a_window(tmp_path, m
     monkeypatch.setattr(server, "_async_answer", slow)
     link = Link()
     tasks = [asyncio.ensure_future(server.async_handle(link, Frame(FrameType.MODEL_PART, ask)))
-             for _ in range(partials_module._SERVE_PER_LINK + 3)]
+             for _ in range(part_server_module._SERVE_PER_LINK + 3)]
     await asyncio.sleep(0)
     gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)

@@ -16,7 +16,8 @@ import logging
 import pytest
 
 from node import const
-from node.inference.pipeline.partials import PartialModels, PartServer
+from node.inference.pipeline.part_server import PartServer
+from node.inference.pipeline.partials import PartialModels
 from node.inference.synth import write_gguf
 from node.models.catalog import HashCache, scan_entry
 from node.models.download.urls import display_url, resolve_url

@@ -16,7 +16,8 @@ import pytest
 from node import const
 from node.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from node.inference.pipeline import wholeparts
-from node.inference.pipeline.partials import PartialModels, PartServer
+from node.inference.pipeline.part_server import PartServer
+from node.inference.pipeline.partials import PartialModels
 from node.inference.synth import write_gguf
 from node.models.catalog import HashCache, scan_entry
 from node.models.partial.fromheader import create_from_header
