@@ -8,7 +8,8 @@ checks are tasks of their own, cancelled and awaited at stop (moved out of node.
 Whether the download sent the user's Hugging Face token is found once, at its end (this process
 sent it), and kept with an `unchecked` record: the check made again asks without a token when one
 went, whatever HF_TOKEN or HF_ENDPOINT the later start has (2026-12-07: it looked at that start's
-environment, and a private repo's file checked again without HF_TOKEN was recorded public)."""
+environment, and a private repo's file checked again without HF_TOKEN was recorded public). The
+record is models/origin_record.py's OriginRecord (one type for the hash cache and these checks)."""
 
 from __future__ import annotations
 
@@ -72,8 +73,8 @@ class OriginChecks:
         unchecked = await loop.run_in_executor(None, self.catalog.unchecked_origins)
         if unchecked:
             log.info("DIAG: model origins not checked before, checking them again %s", kv(files=len(unchecked)))
-        await asyncio.gather(*(self._async_check(path, sha, url, token, recheck=True)
-                               for path, sha, url, token in unchecked))
+        await asyncio.gather(*(self._async_check(path, sha, record.url, record.token_sent, recheck=True)
+                               for path, sha, record in unchecked if record.url is not None))
 
     async def _async_check_download(self, path: Path, sha256: str, url: str) -> None:
         # whether the download sent a token: the one this process sends there (hub.py, read just now)

@@ -28,6 +28,7 @@ from node.models.file_kinds import NotAModel, check_split, not_a_model, refuse_s
 from node.models.gguf_meta import GgufHeader, read_header
 from node.models.hash_cache import HASH_CACHE_FILE, HashCache, HashingStopped
 from node.models.header import HeaderCache
+from node.models.origin_record import OriginRecord
 from node.models.partial.layout import Manifest, PartialStore, file_stem
 
 log = logging.getLogger(__name__)
@@ -317,10 +318,10 @@ class ModelCatalog:
         finally:  # bumped after the change (a reader caches what it saw under the generation it read first)
             self.generation = next(self._generations)
 
-    def unchecked_origins(self) -> list[tuple[Path, str, str, bool]]:
-        """(file, sha256, origin URL, whether its download sent a token) of the downloaded files whose
-        origin check could not be made (blocking): origin_checks.py asks again at start."""
-        return [(e.path, e.sha256, *found) for e in list(self.entries.values())
+    def unchecked_origins(self) -> list[tuple[Path, str, OriginRecord]]:
+        """(file, sha256, origin record: its URL, whether its download sent a token) of the downloaded
+        files whose origin check could not be made (blocking): origin_checks.py asks again at start."""
+        return [(e.path, e.sha256, found) for e in list(self.entries.values())
                 if e.whole_ok and (found := self._cache.unchecked_of(e.path, e.sha256))]
 
     def same_bytes(self, entry: ModelEntry) -> bool | None:

@@ -17,18 +17,13 @@ from typing import Any
 from node import const
 from node.logs import kv
 from node.models.header import header_digest
+from node.models.origin_record import PUBLIC_RULE, UNCHECKED, OriginRecord
+
+__all__ = ["PUBLIC_RULE", "UNCHECKED", "HashCache", "HashingStopped", "OriginRecord", "sha256_file"]
 
 log = logging.getLogger(__name__)
 
 HASH_CACHE_FILE = "model_hashes.json"
-# a record's `public` when the origin check could not be made (the network, not the file): not public,
-# and checked again at the next start (origin_checks.py; 2026-12-07: recorded false for good)
-UNCHECKED = "unchecked"
-# the origin check's rule a `public: true` record was decided under (its `rule`); one decided under an
-# older rule (none recorded: 2026-12-07's, which called any redirect to another host public, then one
-# that followed redirects to LAN hosts) is not trusted: not public, and checked again at start as an
-# UNCHECKED one is (2026-12-07 review: such records were shared for good)
-PUBLIC_RULE = 2
 
 
 class HashingStopped(OSError):
@@ -61,9 +56,11 @@ class HashCache:
         self._hashing: dict[str, tuple[int, int, threading.Event, list[str]]] = {}
         if path is not None and path.is_file():
             try:
-                self._data = json.loads(path.read_text(encoding="utf-8"))
+                data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 log.warning("model hash cache unreadable; rebuilding it")
+            else:  # a record that is no JSON object is dropped (its file is hashed again)
+                self._data = {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
 
     def get_or_compute(self, file: Path) -> str:
         st = file.stat()
@@ -90,8 +87,8 @@ class HashCache:
                      st.st_size / 2**20, (time.monotonic() - started) * 1000)
             with self._lock:
                 record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-                if hit and hit.get("sha256") == digest and hit.get("origin"):  # the same bytes (touched): same origin
-                    record.update({k: hit[k] for k in ("origin", "public", "token", "rule") if k in hit})
+                if hit and hit.get("sha256") == digest and (origin := OriginRecord.from_json(hit)).url:
+                    record = origin.merged_into(record)  # the same bytes (touched): same origin
                 self._data[key] = record
                 self._save()
             running[3].append(digest)
@@ -118,44 +115,43 @@ class HashCache:
         UNCHECKED, kept with `token`: whether the download sent a Hugging Face token, for the check
         made again), if its record still holds this sha256 (blocking); whether it was recorded."""
         with self._lock:
-            hit = self._data.get(str(file.resolve()))
+            key = str(file.resolve())
+            hit = self._data.get(key)
             if not hit or hit.get("sha256") != sha256:
                 return False
-            hit["public"] = UNCHECKED if public is None else bool(public)
-            hit["rule"] = PUBLIC_RULE
-            hit.pop("token", None)
-            if public is None:
-                hit["token"] = bool(sent_token)
+            self._data[key] = OriginRecord.from_json(hit).checked_as(public, sent_token=sent_token).merged_into(hit)
             self._save()
         return True
 
-    def unchecked_of(self, file: Path, sha256: str) -> tuple[str, bool] | None:
-        """(origin URL, whether the download sent a token) of a file whose origin check could not be
-        made (UNCHECKED), or that was found public under an older rule than PUBLIC_RULE, if its record
-        holds this sha256 (a record without `token`, written before 2026-12-07's fix, or public under
-        an older rule: True, asked without one); None otherwise (checked under this rule, not public,
-        or an older record without `public`: not asked)."""
+    def origin_of(self, file: Path, sha256: str | None = None) -> OriginRecord:
+        """The file's origin record (blocking; none: not recorded, or its record holds another sha256
+        than a given one)."""
         with self._lock:
             hit = self._data.get(str(file.resolve()))
-        if not hit or hit.get("sha256") != sha256:
-            return None
-        if hit.get("public") != UNCHECKED and not (hit.get("public") is True and hit.get("rule") != PUBLIC_RULE):
-            return None
-        origin = hit.get("origin")
-        return (origin, hit.get("token") is not False) if isinstance(origin, str) and origin else None
+        if not hit or (sha256 is not None and hit.get("sha256") != sha256):
+            return OriginRecord()
+        return OriginRecord.from_json(hit)
+
+    def unchecked_of(self, file: Path, sha256: str) -> OriginRecord | None:
+        """The origin record of a file whose origin check could not be made (UNCHECKED), or that was
+        found public under an older rule than PUBLIC_RULE, if its record holds this sha256 (its
+        `token_sent`: a record without `token`, written before 2026-12-07's fix, or public under an
+        older rule, is asked without one); None otherwise (checked under this rule, not public, or an
+        older record without `public`: not asked)."""
+        origin = self.origin_of(file, sha256)
+        return origin if origin.check_again else None
 
     def public_of(self, file: Path) -> bool:
         """Whether a file's recorded origin is public under this PUBLIC_RULE (an older record, without
-        the flag, an UNCHECKED one, and one found public under an older rule: not)."""
-        with self._lock:
-            hit = self._data.get(str(file.resolve()))
-        return bool(hit and hit.get("origin") and hit.get("public") is True and hit.get("rule") == PUBLIC_RULE)
+        the flag, an UNCHECKED one, one found public under an older rule, one not readable: not)."""
+        return self.origin_of(file).shared
 
     def stat_of(self, file: Path) -> tuple[int, int] | None:
         """(size, mtime_ns) of a file when its cached sha256 was computed (None: not cached)."""
         with self._lock:
             hit = self._data.get(str(file.resolve()))
-        return (int(hit["size"]), int(hit["mtime_ns"])) if hit else None
+        size, mtime_ns = (hit or {}).get("size"), (hit or {}).get("mtime_ns")
+        return (size, mtime_ns) if isinstance(size, int) and isinstance(mtime_ns, int) else None
 
     def header_of(self, file: Path) -> tuple[str, int, str | None]:
         """(header sha256, header bytes, origin URL) of a file whose hash is cached (blocking):

@@ -27,6 +27,10 @@ from tests.support.tlsorigin import UntrustedOrigin
 from tests.support.waiting import wait_until
 
 
+def _unchecked(catalog: ModelCatalog) -> list[tuple]:
+    return [(path, sha, record.url, record.token_sent) for path, sha, record in catalog.unchecked_origins()]
+
+
 def _public(data_dir, path) -> object:
     records = json.loads((data_dir / HASH_CACHE_FILE).read_text(encoding="utf-8"))
     return records[str(path.resolve())].get("public")
@@ -45,7 +49,7 @@ async def test_a_certificate_failure_at_a_later_starts_recheck_stays_unchecked(t
     assert cache.set_public(path, sha, None, sent_token=True)
     catalog = ModelCatalog(data_dir)
     await catalog.async_scan([(path, "data_dir")])
-    assert catalog.unchecked_origins() == [(path.resolve(), sha, origin.url("tiny.gguf"), True)]
+    assert _unchecked(catalog) == [(path.resolve(), sha, origin.url("tiny.gguf"), True)]
     announced: list[int] = []
 
     async def announce() -> None:
@@ -59,7 +63,7 @@ async def test_a_certificate_failure_at_a_later_starts_recheck_stays_unchecked(t
         await checks.async_stop()  # waits for the check's record to be written
         assert "why=tls_certificate" in caplog.text, caplog.text
         assert _public(data_dir, path) == UNCHECKED  # not False: asked again at the next start
-        assert catalog.unchecked_origins() == [(path.resolve(), sha, origin.url("tiny.gguf"), True)]
+        assert _unchecked(catalog) == [(path.resolve(), sha, origin.url("tiny.gguf"), True)]
         assert not announced and not catalog.entries[next(iter(catalog.entries))].origin_public
         # right after a download the same failure is the origin's: not public, for good
         assert await async_origin_public(origin.url("tiny.gguf"), sent_token=True, lan_ok=True) is False
