@@ -87,10 +87,10 @@ async def test_a_redirect_to_a_host_that_is_not_global_is_not_followed(tmp_path,
     try:
         hub_port = int(hub.hub.rpartition(":")[2])
 
-        async def only_the_hub_is_global(host: str, port: int) -> bool:
+        def only_the_hub_is_global(address: str, port: int) -> bool:
             return port == hub_port
 
-        monkeypatch.setattr(public, "_async_host_public", only_the_hub_is_global)
+        monkeypatch.setattr(public, "_counts_as_global", only_the_hub_is_global)
         assert await async_origin_public(hub.url, sent_token=True, size=len(hub.data)) is False
         assert hub.cdn_requests == [], "the check asked the host that is not global"
         # told LAN origins count (a mirror every member reaches), the same redirect is the file

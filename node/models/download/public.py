@@ -11,8 +11,10 @@ download completes, off its critical path (the model is served meanwhile, as not
   for without it, following redirects to global hosts only (a hop to a LAN, loopback or link-local
   host is not asked and makes it not public, unless `public_lan_origins`: 2026-12-07, every hop
   after the first was asked, so a private mirror sending strangers to a LAN store made its file
-  public, and any origin had the node request its own local services) (a HEAD, then a GET of one byte where it
-  redirects), comes back: a 2xx that is no web page and has the downloaded file's size (Content-Range
+  public, and any origin had the node request its own local services; each connection the check
+  makes refuses a name resolving to an address that is not global, `_GlobalOnlyResolver`:
+  2026-12-07, the request looked the name up again after the check, so DNS rebinding reached
+  127.0.0.1) (a HEAD, then a GET of one byte where it redirects), comes back: a 2xx that is no web page and has the downloaded file's size (Content-Range
   or Content-Length, else the X-Linked-Size of the Hub's 302 to its CDN). A 401, 403 or 404 (a
   private or gated repo), or a login page (an SSO before a private mirror: a redirect to another
   host, then a 200 text/html; 2026-12-07: any redirect off the host counted as public) is not. Whether a token went is the caller's to say
@@ -40,8 +42,10 @@ import logging
 import socket
 import ssl
 import urllib.parse
+from collections.abc import Mapping
 
 import aiohttp
+import aiohttp.abc
 
 from node import const
 from node.logs import kv
@@ -63,6 +67,13 @@ def _global(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
+def _counts_as_global(address: str, port: int) -> bool:
+    """Whether the check may count `address`:`port` as a global host: `_global(address)`. The one
+    test-only allowance (a test replaces this function, so that a server on 127.0.0.1 stands for a
+    global host): no setting, option or answer from the network reaches it."""
+    return _global(address)
+
+
 async def _async_host_public(host: str, port: int) -> bool:
     """Whether every address the host resolves to is a global one (a name resolving to a LAN,
     loopback or link-local address is not)."""
@@ -72,7 +83,32 @@ async def _async_host_public(host: str, port: int) -> bool:
     except ValueError:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         addresses = [info[4][0] for info in infos]
-    return bool(addresses) and all(_global(str(a)) for a in addresses)
+    return bool(addresses) and all(_counts_as_global(str(a), port) for a in addresses)
+
+
+class NotGlobalAddress(OSError):
+    """A host the check was about to connect to resolved to an address that is not global."""
+
+
+class _GlobalOnlyResolver(aiohttp.abc.AbstractResolver):
+    """The check's connections' resolver (aiohttp's threaded one), refusing a name any of whose
+    addresses is not global: what is checked is what is connected to. The check looks a host up
+    before asking it, and the connection looked it up again: a name answering a global address
+    first and 127.0.0.1 or a LAN address next (DNS rebinding) had the check ask this machine's or
+    the LAN's services, and call a file public that only this node could fetch (2026-12-07). An IP
+    literal is not resolved by aiohttp; the check's own look-up decides it."""
+
+    def __init__(self) -> None:
+        self._inner = aiohttp.ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list:
+        hosts = await self._inner.resolve(host, port, family)
+        if not all(_counts_as_global(str(h["host"]), port) for h in hosts):
+            raise NotGlobalAddress(f"{host} resolves to an address that is not global")
+        return hosts
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 def _int(value: str | None) -> int | None:
@@ -82,51 +118,71 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def _is_the_file(resp: aiohttp.ClientResponse, size: int | None, linked: int | None) -> bool:
+def _is_the_file(status: int, headers: Mapping[str, str], size: int | None, linked: int | None) -> bool:
     """Whether a 2xx answered with the file: no web page (a login page is text/html) and the file's
     size: Content-Range's total (a 206 to the first byte), else Content-Length, else the X-Linked-Size
     a redirect gave (the Hub's 302); no size at all is not the file."""
-    if resp.headers.get("Content-Type", "").split(";")[0].strip().lower() in ("text/html", "application/xhtml+xml"):
+    if headers.get("Content-Type", "").split(";")[0].strip().lower() in ("text/html", "application/xhtml+xml"):
         return False
-    got = _int(resp.headers.get("Content-Range", "").rpartition("/")[2]) if resp.status == 206 \
-        else _int(resp.headers.get("Content-Length"))
+    got = _int(headers.get("Content-Range", "").rpartition("/")[2]) if status == 206 \
+        else _int(headers.get("Content-Length"))
     return size is not None and (got if got is not None else linked) == size
+
+
+async def _async_ask(session: aiohttp.ClientSession, url: str, first: bool) -> tuple[int, Mapping[str, str]] | None:
+    """(status, headers) of one hop asked without credentials, its body not read: the URL the user
+    gave gets a HEAD, a hop a redirect named a GET of the first byte (a CDN's presigned link may
+    answer only the method it was signed for). None: the hop's name
+    resolved to an address that is not global when connecting (_GlobalOnlyResolver)."""
+    method = "HEAD" if first else "GET"
+    while True:
+        headers = {"Accept-Encoding": "identity"}
+        if method == "GET":
+            headers["Range"] = "bytes=0-0"
+        try:
+            async with session.request(method, url, allow_redirects=False, headers=headers) as resp:
+                status, answer = resp.status, resp.headers
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, NotGlobalAddress):
+                return None
+            raise
+        return status, answer
 
 
 async def _async_fetchable_without_token(url: str, size: int | None, lan_ok: bool) -> bool | None:
     """Asked without credentials, following redirects (at most _MAX_HOPS, to global hosts only unless
     `lan_ok`): public only when the last answer is a 2xx with the file (`size` bytes, no web page:
-    `_is_the_file`). The URL gets a HEAD, where it redirects a GET of the first byte (a CDN's
-    presigned link may answer only the method it was signed for). A 401, 403 or 404 (private,
-    gated), a login page on another host (an SSO before a private mirror), another size, a redirect
-    to a host that is not global (a LAN storage host serving anyone inside the LAN, or this
-    machine's own services: not asked): not public; a 5xx or 429 (busy, down) says nothing: None.
-    (Until 2026-12-07 any redirect to another host counted as public: a private origin sending a
-    stranger to its login page did; then, for a day, every hop after the first was asked whatever
-    its host, so a private mirror redirecting to a 10.x store made its file public.)"""
+    `_is_the_file`). The URL gets a HEAD, where it redirects
+    a GET of the first byte (a CDN's presigned link may answer only the method it was signed for).
+    A 401, 403 or 404 (private, gated), a login page on another host (an SSO before a private
+    mirror), another size, a redirect to a host that is not global (a LAN storage host serving
+    anyone inside the LAN, or this machine's own services: not asked), a host whose name resolves
+    to one when connecting (DNS rebinding: not connected to): not public; a 5xx or 429 (busy, down)
+    says nothing: None. (Until 2026-12-07 any redirect to another host counted as public: a private
+    origin sending a stranger to its login page did; then, for a day, every hop after the first was
+    asked whatever its host, so a private mirror redirecting to a 10.x store made its file public.)"""
     asked, linked = url, None
     timeout = aiohttp.ClientTimeout(total=const.DOWNLOAD_PUBLIC_CHECK_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = None if lan_ok else aiohttp.TCPConnector(resolver=_GlobalOnlyResolver())
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for _hop in range(_MAX_HOPS):
             hop = urllib.parse.urlsplit(url)
-            if not lan_ok and not await _async_host_public(
-                    hop.hostname or "", hop.port or (80 if hop.scheme == "http" else 443)):
-                log.debug("DIAG: origin check not following a redirect to a host that is not global %s",
-                          kv(url=display_url(url)))
+            answer = None
+            if lan_ok or await _async_host_public(hop.hostname or "", hop.port or (80 if hop.scheme == "http" else 443)):
+                answer = await _async_ask(session, url, url == asked)
+            if answer is None:
+                log.debug("DIAG: origin check not asking a host that is not global %s", kv(url=display_url(url)))
                 return False
-            method, headers = "HEAD", {"Accept-Encoding": "identity"}
-            if url != asked:  # where a redirect sent it (a CDN's presigned link answers only a GET)
-                method, headers = "GET", {**headers, "Range": "bytes=0-0"}
-            async with session.request(method, url, allow_redirects=False, headers=headers) as resp:
-                if resp.status >= 500 or resp.status == 429:
-                    return None
-                if 200 <= resp.status < 300:
-                    return _is_the_file(resp, size, linked)
-                linked = _int(resp.headers.get("X-Linked-Size")) or linked
-                where = resp.headers.get("Location")
-                if resp.status not in (301, 302, 303, 307, 308) or not where:
-                    return False  # 401/403 (private, gated), 404 (a private repo to a stranger)
-                url = urllib.parse.urljoin(url, where)
+            status, headers = answer
+            if status >= 500 or status == 429:
+                return None
+            if 200 <= status < 300:
+                return _is_the_file(status, headers, size, linked)
+            linked = _int(headers.get("X-Linked-Size")) or linked
+            where = headers.get("Location")
+            if status not in (301, 302, 303, 307, 308) or not where:
+                return False  # 401/403 (private, gated), 404 (a private repo to a stranger)
+            url = urllib.parse.urljoin(url, where)
     return False
 
 
