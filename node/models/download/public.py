@@ -14,7 +14,8 @@ download completes, off its critical path (the model is served meanwhile, as not
   public, and any origin had the node request its own local services; each connection the check
   makes refuses a name resolving to an address that is not global, `_GlobalOnlyResolver`:
   2026-12-07, the request looked the name up again after the check, so DNS rebinding reached
-  127.0.0.1) (a HEAD, then a GET of one byte where it redirects), comes back: a 2xx that is no web page and has the downloaded file's size (Content-Range
+  127.0.0.1) (a HEAD, then a GET of one byte where it redirects, or where the HEAD is refused,
+  405: 2026-12-07, such an origin was not public for good), comes back: a 2xx that is no web page and has the downloaded file's size (Content-Range
   or Content-Length, else the X-Linked-Size of the Hub's 302 to its CDN). A 401, 403 or 404 (a
   private or gated repo), or a login page (an SSO before a private mirror: a redirect to another
   host, then a 200 text/html; 2026-12-07: any redirect off the host counted as public) is not. Whether a token went is the caller's to say
@@ -132,7 +133,8 @@ def _is_the_file(status: int, headers: Mapping[str, str], size: int | None, link
 async def _async_ask(session: aiohttp.ClientSession, url: str, first: bool) -> tuple[int, Mapping[str, str]] | None:
     """(status, headers) of one hop asked without credentials, its body not read: the URL the user
     gave gets a HEAD, a hop a redirect named a GET of the first byte (a CDN's presigned link may
-    answer only the method it was signed for). None: the hop's name
+    answer only the method it was signed for), and so does an origin refusing HEAD (405: it was
+    not public for good until 2026-12-07, though anyone could GET the file). None: the hop's name
     resolved to an address that is not global when connecting (_GlobalOnlyResolver)."""
     method = "HEAD" if first else "GET"
     while True:
@@ -146,13 +148,16 @@ async def _async_ask(session: aiohttp.ClientSession, url: str, first: bool) -> t
             if isinstance(exc.os_error, NotGlobalAddress):
                 return None
             raise
+        if method == "HEAD" and status == 405:
+            method = "GET"
+            continue
         return status, answer
 
 
 async def _async_fetchable_without_token(url: str, size: int | None, lan_ok: bool) -> bool | None:
     """Asked without credentials, following redirects (at most _MAX_HOPS, to global hosts only unless
     `lan_ok`): public only when the last answer is a 2xx with the file (`size` bytes, no web page:
-    `_is_the_file`). The URL gets a HEAD, where it redirects
+    `_is_the_file`). The URL gets a HEAD (refused, 405: a GET of its first byte), where it redirects
     a GET of the first byte (a CDN's presigned link may answer only the method it was signed for).
     A 401, 403 or 404 (private, gated), a login page on another host (an SSO before a private
     mirror), another size, a redirect to a host that is not global (a LAN storage host serving
