@@ -160,14 +160,14 @@ class HashCache:
         with self._lock:
             hit = dict(self._data.get(key) or {})
         if "header_sha256" in hit and "header_bytes" in hit:
-            return hit["header_sha256"], int(hit["header_bytes"]), hit.get("origin")
+            return hit["header_sha256"], int(hit["header_bytes"]), OriginRecord.from_json(hit).url
         digest, n_bytes = header_digest(file)
         with self._lock:
             record = self._data.get(key)
             if record is not None and record.get("sha256") == hit.get("sha256"):
                 record.update(header_sha256=digest, header_bytes=n_bytes)
                 self._save()
-        return digest, n_bytes, hit.get("origin")
+        return digest, n_bytes, OriginRecord.from_json(hit).url
 
     def _save(self) -> None:  # under self._lock
         if self.path is None:
