@@ -97,7 +97,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
                                     n_ctx=config.n_ctx, ctx_cap=config.max_ctx,
                                     kv_budget_bytes=int(config.slice_kv_budget_mb * 2**20),
                                     weight_cache=weight_cache, partials=self.partials,
-                                    kv_dtype=config.slice_kv_dtype)
+                                    kv_dtype=config.slice_kv_dtype, catalog=self.catalog)
         self.transport: PipelineTransport | None = None
         self.worker: SegmentWorker | None = None
         self.pipeline: PipelineCoordinator | None = None

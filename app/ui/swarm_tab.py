@@ -189,9 +189,10 @@ class ContributePanel(QGroupBox):
         serving = choice["serving"]
         failed = ""
         if failure is not None:  # (the failed slice is gone: this is all that says why nothing serves)
-            when = time.strftime("%H:%M:%S", time.localtime(failure["retry_at"]))
+            when = "not choosing them again" if failure["retry_at"] is None else \
+                f"choosing again at {time.strftime('%H:%M:%S', time.localtime(failure['retry_at']))}"
             failed = (f"Layers {fmt.layers([failure['layers'][0], failure['layers'][1] + 1])} failed to load: "
-                      f"{failure['reason']}; choosing again at {when}" + ("…" if not serving else " — "))
+                      f"{failure['reason']}; {when}" + ("…" if not serving else " — "))
         if not serving:
             if failed:
                 return failed

@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from node.config import NodeConfig
@@ -29,18 +28,10 @@ from node.inference.tokenizer import ModelTokenizer
 from node.inference.whole_sizing import WholeSizing
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry, served_context
+from node.models.changed import async_refuse_changed
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
-
-
-def _stat_or_none(path: Path) -> tuple[int, int] | None:
-    """(size, mtime_ns) of a file; None when it is gone (blocking)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns
 
 States = ("unloaded", "loading", "loaded", "unloading", "failed")  # whole models; else "slices" or "swarm"
 
@@ -269,7 +260,7 @@ class ModelManager:
             raise self.unservable(served)
         if not after_unload:
             await self.async_refuse_failed(served)
-        await self.async_refuse_changed(served)
+        await async_refuse_changed(self.catalog, served.entry)  # other bytes than its id names: 503
         if served.load_task is None or served.load_task.done():
             served.load_task = asyncio.create_task(self._load(served), name=f"load-{served.id}")
         await asyncio.shield(served.load_task)
@@ -302,32 +293,6 @@ class ModelManager:
         if not failure.retry_said:
             failure.retry_said = True
             log.info("DIAG: failed model loaded again by a request %s", kv(model=served.id, why=why))
-
-    async def async_refuse_changed(self, served: ServedModel) -> None:
-        """ModelUnavailable when the model's file no longer holds the bytes its id names: the watch saw
-        it changed, or its (size, mtime_ns) now (a stat off the loop) are not those its sha256 was
-        computed over, and hashing it again (off the loop, once per change: catalog.same_bytes) finds
-        other bytes (a touched file is loaded as before). Loading it would bring other bytes up under
-        this id and sha256, with the old file's tokenizer, and advertise them (until 2026-12-06 it
-        did: for a file outside the models folder for good, for one in it until the watch's next look)."""
-        entry = served.entry
-        if not entry.has_file or entry.partial is not None or entry.hashed_stat is None:
-            return
-        loop = asyncio.get_running_loop()
-        if not entry.changed and await loop.run_in_executor(None, _stat_or_none, entry.path) in (None, entry.hashed_stat):
-            return  # the file hashed (or gone: the load says so)
-        log.info("DIAG: model file changed on disk since it was hashed, hashing it again before loading %s",
-                 kv(model=served.id, path=entry.path))
-        if await loop.run_in_executor(None, self.catalog.same_bytes, entry) is not False:
-            return
-        in_folder = entry.source == "data_dir"
-        then = ("it is read again as a new model, under a new id, at the models folder's next look" if in_folder else
-                "add it again (Add in the Models tab, or `swarmllm models add PATH`) or restart the node to "
-                "serve its new bytes as a new model")
-        log.info("DIAG: model file holds other bytes than its id names, not loaded %s",
-                 kv(model=served.id, path=entry.path))
-        raise ModelUnavailable(f"the file of model {served.id} ({entry.path.name}) changed on disk since it was "
-                               f"hashed, so it is no longer this model: {then}")
 
     async def async_load_on_demand(self, served: ServedModel, **ids: str) -> None:
         """A request's load of a model it holds that is not loaded (`ids`: its request_id or sid

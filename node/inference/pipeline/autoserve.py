@@ -203,6 +203,17 @@ class AutoServe(Moves, BudgetShares):
             # no failure, no retry timer (2026-12-07: one was kept after async_pause had cleared it)
             return
         m.failures += 1
+        if hosted.entry.changed:
+            # its file holds other bytes than its sha256 names (the host refused it, node.models.changed):
+            # no retry loads them, so none is made (a new budget, a pause and resume, or helping the
+            # re-added file chooses again)
+            now = time.time()
+            self._set_failure(m, ChoiceFailure(m.entry.id, hosted.start, hosted.end, hosted.error or "unknown error",
+                                               now, None, m.failures))
+            log.info("DIAG: slice load failed, its file changed on disk; not choosing it again %s", kv(
+                model=m.entry.id, layers=f"{hosted.start}-{hosted.end - 1}", reason=hosted.error))
+            self.note(m.last_failure.text())
+            return
         delay = min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** min(m.failures - 1, 20))
         loop = asyncio.get_running_loop()
         if self._retry is not None and self._retry.when() <= loop.time() + delay:
@@ -372,6 +383,8 @@ class AutoServe(Moves, BudgetShares):
         a failed move's old range serving on) ends the last failure: nothing retries it. It stayed
         shown for ever, "chosen again at" a time long past (2026-12-07, review r27)."""
         before = m.last_failure
+        if before is not None and before.retry_at is None:
+            return  # not chosen again: its file changed on disk (_loaded)
         await self._async_choose(m, why)
         if before is not None and m.last_failure is before and self._wanted(m):
             self._set_failure(m, None)

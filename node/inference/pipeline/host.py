@@ -22,7 +22,8 @@ from node.inference.pipeline.perf import LocalSpeeds
 from node.inference.placement import Placement, place
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
-from node.models.catalog import ModelEntry, served_context
+from node.models.catalog import ModelCatalog, ModelEntry, served_context
+from node.models.changed import async_refuse_changed
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,10 @@ class SliceHost:
                  ctx_cap: int = 0, cpu_only: bool = False,
                  session_ttl_s: float = const.SESSION_TTL_S, kv_budget_bytes: int = const.KV_BUDGET_BYTES,
                  weight_cache: WeightCache | None = None, partials: PartialModels | None = None,
-                 kv_dtype: str = "auto"):
+                 kv_dtype: str = "auto", catalog: ModelCatalog | None = None):
+        # a file whose bytes changed since it was hashed is refused as a whole load refuses it
+        # (node.models.changed); None (tests of the host alone): not checked
+        self.catalog = catalog
         self.dtype = dtype
         self.kv_dtype = kv_dtype  # the slices' KV caches (SliceModel.load's kv_dtype)
         self.partials = partials  # models given by URL: their layers are fetched before a load
@@ -301,6 +305,8 @@ class SliceHost:
             return hosted
         try:
             entry.refuse_slices()  # (a split model: callers refuse it earlier, saying so to the user)
+            if self.catalog is not None:  # other bytes than its sha256 names: served to peers as it (2026-12-07)
+                await async_refuse_changed(self.catalog, entry)
             if entry.partial is not None:
                 if self.partials is None:
                     raise ModelLoadError(f"{entry.id} is a partial model and this node fetches no layers")

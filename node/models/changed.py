@@ -1,0 +1,49 @@
+"""A catalogued file whose bytes changed on disk since it was hashed is refused before anything
+loads it: a whole model (ModelManager.async_load) and a layer slice (SliceHost.async_load) alike.
+Loading it would bring other bytes up under the old id and sha256 and hand them (a whole model's
+replies, a slice's hidden states) to peers as that model."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from node.errors import ModelUnavailable
+from node.logs import kv
+from node.models.catalog import ModelCatalog, ModelEntry
+
+log = logging.getLogger(__name__)
+
+
+def stat_or_none(path: Path) -> tuple[int, int] | None:
+    """(size, mtime_ns) of a file; None when it is gone (blocking)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+async def async_refuse_changed(catalog: ModelCatalog, entry: ModelEntry) -> None:
+    """ModelUnavailable when the entry's file no longer holds the bytes its id names: the watch saw
+    it changed, or its (size, mtime_ns) now (a stat off the loop) are not those its sha256 was
+    computed over, and hashing it again (off the loop, once per change: catalog.same_bytes) finds
+    other bytes (a touched file loads as before; the entry is then marked `changed`). A partial
+    model (its parts are checked as they arrive) and a gone file (the load says so) pass."""
+    if not entry.has_file or entry.partial is not None or entry.hashed_stat is None:
+        return
+    loop = asyncio.get_running_loop()
+    if not entry.changed and await loop.run_in_executor(None, stat_or_none, entry.path) in (None, entry.hashed_stat):
+        return
+    log.info("DIAG: model file changed on disk since it was hashed, hashing it again before loading %s",
+             kv(model=entry.id, path=entry.path))
+    if await loop.run_in_executor(None, catalog.same_bytes, entry) is not False:
+        return
+    then = ("it is read again as a new model, under a new id, at the models folder's next look"
+            if entry.source == "data_dir" else
+            "add it again (Add in the Models tab, or `swarmllm models add PATH`) or restart the node to "
+            "serve its new bytes as a new model")
+    log.info("DIAG: model file holds other bytes than its id names, not loaded %s", kv(model=entry.id, path=entry.path))
+    raise ModelUnavailable(f"the file of model {entry.id} ({entry.path.name}) changed on disk since it was "
+                           f"hashed, so it is no longer this model: {then}")
