@@ -113,7 +113,10 @@ class Contributions:
                 # it went on being chosen, its failure shown everywhere (2026-12-07, review r27)
                 sha256 = entry.sha256 if entry is not None else self._chosen.get(key)
                 self._chosen.pop(key, None)
-                if sha256 is not None:
+                rest = self._copy_of(sha256, key, chosen_only=True) if sha256 is not None else None
+                if rest is not None:  # another file of these bytes is ticked too: its choice goes on
+                    await self._async_follow_row(rest)
+                elif sha256 is not None:
                     await self.autoserve.async_remove(sha256)
             await self._async_save()
         log.info("DIAG: contributing stopped %s", kv(model=key))
@@ -138,15 +141,18 @@ class Contributions:
             m = self.autoserve.model(entry.sha256)
             if m is None:
                 return
-            other = next((e for e in list(self.catalog.entries.values())
-                          if e.sha256 == entry.sha256 and e.has_file and e is not entry), None)
+            other = self._copy_of(entry.sha256, entry.id)
             if other is not None:
+                chosen = self.config.contribute_models
                 if m.entry is entry:  # (no slice of it is held: async_drop drops nothing then)
                     log.info("DIAG: layer choice goes on from a copy %s", kv(model=entry.id, copy=other.id))
-                    m.entry = other
-                    await self._async_move_choice(entry.id, other.id)
-                else:
+                    self.autoserve.repoint(m, other)
+                elif other.id not in chosen or m.budget_mb_override == chosen[other.id]:
                     return
+                if other.id not in chosen:
+                    await self._async_move_choice(entry.id, other.id)
+                else:  # both ticked: the original's row stays (taken up when back), the copy's budget runs
+                    await self._async_follow_row(other)
             elif m.at_start:
                 return
             else:
@@ -154,15 +160,35 @@ class Contributions:
                 await self.autoserve.async_remove(entry.sha256)
         self.events.emit()
 
-    async def _async_move_choice(self, old: str, new: str) -> None:
-        """A Help-serve choice kept under `old` is kept under `new` (the same bytes), its budget with it
-        (under the lock)."""
+    def _copy_of(self, sha256: str, model_id: str, *, chosen_only: bool = False) -> ModelEntry | None:
+        """Another file in the catalog than `model_id`'s with the bytes `sha256`, one ticked "Help serve"
+        first (`chosen_only`: only such a one)."""
         chosen = self.config.contribute_models
-        if old not in chosen:
+        copies = sorted((e for e in list(self.catalog.entries.values())
+                         if e.sha256 == sha256 and e.has_file and e.id != model_id),
+                        key=lambda e: e.id not in chosen)
+        return next((e for e in copies if not chosen_only or e.id in chosen), None)
+
+    async def _async_follow_row(self, entry: ModelEntry) -> None:
+        """The layer choice of `entry`'s bytes goes on from `entry`, at the budget of its own Help-serve
+        row (under the lock). Two files of the same bytes ticked each with a budget share one choice,
+        at the budget set last: once one row is gone (its file deleted, unticked), what runs is the
+        budget the remaining row shows (2026-12-07 review: it ran on at the other row's budget until a
+        restart, and unticking or deleting one ended the choice of both)."""
+        assert self.autoserve is not None
+        m = self.autoserve.model(entry.sha256)
+        if m is not None:
+            self.autoserve.repoint(m, entry)
+        await self.autoserve.async_add(entry, self.config.contribute_models[entry.id])
+        self._chosen[entry.id] = entry.sha256
+
+    async def _async_move_choice(self, old: str, new: str) -> None:
+        """A Help-serve choice kept under `old` is kept under `new` (the same bytes, not chosen itself),
+        its budget with it (under the lock)."""
+        chosen = self.config.contribute_models
+        if old not in chosen or new in chosen:
             return
-        # (both chosen: one layer choice served them already; the copy's budget stands)
-        self.config.contribute_models = {(new if k == old else k): v for k, v in chosen.items()
-                                         if not (k == old and new in chosen)}
+        self.config.contribute_models = {(new if k == old else k): v for k, v in chosen.items()}
         if old in self._chosen:
             self._chosen[new] = self._chosen.pop(old)
         await self._async_save()

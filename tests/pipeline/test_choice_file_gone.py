@@ -218,3 +218,54 @@ async def test_stopping_help_while_the_file_comes_back_is_not_undone(tmp_path, q
         assert entry.id not in node.config.contribute_models
         assert node.autoserve.model(entry.sha256) is None
         assert node.contributions.summary()["models"] == []
+
+
+@pytest.mark.parametrize("ticks", [("copy", "original"), ("original", "copy"), ("original", "copy", "original")],
+                         ids="-then-".join)
+async def test_an_original_and_its_copy_both_helped_go_on_from_the_copy_at_its_budget(tmp_path, quick, ticks):
+    """Both files ticked "Help serve", each with its own budget: one layer choice serves their bytes,
+    at the budget set last. The original's file deleted, the choice goes on from the copy at the
+    copy's budget, and the original's row stays in config.toml (taken up when the file is back, as a
+    lone row's is): it ran on at the deleted original's budget, the copy's row showing another one
+    until a restart changed it, and the original's row was dropped or kept by the order of the ticks.
+    Unticking the original's row then leaves the copy's choice (it ended the choice of both)."""
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    path, copy = copies(data / "models")
+    async with running_node(node_config(data, models_watch_s=0.2)) as node:
+        entry = node.catalog.resolve("wrongcount")
+        other = next(e for e in node.catalog.entries.values() if e.path.name == copy.name)
+        budgets = {"original": (entry.id, 100), "copy": (other.id, 300)}
+        for tick in ticks:
+            await node.contributions.async_help(*budgets[tick])
+        m = node.autoserve.model(entry.sha256)
+        assert m.budget_mb_override == budgets[ticks[-1]][1]
+        path.unlink()
+        await wait_until(lambda: f"model {entry.id} removed (its file is gone)" in " ".join(node.activity), 20.0,
+                         what="the watch to drop the original")
+        await wait_until(lambda: m.entry is other and m.budget_mb_override == 300, 10.0,
+                         what="the choice to go on from the copy at the copy's budget")
+        assert node.autoserve.model(entry.sha256) is m
+        assert node.config.contribute_models == {entry.id: 100, other.id: 300}
+        rows = {r["model"]: r for r in node.contributions.summary()["models"]}
+        assert rows[other.id]["budget_mb"] == 300 and not rows[other.id]["error"], rows
+        assert rows[entry.id]["error"] == "the model is not on this machine now", rows
+        await node.contributions.async_stop(entry.id)
+        assert node.autoserve.model(entry.sha256) is m and m.entry is other and m.budget_mb_override == 300
+        assert node.config.contribute_models == {other.id: 300}
+
+
+async def test_unticking_one_of_two_helped_copies_leaves_the_others_choice(tmp_path, quick):
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    path, copy = copies(data / "models")
+    async with running_node(node_config(data, models_watch_s=3600.0)) as node:
+        entry = node.catalog.resolve("wrongcount")
+        other = next(e for e in node.catalog.entries.values() if e.path.name == copy.name)
+        await node.contributions.async_help(other.id, 300)
+        await node.contributions.async_help(entry.id, 100)
+        await node.contributions.async_stop(entry.id)
+        m = node.autoserve.model(entry.sha256)
+        assert m is not None and m.entry is other and m.budget_mb_override == 300
+        [row] = node.contributions.summary()["models"]
+        assert row["model"] == other.id and row["budget_mb"] == 300, row

@@ -117,6 +117,17 @@ class AutoServe(Moves, BudgetShares):
         self._why = "added"
         self._wake.set()
 
+    def repoint(self, m: AutoModel, entry: ModelEntry) -> None:
+        """The choice `m` goes on from `entry`, another file of its bytes (its own file went, or its
+        Help-serve row): a budget that could not be sized from the file gone is sized again from it
+        (the error stuck, and nothing of the model was chosen again, when a sizing ran between the
+        deletion and the watch's look)."""
+        m.entry = entry
+        if m.budget_error is not None:
+            m.budget, m.budget_error = None, None
+            self._why = "added"
+            self._wake.set()
+
     async def async_remove(self, sha256: str) -> None:
         """Stop serving `sha256`: its slices stop being advertised and are freed once idle."""
         m = self.model(sha256)
