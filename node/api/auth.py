@@ -13,11 +13,12 @@ from node.errors import AuthenticationFailed, ForbiddenHost
 log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
-OPEN_PATHS = {"/health", "/health/ready", "/metrics"}  # no key needed (still Host-checked)
-# llama-server's own inference routes (api/llama_native.py, api/embed_routes.py, api/rerank_routes.py):
-# the key as on /v1
+OPEN_PATHS = {"/health", "/v1/health", "/health/ready", "/metrics"}  # no key needed (still Host-checked)
+# llama-server's own inference routes (api/llama_native.py, api/embed_routes.py, api/rerank_routes.py)
+# and its aliases of /v1 routes without the prefix (api/openai.py, api/openai_responses.py): the key as on /v1
 NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template",
-                          "/props", "/embedding", "/embeddings", "/rerank", "/reranking"})
+                          "/props", "/embedding", "/embeddings", "/rerank", "/reranking",
+                          "/models", "/chat/completions", "/responses"})
 
 
 def _host_name(host_header: str) -> str:

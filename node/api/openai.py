@@ -1,5 +1,6 @@
 """OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions (/v1/embeddings:
-embed_routes.py).
+embed_routes.py); /models and /chat/completions too, as llama-server answers them (an app given the
+base URL without /v1 posts there).
 
 Handlers are thin: parse (schemas), then the shared driver (driver.serve: trace, run, stream or
 collect) with this dialect's shapes (responses: bodies and chunks).
@@ -28,6 +29,7 @@ routes = web.RouteTableDef()
 
 
 @routes.get("/v1/models")
+@routes.get("/models")
 async def list_models(request: web.Request) -> web.Response:
     """Models this node can serve (and, with a peer network, the swarm)."""
     node = request.app[NODE]
@@ -41,6 +43,7 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/chat/completions")
+@routes.post("/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Chat completion, streaming or not."""
     body = await read_json(request)

@@ -446,6 +446,7 @@ class ResponsesDialect:
 
 
 @routes.post("/v1/responses")
+@routes.post("/responses")  # llama-server's alias (a base URL without /v1)
 async def create_response(request: web.Request) -> web.StreamResponse:
     """A model response to `input` (after the conversation of `previous_response_id`), streamed or whole."""
     store = request.app[STORE]

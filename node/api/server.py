@@ -100,6 +100,7 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
     app[NODE] = node
     app[MAX_BODY] = cfg.max_request_body_bytes
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/health", health)  # llama-server answers both
     app.router.add_get("/health/ready", health_ready)
     app.router.add_get("/metrics", metrics)
     app.add_routes(openai.routes)

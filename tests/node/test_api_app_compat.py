@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import anthropic
 import pytest
 
@@ -154,3 +155,34 @@ async def test_output_config_effort_is_accepted_and_changes_nothing(node, model_
         await claude.messages.create(model=model_id, max_tokens=4, messages=QUESTION,
                                      extra_body={"output_config": {"effort": "extreme"}})
     assert "output_config.effort" in err.value.body["error"]["message"]
+
+
+async def test_a_base_url_without_v1_is_served_as_llama_server_serves_it(node, client, model_id):
+    """An app given http://host:port (no /v1) posts to /chat/completions, /models, /responses:
+    llama-server answers them, this node said 404 "no route for this path". The key still guards
+    them; /v1/health is open as /health is."""
+    import openai
+
+    prefixed = client
+    bare = prefixed.with_options(base_url=f"http://127.0.0.1:{node.api.port}")  # its http client: no new TLS context
+    reply = await bare.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=8, temperature=0)
+    same = await prefixed.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=8, temperature=0)
+    assert reply.choices[0].message.content == same.choices[0].message.content
+    stream = await bare.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=8, temperature=0,
+                                                stream=True, stream_options={"include_usage": True})
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == \
+        same.choices[0].message.content
+    assert [m.id async for m in bare.models.list()] == [m.id async for m in prefixed.models.list()]
+    keyless = bare.with_options(api_key="wrong")
+    for call in (keyless.models.list(), keyless.chat.completions.create(model=model_id, messages=QUESTION,
+                                                                        max_tokens=2)):
+        with pytest.raises(openai.AuthenticationError):
+            await call
+    base, key = f"http://127.0.0.1:{node.api.port}", {"Authorization": f"Bearer {node.api_key}"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{base}/responses", headers=key, json={"model": model_id, "input": "hi",
+                                                                        "max_output_tokens": 4}) as r:
+            assert r.status == 200 and (await r.json())["object"] == "response"
+        async with session.get(f"{base}/v1/health") as r:
+            assert r.status == 200 and (await r.json())["status"] == "ok"
+
