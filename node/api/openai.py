@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -28,18 +29,37 @@ log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 
 
+def _anthropic_asks(request: web.Request) -> bool:
+    """True when the Anthropic SDK (or an app speaking its API) lists the models: it sends this header
+    with every request and reads ModelInfo's fields."""
+    return "anthropic-version" in request.headers
+
+
+def _with_model_info(entry: dict[str, Any]) -> dict[str, Any]:
+    """A /v1/models entry with Anthropic's ModelInfo fields too (its SDK left them None otherwise)."""
+    created = datetime.fromtimestamp(entry["created"], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {**entry, "type": "model", "display_name": entry["name"], "created_at": created,
+            "lifecycle": "active", "max_input_tokens": entry["context_length"]}
+
+
 @routes.get("/v1/models")
 @routes.get("/models")
 async def list_models(request: web.Request) -> web.Response:
     """Models this node can serve (and, with a peer network, the swarm)."""
-    node = request.app[NODE]
-    return web.json_response({"object": "list", "data": node.list_openai_models()})
+    models = request.app[NODE].list_openai_models()
+    if not _anthropic_asks(request):
+        return web.json_response({"object": "list", "data": models})
+    models = [_with_model_info(m) for m in models]
+    return web.json_response({"object": "list", "data": models, "has_more": False,
+                              "first_id": models[0]["id"] if models else None,
+                              "last_id": models[-1]["id"] if models else None})
 
 
 @routes.get("/v1/models/{model_id}")
 async def get_model(request: web.Request) -> web.Response:
     """One model by id or name (404 if unknown)."""
-    return web.json_response(request.app[NODE].openai_model(request.match_info["model_id"]))
+    model = request.app[NODE].openai_model(request.match_info["model_id"])
+    return web.json_response(_with_model_info(model) if _anthropic_asks(request) else model)
 
 
 @routes.post("/v1/chat/completions")

@@ -186,3 +186,20 @@ async def test_a_base_url_without_v1_is_served_as_llama_server_serves_it(node, c
         async with session.get(f"{base}/v1/health") as r:
             assert r.status == 200 and (await r.json())["status"] == "ok"
 
+
+async def test_the_anthropic_sdk_lists_models_with_its_model_info_fields(node, client, model_id):
+    """The anthropic SDK's ModelInfo requires created_at, display_name and type: the OpenAI-shaped
+    entry left them None (an app sorting by created_at or showing display_name failed). Asked with
+    its `anthropic-version` header, each entry carries them; the OpenAI shape is unchanged."""
+    from datetime import datetime
+
+    claude = anthropic_client(node)
+    page = await claude.models.list()
+    listed = [m async for m in page]
+    entry = node.models.all()[0]
+    assert [m.id for m in listed] == [model_id] and page.has_more is False and page.last_id == model_id
+    for info in (listed[0], await claude.models.retrieve(model_id)):
+        assert info.type == "model" and info.display_name == entry.entry.name
+        assert isinstance(info.created_at, datetime) and info.max_input_tokens == entry.n_ctx
+    plain = await client.models.retrieve(model_id)
+    assert plain.model_extra.get("display_name") is None and plain.created > 0
