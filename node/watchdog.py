@@ -58,6 +58,43 @@ def suspend_clock() -> tuple[Callable[[], float], str]:
     return time.monotonic, "monotonic(suspend not counted)"
 
 
+class PausePushback:
+    """One deadline's push-backs for this node's own pauses, the one rule for a pipeline step's
+    ACK/RESULT deadline (deadlines.py) and a remote generation's TOKENS silence (remote_stream.py):
+    a deadline that ran out while this node was paused (SIGSTOP, a lid closed, a loop kept busy: the
+    watchdog's `paused_since`) is not the peer's silence, so it moves back by the part of the pause
+    since its clock started or since the last push (which counted the pauses before it), at most
+    `limit` (SELF_PAUSE_REARMS) times; then the peer is charged. The peer gets the budget it had,
+    not a fresh one (until 2026-12-07 each pause gave a whole fresh budget, any number of times, and
+    a coordinator stalling now and then kept a silent peer for ever). Loop thread only."""
+
+    def __init__(self, limit: int = const.SELF_PAUSE_REARMS):
+        self.limit = limit
+        self.pushed = 0.0  # seconds the deadline was pushed back in all
+        self.rearms = 0  # how often (limit at most)
+        self.rearmed_at = float("-inf")  # when last: pauses before it are counted already
+        self.paused = 0.0  # the pause the last `push` found (for its caller's log line)
+
+    def reset(self) -> None:
+        """A new wait starts (a remote holder's frame): the peer's whole budget and bound again."""
+        self.pushed, self.rearms, self.rearmed_at = 0.0, 0, float("-inf")
+
+    def push(self, pauses: LoopWatchdog | None, since: float, now: float) -> float:
+        """The deadline whose clock started at `since` (monotonic) ran out at `now`: seconds to push
+        it back by (this node's pauses since `since` or the last push, at most `now - since`), 0.0
+        when there were none or the bound is reached: then the peer is charged. `pauses`: the loop
+        watchdog, or anything with its `paused_since`; None: this node's pauses are not known."""
+        since = max(since, self.rearmed_at)
+        self.paused = pauses.paused_since(since, now) if pauses is not None else 0.0
+        amount = min(self.paused, now - since)
+        if amount <= 0 or self.rearms >= self.limit:
+            return 0.0
+        self.pushed += amount
+        self.rearms += 1
+        self.rearmed_at = now
+        return amount
+
+
 def _describe_frame(frame) -> str:
     """The innermost frame that is not event-loop machinery, as module:function:line; IDLE_ARM
     when the innermost frame is the loop's wait (a selector's, the Proactor's _poll), QT_ARM when it

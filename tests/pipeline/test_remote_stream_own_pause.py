@@ -64,7 +64,7 @@ async def test_a_tokens_deadline_run_out_while_this_node_was_paused_is_re_armed(
 
 
 def _due(stream: RemoteStream) -> float:
-    return stream.last_at + stream.budget_s + getattr(stream, "pushed", 0.0)
+    return stream.last_at + stream.budget_s + stream.pushback.pushed
 
 
 @pytest.mark.blocks_loop("this node's own pauses while a remote generation waits for its holder")

@@ -28,6 +28,7 @@ from node.inference.pipeline.planner import Plan
 from node.inference.pipeline.wire import Ack, Hop, Result
 from node.logs import kv
 from node.trace import RequestTrace
+from node.watchdog import PausePushback
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class Step:
     timer: asyncio.TimerHandle | None = None  # the pending deadline of a step being waited for
     trace: RequestTrace | None = None  # set while waited for (deadline log lines)
     armed: tuple[float, float] = (0.0, 0.0)  # (when, for how long) the pending deadline was set
-    rearms: int = 0  # deadlines pushed back for this node's own pause (SELF_PAUSE_REARMS at most)
+    pushback: PausePushback = field(default_factory=PausePushback)  # for this node's own pauses, per step
     clock: float = 0.0  # when the pending deadline's clock started (sent_at, or the ACK it runs from was read)
 
     def disarm(self) -> None:
@@ -176,18 +177,15 @@ class StepDeadlines:
         trace = step.trace
         node = att.route[hop].node_id
         armed_at, span = step.armed
-        paused = self.pauses.paused_since(armed_at) if self.pauses is not None else 0.0
-        if paused > 0 and step.rearms < const.SELF_PAUSE_REARMS:  # this node was paused (SIGSTOP, a
-            # lid closed) while it waited: not the peer's silence; its frames of that time came first
-            # in this loop pass. The deadline moves back by the pause (on the monotonic clock, which
-            # a machine's sleep did not advance): the peer gets the budget it had, not a fresh one
-            # (until 2026-12-07 a 1 s stall gave a silent peer a whole new budget, any number of times)
-            now = time.monotonic()
-            push = min(paused, now - armed_at)
-            step.rearms += 1
+        now = time.monotonic()
+        push = step.pushback.push(self.pauses, armed_at, now)
+        if push > 0:  # this node was paused (SIGSTOP, a lid closed) while it waited: not the peer's
+            # silence; its frames of that time came first in this loop pass. The deadline moves back by
+            # the pause (on the monotonic clock, which a machine's sleep did not advance), the budget it
+            # had, SELF_PAUSE_REARMS times per step at most (watchdog.PausePushback)
             log.info("DIAG: pipeline deadline ran out while this node was paused: re-armed %s", kv(
                 request_id=trace.request_id if trace else None, seq=step.seq, hop=hop, node=node[:8],
-                what=what, paused_ms=round(paused * 1000), pushed_ms=round(push * 1000)))
+                what=what, paused_ms=round(step.pushback.paused * 1000), pushed_ms=round(push * 1000)))
             step.armed = (now, max(0.0, armed_at + span + push - now))
             step.timer = asyncio.get_running_loop().call_later(step.armed[1], self._expire, att, step, hop, what)
             return

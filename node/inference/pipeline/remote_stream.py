@@ -10,9 +10,10 @@ or its queue. The deadline is one loop timer, re-armed lazily: it fires at the l
 and only re-schedules itself when a frame came since, so no timer work is done per frame. A
 deadline that ran out while this node was itself paused (SIGSTOP, a lid closed: the loop watchdog's
 `paused_since`) is pushed back by the pause, the holder's RTO untouched (the holder's frames of
-that time are read after the overdue timer fires), SELF_PAUSE_REARMS times per silence at most, as
-a pipeline step's (deadlines.py): until 2026-12-07 each pause gave a silent holder a whole fresh
-budget, any number of times, so a coordinator stalling now and then kept it for ever (review r25).
+that time are read after the overdue timer fires), SELF_PAUSE_REARMS times per silence at most, by
+the rule a pipeline step's deadline follows (watchdog.PausePushback): until 2026-12-07 each pause gave
+a silent holder a whole fresh budget, any number of times, so a coordinator stalling now and then
+kept it for ever (review r25).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from node import const
 from node.errors import SegmentFailed
 from node.inference.pipeline.remote_wire import Tokens
 from node.logs import kv
+from node.watchdog import PausePushback
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,7 @@ class RemoteStream:
         self.received = 0  # tokens received: the next frame's `first`
         self.ended = False  # the holder sent its end frame
         self.failure: SegmentFailed | None = None
-        # this silence's deadline pushed back for this node's own pauses: by how much, how often (at
-        # most SELF_PAUSE_REARMS), and when last (pauses before it are counted already)
-        self.pushed, self.rearms, self.rearmed_at = 0.0, 0, 0.0
+        self.pushback = PausePushback()  # this silence's deadline pushed back for this node's own pauses
         self._frames: collections.deque[Tokens] = collections.deque()
         self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(budget_s, self._check)
@@ -57,7 +56,7 @@ class RemoteStream:
         if self.failure is not None or self.ended:
             return
         self.last_at = time.monotonic()
-        self.pushed, self.rearms = 0.0, 0  # a new silence starts: the holder's whole budget
+        self.pushback.reset()  # a new silence starts: the holder's whole budget
         if msg.first != self.received:
             self.fail(SegmentFailed(f"TOKENS from {self.holder[:8]} start at {msg.first}, expected {self.received}",
                                     node_id=self.holder, cause="protocol"))
@@ -105,21 +104,17 @@ class RemoteStream:
             return
         now = time.monotonic()
         silent = now - self.last_at
-        due = self.last_at + self.budget_s + self.pushed
+        due = self.last_at + self.budget_s + self.pushback.pushed
         if now < due:
             self._timer = asyncio.get_running_loop().call_later(due - now, self._check)
             return
-        since = max(self.last_at, self.rearmed_at)
-        paused = self.pauses.paused_since(since, now) if self.pauses is not None else 0.0
-        push = min(paused, now - since)
-        if push > 0 and due + push > now and self.rearms < const.SELF_PAUSE_REARMS:  # this node did not
-            # run meanwhile: not the holder's silence. The deadline moves back by the pause: the holder
-            # gets the budget it had, not a fresh one, and only so often (a busy or starved loop stalls often)
-            self.pushed += push
-            self.rearms += 1
-            self.rearmed_at = now
+        push = self.pushback.push(self.pauses, self.last_at, now)
+        if push > 0:  # this node did not run meanwhile: not the holder's silence. The deadline moves back
+            # by the pause: the holder gets the budget it had, not a fresh one, and only so often (a busy
+            # or starved loop stalls often)
             log.info("DIAG: remote generate deadline ran out while this node was paused: re-armed %s", kv(
-                sid=self.sid, node=self.holder[:8], silent_ms=round(silent * 1000), paused_ms=round(paused * 1000),
+                sid=self.sid, node=self.holder[:8], silent_ms=round(silent * 1000),
+                paused_ms=round(self.pushback.paused * 1000),
                 pushed_ms=round(push * 1000), tokens=self.received))
             self._timer = asyncio.get_running_loop().call_later(max(0.0, due + push - now), self._check)
             return
