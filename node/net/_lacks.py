@@ -5,10 +5,11 @@ A node answers a frame type it has no handler for with ERROR `unsupported_frame_
 (`sid`, the pipeline's request id) or its request id (the frame's own, as every ERROR reply); a
 node before that sent only the code and a message. The asker remembers per peer process (node id
 and HELLO `boot_id`: a restarted, maybe updated, peer is asked again) which types it lacks, and
-tells its listeners (the pipeline's askers), which fail what waits on that peer for such a frame at
-once and stop choosing it for that kind of request. An old ERROR names no type: the listeners get
-None and attribute it to their own outstanding frames to that peer whose type it has not shown it
-serves (`knows`: it answered one this boot). An honest peer of this version always names the type.
+tells its listeners (the pipeline's askers: remote embeddings, remote generation), which fail what
+waits on that peer for such a frame at once and stop choosing it for that kind of request. An old
+ERROR names no type: the listeners get None and attribute it (`refuses`) to their own outstanding
+frames to that peer whose type it has not shown it serves (`knows`: it answered one this boot). An
+honest peer of this version always names the type.
 
 Only the types this node sends that an older peer may refuse (`REFUSABLE`) are kept, for at most
 `PEER_LACKS_MAX` peer processes, the least recently noted going first: any peer could name any type
@@ -35,12 +36,14 @@ log = logging.getLogger(__name__)
 UNSUPPORTED = "unsupported_frame_type"
 _MAX_SID = 256  # an echoed sid longer than this is left out (sids are ~40 characters)
 
-# the frame types this node sends that a peer of an older version may not serve (remote embeddings,
-# 2026-12-06): the only ones whose refusal is remembered or told (an asker waits on no other)
-REFUSABLE: frozenset[int] = frozenset({FrameType.EMBED, FrameType.EMBED_CANCEL})
+# the frame types this node sends that a peer of an older version may not serve, each with the one
+# that cancels it (remote generation, 2026-12-02; remote embeddings, 2026-12-06): the only ones whose
+# refusal is remembered or told (an asker waits on no other)
+_CANCELS: dict[int, int] = {FrameType.GENERATE: FrameType.GENERATE_CANCEL, FrameType.EMBED: FrameType.EMBED_CANCEL}
+REFUSABLE: frozenset[int] = frozenset({*_CANCELS, *_CANCELS.values()})
 
-# callback(node_id, frame_type or None (an old peer's ERROR), sid or None)
-LackListener = Callable[[str, "int | None", "str | None"], None]
+# callback(node_id, frame_type or None (an old peer's ERROR, naming none))
+LackListener = Callable[[str, "int | None"], None]
 
 
 def refuse_unsupported(link: PeerLink, frame: Frame) -> None:
@@ -120,6 +123,18 @@ class PeerLacks:
         """The peer answered a frame of this type (its reply came): an old ERROR is not about it."""
         self._add(self._knows, node_id, frame_type)
 
+    def refuses(self, node_id: str, refused: int | None, asked: int, waiting: bool) -> bool:
+        """Whether a peer's `unsupported_frame_type` (naming `refused`, or None: a peer before
+        2026-12-07) refuses the asker's `asked` type: named, when it is that type or its cancel;
+        unnamed, when a frame of that type waits on the peer (`waiting`) and the peer has not
+        answered one this boot (then it is remembered as lacking the type)."""
+        if refused is not None:
+            return refused in (asked, _CANCELS.get(asked))
+        if not waiting or self.knows(node_id, asked):
+            return False  # not about it: nothing waits, or it answered one before
+        self.note_lacks(node_id, asked, f"an unnamed unsupported_frame_type with {type_name(asked)} waiting")
+        return True
+
     def note_lacks(self, node_id: str, frame_type: int, why: str = "") -> None:
         """Remember that this peer's process does not serve `frame_type` (said once, at INFO)."""
         if self._add(self._lacks, node_id, frame_type):
@@ -139,8 +154,6 @@ class PeerLacks:
             log.debug("DIAG: peer refused a frame type this node does not send it %s", kv(
                 peer_id=link.short_id, type=refused))
             return
-        sid = frame.header.get("sid")
-        sid = sid if isinstance(sid, str) and 0 < len(sid) <= _MAX_SID else None
         if refused is not None:
             self.note_lacks(link.node_id, refused, "unsupported_frame_type")
         else:
@@ -148,7 +161,7 @@ class PeerLacks:
                      kv(peer_id=link.short_id, message=info.message))
         for listener in list(self._listeners):
             try:
-                listener(link.node_id, refused, sid)
+                listener(link.node_id, refused)
             except Exception:  # noqa: BLE001 - one listener's bug must not hide the rest
                 log.exception("unsupported_frame_type listener failed")
 

@@ -2,7 +2,7 @@
 
 Seen: any peer could name any frame type 0-255 in such an ERROR and each was kept, per node id, until
 the peer table forgot the peer (an hour): a client churning identities left ~8 KiB each. Only the
-types this node sends that an older peer may refuse (`REFUSABLE`: EMBED, EMBED_CANCEL) are kept now,
+types this node sends that an older peer may refuse (`REFUSABLE`: GENERATE, EMBED and their cancels) are kept now,
 for at most PEER_LACKS_MAX peer processes.
 
 A real node on 127.0.0.1; the peers are raw TLS clients linked as swarm members."""
@@ -16,6 +16,7 @@ import pytest
 from node import const
 from node.net import Frame, FrameType
 from node.net._frames import frame_bytes
+from node.net._lacks import REFUSABLE
 from tests.net.rawclient import RawPeer
 from tests.support.nodes import node_config, running_node
 from tests.support.waiting import wait_until
@@ -47,7 +48,7 @@ async def test_only_refusable_types_are_kept_for_at_most_peer_lacks_max_peers(tm
                                                   [t for t in range(256) if t != FrameType.EMBED] + [FrameType.EMBED])
             socks.append(sock)
             await wait_until(lambda: lacks.lacks(noisy, FrameType.EMBED), 20, what="the EMBED refusal to be kept")
-            assert lacks._lacks[noisy][1] == {FrameType.EMBED, FrameType.EMBED_CANCEL}, lacks._lacks[noisy]
+            assert lacks._lacks[noisy][1] == set(REFUSABLE), lacks._lacks[noisy]
             ids = [noisy]
             for i in range(5):  # churned identities, each refusing EMBED
                 workdir = tmp_path / f"peer{i}"

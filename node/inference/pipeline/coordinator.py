@@ -76,19 +76,22 @@ class PipelineCoordinator:
         transport.on_local(FrameType.RESULT, self.on_result)
         transport.on_local(FrameType.TOKENS, self.on_tokens)
         self.remote: dict[str, RemoteStream] = {}  # sid -> the attempt's remote generation (whole holder)
-        self._unsubscribe: Callable[[], None] | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
 
     def register(self) -> None:
         """Receive ACK and RESULT from peers; watch links of chains in use."""
         for ftype in (FrameType.ACK, FrameType.RESULT, FrameType.TOKENS):
             self.transport.register_remote(ftype)
         if self.peers is not None:
-            self._unsubscribe = self.peers.subscribe(self._on_peer_event)
+            self._unsubscribe.append(self.peers.subscribe(self._on_peer_event))
+            lacks = getattr(self.peers, "lacks", None)  # (None: a stand-in peer table)
+            if lacks is not None:
+                self._unsubscribe.append(lacks.subscribe(self._on_unsupported))
 
     def close(self) -> None:
         """Stop watching peer links."""
-        if self._unsubscribe is not None:
-            self._unsubscribe()
+        while self._unsubscribe:
+            self._unsubscribe.pop()()
 
     @property
     def in_flight(self) -> int:
@@ -158,7 +161,22 @@ class PipelineCoordinator:
             log.debug("DIAG: No pending stream for TOKENS — ended, cancelled, or old attempt %s",
                       kv(sid=msg.sid, node=sender[:8]))
             return
+        if stream.received == 0 and (lacks := getattr(self.peers, "lacks", None)) is not None:
+            lacks.note_knows(sender, FrameType.GENERATE)  # an unnamed unsupported_frame_type is not about it
         stream.feed(msg)
+
+    def _on_unsupported(self, node_id: str, frame_type: int | None) -> None:
+        """A peer refused a frame type as unknown (PeerLacks): when it is GENERATE, or unnamed (a
+        peer before 2026-12-07) while a GENERATE waits on it that it has not shown it serves, every
+        remote generation waiting on it fails now and it is planned on for none until it restarts
+        (holders.py); a peer before remote generate (2026-12-02) was waited out for its whole silence
+        budget, GENERATE_SILENCE_S, then charged as `tokens_deadline` (until 2026-12-07)."""
+        waiting = [s for s in self.remote.values() if s.holder == node_id]
+        if not self.peers.lacks.refuses(node_id, frame_type, FrameType.GENERATE, bool(waiting)):
+            return
+        for stream in waiting:
+            stream.fail(SegmentFailed(f"{node_id[:8]}'s version has no remote generation (it refused GENERATE "
+                                      "as an unknown frame type): update it", node_id=node_id, cause="old_version"))
 
     def _on_peer_event(self, kind: str, snap: Any) -> None:
         self.holders.note_peer(kind, snap)
@@ -289,7 +307,8 @@ class PipelineCoordinator:
         stream = self.remote.pop(att.sid, None)
         if stream is not None:
             stream.close()
-            if not stream.ended:  # still running there (or stalled: it must not resume for nobody)
+            lacks = getattr(self.peers, "lacks", None)
+            if not stream.ended and not (lacks is not None and lacks.lacks(stream.holder, FrameType.GENERATE)):  # still running there (or stalled: it must not resume for nobody)
                 try:
                     self.transport.send(stream.holder, FrameType.GENERATE_CANCEL, GenerateCancel(att.sid).to_header())
                 except PeerUnreachable:

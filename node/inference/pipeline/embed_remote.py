@@ -93,17 +93,13 @@ class RemoteEmbedder:
         lacks = getattr(self.peers, "lacks", None)
         return lacks is not None and lacks.lacks(node_id, FrameType.EMBED)
 
-    def _on_unsupported(self, node_id: str, frame_type: int | None, sid: str | None) -> None:
+    def _on_unsupported(self, node_id: str, frame_type: int | None) -> None:
         """A peer refused a frame type as unknown: when it is EMBED, or unnamed (a peer before
-        2026-12-07) while an EMBED waits on it that it has not shown it serves, every EMBED
-        waiting on it fails now (an old peer's silence would last GENERATE_SILENCE_S)."""
-        if frame_type not in (None, FrameType.EMBED, FrameType.EMBED_CANCEL):
-            return
+        2026-12-07) while an EMBED waits on it that it has not shown it serves (PeerLacks.refuses),
+        every EMBED waiting on it fails now (an old peer's silence would last GENERATE_SILENCE_S)."""
         waiting = [replies for holder, replies in self.waiting.values() if holder == node_id]
-        if frame_type is None:
-            if not waiting or self.peers.lacks.knows(node_id, FrameType.EMBED):
-                return  # not about remote embeddings: it answered EMBED before
-            self.peers.lacks.note_lacks(node_id, FrameType.EMBED, "an unnamed unsupported_frame_type with EMBED waiting")
+        if not self.peers.lacks.refuses(node_id, frame_type, FrameType.EMBED, bool(waiting)):
+            return
         for replies in waiting:
             replies.put_nowait(_Failed(node_id, "old_version", f"{node_id[:8]}'s version has no remote "
                                        "embeddings (it refused EMBED as an unknown frame type): update it"))

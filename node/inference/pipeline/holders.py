@@ -28,6 +28,7 @@ from node.inference.pipeline.planner import Holder, Plan, plan_kept_route, plan_
 from node.inference.pipeline.transport import PipelineTransport
 from node.logs import kv
 from node.models.catalog import ModelEntry
+from node.net import FrameType
 from node.trace import RequestTrace, SegmentTrace
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,10 @@ class LayerHolders:
             return False
         return True
 
+    def _lacks_generate(self, node_id: str) -> bool:
+        lacks = getattr(self.peers, "lacks", None)  # (None: no peer network, or a stand-in table)
+        return lacks is not None and lacks.lacks(node_id, FrameType.GENERATE)
+
     def assemble(self, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
                  excluded: frozenset[str], prefer: tuple[tuple[str, int, int], ...] | None = None,
                  load: Mapping[str, int] | None = None) -> tuple[Plan, list[str]]:
@@ -241,12 +246,21 @@ class LayerHolders:
             # later) is no holder: a send to it fails at once, one of MAX_ASSEMBLIES attempts burnt
             # (2026-12-07: the peer of a failure excused by this node's own pause); `regain` awaits it
             holders = [h for h in self.holders(entry.sha256) if self._linked(h.node_id)]
+            # a whole holder that refused GENERATE as unknown (a version before remote generate,
+            # 2026-12-02; PeerLacks) is asked for none until it restarts (2026-12-07: each request
+            # sent it GENERATE and waited out GENERATE_SILENCE_S)
+            old = {h.node_id for h in holders if h.whole and self._lacks_generate(h.node_id)}
+            holders = [h for h in holders if not (h.whole and h.node_id in old)]
             if load:
                 holders = [dataclasses.replace(h, ms_per_layer=h.layer_ms() * (1 + const.CHAIN_LOAD_WEIGHT * load[h.node_id]))
                            if load.get(h.node_id) else h for h in holders]
             plan = plan_route(entry.n_layers, holders, exclude=excluded)
-        except InsufficientCapacity:
+        except InsufficientCapacity as exc:
             trace.end_assembly(started)
+            if old and not old <= excluded:
+                raise InsufficientCapacity(
+                    f"{exc.message}; the peers holding model {entry.id} whole ({', '.join(sorted(n[:8] for n in old))}) "
+                    "run a version without remote generation: update them, or load the model on this node") from exc
             raise
         if prefer is not None and tuple((h.node_id, h.start, h.end) for h in plan.segments) != prefer:
             kept = plan_kept_route(entry.n_layers, holders, prefer, exclude=excluded)
