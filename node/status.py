@@ -69,4 +69,8 @@ def node_stats(node: Node) -> dict[str, Any]:
         "session_control_senders": len(node.worker.control_budget) if node.worker is not None else 0,
         "remote_generations": node.remote_server.in_flight if node.remote_server is not None else 0,
         "loop_stalls": node.watchdog.stalls,
+        # this node's own pauses (stalls of SELF_PAUSE_MIN_S or more: SIGSTOP, a lid closed) and the
+        # last one's length on the clock that counts a machine's sleep (None: none yet)
+        "self_pauses": node.watchdog.pause_count,
+        "last_pause_s": round(node.watchdog.pauses[-1][2], 3) if node.watchdog.pauses else None,
     }

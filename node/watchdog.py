@@ -141,6 +141,7 @@ class LoopWatchdog:
         # suspend clock's, which a machine's sleep leaves monotonic's span near zero); pipeline
         # deadlines and link drops that fell in one are this node's doing, not the peer's (paused_since)
         self.pauses: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=8)
+        self.pause_count = 0  # such stalls since start (admin stats `self_pauses`)
 
     def _late(self, now: float) -> float:
         """How late the beat is now: the process stopped (monotonic) or the machine asleep too."""
@@ -206,6 +207,7 @@ class LoopWatchdog:
                         self._arm or "unsampled(process or GIL starved)")
             if late_s >= const.SELF_PAUSE_MIN_S:
                 self.pauses.append((self._expected, now, late_s))
+                self.pause_count += 1
                 asleep_s = max(0.0, late_s - stopped_s)
                 log.warning("DIAG: this node was paused %.1f s (%s); deadlines and link drops of that time "
                             "are not charged to peers %s", late_s,
