@@ -308,7 +308,7 @@ class PipelineCoordinator:
         if stream is not None:
             stream.close()
             lacks = getattr(self.peers, "lacks", None)
-            if not stream.ended and not (lacks is not None and lacks.lacks(stream.holder, FrameType.GENERATE)):  # still running there (or stalled: it must not resume for nobody)
+            if not stream.ended and not stream.finishing and not (lacks is not None and lacks.lacks(stream.holder, FrameType.GENERATE)):  # still running there (or stalled: it must not resume for nobody)
                 try:
                     self.transport.send(stream.holder, FrameType.GENERATE_CANCEL, GenerateCancel(att.sid).to_header())
                 except PeerUnreachable:

@@ -45,6 +45,9 @@ class RemoteStream:
         self.sent_at = self.last_at = time.monotonic()
         self.received = 0  # tokens received: the next frame's `first`
         self.ended = False  # the holder sent its end frame
+        # the coordinator has what it asked for (an end-of-generation token, or max_new tokens): the
+        # holder ends by itself, so the attempt's end sends it no GENERATE_CANCEL
+        self.finishing = False
         self.failure: SegmentFailed | None = None
         self.pushback = PausePushback()  # this silence's deadline pushed back for this node's own pauses
         self._frames: collections.deque[Tokens] = collections.deque()

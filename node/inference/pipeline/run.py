@@ -333,7 +333,10 @@ class PipelineRun(Failover):
                                         "not compute them)", node_id=holder.node_id, cause="protocol")
                 generated.extend(batch)
                 yield TokenBatch(batch, list(msg.scores[:len(batch)])) if msg.scores else batch
-                if self.is_eog(batch[-1]) or len(generated) >= job.max_new_tokens or job.cancel.is_set():
+                if self.is_eog(batch[-1]) or len(generated) >= job.max_new_tokens:
+                    stream.finishing = True  # it stops there too: no cancel (2026-12-07: a cancel raced its end)
+                    return
+                if job.cancel.is_set():
                     return
             if msg.end in ("eog", "length"):
                 return
