@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 import platformdirs
 
 from node import const
+from node.datadir import cannot_read
 from node.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -323,10 +324,13 @@ def load_config(
     log.debug("DIAG: config load_or_create starting config_path=%s cli_port=%s cli_data_dir=%s",
               config_path, cli.get("port"), cli.get("data_dir"))
     try:
-        text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
+        text = config_path.read_text(encoding="utf-8") \
+            if config_path.is_file() or config_path.is_dir() else None  # (a folder: said)
     except UnicodeDecodeError as exc:  # damaged (a crash, a bad copy): was a traceback
         raise InvalidRequest(f"{config_path}: not valid TOML: not UTF-8 text (byte {exc.start}); fix it, or "
                              "move it away to start with the defaults") from None
+    except IsADirectoryError as exc:  # its settings were silently not applied
+        raise InvalidRequest(cannot_read(config_path, exc)) from None
     except OSError as exc:  # not ours to read (a data dir made with sudo): was a PermissionError traceback
         raise InvalidRequest(f"cannot read {config_path} ({exc.strerror or exc}): give this user the right to "
                              "read it and its data dir, or give another --data-dir") from None

@@ -227,7 +227,7 @@ def read_api_key(data_dir: Path) -> str:
     crash or a copy damaged it) is a NodeError naming it: clients hold the old key, so it is
     neither replaced nor overwritten here (it was a UnicodeDecodeError traceback)."""
     path = data_dir / API_KEY_FILE
-    if not path.is_file():
+    if not (path.is_file() or path.is_dir()):  # (a folder there is said, not taken for no key)
         return ""
     try:
         return path.read_text(encoding="utf-8").strip()
@@ -235,14 +235,22 @@ def read_api_key(data_dir: Path) -> str:
         raise NodeError(f"{path} is damaged (not text): put the key your clients use back in it, or "
                         "move it away to have a new one made", code="api_key_unreadable") from None
     except OSError as exc:  # not this user's to read (made with sudo): was a PermissionError traceback
-        raise NodeError(f"cannot read {path} ({exc.strerror or exc}): give this user the right to read it, or "
-                        "give another --data-dir", code="api_key_unreadable") from None
+        raise NodeError(cannot_read(path, exc), code="api_key_unreadable") from None
+
+
+def cannot_read(path: Path, exc: OSError) -> str:
+    """What to tell a user about a file of the data dir that could not be read (it is left as it
+    is: an identity, key or swarm is never replaced because it was merely unreadable)."""
+    if exc.errno == errno.EISDIR:
+        return f"{path} is a directory where a file belongs: move it away, or give another --data-dir"
+    return (f"cannot read {path} ({exc.strerror or exc}): give this user the right to read it, or "
+            "give another --data-dir")
 
 
 def load_or_create_api_key(data_dir: Path) -> str:
     """The API key from `api_key` (0600), created on first run."""
     path = data_dir / API_KEY_FILE
-    if path.is_file():
+    if path.is_file() or path.is_dir():
         key = read_api_key(data_dir)
         if key:
             keep_private(path)
@@ -318,6 +326,11 @@ def data_dir_error(data_dir: Path, exc: OSError) -> str | None:
         if exc.errno in _NO_SPACE:
             return f"cannot write {what}: free some space there, or give another --data-dir"
         return f"cannot write {what}: give a writable directory with --data-dir"
+    if exc.errno == errno.EISDIR and exc.filename:  # a folder made where a file belongs (node.lock, identity.crt)
+        return cannot_read(Path(exc.filename), exc)
+    if exc.errno == errno.EEXIST and exc.filename and os.path.lexists(exc.filename) \
+            and not os.path.isdir(exc.filename) and Path(exc.filename) != data_dir:  # a file named models
+        return f"{exc.filename} is a file where a folder belongs: move it away, or give another --data-dir"
     if exc.errno in (errno.EEXIST, errno.ENOTDIR):
         in_the_way = next((p for p in (data_dir, *data_dir.parents) if p.exists() and not p.is_dir()), None)
         if in_the_way is not None:

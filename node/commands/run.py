@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from node import const
 from node.config import load_config
-from node.datadir import API_KEY_FILE, data_dir_error
+from node.datadir import API_KEY_FILE, cannot_read, data_dir_error
 from node.errors import NodeError
 from node.logs import setup_logging
 from node.stopping import log_busy_threads, log_pending_tasks, stop_signals
@@ -253,6 +255,9 @@ def run(args: argparse.Namespace) -> int:
         setup_logging(config.verbosity, config.data_dir if config.log_to_file else None)
     except OSError as exc:  # node.log cannot be made there: read-only, not ours, a file in the way
         setup_logging(config.verbosity)
+        if exc.errno == errno.EISDIR and exc.filename:  # a folder named node.log
+            log.error("%s", cannot_read(Path(exc.filename), exc))
+            return 2
         why = "a file, not a directory" if config.data_dir.is_file() else exc.strerror or exc
         log.error("cannot use the data dir %s (%s): give a writable directory with --data-dir", config.data_dir, why)
         return 2

@@ -16,7 +16,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from node.datadir import keep_private, write_atomic
+from node.datadir import cannot_read, keep_private, write_atomic
 from node.errors import NodeError
 from node.logs import kv
 
@@ -97,9 +97,13 @@ def load_or_create_identity(data_dir: Path) -> Identity:
     """Read `identity.key` from the data dir, creating it (0600) on first run. Blocking."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / IDENTITY_KEY_FILE
-    if path.is_file():
+    if path.is_file() or path.is_dir():  # (a folder there is said, not taken for no identity)
         try:
-            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            data = path.read_bytes()
+        except OSError as exc:  # not this user's to read: said as a read (it was "cannot write"), kept
+            raise NodeError(cannot_read(path, exc), code="identity_unreadable") from None
+        try:
+            key = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError) as exc:
             raise NodeError(f"{path}: not a readable identity key ({exc}); move it away to start "
                             "with a new identity", code="identity_unreadable") from exc

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.datadir import open_private
-from node.errors import ProtocolError
+from node.datadir import cannot_read, open_private
+from node.errors import NodeError, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -184,14 +184,15 @@ class MembershipState:
         swarm = Swarm.from_json(data)
         assert isinstance(data, dict)
         state = cls(swarm)
-        for item in data.get("invites") or []:
+        invites, removed = data.get("invites"), data.get("removed")  # (a wrong shape costs these, not the swarm)
+        for item in invites if isinstance(invites, list) else []:
             if isinstance(item, dict) and _is_hex(item.get("token"), 32) and isinstance(item.get("expires_at"),
                                                                                        int | float):
                 token = bytes.fromhex(item["token"])
                 h = hashlib.sha256(token).hexdigest()
                 state.invites[h] = Invite(h, float(item["expires_at"]))
                 state.tokens[h] = token
-        state.removed = {r for r in data.get("removed") or [] if _is_hex(r, 64)}
+        state.removed = {r for r in (removed if isinstance(removed, list) else []) if _is_hex(r, 64)}
         members = data.get("members")
         if isinstance(members, dict):  # absent in files written before the roster
             seen = [(n, float(t)) for n, t in members.items() if _is_hex(n, 64) and isinstance(t, int | float)]
@@ -207,8 +208,12 @@ def load_or_create(data_dir: Path, *, open_swarm: bool = False) -> MembershipSta
     path = data_dir / SWARM_FILE
     if path.exists():
         try:
-            return MembershipState.from_json(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, ProtocolError) as exc:
+            text = path.read_bytes()
+        except OSError as exc:  # unreadable is not damaged: a new swarm here cut the node off from its own
+            raise NodeError(cannot_read(path, exc), code="swarm_unreadable") from None
+        try:
+            return MembershipState.from_json(json.loads(text.decode("utf-8")))
+        except (ValueError, ProtocolError) as exc:  # damaged (a crash cut it short): its secret is gone
             broken = path.with_name(SWARM_FILE + ".broken")
             os.replace(path, broken)
             log.warning("DIAG: swarm file unreadable, starting a new private swarm (the old file is %s) "

@@ -119,7 +119,7 @@ class TlsConfig:
         pem = x509.load_der_x509_certificate(self.cert_der).public_bytes(serialization.Encoding.PEM)
         try:
             same = self.cert_path.read_bytes() == pem
-        except FileNotFoundError:
+        except OSError:  # none, or unreadable (it is only made from the key: replaced; a folder there is said)
             same = False
         if not same:
             write_atomic(self.cert_path, pem)
