@@ -41,6 +41,47 @@ def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
     return digest.hexdigest()
 
 
+def _record(value: object) -> dict[str, Any] | None:
+    """A stored record as the cache uses it, or None for one of another shape (hand-edited, another
+    version): its header fields are dropped when they are not of their types."""
+    if not (isinstance(value, dict) and isinstance(value.get("sha256"), str)
+            and all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool) for k in ("size", "mtime_ns"))):
+        return None
+    if not (isinstance(value.get("header_sha256"), str) and isinstance(value.get("header_bytes"), int)):
+        value = {k: v for k, v in value.items() if k not in ("header_sha256", "header_bytes")}
+    return value
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    """The records of model_hashes.json (blocking). One that cannot be read or is not an object
+    (a crash cut it, a sync tool locked it) is moved aside to model_hashes.json.broken, said in one
+    line, so that the first save does not overwrite the origin records it holds; records of another
+    shape are dropped (they were an AttributeError traceback that ended the start)."""
+    if not (path.is_file() or path.is_dir()):  # none (nor a device: /dev/full reads without end)
+        return {}
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        broken = path.with_name(path.name + ".broken")
+        try:
+            path.replace(broken)
+            kept = f"kept as {broken.name}"
+        except OSError as move:
+            kept = f"not moved aside: {move.strerror or move}"
+        log.warning("DIAG: model hash cache unreadable, files are hashed again %s",
+                    kv(path=path, error=getattr(exc, "strerror", None) or exc, old_file=kept))
+        return {}
+    records = {k: r for k, v in data.items() if isinstance(k, str) and (r := _record(v)) is not None}
+    if len(records) < len(data):
+        log.warning("DIAG: model hash cache records of another shape dropped %s",
+                    kv(path=path, dropped=len(data) - len(records), kept=len(records)))
+    return records
+
+
 class HashCache:
     """sha256 per (path, size, mtime_ns), persisted as JSON in the data dir."""
 
@@ -54,13 +95,8 @@ class HashCache:
         # file (a download's completion and the folder watch, the GUI's Add) waits for the first one's
         # result instead of reading the whole file again beside it
         self._hashing: dict[str, tuple[int, int, threading.Event, list[str]]] = {}
-        if path is not None and path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                log.warning("model hash cache unreadable; rebuilding it")
-            else:  # a record that is no JSON object is dropped (its file is hashed again)
-                self._data = {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+        if path is not None:
+            self._data = _read(path)
 
     def get_or_compute(self, file: Path) -> str:
         st = file.stat()

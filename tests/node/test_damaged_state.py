@@ -22,10 +22,11 @@ import signal
 import subprocess
 import sys
 
+import openai
 import pytest
 
 from node.net import Swarm, write_swarm_file
-from tests.support.nodes import node_config, running_node
+from tests.support.nodes import node_config, running_node, tiny_model
 from tests.support.processes import REPO, hermetic_env
 from tests.support.waiting import wait_until_sync
 
@@ -139,3 +140,35 @@ def test_a_file_named_models_is_one_line_naming_it(tmp_path):
     line = _one_error(_run(tmp_path))
     assert f"{tmp_path / 'models'} is a file where a folder belongs: move it away" in line, line
     assert (tmp_path / "models").read_text() == "mine"
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("damage", ["list", "records", "cut"])
+async def test_a_model_hashes_json_of_another_shape_is_said_and_the_model_served(tmp_path, caplog, damage):
+    data = tmp_path / "data"
+    data.mkdir()
+    model = tiny_model(tmp_path)
+    origin = {"size": 1, "mtime_ns": 2, "sha256": "ab" * 32, "origin": "https://example.org/other.gguf"}
+    cache = data / "model_hashes.json"
+    text = {"list": "[]", "cut": '{"/x.gguf": {"size": 1, "sha',
+            "records": json.dumps({str(model.resolve()): 5, "/x.gguf": origin,
+                                   "/y.gguf": {**origin, "header_bytes": "many", "header_sha256": 7}})}[damage]
+    cache.write_text(text)
+    with caplog.at_level(logging.INFO):
+        async with running_node(node_config(data, model)) as node:
+            served = [m.id for m in node.models.all()]
+            assert len(served) == 1 and served[0].startswith("tiny-"), caplog.text[-3000:]
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key,
+                                        max_retries=0)
+            reply = await client.chat.completions.create(model=served[0], max_tokens=2,
+                                                         messages=[{"role": "user", "content": "hi"}])
+            assert reply.choices[0].finish_reason in ("length", "stop")
+    assert "Traceback" not in caplog.text
+    saved = json.loads(cache.read_text())
+    assert str(model.resolve()) in saved
+    if damage == "records":  # the records of its shape are kept, origin and all; the others dropped, said
+        assert saved["/x.gguf"] == origin and saved["/y.gguf"] == origin, saved
+        assert "records of another shape dropped" in caplog.text and "dropped=1" in caplog.text
+    else:  # not an object, or cut short: kept aside, said, the first save does not overwrite it
+        assert (data / "model_hashes.json.broken").read_text() == text
+        assert caplog.text.count("model hash cache unreadable") == 1, caplog.text[-3000:]
