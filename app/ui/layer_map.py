@@ -68,7 +68,8 @@ class LayerMapView(QWidget):
             return "No model is served in the swarm yet."
         rows = [f"{h.node_id[:8]}{' (this node)' if h.this_node else ''}: layers "
                 f"{fmt.layers([h.start, h.end])}, {h.role}" for h in m.holders]
-        return f"{m.name}, {m.n_layers} layers, {m.coverage_text()}. " + "; ".join(rows)
+        chain = m.chain_text()
+        return f"{m.name}, {m.n_layers} layers, {m.coverage_text()}. " + "; ".join(rows) + (f". {chain}" if chain else "")
 
     def sizeHint(self) -> QSize:
         rows = len(self.map.holders) if self.map else 1
@@ -224,11 +225,7 @@ class LayerMapView(QWidget):
                 p.drawText(chip, Qt.AlignmentFlag.AlignCenter, words)
             previous = rect
         p.setPen(text)  # (the palette's: readable on light and dark)
-        total = f"last request: {len(hops)} hop{'s' if len(hops) != 1 else ''}"
-        if m.chain_ms is not None:
-            total += f", {fmt.ms(m.chain_ms)} in all"
-        if m.chain_at:
-            total += f", {fmt.clock(m.chain_at)}"
+        total = m.chain_text()
         y = self._row_y(len(m.holders)) + 2
         p.drawText(QRectF(LABEL_W + PAD, y, self.width() - LABEL_W - 2 * PAD, 16),
                    Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, total)

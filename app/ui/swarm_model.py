@@ -66,6 +66,7 @@ class ModelMap:
     counts: list[int] = field(default_factory=list)  # holders per layer (slices; whole holders separate)
     chain_at: float | None = None  # when the drawn chain's request finished (wall clock)
     chain_ms: float | None = None  # that request's total time
+    chain_hops: int = 0  # that request's hops, drawn or not (a holder gone since has no row to draw on)
 
     @property
     def gaps(self) -> list[tuple[int, int]]:
@@ -93,6 +94,23 @@ class ModelMap:
         if any(h.whole for h in self.holders):  # served anyway: only the slices leave layers out
             return f"served whole; slices leave out layers {runs}"
         return "gap: layers " + runs
+
+    def chain_text(self) -> str:
+        """The line under the drawn chain: 'last request: 2 hops, 143 ms in all, 12:04:05'. Its hops are
+        the request's, not the rows drawn: a hop on a node gone since is said, not dropped (it read
+        "1 hop" under a hop numbered 2 once the peer of hop 1 had left)."""
+        if not self.chain_hops:
+            return ""
+        drawn = sum(1 for h in self.holders if h.hop is not None)
+        text = f"last request: {self.chain_hops} hop{'s' if self.chain_hops != 1 else ''}"
+        if drawn < self.chain_hops:
+            gone = self.chain_hops - drawn
+            text += f" ({gone} on {'a node' if gone == 1 else 'nodes'} no longer serving it, not drawn)"
+        if self.chain_ms is not None:
+            text += f", {fmt.ms(self.chain_ms)} in all"
+        if self.chain_at:
+            text += f", {fmt.clock(self.chain_at)}"
+        return text
 
 
 def _chain_of(trace: Any) -> list[Any]:
@@ -126,8 +144,9 @@ def build_maps(node_id: str, adverts: Iterable[Mapping[str, Any]], peers: Iterab
                                      address="this machine" if holder == node_id else address_of(holder)))
         trace = last_traces.get(model_id)
         if trace is not None:
-            mm.chain_at, mm.chain_ms = trace.created_at, trace.total_ms
-            for hop, seg in enumerate(_chain_of(trace)):
+            chain = _chain_of(trace)
+            mm.chain_at, mm.chain_ms, mm.chain_hops = trace.created_at, trace.total_ms, len(chain)
+            for hop, seg in enumerate(chain):
                 h = next((h for h in mm.holders if h.node_id[:8] == seg.node_short_id[:8] and not h.whole
                           and h.start <= seg.layer_start and seg.layer_end <= h.end and h.hop is None), None)
                 if h is not None:
