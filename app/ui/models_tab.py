@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 
 from app.host import NodeHost
 from app.tasks import spawn
+from app.ui import fmt
 from app.ui.downloads_panel import DownloadsPanel
 from app.ui.models_model import ModelsModel, fit, is_slice
 from app.ui.table_model import ROW_KEY_ROLE
@@ -250,8 +251,9 @@ class ModelsTab(QWidget):
             return
         summary = job.summary()
         if job.state == "downloading" and job.total_bytes:
-            rate = f", {summary['mb_per_s']:.1f} MB/s" if summary.get("mb_per_s") else ""
-            self._report(f"downloading {job.file_name}: {job.done_bytes / 1e6:.1f} / {job.total_bytes / 1e6:.1f} MB "
+            # in the progress row's units (MiB): this line said MB, the row under it MiB, two figures
+            rate = f", {summary['mb_per_s'] * 1e6 / 2**20:.1f} MiB/s" if summary.get("mb_per_s") else ""
+            self._report(f"downloading {job.file_name}: {fmt.size(job.done_bytes)} of {fmt.size(job.total_bytes)} "
                          f"({summary['progress'] * 100:.0f}%{rate})")
         elif job.state == "verifying":
             self._report(f"checking {job.file_name}…")

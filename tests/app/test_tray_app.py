@@ -288,7 +288,7 @@ def test_download_from_the_models_tab_adds_a_loadable_model(qtbot, run, data_dir
                 await wait_until(lambda: " takes ≈" in tab.status.full_text, DEADLINE_S, what="the fit text")
                 assert tab.status.full_text.startswith("downloaded fetched.gguf"), tab.status.full_text
                 assert app.feeds.models.summary(model_id)["state"] == "unloaded"
-                assert any(text.startswith("downloading fetched.gguf: ") and " MB (" in text for text in seen), seen
+                assert any(text.startswith("downloading fetched.gguf: ") and f" of {fmt.size(other.stat().st_size)} (" in text for text in seen), seen
                 assert tab.load_button.isEnabled()
                 tab.load_selected()
                 await wait_until(lambda: app.feeds.models.summary(model_id)["state"] == "loaded",
