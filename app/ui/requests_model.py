@@ -18,8 +18,9 @@ MAX_ROWS = 500  # the table keeps this many requests (the node's own ring keeps 
 def outcome_text(t: RequestTrace) -> str:
     if not t.done:
         return "in flight"
-    if t.outcome == "error":
-        return f"error: {t.error_type}" if t.error_type else "error"
+    if t.outcome == "error":  # its message, in words (the class name read "error: InsufficientCapacity")
+        words = (t.error_message or "").strip().splitlines()
+        return f"error: {words[0]}" if words else (f"error: {t.error_type}" if t.error_type else "error")
     if t.outcome == "ok" and t.finish_reason == "length":  # which limit cut it: the fix differs
         return f"ok · {LENGTH_WORDS.get(t.finish_detail or '', LENGTH_WORDS['max_tokens'])}"
     if t.outcome == "ok" and t.finish_reason in FINISH_WORDS:
@@ -78,7 +79,8 @@ REQUEST_COLUMNS = [
     Column("Tokens", _tokens, numeric=True, header_tip="prompt → completion tokens (cached: prompt tokens the prefix cache reused; "
                                                           "thinking: a reasoning model's; embeddings and rerank read only)"),
     Column("Outcome", outcome_text, color=_outcome_color,
-           tooltip=lambda t: t.error_message or t.finish_detail or t.finish_reason,
+           tooltip=lambda t: (f"{t.error_message}\n({t.error_type})" if t.error_message and t.error_type
+                              else t.error_message or t.finish_detail or t.finish_reason),
            header_tip="ok, in flight, cancelled or error (hover for why it ended)"),
 ]
 
