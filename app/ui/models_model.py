@@ -15,7 +15,21 @@ from app.ui.table_model import Column, KeyedTableModel
 
 def _layers(m: dict[str, Any]) -> str:
     if m.get("partial"):  # a slice of a partial model: the layers and bytes on disk, of the file's
-        return str(m["partial"])
+        held = m.get("held_layers")
+        if not isinstance(held, list) or m.get("held_bytes") is None:
+            return str(m["partial"])
+        # in the Size column's units (MiB): the node's line said "25 MB of 49 MB" beside "47.1 MiB"
+        runs: list[list[int]] = []
+        for i in held:
+            if runs and runs[-1][1] == i - 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        layers = ", ".join(f"{a}–{b}" if a != b else f"{a}" for a, b in runs) or "none"
+        unchecked = m.get("unchecked_parts") or 0
+        return (f"layers {layers} of {m.get('n_layers')}, {fmt.size(m['held_bytes'])} of "
+                f"{fmt.size(m.get('size_bytes'))}" + (f", {unchecked} parts not yet checked against the origin"
+                                                       if unchecked else ""))
     return fmt.layers(m.get("layers_held"), m.get("n_layers"))
 
 

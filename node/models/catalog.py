@@ -132,6 +132,7 @@ class ModelEntry:
             "partial": self.partial.describe() if self.partial is not None else None,
             "held_layers": self.partial.held_layers if self.partial is not None else None,
             "held_bytes": self.partial.held_bytes if self.partial is not None else None,
+            "unchecked_parts": len(self.partial.unchecked) if self.partial is not None else None,
         }
 
 
