@@ -428,7 +428,9 @@ class PeerManager:
             rec.last_error = None
             rec.backoff_s = 0.0
             rec.dial_failures = 0
-            rec.last_address = link.address
+            # where it can be dialled (its listen port), not the port an inbound connection came
+            # from: a gone peer's row showed that ephemeral port (the Peers tab, /api/admin/peers)
+            rec.last_address = link.dial_address
             self.table.emit_changed(rec)
             self.clock.note_hello(link.node_id, link.hello.time)
             self.discovery.on_link_up(link)
