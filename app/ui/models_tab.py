@@ -77,6 +77,8 @@ class ModelsTab(QWidget):
         host.state_changed.connect(self._show_skipped)
         # the folder watch skips (or forgets) a file with no state change to say so: read again at its pace
         self._fit_lead: str | None = None  # a line the fit text follows (a download just done)
+        self._fit_for: str | None = None  # the model the status line's fit text is about, while shown
+        self._fit_lead_shown: str | None = None  # the lead that fit text followed
         # (the first-run banners too: a file skipped, a download's progress change no state; the
         # main window hangs the Overview's on it)
         self.folder_timer = QTimer(self, interval=max(500, int(host.node.config.models_watch_s * 1000))
@@ -97,6 +99,7 @@ class ModelsTab(QWidget):
         self.view.selectionModel().selectionChanged.connect(self._update_buttons)
         self.view.selectionModel().selectionChanged.connect(self._tell_fit)
         model.dataChanged.connect(self._update_buttons)
+        model.dataChanged.connect(self._drop_stale_fit)
         model.rowsInserted.connect(self._select_first_if_none)
         self._update_buttons()
         self._download_file: str | None = None  # the file this tab's download writes (a resume is a new job)
@@ -127,8 +130,15 @@ class ModelsTab(QWidget):
         self.unload_button.setEnabled(whole and state == "loaded" and not summary.get("busy"))
 
     def _report(self, text: str) -> None:
+        self._fit_for = None  # (any other line replaces a fit line)
         self.status.set_full_text(text)
         self.status.setToolTip(text)
+
+    def _drop_stale_fit(self) -> None:
+        """A fit line whose model loaded since (by itself at the start, a request, the admin API) is
+        dropped: "Loading X takes ≈ …" stayed under the loaded model, read as a load under way."""
+        if self._fit_for is not None and self._loadable(self._fit_for) is None:
+            self._report(self._fit_lead_shown or "")
 
     def _show_skipped(self, *_args) -> None:
         if self.host.node is None:  # (stopped)
@@ -164,6 +174,7 @@ class ModelsTab(QWidget):
             text = (await self._async_fit(model_id))[1]
             if self.selected_id() == model_id and text:  # (still selected)
                 self._report(f"{lead} · {text}" if lead else text)
+                self._fit_for, self._fit_lead_shown = model_id, lead
 
         spawn(run(), what="reading the free memory")
 
