@@ -6,9 +6,10 @@ unloaded; at that later start a certificate failure too, which may be that start
 captive portal, an inspecting proxy, a wrong clock; 2026-12-07, review r28). Only a public one's file is listed in the HELLO's `files` (wholeparts.held_files). The
 checks are tasks of their own, cancelled and awaited at stop (moved out of node.py, 2026-12-07).
 Whether the download sent the user's Hugging Face token is found once, at its end (this process
-sent it), and kept with an `unchecked` record: the check made again asks without a token when one
-went, whatever HF_TOKEN or HF_ENDPOINT the later start has (2026-12-07: it looked at that start's
-environment, and a private repo's file checked again without HF_TOKEN was recorded public). The
+sent it), and kept with an `unchecked` record, whatever HF_TOKEN or HF_ENDPOINT the later start has
+(2026-12-07: it looked at that start's environment, and a private repo's file checked again without
+HF_TOKEN was recorded public); every check asks without a token whether one went or not, which only
+names a failure (2026-12-07, review r31: a download without a token was public unasked). The
 record is models/origin_record.py's OriginRecord (one type for the hash cache and these checks)."""
 
 from __future__ import annotations

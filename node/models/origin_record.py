@@ -20,8 +20,10 @@ UNCHECKED = "unchecked"
 # the origin check's rule a `public: true` record was decided under (its `rule`); one decided under an
 # older rule (none recorded: 2026-12-07's, which called any redirect to another host public, then one
 # that followed redirects to LAN hosts) is not trusted: not public, and checked again at start as an
-# UNCHECKED one is (2026-12-07 review: such records were shared for good)
-PUBLIC_RULE = 2
+# UNCHECKED one is (2026-12-07 review: such records were shared for good). 3: a download that sent
+# no token is asked too (rule 2 called it public with no request, so a mirror redirecting to a LAN
+# store had its file shared: review r31, 2026-12-07); a rule-2 `public: true` is checked again
+PUBLIC_RULE = 3
 
 _KEYS = ("origin", "public", "rule", "token")
 

@@ -7,8 +7,9 @@ download completes, off its critical path (the model is served meanwhile, as not
 - its host is not loopback, private, link-local or otherwise not global (a LAN server: every
   address the name resolves to must be global), unless the node is told LAN origins count
   (NodeConfig `public_lan_origins`, for tests and a mirror every member reaches);
-- when the download sent the user's Hugging Face token (hub.py: to the Hub only), the file asked
-  for without it, following redirects to global hosts only (a hop to a LAN, loopback or link-local
+- the file asked for without credentials (the user's Hugging Face token, hub.py, or none: 2026-12-07,
+  review r31, a download that sent no token was not asked, so a mirror on a global name redirecting
+  the download to a LAN store had its file shared), following redirects to global hosts only (a hop to a LAN, loopback or link-local
   host is not asked and makes it not public, unless `public_lan_origins`: 2026-12-07, every hop
   after the first was asked, so a private mirror sending strangers to a LAN store made its file
   public, and any origin had the node request its own local services; each connection the check
@@ -194,10 +195,12 @@ async def _async_fetchable_without_token(url: str, size: int | None, lan_ok: boo
 async def async_origin_public(url: str, *, sent_token: bool, size: int | None = None,
                               lan_ok: bool = False, recheck: bool = False) -> bool | None:
     """Whether the file at `url` (as the user gave it, resolved) is public; None when that could not
-    be found out now (the network, not the file: ask again later); never raises. `sent_token`: the
-    download sent a Hugging Face token (or that is not known: True), so the file is asked for
-    without it, and is public only if what comes back is `size` bytes (the downloaded file's; None:
-    unknown, so not public). `recheck`: a check made again at a later start, not right after the
+    be found out now (the network, not the file: ask again later); never raises. The file is asked
+    for without credentials, and is public only if what comes back is `size` bytes (the downloaded
+    file's; None: unknown, so not public), whether or not the download sent a Hugging Face token
+    (`sent_token`: True when that is not known; it only names a failure, `needs_token`). Until
+    2026-12-07 (review r31) a download without a token was public with no request: a mirror on a
+    global name redirecting to a LAN store had its file shared. `recheck`: a check made again at a later start, not right after the
     download (a certificate failure there is None, not False)."""
     parsed = urllib.parse.urlsplit(url)
     why = None
@@ -211,12 +214,14 @@ async def async_origin_public(url: str, *, sent_token: bool, size: int | None = 
                 _async_host_public(parsed.hostname or "", parsed.port or 443), const.DOWNLOAD_PUBLIC_CHECK_S):
             why = "lan_host"
         else:
-            fetchable = await asyncio.wait_for(_async_fetchable_without_token(url, size, lan_ok), const.DOWNLOAD_PUBLIC_CHECK_S) \
-                if sent_token else True
+            # asked whether a token went or not: the download followed redirects, and a mirror on a
+            # global name may send it to a LAN store (2026-12-07, review r31: without a token it was
+            # public with no request; `sent_token` only names the failure)
+            fetchable = await asyncio.wait_for(_async_fetchable_without_token(url, size, lan_ok), const.DOWNLOAD_PUBLIC_CHECK_S)
             if fetchable is None:
                 why, unchecked = "hub_unavailable", True
             elif not fetchable:
-                why = "needs_token"
+                why = "needs_token" if sent_token else "not_fetchable"
     except ssl.SSLCertVerificationError:  # (aiohttp's ClientConnectorCertificateError too)
         # right after the download, not public, for good, not "unchecked": the download went
         # through, so a host on the way to the file (the origin, a redirect's CDN) showed the check,
