@@ -123,7 +123,11 @@ class HashCache:
                      st.st_size / 2**20, (time.monotonic() - started) * 1000)
             with self._lock:
                 record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-                if hit and hit.get("sha256") == digest and (origin := OriginRecord.from_json(hit)).url:
+                # the record as it is now, not as read before hashing: an origin check recorded
+                # meanwhile (set_public swaps in a new dict) is kept (2026-12-07, review r31: the stale
+                # one was written back, an `unchecked` result lost, a first result undone)
+                cur = self._data.get(key) or hit
+                if cur and cur.get("sha256") == digest and (origin := OriginRecord.from_json(cur)).url:
                     record = origin.merged_into(record)  # the same bytes (touched): same origin
                 self._data[key] = record
                 self._save()
