@@ -41,11 +41,24 @@ def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
     return digest.hexdigest()
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _well_formed(record: Any) -> bool:
+    """A record as this cache writes it: a sha256 of 64 hex digits, an integer size and mtime_ns."""
+    return isinstance(record, dict) and _is_sha256(record.get("sha256")) \
+        and _is_int(record.get("size")) and _is_int(record.get("mtime_ns"))
+
+
 def _record(value: object) -> dict[str, Any] | None:
     """A stored record as the cache uses it, or None for one of another shape (hand-edited, another
     version): its header fields are dropped when they are not of their types."""
-    if not (isinstance(value, dict) and isinstance(value.get("sha256"), str)
-            and all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool) for k in ("size", "mtime_ns"))):
+    if not _well_formed(value):  # (2026-12-07, review r31: a missing or null sha256 made the catalog's scan fail)
         return None
     if not (isinstance(value.get("header_sha256"), str) and isinstance(value.get("header_bytes"), int)):
         value = {k: v for k, v in value.items() if k not in ("header_sha256", "header_bytes")}
@@ -199,8 +212,10 @@ class HashCache:
         key = str(file.resolve())
         with self._lock:
             hit = dict(self._data.get(key) or {})
-        if "header_sha256" in hit and "header_bytes" in hit:
-            return hit["header_sha256"], int(hit["header_bytes"]), OriginRecord.from_json(hit).url
+        # kept only as written (a hash of 64 hex digits, an integer): else computed again (2026-12-07,
+        # review r31: a header_bytes of "n/a" made the scan fail)
+        if _is_sha256(hit.get("header_sha256")) and _is_int(hit.get("header_bytes")) and hit["header_bytes"] >= 0:
+            return hit["header_sha256"], hit["header_bytes"], OriginRecord.from_json(hit).url
         digest, n_bytes = header_digest(file)
         with self._lock:
             record = self._data.get(key)
