@@ -59,13 +59,34 @@ log = logging.getLogger(__name__)
 _MAX_HOPS = 5  # the Hub's own redirects followed by the check
 
 
+# IPv6 forms that carry an IPv4 address (2026-12-07, review r31: only ::ffff:a.b.c.d was unwrapped, so
+# NAT64's 64:ff9b::a00:1, 10.0.0.1 on an IPv6-only network, counted as global): the well-known NAT64
+# prefix is judged by its low 32 bits, 6to4 by its embedded address (ip.sixtofour); the deprecated
+# IPv4-compatible (::/96) and IPv4-translated (::ffff:0:0:0/96) forms, local-use NAT64 (RFC 8215,
+# the IPv4 address anywhere in it) and Teredo are not global
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NOT_GLOBAL_V6 = tuple(ipaddress.IPv6Network(n) for n in
+                       ("::/96", "::ffff:0:0:0/96", "64:ff9b:1::/48", "2001::/32"))
+
+
+def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip.sixtofour
+
+
 def _global(address: str) -> bool:
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if (v4 := _embedded_v4(ip)) is not None:
+            ip = v4
+        elif any(ip in net for net in _NOT_GLOBAL_V6):
+            return False
     return ip.is_global and not ip.is_multicast
 
 
