@@ -32,7 +32,9 @@ DEFAULT_CONFIG_TEXT = """\
 
 [api]
 # port = 8800
-# require_api_key_for_inference = true
+# host = "127.0.0.1"   # "0.0.0.0": every network (apps in containers, WSL, on other devices)
+# allowed_hosts = []   # Host names accepted besides loopback: ["host.docker.internal", "192.168.1.20"]
+# require_api_key_for_inference = true  # false: for apps on this machine only; others always need the key
 
 [inference]
 # n_threads = 0        # 0 = physical cores

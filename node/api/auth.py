@@ -21,26 +21,60 @@ NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize",
                           "/models", "/chat/completions", "/responses"})
 
 
-def _host_name(host_header: str) -> str:
-    host = host_header.strip().lower()
+def host_name(host: str) -> str:
+    """The name in a Host header (or an allowed_hosts entry) as matched: lower case, no port, no
+    brackets, no trailing dot (`localhost.`), no IPv6 zone id (`[fe80::1%25eth0]`)."""
+    host = host.strip().lower()
     if host.startswith("["):  # [::1]:8800
-        return host[1:].split("]", 1)[0]
-    if host.count(":") == 1:
-        return host.rsplit(":", 1)[0]
-    return host
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    if ":" in host:  # an IPv6 address: its zone id, raw or as a URL writes it (%25)
+        host = host.split("%", 1)[0]
+    return host.rstrip(".")
 
 
-def host_allowed(host_header: str | None, extra: set[str]) -> bool:
+def allowed_names(hosts) -> frozenset[str]:
+    """allowed_hosts as host_allowed matches them (`host.docker.internal:8800` is host.docker.internal)."""
+    return frozenset(name for name in (host_name(h) for h in hosts) if name)
+
+
+def host_allowed(host_header: str | None, extra: frozenset[str] | set[str]) -> bool:
     """True for loopback names/addresses and explicitly allowed names."""
     if not host_header:
         return False
-    name = _host_name(host_header)
+    name = host_name(host_header)
     if name in LOOPBACK_NAMES or name in extra:
         return True
+    return _is_loopback_ip(name)
+
+
+def _is_loopback_ip(text: str) -> bool:
     try:
-        return ipaddress.ip_address(name).is_loopback
+        address = ipaddress.ip_address(text.split("%", 1)[0])
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:127.0.0.1 (a dual-stack listener's IPv4 client)
+    return address.is_loopback
+
+
+def client_is_local(request: web.Request) -> bool:
+    """Whether the connection comes from this machine's loopback (never the Host header: any
+    client can write `Host: localhost`)."""
+    return bool(request.remote) and _is_loopback_ip(request.remote)
+
+
+def forbidden_host_text(host_header: str | None) -> str:
+    """What a client whose Host is refused is told: the name, and the setting that admits it."""
+    if not host_header:
+        return "Missing Host header; refusing (DNS-rebinding protection)"
+    name = host_name(host_header)
+    shown = name if name.isprintable() and len(name) <= 100 else "this name"
+    listed = f"[{name}]" if ":" in name else name
+    return (f"Host {shown!r} is not allowed (DNS-rebinding protection: this node answers loopback names "
+            f"only, and the names in its allowed_hosts setting). To reach it by this name, add it to the "
+            f"node's config.toml (allowed_hosts = [\"{listed}\"]) or start it with --allow-host {listed}")
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -51,24 +85,35 @@ def presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hosts: set[str]):
-    """Middleware: Host check on every path; the key on admin always, inference by default."""
+def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hosts: frozenset[str]):
+    """Middleware: Host check on every path; the key on admin always, on inference by default and
+    always for a client that is not on this machine's loopback."""
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler):
-        if not host_allowed(request.headers.get("Host"), allowed_hosts):
-            log.warning("DIAG: rejected request with a non-loopback Host header path=%s", request.path)
-            raise ForbiddenHost("Host header is not a loopback name; refusing (DNS-rebinding protection)")
+        host = request.headers.get("Host")
+        if not host_allowed(host, allowed_hosts):
+            log.warning("DIAG: rejected request with a Host header not allowed path=%s host=%r remote=%s "
+                        "(add the name to allowed_hosts)", request.path, (host or "")[:100], request.remote)
+            raise ForbiddenHost(forbidden_host_text(host))
         path = request.path
-        needs_key = path.startswith("/api/admin") or (
-            (path.startswith("/v1") or path in NATIVE_PATHS) and inference_needs_key)
+        inference = path.startswith("/v1") or path in NATIVE_PATHS
+        # require_api_key_for_inference = false is for apps on this machine: a client on another
+        # one (the LAN, a container) needs the key whatever its Host header says
+        local = client_is_local(request)
+        needs_key = path.startswith("/api/admin") or (inference and (inference_needs_key or not local))
         if needs_key and path not in OPEN_PATHS:
             key = presented_key(request)
             if not key or not hmac.compare_digest(key.encode(), api_key.encode()):
-                log.debug("DIAG: auth failure path=%s auth_present=%s", path, key is not None)
+                log.debug("DIAG: auth failure path=%s auth_present=%s remote=%s", path, key is not None,
+                          request.remote)
+                why = "" if local or inference_needs_key or not inference else (
+                    " (require_api_key_for_inference = false covers apps on this machine only: "
+                    "clients on other machines and in containers always need the key)")
                 raise AuthenticationFailed(
-                    "Incorrect API key provided." if key else
-                    "Missing API key: send `Authorization: Bearer <key>` (the key is in the data dir's api_key file).")
+                    f"Incorrect API key provided{why}." if key else
+                    "Missing API key: send `Authorization: Bearer <key>` (the key is in the data dir's "
+                    f"api_key file){why}.")
         return await handler(request)
 
     return auth_middleware

@@ -20,7 +20,7 @@ from node.api import (
     rerank_routes,
 )
 from node.api.appkeys import MAX_BODY, NODE
-from node.api.auth import make_auth_middleware
+from node.api.auth import allowed_names, make_auth_middleware
 from node.api.errors import error_middleware
 from node.api.streaming import bounded_send_middleware
 from node.api.view import NodeView
@@ -93,7 +93,7 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
             bounded_send_middleware,
             error_middleware,
             make_auth_middleware(api_key, inference_needs_key=cfg.require_api_key_for_inference,
-                                 allowed_hosts={h.lower() for h in cfg.allowed_hosts}),
+                                 allowed_hosts=allowed_names(cfg.allowed_hosts)),
         ],
         client_max_size=cfg.max_request_body_bytes,
     )

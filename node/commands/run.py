@@ -31,7 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("run", help="start the node and serve the API")
     add_node_options(p)
-    p.add_argument("--host", default=None, help="API bind address (default 127.0.0.1)")
+    p.add_argument("--host", default=None,
+                   help="API bind address (default 127.0.0.1, this machine only; 0.0.0.0: every network, for apps "
+                        "in containers, WSL or on other devices, which then need --allow-host and the API key)")
+    p.add_argument("--allow-host", action="append", default=None, dest="allowed_hosts", metavar="NAME",
+                   help="accept requests whose Host is NAME besides loopback names, e.g. host.docker.internal, "
+                        "172.17.0.1 or this machine's LAN address (repeatable; config.toml: allowed_hosts)")
     p.add_argument("--model", action="append", default=None, metavar="PATH|URL",
                    help="serve this GGUF file, or fetch only the served layers of one from its URL: http(s)://…, "
                         "hf://owner/repo/file.gguf, or a Hugging Face repo and quant, hf://owner/repo:Q4_K_M or "
@@ -41,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx", type=int, default=None, dest="n_ctx", help="context length per model")
     p.add_argument("--cpu-only", action="store_true", default=None, help="never use a GPU")
     p.add_argument("--no-auth-inference", action="store_true",
-                   help="let /v1 requests through without the API key (admin still needs it)")
+                   help="let /v1 requests from this machine through without the API key (other machines and "
+                        "containers, and admin, still need it)")
     g = p.add_argument_group("distributed inference")
     g.add_argument("--layers", default=None, metavar="A-B",
                    help="serve only layers A..B (inclusive) of each --model as a slice for the swarm")
@@ -77,6 +83,7 @@ def cli_overrides(args: argparse.Namespace) -> dict:
         "port": args.port,
         "data_dir": args.data_dir,
         "host": getattr(args, "host", None),
+        "allowed_hosts": getattr(args, "allowed_hosts", None),
         "models": args.model,
         "include_default_model": False if getattr(args, "no_default_model", False) else None,
         "n_threads": getattr(args, "n_threads", None),

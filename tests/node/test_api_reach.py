@@ -1,0 +1,66 @@
+"""Apps that reach the API by another name than localhost (a container's host.docker.internal, a
+LAN address, an mDNS name): the Host check's normalisation, its refusal saying which setting admits
+the name, and --allow-host. A real node on 127.0.0.1, raw HTTP with the Host headers those apps send."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from node.cli import parse_args
+from node.commands.run import cli_overrides
+from node.config import load_config
+from tests.support.nodes import node_config, running_node, tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("reach")
+    model = tiny_model(base)
+    # written as users write them: with a port, in upper case, an IPv6 address in brackets
+    allowed = ["Host.Docker.Internal:8800", "MyLaptop.local", "[fe80::1]", "172.17.0.1:8800"]
+    async with running_node(node_config(base / "data", model, allowed_hosts=allowed)) as n:
+        yield n
+
+
+async def get_models(node, host: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.get(
+            f"http://127.0.0.1:{node.api.port}/v1/models",
+            headers={"Host": host, "Authorization": f"Bearer {node.api_key}"}) as r:
+        return r.status, await r.text()
+
+
+@pytest.mark.parametrize("host", [
+    "localhost.:8800", "LOCALHOST", "[::1]", "127.0.0.1.",  # loopback, as browsers may write it
+    "host.docker.internal:8800", "host.docker.internal", "HOST.DOCKER.INTERNAL.:1234",
+    "mylaptop.local.", "[fe80::1%25eth0]:8800", "[FE80::1]", "172.17.0.1", "172.17.0.1:9"])
+async def test_allowed_names_match_however_written(node, host):
+    status, text = await get_models(node, host)
+    assert status == 200, text
+
+
+@pytest.mark.parametrize("host", ["evil.example.com", "docker.internal", "host.docker.internal.evil.com",
+                                  "[fe80::2]", "172.17.0.2:8800"])
+async def test_other_names_still_refused(node, host):
+    status, text = await get_models(node, host)
+    assert status == 403 and json.loads(text)["error"]["code"] == "forbidden_host"
+
+
+async def test_refusal_names_the_host_and_the_setting(node):
+    status, text = await get_models(node, "192.168.1.20:8800")
+    assert status == 403
+    message = json.loads(text)["error"]["message"]
+    assert "'192.168.1.20'" in message
+    assert 'allowed_hosts = ["192.168.1.20"]' in message and "--allow-host 192.168.1.20" in message
+
+
+async def test_allow_host_flag_sets_allowed_hosts(tmp_path):
+    args = parse_args(["run", "--data-dir", str(tmp_path), "--host", "0.0.0.0",
+                       "--allow-host", "host.docker.internal", "--allow-host", "192.168.1.20"])
+    cfg = load_config(cli_overrides(args), environ={})
+    assert cfg.host == "0.0.0.0" and cfg.allowed_hosts == ["host.docker.internal", "192.168.1.20"]
