@@ -168,7 +168,12 @@ class Node(SwarmActions, UrlModels, ModelActions):
 
     @property
     def api_url(self) -> str:
-        host = "localhost" if self.config.host in ("127.0.0.1", "::1", "localhost") else self.config.host
+        # every network (0.0.0.0, ::): this machine's apps use localhost (a Host of 0.0.0.0 is refused)
+        host = self.config.host
+        if host in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "::", ""):
+            host = "localhost"
+        elif ":" in host:  # an IPv6 address
+            host = f"[{host}]"
         return f"http://{host}:{self.api.port or self.config.port}/v1"
 
     # --- lifecycle ---

@@ -98,3 +98,11 @@ async def test_a_lan_address_as_host_is_refused_with_the_setting_to_change(node,
     assert got["body"]["code"] == "forbidden_host"
     assert f'allowed_hosts = ["{HOST_IP}"]' in got["body"]["message"]
     assert f"--allow-host {HOST_IP}" in got["body"]["message"]
+
+
+async def test_the_url_shown_for_every_network_is_one_this_machine_can_use(node, phone):
+    """`swarmllm run` prints node.api_url and the tray app copies it: with --host 0.0.0.0 it was
+    http://0.0.0.0:PORT/v1, whose Host the node itself refused (403)."""
+    assert node.api_url == f"http://localhost:{node.api.port}/v1"
+    got = await chat_from(None, node.api_url, node.api_key, "", node.models.all()[0].id)
+    assert got["status"] == 200, got
