@@ -47,7 +47,7 @@ class NodeConfig:
     host: str = "127.0.0.1"  # API bind address; loopback only by default
     port: int = const.DEFAULT_API_PORT
     require_api_key_for_inference: bool = True  # admin endpoints always need the key
-    allowed_hosts: list[str] = field(default_factory=list)  # extra Host names accepted besides loopback
+    allowed_hosts: list[str] = field(default_factory=list)  # extra Host names accepted besides loopback names and IP addresses
     cors_origins: list[str] = field(default_factory=list)  # none by default
     max_request_body_bytes: int = const.MAX_REQUEST_BODY_BYTES
 

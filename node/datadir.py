@@ -33,7 +33,7 @@ DEFAULT_CONFIG_TEXT = """\
 [api]
 # port = 8800
 # host = "127.0.0.1"   # "0.0.0.0": every network (apps in containers, WSL, on other devices)
-# allowed_hosts = []   # Host names accepted besides loopback: ["host.docker.internal", "192.168.1.20"]
+# allowed_hosts = []   # Host names accepted besides loopback names and IP addresses: ["host.docker.internal"]
 # require_api_key_for_inference = true  # false: for apps on this machine only; others always need the key
 
 [inference]

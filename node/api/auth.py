@@ -40,13 +40,25 @@ def allowed_names(hosts) -> frozenset[str]:
 
 
 def host_allowed(host_header: str | None, extra: frozenset[str] | set[str]) -> bool:
-    """True for loopback names/addresses and explicitly allowed names."""
+    """True for loopback names, any IP address, and explicitly allowed names. An IP address is no
+    DNS-rebinding risk (a page whose origin is an address is served by that address: rebinding
+    needs a name the attacker's DNS answers), so a phone or WSL reaching a node bound to the LAN by
+    its address needs only the key (2026-12-07: it needed `--allow-host ADDRESS` too, as Ollama's
+    check does not); a name stays refused unless allowed."""
     if not host_header:
         return False
     name = host_name(host_header)
     if name in LOOPBACK_NAMES or name in extra:
         return True
-    return _is_loopback_ip(name)
+    return _is_ip(name)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_loopback_ip(text: str) -> bool:
@@ -72,8 +84,8 @@ def forbidden_host_text(host_header: str | None) -> str:
     name = host_name(host_header)
     shown = name if name.isprintable() and len(name) <= 100 else "this name"
     listed = f"[{name}]" if ":" in name else name
-    return (f"Host {shown!r} is not allowed (DNS-rebinding protection: this node answers loopback names "
-            f"only, and the names in its allowed_hosts setting). To reach it by this name, add it to the "
+    return (f"Host {shown!r} is not allowed (DNS-rebinding protection: this node answers loopback names, "
+            f"IP addresses and the names in its allowed_hosts setting). To reach it by this name, add it to the "
             f"node's config.toml (allowed_hosts = [\"{listed}\"]) or start it with --allow-host {listed}")
 
 

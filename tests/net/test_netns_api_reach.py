@@ -91,13 +91,16 @@ async def test_no_key_from_another_machine_is_refused_even_with_inference_open_l
     assert got["status"] == 200, got
 
 
-async def test_a_lan_address_as_host_is_refused_with_the_setting_to_change(node, phone):
+async def test_the_phone_gets_in_by_the_lan_address_with_the_key_and_a_name_needs_allowing(node, phone):
     model = node.models.all()[0].id
-    got = await chat_from(phone, f"http://{HOST_IP}:{node.api.port}/v1", node.api_key, "", model)
+    base = f"http://{HOST_IP}:{node.api.port}/v1"
+    got = await chat_from(phone, base, node.api_key, "", model)  # Host: the address, as the app writes it
+    assert got["status"] == 200, got
+    got = await chat_from(phone, base, node.api_key, f"mylaptop.lan:{node.api.port}", model)
     assert got["status"] == 403, got
     assert got["body"]["code"] == "forbidden_host"
-    assert f'allowed_hosts = ["{HOST_IP}"]' in got["body"]["message"]
-    assert f"--allow-host {HOST_IP}" in got["body"]["message"]
+    assert 'allowed_hosts = ["mylaptop.lan"]' in got["body"]["message"]
+    assert "--allow-host mylaptop.lan" in got["body"]["message"]
 
 
 async def test_the_url_shown_for_every_network_is_one_this_machine_can_use(node, phone):
