@@ -21,6 +21,11 @@ NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize",
                           "/models", "/chat/completions", "/responses"})
 
 
+# refused Host names said at WARNING, each once (then DEBUG): a rebinding page or a LAN scanner
+# retrying wrote a WARNING per request (2026-12-07)
+_REFUSED_HOSTS_SAID = 64
+
+
 def host_name(host: str) -> str:
     """The name in a Host header (or an allowed_hosts entry) as matched: lower case, no port, no
     brackets, no trailing dot (`localhost.`), no IPv6 zone id (`[fe80::1%25eth0]`)."""
@@ -101,12 +106,20 @@ def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hos
     """Middleware: Host check on every path; the key on admin always, on inference by default and
     always for a client that is not on this machine's loopback."""
 
+    refused: set[str] = set()  # Host names already said at WARNING (a page retrying, a scanner: once each)
+
     @web.middleware
     async def auth_middleware(request: web.Request, handler):
         host = request.headers.get("Host")
         if not host_allowed(host, allowed_hosts):
-            log.warning("DIAG: rejected request with a Host header not allowed path=%s host=%r remote=%s "
-                        "(add the name to allowed_hosts)", request.path, (host or "")[:100], request.remote)
+            name = host_name(host or "")[:100]
+            first = name not in refused and len(refused) < _REFUSED_HOSTS_SAID
+            if first:
+                refused.add(name)
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "DIAG: rejected request with a Host header not allowed path=%s host=%r remote=%s "
+                    "(add the name to allowed_hosts; said once per name)", request.path, (host or "")[:100],
+                    request.remote)
             raise ForbiddenHost(forbidden_host_text(host))
         path = request.path
         inference = path.startswith("/v1") or path in NATIVE_PATHS

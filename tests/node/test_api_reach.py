@@ -5,6 +5,7 @@ the name, and --allow-host. A real node on 127.0.0.1, raw HTTP with the Host hea
 from __future__ import annotations
 
 import json
+import logging
 
 import aiohttp
 import pytest
@@ -73,3 +74,16 @@ async def test_allow_host_flag_sets_allowed_hosts(tmp_path):
                        "--allow-host", "host.docker.internal", "--allow-host", "192.168.1.20"])
     cfg = load_config(cli_overrides(args), environ={})
     assert cfg.host == "0.0.0.0" and cfg.allowed_hosts == ["host.docker.internal", "192.168.1.20"]
+
+
+async def test_a_refused_name_is_said_once_at_warning(node, caplog):
+    """A rebinding page or a LAN scanner retrying wrote a WARNING per request (2026-12-07): each
+    refused name is said once, later requests at DEBUG."""
+    caplog.set_level(logging.DEBUG, logger="node.api.auth")
+    for _ in range(20):
+        assert (await get_models(node, "again.example.com"))[0] == 403
+    assert (await get_models(node, "other.example.com:8800"))[0] == 403
+    said = [r for r in caplog.records if "rejected request with a Host header" in r.getMessage()]
+    assert len(said) == 21
+    warned = [r.getMessage() for r in said if r.levelno == logging.WARNING]
+    assert len(warned) == 2 and "again.example.com" in warned[0] and "other.example.com" in warned[1], warned
