@@ -37,8 +37,8 @@ routes = web.RouteTableDef()
 MAX_STOP_SEQUENCES = 16
 
 _MESSAGE_KEYS = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p",
-                 "top_k", "metadata", "stream", "tools", "tool_choice", "output_config"}
-_COUNT_KEYS = {"model", "messages", "system", "tools", "tool_choice", "output_config"}
+                 "top_k", "metadata", "stream", "tools", "tool_choice", "output_config", "output_format"}
+_COUNT_KEYS = {"model", "messages", "system", "tools", "tool_choice", "output_config", "output_format"}
 # accepted, meaningless for a node: no priority tiers, regions, workspaces or prompt cache to steer
 _IGNORED_OK = {"service_tier", "inference_geo", "user_profile_id", "workspace_id", "cache_control"}
 _UNSUPPORTED = {
@@ -284,8 +284,19 @@ def _effort_kwargs(body: dict) -> dict[str, Any]:
 
 def _output_format(body: dict) -> ResponseFormat | None:
     """output_config: `format` (a JSON schema the reply must match) and `effort` (_effort_kwargs;
-    opencode sends it with every request)."""
+    opencode sends it with every request). `output_format` is the structured-outputs beta's name for
+    `output_config.format` (anthropic SDKs before output_config send it from `beta.messages.parse`:
+    a 400 "Extra inputs are not permitted" until 2026-12-07); both at once is a 400, as Anthropic's."""
     config = body.get("output_config")
+    legacy = body.get("output_format")
+    if legacy is not None:
+        if isinstance(config, dict) and config.get("format") is not None:
+            raise InvalidRequest("output_format and output_config.format: give one of them (output_format is "
+                                 "the beta's name for output_config.format)", param="output_format")
+        config = {**(config if isinstance(config, dict) else {}), "format": legacy}
+        if not isinstance(legacy, dict) or legacy.get("type") != "json_schema" or not isinstance(legacy.get("schema"), dict):
+            raise InvalidRequest("output_format: expected {\"type\": \"json_schema\", \"schema\": {...}}",
+                                 param="output_format")
     if config is None:
         return None
     if not isinstance(config, dict):

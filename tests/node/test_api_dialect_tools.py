@@ -162,6 +162,14 @@ async def test_json_schema_output(claude, oai, model_id):
                                        output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
                                        messages=[{"role": "user", "content": "Name a city."}])
     jsonschema.validate(json.loads(msg.content[0].text), SCHEMA)
+    # the structured-outputs beta's name (older SDKs' beta.messages.parse send it): a 400 until 2026-12-07
+    msg = await claude.messages.create(model=model_id, max_tokens=40, messages=[{"role": "user", "content": "Name a city."}],
+                                       extra_body={**GREEDY, "output_format": {"type": "json_schema", "schema": SCHEMA}})
+    jsonschema.validate(json.loads(msg.content[0].text), SCHEMA)
+    with pytest.raises(anthropic.BadRequestError, match="give one of them"):
+        await claude.messages.create(model=model_id, max_tokens=40, messages=[{"role": "user", "content": "x"}],
+                                     output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+                                     extra_body={"output_format": {"type": "json_schema", "schema": SCHEMA}})
 
 
 async def test_calls_cut_by_max_tokens_say_the_turn_was_truncated(claude, oai, model_id):
