@@ -24,7 +24,8 @@ class ModelFiles:
         self.node = node
         self.watcher = ModelWatcher(node.data_dir / MODELS_DIR, node.catalog, interval_s=node.config.models_watch_s,
                                     add=lambda path: node.async_add_model(path, "data_dir"), drop=self.async_drop,
-                                    busy=lambda: {j.file_name for j in node.downloads.all() if j.active})
+                                    busy=lambda: {j.file_name for j in node.downloads.all() if j.active},
+                                    changed=lambda entry: node.contributions.async_release_changed(entry))
 
     async def async_add_path(self, raw: str, *, load: bool = False) -> tuple[dict[str, Any], bool]:
         """Serve the GGUF file at `raw` (an absolute path) for this run, as `--model PATH` does at
@@ -58,7 +59,10 @@ class ModelFiles:
         if served is not None and (served.state in IN_USE_STATES or served.busy or served.waiting or served.running
                                    or served.engine is not None):
             return False
-        if any(s.entry.sha256 == entry.sha256 for s in list(node.slice_host.slices.values())):
+        held = [s for s in list(node.slice_host.slices.values()) if s.entry.sha256 == entry.sha256]
+        if entry.changed and any(s.entry is entry for s in held):
+            return False  # its slices drain first (Contributions.async_release_changed), then it leaves
+        if held:
             return False
         if not node.catalog.remove_file_entry(entry):
             return False

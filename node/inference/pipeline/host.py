@@ -230,7 +230,7 @@ class SliceHost:
             for s in fits:
                 if s.model is not None and sid in s.model.sessions:
                     return s
-        fits = [s for s in fits if s.state == "loaded"]
+        fits = [s for s in fits if s.state == "loaded" and not s.entry.changed]  # (other bytes now: no new session)
         if kept is not None:
             for s in fits:
                 if s.model is not None and kept in s.model.sessions:
@@ -246,7 +246,8 @@ class SliceHost:
         """The loaded slices' adverts; `loading`: also the slices being loaded (fetched), marked
         `"loading": true` — peers' layer choices count them (two nodes starting together do not
         both fetch the same layers), and no planner routes to them."""
-        out = [s.advert() for s in self.slices.values() if s.state == "loaded"]
+        # (a slice of a file the watch found changed is not: it drains, ModelFiles.async_changed)
+        out = [s.advert() for s in self.slices.values() if s.state == "loaded" and not s.entry.changed]
         if loading:
             # with what of its layers is here (autoserve: a claim whose fetch moves is not stale)
             out += [{**s.advert(), "loading": True, **({"fetch": list(s.fetch)} if s.fetch is not None else {})}
@@ -269,7 +270,8 @@ class SliceHost:
         from node.inference.slice import SliceModel
 
         held = self.slices.get((entry.sha256, start, end))
-        if held is not None and held.state in ("loaded", "draining") and held.model is not None:
+        if held is not None and held.state in ("loaded", "draining") and held.model is not None \
+                and not held.entry.changed:  # (one of a file changed on disk: loaded again, checked)
             # the same range asked for again (a resume or a new budget inside the drain grace
             # period): the slice draining there is kept, with its sessions, not loaded twice
             revived = held.state == "draining"

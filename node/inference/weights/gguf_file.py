@@ -6,6 +6,9 @@ vocabulary string). Tensor data are numpy views into the same mapping, so nothin
 disk until a tensor is touched, and a slice that needs layers [a, b) reads only those tensors
 (plus the embeddings or the output head at the ends). A partial model's directory
 (node/models/partial) opens the same way: its header, and each held tensor in its part file.
+Each file is opened once, at the open: what is read later (a slice's embedding rows, on every
+request) comes from that descriptor, so a file deleted or replaced by a rename keeps the bytes it
+had, and one written over in place is refused (`FileChangedWhileOpen`), never read as the old model.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +41,10 @@ class TensorEntry:
     tensor_type: GGMLQuantizationType
     offset: int  # absolute, in bytes
     n_bytes: int
+
+
+class FileChangedWhileOpen(ModelLoadError):
+    """A file was written over in place since it was opened: its bytes are no longer those opened."""
 
 
 class _Header:
@@ -96,6 +104,8 @@ class GgufFile:
         self._where: dict[str, tuple[Path, int, int]] | None = None
         self._size: int | None = header_of_size
         self._parts: dict[Path, mmap.mmap] = {}
+        # each file read: (descriptor opened once, its (size, mtime_ns) then); closed with this object
+        self._fds: dict[Path, tuple[int, tuple[int, int]]] = {}
         source = self.path
         if PartialStore.is_partial(self.path):
             store = PartialStore(self.path)
@@ -108,11 +118,29 @@ class GgufFile:
         self.arch = str(self.field("general.architecture", ""))
 
     def _map(self, path: Path) -> mmap.mmap:
+        """Map `path`, keeping its descriptor open for later reads (`lookup`)."""
         try:
-            with open(path, "rb") as fh:
-                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except OSError as exc:
             raise ModelLoadError(f"cannot read GGUF file {self.path.name}: {exc}") from exc
+        try:
+            st = os.fstat(fd)
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            os.close(fd)
+            raise ModelLoadError(f"cannot read GGUF file {self.path.name}: {exc}") from exc
+        weakref.finalize(self, os.close, fd)
+        self._fds[path] = (fd, (st.st_size, st.st_mtime_ns))
+        return mm
+
+    def _check_unchanged(self, path: Path) -> None:
+        """FileChangedWhileOpen when `path` was written over in place since it was opened (a stat of
+        the descriptor: a deleted or renamed-over file still reads as it was)."""
+        fd, opened = self._fds[path]
+        st = os.fstat(fd)
+        if (st.st_size, st.st_mtime_ns) != opened:
+            raise FileChangedWhileOpen(f"{self.path.name} was written over on disk since it was loaded: "
+                                       "its bytes are no longer this model's")
 
     @property
     def partial(self) -> bool:
@@ -213,10 +241,12 @@ class GgufFile:
             return self.rows(name, ids)
         row_bytes = t.n_bytes // n_rows
         out = np.empty((ids.size, row_bytes), dtype=np.uint8)
-        with open(path, "rb", buffering=0) as fh:
-            for i, r in enumerate(ids.tolist()):
-                if os.preadv(fh.fileno(), [out[i]], offset + r * row_bytes) != row_bytes:
-                    raise ModelLoadError(f"{self.path.name}: tensor {name} row {r} is cut short")
+        fd = self._fds[path][0]  # (opened once: reopened by path, a replaced file gave the new bytes)
+        for i, r in enumerate(ids.tolist()):
+            if os.preadv(fd, [out[i]], offset + r * row_bytes) != row_bytes:
+                self._check_unchanged(path)
+                raise ModelLoadError(f"{self.path.name}: tensor {name} row {r} is cut short")
+        self._check_unchanged(path)  # (after the reads: a write in place during them is seen too)
         return dequant.dequantize(out, t.tensor_type, (ids.size, t.shape[-1]))
 
     def f32(self, name: str) -> np.ndarray:
