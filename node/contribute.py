@@ -144,7 +144,7 @@ class Contributions:
             other = self._copy_of(entry.sha256, entry.id)
             if other is not None:
                 chosen = self.config.contribute_models
-                if m.entry is entry:  # (no slice of it is held: async_drop drops nothing then)
+                if m.entry is entry:  # (slices loaded from it serve on: the same bytes, read through their open file)
                     log.info("DIAG: layer choice goes on from a copy %s", kv(model=entry.id, copy=other.id))
                     self.autoserve.repoint(m, other)
                 elif other.id not in chosen or m.budget_mb_override == chosen[other.id]:

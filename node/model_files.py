@@ -50,8 +50,9 @@ class ModelFiles:
         return self.node.models.get(model_id).summary(), added
 
     async def async_drop(self, entry: ModelEntry) -> bool:
-        """Remove the model of a file that is gone, unless it is loaded or in use (False: asked again
-        later) or held here as layer slices."""
+        """Remove the model of a file that is gone (or changed), unless it is loaded or in use (False:
+        asked again later) or held here as layer slices (of a changed file: its own; of a gone one:
+        any, unless another file in the catalog has its bytes)."""
         node = self.node
         served = node.models.registered(entry.id)
         if served is not None and served.entry is not entry:
@@ -62,7 +63,12 @@ class ModelFiles:
         held = [s for s in list(node.slice_host.slices.values()) if s.entry.sha256 == entry.sha256]
         if entry.changed and any(s.entry is entry for s in held):
             return False  # its slices drain first (Contributions.async_release_changed), then it leaves
-        if held:
+        if held and not entry.changed and not any(
+                e is not entry and e.sha256 == entry.sha256 and e.has_file and not e.changed and e.partial is None
+                for e in list(node.catalog.entries.values())):
+            # gone with no copy: its slices read on through the file they opened; it leaves once they are
+            # freed. With a copy it leaves now, and the choice goes on from the copy, keeping those slices
+            # (2026-12-07, review r32: it stayed, so the choice stayed on the deleted file for good)
             return False
         if not node.catalog.remove_file_entry(entry):
             return False

@@ -87,3 +87,30 @@ async def test_a_loaded_first_slice_keeps_its_bytes_then_drains_and_the_new_file
         await wait_until(lambda: hosted.state == "unloaded", 20.0, what="the slice to be freed (no session ran)")
         await _look_until(node, lambda: entry.id not in node.catalog.entries and node.catalog.by_sha(new_sha),
                           "the old model to leave and the new bytes to be read as a new model")
+
+
+async def test_deleting_a_helped_file_with_a_copy_left_goes_on_from_the_copy_with_the_loaded_slice(tmp_path, quick):
+    """Review r32, 2: the Help-serve file deleted while its slice was loaded, an identical copy in the
+    folder. The drop waited for the slice, so the choice stayed on the deleted file for good (both
+    rows shown serving) and every chain through layer 0 failed (FileNotFoundError). Now the model
+    leaves, the choice goes on from the copy, and the slice serves on the same bytes."""
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    path = tiny_model(data / "models")
+    copy = data / "models" / "tiny-copy.gguf"
+    copy.write_bytes(path.read_bytes())
+    async with running_node(node_config(data, models_watch_s=3600.0, serve_reevaluate_s=3600.0)) as node:
+        entry = node.catalog.resolve("tiny")
+        other = next(e for e in node.catalog.entries.values() if e.path.name == copy.name)
+        hosted = await helped_first_slice(node, entry.id)
+        before = await _embed(hosted)
+        path.unlink()
+        await _look_until(node, lambda: entry.id not in node.catalog.entries, "the watch to drop the deleted file")
+        m = node.autoserve.model(entry.sha256)
+        assert m is not None and m.entry is other
+        assert node.config.contribute_models == {other.id: 0}
+        assert hosted.state == "loaded" and node.slice_host.for_model(entry.sha256) == [hosted]
+        assert entry.sha256 in {a["sha256"] for a in node.slice_host.adverts()}
+        assert torch.equal(await _embed(hosted), before)  # (FileNotFoundError on every request)
+        [row] = node.contributions.summary()["models"]
+        assert row["model"] == other.id and not row["error"] and row["serving"], row
