@@ -208,6 +208,13 @@ class Contributions:
         log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="file_back"))
         self.events.emit()
 
+    def file_seen(self, entry: ModelEntry) -> None:
+        """A file already catalogued was added again (Add, `swarmllm models add`): a layer choice of its
+        bytes whose last load failed (its file changed on disk, and may now hold its bytes again) is
+        chosen again now."""
+        if self.autoserve is not None:
+            self.autoserve.retry(entry.sha256)
+
     async def async_set_paused(self, paused: bool) -> dict[str, Any]:
         """Pause: take no work for others and free every slice (after its sessions end). Resume:
         choose layers again and reload the --layers slices."""

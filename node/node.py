@@ -421,6 +421,8 @@ class Node(SwarmActions, UrlModels, ModelActions):
             await self.contributions.async_file_back(entry)  # a "Help serve" kept while its file was gone
             if self.peers is not None:
                 await self.peers.async_announce()
+        else:
+            self.contributions.file_seen(entry)  # (a choice refused as "changed": its bytes may be back)
         return entry.id
 
     async def _async_downloaded(self, path: Path, sha256: str | None, origin: str | None, url: str) -> str:

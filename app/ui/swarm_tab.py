@@ -189,8 +189,7 @@ class ContributePanel(QGroupBox):
         serving = choice["serving"]
         failed = ""
         if failure is not None:  # (the failed slice is gone: this is all that says why nothing serves)
-            when = "not choosing them again" if failure["retry_at"] is None else \
-                f"choosing again at {time.strftime('%H:%M:%S', time.localtime(failure['retry_at']))}"
+            when = f"choosing again at {time.strftime('%H:%M:%S', time.localtime(failure['retry_at']))}"
             failed = (f"Layers {fmt.layers([failure['layers'][0], failure['layers'][1] + 1])} failed to load: "
                       f"{failure['reason']}; {when}" + ("…" if not serving else " — "))
         if not serving:

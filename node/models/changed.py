@@ -42,8 +42,8 @@ async def async_refuse_changed(catalog: ModelCatalog, entry: ModelEntry) -> None
         return
     then = ("it is read again as a new model, under a new id, at the models folder's next look"
             if entry.source == "data_dir" else
-            "add it again (Add in the Models tab, or `swarmllm models add PATH`) or restart the node to "
-            "serve its new bytes as a new model")
+            "add it again (Add in the Models tab, or `swarmllm models add PATH`) to serve its new bytes as a "
+            "new model; with its old bytes put back, it is served again (at once when added again)")
     log.info("DIAG: model file holds other bytes than its id names, not loaded %s", kv(model=entry.id, path=entry.path))
     raise ModelUnavailable(f"the file of model {entry.id} ({entry.path.name}) changed on disk since it was "
                            f"hashed, so it is no longer this model: {then}")

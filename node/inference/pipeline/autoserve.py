@@ -101,6 +101,8 @@ class AutoServe(Moves, BudgetShares):
         a model already chosen frees its slice and chooses again (a smaller budget must shrink it)."""
         m = self.model(entry.sha256)
         if m is not None and m.budget_mb_override == budget_mb:
+            if m.last_failure is not None:  # the same budget again: a failed choice is tried again now
+                self.retry(entry.sha256)
             return
         sharing = len(self._sharing())
         if m is None:
@@ -116,6 +118,16 @@ class AutoServe(Moves, BudgetShares):
             await self._async_reshare()
         self._why = "added"
         self._wake.set()
+
+    def retry(self, sha256: str) -> None:
+        """Choose again now for a model whose last load failed: its file was added again or helped
+        again (a file that changed on disk may hold its bytes again; review r32: nothing but a new
+        budget, a pause or a restart did)."""
+        m = self.model(sha256)
+        if m is not None and m.last_failure is not None and self._wanted(m):
+            m.failures = 0
+            self._why = "retry"
+            self._wake.set()
 
     def repoint(self, m: AutoModel, entry: ModelEntry) -> None:
         """The choice `m` goes on from `entry`, another file of its bytes (its own file went, or its
@@ -214,18 +226,13 @@ class AutoServe(Moves, BudgetShares):
             # no failure, no retry timer (2026-12-07: one was kept after async_pause had cleared it)
             return
         m.failures += 1
-        if hosted.entry.changed:
-            # its file holds other bytes than its sha256 names (the host refused it, node.models.changed):
-            # no retry loads them, so none is made (a new budget, a pause and resume, or helping the
-            # re-added file chooses again)
-            now = time.time()
-            self._set_failure(m, ChoiceFailure(m.entry.id, hosted.start, hosted.end, hosted.error or "unknown error",
-                                               now, None, m.failures))
-            log.info("DIAG: slice load failed, its file changed on disk; not choosing it again %s", kv(
-                model=m.entry.id, layers=f"{hosted.start}-{hosted.end - 1}", reason=hosted.error))
-            self.note(m.last_failure.text())
-            return
-        delay = min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** min(m.failures - 1, 20))
+        # its file holds other bytes than its sha256 names (the host refused it, node.models.changed):
+        # chosen again at the periodic round only (the check hashes once per change), or at once when
+        # the file is added or helped again: its old bytes may be back. (2026-12-07, review r32: it was
+        # never chosen again, whatever the user did but a new budget, a pause or a restart)
+        changed = hosted.entry.changed
+        delay = self.reevaluate_s if changed else \
+            min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** min(m.failures - 1, 20))
         loop = asyncio.get_running_loop()
         if self._retry is not None and self._retry.when() <= loop.time() + delay:
             delay = max(0.0, self._retry.when() - loop.time())  # an earlier retry wakes every model's evaluation
@@ -238,7 +245,7 @@ class AutoServe(Moves, BudgetShares):
         now = time.time()
         self._set_failure(m, ChoiceFailure(m.entry.id, hosted.start, hosted.end, hosted.error or "unknown error",
                                            now, now + delay, m.failures))
-        log.info("DIAG: slice load failed, choosing again soon %s", kv(
+        log.info("DIAG: slice load failed, choosing again %s %s", "later" if changed else "soon", kv(
             model=m.entry.id, layers=f"{hosted.start}-{hosted.end - 1}", failures=m.failures,
             retry_in_s=round(delay, 1), reason=hosted.error))
         self.note(m.last_failure.text())
@@ -394,8 +401,6 @@ class AutoServe(Moves, BudgetShares):
         a failed move's old range serving on) ends the last failure: nothing retries it. It stayed
         shown for ever, "chosen again at" a time long past (2026-12-07, review r27)."""
         before = m.last_failure
-        if before is not None and before.retry_at is None:
-            return  # not chosen again: its file changed on disk (_loaded)
         await self._async_choose(m, why)
         if before is not None and m.last_failure is before and self._wanted(m):
             self._set_failure(m, None)

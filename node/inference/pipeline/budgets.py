@@ -34,12 +34,12 @@ class ChoiceFailure:
     end: int
     reason: str
     at: float  # wall clock (time.time()) of the failure
-    retry_at: float | None  # wall clock of the next choice; None: not chosen again (its file changed)
+    retry_at: float  # wall clock of the next choice
     failures: int  # failed loads in a row
 
     def summary(self) -> dict:
         return {"model": self.model, "layers": [self.start, self.end - 1], "reason": self.reason,
-                "at": round(self.at, 3), "retry_at": round(self.retry_at, 3) if self.retry_at is not None else None,
+                "at": round(self.at, 3), "retry_at": round(self.retry_at, 3),
                 "failures": self.failures}
 
     def text(self, *, retrying: bool = False) -> str:
@@ -47,8 +47,7 @@ class ChoiceFailure:
         (`retrying`: a later choice is loading now, "…; retrying…")."""
         import time
 
-        when = "retrying…" if retrying else "not chosen again" if self.retry_at is None else \
-            f"chosen again at {time.strftime('%H:%M:%S', time.localtime(self.retry_at))}"
+        when = "retrying…" if retrying else f"chosen again at {time.strftime('%H:%M:%S', time.localtime(self.retry_at))}"
         return (f"layers {self.start}–{self.end - 1} of {self.model} (chosen automatically) failed to load: "
                 f"{self.reason}; {when}")
 

@@ -1,0 +1,77 @@
+"""A layer choice refused because its file changed on disk can be taken up again the way the app
+says (review r32, 2026-12-07): with the file's old bytes put back, adding it again (Add in the
+Models tab, `swarmllm models add PATH`: the file already catalogued) or helping it again with the
+same budget chose nothing, and a `--serve auto` choice was never chosen again (no GUI control):
+the refusal was for good, until a new budget, a pause and resume, or a restart. Now Add and the
+same budget choose again at once, and the refused choice is tried again at the periodic round.
+Real nodes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from node import const
+from node.inference.synth import write_gguf
+from tests.pipeline.test_held_file_changed import _overwrite
+from tests.pipeline.test_load_changed_file import MINE, MINE_NEW
+from tests.support.nodes import node_config, running_node
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
+    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.05)
+
+
+def _loaded(node, sha256: str) -> bool:
+    return any(h.state == "loaded" for h in node.slice_host.for_model(sha256))
+
+
+async def _refused(node, path):
+    """Help serve the file at `path` (added by path) after it was written over: its choice fails."""
+    summary, _ = await node.model_files.async_add_path(str(path))
+    entry = node.catalog.entries[summary["id"]]
+    old = path.read_bytes()
+    await asyncio.to_thread(_overwrite, path, MINE_NEW)
+    await node.contributions.async_help(entry.id, 0)
+    [failure] = await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+    assert "changed on disk" in failure.reason and "put back" in failure.reason, failure.reason
+    return entry, old
+
+
+@pytest.mark.parametrize("how", ["add_again", "help_again"])
+async def test_old_bytes_put_back_then_added_or_helped_again_load_the_choice(tmp_path, quick, how):
+    outside = write_gguf(tmp_path / "mine.gguf", MINE)
+    # no periodic round nor watch look within the test: only the user's action chooses again
+    async with running_node(node_config(tmp_path / "data", models_watch_s=3600.0, serve_reevaluate_s=3600.0)) as node:
+        entry, old = await _refused(node, outside)
+        outside.write_bytes(old)  # the old bytes back (a new mtime)
+        if how == "add_again":
+            await node.model_files.async_add_path(str(outside))  # the file already catalogued: not new
+        else:
+            await node.contributions.async_help(entry.id, 0)  # the same budget
+        await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
+        assert not entry.changed and node.autoserve.failures() == []
+
+
+async def test_a_serve_auto_choice_refused_as_changed_loads_once_the_old_bytes_are_back(tmp_path, monkeypatch, quick):
+    """Headless `--serve auto` has no Add nor budget to set: the refused choice is tried again at the
+    periodic round."""
+    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 1.0)  # (the file is written over before the first choice)
+    outside = write_gguf(tmp_path / "mine.gguf", MINE)
+    old = outside.read_bytes()
+    async with running_node(node_config(tmp_path / "data", outside, serve="auto", models_watch_s=3600.0,
+                                        serve_reevaluate_s=1.0)) as node:
+        [entry] = node.catalog.entries.values()
+        await asyncio.to_thread(_overwrite, outside, MINE_NEW)
+        [failure] = await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        assert "changed on disk" in failure.reason, failure.reason
+        outside.write_bytes(old)
+        await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
