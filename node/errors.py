@@ -138,6 +138,10 @@ class ModelUnavailable(NodeError):
     code = "model_unavailable"
 
 
+class FileChangedOnDisk(ModelUnavailable):
+    """A model's file holds other bytes than its sha256 names (node.models.changed): not loaded (503)."""
+
+
 class InsufficientCapacity(NodeError):
     """No route through the swarm can serve this model right now (503)."""
 

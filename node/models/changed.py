@@ -9,7 +9,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from node.errors import ModelUnavailable
+from node.errors import FileChangedOnDisk
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry
 
@@ -26,8 +26,8 @@ def stat_or_none(path: Path) -> tuple[int, int] | None:
 
 
 async def async_refuse_changed(catalog: ModelCatalog, entry: ModelEntry) -> None:
-    """ModelUnavailable when the entry's file no longer holds the bytes its id names: the watch saw
-    it changed, or its (size, mtime_ns) now (a stat off the loop) are not those its sha256 was
+    """FileChangedOnDisk (a ModelUnavailable: 503) when the entry's file no longer holds the bytes its
+    id names: the watch saw it changed, or its (size, mtime_ns) now (a stat off the loop) are not those its sha256 was
     computed over, and hashing it again (off the loop, once per change: catalog.same_bytes) finds
     other bytes (a touched file loads as before; the entry is then marked `changed`). A partial
     model (its parts are checked as they arrive) and a gone file (the load says so) pass."""
@@ -45,5 +45,5 @@ async def async_refuse_changed(catalog: ModelCatalog, entry: ModelEntry) -> None
             "add it again (Add in the Models tab, or `swarmllm models add PATH`) to serve its new bytes as a "
             "new model; with its old bytes put back, it is served again (at once when added again)")
     log.info("DIAG: model file holds other bytes than its id names, not loaded %s", kv(model=entry.id, path=entry.path))
-    raise ModelUnavailable(f"the file of model {entry.id} ({entry.path.name}) changed on disk since it was "
+    raise FileChangedOnDisk(f"the file of model {entry.id} ({entry.path.name}) changed on disk since it was "
                            f"hashed, so it is no longer this model: {then}")

@@ -9,6 +9,7 @@ Real nodes on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -75,3 +76,28 @@ async def test_a_serve_auto_choice_refused_as_changed_loads_once_the_old_bytes_a
         assert "changed on disk" in failure.reason, failure.reason
         outside.write_bytes(old)
         await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
+
+
+async def test_a_touched_file_failing_to_load_for_another_reason_is_retried_soon(tmp_path, quick):
+    """Review r32, 4: whether a failed load was a "changed" refusal was read from the entry's
+    `changed`, which the watch sets on a touch without hashing: a load failing for another reason
+    (here the file moved away for a while, a drive unmounted) counted as "changed" and waited for
+    the periodic round (before that fix: for ever). It is the host's refusal that counts."""
+    outside = write_gguf(tmp_path / "mine.gguf", MINE)
+    async with running_node(node_config(tmp_path / "data", models_watch_s=3600.0, serve_reevaluate_s=3600.0)) as node:
+        summary, _ = await node.model_files.async_add_path(str(outside))
+        entry = node.catalog.entries[summary["id"]]
+        await node.contributions.async_help(entry.id, 0)  # (loads: its layers are sized from the file)
+        await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load")
+        st = outside.stat()
+        os.utime(outside, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # `touch`: the same bytes
+        await node.model_files.watcher.async_look()  # (marked changed on the stat alone; its slice drains)
+        await wait_until(lambda: not node.slice_host.for_model(entry.sha256, draining=True), 20.0,
+                         what="the slice of the touched file to be freed")
+        away = outside.rename(tmp_path / "mine.away")
+        await node.contributions.async_help(entry.id, 1000)  # a new budget: chosen again, the file not there
+        [failure] = await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        assert "changed on disk" not in failure.reason, failure.reason
+        assert failure.retry_at - failure.at < 60, failure
+        away.rename(outside)  # back: a retry soon loads it
+        await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load once the file is back")

@@ -230,7 +230,8 @@ class AutoServe(Moves, BudgetShares):
         # chosen again at the periodic round only (the check hashes once per change), or at once when
         # the file is added or helped again: its old bytes may be back. (2026-12-07, review r32: it was
         # never chosen again, whatever the user did but a new budget, a pause or a restart)
-        changed = hosted.entry.changed
+        changed = hosted.refused_changed  # (not entry.changed: a touch marks it, and a load failing for another
+        # reason, a file unreadable for a while, was then not retried soon; review r32)
         delay = self.reevaluate_s if changed else \
             min(self.reevaluate_s, const.AUTO_SERVE_RETRY_MIN_S * 2 ** min(m.failures - 1, 20))
         loop = asyncio.get_running_loop()

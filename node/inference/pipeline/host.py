@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node import const
-from node.errors import ModelLoadError, NodeError
+from node.errors import FileChangedOnDisk, ModelLoadError, NodeError
 from node.inference.devices import detect_torch
 from node.inference.pipeline.batching import StepQueue
 from node.inference.pipeline.kvbudget import KvBudget
@@ -75,6 +75,7 @@ class HostedSlice:
     vocab: Any = None  # ModelTokenizer of the slice's GGUF, read on the first constrained step (last segment)
     fetch: tuple[int, int] | None = None  # a partial model's layers arriving: (bytes here, bytes wanted)
     retrying: str | None = None  # loading again after a failed load: that load's error (the app keeps it shown)
+    refused_changed: bool = False  # failed because its file holds other bytes (FileChangedOnDisk)
 
     def vocabulary(self):
         """The model's vocabulary from the slice's own GGUF (blocking: on the slice's executor, the
@@ -246,8 +247,7 @@ class SliceHost:
         """The loaded slices' adverts; `loading`: also the slices being loaded (fetched), marked
         `"loading": true` — peers' layer choices count them (two nodes starting together do not
         both fetch the same layers), and no planner routes to them."""
-        # (a slice of a file the watch found changed is not: it drains, ModelFiles.async_changed)
-        out = [s.advert() for s in self.slices.values() if s.state == "loaded" and not s.entry.changed]
+        out = [s.advert() for s in self.slices.values() if s.state == "loaded" and not s.entry.changed]  # (it drains)
         if loading:
             # with what of its layers is here (autoserve: a claim whose fetch moves is not stale)
             out += [{**s.advert(), "loading": True, **({"fetch": list(s.fetch)} if s.fetch is not None else {})}
@@ -338,6 +338,7 @@ class SliceHost:
                                                          kv_dtype=self.kv_dtype))
         except NodeError as exc:
             hosted.state, hosted.error, hosted.retrying = "failed", exc.message, None
+            hosted.refused_changed = isinstance(exc, FileChangedOnDisk)
             log.error("DIAG: slice load failed %s", kv(model=entry.id, layers=f"{start}-{end - 1}", error=exc.message))
             self.events.emit(hosted)
             return hosted
