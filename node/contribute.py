@@ -161,11 +161,12 @@ class Contributions:
         self.events.emit()
 
     def _copy_of(self, sha256: str, model_id: str, *, chosen_only: bool = False) -> ModelEntry | None:
-        """Another file in the catalog than `model_id`'s with the bytes `sha256`, one ticked "Help serve"
-        first (`chosen_only`: only such a one)."""
+        """Another whole file in the catalog than `model_id`'s with the bytes `sha256`, one ticked "Help
+        serve" first (`chosen_only`: only such a one). Not one found changed on disk (its load would be
+        refused: review r32, the choice went on from it and failed) nor a partial model."""
         chosen = self.config.contribute_models
-        copies = sorted((e for e in list(self.catalog.entries.values())
-                         if e.sha256 == sha256 and e.has_file and e.id != model_id),
+        copies = sorted((e for e in list(self.catalog.entries.values()) if e.sha256 == sha256 and e.has_file
+                         and e.id != model_id and not e.changed and e.partial is None),
                         key=lambda e: e.id not in chosen)
         return next((e for e in copies if not chosen_only or e.id in chosen), None)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 
 import pytest
 
@@ -269,3 +270,35 @@ async def test_unticking_one_of_two_helped_copies_leaves_the_others_choice(tmp_p
         assert m is not None and m.entry is other and m.budget_mb_override == 300
         [row] = node.contributions.summary()["models"]
         assert row["model"] == other.id and row["budget_mb"] == 300, row
+
+
+async def test_the_help_serve_models_file_deleted_does_not_go_on_from_a_copy_that_changed(tmp_path, quick):
+    """Review r32, 5: the copy the choice went on from could be one whose own file had changed on
+    disk (it holds other bytes now): repointed, its load refused, the choice failed instead of ending
+    (kept in config.toml for when the file is back)."""
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    path = wrong_layer_count(data / "models" / "wrongcount.gguf")
+    (tmp_path / "elsewhere").mkdir()
+    copy = tmp_path / "elsewhere" / "wrongcount-copy.gguf"
+    copy.write_bytes(path.read_bytes())
+    async with running_node(node_config(data, models_watch_s=3600.0)) as node:
+        entry = node.catalog.resolve("wrongcount")
+        summary, _ = await node.model_files.async_add_path(str(copy))
+        other = node.catalog.entries[summary["id"]]
+        assert other is not entry and other.sha256 == entry.sha256
+        data_ = bytearray(copy.read_bytes())
+        data_[-1] ^= 0xFF  # written over in place: other bytes (outside the folder: only marked changed)
+        copy.write_bytes(bytes(data_))
+        st = copy.stat()
+        os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        await node.model_files.watcher.async_look()
+        assert other.changed
+        await node.contributions.async_help(entry.id, 0)
+        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        path.unlink()
+        await node.model_files.watcher.async_look()
+        assert entry.id not in node.catalog.entries
+        await wait_until(lambda: node.autoserve.model(entry.sha256) is None, 10.0,
+                         what="the choice to end (not to go on from the changed copy)")
+        assert node.config.contribute_models == {entry.id: 0}
