@@ -5,12 +5,22 @@ is either applied, mapped onto the OpenAI field it means, accepted because it ch
 hint, or a sampler at its neutral value, as SillyTavern sends its defaults), or refused with a 400
 naming it where ignoring it would change the output the client asked for.
 
+Open WebUI copies every "Advanced Params" value a user set (in their settings or a model's) into
+the body it sends to an OpenAI connection, the Ollama ones included (`utils/payload.py`
+apply_params_to_form_data / apply_model_params_to_body_openai): its load-time settings
+(`num_ctx`, `num_batch`, `num_keep`, `num_thread`, `num_gpu`, `use_mmap`, `use_mlock`,
+`keep_alive`) change nothing here and are dropped; `think` is the template's `enable_thinking`
+(or, as "low" / "medium" / "high", `reasoning_effort`) and `format` ("json" or a JSON schema) the
+`response_format` it means. `tool_servers` (Open WebUI's own tool list; the tools reach the model
+as `tools`) is dropped too.
+
 `normalize(body)` returns a body `schemas.parse_completion` checks as usual (a copy; the client's
 dict is left alone).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any
@@ -28,6 +38,12 @@ _HINTS = {"t_max_predict_ms", "cache_prompt", "id_slot", "slot_id", "timings_per
 # samplers this node does not have: accepted at the value that turns them off, else a 400
 _NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "xtc_probability": 0.0,
             "dry_multiplier": 0.0, "top_a": 0.0, "top_n_sigma": -1.0, "n_probs": 0}
+# Ollama's load-time options and Open WebUI's own tool-server list: nothing to do with the reply here
+# (the node's context, threads, GPU layers and memory mapping are its own; a model stays loaded)
+_APP_HINTS = {"num_ctx", "num_batch", "num_keep", "num_thread", "num_gpu", "use_mmap", "use_mlock", "keep_alive",
+              "tool_servers"}
+THINK_EFFORTS = ("low", "medium", "high")
+_told: set[str] = set()  # field names already said at DEBUG (once each per process)
 _PENALTIES = (("repeat_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
 
 
@@ -85,11 +101,76 @@ def predict_time_limit(body: dict) -> int | None:
     return max(1, int(value))
 
 
-def normalize(body: dict) -> dict:
-    """The body with the extras applied, mapped or dropped; a 400 for one that would change the output."""
+def _tell_once(keys: set[str]) -> None:
+    new = keys - _told
+    if new:
+        _told.update(new)
+        log.debug("DIAG: app fields taken with no effect fields=%s", ",".join(sorted(new)))
+
+
+def _think(out: dict, kind: str) -> None:
+    """Ollama's `think` (Open WebUI's "Think (Ollama)" parameter): true / false is the template's
+    enable_thinking, "low" / "medium" / "high" (gpt-oss on Ollama) is reasoning_effort."""
+    value = out.pop("think")
+    if value is None:
+        return
+    if kind != "chat":
+        raise InvalidRequest("`think` (Ollama's thinking switch) applies to chat: use /v1/chat/completions or "
+                             "leave it out", param="think")
+    if isinstance(value, bool):
+        kwargs = out.get("chat_template_kwargs")
+        if kwargs is None:
+            out["chat_template_kwargs"] = {"enable_thinking": value}
+        elif isinstance(kwargs, dict) and kwargs.get("enable_thinking") is None:
+            out["chat_template_kwargs"] = {**kwargs, "enable_thinking": value}
+        return  # a chat_template_kwargs that sets it wins (a wrong one is its own 400)
+    if value in THINK_EFFORTS:
+        if out.get("reasoning_effort") is None:
+            out["reasoning_effort"] = value
+        return
+    raise InvalidRequest(f"`think` (Ollama's thinking switch; Open WebUI's \"Think (Ollama)\" parameter) must be "
+                         f"true, false or one of {', '.join(THINK_EFFORTS)}, got {value!r}", param="think")
+
+
+def _format(out: dict) -> None:
+    """Ollama's `format` (Open WebUI's "Format" parameter, sent as typed): "json" is a JSON-object
+    response_format, a JSON schema (an object, or its text) a json_schema one."""
+    value = out.pop("format")
+    if value is None or value == "":
+        return
+    if isinstance(value, str) and value.strip() == "json":
+        wanted: dict = {"type": "json_object"}
+    else:
+        schema = value
+        if isinstance(value, str):
+            try:
+                schema = json.loads(value)
+            except ValueError:
+                schema = None
+        if not isinstance(schema, dict):
+            raise InvalidRequest("`format` (Ollama's output format; Open WebUI's \"Format\" parameter) must be "
+                                 "\"json\" or a JSON schema object: correct it in the app or leave it out",
+                                 param="format")
+        wanted = {"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}
+    if out.get("response_format") is not None:
+        raise InvalidRequest("give either `format` or `response_format`, not both", param="format")
+    out["response_format"] = wanted
+
+
+def normalize(body: dict, kind: str = "chat") -> dict:
+    """The body with the extras applied, mapped or dropped; a 400 for one that would change the output.
+    `kind`: "chat" or "text" (/v1/completions, which has no template for `think`)."""
     out = dict(body)
     for key in _HINTS & out.keys():
         del out[key]
+    apps = _APP_HINTS & out.keys()
+    for key in apps:
+        del out[key]
+    _tell_once(apps)
+    if "think" in out:
+        _think(out, kind)
+    if "format" in out:
+        _format(out)
     for key in _NEUTRAL.keys() & out.keys():
         _neutral(key, out.pop(key))
     _max_tokens(out)
@@ -123,6 +204,6 @@ def normalize(body: dict) -> dict:
         out["logit_bias"] = _logit_bias(out["logit_bias"])
     if out.get("seed") == -1 and type(out["seed"]) is int:
         out["seed"] = None  # llama.cpp's "a random seed", not the fixed seed 2**32 - 1
-    if len(out) != len(body):
+    if body.keys() - out.keys():
         log.debug("DIAG: request extras taken extras=%s", ",".join(sorted(body.keys() - out.keys())))
     return out

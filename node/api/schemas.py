@@ -322,7 +322,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     time_limit = extras.predict_time_limit(body)
-    body = extras.normalize(body)
+    body = extras.normalize(body, kind)
     _check_keys(body, _CHAT_KEYS if kind == "chat" else _COMPLETION_KEYS)
     _hints(body)
     model = body.get("model")

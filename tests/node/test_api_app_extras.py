@@ -1,0 +1,114 @@
+"""What Open WebUI sends to an OpenAI connection beyond OpenAI's fields, through the official openai
+SDK (`extra_body`) against a real node serving a tiny reasoning model (DeepSeek-R1's template).
+
+Open WebUI copies every "Advanced Params" value a user has set, in their settings or on a model,
+into the body of each request to an OpenAI connection (backend/open_webui/utils/payload.py,
+apply_params_to_form_data and apply_model_params_to_body_openai: any key not in its own short
+list goes in as it is), the Ollama ones included: a user who once set "Context Length (Ollama)"
+(`num_ctx`) got a 400 "unrecognized request argument supplied: num_ctx" on every request to the
+node (open-webui issues #14514, #14520 num_keep, #19906 keep_alive, #26457 num_batch), and v0.6.7
+sent its `tool_servers` list (#13617).
+- load-time options (`num_ctx`, `num_batch`, `num_keep`, `num_thread`, `num_gpu`, `use_mmap`,
+  `use_mlock`, `keep_alive`) and `tool_servers` change nothing;
+- `think` (bool) is the template's enable_thinking, "low"/"medium"/"high" a reasoning_effort;
+- `format` ("json", a JSON schema or its text) is the response_format it means;
+- anything else in them is a 400 naming the field and the setting to change.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from node.inference.synth import SynthSpec
+from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
+from tests.support.nodes import openai_client, template, tiny_models_node, token_id
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+SPEC = SynthSpec(n_ctx=2048, think=True, control_tokens=R1_MARKERS,
+                 chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"), name="thinker")
+ASK = [{"role": "user", "content": "Is the sky blue?"}]
+# Open WebUI's Advanced Params at the values its UI puts in when "Custom" is clicked (and typical edits)
+OLLAMA_PARAMS = {"num_ctx": 8192, "num_batch": 512, "num_keep": 24, "num_thread": 4, "num_gpu": 99,
+                 "use_mmap": True, "use_mlock": False, "keep_alive": "5m", "top_k": 40, "min_p": 0.0,
+                 "mirostat": 0, "mirostat_eta": 0.1, "mirostat_tau": 5.0, "tfs_z": 1, "repeat_last_n": 64,
+                 "repeat_penalty": 1.0}
+TOOL_SERVERS = [{"url": "http://localhost:8081", "openapi": {"openapi": "3.1.0", "paths": {}},
+                 "info": {"title": "time"}, "specs": [{"name": "get_time", "parameters": {"type": "object"}}]}]
+
+node = tiny_models_node(SPEC)
+
+
+@pytest.fixture
+def client(node):
+    return openai_client(node)
+
+
+@pytest.fixture
+def model(node):
+    return node.models.all()[0].id
+
+
+@pytest.fixture
+def kw(node):
+    return dict(max_tokens=6, temperature=0, logit_bias={token_id(node, "</think>"): -100})
+
+
+async def reply(client, model, **kw):
+    r = await client.chat.completions.create(model=model, messages=ASK, **kw)
+    return getattr(r.choices[0].message, "reasoning_content", None), r.choices[0].message.content, r.usage
+
+
+async def test_open_webui_ollama_params_change_nothing(client, model, kw):
+    plain = await reply(client, model, **kw)
+    sent = await reply(client, model, **kw, user="u", extra_body={**OLLAMA_PARAMS, "tool_servers": TOOL_SERVERS})
+    assert sent[:2] == plain[:2] and sent[2].prompt_tokens == plain[2].prompt_tokens
+    pieces = []
+    async with await client.chat.completions.create(model=model, messages=ASK, stream=True, **kw,
+                                                    stream_options={"include_usage": True},
+                                                    extra_body=OLLAMA_PARAMS) as events:
+        async for chunk in events:
+            pieces += [getattr(c.delta, "reasoning_content", None) or "" for c in chunk.choices]
+    assert "".join(pieces) == plain[0]
+
+
+async def test_open_webui_think_is_enable_thinking(client, model, kw):
+    on = await reply(client, model, **kw)
+    off = await reply(client, model, **kw, extra_body={"think": False})
+    kwargs_off = await reply(client, model, **kw, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off[:2] == kwargs_off[:2] and off[0] is None and off[2].prompt_tokens == on[2].prompt_tokens + 1
+    assert (await reply(client, model, **kw, extra_body={"think": True}))[:2] == on[:2]
+    low = await reply(client, model, **kw, extra_body={"think": "low"})
+    assert low[:2] == (await reply(client, model, **kw, reasoning_effort="low"))[:2]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await reply(client, model, **kw, extra_body={"think": "maybe"})
+    assert caught.value.body["param"] == "think" and "Think (Ollama)" in caught.value.body["message"]
+
+
+async def test_open_webui_format_is_the_response_format(client, model):
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+              "additionalProperties": False}
+    kw = dict(max_tokens=12, temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    native = await reply(client, model, **kw, response_format={"type": "json_schema",
+                                                               "json_schema": {"name": "x", "schema": schema}})
+    for typed in (json.dumps(schema), schema):  # as text (Open WebUI sends what was typed) or an object
+        got = await reply(client, model, **{**kw, "extra_body": {**kw["extra_body"], "format": typed}})
+        assert got[1] == native[1]
+    as_json = await reply(client, model, **{**kw, "extra_body": {**kw["extra_body"], "format": "json"}})
+    assert as_json[1] == (await reply(client, model, **kw, response_format={"type": "json_object"}))[1]
+    for bad in ({"format": "yaml"}, {"format": "json", "response_format": {"type": "json_object"}}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await reply(client, model, max_tokens=4, extra_body=bad)
+        assert caught.value.body["param"] == "format"
+
+
+async def test_ollama_fields_still_refused_elsewhere(client, model):
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(model=model, prompt="Hi", max_tokens=2, extra_body={"think": False})
+    assert caught.value.body["param"] == "think"
+    with pytest.raises(openai.BadRequestError) as caught:  # not in what Open WebUI sends: still unknown
+        await client.chat.completions.create(model=model, messages=ASK, max_tokens=2, extra_body={"num_predict": 5})
+    assert caught.value.body["param"] == "num_predict"
