@@ -35,7 +35,8 @@ from node.inference.pipeline.coordinator import PipelineCoordinator
 from node.inference.pipeline.coverage import paused_holders, swarm_coverage
 from node.inference.pipeline.embed_remote import RemoteEmbedder
 from node.inference.pipeline.embed_serve import RemoteEmbedServer
-from node.inference.pipeline.host import SliceHost, parse_layers
+from node.inference.pipeline.host import SliceHost
+from node.inference.pipeline.hosted import parse_layers
 from node.inference.pipeline.part_server import PartServer
 from node.inference.pipeline.partials import PartialModels
 from node.inference.pipeline.remote_serve import RemoteGenerateServer

@@ -14,7 +14,7 @@ from node import const
 from node.config import is_model_url
 from node.errors import InvalidRequest
 from node.inference.pipeline import fixed
-from node.inference.pipeline.host import parse_layers
+from node.inference.pipeline.hosted import parse_layers
 from node.logs import kv
 from node.models.catalog import ModelEntry
 

@@ -249,7 +249,7 @@ async def test_health_ready_metrics(node):
 async def test_a_contributed_slice_loading_keeps_a_serving_node_ready(node):
     """Layers fetched for the swarm (the app's Contribute) must not turn /health/ready to 503
     while the node serves its own model; a configured slice (--layers) still holds it back."""
-    from node.inference.pipeline.host import HostedSlice
+    from node.inference.pipeline.hosted import HostedSlice
 
     entry = node.models.all()[0].entry
     for auto_budget, expected in (((2, 2), 200), (None, 503)):

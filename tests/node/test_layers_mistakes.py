@@ -8,7 +8,7 @@ import pytest
 
 from node.config import load_config
 from node.errors import InvalidRequest, ModelLoadError
-from node.inference.pipeline.host import parse_layers
+from node.inference.pipeline.hosted import parse_layers
 
 
 def test_layers_without_a_model_is_refused(tmp_path):

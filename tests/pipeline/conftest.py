@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from node.inference.pipeline.host import SliceHost, parse_layers
+from node.inference.pipeline.host import SliceHost
+from node.inference.pipeline.hosted import parse_layers
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.worker import SegmentWorker
 from node.models.catalog import ModelCatalog

@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from node.inference.pipeline.host import SliceHost, parse_layers
+from node.inference.pipeline.host import SliceHost
+from node.inference.pipeline.hosted import parse_layers
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import Hop, SessionControl, Work, encode_tokens
 from node.inference.pipeline.worker import SegmentWorker

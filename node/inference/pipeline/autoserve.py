@@ -29,7 +29,8 @@ from node.inference.pipeline.coverage import (
     coverage_text,
     swarm_coverage,
 )
-from node.inference.pipeline.host import HostedSlice, SliceHost
+from node.inference.pipeline.host import SliceHost
+from node.inference.pipeline.hosted import HostedSlice
 from node.inference.pipeline.moves import Moves
 from node.logs import kv
 from node.models.catalog import ModelEntry

@@ -14,7 +14,8 @@ from node import const
 from node.inference.pipeline import layerchoice as lc
 from node.inference.pipeline.budgets import AutoModel
 from node.inference.pipeline.coverage import ModelCoverage, coverage_text, default_budget_bytes
-from node.inference.pipeline.host import HostedSlice, SliceHost
+from node.inference.pipeline.host import SliceHost
+from node.inference.pipeline.hosted import HostedSlice
 from node.logs import kv
 
 log = logging.getLogger("node.inference.pipeline.autoserve")  # the layer choice's lines, one logger

@@ -15,7 +15,8 @@ from node.inference.pipeline.wire import SessionControl
 from node.logs import kv
 
 if TYPE_CHECKING:
-    from node.inference.pipeline.host import HostedSlice, SliceHost
+    from node.inference.pipeline.host import SliceHost
+    from node.inference.pipeline.hosted import HostedSlice
     from node.inference.pipeline.sampler import Sampler
 
 log = logging.getLogger("node.inference.pipeline.worker")  # the worker's lines, as before the split

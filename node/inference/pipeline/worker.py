@@ -25,7 +25,8 @@ from node import const
 from node.errors import KvPositionMismatch, NodeError, Overloaded, PeerUnreachable, ProtocolError
 from node.inference.pipeline.acks import Acks, PendingAck
 from node.inference.pipeline.batching import PreparedStep, StepJob, take_batch
-from node.inference.pipeline.host import HostedSlice, SliceHost
+from node.inference.pipeline.host import SliceHost
+from node.inference.pipeline.hosted import HostedSlice
 from node.inference.pipeline.sampler import Sampler
 from node.inference.pipeline.sessionctl import ControlBudget, SessionControls
 from node.inference.pipeline.transport import PipelineTransport
