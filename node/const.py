@@ -46,6 +46,10 @@ MODEL_QUEUE_MAX = 64  # requests waiting per model before 429
 LOAD_FAILURE_RETRY_S = 300.0  # a whole model's failed load is refused to requests this long at most (memory short then may not be now)
 CANCEL_POLL_TOKENS = 1  # check the cancel flag after every token
 HASH_CHUNK_BYTES = 4 * 1024 * 1024
+# a data-dir file (swarm.json, identity.key, api_key, model_hashes.json) whose read fails for a reason
+# that may pass (a sync tool's or an antivirus' lock, a rename under way, EIO) is read again this often
+DATA_FILE_READ_TRIES = 3
+DATA_FILE_READ_RETRY_S = 0.1  # between two of those reads (~200 ms in all)
 # embeddings: one input is at most this many tokens (and the model's context), OpenAI's limit per
 # input; the embedding context is sized to the longest input seen, from EMBED_MIN_CONTEXT_TOKENS up
 # in powers of two (llama.cpp's attention scratch grows with its square: node/inference/embedder.py)

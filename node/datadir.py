@@ -11,10 +11,12 @@ import re
 import secrets
 import sys
 import threading
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from node import const
 from node.errors import NodeError
 from node.logs import kv
 
@@ -224,15 +226,22 @@ def ensure_data_dir(data_dir: Path) -> None:
         log.info("created config file %s", config)
 
 
+def present(path: Path) -> bool:
+    """Whether a data-dir file is there to be read: a file, a folder where it belongs (said), or a
+    link to nothing (a sync or encrypted folder not mounted yet: said, never taken for no file and
+    written over; 2026-12-07, review r33). A device (/dev/full reads without end) is not."""
+    return path.is_file() or path.is_dir() or (path.is_symlink() and not path.exists())
+
+
 def read_api_key(data_dir: Path) -> str:
     """The key in the data dir's `api_key` ("" when there is none). A file that is not text (a
     crash or a copy damaged it) is a NodeError naming it: clients hold the old key, so it is
     neither replaced nor overwritten here (it was a UnicodeDecodeError traceback)."""
     path = data_dir / API_KEY_FILE
-    if not (path.is_file() or path.is_dir()):  # (a folder there is said, not taken for no key)
+    if not present(path):  # (a folder, a link to nothing there is said, not taken for no key)
         return ""
     try:
-        return path.read_text(encoding="utf-8").strip()
+        return read_data_file(path).decode("utf-8").strip()
     except UnicodeDecodeError:
         raise NodeError(f"{path} is damaged (not text): put the key your clients use back in it, or "
                         "move it away to have a new one made", code="api_key_unreadable") from None
@@ -242,17 +251,71 @@ def read_api_key(data_dir: Path) -> str:
 
 def cannot_read(path: Path, exc: OSError) -> str:
     """What to tell a user about a file of the data dir that could not be read (it is left as it
-    is: an identity, key or swarm is never replaced because it was merely unreadable)."""
-    if exc.errno == errno.EISDIR:
+    is: an identity, key or swarm is never replaced because it was merely unreadable). The wording
+    comes from what is there, not from the errno: Windows says PermissionError, not EISDIR, for a
+    folder (2026-12-07, review r33)."""
+    if path.is_dir():
         return f"{path} is a directory where a file belongs: move it away, or give another --data-dir"
-    return (f"cannot read {path} ({exc.strerror or exc}): give this user the right to read it, or "
-            "give another --data-dir")
+    if path.is_symlink() and not path.exists():  # its target not there (a sync folder not mounted yet)
+        return (f"cannot read {path}: it links to {os.readlink(path)}, which is not there: make it reachable "
+                "(mount it), or give another --data-dir")
+    if exc.errno in _TRANSIENT:  # (read again briefly before this is said: read_data_file)
+        return (f"cannot read {path} ({exc.strerror or exc}): if another program holds it (a sync tool, an "
+                "antivirus) try again; else give this user the right to read it, or give another --data-dir")
+    return f"cannot read {path} ({exc.strerror or exc}): try again, or give another --data-dir"
+
+
+# a read failing with these may succeed a moment later (a lock, a rename under way, a share's hiccup)
+_TRANSIENT = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.EIO, errno.EAGAIN, errno.EBUSY}
+
+
+def read_data_file(path: Path) -> bytes:
+    """A data-dir file's bytes (blocking), read again briefly (DATA_FILE_READ_TRIES) when the read
+    fails for a reason that may pass: a Windows sharing violation or an antivirus' lock, a rename
+    between a look and the read; the last OSError otherwise (a folder, not this user's to read)."""
+    for attempt in range(const.DATA_FILE_READ_TRIES):
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            if exc.errno not in _TRANSIENT or path.is_dir() or attempt + 1 == const.DATA_FILE_READ_TRIES:
+                raise
+        time.sleep(const.DATA_FILE_READ_RETRY_S)
+    raise AssertionError("unreachable")
+
+
+def keep_aside(path: Path) -> Path:
+    """Move a damaged data-dir file to `NAME.broken`, or `NAME.broken-2`, `-3`... when that is taken:
+    never over an earlier kept-aside copy, the user's only way back to what it held (a second damaged
+    swarm.json overwrote the first one's .broken, secret and all, until 2026-12-07, review r33).
+    Its new path; an OSError when it could not be moved (it is then where it was)."""
+    for n in range(1, 1000):
+        broken = path.with_name(path.name + (".broken" if n == 1 else f".broken-{n}"))
+        if os.path.lexists(broken):
+            continue
+        if path.is_symlink():  # the link itself is kept aside, not what it points to
+            os.rename(path, broken)
+            return broken
+        try:
+            os.link(path, broken)  # never over a file another process put there meanwhile
+        except FileExistsError:
+            continue
+        except OSError:  # no hard links here (FAT, some shares): a rename to the free name
+            os.rename(path, broken)
+            return broken
+        try:
+            os.unlink(path)
+        except OSError:  # (held open on Windows): not moved; no second copy left beside it
+            with contextlib.suppress(OSError):
+                os.unlink(broken)
+            raise
+        return broken
+    raise OSError(errno.EEXIST, "too many kept-aside copies", str(path))
 
 
 def load_or_create_api_key(data_dir: Path) -> str:
     """The API key from `api_key` (0600), created on first run."""
     path = data_dir / API_KEY_FILE
-    if path.is_file() or path.is_dir():
+    if present(path):
         key = read_api_key(data_dir)
         if key:
             keep_private(path)
@@ -316,6 +379,9 @@ def save_desktop_settings(data_dir: Path, values: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+# the files of the data dir (a folder where one belongs is said so; Windows gives EACCES, not EISDIR)
+DATA_FILES = {API_KEY_FILE, LOCK_FILE, CONFIG_FILE, "identity.key", "identity.crt", "swarm.json", "node.log",
+              "peers.json", "model_hashes.json"}
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 CANNOT_WRITE = _NO_SPACE | {errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -323,13 +389,14 @@ CANNOT_WRITE = _NO_SPACE | {errno.EROFS, errno.EACCES, errno.EPERM}
 def data_dir_error(data_dir: Path, exc: OSError) -> str | None:
     """What to tell a user for an OSError about the data dir or a file in it (None when it is not
     one): which file, where, and what to do. `swarmllm run` and the desktop app say the same."""
+    if exc.filename and os.path.isdir(exc.filename) and (exc.errno == errno.EISDIR or (
+            exc.errno in (errno.EACCES, errno.EPERM) and Path(exc.filename) in {data_dir / f for f in DATA_FILES})):
+        return cannot_read(Path(exc.filename), exc)  # a folder where a file belongs (Windows: EACCES for it)
     if exc.errno in CANNOT_WRITE:
         what = f"{exc.filename} ({exc.strerror})" if exc.filename else f"in the data dir {data_dir} ({exc.strerror})"
         if exc.errno in _NO_SPACE:
             return f"cannot write {what}: free some space there, or give another --data-dir"
         return f"cannot write {what}: give a writable directory with --data-dir"
-    if exc.errno == errno.EISDIR and exc.filename:  # a folder made where a file belongs (node.lock, identity.crt)
-        return cannot_read(Path(exc.filename), exc)
     if exc.errno == errno.EEXIST and exc.filename and os.path.lexists(exc.filename) \
             and not os.path.isdir(exc.filename) and Path(exc.filename) != data_dir:  # a file named models
         return f"{exc.filename} is a file where a folder belongs: move it away, or give another --data-dir"

@@ -16,7 +16,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from node.datadir import cannot_read, keep_private, write_atomic
+from node.datadir import cannot_read, keep_private, present, read_data_file, write_atomic
 from node.errors import NodeError
 from node.logs import kv
 
@@ -97,9 +97,9 @@ def load_or_create_identity(data_dir: Path) -> Identity:
     """Read `identity.key` from the data dir, creating it (0600) on first run. Blocking."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / IDENTITY_KEY_FILE
-    if path.is_file() or path.is_dir():  # (a folder there is said, not taken for no identity)
+    if present(path):  # (a folder, a link to nothing there is said, not taken for no identity)
         try:
-            data = path.read_bytes()
+            data = read_data_file(path)
         except OSError as exc:  # not this user's to read: said as a read (it was "cannot write"), kept
             raise NodeError(cannot_read(path, exc), code="identity_unreadable") from None
         try:

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.datadir import cannot_read, open_private
+from node.datadir import cannot_read, keep_aside, open_private, present, read_data_file
 from node.errors import NodeError, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -206,16 +206,15 @@ def load_or_create(data_dir: Path, *, open_swarm: bool = False) -> MembershipSta
     if open_swarm:
         return MembershipState(Swarm.open_swarm())
     path = data_dir / SWARM_FILE
-    if path.exists():
+    if present(path):  # (a link to a folder not mounted yet is said, not taken for no swarm)
         try:
-            text = path.read_bytes()
+            text = read_data_file(path)
         except OSError as exc:  # unreadable is not damaged: a new swarm here cut the node off from its own
             raise NodeError(cannot_read(path, exc), code="swarm_unreadable") from None
         try:
             return MembershipState.from_json(json.loads(text.decode("utf-8")))
         except (ValueError, ProtocolError) as exc:  # damaged (a crash cut it short): its secret is gone
-            broken = path.with_name(SWARM_FILE + ".broken")
-            os.replace(path, broken)
+            broken = keep_aside(path)  # never over an earlier copy (an OSError: not moved, none made)
             log.warning("DIAG: swarm file unreadable, starting a new private swarm (the old file is %s) "
                         "error=%s", broken.name, exc)
     state = MembershipState(Swarm.create())
@@ -246,6 +245,8 @@ def write_json(data_dir: Path, data: dict) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename (a power cut left an empty swarm.json on XFS)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node import const
+from node.datadir import keep_aside
 from node.logs import kv
 
 from ._foreign import ForeignPeers
@@ -93,11 +94,10 @@ def load_peer_cache(data_dir: Path) -> PeerCache:
 
 
 def _keep_aside(path: Path, why: object) -> None:
-    """Move a damaged peers.json to peers.json.broken: the peers it named stay for the user to
-    look at (until 2026-12-06 the first save overwrote it)."""
-    broken = path.with_name(PEER_CACHE_FILE + ".broken")
+    """Move a damaged peers.json to peers.json.broken (-2, -3... never over an earlier one): the peers
+    it named stay for the user to look at (until 2026-12-06 the first save overwrote it)."""
     try:
-        os.replace(path, broken)
+        broken = keep_aside(path)
     except OSError as exc:
         log.warning("peer cache %s is damaged, ignoring it: %s (could not move it aside: %s)", path, why,
                     exc.strerror or exc)
