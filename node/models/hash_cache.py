@@ -5,7 +5,6 @@ the file came from (its origin URL and whether that origin is public). Moved out
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from node import const
+from node.datadir import keep_aside, read_data_file, write_atomic
 from node.logs import kv
 from node.models.header import header_digest
 from node.models.origin_record import PUBLIC_RULE, UNCHECKED, OriginRecord
@@ -65,34 +65,39 @@ def _record(value: object) -> dict[str, Any] | None:
     return value
 
 
-def _read(path: Path) -> dict[str, dict[str, Any]]:
-    """The records of model_hashes.json (blocking). One that cannot be read or is not an object
-    (a crash cut it, a sync tool locked it) is moved aside to model_hashes.json.broken, said in one
-    line, so that the first save does not overwrite the origin records it holds; records of another
-    shape are dropped (they were an AttributeError traceback that ended the start)."""
+def _read(path: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The records of model_hashes.json (blocking), and why they must not be saved this run (None: they
+    may). Only a damaged file (not JSON, not an object: a crash cut it) is moved aside, to
+    model_hashes.json.broken (-2, -3...: never over an earlier one); one that could not be read this
+    moment (a sync tool's or antivirus' lock, EACCES, EIO), or could not be moved aside, is left as it
+    is and nothing is saved over it this run: the origin records it holds are written only at download
+    (2026-12-07, review r33: a locked file was moved aside as damaged, or overwritten by the first
+    save). Records of another shape are dropped (they were an AttributeError traceback)."""
     if not (path.is_file() or path.is_dir()):  # none (nor a device: /dev/full reads without end)
-        return {}
+        return {}, None
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(read_data_file(path).decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
     except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        broken = path.with_name(path.name + ".broken")
+        return {}, None
+    except OSError as exc:  # not damaged: kept as it is, and not overwritten
+        return {}, f"not read ({exc.strerror or exc})"
+    except ValueError as exc:
         try:
-            path.replace(broken)
-            kept = f"kept as {broken.name}"
+            kept = f"kept as {keep_aside(path).name}"
         except OSError as move:
-            kept = f"not moved aside: {move.strerror or move}"
+            log.warning("DIAG: model hash cache damaged, files are hashed again %s",
+                        kv(path=path, error=exc, old_file=f"not moved aside: {move.strerror or move}"))
+            return {}, "damaged, and not moved aside"
         log.warning("DIAG: model hash cache unreadable, files are hashed again %s",
-                    kv(path=path, error=getattr(exc, "strerror", None) or exc, old_file=kept))
-        return {}
+                    kv(path=path, error=exc, old_file=kept))
+        return {}, None
     records = {k: r for k, v in data.items() if isinstance(k, str) and (r := _record(v)) is not None}
     if len(records) < len(data):
         log.warning("DIAG: model hash cache records of another shape dropped %s",
                     kv(path=path, dropped=len(data) - len(records), kept=len(records)))
-    return records
+    return records, None
 
 
 class HashCache:
@@ -108,8 +113,12 @@ class HashCache:
         # file (a download's completion and the folder watch, the GUI's Add) waits for the first one's
         # result instead of reading the whole file again beside it
         self._hashing: dict[str, tuple[int, int, threading.Event, list[str]]] = {}
+        self._kept: str | None = None  # why model_hashes.json is left as it is this run (nothing saved over it)
         if path is not None:
-            self._data = _read(path)
+            self._data, self._kept = _read(path)
+            if self._kept:
+                log.warning("DIAG: model hash cache %s: files are hashed again, and it is not saved this run "
+                            "(the file is left as it is) %s", self._kept, kv(path=path))
 
     def get_or_compute(self, file: Path) -> str:
         st = file.stat()
@@ -225,15 +234,11 @@ class HashCache:
         return digest, n_bytes, OriginRecord.from_json(hit).url
 
     def _save(self) -> None:  # under self._lock
-        if self.path is None:
+        if self.path is None or self._kept:
             return
-        tmp = self.path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(self._data, indent=1), encoding="utf-8")
-            tmp.replace(self.path)
+        try:  # fsynced, whole or not at all (write_atomic removes its .tmp when it fails)
+            write_atomic(self.path, json.dumps(self._data, indent=1).encode("utf-8"))
         except OSError as exc:  # a full disk: the model is served all the same (this is only a cache)
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             if not self._unsaved:  # said once, until a save works again
                 log.warning("DIAG: model hash cache not saved, files will be hashed again at the next start %s",
                             kv(path=self.path, error=exc.strerror or exc))

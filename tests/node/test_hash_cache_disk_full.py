@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.llama,
 async def test_a_model_is_served_when_its_hash_cannot_be_saved(tmp_path, caplog):
     data = tmp_path / "data"
     data.mkdir()
-    (data / "model_hashes.tmp").symlink_to("/dev/full")  # the save's temporary file: ENOSPC
+    (data / "model_hashes.json.tmp").symlink_to("/dev/full")  # the save's temporary file: ENOSPC
     model = tiny_model(tmp_path)
     with caplog.at_level(logging.INFO):
         async with running_node(node_config(data, model)) as node:
@@ -36,4 +36,4 @@ async def test_a_model_is_served_when_its_hash_cannot_be_saved(tmp_path, caplog)
             assert reply.choices[0].finish_reason in ("length", "stop")
     assert caplog.text.count("DIAG: model hash cache not saved") == 1, caplog.text[-3000:]
     assert "skipping model" not in caplog.text
-    assert not (data / "model_hashes.tmp").is_symlink()  # a failed save leaves no temporary file (a later one works)
+    assert not (data / "model_hashes.json.tmp").is_symlink()  # a failed save leaves no temporary file (a later one works)

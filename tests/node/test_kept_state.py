@@ -15,16 +15,22 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 from pathlib import Path
 
+import openai
 import pytest
 
 from node.datadir import data_dir_error
 from node.errors import NodeError
+from node.models.hash_cache import HashCache
 from node.net import Swarm, write_swarm_file
 from node.net._identity import load_or_create_identity
 from node.net._membership import load_or_create, write_json
+from tests.support.nodes import node_config, running_node, tiny_model
+
+ORIGIN = "https://huggingface.co/someone/tiny/resolve/main/tiny.gguf"
 
 
 def _locked(monkeypatch, target: Path, *, reads: int | None = None, moves: bool = True) -> None:
@@ -51,6 +57,59 @@ def _locked(monkeypatch, target: Path, *, reads: int | None = None, moves: bool 
     monkeypatch.setattr(os, "replace", moved(real_replace))
     monkeypatch.setattr(os, "rename", moved(real_rename))
     monkeypatch.setattr(Path, "replace", lambda self, dst: os.replace(self, dst))
+
+
+def _origin_cache(data: Path, model: Path) -> bytes:
+    cache = HashCache(data / "model_hashes.json")
+    cache.get_or_compute(model)
+    cache.remember(model, cache.get_or_compute(model), ORIGIN)
+    return (data / "model_hashes.json").read_bytes()
+
+
+@pytest.mark.llama
+async def test_a_locked_model_hashes_json_is_neither_moved_nor_overwritten(tmp_path, monkeypatch, caplog):
+    data = tmp_path / "data"
+    data.mkdir()
+    model = tiny_model(tmp_path)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(model.read_bytes() + b"\0")  # a file the node hashes (and would save) at start
+    before = _origin_cache(data, other)
+    _locked(monkeypatch, data / "model_hashes.json")
+    with caplog.at_level(logging.INFO):
+        async with running_node(node_config(data, model)) as node:
+            served = [m.id for m in node.models.all()]
+            assert len(served) == 1, caplog.text[-3000:]
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key,
+                                        max_retries=0)
+            reply = await client.chat.completions.create(model=served[0], max_tokens=2,
+                                                         messages=[{"role": "user", "content": "hi"}])
+            assert reply.choices[0].finish_reason in ("length", "stop")
+    monkeypatch.undo()  # the lock cleared
+    assert (data / "model_hashes.json").read_bytes() == before  # the origin record is still there
+    assert not list(data.glob("model_hashes.json.broken*"))
+    assert caplog.text.count("not saved this run") == 1, caplog.text[-3000:]
+    assert HashCache(data / "model_hashes.json").origin_of(other).url == ORIGIN
+
+
+def test_a_model_hashes_json_locked_a_moment_is_read(tmp_path, monkeypatch):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    before = _origin_cache(tmp_path, model)
+    _locked(monkeypatch, tmp_path / "model_hashes.json", reads=1)
+    cache = HashCache(tmp_path / "model_hashes.json")
+    assert cache.origin_of(model).url == ORIGIN  # read again, not moved aside as damaged
+    assert (tmp_path / "model_hashes.json").read_bytes() == before
+    assert not list(tmp_path.glob("model_hashes.json.broken*"))
+
+
+def test_a_model_hashes_json_damaged_twice_keeps_both_copies(tmp_path):
+    path = tmp_path / "model_hashes.json"
+    path.write_text('{"/a.gguf": {"size": 1, "sha')
+    HashCache(path)
+    path.write_text('{"/b.gguf": {"size": 2')
+    HashCache(path)
+    assert (tmp_path / "model_hashes.json.broken").read_text() == '{"/a.gguf": {"size": 1, "sha'
+    assert (tmp_path / "model_hashes.json.broken-2").read_text() == '{"/b.gguf": {"size": 2'
 
 
 def test_a_swarm_json_damaged_twice_keeps_both_secrets(tmp_path):
