@@ -14,6 +14,14 @@ apply_params_to_form_data / apply_model_params_to_body_openai): its load-time se
 `response_format` it means. `tool_servers` (Open WebUI's own tool list; the tools reach the model
 as `tools`) is dropped too.
 
+LM Studio's `draft_model` (Roo Code's LM Studio provider sends it when "speculative decoding"
+is on) only makes a reply faster and is dropped, as are OpenRouter's routing preferences
+`provider` (Roo Code's OpenRouter provider, whose base URL can be set to this node). OpenRouter's
+`reasoning` object (Roo Code, aider's `openrouter/` models, Cline's Claude-family routes) is what it
+means here: `effort` the `reasoning_effort`, `max_tokens` the `reasoning_budget_tokens`,
+`enabled: false` the effort "none"; `exclude: true` is taken (the thoughts stay in
+`reasoning_content`, never in `content`) except beside `reasoning_format: "none"`.
+
 `normalize(body)` returns a body `schemas.parse_completion` checks as usual (a copy; the client's
 dict is left alone).
 """
@@ -41,7 +49,8 @@ _NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "dynatemp_range": 0.0
 # Ollama's load-time options and Open WebUI's own tool-server list: nothing to do with the reply here
 # (the node's context, threads, GPU layers and memory mapping are its own; a model stays loaded)
 _APP_HINTS = {"num_ctx", "num_batch", "num_keep", "num_thread", "num_gpu", "use_mmap", "use_mlock", "keep_alive",
-              "tool_servers"}
+              "tool_servers", "draft_model", "provider"}
+REASONING_KEYS = ("effort", "max_tokens", "enabled", "exclude")
 THINK_EFFORTS = ("low", "medium", "high")
 _told: set[str] = set()  # field names already said at DEBUG (once each per process)
 _PENALTIES = (("repeat_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
@@ -157,6 +166,35 @@ def _format(out: dict) -> None:
     out["response_format"] = wanted
 
 
+def _reasoning(out: dict, kind: str) -> None:
+    """OpenRouter's `reasoning` {effort | max_tokens, enabled, exclude} as llama-server's fields;
+    the explicit llama-server / OpenAI field wins where both are given."""
+    value = out.pop("reasoning")
+    if value is None:
+        return
+    if kind != "chat" or not isinstance(value, dict) or value.keys() - set(REASONING_KEYS):
+        raise InvalidRequest("`reasoning` (OpenRouter's) must be an object of " + ", ".join(REASONING_KEYS)
+                             + " on /v1/chat/completions: or send `reasoning_effort` instead", param="reasoning")
+    effort, budget = value.get("effort"), value.get("max_tokens")
+    enabled, exclude = value.get("enabled"), value.get("exclude")
+    for key, ok in (("enabled", enabled is None or isinstance(enabled, bool)),
+                    ("exclude", exclude is None or isinstance(exclude, bool)),
+                    ("max_tokens", budget is None or (type(budget) is int and budget >= 0))):
+        if not ok:
+            raise InvalidRequest(f"`reasoning.{key}` must be " + ("a number of tokens" if key == "max_tokens"
+                                 else "a boolean"), param=f"reasoning.{key}")
+    if enabled is False:
+        effort, budget = "none", None
+    if effort is not None and out.get("reasoning_effort") is None:
+        out["reasoning_effort"] = effort  # checked with the other hints (schemas._hints)
+    if budget is not None and out.get("reasoning_budget_tokens") is None \
+            and out.get("thinking_budget_tokens") is None:
+        out["reasoning_budget_tokens"] = budget
+    if exclude and out.get("reasoning_format") == "none":
+        raise Unsupported("`reasoning.exclude` with `reasoning_format: \"none\"` cannot be honoured: the thoughts "
+                          "would be in `content`; leave one out", param="reasoning.exclude")
+
+
 def normalize(body: dict, kind: str = "chat") -> dict:
     """The body with the extras applied, mapped or dropped; a 400 for one that would change the output.
     `kind`: "chat" or "text" (/v1/completions, which has no template for `think`)."""
@@ -171,6 +209,8 @@ def normalize(body: dict, kind: str = "chat") -> dict:
         _think(out, kind)
     if "format" in out:
         _format(out)
+    if "reasoning" in out:
+        _reasoning(out, kind)
     for key in _NEUTRAL.keys() & out.keys():
         _neutral(key, out.pop(key))
     _max_tokens(out)

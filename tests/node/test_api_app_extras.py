@@ -112,3 +112,34 @@ async def test_ollama_fields_still_refused_elsewhere(client, model):
     with pytest.raises(openai.BadRequestError) as caught:  # not in what Open WebUI sends: still unknown
         await client.chat.completions.create(model=model, messages=ASK, max_tokens=2, extra_body={"num_predict": 5})
     assert caught.value.body["param"] == "num_predict"
+
+
+async def test_roo_code_lm_studio_draft_model_and_openrouter_provider_change_nothing(client, model, kw):
+    """Roo Code's LM Studio provider adds `draft_model` when speculative decoding is on
+    (src/api/providers/lm-studio.ts); its OpenRouter provider, whose base URL can be this node's,
+    adds `provider` routing preferences (src/api/providers/openrouter.ts). Both were a 400."""
+    plain = await reply(client, model, **kw)
+    sent = await reply(client, model, **kw, extra_body={
+        "draft_model": "qwen2.5-0.5b-instruct",
+        "provider": {"order": ["local"], "only": ["local"], "allow_fallbacks": False}})
+    assert sent[:2] == plain[:2] and sent[2].prompt_tokens == plain[2].prompt_tokens
+
+
+async def test_openrouter_reasoning_object_is_what_it_means(client, model, kw):
+    """OpenRouter's `reasoning` (Roo Code's OpenRouter provider: {effort} or {max_tokens}; aider's
+    `openrouter/` models via extra_body; Cline's Claude-family routes {enabled, max_tokens})."""
+    for effort in ("low", "none"):
+        got = await reply(client, model, **kw, extra_body={"reasoning": {"effort": effort}})
+        assert got[:2] == (await reply(client, model, **kw, reasoning_effort=effort))[:2]
+    off = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": False, "max_tokens": 5}})
+    assert off[:2] == (await reply(client, model, **kw, reasoning_effort="none"))[:2] and off[0] is None
+    budget = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": True, "max_tokens": 0}})
+    assert budget[:2] == (await reply(client, model, **kw, extra_body={"reasoning_budget_tokens": 0}))[:2]
+    kept = await reply(client, model, **kw, extra_body={"reasoning": {"exclude": True}})
+    assert kept[:2] == (await reply(client, model, **kw))[:2]  # the thoughts stay out of `content`
+    for bad, param in (({"reasoning": {"exclude": True}, "reasoning_format": "none"}, "reasoning.exclude"),
+                       ({"reasoning": {"max_tokens": "8k"}}, "reasoning.max_tokens"),
+                       ({"reasoning": {"summary": "auto"}}, "reasoning")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await reply(client, model, **kw, extra_body=bad)
+        assert caught.value.body["param"] == param
