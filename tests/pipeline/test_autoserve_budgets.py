@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from node import const
 from node.contribute import Contributions
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coverage import slice_sizes
@@ -19,6 +18,7 @@ from node.inference.synth import SynthSpec, write_gguf
 from node.models.catalog import ModelCatalog, served_context
 from node.node import Node
 from tests.pipeline.test_autoserve_moves import SPEC, ScriptedPeers, _nothing
+from tests.support.helpserve import quick_choice
 from tests.support.nodes import node_config
 from tests.support.waiting import wait_until
 
@@ -103,8 +103,7 @@ async def test_a_load_under_way_too_big_for_a_new_share_is_cancelled(tmp_path, m
 
     from node.inference.slice import SliceModel
 
-    for name, value in (("AUTO_SERVE_LOOK_S", 0.0), ("AUTO_SERVE_START_DELAY_S", 0.0), ("AUTO_SERVE_REACT_S", 0.01)):
-        monkeypatch.setattr(const, name, value)
+    quick_choice(monkeypatch)
     gate, real_load = threading.Event(), SliceModel.load
 
     def held_load(*args, **kwargs):

@@ -13,6 +13,7 @@ from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.host import SliceHost
 from node.inference.synth import SynthSpec, write_gguf
 from node.models.catalog import ModelCatalog
+from tests.support.helpserve import quick_choice
 from tests.support.waiting import wait_until
 
 SPEC = SynthSpec(n_layers=8, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=256, name="mv8")
@@ -169,10 +170,7 @@ async def test_a_kept_slice_given_up_by_a_choice_drains_its_sessions_first(tmp_p
 
 @pytest.mark.asyncio
 async def test_first_choice_then_periodic_and_peer_triggered_moves(tmp_path, monkeypatch):
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    quick_choice(monkeypatch, drain_poll_s=0.05)
     path = tmp_path / "mv8.gguf"
     write_gguf(path, SPEC)
     entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
@@ -315,10 +313,7 @@ async def test_a_failed_load_is_chosen_again_soon_not_at_the_periodic_round(tmp_
     again after AUTO_SERVE_RETRY_MIN_S, doubling."""
     import logging
 
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.1)
+    quick_choice(monkeypatch, retry_min_s=0.1)
     path = write_gguf(tmp_path / "mv8.gguf", SPEC)
     entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
     host = FailingHost(dtype="f32", kv_dtype="f32")
@@ -341,10 +336,7 @@ async def test_a_failed_load_is_chosen_again_soon_not_at_the_periodic_round(tmp_
 async def test_a_failed_choice_is_kept_until_a_later_choice_loads(tmp_path, monkeypatch):
     """The failed slice is unloaded at once; its failure (layers, reason, next choice) is kept for
     the app, diagnostics and the admin API until a later choice of the model loads (2026-12-07)."""
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.5)
+    quick_choice(monkeypatch, retry_min_s=0.5)
     path = write_gguf(tmp_path / "mv8.gguf", SPEC)
     entry = (await ModelCatalog(tmp_path).async_scan([(path, "cli")]))[0]
     host = FailingHost(dtype="f32", kv_dtype="f32")

@@ -19,6 +19,7 @@ import pytest
 from node import const
 from node.inference.pipeline import layerchoice as lc
 from tests.pipeline.test_autoserve_moves import setup
+from tests.support.helpserve import quick_choice
 
 FAST, SLOW = 1.5, 2.5  # ms/layer: 2 ms ± 25 %
 
@@ -131,9 +132,7 @@ async def test_peer_events_more_often_than_the_period_do_not_starve_the_periodic
     """The periodic round keeps its own clock: a swarm where some peer joins, leaves or moves more
     often than the period still gets its periodic rounds (and with them its throughput moves).
     Until 2026-12-06 each peer event restarted the full period: none ever came."""
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    quick_choice(monkeypatch)
     entry, host, peers, auto, model, old, announced = await setup(tmp_path)  # this node serves 4-7
     sha = entry.sha256
     auto.reevaluate_s = 1.0  # a periodic round every 0.8-1.2 s

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 from node import const
 from tests.pipeline.test_autoserve_moves import setup
+from tests.support.helpserve import quick_choice
 from tests.support.waiting import wait_until
 
 
@@ -21,10 +22,7 @@ def advert(node_id, start, end, sha, **extra):
 
 
 async def test_a_claim_that_never_loads_stops_counting_and_its_layers_are_covered(tmp_path, monkeypatch):
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    quick_choice(monkeypatch, drain_poll_s=0.05)
     monkeypatch.setattr(const, "AUTO_SERVE_CLAIM_STALE_S", 1.0, raising=False)
     entry, host, peers, auto, model, old, announced = await setup(tmp_path)  # this node serves 4-7
     sha = entry.sha256
@@ -48,10 +46,7 @@ async def test_a_claim_whose_fetch_moves_keeps_its_layers_until_the_fetch_stalls
     claim holds (no second node fetches the same layers); once the fetch stops moving for
     AUTO_SERVE_CLAIM_STALE_S, it no longer does. (Until 2026-12-06 every claim went stale 60 s after
     it was first seen, whatever its fetch did.)"""
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    quick_choice(monkeypatch, drain_poll_s=0.05)
     monkeypatch.setattr(const, "AUTO_SERVE_CLAIM_STALE_S", 1.0)
     entry, host, peers, auto, model, old, announced = await setup(tmp_path)  # this node serves 4-7
     sha = entry.sha256
@@ -85,10 +80,7 @@ async def test_a_claim_whose_fetch_moves_keeps_its_layers_until_the_fetch_stalls
 async def test_a_claim_that_only_trickles_is_stale_at_the_cap(tmp_path, monkeypatch):
     """A fetch that creeps on (or a member that makes its numbers up) holds a claim at most
     AUTO_SERVE_CLAIM_MAX_S from its first sight."""
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_DRAIN_POLL_S", 0.05)
+    quick_choice(monkeypatch, drain_poll_s=0.05)
     monkeypatch.setattr(const, "AUTO_SERVE_CLAIM_STALE_S", 1.0)
     monkeypatch.setattr(const, "AUTO_SERVE_CLAIM_MAX_S", 2.0)
     entry, host, peers, auto, model, old, announced = await setup(tmp_path)

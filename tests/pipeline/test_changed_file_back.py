@@ -17,6 +17,7 @@ from node import const
 from node.inference.synth import write_gguf
 from tests.pipeline.test_held_file_changed import _overwrite
 from tests.pipeline.test_load_changed_file import MINE, MINE_NEW
+from tests.support.helpserve import choice_failed, loaded, quick_choice
 from tests.support.nodes import node_config, running_node
 from tests.support.waiting import wait_until
 
@@ -25,14 +26,7 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def quick(monkeypatch):
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.05)
-
-
-def _loaded(node, sha256: str) -> bool:
-    return any(h.state == "loaded" for h in node.slice_host.for_model(sha256))
+    quick_choice(monkeypatch, retry_min_s=0.05)
 
 
 async def _refused(node, path):
@@ -42,7 +36,7 @@ async def _refused(node, path):
     old = path.read_bytes()
     await asyncio.to_thread(_overwrite, path, MINE_NEW)
     await node.contributions.async_help(entry.id, 0)
-    [failure] = await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+    [failure] = await choice_failed(node)
     assert "changed on disk" in failure.reason and "put back" in failure.reason, failure.reason
     return entry, old
 
@@ -58,7 +52,7 @@ async def test_old_bytes_put_back_then_added_or_helped_again_load_the_choice(tmp
             await node.model_files.async_add_path(str(outside))  # the file already catalogued: not new
         else:
             await node.contributions.async_help(entry.id, 0)  # the same budget
-        await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
         assert not entry.changed and node.autoserve.failures() == []
 
 
@@ -72,10 +66,10 @@ async def test_a_serve_auto_choice_refused_as_changed_loads_once_the_old_bytes_a
                                         serve_reevaluate_s=1.0)) as node:
         [entry] = node.catalog.entries.values()
         await asyncio.to_thread(_overwrite, outside, MINE_NEW)
-        [failure] = await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        [failure] = await choice_failed(node)
         assert "changed on disk" in failure.reason, failure.reason
         outside.write_bytes(old)
-        await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
 
 
 async def test_a_touched_file_failing_to_load_for_another_reason_is_retried_soon(tmp_path, quick):
@@ -88,7 +82,7 @@ async def test_a_touched_file_failing_to_load_for_another_reason_is_retried_soon
         summary, _ = await node.model_files.async_add_path(str(outside))
         entry = node.catalog.entries[summary["id"]]
         await node.contributions.async_help(entry.id, 0)  # (loads: its layers are sized from the file)
-        await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load")
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the choice to load")
         st = outside.stat()
         os.utime(outside, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # `touch`: the same bytes
         await node.model_files.watcher.async_look()  # (marked changed on the stat alone; its slice drains)
@@ -96,8 +90,8 @@ async def test_a_touched_file_failing_to_load_for_another_reason_is_retried_soon
                          what="the slice of the touched file to be freed")
         away = outside.rename(tmp_path / "mine.away")
         await node.contributions.async_help(entry.id, 1000)  # a new budget: chosen again, the file not there
-        [failure] = await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        [failure] = await choice_failed(node)
         assert "changed on disk" not in failure.reason, failure.reason
         assert failure.retry_at - failure.at < 60, failure
         away.rename(outside)  # back: a retry soon loads it
-        await wait_until(lambda: _loaded(node, entry.sha256), 20.0, what="the choice to load once the file is back")
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the choice to load once the file is back")

@@ -10,12 +10,12 @@ import asyncio
 
 import pytest
 
-from node import const
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.host import SliceHost
 from node.inference.synth import SynthSpec, write_gguf
 from node.models.catalog import ModelCatalog
 from tests.pipeline.test_autoserve_moves import SPEC, ScriptedPeers, peer
+from tests.support.helpserve import quick_choice
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -46,10 +46,7 @@ async def _nothing():
 
 @pytest.fixture
 def quick(monkeypatch):
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.2)
+    quick_choice(monkeypatch, retry_min_s=0.2)
 
 
 async def test_a_new_budget_ends_the_last_failure_and_one_fitting_no_layer_says_so(tmp_path, quick):

@@ -15,6 +15,7 @@ import pytest
 
 from node import const
 from node.inference.synth import SynthSpec, write_gguf
+from tests.support.helpserve import choice_failed, data_with_models, loaded, quick_choice
 from tests.support.nodes import TINY, node_config, running_node, tiny_model
 from tests.support.waiting import wait_until
 
@@ -35,20 +36,16 @@ def wrong_layer_count(path):
 
 @pytest.fixture
 def quick(monkeypatch):
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.2)
+    quick_choice(monkeypatch, retry_min_s=0.2)
 
 
 async def test_stopping_help_for_a_model_the_catalog_forgot_ends_its_choice(tmp_path, quick):
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path = wrong_layer_count(data / "models" / "wrongcount.gguf")
+    data, models = data_with_models(tmp_path)
+    path = wrong_layer_count(models / "wrongcount.gguf")
     async with running_node(node_config(data, models_watch_s=3600.0)) as node:
         entry = node.catalog.resolve("wrongcount")
         await node.contributions.async_help(entry.id, 0)
-        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        await choice_failed(node)
         path.unlink()
         node.catalog.remove_file_entry(entry)  # (the folder's watch does this; its own drop: the next test)
         await node.contributions.async_stop(entry.id)
@@ -58,14 +55,13 @@ async def test_stopping_help_for_a_model_the_catalog_forgot_ends_its_choice(tmp_
 
 
 async def test_a_help_serve_models_deleted_file_ends_its_choice_until_the_file_is_back(tmp_path, quick):
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path = wrong_layer_count(data / "models" / "wrongcount.gguf")
+    data, models = data_with_models(tmp_path)
+    path = wrong_layer_count(models / "wrongcount.gguf")
     kept = path.read_bytes()
     async with running_node(node_config(data, models_watch_s=0.2)) as node:
         entry = node.catalog.resolve("wrongcount")
         await node.contributions.async_help(entry.id, 0)
-        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        await choice_failed(node)
         path.unlink()
         await wait_until(lambda: entry.id not in node.catalog.entries, 20.0, what="the watch to drop the model")
         await wait_until(lambda: node.autoserve.model(entry.sha256) is None and not node.autoserve.failures(), 10.0,
@@ -98,8 +94,7 @@ async def test_a_serve_auto_models_file_gone_for_a_while_is_chosen_again_once_ba
                          what="the watch to drop the model")
         assert node.autoserve.model(entry.sha256) is m
         path.write_bytes(kept)  # the drive is back
-        await wait_until(lambda: any(h.state == "loaded" for h in node.slice_host.for_model(entry.sha256)), 20.0,
-                         what="the model's layers to load once its file is back")
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the model's layers to load once its file is back")
 
 
 async def test_a_serve_auto_models_file_gone_goes_on_from_a_copy_in_the_models_folder(tmp_path, monkeypatch, quick):
@@ -109,10 +104,10 @@ async def test_a_serve_auto_models_file_gone_goes_on_from_a_copy_in_the_models_f
     nas = tmp_path / "nas"
     nas.mkdir()
     path = tiny_model(nas)
-    (tmp_path / "data" / "models").mkdir(parents=True)
-    copy = tmp_path / "data" / "models" / "tiny-copy.gguf"
+    data, models = data_with_models(tmp_path)
+    copy = models / "tiny-copy.gguf"
     copy.write_bytes(path.read_bytes())
-    async with running_node(node_config(tmp_path / "data", path, serve="auto", models_watch_s=0.2,
+    async with running_node(node_config(data, path, serve="auto", models_watch_s=0.2,
                                         serve_reevaluate_s=1.0)) as node:
         entry = next(e for e in node.catalog.entries.values() if e.path == path)
         other = next(e for e in node.catalog.entries.values() if e.path.name == copy.name)
@@ -120,8 +115,7 @@ async def test_a_serve_auto_models_file_gone_goes_on_from_a_copy_in_the_models_f
         await wait_until(lambda: m.budget is not None, 20.0, what="the model's budget")
         path.unlink()
         await wait_until(lambda: m.entry is other, 20.0, what="the choice to go on from the copy")
-        await wait_until(lambda: any(h.state == "loaded" for h in node.slice_host.for_model(entry.sha256)), 20.0,
-                         what="the copy's layers to load")
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the copy's layers to load")
 
 
 def copies(models):
@@ -135,14 +129,13 @@ def copies(models):
 async def test_deleting_a_copy_of_a_help_serve_model_leaves_the_originals_choice(tmp_path, quick):
     """The layer choice keys models by sha256: deleting an identical copy under another name ended
     the choice of the original the user helps serve (shown helped, nothing served, no error)."""
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path, copy = copies(data / "models")
+    data, models = data_with_models(tmp_path)
+    path, copy = copies(models)
     async with running_node(node_config(data, models_watch_s=0.2)) as node:
         entry = node.catalog.resolve("wrongcount")
         copy_id = next(e.id for e in node.catalog.entries.values() if e.path.name == copy.name)
         await node.contributions.async_help(entry.id, 0)
-        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        await choice_failed(node)
         copy.unlink()
         await wait_until(lambda: f"model {copy_id} removed (its file is gone)" in " ".join(node.activity), 20.0,
                          what="the watch to drop the copy")
@@ -151,14 +144,13 @@ async def test_deleting_a_copy_of_a_help_serve_model_leaves_the_originals_choice
 
 
 async def test_deleting_the_help_serve_models_file_with_a_copy_left_chooses_on_from_the_copy(tmp_path, quick):
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path, copy = copies(data / "models")
+    data, models = data_with_models(tmp_path)
+    path, copy = copies(models)
     async with running_node(node_config(data, models_watch_s=0.2)) as node:
         entry = node.catalog.resolve("wrongcount")
         other = next(e for e in node.catalog.entries.values() if e.path.name == copy.name)
         await node.contributions.async_help(entry.id, 0)
-        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        await choice_failed(node)
         path.unlink()
         await wait_until(lambda: f"model {entry.id} removed (its file is gone)" in " ".join(node.activity), 20.0,
                          what="the watch to drop the original")
@@ -178,9 +170,8 @@ async def test_adding_or_dropping_a_file_with_no_choice_does_not_wait_for_the_he
     """Every model file added or dropped waited for the Help-serve controls' lock (review r30), which
     a Help serve holds through a partial model's origin probe and a resume through its layer fetch:
     minutes in which Add hung, a finished download was not registered and the folder's watch stalled."""
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    gone = tiny_model(data / "models")
+    data, models = data_with_models(tmp_path)
+    gone = tiny_model(models)
     (tmp_path / "elsewhere").mkdir()
     other = tiny_model(tmp_path / "elsewhere", dataclasses.replace(TINY, name="other"), name="other.gguf")
     async with running_node(node_config(data, models_watch_s=3600.0)) as node:
@@ -197,13 +188,12 @@ async def test_stopping_help_while_the_file_comes_back_is_not_undone(tmp_path, q
     """async_file_back read the budget kept and whether the model was chosen before waiting for the
     lock: an untick queued ahead of it was undone (the model served on, and could not be unticked:
     "not helping serve"), and a new budget queued ahead was reverted."""
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path = wrong_layer_count(data / "models" / "wrongcount.gguf")
+    data, models = data_with_models(tmp_path)
+    path = wrong_layer_count(models / "wrongcount.gguf")
     async with running_node(node_config(data, models_watch_s=3600.0)) as node:
         entry = node.catalog.resolve("wrongcount")
         await node.contributions.async_help(entry.id, 0)
-        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        await choice_failed(node)
         moved = path.with_suffix(".away")
         path.rename(moved)
         assert await node.model_files.async_drop(entry)  # (the folder's watch does this)
@@ -230,9 +220,8 @@ async def test_an_original_and_its_copy_both_helped_go_on_from_the_copy_at_its_b
     lone row's is): it ran on at the deleted original's budget, the copy's row showing another one
     until a restart changed it, and the original's row was dropped or kept by the order of the ticks.
     Unticking the original's row then leaves the copy's choice (it ended the choice of both)."""
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path, copy = copies(data / "models")
+    data, models = data_with_models(tmp_path)
+    path, copy = copies(models)
     async with running_node(node_config(data, models_watch_s=0.2)) as node:
         entry = node.catalog.resolve("wrongcount")
         other = next(e for e in node.catalog.entries.values() if e.path.name == copy.name)
@@ -257,9 +246,8 @@ async def test_an_original_and_its_copy_both_helped_go_on_from_the_copy_at_its_b
 
 
 async def test_unticking_one_of_two_helped_copies_leaves_the_others_choice(tmp_path, quick):
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path, copy = copies(data / "models")
+    data, models = data_with_models(tmp_path)
+    path, copy = copies(models)
     async with running_node(node_config(data, models_watch_s=3600.0)) as node:
         entry = node.catalog.resolve("wrongcount")
         other = next(e for e in node.catalog.entries.values() if e.path.name == copy.name)
@@ -276,9 +264,8 @@ async def test_the_help_serve_models_file_deleted_does_not_go_on_from_a_copy_tha
     """Review r32, 5: the copy the choice went on from could be one whose own file had changed on
     disk (it holds other bytes now): repointed, its load refused, the choice failed instead of ending
     (kept in config.toml for when the file is back)."""
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path = wrong_layer_count(data / "models" / "wrongcount.gguf")
+    data, models = data_with_models(tmp_path)
+    path = wrong_layer_count(models / "wrongcount.gguf")
     (tmp_path / "elsewhere").mkdir()
     copy = tmp_path / "elsewhere" / "wrongcount-copy.gguf"
     copy.write_bytes(path.read_bytes())
@@ -295,7 +282,7 @@ async def test_the_help_serve_models_file_deleted_does_not_go_on_from_a_copy_tha
         await node.model_files.watcher.async_look()
         assert other.changed
         await node.contributions.async_help(entry.id, 0)
-        await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        await choice_failed(node)
         path.unlink()
         await node.model_files.watcher.async_look()
         assert entry.id not in node.catalog.entries

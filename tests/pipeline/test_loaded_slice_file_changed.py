@@ -16,10 +16,10 @@ import os
 import pytest
 import torch
 
-from node import const
 from node.errors import ModelLoadError
 from node.inference.synth import write_gguf
 from tests.pipeline.test_held_file_changed import OTHER, _overwrite
+from tests.support.helpserve import data_with_models, quick_choice
 from tests.support.nodes import node_config, running_node, tiny_model
 from tests.support.waiting import wait_until
 
@@ -47,9 +47,7 @@ async def _look_until(node, condition, what: str):
 
 @pytest.fixture
 def quick(monkeypatch):
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
+    quick_choice(monkeypatch)
 
 
 async def helped_first_slice(node, model_id: str):
@@ -65,9 +63,8 @@ async def helped_first_slice(node, model_id: str):
 
 @pytest.mark.parametrize("how", ["in_place", "replaced"])
 async def test_a_loaded_first_slice_keeps_its_bytes_then_drains_and_the_new_file_is_a_new_model(tmp_path, quick, how):
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path = tiny_model(data / "models")
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(models)
     async with running_node(node_config(data, models_watch_s=3600.0, serve_reevaluate_s=3600.0)) as node:
         entry = node.catalog.resolve("tiny")
         hosted = await helped_first_slice(node, entry.id)
@@ -94,10 +91,9 @@ async def test_deleting_a_helped_file_with_a_copy_left_goes_on_from_the_copy_wit
     folder. The drop waited for the slice, so the choice stayed on the deleted file for good (both
     rows shown serving) and every chain through layer 0 failed (FileNotFoundError). Now the model
     leaves, the choice goes on from the copy, and the slice serves on the same bytes."""
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    path = tiny_model(data / "models")
-    copy = data / "models" / "tiny-copy.gguf"
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(models)
+    copy = models / "tiny-copy.gguf"
     copy.write_bytes(path.read_bytes())
     async with running_node(node_config(data, models_watch_s=3600.0, serve_reevaluate_s=3600.0)) as node:
         entry = node.catalog.resolve("tiny")

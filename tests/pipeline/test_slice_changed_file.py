@@ -12,10 +12,10 @@ import os
 
 import pytest
 
-from node import const
 from node.inference.synth import write_gguf
 from tests.pipeline.test_held_file_changed import _overwrite
 from tests.pipeline.test_load_changed_file import MINE, MINE_NEW
+from tests.support.helpserve import choice_failed, loaded, quick_choice
 from tests.support.nodes import node_config, running_node
 from tests.support.waiting import wait_until
 
@@ -24,10 +24,7 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def quick(monkeypatch):
-    monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_START_DELAY_S", 0.0)
-    monkeypatch.setattr(const, "AUTO_SERVE_REACT_S", 0.01)
-    monkeypatch.setattr(const, "AUTO_SERVE_RETRY_MIN_S", 0.05)
+    quick_choice(monkeypatch, retry_min_s=0.05)
 
 
 def _loads(node, sha256: str) -> list[str]:
@@ -46,7 +43,7 @@ async def test_a_help_serve_choice_of_an_overwritten_file_fails_and_is_retried_a
         await asyncio.to_thread(_overwrite, outside, MINE_NEW)  # between two looks of the watch
         loads = _loads(node, entry.sha256)
         await node.contributions.async_help(entry.id, 0)
-        [failure] = await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
+        [failure] = await choice_failed(node)
         assert "changed on disk" in failure.reason and "add it again" in failure.reason, failure
         assert not node.slice_host.for_model(entry.sha256, draining=True)
         assert entry.sha256 not in {a["sha256"] for a in node.slice_host.adverts(loading=True)}
@@ -85,7 +82,7 @@ async def test_a_touched_file_loads_as_a_slice_under_its_id(tmp_path, quick):
         os.utime(outside, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # `touch`, a backup tool: the same bytes
         await node.model_files.watcher.async_look()  # (the watch marks it changed; a hash says it is not)
         await node.contributions.async_help(entry.id, 0)
-        await wait_until(lambda: any(h.state == "loaded" for h in node.slice_host.for_model(entry.sha256)), 20.0,
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0,
                          what="the touched file's layers to load")
         assert not entry.changed and entry.hashed_stat == (st.st_size, st.st_mtime_ns + 10**9)
         assert node.autoserve.failures() == []
