@@ -162,10 +162,14 @@ def open_private(path: Path) -> int:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write a file readable only by its owner (0600), created with that mode from the start."""
+    """Write a file readable only by its owner (0600), created with that mode from the start, and on
+    disk before this returns (its callers rename it over the old file next: without the fsync a power
+    cut could leave the renamed file empty; 2026-12-07)."""
     fd = open_private(path)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.chmod(path, 0o600)
 
 
@@ -321,7 +325,9 @@ def load_or_create_api_key(data_dir: Path) -> str:
             keep_private(path)
             return key
     key = "sk-swarm-" + secrets.token_hex(24)
-    write_private(path, key + "\n")
+    # whole or not at all: a write cut by a power cut left an empty api_key, and the next start made
+    # another key, which every app configured with the first one then lacked (2026-12-07)
+    write_atomic(path, (key + "\n").encode(), private=True)
     log.info("created API key file %s", path)
     return key
 

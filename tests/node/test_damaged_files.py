@@ -80,6 +80,7 @@ def test_full_disk_at_first_start_is_one_line_naming_the_data_dir(tmp_path):
     data_dir.mkdir()
     (data_dir / "node.log").symlink_to("/dev/full")
     (data_dir / "api_key").symlink_to("/dev/full")
+    (data_dir / "api_key.tmp").symlink_to("/dev/full")  # (the new key is written beside it, then renamed)
     out = _run(data_dir)
     assert out.returncode == 2, out.stderr[-3000:]
     errors = _errors(out)

@@ -182,3 +182,24 @@ def test_a_link_to_a_folder_not_mounted_is_said_not_replaced(tmp_path, name):
         (load_or_create if name == "swarm.json" else load_or_create_identity)(tmp_path / "data")
     assert link.is_symlink() and os.readlink(link) == str(target) and not target.exists()
     assert json.dumps(sorted(p.name for p in (tmp_path / "data").iterdir())) == json.dumps([name])
+
+
+def test_the_api_key_and_config_are_on_disk_before_they_take_the_files_name(tmp_path, monkeypatch):
+    """api_key was written in place without an fsync (a power cut could leave it empty, and the next
+    start made a new key every configured app lacked); config.toml's temporary file was renamed
+    over it unsynced (2026-12-07)."""
+    from node.datadir import ensure_data_dir, load_or_create_api_key, save_desktop_settings
+
+    done: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (done.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (done.append(f"replace {Path(b).name}"), real_replace(a, b))[1])
+    ensure_data_dir(tmp_path)
+    assert done == ["fsync", "replace config.toml"], done
+    done.clear()
+    key = load_or_create_api_key(tmp_path)
+    assert done == ["fsync", "replace api_key"], done
+    assert (tmp_path / "api_key").read_text().strip() == key
+    done.clear()
+    save_desktop_settings(tmp_path, {"paused": True})
+    assert done == ["fsync", "replace config.toml"], done
