@@ -106,6 +106,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self.autoserve: AutoServe | None = None  # chooses this node's layers (--serve auto, contributions)
         self.contributions = Contributions(config, self.catalog, self.slice_host, self.partials,
                                            announce=self._async_announce, note=self.note_activity)
+        self.slice_host.on_file_changed = self.contributions.async_release_changed
         self.remote_server: RemoteGenerateServer | None = None  # runs GENERATE for others on whole models
         self.embed_server: RemoteEmbedServer | None = None  # runs EMBED for others on whole models
         self.embedder: RemoteEmbedder | None = None  # asks peers holding a model whole for embeddings

@@ -47,3 +47,30 @@ async def async_refuse_changed(catalog: ModelCatalog, entry: ModelEntry) -> None
     log.info("DIAG: model file holds other bytes than its id names, not loaded %s", kv(model=entry.id, path=entry.path))
     raise FileChangedOnDisk(f"the file of model {entry.id} ({entry.path.name}) changed on disk since it was "
                            f"hashed, so it is no longer this model: {then}")
+
+
+def vouched(catalog: ModelCatalog, entry: ModelEntry, path: Path, st) -> bool:
+    """Whether a file a loaded slice opened as `entry`, its descriptor's stat `st` no longer the one
+    it was opened at, still holds the bytes entry.sha256 names (blocking: on the slice's executor). Its
+    (size, mtime_ns) hashed as those bytes (by a load, a chat request or the watch), or hashed so now
+    (once per change, shared with any other caller: models_watch_s 0 has no watch), on the very file
+    the descriptor reads: only touched, so the slice reads on (2026-12-07, review r34: a touch failed
+    a first slice's every step for good)."""
+    if entry.partial is not None or not entry.has_file or entry.changed or path != entry.path:
+        return False
+
+    def same_file() -> bool:
+        try:
+            here = entry.path.stat()
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
+
+    if not same_file():  # (replaced by a rename: the descriptor's file is not the one hashed)
+        return False
+    now = (st.st_size, st.st_mtime_ns)
+    if entry.hashed_stat != now:
+        log.info("DIAG: loaded slice's file changed on disk since it was hashed, hashing it again %s",
+                 kv(model=entry.id, path=entry.path))
+        catalog.same_bytes(entry)
+    return not entry.changed and entry.hashed_stat == now and same_file()

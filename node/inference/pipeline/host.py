@@ -22,7 +22,7 @@ from node.inference.placement import Placement, place
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry, served_context
-from node.models.changed import async_refuse_changed
+from node.models.changed import async_refuse_changed, vouched
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,10 @@ class SliceHost:
         # callback() when peers should hear our adverts again (HELLO): a slice's ms/layer first
         # measured or clearly changed, a loading slice's fetch progress (every CLAIM_PROGRESS_ANNOUNCE_S)
         self.on_advert = None
+        # callback(entry) -> awaitable: a loaded slice's file was found to hold other bytes as it read
+        # them (Contributions.async_release_changed: its slices drain; with models_watch_s 0 nothing else looks)
+        self.on_file_changed: Callable[[ModelEntry], Awaitable[Any]] | None = None
+        self._notes: set[asyncio.Task] = set()
 
     def context_for(self, entry: ModelEntry) -> int:
         """Positions the auto budget reserves a session's KV for (0: the model's trained context):
@@ -252,6 +256,8 @@ class SliceHost:
             log.info("DIAG: slice load cancelled %s", kv(model=entry.id, layers=f"{start}-{end - 1}"))
             self.events.emit(hosted)
             raise
+        if self.catalog is not None:  # a touch of its file (the same bytes) does not fail its reads
+            hosted.model.file.vouch = self._vouch_for(hosted.entry, loop)
         hosted.state, hosted.retrying = "loaded", None  # (the failure it retried is over)
         self.events.emit(hosted)
         log.info("DIAG: serving slice %s", kv(model=entry.id, layers=f"{start}-{end - 1}", n_layers=entry.n_layers,
@@ -261,6 +267,23 @@ class SliceHost:
         if self.on_change is not None:
             self.on_change()
         return hosted
+
+    def _vouch_for(self, entry: ModelEntry, loop: asyncio.AbstractEventLoop) -> Callable[[Any, Any], bool]:
+        """A loaded slice's GgufFile.vouch (its executor): whether its file, changed since it was
+        opened, holds the same bytes (node.models.changed.vouched); found to hold others, its
+        slices are released (on_file_changed, on the loop)."""
+        def vouch(path, st) -> bool:
+            if vouched(self.catalog, entry, path, st):
+                return True
+            if entry.changed and self.on_file_changed is not None:
+                loop.call_soon_threadsafe(self._file_changed, entry)
+            return False
+        return vouch
+
+    def _file_changed(self, entry: ModelEntry) -> None:
+        task = asyncio.get_running_loop().create_task(self.on_file_changed(entry), name="slice-file-changed")
+        self._notes.add(task)
+        task.add_done_callback(self._notes.discard)
 
     def drain(self, hosted: HostedSlice) -> None:
         """Stop advertising a slice (a move left it); its running sessions go on until unloaded."""
@@ -381,7 +404,7 @@ class SliceHost:
 
     async def async_close(self) -> None:
         """Stop the sweeper and the executors."""
-        for task in (self._sweeper, self._soon, *self._unloads):
+        for task in (self._sweeper, self._soon, *self._unloads, *self._notes):
             if task is not None:
                 task.cancel()
         for hosted in self.slices.values():

@@ -8,7 +8,9 @@ disk until a tensor is touched, and a slice that needs layers [a, b) reads only 
 (node/models/partial) opens the same way: its header, and each held tensor in its part file.
 Each file is opened once, at the open: what is read later (a slice's embedding rows, on every
 request) comes from that descriptor, so a file deleted or replaced by a rename keeps the bytes it
-had, and one written over in place is refused (`FileChangedWhileOpen`), never read as the old model.
+had (on POSIX; on Windows an open file, like its mapping, cannot be deleted or renamed over), and one
+written over in place is refused (`FileChangedWhileOpen`), never read as the old model, unless `vouch`
+says its new (size, mtime) were hashed as the same bytes (only touched).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import mmap
 import os
 import struct
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +109,9 @@ class GgufFile:
         self._parts: dict[Path, mmap.mmap] = {}
         # each file read: (descriptor opened once, its (size, mtime_ns) then); closed with this object
         self._fds: dict[Path, tuple[int, tuple[int, int]]] = {}
+        # (file, its fstat now) → whether its bytes at that stat were hashed as the ones opened (blocking;
+        # set by who knows the sha256: a touched file then reads on); None: any change is refused
+        self.vouch: Callable[[Path, os.stat_result], bool] | None = None
         source = self.path
         if PartialStore.is_partial(self.path):
             store = PartialStore(self.path)
@@ -138,7 +144,12 @@ class GgufFile:
         the descriptor: a deleted or renamed-over file still reads as it was)."""
         fd, opened = self._fds[path]
         st = os.fstat(fd)
-        if (st.st_size, st.st_mtime_ns) != opened:
+        now = (st.st_size, st.st_mtime_ns)
+        if now == opened:
+            return
+        if self.vouch is not None and self.vouch(path, st):  # only touched: the same bytes
+            self._fds[path] = (fd, now)
+        else:
             raise FileChangedWhileOpen(f"{self.path.name} was written over on disk since it was loaded: "
                                        "its bytes are no longer this model's")
 

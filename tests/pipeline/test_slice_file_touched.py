@@ -1,0 +1,74 @@
+"""A loaded slice whose file is only TOUCHED (the same bytes, a new mtime: `touch`, identical bytes
+copied back) serves on (review r34, 2026-12-07). The first slice reads its embedding rows from the
+descriptor it opened and refuses them once the file's (size, mtime) move; a re-hash that found the
+same bytes (a chat request's load check, the watch) vouches for the new stat, and with no such
+re-hash (models_watch_s = 0) the slice hashes the file itself. Other bytes are still refused, and
+the slice is then released. Real nodes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from node.errors import ModelLoadError
+from node.models.changed import async_refuse_changed
+from tests.pipeline.test_held_file_changed import OTHER, _overwrite
+from tests.pipeline.test_loaded_slice_file_changed import _embed, helped_first_slice
+from tests.support.helpserve import data_with_models, quick_choice
+from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    quick_choice(monkeypatch)
+
+
+def touch(path, seconds: int = 2) -> None:
+    """A new mtime, the same bytes."""
+    mtime = path.stat().st_mtime_ns + seconds * 10**9
+    os.utime(path, ns=(mtime, mtime))
+
+
+async def test_a_touch_hashed_again_before_the_watch_looks_leaves_the_first_slice_serving(tmp_path, quick):
+    """Review r34, 1: the re-hash (here a load's check, as a chat request's) took the new stat, so the
+    watch never saw a change; every embed failed 'written over on disk' for good, still advertised."""
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(models)
+    async with running_node(node_config(data, models_watch_s=3600.0, serve_reevaluate_s=3600.0)) as node:
+        entry = node.catalog.resolve("tiny")
+        hosted = await helped_first_slice(node, entry.id)
+        before = await _embed(hosted)
+        touch(path)
+        await async_refuse_changed(node.catalog, entry)  # hashes again: the same bytes
+        assert not entry.changed and entry.hashed_stat == (path.stat().st_size, path.stat().st_mtime_ns)
+        for _ in range(2):
+            await node.model_files.watcher.async_look()
+        assert torch.equal(await _embed(hosted), before)  # (FileChangedWhileOpen)
+        assert hosted.state == "loaded" and entry.sha256 in {a["sha256"] for a in node.slice_host.adverts()}
+        assert node.catalog.entries.get(entry.id) is entry
+
+
+async def test_with_no_watch_a_touch_is_hashed_by_the_slice_and_other_bytes_release_it(tmp_path, quick):
+    """models_watch_s = 0: nothing else looks at the file. A touch: the slice hashes it once and reads
+    on; then other bytes written in place: refused, no longer advertised, and freed."""
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(models)
+    async with running_node(node_config(data, models_watch_s=0.0, serve_reevaluate_s=3600.0)) as node:
+        entry = node.catalog.resolve("tiny")
+        hosted = await helped_first_slice(node, entry.id)
+        before = await _embed(hosted)
+        touch(path)
+        assert torch.equal(await _embed(hosted), before)  # (FileChangedWhileOpen on every step, for good)
+        assert torch.equal(await _embed(hosted), before)
+        assert not entry.changed and hosted.state == "loaded"
+        await asyncio.to_thread(_overwrite, path, OTHER)
+        with pytest.raises(ModelLoadError, match="written over on disk"):
+            await _embed(hosted)
+        assert entry.changed and entry.sha256 not in {a["sha256"] for a in node.slice_host.adverts()}
+        await wait_until(lambda: hosted.state == "unloaded", 20.0, what="the slice of other bytes to be freed")
