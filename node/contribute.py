@@ -245,16 +245,23 @@ class Contributions:
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
 
-    async def async_release_changed(self, entry: ModelEntry) -> None:
+    async def async_release_changed(self, entry: ModelEntry) -> bool:
         """The models folder's watch found `entry`'s file changed on disk (its size or mtime): the
         slices loaded from it stop being advertised and taking sessions, and are freed once their
         sessions end (at most AUTO_SERVE_DRAIN_S), so the model can leave and the file be read again
-        as a new model (or, only touched, its layers be loaded again under its id). 2026-12-07, review
-        r32: they served on under the old sha256, a first slice's embedding rows read from the new
-        bytes, and the model never left (its drop waited for the slices)."""
+        as a new model. 2026-12-07, review r32: they served on under the old sha256, a first slice's
+        embedding rows read from the new bytes, and the model never left (its drop waited for the
+        slices). Hashed again first (once per change, in an executor), unless already found changed:
+        only touched (the same bytes), the slices serve on and this returns True (review r34: a touch
+        freed them, and a `--layers` slice was never loaded again)."""
         mine = [h for h in list(self.slice_host.slices.values()) if h.entry is entry and h.state == "loaded"]
         if not mine:
-            return
+            return False
+        if not entry.changed and await asyncio.get_running_loop().run_in_executor(
+                None, self.catalog.same_bytes, entry):
+            log.info("DIAG: model file touched on disk, the same bytes: its slices serve on %s", kv(
+                model=entry.id, layers=",".join(f"{h.start}-{h.end - 1}" for h in mine)))
+            return True
         log.warning("DIAG: model file changed on disk, its slices stop serving %s", kv(
             model=entry.id, layers=",".join(f"{h.start}-{h.end - 1}" for h in mine)))
         for hosted in mine:
@@ -264,6 +271,7 @@ class Contributions:
             task = asyncio.create_task(self._async_free_drained(hosted), name="contribute-changed")
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
+        return False
 
     async def _async_free_drained(self, hosted: Any) -> None:
         """Free a paused --layers slice once no session uses it, or after the grace period (as the

@@ -12,7 +12,8 @@ default's; of a split model, any part's) is handed to `drop`, which refuses whil
 on the next look, so the model leaves once it is unloaded. A catalogued file whose size or mtime are
 no longer those it was hashed at (overwritten in place) is a drop and an add: its model leaves and
 the file is taken as a new one (a loaded model stays, marked `changed`: not handed out to peers;
-its layer slices are no longer advertised and are freed once their sessions end, `changed`).
+its layer slices are no longer advertised and are freed once their sessions end, `changed`; a file
+with loaded slices is hashed again first: only touched, nothing changes).
 """
 
 from __future__ import annotations
@@ -78,12 +79,12 @@ class ModelWatcher:
 
     def __init__(self, models_dir: Path, catalog: ModelCatalog, *, interval_s: float,
                  add: Callable[[Path], Awaitable[str]], drop: Callable[[ModelEntry], Awaitable[bool]],
-                 busy: Callable[[], set[str]], changed: Callable[[ModelEntry], Awaitable[None]] | None = None):
+                 busy: Callable[[], set[str]], changed: Callable[[ModelEntry], Awaitable[bool]] | None = None):
         self.models_dir = models_dir
         self.catalog = catalog
         self.interval_s = interval_s
         self._add, self._drop, self._busy = add, drop, busy
-        self._changed = changed  # (entry) its file changed: what is served of it from that file stops
+        self._changed = changed  # (entry) its file changed: what is served of it from that file stops (True: only touched)
         self._pending: dict[Path, Stat] = {}  # a new file → its stat at the last look
         self._done: dict[Path, Stat] = {}  # a file taken or refused → its stat then (looked at again once changed)
         self._kept: set[str] = set()  # ids whose file is gone while the model stays (said once)
@@ -172,9 +173,11 @@ class ModelWatcher:
             entry = self.catalog.entries.get(model_id)
             if entry is None or entry.hashed_stat is None or entry.hashed_stat == stat:
                 continue
+            # its loaded slices drain (2026-12-07, review r32: they served on); True: only touched, hashed
+            # again as the same bytes, they serve on (review r34: a touch freed them, --layers ones for good)
+            if self._changed is not None and await self._changed(entry):
+                continue
             self.catalog.mark_changed(entry)
-            if self._changed is not None:  # its loaded slices drain (2026-12-07, review r32: they served on)
-                await self._changed(entry)
             outside = entry.path not in in_folder
             if not outside and await self._drop(entry):
                 self._stale.discard(model_id)

@@ -72,3 +72,25 @@ async def test_with_no_watch_a_touch_is_hashed_by_the_slice_and_other_bytes_rele
             await _embed(hosted)
         assert entry.changed and entry.sha256 not in {a["sha256"] for a in node.slice_host.adverts()}
         await wait_until(lambda: hosted.state == "unloaded", 20.0, what="the slice of other bytes to be freed")
+
+
+async def test_a_touched_layers_slice_serves_on_through_the_watch(tmp_path):
+    """Review r34, 3: the watch drained every loaded slice of a touched file, `--layers` ones too, and
+    only a resume loads those again: a headless `--model PATH --layers 0-1` served nothing until a
+    restart. The watch now hashes first: the same bytes, the slice serves on."""
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=3600.0)) as node:
+        entry = node.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: node.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        before = await _embed(hosted)
+        touch(path)
+        for _ in range(3):
+            await node.model_files.watcher.async_look()
+        assert node.slice_host.for_model(entry.sha256) == [hosted]  # (freed, never loaded again)
+        assert entry.sha256 in {a["sha256"] for a in node.slice_host.adverts()}
+        assert not entry.changed and torch.equal(await _embed(hosted), before)
+        await asyncio.to_thread(_overwrite, path, OTHER)  # other bytes: it still goes
+        await node.model_files.watcher.async_look()
+        assert entry.changed and entry.sha256 not in {a["sha256"] for a in node.slice_host.adverts()}
+        await wait_until(lambda: hosted.state == "unloaded", 20.0, what="the slice of other bytes to be freed")
