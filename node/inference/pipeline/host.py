@@ -51,7 +51,9 @@ class SliceHost:
         self.session_ttl_s = session_ttl_s
         self.kv_budget_bytes = kv_budget_bytes
         self.budget = KvBudget(self)  # admits new sessions within kv_budget_bytes, sweeps
-        self.slices: dict[tuple[str, int, int], HostedSlice] = {}
+        # by (sha256, start, end); a draining slice whose range is loaded again meanwhile stays, under
+        # (sha256, start, end, its id), until freed: its sessions end on it, its memory is counted
+        self.slices: dict[tuple, HostedSlice] = {}
         self._unloads: set[asyncio.Task] = set()  # slices being unloaded after their parts were dropped
         self._sweeper: asyncio.Task | None = None
         self._soon: asyncio.Task | None = None  # a sweep asked for by request_sweep
@@ -182,6 +184,12 @@ class SliceHost:
             if revived and self.on_change is not None:
                 self.on_change()
             return held
+        if held is not None and held.state in ("loaded", "draining"):  # (of a file found changed meanwhile)
+            # kept aside, not written over: its sessions finish on it, sessions_of / the sweeper / _place
+            # still see it, and it is freed as it was to be (2026-12-07, review r34: orphaned)
+            self.drain(held)
+            del self.slices[held.key]
+            self.slices[(*held.key, id(held))] = held
         if held is not None and held.state == "failed" and held.executor is not None:
             held.executor.shutdown(wait=False)  # replaced below: its idle thread stayed for ever
         if held is not None and held.state == "failed":
@@ -300,8 +308,8 @@ class SliceHost:
         `keep_parts`: a partial model's layer files stay (a pause, a new budget: they load again)."""
         if hosted.state == "unloaded":
             return  # (a release and the evaluation that loaded it may both get here)
-        if self.slices.get(hosted.key) is hosted:
-            del self.slices[hosted.key]
+        for key in [k for k, s in self.slices.items() if s is hosted]:  # (its own key, or one kept aside)
+            del self.slices[key]
         self.speeds.remember(hosted)
         was = hosted.state
         hosted.state = "unloaded"
@@ -350,7 +358,7 @@ class SliceHost:
         committed: dict[int, int] = {}
         for other in self.slices.values():
             p = other.placement
-            if p is not None and p.gpu_index is not None and other.state == "loaded":
+            if p is not None and p.gpu_index is not None and other.state in ("loaded", "draining"):  # (still held)
                 committed[p.gpu_index] = committed.get(p.gpu_index, 0) + p.estimated_mb
         return place(f"{entry.id}[{start}-{end - 1}]", estimated_mb, detect_torch(), cpu_only=self.cpu_only,
                      committed_mb=committed)
