@@ -265,6 +265,7 @@ class Contributions:
         log.warning("DIAG: model file changed on disk, its slices stop serving %s", kv(
             model=entry.id, layers=",".join(f"{h.start}-{h.end - 1}" for h in mine)))
         for hosted in mine:
+            hosted.drained_changed = True
             self.slice_host.drain(hosted)
         await self.announce()
         for hosted in mine:

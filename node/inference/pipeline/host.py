@@ -173,7 +173,7 @@ class SliceHost:
 
         held = self.slices.get((entry.sha256, start, end))
         if held is not None and held.state in ("loaded", "draining") and held.model is not None \
-                and not held.entry.changed:  # (one of a file changed on disk: loaded again, checked)
+                and not held.entry.changed and not held.drained_changed:  # (a changed file's: loaded again, checked)
             # the same range asked for again (a resume or a new budget inside the drain grace
             # period): the slice draining there is kept, with its sessions, not loaded twice
             revived = held.state == "draining"
