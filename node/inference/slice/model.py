@@ -120,7 +120,8 @@ class SliceModel:
                 return rebuild(arrays)
             keep: dict[str, np.ndarray] | None = {} if writable else None
             built = convert(keep)
-            if keep:
+            if keep:  # (read from bytes its sha256 names, else cached under it for good: review r34)
+                f.check_unchanged()
                 cache.write(key, part, keep)
             return built
 
@@ -167,6 +168,7 @@ class SliceModel:
                 cache.release(key)
         f.release_pages()
         _trim_heap()
+        f.check_unchanged()  # (written over in place while converting: a mix of two files' layers)
         model = cls(f, cfg, layer_start, end, fmt, device, max_ctx or cfg.n_ctx_train, blocks, head,
                     name or Path(path).stem, kv_type)
         model.kernel = kernel

@@ -153,6 +153,12 @@ class GgufFile:
             raise FileChangedWhileOpen(f"{self.path.name} was written over on disk since it was loaded: "
                                        "its bytes are no longer this model's")
 
+    def check_unchanged(self) -> None:
+        """FileChangedWhileOpen when any file read was written over in place since it was opened: a
+        load's converted weights were then read (in part) from other bytes than its sha256 names."""
+        for path in list(self._fds):
+            self._check_unchanged(path)
+
     @property
     def partial(self) -> bool:
         """True for a partial model (only some tensors held)."""
