@@ -150,8 +150,8 @@ async def read_json(request: web.Request) -> object:
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object")
     if len(raw) > _PARSE_ON_LOOP_MAX_BYTES:  # megabytes of JSON would stall the loop for tens of ms
-        return await asyncio.get_running_loop().run_in_executor(None, _parse_json, raw)
-    return _parse_json(raw)
+        return await asyncio.get_running_loop().run_in_executor(None, parse_json_text, raw)
+    return parse_json_text(raw)
 
 
 _PARSE_ON_LOOP_MAX_BYTES = 256 * 1024
@@ -206,22 +206,25 @@ def _finite(text: str) -> float:
     return value
 
 
-def _parse_json(raw: bytes) -> object:
+def parse_json_text(text: str | bytes, what: str = "request body") -> object:
+    """JSON text (a body, or a JSON value sent as a string inside one: Ollama's `format`) parsed as
+    the body is: NaN / Infinity / 1e999, lone surrogates and nesting too deep are a 400 naming `what`
+    (json.loads took them, and the schema's lone surrogate reached the grammar engine: a 500)."""
     try:
         # Python's json reads NaN and Infinity (JSON has neither) and 1e999 as inf: a body echoed back
         # (Responses' metadata) would then not be JSON
-        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
+        body = json.loads(text, parse_constant=_not_json, parse_float=_finite)
         # \ud800-style escapes decode to lone surrogates, which no tokenizer can encode
         json.dumps(body, ensure_ascii=False).encode("utf-8")
         return body
     except UnicodeEncodeError as exc:
-        raise InvalidRequest("request body holds a string that is not valid Unicode (a lone surrogate "
+        raise InvalidRequest(f"{what} holds a string that is not valid Unicode (a lone surrogate "
                              f"escape such as \\u{ord(exc.object[exc.start]):04x})") from exc
     except UnicodeDecodeError as exc:
-        raise InvalidRequest("request body is not valid UTF-8") from exc
+        raise InvalidRequest(f"{what} is not valid UTF-8") from exc
     except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+        raise InvalidRequest(f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     except RecursionError as exc:
-        raise InvalidRequest("request body is nested too deeply") from exc
+        raise InvalidRequest(f"{what} is nested too deeply") from exc
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
-        raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:200]}") from exc
+        raise InvalidRequest(f"{what} is not valid JSON: {str(exc)[:200]}") from exc

@@ -28,11 +28,11 @@ dict is left alone).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from typing import Any
 
+from node.api.errors import parse_json_text
 from node.const import PENALTY_LAST_N_TOKENS
 from node.errors import InvalidRequest, Unsupported
 
@@ -150,15 +150,15 @@ def _format(out: dict) -> None:
     if isinstance(value, str) and value.strip() == "json":
         wanted: dict = {"type": "json_object"}
     else:
-        schema = value
+        schema, why = value, ""
         if isinstance(value, str):
-            try:
-                schema = json.loads(value)
-            except ValueError:
-                schema = None
+            try:  # as the body is parsed: a lone surrogate in it was a 500, deep nesting too (2026-12-07)
+                schema = parse_json_text(value, "its text")
+            except InvalidRequest as exc:
+                schema, why = None, f" ({exc.message})"
         if not isinstance(schema, dict):
             raise InvalidRequest("`format` (Ollama's output format; Open WebUI's \"Format\" parameter) must be "
-                                 "\"json\" or a JSON schema object: correct it in the app or leave it out",
+                                 f"\"json\" or a JSON schema object{why}: correct it in the app or leave it out",
                                  param="format")
         wanted = {"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}
     if out.get("response_format") is not None:

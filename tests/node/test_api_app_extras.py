@@ -143,3 +143,14 @@ async def test_openrouter_reasoning_object_is_what_it_means(client, model, kw):
         with pytest.raises(openai.BadRequestError) as caught:
             await reply(client, model, **kw, extra_body=bad)
         assert caught.value.body["param"] == param
+
+
+async def test_open_webui_format_text_is_parsed_as_the_body_is(client, model):
+    """Open WebUI sends "Format" as typed text: a lone surrogate escape in it reached the grammar
+    engine (a 500 with a traceback each request), deep nesting was an uncaught RecursionError (a 500)
+    and NaN / 1e999 a 400 naming response_format (2026-12-07). Each is the `format` 400 now."""
+    for typed in ('{"type": "string", "enum": ["\\ud800"]}', "[" * 50000 + "]" * 50000,
+                  '{"type": "number", "maximum": NaN}', '{"type": "number", "maximum": 1e999}'):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await reply(client, model, max_tokens=4, extra_body={"format": typed})
+        assert caught.value.body["param"] == "format", caught.value.body
