@@ -289,18 +289,18 @@ def _output_format(body: dict) -> ResponseFormat | None:
     a 400 "Extra inputs are not permitted" until 2026-12-07); both at once is a 400, as Anthropic's."""
     config = body.get("output_config")
     legacy = body.get("output_format")
+    if config is not None and not isinstance(config, dict):  # beside output_format it was dropped unsaid
+        raise InvalidRequest("output_config: must be an object", param="output_config")
     if legacy is not None:
         if isinstance(config, dict) and config.get("format") is not None:
             raise InvalidRequest("output_format and output_config.format: give one of them (output_format is "
                                  "the beta's name for output_config.format)", param="output_format")
-        config = {**(config if isinstance(config, dict) else {}), "format": legacy}
+        config = {**(config or {}), "format": legacy}
         if not isinstance(legacy, dict) or legacy.get("type") != "json_schema" or not isinstance(legacy.get("schema"), dict):
             raise InvalidRequest("output_format: expected {\"type\": \"json_schema\", \"schema\": {...}}",
                                  param="output_format")
     if config is None:
         return None
-    if not isinstance(config, dict):
-        raise InvalidRequest("output_config: must be an object", param="output_config")
     unknown = set(config) - {"format", "effort"}
     if unknown:
         raise InvalidRequest(f"output_config.{sorted(unknown)[0]}: Extra inputs are not permitted",

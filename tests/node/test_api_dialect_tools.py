@@ -170,6 +170,11 @@ async def test_json_schema_output(claude, oai, model_id):
         await claude.messages.create(model=model_id, max_tokens=40, messages=[{"role": "user", "content": "x"}],
                                      output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
                                      extra_body={"output_format": {"type": "json_schema", "schema": SCHEMA}})
+    # a bad output_config is a 400 beside output_format too (2026-12-07, review r35: dropped unsaid)
+    with pytest.raises(anthropic.BadRequestError, match="output_config: must be an object"):
+        await claude.messages.create(model=model_id, max_tokens=40, messages=[{"role": "user", "content": "x"}],
+                                     extra_body={"output_config": "garbage",
+                                                 "output_format": {"type": "json_schema", "schema": SCHEMA}})
 
 
 async def test_calls_cut_by_max_tokens_say_the_turn_was_truncated(claude, oai, model_id):
