@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "in containers, WSL or on other devices, which then need the API key, and --allow-host for a name)")
     p.add_argument("--allow-host", action="append", default=None, dest="allowed_hosts", metavar="NAME",
                    help="accept requests whose Host is NAME besides loopback names and IP addresses, e.g. "
-                        "host.docker.internal or mylaptop.local (repeatable; config.toml: allowed_hosts)")
+                        "host.docker.internal or mylaptop.local (repeatable; added to config.toml's allowed_hosts)")
     p.add_argument("--model", action="append", default=None, metavar="PATH|URL",
                    help="serve this GGUF file, or fetch only the served layers of one from its URL: http(s)://…, "
                         "hf://owner/repo/file.gguf, or a Hugging Face repo and quant, hf://owner/repo:Q4_K_M or "

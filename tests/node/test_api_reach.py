@@ -76,6 +76,16 @@ async def test_allow_host_flag_sets_allowed_hosts(tmp_path):
     assert cfg.host == "0.0.0.0" and cfg.allowed_hosts == ["host.docker.internal", "192.168.1.20"]
 
 
+async def test_allow_host_flag_adds_to_config_toml(tmp_path):
+    """--allow-host adds to config.toml's allowed_hosts (2026-12-07, review r35: it replaced them, so
+    `--allow-host mylaptop.local` left the containers of a config's host.docker.internal with a 403)."""
+    (tmp_path / "config.toml").write_text('allowed_hosts = ["host.docker.internal", "mylaptop.local"]\n')
+    args = parse_args(["run", "--data-dir", str(tmp_path), "--allow-host", "mylaptop.local",
+                       "--allow-host", "nas.lan"])
+    cfg = load_config(cli_overrides(args), environ={})
+    assert cfg.allowed_hosts == ["host.docker.internal", "mylaptop.local", "nas.lan"]
+
+
 async def test_a_refused_name_is_said_once_at_warning(node, caplog):
     """A rebinding page or a LAN scanner retrying wrote a WARNING per request (2026-12-07): each
     refused name is said once, later requests at DEBUG."""
