@@ -36,7 +36,7 @@ DEFAULT_CONFIG_TEXT = """\
 # port = 8800
 # host = "127.0.0.1"   # "0.0.0.0": every network (apps in containers, WSL, on other devices)
 # allowed_hosts = []   # Host names accepted besides loopback names and IP addresses: ["host.docker.internal"]
-# require_api_key_for_inference = true  # false: for apps on this machine only; others always need the key
+# require_api_key_for_inference = true  # false: apps on this machine (and anything forwarded from loopback) need no key
 
 [inference]
 # n_threads = 0        # 0 = physical cores

@@ -76,10 +76,18 @@ def _is_loopback_ip(text: str) -> bool:
     return address.is_loopback
 
 
+# headers a proxy or tunnel adds: a request through one on this machine (nginx or Caddy for TLS,
+# `tailscale serve`, `ssh -L 0.0.0.0:…`) comes from loopback but may be from anywhere (2026-12-07)
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP", "Via")
+
+
 def client_is_local(request: web.Request) -> bool:
-    """Whether the connection comes from this machine's loopback (never the Host header: any
-    client can write `Host: localhost`)."""
-    return bool(request.remote) and _is_loopback_ip(request.remote)
+    """Whether the connection comes from this machine's loopback and names no proxy (never the Host
+    header: any client can write `Host: localhost`). A forwarder that adds no header (socat, a plain
+    `ssh -L`) cannot be told apart: its clients count as this machine's."""
+    if not request.remote or not _is_loopback_ip(request.remote):
+        return False
+    return not any(name in request.headers for name in PROXY_HEADERS)
 
 
 def forbidden_host_text(host_header: str | None) -> str:
@@ -133,8 +141,8 @@ def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hos
                 log.debug("DIAG: auth failure path=%s auth_present=%s remote=%s", path, key is not None,
                           request.remote)
                 why = "" if local or inference_needs_key or not inference else (
-                    " (require_api_key_for_inference = false covers apps on this machine only: "
-                    "clients on other machines and in containers always need the key)")
+                    " (require_api_key_for_inference = false covers apps on this machine only: clients on "
+                    "other machines, in containers and through a proxy that says so need the key)")
                 raise AuthenticationFailed(
                     f"Incorrect API key provided{why}." if key else
                     "Missing API key: send `Authorization: Bearer <key>` (the key is in the data dir's "

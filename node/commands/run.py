@@ -46,8 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx", type=int, default=None, dest="n_ctx", help="context length per model")
     p.add_argument("--cpu-only", action="store_true", default=None, help="never use a GPU")
     p.add_argument("--no-auth-inference", action="store_true",
-                   help="let /v1 requests from this machine through without the API key (other machines and "
-                        "containers, and admin, still need it)")
+                   help="let /v1 requests from this machine through without the API key (other machines, "
+                        "containers, requests through a proxy, and admin still need it; a tunnel on this machine "
+                        "counts as this machine)")
     g = p.add_argument_group("distributed inference")
     g.add_argument("--layers", default=None, metavar="A-B",
                    help="serve only layers A..B (inclusive) of each --model as a slice for the swarm")

@@ -1,0 +1,84 @@
+"""`require_api_key_for_inference = false` (`--no-auth-inference`) is for apps on this machine: who
+counts as one. The middleware with a client address as the connection gives it (a LAN address,
+loopback), and a real node on 127.0.0.1 asked through the official openai client and raw HTTP."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import openai
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from node.api.auth import make_auth_middleware
+from node.errors import AuthenticationFailed
+from tests.support.nodes import node_config, running_node, tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+KEY = "sk-test-key"
+APP = "http://localhost:3000"  # a browser app the user listed in cors_origins
+
+
+def request(remote: str, headers: dict[str, str] | None = None, path: str = "/v1/models", method: str = "GET"):
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: (remote, 50123) if name == "peername" else default
+    return make_mocked_request(method, path, headers={"Host": "localhost:8800", **(headers or {})},
+                               transport=transport)
+
+
+async def answered(req, **kw) -> bool:
+    middleware = make_auth_middleware(KEY, inference_needs_key=False, allowed_hosts=frozenset(), **kw)
+
+    async def handler(_request):
+        return web.Response(text="ok")
+
+    try:
+        await middleware(req, handler)
+    except AuthenticationFailed:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("remote", ["127.0.0.1", "::1", "::ffff:127.0.0.1"])
+async def test_loopback_client_needs_no_key(remote):
+    assert await answered(request(remote))
+
+
+@pytest.mark.parametrize("remote", ["192.168.1.20", "172.17.0.2", "fe80::2"])
+async def test_other_machine_needs_the_key(remote):
+    assert not await answered(request(remote))
+    assert await answered(request(remote, {"Authorization": f"Bearer {KEY}"}))
+
+
+@pytest.mark.parametrize("header", [{"X-Forwarded-For": "192.168.1.30"}, {"Forwarded": "for=192.168.1.30"},
+                                    {"X-Real-IP": "192.168.1.30"}, {"Via": "1.1 caddy"}])
+async def test_a_proxy_on_this_machine_does_not_make_its_clients_local(header):
+    """nginx or Caddy for TLS, `tailscale serve`: the connection is from loopback, the client may
+    be anywhere (2026-12-07, review r35: LAN clients had inference without the key)."""
+    assert not await answered(request("127.0.0.1", header))
+    assert await answered(request("127.0.0.1", {**header, "x-api-key": KEY}))
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("keyless")
+    cfg = node_config(base / "data", tiny_model(base), require_api_key_for_inference=False, cors_origins=[APP])
+    async with running_node(cfg) as n:
+        yield n
+
+
+def keyless_client(node, **headers):
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key="none", max_retries=0,
+                              default_headers=headers)
+
+
+async def test_real_node_proxied_request_needs_the_key(node):
+    async with keyless_client(node) as client:
+        assert [m.id async for m in client.models.list()]
+    async with keyless_client(node, **{"X-Forwarded-For": "192.168.1.30"}) as client:
+        with pytest.raises(openai.AuthenticationError) as caught:
+            await client.models.list()
+    assert "proxy" in caught.value.body["message"]
