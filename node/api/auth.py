@@ -8,6 +8,7 @@ import logging
 
 from aiohttp import web
 
+from node.api.cors import origin_allowed
 from node.errors import AuthenticationFailed, ForbiddenHost
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,11 @@ def presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hosts: frozenset[str]):
+def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hosts: frozenset[str],
+                         cors_origins: frozenset[str] = frozenset()):
     """Middleware: Host check on every path; the key on admin always, on inference by default and
-    always for a client that is not on this machine's loopback."""
+    always for a client that is not on this machine's loopback, or is a web page whose origin is
+    not in cors_origins."""
 
     refused: set[str] = set()  # Host names already said at WARNING (a page retrying, a scanner: once each)
 
@@ -134,15 +137,22 @@ def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hos
         # require_api_key_for_inference = false is for apps on this machine: a client on another
         # one (the LAN, a container) needs the key whatever its Host header says
         local = client_is_local(request)
-        needs_key = path.startswith("/api/admin") or (inference and (inference_needs_key or not local))
+        # a browser sends Origin on a cross-origin POST (apps do not): a page posting text/plain (no
+        # preflight) ran generations here with no key (CSRF; 2026-12-07, review r35)
+        page = request.headers.get("Origin")
+        foreign_page = page is not None and not origin_allowed(page, cors_origins)
+        needs_key = path.startswith("/api/admin") or (
+            inference and (inference_needs_key or not local or foreign_page))
         if needs_key and path not in OPEN_PATHS:
             key = presented_key(request)
             if not key or not hmac.compare_digest(key.encode(), api_key.encode()):
                 log.debug("DIAG: auth failure path=%s auth_present=%s remote=%s", path, key is not None,
                           request.remote)
-                why = "" if local or inference_needs_key or not inference else (
+                why = "" if inference_needs_key or not inference else (
                     " (require_api_key_for_inference = false covers apps on this machine only: clients on "
-                    "other machines, in containers and through a proxy that says so need the key)")
+                    "other machines, in containers and through a proxy that says so need the key)" if not local
+                    else " (require_api_key_for_inference = false does not cover web pages: a page's origin "
+                    "needs to be in cors_origins, or its request the key)" if foreign_page else "")
                 raise AuthenticationFailed(
                     f"Incorrect API key provided{why}." if key else
                     "Missing API key: send `Authorization: Bearer <key>` (the key is in the data dir's "

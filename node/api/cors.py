@@ -7,7 +7,8 @@ streams and errors included, carries `Access-Control-Allow-Origin` (added as it 
 moment a stream's headers leave) and exposes the `x-swarm-*`, `server-timing`, `retry-after` and
 `x-should-retry` headers (a browser SDK reads the last to leave a failed model's 500 unretried).
 `"*"` allows any origin; the key still guards every request but the preflight, and the Host check
-(DNS rebinding) is unchanged.
+(DNS rebinding) is unchanged. With `require_api_key_for_inference = false` a request whose Origin is
+not allowed here still needs the key (auth.py: a page's text/plain POST needs no preflight).
 """
 
 from __future__ import annotations
@@ -23,13 +24,18 @@ _EXPOSED = "server-timing, x-request-id, x-swarm-route, x-swarm-segments, x-swar
 _MAX_AGE_S = "600"
 
 
-def _origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
+def allowed_origins(origins: list[str]) -> frozenset[str]:
+    """cors_origins as origin_allowed matches them."""
+    return frozenset(o.strip().rstrip("/").lower() for o in origins if o.strip())
+
+
+def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
     return origin is not None and ("*" in allowed or origin.rstrip("/").lower() in allowed)
 
 
 def install(app: web.Application, origins: list[str]) -> None:
     """Answer preflights and tag responses for `origins` (nothing at all when empty)."""
-    allowed = frozenset(o.strip().rstrip("/").lower() for o in origins if o.strip())
+    allowed = allowed_origins(origins)
     if not allowed:
         return
 
@@ -37,7 +43,7 @@ def install(app: web.Application, origins: list[str]) -> None:
     async def preflight(request: web.Request, handler):
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-            if not _origin_allowed(origin, allowed):
+            if not origin_allowed(origin, allowed):
                 log.debug("DIAG: CORS preflight refused origin=%s path=%s", origin, request.path)
                 return web.Response(status=403, text="origin not allowed (cors_origins)")
             return web.Response(status=204, headers={
@@ -50,7 +56,7 @@ def install(app: web.Application, origins: list[str]) -> None:
 
     async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
         origin = request.headers.get("Origin")
-        if _origin_allowed(origin, allowed):
+        if origin_allowed(origin, allowed):
             response.headers["Access-Control-Allow-Origin"] = origin  # type: ignore[assignment]
             response.headers["Access-Control-Expose-Headers"] = _EXPOSED
             response.headers.add("Vary", "Origin")

@@ -93,7 +93,8 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
             bounded_send_middleware,
             error_middleware,
             make_auth_middleware(api_key, inference_needs_key=cfg.require_api_key_for_inference,
-                                 allowed_hosts=allowed_names(cfg.allowed_hosts)),
+                                 allowed_hosts=allowed_names(cfg.allowed_hosts),
+                                 cors_origins=cors.allowed_origins(cfg.cors_origins)),
         ],
         client_max_size=cfg.max_request_body_bytes,
     )

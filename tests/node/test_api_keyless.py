@@ -4,8 +4,10 @@ loopback), and a real node on 127.0.0.1 asked through the official openai client
 
 from __future__ import annotations
 
+import json
 from unittest import mock
 
+import aiohttp
 import openai
 import pytest
 import pytest_asyncio
@@ -62,6 +64,18 @@ async def test_a_proxy_on_this_machine_does_not_make_its_clients_local(header):
     assert await answered(request("127.0.0.1", {**header, "x-api-key": KEY}))
 
 
+async def test_a_web_page_needs_the_key_unless_its_origin_is_listed():
+    """Any page could POST text/plain (no preflight) to the keyless API and run generations here
+    (CSRF; 2026-12-07, review r35): a browser sends Origin on it, apps do not."""
+    chat = dict(path="/v1/chat/completions", method="POST")
+    assert not await answered(request("127.0.0.1", {"Origin": "https://evil.example"}, **chat))
+    assert not await answered(request("127.0.0.1", {"Origin": "null"}, **chat))  # a sandboxed frame, file://
+    assert await answered(request("127.0.0.1", {"Origin": "https://evil.example", "x-api-key": KEY}, **chat))
+    listed = frozenset({APP})
+    assert await answered(request("127.0.0.1", {"Origin": APP + "/"}, **chat), cors_origins=listed)
+    assert not await answered(request("127.0.0.1", {"Origin": "https://evil.example"}, **chat), cors_origins=listed)
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("keyless")
@@ -82,3 +96,18 @@ async def test_real_node_proxied_request_needs_the_key(node):
         with pytest.raises(openai.AuthenticationError) as caught:
             await client.models.list()
     assert "proxy" in caught.value.body["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/chat/completions"])
+async def test_real_node_cross_site_text_plain_post_needs_the_key(node, path):
+    """What a page's `fetch(url, {method: "POST", mode: "no-cors", body})` or a form sends."""
+    body = json.dumps({"model": node.models.all()[0].id, "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 1})
+    url = f"http://127.0.0.1:{node.api.port}{path}"
+    async with aiohttp.ClientSession() as s:
+        for origin, status in (("https://evil.example", 401), (APP, 200)):
+            async with s.post(url, data=body, headers={"Content-Type": "text/plain;charset=UTF-8",
+                                                       "Origin": origin}) as r:
+                assert r.status == status, (origin, await r.text())
+        async with s.post(url, data=body, headers={"Content-Type": "text/plain", "Origin": "https://evil.example"}) as r:
+            assert "cors_origins" in (await r.json())["error"]["message"]
