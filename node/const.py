@@ -19,6 +19,12 @@ JSON_SLICE_ITEMS = 128  # such a reply's long lists are encoded this many items 
 REPLY_MIN_RATE_BYTES_S = 32 * 1024  # a whole reply's send may take STREAM_WRITE_STALL_S + its length at this rate
 API_BODY_STALL_S = 30.0  # a request body that sends no byte for this long is a 408 and its connection ends
 API_BODY_READ_MAX_S = 300.0  # and one still not complete after this long (a trickle) is too
+# a request whose Host is refused is said at WARNING at most once per name per REPEAT_S, and at most
+# PER_WINDOW names per WINDOW_S (a rebinding page's fresh subdomains); the rest at DEBUG, counted
+API_REFUSED_HOST_REPEAT_S = 600.0
+API_REFUSED_HOST_WINDOW_S = 60.0
+API_REFUSED_HOST_PER_WINDOW = 10
+API_REFUSED_HOST_NAMES_KEPT = 256  # names remembered for REPEAT_S (the oldest forgotten first)
 # the process's soft limit of open files is raised to its hard limit, at most this: the default soft
 # limit (1024 on Linux, 256 on macOS) let a few hundred local sockets lock every client out (EMFILE)
 OPEN_FILES_SOFT_LIMIT_MAX = 8192

@@ -5,9 +5,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import math
+import time
+from collections import OrderedDict
 
 from aiohttp import web
 
+from node import const
 from node.api.cors import origin_allowed
 from node.errors import AuthenticationFailed, ForbiddenHost
 
@@ -22,9 +26,40 @@ NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize",
                           "/models", "/chat/completions", "/responses"})
 
 
-# refused Host names said at WARNING, each once (then DEBUG): a rebinding page or a LAN scanner
-# retrying wrote a WARNING per request (2026-12-07)
-_REFUSED_HOSTS_SAID = 64
+
+class RefusedHosts:
+    """Which refused Host names are said at WARNING: a name once per API_REFUSED_HOST_REPEAT_S, and
+    at most API_REFUSED_HOST_PER_WINDOW names per window, the others counted and said with the next
+    WARNING. 2026-12-07: a rebinding page or a LAN scanner retrying wrote a WARNING per request;
+    then (review r35) the first 64 names were said for good, so a page's random subdomains left a
+    later real misconfiguration unsaid."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._said: OrderedDict[str, float] = OrderedDict()  # name -> when last said at WARNING
+        self._window_start = -math.inf
+        self._in_window = 0
+        self.held = 0  # refused requests not said at WARNING since the last WARNING
+
+    def warn(self, name: str) -> tuple[bool, int]:
+        """(whether to say this refusal at WARNING, how many were held back before it)."""
+        now = self._clock()
+        last = self._said.get(name)
+        if last is not None and now - last < const.API_REFUSED_HOST_REPEAT_S:
+            self.held += 1
+            return False, 0
+        if now - self._window_start >= const.API_REFUSED_HOST_WINDOW_S:
+            self._window_start, self._in_window = now, 0
+        if self._in_window >= const.API_REFUSED_HOST_PER_WINDOW:
+            self.held += 1
+            return False, 0
+        self._in_window += 1
+        self._said[name] = now
+        self._said.move_to_end(name)
+        while len(self._said) > const.API_REFUSED_HOST_NAMES_KEPT:
+            self._said.popitem(last=False)
+        held, self.held = self.held, 0
+        return True, held
 
 
 def host_name(host: str) -> str:
@@ -112,25 +147,23 @@ def presented_key(request: web.Request) -> str | None:
 
 
 def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hosts: frozenset[str],
-                         cors_origins: frozenset[str] = frozenset()):
+                         cors_origins: frozenset[str] = frozenset(), refused: RefusedHosts | None = None):
     """Middleware: Host check on every path; the key on admin always, on inference by default and
     always for a client that is not on this machine's loopback, or is a web page whose origin is
     not in cors_origins."""
 
-    refused: set[str] = set()  # Host names already said at WARNING (a page retrying, a scanner: once each)
+    refused = refused or RefusedHosts()
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler):
         host = request.headers.get("Host")
         if not host_allowed(host, allowed_hosts):
-            name = host_name(host or "")[:100]
-            first = name not in refused and len(refused) < _REFUSED_HOSTS_SAID
-            if first:
-                refused.add(name)
-            log.log(logging.WARNING if first else logging.DEBUG,
+            warn, held = refused.warn(host_name(host or "")[:100])
+            log.log(logging.WARNING if warn else logging.DEBUG,
                     "DIAG: rejected request with a Host header not allowed path=%s host=%r remote=%s "
-                    "(add the name to allowed_hosts; said once per name)", request.path, (host or "")[:100],
-                    request.remote)
+                    "(add the name to allowed_hosts; said once per name per %g min)%s", request.path,
+                    (host or "")[:100], request.remote, const.API_REFUSED_HOST_REPEAT_S / 60,
+                    f" ({held} more refused since the last such WARNING)" if held else "")
             raise ForbiddenHost(forbidden_host_text(host))
         path = request.path
         inference = path.startswith("/v1") or path in NATIVE_PATHS

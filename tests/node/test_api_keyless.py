@@ -5,17 +5,16 @@ loopback), and a real node on 127.0.0.1 asked through the official openai client
 from __future__ import annotations
 
 import json
-from unittest import mock
 
 import aiohttp
 import openai
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
 
 from node.api.auth import make_auth_middleware
 from node.errors import AuthenticationFailed
+from tests.support.fake_remote import request_from
 from tests.support.nodes import node_config, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -24,11 +23,7 @@ KEY = "sk-test-key"
 APP = "http://localhost:3000"  # a browser app the user listed in cors_origins
 
 
-def request(remote: str, headers: dict[str, str] | None = None, path: str = "/v1/models", method: str = "GET"):
-    transport = mock.Mock()
-    transport.get_extra_info.side_effect = lambda name, default=None: (remote, 50123) if name == "peername" else default
-    return make_mocked_request(method, path, headers={"Host": "localhost:8800", **(headers or {})},
-                               transport=transport)
+request = request_from
 
 
 async def answered(req, **kw) -> bool:

@@ -4,6 +4,7 @@ the name, and --allow-host. A real node on 127.0.0.1, raw HTTP with the Host hea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -11,9 +12,13 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from node import const
+from node.api.auth import RefusedHosts, make_auth_middleware
 from node.cli import parse_args
 from node.commands.run import cli_overrides
 from node.config import load_config
+from node.errors import ForbiddenHost
+from tests.support.fake_remote import request_from
 from tests.support.nodes import node_config, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -86,14 +91,41 @@ async def test_allow_host_flag_adds_to_config_toml(tmp_path):
     assert cfg.allowed_hosts == ["host.docker.internal", "mylaptop.local", "nas.lan"]
 
 
-async def test_a_refused_name_is_said_once_at_warning(node, caplog):
-    """A rebinding page or a LAN scanner retrying wrote a WARNING per request (2026-12-07): each
-    refused name is said once, later requests at DEBUG."""
+async def test_refused_names_are_said_again_later_whatever_came_before(caplog):
+    """A rebinding page or a LAN scanner retrying wrote a WARNING per request (2026-12-07); then
+    (review r35) the first 64 refused names were said for good, so a rebinding page's
+    fresh random subdomains (filling them in seconds) left a later real misconfiguration unsaid.
+    A name is said once per REPEAT_S, at most PER_WINDOW names per window, the rest counted."""
     caplog.set_level(logging.DEBUG, logger="node.api.auth")
-    for _ in range(20):
-        assert (await get_models(node, "again.example.com"))[0] == 403
-    assert (await get_models(node, "other.example.com:8800"))[0] == 403
-    said = [r for r in caplog.records if "rejected request with a Host header" in r.getMessage()]
-    assert len(said) == 21
-    warned = [r.getMessage() for r in said if r.levelno == logging.WARNING]
-    assert len(warned) == 2 and "again.example.com" in warned[0] and "other.example.com" in warned[1], warned
+    now = [1000.0]
+    refused = RefusedHosts(clock=lambda: now[0])
+    middleware = make_auth_middleware("k", inference_needs_key=True, allowed_hosts=frozenset(), refused=refused)
+
+    async def refuse(host):
+        await asyncio.sleep(0)  # let the loop run between requests, as a server's would
+        with pytest.raises(ForbiddenHost):
+            await middleware(request_from("192.168.1.9", host=host), None)
+
+    def warned():
+        found = [r.getMessage() for r in caplog.records
+                 if r.levelno == logging.WARNING and "rejected request with a Host" in r.getMessage()]
+        caplog.clear()
+        return found
+
+    for _ in range(20):  # a page retrying: said once
+        await refuse("again.example.com")
+    said = warned()
+    assert len(said) == 1 and "again.example.com" in said[0], said
+    for i in range(300):  # a rebinding page's random subdomains, a second's worth
+        await refuse(f"x{i}.rebind.example")
+    assert len(warned()) == const.API_REFUSED_HOST_PER_WINDOW - 1
+    now[0] += const.API_REFUSED_HOST_WINDOW_S
+    await refuse("mylaptop.lan:8800")  # the user's own app, a name not yet allowed
+    said = warned()
+    assert len(said) == 1 and "mylaptop.lan" in said[0] and "291 more refused" in said[0], said
+    await refuse("mylaptop.lan")
+    assert warned() == []  # said once per name per REPEAT_S
+    now[0] += const.API_REFUSED_HOST_REPEAT_S
+    await refuse("mylaptop.lan")
+    assert len(warned()) == 1
+    assert len(refused._said) <= const.API_REFUSED_HOST_NAMES_KEPT
