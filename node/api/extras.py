@@ -19,8 +19,10 @@ is on) only makes a reply faster and is dropped, as are OpenRouter's routing pre
 `provider` (Roo Code's OpenRouter provider, whose base URL can be set to this node). OpenRouter's
 `reasoning` object (Roo Code, aider's `openrouter/` models, Cline's Claude-family routes) is what it
 means here: `effort` the `reasoning_effort`, `max_tokens` the `reasoning_budget_tokens`,
-`enabled: false` the effort "none"; `exclude: true` is taken (the thoughts stay in
-`reasoning_content`, never in `content`) except beside `reasoning_format: "none"`.
+`enabled: false` the template's `enable_thinking: false`, `enabled: true`, a budget or an effort
+other than "none" its `enable_thinking: true` (as `think`: a `chat_template_kwargs.enable_thinking`
+wins); `exclude: true` leaves the thoughts out of the reply (`reasoning_excluded`; never in
+`content`: a 400 beside `reasoning_format: "none"`).
 
 `normalize(body)` returns a body `schemas.parse_completion` checks as usual (a copy; the client's
 dict is left alone).
@@ -117,6 +119,22 @@ def _tell_once(keys: set[str]) -> None:
         log.debug("DIAG: app fields taken with no effect fields=%s", ",".join(sorted(new)))
 
 
+def _enable_thinking(out: dict, value: bool) -> None:
+    """The template's enable_thinking, unless chat_template_kwargs sets it (that wins; a wrong one
+    is its own 400)."""
+    kwargs = out.get("chat_template_kwargs")
+    if kwargs is None:
+        out["chat_template_kwargs"] = {"enable_thinking": value}
+    elif isinstance(kwargs, dict) and kwargs.get("enable_thinking") is None:
+        out["chat_template_kwargs"] = {**kwargs, "enable_thinking": value}
+
+
+def reasoning_excluded(body: dict) -> bool:
+    """OpenRouter's `reasoning.exclude: true`: the reply leaves the thoughts out (checked in normalize)."""
+    value = body.get("reasoning")
+    return isinstance(value, dict) and value.get("exclude") is True
+
+
 def _think(out: dict, kind: str) -> None:
     """Ollama's `think` (Open WebUI's "Think (Ollama)" parameter): true / false is the template's
     enable_thinking, "low" / "medium" / "high" (gpt-oss on Ollama) is reasoning_effort."""
@@ -127,12 +145,8 @@ def _think(out: dict, kind: str) -> None:
         raise InvalidRequest("`think` (Ollama's thinking switch) applies to chat: use /v1/chat/completions or "
                              "leave it out", param="think")
     if isinstance(value, bool):
-        kwargs = out.get("chat_template_kwargs")
-        if kwargs is None:
-            out["chat_template_kwargs"] = {"enable_thinking": value}
-        elif isinstance(kwargs, dict) and kwargs.get("enable_thinking") is None:
-            out["chat_template_kwargs"] = {**kwargs, "enable_thinking": value}
-        return  # a chat_template_kwargs that sets it wins (a wrong one is its own 400)
+        _enable_thinking(out, value)
+        return
     if value in THINK_EFFORTS:
         if out.get("reasoning_effort") is None:
             out["reasoning_effort"] = value
@@ -183,8 +197,14 @@ def _reasoning(out: dict, kind: str) -> None:
         if not ok:
             raise InvalidRequest(f"`reasoning.{key}` must be " + ("a number of tokens" if key == "max_tokens"
                                  else "a boolean"), param=f"reasoning.{key}")
-    if enabled is False:
-        effort, budget = "none", None
+    # as `think`: on or off is the template's enable_thinking, which chat_template_kwargs' own wins
+    # over (2026-12-07, review r35: enabled false was the effort "none", which beat it; enabled true
+    # or a budget left a template that defaults to no thinking without any)
+    if enabled is False or effort == "none":
+        _enable_thinking(out, False)
+        effort, budget = None, None
+    elif enabled or budget is not None or effort not in (None, "none"):
+        _enable_thinking(out, True)
     if effort is not None and out.get("reasoning_effort") is None:
         out["reasoning_effort"] = effort  # checked with the other hints (schemas._hints)
     if budget is not None and out.get("reasoning_budget_tokens") is None \

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.api import extras
 from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.errors import read_json
@@ -68,7 +69,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Chat completion, streaming or not."""
     body = await read_json(request)
     await async_check_tool_schemas(body)
-    return await serve_completion(request, parse_completion(body, "chat"))
+    return await serve_completion(request, parse_completion(body, "chat"),
+                                  hide_reasoning=isinstance(body, dict) and extras.reasoning_excluded(body))
 
 
 @routes.post("/v1/completions")
@@ -83,17 +85,20 @@ class ChatDialect:
     anthropic_errors = False
     body_in_worker = True  # the body reads the finished run only
 
-    def __init__(self, completion: CompletionRequest):
+    def __init__(self, completion: CompletionRequest, hide_reasoning: bool = False):
         self.completion = completion
+        self.hide_reasoning = hide_reasoning  # OpenRouter's reasoning.exclude: no reasoning_content
 
     def events(self, run: CompletionRun) -> StreamChunks:
-        return StreamChunks(self.completion, run.trace)
+        return StreamChunks(self.completion, run.trace, hide_reasoning=self.hide_reasoning)
 
     def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
         calls = [*run.tool_calls, run.cut_call] if run.cut_call is not None else run.tool_calls  # as a stream sent it
-        return completion_body(self.completion, run.trace, run.content, logprobs, calls, run.reasoning)
+        return completion_body(self.completion, run.trace, run.content, logprobs, calls,
+                               "" if self.hide_reasoning else run.reasoning)
 
 
-async def serve_completion(request: web.Request, completion: CompletionRequest) -> web.StreamResponse:
+async def serve_completion(request: web.Request, completion: CompletionRequest, *,
+                           hide_reasoning: bool = False) -> web.StreamResponse:
     """Serve one chat or text completion through the shared driver."""
-    return await serve(request, completion, ChatDialect(completion))
+    return await serve(request, completion, ChatDialect(completion, hide_reasoning))

@@ -7,6 +7,7 @@ here; neither imports the other's module.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -121,7 +122,8 @@ class StreamChunks:
     Exactly one chunk carries a finish_reason; the token-level timings (`x_swarm`) ride on the last
     JSON event: the usage chunk when the client asked for usage, else the finish chunk."""
 
-    def __init__(self, completion: CompletionRequest, trace: RequestTrace):
+    def __init__(self, completion: CompletionRequest, trace: RequestTrace, *, hide_reasoning: bool = False):
+        self._hide_reasoning = hide_reasoning  # the thoughts are not sent (OpenRouter's reasoning.exclude)
         self._chat = completion.kind == "chat"
         self._completion = completion
         self._trace = trace
@@ -161,6 +163,10 @@ class StreamChunks:
     def delta(self, delta: Delta) -> list[bytes]:
         """A chunk of generated text (with the logprobs of its tokens when they were asked), and one of
         tool-call pieces (chat only); none for an empty delta."""
+        if delta.reasoning and self._hide_reasoning:  # its tokens' logprobs go with it
+            if not (delta.text or delta.tool_calls):
+                return []
+            delta = dataclasses.replace(delta, reasoning="")
         if delta.reasoning or delta.text or delta.logprobs:
             out = self._role("")
         elif delta.tool_calls and self._chat and not self._opened:  # OpenAI's first delta of a tool-call reply

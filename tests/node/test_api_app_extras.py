@@ -19,17 +19,22 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import openai
 import pytest
 
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
-from tests.support.nodes import openai_client, template, tiny_models_node, token_id
+from tests.support.nodes import openai_client, template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
 SPEC = SynthSpec(n_ctx=2048, think=True, control_tokens=R1_MARKERS,
                  chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"), name="thinker")
+# templates that read what the R1 one ignores: gpt-oss's writes `Reasoning: low|medium|high`
+# (reasoning_effort), gemma 4's thinks only when enable_thinking is true (its default is false)
+GPTOSS = SynthSpec(n_ctx=2048, harmony=True, chat_template=template("openai-gpt-oss-120b"), name="gptoss")
+GEMMA = SynthSpec(n_ctx=2048, gemma4=True, chat_template=template("google-gemma-4-31B-it"), name="gemma4")
 ASK = [{"role": "user", "content": "Is the sky blue?"}]
 # Open WebUI's Advanced Params at the values its UI puts in when "Custom" is clicked (and typical edits)
 OLLAMA_PARAMS = {"num_ctx": 8192, "num_batch": 512, "num_keep": 24, "num_thread": 4, "num_gpu": 99,
@@ -39,7 +44,7 @@ OLLAMA_PARAMS = {"num_ctx": 8192, "num_batch": 512, "num_keep": 24, "num_thread"
 TOOL_SERVERS = [{"url": "http://localhost:8081", "openapi": {"openapi": "3.1.0", "paths": {}},
                  "info": {"title": "time"}, "specs": [{"name": "get_time", "parameters": {"type": "object"}}]}]
 
-node = tiny_models_node(SPEC)
+node = tiny_models_node(SPEC, GPTOSS, GEMMA)
 
 
 @pytest.fixture
@@ -47,14 +52,30 @@ def client(node):
     return openai_client(node)
 
 
+def model_named(node, name):
+    return next(m.id for m in node.models.all() if name in m.id)
+
+
 @pytest.fixture
 def model(node):
-    return node.models.all()[0].id
+    return model_named(node, "thinker")
+
+
+async def prompt(node, name, **fields) -> str:
+    """The prompt a chat renders to (llama-server's /apply-template: nothing runs)."""
+    async with aiohttp.ClientSession() as s, s.post(
+            f"http://127.0.0.1:{node.api.port}/apply-template", headers={"Authorization": f"Bearer {node.api_key}"},
+            json={"model": model_named(node, name), "messages": ASK, **fields}) as r:
+        assert r.status == 200, await r.text()
+        return (await r.json())["prompt"]
 
 
 @pytest.fixture
 def kw(node):
-    return dict(max_tokens=6, temperature=0, logit_bias={token_id(node, "</think>"): -100})
+    thinker = next(m for m in node.models.all() if "thinker" in m.id)
+    ids = thinker.tokenizer.tokenize("</think>", add_bos=False)
+    assert len(ids) == 1, ids
+    return dict(max_tokens=6, temperature=0, logit_bias={str(ids[0]): -100})
 
 
 async def reply(client, model, **kw):
@@ -136,7 +157,7 @@ async def test_openrouter_reasoning_object_is_what_it_means(client, model, kw):
     budget = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": True, "max_tokens": 0}})
     assert budget[:2] == (await reply(client, model, **kw, extra_body={"reasoning_budget_tokens": 0}))[:2]
     kept = await reply(client, model, **kw, extra_body={"reasoning": {"exclude": True}})
-    assert kept[:2] == (await reply(client, model, **kw))[:2]  # the thoughts stay out of `content`
+    assert kept[:2] == (None, (await reply(client, model, **kw))[1])  # out of `content` too
     for bad, param in (({"reasoning": {"exclude": True}, "reasoning_format": "none"}, "reasoning.exclude"),
                        ({"reasoning": {"max_tokens": "8k"}}, "reasoning.max_tokens"),
                        ({"reasoning": {"summary": "auto"}}, "reasoning")):
@@ -154,3 +175,36 @@ async def test_open_webui_format_text_is_parsed_as_the_body_is(client, model):
         with pytest.raises(openai.BadRequestError) as caught:
             await reply(client, model, max_tokens=4, extra_body={"format": typed})
         assert caught.value.body["param"] == "format", caught.value.body
+
+
+async def test_openrouter_reasoning_on_and_off_are_enable_thinking(node):
+    """OpenRouter's `reasoning` on / off is the template's enable_thinking, as `think` is, and an
+    explicit chat_template_kwargs.enable_thinking wins (2026-12-07, review r35: `enabled: false`
+    beat it, and `enabled: true` or a budget left a template that thinks only when asked without)."""
+    thinking, off = await prompt(node, "gemma4", think=True), await prompt(node, "gemma4", think=False)
+    assert thinking != off and thinking == await prompt(node, "gemma4")  # the node's default is on
+    for reasoning in ({"enabled": True}, {"max_tokens": 2000}, {"effort": "high", "exclude": True}):
+        assert await prompt(node, "gemma4", reasoning=reasoning) == thinking, reasoning
+    assert await prompt(node, "gemma4", reasoning={"enabled": False}) == off
+    assert await prompt(node, "gemma4", reasoning={"enabled": True},
+                        chat_template_kwargs={"enable_thinking": False}) == off
+    on = await prompt(node, "thinker")
+    assert await prompt(node, "thinker", reasoning={"enabled": False}) != on
+    assert await prompt(node, "thinker", reasoning={"enabled": False},
+                        chat_template_kwargs={"enable_thinking": True}) == on
+
+
+async def test_openrouter_reasoning_exclude_leaves_the_thoughts_out(client, model, kw):
+    """OpenRouter's `exclude: true`: the model still thinks, the reply does not carry it (it came
+    back in reasoning_content until 2026-12-07, review r35)."""
+    thoughts, content, _ = await reply(client, model, **kw)
+    assert thoughts
+    got = await reply(client, model, **kw, extra_body={"reasoning": {"exclude": True}})
+    assert got[0] is None and got[1] == content
+    pieces, text = [], []
+    async with await client.chat.completions.create(model=model, messages=ASK, stream=True, **kw,
+                                                    extra_body={"reasoning": {"exclude": True}}) as events:
+        async for chunk in events:
+            pieces += [getattr(c.delta, "reasoning_content", None) for c in chunk.choices]
+            text += [c.delta.content or "" for c in chunk.choices]
+    assert not any(pieces) and "".join(text) == content
