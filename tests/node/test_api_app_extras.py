@@ -102,8 +102,7 @@ async def test_open_webui_think_is_enable_thinking(client, model, kw):
     kwargs_off = await reply(client, model, **kw, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert off[:2] == kwargs_off[:2] and off[0] is None and off[2].prompt_tokens == on[2].prompt_tokens + 1
     assert (await reply(client, model, **kw, extra_body={"think": True}))[:2] == on[:2]
-    low = await reply(client, model, **kw, extra_body={"think": "low"})
-    assert low[:2] == (await reply(client, model, **kw, reasoning_effort="low"))[:2]
+    # think: "low" as reasoning_effort: test_reasoning_effort_reaches_a_template_that_writes_it
     with pytest.raises(openai.BadRequestError) as caught:
         await reply(client, model, **kw, extra_body={"think": "maybe"})
     assert caught.value.body["param"] == "think" and "Think (Ollama)" in caught.value.body["message"]
@@ -149,9 +148,9 @@ async def test_roo_code_lm_studio_draft_model_and_openrouter_provider_change_not
 async def test_openrouter_reasoning_object_is_what_it_means(client, model, kw):
     """OpenRouter's `reasoning` (Roo Code's OpenRouter provider: {effort} or {max_tokens}; aider's
     `openrouter/` models via extra_body; Cline's Claude-family routes {enabled, max_tokens})."""
-    for effort in ("low", "none"):
-        got = await reply(client, model, **kw, extra_body={"reasoning": {"effort": effort}})
-        assert got[:2] == (await reply(client, model, **kw, reasoning_effort=effort))[:2]
+    # an effort the R1 template ignores could not fail here: see the gpt-oss template's test
+    got = await reply(client, model, **kw, extra_body={"reasoning": {"effort": "none"}})
+    assert got[:2] == (await reply(client, model, **kw, reasoning_effort="none"))[:2]
     off = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": False, "max_tokens": 5}})
     assert off[:2] == (await reply(client, model, **kw, reasoning_effort="none"))[:2] and off[0] is None
     budget = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": True, "max_tokens": 0}})
@@ -175,6 +174,16 @@ async def test_open_webui_format_text_is_parsed_as_the_body_is(client, model):
         with pytest.raises(openai.BadRequestError) as caught:
             await reply(client, model, max_tokens=4, extra_body={"format": typed})
         assert caught.value.body["param"] == "format", caught.value.body
+
+
+async def test_reasoning_effort_reaches_a_template_that_writes_it(node):
+    """gpt-oss's template writes the effort (the R1 template ignores it, so comparing replies there
+    could not fail): `reasoning.effort`, `think: "low"` and `reasoning_effort` render the same."""
+    for effort in ("low", "high"):
+        native = await prompt(node, "gptoss", reasoning_effort=effort)
+        assert f"Reasoning: {effort}" in native
+        assert await prompt(node, "gptoss", reasoning={"effort": effort}) == native
+        assert await prompt(node, "gptoss", think=effort) == native
 
 
 async def test_openrouter_reasoning_on_and_off_are_enable_thinking(node):
