@@ -80,6 +80,13 @@ def allowed_names(hosts) -> frozenset[str]:
     return frozenset(name for name in (host_name(h) for h in hosts) if name)
 
 
+def bind_name(host: str) -> list[str]:
+    """`--host NAME` (a name, not an address): the name, which the printed API URL carries, allowed
+    as a Host (2026-12-07, review r35: `--host mylaptop.local` printed a URL the node refused, 403)."""
+    name = host_name(host)
+    return [name] if name and not _is_ip(name) else []
+
+
 def host_allowed(host_header: str | None, extra: frozenset[str] | set[str]) -> bool:
     """True for loopback names, any IP address, and explicitly allowed names. An IP address is no
     DNS-rebinding risk (a page whose origin is an address is served by that address: rebinding

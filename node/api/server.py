@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 
 from aiohttp import web
@@ -20,7 +21,7 @@ from node.api import (
     rerank_routes,
 )
 from node.api.appkeys import MAX_BODY, NODE
-from node.api.auth import allowed_names, make_auth_middleware
+from node.api.auth import allowed_names, bind_name, make_auth_middleware
 from node.api.errors import error_middleware
 from node.api.streaming import bounded_send_middleware
 from node.api.view import NodeView
@@ -60,6 +61,29 @@ def listen_error_text(host: str, port: int, exc: OSError) -> str:
     return f"cannot listen on {host}:{port} ({exc.strerror or exc}): choose another port with -p"
 
 
+def _dual_stack_socket(port: int) -> socket.socket | None:
+    """A listening socket on `::` that takes IPv4 too (IPV6_V6ONLY off): what a user giving `--host ::`
+    means. asyncio turns V6ONLY on, so `::` was IPv6 only: 127.0.0.1 and IPv4 LAN clients were refused,
+    and the printed http://localhost:PORT/v1 too where localhost is 127.0.0.1 only (2026-12-07, review
+    r35). None where this machine has no IPv6, or cannot turn V6ONLY off (the plain bind then says why)."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    try:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        if os.name != "nt":  # as asyncio: a restart binds at once; on Windows it would share the port
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("::", port))
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EPERM):
+            raise
+        return None
+    return sock
+
+
 async def health(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
     return web.json_response({"status": "ok"})
@@ -93,7 +117,7 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
             bounded_send_middleware,
             error_middleware,
             make_auth_middleware(api_key, inference_needs_key=cfg.require_api_key_for_inference,
-                                 allowed_hosts=allowed_names(cfg.allowed_hosts),
+                                 allowed_hosts=allowed_names([*cfg.allowed_hosts, *bind_name(cfg.host)]),
                                  cors_origins=cors.allowed_origins(cfg.cors_origins)),
         ],
         client_max_size=cfg.max_request_body_bytes,
@@ -134,8 +158,9 @@ class ApiServer:
         await self.runner.setup()
         # reuse_address left to asyncio: SO_REUSEADDR on POSIX (a restart binds at once), not on
         # Windows, where it lets a second program bind the same port and take its connections
-        site = web.TCPSite(self.runner, cfg.host, cfg.port)
         try:
+            sock = _dual_stack_socket(cfg.port) if cfg.host == "::" else None
+            site = web.SockSite(self.runner, sock) if sock else web.TCPSite(self.runner, cfg.host, cfg.port)
             await site.start()
         except OSError as exc:  # not the data dir's fault: run.py took any OSError for one
             raise ApiPortUnavailable(listen_error_text(cfg.host, cfg.port, exc)) from exc

@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_node_options(p)
     p.add_argument("--host", default=None,
                    help="API bind address (default 127.0.0.1, this machine only; 0.0.0.0: every network, for apps "
-                        "in containers, WSL or on other devices, which then need the API key, and --allow-host for a name)")
+                        "in containers, WSL or on other devices, which then need the API key, and --allow-host for a "
+                        "name; :: every network, IPv6 and IPv4)")
     p.add_argument("--allow-host", action="append", default=None, dest="allowed_hosts", metavar="NAME",
                    help="accept requests whose Host is NAME besides loopback names and IP addresses, e.g. "
                         "host.docker.internal or mylaptop.local (repeatable; added to config.toml's allowed_hosts)")

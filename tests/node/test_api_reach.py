@@ -5,8 +5,10 @@ the name, and --allow-host. A real node on 127.0.0.1, raw HTTP with the Host hea
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import socket
 
 import aiohttp
 import pytest
@@ -129,3 +131,45 @@ async def test_refused_names_are_said_again_later_whatever_came_before(caplog):
     await refuse("mylaptop.lan")
     assert len(warned()) == 1
     assert len(refused._said) <= const.API_REFUSED_HOST_NAMES_KEPT
+
+
+def _resolves_to_loopback(name: str) -> bool:
+    try:
+        return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(name, None))
+    except OSError:
+        return False
+
+
+async def _get(url: str, key: str) -> int:
+    async with aiohttp.ClientSession() as s, s.get(url, headers={"Authorization": f"Bearer {key}"}) as r:
+        return r.status
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+async def test_host_all_ipv6_takes_ipv4_and_its_printed_url_works(tmp_path):
+    """`--host ::` listened on IPv6 only (asyncio sets IPV6_V6ONLY): 127.0.0.1 and IPv4 LAN clients
+    were refused, and so was the printed http://localhost:PORT/v1 where localhost is 127.0.0.1 only
+    (2026-12-07, review r35). It is dual-stack now, as a user giving `::` means."""
+    async with running_node(node_config(tmp_path / "data", tiny_model(tmp_path), host="::")) as n:
+        assert n.api_url == f"http://localhost:{n.api.port}/v1"
+        assert await _get(f"http://127.0.0.1:{n.api.port}/v1/models", n.api_key) == 200
+        assert await _get(f"http://[::1]:{n.api.port}/v1/models", n.api_key) == 200
+        assert await _get(f"{n.api_url}/models", n.api_key) == 200
+
+
+async def test_host_by_name_allows_the_name_its_url_carries(tmp_path):
+    """`--host mylaptop.local` printed http://mylaptop.local:PORT/v1, whose Host the node refused."""
+    name = socket.gethostname().lower()
+    if not name or _is_address(name) or not _resolves_to_loopback(name):
+        pytest.skip("this machine's name does not resolve to a loopback address")
+    async with running_node(node_config(tmp_path / "data", tiny_model(tmp_path), host=name)) as n:
+        assert n.api_url == f"http://{name}:{n.api.port}/v1"
+        assert await _get(f"{n.api_url}/models", n.api_key) == 200
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
