@@ -109,6 +109,12 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind address (`--host`) reaches this machine only: a loopback name or address."""
+    name = host_name(host)
+    return name in LOOPBACK_NAMES or _is_loopback_ip(name)
+
+
 def _is_loopback_ip(text: str) -> bool:
     try:
         address = ipaddress.ip_address(text.split("%", 1)[0])

@@ -21,7 +21,7 @@ from node.api import (
     rerank_routes,
 )
 from node.api.appkeys import MAX_BODY, NODE
-from node.api.auth import allowed_names, bind_name, make_auth_middleware
+from node.api.auth import allowed_names, bind_name, is_loopback_host, make_auth_middleware
 from node.api.errors import error_middleware
 from node.api.streaming import bounded_send_middleware
 from node.api.view import NodeView
@@ -167,6 +167,11 @@ class ApiServer:
         sockets = self.runner.addresses
         self.port = sockets[0][1] if sockets else cfg.port
         log.info("DIAG: server startup addr=%s:%s", cfg.host, self.port)
+        if not cfg.require_api_key_for_inference and not is_loopback_host(cfg.host):
+            # said at start: a setup that let the LAN in without the key before 2026-12-07 now gets 401s
+            log.warning("DIAG: require_api_key_for_inference = false covers apps on this machine only: apps on "
+                        "other devices, in containers or behind a proxy reaching addr=%s:%s must send the API key "
+                        "(the data dir's api_key file)", cfg.host, self.port)
 
     async def stop(self) -> None:
         """Stop accepting, finish or cancel handlers, free the port."""

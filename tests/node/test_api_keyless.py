@@ -106,3 +106,15 @@ async def test_real_node_cross_site_text_plain_post_needs_the_key(node, path):
                 assert r.status == status, (origin, await r.text())
         async with s.post(url, data=body, headers={"Content-Type": "text/plain", "Origin": "https://evil.example"}) as r:
             assert "cors_origins" in (await r.json())["error"]["message"]
+
+
+@pytest.mark.parametrize(("host", "warned"), [("0.0.0.0", True), ("127.0.0.1", False)])
+async def test_a_keyless_node_on_the_network_says_at_start_that_others_need_the_key(tmp_path, caplog, host, warned):
+    """Until 2026-12-07 `--host 0.0.0.0 --no-auth-inference` let the LAN in without the key; a node
+    set up that way says at start that other devices must now send it (its 401s say so too)."""
+    cfg = node_config(tmp_path / "data", tiny_model(tmp_path), require_api_key_for_inference=False, host=host)
+    with caplog.at_level("INFO", logger="node.api.server"):
+        async with running_node(cfg):
+            pass
+    said = [r.getMessage() for r in caplog.records if "covers apps on this machine only" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said
