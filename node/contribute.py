@@ -246,7 +246,8 @@ class Contributions:
             task.add_done_callback(self._drains.discard)
 
     async def async_release_changed(self, entry: ModelEntry) -> bool:
-        """The models folder's watch found `entry`'s file changed on disk (its size or mtime): the
+        """The models folder's watch, or a slice reading it (SliceHost._recheck), found `entry`'s file
+        changed on disk (its size or mtime): the
         slices loaded from it stop being advertised and taking sessions, and are freed once their
         sessions end (at most AUTO_SERVE_DRAIN_S), so the model can leave and the file be read again
         as a new model. 2026-12-07, review r32: they served on under the old sha256, a first slice's

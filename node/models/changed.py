@@ -49,28 +49,23 @@ async def async_refuse_changed(catalog: ModelCatalog, entry: ModelEntry) -> None
                            f"hashed, so it is no longer this model: {then}")
 
 
-def vouched(catalog: ModelCatalog, entry: ModelEntry, path: Path, st) -> bool:
+def same_file(a, b) -> bool:
+    """Whether two stats are of one file: the same (device, inode)."""
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def vouched(entry: ModelEntry, path: Path, st) -> bool:
     """Whether a file a loaded slice opened as `entry`, its descriptor's stat `st` no longer the one
-    it was opened at, still holds the bytes entry.sha256 names (blocking: on the slice's executor). Its
-    (size, mtime_ns) hashed as those bytes (by a load, a chat request or the watch), or hashed so now
-    (once per change, shared with any other caller: models_watch_s 0 has no watch), on the very file
-    the descriptor reads: only touched, so the slice reads on (2026-12-07, review r34: a touch failed
-    a first slice's every step for good)."""
+    it was opened at, was hashed at that stat as the bytes entry.sha256 names (only touched: the slice
+    reads on). Hashes nothing (2026-12-07, review r36: it hashed on the slice's executor, every other
+    session's step waiting behind it): the caller has the file hashed again off the loop and the
+    executor (SliceHost: Contributions.async_release_changed) and the step fails meanwhile. Blocking:
+    a stat, on the slice's executor."""
     if entry.partial is not None or not entry.has_file or entry.changed or path != entry.path:
         return False
-
-    def same_file() -> bool:
-        try:
-            here = entry.path.stat()
-        except OSError:
-            return False
-        return (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
-
-    if not same_file():  # (replaced by a rename: the descriptor's file is not the one hashed)
+    if entry.hashed_stat != (st.st_size, st.st_mtime_ns):
         return False
-    now = (st.st_size, st.st_mtime_ns)
-    if entry.hashed_stat != now:
-        log.info("DIAG: loaded slice's file changed on disk since it was hashed, hashing it again %s",
-                 kv(model=entry.id, path=entry.path))
-        catalog.same_bytes(entry)
-    return not entry.changed and entry.hashed_stat == now and same_file()
+    try:  # the descriptor's file is the one at the path, the one hashed (not replaced by a rename)
+        return same_file(entry.path.stat(), st)
+    except OSError:
+        return False

@@ -66,8 +66,9 @@ class SliceHost:
         # callback() when peers should hear our adverts again (HELLO): a slice's ms/layer first
         # measured or clearly changed, a loading slice's fetch progress (every CLAIM_PROGRESS_ANNOUNCE_S)
         self.on_advert = None
-        # callback(entry) -> awaitable: a loaded slice's file was found to hold other bytes as it read
-        # them (Contributions.async_release_changed: its slices drain; with models_watch_s 0 nothing else looks)
+        # callback(entry) -> awaitable True when the same bytes: a loaded slice's file changed since it was
+        # hashed as it read it (Contributions.async_release_changed: hashes it again in an executor, other
+        # bytes drain its slices; with models_watch_s 0 nothing else looks)
         self.on_file_changed: Callable[[ModelEntry], Awaitable[Any]] | None = None
         self._notes: set[asyncio.Task] = set()
 
@@ -133,7 +134,7 @@ class SliceHost:
             for s in fits:
                 if s.model is not None and sid in s.model.sessions:
                     return s
-        fits = [s for s in fits if s.state == "loaded" and not s.entry.changed]  # (other bytes now: no new session)
+        fits = [s for s in fits if s.state == "loaded" and not s.entry.changed and not s.checking]  # (no new session)
         if kept is not None:
             for s in fits:
                 if s.model is not None and kept in s.model.sessions:
@@ -149,7 +150,8 @@ class SliceHost:
         """The loaded slices' adverts; `loading`: also the slices being loaded (fetched), marked
         `"loading": true` — peers' layer choices count them (two nodes starting together do not
         both fetch the same layers), and no planner routes to them."""
-        out = [s.advert() for s in self.slices.values() if s.state == "loaded" and not s.entry.changed]  # (it drains)
+        out = [s.advert() for s in self.slices.values()
+               if s.state == "loaded" and not s.entry.changed and not s.checking]  # (it drains, or is hashed)
         if loading:
             # with what of its layers is here (autoserve: a claim whose fetch moves is not stale)
             out += [{**s.advert(), "loading": True, **({"fetch": list(s.fetch)} if s.fetch is not None else {})}
@@ -265,7 +267,7 @@ class SliceHost:
             self.events.emit(hosted)
             raise
         if self.catalog is not None:  # a touch of its file (the same bytes) does not fail its reads
-            hosted.model.file.vouch = self._vouch_for(hosted.entry, loop)
+            hosted.model.file.vouch = self._vouch_for(hosted, loop)
         hosted.state, hosted.retrying = "loaded", None  # (the failure it retried is over)
         self.events.emit(hosted)
         log.info("DIAG: serving slice %s", kv(model=entry.id, layers=f"{start}-{end - 1}", n_layers=entry.n_layers,
@@ -276,22 +278,46 @@ class SliceHost:
             self.on_change()
         return hosted
 
-    def _vouch_for(self, entry: ModelEntry, loop: asyncio.AbstractEventLoop) -> Callable[[Any, Any], bool]:
-        """A loaded slice's GgufFile.vouch (its executor): whether its file, changed since it was
-        opened, holds the same bytes (node.models.changed.vouched); found to hold others, its
-        slices are released (on_file_changed, on the loop)."""
+    def _vouch_for(self, hosted: HostedSlice, loop: asyncio.AbstractEventLoop) -> Callable[[Any, Any], bool]:
+        """A loaded slice's GgufFile.vouch (its executor, hashing nothing): whether its file, changed
+        since it was opened, was hashed at its new stat as the same bytes (node.models.changed.vouched).
+        Not yet: the step fails (its coordinator fails over) and the loop has the file hashed again
+        (`_recheck`)."""
         def vouch(path, st) -> bool:
-            if vouched(self.catalog, entry, path, st):
+            if vouched(hosted.entry, path, st):
                 return True
-            if entry.changed and self.on_file_changed is not None:
-                loop.call_soon_threadsafe(self._file_changed, entry)
+            loop.call_soon_threadsafe(self._recheck, hosted)
             return False
         return vouch
 
-    def _file_changed(self, entry: ModelEntry) -> None:
-        task = asyncio.get_running_loop().create_task(self.on_file_changed(entry), name="slice-file-changed")
+    def _recheck(self, hosted: HostedSlice) -> None:
+        """A loaded slice's file changed since it was hashed: not advertised nor given new sessions
+        while it is hashed again (on_file_changed: Contributions.async_release_changed, in an executor;
+        other bytes drain its slices), then served on (2026-12-07, review r36: the slice hashed it on its
+        own executor, every session's step stalled behind it, and stayed advertised)."""
+        if hosted.checking or hosted.state != "loaded" or self.on_file_changed is None:
+            return
+        hosted.checking = True
+        if self.on_change is not None:
+            self.on_change()
+        task = asyncio.get_running_loop().create_task(self._async_recheck(hosted), name="slice-file-changed")
         self._notes.add(task)
         task.add_done_callback(self._notes.discard)
+
+    async def _async_recheck(self, hosted: HostedSlice) -> None:
+        try:
+            same = await self.on_file_changed(hosted.entry)
+            if same and hosted.state == "loaded" and not await asyncio.get_running_loop().run_in_executor(
+                    None, _reads_on, hosted):  # the same bytes at the path, but not in the file it opened
+                log.warning("DIAG: loaded slice's open file is not the one hashed, the slice is freed %s", kv(
+                    model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
+                hosted.drained_changed = True
+                self.drain(hosted)
+                await self.async_unload(hosted)
+        finally:
+            hosted.checking = False
+            if hosted.state == "loaded" and self.on_change is not None:
+                self.on_change()
 
     def drain(self, hosted: HostedSlice) -> None:
         """Stop advertising a slice (a move left it); its running sessions go on until unloaded."""
@@ -418,6 +444,19 @@ class SliceHost:
         for hosted in self.slices.values():
             if hosted.executor is not None:
                 hosted.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _reads_on(hosted: HostedSlice) -> bool:
+    """Whether a loaded slice's open file reads as the bytes it was loaded from (a stat; blocking)."""
+    from node.inference.weights.gguf_file import FileChangedWhileOpen
+
+    model = hosted.model
+    try:
+        if model is not None:  # (unloaded meanwhile: nothing reads it)
+            model.file.check_unchanged()
+    except FileChangedWhileOpen:
+        return False
+    return True
 
 
 def _free_restarted(hosted: HostedSlice, coordinator: str) -> None:

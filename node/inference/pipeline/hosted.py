@@ -63,6 +63,8 @@ class HostedSlice:
     # drained because its file changed on disk: never revived by a load of its range, even once a
     # re-hash finds the old bytes back (its open file's stat is not the one it opened: review r34)
     drained_changed: bool = False
+    # its file's new stat being hashed (a step found it changed): not advertised nor given new sessions
+    checking: bool = False
 
     def vocabulary(self):
         """The model's vocabulary from the slice's own GGUF (blocking: on the slice's executor, the

@@ -9,8 +9,8 @@ disk until a tensor is touched, and a slice that needs layers [a, b) reads only 
 Each file is opened once, at the open: what is read later (a slice's embedding rows, on every
 request) comes from that descriptor, so a file deleted or replaced by a rename keeps the bytes it
 had (on POSIX; on Windows an open file, like its mapping, cannot be deleted or renamed over), and one
-written over in place is refused (`FileChangedWhileOpen`), never read as the old model, unless `vouch`
-says its new (size, mtime) were hashed as the same bytes (only touched).
+written over in place is refused (`FileChangedWhileOpen`: its size or mtime moved), never read as the
+old model, unless `vouch` says its new (size, mtime) were hashed as the same bytes (only touched).
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ class GgufFile:
         self._parts: dict[Path, mmap.mmap] = {}
         # each file read: (descriptor opened once, its (size, mtime_ns) then); closed with this object
         self._fds: dict[Path, tuple[int, tuple[int, int]]] = {}
-        # (file, its fstat now) → whether its bytes at that stat were hashed as the ones opened (blocking;
-        # set by who knows the sha256: a touched file then reads on); None: any change is refused
+        # (file, its fstat now) → whether its bytes at that stat were hashed as the ones opened (a stat,
+        # no hashing; set by who knows the sha256: a touched file then reads on); None: any change is refused
         self.vouch: Callable[[Path, os.stat_result], bool] | None = None
         source = self.path
         if PartialStore.is_partial(self.path):
