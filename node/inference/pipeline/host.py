@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -171,8 +172,6 @@ class SliceHost:
         once the slice is registered (advertised as loading) and before anything is fetched; False
         gives the slice up (state "unloaded", nothing fetched). `retrying`: the error of the failed
         load this one tries again (a failed slice of the same range being replaced: its own)."""
-        from node.inference.slice import SliceModel
-
         held = self.slices.get((entry.sha256, start, end))
         if held is not None and held.state in ("loaded", "draining") and held.model is not None \
                 and not held.entry.changed and not held.drained_changed:  # (a changed file's: loaded again, checked)
@@ -239,13 +238,7 @@ class SliceHost:
             hosted.placement = await loop.run_in_executor(hosted.executor, self._place, entry, start, end)
             hosted.ms_per_layer = self.speeds.start_from(self.for_model(entry.sha256, draining=True),
                                                          entry.sha256, str(hosted.placement.device))
-            hosted.model = await loop.run_in_executor(
-                hosted.executor, lambda: SliceModel.load(entry.path, start, end, dtype=self.dtype,
-                                                         device=hosted.placement.device,
-                                                         n_threads=self.n_threads or None,
-                                                         max_ctx=self.max_ctx or None, name=entry.id,
-                                                         cache=self.weight_cache, sha256=entry.sha256,
-                                                         kv_dtype=self.kv_dtype))
+            hosted.model = await self._async_open(hosted)
         except NodeError as exc:
             hosted.state, hosted.error, hosted.retrying = "failed", exc.message, None
             hosted.refused_changed = isinstance(exc, FileChangedOnDisk)
@@ -277,6 +270,28 @@ class SliceHost:
         if self.on_change is not None:
             self.on_change()
         return hosted
+
+    async def _async_open(self, hosted: HostedSlice):
+        """SliceModel.load on the slice's executor. One whose file is touched as it
+        loads (FileChangedWhileOpen) is checked again (hashed off the loop: other bytes refuse it) and
+        loaded again: review r36, a touch failed the load, and a `--layers` slice served nothing."""
+        from node.inference.slice import SliceModel
+        from node.inference.weights.gguf_file import FileChangedWhileOpen
+
+        entry, loop, tries = hosted.entry, asyncio.get_running_loop(), 1
+        while True:
+            try:
+                return await loop.run_in_executor(hosted.executor, functools.partial(
+                    SliceModel.load, entry.path, hosted.start, hosted.end, dtype=self.dtype,
+                    device=hosted.placement.device, n_threads=self.n_threads or None, max_ctx=self.max_ctx or None,
+                    name=entry.id, cache=self.weight_cache, sha256=entry.sha256, kv_dtype=self.kv_dtype))
+            except FileChangedWhileOpen:
+                if self.catalog is None or entry.partial is not None or tries >= const.SLICE_LOAD_TOUCHED_TRIES:
+                    raise
+            tries += 1
+            log.info("DIAG: slice's file changed on disk as it loaded, checking it again %s",
+                     kv(model=entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
+            await async_refuse_changed(self.catalog, entry)  # (other bytes: FileChangedOnDisk)
 
     def _vouch_for(self, hosted: HostedSlice, loop: asyncio.AbstractEventLoop) -> Callable[[Any, Any], bool]:
         """A loaded slice's GgufFile.vouch (its executor, hashing nothing): whether its file, changed
