@@ -272,7 +272,8 @@ class SliceHost:
         return hosted
 
     async def _async_open(self, hosted: HostedSlice):
-        """SliceModel.load on the slice's executor. One whose file is touched as it
+        """SliceModel.load on the slice's executor, of the file as it was hashed (`expect`: review r36, a
+        file replaced between the check and the open loaded under the old sha256). One touched as it
         loads (FileChangedWhileOpen) is checked again (hashed off the loop: other bytes refuse it) and
         loaded again: review r36, a touch failed the load, and a `--layers` slice served nothing."""
         from node.inference.slice import SliceModel
@@ -280,13 +281,14 @@ class SliceHost:
 
         entry, loop, tries = hosted.entry, asyncio.get_running_loop(), 1
         while True:
+            expect = entry.hashed_stat if self.catalog is not None and entry.partial is None else None
             try:
                 return await loop.run_in_executor(hosted.executor, functools.partial(
                     SliceModel.load, entry.path, hosted.start, hosted.end, dtype=self.dtype,
                     device=hosted.placement.device, n_threads=self.n_threads or None, max_ctx=self.max_ctx or None,
-                    name=entry.id, cache=self.weight_cache, sha256=entry.sha256, kv_dtype=self.kv_dtype))
+                    name=entry.id, cache=self.weight_cache, sha256=entry.sha256, kv_dtype=self.kv_dtype, expect=expect))
             except FileChangedWhileOpen:
-                if self.catalog is None or entry.partial is not None or tries >= const.SLICE_LOAD_TOUCHED_TRIES:
+                if expect is None or tries >= const.SLICE_LOAD_TOUCHED_TRIES:
                     raise
             tries += 1
             log.info("DIAG: slice's file changed on disk as it loaded, checking it again %s",

@@ -82,7 +82,7 @@ class SliceModel:
              dtype: str = "auto", device: str | torch.device = "cpu", n_threads: int | None = None,
              max_ctx: int | None = None, name: str | None = None, exact_prefill: bool = False,
              cache: WeightCache | None = None, sha256: str | None = None, kernel: str | None = None,
-             kv_dtype: str = "auto") -> SliceModel:
+             kv_dtype: str = "auto", expect: tuple[int, int] | None = None) -> SliceModel:
         """Load layers [layer_start, layer_end) (0-based; None = to the last) of the GGUF at `path`.
 
         Blocking (reads and converts weights): run it in the model's executor. `n_threads` sets
@@ -92,13 +92,14 @@ class SliceModel:
         converted parts are read from it instead of converting, and written to it when missing.
         `kernel` (int8): "qgemm" or "fbgemm"; None = the one measured fastest on this machine
         (`weights/kernels.choose_int8_kernel`, remembered next to the cache). `kv_dtype`: the KV
-        caches' element type (`resolve_kv_dtype`: auto is f16).
+        caches' element type (`resolve_kv_dtype`: auto is f16). `expect`: the (size, mtime_ns) the file
+        was hashed at: other at the open, or changed while loading, is FileChangedWhileOpen.
         """
         t0 = time.perf_counter()
         if n_threads:
             torch.set_num_threads(n_threads)
         device = torch.device(device)
-        f = GgufFile(path)
+        f = GgufFile(path, expect=expect)
         fam = family(f.arch)
         cfg = fam.config(f)
         end = cfg.n_layers if layer_end is None else layer_end

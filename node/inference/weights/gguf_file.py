@@ -11,6 +11,7 @@ request) comes from that descriptor, so a file deleted or replaced by a rename k
 had (on POSIX; on Windows an open file, like its mapping, cannot be deleted or renamed over), and one
 written over in place is refused (`FileChangedWhileOpen`: its size or mtime moved), never read as the
 old model, unless `vouch` says its new (size, mtime) were hashed as the same bytes (only touched).
+`expect`: the (size, mtime_ns) the file was hashed at; a file found otherwise at the open is refused.
 """
 
 from __future__ import annotations
@@ -98,9 +99,13 @@ class _Skipped:
 class GgufFile:
     """Read-only view of one GGUF model file."""
 
-    def __init__(self, path: str | Path, *, header_of_size: int | None = None):
+    def __init__(self, path: str | Path, *, header_of_size: int | None = None,
+                 expect: tuple[int, int] | None = None):
         """`header_of_size`: `path` holds only the header of a file of that many bytes (a model the
-        swarm serves, known here by its header): shapes and metadata are read, no tensor data."""
+        swarm serves, known here by its header): shapes and metadata are read, no tensor data.
+        `expect`: FileChangedWhileOpen unless the file opened has this (size, mtime_ns), the stat its
+        sha256 was computed at (2026-12-07, review r36: a file replaced by a rename between a load's
+        check and its open was loaded, and its parts cached, under the old sha256)."""
         self.path = Path(path)
         # a partial model (node/models/partial): the header file, and each held tensor in its part
         # file; tensors of the header that are not held are listed but raise when read
@@ -118,6 +123,8 @@ class GgufFile:
             manifest, self._where = store.tensor_locations()
             self._size, source = manifest.size_bytes, store.header_path
         self._mm = self._map(source)
+        if expect is not None and self._fds[source][1] != tuple(expect):
+            raise FileChangedWhileOpen(f"{self.path.name} changed on disk since it was hashed")
         self.fields: dict[str, object] = {}
         self.tensors: dict[str, TensorEntry] = {}
         self._parse()
