@@ -50,8 +50,9 @@ async def async_refuse_changed(catalog: ModelCatalog, entry: ModelEntry) -> None
 
 
 def same_file(a, b) -> bool:
-    """Whether two stats are of one file: the same (device, inode)."""
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    """Whether two stats are of one file: the same (device, inode); an inode of 0 (some FUSE and network
+    mounts number none) is unknown, not the same (2026-12-07, review r36: two files were one)."""
+    return a.st_ino != 0 and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def vouched(entry: ModelEntry, path: Path, st) -> bool:

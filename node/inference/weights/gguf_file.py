@@ -261,8 +261,10 @@ class GgufFile:
             raise IndexError(f"row index out of range for {name} of {n_rows} rows")
         ids = np.where(ids < 0, ids + n_rows, ids)
         _buf, path, offset = self._locate(name)
-        if not hasattr(os, "preadv"):  # Windows: through the mapping
-            return self.rows(name, ids)
+        if not hasattr(os, "preadv"):  # Windows: through the mapping, which shows a write in place
+            out = self.rows(name, ids)
+            self._check_unchanged(path)  # (2026-12-07, review r36: not checked, the new bytes were read)
+            return out
         row_bytes = t.n_bytes // n_rows
         out = np.empty((ids.size, row_bytes), dtype=np.uint8)
         fd = self._fds[path][0]  # (opened once: reopened by path, a replaced file gave the new bytes)
