@@ -16,14 +16,13 @@ from typing import Any
 from node import const
 from node.config import NodeConfig
 from node.datadir import save_desktop_settings
-from node.errors import DownloadFailed, InvalidRequest, ModelLoadError, NodeError
+from node.errors import Conflict, InvalidRequest, ModelLoadError, NodeError
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coverage import slice_sizes
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.partials import PartialModels
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry
-from node.models.download import display_url
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
@@ -306,21 +305,14 @@ class Contributions:
         if entry.has_file or entry.partial is not None:
             return entry
         # the origin named when its header came, else one a holder names now (a holder that downloaded
-        # it may have come after one that was given the file)
+        # it may have come after one that was given the file); the partial model takes the swarm's id
+        # (Conflict when the origin holds another file now)
         origin = entry.origin_url or self.origin_of(entry)
-        try:
-            if not origin:
-                raise DownloadFailed("its holders name no origin")
-            directory = await self.partials.async_open(origin)
-        except DownloadFailed as exc:  # no internet, an origin this node may not use, or none named: peers give
-            log.warning("DIAG: model origin not usable, its layers come from peers only %s", kv(
-                model=entry.id, url=display_url(origin) if origin else None, error=exc.message))
-            directory = await self.partials.async_open_from_swarm(entry, origin)
+        directory = await self.partials.async_open_swarm_model(entry, origin)
         opened = next(iter(await self.catalog.async_scan([(directory, "data_dir")])), None) or \
             next((e for e in self.catalog.entries.values() if e.path == directory), None)
-        if opened is None or opened.sha256 != entry.sha256:
-            raise ModelLoadError(f"the file at {display_url(origin)} is not the swarm's copy of {entry.id}: its layers "
-                                 "would not match the holders'")
+        if opened is None or opened.sha256 != entry.sha256:  # (not expected: the directory holds the swarm's id)
+            raise Conflict(f"the partial model of {entry.id} could not be opened under the swarm's id")
         return opened
 
     async def async_layer_cost(self, model_id: str) -> dict[str, Any]:
