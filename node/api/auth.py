@@ -129,6 +129,10 @@ def _is_loopback_ip(text: str) -> bool:
 # `tailscale serve`, `ssh -L 0.0.0.0:…`) comes from loopback but may be from anywhere (2026-12-07)
 PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP", "Via")
 
+# the Content-Types a web page may send cross-origin without a CORS preflight (the Fetch standard's
+# CORS-safelisted ones); application/json, and any other, makes a browser ask first
+SIMPLE_CONTENT_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"})
+
 
 def client_is_local(request: web.Request) -> bool:
     """Whether the connection comes from this machine's loopback and names no proxy (never the Host
@@ -137,6 +141,22 @@ def client_is_local(request: web.Request) -> bool:
     if not request.remote or not _is_loopback_ip(request.remote):
         return False
     return not any(name in request.headers for name in PROXY_HEADERS)
+
+
+def unpreflighted_write(request: web.Request) -> bool:
+    """Whether a web page could have sent this request with no CORS preflight and had it act here:
+    a POST with no Content-Type or a safelisted one (a form, `fetch` with `mode: "no-cors"`). Any
+    other write (application/json, PUT, DELETE) a browser sends only after a preflight, which the
+    node refuses to an origin not in cors_origins; a GET acts on nothing and its answer is not
+    readable by such a page. Browser extensions and Electron apps send an Origin but no preflight:
+    their JSON requests are not a page's (2026-12-07, review r37: they were 401s under the keyless
+    setting)."""
+    if request.method != "POST":
+        return False
+    content_type = request.headers.get("Content-Type")
+    if content_type is None:
+        return True
+    return content_type.split(";", 1)[0].strip().lower() in SIMPLE_CONTENT_TYPES
 
 
 def forbidden_host_text(host_header: str | None) -> str:
@@ -184,9 +204,11 @@ def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hos
         # one (the LAN, a container) needs the key whatever its Host header says
         local = client_is_local(request)
         # a browser sends Origin on a cross-origin POST (apps do not): a page posting text/plain (no
-        # preflight) ran generations here with no key (CSRF; 2026-12-07, review r35)
+        # preflight) ran generations here with no key (CSRF; 2026-12-07, review r35); one needing a
+        # preflight (JSON) never reaches here from a page not allowed, so it is an extension's or app's
         page = request.headers.get("Origin")
-        foreign_page = page is not None and not origin_allowed(page, cors_origins)
+        foreign_page = (page is not None and not origin_allowed(page, cors_origins)
+                        and unpreflighted_write(request))
         needs_key = path.startswith("/api/admin") or (
             inference and (inference_needs_key or not local or foreign_page))
         if needs_key and path not in OPEN_PATHS:

@@ -63,12 +63,32 @@ async def test_a_web_page_needs_the_key_unless_its_origin_is_listed():
     """Any page could POST text/plain (no preflight) to the keyless API and run generations here
     (CSRF; 2026-12-07, review r35): a browser sends Origin on it, apps do not."""
     chat = dict(path="/v1/chat/completions", method="POST")
-    assert not await answered(request("127.0.0.1", {"Origin": "https://evil.example"}, **chat))
-    assert not await answered(request("127.0.0.1", {"Origin": "null"}, **chat))  # a sandboxed frame, file://
-    assert await answered(request("127.0.0.1", {"Origin": "https://evil.example", "x-api-key": KEY}, **chat))
+    for content_type in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                         "multipart/form-data; boundary=x", None):
+        simple = {"Content-Type": content_type} if content_type else {}
+        assert not await answered(request("127.0.0.1", {"Origin": "https://evil.example", **simple}, **chat))
+        assert not await answered(request("127.0.0.1", {"Origin": "null", **simple}, **chat))  # sandboxed frame
+    plain = {"Content-Type": "text/plain"}
+    assert await answered(request("127.0.0.1", {"Origin": "https://evil.example", "x-api-key": KEY, **plain}, **chat))
     listed = frozenset({APP})
-    assert await answered(request("127.0.0.1", {"Origin": APP + "/"}, **chat), cors_origins=listed)
-    assert not await answered(request("127.0.0.1", {"Origin": "https://evil.example"}, **chat), cors_origins=listed)
+    assert await answered(request("127.0.0.1", {"Origin": APP + "/", **plain}, **chat), cors_origins=listed)
+    assert not await answered(request("127.0.0.1", {"Origin": "https://evil.example", **plain}, **chat),
+                              cors_origins=listed)
+
+
+@pytest.mark.parametrize("origin", ["chrome-extension://jfgfiigpkhlkbnfnbobbkinehhfdhndo",
+                                    "moz-extension://4b1c2a5e-0c59-4c5e-9d3c-6e1b2f0a7d11", "null", "file://",
+                                    "app://obsidian.md", "vscode-webview://1a2b3c"])
+async def test_an_extension_or_app_sending_json_needs_no_key(origin):
+    """Browser extensions (Page Assist, ChatGPTBox) and Electron apps send an Origin but skip CORS:
+    their JSON request, which a web page could send only after a preflight the node refuses, is
+    an app's (2026-12-07, review r37: 401 under the keyless setting, though it worked before)."""
+    chat = dict(path="/v1/chat/completions", method="POST")
+    assert await answered(request("127.0.0.1", {"Origin": origin, "Content-Type": "application/json"}, **chat))
+    assert await answered(request("127.0.0.1", {"Origin": origin}, path="/v1/models"))
+    assert not await answered(request("127.0.0.1", {"Origin": origin, "Content-Type": "text/plain"}, **chat))
+    assert not await answered(request("192.168.1.20", {"Origin": origin, "Content-Type": "application/json"},
+                                      **chat))  # another machine still needs the key
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
