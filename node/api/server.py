@@ -65,11 +65,15 @@ def _dual_stack_socket(port: int) -> socket.socket | None:
     """A listening socket on `::` that takes IPv4 too (IPV6_V6ONLY off): what a user giving `--host ::`
     means. asyncio turns V6ONLY on, so `::` was IPv6 only: 127.0.0.1 and IPv4 LAN clients were refused,
     and the printed http://localhost:PORT/v1 too where localhost is 127.0.0.1 only (2026-12-07, review
-    r35). None where this machine has no IPv6, or cannot turn V6ONLY off (the plain bind then says why)."""
+    r35). None where V6ONLY cannot be turned off (the plain bind then says why); a socket on 0.0.0.0,
+    every IPv4 network, where this machine has no IPv6 (ipv6.disable=1): the plain bind there listened
+    on nothing and the start said it listened (2026-12-07, review r37)."""
     try:
         sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-    except OSError:
-        return None
+    except OSError as exc:
+        log.warning("DIAG: --host :: but this machine has no IPv6 (%s): listening on 0.0.0.0, every IPv4 "
+                    "network, instead", exc.strerror or exc)
+        return _ipv4_any_socket(port)
     try:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         if os.name != "nt":  # as asyncio: a restart binds at once; on Windows it would share the port
@@ -81,6 +85,19 @@ def _dual_stack_socket(port: int) -> socket.socket | None:
         if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EPERM):
             raise
         return None
+    return sock
+
+
+def _ipv4_any_socket(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if os.name != "nt":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("0.0.0.0", port))
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
@@ -165,7 +182,13 @@ class ApiServer:
         except OSError as exc:  # not the data dir's fault: run.py took any OSError for one
             raise ApiPortUnavailable(listen_error_text(cfg.host, cfg.port, exc)) from exc
         sockets = self.runner.addresses
-        self.port = sockets[0][1] if sockets else cfg.port
+        if not sockets:  # asyncio skips an address family it cannot make a socket of, silently
+            await self.runner.cleanup()
+            self.runner = None
+            raise ApiPortUnavailable(
+                f"cannot listen on {cfg.host}:{cfg.port} (this machine cannot make a socket for that address: "
+                "no IPv6?): give --host 127.0.0.1 (this machine only) or 0.0.0.0 (every network)")
+        self.port = sockets[0][1]
         log.info("DIAG: server startup addr=%s:%s", cfg.host, self.port)
         if not cfg.require_api_key_for_inference and not is_loopback_host(cfg.host):
             # said at start: a setup that let the LAN in without the key before 2026-12-07 now gets 401s

@@ -173,3 +173,46 @@ def _is_address(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _no_ipv6(monkeypatch):
+    """This machine as one booted with ipv6.disable=1: no AF_INET6 socket can be made (asyncio's
+    bind makes its sockets with the same socket.socket)."""
+    real = socket.socket
+
+    def make(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(97, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", make)
+
+
+async def test_host_all_ipv6_without_ipv6_listens_on_ipv4(tmp_path, monkeypatch, caplog):
+    """`--host ::` on a machine without IPv6 started "successfully", said `addr=:::8800` and listened
+    on nothing (2026-12-07, review r37): it listens on 0.0.0.0 now, and says so."""
+    from node.api.server import ApiServer
+
+    _no_ipv6(monkeypatch)
+    server = ApiServer(object(), node_config(tmp_path / "data", host="::"))
+    with caplog.at_level(logging.WARNING, logger="node.api.server"):
+        await server.start("sk-test")
+    try:
+        assert await _get(f"http://127.0.0.1:{server.port}/health", "sk-test") == 200
+        assert "0.0.0.0" in caplog.text
+    finally:
+        await server.stop()
+
+
+async def test_a_host_no_socket_can_be_made_for_fails_the_start(tmp_path, monkeypatch):
+    """asyncio skips an address family it cannot make a socket of without raising: `--host ::1`
+    without IPv6 listened on nothing and the start went on."""
+    from node.api.server import ApiPortUnavailable, ApiServer
+
+    _no_ipv6(monkeypatch)
+    server = ApiServer(object(), node_config(tmp_path / "data", host="::1"))
+    try:
+        with pytest.raises(ApiPortUnavailable, match="::1"):
+            await server.start("sk-test")
+    finally:
+        await server.stop()
