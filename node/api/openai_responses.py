@@ -30,13 +30,12 @@ from node.api.responses_options import (
     reasoning_kwargs,
     text_format,
 )
-from node.api.schemas import _integer, _number
+from node.api.schemas import _integer, _number, call_arguments
 from node.api.tool_schemas import async_check_tool_schemas, dialect_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, Delta, TokenLogprob, ToolCall, ToolSpec
 from node.inference.sampling import SamplingParams
-from node.inference.tools import unfinished_object
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -103,12 +102,7 @@ def _input_messages(raw: Any) -> list[dict]:
             if not all(isinstance(v, str) and v for v in (call_id, name)) or not isinstance(args, str):
                 raise InvalidRequest(f"'{where}': a function_call needs call_id, name and arguments (strings).",
                                      param="input")
-            try:
-                value = json.loads(args or "{}")
-            except ValueError as exc:  # a call max_tokens cut short, echoed back, is taken (schemas.py)
-                if not unfinished_object(args):
-                    raise InvalidRequest(f"Invalid '{where}.arguments': not valid JSON ({exc}).", param="input") from exc
-                value = {}
+            value = call_arguments(args, f"'{where}.arguments'", "input")  # a call cut short is taken
             if not isinstance(value, dict):
                 raise InvalidRequest(f"Invalid '{where}.arguments': must encode a JSON object.", param="input")
             call = ToolCall(call_id, name, args or "{}")

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from node.api import chat_options, extras
+from node.api.errors import parse_json_text
 from node.api.tool_schemas import _tool_choice, _tools
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
@@ -255,21 +256,25 @@ def _history_calls(msg: dict, i: int) -> tuple[ToolCall, ...]:
         if not isinstance(arguments, str):
             raise InvalidRequest(f"`{at}.function.arguments` must be a JSON text (a string)",
                                  param=f"{at}.function.arguments")
-        try:
-            value = json.loads(arguments or "{}")
-        except ValueError as exc:
-            # an assistant turn echoed back: a call max_tokens cut short is returned (as OpenAI and
-            # llama-server return it) with its arguments as far as they were written, and a client
-            # sends it back in the history: taken, the template gets the text as it is
-            if not unfinished_object(arguments):
-                raise InvalidRequest(f"`{at}.function.arguments` is not valid JSON: {exc}",
-                                     param=f"{at}.function.arguments") from exc
-            value = {}
+        value = call_arguments(arguments, f"`{at}.function.arguments`", f"{at}.function.arguments")
         if not isinstance(value, dict):
             raise InvalidRequest(f"`{at}.function.arguments` must encode a JSON object",
                                  param=f"{at}.function.arguments")
         out.append(ToolCall(call_id, name, arguments or "{}"))
     return tuple(out)
+
+
+def call_arguments(text: str, what: str, param: str) -> object:
+    """A tool call's arguments text parsed as the body is (`parse_json_text`: deep nesting and a lone
+    surrogate escape were a 500 with a traceback, 2026-12-07, review r37). An assistant turn echoed
+    back may hold a call max_tokens cut short (returned so by OpenAI and llama-server): its text,
+    an unfinished object, is taken as it is ({} here; the template gets the text)."""
+    try:
+        return parse_json_text(text or "{}", what)
+    except InvalidRequest as exc:
+        if isinstance(exc.__cause__, json.JSONDecodeError) and unfinished_object(text):
+            return {}
+        raise InvalidRequest(exc.message, param=param) from exc.__cause__
 
 
 def _messages(body: dict) -> tuple[dict, ...]:

@@ -217,3 +217,22 @@ async def test_openrouter_reasoning_exclude_leaves_the_thoughts_out(client, mode
             pieces += [getattr(c.delta, "reasoning_content", None) for c in chunk.choices]
             text += [c.delta.content or "" for c in chunk.choices]
     assert not any(pieces) and "".join(text) == content
+
+
+@pytest.mark.parametrize("arguments", ['{"a": ' * 50000 + "1" + "}" * 50000, '{"a": "\\ud800"}'])
+async def test_tool_call_arguments_are_parsed_as_the_body_is(client, model, arguments):
+    """An assistant turn's call sent back with deeply nested arguments (a RecursionError) or a lone
+    surrogate escape in them (the tokenizer's UnicodeEncodeError) was a 500 with a traceback, in
+    chat and in responses (2026-12-07, review r37): a 400 naming the arguments now."""
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+    assert caught.value.body["param"] == "messages[1].tool_calls[0].function.arguments", caught.value.body
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model=model, max_output_tokens=2, input=[
+            {"role": "user", "content": "Is the sky blue?"},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": arguments},
+            {"type": "function_call_output", "call_id": "call_1", "output": "ok"}])
+    assert "arguments" in caught.value.body["message"], caught.value.body
