@@ -140,6 +140,7 @@ class MessagesDialect:
 
     anthropic_errors = True
     body_in_worker = True  # the body reads the finished run only
+    hide_reasoning = False
 
     def events(self, run: CompletionRun) -> MessageEvents:
         return MessageEvents(run)

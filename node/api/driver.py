@@ -36,6 +36,7 @@ class Dialect(Protocol):
 
     anthropic_errors: bool  # error bodies in Anthropic's shape (else OpenAI's)
     body_in_worker: bool  # body() only reads the finished run: it may run on a worker thread
+    hide_reasoning: bool  # the thoughts are left out of the reply, their tokens' logprobs too (reasoning.exclude)
 
     def events(self, run: CompletionRun) -> StreamEvents:
         """The SSE events of a streamed reply."""
@@ -66,6 +67,8 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
             return result.response
         logprobs: list[TokenLogprob] = []
         async for delta in run.deltas():  # the run keeps the text and tool calls
+            if dialect.hide_reasoning and delta.reasoning and not (delta.text or delta.tool_calls):
+                continue  # as a stream leaves it out (2026-12-07, review r37: the body listed every thought token)
             logprobs.extend(delta.logprobs)
         trace.finished = time.monotonic()  # the response's timings and the summary line agree
         reply = await _json_reply(dialect, run, logprobs, trace.headers())

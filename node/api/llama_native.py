@@ -210,6 +210,7 @@ class NativeDialect:
 
     anthropic_errors = False
     body_in_worker = True  # the body reads the finished run only
+    hide_reasoning = False
 
     def __init__(self, fields: Any):
         self.fields = fields

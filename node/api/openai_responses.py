@@ -426,6 +426,7 @@ class ResponsesDialect:
 
     anthropic_errors = False
     body_in_worker = False  # the body is stored (the store is the loop's): built there, a big one encoded off it
+    hide_reasoning = False
 
     def __init__(self, options: ResponseOptions, store: ResponseStore):
         self.options, self.store = options, store

@@ -236,3 +236,18 @@ async def test_tool_call_arguments_are_parsed_as_the_body_is(client, model, argu
             {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": arguments},
             {"type": "function_call_output", "call_id": "call_1", "output": "ok"}])
     assert "arguments" in caught.value.body["message"], caught.value.body
+
+
+async def test_openrouter_reasoning_exclude_leaves_the_thoughts_logprobs_out(client, model, kw):
+    """`exclude: true` with logprobs: the reply left reasoning_content out but its logprobs listed
+    every thought token, where a stream left them out (2026-12-07, review r37). Both leave them out."""
+    plain = await client.chat.completions.create(model=model, messages=ASK, logprobs=True, **kw)
+    assert plain.choices[0].logprobs.content  # the thoughts' tokens (kw bans </think>: all of them)
+    hidden = await client.chat.completions.create(model=model, messages=ASK, logprobs=True, **kw,
+                                                  extra_body={"reasoning": {"exclude": True}})
+    streamed = []
+    async with await client.chat.completions.create(model=model, messages=ASK, logprobs=True, stream=True, **kw,
+                                                    extra_body={"reasoning": {"exclude": True}}) as events:
+        async for chunk in events:
+            streamed += [t.token for c in chunk.choices if c.logprobs for t in c.logprobs.content or ()]
+    assert [t.token for t in hidden.choices[0].logprobs.content or ()] == streamed == []
