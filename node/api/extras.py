@@ -200,7 +200,8 @@ def _reasoning(out: dict, kind: str) -> None:
     # as `think`: on or off is the template's enable_thinking, which chat_template_kwargs' own wins
     # over (2026-12-07, review r35: enabled false was the effort "none", which beat it; enabled true
     # or a budget left a template that defaults to no thinking without any)
-    if enabled is False or effort == "none":
+    # a budget of 0 is thinking off, as llama-server's reasoning budget 0 (2026-12-07, review r37: on)
+    if enabled is False or effort == "none" or budget == 0:
         _enable_thinking(out, False)
         effort, budget = None, None
     elif enabled or budget is not None or effort not in (None, "none"):

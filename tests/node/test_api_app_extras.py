@@ -153,8 +153,10 @@ async def test_openrouter_reasoning_object_is_what_it_means(client, model, kw):
     assert got[:2] == (await reply(client, model, **kw, reasoning_effort="none"))[:2]
     off = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": False, "max_tokens": 5}})
     assert off[:2] == (await reply(client, model, **kw, reasoning_effort="none"))[:2] and off[0] is None
-    budget = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": True, "max_tokens": 0}})
-    assert budget[:2] == (await reply(client, model, **kw, extra_body={"reasoning_budget_tokens": 0}))[:2]
+    budget = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": True, "max_tokens": 5}})
+    assert budget[:2] == (await reply(client, model, **kw, extra_body={"reasoning_budget_tokens": 5}))[:2]
+    none = await reply(client, model, **kw, extra_body={"reasoning": {"enabled": True, "max_tokens": 0}})
+    assert none[:2] == off[:2]  # a budget of 0 is thinking off, as llama-server's (review r37)
     kept = await reply(client, model, **kw, extra_body={"reasoning": {"exclude": True}})
     assert kept[:2] == (None, (await reply(client, model, **kw))[1])  # out of `content` too
     for bad, param in (({"reasoning": {"exclude": True}, "reasoning_format": "none"}, "reasoning.exclude"),
@@ -251,3 +253,11 @@ async def test_openrouter_reasoning_exclude_leaves_the_thoughts_logprobs_out(cli
         async for chunk in events:
             streamed += [t.token for c in chunk.choices if c.logprobs for t in c.logprobs.content or ()]
     assert [t.token for t in hidden.choices[0].logprobs.content or ()] == streamed == []
+
+
+async def test_openrouter_reasoning_budget_zero_is_thinking_off(node):
+    """`reasoning: {max_tokens: 0}` turned thinking on with a budget of 0 (2026-12-07, review r37);
+    llama-server's reasoning budget 0 is thinking off, and so is this."""
+    off = await prompt(node, "gemma4", think=False)
+    assert await prompt(node, "gemma4", reasoning={"max_tokens": 0}) == off
+    assert await prompt(node, "thinker", reasoning={"max_tokens": 0}) == await prompt(node, "thinker", think=False)
