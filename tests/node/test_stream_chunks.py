@@ -52,3 +52,18 @@ def test_delta_uses_the_text_chunk_and_keeps_logprobs_and_empty_deltas():
                                               events._chunk({"content": "hi"}, None)]
     assert events.delta(Delta(text="hi")) == [events._chunk({"content": "hi"}, None)]
     assert events.delta(Delta(text="")) == []
+
+
+def test_hidden_reasoning_leaves_the_thoughts_out_and_keeps_the_text_beside_them():
+    """OpenRouter's `reasoning.exclude`: a delta of thoughts only sends nothing; the delta that ends
+    the thoughts and starts the answer sends the answer alone (review r37: the real-node test never
+    met such a delta)."""
+    completion = CompletionRequest(kind="chat", model="m", stream=True, include_usage=False, params=SamplingParams())
+    events = StreamChunks(completion, RequestTrace(model="m", operation="chat.completions"), hide_reasoning=True)
+    assert events.delta(Delta(reasoning="thinking")) == []
+    sent = [json.loads(c[len(b"data: "):]) for c in events.delta(Delta(reasoning="end", text="Answer"))]
+    assert [c["choices"][0]["delta"] for c in sent] == [{"role": "assistant", "content": ""}, {"content": "Answer"}]
+    shown = chunks("chat", False)  # the same deltas with the thoughts shown
+    sent = [json.loads(c[len(b"data: "):]) for c in shown.delta(Delta(reasoning="end", text="Answer"))]
+    assert [c["choices"][0]["delta"] for c in sent] == [{"role": "assistant", "content": ""},
+                                                        {"reasoning_content": "end"}, {"content": "Answer"}]
