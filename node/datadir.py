@@ -273,15 +273,15 @@ def cannot_read(path: Path, exc: OSError) -> str:
 _TRANSIENT = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.EIO, errno.EAGAIN, errno.EBUSY}
 
 
-def read_data_file(path: Path) -> bytes:
-    """A data-dir file's bytes (blocking), read again briefly (DATA_FILE_READ_TRIES) when the read
-    fails for a reason that may pass: a Windows sharing violation or an antivirus' lock, a rename
-    between a look and the read; the last OSError otherwise (a folder, not this user's to read)."""
-    for attempt in range(const.DATA_FILE_READ_TRIES):
+def read_data_file(path: Path, *, tries: int = const.DATA_FILE_READ_TRIES) -> bytes:
+    """A data-dir file's bytes (blocking), read again briefly (`tries` in all) when the read fails
+    for a reason that may pass: a Windows sharing violation or an antivirus' lock, a rename between
+    a look and the read; the last OSError otherwise (a folder, not this user's to read)."""
+    for attempt in range(tries):
         try:
             return path.read_bytes()
         except OSError as exc:
-            if exc.errno not in _TRANSIENT or path.is_dir() or attempt + 1 == const.DATA_FILE_READ_TRIES:
+            if exc.errno not in _TRANSIENT or path.is_dir() or attempt + 1 == tries:
                 raise
         time.sleep(const.DATA_FILE_READ_RETRY_S)
     raise AssertionError("unreachable")

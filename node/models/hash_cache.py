@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from node import const
-from node.datadir import keep_aside, read_data_file, write_atomic
+from node.datadir import cannot_read, keep_aside, present, read_data_file, write_atomic
 from node.logs import kv
 from node.models.header import header_digest
 from node.models.origin_record import PUBLIC_RULE, UNCHECKED, OriginRecord
@@ -65,21 +65,24 @@ def _record(value: object) -> dict[str, Any] | None:
     return value
 
 
-def _read(path: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
-    """The records of model_hashes.json (blocking), and why they must not be saved this run (None: they
+def _read(path: Path, *, tries: int = const.DATA_FILE_READ_TRIES, quiet: bool = False
+          ) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The records of model_hashes.json (blocking), and why they must not be saved for now (None: they
     may). Only a damaged file (not JSON, not an object: a crash cut it) is moved aside, to
-    model_hashes.json.broken (-2, -3...: never over an earlier one); one that could not be read this
-    moment (a sync tool's or antivirus' lock, EACCES, EIO), or could not be moved aside, is left as it
-    is and nothing is saved over it this run: the origin records it holds are written only at download
-    (2026-12-07, review r33: a locked file was moved aside as damaged, or overwritten by the first
-    save). Records of another shape are dropped (they were an AttributeError traceback)."""
-    if not (path.is_file() or path.is_dir()):  # none (nor a device: /dev/full reads without end)
+    model_hashes.json.broken (-2, -3...: never over an earlier one); one that could not be read this moment (a sync tool's or antivirus' lock, EACCES,
+    EIO, a link to nothing), or could not be moved aside, is left as it is and nothing is saved over it
+    until it reads (HashCache._save tries again; 2026-12-07, reviews r33, r38). Records of another
+    shape are dropped (they were an AttributeError traceback). `quiet`: a file still not movable is
+    not said again."""
+    if not present(path):  # none (nor a device: /dev/full reads without end)
         return {}, None
     try:
-        data = json.loads(read_data_file(path).decode("utf-8"))
+        data = json.loads(read_data_file(path, tries=tries).decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if path.is_symlink():  # a link to a folder not mounted yet: not none
+            return {}, cannot_read(path, exc)
         return {}, None
     except OSError as exc:  # not damaged: kept as it is, and not overwritten
         return {}, f"not read ({exc.strerror or exc})"
@@ -87,8 +90,9 @@ def _read(path: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
         try:
             kept = f"kept as {keep_aside(path).name}"
         except OSError as move:
-            log.warning("DIAG: model hash cache damaged, files are hashed again %s",
-                        kv(path=path, error=exc, old_file=f"not moved aside: {move.strerror or move}"))
+            if not quiet:
+                log.warning("DIAG: model hash cache damaged, files are hashed again %s",
+                            kv(path=path, error=exc, old_file=f"not moved aside: {move.strerror or move}"))
             return {}, "damaged, and not moved aside"
         log.warning("DIAG: model hash cache unreadable, files are hashed again %s",
                     kv(path=path, error=exc, old_file=kept))
@@ -109,6 +113,7 @@ class HashCache:
         self.stop = threading.Event()  # set when the node stops: a hash in progress gives up
         self._data: dict[str, dict[str, Any]] = {}
         self._unsaved = False  # the last save failed (said once)
+        self._origin_said = False  # a download's origin record could not be saved (said once)
         # hashes in progress, by file → (size, mtime_ns, done, [digest]): a second caller for the same
         # file (a download's completion and the folder watch, the GUI's Add) waits for the first one's
         # result instead of reading the whole file again beside it
@@ -117,8 +122,8 @@ class HashCache:
         if path is not None:
             self._data, self._kept = _read(path)
             if self._kept:
-                log.warning("DIAG: model hash cache %s: files are hashed again, and it is not saved this run "
-                            "(the file is left as it is) %s", self._kept, kv(path=path))
+                log.warning("DIAG: model hash cache %s: files are hashed again, and nothing is saved over it "
+                            "until it can be read (the file is left as it is) %s", self._kept, kv(path=path))
 
     def get_or_compute(self, file: Path) -> str:
         st = file.stat()
@@ -171,6 +176,11 @@ class HashCache:
         with self._lock:
             self._data[str(file.resolve())] = record
             self._save()
+            if origin_url and (self._kept or self._unsaved) and not self._origin_said:
+                self._origin_said = True  # (in memory only: lost if the node stops before a save works)
+                log.warning("DIAG: a download's origin record is not saved yet (model_hashes.json %s): close the "
+                            "program holding it; it is saved once the file can be read %s",
+                            self._kept or "not written", kv(path=self.path, name=file.name))
 
     def set_public(self, file: Path, sha256: str, public: bool | None, *, sent_token: bool = True) -> bool:
         """Record whether a downloaded file's origin is public (None: the check could not be made,
@@ -233,9 +243,31 @@ class HashCache:
                 self._save()
         return digest, n_bytes, OriginRecord.from_json(hit).url
 
-    def _save(self) -> None:  # under self._lock
-        if self.path is None or self._kept:
+    def _merge_kept(self) -> None:  # under self._lock
+        """model_hashes.json was left as it was (not read, or damaged and not moved): read it again
+        (once, no waiting); once it reads, its records join this run's (this run's win per file, a
+        record of the same bytes keeps the origin on disk) and saving resumes. Until 2026-12-07
+        (review r38) saving stayed off for the whole run: a download's origin record was lost."""
+        assert self.path is not None
+        disk, self._kept = _read(self.path, tries=1, quiet=True)
+        if self._kept:
             return
+        for key, old in disk.items():
+            cur = self._data.get(key)
+            if cur is None:
+                self._data[key] = old
+            elif cur.get("sha256") == old.get("sha256") and not OriginRecord.from_json(cur).url \
+                    and (origin := OriginRecord.from_json(old)).url:
+                self._data[key] = origin.merged_into(cur)
+        log.info("DIAG: model hash cache read again, saved from now on %s", kv(path=self.path, records=len(disk)))
+
+    def _save(self) -> None:  # under self._lock
+        if self.path is None:
+            return
+        if self._kept:
+            self._merge_kept()
+            if self._kept:
+                return
         try:  # fsynced, whole or not at all (write_atomic removes its .tmp when it fails)
             write_atomic(self.path, json.dumps(self._data, indent=1).encode("utf-8"))
         except OSError as exc:  # a full disk: the model is served all the same (this is only a cache)

@@ -1,0 +1,50 @@
+"""A data-dir file left as it was because it could not be read, or moved, this moment (a Windows
+sharing violation, simulated as the reviewer did: that one file's reads and moves raise
+PermissionError) costs nothing the user cannot get back once the lock clears.
+
+Found in review r38 (2026-12-07): with model_hashes.json locked at start, saving stayed off for the
+whole run, so a download's origin record (and its public check) was never written: after a restart
+that file was never shared again; a folder at model_hashes.json did the same at every start; a
+damaged swarm.json another program held left a second name beside it, and another .broken-N at each
+start, with advice to give another --data-dir; a swarm.json or model_hashes.json kept elsewhere
+through a link was replaced by a plain file (the secret in plain text in the data dir) at the first
+write."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from node.models.hash_cache import HashCache
+from tests.node.test_kept_state import ORIGIN, _locked, _origin_cache
+
+NEW_ORIGIN = "https://huggingface.co/someone/new/resolve/main/new.gguf"
+
+
+def _model(tmp_path: Path, name: str, extra: bytes = b"") -> Path:
+    path = tmp_path / name
+    path.write_bytes(b"GGUF" + bytes(64) + extra)
+    return path
+
+
+def test_a_download_during_a_locked_run_keeps_its_origin(tmp_path, monkeypatch, caplog):
+    old, new = _model(tmp_path, "old.gguf"), _model(tmp_path, "new.gguf", b"new")
+    _origin_cache(tmp_path, old)
+    old.touch()  # hashed again this run: its record in memory has no origin
+    os.utime(old, ns=(1, 1))
+    _locked(monkeypatch, tmp_path / "model_hashes.json")
+    with caplog.at_level(logging.INFO):
+        cache = HashCache(tmp_path / "model_hashes.json")
+        cache.get_or_compute(old)
+        sha = cache.get_or_compute(new)
+        cache.remember(new, sha, NEW_ORIGIN)  # a download finished while the file was held
+        cache.remember(new, sha, NEW_ORIGIN)
+    monkeypatch.undo()  # the lock cleared
+    assert cache.set_public(new, sha, True)  # its origin check, saved now
+    again = HashCache(tmp_path / "model_hashes.json")  # the next start
+    assert again.origin_of(new).url == NEW_ORIGIN and again.public_of(new)
+    assert again.origin_of(old).url == ORIGIN  # the record on disk of the same bytes kept its origin
+    assert not list(tmp_path.glob("model_hashes.json.*"))
+    assert caplog.text.count("origin record is not saved yet") == 1, caplog.text
+    assert "close the program holding it" in caplog.text
