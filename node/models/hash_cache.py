@@ -68,13 +68,22 @@ def _record(value: object) -> dict[str, Any] | None:
 def _read(path: Path, *, tries: int = const.DATA_FILE_READ_TRIES, quiet: bool = False
           ) -> tuple[dict[str, dict[str, Any]], str | None]:
     """The records of model_hashes.json (blocking), and why they must not be saved for now (None: they
-    may). Only a damaged file (not JSON, not an object: a crash cut it) is moved aside, to
-    model_hashes.json.broken (-2, -3...: never over an earlier one); one that could not be read this moment (a sync tool's or antivirus' lock, EACCES,
+    may). Only a damaged file (not JSON, not an object: a crash cut it), or a folder where it belongs
+    (it cannot hold the cache), is moved aside, to model_hashes.json.broken (-2, -3...: never over an
+    earlier one); one that could not be read this moment (a sync tool's or antivirus' lock, EACCES,
     EIO, a link to nothing), or could not be moved aside, is left as it is and nothing is saved over it
     until it reads (HashCache._save tries again; 2026-12-07, reviews r33, r38). Records of another
     shape are dropped (they were an AttributeError traceback). `quiet`: a file still not movable is
     not said again."""
     if not present(path):  # none (nor a device: /dev/full reads without end)
+        return {}, None
+    if path.is_dir():  # (a folder: every start rehashed and saved nothing; 2026-12-07, review r38)
+        try:
+            kept = keep_aside(path)
+        except OSError as exc:
+            return {}, cannot_read(path, exc)
+        log.warning("DIAG: model hash cache was a directory where a file belongs, files are hashed again %s",
+                    kv(path=path, old_file=f"kept as {kept.name}"))
         return {}, None
     try:
         data = json.loads(read_data_file(path, tries=tries).decode("utf-8"))

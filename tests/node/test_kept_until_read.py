@@ -16,6 +16,8 @@ import logging
 import os
 from pathlib import Path
 
+import pytest
+
 from node.models.hash_cache import HashCache
 from tests.node.test_kept_state import ORIGIN, _locked, _origin_cache
 
@@ -48,3 +50,19 @@ def test_a_download_during_a_locked_run_keeps_its_origin(tmp_path, monkeypatch, 
     assert not list(tmp_path.glob("model_hashes.json.*"))
     assert caplog.text.count("origin record is not saved yet") == 1, caplog.text
     assert "close the program holding it" in caplog.text
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_a_folder_where_model_hashes_json_belongs_is_moved_aside_and_saving_goes_on(tmp_path, monkeypatch, caplog,
+                                                                                    windows):
+    (tmp_path / "model_hashes.json").mkdir()
+    if windows:  # open() of a folder is PermissionError there, not EISDIR
+        _locked(monkeypatch, tmp_path / "model_hashes.json", moves=False)
+    model = _model(tmp_path, "m.gguf")
+    with caplog.at_level(logging.WARNING):
+        cache = HashCache(tmp_path / "model_hashes.json")
+    assert "a directory where a file belongs" in caplog.text, caplog.text
+    monkeypatch.undo()
+    cache.remember(model, cache.get_or_compute(model), ORIGIN)
+    assert (tmp_path / "model_hashes.json.broken").is_dir()
+    assert HashCache(tmp_path / "model_hashes.json").origin_of(model).url == ORIGIN
