@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import sys
 import threading
 import time
@@ -287,17 +288,37 @@ def read_data_file(path: Path, *, tries: int = const.DATA_FILE_READ_TRIES) -> by
     raise AssertionError("unreachable")
 
 
+# Windows: a rename fails whole for a file another program holds (a link then an unlink left both names)
+_RENAME_FIRST = os.name == "nt"
+
+
+def _left_beside(path: Path, broken: Path) -> bool:
+    """Whether `broken` is a second name of `path`'s file, left by an earlier move whose unlink failed."""
+    try:
+        a, b = os.lstat(path), os.lstat(broken)
+    except OSError:
+        return False
+    return stat.S_ISREG(a.st_mode) and a.st_ino != 0 and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def keep_aside(path: Path) -> Path:
     """Move a damaged data-dir file to `NAME.broken`, or `NAME.broken-2`, `-3`... when that is taken:
     never over an earlier kept-aside copy, the user's only way back to what it held (a second damaged
     swarm.json overwrote the first one's .broken, secret and all, until 2026-12-07, review r33).
-    Its new path; an OSError when it could not be moved (it is then where it was)."""
+    Its new path; an OSError when it could not be moved (it is then where it was, maybe with a second
+    name that a later call takes up instead of adding `.broken-N` at each start; review r38)."""
     for n in range(1, 1000):
         broken = path.with_name(path.name + (".broken" if n == 1 else f".broken-{n}"))
         if os.path.lexists(broken):
+            if _left_beside(path, broken):  # the same file: only its first name is left to go
+                os.unlink(path)
+                return broken
             continue
-        if path.is_symlink():  # the link itself is kept aside, not what it points to
-            os.rename(path, broken)
+        if _RENAME_FIRST or path.is_symlink():  # (a link: the link itself is kept aside, not its target)
+            try:
+                os.rename(path, broken)
+            except FileExistsError:  # (Windows never renames over a name)
+                continue
             return broken
         try:
             os.link(path, broken)  # never over a file another process put there meanwhile
@@ -308,7 +329,7 @@ def keep_aside(path: Path) -> Path:
             return broken
         try:
             os.unlink(path)
-        except OSError:  # (held open on Windows): not moved; no second copy left beside it
+        except OSError:  # (held): not moved; the second name goes too where it can
             with contextlib.suppress(OSError):
                 os.unlink(broken)
             raise

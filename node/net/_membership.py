@@ -214,7 +214,11 @@ def load_or_create(data_dir: Path, *, open_swarm: bool = False) -> MembershipSta
         try:
             return MembershipState.from_json(json.loads(text.decode("utf-8")))
         except (ValueError, ProtocolError) as exc:  # damaged (a crash cut it short): its secret is gone
-            broken = keep_aside(path)  # never over an earlier copy (an OSError: not moved, none made)
+            try:
+                broken = keep_aside(path)  # never over an earlier copy
+            except OSError as move:  # (held: Windows; it was "cannot write …: give a writable --data-dir")
+                raise NodeError(f"{path} is damaged and another program holds it ({move.strerror or move}): "
+                                "close it, then try again", code="swarm_unreadable") from None
             log.warning("DIAG: swarm file unreadable, starting a new private swarm (the old file is %s) "
                         "error=%s", broken.name, exc)
     state = MembershipState(Swarm.create())

@@ -12,13 +12,17 @@ write."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
 
 import pytest
 
+from node.errors import NodeError
 from node.models.hash_cache import HashCache
+from node.net import Swarm, write_swarm_file
+from node.net._membership import load_or_create
 from tests.node.test_kept_state import ORIGIN, _locked, _origin_cache
 
 NEW_ORIGIN = "https://huggingface.co/someone/new/resolve/main/new.gguf"
@@ -66,3 +70,31 @@ def test_a_folder_where_model_hashes_json_belongs_is_moved_aside_and_saving_goes
     cache.remember(model, cache.get_or_compute(model), ORIGIN)
     assert (tmp_path / "model_hashes.json.broken").is_dir()
     assert HashCache(tmp_path / "model_hashes.json").origin_of(model).url == ORIGIN
+
+
+@pytest.mark.parametrize("rename_first", [False, True])
+def test_a_damaged_swarm_json_another_program_holds_is_one_file_and_one_line(tmp_path, monkeypatch, rename_first):
+    write_swarm_file(tmp_path, Swarm.create())
+    path = tmp_path / "swarm.json"
+    path.write_bytes(path.read_bytes()[:-12])  # damaged (a crash cut it)
+    damaged = path.read_bytes()
+    held = os.stat(path).st_ino
+    real_unlink, real_rename = os.unlink, os.rename
+
+    def refused(name):  # Windows: no name of a file opened without sharing goes
+        if os.path.exists(name) and os.stat(name).st_ino == held:
+            raise PermissionError(errno.EACCES, "The process cannot access the file", str(name))
+
+    monkeypatch.setattr(os, "unlink", lambda name, *a, **kw: (refused(name), real_unlink(name, *a, **kw))[1])
+    monkeypatch.setattr(os, "rename", lambda src, dst, *a, **kw: (refused(src), real_rename(src, dst, *a, **kw))[1])
+    monkeypatch.setattr("node.datadir._RENAME_FIRST", rename_first, raising=False)
+    for _ in range(3):  # three starts
+        with pytest.raises(NodeError, match="swarm.json is damaged and another program holds it .*: close it, "
+                                            "then try again"):
+            load_or_create(tmp_path)
+    assert not list(tmp_path.glob("swarm.json.broken-*")), sorted(p.name for p in tmp_path.iterdir())
+    monkeypatch.undo()  # closed
+    state = load_or_create(tmp_path)  # a new swarm; the damaged one kept once
+    assert (tmp_path / "swarm.json.broken").read_bytes() == damaged
+    assert not list(tmp_path.glob("swarm.json.broken-*"))
+    assert load_or_create(tmp_path).swarm.swarm_id == state.swarm.swarm_id
