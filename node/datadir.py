@@ -174,10 +174,24 @@ def write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
+def linked_target(path: Path) -> Path:
+    """Where a data-dir file that is a link (into an encrypted or synced folder) is written: its
+    target, a file or nothing yet (a folder not mounted: the write fails, the link stays), so that
+    the link stays and what is written reaches the folder; else `path` itself. A link to anything
+    else (a device: /dev/full, a folder) is never written through: a file renamed over /dev/full
+    replaced the device (2026-12-07)."""
+    if not path.is_symlink():
+        return path
+    target = Path(os.path.realpath(path))
+    return target if target.is_file() or not os.path.lexists(target) else path
+
+
 def write_atomic(path: Path, data: bytes, *, private: bool = False) -> None:
     """Write a file whole or not at all: an fsynced temporary file beside it, renamed over it; a
     failed write (a full disk) removes the temporary file (it was left behind) and raises an OSError
-    naming `path`, not the temporary file. `private`: created 0600 from the start."""
+    naming `path`, not the temporary file. `private`: created 0600 from the start. A link is written
+    through, to its target (the link was replaced by a plain file; 2026-12-07, review r38)."""
+    path = linked_target(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         fd = open_private(tmp) if private else os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | binary_flag(), 0o666)

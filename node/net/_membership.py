@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.datadir import cannot_read, keep_aside, open_private, present, read_data_file
+from node.datadir import cannot_read, keep_aside, linked_target, open_private, present, read_data_file
 from node.errors import NodeError, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def save(data_dir: Path, state: MembershipState) -> None:
 def write_json(data_dir: Path, data: dict) -> None:
     """Write swarm.json atomically, 0600, from a snapshot taken on the loop (blocking)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / SWARM_FILE
+    path = linked_target(data_dir / SWARM_FILE)  # (a link stays one: its target is written)
     tmp = path.with_name(f"{SWARM_FILE}.{secrets.token_hex(4)}.tmp")  # concurrent writers never share one
     fd = open_private(tmp)
     try:

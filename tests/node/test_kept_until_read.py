@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from node.datadir import linked_target, write_atomic
 from node.errors import NodeError
 from node.models.hash_cache import HashCache
 from node.net import Swarm, write_swarm_file
-from node.net._membership import load_or_create
+from node.net._membership import load_or_create, save
 from tests.node.test_kept_state import ORIGIN, _locked, _origin_cache
 
 NEW_ORIGIN = "https://huggingface.co/someone/new/resolve/main/new.gguf"
@@ -98,3 +99,33 @@ def test_a_damaged_swarm_json_another_program_holds_is_one_file_and_one_line(tmp
     assert (tmp_path / "swarm.json.broken").read_bytes() == damaged
     assert not list(tmp_path.glob("swarm.json.broken-*"))
     assert load_or_create(tmp_path).swarm.swarm_id == state.swarm.swarm_id
+
+
+def test_a_swarm_json_and_a_hash_cache_kept_through_links_stay_links(tmp_path):
+    vault, data = tmp_path / "vault", tmp_path / "data"  # an encrypted or synced folder
+    vault.mkdir()
+    data.mkdir()
+    write_swarm_file(vault, Swarm.create())
+    (data / "swarm.json").symlink_to(vault / "swarm.json")
+    (data / "model_hashes.json").symlink_to(vault / "model_hashes.json")
+    (vault / "model_hashes.json").write_text("{}")
+    state = load_or_create(data)
+    state.members["a" * 64] = 1.0e9  # a roster change: written
+    save(data, state)
+    model = _model(tmp_path, "m.gguf")
+    cache = HashCache(data / "model_hashes.json")
+    cache.remember(model, cache.get_or_compute(model), ORIGIN)
+    for name in ("swarm.json", "model_hashes.json"):
+        assert (data / name).is_symlink(), name
+    assert "a" * 64 in (vault / "swarm.json").read_text()
+    assert ORIGIN in (vault / "model_hashes.json").read_text()
+    assert sorted(p.name for p in data.iterdir()) == ["model_hashes.json", "swarm.json"]
+
+
+def test_a_link_to_a_device_or_a_folder_is_never_written_through(tmp_path):
+    (tmp_path / "full").symlink_to("/dev/full")
+    assert linked_target(tmp_path / "full") == tmp_path / "full"  # (a file renamed over it replaced the device)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "folder")
+    write_atomic(tmp_path / "link", b"{}")
+    assert (tmp_path / "folder").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["folder", "full", "link"]
