@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node import const
-from node.datadir import keep_aside
+from node.datadir import keep_aside, read_data_file
 from node.logs import kv
 
 from ._foreign import ForeignPeers
@@ -65,10 +65,11 @@ def _failing(value: object, addrs: list[str]) -> dict[str, list[float]]:
 
 
 def load_peer_cache(data_dir: Path) -> PeerCache:
-    """Read peers.json; an absent or unreadable file gives an empty cache."""
+    """Read peers.json (read again briefly when locked a moment: 2026-12-07, review r38); an absent or
+    unreadable file gives an empty cache."""
     path = data_dir / PEER_CACHE_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_data_file(path).decode("utf-8"))
     except FileNotFoundError:
         return PeerCache()
     except OSError as exc:

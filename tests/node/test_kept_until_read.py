@@ -129,3 +129,23 @@ def test_a_link_to_a_device_or_a_folder_is_never_written_through(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "folder")
     write_atomic(tmp_path / "link", b"{}")
     assert (tmp_path / "folder").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["folder", "full", "link"]
+
+
+def test_a_peers_json_locked_a_moment_is_read(tmp_path, monkeypatch):
+    from node.net._peercache import CachedPeer, PeerCache, load_peer_cache, save_peer_cache
+
+    save_peer_cache(tmp_path, PeerCache([CachedPeer("ab" * 32, ["192.0.2.1:8810"])]))
+    path, left = tmp_path / "peers.json", [1]
+    real_bytes, real_text = Path.read_bytes, Path.read_text
+
+    def once(real):
+        def read(self, *a, **kw):
+            if self == path and left[0]:
+                left[0] -= 1
+                raise PermissionError(errno.EACCES, "The process cannot access the file", str(self))
+            return real(self, *a, **kw)
+        return read
+
+    monkeypatch.setattr(Path, "read_bytes", once(real_bytes))
+    monkeypatch.setattr(Path, "read_text", once(real_text))
+    assert [p.node_id for p in load_peer_cache(tmp_path).peers] == ["ab" * 32]
