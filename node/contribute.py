@@ -306,7 +306,7 @@ class Contributions:
             return entry
         # the origin named when its header came, else one a holder names now (a holder that downloaded
         # it may have come after one that was given the file); the partial model takes the swarm's id
-        # (Conflict when the origin holds another file now)
+        # (Conflict when the origin states another sha256; one stating none is not used: peers only)
         origin = entry.origin_url or self.origin_of(entry)
         directory = await self.partials.async_open_swarm_model(entry, origin)
         opened = next(iter(await self.catalog.async_scan([(directory, "data_dir")])), None) or \

@@ -20,14 +20,14 @@ The answering side, PartServer (MODEL_PART requests from peers), is in part_serv
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
-import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from node import const
 from node.errors import (
@@ -42,7 +42,8 @@ from node.inference.weights.cache import WeightCache
 from node.logs import kv, progress_extra
 from node.models.catalog import ModelEntry
 from node.models.download import file_name_for, resolve_url
-from node.models.download.urls import display_url
+from node.models.download.fetch import Retryable
+from node.models.download.urls import describe_error, display_url
 from node.models.header import SHA256_HEX
 from node.models.partial import (
     PartialStore,
@@ -55,6 +56,7 @@ from node.models.partial import (
 )
 from node.models.partial.fromheader import async_adopt_origin, create_from_header
 from node.models.partial.layout import dir_name
+from node.models.partial.probe import async_probe
 from node.net import Frame, FrameType
 
 log = logging.getLogger(__name__)
@@ -109,62 +111,44 @@ class PartialModels:
 
     async def async_open_swarm_model(self, entry: ModelEntry, origin: str | None) -> Path:
         """The partial model for "Help serve" of a model known here by the header a holder gave
-        (`entry`), under the swarm's id (its holders' whole-file sha256). Opened from `origin` when
-        that states this sha256 (the Hub); else made from the swarm's header with `origin` named
-        (its layers from peers, checked against it, the rest from it) when the origin cannot be read,
-        or answers with the swarm's header and size but states no sha256 (a plain server, a release,
-        S3: until 2026-12-07 that open got the id derived from the header, the Help serve failed
-        with a 500 and the derived-id model stayed in the catalog). Conflict when the origin holds
-        another file now; a directory made by this call for it is removed."""
+        (`entry`), always under the swarm's id (its holders' whole-file sha256). Opened from `origin`
+        only when that states this sha256 (the Hub's X-Linked-Etag); an origin stating no sha256 (a
+        plain server, a release, S3) is not used for it at all: its header and size alone do not tie
+        its bytes to the swarm's id (found in review 2026-12-07: a file replaced in place with the
+        same header and size was served under the swarm's sha256, the honest holder distrusted), so
+        its layers come from peers only, as when no origin is named. One stating another sha256 is a
+        Conflict; nothing is made for it. An unreachable origin: peers, the origin named (as before)."""
         if not origin:
             log.warning("DIAG: model origin not usable, its layers come from peers only %s", kv(
                 model=entry.id, error="its holders name no origin"))
             return await self.async_open_from_swarm(entry, None)
         try:
-            existed = await asyncio.get_running_loop().run_in_executor(None, self.directory_of(origin).exists)
-        except NodeError:  # (a repo not looked up yet: its directory is unknown; nothing of it is removed)
-            existed = True
-        try:
-            directory = await self.async_open(origin)
-        except DownloadFailed as exc:  # no internet, an origin this node may not use: peers give
+            url = await self.origins.async_file_of(origin, held=lambda file: self.directory_of(file).exists())
+            async with asyncio.timeout(const.PARTIAL_HELD_PROBE_S), \
+                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+                        total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S)) as session:
+                *_rest, linked = await async_probe(url, session)
+        except (aiohttp.ClientError, TimeoutError, DownloadFailed, Retryable) as exc:
+            # no internet, an origin this node may not use, busy: peers give
             log.warning("DIAG: model origin not usable, its layers come from peers only %s", kv(
-                model=entry.id, url=display_url(origin), error=exc.message))
+                model=entry.id, url=display_url(origin), error=getattr(exc, "message", None) or describe_error(exc)))
             return await self.async_open_from_swarm(entry, origin)
-        manifest = await asyncio.get_running_loop().run_in_executor(None, PartialStore(directory).load)
-        if manifest.sha256 == entry.sha256:
-            return directory
-        same = not manifest.sha256_known and (manifest.header_sha256, manifest.size_bytes) == \
-            (entry.header_sha256, entry.size_bytes)
-        if not same:
-            if not existed:  # (one there before is another model of this node's, catalogued: kept)
-                await self._async_remove(directory)
+        if linked is None:
+            log.info("DIAG: model origin states no sha256, not used for the swarm's model: its layers "
+                     "come from peers only %s", kv(model=entry.id, url=display_url(origin)))
+            return await self.async_open_from_swarm(entry, None)
+        if linked != entry.sha256:
             raise Conflict(f"the file at {display_url(origin)} is another file now than the swarm's {entry.id} "
-                           f"({'another sha256' if manifest.sha256_known else 'another header or size'}): "
-                           "its layers could not be checked against it")
-        log.info("DIAG: model origin states no sha256, its header and size are the swarm's: its layers "
-                 "come from peers, checked against it %s", kv(model=entry.id, url=display_url(origin)))
-        # the directory made for the origin now takes the swarm's id; one there before (this node's
-        # own `--model URL` of that file, under the derived id) is kept, and the swarm's goes beside it
-        try:
-            return await self.async_open_from_swarm(entry, origin, own_dir=not existed)
-        except Exception:
-            if not existed:  # (the header held is not the one named, a disk error: nothing stays behind)
-                await self._async_remove(directory)
-            raise
+                           f"(its origin states another sha256, {linked[:16]}): its layers could not be "
+                           "checked against it")
+        return await self.async_open(origin)
 
-    async def _async_remove(self, directory: Path) -> None:
-        """A partial model directory this node made for a Help serve and will not use."""
-        self._urls.pop(directory, None)
-        await asyncio.get_running_loop().run_in_executor(None, functools.partial(
-            shutil.rmtree, directory, ignore_errors=True))
-        log.info("DIAG: partial model removed, not the swarm's %s", kv(dir=directory.name))
-
-    async def async_open_from_swarm(self, entry: ModelEntry, origin: str | None, *, own_dir: bool = True) -> Path:
+    async def async_open_from_swarm(self, entry: ModelEntry, origin: str | None) -> Path:
         """A partial model of a model known here by the header a holder gave (`entry`, source
-        `swarm`), when its origin cannot be read or none is named: its layers come from peers only
-        (node/models/partial/fromheader.py). The directory is the origin's when one is named (an
-        open once it answers finds it) and `own_dir`, else one named after the model's id hash."""
-        if origin and own_dir:
+        `swarm`), when its origin cannot be read, none is named or it states no sha256: its layers
+        come from peers only (node/models/partial/fromheader.py). The directory is the origin's when
+        one is named (an open once it answers finds it), else one named after the model's id hash."""
+        if origin:
             directory = self.directory_of(origin)
         else:
             directory = self.models_dir / dir_name(f"swarm:{entry.sha256}", f"{entry.name}.gguf")
