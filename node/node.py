@@ -117,6 +117,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self._machine_task: asyncio.Task | None = None
         self._advertised_rates: dict[str, float] = {}  # model id -> ms/token peers last heard (whole models)
         self._announce_task: asyncio.Task | None = None
+        self._announce_again = False  # _announce_soon asked again while its task runs
         self._stopping = False
         self._later_urls: list[str] = []  # --model URLs unreachable at start (opened in the background)
         self._pending_urls: dict[str, asyncio.Task] = {}  # --model URLs whose origin had not answered at start
@@ -314,6 +315,7 @@ class Node(SwarmActions, UrlModels, ModelActions):
                                  hardware_provider=self._hello_hardware, files_provider=self._hello_files)
         self.transport = PipelineTransport(self.node_id, self.peers)
         self.slice_host.on_advert = self._announce_soon
+        self.slice_host.on_change = self._announce_soon  # (review r40: never wired, a check went unheard)
         self.worker = SegmentWorker(self.node_id, self.slice_host, self.transport,
                                     contributing=self._contributing)
         self.pipeline = PipelineCoordinator(self.node_id, self.transport, self.peers, self.slice_host,
@@ -382,9 +384,18 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self._announce_soon()
 
     def _announce_soon(self) -> None:
-        """HELLO again (a measured rate changed), unless an announcement is on its way."""
-        if self.peers is not None and (self._announce_task is None or self._announce_task.done()):
-            self._announce_task = asyncio.create_task(self.peers.async_announce(), name="announce-rate")
+        """HELLO again (a measured rate or the slices changed); one asked for while an announcement is on
+        its way is sent after it (that one may have read the adverts before the change)."""
+        if self.peers is None:
+            return
+        self._announce_again = True
+        if self._announce_task is None or self._announce_task.done():
+            self._announce_task = asyncio.create_task(self._async_announce_soon(), name="announce-rate")
+
+    async def _async_announce_soon(self) -> None:
+        while self._announce_again and self.peers is not None:
+            self._announce_again = False
+            await self.peers.async_announce()
 
     def _hello_hardware(self) -> dict[str, Any]:
         return hardware_advert(self.machine, self.slice_host)

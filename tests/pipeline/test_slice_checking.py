@@ -1,0 +1,90 @@
+"""A loaded slice whose file was touched is hashed again ("checking") off its executor (review r36);
+review r40 (2026-12-07) on that path: peers hear it stop and start serving, a mount that numbers no
+inodes does not free it, the messages say what is known, a draining slice is checked too, and the
+app and the node's own planner see `checking`. Real nodes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from node.models import hash_cache
+from tests.pipeline.test_loaded_slice_file_changed import _embed
+from tests.support.helpserve import data_with_models
+from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+def touch(path, seconds: int = 2) -> None:
+    """A new mtime, the same bytes."""
+    mtime = path.stat().st_mtime_ns + seconds * 10**9
+    os.utime(path, ns=(mtime, mtime))
+
+
+class HeldHash:
+    """hash_cache.sha256_file held (while `holding`) until released: the re-hash's window."""
+
+    def __init__(self, monkeypatch):
+        self.holding, self.gate = threading.Event(), threading.Event()
+        real = hash_cache.sha256_file
+
+        def held(*args, **kwargs):
+            if self.holding.is_set():
+                self.gate.wait(60)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(hash_cache, "sha256_file", held)
+
+    def hold(self) -> None:
+        self.gate.clear()
+        self.holding.set()
+
+    def release(self) -> None:
+        self.holding.clear()
+        self.gate.set()
+
+
+def seen_by(peer, node, sha256: str) -> bool:
+    """`peer` holds, from `node`'s last HELLO, a served (not loading) slice advert of the model."""
+    return any(s.node_id == node.node_id and any(m.get("sha256") == sha256 and "start" in m and not m.get("loading")
+                                                 for m in s.models)
+               for s in peer.peers.peers())
+
+
+async def _step_fails(hosted) -> None:
+    try:
+        await _embed(hosted)
+    except Exception:  # noqa: BLE001 - the step of a touched file fails (FileChangedWhileOpen)
+        return
+    raise AssertionError("a step read a touched file before it was hashed again")
+
+
+async def test_peers_hear_a_slice_stop_and_start_serving_while_its_file_is_checked(tmp_path, monkeypatch):
+    """Review r40, 1: SliceHost.on_change was never wired, so no HELLO said the slice was being
+    checked (peers routed chains into refusals) nor that it served again: a HELLO sent meanwhile went
+    out without it and peers dropped this node's layers until some unrelated announce."""
+    held = HeldHash(monkeypatch)
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=0.0)) as a:
+        entry = a.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        boot = [f"127.0.0.1:{a.peers.listen_port}"]
+        async with running_node(node_config(tmp_path / "b", bootstrap=boot)) as b:
+            await wait_until(lambda: seen_by(b, a, entry.sha256), 20.0, what="b to see a's slice")
+            held.hold()
+            try:
+                touch(path)
+                await _step_fails(hosted)
+                await wait_until(lambda: hosted.checking, 20.0, what="the file to be hashed again")
+                await wait_until(lambda: not seen_by(b, a, entry.sha256), 20.0,
+                                 what="b to hear that a's slice is not served while it is checked")
+                await a.peers.async_announce()  # (a HELLO meanwhile: without the slice)
+            finally:
+                held.release()
+            await wait_until(lambda: not hosted.checking and hosted.state == "loaded", 20.0, what="the check to end")
+            await wait_until(lambda: seen_by(b, a, entry.sha256), 20.0, what="b to hear a's slice serves again")
+            await _embed(hosted)
