@@ -49,10 +49,13 @@ async def async_refuse_changed(catalog: ModelCatalog, entry: ModelEntry) -> None
                            f"hashed, so it is no longer this model: {then}")
 
 
-def same_file(a, b) -> bool:
-    """Whether two stats are of one file: the same (device, inode); an inode of 0 (some FUSE and network
-    mounts number none) is unknown, not the same (2026-12-07, review r36: two files were one)."""
-    return a.st_ino != 0 and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+def same_file(a, b) -> bool | None:
+    """Whether two stats are of one file: the same (device, inode); None when it cannot tell: an inode of 0
+    (some FUSE and network mounts number none) is unknown, not the same (2026-12-07, review r36: two files
+    were one)."""
+    if a.st_ino == 0 or b.st_ino == 0:
+        return None
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def vouched(entry: ModelEntry, path: Path, st) -> bool:
@@ -66,7 +69,8 @@ def vouched(entry: ModelEntry, path: Path, st) -> bool:
         return False
     if entry.hashed_stat != (st.st_size, st.st_mtime_ns):
         return False
-    try:  # the descriptor's file is the one at the path, the one hashed (not replaced by a rename)
-        return same_file(entry.path.stat(), st)
+    try:  # the descriptor's file is the one at the path, the one hashed (not replaced by a rename); on a
+        # mount numbering no inodes, the stat alone (review r40: a touch there freed a loaded slice for good)
+        return same_file(entry.path.stat(), st) is not False
     except OSError:
         return False

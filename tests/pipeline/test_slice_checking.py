@@ -9,8 +9,9 @@ import os
 import threading
 
 import pytest
+import torch
 
-from node.models import hash_cache
+from node.models import changed, hash_cache
 from tests.pipeline.test_loaded_slice_file_changed import _embed
 from tests.support.helpserve import data_with_models
 from tests.support.nodes import node_config, running_node, tiny_model
@@ -88,3 +89,30 @@ async def test_peers_hear_a_slice_stop_and_start_serving_while_its_file_is_check
             await wait_until(lambda: not hosted.checking and hosted.state == "loaded", 20.0, what="the check to end")
             await wait_until(lambda: seen_by(b, a, entry.sha256), 20.0, what="b to hear a's slice serves again")
             await _embed(hosted)
+
+
+def _numbered(st: os.stat_result, ino: int) -> os.stat_result:
+    fields = list(st[:10])
+    fields[1] = ino
+    return os.stat_result(fields)
+
+
+async def test_a_touch_on_a_mount_without_inode_numbers_does_not_free_the_slice(tmp_path, monkeypatch):
+    """Review r40, 2: where st_ino is 0 (some FUSE and network mounts) `vouched` never vouched, so the
+    re-hash found the same bytes and then freed the slice as if its open file were another: a
+    `--layers` slice was never loaded again. Now the stat alone is checked there."""
+    real = changed.same_file
+    monkeypatch.setattr(changed, "same_file", lambda a, b: real(_numbered(a, 0), _numbered(b, 0)))
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=0.0)) as a:
+        entry = a.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        before = await _embed(hosted)
+        touch(path)
+        await _step_fails(hosted)  # (not hashed at this stat yet)
+        await wait_until(lambda: entry.hashed_stat == (path.stat().st_size, path.stat().st_mtime_ns)
+                         and not hosted.checking, 20.0, what="the touched file to be hashed again")
+        assert hosted.state == "loaded" and not hosted.drained_changed
+        assert torch.equal(await _embed(hosted), before)
+        assert entry.sha256 in {a["sha256"] for a in a.slice_host.adverts()}
