@@ -71,7 +71,7 @@ async def test_a_loaded_first_slice_keeps_its_bytes_then_drains_and_the_new_file
         before = await _embed(hosted)
         if how == "in_place":  # `cp other.gguf models/tiny.gguf`: the same inode, other bytes
             new_sha = await asyncio.to_thread(_overwrite, path, OTHER)
-            with pytest.raises(ModelLoadError, match="written over on disk"):
+            with pytest.raises(ModelLoadError, match="on disk since it was loaded"):
                 await _embed(hosted)  # (it returned the new file's rows)
         else:  # a re-download renamed over it: the slice's open file keeps the old bytes
             new = write_gguf(tmp_path / "other.gguf", OTHER)

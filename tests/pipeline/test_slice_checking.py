@@ -11,6 +11,9 @@ import threading
 import pytest
 import torch
 
+from node import const
+from node.errors import ModelLoadError
+from node.inference.arch.block import Block
 from node.models import changed, hash_cache
 from tests.pipeline.test_loaded_slice_file_changed import _embed
 from tests.support.helpserve import data_with_models
@@ -116,3 +119,47 @@ async def test_a_touch_on_a_mount_without_inode_numbers_does_not_free_the_slice(
         assert hosted.state == "loaded" and not hosted.drained_changed
         assert torch.equal(await _embed(hosted), before)
         assert entry.sha256 in {a["sha256"] for a in a.slice_host.adverts()}
+
+
+async def test_a_step_after_a_touch_says_the_file_is_checked_not_written_over(tmp_path):
+    """Review r40, 3: every step refused after a plain touch said the file 'was written over ... its
+    bytes are no longer this model's' (a user saw it in a 503), before anything was known."""
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=0.0)) as a:
+        entry = a.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        touch(path)
+        with pytest.raises(ModelLoadError) as refused:
+            await _embed(hosted)
+        assert "being checked again" in refused.value.message and "written over" not in refused.value.message
+
+
+async def test_a_layers_slice_touched_at_every_load_fails_saying_so_and_loads_later(tmp_path, monkeypatch):
+    """Review r40, 3: a sync tool re-stamping the file during each of the SLICE_LOAD_TOUCHED_TRIES loads
+    failed the slice 'written over on disk' (untrue: the same bytes), and a `--layers` slice stayed
+    failed until a restart. Now it says it was touched, and is loaded again later."""
+    monkeypatch.setattr(const, "PARTIAL_OPEN_RETRY_MIN_S", 0.2)
+    data, _models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    build, touching = Block.build, threading.Event()
+    touching.set()
+
+    def build_then_touch(*args, **kwargs):
+        built = build(*args, **kwargs)
+        if touching.is_set():
+            touch(path)
+        return built
+
+    monkeypatch.setattr(Block, "build", build_then_touch)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=3600.0)) as a:
+        entry = a.catalog.resolve("tiny")
+        failed = await wait_until(lambda: next((s for s in a.slice_host.slices.values() if s.state == "failed"), None),
+                                  30.0, what="the slice touched at every load to fail")
+        assert "touched" in failed.error and "written over" not in failed.error, failed.error
+        assert not failed.refused_changed and not entry.changed
+        touching.clear()
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 30.0,
+                                    what="the slice to be loaded again later")
+        assert entry.sha256 in {a["sha256"] for a in a.slice_host.adverts()}
+        await _embed(hosted)

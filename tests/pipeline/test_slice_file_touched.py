@@ -98,7 +98,7 @@ async def test_with_no_watch_a_touch_fails_a_step_at_once_and_is_hashed_off_the_
         assert torch.equal(await _embed(hosted), before)
         assert not entry.changed and hosted.state == "loaded"
         await asyncio.to_thread(_overwrite, path, OTHER)
-        with pytest.raises(ModelLoadError, match="written over on disk"):
+        with pytest.raises(ModelLoadError, match="on disk since it was loaded"):
             await _embed(hosted)
         await wait_until(lambda: entry.changed, 20.0, what="other bytes to be found")
         assert entry.sha256 not in {a["sha256"] for a in node.slice_host.adverts()}

@@ -32,7 +32,7 @@ async def async_load_at_start(host: SliceHost, slices: list[Slice], note: Callab
             await host.async_trim_parts(entry)
         else:
             note(f"layers {start}-{end - 1} of {entry.id} failed to load: {hosted.error}")
-            if _missing(entry, start, end):  # its layers could not be fetched (the origin went): later
+            if _missing(entry, start, end) or hosted.touched:  # not fetched (the origin went), or touched: later
                 later.append((entry, start, end))
             elif entry.partial is not None:
                 _not_again(entry, start, end, hosted.error)
@@ -42,7 +42,8 @@ async def async_load_at_start(host: SliceHost, slices: list[Slice], note: Callab
 async def async_load_later(host: SliceHost, entry: ModelEntry, start: int, end: int, *,
                            note: Callable[[str], None], announce: Callable[[], Awaitable[None]],
                            paused: Callable[[], bool], stopping: Callable[[], bool]) -> None:
-    """A slice that failed at start, loaded again after PARTIAL_OPEN_RETRY_MIN_S, doubling up to
+    """A slice that failed at start (its layers not fetched, or its file touched at every try: review r40),
+    loaded again after PARTIAL_OPEN_RETRY_MIN_S, doubling up to
     PARTIAL_OPEN_RETRY_MAX_S, until it loads (it stayed failed until a restart). Left alone while
     contributing is `paused` (a resume loads it)."""
     delay = const.PARTIAL_OPEN_RETRY_MIN_S
@@ -54,7 +55,8 @@ async def async_load_later(host: SliceHost, entry: ModelEntry, start: int, end: 
             return  # loaded or loading another way (a resume)
         if paused():
             continue
-        if not _missing(entry, start, end):  # every layer is here: what failed is no fetch, and stays
+        if not _missing(entry, start, end) and not (held is not None and held.touched):
+            # every layer is here and its file was not touched as it loaded: what failed stays
             _not_again(entry, start, end, held.error if held else None)
             return
         log.info("DIAG: loading layers that failed at start again %s",

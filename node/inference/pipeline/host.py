@@ -288,23 +288,33 @@ class SliceHost:
                     device=hosted.placement.device, n_threads=self.n_threads or None, max_ctx=self.max_ctx or None,
                     name=entry.id, cache=self.weight_cache, sha256=entry.sha256, kv_dtype=self.kv_dtype, expect=expect))
             except FileChangedWhileOpen:
-                if expect is None or tries >= const.SLICE_LOAD_TOUCHED_TRIES:
+                if expect is None:
                     raise
-            tries += 1
             log.info("DIAG: slice's file changed on disk as it loaded, checking it again %s",
                      kv(model=entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
             await async_refuse_changed(self.catalog, entry)  # (other bytes: FileChangedOnDisk)
+            if tries >= const.SLICE_LOAD_TOUCHED_TRIES:  # (review r40: it said "written over", and stayed failed)
+                hosted.touched = True  # (a --layers slice is loaded again later: fixed.py)
+                raise ModelLoadError(f"the file of {entry.id} was touched on disk while it loaded, {tries} times "
+                                     "(the same bytes each time it was hashed again): it is loaded again later")
+            tries += 1
 
     def _vouch_for(self, hosted: HostedSlice, loop: asyncio.AbstractEventLoop) -> Callable[[Any, Any], bool]:
         """A loaded slice's GgufFile.vouch (its executor, hashing nothing): whether its file, changed
         since it was opened, was hashed at its new stat as the same bytes (node.models.changed.vouched).
-        Not yet: the step fails (its coordinator fails over) and the loop has the file hashed again
-        (`_recheck`)."""
+        Not yet: the step fails, saying the file is being checked (its coordinator fails over), and the
+        loop has the file hashed again (`_recheck`)."""
+        from node.inference.weights.gguf_file import FileChangedWhileOpen
+
         def vouch(path, st) -> bool:
             if vouched(hosted.entry, path, st):
                 return True
             loop.call_soon_threadsafe(self._recheck, hosted)
-            return False
+            if hosted.entry.changed:  # (other bytes, known: "written over")
+                return False
+            # not known yet (review r40: every step said "written over", a plain touch too)
+            raise FileChangedWhileOpen(f"{path.name} changed on disk since it was loaded: "
+                                       "its file is being checked again")
         return vouch
 
     def _recheck(self, hosted: HostedSlice) -> None:

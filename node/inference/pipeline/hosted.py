@@ -65,6 +65,7 @@ class HostedSlice:
     drained_changed: bool = False
     # its file's new stat being hashed (a step found it changed): not advertised nor given new sessions
     checking: bool = False
+    touched: bool = False  # failed: its file was touched at every load it tried (the same bytes): tried later
 
     def vocabulary(self):
         """The model's vocabulary from the slice's own GGUF (blocking: on the slice's executor, the
