@@ -163,3 +163,21 @@ async def test_a_layers_slice_touched_at_every_load_fails_saying_so_and_loads_la
                                     what="the slice to be loaded again later")
         assert entry.sha256 in {a["sha256"] for a in a.slice_host.adverts()}
         await _embed(hosted)
+
+
+async def test_a_draining_slice_whose_file_is_touched_is_checked_and_reads_on(tmp_path):
+    """Review r40, 4: `_recheck` looked at loaded slices only, so with models_watch_s = 0 every step
+    of a draining slice's remaining sessions failed after a touch until the slice was freed."""
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=0.0)) as a:
+        entry = a.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        before = await _embed(hosted)
+        a.slice_host.drain(hosted)  # (a move left it: its sessions finish on it)
+        touch(path)
+        await _step_fails(hosted)
+        await wait_until(lambda: entry.hashed_stat == (path.stat().st_size, path.stat().st_mtime_ns)
+                         and not hosted.checking, 10.0, what="the draining slice's touched file to be hashed again")
+        assert hosted.state == "draining" and not entry.changed
+        assert torch.equal(await _embed(hosted), before)

@@ -318,23 +318,30 @@ class SliceHost:
         return vouch
 
     def _recheck(self, hosted: HostedSlice) -> None:
-        """A loaded slice's file changed since it was hashed: not advertised nor given new sessions
+        """A loaded (or draining) slice's file changed since it was hashed: not advertised nor given new sessions
         while it is hashed again (on_file_changed: Contributions.async_release_changed, in an executor;
         other bytes drain its slices), then served on (2026-12-07, review r36: the slice hashed it on its
         own executor, every session's step stalled behind it, and stayed advertised)."""
-        if hosted.checking or hosted.state != "loaded" or self.on_file_changed is None:
-            return
+        if hosted.checking or hosted.state not in ("loaded", "draining") or self.on_file_changed is None:
+            return  # (a draining one too: review r40, its remaining sessions failed every step till freed)
         hosted.checking = True
-        if self.on_change is not None:
+        if hosted.state == "loaded" and self.on_change is not None:
             self.on_change()
         task = asyncio.get_running_loop().create_task(self._async_recheck(hosted), name="slice-file-changed")
         self._notes.add(task)
         task.add_done_callback(self._notes.discard)
 
     async def _async_recheck(self, hosted: HostedSlice) -> None:
+        entry, loop = hosted.entry, asyncio.get_running_loop()
         try:
-            same = await self.on_file_changed(hosted.entry)
-            if same and hosted.state == "loaded" and not await asyncio.get_running_loop().run_in_executor(
+            if hosted.state == "draining" and self.catalog is not None and not any(
+                    s.entry is entry and s.state == "loaded" for s in self.slices.values()):
+                # (async_release_changed hashes for loaded slices only) other bytes: marked changed, and the
+                # slice is freed as it was to be
+                same = not entry.changed and await loop.run_in_executor(None, self.catalog.same_bytes, entry)
+            else:
+                same = await self.on_file_changed(entry)
+            if same and hosted.state in ("loaded", "draining") and not await loop.run_in_executor(
                     None, _reads_on, hosted):  # the same bytes at the path, but not in the file it opened
                 log.warning("DIAG: loaded slice's open file is not the one hashed, the slice is freed %s", kv(
                     model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
