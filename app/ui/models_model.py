@@ -86,6 +86,8 @@ def _state(m: dict[str, Any]) -> str:
     if state == "loading" and fetch and fetch.get("total_bytes"):  # a partial model's layers arriving
         done, total = fetch["done_bytes"], fetch["total_bytes"]
         return f"fetching layers {100 * done / total:.0f}% ({fmt.size(done)} of {fmt.size(total)})"
+    if state == "loaded" and m.get("checking"):  # its file touched: hashed again, then serves on
+        return "loaded, checking its file"
     if state == "loaded" and m.get("busy"):
         waiting = m.get("waiting") or 0
         return "loaded, busy" + (f" (+{waiting} waiting)" if waiting else "")
@@ -93,6 +95,9 @@ def _state(m: dict[str, Any]) -> str:
 
 
 def _state_tip(m: dict[str, Any]) -> str | None:
+    if m.get("state") == "loaded" and m.get("checking"):
+        return ("Its file changed on disk (its size or time) and is being hashed again: the same bytes, it "
+                "serves on; other bytes, it stops. Peers are not sent work for it meanwhile.")
     if m.get("state") == "failed" and m.get("failed_at") and m.get("error"):  # a failed load, remembered
         return (f"{m['error']}\n\nRequests do not load it again until its file changes, another "
                 "model is unloaded or a few minutes pass: select it and press Load to try again.")

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import threading
 
+import aiohttp
 import pytest
 import torch
 
+from app.ui.models_model import MODEL_COLUMNS
 from node import const
 from node.errors import ModelLoadError
 from node.inference.arch.block import Block
@@ -181,3 +183,38 @@ async def test_a_draining_slice_whose_file_is_touched_is_checked_and_reads_on(tm
                          and not hosted.checking, 10.0, what="the draining slice's touched file to be hashed again")
         assert hosted.state == "draining" and not entry.changed
         assert torch.equal(await _embed(hosted), before)
+
+
+async def test_a_checked_slice_is_shown_so_and_not_planned_on_by_its_own_node(tmp_path, monkeypatch):
+    """Review r40, 5: while its file was hashed again the slice's row said just `loaded` (admin API, the
+    app's Models tab), and the node's own planner still routed its requests into it (one attempt
+    each, refused)."""
+    held = HeldHash(monkeypatch)
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=0.0)) as a, \
+            aiohttp.ClientSession() as s:
+        entry = a.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        assert [h.node_id for h in a.pipeline.holders.holders(entry.sha256)] == [a.node_id]
+
+        async def row() -> dict:
+            async with s.get(f"http://127.0.0.1:{a.api.port}/api/admin/models",
+                             headers={"Authorization": f"Bearer {a.api_key}"}) as r:
+                assert r.status == 200
+                return next(m for m in (await r.json())["models"] if m["sha256"] == entry.sha256)
+        state = next(c for c in MODEL_COLUMNS if c.title == "State")
+        assert state.text(await row()) == "loaded"
+        held.hold()
+        try:
+            touch(path)
+            await _step_fails(hosted)
+            await wait_until(lambda: hosted.checking, 20.0, what="the file to be hashed again")
+            shown = await row()
+            assert shown["checking"] and "checking" in state.text(shown) and state.tooltip(shown)
+            assert a.pipeline.holders.holders(entry.sha256) == []
+        finally:
+            held.release()
+        await wait_until(lambda: not hosted.checking, 20.0, what="the check to end")
+        assert state.text(await row()) == "loaded"
+        assert [h.node_id for h in a.pipeline.holders.holders(entry.sha256)] == [a.node_id]

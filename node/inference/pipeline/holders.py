@@ -124,7 +124,8 @@ class LayerHolders:
         return out
 
     def _holders(self, sha256: str) -> list[Holder]:
-        out = [Holder(self.node_id, s.start, s.end, "local", 0.0, s.ms_per_layer) for s in self.host.for_model(sha256)]
+        out = [Holder(self.node_id, s.start, s.end, "local", 0.0, s.ms_per_layer) for s in self.host.for_model(sha256)
+               if not s.checking and not s.entry.changed]  # (as adverts(): review r40, its own requests went there)
         if self.peers is None:
             return out
         for snap in self.peers.peers():

@@ -117,6 +117,8 @@ class HostedSlice:
             "kv_dtype": self.model.kv_name if self.model is not None else None,
             "partial": self.entry.partial.describe() if self.entry.partial is not None else None,
             "fetch": {"done_bytes": self.fetch[0], "total_bytes": self.fetch[1]} if self.fetch is not None else None,
+            # its touched file being hashed again: not advertised nor given new sessions (review r40: not shown)
+            "checking": self.checking,
             # only while it loads: a slice that loaded said "retrying" an old error for ever (2026-12-07)
             "retrying": self.retrying if self.state == "loading" else None,
         }
