@@ -33,6 +33,7 @@ async def test_layers_held_stay_when_the_origin_first_answers_in_a_fetch(tmp_pat
     path, entry, server = holder
     monkeypatch.setattr(const, "PARTIAL_HELD_PROBE_S", 1e-6)  # the adopt probe never answers in time
     with ThreadedOrigin(path.read_bytes()) as origin:
+        origin.linked_etag = entry.sha256  # the Hub: it states the swarm's sha256 (one stating none is not used)
         b = _newcomer(tmp_path, path, entry, origin.url)
         partials = _partials(tmp_path, server, b, origin.url)
         await partials.async_fetch(b, 4, 8)  # from the whole holder
@@ -66,7 +67,7 @@ async def test_an_origin_holding_another_file_fails_the_fetch_and_removes_nothin
         assert PartialStore(b.path).load().validator is None
 
 
-@pytest.mark.parametrize("linked", [None, "another file"])
+@pytest.mark.parametrize("linked", ["the swarm's", None, "another file"])
 async def test_an_open_of_the_url_keeps_the_layers_taken_from_peers(tmp_path, holder, linked):
     path, entry, server = holder
     with ThreadedOrigin(path.read_bytes()) as origin:
@@ -79,9 +80,10 @@ async def test_an_open_of_the_url_keeps_the_layers_taken_from_peers(tmp_path, ho
         await partials.async_fetch(b, 4, 8)
         assert _layers(4, 5, 6, 7) <= set(b.partial.complete)
         origin.unavailable = False  # then the origin answers: an open (async_open_later's) reads it
-        origin.linked_etag = "f" * 64 if linked else None
+        origin.linked_etag = {"the swarm's": entry.sha256, None: None}.get(linked, "f" * 64)
         assert await partials.async_open(origin.url) == directory.resolve()
         held = PartialStore(directory).load()
         assert _layers(4, 5, 6, 7) <= set(held.complete)  # every part was removed
-        assert held.validator == (None if linked else origin.etag)
+        # recorded for the Hub stating the swarm's sha256 only (2026-12-07: one stating none no more)
+        assert held.validator == (origin.etag if linked == "the swarm's" else None)
         _held_matches(path, b, range(4, 8))

@@ -5,7 +5,7 @@ requests go to it, the origin a real HTTP server (tests/support/rangeserver.py).
 2026-12-06: an origin answering 503/429 made the fetch raise `_Retry: HTTP 503` before any peer was
 asked; a hung origin cost a full read timeout on every round, under the PartialModels lock; a Hub
 file replaced in place (same header and size, another sha256) was adopted and its bytes taken
-under the old id."""
+under the old id. 2026-12-07 (review 39): one stating no sha256 at all, with other bytes, likewise."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ import logging
 import pytest
 
 from node import const
+from node.errors import DownloadFailed
 from node.inference.pipeline.part_server import PartServer
 from node.inference.pipeline.partials import PartialModels
 from node.inference.synth import write_gguf
 from node.models.catalog import HashCache, scan_entry
 from node.models.download.urls import display_url, resolve_url
+from node.models.partial.fetch import async_fetch_parts, async_open_partial
 from node.models.partial.fromheader import async_adopt_origin, create_from_header
 from node.models.partial.layout import PartialStore
 from tests.pipeline.test_autoserve import AUTO8
@@ -100,3 +102,53 @@ async def test_an_origin_stating_another_sha256_is_not_adopted(tmp_path, holder,
         origin.linked_etag = entry.sha256  # the same file: adopted
         assert await async_adopt_origin(PartialStore(b.path), b.partial, origin.url) is True
         assert b.partial.validator == origin.etag
+
+
+async def test_an_origin_back_stating_no_sha256_is_never_used_for_the_swarms_file(tmp_path, holder, caplog):
+    """Review 39 finding 1 on the older path (2026-12-07): the origin down when B opened the swarm's
+    model, then back with the same header and size but other tensor bytes and no sha256 stated (a
+    plain server, a GitHub release, S3). Its version was recorded, the holder's layers failed the spot
+    check against it (lied, distrusted) and its bytes were fetched under the swarm's sha256."""
+    path, entry, server = holder
+    real = path.read_bytes()
+    with ThreadedOrigin(real) as origin:
+        origin.unavailable = True
+        b = _newcomer(tmp_path, path, entry, origin.url)
+        partials = _partials(tmp_path, server, b, origin.url)
+        await partials.async_fetch(b, 0, 4)  # from the holder, the origin down
+        offset = entry.header.data_offset
+        origin.data, origin.etag = real[:offset] + bytes(x ^ 0x5A for x in real[offset:]), '"v2"'
+        origin.unavailable = False
+        with caplog.at_level(logging.INFO):
+            await partials.async_fetch(b, 0, AUTO8.n_layers)
+        assert b.partial.covers([f"layer-{i:04d}" for i in range(AUTO8.n_layers)])
+        _held_matches(path, b, range(AUTO8.n_layers))  # the swarm's bytes only, none of the origin's
+        assert not partials._distrusted and "lied=True" not in caplog.text  # the honest holder trusted
+        assert b.partial.validator is None and "states no sha256, not used" in caplog.text
+        assert PartialStore(b.path).load().validator is None
+
+
+async def test_a_first_answer_stating_no_sha256_is_not_taken_for_the_swarms_file(tmp_path, holder):
+    """The adopt probe got no answer, the fetch's first does, with no sha256: nothing is fetched."""
+    path, entry, _server = holder
+    real = path.read_bytes()
+    offset = entry.header.data_offset
+    with ThreadedOrigin(real[:offset] + bytes(x ^ 0x5A for x in real[offset:])) as origin:
+        b = _newcomer(tmp_path, path, entry, origin.url)
+        with pytest.raises(DownloadFailed, match="another file"):
+            await async_fetch_parts(PartialStore(b.path), b.partial, ["layer-0000"], url=origin.url)
+        assert b.partial.validator is None and not b.partial.complete & {"layer-0000"}
+        assert not (b.path / "parts" / "layer-0000.bin").exists()
+
+
+async def test_reopening_at_an_origin_stating_no_sha256_records_nothing(tmp_path, holder):
+    """The open of the URL (a restart, --model) meets the swarm's model made from its header: an
+    origin stating no sha256 has its version recorded for it no more than the fetch does."""
+    path, entry, _server = holder
+    real = path.read_bytes()
+    offset = entry.header.data_offset
+    with ThreadedOrigin(real[:offset] + bytes(x ^ 0x5A for x in real[offset:])) as origin:
+        b = _newcomer(tmp_path, path, entry, origin.url)
+        _store, manifest = await async_open_partial(origin.url, b.path)
+        assert manifest.sha256 == entry.sha256 and manifest.validator is None
+        assert PartialStore(b.path).load().validator is None

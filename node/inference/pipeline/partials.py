@@ -306,11 +306,16 @@ class PartialModels:
             store, url = PartialStore(entry.path), self._urls.get(entry.path) or manifest.origin_url
             # the URL the peers' parts are checked against: None once the origin failed in this fetch
             # (unreachable, busy, another version): each check would wait for it again, under the lock
-            check = [url]
+            check, refused = [url], ""
             if url and manifest.validator is None and (manifest.unchecked or not manifest.covers(parts)):
                 # (opened from the swarm's header: fromheader.py)
-                if await async_adopt_origin(store, manifest, url) is None:
+                adopted = await async_adopt_origin(store, manifest, url)
+                if adopted is None:
                     check[0] = None
+                elif not adopted and manifest.whole_sha256:
+                    # a whole-file sha256 (the swarm's) the origin does not state (no sha256, another
+                    # file): never checked against nor fetched from, peers only (review 39)
+                    url, check[0], refused = "", None, manifest.origin_url
             if manifest.unchecked and check[0]:
                 try:
                     dropped = await async_spot_check_held(store, manifest, url)
@@ -325,8 +330,9 @@ class PartialModels:
             await self._async_from_peers(entry, store, parts, start, end, check, label, phase)
             if not url:  # opened from the swarm's header with no origin named: peers are the only source
                 if not manifest.covers(parts):
-                    raise DownloadFailed(f"layers {label} of {entry.id}: no peer gave them and no origin is "
-                                         "known to fetch them from")
+                    raise DownloadFailed(f"layers {label} of {entry.id}: no peer gave them and " + (
+                        f"{refused} holds another file or does not state its sha256 (peers only)" if refused
+                        else "no origin is known to fetch them from"))
                 return
             if not manifest.covers(parts):
                 self.note(f"fetching layers {label} of {entry.id} from its origin")

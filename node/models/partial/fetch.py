@@ -110,9 +110,10 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
     if old is not None and (old.header_sha256, old.size_bytes) == (fresh.header_sha256, size):
         manifest = old
         if old.validator is None and validator is not None:  # made from the swarm's header: a first version
-            if linked is not None and linked != old.sha256:  # the swarm's file replaced in place: kept, unvouched
+            # the swarm's file replaced in place, or an origin stating no sha256 for it: kept, unvouched
+            if (linked is not None or old.whole_sha256) and linked != old.sha256:
                 log.warning("DIAG: model origin answers for another file, serving the layers held %s",
-                            kv(url=origin, model=old.sha256[:16], origin_sha256=linked[:16], held=old.describe()))
+                            kv(url=origin, model=old.sha256[:16], origin_sha256=(linked or "")[:16] or None, held=old.describe()))
                 return store, old
             old.validator = validator  # the parts held (peers', unchecked) stay until a spot check
             await loop.run_in_executor(None, store.save, old)
@@ -323,9 +324,11 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
 async def _async_first_version(store: PartialStore, manifest: Manifest, io: concurrent.futures.Executor,
                                same_model: bool, validator: str, linked: str | None) -> None:
     """A manifest with no validator meets its origin's first: recorded when the origin holds the
-    same file (header, size, and whole-file sha256 where it states one), nothing removed (the parts
-    held stay unchecked until a spot check); else DownloadFailed, nothing removed either."""
-    if not same_model or (linked is not None and linked != manifest.sha256):
+    same file (header, size, and whole-file sha256 where it states one; it must for a whole-file id),
+    nothing removed (the parts held stay unchecked until a spot check); else DownloadFailed, nothing
+    removed either."""
+    if not same_model or ((linked is not None or manifest.whole_sha256) and linked != manifest.sha256):
+        # (a whole-file sha256, the swarm's, the origin does not state: nothing ties its bytes to it)
         log.warning("DIAG: model origin answers for another file, the layers held are kept %s",
                     kv(model=manifest.sha256[:16], url=manifest.origin_url, origin_sha256=(linked or "")[:16] or None))
         raise DownloadFailed(f"{manifest.origin_url} now holds another file than this model "

@@ -7,7 +7,8 @@ already checked against the advertised header hash (node/inference/headers.py), 
 here; its id is the swarm's (the holders' advertised whole-file sha256), so it chains with them.
 Its layers then come from peers only (their hashes; kept `unchecked` until an origin, if one is
 named, vouches), and the validator is unknown (`None`): an origin that answers later for a file of
-the same header and size (and, where it states one, the same whole-file sha256) has its validator
+the same header and size and the same whole-file sha256 (stated: one stating none is never used for a
+whole-file id, its bytes being tied to it by nothing) has its validator
 recorded (`async_adopt_origin`, before a fetch; when that probe gets no answer, by the fetch's
 first answer: fetch.py `_async_first_version`) and the parts kept here stay unchecked until its
 spot check; an origin holding another file fails the fetch, and nothing held is removed.
@@ -56,9 +57,10 @@ def create_from_header(directory: Path, header_data: bytes, header: GgufHeader, 
 
 async def async_adopt_origin(store: PartialStore, manifest: Manifest, url: str) -> bool | None:
     """A manifest with no validator takes the origin's, if the origin answers now with the same
-    header and size, and the same whole-file sha256 where it states one (True); False when it answered
-    but nothing changes (another file, no version named); None when it could not be read (unreachable,
-    busy: 429/5xx, no answer within PARTIAL_HELD_PROBE_S): the caller asks it nothing more this fetch."""
+    header and size, and the same whole-file sha256 where it states one, which it must for a known
+    sha256 (the swarm's) (True); False when it answered but nothing changes (another file, no sha256
+    for a known one, no version named); None when it could not be read (unreachable, busy: 429/5xx, no
+    answer within PARTIAL_HELD_PROBE_S): the caller asks it nothing more this fetch."""
     try:
         async with asyncio.timeout(const.PARTIAL_HELD_PROBE_S), \
                 aiohttp.ClientSession(timeout=_timeout()) as session:
@@ -68,6 +70,12 @@ async def async_adopt_origin(store: PartialStore, manifest: Manifest, url: str) 
                  kv(model=manifest.sha256[:16], error=getattr(exc, "message", None) or describe_error(exc)))
         return None
     same = hashlib.sha256(data).hexdigest() == manifest.header_sha256 and size == manifest.size_bytes
+    if manifest.whole_sha256 and linked is None:
+        # the swarm's sha256: header and size do not tie an origin's bytes to it (a file replaced in
+        # place at a plain server, a GitHub release, S3): not used, layers from peers only
+        log.warning("DIAG: model origin states no sha256, not used for the swarm's model (peers only) %s",
+                    kv(model=manifest.sha256[:16], url=display_url(resolve_url(url))))
+        return False
     if validator is None:  # (an origin that names no version: nothing to record)
         return False
     if not same or (linked is not None and linked != manifest.sha256):  # (replaced in place: same header and size)

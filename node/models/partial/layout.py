@@ -136,6 +136,12 @@ class Manifest:
         for t in self.part_tensors(part):
             t.sha256 = None
 
+    @property
+    def whole_sha256(self) -> bool:
+        """Its id is a whole file's sha256 (the origin's word, or the swarm's), not origin_identity()'s:
+        an origin's bytes are its bytes only where the origin states that sha256."""
+        return self.sha256_known and self.sha256 != origin_identity(self.header_sha256, self.size_bytes)
+
     def part_tensors(self, part: str) -> list[TensorRecord]:
         return [t for t in self.tensors.values() if t.part == part]
 
