@@ -265,6 +265,7 @@ PARTIAL_START_OPEN_WAIT_S = 2.0  # a --model URL's origin probe holds the start 
 PARTIAL_OPEN_RETRY_MIN_S = 5.0  # a --model URL unreachable at start (nothing of it here) is tried again after this,
 PARTIAL_OPEN_RETRY_MAX_S = 300.0  # doubling up to this
 SLICE_LOAD_TOUCHED_TRIES = 3  # loads of a slice whose file was touched (hashed again: the same bytes) as it loaded
+SLICE_RECHECK_TOUCHED_TRIES = 3  # re-hashes of a loaded slice's file touched again during each (then: at its next step)
 AUTO_SERVE_RETRY_MIN_S = 5.0  # a slice that failed to load is chosen again after this, doubling to the re-check period
 AUTO_SERVE_DRAIN_S = 30.0  # after a move, the old range is freed once no session uses it, or after this
 AUTO_SERVE_DRAIN_POLL_S = 0.5

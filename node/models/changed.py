@@ -74,3 +74,17 @@ def vouched(entry: ModelEntry, path: Path, st) -> bool:
         return same_file(entry.path.stat(), st) is not False
     except OSError:
         return False
+
+
+def touched_again(entry: ModelEntry, st) -> bool:
+    """Whether a slice's open file, found the same bytes at the path but its descriptor's stat `st` not
+    vouched for, was only touched again while it was hashed: its stat is not the one hashed, and it is
+    still the file at the path (or it cannot tell: no inode numbers). Then it is hashed again, not freed
+    (2026-12-07, review r41: a second touch during the re-hash freed a `--layers` slice for good). False:
+    another file is at the path now (renamed over), or none. Blocking: a stat."""
+    if st is None or entry.partial is not None or (st.st_size, st.st_mtime_ns) == entry.hashed_stat:
+        return False
+    try:
+        return same_file(entry.path.stat(), st) is not False
+    except OSError:
+        return False

@@ -35,16 +35,18 @@ class HeldHash:
     """hash_cache.sha256_file held (while `holding`) until released: the re-hash's window."""
 
     def __init__(self, monkeypatch):
-        self.holding, self.gate = threading.Event(), threading.Event()
+        self.holding, self.gate, self.entered = threading.Event(), threading.Event(), threading.Event()
         real = hash_cache.sha256_file
 
         def held(*args, **kwargs):
             if self.holding.is_set():
+                self.entered.set()  # (its stat was read: a touch from now on is after it)
                 self.gate.wait(60)
             return real(*args, **kwargs)
         monkeypatch.setattr(hash_cache, "sha256_file", held)
 
     def hold(self) -> None:
+        self.entered.clear()
         self.gate.clear()
         self.holding.set()
 
@@ -218,3 +220,47 @@ async def test_a_checked_slice_is_shown_so_and_not_planned_on_by_its_own_node(tm
         await wait_until(lambda: not hosted.checking, 20.0, what="the check to end")
         assert state.text(await row()) == "loaded"
         assert [h.node_id for h in a.pipeline.holders.holders(entry.sha256)] == [a.node_id]
+
+
+async def test_a_second_touch_while_the_file_is_hashed_again_does_not_free_the_slice(tmp_path, monkeypatch):
+    """Review r41, 2: the re-hash records the stat it read before hashing, so a second touch meanwhile (a
+    sync tool) left the open file's stat unvouched: the slice was freed as if its open file were another
+    ("open file is not the one hashed"), and a `--layers` slice never loaded again. Now it is hashed again."""
+    held = HeldHash(monkeypatch)
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=0.0)) as a:
+        entry = a.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        before = await _embed(hosted)
+        held.hold()
+        try:
+            touch(path)
+            await _step_fails(hosted)
+            await wait_until(held.entered.is_set, 20.0, what="the touched file's re-hash to start")
+            touch(path, 4)
+        finally:
+            held.release()
+        await wait_until(lambda: not hosted.checking, 20.0, what="the file touched again to be hashed again")
+        assert hosted.state == "loaded" and not hosted.drained_changed and not entry.changed
+        assert entry.hashed_stat == (path.stat().st_size, path.stat().st_mtime_ns)
+        assert torch.equal(await _embed(hosted), before)
+        assert entry.sha256 in {a["sha256"] for a in a.slice_host.adverts()}
+
+
+async def test_a_slice_renamed_over_with_the_same_bytes_is_still_freed(tmp_path):
+    """Review r41, 2: what is freed: a slice whose open file is no longer the one at the path (another file
+    of the same bytes renamed over it after a touch) reads bytes nothing vouches for."""
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=0.0)) as a:
+        entry = a.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        copy = path.with_name("copy.gguf.tmp")
+        copy.write_bytes(path.read_bytes())
+        touch(path)
+        os.replace(copy, path)
+        await _step_fails(hosted)
+        await wait_until(lambda: hosted.state == "unloaded", 20.0, what="the slice to be freed")
+        assert hosted.drained_changed and not entry.changed
+

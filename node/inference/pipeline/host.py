@@ -23,7 +23,7 @@ from node.inference.placement import Placement, place
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry, served_context
-from node.models.changed import async_refuse_changed, vouched
+from node.models.changed import async_refuse_changed, touched_again, vouched
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
@@ -334,20 +334,29 @@ class SliceHost:
     async def _async_recheck(self, hosted: HostedSlice) -> None:
         entry, loop = hosted.entry, asyncio.get_running_loop()
         try:
-            if hosted.state == "draining" and self.catalog is not None and not any(
-                    s.entry is entry and s.state == "loaded" for s in self.slices.values()):
-                # (async_release_changed hashes for loaded slices only) other bytes: marked changed, and the
-                # slice is freed as it was to be
-                same = not entry.changed and await loop.run_in_executor(None, self.catalog.same_bytes, entry)
-            else:
-                same = await self.on_file_changed(entry)
-            if same and hosted.state in ("loaded", "draining") and not await loop.run_in_executor(
-                    None, _reads_on, hosted):  # the same bytes at the path, but not in the file it opened
-                log.warning("DIAG: loaded slice's open file is not the one hashed, the slice is freed %s", kv(
-                    model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
-                hosted.drained_changed = True
-                self.drain(hosted)
-                await self.async_unload(hosted)
+            for _ in range(const.SLICE_RECHECK_TOUCHED_TRIES):
+                if hosted.state == "draining" and self.catalog is not None and not any(
+                        s.entry is entry and s.state == "loaded" for s in self.slices.values()):
+                    # (async_release_changed hashes for loaded slices only) other bytes: marked changed, and the
+                    # slice is freed as it was to be
+                    same = not entry.changed and await loop.run_in_executor(None, self.catalog.same_bytes, entry)
+                else:
+                    same = await self.on_file_changed(entry)
+                if not same or hosted.state not in ("loaded", "draining"):
+                    return
+                reads = await loop.run_in_executor(None, _reads_on, hosted)
+                if reads:
+                    return
+                if reads is False:  # the same bytes at the path, but not in the file it opened
+                    log.warning("DIAG: loaded slice's open file is not the one hashed, the slice is freed %s", kv(
+                        model=entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
+                    hosted.drained_changed = True
+                    self.drain(hosted)
+                    await self.async_unload(hosted)
+                    return
+                log.info("DIAG: slice's file touched again while it was hashed, hashing it again %s", kv(
+                    model=entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
+            # (touched at every re-hash: it serves on, and its next step has it checked again)
         finally:
             hosted.checking = False
             if hosted.state == "loaded" and self.on_change is not None:
@@ -480,8 +489,9 @@ class SliceHost:
                 hosted.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _reads_on(hosted: HostedSlice) -> bool:
-    """Whether a loaded slice's open file reads as the bytes it was loaded from (a stat; blocking)."""
+def _reads_on(hosted: HostedSlice) -> bool | None:
+    """Whether a loaded slice's open file reads as the bytes it was loaded from (a stat; blocking); None:
+    not yet, the file at the path was touched again since it was hashed (`touched_again`: hash it again)."""
     from node.inference.weights.gguf_file import FileChangedWhileOpen
 
     model = hosted.model
@@ -489,7 +499,7 @@ def _reads_on(hosted: HostedSlice) -> bool:
         if model is not None:  # (unloaded meanwhile: nothing reads it)
             model.file.check_unchanged()
     except FileChangedWhileOpen:
-        return False
+        return None if touched_again(hosted.entry, model.file.opened_stat()) else False
     return True
 
 

@@ -166,6 +166,12 @@ class GgufFile:
         for path in list(self._fds):
             self._check_unchanged(path)
 
+    def opened_stat(self) -> os.stat_result | None:
+        """The stat now of the descriptor the model's own file was opened with (blocking); None for a
+        partial model (its header and parts are other files)."""
+        opened = self._fds.get(self.path)
+        return os.fstat(opened[0]) if opened is not None else None
+
     @property
     def partial(self) -> bool:
         """True for a partial model (only some tensors held)."""
