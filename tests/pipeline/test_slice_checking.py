@@ -264,3 +264,28 @@ async def test_a_slice_renamed_over_with_the_same_bytes_is_still_freed(tmp_path)
         await wait_until(lambda: hosted.state == "unloaded", 20.0, what="the slice to be freed")
         assert hosted.drained_changed and not entry.changed
 
+
+async def test_a_check_cancelled_by_the_stop_starts_no_announcement(tmp_path, monkeypatch):
+    """Review r41, 3: the stop cancels the announce task ("background"), then the slices' checks ("slices"):
+    a cancelled check's end said the slice serves again (on_change), which started a new announce task
+    on the stopping node, left running past its stop."""
+    held = HeldHash(monkeypatch)
+    data, models = data_with_models(tmp_path)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(data, path, layers="0-1", models_watch_s=0.0)) as a:
+        entry = a.catalog.resolve("tiny")
+        [hosted] = await wait_until(lambda: a.slice_host.for_model(entry.sha256), 20.0, what="the --layers slice")
+        held.hold()
+        try:
+            touch(path)
+            await _step_fails(hosted)
+            await wait_until(held.entered.is_set, 20.0, what="the touched file's re-hash to start")
+            await wait_until(lambda: a._announce_task is None or a._announce_task.done(), 20.0,
+                             what="the announcement of the check to be sent")
+            before = a._announce_task
+            await a.stop()
+            await wait_until(lambda: not a.slice_host._notes, 20.0, what="the cancelled check to end")
+        finally:
+            held.release()
+        assert not hosted.checking and hosted.state == "loaded"
+        assert a._announce_task is before, "an announce task was started on the stopping node"
