@@ -19,17 +19,18 @@ from node.inference.pipeline.hosted import HostedSlice
 from node.inference.pipeline.kvbudget import KvBudget
 from node.inference.pipeline.partials import PartialModels
 from node.inference.pipeline.perf import LocalSpeeds
+from node.inference.pipeline.recheck import FileRecheck
 from node.inference.placement import Placement, place
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry, served_context
-from node.models.changed import async_refuse_changed, touched_again, vouched
+from node.models.changed import async_refuse_changed
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
 
-class SliceHost:
+class SliceHost(FileRecheck):
     """Loads and owns this node's slices; sweeps idle KV sessions."""
 
     def __init__(self, *, dtype: str = "auto", n_threads: int = 0, max_ctx: int = 0, n_ctx: int = 0,
@@ -299,69 +300,6 @@ class SliceHost:
                                      "(the same bytes each time it was hashed again): it is loaded again later")
             tries += 1
 
-    def _vouch_for(self, hosted: HostedSlice, loop: asyncio.AbstractEventLoop) -> Callable[[Any, Any], bool]:
-        """A loaded slice's GgufFile.vouch (its executor, hashing nothing): whether its file, changed
-        since it was opened, was hashed at its new stat as the same bytes (node.models.changed.vouched).
-        Not yet: the step fails, saying the file is being checked (its coordinator fails over), and the
-        loop has the file hashed again (`_recheck`)."""
-        from node.inference.weights.gguf_file import FileChangedWhileOpen
-
-        def vouch(path, st) -> bool:
-            if vouched(hosted.entry, path, st):
-                return True
-            loop.call_soon_threadsafe(self._recheck, hosted)
-            if hosted.entry.changed:  # (other bytes, known: "written over")
-                return False
-            # not known yet (review r40: every step said "written over", a plain touch too)
-            raise FileChangedWhileOpen(f"{path.name} changed on disk since it was loaded: "
-                                       "its file is being checked again")
-        return vouch
-
-    def _recheck(self, hosted: HostedSlice) -> None:
-        """A loaded (or draining) slice's file changed since it was hashed: not advertised nor given new sessions
-        while it is hashed again (on_file_changed: Contributions.async_release_changed, in an executor;
-        other bytes drain its slices), then served on (2026-12-07, review r36: the slice hashed it on its
-        own executor, every session's step stalled behind it, and stayed advertised)."""
-        if hosted.checking or hosted.state not in ("loaded", "draining") or self.on_file_changed is None:
-            return  # (a draining one too: review r40, its remaining sessions failed every step till freed)
-        hosted.checking = True
-        if hosted.state == "loaded" and self.on_change is not None:
-            self.on_change()
-        task = asyncio.get_running_loop().create_task(self._async_recheck(hosted), name="slice-file-changed")
-        self._notes.add(task)
-        task.add_done_callback(self._notes.discard)
-
-    async def _async_recheck(self, hosted: HostedSlice) -> None:
-        entry, loop = hosted.entry, asyncio.get_running_loop()
-        try:
-            for _ in range(const.SLICE_RECHECK_TOUCHED_TRIES):
-                if hosted.state == "draining" and self.catalog is not None and not any(
-                        s.entry is entry and s.state == "loaded" for s in self.slices.values()):
-                    # (async_release_changed hashes for loaded slices only) other bytes: marked changed, and the
-                    # slice is freed as it was to be
-                    same = not entry.changed and await loop.run_in_executor(None, self.catalog.same_bytes, entry)
-                else:
-                    same = await self.on_file_changed(entry)
-                if not same or hosted.state not in ("loaded", "draining"):
-                    return
-                reads = await loop.run_in_executor(None, _reads_on, hosted)
-                if reads:
-                    return
-                if reads is False:  # the same bytes at the path, but not in the file it opened
-                    log.warning("DIAG: loaded slice's open file is not the one hashed, the slice is freed %s", kv(
-                        model=entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
-                    hosted.drained_changed = True
-                    self.drain(hosted)
-                    await self.async_unload(hosted)
-                    return
-                log.info("DIAG: slice's file touched again while it was hashed, hashing it again %s", kv(
-                    model=entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
-            # (touched at every re-hash: it serves on, and its next step has it checked again)
-        finally:
-            hosted.checking = False
-            if hosted.state == "loaded" and self.on_change is not None:
-                self.on_change()
-
     def drain(self, hosted: HostedSlice) -> None:
         """Stop advertising a slice (a move left it); its running sessions go on until unloaded."""
         if hosted.state == "loaded":
@@ -487,20 +425,6 @@ class SliceHost:
         for hosted in self.slices.values():
             if hosted.executor is not None:
                 hosted.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _reads_on(hosted: HostedSlice) -> bool | None:
-    """Whether a loaded slice's open file reads as the bytes it was loaded from (a stat; blocking); None:
-    not yet, the file at the path was touched again since it was hashed (`touched_again`: hash it again)."""
-    from node.inference.weights.gguf_file import FileChangedWhileOpen
-
-    model = hosted.model
-    try:
-        if model is not None:  # (unloaded meanwhile: nothing reads it)
-            model.file.check_unchanged()
-    except FileChangedWhileOpen:
-        return None if touched_again(hosted.entry, model.file.opened_stat()) else False
-    return True
 
 
 def _free_restarted(hosted: HostedSlice, coordinator: str) -> None:
