@@ -20,6 +20,7 @@ The answering side, PartServer (MODEL_PART requests from peers), is in part_serv
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -55,7 +56,7 @@ from node.models.partial import (
     parts_for,
 )
 from node.models.partial.fromheader import async_adopt_origin, create_from_header
-from node.models.partial.layout import dir_name
+from node.models.partial.layout import dir_name, origin_identity
 from node.models.partial.probe import async_probe
 from node.net import Frame, FrameType
 
@@ -116,8 +117,11 @@ class PartialModels:
         plain server, a release, S3) is not used for it at all: its header and size alone do not tie
         its bytes to the swarm's id (found in review 2026-12-07: a file replaced in place with the
         same header and size was served under the swarm's sha256, the honest holder distrusted), so
-        its layers come from peers only, as when no origin is named. One stating another sha256 is a
-        Conflict; nothing is made for it. An unreachable origin: peers, the origin named (as before)."""
+        its layers come from peers only, as when no origin is named — unless the swarm's id is this
+        origin's own (derived from its header and size, `origin_identity`: the holders opened it from
+        such an origin): then it is opened from it, the gap no peer holds filled only so. One stating
+        another sha256 is a Conflict; nothing is made for it. An unreachable origin: peers, the origin
+        named (as before)."""
         if not origin:
             log.warning("DIAG: model origin not usable, its layers come from peers only %s", kv(
                 model=entry.id, error="its holders name no origin"))
@@ -127,12 +131,17 @@ class PartialModels:
             async with asyncio.timeout(const.PARTIAL_HELD_PROBE_S), \
                     aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
                         total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S)) as session:
-                *_rest, linked = await async_probe(url, session)
+                data, _header, size, _validator, linked = await async_probe(url, session)
         except (aiohttp.ClientError, TimeoutError, DownloadFailed, Retryable) as exc:
             # no internet, an origin this node may not use, busy: peers give
             log.warning("DIAG: model origin not usable, its layers come from peers only %s", kv(
                 model=entry.id, url=display_url(origin), error=getattr(exc, "message", None) or describe_error(exc)))
             return await self.async_open_from_swarm(entry, origin)
+        if linked is None and entry.sha256 == origin_identity(hashlib.sha256(data).hexdigest(), size):
+            # the swarm's id is this origin's own (derived from its header and size: the holders opened it
+            # from such an origin too): its layers come from it as from any --model URL (a gap no peer
+            # holds is filled only so; 2026-12-07: the no-sha rule above refused this too)
+            return await self.async_open(origin)
         if linked is None:
             log.info("DIAG: model origin states no sha256, not used for the swarm's model: its layers "
                      "come from peers only %s", kv(model=entry.id, url=display_url(origin)))
