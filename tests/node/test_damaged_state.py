@@ -165,7 +165,10 @@ async def test_a_model_hashes_json_of_another_shape_is_said_and_the_model_served
                 reply = await client.chat.completions.create(model=served[0], max_tokens=2,
                                                              messages=[{"role": "user", "content": "hi"}])
             assert reply.choices[0].finish_reason in ("length", "stop")
-    assert "Traceback" not in caplog.text
+    # the node's own lines (an openai client another test left to the garbage collector can log its
+    # closing Traceback, on that test's closed loop, while this one runs)
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("node")
+                and (r.exc_info or "Traceback" in r.getMessage())]
     saved = json.loads(cache.read_text())
     assert str(model.resolve()) in saved
     if damage == "records":  # the records of its shape are kept, origin and all; the others dropped, said

@@ -153,7 +153,7 @@ class LocalWorker:
             transport.on_local(ftype, lambda header, payload, sender: None)
 
     def for_model(self, sha256):
-        return [SimpleNamespace(start=0, end=4, ms_per_layer=1.0)] if sha256 == SHA else []
+        return [SimpleNamespace(start=0, end=4, ms_per_layer=1.0, checking=False, entry=SimpleNamespace(changed=False))] if sha256 == SHA else []
 
     def adverts(self):
         return []
