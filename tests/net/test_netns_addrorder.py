@@ -65,7 +65,9 @@ def test_an_invite_carries_the_lan_address_before_bridges_and_vpns(lab, tmp_path
     spaces.run(a, "ip", "route", "add", "default", "via", "192.168.1.1")
     node = NodeProcess(tmp_path / "a", API_PORT, ["--no-default-model", "--n-threads", "1", "--no-mdns"], netns=a)
     nodes.append(node)
-    wait_until_sync(lambda: "DIAG: peer listener started" in node.output(), 60, 0.2, "the listener")
+    # the API starts after the peer listener: `invite` asks the API (the final CI run asked it in between)
+    wait_until_sync(lambda: "DIAG: peer listener started" in node.output() and "DIAG: server startup" in node.output(),
+                    60, 0.2, "the listener and the API")
     addrs = _invite_addrs(node)
     assert addrs[0].startswith("192.168.1.20:"), addrs
     # the laptop roams to another Wi-Fi: a new lease, a new default route
