@@ -69,11 +69,7 @@ def vouched(entry: ModelEntry, path: Path, st) -> bool:
         return False
     if entry.hashed_stat != (st.st_size, st.st_mtime_ns):
         return False
-    try:  # the descriptor's file is the one at the path, the one hashed (not replaced by a rename); on a
-        # mount numbering no inodes, the stat alone (review r40: a touch there freed a loaded slice for good)
-        return same_file(entry.path.stat(), st) is not False
-    except OSError:
-        return False
+    return _at_path(entry, st)  # the one hashed, not replaced by a rename
 
 
 def touched_again(entry: ModelEntry, st) -> bool:
@@ -84,6 +80,12 @@ def touched_again(entry: ModelEntry, st) -> bool:
     another file is at the path now (renamed over), or none. Blocking: a stat."""
     if st is None or entry.partial is not None or (st.st_size, st.st_mtime_ns) == entry.hashed_stat:
         return False
+    return _at_path(entry, st)
+
+
+def _at_path(entry: ModelEntry, st) -> bool:
+    """Whether the file of descriptor stat `st` is still the one at the entry's path (blocking: a stat);
+    on a mount numbering no inodes, taken as so (review r40: a touch there freed a loaded slice for good)."""
     try:
         return same_file(entry.path.stat(), st) is not False
     except OSError:

@@ -16,7 +16,7 @@ from typing import Any
 from node import const
 from node.datadir import cannot_read, keep_aside, present, read_data_file, write_atomic
 from node.logs import kv
-from node.models.header import header_digest
+from node.models.header import SHA256_HEX, header_digest
 from node.models.origin_record import PUBLIC_RULE, UNCHECKED, OriginRecord
 
 __all__ = ["PUBLIC_RULE", "UNCHECKED", "HashCache", "HashingStopped", "OriginRecord", "sha256_file"]
@@ -46,7 +46,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_sha256(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    return isinstance(value, str) and SHA256_HEX.fullmatch(value) is not None
 
 
 def _well_formed(record: Any) -> bool:
