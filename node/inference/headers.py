@@ -28,8 +28,9 @@ from node.models.catalog import MODEL_NAME_RE, ModelCatalog
 from node.models.download.ranged import async_fetch_prefix
 from node.models.download.urls import display_url
 from node.models.gguf_meta import GgufHeader
-from node.models.header import SHA256_HEX, HeaderRefused, check_header, read_range
+from node.models.header import HeaderRefused, check_header, read_range
 from node.net import Frame, FrameType, PeerLink
+from node.values import is_int, is_sha256
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,13 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
     """A HELLO model advert (untrusted) as a HeaderAdvert; None when it lacks or garbles a field."""
     sha, hsha, name = m.get("sha256"), m.get("header_sha256"), m.get("name")
     n_layers, n_bytes = m.get("n_layers"), m.get("header_bytes")
-    if not (isinstance(sha, str) and SHA256_HEX.fullmatch(sha) and isinstance(hsha, str) and SHA256_HEX.fullmatch(hsha)):
+    if not (is_sha256(sha) and is_sha256(hsha)):
         return None
     if not (isinstance(name, str) and _NAME.fullmatch(name)):
         return None
-    if not (_is_int(n_layers) and 0 < n_layers <= 4096):
+    if not (is_int(n_layers) and 0 < n_layers <= 4096):
         return None
-    if not (_is_int(n_bytes) and 0 < n_bytes <= const.MODEL_HEADER_MAX_BYTES):
+    if not (is_int(n_bytes) and 0 < n_bytes <= const.MODEL_HEADER_MAX_BYTES):
         return None  # a header we would refuse to hold: never fetched, from an origin or a peer
     arch = m.get("architecture")
     size = m.get("size_bytes")
@@ -77,10 +78,10 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
     if not (isinstance(origin, str) and len(origin) <= 2048 and _fetchable_origin(origin)):
         origin = None
     start, end = m.get("start"), m.get("end")
-    servable = ((_is_int(start) and _is_int(end) and 0 <= start < end <= n_layers) or
+    servable = ((is_int(start) and is_int(end) and 0 <= start < end <= n_layers) or
                 (m.get("whole") is True and not m.get("paused"))) and not m.get("loading")
     return HeaderAdvert(node_id, sha, name, n_layers, arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None,
-                        hsha, n_bytes, size if _is_int(size) and size >= 0 else 0,
+                        hsha, n_bytes, size if is_int(size) and size >= 0 else 0,
                         display_url(origin) if origin else None, servable)
 
 
@@ -112,9 +113,6 @@ def _fetchable_origin(url: str) -> bool:
         return False
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 class HeaderServer:
     """Answers MODEL_HEADER requests from the files in this node's catalog."""
@@ -125,9 +123,9 @@ class HeaderServer:
     async def async_handle(self, link: PeerLink, frame: Frame) -> Frame:
         """One chunk of a model's header; a NodeError (sent back as ERROR) otherwise."""
         sha, offset = frame.header.get("sha256"), frame.header.get("offset", 0)
-        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
+        if not is_sha256(sha):
             raise InvalidRequest("MODEL_HEADER needs 'sha256': 64 lower-case hex digits")
-        if not _is_int(offset) or offset < 0:
+        if not is_int(offset) or offset < 0:
             raise InvalidRequest("MODEL_HEADER 'offset' must be a non-negative integer")
         entry = self.catalog.by_sha(sha)
         if entry is None or not entry.has_file or not entry.header_bytes:

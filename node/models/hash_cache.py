@@ -16,8 +16,9 @@ from typing import Any
 from node import const
 from node.datadir import cannot_read, keep_aside, present, read_data_file, write_atomic
 from node.logs import kv
-from node.models.header import SHA256_HEX, header_digest
+from node.models.header import header_digest
 from node.models.origin_record import PUBLIC_RULE, UNCHECKED, OriginRecord
+from node.values import is_int, is_sha256
 
 __all__ = ["PUBLIC_RULE", "UNCHECKED", "HashCache", "HashingStopped", "OriginRecord", "sha256_file"]
 
@@ -41,18 +42,12 @@ def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
     return digest.hexdigest()
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_sha256(value: Any) -> bool:
-    return isinstance(value, str) and SHA256_HEX.fullmatch(value) is not None
 
 
 def _well_formed(record: Any) -> bool:
     """A record as this cache writes it: a sha256 of 64 hex digits, an integer size and mtime_ns."""
-    return isinstance(record, dict) and _is_sha256(record.get("sha256")) \
-        and _is_int(record.get("size")) and _is_int(record.get("mtime_ns"))
+    return isinstance(record, dict) and is_sha256(record.get("sha256")) \
+        and is_int(record.get("size")) and is_int(record.get("mtime_ns"))
 
 
 def _record(value: object) -> dict[str, Any] | None:
@@ -63,6 +58,16 @@ def _record(value: object) -> dict[str, Any] | None:
     if not (isinstance(value.get("header_sha256"), str) and isinstance(value.get("header_bytes"), int)):
         value = {k: v for k, v in value.items() if k not in ("header_sha256", "header_bytes")}
     return value
+
+
+def _keep_origin(record: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    """`record` with `old`'s origin (where the file came from, its check) when both hold the same
+    bytes' sha256 and `record` names no origin of its own (a file touched and hashed again, a record
+    read again from disk); else `record` as it is."""
+    if old and old.get("sha256") == record.get("sha256") and not OriginRecord.from_json(record).url \
+            and (origin := OriginRecord.from_json(old)).url:
+        return origin.merged_into(record)
+    return record
 
 
 def _read(path: Path, *, tries: int = const.DATA_FILE_READ_TRIES, quiet: bool = False
@@ -162,10 +167,7 @@ class HashCache:
                 # the record as it is now, not as read before hashing: an origin check recorded
                 # meanwhile (set_public swaps in a new dict) is kept (2026-12-07, review r31: the stale
                 # one was written back, an `unchecked` result lost, a first result undone)
-                cur = self._data.get(key) or hit
-                if cur and cur.get("sha256") == digest and (origin := OriginRecord.from_json(cur)).url:
-                    record = origin.merged_into(record)  # the same bytes (touched): same origin
-                self._data[key] = record
+                self._data[key] = _keep_origin(record, self._data.get(key) or hit)  # (touched: same bytes)
                 self._save()
             running[3].append(digest)
             return digest
@@ -242,7 +244,7 @@ class HashCache:
             hit = dict(self._data.get(key) or {})
         # kept only as written (a hash of 64 hex digits, an integer): else computed again (2026-12-07,
         # review r31: a header_bytes of "n/a" made the scan fail)
-        if _is_sha256(hit.get("header_sha256")) and _is_int(hit.get("header_bytes")) and hit["header_bytes"] >= 0:
+        if is_sha256(hit.get("header_sha256")) and is_int(hit.get("header_bytes")) and hit["header_bytes"] >= 0:
             return hit["header_sha256"], hit["header_bytes"], OriginRecord.from_json(hit).url
         digest, n_bytes = header_digest(file)
         with self._lock:
@@ -263,11 +265,7 @@ class HashCache:
             return
         for key, old in disk.items():
             cur = self._data.get(key)
-            if cur is None:
-                self._data[key] = old
-            elif cur.get("sha256") == old.get("sha256") and not OriginRecord.from_json(cur).url \
-                    and (origin := OriginRecord.from_json(old)).url:
-                self._data[key] = origin.merged_into(cur)
+            self._data[key] = old if cur is None else _keep_origin(cur, old)
         log.info("DIAG: model hash cache read again, saved from now on %s", kv(path=self.path, records=len(disk)))
 
     def _save(self) -> None:  # under self._lock

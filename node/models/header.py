@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import struct
 import time
 from pathlib import Path
@@ -31,12 +30,12 @@ from pathlib import Path
 from node.datadir import write_atomic
 from node.errors import ModelLoadError
 from node.models.gguf_meta import GgufHeader, parse_header, read_header_bytes
+from node.values import is_sha256
 
 log = logging.getLogger(__name__)
 
 HEADERS_DIR = "headers"
 _N_TENSORS_AT = 8  # after magic (4) and version (4): u64 tensor count, then u64 key count
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a sha256 as peers and manifests write it
 
 
 class HeaderRefused(ModelLoadError):
@@ -106,7 +105,7 @@ class HeaderCache:
         self.directory = directory
 
     def header_path(self, sha256: str) -> Path:
-        if not SHA256_HEX.fullmatch(sha256):
+        if not is_sha256(sha256):
             raise ValueError("model sha256 must be 64 lower-case hex digits")
         return self.directory / f"{sha256}.gguf-header"
 
@@ -155,7 +154,7 @@ class HeaderCache:
             found = [(p.stat().st_mtime, p.name.split(".", 1)[0]) for p in self.directory.glob("*.gguf-header")]
         except OSError:
             return []
-        found = [(mtime, sha) for mtime, sha in found if SHA256_HEX.fullmatch(sha) and sha not in keep]
+        found = [(mtime, sha) for mtime, sha in found if is_sha256(sha) and sha not in keep]
         found.sort(reverse=True)  # newest first
         room = max(0, max_files - len(keep))
         gone = [sha for i, (mtime, sha) in enumerate(found) if i >= room or now - mtime > max_age_s]

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from node.values import int_or_none
+
 # a record's `public` when the origin check could not be made (the network, not the file): not public,
 # and checked again at the next start (origin_checks.py; 2026-12-07: recorded false for good)
 UNCHECKED = "unchecked"
@@ -27,9 +29,6 @@ PUBLIC_RULE = 3
 
 _KEYS = ("origin", "public", "rule", "token")
 
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class OriginRecord:
         url = record.get("origin")
         url = url if isinstance(url, str) and url else None
         token = record.get("token")
-        fields: dict[str, Any] = {"url": url, "rule": _int_or_none(record.get("rule")),
+        fields: dict[str, Any] = {"url": url, "rule": int_or_none(record.get("rule")),
                                   "token_sent": token if isinstance(token, bool) else True}
         if "public" in record:
             public = record["public"]

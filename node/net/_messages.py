@@ -6,13 +6,13 @@ violation raises `ProtocolError` (the link that sent it is closed, nothing else)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from node.const import REGION_MAX_CHARS
 from node.errors import ProtocolError
+from node.values import is_int, is_sha256
 
 from ._frames import Frame, FrameType
 from ._identity import is_node_id
@@ -29,7 +29,6 @@ FEATURE_PIPELINE = 1 << 2  # serves WORK for the distributed pipeline (contribut
 _MAX_ADDRS = 32
 _MAX_MODELS = 256
 _MAX_FILES = 256  # whole files a HELLO may list as held (senders list at most ADVERT_FILES_MAX)
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _MAX_TEXT = 256
 _MAX_PEX = 256
 _MAX_TIME = 1e11  # unix seconds (year 5138): a HELLO `time` beyond is not a time
@@ -57,7 +56,7 @@ def _text(h: Mapping[str, Any], key: str, *, optional: bool = False, limit: int 
 
 def _int(h: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     value = h.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+    if not is_int(value) or not lo <= value <= hi:
         raise ProtocolError(f"field {key!r} must be an integer in [{lo}, {hi}]")
     return value
 
@@ -100,7 +99,7 @@ def _time(h: Mapping[str, Any]) -> float | None:
 def _files(h: Mapping[str, Any]) -> tuple[str, ...]:
     files = h.get("files", [])
     if not isinstance(files, list) or len(files) > _MAX_FILES or not all(
-            isinstance(f, str) and _SHA256.fullmatch(f) for f in files):
+            is_sha256(f) for f in files):
         raise ProtocolError(f"field 'files' must be a list of at most {_MAX_FILES} sha256 hex strings")
     return tuple(dict.fromkeys(files))
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from node import const
 from node.inference.pipeline import layerchoice as lc
+from node.values import int_or_none
 
 # --- the swarm's coverage, from adverts ---
 
@@ -32,21 +33,18 @@ class ModelCoverage:
     fetched: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
 
 def _parse_advert(m: Mapping[str, Any]) -> tuple[str, str, int, tuple[int, int] | None, float | None,
                                                   lc.LayerBudget | None] | None:
     """(sha256, name, n_layers, (start, end) or None when whole, ms/layer, budget) of one advert,
     None when malformed (a peer's advert is input: validated, never trusted)."""
-    sha, n_layers = m.get("sha256"), _int(m.get("n_layers"))
+    sha, n_layers = m.get("sha256"), int_or_none(m.get("n_layers"))
     if not isinstance(sha, str) or not sha or n_layers is None or not 0 < n_layers <= 100_000:
         return None
     name = m.get("name") if isinstance(m.get("name"), str) else sha[:8]
     if m.get("whole") is True and "start" not in m:
         return sha, name, n_layers, None, None, None
-    start, end = _int(m.get("start")), _int(m.get("end"))
+    start, end = int_or_none(m.get("start")), int_or_none(m.get("end"))
     if start is None or end is None or not 0 <= start < end <= n_layers:
         return None
     ms = m.get("ms_per_layer")
@@ -54,7 +52,7 @@ def _parse_advert(m: Mapping[str, Any]) -> tuple[str, str, int, tuple[int, int] 
         ms = None
     budget = None
     raw = m.get("auto_budget")
-    if isinstance(raw, list) and len(raw) == 2 and all(_int(v) is not None and 0 <= v <= n_layers for v in raw):
+    if isinstance(raw, list) and len(raw) == 2 and all(int_or_none(v) is not None and 0 <= v <= n_layers for v in raw):
         budget = lc.LayerBudget(raw[0], raw[1])
     return sha, name, n_layers, (start, end), float(ms) if ms is not None else None, budget
 
@@ -64,7 +62,7 @@ def _fetch_done(m: Mapping[str, Any]) -> int | None:
     raw = m.get("fetch")
     if not isinstance(raw, list) or len(raw) != 2:
         return None
-    done, total = _int(raw[0]), _int(raw[1])
+    done, total = int_or_none(raw[0]), int_or_none(raw[1])
     return done if done is not None and total is not None and 0 <= done <= total else None
 
 

@@ -30,6 +30,7 @@ from node.logs import kv
 from node.models.catalog import ModelEntry
 from node.net import FrameType
 from node.trace import RequestTrace, SegmentTrace
+from node.values import is_int
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +49,19 @@ def _holder(snap: Any, m: dict[str, Any], measured: float | None) -> Holder | No
         return None  # its layers are still arriving: counted by layer choices, never routed to
     if "start" in m:
         start, end = m["start"], m.get("end")
-        if not (_is_int(start) and _is_int(end) and 0 <= start < end):
+        if not (is_int(start) and is_int(end) and 0 <= start < end):
             return None
         return Holder(snap.node_id, start, end, transport, rtt,
                       measured if measured is not None else sane_ms(m.get("ms_per_layer"), None), snap.region)
     if m.get("whole") is not True or m.get("paused"):
         return None
     n_layers = m.get("n_layers")
-    if not (_is_int(n_layers) and n_layers > 0):
+    if not (is_int(n_layers) and n_layers > 0):
         return None
     advertised = sane_ms(m.get("ms_per_token"), None)
     per_layer = measured if measured is not None else (advertised / n_layers if advertised is not None else None)
     return Holder(snap.node_id, 0, n_layers, transport, rtt, per_layer, snap.region, whole=True)
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class LayerHolders:

@@ -20,9 +20,10 @@ from node.errors import InvalidRequest, ModelNotFound, ModelUnavailable, Overloa
 from node.inference.pipeline.wholeparts import WholeFileParts, whole_file
 from node.logs import MESSAGE, kv
 from node.models.catalog import ModelCatalog
-from node.models.header import SHA256_HEX, read_range
+from node.models.header import read_range
 from node.models.partial import PartialStore
 from node.net import Frame, FrameType
+from node.values import is_int, is_sha256
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,6 @@ _SERVE_PER_LINK = 2 * const.PARTIAL_PEER_WINDOW  # MODEL_PART requests served at
 _SERVE_UNSENT_MAX = 2 * const.PARTIAL_PEER_WINDOW * const.PARTIAL_PEER_CHUNK  # a link's unsent bytes: no more reads
 _PART = re.compile(r"(layer-\d{4}|embd|head|globals)")
 
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class PartServer:
@@ -65,7 +63,7 @@ class PartServer:
     async def _async_answer(self, link: Any, frame: Frame) -> Frame:
         h = frame.header
         sha, op = h.get("sha256"), h.get("op")
-        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
+        if not is_sha256(sha):
             raise InvalidRequest("MODEL_PART needs 'sha256': 64 lower-case hex digits")
         if op not in ("hashes", "read"):
             raise InvalidRequest("MODEL_PART 'op' must be 'hashes' or 'read'")
@@ -95,7 +93,7 @@ class PartServer:
         t = manifest.tensors.get(name) if isinstance(name, str) else None
         if t is None or t.part not in served:
             raise ModelNotFound(f"tensor {str(name)[:64]!r} of {entry.id} is not held here")
-        if not (_is_int(offset) and _is_int(n) and 0 <= offset and 0 < n <= const.PARTIAL_PEER_CHUNK
+        if not (is_int(offset) and is_int(n) and 0 <= offset and 0 < n <= const.PARTIAL_PEER_CHUNK
                 and offset + n <= t.n_bytes):
             raise InvalidRequest(f"MODEL_PART read needs 0 <= offset, 0 < n <= {const.PARTIAL_PEER_CHUNK}, "
                                  f"offset + n <= {t.n_bytes}")

@@ -45,7 +45,6 @@ from node.models.catalog import ModelEntry
 from node.models.download import file_name_for, resolve_url
 from node.models.download.fetch import Retryable
 from node.models.download.urls import describe_error, display_url
-from node.models.header import SHA256_HEX
 from node.models.partial import (
     PartialStore,
     SpotCheckFailed,
@@ -59,6 +58,7 @@ from node.models.partial.fromheader import async_adopt_origin, create_from_heade
 from node.models.partial.layout import dir_name, origin_identity
 from node.models.partial.probe import async_probe
 from node.net import Frame, FrameType
+from node.values import is_sha256
 
 log = logging.getLogger(__name__)
 
@@ -449,7 +449,7 @@ class PeerPartSource:
             raise PeerError(f"peer {self.label} sent an unreadable tensor list ({exc})", code="protocol_error") from exc
         if not isinstance(tensors, dict):
             raise PeerError(f"peer {self.label} sent an unreadable tensor list", code="protocol_error")
-        return {str(k): v for k, v in tensors.items() if isinstance(v, str) and SHA256_HEX.fullmatch(v)}
+        return {str(k): v for k, v in tensors.items() if is_sha256(v)}
 
     async def async_read(self, model: str, tensor: str, offset: int, n: int) -> bytes:
         reply = await self.peers.async_request(self.node_id, Frame(FrameType.MODEL_PART, {

@@ -15,7 +15,6 @@ top ids, n×k f32 top logprobs). Absent otherwise, so a coordinator that never a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +25,12 @@ from node.errors import ProtocolError
 from node.inference.handoff import TokenScores
 from node.inference.pipeline.wire import _sampling_from_wire, _sampling_to_wire, encode_tokens
 from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from node.values import is_sha256
 
 END_REASONS = ("eog", "length", "cancelled", "error")
 MAX_SID_CHARS = 200
 MAX_NEW_TOKENS = 1 << 20
 MAX_PROMPT_TOKENS = min(1 << 24, const.MAX_FRAME_BYTES // 4)  # the payload is 4 bytes a token, one frame
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _sid(value: Any) -> str:
@@ -47,7 +46,7 @@ def _int(value: Any, what: str, low: int, high: int) -> int:
 
 
 def _hex64(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+    if not is_sha256(value):
         raise ProtocolError(f"bad {what} {str(value)[:80]!r} (64 lowercase hex digits)")
     return value
 

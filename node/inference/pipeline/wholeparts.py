@@ -32,6 +32,7 @@ from node.models.gguf_meta import TensorInfo
 from node.models.header import read_range
 from node.models.partial.layout import part_of
 from node.net import Frame, FrameType
+from node.values import is_int
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ class WholeFileParts:
         t = self._tensors(entry).get(name) if isinstance(name, str) else None
         if t is None:
             raise ModelNotFound(f"tensor {str(name)[:64]!r} is not a tensor of {entry.id}")
-        if not (_is_int(offset) and _is_int(n) and 0 <= offset and 0 < n <= const.PARTIAL_PEER_CHUNK
+        if not (is_int(offset) and is_int(n) and 0 <= offset and 0 < n <= const.PARTIAL_PEER_CHUNK
                 and offset + n <= t.n_bytes):
             raise InvalidRequest(f"MODEL_PART read needs 0 <= offset, 0 < n <= {const.PARTIAL_PEER_CHUNK}, "
                                  f"offset + n <= {t.n_bytes}")
@@ -189,6 +190,3 @@ class WholeFileParts:
                                                                  model=entry.id, tensor=name, offset=offset, bytes=n))
         return frame.reply(FrameType.MODEL_PART, {"sha256": entry.sha256, "tensor": name, "offset": offset}, data)
 
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)

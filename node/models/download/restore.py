@@ -21,6 +21,7 @@ from pathlib import Path
 
 from node.errors import NodeError
 from node.models.file_kinds import llama_split_name, split_part
+from node.values import is_int
 
 from .job import DownloadJob
 from .partfile import sidecar, size_or_zero
@@ -82,7 +83,7 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
         job_id = meta.get("job")
         job_id = job_id if isinstance(job_id, str) and re.fullmatch(r"[0-9a-f]{12}", job_id) else None
         total = meta.get("total")
-        total = total if isinstance(total, int) and not isinstance(total, bool) and total >= size else None
+        total = total if is_int(total) and total >= size else None
         named_url = meta.get("named_url") if _valid_url(meta.get("named_url")) else None
         kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size, job_id, total,
                          _sha256(meta.get("sha256")), named_url, _sha256(meta.get("named_sha256"))))

@@ -45,7 +45,8 @@ from node.logs import kv
 from node.models.download.fetch import content_range, resume_validator
 from node.models.download.hub import hub_headers
 from node.models.download.urls import describe_error, resolve_url
-from node.models.header import SHA256_HEX, read_range
+from node.models.header import read_range
+from node.values import is_sha256
 
 from .fetch import Progress, _timeout, _Writer
 from .layout import Manifest, PartialStore, TensorRecord
@@ -93,7 +94,7 @@ async def async_fetch_parts_from(store: PartialStore, manifest: Manifest, parts:
     if not wanted:
         return stats
     named = await source.async_hashes(manifest.sha256, wanted)
-    expected = {n: h for n, h in named.items() if isinstance(h, str) and SHA256_HEX.fullmatch(h) and n in manifest.tensors}
+    expected = {n: h for n, h in named.items() if is_sha256(h) and n in manifest.tensors}
     offered = [p for p in wanted if all(t.name in expected for t in manifest.part_tensors(p))]
     if not offered:
         return stats
