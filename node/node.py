@@ -22,17 +22,14 @@ from node.config import NodeConfig
 from node.contribute import Contributions
 from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, DataDirLock, ensure_data_dir, load_or_create_api_key
 from node.diagnostics import ReportParts, build_report
-from node.errors import (
-    ShuttingDown,
-)
-from node.inference.adverts import hardware_advert, model_adverts
+from node.errors import ShuttingDown
+from node.hello import HelloParts
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
 from node.inference.pipeline import fixed
 from node.inference.pipeline.autoserve import AutoServe
 from node.inference.pipeline.coordinator import PipelineCoordinator
-from node.inference.pipeline.coverage import paused_holders, swarm_coverage
 from node.inference.pipeline.embed_remote import RemoteEmbedder
 from node.inference.pipeline.embed_serve import RemoteEmbedServer
 from node.inference.pipeline.host import SliceHost
@@ -41,7 +38,6 @@ from node.inference.pipeline.part_server import PartServer
 from node.inference.pipeline.partials import PartialModels
 from node.inference.pipeline.remote_serve import RemoteGenerateServer
 from node.inference.pipeline.transport import PipelineTransport
-from node.inference.pipeline.wholeparts import held_files
 from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
 from node.inference.swarm_models import SwarmModels
@@ -67,7 +63,7 @@ from node.watchdog import LoopWatchdog
 log = logging.getLogger(__name__)
 
 
-class Node(SwarmActions, UrlModels, ModelActions):
+class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
     """A SwarmLLM node: API server, models, slices, peer network, pipeline, traces, diagnostics.
 
     Implements node.api.view.NodeView, the narrow view the HTTP handlers get."""
@@ -130,29 +126,6 @@ class Node(SwarmActions, UrlModels, ModelActions):
         # when the catalog changed (2026-12-07: a pass over the catalog for every MODEL_PART request)
         self._held: tuple[int, list[str], frozenset[str]] = (-1, [], frozenset())
         self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
-
-    def _slice_holders(self, sha256: str) -> list[tuple[str, int, int]]:
-        """The connected peers' advertised slices of a model: (node id, start, end)."""
-        cov = swarm_coverage(self.node_id, [], self.peers.peers() if self.peers else []).get(sha256)
-        return [(s.node_id, s.start, s.end) for s in cov.spans if s.node_id != self.node_id] if cov else []
-
-    def _whole_holders(self, sha256: str) -> list[str]:
-        """The connected peers holding a model's whole file: those running it whole, not paused (they
-        refuse), then those listing the file in their HELLO's `files` (held on disk, loaded or not;
-        a paused node lists none; an older node sends no `files`). Node ids."""
-        peers = self.peers.peers() if self.peers else []
-        cov = swarm_coverage(self.node_id, [], peers).get(sha256)
-        paused = paused_holders(peers, sha256)
-        loaded = [n for n in cov.whole if n not in paused] if cov else []
-        on_disk = [p.node_id for p in peers if p.state == "connected" and sha256 in getattr(p, "files", ())]
-        return [n for n in dict.fromkeys(loaded + on_disk) if n != self.node_id]
-
-    def _shares_whole(self, sha256: str) -> bool:
-        """Whether this node advertises a model's whole file (its PartServer hands out those): run
-        whole (loaded), or one its HELLO's `files` lists while it contributes (downloaded from a public
-        origin); paused, PartServer then answers `not_contributing` (not `model_not_found`)."""
-        return sha256 in self._held_files()[1] or \
-            any(m.entry.sha256 == sha256 and m.state == "loaded" for m in self.models.whole_models())
 
     # --- identity ---
 
@@ -346,60 +319,6 @@ class Node(SwarmActions, UrlModels, ModelActions):
         self.swarm_models.start()
         self.contributions.origin_of = self.swarm_models.origin_of
         self.note_activity(f"peer listener on port {self.peers.listen_port}")
-
-    async def _async_announce(self) -> None:
-        if self.peers is not None:
-            await self.peers.async_announce()
-
-    def advertised_models(self) -> list[dict[str, Any]]:
-        """What this node advertises to its peers now (the GUI's layer map shows it beside theirs)."""
-        return self._hello_models()
-
-    def _hello_models(self) -> list[dict[str, Any]]:
-        return model_adverts(self.catalog, self.models, self.slice_host, contribute=self.config.contribute)
-
-    def _hello_files(self) -> list[str]:
-        """The whole files from a public origin this node hands out layers of, loaded or not (none
-        while paused or stopping; a file the user gave is handed out only while loaded: held_files)."""
-        return self._held_files()[0] if self._contributing() else []
-
-    def _held_files(self) -> tuple[list[str], frozenset[str]]:
-        """held_files(catalog), computed again only when the catalog changed since (its generation)."""
-        generation = self.catalog.generation  # read first: a change during the pass is seen next time
-        if self._held[0] != generation:
-            held = held_files(self.catalog)
-            self._held = (generation, held, frozenset(held))
-        return self._held[1], self._held[2]
-
-    def _on_model_event(self, event: str, served: Any) -> None:
-        """A whole model's decode rate, first measured or clearly changed, goes to peers (HELLO):
-        their planners weigh this node by it until they have measured it themselves."""
-        if event != "changed" or not served.whole or served.busy or served.engine is None or self.peers is None:
-            return
-        rate = served.engine.ms_per_token
-        last = self._advertised_rates.get(served.id)
-        if rate is None or (last is not None and 1 / const.ADVERT_RATE_CHANGE <= rate / last <= const.ADVERT_RATE_CHANGE):
-            return
-        self._advertised_rates[served.id] = rate
-        self._announce_soon()
-
-    def _announce_soon(self) -> None:
-        """HELLO again (a measured rate or the slices changed); one asked for while an announcement is on
-        its way is sent after it (that one may have read the adverts before the change). None once the node
-        stops (2026-12-07, review r41: a slice's check cancelled by the stop started one, left running)."""
-        if self.peers is None or self._stopping:
-            return
-        self._announce_again = True
-        if self._announce_task is None or self._announce_task.done():
-            self._announce_task = asyncio.create_task(self._async_announce_soon(), name="announce-rate")
-
-    async def _async_announce_soon(self) -> None:
-        while self._announce_again and self.peers is not None:
-            self._announce_again = False
-            await self.peers.async_announce()
-
-    def _hello_hardware(self) -> dict[str, Any]:
-        return hardware_advert(self.machine, self.slice_host)
 
     async def _collect_machine(self) -> None:
         loop = asyncio.get_running_loop()

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-import node.node as node_module
+import node.hello as node_module
 from node.models.partial.layout import part_of
 from node.net import Frame, FrameType
 from node.net._frames import frame_bytes
