@@ -14,6 +14,11 @@ apply_params_to_form_data / apply_model_params_to_body_openai): its load-time se
 `response_format` it means. `tool_servers` (Open WebUI's own tool list; the tools reach the model
 as `tools`) is dropped too.
 
+Jan (0.6, token.js) spreads an assistant's parameters into every request to any provider, so a
+user who added its "Max Context Tokens" (`ctx_len`, a load-time setting like `num_ctx`) or "Max
+Output Tokens" (`max_output_tokens`) failed every chat: `ctx_len` changes nothing here and is
+dropped, `max_output_tokens` is the `max_tokens` it means (when neither token limit is given).
+
 LM Studio's `draft_model` (Roo Code's LM Studio provider sends it when "speculative decoding"
 is on) only makes a reply faster and is dropped, as are OpenRouter's routing preferences
 `provider` (Roo Code's OpenRouter provider, whose base URL can be set to this node). OpenRouter's
@@ -51,7 +56,7 @@ _NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "dynatemp_range": 0.0
 # Ollama's load-time options and Open WebUI's own tool-server list: nothing to do with the reply here
 # (the node's context, threads, GPU layers and memory mapping are its own; a model stays loaded)
 _APP_HINTS = {"num_ctx", "num_batch", "num_keep", "num_thread", "num_gpu", "use_mmap", "use_mlock", "keep_alive",
-              "tool_servers", "draft_model", "provider"}
+              "tool_servers", "draft_model", "provider", "ctx_len"}
 REASONING_KEYS = ("effort", "max_tokens", "enabled", "exclude")
 THINK_EFFORTS = ("low", "medium", "high")
 _told: set[str] = set()  # field names already said at DEBUG (once each per process)
@@ -71,7 +76,12 @@ def _neutral(key: str, value: Any) -> None:
 
 
 def _max_tokens(out: dict) -> None:
-    """`max_tokens: -1` (LM Studio's documented example) and llama-server's `n_predict` (-1 = no limit)."""
+    """`max_tokens: -1` (LM Studio's documented example), Jan's `max_output_tokens` and llama-server's
+    `n_predict` (-1 = no limit)."""
+    if "max_output_tokens" in out:  # Jan's "Max Output Tokens" assistant parameter
+        value = out.pop("max_output_tokens")
+        if out.get("max_tokens") is None and out.get("max_completion_tokens") is None:
+            out["max_tokens"] = value  # checked as max_tokens is
     for key in ("max_tokens", "max_completion_tokens"):
         if out.get(key) == -1 and type(out[key]) is int:
             out[key] = None  # up to the context, as llama-server reads -1
