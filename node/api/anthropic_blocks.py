@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.api.schemas import IMAGE_LEFT_OUT
 from node.errors import InvalidRequest, Unsupported
 
 _DOCUMENT_KEYS = {"type", "source", "title", "context", "citations", "cache_control"}
@@ -97,7 +98,6 @@ def search_result_text(block: dict, where: str) -> str:
     return _tagged("search_result", [("source", source), ("title", title)], text)
 
 
-IMAGE_LEFT_OUT = "[an image was left out: this model reads text only]"
 
 
 def tool_result(block: dict, where: str) -> dict:

@@ -25,6 +25,7 @@ from node.inference.tools import unfinished_object
 # llama-server and vLLM take any number. Matching is the coordinator's (textstream), cheap per token.
 MAX_STOP_SEQUENCES = 64
 ROLES = ("system", "user", "assistant", "developer", "tool")
+IMAGE_LEFT_OUT = "[an image was left out: this model reads text only]"  # in a tool's result, every dialect
 
 # Accepted and meaningless for a local model (no effect on output): documented, not refused.
 _IGNORED_OK = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "verbosity"}
@@ -221,6 +222,13 @@ def _message_content(msg: dict, index: int) -> str:
     if isinstance(content, list):  # content parts: text only
         texts = []
         for part in content:
+            if msg.get("role") == "tool" and isinstance(part, dict) and part.get("type") == "image_url" \
+                    and isinstance(part.get("image_url"), dict):
+                # a tool's picture (Zed's agent reading an image file): the model is told it was left
+                # out, as on /v1/messages. A 400 failed that request and every later one, the image
+                # staying in the history; an image a user sends is still a 400 (they expect it seen)
+                texts.append(IMAGE_LEFT_OUT)
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise Unsupported(f"messages[{index}].content: only text parts are supported, got {kind}",
