@@ -115,8 +115,8 @@ class Contributions:
                 rest = self._copy_of(sha256, key, chosen_only=True) if sha256 is not None else None
                 if rest is not None:  # another file of these bytes is ticked too: its choice goes on
                     await self._async_follow_row(rest)
-                elif sha256 is not None:
-                    await self.autoserve.async_remove(sha256)
+                elif sha256 is not None:  # (a `--serve auto` model is chosen on, at the node's budget)
+                    await self.autoserve.async_end_help(sha256)
             await self._async_save()
         log.info("DIAG: contributing stopped %s", kv(model=key))
         self.note(f"stopped helping serve {key}")

@@ -105,20 +105,41 @@ class AutoServe(Moves, BudgetShares):
             if m.last_failure is not None:  # the same budget again: a failed choice is tried again now
                 self.retry(entry.sha256)
             return
-        sharing = len(self._sharing())
         if m is None:
+            sharing = len(self._sharing())
             m = AutoModel(entry, int(entry.sha256[:8], 16), at_start=False)
             self.models.append(m)
             m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
-        else:  # (before the release's awaits: an evaluation meanwhile sees no budget and loads nothing)
-            m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
-            m.failures = 0
-            self._set_failure(m, None)  # a new budget is a new choice: the old one's failure is over
-            await self._async_release(m, keep_parts=True)
+            if len(self._sharing()) != sharing:
+                await self._async_reshare()
+            self._why = "added"
+            self._wake.set()
+        else:
+            await self._async_rebudget(m, budget_mb)
+
+    async def _async_rebudget(self, m: AutoModel, budget_mb: int | None) -> None:
+        """`m` chosen again within `budget_mb` (None: the node's budget): its slices freed once idle
+        (their parts kept), its last failure over."""
+        sharing = len(self._sharing())
+        # (before the release's awaits: an evaluation meanwhile sees no budget and loads nothing)
+        m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
+        m.failures = 0
+        self._set_failure(m, None)  # a new budget is a new choice: the old one's failure is over
+        await self._async_release(m, keep_parts=True)
         if len(self._sharing()) != sharing:
             await self._async_reshare()
         self._why = "added"
         self._wake.set()
+
+    async def async_end_help(self, sha256: str) -> None:
+        """Its "Help serve" row is gone (unticked): a model given at start (`--serve auto`) goes back
+        to the node's budget and is chosen again; one added while running stops being served. The
+        untick removed a `--serve auto` model from the choice until a restart (2026-12-07)."""
+        m = self.model(sha256)
+        if m is None or not m.at_start:
+            await self.async_remove(sha256)
+        elif m.budget_mb_override is not None:
+            await self._async_rebudget(m, None)
 
     def retry(self, sha256: str) -> None:
         """Choose again now for a model whose last load failed: its file was added again or helped

@@ -1,0 +1,45 @@
+"""Unticking "Help serve" (the Swarm tab, or `POST /api/admin/contribute {"stop": true}`) of a model
+the node was started with `--serve auto` (2026-12-07): the untick removed the model from the layer
+choice altogether, its slice freed and nothing of it chosen again until a restart, though the
+command line still said `--serve auto`. Unticking now ends the Help-serve budget only: the model goes
+back to `--serve auto`'s choice at the node's budget and is served again."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from tests.support.helpserve import loaded, quick_choice
+from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _contribute(node, body: dict) -> dict:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {node.api_key}"}) as s, \
+            s.post(f"http://127.0.0.1:{node.api.port}/api/admin/contribute", json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+async def test_unticking_help_serve_of_a_serve_auto_model_goes_back_to_the_automatic_choice(tmp_path, monkeypatch):
+    quick_choice(monkeypatch)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "data", path, serve="auto", serve_reevaluate_s=1.0)) as node:
+        entry = node.catalog.resolve("tiny")
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="--serve auto's first choice to load")
+        await _contribute(node, {"model": entry.id, "budget_mb": 512})
+        m = node.autoserve.model(entry.sha256)
+        assert m is not None and m.budget_mb_override == 512
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the Help-serve budget's choice to load")
+        summary = await _contribute(node, {"model": entry.id, "stop": True})
+        assert summary["models"] == [], summary  # the Help-serve row is gone
+        m = node.autoserve.model(entry.sha256)
+        assert m is not None and m.at_start, "the --serve auto model left the layer choice"
+        assert m.budget_mb_override is None  # the node's budget again
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="--serve auto's choice to serve it again")
+        # ticked again: a Help-serve budget again, chosen by the same model
+        await _contribute(node, {"model": entry.id, "budget_mb": 256})
+        assert node.autoserve.model(entry.sha256).budget_mb_override == 256
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the new budget's choice to load")
