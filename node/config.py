@@ -341,11 +341,13 @@ def load_config(
             raise InvalidRequest(f"{config_path}: not valid TOML: {exc}") from exc
         apply_overrides(cfg, _flatten_toml(data), str(config_path))
         cfg.models = [_from_folder(m, config_path.parent) for m in cfg.models]
-    apply_overrides(cfg, {k: v for k, v in env.items() if k != "data_dir"}, "environment")
-    kept_hosts = list(cfg.allowed_hosts)
-    apply_overrides(cfg, {k: v for k, v in cli.items() if k != "data_dir"}, "command line")
-    if "allowed_hosts" in cli:  # --allow-host adds to config.toml's names (it replaced them: containers got a 403)
-        cfg.allowed_hosts = kept_hosts + [h for h in cfg.allowed_hosts if h not in kept_hosts]
+    # allowed_hosts adds up: SWARMLLM_ALLOWED_HOSTS and --allow-host add names to config.toml's (each
+    # replaced the list before it: containers got a 403 for a name config.toml allows; 2026-12-07)
+    for values, source in ((env, "environment"), (cli, "command line")):
+        kept_hosts = list(cfg.allowed_hosts)
+        apply_overrides(cfg, {k: v for k, v in values.items() if k != "data_dir"}, source)
+        if "allowed_hosts" in values:
+            cfg.allowed_hosts = kept_hosts + [h for h in cfg.allowed_hosts if h not in kept_hosts]
     if data_dir:
         cfg.data_dir = Path(data_dir).expanduser()
     validate(cfg)

@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "name; :: every network, IPv6 and IPv4)")
     p.add_argument("--allow-host", action="append", default=None, dest="allowed_hosts", metavar="NAME",
                    help="accept requests whose Host is NAME besides loopback names and IP addresses, e.g. "
-                        "host.docker.internal or mylaptop.local (repeatable; added to config.toml's allowed_hosts)")
+                        "host.docker.internal or mylaptop.local (repeatable; added to config.toml's allowed_hosts "
+                        "and SWARMLLM_ALLOWED_HOSTS's names)")
     p.add_argument("--model", action="append", default=None, metavar="PATH|URL",
                    help="serve this GGUF file, or fetch only the served layers of one from its URL: http(s)://…, "
                         "hf://owner/repo/file.gguf, or a Hugging Face repo and quant, hf://owner/repo:Q4_K_M or "

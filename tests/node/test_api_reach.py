@@ -22,6 +22,7 @@ from node.config import load_config
 from node.errors import ForbiddenHost
 from tests.support.fake_remote import request_from
 from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.swarm import join_test_swarm
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -91,6 +92,26 @@ async def test_allow_host_flag_adds_to_config_toml(tmp_path):
                        "--allow-host", "nas.lan"])
     cfg = load_config(cli_overrides(args), environ={})
     assert cfg.allowed_hosts == ["host.docker.internal", "mylaptop.local", "nas.lan"]
+
+
+async def test_allowed_hosts_from_the_file_the_environment_and_the_flag_all_add_up(tmp_path):
+    """SWARMLLM_ALLOWED_HOSTS adds to config.toml's allowed_hosts, as --allow-host does (2026-12-07: the
+    variable replaced the file's list, so a container setting it left the name config.toml allowed
+    with a 403 whose message said to add the name to config.toml, where it was). A real node started
+    from the three: each name is answered."""
+    data = join_test_swarm(tmp_path / "data")
+    model = tiny_model(tmp_path)
+    (data / "config.toml").write_text(
+        'allowed_hosts = ["mylaptop.local"]\nport = 0\nmdns = false\nlog_to_file = false\n'
+        'include_default_model = false\npeer_host = "127.0.0.1"\nn_threads = 1\n')
+    args = parse_args(["run", "--data-dir", str(data), "--model", str(model), "--allow-host", "nas.lan"])
+    cfg = load_config(cli_overrides(args), environ={"SWARMLLM_ALLOWED_HOSTS": "host.docker.internal"})
+    assert cfg.allowed_hosts == ["mylaptop.local", "host.docker.internal", "nas.lan"]
+    async with running_node(cfg) as n:
+        for host in ("mylaptop.local", "host.docker.internal", "nas.lan"):
+            status, text = await get_models(n, host)
+            assert status == 200, (host, text)
+        assert (await get_models(n, "other.lan"))[0] == 403
 
 
 async def test_refused_names_are_said_again_later_whatever_came_before(caplog):
