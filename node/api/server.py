@@ -195,6 +195,13 @@ class ApiServer:
             log.warning("DIAG: require_api_key_for_inference = false covers apps on this machine only: apps on "
                         "other devices, in containers or behind a proxy reaching addr=%s:%s must send the API key "
                         "(the data dir's api_key file)", cfg.host, self.port)
+        if not cfg.require_api_key_for_inference and "*" in cors.allowed_origins(cfg.cors_origins):
+            # the browser lets every page's preflight through and no key is asked of this machine:
+            # any site the user visits could use the node and read its replies, silently (2026-12-07)
+            log.warning("DIAG: cors_origins = [\"*\"] with require_api_key_for_inference = false: any web page "
+                        "opened in a browser on this machine can run generations on this node and read them; "
+                        "name the origins of your web apps in cors_origins instead of \"*\", or keep the key "
+                        "required (the data dir's api_key file) addr=%s:%s", cfg.host, self.port)
 
     async def stop(self) -> None:
         """Stop accepting, finish or cancel handlers, free the port."""

@@ -138,3 +138,33 @@ async def test_a_keyless_node_on_the_network_says_at_start_that_others_need_the_
             pass
     said = [r.getMessage() for r in caplog.records if "covers apps on this machine only" in r.getMessage()]
     assert len(said) == (1 if warned else 0), said
+
+
+@pytest.mark.parametrize(("cors", "keyless", "page_gets"), [
+    (["*"], True, 200), (["http://localhost:3000"], True, "preflight refused"), (["*"], False, 401)])
+async def test_any_origin_with_a_keyless_node_says_at_start_that_any_web_page_can_use_it(
+        tmp_path, caplog, cors, keyless, page_gets):
+    """`cors_origins = ["*"]` with `--no-auth-inference` (2026-12-07): the browser lets every page's
+    preflight through and the node asks no key of a request from this machine, so any web page the
+    user visits runs generations here and reads them, silently. The node says so at start, as a
+    keyless node beyond loopback does. What such a page gets is shown as a browser asks: the
+    preflight, then the JSON POST."""
+    cfg = node_config(tmp_path / "data", tiny_model(tmp_path), require_api_key_for_inference=not keyless,
+                      cors_origins=cors)
+    page = "https://evil.example"
+    with caplog.at_level("INFO", logger="node.api.server"):
+        async with running_node(cfg) as node, aiohttp.ClientSession() as s:
+            url = f"http://127.0.0.1:{node.api.port}/v1/completions"
+            async with s.options(url, headers={"Origin": page, "Access-Control-Request-Method": "POST",
+                                               "Access-Control-Request-Headers": "content-type"}) as r:
+                got = "preflight refused" if r.status == 403 else r.status
+            if got == 204:
+                async with s.post(url, json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
+                                  headers={"Origin": page}) as r:
+                    got = r.status
+                    assert r.headers.get("Access-Control-Allow-Origin") == page  # the page reads the reply
+            assert got == page_gets
+    said = [r.getMessage() for r in caplog.records if "any web page" in r.getMessage()]
+    assert len(said) == (1 if page_gets == 200 else 0), said
+    if said:
+        assert "cors_origins" in said[0] and "api_key" in said[0], said
