@@ -18,6 +18,9 @@ FAILURE_CAUSES = frozenset({"link_drop", "unreachable", "protocol", "error", "ac
                             "tokens_deadline", "deadline", "cancelled", "self_paused"} | {
     c.code for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.NodeError)})
 
+# the outcomes of requests that ended before their reply did (node/trace.py: outcome)
+CUT_SHORT = frozenset({"cancelled", "stalled"})
+
 
 class NodeMetrics:
     """Histograms and counters fed by finished RequestTraces (never re-measured)."""
@@ -29,9 +32,11 @@ class NodeMetrics:
                                  buckets=_S_BUCKETS, registry=self.registry)
         self.ttft_s = Histogram("swarmllm_ttft_seconds", "Route ready to first token", labels,
                                 buckets=_S_BUCKETS, registry=self.registry)
-        self.tpot_s = Histogram("swarmllm_time_per_output_token_seconds", "Time per output token after the first",
+        self.tpot_s = Histogram("swarmllm_time_per_output_token_seconds", "Time per output token after the first "
+                                "(requests that ran to their end)",
                                 labels, buckets=_TPOT_BUCKETS, registry=self.registry)
-        self.total_s = Histogram("swarmllm_request_duration_seconds", "Whole request", labels,
+        self.total_s = Histogram("swarmllm_request_duration_seconds", "Whole request (not one its client left or "
+                                 "the node cut off: swarmllm_requests' outcome counts those)", labels,
                                  buckets=_S_BUCKETS, registry=self.registry)
         self.requests = Counter("swarmllm_requests", "Finished requests", ("model", "route", "outcome"),
                                 registry=self.registry)
@@ -58,8 +63,13 @@ class NodeMetrics:
         """Record a finished trace."""
         # Unresolved names are client input: one fixed label, so junk cannot grow the series set.
         key = (trace.model if trace.resolved else "unknown", trace.route or "none")
+        # a request its client left (cancelled) or the node cut off (stalled) ended then, not when its
+        # reply would have: its duration and time per token are no latency samples (they pulled
+        # p50/p95 down, 2026-12-07); it is counted in swarmllm_requests{outcome}, as vLLM's
+        # finished_reason="abort". Its queue wait and first token, measured before it left, are.
+        cut = trace.outcome in CUT_SHORT
         for hist, ms in ((self.queue_s, trace.queue_ms), (self.ttft_s, trace.ttft_ms),
-                         (self.tpot_s, trace.tpot_ms), (self.total_s, trace.total_ms)):
+                         (self.tpot_s, None if cut else trace.tpot_ms), (self.total_s, None if cut else trace.total_ms)):
             if ms is not None:
                 hist.labels(*key).observe(ms / 1000)
         self.requests.labels(*key, trace.outcome or "unknown").inc()

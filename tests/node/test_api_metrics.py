@@ -104,3 +104,33 @@ async def test_an_overloaded_request_is_a_429_error_with_no_prompt_processed(tmp
         after = await samples(busy)
     assert delta({}, after, "swarmllm_request_errors_total", model=model_id, route="none", status="429") == 1
     assert not any(name == "swarmllm_prompt_tokens_total" and value for (name, _), value in after.items())
+
+
+async def test_a_request_whose_client_left_mid_stream_is_counted_cancelled_not_as_a_duration(node):
+    """A client gone mid-stream (an editor's autocomplete closes the last keystroke's request) was a
+    sample of swarmllm_request_duration_seconds and the time-per-token histogram, its duration cut
+    at the moment it left: a storm of them pulled the p50/p95 a dashboard shows far below what a
+    finished reply takes (2026-12-07). It is counted under outcome="cancelled", as vLLM's
+    finished_reason="abort", and its duration is no latency sample; a finished one still is."""
+    model_id = node.models.all()[0].id
+    local = {"model": model_id, "route": "local"}
+    before = await samples(node)
+    cancelled = node.traces.counts["cancelled"]
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"http://127.0.0.1:{node.api.port}/v1/chat/completions",
+                          json={"model": model_id, "messages": [{"role": "user", "content": "hello"}],
+                                "max_tokens": 200, "stream": True},
+                          headers={"Authorization": f"Bearer {node.api_key}"}) as r:
+            assert r.status == 200, await r.text()
+            await r.content.readline()  # the first chunk: generating
+            r.close()  # the client goes
+    await wait_until(lambda: node.traces.counts["cancelled"] > cancelled, 30, what="the request to end cancelled")
+    await idle(node)
+    after = await samples(node)
+    assert delta(before, after, "swarmllm_requests_total", outcome="cancelled", **local) == 1
+    assert delta(before, after, "swarmllm_requests_total", outcome="ok", **local) == 0
+    for name in ("swarmllm_request_duration_seconds_count", "swarmllm_time_per_output_token_seconds_count"):
+        assert delta(before, after, name, **local) == 0, name
+    await usage(node, {"model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
+    await idle(node)
+    assert delta(after, await samples(node), "swarmllm_request_duration_seconds_count", **local) == 1
