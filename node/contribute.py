@@ -94,7 +94,7 @@ class Contributions:
             self._chosen[entry.id] = entry.sha256
             await self._async_save()
         log.info("DIAG: contributing %s", kv(model=entry.id, budget_mb=budget_mb, source="control"))
-        self.note(f"helping serve {entry.id} within {budget_mb or 'free'} MB")
+        self.note(f"helping serve {entry.id} within " + (f"{budget_mb:,} MiB" if budget_mb else "free memory"))
         self.events.emit()
         return self.summary()
 

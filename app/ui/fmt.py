@@ -56,6 +56,13 @@ def size(n_bytes: int | None) -> str:
     return DASH  # unreachable
 
 
+def mib(value: float | None, decimals: int = 0) -> str:
+    """A figure the node gives in MiB (its `*_mb` fields and budgets are 2**20 bytes: `budget_mb`,
+    `per_layer_mb`) in `size`'s unit: '1,024 MiB', '5.1 MiB'. The Swarm tab wrote them "MB" beside
+    the Models tab's MiB (2026-12-07)."""
+    return DASH if value is None else f"{value:,.{decimals}f} MiB"
+
+
 def clock(unix_time: float | None) -> str:
     """Local wall-clock time of day."""
     return DASH if not unix_time else time.strftime("%H:%M:%S", time.localtime(unix_time))

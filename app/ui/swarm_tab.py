@@ -36,7 +36,7 @@ SLIDER_MIN_MB = 16
 
 
 def _free_mb() -> int:
-    """Memory this machine could give now (what the OS calls available), in MB."""
+    """Memory this machine could give now (what the OS calls available), in MiB."""
     import psutil
 
     return int(psutil.virtual_memory().available // 2**20)
@@ -63,7 +63,7 @@ class ContributePanel(QGroupBox):
         self.help_box.setToolTip("Let this machine serve layers of the model for the swarm: the node chooses which "
                                  "layers (where coverage is thinnest) within the memory set below")
         self.slider = QSlider(Qt.Orientation.Horizontal)
-        self.slider.setAccessibleName("Memory budget for this model's layers, MB")
+        self.slider.setAccessibleName("Memory budget for this model's layers, MiB")
         self.slider.setToolTip("Memory this model's layers may take on this machine (weights and KV reserve)")
         self.slider.setSingleStep(SLIDER_STEP_MB)
         self.slider.setPageStep(SLIDER_STEP_MB * 4)
@@ -139,10 +139,10 @@ class ContributePanel(QGroupBox):
             fit = layers_for_budget(mb * 2**20, int(cost["per_layer_mb"] * 2**20), 0, int(cost["head_mb"] * 2**20),
                                     n_layers=cost["n_layers"])
             head = f", {fit.with_head} with the output head" if fit.with_head != fit.layers else ""
-            self.budget_label.setText(f"{mb:,} MB ≈ {fit.layers} of {cost['n_layers']} layers{head} "
-                                      f"({cost['per_layer_mb']:.1f} MB each)")
+            self.budget_label.setText(f"{fmt.mib(mb)} ≈ {fit.layers} of {cost['n_layers']} layers{head} "
+                                      f"({fmt.mib(cost['per_layer_mb'], 1)} each)")
         else:
-            self.budget_label.setText(f"{mb:,} MB")
+            self.budget_label.setText(fmt.mib(mb))
 
     def refresh(self) -> None:
         """Show the node's choices (called on contributions, slice and trace events)."""
@@ -156,7 +156,7 @@ class ContributePanel(QGroupBox):
         parts = self._split_parts()
         self.help_box.setEnabled(known and not parts and self.host.node.autoserve is not None)
         if known and not parts and self.model_id not in self.cost:
-            self.cost[self.model_id] = {}  # asked once (an empty cost shows the budget in MB only)
+            self.cost[self.model_id] = {}  # asked once (an empty cost shows the budget in MiB only)
             spawn(self._async_cost(self.model_id), what=f"sizing the layers of {self.model_id}")
         # not while the user holds the slider or a budget they set waits to be applied: the
         # node's old budget would undo their move before _apply_budget sees it

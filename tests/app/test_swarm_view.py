@@ -104,7 +104,7 @@ def test_help_serve_fills_the_gap_and_the_map_draws_the_chain(qtbot, run, qtmode
                             panel.budget_label.text()
                     panel.slider.setValue(budget)
                     fit = panel.budget_label.text()  # the node's own count: 2 of the last layers (the head)
-                    assert fit.startswith(f"{budget:,} MB ≈ ") and ("2 with the output head" in fit or "≈ 2 of 4" in fit)
+                    assert fit.startswith(f"{budget:,} MiB ≈ ") and ("2 with the output head" in fit or "≈ 2 of 4" in fit)
                     panel.help_box.click()
 
                     async def chosen():

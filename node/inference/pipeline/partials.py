@@ -350,7 +350,7 @@ class PartialModels:
             stats = await async_fetch_parts(store, manifest, parts, progress=phase(), url=url,
                                             forget=self._forget)
         if stats.wire_bytes:
-            self.note(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 1e6:.1f} MB")
+            self.note(f"fetched layers {label} of {entry.id}: {stats.wire_bytes / 2**20:.1f} MiB")
 
     @property
     def _forget(self) -> Callable[[str], object] | None:
@@ -406,7 +406,7 @@ class PartialModels:
                 self._distrusted.add((entry.sha256, node))
             if got.parts:
                 self.note(f"fetched {len(got.parts)} parts of {entry.id} from peer {source.label}: "
-                          f"{got.peer_bytes / 1e6:.1f} MB" + ("" if got.spot_checked else " (not yet checked)"))
+                          f"{got.peer_bytes / 2**20:.1f} MiB" + ("" if got.spot_checked else " (not yet checked)"))
             refused.update(got.rejected)  # its bytes did not hash to its names: not asked of it again
             if got.lied or not got.parts:
                 return
