@@ -150,7 +150,7 @@ async def _machine(node: ReportParts) -> list[str]:
         used = await asyncio.get_running_loop().run_in_executor(None, cache.total_bytes) \
             if cache is not None and cache.enabled else None
         lines.append(f"slice kernels: {', '.join(kernels) or 'none loaded'}; weight cache: "
-                     + (f"{used / 2**20:.0f} of {cache.budget_bytes / 2**20:.0f} MB" if used is not None else "off"))
+                     + (f"{used / 2**20:.0f} of {cache.budget_bytes / 2**20:.0f} MiB" if used is not None else "off"))
     lines.append(_int8_kernel_line())
     if m.mem_bandwidth_gbps is None:
         lines.append(f"memory bandwidth: could not be measured ({m.bandwidth_error})")

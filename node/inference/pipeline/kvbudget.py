@@ -87,8 +87,8 @@ class KvBudget:
                     coordinator=work.coordinator[:8], need_bytes=need, in_use_bytes=in_use, in_use=n_in_use,
                     kept_bytes=kept, budget_bytes=budget))
                 raise KvBudgetFull(
-                    f"node {node} is at its KV cache budget ({budget / 2**20:.1f} MB): {n_in_use} requests in "
-                    f"progress hold {in_use / 2**20:.1f} MB and this one needs {need / 2**20:.1f} MB for layers "
+                    f"node {node} is at its KV cache budget ({budget / 2**20:.1f} MiB): {n_in_use} requests in "
+                    f"progress hold {in_use / 2**20:.1f} MiB and this one needs {need / 2**20:.1f} MiB for layers "
                     f"{hop.start}-{hop.end - 1} of {hosted.entry.id}; try again shortly")
             sess = create()
             sess.reserved = need
