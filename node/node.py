@@ -162,6 +162,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         self.watchdog.start(loop)
         await loop.run_in_executor(None, ensure_data_dir, self.data_dir)
         await loop.run_in_executor(None, self._data_dir_lock.acquire)  # DataDirInUse: another node runs here
+        await loop.run_in_executor(None, self.catalog.load_hashes)
         self.api_key = await loop.run_in_executor(None, load_or_create_api_key, self.data_dir)
         self.identity = await async_load_or_create_identity(self.data_dir)
         self.started_at = time.time()

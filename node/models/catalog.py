@@ -228,6 +228,10 @@ class ModelCatalog:
         self._generations = itertools.count(1)  # next() is atomic: scans bump it from executor threads
         self.generation = 0
 
+    def load_hashes(self) -> None:
+        """Read the hash cache from the data dir (blocking; Node.start runs it in an executor)."""
+        self._cache.load()
+
     def scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """Scan (path, source) pairs; a bad file is logged and skipped (blocking)."""
         started = time.monotonic()

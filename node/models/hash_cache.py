@@ -133,13 +133,26 @@ class HashCache:
         # result instead of reading the whole file again beside it
         self._hashing: dict[str, tuple[int, int, threading.Event, list[str]]] = {}
         self._kept: str | None = None  # why model_hashes.json is left as it is this run (nothing saved over it)
-        if path is not None:
-            self._data, self._kept = _read(path)
-            if self._kept:
-                log.warning("DIAG: model hash cache %s: files are hashed again, and nothing is saved over it "
-                            "until it can be read (the file is left as it is) %s", self._kept, kv(path=path))
+        # read by load(), not here: the node is built on the event loop, and a locked file is read
+        # again after a pause (read_data_file); Node.start loads it in an executor (2026-12-07)
+        self._loaded = path is None
+
+    def load(self) -> None:
+        """Read model_hashes.json (blocking; once: every other method calls it first)."""
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded:
+                return
+            assert self.path is not None
+            self._data, self._kept = _read(self.path)
+            self._loaded = True
+        if self._kept:
+            log.warning("DIAG: model hash cache %s: files are hashed again, and nothing is saved over it "
+                        "until it can be read (the file is left as it is) %s", self._kept, kv(path=self.path))
 
     def get_or_compute(self, file: Path) -> str:
+        self.load()
         st = file.stat()
         key = str(file.resolve())
         with self._lock:
@@ -180,6 +193,7 @@ class HashCache:
     def remember(self, file: Path, sha256: str, origin_url: str | None = None) -> None:
         """Record a hash computed elsewhere (a download hashes as it verifies; blocking), and
         where the file came from."""
+        self.load()
         st = file.stat()
         record: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
         if origin_url:
@@ -197,6 +211,7 @@ class HashCache:
         """Record whether a downloaded file's origin is public (None: the check could not be made,
         UNCHECKED, kept with `token`: whether the download sent a Hugging Face token, for the check
         made again), if its record still holds this sha256 (blocking); whether it was recorded."""
+        self.load()
         with self._lock:
             key = str(file.resolve())
             hit = self._data.get(key)
@@ -209,6 +224,7 @@ class HashCache:
     def origin_of(self, file: Path, sha256: str | None = None) -> OriginRecord:
         """The file's origin record (blocking; none: not recorded, or its record holds another sha256
         than a given one)."""
+        self.load()
         with self._lock:
             hit = self._data.get(str(file.resolve()))
         if not hit or (sha256 is not None and hit.get("sha256") != sha256):
@@ -231,6 +247,7 @@ class HashCache:
 
     def stat_of(self, file: Path) -> tuple[int, int] | None:
         """(size, mtime_ns) of a file when its cached sha256 was computed (None: not cached)."""
+        self.load()
         with self._lock:
             hit = self._data.get(str(file.resolve()))
         size, mtime_ns = (hit or {}).get("size"), (hit or {}).get("mtime_ns")
@@ -239,6 +256,7 @@ class HashCache:
     def header_of(self, file: Path) -> tuple[str, int, str | None]:
         """(header sha256, header bytes, origin URL) of a file whose hash is cached (blocking):
         the header hash is computed once and kept in the same record."""
+        self.load()
         key = str(file.resolve())
         with self._lock:
             hit = dict(self._data.get(key) or {})

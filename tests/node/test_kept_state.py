@@ -105,9 +105,9 @@ def test_a_model_hashes_json_locked_a_moment_is_read(tmp_path, monkeypatch):
 def test_a_model_hashes_json_damaged_twice_keeps_both_copies(tmp_path):
     path = tmp_path / "model_hashes.json"
     path.write_text('{"/a.gguf": {"size": 1, "sha')
-    HashCache(path)
+    HashCache(path).load()
     path.write_text('{"/b.gguf": {"size": 2')
-    HashCache(path)
+    HashCache(path).load()
     assert (tmp_path / "model_hashes.json.broken").read_text() == '{"/a.gguf": {"size": 1, "sha'
     assert (tmp_path / "model_hashes.json.broken-2").read_text() == '{"/b.gguf": {"size": 2'
 

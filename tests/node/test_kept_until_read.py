@@ -66,6 +66,7 @@ def test_a_folder_where_model_hashes_json_belongs_is_moved_aside_and_saving_goes
     model = _model(tmp_path, "m.gguf")
     with caplog.at_level(logging.WARNING):
         cache = HashCache(tmp_path / "model_hashes.json")
+        cache.load()
     assert "a directory where a file belongs" in caplog.text, caplog.text
     monkeypatch.undo()
     cache.remember(model, cache.get_or_compute(model), ORIGIN)
