@@ -160,6 +160,10 @@ DOWNLOAD_PROGRESS_S = 0.25  # progress events at most this often
 DOWNLOAD_LOG_S = 30.0  # a download's progress is logged (info) at most this often
 DOWNLOAD_STALLED_S = 10.0  # the GUI's downloads panel says "stalled" after no byte arrived for this long
 DOWNLOAD_STALL_CHECK_S = 1.0  # how often the panel looks for stalled downloads (no events come then)
+# finished downloads (done, failed, cancelled, resumed as another) kept for GET /api/admin/downloads,
+# the oldest forgotten first; paused and running ones are always kept (2026-12-07 soak: every one of
+# the run was kept, so a script retrying a bad link grew the node by a job per try)
+DOWNLOADS_FINISHED_KEPT = 64
 HF_LISTING_TIMEOUT_S = 30.0  # a Hub repo's file listing (hf://owner/repo:QUANT), each page, all in all
 HF_LISTING_ATTEMPTS = 3  # asks of the listing on a 429/5xx or a dropped connection
 HF_LISTING_RETRY_AFTER_MAX_S = 20.0  # the listing's Retry-After is honoured up to this long (a request waits)

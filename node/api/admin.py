@@ -86,7 +86,8 @@ async def download(request: web.Request) -> web.Response:
 
 @routes.get("/api/admin/downloads")
 async def downloads(request: web.Request) -> web.Response:
-    """Every download of this run, newest last, and those an earlier run left unfinished (paused)."""
+    """This run's downloads, newest last (the last DOWNLOADS_FINISHED_KEPT finished ones), and those an
+    earlier run left unfinished (paused)."""
     return web.json_response({"downloads": [j.summary() for j in request.app[NODE].download_jobs()]})
 
 

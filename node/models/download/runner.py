@@ -122,6 +122,7 @@ class ModelDownloader:
         self._supersede(job)
         job.task = asyncio.get_running_loop().create_task(self._async_run(job), name=f"download-{job.id}")
         job.task.add_done_callback(lambda _task: self._settle(job))
+        self._forget_finished()
         return job
 
     def _supersede(self, job: DownloadJob) -> None:
@@ -135,8 +136,16 @@ class ModelDownloader:
                 log.info("DIAG: model download superseded %s", kv(download=other.id, by=job.id, file=other.file_name))
                 self._observers.emit(other)
 
+    def _forget_finished(self) -> None:
+        """At most DOWNLOADS_FINISHED_KEPT finished downloads (done, failed, cancelled, resumed as
+        another) stay listed, the oldest forgotten first; running and resumable (paused) ones stay."""
+        finished = [j for j in self.jobs.values() if not j.active and not j.resumable]
+        for job in finished[:max(0, len(finished) - const.DOWNLOADS_FINISHED_KEPT)]:
+            del self.jobs[job.id]
+
     def all(self) -> list[DownloadJob]:
-        """Every download of this run, oldest first."""
+        """This run's downloads, oldest first: the running and paused ones, and the last
+        DOWNLOADS_FINISHED_KEPT finished."""
         return list(self.jobs.values())
 
     def get(self, job_id: str) -> DownloadJob:
@@ -411,6 +420,7 @@ class ModelDownloader:
         elif job.active:
             job.state, job.error, job.finished_at = "cancelled", "cancelled before it started", time.time()
             self._observers.emit(job)
+        self._forget_finished()
 
     async def _async_disk_error(self, exc: OSError, part: Path | None, io) -> str:
         """A failed write said with where and what to do ("OSError: No space left on device" named
