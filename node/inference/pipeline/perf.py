@@ -11,7 +11,7 @@ The same telemetry adds up, per request, in the trace's segments (`segN_ms`, `ac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +57,12 @@ class PeerPerformance:
         per_token_us = eval_us / max(1, n_tokens)
         perf.observe(int(per_token_us), n_layers, 1, wall_ms / max(1, n_tokens))
 
-    def observe_step(self, telemetry: Sequence[dict[str, Any]], n_tokens: int, wall_ms: float, hops: int) -> None:
+    def observe_step(self, telemetry: Sequence[dict[str, Any]], n_tokens: int, wall_ms: float, hops: int,
+                     route: Collection[str] = ()) -> None:
         """A completed step: each hop's telemetry, its token count, its wall time as the coordinator
-        saw it, and how many network hops it crossed (0 when every segment is this node)."""
+        saw it, how many network hops it crossed (0 when every segment is this node), and the nodes
+        of its route: telemetry naming any other node is not that node's performance (the list
+        comes back from a peer; 2026-12-07 soak: each name it made up was kept for good)."""
         compute_ms = 0.0
         base_ms: float | None = None  # one thread hand-off and hand-back: a single process pays them too
         for tele in telemetry:
@@ -68,7 +71,7 @@ class PeerPerformance:
             node = str(tele.get("node", ""))
             if base_ms is None or node == self.node_id:
                 base_ms = (wait_us + send_us) / 1000
-            if node and node != self.node_id:
+            if node and node != self.node_id and node in route:
                 layers = int(tele.get("end", 0)) - int(tele.get("start", 0))
                 self.peers.setdefault(node, PeerPerf()).observe(eval_us, layers, n_tokens, wall_ms)
         if n_tokens == 1 and hops:

@@ -380,7 +380,7 @@ class PipelineRun(Failover):
         # network hops: between consecutive segments (always two nodes), plus into the first
         # and back from the last when those are not this node
         hops = len(att.route) - 1 + (att.kinds[0] != "local") + (att.kinds[-1] != "local") if att.route else 0
-        self.perf.observe_step(result.telemetry, step.n_tokens, wall_ms, hops)
+        self.perf.observe_step(result.telemetry, step.n_tokens, wall_ms, hops, att.nodes())
         att.steps.pop(step.seq, None)
 
     def _fed(self) -> tuple[int, ...]:
