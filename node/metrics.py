@@ -63,11 +63,14 @@ class NodeMetrics:
         """Record a finished trace."""
         # Unresolved names are client input: one fixed label, so junk cannot grow the series set.
         key = (trace.model if trace.resolved else "unknown", trace.route or "none")
-        # a request its client left (cancelled) or the node cut off (stalled) ended then, not when its
-        # reply would have: its duration and time per token are no latency samples (they pulled
+        # a reply its client left (cancelled) or the node cut off (stalled) mid-way ended then, not
+        # when it would have: its duration and time per token are no latency samples (they pulled
         # p50/p95 down, 2026-12-07); it is counted in swarmllm_requests{outcome}, as vLLM's
-        # finished_reason="abort". Its queue wait and first token, measured before it left, are.
-        cut = trace.outcome in CUT_SHORT
+        # finished_reason="abort". Its queue wait and first token, measured before it left, are; so is
+        # the duration of one cut before its first token (a user who gave up after 90 s in the queue
+        # waited that long: review r42, it was in no histogram) or after its reply ended (the client
+        # closed at the last write: a whole reply's true duration).
+        cut = trace.outcome in CUT_SHORT and trace.first_token is not None and trace.finish_reason is None
         for hist, ms in ((self.queue_s, trace.queue_ms), (self.ttft_s, trace.ttft_ms),
                          (self.tpot_s, None if cut else trace.tpot_ms), (self.total_s, None if cut else trace.total_ms)):
             if ms is not None:

@@ -13,6 +13,8 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from node.metrics import NodeMetrics
+from node.trace import RequestTrace
 from tests.support.nodes import node_config, running_node, tiny_model
 from tests.support.sse import DONE, sse_data
 from tests.support.waiting import wait_until
@@ -134,3 +136,33 @@ async def test_a_request_whose_client_left_mid_stream_is_counted_cancelled_not_a
     await usage(node, {"model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
     await idle(node)
     assert delta(after, await samples(node), "swarmllm_request_duration_seconds_count", **local) == 1
+
+
+def _cut_trace(**fields) -> RequestTrace:
+    trace = RequestTrace("m", "chat.completions", route="local", resolved=True, admitted=0.0, **fields)
+    trace.outcome = "cancelled"
+    return trace
+
+
+def _counts(metrics: NodeMetrics) -> dict[str, float]:
+    return {s.name: s.value for fam in metrics.registry.collect() for s in fam.samples
+            if s.name in ("swarmllm_request_duration_seconds_count", "swarmllm_time_per_output_token_seconds_count")
+            and s.labels.get("model") == "m"}
+
+
+def test_a_request_given_up_before_its_first_token_or_after_its_reply_keeps_its_duration():
+    """Review r42 (2026-12-07): leaving cancelled requests out of the duration histogram also left out
+    a user who gave up after 90 s in the queue (no first token: the wait is the latency they met) and a
+    stream whose whole reply was sent before the client closed at the last write; only a reply cut
+    mid-way is no sample."""
+    metrics = NodeMetrics()
+    metrics.observe_trace(_cut_trace(finished=90.0))  # gave up waiting
+    assert _counts(metrics)["swarmllm_request_duration_seconds_count"] == 1
+    metrics.observe_trace(_cut_trace(dequeued=0.1, assembled=0.2, first_token=0.5, finished=20.0,
+                                     completion_tokens=400, finish_reason="stop"))  # whole reply sent
+    assert _counts(metrics) == {"swarmllm_request_duration_seconds_count": 2,
+                                "swarmllm_time_per_output_token_seconds_count": 1}
+    metrics.observe_trace(_cut_trace(dequeued=0.1, assembled=0.2, first_token=0.5, finished=3.0,
+                                     completion_tokens=40))  # left mid-reply
+    assert _counts(metrics) == {"swarmllm_request_duration_seconds_count": 2,
+                                "swarmllm_time_per_output_token_seconds_count": 1}
