@@ -80,8 +80,12 @@ def _max_tokens(out: dict) -> None:
     `n_predict` (-1 = no limit)."""
     if "max_output_tokens" in out:  # Jan's "Max Output Tokens" assistant parameter
         value = out.pop("max_output_tokens")
+        if value is not None and not (type(value) is int and (value == -1 or 1 <= value <= 1 << 24)):
+            # (named as sent: mapped first, it was a 400 about a `max_tokens` Jan never sent; review r42)
+            raise InvalidRequest(f"`max_output_tokens` must be an integer between 1 and {1 << 24} or -1 "
+                                 f"(no limit), got {value!r}", param="max_output_tokens")
         if out.get("max_tokens") is None and out.get("max_completion_tokens") is None:
-            out["max_tokens"] = value  # checked as max_tokens is
+            out["max_tokens"] = value
     for key in ("max_tokens", "max_completion_tokens"):
         if out.get(key) == -1 and type(out[key]) is int:
             out[key] = None  # up to the context, as llama-server reads -1

@@ -57,11 +57,13 @@ async def test_jan_assistant_parameters_are_served_and_max_output_tokens_limits_
                                                     stream_options={"include_usage": True}, extra_body=jan)
     usage = [chunk.usage async for chunk in streamed if chunk.usage]
     assert usage and usage[-1].completion_tokens == 5
-    # it is checked as max_tokens is
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.chat.completions.create(model=model_id, messages=QUESTION,
-                                             extra_body={"max_output_tokens": "many"})
-    assert err.value.body["param"] == "max_tokens"
+    # a bad value is a 400 naming the field Jan sent (review r42: it named `max_tokens`)
+    for bad in ("many", 0, 1 << 25, True):
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.chat.completions.create(model=model_id, messages=QUESTION,
+                                                 extra_body={"max_output_tokens": bad})
+        assert err.value.body["param"] == "max_output_tokens", bad
+        assert "`max_output_tokens` must be" in err.value.body["message"], err.value.body
 
 
 def zed_body(model_id: str, tool_content) -> dict:
