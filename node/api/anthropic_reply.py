@@ -10,6 +10,7 @@ from typing import Any
 
 from node.api import anthropic_thinking as thinking
 from node.api.errors import to_anthropic
+from node.api.streaming import SSE_CONTENT_TYPE
 from node.errors import NodeError
 from node.inference.generate import CompletionRun
 from node.inference.request import Delta, TokenLogprob
@@ -138,7 +139,8 @@ class MessageEvents:
 class MessagesDialect:
     """Anthropic Message bodies, events and errors (driver.Dialect)."""
 
-    anthropic_errors = True
+    error_shape = "anthropic"
+    stream_content_type = SSE_CONTENT_TYPE
     body_in_worker = True  # the body reads the finished run only
     hide_reasoning = False
 

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from node import const
 from node.api.cors import origin_allowed
+from node.api.errors import is_ollama_path
 from node.errors import AuthenticationFailed, ForbiddenHost
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,8 @@ def make_auth_middleware(api_key: str, *, inference_needs_key: bool, allowed_hos
                     f" ({held} more refused since the last such WARNING)" if held else "")
             raise ForbiddenHost(forbidden_host_text(host))
         path = request.path
-        inference = path.startswith("/v1") or path in NATIVE_PATHS
+        # Ollama's routes (/api/chat, /api/tags, ...: api/ollama.py) are inference routes as /v1's
+        inference = path.startswith("/v1") or path in NATIVE_PATHS or is_ollama_path(path)
         # require_api_key_for_inference = false is for apps on this machine: a client on another
         # one (the LAN, a container) needs the key whatever its Host header says
         local = client_is_local(request)

@@ -21,7 +21,7 @@ from aiohttp import web
 from node import const
 from node.api import json_body
 from node.api.appkeys import NODE
-from node.api.errors import error_response
+from node.api.errors import ErrorShape, error_response
 from node.api.streaming import StreamEvents, stream_completion
 from node.errors import NodeError
 from node.inference.generate import CompletionRun
@@ -34,12 +34,13 @@ log = logging.getLogger(__name__)
 class Dialect(Protocol):
     """How one API writes a reply."""
 
-    anthropic_errors: bool  # error bodies in Anthropic's shape (else OpenAI's)
+    error_shape: ErrorShape  # error bodies in OpenAI's, Anthropic's or Ollama's shape
+    stream_content_type: str  # a stream's: SSE (streaming.SSE_CONTENT_TYPE) or Ollama's NDJSON
     body_in_worker: bool  # body() only reads the finished run: it may run on a worker thread
     hide_reasoning: bool  # the thoughts are left out of the reply, their tokens' logprobs too (reasoning.exclude)
 
     def events(self, run: CompletionRun) -> StreamEvents:
-        """The SSE events of a streamed reply."""
+        """The events of a streamed reply (SSE events, or NDJSON lines)."""
 
     def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
         """The JSON body of a complete reply (the run's text, tool calls and trace are final; the
@@ -62,7 +63,7 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
     try:
         await run.prepare()
         if completion.stream:
-            result = await stream_completion(request, run, dialect.events(run))
+            result = await stream_completion(request, run, dialect.events(run), dialect.stream_content_type)
             outcome, error = result.outcome, result.error
             return result.response
         logprobs: list[TokenLogprob] = []
@@ -83,11 +84,11 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
         raise
     except NodeError as exc:
         error = exc
-        return error_response(exc, headers=trace.headers(), anthropic=dialect.anthropic_errors)
+        return error_response(exc, headers=trace.headers(), shape=dialect.error_shape)
     except Exception:  # a bug: the client gets a 500 in its dialect's shape, the log gets the traceback
         log.exception("request failed unexpectedly request_id=%s", trace.request_id)
         error = NodeError("internal server error; see the node log for details")
-        return error_response(error, headers=trace.headers(), anthropic=dialect.anthropic_errors)
+        return error_response(error, headers=trace.headers(), shape=dialect.error_shape)
     finally:
         try:
             await run.close()

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from node.api import json_body
 from node.api.appkeys import NODE
-from node.api.errors import error_response, read_json
+from node.api.errors import ErrorShape, error_response, read_json
 from node.api.llama_native import _default_model
 from node.api.responses import embeddings_body
 from node.api.schemas import parse_embeddings
@@ -36,12 +36,13 @@ EUCLIDEAN = 2  # llama-server's `embd_normalize` for L2, its default and this no
 
 
 async def serve_traced_json(node: Any, trace: RequestTrace,
-                            produce: Callable[[], Awaitable[Callable[[], Any]]]) -> web.Response:
+                            produce: Callable[[], Awaitable[Callable[[], Any]]],
+                            shape: ErrorShape = "openai") -> web.Response:
     """One traced request whose reply is one JSON body (embeddings, rerank): `produce()` does the
     work and gives the function that builds the body, which runs off the loop with its encoding, in
     pieces (thousands of floats, megabytes of documents: one json.dumps holds the GIL throughout,
     2,048 inputs' vectors, 2.9 MB, stalled the loop 0.28 s from a worker thread). Errors in the
-    OpenAI shape; the trace is finished either way."""
+    OpenAI shape (or `shape`'s); the trace is finished either way."""
     hub = node.traces
     outcome, error = "error", None
     try:
@@ -57,17 +58,17 @@ async def serve_traced_json(node: Any, trace: RequestTrace,
         raise
     except NodeError as exc:
         error = exc
-        return error_response(exc, headers=trace.headers())
+        return error_response(exc, headers=trace.headers(), shape=shape)
     except Exception:  # a bug: a 500 in the OpenAI shape, the traceback in the log
         log.exception("request failed unexpectedly request_id=%s", trace.request_id)
         error = NodeError("internal server error; see the node log for details")
-        return error_response(error, headers=trace.headers())
+        return error_response(error, headers=trace.headers(), shape=shape)
     finally:
         hub.finish(trace, outcome, error=error)
 
 
 async def serve_embeddings(request: web.Request, embedding: EmbeddingRequest,
-                           render: Callable[[EmbeddingResult], Any]) -> web.Response:
+                           render: Callable[[EmbeddingResult], Any], shape: ErrorShape = "openai") -> web.Response:
     """Run one embeddings request (traced) and write `render(result)` as JSON."""
     node = request.app[NODE]
     trace = node.traces.start(RequestTrace(model=embedding.model, operation="embeddings"))
@@ -76,7 +77,7 @@ async def serve_embeddings(request: web.Request, embedding: EmbeddingRequest,
         result = await run_embeddings(node.models, embedding, trace, node.short_id, remote=node.embedder)
         return lambda: render(result)
 
-    return await serve_traced_json(node, trace, produce)
+    return await serve_traced_json(node, trace, produce, shape)
 
 
 def native_body(result: EmbeddingResult) -> list[dict[str, Any]]:

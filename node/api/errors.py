@@ -1,5 +1,6 @@
 """The one place exceptions become HTTP error responses: the OpenAI shape everywhere, Anthropic's
-shape on the Anthropic Messages routes (/v1/messages...). The status is the NodeError's in both."""
+shape on the Anthropic Messages routes (/v1/messages...), Ollama's `{"error": "..."}` on Ollama's
+routes (/api/..., but /api/admin). The status is the NodeError's in each."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import logging
 import math
+from typing import Literal
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -32,6 +34,9 @@ from node.errors import (
 log = logging.getLogger(__name__)
 
 ANTHROPIC_PATH_PREFIX = "/v1/messages"
+OLLAMA_PATH_PREFIX = "/api/"
+ADMIN_PATH_PREFIX = "/api/admin"
+ErrorShape = Literal["openai", "anthropic", "ollama"]
 
 # NodeError class -> Anthropic error type (the nearest class in the exception's MRO wins);
 # https://docs.anthropic.com/en/api/errors lists the types
@@ -64,9 +69,18 @@ def to_anthropic(exc: NodeError) -> dict:
     return {"type": "error", "error": {"type": anthropic_error_type(exc), "message": exc.message}}
 
 
+def error_body(exc: NodeError, shape: ErrorShape = "openai") -> dict:
+    """The error's body in one API's shape (Ollama's is `{"error": message}`: its clients read that string)."""
+    if shape == "anthropic":
+        return to_anthropic(exc)
+    if shape == "ollama":
+        return {"error": exc.message}
+    return exc.to_openai()
+
+
 def error_response(exc: NodeError, headers: dict[str, str] | None = None, *,
-                   anthropic: bool = False) -> web.Response:
-    """The error's status with the OpenAI body `{"error": {...}}` (or Anthropic's)."""
+                   shape: ErrorShape = "openai") -> web.Response:
+    """The error's status with the OpenAI body `{"error": {...}}` (or Anthropic's, or Ollama's)."""
     retry_after = getattr(exc, "retry_after_s", None)
     if retry_after is not None:
         headers = {**(headers or {}), "Retry-After": str(retry_after)}
@@ -74,7 +88,7 @@ def error_response(exc: NodeError, headers: dict[str, str] | None = None, *,
         headers = {**(headers or {}), "x-should-retry": "false"}
     return web.Response(
         status=exc.http_status,
-        text=json.dumps(to_anthropic(exc) if anthropic else exc.to_openai()),
+        text=json.dumps(error_body(exc, shape)),
         content_type="application/json",
         headers=headers,
     )
@@ -83,6 +97,19 @@ def error_response(exc: NodeError, headers: dict[str, str] | None = None, *,
 def is_anthropic_path(path: str) -> bool:
     """True on the Anthropic Messages routes, whose errors take Anthropic's shape."""
     return path == ANTHROPIC_PATH_PREFIX or path.startswith(ANTHROPIC_PATH_PREFIX + "/")
+
+
+def is_ollama_path(path: str) -> bool:
+    """True on Ollama's routes (/api/chat, /api/tags, ...; not the node's own /api/admin)."""
+    return path.startswith(OLLAMA_PATH_PREFIX) and not (
+        path == ADMIN_PATH_PREFIX or path.startswith(ADMIN_PATH_PREFIX + "/"))
+
+
+def path_error_shape(path: str) -> ErrorShape:
+    """The error shape a path's clients read."""
+    if is_anthropic_path(path):
+        return "anthropic"
+    return "ollama" if is_ollama_path(path) else "openai"
 
 
 def _from_http(exc: web.HTTPException) -> NodeError:
@@ -102,22 +129,22 @@ def _from_http(exc: web.HTTPException) -> NodeError:
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     """Map NodeError (and stray HTTP exceptions) to the path's error shape; log the unexpected."""
-    anthropic = is_anthropic_path(request.path)
+    shape = path_error_shape(request.path)
     try:
         return await handler(request)
     except NodeError as exc:
         if exc.http_status >= 500:
             log.warning("request failed path=%s status=%d error=%s", request.path, exc.http_status, exc.message)
-        return error_response(exc, anthropic=anthropic)
+        return error_response(exc, shape=shape)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(_from_http(exc), anthropic=anthropic)
+        return error_response(_from_http(exc), shape=shape)
     except (ConnectionResetError, ConnectionError):
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(NodeError("internal server error; see the node log for details"), anthropic=anthropic)
+        return error_response(NodeError("internal server error; see the node log for details"), shape=shape)
 
 
 def _received(request: web.Request) -> int:

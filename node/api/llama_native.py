@@ -24,6 +24,7 @@ from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.responses import sse_event
 from node.api.schemas import parse_completion
+from node.api.streaming import SSE_CONTENT_TYPE
 from node.errors import InvalidRequest, ModelNotFound, Unsupported
 from node.inference.chat import CHATML_TEMPLATE
 from node.inference.generate import CompletionRun
@@ -208,7 +209,8 @@ class NativeEvents:
 class NativeDialect:
     """llama-server's /completion and /infill shapes (driver.Dialect)."""
 
-    anthropic_errors = False
+    error_shape = "openai"
+    stream_content_type = SSE_CONTENT_TYPE
     body_in_worker = True  # the body reads the finished run only
     hide_reasoning = False
 

@@ -21,6 +21,7 @@ from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.responses import StreamChunks, completion_body
 from node.api.schemas import parse_completion
+from node.api.streaming import SSE_CONTENT_TYPE
 from node.api.tool_schemas import async_check_tool_schemas
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, TokenLogprob
@@ -82,7 +83,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 class ChatDialect:
     """OpenAI chat.completion / text_completion bodies and chunks (driver.Dialect)."""
 
-    anthropic_errors = False
+    error_shape = "openai"
+    stream_content_type = SSE_CONTENT_TYPE
     body_in_worker = True  # the body reads the finished run only
 
     def __init__(self, completion: CompletionRequest, hide_reasoning: bool = False):

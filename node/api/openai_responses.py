@@ -31,6 +31,7 @@ from node.api.responses_options import (
     text_format,
 )
 from node.api.schemas import _integer, _number, call_arguments
+from node.api.streaming import SSE_CONTENT_TYPE
 from node.api.tool_schemas import async_check_tool_schemas, dialect_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported
 from node.inference.generate import CompletionRun
@@ -424,7 +425,8 @@ class ResponseEvents:
 class ResponsesDialect:
     """Response objects and events; OpenAI-shaped errors (driver.Dialect)."""
 
-    anthropic_errors = False
+    error_shape = "openai"
+    stream_content_type = SSE_CONTENT_TYPE
     body_in_worker = False  # the body is stored (the store is the loop's): built there, a big one encoded off it
     hide_reasoning = False
 

@@ -16,6 +16,8 @@ from node.api import (
     cors,
     embed_routes,
     llama_native,
+    ollama,
+    ollama_models,
     openai,
     openai_responses,
     rerank_routes,
@@ -150,6 +152,8 @@ def build_app(node: NodeView, config: NodeConfig, api_key: str) -> web.Applicati
     app.add_routes(rerank_routes.routes)
     app.add_routes(anthropic.routes)
     app.add_routes(llama_native.routes)
+    app.add_routes(ollama.routes)  # Ollama's API, /api/... (errors in its shape: api/errors.py)
+    app.add_routes(ollama_models.routes)
     app.add_routes(openai_responses.routes)
     openai_responses.install(app)
     app.add_routes(admin.routes)

@@ -55,12 +55,16 @@ class StreamResult:
     error: NodeError | None = None
 
 
-async def stream_completion(request: web.Request, run: CompletionRun, events: StreamEvents) -> StreamResult:
-    """Write the SSE stream of a prepared run."""
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+
+
+async def stream_completion(request: web.Request, run: CompletionRun, events: StreamEvents,
+                            content_type: str = SSE_CONTENT_TYPE) -> StreamResult:
+    """Write the stream of a prepared run: SSE, or the dialect's own (Ollama's NDJSON)."""
     trace = run.trace
     started = time.monotonic()
     resp = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream; charset=utf-8",
+        "Content-Type": content_type,
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",
         **trace.headers(streaming=True),

@@ -1,0 +1,308 @@
+"""Ollama's API as one more dialect (api/ollama_models.py: the model routes): POST /api/chat,
+/api/generate, /api/embed and the older /api/embeddings, on the node's own port, so apps that speak
+only Ollama (Open WebUI's Ollama connection, Zed, Continue's `ollama` provider, LangChain's
+ChatOllama, Page Assist, Enchanted, Home Assistant, n8n) work against SwarmLLM.
+
+A chat or generate body becomes the /v1/chat/completions (or, for `raw` and `suffix`,
+/v1/completions) body it means and goes through that parser, so every option is checked as there;
+`options` are its samplers (`num_predict` the token limit), load-time ones (`num_ctx`, `num_gpu`,
+...) dropped as on /v1, unknown ones dropped as Ollama does. Histories: an assistant's `tool_calls`
+get ids, and a `tool` message answers the call its `tool_call_id` or `tool_name` names. `stream`
+defaults to true (NDJSON lines, api/ollama_reply.py). A request with no messages (no prompt) is
+Ollama's load request (`done_reason: "load"`), or with `keep_alive: 0` its unload request, which is
+answered and leaves the model loaded (the node keeps its models loaded for its apps and its swarm).
+Errors are `{"error": "..."}` with the status (api/errors.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from node.api.appkeys import NODE
+from node.api.driver import serve
+from node.api.embed_routes import serve_embeddings
+from node.api.errors import read_json
+from node.api.ollama_models import model_name
+from node.api.ollama_reply import OllamaDialect, created_at
+from node.api.schemas import parse_completion, parse_embeddings
+from node.api.tool_schemas import async_check_tool_schemas
+from node.errors import InvalidRequest, Unsupported
+from node.inference.embeddings import EmbeddingResult
+
+log = logging.getLogger(__name__)
+
+routes = web.RouteTableDef()
+
+# Ollama's samplers, taken as /v1 takes them (api/extras.py: typical_p, tfs_z, mirostat at their off
+# value, repeat_last_n with the penalties' window)
+_SAMPLERS = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_penalty", "presence_penalty",
+             "frequency_penalty", "typical_p", "tfs_z", "mirostat", "mirostat_eta", "mirostat_tau", "repeat_last_n"}
+# load-time and runner settings: this node's own (its context, threads, GPU layers, memory mapping)
+_LOAD_TIME = {"numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
+              "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "num_gqa",
+              "rope_frequency_base", "rope_frequency_scale", "penalize_newline"}
+_CHAT_KEYS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
+              "top_logprobs"}
+_GENERATE_KEYS = {"model", "prompt", "suffix", "system", "template", "context", "raw", "images", "format",
+                  "options", "stream", "keep_alive", "think", "logprobs", "top_logprobs"}
+_EMBED_KEYS = {"model", "input", "truncate", "dimensions", "options", "keep_alive"}
+_told: set[str] = set()
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return body
+
+
+def _unknown(body: dict, allowed: set[str]) -> None:
+    """Ollama ignores fields it does not know; so does this route (said once per name, at DEBUG)."""
+    new = set(body) - allowed - _told
+    if new:
+        _told.update(new)
+        log.debug("DIAG: ollama fields ignored fields=%s", ",".join(sorted(new)))
+
+
+def _options(body: dict) -> dict[str, Any]:
+    """`options` as /v1 fields: the samplers, `num_predict` as max_tokens (negative: no limit)."""
+    options = body.get("options")
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise InvalidRequest("`options` must be an object", param="options")
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in _SAMPLERS:
+            out[key] = value
+        elif key == "num_predict":
+            if value is None or (type(value) is int and value < 0):
+                continue  # -1: no limit, -2: fill the context (up to it here too)
+            if type(value) is not int or value == 0:
+                raise InvalidRequest("`options.num_predict` must be a positive integer, or -1 for no limit",
+                                     param="options.num_predict")
+            out["max_tokens"] = value
+        elif key not in _LOAD_TIME and key not in _told:
+            _told.add(key)
+            log.debug("DIAG: ollama option ignored option=%s", key)
+    return out
+
+
+def _common(body: dict, model: str) -> dict[str, Any]:
+    """The /v1 fields every Ollama completion body gives."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("`stream` must be a boolean", param="stream")
+    out = {"model": model, "stream": True if stream is None else stream, **_options(body)}
+    for key in ("format", "think", "logprobs", "top_logprobs"):
+        if body.get(key) is not None:
+            out[key] = body[key]
+    return out
+
+
+def _no_images(value: Any, where: str) -> None:
+    if value not in (None, []):
+        raise Unsupported(f"`{where}`: this node's models read text only (images are not supported): send text, "
+                          "or use a vision model on another server", param=where)
+
+
+def _arguments(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value or "{}"
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"`{where}` must be an object", param=where)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _history(messages: list) -> list[dict[str, Any]]:
+    """Ollama's messages as /v1's: calls get ids (`call_<turn>_<n>` unless given), a tool message the
+    id of the call it answers (its `tool_call_id`, else the oldest unanswered call of its
+    `tool_name`, else the one unanswered call)."""
+    out: list[dict[str, Any]] = []
+    pending: list[tuple[str, str]] = []  # (id, name) of calls not yet answered
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        _no_images(msg.get("images"), f"messages[{i}].images")
+        role, content = msg.get("role"), msg.get("content")
+        if content is not None and not isinstance(content, str):
+            raise InvalidRequest(f"messages[{i}].content must be a string", param=f"messages[{i}].content")
+        entry: dict[str, Any] = {"role": role, "content": content or ""}
+        if role == "assistant":
+            if msg.get("thinking"):
+                entry["reasoning_content"] = msg["thinking"]
+            calls = msg.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise InvalidRequest(f"messages[{i}].tool_calls must be a list", param=f"messages[{i}].tool_calls")
+            converted = []
+            for j, call in enumerate(calls):
+                where = f"messages[{i}].tool_calls[{j}]"
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                    raise InvalidRequest(f'`{where}` must be {{"function": {{"name", "arguments"}}}}', param=where)
+                call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else f"call_{i}_{j}"
+                converted.append({"id": call_id, "type": "function", "function": {
+                    "name": fn["name"], "arguments": _arguments(fn.get("arguments", {}), f"{where}.function.arguments")}})
+                pending.append((call_id, fn["name"]))
+            if converted:
+                entry["tool_calls"] = converted
+        elif role == "tool":
+            entry["tool_call_id"] = _answered(msg, i, pending)
+        out.append(entry)
+    return out
+
+
+def _answered(msg: dict, i: int, pending: list[tuple[str, str]]) -> str:
+    """The id of the call a tool message answers (taken off `pending`)."""
+    wanted_id, name = msg.get("tool_call_id"), msg.get("tool_name") or msg.get("name")
+    match = next((c for c in pending if c[0] == wanted_id), None) if wanted_id else None
+    if match is None and name:
+        match = next((c for c in pending if c[1] == name), None)
+    if match is None and len(pending) == 1 and not name:
+        match = pending[0]
+    if match is None:
+        what = f"tool {name!r}" if name else "a tool"
+        raise InvalidRequest(f"messages[{i}] is {what}'s result, but no earlier assistant message called it "
+                             "(give `tool_name` as the call's function name)", param=f"messages[{i}].tool_name")
+    pending.remove(match)
+    return match[0]
+
+
+async def _load_reply(request: web.Request, body: dict, named: str, model: str, chat: bool) -> web.Response:
+    """Ollama's answer to a request with nothing to say: a load (the model loaded now), or with
+    `keep_alive: 0` an unload (answered; the model stays loaded here)."""
+    node = request.app[NODE]
+    served = await node.models.async_get(model)  # an unknown model: its 404
+    keep_alive = body.get("keep_alive")
+    unload = keep_alive in (0, "0", "0s", "0m")
+    if not unload and served.whole and served.engine is None:
+        await node.async_load_model(served.id)
+    reason = "unload" if unload else "load"
+    log.debug("DIAG: ollama %s request model=%s (the node keeps its models loaded)", reason, served.id)
+    text = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    return web.json_response({"model": named, "created_at": created_at(), **text, "done": True, "done_reason": reason})
+
+
+@routes.post("/api/chat")
+async def chat(request: web.Request) -> web.StreamResponse:
+    """A chat, streamed (the default) or whole, in Ollama's shapes."""
+    body = _object(await read_json(request))
+    _unknown(body, _CHAT_KEYS)
+    named = body.get("model")
+    model = model_name(named)
+    messages = body.get("messages")
+    if messages is not None and not isinstance(messages, list):
+        raise InvalidRequest("`messages` must be a list", param="messages")
+    if not messages:
+        return await _load_reply(request, body, named, model, chat=True)
+    out = {**_common(body, model), "messages": _history(messages)}
+    if body.get("tools") is not None:
+        out["tools"] = body["tools"]
+    await async_check_tool_schemas(out)
+    completion = dataclasses.replace(parse_completion(out, "chat"), operation="ollama.chat")
+    return await serve(request, completion, OllamaDialect(chat=True, named=named))
+
+
+@routes.post("/api/generate")
+async def generate(request: web.Request) -> web.StreamResponse:
+    """A completion of `prompt`: under the model's chat template with `system` (Ollama's default),
+    or as it is (`raw`, or with `suffix`: fill in the middle, for models that can)."""
+    body = _object(await read_json(request))
+    _unknown(body, _GENERATE_KEYS)
+    named = body.get("model")
+    model = model_name(named)
+    _no_images(body.get("images"), "images")
+    for key in ("prompt", "system", "suffix", "template"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise InvalidRequest(f"`{key}` must be a string", param=key)
+    if body.get("template"):
+        raise Unsupported("`template` (a prompt template for this request) is not supported: the model's own chat "
+                          "template is used; send `raw: true` with the prompt as it should be", param="template")
+    if body.get("context"):
+        raise Unsupported("`context` (the token ids of an earlier /api/generate reply) is not supported: this node "
+                          "returns none; send the conversation to /api/chat instead", param="context")
+    raw = body.get("raw")
+    if raw is not None and not isinstance(raw, bool):
+        raise InvalidRequest("`raw` must be a boolean", param="raw")
+    prompt, suffix, system = body.get("prompt") or "", body.get("suffix"), body.get("system")
+    if not prompt and not suffix:
+        return await _load_reply(request, body, named, model, chat=False)
+    out = _common(body, model)
+    if raw or suffix:
+        if system:
+            raise Unsupported("`system` with `raw` or `suffix` has no place: the prompt is sent as it is",
+                              param="system")
+        if out.pop("think", False) is not False:  # no template: nothing to switch the thoughts on or off in
+            raise Unsupported("`think` needs the model's chat template: leave out `raw` (and `suffix`), or `think`",
+                              param="think")
+        out.update(prompt=prompt, **({"suffix": suffix} if suffix else {}))
+        completion = parse_completion(_text_logprobs(out), "text")
+    else:
+        system_turn = [{"role": "system", "content": system}] if system else []
+        completion = parse_completion({**out, "messages": [*system_turn, {"role": "user", "content": prompt}]}, "chat")
+    completion = dataclasses.replace(completion, operation="ollama.generate")
+    return await serve(request, completion, OllamaDialect(chat=False, named=named))
+
+
+def _text_logprobs(out: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's `logprobs: true` (+ `top_logprobs`) as /v1/completions' `logprobs: N`."""
+    on, top = out.pop("logprobs", None), out.pop("top_logprobs", None)
+    if on:
+        out["logprobs"] = top or 0
+    return out
+
+
+def _embed_body(body: dict, model: str, key: str) -> dict[str, Any]:
+    """/api/embed's (or /api/embeddings') body as /v1/embeddings'."""
+    value = body.get(key)
+    if value is None or value == []:
+        raise InvalidRequest(f"`{key}` is required: a string or a list of strings", param=key)
+    truncate = body.get("truncate", True)
+    if truncate is not None and not isinstance(truncate, bool):
+        raise InvalidRequest("`truncate` must be a boolean", param="truncate")
+    out = {"model": model, "input": value, "truncate": "NONE" if truncate is False else "END"}
+    if body.get("dimensions") is not None:
+        out["dimensions"] = body["dimensions"]
+    return out
+
+
+def _floats(vector: Any) -> list[float]:
+    return np.asarray(vector, dtype="<f4").tolist()
+
+
+@routes.post("/api/embed")
+async def embed(request: web.Request) -> web.Response:
+    """Embeddings of `input` (a string or a list): unit vectors, `truncate` (default true) cutting
+    an input past the context to its start, `dimensions` the model's own only."""
+    body = _object(await read_json(request))
+    _unknown(body, _EMBED_KEYS)
+    named = body.get("model")
+    embedding = parse_embeddings(_embed_body(body, model_name(named), "input"))
+    started = time.monotonic()
+
+    def render(result: EmbeddingResult) -> dict[str, Any]:  # on a worker, once the vectors are made
+        return {"model": named, "embeddings": [_floats(v) for v in result.vectors],
+                "total_duration": int((time.monotonic() - started) * 1e9), "load_duration": 0,
+                "prompt_eval_count": result.prompt_tokens}
+
+    return await serve_embeddings(request, embedding, render, shape="ollama")
+
+
+@routes.post("/api/embeddings")
+async def embeddings(request: web.Request) -> web.Response:
+    """The older form: one `prompt`, the reply `{"embedding": [...]}`."""
+    body = _object(await read_json(request))
+    _unknown(body, _EMBED_KEYS | {"prompt"})
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidRequest("`prompt` is required and must be a non-empty string", param="prompt")
+    embedding = parse_embeddings({"model": model_name(body.get("model")), "input": prompt})
+    return await serve_embeddings(request, embedding,
+                                  lambda result: {"embedding": _floats(result.vectors[0])},
+                                  shape="ollama")

@@ -1,0 +1,191 @@
+"""Ollama's model routes: GET /api/version, /api/tags, /api/ps, POST /api/show, and the model-store
+routes this node does not have (/api/pull, /api/push, /api/create, /api/copy, /api/delete, which
+answer what to do instead). Models are listed under the ids /v1/models gives; a name Ollama's
+clients write with a tag (`tiny-1a2b3c4d:latest`) is the model without it (ids and names here have no
+`:`, so a tag is never part of one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from node.api.appkeys import NODE
+from node.api.errors import read_json
+from node.errors import InvalidRequest
+from node.inference.manager import ServedModel
+from node.inference.reasoning import think_tags
+
+log = logging.getLogger(__name__)
+
+routes = web.RouteTableDef()
+
+# the Ollama API version this dialect follows (docs/api.md as of Ollama 0.13); apps read it to
+# know a server speaks Ollama, some to pick newer fields
+OLLAMA_API_VERSION = "0.13.0"
+_NEVER = "9999-12-31T23:59:59Z"  # /api/ps' expires_at: a model stays loaded here (no keep_alive timer)
+
+
+def model_name(value: Any, param: str = "model") -> str:
+    """An Ollama request's model name as this node's id or name: without its `:tag`."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(f"`{param}` is required and must be a model name (GET /api/tags lists them)",
+                             param=param)
+    return value.strip().split(":", 1)[0]
+
+
+def _rfc3339(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _parameter_size(n: int) -> str:
+    """Ollama's `parameter_size`: 7.2B, 494.03M, 125K."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.{1 if unit == 'B' else 2}f}{unit}"
+    return str(n)
+
+
+def details(served: ServedModel) -> dict[str, Any]:
+    """Ollama's `details`: the file's format, architecture, parameter count and quantization."""
+    entry = served.entry
+    arch = entry.architecture
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+            "parameter_size": _parameter_size(entry.header.n_params),
+            "quantization_level": entry.quantization.upper()}
+
+
+def _listed(served: ServedModel, modified: str) -> dict[str, Any]:
+    return {"name": served.id, "model": served.id, "modified_at": modified, "size": served.entry.size_bytes,
+            "digest": served.entry.sha256, "details": details(served)}
+
+
+def _modified(served: ServedModel) -> str:
+    """The file's mtime (blocking: an executor)."""
+    path = served.entry.path
+    return _rfc3339(path.stat().st_mtime if path.exists() else 0)
+
+
+def _listed_models(request: web.Request) -> list[ServedModel]:
+    """The models /v1/models lists, in its order."""
+    node = request.app[NODE]
+    ids = [m["id"] for m in node.list_openai_models()]
+    by_id = {m.id: m for m in node.models.all()}
+    return [by_id[i] for i in ids if i in by_id]
+
+
+@routes.get("/")
+async def banner(request: web.Request) -> web.Response:
+    """What Ollama answers at its root, which apps probe to see a server is there. Open, as /health:
+    it says only that the server is up."""
+    return web.Response(text="Ollama is running")
+
+
+@routes.get("/api/version")
+async def version(request: web.Request) -> web.Response:
+    """The Ollama API version this node answers as."""
+    return web.json_response({"version": OLLAMA_API_VERSION})
+
+
+@routes.get("/api/tags")
+async def tags(request: web.Request) -> web.Response:
+    """The models this node serves (as /v1/models), in Ollama's shape."""
+    served = _listed_models(request)
+    modified = await asyncio.get_running_loop().run_in_executor(None, lambda: [_modified(s) for s in served])
+    return web.json_response({"models": [_listed(s, m) for s, m in zip(served, modified, strict=True)]})
+
+
+@routes.get("/api/ps")
+async def ps(request: web.Request) -> web.Response:
+    """The models loaded here now, in Ollama's shape."""
+    loaded = [s for s in _listed_models(request) if s.engine is not None]
+    out = []
+    for served in loaded:
+        on_gpu = served.device is not None and served.device != "cpu"
+        out.append({**_listed(served, _NEVER), "expires_at": _NEVER, "context_length": served.n_ctx,
+                    "size_vram": served.entry.size_bytes if on_gpu else 0})
+        del out[-1]["modified_at"]
+    return web.json_response({"models": out})
+
+
+def capabilities(served: ServedModel) -> list[str]:
+    """Ollama's `capabilities`: completion (a model that chats), tools (a template that renders
+    them), thinking (one that writes thoughts), embedding (a model declaring its pooling: an embedder)."""
+    tok = served.tokenizer
+    header = served.entry.header
+    pooling = header.arch_get("pooling_type")
+    out = []
+    if tok is None or not tok.reranker:
+        out.append("completion")
+    template = (tok.chat_template if tok is not None else None) or ""
+    if "tools" in template:
+        out.append("tools")
+    if think_tags(template) is not None:
+        out.append("thinking")
+    if pooling is not None and (tok is None or not tok.reranker):
+        out.append("embedding")
+    return out
+
+
+def _model_info(served: ServedModel) -> dict[str, Any]:
+    """The GGUF's scalar metadata (arrays and templates left out, as Ollama leaves arrays out unless
+    verbose); `<arch>.context_length` is the context this node serves, which apps size prompts by."""
+    header = served.entry.header
+    info = {k: v for k, v in header.metadata.items()
+            if not isinstance(v, list | tuple | bytes) and not k.startswith("tokenizer.chat_template")}
+    info["general.architecture"] = header.architecture
+    info["general.parameter_count"] = header.n_params
+    if served.n_ctx:
+        info[f"{header.architecture}.context_length"] = served.n_ctx
+    return info
+
+
+@routes.post("/api/show")
+async def show(request: web.Request) -> web.Response:
+    """One model's details, template, metadata and capabilities (`model`, or the older `name`)."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    key = "model" if body.get("model") is not None else "name"
+    served = await request.app[NODE].models.async_get(model_name(body.get(key), key))
+    tok = served.tokenizer
+    modified = await asyncio.get_running_loop().run_in_executor(None, _modified, served)
+    return web.json_response({
+        "modelfile": "", "parameters": "", "template": (tok.chat_template if tok is not None else None) or "",
+        "license": "", "details": details(served), "model_info": _model_info(served),
+        "capabilities": capabilities(served), "modified_at": modified})
+
+
+_INSTEAD = {
+    "/api/pull": "pulling models from Ollama's registry is not supported by SwarmLLM: download a GGUF with "
+                 "`swarmllm download <url or hf://owner/repo:QUANT>` or the app's Models page",
+    "/api/push": "pushing models to a registry is not supported by SwarmLLM: share a model with your swarm "
+                 "instead (the app's Models page)",
+    "/api/create": "creating models from a Modelfile is not supported by SwarmLLM: put a GGUF file in the data "
+                   "dir's models/ folder, or use `swarmllm download` or the app's Models page",
+    "/api/copy": "copying models under a new name is not supported by SwarmLLM: a model is named by its GGUF "
+                 "file's name (rename the file in the models/ folder)",
+    "/api/delete": "deleting models through this API is not supported by SwarmLLM: remove the model in the app's "
+                   "Models page or delete its GGUF file from the data dir's models/ folder",
+}
+
+
+class NotOffered(InvalidRequest):
+    """An Ollama model-store route SwarmLLM does not offer (400, saying what to do instead): the
+    client's call, not the node's failure (no WARNING per app retry)."""
+
+    code = "not_supported"
+
+
+async def _not_offered(request: web.Request) -> web.Response:
+    """What to do instead of Ollama's model-store routes."""
+    raise NotOffered(_INSTEAD[request.path])
+
+
+for _path in _INSTEAD:
+    routes.post(_path)(_not_offered)
+routes.delete("/api/delete")(_not_offered)
