@@ -16,7 +16,16 @@ import pytest_asyncio
 
 from node.api.ollama_reply import OllamaEvents
 from node.inference.request import ToolCall
-from tests.support.nodes import default_model_node, node_config, openai_client, running_node, tiny_model
+from node.inference.synth import SynthSpec
+from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
+from tests.support.nodes import (
+    default_model_node,
+    node_config,
+    openai_client,
+    running_node,
+    template,
+    tiny_model,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -94,6 +103,10 @@ async def test_chat_whole_and_streamed(client, node, model_id):
     assert all(not p.done for p in parts[:-1]) and parts[-1].done and parts[-1].done_reason == whole.done_reason
     assert "".join(p.message.content for p in parts) == whole.message.content
     assert parts[-1].eval_count == whole.eval_count
+    probed = await client.chat(model=model_id, messages=QUESTION, options={"num_predict": 5, **GREEDY},
+                               logprobs=True, top_logprobs=2)
+    assert len(probed.logprobs) == probed.eval_count and all(len(t.top_logprobs) == 2 for t in probed.logprobs)
+    assert "".join(t.token for t in probed.logprobs) == probed.message.content
     # `stream` left out is true, as Ollama's: NDJSON lines, the last with done
     status, headers, text = await raw(node, "POST", "/api/chat", {"model": model_id, "messages": QUESTION,
                                                                   "options": GREEDY})
@@ -205,6 +218,9 @@ async def test_errors_in_ollamas_shape(client, node, model_id):
     with pytest.raises(ollama.ResponseError) as info:
         await client.chat(model="no-such-model", messages=QUESTION)
     assert info.value.status_code == 404 and "no-such-model" in info.value.error
+    with pytest.raises(ollama.ResponseError) as info:  # a picture the user expects seen: said, not dropped
+        await client.chat(model=model_id, messages=[{**QUESTION[0], "images": [b"\x89PNG"]}])
+    assert info.value.status_code == 400 and "images" in info.value.error
     status, headers, text = await raw(node, "POST", "/api/chat", b'{"model": ', headers={"Content-Type": "application/json"})
     assert status == 400 and "not valid JSON" in json.loads(text)["error"]
     status, _, text = await raw(node, "POST", "/api/chat", {"model": model_id, "messages": QUESTION,
@@ -264,3 +280,32 @@ async def test_keyless_loopback_but_not_a_foreign_page(keyless):
                        ("/v1/chat/completions", {"model": model, "messages": body["messages"]})):
         status, _, text = await raw(keyless, "POST", path, sent, key=False, headers=page)
         assert status == 401, (path, text)
+
+
+# a tiny random model with DeepSeek-R1's template: its reply starts inside the thoughts and a random
+# model never closes them (tests/node/test_api_reasoning.py)
+THINKER = SynthSpec(n_ctx=2048, think=True, control_tokens=R1_MARKERS,
+                    chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"), name="thinker")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def thinker(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ollama-thinker")
+    async with running_node(node_config(base / "data", tiny_model(base, THINKER, "thinker.gguf"))) as n:
+        yield n
+
+
+async def test_a_reasoning_models_thoughts_are_thinking(thinker):
+    model = thinker.models.all()[0].id
+    client = ollama.AsyncClient(host=f"http://127.0.0.1:{thinker.api.port}",
+                                headers={"Authorization": f"Bearer {thinker.api_key}"})
+    assert "thinking" in (await client.show(model)).capabilities
+    ask = {"model": model, "messages": [{"role": "user", "content": "Is the sky blue?"}], "think": True,
+           "options": {"num_predict": 8, **GREEDY}}
+    whole = await client.chat(**ask)
+    assert whole.message.thinking and whole.message.content == "" and whole.done_reason == "length"
+    parts = [p async for p in await client.chat(**ask, stream=True)]
+    assert "".join(p.message.thinking or "" for p in parts) == whole.message.thinking
+    generated = await client.generate(model=model, prompt="Is the sky blue?", think=True,
+                                      options={"num_predict": 8, **GREEDY})
+    assert generated.thinking == whole.message.thinking and generated.response == ""
