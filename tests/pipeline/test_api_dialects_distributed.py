@@ -238,3 +238,33 @@ def test_anthropic_documents_and_responses_options_over_the_split_equal_whole(sw
     assert [split["usage"][k] for k in ("input_tokens", "output_tokens")] == \
         [whole["usage"][k] for k in ("input_tokens", "output_tokens")]
 
+
+
+def _ollama(body: dict) -> dict:
+    """An Ollama reply without what differs by route or run: its time and durations."""
+    return {k: v for k, v in body.items() if k != "created_at" and not k.endswith("duration")}
+
+
+def test_ollama_over_the_split_equals_whole(swarm):
+    """Ollama's dialect (2026-12-07) over the split, and its model routes on a node holding nothing."""
+    model_id = swarm["model_id"]
+    body = {"model": f"{model_id}:latest", "prompt": PROMPT, "raw": True, "stream": False,
+            "options": {"num_predict": N, "temperature": 0}}
+    split, whole = both(swarm, "/api/generate", body)
+    assert _ollama(split) == _ollama(whole)
+    status, _, native = run(_post(swarm["whole"], "/completion", {"prompt": PROMPT, "n_predict": N, "temperature": 0}))
+    assert split["response"] == native["content"]  # raw: the prompt as llama-server's /completion takes it
+    assert split["eval_count"] == N and split["done_reason"] == "length"
+    chat = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "stream": False,
+            "options": {"num_predict": N, "temperature": 0}}
+    split, whole = both(swarm, "/api/chat", chat)
+    assert _ollama(split) == _ollama(whole)
+    for name in ("a", "d"):
+        status, raw = swarm[name].get("/api/tags")
+        assert status == 200 and model_id in [m["name"] for m in json.loads(raw)["models"]], (name, raw)
+    status, _, shown = run(_post(swarm["d"], "/api/show", {"model": model_id}))
+    status_whole, _, shown_whole = run(_post(swarm["whole"], "/api/show", {"model": model_id}))
+    assert status == status_whole == 200
+    assert {k: shown[k] for k in ("details", "capabilities", "template")} == \
+        {k: shown_whole[k] for k in ("details", "capabilities", "template")}
+
