@@ -82,9 +82,15 @@ async def test_model_routes(client, node, oai, model_id):
     assert not any(k.startswith("tokenizer.chat_template") for k in shown.modelinfo)
     status, _, text = await raw(node, "POST", "/api/show", {"name": model_id})  # the older field
     assert status == 200 and json.loads(text)["details"]["family"] == "llama"
-    await client.chat(model=model_id, messages=[])  # a load request: the model is loaded afterwards
+    loaded = await client.chat(model=model_id, messages=[])  # Ollama's load request
+    assert loaded.done and loaded.done_reason == "load" and loaded.message.content == ""
     running = (await client.ps()).models
     assert [m.model for m in running] == [model_id] and running[0].context_length == served.n_ctx
+    unload = await client.generate(model=model_id, keep_alive=0)  # answered; the node keeps it loaded
+    assert unload.done and unload.done_reason == "unload" and [m.model for m in (await client.ps()).models] == [model_id]
+    with pytest.raises(ollama.ResponseError) as info:
+        await client.chat(model="no-such-model", messages=[])
+    assert info.value.status_code == 404
     status, _, text = await raw(node, "GET", "/api/version")
     assert status == 200 and json.loads(text)["version"].count(".") == 2
     status, _, text = await raw(node, "GET", "/", key=False)  # apps' "is Ollama there?" probe
