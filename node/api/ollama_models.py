@@ -59,9 +59,10 @@ def details(served: ServedModel) -> dict[str, Any]:
             "quantization_level": entry.quantization.upper()}
 
 
-def _listed(served: ServedModel, modified: str) -> dict[str, Any]:
-    return {"name": served.id, "model": served.id, "modified_at": modified, "size": served.entry.size_bytes,
-            "digest": served.entry.sha256, "details": details(served)}
+def _listed(served: ServedModel) -> dict[str, Any]:
+    """What /api/tags and /api/ps say of every model."""
+    return {"name": served.id, "model": served.id, "size": served.entry.size_bytes, "digest": served.entry.sha256,
+            "details": details(served)}
 
 
 def _modified(served: ServedModel) -> str:
@@ -96,20 +97,16 @@ async def tags(request: web.Request) -> web.Response:
     """The models this node serves (as /v1/models), in Ollama's shape."""
     served = _listed_models(request)
     modified = await asyncio.get_running_loop().run_in_executor(None, lambda: [_modified(s) for s in served])
-    return web.json_response({"models": [_listed(s, m) for s, m in zip(served, modified, strict=True)]})
+    return web.json_response({"models": [{**_listed(s), "modified_at": m} for s, m in zip(served, modified, strict=True)]})
 
 
 @routes.get("/api/ps")
 async def ps(request: web.Request) -> web.Response:
     """The models loaded here now, in Ollama's shape."""
     loaded = [s for s in _listed_models(request) if s.engine is not None]
-    out = []
-    for served in loaded:
-        on_gpu = served.device is not None and served.device != "cpu"
-        out.append({**_listed(served, _NEVER), "expires_at": _NEVER, "context_length": served.n_ctx,
-                    "size_vram": served.entry.size_bytes if on_gpu else 0})
-        del out[-1]["modified_at"]
-    return web.json_response({"models": out})
+    return web.json_response({"models": [
+        {**_listed(s), "expires_at": _NEVER, "context_length": s.n_ctx,
+         "size_vram": s.entry.size_bytes if s.device not in (None, "cpu") else 0} for s in loaded]})
 
 
 def capabilities(served: ServedModel) -> list[str]:
