@@ -14,7 +14,7 @@ import ollama
 import pytest
 import pytest_asyncio
 
-from node.api.ollama_reply import OllamaEvents
+from node.api.ollama_reply import OllamaDialect, OllamaEvents
 from node.inference.request import ToolCall
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
@@ -203,11 +203,35 @@ async def test_tools_reach_the_template_and_history_round_trips(client, model_id
     assert info.value.status_code == 400 and "nope" in info.value.error
 
 
+async def test_a_sampled_tool_call_whole_and_streamed(client, model_id):
+    """Ollama has no tool_choice: the tiny model calls a tool when it samples one. Among a few seeds one
+    does; its calls come back with object arguments holding to the schema, streamed as whole. (The
+    client keeps only type, items, description and enum of a property: a maxLength never reaches the node.)"""
+    tool = {"type": "function", "function": {"name": "lookup_docs", "description": "Look up a Python name",
+                                             "parameters": {"type": "object", "required": ["name"],
+                                                            "properties": {"name": {"type": "string"}}}}}
+    for seed in range(8):
+        ask = {"model": model_id, "messages": QUESTION, "tools": [tool],
+               "options": {"num_predict": 120, "temperature": 0.7, "seed": seed}}
+        whole = await client.chat(**ask)
+        if whole.message.tool_calls:
+            break
+    else:
+        pytest.fail("no seed of 8 made a tool call")
+    for call in whole.message.tool_calls:
+        assert call.function.name == "lookup_docs"
+        jsonschema.validate(dict(call.function.arguments), tool["function"]["parameters"])
+    parts = [p async for p in await client.chat(**ask, stream=True)]
+    streamed = [c for p in parts for c in (p.message.tool_calls or [])]
+    assert streamed == list(whole.message.tool_calls) and parts[-1].done
+
+
 async def test_tool_calls_go_out_whole_with_object_arguments():
     """A run's calls as Ollama writes them: one line before the last, arguments an object."""
 
     class Run:
         tool_calls = [ToolCall("call_1", "get_weather", '{"city": "Paris"}')]
+        content, reasoning = "", ""
 
         class trace:  # noqa: N801 - the attributes done_fields reads
             finish_reason, total_ms, ttft_ms, decode_ms = "tool_calls", 5.0, 1.0, 2.0
@@ -218,6 +242,8 @@ async def test_tool_calls_go_out_whole_with_object_arguments():
     assert lines[0]["done"] is False and lines[0]["message"]["tool_calls"] == [
         {"id": "call_1", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]
     assert lines[1]["done"] is True and lines[1]["done_reason"] == "stop" and lines[1]["eval_duration"] == 2_000_000
+    whole = OllamaDialect(chat=True, named="m").body(Run, [])
+    assert whole["message"]["tool_calls"] == lines[0]["message"]["tool_calls"] and whole["done_reason"] == "stop"
 
 
 async def test_errors_in_ollamas_shape(client, node, model_id):
