@@ -35,7 +35,8 @@ def _outcome_color(t: RequestTrace) -> str | None:
 # what the client asked for, as its API names it (the trace's `operation`)
 OPERATIONS = {"chat.completions": "chat", "completions": "completion", "completion": "completion",
               "messages": "chat (Anthropic)", "messages.count_tokens": "count tokens", "responses": "responses",
-              "infill": "infill", "embeddings": "embeddings", "rerank": "rerank"}
+              "infill": "infill", "embeddings": "embeddings", "rerank": "rerank",
+              "ollama.chat": "chat (Ollama)", "ollama.generate": "generate (Ollama)"}
 NO_COMPLETION = ("embeddings", "rerank", "messages.count_tokens")  # they read tokens and generate none
 FINISH_WORDS = {"tool_calls": "tool calls"}  # worth saying beside "ok"
 # a reply cut short, by what (the trace's finish_detail): a full context wants a larger context, not

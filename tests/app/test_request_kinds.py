@@ -104,3 +104,16 @@ def test_tool_calls_max_tokens_cached_and_thinking_tokens_are_said(qapp):
     assert model.cell_text(late.request_id, "Outcome") == "ok · cut: time limit"
     assert model.cell_text(plain.request_id, "Outcome") == "ok"
     assert model.cell_text(plain.request_id, "Tokens") == "120 → 30"
+
+
+def test_ollama_requests_say_which_api(qapp):
+    """/api/chat and /api/generate (2026-12-07) read as chats of Ollama's API, not "ollama.chat"."""
+    model = RequestsModel()
+    chat, generate = _finished(), _finished()
+    chat.operation, generate.operation = "ollama.chat", "ollama.generate"
+    for trace in (chat, generate):
+        model.on_trace_event("started", trace)
+        model.on_trace_event("finished", trace)
+    assert model.cell_text(chat.request_id, "Operation") == "chat (Ollama)"
+    assert model.cell_text(generate.request_id, "Operation") == "generate (Ollama)"
+    assert model.cell_text(chat.request_id, "Tokens") == "120 → 30"
