@@ -13,11 +13,15 @@ import jsonschema
 import ollama
 import pytest
 import pytest_asyncio
+from aiohttp import web
 
+from node.api.auth import make_auth_middleware
 from node.api.ollama_reply import OllamaDialect, OllamaEvents
+from node.errors import AuthenticationFailed, InvalidRequest
 from node.inference.request import ToolCall
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
+from tests.support.fake_remote import request_from
 from tests.support.nodes import (
     default_model_node,
     node_config,
@@ -243,6 +247,7 @@ async def test_tool_calls_go_out_whole_with_object_arguments():
         {"id": "call_1", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]
     assert lines[1]["done"] is True and lines[1]["done_reason"] == "stop" and lines[1]["eval_duration"] == 2_000_000
     whole = OllamaDialect(chat=True, named="m").body(Run, [])
+    assert json.loads(OllamaEvents(Run, chat=True, named="m").error(InvalidRequest("bad"))[0]) == {"error": "bad"}
     assert whole["message"]["tool_calls"] == lines[0]["message"]["tool_calls"] and whole["done_reason"] == "stop"
 
 
@@ -341,3 +346,23 @@ async def test_a_reasoning_models_thoughts_are_thinking(thinker):
     generated = await client.generate(model=model, prompt="Is the sky blue?", think=True,
                                       options={"num_predict": 8, **GREEDY})
     assert generated.thinking == whole.message.thinking and generated.response == ""
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate", "/api/embed", "/api/tags", "/api/show"])
+async def test_keyless_does_not_cover_another_machine(path):
+    """--no-auth-inference: a client on the LAN (or behind a proxy on this machine) needs the key on
+    Ollama's routes as on /v1 (the middleware, with the connection's address as a LAN client's)."""
+    middleware = make_auth_middleware("sk-test", inference_needs_key=False, allowed_hosts=frozenset())
+
+    async def handler(_request):
+        return web.Response(text="ok")
+
+    method = "GET" if path == "/api/tags" else "POST"
+    with pytest.raises(AuthenticationFailed):
+        await middleware(request_from("192.168.1.20", path=path, method=method), handler)
+    with pytest.raises(AuthenticationFailed):
+        await middleware(request_from("127.0.0.1", {"X-Forwarded-For": "192.168.1.30"}, path=path, method=method),
+                         handler)
+    assert (await middleware(request_from("192.168.1.20", {"Authorization": "Bearer sk-test"}, path=path,
+                                          method=method), handler)).text == "ok"
+    assert (await middleware(request_from("127.0.0.1", path=path, method=method), handler)).text == "ok"
