@@ -87,7 +87,7 @@ class UrlModels:
             if not self.models.is_registered(entry.id):
                 await self.models.async_register(entry, whole=False)
             if self.autoserve is not None and self.config.serve == "auto":
-                await self.autoserve.async_add(entry)
+                await self.autoserve.async_add(entry, given=True)  # (an untick of Help serve keeps it)
             elif self.config.layers:
                 slice_ = (entry, *parse_layers(self.config.layers, entry.n_layers))
                 self._fixed_slices.append(slice_)  # a pause frees it, a resume loads it

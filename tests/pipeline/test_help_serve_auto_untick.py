@@ -9,8 +9,10 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from node import const
 from tests.support.helpserve import loaded, quick_choice
 from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.rangeserver import ThreadedOrigin
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -43,3 +45,30 @@ async def test_unticking_help_serve_of_a_serve_auto_model_goes_back_to_the_autom
         await _contribute(node, {"model": entry.id, "budget_mb": 256})
         assert node.autoserve.model(entry.sha256).budget_mb_override == 256
         await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the new budget's choice to load")
+
+
+async def test_unticking_a_serve_auto_url_model_whose_origin_answered_late_keeps_it_chosen(tmp_path, monkeypatch):
+    """A `--serve auto --model URL` whose origin answered after the start's wait is opened in the
+    background and given to the choice then (review r42: as an added model, which the untick removed
+    from the choice until a restart, the bug the test above fixed for a model opened at start)."""
+    quick_choice(monkeypatch)
+    monkeypatch.setattr(const, "PARTIAL_START_OPEN_WAIT_S", 0.2)
+    data = tiny_model(tmp_path).read_bytes()
+    with ThreadedOrigin(data, name="late.gguf") as origin:
+        origin.hold_answers = True
+        async with running_node(node_config(tmp_path / "data", origin.url, serve="auto",
+                                            serve_reevaluate_s=1.0)) as node:
+            origin.release.set()  # the origin answers after the start: the open ends in the background
+            entry = await wait_until(lambda: next((e for e in node.catalog.entries.values()
+                                                   if e.partial is not None and node.autoserve.model(e.sha256)), None),
+                                     20.0, what="the late --model URL to be given to the layer choice")
+            assert not node.autoserve.model(entry.sha256).at_start  # (opened after the start, in the background)
+            await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="--serve auto's first choice to load")
+            await _contribute(node, {"model": entry.id, "budget_mb": 512})
+            await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the Help-serve budget's choice to load")
+            summary = await _contribute(node, {"model": entry.id, "stop": True})
+            assert summary["models"] == [], summary
+            m = node.autoserve.model(entry.sha256)
+            assert m is not None, "the late --serve auto model left the layer choice"
+            assert m.budget_mb_override is None
+            await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="--serve auto's choice to serve it again")

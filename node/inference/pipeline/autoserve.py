@@ -97,17 +97,21 @@ class AutoServe(Moves, BudgetShares):
     def model(self, sha256: str) -> AutoModel | None:
         return next((m for m in self.models if m.entry.sha256 == sha256), None)
 
-    async def async_add(self, entry: ModelEntry, budget_mb: int = 0) -> None:
+    async def async_add(self, entry: ModelEntry, budget_mb: int = 0, *, given: bool = False) -> None:
         """Choose layers of `entry` too, within `budget_mb` (0: the node's budget). A new budget for
-        a model already chosen frees its slice and chooses again (a smaller budget must shrink it)."""
+        a model already chosen frees its slice and chooses again (a smaller budget must shrink it).
+        `given`: a `--serve auto` model opened after start (a `--model URL` whose origin answered
+        late), which an untick of "Help serve" keeps chosen as it does one given at start."""
         m = self.model(entry.sha256)
+        if m is not None and given:
+            m.given = True
         if m is not None and m.budget_mb_override == budget_mb:
             if m.last_failure is not None:  # the same budget again: a failed choice is tried again now
                 self.retry(entry.sha256)
             return
         if m is None:
             sharing = len(self._sharing())
-            m = AutoModel(entry, int(entry.sha256[:8], 16), at_start=False)
+            m = AutoModel(entry, int(entry.sha256[:8], 16), at_start=False, given=given)
             self.models.append(m)
             m.budget_mb_override, m.budget, m.settled = budget_mb, None, False
             if len(self._sharing()) != sharing:
@@ -134,9 +138,10 @@ class AutoServe(Moves, BudgetShares):
     async def async_end_help(self, sha256: str) -> None:
         """Its "Help serve" row is gone (unticked): a model given at start (`--serve auto`) goes back
         to the node's budget and is chosen again; one added while running stops being served. The
-        untick removed a `--serve auto` model from the choice until a restart (2026-12-07)."""
+        untick removed a `--serve auto` model from the choice until a restart (2026-12-07), and one
+        opened after start (a `--model URL` whose origin answered late) still (review r42)."""
         m = self.model(sha256)
-        if m is None or not m.at_start:
+        if m is None or not m.given:
             await self.async_remove(sha256)
         elif m.budget_mb_override is not None:
             await self._async_rebudget(m, None)

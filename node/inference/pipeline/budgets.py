@@ -67,6 +67,9 @@ class AutoModel:
     budget_mb_override: int | None = None  # a budget for this model alone (the GUI's slider); None: the node's
     budget_error: str | None = None  # why its layers could not be sized (nothing of it is served)
     at_start: bool = True  # given at start (`--serve auto`); False: added while running (`settled` ignores it)
+    # given on the command line (`--serve auto`: at start, or a `--model URL` whose origin answered
+    # late); False: added by "Help serve" only, which an untick ends
+    given: bool = True
     failures: int = 0  # slice loads that failed in a row (each retried sooner than the periodic round)
     last_failure: ChoiceFailure | None = None  # the last failed load, until a later choice loads
     periodic_rounds: int = 0  # periodic evaluations so far (a throughput move must be found on consecutive ones)
