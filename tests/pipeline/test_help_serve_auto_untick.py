@@ -72,3 +72,24 @@ async def test_unticking_a_serve_auto_url_model_whose_origin_answered_late_keeps
             assert m is not None, "the late --serve auto model left the layer choice"
             assert m.budget_mb_override is None
             await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="--serve auto's choice to serve it again")
+
+
+async def test_unticking_help_serve_at_free_memory_keeps_the_serving_slice(tmp_path, monkeypatch):
+    """Help serve ticked at 0 ("free memory") on a `--serve auto` model shares the node's budget as
+    the automatic choice does: the untick changes no budget, and its slice serves on (review r42: it
+    was drained, freed and the same layers loaded again)."""
+    quick_choice(monkeypatch)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "data", path, serve="auto", serve_reevaluate_s=30.0)) as node:
+        entry = node.catalog.resolve("tiny")
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="--serve auto's first choice to load")
+        await _contribute(node, {"model": entry.id, "budget_mb": 0})
+        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the free-memory choice to load")
+        serving = node.slice_host.for_model(entry.sha256)
+        assert len(serving) == 1
+        summary = await _contribute(node, {"model": entry.id, "stop": True})
+        assert summary["models"] == [], summary
+        m = node.autoserve.model(entry.sha256)
+        assert m is not None and m.budget_mb_override is None and m.budget is not None
+        assert serving[0].state == "loaded", serving[0].state  # not draining: no reload
+        assert node.slice_host.for_model(entry.sha256) == serving

@@ -143,8 +143,10 @@ class AutoServe(Moves, BudgetShares):
         m = self.model(sha256)
         if m is None or not m.given:
             await self.async_remove(sha256)
-        elif m.budget_mb_override is not None:
+        elif m.budget_mb_override:  # a cap of its own: chosen again at the node's budget
             await self._async_rebudget(m, None)
+        else:  # ticked at 0 ("free memory"): the node's budget already, its slice serves on (review r42:
+            m.budget_mb_override = None  # it was freed and loaded again)
 
     def retry(self, sha256: str) -> None:
         """Choose again now for a model whose last load failed: its file was added again or helped
