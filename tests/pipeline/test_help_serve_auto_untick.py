@@ -6,10 +6,13 @@ back to `--serve auto`'s choice at the node's budget and is served again."""
 
 from __future__ import annotations
 
+import threading
+
 import aiohttp
 import pytest
 
 from node import const
+from node.inference.pipeline import budgets
 from tests.support.helpserve import loaded, quick_choice
 from tests.support.nodes import node_config, running_node, tiny_model
 from tests.support.rangeserver import ThreadedOrigin
@@ -93,3 +96,42 @@ async def test_unticking_help_serve_at_free_memory_keeps_the_serving_slice(tmp_p
         assert m is not None and m.budget_mb_override is None and m.budget is not None
         assert serving[0].state == "loaded", serving[0].state  # not draining: no reload
         assert node.slice_host.for_model(entry.sha256) == serving
+
+
+async def test_a_budget_set_while_the_untick_sizes_the_model_is_the_one_applied(tmp_path, monkeypatch):
+    """Untick a `--serve auto` model, then tick it again at 256 MiB while the untick's sizing reads the
+    node's free memory (in an executor; slow on a busy machine): the new budget is the one chosen
+    within (review r42: the sizing ended after the re-tick and wrote the node budget's figure, and the
+    256 MiB cap was not applied until the next change)."""
+    quick_choice(monkeypatch)
+    entered, go = threading.Event(), threading.Event()
+    gated = threading.Event()  # set: the next read of free memory waits for `go`
+    real = budgets.default_budget_bytes
+
+    def free_memory() -> int:
+        if gated.is_set():
+            gated.clear()
+            entered.set()
+            go.wait(30.0)
+        return real()
+
+    monkeypatch.setattr(budgets, "default_budget_bytes", free_memory)
+    path = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "data", path, serve="auto", serve_reevaluate_s=30.0)) as node:
+        try:
+            entry = node.catalog.resolve("tiny")
+            await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="--serve auto's first choice to load")
+            await _contribute(node, {"model": entry.id, "budget_mb": 512})
+            await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the 512 MiB choice to load")
+            m = node.autoserve.model(entry.sha256)
+            gated.set()
+            await _contribute(node, {"model": entry.id, "stop": True})
+            await wait_until(entered.is_set, 20.0, what="the untick's sizing to read free memory")
+            await _contribute(node, {"model": entry.id, "budget_mb": 256})
+            assert m.budget is None and m.budget_mb_override == 256
+        finally:
+            go.set()
+        await wait_until(lambda: m.budget is not None, 20.0, what="the model to be sized again")
+        assert m.budget_mb == 256, m.budget_mb
+        summary = node.contributions.summary()["models"]
+        assert summary[0]["effective_budget_mb"] == 256, summary

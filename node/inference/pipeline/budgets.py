@@ -199,10 +199,11 @@ class BudgetShares:
                     log.debug("sizing %s for the shares failed", x.entry.id, exc_info=True)
 
     async def _async_size(self, m: AutoModel, loop: asyncio.AbstractEventLoop) -> None:
+        own = m.budget_mb_override or 0  # (0 and None: the node's budget)
         sizes = await self._async_sizes(m, loop)
         node_mb = share = capped = None
-        if m.budget_mb_override:
-            budget_bytes = m.budget_mb_override * 2**20
+        if own:
+            budget_bytes = own * 2**20
         else:  # the node's budget (configured, else free memory plus what its chosen slices hold) is shared
             await self._async_needs(loop)
             if self.budget_mb:
@@ -221,6 +222,11 @@ class BudgetShares:
             # `capped` ones left
             capped = sum(1 for need, got in zip(needs, shares, strict=True) if got >= need)
             share = "whole_model" if budget_bytes >= whole_bytes(sizes) else "even"
+        if (m.budget_mb_override or 0) != own:
+            # a new budget during the awaits (re-ticked, the slider moved while an untick's sizing read
+            # free memory): its re-budget left m.budget None and woke the choice, which sizes it at the
+            # new one. Written here, this stale figure stayed until the next change (review r42).
+            return
         m.budget_mb = budget_bytes // 2**20
         m.budget = lc.layers_for_budget(budget_bytes, sizes.per_layer_bytes, sizes.kv_per_layer_bytes,
                                         sizes.head_bytes, n_layers=sizes.n_layers)
