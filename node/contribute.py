@@ -152,7 +152,7 @@ class Contributions:
                     await self._async_move_choice(entry.id, other.id)
                 else:  # both ticked: the original's row stays (taken up when back), the copy's budget runs
                     await self._async_follow_row(other)
-            elif m.at_start:
+            elif m.given:  # (a --model URL opened late too: review r42, was at_start)
                 return
             else:
                 log.info("DIAG: layer choice stops, the model's file is gone %s", kv(model=entry.id))

@@ -75,10 +75,13 @@ async def test_a_help_serve_models_deleted_file_ends_its_choice_until_the_file_i
 
 # --- review r29 ---
 
-async def test_a_serve_auto_models_file_gone_for_a_while_is_chosen_again_once_back(tmp_path, monkeypatch, quick):
+@pytest.mark.parametrize("late", [False, True])
+async def test_a_serve_auto_models_file_gone_for_a_while_is_chosen_again_once_back(tmp_path, monkeypatch, quick, late):
     """`--serve auto` of a file outside the models folder (a network drive that dropped): the watch
     dropped it and its choice ended, and nothing took it up again (its choice is not a "Help serve"
-    kept in config.toml): the node served nothing of it until restarted. It is chosen on, retrying."""
+    kept in config.toml): the node served nothing of it until restarted. It is chosen on, retrying.
+    `late`: as a `--model URL` whose origin answered after the start (not at_start, but given on the
+    command line: review r42, its choice ended)."""
     monkeypatch.setattr(const, "AUTO_SERVE_LOOK_S", 1.0)  # (the file goes before the first choice loads)
     nas = tmp_path / "nas"
     nas.mkdir()
@@ -89,6 +92,8 @@ async def test_a_serve_auto_models_file_gone_for_a_while_is_chosen_again_once_ba
         entry = node.catalog.resolve("tiny")
         [m] = node.autoserve.models
         await wait_until(lambda: m.budget is not None, 20.0, what="the model's budget")
+        if late:
+            m.at_start = False  # (opened after the start, as url_models adds it: given=True)
         path.unlink()
         await wait_until(lambda: f"model {entry.id} removed (its file is gone)" in " ".join(node.activity), 20.0,
                          what="the watch to drop the model")
