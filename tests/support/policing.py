@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures.thread
 import dataclasses
 import gc
+import linecache
 import os
 import threading
 import time
@@ -205,3 +206,23 @@ def enable_loop_debug() -> None:
 
     __init__._policed = True
     asyncio.BaseEventLoop.__init__ = __init__
+    linecache.checkcache = _checkcache_once
+
+
+_checked: set[str] = set()
+_original_checkcache = linecache.checkcache
+
+
+def _checkcache_once(filename: str | None = None) -> None:
+    """linecache.checkcache, which os.stat()s the file, once per file name in this test process.
+    Debug mode records a source traceback for every Handle and Future (traceback.extract_stack,
+    which checks each frame's file), and every stat hands the GIL away and waits to take it back, up
+    to the 5 ms switch interval while an executor thread runs Python (a slice loading, a hash): a
+    loop step making a few futures lasted 0.13-0.17 s with ~1 ms of CPU in
+    tests/pipeline/test_autoserve*.py, and 2-3.6 s on a loaded machine, where the police failed
+    tests for the harness's own stats (a fresh clone's CI run, 2026-12-07; a node's loop is not in
+    debug mode). The sources do not change during a run."""
+    if filename is None or filename not in _checked:
+        _original_checkcache(filename)
+        if filename is not None:
+            _checked.add(filename)
