@@ -10,6 +10,7 @@ from typing import Any
 
 from node.api import anthropic_thinking as thinking
 from node.api.errors import to_anthropic
+from node.api.json_body import dumps_line
 from node.api.streaming import SSE_CONTENT_TYPE
 from node.errors import NodeError
 from node.inference.generate import CompletionRun
@@ -66,7 +67,7 @@ def message_body(run: CompletionRun) -> dict[str, Any]:
 
 
 def _event(name: str, payload: dict[str, Any]) -> bytes:
-    data = json.dumps({"type": name, **payload}, ensure_ascii=False, separators=(",", ":"))
+    data = dumps_line({"type": name, **payload})
     return f"event: {name}\ndata: {data}\n\n".encode()
 
 

@@ -15,6 +15,10 @@ from typing import Any
 
 from node import const
 
+# The characters str.splitlines (so httpx's iter_lines, which the ollama client and httpx-sse read
+# with) ends a line at, that json.dumps(ensure_ascii=False) writes raw: NEL, LINE and PARAGRAPH
+# SEPARATOR (the rest it escapes). Escaped, the JSON means the same; Ollama's Go encoder does so too.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 _DESCEND_DEPTH = 4  # body -> choices -> choice -> logprobs -> the per-token list, sliced
 
 
@@ -50,3 +54,10 @@ def dumps_in_pieces(obj: Any, depth: int = _DESCEND_DEPTH) -> Iterator[str]:
 def encode(obj: Any) -> bytes:
     """`json.dumps(obj).encode()`, byte for byte, built in pieces (call it on a worker thread)."""
     return "".join(dumps_in_pieces(obj)).encode("utf-8")
+
+
+def dumps_line(obj: Any) -> str:
+    """`obj` as compact JSON for one line of a stream (NDJSON, an SSE `data:`): UTF-8 text kept, but
+    no character a line-splitting reader breaks at (a streamed U+2028 cut the ollama client's line in
+    two: JSONDecodeError)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from node.api.errors import error_body
+from node.api.json_body import dumps_line
 from node.errors import NodeError
 from node.inference.generate import CompletionRun
 from node.inference.request import Delta, TokenLogprob, ToolCall
@@ -33,7 +34,7 @@ def created_at() -> str:
 
 def line(obj: dict[str, Any]) -> bytes:
     """One NDJSON line."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    return dumps_line(obj).encode("utf-8") + b"\n"
 
 
 def _ns(ms: float | None) -> int:

@@ -11,7 +11,6 @@ naming them (responses_options.py); `reasoning` and `include` are taken where th
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -308,7 +307,7 @@ def _remember(store: ResponseStore, run: CompletionRun, options: ResponseOptions
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    data = json_body.dumps_line(payload)
     return f"event: {payload['type']}\ndata: {data}\n\n".encode()
 
 

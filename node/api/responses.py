@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from node.api.json_body import dumps_line
 from node.errors import NodeError
 from node.inference.embeddings import EmbeddingResult
 from node.inference.request import CompletionRequest, Delta, TokenLogprob, ToolCall, ToolCallDelta
@@ -112,7 +113,7 @@ def completion_body(completion: CompletionRequest, trace: RequestTrace, text: st
 
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One server-sent event carrying a JSON object."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + dumps_line(payload).encode() + b"\n\n"
 
 
 class StreamChunks:
@@ -204,7 +205,7 @@ class StreamChunks:
         return [*opening, self._chunk({}, trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
 
     def _text_chunk(self, text: str) -> bytes:
-        return self._text_head + json.dumps(text, ensure_ascii=False).encode() + self._text_tail
+        return self._text_head + dumps_line(text).encode() + self._text_tail
 
     def _chunk(self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None,
                **extra: Any) -> bytes:

@@ -1,0 +1,73 @@
+"""Ollama's dialect at its edges (api/ollama.py, api/ollama_reply.py), against a real node on
+127.0.0.1 serving the embedded default model: characters a line reader splits at, the load request
+of a model whose load failed, unknown names, tool results that match no call, and errors that name
+the fields the Ollama client sent."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import ollama
+import pytest
+
+from tests.support.nodes import default_model_node
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+QUESTION = [{"role": "user", "content": "hi"}]
+SEPARATORS = "a\u2028b\u2029c\x85d"  # each one a line end to str.splitlines (httpx's iter_lines)
+
+node = default_model_node("ollama_edges")
+
+
+@pytest.fixture
+def model_id(node):
+    return node.models.all()[0].id
+
+
+@pytest.fixture
+def client(node):
+    return ollama.AsyncClient(host=f"http://127.0.0.1:{node.api.port}",
+                              headers={"Authorization": f"Bearer {node.api_key}"})
+
+
+def forced(value: str) -> dict:
+    """A schema whose one answer holds `value`: the model must write it."""
+    return {"type": "object", "properties": {"x": {"enum": [value]}}, "required": ["x"]}
+
+
+async def test_a_streamed_line_separator_reaches_the_ollama_client_whole(client, model_id):
+    options = {"temperature": 0, "num_predict": 40}
+    parts = [p async for p in await client.chat(model=model_id, messages=QUESTION, format=forced(SEPARATORS),
+                                                stream=True, options=options)]
+    assert json.loads("".join(p.message.content for p in parts)) == {"x": SEPARATORS}
+    parts = [p async for p in await client.generate(model=model_id, prompt="hi", format=forced(SEPARATORS),
+                                                    stream=True, options=options)]
+    assert json.loads("".join(p.response for p in parts)) == {"x": SEPARATORS}
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": QUESTION, "max_tokens": 40, "temperature": 0,
+                              "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "x", "schema": forced(SEPARATORS)}}}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 40, "temperature": 0,
+                       "text": {"format": {"type": "json_schema", "name": "x", "schema": forced(SEPARATORS)}}}),
+])
+async def test_sse_data_lines_survive_a_line_splitting_reader(node, model_id, path, body):
+    """httpx-sse (and any reader on httpx's iter_lines) splits at U+2028 too: every data line is JSON."""
+    text = ""
+    async with httpx.AsyncClient(timeout=60) as http, http.stream(
+            "POST", f"http://127.0.0.1:{node.api.port}{path}", json={"model": model_id, "stream": True, **body},
+            headers={"Authorization": f"Bearer {node.api_key}"}) as resp:
+        assert resp.status_code == 200
+        async for got in resp.aiter_lines():
+            if got.startswith("data: ") and got != "data: [DONE]":
+                event = json.loads(got[len("data: "):])
+                if event.get("type") == "response.output_text.delta":
+                    text += event["delta"]
+                elif event.get("choices"):
+                    text += event["choices"][0]["delta"].get("content") or ""
+            else:
+                assert got == "" or got.startswith(("event: ", "data: [DONE]")), repr(got)
+    assert json.loads(text) == {"x": SEPARATORS}
