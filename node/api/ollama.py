@@ -175,14 +175,14 @@ def _answered(msg: dict, i: int, pending: list[tuple[str, str]]) -> str:
 
 
 async def _load_reply(request: web.Request, body: dict, named: str, model: str, chat: bool) -> web.Response:
-    """Ollama's answer to a request with nothing to say: a load (the model loaded now), or with
-    `keep_alive: 0` an unload (answered; the model stays loaded here)."""
+    """Ollama's answer to a request with nothing to say: a load (the model loaded now, on demand as
+    a /v1 request loads it), or with `keep_alive: 0` an unload (answered; the model stays loaded here)."""
     node = request.app[NODE]
     served = await node.models.async_get(model)  # an unknown model: its 404
     keep_alive = body.get("keep_alive")
     unload = keep_alive in (0, "0", "0s", "0m")
-    if not unload and served.whole and served.engine is None:
-        await node.async_load_model(served.id)
+    if not unload and served.whole:  # as a request loads it: a failed load's reason stands, an unload is not waited out
+        await node.models.async_load_on_demand(served, request_id="ollama-load")
     reason = "unload" if unload else "load"
     log.debug("DIAG: ollama %s request model=%s (the node keeps its models loaded)", reason, served.id)
     text = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}

@@ -6,11 +6,13 @@ the fields the Ollama client sent."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import ollama
 import pytest
 
+from node.inference.load_failure import LoadFailure, file_identity
 from tests.support.nodes import default_model_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -71,3 +73,22 @@ async def test_sse_data_lines_survive_a_line_splitting_reader(node, model_id, pa
             else:
                 assert got == "" or got.startswith(("event: ", "data: [DONE]")), repr(got)
     assert json.loads(text) == {"x": SEPARATORS}
+
+
+async def test_a_load_request_leaves_a_failed_load_failed_as_a_request_does(node, client, model_id):
+    """Ollama's load request (no messages) is a request: a model whose load failed is not loaded
+    again (the admin API's load is the way to retry), and one not loaded is loaded on demand."""
+    served = node.models.get(model_id)
+    await node.async_unload_model(model_id)
+    served.state = "failed"
+    served.failure = LoadFailure("out of memory (simulated)", file_identity(served.entry.path), time.time())
+    try:
+        for call in (client.chat(model=model_id, messages=[]), client.generate(model=model_id)):
+            with pytest.raises(ollama.ResponseError) as info:
+                await call
+            assert info.value.status_code == 500 and "out of memory (simulated)" in info.value.error
+            assert served.state == "failed" and served.engine is None
+    finally:
+        served.state, served.failure = "unloaded", None
+    reply = await client.chat(model=model_id, messages=[])
+    assert reply.done_reason == "load" and served.state == "loaded"
