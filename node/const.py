@@ -288,3 +288,7 @@ REFUSAL_REASON_MAX_CHARS = 160
 
 # --- sampling: what every engine's penalties see (batch_engine, pipeline sampler, api/extras) ---
 PENALTY_LAST_N_TOKENS = 64  # tokens the repeat/frequency/presence penalties look back on (llama.cpp's default)
+
+# --- Ollama's API (node/api/ollama.py): unknown field and option names, ignored and said once at DEBUG ---
+OLLAMA_IGNORED_NAMES_MAX = 256  # names remembered as said (a body of 20,000 made-up keys grew the set for good)
+OLLAMA_IGNORED_NAME_CHARS = 40  # a name in that log line, at most this long

@@ -20,11 +20,13 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
+from node import const
 from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.embed_routes import serve_embeddings
@@ -62,12 +64,20 @@ def _object(body: Any) -> dict:
     return body
 
 
-def _unknown(body: dict, allowed: set[str]) -> None:
-    """Ollama ignores fields it does not know; so does this route (said once per name, at DEBUG)."""
-    new = set(body) - allowed - _told
+def _tell(names: Iterable[str], what: str) -> None:
+    """Say at DEBUG the ignored names not said before: the first OLLAMA_IGNORED_NAMES_MAX only (a
+    client's made-up keys would grow the set without bound), each cut to a short length."""
+    room = const.OLLAMA_IGNORED_NAMES_MAX - len(_told)
+    new = sorted(n[:const.OLLAMA_IGNORED_NAME_CHARS] for n in names if isinstance(n, str)) if room > 0 else []
+    new = [n for n in dict.fromkeys(new) if n not in _told][:room]
     if new:
         _told.update(new)
-        log.debug("DIAG: ollama fields ignored fields=%s", ",".join(sorted(new)))
+        log.debug("DIAG: ollama %s ignored %s=%s", what, what, ",".join(new))
+
+
+def _unknown(body: dict, allowed: set[str]) -> None:
+    """Ollama ignores fields it does not know; so does this route (said once per name, at DEBUG)."""
+    _tell(set(body) - allowed, "fields")
 
 
 def _options(body: dict) -> dict[str, Any]:
@@ -78,6 +88,7 @@ def _options(body: dict) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise InvalidRequest("`options` must be an object", param="options")
     out: dict[str, Any] = {}
+    _tell(set(options) - _SAMPLERS - _LOAD_TIME - {"num_predict"}, "options")
     for key, value in options.items():
         if key in _SAMPLERS:
             out[key] = value
@@ -88,9 +99,6 @@ def _options(body: dict) -> dict[str, Any]:
                 raise InvalidRequest("`options.num_predict` must be a positive integer, or -1 for no limit",
                                      param="options.num_predict")
             out["max_tokens"] = value
-        elif key not in _LOAD_TIME and key not in _told:
-            _told.add(key)
-            log.debug("DIAG: ollama option ignored option=%s", key)
     return out
 
 

@@ -6,12 +6,15 @@ the fields the Ollama client sent."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import httpx
 import ollama
 import pytest
 
+from node import const
+from node.api import ollama as ollama_api
 from node.inference.load_failure import LoadFailure, file_identity
 from tests.support.nodes import default_model_node
 
@@ -92,3 +95,27 @@ async def test_a_load_request_leaves_a_failed_load_failed_as_a_request_does(node
         served.state, served.failure = "unloaded", None
     reply = await client.chat(model=model_id, messages=[])
     assert reply.done_reason == "load" and served.state == "loaded"
+
+
+async def raw(node, path: str, body: dict) -> tuple[int, dict]:
+    """(status, JSON) of one POST on the node's API."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        resp = await http.post(f"http://127.0.0.1:{node.api.port}{path}", json=body,
+                               headers={"Authorization": f"Bearer {node.api_key}"})
+        return resp.status_code, resp.json()
+
+
+async def test_made_up_names_are_remembered_up_to_a_cap(node, model_id, caplog):
+    caplog.set_level(logging.DEBUG, logger=ollama_api.__name__)
+    for turn in range(2):
+        made_up = {f"k{turn}_{i}_" + "x" * 50: 1 for i in range(20_000)}
+        options = {f"o{turn}_{i}_" + "x" * 50: 1 for i in range(2_000)}
+        status, reply = await raw(node, "/api/chat", {"model": model_id, "messages": [], **made_up})
+        assert status == 200 and reply["done_reason"] == "load"
+        status, reply = await raw(node, "/api/chat", {"model": model_id, "messages": QUESTION, "stream": False,
+                                                      "options": {**options, "num_predict": 2}})
+        assert status == 200 and reply["done"]
+    assert 0 < len(ollama_api._told) <= const.OLLAMA_IGNORED_NAMES_MAX
+    said = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert said and all(len(m) < 60 * const.OLLAMA_IGNORED_NAMES_MAX for m in said)
+    assert "x" * (const.OLLAMA_IGNORED_NAME_CHARS + 1) not in "".join(said)
