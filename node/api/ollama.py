@@ -56,6 +56,7 @@ _GENERATE_KEYS = {"model", "prompt", "suffix", "system", "template", "context", 
                   "options", "stream", "keep_alive", "think", "logprobs", "top_logprobs"}
 _EMBED_KEYS = {"model", "input", "truncate", "dimensions", "options", "keep_alive"}
 _told: set[str] = set()
+_CALLS_LISTED = 8  # the unanswered calls a tool message's 400 names
 
 
 def _object(body: Any) -> dict:
@@ -176,8 +177,19 @@ def _answered(msg: dict, i: int, pending: list[tuple[str, str]]) -> str:
         match = pending[0]
     if match is None:
         what = f"tool {name!r}" if name else "a tool"
-        raise InvalidRequest(f"messages[{i}] is {what}'s result, but no earlier assistant message called it "
-                             "(give `tool_name` as the call's function name)", param=f"messages[{i}].tool_name")
+        if not pending:
+            raise InvalidRequest(f"messages[{i}] is {what}'s result, but no earlier assistant message called it "
+                                 "(give `tool_name` as the call's function name)", param=f"messages[{i}].tool_name")
+        calls = ", ".join(f"{call_id} ({call_name})" for call_id, call_name in pending[:_CALLS_LISTED]) + \
+            (f" and {len(pending) - _CALLS_LISTED} more" if len(pending) > _CALLS_LISTED else "")
+        if not wanted_id and not name:
+            raise InvalidRequest(f"messages[{i}] is a tool's result but names neither `tool_call_id` nor `tool_name` "
+                                 f"to say which of the calls not yet answered it answers: {calls}",
+                                 param=f"messages[{i}].tool_name")
+        said = (f"its tool_call_id {wanted_id!r}" + (f" and tool_name {name!r} match" if name else " matches")
+                if wanted_id else f"its tool_name {name!r} matches")
+        raise InvalidRequest(f"messages[{i}] is {what}'s result, but {said} none of the calls not yet answered: "
+                             f"{calls}", param=f"messages[{i}].tool_call_id" if wanted_id else f"messages[{i}].tool_name")
     pending.remove(match)
     return match[0]
 

@@ -119,3 +119,20 @@ async def test_made_up_names_are_remembered_up_to_a_cap(node, model_id, caplog):
     said = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert said and all(len(m) < 60 * const.OLLAMA_IGNORED_NAMES_MAX for m in said)
     assert "x" * (const.OLLAMA_IGNORED_NAME_CHARS + 1) not in "".join(said)
+
+
+TWO_CALLS = [{"role": "user", "content": "weather in Paris and London?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                 {"function": {"name": "get_weather", "arguments": {"city": "London"}}}]}]
+
+
+async def test_a_tool_result_matching_no_pending_call_says_which_are_pending(node, model_id):
+    status, reply = await raw(node, "/api/chat", {"model": model_id, "stream": False, "messages": [
+        *TWO_CALLS, {"role": "tool", "content": "sunny", "tool_call_id": "call_9f2"}]})
+    assert status == 400
+    assert "'call_9f2' matches none" in reply["error"] and "call_1_0 (get_weather), call_1_1 (get_weather)" in reply["error"]
+    status, reply = await raw(node, "/api/chat", {"model": model_id, "stream": False, "messages": [
+        *TWO_CALLS, {"role": "tool", "content": "sunny"}]})
+    assert status == 400 and "names neither `tool_call_id` nor `tool_name`" in reply["error"]
+    assert "call_1_0 (get_weather)" in reply["error"]
