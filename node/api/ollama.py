@@ -56,6 +56,7 @@ _GENERATE_KEYS = {"model", "prompt", "suffix", "system", "template", "context", 
                   "options", "stream", "keep_alive", "think", "logprobs", "top_logprobs"}
 _EMBED_KEYS = {"model", "input", "truncate", "dimensions", "options", "keep_alive"}
 _told: set[str] = set()
+_NUM_PREDICT_MAX = 1 << 24  # /v1's max_tokens bound (api/schemas.py)
 _CALLS_LISTED = 8  # the unanswered calls a tool message's 400 names
 
 
@@ -96,9 +97,9 @@ def _options(body: dict) -> dict[str, Any]:
         elif key == "num_predict":
             if value is None or (type(value) is int and value < 0):
                 continue  # -1: no limit, -2: fill the context (up to it here too)
-            if type(value) is not int or value == 0:
-                raise InvalidRequest("`options.num_predict` must be a positive integer, or -1 for no limit",
-                                     param="options.num_predict")
+            if type(value) is not int or not 0 < value <= _NUM_PREDICT_MAX:  # checked here under the name sent
+                raise InvalidRequest(f"`options.num_predict` must be between 1 and {_NUM_PREDICT_MAX}, or -1 for no "
+                                     f"limit, got {value!r}", param="options.num_predict")
             out["max_tokens"] = value
     return out
 
@@ -140,12 +141,17 @@ def _history(messages: list) -> list[dict[str, Any]]:
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         _no_images(msg.get("images"), f"messages[{i}].images")
         role, content = msg.get("role"), msg.get("content")
+        if isinstance(role, str):
+            role = role.lower()  # Ollama lowercases it (Message.UnmarshalJSON): "User" is a user
         if content is not None and not isinstance(content, str):
             raise InvalidRequest(f"messages[{i}].content must be a string", param=f"messages[{i}].content")
         entry: dict[str, Any] = {"role": role, "content": content or ""}
         if role == "assistant":
-            if msg.get("thinking"):
-                entry["reasoning_content"] = msg["thinking"]
+            thinking = msg.get("thinking")
+            if thinking is not None and not isinstance(thinking, str):  # before /v1's reasoning_content check
+                raise InvalidRequest(f"messages[{i}].thinking must be a string", param=f"messages[{i}].thinking")
+            if thinking:
+                entry["reasoning_content"] = thinking
             calls = msg.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise InvalidRequest(f"messages[{i}].tool_calls must be a list", param=f"messages[{i}].tool_calls")

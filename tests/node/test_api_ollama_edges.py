@@ -136,3 +136,24 @@ async def test_a_tool_result_matching_no_pending_call_says_which_are_pending(nod
         *TWO_CALLS, {"role": "tool", "content": "sunny"}]})
     assert status == 400 and "names neither `tool_call_id` nor `tool_name`" in reply["error"]
     assert "call_1_0 (get_weather)" in reply["error"]
+
+
+async def test_errors_name_the_fields_the_ollama_client_sent(node, model_id):
+    status, reply = await raw(node, "/api/chat", {"model": model_id, "stream": False, "messages": [
+        *QUESTION, {"role": "assistant", "content": "hello", "thinking": 5}, *QUESTION]})
+    assert status == 400 and reply["error"] == "messages[1].thinking must be a string"
+    for path, body in (("/api/chat", {"messages": QUESTION}), ("/api/generate", {"prompt": "hi"})):
+        status, reply = await raw(node, path, {"model": model_id, "stream": False, **body,
+                                               "options": {"num_predict": 1 << 25}})
+        assert status == 400 and "`options.num_predict` must be between" in reply["error"], path
+        assert "max_tokens" not in reply["error"]
+
+
+async def test_a_capitalised_role_is_read_as_ollama_reads_it(client, model_id):
+    reply = await client.chat(model=model_id, messages=[{"role": "System", "content": "Be brief."},
+                                                        {"role": "User", "content": "hi"}],
+                              options={"temperature": 0, "num_predict": 4})
+    lower = await client.chat(model=model_id, messages=[{"role": "system", "content": "Be brief."},
+                                                        {"role": "user", "content": "hi"}],
+                              options={"temperature": 0, "num_predict": 4})
+    assert reply.done and reply.message.content == lower.message.content
