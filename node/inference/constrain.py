@@ -31,6 +31,7 @@ import numpy as np
 from node.errors import EngineError, InvalidRequest, Unsupported
 from node.inference import grammar as g
 from node.inference.sampling import SamplingParams
+from node.inference.schema_types import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONE, pydantic_types
 from node.inference.think_budget import ThinkBudget
 
 if TYPE_CHECKING:
@@ -46,11 +47,6 @@ BAN = -100.0  # a bias of -100 bans the token outright (OpenAI: "should result i
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "contains", "not", "if", "then", "else")
-
-
 def closed_objects(schema: Any, depth: int = 0) -> Any:
     """The schema with `additionalProperties: false` on every object schema that lists `properties`
     and says nothing about extra ones, as llama.cpp's json-schema-to-grammar does ("produces faster
@@ -62,13 +58,13 @@ def closed_objects(schema: Any, depth: int = 0) -> Any:
     if "properties" in out and not any(k in out for k in ("additionalProperties", "patternProperties",
                                                             "unevaluatedProperties")):
         out["additionalProperties"] = False
-    for key in _SUBSCHEMA_MAPS:
+    for key in SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {k: closed_objects(v, depth + 1) for k, v in out[key].items()}
-    for key in _SUBSCHEMA_LISTS:
+    for key in SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
             out[key] = [closed_objects(v, depth + 1) for v in out[key]]
-    for key in _SUBSCHEMA_ONE:
+    for key in SUBSCHEMA_ONE:
         if isinstance(out.get(key), dict):
             out[key] = closed_objects(out[key], depth + 1)
     return out
@@ -209,6 +205,7 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             schema = {"type": "object"} if schema is None else schema
             if isinstance(schema, bool):
                 schema = {} if schema else {"not": {}}
+            schema = pydantic_types(schema)  # set[str], Path, SecretStr, ...: was a 400 (2026-12-07)
             if '"allOf"' not in json.dumps(schema):  # allOf merges objects: closing each part would
                 schema = closed_objects(schema)     # make the whole unsatisfiable
             schema = {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}

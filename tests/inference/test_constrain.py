@@ -152,6 +152,39 @@ def test_schema_errors_are_400s_naming_the_problem(tiny_tok, schema, error, word
     assert caught.value.param == "response_format" and words in caught.value.message
 
 
+def test_pydantic_standard_types_compile_and_replies_validate(tiny_tok):
+    """uniqueItems (set, frozenset) and pydantic's own formats (Path, FilePath, bytes, SecretStr,
+    UUID4, IPvAnyAddress, Base64Bytes) were 400s (2026-12-07); now every reply is a value pydantic
+    takes (strings bounded here so that random logits end them)."""
+    import pathlib
+
+    import pydantic
+
+    class Model(pydantic.BaseModel):
+        tags: set[str]
+        ids: frozenset[int]
+        path: pathlib.Path
+        blob: bytes
+        secret: pydantic.SecretStr
+        uid: pydantic.UUID4
+        host: pydantic.IPvAnyAddress
+        b64: pydantic.Base64Bytes  # (Base64Str also wants the bytes to be UTF-8: no grammar says so)
+
+    schema = Model.model_json_schema()
+    for prop in schema["properties"].values():
+        for sub in (prop, prop.get("items", {})):
+            if sub.get("type") == "string" and sub.get("format") not in ("uuid4", "ipvanyaddress"):
+                sub["maxLength"] = 8
+        if prop.get("type") == "array":
+            prop["maxItems"] = 3
+    for seed in range(5):
+        ids, _ = walk(tiny_tok, g.json_value(schema), seed, steps=600)
+        Model.model_validate_json(text_of(tiny_tok, ids))
+    # a format pydantic does not write is still the 400 naming it
+    with pytest.raises(Unsupported, match="ipvanynetwork"):
+        constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "string", "format": "ipvanynetwork"})))
+
+
 def test_logit_bias_outside_the_vocabulary(tiny_tok):
     with pytest.raises(InvalidRequest) as caught:
         constrain.check(tiny_tok, SamplingParams(logit_bias=((tiny_tok.n_vocab, 1.0),)))

@@ -8,11 +8,12 @@ from __future__ import annotations
 import datetime
 import enum
 import json
+import uuid
 from typing import Annotated, Literal
 
 import openai
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import UUID4, BaseModel, Field, IPvAnyAddress, SecretStr
 
 from tests.support.nodes import default_model_node, openai_client
 
@@ -152,3 +153,74 @@ async def test_auto_tool_choice_with_a_response_format(node, client, model_id, b
         assert reply.choices[0].finish_reason == "stop"
         assert isinstance(message.parsed, Answer) and json.loads(message.content) == message.parsed.model_dump()
         assert final.choices[0].message.parsed == message.parsed
+
+
+class Record(BaseModel):
+    """A record."""
+    id: UUID4
+    host: IPvAnyAddress
+    key: SecretStr
+    blob: bytes
+    flags: frozenset[int]
+
+
+class Note(BaseModel):
+    """A note."""
+    tags: set[str] = Field(max_length=3)
+    file: str  # a pathlib.Path, read back as a string: any string is one
+
+
+def _schema(props: dict, required: list[str], **extra) -> dict:
+    return {"properties": props, "required": required, "type": "object", **extra}
+
+
+RECORD = {"id": {"format": "uuid4", "type": "string"}, "host": {"format": "ipvanyaddress", "type": "string"},
+          "key": {"format": "password", "type": "string", "writeOnly": True},
+          "blob": {"format": "binary", "type": "string"},
+          "flags": {"items": {"type": "integer"}, "type": "array", "uniqueItems": True}}
+NOTE = {"tags": {"items": {"type": "string"}, "maxItems": 3, "title": "Tags", "type": "array", "uniqueItems": True},
+        "file": {"format": "path", "title": "File", "type": "string"}}
+# request bodies as the libraries sent them (captured 2026-12-07), the model id left out
+REPLAYED = {
+    # pydantic-ai 2.38 Agent(output_type=NativeOutput(Record)): strict false
+    "pydantic-ai": (Record, {"messages": [{"role": "user", "content": "Make a record"}], "max_completion_tokens": 300,
+                             "response_format": {"type": "json_schema", "json_schema": {
+                                 "name": "Record", "schema": _schema(RECORD, list(RECORD), additionalProperties=False),
+                                 "description": "A record.", "strict": False}}, "temperature": 0}),
+    # LiteLLM 1.110 completion(response_format=Record) and the openai SDK's parse(): strict true
+    "litellm": (Record, {"messages": [{"role": "user", "content": "Make a record"}], "temperature": 0, "max_tokens": 300,
+                         "response_format": {"type": "json_schema", "json_schema": {
+                             "schema": _schema({k: {**v, "title": k.title()} for k, v in RECORD.items()}, list(RECORD),
+                                               description="A record.", title="Record", additionalProperties=False),
+                             "name": "Record", "strict": True}}}),
+    # instructor 1.17 from_openai(mode=JSON_SCHEMA).create(response_model=Note): no strict, no temperature
+    "instructor": (Note, {"messages": [{"role": "user", "content": "Tag this note about os.path"}], "max_tokens": 300,
+                          "response_format": {"type": "json_schema", "json_schema": {
+                              "name": "Note", "schema": _schema(NOTE, list(NOTE), description="A note.",
+                                                                title="Note")}}}),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("library", list(REPLAYED))
+async def test_pydantic_standard_types_as_libraries_send_them(client, model_id, library, stream):
+    """`set[str]`, `frozenset`, `Path`, `bytes`, `SecretStr`, `UUID4`, `IPvAnyAddress` in a response
+    model: pydantic writes uniqueItems and formats of its own, and instructor, LangChain, pydantic-ai,
+    LiteLLM and parse() send them as they are. Until 2026-12-07 each was a 400 (unsupported_parameter)."""
+    shape, body = REPLAYED[library]
+    body = {**body, "model": model_id}
+    if not stream:
+        choice = (await client.chat.completions.create(**body)).choices[0]
+        content, finish = choice.message.content, choice.finish_reason
+    else:
+        content, finish = "", None
+        async for chunk in await client.chat.completions.create(**body, stream=True):
+            if chunk.choices:
+                content += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+    if shape is Record:  # greedy: the model's reply ends within the budget
+        assert finish == "stop", content
+    if finish == "stop":  # sampled (instructor sets no temperature): a path may run past max_tokens
+        parsed = shape.model_validate_json(content)
+        if shape is Record:
+            assert parsed.id.version == 4 and isinstance(parsed.id, uuid.UUID)
