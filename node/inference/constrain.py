@@ -31,6 +31,7 @@ import numpy as np
 from node.errors import EngineError, InvalidRequest, Unsupported
 from node.inference import grammar as g
 from node.inference.sampling import SamplingParams
+from node.inference.schema_bounds import bounded_integers
 from node.inference.schema_types import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONE, pydantic_types
 from node.inference.think_budget import ThinkBudget
 
@@ -206,6 +207,7 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             if isinstance(schema, bool):
                 schema = {} if schema else {"not": {}}
             schema = pydantic_types(schema)  # set[str], Path, SecretStr, ...: was a 400 (2026-12-07)
+            schema = bounded_integers(schema)  # 16 digits, as llama.cpp: a weak model wrote digits forever
             if '"allOf"' not in json.dumps(schema):  # allOf merges objects: closing each part would
                 schema = closed_objects(schema)     # make the whole unsatisfiable
             schema = {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}

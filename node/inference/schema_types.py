@@ -9,6 +9,7 @@ admits the values pydantic itself accepts for the type; other unknown formats st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
@@ -44,19 +45,24 @@ def _plain(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def pydantic_types(schema: Any, depth: int = 0) -> Any:
-    """The schema with pydantic's `uniqueItems` dropped and its own formats made plain strings or
-    patterns (see the module docstring), at every depth; anything else as it was."""
+def each_subschema(schema: Any, fn: Callable[[dict[str, Any]], dict[str, Any]], depth: int = 0) -> Any:
+    """The schema with `fn` applied to it and to every subschema in it (a copy; 64 levels at most)."""
     if not isinstance(schema, dict) or depth > 64:
         return schema
-    out = _plain(schema)
+    out = fn(schema)
     for key in SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {k: pydantic_types(v, depth + 1) for k, v in out[key].items()}
+            out[key] = {k: each_subschema(v, fn, depth + 1) for k, v in out[key].items()}
     for key in SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [pydantic_types(v, depth + 1) for v in out[key]]
+            out[key] = [each_subschema(v, fn, depth + 1) for v in out[key]]
     for key in SUBSCHEMA_ONE:
         if isinstance(out.get(key), dict):
-            out[key] = pydantic_types(out[key], depth + 1)
+            out[key] = each_subschema(out[key], fn, depth + 1)
     return out
+
+
+def pydantic_types(schema: Any) -> Any:
+    """The schema with pydantic's `uniqueItems` dropped and its own formats made plain strings or
+    patterns (see the module docstring), at every depth; anything else as it was."""
+    return each_subschema(schema, _plain)

@@ -185,6 +185,20 @@ def test_pydantic_standard_types_compile_and_replies_validate(tiny_tok):
         constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "string", "format": "ipvanynetwork"})))
 
 
+def test_integers_get_llama_cpps_16_digits_on_the_sides_the_schema_leaves_open(tiny_tok):
+    from node.inference.schema_bounds import MAX_INTEGER, bounded_integers
+
+    schema = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": ["integer", "null"], "exclusiveMaximum": 5},
+                        {"type": "number"}]}
+    assert bounded_integers(schema)["anyOf"] == [{"type": "integer", "minimum": 0, "maximum": MAX_INTEGER},
+                                                 {"type": ["integer", "null"], "exclusiveMaximum": 5,
+                                                  "minimum": -MAX_INTEGER},
+                                                 {"type": "number"}]
+    for seed in range(5):  # random logits: a run of digits ends by the 16th
+        ids, _ = walk(tiny_tok, g.json_value({"type": "integer"}), seed, steps=40)
+        assert abs(json.loads(text_of(tiny_tok, ids))) <= MAX_INTEGER
+
+
 def test_logit_bias_outside_the_vocabulary(tiny_tok):
     with pytest.raises(InvalidRequest) as caught:
         constrain.check(tiny_tok, SamplingParams(logit_bias=((tiny_tok.n_vocab, 1.0),)))

@@ -224,3 +224,33 @@ async def test_pydantic_standard_types_as_libraries_send_them(client, model_id, 
         parsed = shape.model_validate_json(content)
         if shape is Record:
             assert parsed.id.version == 4 and isinstance(parsed.id, uuid.UUID)
+
+
+class Order(BaseModel):
+    qty: int
+    year: int | None
+
+
+ORDER = {"properties": {"qty": {"title": "Qty", "type": "integer"},
+                        "year": {"anyOf": [{"type": "integer"}, {"type": "null"}], "title": "Year"}},
+         "required": ["qty", "year"], "title": "Order", "type": "object"}
+ORDER_ASK = [{"role": "user", "content": "3 apples, 2024"}]
+# captured 2026-12-07: instructor 1.17 JSON_SCHEMA mode and LangChain (langchain-openai 1.8)
+# with_structured_output(Order, method="json_schema"), which sets strict and closes the object
+INSTRUCTOR_ORDER = {"messages": ORDER_ASK, "max_tokens": 200,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "Order", "schema": ORDER}}}
+LANGCHAIN_ORDER = {"messages": ORDER_ASK, "max_completion_tokens": 200, "stream": False,
+                   "response_format": {"type": "json_schema", "json_schema": {
+                       "schema": {**ORDER, "additionalProperties": False}, "name": "Order", "strict": True}}}
+
+
+@pytest.mark.parametrize("body", [INSTRUCTOR_ORDER, LANGCHAIN_ORDER], ids=["instructor", "langchain"])
+async def test_an_unbounded_int_ends_within_16_digits(client, model_id, body):
+    """A response model's plain `int`, sampled (neither library sends a temperature): the default
+    model wrote digit after digit until max_tokens in 14 replies of 20, cut JSON that no client
+    parses. Integers now have llama.cpp's 16 digits at most (2026-12-07)."""
+    for _ in range(4):
+        choice = (await client.chat.completions.create(model=model_id, **body)).choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        order = Order.model_validate_json(choice.message.content)
+        assert abs(order.qty) < 10**16 and (order.year is None or abs(order.year) < 10**16)
