@@ -3,8 +3,13 @@
 A response model with a `set[str]`, a `Path`, `bytes`, a `SecretStr`, an `IPvAnyAddress` or a
 `UUID4` field gets `uniqueItems` or a format of pydantic's own in its schema, and instructor,
 LangChain, pydantic-ai, LiteLLM and the openai SDK's `parse()` send that schema as it is: each was
-a 400 "constrained decoding does not support" (2026-12-07). Each keyword below becomes one that
-admits the values pydantic itself accepts for the type; other unknown formats stay a 400.
+a 400 "constrained decoding does not support" (2026-12-07). Each format below becomes one that
+admits the values pydantic itself accepts for the type; other unknown formats stay a 400, and so do
+`file-path` and `directory-path` (FilePath, DirectoryPath: pydantic checks the path exists on the
+client's disk, which no grammar can, so a reply would fail there and a client retry for ever;
+review r44). `uniqueItems` is not enforced, as llama.cpp's grammar and this node's tool grammars
+(compiled lenient) do not: a reply may repeat an item, which pydantic's set/frozenset drop as they
+read and another validator may refuse (review r44: said here and in ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -16,9 +21,8 @@ SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "de
 SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SUBSCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "contains", "not", "if", "then", "else")
 
-# any string is a value of these for pydantic: Path / NewPath, FilePath, DirectoryPath (checked
-# against the disk, which no grammar can), SecretStr / SecretBytes, bytes (read as UTF-8)
-ANY_STRING_FORMATS = frozenset({"path", "file-path", "directory-path", "password", "binary"})
+# any string is a value of these for pydantic: Path / NewPath, SecretStr / SecretBytes, bytes (read as UTF-8)
+ANY_STRING_FORMATS = frozenset({"path", "password", "binary"})
 _HEX = "[0-9a-fA-F]"
 # pydantic checks the version digit of UUID1..UUID5 (and RFC 4122's variant bits)
 _UUID_VERSION = {f"uuid{v}": f"^{_HEX}{{8}}-{_HEX}{{4}}-{v}{_HEX}{{3}}-[89abAB]{_HEX}{{3}}-{_HEX}{{12}}$"
@@ -29,7 +33,7 @@ _BASE64 = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # 
 def _plain(schema: dict[str, Any]) -> dict[str, Any]:
     out = dict(schema)
     # set[...] / frozenset[...]: a grammar cannot hold it (llama.cpp's json-schema-to-grammar
-    # ignores it too); pydantic drops a repeated item when it reads the list
+    # ignores it too); pydantic drops a repeated item when it reads the list (not enforced: above)
     out.pop("uniqueItems", None)
     fmt = out.get("format")
     if not isinstance(fmt, str):

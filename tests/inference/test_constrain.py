@@ -153,9 +153,10 @@ def test_schema_errors_are_400s_naming_the_problem(tiny_tok, schema, error, word
 
 
 def test_pydantic_standard_types_compile_and_replies_validate(tiny_tok):
-    """uniqueItems (set, frozenset) and pydantic's own formats (Path, FilePath, bytes, SecretStr,
-    UUID4, IPvAnyAddress, Base64Bytes) were 400s (2026-12-07); now every reply is a value pydantic
-    takes (strings bounded here so that random logits end them)."""
+    """uniqueItems (set, frozenset) and pydantic's own formats (Path, bytes, SecretStr, UUID4,
+    IPvAnyAddress, Base64Bytes) were 400s (2026-12-07); now every reply is a value pydantic takes
+    (strings bounded here so that random logits end them). FilePath and DirectoryPath stay a 400:
+    pydantic checks the client's disk (review r44)."""
     import pathlib
 
     import pydantic
@@ -180,12 +181,23 @@ def test_pydantic_standard_types_compile_and_replies_validate(tiny_tok):
     for seed in range(5):
         ids, _ = walk(tiny_tok, g.json_value(schema), seed, steps=600)
         Model.model_validate_json(text_of(tiny_tok, ids))
-    # a format pydantic does not write is still the 400 naming it
-    with pytest.raises(Unsupported, match="ipvanynetwork"):
-        constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "string", "format": "ipvanynetwork"})))
+    # a format pydantic does not write, or one no grammar can check, is still the 400 naming it
+    for fmt in ("ipvanynetwork", "file-path", "directory-path"):
+        with pytest.raises(Unsupported, match=fmt):
+            constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "string", "format": fmt})))
 
 
-def test_integers_get_llama_cpps_16_digits_on_the_sides_the_schema_leaves_open(tiny_tok):
+def _accepts(tok, schema, text: str) -> bool:
+    """Whether the schema's grammar takes exactly these bytes."""
+    matcher = constrain.vocabulary(tok).matcher(g.json_value(schema))
+    ids = constrain.vocabulary(tok).tokenizer.tokenize_str(text)
+    if matcher.validate_tokens(ids) != len(ids):
+        return False
+    matcher.consume_tokens(ids)
+    return matcher.is_accepting()
+
+
+def test_integers_get_19_digits_on_the_sides_the_schema_leaves_open(tiny_tok):
     from node.inference.schema_bounds import MAX_INTEGER, bounded_integers
 
     schema = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": ["integer", "null"], "exclusiveMaximum": 5},
@@ -194,9 +206,19 @@ def test_integers_get_llama_cpps_16_digits_on_the_sides_the_schema_leaves_open(t
                                                  {"type": ["integer", "null"], "exclusiveMaximum": 5,
                                                   "minimum": -MAX_INTEGER},
                                                  {"type": "number"}]
-    for seed in range(5):  # random logits: a run of digits ends by the 16th
+    for seed in range(5):  # random logits: a run of digits ends by the 19th
         ids, _ = walk(tiny_tok, g.json_value({"type": "integer"}), seed, steps=40)
         assert abs(json.loads(text_of(tiny_tok, ids))) <= MAX_INTEGER
+    # review r44: a 19-digit id (a Discord/Twitter snowflake) is writable (16 digits cut it), and no
+    # bound is added against one the client gave, nor to a const or an enum
+    snowflake = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+    assert _accepts(tiny_tok, snowflake, '{"id":1234567890123456789}')
+    for given in ({"type": "integer", "minimum": MAX_INTEGER + 5}, {"type": "integer", "exclusiveMaximum": -MAX_INTEGER - 5},
+                  {"type": "integer", "const": 12}, {"type": "integer", "enum": [10**18, 1]}):
+        assert bounded_integers(given) == given, given
+    for given in ({"type": "integer", "minimum": 10**17}, {"type": "integer", "const": 12},
+                  {"type": "integer", "enum": [10**18, 1]}):  # (a 400 with a 16-digit cap added)
+        constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(given)))
 
 
 def test_logit_bias_outside_the_vocabulary(tiny_tok):
