@@ -87,7 +87,12 @@ class UrlModels:
             if not self.models.is_registered(entry.id):
                 await self.models.async_register(entry, whole=False)
             if self.autoserve is not None and self.config.serve == "auto":
-                await self.autoserve.async_add(entry, given=True)  # (an untick of Help serve keeps it)
+                # a "Help serve" budget config.toml kept for it (not restorable at start: no such
+                # model yet) is taken up, not reset to the node's budget (2026-12-07)
+                await self.contributions.async_file_back(entry)
+                kept = self.autoserve.model(entry.sha256)
+                budget_mb = kept.budget_mb_override if kept is not None and kept.budget_mb_override is not None else 0
+                await self.autoserve.async_add(entry, budget_mb, given=True)  # (an untick of Help serve keeps it)
             elif self.config.layers:
                 slice_ = (entry, *parse_layers(self.config.layers, entry.n_layers))
                 self._fixed_slices.append(slice_)  # a pause frees it, a resume loads it

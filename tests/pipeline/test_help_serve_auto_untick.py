@@ -135,3 +135,30 @@ async def test_a_budget_set_while_the_untick_sizes_the_model_is_the_one_applied(
         assert m.budget_mb == 256, m.budget_mb
         summary = node.contributions.summary()["models"]
         assert summary[0]["effective_budget_mb"] == 256, summary
+
+
+async def test_a_help_serve_budget_kept_for_a_url_model_is_taken_up_when_it_opens_late(tmp_path, monkeypatch):
+    """A `--serve auto --model URL` helped at 512 MiB (kept in config.toml), started again while its
+    origin does not answer yet: the choice kept could not be restored at start (no such model yet),
+    and the late open gave the model to the choice at the node's budget, the user's 512 lost until
+    they ticked again (noticed in the review r42 fix, 2026-12-07). The kept budget is taken up."""
+    quick_choice(monkeypatch)
+    monkeypatch.setattr(const, "PARTIAL_START_OPEN_WAIT_S", 0.2)
+    data = tiny_model(tmp_path).read_bytes()
+    with ThreadedOrigin(data, name="late.gguf") as origin:
+        config = node_config(tmp_path / "data", origin.url, serve="auto", serve_reevaluate_s=1.0)
+        async with running_node(config) as node:
+            entry = await wait_until(lambda: next((e for e in node.catalog.entries.values()
+                                                   if e.partial is not None and node.autoserve.model(e.sha256)), None),
+                                     20.0, what="the --model URL to be given to the layer choice")
+            await _contribute(node, {"model": entry.id, "budget_mb": 512})
+        assert entry.id in (tmp_path / "data" / "config.toml").read_text()  # kept for the next start
+        origin.hold_answers = True
+        async with running_node(node_config(tmp_path / "data", origin.url, serve="auto", serve_reevaluate_s=1.0,
+                                            contribute_models={entry.id: 512})) as node:  # (as load_config reads it)
+            origin.release.set()  # the origin answers after the start: the open ends in the background
+            m = await wait_until(lambda: node.autoserve.model(entry.sha256), 20.0,
+                                 what="the late --model URL to be given to the layer choice")
+            assert not m.at_start  # (opened after the start)
+            assert m.budget_mb_override == 512 and m.given
+            assert [row["model"] for row in node.contributions.summary()["models"]] == [entry.id]
