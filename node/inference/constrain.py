@@ -31,7 +31,7 @@ import numpy as np
 from node.errors import EngineError, InvalidRequest, Unsupported
 from node.inference import grammar as g
 from node.inference.sampling import SamplingParams
-from node.inference.schema_bounds import bounded_integers
+from node.inference.schema_bounds import UnholdableInteger, bounded_integers
 from node.inference.schema_types import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONE, pydantic_types
 from node.inference.think_budget import ThinkBudget
 
@@ -120,6 +120,8 @@ class Vocabulary:
                 return template.deep_copy()
         try:
             lark = to_lark(spec, self)
+        except UnholdableInteger as exc:
+            raise Unsupported(f"`{param}`: {exc}", param=param) from exc
         except ValueError as exc:  # past the bound (g.MAX_NODES): many tools with big schemas (was a 500)
             raise InvalidRequest(f"`{param}`: the constrained-decoding grammar is too large ({exc}); offer fewer "
                                  "tools or smaller schemas", param=param) from exc
@@ -207,7 +209,7 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             if isinstance(schema, bool):
                 schema = {} if schema else {"not": {}}
             schema = pydantic_types(schema)  # set[str], Path, SecretStr, ...: was a 400 (2026-12-07)
-            schema = bounded_integers(schema)  # 16 digits, as llama.cpp: a weak model wrote digits forever
+            schema = bounded_integers(schema)  # 19 digits: a weak model wrote digits forever
             if '"allOf"' not in json.dumps(schema):  # allOf merges objects: closing each part would
                 schema = closed_objects(schema)     # make the whole unsatisfiable
             schema = {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}
