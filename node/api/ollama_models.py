@@ -1,8 +1,9 @@
 """Ollama's model routes: GET /api/version, /api/tags, /api/ps, POST /api/show, and the model-store
 routes this node does not have (/api/pull, /api/push, /api/create, /api/copy, /api/delete, which
-answer what to do instead). Models are listed under the ids /v1/models gives; a name Ollama's
-clients write with a tag (`tiny-1a2b3c4d:latest`) is the model without it (ids and names here have no
-`:`, so a tag is never part of one).
+answer what to do instead). Models are listed under the ids /v1/models gives with Ollama's `:latest`
+tag (`tiny-1a2b3c4d:latest`), as Ollama lists every model: Open WebUI adds the tag to an untagged name
+and looks it up among the listed names. A name sent with a tag is the model without it (ids and names
+here have no `:`, so a tag is never part of one).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ routes = web.RouteTableDef()
 # the Ollama API version this dialect follows (docs/api.md as of Ollama 0.13); apps read it to
 # know a server speaks Ollama, some to pick newer fields
 OLLAMA_API_VERSION = "0.13.0"
-_NEVER = "9999-12-31T23:59:59Z"  # /api/ps' expires_at: a model stays loaded here (no keep_alive timer)
+_NEVER = "9999-12-31T23:59:59Z"
+TAG = ":latest"  # the tag Ollama lists an untagged model under  # /api/ps' expires_at: a model stays loaded here (no keep_alive timer)
 
 
 def model_name(value: Any, param: str = "model") -> str:
@@ -61,7 +63,7 @@ def details(served: ServedModel) -> dict[str, Any]:
 
 def _listed(served: ServedModel) -> dict[str, Any]:
     """What /api/tags and /api/ps say of every model."""
-    return {"name": served.id, "model": served.id, "size": served.entry.size_bytes, "digest": served.entry.sha256,
+    return {"name": served.id + TAG, "model": served.id + TAG, "size": served.entry.size_bytes, "digest": served.entry.sha256,
             "details": details(served)}
 
 

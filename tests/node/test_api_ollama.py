@@ -72,7 +72,7 @@ async def test_model_routes(client, node, oai, model_id):
     """What Open WebUI, Zed and Continue read to list models and size prompts."""
     listed = (await client.list()).models
     v1 = [m.id async for m in oai.models.list()]
-    assert [m.model for m in listed] == v1  # under /v1/models' names
+    assert [m.model for m in listed] == [f"{i}:latest" for i in v1]  # /v1/models' ids, tagged as Ollama lists
     entry = listed[0]
     served = node.models.get(model_id)
     assert entry.digest == served.entry.sha256 and entry.size == served.entry.size_bytes
@@ -89,9 +89,10 @@ async def test_model_routes(client, node, oai, model_id):
     loaded = await client.chat(model=model_id, messages=[])  # Ollama's load request
     assert loaded.done and loaded.done_reason == "load" and loaded.message.content == ""
     running = (await client.ps()).models
-    assert [m.model for m in running] == [model_id] and running[0].context_length == served.n_ctx
+    assert [m.model for m in running] == [f"{model_id}:latest"] and running[0].context_length == served.n_ctx
     unload = await client.generate(model=model_id, keep_alive=0)  # answered; the node keeps it loaded
-    assert unload.done and unload.done_reason == "unload" and [m.model for m in (await client.ps()).models] == [model_id]
+    assert unload.done and unload.done_reason == "unload"
+    assert [m.model for m in (await client.ps()).models] == [f"{model_id}:latest"]
     with pytest.raises(ollama.ResponseError) as info:
         await client.chat(model="no-such-model", messages=[])
     assert info.value.status_code == 404

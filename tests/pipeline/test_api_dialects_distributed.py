@@ -261,7 +261,7 @@ def test_ollama_over_the_split_equals_whole(swarm):
     assert _ollama(split) == _ollama(whole)
     for name in ("a", "d"):
         status, raw = swarm[name].get("/api/tags")
-        assert status == 200 and model_id in [m["name"] for m in json.loads(raw)["models"]], (name, raw)
+        assert status == 200 and f"{model_id}:latest" in [m["name"] for m in json.loads(raw)["models"]], (name, raw)
     status, _, shown = run(_post(swarm["d"], "/api/show", {"model": model_id}))
     status_whole, _, shown_whole = run(_post(swarm["whole"], "/api/show", {"model": model_id}))
     assert status == status_whole == 200

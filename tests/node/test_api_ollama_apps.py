@@ -1,0 +1,86 @@
+"""The apps that speak Ollama's API, replayed against a real node on 127.0.0.1 serving the embedded
+default model: each test sends the body the app sends (read from its public source) and reads the
+reply as its parser does. Open WebUI (backend/open_webui/routers/ollama.py, utils/payload.py), Zed
+(crates/ollama/src/ollama.rs), Continue (core/llm/llms/Ollama.ts), Home Assistant's ollama
+integration."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import aiohttp
+import pytest
+
+from tests.support.nodes import default_model_node
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+node = default_model_node("ollama_apps")
+
+
+@pytest.fixture
+def model_id(node):
+    return node.models.all()[0].id
+
+
+async def call(node, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
+    """(status, text) of one request, with the key as the apps send it (a Bearer token)."""
+    async with aiohttp.ClientSession() as session, session.request(
+            method, f"http://127.0.0.1:{node.api.port}{path}", data=None if body is None else json.dumps(body),
+            headers={"Authorization": f"Bearer {node.api_key}", "Content-Type": "application/json"}) as resp:
+        return resp.status, await resp.text()
+
+
+def open_webui_name(model: str) -> str:
+    """What Open WebUI sends for a model it lists: the name with `:latest` added when it has no tag
+    (generate_chat_completion, embed, generate_completion, unload), which it then looks up among the
+    `model` names /api/tags gave (get_ollama_url: "Model not found" when missing)."""
+    return model if ":" in model else f"{model}:latest"
+
+
+async def test_open_webui_finds_the_models_it_lists_and_chats(node, model_id):
+    status, text = await call(node, "GET", "/api/tags")
+    assert status == 200
+    listed = {m["model"]: m for m in json.loads(text)["models"]}  # merge_ollama_models_lists
+    ui_id = next(iter(listed))  # the id the user picks in the model menu
+    sent = open_webui_name(ui_id)
+    assert sent in listed, (sent, list(listed))
+    # convert_payload_openai_to_ollama: the UI's params as options, keep_alive lifted out, the stop list
+    body = {"model": sent, "messages": [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": "What does os.path.join do?"}],
+            "stream": True, "keep_alive": "5m", "metadata": {"chat_id": "c1"},
+            "options": {"temperature": 0.0, "num_ctx": 2048, "num_predict": 8, "stop": ["\n\n"]}}
+    status, text = await call(node, "POST", "/api/chat", body)
+    assert status == 200, text
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    assert lines[-1]["done"] is True and "".join(p["message"]["content"] for p in lines)
+    # RAG with Ollama's embeddings, and the admin's unload button: the same lookup
+    status, text = await call(node, "POST", "/api/embed", {"model": open_webui_name(ui_id), "input": ["a", "b"]})
+    assert status == 200 and len(json.loads(text)["embeddings"]) == 2
+    status, text = await call(node, "POST", "/api/generate", {"model": sent, "keep_alive": 0, "prompt": ""})
+    assert status == 200 and json.loads(text)["done_reason"] == "unload"
+    # get_all_models marks loaded models by /api/ps' `model`, parsing expires_at with fromisoformat
+    status, text = await call(node, "GET", "/api/ps")
+    running = json.loads(text)["models"]
+    assert [m["model"] for m in running] == [ui_id]
+    assert int(datetime.fromisoformat(running[0]["expires_at"]).timestamp()) > 0
+    assert listed[ui_id]["name"] == ui_id and ui_id.split(":")[0] == model_id
+
+
+async def test_zed_chat_body_with_its_nulls(node, model_id):
+    """Zed serialises every Option: `think`, the options it leaves unset and an assistant's
+    `tool_calls`/`thinking` go out as null, `tools` as [] and keep_alive as -1; its serde reads
+    each NDJSON line as {model, created_at, message: {role, content}, done}."""
+    body = {"model": f"{model_id}:latest", "stream": True, "keep_alive": -1, "tools": [], "think": None,
+            "options": {"num_ctx": 4096, "num_predict": 6, "stop": None, "temperature": None, "top_p": None},
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "Hello", "tool_calls": None, "thinking": None},
+                         {"role": "user", "content": "What does os.path.join do?"}]}
+    status, text = await call(node, "POST", "/api/chat", body)
+    assert status == 200, text
+    for line in text.splitlines():
+        piece = json.loads(line)
+        assert isinstance(piece["model"], str) and isinstance(piece["created_at"], str)
+        assert piece["message"]["role"] == "assistant" and isinstance(piece["message"]["content"], str)
+    assert piece["done"] is True and isinstance(piece["eval_count"], int)
