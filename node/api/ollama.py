@@ -7,7 +7,8 @@ A chat or generate body becomes the /v1/chat/completions (or, for `raw` and `suf
 /v1/completions) body it means and goes through that parser, so every option is checked as there;
 `options` are its samplers (`num_predict` the token limit), load-time ones (`num_ctx`, `num_gpu`,
 ...) dropped as on /v1, unknown ones dropped as Ollama does. Histories: an assistant's `tool_calls`
-get ids, and a `tool` message answers the call its `tool_call_id` or `tool_name` names. `stream`
+get ids, and a `tool` message answers the call its `tool_call_id` or `tool_name` names (naming neither,
+the oldest call not yet answered: Continue and Home Assistant send results bare, in the calls' order). `stream`
 defaults to true (NDJSON lines, api/ollama_reply.py). A request with no messages (no prompt) is
 Ollama's load request (`done_reason: "load"`), or with `keep_alive: 0` its unload request, which is
 answered and leaves the model loaded (the node keeps its models loaded for its apps and its swarm).
@@ -133,7 +134,7 @@ def _arguments(value: Any, where: str) -> str:
 def _history(messages: list) -> list[dict[str, Any]]:
     """Ollama's messages as /v1's: calls get ids (`call_<turn>_<n>` unless given), a tool message the
     id of the call it answers (its `tool_call_id`, else the oldest unanswered call of its
-    `tool_name`, else the one unanswered call)."""
+    `tool_name`, else, naming neither, the oldest unanswered call)."""
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (id, name) of calls not yet answered
     for i, msg in enumerate(messages):
@@ -179,8 +180,8 @@ def _answered(msg: dict, i: int, pending: list[tuple[str, str]]) -> str:
     match = next((c for c in pending if c[0] == wanted_id), None) if wanted_id else None
     if match is None and name:
         match = next((c for c in pending if c[1] == name), None)
-    if match is None and len(pending) == 1 and not name:
-        match = pending[0]
+    if match is None and pending and not wanted_id and not name:
+        match = pending[0]  # results in the calls' order, as Continue and Home Assistant send them
     if match is None:
         what = f"tool {name!r}" if name else "a tool"
         if not pending:
@@ -188,10 +189,6 @@ def _answered(msg: dict, i: int, pending: list[tuple[str, str]]) -> str:
                                  "(give `tool_name` as the call's function name)", param=f"messages[{i}].tool_name")
         calls = ", ".join(f"{call_id} ({call_name})" for call_id, call_name in pending[:_CALLS_LISTED]) + \
             (f" and {len(pending) - _CALLS_LISTED} more" if len(pending) > _CALLS_LISTED else "")
-        if not wanted_id and not name:
-            raise InvalidRequest(f"messages[{i}] is a tool's result but names neither `tool_call_id` nor `tool_name` "
-                                 f"to say which of the calls not yet answered it answers: {calls}",
-                                 param=f"messages[{i}].tool_name")
         said = (f"its tool_call_id {wanted_id!r}" + (f" and tool_name {name!r} match" if name else " matches")
                 if wanted_id else f"its tool_name {name!r} matches")
         raise InvalidRequest(f"messages[{i}] is {what}'s result, but {said} none of the calls not yet answered: "

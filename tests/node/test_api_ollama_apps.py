@@ -12,6 +12,7 @@ from datetime import datetime
 import aiohttp
 import pytest
 
+from node.api import ollama as ollama_api
 from tests.support.nodes import default_model_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
@@ -66,6 +67,37 @@ async def test_open_webui_finds_the_models_it_lists_and_chats(node, model_id):
     assert [m["model"] for m in running] == [ui_id]
     assert int(datetime.fromisoformat(running[0]["expires_at"]).timestamp()) > 0
     assert listed[ui_id]["name"] == ui_id and ui_id.split(":")[0] == model_id
+
+
+async def test_bare_tool_results_answer_the_calls_in_their_order():
+    """Continue and Home Assistant send a tool's result as `{"role": "tool", "content"}` only, one per
+    call in the calls' order; Ollama renders them so. Two calls in one turn were a 400 here."""
+    history = ollama_api._history([
+        {"role": "user", "content": "weather in Paris and London?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            {"function": {"name": "get_time", "arguments": {"city": "London"}}}]},
+        {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "noon"}])
+    assert [m.get("tool_call_id") for m in history[2:]] == ["call_1_0", "call_1_1"]
+
+
+async def test_continue_agent_turn_with_two_tool_results(node, model_id):
+    """Continue's _streamChat body after two calls in one turn: calls without ids, bare results,
+    its options (num_ctx, use_mmap, num_thread dropped) and keep_alive in seconds."""
+    tool = {"type": "function", "function": {"name": "read_file", "description": "Read a file",
+                                             "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                            "required": ["path"]}}}
+    messages = [{"role": "user", "content": "Compare a.py and b.py"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "read_file", "arguments": {"path": "a.py"}}},
+                    {"function": {"name": "read_file", "arguments": {"path": "b.py"}}}]},
+                {"role": "tool", "content": "x = 1"}, {"role": "tool", "content": "x = 2"},
+                {"role": "user", "content": "Which is larger?"}]
+    body = {"model": model_id, "messages": messages, "tools": [tool], "keep_alive": 1800, "stream": True,
+            "options": {"temperature": 0, "num_predict": 4, "num_ctx": 8192, "num_thread": 4, "use_mmap": True}}
+    status, text = await call(node, "POST", "/api/chat", body)
+    assert status == 200, text
+    assert json.loads(text.splitlines()[-1])["done"] is True
 
 
 async def test_zed_chat_body_with_its_nulls(node, model_id):

@@ -133,8 +133,8 @@ async def test_a_tool_result_matching_no_pending_call_says_which_are_pending(nod
     assert status == 400
     assert "'call_9f2' matches none" in reply["error"] and "call_1_0 (get_weather), call_1_1 (get_weather)" in reply["error"]
     status, reply = await raw(node, "/api/chat", {"model": model_id, "stream": False, "messages": [
-        *TWO_CALLS, {"role": "tool", "content": "sunny"}]})
-    assert status == 400 and "names neither `tool_call_id` nor `tool_name`" in reply["error"]
+        *TWO_CALLS, {"role": "tool", "content": "sunny", "tool_name": "get_time"}]})
+    assert status == 400 and "tool_name 'get_time' matches none" in reply["error"]
     assert "call_1_0 (get_weather)" in reply["error"]
 
 
