@@ -143,6 +143,12 @@ def _model_info(served: ServedModel) -> dict[str, Any]:
     return info
 
 
+def _parameters(served: ServedModel) -> str:
+    """Ollama's `parameters` text (a Modelfile's PARAMETER lines): `num_ctx`, the context this node
+    serves, which Continue reads from here (not from model_info) to size its prompts."""
+    return f"{'num_ctx':<30} {served.n_ctx}" if served.n_ctx else ""
+
+
 @routes.post("/api/show")
 async def show(request: web.Request) -> web.Response:
     """One model's details, template, metadata and capabilities (`model`, or the older `name`)."""
@@ -154,7 +160,7 @@ async def show(request: web.Request) -> web.Response:
     tok = served.tokenizer
     modified = await asyncio.get_running_loop().run_in_executor(None, _modified, served)
     return web.json_response({
-        "modelfile": "", "parameters": "", "template": (tok.chat_template if tok is not None else None) or "",
+        "modelfile": "", "parameters": _parameters(served), "template": (tok.chat_template if tok is not None else None) or "",
         "license": "", "details": details(served), "model_info": _model_info(served),
         "capabilities": capabilities(served), "modified_at": modified})
 

@@ -7,6 +7,7 @@ integration."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 
 import aiohttp
@@ -67,6 +68,28 @@ async def test_open_webui_finds_the_models_it_lists_and_chats(node, model_id):
     assert [m["model"] for m in running] == [ui_id]
     assert int(datetime.fromisoformat(running[0]["expires_at"]).timestamp()) > 0
     assert listed[ui_id]["name"] == ui_id and ui_id.split(":")[0] == model_id
+
+
+def continue_parameters(text: str) -> dict[str, str]:
+    """Continue's reading of /api/show's `parameters` (Ollama.ts ensureModelInfo): one
+    `key value` per line, matched by this pattern; `num_ctx` becomes its context length."""
+    out = {}
+    for line in text.split("\n"):
+        parts = re.match(r'^(\S+)\s+((?:".*")|\S+)$', line)
+        if parts:
+            out[parts[1]] = parts[2]
+    return out
+
+
+async def test_continue_reads_the_nodes_context_from_parameters(node, model_id):
+    status, text = await call(node, "POST", "/api/show", {"name": model_id})
+    assert status == 200
+    shown = json.loads(text)
+    n_ctx = node.models.get(model_id).n_ctx
+    assert int(continue_parameters(shown["parameters"])["num_ctx"]) == n_ctx  # else it assumes 8192
+    arch = shown["model_info"]["general.architecture"]  # Zed and others read <arch>.context_length
+    assert shown["model_info"][f"{arch}.context_length"] == n_ctx
+    assert [k for k in shown["model_info"] if k.endswith(".context_length")] == [f"{arch}.context_length"]
 
 
 async def test_bare_tool_results_answer_the_calls_in_their_order():
