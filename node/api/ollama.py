@@ -228,7 +228,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if body.get("tools") is not None:
         out["tools"] = body["tools"]
     await async_check_tool_schemas(out)
-    completion = dataclasses.replace(parse_completion(out, "chat"), operation="ollama.chat")
+    # a history past the context loses its oldest messages, as Ollama's (/v1 answers a 400)
+    completion = dataclasses.replace(parse_completion(out, "chat"), operation="ollama.chat", drop_old_messages=True)
     return await serve(request, completion, OllamaDialect(chat=True, named=named))
 
 

@@ -31,7 +31,7 @@ from node.inference import constrain, reasoning
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.logprobs import LogprobTrack
 from node.inference.manager import ModelManager, ServedModel
-from node.inference.prompting import async_prompt
+from node.inference.prompting import async_fitted_prompt
 from node.inference.request import CompletionRequest, Delta, ToolCall
 from node.inference.sampling import SamplingParams
 from node.inference.textstream import TextAssembler
@@ -180,7 +180,12 @@ class CompletionRun:
         reasoning splitter and counter kept for the reply."""
         if served.tokenizer is None:  # its vocabulary could not be read: the recorded failure (a 500, not retried)
             raise self.models.unservable(served)
-        prompt = await async_prompt(self.request, served.tokenizer, served.n_ctx)
+        prompt, fitted, dropped = await async_fitted_prompt(self.request, served.tokenizer, served.n_ctx)
+        if dropped:  # Ollama's /api/chat: the oldest messages dropped to fit the context
+            log.debug("DIAG: history past the context, oldest messages dropped %s", kv(
+                request_id=self.trace.request_id, dropped=dropped, kept=len(fitted.messages),
+                prompt=len(prompt.tokens), n_ctx=served.n_ctx))
+            self.request = fitted
         if prompt.fmt is not None:
             self._thoughts, self._counter, self._wrapper = prompt.thoughts, prompt.counter, prompt.answer
         return prompt.tokens, prompt.fmt

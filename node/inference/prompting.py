@@ -1,10 +1,12 @@
 """A request's prompt as the model reads it: a chat rendered with the model's template and the tools
 (prompt_inputs, the reasoning history, a prefilled reply), a fill-in-the-middle prompt, or the text;
-tokenized off the loop. CompletionRun.prepare (generate.py) and count_tokens use it."""
+tokenized off the loop. CompletionRun.prepare (generate.py) and count_tokens use it. A chat asking
+for it (Ollama's /api/chat) that is past the context is fitted by dropping its oldest messages."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 from node import const
@@ -52,3 +54,40 @@ async def async_prompt(request: CompletionRequest, tok: ModelTokenizer, n_ctx: i
         return Prompt(await loop.run_in_executor(None, tok.infill_tokens, request.prompt, request.suffix,
                                                  request.infill_extra, request.infill_middle, room))
     return Prompt(await loop.run_in_executor(None, tok.tokenize, request.prompt))
+
+
+async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
+                              n_ctx: int) -> tuple[Prompt, CompletionRequest, int]:
+    """The prompt, and for a request with `drop_old_messages` past the context, the prompt of the
+    fewest oldest messages dropped that fits (room for one token): system messages and the last one
+    are kept, and the kept history starts at a user message where one can (a template may refuse a
+    history that opens with a reply or a tool's result). Returns (prompt, the request it renders,
+    the messages dropped). Each try is one render: a binary search over the cut."""
+    prompt = await async_prompt(request, tok, n_ctx)
+    if not request.drop_old_messages or len(prompt.tokens) < n_ctx:
+        return prompt, request, 0
+    messages = request.messages
+    rest = [i for i, m in enumerate(messages) if m.get("role") != "system"]
+    if len(rest) < 2:
+        return prompt, request, 0
+    last = rest[-1]
+    cuts = [i for i in rest[1:-1] if messages[i].get("role") == "user"] + [last]  # the first kept message
+
+    def cut_at(start: int) -> CompletionRequest:
+        kept = tuple(m for i, m in enumerate(messages) if m.get("role") == "system" or i >= start)
+        return dataclasses.replace(request, messages=kept)
+
+    best: tuple[Prompt, CompletionRequest, int] | None = None
+    lo, hi = 0, len(cuts) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        trimmed = cut_at(cuts[mid])
+        tried = await async_prompt(trimmed, tok, n_ctx)
+        if len(tried.tokens) < n_ctx:
+            best, hi = (tried, trimmed, sum(1 for i in rest if i < cuts[mid])), mid - 1
+        else:
+            lo = mid + 1
+    if best is None:  # the last message alone is past the context: its 400 says so
+        trimmed = cut_at(last)
+        return await async_prompt(trimmed, tok, n_ctx), trimmed, len(rest) - 1
+    return best

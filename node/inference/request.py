@@ -115,6 +115,9 @@ class CompletionRequest:
     # the request's chat_template_kwargs (enable_thinking, ...), given to the chat template
     template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     operation: str = ""  # the API operation for the trace ("chat.completions", "messages", "responses", ...)
+    # Ollama's /api/chat: a history past the context loses its oldest messages (system ones and the
+    # last kept) until it fits, as Ollama's chatPrompt does; every other route answers a 400
+    drop_old_messages: bool = False
 
     @property
     def prompt_param(self) -> str:

@@ -7,6 +7,7 @@ integration."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from datetime import datetime
 
@@ -139,3 +140,41 @@ async def test_zed_chat_body_with_its_nulls(node, model_id):
         assert isinstance(piece["model"], str) and isinstance(piece["created_at"], str)
         assert piece["message"]["role"] == "assistant" and isinstance(piece["message"]["content"], str)
     assert piece["done"] is True and isinstance(piece["eval_count"], int)
+
+
+def long_chat(turns: int) -> list[dict]:
+    """A system message, then `turns` user/assistant exchanges, then the question: past 1024 tokens."""
+    out = [{"role": "system", "content": "You answer questions about Python's standard library."}]
+    for i in range(turns):
+        out += [{"role": "user", "content": f"Question {i}: what does os.path.join do with several parts?"},
+                {"role": "assistant", "content": f"Answer {i}: it joins the parts with the separator, in order."}]
+    return [*out, {"role": "user", "content": "What does os.path.join do?"}]
+
+
+async def test_a_chat_past_the_context_drops_its_oldest_messages_as_ollama_does(node, model_id, caplog):
+    """Open WebUI sends a long chat whole; Ollama drops its oldest messages (keeping the system
+    message and the last one) until it fits. /v1 still answers a 400, as OpenAI does."""
+    n_ctx = node.models.get(model_id).n_ctx
+    chat = long_chat(40)
+    greedy = {"temperature": 0, "num_predict": 4}
+    status, text = await call(node, "POST", "/v1/chat/completions", {"model": model_id, "messages": chat, "max_tokens": 4})
+    assert status == 400 and "context" in text
+    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
+                                                          "options": greedy})
+    assert status == 200, text
+    reply = json.loads(text)
+    assert 0 < reply["prompt_eval_count"] < n_ctx
+    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()]
+    dropped = int(re.search(r"dropped=(\d+)", said[-1])[1])
+    assert dropped % 2 == 0 and 0 < dropped < len(chat) - 2  # whole exchanges: the kept history opens with a user
+    kept = [chat[0], *chat[1 + dropped:]]  # the system message, and the newest messages to the last
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": kept, "stream": False,
+                                                          "options": greedy})
+    same = json.loads(text)
+    assert status == 200 and same["prompt_eval_count"] == reply["prompt_eval_count"]
+    assert same["message"]["content"] == reply["message"]["content"]
+    one_more = [chat[0], *chat[1 + dropped - 2:]]  # the fewest dropped: one exchange more does not fit
+    status, text = await call(node, "POST", "/v1/chat/completions", {"model": model_id, "messages": one_more,
+                                                                     "max_tokens": 1})
+    assert status == 400 and "context" in text
