@@ -18,7 +18,7 @@ from aiohttp import web
 from node.api.appkeys import NODE
 from node.api.errors import read_json
 from node.errors import InvalidRequest
-from node.inference.manager import ServedModel
+from node.inference.manager import LATEST_TAG, ServedModel
 from node.inference.reasoning import think_tags
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ routes = web.RouteTableDef()
 # the Ollama API version this dialect follows (docs/api.md as of Ollama 0.13); apps read it to
 # know a server speaks Ollama, some to pick newer fields
 OLLAMA_API_VERSION = "0.13.0"
-_NEVER = "9999-12-31T23:59:59Z"
-TAG = ":latest"  # the tag Ollama lists an untagged model under  # /api/ps' expires_at: a model stays loaded here (no keep_alive timer)
+_NEVER = "9999-12-31T23:59:59Z"  # /api/ps' expires_at: a model stays loaded here (no keep_alive timer)
+TAG = LATEST_TAG  # the tag Ollama lists an untagged model under
 
 
 def model_name(value: Any, param: str = "model") -> str:

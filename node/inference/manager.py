@@ -33,6 +33,8 @@ from node.observe import Observers
 
 log = logging.getLogger(__name__)
 
+LATEST_TAG = ":latest"  # how Ollama lists a model (the Ollama dialect's /api/tags): the model itself
+
 States = ("unloaded", "loading", "loaded", "unloading", "failed")  # whole models; else "slices" or "swarm"
 
 
@@ -209,7 +211,10 @@ class ModelManager:
         return served_context(entry.context_length, self.config.n_ctx, self.config.max_ctx)
 
     def get(self, model_id: str) -> ServedModel:
-        """The served model for an id, name or hash prefix (404 if unknown here)."""
+        """The served model for an id, name or hash prefix (404 if unknown here); `:latest` after it
+        is Ollama's listing of it (/api/tags), which apps then send to /v1 too (GitHub Copilot Chat's
+        Ollama connection: review r46, every /v1 route was a 404)."""
+        model_id = model_id.removesuffix(LATEST_TAG)
         entry = self.catalog.resolve(model_id)
         served = self._served.get(entry.id)
         if served is None:  # catalogued a moment before its registration (a scan, a swarm header)
@@ -221,7 +226,7 @@ class ModelManager:
         try:
             return self.get(model_id)
         except ModelNotFound:
-            if self.swarm_lookup is None or not await self.swarm_lookup(model_id):
+            if self.swarm_lookup is None or not await self.swarm_lookup(model_id.removesuffix(LATEST_TAG)):
                 raise
         return self.get(model_id)
 

@@ -178,3 +178,20 @@ async def test_a_chat_past_the_context_drops_its_oldest_messages_as_ollama_does(
     status, text = await call(node, "POST", "/v1/chat/completions", {"model": model_id, "messages": one_more,
                                                                      "max_tokens": 1})
     assert status == 400 and "context" in text
+
+
+async def test_the_listed_latest_name_works_on_the_v1_routes_too(node, model_id):
+    """GitHub Copilot Chat's Ollama connection reads the names /api/tags lists (`<id>:latest`) and
+    chats on <base>/v1 with them: every /v1 route answered 404 for the tagged name (review r46)."""
+    status, text = await call(node, "GET", "/api/tags")
+    [listed] = [m["name"] for m in json.loads(text)["models"] if m["name"].startswith(model_id)]
+    assert listed == f"{model_id}:latest"
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+                       ("/v1/completions", {"prompt": "import os", "max_tokens": 2}),
+                       ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+                       ("/v1/embeddings", {"input": "import os"})):
+        status, text = await call(node, "POST", path, {"model": listed, **body})
+        assert status == 200, (path, text)
+    status, text = await call(node, "POST", "/v1/chat/completions",
+                              {"model": f"{model_id}:q4", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 404, text  # (another tag is another model: not this one on /v1)
