@@ -137,6 +137,7 @@ def _history(messages: list) -> list[dict[str, Any]]:
     `tool_name`, else, naming neither, the oldest unanswered call)."""
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (id, name) of calls not yet answered
+    latest: set[str] = set()  # the ids of the latest assistant message's calls
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
@@ -157,6 +158,8 @@ def _history(messages: list) -> list[dict[str, Any]]:
             if not isinstance(calls, list):
                 raise InvalidRequest(f"messages[{i}].tool_calls must be a list", param=f"messages[{i}].tool_calls")
             converted = []
+            if calls:
+                latest = set()
             for j, call in enumerate(calls):
                 where = f"messages[{i}].tool_calls[{j}]"
                 fn = call.get("function") if isinstance(call, dict) else None
@@ -166,22 +169,26 @@ def _history(messages: list) -> list[dict[str, Any]]:
                 converted.append({"id": call_id, "type": "function", "function": {
                     "name": fn["name"], "arguments": _arguments(fn.get("arguments", {}), f"{where}.function.arguments")}})
                 pending.append((call_id, fn["name"]))
+                latest.add(call_id)
             if converted:
                 entry["tool_calls"] = converted
         elif role == "tool":
-            entry["tool_call_id"] = _answered(msg, i, pending)
+            entry["tool_call_id"] = _answered(msg, i, pending, latest)
         out.append(entry)
     return out
 
 
-def _answered(msg: dict, i: int, pending: list[tuple[str, str]]) -> str:
-    """The id of the call a tool message answers (taken off `pending`)."""
+def _answered(msg: dict, i: int, pending: list[tuple[str, str]], latest: set[str]) -> str:
+    """The id of the call a tool message answers (taken off `pending`): by id; else by name or, naming
+    neither, the oldest unanswered call, of the latest assistant message's calls first (review r46: a
+    call an earlier turn left unanswered took a later turn's result)."""
     wanted_id, name = msg.get("tool_call_id"), msg.get("tool_name") or msg.get("name")
     match = next((c for c in pending if c[0] == wanted_id), None) if wanted_id else None
+    ordered = [c for c in pending if c[0] in latest] + [c for c in pending if c[0] not in latest]
     if match is None and name:
-        match = next((c for c in pending if c[1] == name), None)
+        match = next((c for c in ordered if c[1] == name), None)
     if match is None and pending and not wanted_id and not name:
-        match = pending[0]  # results in the calls' order, as Continue and Home Assistant send them
+        match = ordered[0]  # results in the calls' order, as Continue and Home Assistant send them
     if match is None:
         what = f"tool {name!r}" if name else "a tool"
         if not pending:

@@ -174,10 +174,60 @@ async def test_a_chat_past_the_context_drops_its_oldest_messages_as_ollama_does(
     same = json.loads(text)
     assert status == 200 and same["prompt_eval_count"] == reply["prompt_eval_count"]
     assert same["message"]["content"] == reply["message"]["content"]
-    one_more = [chat[0], *chat[1 + dropped - 2:]]  # the fewest dropped: one exchange more does not fit
+    assert reply["prompt_eval_count"] + greedy["num_predict"] <= n_ctx  # room for the reply asked (review r46)
+    one_more = [chat[0], *chat[1 + dropped - 2:]]  # the fewest dropped: one exchange more leaves no such room
     status, text = await call(node, "POST", "/v1/chat/completions", {"model": model_id, "messages": one_more,
                                                                      "max_tokens": 1})
-    assert status == 400 and "context" in text
+    assert (status == 400 and "context" in text) or \
+        json.loads(text)["usage"]["prompt_tokens"] + greedy["num_predict"] > n_ctx, text
+
+
+async def test_a_trimmed_chat_leaves_its_reply_the_room_it_asks(node, model_id):
+    """Review r46: the cut left room for one token, so a trimmed chat's reply stopped at whatever
+    room the cut happened to leave ("length" after 1..50 tokens, whatever num_predict said)."""
+    n_ctx = node.models.get(model_id).n_ctx
+    for num_predict in (40, None):
+        options = {"temperature": 0, **({"num_predict": num_predict} if num_predict else {})}
+        status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": long_chat(40),
+                                                              "stream": False, "options": options})
+        assert status == 200, text
+        reply = json.loads(text)
+        assert reply["prompt_eval_count"] + (num_predict or n_ctx // 4) <= n_ctx, reply
+
+
+def agent_loop(calls: int) -> list[dict]:
+    """Continue's agent mode / Home Assistant: one user message (the task), then calls and their
+    results, the last message a tool result: past the context."""
+    out = [{"role": "system", "content": "You edit Python files."},
+           {"role": "user", "content": "Rename the function join_paths to join in every module."}]
+    for i in range(calls):
+        out += [{"role": "assistant", "content": "",
+                 "tool_calls": [{"function": {"name": "read_file", "arguments": {"path": f"pkg/m{i}.py"}}}]},
+                {"role": "tool", "tool_name": "read_file",
+                 "content": f"# module {i}\n" + "def join_paths(a, b):\n    return os.path.join(a, b)\n" * 3}]
+    return out
+
+
+async def test_an_agent_loop_past_the_context_keeps_its_task_and_its_latest_calls(node, model_id, caplog):
+    """Review r46: with one user message and then calls and results, the only cut at a user message
+    was the last message: the task and every call were dropped, the last tool result alone left. The
+    loop is cut before a call (its result kept with it), the task kept before it."""
+    loop = agent_loop(30)
+    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": loop, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 8}})
+    assert status == 200, text
+    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()][-1]
+    dropped, kept = int(re.search(r"dropped=(\d+)", said)[1]), int(re.search(r"kept=(\d+)", said)[1])
+    assert dropped % 2 == 0 and dropped > 0 and kept == len(loop) - dropped, said  # whole call/result pairs
+    assert kept >= 4, said  # system, task, at least one call and its result
+    fitted = [loop[0], loop[1], *loop[2 + dropped:]]
+    assert fitted[2]["role"] == "assistant" and fitted[2]["tool_calls"] and fitted[-1] == loop[-1]
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": fitted, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 8}})
+    assert status == 200 and json.loads(text)["message"] == json.loads((await call(
+        node, "POST", "/api/chat", {"model": model_id, "messages": loop, "stream": False,
+                                    "options": {"temperature": 0, "num_predict": 8}}))[1])["message"]
 
 
 async def test_the_listed_latest_name_works_on_the_v1_routes_too(node, model_id):

@@ -157,3 +157,22 @@ async def test_a_capitalised_role_is_read_as_ollama_reads_it(client, model_id):
                                                         {"role": "user", "content": "hi"}],
                               options={"temperature": 0, "num_predict": 4})
     assert reply.done and reply.message.content == lower.message.content
+
+
+def test_a_bare_tool_result_answers_the_latest_turns_call_not_one_an_earlier_turn_left():
+    """Review r46: turn 1 called `search` twice and answered once; turn 2 called `get_time` and sent
+    a result naming no call: it was matched to turn 1's unanswered `search`."""
+    from node.api.ollama import _history
+
+    call = lambda name: {"function": {"name": name, "arguments": {}}}  # noqa: E731
+    history = _history([
+        {"role": "user", "content": "find two things"},
+        {"role": "assistant", "content": "", "tool_calls": [call("search"), call("search")]},
+        {"role": "tool", "content": "first"},
+        {"role": "user", "content": "what time is it?"},
+        {"role": "assistant", "content": "", "tool_calls": [call("get_time")]},
+        {"role": "tool", "content": "noon"},
+        {"role": "tool", "content": "late second search", "tool_name": "search"}])
+    time_call = history[4]["tool_calls"][0]["id"]
+    assert history[5]["tool_call_id"] == time_call
+    assert history[6]["tool_call_id"] == history[1]["tool_calls"][1]["id"]  # by name: the one left
