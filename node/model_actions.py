@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.errors import ModelNotFound, ModelUnavailable
+from node.inference.manager import LATEST_TAG
 from node.models.download import DownloadJob
 from node.stopping import end_runs
 
@@ -46,8 +47,9 @@ class ModelActions:
 
     def openai_model(self, name: str) -> dict[str, Any]:
         """One /v1/models entry by id or readable name; ModelNotFound otherwise."""
+        wanted = name.removesuffix(LATEST_TAG)  # (Ollama's listing of it: review r47)
         for model in self.list_openai_models():
-            if model["id"] == name or model.get("name") == name:
+            if model["id"] == wanted or model.get("name") == wanted:
                 return model
         raise ModelNotFound(f"The model `{name}` does not exist on this node", param="model")
 

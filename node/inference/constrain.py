@@ -209,7 +209,8 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             if isinstance(schema, bool):
                 schema = {} if schema else {"not": {}}
             schema = pydantic_types(schema)  # set[str], Path, SecretStr, ...: was a 400 (2026-12-07)
-            schema = bounded_integers(schema)  # 19 digits: a weak model wrote digits forever
+            lenient = isinstance(schema, dict) and bool((schema.get("x-guidance") or {}).get("lenient"))
+            schema = bounded_integers(schema, lenient=lenient)  # 19 digits: a weak model wrote digits forever
             if '"allOf"' not in json.dumps(schema):  # allOf merges objects: closing each part would
                 schema = closed_objects(schema)     # make the whole unsatisfiable
             schema = {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}

@@ -214,8 +214,13 @@ class ModelManager:
         """The served model for an id, name or hash prefix (404 if unknown here); `:latest` after it
         is Ollama's listing of it (/api/tags), which apps then send to /v1 too (GitHub Copilot Chat's
         Ollama connection: review r46, every /v1 route was a 404)."""
-        model_id = model_id.removesuffix(LATEST_TAG)
-        entry = self.catalog.resolve(model_id)
+        asked, model_id = model_id, model_id.removesuffix(LATEST_TAG)
+        try:
+            entry = self.catalog.resolve(model_id)
+        except ModelNotFound as exc:  # named as the client sent it (review r47: `nosuch` for `nosuch:latest`)
+            if asked == model_id:
+                raise
+            raise ModelNotFound(exc.message.replace(f"`{model_id}`", f"`{asked}`"), param=exc.param) from None
         served = self._served.get(entry.id)
         if served is None:  # catalogued a moment before its registration (a scan, a swarm header)
             raise ModelNotFound(f"The model `{model_id}` is not ready on this node yet", param="model")

@@ -58,42 +58,46 @@ async def async_prompt(request: CompletionRequest, tok: ModelTokenizer, n_ctx: i
 
 async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
                               n_ctx: int) -> tuple[Prompt, CompletionRequest, int]:
-    """The prompt, and for a request with `drop_old_messages` past the context, the prompt of the
-    fewest oldest messages dropped that fits with room for its reply: system messages and the last
-    one are kept, and the kept history starts at a user message (a template may refuse a history
-    that opens with a reply or a tool's result). An agent loop (one user message, then calls and
-    their results) is cut before an assistant message that makes calls, its results kept with it,
-    the first user message (the task) kept before it (review r46: the cut fell on the last tool
-    result alone, the task and every call dropped; Gemma's template then rendered no turn at all).
-    Returns (prompt, the request it renders, the messages dropped). Each try is one render: a
-    binary search over each kind of cut."""
+    """The prompt, and for a request with `drop_old_messages` without room for its reply, the prompt
+    of the fewest oldest messages dropped that leaves it that room: system messages and the last one
+    are kept, and the kept history starts at a user message (a template may refuse a history that
+    opens with a reply or a tool's result). An agent loop (a user message, then calls and their
+    results) is cut before an assistant message that makes calls, its results kept with it, the
+    task (the latest user message before it) kept before it (review r46: the cut fell on the last
+    tool result alone, the task and every call dropped; review r47: the oldest task was kept, not the
+    current one). A history ending in a tool result that cannot keep a user turn is not cut (the
+    context's 400; a template refused a lone tool result: review r47). Returns (prompt, the request it
+    renders, the messages dropped). Each try is one render: a binary search over each kind of cut."""
     prompt = await async_prompt(request, tok, n_ctx)
-    if not request.drop_old_messages or len(prompt.tokens) < n_ctx:
+    if not request.drop_old_messages:
+        return prompt, request, 0
+    # room for the reply: what it asks (up to a quarter of the context), else a quarter (review r46:
+    # fitted to leave one token, the reply was cut at whatever room the cut happened to leave; r47: a
+    # chat one token under the context was not fitted at all)
+    asked = request.params.max_tokens
+    room = max(1, min(asked if asked is not None and asked > 0 else n_ctx, n_ctx // 4))
+    if len(prompt.tokens) + room <= n_ctx:
         return prompt, request, 0
     messages = request.messages
     rest = [i for i, m in enumerate(messages) if m.get("role") != "system"]
     if len(rest) < 2:
         return prompt, request, 0
     last = rest[-1]
-    # room for the reply: what it asks (up to a quarter of the context), else a quarter (review r46:
-    # fitted to leave one token, the reply was cut at whatever room the cut happened to leave)
-    asked = request.params.max_tokens
-    room = max(1, min(asked if asked is not None else n_ctx, n_ctx // 4))
-    first_user = next((i for i in rest if messages[i].get("role") == "user"), None)
+    task = max((i for i in rest[:-1] if messages[i].get("role") == "user"), default=None)
 
-    def cut_at(start: int, task: int | None = None) -> CompletionRequest:
-        kept = tuple(m for i, m in enumerate(messages) if m.get("role") == "system" or i >= start or i == task)
+    def cut_at(start: int, keep: int | None = None) -> CompletionRequest:
+        kept = tuple(m for i, m in enumerate(messages) if m.get("role") == "system" or i >= start or i == keep)
         return dataclasses.replace(request, messages=kept)
 
-    async def earliest(cuts: list[int], task: int | None) -> tuple[Prompt, CompletionRequest, int] | None:
+    async def earliest(cuts: list[int], keep: int | None) -> tuple[Prompt, CompletionRequest, int] | None:
         best = None
         lo, hi = 0, len(cuts) - 1
         while lo <= hi:
             mid = (lo + hi) // 2
-            trimmed = cut_at(cuts[mid], task)
+            trimmed = cut_at(cuts[mid], keep)
             tried = await async_prompt(trimmed, tok, n_ctx)
             if len(tried.tokens) + room <= n_ctx:
-                dropped = sum(1 for i in rest if i < cuts[mid] and i != task)
+                dropped = sum(1 for i in rest if i < cuts[mid] and i != keep)
                 best, hi = (tried, trimmed, dropped), mid - 1
             else:
                 lo = mid + 1
@@ -101,13 +105,13 @@ async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
 
     user_cuts = [i for i in rest[1:-1] if messages[i].get("role") == "user"]
     found = await earliest(user_cuts, None)
-    if found is None and first_user is not None:
-        call_cuts = [i for i in rest if i > first_user + 1 and i != last and messages[i].get("role") == "assistant"
+    if found is None and task is not None:
+        call_cuts = [i for i in rest if task + 1 < i < last and messages[i].get("role") == "assistant"
                      and messages[i].get("tool_calls")]
-        found = await earliest(call_cuts, first_user)
-    if found is None:
+        found = await earliest(call_cuts, task)
+    if found is None and messages[last].get("role") != "tool":
         found = await earliest([last], None)
-    if found is None:  # the last message alone is past the context: its 400 says so
+    if found is None and messages[last].get("role") != "tool":  # the last message alone: its 400 if past
         trimmed = cut_at(last)
         return await async_prompt(trimmed, tok, n_ctx), trimmed, len(rest) - 1
-    return found
+    return found or (prompt, request, 0)

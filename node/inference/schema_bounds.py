@@ -33,12 +33,26 @@ def _too_big(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and abs(value) > EXACT_INTEGER
 
 
-def _exact(schema: dict[str, Any]) -> None:
-    values = [schema["const"]] if "const" in schema else []
-    values += schema["enum"] if isinstance(schema.get("enum"), list) else []
-    if big := next((v for v in values if _too_big(v)), None):
-        raise UnholdableInteger(f"the JSON schema's integer {big} is beyond ±2**53, which constrained decoding "
+def _exact(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
+    """`schema`, or UnholdableInteger for a `const`/`enum` integer beyond ±2**53. A lenient schema
+    (a tool's: one tool a grammar cannot hold must not fail every request that lists it, review r47)
+    loses those values instead: a `const` whole, an `enum` the values it cannot hold (all of them: the
+    `enum` whole)."""
+    big = [schema["const"]] if "const" in schema and _too_big(schema["const"]) else []
+    big += [v for v in schema["enum"] if _too_big(v)] if isinstance(schema.get("enum"), list) else []
+    if not big:
+        return schema
+    if not lenient:
+        raise UnholdableInteger(f"the JSON schema's integer {big[0]} is beyond ±2**53, which constrained decoding "
                                 "cannot write exactly (it would come back rounded)")
+    out = {k: v for k, v in schema.items() if k != "const" or not _too_big(v)}
+    if isinstance(out.get("enum"), list):
+        kept = [v for v in out["enum"] if not _too_big(v)]
+        if kept:
+            out["enum"] = kept
+        else:
+            del out["enum"]
+    return out
 
 
 def _is_integer(schema: dict[str, Any]) -> bool:
@@ -46,31 +60,38 @@ def _is_integer(schema: dict[str, Any]) -> bool:
     return kind == "integer" or (isinstance(kind, list) and "integer" in kind)
 
 
-def _given(schema: dict[str, Any], *keys: str) -> float | None:
-    values = [v for k in keys if isinstance(v := schema.get(k), int | float) and not isinstance(v, bool)]
-    return values[0] if values else None
+def _number(schema: dict[str, Any], key: str) -> float | None:
+    v = schema.get(key)
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _bound(schema: dict[str, Any]) -> dict[str, Any]:
-    _exact(schema)
+def _bound(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
+    schema = _exact(schema, lenient)
     if not _is_integer(schema) or "const" in schema or "enum" in schema:
         return schema
     out = dict(schema)
-    low, high = _given(schema, "minimum", "exclusiveMinimum"), _given(schema, "maximum", "exclusiveMaximum")
+    lows = [v for k in ("minimum", "exclusiveMinimum") if (v := _number(schema, k)) is not None]
+    highs = [v for k in ("maximum", "exclusiveMaximum") if (v := _number(schema, k)) is not None]
+    low, high = max(lows, default=None), min(highs, default=None)  # the bounds in force
     if high is not None and high <= -MAX_INTEGER:
+        if lenient:
+            return schema  # (as before: llguidance's own word on it)
         raise UnholdableInteger(f"the JSON schema's integers below {high} cannot be held by constrained decoding "
                                 f"(it holds integers from -{MAX_INTEGER})")
-    # a side the client bounded is theirs (narrowed only where llguidance cannot compile it: the
-    # replies stay within it); the other is added where it cannot clash with it
-    if low is None or low < -MAX_INTEGER:
-        out.pop("exclusiveMinimum", None)
+    # a side the client bounded is theirs; a lower bound llguidance cannot compile (below -9e18) is
+    # narrowed to -MAX_INTEGER, only that key (review r47: an exclusiveMinimum beside it was dropped);
+    # the replies stay within the client's bounds. The open side is added where it cannot clash.
+    for key in ("minimum", "exclusiveMinimum"):
+        if (v := _number(out, key)) is not None and v < -MAX_INTEGER:
+            del out[key]
+    if _number(out, "minimum") is None and _number(out, "exclusiveMinimum") is None:
         out["minimum"] = -MAX_INTEGER
     if high is None:
         out["maximum"] = MAX_INTEGER if low is None or low < MAX_INTEGER else INT64_MAX
     return out
 
 
-def bounded_integers(schema: Any) -> Any:
+def bounded_integers(schema: Any, *, lenient: bool = False) -> Any:
     """The schema with every integer given a 19-digit bound (MAX_INTEGER) on a side it leaves open;
-    UnholdableInteger for one it cannot hold."""
-    return each_subschema(schema, _bound)
+    UnholdableInteger for one it cannot hold (`lenient`, a tool's schema: those values dropped)."""
+    return each_subschema(schema, lambda sub: _bound(sub, lenient))

@@ -227,6 +227,17 @@ def test_integers_get_19_digits_on_the_sides_the_schema_leaves_open(tiny_tok):
                   {"type": "integer", "maximum": -9_100_000_000_000_000_000}):
         with pytest.raises(Unsupported, match="constrained decoding"):
             constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(given)))
+    # ... but in a tool's schema (lenient) the values it cannot hold are dropped: one tool with a
+    # snowflake-id enum made every request listing it a 400 (review r47)
+    tool = {"type": "object", "properties": {"channel": {"type": "integer", "enum": [1234567890123456789, 7]},
+                                             "id": {"const": 2**60}},
+            "required": ["channel"], "x-guidance": {"lenient": True}}
+    constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(tool)), param="tools")
+    assert _accepts(tiny_tok, tool, '{"channel":7}')
+    # a bound narrowed where llguidance cannot compile it leaves the client's other bound in force
+    both = {"type": "integer", "minimum": -(2**63), "exclusiveMinimum": 5}
+    assert bounded_integers(both) == {"type": "integer", "exclusiveMinimum": 5, "maximum": MAX_INTEGER}
+    assert not _accepts(tiny_tok, both, "0") and _accepts(tiny_tok, both, "6")
 
 
 def test_logit_bias_outside_the_vocabulary(tiny_tok):

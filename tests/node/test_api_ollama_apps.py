@@ -245,3 +245,66 @@ async def test_the_listed_latest_name_works_on_the_v1_routes_too(node, model_id)
     status, text = await call(node, "POST", "/v1/chat/completions",
                               {"model": f"{model_id}:q4", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
     assert status == 404, text  # (another tag is another model: not this one on /v1)
+    status, text = await call(node, "GET", f"/v1/models/{listed}")  # (review r47: a 404)
+    assert status == 200 and json.loads(text)["id"] == model_id, text
+    status, text = await call(node, "POST", "/v1/chat/completions", {"model": "nosuch:latest", "max_tokens": 2,
+                                                                     "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 404 and "`nosuch:latest`" in text, text  # named as sent (it said `nosuch`)
+
+
+async def _prompt_tokens(node, model_id, messages) -> int | None:
+    """The prompt's tokens on /v1 (None: past the context there)."""
+    status, text = await call(node, "POST", "/v1/chat/completions", {"model": model_id, "messages": messages,
+                                                                     "max_tokens": 1})
+    return json.loads(text)["usage"]["prompt_tokens"] if status == 200 else None
+
+
+async def test_a_chat_just_under_the_context_is_fitted_for_its_reply_too(node, model_id, caplog):
+    """Review r47: a chat a token under the context was served as it was, its reply cut to the one
+    token left ("length"), where one token more would have been trimmed with room for it."""
+    n_ctx = node.models.get(model_id).n_ctx
+    turns = 1
+    while (n := await _prompt_tokens(node, model_id, long_chat(turns + 1))) is not None and n <= n_ctx - 200:
+        turns += 1
+    turns += 1  # the first chat past n_ctx - 200 (or past the context: then the one before it)
+    if await _prompt_tokens(node, model_id, long_chat(turns)) is None:
+        turns -= 1
+    assert (await _prompt_tokens(node, model_id, long_chat(turns))) is not None, "no chat just under the context"
+    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": long_chat(turns),
+                                                          "stream": False, "options": {"temperature": 0, "num_predict": 200}})
+    assert status == 200, text
+    assert json.loads(text)["prompt_eval_count"] + 200 <= n_ctx
+    assert any("oldest messages dropped" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_agent_loop_of_a_later_task_keeps_that_task_not_the_first(node, model_id, caplog):
+    """Review r47: old task, reply, new task, then a long loop: the fitted history kept the OLD task
+    and dropped the one the calls were working on."""
+    loop = agent_loop(30)
+    chat = [loop[0], {"role": "user", "content": "OLD TASK: write a poem about paths."},
+            {"role": "assistant", "content": "Paths join, parts align."}, *loop[1:]]  # loop[1]: the new task
+    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 8}})
+    assert status == 200, text
+    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()][-1]
+    dropped = int(re.search(r"dropped=(\d+)", said)[1])
+    fitted = [chat[0], chat[3], *chat[4 + dropped - 2:]]  # the old task and its reply dropped, then call pairs
+    assert fitted[2]["role"] == "assistant" and fitted[2]["tool_calls"], said
+    status, again = await call(node, "POST", "/api/chat", {"model": model_id, "messages": fitted, "stream": False,
+                                                           "options": {"temperature": 0, "num_predict": 8}})
+    assert status == 200 and json.loads(again)["prompt_eval_count"] == json.loads(text)["prompt_eval_count"]
+
+
+async def test_a_loop_whose_task_leaves_no_room_for_a_call_is_the_contexts_400_not_a_lone_tool_result(node, model_id):
+    """Review r47: a task of most of the context, then calls: the history was cut to the last tool
+    result alone (Qwen3's template: "No user query found in messages"); now the context's 400."""
+    n_ctx = node.models.get(model_id).n_ctx
+    loop = agent_loop(6)
+    big = "Rename join_paths to join in this file:\n" + "def join_paths(a, b):\n    return os.path.join(a, b)\n" * 40
+    loop[1] = {"role": "user", "content": big}
+    assert (await _prompt_tokens(node, model_id, [loop[0], loop[1]])) > n_ctx * 3 // 4  # (the task alone)
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": loop, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 8}})
+    assert status == 400 and "context" in text, text
