@@ -59,37 +59,42 @@ async def async_prompt(request: CompletionRequest, tok: ModelTokenizer, n_ctx: i
 async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
                               n_ctx: int) -> tuple[Prompt, CompletionRequest, int]:
     """The prompt, and for a request with `drop_old_messages` without room for its reply, the prompt
-    of the fewest oldest messages dropped that leaves it that room: system messages and the last one
-    are kept, and the kept history starts at a user message (a template may refuse a history that
+    of the fewest oldest messages dropped that leaves it that room: system messages and the last
+    message are kept (an assistant prefill as the last message with the user message before it:
+    review r48), and the kept history starts at a user message (a template may refuse a history that
     opens with a reply or a tool's result). An agent loop (a user message, then calls and their
-    results) is cut before an assistant message that makes calls, its results kept with it, the
-    task (the latest user message before it) kept before it (review r46: the cut fell on the last
-    tool result alone, the task and every call dropped; review r47: the oldest task was kept, not the
-    current one). A history ending in a tool result that cannot keep a user turn is not cut (the
-    context's 400; a template refused a lone tool result: review r47). Returns (prompt, the request it
-    renders, the messages dropped). Each try is one render: a binary search over each kind of cut."""
+    results) is cut before an assistant message that makes calls, its results kept with it, the task
+    (the latest user message before it) kept before it (review r46: the cut fell on the last tool
+    result alone; r47: the oldest task was kept). When no cut leaves the room, a chat within the
+    context is served whole (its reply gets what is left; review r48: it lost its whole history), and
+    one past it is cut where it first fits at all; a history ending in a tool result that cannot keep
+    a user turn is not cut (the context's 400; review r47). Returns (prompt, the request it renders,
+    the messages dropped). Each try is one render: a binary search over each kind of cut."""
     prompt = await async_prompt(request, tok, n_ctx)
     if not request.drop_old_messages:
         return prompt, request, 0
     # room for the reply: what it asks (up to a quarter of the context), else a quarter (review r46:
-    # fitted to leave one token, the reply was cut at whatever room the cut happened to leave; r47: a
-    # chat one token under the context was not fitted at all)
+    # fitted to leave one token, the reply was cut at whatever room the cut happened to leave)
     asked = request.params.max_tokens
-    room = max(1, min(asked if asked is not None and asked > 0 else n_ctx, n_ctx // 4))
-    if len(prompt.tokens) + room <= n_ctx:
+    wanted = max(1, min(asked if asked is not None and asked > 0 else n_ctx, n_ctx // 4))
+    if len(prompt.tokens) + wanted <= n_ctx:
         return prompt, request, 0
     messages = request.messages
     rest = [i for i, m in enumerate(messages) if m.get("role") != "system"]
     if len(rest) < 2:
         return prompt, request, 0
     last = rest[-1]
-    task = max((i for i in rest[:-1] if messages[i].get("role") == "user"), default=None)
+    users = [i for i in rest if messages[i].get("role") == "user"]
+    unit = last  # the last message and what must stay with it
+    if messages[last].get("role") == "assistant" and not messages[last].get("tool_calls"):
+        unit = max((i for i in users if i < last), default=last)  # a prefill: its question with it
+    task = max((i for i in users if i < unit), default=None)
 
     def cut_at(start: int, keep: int | None = None) -> CompletionRequest:
         kept = tuple(m for i, m in enumerate(messages) if m.get("role") == "system" or i >= start or i == keep)
         return dataclasses.replace(request, messages=kept)
 
-    async def earliest(cuts: list[int], keep: int | None) -> tuple[Prompt, CompletionRequest, int] | None:
+    async def earliest(cuts: list[int], keep: int | None, room: int) -> tuple[Prompt, CompletionRequest, int] | None:
         best = None
         lo, hi = 0, len(cuts) - 1
         while lo <= hi:
@@ -103,15 +108,17 @@ async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
                 lo = mid + 1
         return best
 
-    user_cuts = [i for i in rest[1:-1] if messages[i].get("role") == "user"]
-    found = await earliest(user_cuts, None)
-    if found is None and task is not None:
-        call_cuts = [i for i in rest if task + 1 < i < last and messages[i].get("role") == "assistant"
-                     and messages[i].get("tool_calls")]
-        found = await earliest(call_cuts, task)
-    if found is None and messages[last].get("role") != "tool":
-        found = await earliest([last], None)
-    if found is None and messages[last].get("role") != "tool":  # the last message alone: its 400 if past
-        trimmed = cut_at(last)
-        return await async_prompt(trimmed, tok, n_ctx), trimmed, len(rest) - 1
+    user_cuts = [i for i in users if rest[0] < i < unit]
+    call_cuts = [i for i in rest if task is not None and task + 1 < i < unit
+                 and messages[i].get("role") == "assistant" and messages[i].get("tool_calls")]
+    # the last unit alone: a user turn, or (no user message at all) the last message
+    unit_cut = [unit] if messages[unit].get("role") == "user" or not users else []
+
+    async def search(room: int) -> tuple[Prompt, CompletionRequest, int] | None:
+        return (await earliest(user_cuts, None, room) or await earliest(call_cuts, task, room)
+                or await earliest(unit_cut, None, room))
+
+    found = await search(wanted)
+    if found is None and len(prompt.tokens) >= n_ctx:  # past the context: where it fits at all
+        found = await search(1)
     return found or (prompt, request, 0)

@@ -29,30 +29,54 @@ class UnholdableInteger(ValueError):
     wholly below -9e18 (llguidance cannot compile one)."""
 
 
-def _too_big(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > EXACT_INTEGER
+def _too_big(value: Any, integer: bool = True) -> bool:
+    """An integer llguidance cannot hold exactly: an int beyond ±2**53, or, where an integer is
+    meant, a float of an integer's value beyond it (1e20: clamped to INT64_MAX; review r48)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) > EXACT_INTEGER
+    return integer and isinstance(value, float) and value.is_integer() and abs(value) > EXACT_INTEGER
+
+
+def _unholdable_only(schema: Any) -> bool:
+    """A branch whose `const`, or every `enum` value, is an integer it cannot hold."""
+    if not isinstance(schema, dict):
+        return False
+    integer = _is_integer(schema)
+    if "const" in schema:
+        return _too_big(schema["const"], integer)
+    values = schema.get("enum")
+    return isinstance(values, list) and bool(values) and all(_too_big(v, integer) for v in values)
 
 
 def _exact(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
     """`schema`, or UnholdableInteger for a `const`/`enum` integer beyond ±2**53. A lenient schema
     (a tool's: one tool a grammar cannot hold must not fail every request that lists it, review r47)
-    loses those values instead: a `const` whole, an `enum` the values it cannot hold (all of them: the
-    `enum` whole)."""
-    big = [schema["const"]] if "const" in schema and _too_big(schema["const"]) else []
-    big += [v for v in schema["enum"] if _too_big(v)] if isinstance(schema.get("enum"), list) else []
+    loses those values instead, narrowed as far as it can be: an `anyOf`/`oneOf` branch of them goes
+    when others remain, an `enum` keeps the values it can hold, and a schema left with none becomes
+    the integers between them (review r48: `{}`, any value, came back)."""
+    integer = _is_integer(schema)  # (a float const of a number schema is held as the double it is)
+    out = schema
+    for key in ("anyOf", "oneOf"):
+        branches = out.get(key)
+        if lenient and isinstance(branches, list) and any(map(_unholdable_only, branches)):
+            kept = [b for b in branches if not _unholdable_only(b)]
+            if kept:
+                out = {**out, key: kept}
+    big = [out["const"]] if "const" in out and _too_big(out["const"], integer) else []
+    big += [v for v in out["enum"] if _too_big(v, integer)] if isinstance(out.get("enum"), list) else []
     if not big:
-        return schema
+        return out
     if not lenient:
-        raise UnholdableInteger(f"the JSON schema's integer {big[0]} is beyond ±2**53, which constrained decoding "
-                                "cannot write exactly (it would come back rounded)")
-    out = {k: v for k, v in schema.items() if k != "const" or not _too_big(v)}
-    if isinstance(out.get("enum"), list):
-        kept = [v for v in out["enum"] if not _too_big(v)]
-        if kept:
-            out["enum"] = kept
-        else:
-            del out["enum"]
-    return out
+        raise UnholdableInteger(f"the JSON schema's integer {big[0]:.0f} is beyond ±2**53, which constrained "
+                                "decoding cannot write exactly (it would come back rounded)")
+    out = {k: v for k, v in out.items() if k != "const"}
+    kept = [v for v in out.get("enum") or [] if not _too_big(v, integer)]
+    if kept:
+        return {**out, "enum": kept}
+    out.pop("enum", None)
+    return {**out, "type": "integer", "minimum": max(min(big), -MAX_INTEGER), "maximum": min(max(big), INT64_MAX)}
 
 
 def _is_integer(schema: dict[str, Any]) -> bool:
@@ -70,17 +94,22 @@ def _bound(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
     if not _is_integer(schema) or "const" in schema or "enum" in schema:
         return schema
     out = dict(schema)
-    lows = [v for k in ("minimum", "exclusiveMinimum") if (v := _number(schema, k)) is not None]
-    highs = [v for k in ("maximum", "exclusiveMaximum") if (v := _number(schema, k)) is not None]
+    # bounds llguidance cannot compile: an upper one at or below -9e18, a lower one above INT64_MAX;
+    # a lenient schema loses them (review r48: still a 400 for every request listing the tool)
+    for keys, unholdable in ((("maximum", "exclusiveMaximum"), lambda v: v <= -MAX_INTEGER),
+                             (("minimum", "exclusiveMinimum"), lambda v: v >= INT64_MAX)):
+        for key in keys:
+            if (v := _number(out, key)) is not None and unholdable(v):
+                if not lenient:
+                    raise UnholdableInteger(f"the JSON schema's integer bound `{key}: {v:.0f}` is beyond what "
+                                            f"constrained decoding holds (integers from -{MAX_INTEGER} to {INT64_MAX})")
+                del out[key]
+    lows = [v for k in ("minimum", "exclusiveMinimum") if (v := _number(out, k)) is not None]
+    highs = [v for k in ("maximum", "exclusiveMaximum") if (v := _number(out, k)) is not None]
     low, high = max(lows, default=None), min(highs, default=None)  # the bounds in force
-    if high is not None and high <= -MAX_INTEGER:
-        if lenient:
-            return schema  # (as before: llguidance's own word on it)
-        raise UnholdableInteger(f"the JSON schema's integers below {high} cannot be held by constrained decoding "
-                                f"(it holds integers from -{MAX_INTEGER})")
     # a side the client bounded is theirs; a lower bound llguidance cannot compile (below -9e18) is
-    # narrowed to -MAX_INTEGER, only that key (review r47: an exclusiveMinimum beside it was dropped);
-    # the replies stay within the client's bounds. The open side is added where it cannot clash.
+    # dropped, only that key (review r47: an exclusiveMinimum beside it was dropped too), the open
+    # side added where it cannot clash; the replies stay within the client's bounds
     for key in ("minimum", "exclusiveMinimum"):
         if (v := _number(out, key)) is not None and v < -MAX_INTEGER:
             del out[key]

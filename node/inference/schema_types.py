@@ -53,7 +53,7 @@ def each_subschema(schema: Any, fn: Callable[[dict[str, Any]], dict[str, Any]], 
     """The schema with `fn` applied to it and to every subschema in it (a copy; 64 levels at most)."""
     if not isinstance(schema, dict) or depth > 64:
         return schema
-    out = fn(schema)
+    out = dict(fn(schema))  # (a copy: the caller's schema is never changed in place; review r48)
     for key in SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {k: each_subschema(v, fn, depth + 1) for k, v in out[key].items()}

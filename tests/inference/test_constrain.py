@@ -234,6 +234,35 @@ def test_integers_get_19_digits_on_the_sides_the_schema_leaves_open(tiny_tok):
             "required": ["channel"], "x-guidance": {"lenient": True}}
     constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(tool)), param="tools")
     assert _accepts(tiny_tok, tool, '{"channel":7}')
+    # review r48: what a lenient schema loses keeps it as narrow as it can be held (it became `{}`, any
+    # value), and a bound llguidance cannot compile is dropped there, a 400 naming it in a strict one
+    import jsonschema
+
+    for lenient_schema in ({"type": "object", "properties": {"id": {"const": 2**60}}, "required": ["id"]},
+                           {"type": "object", "properties": {"id": {"anyOf": [{"const": 2**60}, {"const": 5}]}},
+                            "required": ["id"]},
+                           {"type": "object", "properties": {"id": {"type": "integer", "enum": [2**60, 2**61]}},
+                            "required": ["id"]},
+                           {"type": "object", "properties": {"id": {"type": "integer", "maximum": -9.5e18}},
+                            "required": ["id"]}):
+        marked = {**lenient_schema, "x-guidance": {"lenient": True}}
+        constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(marked)), param="tools")
+        for seed in range(6):
+            ids, _ = walk(tiny_tok, g.json_value(marked), seed, steps=60)
+            value = json.loads(text_of(tiny_tok, ids))["id"]
+            assert isinstance(value, int) and not isinstance(value, bool), (lenient_schema, value)
+            if "anyOf" in lenient_schema["properties"]["id"]:
+                assert value == 5  # the branch it can hold
+    for strict in ({"type": "integer", "const": 1e20}, {"type": "integer", "enum": [1e20, 3e19]},
+                   {"type": "integer", "minimum": 1e19}):
+        with pytest.raises(Unsupported, match="constrained decoding"):
+            constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(strict)))
+    number_const = {"type": "object", "properties": {"x": {"const": 1e20}}, "required": ["x"]}
+    ids, _ = walk(tiny_tok, g.json_value(number_const), 0, steps=60)  # (a number's double: held as it is)
+    jsonschema.validate(json.loads(text_of(tiny_tok, ids)), number_const)
+    original = {"type": "integer"}
+    bounded_integers(original)
+    assert original == {"type": "integer"}  # (the caller's schema is not changed in place)
     # a bound narrowed where llguidance cannot compile it leaves the client's other bound in force
     both = {"type": "integer", "minimum": -(2**63), "exclusiveMinimum": 5}
     assert bounded_integers(both) == {"type": "integer", "exclusiveMinimum": 5, "maximum": MAX_INTEGER}

@@ -308,3 +308,40 @@ async def test_a_loop_whose_task_leaves_no_room_for_a_call_is_the_contexts_400_n
     status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": loop, "stream": False,
                                                           "options": {"temperature": 0, "num_predict": 8}})
     assert status == 400 and "context" in text, text
+
+
+LONG_QUESTION = "Explain this file line by line:\n" + "def join_paths(a, b):\n    return os.path.join(a, b)\n" * 31
+
+
+async def test_a_chat_within_the_context_keeps_its_history_when_no_cut_leaves_room(node, model_id, caplog):
+    """Review r48: a chat within the context whose last message is long (a pasted file) lost every
+    earlier message, no cut leaving the reply its room anyway: it is served whole."""
+    n_ctx = node.models.get(model_id).n_ctx
+    chat = [{"role": "system", "content": "You answer questions about Python."},
+            {"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hello Ada."},
+            {"role": "user", "content": LONG_QUESTION}]
+    whole = await _prompt_tokens(node, model_id, chat)
+    alone = await _prompt_tokens(node, model_id, [chat[0], chat[3]])
+    assert whole is not None and alone + n_ctx // 4 > n_ctx, (whole, alone)  # no cut leaves a quarter
+    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 300}})
+    assert status == 200, text
+    assert json.loads(text)["prompt_eval_count"] == whole
+    assert not any("oldest messages dropped" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_prefill_past_the_context_keeps_its_question(node, model_id, caplog):
+    """Review r48: an assistant prefill as the last message was kept alone with the system message,
+    its question dropped: the model continued a reply to nothing."""
+    chat = [*long_chat(40)[:-1], {"role": "user", "content": LONG_QUESTION},
+            {"role": "assistant", "content": "It joins"}]  # (the question and prefill leave no quarter)
+    assert await _prompt_tokens(node, model_id, chat) is None  # past the context
+    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 300}})
+    assert status == 200, text
+    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()][-1]
+    dropped = int(re.search(r"dropped=(\d+)", said)[1])
+    fitted = [chat[0], *chat[1 + dropped:]]
+    assert fitted[1]["role"] == "user" and fitted[-2:] == chat[-2:], said
