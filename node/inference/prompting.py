@@ -65,11 +65,13 @@ async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
     opens with a reply or a tool's result). An agent loop (a user message, then calls and their
     results) is cut before an assistant message that makes calls, its results kept with it, the task
     (the latest user message before it) kept before it (review r46: the cut fell on the last tool
-    result alone; r47: the oldest task was kept). When no cut leaves the room, a chat within the
-    context is served whole (its reply gets what is left; review r48: it lost its whole history), and
-    one past it is cut where it first fits at all; a history ending in a tool result that cannot keep
-    a user turn is not cut (the context's 400; review r47). Returns (prompt, the request it renders,
-    the messages dropped). Each try is one render: a binary search over each kind of cut."""
+    result alone; r47: the oldest task was kept; r49: a prefill continuing a loop, the loop after its
+    question). When no cut leaves the room, half of it (or what the last unit alone leaves) is the
+    floor: a chat that leaves that much is served whole (review r48: it lost its whole history),
+    else cut to leave it (review r49: the cut leaving one token was taken); a history ending in a tool
+    result that cannot keep a user turn is not cut (the context's 400; review r47). Returns (prompt,
+    the request it renders, the messages dropped). Each try is one render: a binary search over each
+    kind of cut."""
     prompt = await async_prompt(request, tok, n_ctx)
     if not request.drop_old_messages:
         return prompt, request, 0
@@ -88,7 +90,13 @@ async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
     unit = last  # the last message and what must stay with it
     if messages[last].get("role") == "assistant" and not messages[last].get("tool_calls"):
         unit = max((i for i in users if i < last), default=last)  # a prefill: its question with it
-    task = max((i for i in users if i < unit), default=None)
+    # the calls a loop's cut may fall before: between the task and the last unit, or, for a prefill
+    # that continues a loop (calls between its question and it), after that question, the task
+    # then (review r49: such a chat could not be cut at all)
+    span = (unit, last) if unit != last and any(
+        messages[i].get("role") == "assistant" and messages[i].get("tool_calls") for i in rest if unit < i < last) \
+        else (max((i for i in users if i < unit), default=None), unit)
+    task = span[0]
 
     def cut_at(start: int, keep: int | None = None) -> CompletionRequest:
         kept = tuple(m for i, m in enumerate(messages) if m.get("role") == "system" or i >= start or i == keep)
@@ -109,7 +117,7 @@ async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
         return best
 
     user_cuts = [i for i in users if rest[0] < i < unit]
-    call_cuts = [i for i in rest if task is not None and task + 1 < i < unit
+    call_cuts = [i for i in rest if task is not None and task + 1 < i < span[1]
                  and messages[i].get("role") == "assistant" and messages[i].get("tool_calls")]
     # the last unit alone: a user turn, or (no user message at all) the last message
     unit_cut = [unit] if messages[unit].get("role") == "user" or not users else []
@@ -119,6 +127,13 @@ async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
                 or await earliest(unit_cut, None, room))
 
     found = await search(wanted)
-    if found is None and len(prompt.tokens) >= n_ctx:  # past the context: where it fits at all
-        found = await search(1)
+    if found is None:
+        # no cut leaves the reply all its room: half of it, or what the last unit alone leaves (review
+        # r49: the earliest cut leaving one token cut replies to a few tokens, as before r46); a chat
+        # within the context that leaves that much is served whole (review r48: history kept)
+        alone = len((await async_prompt(cut_at(unit), tok, n_ctx)).tokens) if unit_cut else n_ctx
+        floor = max(1, min(wanted // 2, n_ctx - alone))
+        if len(prompt.tokens) + floor <= n_ctx:
+            return prompt, request, 0
+        found = await search(floor)
     return found or (prompt, request, 0)

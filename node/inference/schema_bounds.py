@@ -39,6 +39,15 @@ def _too_big(value: Any, integer: bool = True) -> bool:
     return integer and isinstance(value, float) and value.is_integer() and abs(value) > EXACT_INTEGER
 
 
+def _shown(value: float) -> str:
+    """A number as the client wrote it (an int exactly: through a float it was another; review r49)."""
+    return str(value) if isinstance(value, int) or not value.is_integer() else f"{value:.0f}"
+
+
+def _null_only(schema: Any) -> bool:
+    return isinstance(schema, dict) and schema.get("type") == "null" and len(schema) == 1
+
+
 def _unholdable_only(schema: Any) -> bool:
     """A branch whose `const`, or every `enum` value, is an integer it cannot hold."""
     if not isinstance(schema, dict):
@@ -54,29 +63,31 @@ def _exact(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
     """`schema`, or UnholdableInteger for a `const`/`enum` integer beyond ±2**53. A lenient schema
     (a tool's: one tool a grammar cannot hold must not fail every request that lists it, review r47)
     loses those values instead, narrowed as far as it can be: an `anyOf`/`oneOf` branch of them goes
-    when others remain, an `enum` keeps the values it can hold, and a schema left with none becomes
-    the integers between them (review r48: `{}`, any value, came back)."""
+    when others but `null` remain (review r49: an optional id was only ever null), an `enum` keeps the
+    values it can hold, and a schema left with none becomes the integers between them (any integer
+    when they lie beyond int64; review r48: `{}`, any value, came back)."""
     integer = _is_integer(schema)  # (a float const of a number schema is held as the double it is)
     out = schema
     for key in ("anyOf", "oneOf"):
         branches = out.get(key)
         if lenient and isinstance(branches, list) and any(map(_unholdable_only, branches)):
             kept = [b for b in branches if not _unholdable_only(b)]
-            if kept:
+            if kept and not all(map(_null_only, kept)):
                 out = {**out, key: kept}
     big = [out["const"]] if "const" in out and _too_big(out["const"], integer) else []
     big += [v for v in out["enum"] if _too_big(v, integer)] if isinstance(out.get("enum"), list) else []
     if not big:
         return out
     if not lenient:
-        raise UnholdableInteger(f"the JSON schema's integer {big[0]:.0f} is beyond ±2**53, which constrained "
+        raise UnholdableInteger(f"the JSON schema's integer {_shown(big[0])} is beyond ±2**53, which constrained "
                                 "decoding cannot write exactly (it would come back rounded)")
     out = {k: v for k, v in out.items() if k != "const"}
     kept = [v for v in out.get("enum") or [] if not _too_big(v, integer)]
     if kept:
         return {**out, "enum": kept}
     out.pop("enum", None)
-    return {**out, "type": "integer", "minimum": max(min(big), -MAX_INTEGER), "maximum": min(max(big), INT64_MAX)}
+    low, high = max(min(big), -MAX_INTEGER), min(max(big), INT64_MAX)
+    return {**out, "type": "integer", **({"minimum": low, "maximum": high} if low <= high else {})}
 
 
 def _is_integer(schema: dict[str, Any]) -> bool:
@@ -94,14 +105,14 @@ def _bound(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
     if not _is_integer(schema) or "const" in schema or "enum" in schema:
         return schema
     out = dict(schema)
-    # bounds llguidance cannot compile: an upper one at or below -9e18, a lower one above INT64_MAX;
+    # bounds llguidance cannot compile: an upper one below -9e18, a lower one above INT64_MAX;
     # a lenient schema loses them (review r48: still a 400 for every request listing the tool)
-    for keys, unholdable in ((("maximum", "exclusiveMaximum"), lambda v: v <= -MAX_INTEGER),
-                             (("minimum", "exclusiveMinimum"), lambda v: v >= INT64_MAX)):
+    for keys, unholdable in ((("maximum", "exclusiveMaximum"), lambda v: v < -MAX_INTEGER),
+                             (("minimum", "exclusiveMinimum"), lambda v: v > INT64_MAX)):
         for key in keys:
             if (v := _number(out, key)) is not None and unholdable(v):
                 if not lenient:
-                    raise UnholdableInteger(f"the JSON schema's integer bound `{key}: {v:.0f}` is beyond what "
+                    raise UnholdableInteger(f"the JSON schema's integer bound `{key}: {_shown(v)}` is beyond what "
                                             f"constrained decoding holds (integers from -{MAX_INTEGER} to {INT64_MAX})")
                 del out[key]
     lows = [v for k in ("minimum", "exclusiveMinimum") if (v := _number(out, k)) is not None]

@@ -345,3 +345,33 @@ async def test_a_prefill_past_the_context_keeps_its_question(node, model_id, cap
     dropped = int(re.search(r"dropped=(\d+)", said)[1])
     fitted = [chat[0], *chat[1 + dropped:]]
     assert fitted[1]["role"] == "user" and fitted[-2:] == chat[-2:], said
+
+
+async def test_a_loop_continued_by_a_prefill_is_cut_before_a_call(node, model_id, caplog):
+    """Review r49: a prefill after a loop's results ("continue the reply") made the task the last
+    unit, no call cut was left, and the chat was the context's 400."""
+    chat = [*agent_loop(30), {"role": "assistant", "content": "I renamed"}]
+    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 8}})
+    assert status == 200, text
+    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()][-1]
+    dropped = int(re.search(r"dropped=(\d+)", said)[1])
+    fitted = [chat[0], chat[1], *chat[2 + dropped:]]  # the task, then whole call/result pairs, the prefill
+    assert dropped > 0 and fitted[2]["tool_calls"] and fitted[-1] == chat[-1], said
+
+
+@pytest.mark.parametrize("turns", [40, 5])
+async def test_when_no_cut_leaves_all_the_room_the_reply_still_gets_half(node, model_id, turns):
+    """Review r49: when no cut left the reply its quarter of the context, the earliest cut leaving
+    one token was taken (past the context), or the chat served whole (within it): replies of 4-18
+    tokens, "length", whatever num_predict said. Now half the room asked, or what the question alone
+    leaves."""
+    n_ctx = node.models.get(model_id).n_ctx
+    chat = [*long_chat(turns)[:-1], {"role": "user", "content": LONG_QUESTION}]
+    alone = await _prompt_tokens(node, model_id, [chat[0], chat[-1]])
+    floor = min(n_ctx // 4 // 2, n_ctx - alone)
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 300}})
+    assert status == 200, text
+    assert json.loads(text)["prompt_eval_count"] + floor <= n_ctx, (text[-300:], floor)
