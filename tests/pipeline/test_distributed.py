@@ -205,8 +205,8 @@ def test_failover_to_standby_keeps_the_stream_identical(tmp_path):
     procs = [a, b, b2, c]
     try:
         model_id, by_short = _start(procs, a, 3)
-        expected = llama_greedy(model, PROMPT, 40)
-        outcome, text, event, killed = _killed_mid_stream(procs, a, model_id, lambda nodes: by_short[nodes[1]], 40)
+        expected = llama_greedy(model, PROMPT, 200)
+        outcome, text, event, killed = _killed_mid_stream(procs, a, model_id, lambda nodes: by_short[nodes[1]], 200)
         assert killed in (b, b2)
         assert outcome == "ok", event
         assert text == expected  # no duplicated or missing token across the failover
@@ -314,10 +314,12 @@ def test_overlapping_slices_route_through_sub_ranges_and_fail_over(tmp_path):
         assert re.search(r"segments=\w{8}\[0-(1|3)\],\w{8}\[(2|4)-5\]", assembled[-1]), assembled[-1]
         assert re.search(r"standbys=-,\w{8}\[(2|4)-5\]", assembled[-1]), assembled[-1]
 
-        outcome, text, event, killed = _killed_mid_stream(procs, a, model_id, lambda nodes: by_short[nodes[1]], 40)
+        # 200 tokens: 40 came at ~1350 tok/s, all of them before the kill landed about 1 run in 2 on a
+        # loaded machine (no failover: assemblies=1; a fresh clone's CI run, 2026-12-07)
+        outcome, text, event, killed = _killed_mid_stream(procs, a, model_id, lambda nodes: by_short[nodes[1]], 200)
         assert killed in (b, c)
         assert outcome == "ok", event
-        assert text == expected  # no duplicated or missing token across the failover
+        assert text == llama_greedy(model, PROMPT, 200)  # no duplicated or missing token across the failover
 
         def summary():
             found = [ln for ln in a.node_log().splitlines() if "DIAG: request complete" in ln]
