@@ -131,7 +131,10 @@ async def async_fitted_prompt(request: CompletionRequest, tok: ModelTokenizer,
         # no cut leaves the reply all its room: half of it, or what the last unit alone leaves (review
         # r49: the earliest cut leaving one token cut replies to a few tokens, as before r46); a chat
         # within the context that leaves that much is served whole (review r48: history kept)
-        alone = len((await async_prompt(cut_at(unit), tok, n_ctx)).tokens) if unit_cut else n_ctx
+        # (the last unit alone, or a loop's last call with its results and task: review r50, a loop
+        # ending in a tool result got the one-token floor)
+        smallest = cut_at(unit) if unit_cut else cut_at(call_cuts[-1], task) if call_cuts else None
+        alone = len((await async_prompt(smallest, tok, n_ctx)).tokens) if smallest is not None else n_ctx
         floor = max(1, min(wanted // 2, n_ctx - alone))
         if len(prompt.tokens) + floor <= n_ctx:
             return prompt, request, 0

@@ -83,11 +83,14 @@ def _exact(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
                                 "decoding cannot write exactly (it would come back rounded)")
     out = {k: v for k, v in out.items() if k != "const"}
     kept = [v for v in out.get("enum") or [] if not _too_big(v, integer)]
-    if kept:
+    if kept and any(v is not None for v in kept):
         return {**out, "enum": kept}
-    out.pop("enum", None)
+    out.pop("enum", None)  # (only null left: the id too, as the integers between; review r50)
+    kind = out.get("type") if isinstance(out.get("type"), list) else "integer"
+    if kept and kind == "integer":
+        kind = ["integer", "null"]
     low, high = max(min(big), -MAX_INTEGER), min(max(big), INT64_MAX)
-    return {**out, "type": "integer", **({"minimum": low, "maximum": high} if low <= high else {})}
+    return {**out, "type": kind, **({"minimum": low, "maximum": high} if low <= high else {})}
 
 
 def _is_integer(schema: dict[str, Any]) -> bool:
@@ -107,10 +110,12 @@ def _bound(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
     out = dict(schema)
     # bounds llguidance cannot compile: an upper one below -9e18, a lower one above INT64_MAX;
     # a lenient schema loses them (review r48: still a 400 for every request listing the tool)
-    for keys, unholdable in ((("maximum", "exclusiveMaximum"), lambda v: v < -MAX_INTEGER),
-                             (("minimum", "exclusiveMinimum"), lambda v: v > INT64_MAX)):
+    # (an exclusive bound at the limit leaves nothing either: review r50)
+    unholdable = {"maximum": lambda v: v < -MAX_INTEGER, "exclusiveMaximum": lambda v: v <= -MAX_INTEGER,
+                  "minimum": lambda v: v > INT64_MAX, "exclusiveMinimum": lambda v: v >= INT64_MAX}
+    for keys in (("maximum", "exclusiveMaximum"), ("minimum", "exclusiveMinimum")):
         for key in keys:
-            if (v := _number(out, key)) is not None and unholdable(v):
+            if (v := _number(out, key)) is not None and unholdable[key](v):
                 if not lenient:
                     raise UnholdableInteger(f"the JSON schema's integer bound `{key}: {_shown(v)}` is beyond what "
                                             f"constrained decoding holds (integers from -{MAX_INTEGER} to {INT64_MAX})")

@@ -375,3 +375,22 @@ async def test_when_no_cut_leaves_all_the_room_the_reply_still_gets_half(node, m
                                                           "options": {"temperature": 0, "num_predict": 300}})
     assert status == 200, text
     assert json.loads(text)["prompt_eval_count"] + floor <= n_ctx, (text[-300:], floor)
+
+
+async def test_a_loop_ending_in_a_big_tool_result_gets_half_its_room_too(node, model_id):
+    """Review r50: a loop whose last message is a large tool result had no measured floor (only a
+    user turn's was), and was served whole with 13 tokens left for the reply."""
+    n_ctx = node.models.get(model_id).n_ctx
+    loop = agent_loop(2)
+    loop[-1] = {**loop[-1], "content": "# module 1\n" + "def join_paths(a, b):\n    return os.path.join(a, b)\n" * 33}
+    async def tokens(messages):  # (Ollama's call shapes: /api/chat, one token asked, so nothing is cut)
+        status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": messages,
+                                                              "stream": False, "options": {"num_predict": 1}})
+        return json.loads(text)["prompt_eval_count"] if status == 200 else None
+    smallest = await tokens([loop[0], loop[1], *loop[-2:]])
+    whole = await tokens(loop)
+    assert whole is not None and whole + n_ctx // 8 > n_ctx >= smallest + n_ctx // 8, (whole, smallest)
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": loop, "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 300}})
+    assert status == 200, text
+    assert json.loads(text)["prompt_eval_count"] + n_ctx // 8 <= n_ctx, text[-300:]
