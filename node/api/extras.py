@@ -53,10 +53,15 @@ _HINTS = {"t_max_predict_ms", "cache_prompt", "id_slot", "slot_id", "timings_per
 # samplers this node does not have: accepted at the value that turns them off, else a 400
 _NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "xtc_probability": 0.0,
             "dry_multiplier": 0.0, "top_a": 0.0, "top_n_sigma": -1.0, "n_probs": 0}
-# Ollama's load-time options and Open WebUI's own tool-server list: nothing to do with the reply here
-# (the node's context, threads, GPU layers and memory mapping are its own; a model stays loaded)
-_APP_HINTS = {"num_ctx", "num_batch", "num_keep", "num_thread", "num_gpu", "use_mmap", "use_mlock", "keep_alive",
-              "tool_servers", "draft_model", "provider", "ctx_len"}
+# Ollama's load-time and runner options (Open WebUI puts them in /v1 bodies too; the Ollama dialect's
+# `options` hold them): the node's own context, threads, GPU layers and memory mapping
+OLLAMA_LOAD_OPTIONS = frozenset({
+    "numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
+    "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "num_gqa", "rope_frequency_base",
+    "rope_frequency_scale", "penalize_newline"})
+# those, and apps' own hints (Open WebUI's tool-server list, a model to keep loaded, LM Studio's draft
+# model, OpenRouter's provider, Jan's ctx_len): nothing to do with the reply here
+_APP_HINTS = OLLAMA_LOAD_OPTIONS | {"keep_alive", "tool_servers", "draft_model", "provider", "ctx_len"}
 REASONING_KEYS = ("effort", "max_tokens", "enabled", "exclude")
 THINK_EFFORTS = ("low", "medium", "high")
 _told: set[str] = set()  # field names already said at DEBUG (once each per process)

@@ -32,6 +32,7 @@ from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.embed_routes import serve_embeddings
 from node.api.errors import read_json
+from node.api.extras import OLLAMA_LOAD_OPTIONS
 from node.api.ollama_models import model_name
 from node.api.ollama_reply import OllamaDialect, created_at
 from node.api.schemas import parse_completion, parse_embeddings
@@ -47,10 +48,6 @@ routes = web.RouteTableDef()
 # value, repeat_last_n with the penalties' window)
 _SAMPLERS = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_penalty", "presence_penalty",
              "frequency_penalty", "typical_p", "tfs_z", "mirostat", "mirostat_eta", "mirostat_tau", "repeat_last_n"}
-# load-time and runner settings: this node's own (its context, threads, GPU layers, memory mapping)
-_LOAD_TIME = {"numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
-              "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "num_gqa",
-              "rope_frequency_base", "rope_frequency_scale", "penalize_newline"}
 _CHAT_KEYS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
               "top_logprobs"}
 _GENERATE_KEYS = {"model", "prompt", "suffix", "system", "template", "context", "raw", "images", "format",
@@ -91,7 +88,7 @@ def _options(body: dict) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise InvalidRequest("`options` must be an object", param="options")
     out: dict[str, Any] = {}
-    _tell(set(options) - _SAMPLERS - _LOAD_TIME - {"num_predict"}, "options")
+    _tell(set(options) - _SAMPLERS - OLLAMA_LOAD_OPTIONS - {"num_predict"}, "options")
     for key, value in options.items():
         if key in _SAMPLERS:
             out[key] = value
