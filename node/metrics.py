@@ -33,10 +33,10 @@ class NodeMetrics:
         self.ttft_s = Histogram("swarmllm_ttft_seconds", "Route ready to first token", labels,
                                 buckets=_S_BUCKETS, registry=self.registry)
         self.tpot_s = Histogram("swarmllm_time_per_output_token_seconds", "Time per output token after the first "
-                                "(requests that ran to their end)",
+                                "(not of a reply cut mid-way)",
                                 labels, buckets=_TPOT_BUCKETS, registry=self.registry)
-        self.total_s = Histogram("swarmllm_request_duration_seconds", "Whole request (not one its client left or "
-                                 "the node cut off: swarmllm_requests' outcome counts those)", labels,
+        self.total_s = Histogram("swarmllm_request_duration_seconds", "Whole request (not a reply its client left or "
+                                 "the node cut off mid-way: swarmllm_requests' outcome counts those)", labels,
                                  buckets=_S_BUCKETS, registry=self.registry)
         self.requests = Counter("swarmllm_requests", "Finished requests", ("model", "route", "outcome"),
                                 registry=self.registry)
