@@ -17,7 +17,7 @@ from node import const
 from node.inference.synth import write_gguf
 from tests.pipeline.test_held_file_changed import _overwrite
 from tests.pipeline.test_load_changed_file import MINE, MINE_NEW
-from tests.support.helpserve import choice_failed, loaded, quick_choice
+from tests.support.helpserve import choice_failed, choice_loaded, loaded, quick_choice
 from tests.support.nodes import node_config, running_node
 from tests.support.waiting import wait_until
 
@@ -52,7 +52,7 @@ async def test_old_bytes_put_back_then_added_or_helped_again_load_the_choice(tmp
             await node.model_files.async_add_path(str(outside))  # the file already catalogued: not new
         else:
             await node.contributions.async_help(entry.id, 0)  # the same budget
-        await wait_until(lambda: loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
+        await wait_until(lambda: choice_loaded(node, entry.sha256), 20.0, what="the choice to load the old bytes")
         assert not entry.changed and node.autoserve.failures() == []
 
 

@@ -15,7 +15,7 @@ import pytest
 from node.inference.synth import write_gguf
 from tests.pipeline.test_held_file_changed import _overwrite
 from tests.pipeline.test_load_changed_file import MINE, MINE_NEW
-from tests.support.helpserve import choice_failed, loaded, quick_choice
+from tests.support.helpserve import choice_failed, choice_loaded, quick_choice
 from tests.support.nodes import node_config, running_node
 from tests.support.waiting import wait_until
 
@@ -82,7 +82,7 @@ async def test_a_touched_file_loads_as_a_slice_under_its_id(tmp_path, quick):
         os.utime(outside, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # `touch`, a backup tool: the same bytes
         await node.model_files.watcher.async_look()  # (the watch marks it changed; a hash says it is not)
         await node.contributions.async_help(entry.id, 0)
-        await wait_until(lambda: loaded(node, entry.sha256), 20.0,
+        await wait_until(lambda: choice_loaded(node, entry.sha256), 20.0,
                          what="the touched file's layers to load")
         assert not entry.changed and entry.hashed_stat == (st.st_size, st.st_mtime_ns + 10**9)
         assert node.autoserve.failures() == []

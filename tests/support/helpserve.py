@@ -44,6 +44,14 @@ def loaded(node: Any, sha256: str) -> bool:
     return any(h.state == "loaded" for h in node.slice_host.for_model(sha256))
 
 
+def choice_loaded(node: Any, sha256: str) -> bool:
+    """A layer choice of `sha256` loaded and counted: its slice is loaded and the choice's last failure
+    is over. (The host marks the slice loaded one loop step before the choosing task resumes and
+    clears the failure: a test that read failures() at once after `loaded` saw the stale one, CI.)"""
+    m = node.autoserve.model(sha256)
+    return loaded(node, sha256) and m is not None and m.last_failure is None
+
+
 async def choice_failed(node: Any) -> list:
     """Wait (20 s at most) for a layer choice's load to fail: the failures kept (autoserve.failures())."""
     return await wait_until(lambda: node.autoserve.failures(), 20.0, what="the choice's load to fail")
