@@ -6,6 +6,7 @@ sha256 field may hold anything; each reader used to write these checks again.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -25,3 +26,42 @@ def int_or_none(value: Any) -> int | None:
 def is_sha256(value: Any) -> bool:
     """64 lower-case hex digits, as a sha256 is written on the wire and in manifests."""
     return isinstance(value, str) and SHA256_HEX.fullmatch(value) is not None
+
+
+# Nesting deeper than this is refused before json.loads sees it (serde_json's default limit too): the
+# parser recurses once per level, so 50,000 levels hit Python's recursion limit — a RecursionError
+# raised wherever the stack happened to be, and a finalizer that a collection ran at that depth failed
+# as an "unraisable" error (a CI flake, 2026-12-07). No request or frame this node reads nests past ~20.
+MAX_JSON_DEPTH = 128
+_ALL_BUT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+class NestedTooDeeply(ValueError):
+    """JSON text whose arrays and objects nest past MAX_JSON_DEPTH."""
+
+
+def json_nesting_over(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON text nests arrays/objects deeper than `limit`, found without recursing (brackets
+    inside strings do not count). Cheap for most texts: fewer opening brackets than `limit` is a no;
+    else the strings are cut out (escapes first) and the brackets left are counted."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
+    outside = b"".join(data.replace(b"\\\\", b"").replace(b'\\"', b"").split(b'"')[::2])
+    depth = 0
+    for byte in outside.translate(None, _ALL_BUT_BRACKETS):
+        if byte == 91 or byte == 123:  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def loads_bounded(text: str | bytes, **kwargs: Any) -> Any:
+    """json.loads, with nesting past MAX_JSON_DEPTH a NestedTooDeeply (a ValueError) instead of a
+    RecursionError from deep inside the parser."""
+    if json_nesting_over(text):
+        raise NestedTooDeeply(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    return json.loads(text, **kwargs)

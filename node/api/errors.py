@@ -30,6 +30,7 @@ from node.errors import (
     PayloadTooLarge,
     RequestTimeout,
 )
+from node.values import MAX_JSON_DEPTH, NestedTooDeeply, loads_bounded
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ def parse_json_text(text: str | bytes, what: str = "request body") -> object:
     try:
         # Python's json reads NaN and Infinity (JSON has neither) and 1e999 as inf: a body echoed back
         # (Responses' metadata) would then not be JSON
-        body = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+        body = loads_bounded(text, parse_constant=_not_json, parse_float=_finite)
         # \ud800-style escapes decode to lone surrogates, which no tokenizer can encode
         json.dumps(body, ensure_ascii=False).encode("utf-8")
         return body
@@ -251,7 +252,8 @@ def parse_json_text(text: str | bytes, what: str = "request body") -> object:
         raise InvalidRequest(f"{what} is not valid UTF-8") from exc
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
-    except RecursionError as exc:
-        raise InvalidRequest(f"{what} is nested too deeply") from exc
+    except (NestedTooDeeply, RecursionError) as exc:
+        raise InvalidRequest(f"{what} is nested too deeply (more than {MAX_JSON_DEPTH} levels of "
+                             f"arrays and objects)") from exc
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
         raise InvalidRequest(f"{what} is not valid JSON: {str(exc)[:200]}") from exc

@@ -23,6 +23,7 @@ from typing import Any
 
 from node import const
 from node.errors import ProtocolError
+from node.values import loads_bounded
 
 MAGIC = b"SWRM"
 FRAME_VERSION = 1
@@ -162,9 +163,9 @@ def decode_parts(prefix: Prefix, header_bytes: bytes, payload: bytes) -> Frame:
     header: Any = {}
     if prefix.header_len:
         try:
-            header = json.loads(header_bytes)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProtocolError(f"frame header is not JSON: {exc}") from exc
+            header = loads_bounded(header_bytes)
+        except ValueError as exc:  # not UTF-8 or not JSON, nested too deeply, an integer past 4300 digits
+            raise ProtocolError(f"frame header is not JSON: {str(exc)[:200]}") from exc
         if not isinstance(header, dict):
             raise ProtocolError("frame header is not a JSON object")
     return Frame(prefix.type, header, payload if prefix.payload_len else b"", prefix.request_id, prefix.flags)

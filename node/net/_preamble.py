@@ -22,6 +22,7 @@ from typing import Any
 
 from node import const
 from node.errors import PeerError, ProtocolError
+from node.values import loads_bounded
 
 from ._messages import NotSwarmPeer
 from ._stream import Stream
@@ -73,9 +74,9 @@ async def read_preamble(stream: Stream) -> tuple[bytes, dict[str, Any]]:
         raise ProtocolError(f"preamble body too large: {length} bytes")
     raw = await stream.read_exactly(length)
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"preamble body is not JSON: {exc}") from exc
+        body = loads_bounded(raw)
+    except ValueError as exc:  # not UTF-8 or not JSON, nested too deeply, an integer past 4300 digits
+        raise ProtocolError(f"preamble body is not JSON: {str(exc)[:200]}") from exc
     if not isinstance(body, dict):
         raise ProtocolError("preamble body is not a JSON object")
     return kind, body

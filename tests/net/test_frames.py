@@ -14,6 +14,8 @@ from node.errors import ProtocolError
 from node.net import Frame, FrameType
 from node.net._frames import PREFIX, PREFIX_LEN, decode_frame, decode_prefix, encode_frame, frame_bytes
 from node.net._messages import Hello, NotSwarmPeer, PexEntry, parse_pex, pex_frame
+from node.net._preamble import MAGIC as PREAMBLE_MAGIC
+from node.net._preamble import read_preamble
 
 NODE_A = "a" * 64
 NODE_B = "b" * 64
@@ -75,8 +77,11 @@ def test_size_limits_follow_const(monkeypatch):
         decode_prefix(PREFIX.pack(b"SWRM", 1, 16, 0, 0, 0, 11))
 
 
-@pytest.mark.parametrize("header", [b"{not json", b"[1, 2]", b'"text"', b"\xff\xfe"])
+@pytest.mark.parametrize("header", [b"{not json", b"[1, 2]", b'"text"', b"\xff\xfe",
+                                    b'{"a":' * 50000 + b"1" + b"}" * 50000, b'{"a":' + b"9" * 5000 + b"}"])
 def test_header_must_be_a_json_object(header):
+    """(A header nested past the recursion limit, and an integer past 4300 digits, raised a
+    RecursionError / bare ValueError the frame reader did not catch: 2026-12-07.)"""
     data = PREFIX.pack(b"SWRM", 1, 16, 0, 0, len(header), 0) + header
     with pytest.raises(ProtocolError):
         decode_frame(data)
@@ -173,3 +178,24 @@ def test_prefix_layout_is_stable():
     data = frame_bytes(Frame(FrameType.PING, {}, b"", 7, 1))
     assert data == struct.pack("!4sBBHQII", b"SWRM", 1, 3, 1, 7, 0, 0)
     assert json.loads(frame_bytes(Frame(2, {"code": "x"}))[PREFIX_LEN:]) == {"code": "x"}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("body", [b"[" * 8000 + b"]" * 8000, b'{"v":' + b"7" * 5000 + b"}"])
+async def test_a_preamble_json_cannot_read_is_a_protocol_error(body):
+    """A preamble body nested 8,000 deep (it fits PREAMBLE_MAX_BYTES) was a RecursionError, logged with a
+    traceback as "failed unexpectedly" by the inbound handshake (2026-12-07); a protocol error now."""
+
+    class Bytes:
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        async def read_exactly(self, n: int) -> bytes:
+            out, self.data = self.data[:n], self.data[n:]
+            return out
+
+        read_some = read_exactly
+
+    assert len(body) <= const.PREAMBLE_MAX_BYTES
+    with pytest.raises(ProtocolError, match="not JSON"):
+        await read_preamble(Bytes(PREAMBLE_MAGIC + b"T" + struct.pack("!I", len(body)) + body))

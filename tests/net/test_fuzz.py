@@ -204,3 +204,25 @@ def test_the_node_logs_what_it_refused(target):
     wait_until_sync(lambda: "Ignoring a peer that does not speak SwarmLLM" in node.output()
                     and "DIAG: malformed frame, closing link" in node.output(), 20, 0.1, "the log lines")
     still_serving(target)
+
+
+@pytest.mark.parametrize("header", [b'{"a":' * 50000 + b"1" + b"}" * 50000, b'{"a":' + b"9" * 5000 + b"}"],
+                         ids=["nested_50000_deep", "integer_of_5000_digits"])
+def test_a_frame_header_json_cannot_read_is_a_malformed_frame_not_a_crash(target, header):
+    """A header nested 50,000 levels deep hit Python's recursion limit inside json.loads, and one
+    holding an integer past 4300 digits raised a ValueError json.loads does not wrap: neither was
+    caught, so the link died of a traceback (asyncio's "data_received() call failed") instead of
+    the "malformed frame" line (2026-12-07). Both are the malformed frame now."""
+    before = target["node"].output().count("DIAG: malformed frame, closing link")
+    sock, _ = target["raw"].linked()
+    try:
+        sock.sendall(PREFIX.pack(MAGIC, 1, int(FrameType.PING), 0, 1, len(header), 0) + header)
+        assert closed_by_peer(sock)
+    finally:
+        sock.close()
+    wait_until_sync(lambda: target["node"].output().count("DIAG: malformed frame, closing link") > before,
+                    20, 0.1, "the malformed-frame line")
+    out = target["node"].output()
+    assert "data_received() call failed" not in out and "RecursionError" not in out, out[-3000:]
+    still_serving(target)
+

@@ -221,11 +221,13 @@ async def test_openrouter_reasoning_exclude_leaves_the_thoughts_out(client, mode
     assert not any(pieces) and "".join(text) == content
 
 
-@pytest.mark.parametrize("arguments", ['{"a": ' * 50000 + "1" + "}" * 50000, '{"a": "\\ud800"}'])
+@pytest.mark.parametrize("arguments", ['{"a": ' * 50000 + "1" + "}" * 50000, '{"a": ' * 129 + "1" + "}" * 129,
+                                       '{"a": "\\ud800"}'])
 async def test_tool_call_arguments_are_parsed_as_the_body_is(client, model, arguments):
     """An assistant turn's call sent back with deeply nested arguments (a RecursionError) or a lone
     surrogate escape in them (the tokenizer's UnicodeEncodeError) was a 500 with a traceback, in
-    chat and in responses (2026-12-07, review r37): a 400 naming the arguments now."""
+    chat and in responses (2026-12-07, review r37): a 400 naming the arguments now. Past 128 levels is
+    refused before the parser recurses (a collection at the recursion limit failed a finalizer, CI)."""
     messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]

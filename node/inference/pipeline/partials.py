@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -58,7 +57,7 @@ from node.models.partial.fromheader import async_adopt_origin, create_from_heade
 from node.models.partial.layout import dir_name, origin_identity
 from node.models.partial.probe import async_probe
 from node.net import Frame, FrameType
-from node.values import is_sha256
+from node.values import is_sha256, loads_bounded
 
 log = logging.getLogger(__name__)
 
@@ -443,8 +442,8 @@ class PeerPartSource:
             raise PeerError(f"peer {self.label} sent a {len(reply.payload)}-byte tensor list", code="protocol_error")
         try:
             raw = bytes(reply.payload)
-            tensors = (json.loads(raw) if len(raw) < 65536 else
-                       await asyncio.get_running_loop().run_in_executor(None, json.loads, raw))["tensors"]
+            tensors = (loads_bounded(raw) if len(raw) < 65536 else  # (nesting: a ValueError, not a RecursionError)
+                       await asyncio.get_running_loop().run_in_executor(None, loads_bounded, raw))["tensors"]
         except (ValueError, KeyError, TypeError) as exc:
             raise PeerError(f"peer {self.label} sent an unreadable tensor list ({exc})", code="protocol_error") from exc
         if not isinstance(tensors, dict):
