@@ -56,7 +56,8 @@ async def _call(node: NodeProcess, method: str, path: str, body: dict | None = N
 
 async def _pair(tmp_path, *, alter: bool):
     """A downloads auto8 from the Hub stand-in and loads it whole; B (linked to A) helps serve it
-    with room for about half its layers. (origin bytes sent for B, A's short id, B)"""
+    with room for about half its layers. (origin bytes sent for B, A's short id, B, the Range of each
+    request B made of the origin)"""
     data = write_gguf(tmp_path / "auto8.gguf", AUTO8).read_bytes()
     hub = _HubThread(data)
     env = {"HF_ENDPOINT": hub.srv.hub, "HF_HOME": str(tmp_path / "hf-home")}
@@ -75,7 +76,7 @@ async def _pair(tmp_path, *, alter: bool):
         if alter:
             [file] = (tmp_path / "a" / "models").glob("*.gguf")
             _alter_layers(file, range(AUTO8.n_layers))
-        before = hub.srv.sent
+        before, asked_before = hub.srv.sent, len(hub.srv.cdn_requests)
         b = NodeProcess(tmp_path / "b", args=[*ARGS, "--bootstrap", f"127.0.0.1:{a.peer_port}"], env=env)
         nodes.append(b)
         await b.async_wait_ready(90, path="/health")
@@ -97,7 +98,8 @@ async def _pair(tmp_path, *, alter: bool):
             return bool((await held([b]))["b"])
         await wait_until(b_serves, 60, 0.5, "B to serve the layers it chose")
         peers = (await b.async_get_json("/api/admin/peers"))["peers"]
-        return data, hub.srv.sent - before, [p["node_id"][:8] for p in peers], b
+        ranges = [h.get("Range") for h in hub.srv.cdn_requests[asked_before:]]
+        return data, hub.srv.sent - before, [p["node_id"][:8] for p in peers], b, ranges
     finally:
         for n in nodes:
             n.terminate(timeout_s=20)
@@ -105,7 +107,7 @@ async def _pair(tmp_path, *, alter: bool):
 
 
 async def test_layers_come_from_a_peer_holding_the_whole_file(tmp_path):
-    data, origin_sent, [a_id], b = await _pair(tmp_path, alter=False)
+    data, origin_sent, [a_id], b, ranges = await _pair(tmp_path, alter=False)
     log_b = b.node_log()
     got = [f for f in _from_peer(log_b) if int(f.get("parts", "0")) > 0]
     assert got, log_b[-4000:]
@@ -119,13 +121,16 @@ async def test_layers_come_from_a_peer_holding_the_whole_file(tmp_path):
     taken = [p for p in manifest["complete"] if p != "globals"]
     globals_bytes = sum(t[3] for t in manifest["tensors"] if t[1] == "globals")
     bound = manifest["header_bytes"] + PROBE_BYTES + globals_bytes + len(taken) * const.PARTIAL_SPOT_CHECK_BYTES
-    assert origin_sent <= bound, (origin_sent, bound, taken)
+    assert origin_sent <= bound, (origin_sent, bound, taken, ranges)
+    # its header read from the origin once: the open asked for it again (a second 64 KiB probe, over
+    # this bound when the spot checks fell on large tensors: a CI flake, 2026-12-07)
+    assert sum(r is not None and r.startswith("bytes=0-") for r in ranges) == 1, ranges
     layers_bytes = sum(t[3] for t in manifest["tensors"] if t[1] in taken and t[1].startswith("layer-"))
     assert origin_sent < layers_bytes / 4  # the layers themselves did not come from it
 
 
 async def test_a_whole_holder_altering_its_file_is_caught_and_the_origin_gives_the_layers(tmp_path):
-    data, origin_sent, _a, b = await _pair(tmp_path, alter=True)
+    data, origin_sent, _a, b, _ranges = await _pair(tmp_path, alter=True)
     log_b = b.node_log()
     assert "do not match the origin, quarantined" in log_b, log_b[-4000:]
     assert any(f["lied"] == "True" for f in _from_peer(log_b))

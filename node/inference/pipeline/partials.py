@@ -55,7 +55,7 @@ from node.models.partial import (
 )
 from node.models.partial.fromheader import async_adopt_origin, create_from_header
 from node.models.partial.layout import dir_name, origin_identity
-from node.models.partial.probe import async_probe
+from node.models.partial.probe import Probe, async_probe
 from node.net import Frame, FrameType
 from node.values import is_sha256, loads_bounded
 
@@ -95,14 +95,16 @@ class PartialModels:
         resolved = resolve_url(self.origins.file_of(url) or url)
         return self.models_dir / dir_name(display_url(resolved), file_name_for(resolved, None))
 
-    async def async_open(self, url: str) -> Path:
+    async def async_open(self, url: str, *, probed: tuple[str, Probe] | None = None) -> Path:
         """The directory of url's partial model (its header probed; nothing else fetched but the
         tiny `globals` part). DownloadFailed when the origin cannot be read and nothing is here. A
-        Hugging Face repo is looked up first (origin_urls.py): its file is the origin kept."""
+        Hugging Face repo is looked up first (origin_urls.py): its file is the origin kept.
+        `probed`: (file URL, its probe) just read by the caller, not asked of the origin again."""
         url = await self.origins.async_file_of(url, held=lambda file: self.directory_of(file).exists())
         directory = self.directory_of(url)
         async with self._open_locks.setdefault(directory, asyncio.Lock()):  # two spellings of one file
-            store, manifest = await async_open_partial(url, directory, forget=self._forget)
+            store, manifest = await async_open_partial(url, directory, forget=self._forget,
+                                                       probed=probed[1] if probed and probed[0] == url else None)
         log.info("DIAG: partial model opened %s", kv(url=manifest.origin_url, dir=directory.name,
                                                      held=manifest.describe()))
         resolved_dir = await asyncio.get_running_loop().run_in_executor(None, store.dir.resolve)
@@ -130,7 +132,8 @@ class PartialModels:
             async with asyncio.timeout(const.PARTIAL_HELD_PROBE_S), \
                     aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
                         total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S)) as session:
-                data, _header, size, _validator, linked = await async_probe(url, session)
+                probe = await async_probe(url, session)
+            data, _header, size, _validator, linked = probe
         except (aiohttp.ClientError, TimeoutError, DownloadFailed, Retryable) as exc:
             # no internet, an origin this node may not use, busy: peers give
             log.warning("DIAG: model origin not usable, its layers come from peers only %s", kv(
@@ -140,7 +143,7 @@ class PartialModels:
             # the swarm's id is this origin's own (derived from its header and size: the holders opened it
             # from such an origin too): its layers come from it as from any --model URL (a gap no peer
             # holds is filled only so; 2026-12-07: the no-sha rule above refused this too)
-            return await self.async_open(origin)
+            return await self.async_open(origin, probed=(url, probe))
         if linked is None:
             log.info("DIAG: model origin states no sha256, not used for the swarm's model: its layers "
                      "come from peers only %s", kv(model=entry.id, url=display_url(origin)))
@@ -149,7 +152,8 @@ class PartialModels:
             raise Conflict(f"the file at {display_url(origin)} is another file now than the swarm's {entry.id} "
                            f"(its origin states another sha256, {linked[:16]}): its layers could not be "
                            "checked against it")
-        return await self.async_open(origin)
+        # (its header read once: the open took a second 64 KiB+ probe of the origin, 2026-12-07)
+        return await self.async_open(origin, probed=(url, probe))
 
     async def async_open_from_swarm(self, entry: ModelEntry, origin: str | None) -> Path:
         """A partial model of a model known here by the header a holder gave (`entry`, source

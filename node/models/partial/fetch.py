@@ -52,7 +52,7 @@ from node.models.download.hub import hub_headers, refusal_hint, retry_after_s
 from node.models.download.urls import cert_failure, describe_error, display_url, http_error, resolve_url
 
 from .layout import Manifest, PartialStore, new_manifest
-from .probe import FetchStats, _async_probe_resuming, _Retry
+from .probe import FetchStats, Probe, _async_probe_resuming, _Retry
 
 log = logging.getLogger(__name__)
 
@@ -72,24 +72,29 @@ def _timeout() -> aiohttp.ClientTimeout:
 
 async def async_open_partial(url: str, directory: Path, *, sha256: str | None = None,
                              session: aiohttp.ClientSession | None = None,
-                             forget: Callable[[str], object] | None = None) -> tuple[PartialStore, Manifest]:
+                             forget: Callable[[str], object] | None = None,
+                             probed: Probe | None = None) -> tuple[PartialStore, Manifest]:
     """The partial model of `url` in `directory`: the one there if it is of the same URL, header
     and size (also when the origin cannot be probed now: it serves what it holds), else a new one
     holding nothing yet but the `globals` part (the header probed from the origin). `forget(model
     sha256)` (blocking, on an executor): another version of the same header is at the URL, whose
     derived id is the old one's, so what was computed from the old bytes (the weight cache's
-    conversions) must go; called before the new validator is recorded."""
+    conversions) must go; called before the new validator is recorded. `probed`: the origin's probe
+    the caller has just read (not asked again)."""
     loop = asyncio.get_running_loop()
     store = PartialStore(directory)
     origin = display_url(resolve_url(url))
     old = await loop.run_in_executor(None, _existing, store, origin)
-    own = session is None
-    session = session or aiohttp.ClientSession(timeout=_timeout())
+    own = session is None and probed is None
+    session = session or (aiohttp.ClientSession(timeout=_timeout()) if own else None)
     try:
-        probe = _async_probe_resuming(url, session)
-        if old is not None:  # layers here: an origin that hangs must not hold the node's start for a minute
-            probe = asyncio.wait_for(probe, const.PARTIAL_HELD_PROBE_S)
-        data, header, size, validator, linked = await probe
+        if probed is not None:
+            data, header, size, validator, linked = probed
+        else:
+            probe = _async_probe_resuming(url, session)
+            if old is not None:  # layers here: an origin that hangs must not hold the node's start for a minute
+                probe = asyncio.wait_for(probe, const.PARTIAL_HELD_PROBE_S)
+            data, header, size, validator, linked = await probe
     except (aiohttp.ClientError, TimeoutError, DownloadFailed) as exc:
         failed = exc if isinstance(exc, DownloadFailed) else \
             DownloadFailed(f"probing {origin} failed: {describe_error(exc)}")

@@ -37,8 +37,10 @@ class FetchStats:
     restarts: int = 0  # the origin changed: everything fetched again
 
 
-async def async_probe(url: str, session: aiohttp.ClientSession,
-                      stats: FetchStats | None = None) -> tuple[bytes, GgufHeader, int, str | None, str | None]:
+Probe = tuple[bytes, GgufHeader, int, "str | None", "str | None"]  # what async_probe read
+
+
+async def async_probe(url: str, session: aiohttp.ClientSession, stats: FetchStats | None = None) -> Probe:
     """(header bytes, parse, file size, validator, the whole file's sha256 if the origin says it)."""
     resolved = resolve_url(url)
     buf = bytearray()
