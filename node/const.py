@@ -122,6 +122,8 @@ PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes
 PEER_CACHE_MAX = 256
 FOREIGN_PEERS_MAX = 1024  # entries: addresses (peers.json too) and, apart, node ids known not to speak SwarmLLM;
 # past it the oldest go first (one entry per misdialled address, never forgotten, grew without end)
+REFUSED_ADDRS_MAX = 1024  # addresses this node dialled and was refused at (not dialled again as a bootstrap or
+# relay); past it the least recently refused goes first (one per refused address, kept for the whole run, grew without end)
 PEER_LACKS_MAX = 1024  # peer processes (node ids) whose refused, or answered, frame types are kept (each of the two
 # tables); past it the least recently noted goes first (a client churning identities grew them until forgotten)
 MDNS_RESOLVE_TIMEOUT_MS = 3000

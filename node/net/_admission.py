@@ -78,7 +78,7 @@ class Membership:
         self.open_swarm = open_swarm
         self.state = MembershipState(Swarm.open_swarm())  # until async_load: nothing private yet
         self.refusals: collections.OrderedDict[str, Refusal] = collections.OrderedDict()  # LRU, capped
-        self.refused_addrs: set[str] = set()
+        self.refused_addrs: dict[str, None] = {}  # least recently refused first, capped
         self._save_lock = asyncio.Lock()  # saves land in order, one at a time
         self.refusals_dropped = 0
 
@@ -150,7 +150,10 @@ class Membership:
         ref.last_at = now
         ref.reason = clean_text(exc.message, const.REFUSAL_REASON_MAX_CHARS)  # (a stranger's text: one line, capped)
         if address:
-            self.refused_addrs.add(address)
+            self.refused_addrs.pop(address, None)  # re-inserted last: the dict runs least recent first
+            self.refused_addrs[address] = None
+            while len(self.refused_addrs) > const.REFUSED_ADDRS_MAX:  # a LAN's churn, a relay's stale list
+                del self.refused_addrs[next(iter(self.refused_addrs))]
         return ref
 
     def is_refused(self, node_id: str) -> bool:
