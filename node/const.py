@@ -52,6 +52,8 @@ MODEL_QUEUE_MAX = 64  # requests waiting per model before 429
 LOAD_FAILURE_RETRY_S = 300.0  # a whole model's failed load is refused to requests this long at most (memory short then may not be now)
 CANCEL_POLL_TOKENS = 1  # check the cancel flag after every token
 HASH_CHUNK_BYTES = 4 * 1024 * 1024
+HASH_CACHE_MAX_RECORDS = 4096  # files model_hashes.json remembers; past it the least recently hashed go first (a
+# record of a file deleted or moved stayed for ever, each download under a new name added one; gone files are dropped at start)
 # a data-dir file (swarm.json, identity.key, api_key, model_hashes.json) whose read fails for a reason
 # that may pass (a sync tool's or an antivirus' lock, a rename under way, EIO) is read again this often
 DATA_FILE_READ_TRIES = 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -118,6 +119,24 @@ def _read(path: Path, *, tries: int = const.DATA_FILE_READ_TRIES, quiet: bool = 
     return records, None
 
 
+def _prune(records: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """Drop (blocking: stats every file) the records of files gone from a folder still there, then
+    the least recently hashed past HASH_CACHE_MAX_RECORDS; how many of each were dropped. A file whose
+    folder is missing too is kept: a drive or share not mounted yet is not a file deleted."""
+    gone = [key for key in records if not os.path.lexists(key) and os.path.isdir(os.path.dirname(key))]
+    for key in gone:
+        del records[key]
+    return len(gone), _bound(records)
+
+
+def _bound(records: dict[str, dict[str, Any]]) -> int:
+    """Drop the least recently hashed records past HASH_CACHE_MAX_RECORDS; how many."""
+    over = max(0, len(records) - const.HASH_CACHE_MAX_RECORDS)
+    for key in list(records)[:over]:  # (a dict keeps insertion order: hashed longest ago first)
+        del records[key]
+    return over
+
+
 class HashCache:
     """sha256 per (path, size, mtime_ns), persisted as JSON in the data dir."""
 
@@ -147,6 +166,11 @@ class HashCache:
             assert self.path is not None
             self._data, self._kept = _read(self.path)
             self._loaded = True
+            gone, over = _prune(self._data)  # (load runs in an executor: Node.start)
+            if (gone or over) and not self._kept:
+                log.info("DIAG: model hash cache records dropped %s", kv(
+                    path=self.path, files_gone=gone, over_max=over, kept=len(self._data)))
+                self._save()
         if self._kept:
             log.warning("DIAG: model hash cache %s: files are hashed again, and nothing is saved over it "
                         "until it can be read (the file is left as it is) %s", self._kept, kv(path=self.path))
@@ -158,6 +182,7 @@ class HashCache:
         with self._lock:
             hit = self._data.get(key)
             if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+                self._data[key] = self._data.pop(key)  # used: the last the bound drops
                 return hit["sha256"]
             running = self._hashing.get(key)
             mine = running is None or running[:2] != (st.st_size, st.st_mtime_ns)
@@ -180,7 +205,7 @@ class HashCache:
                 # the record as it is now, not as read before hashing: an origin check recorded
                 # meanwhile (set_public swaps in a new dict) is kept (2026-12-07, review r31: the stale
                 # one was written back, an `unchecked` result lost, a first result undone)
-                self._data[key] = _keep_origin(record, self._data.get(key) or hit)  # (touched: same bytes)
+                self._data[key] = _keep_origin(record, self._data.pop(key, None) or hit)  # (touched: same bytes)
                 self._save()
             running[3].append(digest)
             return digest
@@ -199,7 +224,9 @@ class HashCache:
         if origin_url:
             record["origin"] = origin_url
         with self._lock:
-            self._data[str(file.resolve())] = record
+            key = str(file.resolve())
+            self._data.pop(key, None)  # re-inserted last: the dict runs least recently hashed first
+            self._data[key] = record
             self._save()
             if origin_url and (self._kept or self._unsaved) and not self._origin_said:
                 self._origin_said = True  # (in memory only: lost if the node stops before a save works)
@@ -281,9 +308,12 @@ class HashCache:
         disk, self._kept = _read(self.path, tries=1, quiet=True)
         if self._kept:
             return
-        for key, old in disk.items():
-            cur = self._data.get(key)
-            self._data[key] = old if cur is None else _keep_origin(cur, old)
+        merged = dict(disk)  # disk's first: this run's records are the more recently hashed
+        for key, cur in self._data.items():
+            old = merged.pop(key, None)
+            merged[key] = cur if old is None else _keep_origin(cur, old)
+        self._data = merged
+        _prune(self._data)  # (blocking: _save runs in executors)
         log.info("DIAG: model hash cache read again, saved from now on %s", kv(path=self.path, records=len(disk)))
 
     def _save(self) -> None:  # under self._lock
@@ -293,6 +323,7 @@ class HashCache:
             self._merge_kept()
             if self._kept:
                 return
+        _bound(self._data)  # (a long run's downloads, each under a new name)
         try:  # fsynced, whole or not at all (write_atomic removes its .tmp when it fails)
             write_atomic(self.path, json.dumps(self._data, indent=1).encode("utf-8"))
         except OSError as exc:  # a full disk: the model is served all the same (this is only a cache)
