@@ -88,13 +88,15 @@ def test_a_copy_whose_kept_session_is_gone_forgets_it():
 
 def test_lru_per_model_evicts_and_returns_what_to_free(caplog):
     cache = ChainPrefixCache(2)
-    with caplog.at_level(logging.INFO, logger="node.inference.pipeline.prefix"):
+    with caplog.at_level(logging.DEBUG, logger="node.inference.pipeline.prefix"):
         assert cache.put(kept("1", model="m")) == []
         assert cache.put(kept("x", model="n")) == []
         assert cache.put(kept("2", model="m")) == []
         evicted = cache.put(kept("3", model="m"))
     assert [e.sid for e in evicted] == ["1"] and sorted(cache.entries) == ["2", "3", "x"]
-    assert any("KV-cache sequence evicted" in m and "kept=1" in m for m in caplog.messages)
+    evicted = [r for r in caplog.records if "KV-cache sequence evicted" in r.getMessage()]
+    assert len(evicted) == 1 and "kept=1" in evicted[0].getMessage()
+    assert evicted[0].levelno == logging.DEBUG  # per request once full: not an INFO line each (2026-12-07)
     assert cache.stats.evictions == 1
 
 

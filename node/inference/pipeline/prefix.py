@@ -152,7 +152,7 @@ class ChainPrefixCache:
         for e in evicted:
             del self.entries[e.sid]
             self.stats.evictions += 1
-            log.info("DIAG: KV-cache sequence evicted %s", kv(
+            log.debug("DIAG: KV-cache sequence evicted %s", kv(  # per request once full (kv_slots._evicted)
                 reason="lru", kept=e.sid, cached_tokens=len(e.tokens), route="chain",
                 idle_s=round(time.monotonic() - e.kept_at, 1), evictions=self.stats.evictions))
         return evicted
