@@ -35,6 +35,22 @@ async def call(node, method: str, path: str, body: dict | None = None) -> tuple[
         return resp.status, await resp.text()
 
 
+async def api_chat(node, model_id: str, messages: list[dict], options: dict, caplog=None) -> tuple[dict, dict | None]:
+    """One /api/chat request, not streamed, that must answer 200: its reply, and the numbers of the
+    `DIAG: history past the context, oldest messages dropped` line it logged (`dropped`, `kept`,
+    `prompt`, `n_ctx`; None: it dropped nothing). Without caplog the line is not read (None)."""
+    if caplog is not None:
+        caplog.set_level(logging.DEBUG, logger="node.inference.generate")
+        first = len(caplog.records)  # this request's lines only
+    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": messages, "stream": False,
+                                                          "options": options})
+    assert status == 200, text
+    if caplog is None:
+        return json.loads(text), None
+    said = [r.getMessage() for r in caplog.records[first:] if "oldest messages dropped" in r.getMessage()]
+    return json.loads(text), {k: int(v) for k, v in re.findall(r"\b(\w+)=(\d+)\b", said[-1])} if said else None
+
+
 def open_webui_name(model: str) -> str:
     """What Open WebUI sends for a model it lists: the name with `:latest` added when it has no tag
     (generate_chat_completion, embed, generate_completion, unload), which it then looks up among the
@@ -159,20 +175,13 @@ async def test_a_chat_past_the_context_drops_its_oldest_messages_as_ollama_does(
     greedy = {"temperature": 0, "num_predict": 4}
     status, text = await call(node, "POST", "/v1/chat/completions", {"model": model_id, "messages": chat, "max_tokens": 4})
     assert status == 400 and "context" in text
-    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
-                                                          "options": greedy})
-    assert status == 200, text
-    reply = json.loads(text)
+    reply, said = await api_chat(node, model_id, chat, greedy, caplog)
     assert 0 < reply["prompt_eval_count"] < n_ctx
-    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()]
-    dropped = int(re.search(r"dropped=(\d+)", said[-1])[1])
+    dropped = said["dropped"]
     assert dropped % 2 == 0 and 0 < dropped < len(chat) - 2  # whole exchanges: the kept history opens with a user
     kept = [chat[0], *chat[1 + dropped:]]  # the system message, and the newest messages to the last
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": kept, "stream": False,
-                                                          "options": greedy})
-    same = json.loads(text)
-    assert status == 200 and same["prompt_eval_count"] == reply["prompt_eval_count"]
+    same, _ = await api_chat(node, model_id, kept, greedy)
+    assert same["prompt_eval_count"] == reply["prompt_eval_count"]
     assert same["message"]["content"] == reply["message"]["content"]
     assert reply["prompt_eval_count"] + greedy["num_predict"] <= n_ctx  # room for the reply asked (review r46)
     one_more = [chat[0], *chat[1 + dropped - 2:]]  # the fewest dropped: one exchange more leaves no such room
@@ -188,10 +197,7 @@ async def test_a_trimmed_chat_leaves_its_reply_the_room_it_asks(node, model_id):
     n_ctx = node.models.get(model_id).n_ctx
     for num_predict in (40, None):
         options = {"temperature": 0, **({"num_predict": num_predict} if num_predict else {})}
-        status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": long_chat(40),
-                                                              "stream": False, "options": options})
-        assert status == 200, text
-        reply = json.loads(text)
+        reply, _ = await api_chat(node, model_id, long_chat(40), options)
         assert reply["prompt_eval_count"] + (num_predict or n_ctx // 4) <= n_ctx, reply
 
 
@@ -213,21 +219,14 @@ async def test_an_agent_loop_past_the_context_keeps_its_task_and_its_latest_call
     was the last message: the task and every call were dropped, the last tool result alone left. The
     loop is cut before a call (its result kept with it), the task kept before it."""
     loop = agent_loop(30)
-    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": loop, "stream": False,
-                                                          "options": {"temperature": 0, "num_predict": 8}})
-    assert status == 200, text
-    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()][-1]
-    dropped, kept = int(re.search(r"dropped=(\d+)", said)[1]), int(re.search(r"kept=(\d+)", said)[1])
+    greedy = {"temperature": 0, "num_predict": 8}
+    reply, said = await api_chat(node, model_id, loop, greedy, caplog)
+    dropped, kept = said["dropped"], said["kept"]
     assert dropped % 2 == 0 and dropped > 0 and kept == len(loop) - dropped, said  # whole call/result pairs
     assert kept >= 4, said  # system, task, at least one call and its result
     fitted = [loop[0], loop[1], *loop[2 + dropped:]]
     assert fitted[2]["role"] == "assistant" and fitted[2]["tool_calls"] and fitted[-1] == loop[-1]
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": fitted, "stream": False,
-                                                          "options": {"temperature": 0, "num_predict": 8}})
-    assert status == 200 and json.loads(text)["message"] == json.loads((await call(
-        node, "POST", "/api/chat", {"model": model_id, "messages": loop, "stream": False,
-                                    "options": {"temperature": 0, "num_predict": 8}}))[1])["message"]
+    assert (await api_chat(node, model_id, fitted, greedy))[0]["message"] == reply["message"]
 
 
 async def test_the_listed_latest_name_works_on_the_v1_routes_too(node, model_id):
@@ -270,12 +269,9 @@ async def test_a_chat_just_under_the_context_is_fitted_for_its_reply_too(node, m
     if await _prompt_tokens(node, model_id, long_chat(turns)) is None:
         turns -= 1
     assert (await _prompt_tokens(node, model_id, long_chat(turns))) is not None, "no chat just under the context"
-    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": long_chat(turns),
-                                                          "stream": False, "options": {"temperature": 0, "num_predict": 200}})
-    assert status == 200, text
-    assert json.loads(text)["prompt_eval_count"] + 200 <= n_ctx
-    assert any("oldest messages dropped" in r.getMessage() for r in caplog.records)
+    reply, said = await api_chat(node, model_id, long_chat(turns), {"temperature": 0, "num_predict": 200}, caplog)
+    assert reply["prompt_eval_count"] + 200 <= n_ctx
+    assert said is not None
 
 
 async def test_an_agent_loop_of_a_later_task_keeps_that_task_not_the_first(node, model_id, caplog):
@@ -284,17 +280,11 @@ async def test_an_agent_loop_of_a_later_task_keeps_that_task_not_the_first(node,
     loop = agent_loop(30)
     chat = [loop[0], {"role": "user", "content": "OLD TASK: write a poem about paths."},
             {"role": "assistant", "content": "Paths join, parts align."}, *loop[1:]]  # loop[1]: the new task
-    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
-                                                          "options": {"temperature": 0, "num_predict": 8}})
-    assert status == 200, text
-    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()][-1]
-    dropped = int(re.search(r"dropped=(\d+)", said)[1])
-    fitted = [chat[0], chat[3], *chat[4 + dropped - 2:]]  # the old task and its reply dropped, then call pairs
+    greedy = {"temperature": 0, "num_predict": 8}
+    reply, said = await api_chat(node, model_id, chat, greedy, caplog)
+    fitted = [chat[0], chat[3], *chat[4 + said["dropped"] - 2:]]  # the old task and its reply dropped, then call pairs
     assert fitted[2]["role"] == "assistant" and fitted[2]["tool_calls"], said
-    status, again = await call(node, "POST", "/api/chat", {"model": model_id, "messages": fitted, "stream": False,
-                                                           "options": {"temperature": 0, "num_predict": 8}})
-    assert status == 200 and json.loads(again)["prompt_eval_count"] == json.loads(text)["prompt_eval_count"]
+    assert (await api_chat(node, model_id, fitted, greedy))[0]["prompt_eval_count"] == reply["prompt_eval_count"]
 
 
 async def test_a_loop_whose_task_leaves_no_room_for_a_call_is_the_contexts_400_not_a_lone_tool_result(node, model_id):
@@ -323,12 +313,9 @@ async def test_a_chat_within_the_context_keeps_its_history_when_no_cut_leaves_ro
     whole = await _prompt_tokens(node, model_id, chat)
     alone = await _prompt_tokens(node, model_id, [chat[0], chat[3]])
     assert whole is not None and alone + n_ctx // 4 > n_ctx, (whole, alone)  # no cut leaves a quarter
-    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
-                                                          "options": {"temperature": 0, "num_predict": 300}})
-    assert status == 200, text
-    assert json.loads(text)["prompt_eval_count"] == whole
-    assert not any("oldest messages dropped" in r.getMessage() for r in caplog.records)
+    reply, said = await api_chat(node, model_id, chat, {"temperature": 0, "num_predict": 300}, caplog)
+    assert reply["prompt_eval_count"] == whole
+    assert said is None
 
 
 async def test_a_prefill_past_the_context_keeps_its_question(node, model_id, caplog):
@@ -337,13 +324,8 @@ async def test_a_prefill_past_the_context_keeps_its_question(node, model_id, cap
     chat = [*long_chat(40)[:-1], {"role": "user", "content": LONG_QUESTION},
             {"role": "assistant", "content": "It joins"}]  # (the question and prefill leave no quarter)
     assert await _prompt_tokens(node, model_id, chat) is None  # past the context
-    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
-                                                          "options": {"temperature": 0, "num_predict": 300}})
-    assert status == 200, text
-    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()][-1]
-    dropped = int(re.search(r"dropped=(\d+)", said)[1])
-    fitted = [chat[0], *chat[1 + dropped:]]
+    _, said = await api_chat(node, model_id, chat, {"temperature": 0, "num_predict": 300}, caplog)
+    fitted = [chat[0], *chat[1 + said["dropped"]:]]
     assert fitted[1]["role"] == "user" and fitted[-2:] == chat[-2:], said
 
 
@@ -351,12 +333,8 @@ async def test_a_loop_continued_by_a_prefill_is_cut_before_a_call(node, model_id
     """Review r49: a prefill after a loop's results ("continue the reply") made the task the last
     unit, no call cut was left, and the chat was the context's 400."""
     chat = [*agent_loop(30), {"role": "assistant", "content": "I renamed"}]
-    caplog.set_level(logging.DEBUG, logger="node.inference.generate")
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
-                                                          "options": {"temperature": 0, "num_predict": 8}})
-    assert status == 200, text
-    said = [r.getMessage() for r in caplog.records if "oldest messages dropped" in r.getMessage()][-1]
-    dropped = int(re.search(r"dropped=(\d+)", said)[1])
+    _, said = await api_chat(node, model_id, chat, {"temperature": 0, "num_predict": 8}, caplog)
+    dropped = said["dropped"]
     fitted = [chat[0], chat[1], *chat[2 + dropped:]]  # the task, then whole call/result pairs, the prefill
     assert dropped > 0 and fitted[2]["tool_calls"] and fitted[-1] == chat[-1], said
 
@@ -371,10 +349,8 @@ async def test_when_no_cut_leaves_all_the_room_the_reply_still_gets_half(node, m
     chat = [*long_chat(turns)[:-1], {"role": "user", "content": LONG_QUESTION}]
     alone = await _prompt_tokens(node, model_id, [chat[0], chat[-1]])
     floor = min(n_ctx // 4 // 2, n_ctx - alone)
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": chat, "stream": False,
-                                                          "options": {"temperature": 0, "num_predict": 300}})
-    assert status == 200, text
-    assert json.loads(text)["prompt_eval_count"] + floor <= n_ctx, (text[-300:], floor)
+    reply, _ = await api_chat(node, model_id, chat, {"temperature": 0, "num_predict": 300})
+    assert reply["prompt_eval_count"] + floor <= n_ctx, (reply, floor)
 
 
 async def test_a_loop_ending_in_a_big_tool_result_gets_half_its_room_too(node, model_id):
@@ -390,7 +366,5 @@ async def test_a_loop_ending_in_a_big_tool_result_gets_half_its_room_too(node, m
     smallest = await tokens([loop[0], loop[1], *loop[-2:]])
     whole = await tokens(loop)
     assert whole is not None and whole + n_ctx // 8 > n_ctx >= smallest + n_ctx // 8, (whole, smallest)
-    status, text = await call(node, "POST", "/api/chat", {"model": model_id, "messages": loop, "stream": False,
-                                                          "options": {"temperature": 0, "num_predict": 300}})
-    assert status == 200, text
-    assert json.loads(text)["prompt_eval_count"] + n_ctx // 8 <= n_ctx, text[-300:]
+    reply, _ = await api_chat(node, model_id, loop, {"temperature": 0, "num_predict": 300})
+    assert reply["prompt_eval_count"] + n_ctx // 8 <= n_ctx, reply
