@@ -6,6 +6,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import weakref
 from pathlib import Path
 
 from node.config import NodeConfig
@@ -42,7 +43,22 @@ async def running_node(config: NodeConfig):
         await node.start()
         yield node
     finally:
+        for client in _SDK_CLIENTS.pop(node, []):
+            await client.close()
         await node.stop()
+
+
+# The SDK clients made for a node (openai_client, anthropic_client), closed when it stops: left to the
+# collector, each one's __del__ scheduled `aclose()` on whatever loop ran then (another test's: a
+# "coroutine 'AsyncClient.aclose' was never awaited" warning), and one collected deep in a recursion
+# failed as an unraisable error (a CI flake, 2026-12-07)
+_SDK_CLIENTS: weakref.WeakKeyDictionary[Node, list] = weakref.WeakKeyDictionary()
+
+
+def _kept(node: Node, client):
+    with contextlib.suppress(TypeError):  # (a stand-in that takes no weak reference: the SDK types' warm-up)
+        _SDK_CLIENTS.setdefault(node, []).append(client)
+    return client
 
 
 def default_model_node(name: str, **overrides):
@@ -108,7 +124,8 @@ def openai_client(node: Node):
     import openai
 
     _build_sdk_models("openai.types", "openai.types.chat", "openai.types.responses")
-    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+    return _kept(node, openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key,
+                                          max_retries=0))
 
 
 def anthropic_client(node: Node):
@@ -116,5 +133,5 @@ def anthropic_client(node: Node):
     import anthropic
 
     _build_sdk_models("anthropic.types")
-    return anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key=node.api_key,
-                                    max_retries=0)
+    return _kept(node, anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key=node.api_key,
+                                                max_retries=0))
