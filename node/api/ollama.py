@@ -4,7 +4,8 @@ only Ollama (Open WebUI's Ollama connection, Zed, Continue's `ollama` provider, 
 ChatOllama, Page Assist, Enchanted, Home Assistant, n8n) work against SwarmLLM.
 
 A chat or generate body becomes the /v1/chat/completions (or, for `raw` and `suffix`,
-/v1/completions) body it means and goes through that parser, so every option is checked as there;
+/v1/completions) body it means and goes through that parser, so every option is checked as there
+(its 400 naming `options.<name>`, as sent);
 `options` are its samplers (`num_predict` the token limit), load-time ones (`num_ctx`, `num_gpu`,
 ...) dropped as on /v1, unknown ones dropped as Ollama does. Histories: an assistant's `tool_calls`
 get ids, and a `tool` message answers the call its `tool_call_id` or `tool_name` names (naming neither,
@@ -39,6 +40,7 @@ from node.api.schemas import parse_completion, parse_embeddings
 from node.api.tool_schemas import async_check_tool_schemas
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import EmbeddingResult
+from node.inference.request import CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,20 @@ def _options(body: dict) -> dict[str, Any]:
                                      f"limit, got {value!r}", param="options.num_predict")
             out["max_tokens"] = value
     return out
+
+
+def _parsed(out: dict[str, Any], kind: str, body: dict) -> CompletionRequest:
+    """parse_completion, its 400 about a sampler sent in `options` naming it as sent (`options.top_p`:
+    the client's request has no top-level `top_p` to look for)."""
+    try:
+        return parse_completion(out, kind)
+    except InvalidRequest as exc:
+        options = body.get("options") or {}
+        if isinstance(exc.param, str) and exc.param in _SAMPLERS and exc.param in options:
+            sent = f"options.{exc.param}"
+            exc.message = exc.message.replace(f"`{exc.param}`", f"`{sent}`")
+            exc.args, exc.param = (exc.message,), sent
+        raise
 
 
 def _common(body: dict, model: str) -> dict[str, Any]:
@@ -233,7 +249,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         out["tools"] = body["tools"]
     await async_check_tool_schemas(out)
     # a history past the context loses its oldest messages, as Ollama's (/v1 answers a 400)
-    completion = dataclasses.replace(parse_completion(out, "chat"), operation="ollama.chat", drop_old_messages=True)
+    completion = dataclasses.replace(_parsed(out, "chat", body), operation="ollama.chat", drop_old_messages=True)
     return await serve(request, completion, OllamaDialect(chat=True, named=named))
 
 
@@ -270,10 +286,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
             raise Unsupported("`think` needs the model's chat template: leave out `raw` (and `suffix`), or `think`",
                               param="think")
         out.update(prompt=prompt, **({"suffix": suffix} if suffix else {}))
-        completion = parse_completion(_text_logprobs(out), "text")
+        completion = _parsed(_text_logprobs(out), "text", body)
     else:
         system_turn = [{"role": "system", "content": system}] if system else []
-        completion = parse_completion({**out, "messages": [*system_turn, {"role": "user", "content": prompt}]}, "chat")
+        completion = _parsed({**out, "messages": [*system_turn, {"role": "user", "content": prompt}]}, "chat", body)
     completion = dataclasses.replace(completion, operation="ollama.generate")
     return await serve(request, completion, OllamaDialect(chat=False, named=named))
 
