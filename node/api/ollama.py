@@ -33,8 +33,8 @@ from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.embed_routes import serve_embeddings
 from node.api.errors import read_json
-from node.api.extras import OLLAMA_LOAD_OPTIONS
-from node.api.ollama_models import model_name
+from node.api.extras import OLLAMA_LOAD_OPTIONS, THINK_EFFORTS
+from node.api.ollama_models import model_name, thinks
 from node.api.ollama_reply import OllamaDialect, created_at
 from node.api.schemas import parse_completion, parse_embeddings
 from node.api.tool_schemas import async_check_tool_schemas
@@ -217,6 +217,18 @@ def _answered(msg: dict, i: int, pending: list[tuple[str, str]], latest: set[str
     return match[0]
 
 
+async def _check_think(request: web.Request, body: dict, named: Any, model: str) -> None:
+    """Ollama's 400 for `think` (true, or an effort) on a model that does not think (its routes.go:
+    `"<model>" does not support thinking`); false and null are taken. A model whose template is not
+    here yet is left to the parser."""
+    think = body.get("think")
+    if think is not True and not (isinstance(think, str) and think in THINK_EFFORTS):
+        return  # off, absent, or a wrong value (the parser's 400)
+    served = await request.app[NODE].models.async_get(model)  # an unknown model: its 404
+    if served.tokenizer is not None and not thinks(served):
+        raise InvalidRequest(f"{json.dumps(named, ensure_ascii=False)} does not support thinking", param="think")
+
+
 async def _load_reply(request: web.Request, body: dict, named: str, model: str, chat: bool) -> web.Response:
     """Ollama's answer to a request with nothing to say: a load (the model loaded now, on demand as
     a /v1 request loads it), or with `keep_alive: 0` an unload (answered; the model stays loaded here)."""
@@ -244,6 +256,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("`messages` must be a list", param="messages")
     if not messages:
         return await _load_reply(request, body, named, model, chat=True)
+    await _check_think(request, body, named, model)
     out = {**_common(body, model), "messages": _history(messages)}
     if body.get("tools") is not None:
         out["tools"] = body["tools"]
@@ -288,6 +301,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         out.update(prompt=prompt, **({"suffix": suffix} if suffix else {}))
         completion = _parsed(_text_logprobs(out), "text", body)
     else:
+        await _check_think(request, body, named, model)
         system_turn = [{"role": "system", "content": system}] if system else []
         completion = _parsed({**out, "messages": [*system_turn, {"role": "user", "content": prompt}]}, "chat", body)
     completion = dataclasses.replace(completion, operation="ollama.generate")

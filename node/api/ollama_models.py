@@ -20,6 +20,7 @@ from node.api.errors import read_json
 from node.errors import InvalidRequest
 from node.inference.manager import LATEST_TAG, ServedModel
 from node.inference.reasoning import think_tags
+from node.inference.tools.harmony import is_harmony
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,15 @@ async def ps(request: web.Request) -> web.Response:
          "size_vram": s.entry.size_bytes if s.device not in (None, "cpu") else 0} for s in loaded]})
 
 
+def thinks(served: ServedModel) -> bool:
+    """Whether a model writes thoughts: a template with think tags, or gpt-oss's harmony channels."""
+    template = (served.tokenizer.chat_template if served.tokenizer is not None else None) or ""
+    return think_tags(template) is not None or is_harmony(template)
+
+
 def capabilities(served: ServedModel) -> list[str]:
     """Ollama's `capabilities`: completion (a model that chats), tools (a template that renders
-    them), thinking (one that writes thoughts), embedding (a model declaring its pooling: an embedder)."""
+    them), thinking (one that writes thoughts: `thinks`), embedding (a model declaring its pooling: an embedder)."""
     tok = served.tokenizer
     header = served.entry.header
     pooling = header.arch_get("pooling_type")
@@ -123,7 +130,7 @@ def capabilities(served: ServedModel) -> list[str]:
     template = (tok.chat_template if tok is not None else None) or ""
     if "tools" in template:
         out.append("tools")
-    if think_tags(template) is not None:
+    if thinks(served):
         out.append("thinking")
     if pooling is not None and (tok is None or not tok.reranker):
         out.append("embedding")

@@ -9,13 +9,20 @@ from __future__ import annotations
 import ollama
 import pytest
 
-from tests.support.nodes import default_model_node
+from node.inference.synth import SynthSpec
+from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
+from tests.support.nodes import default_model_node, template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
 QUESTION = [{"role": "user", "content": "hi"}]
 
 node = default_model_node("ollama_parity")
+# models that think: DeepSeek-R1's template (think tags), gpt-oss's (harmony channels, efforts)
+THINKER = SynthSpec(n_ctx=2048, think=True, control_tokens=R1_MARKERS,
+                    chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"), name="thinker")
+GPTOSS = SynthSpec(n_ctx=2048, harmony=True, chat_template=template("openai-gpt-oss-120b"), name="gptoss")
+thinkers = tiny_models_node(THINKER, GPTOSS)
 
 
 @pytest.fixture
@@ -44,3 +51,28 @@ async def test_a_bad_option_is_named_as_sent(client, model_id, option, value):
                  client.generate(model=model_id, prompt="hi", raw=True, options={option: value})):
         error = await _refused(call)
         assert error.status_code == 400 and error.error.startswith(f"`options.{option}` must be"), error.error
+
+
+async def test_think_on_a_model_that_does_not_think_is_ollamas_400(client, model_id):
+    """Ollama answers 400 `"<model>" does not support thinking` (routes.go); it was taken silently."""
+    assert "thinking" not in (await client.show(model_id)).capabilities
+    for think in (True, "high"):
+        for call in (client.chat(model=f"{model_id}:latest", messages=QUESTION, think=think),
+                     client.generate(model=f"{model_id}:latest", prompt="hi", think=think)):
+            error = await _refused(call)
+            assert error.status_code == 400 and error.error == f'"{model_id}:latest" does not support thinking'
+    for think in (False, None):  # off: taken, as by Ollama
+        reply = await client.chat(model=model_id, messages=QUESTION, think=think, options={"num_predict": 2})
+        assert reply.done
+
+
+async def test_think_on_models_that_think_is_taken(thinkers):
+    client = ollama.AsyncClient(host=f"http://127.0.0.1:{thinkers.api.port}",
+                                headers={"Authorization": f"Bearer {thinkers.api_key}"})
+    for served in thinkers.models.all():  # gpt-oss's channels are thinking too (it was left out)
+        assert "thinking" in (await client.show(served.id)).capabilities, served.id
+        think = "high" if "gptoss" in served.id else True
+        reply = await client.chat(model=served.id, messages=QUESTION, think=think, options={"num_predict": 4})
+        assert reply.done, served.id
+        reply = await client.generate(model=served.id, prompt="hi", think=think, options={"num_predict": 4})
+        assert reply.done, served.id
