@@ -7,7 +7,8 @@ A chat or generate body becomes the /v1/chat/completions (or, for `raw` and `suf
 /v1/completions) body it means and goes through that parser, so every option is checked as there
 (its 400 naming `options.<name>`, as sent);
 `options` are its samplers (`num_predict` the token limit), load-time ones (`num_ctx`, `num_gpu`,
-...) dropped as on /v1, unknown ones dropped as Ollama does. Histories: an assistant's `tool_calls`
+...) dropped as on /v1, the samplers Ollama takes that this node lacks (`typical_p`, `mirostat`, ...)
+taken and not applied (said once at INFO), unknown ones dropped as Ollama does. Histories: an assistant's `tool_calls`
 get ids, and a `tool` message answers the call its `tool_call_id` or `tool_name` names (naming neither,
 the oldest call not yet answered: Continue and Home Assistant send results bare, in the calls' order). `stream`
 defaults to true (NDJSON lines, api/ollama_reply.py). A request with no messages (no prompt) is
@@ -46,10 +47,18 @@ log = logging.getLogger(__name__)
 
 routes = web.RouteTableDef()
 
-# Ollama's samplers, taken as /v1 takes them (api/extras.py: typical_p, tfs_z, mirostat at their off
-# value, repeat_last_n with the penalties' window)
+# Ollama's samplers, taken as /v1 takes them
 _SAMPLERS = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_penalty", "presence_penalty",
-             "frequency_penalty", "typical_p", "tfs_z", "mirostat", "mirostat_eta", "mirostat_tau", "repeat_last_n"}
+             "frequency_penalty"}
+# options Ollama takes that change nothing here, each with the value that changes nothing anywhere
+# (None: none has an effect without mirostat). Ollama's api/types.go has typical_p and repeat_last_n
+# (its llama.cpp runner applies them) and no longer mirostat, mirostat_eta, mirostat_tau or tfs_z
+# (their names are "invalid option provided", a warning): taken as Ollama takes them, never a 400
+# (Open WebUI's Advanced Params send them), and said once at INFO where they would have an effect.
+# repeat_last_n is the penalties' own window (const.PENALTY_LAST_N_TOKENS) when it is that one.
+_NOT_APPLIED: dict[str, float | None] = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "mirostat_eta": None,
+                                         "mirostat_tau": None, "repeat_last_n": const.PENALTY_LAST_N_TOKENS}
+_told_not_applied: set[str] = set()
 _CHAT_KEYS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
               "top_logprobs"}
 _GENERATE_KEYS = {"model", "prompt", "suffix", "system", "template", "context", "raw", "images", "format",
@@ -82,6 +91,18 @@ def _unknown(body: dict, allowed: set[str]) -> None:
     _tell(set(body) - allowed, "fields")
 
 
+def _tell_not_applied(options: dict) -> None:
+    """Say once, at INFO, each option Ollama takes that is sent where it would change the reply and
+    is not applied here (_NOT_APPLIED)."""
+    mirostat = options.get("mirostat") not in (None, 0)
+    new = {key for key, off in _NOT_APPLIED.items() if key in options and options[key] is not None
+           and (options[key] != off if off is not None else mirostat)} - _told_not_applied
+    if new:
+        _told_not_applied.update(new)
+        log.info("DIAG: ollama options taken, not applied options=%s (no such sampler here; the penalties look "
+                 "back %d tokens)", ",".join(sorted(new)), const.PENALTY_LAST_N_TOKENS)
+
+
 def _options(body: dict) -> dict[str, Any]:
     """`options` as /v1 fields: the samplers, `num_predict` as max_tokens (negative: no limit)."""
     options = body.get("options")
@@ -90,7 +111,8 @@ def _options(body: dict) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise InvalidRequest("`options` must be an object", param="options")
     out: dict[str, Any] = {}
-    _tell(set(options) - _SAMPLERS - OLLAMA_LOAD_OPTIONS - {"num_predict"}, "options")
+    _tell(set(options) - _SAMPLERS - _NOT_APPLIED.keys() - OLLAMA_LOAD_OPTIONS - {"num_predict"}, "options")
+    _tell_not_applied(options)
     for key, value in options.items():
         if key in _SAMPLERS:
             out[key] = value

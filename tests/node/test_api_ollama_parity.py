@@ -6,9 +6,12 @@ rule shared with /v1."""
 
 from __future__ import annotations
 
+import logging
+
 import ollama
 import pytest
 
+from node.api import ollama as ollama_api
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
 from tests.support.nodes import default_model_node, template, tiny_models_node
@@ -76,3 +79,33 @@ async def test_think_on_models_that_think_is_taken(thinkers):
         assert reply.done, served.id
         reply = await client.generate(model=served.id, prompt="hi", think=think, options={"num_predict": 4})
         assert reply.done, served.id
+
+
+# Open WebUI's Advanced Params, set away from their defaults (typical_p, mirostat and its rates, tfs_z,
+# a longer penalty window): Ollama takes them all (api/types.go, or "invalid option provided": a warning)
+NOT_APPLIED = {"typical_p": 0.9, "mirostat": 2, "mirostat_eta": 0.2, "mirostat_tau": 4.0, "tfs_z": 0.5,
+               "repeat_last_n": 128}
+# ... and at the values its "Custom" button puts in: they would change nothing anywhere
+AT_DEFAULTS = {"typical_p": 1.0, "mirostat": 0, "mirostat_eta": 0.1, "mirostat_tau": 5.0, "tfs_z": 1,
+               "repeat_last_n": 64}
+
+
+async def test_options_ollama_takes_are_taken_and_said_once(client, model_id, caplog, monkeypatch):
+    """They were 400s (`typical_p` is not supported...), so every chat of an app that set one failed."""
+    monkeypatch.setattr(ollama_api, "_told_not_applied", set(), raising=False)
+    caplog.set_level(logging.INFO, logger=ollama_api.__name__)
+    greedy = {"temperature": 0, "num_predict": 8, "repeat_penalty": 1.1}
+    plain = await client.chat(model=model_id, messages=QUESTION, options=greedy)
+    for _ in range(2):
+        reply = await client.chat(model=model_id, messages=QUESTION, options={**greedy, **NOT_APPLIED})
+        assert reply.message.content == plain.message.content  # none of them is applied here
+        generated = await client.generate(model=model_id, prompt="hi", raw=True, options={**greedy, **NOT_APPLIED})
+        assert generated.done
+    said = [r for r in caplog.records if "not applied" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO], [r.getMessage() for r in said]  # once, not per request
+    assert f"options={','.join(sorted(NOT_APPLIED))} " in said[0].getMessage()
+    monkeypatch.setattr(ollama_api, "_told_not_applied", set(), raising=False)
+    caplog.clear()
+    reply = await client.chat(model=model_id, messages=QUESTION, options={**greedy, **AT_DEFAULTS})
+    assert reply.message.content == plain.message.content
+    assert not [r for r in caplog.records if "not applied" in r.getMessage()]  # nothing to say
