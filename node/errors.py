@@ -98,9 +98,16 @@ class NotFound(NodeError):
 
 
 class ModelNotFound(NotFound):
-    """The requested model is not known to this node or the swarm (404)."""
+    """The requested model is not known to this node or the swarm (404). `model`: the name as the
+    client sent it, when no model answers to it (not for an ambiguous name or one not ready yet):
+    the Ollama dialect answers in Ollama's words then (api/errors.py)."""
 
     code = "model_not_found"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 model: str | None = None):
+        super().__init__(message, param=param, code=code)
+        self.model = model
 
 
 class MethodNotAllowed(NodeError):

@@ -23,6 +23,7 @@ from node.errors import (
     InsufficientCapacity,
     InvalidRequest,
     MethodNotAllowed,
+    ModelNotFound,
     ModelUnavailable,
     NodeError,
     NotFound,
@@ -38,6 +39,8 @@ ANTHROPIC_PATH_PREFIX = "/v1/messages"
 OLLAMA_PATH_PREFIX = "/api/"
 ADMIN_PATH_PREFIX = "/api/admin"
 ErrorShape = Literal["openai", "anthropic", "ollama"]
+# what to do here instead of Ollama's pull (its /api/pull answers the same way: api/ollama_models.py)
+_NO_PULL = "SwarmLLM pulls from no registry: add a GGUF with `swarmllm download <url>` or the app's Models page"
 
 # NodeError class -> Anthropic error type (the nearest class in the exception's MRO wins);
 # https://docs.anthropic.com/en/api/errors lists the types
@@ -75,8 +78,18 @@ def error_body(exc: NodeError, shape: ErrorShape = "openai") -> dict:
     if shape == "anthropic":
         return to_anthropic(exc)
     if shape == "ollama":
-        return {"error": exc.message}
+        return {"error": _ollama_message(exc)}
     return exc.to_openai()
+
+
+def _ollama_message(exc: NodeError) -> str:
+    """The message in Ollama's words where its apps read them: a model no name answers to is its
+    404 `model "x" not found, try pulling it first` (server/routes.go; apps match "not found" and
+    offer a pull, or say to run `ollama pull x`), then, after it, how to add a model here."""
+    if isinstance(exc, ModelNotFound) and exc.model is not None:
+        return (f"model {json.dumps(exc.model, ensure_ascii=False)} not found, try pulling it first "
+                f"({_NO_PULL}; GET /api/tags lists the models this node serves)")
+    return exc.message
 
 
 def error_response(exc: NodeError, headers: dict[str, str] | None = None, *,

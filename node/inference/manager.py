@@ -220,7 +220,8 @@ class ModelManager:
         except ModelNotFound as exc:  # named as the client sent it (review r47: `nosuch` for `nosuch:latest`)
             if asked == model_id:
                 raise
-            raise ModelNotFound(exc.message.replace(f"`{model_id}`", f"`{asked}`"), param=exc.param) from None
+            raise ModelNotFound(exc.message.replace(f"`{model_id}`", f"`{asked}`"), param=exc.param,
+                                model=asked if exc.model is not None else None) from None
         served = self._served.get(entry.id)
         if served is None:  # catalogued a moment before its registration (a scan, a swarm header)
             raise ModelNotFound(f"The model `{model_id}` is not ready on this node yet", param="model")

@@ -387,7 +387,7 @@ class ModelCatalog:
             by_hash = [e for e in self.entries.values() if e.sha256.startswith(lowered)]
             if len(by_hash) == 1:
                 return by_hash[0]
-        raise ModelNotFound(f"The model `{name}` does not exist on this node", param="model")
+        raise ModelNotFound(f"The model `{name}` does not exist on this node", param="model", model=name)
 
     def by_sha(self, sha256: str) -> ModelEntry | None:
         """The entry whose content hash matches (models are matched across peers by hash)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import httpx
 import ollama
 import pytest
 
@@ -37,6 +38,14 @@ def model_id(node):
 def client(node):
     return ollama.AsyncClient(host=f"http://127.0.0.1:{node.api.port}",
                               headers={"Authorization": f"Bearer {node.api_key}"})
+
+
+async def _post(node, path: str, body: dict) -> tuple[int, dict]:
+    """(status, JSON) of one POST on the node's API."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        resp = await http.post(f"http://127.0.0.1:{node.api.port}{path}", json=body,
+                               headers={"Authorization": f"Bearer {node.api_key}"})
+        return resp.status_code, resp.json()
 
 
 async def _refused(call) -> ollama.ResponseError:
@@ -109,3 +118,16 @@ async def test_options_ollama_takes_are_taken_and_said_once(client, model_id, ca
     reply = await client.chat(model=model_id, messages=QUESTION, options={**greedy, **AT_DEFAULTS})
     assert reply.message.content == plain.message.content
     assert not [r for r in caplog.records if "not applied" in r.getMessage()]  # nothing to say
+
+
+async def test_an_unknown_model_is_ollamas_404_in_its_words(client, node):
+    """Apps match Ollama's `model "x" not found, try pulling it first` (and offer a pull, or say to run
+    `ollama pull x`); it was /v1's `The model `x` does not exist on this node`."""
+    said = 'model "nosuch" not found, try pulling it first ('
+    for call in (client.chat(model="nosuch", messages=QUESTION), client.chat(model="nosuch", messages=[]),
+                 client.generate(model="nosuch", prompt="hi"), client.show("nosuch"), client.embed("nosuch", "hi")):
+        error = await _refused(call)
+        assert error.status_code == 404 and error.error.startswith(said), error.error
+        assert "swarmllm download" in error.error  # what to do instead of pulling (/api/pull is a 400)
+    status, reply = await _post(node, "/v1/chat/completions", {"model": "nosuch", "messages": QUESTION})
+    assert status == 404 and reply["error"]["message"] == "The model `nosuch` does not exist on this node"  # /v1's own
