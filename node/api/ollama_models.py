@@ -2,8 +2,8 @@
 routes this node does not have (/api/pull, /api/push, /api/create, /api/copy, /api/delete, which
 answer what to do instead). Models are listed under the ids /v1/models gives with Ollama's `:latest`
 tag (`tiny-1a2b3c4d:latest`), as Ollama lists every model: Open WebUI adds the tag to an untagged name
-and looks it up among the listed names. A name sent with a tag is the model without it (ids and names
-here have no `:`, so a tag is never part of one).
+and looks it up among the listed names. A name sent with `:latest` is the model; with another tag
+(`llama3:8b-q4`) it is another model, as on Ollama: not found (`manager.untagged`, /v1's rule too).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ TAG = LATEST_TAG  # the tag Ollama lists an untagged model under
 
 
 def model_name(value: Any, param: str = "model") -> str:
-    """An Ollama request's model name as this node's id or name: without its `:tag`."""
+    """An Ollama request's model name, its tag kept: ModelManager.get reads it by the rule /v1 reads
+    names by (`manager.untagged`: `:latest` is the model, another tag another model)."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(f"`{param}` is required and must be a model name (GET /api/tags lists them)",
                              param=param)
-    return value.strip().split(":", 1)[0]
+    return value.strip()
 
 
 def _rfc3339(epoch_s: float) -> str:

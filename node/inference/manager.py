@@ -35,6 +35,14 @@ log = logging.getLogger(__name__)
 
 LATEST_TAG = ":latest"  # how Ollama lists a model (the Ollama dialect's /api/tags): the model itself
 
+
+def untagged(name: str) -> str:
+    """The one rule for a `:tag` after a model name, on every route of every dialect: `:latest`, how
+    /api/tags lists a model (and what apps then send anywhere), is the model itself; any other tag
+    is kept, so it names no model here (ids and names hold no `:`): `llama3:8b-q4` is another
+    model, not this node's `llama3`, as on Ollama (a 404, not another file's replies)."""
+    return name.removesuffix(LATEST_TAG)
+
 States = ("unloaded", "loading", "loaded", "unloading", "failed")  # whole models; else "slices" or "swarm"
 
 
@@ -211,10 +219,10 @@ class ModelManager:
         return served_context(entry.context_length, self.config.n_ctx, self.config.max_ctx)
 
     def get(self, model_id: str) -> ServedModel:
-        """The served model for an id, name or hash prefix (404 if unknown here); `:latest` after it
-        is Ollama's listing of it (/api/tags), which apps then send to /v1 too (GitHub Copilot Chat's
-        Ollama connection: review r46, every /v1 route was a 404)."""
-        asked, model_id = model_id, model_id.removesuffix(LATEST_TAG)
+        """The served model for an id, name or hash prefix (404 if unknown here), `untagged`: `:latest`
+        after it is Ollama's listing of it (/api/tags), which apps then send to /v1 too (GitHub Copilot
+        Chat's Ollama connection: review r46, every /v1 route was a 404); another tag is another model."""
+        asked, model_id = model_id, untagged(model_id)
         try:
             entry = self.catalog.resolve(model_id)
         except ModelNotFound as exc:  # named as the client sent it (review r47: `nosuch` for `nosuch:latest`)
@@ -232,7 +240,7 @@ class ModelManager:
         try:
             return self.get(model_id)
         except ModelNotFound:
-            if self.swarm_lookup is None or not await self.swarm_lookup(model_id.removesuffix(LATEST_TAG)):
+            if self.swarm_lookup is None or not await self.swarm_lookup(untagged(model_id)):
                 raise
         return self.get(model_id)
 

@@ -131,3 +131,25 @@ async def test_an_unknown_model_is_ollamas_404_in_its_words(client, node):
         assert "swarmllm download" in error.error  # what to do instead of pulling (/api/pull is a 400)
     status, reply = await _post(node, "/v1/chat/completions", {"model": "nosuch", "messages": QUESTION})
     assert status == 404 and reply["error"]["message"] == "The model `nosuch` does not exist on this node"  # /v1's own
+
+
+async def test_a_tag_other_than_latest_is_another_model_on_both_dialects(client, node, model_id):
+    """`:latest` is the model (how /api/tags lists it); `llama3:8b-q4` is another model on Ollama, and
+    was this node's file on the Ollama routes (any tag was cut off) while /v1 answered 404."""
+    other = f"{model_id}:8b-q4"
+    for call in (client.chat(model=other, messages=QUESTION, options={"num_predict": 2}),
+                 client.chat(model=other, messages=[]),
+                 client.generate(model=other, prompt="hi", options={"num_predict": 2}),
+                 client.show(other), client.embed(other, "hi")):
+        error = await _refused(call)
+        assert error.status_code == 404 and error.error.startswith(f'model "{other}" not found'), error.error
+    status, reply = await _post(node, "/v1/chat/completions", {"model": other, "messages": QUESTION, "max_tokens": 2})
+    assert status == 404 and f"`{other}`" in reply["error"]["message"]
+    latest = f"{model_id}:latest"
+    reply = await client.chat(model=latest, messages=QUESTION, options={"num_predict": 2})
+    assert reply.done and reply.model == latest
+    assert (await client.generate(model=latest, prompt="hi", options={"num_predict": 2})).done
+    assert (await client.show(latest)).details.family == "llama"
+    assert len((await client.embed(latest, "hi")).embeddings) == 1
+    status, reply = await _post(node, "/v1/chat/completions", {"model": latest, "messages": QUESTION, "max_tokens": 2})
+    assert status == 200, reply
