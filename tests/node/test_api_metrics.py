@@ -150,7 +150,7 @@ def _counts(metrics: NodeMetrics) -> dict[str, float]:
             and s.labels.get("model") == "m"}
 
 
-def test_a_request_given_up_before_its_first_token_or_after_its_reply_keeps_its_duration():
+async def test_a_request_given_up_before_its_first_token_or_after_its_reply_keeps_its_duration():
     """Review r42 (2026-12-07): leaving cancelled requests out of the duration histogram also left out
     a user who gave up after 90 s in the queue (no first token: the wait is the latency they met) and a
     stream whose whole reply was sent before the client closed at the last write; only a reply cut

@@ -159,7 +159,7 @@ async def test_a_capitalised_role_is_read_as_ollama_reads_it(client, model_id):
     assert reply.done and reply.message.content == lower.message.content
 
 
-def test_a_bare_tool_result_answers_the_latest_turns_call_not_one_an_earlier_turn_left():
+async def test_a_bare_tool_result_answers_the_latest_turns_call_not_one_an_earlier_turn_left():
     """Review r46: turn 1 called `search` twice and answered once; turn 2 called `get_time` and sent
     a result naming no call: it was matched to turn 1's unanswered `search`."""
     from node.api.ollama import _history

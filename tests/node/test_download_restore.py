@@ -288,7 +288,7 @@ async def test_a_newer_download_of_the_same_file_supersedes_the_older_resumable_
         assert (node.data_dir / "models" / "f.gguf").read_bytes() == other_bytes
 
 
-def test_a_split_set_comes_back_under_its_latest_jobs_id():
+async def test_a_split_set_comes_back_under_its_latest_jobs_id():
     """Found in review (2026-12-06): job B resuming a set past its complete part 1 (the origin's 416)
     rewrote only part 2's sidecar, so part 1 still named job A; the set came back as A while the CLI
     had told the user `--resume B`. Parts are fetched in order: the latest part with an id names it."""
