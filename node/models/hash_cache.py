@@ -120,10 +120,23 @@ def _read(path: Path, *, tries: int = const.DATA_FILE_READ_TRIES, quiet: bool = 
 
 
 def _prune(records: dict[str, dict[str, Any]]) -> tuple[int, int]:
-    """Drop (blocking: stats every file) the records of files gone from a folder still there, then
-    the least recently hashed past HASH_CACHE_MAX_RECORDS; how many of each were dropped. A file whose
-    folder is missing too is kept: a drive or share not mounted yet is not a file deleted."""
-    gone = [key for key in records if not os.path.lexists(key) and os.path.isdir(os.path.dirname(key))]
+    """Drop (blocking: stats every file) the records of files gone from a folder still there and not
+    empty, then the least recently hashed past HASH_CACHE_MAX_RECORDS; how many of each were dropped.
+    A file whose folder is missing or empty is kept: a drive or share not mounted yet is not a file
+    deleted (an fstab mount point is an empty folder until it is mounted: review r51, every model on
+    it was to be hashed again, and a download's origin record was lost for good)."""
+    folders: dict[str, bool] = {}  # folder -> there and not empty
+
+    def in_place(folder: str) -> bool:
+        if folder not in folders:
+            try:
+                with os.scandir(folder) as entries:
+                    folders[folder] = any(True for _ in entries)
+            except OSError:
+                folders[folder] = False
+        return folders[folder]
+
+    gone = [key for key in records if not os.path.lexists(key) and in_place(os.path.dirname(key))]
     for key in gone:
         del records[key]
     return len(gone), _bound(records)

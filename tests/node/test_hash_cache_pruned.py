@@ -36,17 +36,45 @@ async def test_records_of_gone_files_are_dropped_and_the_cache_is_bounded(tmp_pa
         path.write_bytes(b"x")
         present.append(str(path.resolve()))
     unmounted = str(tmp_path / "not-mounted" / "away.gguf")  # its folder is missing too: kept
+    (tmp_path / "mnt").mkdir()  # an fstab mount point before its drive is up: an empty folder (review r51)
+    mount_point = str(tmp_path / "mnt" / "big.gguf")
     gone = {str(models / f"deleted{i}.gguf"): record(i) for i in range(200)}
-    cache_file.write_text(json.dumps({**{p: record(7) for p in present}, unmounted: record(8), **gone, **served}))
+    cache_file.write_text(json.dumps({**{p: record(7) for p in present}, unmounted: record(8),
+                                      mount_point: record(9), **gone, **served}))
     monkeypatch.setattr(const, "HASH_CACHE_MAX_RECORDS", 4)
     caplog.clear()
     async with running_node(node_config(data_dir, model)) as node:
         assert node.catalog.entries  # served from its cached record
     after = json.loads(cache_file.read_text())
     assert not set(after) & set(gone)
-    # 5 left (3 present, the unmounted one, the served model) for 4 places: the first listed went,
-    # the served model (used at this start) stays with its record as it was
-    assert list(after) == [*present[1:], unmounted, str(model.resolve())]
+    # 6 left (3 present, the two not mounted, the served model) for 4 places: the first two listed went,
+    # the served model stays with its record as it was
+    assert list(after) == [present[2], unmounted, mount_point, str(model.resolve())]
     assert after[str(model.resolve())] == served[str(model.resolve())]
-    assert "DIAG: model hash cache records dropped" in caplog.text and "files_gone=200 over_max=1" in caplog.text
+    assert "DIAG: model hash cache records dropped" in caplog.text and "files_gone=200 over_max=2" in caplog.text
     assert "hashed model file" not in caplog.text  # nothing hashed again
+
+
+async def test_a_record_used_is_the_last_the_bound_drops(tmp_path, monkeypatch):
+    """The served model's record, listed first (hashed longest ago), is used at start: a later save
+    past the bound (another model added) drops the oldest other record, not the one in use (review
+    r51: a test with the used record already last could not tell)."""
+    data_dir, models = tmp_path / "data", tmp_path / "models"
+    models.mkdir()
+    model = tiny_model(models)
+    async with running_node(node_config(data_dir, model)):
+        pass
+    cache_file = data_dir / HASH_CACHE_FILE
+    served = json.loads(cache_file.read_text())
+    others = []
+    for i in range(3):
+        path = models / f"kept{i}.bin"
+        path.write_bytes(b"x")
+        others.append(str(path.resolve()))
+    cache_file.write_text(json.dumps({**served, **{p: record(7) for p in others}}))  # 4: none dropped at start
+    monkeypatch.setattr(const, "HASH_CACHE_MAX_RECORDS", 4)
+    async with running_node(node_config(data_dir, model)) as node:
+        second = tiny_model(tmp_path / "more", name="second.gguf")
+        await node.model_files.async_add_path(str(second))  # hashed and saved: 5 records for 4 places
+    after = json.loads(cache_file.read_text())
+    assert list(after) == [*others[1:], str(model.resolve()), str(second.resolve())]
