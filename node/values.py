@@ -44,7 +44,7 @@ def json_nesting_over(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether JSON text nests arrays/objects deeper than `limit`, found without recursing (brackets
     inside strings do not count). Cheap for most texts: fewer opening brackets than `limit` is a no;
     else the strings are cut out (escapes first) and the brackets left are counted."""
-    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else _utf8(bytes(text))
     if data.count(b"[") + data.count(b"{") <= limit:
         return False
     outside = b"".join(data.replace(b"\\\\", b"").replace(b'\\"', b"").split(b'"')[::2])
@@ -59,9 +59,26 @@ def json_nesting_over(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+def _utf8(data: bytes) -> bytes:
+    """JSON bytes as UTF-8: json.loads reads UTF-16 and UTF-32 too (found by their zero bytes), whose
+    code units hold `"` and `\\` bytes inside other characters (U+2200 is 00 22): scanned as they are,
+    a string seemed to open and the brackets after it went uncounted (review r51). Undecodable: as is
+    (json.loads refuses it without recursing)."""
+    encoding = json.detect_encoding(data)
+    if encoding == "utf-8":
+        return data
+    try:
+        return data.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    except UnicodeError:
+        return data
+
+
 def loads_bounded(text: str | bytes, **kwargs: Any) -> Any:
     """json.loads, with nesting past MAX_JSON_DEPTH a NestedTooDeeply (a ValueError) instead of a
     RecursionError from deep inside the parser."""
     if json_nesting_over(text):
         raise NestedTooDeeply(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
-    return json.loads(text, **kwargs)
+    try:
+        return json.loads(text, **kwargs)
+    except RecursionError as exc:  # (a text the count misjudged: still the same ValueError)
+        raise NestedTooDeeply(f"JSON nested more than {MAX_JSON_DEPTH} levels deep") from exc

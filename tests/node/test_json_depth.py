@@ -43,3 +43,17 @@ def test_many_siblings_are_not_depth():
 def test_a_million_levels_is_a_value_error_not_a_recursion_error():
     with pytest.raises(ValueError, match="nested more than 128 levels"):
         loads_bounded(nested(1_000_000).encode())
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"])
+def test_json_in_utf16_and_utf32_is_measured_as_json_loads_reads_it(encoding):
+    """json.loads reads UTF-16/32 bytes; scanned as UTF-8, a character whose code unit holds a `"`
+    byte (U+2200 is 00 22 in UTF-16) opened a "string" and the brackets after it went uncounted: a
+    deep one reached the RecursionError, and a shallow one with `\\"` and brackets in a string was
+    refused (review r51)."""
+    deep = ('{"a": "\u2200\u4e22", "b": ' + nested(5000) + "}").encode(encoding)
+    assert json_nesting_over(deep)
+    with pytest.raises(NestedTooDeeply):
+        loads_bounded(deep)
+    shallow = json.dumps({"q": '\\"' + "[" * 300, "r": "\u2200"}, ensure_ascii=False).encode(encoding)
+    assert not json_nesting_over(shallow) and loads_bounded(shallow)["r"] == "\u2200"
