@@ -29,6 +29,8 @@ other than "none" its `enable_thinking: true` (as `think`: a `chat_template_kwar
 wins); `exclude: true` leaves the thoughts out of the reply (`reasoning_excluded`; never in
 `content`: a 400 beside `reasoning_format: "none"`).
 
+llama-server's `grammar` and vLLM's guided_* / structured_outputs are api/constraints.py's.
+
 `normalize(body)` returns a body `schemas.parse_completion` checks as usual (a copy; the client's
 dict is left alone).
 """
@@ -268,10 +270,6 @@ def normalize(body: dict, kind: str = "chat") -> dict:
         if n is not None and n != PENALTY_LAST_N_TOKENS and active:
             raise Unsupported(f"`repeat_last_n` other than {PENALTY_LAST_N_TOKENS} is not supported: the penalties "
                               f"look back {PENALTY_LAST_N_TOKENS} tokens", param="repeat_last_n")
-    if "grammar" in out:
-        if out.pop("grammar") not in (None, ""):
-            raise Unsupported("`grammar` (GBNF) is not supported: use `response_format` with a JSON schema",
-                              param="grammar")
     if "json_schema" in out:  # llama-server's own field for a response schema
         schema = out.pop("json_schema")
         if schema is not None:

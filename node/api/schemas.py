@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from node.api import chat_options, extras
+from node.api import chat_options, constraints, extras
 from node.api.errors import parse_json_text
 from node.api.tool_schemas import _tool_choice, _tools
 from node.errors import InvalidRequest, Unsupported
@@ -335,7 +335,8 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     time_limit = extras.predict_time_limit(body)
-    body = extras.normalize(body, kind)
+    sent, body = body, extras.normalize(body, kind)
+    constraint = constraints.pop_output_constraint(body, sent)
     _check_keys(body, _CHAT_KEYS if kind == "chat" else _COMPLETION_KEYS)
     _hints(body)
     model = body.get("model")
@@ -375,10 +376,14 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         logprobs=_logprobs(body, kind),
         logit_bias=_logit_bias(body),
     )
-    response_format = _response_format(body)
+    response_format = _response_format(body) if constraint is None else constraint
     if kind == "chat":
         tools = _tools(body)
         choice, choice_name = _tool_choice(body, tools)
+        if constraint is not None and constraint.type in ("grammar", "regex", "choice") and tools \
+                and choice != "none":
+            raise Unsupported(f"`{constraint.param}` beside `tools` is not supported: a reply that calls a tool "
+                              "cannot match it; send tool_choice \"none\" or leave one out", param=constraint.param)
         parallel = body.get("parallel_tool_calls", True)
         if parallel is None:
             parallel = True

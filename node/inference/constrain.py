@@ -80,6 +80,12 @@ def request_grammar(request: CompletionRequest) -> g.Spec | None:
         return None
     if fmt.type == "json_object":
         return g.json_value(None)
+    if fmt.type == "grammar":
+        return g.gbnf(fmt.text)
+    if fmt.type == "regex":
+        return g.regex(fmt.text)
+    if fmt.type == "choice":
+        return g.alt(*(g.literal(c) for c in fmt.choices))
     return g.json_value(fmt.schema if fmt.schema is not None else {})
 
 
@@ -122,6 +128,8 @@ class Vocabulary:
             lark = to_lark(spec, self)
         except UnholdableInteger as exc:
             raise Unsupported(f"`{param}`: {exc}", param=param) from exc
+        except g.GrammarUnreadable as exc:
+            raise InvalidRequest(f"`{param}`: the GBNF grammar cannot be read: {exc}", param=param) from None
         except ValueError as exc:  # past the bound (g.MAX_NODES): many tools with big schemas (was a 500)
             raise InvalidRequest(f"`{param}`: the constrained-decoding grammar is too large ({exc}); offer fewer "
                                  "tools or smaller schemas", param=param) from exc
@@ -191,6 +199,31 @@ def _regex_escape(text: str) -> str:
     return "".join(c if c.isalnum() or ord(c) > 127 else f"\\x{{{ord(c):x}}}" for c in text)
 
 
+def _lark_regex(pattern: str) -> str:
+    """A regex as the body of a Lark `/.../` terminal: `/` and line breaks escaped (as llguidance's
+    own grammar_from_regex writes it)."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        out.append({"/": "\\/", "\n": "\\n", "\r": "\\r"}.get(c, c))
+        i += 1
+    return "".join(out)
+
+
+def _gbnf_to_lark(text: str) -> str:
+    """A GBNF grammar in llguidance's Lark dialect, by llguidance's own converter (Lark as it is)."""
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        return any_to_lark(text)
+    except Exception as exc:  # noqa: BLE001 (it raises a bare Exception for a missing rule)
+        raise g.GrammarUnreadable(str(exc)[:300]) from None
+
+
 def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
     """The Lark grammar (llguidance's dialect) of a validated spec; one rule per node."""
     g.validate(spec)
@@ -228,6 +261,10 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             name = f"r{len(rules)}"
             rules.append(f"{name}[lazy]: /(?s:.*){_regex_escape(stop)}/")
             return name
+        if kind == "regex":
+            return rule(f"/{_lark_regex(s['pattern'])}/")
+        if kind == "gbnf":  # a whole grammar of its own (its `start`), nested
+            return rule(f"%lark {{\n{_gbnf_to_lark(s['grammar'])}\n}}")
         if kind == "seq":
             return rule(" ".join(node(item) for item in s["items"]))
         if kind == "alt":

@@ -146,8 +146,9 @@ class CompletionRun:
             spec = await loop.run_in_executor(None, reasoning.grammar_with_room, self._thoughts, params.grammar, tok)
             params = dataclasses.replace(params, grammar=spec)
         if params.grammar is not None or params.logit_bias:  # compile here: its 400 comes before any byte
-            await loop.run_in_executor(None, constrain.check, tok, params,
-                                       "tools" if self._tool_format is not None else "response_format")
+            wanted = self.request.response_format  # (its field: llama-server's `grammar`, vLLM's guided_*)
+            await loop.run_in_executor(None, constrain.check, tok, params, "tools" if self._tool_format is not None
+                                       else wanted.param if wanted is not None else "response_format")
         self.job = GenerationJob(self.trace.request_id, self.prompt_tokens, params, max_tokens)
         if not served.whole:
             await self._prepare_distributed(served)

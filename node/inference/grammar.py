@@ -10,6 +10,9 @@ SamplingParams.grammar):
   {"type": "seq", "items": [spec, ...]}           one after the other
   {"type": "alt", "items": [spec, ...]}           exactly one of them
   {"type": "repeat", "item": spec, "min": m, "max": n | None, "sep": "..."}
+  {"type": "regex", "pattern": "..."}             text the regex matches whole (vLLM's guided_regex)
+  {"type": "gbnf", "grammar": "..."}              a GBNF grammar (llama-server's `grammar`; llguidance's
+                                                  Lark passes as it is), converted where it is compiled
 
 The API layer builds specs (response_format, tool_choice); node.inference.constrain compiles them
 for the grammar engine where sampling happens and masks the logits there.
@@ -20,9 +23,16 @@ from __future__ import annotations
 from typing import Any
 
 Spec = dict[str, Any]
-KINDS = ("json", "literal", "text", "seq", "alt", "repeat")
+KINDS = ("json", "literal", "text", "seq", "alt", "repeat", "regex", "gbnf")
 MAX_DEPTH = 16
 MAX_NODES = 4096  # a spec from a peer is bounded before anything compiles it
+# a grammar's or regex's text: llguidance's GBNF converter is quadratic in a chain of rules (2,000
+# rules, 63 kB: 6 s; 8,000: 90 s), and runs in an executor (or on a peer's sampling thread)
+MAX_GRAMMAR_CHARS = 64 * 1024
+
+
+class GrammarUnreadable(ValueError):
+    """A GBNF grammar that llguidance's converter cannot read (its reason)."""
 
 
 def json_value(schema: dict[str, Any] | None = None) -> Spec:
@@ -36,6 +46,14 @@ def literal(text: str) -> Spec:
 
 def free_text(stop: str | None = None) -> Spec:
     return {"type": "text", "stop": stop}
+
+
+def regex(pattern: str) -> Spec:
+    return {"type": "regex", "pattern": pattern}
+
+
+def gbnf(grammar: str) -> Spec:
+    return {"type": "gbnf", "grammar": grammar}
 
 
 def seq(*items: Spec) -> Spec:
@@ -70,6 +88,11 @@ def validate(spec: Any, depth: int = 0, _seen: list[int] | None = None) -> Spec:
     elif kind == "text":
         if spec.get("stop") is not None and not isinstance(spec["stop"], str):
             raise ValueError("grammar text node: stop must be a string")
+    elif kind in ("regex", "gbnf"):
+        key = "pattern" if kind == "regex" else "grammar"
+        if not isinstance(spec.get(key), str) or not spec[key] or len(spec[key]) > MAX_GRAMMAR_CHARS:
+            raise ValueError(f"grammar {kind} node: {key} must be a non-empty string of at most "
+                             f"{MAX_GRAMMAR_CHARS} characters")
     elif kind in ("seq", "alt"):
         items = spec.get("items")
         if not isinstance(items, list) or not items:

@@ -15,12 +15,17 @@ from node.inference.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class ResponseFormat:
-    """OpenAI `response_format` (or Responses `text.format`): text, any JSON object, or a JSON schema."""
+    """OpenAI `response_format` (or Responses `text.format`): text, any JSON object, or a JSON schema;
+    or what llama-server's `grammar` and vLLM's guided_* / structured_outputs ask for (node.api
+    .constraints): a Lark grammar (GBNF converted), a regex, or one of a list of strings (`choices`)."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "grammar", "regex", "choice"]
     schema: dict[str, Any] | None = field(default=None, hash=False)
     name: str = ""
     strict: bool = False
+    text: str = ""  # "grammar": its Lark text; "regex": the pattern
+    choices: tuple[str, ...] = ()
+    param: str = "response_format"  # the request field it came from (its 400s name it)
 
 
 @dataclass(frozen=True)

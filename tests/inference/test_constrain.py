@@ -388,3 +388,43 @@ def test_a_constraint_built_with_history_continues_where_the_reply_was(tok):
     c = constrain.constraint_for(tok, SamplingParams(grammar=spec), head)
     allowed = {tok.piece(int(i)) for i in np.flatnonzero(c.allowed())}
     assert allowed and all(b"y".startswith(p) or p.startswith(b"y") for p in allowed if p)
+
+
+# --- llama-server's `grammar` (GBNF, converted to Lark), vLLM's regex and choice -------------------
+
+def _gbnf(text: str) -> g.Spec:
+    return g.gbnf(text)
+
+
+@pytest.mark.parametrize(("spec", "ok"), [
+    (_gbnf('root ::= "yes" | "no"'), lambda t: t in ("yes", "no")),
+    (_gbnf('root ::= word " " num\nword ::= [a-z]+\nnum ::= [0-9]{1,3}'),
+     lambda t: __import__("re").fullmatch(r"[a-z]+ [0-9]{1,3}", t) is not None),
+    (g.regex(r"[0-9]{3}/[a-c]{2}"), lambda t: __import__("re").fullmatch(r"[0-9]{3}/[a-c]{2}", t) is not None),
+    (g.alt(g.literal("red}"), g.literal("green")), lambda t: t in ("red}", "green")),
+], ids=["gbnf-choice", "gbnf-rules", "regex-with-slash", "choice"])
+def test_grammar_regex_and_choice_replies_match_and_end(tiny_tok, spec, ok):
+    for seed in range(4):
+        ids, c = walk(tiny_tok, spec, seed)
+        assert ids is not None and ok(text_of(tiny_tok, ids)), text_of(tiny_tok, ids or [])
+        assert c.matcher.is_accepting()
+
+
+def test_a_lark_grammar_nests_inside_the_reasoning_wrapper(tiny_tok):
+    """A reasoning model's reply grammar is free thoughts, then the request's: the nested grammar
+    keeps its own `start` beside the wrapper's rules."""
+    spec = g.seq(g.literal("ok:"), _gbnf('root ::= "yes" | "no"'))
+    ids, _ = walk(tiny_tok, spec, 1)
+    assert text_of(tiny_tok, ids) in ("ok:yes", "ok:no")
+
+
+def test_a_grammar_llguidance_cannot_compile_is_a_400_naming_the_field(tiny_tok):
+    with pytest.raises(InvalidRequest) as info:
+        constrain.check(tiny_tok, SamplingParams(grammar=g.regex("[a-")), "guided_regex")
+    assert info.value.param == "guided_regex"
+    with pytest.raises(InvalidRequest) as info:
+        constrain.check(tiny_tok, SamplingParams(grammar=g.gbnf("root ::= item")), "grammar")
+    assert info.value.param == "grammar" and "Rule 'item' not found" in info.value.message
+    with pytest.raises(InvalidRequest, match="too large"):  # (a peer's spec: bounded before converting)
+        constrain.check(tiny_tok, SamplingParams(grammar=g.gbnf("root ::= " + '"a" ' * 20000)), "grammar")
+

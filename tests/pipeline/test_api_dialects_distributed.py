@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import aiohttp
 import anthropic
@@ -268,3 +269,19 @@ def test_ollama_over_the_split_equals_whole(swarm):
     assert {k: shown[k] for k in ("details", "capabilities", "template")} == \
         {k: shown_whole[k] for k in ("details", "capabilities", "template")}
 
+
+def test_constraints_over_the_split_equal_whole(swarm):
+    """llama-server's `grammar` and vLLM's guided_regex / guided_choice reach the segment that
+    samples: the split answers what the whole holder does, and it matches."""
+    base = {"model": swarm["model_id"], "prompt": PROMPT, "max_tokens": 30, "temperature": 0}
+
+    def tokens(reply):  # (the cached share differs by route)
+        return reply["usage"]["prompt_tokens"], reply["usage"]["completion_tokens"]
+
+    for extra, pattern in (({"grammar": 'root ::= [a-z]{3,8} " " [0-9]{1,3}'}, r"[a-z]{3,8} [0-9]{1,3}"),
+                           ({"guided_regex": r"[a-c]{4}/[0-9]{2}"}, r"[a-c]{4}/[0-9]{2}"),
+                           ({"guided_choice": ["swarm", "bee", "hive"]}, r"swarm|bee|hive")):
+        split, whole = both(swarm, "/v1/completions", {**base, **extra})
+        assert split["choices"] == whole["choices"] and tokens(split) == tokens(whole)
+        assert re.fullmatch(pattern, split["choices"][0]["text"]), (extra, split["choices"][0]["text"])
+        assert split["choices"][0]["finish_reason"] == "stop"

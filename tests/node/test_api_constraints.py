@@ -1,0 +1,98 @@
+"""Output constraints other servers take, on the default model through the
+official openai SDK (`extra_body`), as SillyTavern, Home Assistant, vLLM clients and benchmark
+tools send them (api/constraints.py):
+
+- llama-server's `grammar` (GBNF) and vLLM's guided_json / guided_regex / guided_choice /
+  guided_grammar and structured_outputs: the reply matches; each was a 400 (grammar) or an
+  "unrecognized request argument" (vLLM's). A grammar llguidance's converter cannot read is a 400
+  naming `grammar` with its reason; two constraints at once a 400 naming both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import openai
+import pytest
+
+from tests.support.nodes import default_model_node, openai_client
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
+
+QUESTION = [{"role": "user", "content": "Is the sky blue?"}]
+
+node = default_model_node("constraints")
+
+
+@pytest.fixture
+def client(node):
+    return openai_client(node)
+
+
+@pytest.fixture
+def model_id(node):
+    return node.models.all()[0].id
+
+
+async def chat(client, model_id, **extra):
+    reply = await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=60, temperature=0,
+                                                 extra_body=extra)
+    return reply.choices[0].message.content, reply.choices[0].finish_reason
+
+
+async def test_gbnf_grammar_holds_the_reply(client, model_id):
+    for temperature in (0, 1.5):
+        reply = await client.chat.completions.create(
+            model=model_id, messages=QUESTION, max_tokens=20, temperature=temperature, seed=7,
+            extra_body={"grammar": 'root ::= answer\nanswer ::= "yes" | "no"'})
+        assert reply.choices[0].message.content in ("yes", "no")
+        assert reply.choices[0].finish_reason == "stop"
+    text = await client.completions.create(model=model_id, prompt="Count:", max_tokens=30, temperature=0,
+                                           extra_body={"grammar": 'root ::= [0-9]{2,4} " " [a-z]+ "."'})
+    assert re.fullmatch(r"[0-9]{2,4} [a-z]+\.", text.choices[0].text), text.choices[0].text
+
+
+async def test_vllm_guided_fields_and_structured_outputs(client, model_id):
+    content, finish = await chat(client, model_id, guided_regex=r"[0-9]{3}-[a-z]{2}/x")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}/x", content) and finish == "stop"
+    colours = ["red", "green", "light blue"]
+    for extra in ({"guided_choice": colours}, {"structured_outputs": {"choice": colours}}):
+        content, finish = await chat(client, model_id, **extra)
+        assert content in colours and finish == "stop"
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    for extra in ({"guided_json": schema}, {"guided_json": json.dumps(schema)},
+                  {"structured_outputs": {"json": schema}}):
+        content, _ = await chat(client, model_id, **extra)
+        assert set(json.loads(content)) == {"ok"}
+    for extra in ({"guided_grammar": 'root ::= "maybe" | "never"'},
+                  {"structured_outputs": {"grammar": 'root ::= "maybe" | "never"', "disable_fallback": True}}):
+        content, _ = await chat(client, model_id, **extra)
+        assert content in ("maybe", "never")
+    content, _ = await chat(client, model_id, structured_outputs={"json_object": True})
+    assert isinstance(json.loads(content), dict)
+    # SillyTavern's "no grammar" and a plain response_format text change nothing
+    plain, _ = await chat(client, model_id)
+    assert (await chat(client, model_id, grammar=""))[0] == plain
+    content, _ = await chat(client, model_id, guided_choice=["a b"], response_format={"type": "text"})
+    assert content == "a b"
+
+
+@pytest.mark.parametrize(("extra", "param", "says"), [
+    ({"grammar": "root ::= item\n"}, "grammar", "Rule 'item' not found"),
+    ({"grammar": 'root = "x"'}, "grammar", "Expected ::="),
+    ({"guided_regex": "[a-"}, "guided_regex", "cannot be compiled"),
+    ({"guided_grammar": "root ::= " + '"a" ' * 20000}, "guided_grammar", "longer than"),
+    ({"guided_choice": ["a", ""]}, "guided_choice", "non-empty strings"),
+    ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice", "`guided_regex` and `guided_choice`"),
+    ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar",
+     "`response_format` or `grammar`"),
+    ({"guided_regex": "a", "json_schema": {"type": "object"}}, "guided_regex", "`json_schema` or `guided_regex`"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag", "not supported"),
+    ({"structured_outputs": {"regexp": "a"}}, "structured_outputs.regexp", "unrecognized"),
+], ids=lambda v: v if isinstance(v, str) else None)
+async def test_bad_or_clashing_constraints_are_a_400_naming_them(client, model_id, extra, param, says):
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=4, extra_body=extra)
+    assert info.value.body["param"] == param and says in info.value.body["message"], info.value.body
+
