@@ -1,4 +1,4 @@
-"""Output constraints other servers take beyond OpenAI's fields.
+"""Output constraints and end-of-generation options other servers take beyond OpenAI's fields.
 
 - llama-server's `grammar` (a GBNF grammar: SillyTavern, llama.cpp's web UI, Home Assistant's
   llama.cpp integrations send it) is converted to llguidance's Lark dialect by llguidance's own
@@ -9,6 +9,9 @@
   engine: a JSON schema, a regex, one of a list of strings, a grammar.
   Each becomes the request's `ResponseFormat`; two at once (or one beside `response_format`) is a
   400 naming both.
+- `ignore_eos` (llama-server, vLLM: benchmark tools send it for fixed-length replies) and vLLM's
+  `min_tokens` ban the end-of-generation tokens (for the first min_tokens tokens), as llama-server's
+  logit_bias_eog does; SamplingParams carries them to wherever sampling happens.
 """
 
 from __future__ import annotations
@@ -126,3 +129,17 @@ def pop_output_constraint(out: dict, sent: dict) -> ResponseFormat | None:
                              param=found[0].param)
     return found[0]
 
+
+def pop_eos_options(out: dict) -> tuple[bool, int]:
+    """(ignore_eos, min_tokens), taken out of `out`."""
+    ignore = out.pop("ignore_eos", None)
+    if ignore is None:
+        ignore = False
+    if not isinstance(ignore, bool):
+        raise InvalidRequest("`ignore_eos` must be a boolean", param="ignore_eos")
+    least = out.pop("min_tokens", None)
+    if least is None:
+        least = 0
+    if type(least) is not int or not 0 <= least <= 1 << 24:
+        raise InvalidRequest(f"`min_tokens` must be an integer between 0 and {1 << 24}", param="min_tokens")
+    return ignore, least

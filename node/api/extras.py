@@ -29,7 +29,8 @@ other than "none" its `enable_thinking: true` (as `think`: a `chat_template_kwar
 wins); `exclude: true` leaves the thoughts out of the reply (`reasoning_excluded`; never in
 `content`: a 400 beside `reasoning_format: "none"`).
 
-llama-server's `grammar` and vLLM's guided_* / structured_outputs are api/constraints.py's.
+llama-server's `grammar`, vLLM's guided_* / structured_outputs, `ignore_eos` and `min_tokens` are
+api/constraints.py's.
 
 `normalize(body)` returns a body `schemas.parse_completion` checks as usual (a copy; the client's
 dict is left alone).
@@ -260,10 +261,6 @@ def normalize(body: dict, kind: str = "chat") -> dict:
         value = out.pop("repetition_penalty")
         if out.get("repeat_penalty") is None:
             out["repeat_penalty"] = value
-    if "ignore_eos" in out:
-        if out.pop("ignore_eos") not in (None, False):
-            raise Unsupported("`ignore_eos` is not supported: generation ends at the model's end token",
-                              param="ignore_eos")
     if "repeat_last_n" in out:
         n = out.pop("repeat_last_n")
         active = any(out.get(k) not in (None, off) for k, off in _PENALTIES)

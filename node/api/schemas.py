@@ -337,6 +337,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     time_limit = extras.predict_time_limit(body)
     sent, body = body, extras.normalize(body, kind)
     constraint = constraints.pop_output_constraint(body, sent)
+    ignore_eos, min_tokens = constraints.pop_eos_options(body)
     _check_keys(body, _CHAT_KEYS if kind == "chat" else _COMPLETION_KEYS)
     _hints(body)
     model = body.get("model")
@@ -361,6 +362,9 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 24)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1, 1 << 24)
+    if max_tokens is not None and min_tokens > max_tokens:  # (vLLM's 400 too)
+        raise InvalidRequest(f"`min_tokens` ({min_tokens}) must not exceed `max_tokens` ({max_tokens})",
+                             param="min_tokens")
     seed = _integer(body, "seed", -(2**63), 2**64 - 1)
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -375,6 +379,8 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         stop=_stop(body),
         logprobs=_logprobs(body, kind),
         logit_bias=_logit_bias(body),
+        ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
     )
     response_format = _response_format(body) if constraint is None else constraint
     if kind == "chat":

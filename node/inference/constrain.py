@@ -10,7 +10,8 @@ compiles each grammar once (an LRU per vocabulary; a request deep-copies the com
 Per request, `TokenConstraint`:
   apply(logits)   logit_bias first (-100 bans), then the grammar's mask (a bias never breaks it);
                   once the grammar is complete only end-of-generation tokens stay allowed, so the
-                  reply ends with finish_reason "stop"; a spent thinking budget
+                  reply ends with finish_reason "stop"; ignore_eos (min_tokens: for that many
+                  tokens) bans the end-of-generation tokens, as llama-server; a spent thinking budget
                   (node.inference.think_budget) leaves only its closing tag's next token;
   accept(token)   advances the matcher on the token that was sampled.
 Building the tokenizer and compiling block (up to ~1 s for a 150k vocabulary): never on the loop.
@@ -101,7 +102,7 @@ class Vocabulary:
         with warnings.catch_warnings():  # it calls llama_token_get_attr (deprecated alias) once per token
             warnings.simplefilter("ignore", DeprecationWarning)
             self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(tok._vocab, n_vocab=tok.n_vocab)
-        self.eog_ids = np.array([i for i in range(tok.n_vocab) if tok.is_eog(i)], dtype=np.int64)
+        self.eog_ids = np.array(tok.eog_ids(), dtype=np.int64)
         self._tok = tok
         self._compiled: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -335,6 +336,9 @@ class TokenConstraint:
             self._bits = llguidance.numpy.allocate_token_bitmask(1, self.n_vocab)
             self._fill = llguidance.numpy.fill_next_token_bitmask
         self.budget = None if params.reasoning_budget is None else ThinkBudget(tok, params.reasoning_budget)
+        # ignore_eos / min_tokens: the end-of-generation tokens banned (for the first min_tokens steps)
+        self.eog_ban = np.array(tok.eog_ids(), dtype=np.int64) if params.ignore_eos or params.min_tokens else None
+        self.ban_steps = None if params.ignore_eos else params.min_tokens
         self.steps = 0
 
     @property
@@ -368,6 +372,9 @@ class TokenConstraint:
             np.copyto(view, -np.inf, where=~allowed)
             if len(logits) > self.n_vocab:  # a padded output head: the padding is never a token
                 logits[self.n_vocab:] = -np.inf
+        if self.eog_ban is not None and (self.ban_steps is None or self.steps < self.ban_steps) \
+                and not self.done:  # (a grammar that is complete can only end)
+            view[self.eog_ban] = -np.inf
         if self.budget is not None:  # its thinking budget spent: the closing tag, whatever else says
             self.budget.apply(logits)
         return logits

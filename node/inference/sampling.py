@@ -41,11 +41,16 @@ class SamplingParams:
     grammar: dict[str, Any] | None = field(default=None, hash=False, compare=True)
     # a reasoning model's thinking budget (node.inference.think_budget's dict), or None
     reasoning_budget: dict[str, Any] | None = field(default=None, hash=False, compare=True)
+    # llama-server's and vLLM's ignore_eos: no end-of-generation token is sampled, the reply runs to
+    # max_tokens (benchmark tools' fixed-length replies); min_tokens (vLLM): none before that many
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     @property
     def constrained(self) -> bool:
         """Whether sampling needs the vocabulary (node.inference.constrain's TokenConstraint)."""
-        return self.grammar is not None or bool(self.logit_bias) or self.reasoning_budget is not None
+        return (self.grammar is not None or bool(self.logit_bias) or self.reasoning_budget is not None
+                or self.ignore_eos or self.min_tokens > 0)
 
     @property
     def greedy(self) -> bool:
@@ -68,6 +73,8 @@ class SamplingParams:
             "logprobs": self.logprobs,
             "grammar": None if self.grammar is None else self.grammar.get("type"),
             "reasoning_budget": None if self.reasoning_budget is None else self.reasoning_budget["tokens"],
+            "ignore_eos": self.ignore_eos,
+            "min_tokens": self.min_tokens,
         }
 
     def to_wire(self) -> dict[str, Any]:
@@ -112,6 +119,12 @@ class SamplingParams:
         if top_k is None or not 0 <= top_k <= 1 << 20:
             raise ValueError(f"top_k must be between 0 and {1 << 20}")
         max_tokens = integer("max_tokens")
+        ignore_eos = data.get("ignore_eos", False)  # (absent from an older peer's)
+        if not isinstance(ignore_eos, bool):
+            raise ValueError("ignore_eos must be a boolean")
+        min_tokens = integer("min_tokens") or 0
+        if not 0 <= min_tokens <= 1 << 24:
+            raise ValueError(f"min_tokens must be between 0 and {1 << 24}")
         return cls(
             max_tokens=max_tokens, temperature=number("temperature", 0.0, 2.0), top_p=number("top_p", 0.0, 1.0),
             top_k=top_k, min_p=number("min_p", 0.0, 1.0), seed=integer("seed"),
@@ -120,4 +133,4 @@ class SamplingParams:
             repeat_penalty=number("repeat_penalty", 0.0, 10.0), stop=tuple(str(s) for s in data.get("stop") or ()),
             logit_bias=tuple((int(t), float(b)) for t, b in data.get("logit_bias") or ()),
             logprobs=None if logprobs is None else int(logprobs),
-            grammar=grammar, reasoning_budget=budget)
+            grammar=grammar, reasoning_budget=budget, ignore_eos=ignore_eos, min_tokens=min_tokens)

@@ -116,8 +116,8 @@ def speculation_off_reason(params) -> str | None:
     kernels than one row alone (several query rows per sequence in attention): on the default
     model a verify row's logits differ from a lone decode's by up to 0.08, which moves a sampled
     request's draws (its text for a seed would depend on what was drafted) while greedy text
-    changes only at an exact near-tie. A grammar, a logit_bias, a thinking budget and logprobs
-    follow every sampled token, which the verify loops do not replay."""
+    changes only at an exact near-tie. A grammar, a logit_bias, a thinking budget, logprobs and
+    ignore_eos follow every sampled token, which the verify loops do not replay."""
     if not params.greedy:
         return "sampling"
     if params.grammar is not None:
@@ -128,6 +128,8 @@ def speculation_off_reason(params) -> str | None:
         return "reasoning_budget"
     if params.logprobs is not None:
         return "logprobs"
+    if params.ignore_eos or params.min_tokens:
+        return "ignore_eos"
     return None
 
 

@@ -68,6 +68,7 @@ class ModelTokenizer:
         self.sep_id = int(low.llama_vocab_sep(self._vocab))
         self._pieces: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
+        self._eog_ids: tuple[int, ...] | None = None
         self._lock = threading.Lock()
         self.constraint_vocab = None  # node.inference.constrain's grammar vocabulary, built on first use
         log.debug("DIAG: tokenizer loaded file=%s n_vocab=%d add_bos=%s elapsed_ms=%d", path.name,
@@ -188,6 +189,14 @@ class ModelTokenizer:
             hit = bool(self._llama_cpp.llama_vocab_is_eog(self._vocab, token_id))
             self._eog_cache[token_id] = hit
         return hit
+
+    def eog_ids(self) -> tuple[int, ...]:
+        """Every end-of-generation token id (blocking: one look at each id, once per tokenizer)."""
+        ids = self._eog_ids
+        if ids is None:
+            is_eog = self._llama_cpp.llama_vocab_is_eog
+            ids = self._eog_ids = tuple(i for i in range(self.n_vocab) if is_eog(self._vocab, i))
+        return ids
 
     def close(self) -> None:
         """Free the vocabulary (and the grammar engine's view of it)."""

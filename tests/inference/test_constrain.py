@@ -390,7 +390,7 @@ def test_a_constraint_built_with_history_continues_where_the_reply_was(tok):
     assert allowed and all(b"y".startswith(p) or p.startswith(b"y") for p in allowed if p)
 
 
-# --- llama-server's `grammar` (GBNF, converted to Lark), vLLM's regex and choice -------------------
+# --- llama-server's `grammar` (GBNF, converted to Lark), vLLM's regex and choice; ignore_eos --------
 
 def _gbnf(text: str) -> g.Spec:
     return g.gbnf(text)
@@ -428,3 +428,28 @@ def test_a_grammar_llguidance_cannot_compile_is_a_400_naming_the_field(tiny_tok)
     with pytest.raises(InvalidRequest, match="too large"):  # (a peer's spec: bounded before converting)
         constrain.check(tiny_tok, SamplingParams(grammar=g.gbnf("root ::= " + '"a" ' * 20000)), "grammar")
 
+
+def test_ignore_eos_bans_every_end_token_and_min_tokens_only_at_first(tiny_tok):
+    eog = set(tiny_tok.eog_ids())
+    assert eog and eog == {i for i in range(tiny_tok.n_vocab) if tiny_tok.is_eog(i)}
+    ignore = constrain.constraint_for(tiny_tok, SamplingParams(ignore_eos=True))
+    least = constrain.constraint_for(tiny_tok, SamplingParams(min_tokens=2))
+    for step in range(4):
+        for c in (ignore, least):
+            logits = np.zeros(tiny_tok.n_vocab, dtype=np.float32)
+            c.apply(logits)
+            banned = {int(i) for i in np.flatnonzero(np.isneginf(logits))}
+            assert banned == (eog if c is ignore or step < 2 else set()), (step, c is ignore)
+            c.accept(0)
+    # a grammar that is complete can only end: its end tokens stay allowed
+    ids, done = walk(tiny_tok, None, params=SamplingParams(grammar=g.literal("yes"), ignore_eos=True))
+    assert text_of(tiny_tok, ids) == "yes" and done.done
+
+
+def test_sampling_params_carry_ignore_eos_over_the_wire():
+    p = SamplingParams(max_tokens=8, ignore_eos=True, min_tokens=3)
+    assert SamplingParams.from_wire(p.to_wire()) == p
+    old_peer = {k: v for k, v in p.to_wire().items() if k not in ("ignore_eos", "min_tokens")}
+    assert SamplingParams.from_wire(old_peer) == SamplingParams(max_tokens=8)
+    with pytest.raises(ValueError):
+        SamplingParams.from_wire({**p.to_wire(), "ignore_eos": "yes"})

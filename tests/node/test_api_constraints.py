@@ -1,4 +1,4 @@
-"""Output constraints other servers take, on the default model through the
+"""Output constraints and end-token options other servers take, on the default model through the
 official openai SDK (`extra_body`), as SillyTavern, Home Assistant, vLLM clients and benchmark
 tools send them (api/constraints.py):
 
@@ -6,6 +6,9 @@ tools send them (api/constraints.py):
   guided_grammar and structured_outputs: the reply matches; each was a 400 (grammar) or an
   "unrecognized request argument" (vLLM's). A grammar llguidance's converter cannot read is a 400
   naming `grammar` with its reason; two constraints at once a 400 naming both.
+- `ignore_eos` (vLLM's benchmark_serving, llmperf, genai-perf): exactly max_tokens tokens, finish
+  "length", even where the model wants to end at once (its end token pushed by logit_bias); without
+  max_tokens the reply ends at the context's room. vLLM's `min_tokens`: no end before that many.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ def client(node):
 @pytest.fixture
 def model_id(node):
     return node.models.all()[0].id
+
+
+@pytest.fixture
+def eos_bias(node):
+    """logit_bias that makes the model end at once (every end token pushed up)."""
+    tok = node.models.all()[0].tokenizer
+    return {str(i): 100 for i in range(tok.n_vocab) if tok.is_eog(i)}
 
 
 async def chat(client, model_id, **extra):
@@ -90,9 +100,43 @@ async def test_vllm_guided_fields_and_structured_outputs(client, model_id):
     ({"guided_regex": "a", "json_schema": {"type": "object"}}, "guided_regex", "`json_schema` or `guided_regex`"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag", "not supported"),
     ({"structured_outputs": {"regexp": "a"}}, "structured_outputs.regexp", "unrecognized"),
+    ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", "must not exceed"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 async def test_bad_or_clashing_constraints_are_a_400_naming_them(client, model_id, extra, param, says):
     with pytest.raises(openai.BadRequestError) as info:
         await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=4, extra_body=extra)
     assert info.value.body["param"] == param and says in info.value.body["message"], info.value.body
 
+
+async def test_ignore_eos_gives_exactly_max_tokens(client, model_id, eos_bias):
+    ended = await client.completions.create(model=model_id, prompt="Hello", max_tokens=16, temperature=0,
+                                            logit_bias=eos_bias)
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens < 16  # (what the test needs)
+    for stream in (False, True):
+        body = dict(model=model_id, prompt="Hello", max_tokens=16, temperature=0, logit_bias=eos_bias,
+                    extra_body={"ignore_eos": True})
+        if stream:
+            chunks = [c async for c in await client.completions.create(
+                **body, stream=True, stream_options={"include_usage": True})]
+            usage, finish = chunks[-1].usage, [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        else:
+            reply = await client.completions.create(**body)
+            usage, finish = reply.usage, reply.choices[0].finish_reason
+        assert usage.completion_tokens == 16 and finish == "length"
+    reply = await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=12, temperature=0.8,
+                                                 logit_bias=eos_bias, extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 12 and reply.choices[0].finish_reason == "length"
+
+
+async def test_min_tokens_holds_the_end_back(client, model_id, eos_bias):
+    reply = await client.completions.create(model=model_id, prompt="Hello", max_tokens=16, temperature=0,
+                                            logit_bias=eos_bias, extra_body={"min_tokens": 5})
+    assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "stop"
+
+
+async def test_ignore_eos_without_max_tokens_ends_at_the_context(node, client, model_id, eos_bias):
+    n_ctx = node.models.all()[0].n_ctx
+    reply = await client.chat.completions.create(model=model_id, messages=QUESTION, temperature=0,
+                                                 logit_bias=eos_bias, extra_body={"ignore_eos": True})
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens == n_ctx

@@ -109,8 +109,7 @@ async def test_openai_speed_and_effort_hints_are_accepted(client, model_id):
     assert info.value.body["param"] == "modalities"
 
 
-@pytest.mark.parametrize("extra", [{"typical_p": 0.5}, {"mirostat": 2}, {"ignore_eos": True}, {"n_probs": 5},
-                                   {"dry_multiplier": 0.8},
+@pytest.mark.parametrize("extra", [{"typical_p": 0.5}, {"mirostat": 2}, {"n_probs": 5}, {"dry_multiplier": 0.8},
                                    {"repeat_last_n": 256, "repeat_penalty": 1.1}, {"n_predict": 0}],
                          ids=lambda e: next(iter(e)))
 async def test_samplers_this_node_lacks_are_a_400_naming_them(client, model_id, extra):

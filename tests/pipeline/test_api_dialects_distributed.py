@@ -270,9 +270,16 @@ def test_ollama_over_the_split_equals_whole(swarm):
         {k: shown_whole[k] for k in ("details", "capabilities", "template")}
 
 
-def test_constraints_over_the_split_equal_whole(swarm):
-    """llama-server's `grammar` and vLLM's guided_regex / guided_choice reach the segment that
-    samples: the split answers what the whole holder does, and it matches."""
+def test_constraints_and_ignore_eos_over_the_split_equal_whole(swarm):
+    """llama-server's `grammar`, vLLM's guided_regex / guided_choice, `ignore_eos` and `min_tokens`
+    reach the segment that samples: the split answers what the whole holder does, and it matches."""
+    from node.inference.tokenizer import ModelTokenizer
+
+    tok = ModelTokenizer(swarm["model"])
+    try:
+        ends = {str(i): 100 for i in tok.eog_ids()}  # the model would end at once
+    finally:
+        tok.close()
     base = {"model": swarm["model_id"], "prompt": PROMPT, "max_tokens": 30, "temperature": 0}
 
     def tokens(reply):  # (the cached share differs by route)
@@ -285,3 +292,7 @@ def test_constraints_over_the_split_equal_whole(swarm):
         assert split["choices"] == whole["choices"] and tokens(split) == tokens(whole)
         assert re.fullmatch(pattern, split["choices"][0]["text"]), (extra, split["choices"][0]["text"])
         assert split["choices"][0]["finish_reason"] == "stop"
+    for extra, n, finish in (({"ignore_eos": True}, N, "length"), ({"min_tokens": 4}, 4, "stop")):
+        split, whole = both(swarm, "/v1/completions", {**base, "max_tokens": N, "logit_bias": ends, **extra})
+        assert split["choices"] == whole["choices"] and tokens(split) == tokens(whole)
+        assert split["usage"]["completion_tokens"] == n and split["choices"][0]["finish_reason"] == finish
