@@ -31,11 +31,6 @@ def client(node):
     return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
 
 
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
-
-
 async def raw(node, method, path, *, body=None, data=None, headers=None, key=True):
     hdrs = {"Authorization": f"Bearer {node.api_key}"} if key else {}
     hdrs.update(headers or {})

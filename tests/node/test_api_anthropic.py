@@ -33,11 +33,6 @@ def oai(node):
     return openai_client(node)
 
 
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
-
-
 def user(text):
     return [{"role": "user", "content": text}]
 

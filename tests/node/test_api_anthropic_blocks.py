@@ -26,11 +26,6 @@ def client(node):
     return anthropic_client(node)
 
 
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
-
-
 def whole_prompt(usage) -> int:
     return usage.input_tokens + (usage.cache_read_input_tokens or 0)
 

@@ -21,23 +21,13 @@ import aiohttp
 import anthropic
 import pytest
 
-from tests.support.nodes import anthropic_client, default_model_node, openai_client
+from tests.support.nodes import anthropic_client, default_model_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
 QUESTION = [{"role": "user", "content": "What does os.path.join do?"}]
 
 node = default_model_node("app-compat")
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 # Continue's autocomplete stops for a Python file (template stops, multiline stops, keywords)

@@ -25,7 +25,7 @@ import pytest
 
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
-from tests.support.nodes import openai_client, template, tiny_models_node
+from tests.support.nodes import template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -45,11 +45,6 @@ TOOL_SERVERS = [{"url": "http://localhost:8081", "openapi": {"openapi": "3.1.0",
                  "info": {"title": "time"}, "specs": [{"name": "get_time", "parameters": {"type": "object"}}]}]
 
 node = tiny_models_node(SPEC, GPTOSS, GEMMA)
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
 
 
 def model_named(node, name):

@@ -14,7 +14,7 @@ import pytest
 
 from node.inference.synth import SynthSpec
 from node.inference.tools.cohere import MARKERS
-from tests.support.nodes import openai_client, template, tiny_models_node
+from tests.support.nodes import template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -46,11 +46,6 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 node = tiny_models_node(R7B, MOE, BOTH_TEMPLATES, DEFAULT_ONLY, ANSWER_OPEN, PLUS)
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
 
 
 def _model(node, name: str):

@@ -19,23 +19,13 @@ import re
 import openai
 import pytest
 
-from tests.support.nodes import default_model_node, openai_client
+from tests.support.nodes import default_model_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
 QUESTION = [{"role": "user", "content": "Is the sky blue?"}]
 
 node = default_model_node("constraints")
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS
-from tests.support.nodes import openai_client, template, tiny_models_node, token_id
+from tests.support.nodes import template, tiny_models_node, token_id
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -26,11 +26,6 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 node = tiny_models_node(SPEC)
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
 
 
 def close_thoughts(node) -> dict[str, int]:

@@ -33,11 +33,6 @@ def oai(node):
     return openai_client(node)
 
 
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
-
-
 ANTHROPIC_TOOL = {"name": "get_weather", "description": "Weather in a city", "input_schema": SCHEMA}
 RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
                   "parameters": SCHEMA, "strict": True}

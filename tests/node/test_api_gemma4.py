@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from node.inference.synth import SynthSpec
-from tests.support.nodes import anthropic_client, openai_client, template, tiny_models_node, token_id
+from tests.support.nodes import anthropic_client, template, tiny_models_node, token_id
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -24,11 +24,6 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 node = tiny_models_node(SPEC)
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
 
 
 def bias(node) -> dict[str, int]:

@@ -20,7 +20,7 @@ import json
 import openai
 import pytest
 
-from tests.support.nodes import default_model_node, openai_client
+from tests.support.nodes import default_model_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -37,16 +37,6 @@ NEUTRAL = {"cache_prompt": True, "typical_p": 1, "tfs_z": 1, "mirostat": 0, "mir
            "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", ":"], "top_n_sigma": -1,
            "samplers": ["top_k", "typ_p", "top_p", "min_p", "temperature"], "id_slot": -1,
            "timings_per_token": False}
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 async def test_llama_server_extras_at_their_defaults_change_nothing(client, model_id):
@@ -116,4 +106,3 @@ async def test_samplers_this_node_lacks_are_a_400_naming_them(client, model_id, 
     with pytest.raises(openai.BadRequestError) as info:
         await client.completions.create(model=model_id, prompt=PROMPT, max_tokens=4, extra_body=extra)
     assert info.value.body["param"] == next(iter(extra))
-

@@ -20,7 +20,7 @@ import aiohttp
 import openai
 import pytest
 
-from tests.support.nodes import default_model_node, openai_client
+from tests.support.nodes import default_model_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -31,16 +31,6 @@ PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADU
 LEFT_OUT = "[an image was left out: this model reads text only]"
 
 node = default_model_node("more-apps")
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 async def test_jan_assistant_parameters_are_served_and_max_output_tokens_limits_the_reply(client, model_id):

@@ -25,6 +25,7 @@ from tests.support.fake_remote import request_from
 from tests.support.nodes import (
     default_model_node,
     node_config,
+    ollama_client,
     openai_client,
     running_node,
     template,
@@ -43,18 +44,12 @@ node = default_model_node("ollama")
 
 @pytest.fixture
 def client(node):
-    return ollama.AsyncClient(host=f"http://127.0.0.1:{node.api.port}",
-                              headers={"Authorization": f"Bearer {node.api_key}"})
+    return ollama_client(node)
 
 
 @pytest.fixture
 def oai(node):
     return openai_client(node)  # here, not on the loop: it builds the SDK's types the first time
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 async def raw(node, method: str, path: str, body: bytes | dict | None = None, *, key: bool = True,
@@ -335,8 +330,7 @@ async def thinker(tmp_path_factory):
 
 async def test_a_reasoning_models_thoughts_are_thinking(thinker):
     model = thinker.models.all()[0].id
-    client = ollama.AsyncClient(host=f"http://127.0.0.1:{thinker.api.port}",
-                                headers={"Authorization": f"Bearer {thinker.api_key}"})
+    client = ollama_client(thinker)
     assert "thinking" in (await client.show(model)).capabilities
     ask = {"model": model, "messages": [{"role": "user", "content": "Is the sky blue?"}], "think": True,
            "options": {"num_predict": 8, **GREEDY}}

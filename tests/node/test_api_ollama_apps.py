@@ -22,11 +22,6 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 node = default_model_node("ollama_apps")
 
 
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
-
-
 async def call(node, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
     """(status, text) of one request, with the key as the apps send it (a Bearer token)."""
     async with aiohttp.ClientSession() as session, session.request(

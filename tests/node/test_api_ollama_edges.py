@@ -16,7 +16,7 @@ import pytest
 from node import const
 from node.api import ollama as ollama_api
 from node.inference.load_failure import LoadFailure, file_identity
-from tests.support.nodes import default_model_node
+from tests.support.nodes import default_model_node, ollama_client
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -27,14 +27,8 @@ node = default_model_node("ollama_edges")
 
 
 @pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
-
-
-@pytest.fixture
 def client(node):
-    return ollama.AsyncClient(host=f"http://127.0.0.1:{node.api.port}",
-                              headers={"Authorization": f"Bearer {node.api_key}"})
+    return ollama_client(node)
 
 
 def forced(value: str) -> dict:

@@ -15,7 +15,7 @@ import pytest
 from node.api import ollama as ollama_api
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
-from tests.support.nodes import default_model_node, template, tiny_models_node
+from tests.support.nodes import default_model_node, ollama_client, template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -30,14 +30,8 @@ thinkers = tiny_models_node(THINKER, GPTOSS)
 
 
 @pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
-
-
-@pytest.fixture
 def client(node):
-    return ollama.AsyncClient(host=f"http://127.0.0.1:{node.api.port}",
-                              headers={"Authorization": f"Bearer {node.api_key}"})
+    return ollama_client(node)
 
 
 async def _post(node, path: str, body: dict) -> tuple[int, dict]:
@@ -79,8 +73,7 @@ async def test_think_on_a_model_that_does_not_think_is_ollamas_400(client, model
 
 
 async def test_think_on_models_that_think_is_taken(thinkers):
-    client = ollama.AsyncClient(host=f"http://127.0.0.1:{thinkers.api.port}",
-                                headers={"Authorization": f"Bearer {thinkers.api_key}"})
+    client = ollama_client(thinkers)
     for served in thinkers.models.all():  # gpt-oss's channels are thinking too (it was left out)
         assert "thinking" in (await client.show(served.id)).capabilities, served.id
         think = "high" if "gptoss" in served.id else True

@@ -12,7 +12,7 @@ import pytest
 
 from node.inference.synth import SynthSpec
 from node.inference.tools.deepseek_r1 import MARKERS as R1_MARKERS
-from tests.support.nodes import anthropic_client, openai_client, template, tiny_models_node, token_id
+from tests.support.nodes import anthropic_client, template, tiny_models_node, token_id
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -24,11 +24,6 @@ ASK = [{"role": "user", "content": "Is the sky blue?"}]
 
 
 node = tiny_models_node(SPEC, SPEC.replace(chat_template=QWEN3, name="qwen3ish"))
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from node import const
-from tests.support.nodes import default_model_node, openai_client
+from tests.support.nodes import default_model_node
 from tests.support.sse import sse_data
 from tests.support.waiting import wait_until
 
@@ -21,16 +21,6 @@ QUESTION = "How do I open a file?"
 
 
 node = default_model_node("responses")
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 def chat_tokens(node, messages):

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from node.inference.synth import SynthSpec
-from tests.support.nodes import anthropic_client, openai_client, template, tiny_models_node
+from tests.support.nodes import anthropic_client, template, tiny_models_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -21,11 +21,6 @@ ASK = [{"role": "user", "content": "Is the sky blue?"}]
 
 
 node = tiny_models_node(SPEC, SPEC.replace(chat_template=QWEN3, name="qwen3ish"))
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from node.inference.llamacpp import load as load_llama_cpp
 from node.resources import default_model_path
-from tests.support.nodes import default_model_node, node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import default_model_node, node_config, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama,
               pytest.mark.skipif(not default_model_path().exists(),
@@ -42,16 +42,6 @@ def reference():
 
 
 node = default_model_node("embed")
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 async def post(node, body, *, key=True):

@@ -12,7 +12,7 @@ import pytest
 
 from node.inference.embedder import embed_limit
 from node.resources import default_model_path
-from tests.support.nodes import default_model_node, openai_client
+from tests.support.nodes import default_model_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama,
               pytest.mark.skipif(not default_model_path().exists(),
@@ -26,16 +26,6 @@ CHUNK = ("Open WebUI splits each uploaded document into chunks of about a thousa
 TIKTOKEN_HELLO_WORLD = [15339, 1917]
 
 node = default_model_node("embedclients")
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 async def post(node, path, body):

@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from node.const import EMBED_MAX_INPUT_TOKENS
 from node.inference.synth import SynthSpec
-from tests.support.nodes import node_config, openai_client, running_node, tiny_model
+from tests.support.nodes import node_config, running_node, tiny_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
@@ -28,11 +28,6 @@ async def node(tmp_path_factory):
     model = tiny_model(directory, WIDE, "wide.gguf")
     async with running_node(node_config(directory / "data", model, n_ctx=N_CTX)) as n:
         yield n
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
 
 
 @pytest.fixture

@@ -72,18 +72,8 @@ fa_node = default_model_node("logprobs-fa", flash_attention=True)
 
 
 @pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
 def fa_client(fa_node):
     return openai_client(fa_node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 # --- the parts: scores in numpy and torch, on the wire ------------------------------------------

@@ -16,21 +16,11 @@ import pytest
 from pydantic import UUID4, BaseModel, Field, IPvAnyAddress, SecretStr
 
 from node.inference.schema_bounds import MAX_INTEGER
-from tests.support.nodes import default_model_node, openai_client
+from tests.support.nodes import default_model_node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama]
 
 node = default_model_node("sdk-structured")
-
-
-@pytest.fixture
-def client(node):
-    return openai_client(node)
-
-
-@pytest.fixture
-def model_id(node):
-    return node.models.all()[0].id
 
 
 ASK = [{"role": "user", "content": "Ship a parcel, as JSON."}]

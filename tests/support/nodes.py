@@ -128,6 +128,14 @@ def openai_client(node: Node):
                                           max_retries=0))
 
 
+def ollama_client(node: Node):
+    """The official ollama client on a node's API (its Ollama dialect, /api/...), closed at the node's stop."""
+    import ollama
+
+    return _kept(node, ollama.AsyncClient(host=f"http://127.0.0.1:{node.api.port}",
+                                          headers={"Authorization": f"Bearer {node.api_key}"}))
+
+
 def anthropic_client(node: Node):
     """The official anthropic client on a node's API (no retries)."""
     import anthropic
