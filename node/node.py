@@ -24,6 +24,7 @@ from node.datadir import MODELS_DIR, WEIGHT_CACHE_DIR, DataDirLock, ensure_data_
 from node.diagnostics import ReportParts, build_report
 from node.errors import ShuttingDown
 from node.hello import HelloParts
+from node.inference.choices import ChoicesRun
 from node.inference.generate import CompletionRun
 from node.inference.headers import HeaderServer
 from node.inference.manager import ModelManager
@@ -375,10 +376,18 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
 
     # --- requests ---
 
-    def new_run(self, request: CompletionRequest, trace: RequestTrace) -> CompletionRun:
+    def new_run(self, request: CompletionRequest, trace: RequestTrace) -> CompletionRun | ChoicesRun:
         """The run that serves one completion, on whichever route serves its model (one that comes
-        while the node stops is refused with a 503 when it starts)."""
-        run = CompletionRun(self.models, request, trace, self.short_id, on_first_token=self.traces.first_token,
+        while the node stops is refused with a 503 when it starts); OpenAI's `n` > 1: a run per
+        choice under one trace (node.inference.choices)."""
+        if request.n > 1:
+            return ChoicesRun(request, trace, self._choice_run, on_first_token=self.traces.first_token)
+        return self._choice_run(request, trace, on_first_token=self.traces.first_token)
+
+    def _choice_run(self, request: CompletionRequest, trace: RequestTrace,
+                    on_first_token: Callable[[RequestTrace], None] | None = None) -> CompletionRun:
+        """One run (a choice's reports its first token through its ChoicesRun)."""
+        run = CompletionRun(self.models, request, trace, self.short_id, on_first_token=on_first_token,
                             pipeline=self.pipeline)
         self._runs.add(run)
         if self._stopping:

@@ -81,7 +81,8 @@ class RequestTrace:
     regions: list[str] = field(default_factory=list)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens whose KV was reused (prefix cache), when known
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # with `n` choices, theirs together (OpenAI's usage)
+    choices: int = 1  # OpenAI's `n`: the choices this request's reply holds (node.inference.choices)
     reasoning_tokens: int = 0  # of completion_tokens, those of a reasoning model's thoughts
     finish_reason: str | None = None  # stop | length | tool_calls
     finish_detail: str | None = None  # eos | stop_sequence | max_tokens | context
@@ -220,6 +221,7 @@ class RequestTrace:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "tokens": self.completion_tokens if self.assemblies else None,
+            "choices": self.choices if self.choices > 1 else None,  # `tokens` is all choices' together
             "tok_per_sec": round(self.tok_per_sec, 1) if self.tok_per_sec is not None else None,
             "tpot_ms": round(self.tpot_ms, 1) if self.tpot_ms is not None else None,
         }

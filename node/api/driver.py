@@ -24,6 +24,7 @@ from node.api.appkeys import NODE
 from node.api.errors import ErrorShape, error_response
 from node.api.streaming import StreamEvents, stream_completion
 from node.errors import NodeError
+from node.inference.choices import ChoicesRun
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, TokenLogprob
 from node.trace import RequestTrace
@@ -66,11 +67,14 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
             result = await stream_completion(request, run, dialect.events(run), dialect.stream_content_type)
             outcome, error = result.outcome, result.error
             return result.response
-        logprobs: list[TokenLogprob] = []
+        choices: list[list[TokenLogprob]] = [[] for _ in range(trace.choices)]  # OpenAI's `n`: a list each
         async for delta in run.deltas():  # the run keeps the text and tool calls
             if dialect.hide_reasoning and delta.reasoning and not (delta.text or delta.tool_calls):
                 continue  # as a stream leaves it out (2026-12-07, review r37: the body listed every thought token)
-            logprobs.extend(delta.logprobs)
+            choices[delta.choice].extend(delta.logprobs)
+        if isinstance(run, ChoicesRun):
+            run.logprobs = choices
+        logprobs = choices[0]
         trace.finished = time.monotonic()  # the response's timings and the summary line agree
         reply = await _json_reply(dialect, run, logprobs, trace.headers())
         outcome = "ok"
@@ -108,7 +112,8 @@ async def _json_reply(dialect: Dialect, run: CompletionRun, logprobs: Sequence[T
     peer links share, 8,100 tokens with top_logprobs 20 (11.7 MB) stalled it 1.3 s. A dialect whose
     body is the loop's (Responses stores it) builds it here and encodes it there. Others are a few
     kilobytes, made here."""
-    entries = sum(1 + len(t.top) for t in logprobs)
+    every = [t for one in run.logprobs for t in one] if isinstance(run, ChoicesRun) else logprobs
+    entries = sum(1 + len(t.top) for t in every)
     big = entries > const.REPLY_ON_LOOP_MAX_LOGPROBS or run.trace.completion_tokens > const.REPLY_ON_LOOP_MAX_TOKENS
     loop = asyncio.get_running_loop()
     if big and dialect.body_in_worker:

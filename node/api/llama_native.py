@@ -70,7 +70,7 @@ def _openai_body(request: web.Request, body: Any, *, infill: bool) -> tuple[dict
         raise InvalidRequest("request body must be a JSON object")
     out = {k: v for k, v in body.items() if k not in _HINTS and k not in _INFILL_KEYS}
     fields = out.pop("response_fields", None)
-    for key, off in (("n_cmpl", 1), ("lora", [])):
+    for key, off in (("n_cmpl", 1), ("n", 1), ("lora", [])):  # several choices: /v1 only (its shape)
         if out.pop(key, None) not in (None, off):
             raise Unsupported(f"`{key}` is not supported by this node: send {off} or leave it out", param=key)
     out["model"] = _default_model(request, body.get("model"), infill=infill)

@@ -15,14 +15,16 @@ from typing import Any
 
 from aiohttp import web
 
-from node.api import extras
+from node.api import choices_reply, extras
 from node.api.appkeys import NODE
+from node.api.choices_reply import ChoicesChunks
 from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.responses import StreamChunks, completion_body
 from node.api.schemas import parse_completion
 from node.api.streaming import SSE_CONTENT_TYPE
 from node.api.tool_schemas import async_check_tool_schemas
+from node.inference.choices import ChoicesRun
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, TokenLogprob
 
@@ -91,10 +93,14 @@ class ChatDialect:
         self.completion = completion
         self.hide_reasoning = hide_reasoning  # OpenRouter's reasoning.exclude: no reasoning_content
 
-    def events(self, run: CompletionRun) -> StreamChunks:
+    def events(self, run: CompletionRun | ChoicesRun) -> StreamChunks | ChoicesChunks:
+        if isinstance(run, ChoicesRun):  # OpenAI's `n` > 1
+            return ChoicesChunks(self.completion, run, hide_reasoning=self.hide_reasoning)
         return StreamChunks(self.completion, run.trace, hide_reasoning=self.hide_reasoning)
 
-    def body(self, run: CompletionRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+    def body(self, run: CompletionRun | ChoicesRun, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        if isinstance(run, ChoicesRun):
+            return choices_reply.body(self.completion, run, run.logprobs, self.hide_reasoning)
         calls = [*run.tool_calls, run.cut_call] if run.cut_call is not None else run.tool_calls  # as a stream sent it
         return completion_body(self.completion, run.trace, run.content, logprobs, calls,
                                "" if self.hide_reasoning else run.reasoning)

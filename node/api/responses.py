@@ -87,24 +87,33 @@ def completion_body(completion: CompletionRequest, trace: RequestTrace, text: st
                     tool_calls: list[ToolCall] | tuple[ToolCall, ...] = (), reasoning: str = "") -> dict[str, Any]:
     """The non-streaming response body (content null when the reply is only tool calls; a reasoning
     model's thoughts in reasoning_content, as llama-server writes them, when it wrote any)."""
+    return choices_body(completion, trace, [choice_json(completion, 0, trace.finish_reason, text, logprobs,
+                                                        tool_calls, reasoning)])
+
+
+def choice_json(completion: CompletionRequest, index: int, finish_reason: str | None, text: str,
+                logprobs: Sequence[TokenLogprob] = (), tool_calls: list[ToolCall] | tuple[ToolCall, ...] = (),
+                reasoning: str = "") -> dict[str, Any]:
+    """One entry of a body's `choices` (OpenAI's `n`: one per choice, `index` 0..n-1)."""
     lp = logprobs_field(completion, logprobs)
-    if completion.kind == "chat":
-        message: dict[str, Any] = {"role": "assistant", "content": text if (text or not tool_calls) else None}
-        if reasoning:
-            message["reasoning_content"] = reasoning
-        if tool_calls:
-            message["tool_calls"] = tool_calls_json(tool_calls)
-        choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": trace.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": trace.finish_reason}
-        obj = "text_completion"
+    if completion.kind != "chat":
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+    message: dict[str, Any] = {"role": "assistant", "content": text if (text or not tool_calls) else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls_json(tool_calls)
+    return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish_reason}
+
+
+def choices_body(completion: CompletionRequest, trace: RequestTrace, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The body around its choices: id, model, usage (every choice's tokens), the timings."""
     return {
         "id": completion_id(trace, completion.kind),
-        "object": obj,
+        "object": "chat.completion" if completion.kind == "chat" else "text_completion",
         "created": int(trace.created_at),
         "model": trace.model,
-        "choices": [choice],
+        "choices": choices,
         "usage": usage(trace),
         "system_fingerprint": None,
         "x_swarm": trace.timings(),
@@ -123,7 +132,9 @@ class StreamChunks:
     Exactly one chunk carries a finish_reason; the token-level timings (`x_swarm`) ride on the last
     JSON event: the usage chunk when the client asked for usage, else the finish chunk."""
 
-    def __init__(self, completion: CompletionRequest, trace: RequestTrace, *, hide_reasoning: bool = False):
+    def __init__(self, completion: CompletionRequest, trace: RequestTrace, *, hide_reasoning: bool = False,
+                 index: int = 0):
+        self._index = index  # the choice's (OpenAI's `n`: choices_reply.ChoicesChunks has one of these each)
         self._hide_reasoning = hide_reasoning  # the thoughts are not sent (OpenRouter's reasoning.exclude)
         self._chat = completion.kind == "chat"
         self._completion = completion
@@ -197,12 +208,19 @@ class StreamChunks:
     def closing(self) -> list[bytes]:
         """The events after the last text: the finish chunk, usage if asked, [DONE]."""
         trace = self._trace
-        opening = self._role("")  # a reply of nothing: the role chunk still comes first
         if self._include_usage:
-            return [*opening, self._chunk({}, trace.finish_reason),
-                    sse_event({**self._base, "choices": [], "usage": usage(trace), "x_swarm": trace.timings()}),
-                    DONE_EVENT]
-        return [*opening, self._chunk({}, trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
+            return [*self.finish(trace.finish_reason), self.usage_event(), DONE_EVENT]
+        return [*self.finish(trace.finish_reason, x_swarm=trace.timings()), DONE_EVENT]
+
+    def finish(self, finish_reason: str | None, **extra: Any) -> list[bytes]:
+        """The choice's finish chunk (after its role chunk when it wrote nothing)."""
+        opening = self._role("")  # a reply of nothing: the role chunk still comes first
+        return [*opening, self._chunk({}, finish_reason, **extra)]
+
+    def usage_event(self) -> bytes:
+        """The usage chunk (stream_options.include_usage), with the timings."""
+        trace = self._trace
+        return sse_event({**self._base, "choices": [], "usage": usage(trace), "x_swarm": trace.timings()})
 
     def _text_chunk(self, text: str) -> bytes:
         return self._text_head + dumps_line(text).encode() + self._text_tail
@@ -210,9 +228,9 @@ class StreamChunks:
     def _chunk(self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None,
                **extra: Any) -> bytes:
         if self._chat:
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": self._index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": self._index, "text": delta.get("content", ""), "logprobs": logprobs, "finish_reason": finish}
         return sse_event({**self._base, "choices": [choice], **extra})
 
 

@@ -53,6 +53,9 @@ _CHAT_KEYS = _COMMON | _COMMON_HINTS | chat_options.KEYS | {"messages", "tools",
                                                             "logprobs", "top_logprobs"}
 _COMPLETION_KEYS = _COMMON | _COMMON_HINTS | {"prompt", "logprobs", "suffix"}
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
+# OpenAI's `n` (choices for one prompt; node.inference.choices): llama-server caps it at its slots
+# (--parallel); 16 here, each choice a sequence of the model's batch or a run of the chain
+MAX_CHOICES = 16
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -343,9 +346,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("`model` is required and must be a string", param="model")
-    n = _integer(body, "n", 1, 128)
-    if n not in (None, 1):
-        raise Unsupported("only n=1 is supported by this node", param="n")
+    n = _integer(body, "n", 1, MAX_CHOICES) or 1
     stream = body.get("stream")
     stream = False if stream is None else stream  # null is the default, as OpenAI takes it
     if not isinstance(stream, bool):
@@ -395,7 +396,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
             parallel = True
         if not isinstance(parallel, bool):
             raise InvalidRequest("`parallel_tool_calls` must be a boolean", param="parallel_tool_calls")
-        return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body),
+        return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body), n=n,
                                  tools=tools, tool_choice=choice, tool_choice_name=choice_name,
                                  parallel_tool_calls=parallel, response_format=response_format,
                                  predict_time_limit_ms=time_limit,
@@ -413,7 +414,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
         raise InvalidRequest("`suffix` must be a string", param="suffix")
-    return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt,
+    return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt, n=n,
                              suffix=suffix or None,  # "" asks for nothing (OpenAI's default)
                              response_format=response_format, predict_time_limit_ms=time_limit)
 

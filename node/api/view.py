@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from node.contribute import Contributions
+    from node.inference.choices import ChoicesRun
     from node.inference.generate import CompletionRun
     from node.inference.request import CompletionRequest
     from node.metrics import NodeMetrics
@@ -48,8 +49,8 @@ class NodeView(Protocol):
     def openai_model(self, name: str) -> dict[str, Any]:
         """One /v1/models entry by id or readable name; ModelNotFound otherwise."""
 
-    def new_run(self, request: CompletionRequest, trace: RequestTrace) -> CompletionRun:
-        """The run that serves one completion."""
+    def new_run(self, request: CompletionRequest, trace: RequestTrace) -> CompletionRun | ChoicesRun:
+        """The run that serves one completion (OpenAI's `n` > 1: its choices, one run each)."""
 
     async def async_report(self, *, full: bool) -> str:
         """The diagnostics report (redacted unless full)."""

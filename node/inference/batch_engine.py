@@ -357,6 +357,15 @@ class BatchEngine:
         seq.next_token = out[-1]
 
     def _admit(self) -> None:
+        later: list[_Seq] = []  # choices waiting for a sibling's prefill, kept first in line
+        try:
+            self._admit_some(later)
+        finally:
+            if later:
+                with self._lock:
+                    self._pending.extendleft(reversed(later))
+
+    def _admit_some(self, later: list[_Seq]) -> None:
         while len(self._active) < self.max_concurrent:
             with self._lock:
                 if not self._pending:
@@ -364,6 +373,9 @@ class BatchEngine:
                 seq = self._pending.popleft()
             if seq.job.cancel.is_set():
                 self._end(seq)
+                continue
+            if self._sibling_prefilling(seq):
+                later.append(seq)
                 continue
             try:
                 self._start(seq)
@@ -375,6 +387,19 @@ class BatchEngine:
                 continue
             self._active.append(seq)
             self.max_active_seen = max(self.max_active_seen, len(self._active))
+
+    def _copy_min(self, job: GenerationJob) -> int:
+        return COPY_MIN_TOKENS if job.params.greedy else COPY_MIN_TOKENS_SAMPLED
+
+    def _sibling_prefilling(self, seq: _Seq) -> bool:
+        """Another choice of the same request (OpenAI's `n`) is prefilling this prompt: this one
+        waits and starts from a copy of its KV (llama-server's n_cmpl children do the same). A prompt
+        too short to be copied (kv_slots' COPY_MIN_TOKENS) prefills on its own, at once."""
+        job = seq.job
+        if not job.group or len(job.prompt_tokens) - 1 < self._copy_min(job):
+            return False
+        return any(s.job.group == job.group and s.rest and s.job.prompt_tokens == job.prompt_tokens
+                   for s in self._active)
 
     def _start(self, seq: _Seq) -> None:
         job, p = seq.job, seq.job.params
@@ -392,8 +417,8 @@ class BatchEngine:
                 seq.drafter = NgramDrafter(prompt, max_k=self.speculative_max_draft)
             else:
                 log.debug("DIAG: n-gram speculation off for this request %s", kv(request_id=job.request_id, reason=off))
-        slot, reused = self.kv_slots.choose(prompt, job.request_id,
-                                            COPY_MIN_TOKENS if p.greedy else COPY_MIN_TOKENS_SAMPLED)
+        siblings = tuple(s.slot for s in self._active if job.group and s.job.group == job.group and not s.rest)
+        slot, reused = self.kv_slots.choose(prompt, job.request_id, self._copy_min(job), siblings)
         slot.busy = True
         seq.slot = slot
         self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, reused, -1)

@@ -62,6 +62,9 @@ class GenerationJob:
     # output grammar replays them
     history: tuple[int, ...] = ()
     cached_tokens: int = 0  # prompt tokens the engine found in its KV cache (set before the first token)
+    # the choices of one request (OpenAI's `n`) share it: the batch engine starts one from a copy of
+    # another's prefilled prompt, not a prefill of its own ("" : none)
+    group: str = ""
 
 
 class TokenChannel:

@@ -58,9 +58,11 @@ class KvSlots:
         self.evictions = 0
         self.moves = 0  # streams copied to another id by `compact`
 
-    def choose(self, prompt: list[int], request_id: str, copy_min: int = COPY_MIN_TOKENS) -> tuple[Slot, int]:
+    def choose(self, prompt: list[int], request_id: str, copy_min: int = COPY_MIN_TOKENS,
+               running: tuple[Slot, ...] = ()) -> tuple[Slot, int]:
         """The slot for a prompt and how many of its cached tokens it keeps (at most all but the
-        prompt's last token: its logits are needed)."""
+        prompt's last token: its logits are needed). `running`: busy slots it may start from a copy
+        of (another choice of the same request, its prompt prefilled: OpenAI's `n`)."""
         free = [s for s in self.slots if not s.busy]
         limit = len(prompt) - 1
         best, best_n = None, 0
@@ -81,9 +83,14 @@ class KvSlots:
             slot = min((s for s in free if s.tokens), key=lambda s: s.last_used)
             n = min(common_prefix(slot.tokens, prompt), limit)
             self._evicted(slot, "lru", kept_tokens=n)
+        for other in running:  # a sibling's prefilled prompt beats any cached beginning
+            shared = min(common_prefix(other.tokens, prompt), limit)
+            if shared > n and (best is None or best is slot or shared > best_n):
+                best, best_n = other, shared
         if best is not None and best is not slot and best_n > n and best_n >= copy_min:
-            # a shared beginning (a system prompt) of a sequence that stays cached: copy its KV
-            # stream (llama.cpp copies streams whole), the tail is cut by the caller
+            # a shared beginning (a system prompt) of a sequence that stays cached, or the prompt of a
+            # sibling choice: copy its KV stream (llama.cpp copies streams whole), the tail is cut by
+            # the caller
             self.ll.llama_memory_seq_cp(self.mem, best.seq_id, slot.seq_id, -1, -1)
             slot.tokens = list(best.tokens)
             n = best_n

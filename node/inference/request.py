@@ -77,6 +77,8 @@ class Delta:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     reasoning: str = ""  # a reasoning model's thoughts (node.inference.reasoning)
+    choice: int = 0  # which of the request's `n` choices it belongs to (node.inference.choices)
+    ended: bool = False  # choices only: choice `choice` is complete (its finish reason is known)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,8 @@ class CompletionRequest:
     # Ollama's /api/chat: a history past the context loses its oldest messages (system ones and the
     # last kept) until it fits, as Ollama's chatPrompt does; every other route answers a 400
     drop_old_messages: bool = False
+    # OpenAI's `n`: this many choices for the one prompt (node.inference.choices); 1 on every other API
+    n: int = 1
 
     @property
     def prompt_param(self) -> str:

@@ -1,0 +1,167 @@
+"""OpenAI's `n` (several choices for one prompt) through a real node on 127.0.0.1 and the official
+`openai` client, with the default model: choice i is the reply the same request with n=1 and seed
++ i gives; greedy choices are equal; a stream reassembled is the body; usage counts the prompt once
+and every choice's tokens; the prompt is prefilled once (the choices start from a copy of its KV);
+one trace per request (choices=n on its summary line); n past the cap is a 400 naming `n`; a client
+that goes away mid-stream frees every choice's sequence."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+
+from node.api.schemas import MAX_CHOICES
+from node.resources import default_model_path
+from tests.support.nodes import node_config, running_node
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.llama,
+              pytest.mark.skipif(not default_model_path().exists(), reason="the default model is not in resources/")]
+
+# long enough that a copy of its KV pays (kv_slots.COPY_MIN_TOKENS_SAMPLED)
+SYSTEM = "You are a helpful assistant who answers questions about Python in one or two short sentences."
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What does len() return?"}]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("nchoices")
+    config = node_config(base / "data", include_default_model=True, max_concurrent=4, kv_cache_seqs=4)
+    async with running_node(config) as n:
+        yield n
+
+
+@pytest.fixture
+def client(node):
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
+
+
+@pytest.fixture
+def served(node):
+    return node.models.all()[0]
+
+
+def trace_of(node, request_id: str):
+    return next(t for t in node.traces.recent if t.request_id == request_id)
+
+
+async def chat(client, served, **kw):
+    raw = await client.chat.completions.with_raw_response.create(
+        model=served.id, messages=MESSAGES, **{"max_tokens": 24, **kw})
+    return raw.headers["x-request-id"], raw.parse()
+
+
+async def test_seeded_choices_are_each_the_reply_of_their_own_seed(node, client, served, caplog):
+    caplog.set_level(logging.DEBUG, logger="node")
+    rid, reply = await chat(client, served, n=3, temperature=0.9, seed=41)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    texts = [c.message.content for c in reply.choices]
+    alone = [(await chat(client, served, temperature=0.9, seed=41 + i))[1].choices[0] for i in range(3)]
+    assert texts == [a.message.content for a in alone]
+    assert [c.finish_reason for c in reply.choices] == [a.finish_reason for a in alone]
+    assert len(set(texts)) > 1  # three draws, not one thrice
+    # usage: the prompt once, every choice's tokens (as OpenAI)
+    one = (await chat(client, served, temperature=0.9, seed=41))[1]
+    assert reply.usage.prompt_tokens == one.usage.prompt_tokens
+    alone_tokens = [(await chat(client, served, temperature=0.9, seed=41 + i))[1].usage.completion_tokens
+                    for i in range(3)]
+    assert reply.usage.completion_tokens == sum(alone_tokens)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    # one trace, its summary line counting every choice's tokens
+    trace = trace_of(node, rid)
+    assert trace.choices == 3 and trace.completion_tokens == reply.usage.completion_tokens
+    line = next(r.getMessage() for r in caplog.records
+                if "request complete" in r.getMessage() and rid in r.getMessage())
+    assert "choices=3" in line and f"tokens={reply.usage.completion_tokens}" in line
+    # the prompt was prefilled once: choices 1 and 2 started from a copy of choice 0's KV
+    copies = [r.getMessage() for r in caplog.records
+              if "KV-cache HIT" in r.getMessage() and rid in r.getMessage() and "copied_from" in r.getMessage()]
+    assert len(copies) == 2
+
+
+async def test_greedy_choices_are_equal(client, served):
+    _, reply = await chat(client, served, n=2, temperature=0)
+    assert len(reply.choices) == 2
+    assert reply.choices[0].message.content == reply.choices[1].message.content
+    _, alone = await chat(client, served, temperature=0)
+    assert reply.choices[0].message.content == alone.choices[0].message.content
+
+
+async def test_a_stream_reassembled_is_the_body(client, served):
+    _, whole = await chat(client, served, n=3, temperature=0.9, seed=5)
+    stream = await client.chat.completions.create(model=served.id, messages=MESSAGES, max_tokens=24, n=3,
+                                                  temperature=0.9, seed=5, stream=True,
+                                                  stream_options={"include_usage": True})
+    texts, finish, usage, chunks = ["", "", ""], [None, None, None], None, []
+    async for chunk in stream:
+        chunks.append(chunk)
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                assert finish[choice.index] is None  # one finish chunk per choice
+                finish[choice.index] = choice.finish_reason
+    assert texts == [c.message.content for c in whole.choices]
+    assert finish == [c.finish_reason for c in whole.choices]
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_text_completions_take_n_with_logprobs_per_choice(client, served):
+    reply = await client.completions.create(model=served.id, prompt="def add(a, b):", max_tokens=8, n=2,
+                                            temperature=0.9, seed=3, logprobs=2)
+    assert [c.index for c in reply.choices] == [0, 1]
+    for i, choice in enumerate(reply.choices):
+        alone = (await client.completions.create(model=served.id, prompt="def add(a, b):", max_tokens=8,
+                                                 temperature=0.9, seed=3 + i, logprobs=2)).choices[0]
+        assert choice.text == alone.text
+        assert choice.logprobs.tokens == alone.logprobs.tokens
+        assert "".join(choice.logprobs.tokens) == choice.text
+
+
+async def test_tools_apply_to_every_choice(client, served):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}]
+    kw = dict(model=served.id, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+              tool_choice="required", parallel_tool_calls=False, temperature=0.7, max_tokens=160)
+    reply = await client.chat.completions.create(n=2, seed=8, **kw)
+    for i, choice in enumerate(reply.choices):
+        alone = (await client.chat.completions.create(seed=8 + i, **kw)).choices[0]
+        assert choice.finish_reason == alone.finish_reason == "tool_calls"
+        calls = choice.message.tool_calls
+        assert [c.function.name for c in calls] == ["get_weather"]
+        assert calls[0].function.arguments == alone.message.tool_calls[0].function.arguments
+        assert "city" in json.loads(calls[0].function.arguments)  # each choice parsed its own call
+    assert reply.choices[0].message.tool_calls[0].id != reply.choices[1].message.tool_calls[0].id
+
+
+async def test_n_past_the_cap_is_a_400_naming_n(client, served):
+    with pytest.raises(openai.BadRequestError) as err:
+        await chat(client, served, n=MAX_CHOICES + 1)
+    assert err.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError):
+        await chat(client, served, n=0)
+
+
+async def test_a_client_gone_mid_stream_frees_every_choice(node, client, served):
+    port = node.api.port
+    body = {"model": served.id, "messages": MESSAGES, "max_tokens": 400, "n": 4, "stream": True,
+            "temperature": 0.9, "seed": 1}
+    async with httpx.AsyncClient(timeout=30) as http, http.stream(
+            "POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {node.api_key}"}) as resp:
+        seen = 0
+        async for line in resp.aiter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 8:
+                break
+    batcher = served.engine.batcher
+    await wait_until(lambda: batcher.active == 0 and served.lock.holders == 0 and not served.busy, timeout_s=20)
+    assert not any(slot.busy for slot in batcher.slots)
