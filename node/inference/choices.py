@@ -2,7 +2,7 @@
 
 `ChoicesRun` has a CompletionRun's face (prepare, deltas, close, trace), so the driver and the
 stream writer serve it as they serve one run. Inside, choice i is a run of the same request with
-n=1 and its own scratch trace (the request's id, never in the TraceHub): what the client, the
+n=1 and its own scratch trace (never in the TraceHub; `choice_id`): what the client, the
 summary line, headers and metrics see is the request's one trace, which this module fills from the
 choices' (prompt tokens once, completion tokens summed, `choices=n`).
 
@@ -41,6 +41,12 @@ def choice_seed(seed: int | None, index: int) -> int | None:
     return None if seed is None else (seed + index) % 2**32
 
 
+def choice_id(request_id: str, index: int) -> str:
+    """The id choice `index` runs under (its log lines, its chain sessions: two choices in one chain
+    session id wrote into each other's KV): the request's, and `-c<index>` after it but for choice 0."""
+    return request_id if index == 0 else f"{request_id}-c{index}"
+
+
 def choice_request(request: CompletionRequest, index: int) -> CompletionRequest:
     """Choice `index` as a request of its own (n=1, its seed)."""
     params = dataclasses.replace(request.params, seed=choice_seed(request.params.seed, index))
@@ -59,7 +65,7 @@ class ChoicesRun:
         self._on_first_token = on_first_token
         self.runs: list[CompletionRun] = []
         for i in range(request.n):
-            scratch = RequestTrace(model=trace.model, operation=trace.operation, request_id=trace.request_id,
+            scratch = RequestTrace(model=trace.model, operation=trace.operation, request_id=choice_id(trace.request_id, i),
                                    stream=trace.stream, created_at=trace.created_at, admitted=trace.admitted)
             self.runs.append(new_run(choice_request(request, i), scratch))
         # each choice's logprobs as the reply shows them (the driver collects them: it knows what a

@@ -198,9 +198,9 @@ async def test_prompt_longer_than_context(node, client, model_id):
     await assert_still_serving(client, model_id)
 
 
-async def test_n_greater_than_one_refused(node, client, model_id):
+async def test_n_past_the_cap_refused(node, client, model_id):
     got, _, text = await raw(node, "POST", "/v1/chat/completions", body={
-        "model": model_id, "messages": [{"role": "user", "content": "x"}], "n": 2})
+        "model": model_id, "messages": [{"role": "user", "content": "x"}], "n": 17})  # schemas.MAX_CHOICES + 1
     assert got == 400
     assert json.loads(text)["error"]["param"] == "n"
     await assert_still_serving(client, model_id)

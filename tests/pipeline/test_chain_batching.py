@@ -9,6 +9,7 @@ import asyncio
 import re
 
 import aiohttp
+import openai
 import pytest
 
 from tests.pipeline.swarm import run, split_model, start_chain3, wait_for_route, wait_peers
@@ -104,3 +105,28 @@ def test_a_cancelled_request_among_them_frees_its_sessions(swarm):
                 return False
         return True
     run(wait_until(freed, 30, 0.1, "every segment to free the cancelled request's session"))
+
+
+def test_n_choices_over_the_chain_are_each_the_reply_of_their_seed(swarm):
+    """OpenAI's `n` on the split route, with the official client: choice i is the request with n=1
+    and seed + i (its sessions batched with the other choices'), greedy choices are equal, a stream
+    reassembled is the body, usage counts the prompt once."""
+    a, model_id = swarm["nodes"][0], swarm["model_id"]
+    client = openai.OpenAI(base_url=a.base + "/v1", api_key=a.api_key, max_retries=0, timeout=300)
+    kw = {"model": model_id, "prompt": PROMPTS[1], "max_tokens": N}
+    raw = client.completions.with_raw_response.create(n=3, temperature=2.0, seed=2000, **kw)
+    assert raw.headers["x-swarm-route"] == "distributed" and raw.headers["x-swarm-segments"] == "3"
+    reply = raw.parse()
+    alone = [client.completions.create(temperature=2.0, seed=2000 + i, **kw) for i in range(3)]
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.text for c in reply.choices] == [r.choices[0].text for r in alone]
+    assert len({c.text for c in reply.choices}) > 1
+    assert reply.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert reply.usage.completion_tokens == sum(r.usage.completion_tokens for r in alone)
+    greedy = client.completions.create(n=2, temperature=0, **kw)
+    assert greedy.choices[0].text == greedy.choices[1].text == client.completions.create(temperature=0, **kw).choices[0].text
+    texts = ["", "", ""]
+    for chunk in client.completions.create(n=3, temperature=2.0, seed=2000, stream=True, **kw):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [c.text for c in reply.choices]
