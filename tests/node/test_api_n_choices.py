@@ -150,6 +150,13 @@ async def test_n_past_the_cap_is_a_400_naming_n(client, served):
         await chat(client, served, n=0)
 
 
+async def test_the_native_completion_route_still_refuses_n(node, served):
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(f"http://127.0.0.1:{node.api.port}/completion", json={"prompt": "x", "n": 2},
+                            headers={"Authorization": f"Bearer {node.api_key}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
 async def test_a_client_gone_mid_stream_frees_every_choice(node, client, served):
     port = node.api.port
     body = {"model": served.id, "messages": MESSAGES, "max_tokens": 400, "n": 4, "stream": True,
