@@ -37,11 +37,6 @@ async def node(tmp_path_factory):
 
 
 @pytest.fixture
-def client(node):
-    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key, max_retries=0)
-
-
-@pytest.fixture
 def served(node):
     return node.models.all()[0]
 
