@@ -52,6 +52,9 @@ def _choice(value: Any, param: str) -> ResponseFormat:
     if not isinstance(value, list) or not value or len(value) > MAX_CHOICES \
             or not all(isinstance(c, str) and c for c in value):
         raise InvalidRequest(f"`{param}` must be a list of 1 to {MAX_CHOICES} non-empty strings", param=param)
+    if sum(map(len, value)) > MAX_GRAMMAR_CHARS:  # (1,000 choices of 2 KB compiled, then failed mid-reply
+        # with the grammar's lexer out of room: a 400 naming no field, after the stream's 200: review r53)
+        raise InvalidRequest(f"`{param}` holds more than {MAX_GRAMMAR_CHARS} characters in all", param=param)
     return ResponseFormat("choice", choices=tuple(value), param=param)
 
 

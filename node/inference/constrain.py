@@ -47,6 +47,37 @@ MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 BAN = -100.0  # a bias of -100 bans the token outright (OpenAI: "should result in a ban")
 # JSON written compactly: no free whitespace, which a weak model could emit forever
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+# llguidance's compiler recurses once per level a grammar's rules (or a JSON schema's $ref chain) nest:
+# on a thread's default 8 MiB stack ~3,000 levels overflowed it — a segfault of the whole node, from one
+# request's `grammar` (25 KB) or `response_format`, or one peer's WORK frame (review r53). Grammars compile
+# on a thread with this stack (virtual memory: only the pages a compile touches are used), and a schema's
+# $refs are bounded; a grammar text is at most g.MAX_GRAMMAR_CHARS (~8,000 rules), far inside it.
+COMPILE_STACK_BYTES = 512 << 20
+MAX_SCHEMA_REFS = 10_000
+_stack_lock = threading.Lock()
+
+
+def _on_big_stack(fn: Any) -> Any:
+    """fn() on a thread of its own with a COMPILE_STACK_BYTES stack (blocking: callers are off the loop)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            out["error"] = exc
+
+    with _stack_lock:  # (threading.stack_size is process-wide: set only while this thread is made)
+        old = threading.stack_size(COMPILE_STACK_BYTES)
+        try:
+            thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
+            thread.start()
+        finally:
+            threading.stack_size(old)
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def closed_objects(schema: Any, depth: int = 0) -> Any:
@@ -116,15 +147,24 @@ class Vocabulary:
 
     def matcher(self, spec: g.Spec, param: str = "response_format"):
         """A fresh matcher for `spec` (compiled once, then copied); raises Unsupported/InvalidRequest."""
-        import llguidance
-        import llguidance.numpy
-
         key = json.dumps(spec, sort_keys=True, separators=(",", ":"))
         with self._lock:
             template = self._compiled.get(key)
             if template is not None:
                 self._compiled.move_to_end(key)
                 return template.deep_copy()
+        template = _on_big_stack(lambda: self._compile(spec, param))
+        with self._lock:
+            self._compiled[key] = template
+            while len(self._compiled) > MAX_COMPILED:
+                self._compiled.popitem(last=False)
+            return template.deep_copy()
+
+    def _compile(self, spec: g.Spec, param: str):
+        """The matcher of `spec`, its first mask tried (on the big stack: _on_big_stack)."""
+        import llguidance
+        import llguidance.numpy
+
         try:
             lark = to_lark(spec, self)
         except UnholdableInteger as exc:
@@ -142,14 +182,17 @@ class Vocabulary:
             llguidance.numpy.fill_next_token_bitmask(probe, llguidance.numpy.allocate_token_bitmask(1, self.tokenizer.vocab_size))
             if probe.is_error():
                 raise _grammar_error("no output can match it: the schema admits no value (a reference to "
-                                     "itself, or a loop of references?)", param)
+                                     "itself, or a loop of references?)" if _has_json(spec) else
+                                     "no output can match it: the grammar admits no text (a rule that only "
+                                     "refers to itself, or a regex no string matches?)", param)
         if template.is_error():
             raise _grammar_error(template.get_error(), param)
-        with self._lock:
-            self._compiled[key] = template
-            while len(self._compiled) > MAX_COMPILED:
-                self._compiled.popitem(last=False)
-            return template.deep_copy()
+        return template
+
+
+def _has_json(spec: g.Spec) -> bool:
+    return spec["type"] == "json" or any(_has_json(i) for i in spec.get("items") or ()) \
+        or (spec["type"] == "repeat" and _has_json(spec["item"]))
 
 
 _vocab_lock = threading.Lock()
@@ -245,7 +288,10 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             schema = pydantic_types(schema)  # set[str], Path, SecretStr, ...: was a 400 (2026-12-07)
             lenient = isinstance(schema, dict) and bool((schema.get("x-guidance") or {}).get("lenient"))
             schema = bounded_integers(schema, lenient=lenient)  # 19 digits: a weak model wrote digits forever
-            if '"allOf"' not in json.dumps(schema):  # allOf merges objects: closing each part would
+            text = json.dumps(schema)
+            if text.count('"$ref"') > MAX_SCHEMA_REFS:  # (the compiler recurses along a chain of them)
+                raise ValueError(f"a schema with more than {MAX_SCHEMA_REFS} $refs")
+            if '"allOf"' not in text:  # allOf merges objects: closing each part would
                 schema = closed_objects(schema)     # make the whole unsatisfiable
             schema = {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}
             return rule("%json " + json.dumps(schema, ensure_ascii=False))

@@ -453,3 +453,47 @@ def test_sampling_params_carry_ignore_eos_over_the_wire():
     assert SamplingParams.from_wire(old_peer) == SamplingParams(max_tokens=8)
     with pytest.raises(ValueError):
         SamplingParams.from_wire({**p.to_wire(), "ignore_eos": "yes"})
+
+
+def test_a_long_chain_of_rules_or_refs_compiles_instead_of_crashing_the_node():
+    """llguidance's compiler recurses once per level of a rule chain: ~3,000 levels (a 25 KB `grammar`,
+    inside the 64 KiB bound) overflowed a thread's 8 MiB stack and the node died of a segfault — one
+    request, or one peer's WORK frame (review r53). Run in a child process: without the fix it is the
+    child that dies."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import string, sys, threading
+from pathlib import Path
+from node.inference import constrain, grammar as g
+from node.inference.sampling import SamplingParams
+from node.inference.tokenizer import ModelTokenizer
+from tests.support.nodes import tiny_model
+import tempfile
+tok = ModelTokenizer(tiny_model(Path(tempfile.mkdtemp())))
+a = string.ascii_lowercase
+names = [x + y + z for x in a for y in a for z in a][:5000]
+chain = "\\n".join([f"root::={names[0]}"] + [f"{names[i]}::={names[i + 1]}" for i in range(4999)] + [f'{names[-1]}::="x"'])
+assert len(chain) <= g.MAX_GRAMMAR_CHARS
+refs = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(9000)}
+refs["a9000"] = {"type": "string"}
+def run():  # (an executor's thread, as the node compiles)
+    constrain.check(tok, SamplingParams(grammar=g.gbnf(chain)), "grammar")
+    constrain.check(tok, SamplingParams(grammar=g.json_value({"$defs": refs, "$ref": "#/$defs/a0"})))
+    print("compiled", flush=True)
+t = threading.Thread(target=run)
+t.start()
+t.join()
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "compiled" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_schema_with_more_refs_than_the_bound_is_a_400(tiny_tok):
+    refs = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(constrain.MAX_SCHEMA_REFS + 1)}
+    refs[f"a{constrain.MAX_SCHEMA_REFS + 1}"] = {"type": "string"}
+    with pytest.raises(InvalidRequest, match="more than 10000 \\$refs"):
+        constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"$defs": refs, "$ref": "#/$defs/a0"})))

@@ -84,6 +84,8 @@ async def test_vllm_guided_fields_and_structured_outputs(client, model_id):
     ({"guided_regex": "[a-"}, "guided_regex", "cannot be compiled"),
     ({"guided_grammar": "root ::= " + '"a" ' * 20000}, "guided_grammar", "longer than"),
     ({"guided_choice": ["a", ""]}, "guided_choice", "non-empty strings"),
+    ({"guided_choice": ["x" * 2000] * 40}, "guided_choice", "characters in all"),  # (review r53)
+    ({"guided_regex": "[^\\x00-\\x{10FFFF}]"}, "guided_regex", "the grammar admits no text"),
     ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice", "`guided_regex` and `guided_choice`"),
     ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar",
      "`response_format` or `grammar`"),
