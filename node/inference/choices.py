@@ -67,7 +67,9 @@ class ChoicesRun:
         for i in range(request.n):
             scratch = RequestTrace(model=trace.model, operation=trace.operation, request_id=choice_id(trace.request_id, i),
                                    stream=trace.stream, created_at=trace.created_at, admitted=trace.admitted)
-            self.runs.append(new_run(choice_request(request, i), scratch))
+            run = new_run(choice_request(request, i), scratch)
+            run.seats = request.n if i == 0 else 0  # (the local route's seats, all taken at once by choice 0)
+            self.runs.append(run)
         # each choice's logprobs as the reply shows them (the driver collects them: it knows what a
         # dialect leaves out)
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in self.runs]
@@ -78,9 +80,9 @@ class ChoicesRun:
         return self.runs[0].served
 
     async def prepare(self) -> None:
-        """Choice 0's prepare: the model, the prompt, the context, the seat (its errors are the
-        request's, before any byte). The others prepare in deltas(): a seat each, and more choices
-        than the model's seats wait for them while the first ones are read."""
+        """Choice 0's prepare: the model, the prompt, the context, every choice's seat (the local route:
+        n at once, as llama-server starts n_cmpl's slots; n above the model's seats is the 400; its
+        errors are the request's, before any byte). The others prepare in deltas(), seated already."""
         first = self.runs[0]
         await first.prepare()
         self._copy_route(first.trace)
@@ -164,7 +166,7 @@ class ChoicesRun:
             for run in self.runs:
                 if run.job is not None:
                     run.job.cancel.set()  # every choice stops at its next token, together
-            for run in self.runs:
+            for run in reversed(self.runs):  # choice 0, which holds every choice's seat, last
                 await run.close()
         finally:
             self._gather()

@@ -69,6 +69,9 @@ class CompletionRun:
         self._aborted: NodeError | None = None  # abort(): the error the reply ends with
         self._holding = False
         self._queued = False
+        # the model's seats this run takes (local route): OpenAI's `n` takes its n at once in its first
+        # choice's run, its other choices none (choices.py; review r54: one each, taken one by one, deadlocked)
+        self.seats = 1
         self._gen_future: asyncio.Future | None = None
         self.text = ""  # everything the model wrote
         self.content = ""  # the reply's text outside tool calls (== text when no tools), once deltas() ends
@@ -156,16 +159,22 @@ class CompletionRun:
             return
 
         await self.models.async_refuse_failed(served)  # its failed load's reason, before any byte
+        if self.seats > served.lock.limit:  # (llama-server: n_cmpl at most its slots)
+            raise InvalidRequest(f"`n` is {self.seats}: {served.id} runs at most {served.lock.limit} replies at once "
+                                 "on this node (its max_concurrent)", param="n")
         self.models.admit(served)
-        self.models.mark(served, waiting=+1)
-        self._queued = True
-        log.debug("Queued inference request request_id=%s model=%s waiting=%d", self.trace.request_id,
-                  served.id, served.waiting)
-        await served.lock.acquire()
+        if self.seats:
+            self.models.mark(served, waiting=+1)
+            self._queued = True
+            log.debug("Queued inference request request_id=%s model=%s waiting=%d", self.trace.request_id,
+                      served.id, served.waiting)
+            await served.lock.acquire(self.seats)
         self._holding = True
         served.running.add(self.job)
-        self._queued = False
-        self.models.mark(served, waiting=-1, busy=True)
+        if self._queued:
+            self._queued = False
+            self.models.mark(served, waiting=-1)
+        self.models.mark(served, busy=True)
         if self._aborted is not None:  # ended while queued (a stop, a forced unload): its 503 before any byte
             raise self._aborted
         self.trace.mark_dequeued()
@@ -475,5 +484,6 @@ class CompletionRun:
                 if self._holding:
                     self._holding = False
                     served.running.discard(self.job)
-                    served.lock.release()
+                    if self.seats:
+                        served.lock.release(self.seats)
                     self.models.mark(served, busy=False)

@@ -7,6 +7,7 @@ that goes away mid-stream frees every choice's sequence."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -153,12 +154,15 @@ async def test_the_native_completion_route_still_refuses_n(node, served):
 
 
 async def test_a_client_gone_mid_stream_frees_every_choice(node, client, served):
+    """(ignore_eos and a long max_tokens: the choices cannot end by themselves within the test, so it is
+    the client's going that stops them — review r54: a 400-token reply ended on its own in 0.1 s.)"""
     port = node.api.port
-    body = {"model": served.id, "messages": MESSAGES, "max_tokens": 400, "n": 4, "stream": True,
-            "temperature": 0.9, "seed": 1}
+    body = {"model": served.id, "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, "n": 4,
+            "stream": True, "temperature": 0.9, "seed": 1}
     async with httpx.AsyncClient(timeout=30) as http, http.stream(
             "POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
             headers={"Authorization": f"Bearer {node.api_key}"}) as resp:
+        rid = resp.headers["x-request-id"]
         seen = 0
         async for line in resp.aiter_lines():
             seen += line.startswith("data: ")
@@ -167,3 +171,27 @@ async def test_a_client_gone_mid_stream_frees_every_choice(node, client, served)
     batcher = served.engine.batcher
     await wait_until(lambda: batcher.active == 0 and served.lock.holders == 0 and not served.busy, timeout_s=20)
     assert not any(slot.busy for slot in batcher.slots)
+    assert trace_of(node, rid).completion_tokens < 4 * 1500 // 4  # stopped, not run to its max_tokens
+
+
+async def test_n_above_the_models_seats_is_a_400_not_a_hang(node, client, served):
+    """n above max_concurrent (4 here) waited for ever for seats its own choices held, and the model
+    served no one meanwhile (review r54); a 400 naming `n` now, as llama-server bounds n_cmpl by its slots."""
+    async with asyncio.timeout(30):
+        with pytest.raises(openai.BadRequestError) as err:
+            await chat(client, served, n=served.lock.limit + 1)
+    assert err.value.body["param"] == "n" and "at most 4" in err.value.body["message"]
+    assert served.lock.holders == 0
+    async with asyncio.timeout(30):
+        _, reply = await chat(client, served, n=served.lock.limit, max_tokens=4)  # as many as the seats: served
+    assert len(reply.choices) == served.lock.limit
+
+
+async def test_concurrent_n_requests_take_their_seats_together(node, client, served):
+    """Four n=2 requests at once: each took one seat for its first choice, then waited for a second that
+    another held — none answered, nor anything else of the model (review r54). Seats are taken together now."""
+    async with asyncio.timeout(120):
+        replies = await asyncio.gather(*(chat(client, served, n=2, max_tokens=6, temperature=0.9, seed=i)
+                                         for i in range(4)))
+    assert all(len(reply.choices) == 2 for _, reply in replies)
+    assert served.lock.holders == 0
