@@ -35,7 +35,7 @@ from node.api.driver import serve
 from node.api.embed_routes import serve_embeddings
 from node.api.errors import read_json
 from node.api.extras import OLLAMA_LOAD_OPTIONS, THINK_EFFORTS
-from node.api.ollama_models import model_name, thinks
+from node.api.ollama_models import model_name, takes_think
 from node.api.ollama_reply import OllamaDialect, created_at
 from node.api.schemas import parse_completion, parse_embeddings
 from node.api.tool_schemas import async_check_tool_schemas
@@ -241,13 +241,13 @@ def _answered(msg: dict, i: int, pending: list[tuple[str, str]], latest: set[str
 
 async def _check_think(request: web.Request, body: dict, named: Any, model: str) -> None:
     """Ollama's 400 for `think` (true, or an effort) on a model that does not think (its routes.go:
-    `"<model>" does not support thinking`); false and null are taken. A model whose template is not
-    here yet is left to the parser."""
+    `"<model>" does not support thinking`); false and null are taken, and so is a model whose template
+    reads a thinking switch (`takes_think`). A model whose template is not here yet is left to the parser."""
     think = body.get("think")
     if think is not True and not (isinstance(think, str) and think in THINK_EFFORTS):
         return  # off, absent, or a wrong value (the parser's 400)
     served = await request.app[NODE].models.async_get(model)  # an unknown model: its 404
-    if served.tokenizer is not None and not thinks(served):
+    if served.tokenizer is not None and not takes_think(served):
         raise InvalidRequest(f"{json.dumps(named, ensure_ascii=False)} does not support thinking", param="think")
 
 

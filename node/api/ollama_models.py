@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -117,6 +118,18 @@ def thinks(served: ServedModel) -> bool:
     """Whether a model writes thoughts: a template with think tags, or gpt-oss's harmony channels."""
     template = (served.tokenizer.chat_template if served.tokenizer is not None else None) or ""
     return think_tags(template) is not None or is_harmony(template)
+
+
+# the template variables `think` sets (extras._think: true is enable_thinking, an effort reasoning_effort)
+_THINK_SWITCHES = re.compile(r"\b(?:enable_thinking|reasoning_effort)\b")
+
+
+def takes_think(served: ServedModel) -> bool:
+    """Whether `think` reaches the model: it thinks (`thinks`), or its template reads a switch `think`
+    sets (Tencent Hy3's reasoning_effort, Upstage Solar Open's), though its thoughts are not split off
+    here (review r52: such models' `think` was a 400 "does not support thinking")."""
+    template = (served.tokenizer.chat_template if served.tokenizer is not None else None) or ""
+    return thinks(served) or _THINK_SWITCHES.search(template) is not None
 
 
 def capabilities(served: ServedModel) -> list[str]:

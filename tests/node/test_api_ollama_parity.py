@@ -27,6 +27,10 @@ THINKER = SynthSpec(n_ctx=2048, think=True, control_tokens=R1_MARKERS,
                     chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"), name="thinker")
 GPTOSS = SynthSpec(n_ctx=2048, harmony=True, chat_template=template("openai-gpt-oss-120b"), name="gptoss")
 thinkers = tiny_models_node(THINKER, GPTOSS)
+# models whose template takes a thinking switch (reasoning_effort) with no think tags to split
+SWITCHED = [SynthSpec(n_ctx=2048, chat_template=template(name), name=name.split("-")[0].lower())
+            for name in ("tencent-Hy3", "upstage-Solar-Open-100B")]
+switched = tiny_models_node(*SWITCHED)
 
 
 @pytest.fixture
@@ -81,6 +85,20 @@ async def test_think_on_models_that_think_is_taken(thinkers):
         assert reply.done, served.id
         reply = await client.generate(model=served.id, prompt="hi", think=think, options={"num_predict": 4})
         assert reply.done, served.id
+
+
+async def test_think_on_models_whose_template_takes_a_switch_is_taken(switched):
+    """Tencent Hy3's and Upstage Solar Open's templates read `reasoning_effort` (and `enable_thinking`):
+    `think` reaches them, but they were 400s "does not support thinking" (no think tags to split). They
+    are not listed as thinking, as on Ollama (its capabilities: tags it can infer, or gpt-oss)."""
+    client = ollama_client(switched)
+    for served in switched.models.all():
+        assert "thinking" not in (await client.show(served.id)).capabilities, served.id
+        for think in (True, "high", "low"):
+            reply = await client.chat(model=served.id, messages=QUESTION, think=think, options={"num_predict": 3})
+            assert reply.done, (served.id, think)
+            reply = await client.generate(model=served.id, prompt="hi", think=think, options={"num_predict": 3})
+            assert reply.done, (served.id, think)
 
 
 # Open WebUI's Advanced Params, set away from their defaults (typical_p, mirostat and its rates, tfs_z,
