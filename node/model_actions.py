@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.errors import ModelNotFound, ModelUnavailable
-from node.inference.manager import LATEST_TAG
+from node.inference.manager import untagged
 from node.models.download import DownloadJob
 from node.stopping import end_runs
 
@@ -47,7 +47,7 @@ class ModelActions:
 
     def openai_model(self, name: str) -> dict[str, Any]:
         """One /v1/models entry by id or readable name; ModelNotFound otherwise."""
-        wanted = name.removesuffix(LATEST_TAG)  # (Ollama's listing of it: review r47)
+        wanted = untagged(name)  # (Ollama's listing of it: review r47)
         for model in self.list_openai_models():
             if model["id"] == wanted or model.get("name") == wanted:
                 return model

@@ -40,8 +40,11 @@ def untagged(name: str) -> str:
     """The one rule for a `:tag` after a model name, on every route of every dialect: `:latest`, how
     /api/tags lists a model (and what apps then send anywhere), is the model itself; any other tag
     is kept, so it names no model here (ids and names hold no `:`): `llama3:8b-q4` is another
-    model, not this node's `llama3`, as on Ollama (a 404, not another file's replies)."""
-    return name.removesuffix(LATEST_TAG)
+    model, not this node's `llama3`, as on Ollama (a 404, not another file's replies). The tag is
+    matched case-blind, as Ollama matches names (routes.go getExistingName: strings.EqualFold; review
+    r52: `:LATEST` was a 404); the name before it is matched as it is (ids are what /api/tags lists)."""
+    cut = len(name) - len(LATEST_TAG)
+    return name[:cut] if cut > 0 and name[cut:].lower() == LATEST_TAG else name
 
 States = ("unloaded", "loading", "loaded", "unloading", "failed")  # whole models; else "slices" or "swarm"
 

@@ -164,3 +164,22 @@ async def test_a_tag_other_than_latest_is_another_model_on_both_dialects(client,
     assert len((await client.embed(latest, "hi")).embeddings) == 1
     status, reply = await _post(node, "/v1/chat/completions", {"model": latest, "messages": QUESTION, "max_tokens": 2})
     assert status == 200, reply
+
+
+async def test_the_latest_tag_is_matched_in_any_case(client, node, model_id):
+    """Ollama matches names and tags case-blind (routes.go getExistingName, strings.EqualFold):
+    `:LATEST` and `:Latest` were 404s here. The name before the tag is matched as it is."""
+    for name in (f"{model_id}:LATEST", f"{model_id}:Latest"):
+        reply = await client.chat(model=name, messages=QUESTION, options={"num_predict": 2})
+        assert reply.done and reply.model == name
+        assert (await client.generate(model=name, prompt="hi", options={"num_predict": 2})).done
+        assert (await client.show(name)).details.family == "llama"
+        status, body = await _post(node, "/v1/chat/completions", {"model": name, "messages": QUESTION, "max_tokens": 2})
+        assert status == 200, body
+        async with httpx.AsyncClient(timeout=60) as http:
+            resp = await http.get(f"http://127.0.0.1:{node.api.port}/v1/models/{name}",
+                                  headers={"Authorization": f"Bearer {node.api_key}"})
+        assert resp.status_code == 200 and resp.json()["id"] == model_id, resp.text
+    other = f"{model_id}:LATEST-q4"  # still another tag
+    error = await _refused(client.chat(model=other, messages=QUESTION, options={"num_predict": 2}))
+    assert error.status_code == 404 and error.error.startswith(f'model "{other}" not found'), error.error
