@@ -239,6 +239,12 @@ def _answered(msg: dict, i: int, pending: list[tuple[str, str]], latest: set[str
     return match[0]
 
 
+def _think_max(body: dict) -> None:
+    """Ollama's `think: "max"` (taken since April 2026) as "high", the most effort here (review r52: a 400)."""
+    if body.get("think") == "max":
+        body["think"] = "high"
+
+
 async def _check_think(request: web.Request, body: dict, named: Any, model: str) -> None:
     """Ollama's 400 for `think` (true, or an effort) on a model that does not think (its routes.go:
     `"<model>" does not support thinking`); false and null are taken, and so is a model whose template
@@ -271,6 +277,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """A chat, streamed (the default) or whole, in Ollama's shapes."""
     body = _object(await read_json(request))
     _unknown(body, _CHAT_KEYS)
+    _think_max(body)
     named = body.get("model")
     model = model_name(named)
     messages = body.get("messages")
@@ -294,6 +301,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     or as it is (`raw`, or with `suffix`: fill in the middle, for models that can)."""
     body = _object(await read_json(request))
     _unknown(body, _GENERATE_KEYS)
+    _think_max(body)
     named = body.get("model")
     model = model_name(named)
     _no_images(body.get("images"), "images")

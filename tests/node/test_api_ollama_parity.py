@@ -66,7 +66,7 @@ async def test_a_bad_option_is_named_as_sent(client, model_id, option, value):
 async def test_think_on_a_model_that_does_not_think_is_ollamas_400(client, model_id):
     """Ollama answers 400 `"<model>" does not support thinking` (routes.go); it was taken silently."""
     assert "thinking" not in (await client.show(model_id)).capabilities
-    for think in (True, "high"):
+    for think in (True, "high", "max"):  # "max": Ollama's since April 2026 ("high"), was "must be ..."
         for call in (client.chat(model=f"{model_id}:latest", messages=QUESTION, think=think),
                      client.generate(model=f"{model_id}:latest", prompt="hi", think=think)):
             error = await _refused(call)
@@ -85,6 +85,12 @@ async def test_think_on_models_that_think_is_taken(thinkers):
         assert reply.done, served.id
         reply = await client.generate(model=served.id, prompt="hi", think=think, options={"num_predict": 4})
         assert reply.done, served.id
+    gptoss = next(s.id for s in thinkers.models.all() if "gptoss" in s.id)
+    greedy = {"temperature": 0, "num_predict": 6}
+    high = await client.chat(model=gptoss, messages=QUESTION, think="high", options=greedy)
+    most = await client.chat(model=gptoss, messages=QUESTION, think="max", options=greedy)  # Ollama's "max": "high"
+    assert (most.message.content, most.message.thinking) == (high.message.content, high.message.thinking)
+    assert (await client.generate(model=gptoss, prompt="hi", think="max", options=greedy)).done
 
 
 async def test_think_on_models_whose_template_takes_a_switch_is_taken(switched):
