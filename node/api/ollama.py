@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -59,6 +60,9 @@ _SAMPLERS = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_p
 _NOT_APPLIED: dict[str, float | None] = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "mirostat_eta": None,
                                          "mirostat_tau": None, "repeat_last_n": const.PENALTY_LAST_N_TOKENS}
 _told_not_applied: set[str] = set()
+# Ollama's integer options: it decodes every option as a float64 and truncates these with int64()
+# (api/types.go), so `seed: 42.0` is 42 and `top_k: 1.5` is 1 (review r52: 400s here)
+_INTEGER_OPTIONS = {"seed", "top_k", "num_predict", "repeat_last_n", "mirostat"}
 _CHAT_KEYS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
               "top_logprobs"}
 _GENERATE_KEYS = {"model", "prompt", "suffix", "system", "template", "context", "raw", "images", "format",
@@ -103,6 +107,11 @@ def _tell_not_applied(options: dict) -> None:
                  "back %d tokens)", ",".join(sorted(new)), const.PENALTY_LAST_N_TOKENS)
 
 
+def _truncated(value: Any) -> Any:
+    """A finite float as Ollama's int64() makes it (toward zero); anything else as sent (its 400 below)."""
+    return int(value) if type(value) is float and math.isfinite(value) else value
+
+
 def _options(body: dict) -> dict[str, Any]:
     """`options` as /v1 fields: the samplers, `num_predict` as max_tokens (negative: no limit)."""
     options = body.get("options")
@@ -110,6 +119,7 @@ def _options(body: dict) -> dict[str, Any]:
         return {}
     if not isinstance(options, dict):
         raise InvalidRequest("`options` must be an object", param="options")
+    options = {key: _truncated(value) if key in _INTEGER_OPTIONS else value for key, value in options.items()}
     out: dict[str, Any] = {}
     _tell(set(options) - _SAMPLERS - _NOT_APPLIED.keys() - OLLAMA_LOAD_OPTIONS - {"num_predict"}, "options")
     _tell_not_applied(options)

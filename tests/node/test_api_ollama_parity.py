@@ -53,7 +53,7 @@ async def _refused(call) -> ollama.ResponseError:
 
 
 @pytest.mark.parametrize(("option", "value"), [("temperature", 5), ("top_p", 2), ("seed", "x"), ("stop", 5),
-                                               ("top_k", 1.5)])
+                                               ("top_k", "x")])
 async def test_a_bad_option_is_named_as_sent(client, model_id, option, value):
     """An option's 400 named the /v1 field (`temperature`), which the client's request does not have."""
     for call in (client.chat(model=model_id, messages=QUESTION, options={option: value}),
@@ -189,3 +189,24 @@ async def test_the_latest_tag_is_matched_in_any_case(client, node, model_id):
     other = f"{model_id}:LATEST-q4"  # still another tag
     error = await _refused(client.chat(model=other, messages=QUESTION, options={"num_predict": 2}))
     assert error.status_code == 404 and error.error.startswith(f'model "{other}" not found'), error.error
+
+
+async def test_integer_options_sent_as_floats_are_truncated_as_ollama_does(client, model_id):
+    """Ollama decodes options as float64 and truncates integer ones with int64() (api/types.go):
+    `seed: 42.0`, `top_k: 40.0`, `num_predict: 4.0` (JavaScript clients send such numbers) were 400s."""
+    sampled = {"temperature": 1.0, "num_predict": 8}
+    for chat in (True, False):
+        def ask(options: dict, chat: bool = chat):
+            return (client.chat(model=model_id, messages=QUESTION, options=options) if chat
+                    else client.generate(model=model_id, prompt="hi", options=options))
+
+        def text(reply, chat: bool = chat) -> str:
+            return reply.message.content if chat else reply.response
+
+        as_int = await ask({**sampled, "seed": 42, "top_k": 40, "num_predict": 4})
+        as_float = await ask({**sampled, "seed": 42.0, "top_k": 40.0, "num_predict": 4.0})
+        assert text(as_float) == text(as_int) and as_float.eval_count == as_int.eval_count <= 4
+        cut = await ask({**sampled, "seed": 42.9, "top_k": 40.5, "num_predict": 4.5})  # toward zero, as int64()
+        assert text(cut) == text(as_int) and cut.eval_count == as_int.eval_count
+        greedy = await ask({**sampled, "seed": 7, "top_k": 1})
+        assert text(await ask({**sampled, "seed": 7, "top_k": 1.5})) == text(greedy)  # 1.5 is 1: greedy
