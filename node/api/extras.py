@@ -68,7 +68,8 @@ _APP_HINTS = OLLAMA_LOAD_OPTIONS | {"keep_alive", "tool_servers", "draft_model",
 REASONING_KEYS = ("effort", "max_tokens", "enabled", "exclude")
 THINK_EFFORTS = ("low", "medium", "high")
 _told: set[str] = set()  # field names already said at DEBUG (once each per process)
-_PENALTIES = (("repeat_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
+# the penalties and the value each is off at (repeat_last_n changes a reply only while one is on)
+PENALTIES_OFF = (("repeat_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
 
 
 def _is_number(value: Any) -> bool:
@@ -263,7 +264,7 @@ def normalize(body: dict, kind: str = "chat") -> dict:
             out["repeat_penalty"] = value
     if "repeat_last_n" in out:
         n = out.pop("repeat_last_n")
-        active = any(out.get(k) not in (None, off) for k, off in _PENALTIES)
+        active = any(out.get(k) not in (None, off) for k, off in PENALTIES_OFF)
         if n is not None and n != PENALTY_LAST_N_TOKENS and active:
             raise Unsupported(f"`repeat_last_n` other than {PENALTY_LAST_N_TOKENS} is not supported: the penalties "
                               f"look back {PENALTY_LAST_N_TOKENS} tokens", param="repeat_last_n")

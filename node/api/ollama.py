@@ -35,7 +35,7 @@ from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.embed_routes import serve_embeddings
 from node.api.errors import read_json
-from node.api.extras import OLLAMA_LOAD_OPTIONS, THINK_EFFORTS
+from node.api.extras import OLLAMA_LOAD_OPTIONS, PENALTIES_OFF, THINK_EFFORTS
 from node.api.ollama_models import model_name, takes_think
 from node.api.ollama_reply import OllamaDialect, created_at
 from node.api.schemas import parse_completion, parse_embeddings
@@ -97,10 +97,12 @@ def _unknown(body: dict, allowed: set[str]) -> None:
 
 def _tell_not_applied(options: dict) -> None:
     """Say once, at INFO, each option Ollama takes that is sent where it would change the reply and
-    is not applied here (_NOT_APPLIED)."""
+    is not applied here (_NOT_APPLIED; repeat_last_n only while a penalty is on: review r52)."""
     mirostat = options.get("mirostat") not in (None, 0)
+    penalized = any(options.get(key) not in (None, off) for key, off in PENALTIES_OFF)
     new = {key for key, off in _NOT_APPLIED.items() if key in options and options[key] is not None
-           and (options[key] != off if off is not None else mirostat)} - _told_not_applied
+           and (options[key] != off if off is not None else mirostat)
+           and (key != "repeat_last_n" or penalized)} - _told_not_applied  # the penalties' window: with one on
     if new:
         _told_not_applied.update(new)
         log.info("DIAG: ollama options taken, not applied options=%s (no such sampler here; the penalties look "

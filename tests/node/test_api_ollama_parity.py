@@ -137,6 +137,22 @@ async def test_options_ollama_takes_are_taken_and_said_once(client, model_id, ca
     assert not [r for r in caplog.records if "not applied" in r.getMessage()]  # nothing to say
 
 
+async def test_repeat_last_n_is_said_only_while_a_penalty_is_on(client, model_id, caplog, monkeypatch):
+    """The penalties' window changes nothing with the penalties off, as the docs say; it was said
+    as taken, not applied all the same."""
+    monkeypatch.setattr(ollama_api, "_told_not_applied", set(), raising=False)
+    caplog.set_level(logging.INFO, logger=ollama_api.__name__)
+    greedy = {"temperature": 0, "num_predict": 8}
+    plain = await client.chat(model=model_id, messages=QUESTION, options=greedy)
+    for off in ({}, {"repeat_penalty": 1.0, "presence_penalty": 0, "frequency_penalty": 0.0}):
+        reply = await client.chat(model=model_id, messages=QUESTION, options={**greedy, **off, "repeat_last_n": 128})
+        assert reply.message.content == plain.message.content
+    assert not [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    await client.chat(model=model_id, messages=QUESTION, options={**greedy, "presence_penalty": 0.5, "repeat_last_n": 128})
+    said = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert len(said) == 1 and "options=repeat_last_n " in said[0], said
+
+
 async def test_an_unknown_model_is_ollamas_404_in_its_words(client, node):
     """Apps match Ollama's `model "x" not found, try pulling it first` (and offer a pull, or say to run
     `ollama pull x`); it was /v1's `The model `x` does not exist on this node`."""
