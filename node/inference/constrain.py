@@ -31,8 +31,9 @@ import numpy as np
 
 from node.errors import EngineError, InvalidRequest, Unsupported
 from node.inference import grammar as g
+from node.inference.number_runs import NumberRuns, digit_table, spec_has_our_json
 from node.inference.sampling import SamplingParams
-from node.inference.schema_bounds import UnholdableInteger, bounded_integers
+from node.inference.schema_bounds import UnholdableInteger, bounded_integers, bounded_seconds
 from node.inference.schema_types import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONE, pydantic_types
 from node.inference.think_budget import ThinkBudget
 
@@ -288,6 +289,7 @@ def to_lark(spec: g.Spec, vocab: Vocabulary) -> str:
             schema = pydantic_types(schema)  # set[str], Path, SecretStr, ...: was a 400 (2026-12-07)
             lenient = isinstance(schema, dict) and bool((schema.get("x-guidance") or {}).get("lenient"))
             schema = bounded_integers(schema, lenient=lenient)  # 19 digits: a weak model wrote digits forever
+            schema = bounded_seconds(schema)  # a date-time's fraction of a second too (number_runs: numbers')
             text = json.dumps(schema)
             if text.count('"$ref"') > MAX_SCHEMA_REFS:  # (the compiler recurses along a chain of them)
                 raise ValueError(f"a schema with more than {MAX_SCHEMA_REFS} $refs")
@@ -371,6 +373,7 @@ class TokenConstraint:
         self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
         self.bias = np.array([-np.inf if b <= BAN else b for _, b in params.logit_bias], dtype=np.float32)
         self.matcher = None
+        self.numbers = None  # JSON numbers' digit runs, bounded (node.inference.number_runs)
         self.eog_ids = np.zeros(0, dtype=np.int64)
         self._is_eog = tok.is_eog
         if params.grammar is not None:
@@ -381,6 +384,8 @@ class TokenConstraint:
             self.eog_ids = vocab.eog_ids
             self._bits = llguidance.numpy.allocate_token_bitmask(1, self.n_vocab)
             self._fill = llguidance.numpy.fill_next_token_bitmask
+            if spec_has_our_json(params.grammar):
+                self.numbers = NumberRuns(digit_table(vocab, tok), tok.piece)
         self.budget = None if params.reasoning_budget is None else ThinkBudget(tok, params.reasoning_budget)
         # ignore_eos / min_tokens: the end-of-generation tokens banned (for the first min_tokens steps)
         self.eog_ban = np.array(tok.eog_ids(), dtype=np.int64) if params.ignore_eos or params.min_tokens else None
@@ -406,6 +411,8 @@ class TokenConstraint:
             allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.n_vocab).view(bool)
         if matcher.is_accepting():
             allowed[self.eog_ids] = True
+        if self.numbers is not None:
+            self.numbers.limit(allowed)
         return allowed
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
@@ -430,6 +437,8 @@ class TokenConstraint:
         self.steps += 1
         if self.budget is not None:
             self.budget.accept(token)
+        if self.numbers is not None:
+            self.numbers.accept(token)
         matcher = self.matcher
         if matcher is None or (self._is_eog(token) and matcher.is_accepting()):
             return

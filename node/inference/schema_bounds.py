@@ -140,3 +140,21 @@ def bounded_integers(schema: Any, *, lenient: bool = False) -> Any:
     """The schema with every integer given a 19-digit bound (MAX_INTEGER) on a side it leaves open;
     UnholdableInteger for one it cannot hold (`lenient`, a tool's schema: those values dropped)."""
     return each_subschema(schema, lambda sub: _bound(sub, lenient))
+
+
+SECOND_FRACTION_DIGITS = 9  # nanoseconds (Go's RFC3339Nano, Java's Instant); llama.cpp writes 3
+# at most one fraction, of 1 to 9 digits, in a date-time or a time (llguidance's own format regex
+# checks the rest): its format allows `\.[0-9]+`, and a weak model wrote "11.1234567…" until max_tokens
+_SECONDS_PATTERN = rf"^[^.]*(\.[0-9]{{1,{SECOND_FRACTION_DIGITS}}}([^0-9.][^.]*)?)?$"
+
+
+def _bound_seconds(schema: dict[str, Any]) -> dict[str, Any]:
+    if schema.get("format") in ("date-time", "time") and "pattern" not in schema:
+        return {**schema, "pattern": _SECONDS_PATTERN}  # (a pattern the client gave is theirs)
+    return schema
+
+
+def bounded_seconds(schema: Any) -> Any:
+    """The schema with every `date-time` and `time` string's fraction of a second bounded to
+    SECOND_FRACTION_DIGITS digits (a pattern beside the format; one the client gave is left alone)."""
+    return each_subschema(schema, _bound_seconds)

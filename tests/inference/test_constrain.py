@@ -497,3 +497,101 @@ def test_a_schema_with_more_refs_than_the_bound_is_a_400(tiny_tok):
     refs[f"a{constrain.MAX_SCHEMA_REFS + 1}"] = {"type": "string"}
     with pytest.raises(InvalidRequest, match="more than 10000 \\$refs"):
         constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"$defs": refs, "$ref": "#/$defs/a0"})))
+
+
+def _digit_walk(tok, spec, prefer: tuple[bytes, ...] = (b"3", b".", b"e"), steps=160, seed=0):
+    """A model that always prefers a digit (then `prefer`, in order) to whatever else the grammar
+    allows: the text it writes, and whether it ended (an end-of-generation token) within `steps`."""
+    c = constrain.constraint_for(tok, SamplingParams(grammar=spec))
+    pieces = [tok.piece(i) for i in range(tok.n_vocab)]
+    bias = np.array([20.0 if p[:1].isdigit() else 0.0 for p in pieces], dtype=np.float32)
+    for rank, lead in enumerate(prefer):
+        bias += np.array([15.0 - 5 * rank if p == lead else 0.0 for p in pieces], dtype=np.float32)
+    rng, out = np.random.default_rng(seed), []
+    for _ in range(steps):
+        logits = c.apply(rng.normal(size=tok.n_vocab).astype(np.float32) + bias)
+        token = int(np.argmax(logits))
+        if tok.is_eog(token):
+            return text_of(tok, out), True
+        out.append(token)
+        c.accept(token)
+    return text_of(tok, out), False
+
+
+def _writes(tok, schema, text: str) -> bool:
+    """Whether a generation under the schema's constraint (grammar and its masks) can write `text`."""
+    c = constrain.constraint_for(tok, SamplingParams(grammar=g.json_value(schema)))
+    for token in constrain.vocabulary(tok).tokenizer.tokenize_str(text):
+        if not c.allowed()[token]:
+            return False
+        c.accept(token)
+    return bool(c.allowed()[c.eog_ids].any())
+
+
+NUMBER_PARTS = r"-?([0-9]+)(?:\.([0-9]+))?(?:[eE][+-]?([0-9]+))?"
+
+
+@pytest.mark.parametrize("vocab", ["tiny_tok", "tok"])
+def test_a_json_number_ends_within_llama_cpps_digit_bounds(vocab, request):
+    """A weak model that always prefers another digit wrote "3333…" or "0.3333…" until max_tokens: cut
+    JSON no client parses. A number's integral part now ends by 19 digits (the integers' bound), its
+    fraction by 16 (llama.cpp's) and its exponent by 3 (every double's) (2026-12-07)."""
+    import re
+
+    from node.inference.number_runs import EXPONENT_DIGITS, FRACTION_DIGITS, INTEGRAL_DIGITS
+
+    tok = request.getfixturevalue(vocab)
+    point = {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": ["number", "null"]}},
+             "required": ["x", "y"]}
+    for schema in ({"type": "number"}, point, {"type": "array", "items": {"type": "number"}, "maxItems": 3}):
+        for prefer in ((b".", b"e"), (b"e", b"-"), (b",",)):
+            text, ended = _digit_walk(tok, g.json_value(schema), prefer)
+            assert ended, (schema, prefer, text)
+            json.loads(text)  # (3.3e351 reads as inf: still JSON)
+            for integral, fraction, exponent in re.findall(NUMBER_PARTS, text):
+                assert len(integral) <= INTEGRAL_DIGITS and len(fraction) <= FRACTION_DIGITS
+                assert len(exponent) <= EXPONENT_DIGITS
+    text, _ = _digit_walk(tok, g.json_value({"type": "number"}), (b"3", b".", b"e"))
+    assert re.fullmatch(r"[1-9][0-9]{18}\.[0-9]{16}e[0-9]{3}", text), text  # every bound reached, none passed
+    # ordinary numbers and every double stay writable; what is past a bound is not
+    for ok in ("3.14", "-0.5", "1e-7", "12345", "0", "-1234567890123456789", "0.1234567890123456",
+               "1.2345678901234567e-308", "1.7976931348623157E+308", "5e-324"):
+        assert _writes(tok, {"type": "number"}, ok), ok
+        assert _writes(tok, point, f'{{"x":{ok},"y":null}}'), ok
+    for past in ("12345678901234567890", "0.12345678901234567", "1e1234", "1.5e-0001"):
+        assert not _writes(tok, {"type": "number"}, past), past
+    # a bound the schema gives is llguidance's, as before; a const or enum number is written whole
+    assert _writes(tok, {"type": "number", "minimum": 0, "maximum": 1}, "0.25")
+    assert _writes(tok, {"type": "number", "multipleOf": 1e-6}, "1.000001")
+    assert _writes(tok, {"enum": [0.30000000000000004, 1]}, "0.30000000000000004")
+    assert _writes(tok, {"const": 1e20}, json.dumps(1e20).replace("1e+20", "100000000000000000000"))
+
+
+def test_digits_that_are_not_a_json_numbers_are_left_alone(tiny_tok):
+    """A string's digits, and a client's own regex or GBNF grammar, keep what they allow (a
+    pattern that bounds nothing runs as before)."""
+    text, ended = _digit_walk(tiny_tok, g.json_value({"type": "string", "pattern": "^[0-9]+$"}), steps=40)
+    assert not ended and text.startswith('"') and len(text) > 21 and text[1:].isdigit()
+    for spec in (g.regex(r"-?[0-9]+(\.[0-9]+)?"), g.seq(g.json_value({"type": "number"}), g.regex("[0-9]*"))):
+        text, ended = _digit_walk(tiny_tok, spec, steps=40)
+        assert not ended and len(text) == 40 and "." in text or text.isdigit(), text
+    assert _writes(tiny_tok, {"type": "string", "pattern": r"^[0-9]{25}$"}, '"' + "1" * 25 + '"')
+
+
+def test_a_date_time_ends_within_nanoseconds(tiny_tok):
+    """`format: date-time` (pydantic's datetime) allowed any number of digits after the seconds' point:
+    a weak model wrote "…:33.3333…" until max_tokens. At most 9 now (nanoseconds; llama.cpp writes
+    3); a pattern the client gave is theirs (2026-12-07)."""
+    import re
+
+    from node.inference.schema_bounds import bounded_seconds
+
+    for fmt in ("date-time", "time"):
+        schema = {"type": "object", "properties": {"at": {"type": "string", "format": fmt}}, "required": ["at"]}
+        text, ended = _digit_walk(tiny_tok, g.json_value(schema))
+        assert ended, text
+        assert re.search(r"\.[0-9]{1,9}[zZ+-]", json.loads(text)["at"]), text
+        assert _writes(tiny_tok, schema, '{"at":"' + ("2026-12-07T" if fmt == "date-time" else "") + '10:52:11.123456789Z"}')
+        assert _writes(tiny_tok, schema, '{"at":"' + ("2026-12-07t" if fmt == "date-time" else "") + '10:52:11+01:00"}')
+    theirs = {"type": "string", "format": "date-time", "pattern": "^2026"}
+    assert bounded_seconds(theirs) == theirs

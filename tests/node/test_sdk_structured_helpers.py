@@ -245,3 +245,40 @@ async def test_an_unbounded_int_ends_within_19_digits(client, model_id, body):
         assert choice.finish_reason == "stop", choice.message.content
         order = Order.model_validate_json(choice.message.content)
         assert abs(order.qty) <= MAX_INTEGER and (order.year is None or abs(order.year) <= MAX_INTEGER)
+
+
+class Reading(BaseModel):
+    value: float
+    ratio: float | None
+    at: datetime.datetime
+
+
+async def test_a_float_and_a_datetime_end_however_long_the_model_would_write_digits(node, client, model_id):
+    """A model that always prefers another digit (a logit_bias on "3", a smaller one on "."): a
+    pydantic `float` and `datetime` ran "3.33333…" and "…:33.3333…" until max_tokens, cut JSON that
+    parse() cannot read. Each ends now: a number's integral part by 19 digits, its fraction
+    by 16, its exponent by 3, a second's fraction by 9 (2026-12-07)."""
+    import re
+
+    tok = node.models.all()[0].tokenizer
+    three, point = (tok.tokenize(c, add_bos=False)[-1] for c in "3.")
+    bias = {str(three): 100, str(point): 60}
+    for stream in (False, True):
+        kwargs = dict(model=model_id, messages=ASK, response_format=Reading, max_tokens=160, logit_bias=bias, seed=1)
+        if stream:
+            async with client.chat.completions.stream(**kwargs) as s:
+                async for _ in s:
+                    pass
+                reply = await s.get_final_completion()
+        else:
+            reply = await client.chat.completions.parse(**kwargs)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        assert isinstance(choice.message.parsed, Reading)
+        value, ratio, at = re.fullmatch(r'\{"value":([^,]+),"ratio":([^,]+),"at":"([^"]+)"\}',
+                                        choice.message.content).groups()
+        for number in (value, ratio):  # (integral, fraction, exponent digits)
+            whole, fraction, exponent = re.fullmatch(r"-?([0-9]+)(?:\.([0-9]+))?(?:[eE][+-]?([0-9]+))?|null",
+                                                     number).groups(default="")
+            assert len(whole) <= 19 and len(fraction) <= 16 and len(exponent) <= 3, number
+        assert len(re.search(r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.([0-9]+))?", at).group(1) or "") <= 9, at
