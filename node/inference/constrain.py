@@ -33,7 +33,7 @@ from node.errors import EngineError, InvalidRequest, Unsupported
 from node.inference import grammar as g
 from node.inference.number_runs import NumberRuns, digit_table, spec_has_our_json
 from node.inference.sampling import SamplingParams
-from node.inference.schema_bounds import UnholdableInteger, bounded_integers, bounded_seconds
+from node.inference.schema_bounds import UnholdableNumber, bounded_integers, bounded_seconds
 from node.inference.schema_types import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONE, pydantic_types
 from node.inference.think_budget import ThinkBudget
 
@@ -168,7 +168,7 @@ class Vocabulary:
 
         try:
             lark = to_lark(spec, self)
-        except UnholdableInteger as exc:
+        except UnholdableNumber as exc:
             raise Unsupported(f"`{param}`: {exc}", param=param) from exc
         except g.GrammarUnreadable as exc:
             raise InvalidRequest(f"`{param}`: the GBNF grammar cannot be read: {exc}", param=param) from None

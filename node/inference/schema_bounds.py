@@ -23,7 +23,11 @@ INT64_MAX = 2**63 - 1  # an upper bound llguidance compiles; no lower one below 
 EXACT_INTEGER = 2**53  # llguidance reads a schema's numbers as doubles: beyond this an integer moves
 
 
-class UnholdableInteger(ValueError):
+class UnholdableNumber(ValueError):
+    """A number in the schema that constrained decoding cannot hold (a 400 naming it)."""
+
+
+class UnholdableInteger(UnholdableNumber):
     """An integer in the schema that constrained decoding cannot hold (review r45): a `const` or
     `enum` value beyond ±2**53 (written back rounded: a client's id silently another), or a range
     wholly below -9e18 (llguidance cannot compile one)."""
@@ -103,8 +107,32 @@ def _number(schema: dict[str, Any], key: str) -> float | None:
     return v if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+U32_MAX = 2**32 - 1
+
+
+def _holdable_step(step: float) -> bool:
+    """Whether llguidance can compile `multipleOf: step`: it writes it as coef * 10**-exp with coef a
+    u32, found by multiplying by 10 until the double has no fraction (1e-11 ends at 9999999999999998)."""
+    while step % 1:
+        step *= 10
+    return step <= U32_MAX
+
+
+def _step(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
+    """`schema`, or UnholdableNumber for a positive `multipleOf` llguidance cannot compile (1e-11 and
+    finer, more than 10 significant digits, or past 2**32: "too many digits", a 400 for every
+    request listing a tool that had one); a lenient schema loses it instead (2026-12-07)."""
+    step = _number(schema, "multipleOf")
+    if step is None or step <= 0 or _holdable_step(step):
+        return schema
+    if not lenient:
+        raise UnholdableNumber(f"the JSON schema's `multipleOf: {_shown(step)}` is beyond what constrained decoding "
+                               "holds (a step of coef * 10**-n with coef below 2**32, down to 1e-10)")
+    return {k: v for k, v in schema.items() if k != "multipleOf"}
+
+
 def _bound(schema: dict[str, Any], lenient: bool) -> dict[str, Any]:
-    schema = _exact(schema, lenient)
+    schema = _exact(_step(schema, lenient), lenient)
     if not _is_integer(schema) or "const" in schema or "enum" in schema:
         return schema
     out = dict(schema)

@@ -595,3 +595,23 @@ def test_a_date_time_ends_within_nanoseconds(tiny_tok):
         assert _writes(tiny_tok, schema, '{"at":"' + ("2026-12-07t" if fmt == "date-time" else "") + '10:52:11+01:00"}')
     theirs = {"type": "string", "format": "date-time", "pattern": "^2026"}
     assert bounded_seconds(theirs) == theirs
+
+
+def test_a_multiple_of_llguidance_cannot_compile_is_named_and_dropped_from_a_tool(tiny_tok):
+    """`multipleOf: 1e-12` (or 1e-11, 0.12345678912, 5e9) did not compile ("too many digits"): a 400
+    for every request listing a tool that had one. A response format's is a 400 naming it; a tool's
+    (lenient) loses it, its number bounded as any other (2026-12-07)."""
+    from node.inference.schema_bounds import bounded_integers
+
+    for step in (1e-11, 1e-12, 0.12345678912, 5e9):
+        with pytest.raises(Unsupported, match="multipleOf"):
+            constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "number", "multipleOf": step})))
+        tool = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": step}}, "required": ["x"],
+                "x-guidance": {"lenient": True}}
+        constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(tool)), param="tools")
+        text, ended = _digit_walk(tiny_tok, g.json_value(tool))
+        assert ended and isinstance(json.loads(text)["x"], int | float), text
+    for step in (1e-10, 0.01, 2.5, 4294967295):  # what it holds is kept
+        held = {"type": "number", "multipleOf": step}
+        assert bounded_integers(held) == held
+        constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(held)))
