@@ -162,8 +162,8 @@ class CompletionRun:
         if self.seats > served.lock.limit:  # (llama-server: n_cmpl at most its slots)
             raise InvalidRequest(f"`n` is {self.seats}: {served.id} runs at most {served.lock.limit} replies at once "
                                  "on this node (its max_concurrent)", param="n")
-        self.models.admit(served)
-        if self.seats:
+        if self.seats:  # (a later choice of `n` is seated already: its queue is not its to join; review r56)
+            self.models.admit(served)
             self.models.mark(served, waiting=+1)
             self._queued = True
             log.debug("Queued inference request request_id=%s model=%s waiting=%d", self.trace.request_id,

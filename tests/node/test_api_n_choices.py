@@ -195,3 +195,20 @@ async def test_concurrent_n_requests_take_their_seats_together(node, client, ser
                                          for i in range(4)))
     assert all(len(reply.choices) == 2 for _, reply in replies)
     assert served.lock.holders == 0
+
+
+async def test_a_seated_request_is_not_refused_by_the_queue_its_later_choices_see(node, client, served, monkeypatch):
+    """Choice 0 holds every seat; the model's queue then fills (other clients). The later choices, seated
+    already, still ran the queue-full check and the request failed with a 429 while those queued behind it
+    were served (review r56). Only a run that queues is checked now."""
+    from node.inference import choices as choices_mod
+
+    prepare = choices_mod.ChoicesRun.prepare
+
+    async def then_the_queue_is_full(self):
+        await prepare(self)
+        monkeypatch.setattr(node.models.config, "max_queue_per_model", served.waiting)  # full from now on
+
+    monkeypatch.setattr(choices_mod.ChoicesRun, "prepare", then_the_queue_is_full)
+    _, reply = await chat(client, served, n=2, max_tokens=4, temperature=0.9, seed=3)
+    assert len(reply.choices) == 2
