@@ -259,13 +259,13 @@ def _think_max(body: dict) -> None:
 
 async def _check_think(request: web.Request, body: dict, named: Any, model: str) -> None:
     """Ollama's 400 for `think` (true, or an effort) on a model that does not think (its routes.go:
-    `"<model>" does not support thinking`); false and null are taken, and so is a model whose template
-    reads a thinking switch (`takes_think`). A model whose template is not here yet is left to the parser."""
+    `"<model>" does not support thinking`); false and null are taken, and so is a value whose switch the
+    model's template reads (`takes_think`). A model whose template is not here yet is left to the parser."""
     think = body.get("think")
     if think is not True and not (isinstance(think, str) and think in THINK_EFFORTS):
         return  # off, absent, or a wrong value (the parser's 400)
     served = await request.app[NODE].models.async_get(model)  # an unknown model: its 404
-    if served.tokenizer is not None and not takes_think(served):
+    if served.tokenizer is not None and not takes_think(served, think):
         raise InvalidRequest(f"{json.dumps(named, ensure_ascii=False)} does not support thinking", param="think")
 
 

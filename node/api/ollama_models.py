@@ -121,15 +121,15 @@ def thinks(served: ServedModel) -> bool:
 
 
 # the template variables `think` sets (extras._think: true is enable_thinking, an effort reasoning_effort)
-_THINK_SWITCHES = re.compile(r"\b(?:enable_thinking|reasoning_effort)\b")
-
-
-def takes_think(served: ServedModel) -> bool:
-    """Whether `think` reaches the model: it thinks (`thinks`), or its template reads a switch `think`
-    sets (Tencent Hy3's reasoning_effort, Upstage Solar Open's), though its thoughts are not split off
-    here (review r52: such models' `think` was a 400 "does not support thinking")."""
+def takes_think(served: ServedModel, think: bool | str) -> bool:
+    """Whether this `think` reaches the model: it thinks (`thinks`), or its template reads the switch
+    this value sets — `true` sets `enable_thinking` (Apertus), an effort `reasoning_effort` (Tencent Hy3,
+    Upstage Solar Open) — though its thoughts are not split off here. (Review r52: such models' efforts
+    were a 400 "does not support thinking"; review r56: `true` on a template reading only
+    reasoning_effort was then taken and did nothing — it is Ollama's 400 again.)"""
     template = (served.tokenizer.chat_template if served.tokenizer is not None else None) or ""
-    return thinks(served) or _THINK_SWITCHES.search(template) is not None
+    switch = "enable_thinking" if think is True else "reasoning_effort"
+    return thinks(served) or re.search(rf"\b{switch}\b", template) is not None
 
 
 def capabilities(served: ServedModel) -> list[str]:

@@ -35,6 +35,10 @@ CHATML_TEMPLATE = (
 
 
 def _raise(message: str) -> None:
+    # a template that checks the effort it is given (Tencent Hy3: no_think/low/high) refuses the
+    # request's reasoning_effort (Ollama's `think: "medium"`), not its messages (review r56)
+    if "reasoning_effort" in str(message):
+        raise InvalidRequest(f"the chat template refused the reasoning effort: {message}", param="reasoning_effort")
     raise InvalidRequest(f"chat template rejected the messages: {message}", param="messages")
 
 

@@ -94,17 +94,27 @@ async def test_think_on_models_that_think_is_taken(thinkers):
 
 
 async def test_think_on_models_whose_template_takes_a_switch_is_taken(switched):
-    """Tencent Hy3's and Upstage Solar Open's templates read `reasoning_effort` (and `enable_thinking`):
-    `think` reaches them, but they were 400s "does not support thinking" (no think tags to split). They
-    are not listed as thinking, as on Ollama (its capabilities: tags it can infer, or gpt-oss)."""
+    """Tencent Hy3's and Upstage Solar Open's templates read `reasoning_effort` only: an effort reaches
+    them (it was a 400 "does not support thinking", review r52: there are no think tags to split), but
+    `think: true` sets `enable_thinking`, which they never read — taken, it changed nothing (review r56):
+    Ollama's 400, as for any model that does not think. An effort the template refuses (Hy3: "medium")
+    is a 400 about the effort, not "the messages". Not listed as thinking, as on Ollama."""
     client = ollama_client(switched)
     for served in switched.models.all():
         assert "thinking" not in (await client.show(served.id)).capabilities, served.id
-        for think in (True, "high", "low"):
+        plain = await client.generate(model=served.id, prompt="hi", options={"num_predict": 1})
+        for think in ("high", "low"):
             reply = await client.chat(model=served.id, messages=QUESTION, think=think, options={"num_predict": 3})
             assert reply.done, (served.id, think)
-            reply = await client.generate(model=served.id, prompt="hi", think=think, options={"num_predict": 3})
-            assert reply.done, (served.id, think)
+        low = await client.generate(model=served.id, prompt="hi", think="low", options={"num_predict": 1})
+        assert low.prompt_eval_count != plain.prompt_eval_count, served.id  # the template took it (not its default)
+        with pytest.raises(ollama.ResponseError) as err:
+            await client.chat(model=served.id, messages=QUESTION, think=True, options={"num_predict": 3})
+        assert err.value.status_code == 400 and "does not support thinking" in err.value.error, served.id
+    hy3 = next(m for m in switched.models.all() if "tencent" in m.id)
+    with pytest.raises(ollama.ResponseError) as err:
+        await client.chat(model=hy3.id, messages=QUESTION, think="medium", options={"num_predict": 3})
+    assert err.value.status_code == 400 and "refused the reasoning effort" in err.value.error, err.value.error
 
 
 # Open WebUI's Advanced Params, set away from their defaults (typical_p, mirostat and its rates, tfs_z,
