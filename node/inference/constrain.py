@@ -51,9 +51,9 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separa
 # llguidance's compiler recurses once per level a grammar's rules (or a JSON schema's $ref chain) nest:
 # on a thread's default 8 MiB stack ~3,000 levels overflowed it — a segfault of the whole node, from one
 # request's `grammar` (25 KB) or `response_format`, or one peer's WORK frame (review r53). Grammars compile
-# on a thread with this stack (virtual memory: only the pages a compile touches are used), and a schema's
+# on a thread with this stack (virtual memory: only the pages a compile touches are used; ~2.8 KiB a level), and a schema's
 # $refs are bounded; a grammar text is at most g.MAX_GRAMMAR_CHARS (~8,000 rules), far inside it.
-COMPILE_STACK_BYTES = 512 << 20
+COMPILE_STACK_BYTES = 255 << 20  # (below 256 MiB: Windows' CPython refuses larger, a 500 there: review r55)
 MAX_SCHEMA_REFS = 10_000
 _stack_lock = threading.Lock()
 
@@ -69,12 +69,16 @@ def _on_big_stack(fn: Any) -> Any:
             out["error"] = exc
 
     with _stack_lock:  # (threading.stack_size is process-wide: set only while this thread is made)
-        old = threading.stack_size(COMPILE_STACK_BYTES)
+        try:
+            old = threading.stack_size(COMPILE_STACK_BYTES)
+        except ValueError:  # a platform that refuses it: the default stack (bounded $refs and grammar text)
+            old = None
         try:
             thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
             thread.start()
         finally:
-            threading.stack_size(old)
+            if old is not None:
+                threading.stack_size(old)
     thread.join()
     if "error" in out:
         raise out["error"]

@@ -14,6 +14,7 @@ back rounded, and a range wholly below -9e18, or a client bound past the cap, wa
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from node.inference.schema_types import each_subschema
@@ -112,8 +113,14 @@ U32_MAX = 2**32 - 1
 
 def _holdable_step(step: float) -> bool:
     """Whether llguidance can compile `multipleOf: step`: it writes it as coef * 10**-exp with coef a
-    u32, found by multiplying by 10 until the double has no fraction (1e-11 ends at 9999999999999998)."""
-    while step % 1:
+    u32, found by multiplying by 10 until the double has no fraction (1e-11 ends at 9999999999999998).
+    Not finite: no (a peer's WORK frame may hold NaN or Infinity, which `nan % 1` never ends: the slice's
+    one thread spun for good, review r55); a double has no fraction after ~330 rounds."""
+    if not math.isfinite(step):
+        return False
+    for _ in range(400):
+        if not step % 1:
+            break
         step *= 10
     return step <= U32_MAX
 

@@ -615,3 +615,46 @@ def test_a_multiple_of_llguidance_cannot_compile_is_named_and_dropped_from_a_too
         held = {"type": "number", "multipleOf": step}
         assert bounded_integers(held) == held
         constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(held)))
+
+
+@pytest.mark.parametrize("step", [float("nan"), float("inf")])
+def test_a_multiple_of_that_is_not_finite_is_refused_not_spun_on(tiny_tok, step):
+    """A peer's WORK frame may hold NaN or Infinity (frame headers are read by json.loads): the step check
+    multiplied `nan % 1` by 10 for ever on the slice's one thread (review r55). Refused now, or dropped
+    from a lenient tool schema."""
+    import threading
+
+    outcome = []
+
+    def run():
+        try:
+            constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "number", "multipleOf": step})))
+            outcome.append("compiled")
+        except (InvalidRequest, Unsupported) as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert outcome and isinstance(outcome[0], Unsupported) and "multipleOf" in outcome[0].message, outcome
+    lenient = {"type": "number", "multipleOf": step, "x-guidance": {"lenient": True}}
+    constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(lenient)))  # the step dropped
+
+
+@pytest.mark.parametrize("limit", [0x10000000, 0])
+def test_grammars_compile_where_the_platform_limits_thread_stacks(tiny_tok, monkeypatch, limit):
+    """Windows' CPython takes thread stacks below 256 MiB only (`THREAD_MAX_STACKSIZE`, a ValueError
+    past it): 512 MiB made every constrained request a 500 there (review r55). Under that rule, and under
+    one that refuses any size (the default stack then), a grammar still compiles."""
+    import threading
+
+    real = threading.stack_size
+
+    def stack_size(size=0):
+        if size and (limit == 0 or size >= limit):
+            raise ValueError(f"size not valid: {size} bytes")
+        return real(size)
+
+    monkeypatch.setattr(threading, "stack_size", stack_size)
+    constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "object", "properties": {
+        "limit": {"type": "integer", "minimum": limit}}})))
