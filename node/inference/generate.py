@@ -280,7 +280,9 @@ class CompletionRun:
         # a wrapper the prompt opened ends the reply at its closer (a control token shown for it, as a stop
         # string: Ollama's), reported as the turn's end; the parser starts inside it
         opener, closer = self._wrapper or ("", "")
-        assembler = TextAssembler((*job.params.stop, closer))
+        # vLLM's min_tokens holds the stop strings back too, until that many tokens are out (review r53)
+        held = job.params.stop if job.params.min_tokens else ()
+        assembler = TextAssembler(((*job.params.stop,) if not held else ()) + (closer,))
         track = None if job.params.logprobs is None else LogprobTrack(tok.piece)
         fmt = self._tool_format
         parser = new_parser(fmt, self.request, trace.request_id, opener) if fmt is not None else None
@@ -300,6 +302,9 @@ class CompletionRun:
                 if tok.is_eog(token):
                     ended_by_eog = True
                     break
+                if held and produced >= job.params.min_tokens:
+                    assembler.arm(held)
+                    held = ()
                 first = trace.first_token is None
                 trace.mark_token()
                 if first:  # the engine (or the chain's run) set it before the first token

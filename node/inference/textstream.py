@@ -30,6 +30,12 @@ class TextAssembler:
         self.emitted = ""  # everything sent to the client
         self.stop_match: StopMatch | None = None
 
+    def arm(self, stop: tuple[str, ...]) -> None:
+        """Watch for `stop` too from here on (vLLM's `min_tokens`: stop strings count once that many
+        tokens are out; text emitted before is not searched again)."""
+        self._stop = (*self._stop, *(s for s in stop if s))
+        self._hold_max = max((len(s) for s in self._stop), default=0)
+
     @property
     def decoded_chars(self) -> int:
         """Characters decoded so far, emitted or held back (where the next token's text starts)."""

@@ -132,3 +132,16 @@ async def test_ignore_eos_without_max_tokens_ends_at_the_context(node, client, m
                                                  logit_bias=eos_bias, extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.prompt_tokens + reply.usage.completion_tokens == n_ctx
+
+
+async def test_min_tokens_holds_the_stop_strings_back_too(client, model_id):
+    """vLLM's min_tokens: no stop before that many tokens, its stop strings included (they ended the reply
+    at the first match, whatever min_tokens said: review r53)."""
+    body = {"model": model_id, "prompt": "def join(a, b):\n    return", "max_tokens": 24, "temperature": 0}
+    first = await client.completions.create(**body)
+    stop = first.choices[0].text[:3]  # the reply's own first characters: a stop at its very start
+    stopped = await client.completions.create(**body, stop=[stop])
+    assert stopped.choices[0].text == "" and stopped.choices[0].finish_reason == "stop"
+    held = await client.completions.create(**body, stop=[stop], extra_body={"min_tokens": 6})
+    assert held.usage.completion_tokens >= 6, held
+    assert first.choices[0].text.startswith(held.choices[0].text) and held.choices[0].text.startswith(stop)
