@@ -416,8 +416,16 @@ class TokenConstraint:
         if matcher.is_accepting():
             allowed[self.eog_ids] = True
         if self.numbers is not None:
+            if self._eog_banned():  # (an end the ban takes away is no way out of a number: its digits stay)
+                allowed[self.eog_ids] = False
+                allowed[self.eog_ban] = False
             self.numbers.limit(allowed)
         return allowed
+
+    def _eog_banned(self) -> bool:
+        """ignore_eos, or min_tokens not reached: end-of-generation is banned at this step."""
+        return self.eog_ban is not None and (self.ban_steps is None or self.steps < self.ban_steps) \
+            and not self.done  # (a grammar that is complete can only end)
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """Mask `logits` in place (the first n_vocab entries; a strided view is fine) and return it."""
@@ -429,8 +437,7 @@ class TokenConstraint:
             np.copyto(view, -np.inf, where=~allowed)
             if len(logits) > self.n_vocab:  # a padded output head: the padding is never a token
                 logits[self.n_vocab:] = -np.inf
-        if self.eog_ban is not None and (self.ban_steps is None or self.steps < self.ban_steps) \
-                and not self.done:  # (a grammar that is complete can only end)
+        if self._eog_banned():
             view[self.eog_ban] = -np.inf
         if self.budget is not None:  # its thinking budget spent: the closing tag, whatever else says
             self.budget.apply(logits)

@@ -499,10 +499,10 @@ def test_a_schema_with_more_refs_than_the_bound_is_a_400(tiny_tok):
         constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"$defs": refs, "$ref": "#/$defs/a0"})))
 
 
-def _digit_walk(tok, spec, prefer: tuple[bytes, ...] = (b"3", b".", b"e"), steps=160, seed=0):
+def _digit_walk(tok, spec, prefer: tuple[bytes, ...] = (b"3", b".", b"e"), steps=160, seed=0, **params):
     """A model that always prefers a digit (then `prefer`, in order) to whatever else the grammar
     allows: the text it writes, and whether it ended (an end-of-generation token) within `steps`."""
-    c = constrain.constraint_for(tok, SamplingParams(grammar=spec))
+    c = constrain.constraint_for(tok, SamplingParams(grammar=spec, **params))
     pieces = [tok.piece(i) for i in range(tok.n_vocab)]
     bias = np.array([20.0 if p[:1].isdigit() else 0.0 for p in pieces], dtype=np.float32)
     for rank, lead in enumerate(prefer):
@@ -565,6 +565,32 @@ def test_a_json_number_ends_within_llama_cpps_digit_bounds(vocab, request):
     assert _writes(tok, {"type": "number", "multipleOf": 1e-6}, "1.000001")
     assert _writes(tok, {"enum": [0.30000000000000004, 1]}, "0.30000000000000004")
     assert _writes(tok, {"const": 1e20}, json.dumps(1e20).replace("1e+20", "100000000000000000000"))
+
+
+@pytest.mark.parametrize("extra", [{"ignore_eos": True}, {"min_tokens": 60}])
+def test_a_number_past_its_bound_while_the_end_is_banned_goes_on(tiny_tok, extra):
+    """A top-level number with ignore_eos (or min_tokens not reached): past the bound the mask left
+    only end-of-generation, the ban took that too, every logit was -inf and the token sampled was
+    outside the grammar, a 500 mid-reply (review r55). The digits go on now while the end is banned,
+    in the engine's matcher and in a peer's sampler (the split route) alike (2026-12-07)."""
+    import re
+
+    import torch
+
+    from node.inference.pipeline.sampler import Sampler
+
+    spec = g.json_value({"type": "number"})
+    text, ended = _digit_walk(tiny_tok, spec, steps=60, **extra)
+    assert not ended and re.fullmatch(r"3+\.3+[eE]3+", text) and len(text) > 40, text
+    sampler = Sampler(SamplingParams(grammar=spec, temperature=0, **extra), vocab=tiny_tok)
+    pieces = [tiny_tok.piece(i) for i in range(tiny_tok.n_vocab)]
+    bias = torch.tensor([20.0 + 5 * (p == b"3") + 3 * (p in (b".", b"e")) if p[:1].isdigit() or p in (b".", b"e")
+                         else 0.0 for p in pieces])
+    out = b"".join(pieces[sampler.sample(bias.clone())] for _ in range(60))
+    assert re.fullmatch(rb"3+\.3+e3+", out) and len(out) > 40, out
+    if "min_tokens" in extra:  # the ban lifted, the bound holds again: the number ends
+        text, ended = _digit_walk(tiny_tok, spec, steps=120, **extra)
+        assert ended and re.fullmatch(r"3+\.3+[eE]3+", text), text
 
 
 def test_digits_that_are_not_a_json_numbers_are_left_alone(tiny_tok):
