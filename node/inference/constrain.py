@@ -389,7 +389,7 @@ class TokenConstraint:
             self._bits = llguidance.numpy.allocate_token_bitmask(1, self.n_vocab)
             self._fill = llguidance.numpy.fill_next_token_bitmask
             if spec_has_our_json(params.grammar):
-                self.numbers = NumberRuns(digit_table(vocab, tok), tok.piece)
+                self.numbers = NumberRuns(digit_table(vocab, tok), tok.piece, self.matcher.validate_tokens)
         self.budget = None if params.reasoning_budget is None else ThinkBudget(tok, params.reasoning_budget)
         # ignore_eos / min_tokens: the end-of-generation tokens banned (for the first min_tokens steps)
         self.eog_ban = np.array(tok.eog_ids(), dtype=np.int64) if params.ignore_eos or params.min_tokens else None

@@ -5,8 +5,11 @@ number (`integral-part`, `decimal-part`); llguidance's JSON compiler has no such
 rewrite cannot say it (`multipleOf` and a range both forbid exponents, and `multipleOf` below 1e-10
 does not compile; measured 2026-12-07). So the bound is a mask over the grammar's: past a digit run's
 bound the tokens that would lengthen it are banned, while the grammar's own mask says the text is a
-JSON number (after its digits it allows no `"` and no letter but e/E), and only where something else
-stays allowed (a `const`/`enum` number is written whole).
+JSON number (every token it allows starts with a byte a number's digit may be followed by: a digit,
+`.`, `e`/`E`, `+`/`-`, `,`, `}`, `]`, whitespace, `<` a tool format's closer; and after a digit one
+of them may end the digits or start an exponent), only where something else stays allowed, and only
+where the grammar would take the digit run on (32 more zeros): a `const`/`enum` number, a literal,
+a string's pattern are written whole.
 
 Bounds: a fraction 16 digits (llama.cpp's decimal-part: with an exponent, 17 significant digits
 write any double exactly); an integral part 19 (the integers' bound, schema_bounds.py: the mask cannot
@@ -33,6 +36,9 @@ _TAIL = 96  # bytes of output kept: more than a bounded number's 55
 # the number the output ends with, each part as far as written
 _NUMBER = re.compile(rb"(?:^|[^0-9A-Za-z_.+\-])-?([0-9]+)(\.([0-9]*))?([eE][+-]?([0-9]*))?$")
 _DIGITS = b"0123456789"
+_FOLLOW = b"0123456789.eE+-,}] \t\n\r<"  # the bytes that may follow a JSON number's digit
+_ENDS = b",}] \t\n\r<eE"  # of them, those that end its digits (or start its exponent)
+_RUN_ON = 32  # zeros the grammar takes after a digit run it leaves unbounded
 
 
 def spec_has_our_json(spec: Any) -> bool:
@@ -51,15 +57,19 @@ def spec_has_our_json(spec: Any) -> bool:
 
 
 class DigitTable:
-    """Per vocabulary: each token's leading ASCII digits, and the tokens that cannot follow a JSON
-    number's digit (they start with `"` or a letter other than e/E)."""
+    """Per vocabulary: each token's leading ASCII digits, the tokens that cannot follow a JSON number's
+    digit (they start with another byte than `_FOLLOW`'s), those that end its digits (`_ENDS`, or an
+    end-of-generation token) and the token "0"."""
 
     def __init__(self, tok: ModelTokenizer):
         pieces = [tok.piece(i) for i in range(tok.n_vocab)]
+        eog = np.zeros(tok.n_vocab, dtype=bool)
+        eog[list(tok.eog_ids())] = True
         self.lead = np.array([len(p) - len(p.lstrip(_DIGITS)) for p in pieces], dtype=np.int32)
         self.max_lead = int(self.lead.max(initial=0))
-        self.not_number = np.array([bool(p) and (p[:1] == b'"' or (p[:1].isalpha() and p[:1] not in b"eE"))
-                                    for p in pieces], dtype=bool)
+        self.not_number = np.array([bool(p) and p[0] not in _FOLLOW for p in pieces], dtype=bool) & ~eog
+        self.ends = np.array([bool(p) and p[0] in _ENDS for p in pieces], dtype=bool) | eog
+        self.zero = pieces.index(b"0") if b"0" in pieces else None
 
 
 _table_lock = threading.Lock()
@@ -78,9 +88,13 @@ class NumberRuns:
     """One generation's guard: follows the output's last bytes and bans what would lengthen a
     JSON number's digit run past its bound."""
 
-    def __init__(self, table: DigitTable, piece: Callable[[int], bytes]):
+    def __init__(self, table: DigitTable, piece: Callable[[int], bytes],
+                 takes: Callable[[list[int]], int] | None = None):
+        """`takes`: how many of these tokens the grammar would take from here (its matcher's
+        validate_tokens; it consumes none)."""
         self.table = table
         self._piece = piece
+        self._takes = takes
         self.tail = b""
 
     def accept(self, token: int) -> None:
@@ -102,14 +116,21 @@ class NumberRuns:
         """Ban in `allowed` (the grammar's mask, in place) the tokens that would run a JSON number's
         digits past the bound."""
         table = self.table
-        if not self.tail[-1:].isdigit() and self.tail[-1:] not in (b".", b"e", b"E", b"+", b"-"):
+        last = self.tail[-1:]
+        if not last.isdigit() and last not in (b".", b"e", b"E", b"+", b"-"):
             return
         room = self.room()
         if room is None or table.max_lead <= room:
             return
         over = allowed & (table.lead > max(room, 0))
-        if not over.any() or (allowed & table.not_number).any():  # (a string, free text: not a number)
+        if not over.any() or (allowed & table.not_number).any():  # (a string, a key, free text)
+            return
+        if last.isdigit() and not (allowed & table.ends).any():  # (a pattern's digits: "12.50", "1/2")
             return
         rest = allowed & ~over
-        if rest.any():  # (a const or enum number: its digits are forced)
-            np.copyto(allowed, rest)
+        if not rest.any():  # (nothing else: a const or enum number's digits, an end that is banned)
+            return
+        zero = table.zero
+        if self._takes is not None and zero is not None and self._takes([zero] * _RUN_ON) < _RUN_ON:
+            return  # (the run ends of itself: a const, an enum's longer member, a literal)
+        np.copyto(allowed, rest)

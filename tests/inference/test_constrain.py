@@ -519,8 +519,10 @@ def _digit_walk(tok, spec, prefer: tuple[bytes, ...] = (b"3", b".", b"e"), steps
 
 
 def _writes(tok, schema, text: str) -> bool:
-    """Whether a generation under the schema's constraint (grammar and its masks) can write `text`."""
-    c = constrain.constraint_for(tok, SamplingParams(grammar=g.json_value(schema)))
+    """Whether a generation under the schema's constraint (grammar and its masks) can write `text`
+    (`schema`: a JSON schema, or a grammar spec)."""
+    spec = schema if isinstance(schema, dict) and schema.get("type") in {"json", "seq", "alt"} else g.json_value(schema)
+    c = constrain.constraint_for(tok, SamplingParams(grammar=spec))
     for token in constrain.vocabulary(tok).tokenizer.tokenize_str(text):
         if not c.allowed()[token]:
             return False
@@ -602,6 +604,33 @@ def test_digits_that_are_not_a_json_numbers_are_left_alone(tiny_tok):
         text, ended = _digit_walk(tiny_tok, spec, steps=40)
         assert not ended and len(text) == 40 and "." in text or text.isdigit(), text
     assert _writes(tiny_tok, {"type": "string", "pattern": r"^[0-9]{25}$"}, '"' + "1" * 25 + '"')
+
+
+@pytest.mark.parametrize("vocab", ["tiny_tok", "tok"])
+def test_digits_in_a_pattern_a_key_an_enum_or_a_raw_value_are_not_cut(vocab, request):
+    """Anything where no `"` or letter could follow was taken for a number, and its digits cut past 19
+    (or 16 after a point): a string `pattern` such as a price, a percentage or a ratio, a
+    patternProperties key, an enum whose longer member extends a shorter one, a raw string enum of
+    an XML tool format (review r55). A number's digit is followed only by digits, `.`, `e`/`E`, `+`/`-`,
+    `,`, `}`, `]`, whitespace or a closer, one of them ends it, and its run goes on (2026-12-07)."""
+    tok = request.getfixturevalue(vocab)
+    long = "123456789012345678901234"
+    for schema, text in (
+            ({"type": "string", "pattern": r"^[0-9]+\.[0-9]{2}$"}, f'"{long}.00"'),
+            ({"type": "string", "pattern": "^[0-9]+%$"}, f'"{long}%"'),
+            ({"type": "string", "pattern": "^[0-9]+/[0-9]+$"}, f'"{long}/1"'),
+            ({"type": "object", "patternProperties": {"^[0-9]+_x$": {"type": "integer"}},
+              "additionalProperties": False}, f'{{"{long}_x":1}}'),
+            ({"enum": [0.12345678901234566, 0.1234567890123456]}, "0.12345678901234566"),
+            ({"type": "array", "items": {"enum": [0.5, 0.1234567890123456, 0.12345678901234566]}},
+             "[0.12345678901234566,0.5]"),
+            (g.seq(g.alt(g.literal(long[:20]), g.literal(long)), g.literal("\n</parameter>"),
+                   g.json_value({"type": "number"})), f"{long}\n</parameter>5")):
+        assert _writes(tok, schema, text), (schema, text)
+    for schema, past in (({"type": "number"}, "12345678901234567890"), ({"type": "number"}, "0.12345678901234567"),
+                         ({"type": "array", "items": {"type": "number"}}, "[12345678901234567890]"),
+                         ({"type": "number", "maximum": 1}, "1.00000000000000000")):
+        assert not _writes(tok, schema, past), (schema, past)
 
 
 def test_a_date_time_ends_within_nanoseconds(tiny_tok):
