@@ -8,13 +8,15 @@ bound the tokens that would lengthen it are banned, while the grammar's own mask
 JSON number (every token it allows starts with a byte a number's digit may be followed by: a digit,
 `.`, `e`/`E`, `+`/`-`, `,`, `}`, `]`, whitespace, `<` a tool format's closer; and after a digit one
 of them may end the digits or start an exponent), only where something else stays allowed, and only
-where the grammar would take the digit run on (32 more zeros): a `const`/`enum` number, a literal,
-a string's pattern are written whole.
+where the grammar would take the digit run on (32 more zeros): a `const`/`enum` number, a literal
+and a string's pattern keep their digits.
 
 Bounds: a fraction 16 digits (llama.cpp's decimal-part: with an exponent, 17 significant digits
 write any double exactly); an integral part 19 (the integers' bound, schema_bounds.py: the mask cannot
 tell an integer from a number, and a 19-digit id stays writable; llama.cpp: 16); an exponent 3 digits
-(every double's, 1e-324 to 1e308; llama.cpp's 16 only add infinities and zeros). Only for grammars
+(every double's, 1e-324 to 1e308; llama.cpp's 16 only add infinities and zeros). Where no exponent
+may follow (a range: llguidance allows none), a number below 1 has 17 fraction digits after its
+first 323 zeros (0.00000000000000001 and 5e-324 have no other way). Only for grammars
 whose JSON is ours: a client's regex or GBNF grammar in the spec turns it off (its digits are its own).
 """
 from __future__ import annotations
@@ -32,9 +34,12 @@ if TYPE_CHECKING:
 INTEGRAL_DIGITS = 19  # as MAX_INTEGER (node.inference.schema_bounds)
 FRACTION_DIGITS = 16  # llama.cpp's decimal-part
 EXPONENT_DIGITS = 3  # every double's exponent (llama.cpp: 16, its integral-part)
-_TAIL = 96  # bytes of output kept: more than a bounded number's 55
-# the number the output ends with, each part as far as written
-_NUMBER = re.compile(rb"(?:^|[^0-9A-Za-z_.+\-])-?([0-9]+)(\.([0-9]*))?([eE][+-]?([0-9]*))?$")
+LEADING_ZEROS = 323  # a fraction's leading zeros not counted where no exponent may be written (a
+# range) and the number is below 1: 0.(323 zeros)5 is the least double, 5e-324
+_TAIL = 384  # bytes of output kept: more than a bounded number's 342
+# the number the output ends with (after the last byte no number holds), each part as far as written
+_NUMBER = re.compile(rb"-?([0-9]+)(\.([0-9]*))?([eE][+-]?([0-9]*))?")
+_IN_NUMBER = b"0123456789.eE+-"
 _DIGITS = b"0123456789"
 _FOLLOW = b"0123456789.eE+-,}] \t\n\r<"  # the bytes that may follow a JSON number's digit
 _ENDS = b",}] \t\n\r<eE"  # of them, those that end its digits (or start its exponent)
@@ -69,6 +74,7 @@ class DigitTable:
         self.max_lead = int(self.lead.max(initial=0))
         self.not_number = np.array([bool(p) and p[0] not in _FOLLOW for p in pieces], dtype=bool) & ~eog
         self.ends = np.array([bool(p) and p[0] in _ENDS for p in pieces], dtype=bool) | eog
+        self.exponent = np.array([p[:1] in (b"e", b"E") for p in pieces], dtype=bool)
         self.zero = pieces.index(b"0") if b"0" in pieces else None
 
 
@@ -101,15 +107,26 @@ class NumberRuns:
         """Follow the token the generation took."""
         self.tail = (self.tail + self._piece(token))[-_TAIL:]
 
-    def room(self) -> int | None:
-        """Digits the run the output ends with may still take, or None (not in a number)."""
-        m = _NUMBER.search(self.tail)
+    def room(self, exponent: bool = True) -> int | None:
+        """Digits the run the output ends with may still take, or None (not in a number). `exponent`:
+        one may follow; where none may (a range), the fraction of a number below 1 counts 17 digits
+        after its first LEADING_ZEROS zeros (0.00000000000000001 has no other way)."""
+        tail = self.tail
+        start = len(tail.rstrip(_IN_NUMBER))
+        if start and (tail[start - 1:start].isalpha() or tail[start - 1:start] == b"_"):
+            return None  # (a word's digits: "abc1", "x_2")
+        m = _NUMBER.fullmatch(tail, start)
         if m is None:
             return None
         if m.group(4) is not None:
             return EXPONENT_DIGITS - len(m.group(5))
         if m.group(2) is not None:
-            return FRACTION_DIGITS - len(m.group(3))
+            fraction = m.group(3)
+            zeros = len(fraction) - len(fraction.lstrip(b"0"))
+            if exponent or m.group(1).strip(b"0"):
+                return FRACTION_DIGITS - len(fraction)
+            significant = FRACTION_DIGITS + 1  # (as 1 digit and a 16-digit fraction: 0.30000000000000004)
+            return significant - (len(fraction) - min(zeros, LEADING_ZEROS))
         return INTEGRAL_DIGITS - len(m.group(1))
 
     def limit(self, allowed: np.ndarray) -> None:
@@ -119,7 +136,7 @@ class NumberRuns:
         last = self.tail[-1:]
         if not last.isdigit() and last not in (b".", b"e", b"E", b"+", b"-"):
             return
-        room = self.room()
+        room = self.room(exponent=bool((allowed & table.exponent).any()))
         if room is None or table.max_lead <= room:
             return
         over = allowed & (table.lead > max(room, 0))

@@ -595,6 +595,30 @@ def test_a_number_past_its_bound_while_the_end_is_banned_goes_on(tiny_tok, extra
         assert ended and re.fullmatch(r"3+\.3+[eE]3+", text), text
 
 
+@pytest.mark.parametrize("vocab", ["tiny_tok", "tok"])
+def test_a_tiny_number_under_a_range_keeps_its_significant_digits(vocab, request):
+    """Under `minimum`/`maximum` llguidance allows no exponent, and the fraction's 16 digits counted
+    its leading zeros: 0.00000000000000001 (1e-17) could not be written, nor 0.30000000000000004 (review
+    r55). Below 1 the fraction counts 17 digits after its first 323 zeros (5e-324, the least double, is
+    written whole), and a run of zeros still ends (2026-12-07)."""
+    import re
+
+    tok = request.getfixturevalue(vocab)
+    for schema in ({"type": "number", "minimum": 0}, {"type": "number", "exclusiveMinimum": 0, "maximum": 1}):
+        for ok in ("0.00000000000000001", "0.30000000000000004", "0.000000000000000012345678901234567",
+                   "0." + "0" * 323 + "5", "0.5", "0.9999999999999999"):
+            assert _writes(tok, schema, ok), (schema, ok)
+        for past in ("0." + "0" * 340 + "1", "0.000000000000000012345678901234567" + "8", "1.00000000000000001"):
+            # (where zeros cannot end the number, 0 not above exclusiveMinimum, nothing else is there to write)
+            assert not _writes(tok, schema, past) or "exclusiveMinimum" in schema and "0" * 340 in past, past
+    assert _writes(tok, {"type": "number", "maximum": 0}, "-0.00000000000000001")
+    assert not _writes(tok, {"type": "number"}, "0.00000000000000001")  # (1e-17 is there: 16 digits as before)
+    if vocab == "tiny_tok":
+        text, ended = _digit_walk(tok, g.json_value({"type": "number", "minimum": 0, "maximum": 1}), (b"0", b"."),
+                                  steps=400)
+        assert ended and re.fullmatch(r"0\.[0-9]{1,340}", text), text
+
+
 def test_digits_that_are_not_a_json_numbers_are_left_alone(tiny_tok):
     """A string's digits, and a client's own regex or GBNF grammar, keep what they allow (a
     pattern that bounds nothing runs as before)."""
