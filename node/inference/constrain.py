@@ -71,9 +71,16 @@ def _on_big_stack(fn: Any) -> Any:
     with _stack_lock:  # (threading.stack_size is process-wide: set only while this thread is made)
         try:
             old = threading.stack_size(COMPILE_STACK_BYTES)
-        except ValueError:  # a platform that refuses it: the default stack (bounded $refs and grammar text)
-            old = None
+        except (ValueError, RuntimeError):  # a platform that refuses it: the default stack (bounded $refs
+            old = None  # and grammar text)
         try:
+            thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
+            thread.start()
+        except RuntimeError:  # the OS would not map that stack (a virtual-memory limit): the default one
+            if old is None:  # (review r57: every constrained request was a 500 there)
+                raise
+            threading.stack_size(old)
+            old = None
             thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
             thread.start()
         finally:
@@ -376,6 +383,7 @@ class TokenConstraint:
             raise InvalidRequest("`logit_bias` names a token id outside the model's vocabulary", param="logit_bias")
         self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
         self.bias = np.array([-np.inf if b <= BAN else b for _, b in params.logit_bias], dtype=np.float32)
+        self.banned_ids = self.bias_ids[np.isneginf(self.bias)]
         self.matcher = None
         self.numbers = None  # JSON numbers' digit runs, bounded (node.inference.number_runs)
         self.eog_ids = np.zeros(0, dtype=np.int64)
@@ -419,6 +427,8 @@ class TokenConstraint:
             if self._eog_banned():  # (an end the ban takes away is no way out of a number: its digits stay)
                 allowed[self.eog_ids] = False
                 allowed[self.eog_ban] = False
+            if self.banned_ids.size:  # nor is a token logit_bias bans (-100: the end, to force long
+                allowed[self.banned_ids] = False  # replies; past the bound all was -inf, a 500: review r57)
             self.numbers.limit(allowed)
         return allowed
 

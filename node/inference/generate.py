@@ -280,7 +280,7 @@ class CompletionRun:
         # a wrapper the prompt opened ends the reply at its closer (a control token shown for it, as a stop
         # string: Ollama's), reported as the turn's end; the parser starts inside it
         opener, closer = self._wrapper or ("", "")
-        # vLLM's min_tokens holds the stop strings back too, until that many tokens are out (review r53)
+        # vLLM's min_tokens holds the stop strings back too, until more tokens than that are out (review r53, r57)
         held = job.params.stop if job.params.min_tokens else ()
         assembler = TextAssembler(((*job.params.stop,) if not held else ()) + (closer,))
         track = None if job.params.logprobs is None else LogprobTrack(tok.piece)
@@ -302,7 +302,7 @@ class CompletionRun:
                 if tok.is_eog(token):
                     ended_by_eog = True
                     break
-                if held and produced >= job.params.min_tokens:
+                if held and produced > job.params.min_tokens:  # (vLLM: once the output is longer than it)
                     assembler.arm(held)
                     held = ()
                 first = trace.first_token is None

@@ -9,7 +9,8 @@ JSON number (every token it allows starts with a byte a number's digit may be fo
 `.`, `e`/`E`, `+`/`-`, `,`, `}`, `]`, whitespace, `<` a tool format's closer; and after a digit one
 of them may end the digits or start an exponent), only where something else stays allowed, and only
 where the grammar would take the digit run on (32 more zeros): a `const`/`enum` number, a literal
-and a string's pattern keep their digits.
+and most string patterns keep their digits (not one whose digits are followed by a byte a number may
+be followed by, `^[0-9]+,[0-9]+$`: the mask does not track whether it is inside a string).
 
 Bounds: a fraction 16 digits (llama.cpp's decimal-part: with an exponent, 17 significant digits
 write any double exactly); an integral part 19 (the integers' bound, schema_bounds.py: the mask cannot

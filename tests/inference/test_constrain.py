@@ -720,20 +720,29 @@ def test_a_multiple_of_that_is_not_finite_is_refused_not_spun_on(tiny_tok, step)
     constrain.check(tiny_tok, SamplingParams(grammar=g.json_value(lenient)))  # the step dropped
 
 
-@pytest.mark.parametrize("limit", [0x10000000, 0])
+@pytest.mark.parametrize("limit", [0x10000000, 0, -1])
 def test_grammars_compile_where_the_platform_limits_thread_stacks(tiny_tok, monkeypatch, limit):
     """Windows' CPython takes thread stacks below 256 MiB only (`THREAD_MAX_STACKSIZE`, a ValueError
-    past it): 512 MiB made every constrained request a 500 there (review r55). Under that rule, and under
-    one that refuses any size (the default stack then), a grammar still compiles."""
+    past it): 512 MiB made every constrained request a 500 there (review r55). Under that rule, under one
+    that refuses any size (the default stack then), and where the OS cannot map the big stack (a
+    virtual-memory limit: the thread does not start, review r57), a grammar still compiles."""
     import threading
 
-    real = threading.stack_size
+    real, real_start, current = threading.stack_size, threading.Thread.start, [0]
 
     def stack_size(size=0):
-        if size and (limit == 0 or size >= limit):
+        if size and limit >= 0 and (limit == 0 or size >= limit):
             raise ValueError(f"size not valid: {size} bytes")
-        return real(size)
+        old, current[0] = current[0], size
+        real(size)
+        return old
+
+    def start(self):
+        if limit == -1 and current[0] == constrain.COMPILE_STACK_BYTES:
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
 
     monkeypatch.setattr(threading, "stack_size", stack_size)
+    monkeypatch.setattr(threading.Thread, "start", start)
     constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "object", "properties": {
         "limit": {"type": "integer", "minimum": limit}}})))

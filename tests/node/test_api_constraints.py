@@ -135,13 +135,21 @@ async def test_ignore_eos_without_max_tokens_ends_at_the_context(node, client, m
 
 
 async def test_min_tokens_holds_the_stop_strings_back_too(client, model_id):
-    """vLLM's min_tokens: no stop before that many tokens, its stop strings included (they ended the reply
-    at the first match, whatever min_tokens said: review r53)."""
+    """vLLM's min_tokens: no stop before more than that many tokens are out, its stop strings included
+    (they ended the reply at the first match, whatever min_tokens said: review r53); a stop string in the
+    min_tokens-th token is held back too, and one after it still ends the reply (review r57)."""
     body = {"model": model_id, "prompt": "def join(a, b):\n    return", "max_tokens": 24, "temperature": 0}
-    first = await client.completions.create(**body)
-    stop = first.choices[0].text[:3]  # the reply's own first characters: a stop at its very start
+    first = await client.completions.create(**body, logprobs=1)
+    tokens = first.choices[0].logprobs.tokens
+    k = next(i for i, t in enumerate(tokens) if t.strip()) + 1  # the first token with visible text (1-based)
+    stop = tokens[k - 1].strip()
     stopped = await client.completions.create(**body, stop=[stop])
-    assert stopped.choices[0].text == "" and stopped.choices[0].finish_reason == "stop"
-    held = await client.completions.create(**body, stop=[stop], extra_body={"min_tokens": 6})
-    assert held.usage.completion_tokens >= 6, held
-    assert first.choices[0].text.startswith(held.choices[0].text) and held.choices[0].text.startswith(stop)
+    assert stopped.choices[0].finish_reason == "stop" and stop not in stopped.choices[0].text
+    held = await client.completions.create(**body, stop=[stop], extra_body={"min_tokens": k})
+    assert held.choices[0].text.startswith("".join(tokens[:k])), held.choices[0].text  # token k's text kept
+    # a stop string first written after min_tokens ends the reply there
+    later = next((t.strip() for t in tokens[k:] if t.strip() and t.strip() not in "".join(tokens[:k])), None)
+    assert later is not None, tokens
+    ended = await client.completions.create(**body, stop=[later], extra_body={"min_tokens": k})
+    assert ended.choices[0].finish_reason == "stop" and later not in ended.choices[0].text, ended
+    assert first.choices[0].text.startswith(ended.choices[0].text) and ended.usage.completion_tokens < 24
