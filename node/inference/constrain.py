@@ -230,6 +230,13 @@ def _parser_error(message: str) -> str:
     return text[:200]
 
 
+def _is_parser_limit(message: str) -> bool:
+    """llguidance's parser ran past one of its limits on the request's own grammar: a schema whose values
+    must nest without end ("Too many items"), or a rule with more alternatives than one Earley row
+    holds ("Current row has 3003 items; max is 2000": a GBNF `root ::= "w0" | ... | "w2999"`, a 500 once)."""
+    return "Too many items" in message or "Current row has" in message
+
+
 def _grammar_error(message: str, param: str) -> InvalidRequest:
     text = message.replace("\n", " ")
     if m := re.search(r"Unimplemented keys: \[([^\]]*)\]", text):
@@ -465,7 +472,7 @@ class TokenConstraint:
             return
         if not matcher.consume_token(token):
             error = matcher.get_error()
-            if "Too many items" in error:  # the grammar's parser hit its limits: the request's schema
+            if _is_parser_limit(error):  # the grammar's parser hit its limits: the request's grammar or schema
                 raise InvalidRequest(f"the output grammar cannot be followed: {_parser_error(error)}")
             raise EngineError(f"constrained decoding: token {token} was sampled outside the grammar "
                               f"({_parser_error(error)})")

@@ -100,6 +100,20 @@ async def test_bad_or_clashing_constraints_are_a_400_naming_them(client, model_i
     assert info.value.body["param"] == param and says in info.value.body["message"], info.value.body
 
 
+async def test_a_grammar_wider_than_its_parser_holds_is_a_400(client, model_id):
+    """3,000 alternatives in one rule: llguidance's parser holds 2,000 items a row, and said so on the
+    first token it consumed — a 500 "sampled outside the grammar" once (the fuzzer's find)."""
+    body = dict(model=model_id, messages=QUESTION, max_tokens=4,
+                extra_body={"grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(3000))})
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(**body)
+    assert "cannot be followed" in info.value.body["message"] and "Current row has" in info.value.body["message"]
+    stream = await client.chat.completions.create(**body, stream=True)  # the 200 is sent: an error event
+    with pytest.raises(openai.APIError) as info:
+        _ = [chunk async for chunk in stream]
+    assert "cannot be followed" in info.value.message and "Current row has" in info.value.message, info.value
+
+
 async def test_ignore_eos_gives_exactly_max_tokens(client, model_id, eos_bias):
     ended = await client.completions.create(model=model_id, prompt="Hello", max_tokens=16, temperature=0,
                                             logit_bias=eos_bias)
