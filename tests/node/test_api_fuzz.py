@@ -303,7 +303,37 @@ def test_fuzzed_bodies_never_5xx_never_hang(node, data):
     template, fields, *plausible_values = _templates(node.model_id)[path]
     body = data.draw(mutated(template, fields, *plausible_values), label="body")
     status, answer = _request(node, "POST", path, body)
+    event(f"{path} {status}")
     _check(status, answer, f"POST {path} {body[:200]!r}", shape=_shape(path))
+
+
+COMBINED = {  # route: (its required fields, the right-typed ones drawn together)
+    "/v1/chat/completions": ({"messages": [{"role": "user", "content": "hi"}]}, PLAUSIBLE, CHAT_FIELDS),
+    "/v1/completions": ({"prompt": "once upon"}, PLAUSIBLE, TEXT_FIELDS),
+    "/v1/messages": ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, MESSAGES_PLAUSIBLE,
+                     MESSAGES_FIELDS),
+    "/api/chat": ({"messages": [{"role": "user", "content": "hi"}]}, OLLAMA_PLAUSIBLE, OLLAMA_CHAT_FIELDS),
+    "/api/generate": ({"prompt": "once upon"}, OLLAMA_PLAUSIBLE, OLLAMA_GENERATE_FIELDS),
+}
+
+
+@given(data=st.data())
+@settings(max_examples=max(30, EXAMPLES // 5), deadline=None, suppress_health_check=list(HealthCheck))
+def test_right_typed_fields_together_never_5xx(node, data):
+    """Several right-typed fields at once (n with stream and logprobs, a grammar with min_tokens, think
+    with a format and options), which one to three mutations of a template seldom draw."""
+    path = data.draw(st.sampled_from(sorted(COMBINED)), label="path")
+    required, plausible, fields = COMBINED[path]
+    names = [f for f in fields if f in plausible and f not in required and f not in ("max_tokens", "prompt")]
+    body = {"model": node.model_id, **required, "max_tokens": 4, "temperature": 0}
+    if path.startswith("/api/"):
+        body = {"model": node.model_id, **required, "options": {"num_predict": 4}}
+    for name in data.draw(st.lists(st.sampled_from(names), min_size=2, max_size=6, unique=True), label="fields"):
+        body[name] = data.draw(plausible[name], label=name)
+    raw = json.dumps(body).encode()
+    status, answer = _request(node, "POST", path, raw)
+    event(f"{path} {status}")
+    _check(status, answer, f"POST {path} {raw[:300]!r}", shape=_shape(path))
 
 
 paths = st.one_of(
