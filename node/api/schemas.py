@@ -56,6 +56,7 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 # OpenAI's `n` (choices for one prompt; node.inference.choices): llama-server caps it at its slots
 # (--parallel); 16 here, each choice a sequence of the model's batch or a run of the chain
 MAX_CHOICES = 16
+MIN_REPEAT_PENALTY = 1e-6  # a logit of 1e4 divided by it still fits a float32
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -67,6 +68,18 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float
     if not lo <= value <= hi:
         raise InvalidRequest(f"`{key}` must be between {lo:g} and {hi:g}, got {value}", param=key)
     return float(value)
+
+
+def _repeat_penalty(body: dict) -> float:
+    """llama.cpp's repeat_penalty, at least MIN_REPEAT_PENALTY: it divides a repeated token's positive
+    logit and multiplies a negative one, so 0 (or 5e-324, 0 as the engine's float32) made infinities and
+    NaN (-inf * 0: a token the grammar had masked, picked anyway and the request a 500 "sampled outside
+    the grammar"). vLLM's repetition_penalty must be > 0 too."""
+    value = _number(body, "repeat_penalty", 1.0, 0.0, 10.0)
+    if value < MIN_REPEAT_PENALTY:
+        raise InvalidRequest(f"`repeat_penalty` must be greater than 0 (at least {MIN_REPEAT_PENALTY:g}; 1 is off, "
+                             f"above 1 penalizes repeats), got {value:g}", param="repeat_penalty")
+    return value
 
 
 def _integer(body: dict, key: str, lo: int, hi: int) -> int | None:
@@ -376,7 +389,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         seed=None if seed is None else seed % 2**32,
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 10.0),
+        repeat_penalty=_repeat_penalty(body),
         stop=_stop(body),
         logprobs=_logprobs(body, kind),
         logit_bias=_logit_bias(body),

@@ -282,12 +282,16 @@ def _templates(model_id: str):
     b'{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "metadata": {"a": 1e999}}',
     b'{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "guided_grammar": "root ::= '
     + b" | ".join(b'\\"w%d\\"' % i for i in range(3000)) + b'"}',
+    b'{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 1, '
+    b'"repeat_penalty": 0.0, "grammar": "root ::= \\"yes\\" | \\"no\\""}',
 ], ids=["5000-digit-int", "lone-surrogate-prompt", "lone-surrogate-content", "lone-surrogate-stop",
-        "4400-digit-logit-bias-key", "nan-literal", "overflowing-float", "3000-alternatives-grammar"])
+        "4400-digit-logit-bias-key", "nan-literal", "overflowing-float", "3000-alternatives-grammar",
+        "repeat-penalty-0-with-grammar"])
 def test_bodies_the_fuzzer_found(node, body):
     """Each was a 500 once (a ValueError past the integer digit limit; a UnicodeEncodeError in the
-    tokenizer; llguidance's parser past its 2,000 items a row on a grammar's 3,000 alternatives) or an
-    answer that was not JSON (a NaN echoed back): now a 400 naming the problem."""
+    tokenizer; llguidance's parser past its 2,000 items a row on a grammar's 3,000 alternatives; a
+    repeat_penalty of 0 making NaN of a token the grammar masked) or an answer that was not JSON (a NaN
+    echoed back): now a 400 naming the problem."""
     path = "/v1/completions" if b'"prompt"' in body else "/v1/chat/completions"
     status, answer = _request(node, "POST", path, body.replace(b"MODEL", node.model_id.encode()))
     assert status == 400, answer

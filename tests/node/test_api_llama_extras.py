@@ -72,6 +72,20 @@ async def test_repetition_penalty_is_repeat_penalty(client, model_id):
     assert native.choices[0].text != plain.choices[0].text  # the penalty did something
 
 
+async def test_a_repeat_penalty_of_zero_is_a_400(client, model_id):
+    """0 divides by zero (-inf * 0 is NaN on a token the grammar masked): with a grammar it was a 500
+    "sampled outside the grammar" (the API fuzzer's find); vLLM's repetition_penalty must be > 0 too."""
+    for extra in ({"repeat_penalty": 0, "grammar": 'root ::= "yes" | "no"'}, {"repetition_penalty": 0.0},
+                  {"repeat_penalty": 5e-324, "grammar": 'root ::= "yes" | "no"'}):  # 0 as a float32
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=4, temperature=1,
+                                                 seed=1, extra_body=extra)
+        assert info.value.body["param"] == "repeat_penalty" and "greater than 0" in info.value.body["message"]
+    near = await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=4, temperature=1, seed=1,
+                                                extra_body={"repeat_penalty": 0.01, "grammar": 'root ::= "yes" | "no"'})
+    assert near.choices[0].message.content in ("yes", "no")
+
+
 async def test_json_schema_and_list_logit_bias(client, model_id):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}}, "required": ["name"],
               "additionalProperties": False}
