@@ -283,6 +283,10 @@ def _gbnf_to_lark(text: str) -> str:
 
     try:
         return any_to_lark(text)
+    except RecursionError:  # its parser recurses once per nested group: Python's "maximum recursion depth
+        # exceeded" said nothing of the grammar (a 400 all the same)
+        raise g.GrammarUnreadable("it nests too deeply (groups or rules inside one another, hundreds of "
+                                  "levels)") from None
     except Exception as exc:  # noqa: BLE001 (it raises a bare Exception for a missing rule)
         raise g.GrammarUnreadable(str(exc)[:300]) from None
 

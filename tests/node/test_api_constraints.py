@@ -83,6 +83,7 @@ async def test_vllm_guided_fields_and_structured_outputs(client, model_id):
     ({"grammar": 'root = "x"'}, "grammar", "Expected ::="),
     ({"guided_regex": "[a-"}, "guided_regex", "cannot be compiled"),
     ({"guided_grammar": "root ::= " + '"a" ' * 20000}, "guided_grammar", "longer than"),
+    ({"grammar": "root ::= " + "(" * 600 + '"a"' + ")" * 600}, "grammar", "nests too deeply"),  # (the fuzzer's)
     ({"guided_choice": ["a", ""]}, "guided_choice", "non-empty strings"),
     ({"guided_choice": ["x" * 2000] * 40}, "guided_choice", "characters in all"),  # (review r53)
     ({"guided_regex": "[^\\x00-\\x{10FFFF}]"}, "guided_regex", "the grammar admits no text"),
