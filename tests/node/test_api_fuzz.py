@@ -121,7 +121,8 @@ PLAUSIBLE = {
     "max_tokens": st.integers(1, 300), "max_completion_tokens": st.integers(1, 300),
     "temperature": st.floats(0, 2), "top_p": st.floats(0, 1), "min_p": st.floats(0, 1), "top_k": st.integers(0, 1000),
     "seed": st.integers(-(2**63), 2**64 - 1), "presence_penalty": st.floats(-2, 2),
-    "frequency_penalty": st.floats(-2, 2), "repeat_penalty": st.floats(0, 10), "n": st.integers(1, 20),
+    "frequency_penalty": st.floats(-2, 2), "repeat_penalty": st.floats(0, 10),
+    "n": st.one_of(st.integers(1, 4), st.integers(1, 20)),  # the fuzz node's max_concurrent is 4, the cap 16
     "stream": st.booleans(), "stream_options": st.just({"include_usage": True}),
     "stop": st.one_of(st.text(max_size=5), st.lists(st.text(max_size=5), max_size=4)),
     "user": st.text(max_size=20), "prompt": st.text(max_size=200),
@@ -262,6 +263,9 @@ def _templates(model_id: str):
         "/api/admin/models/download": ([("url", '"http://127.0.0.1:9/x.gguf"')], DOWNLOAD_FIELDS),
         "/v1/messages": ([("model", json.dumps(model_id)), ("messages", '[{"role": "user", "content": "hi"}]'),
                           ("max_tokens", "4"), ("temperature", "0")], MESSAGES_FIELDS, MESSAGES_PLAUSIBLE),
+        "/v1/messages/count_tokens": ([("model", json.dumps(model_id)),
+                                       ("messages", '[{"role": "user", "content": "hi"}]')], MESSAGES_FIELDS,
+                                      MESSAGES_PLAUSIBLE),
         "/api/chat": ([("model", json.dumps(model_id)), ("messages", '[{"role": "user", "content": "hi"}]'),
                        ("stream", "false"), ("options", '{"num_predict": 4, "temperature": 0}')],
                       OLLAMA_CHAT_FIELDS, OLLAMA_PLAUSIBLE),
@@ -302,8 +306,8 @@ def test_bodies_the_fuzzer_found(node, body):
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_fuzzed_bodies_never_5xx_never_hang(node, data):
     path = data.draw(st.sampled_from(["/v1/chat/completions", "/v1/chat/completions", "/v1/completions",
-                                      "/api/admin/models/download", "/v1/messages", "/api/chat", "/api/generate",
-                                      "/api/embed", "/api/show"]), label="path")
+                                      "/api/admin/models/download", "/v1/messages", "/v1/messages/count_tokens",
+                                      "/api/chat", "/api/generate", "/api/embed", "/api/show"]), label="path")
     template, fields, *plausible_values = _templates(node.model_id)[path]
     body = data.draw(mutated(template, fields, *plausible_values), label="body")
     status, answer = _request(node, "POST", path, body)
