@@ -316,7 +316,9 @@ def _output_format(body: dict) -> ResponseFormat | None:
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         raise InvalidRequest("output_config.format: expected {\"type\": \"json_schema\", \"schema\": {...}}",
                              param="output_config.format")
-    return ResponseFormat("json_schema", fmt["schema"], "output", True)
+    # its 400s (a schema the compiler refuses) name the field sent, not OpenAI's response_format
+    return ResponseFormat("json_schema", fmt["schema"], "output", True,
+                          param="output_format" if legacy is not None else "output_config.format")
 
 
 def parse_messages(body: Any, *, count_only: bool = False) -> CompletionRequest:

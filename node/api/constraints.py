@@ -31,7 +31,7 @@ _STRUCTURED_HINTS = {"disable_fallback", "disable_any_whitespace", "disable_addi
 _GUIDED_HINTS = ("guided_decoding_backend", "guided_whitespace_pattern")
 MAX_CHOICES = 1024
 # the fields that ask for a JSON reply the usual way (api/extras.py maps the last two onto the first)
-_RESPONSE_FIELDS = ("response_format", "json_schema", "format")
+RESPONSE_FIELDS = ("response_format", "json_schema", "format")  # the fields a client names a schema in
 
 
 def _text(value: Any, param: str) -> str:
@@ -127,7 +127,7 @@ def pop_output_constraint(out: dict, sent: dict) -> ResponseFormat | None:
         return None
     fmt = out.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        other = next((k for k in _RESPONSE_FIELDS if sent.get(k) not in (None, "")), "response_format")
+        other = next((k for k in RESPONSE_FIELDS if sent.get(k) not in (None, "")), "response_format")
         raise InvalidRequest(f"give either `{other}` or `{found[0].param}`, not both: each constrains the output",
                              param=found[0].param)
     return found[0]

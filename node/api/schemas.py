@@ -7,6 +7,7 @@ hints that change nothing here are accepted (`_IGNORED_OK`, `_hints`; llama-serv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -397,6 +398,11 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
         min_tokens=min_tokens,
     )
     response_format = _response_format(body) if constraint is None else constraint
+    if constraint is None and response_format is not None and sent.get("response_format") is None:
+        # llama-server's `json_schema` or Ollama's `format`, made a response_format by extras: a schema the
+        # compiler refuses is a 400 naming the field the client sent (it named `response_format`)
+        sent_as = next((k for k in constraints.RESPONSE_FIELDS if sent.get(k) not in (None, "")), "response_format")
+        response_format = dataclasses.replace(response_format, param=sent_as)
     if kind == "chat":
         tools = _tools(body)
         choice, choice_name = _tool_choice(body, tools)

@@ -49,6 +49,18 @@ async def raw(node, path, body, *, headers=None, method="POST"):
         return r.status, r.headers, await r.text()
 
 
+async def test_a_schema_that_cannot_compile_is_a_400_naming_the_field_sent(client, model_id):
+    """It named OpenAI's `response_format`, which the client never sent (the API fuzzer's find)."""
+    schema = {"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}
+    for field, extra in (("output_format", {"output_format": {"type": "json_schema", "schema": schema}}),
+                         ("output_config.format", {"output_config": {"format": {"type": "json_schema",
+                                                                                 "schema": schema}}})):
+        with pytest.raises(anthropic.BadRequestError) as info:
+            await client.messages.create(model=model_id, max_tokens=8, messages=user(QUESTION), extra_body=extra)
+        message = info.value.body["error"]["message"]
+        assert message.startswith(f"`{field}`: the output grammar cannot be compiled") and "response_format" not in message
+
+
 async def test_text_matches_the_chat_route(client, oai, model_id):
     msg = await client.messages.create(model=model_id, max_tokens=60, messages=user(QUESTION), extra_body=GREEDY)
     chat = await oai.chat.completions.create(model=model_id, max_tokens=60, temperature=0,

@@ -86,6 +86,15 @@ async def test_a_repeat_penalty_of_zero_is_a_400(client, model_id):
     assert near.choices[0].message.content in ("yes", "no")
 
 
+async def test_a_json_schema_that_cannot_compile_is_a_400_naming_json_schema(client, model_id):
+    """llama-server's `json_schema` became a response_format here: its compile error named that field."""
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=4,
+                                             extra_body={"json_schema": {"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}})
+    assert info.value.body["param"] == "json_schema", info.value.body
+    assert info.value.body["message"].startswith("`json_schema`: the output grammar cannot be compiled")
+
+
 async def test_json_schema_and_list_logit_bias(client, model_id):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}}, "required": ["name"],
               "additionalProperties": False}

@@ -141,6 +141,11 @@ async def test_errors_name_the_fields_the_ollama_client_sent(node, model_id):
                                                "options": {"num_predict": 1 << 25}})
         assert status == 400 and "`options.num_predict` must be between" in reply["error"], path
         assert "max_tokens" not in reply["error"]
+    unsatisfiable = {"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}  # a schema the compiler refuses named `response_format` (the fuzzer's find)
+    for path, body in (("/api/chat", {"messages": QUESTION}), ("/api/generate", {"prompt": "hi"})):
+        status, reply = await raw(node, path, {"model": model_id, "stream": False, **body, "format": unsatisfiable})
+        assert status == 400 and reply["error"].startswith("`format`: the output grammar cannot be compiled"), reply
+        assert "response_format" not in reply["error"]
 
 
 async def test_a_capitalised_role_is_read_as_ollama_reads_it(client, model_id):
