@@ -33,6 +33,10 @@ def is_sha256(value: Any) -> bool:
 # raised wherever the stack happened to be, and a finalizer that a collection ran at that depth failed
 # as an "unraisable" error (a CI flake, 2026-12-07). No request or frame this node reads nests past ~20.
 MAX_JSON_DEPTH = 128
+# A peer's frame header carries a request's grammar spec inside its own levels (sampling, spec nodes,
+# the tool grammar's anyOf/properties): deeper than the body it came from. At the body's bound a tool
+# schema the coordinator took dropped the link to the peer it was sent to, on every resend (review r58).
+PEER_JSON_DEPTH = 2 * MAX_JSON_DEPTH
 _ALL_BUT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
@@ -73,12 +77,12 @@ def _utf8(data: bytes) -> bytes:
         return data
 
 
-def loads_bounded(text: str | bytes, **kwargs: Any) -> Any:
-    """json.loads, with nesting past MAX_JSON_DEPTH a NestedTooDeeply (a ValueError) instead of a
+def loads_bounded(text: str | bytes, limit: int = MAX_JSON_DEPTH, **kwargs: Any) -> Any:
+    """json.loads, with nesting past `limit` a NestedTooDeeply (a ValueError) instead of a
     RecursionError from deep inside the parser."""
-    if json_nesting_over(text):
-        raise NestedTooDeeply(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    if json_nesting_over(text, limit):
+        raise NestedTooDeeply(f"JSON nested more than {limit} levels deep")
     try:
         return json.loads(text, **kwargs)
     except RecursionError as exc:  # (a text the count misjudged: still the same ValueError)
-        raise NestedTooDeeply(f"JSON nested more than {MAX_JSON_DEPTH} levels deep") from exc
+        raise NestedTooDeeply(f"JSON nested more than {limit} levels deep") from exc

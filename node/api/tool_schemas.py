@@ -17,8 +17,12 @@ import jsonschema
 
 from node.errors import InvalidRequest, Unsupported
 from node.inference.request import ToolSpec
+from node.values import json_nesting_over
 
 MAX_TOOLS = 128  # functions per request, as OpenAI
+# jsonschema's check recurses ~8 frames a level (a RecursionError past ~120: review r58) and llguidance
+# reads at most 128 levels of the grammar the schema becomes; no tool's parameters come near 64
+MAX_SCHEMA_DEPTH = 64
 _SCHEMA_CHECKS_KEPT = 4096  # tool parameter schemas whose check is remembered (a chat resends its tools each turn)
 
 
@@ -39,6 +43,8 @@ def _schema_error(schema: dict) -> str | None:
             _schema_checks.move_to_end(key)
             return _schema_checks[key]
     try:
+        if json_nesting_over(json.dumps(schema), MAX_SCHEMA_DEPTH):
+            raise ValueError(f"it nests more than {MAX_SCHEMA_DEPTH} levels of arrays and objects")
         jsonschema.validators.validator_for(schema).check_schema(schema)
         error = None
     except jsonschema.SchemaError as exc:

@@ -23,7 +23,7 @@ from typing import Any
 
 from node import const
 from node.errors import ProtocolError
-from node.values import loads_bounded
+from node.values import PEER_JSON_DEPTH, loads_bounded
 
 MAGIC = b"SWRM"
 FRAME_VERSION = 1
@@ -163,7 +163,7 @@ def decode_parts(prefix: Prefix, header_bytes: bytes, payload: bytes) -> Frame:
     header: Any = {}
     if prefix.header_len:
         try:
-            header = loads_bounded(header_bytes)
+            header = loads_bounded(header_bytes, PEER_JSON_DEPTH)
         except ValueError as exc:  # not UTF-8 or not JSON, nested too deeply, an integer past 4300 digits
             raise ProtocolError(f"frame header is not JSON: {str(exc)[:200]}") from exc
         if not isinstance(header, dict):

@@ -22,7 +22,7 @@ from typing import Any
 
 from node import const
 from node.errors import PeerError, ProtocolError
-from node.values import loads_bounded
+from node.values import PEER_JSON_DEPTH, loads_bounded
 
 from ._messages import NotSwarmPeer
 from ._stream import Stream
@@ -74,7 +74,7 @@ async def read_preamble(stream: Stream) -> tuple[bytes, dict[str, Any]]:
         raise ProtocolError(f"preamble body too large: {length} bytes")
     raw = await stream.read_exactly(length)
     try:
-        body = loads_bounded(raw)
+        body = loads_bounded(raw, PEER_JSON_DEPTH)
     except ValueError as exc:  # not UTF-8 or not JSON, nested too deeply, an integer past 4300 digits
         raise ProtocolError(f"preamble body is not JSON: {str(exc)[:200]}") from exc
     if not isinstance(body, dict):

@@ -57,3 +57,35 @@ def test_json_in_utf16_and_utf32_is_measured_as_json_loads_reads_it(encoding):
         loads_bounded(deep)
     shallow = json.dumps({"q": '\\"' + "[" * 300, "r": "\u2200"}, ensure_ascii=False).encode(encoding)
     assert not json_nesting_over(shallow) and loads_bounded(shallow)["r"] == "\u2200"
+
+
+def test_a_peers_frame_header_may_nest_deeper_than_a_request_body():
+    """A WORK frame carries a request's grammar spec inside its own levels (sampling, spec nodes, the
+    tool grammar's wrappers): a tool schema the coordinator took at the body's bound made the peer's
+    header past it, refused as a malformed frame — the link dropped on every resend (review r58)."""
+    from node.errors import ProtocolError
+    from node.net._frames import PREFIX, decode_frame
+    from node.values import PEER_JSON_DEPTH
+
+    def frame(depth: int) -> bytes:
+        header = ('{"a":' * depth + "1" + "}" * depth).encode()
+        return PREFIX.pack(b"SWRM", 1, 16, 0, 0, len(header), 0) + header
+
+    assert decode_frame(frame(MAX_JSON_DEPTH + 20)).header["a"]
+    with pytest.raises(ProtocolError, match="nested more than"):
+        decode_frame(frame(PEER_JSON_DEPTH + 1))
+
+
+def test_a_tool_schema_nested_past_its_bound_is_one_clear_400():
+    """Past ~120 levels jsonschema's own check hit Python's recursion limit (a RecursionError at the
+    limit: the kind of failure loads_bounded was made to end) and llguidance's 128-level reader
+    refused with "recursion limit exceeded" (review r58); a schema nests at most MAX_SCHEMA_DEPTH."""
+    from node.api import tool_schemas
+
+    deep = {"type": "object", "properties": {"a": {"type": "array", "items": {}}}}
+    inner = deep["properties"]["a"]
+    for _ in range(70):
+        inner["items"] = {"type": "array", "items": {}}
+        inner = inner["items"]
+    assert "nests more than 64 levels" in tool_schemas._schema_error(deep)
+    assert tool_schemas._schema_error({"type": "object", "properties": {"a": {"type": "integer"}}}) is None
