@@ -19,6 +19,7 @@ Building the tokenizer and compiling block (up to ~1 s for a 150k vocabulary): n
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import re
@@ -55,41 +56,48 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separa
 # $refs are bounded; a grammar text is at most g.MAX_GRAMMAR_CHARS (~8,000 rules), far inside it.
 COMPILE_STACK_BYTES = 255 << 20  # (below 256 MiB: Windows' CPython refuses larger, a 500 there: review r55)
 MAX_SCHEMA_REFS = 10_000
-_stack_lock = threading.Lock()
+_COMPILE_THREADS = 1  # compiles at once per vocabulary (most are cached: a new schema or grammar is rare)
+_compile_lock = threading.Lock()
 
 
-def _on_big_stack(fn: Any) -> Any:
-    """fn() on a thread of its own with a COMPILE_STACK_BYTES stack (blocking: callers are off the loop)."""
-    out: dict[str, Any] = {}
+def _started_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """A pool whose workers are all started now (each submit starts one while the others wait)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=_COMPILE_THREADS, thread_name_prefix="grammar-compile")
+    gate = threading.Event()
+    try:
+        for _ in range(_COMPILE_THREADS):
+            pool.submit(gate.wait)
+    except RuntimeError:
+        gate.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    gate.set()
+    return pool
 
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            out["error"] = exc
 
-    with _stack_lock:  # (threading.stack_size is process-wide: set only while this thread is made)
+def _big_stack_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Compile threads started with a COMPILE_STACK_BYTES stack. threading.stack_size is process-wide: set
+    only while they are made — once per vocabulary, not per compile (a thread per compile set it each
+    time, and another request's executor thread started then got the big stack too: review r58). A
+    platform that refuses the size, or an OS that cannot map it (a virtual-memory limit, review r57):
+    the default stack."""
+    with _compile_lock:
         try:
             old = threading.stack_size(COMPILE_STACK_BYTES)
-        except (ValueError, RuntimeError):  # a platform that refuses it: the default stack (bounded $refs
-            old = None  # and grammar text)
-        try:
-            thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
-            thread.start()
-        except RuntimeError:  # the OS would not map that stack (a virtual-memory limit): the default one
-            if old is None:  # (review r57: every constrained request was a 500 there)
-                raise
-            threading.stack_size(old)
+        except (ValueError, RuntimeError):
             old = None
-            thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
-            thread.start()
+        try:
+            try:
+                return _started_pool()
+            except RuntimeError:
+                if old is None:
+                    raise
+                threading.stack_size(old)
+                old = None
+                return _started_pool()
         finally:
             if old is not None:
                 threading.stack_size(old)
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def closed_objects(schema: Any, depth: int = 0) -> Any:
@@ -148,6 +156,7 @@ class Vocabulary:
         self.eog_ids = np.array(tok.eog_ids(), dtype=np.int64)
         self._tok = tok
         self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self._compiler: concurrent.futures.ThreadPoolExecutor | None = None  # grammars compile there (a big stack)
         self._lock = threading.Lock()
 
     def special_token(self, text: str) -> int | None:
@@ -165,7 +174,11 @@ class Vocabulary:
             if template is not None:
                 self._compiled.move_to_end(key)
                 return template.deep_copy()
-        template = _on_big_stack(lambda: self._compile(spec, param))
+        with self._lock:
+            if self._compiler is None:  # (its threads end with the vocabulary: dropped with its tokenizer)
+                self._compiler = _big_stack_pool()
+            compiler = self._compiler
+        template = compiler.submit(self._compile, spec, param).result()
         with self._lock:
             self._compiled[key] = template
             while len(self._compiled) > MAX_COMPILED:
@@ -173,7 +186,7 @@ class Vocabulary:
             return template.deep_copy()
 
     def _compile(self, spec: g.Spec, param: str):
-        """The matcher of `spec`, its first mask tried (on the big stack: _on_big_stack)."""
+        """The matcher of `spec`, its first mask tried (on a compile thread: `_big_stack_pool`)."""
         import llguidance
         import llguidance.numpy
 
