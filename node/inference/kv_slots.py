@@ -159,7 +159,7 @@ class KvSlots:
     def _evicted(self, slot: Slot, reason: str, **extra) -> None:
         self.evictions += 1
         # DEBUG: once the cache is full every new conversation evicts one, a line per request at INFO
-        # (seed 000 keeps the KV-cache HIT/MISS lines at INFO, not the cache's own churn)
+        # (DEBUG, as the KV-cache HIT/MISS lines: at INFO a full cache logged it once per request)
         log.debug("DIAG: KV-cache sequence evicted %s", kv(
             reason=reason, seq=slot.seq_id, cached_tokens=len(slot.tokens), **extra,
             idle_s=round(time.monotonic() - slot.last_used, 1), evictions=self.evictions))
