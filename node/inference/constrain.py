@@ -54,10 +54,12 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separa
 # request's `grammar` (25 KB) or `response_format`, or one peer's WORK frame (review r53). Grammars compile
 # on a thread with this stack (virtual memory: only the pages a compile touches are used; ~2.8 KiB a level), and a schema's
 # $refs are bounded; a grammar text is at most g.MAX_GRAMMAR_CHARS (~8,000 rules), far inside it.
-COMPILE_STACK_BYTES = 255 << 20  # (below 256 MiB: Windows' CPython refuses larger, a 500 there: review r55)
+COMPILE_STACK_BYTES = 64 << 20  # (a 64 KiB grammar's ~8,000 rules or 10,000 $refs need ~30 MiB; Windows commits
+# the whole stack of each thread, and its CPython refuses 256 MiB and more: review r55, r59)
 MAX_SCHEMA_REFS = 10_000
-_COMPILE_THREADS = 1  # compiles at once per vocabulary (most are cached: a new schema or grammar is rare)
+_COMPILE_THREADS = 2  # grammars compiled at once, process-wide (most are cached: a new one is rare)
 _compile_lock = threading.Lock()
+_compile_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def _started_pool() -> concurrent.futures.ThreadPoolExecutor:
@@ -75,29 +77,42 @@ def _started_pool() -> concurrent.futures.ThreadPoolExecutor:
     return pool
 
 
-def _big_stack_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """Compile threads started with a COMPILE_STACK_BYTES stack. threading.stack_size is process-wide: set
-    only while they are made — once per vocabulary, not per compile (a thread per compile set it each
-    time, and another request's executor thread started then got the big stack too: review r58). A
-    platform that refuses the size, or an OS that cannot map it (a virtual-memory limit, review r57):
-    the default stack."""
+def compile_pool() -> tuple[concurrent.futures.ThreadPoolExecutor, bool]:
+    """The process's grammar-compile threads, started once with a COMPILE_STACK_BYTES stack.
+    threading.stack_size is process-wide: set only while they are made (a thread per compile set it each
+    time, and another request's thread started then got the big stack too: review r58; a pool per
+    vocabulary queued every model's compiles behind each other and held a stack per model: review r59).
+    A platform that refuses the size, or an OS that cannot map it now (a virtual-memory limit, review
+    r57): a pool of default stacks for this compile only, the big one tried again at the next."""
+    global _compile_pool
     with _compile_lock:
+        if _compile_pool is not None:
+            return _compile_pool, False
         try:
             old = threading.stack_size(COMPILE_STACK_BYTES)
         except (ValueError, RuntimeError):
             old = None
         try:
-            try:
-                return _started_pool()
-            except RuntimeError:
-                if old is None:
-                    raise
-                threading.stack_size(old)
-                old = None
-                return _started_pool()
+            if old is not None:
+                try:
+                    _compile_pool = _started_pool()
+                    return _compile_pool, False
+                except RuntimeError:
+                    pass
         finally:
             if old is not None:
                 threading.stack_size(old)
+    return _started_pool(), True  # (the default stack: the bounds on grammar text and $refs still hold)
+
+
+def _compile_on(fn: Any, *args: Any) -> Any:
+    """fn(*args) on a compile thread (blocking: callers are off the loop)."""
+    pool, one_off = compile_pool()
+    try:
+        return pool.submit(fn, *args).result()
+    finally:
+        if one_off:
+            pool.shutdown(wait=False)
 
 
 def closed_objects(schema: Any, depth: int = 0) -> Any:
@@ -156,7 +171,6 @@ class Vocabulary:
         self.eog_ids = np.array(tok.eog_ids(), dtype=np.int64)
         self._tok = tok
         self._compiled: OrderedDict[str, Any] = OrderedDict()
-        self._compiler: concurrent.futures.ThreadPoolExecutor | None = None  # grammars compile there (a big stack)
         self._lock = threading.Lock()
 
     def special_token(self, text: str) -> int | None:
@@ -174,11 +188,7 @@ class Vocabulary:
             if template is not None:
                 self._compiled.move_to_end(key)
                 return template.deep_copy()
-        with self._lock:
-            if self._compiler is None:  # (its threads end with the vocabulary: dropped with its tokenizer)
-                self._compiler = _big_stack_pool()
-            compiler = self._compiler
-        template = compiler.submit(self._compile, spec, param).result()
+        template = _compile_on(self._compile, spec, param)
         with self._lock:
             self._compiled[key] = template
             while len(self._compiled) > MAX_COMPILED:
@@ -186,7 +196,7 @@ class Vocabulary:
             return template.deep_copy()
 
     def _compile(self, spec: g.Spec, param: str):
-        """The matcher of `spec`, its first mask tried (on a compile thread: `_big_stack_pool`)."""
+        """The matcher of `spec`, its first mask tried (on a compile thread: `compile_pool`)."""
         import llguidance
         import llguidance.numpy
 

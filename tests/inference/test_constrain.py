@@ -744,18 +744,18 @@ def test_grammars_compile_where_the_platform_limits_thread_stacks(tiny_tok, monk
 
     monkeypatch.setattr(threading, "stack_size", stack_size)
     monkeypatch.setattr(threading.Thread, "start", start)
-    monkeypatch.setattr(constrain.vocabulary(tiny_tok), "_compiler", None)  # its compile threads made again, under these rules
+    monkeypatch.setattr(constrain, "_compile_pool", None)  # the compile threads made again, under these rules
     constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "object", "properties": {
         "limit": {"type": "integer", "minimum": limit}}})))
 
 
 def test_the_big_stack_is_set_once_not_per_compile(tiny_tok, monkeypatch):
     """threading.stack_size is process-wide: a thread per compile set it each time, and any thread another
-    request started in that window got a 255 MiB stack too (review r58). A vocabulary's compile threads
+    request started in that window got a 255 MiB stack too (review r58). The process's compile threads
     are made once; later compiles leave the process's stack size alone."""
     import threading
 
-    constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "integer", "minimum": 999})))  # (its threads)
+    constrain.compile_pool()  # (started at the session's start)
     real, calls = threading.stack_size, []
     monkeypatch.setattr(threading, "stack_size", lambda *a: calls.append(a) or real(*a))
     for i in range(3):
