@@ -36,7 +36,7 @@ def test_a_holder_restarted_mid_stream_counts_a_failover_and_a_regained_wait(tmp
             await wait_peers(a, 2)
             model_id = await wait_for_route(a, "split6")
             body = {"model": model_id, "messages": [{"role": "user", "content": "count the peers"}],
-                    "max_tokens": 40, "stream": True, "temperature": 0}
+                    "max_tokens": 200, "stream": True, "temperature": 0}
             chunks, error = 0, None
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
                 async with s.post(a.base + "/v1/chat/completions", json=body, headers=a.auth) as r:
@@ -81,7 +81,7 @@ def test_a_holder_silent_mid_stream_that_speaks_again_is_taken_back_and_its_wait
             await wait_peers(a, 2)
             model_id = await wait_for_route(a, "split6")
             body = {"model": model_id, "messages": [{"role": "user", "content": "count the peers"}],
-                    "max_tokens": 40, "stream": True, "temperature": 0}
+                    "max_tokens": 200, "stream": True, "temperature": 0}
             chunks, error = 0, None
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
                 async with s.post(a.base + "/v1/chat/completions", json=body, headers=a.auth) as r:

@@ -36,10 +36,10 @@ def test_a_holder_restarted_mid_stream_is_waited_for_and_the_text_is_unchanged(t
     procs = a, _b, c = start_chain3(tmp_path, model)
     try:
         model_id = run(_ready(procs, a))
-        expected = llama_greedy(model, PROMPT, 60)
+        expected = llama_greedy(model, PROMPT, 200)
 
         async def go() -> tuple[str, dict | None]:
-            body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 60,
+            body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 200,
                     "stream": True, "temperature": 0}
             text, chunks = "", 0
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s, s.post(
@@ -129,7 +129,7 @@ def test_a_holder_silent_mid_stream_until_its_link_dies_is_waited_for(tmp_path):
     procs = a, _b, c = start_chain3(tmp_path, model)
     try:
         model_id = run(_ready(procs, a))
-        expected = llama_greedy(model, PROMPT, 60)
+        expected = llama_greedy(model, PROMPT, 200)
         c_id = run(c.async_get_json("/api/admin/stats"))["node_id"]
 
         async def c_gone() -> bool:
@@ -137,7 +137,7 @@ def test_a_holder_silent_mid_stream_until_its_link_dies_is_waited_for(tmp_path):
                        for p in (await a.async_get_json("/api/admin/peers"))["peers"])
 
         async def go() -> tuple[str, dict | None]:
-            body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 60,
+            body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 200,
                     "stream": True, "temperature": 0}
             text, chunks = "", 0
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s, s.post(
