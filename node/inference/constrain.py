@@ -217,17 +217,12 @@ class Vocabulary:
             llguidance.numpy.fill_next_token_bitmask(probe, llguidance.numpy.allocate_token_bitmask(1, self.tokenizer.vocab_size))
             if probe.is_error():
                 raise _grammar_error("no output can match it: the schema admits no value (a reference to "
-                                     "itself, or a loop of references?)" if _has_json(spec) else
+                                     "itself, or a loop of references?)" if "json" in g.kinds(spec) else
                                      "no output can match it: the grammar admits no text (a rule that only "
                                      "refers to itself, or a regex no string matches?)", param)
         if template.is_error():
             raise _grammar_error(template.get_error(), param)
         return template
-
-
-def _has_json(spec: g.Spec) -> bool:
-    return spec["type"] == "json" or any(_has_json(i) for i in spec.get("items") or ()) \
-        or (spec["type"] == "repeat" and _has_json(spec["item"]))
 
 
 _vocab_lock = threading.Lock()

@@ -68,6 +68,16 @@ def repeat(item: Spec, min_count: int = 1, max_count: int | None = None, sep: st
     return {"type": "repeat", "item": item, "min": min_count, "max": max_count, "sep": sep}
 
 
+def kinds(spec: Spec) -> set[str]:
+    """The node types a (validated) spec holds, at any depth."""
+    out = {spec["type"]}
+    for item in spec.get("items") or ():
+        out |= kinds(item)
+    if spec["type"] == "repeat":
+        out |= kinds(spec["item"])
+    return out
+
+
 def validate(spec: Any, depth: int = 0, _seen: list[int] | None = None) -> Spec:
     """Check the shape of a spec (one received from a peer, say); raises ValueError naming the problem."""
     seen = _seen if _seen is not None else [0]

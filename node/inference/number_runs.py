@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from node.inference import grammar as g
+
 if TYPE_CHECKING:
     from node.inference.tokenizer import ModelTokenizer
 
@@ -47,19 +49,10 @@ _ENDS = b",}] \t\n\r<eE"  # of them, those that end its digits (or start its exp
 _RUN_ON = 32  # zeros the grammar takes after a digit run it leaves unbounded
 
 
-def spec_has_our_json(spec: Any) -> bool:
+def spec_has_our_json(spec: g.Spec) -> bool:
     """The spec has a JSON node and no regex or GBNF a client gave (node.inference.grammar)."""
-    kinds: set[str] = set()
-
-    def walk(s: Any) -> None:
-        if isinstance(s, dict):
-            kinds.add(s.get("type"))
-            for item in s.get("items") or ():
-                walk(item)
-            walk(s.get("item"))
-
-    walk(spec)
-    return "json" in kinds and not kinds & {"regex", "gbnf"}
+    found = g.kinds(spec)
+    return "json" in found and not found & {"regex", "gbnf"}
 
 
 class DigitTable:
