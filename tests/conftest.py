@@ -60,11 +60,11 @@ def data_dir(tmp_path):
 def pytest_configure(config):
     # pytest-asyncio's runners call loop.set_debug(asyncio_debug) after creating a loop: keep it on
     config.option.asyncio_debug = True
-    # the process's grammar-compile threads (node.inference.constrain.compile_pool) live as long as the
+    # the process's grammar-compile threads (node.inference.compile_threads.compile_pool) live as long as the
     # process, as in a node: started before any test, so no module is charged with them
-    from node.inference import constrain
+    from node.inference import compile_threads
 
-    constrain.compile_pool()
+    compile_threads.compile_pool()
     config.addinivalue_line(
         "markers", "blocks_loop(reason): this test blocks its event loop on purpose (slow steps are reported, "
                    "not failed)")

@@ -19,7 +19,6 @@ Building the tokenizer and compiling block (up to ~1 s for a 150k vocabulary): n
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import re
@@ -32,6 +31,7 @@ import numpy as np
 
 from node.errors import EngineError, InvalidRequest, Unsupported
 from node.inference import grammar as g
+from node.inference.compile_threads import compile_on
 from node.inference.number_runs import NumberRuns, digit_table, spec_has_our_json
 from node.inference.sampling import SamplingParams
 from node.inference.schema_bounds import UnholdableNumber, bounded_integers, bounded_seconds
@@ -49,70 +49,9 @@ MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 BAN = -100.0  # a bias of -100 bans the token outright (OpenAI: "should result in a ban")
 # JSON written compactly: no free whitespace, which a weak model could emit forever
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-# llguidance's compiler recurses once per level a grammar's rules (or a JSON schema's $ref chain) nest:
-# on a thread's default 8 MiB stack ~3,000 levels overflowed it — a segfault of the whole node, from one
-# request's `grammar` (25 KB) or `response_format`, or one peer's WORK frame (review r53). Grammars compile
-# on a thread with this stack (virtual memory: only the pages a compile touches are used; ~2.8 KiB a level), and a schema's
-# $refs are bounded; a grammar text is at most g.MAX_GRAMMAR_CHARS (~8,000 rules), far inside it.
-COMPILE_STACK_BYTES = 64 << 20  # (a 64 KiB grammar's ~8,000 rules or 10,000 $refs need ~30 MiB; Windows commits
-# the whole stack of each thread, and its CPython refuses 256 MiB and more: review r55, r59)
+# llguidance's compiler recurses once per level of a schema's $ref chain (compile_threads.py: the stack
+# grammars compile on); a schema's $refs are bounded
 MAX_SCHEMA_REFS = 10_000
-_COMPILE_THREADS = 2  # grammars compiled at once, process-wide (most are cached: a new one is rare)
-_compile_lock = threading.Lock()
-_compile_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _started_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """A pool whose workers are all started now (each submit starts one while the others wait)."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=_COMPILE_THREADS, thread_name_prefix="grammar-compile")
-    gate = threading.Event()
-    try:
-        for _ in range(_COMPILE_THREADS):
-            pool.submit(gate.wait)
-    except RuntimeError:
-        gate.set()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    gate.set()
-    return pool
-
-
-def compile_pool() -> tuple[concurrent.futures.ThreadPoolExecutor, bool]:
-    """The process's grammar-compile threads, started once with a COMPILE_STACK_BYTES stack.
-    threading.stack_size is process-wide: set only while they are made (a thread per compile set it each
-    time, and another request's thread started then got the big stack too: review r58; a pool per
-    vocabulary queued every model's compiles behind each other and held a stack per model: review r59).
-    A platform that refuses the size, or an OS that cannot map it now (a virtual-memory limit, review
-    r57): a pool of default stacks for this compile only, the big one tried again at the next."""
-    global _compile_pool
-    with _compile_lock:
-        if _compile_pool is not None:
-            return _compile_pool, False
-        try:
-            old = threading.stack_size(COMPILE_STACK_BYTES)
-        except (ValueError, RuntimeError):
-            old = None
-        try:
-            if old is not None:
-                try:
-                    _compile_pool = _started_pool()
-                    return _compile_pool, False
-                except RuntimeError:
-                    pass
-        finally:
-            if old is not None:
-                threading.stack_size(old)
-    return _started_pool(), True  # (the default stack: the bounds on grammar text and $refs still hold)
-
-
-def _compile_on(fn: Any, *args: Any) -> Any:
-    """fn(*args) on a compile thread (blocking: callers are off the loop)."""
-    pool, one_off = compile_pool()
-    try:
-        return pool.submit(fn, *args).result()
-    finally:
-        if one_off:
-            pool.shutdown(wait=False)
 
 
 def closed_objects(schema: Any, depth: int = 0) -> Any:
@@ -188,7 +127,7 @@ class Vocabulary:
             if template is not None:
                 self._compiled.move_to_end(key)
                 return template.deep_copy()
-        template = _compile_on(self._compile, spec, param)
+        template = compile_on(self._compile, spec, param)
         with self._lock:
             self._compiled[key] = template
             while len(self._compiled) > MAX_COMPILED:
@@ -196,7 +135,7 @@ class Vocabulary:
             return template.deep_copy()
 
     def _compile(self, spec: g.Spec, param: str):
-        """The matcher of `spec`, its first mask tried (on a compile thread: `compile_pool`)."""
+        """The matcher of `spec`, its first mask tried (on a compile thread: compile_threads.py)."""
         import llguidance
         import llguidance.numpy
 

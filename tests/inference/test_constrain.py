@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from node.errors import InvalidRequest, Unsupported
-from node.inference import constrain
+from node.inference import compile_threads, constrain
 from node.inference import grammar as g
 from node.inference.sampling import SamplingParams
 from node.inference.tokenizer import ModelTokenizer
@@ -738,13 +738,13 @@ def test_grammars_compile_where_the_platform_limits_thread_stacks(tiny_tok, monk
         return old
 
     def start(self):
-        if limit == -1 and current[0] == constrain.COMPILE_STACK_BYTES:
+        if limit == -1 and current[0] == compile_threads.COMPILE_STACK_BYTES:
             raise RuntimeError("can't start new thread")
         return real_start(self)
 
     monkeypatch.setattr(threading, "stack_size", stack_size)
     monkeypatch.setattr(threading.Thread, "start", start)
-    monkeypatch.setattr(constrain, "_compile_pool", None)  # the compile threads made again, under these rules
+    monkeypatch.setattr(compile_threads, "_compile_pool", None)  # the compile threads made again, under these rules
     constrain.check(tiny_tok, SamplingParams(grammar=g.json_value({"type": "object", "properties": {
         "limit": {"type": "integer", "minimum": limit}}})))
 
@@ -755,7 +755,7 @@ def test_the_big_stack_is_set_once_not_per_compile(tiny_tok, monkeypatch):
     are made once; later compiles leave the process's stack size alone."""
     import threading
 
-    constrain.compile_pool()  # (started at the session's start)
+    compile_threads.compile_pool()  # (started at the session's start)
     real, calls = threading.stack_size, []
     monkeypatch.setattr(threading, "stack_size", lambda *a: calls.append(a) or real(*a))
     for i in range(3):
