@@ -22,7 +22,7 @@ from node.models.gguf_meta import read_header
 from node.models.partial import PartialStore
 from tests.pipeline.test_autoserve import AUTO8
 from tests.support.processes import NodeProcess
-from tests.support.rangeserver import ThreadedOrigin
+from tests.support.rangeserver import ThreadedOrigin, other_bytes
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama]
@@ -136,7 +136,7 @@ async def test_help_serve_never_takes_an_origin_without_sha256_for_the_swarms_fi
             b, model_id = await _holder_and_newcomer(origin, tmp_path, nodes)
             if change == "altered-bytes":
                 offset = read_header(model).data_offset
-                altered = real[:offset] + bytes(x ^ 0x5A for x in real[offset:])
+                altered = other_bytes(real, offset)
                 assert len(altered) == len(real)
                 origin.data, origin.etag = altered, '"v2"'
             else:

@@ -27,7 +27,7 @@ from node.models.partial.fromheader import async_adopt_origin, create_from_heade
 from node.models.partial.layout import PartialStore
 from tests.pipeline.test_autoserve import AUTO8
 from tests.pipeline.test_whole_parts_bound import _Catalog, _Peers
-from tests.support.rangeserver import ThreadedOrigin
+from tests.support.rangeserver import ThreadedOrigin, other_bytes
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ async def test_an_origin_back_stating_no_sha256_is_never_used_for_the_swarms_fil
         partials = _partials(tmp_path, server, b, origin.url)
         await partials.async_fetch(b, 0, 4)  # from the holder, the origin down
         offset = entry.header.data_offset
-        origin.data, origin.etag = real[:offset] + bytes(x ^ 0x5A for x in real[offset:]), '"v2"'
+        origin.data, origin.etag = other_bytes(real, offset), '"v2"'
         origin.unavailable = False
         with caplog.at_level(logging.INFO):
             await partials.async_fetch(b, 0, AUTO8.n_layers)
@@ -133,7 +133,7 @@ async def test_a_first_answer_stating_no_sha256_is_not_taken_for_the_swarms_file
     path, entry, _server = holder
     real = path.read_bytes()
     offset = entry.header.data_offset
-    with ThreadedOrigin(real[:offset] + bytes(x ^ 0x5A for x in real[offset:])) as origin:
+    with ThreadedOrigin(other_bytes(real, offset)) as origin:
         b = _newcomer(tmp_path, path, entry, origin.url)
         with pytest.raises(DownloadFailed, match="another file"):
             await async_fetch_parts(PartialStore(b.path), b.partial, ["layer-0000"], url=origin.url)
@@ -147,7 +147,7 @@ async def test_reopening_at_an_origin_stating_no_sha256_records_nothing(tmp_path
     path, entry, _server = holder
     real = path.read_bytes()
     offset = entry.header.data_offset
-    with ThreadedOrigin(real[:offset] + bytes(x ^ 0x5A for x in real[offset:])) as origin:
+    with ThreadedOrigin(other_bytes(real, offset)) as origin:
         b = _newcomer(tmp_path, path, entry, origin.url)
         _store, manifest = await async_open_partial(origin.url, b.path)
         assert manifest.sha256 == entry.sha256 and manifest.validator is None

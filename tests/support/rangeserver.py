@@ -9,6 +9,15 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+_FLIP = bytes(i ^ 0x5A for i in range(256))
+
+
+def other_bytes(data: bytes, offset: int) -> bytes:
+    """`data` with every byte from `offset` on changed (the same size; a file replaced in place with the
+    same header). By table, not a generator over the bytes: that took 0.26 s of the test's event loop
+    for 5 MB (CI, 2026-12-07)."""
+    return data[:offset] + data[offset:].translate(_FLIP)
+
 
 class ThreadedOrigin:
     """Serves `data` at /<name> on 127.0.0.1 until closed (a context manager)."""
