@@ -253,3 +253,10 @@ class LlamaEngine:
     def shutdown(self) -> None:
         """Stop the executor thread (after close())."""
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def abandon(self) -> None:
+        """Free this engine once what runs on its executor is done, then stop the thread: for a load
+        given up on (cancelled, the node stopping), which goes on in its thread and cannot be stopped.
+        Until 2026-12-07 such a load's engine kept its weights and an idle thread for good."""
+        self.executor.submit(self.close)  # (after the load: one thread)
+        self.executor.shutdown(wait=False)

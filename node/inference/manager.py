@@ -116,6 +116,7 @@ class ModelManager:
         self._observers: Observers[[str, ServedModel]] = Observers("model")
         self.swarm_lookup: SwarmLookup | None = None  # swarm_models.SwarmModels.async_wait_for
         self.sizing = WholeSizing(config)  # placement and memory of the whole models
+        self.closed = False  # async_close ran (the node is stopping): nothing loads any more
 
     @property
     def detect_devices(self) -> Callable[[], DeviceInventory]:
@@ -283,6 +284,8 @@ class ModelManager:
         if not after_unload:
             await self.async_refuse_failed(served)
         await async_refuse_changed(self.catalog, served.entry)  # other bytes than its id names: 503
+        if self.closed:  # closed during the checks above: a load now would never be freed
+            raise self.unservable(served)
         if served.load_task is None or served.load_task.done():
             served.load_task = asyncio.create_task(self._load(served), name=f"load-{served.id}")
         await asyncio.shield(served.load_task)
@@ -344,6 +347,10 @@ class ModelManager:
                              flash_attention=self.config.flash_attention)
         try:
             await engine.async_run(engine.load)
+        except asyncio.CancelledError:  # the node stopping (async_close): the load goes on in its thread
+            engine.abandon()
+            served.state = "unloaded"
+            raise
         except NodeError as exc:
             engine.shutdown()  # (the file's identity is the one the load read: one replaced since is tried again)
             served.failure = LoadFailure(exc.message, engine.identity, time.time())
@@ -351,6 +358,10 @@ class ModelManager:
             served.device, served.cpu_placement_reason, served.placement = None, None, None  # none placed
             log.error("DIAG: load_model failed model=%s error=%s", served.id, exc.message)
             self._observers.emit("changed", served)
+            return
+        if self.closed:  # (a load is cancelled by the close; this guards its last step's race)
+            engine.abandon()
+            served.state = "unloaded"
             return
         served.engine, served.failure = engine, None
         served.state, served.loaded_at = "loaded", time.time()
@@ -447,7 +458,11 @@ class ModelManager:
                     pass
 
     async def async_close(self) -> None:
-        """Unload everything and free tokenizers (shutdown)."""
+        """Unload everything and free tokenizers (shutdown). A load under way is given up on: its
+        engine is freed when its thread is done with it (LlamaEngine.abandon); one asked for from now
+        on is refused (503: the node is stopping). Until 2026-12-07 either kept its weights and its
+        thread after the stop."""
+        self.closed = True
         for served in self.all():
             if served.load_task is not None and not served.load_task.done():
                 served.load_task.cancel()
