@@ -288,7 +288,14 @@ class ModelManager:
             raise self.unservable(served)
         if served.load_task is None or served.load_task.done():
             served.load_task = asyncio.create_task(self._load(served), name=f"load-{served.id}")
-        await asyncio.shield(served.load_task)
+        task = served.load_task
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:  # the load, not this caller, cancelled (the stop): a 503, not a cut
+            me = asyncio.current_task()
+            if not task.cancelled() or (me is not None and me.cancelling()):
+                raise
+            raise self.unservable(served) from None
         if served.state != "loaded":
             if served.unloading is not None or served.failure is None:  # a forced unload came first
                 raise ModelUnavailable(f"model {served.id} is being unloaded; retry shortly")
