@@ -157,6 +157,13 @@ class InsufficientCapacity(NodeError):
     code = "insufficient_capacity"
 
 
+class SamplingUnsupportedBySwarm(InsufficientCapacity):
+    """Every node that could serve the request refused its sampling parameters: they name a field
+    (or grammar type) its version does not know, and no newer node serves the model (503)."""
+
+    code = "sampling_unsupported"
+
+
 class ShuttingDown(NodeError):
     """The node is stopping: a request it could not finish in the drain, or one that came during it (503)."""
 
@@ -279,6 +286,19 @@ class ProtocolError(PeerError):
     """A peer sent a malformed or unexpected frame; closes that link only."""
 
     code = "protocol_error"
+
+
+class SamplingUnsupported(ProtocolError):
+    """A peer's sampling parameters name a field (or grammar type) this node's version does not
+    know: refused, not ignored (the reply would break what the client asked for). The sender is
+    newer, not faulty: it tries another node, and the link stays. The message reads after a node's
+    name ("node ab12cd34 does not support ..."); `field` is the request's parameter."""
+
+    code = "sampling_unsupported"
+
+    def __init__(self, message: str, *, field: str):
+        super().__init__(message, param=field)
+        self.field = field
 
 
 class PeerIdentityMismatch(PeerError):

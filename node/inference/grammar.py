@@ -35,6 +35,14 @@ class GrammarUnreadable(ValueError):
     """A GBNF grammar that llguidance's converter cannot read (its reason)."""
 
 
+class UnknownKind(ValueError):
+    """A spec node of a type this version does not know (a newer peer's grammar kind): `kind`."""
+
+    def __init__(self, kind: str):
+        super().__init__(f"unknown grammar spec type {kind!r}")
+        self.kind = kind
+
+
 def json_value(schema: dict[str, Any] | None = None) -> Spec:
     """One JSON value matching `schema` (None: any JSON object, as OpenAI's json_object mode)."""
     return {"type": "json", "schema": schema}
@@ -86,6 +94,8 @@ def validate(spec: Any, depth: int = 0, _seen: list[int] | None = None) -> Spec:
         raise ValueError(f"grammar spec has more than {MAX_NODES} nodes")
     if depth > MAX_DEPTH:
         raise ValueError("grammar spec nested too deeply")
+    if isinstance(spec, dict) and isinstance(spec.get("type"), str) and spec["type"] not in KINDS:
+        raise UnknownKind(spec["type"][:40])
     if not isinstance(spec, dict) or spec.get("type") not in KINDS:
         raise ValueError(f"bad grammar spec node: {str(spec)[:80]}")
     kind = spec["type"]

@@ -9,9 +9,11 @@ logit bias, the output constraint (a grammar spec, node.inference.grammar) and t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from node.errors import SamplingUnsupported
+from node.inference import grammar as g
 from node.inference import think_budget
 
 MAX_TOP_LOGPROBS = 20
@@ -78,19 +80,41 @@ class SamplingParams:
         }
 
     def to_wire(self) -> dict[str, Any]:
-        """Everything, for the peer that samples (decoded by `from_wire`)."""
+        """For the peer that samples (decoded by `from_wire`): the fields away from their defaults,
+        and always those a receiver before 2026-12-07 requires (WIRE_REQUIRED), so that a request
+        not using a newer field still runs on a peer that predates it."""
+        full = self._wire_all()
+        return {k: v for k, v in full.items() if k in WIRE_REQUIRED or v != _WIRE_DEFAULTS[k]}
+
+    def _wire_all(self) -> dict[str, Any]:
         return {**self.as_dict(), "logit_bias": [[t, b] for t, b in self.logit_bias], "grammar": self.grammar,
                 "reasoning_budget": self.reasoning_budget}
 
     @classmethod
     def from_wire(cls, data: Any) -> SamplingParams:
-        """Raises KeyError / TypeError / ValueError / AttributeError on a malformed dict."""
+        """An absent field is its default. Raises SamplingUnsupported on a field (or grammar type)
+        this version does not know — a newer sender's, refused rather than ignored: ignoring it
+        would break what the client asked for — and KeyError / TypeError / ValueError /
+        AttributeError on a malformed dict."""
+        if not isinstance(data, dict):
+            raise TypeError("sampling parameters must be an object")
+        unknown = sorted(str(k)[:40] for k in data if k not in WIRE_FIELDS)
+        if unknown:
+            raise SamplingUnsupported(f"does not support the sampling field {unknown[0]!r} (its version is older): "
+                                      "update it", field=unknown[0])
         grammar = data.get("grammar")
         if grammar is not None:  # a peer's: bounded before anything compiles it
             if not isinstance(grammar, dict):
                 raise TypeError("grammar must be an object")
             if len(json.dumps(grammar)) > MAX_GRAMMAR_BYTES:
                 raise ValueError(f"grammar spec larger than {MAX_GRAMMAR_BYTES} bytes")
+            try:
+                g.validate(grammar)
+            except g.UnknownKind as exc:
+                raise SamplingUnsupported(f"does not support the grammar type {exc.kind!r} (its version is older): "
+                                          "update it", field="grammar") from None
+            except ValueError:  # the compile where it samples refuses it, as the client's 400 (too large, ...)
+                pass
         budget = data.get("reasoning_budget")  # (absent from an older peer's)
         if budget is not None:
             budget = think_budget.validate(budget)
@@ -104,13 +128,13 @@ class SamplingParams:
             if type(token) is not int or not -100.0 <= float(value) <= 100.0:  # NaN fails this too
                 raise ValueError("logit_bias entries must be [token id, a number between -100 and 100]")
         def number(key: str, lo: float, hi: float) -> float:  # the API's own bounds; NaN fails them too
-            value = data[key]
+            value = data.get(key, _WIRE_DEFAULTS[key])
             if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
                 raise ValueError(f"{key} must be a number between {lo:g} and {hi:g}, got {value!r}")
             return float(value)
 
         def integer(key: str) -> int | None:
-            value = data.get(key)
+            value = data.get(key, _WIRE_DEFAULTS[key])
             if value is not None and (type(value) is not int):
                 raise ValueError(f"{key} must be an integer, got {value!r}")
             return value
@@ -134,3 +158,11 @@ class SamplingParams:
             logit_bias=tuple((int(t), float(b)) for t, b in data.get("logit_bias") or ()),
             logprobs=None if logprobs is None else int(logprobs),
             grammar=grammar, reasoning_budget=budget, ignore_eos=ignore_eos, min_tokens=min_tokens)
+
+
+# every field a sampling dict may hold: a key outside it is a newer sender's, refused (from_wire)
+WIRE_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+# what a receiver before 2026-12-07 reads as data[key] (a KeyError when absent): sent even at its default
+WIRE_REQUIRED = frozenset(("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                           "repeat_penalty"))
+_WIRE_DEFAULTS = SamplingParams()._wire_all()

@@ -9,7 +9,8 @@ fell silent is remembered in `lost` (with the connection id it had) and `silent`
 unreachable, in `unreached` (tried again after NEXT_HOP_RETRY_S). A node left out for how it failed
 (an error, a protocol fault, a full queue) loses those entries. After MAX_ASSEMBLIES counted
 failures the request fails: not counted are one kept-session miss (`_resume_missed`) and at most
-MAX_ASSEMBLIES failures excused by this node's own pause.
+MAX_ASSEMBLIES failures excused by this node's own pause, nor a node's refusal of the request's
+sampling parameters (`_sampling_refused`: an older version, not a faulty one).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class Failover:
         self.silent: dict[str, float] = {}  # of `lost`, those that fell silent: when (time.monotonic())
         self.unreached: dict[str, float] = {}  # found unreachable by the hop before them: when (monotonic)
         self.last_failure: str | None = None  # "<node> <cause>: <message>" of the last failed attempt
+        # the last refusal of a node whose version lacks a sampling field the request uses, and how
+        # many (not counted: it is older, not faulty; each one leaves out a node, so they are bounded)
+        self.outdated: SegmentFailed | None = None
+        self.outdated_refusals = 0
 
 
     def _resume_missed(self, att: Attempt, failure: SegmentFailed) -> None:
@@ -66,6 +71,24 @@ class Failover:
         # attempt's own session lost later (evicted mid-decode): a copied-from one is still whole
         self.coordinator.resume_missed(att, source_gone=failure.cause == "kv_miss")
         self.resume_misses += 1  # a new attempt (its own sid), not a failover: it does not count
+        self.attempt_no += 1
+        self.attempt = None
+
+    def _sampling_refused(self, failure: SegmentFailed) -> None:
+        """A node refused the request's sampling parameters (SamplingUnsupported: its version lacks
+        a field or grammar type the request uses): left out of this request only, not waited for,
+        and not counted toward MAX_ASSEMBLIES: another holder or chain is tried; with none left the
+        client gets SamplingUnsupportedBySwarm (open). Until 2026-12-07 such a node ignored the
+        field and the reply broke the request's constraint, without an error."""
+        self.excluded.add(failure.node_id)
+        self.lost.pop(failure.node_id, None)
+        self.silent.pop(failure.node_id, None)
+        self.outdated = failure
+        self.outdated_refusals += 1
+        log.info("DIAG: pipeline node cannot sample this request (an older version): trying another %s", kv(
+            request_id=self.trace.request_id, attempt=self.attempt_no, node=failure.node_id[:8],
+            error=failure.message, tokens_so_far=len(self.generated)))
+        self.last_failure = f"{failure.node_id[:8]} {failure.cause}: {failure.message}"
         self.attempt_no += 1
         self.attempt = None
 
@@ -154,7 +177,7 @@ class Failover:
         else:
             log.warning("DIAG: NO standby available for failed segment %s",
                         kv(request_id=trace.request_id, failed=failure.node_id[:8]))
-        charged = self.attempt_no - self.resume_misses - self.own_pauses
+        charged = self.attempt_no - self.resume_misses - self.own_pauses - self.outdated_refusals
         if charged >= const.MAX_ASSEMBLIES:
             if self.overloaded is not None and not self.generated:
                 raise Overloaded(self.overloaded.message)

@@ -11,7 +11,8 @@ dropping, stops the generation at its next token and releases the model's lock.
 It runs only what it holds whole and never forwards a GENERATE: a request cannot loop through the
 swarm. It refuses, with a TOKENS error end naming a code (or an ERROR frame when the GENERATE has no
 usable session id): `malformed_generate`, `coordinator_mismatch`, `duplicate_session`,
-`not_contributing` (paused), `model_not_held_whole`, `model_load_failed` (its vocabulary could not be read; a failed
+`sampling_unsupported` (the sampling dict names a field or grammar type this version lacks: a newer
+coordinator's, which tries another holder), `not_contributing` (paused), `model_not_held_whole`, `model_load_failed` (its vocabulary could not be read; a failed
 load that still stands is the same error end from its task, before it queues), `model_unavailable`, `context_exceeded`,
 `overloaded`.
 """
@@ -26,7 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from node import const
-from node.errors import ModelUnavailable, NodeError, Overloaded, PeerUnreachable, ProtocolError
+from node.errors import (
+    ModelUnavailable,
+    NodeError,
+    Overloaded,
+    PeerUnreachable,
+    ProtocolError,
+    SamplingUnsupported,
+)
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.manager import ModelManager, ServedModel
 from node.inference.pipeline.peer_requests import PeerRequestServer
@@ -76,6 +84,9 @@ class RemoteGenerateServer(PeerRequestServer):
         sid = sid_of(header)
         try:  # the ids are checked in _check, once the prompt is known to fit the model's context
             gen = Generate.from_frame(header, payload, check_ids=False)
+        except SamplingUnsupported as exc:  # a newer coordinator's field: it tries another holder
+            self._refuse(sender, sid, exc.code, f"node {self.node_id[:8]} {exc.message}")
+            return
         except ProtocolError as exc:
             self._refuse(sender, sid, "malformed_generate", exc.message)
             return

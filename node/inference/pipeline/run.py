@@ -34,6 +34,8 @@ from node.errors import (
     InsufficientCapacity,
     InvalidRequest,
     Overloaded,
+    SamplingUnsupported,
+    SamplingUnsupportedBySwarm,
     SegmentFailed,
     Unsupported,
 )
@@ -145,6 +147,8 @@ class PipelineRun(Failover):
                     raise fault(failure.message) from failure
                 if att.resume is not None and failure.cause in ("kv_miss", "kv_position_mismatch"):
                     self._resume_missed(att, failure)
+                elif failure.cause == SamplingUnsupported.code:
+                    self._sampling_refused(failure)
                 else:
                     self._failed_over(att, failure)
             except GeneratorExit:  # the consumer stopped reading (EOG, stop sequence): a normal end
@@ -206,6 +210,9 @@ class PipelineRun(Failover):
                 if deadline is None or not awaited:
                     if waited_from is not None:  # a wait begun and ended so counts too (found in review)
                         trace.note_regain_wait(now - waited_from, "gave_up")
+                    if self.outdated is not None:  # the rest lack a field it uses: say which, not "no route"
+                        raise SamplingUnsupportedBySwarm(f"{self.outdated.message}; no other node serving this "
+                                                         "model can take the request") from exc
                     if self.excluded and self.last_failure:  # "held: nothing" alone hid who failed, and how
                         raise InsufficientCapacity(f"{exc.message}; left out after failing this request: "
                                                    f"{', '.join(sorted(n[:8] for n in self.excluded))} "

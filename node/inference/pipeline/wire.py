@@ -172,7 +172,10 @@ class Work:
     coordinator: str  # node id to ACK and to send RESULT to
     sample: bool  # the last segment samples a token after this step
     activation_bits: int = 16
-    sampling: SamplingParams | None = None  # sent with the first step of a session
+    sampling: SamplingParams | None = None  # sent with the first step of a session; decoded by the last hop
+    # ... a hop before the last one's: the sampling dict as it came, carried on undecoded (only the
+    # segment that samples refuses a field its version lacks: SamplingUnsupported)
+    passed_sampling: dict[str, Any] | None = field(default=None, compare=False)
     history: tuple[int, ...] = ()  # tokens already generated (penalties; re-sent on failover)
     telemetry: tuple[dict[str, Any], ...] = ()
     act: dict[str, Any] | None = None  # activation metadata (hops > 0)
@@ -210,6 +213,8 @@ class Work:
         }
         if self.sampling is not None:
             header["sampling"] = _sampling_to_wire(self.sampling)
+        elif self.passed_sampling is not None:
+            header["sampling"] = self.passed_sampling
         if self.history:
             header["history"] = list(self.history)
         if self.act is not None:
@@ -241,11 +246,14 @@ class Work:
     def from_header(cls, h: Any) -> Work:
         try:
             route = tuple(Hop.from_wire(x) for x in h["route"])
+            raw, hop = h.get("sampling"), _int(h["hop"])
+            samples_here = hop == len(route) - 1  # (a hop past the route fails the checks below)
             work = cls(
                 sid=str(h["sid"]), model=str(h["model"]), seq=_int(h["seq"]), index_pos=_int(h["index_pos"]),
                 n_tokens=_int(h["n"]), route=route, hop=_int(h["hop"]), coordinator=str(h["coord"]),
                 sample=bool(h["sample"]), activation_bits=_int(h.get("bits", 16)),
-                sampling=_sampling_from_wire(h["sampling"]) if h.get("sampling") is not None else None,
+                sampling=_sampling_from_wire(raw) if raw is not None and samples_here else None,
+                passed_sampling=dict(raw) if raw is not None and not samples_here else None,
                 history=tuple(_int(t) for t in h.get("history") or ()),
                 telemetry=tuple(dict(t) for t in h.get("telemetry") or ()),
                 act=dict(h["act"]) if h.get("act") is not None else None,

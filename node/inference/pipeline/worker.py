@@ -22,7 +22,14 @@ from typing import Any
 import torch
 
 from node import const
-from node.errors import KvPositionMismatch, NodeError, Overloaded, PeerUnreachable, ProtocolError
+from node.errors import (
+    KvPositionMismatch,
+    NodeError,
+    Overloaded,
+    PeerUnreachable,
+    ProtocolError,
+    SamplingUnsupported,
+)
 from node.inference.pipeline.acks import Acks, PendingAck
 from node.inference.pipeline.batching import PreparedStep, StepJob, take_batch
 from node.inference.pipeline.host import SliceHost
@@ -119,8 +126,12 @@ class SegmentWorker(SessionControls):
     def on_work(self, header: dict[str, Any], payload: bytes, sender: str) -> None:
         """Synchronous entry (loop thread, arrival order)."""
         received = time.monotonic()
+        unsupported: SamplingUnsupported | None = None
         try:
-            work = Work.from_header(header)
+            try:
+                work = Work.from_header(header)
+            except SamplingUnsupported as exc:  # a newer coordinator's field: the step is read, to refuse it
+                unsupported, work = exc, Work.from_header({**header, "sampling": None})
         except ProtocolError as exc:
             log.warning("DIAG: malformed WORK dropped %s", kv(sender=sender[:8], error=exc.message))
             return
@@ -134,7 +145,9 @@ class SegmentWorker(SessionControls):
             return
         refusal = None
         hosted = None
-        if hop.node_id != self.node_id:
+        if unsupported is not None:  # not a fault: the coordinator tries a chain that can sample it
+            refusal = (f"node {self.short_id} {unsupported.message}", SamplingUnsupported.code)
+        elif hop.node_id != self.node_id:
             refusal = (f"WORK for node {hop.node_id[:8]} reached {self.short_id}", "misrouted")
         elif work.coordinator != self.node_id and not self.contributing() and (work.index_pos == 0 or work.resume):
             refusal = (f"node {self.short_id} has paused contributing to the swarm", "not_contributing")
