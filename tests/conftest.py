@@ -65,6 +65,11 @@ def pytest_configure(config):
     from node.inference import compile_threads
 
     compile_threads.compile_pool()
+    # the openai and anthropic SDKs build their pydantic models on first use: on the first test's event
+    # loop, shared with its nodes, that was a 0.2-0.4 s step of CPU (the loop police)
+    from tests.support.nodes import build_sdk_models
+
+    build_sdk_models()
     config.addinivalue_line(
         "markers", "blocks_loop(reason): this test blocks its event loop on purpose (slow steps are reported, "
                    "not failed)")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from types import SimpleNamespace
 
 import openai
 import pytest
@@ -83,13 +82,6 @@ def slower(monkeypatch, node_id: str) -> None:
         h = real(snap, m, measured)
         return dataclasses.replace(h, ms_per_layer=1000.0) if h is not None and snap.node_id == node_id else h
     monkeypatch.setattr(holders_mod, "_holder", planned)
-
-
-@pytest.fixture(autouse=True)
-def _sdk_built(tmp_path):
-    """The openai SDK's models built before the test's loop runs (openai_client builds them on first
-    use, which on the loop the nodes share is a 0.4 s step: the loop police)."""
-    openai_client(SimpleNamespace(api=SimpleNamespace(port=1), api_key="x"))
 
 
 async def routed(c, *holders) -> str:

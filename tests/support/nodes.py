@@ -119,6 +119,16 @@ def _build_sdk_models(*modules: str) -> None:
                 obj.model_rebuild()
 
 
+def build_sdk_models() -> None:
+    """Every SDK's models built (pytest_configure: before any test's loop runs, so no test's first
+    client pays for it on the loop it shares with its nodes)."""
+    import anthropic  # noqa: F401
+    import openai  # noqa: F401
+
+    _build_sdk_models("openai.types", "openai.types.chat", "openai.types.responses")
+    _build_sdk_models("anthropic.types")
+
+
 def openai_client(node: Node):
     """The official openai client on a node's API (no retries: a test sees the first answer)."""
     import openai
