@@ -77,3 +77,19 @@ def test_only_the_hop_that_samples_refuses_an_unknown_field():
     assert Work.from_header(forwarded).sampling == SamplingParams(temperature=0.0, min_tokens=2)
     with pytest.raises(ProtocolError):  # still checked where it samples
         Work.from_header({**forwarded, "sampling": {"temperature": "hot"}})
+
+
+@pytest.mark.parametrize("value", [{"temperature": 5.0}, {"top_k": -1}, {"min_tokens": "2"}, {"stop": 3}])
+def test_a_value_this_version_refuses_is_unsupported_not_a_dropped_step(value):
+    """A newer sender's wider bounds (a temperature of 5, say) or another type: refused as this
+    version's limit, so the worker answers and the coordinator tries another node. Until 2026-12-07
+    the WORK was dropped as malformed, unanswered, and its coordinator charged the node as silent."""
+    route = (Hop("a" * 64, 0, 6),)
+    header = Work(sid="s", model="m", seq=0, index_pos=0, n_tokens=2, route=route, hop=0, coordinator="c" * 64,
+                  sample=True, sampling=SamplingParams(temperature=0.0)).to_header()
+    with pytest.raises(SamplingUnsupported) as err:
+        Work.from_header({**header, "sampling": {**header["sampling"], **value}})
+    assert err.value.code == "sampling_unsupported" and "another version" in err.value.message
+    with pytest.raises(ProtocolError) as err:  # not an object at all: a malformed frame
+        Work.from_header({**header, "sampling": [1, 2]})
+    assert not isinstance(err.value, SamplingUnsupported)

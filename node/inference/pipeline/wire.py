@@ -16,7 +16,7 @@ import torch
 import zstandard
 
 from node import const
-from node.errors import ProtocolError
+from node.errors import ProtocolError, SamplingUnsupported
 from node.inference.handoff import TokenScores
 from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -152,10 +152,17 @@ def _sampling_to_wire(p: SamplingParams) -> dict[str, Any]:
 
 
 def _sampling_from_wire(data: Any) -> SamplingParams:
+    """The sampling parameters a peer sent. A value this version refuses (out of its bounds, of
+    another type) is, like a field it lacks, SamplingUnsupported: the sender validated it against
+    its own version's rules, and a refusal tells it to try another node; a worker used to drop such a
+    WORK unanswered and its coordinator charged it as silent after the ACK deadline (2026-12-07)."""
+    if not isinstance(data, dict):
+        raise ProtocolError("bad sampling parameters: not an object")
     try:
         return SamplingParams.from_wire(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProtocolError(f"bad sampling parameters: {exc}") from exc
+        raise SamplingUnsupported(f"refuses the sampling parameters it was sent ({str(exc)[:200]}): "
+                                  "it runs another version", field="sampling") from exc
 
 
 @dataclass(frozen=True)
