@@ -59,6 +59,16 @@ class Contributions:
     def paused(self) -> bool:
         return not self.config.contribute
 
+    async def async_close(self) -> None:
+        """Node.stop: end the waits of paused or changed slices for their sessions (the slice host's
+        own close stops their executors next). Until 2026-12-07 none ended them: one outlived the stop,
+        woke, and unloaded its slice into the executor the stop had shut down (RuntimeError, the
+        weights kept)."""
+        tasks = list(self._drains)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     # --- start-up ---
 
     async def async_restore(self) -> None:

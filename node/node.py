@@ -270,6 +270,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
             ("drain", drain),
             ("api", self.api.stop),
             ("autoserve", self.autoserve.async_stop if self.autoserve is not None else nothing),
+            ("contributions", self.contributions.async_close),
             ("pipeline", closing(self.pipeline)),
             ("swarm models", closing(self.swarm_models)),
             ("remote generate", closing(self.remote_server)),
