@@ -7,6 +7,7 @@ pending with the loop. Real node in this process, real slice engine, a real sess
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from node import const
 from tests.pipeline.swarm import split_model
@@ -32,3 +33,33 @@ async def test_a_paused_slice_waiting_for_its_sessions_is_not_freed_after_the_st
         assert _pending("contribute-release"), "the paused slice's wait for its session"
     # stopped
     assert not _pending("contribute-release"), "the paused slice's wait outlived the node's stop"
+
+
+async def test_a_slice_unload_cancelled_still_frees_its_weights_and_thread(tmp_path):
+    """A slice's unload cancelled while its free waits behind a step on the slice's thread (the node's
+    stop cancels the autoserve and contributions tasks that free drained slices; a step of a
+    session still ran): the free was cancelled with it and the executor never shut down, so the
+    slice, gone from the host, kept its weights and a parked thread for good."""
+    from node.inference.pipeline.host import SliceHost
+    from node.models.catalog import ModelCatalog
+    from tests.support.policing import parked_in_live_pool
+
+    entry = ModelCatalog(None).scan([(split_model(tmp_path), "cli")])[0]
+    host = SliceHost(dtype="f32", n_threads=1)
+    hosted = await host.async_load(entry, 0, 3)
+    assert hosted.state == "loaded", hosted.error
+    [thread] = hosted.executor._threads  # noqa: SLF001 (the one worker)
+    step_runs, step_may_end = threading.Event(), threading.Event()
+    hosted.executor.submit(lambda: (step_runs.set(), step_may_end.wait(30)))  # a session's step
+    try:
+        assert await asyncio.get_running_loop().run_in_executor(None, step_runs.wait, 10)
+        unload = asyncio.create_task(host.async_unload(hosted))
+        await wait_until(lambda: hosted.state == "unloaded", 10, what="the unload to wait for its free")
+        unload.cancel()  # the stop
+        await asyncio.gather(unload, return_exceptions=True)
+    finally:
+        step_may_end.set()
+    await wait_until(lambda: hosted.model is None, 10, what="the cancelled unload's free to run after the step")
+    await wait_until(lambda: not thread.is_alive(), 10, what="the slice's thread to end")
+    assert not parked_in_live_pool(thread)
+    await host.async_close()

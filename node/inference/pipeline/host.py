@@ -333,8 +333,15 @@ class SliceHost(FileRecheck):
                     hosted.vocab.close()
                     hosted.vocab = None
 
-            await asyncio.get_running_loop().run_in_executor(hosted.executor, free)
-            hosted.executor.shutdown(wait=False)
+            # cancelled (the node's stop cancels the tasks that free drained slices) while the free
+            # waits behind a step on the slice's thread: it still runs, and the thread then ends.
+            # Until 2026-12-07 the free was cancelled with it and the executor never shut down: the
+            # slice, gone from self.slices, kept its weights and a parked thread for good.
+            freed = asyncio.wrap_future(hosted.executor.submit(free))
+            try:
+                await asyncio.shield(freed)
+            finally:
+                hosted.executor.shutdown(wait=False)
         log.info("DIAG: slice unloaded %s", kv(model=hosted.entry.id, layers=f"{hosted.start}-{hosted.end - 1}",
                                                was=was))
         if not keep_parts:  # its parts no other slice uses go
