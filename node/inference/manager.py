@@ -117,6 +117,7 @@ class ModelManager:
         self.swarm_lookup: SwarmLookup | None = None  # swarm_models.SwarmModels.async_wait_for
         self.sizing = WholeSizing(config)  # placement and memory of the whole models
         self.closed = False  # async_close ran (the node is stopping): nothing loads any more
+        self._placing = asyncio.Lock()  # one load placed at a time: each sees the loads placed before it
 
     @property
     def detect_devices(self) -> Callable[[], DeviceInventory]:
@@ -195,13 +196,16 @@ class ModelManager:
         """What a load of `served` takes (weights + KV at n_ctx), the part on a GPU with `n_gpu_layers`."""
         return self.sizing.estimate(served.entry, served.n_ctx, n_gpu_layers)
 
-    def _committed_mb(self) -> dict[int, int]:
-        """Per GPU index, the megabytes admitted there for the models loaded (or still unloading)."""
+    def _committed_mb(self, states: tuple[str, ...] = ("loaded", "unloading"),
+                      but: ServedModel | None = None) -> dict[int, int]:
+        """Per GPU index, the megabytes admitted there for the models loaded (or unloading: held until
+        freed); states=("loading",): for the loads under way (but `but`), not in the GPU's free memory
+        yet (2026-12-07: two loads at once both took a GPU that holds one; the second failed)."""
         committed: dict[int, int] = {}
         for other in self._served.values():
-            if other.placement is not None and other.placement.gpu_index is not None \
-                    and other.state in ("loaded", "unloading"):  # (its weights are there until freed)
-                committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
+            p = other.placement
+            if p is not None and p.gpu_index is not None and other.state in states and other is not but:
+                committed[p.gpu_index] = committed.get(p.gpu_index, 0) + p.estimated_mb
         return committed
 
     async def async_estimate_load(self, model_id: str) -> dict[str, Any] | None:
@@ -210,7 +214,8 @@ class ModelManager:
         served = self._served.get(model_id)
         if served is None or served.memory is None or served.state not in ("unloaded", "failed"):
             return None
-        placed = await self.sizing.async_place(served.entry, self._committed_mb(), dry=True)
+        placed = await self.sizing.async_place(served.entry, self._committed_mb(), dry=True,
+                                               loading_mb=self._committed_mb(("loading",)))
         if served.state not in ("unloaded", "failed"):  # a load began meanwhile: it placed it itself
             return served.memory.as_dict()
         estimate = self._estimate(served, placed.n_gpu_layers)
@@ -340,8 +345,10 @@ class ModelManager:
     async def _load(self, served: ServedModel) -> None:
         served.state, served.error = "loading", None
         self._observers.emit("changed", served)
-        placed = await self.sizing.async_place(served.entry, self._committed_mb())
-        served.placement = placed
+        async with self._placing:  # (placed at once, each load saw the GPU as if the other were not coming)
+            placed = await self.sizing.async_place(served.entry, self._committed_mb(),
+                                                   loading_mb=self._committed_mb(("loading",), but=served))
+            served.placement = placed
         if served.memory is not None:  # what lies on the GPU does not take RAM (the Memory column, the fit)
             served.memory = self._estimate(served, placed.n_gpu_layers)
         device, reason = placed.device, placed.cpu_placement_reason
