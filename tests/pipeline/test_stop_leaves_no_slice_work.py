@@ -63,3 +63,41 @@ async def test_a_slice_unload_cancelled_still_frees_its_weights_and_thread(tmp_p
     await wait_until(lambda: not thread.is_alive(), 10, what="the slice's thread to end")
     assert not parked_in_live_pool(thread)
     await host.async_close()
+
+
+async def test_a_slice_load_under_way_at_the_stop_is_not_served_after_it(tmp_path, monkeypatch):
+    """The tray's "Resume contributing" loads the `--layers` slice again (a task of the app's, which
+    the node's stop does not end); Quit while its weights load: the load finished after the stop,
+    the slice was "loaded" on a stopped node, its weights held, and a KV sweeper ran on for good."""
+    from node.inference.slice import SliceModel
+
+    monkeypatch.setattr(const, "NODE_DRAIN_S", 0.2)
+    loading, go, gated = threading.Event(), threading.Event(), threading.Event()
+    real = SliceModel.load.__func__
+
+    def load(cls, *args, **kwargs):
+        if gated.is_set():
+            loading.set()
+            assert go.wait(30)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(SliceModel, "load", classmethod(load))
+    model = split_model(tmp_path)
+    config = node_config(tmp_path / "n", model, layers="0-5", slice_dtype="f32", activation_bits=32)
+    loop = asyncio.get_running_loop()
+    try:
+        async with running_node(config) as node:
+            await node.contributions.async_set_paused(True)
+            await wait_until(lambda: not node.slice_host.slices, 10, what="the paused slice to be freed")
+            gated.set()
+            resume = asyncio.create_task(node.contributions.async_set_paused(False))  # (the app's spawn)
+            assert await loop.run_in_executor(None, loading.wait, 30)
+            [hosted] = node.slice_host.slices.values()
+            await node.stop()  # Quit, the weights loading
+            go.set()
+            await asyncio.gather(resume, return_exceptions=True)
+            assert hosted.state != "loaded" and hosted.model is None, "a slice loaded on a stopped node"
+            assert not _pending("kv-sweeper"), "a KV sweeper outlived the node's stop"
+            assert not node.slice_host.slices
+    finally:
+        go.set()

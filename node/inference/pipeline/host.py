@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from node import const
-from node.errors import FileChangedOnDisk, ModelLoadError, NodeError
+from node.errors import FileChangedOnDisk, ModelLoadError, ModelUnavailable, NodeError
 from node.inference.devices import detect_torch
 from node.inference.pipeline.hosted import HostedSlice
 from node.inference.pipeline.kvbudget import KvBudget
@@ -73,6 +73,7 @@ class SliceHost(FileRecheck):
         # bytes drain its slices; with models_watch_s 0 nothing else looks)
         self.on_file_changed: Callable[[ModelEntry], Awaitable[Any]] | None = None
         self._notes: set[asyncio.Task] = set()
+        self.closed = False  # async_close ran (the node stopped): no slice loads any more
 
     def context_for(self, entry: ModelEntry) -> int:
         """Positions the auto budget reserves a session's KV for (0: the model's trained context):
@@ -173,6 +174,8 @@ class SliceHost(FileRecheck):
         once the slice is registered (advertised as loading) and before anything is fetched; False
         gives the slice up (state "unloaded", nothing fetched). `retrying`: the error of the failed
         load this one tries again (a failed slice of the same range being replaced: its own)."""
+        if self.closed:  # (a load asked for by a task the stop does not end: the app's Resume)
+            raise ModelUnavailable(f"{entry.id} is not loaded: the node is stopping")
         held = self.slices.get((entry.sha256, start, end))
         if held is not None and held.state in ("loaded", "draining") and held.model is not None \
                 and not held.entry.changed and not held.drained_changed:  # (a changed file's: loaded again, checked)
@@ -260,6 +263,15 @@ class SliceHost(FileRecheck):
             log.info("DIAG: slice load cancelled %s", kv(model=entry.id, layers=f"{start}-{end - 1}"))
             self.events.emit(hosted)
             raise
+        if self.closed:  # the node stopped while it loaded: its weights go, nothing serves it (until
+            # 2026-12-07 it was "loaded" on a stopped node, its weights held and a KV sweeper left running)
+            hosted.model = None
+            if self.slices.get(hosted.key) is hosted:
+                del self.slices[hosted.key]
+            hosted.state = "unloaded"
+            self.events.emit(hosted)
+            log.info("DIAG: slice loaded after the stop, freed %s", kv(model=entry.id, layers=f"{start}-{end - 1}"))
+            return hosted
         if self.catalog is not None:  # a touch of its file (the same bytes) does not fail its reads
             hosted.model.file.vouch = self._vouch_for(hosted, loop)
         hosted.state, hosted.retrying = "loaded", None  # (the failure it retried is over)
@@ -425,7 +437,8 @@ class SliceHost(FileRecheck):
         return sum(s.model.sessions.counts()[1] for s in self.slices.values() if s.model is not None)
 
     async def async_close(self) -> None:
-        """Stop the sweeper and the executors."""
+        """Stop the sweeper and the executors; a load under way is freed when it ends (`closed`)."""
+        self.closed = True
         for task in (self._sweeper, self._soon, *self._unloads, *self._notes):
             if task is not None:
                 task.cancel()
