@@ -286,11 +286,15 @@ class ModelManager:
             raise Conflict(f"model {served.id} is served here as slices only; it is not loaded whole")
         if served.tokenizer is None:
             raise self.unservable(served)
+        seen = served.state
         if not after_unload:
             await self.async_refuse_failed(served)
         await async_refuse_changed(self.catalog, served.entry)  # other bytes than its id names: 503
         if self.closed:  # closed during the checks above: a load now would never be freed
             raise self.unservable(served)
+        if served.state != seen or served.unloading is not None:  # a load ended or an unload began meanwhile:
+            # looked at again (2026-12-07: a second load began, its engine replacing the first unclosed)
+            return await self.async_load(model_id, after_unload=after_unload)
         if served.load_task is None or served.load_task.done():
             served.load_task = asyncio.create_task(self._load(served), name=f"load-{served.id}")
         task = served.load_task
