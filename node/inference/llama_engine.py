@@ -254,6 +254,17 @@ class LlamaEngine:
         """Stop the executor thread (after close())."""
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    async def async_close(self) -> None:
+        """close() on the executor, then stop its thread. Cancelled (an unload whose client left, a
+        stop step cut short), the close still runs after what is on the thread: until 2026-12-07 the
+        queued close was cancelled with it, and llama.cpp's context and weights were never freed."""
+        try:
+            await self.async_run(self.close)
+        except BaseException:
+            self.abandon()
+            raise
+        self.shutdown()
+
     def abandon(self) -> None:
         """Free this engine once what runs on its executor is done, then stop the thread: for a load
         given up on (cancelled, the node stopping), which goes on in its thread and cannot be stopped.

@@ -417,11 +417,8 @@ class ModelManager:
         try:
             async with served.lock.exclusive():
                 engine, served.engine = served.engine, None
-                if engine is not None:
-                    try:
-                        await engine.async_run(engine.close)
-                    finally:  # (cancelled during the close: its thread still goes)
-                        engine.shutdown()
+                if engine is not None:  # (cancelled, its client gone: the close still runs)
+                    await engine.async_close()
                 # (a model whose load failed stays "failed": its failure still stands)
                 served.state, served.loaded_at = "unloaded" if served.failure is None else "failed", None
                 was_on = served.device
@@ -486,10 +483,7 @@ class ModelManager:
                 served.load_task.cancel()
             engine, served.engine = served.engine, None
             if engine is not None:
-                try:
-                    await engine.async_run(engine.close)
-                finally:
-                    engine.shutdown()
+                await engine.async_close()
             if served.tokenizer is not None:
                 served.tokenizer.close()
                 served.tokenizer = None
