@@ -168,6 +168,13 @@ class ModelManager:
         if whole and entry.has_file:  # (placed as a load would place it now, GPUs unread: WholeSizing)
             placed = await self.sizing.async_place(entry, self._committed_mb(), dry=True, read_memory=False)
             served.memory = self._estimate(served, placed.n_gpu_layers if placed is not None else 0)
+        now = self._served.get(entry.id)
+        if now is not None and now is not known and not (entry.has_file and not now.entry.has_file):
+            # registered meanwhile (a download's file while a header's vocabulary was read): it stays
+            # (2026-12-07: the header's registration replaced the file's, never loaded whole after)
+            if served.tokenizer is not None:
+                served.tokenizer.close()
+            raise Conflict(f"model {entry.id} was registered meanwhile; it is not replaced")
         self._served[entry.id] = served
         self._observers.emit("added", served)
         return served

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shutil
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -264,4 +265,42 @@ def test_only_a_servable_advert_makes_a_fetch(holder, tmp_path):
         assert (await models.async_get(holder.entry.id)).entry.sha256 == holder.entry.sha256
         swarm.close()
         await models.async_close()
+    asyncio.run(go())
+
+
+def test_a_file_registered_while_its_headers_vocabulary_is_read_stays(holder, tmp_path, monkeypatch):
+    """A download of a model a peer serves lands while the header-only registration reads its
+    vocabulary (off the loop): the file's registration, made meanwhile, stays (2026-12-07). The
+    header-only one replaced it as it ended: the model was served from the swarm only, the file here
+    never loaded whole until a restart."""
+    from node.inference import manager as manager_module
+
+    reading, release = threading.Event(), threading.Event()
+    real = manager_module.ModelTokenizer
+
+    def gated(path):
+        if "headers" in str(path):  # the header-only entry's vocabulary (the headers cache)
+            reading.set()
+            assert release.wait(30)
+        return real(path)
+
+    monkeypatch.setattr(manager_module, "ModelTokenizer", gated)
+
+    async def go():
+        catalog, models, table, swarm = _bare(tmp_path, Holders(holder.catalog))
+        try:
+            swarm.start()
+            table.connect(HOLDER, [holder.advert])
+            assert await asyncio.get_running_loop().run_in_executor(None, reading.wait, 30)
+            copy = shutil.copy(holder.catalog.entries[holder.entry.id].path, tmp_path / "swm.gguf")
+            (mine,) = await catalog.async_scan([(copy, "data_dir")])  # the download lands
+            assert (await models.async_register(mine)).entry is mine
+            release.set()
+            await wait_until(lambda: all(t.done() for t in swarm._tasks.values()), what="the header's registration")
+            served = models.get(holder.entry.id)
+            assert served.entry is mine and served.whole, "the header-only registration replaced the file's"
+        finally:
+            release.set()
+            swarm.close()
+            await models.async_close()
     asyncio.run(go())
