@@ -169,11 +169,13 @@ class ModelManager:
             placed = await self.sizing.async_place(entry, self._committed_mb(), dry=True, read_memory=False)
             served.memory = self._estimate(served, placed.n_gpu_layers if placed is not None else 0)
         now = self._served.get(entry.id)
-        if now is not None and now is not known and not (entry.has_file and not now.entry.has_file):
-            # registered meanwhile (a download's file while a header's vocabulary was read): it stays
-            # (2026-12-07: the header's registration replaced the file's, never loaded whole after)
+        taken = now is not None and now is not known and not (entry.has_file and not now.entry.has_file)
+        if taken or self.closed:  # a file's registered meanwhile stays; none after the stop (2026-12-07: a
+            # header's replaced a download's read meanwhile; one registered after the stop kept its vocabulary)
             if served.tokenizer is not None:
                 served.tokenizer.close()
+            if self.closed:
+                raise ModelUnavailable(f"model {entry.id} is not served: the node is stopping")
             raise Conflict(f"model {entry.id} was registered meanwhile; it is not replaced")
         self._served[entry.id] = served
         self._observers.emit("added", served)

@@ -98,3 +98,33 @@ async def test_a_load_asked_for_just_before_the_stop_is_refused_not_started_afte
         await load  # (was: loaded after the close, never freed)
     assert engines.made == [] and models.get(model_id).engine is None
 
+
+
+async def test_a_model_registered_as_the_node_stops_is_not_registered_after_it(tmp_path, monkeypatch):
+    """The app's Add (a file) while Quit stops the node: its vocabulary, read off the loop, was
+    registered after the close and never freed (2026-12-07); refused now, its vocabulary closed."""
+    reading, release, made = threading.Event(), threading.Event(), []
+    real = manager_module.ModelTokenizer
+
+    def gated(path):
+        tok = real(path)
+        made.append(tok)
+        reading.set()
+        assert release.wait(30)
+        return tok
+
+    monkeypatch.setattr(manager_module, "ModelTokenizer", gated)
+    catalog = ModelCatalog(tmp_path)
+    [entry] = catalog.scan([(tiny_model(tmp_path), "cli")])
+    models = ModelManager(NodeConfig(data_dir=tmp_path, n_threads=1), catalog)
+    register = asyncio.create_task(models.async_register(entry))
+    try:
+        assert await asyncio.get_running_loop().run_in_executor(None, reading.wait, 30)
+        await models.async_close()  # the stop
+    finally:
+        release.set()
+    with pytest.raises(ModelUnavailable, match="stopping"):
+        await register
+    assert not models.is_registered(entry.id)
+    [tok] = made
+    assert tok._llm._model.model is None, "its vocabulary was kept"  # noqa: SLF001 (llama.cpp's, freed by close)
