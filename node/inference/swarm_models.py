@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from node import const
-from node.errors import Conflict, NodeError
+from node.errors import Conflict, ModelUnavailable, NodeError
 from node.inference.headers import HeaderAdvert, HeaderFetcher, parse_advert
 from node.inference.manager import ModelManager
 from node.logs import kv
@@ -204,7 +204,7 @@ class SwarmModels:
             # is "not ready" (ModelManager.get), and async_wait_for waits for this task
             try:
                 served = await self.models.async_register(entry, whole=False)
-            except Conflict as exc:
+            except (Conflict, ModelUnavailable) as exc:  # (ModelUnavailable: the node is stopping)
                 self.catalog.remove_swarm_entry(entry)
                 self._failed_at[sha] = time.monotonic()
                 log.warning("DIAG: model from the swarm refused %s", kv(model=entry.id, error=exc.message))
