@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.errors import ModelNotFound, ModelUnavailable
-from node.inference.manager import untagged
+from node.inference.served import untagged
 from node.models.download import DownloadJob
 from node.stopping import end_runs
 

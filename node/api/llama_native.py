@@ -28,9 +28,9 @@ from node.api.streaming import SSE_CONTENT_TYPE
 from node.errors import InvalidRequest, ModelNotFound, Unsupported
 from node.inference.chat import CHATML_TEMPLATE
 from node.inference.generate import CompletionRun
-from node.inference.manager import ServedModel
 from node.inference.reasoning import with_history
 from node.inference.request import CompletionRequest, Delta, TokenLogprob
+from node.inference.served import ServedModel
 from node.inference.tools import chat_template, prompt_inputs
 from node.trace import RequestTrace
 

@@ -3,7 +3,7 @@ routes this node does not have (/api/pull, /api/push, /api/create, /api/copy, /a
 answer what to do instead). Models are listed under the ids /v1/models gives with Ollama's `:latest`
 tag (`tiny-1a2b3c4d:latest`), as Ollama lists every model: Open WebUI adds the tag to an untagged name
 and looks it up among the listed names. A name sent with `:latest` is the model; with another tag
-(`llama3:8b-q4`) it is another model, as on Ollama: not found (`manager.untagged`, /v1's rule too).
+(`llama3:8b-q4`) it is another model, as on Ollama: not found (`served.untagged`, /v1's rule too).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from aiohttp import web
 from node.api.appkeys import NODE
 from node.api.errors import read_json
 from node.errors import InvalidRequest
-from node.inference.manager import LATEST_TAG, ServedModel
 from node.inference.reasoning import think_tags
+from node.inference.served import LATEST_TAG, ServedModel
 from node.inference.tools.harmony import is_harmony
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ TAG = LATEST_TAG  # the tag Ollama lists an untagged model under
 
 def model_name(value: Any, param: str = "model") -> str:
     """An Ollama request's model name, its tag kept: ModelManager.get reads it by the rule /v1 reads
-    names by (`manager.untagged`: `:latest` is the model, another tag another model)."""
+    names by (`served.untagged`: `:latest` is the model, another tag another model)."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(f"`{param}` is required and must be a model name (GET /api/tags lists them)",
                              param=param)

@@ -22,7 +22,8 @@ import numpy as np
 from node import const
 from node.errors import Conflict, ContextLengthExceeded, InvalidRequest, ModelUnavailable
 from node.inference.embedder import embed_limit
-from node.inference.manager import ModelManager, ServedModel
+from node.inference.manager import ModelManager
+from node.inference.served import ServedModel
 from node.trace import RequestTrace, SegmentTrace
 
 log = logging.getLogger(__name__)

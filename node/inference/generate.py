@@ -30,10 +30,11 @@ from node.errors import (
 from node.inference import constrain, reasoning
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
 from node.inference.logprobs import LogprobTrack
-from node.inference.manager import ModelManager, ServedModel
+from node.inference.manager import ModelManager
 from node.inference.prompting import async_fitted_prompt
 from node.inference.request import CompletionRequest, Delta, ToolCall
 from node.inference.sampling import SamplingParams
+from node.inference.served import ServedModel
 from node.inference.textstream import TextAssembler
 from node.inference.tools import ToolCallParser, ToolFormat, new_parser, tool_grammar, tools_active
 from node.logs import kv

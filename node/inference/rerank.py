@@ -25,7 +25,8 @@ from typing import Any
 from node.errors import Conflict, ContextLengthExceeded, InvalidRequest
 from node.inference.embedder import embed_limit
 from node.inference.embeddings import EMBED_RUN_TOKENS, _runs, held_engine, traced_local
-from node.inference.manager import ModelManager, ServedModel
+from node.inference.manager import ModelManager
+from node.inference.served import ServedModel
 from node.trace import RequestTrace
 
 log = logging.getLogger(__name__)

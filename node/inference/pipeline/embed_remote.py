@@ -34,13 +34,13 @@ from node.errors import (
     PeerUnreachable,
     ProtocolError,
 )
-from node.inference.manager import ServedModel
 from node.inference.pipeline.deadlines import StepDeadlines
 from node.inference.pipeline.embed_wire import Embed, EmbedCancel, Embedded
 from node.inference.pipeline.holders import LayerHolders
 from node.inference.pipeline.planner import Holder, plan_route
 from node.inference.pipeline.remote_wire import sid_of
 from node.inference.pipeline.transport import PipelineTransport
+from node.inference.served import ServedModel
 from node.logs import kv
 from node.net import FrameType
 from node.trace import RequestTrace, SegmentTrace

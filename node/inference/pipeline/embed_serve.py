@@ -32,10 +32,10 @@ from typing import Any
 from node import const
 from node.errors import NodeError, Overloaded, PeerUnreachable, ProtocolError
 from node.inference.embeddings import check_ids, embed_held
-from node.inference.manager import ServedModel
 from node.inference.pipeline.embed_wire import Embed, EmbedCancel, Embedded
 from node.inference.pipeline.peer_requests import PeerRequestServer
 from node.inference.pipeline.remote_wire import sid_of
+from node.inference.served import ServedModel
 from node.logs import kv
 from node.net import ErrorInfo, FrameType
 

@@ -36,10 +36,11 @@ from node.errors import (
     SamplingUnsupported,
 )
 from node.inference.handoff import GenerationJob, TokenChannel, batch_scores
-from node.inference.manager import ModelManager, ServedModel
+from node.inference.manager import ModelManager
 from node.inference.pipeline.peer_requests import PeerRequestServer
 from node.inference.pipeline.remote_wire import Generate, GenerateCancel, Tokens, sid_of
 from node.inference.pipeline.transport import PipelineTransport
+from node.inference.served import ServedModel
 from node.logs import kv
 from node.net import ErrorInfo, FrameType
 
