@@ -22,6 +22,7 @@ from node.inference.llama_engine import LlamaEngine
 from node.inference.load_failure import LoadFailure
 from node.inference.memory_estimate import MemoryEstimate
 from node.inference.model_slots import ModelSlots
+from node.inference.placement import Placement
 from node.inference.served import ServedModel, untagged
 from node.inference.tokenizer import ModelTokenizer
 from node.inference.whole_sizing import WholeSizing
@@ -48,7 +49,7 @@ class ModelManager:
         self.swarm_lookup: SwarmLookup | None = None  # swarm_models.SwarmModels.async_wait_for
         self.sizing = WholeSizing(config)  # placement and memory of the whole models
         self.closed = False  # async_close ran (the node is stopping): nothing loads any more
-        self._placing = asyncio.Lock()  # one load placed at a time: each sees the loads placed before it
+        self._placing = asyncio.Lock()  # one placement at a time; held by a GPU load until it ends (_load)
 
     @property
     def detect_devices(self) -> Callable[[], DeviceInventory]:
@@ -136,16 +137,13 @@ class ModelManager:
         """What a load of `served` takes (weights + KV at n_ctx), the part on a GPU with `n_gpu_layers`."""
         return self.sizing.estimate(served.entry, served.n_ctx, n_gpu_layers)
 
-    def _committed_mb(self, states: tuple[str, ...] = ("loaded", "unloading"),
-                      but: ServedModel | None = None) -> dict[int, int]:
-        """Per GPU index, the megabytes admitted there for the models loaded (or unloading: held until
-        freed); states=("loading",): for the loads under way (but `but`), not in the GPU's free memory
-        yet (2026-12-07: two loads at once both took a GPU that holds one; the second failed)."""
+    def _committed_mb(self) -> dict[int, int]:
+        """Per GPU index, the megabytes admitted there for the models loaded (or still unloading)."""
         committed: dict[int, int] = {}
         for other in self._served.values():
-            p = other.placement
-            if p is not None and p.gpu_index is not None and other.state in states and other is not but:
-                committed[p.gpu_index] = committed.get(p.gpu_index, 0) + p.estimated_mb
+            if other.placement is not None and other.placement.gpu_index is not None \
+                    and other.state in ("loaded", "unloading"):  # (its weights are there until freed)
+                committed[other.placement.gpu_index] = committed.get(other.placement.gpu_index, 0) + other.placement.estimated_mb
         return committed
 
     async def async_estimate_load(self, model_id: str) -> dict[str, Any] | None:
@@ -154,8 +152,7 @@ class ModelManager:
         served = self._served.get(model_id)
         if served is None or served.memory is None or served.state not in ("unloaded", "failed"):
             return None
-        placed = await self.sizing.async_place(served.entry, self._committed_mb(), dry=True,
-                                               loading_mb=self._committed_mb(("loading",)))
+        placed = await self.sizing.async_place(served.entry, self._committed_mb(), dry=True)
         if served.state not in ("unloaded", "failed"):  # a load began meanwhile: it placed it itself
             return served.memory.as_dict()
         estimate = self._estimate(served, placed.n_gpu_layers)
@@ -289,10 +286,26 @@ class ModelManager:
     async def _load(self, served: ServedModel) -> None:
         served.state, served.error = "loading", None
         self._observers.emit("changed", served)
-        async with self._placing:  # (placed at once, each load saw the GPU as if the other were not coming)
-            placed = await self.sizing.async_place(served.entry, self._committed_mb(),
-                                                   loading_mb=self._committed_mb(("loading",), but=served))
-            served.placement = placed
+        # one placement at a time, and a load placed on a GPU holds the turn until its weights are there
+        # (loaded: committed; failed: freed): a second load then sees that GPU as it is. 2026-12-07: two
+        # loads at once both took a GPU that holds one (neither counted the other); review r60: counting
+        # a load under way as well as the free memory it had already taken sent a fitting one to the CPU
+        await self._placing.acquire()
+        try:
+            placed = await self.sizing.async_place(served.entry, self._committed_mb())
+        except BaseException:
+            self._placing.release()
+            raise
+        served.placement = placed
+        if placed.gpu_index is None:
+            self._placing.release()
+        try:
+            await self._load_placed(served, placed)
+        finally:
+            if placed.gpu_index is not None:
+                self._placing.release()
+
+    async def _load_placed(self, served: ServedModel, placed: Placement) -> None:
         if served.memory is not None:  # what lies on the GPU does not take RAM (the Memory column, the fit)
             served.memory = self._estimate(served, placed.n_gpu_layers)
         device, reason = placed.device, placed.cpu_placement_reason

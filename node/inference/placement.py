@@ -53,15 +53,11 @@ class Placement:
 
 
 def place(model: str, estimated_mb: int, inventory: DeviceInventory, *, cpu_only: bool = False,
-          committed_mb: dict[int, int] | None = None, budget_mb: int = 0, quiet: bool = False,
-          loading_mb: dict[int, int] | None = None) -> Placement:
+          committed_mb: dict[int, int] | None = None, budget_mb: int = 0, quiet: bool = False) -> Placement:
     """Decide where `model` (needing `estimated_mb` of weights + cache) runs.
 
     committed_mb: per GPU index, what this node already admitted there (models on the CPU do not
     count). budget_mb: the node's VRAM budget per GPU; 0 = free VRAM minus GPU_RESERVE_MB.
-    loading_mb: per GPU index, what loads under way placed there will take: in neither the GPU's
-    free memory yet nor committed_mb (2026-12-07: two whole loads at once both took a GPU that
-    holds one).
     quiet: a dry run (what a load would choose, for an estimate): the decision logs at DEBUG.
     """
     level = logging.DEBUG if quiet else logging.INFO
@@ -74,12 +70,12 @@ def place(model: str, estimated_mb: int, inventory: DeviceInventory, *, cpu_only
     usable = [g for g in inventory.gpus if _new_enough(g, inventory.min_compute_capability)]
     if not usable:
         return _on_cpu(model, estimated_mb, GPU_TOO_OLD, level)
-    committed_mb, loading_mb = committed_mb or {}, loading_mb or {}
+    committed_mb = committed_mb or {}
     best: tuple[int, Gpu, int, int] | None = None
     for gpu in usable:
-        committed, loading = committed_mb.get(gpu.index, 0), loading_mb.get(gpu.index, 0)
+        committed = committed_mb.get(gpu.index, 0)
         budget = budget_mb if budget_mb > 0 else gpu.free_mb + committed - GPU_RESERVE_MB
-        room = min(budget - committed, gpu.free_mb - GPU_RESERVE_MB) - loading
+        room = min(budget - committed, gpu.free_mb - GPU_RESERVE_MB)
         headroom = room - estimated_mb
         if best is None or headroom > best[0]:
             best = (headroom, gpu, committed, budget)

@@ -26,14 +26,13 @@ from node.models.catalog import ModelEntry
 
 
 def place_whole_model(entry: ModelEntry, config: NodeConfig, committed_mb: dict[int, int],
-                      detect: Callable[[], DeviceInventory] = detect_llama, quiet: bool = False,
-                      loading_mb: dict[int, int] | None = None) -> Placement:
+                      detect: Callable[[], DeviceInventory] = detect_llama, quiet: bool = False) -> Placement:
     """Where llama.cpp runs a whole model (blocking: detects devices; run it in an executor);
-    `quiet`: a dry run for an estimate, logged at DEBUG; `loading_mb`: see placement.place."""
+    `quiet`: a dry run for an estimate, logged at DEBUG."""
     estimated_mb = entry.size_bytes // 2**20 + 256  # weights + KV cache and compute buffers, roughly
     inventory = DeviceInventory() if config.cpu_only else detect()  # (CPU-only: no GPU is asked about)
     return place(entry.id, estimated_mb, inventory, cpu_only=config.cpu_only, committed_mb=committed_mb,
-                 budget_mb=config.gpu_memory_budget_mb, quiet=quiet, loading_mb=loading_mb)
+                 budget_mb=config.gpu_memory_budget_mb, quiet=quiet)
 
 
 def kv_sequences(n_ctx: int, max_concurrent: int, kv_cache_seqs: int,
@@ -72,16 +71,14 @@ class WholeSizing:
         return estimate_whole(entry.header, entry.size_bytes, tokens, n_gpu_layers)
 
     async def async_place(self, entry: ModelEntry, committed_mb: dict[int, int], *, dry: bool = False,
-                          read_memory: bool = True, loading_mb: dict[int, int] | None = None) -> Placement | None:
+                          read_memory: bool = True) -> Placement | None:
         """Where a load of `entry` goes now (devices detected off the loop); `dry`: for an estimate
         (no log at INFO, nothing placed). Without `read_memory` (a registration) the GPUs' memory is
-        not read unless it was already: None when GPUs are there (where it goes is not known yet).
-        `loading_mb`: what the loads under way placed on each GPU will take (placement.place)."""
+        not read unless it was already: None when GPUs are there (where it goes is not known yet)."""
         return await asyncio.get_running_loop().run_in_executor(None, self._place, entry, committed_mb, dry,
-                                                                read_memory, loading_mb)
+                                                                read_memory)
 
-    def _place(self, entry: ModelEntry, committed_mb: dict[int, int], dry: bool, read_memory: bool,
-               loading_mb: dict[int, int] | None = None) -> Placement | None:
+    def _place(self, entry: ModelEntry, committed_mb: dict[int, int], dry: bool, read_memory: bool) -> Placement | None:
         if not (read_memory or self._memory_read or self.config.cpu_only):
             if self._gpus is None:
                 self._gpus = self.count_gpus()
@@ -90,4 +87,4 @@ class WholeSizing:
             return place_whole_model(entry, self.config, committed_mb, DeviceInventory, dry)  # no GPU: the CPU
         if not self.config.cpu_only:
             self._memory_read = True
-        return place_whole_model(entry, self.config, committed_mb, self.detect_devices, dry, loading_mb)
+        return place_whole_model(entry, self.config, committed_mb, self.detect_devices, dry)

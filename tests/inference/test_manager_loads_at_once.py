@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 
 import pytest
 
 from node.config import NodeConfig
 from node.inference.devices import DeviceInventory, Gpu
+from node.inference.llama_engine import LlamaEngine
 from node.inference.manager import ModelManager
 from node.inference.placement import GPU_RESERVE_MB, NOT_ENOUGH_VRAM
 from node.inference.synth import write_gguf
 from node.models.catalog import ModelCatalog
 from tests.support.nodes import TINY
+from tests.support.waiting import wait_until
 
 ROOM_FOR_ONE_MB = 300  # a tiny model's estimate is ~257 MB: one fits, two do not
 
@@ -64,4 +67,41 @@ async def test_one_after_the_other_the_second_goes_to_the_cpu(tmp_path):
             await models.async_load(model_id)
         assert [models.get(i).placement.gpu_index for i in ids] == [0, None]
     finally:
+        await models.async_close()
+
+
+async def test_a_load_under_way_on_the_gpu_is_counted_once(tmp_path, monkeypatch):
+    """Review r60: the first load's weights already on the GPU (its free memory says so) were counted
+    again as a load under way, and a second model that fits beside it went to the CPU. Now a load
+    placed on a GPU holds the placement's turn until it is loaded: the second sees the GPU as it is."""
+    models, ids = await _two_models(tmp_path)  # (fake GPU: room for one; raised to two below)
+    on_gpu: set[str] = set()  # whose weights llama.cpp has put on the GPU (before its load ends)
+    release = threading.Event()
+    real_load = LlamaEngine.load
+
+    def load_on_gpu(self):
+        real_load(self)
+        if self.n_gpu_layers:
+            on_gpu.add(self.model_id)
+        assert release.wait(30)  # the rest of a big model's load: its VRAM taken already
+
+    def gpu() -> DeviceInventory:
+        held = sum(m.placement.estimated_mb for m in models.all() if m.id in on_gpu and m.placement is not None)
+        return DeviceInventory(gpus=(Gpu(0, "Fake GPU", 24576, GPU_RESERVE_MB + 2 * ROOM_FOR_ONE_MB - held, (8, 9)),),
+                               build_supports_gpu=True)
+
+    monkeypatch.setattr(LlamaEngine, "load", load_on_gpu)
+    models.detect_devices = gpu
+    a, b = ids
+    try:
+        first = asyncio.create_task(models.async_load(a))
+        await wait_until(lambda: a in on_gpu, 30, what="the first model's weights on the GPU")
+        second = asyncio.create_task(models.async_load(b))
+        await wait_until(lambda: models.get(b).state == "loading", 30, what="the second load to begin")
+        release.set()
+        await asyncio.gather(first, second)
+        placed = {i: models.get(i).placement for i in ids}
+        assert [p.gpu_index for p in placed.values()] == [0, 0], f"one that fits went to the CPU: {placed}"
+    finally:
+        release.set()
         await models.async_close()
