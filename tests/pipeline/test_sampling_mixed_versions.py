@@ -13,15 +13,21 @@ Real nodes in-process on loopback; the older peer is one whose decoding knows no
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import time
 
 import openai
 import pytest
 
+from node import const
 from node.inference import sampling
 from node.inference.pipeline import holders as holders_mod
+from node.inference.pipeline.acks import PendingAck
+from node.inference.pipeline.wire import Result, Work
 from node.inference.sampling import WIRE_REQUIRED
 from node.net import FrameType
 from tests.pipeline.swarm import split_model
@@ -158,3 +164,31 @@ async def test_a_last_segment_lacking_a_field_refuses_it_and_another_serves(tmp_
     caplog.set_level(logging.INFO, logger="node.inference.pipeline")
     async with swarm(tmp_path, "0-2", "3-5") as (c, holder), holder("old") as old:
         await check_mixed(c, holder, old, FrameType.WORK, lambda n: n.worker.on_work, monkeypatch, caplog)
+
+
+async def test_a_refusal_naming_another_node_is_counted_and_the_request_ends(tmp_path, caplog):
+    """Review r60: the last segment answering every sampling step `sampling_unsupported` with a made-up
+    node as the failed one. Uncounted and leaving out no node of the route, the request was planned
+    again on the same chain for ever (4700 attempts in 20 s); now only the sampling node's own refusal
+    is left uncounted, and this one fails over as any failure, bounded by MAX_ASSEMBLIES."""
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
+    async with swarm(tmp_path, "0-2", "3-5") as (c, holder), holder("bad") as bad:
+        real, refusals = bad.worker.on_work, []
+
+        def refuse(header, payload, sender):
+            work = Work.from_header(header)
+            if not work.sample:
+                return real(header, payload, sender)
+            refusals.append(work.sid)
+            bad.worker.acks.send(PendingAck(work, time.monotonic()))
+            result = Result(work.sid, work.seq, telemetry=work.telemetry, error="does not support x",
+                            error_code="sampling_unsupported", failed_node=os.urandom(32).hex())
+            bad.transport.send(work.coordinator, FrameType.RESULT, result.to_header())
+        bad.transport.on_local(FrameType.WORK, refuse)
+        bad.transport.register_remote(FrameType.WORK)
+        model_id = await routed(c, bad)
+        with pytest.raises(openai.APIStatusError) as err:
+            await asyncio.wait_for(ask(c, model_id), 60)
+        assert err.value.status_code == 503
+        assert len(refusals) <= const.MAX_ASSEMBLIES, refusals
+        assert "cannot sample this request" not in caplog.text

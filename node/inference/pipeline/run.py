@@ -140,14 +140,15 @@ class PipelineRun(Failover):
                 coordinator.end(att, "session_end")
                 # the request's own fault (its grammar cannot go on), said by the segment that samples
                 # (where grammars run): no peer to route around; from any other, a failure as usual
-                fault = REQUEST_FAULTS.get(failure.cause) if att.route and failure.node_id == att.route[-1].node_id \
-                    else None
+                by_sampler = bool(att.route) and failure.node_id == att.route[-1].node_id
+                fault = REQUEST_FAULTS.get(failure.cause) if by_sampler else None
                 if fault is not None:
                     self._log_speculation()
                     raise fault(failure.message) from failure
                 if att.resume is not None and failure.cause in ("kv_miss", "kv_position_mismatch"):
                     self._resume_missed(att, failure)
-                elif failure.cause == SamplingUnsupported.code:
+                elif failure.cause == SamplingUnsupported.code and by_sampler:  # (naming another node, as any
+                    # failure: counted; review r60: uncounted, a peer naming others looped the request for ever)
                     self._sampling_refused(failure)
                 else:
                     self._failed_over(att, failure)
