@@ -243,6 +243,8 @@ class ModelManager:
                 raise
             raise self.unservable(served) from None
         if served.state != "loaded":
+            if self.closed:  # (the load ended after the stop and was freed)
+                raise self.unservable(served)
             if served.unloading is not None or served.failure is None:  # a forced unload came first
                 raise ModelUnavailable(f"model {served.id} is being unloaded; retry shortly")
             raise served.failure.error(served.id)
@@ -251,7 +253,10 @@ class ModelManager:
     def unservable(self, served: ServedModel) -> NodeError:
         """What a request for a model without a tokenizer is told: its recorded failure (500
         `model_load_failed`, not retried: no load can succeed without a vocabulary), or a 503 when
-        it has none (its tokenizer was closed: the node is stopping)."""
+        it has none (its tokenizer was closed: the node is stopping). Once the node stops, always
+        that 503 (review r60: a load retried at the stop answered its earlier failure's 500)."""
+        if self.closed:
+            return ModelUnavailable(f"model {served.id} cannot be served: the node is stopping")
         if served.failure is not None:
             return served.failure.error(served.id)
         return ModelUnavailable(f"model {served.id} cannot be served: {served.error or 'the node is stopping'}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ from node.config import NodeConfig
 from node.errors import ModelUnavailable
 from node.inference import manager as manager_module
 from node.inference.llama_engine import LlamaEngine
+from node.inference.load_failure import LoadFailure
 from node.inference.manager import ModelManager
 from node.models.catalog import ModelCatalog
 from tests.support.nodes import tiny_model
@@ -128,3 +130,20 @@ async def test_a_model_registered_as_the_node_stops_is_not_registered_after_it(t
     assert not models.is_registered(entry.id)
     [tok] = made
     assert tok._llm._model.model is None, "its vocabulary was kept"  # noqa: SLF001 (llama.cpp's, freed by close)
+
+
+async def test_a_failed_model_retried_at_the_stop_answers_the_stop_not_its_old_failure(tmp_path, engines):
+    """Review r60: a model whose load had failed (out of memory) tried again by a request once memory
+    was freed, the node stopping meanwhile: the request got the old failure's 500, not the 503."""
+    models, model_id = await _registered(tmp_path)
+    served = models.get(model_id)
+    served.state, served.failure = "failed", LoadFailure("llama.cpp could not load x: out of memory", None, time.time())
+    served.failure.memory_freed = True  # another model was unloaded since: a request tries again
+    load = asyncio.create_task(models.async_load(model_id))
+    await wait_until(engines.loading.is_set, 30, what="the load to start in its thread")
+    await models.async_close()
+    engines.go.set()
+    with pytest.raises(ModelUnavailable, match="stopping"):
+        await load
+    [engine] = engines.made
+    await _freed(engine)
