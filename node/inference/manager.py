@@ -375,23 +375,25 @@ class ModelManager:
         try:
             async with served.lock.exclusive():
                 engine, served.engine = served.engine, None
-                if engine is not None:  # (cancelled, its client gone: the close still runs)
-                    await engine.async_close()
-                # (a model whose load failed stays "failed": its failure still stands)
-                served.state, served.loaded_at = "unloaded" if served.failure is None else "failed", None
                 was_on = served.device
-                if engine is not None:  # its weights are freed: it is placed nowhere now
-                    served.device, served.cpu_placement_reason, served.placement = None, None, None
-                    self._memory_freed(served)
+                try:
+                    if engine is not None:  # (cancelled, its client gone: the close still runs)
+                        await engine.async_close()
+                finally:  # (cancelled too: review r60, the device and placement stayed, no retry was allowed)
+                    # (a model whose load failed stays "failed": its failure still stands)
+                    served.state, served.loaded_at = "unloaded" if served.failure is None else "failed", None
+                    if engine is not None:  # its weights are freed (or going): it is placed nowhere now
+                        served.device, served.cpu_placement_reason, served.placement = None, None, None
+                        self._memory_freed(served)
+                        log.info("Model worker stopped and its memory budget released model=%s device=%s",
+                                 served.id, was_on)
         finally:
             if served.unloading is done:
                 served.unloading = None
             done.set_result(None)
             if served.state == "unloading":  # cancelled before the weights were freed
                 served.state = was if served.engine is not None else "unloaded"
-                self._observers.emit("changed", served)
-        log.info("Model worker stopped and its memory budget released model=%s device=%s", served.id, was_on)
-        self._observers.emit("changed", served)
+            self._observers.emit("changed", served)  # (cancelled or not)
         return served
 
     def _memory_freed(self, freed: ServedModel) -> None:

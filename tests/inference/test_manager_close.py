@@ -147,3 +147,24 @@ async def test_a_failed_model_retried_at_the_stop_answers_the_stop_not_its_old_f
         await load
     [engine] = engines.made
     await _freed(engine)
+
+
+async def test_an_unload_cancelled_while_its_close_waits_still_clears_where_the_model_was(tmp_path):
+    """Review r60: an unload whose client left while the close waited behind a step on the model's
+    thread freed the model but skipped the books after it: "unloaded" with its device and placement
+    still set (the Models tab showed a device), and a model that failed for want of memory was not
+    allowed its retry."""
+    models, model_id = await _registered(tmp_path)
+    served = await models.async_load(model_id)
+    step_runs, step_may_end = threading.Event(), threading.Event()
+    served.engine.executor.submit(lambda: (step_runs.set(), step_may_end.wait(30)))
+    try:
+        assert await asyncio.get_running_loop().run_in_executor(None, step_runs.wait, 10)
+        unload = asyncio.create_task(models.async_unload(model_id))
+        await wait_until(lambda: served.engine is None, 10, what="the close queued behind the step")
+        unload.cancel()
+        await asyncio.gather(unload, return_exceptions=True)
+    finally:
+        step_may_end.set()
+    assert served.state == "unloaded" and served.device is None and served.placement is None
+    await models.async_close()
