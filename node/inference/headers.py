@@ -60,8 +60,10 @@ class HeaderAdvert:
         return f"{self.name}-{self.sha256[:8]}"
 
 
-def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
-    """A HELLO model advert (untrusted) as a HeaderAdvert; None when it lacks or garbles a field."""
+def parse_advert(node_id: str, m: Mapping[str, Any], *, local_peer: bool = False) -> HeaderAdvert | None:
+    """A HELLO model advert (untrusted) as a HeaderAdvert; None when it lacks or garbles a field.
+    `local_peer`: the advert came over a direct link from this machine (`on_this_machine`), the
+    only peer whose plain-http loopback origin is kept (see `_fetchable_origin`)."""
     sha, hsha, name = m.get("sha256"), m.get("header_sha256"), m.get("name")
     n_layers, n_bytes = m.get("n_layers"), m.get("header_bytes")
     if not (is_sha256(sha) and is_sha256(hsha)):
@@ -75,7 +77,7 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
     arch = m.get("architecture")
     size = m.get("size_bytes")
     origin = m.get("origin_url")
-    if not (isinstance(origin, str) and len(origin) <= 2048 and _fetchable_origin(origin)):
+    if not (isinstance(origin, str) and len(origin) <= 2048 and _fetchable_origin(origin, local_peer)):
         origin = None
     start, end = m.get("start"), m.get("end")
     servable = ((is_int(start) and is_int(end) and 0 <= start < end <= n_layers) or
@@ -85,15 +87,30 @@ def parse_advert(node_id: str, m: Mapping[str, Any]) -> HeaderAdvert | None:
                         display_url(origin) if origin else None, servable)
 
 
-def _fetchable_origin(url: str) -> bool:
+def on_this_machine(transport: str | None, address: str | None) -> bool:
+    """Whether a connected peer's link comes from this machine: direct, from a loopback address
+    (a snapshot's `address` is then the link's own remote host, never an address the peer claimed)."""
+    if transport != "direct" or not address:
+        return False
+    try:
+        return ipaddress.ip_address(address.rpartition(":")[0].strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _fetchable_origin(url: str, local_peer: bool) -> bool:
     """An origin a peer's advert may make this node fetch: https (the server's certificate is
-    checked), or plain http only on loopback (a local mirror). Any other http URL is ignored, so a
-    member cannot point the swarm's nodes at plain-http services on their LANs (a GET with a Range
-    header, whose answer is only hash-checked, is still a request we should not make for others).
-    Loopback http is acceptable: it only ever reaches this machine's own mirror (the tests' local
-    origin server is one), the request is a single Range GET with no credentials, and its answer is
-    refused unless it hashes to the advertised header. The fetch never follows a redirect
-    (ranged.py), so an https origin cannot bounce us to an address this rule refuses."""
+    checked), or plain http only on loopback (a local mirror) and only from a peer on this machine
+    (`local_peer`), whose loopback is ours. Any other http URL is ignored, so a member cannot point
+    the swarm's nodes at plain-http services on their LANs (a GET with a Range header, whose answer
+    is only hash-checked, is still a request we should not make for others), nor, from another
+    machine, at this machine's own local services (2026-12-07: a remote member's advert naming
+    http://127.0.0.1:PORT/PATH had every node GET its own loopback, each header retry again, as PEX
+    already refused for loopback peer addresses). Loopback http from a local peer is acceptable: its
+    mirror is this machine's (the tests' local origin server is one), the request is a single Range
+    GET with no credentials, and its answer is refused unless it hashes to the advertised header.
+    The fetch never follows a redirect (ranged.py), so an https origin cannot bounce us to an
+    address this rule refuses."""
     try:
         parsed = urllib.parse.urlsplit(url)
         host = parsed.hostname
@@ -106,9 +123,9 @@ def _fetchable_origin(url: str) -> bool:
     if parsed.scheme != "http":
         return False
     if host == "localhost":
-        return True
+        return local_peer
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return local_peer and ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from node import const
 from node.errors import Conflict, ModelUnavailable, NodeError
-from node.inference.headers import HeaderAdvert, HeaderFetcher, parse_advert
+from node.inference.headers import HeaderAdvert, HeaderFetcher, on_this_machine, parse_advert
 from node.inference.manager import ModelManager
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry
@@ -108,8 +108,9 @@ class SwarmModels:
         for snap in self.peers.peers():
             if snap.state != "connected":
                 continue
+            local = on_this_machine(snap.transport, snap.address)  # (its loopback origins are ours)
             for m in snap.models:
-                advert = parse_advert(snap.node_id, m)
+                advert = parse_advert(snap.node_id, m, local_peer=local)
                 if advert is not None and (sha256 is None or advert.sha256 == sha256):
                     out.setdefault(advert.sha256, []).append(advert)
         return out

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from node import const
 from node.errors import DownloadFailed, NodeError, PeerError
-from node.inference.headers import HeaderFetcher, HeaderServer, parse_advert
+from node.inference.headers import HeaderFetcher, HeaderServer, on_this_machine, parse_advert
 from node.inference.synth import SynthSpec, write_gguf
 from node.models.catalog import ModelCatalog, readable_name
 from node.models.download.ranged import async_fetch_prefix
@@ -64,7 +64,7 @@ def advert(entry, node_id=HOLDER, **over):
     m = {"sha256": entry.sha256, "name": entry.name, "n_layers": entry.n_layers, "start": 0, "end": 3,
          "architecture": entry.architecture, "header_sha256": entry.header_sha256,
          "header_bytes": entry.header_bytes, "size_bytes": entry.size_bytes, **over}
-    parsed = parse_advert(node_id, m)
+    parsed = parse_advert(node_id, m, local_peer=True)  # (the origins here are local mirrors)
     assert parsed is not None
     return parsed
 
@@ -125,7 +125,16 @@ def test_parse_advert_rejects_garbled_fields(model):
                 "http://[fe80::1]/m.gguf", "http:///m.gguf", "https:///m.gguf"):
         assert parse_advert(HOLDER, {**good, "origin_url": lan}).origin_url is None, lan
     for local in ("http://127.0.0.1:8000/m.gguf", "http://localhost/m.gguf", "http://[::1]:9/m.gguf"):
-        assert parse_advert(HOLDER, {**good, "origin_url": local}).origin_url == local
+        assert parse_advert(HOLDER, {**good, "origin_url": local}, local_peer=True).origin_url == local
+        # from a peer on another machine its loopback is not ours: never fetched (2026-12-07)
+        assert parse_advert(HOLDER, {**good, "origin_url": local}).origin_url is None, local
+
+
+def test_on_this_machine_is_a_direct_link_from_loopback():
+    assert on_this_machine("direct", "127.0.0.1:47300") and on_this_machine("direct", "[::1]:47300")
+    for transport, address in (("relayed", "127.0.0.1:47300"), ("direct", "192.168.1.20:47300"), (None, None),
+                               ("direct", "[fe80::1]:47300"), ("direct", "localhost:47300"), ("direct", "")):
+        assert not on_this_machine(transport, address), (transport, address)
 
 
 def test_parse_advert_refuses_a_header_over_the_cap(model):

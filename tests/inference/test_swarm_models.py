@@ -23,7 +23,7 @@ from node.inference.synth import SynthSpec, write_gguf
 from node.models.catalog import ModelCatalog
 from node.models.header import HeaderCache, extract_header
 from node.observe import Observers
-from tests.inference.test_headers import HOLDER, LIAR, Holders
+from tests.inference.test_headers import HOLDER, LIAR, Holders, Origin
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.llama
@@ -44,8 +44,10 @@ class Table:
     def subscribe(self, callback):
         return self.observers.subscribe(callback)
 
-    def connect(self, node_id, models):
-        self.snaps[node_id] = SimpleNamespace(node_id=node_id, state="connected", models=tuple(models))
+    def connect(self, node_id, models, address="127.0.0.1:47301"):
+        """`address`: the link's remote end, as a snapshot of a direct link has it."""
+        self.snaps[node_id] = SimpleNamespace(node_id=node_id, state="connected", models=tuple(models),
+                                              transport="direct", address=address)
         self.observers.emit("changed", self.snaps[node_id])
 
 
@@ -301,6 +303,28 @@ def test_a_file_registered_while_its_headers_vocabulary_is_read_stays(holder, tm
             assert served.entry is mine and served.whole, "the header-only registration replaced the file's"
         finally:
             release.set()
+            swarm.close()
+            await models.async_close()
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(("address", "from_origin"), [("192.168.7.20:47300", False), ("127.0.0.1:47300", True)])
+def test_a_loopback_origin_is_fetched_only_for_a_peer_on_this_machine(holder, tmp_path, address, from_origin):
+    """A member on another machine advertising http://127.0.0.1:PORT/PATH as its model's origin had
+    this node GET its own loopback service (every node of the swarm, each retry): its loopback is
+    not ours. The header comes from the holder then; a peer on this machine keeps its local mirror."""
+    async def go():
+        holders = Holders(holder.catalog)
+        catalog, models, table, swarm = _bare(tmp_path, holders)
+        async with Origin(holder.entry.path.read_bytes()) as origin:
+            swarm.start()
+            table.connect(HOLDER, [{**holder.advert, "origin_url": origin.url}], address=address)
+            served = await asyncio.wait_for(models.async_get(holder.entry.id), 30)
+            assert served.tokenizer is not None
+            assert bool(origin.ranges) == from_origin, origin.ranges
+            assert bool(holders.requests) != from_origin
+            assert (served.entry.origin_url == origin.url) == from_origin
+            assert (swarm.origin_of(served.entry) == origin.url) == from_origin
             swarm.close()
             await models.async_close()
     asyncio.run(go())
