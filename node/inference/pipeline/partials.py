@@ -51,6 +51,7 @@ from node.models.partial import (
     async_fetch_parts_from,
     async_open_partial,
     async_spot_check_held,
+    origin_session,
     parts_for,
 )
 from node.models.partial.fromheader import async_adopt_origin, create_from_header
@@ -130,7 +131,7 @@ class PartialModels:
         try:
             url = await self.origins.async_file_of(origin, held=lambda file: self.directory_of(file).exists())
             async with asyncio.timeout(const.PARTIAL_HELD_PROBE_S), \
-                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+                    origin_session(aiohttp.ClientTimeout(
                         total=None, connect=const.DOWNLOAD_CONNECT_TIMEOUT_S)) as session:
                 probe = await async_probe(url, session)
             data, _header, size, _validator, linked = probe

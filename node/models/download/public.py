@@ -109,6 +109,12 @@ async def _async_host_public(host: str, port: int) -> bool:
     return bool(addresses) and all(_counts_as_global(str(a), port) for a in addresses)
 
 
+async def async_host_global(host: str, port: int) -> bool:
+    """Whether every address `host` resolves to is global (an IP literal is not resolved); OSError
+    when a name does not resolve. What a partial model's origin may redirect to (partial/session.py)."""
+    return await _async_host_public(host, port)
+
+
 class NotGlobalAddress(OSError):
     """A host the check was about to connect to resolved to an address that is not global."""
 

@@ -53,6 +53,7 @@ from node.models.download.urls import cert_failure, describe_error, display_url,
 
 from .layout import Manifest, PartialStore, new_manifest
 from .probe import FetchStats, Probe, _async_probe_resuming, _Retry
+from .session import origin_session
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ async def async_open_partial(url: str, directory: Path, *, sha256: str | None = 
     origin = display_url(resolve_url(url))
     old = await loop.run_in_executor(None, _existing, store, origin)
     own = session is None and probed is None
-    session = session or (aiohttp.ClientSession(timeout=_timeout()) if own else None)
+    session = session or (origin_session(_timeout()) if own else None)
     try:
         if probed is not None:
             data, header, size, validator, linked = probed
@@ -264,7 +265,7 @@ async def async_fetch_parts(store: PartialStore, manifest: Manifest, parts: list
     stats = FetchStats()
     io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="partial-fetch")
     own = session is None
-    session = session or aiohttp.ClientSession(timeout=_timeout())
+    session = session or origin_session(_timeout())
     started = time.monotonic()
     try:
         bad = await loop.run_in_executor(io, store.verify, manifest, parts)

@@ -33,6 +33,7 @@ from node.models.gguf_meta import GgufHeader
 from .fetch import _timeout
 from .layout import Manifest, PartialStore, new_manifest
 from .probe import async_probe
+from .session import origin_session
 
 log = logging.getLogger("node.models.partial.fetch")
 
@@ -63,7 +64,7 @@ async def async_adopt_origin(store: PartialStore, manifest: Manifest, url: str) 
     answer within PARTIAL_HELD_PROBE_S): the caller asks it nothing more this fetch."""
     try:
         async with asyncio.timeout(const.PARTIAL_HELD_PROBE_S), \
-                aiohttp.ClientSession(timeout=_timeout()) as session:
+                origin_session(_timeout()) as session:
             data, _header, size, validator, linked = await async_probe(url, session)
     except (aiohttp.ClientError, TimeoutError, DownloadFailed, ModelLoadError, Retryable) as exc:
         log.info("DIAG: model origin not reachable, layers taken from peers stay unchecked %s",

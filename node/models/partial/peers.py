@@ -50,6 +50,7 @@ from node.values import is_sha256
 
 from .fetch import Progress, _timeout, _Writer
 from .layout import Manifest, PartialStore, TensorRecord
+from .session import origin_session
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,7 @@ async def async_spot_check(store: PartialStore, manifest: Manifest, parts: list[
     rng = rng or random.SystemRandom()
     url = resolve_url(origin_url)
     own = session is None
-    session = session or aiohttp.ClientSession(timeout=_timeout())
+    session = session or origin_session(_timeout())
     bad, read = [], 0
     try:
         for part in parts:
