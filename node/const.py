@@ -118,6 +118,8 @@ ROSTER_AWAY_S = 7 * 86400.0  # a roster member linked this recently counts as aw
 PEX_INTERVAL_S = 30.0
 PEX_MAX_PEERS = 64
 PEX_MAX_UNLINKED = 128  # peers learnt only from PEX and never linked that the table holds; more are not learnt
+MDNS_MAX_UNLINKED = 64  # peers learnt from mDNS alone and never linked that the table holds (anyone on the LAN
+# can copy the swarm's public tag into made-up announcements); a new one takes the place of the oldest not being dialled
 PEX_EVICT_PER_PEER = PEX_MAX_PEERS  # a full pool: never-linked records one member's PEX may push out (those the
 # largest other sharer taught), refilled over PEX_INTERVAL_S: a full honest frame every interval gets in whole
 PEER_CACHE_SAVE_DELAY_S = 2.0  # debounce for peers.json writes

@@ -37,6 +37,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def dialable(addr: str, from_loopback: bool) -> bool:
+    """An address a peer (or an mDNS announcement) may have this node dial: an IP literal (a name resolves to whatever its
+    owner likes, and `127.1` or `2130706433` are loopback to the resolver), not this machine's
+    loopback unless the peer is on this machine too (a remote member had the node dial its own
+    local services), never 0.0.0.0 / :: or a multicast or broadcast address."""
+    try:
+        ip = ipaddress.ip_address(parse_addr(addr)[0])
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return from_loopback
+    return not (ip.is_unspecified or ip.is_multicast or (ip.version == 4 and str(ip) == "255.255.255.255"))
+
+
 def listen_where(config: NodeConfig) -> dict:
     """create_server's arguments for the peer listener. `::` is one dual-stack socket: asyncio makes
     an IPv6 socket IPv6-only, and a node with `peer_host = "::"` announced its IPv4 addresses (mDNS,

@@ -19,7 +19,7 @@ from node.config import NodeConfig
 from node.errors import NodeError
 from node.logs import kv
 
-from ._addr import is_loopback, parse_addr
+from ._addr import dialable, is_loopback, parse_addr
 from ._admission import Membership
 from ._clock import Clock
 from ._connect import Establish
@@ -59,6 +59,7 @@ class Discovery:
         self.relays = RelayClient(node_id, table, tasks, self.foreign, self.dialer.dial_soon, serve_inbound)
         self.dialer.ticket = self.relays.async_ticket
         self._mdns: MdnsDiscovery | None = None
+        self._mdns_capped = False  # the mDNS pool was full with every record being dialled (said once)
         # called with the host's new IPv4 addresses when they change (the manager's listen addresses,
         # what HELLO and PEX tell peers, follow them)
         self.on_addresses: Callable[[list[str]], None] = lambda ips: None
@@ -186,11 +187,37 @@ class Discovery:
 
     # --- callbacks from the parts -------------------------------------------------------------
 
+    def _mdns_room(self) -> bool:
+        """Room for one more never-linked peer from mDNS: the oldest not being dialled makes it when
+        the pool is full (a member announcing itself after a flood is still learnt); False (a WARNING
+        once per episode) when every one is being dialled."""
+        unlinked = self._table.never_linked_records("mdns")
+        if len(unlinked) < const.MDNS_MAX_UNLINKED:
+            self._mdns_capped = False
+            return True
+        victim = next((rec for rec in unlinked if not self.dialer.dialing(rec.node_id)), None)
+        if victim is not None:
+            self._table.forget(victim)
+            return True
+        if not self._mdns_capped:
+            self._mdns_capped = True
+            log.warning("DIAG: peers from mdns not learnt, too many unlinked ones being dialled %s",
+                        kv(unlinked=len(unlinked), max_unlinked=const.MDNS_MAX_UNLINKED))
+        return False
+
     def _on_foreign_addr(self) -> None:
         self.cache.schedule_save()
 
     def _on_mdns_found(self, node_id: str, addrs: list[str]) -> None:
+        """An announcement with our swarm's tag. The tag is public on the LAN, so its node id and
+        addresses are a stranger's word: never this machine's loopback (mDNS runs on other
+        interfaces; a LAN host announcing 127.0.0.1 had this node dial its own services), and at
+        most MDNS_MAX_UNLINKED never-linked peers from it (2026-12-07: made-up ids were learnt and
+        dialled without bound)."""
         if self.foreign.skip(node_id, "mdns"):
+            return
+        addrs = [a for a in addrs if dialable(a, from_loopback=False)]
+        if not addrs or (self._table.get(node_id) is None and not self._mdns_room()):
             return
         rec = self._table.record(node_id, "mdns")
         if any([rec.add_addr(a) for a in addrs]):

@@ -13,7 +13,6 @@ addresses and relays to that peer's record and has it dialled at once if it has 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -22,7 +21,7 @@ from node import const
 from node.errors import PeerError
 from node.logs import kv
 
-from ._addr import is_loopback, parse_addr
+from ._addr import dialable, is_loopback, parse_addr
 from ._foreign import ForeignPeers
 from ._frames import Frame
 from ._link import PeerLink
@@ -87,7 +86,7 @@ class Pex:
             if entry.node_id == self._node_id or self._foreign.skip(entry.node_id, "pex"):
                 continue
             addrs = [a for a in entry.addrs if a not in self._own and a not in self._self_addrs
-                     and _dialable(a, from_loopback)]
+                     and dialable(a, from_loopback)]
             if not addrs and not entry.relays:  # nothing to dial: no record (it would sit "connecting")
                 continue
             fresh = self._table.get(entry.node_id) is None
@@ -201,19 +200,3 @@ def _loopback_link(link: PeerLink | None) -> bool:
         return link is not None and link.transport == "direct" and is_loopback(parse_addr(link.address)[0])
     except ValueError:
         return False
-
-
-def _dialable(addr: str, from_loopback: bool) -> bool:
-    """An address a peer may have this node dial: an IP literal (a name resolves to whatever its
-    owner likes, and `127.1` or `2130706433` are loopback to the resolver), not this machine's
-    loopback unless the peer is on this machine too (a remote member had the node dial its own
-    local services), never 0.0.0.0 / :: or a multicast or broadcast address."""
-    try:
-        ip = ipaddress.ip_address(parse_addr(addr)[0])
-    except ValueError:
-        return False
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_loopback:
-        return from_loopback
-    return not (ip.is_unspecified or ip.is_multicast or (ip.version == 4 and str(ip) == "255.255.255.255"))

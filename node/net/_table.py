@@ -253,14 +253,15 @@ class PeerTable:
         return [link for node_id in list(self._records) if (link := self.link(node_id)) is not None]
 
     def never_linked(self, source: str) -> int:
-        """Peers learnt from `source` ("pex" or "relay": a peer's word, perhaps made up) that never
-        linked and were learnt from nowhere else but those two (one learnt from both counts for both)."""
+        """Peers learnt from `source` ("pex", "relay" or "mdns": a peer's or a LAN stranger's word,
+        perhaps made up) that never linked and were learnt from nowhere else but those (one learnt
+        from two counts for both)."""
         return len(self.never_linked_records(source))
 
     def never_linked_records(self, source: str) -> list[PeerRecord]:
         """The records `never_linked` counts, oldest first."""
         return [rec for rec in self._records.values()
-                if rec.hello is None and source in rec.sources and rec.sources <= {"pex", "relay"}]
+                if rec.hello is None and source in rec.sources and rec.sources <= {"pex", "relay", "mdns"}]
 
     def linked_count(self) -> int:
         """How many peers have a link recorded (open, or closing right now)."""
