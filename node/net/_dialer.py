@@ -23,7 +23,7 @@ from node.config import NodeConfig
 from node.errors import NotAMember, PeerError, PeerIdentityMismatch, PeerUnreachable, SelfConnection
 from node.logs import kv
 
-from ._addr import parse_addr
+from ._addr import dialable, parse_addr
 from ._admission import Membership
 from ._connect import Establish, async_dial_direct, async_dial_first, async_dial_relayed
 from ._foreign import ForeignPeers
@@ -374,10 +374,13 @@ class Dialer:
 
     def _upgrade_candidates(self, rec: PeerRecord, link: PeerLink) -> list[str]:
         """Direct addresses worth trying for a peer we reach through a relay: what discovery knows,
-        then the listen addresses its HELLO announced (a wrong one fails the identity check)."""
+        then the listen addresses its HELLO announced (a wrong one fails the identity check) that a
+        peer on another machine may have this node dial (`dialable`: IP literals, not our loopback;
+        2026-12-07: its 127.0.0.1 or `localhost` had this node dial its own local services)."""
         if self._config.no_direct:
             return []
-        return self._dialable(list(dict.fromkeys([*rec.addrs, *link.hello.listen])))
+        announced = [a for a in link.hello.listen if dialable(a, from_loopback=False)]
+        return self._dialable(list(dict.fromkeys([*rec.addrs, *announced])))
 
     async def _async_upgrade(self, rec: PeerRecord, link: PeerLink, candidates: list[str], key: str) -> None:
         """Try a direct link to a peer linked through a relay; the duplicate-link rule then keeps
