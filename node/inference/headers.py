@@ -109,25 +109,23 @@ def _fetchable_origin(url: str, local_peer: bool) -> bool:
     already refused for loopback peer addresses). Loopback http from a local peer is acceptable: its
     mirror is this machine's (the tests' local origin server is one), the request is a single Range
     GET with no credentials, and its answer is refused unless it hashes to the advertised header.
-    The fetch never follows a redirect (ranged.py), so an https origin cannot bounce us to an
-    address this rule refuses."""
+    An https loopback origin is ours alike (a local server's certificate may be trusted). The fetch
+    never follows a redirect (ranged.py), so an https origin cannot bounce us to an address this
+    rule refuses."""
     try:
         parsed = urllib.parse.urlsplit(url)
         host = parsed.hostname
     except ValueError:
         return False
-    if not host:
+    if not host or parsed.scheme not in ("http", "https"):
         return False
-    if parsed.scheme == "https":
-        return True
-    if parsed.scheme != "http":
-        return False
-    if host == "localhost":
-        return local_peer
     try:
-        return local_peer and ipaddress.ip_address(host).is_loopback
+        loopback = host.rstrip(".") == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return False
+        loopback = False
+    if loopback:  # this machine's, https too (a local dev server's certificate may be trusted: mkcert)
+        return local_peer
+    return parsed.scheme == "https"
 
 
 

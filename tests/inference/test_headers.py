@@ -124,7 +124,8 @@ def test_parse_advert_rejects_garbled_fields(model):
     for lan in ("http://192.168.1.1/admin.gguf", "http://router.lan/x.gguf", "http://10.0.0.5:8080/m.gguf",
                 "http://[fe80::1]/m.gguf", "http:///m.gguf", "https:///m.gguf"):
         assert parse_advert(HOLDER, {**good, "origin_url": lan}).origin_url is None, lan
-    for local in ("http://127.0.0.1:8000/m.gguf", "http://localhost/m.gguf", "http://[::1]:9/m.gguf"):
+    for local in ("http://127.0.0.1:8000/m.gguf", "http://localhost/m.gguf", "http://[::1]:9/m.gguf",
+                  "https://localhost:8443/m.gguf", "https://127.0.0.2/m.gguf", "http://localhost./m.gguf"):
         assert parse_advert(HOLDER, {**good, "origin_url": local}, local_peer=True).origin_url == local
         # from a peer on another machine its loopback is not ours: never fetched (2026-12-07)
         assert parse_advert(HOLDER, {**good, "origin_url": local}).origin_url is None, local
