@@ -12,6 +12,7 @@ import urllib.request
 
 from node.config import load_config
 from node.datadir import API_KEY_FILE, read_api_key
+from node.logs import clean_text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -316,13 +317,14 @@ def download(args: argparse.Namespace) -> int:
 
 
 def _advert_text(m: object) -> str:
-    """A peer's advertised model as "name[a-b]" (layers, inclusive) or "name[whole]"."""
+    """A peer's advertised model as "name[a-b]" (layers, inclusive) or "name[whole]". Its name is the
+    peer's word: one line, control characters escaped (a terminal's escapes or a forged row, 2026-12-07)."""
     if not isinstance(m, dict):
-        return str(m)
-    name = m.get("name") or m.get("id") or "?"
+        return clean_text(str(m), 200)
+    name = clean_text(str(m.get("name") or m.get("id") or "?"), 200)
     if isinstance(m.get("start"), int) and isinstance(m.get("end"), int):
         return f"{name}[{m['start']}-{m['end'] - 1}{' loading' if m.get('loading') is True else ''}]"
-    return f"{name}[whole]" if m.get("whole") else str(name)
+    return f"{name}[whole]" if m.get("whole") else name
 
 
 def peers(args: argparse.Namespace) -> int:
@@ -342,7 +344,7 @@ def peers(args: argparse.Namespace) -> int:
         print(f"{p['short_id']:9} {p['state']:10} {p.get('transport') or '-':9} {rtt:>7} "
               f"{p.get('address') or '-':28} {models_text}")
         if p.get("last_error") and p["state"] != "connected":
-            print(f"{'':9} last error: {p['last_error']}")
+            print(f"{'':9} last error: {clean_text(str(p['last_error']), 500)}")  # (a peer's words in it)
     shown = {p["short_id"] for p in rows}
     for r in (r for r in refused if r["peer"] not in shown):  # never linked (a --bootstrap address)
         print(f"{r['peer']:9} {'refused':10} not in this swarm (swarm {r['swarm'] or '-'}) x{r['count']}: "
