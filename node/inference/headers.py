@@ -172,7 +172,7 @@ class HeaderFetcher:
                 if advert.header_bytes > self.max_bytes:  # parse_advert refuses these; never fetch one
                     raise HeaderRefused(f"advertised header of {advert.header_bytes} bytes is over the "
                                         f"{self.max_bytes}-byte cap")
-                data = await async_fetch_prefix(advert.origin_url, advert.header_bytes,
+                data = await async_fetch_prefix(advert.origin_url, advert.header_bytes, magic=b"GGUF",
                                                 timeout_s=const.MODEL_HEADER_TIMEOUT_S)
                 return data, await self._async_check(data, advert, "origin"), "origin", advert
             except (DownloadFailed, HeaderRefused) as exc:

@@ -21,9 +21,12 @@ from .urls import describe_error, display_url, http_error, resolve_url
 _CHUNK = 1 << 20
 
 
-async def async_fetch_prefix(url: str, n_bytes: int, *, timeout_s: float,
+async def async_fetch_prefix(url: str, n_bytes: int, *, timeout_s: float, magic: bytes = b"",
                              session: aiohttp.ClientSession | None = None) -> bytes:
-    """The first n_bytes of the file at url (DownloadFailed with the reason otherwise)."""
+    """The first n_bytes of the file at url (DownloadFailed with the reason otherwise). `magic`: what
+    the file starts with; an answer that does not is dropped at its first bytes, not read to n_bytes
+    (2026-12-07: an advert's origin, any large file, was downloaded whole up to the advertised
+    length by every node of the swarm before its hash refused it)."""
     if n_bytes <= 0:
         raise DownloadFailed("nothing to fetch: the advertised header length is not positive")
     resolved = resolve_url(url)
@@ -50,6 +53,9 @@ async def async_fetch_prefix(url: str, n_bytes: int, *, timeout_s: float,
                 if not chunk:
                     break
                 buf += chunk
+                if magic and len(buf) >= len(magic) and not buf.startswith(magic):
+                    raise DownloadFailed(f"{display_url(resolved)} is not a {magic.decode(errors='replace')} file "
+                                         f"(it starts with {bytes(buf[:8])!r}): not read further")
             if len(buf) < n_bytes:
                 raise DownloadFailed(f"{display_url(resolved)} sent {len(buf)} of {n_bytes} header bytes")
             return bytes(buf)
