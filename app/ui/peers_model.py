@@ -9,6 +9,7 @@ Addresses are redacted (the same tags as the diagnostics report) unless "Show ad
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -69,13 +70,22 @@ def _model_text(m: Mapping[str, Any]) -> str:
     return f"{name} [whole]" if m.get("whole") else name
 
 
+def _number(value: object) -> float | None:
+    """A peer's figure if it is a finite number (its HELLO is any JSON: a string beside a number made
+    `min` raise in the cell at every repaint, 2026-12-07)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def _ms_per_layer(p: Mapping[str, Any]) -> float | None:
     hw = p.get("hardware") or {}
-    value = hw.get("ms_per_layer") if isinstance(hw, Mapping) else None
+    value = _number(hw.get("ms_per_layer")) if isinstance(hw, Mapping) else None
     if value is None:
-        values = [m.get("ms_per_layer") for m in p.get("models") or () if m.get("ms_per_layer") is not None]
+        values = [v for m in p.get("models") or () if isinstance(m, Mapping)
+                  and (v := _number(m.get("ms_per_layer"))) is not None]
         value = min(values) if values else None
-    return float(value) if isinstance(value, int | float) else None
+    return value
 
 
 def _link(p: Mapping[str, Any]) -> str:

@@ -245,3 +245,17 @@ def test_every_column_header_has_a_tooltip(qapp):
                    for c in range(model.columnCount())
                    if not model.headerData(c, Qt.Orientation.Horizontal, Qt.ItemDataRole.ToolTipRole)]
         assert not missing, f"{type(model).__name__}: no header tooltip for {missing}"
+
+
+def test_peers_model_takes_a_peer_s_ms_per_layer_as_its_word(qapp):
+    """A member's advert is any JSON: ms_per_layer of mixed types (a string beside a number) made
+    `min` raise in the Peers tab's cell for its row at every repaint (2026-12-07); what is no finite
+    number is not one."""
+    model = PeersModel()
+    key = "05" * 32
+    model.on_peer_event("added", _peer(5, hardware={}, models=[
+        {"name": "m", "ms_per_layer": "fast"}, {"name": "n", "ms_per_layer": 3.0},
+        {"name": "o", "ms_per_layer": True}, {"name": "p", "ms_per_layer": float("nan")}]))
+    assert model.cell_text(key, "ms/layer") == "3.0 ms"
+    model.on_peer_event("changed", _peer(5, hardware={"ms_per_layer": float("inf")}, models=[]))
+    assert "inf" not in model.cell_text(key, "ms/layer")
