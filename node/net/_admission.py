@@ -35,6 +35,7 @@ from ._link import async_read_frame
 from ._membership import (
     MAX_MEMBERS,
     MEMBER_SEEN_SAVE_S,
+    REMOVED_MAX,
     Invite,
     MembershipState,
     Swarm,
@@ -240,7 +241,7 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
             if welcome.is_open or welcome.public_id != hello.swarm:
                 raise ProtocolError("the inviter handed over a swarm other than the one it is in")
             removed = answer.get("removed")
-            if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > 4096:
+            if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > REMOVED_MAX:
                 raise ProtocolError("welcome 'removed' must be a list of node ids")
             return Admission("joined", welcome, frozenset(removed))
         if hello.joining:  # the peer presents an invite of ours

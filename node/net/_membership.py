@@ -42,6 +42,21 @@ NONCE_HEX = 2 * _NONCE_BYTES
 MAX_EPOCH = 2**31 - 1
 MAX_MEMBERS = 1024  # members remembered in swarm.json (the least recently linked are forgotten first)
 MEMBER_SEEN_SAVE_S = 3600.0  # a known member's last-linked time is written again at most this often
+REMOVED_MAX = 4096  # removed node ids kept: what one rekey or welcome may carry (a longer list is refused)
+
+
+def bounded_removed(kept: set[str], new: set[str] | frozenset[str], keep: frozenset[str] = frozenset()) -> set[str]:
+    """`kept | new`, at most REMOVED_MAX ids: those in `keep` (a removal this node makes now), then
+    the lowest ids, an order every member shares, so members passing rekeys on converge on one set
+    (the newest first had two members evict each other's ids and pass them back and forth).
+    2026-12-07: the set only grew, a member's rekeys adding 4,096 made-up ids each; past 4,096 this
+    node's rekeys and welcomes were refused by every member as malformed (the links closing), so its
+    removals no longer reached anyone."""
+    union = set(kept) | set(new)
+    if len(union) <= REMOVED_MAX:
+        return union
+    first = set(keep) & union
+    return first | set(sorted(union - first)[:REMOVED_MAX - len(first)])
 
 
 def new_nonce() -> str:
@@ -192,7 +207,8 @@ class MembershipState:
                 h = hashlib.sha256(token).hexdigest()
                 state.invites[h] = Invite(h, float(item["expires_at"]))
                 state.tokens[h] = token
-        state.removed = {r for r in (removed if isinstance(removed, list) else []) if _is_hex(r, 64)}
+        state.removed = bounded_removed(set(), {r for r in (removed if isinstance(removed, list) else [])
+                                                if _is_hex(r, 64)})
         members = data.get("members")
         if isinstance(members, dict):  # absent in files written before the roster
             seen = [(n, float(t)) for n, t in members.items() if _is_hex(n, 64) and isinstance(t, int | float)]

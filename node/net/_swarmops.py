@@ -31,7 +31,7 @@ from ._frames import Frame, FrameType
 from ._identity import is_node_id, short_id
 from ._invite import InviteCode
 from ._link import PeerLink
-from ._membership import Swarm
+from ._membership import REMOVED_MAX, Swarm, bounded_removed
 from ._table import PeerTable
 from ._tasks import Tasks
 from ._tls import TlsConfig
@@ -205,7 +205,7 @@ class SwarmOps:
             rotated = swarm.rotated()
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
-        removed = self._membership.state.removed | {node_id}
+        removed = bounded_removed(self._membership.state.removed, {node_id}, keep=frozenset({node_id}))
         if not any(link.node_id not in removed for link in self._live_links()):
             # the members known: the peer table's, and the roster's linked lately (the table forgets
             # a peer an hour after it went, and holds nothing after a restart)
@@ -234,13 +234,14 @@ class SwarmOps:
             return
         rotated = Swarm.from_json(frame.header.get("swarm"))
         removed = frame.header.get("removed")
-        if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > 4096:
+        if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > REMOVED_MAX:
             raise ProtocolError("rekey 'removed' must be a list of node ids")
         if not self._newer(rotated):
-            news = set(removed) - self._membership.state.removed - {self._node_id}
+            all_removed = bounded_removed(self._membership.state.removed, set(removed) - {self._node_id})
+            news = all_removed - self._membership.state.removed
             if rotated.swarm_id == self._membership.swarm.swarm_id and news:
-                # a rotation that lost the tie-break still removed someone: keep the removal
-                all_removed = self._membership.state.removed | news
+                # a rotation that lost the tie-break still removed someone: keep the removal (at most
+                # REMOVED_MAX kept, bounded_removed)
                 self._membership.state.removed = all_removed
                 self._close_removed(all_removed)
                 self._send_rekey(self._membership.swarm, all_removed, skip=link.node_id)
@@ -250,7 +251,7 @@ class SwarmOps:
             return
         if self._node_id in removed:
             return  # we are the one removed: the links close from the other side
-        all_removed = set(removed) | self._membership.state.removed
+        all_removed = bounded_removed(self._membership.state.removed, set(removed))
         # adopt now, on the loop (a second rekey then compares with this one), close the removed
         # nodes' links, pass it on (members not linked to the remover get it too), save
         self._membership.state = dataclasses.replace(self._membership.state, swarm=rotated,
@@ -290,6 +291,10 @@ class SwarmOps:
                  kv(peer_id=via.short_id, epoch=rotated.epoch, removed=len(removed)))
 
     def _close_removed(self, removed: set[str]) -> None:
+        # only the peers this node knows (its table, its roster): a made-up id was never met, and
+        # each one logged a WARNING, 4,096 per rekey frame of a hostile member (2026-12-07)
+        members = self._membership.state.members
+        removed = {n for n in removed if n in members or self._table.get(n) is not None}
         for node_id in removed:  # refused before its links close, so nothing redials it
             if not self._membership.is_refused(node_id):
                 self._membership.note_refusal(NotAMember("removed from this swarm", node_id=node_id,
