@@ -203,6 +203,10 @@ SESSION_TTL_S = 300.0  # an idle KV session on a segment is freed after this
 KEPT_SESSION_TTL_S = 900.0  # a finished one kept for its conversation's next turn, after this
 BATCH_MAX_STEPS = 16  # a segment runs at most this many sessions' queued steps as one forward
 BATCH_MAX_ROWS = 512  # ... of at most this many rows together (a longer prefill chunk runs alone)
+# payload bytes of one sender's steps queued for a slice: past it a further step is refused 429-style
+# (`overloaded`, back-pressure) rather than held (2026-12-07: a member's 64 MiB WORKs queued without bound);
+# a sender with nothing queued always gets one step in
+SLICE_QUEUE_SENDER_MAX_BYTES = 256 << 20
 KEPT_ROUTE_MAX_SLOWDOWN = 1.5  # a conversation's next turn keeps its chain (its KV) unless that chain's
 CHAIN_LOAD_WEIGHT = 0.25  # a holder's ms/layer for a new request grows by this per request of ours it runs:
 # equal holders share the requests (a tie-breaker; a segment batches its sessions, so a second costs it far less than one)

@@ -21,6 +21,26 @@ class StepQueue:
         self.items: deque = deque()
         self.lock = threading.Lock()
         self.scheduled = False  # a drain task is submitted to the executor or running
+        self.held: dict[str, int] = {}  # payload bytes queued, by sender (const.SLICE_QUEUE_SENDER_MAX_BYTES)
+
+    def room_for(self, sender: str, n_bytes: int) -> bool:
+        """Whether `sender` may queue a step of `n_bytes` more (under `lock`)."""
+        held = self.held.get(sender, 0)
+        return held == 0 or held + n_bytes <= const.SLICE_QUEUE_SENDER_MAX_BYTES
+
+    def add(self, job: StepJob) -> None:
+        """Queue `job` (under `lock`)."""
+        self.items.append(job)
+        self.held[job.sender] = self.held.get(job.sender, 0) + len(job.payload)
+
+    def taken(self, jobs: list[StepJob]) -> None:
+        """`jobs` left the queue (under `lock`)."""
+        for job in jobs:
+            left = self.held.get(job.sender, 0) - len(job.payload)
+            if left > 0:
+                self.held[job.sender] = left
+            else:
+                self.held.pop(job.sender, None)
 
 
 class StepJob:

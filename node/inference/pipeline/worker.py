@@ -177,6 +177,15 @@ class SegmentWorker(SessionControls):
         if debug:  # seed 000 marker (its guide greps `DIAG:.*LayerForward` for the forward path)
             log.log(MESSAGE, "DIAG: dispatcher received LayerForward, spawning handler %s",
                       kv(sid=work.sid, seq=work.seq, layer_range=f"{hop.start}-{hop.end - 1}", activation_bytes=len(payload)))
+        q = hosted.step_queue
+        with q.lock:
+            room = q.room_for(sender, len(payload))
+        if not room:  # a sender far ahead of the slice (or flooding it): refused, not held in memory
+            self.acks.send(PendingAck(work, received))
+            self._fail(work, f"node {self.short_id} has {const.SLICE_QUEUE_SENDER_MAX_BYTES >> 20} MB of steps from "
+                             f"{sender[:8]} queued for layers {hop.start}-{hop.end - 1}; try again later",
+                       Overloaded.code)
+            return
         loop = asyncio.get_running_loop()
         ack = PendingAck(work, received)
         if work.coordinator != self.node_id:
@@ -192,7 +201,7 @@ class SegmentWorker(SessionControls):
         """Queue a step for the slice (loop thread); one drain task on its executor at a time."""
         q = hosted.step_queue
         with q.lock:
-            q.items.append(job)
+            q.add(job)
             submit, q.scheduled = not q.scheduled, True
         if submit:
             hosted.executor.submit(self._drain, loop, hosted)
@@ -208,6 +217,7 @@ class SegmentWorker(SessionControls):
             return
         with q.lock:
             jobs = take_batch(q.items, max_rows=self._max_rows(hosted))
+            q.taken(jobs)
             if not jobs:
                 q.scheduled = False
                 return
@@ -234,6 +244,7 @@ class SegmentWorker(SessionControls):
         with q.lock:
             jobs = list(q.items)
             q.items.clear()
+            q.held.clear()
             q.scheduled = False
         for job in jobs:
             self._hand_back(loop, hosted, job, NodeError(
