@@ -10,14 +10,11 @@ import asyncio
 
 import pytest
 
-from node.config import NodeConfig
 from node.errors import ModelUnavailable
 from node.inference import manager as manager_module
 from node.inference.llama_engine import LlamaEngine
-from node.inference.manager import ModelManager
-from node.models.catalog import ModelCatalog
 from node.models.changed import async_refuse_changed
-from tests.support.nodes import tiny_model
+from tests.inference.test_manager_close import _registered
 from tests.support.policing import parked_in_live_pool
 from tests.support.waiting import wait_until
 
@@ -46,14 +43,6 @@ def held_check(monkeypatch):
 
     monkeypatch.setattr(manager_module, "async_refuse_changed", check)
     return checking, release
-
-
-async def _registered(tmp_path) -> tuple[ModelManager, str]:
-    catalog = ModelCatalog(tmp_path)
-    [entry] = catalog.scan([(tiny_model(tmp_path), "cli")])
-    models = ModelManager(NodeConfig(data_dir=tmp_path, n_threads=1), catalog)
-    await models.async_register(entry)
-    return models, entry.id
 
 
 async def test_a_request_checking_as_the_load_ends_loads_no_second_engine(tmp_path, held_check):
