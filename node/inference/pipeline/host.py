@@ -110,6 +110,7 @@ class SliceHost(FileRecheck):
                     and set(parts) & set(parts_for(entry.header, hosted.start, hosted.end)):
                 log.warning("DIAG: slice dropped, its layers did not match the origin %s",
                             kv(model=entry.id, layers=f"{hosted.start}-{hosted.end - 1}"))
+                hosted.drained_changed = True  # a load of its range reads it afresh: the unload below frees this
                 self.drain(hosted)
                 task = asyncio.get_running_loop().create_task(self.async_unload(hosted),
                                                               name=f"unload-{entry.name[:12]}-{hosted.start}")

@@ -60,8 +60,9 @@ class HostedSlice:
     fetch: tuple[int, int] | None = None  # a partial model's layers arriving: (bytes here, bytes wanted)
     retrying: str | None = None  # loading again after a failed load: that load's error (the app keeps it shown)
     refused_changed: bool = False  # failed because its file holds other bytes (FileChangedOnDisk)
-    # drained because its file changed on disk: never revived by a load of its range, even once a
-    # re-hash finds the old bytes back (its open file's stat is not the one it opened: review r34)
+    # drained because its file changed on disk (or its parts proved altered: SliceHost._parts_dropped):
+    # never revived by a load of its range, even once a re-hash finds the old bytes back (its open
+    # file's stat is not the one it opened: review r34)
     drained_changed: bool = False
     # its file's new stat being hashed (a step found it changed): not advertised nor given new sessions
     checking: bool = False
