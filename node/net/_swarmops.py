@@ -236,8 +236,11 @@ class SwarmOps:
         removed = frame.header.get("removed")
         if not isinstance(removed, list) or not all(is_node_id(r) for r in removed) or len(removed) > REMOVED_MAX:
             raise ProtocolError("rekey 'removed' must be a list of node ids")
+        # past the bound the ids no one here knows go first: a hostile member's made-up ids must not push
+        # out a real removal (review r61: the member removing it was itself kept, and got the new secret)
+        keep = self._known(set(removed) | self._membership.state.removed)
         if not self._newer(rotated):
-            all_removed = bounded_removed(self._membership.state.removed, set(removed) - {self._node_id})
+            all_removed = bounded_removed(self._membership.state.removed, set(removed) - {self._node_id}, keep)
             news = all_removed - self._membership.state.removed
             if rotated.swarm_id == self._membership.swarm.swarm_id and news:
                 # a rotation that lost the tie-break still removed someone: keep the removal (at most
@@ -251,7 +254,7 @@ class SwarmOps:
             return
         if self._node_id in removed:
             return  # we are the one removed: the links close from the other side
-        all_removed = bounded_removed(self._membership.state.removed, set(removed))
+        all_removed = bounded_removed(self._membership.state.removed, set(removed), keep)
         # adopt now, on the loop (a second rekey then compares with this one), close the removed
         # nodes' links, pass it on (members not linked to the remover get it too), save
         self._membership.state = dataclasses.replace(self._membership.state, swarm=rotated,
@@ -259,6 +262,11 @@ class SwarmOps:
         self._close_removed(all_removed)
         self._send_rekey(rotated, all_removed, skip=link.node_id)
         self._tasks.spawn(self._async_after_rekey(rotated, all_removed, link), name="swarm-rekey")
+
+    def _known(self, node_ids: set[str]) -> frozenset[str]:
+        """Of `node_ids`, those this node has met: its roster's members and its peer table's."""
+        members = self._membership.state.members
+        return frozenset(n for n in node_ids if n in members or self._table.get(n) is not None)
 
     def _newer(self, rotated: Swarm) -> bool:
         """Whether a rekey replaces our swarm: the same swarm, a later epoch; on two rotations of
@@ -293,9 +301,7 @@ class SwarmOps:
     def _close_removed(self, removed: set[str]) -> None:
         # only the peers this node knows (its table, its roster): a made-up id was never met, and
         # each one logged a WARNING, 4,096 per rekey frame of a hostile member (2026-12-07)
-        members = self._membership.state.members
-        removed = {n for n in removed if n in members or self._table.get(n) is not None}
-        for node_id in removed:  # refused before its links close, so nothing redials it
+        for node_id in self._known(removed):  # refused before its links close, so nothing redials it
             if not self._membership.is_refused(node_id):
                 self._membership.note_refusal(NotAMember("removed from this swarm", node_id=node_id,
                                                          swarm=self._membership.swarm.public_id, by_us=True), None)

@@ -56,3 +56,26 @@ def test_removals_kept_are_bounded_the_same_on_every_member():
     kept = bounded_removed(old, {"f" * 64}, keep=frozenset({"f" * 64}))  # a removal made here holds
     assert len(kept) == REMOVED_MAX and "f" * 64 in kept
     assert bounded_removed(set(), {"a" * 64}) == {"a" * 64}
+
+
+async def test_a_member_flooding_low_made_up_ids_can_still_be_removed(make_manager, fast_net):
+    """Review r61: made-up ids lower than any real one filled every member's removed set; the user then
+    removed the flooder, and the members the rotation was passed on to cut its id (not among the
+    lowest REMOVED_MAX), kept its links and passed it the new secret. Ids a node knows go last now."""
+    a = await make_manager("a")
+    b = await make_manager("b", bootstrap=[addr(a)])
+    c = await make_manager("c", bootstrap=[addr(a)])  # the member who turns hostile
+    await wait_until(lambda: a.link(b.node_id) and a.link(c.node_id) and b.link(c.node_id) and c.link(b.node_id),
+                     what="a full mesh")
+    ids = [f"{i:064x}" for i in range(1, REMOVED_MAX + 1)]  # lower than any real id
+    current = c.membership.swarm.to_json()
+    for member in (a, b):
+        await c.link(member.node_id).async_send(Frame(FrameType.MEMBER, {"op": "rekey", "swarm": current,
+                                                                       "removed": ids}))
+        await c.link(member.node_id).async_request(Frame(FrameType.PING, {}), timeout_s=10)
+    assert len(b.membership.state.removed) == REMOVED_MAX
+    await a.swarm_ops.async_remove(c.node_id)
+    await wait_until(lambda: b.membership.swarm.epoch == a.membership.swarm.epoch, what="b on a's rotation")
+    assert c.node_id in b.membership.state.removed and c.node_id in a.membership.state.removed
+    await wait_until(lambda: b.link(c.node_id) is None, what="b's link to the removed member closed")
+    assert c.membership.swarm.secret != a.membership.swarm.secret, "the removed member got the new secret"
