@@ -9,7 +9,9 @@ tests/pipeline/test_download_origin_notoken.py); the store it sends the node to,
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import socket
 
 import pytest
 from aiohttp import web
@@ -99,3 +101,38 @@ async def test_a_lan_origin_redirects_where_it_likes(tmp_path, model, monkeypatc
             parts = parts_for(read_header(store.header_path), 2, 4)
             await async_fetch_parts(store, manifest, parts)
             assert manifest.covers(parts) and mirror.hits >= 2 and lan.requests >= 2
+
+
+@pytest.mark.parametrize("at_redirect", ["a private record too", "no answer"])
+async def test_a_named_origin_is_judged_by_the_address_it_was_reached_at(tmp_path, model, monkeypatch,  # noqa: F811
+                                                                       at_redirect):
+    """Review r61: whether the origin was global was a fresh look-up of its name at the redirect, and
+    every address had to be global: a name answering a private record beside its public one (an AAAA
+    on an IPv4-only host), or not answering that second time, made a hostile origin a "LAN origin"
+    whose 302 into the LAN was followed. Now the addresses its connection was given decide. Here
+    evil.test's connection gets 127.0.0.1 on the origin's port (standing for a global address)."""
+    with ThreadedOrigin(model.read_bytes()) as lan:
+        store, manifest = await async_open_partial(lan.url, tmp_path / "m.partial")
+        parts = parts_for(read_header(store.header_path), 2, 4)
+        asked = lan.requests
+        async with Redirector(lan.url) as origin:
+            monkeypatch.setattr(public, "_counts_as_global", lambda a, p: p == origin.port and a == "127.0.0.1")
+            loop = asyncio.get_running_loop()
+            real = loop.getaddrinfo
+
+            async def answers(host, port, *args, **kw):
+                if host != "evil.test":
+                    return await real(host, port, *args, **kw)
+                connecting = bool(kw.get("flags", 0) & socket.AI_ADDRCONFIG)  # aiohttp's resolver's look-up
+                if not connecting and at_redirect == "no answer":
+                    raise socket.gaierror(socket.EAI_NONAME, "no answer")
+                out = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+                if not connecting:
+                    out.append((socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::1", port, 0, 0)))
+                return out
+            monkeypatch.setattr(loop, "getaddrinfo", answers)
+            manifest.origin_url = f"http://evil.test:{origin.port}/m.gguf"
+            with pytest.raises(DownloadFailed) as failed:
+                await async_fetch_parts(store, manifest, parts)
+            assert "not global" in failed.value.message, failed.value.message
+            assert origin.hits >= 1 and lan.requests == asked, lan.ranges[asked:]

@@ -8,19 +8,25 @@ URL), and "Help serve" of it had the node follow whatever that origin redirected
 of a hostile member answering 302 to http://192.168.1.1/... or http://127.0.0.1:PORT/... had the node
 GET its LAN's or its own services, as often as the fetch and its checks asked. An origin that is
 itself not global (a user's LAN mirror, a local one) redirects where it likes: the user chose it.
-A name is looked up before the hop; the connection looks it up again (a rebinding name is not
-caught here)."""
+Whether the first URL is global is decided by the addresses its connection was given (the session's
+resolver records them): until review r61 it was a fresh look-up at the redirect, which a name with
+one private record beside a public one, an answer that changed, or one that failed made "not global".
+A redirect's target is looked up before the hop; its connection looks it up again (a rebinding
+target is not caught here)."""
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import urllib.parse
 from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import aiohttp.abc
 from yarl import URL
 
-from node.models.download.public import async_host_global
+from node.models.download import public
 from node.models.download.urls import display_url
 
 
@@ -31,6 +37,39 @@ class InwardRedirect(aiohttp.ClientError):
 def _host_port(url: Any) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(str(url))
     return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class _RecordingResolver(aiohttp.abc.AbstractResolver):
+    """aiohttp's threaded resolver, remembering the addresses each host's connections were given."""
+
+    def __init__(self) -> None:
+        self._inner = aiohttp.ThreadedResolver()
+        self.used: dict[str, list[str]] = {}
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list:
+        hosts = await self._inner.resolve(host, port, family)
+        if len(self.used) >= 64:  # (a session asks an origin and its CDN: a handful of names)
+            self.used.pop(next(iter(self.used)))
+        self.used[host] = [str(h["host"]) for h in hosts]
+        return hosts
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def _connected_global(url: Any, resolver: _RecordingResolver) -> bool:
+    """Whether the first URL's connection may have gone to a global address: an IP literal that is
+    one, or a name any of whose addresses given to the connection is (none recorded: counted global,
+    so its redirects stay checked)."""
+    host, port = _host_port(url)
+    try:
+        ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+        addresses = [host.strip("[]")]
+    except ValueError:
+        addresses = resolver.used.get(host, [])
+        if not addresses:
+            return True
+    return any(public._counts_as_global(a, port) for a in addresses)  # noqa: SLF001 (the tests' one hook)
 
 
 async def _async_on_start(_session: aiohttp.ClientSession, ctx: SimpleNamespace,
@@ -49,7 +88,7 @@ async def _async_on_redirect(_session: aiohttp.ClientSession, ctx: SimpleNamespa
         target = params.url.join(URL(location))
     except ValueError:
         return  # (aiohttp refuses it itself)
-    if not await _async_global(target) and await _async_global(ctx.first_url):
+    if not await _async_global(target) and _connected_global(ctx.first_url, ctx.resolver):
         raise InwardRedirect(f"the origin redirected to {display_url(str(target))}, a host that is not "
                              "global (loopback, LAN, link-local): not followed")
 
@@ -57,14 +96,19 @@ async def _async_on_redirect(_session: aiohttp.ClientSession, ctx: SimpleNamespa
 async def _async_global(url: Any) -> bool:
     host, port = _host_port(url)
     try:
-        return bool(host) and await async_host_global(host, port)
+        return bool(host) and await public.async_host_global(host, port)
     except OSError:  # a name that does not resolve: not global (the request would fail on it anyway)
         return False
 
 
 def origin_session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
     """A session for a partial model's origin (see the module doc)."""
-    trace = aiohttp.TraceConfig()
+    resolver = _RecordingResolver()
+
+    def context(trace_request_ctx: Any = None) -> SimpleNamespace:  # (one per request)
+        return SimpleNamespace(resolver=resolver, trace_request_ctx=trace_request_ctx)
+
+    trace = aiohttp.TraceConfig(trace_config_ctx_factory=context)
     trace.on_request_start.append(_async_on_start)
     trace.on_request_redirect.append(_async_on_redirect)
-    return aiohttp.ClientSession(timeout=timeout, trace_configs=[trace])
+    return aiohttp.ClientSession(timeout=timeout, trace_configs=[trace], connector=aiohttp.TCPConnector(resolver=resolver))
