@@ -73,9 +73,13 @@ def _model_text(m: Mapping[str, Any]) -> str:
 def _number(value: object) -> float | None:
     """A peer's figure if it is a finite number (its HELLO is any JSON: a string beside a number made
     `min` raise in the cell at every repaint, 2026-12-07)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)  # (an integer of hundreds of digits: OverflowError, review r61)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _ms_per_layer(p: Mapping[str, Any]) -> float | None:

@@ -259,3 +259,5 @@ def test_peers_model_takes_a_peer_s_ms_per_layer_as_its_word(qapp):
     assert model.cell_text(key, "ms/layer") == "3.0 ms"
     model.on_peer_event("changed", _peer(5, hardware={"ms_per_layer": float("inf")}, models=[]))
     assert "inf" not in model.cell_text(key, "ms/layer")
+    model.on_peer_event("changed", _peer(5, hardware={"ms_per_layer": 10 ** 400}, models=[]))  # review r61:
+    assert "ms" not in model.cell_text(key, "ms/layer")  # OverflowError at every repaint
