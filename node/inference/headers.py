@@ -15,6 +15,7 @@ import asyncio
 import ipaddress
 import logging
 import re
+import socket
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -98,6 +99,26 @@ def on_this_machine(transport: str | None, address: str | None) -> bool:
         return False
 
 
+def _this_machine(host: str) -> bool:
+    """Whether an origin's host names this machine in any spelling the connection would take:
+    localhost and its subdomains, loopback and unspecified addresses, IPv4 in the forms inet_aton
+    reads (127.1, 2130706433, 0x7f000001) and IPv4-mapped IPv6 (review r61: those passed for a remote
+    host)."""
+    name = host.rstrip(".").lower()
+    if name in ("localhost", "localhost.localdomain") or name.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(name))
+        except OSError:
+            return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified
+
+
 def _fetchable_origin(url: str, local_peer: bool) -> bool:
     """An origin a peer's advert may make this node fetch: https (the server's certificate is
     checked), or plain http only on loopback (a local mirror) and only from a peer on this machine
@@ -119,11 +140,7 @@ def _fetchable_origin(url: str, local_peer: bool) -> bool:
         return False
     if not host or parsed.scheme not in ("http", "https"):
         return False
-    try:
-        loopback = host.rstrip(".") == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if loopback:  # this machine's, https too (a local dev server's certificate may be trusted: mkcert)
+    if _this_machine(host):  # this machine's, https too (a local dev server's certificate may be trusted: mkcert)
         return local_peer
     return parsed.scheme == "https"
 

@@ -328,3 +328,16 @@ def test_a_loopback_origin_is_fetched_only_for_a_peer_on_this_machine(holder, tm
             swarm.close()
             await models.async_close()
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("host", ["127.1", "2130706433", "0x7f000001", "0.0.0.0", "[::]", "[::ffff:127.0.0.1]",
+                                  "[::1]", "LOCALHOST", "localhost.localdomain", "app.localhost", "127.0.0.1."])
+def test_every_spelling_of_this_machine_is_refused_from_a_remote_peer(host):
+    """Review r61: https://127.1, https://2130706433, https://[::ffff:127.0.0.1] and the like passed
+    for a remote host, so a member on another machine still had this node connect to its own services."""
+    from node.inference.headers import _fetchable_origin
+
+    url = f"https://{host}:8443/m.gguf"
+    assert not _fetchable_origin(url, local_peer=False), url
+    assert _fetchable_origin(url, local_peer=True), url  # (a peer on this machine: its loopback is ours)
+    assert _fetchable_origin("https://huggingface.co/m.gguf", local_peer=False)
