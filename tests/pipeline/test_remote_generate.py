@@ -209,7 +209,7 @@ def test_generate_frames_from_a_raw_peer(pair, tmp_path):
             ({**good.to_header(), "sid": "bad/vocab"}, Generate("x", full_sha, (1, 2, 99999), good.sampling, 4,
                                                                  me).payload(), "malformed_generate"),
             ({**good.to_header(), "sid": "bad/sampling", "sampling": {"temperature": "hot"}}, good.payload(),
-             "malformed_generate"),
+             "sampling_unsupported"),  # (a value this version refuses: the coordinator tries another node)
             ({**good.to_header(), "sid": "bad/coord", "coord": "0" * 64}, good.payload(), "coordinator_mismatch"),
             ({**good.to_header(), "sid": "bad/sha", "model": "0" * 64}, good.payload(), "model_not_held_whole"),
         ]
