@@ -239,12 +239,16 @@ async def test_a_sub_range_is_served_by_the_smallest_containing_slice(tmp_path):
         assert host.containing(entry.sha256, 3, 6).start == 2
         assert host.containing(entry.sha256, 0, 2).start == 0
         assert host.containing(entry.sha256, 2, 6).start == 2  # exact first
-        ref = SliceModel.load(entry.path, dtype="f32")
         prompt = [5, 6, 7, 8]
-        expected = int(ref.forward(ref.new_session("r"), torch.tensor(prompt), 0, last_only=True)[-1].argmax())
-        lower = SliceModel.load(entry.path, 0, 3, dtype="f32")
-        hidden = lower.forward(lower.new_session("h"), torch.tensor(prompt), 0)
-        meta, data = encode_activations(hidden, 32)
+
+        def references():  # (off the loop: two loads and forwards took 0.3 s of its CPU, the loop police)
+            ref = SliceModel.load(entry.path, dtype="f32")
+            expected = int(ref.forward(ref.new_session("r"), torch.tensor(prompt), 0, last_only=True)[-1].argmax())
+            lower = SliceModel.load(entry.path, 0, 3, dtype="f32")
+            hidden = lower.forward(lower.new_session("h"), torch.tensor(prompt), 0)
+            return expected, hidden, *encode_activations(hidden, 32)
+
+        expected, hidden, meta, data = await asyncio.get_running_loop().run_in_executor(None, references)
         work = Work(sid="sub", model=entry.sha256, seq=0, index_pos=0, n_tokens=len(prompt),
                     route=(Hop(NEXT, 0, 3), Hop(ME, 3, 6)), hop=1, coordinator=COORD, sample=True,
                     sampling=SamplingParams(temperature=0.0), act=meta)
@@ -263,8 +267,11 @@ async def test_a_sub_range_is_served_by_the_smallest_containing_slice(tmp_path):
         w.on_work(head.to_header(), encode_tokens(prompt), COORD)
         await wait_until(lambda: any(f.type == FrameType.WORK for f in peers.sent), 30, what="forwarded WORK")
         fwd = next(f for f in peers.sent if f.type == FrameType.WORK)
-        two = SliceModel.load(entry.path, 0, 2, dtype="f32")
-        want = two.forward(two.new_session("w"), torch.tensor(prompt), 0)
+        def first_two():
+            two = SliceModel.load(entry.path, 0, 2, dtype="f32")
+            return two.forward(two.new_session("w"), torch.tensor(prompt), 0)
+
+        want = await asyncio.get_running_loop().run_in_executor(None, first_two)
         fwd_work = Work.from_header(fwd.header)
         assert torch.allclose(decode_activations(fwd_work.act, fwd.payload), want, atol=1e-6)
         assert host.find(entry.sha256, 0, 6).model.session("top").n_layers == 2
