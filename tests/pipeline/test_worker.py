@@ -352,7 +352,8 @@ async def test_a_member_naming_itself_the_hop_before_cannot_step_anothers_sessio
     peers = RecordingPeers()
     w = SegmentWorker(ME, host, PipelineTransport(ME, peers))
     try:
-        lower = SliceModel.load(entry.path, 0, 3, dtype="f32")
+        lower = await asyncio.get_running_loop().run_in_executor(  # (off the loop: the loop police)
+            None, lambda: SliceModel.load(entry.path, 0, 3, dtype="f32"))
 
         def step(sender: str, seq: int, index_pos: int, tokens: list[int]) -> None:
             hidden = lower.forward(lower.new_session(f"h{seq}"), torch.tensor(tokens), 0)
