@@ -55,6 +55,9 @@ class NodeHost(QObject):
 
     state_changed = Signal(str)
     started = Signal()  # the node is up (peers may now be attached)
+    # this node's swarm changed (a join, a leave, a removal asked here): no peer event says so when
+    # no peer is in the table, and the Peers tab and the tray kept naming the swarm it had left
+    swarm_changed = Signal()
 
     def __init__(self, config: NodeConfig, parent: QObject | None = None):
         super().__init__(parent)
@@ -158,6 +161,27 @@ class NodeHost(QObject):
         model_id = await self.node.async_add_model(path, "gui")
         await self.async_load(model_id)
         return model_id
+
+    async def async_join(self, code: str) -> str:
+        """Join the swarm of the node that made the invite code (Join a swarm…)."""
+        try:
+            return await self.node.async_join(code)
+        finally:
+            self.swarm_changed.emit()
+
+    async def async_leave(self) -> str:
+        """Leave the swarm for a new private one of this node alone (Leave swarm)."""
+        try:
+            return await self.node.async_leave()
+        finally:
+            self.swarm_changed.emit()
+
+    async def async_remove_member(self, node_id: str) -> int:
+        """Remove a member and rotate the swarm secret (Remove from swarm)."""
+        try:
+            return await self.node.async_remove_member(node_id)
+        finally:
+            self.swarm_changed.emit()
 
     # --- state ---
 

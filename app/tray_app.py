@@ -45,6 +45,7 @@ class TrayApp:
         self.feeds.peers.modelReset.connect(self.tray.refresh_swarm)  # a join or leave resets the peers
         self.feeds.peers.rowsInserted.connect(self.tray.refresh_swarm)
         self.feeds.peers.dataChanged.connect(self.tray.refresh_swarm)
+        self.host.swarm_changed.connect(self.tray.refresh_swarm)  # (alone: no peer row changes)
         self._quit = asyncio.Event()
         self.exit_code = 0
 

@@ -82,6 +82,7 @@ class PeersTab(QWidget):
         for signal in (model.rowsInserted, model.rowsRemoved, model.modelReset, model.dataChanged):
             signal.connect(self._update)
         host.started.connect(self._update)
+        host.swarm_changed.connect(self._update)
         self._update()
 
     def _update(self, *_args) -> None:
@@ -134,7 +135,7 @@ class PeersTab(QWidget):
                           "Leave this swarm? Every link closes and this device starts a new private swarm "
                           "of its own; to come back it needs a new invite.", QMessageBox.StandardButton.Cancel, self)
         box.addButton("Leave", QMessageBox.ButtonRole.AcceptRole).clicked.connect(
-            lambda: spawn(self.host.node.async_leave(), what="leaving the swarm", on_error=self.count.setText))
+            lambda: spawn(self.host.async_leave(), what="leaving the swarm", on_error=self.count.setText))
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
 
@@ -148,7 +149,7 @@ class PeersTab(QWidget):
                           "is rotated; the other members get the new one.",
                           QMessageBox.StandardButton.Cancel, self)
         box.addButton("Remove", QMessageBox.ButtonRole.AcceptRole).clicked.connect(
-            lambda: spawn(self.host.node.async_remove_member(node_id), what="removing a member",
+            lambda: spawn(self.host.async_remove_member(node_id), what="removing a member",
                           on_error=self.count.setText))
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()

@@ -146,7 +146,7 @@ class JoinDialog(QDialog):
 
     async def _async_join(self, code: str) -> None:
         try:
-            swarm = await self.host.node.async_join(code)
+            swarm = await self.host.async_join(code)
         except NodeError as exc:
             self._failed(exc.message)
             return
