@@ -350,7 +350,11 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         loop = asyncio.get_running_loop()
         if sha256 is not None:
             await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256, origin_url)
-        entry, new = await loop.run_in_executor(None, self.catalog.add_file, path, source)
+        # a refused file of the models folder stays listed ("Not served: …") until it changes or goes;
+        # one added from elsewhere (the GUI's Add, `models add`) is refused to its caller only
+        in_folder = path.parent == self.data_dir / MODELS_DIR
+        entry, new = await loop.run_in_executor(
+            None, functools.partial(self.catalog.add_file, path, source, keep_refusal=in_folder))
         if new:
             await self.models.async_register(entry)
             self.note_activity(f"model {entry.id} added ({source})")

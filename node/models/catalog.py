@@ -240,13 +240,19 @@ class ModelCatalog:
                  (time.monotonic() - started) * 1000)
         return found
 
-    def add_file(self, path: Path, source: str) -> tuple[ModelEntry, bool]:
+    def add_file(self, path: Path, source: str, *, keep_refusal: bool = True) -> tuple[ModelEntry, bool]:
         """One file added while the node runs (blocking): the catalog's entry for it and whether it is
         new (the same file, or a file of the same id, added again is the entry already here);
-        ModelLoadError saying why it cannot be served."""
+        ModelLoadError saying why it cannot be served. `keep_refusal=False` (a path the caller was
+        told about, outside the models folder): a refusal is that answer only, not a file listed as
+        skipped for the rest of the run (the folder watch forgets only its own folder's)."""
         entry, new = self._scan_one(path, source)
         if entry is None:
-            raise ModelLoadError(self.skipped.get(path) or self.ignored.get(path) or f"{path.name} could not be read (see node.log)")
+            why = self.skipped.get(path) or self.ignored.get(path) or f"{path.name} could not be read (see node.log)"
+            if not keep_refusal:
+                self.skipped.pop(path, None)
+                self.ignored.pop(path, None)
+            raise ModelLoadError(why)
         return entry, new
 
     def _scan_one(self, path: Path, source: str) -> tuple[ModelEntry | None, bool]:
