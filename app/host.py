@@ -121,14 +121,17 @@ class NodeHost(QObject):
 
     def set_contributing(self, on: bool) -> None:
         """The tray's "Pause contributing": stop (or resume) serving work for peers; a pause also
-        frees the slices' memory. Kept in config.toml for the next start."""
-        if self.node.config.contribute == on:
-            return
-        log.info("DIAG: contributing change asked contribute=%s source=tray", on)
+        frees the slices' memory (the Swarm tab's box too). Kept in config.toml for the next start."""
         if not self.is_started:  # nothing runs yet: the flag is all there is
-            self.node.config.contribute = on
-            self._recompute()
+            if self.node.config.contribute != on:
+                self.node.config.contribute = on
+                self._recompute()
             return
+        # asked even when the flag says so already: a change asked before may not have run yet (another
+        # contributions change held the node's lock), and the last click must win; until 2026-12-07 an
+        # un-pause right after a pending pause was dropped here and the pause ran alone. The node's
+        # changes run in the order asked, and one to the state it is in does nothing.
+        log.info("DIAG: contributing change asked contribute=%s source=app", on)
         spawn(self.node.contributions.async_set_paused(not on), what="changing contributing")
 
     async def async_help_serve(self, model_id: str, budget_mb: int) -> None:
