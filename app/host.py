@@ -64,6 +64,9 @@ class NodeHost(QObject):
         self.node = Node(config)
         self.state = AppState.STARTING
         self.start_error: str | None = None
+        # why the last "Add model file…" was refused (not a GGUF, truncated): the first-run banner says
+        # it, wherever the Add was clicked (the Overview's banner, where the Models tab's line is not seen)
+        self.add_error: str | None = None
         self.is_started = False
         self._unsubscribe = self.node.models.subscribe(self._on_model_event)
         # layer slices load, fail and go after the start too (--serve auto, "Help serve", a resume)
@@ -161,7 +164,15 @@ class NodeHost(QObject):
     async def async_add_model(self, path: Path) -> str:
         """Serve a GGUF file for this session (catalog, register, load); returns its id."""
         self._require_started()
-        model_id = await self.node.async_add_model(path, "gui")
+        try:
+            model_id = await self.node.async_add_model(path, "gui")
+        except NodeError as exc:
+            self.add_error = exc.message if path.name in exc.message else f"{path.name}: {exc.message}"
+            self.state_changed.emit(self.state.value)  # (the banner reads it again)
+            raise
+        if self.add_error is not None:
+            self.add_error = None
+            self.state_changed.emit(self.state.value)
         await self.async_load(model_id)
         return model_id
 
@@ -273,6 +284,8 @@ class NodeHost(QObject):
             lines.append(what[0].upper() + what[1:])
         for why in self.node.catalog.skipped_reasons():  # a truncated copy in the models folder
             lines.append(f"Not served: {why}")
+        if self.add_error is not None:
+            lines.append(f"Not added: {self.add_error}")
         for job in self.node.downloads.all():  # (the Models tab's Download…: it serves once done)
             if job.active:
                 done = f": {100 * job.done_bytes / job.total_bytes:.0f}%" if job.total_bytes else ""
