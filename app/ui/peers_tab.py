@@ -125,7 +125,7 @@ class PeersTab(QWidget):
 
     def join(self) -> JoinDialog:
         """Ask for a code and join its swarm."""
-        dialog = JoinDialog(self.host, self)
+        dialog = JoinDialog(self.host, self, tell=self.count.setText)  # (closed before the join ended)
         dialog.open()
         return dialog
 

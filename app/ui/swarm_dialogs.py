@@ -9,6 +9,7 @@ Both are non-modal (`open()`): a modal dialog inside a coroutine would nest even
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import segno
 from PySide6.QtCore import QRectF, Qt
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from shiboken6 import isValid
 
 from app.host import NodeHost
 from app.tasks import spawn
@@ -93,7 +95,10 @@ class InviteDialog(QDialog):
         try:
             code, expires_at = await self.host.node.async_invite()
         except NodeError as exc:
-            self.status.setText(f"No invite: {exc.message}")
+            if isValid(self.status):
+                self.status.setText(f"No invite: {exc.message}")
+            return
+        if not isValid(self.code):  # closed (deleted) meanwhile: a code no one sees, used by no one
             return
         self.code.setText(code)
         self.copy.setEnabled(True)
@@ -110,9 +115,13 @@ class InviteDialog(QDialog):
 class JoinDialog(QDialog):
     """Paste a code, press Join."""
 
-    def __init__(self, host: NodeHost, parent: QWidget | None = None):
+    def __init__(self, host: NodeHost, parent: QWidget | None = None, *,
+                 tell: Callable[[str], object] | None = None):
         super().__init__(parent)
         self.host = host
+        # where the join's outcome goes once the dialog is closed (deleted on close) before it ended:
+        # written to its deleted labels, it was a RuntimeError traceback in the log and no word
+        self._tell = tell
         self.setWindowTitle("Join a swarm")
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         intro = QLabel("Paste the invite code made on a device of the swarm you want to join. This "
@@ -150,9 +159,18 @@ class JoinDialog(QDialog):
         except NodeError as exc:
             self._failed(exc.message)
             return
-        self.status.setText(f"Joined swarm {swarm}.")
-        self.buttons.button(QDialogButtonBox.StandardButton.Cancel).setText("Close")
+        if self._say(f"Joined swarm {swarm}."):
+            self.buttons.button(QDialogButtonBox.StandardButton.Cancel).setText("Close")
 
     def _failed(self, message: str) -> None:
-        self.status.setText(f"Could not join: {message}")
-        self.join_button.setEnabled(True)
+        if self._say(f"Could not join: {message}"):
+            self.join_button.setEnabled(True)
+
+    def _say(self, text: str) -> bool:
+        """Show the outcome; False when the dialog is gone (then it goes to `tell`)."""
+        if isValid(self.status):
+            self.status.setText(text)
+            return True
+        if self._tell is not None:
+            self._tell(text)
+        return False
