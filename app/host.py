@@ -282,9 +282,10 @@ class NodeHost(QObject):
                 lines.append(f"Layers {s.start}–{s.end - 1} of {s.entry.id} failed to load: {s.retrying} (retrying…)")
         for what in self.serving().choice_failed:  # (--serve auto's, "Help serve"'s: the slice itself is gone)
             lines.append(what[0].upper() + what[1:])
-        for why in self.node.catalog.skipped_reasons():  # a truncated copy in the models folder
+        skipped = self.node.catalog.skipped_reasons()
+        for why in skipped:  # a truncated copy in the models folder
             lines.append(f"Not served: {why}")
-        if self.add_error is not None:
+        if self.add_error is not None and self.add_error not in skipped:  # (a file of the models folder: said)
             lines.append(f"Not added: {self.add_error}")
         for job in self.node.downloads.all():  # (the Models tab's Download…: it serves once done)
             if job.active:

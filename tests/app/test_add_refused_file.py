@@ -45,3 +45,21 @@ def test_a_refused_add_is_said_as_the_adds_outcome_not_listed_as_not_served(qtbo
             assert "junk.gguf" not in report
 
     run(body())
+
+
+def test_a_refused_add_of_a_file_in_the_models_folder_is_said_once(qtbot, run, tmp_path):
+    async def body():
+        async with running_app(node_config(tmp_path / "data")) as app:
+            junk = app.host.models_dir / "junk.gguf"
+            junk.write_bytes(b"not a gguf at all" * 100)
+            tab = app.window.models_tab
+            tab.add_model_file(junk)
+            await wait_until(lambda: "adding junk.gguf failed" in tab.status.full_text, DEADLINE_S,
+                             what="the add to fail")
+            banner = app.window.overview_tab.banner
+            banner.update_from_host()
+            said = banner.text.text()
+            # listed as not served (the folder's file stays refused until it changes or goes), not twice
+            assert said.count("junk.gguf") == 1 and "Not served: junk.gguf is not a GGUF file" in said, said
+
+    run(body())
