@@ -25,7 +25,7 @@ from node.errors import DownloadFailed
 
 from .hub import hub_headers, linked_sha256, refusal_hint, retry_after_s
 from .job import DownloadJob
-from .partfile import discard_part, resumable, write_sidecar
+from .partfile import discard_part, resumable, size_or_zero, write_sidecar
 from .urls import display_url, http_error
 
 GGUF_MAGIC = b"GGUF"
@@ -86,7 +86,10 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             job.resumed_from = offset
         if total is not None:
             free = (await loop.run_in_executor(io, shutil.disk_usage, models_dir)).free
-            if total - offset > free:
+            # from zero (a changed file, a server ignoring Range): the kept .part is overwritten, its
+            # bytes are room for the new ones (2026-12-07: not counted, such a restart was refused)
+            freed = 0 if offset else await loop.run_in_executor(io, size_or_zero, part)
+            if total - offset > free + freed:
                 raise DownloadFailed(f"not enough disk space: {(total - offset) / 1e6:.0f} MB to download, "
                                      f"{free / 1e6:.0f} MB free in {models_dir}")
         # what a later attempt must present to resume: the same file, the same version

@@ -1,0 +1,65 @@
+"""A download going on from what an earlier one left in models/ (a `.part` and its sidecar), against
+local origins (tests/support/rangeserver.py, tests/support/hubserver.py): a partial file of another
+version restarted from zero is not counted as space already used up."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from node import const
+from node.models.download import ModelDownloader
+from tests.support.rangeserver import ThreadedOrigin
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+DATA = b"GGUF" + os.urandom(2 << 20)
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch):
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+
+
+def _leave_part(models: Path, name: str, url: str, body: bytes, validator: str) -> Path:
+    """What an earlier download of `url` left: `name.part` holding `body`, its sidecar naming `validator`."""
+    models.mkdir(parents=True, exist_ok=True)
+    part = models / (name + ".part")
+    part.write_bytes(body)
+    (models / (name + ".part.json")).write_text(json.dumps({"url": url, "validator": validator}), encoding="utf-8")
+    return part
+
+
+async def _download(models: Path, url: str):
+    got = {}
+
+    async def on_file(path, sha256, origin, _url=None):
+        got.update(path=path, sha256=sha256)
+        return "model-id"
+
+    dl = ModelDownloader(models, on_file)
+    job = dl.start(url)
+    await wait_until(lambda: not job.active, timeout_s=30, what="the download to end")
+    return job, got
+
+
+async def test_a_changed_files_restart_counts_the_partial_file_it_overwrites_as_free(tmp_path, monkeypatch):
+    """The file changed on the server since a paused download (If-Range: a 200, from zero): the old
+    `.part` is overwritten, so its bytes are space the new version can use. They were not counted,
+    and a disk with room for the file once the old bytes go was refused as too small, every time."""
+    models = tmp_path / "models"
+    with ThreadedOrigin(DATA) as origin:
+        have = len(DATA) * 3 // 4
+        _leave_part(models, "m.gguf", origin.url, b"GGUF" + bytes(have - 4), '"v0"')  # another version's
+        usage = shutil.disk_usage(tmp_path)
+        free = len(DATA) - have // 2  # less than the file, more than it once the old bytes are gone
+        monkeypatch.setattr(shutil, "disk_usage", lambda _path: usage._replace(free=free))
+        job, got = await _download(models, origin.url)
+        assert job.state == "done", job.error
+        assert got["path"].read_bytes() == DATA
+        assert origin.ranges == [f"bytes={have}-"]  # asked to resume; the origin answered the whole new file
