@@ -1,18 +1,22 @@
 """A download going on from what an earlier one left in models/ (a `.part` and its sidecar), against
 local origins (tests/support/rangeserver.py, tests/support/hubserver.py): a partial file of another
-version restarted from zero is not counted as space already used up."""
+version restarted from zero is not counted as space already used up, and a partial file already
+complete (the origin's 416) is still checked against the Hub's X-Linked-Etag before it is served."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from node import const
 from node.models.download import ModelDownloader
+from tests.support.hubserver import HubServer
 from tests.support.rangeserver import ThreadedOrigin
 from tests.support.waiting import wait_until
 
@@ -63,3 +67,29 @@ async def test_a_changed_files_restart_counts_the_partial_file_it_overwrites_as_
         assert job.state == "done", job.error
         assert got["path"].read_bytes() == DATA
         assert origin.ranges == [f"bytes={have}-"]  # asked to resume; the origin answered the whole new file
+
+
+@pytest_asyncio.fixture
+async def hub(monkeypatch, tmp_path):
+    srv = HubServer(DATA)
+    await srv.start()
+    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # never the real user's token file
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    yield srv
+    await srv.stop()
+
+
+async def test_a_complete_partial_file_the_cdn_answers_416_for_is_checked_against_x_linked_etag(tmp_path, hub):
+    """Every byte arrived, wrong (the node stopped while hashing them): the resume's Range starts at the
+    file's end, the CDN answers 416, and the file was served without the Hub's hash being checked,
+    which a download from zero would have refused."""
+    models = tmp_path / "models"
+    wrong = b"GGUF" + bytes(len(DATA) - 4)  # the right size, the wrong bytes
+    part = _leave_part(models, "m.gguf", hub.url, wrong, hub.cdn_etag)
+    job, got = await _download(models, hub.url)
+    assert hub.cdn_requests and hub.cdn_requests[-1]["Range"] == f"bytes={len(DATA)}-"  # the 416 path
+    assert job.state == "failed" and "X-Linked-Etag" in (job.error or ""), (job.state, job.error)
+    assert not got and not (models / "m.gguf").exists() and not part.exists()
+    assert hashlib.sha256(DATA).hexdigest() in job.error

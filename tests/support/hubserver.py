@@ -1,6 +1,6 @@
 """A local stand-in for Hugging Face: the Hub's resolve URL answers 302 to a signed URL on a CDN
 (another port, or a relative Location), with X-Linked-Size / X-Linked-Etag (the file's sha256,
-quoted) / ETag / x-repo-commit; the CDN serves Range and If-Range, refuses an expired signed URL
+quoted) / ETag / x-repo-commit; the CDN serves Range and If-Range (416 past the file's end), refuses an expired signed URL
 with 403, and misbehaves on request. Both record each request's headers. More files of the repo
 (a split model's parts) are served with `add_file` before `start`; `served` counts each file's
 body bytes sent. `presigned(path)` is an S3-style URL of one file on the CDN, its signature valid
@@ -191,6 +191,8 @@ class HubServer:
         rng = request.headers.get("Range")
         if rng and request.headers.get("If-Range") in (None, self.cdn_etag):
             start = int(rng.removeprefix("bytes=").split("-")[0])
+            if start >= len(data):  # past the end, as S3 and CloudFront answer it
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}", "ETag": self.cdn_etag})
             end = rng.split("-")[1]
             stop = int(end) + 1 if end else len(data)
         else:

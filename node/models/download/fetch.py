@@ -53,6 +53,9 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
     if have and if_range:
         headers.update({"Range": f"bytes={have}-", "If-Range": if_range})
     async with session.get(job.url, headers=headers) as resp:
+        # the Hub's hash is on its redirect whatever the CDN answers: also a 416 (every byte already
+        # here) is checked against it (2026-12-07: it was not, and a complete wrong .part was served)
+        job.linked_sha256 = linked_sha256(resp.history, resp.headers) or job.linked_sha256
         if resp.status == 416 and have and content_range(resp.headers.get("Content-Range"))[1] == have:
             job.total_bytes = job.done_bytes = have  # an earlier attempt already had every byte
             return
@@ -66,7 +69,6 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
                 refusal_hint(str(resp.url), resp.status, "Authorization" in headers)  # the Hub's, not the CDN's
             raise DownloadFailed(f"{http_error(resp.status)} from {display_url(job.url)}{hint}",
                                  origin_status=resp.status)
-        job.linked_sha256 = linked_sha256(resp.history, resp.headers) or job.linked_sha256
         if resp.status == 206:
             first, total = content_range(resp.headers.get("Content-Range"))
             if first != have:  # not where we asked: start over rather than splice wrong bytes
