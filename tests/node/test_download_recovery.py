@@ -17,7 +17,7 @@ import pytest_asyncio
 from node import const
 from node.models.download import ModelDownloader
 from tests.support.hubserver import HubServer
-from tests.support.rangeserver import ThreadedOrigin
+from tests.support.rangeserver import ThreadedOrigin, other_bytes
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -93,3 +93,32 @@ async def test_a_complete_partial_file_the_cdn_answers_416_for_is_checked_agains
     assert job.state == "failed" and "X-Linked-Etag" in (job.error or ""), (job.state, job.error)
     assert not got and not (models / "m.gguf").exists() and not part.exists()
     assert hashlib.sha256(DATA).hexdigest() in job.error
+
+
+async def test_the_rate_stays_true_when_a_resumed_download_restarts_from_zero(tmp_path):
+    """A paused download resumed (206 from its kept bytes), its connection dropped, and the file changed
+    on the server meanwhile (If-Range: a 200, from zero): the rate was (bytes now - bytes kept at the
+    resume) / time, negative until the restart got past the kept bytes; the panel, the Models tab's
+    line and `swarmllm download` showed it ("-0.4 MiB/s")."""
+    models = tmp_path / "models"
+    kept, cut = len(DATA) // 2, len(DATA) // 8
+    newer = other_bytes(DATA, 4)  # the same header, other bytes: another version
+    with ThreadedOrigin(DATA) as origin:
+        _leave_part(models, "m.gguf", origin.url, DATA[:kept], origin.etag)
+        origin.drop_after = cut  # the resume's answer ends early ...
+        origin.change_after = (cut, newer)  # ... and the next request finds the file changed ("v2")
+        rates = []
+
+        async def on_file(_path, _sha256, _origin, _url=None):
+            return "model-id"
+
+        dl = ModelDownloader(models, on_file)
+        dl.subscribe(lambda j: rates.append(j.summary()["mb_per_s"]) if j.state == "downloading" else None)
+        job = dl.start(origin.url)
+        await wait_until(lambda: not job.active, timeout_s=30, what="the download to end")
+        assert job.state == "done", job.error
+        assert (models / "m.gguf").read_bytes() == newer
+        assert len(origin.ranges) == 2 and origin.ranges[0] == f"bytes={kept}-"  # the second answered 200 (v2)
+        assert rates and all(r is not None and r >= 0 for r in rates), rates
+        assert job.summary()["mb_per_s"] > 0
+

@@ -118,6 +118,7 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             async for chunk in resp.content.iter_chunked(_CHUNK):
                 buf += chunk
                 job.done_bytes += len(chunk)
+                job.fetched_bytes += len(chunk)
                 if not checked and len(buf) >= len(GGUF_MAGIC):
                     if bytes(buf[:4]) != GGUF_MAGIC:
                         raise DownloadFailed(f"{display_url(job.url)} is not a GGUF file (it starts with "

@@ -25,6 +25,9 @@ class DownloadJob:
     done_bytes: int = 0
     attempts: int = 0
     resumed_from: int = 0  # bytes kept from an earlier attempt (Range)
+    # bytes this job received from the origin, a restart's thrown away too: its rate's (2026-12-07: the
+    # rate was (done_bytes - resumed_from) / time, negative after a resume restarted from zero)
+    fetched_bytes: int = 0
     error: str | None = None
     model_id: str | None = None
     user_cancelled: bool = False
@@ -70,7 +73,7 @@ class DownloadJob:
 
     def summary(self) -> dict[str, Any]:
         elapsed = (self.finished_at or time.time()) - self.started_at
-        fetched = self.done_bytes - self.resumed_from
+        fetched = self.fetched_bytes
         return {
             "id": self.id, "url": display_url(self.url), "file": self.file_name, "state": self.state,
             "total_bytes": self.total_bytes, "done_bytes": self.done_bytes,

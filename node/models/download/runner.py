@@ -258,7 +258,7 @@ class ModelDownloader:
                         download=job.id, done_mb=round(job.done_bytes / 1e6, 1),
                         total_mb=round(job.total_bytes / 1e6, 1) if job.total_bytes else None,
                         part=job.part if len(job.parts) > 1 else None,
-                        mb_per_s=round((job.done_bytes - job.resumed_from) / 1e6 / max(now - started, 1e-6), 2)))
+                        mb_per_s=round(job.fetched_bytes / 1e6 / max(now - started, 1e-6), 2)))
 
             digests: list[str] = []
             size = 0
@@ -286,7 +286,7 @@ class ModelDownloader:
             log.info("DIAG: model download complete %s", kv(
                 download=job.id, model=job.model_id, bytes=size, elapsed_s=round(elapsed, 1),
                 parts=len(parts) if len(parts) > 1 else None,
-                mb_per_s=round((size - job.resumed_from) / 1e6 / max(elapsed, 1e-6), 2), sha256=digests[0][:16]))
+                mb_per_s=round(job.fetched_bytes / 1e6 / max(elapsed, 1e-6), 2), sha256=digests[0][:16]))
         except asyncio.CancelledError:
             job.stop.set()  # a hash in progress stops
             try:
@@ -340,11 +340,12 @@ class ModelDownloader:
         one = DownloadJob(job.id, url, name, job.sha256 if i == job.named else None, stop=job.stop,
                           total_bytes=job.part_bytes[i],
                           set_named=(job.parts[job.named][0], job.sha256) if len(job.parts) > 1 else None)
-        resumed_before, attempts_before = job.resumed_from, job.attempts
+        resumed_before, attempts_before, fetched_before = job.resumed_from, job.attempts, job.fetched_bytes
 
         def step(one: DownloadJob) -> None:  # this part's progress as the whole set's
             job.state, job.done_bytes = one.state, done_before + one.done_bytes
             job.resumed_from, job.attempts = resumed_before + one.resumed_from, attempts_before + one.attempts
+            job.fetched_bytes = fetched_before + one.fetched_bytes
             job.linked_sha256 = one.linked_sha256
             if one.total_bytes is not None:
                 job.part_bytes[i] = one.total_bytes
