@@ -122,3 +122,30 @@ async def test_the_rate_stays_true_when_a_resumed_download_restarts_from_zero(tm
         assert rates and all(r is not None and r >= 0 for r in rates), rates
         assert job.summary()["mb_per_s"] > 0
 
+
+
+async def test_another_urls_download_under_a_paused_ones_name_is_refused_not_written_over_it(tmp_path):
+    """A paused download of m.gguf (its bytes kept), then another URL's file also called m.gguf (a common
+    name in many repos): the new download took the name and truncated the kept `.part`, gigabytes of
+    another file gone without a word. It is refused now, saying how to go on; the paused one resumes."""
+    from node.errors import Conflict
+
+    models = tmp_path / "models"
+    newer = other_bytes(DATA, 4)
+    with ThreadedOrigin(DATA) as first, ThreadedOrigin(newer) as second:
+        kept = len(DATA) // 2
+        part = _leave_part(models, "m.gguf", first.url, DATA[:kept], first.etag)
+
+        async def on_file(_path, _sha256, _origin, _url=None):
+            return "model-id"
+
+        dl = ModelDownloader(models, on_file)
+        (paused,) = await dl.async_restore()
+        with pytest.raises(Conflict) as refused:
+            dl.start(second.url)
+        assert "m.gguf" in refused.value.message and "filename" in refused.value.message, refused.value.message
+        assert part.stat().st_size == kept and paused.resumable and second.requests == 0
+        job = dl.resume(paused.id)  # the paused one goes on from its bytes
+        await wait_until(lambda: not job.active, timeout_s=30, what="the resumed download to end")
+        assert job.state == "done", job.error
+        assert (models / "m.gguf").read_bytes() == DATA and first.ranges == [f"bytes={kept}-"]

@@ -109,6 +109,12 @@ class ModelDownloader:
             shared = {n.lower() for _u, n in job.parts} & {n.lower() for _u, n in parts} if job.active else set()
             if shared:
                 raise Conflict(f"{min(shared)} is already being downloaded (as part of {job.file_name})")
+        for job in self.jobs.values():  # a paused one's bytes of another file: never truncated by this one
+            kept = {n.lower(): display_url(u) for u, n in job.parts} if job.resumable else {}
+            other = next((n for u, n in parts if kept.get(n.lower(), display_url(u)) != display_url(u)), None)
+            if other is not None:
+                raise Conflict(f"a {job.state} download of {other} from {kept[other.lower()]} keeps its partial file "
+                               f"under that name: resume it, cancel it (which deletes it) or choose another filename")
         set_landed = len(parts) > 1 and (self.models_dir / name).exists()  # part 1 lands last
         for _url, part_name in parts:
             target = self.models_dir / part_name
