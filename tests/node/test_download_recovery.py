@@ -149,3 +149,22 @@ async def test_another_urls_download_under_a_paused_ones_name_is_refused_not_wri
         await wait_until(lambda: not job.active, timeout_s=30, what="the resumed download to end")
         assert job.state == "done", job.error
         assert (models / "m.gguf").read_bytes() == DATA and first.ranges == [f"bytes={kept}-"]
+
+
+async def test_a_login_page_answering_a_resume_leaves_the_kept_bytes_as_they_were(tmp_path):
+    """A paused download resumed where a captive portal or a proxy answers with a page of its own (a
+    200, no ETag): the `.part` was truncated and its sidecar rewritten before the first bytes were
+    checked, then deleted as "not a GGUF file": every byte kept was gone. Now the page is refused
+    before the partial file is touched, and the download resumes from it once the network is back."""
+    models = tmp_path / "models"
+    kept = len(DATA) // 2
+    with ThreadedOrigin(DATA) as origin:
+        part = _leave_part(models, "m.gguf", origin.url, DATA[:kept], origin.etag)
+        origin.fail_from, origin.fail_page = 0, True  # every ranged request gets the page
+        job, _got = await _download(models, origin.url)
+        assert job.state == "failed" and "not a GGUF file" in job.error, job.error
+        assert part.read_bytes() == DATA[:kept] and job.resumable and job.kept_bytes == kept
+        origin.fail_from = None  # the network is back
+        job, got = await _download(models, origin.url)
+        assert job.state == "done", job.error
+        assert got["path"].read_bytes() == DATA and origin.ranges[-1] == f"bytes={kept}-"

@@ -82,6 +82,16 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
         else:  # a fresh start, or a server that ignores Range (or the file changed: If-Range)
             total = resp.content_length
             offset = 0
+        head = b""
+        if offset == 0:  # the file's first bytes, checked before the .part and its sidecar are touched
+            # (2026-12-07: a login or proxy page answering a resume truncated the kept bytes, then
+            # deleted them as "not a GGUF file"; now they stay as they were, to resume later)
+            head = await _async_read_up_to(resp, len(GGUF_MAGIC))
+            if head != GGUF_MAGIC:
+                head += await _async_read_up_to(resp, 16 - len(head))
+                kept = " (the partial file is kept as it was)" if have else ""
+                raise DownloadFailed(f"{display_url(job.url)} is not a GGUF file (it starts with {head!r}: an HTML "
+                                     f"page or an error?){kept}")
         if job.total_bytes is None or total is not None:
             job.total_bytes = total
         if job.state == "starting":  # the first answer with a body (not attempt 1: that may have been a 503)
@@ -99,15 +109,16 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
                                                          job.id, total=job.total_bytes, sha256=job.sha256,
                                                          named=job.set_named))
         fh = await loop.run_in_executor(io, open, part, "r+b" if offset else "wb")
-        job.state, job.done_bytes = "downloading", offset  # once the .part file is there
+        job.state, job.done_bytes = "downloading", offset + len(head)  # once the .part file is there
+        job.fetched_bytes += len(head)
         progress(job)
-        buf = bytearray()
+        buf = bytearray(head)
         late: asyncio.TimerHandle | None = None
         try:
             if offset:
                 await loop.run_in_executor(io, fh.truncate, offset)
                 await loop.run_in_executor(io, fh.seek, offset)
-            checked = offset >= len(GGUF_MAGIC)
+            checked = offset == 0 or offset >= len(GGUF_MAGIC)  # (offset 0: the head, above)
             last_emit = 0.0
 
             def emit_late() -> None:
@@ -147,6 +158,14 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             await loop.run_in_executor(io, fh.close)
         if job.total_bytes is not None and job.done_bytes < job.total_bytes:
             raise aiohttp.ClientPayloadError(f"connection ended at {job.done_bytes} of {job.total_bytes} bytes")
+
+
+async def _async_read_up_to(resp: aiohttp.ClientResponse, n: int) -> bytes:
+    """Up to n bytes of the body (fewer only at its end)."""
+    got = b""
+    while len(got) < n and (more := await resp.content.read(n - len(got))):
+        got += more
+    return got
 
 
 def retry_delay(attempt: int) -> float:
