@@ -168,3 +168,28 @@ async def test_a_login_page_answering_a_resume_leaves_the_kept_bytes_as_they_wer
         job, got = await _download(models, origin.url)
         assert job.state == "done", job.error
         assert got["path"].read_bytes() == DATA and origin.ranges[-1] == f"bytes={kept}-"
+
+
+async def test_the_same_download_asked_again_with_a_sha256_it_is_not_checking_is_refused(tmp_path):
+    """A download running without a hash, then the same URL asked again with `--sha256` (the CLI, the
+    API): the second got the running job back and its hash was never checked, without a word. It is
+    refused now (409, saying why); asked again as it runs, it is still the same job."""
+    from node.errors import Conflict
+
+    models = tmp_path / "models"
+    with ThreadedOrigin(DATA) as origin:
+        origin.stall_after = 256 << 10  # bytes flow, then the origin holds the rest
+
+        async def on_file(_path, _sha256, _origin, _url=None):
+            return "model-id"
+
+        dl = ModelDownloader(models, on_file)
+        job = dl.start(origin.url)
+        await wait_until(lambda: job.done_bytes > 0, timeout_s=30, what="bytes arriving")
+        assert dl.start(origin.url) is job  # the same download, joined
+        with pytest.raises(Conflict) as refused:
+            dl.start(origin.url, sha256="ab" * 32)
+        assert "sha256" in refused.value.message, refused.value.message
+        origin.release.set()
+        await wait_until(lambda: not job.active, timeout_s=30, what="the download to end")
+        assert job.state == "done", job.error

@@ -104,6 +104,10 @@ class ModelDownloader:
             if job.file_name.lower() == name.lower() and job.active:  # one .part per name on any filesystem
                 if job.parts[0][0] != parts[0][0]:
                     raise Conflict(f"{name} is already being downloaded from another URL")
+                if sha256 is not None and sha256.lower() != job.sha256:  # joined, the hash asked went unchecked
+                    raise Conflict(f"{name} is already being downloaded " + (
+                        f"checked against another sha256 ({job.sha256})" if job.sha256 else "without a sha256 check") +
+                        ": wait for it to end, or cancel it and download it again with this sha256")
                 return job
         for job in self.jobs.values():  # a part of a set fetched alone and the whole set: the same .part
             shared = {n.lower() for _u, n in job.parts} & {n.lower() for _u, n in parts} if job.active else set()
