@@ -62,6 +62,12 @@ class PeersTab(QWidget):
         swarm_row.addWidget(self.swarm_label, 1)
         for button in (self.invite_button, self.join_button, self.remove_button, self.leave_button):
             swarm_row.addWidget(button)
+        # what a Join, Leave or Remove came to when its dialog could not say it (closed early, or none):
+        # kept until the next one (review r62: on the count line, the next repaint wrote over it)
+        self.outcome = QLabel()
+        self.outcome.setWordWrap(True)
+        self.outcome.setVisible(False)
+        self.outcome.setAccessibleName("Swarm action outcome")
         top = QHBoxLayout()
         self.count = QLabel()
         top.addWidget(self.count, 1)
@@ -77,6 +83,7 @@ class PeersTab(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(swarm_row)
         layout.addWidget(self.refused_label)
+        layout.addWidget(self.outcome)
         layout.addLayout(top)
         layout.addWidget(self.stack, 1)
         for signal in (model.rowsInserted, model.rowsRemoved, model.modelReset, model.dataChanged):
@@ -113,6 +120,11 @@ class PeersTab(QWidget):
         text = f"Swarm {st['swarm']} ({kind}) · {st['members_connected']} member(s) connected"
         return text + (f" · {len(st['refused'])} refused" if st["refused"] else "")
 
+    def say(self, text: str) -> None:
+        """Show what a swarm action came to (hidden when empty)."""
+        self.outcome.setText(text)
+        self.outcome.setVisible(bool(text))
+
     def selected_peer(self) -> str | None:
         rows = self.view.selectionModel().selectedRows()
         return rows[0].data(ROW_KEY_ROLE) if rows else None
@@ -125,7 +137,8 @@ class PeersTab(QWidget):
 
     def join(self) -> JoinDialog:
         """Ask for a code and join its swarm."""
-        dialog = JoinDialog(self.host, self, tell=self.count.setText)  # (closed before the join ended)
+        self.say("")
+        dialog = JoinDialog(self.host, self, tell=self.say)  # (closed before the join ended)
         dialog.open()
         return dialog
 
@@ -135,7 +148,7 @@ class PeersTab(QWidget):
                           "Leave this swarm? Every link closes and this device starts a new private swarm "
                           "of its own; to come back it needs a new invite.", QMessageBox.StandardButton.Cancel, self)
         box.addButton("Leave", QMessageBox.ButtonRole.AcceptRole).clicked.connect(
-            lambda: spawn(self.host.async_leave(), what="leaving the swarm", on_error=self.count.setText))
+            lambda: spawn(self.host.async_leave(), what="leaving the swarm", on_error=self.say))
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
 
@@ -150,6 +163,6 @@ class PeersTab(QWidget):
                           QMessageBox.StandardButton.Cancel, self)
         box.addButton("Remove", QMessageBox.ButtonRole.AcceptRole).clicked.connect(
             lambda: spawn(self.host.async_remove_member(node_id), what="removing a member",
-                          on_error=self.count.setText))
+                          on_error=self.say))
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()

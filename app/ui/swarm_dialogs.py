@@ -89,7 +89,7 @@ class InviteDialog(QDialog):
     def start(self) -> None:
         """Show the dialog and create the invite."""
         self.open()
-        spawn(self._async_create(), what="creating an invite", on_error=self.status.setText)
+        spawn(self._async_create(), what="creating an invite", on_error=self._failed)
 
     async def _async_create(self) -> None:
         try:
@@ -106,6 +106,12 @@ class InviteDialog(QDialog):
         hours = max(0.0, (expires_at - time.time()) / 3600)
         self.status.setText(f"Valid for {hours:.0f} hours, for one device. Treat it like a password "
                             "until it is used.")
+
+    def _failed(self, text: str) -> None:
+        """An error other than a NodeError (spawn's on_error), said if the dialog is still open (review
+        r62: it wrote to the label of a dialog closed meanwhile, a RuntimeError traceback)."""
+        if isValid(self.status):
+            self.status.setText(text)
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.code.text())

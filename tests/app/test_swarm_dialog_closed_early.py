@@ -35,8 +35,11 @@ def test_closing_the_join_dialog_before_the_join_ends_logs_no_traceback(qtbot, r
             with caplog.at_level(logging.WARNING):
                 dialog.join_button.click()
                 dialog.close()  # deleted on close (WA_DeleteOnClose) while the join is under way
-                await wait_until(lambda: "join" in tab.count.text().lower(), DEADLINE_S,
-                                 what=f"the join's outcome on the Peers tab (it says {tab.count.text()!r})")
+                await wait_until(lambda: "join" in tab.outcome.text().lower(), DEADLINE_S,
+                                 what=f"the join's outcome on the Peers tab (it says {tab.outcome.text()!r})")
+            said = tab.outcome.text()
+            tab._update()  # a repaint (the peers model's ager, a peer row): review r62, it wrote over the outcome
+            assert tab.outcome.text() == said and tab.outcome.isVisibleTo(tab), tab.outcome.text()
             loop.set_exception_handler(None)
             tracebacks = [r for r in caplog.records if r.exc_info]
             assert not tracebacks and not errors, (tracebacks, errors)
@@ -59,5 +62,28 @@ def test_closing_the_invite_dialog_before_its_code_is_made_logs_no_traceback(qtb
             loop.set_exception_handler(None)
             tracebacks = [r for r in caplog.records if r.exc_info]
             assert not tracebacks and not errors, (tracebacks, errors)
+
+    run(body())
+
+
+def test_an_invite_failing_after_its_dialog_closed_logs_no_traceback(qtbot, run, tmp_path, caplog):
+    """Review r62: an error other than a NodeError (an OSError writing swarm.json) went to the
+    closed dialog's label through spawn's error callback: a RuntimeError traceback."""
+    async def body():
+        async with running_app(node_config(tmp_path / "app")) as app:
+            async def failing(*_args, **_kwargs):
+                await asyncio.sleep(0.1)
+                raise OSError("disk full writing swarm.json")
+            app.node.async_invite = failing
+            errors: list = []
+            loop = asyncio.get_running_loop()
+            loop.set_exception_handler(lambda _loop, context: errors.append(context))
+            with caplog.at_level(logging.WARNING):
+                dialog = app.window.peers_tab.invite()
+                dialog.close()
+                await wait_until(lambda: "creating an invite failed" in caplog.text, DEADLINE_S,
+                                 what="the invite's failure")  # (its error callback runs in the same step)
+            loop.set_exception_handler(None)
+            assert not errors, errors
 
     run(body())
