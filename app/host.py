@@ -73,6 +73,8 @@ class NodeHost(QObject):
         self._unsubscribe_slices = self.node.slice_host.subscribe(self._on_slice_event)
         self._unsubscribe_peers: Callable[[], None] = lambda: None
         self._unsubscribe_contributions = self.node.contributions.events.subscribe(self._recompute)
+        # a join, leave or remove, the app's or the admin API's / CLI's (review r62)
+        self._unsubscribe_swarm = self.node.swarm_events.subscribe(self.swarm_changed.emit)
 
     # --- lifecycle ---
 
@@ -113,6 +115,7 @@ class NodeHost(QObject):
         self._unsubscribe_slices()
         self._unsubscribe_peers()
         self._unsubscribe_contributions()
+        self._unsubscribe_swarm()
         await self.node.stop()
         self.is_started = False
 
@@ -178,24 +181,15 @@ class NodeHost(QObject):
 
     async def async_join(self, code: str) -> str:
         """Join the swarm of the node that made the invite code (Join a swarm…)."""
-        try:
-            return await self.node.async_join(code)
-        finally:
-            self.swarm_changed.emit()
+        return await self.node.async_join(code)  # (swarm_changed: the node's swarm_events)
 
     async def async_leave(self) -> str:
         """Leave the swarm for a new private one of this node alone (Leave swarm)."""
-        try:
-            return await self.node.async_leave()
-        finally:
-            self.swarm_changed.emit()
+        return await self.node.async_leave()  # (swarm_changed: the node's swarm_events)
 
     async def async_remove_member(self, node_id: str) -> int:
         """Remove a member and rotate the swarm secret (Remove from swarm)."""
-        try:
-            return await self.node.async_remove_member(node_id)
-        finally:
-            self.swarm_changed.emit()
+        return await self.node.async_remove_member(node_id)  # (swarm_changed: the node's swarm_events)
 
     # --- state ---
 

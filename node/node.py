@@ -52,6 +52,7 @@ from node.models.download import ModelDownloader
 from node.models.header import HEADERS_DIR, HeaderCache
 from node.models.sources import model_sources
 from node.net import FrameType, PeerManager, async_load_or_create_identity
+from node.observe import Observers
 from node.origin_checks import OriginChecks
 from node.status import node_ready, node_stats
 from node.stopping import async_bounded, async_drain, async_drain_others
@@ -109,6 +110,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         self.embedder: RemoteEmbedder | None = None  # asks peers holding a model whole for embeddings
         self.started_at: float | None = None
         self.activity: collections.deque[str] = collections.deque(maxlen=const.ACTIVITY_RING_SIZE)
+        self.swarm_events: Observers[[]] = Observers("swarm")  # a join, leave or remove ended (SwarmActions)
         self.host_names: list[str] = []  # this machine's names, redacted from reports
         self.user_names: list[str] = []  # the user's names, redacted from reports
         self._machine_task: asyncio.Task | None = None

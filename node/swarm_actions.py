@@ -12,6 +12,8 @@ class SwarmActions:
     """Mixed into Node: needs its `peers` (PeerManager or None) and `note_activity`."""
 
     peers: Any
+    swarm_events: Any  # Node's Observers: a join, leave or remove ended (the app's swarm lines; review r62:
+    # one made through the admin API or the CLI left them naming the old swarm)
 
     def note_activity(self, text: str) -> None:  # Node's
         raise NotImplementedError
@@ -33,19 +35,28 @@ class SwarmActions:
 
     async def async_join(self, code: str) -> str:
         """Join the swarm of the node that made the code."""
-        swarm = await self._swarm().async_join(code)
+        try:
+            swarm = await self._swarm().async_join(code)
+        finally:
+            self.swarm_events.emit()
         self.note_activity(f"joined swarm {swarm}")
         return swarm
 
     async def async_leave(self) -> str:
         """Leave the swarm (a new private one of this node alone)."""
-        swarm = await self._swarm().async_leave()
+        try:
+            swarm = await self._swarm().async_leave()
+        finally:
+            self.swarm_events.emit()
         self.note_activity(f"left the swarm; now alone in {swarm}")
         return swarm
 
     async def async_remove_member(self, node_id: str) -> int:
         """Remove a member and rotate the swarm secret."""
-        told = await self._swarm().async_remove(node_id)
+        try:
+            told = await self._swarm().async_remove(node_id)
+        finally:
+            self.swarm_events.emit()
         self.note_activity(f"removed {node_id[:8]} from the swarm")
         return told
 

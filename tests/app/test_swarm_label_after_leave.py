@@ -31,3 +31,26 @@ def test_leaving_with_no_peer_renames_the_swarm_in_the_peers_tab_and_the_tray(qt
                                   f"{app.tray.swarm_action.text()!r}")
 
     run(body())
+
+
+def test_a_leave_through_the_admin_api_renames_the_swarm_in_the_app_too(qtbot, run, tmp_path):
+    """Review r62: `swarmllm swarm leave` (the admin API) on the app's own node left both lines naming
+    the old swarm: only the app's own buttons said the swarm changed. The node says it now."""
+    async def body():
+        import aiohttp
+
+        async with running_app(node_config(tmp_path / "app")) as app:
+            tab = app.window.peers_tab
+            old = app.node.swarm_status()["swarm"]
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"http://127.0.0.1:{app.node.api.port}/api/admin/swarm/leave",
+                    headers={"Authorization": f"Bearer {app.node.api_key}"}) as reply:
+                assert reply.status == 200, await reply.text()
+            new = app.node.swarm_status()["swarm"]
+            assert new != old
+            await wait_until(lambda: tab.swarm_label.text().startswith(f"Swarm {new} (private)")
+                             and app.tray.swarm_action.text() == f"Swarm: {new} (private)", 10,
+                             what=f"the Peers tab and the tray naming {new}: {tab.swarm_label.text()!r}, "
+                                  f"{app.tray.swarm_action.text()!r}")
+
+    run(body())
