@@ -138,18 +138,14 @@ def test_download_progress_through_pause_and_resume(qtbot, run, data_dir, tiny_m
 def test_download_of_a_hugging_face_repo_and_quant(qtbot, run, data_dir, tiny_model, tmp_path, monkeypatch):
     """Download… takes `hf://owner/repo:QUANT` (2026-12-06): looked up on the Hub (its stand-in here),
     then downloaded as the file it names; a quant the repo lacks says what it has."""
-    from tests.support.hubserver import HubServer
+    from tests.support.hubserver import HubServer, serving_hub
 
     data = tiny_model.read_bytes()
 
     async def body():
         hub = HubServer(data, "/org/Tiny-GGUF/resolve/main/Tiny-Q8_0.gguf")
         hub.add_file("/org/Tiny-GGUF/resolve/main/Tiny-Q4_K_M.gguf", data + b"\0" * 64)
-        await hub.start()
-        monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        try:
+        async with serving_hub(hub, monkeypatch, tmp_path):
             async with running_app(node_config(data_dir, tiny_model)) as app:
                 tab = app.window.models_tab
                 tab.download_url("hf://org/Tiny-GGUF:Q5_K_S")
@@ -159,7 +155,5 @@ def test_download_of_a_hugging_face_repo_and_quant(qtbot, run, data_dir, tiny_mo
                 await wait_until(lambda: tab.status.full_text.startswith("downloaded Tiny-Q8_0.gguf"), DEADLINE_S,
                                  what="the download")
                 assert (app.node.data_dir / "models" / "Tiny-Q8_0.gguf").read_bytes() == data
-        finally:
-            await hub.stop()
 
     run(body())

@@ -15,7 +15,7 @@ from node import const
 from node.inference.synth import write_gguf
 from tests.app.helpers import DEADLINE_S, http_file, running_app
 from tests.node.test_model_file_kinds import rewrite
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, serving_hub
 from tests.support.nodes import TINY, node_config
 from tests.support.waiting import wait_until
 
@@ -37,11 +37,7 @@ def test_a_split_set_is_one_row_that_names_the_part_on_the_wire(qtbot, run, data
         hub = HubServer(parts[names[0]], REPO + names[0])
         for name in names[1:]:
             hub.add_file(REPO + name, parts[name])
-        await hub.start()
-        monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        try:
+        async with serving_hub(hub, monkeypatch, tmp_path):
             async with running_app(node_config(data_dir, tiny_model)) as app:
                 tab = app.window.models_tab
                 key = f"file:{names[0]}"
@@ -65,8 +61,6 @@ def test_a_split_set_is_one_row_that_names_the_part_on_the_wire(qtbot, run, data
                 values = [v for _t, _d, v in seen]
                 assert values == sorted(values) and values[-1] == 1000, values  # one bar over the set
                 assert "this device only" in tab.downloads.rows[key].detail.text()
-        finally:
-            await hub.stop()
 
     run(body())
 

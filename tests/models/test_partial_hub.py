@@ -17,7 +17,7 @@ from node.errors import DownloadFailed
 from node.models.gguf_meta import read_header
 from node.models.partial import async_fetch_parts, async_open_partial, parts_for
 from tests.models.test_partial import model as model  # noqa: F401 - the module-scoped GGUF fixture
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, serving_hub
 
 TOKEN = "hf_PartialSecret42"
 
@@ -25,14 +25,9 @@ TOKEN = "hf_PartialSecret42"
 @pytest_asyncio.fixture
 async def hub(model, monkeypatch, tmp_path):  # noqa: F811
     srv = HubServer(model.read_bytes())
-    await srv.start()
     monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
-    yield srv
-    await srv.stop()
+    async with serving_hub(srv, monkeypatch, tmp_path):
+        yield srv
 
 
 async def test_layers_come_through_fresh_redirects_and_the_model_is_named_by_the_hubs_sha256(

@@ -20,7 +20,7 @@ from node.errors import DownloadFailed, HubAccessDenied, InvalidRequest, NotFoun
 from node.models.download import ModelDownloader
 from node.models.download.hfrepo import RepoSpec, read_spec
 from tests.node.test_model_file_kinds import rewrite
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, use_hub
 from tests.support.nodes import TINY, node_config, running_node, tiny_model
 from tests.support.processes import REPO as SOURCE_DIR
 from tests.support.processes import NodeProcess, hermetic_env
@@ -46,10 +46,7 @@ async def _hub(monkeypatch, tmp_path, files: dict[str, bytes]) -> HubServer:
     srv.tree_page_size = 2  # the listing comes in pages: every one is read
     await srv.start()
     monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # never the real user's token file
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    use_hub(monkeypatch, srv.hub, tmp_path / "hf-home")
     return srv
 
 

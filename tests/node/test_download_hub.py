@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from node import const
 from node.models.download import ModelDownloader
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, serving_hub
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -27,14 +27,9 @@ TOKEN = "hf_SeCrEtToKeN123"
 @pytest_asyncio.fixture
 async def hub(monkeypatch, tmp_path):
     srv = HubServer(DATA)
-    await srv.start()
     monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # never the real user's token file
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
-    yield srv
-    await srv.stop()
+    async with serving_hub(srv, monkeypatch, tmp_path):
+        yield srv
 
 
 async def _download(tmp_path, url):

@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from node import const
 from node.models.download import ModelDownloader
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, serving_hub
 from tests.support.rangeserver import ThreadedOrigin, other_bytes
 from tests.support.waiting import wait_until
 
@@ -72,13 +72,8 @@ async def test_a_changed_files_restart_counts_the_partial_file_it_overwrites_as_
 @pytest_asyncio.fixture
 async def hub(monkeypatch, tmp_path):
     srv = HubServer(DATA)
-    await srv.start()
-    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # never the real user's token file
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
-    yield srv
-    await srv.stop()
+    async with serving_hub(srv, monkeypatch, tmp_path):
+        yield srv
 
 
 async def test_a_complete_partial_file_the_cdn_answers_416_for_is_checked_against_x_linked_etag(tmp_path, hub):

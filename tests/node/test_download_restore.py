@@ -17,7 +17,7 @@ import pytest_asyncio
 from node import const
 from tests.node.test_download import OTHER, FileServer
 from tests.node.test_model_file_kinds import rewrite
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, serving_hub
 from tests.support.nodes import TINY, _build_sdk_models, node_config, running_node, tiny_model
 from tests.support.waiting import wait_until
 
@@ -177,14 +177,9 @@ async def hub(monkeypatch, tmp_path, parts):
     srv = HubServer(parts[names[0]], REPO + names[0])
     for name in names[1:]:
         srv.add_file(REPO + name, parts[name])
-    await srv.start()
-    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
-    yield srv
-    srv.release.set()
-    await srv.stop()
+    async with serving_hub(srv, monkeypatch, tmp_path):
+        yield srv
+        srv.release.set()  # a stalled CDN answer ends before the stop
 
 
 async def test_a_split_set_stopped_in_part_2_comes_back_as_one_job(tmp_path, hub, parts, sdk):

@@ -20,7 +20,7 @@ from node import const
 from node.datadir import MODELS_DIR
 from node.models.download import ModelDownloader
 from tests.node.test_model_file_kinds import rewrite
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, serving_hub
 from tests.support.nodes import TINY, node_config, openai_client, running_node, tiny_model
 from tests.support.waiting import wait_until
 
@@ -45,14 +45,9 @@ async def hub(monkeypatch, tmp_path, parts, request):
     for name in served:
         if name != served[1]:
             srv.add_file(REPO + name, parts[name])
-    await srv.start()
     monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
-    yield srv
-    await srv.stop()
+    async with serving_hub(srv, monkeypatch, tmp_path):
+        yield srv
 
 
 async def _download(models, url, sha256=None):

@@ -16,6 +16,7 @@ import pytest
 from node import const
 from node.errors import DownloadFailed
 from node.models.download.public import async_origin_public
+from tests.support.hubserver import use_hub
 from tests.support.nodes import node_config, running_node
 from tests.support.tlsorigin import UntrustedOrigin
 from tests.support.waiting import wait_until
@@ -32,10 +33,7 @@ async def origin(tmp_path, monkeypatch):
     monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)  # without the fix: the retries come quickly
     srv = UntrustedOrigin(tmp_path)
     await srv.start()
-    monkeypatch.setenv("HF_ENDPOINT", f"https://localhost:{srv.port}")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # never the real user's token file
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    use_hub(monkeypatch, f"https://localhost:{srv.port}", tmp_path / "hf-home")
     yield srv
     await srv.stop()
 

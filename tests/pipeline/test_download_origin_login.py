@@ -14,7 +14,7 @@ from node.models.download.public import async_origin_public
 from tests.net.rawclient import RawPeer
 from tests.pipeline.test_download_origin_public import _checked, _download
 from tests.pipeline.test_held_file_changed import _files
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, use_hub
 from tests.support.nodes import TINY, node_config, running_node
 
 TOKEN = "hf_usertoken"
@@ -62,8 +62,7 @@ async def test_a_node_does_not_share_a_file_whose_origin_sends_strangers_to_a_lo
     without the token, lands on the login page; the file is recorded not public and not listed."""
     hub = await _hub(tmp_path)
     hub.token, hub.login_redirect = TOKEN, True
-    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    use_hub(monkeypatch, hub.hub, token=TOKEN)
     data_dir = tmp_path / "data"
     try:
         async with running_node(node_config(data_dir, public_lan_origins=True)) as node:

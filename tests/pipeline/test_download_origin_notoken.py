@@ -23,7 +23,7 @@ from tests.net.rawclient import RawPeer
 from tests.pipeline.test_download_origin_public import _checked, _download
 from tests.pipeline.test_download_origin_unchecked import PATH, _recorded
 from tests.pipeline.test_held_file_changed import _files
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, use_hub
 from tests.support.nodes import TINY, node_config, running_node
 from tests.support.waiting import wait_until
 
@@ -40,9 +40,7 @@ async def _mirror(tmp_path, monkeypatch, seed: int) -> HubServer:
         return port == mirror_port
 
     monkeypatch.setattr(public, "_counts_as_global", only_the_mirror_is_global)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_ENDPOINT", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file: none is sent
+    use_hub(monkeypatch, None, tmp_path / "hf-home")  # the Hub's own address; no token file: none is sent
     return hub
 
 

@@ -23,7 +23,7 @@ from node.net import FrameType
 from node.node import Node
 from tests.net.rawclient import RawPeer
 from tests.pipeline.test_held_file_changed import _ask, _files
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, use_hub
 from tests.support.nodes import TINY, node_config, running_node
 from tests.support.waiting import wait_until
 
@@ -53,8 +53,7 @@ async def test_private_and_signed_downloads_are_shared_only_while_loaded(tmp_pat
     hub.add_file("/org/tiny/resolve/main/tiny.gguf", blobs["tiny"])
     hub.add_file("/org/signed/resolve/main/signed.gguf", blobs["signed"])
     await hub.start()
-    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the user is logged in to Hugging Face
+    use_hub(monkeypatch, hub.hub, token=TOKEN)  # the user is logged in to Hugging Face
     data_dir = tmp_path / "data"
     config = node_config(data_dir, public_lan_origins=True)
     try:
@@ -106,9 +105,7 @@ async def test_the_check_runs_on_the_url_that_fetched_the_file_not_an_earlier_jo
     hub = HubServer(blobs["first"], paths["first"])
     hub.add_file(paths["second"], blobs["second"])
     await hub.start()
-    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    use_hub(monkeypatch, hub.hub, tmp_path / "hf-home")
     data_dir = tmp_path / "data"
     config = node_config(data_dir, public_lan_origins=True)
     try:
@@ -145,8 +142,7 @@ async def test_an_origin_check_begun_while_the_node_starts_ends_with_its_stop(tm
     hub = HubServer(blob, "/org/tiny/resolve/main/tiny.gguf")
     await hub.start()
     hub.hold_head = asyncio.Event()
-    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the check then asks the Hub without it
+    use_hub(monkeypatch, hub.hub, token=TOKEN)  # the check then asks the Hub without it
     node = Node(node_config(tmp_path / "data", public_lan_origins=True))
     load_all = node.models.async_load_all
 
@@ -174,9 +170,7 @@ async def test_the_hubs_own_download_link_is_not_a_signed_one(tmp_path, monkeypa
     blob = write_gguf(tmp_path / "tiny.gguf", TINY).read_bytes()
     hub = HubServer(blob, "/org/tiny/resolve/main/tiny.gguf")
     await hub.start()
-    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    use_hub(monkeypatch, hub.hub, tmp_path / "hf-home")
     data_dir = tmp_path / "data"
     try:
         async with running_node(node_config(data_dir, public_lan_origins=True)) as node:

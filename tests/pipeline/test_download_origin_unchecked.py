@@ -21,7 +21,7 @@ from node.models.hash_cache import HashCache
 from tests.net.rawclient import RawPeer
 from tests.pipeline.test_download_origin_public import TOKEN, _checked
 from tests.pipeline.test_held_file_changed import _files
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, use_hub
 from tests.support.nodes import TINY, node_config, running_node
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -53,9 +53,7 @@ async def test_a_check_the_hub_could_not_answer_is_made_again_at_the_next_start(
     hub = HubServer(blob, PATH)
     await hub.start()
     hub.hold_head = asyncio.Event()
-    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the check then asks the Hub without it (a HEAD)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    use_hub(monkeypatch, hub.hub, tmp_path / "hf-home", token=TOKEN)  # the check then asks the Hub without it (a HEAD)
     data_dir = tmp_path / "data"
     config = node_config(data_dir, public_lan_origins=True)
     try:
@@ -89,9 +87,7 @@ async def test_a_refused_connection_is_unchecked_not_private(monkeypatch, tmp_pa
     """Nothing listens at the Hub's address: the check could not be made (None), it did not find
     the file private (False)."""
     hub = f"http://127.0.0.1:{free_port()}"
-    monkeypatch.setenv("HF_ENDPOINT", hub)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    use_hub(monkeypatch, hub, tmp_path / "hf-home", token=TOKEN)
     assert await async_origin_public(hub + PATH, sent_token=True, lan_ok=True) is None
     assert await async_origin_public(hub + PATH + "?X-Amz-Signature=x", sent_token=True, lan_ok=True) is False  # signed: for good
 
@@ -107,9 +103,7 @@ async def test_a_private_repos_file_stays_unshared_when_checked_again_without_th
     hub.token = TOKEN  # private: a request without it is refused
     await hub.start()
     hub.hold_head = asyncio.Event()
-    monkeypatch.setenv("HF_ENDPOINT", hub.hub)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file there
+    use_hub(monkeypatch, hub.hub, tmp_path / "hf-home", token=TOKEN)  # no token file there
     data_dir = tmp_path / "data"
     config = node_config(data_dir, public_lan_origins=True)
     try:
@@ -121,8 +115,7 @@ async def test_a_private_repos_file_stays_unshared_when_checked_again_without_th
             hub.hold_head.set()
             await wait_until(lambda: _checked(data_dir, "tiny.gguf") is not None, 30, 0.05, "the check's record")
             assert _checked(data_dir, "tiny.gguf") == "unchecked"
-        monkeypatch.delenv("HF_TOKEN")
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # another Hub now (nothing there)
+        use_hub(monkeypatch, f"http://127.0.0.1:{free_port()}")  # no token, another Hub now (nothing there)
         async with running_node(config) as node:
             await wait_until(lambda: _checked(data_dir, "tiny.gguf") is not None
                              and _checked(data_dir, "tiny.gguf") != "unchecked", 30, 0.05, "the check made again")

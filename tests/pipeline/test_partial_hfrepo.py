@@ -17,7 +17,7 @@ from node import const
 from node.errors import SplitModelServedWhole
 from node.inference.pipeline.partials import PartialModels
 from node.inference.synth import SynthSpec, write_gguf
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, serving_hub
 from tests.support.nodes import node_config, running_node
 from tests.support.waiting import wait_until
 
@@ -26,14 +26,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="function")
 SPEC = SynthSpec(n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=512, n_ctx=128, name="hfrepo")
 REPO = "/org/Tiny-GGUF/resolve/main/"
 Q4 = "Tiny-Q4_K_M.gguf"
-
-
-def _env(monkeypatch, tmp_path, srv: HubServer) -> None:
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-    monkeypatch.setenv("HF_ENDPOINT", srv.hub)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # never the real user's token file
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
 
 
 @pytest_asyncio.fixture
@@ -45,10 +37,9 @@ async def hub(monkeypatch, tmp_path):
     srv.add_file(REPO + "Tiny-Q8_0.gguf", q8)
     srv.add_file(REPO + "mmproj-Tiny-f16.gguf", q8)
     srv.tree_page_size = 2
-    await srv.start()
-    _env(monkeypatch, tmp_path, srv)
-    yield srv
-    await srv.stop()
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    async with serving_hub(srv, monkeypatch, tmp_path):
+        yield srv
 
 
 async def test_a_repo_and_quant_serves_layers_and_its_file_is_the_origin(tmp_path, hub):
@@ -80,16 +71,13 @@ async def test_a_split_quant_is_refused_before_anything_is_fetched(tmp_path, mon
     data = write_gguf(tmp_path / "m.gguf", SPEC).read_bytes()
     srv = HubServer(data, REPO + "Q4_K_M/Tiny-Q4_K_M-00001-of-00002.gguf")
     srv.add_file(REPO + "Q4_K_M/Tiny-Q4_K_M-00002-of-00002.gguf", data)
-    await srv.start()
-    try:
-        _env(monkeypatch, tmp_path, srv)
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    async with serving_hub(srv, monkeypatch, tmp_path):
         config = node_config(tmp_path / "data", models=["hf.co/org/Tiny-GGUF:Q4_K_M"], layers="0-1")
         with pytest.raises(SplitModelServedWhole, match=r"split model \(2 parts.*served whole.*swarmllm download"):
             async with running_node(config):
                 pass
         assert srv.hub_requests == []  # no probe of part 1: said from the listing
-    finally:
-        await srv.stop()
 
 
 async def test_a_hub_not_answering_at_start_is_looked_up_again(tmp_path, hub, monkeypatch, caplog):

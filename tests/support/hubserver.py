@@ -12,15 +12,49 @@ The repo's listing, as the Hub answers `GET /api/models/{owner}/{repo}/tree/{rev
 paged with `Link: <…?cursor=…>; rel="next"` (`tree_page_size`); a repo it has no file of answers
 401 with `X-Error-Code: RepoNotFound` to a stranger and 404 to a token holder, a gated one (`token`)
 401/403 with `X-Error-Code: GatedRepo`, an unknown revision 404 `RevisionNotFound`. `api_requests`
-records each listing request's headers; `api_fail_with` answers (status, headers) first."""
+records each listing request's headers; `api_fail_with` answers (status, headers) first.
+
+`use_hub` points a test's Hugging Face environment at a stand-in (and away from the user's token);
+`serving_hub` starts one, points the environment at it, and stops it after."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
 
+import pytest
 from aiohttp import web
+
+
+def use_hub(monkeypatch: pytest.MonkeyPatch, endpoint: str | None, home: Path | None = None, *,
+            token: str | None = None) -> None:
+    """Set the environment the node reads Hugging Face's settings from, for one test (monkeypatch
+    restores it): HF_ENDPOINT `endpoint` (None: unset, the real Hub's), HF_TOKEN `token` (None:
+    unset), and with `home` HF_HOME there and no HF_TOKEN_PATH (never the real user's token file)."""
+    for name, value in (("HF_ENDPOINT", endpoint), ("HF_TOKEN", token)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    if home is not None:
+        monkeypatch.setenv("HF_HOME", str(home))
+        monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+
+
+@contextlib.asynccontextmanager
+async def serving_hub(srv: HubServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *,
+                      token: str | None = None) -> AsyncIterator[HubServer]:
+    """`srv` started, the environment pointed at it (`use_hub`, HF_HOME under `tmp_path`); stopped after."""
+    await srv.start()
+    try:
+        use_hub(monkeypatch, srv.hub, tmp_path / "hf-home", token=token)
+        yield srv
+    finally:
+        await srv.stop()
 
 
 class HubServer:
