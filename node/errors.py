@@ -144,6 +144,11 @@ class ModelUnavailable(NodeError):
     error_type = "server_error"
     code = "model_unavailable"
 
+    @classmethod
+    def stopping(cls, model_id: str) -> ModelUnavailable:
+        """The model refused because the node is stopping: its one wording, whichever part refuses."""
+        return cls(f"model {model_id} cannot be served: the node is stopping")
+
 
 class FileChangedOnDisk(ModelUnavailable):
     """A model's file holds other bytes than its sha256 names (node.models.changed): not loaded (503)."""

@@ -107,7 +107,7 @@ class ModelManager:
             if served.tokenizer is not None:
                 served.tokenizer.close()
             if self.closed:
-                raise ModelUnavailable(f"model {entry.id} is not served: the node is stopping")
+                raise ModelUnavailable.stopping(entry.id)
             raise Conflict(f"model {entry.id} was registered meanwhile; it is not replaced")
         self._served[entry.id] = served
         self._observers.emit("added", served)
@@ -255,11 +255,11 @@ class ModelManager:
         `model_load_failed`, not retried: no load can succeed without a vocabulary), or a 503 when
         it has none (its tokenizer was closed: the node is stopping). Once the node stops, always
         that 503 (review r60: a load retried at the stop answered its earlier failure's 500)."""
-        if self.closed:
-            return ModelUnavailable(f"model {served.id} cannot be served: the node is stopping")
-        if served.failure is not None:
+        if served.failure is not None and not self.closed:
             return served.failure.error(served.id)
-        return ModelUnavailable(f"model {served.id} cannot be served: {served.error or 'the node is stopping'}")
+        if self.closed or not served.error:
+            return ModelUnavailable.stopping(served.id)
+        return ModelUnavailable(f"model {served.id} cannot be served: {served.error}")
 
     async def async_refuse_failed(self, served: ServedModel) -> None:
         """Raise the recorded failure of a model whose load failed while it still stands (the

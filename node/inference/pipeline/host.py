@@ -176,7 +176,7 @@ class SliceHost(FileRecheck):
         gives the slice up (state "unloaded", nothing fetched). `retrying`: the error of the failed
         load this one tries again (a failed slice of the same range being replaced: its own)."""
         if self.closed:  # (a load asked for by a task the stop does not end: the app's Resume)
-            raise ModelUnavailable(f"{entry.id} is not loaded: the node is stopping")
+            raise ModelUnavailable.stopping(entry.id)
         held = self.slices.get((entry.sha256, start, end))
         if held is not None and held.state in ("loaded", "draining") and held.model is not None \
                 and not held.entry.changed and not held.drained_changed:  # (a changed file's: loaded again, checked)
