@@ -10,6 +10,7 @@ import torch
 from node.inference.synth import SynthSpec, write_gguf
 from node.inference.tokenizer import ModelTokenizer
 from node.resources import default_model_path
+from tests.support.nodes import tiny_model
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama-cpp-python is not installed")
@@ -37,6 +38,14 @@ def synth_model(tmp_path_factory):
         return cache[spec]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def tiny_tok(tmp_path_factory):
+    """A tiny synth model's tokenizer (grammar tests: a small vocabulary, cheap to mask)."""
+    t = ModelTokenizer(tiny_model(tmp_path_factory.mktemp("vocab")))
+    yield t
+    t.close()
 
 
 @pytest.fixture(scope="module")
