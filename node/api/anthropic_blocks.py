@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.api.schemas import IMAGE_LEFT_OUT
+from node.api.message_schemas import IMAGE_LEFT_OUT
 from node.errors import InvalidRequest, Unsupported
 
 _DOCUMENT_KEYS = {"type", "source", "title", "context", "citations", "cache_control"}

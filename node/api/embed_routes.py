@@ -20,10 +20,10 @@ from aiohttp import web
 
 from node.api import json_body
 from node.api.appkeys import NODE
+from node.api.embedding_schemas import parse_embeddings
 from node.api.errors import ErrorShape, error_response, read_json
 from node.api.llama_native import _default_model
 from node.api.responses import embeddings_body
-from node.api.schemas import parse_embeddings
 from node.errors import InvalidRequest, NodeError, ShuttingDown, Unsupported
 from node.inference.embeddings import EmbeddingRequest, EmbeddingResult, run_embeddings
 from node.trace import RequestTrace

@@ -34,11 +34,12 @@ from node import const
 from node.api.appkeys import NODE
 from node.api.driver import serve
 from node.api.embed_routes import serve_embeddings
+from node.api.embedding_schemas import parse_embeddings
 from node.api.errors import read_json
 from node.api.extras import OLLAMA_LOAD_OPTIONS, PENALTIES_OFF, THINK_EFFORTS
 from node.api.ollama_models import model_name, takes_think
 from node.api.ollama_reply import OllamaDialect, created_at
-from node.api.schemas import parse_completion, parse_embeddings
+from node.api.schemas import parse_completion
 from node.api.tool_schemas import async_check_tool_schemas
 from node.errors import InvalidRequest, Unsupported
 from node.inference.embeddings import EmbeddingResult

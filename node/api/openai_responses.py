@@ -21,6 +21,7 @@ from node.api import json_body
 from node.api.driver import serve
 from node.api.errors import read_json
 from node.api.history import link_tool_results
+from node.api.message_schemas import call_arguments
 from node.api.response_store import ResponseStore
 from node.api.responses_options import (
     check_include,
@@ -29,7 +30,7 @@ from node.api.responses_options import (
     reasoning_kwargs,
     text_format,
 )
-from node.api.schemas import _integer, _number, call_arguments
+from node.api.schemas import _integer, _number
 from node.api.streaming import SSE_CONTENT_TYPE
 from node.api.tool_schemas import async_check_tool_schemas, dialect_tools
 from node.errors import InvalidRequest, NodeError, NotFound, Unsupported

@@ -2,31 +2,27 @@
 
 Options that would change the output and cannot be honoured are refused, never silently ignored;
 hints that change nothing here are accepted (`_IGNORED_OK`, `_hints`; llama-server's extras:
-`api/extras.py`).
+`api/extras.py`). A chat body's `messages` are parsed in `api/message_schemas.py`, its `tools` in
+`api/tool_schemas.py`; an embeddings body in `api/embedding_schemas.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any
 
 from node.api import chat_options, constraints, extras
-from node.api.errors import parse_json_text
+from node.api.message_schemas import parse_messages
 from node.api.tool_schemas import _tool_choice, _tools
 from node.errors import InvalidRequest, Unsupported
-from node.inference.embeddings import MAX_INPUTS, EmbeddingRequest
-from node.inference.request import CompletionRequest, ResponseFormat, ToolCall
+from node.inference.request import CompletionRequest, ResponseFormat
 from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
-from node.inference.tools import unfinished_object
 
 # OpenAI's API takes 4, but apps pointed at a local server send more: Continue sends its whole list
 # (a dozen or more for autocomplete) to any host but api.openai.com, groq, Azure and Jan, and
 # llama-server and vLLM take any number. Matching is the coordinator's (textstream), cheap per token.
 MAX_STOP_SEQUENCES = 64
-ROLES = ("system", "user", "assistant", "developer", "tool")
-IMAGE_LEFT_OUT = "[an image was left out: this model reads text only]"  # in a tool's result, every dialect
 
 # Accepted and meaningless for a local model (no effect on output): documented, not refused.
 _IGNORED_OK = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "verbosity"}
@@ -230,123 +226,6 @@ def _check_keys(body: dict, allowed: set[str]) -> None:
             raise InvalidRequest(f"unrecognized request argument supplied: {key}", param=key)
 
 
-def _message_content(msg: dict, index: int) -> str:
-    content = msg.get("content")
-    if content is None:  # empty (llama-server and vLLM take it; OpenAI requires it but for assistant turns)
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for part in content:
-            if msg.get("role") == "tool" and isinstance(part, dict) and part.get("type") == "image_url" \
-                    and isinstance(part.get("image_url"), dict):
-                # a tool's picture (Zed's agent reading an image file): the model is told it was left
-                # out, as on /v1/messages. A 400 failed that request and every later one, the image
-                # staying in the history; an image a user sends is still a 400 (they expect it seen)
-                texts.append(IMAGE_LEFT_OUT)
-                continue
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise Unsupported(f"messages[{index}].content: only text parts are supported, got {kind}",
-                                  param=f"messages[{index}].content")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise InvalidRequest(f"messages[{index}].content must be a string or a list of text parts",
-                         param=f"messages[{index}].content")
-
-
-def _history_calls(msg: dict, i: int) -> tuple[ToolCall, ...]:
-    calls = msg.get("tool_calls")
-    if calls is None or calls == []:
-        return ()
-    where = f"messages[{i}].tool_calls"
-    if not isinstance(calls, list):
-        raise InvalidRequest(f"`{where}` must be a list", param=where)
-    out = []
-    for j, call in enumerate(calls):
-        at = f"{where}[{j}]"
-        if not isinstance(call, dict) or call.get("type", "function") != "function" \
-                or not isinstance(call.get("function"), dict):
-            raise InvalidRequest(f"`{at}` must be {{\"id\", \"type\": \"function\", \"function\": "
-                                 "{\"name\", \"arguments\"}}", param=at)
-        call_id, fn = call.get("id"), call["function"]
-        if not isinstance(call_id, str) or not call_id:
-            raise InvalidRequest(f"`{at}.id` must be a non-empty string", param=f"{at}.id")
-        name, arguments = fn.get("name"), fn.get("arguments", "{}")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest(f"`{at}.function.name` must be a non-empty string", param=f"{at}.function.name")
-        if isinstance(arguments, dict):  # some clients send the object itself
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        if not isinstance(arguments, str):
-            raise InvalidRequest(f"`{at}.function.arguments` must be a JSON text (a string)",
-                                 param=f"{at}.function.arguments")
-        value = call_arguments(arguments, f"`{at}.function.arguments`", f"{at}.function.arguments")
-        if not isinstance(value, dict):
-            raise InvalidRequest(f"`{at}.function.arguments` must encode a JSON object",
-                                 param=f"{at}.function.arguments")
-        out.append(ToolCall(call_id, name, arguments or "{}"))
-    return tuple(out)
-
-
-def call_arguments(text: str, what: str, param: str) -> object:
-    """A tool call's arguments text parsed as the body is (`parse_json_text`: deep nesting and a lone
-    surrogate escape were a 500 with a traceback, 2026-12-07, review r37). An assistant turn echoed
-    back may hold a call max_tokens cut short (returned so by OpenAI and llama-server): its text,
-    an unfinished object, is taken as it is ({} here; the template gets the text)."""
-    try:
-        return parse_json_text(text or "{}", what)
-    except InvalidRequest as exc:
-        if isinstance(exc.__cause__, json.JSONDecodeError) and unfinished_object(text):
-            return {}
-        raise InvalidRequest(exc.message, param=param) from exc.__cause__
-
-
-def _messages(body: dict) -> tuple[dict, ...]:
-    """The internal message shape (CompletionRequest.messages): {"role", "content"}; assistant
-    messages with calls add "tool_calls" (ToolCall tuple); tool messages add "tool_call_id" and the
-    "name" of the call they answer, which must be an earlier assistant message's call."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("`messages` must be a non-empty list", param="messages")
-    out: list[dict] = []
-    calls_by_id: dict[str, str] = {}
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
-        role = msg.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}", param=f"messages[{i}].role")
-        if "function_call" in msg and msg["function_call"] is not None:
-            raise Unsupported(f"messages[{i}].function_call (legacy) is not supported: use tool_calls",
-                              param=f"messages[{i}].function_call")
-        entry: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                 "content": _message_content(msg, i)}
-        if "tool_calls" in msg and role != "assistant" and msg["tool_calls"]:
-            raise InvalidRequest(f"messages[{i}].tool_calls is only allowed on assistant messages",
-                                 param=f"messages[{i}].tool_calls")
-        if role == "assistant":
-            thoughts = chat_options.history_reasoning(msg, i)
-            if thoughts is not None:
-                entry["reasoning_content"] = thoughts
-            calls = _history_calls(msg, i)
-            if calls:
-                entry["tool_calls"] = calls
-                calls_by_id.update((c.id, c.name) for c in calls)
-        elif role == "tool":
-            call_id = msg.get("tool_call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise InvalidRequest(f"messages[{i}].tool_call_id is required on tool messages",
-                                     param=f"messages[{i}].tool_call_id")
-            if call_id not in calls_by_id:
-                raise InvalidRequest(f"messages[{i}] answers tool call {call_id!r}, which no earlier assistant "
-                                     "message made", param=f"messages[{i}].tool_call_id")
-            entry["tool_call_id"] = call_id
-            entry["name"] = calls_by_id[call_id]
-        out.append(entry)
-    return tuple(out)
-
-
 def parse_completion(body: Any, kind: str) -> CompletionRequest:
     """Validate a /v1/chat/completions (kind="chat") or /v1/completions (kind="text") body."""
     if not isinstance(body, dict):
@@ -415,7 +294,7 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
             parallel = True
         if not isinstance(parallel, bool):
             raise InvalidRequest("`parallel_tool_calls` must be a boolean", param="parallel_tool_calls")
-        return CompletionRequest("chat", model, stream, include_usage, params, messages=_messages(body), n=n,
+        return CompletionRequest("chat", model, stream, include_usage, params, messages=parse_messages(body), n=n,
                                  tools=tools, tool_choice=choice, tool_choice_name=choice_name,
                                  parallel_tool_calls=parallel, response_format=response_format,
                                  predict_time_limit_ms=time_limit,
@@ -436,83 +315,3 @@ def parse_completion(body: Any, kind: str) -> CompletionRequest:
     return CompletionRequest("text", model, stream, include_usage, params, prompt=prompt, n=n,
                              suffix=suffix or None,  # "" asks for nothing (OpenAI's default)
                              response_format=response_format, predict_time_limit_ms=time_limit)
-
-
-# NVIDIA NIM's (langchain-nvidia-ai-endpoints' NVIDIAEmbeddings sends both): `truncate` NONE (a 400
-# past the limit, as without it), END or START (the input's first or last tokens); `input_type`
-# query | passage, a no-op here as on llama-server: a GGUF declares no per-type prefix, so the text
-# is embedded as sent
-_EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user", "truncate", "input_type"}
-EMBED_TRUNCATE = ("NONE", "START", "END")
-EMBED_INPUT_TYPES = ("query", "passage")
-
-
-def _token_list(value: list, param: str) -> list[int]:
-    for token in value:
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise InvalidRequest(f"`{param}` must be a string or a list of token ids (integers); it holds a "
-                                 f"{type(token).__name__}", param="input")
-    return list(value)
-
-
-def parse_embeddings(body: Any) -> EmbeddingRequest:
-    """A /v1/embeddings body: `input` a string, a list of strings, a list of token ids, or a list of lists."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    _check_keys(body, _EMBEDDING_KEYS)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("`model` is required and must be a string", param="model")
-    if "input" not in body:
-        raise InvalidRequest("`input` is required", param="input")
-    raw = body["input"]
-    inputs: list[str | list[int]]
-    if isinstance(raw, str):
-        inputs = [raw]
-    elif isinstance(raw, list) and raw and all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
-        inputs = [list(raw)]  # one input as token ids
-    elif isinstance(raw, list):
-        if not raw:
-            raise InvalidRequest("`input` is empty: give a string or a non-empty list", param="input")
-        inputs = []
-        for i, item in enumerate(raw):
-            if isinstance(item, str):
-                inputs.append(item)
-            elif isinstance(item, list):
-                if not item:
-                    raise InvalidRequest(f"`input[{i}]` is an empty list of token ids", param="input")
-                inputs.append(_token_list(item, f"input[{i}]"))
-            else:
-                raise InvalidRequest(f"`input[{i}]` must be a string or a list of token ids, got "
-                                     f"{type(item).__name__}", param="input")
-    else:
-        raise InvalidRequest(f"`input` must be a string, a list of strings, a list of token ids or a list of "
-                             f"lists of token ids, got {type(raw).__name__}", param="input")
-    if len(inputs) > MAX_INPUTS:
-        raise InvalidRequest(f"`input` has {len(inputs)} items; at most {MAX_INPUTS} are allowed", param="input")
-    for i, item in enumerate(inputs):
-        if item == "":
-            raise InvalidRequest(f"`{'input' if len(inputs) == 1 else f'input[{i}]'}` is an empty string",
-                                 param="input")
-    encoding = body.get("encoding_format", "float")
-    if encoding is None:
-        encoding = "float"
-    if encoding not in ("float", "base64"):
-        raise InvalidRequest(f"`encoding_format` must be \"float\" or \"base64\", got {encoding!r}",
-                             param="encoding_format")
-    dimensions = body.get("dimensions")
-    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
-        raise InvalidRequest(f"`dimensions` must be a positive integer, got {dimensions!r}", param="dimensions")
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise InvalidRequest("`user` must be a string", param="user")
-    truncate = body.get("truncate")
-    truncate = "NONE" if truncate is None else truncate
-    if not isinstance(truncate, str) or truncate.upper() not in EMBED_TRUNCATE:
-        raise InvalidRequest(f"`truncate` must be one of {', '.join(EMBED_TRUNCATE)}, got {truncate!r}",
-                             param="truncate")
-    input_type = body.get("input_type")
-    if input_type is not None and input_type not in EMBED_INPUT_TYPES:
-        raise InvalidRequest(f"`input_type` must be \"query\" or \"passage\", got {input_type!r}",
-                             param="input_type")
-    return EmbeddingRequest(model, inputs, encoding, dimensions, truncate.upper())
