@@ -25,7 +25,8 @@ class ModelFiles:
         self.watcher = ModelWatcher(node.data_dir / MODELS_DIR, node.catalog, interval_s=node.config.models_watch_s,
                                     add=lambda path: node.async_add_model(path, "data_dir"), drop=self.async_drop,
                                     busy=lambda: {j.file_name for j in node.downloads.all() if j.active},
-                                    changed=lambda entry: node.contributions.async_release_changed(entry))
+                                    changed=lambda entry: node.contributions.async_release_changed(entry),
+                                    noted=node.models.note_entry)
 
     async def async_add_path(self, raw: str, *, load: bool = False) -> tuple[dict[str, Any], bool]:
         """Serve the GGUF file at `raw` (an absolute path) for this run, as `--model PATH` does at

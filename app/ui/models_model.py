@@ -86,6 +86,8 @@ def _state(m: dict[str, Any]) -> str:
     if state == "loading" and fetch and fetch.get("total_bytes"):  # a partial model's layers arriving
         done, total = fetch["done_bytes"], fetch["total_bytes"]
         return f"fetching layers {100 * done / total:.0f}% ({fmt.size(done)} of {fmt.size(total)})"
+    if m.get("file_gone") and state in ("loaded", "loading", "unloading"):  # held from a file deleted since
+        return f"{state} — file deleted: it cannot be reloaded"
     if state == "loaded" and m.get("checking"):  # its file touched: hashed again, then serves on
         return "loaded, checking its file"
     if state == "loaded" and m.get("busy"):
@@ -95,6 +97,9 @@ def _state(m: dict[str, Any]) -> str:
 
 
 def _state_tip(m: dict[str, Any]) -> str | None:
+    if m.get("file_gone"):
+        return ("Its file was deleted or moved since it was loaded: it serves on from memory until it is "
+                "unloaded, and then leaves this list (put the file back in place to keep it).")
     if m.get("state") == "loaded" and m.get("checking"):
         return ("Its file changed on disk (its size or time) and is being hashed again: the same bytes, it "
                 "serves on; other bytes, it stops. Peers are not sent work for it meanwhile.")

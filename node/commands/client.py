@@ -125,6 +125,7 @@ def models(args: argparse.Namespace) -> int:
             else str(m["n_layers"])
         size = f"{m['size_bytes'] / 2**20:>8.1f}" if m.get("size_bytes") is not None else f"{'-':>8}"
         partial = f" [{m['partial']}]" if m.get("partial") else ""
+        partial += " [file deleted: it cannot be reloaded]" if m.get("file_gone") else ""
         print(f"{m['id']:44} {m.get('architecture') or '-':8} {layers:>6} {m.get('quantization') or '-':6} "
               f"{size} {m['state']:9} {m.get('device') or '-'}{reason}{partial}")
     return 0

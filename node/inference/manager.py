@@ -456,6 +456,12 @@ class ModelManager:
         if served.waiting >= self.config.max_queue_per_model:
             raise Overloaded(f"model {served.id} has {served.waiting} requests waiting; try again later")
 
+    def note_entry(self, entry: ModelEntry) -> None:
+        """Something shown of this very entry changed (its file gone, back): its row follows."""
+        served = self._served.get(entry.id)
+        if served is not None and served.entry is entry:
+            self._observers.emit("changed", served)
+
     def mark(self, served: ServedModel, *, waiting: int = 0, busy: bool | None = None) -> None:
         """Adjust queue counters and publish the change."""
         served.waiting += waiting

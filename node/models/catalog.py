@@ -63,6 +63,7 @@ class ModelEntry:
     partial: Manifest | None = None  # a partial model (path is its directory): which layers are here
     hashed_stat: tuple[int, int] | None = None  # (size, mtime_ns) of the file when its sha256 was computed
     changed: bool = False  # its file changed on disk since (the watch saw it): not handed out to peers
+    file_gone: bool = False  # its file was deleted or moved while the model stayed (loaded): no load after this one
 
     @property
     def tokenizer_path(self) -> Path:
@@ -133,6 +134,7 @@ class ModelEntry:
             "held_layers": self.partial.held_layers if self.partial is not None else None,
             "held_bytes": self.partial.held_bytes if self.partial is not None else None,
             "unchecked_parts": len(self.partial.unchecked) if self.partial is not None else None,
+            "file_gone": self.file_gone,
         }
 
 
@@ -354,6 +356,11 @@ class ModelCatalog:
     def mark_changed(self, entry: ModelEntry) -> None:
         """A file whose bytes are no longer those its sha256 names: not handed out (wholeparts)."""
         entry.changed = True
+        self.generation = next(self._generations)
+
+    def mark_gone(self, entry: ModelEntry, gone: bool) -> None:
+        """Its file is gone (deleted, moved) while the model stays loaded, or back again."""
+        entry.file_gone = gone
         self.generation = next(self._generations)
 
     def add_swarm_entry(self, entry: ModelEntry) -> ModelEntry:

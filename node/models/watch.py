@@ -79,7 +79,8 @@ class ModelWatcher:
 
     def __init__(self, models_dir: Path, catalog: ModelCatalog, *, interval_s: float,
                  add: Callable[[Path], Awaitable[str]], drop: Callable[[ModelEntry], Awaitable[bool]],
-                 busy: Callable[[], set[str]], changed: Callable[[ModelEntry], Awaitable[bool]] | None = None):
+                 busy: Callable[[], set[str]], changed: Callable[[ModelEntry], Awaitable[bool]] | None = None,
+                 noted: Callable[[ModelEntry], None] | None = None):
         self.models_dir = models_dir
         self.catalog = catalog
         self.interval_s = interval_s
@@ -88,6 +89,7 @@ class ModelWatcher:
         self._pending: dict[Path, Stat] = {}  # a new file → its stat at the last look
         self._done: dict[Path, Stat] = {}  # a file taken or refused → its stat then (looked at again once changed)
         self._kept: set[str] = set()  # ids whose file is gone while the model stays (said once)
+        self._noted = noted  # (entry) its file_gone mark changed: what shows its state follows
         self._stale: set[str] = set()  # ids whose file changed while the model must stay (loaded)
         self._task: asyncio.Task | None = None
         self.looks = 0  # looks completed (tests wait for them)
@@ -145,6 +147,8 @@ class ModelWatcher:
             self._done[path] = stat  # (a copy of a model served from elsewhere is that model: not taken again)
             if model_id is not None:
                 log.info("DIAG: model file in the models folder served %s", kv(model=model_id, file=path.name))
+        for model_id in sorted(self._kept - gone):  # its file is back (restored, moved back): it can load again
+            self._mark_gone(self.catalog.entries.get(model_id), False)
         self._kept &= gone | self._stale
         for model_id in sorted(gone):
             entry = self.catalog.entries.get(model_id)
@@ -156,9 +160,18 @@ class ModelWatcher:
                 log.info("DIAG: model removed, its file is gone %s", kv(model=model_id, path=entry.path))
             elif model_id not in self._kept:
                 self._kept.add(model_id)
+                # shown, not only logged (2026-12-07: the Models tab said plain "loaded", and Unload lost it for good)
+                self._mark_gone(entry, True)
                 log.info("DIAG: model file gone while the model is loaded; it leaves once unloaded %s",
                          kv(model=model_id, path=entry.path))
         self.looks += 1
+
+    def _mark_gone(self, entry: ModelEntry | None, gone: bool) -> None:
+        if entry is None or entry.file_gone == gone:
+            return
+        self.catalog.mark_gone(entry, gone)
+        if self._noted is not None:
+            self._noted(entry)
 
     async def _async_changed(self, now: dict[str, Stat], in_folder: set[Path]) -> None:
         """A catalogued file whose (size, mtime_ns) are not those its sha256 was computed over
