@@ -103,6 +103,9 @@ def _state_tip(m: dict[str, Any]) -> str | None:
     if m.get("state") == "loaded" and m.get("checking"):
         return ("Its file changed on disk (its size or time) and is being hashed again: the same bytes, it "
                 "serves on; other bytes, it stops. Peers are not sent work for it meanwhile.")
+    if m.get("state") == "failed" and m.get("no_vocabulary") and m.get("error"):  # refused for good: no Load
+        return (f"{m['error']}\n\nWithout its vocabulary no load can succeed: replace the file with a whole, "
+                "supported copy.")
     if m.get("state") == "failed" and m.get("failed_at") and m.get("error"):  # a failed load, remembered
         return (f"{m['error']}\n\nRequests do not load it again until its file changes, another "
                 "model is unloaded or a few minutes pass: select it and press Load to try again.")

@@ -126,7 +126,11 @@ class ModelsTab(QWidget):
         summary = self.model.summary(model_id) if model_id else None
         state = summary.get("state") if summary else None
         whole = summary is not None and not is_slice(summary)  # slices are set with --layers at start
-        self.load_button.setEnabled(whole and state in ("unloaded", "failed"))
+        no_vocabulary = bool(summary and summary.get("no_vocabulary"))  # the node refuses every load of it
+        self.load_button.setEnabled(whole and state in ("unloaded", "failed") and not no_vocabulary)
+        self.load_button.setToolTip(f"It cannot be loaded: {summary.get('error')}. Without its vocabulary no load "
+                                    "can succeed; replace the file with a whole, supported copy."
+                                    if no_vocabulary and summary else "")
         self.unload_button.setEnabled(whole and state == "loaded" and not summary.get("busy"))
 
     def _report(self, text: str) -> None:
@@ -149,7 +153,8 @@ class ModelsTab(QWidget):
 
     def _loadable(self, model_id: str | None) -> dict | None:
         summary = self.model.summary(model_id) if model_id else None
-        if summary is None or is_slice(summary) or summary.get("state") not in ("unloaded", "failed"):
+        if summary is None or is_slice(summary) or summary.get("state") not in ("unloaded", "failed") \
+                or summary.get("no_vocabulary"):  # (refused for good: no fit line for a load that cannot be)
             return None
         return summary
 

@@ -70,6 +70,8 @@ class ServedModel:
             "n_ctx": self.n_ctx,
             "error": self.error,
             "failed_at": self.failure.at if self.failure is not None else None,
+            # its vocabulary could not be read: every load is refused (ModelManager.unservable), so no Load
+            "no_vocabulary": bool(self.failure is not None and self.failure.vocabulary),
             "busy": self.busy,
             "active": self.lock.holders,
             "max_concurrent": self.lock.limit,
