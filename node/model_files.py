@@ -43,9 +43,7 @@ class ModelFiles:
             await loop.run_in_executor(None, check_model_file, path, "api")
         except ModelLoadError as exc:
             raise InvalidRequest(exc.message, param="path") from exc
-        before = {e.id for e in list(self.node.catalog.entries.values()) if e.has_file}
-        model_id = await self.node.async_add_model(path, "api")
-        added = model_id not in before
+        model_id, added = await self.node.async_add_model_file(path, "api")
         if load:
             return await self.node.async_load_model(model_id), added
         return self.node.models.get(model_id).summary(), added

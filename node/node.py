@@ -129,6 +129,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         # when the catalog changed (2026-12-07: a pass over the catalog for every MODEL_PART request)
         self._held: tuple[int, list[str], frozenset[str]] = (-1, [], frozenset())
         self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
+        self._adding: dict[str, asyncio.Lock] = {}  # a path being added → its lock (an add of it again waits)
 
     # --- identity ---
 
@@ -349,6 +350,25 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         id; the id of the same content if it was already here; ModelLoadError says why it cannot be
         served. `sha256`, when the caller hashed the file already, is not recomputed; `origin_url` (a
         download's URL) is advertised so nodes without the file fetch its header there."""
+        return (await self.async_add_model_file(path, source, sha256=sha256, origin_url=origin_url))[0]
+
+    async def async_add_model_file(self, path: Path, source: str, *, sha256: str | None = None,
+                                   origin_url: str | None = None) -> tuple[str, bool]:
+        """async_add_model, and whether the model is new here. Adds of one path run one after the
+        other (2026-12-07: a double-click on Add, or two `models add` at once, both hashed the file and
+        raced on its registration: the second was told 404 "not ready", or both "added"): the second
+        finds the first's model, registered."""
+        key = str(path)  # (as given: absolute from the API and the GUI; a link to it is the same bytes, one model still)
+        lock = self._adding.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._async_add_model_file(path, source, sha256=sha256, origin_url=origin_url)
+        finally:
+            if not lock.locked() and self._adding.get(key) is lock:
+                del self._adding[key]
+
+    async def _async_add_model_file(self, path: Path, source: str, *, sha256: str | None,
+                                    origin_url: str | None) -> tuple[str, bool]:
         loop = asyncio.get_running_loop()
         if sha256 is not None:
             await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256, origin_url)
@@ -365,7 +385,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
                 await self.peers.async_announce()
         else:
             self.contributions.file_seen(entry)  # (a choice refused as "changed": its bytes may be back)
-        return entry.id
+        return entry.id, new
 
     async def _async_downloaded(self, path: Path, sha256: str | None, origin: str | None, url: str) -> str:
         """A finished download: served at once (not shared unloaded), then its origin checked in the
