@@ -138,3 +138,75 @@ async def test_bytes_kept_from_an_earlier_download_are_not_counted_as_fetched_af
         assert job.resumed_from == 1_500_000
     finally:
         await server.stop()
+
+
+async def test_a_complete_part_of_an_older_version_answered_416_is_not_kept_as_the_file(tmp_path, monkeypatch):
+    """A `.part` holding every byte of version 1 (the download stopped before its check and rename),
+    the file at the URL since replaced by a version 2 of the same size, and a server that ignores
+    If-Range: the resume from the `.part`'s end is answered 416 `bytes */size`, which until 2026-12-07
+    was taken as "every byte already here": version 1 was finished and served as the URL's file, with
+    no word that the origin now holds other bytes. The 416 is now confirmed by asking for the last
+    byte under If-Range: another version (a 200, or a 206 naming it) downloads the file again."""
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    v1 = b"GGUF" + os.urandom(800_000)
+    v2 = b"GGUF" + os.urandom(800_000)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "m.gguf.part").write_bytes(v1)
+    server = IgnoresIfRange(v2, drop_after=None)
+    server.etag = '"v2"'
+    app = web.Application()
+    app.router.add_get("/m.gguf", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
+    (models / "m.gguf.part.json").write_text(json.dumps({"url": url, "validator": '"v1"', "total": len(v1)}))
+    added = []
+
+    async def on_file(path, sha256, origin_url, _url=None):
+        added.append(path.read_bytes())
+        return "id"
+
+    try:
+        job = ModelDownloader(models, on_file).start(url, file_name="m.gguf")
+        await wait_until(lambda: not job.active, 30.0, what="the download")
+        assert server.requests[0]["range"] == f"bytes={len(v1)}-"  # the resume, answered 416
+        assert job.state == "done", job.error
+        assert added == [v2], "the older version was kept as the URL's file"
+        assert not (models / "m.gguf.part").exists()
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_complete_part_of_the_same_version_answered_416_is_finished_without_downloading(tmp_path, monkeypatch):
+    """The same, the file at the URL unchanged: the `.part` is the file, finished with one byte asked."""
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+    v1 = b"GGUF" + os.urandom(800_000)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "m.gguf.part").write_bytes(v1)
+    server = IgnoresIfRange(v1, drop_after=None)
+    app = web.Application()
+    app.router.add_get("/m.gguf", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
+    (models / "m.gguf.part.json").write_text(json.dumps({"url": url, "validator": '"v1"', "total": len(v1)}))
+    added = []
+
+    async def on_file(path, sha256, origin_url, _url=None):
+        added.append(path.read_bytes())
+        return "id"
+
+    try:
+        job = ModelDownloader(models, on_file).start(url, file_name="m.gguf")
+        await wait_until(lambda: not job.active, 30.0, what="the download")
+        assert job.state == "done", job.error
+        assert added == [v1]
+        assert job.fetched_bytes <= 1, job.fetched_bytes
+    finally:
+        await runner.cleanup()

@@ -57,8 +57,16 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
         # here) is checked against it (2026-12-07: it was not, and a complete wrong .part was served)
         job.linked_sha256 = linked_sha256(resp.history, resp.headers) or job.linked_sha256
         if resp.status == 416 and have and content_range(resp.headers.get("Content-Range"))[1] == have:
-            job.total_bytes = job.done_bytes = have  # an earlier attempt already had every byte
-            return
+            # an earlier attempt had every byte, or of another version of the same size, from a server
+            # that ignores If-Range (2026-12-07: the older version was finished as the URL's file)
+            named = resume_validator(resp.headers)  # (S3 and CloudFront name it; nginx does not)
+            if named == if_range or named is None and await _async_same_version(session, job.url, headers, have,
+                                                                                 if_range):
+                job.total_bytes = job.done_bytes = have
+                return
+            await loop.run_in_executor(io, discard_part, part)
+            raise Retryable(f"HTTP 416: the partial file ({have} bytes) is of another version than the file "
+                            "there now; downloading it again from the start")
         if resp.status == 416 and have:  # the .part runs past the file there now (another, shorter version)
             await loop.run_in_executor(io, discard_part, part)  # kept, every later download would fail so
             raise Retryable(f"HTTP 416: the partial file ({have} bytes) is not of the file there now")
@@ -158,6 +166,22 @@ async def async_fetch(session: aiohttp.ClientSession, job: DownloadJob, part: Pa
             await loop.run_in_executor(io, fh.close)
         if job.total_bytes is not None and job.done_bytes < job.total_bytes:
             raise aiohttp.ClientPayloadError(f"connection ended at {job.done_bytes} of {job.total_bytes} bytes")
+
+
+async def _async_same_version(session: aiohttp.ClientSession, url: str, headers: dict[str, str], have: int,
+                              if_range: str | None) -> bool:
+    """Whether a `.part` of `have` bytes answered 416 is the file at `url` now: its last byte asked
+    under If-Range comes back as a 206 naming the version resumed (a 200, or a 206 naming another: a
+    changed file). Retryable when the origin answers neither."""
+    ask = {**headers, "Range": f"bytes={have - 1}-{have - 1}"}
+    async with session.get(url, headers=ask) as resp:
+        if resp.status == 200:
+            return False
+        if resp.status != 206:
+            raise Retryable(f"{http_error(resp.status)} confirming the version of the partial file",
+                            retry_after_s(resp.headers))
+        return content_range(resp.headers.get("Content-Range")) == (have - 1, have) \
+            and resume_validator(resp.headers) == if_range
 
 
 async def _async_read_up_to(resp: aiohttp.ClientResponse, n: int) -> bytes:
