@@ -90,6 +90,40 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
     return kept, orphans
 
 
+def stale_sidecars(models_dir: Path) -> list[Path]:
+    """Sidecars whose download is over (blocking): their `.part` gone and their file landed (a crash
+    between `land()`'s rename and its delete of the sidecar; of a split set, once part 1, which lands
+    last, is there), or neither there (a crash before the `.part` was made). A part of a set whose
+    part 1 is not there yet keeps its sidecar: it marks a landing to finish (`partfile.cut_landing`)."""
+    stale = []
+    try:
+        found = sorted(p for p in models_dir.glob(f"*.gguf{PART}.json") if p.is_file())
+    except OSError:  # no models/ yet
+        return stale
+    for side in found:
+        part = side.with_name(side.name[:-len(".json")])
+        target = part.with_name(part.name[:-len(PART)])
+        if part.exists():
+            continue
+        split = split_part(target)
+        landed = target.exists() and (split is None or (models_dir / llama_split_name(split[0], 1, split[2])).exists())
+        if landed or not target.exists():
+            stale.append(side)
+    return stale
+
+
+def remove_stale_sidecars(models_dir: Path) -> list[str]:
+    """Delete stale_sidecars(); the names of those deleted (blocking)."""
+    removed = []
+    for side in stale_sidecars(models_dir):
+        try:
+            side.unlink(missing_ok=True)
+        except OSError:  # (read-only: it stays, as before, and is still never a job)
+            continue
+        removed.append(side.name)
+    return removed
+
+
 def _one_job(k: Kept) -> DownloadJob:
     return _job(k.url, k.name, k.size, k.signed, k.job_id, total_bytes=k.total, part_bytes=[k.total], sha256=k.sha256)
 

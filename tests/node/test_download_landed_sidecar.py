@@ -1,0 +1,73 @@
+"""A download's last steps are the rename of its `.part` into models/ and the delete of its sidecar
+(`partfile.land`). A crash or kill -9 between the two leaves the file, complete and checked, beside a
+sidecar whose `.part` is gone. The next start must read it as landed: the model served, no download
+listed, none fetched again. Until 2026-12-07 the sidecar stayed in models/ for good (each such crash
+left one); now the start removes the sidecar of a landed file (of a split set: once part 1, which
+lands last, is there; before that it marks a landing to finish, `partfile.cut_landing`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import pytest_asyncio
+
+from node import const
+from tests.node.test_download import OTHER, FileServer
+from tests.node.test_download_restore import api, finished, listed
+from tests.support.nodes import node_config, running_node, tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="function")]
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch):
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+
+
+@pytest.fixture
+def other_bytes(tmp_path):
+    return tiny_model(tmp_path, OTHER, "other.gguf").read_bytes()
+
+
+@pytest_asyncio.fixture
+async def server(other_bytes):
+    srv = FileServer(other_bytes)
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+async def test_a_sidecar_left_by_a_crash_after_the_rename_is_not_read_as_a_download(tmp_path, server, other_bytes,
+                                                                                   caplog):
+    data = tmp_path / "data"
+    async with running_node(node_config(data)) as node:
+        status, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "kept.gguf"})
+        assert status == 202, body
+        done = await finished(node, body["download"]["id"])
+        assert done["state"] == "done", done
+        model_id = done["model_id"]
+    models = data / "models"
+    # the crash: renamed, its sidecar not yet deleted (as the download wrote it)
+    sidecar = models / "kept.gguf.part.json"
+    sidecar.write_text(json.dumps({"url": server.url, "validator": '"v1"', "job": done["id"],
+                                   "total": len(other_bytes)}))
+    # a split set's part 2 landed, its part 1 not yet (that sidecar marks a landing to finish), and a
+    # sidecar whose download died before its `.part` was made
+    (models / "split-00002-of-00003.gguf").write_bytes(other_bytes)
+    (models / "split-00002-of-00003.gguf.part.json").write_text(json.dumps({"url": server.url, "validator": '"v1"'}))
+    (models / "gone.gguf.part.json").write_text(json.dumps({"url": server.url, "validator": '"v1"'}))
+    server.requests.clear()
+    caplog.set_level(logging.INFO, logger="node.models.download")
+    async with running_node(node_config(data)) as node:
+        assert await listed(node) == []
+        assert model_id in node.catalog.entries
+        assert not sidecar.exists(), "the landed file's sidecar stayed"
+        assert (models / "split-00002-of-00003.gguf.part.json").exists()  # (part 1 not landed: kept)
+        assert not (models / "gone.gguf.part.json").exists()
+        assert any("sidecar" in r.getMessage() and "kept.gguf" in r.getMessage() for r in caplog.records)
+        status, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "kept.gguf"})
+        assert status == 409 and "already exists" in body["error"]["message"], body
+        assert server.requests == []
+    assert (models / "kept.gguf").read_bytes() == other_bytes
