@@ -4,15 +4,20 @@ the admin API's `POST /api/admin/models/add {"path"}` (`swarmllm models add PATH
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
-from node.datadir import MODELS_DIR
+from node.datadir import MODELS_DIR, keep_aside
 from node.errors import InvalidRequest, ModelLoadError
+from node.logs import kv
 from node.models.catalog import ModelEntry, check_model_file
+from node.models.file_kinds import NotAModel, split_part
 from node.models.watch import ModelWatcher
 
 Node = Any  # node.node.Node (not imported: it imports this module)
+
+log = logging.getLogger(__name__)
 
 IN_USE_STATES = ("loaded", "loading", "unloading")
 
@@ -47,6 +52,30 @@ class ModelFiles:
         if load:
             return await self.node.async_load_model(model_id), added
         return self.node.models.get(model_id).summary(), added
+
+    async def async_add_downloaded(self, path: Path, *, sha256: str | None, origin_url: str | None) -> str:
+        """A finished download served (Node.async_add_model). One the catalog refuses as damaged
+        (not a GGUF it can read, truncated; not a projector or an adapter, NotAModel) is moved aside
+        to NAME.broken, as damaged data-dir files are (`datadir.keep_aside`), and its error says so
+        (2026-12-07: it stayed in models/ as a .gguf, refused again at every start, beside the
+        served ones). A split set's part is left where it is (other downloads may own its parts)."""
+        node = self.node
+        try:
+            return await node.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin_url)
+        except NotAModel:
+            raise
+        except ModelLoadError as exc:
+            if path not in node.catalog.skipped or split_part(path) is not None:  # (not refused: the node stops)
+                raise
+            try:
+                broken = await asyncio.get_running_loop().run_in_executor(None, keep_aside, path)
+            except OSError:
+                raise exc from None
+            node.catalog.skipped.pop(path, None)
+            log.warning("DIAG: downloaded model file cannot be served, moved aside %s",
+                        kv(file=path.name, kept_as=broken.name, error=exc.message))
+            raise ModelLoadError(f"{exc.message}; the downloaded file is kept aside as {MODELS_DIR}/{broken.name}, "
+                                 "not served (delete it, or download the model again)") from None
 
     async def async_drop(self, entry: ModelEntry) -> bool:
         """Remove the model of a file that is gone (or changed), unless it is loaded or in use (False:

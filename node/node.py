@@ -392,7 +392,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         background (download/public.py): only a public one's file is listed in `files`. `url` is the
         finishing job's own URL, query included (an earlier job of the same file name may have had
         another: a bare link refused, then a signed one pasted)."""
-        model_id = await self.async_add_model(path, "data_dir", sha256=sha256, origin_url=origin)
+        model_id = await self.model_files.async_add_downloaded(path, sha256=sha256, origin_url=origin)
         if sha256 is not None and origin and url:
             self.origin_checks.start(path, sha256, url)
         return model_id
