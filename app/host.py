@@ -164,11 +164,12 @@ class NodeHost(QObject):
         served = await self.node.models.async_unload(model_id)
         self.node.note_activity(f"model {served.id} unloaded")
 
-    async def async_add_model(self, path: Path) -> str:
-        """Serve a GGUF file for this session (catalog, register, load); returns its id."""
+    async def async_add_model(self, path: Path) -> tuple[str, bool]:
+        """Serve a GGUF file for this session (catalog, register, load): its id, and whether it is new
+        here (False: this file, or one of the same bytes, was served already)."""
         self._require_started()
         try:
-            model_id = await self.node.async_add_model(path, "gui")
+            model_id, added = await self.node.async_add_model_file(path, "gui")
         except NodeError as exc:
             self.add_error = exc.message if path.name in exc.message else f"{path.name}: {exc.message}"
             self.state_changed.emit(self.state.value)  # (the banner reads it again)
@@ -177,7 +178,7 @@ class NodeHost(QObject):
             self.add_error = None
             self.state_changed.emit(self.state.value)
         await self.async_load(model_id)
-        return model_id
+        return model_id, added
 
     async def async_join(self, code: str) -> str:
         """Join the swarm of the node that made the invite code (Join a swarm…)."""

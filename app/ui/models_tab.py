@@ -220,8 +220,11 @@ class ModelsTab(QWidget):
         self._report(f"adding {path.name}…")
 
         async def run() -> None:
-            model_id = await self.host.async_add_model(path)
+            model_id, added = await self.host.async_add_model(path)
             self.select(model_id)
+            if not added:  # (a second click on Add for the same file: one model, said so)
+                self._report(f"{model_id} is served already ({path.name}: the same model)")
+                return
             part = split_part(path)  # a split model: part 1 alone in models/ would be refused
             what = f"its {part[2]} parts ({path.name} …)" if part is not None else "the file"
             self._report(f"{model_id} added for this session; copy {what} into {self.host.models_dir} "
