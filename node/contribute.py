@@ -234,11 +234,14 @@ class Contributions:
             self.config.contribute = not paused
             log.info("DIAG: contributing changed %s", kv(contribute=not paused))
             self.note("contributing to peers " + ("paused" if paused else "resumed"))
+            # kept first: the release or the reloads below can take minutes (a session to end, a slice
+            # to load) or fail, and until 2026-12-07 the choice was saved only after them — a Quit
+            # meanwhile, or a reload that failed, left config.toml saying the opposite for the next start
+            await self._async_save()
             if paused:
                 await self._async_release_all()
             else:
                 await self._async_resume()
-            await self._async_save()
         self.events.emit()
         return self.summary()
 

@@ -101,3 +101,37 @@ async def test_a_slice_load_under_way_at_the_stop_is_not_served_after_it(tmp_pat
             assert not node.slice_host.slices
     finally:
         go.set()
+
+
+async def test_a_pause_is_kept_in_config_toml_before_its_slices_are_freed(tmp_path, monkeypatch):
+    """"Pause contributing" is saved at once, not after the slices' release: that waits for the
+    peers' sessions to end (minutes) and a resume reloads slices (or fails). Until 2026-12-07 the
+    choice reached config.toml only after them, so a Quit meanwhile (the stop cancels the change)
+    started the node contributing again next time (and a CI run on a loaded machine read the file
+    before it was written). Real node, real slice."""
+    import tomllib
+
+    from node.contribute import Contributions
+
+    model = split_model(tmp_path)
+    config = node_config(tmp_path / "n", model, layers="0-5", slice_dtype="f32", activation_bits=32)
+    async with running_node(config) as node:
+        releasing, release = asyncio.Event(), asyncio.Event()
+        real_release = Contributions._async_release_all
+
+        async def slow_release(self) -> None:
+            releasing.set()
+            await release.wait()
+            await real_release(self)
+        monkeypatch.setattr(Contributions, "_async_release_all", slow_release)
+        change = asyncio.create_task(node.contributions.async_set_paused(True))
+        try:
+            await wait_until(releasing.is_set, 10, what="the release to start")
+            settings = tmp_path / "n" / "config.toml"
+            await wait_until(lambda: settings.exists() and tomllib.loads(settings.read_text())
+                             .get("desktop", {}).get("contribute") is False, 10,
+                             what="config.toml to keep the pause while the slices are released")
+        finally:
+            release.set()
+            await change
+        assert node.contributions.paused
