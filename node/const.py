@@ -108,7 +108,9 @@ PONG_MAX_BACKLOG_BYTES = 1024 * 1024  # a PING is not answered while more than t
 HANDSHAKE_FRAME_MAX_BYTES = 1024 * 1024  # a HELLO / MEMBER frame (its JSON header: adverts, a proof)
 TLS_MAX_TRUST_ANCHORS = 4096  # announced certificates trusted before the server context is rebuilt
 PING_TIMEOUT_MIN_S = 0.5  # a PING waits max(RTO, this): a loaded loop must not look like a dead peer
-DUPLICATE_LINK_GRACE_S = 1.0  # a retired duplicate link stays open this long for frames in flight
+# A retired duplicate link closes once both ends said they have nothing in flight on it (_link.py
+# retire()); this bounds it for a peer that never says so (older versions close on their own timer)
+DUPLICATE_LINK_DRAIN_MAX_S = 60.0  # past every request's own deadline (MODEL_HEADER / PARTIAL_PEER: 30 s)
 DIAL_MAINTENANCE_INTERVAL_S = 1.0  # how often the dial loop looks for peers to (re)dial
 UPGRADE_FIRST_S = 2.0  # a relayed link tries a direct one this long after it came up
 UPGRADE_BACKOFF_MIN_S = 30.0  # then, after failures, at this interval doubling up to the max

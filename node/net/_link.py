@@ -88,7 +88,9 @@ class PeerLink:
         self.established_at = time.time()
         self.last_seen = time.monotonic()
         self.rtt_s: float | None = None
-        self.retired = False  # lost a duplicate-link tie-break: closes once idle
+        self.retired = False  # lost a duplicate-link tie-break: closes once both ends are drained
+        self._drained_sent = False  # this end said it has nothing of its own in flight (retired)
+        self._peer_drained = False  # the peer said so
         self.close_cause: str | None = None
         self.frames_in = 0
         self.frames_out = 0
@@ -209,7 +211,7 @@ class PeerLink:
                 future.cancel()
             self._pending.pop(rid, None)
             if self.retired and not self._pending:
-                self.close("duplicate")
+                self._maybe_drained()
         if reply.type == FrameType.ERROR:
             info = ErrorInfo.from_frame(reply)
             raise PeerError(f"peer {self.short_id} answered ERROR {info.code}: {info.message}",
@@ -243,6 +245,10 @@ class PeerLink:
         if frame.type not in _WORK_TYPES and not self._control_frame(frame, now):
             return
         try:
+            if frame.type == FrameType.PING and frame.header.get("drained") is True and not frame.request_id:
+                self._peer_drained = True  # the peer retired this link and has nothing in flight on it
+                self._maybe_drained()
+                return
             if frame.type == FrameType.PING:
                 # a peer that sends PINGs and reads nothing must not grow our send buffer without
                 # bound: with a backlog to it, its PONGs are dropped (a live peer that is reading
@@ -310,7 +316,7 @@ class PeerLink:
 
     async def _async_ping_loop(self) -> None:
         missed = 0
-        while self.is_open:
+        while self.is_open and not self.retired:  # (a retired link's requests have their own deadlines)
             timeout = max(self.rto.rto_s, const.PING_TIMEOUT_MIN_S)
             started = time.monotonic()
             try:
@@ -344,15 +350,37 @@ class PeerLink:
     # --- closing ------------------------------------------------------------------------------
 
     def retire(self) -> None:
-        """Lost a duplicate-link tie-break: take no new work, close once requests drain (or grace)."""
+        """Lost a duplicate-link tie-break: take no new work; close once both ends are drained.
+
+        Each end, once retired with none of its own requests waiting for a reply, says so with a
+        PING whose header is {"drained": true} (no request id: older versions answer it with a PONG
+        this end drops). The link closes when this end has said it and heard it: every request
+        either end sent on it has had its reply by then (a reply travels on its request's link, and
+        frames keep their order), so nothing in flight is cut. Until 2026-12-07 each end closed on
+        its own timer (DUPLICATE_LINK_GRACE_S, x4 with requests waiting): an end with nothing of
+        its own waiting closed after one grace while the other's request was still on its way or
+        being answered (a 512 KiB request through a busy relay, a partial model's chunk read), and
+        that request failed "link closed (duplicate)". A peer that never says it (an older
+        version, which closes on its timer: this end sees the EOF) or that ranked the links
+        otherwise is bounded by DUPLICATE_LINK_DRAIN_MAX_S, past every request's own deadline."""
         if self.retired or not self.is_open:
             return
         self.retired = True
-        if not self._pending:
-            # Give frames the peer already sent on this link a moment to arrive and be answered.
-            asyncio.get_running_loop().call_later(const.DUPLICATE_LINK_GRACE_S, self.close, "duplicate")
-        else:
-            asyncio.get_running_loop().call_later(const.DUPLICATE_LINK_GRACE_S * 4, self.close, "duplicate")
+        asyncio.get_running_loop().call_later(const.DUPLICATE_LINK_DRAIN_MAX_S, self.close, "duplicate")
+        self._maybe_drained()
+
+    def _maybe_drained(self) -> None:
+        """Retired with nothing of ours waiting: say so once; close when the peer has said so too."""
+        if not self.retired or self._pending or not self.is_open:
+            return
+        if not self._drained_sent:
+            self._drained_sent = True
+            try:
+                self.send_nowait(Frame(FrameType.PING, {"drained": True}))
+            except PeerUnreachable:
+                return
+        if self._peer_drained:
+            self.close("duplicate")
 
     def close(self, cause: str = "closed") -> None:
         """Close the link (idempotent); pending requests fail with PeerUnreachable."""

@@ -181,11 +181,9 @@ async def test_simultaneous_dial_ends_in_one_link(make_manager, fast_net, round_
 
 async def test_a_duplicate_link_keeps_the_lower_node_ids_dial(make_manager, fast_net, caplog, monkeypatch):
     """The tie-break, every time: a second TCP connection is forced (node_id=None skips the
-    'already linked' shortcut). A long grace keeps the loser open until both ends have ranked the
-    two links; had they ranked them differently, each would retire the other's keeper."""
-    from node import const
-
-    monkeypatch.setattr(const, "DUPLICATE_LINK_GRACE_S", 1.0)
+    'already linked' shortcut). The loser stays open until both ends have ranked the two links (it
+    closes once each end has said it is drained); had they ranked them differently, each would
+    retire the other's keeper."""
     caplog.set_level(logging.INFO)
     a = await make_manager()
     b = await make_manager()
@@ -197,6 +195,44 @@ async def test_a_duplicate_link_keeps_the_lower_node_ids_dial(make_manager, fast
     await _stays_one_link(a, b)
     assert caplog.text.count("DIAG: duplicate link to one peer, retiring one") == 2  # both ends ranked them
     assert low.link(high.node_id).is_dialer and not high.link(low.node_id).is_dialer
+
+
+@pytest.mark.parametrize("direction", ["from the dialler", "to the dialler"])
+async def test_a_request_on_a_retired_duplicate_link_is_answered(make_manager, fast_net, caplog, direction):
+    """A request in flight on a link that loses the duplicate tie-break gets its reply, however long
+    its answer takes, and the retired link then closes at both ends. Until 2026-12-07 the end with
+    nothing of its own waiting closed the link after a one-second grace (the other end after four),
+    and the request failed "link ... closed (duplicate)"."""
+    caplog.set_level(logging.INFO)
+    a = await make_manager()
+    b = await make_manager()
+    low, high = sorted((a, b), key=lambda m: m.node_id)
+    await high.async_connect(addr(low))  # the higher id's dial: the link that will lose
+    await wait_until(lambda: _settled(a, b, caplog) == 1, what="the first link")
+    asker, answerer = (high, low) if direction == "from the dialler" else (low, high)
+    losing = asker.link(answerer.node_id)
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(link, frame):
+        arrived.set()
+        await release.wait()
+        return frame.reply(FrameType.RESULT, {}, frame.payload)
+    answerer.register_handler(FrameType.WORK, slow)
+    request = asyncio.ensure_future(losing.async_request(Frame(FrameType.WORK, {}, b"held"), timeout_s=30))
+    await wait_until(arrived.is_set, what="the request reached the answerer")
+    await low.async_connect(addr(high))  # the lower id dials too: that link wins at both ends
+    await wait_until(lambda: losing.retired and answerer.link(asker.node_id) is not None
+                     and answerer.link(asker.node_id).connection_id != losing.connection_id
+                     and caplog.text.count("DIAG: duplicate link to one peer, retiring one") == 2,
+                     what="both ends retired the first link")
+    await asyncio.sleep(1.5)  # past the old timers (one grace at the end with nothing waiting, four at the other)
+    assert losing.is_open and not request.done()
+    release.set()
+    reply = await asyncio.wait_for(request, 10)
+    assert reply.payload == b"held"
+    assert await wait_until(lambda: _settled(a, b, caplog), what="the retired link closed at both ends") == 2
+    assert losing.close_cause == "duplicate"
+    await _stays_one_link(a, b)
 
 
 async def test_peer_gone_and_back(make_manager, fast_net, tmp_path, caplog):
