@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
@@ -28,9 +29,10 @@ def free_port() -> int:
     use" now and then. Ports handed out earlier in this process are not handed out again."""
     low = _ephemeral_low()
     top = max(low - const.PEER_PORT_OFFSET - 1, 12000)
+    bottom, top = _band(10000, top)
     rng = random.SystemRandom()
     for _ in range(200):
-        port = rng.randrange(10000, top)
+        port = rng.randrange(bottom, top)
         peer = port + const.PEER_PORT_OFFSET
         if port in _handed_out or peer in _handed_out:
             continue
@@ -38,6 +40,21 @@ def free_port() -> int:
             _handed_out.update((port, peer))
             return port
     raise RuntimeError("no free port pair found")
+
+
+def _band(bottom: int, top: int) -> tuple[int, int]:
+    """This test process's share of [bottom, top): under pytest-xdist each worker draws from its own
+    band, so two workers never hand out one port pair in the moment before either node binds it."""
+    try:
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    except ValueError:
+        return bottom, top
+    if count <= 1 or not 0 <= index < count:
+        return bottom, top
+    width = (top - bottom) // count
+    # (less the peer port's offset at the top: a pair drawn at a band's edge stays inside it)
+    return bottom + index * width, bottom + (index + 1) * width - const.PEER_PORT_OFFSET
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
