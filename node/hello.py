@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 from node import const
+from node.inference import sampling
 from node.inference.adverts import hardware_advert, model_adverts
 from node.inference.pipeline.coverage import paused_holders, swarm_coverage
 from node.inference.pipeline.wholeparts import held_files
@@ -66,6 +67,11 @@ class HelloParts:
     def advertised_models(self) -> list[dict[str, Any]]:
         """What this node advertises to its peers now (the GUI's layer map shows it beside theirs)."""
         return self._hello_models()
+
+    def _hello_sampling(self) -> frozenset[str] | None:
+        """The sampling features this version decodes (HELLO's `sampling`): a coordinator sends no
+        request using one a peer lacks (a version before 2026-12-07 lists none: the old set)."""
+        return sampling.FEATURES
 
     def _hello_models(self) -> list[dict[str, Any]]:
         return model_adverts(self.catalog, self.models, self.slice_host, contribute=self.config.contribute)

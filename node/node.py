@@ -291,7 +291,8 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
     async def _start_network(self) -> None:
         """The peer network and the pipeline's worker/coordinator on top of it."""
         self.peers = PeerManager(self.config, self.identity, models_provider=self._hello_models,
-                                 hardware_provider=self._hello_hardware, files_provider=self._hello_files)
+                                 hardware_provider=self._hello_hardware, files_provider=self._hello_files,
+                                 sampling_provider=self._hello_sampling)
         self.transport = PipelineTransport(self.node_id, self.peers)
         self.slice_host.on_advert = self._announce_soon
         self.slice_host.on_change = self._announce_soon  # (review r40: never wired, a check went unheard)

@@ -86,6 +86,15 @@ class SamplingParams:
         full = self._wire_all()
         return {k: v for k, v in full.items() if k in WIRE_REQUIRED or v != _WIRE_DEFAULTS[k]}
 
+    def features(self) -> frozenset[str]:
+        """The sampling features the peers this request's sampling dict goes to must decode: its
+        fields away from their defaults ("sampling:<field>") and its grammar's node types
+        ("grammar:<type>"), as peers advertise them (FEATURES, HELLO's `sampling`)."""
+        out = {f"sampling:{k}" for k in self.to_wire()}
+        if self.grammar is not None:
+            out |= {f"grammar:{kind}" for kind in g.kinds(self.grammar)}
+        return frozenset(out)
+
     def _wire_all(self) -> dict[str, Any]:
         return {**self.as_dict(), "logit_bias": [[t, b] for t, b in self.logit_bias], "grammar": self.grammar,
                 "reasoning_budget": self.reasoning_budget}
@@ -166,3 +175,27 @@ WIRE_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 WIRE_REQUIRED = frozenset(("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                            "repeat_penalty"))
 _WIRE_DEFAULTS = SamplingParams()._wire_all()
+# What this version decodes, as its HELLO says (`sampling`): a coordinator sends a request to no
+# node lacking one of the request's features (2026-12-07)
+FEATURES = frozenset({f"sampling:{name}" for name in WIRE_FIELDS} | {f"grammar:{kind}" for kind in g.KINDS})
+# A node whose HELLO says nothing (a version before 2026-12-07): the fields and grammar types every
+# version since sampling went to peers (2026-12-02) decodes. Later ones (reasoning_budget 12-06;
+# ignore_eos, min_tokens, the regex and gbnf grammars 12-07) such a node may ignore, answering
+# a reply that breaks the request's constraint without an error, or drop mid-chain.
+OLD_FEATURES = frozenset({f"sampling:{name}" for name in (
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+    "repeat_penalty", "stop", "logit_bias", "logprobs", "grammar")}
+    | {f"grammar:{kind}" for kind in ("json", "literal", "text", "seq", "alt", "repeat")})
+
+
+def lacking(needed: frozenset[str], advertised: frozenset[str] | None) -> tuple[str, str] | None:
+    """The first of a request's features (`SamplingParams.features`) that a node advertising
+    `advertised` (None: it says nothing, OLD_FEATURES) does not decode: (the request's parameter,
+    its words: "the sampling field 'min_tokens'", "the grammar type 'gbnf'"); None if none."""
+    missing = sorted(needed - (OLD_FEATURES if advertised is None else advertised))
+    if not missing:
+        return None
+    kind, _, name = missing[0].partition(":")
+    if kind == "grammar":
+        return "grammar", f"the grammar type {name!r}"
+    return name, f"the sampling field {name!r}"

@@ -70,6 +70,7 @@ class PeerManager:
         models_provider: Callable[[], list[Mapping[str, Any]]] | None = None,
         hardware_provider: Callable[[], Mapping[str, Any]] | None = None,
         files_provider: Callable[[], list[str]] | None = None,
+        sampling_provider: Callable[[], frozenset[str] | None] | None = None,
         agent: str = AGENT,
     ):
         self.config = config
@@ -91,6 +92,7 @@ class PeerManager:
         self._models_provider = models_provider
         self._hardware_provider = hardware_provider
         self._files_provider = files_provider
+        self._sampling_provider = sampling_provider  # the sampling features this node decodes
         self.handlers = Handlers(self.tasks.spawn)
         # frame types a peer's (older) process does not serve, by its live link's boot_id
         self.lacks = PeerLacks(lambda node_id: (link.hello.boot_id if (link := self.table.link(node_id)) else None))
@@ -278,6 +280,7 @@ class PeerManager:
             swarm=self.membership.swarm.public_id, epoch=self.membership.swarm.epoch,
             member_nonce=member_nonce or new_nonce(), joining=joining,
             time=None if minimal else self.clock.now(),
+            sampling=None if minimal else self._call_provider(self._sampling_provider, None),
         )
 
     @staticmethod

@@ -31,6 +31,7 @@ _MAX_MODELS = 256
 _MAX_FILES = 256  # whole files a HELLO may list as held (senders list at most ADVERT_FILES_MAX)
 _MAX_TEXT = 256
 _MAX_PEX = 256
+_MAX_SAMPLING = 512  # sampling feature names a HELLO may list (this version has ~25)
 _MAX_TIME = 1e11  # unix seconds (year 5138): a HELLO `time` beyond is not a time
 
 
@@ -104,6 +105,16 @@ def _files(h: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(files))
 
 
+def _sampling(h: Mapping[str, Any]) -> frozenset[str] | None:
+    value = h.get("sampling")
+    if value is None:  # a version before 2026-12-07 says nothing: the old set (sampling.OLD_FEATURES)
+        return None
+    if not isinstance(value, list) or len(value) > _MAX_SAMPLING or not all(
+            isinstance(v, str) and len(v) <= 64 for v in value):
+        raise ProtocolError(f"field 'sampling' must be a list of at most {_MAX_SAMPLING} names")
+    return frozenset(value)
+
+
 def _node_id(h: Mapping[str, Any], key: str) -> str:
     value = h.get(key)
     if not is_node_id(value):
@@ -133,6 +144,9 @@ class Hello:
     member_nonce: str = ""  # fresh per link: both proofs of membership are bound to both nonces
     joining: bool = False  # the sender presents an invite instead of a membership proof
     time: float | None = None  # the sender's unix time (full HELLO only; clock skew, see _clock.py)
+    # the sampling features it decodes ("sampling:min_tokens", "grammar:gbnf": node.inference.sampling
+    # FEATURES; full HELLO only); None: a version before 2026-12-07, which says nothing (ignored there)
+    sampling: frozenset[str] | None = None
     protocol: str = PROTOCOL_NAME
     version: int = PROTOCOL_VERSION
 
@@ -155,6 +169,8 @@ class Hello:
             header["link_nonce"] = self.link_nonce
         if self.time is not None:
             header["time"] = round(self.time, 3)
+        if self.sampling is not None:
+            header["sampling"] = sorted(self.sampling)
         return Frame(FrameType.HELLO, header)
 
     @classmethod
@@ -190,6 +206,7 @@ class Hello:
             member_nonce=_hex(h, "member_nonce", NONCE_HEX),
             joining=h.get("joining") is True,
             time=_time(h),
+            sampling=_sampling(h),
         )
 
 

@@ -56,6 +56,8 @@ class PeerSnapshot:
     liveness_deadline_s: float | None = None  # silence after which the live link is declared dead
     connection_id: int | None = None  # this process's id of the live link (DIAG lines carry it)
     boot_id: str | None = None  # its last HELLO's: a new one is a restarted process (not a relinked one)
+    # the sampling features its HELLO lists (None: it lists none, a version before 2026-12-07)
+    sampling: frozenset[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
@@ -64,6 +66,7 @@ class PeerSnapshot:
         out["sources"] = list(self.sources)
         out["hardware"] = dict(self.hardware)
         out["files"] = list(self.files)
+        out["sampling"] = None if self.sampling is None else sorted(self.sampling)
         for key in ("rtt_ms", "rto_ms"):
             if out[key] is not None:
                 out[key] = round(out[key], 3)
@@ -190,6 +193,7 @@ class PeerRecord:
             region=clean_text(hello.region, REGION_MAX_CHARS) if hello and hello.region else None,
             hardware=hello.hardware if hello else {},
             files=hello.files if hello else (),
+            sampling=hello.sampling if hello else None,
             via_relay=link.via_relay if link else None,
             is_dialer=link.is_dialer if link else None,
             connections=connections,

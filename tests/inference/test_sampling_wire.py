@@ -11,7 +11,14 @@ import pytest
 from node.errors import ProtocolError, SamplingUnsupported
 from node.inference import grammar as g
 from node.inference.pipeline.wire import Hop, Work
-from node.inference.sampling import WIRE_FIELDS, WIRE_REQUIRED, SamplingParams
+from node.inference.sampling import (
+    FEATURES,
+    OLD_FEATURES,
+    WIRE_FIELDS,
+    WIRE_REQUIRED,
+    SamplingParams,
+    lacking,
+)
 
 # what the receiver before 2026-12-07 read as data[key] (SamplingParams.from_wire on d294100)
 REQUIRED_BEFORE = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"}
@@ -93,3 +100,20 @@ def test_a_value_this_version_refuses_is_unsupported_not_a_dropped_step(value):
     with pytest.raises(ProtocolError) as err:  # not an object at all: a malformed frame
         Work.from_header({**header, "sampling": [1, 2]})
     assert not isinstance(err.value, SamplingUnsupported)
+
+
+def test_a_requests_features_and_what_a_node_listing_none_lacks():
+    """2026-12-07: the coordinator sends a request to no node whose HELLO does not list one of its
+    features; a node listing none (a version before) decodes the old set only."""
+    plain = SamplingParams(temperature=0.0, max_tokens=16, stop=("x",), seed=3)
+    assert plain.features() <= OLD_FEATURES and lacking(plain.features(), None) is None
+    assert lacking(EVERY_FIELD.features(), FEATURES) is None and OLD_FEATURES < FEATURES
+    assert lacking(SamplingParams(min_tokens=2).features(), None) == ("min_tokens", "the sampling field 'min_tokens'")
+    assert lacking(SamplingParams(ignore_eos=True).features(), None)[0] == "ignore_eos"
+    nested = SamplingParams(grammar=g.seq(g.literal("a"), g.gbnf('root ::= "b"')))
+    assert nested.features() >= {"sampling:grammar", "grammar:seq", "grammar:literal", "grammar:gbnf"}
+    assert lacking(nested.features(), None) == ("grammar", "the grammar type 'gbnf'")
+    assert lacking(SamplingParams(grammar=g.json_value(None)).features(), None) is None
+    # a node listing features reads as what it lists, not the old set
+    assert lacking(SamplingParams(min_tokens=2).features(), frozenset()) is not None
+    assert lacking(SamplingParams(min_tokens=2).features(), OLD_FEATURES | {"sampling:min_tokens"}) is None

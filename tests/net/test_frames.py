@@ -122,6 +122,20 @@ def test_hello_round_trip():
     assert Hello.from_frame(decode_frame(frame_bytes(hello.to_frame()))) == hello
 
 
+def test_hello_sampling_features_round_trip_and_an_older_hello_lists_none():
+    """2026-12-07: a HELLO lists the sampling features its node decodes; one of a version before
+    (5607039 and older: no `sampling` key, which they ignore when they read ours) says nothing: None,
+    read by the coordinator as the old set (sampling.OLD_FEATURES)."""
+    hello = _hello(sampling=frozenset({"sampling:min_tokens", "grammar:gbnf"}))
+    frame = hello.to_frame()
+    assert frame.header["sampling"] == ["grammar:gbnf", "sampling:min_tokens"]
+    assert Hello.from_frame(decode_frame(frame_bytes(frame))) == hello
+    older = _hello().to_frame()
+    assert "sampling" not in older.header
+    assert Hello.from_frame(older).sampling is None
+    assert Hello.from_frame(Frame(FrameType.HELLO, dict(older.header, sampling=[]))).sampling == frozenset()
+
+
 @pytest.mark.parametrize(
     ("protocol", "version"), [("libp2p", 1), ("swarmllm", 1), ("swarmllm", 3), (None, None)]
 )
@@ -157,6 +171,10 @@ def test_hello_from_another_protocol_is_not_a_swarm_peer(protocol, version):
         {"time": -1},
         {"time": 1e300},
         {"time": float("nan")},
+        {"sampling": "sampling:min_tokens"},
+        {"sampling": [1]},
+        {"sampling": ["x" * 65]},
+        {"sampling": ["x"] * 513},
     ],
 )
 def test_malformed_hello_fields_are_protocol_errors(change):

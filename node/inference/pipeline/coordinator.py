@@ -215,7 +215,8 @@ class PipelineCoordinator:
         reuses = attempt_no == 1  # (a failed-over attempt prefills prompt + generated afresh)
         prefer = self.prefix.route_for(entry.sha256, list(job.prompt_tokens)) if reuses else None
         load = collections.Counter(node for a in self.attempts.values() if not a.failed.done() for node in a.nodes())
-        plan, kinds = self.holders.assemble(entry, trace, attempt_no, excluded, prefer=prefer, load=load)
+        plan, kinds = self.holders.assemble(entry, trace, attempt_no, excluded, prefer=prefer, load=load,
+                                            needs=job.params.features())
         sid = f"{job.request_id}/{attempt_no}"
         att = Attempt(sid, entry.sha256, plan, tuple(Hop(h.node_id, h.start, h.end) for h in plan.segments), kinds,
                       asyncio.get_running_loop().create_future())

@@ -21,11 +21,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from node import const
-from node.errors import InsufficientCapacity
+from node.errors import InsufficientCapacity, SamplingUnsupportedBySwarm
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.perf import PeerPerformance
 from node.inference.pipeline.planner import Holder, Plan, plan_kept_route, plan_route, sane_ms
 from node.inference.pipeline.transport import PipelineTransport
+from node.inference.sampling import lacking
 from node.logs import kv
 from node.models.catalog import ModelEntry
 from node.net import FrameType
@@ -227,9 +228,23 @@ class LayerHolders:
         lacks = getattr(self.peers, "lacks", None)  # (None: no peer network, or a stand-in table)
         return lacks is not None and lacks.lacks(node_id, FrameType.GENERATE)
 
+    def _outdated(self, holders: list[Holder], needs: frozenset[str]) -> dict[str, tuple[str, str]]:
+        """The peers among `holders` whose HELLO does not list a sampling feature the request uses
+        (`needs`: SamplingParams.features; a HELLO listing none is a version before 2026-12-07,
+        sampling.OLD_FEATURES): node id -> (the parameter, its words)."""
+        out: dict[str, tuple[str, str]] = {}
+        if not needs or self.peers is None:
+            return out
+        for node in dict.fromkeys(h.node_id for h in holders if h.node_id != self.node_id):
+            snap = self.peers.peer(node)
+            missing = lacking(needs, getattr(snap, "sampling", None))
+            if missing is not None:
+                out[node] = missing
+        return out
+
     def assemble(self, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
                  excluded: frozenset[str], prefer: tuple[tuple[str, int, int], ...] | None = None,
-                 load: Mapping[str, int] | None = None) -> tuple[Plan, list[str]]:
+                 load: Mapping[str, int] | None = None, needs: frozenset[str] = frozenset()) -> tuple[Plan, list[str]]:
         """The cheapest chain without the excluded nodes and each segment's transport (local |
         direct | relayed), recorded in the trace (sched_ms, segments, route, regions);
         InsufficientCapacity when no chain is left. A peer with no live link (its link closing while the
@@ -238,8 +253,13 @@ class LayerHolders:
         KEPT_ROUTE_MAX_SLOWDOWN of the cheapest (a route that changes between turns reuses nothing).
         `load`: this coordinator's requests under way per node; each makes a holder's ms/layer
         CHAIN_LOAD_WEIGHT dearer, so holders no slower share concurrent requests (every request
-        took the same chain while as good holders sat idle: a swarm test, 2026-12-06)."""
+        took the same chain while as good holders sat idle: a swarm test, 2026-12-06). `needs`: the
+        request's sampling features; a peer not listing one of them in its HELLO is left out before
+        any work is sent (every node of a chain gets the sampling dict, and one of a version before
+        2026-12-07 ignores a field it lacks, or drops it mid-chain: 2026-12-07); with no chain left
+        then, SamplingUnsupportedBySwarm names the field and those nodes."""
         started = trace.begin_assembly()
+        outdated: dict[str, tuple[str, str]] = {}
         try:
             # a peer the table says connected with no link (closing: the table says so a loop pass
             # later) is no holder: a send to it fails at once, one of MAX_ASSEMBLIES attempts burnt
@@ -250,12 +270,26 @@ class LayerHolders:
             # sent it GENERATE and waited out GENERATE_SILENCE_S)
             old = {h.node_id for h in holders if h.whole and self._lacks_generate(h.node_id)}
             holders = [h for h in holders if not (h.whole and h.node_id in old)]
+            outdated = self._outdated(holders, needs)
+            if outdated:
+                holders = [h for h in holders if h.node_id not in outdated]
+                log.info("DIAG: pipeline left out nodes that cannot sample this request (an older version) %s", kv(
+                    request_id=trace.request_id, attempt=attempt_no, nodes=",".join(n[:8] for n in outdated),
+                    lacks=next(iter(outdated.values()))[0]))
             if load:
                 holders = [dataclasses.replace(h, ms_per_layer=h.layer_ms() * (1 + const.CHAIN_LOAD_WEIGHT * load[h.node_id]))
                            if load.get(h.node_id) else h for h in holders]
             plan = plan_route(entry.n_layers, holders, exclude=excluded)
         except InsufficientCapacity as exc:
             trace.end_assembly(started)
+            if outdated and not outdated.keys() <= excluded:
+                nodes = sorted(n for n in outdated if n not in excluded)
+                _, words = outdated[nodes[0]]
+                who = f"node {nodes[0][:8]} does" if len(nodes) == 1 else \
+                    f"nodes {', '.join(n[:8] for n in nodes)} do"
+                raise SamplingUnsupportedBySwarm(
+                    f"{who} not support {words} (its version is older, it does not list it): update it; "
+                    "no other node serving this model can take the request") from exc
             if old and not old <= excluded:
                 raise InsufficientCapacity(
                     f"{exc.message}; the peers holding model {entry.id} whole ({', '.join(sorted(n[:8] for n in old))}) "

@@ -214,6 +214,8 @@ class PipelineRun(Failover):
                     if self.outdated is not None:  # the rest lack a field it uses: say which, not "no route"
                         raise SamplingUnsupportedBySwarm(f"{self.outdated.message}; no other node serving this "
                                                          "model can take the request") from exc
+                    if isinstance(exc, SamplingUnsupportedBySwarm):  # left out before any work was sent
+                        raise  # (their HELLO lists no such feature): the field and nodes, not "no route"
                     if self.excluded and self.last_failure:  # "held: nothing" alone hid who failed, and how
                         raise InsufficientCapacity(f"{exc.message}; left out after failing this request: "
                                                    f"{', '.join(sorted(n[:8] for n in self.excluded))} "

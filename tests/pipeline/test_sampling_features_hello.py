@@ -1,0 +1,109 @@
+"""A peer whose HELLO lists no sampling features (a version before 2026-12-07) is sent no request
+using a field outside the old set.
+
+Such a peer (5607039 and older) ignored a sampling field it lacked, and one in the middle of a chain
+re-encoded the dict without it: a request with `min_tokens` answered 200 with a reply breaking it.
+A node now lists the features it decodes in its HELLO (`sampling`); the coordinator reads a HELLO
+without the list as the old set (sampling.OLD_FEATURES) and leaves such a node out of a request
+using a newer one before any work is sent — another holder or chain, else a 503
+`sampling_unsupported` naming the field and the node. A plain request still runs on it.
+
+Real nodes in-process on loopback; the older one is a node whose HELLO omits `sampling` (what a
+version before 2026-12-07 sends), its GENERATE or WORK frames recorded to show it never got the field.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import openai
+import pytest
+
+from node.hello import HelloParts
+from node.net import FrameType
+from tests.pipeline.test_sampling_mixed_versions import COMMON, ask, counting, routed, slower, swarm
+from tests.support.nodes import node_config, running_node
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
+
+NEW_FIELD = "min_tokens"
+
+
+def as_older_hello(monkeypatch, *data_dirs: Path) -> None:
+    """The nodes of these data dirs send a HELLO without `sampling`, as a version before 2026-12-07."""
+    real = HelloParts._hello_sampling
+    old = {Path(d) for d in data_dirs}
+
+    def hello_sampling(self):
+        return None if Path(self.config.data_dir) in old else real(self)
+    monkeypatch.setattr(HelloParts, "_hello_sampling", hello_sampling)
+
+
+async def refused_before_sending(c, model_id: str, old, seen_old) -> None:
+    """A request using NEW_FIELD: 503 sampling_unsupported naming the field and `old`, which got nothing."""
+    n = len(seen_old)
+    with pytest.raises(openai.APIStatusError) as err:
+        await ask(c, model_id, **{NEW_FIELD: 4})
+    body = err.value.body if isinstance(err.value.body, dict) else {}
+    assert err.value.status_code == 503, (err.value.status_code, body)
+    assert body.get("code") == "sampling_unsupported", body
+    assert f"'{NEW_FIELD}'" in body["message"] and old.node_id[:8] in body["message"], body
+    assert "update" in body["message"], body
+    assert len(seen_old) == n  # never sent: a version that ignores the field would have answered 200
+
+
+async def test_a_whole_holder_listing_no_features_is_not_sent_a_newer_field(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
+    as_older_hello(monkeypatch, tmp_path / "old")
+    async with swarm(tmp_path, "0-0", None) as (c, holder), holder("old") as old:
+        seen_old = counting(old, FrameType.GENERATE, old.remote_server.on_generate)
+        model_id = await routed(c, old)
+        assert c.peers.peer(old.node_id).sampling is None  # its HELLO said nothing
+        assert (await ask(c, model_id)).usage.completion_tokens >= 1 and len(seen_old) == 1  # plain: runs there
+        await refused_before_sending(c, model_id, old, seen_old)
+        assert "left out nodes that cannot sample this request" in caplog.text
+        assert "pipeline attempt failed" not in caplog.text and "pipeline node cannot sample" not in caplog.text
+
+        async with holder("new") as new:  # a holder of this version joins: the request runs there only
+            slower(monkeypatch, new.node_id)  # (the old one stays the cheaper route for plain requests)
+            seen_new = counting(new, FrameType.GENERATE, new.remote_server.on_generate)
+            await routed(c, old, new)
+            assert c.peers.peer(new.node_id).sampling  # lists what it decodes
+            reply = await ask(c, model_id, **{NEW_FIELD: 4})
+            assert reply.usage.completion_tokens >= 4
+            assert seen_new and seen_new.last().get(NEW_FIELD) == 4
+            assert all(NEW_FIELD not in s for s in seen_old.values()) and len(seen_old) == 1
+            assert (await ask(c, model_id)).usage.completion_tokens >= 1 and len(seen_old) == 2
+            assert "pipeline attempt failed" not in caplog.text
+
+
+async def test_a_mid_chain_node_listing_no_features_is_routed_around(tmp_path, monkeypatch, caplog):
+    """The old node is not the one that samples: it would re-encode the dict without the field."""
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
+    as_older_hello(monkeypatch, tmp_path / "old")
+    async with swarm(tmp_path, "0-1", None) as (c, _holder):
+        boot = [f"127.0.0.1:{c.peers.listen_port}"]
+
+        def holder(name: str, layers: str):
+            return running_node(node_config(tmp_path / name, *map(Path, c.config.models), bootstrap=boot,
+                                            layers=layers, **COMMON))
+        async with holder("old", "2-3") as old, holder("last", "4-5") as last:
+            seen_old = counting(old, FrameType.WORK, old.worker.on_work)
+            seen_last = counting(last, FrameType.WORK, last.worker.on_work)
+            model_id = await routed(c, old, last)
+            assert (await ask(c, model_id)).usage.completion_tokens >= 1 and seen_old and seen_last
+            await refused_before_sending(c, model_id, old, seen_old)
+            assert all(NEW_FIELD not in s for s in seen_last.values())  # the last segment got nothing either
+            assert "pipeline attempt failed" not in caplog.text
+
+            async with holder("mid", "2-3") as mid:  # another holder of the old node's layers
+                slower(monkeypatch, mid.node_id)
+                seen_mid = counting(mid, FrameType.WORK, mid.worker.on_work)
+                await routed(c, old, last, mid)
+                reply = await ask(c, model_id, **{NEW_FIELD: 4})
+                assert reply.usage.completion_tokens >= 4
+                assert seen_mid and seen_mid.last().get(NEW_FIELD) == 4
+                assert seen_last.last().get(NEW_FIELD) == 4
+                assert all(NEW_FIELD not in s for s in seen_old.values())
+                assert "pipeline attempt failed" not in caplog.text
