@@ -49,7 +49,7 @@ async def refused_before_sending(c, model_id: str, old, seen_old) -> None:
     assert err.value.status_code == 503, (err.value.status_code, body)
     assert body.get("code") == "sampling_unsupported", body
     assert f"'{NEW_FIELD}'" in body["message"] and old.node_id[:8] in body["message"], body
-    assert "update" in body["message"], body
+    assert "update" in body["message"] and body.get("param") == NEW_FIELD, body
     assert len(seen_old) == n  # never sent: a version that ignores the field would have answered 200
 
 
@@ -63,6 +63,10 @@ async def test_a_whole_holder_listing_no_features_is_not_sent_a_newer_field(tmp_
         assert (await ask(c, model_id)).usage.completion_tokens >= 1 and len(seen_old) == 1  # plain: runs there
         await refused_before_sending(c, model_id, old, seen_old)
         assert "left out nodes that cannot sample this request" in caplog.text
+        with pytest.raises(openai.APIStatusError) as err:  # a grammar type it lacks: the same
+            await ask(c, model_id, grammar='root ::= "a"+')
+        assert err.value.status_code == 503 and "grammar type 'gbnf'" in err.value.body["message"], err.value.body
+        assert len(seen_old) == 1
         assert "pipeline attempt failed" not in caplog.text and "pipeline node cannot sample" not in caplog.text
 
         async with holder("new") as new:  # a holder of this version joins: the request runs there only

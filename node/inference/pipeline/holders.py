@@ -284,12 +284,12 @@ class LayerHolders:
             trace.end_assembly(started)
             if outdated and not outdated.keys() <= excluded:
                 nodes = sorted(n for n in outdated if n not in excluded)
-                _, words = outdated[nodes[0]]
+                param, words = outdated[nodes[0]]
                 who = f"node {nodes[0][:8]} does" if len(nodes) == 1 else \
                     f"nodes {', '.join(n[:8] for n in nodes)} do"
                 raise SamplingUnsupportedBySwarm(
                     f"{who} not support {words} (its version is older, it does not list it): update it; "
-                    "no other node serving this model can take the request") from exc
+                    "no other node serving this model can take the request", param=param) from exc
             if old and not old <= excluded:
                 raise InsufficientCapacity(
                     f"{exc.message}; the peers holding model {entry.id} whole ({', '.join(sorted(n[:8] for n in old))}) "
