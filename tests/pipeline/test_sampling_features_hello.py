@@ -15,12 +15,15 @@ version before 2026-12-07 sends), its GENERATE or WORK frames recorded to show i
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import openai
 import pytest
 
 from node.hello import HelloParts
+from node.inference.pipeline.acks import PendingAck
+from node.inference.pipeline.wire import Result, Work
 from node.net import FrameType
 from tests.pipeline.test_sampling_mixed_versions import COMMON, ask, counting, routed, slower, swarm
 from tests.support.nodes import node_config, running_node
@@ -111,3 +114,57 @@ async def test_a_mid_chain_node_listing_no_features_is_routed_around(tmp_path, m
                 assert seen_last.last().get(NEW_FIELD) == 4
                 assert all(NEW_FIELD not in s for s in seen_old.values())
                 assert "pipeline attempt failed" not in caplog.text
+
+
+def failing(node) -> list[str]:
+    """`node` fails every WORK frame it is sent (an error RESULT naming itself); the sessions."""
+    failed: list[str] = []
+
+    def fail(header, payload, sender):
+        work = Work.from_header(header)
+        failed.append(work.sid)
+        node.worker.acks.send(PendingAck(work, time.monotonic()))
+        result = Result(work.sid, work.seq, telemetry=work.telemetry, error="CUDA error: out of memory",
+                        error_code="internal_error", failed_node=node.node_id)
+        node.transport.send(work.coordinator, FrameType.RESULT, result.to_header())
+    node.transport.on_local(FrameType.WORK, fail)
+    node.transport.register_remote(FrameType.WORK)
+    return failed
+
+
+async def test_an_older_node_that_would_not_close_the_gap_is_not_blamed(tmp_path, monkeypatch, caplog):
+    """Review r63: with an older node left out, any "no chain" became "node X does not support
+    'min_tokens': update it", though X changed nothing: the newer holder of layers 2-5 failed this
+    request and nobody else holds 4-5. Now the client reads the real gap and who failed; the older
+    node is named only where a chain takes it (there, with who failed too)."""
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
+    as_older_hello(monkeypatch, tmp_path / "old")
+    async with swarm(tmp_path, "0-1", None) as (c, _holder):
+        boot = [f"127.0.0.1:{c.peers.listen_port}"]
+
+        def holder(name: str, layers: str):
+            return running_node(node_config(tmp_path / name, *map(Path, c.config.models), bootstrap=boot,
+                                            layers=layers, **COMMON))
+        async with holder("old", "2-3") as old, holder("bad", "2-5") as bad:
+            failed = failing(bad)
+            model_id = await routed(c, old, bad)
+            with pytest.raises(openai.APIStatusError) as err:
+                await ask(c, model_id, **{NEW_FIELD: 4})
+            body = err.value.body if isinstance(err.value.body, dict) else {}
+            assert err.value.status_code == 503 and failed, (err.value.status_code, body)
+            assert body.get("code") == "insufficient_capacity", body  # was sampling_unsupported, "update" old
+            assert "no holder has layers 4-5" in body["message"], body
+            assert f"left out after failing this request: {bad.node_id[:8]}" in body["message"], body
+            assert "CUDA error" in body["message"] and "update" not in body["message"], body
+
+            async with holder("tail", "4-5") as tail:  # now old's update would give a chain: it is named
+                await routed(c, old, bad, tail)
+                n = len(failed)
+                with pytest.raises(openai.APIStatusError) as err:
+                    await ask(c, model_id, **{NEW_FIELD: 4})
+                body = err.value.body if isinstance(err.value.body, dict) else {}
+                assert err.value.status_code == 503 and len(failed) > n, (err.value.status_code, body)
+                assert body.get("code") == "sampling_unsupported" and body.get("param") == NEW_FIELD, body
+                assert f"node {old.node_id[:8]} does not support the sampling field '{NEW_FIELD}'" in body["message"]
+                assert f"left out after failing this request: {bad.node_id[:8]}" in body["message"], body
+

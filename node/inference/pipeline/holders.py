@@ -242,6 +242,29 @@ class LayerHolders:
                 out[node] = missing
         return out
 
+    @staticmethod
+    def _sampling_gap(n_layers: int, holders: list[Holder], outdated: Mapping[str, tuple[str, str]],
+                      excluded: frozenset[str], exc: InsufficientCapacity) -> InsufficientCapacity:
+        """The error for no chain left once the older nodes (`outdated`) were left out of `holders`:
+        planned again with them back (the excluded still out), SamplingUnsupportedBySwarm naming
+        those of them the chain takes if one is left; else the gap left even with them, which their
+        update would not close (review r63: "update node X" though X changed nothing hid "no holder
+        has layers 4-7", or a newer holder that failed this request), naming them after it."""
+        try:
+            plan = plan_route(n_layers, holders, exclude=excluded, standbys=False)
+        except InsufficientCapacity as gap:
+            nodes = sorted(n for n in outdated if n not in excluded)
+            if not nodes:
+                return exc
+            return InsufficientCapacity(f"{gap.message}; left out of this request as an older version lacking "
+                                        f"{outdated[nodes[0]][1]}: {', '.join(n[:8] for n in nodes)}")
+        nodes = sorted({h.node_id for h in plan.segments if h.node_id in outdated})
+        param, words = outdated[nodes[0]]
+        who = f"node {nodes[0][:8]} does" if len(nodes) == 1 else f"nodes {', '.join(n[:8] for n in nodes)} do"
+        return SamplingUnsupportedBySwarm(f"{who} not support {words} (its version is older, it does not list "
+                                          "it): update it; no other node serving this model can take the request",
+                                          param=param)
+
     def assemble(self, entry: ModelEntry, trace: RequestTrace, attempt_no: int,
                  excluded: frozenset[str], prefer: tuple[tuple[str, int, int], ...] | None = None,
                  load: Mapping[str, int] | None = None, needs: frozenset[str] = frozenset()) -> tuple[Plan, list[str]]:
@@ -257,9 +280,11 @@ class LayerHolders:
         request's sampling features; a peer not listing one of them in its HELLO is left out before
         any work is sent (every node of a chain gets the sampling dict, and one of a version before
         2026-12-07 ignores a field it lacks, or drops it mid-chain: 2026-12-07); with no chain left
-        then, SamplingUnsupportedBySwarm names the field and those nodes."""
+        then, SamplingUnsupportedBySwarm names the field and those of them a chain would take, when
+        one is left with them back (else the InsufficientCapacity naming the real gap)."""
         started = trace.begin_assembly()
         outdated: dict[str, tuple[str, str]] = {}
+        current: list[Holder] = []
         try:
             # a peer the table says connected with no link (closing: the table says so a loop pass
             # later) is no holder: a send to it fails at once, one of MAX_ASSEMBLIES attempts burnt
@@ -272,7 +297,7 @@ class LayerHolders:
             holders = [h for h in holders if not (h.whole and h.node_id in old)]
             outdated = self._outdated(holders, needs)
             if outdated:
-                holders = [h for h in holders if h.node_id not in outdated]
+                current, holders = holders, [h for h in holders if h.node_id not in outdated]
                 log.info("DIAG: pipeline left out nodes that cannot sample this request (an older version) %s", kv(
                     request_id=trace.request_id, attempt=attempt_no, nodes=",".join(n[:8] for n in outdated),
                     lacks=next(iter(outdated.values()))[0]))
@@ -282,19 +307,16 @@ class LayerHolders:
             plan = plan_route(entry.n_layers, holders, exclude=excluded)
         except InsufficientCapacity as exc:
             trace.end_assembly(started)
-            if outdated and not outdated.keys() <= excluded:
-                nodes = sorted(n for n in outdated if n not in excluded)
-                param, words = outdated[nodes[0]]
-                who = f"node {nodes[0][:8]} does" if len(nodes) == 1 else \
-                    f"nodes {', '.join(n[:8] for n in nodes)} do"
-                raise SamplingUnsupportedBySwarm(
-                    f"{who} not support {words} (its version is older, it does not list it): update it; "
-                    "no other node serving this model can take the request", param=param) from exc
+            if outdated:  # (the older nodes named only where their update would give a chain)
+                err = self._sampling_gap(entry.n_layers, current, outdated, excluded, exc)
+                if isinstance(err, SamplingUnsupportedBySwarm):
+                    raise err from exc
+                exc = err
             if old and not old <= excluded:
                 raise InsufficientCapacity(
                     f"{exc.message}; the peers holding model {entry.id} whole ({', '.join(sorted(n[:8] for n in old))}) "
                     "run a version without remote generation: update them, or load the model on this node") from exc
-            raise
+            raise exc
         if prefer is not None and tuple((h.node_id, h.start, h.end) for h in plan.segments) != prefer:
             kept = plan_kept_route(entry.n_layers, holders, prefer, exclude=excluded)
             usable = kept is not None and kept.est_ms <= plan.est_ms * const.KEPT_ROUTE_MAX_SLOWDOWN

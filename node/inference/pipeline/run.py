@@ -214,12 +214,14 @@ class PipelineRun(Failover):
                     if self.outdated is not None:  # the rest lack a field it uses: say which, not "no route"
                         raise SamplingUnsupportedBySwarm(f"{self.outdated.message}; no other node serving this "
                                                          "model can take the request") from exc
-                    if isinstance(exc, SamplingUnsupportedBySwarm):  # left out before any work was sent
-                        raise  # (their HELLO lists no such feature): the field and nodes, not "no route"
                     if self.excluded and self.last_failure:  # "held: nothing" alone hid who failed, and how
-                        raise InsufficientCapacity(f"{exc.message}; left out after failing this request: "
-                                                   f"{', '.join(sorted(n[:8] for n in self.excluded))} "
-                                                   f"(last: {self.last_failure})") from exc
+                        # (and beside older nodes left out before any work was sent, their HELLO
+                        # listing no such feature: the field and nodes, and who failed: review r63)
+                        kind = SamplingUnsupportedBySwarm if isinstance(exc, SamplingUnsupportedBySwarm) else \
+                            InsufficientCapacity
+                        raise kind(f"{exc.message}; left out after failing this request: "
+                                   f"{', '.join(sorted(n[:8] for n in self.excluded))} "
+                                   f"(last: {self.last_failure})", param=exc.param) from exc
                     raise
                 if now >= deadline or self.job.cancel.is_set():  # (cancelled: the node stops, an unload)
                     trace.note_regain_wait(now - waited_from, "gave_up")
