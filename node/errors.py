@@ -164,9 +164,12 @@ class InsufficientCapacity(NodeError):
 
 class SamplingUnsupportedBySwarm(InsufficientCapacity):
     """Every node that could serve the request refused its sampling parameters: they name a field
-    (or grammar type) its version does not know, and no newer node serves the model (503)."""
+    (or grammar type) its version does not know, and no newer node serves the model (503 with
+    `x-should-retry: false`: the openai and anthropic SDKs retried it twice with backoff, and the same
+    swarm refuses it the same way until a node is updated)."""
 
     code = "sampling_unsupported"
+    should_retry = False
 
 
 class ShuttingDown(NodeError):

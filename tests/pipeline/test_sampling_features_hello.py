@@ -53,6 +53,8 @@ async def refused_before_sending(c, model_id: str, old, seen_old) -> None:
     assert body.get("code") == "sampling_unsupported", body
     assert f"'{NEW_FIELD}'" in body["message"] and old.node_id[:8] in body["message"], body
     assert "update" in body["message"] and body.get("param") == NEW_FIELD, body
+    # the SDKs retry a 503 twice with backoff unless told not to: the same swarm refuses it the same way
+    assert err.value.response.headers.get("x-should-retry") == "false"
     assert len(seen_old) == n  # never sent: a version that ignores the field would have answered 200
 
 
