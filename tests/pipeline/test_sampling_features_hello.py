@@ -10,10 +10,13 @@ using a newer one before any work is sent — another holder or chain, else a 50
 
 Real nodes in-process on loopback; the older one is a node whose HELLO omits `sampling` (what a
 version before 2026-12-07 sends), its GENERATE or WORK frames recorded to show it never got the field.
+Review r63: the older node is named only where its update would give a chain (else the real gap and
+who failed), the 503 says `x-should-retry: false`, and a wait for a lost holder ends in it too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -21,6 +24,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from node import const
 from node.hello import HelloParts
 from node.inference.pipeline.acks import PendingAck
 from node.inference.pipeline.wire import Result, Work
@@ -170,3 +174,35 @@ async def test_an_older_node_that_would_not_close_the_gap_is_not_blamed(tmp_path
                 assert f"node {old.node_id[:8]} does not support the sampling field '{NEW_FIELD}'" in body["message"]
                 assert f"left out after failing this request: {bad.node_id[:8]}" in body["message"], body
 
+
+async def test_a_wait_for_a_lost_holder_ends_in_the_sampling_refusal(tmp_path, monkeypatch, caplog):
+    """The newer holder's link drops under the request and only an older node holds its layers: the
+    request waits ROUTE_REGAIN_S for it to link again (it may), then is told the field and the older
+    node (503 sampling_unsupported, not to be retried), not insufficient_capacity (review r63)."""
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
+    monkeypatch.setattr(const, "ROUTE_REGAIN_S", 2.0)
+    as_older_hello(monkeypatch, tmp_path / "old")
+    async with swarm(tmp_path, "0-1", None) as (c, _holder):
+        boot = [f"127.0.0.1:{c.peers.listen_port}"]
+
+        def holder(name: str, layers: str):
+            return running_node(node_config(tmp_path / name, *map(Path, c.config.models), bootstrap=boot,
+                                            layers=layers, **COMMON))
+        async with holder("old", "2-5") as old, holder("new", "2-5") as new:
+            model_id = await routed(c, old, new)
+            stops: list[asyncio.Task] = []
+
+            def gone(header, payload, sender):  # its links close as the request's first step comes
+                if not stops:
+                    stops.append(asyncio.get_running_loop().create_task(new.peers.async_stop()))
+            new.transport.on_local(FrameType.WORK, gone)
+            new.transport.register_remote(FrameType.WORK)
+            with pytest.raises(openai.APIStatusError) as err:
+                await ask(c, model_id, **{NEW_FIELD: 4})
+            body = err.value.body if isinstance(err.value.body, dict) else {}
+            assert stops and "pipeline waiting for a lost peer to link again" in caplog.text  # the wait is kept
+            assert err.value.status_code == 503, (err.value.status_code, body)
+            assert body.get("code") == "sampling_unsupported" and body.get("param") == NEW_FIELD, body
+            assert f"node {old.node_id[:8]} does not support the sampling field '{NEW_FIELD}'" in body["message"]
+            assert f"waited 2 s for {new.node_id[:8]} to link again" in body["message"], body
+            assert err.value.response.headers.get("x-should-retry") == "false"

@@ -226,8 +226,13 @@ class PipelineRun(Failover):
                 if now >= deadline or self.job.cancel.is_set():  # (cancelled: the node stops, an unload)
                     trace.note_regain_wait(now - waited_from, "gave_up")
                     last = f" (last: {self.last_failure})" if self.last_failure else ""
-                    raise InsufficientCapacity(f"{exc.message}; waited {now - waited_from:.0f} s for "
-                                               f"{', '.join(waited_for)} to link again{last}") from exc
+                    # only older nodes left able to serve (their HELLO lists no such feature): the
+                    # field and nodes, not to be retried, as without the wait (review r63: it was
+                    # insufficient_capacity after ROUTE_REGAIN_S)
+                    kind = SamplingUnsupportedBySwarm if isinstance(exc, SamplingUnsupportedBySwarm) else \
+                        InsufficientCapacity
+                    raise kind(f"{exc.message}; waited {now - waited_from:.0f} s for "
+                               f"{', '.join(waited_for)} to link again{last}", param=exc.param) from exc
                 try:
                     await asyncio.sleep(const.ROUTE_REGAIN_POLL_S)
                 except asyncio.CancelledError:  # the client left (its handler cancelled): a wait
