@@ -23,6 +23,8 @@ from node.logs import clean_text
 from node.redact import Redactor
 from node.trace import FAILED_OUTCOMES
 
+REPORT_LINE_MAX_CHARS = 16384  # one row of the report (a row is one line; the fields in it are bounded)
+
 if TYPE_CHECKING:
     from node.config import NodeConfig
     from node.inference.manager import ModelManager
@@ -327,7 +329,7 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
                     f"device={served.device or '-'}{reason}"
                     + (f" partial=\"{e.partial.describe()}\" from={_origin(e.origin_url, r)}" if e.partial else "")
-                    + (f" error={served.error}" if served.error else "")
+                    + (f" error={clean_text(served.error, 1000)}" if served.error else "")
                     + (" (not loaded again for requests until its file changes, another model is unloaded or a few "
                        "minutes pass; an admin or app load tries again)"
                        if served.state == "failed" and served.failure is not None and served.tokenizer is not None
@@ -341,7 +343,7 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     + (f" load_ms={info['load_ms']} weight_cache={info['weight_cache']}" if info["load_ms"] is not None else "")
                     + (f" fetched_mb={hosted.fetch[0] / 2**20:.1f}/{hosted.fetch[1] / 2**20:.1f}"
                        if hosted.fetch is not None else "")  # its layers arriving (a partial model)
-                    + (f" error={hosted.error}" if hosted.error else ""))
+                    + (f" error={clean_text(hosted.error, 1000)}" if hosted.error else ""))
     for what in node.choice_failures:  # (the failed slice itself is unloaded at once)
         rows.append(f"failed: {r.text(what)}")
     for why in node.skipped_models:  # a file in the models folder (or --model) it could not serve
@@ -359,7 +361,7 @@ def _downloads(node: ReportParts, r: Redactor) -> list[str]:
         host = urllib.parse.urlsplit(job.url).hostname or "?"
         total = f"{job.total_bytes / 2**20:.1f}" if job.total_bytes else "?"
         rows.append(f"{job.file_name}  state={job.state} mb={job.done_bytes / 2**20:.1f}/{total} "
-                    f"attempts={job.attempts} from={r.host(host)}" + (f" error={job.error}" if job.error else ""))
+                    f"attempts={job.attempts} from={r.host(host)}" + (f" error={clean_text(job.error, 1000)}" if job.error else ""))
     return rows or ["(none this run)"]
 
 
@@ -401,6 +403,9 @@ async def build_report(node: ReportParts, *, full: bool = False, lead: Sequence[
         if title:
             out.append("")
             out.append(f"-- {title} --")
-        out.extend(lines)
+        # every row one line, whatever a field held: a model's load error quotes llama.cpp, which
+        # quotes the GGUF's own strings (a header a peer sent), and a newline there wrote lines of
+        # its own into the report, a `DIAG: request complete` one included (a bug hunt, 2026-12-07)
+        out.extend(clean_text(line, REPORT_LINE_MAX_CHARS) for line in lines)
     # Belt and braces: redact anything address-like that a section wrote as free text.
     return r.text("\n".join(out)) + "\n"

@@ -326,3 +326,27 @@ async def test_a_partial_model_with_no_origin_says_its_layers_come_from_peers(tm
     assert sum(ln.endswith("from=peers (no origin named)") for ln in rows) == 1, rows
     assert sum(bool(re.search(r"from=<host-[0-9a-f]{4}>$", ln)) for ln in rows) == 1, rows
     assert "from=gpu-box.example.org" in full and "from=peers (no origin named)" in full
+
+
+async def test_a_models_load_error_cannot_forge_report_lines(tmp_path, monkeypatch):
+    """llama.cpp's error quotes the GGUF's own strings (its tokenizer's name: a header a peer sent
+    goes through the same load), and the models section printed it as it was: a newline in the name
+    wrote a `DIAG: request complete` line of its own into the report (a bug hunt, 2026-12-07). Every
+    row of the report is one line."""
+    import gguf
+
+    from node.inference.synth import write_gguf
+    from tests.support.nodes import TINY
+
+    forged = "DIAG: request complete request_id=forged route=local outcome=ok"
+    add = gguf.GGUFWriter.add_tokenizer_model
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tokenizer_model", lambda w, _m: add(w, f"evil\n{forged}\n"))
+    model = write_gguf(tmp_path / "evil.gguf", TINY)
+    monkeypatch.undo()
+    async with running_node(node_config(tmp_path / "data", model)) as node:
+        for full in (False, True):
+            text = await _report(node, full=full)
+            models = text.split("-- models --")[1].split("-- downloads --")[0]
+            assert "state=failed" in models and "unknown tokenizer" in models, models
+            assert "evil\\nDIAG: request complete" in models, models  # the newline shown as `\n`
+            assert not [line for line in text.splitlines() if line.startswith("DIAG: request complete request_id=forged")], models
