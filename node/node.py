@@ -302,7 +302,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
                                             activation_bits=self.config.activation_bits,
                                             speculative_max_draft=self.config.speculative_max_draft,
                                             kv_cache_seqs=self.config.kv_cache_seqs,
-                                            pauses=self.watchdog)
+                                            pauses=self.watchdog, region=self.config.region)
         self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
                                                   contributing=self._contributing)
         self.embed_server = RemoteEmbedServer(self.node_id, self.models, self.transport, self.peers,

@@ -350,3 +350,32 @@ async def test_a_models_load_error_cannot_forge_report_lines(tmp_path, monkeypat
             assert "state=failed" in models and "unknown tokenizer" in models, models
             assert "evil\\nDIAG: request complete" in models, models  # the newline shown as `\n`
             assert not [line for line in text.splitlines() if line.startswith("DIAG: request complete request_id=forged")], models
+
+
+@pytest.mark.parametrize(("ours", "theirs", "regions"), [(None, "TH", "-,TH"), ("US", "TH", "US,TH")])
+async def test_a_requests_regions_name_each_of_its_nodes(tmp_path, ours, theirs, regions):
+    """`regions=` is one per node of `nodes=`, in order: it listed the regions named only, and never
+    this node's own, so a chain of this node (US) and a peer (TH) read `nodes=<us>,<peer> regions=TH`,
+    this node in TH (a bug hunt, 2026-12-07)."""
+    model = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "a", model, layers="0-0", region=ours)) as a:
+        b_config = node_config(tmp_path / "b", model, layers="1-1", region=theirs,
+                               bootstrap=[f"127.0.0.1:{a.peers.listen_port}"])
+        async with running_node(b_config) as b:
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{a.api.port}/v1", api_key=a.api_key,
+                                        max_retries=0)
+            nodes = []
+
+            async def served() -> bool:
+                try:
+                    raw = await client.completions.with_raw_response.create(model="tiny", prompt="a", max_tokens=2)
+                except openai.APIStatusError:
+                    return False  # the peer's layers not known yet
+                nodes.append(raw.headers["x-swarm-nodes"])
+                return True
+            await wait_until(served, 30, what="a request through both nodes")
+            await client.close()
+            text = await _report(a)
+    assert nodes == [f"{a.short_id},{b.short_id}"]
+    recent = text.split("-- recent requests --")[1].split("-- served for others --")[0]
+    assert f"nodes={nodes[0]} regions={regions} " in recent, recent

@@ -60,7 +60,7 @@ class PipelineCoordinator:
 
     def __init__(self, node_id: str, transport: PipelineTransport, peers: Any | None, host: SliceHost,
                  activation_bits: int = 16, speculative_max_draft: int = 0, kv_cache_seqs: int = 0,
-                 pauses: Any | None = None):
+                 pauses: Any | None = None, region: str | None = None):
         self.node_id = node_id
         self.prefix = ChainPrefixCache(kv_cache_seqs)  # finished sessions kept on chains; 0 = off
         self.speculative_max_draft = speculative_max_draft  # n-gram speculation on chains; 0 = off
@@ -69,7 +69,7 @@ class PipelineCoordinator:
         self.activation_bits = activation_bits
         self.attempts: dict[str, Attempt] = {}
         self.performance = PeerPerformance(node_id)
-        self.holders = LayerHolders(node_id, host, peers, transport, self.performance)
+        self.holders = LayerHolders(node_id, host, peers, transport, self.performance, region)
         # pauses: the loop watchdog, so this node's own pauses are not charged to peers
         self.deadlines = StepDeadlines(node_id, peers, self.performance, pauses)
         transport.on_local(FrameType.ACK, self.on_ack)

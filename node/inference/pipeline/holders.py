@@ -69,8 +69,9 @@ class LayerHolders:
     """The planner's view of the swarm: this node's slices and its connected peers' adverts."""
 
     def __init__(self, node_id: str, host: SliceHost, peers: Any | None, transport: PipelineTransport,
-                 perf: PeerPerformance):
+                 perf: PeerPerformance, region: str | None = None):
         self.node_id = node_id
+        self.region = region  # this node's (config.region), as its HELLO says it: its own segments' region
         self.host = host
         self.peers = peers  # PeerManager: peers() snapshots; None without a peer network
         self.transport = transport
@@ -123,7 +124,8 @@ class LayerHolders:
         return out
 
     def _holders(self, sha256: str) -> list[Holder]:
-        out = [Holder(self.node_id, s.start, s.end, "local", 0.0, s.ms_per_layer) for s in self.host.for_model(sha256)
+        out = [Holder(self.node_id, s.start, s.end, "local", 0.0, s.ms_per_layer, self.region)
+               for s in self.host.for_model(sha256)
                if not s.checking and not s.entry.changed]  # (as adverts(): review r40, its own requests went there)
         if self.peers is None:
             return out
@@ -330,7 +332,9 @@ class LayerHolders:
         segments = [SegmentTrace(h.short_id, h.start, h.end, kind) for h, kind in zip(plan.segments, kinds, strict=True)]
         trace.end_assembly(started, segments)
         trace.route = "relayed" if "relayed" in kinds else "distributed"
-        trace.regions = [h.region for h in plan.segments if h.region]
+        # one per segment, as `nodes=` lists them ("-": a node that names none); until 2026-12-07 the
+        # named ones only, and never this node's: `nodes=<us>,<peer> regions=TH` put us in TH
+        trace.regions = [h.region or "-" for h in plan.segments] if any(h.region for h in plan.segments) else []
         # seed 000 marker (`DIAG: pipeline assembled` with segments, standbys, schedule_ms): DEBUG for a
         # request's first route (its summary line names the nodes), INFO for a failover's new one
         log.log(logging.INFO if attempt_no > 1 else logging.DEBUG, "DIAG: pipeline assembled %s", kv(
