@@ -168,10 +168,14 @@ class RequestTrace:
 
     @property
     def tpot_ms(self) -> float | None:
+        """Time per output token of one reply: with `n` choices, generated side by side over the same
+        decode time, a choice's tokens (their mean), not all of theirs (2026-12-07: n=4 read a
+        quarter of the time each reply took per token, in the summary line and /metrics)."""
         decode = self.decode_ms
-        if decode is None or self.completion_tokens < 2:
+        per_choice = self.completion_tokens / max(1, self.choices)
+        if decode is None or per_choice < 2:
             return None
-        return decode / (self.completion_tokens - 1)
+        return decode / (per_choice - 1)
 
     @property
     def tok_per_sec(self) -> float | None:

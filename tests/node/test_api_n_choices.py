@@ -212,3 +212,15 @@ async def test_a_seated_request_is_not_refused_by_the_queue_its_later_choices_se
     monkeypatch.setattr(choices_mod.ChoicesRun, "prepare", then_the_queue_is_full)
     _, reply = await chat(client, served, n=2, max_tokens=4, temperature=0.9, seed=3)
     assert len(reply.choices) == 2
+
+
+async def test_time_per_output_token_is_one_replys(node, client, served):
+    """The choices are generated side by side over one decode time: the time per output token is
+    that time over a reply's tokens, not over all of theirs (n=4 read a quarter of it on the summary
+    line, the admin trace and /metrics' time-per-output-token histogram: a bug hunt, 2026-12-07)."""
+    rid, reply = await chat(client, served, n=4, temperature=0, max_tokens=12)
+    lengths = {c.finish_reason for c in reply.choices}
+    assert lengths == {"length"}, lengths  # greedy and cut at max_tokens: 12 tokens each
+    trace = trace_of(node, rid)
+    assert trace.completion_tokens == 48 and trace.decode_ms is not None
+    assert trace.tpot_ms == pytest.approx(trace.decode_ms / 11)
