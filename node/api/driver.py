@@ -88,10 +88,12 @@ async def serve(request: web.Request, completion: CompletionRequest, dialect: Di
         raise
     except NodeError as exc:
         error = exc
+        trace.finished = time.monotonic()  # an error's timings are the summary line's too (total)
         return error_response(exc, headers=trace.headers(), shape=dialect.error_shape)
     except Exception:  # a bug: the client gets a 500 in its dialect's shape, the log gets the traceback
         log.exception("request failed unexpectedly request_id=%s", trace.request_id)
         error = NodeError("internal server error; see the node log for details")
+        trace.finished = time.monotonic()
         return error_response(error, headers=trace.headers(), shape=dialect.error_shape)
     finally:
         try:

@@ -58,10 +58,12 @@ async def serve_traced_json(node: Any, trace: RequestTrace,
         raise
     except NodeError as exc:
         error = exc
+        trace.finished = time.monotonic()  # an error's timings are the summary line's too (total)
         return error_response(exc, headers=trace.headers(), shape=shape)
     except Exception:  # a bug: a 500 in the OpenAI shape, the traceback in the log
         log.exception("request failed unexpectedly request_id=%s", trace.request_id)
         error = NodeError("internal server error; see the node log for details")
+        trace.finished = time.monotonic()
         return error_response(error, headers=trace.headers(), shape=shape)
     finally:
         hub.finish(trace, outcome, error=error)

@@ -379,3 +379,24 @@ async def test_a_requests_regions_name_each_of_its_nodes(tmp_path, ours, theirs,
     assert nodes == [f"{a.short_id},{b.short_id}"]
     recent = text.split("-- recent requests --")[1].split("-- served for others --")[0]
     assert f"nodes={nodes[0]} regions={regions} " in recent, recent
+
+
+async def test_an_errors_server_timing_is_its_summary_lines(tmp_path):
+    """An error reply's headers were made before its trace was closed: `server-timing` had no total
+    (a request refused at once had no header at all) while the summary line, the report and the
+    admin trace said total_ms= (a bug hunt, 2026-12-07). Both now read the one trace."""
+    model = tiny_model(tmp_path)
+    async with running_node(node_config(tmp_path / "data", model)) as node:
+        base = f"http://127.0.0.1:{node.api.port}"
+        hdrs = {"Authorization": f"Bearer {node.api_key}"}
+        async with aiohttp.ClientSession() as s:
+            for path, body in (("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "a"}]}),
+                               ("/v1/embeddings", {"model": "nope", "input": "a"})):
+                async with s.post(base + path, headers=hdrs, json=body) as r:
+                    assert r.status == 404
+                    rid, timing = r.headers["x-request-id"], r.headers.get("server-timing", "")
+                async with s.get(base + "/api/admin/requests", headers=hdrs) as r:
+                    trace = next(t for t in (await r.json())["recent"] if t["request_id"] == rid)
+                total = re.search(r"total;dur=([0-9.]+)", timing)
+                assert total is not None, (path, timing)
+                assert float(total.group(1)) == pytest.approx(trace["total_ms"], abs=0.06), (path, timing, trace)
