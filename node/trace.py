@@ -83,6 +83,8 @@ class RequestTrace:
     cached_tokens: int | None = None  # prompt tokens whose KV was reused (prefix cache), when known
     completion_tokens: int = 0  # with `n` choices, theirs together (OpenAI's usage)
     choices: int = 1  # OpenAI's `n`: the choices this request's reply holds (node.inference.choices)
+    # with `n` choices, the longest one's tokens: they decode side by side, so the decode time is its
+    longest_choice_tokens: int | None = None
     reasoning_tokens: int = 0  # of completion_tokens, those of a reasoning model's thoughts
     finish_reason: str | None = None  # stop | length | tool_calls
     finish_detail: str | None = None  # eos | stop_sequence | max_tokens | context
@@ -167,15 +169,21 @@ class RequestTrace:
         return _ms(self.admitted, self.finished)
 
     @property
+    def reply_tokens(self) -> int:
+        """The tokens the decode time was spent on, one a step: the reply's, or with `n` choices (side
+        by side, one token each a step) the longest one's."""
+        return self.longest_choice_tokens if self.choices > 1 and self.longest_choice_tokens else self.completion_tokens
+
+    @property
     def tpot_ms(self) -> float | None:
-        """Time per output token of one reply: with `n` choices, generated side by side over the same
-        decode time, a choice's tokens (their mean), not all of theirs (2026-12-07: n=4 read a
-        quarter of the time each reply took per token, in the summary line and /metrics)."""
-        decode = self.decode_ms
-        per_choice = self.completion_tokens / max(1, self.choices)
-        if decode is None or per_choice < 2:
+        """Time per output token of one reply: the decode time over the reply's tokens; with `n`
+        choices the longest one's, the decode time running to its end (2026-12-07: over all their
+        tokens n=4 read a quarter of it; then over their mean count, choices of unequal length read
+        about twice it, review r64)."""
+        decode, tokens = self.decode_ms, self.reply_tokens
+        if decode is None or tokens < 2:
             return None
-        return decode / (per_choice - 1)
+        return decode / (tokens - 1)
 
     @property
     def tok_per_sec(self) -> float | None:

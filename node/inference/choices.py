@@ -145,6 +145,8 @@ class ChoicesRun:
         self._copy_route(kids[0])
         trace.cached_tokens = kids[0].cached_tokens
         trace.completion_tokens = sum(t.completion_tokens for t in kids)
+        # they decode side by side, one token each a step: the decode time is the longest one's
+        trace.longest_choice_tokens = max(t.completion_tokens for t in kids)
         trace.reasoning_tokens = sum(t.reasoning_tokens for t in kids)
         trace.finish_reason, trace.finish_detail = kids[0].finish_reason, kids[0].finish_detail
         trace.failure_causes = [cause for t in kids for cause in t.failure_causes]
