@@ -187,10 +187,13 @@ class RequestTrace:
 
     @property
     def tok_per_sec(self) -> float | None:
-        decode = self.decode_ms
-        if decode is None or decode <= 0 or self.completion_tokens < 2:
+        """Decode speed of one reply, as tpot_ms (the summary line, the Requests tab's tok/s, /api/status):
+        with `n` choices the longest one's tokens over the decode time (2026-12-07: every choice's, n
+        times a reply's speed next to a reply's tpot_ms)."""
+        decode, tokens = self.decode_ms, self.reply_tokens
+        if decode is None or decode <= 0 or tokens < 2:
             return None
-        return self.completion_tokens / (decode / 1000.0)
+        return tokens / (decode / 1000.0)
 
     @property
     def activation_bytes(self) -> int | None:

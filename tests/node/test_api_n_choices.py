@@ -232,3 +232,17 @@ async def test_time_per_output_token_is_one_replys(node, client, served):
     assert trace.choices == 4 and trace.decode_ms is not None  # (a stop sequence's tokens are not shown)
     # the longest choice decodes from about the first token to the end: its time per token
     assert trace.tpot_ms == pytest.approx(trace.decode_ms / (max(lengths) - 1), rel=0.2), (lengths, trace.summary_line())
+
+
+async def test_decode_speed_is_one_replys_as_its_time_per_token(node, client, served):
+    """tok_per_sec (the summary line, the Requests tab's tok/s, /api/status) counted every choice's
+    tokens over the one decode time: n=4 read four times a reply's speed, tok_per_sec=565.6 beside
+    tpot_ms=7.8 on one line (review r64). It is one reply's now, as tpot_ms."""
+    rid, reply = await chat(client, served, n=4, temperature=0, max_tokens=12)
+    assert {c.finish_reason for c in reply.choices} == {"length"}  # greedy, cut at max_tokens: 12 tokens each
+    trace = trace_of(node, rid)
+    assert trace.completion_tokens == 48 and trace.decode_ms
+    assert trace.tok_per_sec == pytest.approx(12 / (trace.decode_ms / 1000))
+    assert trace.tpot_ms == pytest.approx(trace.decode_ms / 11)
+    line = trace.summary_line()
+    assert f"tok_per_sec={round(trace.tok_per_sec, 1)} " in line and f"tpot_ms={round(trace.tpot_ms, 1)}" in line
