@@ -196,10 +196,10 @@ def _peers(node: ReportParts, r: Redactor) -> list[str]:
         rows.append(f"{p.short_id} {p.state} transport={p.transport or '-'} addr={addr} rtt_ms={rtt} "
                     f"rto_ms={p.rto_ms:.0f} last_seen={_ago(p.last_seen)} models={models}"
                     + (f" region={clean_text(p.region, 64)}" if p.region else "")
-                    + (f" agent={clean_text(p.agent, 300)}" if p.agent else "")
+                    + (f" agent={clean_text(r.text(p.agent), 300)}" if p.agent else "")
                     + (f" clock_skew_s={skew:+.0f}" if skew is not None and abs(skew) > const.CLOCK_SKEW_WARN_S
                        else "")
-                    + (f" error={clean_text(p.last_error, 300)}" if p.last_error and p.state != "connected" else ""))
+                    + (f" error={clean_text(r.text(p.last_error), 300)}" if p.last_error and p.state != "connected" else ""))
     for ref in node.peers.swarm_ops.status()["refused"]:
         rows.append(f"{ref['peer']} refused ({'not in this swarm' if ref['by_us'] else 'refused this node'}) "
                     f"swarm={ref['swarm'] or '-'} count={ref['count']} last={ref['last_s_ago']:.0f}s ago"
@@ -221,14 +221,14 @@ def _advert(m: object) -> str:
     return f"{name}[?]"
 
 
-def _failures(node: ReportParts) -> list[str]:
+def _failures(node: ReportParts, r: Redactor) -> list[str]:
     rows = list(node.traces.failures)
     if not rows:
         return ["(none)"]
     out = []
     for t in rows:
         out.append(t.summary_line(public=True))
-        error = t.public_error()
+        error = t.public_error(redact=r.text)
         if error:
             out.append(f"    error: {error}")
     return out
@@ -329,7 +329,7 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
                     f"device={served.device or '-'}{reason}"
                     + (f" partial=\"{e.partial.describe()}\" from={_origin(e.origin_url, r)}" if e.partial else "")
-                    + (f" error={clean_text(served.error, 1000)}" if served.error else "")
+                    + (f" error={clean_text(r.text(served.error), 1000)}" if served.error else "")
                     + (" (not loaded again for requests until its file changes, another model is unloaded or a few "
                        "minutes pass; an admin or app load tries again)"
                        if served.state == "failed" and served.failure is not None and served.tokenizer is not None
@@ -343,7 +343,7 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     + (f" load_ms={info['load_ms']} weight_cache={info['weight_cache']}" if info["load_ms"] is not None else "")
                     + (f" fetched_mb={hosted.fetch[0] / 2**20:.1f}/{hosted.fetch[1] / 2**20:.1f}"
                        if hosted.fetch is not None else "")  # its layers arriving (a partial model)
-                    + (f" error={clean_text(hosted.error, 1000)}" if hosted.error else ""))
+                    + (f" error={clean_text(r.text(hosted.error), 1000)}" if hosted.error else ""))
     for what in node.choice_failures:  # (the failed slice itself is unloaded at once)
         rows.append(f"failed: {r.text(what)}")
     for why in node.skipped_models:  # a file in the models folder (or --model) it could not serve
@@ -361,7 +361,7 @@ def _downloads(node: ReportParts, r: Redactor) -> list[str]:
         host = urllib.parse.urlsplit(job.url).hostname or "?"
         total = f"{job.total_bytes / 2**20:.1f}" if job.total_bytes else "?"
         rows.append(f"{job.file_name}  state={job.state} mb={job.done_bytes / 2**20:.1f}/{total} "
-                    f"attempts={job.attempts} from={r.host(host)}" + (f" error={clean_text(job.error, 1000)}" if job.error else ""))
+                    f"attempts={job.attempts} from={r.host(host)}" + (f" error={clean_text(r.text(job.error), 1000)}" if job.error else ""))
     return rows or ["(none this run)"]
 
 
@@ -389,7 +389,7 @@ async def build_report(node: ReportParts, *, full: bool = False, lead: Sequence[
         ("this machine", await _machine(node)),
         ("reachable at", _reachable(node, r)),
         ("peers", _peers(node, r)),
-        ("recent inference failures", _failures(node)),
+        ("recent inference failures", _failures(node, r)),
         ("recent requests", _recent(node)),
         ("served for others", _served_for_others(node)),
         ("peer serving performance", _peer_performance(node, r)),
@@ -406,6 +406,8 @@ async def build_report(node: ReportParts, *, full: bool = False, lead: Sequence[
         # every row one line, whatever a field held: a model's load error quotes llama.cpp, which
         # quotes the GGUF's own strings (a header a peer sent), and a newline there wrote lines of
         # its own into the report, a `DIAG: request complete` one included (a bug hunt, 2026-12-07)
-        out.extend(clean_text(line, REPORT_LINE_MAX_CHARS) for line in lines)
+        # (redacted before it is escaped: `\n/home/ana` or `\tana` is no path or name to the redactor,
+        # which matches none after a letter; review r64)
+        out.extend(clean_text(r.text(line), REPORT_LINE_MAX_CHARS) for line in lines)
     # Belt and braces: redact anything address-like that a section wrote as free text.
     return r.text("\n".join(out)) + "\n"

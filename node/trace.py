@@ -267,11 +267,11 @@ class RequestTrace:
             out["server-timing"] = ", ".join(parts)
         return out
 
-    def public_error(self) -> str | None:
+    def public_error(self, redact: Callable[[str], str] | None = None) -> str | None:
         """The error as the diagnostics report shows it. A client error's message quotes the
         request (a model name, a schema's fragment, a pattern), so only its type, code and param
         are shown: the client has the message. The node's own errors keep theirs (one line,
-        bounded; the report redacts addresses in it)."""
+        bounded; `redact`, the report's redactor, runs on it before it is made one line)."""
         if self.error_type is None and self.error_message is None:
             return None
         if self.error_status is not None and 400 <= self.error_status < 500:
@@ -281,6 +281,8 @@ class RequestTrace:
         message = self.error_message or ""
         if not self.resolved and self.model:  # the name as a whole word (a name "a" must not mangle the text)
             message = re.sub(rf"(?<![\w.-]){re.escape(self.model)}(?![\w-]|\.\w)", UNKNOWN_MODEL, message)
+        if redact is not None:  # before it is escaped: `\n/home/ana` is no path to a redactor (review r64)
+            message = redact(message)
         return clean_text(f"{self.error_type}: {message}" if self.error_type else message, 300)
 
     def timings(self) -> dict[str, Any]:

@@ -400,3 +400,35 @@ async def test_an_errors_server_timing_is_its_summary_lines(tmp_path):
                 total = re.search(r"total;dur=([0-9.]+)", timing)
                 assert total is not None, (path, timing)
                 assert float(total.group(1)) == pytest.approx(trace["total_ms"], abs=0.06), (path, timing, trace)
+
+
+async def test_a_multi_line_error_keeps_no_path_address_or_user_name(tmp_path, monkeypatch):
+    """The report made a field one line (a newline written `\\n`) before it redacted it, and the
+    redactor matches no path, address or user name right after a letter: `\\n/home/ana/...`,
+    `\\n10.1.2.3` and `\\tana` went out in the public report (review r64). Each is redacted first."""
+    import gguf
+
+    from node.inference.synth import write_gguf
+    from node.models.download import DownloadJob
+    from node.trace import RequestTrace
+    from tests.support.nodes import TINY
+
+    private = "\n/home/anabel/models/m.gguf\n10.1.2.3:8810\tanabel"
+    add = gguf.GGUFWriter.add_tokenizer_model
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tokenizer_model", lambda w, _m: add(w, f"evil{private}\n"))
+    model = write_gguf(tmp_path / "evil.gguf", TINY)  # its load error quotes the tokenizer's name
+    monkeypatch.undo()
+    async with running_node(node_config(tmp_path / "data", model)) as node:
+        node.user_names = ["anabel"]
+        job = DownloadJob("j1", "https://nas.local/models/m.gguf", "m.gguf", state="failed",
+                          total_bytes=2 << 20, done_bytes=1 << 20, attempts=3, error=f"HTTP 403{private}")
+        node.downloads.jobs[job.id] = job
+        trace = node.traces.start(RequestTrace(model="m", operation="chat.completions"))
+        node.traces.finish(trace, "error", error_type="InternalError", error_message=f"engine died{private}")
+        node.note_activity(f"load failed{private}")  # a row with a newline of its own
+        text = await _report(node)
+    for section in ("models", "downloads", "recent inference failures", "recent activity"):
+        rows = text.split(f"-- {section} --")[1].split("\n\n")[0]
+        assert "\\n<path>" in rows and "\\n<private-ip-" in rows and "\\t<user>" in rows, (section, rows)
+    for secret in ("anabel", "/home/", "10.1.2.3"):
+        assert secret not in text, secret
