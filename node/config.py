@@ -21,6 +21,7 @@ import platformdirs
 from node import const
 from node.datadir import cannot_read
 from node.errors import InvalidRequest
+from node.logs import region_code
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +286,10 @@ def validate(cfg: NodeConfig) -> None:
                              f"got {cfg.slice_dtype!r}")
     if cfg.activation_bits not in (32, 16, 8):  # peers refuse any other with every chained request
         raise InvalidRequest(f"config field activation_bits: expected one of 32, 16, 8, got {cfg.activation_bits}")
+    if cfg.region and region_code(cfg.region, const.REGION_MAX_CHARS) != cfg.region:
+        # peers show no region that is not a code (a comma or a space forged `regions=` fields)
+        raise InvalidRequest(f"config field region: expected a code of letters, digits, _ and - (at most "
+                             f"{const.REGION_MAX_CHARS}, such as TH or eu-west), got {cfg.region!r}")
     if cfg.slice_kv_dtype not in const.SLICE_KV_DTYPES:
         raise InvalidRequest(f"config field slice_kv_dtype: expected one of {', '.join(const.SLICE_KV_DTYPES)}, "
                              f"got {cfg.slice_kv_dtype!r}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import re
 import sys
 import time
 from pathlib import Path
@@ -219,6 +220,19 @@ def clean_text(text: str, max_chars: int = KV_VALUE_MAX_CHARS) -> str:
         left = len(text) - max_chars
         return f"{head[:max_chars]}…" + (f"(+{left} chars)" if left > 0 else "")
     return head
+
+
+_REGION_CODE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def region_code(text: str | None, max_chars: int) -> str | None:
+    """`text` if it is a region code (letters, digits, `_` and `-`, at most `max_chars`), else None:
+    DIAG lines and the report name one region per node with it. A peer's HELLO region is any text:
+    `US,EU,TH outcome=ok` read as three regions and a forged field on a summary line's `regions=`
+    (review r64); mending it (`US-EU-TH-outcome-ok`) would also unmask an e-mail the redactor hides."""
+    if text and len(text) <= max_chars and _REGION_CODE.fullmatch(text):
+        return text
+    return None
 
 
 def kv(**fields: object) -> str:

@@ -43,7 +43,7 @@ from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
 from node.inference.swarm_models import SwarmModels
 from node.inference.weights.cache import WeightCache
-from node.logs import kv
+from node.logs import kv, region_code
 from node.metrics import NodeMetrics
 from node.model_actions import ModelActions
 from node.model_files import ModelFiles
@@ -302,7 +302,8 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
                                             activation_bits=self.config.activation_bits,
                                             speculative_max_draft=self.config.speculative_max_draft,
                                             kv_cache_seqs=self.config.kv_cache_seqs,
-                                            pauses=self.watchdog, region=self.config.region)
+                                            pauses=self.watchdog,
+                                            region=region_code(self.config.region, const.REGION_MAX_CHARS))
         self.remote_server = RemoteGenerateServer(self.node_id, self.models, self.transport, self.peers,
                                                   contributing=self._contributing)
         self.embed_server = RemoteEmbedServer(self.node_id, self.models, self.transport, self.peers,

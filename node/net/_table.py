@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from node import const
 from node.const import REGION_MAX_CHARS
-from node.logs import clean_text
+from node.logs import region_code
 from node.observe import Observers
 
 from ._identity import short_id
@@ -189,8 +189,9 @@ class PeerRecord:
             models=tuple(hello.models) if hello else (),
             last_seen=last_seen,
             agent=hello.agent if hello else None,
-            # the peer's word, shown in reports, logs and tables: one line (a newline forged report lines)
-            region=clean_text(hello.region, REGION_MAX_CHARS) if hello and hello.region else None,
+            # the peer's word, shown in reports, logs and tables: one word (a newline forged report lines;
+            # `US,EU,TH outcome=ok` three regions and a field of a summary line's `regions=`)
+            region=region_code(hello.region, REGION_MAX_CHARS) if hello else None,
             hardware=hello.hardware if hello else {},
             files=hello.files if hello else (),
             sampling=hello.sampling if hello else None,

@@ -47,3 +47,17 @@ def test_a_table_setting_at_the_top_of_the_file_is_that_setting(tmp_path, caplog
     cfg = load_config({"data_dir": str(tmp_path)}, environ={})
     assert cfg.contribute_models == {"tiny-1234abcd": 500} and cfg.port == 8801
     assert "unknown config key" not in caplog.text
+
+
+@pytest.mark.parametrize("source", ["file", "command line"])
+def test_a_region_that_is_not_a_code_is_refused(tmp_path, source):
+    """A region is one code on a summary line's `regions=` (one per node): `US,EU,TH outcome=ok` read
+    as three regions and forged a field, and peers show none that is not a code (review r64)."""
+    region = "US,EU,TH outcome=ok"
+    if source == "file":
+        (tmp_path / "config.toml").write_text(f'[network]\nregion = "{region}"\n')
+    with pytest.raises(InvalidRequest) as err:
+        load_config({"data_dir": str(tmp_path), **({"region": region} if source != "file" else {})}, environ={})
+    assert err.value.message.startswith("config field region: expected a code of letters, digits, _ and -")
+    (tmp_path / "config.toml").write_text('[network]\nregion = "eu-west_1"\n')
+    assert load_config({"data_dir": str(tmp_path)}, environ={}).region == "eu-west_1"

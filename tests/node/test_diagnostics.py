@@ -217,18 +217,19 @@ async def test_the_report_of_a_node_that_failed_to_start_is_built(tmp_path):
 async def test_a_peers_e_mail_is_not_in_the_report(tmp_path):
     """A peer's region is its own text, and a user who put an e-mail there (or in any text the
     report quotes) had its local part pasted in public: `region=ana.garcia@<host-…>` (found by a
-    bug hunt, 2026-12-06). An e-mail is now `<email>`, whole."""
+    bug hunt, 2026-12-06). An e-mail was then `<email>`, whole; a region that is no code is none
+    since 2026-12-07 (review r64)."""
     model = tiny_model(tmp_path)
     async with running_node(node_config(tmp_path / "a", model)) as a:
         b_config = node_config(tmp_path / "b", region="ana.garcia@example.com",
                                bootstrap=[f"127.0.0.1:{a.peers.listen_port}"])
         async with running_node(b_config):
-            await wait_until(lambda: any(p.state == "connected" and p.region for p in a.peers.peers()), 30,
-                             what="the peer's HELLO with its region")
+            await wait_until(lambda: any(p.state == "connected" for p in a.peers.peers()), 30,
+                             what="the peer's HELLO")
             text = await _report(a)
     peers = text.split("-- peers --")[1].split("-- recent inference failures --")[0]
-    assert "region=<email>" in peers, peers
-    assert "ana.garcia" not in text and "example.com" not in text
+    assert "region=" not in peers, peers  # no region code: none (review r64), not `ana-garcia-example-com`
+    assert "ana.garcia" not in text and "example.com" not in text and "garcia" not in text
 
 
 async def test_a_peer_whose_clock_is_off_shows_its_skew(tmp_path):
@@ -292,7 +293,7 @@ async def test_a_peers_region_cannot_forge_report_lines(tmp_path):
             await client.close()
             text = await _report(a)
     performance = text.split("-- peer serving performance --")[1].split("-- swarm coverage --")[0]
-    assert "region=TH\\nFORGED line" in performance, performance
+    assert "FORGED" not in text, performance  # (escaped until 2026-12-07; no region code: none, review r64)
     assert not [line for line in text.splitlines() if line.startswith("FORGED")], performance
 
 
@@ -352,11 +353,13 @@ async def test_a_models_load_error_cannot_forge_report_lines(tmp_path, monkeypat
             assert not [line for line in text.splitlines() if line.startswith("DIAG: request complete request_id=forged")], models
 
 
-@pytest.mark.parametrize(("ours", "theirs", "regions"), [(None, "TH", "-,TH"), ("US", "TH", "US,TH")])
+@pytest.mark.parametrize(("ours", "theirs", "regions"), [(None, "TH", "-,TH"), ("US", "TH", "US,TH"),
+                                                        ("US", "US,EU,TH outcome=ok", "US,-")])
 async def test_a_requests_regions_name_each_of_its_nodes(tmp_path, ours, theirs, regions):
     """`regions=` is one per node of `nodes=`, in order: it listed the regions named only, and never
     this node's own, so a chain of this node (US) and a peer (TH) read `nodes=<us>,<peer> regions=TH`,
-    this node in TH (a bug hunt, 2026-12-07)."""
+    this node in TH (a bug hunt, 2026-12-07). A peer's HELLO region is any text: one that is not a
+    code (`US,EU,TH outcome=ok`: three regions and a forged field) is none (review r64)."""
     model = tiny_model(tmp_path)
     async with running_node(node_config(tmp_path / "a", model, layers="0-0", region=ours)) as a:
         b_config = node_config(tmp_path / "b", model, layers="1-1", region=theirs,
@@ -379,6 +382,7 @@ async def test_a_requests_regions_name_each_of_its_nodes(tmp_path, ours, theirs,
     assert nodes == [f"{a.short_id},{b.short_id}"]
     recent = text.split("-- recent requests --")[1].split("-- served for others --")[0]
     assert f"nodes={nodes[0]} regions={regions} " in recent, recent
+    assert "outcome=ok outcome=ok" not in recent and " EU," not in text, recent
 
 
 async def test_an_errors_server_timing_is_its_summary_lines(tmp_path):
