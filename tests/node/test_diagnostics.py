@@ -436,3 +436,28 @@ async def test_a_multi_line_error_keeps_no_path_address_or_user_name(tmp_path, m
         assert "\\n<path>" in rows and "\\n<private-ip-" in rows and "\\t<user>" in rows, (section, rows)
     for secret in ("anabel", "/home/", "10.1.2.3"):
         assert secret not in text, secret
+
+
+async def test_every_row_of_the_report_is_one_line(tmp_path, monkeypatch):
+    """A field that no section makes one line of its own, the GGUF's architecture name on the models
+    row (the file's word, a header a peer sent too), or an activity line quoting it: the report's
+    pass over every row is what keeps a newline there from writing a `DIAG: request complete` line
+    of its own (review r64: that pass had no test)."""
+    import gguf
+
+    from node.inference.synth import write_gguf
+    from tests.support.nodes import TINY
+
+    forged = "DIAG: request complete request_id=forged route=local outcome=ok"
+    init = gguf.GGUFWriter.__init__
+    monkeypatch.setattr(gguf.GGUFWriter, "__init__", lambda w, path, _arch, *a, **k: init(w, path, f"llama\n{forged}", *a, **k))
+    model = write_gguf(tmp_path / "evil.gguf", TINY)
+    monkeypatch.undo()
+    async with running_node(node_config(tmp_path / "data", model)) as node:
+        node.note_activity(f"found a model\n{forged}")
+        for full in (False, True):
+            text = await _report(node, full=full)
+            models = text.split("-- models --")[1].split("-- downloads --")[0]
+            assert f"arch=llama\\n{forged} layers=" in models, models
+            assert f"found a model\\n{forged}" in text.split("-- recent activity --")[1]
+            assert not [line for line in text.splitlines() if line.startswith(forged)], text
