@@ -166,7 +166,8 @@ class NodeHost(QObject):
 
     async def async_add_model(self, path: Path) -> tuple[str, bool]:
         """Serve a GGUF file for this session (catalog, register, load): its id, and whether it is new
-        here (False: this file, or one of the same bytes, was served already)."""
+        here, or the file of a model whose own was gone (False: this file, or one of the same bytes,
+        was served already)."""
         self._require_started()
         try:
             model_id, added = await self.node.async_add_model_file(path, "gui")

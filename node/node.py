@@ -356,7 +356,8 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
 
     async def async_add_model_file(self, path: Path, source: str, *, sha256: str | None = None,
                                    origin_url: str | None = None) -> tuple[str, bool]:
-        """async_add_model, and whether the model is new here. Adds of one path run one after the
+        """async_add_model, and whether the file was taken up: a model new here, or the file of a model
+        whose own file is gone (moved: catalog._file_back). Adds of one path run one after the
         other (2026-12-07: a double-click on Add, or two `models add` at once, both hashed the file and
         raced on its registration: the second was told 404 "not ready", or both "added"): the second
         finds the first's model, registered."""
@@ -377,17 +378,21 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         # a refused file of the models folder stays listed ("Not served: …") until it changes or goes;
         # one added from elsewhere (the GUI's Add, `models add`) is refused to its caller only
         in_folder = path.parent == self.data_dir / MODELS_DIR
-        entry, new = await loop.run_in_executor(
+        entry, how = await loop.run_in_executor(
             None, functools.partial(self.catalog.add_file, path, source, keep_refusal=in_folder))
-        if new:
+        if how == "known":
+            self.contributions.file_seen(entry)  # (a choice refused as "changed": its bytes may be back)
+            return entry.id, False
+        if how == "new":
             await self.models.async_register(entry)
             self.note_activity(f"model {entry.id} added ({source})")
-            await self.contributions.async_file_back(entry)  # a "Help serve" kept while its file was gone
-            if self.peers is not None:
-                await self.peers.async_announce()
-        else:
-            self.contributions.file_seen(entry)  # (a choice refused as "changed": its bytes may be back)
-        return entry.id, new
+        else:  # its file was gone (moved): this file is its file now, it can be loaded again
+            self.models.note_entry(entry)  # (its row no longer says "file deleted")
+            self.note_activity(f"model {entry.id}: its file is back ({source})")
+        await self.contributions.async_file_back(entry)  # a "Help serve" kept while its file was gone
+        if self.peers is not None:
+            await self.peers.async_announce()
+        return entry.id, True
 
     async def _async_downloaded(self, path: Path, sha256: str | None, origin: str | None, url: str) -> str:
         """A finished download: served at once (not shared unloaded), then its origin checked in the

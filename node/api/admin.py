@@ -46,7 +46,8 @@ async def load(request: web.Request) -> web.Response:
 async def add(request: web.Request) -> web.Response:
     """Serve a GGUF file from anywhere on disk for this run, as `--model PATH` at start (registered;
     loaded too with "load": true). Body: {"path": absolute path, "load"?: bool}. 201 with the model
-    when it is new here, 200 when this file (or one of the same id) is served already; 400 for a
+    when it is new here (or gives a model whose file is gone its file), 200 when this file (or one
+    of the same id) is served already; 400 for a
     missing, non-GGUF or truncated file."""
     body = await read_json(request)
     if not isinstance(body, dict):

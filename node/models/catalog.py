@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from node.errors import ModelLoadError, ModelNotFound
 from node.logs import kv
@@ -208,6 +208,21 @@ def scan_entry(path: Path, source: str, cache: HashCache) -> ModelEntry:
                       origin_public=cache.public_of(path), hashed_stat=cache.stat_of(path))
 
 
+Added = Literal["new", "back", "known"]  # catalog.add_file: a new entry, a gone file's entry given this one, as it was
+
+
+def _file_back(known: ModelEntry, found: ModelEntry) -> bool:
+    """Give `known`, whose file is gone (deleted, moved while its model stayed loaded), the file just
+    found with its bytes (blocking: checks the old path; under the scan lock). 2026-12-07, review r65:
+    adding the moved file was told "served already" and the model still could not be reloaded."""
+    if not (known.has_file and known.partial is None and found.partial is None and known.sha256 == found.sha256
+            and known.path != found.path and (known.file_gone or not known.path.exists())):
+        return False
+    known.path, known.source, known.size_bytes = found.path, found.source, found.size_bytes
+    known.hashed_stat, known.changed, known.file_gone = found.hashed_stat, False, False
+    return True
+
+
 class ModelCatalog:
     """Every GGUF this node can serve, keyed by id; lookup by id, name or hash prefix."""
 
@@ -237,43 +252,44 @@ class ModelCatalog:
     def scan(self, sources: list[tuple[Path, str]]) -> list[ModelEntry]:
         """Scan (path, source) pairs; a bad file is logged and skipped (blocking)."""
         started = time.monotonic()
-        found = [entry for path, source in sources for entry, new in [self._scan_one(path, source)] if new]
+        found = [entry for path, source in sources for entry, how in [self._scan_one(path, source)] if how == "new"]
         log.info("DIAG: catalog scan complete model_count=%d elapsed_ms=%d", len(self.entries),
                  (time.monotonic() - started) * 1000)
         return found
 
-    def add_file(self, path: Path, source: str, *, keep_refusal: bool = True) -> tuple[ModelEntry, bool]:
-        """One file added while the node runs (blocking): the catalog's entry for it and whether it is
-        new (the same file, or a file of the same id, added again is the entry already here);
-        ModelLoadError saying why it cannot be served. `keep_refusal=False` (a path the caller was
-        told about, outside the models folder): a refusal is that answer only, not a file listed as
-        skipped for the rest of the run (the folder watch forgets only its own folder's)."""
-        entry, new = self._scan_one(path, source)
+    def add_file(self, path: Path, source: str, *, keep_refusal: bool = True) -> tuple[ModelEntry, Added]:
+        """One file added while the node runs (blocking): the catalog's entry for it and what the add
+        did (`Added`: the same file, or a file of the same id, added again is the entry already here;
+        the file of an entry whose own is gone becomes its file); ModelLoadError saying why it cannot
+        be served. `keep_refusal=False` (a path the caller was told about, outside the models folder):
+        a refusal is that answer only, not a file listed as skipped for the rest of the run (the
+        folder watch forgets only its own folder's)."""
+        entry, how = self._scan_one(path, source)
         if entry is None:
             why = self.skipped.get(path) or self.ignored.get(path) or f"{path.name} could not be read (see node.log)"
             if not keep_refusal:
                 self.skipped.pop(path, None)
                 self.ignored.pop(path, None)
             raise ModelLoadError(why)
-        return entry, new
+        return entry, how
 
-    def _scan_one(self, path: Path, source: str) -> tuple[ModelEntry | None, bool]:
-        """(the catalog's entry for the file, whether it was added now); (None, False) if skipped."""
+    def _scan_one(self, path: Path, source: str) -> tuple[ModelEntry | None, Added]:
+        """(the catalog's entry for the file, what was done); (None, "known") if skipped."""
         try:
             entry = scan_entry(path, source, self._cache)
         except NotAModel as exc:
             log.info("DIAG: not a model, not served %s", kv(file=path.name, what=exc.message))
             self.ignored[path] = exc.message
-            return None, False
+            return None, "known"
         except ModelLoadError as exc:
             log.warning("skipping model %s: %s", path.name, exc.message)
             self.skipped[path] = exc.message
-            return None, False
+            return None, "known"
         except OSError as exc:
             log.warning("skipping model %s: %s", path.name, exc)
             if not isinstance(exc, HashingStopped):
                 self.skipped[path] = str(exc)
-            return None, False
+            return None, "known"
         self.skipped.pop(path, None)
         self.ignored.pop(path, None)
         with self._scan_lock:
@@ -282,11 +298,16 @@ class ModelCatalog:
             if new:
                 self.entries[entry.id] = entry
                 self.generation = next(self._generations)
+            elif back := _file_back(known, entry):
+                self.generation = next(self._generations)
         if not new:
-            return known, False
+            if back:
+                log.info("DIAG: model file added again from another place; the model's file is that one now %s",
+                         kv(model=known.id, path=known.path))
+            return known, "back" if back else "known"
         log.info("DIAG: load_from_dir model=%s arch=%s layers=%d ctx=%d quant=%s source=%s",
                  entry.id, entry.architecture, entry.n_layers, entry.context_length, entry.quantization, source)
-        return entry, True
+        return entry, "new"
 
     def remove_file_entry(self, entry: ModelEntry) -> bool:
         """Take back the entry of a file that is gone (only this very entry)."""

@@ -140,6 +140,36 @@ async def test_a_loaded_model_whose_file_is_deleted_stays_until_unloaded(node, c
     assert model_id not in await listed(client)
 
 
+async def test_a_loaded_model_whose_file_moved_is_given_its_file_again_by_an_add(node, client, tmp_path):
+    """2026-12-07, review r65: its file moved (the row says it cannot be reloaded), the user Adds it
+    from its new place: told "served already", the row still said file deleted, and after Unload the
+    model left although its file had just been added. Now the add gives the model that file."""
+    path = tiny_model(tmp_path, dataclasses.replace(TINY, seed=14, name="moved"), "moved.gguf")
+    status, body = await admin(node, "POST", "/api/admin/models/add", {"path": str(path), "load": True})
+    assert status == 201 and body["model"]["state"] == "loaded", body
+    model_id = body["model"]["id"]
+    moved = tmp_path / "elsewhere" / "moved.gguf"
+    moved.parent.mkdir()
+    path.rename(moved)
+    await wait_until(lambda: node.catalog.entries[model_id].file_gone, 30.0, 0.05, "its file marked gone")
+    heard: list[tuple[str, bool]] = []
+    unsubscribe = node.models.subscribe(lambda event, m: heard.append((event, m.entry.file_gone)))
+    try:
+        status, body = await admin(node, "POST", "/api/admin/models/add", {"path": str(moved)})
+    finally:
+        unsubscribe()
+    assert status == 201 and body["added"] is True and body["model"]["id"] == model_id, body
+    assert body["model"]["file_gone"] is False and body["model"]["state"] == "loaded", body
+    assert ("changed", False) in heard  # the Models tab's row follows
+    status, _ = await admin(node, "POST", f"/api/admin/models/{model_id}/unload")
+    assert status == 200
+    await looks_later(node)
+    assert model_id in await listed(client), "the unloaded model left although its file was added"
+    status, body = await admin(node, "POST", f"/api/admin/models/{model_id}/load")
+    assert status == 200 and body["model"]["state"] == "loaded", body
+    await admin(node, "POST", f"/api/admin/models/{model_id}/unload")
+
+
 async def test_admin_add_serves_a_file_from_anywhere_once(node, client, tmp_path):
     path = tiny_model(tmp_path, ELSEWHERE, "elsewhere.gguf")
     (tmp_path / "notes.gguf").write_text("not a model")
