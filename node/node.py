@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,8 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         # when the catalog changed (2026-12-07: a pass over the catalog for every MODEL_PART request)
         self._held: tuple[int, list[str], frozenset[str]] = (-1, [], frozenset())
         self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
-        self._adding: dict[str, asyncio.Lock] = {}  # a path being added → its lock (an add of it again waits)
+        # a path, or a sha256, being added → its lock and how many adds hold or wait for it (an add of it again waits)
+        self._adding: dict[str, tuple[asyncio.Lock, int]] = {}
 
     # --- identity ---
 
@@ -361,20 +363,37 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         other (2026-12-07: a double-click on Add, or two `models add` at once, both hashed the file and
         raced on its registration: the second was told 404 "not ready", or both "added"): the second
         finds the first's model, registered."""
-        key = str(path)  # (as given: absolute from the API and the GUI; a link to it is the same bytes, one model still)
-        lock = self._adding.setdefault(key, asyncio.Lock())
+        async with self._one_add_at_a_time(str(path)):  # (as given: absolute from the API and the GUI)
+            loop = asyncio.get_running_loop()
+            if sha256 is not None:
+                await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256, origin_url)
+            # and adds of one content, whatever the path says (2026-12-07, review r65: another spelling of
+            # it, a linked folder or `..`, or a copy, raced as above): the second waits for the first's
+            # registration. Hashed first, outside this lock (a large file takes minutes), once by the cache
+            digest = await loop.run_in_executor(None, self.catalog.sha256_of, path, source)
+            async with self._one_add_at_a_time(f"sha256:{digest}" if digest else None):
+                return await self._async_add_model_file(path, source)
+
+    @contextlib.asynccontextmanager
+    async def _one_add_at_a_time(self, key: str | None) -> AsyncIterator[None]:
+        """Hold the add lock of `key` (None: none to hold); the lock is forgotten once nobody waits."""
+        if key is None:
+            yield
+            return
+        lock, users = self._adding.get(key, (asyncio.Lock(), 0))
+        self._adding[key] = (lock, users + 1)
         try:
             async with lock:
-                return await self._async_add_model_file(path, source, sha256=sha256, origin_url=origin_url)
-        finally:
-            if not lock.locked() and self._adding.get(key) is lock:
+                yield
+        finally:  # (counted: a lock just released still has a waiter about to take it)
+            lock, users = self._adding[key]
+            if users == 1:
                 del self._adding[key]
+            else:
+                self._adding[key] = (lock, users - 1)
 
-    async def _async_add_model_file(self, path: Path, source: str, *, sha256: str | None,
-                                    origin_url: str | None) -> tuple[str, bool]:
+    async def _async_add_model_file(self, path: Path, source: str) -> tuple[str, bool]:
         loop = asyncio.get_running_loop()
-        if sha256 is not None:
-            await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256, origin_url)
         # a refused file of the models folder stays listed ("Not served: …") until it changes or goes;
         # one added from elsewhere (the GUI's Add, `models add`) is refused to its caller only
         in_folder = path.parent == self.data_dir / MODELS_DIR

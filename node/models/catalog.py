@@ -273,6 +273,17 @@ class ModelCatalog:
             raise ModelLoadError(why)
         return entry, how
 
+    def sha256_of(self, path: Path, source: str) -> str | None:
+        """The sha256 an add of `path` catalogs it under (blocking; a file's is hashed through the
+        cache, where the add reads it again), None for a file the add refuses (it says why)."""
+        try:
+            if PartialStore.is_partial(path):
+                return PartialStore(path).load().sha256
+            check_model_file(path, source)  # (a projector or a truncated file is not hashed for nothing)
+            return self._cache.get_or_compute(path)
+        except (ModelLoadError, OSError, ValueError):
+            return None
+
     def _scan_one(self, path: Path, source: str) -> tuple[ModelEntry | None, Added]:
         """(the catalog's entry for the file, what was done); (None, "known") if skipped."""
         try:

@@ -52,3 +52,22 @@ async def test_the_same_file_added_twice_at_once_is_one_model(node, tmp_path, lo
     assert [m for event, m in heard if event == "added"] == [model_id]
     if load:
         assert {body["model"]["state"] for _, body in answers} == {"loaded"}, answers
+
+
+@pytest.mark.parametrize("how", ["linked-folder", "dotdot"])
+async def test_one_file_added_at_once_by_two_spellings_is_one_model(node, tmp_path, how):
+    """2026-12-07, review r65: the adds of one path ran one after the other, but another spelling of
+    the same file (through a linked folder, with `..`) still raced: one was told 404 "not ready on
+    this node yet". Adds of one content now wait for each other, whatever the path says."""
+    real = tmp_path / "real"
+    real.mkdir()
+    path = tiny_model(real, dataclasses.replace(TINY, seed=31 + len(how), name=f"spelt{len(how)}"), "spelt.gguf")
+    if how == "linked-folder":
+        (tmp_path / "link").symlink_to(real, target_is_directory=True)
+        other = tmp_path / "link" / "spelt.gguf"
+    else:
+        other = real / ".." / "real" / "spelt.gguf"
+    answers = await asyncio.gather(add(node, path, load=True), add(node, other, load=True))
+    assert sorted(status for status, _ in answers) == [200, 201], answers
+    assert {body["model"]["id"] for _, body in answers} == {f"spelt-{answers[0][1]['model']['sha256'][:8]}"}
+    assert {body["model"]["state"] for _, body in answers} == {"loaded"}, answers
