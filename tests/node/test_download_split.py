@@ -188,10 +188,11 @@ async def test_the_hubs_own_download_query_still_fetches_the_set(tmp_path, hub, 
 async def test_a_stop_while_the_parts_land_leaves_the_set_whole(tmp_path, hub, parts, monkeypatch, how):
     """Found in review: the parts moved into models/ one awaited rename at a time, so a pause, cancel
     or shutdown then left part 3 in models/ and the others as .part (a resume was refused "already
-    exists"). The stop comes right after the first part landed (os.replace is the real one)."""
+    exists"). The stop comes right after the first part landed (os.link is the real one: the landing
+    links each part in, 2026-12-07)."""
     models = tmp_path / "models"
     loop = asyncio.get_running_loop()
-    real, stopped = os.replace, []
+    real, stopped = os.link, []
 
     async def on_file(path, sha256, origin, _url=None):
         return "model-id"
@@ -200,13 +201,13 @@ async def test_a_stop_while_the_parts_land_leaves_the_set_whole(tmp_path, hub, p
     stop = {"pause": lambda: dl.pause(job.id), "cancel": lambda: dl.cancel(job.id),
             "shutdown": lambda: job.task.cancel()}[how]  # async_close cancels the task so
 
-    def replace(src, dst):
+    def link(src, dst):
         real(src, dst)
         if os.path.dirname(dst) == str(models) and not stopped:
             stopped.append(dst)
-            loop.call_soon_threadsafe(stop)  # before the rename's own completion reaches the loop
+            loop.call_soon_threadsafe(stop)  # before the landing's own completion reaches the loop
 
-    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
     job = dl.start("hf://org/model/big-00002-of-00003.gguf")
     await wait_until(lambda: not job.active, timeout_s=30, what="the download to end")
     await dl.async_close()

@@ -8,6 +8,7 @@ download's own I/O thread.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -37,13 +38,44 @@ def discard_part(part: Path) -> None:
     sidecar(part).unlink(missing_ok=True)
 
 
+# os.link's errors on a file system without hard links (FAT, exFAT, some network shares)
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
+
+
 def land(parts: list[Path], targets: list[Path]) -> None:
     """Every checked part into models/, part 1 (the one the folder lists) last, and their sidecars
-    gone: one executor job, so that nothing stops it half-way (runner._async_to_the_end)."""
-    for part, target in reversed(list(zip(parts, targets, strict=True))):
-        os.replace(part, target)
+    gone: one executor job, so that nothing stops it half-way (runner._async_to_the_end). Never over
+    a file put at a target while the download ran (2026-12-07, review r65: os.replace overwrote a
+    copy the user had made meanwhile): FileExistsError naming it, every part still its `.part`."""
+    placed: list[tuple[Path, Path]] = []
+    try:
+        for part, target in reversed(list(zip(parts, targets, strict=True))):
+            _place(part, target)
+            placed.append((part, target))
+    except FileExistsError:
+        for part, target in reversed(placed):  # a set's parts landed before it: back to their .part
+            os.replace(target, part)
+        raise
     for part in parts:
         sidecar(part).unlink(missing_ok=True)
+
+
+def _place(part: Path, target: Path) -> None:
+    """Move `part` to `target` unless something is there (FileExistsError): a hard link then the
+    part's unlink (the check and the move are one step); where the file system has no hard links, a
+    check then a rename (only another program's write between the two is not seen)."""
+    try:
+        os.link(part, target)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "a file is there already", str(target)) from None
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, "a file is there already", str(target)) from None
+        os.replace(part, target)
+        return
+    part.unlink()
 
 
 def cut_landing(part: Path, target: Path) -> bool:

@@ -287,8 +287,14 @@ class ModelDownloader:
             # every part checked: into models/ as one executor job that a pause, cancel or shutdown
             # does not cut short (some parts landed, others still .part, was refused "already exists")
             job.landing = True
-            await _async_to_the_end(loop.run_in_executor(
-                io, land, parts, [self.models_dir / name for _url, name in job.parts]))
+            try:
+                await _async_to_the_end(loop.run_in_executor(
+                    io, land, parts, [self.models_dir / name for _url, name in job.parts]))
+            except FileExistsError as exc:  # (copied there by hand while it downloaded: never overwritten)
+                name = Path(exc.filename).name if exc.filename else job.file_name
+                raise DownloadFailed(f"models/{name} appeared while the download ran and is not overwritten; "
+                                     f"the download is kept as {name}.part: move models/{name} away and "
+                                     "resume it, or cancel it") from None
             if job.others:
                 await self._async_alone(job, digests[0], io)
             else:
