@@ -187,6 +187,8 @@ class PeerLink:
         (default: the link's current RTO-based deadline is NOT applied; pass one), and
         PeerUnreachable if the link closes first.
         """
+        if self._drained_sent:  # this end said it has nothing more to ask here: the peer may close it
+            raise PeerUnreachable(f"link to {self.short_id} is retired (a duplicate): ask on the one kept")
         rid = next(self._request_ids)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Frame] = loop.create_future()
@@ -362,7 +364,9 @@ class PeerLink:
         being answered (a 512 KiB request through a busy relay, a partial model's chunk read), and
         that request failed "link closed (duplicate)". A peer that never says it (an older
         version, which closes on its timer: this end sees the EOF) or that ranked the links
-        otherwise is bounded by DUPLICATE_LINK_DRAIN_MAX_S, past every request's own deadline."""
+        otherwise is bounded by DUPLICATE_LINK_DRAIN_MAX_S, past every request's own deadline, and
+        the manager closes it sooner when the kept link goes, or a newer one to the peer retires.
+        A request asked on it after this end said so is refused (the peer may close it meanwhile)."""
         if self.retired or not self.is_open:
             return
         self.retired = True

@@ -418,10 +418,21 @@ class PeerManager:
             total_peers=self.table.linked_count() + (current is None)))
         if current is not None:
             loser = current if winner is link else link
+            restarted = current.hello.boot_id != link.hello.boot_id
             log.info("DIAG: duplicate link to one peer, retiring one %s", kv(
                 peer_id=link.short_id, keep=winner.connection_id, retire=loser.connection_id,
-                keep_dialer=winner.is_dialer, keep_transport=winner.transport))
-            loser.retire()
+                keep_dialer=winner.is_dialer, keep_transport=winner.transport, peer_restarted=restarted or None))
+            if restarted:
+                # the peer's earlier process: nothing on its link will be answered, and it will never
+                # say it is drained (its requests fail now, not at their deadlines)
+                loser.close("peer restarted")
+            else:
+                # one link draining per peer at most: a member dialling again and again kept each
+                # loser open (DUPLICATE_LINK_DRAIN_MAX_S) — file descriptors, not a bound
+                for old in self._retired_links(link.node_id):
+                    if not old.pending_requests:
+                        old.close("duplicate")
+                loser.retire()
         if winner is link:
             rec.rto.restart()
             rec.link = link
@@ -440,6 +451,10 @@ class PeerManager:
         # Frames that came in with the HELLO are delivered by start(): only now, so that a handler
         # answering one (`link(node_id)`, the pipeline's transport) finds this link in the table.
         link.start()
+
+    def _retired_links(self, node_id: str) -> list[PeerLink]:
+        """This peer's links that lost a duplicate tie-break and are still open (draining)."""
+        return [old for old in self.links if old.node_id == node_id and old.retired and old.is_open]
 
     def _on_rtt(self, link: PeerLink) -> None:
         rec = self.table.get(link.node_id)
@@ -463,6 +478,12 @@ class PeerManager:
             total_peers=self.table.linked_count() - int(was_active)))
         if rec is None or not was_active:
             return
+        # a link retired in this one's favour waits for the peer to say it is drained, which a peer
+        # that never retired it (its end of this link half-open: it roamed and dialled again) never
+        # does: it believed itself linked through the retired one while this node had no link to it
+        # for DUPLICATE_LINK_DRAIN_MAX_S (review r66). Closed now, the peer sees it go and redials.
+        for old in self._retired_links(link.node_id):
+            old.close("duplicate")
         rec.link = None
         self.clock.forget(link.node_id)
         rec.last_seen = time.time() - (time.monotonic() - link.last_seen)

@@ -71,7 +71,7 @@ class RelayClient:
         """Register at a relay peer; one that refuses (full) is asked again every
         RELAY_REGISTER_RETRY_S while its link lasts. False once the link is gone."""
         attempts = 0
-        while link.is_open and not self._tasks.stopping:
+        while link.is_open and not link.retired and not self._tasks.stopping:
             try:
                 await link.async_request(Frame(FrameType.RELAY, {"op": "register"}),
                                          timeout_s=const.HANDSHAKE_TIMEOUT_S)
@@ -96,7 +96,7 @@ class RelayClient:
         log.debug("DIAG: relay reservation %s", kv(peer=link.short_id, addr=relay_addr))
         capped = False
         fresh = True  # the first list after (re)registering: its nodes are a route that just came back
-        while link.is_open and not self._tasks.stopping:
+        while link.is_open and not link.retired and not self._tasks.stopping:
             try:
                 reply = await link.async_request(Frame(FrameType.RELAY, {"op": "list"}),
                                                  timeout_s=const.HANDSHAKE_TIMEOUT_S)
