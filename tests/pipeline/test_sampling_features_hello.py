@@ -206,3 +206,5 @@ async def test_a_wait_for_a_lost_holder_ends_in_the_sampling_refusal(tmp_path, m
             assert f"node {old.node_id[:8]} does not support the sampling field '{NEW_FIELD}'" in body["message"]
             assert f"waited 2 s for {new.node_id[:8]} to link again" in body["message"], body
             assert err.value.response.headers.get("x-should-retry") == "false"
+            # said once, not at each of the wait's plans (5 a second: review r67)
+            assert caplog.text.count("left out nodes that cannot sample this request") == 1, caplog.text

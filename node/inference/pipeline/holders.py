@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,9 @@ def _holder(snap: Any, m: dict[str, Any], measured: float | None) -> Holder | No
 
 
 
+LEFT_OUT_SAID_MAX = 256  # requests whose left-out nodes are remembered (the log line's once-per-request)
+
+
 class LayerHolders:
     """The planner's view of the swarm: this node's slices and its connected peers' adverts."""
 
@@ -80,6 +84,20 @@ class LayerHolders:
         # last_seen then, models it held then), so that once it links again, until it advertises
         # them loaded, a request waits for it (regain)
         self._gone: dict[str, tuple[float, float, frozenset[str]]] = {}
+        # the nodes each recent request was told it leaves out as too old, so a request waiting for a
+        # lost holder (a plan every regain poll) says it once, not 5 times a second (review r67)
+        self._left_out_said: OrderedDict[str, frozenset[str]] = OrderedDict()
+
+    def _say_left_out(self, request_id: str, nodes: frozenset[str]) -> bool:
+        """Whether this request has not yet been told it leaves out these nodes (remembered for the
+        last LEFT_OUT_SAID_MAX requests)."""
+        if self._left_out_said.get(request_id) == nodes:
+            return False
+        self._left_out_said[request_id] = nodes
+        self._left_out_said.move_to_end(request_id)
+        while len(self._left_out_said) > LEFT_OUT_SAID_MAX:
+            self._left_out_said.popitem(last=False)
+        return True
 
     def note_peer(self, kind: str, snap: Any) -> None:
         """Peer observer (the coordinator's): remember what a peer whose link dropped held. A
@@ -300,9 +318,10 @@ class LayerHolders:
             outdated = self._outdated(holders, needs)
             if outdated:
                 current, holders = holders, [h for h in holders if h.node_id not in outdated]
-                log.info("DIAG: pipeline left out nodes that cannot sample this request (an older version) %s", kv(
-                    request_id=trace.request_id, attempt=attempt_no, nodes=",".join(n[:8] for n in outdated),
-                    lacks=next(iter(outdated.values()))[0]))
+                if self._say_left_out(trace.request_id, frozenset(outdated)):
+                    log.info("DIAG: pipeline left out nodes that cannot sample this request (an older version) %s", kv(
+                        request_id=trace.request_id, attempt=attempt_no, nodes=",".join(n[:8] for n in outdated),
+                        lacks=next(iter(outdated.values()))[0]))
             if load:
                 holders = [dataclasses.replace(h, ms_per_layer=h.layer_ms() * (1 + const.CHAIN_LOAD_WEIGHT * load[h.node_id]))
                            if load.get(h.node_id) else h for h in holders]
