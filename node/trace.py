@@ -187,9 +187,11 @@ class RequestTrace:
 
     @property
     def tok_per_sec(self) -> float | None:
-        """Decode speed of one reply, as tpot_ms (the summary line, the Requests tab's tok/s, /api/status):
-        with `n` choices the longest one's tokens over the decode time (2026-12-07: every choice's, n
-        times a reply's speed next to a reply's tpot_ms)."""
+        """Decode speed of one reply (the summary line, the Requests tab's tok/s, /api/status): its
+        tokens, the first included, over the decode time (first token to last), as seed 000's summary
+        line has it (tokens=48 decode_ms=1420 tok_per_sec=33.8; tpot_ms=30.2 divides by the 47 gaps, so
+        this is not 1000 / tpot_ms); with `n` choices the longest one's (2026-12-07: every choice's, n
+        times a reply's speed)."""
         decode, tokens = self.decode_ms, self.reply_tokens
         if decode is None or decode <= 0 or tokens < 2:
             return None

@@ -77,8 +77,8 @@ REQUEST_COLUMNS = [
     Column("TTFT", lambda t: fmt.ms(t.ttft_ms), numeric=True,
            header_tip="time to first token, from the route being ready"),
     Column("tok/s", lambda t: fmt.rate(t.tok_per_sec), numeric=True,
-           header_tip="decode speed of one reply: its tokens per second after the first "
-                      "(n choices: the longest one's, as they decode side by side)"),
+           header_tip="decode speed of one reply: its tokens over the time from its first token to its last, "
+                      "as the log's summary line (n choices: the longest one's, as they decode side by side)"),
     Column("Tokens", _tokens, numeric=True, header_tip="prompt → completion tokens (cached: prompt tokens the prefix cache reused; "
                                                           "thinking: a reasoning model's; embeddings and rerank read only)"),
     Column("Outcome", outcome_text, color=_outcome_color,
