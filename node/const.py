@@ -111,6 +111,8 @@ PING_TIMEOUT_MIN_S = 0.5  # a PING waits max(RTO, this): a loaded loop must not 
 # A retired duplicate link closes once both ends said they have nothing in flight on it (_link.py
 # retire()); this bounds it for a peer that never says so (older versions close on their own timer)
 DUPLICATE_LINK_DRAIN_MAX_S = 60.0  # past every request's own deadline (MODEL_HEADER / PARTIAL_PEER: 30 s)
+DUPLICATE_LINKS_DRAINING_MAX = 4  # retired links per peer left to drain; beyond, the oldest is closed
+ENDED_BOOTS_KEPT = 4  # per peer: boot_ids of processes a restart ended (their late handshakes lose)
 DIAL_MAINTENANCE_INTERVAL_S = 1.0  # how often the dial loop looks for peers to (re)dial
 UPGRADE_FIRST_S = 2.0  # a relayed link tries a direct one this long after it came up
 UPGRADE_BACKOFF_MIN_S = 30.0  # then, after failures, at this interval doubling up to the max

@@ -391,9 +391,14 @@ class PeerManager:
             self.table.emit_changed(rec)
 
     def _preferred(self, a: PeerLink, b: PeerLink) -> PeerLink:
-        """Which of two links to one peer survives; both ends must reach the same answer."""
+        """Which of two links to one peer survives (a: the one in the table, b: the one being
+        registered); both ends must reach the same answer."""
         if a.hello.boot_id != b.hello.boot_id:
-            return a if a.established_at > b.established_at else b  # the peer restarted
+            # the peer restarted: the link being registered (b) is its newer process's (a wall-clock
+            # ranking kept the dead one after a clock step: review r68), unless b's process is one
+            # that a restart already ended (its handshake came late: review r69)
+            rec = self.table.get(b.node_id)
+            return a if rec is not None and b.hello.boot_id in rec.ended_boots else b
         if a.transport != b.transport:
             return a if a.transport == "direct" else b
         dialer_a = self.node_id if a.is_dialer else a.node_id
@@ -423,16 +428,23 @@ class PeerManager:
                 peer_id=link.short_id, keep=winner.connection_id, retire=loser.connection_id,
                 keep_dialer=winner.is_dialer, keep_transport=winner.transport, peer_restarted=restarted or None))
             if restarted:
-                # the peer's earlier process: nothing on its link will be answered, and it will never
-                # say it is drained (its requests fail now, not at their deadlines)
-                loser.close("peer restarted")
+                # the peer's earlier process: nothing on its links will be answered, and it will never
+                # say it is drained (their requests fail now, not at their deadlines)
+                ended = loser.hello.boot_id
+                if ended not in rec.ended_boots:
+                    rec.ended_boots = [*rec.ended_boots[-(const.ENDED_BOOTS_KEPT - 1):], ended]
+                for old in [loser, *self._retired_links(link.node_id)]:
+                    if old.hello.boot_id == ended:
+                        old.close("peer restarted")
             else:
-                # one link draining per peer at most: a member dialling again and again kept each
-                # loser open (DUPLICATE_LINK_DRAIN_MAX_S) — file descriptors, not a bound
-                for old in self._retired_links(link.node_id):
-                    if not old.pending_requests:
-                        old.close("duplicate")
                 loser.retire()
+                # a few links draining per peer at most: a member dialling again and again kept each
+                # loser open (DUPLICATE_LINK_DRAIN_MAX_S), a socket per dial; beyond the bound the
+                # oldest goes (closing every older one cut the peer's requests on a healthy link when
+                # both ends dialled at once: review r68)
+                draining = sorted(self._retired_links(link.node_id), key=lambda old: old.connection_id)
+                for old in draining[:max(0, len(draining) - const.DUPLICATE_LINKS_DRAINING_MAX)]:
+                    old.close("duplicate")
         if winner is link:
             rec.rto.restart()
             rec.link = link

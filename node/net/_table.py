@@ -97,6 +97,9 @@ class PeerRecord:
     upgrade_at: float = 0.0  # monotonic: when to try a direct link next while the link is relayed
     upgrade_backoff_s: float = 0.0
     was_relay: bool = False  # peers.json says its last HELLO announced FEATURE_RELAY
+    # boot_ids of its processes whose links lost to a newer one (a restart): a late handshake of one
+    # of them must not win over the newer process's link (review r69); the last few only
+    ended_boots: list[str] = field(default_factory=list)
     taught_by: str | None = None  # the member whose PEX first named it (its share of PEX_MAX_UNLINKED)
     # as a PEX sender: what it may still push out of a full pool [records, monotonic time of the last]
     pex_evictions: list[float] = field(default_factory=lambda: [float(const.PEX_EVICT_PER_PEER), 0.0])
