@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from node.redact import Redactor
 
 KEY = "sk-swarm-0123456789abcdef0123456789abcdef01234567"
@@ -202,3 +204,18 @@ def test_user_names_without_a_home_folder(monkeypatch):
         raise RuntimeError("Could not determine home directory.")
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     assert isinstance(sysinfo.user_names(), list)
+
+
+# -- review r67 (2026-12-07): every pattern linear in its input, and a second pass changes nothing --
+
+ADVERSARIAL = ["a.", "a-", "a+", "1.", "/a", "a@", "ab", "1:", "a://", "http://", "x@a.", "a.-", "[:", "1::%", "file:"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("unit", ADVERSARIAL)
+def test_every_pattern_is_linear_on_long_runs(unit):
+    """A URL pattern started at every `\\b`: "a.a.a…" (a GGUF's 64 KB architecture string quoted in
+    an error) was scanned again from each letter, 17 s for one report. 200,000 characters of each
+    run: seconds here, hours when any pattern is quadratic (the timeout is the guard)."""
+    text = unit * (200_000 // len(unit))
+    Redactor(salt=b"s" * 16, user_names=["anabel"], known_hosts=["mybox"], secrets_to_hide=[KEY]).text(text)
