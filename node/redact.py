@@ -153,6 +153,8 @@ class Redactor:
     def host(self, name: str) -> str:
         """Redact one host name or address (IP literals are classified as such)."""
         stripped = name.strip("[]")
+        if _RE_TAG.fullmatch(stripped):  # a tag already (a second pass read `https://<host-44a8>/` as a URL
+            return stripped  # and tagged the tag: one host had three tags in a report; review r67)
         try:
             ipaddress.ip_address(stripped.split("%", 1)[0])
             return self.ip(stripped)
