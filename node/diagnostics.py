@@ -19,7 +19,7 @@ from node import const
 from node.inference import llamacpp
 from node.inference.pipeline.coverage import swarm_coverage
 from node.inference.pipeline.layerchoice import Span, layer_counts
-from node.logs import clean_text
+from node.logs import clean_text, cut_for_redaction
 from node.redact import Redactor
 from node.trace import FAILED_OUTCOMES
 
@@ -179,6 +179,28 @@ def _reachable(node: ReportParts, r: Redactor) -> list[str]:
     return lines
 
 
+def _field(r: Redactor, text: str, max_chars: int) -> str:
+    """A field as the report shows it: cut (to twice its bound), redacted, then made one line and cut
+    to its bound; redacted before it is escaped (`\n/home/ana` is no path to a redactor; review r64)
+    and cut before it is redacted (a 64 KB field took the redactor seconds; review r67)."""
+    return clean_text(r.text(cut_for_redaction(text, max_chars)), max_chars)
+
+
+def _render(r: Redactor, sections: list[tuple[str | None, list[str]]]) -> str:
+    """The report's text from its sections' rows (CPU work: run in an executor)."""
+    out: list[str] = []
+    for title, lines in sections:
+        if title:
+            out.append("")
+            out.append(f"-- {title} --")
+        # every row one line, whatever a field held: a model's load error quotes llama.cpp, which
+        # quotes the GGUF's own strings (a header a peer sent), and a newline there wrote lines of
+        # its own into the report, a `DIAG: request complete` one included (a bug hunt, 2026-12-07)
+        out.extend(_field(r, line, REPORT_LINE_MAX_CHARS) for line in lines)
+    # Belt and braces: redact anything address-like that a section wrote as free text.
+    return r.text("\n".join(out)) + "\n"
+
+
 def _ago(ts: float | None) -> str:
     return "never" if ts is None else f"{max(0.0, time.time() - ts):.0f}s ago"
 
@@ -196,10 +218,10 @@ def _peers(node: ReportParts, r: Redactor) -> list[str]:
         rows.append(f"{p.short_id} {p.state} transport={p.transport or '-'} addr={addr} rtt_ms={rtt} "
                     f"rto_ms={p.rto_ms:.0f} last_seen={_ago(p.last_seen)} models={models}"
                     + (f" region={clean_text(p.region, 64)}" if p.region else "")
-                    + (f" agent={clean_text(r.text(p.agent), 300)}" if p.agent else "")
+                    + (f" agent={_field(r, p.agent, 300)}" if p.agent else "")
                     + (f" clock_skew_s={skew:+.0f}" if skew is not None and abs(skew) > const.CLOCK_SKEW_WARN_S
                        else "")
-                    + (f" error={clean_text(r.text(p.last_error), 300)}" if p.last_error and p.state != "connected" else ""))
+                    + (f" error={_field(r, p.last_error, 300)}" if p.last_error and p.state != "connected" else ""))
     for ref in node.peers.swarm_ops.status()["refused"]:
         rows.append(f"{ref['peer']} refused ({'not in this swarm' if ref['by_us'] else 'refused this node'}) "
                     f"swarm={ref['swarm'] or '-'} count={ref['count']} last={ref['last_s_ago']:.0f}s ago"
@@ -329,7 +351,7 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
                     f"device={served.device or '-'}{reason}"
                     + (f" partial=\"{e.partial.describe()}\" from={_origin(e.origin_url, r)}" if e.partial else "")
-                    + (f" error={clean_text(r.text(served.error), 1000)}" if served.error else "")
+                    + (f" error={_field(r, served.error, 1000)}" if served.error else "")
                     + (" (not loaded again for requests until its file changes, another model is unloaded or a few "
                        "minutes pass; an admin or app load tries again)"
                        if served.state == "failed" and served.failure is not None and served.tokenizer is not None
@@ -343,15 +365,15 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
                     + (f" load_ms={info['load_ms']} weight_cache={info['weight_cache']}" if info["load_ms"] is not None else "")
                     + (f" fetched_mb={hosted.fetch[0] / 2**20:.1f}/{hosted.fetch[1] / 2**20:.1f}"
                        if hosted.fetch is not None else "")  # its layers arriving (a partial model)
-                    + (f" error={clean_text(r.text(hosted.error), 1000)}" if hosted.error else ""))
+                    + (f" error={_field(r, hosted.error, 1000)}" if hosted.error else ""))
     for what in node.choice_failures:  # (the failed slice itself is unloaded at once)
-        rows.append(f"failed: {r.text(what)}")
+        rows.append(f"failed: {_field(r, what, REPORT_LINE_MAX_CHARS)}")
     for why in node.skipped_models:  # a file in the models folder (or --model) it could not serve
-        rows.append(f"skipped: {r.text(why)}")
+        rows.append(f"skipped: {_field(r, why, REPORT_LINE_MAX_CHARS)}")
     for why in node.ignored_models:  # a GGUF that is not a model (projector, adapter, vocabulary)
-        rows.append(f"not a model: {r.text(why)}")
+        rows.append(f"not a model: {_field(r, why, REPORT_LINE_MAX_CHARS)}")
     for what in node.waiting_on:  # a --model URL whose origin has not answered (it opens in the background)
-        rows.append(f"waiting: {r.text(what)}")
+        rows.append(f"waiting: {_field(r, what, REPORT_LINE_MAX_CHARS)}")
     return rows or ["(no models)"]
 
 
@@ -361,7 +383,7 @@ def _downloads(node: ReportParts, r: Redactor) -> list[str]:
         host = urllib.parse.urlsplit(job.url).hostname or "?"
         total = f"{job.total_bytes / 2**20:.1f}" if job.total_bytes else "?"
         rows.append(f"{job.file_name}  state={job.state} mb={job.done_bytes / 2**20:.1f}/{total} "
-                    f"attempts={job.attempts} from={r.host(host)}" + (f" error={clean_text(r.text(job.error), 1000)}" if job.error else ""))
+                    f"attempts={job.attempts} from={r.host(host)}" + (f" error={_field(r, job.error, 1000)}" if job.error else ""))
     return rows or ["(none this run)"]
 
 
@@ -398,16 +420,5 @@ async def build_report(node: ReportParts, *, full: bool = False, lead: Sequence[
         ("downloads", _downloads(node, r)),
         ("recent activity", list(node.activity[-30:]) or ["(none)"]),
     ]
-    out: list[str] = []
-    for title, lines in sections:
-        if title:
-            out.append("")
-            out.append(f"-- {title} --")
-        # every row one line, whatever a field held: a model's load error quotes llama.cpp, which
-        # quotes the GGUF's own strings (a header a peer sent), and a newline there wrote lines of
-        # its own into the report, a `DIAG: request complete` one included (a bug hunt, 2026-12-07)
-        # (redacted before it is escaped: `\n/home/ana` or `\tana` is no path or name to the redactor,
-        # which matches none after a letter; review r64)
-        out.extend(clean_text(r.text(line), REPORT_LINE_MAX_CHARS) for line in lines)
-    # Belt and braces: redact anything address-like that a section wrote as free text.
-    return r.text("\n".join(out)) + "\n"
+    # (redacting every row is CPU work, tens of ms for a large report: off the event loop)
+    return await asyncio.get_running_loop().run_in_executor(None, _render, r, sections)

@@ -20,7 +20,7 @@ from typing import Any
 
 from node import const
 from node.errors import NodeError
-from node.logs import clean_text, kv
+from node.logs import clean_text, cut_for_redaction, kv
 from node.observe import Observers
 
 log = logging.getLogger(__name__)
@@ -281,6 +281,8 @@ class RequestTrace:
                                                          ("param", self.error_param)) if v is not None)
             return clean_text(f"{self.error_type} ({detail}; the message went to the client)", 300)
         message = self.error_message or ""
+        if redact is not None:  # bounded before the redactor reads it (review r67)
+            message = cut_for_redaction(message, 300)
         if not self.resolved and self.model:  # the name as a whole word (a name "a" must not mangle the text)
             message = re.sub(rf"(?<![\w.-]){re.escape(self.model)}(?![\w-]|\.\w)", UNKNOWN_MODEL, message)
         if redact is not None:  # before it is escaped: `\n/home/ana` is no path to a redactor (review r64)
