@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import threading
 
+import gguf
+import pytest
+
 from node.diagnostics import REPORT_LINE_MAX_CHARS
+from node.inference.synth import write_gguf
 from node.redact import Redactor
 from node.trace import RequestTrace
-from tests.support.nodes import node_config, running_node
+from tests.support.nodes import TINY, node_config, running_node
+from tests.support.waiting import wait_until
 
 MARK = 40  # room for the cut's own note, "…(+N chars)"
 
@@ -44,3 +49,19 @@ async def test_fields_and_rows_reach_the_redactor_cut_and_rows_are_redacted_off_
     # (the cut's last word, here the whole run, is dropped: a piece of a path or a name is no pattern's)
     assert "could not start: peer said…(+" in report and "load failed at <private-ip-" in report
     assert max(len(line) for line in report.splitlines()) <= REPORT_LINE_MAX_CHARS + MARK
+
+
+@pytest.mark.llama
+async def test_a_models_row_with_a_long_architecture_still_says_its_error(tmp_path, monkeypatch):
+    """A GGUF's architecture string is the file's word (a peer's header): 64 KB of it filled the
+    model's row to its 16384-character cut, and the row lost its `error=` (review r67)."""
+    init = gguf.GGUFWriter.__init__
+    monkeypatch.setattr(gguf.GGUFWriter, "__init__", lambda w, path, _arch, *a, **k: init(w, path, "a." * 32768, *a, **k))
+    model = write_gguf(tmp_path / "odd.gguf", TINY)
+    monkeypatch.undo()
+    async with running_node(node_config(tmp_path / "data", model)) as node:
+        await wait_until(lambda: any(s.error for s in node.models.all()), what="the model's load to fail")
+        report = await node.async_report()
+    models = report.split("-- models --")[1].split("-- downloads --")[0]
+    row = next(line for line in models.splitlines() if " arch=" in line)
+    assert " error=" in row and len(row) < 4096, len(row)
