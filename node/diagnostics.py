@@ -347,7 +347,7 @@ def _models(node: ReportParts, r: Redactor) -> list[str]:
     for served in node.models.all():
         e = served.entry
         reason = f" reason={served.cpu_placement_reason}" if served.cpu_placement_reason else ""
-        rows.append(f"{served.id}  arch={clean_text(e.architecture, 120)} layers={e.n_layers} ctx={served.n_ctx} "
+        rows.append(f"{served.id}  arch={_field(r, e.architecture, 120)} layers={e.n_layers} ctx={served.n_ctx} "
                     f"quant={e.quantization} size_mb={e.size_bytes / 2**20:.1f} state={served.state} "
                     f"device={served.device or '-'}{reason}"
                     + (f" partial=\"{e.partial.describe()}\" from={_origin(e.origin_url, r)}" if e.partial else "")

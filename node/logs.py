@@ -226,13 +226,17 @@ def cut_for_redaction(text: str, max_chars: int) -> str:
     """`text` cut to twice `max_chars` (what `clean_text(redacted, max_chars)` can show, and room for
     the tags that replace addresses) before a redactor reads it: its patterns never see a field's
     whole length (a 64 KB GGUF string in a load error took seconds; review r67, 2026-12-07). The
-    cut's last word is dropped too (a piece of a path or a name is no longer what a pattern knows);
-    the cut is said, as `clean_text` says its own."""
+    cut goes back to the last line, tab, `, ` or `; ` before it, else to its last space: a piece of
+    a path or a name is no longer what a pattern knows, and paths and full names span spaces (review
+    r70: cut at the last space, a list of `C:\\Users\\Ana Maria Garcia\\…` paths left `Maria` after
+    a `<path>`). The cut is said, as `clean_text` says its own."""
     cap = 2 * max_chars
     if len(text) <= cap:
         return text
     head = text[:cap]
-    end = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
+    end = max(head.rfind("\n"), head.rfind("\t"), head.rfind(", "), head.rfind("; "))
+    if end <= 0:
+        end = head.rfind(" ")
     head = head[:end] if end > 0 else ""
     return f"{head}…(+{len(text) - len(head)} chars)"
 

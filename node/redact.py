@@ -36,8 +36,10 @@ _HOSTNAME = (
 _HOST_WITH_PORT = r"(?<![\w./-])((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]*)(?=:\d{1,5}\b)"
 # A URL's scheme starts where no scheme character precedes it: a `\b` start let every letter of a
 # long run ("a.a.a…", a GGUF's 64 KB architecture string quoted in an error) scan the run again for
-# `://`, quadratic (a 17 s report, a 50 s event loop stall; review r67, 2026-12-07)
-_SCHEME_AT = r"(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*://"
+# `://`, quadratic (a 17 s report, a 50 s event loop stall; review r67, 2026-12-07). The run's leading
+# digits and `+.-` join the scheme, kept as written: `-https://ana:pw@…`, `...https://…?sig=` and
+# `1.https://…` lost no password, query or path once the scheme had to start the run (review r70)
+_SCHEME_AT = r"(?<![a-zA-Z0-9+.-])[0-9+.-]*[a-zA-Z][a-zA-Z0-9+.-]*://"
 _SCHEME = rf"({_SCHEME_AT})"
 # scheme://[user[:password]@]host: the user part is dropped (a password in a URL must not survive)
 # ...and its path: the directories name an account, a bucket, a repository (`/ana-garcia/private/...`)

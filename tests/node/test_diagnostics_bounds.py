@@ -4,6 +4,7 @@ GGUF's architecture string or a peer's header, took the redactor 17 s and stalle
 
 from __future__ import annotations
 
+import getpass
 import threading
 
 import gguf
@@ -65,3 +66,19 @@ async def test_a_models_row_with_a_long_architecture_still_says_its_error(tmp_pa
     models = report.split("-- models --")[1].split("-- downloads --")[0]
     row = next(line for line in models.splitlines() if " arch=" in line)
     assert " error=" in row and len(row) < 4096, len(row)
+
+
+async def test_a_models_architecture_is_redacted_before_it_is_made_one_line(tmp_path, monkeypatch):
+    """`arch=` was escaped before the row was redacted: `llama\\n10.1.2.3\\tagarcia` kept its address
+    and the user's name as `\\n10.1.2.3\\tagarcia`, which no pattern knows (review r70)."""
+    init = gguf.GGUFWriter.__init__
+    monkeypatch.setattr(gguf.GGUFWriter, "__init__",
+                        lambda w, path, _arch, *a, **k: init(w, path, "llama\n10.1.2.3\tagarcia", *a, **k))
+    model = write_gguf(tmp_path / "odd.gguf", TINY)
+    monkeypatch.undo()
+    monkeypatch.setattr(getpass, "getuser", lambda: "agarcia")
+    async with running_node(node_config(tmp_path / "data", model)) as node:
+        await wait_until(lambda: any(s.error for s in node.models.all()), what="the model's load to fail")
+        report = await node.async_report()
+    row = next(line for line in report.split("-- models --")[1].splitlines() if " arch=" in line)
+    assert "10.1.2.3" not in row and "agarcia" not in row, row

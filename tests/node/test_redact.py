@@ -158,6 +158,31 @@ def test_url_credentials_and_query_go_in_both_forms():
     assert redacted.endswith(":8080/…/x.gguf?… done")  # its directories too (an account, a bucket)
 
 
+@pytest.mark.parametrize("lead", ["-", "+", "...", "1.", "2-", "_"])
+def test_a_url_glued_to_punctuation_or_a_number_loses_its_password_query_and_path(lead):
+    """A scheme had to start its run of scheme characters (the linear pattern of review r67), so a
+    URL right after `-`, `+`, `...` or `1.` (a server's or a library's words in an error) kept its
+    password, its signed query and its directories, in both forms (review r70)."""
+    raw = f"see {lead}https://ana:hunter2@10.0.0.5:8080/ana-garcia/private/m.gguf?X-Amz-Signature=S3CRET end"
+    for text in (Redactor().text(raw), Redactor(enabled=False).text(raw)):
+        assert "hunter2" not in text and "S3CRET" not in text, text
+    redacted = Redactor(user_names=["ana"]).text(raw)
+    assert "ana" not in redacted and "10.0.0.5" not in redacted and "private/" not in redacted, redacted
+
+
+def test_a_cut_field_leaves_no_piece_of_a_spaced_path_or_name():
+    """A field is cut before it is redacted (review r67); cut at its last space, a Windows path with
+    the user's full name in it left the name's middle word after its `<path>` (review r70)."""
+    from node.logs import clean_text, cut_for_redaction
+
+    path = "C:\\Users\\Ana Maria Garcia\\models\\x.gguf"
+    text = "load failed: " + ", ".join([path] * 40)
+    r = Redactor(user_names=["Ana Maria Garcia"])
+    for bound in range(200, 1200, 7):  # wherever the cut lands
+        shown = clean_text(r.text(cut_for_redaction(text, bound)), bound)
+        assert "Maria" not in shown and "Garcia" not in shown, (bound, shown)
+
+
 def test_the_users_names_in_any_form():
     r = Redactor(user_names=["ana.garcia", "Ana Garcia", "ana-garcia", "me"],
                  salt=b"s" * 16, known_hosts=["gpu"])
