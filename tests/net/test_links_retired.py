@@ -197,7 +197,7 @@ async def test_a_request_on_a_link_that_said_it_is_drained_is_refused_at_once(ma
     assert (await asyncio.wait_for(first, 10)).payload == b"1"
 
 
-async def test_a_late_handshake_of_a_restarted_peers_earlier_process_does_not_win(make_manager, fast_net):
+async def test_a_late_handshake_of_a_restarted_peers_earlier_process_does_not_win(make_manager, fast_net, monkeypatch):
     """The peer restarted while a handshake of its earlier process was still being read here (a
     retransmission, a loaded relay): when that handshake completes after the new process's link came
     up, the link being registered is NOT the newer process's; it must not close the live link "peer
@@ -223,9 +223,11 @@ async def test_a_late_handshake_of_a_restarted_peers_earlier_process_does_not_wi
     await b.async_connect(addr(a))  # done at b, not yet at a
     await wait_until(held.is_set, what="a holding the earlier process's full HELLO")
     state["armed"] = False
-    for link in list(b.links):  # the earlier process goes silent
-        for task in link._tasks:  # noqa: SLF001
-            task.cancel()
+    for link in list(b.links):  # the earlier process dies: its links go from it, no FIN reaches a
+        link.stream.transport.pause_reading()
+        monkeypatch.setattr(link.stream, "close", lambda: None)
+        monkeypatch.setattr(link.stream, "abort", lambda: None)
+        link.close("process died")
     b.boot_id = "f" * 16  # and its new process dials in
     await b.async_connect(addr(a))
     new = await wait_until(lambda: (link := a.link(b.node_id)) is not None and link.hello.boot_id == "f" * 16
