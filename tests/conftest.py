@@ -140,8 +140,9 @@ def pytest_runtest_teardown(item, nextitem):
         _slow_seen.append((item.nodeid, step, None if allowed is None else str(allowed.args[0] if allowed.args
                                                                                 else "no reason given")))
         if step.fails and allowed is None:
-            problems.append(f"blocked the event loop for {step.seconds:.3f} s ({step.cpu_seconds:.3f} s of CPU; "
-                            f"limits {policing.FAIL_CPU_S} s CPU, {policing.FAIL_WALL_S} s) during "
+            problems.append(f"blocked the event loop for {step.seconds:.3f} s ({step.cpu_seconds:.3f} s of CPU, "
+                            f"{step.runnable_seconds:.3f} s waiting for a core; limits {policing.FAIL_CPU_S} s "
+                            f"CPU, {policing.FAIL_WALL_S} s not waiting for a core) during "
                             f"{step.phase}: {step.handle}")
     _slow_log.phase = "between tests"
     _current[:] = []
@@ -164,7 +165,8 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section(f"event-loop steps over {policing.REPORT_S} s (wall clock, with the loop thread's CPU time)")
         for where, step, allowed in sorted(_slow_seen, key=lambda x: -x[1].seconds)[:25]:
             note = f" (blocks_loop: {allowed})" if allowed is not None else ""
-            terminalreporter.write_line(f"{step.seconds:7.3f} s ({step.cpu_seconds:.3f} s CPU)  {where} "
+            terminalreporter.write_line(f"{step.seconds:7.3f} s ({step.cpu_seconds:.3f} s CPU, "
+                                        f"{step.runnable_seconds:.3f} s waiting for a core)  {where} "
                                         f"[{step.phase}]{note}  {step.handle[:160]}")
         if len(_slow_seen) > 25:
             terminalreporter.write_line(f"... and {len(_slow_seen) - 25} more")

@@ -50,6 +50,27 @@ async def test_a_short_wait_without_cpu_is_only_reported():
     time.sleep(0.3)  # what a step that waited for a core on a loaded machine looks like
 
 
+async def test_a_step_starved_of_a_core_is_only_reported():
+    # 16 processes spinning on this process's one core: a step using little CPU lasts seconds, all of
+    # them waiting for the core (a loaded CI machine starting node processes beside the test)
+    import os, subprocess, sys
+    allowed = os.sched_getaffinity(0)
+    core = min(allowed)
+    spin = f"import os\\nos.sched_setaffinity(0, {{{core}}})\\nwhile True: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(16)]
+    os.sched_setaffinity(0, {core})
+    try:
+        await asyncio.sleep(1.0)  # (they start outside the step)
+        start, cpu0 = time.perf_counter(), time.thread_time()
+        while time.perf_counter() - start < 2.4 and time.thread_time() - cpu0 < 0.2:
+            pass
+    finally:
+        os.sched_setaffinity(0, allowed)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 @pytest.mark.blocks_loop("on purpose")
 async def test_blocks_on_purpose():
     burn(0.4)
@@ -95,6 +116,10 @@ def test_the_police_fails_leaks_and_blocking_steps_and_nothing_else(pytester, mo
     assert re.search(r"blocked the event loop for [\d.]+ s \(0\.4\d\d s of CPU", out), out
     assert "test_blocks_a_pytest_asyncio_loop" in out
     assert "test_a_short_wait_without_cpu_is_only_reported [call]" in out  # in the summary only
+    # a step starved of a core for over FAIL_WALL_S: its wait is told apart from a blocking call's
+    starved = re.search(r"([\d.]+) s \(([\d.]+) s CPU, ([\d.]+) s waiting for a core\)  "
+                        r"test_misbehaving.py::test_a_step_starved_of_a_core_is_only_reported \[call\]", out)
+    assert starved and float(starved[1]) >= 2.0 and float(starved[2]) < 0.25 and float(starved[3]) >= 1.5, out
     assert "brief-thread" not in out
     assert "test_blocks_on_purpose [call] (blocks_loop: on purpose)" in out  # reported, not failed
-    result.assert_outcomes(passed=10, errors=5)
+    result.assert_outcomes(passed=11, errors=5)
