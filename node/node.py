@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from node.inference.pipeline.worker import SegmentWorker
 from node.inference.request import CompletionRequest
 from node.inference.swarm_models import SwarmModels
 from node.inference.weights.cache import WeightCache
+from node.locks import KeyedLocks
 from node.logs import kv, region_code
 from node.metrics import NodeMetrics
 from node.model_actions import ModelActions
@@ -131,7 +131,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         self._held: tuple[int, list[str], frozenset[str]] = (-1, [], frozenset())
         self._runs: weakref.WeakSet[CompletionRun] = weakref.WeakSet()  # the requests under way (the drain ends them)
         # a path, or a sha256, being added → its lock and how many adds hold or wait for it (an add of it again waits)
-        self._adding: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._adding = KeyedLocks()  # adds of one path, and of one content, one after the other
 
     # --- identity ---
 
@@ -363,7 +363,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
         other (2026-12-07: a double-click on Add, or two `models add` at once, both hashed the file and
         raced on its registration: the second was told 404 "not ready", or both "added"): the second
         finds the first's model, registered."""
-        async with self._one_add_at_a_time(str(path)):  # (as given: absolute from the API and the GUI)
+        async with self._adding.hold(str(path)):  # (as given: absolute from the API and the GUI)
             loop = asyncio.get_running_loop()
             if sha256 is not None:
                 await loop.run_in_executor(None, self.catalog.remember_hash, path, sha256, origin_url)
@@ -371,26 +371,8 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
             # it, a linked folder or `..`, or a copy, raced as above): the second waits for the first's
             # registration. Hashed first, outside this lock (a large file takes minutes), once by the cache
             digest = await loop.run_in_executor(None, self.catalog.sha256_of, path, source)
-            async with self._one_add_at_a_time(f"sha256:{digest}" if digest else None):
+            async with self._adding.hold(f"sha256:{digest}" if digest else None):
                 return await self._async_add_model_file(path, source)
-
-    @contextlib.asynccontextmanager
-    async def _one_add_at_a_time(self, key: str | None) -> AsyncIterator[None]:
-        """Hold the add lock of `key` (None: none to hold); the lock is forgotten once nobody waits."""
-        if key is None:
-            yield
-            return
-        lock, users = self._adding.get(key, (asyncio.Lock(), 0))
-        self._adding[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:  # (counted: a lock just released still has a waiter about to take it)
-            lock, users = self._adding[key]
-            if users == 1:
-                del self._adding[key]
-            else:
-                self._adding[key] = (lock, users - 1)
 
     async def _async_add_model_file(self, path: Path, source: str) -> tuple[str, bool]:
         loop = asyncio.get_running_loop()

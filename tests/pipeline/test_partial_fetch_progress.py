@@ -27,6 +27,7 @@ async def test_progress_runs_once_from_0_to_100_over_peer_and_origin_parts(tmp_p
         partials = PartialModels(tmp_path / "models")
         partials.attach(object(), lambda _sha: [("peer-a", 2, 4)])
         directory = await partials.async_open(origin.url)
+        assert len(partials._open_locks) == 0, "the directory's open lock outlived the open"
         [entry] = await ModelCatalog(None).async_scan([(directory, "cli")])
 
         moves: list[tuple[int, int]] = []

@@ -39,6 +39,7 @@ from node.errors import (
 )
 from node.inference.pipeline.origin_urls import OriginUrls
 from node.inference.weights.cache import WeightCache
+from node.locks import KeyedLocks
 from node.logs import kv, progress_extra
 from node.models.catalog import ModelEntry
 from node.models.download import file_name_for, resolve_url
@@ -74,7 +75,7 @@ class PartialModels:
         self._lock = asyncio.Lock()
         self._urls: dict[Path, str] = {}  # partial model directory -> the file URL as given (its query too)
         self.origins = OriginUrls(models_dir)  # a URL as given -> its file's URL (a Hugging Face repo looked up once)
-        self._open_locks: dict[Path, asyncio.Lock] = {}  # one open at a time per directory
+        self._open_locks = KeyedLocks()  # one open at a time per directory
         # URL as given -> since when (epoch s): opens the start did not wait for (their origin not answering)
         self.opening: dict[str, float] = {}
         self.peers: Any = None  # PeerManager (async_request), once the node's network is up
@@ -103,7 +104,7 @@ class PartialModels:
         `probed`: (file URL, its probe) just read by the caller, not asked of the origin again."""
         url = await self.origins.async_file_of(url, held=lambda file: self.directory_of(file).exists())
         directory = self.directory_of(url)
-        async with self._open_locks.setdefault(directory, asyncio.Lock()):  # two spellings of one file
+        async with self._open_locks.hold(directory):  # two spellings of one file
             store, manifest = await async_open_partial(url, directory, forget=self._forget,
                                                        probed=probed[1] if probed and probed[0] == url else None)
         log.info("DIAG: partial model opened %s", kv(url=manifest.origin_url, dir=directory.name,
