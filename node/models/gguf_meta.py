@@ -30,6 +30,8 @@ _SCALARS = {
     6: ("f", 4), 7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8),
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
+_SKIP_BLOCK = 1 << 20  # a vocabulary's strings are skipped a block at a time
 
 
 @dataclass
@@ -153,6 +155,24 @@ class _Reader:
         n = self.unpack("Q", 8)
         self.fh.seek(n, 1)
 
+    def skip_strings(self, n: int) -> None:
+        """Skip n strings (a vocabulary's tokens and merges: 400,000 of them in Llama 3's header) from
+        blocks read at once, not with a read and a seek per string (2026-12-07: 0.36 s per header read,
+        and an add reads it three times)."""
+        unpack_from = _U64.unpack_from
+        while n:
+            block = self.fh.read(_SKIP_BLOCK)
+            pos, end = 0, len(block)
+            while n and pos + 8 <= end:
+                after = pos + 8 + unpack_from(block, pos)[0]
+                if after > end:
+                    break
+                pos, n = after, n - 1
+            self.fh.seek(pos - end, 1)  # back to the first string not skipped
+            if n and pos == 0:  # a string longer than a block, or the end of the data (truncated)
+                self.skip_string()
+                n -= 1
+
     def value(self, vtype: int) -> Any:
         if vtype in _SCALARS:
             fmt, size = _SCALARS[vtype]
@@ -169,8 +189,7 @@ class _Reader:
         if sub in _SCALARS:
             self.fh.seek(_SCALARS[sub][1] * n, 1)
         elif sub == _STRING:
-            for _ in range(n):
-                self.skip_string()
+            self.skip_strings(n)
         else:
             for _ in range(n):
                 self.array()

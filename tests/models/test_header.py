@@ -203,3 +203,35 @@ def test_a_name_two_different_files_share_asks_for_an_id(tmp_path):
         catalog.resolve(entries[0].name)
     assert all(e.id in err.value.message for e in entries)
     assert {catalog.resolve(e.id).sha256 for e in entries} == {e.sha256 for e in entries}
+
+
+def _vocab_file(path, tokens: list[str]):
+    """A GGUF with a long token list (skipped, not kept) followed by more metadata and a tensor."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(tokens)
+    writer.add_string("general.name", "after the tokens")
+    writer.add_tensor("t", __import__("numpy").zeros(8, dtype="float32"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("block", [1 << 20, 64, 9])
+def test_a_long_string_array_is_skipped_across_block_boundaries_as_gguf_reads_it(tmp_path, monkeypatch, block):
+    """The vocabulary's strings are skipped a block at a time (2026-12-07); strings that straddle a
+    block, or are longer than one, land where gguf's own reader does; cut short, it says truncated."""
+    monkeypatch.setattr("node.models.gguf_meta._SKIP_BLOCK", block)
+    tokens = [f"tok{i}" * (1 + i % 7) for i in range(500)] + ["x" * 300] + [f"t{i}" for i in range(100)]
+    path = _vocab_file(tmp_path / "vocab.gguf", tokens)
+    header = read_header(path)
+    reader = gguf.GGUFReader(str(path))
+    assert header.data_offset == reader.data_offset
+    assert header.array_lengths["tokenizer.ggml.tokens"] == len(tokens)
+    assert header.metadata["general.name"] == "after the tokens"
+    assert [(t.name, t.offset) for t in header.tensors] == [("t", 0)]
+    data = path.read_bytes()[: header.data_offset]
+    cut = data.index(b"x" * 300) + 100  # inside the long string
+    with pytest.raises(ModelLoadError, match="truncated"):
+        read_header_bytes(data[:cut])
