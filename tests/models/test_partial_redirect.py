@@ -136,3 +136,36 @@ async def test_a_named_origin_is_judged_by_the_address_it_was_reached_at(tmp_pat
                 await async_fetch_parts(store, manifest, parts)
             assert "not global" in failed.value.message, failed.value.message
             assert origin.hits >= 1 and lan.requests == asked, lan.ranges[asked:]
+
+
+async def test_a_redirect_target_rebinding_into_the_lan_is_not_connected_to(tmp_path, model, monkeypatch):  # noqa: F811
+    """2026-12-07: a redirect's target was looked up before the hop (global) and again by its
+    connection, which took whatever came: rebind.test answers a public address to the check and
+    127.0.0.1 (standing for the LAN or this machine's services) to the connection. Now the connection
+    of a host a global origin redirected to is given only its global addresses: none here."""
+    with ThreadedOrigin(model.read_bytes()) as lan:
+        store, manifest = await async_open_partial(lan.url, tmp_path / "m.partial")
+        parts = parts_for(read_header(store.header_path), 2, 4)
+        asked = lan.requests
+        async with Redirector(lan.url.replace("127.0.0.1", "rebind.test")) as origin:
+            public_address = "93.184.216.34"
+            monkeypatch.setattr(public, "_counts_as_global", lambda a, p: p == origin.port or a == public_address)
+            loop = asyncio.get_running_loop()
+            real = loop.getaddrinfo
+            lookups = {"check": 0, "connection": 0}
+
+            async def answers(host, port, *args, **kw):
+                if host != "rebind.test":
+                    return await real(host, port, *args, **kw)
+                connecting = bool(kw.get("flags", 0) & socket.AI_ADDRCONFIG)  # aiohttp's resolver's look-up
+                lookups["connection" if connecting else "check"] += 1
+                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1" if connecting else public_address,
+                                                                      port))]
+            monkeypatch.setattr(loop, "getaddrinfo", answers)
+            manifest.origin_url = origin.url
+            with pytest.raises(DownloadFailed) as failed:
+                await async_fetch_parts(store, manifest, parts)
+            assert "no global address" in failed.value.message, failed.value.message
+            assert lookups["check"] >= 1 and lookups["connection"] >= 1, lookups  # both asked, as a rebinding needs
+            assert origin.hits >= 1 and lan.requests == asked, lan.ranges[asked:]
+            assert not manifest.covers(parts)

@@ -118,6 +118,9 @@ async def async_host_global(host: str, port: int) -> bool:
 class NotGlobalAddress(OSError):
     """A host the check was about to connect to resolved to an address that is not global."""
 
+    def __init__(self, message: str):
+        super().__init__(None, message)  # (as strerror: what aiohttp's connection error shows)
+
 
 class _GlobalOnlyResolver(aiohttp.abc.AbstractResolver):
     """The check's connections' resolver (aiohttp's threaded one), refusing a name any of whose

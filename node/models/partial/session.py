@@ -11,8 +11,11 @@ itself not global (a user's LAN mirror, a local one) redirects where it likes: t
 Whether the first URL is global is decided by the addresses its connection was given (the session's
 resolver records them): until review r61 it was a fresh look-up at the redirect, which a name with
 one private record beside a public one, an answer that changed, or one that failed made "not global".
-A redirect's target is looked up before the hop; its connection looks it up again (a rebinding
-target is not caught here)."""
+A redirect's target is looked up before the hop (a clear error), and its connection is given only
+its global addresses (the session's resolver, for each host a global origin redirected to; aiohttp's
+DNS cache is off so no earlier answer stands in): until 2026-12-07 the connection looked the name up
+again and took whatever came, so a target answering a public address to the check and 127.0.0.1 or a
+LAN address next (DNS rebinding) was connected to."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from yarl import URL
 from node.models.download import public
 from node.models.download.urls import display_url
 
+_NAMES_KEPT = 64  # (a session asks an origin and its CDN: a handful of names)
+
 
 class InwardRedirect(aiohttp.ClientError):
     """A global origin redirected to a host that is not global: not followed (an origin failure)."""
@@ -40,15 +45,27 @@ def _host_port(url: Any) -> tuple[str, int]:
 
 
 class _RecordingResolver(aiohttp.abc.AbstractResolver):
-    """aiohttp's threaded resolver, remembering the addresses each host's connections were given."""
+    """aiohttp's threaded resolver, remembering the addresses each host's connections were given,
+    and giving a host a global origin redirected to (`global_only`) only its global addresses."""
 
     def __init__(self) -> None:
         self._inner = aiohttp.ThreadedResolver()
         self.used: dict[str, list[str]] = {}
+        self.global_only: dict[str, None] = {}  # (ordered: the oldest forgotten first)
+
+    def only_global(self, host: str) -> None:
+        if len(self.global_only) >= _NAMES_KEPT:
+            self.global_only.pop(next(iter(self.global_only)))
+        self.global_only[host] = None
 
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list:
         hosts = await self._inner.resolve(host, port, family)
-        if len(self.used) >= 64:  # (a session asks an origin and its CDN: a handful of names)
+        if host in self.global_only:
+            hosts = [h for h in hosts if public._counts_as_global(str(h["host"]), port)]  # noqa: SLF001
+            if not hosts:
+                raise public.NotGlobalAddress(f"{host} resolves to no global address now (looked up again "
+                                              "when connecting)")
+        if len(self.used) >= _NAMES_KEPT:
             self.used.pop(next(iter(self.used)))
         self.used[host] = [str(h["host"]) for h in hosts]
         return hosts
@@ -88,9 +105,12 @@ async def _async_on_redirect(_session: aiohttp.ClientSession, ctx: SimpleNamespa
         target = params.url.join(URL(location))
     except ValueError:
         return  # (aiohttp refuses it itself)
-    if not await _async_global(target) and _connected_global(ctx.first_url, ctx.resolver):
+    if not _connected_global(ctx.first_url, ctx.resolver):
+        return  # (a LAN origin redirects where it likes)
+    if not await _async_global(target):
         raise InwardRedirect(f"the origin redirected to {display_url(str(target))}, a host that is not "
                              "global (loopback, LAN, link-local): not followed")
+    ctx.resolver.only_global(_host_port(target)[0])
 
 
 async def _async_global(url: Any) -> bool:
@@ -111,4 +131,4 @@ def origin_session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
     trace = aiohttp.TraceConfig(trace_config_ctx_factory=context)
     trace.on_request_start.append(_async_on_start)
     trace.on_request_redirect.append(_async_on_redirect)
-    return aiohttp.ClientSession(timeout=timeout, trace_configs=[trace], connector=aiohttp.TCPConnector(resolver=resolver))
+    return aiohttp.ClientSession(timeout=timeout, trace_configs=[trace], connector=aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False))
