@@ -124,7 +124,9 @@ def _header(node: ReportParts, r: Redactor) -> list[str]:
         f"{counts.get('cancelled', 0)} cancelled",
         f"in_flight: {node.traces.in_flight} traces, "
         f"{node.pipeline.in_flight if node.pipeline is not None else 0} pipelines",
-        f"generated: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  redacted: {'no' if not r.enabled else 'yes'}",
+        # UTC, as node.log's lines and the activity stamps: a local time (its zone an abbreviation, or
+        # none) read against a log from another zone was hours off (2026-12-07)
+        f"generated: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}  redacted: {'no' if not r.enabled else 'yes'}",
     ]
 
 

@@ -30,7 +30,7 @@ TRACE = 5  # per layer, pings (-vvv)
 logging.addLevelName(MESSAGE, "MSG")
 logging.addLevelName(TRACE, "TRACE")
 
-LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-5s %(name)s: %(message)s"
+LOG_FORMAT = "%(asctime)s.%(msecs)03dZ %(levelname)-5s %(name)s: %(message)s"  # UTC (LineFormatter)
 DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
 LOG_FILE_NAME = "node.log"
 LOG_FILE_MAX_BYTES = 10 * 1024 * 1024
@@ -87,7 +87,10 @@ class LineFormatter(logging.Formatter):
     a traceback keeps its lines. Lines quoting what a client sent with `%s` (a Messages request's
     context_management edit types, a body's unknown keys) wrote a newline into node.log, and after it
     a `DIAG: request complete` line of the client's making (found 2026-12-06); `kv()` made its own
-    values one line, not the rest."""
+    values one line, not the rest. Its stamps are UTC, marked Z, as the diagnostics report's
+    `generated:`: a log pasted beside a report from another zone read hours off (2026-12-07)."""
+
+    converter = time.gmtime
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
         message = record.message

@@ -461,7 +461,7 @@ class Node(HelloParts, SwarmActions, UrlModels, ModelActions):
 
     def note_activity(self, text: str) -> None:
         """A line for the diagnostics report's recent-activity section."""
-        stamp = time.strftime("%H:%M:%S")
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime())  # UTC, as node.log and the report's `generated:`
         self.activity.append(f"{stamp} {text}")  # the oldest goes past ACTIVITY_RING_SIZE lines
 
     def stats(self) -> dict[str, Any]:
