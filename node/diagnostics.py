@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from node.models.download import ModelDownloader
     from node.net import PeerManager
     from node.sysinfo import MachineInfo
-    from node.trace import TraceHub
+    from node.trace import RequestTrace, TraceHub
 
 
 @dataclass(frozen=True)
@@ -258,9 +258,27 @@ def _failures(node: ReportParts, r: Redactor) -> list[str]:
     return out
 
 
-def _recent(node: ReportParts) -> list[str]:
+def _request_row(t: RequestTrace, r: Redactor) -> str:
+    """A recent request's row: its summary line, and for one that failed why, short and redacted as
+    the failures section's (2026-12-07: the row said `outcome=error error_type=X` only, the cause
+    was in the log and in the failures ring, which keeps fewer); `failed_over=` the causes of
+    attempts that failed before the last (the request may still have ended ok)."""
+    row = t.summary_line(public=True)
+    if t.failure_causes:
+        row += " failed_over=" + ",".join(clean_text(c, 40) for c in t.failure_causes[-8:])
+    error = t.public_error(redact=r.text)
+    if error is None and t.outcome in FAILED_OUTCOMES:
+        error = t.outcome  # (stalled: the node cut off a stream its client took nothing of)
+    if error is not None and (t.outcome in FAILED_OUTCOMES or t.error_type is not None):
+        # (a client error's text names its status already)
+        status = f"status={t.error_status} " if t.error_status is not None and t.error_status >= 500 else ""
+        row += f"  error: {status}{error}"  # (as bounded as the failures section's)
+    return row
+
+
+def _recent(node: ReportParts, r: Redactor) -> list[str]:
     rows = list(node.traces.recent)
-    return [t.summary_line(public=True) for t in rows] or ["(none)"]
+    return [_request_row(t, r) for t in rows] or ["(none)"]
 
 
 def _served_for_others(node: ReportParts) -> list[str]:
@@ -414,7 +432,7 @@ async def build_report(node: ReportParts, *, full: bool = False, lead: Sequence[
         ("reachable at", _reachable(node, r)),
         ("peers", _peers(node, r)),
         ("recent inference failures", _failures(node, r)),
-        ("recent requests", _recent(node)),
+        ("recent requests", _recent(node, r)),
         ("served for others", _served_for_others(node)),
         ("peer serving performance", _peer_performance(node, r)),
         ("swarm coverage", _coverage(node)),
