@@ -303,11 +303,17 @@ def _peer_performance(node: ReportParts, r: Redactor) -> list[str]:
     rows = []
     for node_id, perf in sorted(node.pipeline.perf.items()):
         snap = node.peers.peer(node_id) if node.peers is not None else None
-        rtt = f"{snap.rtt_ms:.2f}" if snap is not None and snap.rtt_ms is not None else "-"
+        linked = snap is not None and snap.state == "connected"
+        rtt = f"{snap.rtt_ms:.2f}" if linked and snap.rtt_ms is not None else "-"
         mpl = f"{perf.ms_per_layer:.3f}" if perf.ms_per_layer is not None else "-"
         ewma = f"{perf.ewma_step_ms:.1f}" if perf.ewma_step_ms is not None else "-"
         region = (snap.region if snap is not None else None) or "-"
-        rows.append(f"{node_id[:8]} rtt_ms={rtt} ms_per_layer={mpl} ewma_ms={ewma} samples={perf.samples} region={region}")
+        # a peer gone (its link down, or out of the table) kept a row that read as current until the
+        # table forgot it (PEER_FORGET_S, an hour): it says so, and how old its figures are (2026-12-07)
+        gone = "" if linked else (f" GONE ({snap.state}, last seen {_ago(snap.last_seen)})" if snap is not None
+                                  else " GONE (not in the peer table)")
+        rows.append(f"{node_id[:8]} rtt_ms={rtt} ms_per_layer={mpl} ewma_ms={ewma} samples={perf.samples} "
+                    f"region={region} measured={_ago(perf.measured_at)}{gone}")
     if node.pipeline.hop_overhead_ms is not None:
         rows.append(f"per-hop overhead (ewma, decode steps): {node.pipeline.hop_overhead_ms:.2f} ms")
     prefix = node.pipeline.prefix

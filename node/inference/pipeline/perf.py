@@ -11,6 +11,7 @@ The same telemetry adds up, per request, in the trace's segments (`segN_ms`, `ac
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +28,12 @@ class PeerPerf:
     samples: int = 0
     ms_per_layer: float | None = None
     ewma_step_ms: float | None = None
+    measured_at: float | None = None  # wall clock of the last step (diagnostics: how old the figures are)
 
     def observe(self, eval_us: int, layers: int, n_tokens: int, step_ms: float) -> None:
         """One step this peer took part in: its compute for `layers`, the whole step's wall time."""
         self.samples += 1
+        self.measured_at = time.time()
         if n_tokens == 1 and layers > 0:
             per_layer = eval_us / 1000.0 / layers
             self.ms_per_layer = per_layer if self.ms_per_layer is None else 0.8 * self.ms_per_layer + 0.2 * per_layer
