@@ -98,6 +98,9 @@ class RequestTrace:
     failure_causes: list[str] = field(default_factory=list)  # each failed attempt's cause, in order
     # (seconds, outcome) per wait for a lost peer: regained | gave_up | client_gone
     regain_waits: list[tuple[float, str]] = field(default_factory=list)
+    # with `n` choices that went different ways (one failed over, say): each choice's (route, nodes);
+    # empty when every choice took choice 0's route (node.inference.choices)
+    choice_routes: list[tuple[str | None, list[str]]] = field(default_factory=list)
 
     # --- phase marks (written by the pipeline) ---
 
@@ -220,16 +223,22 @@ class RequestTrace:
     def summary_line(self, *, public: bool = False) -> str:
         """The `DIAG: request complete …` line (seed 000 format, and `op=` the API operation: a rerank
         line read as a chat that produced no tokens). `public` (the diagnostics report): a model
-        name the node did not recognise is the client's text, not shown."""
+        name the node did not recognise is the client's text, not shown. `n` choices that went
+        different ways: `route=mixed`, `nodes=` every choice's, `choice_routes=` each one's, and no
+        per-segment figures (they were choice 0's alone, 2026-12-07)."""
+        mixed = bool(self.choice_routes)
+        nodes = list(dict.fromkeys(n for _, ids in self.choice_routes for n in ids)) if mixed else self.node_ids
         fields: dict[str, Any] = {
             "request_id": self.request_id,
-            "route": self.route,
-            "segments": len(self.segments) or None,
+            "route": "mixed" if mixed else self.route,
+            "segments": None if mixed else len(self.segments) or None,
             "assemblies": self.assemblies if self.assemblies > 1 else None,
             "model": self.model if self.resolved or not public or not self.model else UNKNOWN_MODEL,
             "op": self.operation or None,  # rerank, embeddings, messages, responses...: one kind of line each
-            "nodes": ",".join(self.node_ids) or None,
-            "regions": ",".join(self.regions) or None,
+            "nodes": ",".join(nodes) or None,
+            "choice_routes": "|".join(f"{route or 'none'}:{','.join(ids) or '-'}" for route, ids in self.choice_routes)
+            or None,
+            "regions": None if mixed else ",".join(self.regions) or None,
             "queue_ms": _round(self.queue_ms),
             "sched_ms": _round(self.sched_ms),
             "ttft_ms": _round(self.ttft_ms),
@@ -242,10 +251,10 @@ class RequestTrace:
             "tok_per_sec": round(self.tok_per_sec, 1) if self.tok_per_sec is not None else None,
             "tpot_ms": round(self.tpot_ms, 1) if self.tpot_ms is not None else None,
         }
-        for i, seg in enumerate(self.segments):
+        for i, seg in enumerate([] if mixed else self.segments):
             if seg.transport != "local" or len(self.segments) > 1:
                 fields[f"seg{i}_ms"] = _round(seg.elapsed_ms)
-        fields["activation_bytes"] = self.activation_bytes
+        fields["activation_bytes"] = None if mixed else self.activation_bytes
         fields["finish_reason"] = self.finish_reason
         fields["outcome"] = self.outcome
         fields["error_type"] = self.error_type

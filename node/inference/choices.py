@@ -143,6 +143,11 @@ class ChoicesRun:
             if self._on_first_token is not None:
                 self._on_first_token(trace)
         self._copy_route(kids[0])
+        # choices that went different ways (one failed over to other peers): the line said choice
+        # 0's route alone (2026-12-07); each routed choice's now, and every choice's retries counted
+        routes = [(t.route, t.node_ids) for t in kids if t.route is not None]
+        trace.choice_routes = routes if any(r != routes[0] for r in routes) else []
+        trace.assemblies = kids[0].assemblies + sum(max(0, t.assemblies - 1) for t in kids[1:])
         trace.cached_tokens = kids[0].cached_tokens
         trace.completion_tokens = sum(t.completion_tokens for t in kids)
         # they decode side by side, one token each a step: the decode time is the longest one's
