@@ -50,6 +50,14 @@ def _root_logging_restored():
 
 
 @pytest.fixture
+def fast_retries(monkeypatch):
+    """Download retries back off 10 ms, not seconds (a module asks for it: `usefixtures("fast_retries")`)."""
+    from node import const
+
+    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+
+
+@pytest.fixture
 def data_dir(tmp_path):
     """A fresh node data dir."""
     d = tmp_path / "data"

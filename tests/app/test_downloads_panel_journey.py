@@ -108,7 +108,7 @@ def test_a_download_whose_origin_stops_sending_says_it_is_stalled(qtbot, run, da
 def test_a_download_a_stopped_node_left_is_shown_paused_and_resumes(qtbot, run, data_dir, tiny_model, tmp_path):
     """2026-12-06: a download cut by the node's stop (the app quit, a laptop closed) lived only in
     memory: after the restart the panel was hidden and nothing said the bytes kept."""
-    from tests.node.test_download import FileServer
+    from tests.support.fileserver import FileServer
     from tests.support.nodes import running_node
 
     other = tmp_path / "kept-src.gguf"

@@ -18,6 +18,8 @@ from node.models.gguf_meta import read_header
 from node.models.partial import PartialStore, async_fetch_parts, async_open_partial, parts_for
 from tests.support.rangeserver import ThreadedOrigin
 
+pytestmark = pytest.mark.usefixtures("fast_retries")
+
 SPEC = SynthSpec(n_layers=8, hidden=256, n_heads=4, n_kv_heads=2, ffn=1024, vocab=512, n_ctx=256, name="part8")
 
 
@@ -30,11 +32,6 @@ def model(tmp_path_factory):
 def server(model):
     with ThreadedOrigin(model.read_bytes()) as srv:
         yield srv
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
 
 
 def _logits(path, start, end, tokens):

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from node import const
 from node.errors import DownloadFailed
 from node.models.gguf_meta import read_header
 from node.models.partial import async_fetch_parts, async_open_partial, parts_for
 from tests.models.test_partial import model as model  # noqa: F401 - the module-scoped GGUF fixture
 from tests.support.rangeserver import ThreadedOrigin
 
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 
 async def test_an_answer_that_is_not_the_file_costs_no_part_held(tmp_path, model):  # noqa: F811

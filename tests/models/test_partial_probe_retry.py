@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from node import const
 from node.models.partial import async_open_partial
 from tests.models.test_partial import model as model  # noqa: F401 - the module-scoped GGUF fixture
 from tests.support.rangeserver import ThreadedOrigin
 
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 
 async def test_a_probe_broken_off_once_is_asked_again(tmp_path, model):  # noqa: F811

@@ -16,7 +16,6 @@ import socket
 import pytest
 from aiohttp import web
 
-from node import const
 from node.errors import DownloadFailed
 from node.inference.pipeline.partials import PartialModels
 from node.models.catalog import ModelCatalog
@@ -26,6 +25,8 @@ from node.models.header import extract_header
 from node.models.partial import async_fetch_parts, async_open_partial, parts_for
 from tests.models.test_partial import model as model  # noqa: F401 - the module-scoped GGUF fixture
 from tests.support.rangeserver import ThreadedOrigin
+
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 
 class Redirector:
@@ -51,11 +52,6 @@ class Redirector:
 
     async def __aexit__(self, *exc):
         await self.runner.cleanup()
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
 
 
 def _only_port_global(monkeypatch, port: int) -> None:

@@ -11,32 +11,11 @@ import json
 import logging
 
 import pytest
-import pytest_asyncio
 
-from node import const
-from tests.node.test_download import OTHER, FileServer
 from tests.node.test_download_restore import api, finished, listed
-from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.nodes import node_config, running_node
 
-pytestmark = [pytest.mark.asyncio(loop_scope="function")]
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-
-
-@pytest.fixture
-def other_bytes(tmp_path):
-    return tiny_model(tmp_path, OTHER, "other.gguf").read_bytes()
-
-
-@pytest_asyncio.fixture
-async def server(other_bytes):
-    srv = FileServer(other_bytes)
-    await srv.start()
-    yield srv
-    await srv.stop()
+pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.usefixtures("fast_retries")]
 
 
 async def test_a_sidecar_left_by_a_crash_after_the_rename_is_not_read_as_a_download(tmp_path, server, other_bytes,

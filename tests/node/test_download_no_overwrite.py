@@ -11,32 +11,13 @@ import errno
 import os
 
 import pytest
-import pytest_asyncio
 
-from node import const
 from node.models.download import partfile
-from tests.node.test_download import OTHER, FileServer
 from tests.node.test_download_restore import api, finished, job_of
 from tests.support.nodes import TINY, node_config, running_node, tiny_model
 from tests.support.waiting import wait_until
 
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-
-
-@pytest.fixture
-def other_bytes(tmp_path):
-    return tiny_model(tmp_path, OTHER, "other.gguf").read_bytes()
-
-
-@pytest_asyncio.fixture
-async def server(other_bytes):
-    srv = FileServer(other_bytes)
-    await srv.start()
-    yield srv
-    await srv.stop()
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 
 @pytest.mark.asyncio(loop_scope="function")

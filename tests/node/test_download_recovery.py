@@ -14,20 +14,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from node import const
 from node.models.download import ModelDownloader
 from tests.support.hubserver import HubServer, serving_hub
 from tests.support.rangeserver import ThreadedOrigin, other_bytes
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
+pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.usefixtures("fast_retries")]
 
 DATA = b"GGUF" + os.urandom(2 << 20)
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
 
 
 def _leave_part(models: Path, name: str, url: str, body: bytes, validator: str) -> Path:

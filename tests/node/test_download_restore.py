@@ -15,20 +15,14 @@ import pytest
 import pytest_asyncio
 
 from node import const
-from tests.node.test_download import OTHER, FileServer
 from tests.node.test_model_file_kinds import rewrite
 from tests.support.hubserver import HubServer, serving_hub
 from tests.support.nodes import TINY, _build_sdk_models, node_config, running_node, tiny_model
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.llama]
+pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.llama, pytest.mark.usefixtures("fast_retries")]
 
 REPO = "/org/model/resolve/main/"
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
 
 
 @pytest.fixture
@@ -43,20 +37,6 @@ def sdk():
 
 def at(sdk, node):
     return sdk.with_options(base_url=f"http://127.0.0.1:{node.api.port}/v1", api_key=node.api_key)
-
-
-@pytest.fixture
-def other_bytes(tmp_path):
-    return tiny_model(tmp_path, OTHER, "other.gguf").read_bytes()
-
-
-@pytest_asyncio.fixture
-async def server(other_bytes):
-    srv = FileServer(other_bytes)
-    await srv.start()
-    yield srv
-    srv.release.set()
-    await srv.stop()
 
 
 async def api(node, method, path, body=None):

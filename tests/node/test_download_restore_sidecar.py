@@ -8,35 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import pytest_asyncio
 
-from node import const
 from node.commands.client import _list_line
-from tests.node.test_download import OTHER, FileServer
 from tests.node.test_download_restore import api, finished, listed, stopped_mid_download
-from tests.support.nodes import node_config, running_node, tiny_model
+from tests.support.nodes import node_config, running_node
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.asyncio(loop_scope="function")]
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-
-
-@pytest.fixture
-def other_bytes(tmp_path):
-    return tiny_model(tmp_path, OTHER, "other.gguf").read_bytes()
-
-
-@pytest_asyncio.fixture
-async def server(other_bytes):
-    srv = FileServer(other_bytes)
-    await srv.start()
-    yield srv
-    srv.release.set()
-    await srv.stop()
+pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.usefixtures("fast_retries")]
 
 
 async def _stopped_with_hash(data, server, sha256):

@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from node import const
 from tests.node.test_download_restore import api, finished
 from tests.support.nodes import TINY, node_config, running_node, tiny_model
 from tests.support.rangeserver import ThreadedOrigin
 
-pytestmark = [pytest.mark.asyncio(loop_scope="function")]
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
+pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.usefixtures("fast_retries")]
 
 
 async def test_a_downloaded_file_the_catalog_refuses_is_kept_aside_and_said(tmp_path):
