@@ -7,15 +7,20 @@ origin, 2026-12-06). A 206 naming another version than the one resumed must rest
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+from pathlib import Path
 
+import pytest
 from aiohttp import web
 
-from node import const
 from node.models.download import ModelDownloader
-from tests.node.test_download import FileServer
+from node.models.download.job import DownloadJob
+from tests.support.fileserver import serving_file
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 
 class IgnoresIfRange:
@@ -49,164 +54,117 @@ class IgnoresIfRange:
         return resp
 
 
-async def test_a_resume_answered_with_another_version_restarts_from_zero(tmp_path, monkeypatch):
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
-    v1 = b"GGUF" + os.urandom(3_000_000)
-    v2 = b"GGUF" + os.urandom(3_000_000)
-    server = IgnoresIfRange(v1, drop_after=1_000_000)
+@contextlib.asynccontextmanager
+async def serving(server: IgnoresIfRange):
+    """`server` answering at a free port on 127.0.0.1: yields its file's URL; stopped on the way out."""
     app = web.Application()
     app.router.add_get("/m.gguf", server.handle)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
+    finally:
+        await runner.cleanup()
+
+
+def leave_part(models: Path, body: bytes, **sidecar) -> None:
+    """What an earlier download left in `models`: `m.gguf.part` holding `body`, its sidecar (if given)."""
+    models.mkdir(exist_ok=True)
+    (models / "m.gguf.part").write_bytes(body)
+    if sidecar:
+        (models / "m.gguf.part.json").write_text(json.dumps(sidecar))
+
+
+def download(models: Path, url: str) -> tuple[DownloadJob, list[bytes]]:
+    """A download of `url` to models/m.gguf, started: its job and the files it adds (their bytes)."""
     added = []
 
     async def on_file(path, sha256, origin_url, _url=None):
         added.append(path.read_bytes())
         return "id"
 
-    try:
-        job = ModelDownloader(tmp_path / "models", on_file).start(url, file_name="m.gguf")
+    return ModelDownloader(models, on_file).start(url, file_name="m.gguf"), added
+
+
+async def test_a_resume_answered_with_another_version_restarts_from_zero(tmp_path):
+    v1 = b"GGUF" + os.urandom(3_000_000)
+    v2 = b"GGUF" + os.urandom(3_000_000)
+    server = IgnoresIfRange(v1, drop_after=1_000_000)
+    async with serving(server) as url:
+        job, added = download(tmp_path / "models", url)
         await wait_until(lambda: len(server.requests) >= 1, what="the first request")
         server.data, server.etag = v2, '"v2"'  # the file changed at the origin before the resume
         await wait_until(lambda: not job.active, 30.0, what="the download")
         assert server.requests[1] == {"range": "bytes=1000000-", "if_range": '"v1"'}  # it asked to resume v1
         assert job.state == "done", job.error
         assert added == [v2], "a file spliced of two versions was kept"
-    finally:
-        await runner.cleanup()
 
 
-async def test_a_partial_file_longer_than_the_new_version_restarts_instead_of_failing_for_ever(tmp_path, monkeypatch):
+async def test_a_partial_file_longer_than_the_new_version_restarts_instead_of_failing_for_ever(tmp_path):
     """The file at the URL became shorter than the .part kept from an earlier download: the
     server answered the resume 416, the download failed with 'HTTP 416' and kept the .part, so
     every later download of the URL failed the same way until the user found and deleted it."""
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
     v2 = b"GGUF" + os.urandom(500_000)
     models = tmp_path / "models"
-    models.mkdir()
-    (models / "m.gguf.part").write_bytes(b"GGUF" + os.urandom(1_000_000))  # of v1, which was longer
     server = IgnoresIfRange(v2, drop_after=None)
     server.etag = '"v2"'
-    app = web.Application()
-    app.router.add_get("/m.gguf", server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
-    (models / "m.gguf.part.json").write_text(json.dumps({"url": url, "validator": '"v1"'}))
-    added = []
-
-    async def on_file(path, sha256, origin_url, _url=None):
-        added.append(path.read_bytes())
-        return "id"
-
-    try:
-        job = ModelDownloader(models, on_file).start(url, file_name="m.gguf")
+    async with serving(server) as url:
+        leave_part(models, b"GGUF" + os.urandom(1_000_000), url=url, validator='"v1"')  # of v1, which was longer
+        job, added = download(models, url)
         await wait_until(lambda: not job.active, 30.0, what="the download")
         assert server.requests[0]["range"] == "bytes=1000004-"
         assert job.state == "done", job.error
         assert added == [v2]
-    finally:
-        await runner.cleanup()
 
 
-async def test_bytes_kept_from_an_earlier_download_are_not_counted_as_fetched_after_a_503(tmp_path, monkeypatch):
+async def test_bytes_kept_from_an_earlier_download_are_not_counted_as_fetched_after_a_503(tmp_path):
     """A resumed download whose first attempt was a 503: the bytes of the .part kept from an
     earlier download counted as fetched this time (resumed_from was set by attempt 1 only), so
     its rate (the GUI's MB/s and time left, the log's mb_per_s) came out twice the real one."""
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
     data = b"GGUF" + os.urandom(2_000_000)
     models = tmp_path / "models"
-    models.mkdir()
-    server = FileServer(data)
-    await server.start()
-
-    async def on_file(path, sha256, origin_url, _url=None):
-        return "id"
-
-    try:
-        (models / "m.gguf.part").write_bytes(data[:1_500_000])  # an earlier download's
-        (models / "m.gguf.part.json").write_text(json.dumps({"url": server.url, "validator": '"v1"'}))
+    async with serving_file(data) as server:
+        leave_part(models, data[:1_500_000], url=server.url, validator='"v1"')  # an earlier download's
         server.fail_with = [503]
-        job = ModelDownloader(models, on_file).start(server.url, file_name="m.gguf")
+        job, _ = download(models, server.url)
         await wait_until(lambda: not job.active, 30.0, what="the download")
         assert job.state == "done" and job.attempts == 2, job.error
         assert job.resumed_from == 1_500_000
-    finally:
-        await server.stop()
 
 
-async def test_a_complete_part_of_an_older_version_answered_416_is_not_kept_as_the_file(tmp_path, monkeypatch):
+async def test_a_complete_part_of_an_older_version_answered_416_is_not_kept_as_the_file(tmp_path):
     """A `.part` holding every byte of version 1 (the download stopped before its check and rename),
     the file at the URL since replaced by a version 2 of the same size, and a server that ignores
     If-Range: the resume from the `.part`'s end is answered 416 `bytes */size`, which until 2026-12-07
     was taken as "every byte already here": version 1 was finished and served as the URL's file, with
     no word that the origin now holds other bytes. The 416 is now confirmed by asking for the last
     byte under If-Range: another version (a 200, or a 206 naming it) downloads the file again."""
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
     v1 = b"GGUF" + os.urandom(800_000)
     v2 = b"GGUF" + os.urandom(800_000)
     models = tmp_path / "models"
-    models.mkdir()
-    (models / "m.gguf.part").write_bytes(v1)
     server = IgnoresIfRange(v2, drop_after=None)
     server.etag = '"v2"'
-    app = web.Application()
-    app.router.add_get("/m.gguf", server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
-    (models / "m.gguf.part.json").write_text(json.dumps({"url": url, "validator": '"v1"', "total": len(v1)}))
-    added = []
-
-    async def on_file(path, sha256, origin_url, _url=None):
-        added.append(path.read_bytes())
-        return "id"
-
-    try:
-        job = ModelDownloader(models, on_file).start(url, file_name="m.gguf")
+    async with serving(server) as url:
+        leave_part(models, v1, url=url, validator='"v1"', total=len(v1))
+        job, added = download(models, url)
         await wait_until(lambda: not job.active, 30.0, what="the download")
         assert server.requests[0]["range"] == f"bytes={len(v1)}-"  # the resume, answered 416
         assert job.state == "done", job.error
         assert added == [v2], "the older version was kept as the URL's file"
         assert not (models / "m.gguf.part").exists()
-    finally:
-        await runner.cleanup()
 
 
-async def test_a_complete_part_of_the_same_version_answered_416_is_finished_without_downloading(tmp_path, monkeypatch):
+async def test_a_complete_part_of_the_same_version_answered_416_is_finished_without_downloading(tmp_path):
     """The same, the file at the URL unchanged: the `.part` is the file, finished with one byte asked."""
-    monkeypatch.setattr(const, "DOWNLOAD_RETRY_BASE_S", 0.01)
     v1 = b"GGUF" + os.urandom(800_000)
     models = tmp_path / "models"
-    models.mkdir()
-    (models / "m.gguf.part").write_bytes(v1)
     server = IgnoresIfRange(v1, drop_after=None)
-    app = web.Application()
-    app.router.add_get("/m.gguf", server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/m.gguf"  # noqa: SLF001
-    (models / "m.gguf.part.json").write_text(json.dumps({"url": url, "validator": '"v1"', "total": len(v1)}))
-    added = []
-
-    async def on_file(path, sha256, origin_url, _url=None):
-        added.append(path.read_bytes())
-        return "id"
-
-    try:
-        job = ModelDownloader(models, on_file).start(url, file_name="m.gguf")
+    async with serving(server) as url:
+        leave_part(models, v1, url=url, validator='"v1"', total=len(v1))
+        job, added = download(models, url)
         await wait_until(lambda: not job.active, 30.0, what="the download")
         assert job.state == "done", job.error
         assert added == [v1]
         assert job.fetched_bytes <= 1, job.fetched_bytes
-    finally:
-        await runner.cleanup()

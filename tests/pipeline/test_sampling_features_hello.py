@@ -17,6 +17,7 @@ who failed), the 503 says `x-should-retry: false`, and a wait for a lost holder 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -45,6 +46,22 @@ def as_older_hello(monkeypatch, *data_dirs: Path) -> None:
     def hello_sampling(self):
         return None if Path(self.config.data_dir) in old else real(self)
     monkeypatch.setattr(HelloParts, "_hello_sampling", hello_sampling)
+
+
+@contextlib.asynccontextmanager
+async def older_node_swarm(tmp_path: Path, monkeypatch, caplog):
+    """A swarm's client holding layers 0-1 (the pipeline's log kept in `caplog`) and `holder(name, layers)`,
+    a node joining it from data dir tmp_path/name; the one named "old" sends the HELLO of a version
+    before 2026-12-07."""
+    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
+    as_older_hello(monkeypatch, tmp_path / "old")
+    async with swarm(tmp_path, "0-1", None) as (c, _holder):
+        boot = [f"127.0.0.1:{c.peers.listen_port}"]
+
+        def holder(name: str, layers: str):
+            return running_node(node_config(tmp_path / name, *map(Path, c.config.models), bootstrap=boot,
+                                            layers=layers, **COMMON))
+        yield c, holder
 
 
 async def refused_before_sending(c, model_id: str, old, seen_old) -> None:
@@ -93,14 +110,7 @@ async def test_a_whole_holder_listing_no_features_is_not_sent_a_newer_field(tmp_
 
 async def test_a_mid_chain_node_listing_no_features_is_routed_around(tmp_path, monkeypatch, caplog):
     """The old node is not the one that samples: it would re-encode the dict without the field."""
-    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
-    as_older_hello(monkeypatch, tmp_path / "old")
-    async with swarm(tmp_path, "0-1", None) as (c, _holder):
-        boot = [f"127.0.0.1:{c.peers.listen_port}"]
-
-        def holder(name: str, layers: str):
-            return running_node(node_config(tmp_path / name, *map(Path, c.config.models), bootstrap=boot,
-                                            layers=layers, **COMMON))
+    async with older_node_swarm(tmp_path, monkeypatch, caplog) as (c, holder):
         async with holder("old", "2-3") as old, holder("last", "4-5") as last:
             seen_old = counting(old, FrameType.WORK, old.worker.on_work)
             seen_last = counting(last, FrameType.WORK, last.worker.on_work)
@@ -143,14 +153,7 @@ async def test_an_older_node_that_would_not_close_the_gap_is_not_blamed(tmp_path
     'min_tokens': update it", though X changed nothing: the newer holder of layers 2-5 failed this
     request and nobody else holds 4-5. Now the client reads the real gap and who failed; the older
     node is named only where a chain takes it (there, with who failed too)."""
-    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
-    as_older_hello(monkeypatch, tmp_path / "old")
-    async with swarm(tmp_path, "0-1", None) as (c, _holder):
-        boot = [f"127.0.0.1:{c.peers.listen_port}"]
-
-        def holder(name: str, layers: str):
-            return running_node(node_config(tmp_path / name, *map(Path, c.config.models), bootstrap=boot,
-                                            layers=layers, **COMMON))
+    async with older_node_swarm(tmp_path, monkeypatch, caplog) as (c, holder):
         async with holder("old", "2-3") as old, holder("bad", "2-5") as bad:
             failed = failing(bad)
             model_id = await routed(c, old, bad)
@@ -179,15 +182,8 @@ async def test_a_wait_for_a_lost_holder_ends_in_the_sampling_refusal(tmp_path, m
     """The newer holder's link drops under the request and only an older node holds its layers: the
     request waits ROUTE_REGAIN_S for it to link again (it may), then is told the field and the older
     node (503 sampling_unsupported, not to be retried), not insufficient_capacity (review r63)."""
-    caplog.set_level(logging.INFO, logger="node.inference.pipeline")
     monkeypatch.setattr(const, "ROUTE_REGAIN_S", 2.0)
-    as_older_hello(monkeypatch, tmp_path / "old")
-    async with swarm(tmp_path, "0-1", None) as (c, _holder):
-        boot = [f"127.0.0.1:{c.peers.listen_port}"]
-
-        def holder(name: str, layers: str):
-            return running_node(node_config(tmp_path / name, *map(Path, c.config.models), bootstrap=boot,
-                                            layers=layers, **COMMON))
+    async with older_node_swarm(tmp_path, monkeypatch, caplog) as (c, holder):
         async with holder("old", "2-5") as old, holder("new", "2-5") as new:
             model_id = await routed(c, old, new)
             stops: list[asyncio.Task] = []
