@@ -23,7 +23,7 @@ from tests.node.test_model_file_kinds import rewrite
 from tests.support.hubserver import HubServer, use_hub
 from tests.support.nodes import TINY, node_config, running_node, tiny_model
 from tests.support.processes import REPO as SOURCE_DIR
-from tests.support.processes import NodeProcess, hermetic_env
+from tests.support.processes import NodeProcess, hermetic_env, hub_env
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -254,7 +254,7 @@ async def test_swarmllm_download_takes_a_repo_and_quant(tmp_path, monkeypatch):
     model = tiny_model(tmp_path).read_bytes()
     hub = await _hub(monkeypatch, tmp_path, {"Tiny-Q8_0.gguf": model, "Tiny-Q4_K_M.gguf": model + b"\0" * 64})
     node = NodeProcess(tmp_path / "data", args=["--no-default-model", "--no-mdns"],
-                       env={"HF_ENDPOINT": hub.hub, "HF_HOME": str(tmp_path / "hf-home"), "HF_TOKEN": ""})
+                       env=hub_env(hub.hub, tmp_path / "hf-home"))
     try:
         await node.async_wait_ready(path="/health")
 

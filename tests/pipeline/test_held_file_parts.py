@@ -21,7 +21,7 @@ from tests.pipeline.test_autoserve import AUTO8, held
 from tests.pipeline.test_help_serve_origin import _HubThread
 from tests.pipeline.test_partial_swarm import _parts_match_origin
 from tests.pipeline.test_whole_holder_parts import _alter_layers, _call, _from_peer
-from tests.support.processes import NodeProcess
+from tests.support.processes import NodeProcess, hub_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -43,7 +43,7 @@ async def _pair(tmp_path, *, alter: bool = False, pause_a: bool = False,
     it has heard A's advert) serves layers 0-3 of it by URL. (origin bytes sent for B, A's short id, B)"""
     data = write_gguf(tmp_path / "auto8.gguf", AUTO8).read_bytes()
     hub = _HubThread(data)
-    env = {"HF_ENDPOINT": hub.srv.hub, "HF_HOME": str(tmp_path / "hf-home"), "SWARMLLM_MODELS_WATCH_S": "0.5",
+    env = {**hub_env(hub.srv.hub, tmp_path / "hf-home"), "SWARMLLM_MODELS_WATCH_S": "0.5",
            "SWARMLLM_PUBLIC_LAN_ORIGINS": "true"}  # the Hub stand-in is on 127.0.0.1 (download/public.py)
     a = NodeProcess(tmp_path / "a", args=ARGS, env=env)
     nodes = [a]

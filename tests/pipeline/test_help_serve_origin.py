@@ -14,7 +14,7 @@ import pytest
 from node.inference.synth import write_gguf
 from tests.pipeline.test_autoserve import AUTO8
 from tests.support.hubserver import HubServer
-from tests.support.processes import NodeProcess
+from tests.support.processes import NodeProcess, hub_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama]
@@ -45,7 +45,7 @@ async def _call(node: NodeProcess, method: str, path: str, body: dict | None = N
 async def test_help_serve_uses_the_origin_a_later_holder_names(tmp_path):
     model = write_gguf(tmp_path / "auto8.gguf", AUTO8)
     hub = _HubThread(model.read_bytes())
-    env = {"HF_ENDPOINT": hub.srv.hub, "HF_HOME": str(tmp_path / "hf-home")}
+    env = hub_env(hub.srv.hub, tmp_path / "hf-home")
     nodes: list[NodeProcess] = []
     try:
         # A: the file copied onto it (no origin); B: a fresh laptop linked to A

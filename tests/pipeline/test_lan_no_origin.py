@@ -19,7 +19,7 @@ from node.inference.synth import write_gguf
 from tests.pipeline.swarm import llama_greedy
 from tests.pipeline.test_autoserve import AUTO8, held, per_layer
 from tests.pipeline.test_help_serve_origin import _HubThread
-from tests.support.processes import NodeProcess
+from tests.support.processes import NodeProcess, hub_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -43,7 +43,7 @@ async def _holder(tmp_path, model, downloaded: bool) -> tuple[NodeProcess, str]:
         await a.async_wait_ready(90)
         return a, f"auto8-{sha256[:8]}"
     hub = _HubThread(model.read_bytes())
-    env = {"HF_ENDPOINT": hub.srv.hub, "HF_HOME": str(tmp_path / "hf-home")}
+    env = hub_env(hub.srv.hub, tmp_path / "hf-home")
     a = NodeProcess(tmp_path / "a", args=ARGS, env=env)
     try:
         await a.async_wait_ready(90, path="/health")
@@ -68,7 +68,7 @@ async def test_help_serve_with_no_origin_takes_the_layers_from_the_whole_holder(
     expected = await asyncio.to_thread(llama_greedy, model, PROMPT, 16)
     a, model_id = await _holder(tmp_path, model, downloaded)
     sha256 = hashlib.sha256(model.read_bytes()).hexdigest()
-    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf-home")}
+    env = hub_env("http://127.0.0.1:9", tmp_path / "hf-home")
     nodes = [a]
     try:
         helpers = []

@@ -20,7 +20,7 @@ from node.models.partial.probe import PROBE_BYTES
 from tests.pipeline.test_autoserve import AUTO8, held
 from tests.pipeline.test_help_serve_origin import _HubThread
 from tests.pipeline.test_partial_swarm import _parts_match_origin
-from tests.support.processes import NodeProcess
+from tests.support.processes import NodeProcess, hub_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -60,7 +60,7 @@ async def _pair(tmp_path, *, alter: bool):
     request B made of the origin)"""
     data = write_gguf(tmp_path / "auto8.gguf", AUTO8).read_bytes()
     hub = _HubThread(data)
-    env = {"HF_ENDPOINT": hub.srv.hub, "HF_HOME": str(tmp_path / "hf-home")}
+    env = hub_env(hub.srv.hub, tmp_path / "hf-home")
     a = NodeProcess(tmp_path / "a", args=ARGS, env=env)
     nodes = [a]
     try:

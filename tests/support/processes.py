@@ -25,11 +25,25 @@ from tests.support.waiting import wait_until, wait_until_sync
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Settings of the developer's that a child must not read: SWARMLLM_* (their data dir, config), and
+# Hugging Face's (HF_TOKEN, HF_TOKEN_PATH, HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE, HUGGING_FACE_HUB_TOKEN …)
+_NOT_INHERITED = ("SWARMLLM_", "HF_", "HUGGING_FACE_")
+
+
 def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without SWARMLLM_* settings (a child must not read the developer's)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARMLLM_")}
+    """This process's environment without the developer's SWARMLLM_* and Hugging Face settings, then
+    `extra`. Until 2026-12-07 the Hugging Face ones reached child nodes: a developer's HF_TOKEN was
+    sent to the tests' Hub stand-ins, their HF_ENDPOINT or HF_HUB_OFFLINE moved or stopped a
+    download, so a test passed or failed by who ran it. A child that talks to a Hub gets `hub_env`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
     env.update(extra or {})
     return env
+
+
+def hub_env(endpoint: str, home: Path) -> dict[str, str]:
+    """A child node's Hugging Face settings: the Hub at `endpoint` (a local stand-in, or a closed port
+    for none), its cache and token file under `home` (no token: hermetic_env drops the developer's)."""
+    return {"HF_ENDPOINT": endpoint, "HF_HOME": str(home)}
 
 
 class NodeProcess:
