@@ -8,13 +8,17 @@ import os
 import pytest
 
 from tests.support import policing
+from tests.support.processes import NOT_INHERITED, empty_hf_home
 
 pytest_plugins = ["pytester"]  # tests/test_policing.py runs the police on tests that misbehave
 
-# Tests never read the developer's real data dir or config from the environment.
+# Tests never read the developer's real data dir or config from the environment, nor their Hugging
+# Face token, endpoint or cache (2026-12-07: the nodes a test runs in this process read them; with no
+# HF_HOME at all, the token file in the developer's home).
 for _key in list(os.environ):
-    if _key.startswith("SWARMLLM_"):
+    if _key.startswith(NOT_INHERITED):
         del os.environ[_key]
+os.environ["HF_HOME"] = empty_hf_home()
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 policing.enable_loop_debug()

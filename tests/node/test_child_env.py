@@ -13,9 +13,10 @@ import sys
 
 import aiohttp
 
+from node.models.download.hub import hf_token
 from tests.support.hubserver import HubServer
 from tests.support.nodes import tiny_model
-from tests.support.processes import NodeProcess, hermetic_env, hub_env
+from tests.support.processes import NodeProcess, empty_hf_home, hermetic_env, hub_env
 from tests.support.waiting import wait_until
 
 DEVELOPERS = {"HF_TOKEN": "hf_developers_own", "HUGGING_FACE_HUB_TOKEN": "hf_developers_older",
@@ -32,7 +33,20 @@ def test_a_child_sees_the_tests_hub_settings_only(tmp_path, monkeypatch):
     assert json.loads(out.stdout) == {"HF_ENDPOINT": "http://127.0.0.1:13999", "HF_HOME": str(tmp_path / "hf-home")}
     out = subprocess.run([sys.executable, "-c", SEEN], env=hermetic_env(), capture_output=True, text=True, timeout=60,
                          check=True)
-    assert json.loads(out.stdout) == {}
+    assert json.loads(out.stdout) == {"HF_HOME": empty_hf_home()}  # (none: the developer's home's token file)
+
+
+def test_no_token_file_of_the_developers_is_read_here_or_by_a_child(tmp_path, monkeypatch):
+    """With no HF_HOME the node reads ~/.cache/huggingface/token: the tests' process and its children
+    have an empty HF_HOME, so a developer logged in with huggingface-cli has no token sent."""
+    (tmp_path / ".cache" / "huggingface").mkdir(parents=True)
+    (tmp_path / ".cache" / "huggingface" / "token").write_text("hf_developers_file\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert hf_token() is None  # this process (nodes tests run in it)
+    child = "from node.models.download.hub import hf_token; print(hf_token())"
+    out = subprocess.run([sys.executable, "-c", child], env=hermetic_env({"HOME": str(tmp_path)}), capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "None", out.stdout
 
 
 async def test_a_child_nodes_download_sends_no_token_of_the_developers(tmp_path, monkeypatch):

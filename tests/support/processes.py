@@ -6,11 +6,15 @@ swarm of slices); sync methods for tests without a loop, `async_` ones for tests
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,15 +31,27 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Settings of the developer's that a child must not read: SWARMLLM_* (their data dir, config), and
 # Hugging Face's (HF_TOKEN, HF_TOKEN_PATH, HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE, HUGGING_FACE_HUB_TOKEN …)
-_NOT_INHERITED = ("SWARMLLM_", "HF_", "HUGGING_FACE_")
+NOT_INHERITED = ("SWARMLLM_", "HF_", "HUGGING_FACE_")
+
+
+@functools.cache
+def empty_hf_home() -> str:
+    """An empty Hugging Face home for the tests' process and children given none: with no HF_HOME the
+    node reads huggingface-cli's token file in the developer's home (~/.cache/huggingface/token,
+    node/models/download/hub.py `hf_token`). Removed when the test process ends."""
+    home = tempfile.mkdtemp(prefix="swarmllm-tests-hf-home-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return home
 
 
 def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without the developer's SWARMLLM_* and Hugging Face settings, then
-    `extra`. Until 2026-12-07 the Hugging Face ones reached child nodes: a developer's HF_TOKEN was
-    sent to the tests' Hub stand-ins, their HF_ENDPOINT or HF_HUB_OFFLINE moved or stopped a
-    download, so a test passed or failed by who ran it. A child that talks to a Hub gets `hub_env`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
+    """This process's environment without the developer's SWARMLLM_* and Hugging Face settings (an
+    empty HF_HOME instead), then `extra`. Until 2026-12-07 the Hugging Face ones reached child nodes:
+    a developer's HF_TOKEN was sent to the tests' Hub stand-ins, their HF_ENDPOINT or HF_HUB_OFFLINE
+    moved or stopped a download, so a test passed or failed by who ran it. A child that talks to a
+    Hub gets `hub_env`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
+    env["HF_HOME"] = empty_hf_home()
     env.update(extra or {})
     return env
 
