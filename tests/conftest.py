@@ -172,7 +172,26 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _file_times(terminalreporter) -> list[tuple[float, str, int]]:
+    """(seconds, test file, tests) of every file the session ran, setups and teardowns included."""
+    seconds: dict[str, float] = {}
+    tests: dict[str, set[str]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid = getattr(report, "nodeid", "")
+            if "::" in nodeid and isinstance(getattr(report, "duration", None), float):
+                where = nodeid.split("::", 1)[0]
+                seconds[where] = seconds.get(where, 0.0) + report.duration
+                tests.setdefault(where, set()).add(nodeid)
+    return sorted(((t, where, len(tests[where])) for where, t in seconds.items()), reverse=True)
+
+
 def pytest_terminal_summary(terminalreporter):
+    if len(times := _file_times(terminalreporter)) > 1:  # where the suite's time goes, by file (the aim: under 20 min)
+        terminalreporter.section(f"slowest {min(25, len(times))} test files (of {len(times)}; "
+                                 f"{sum(t for t, _, _ in times) / 60:.1f} min in all)")
+        for seconds, where, n in times[:25]:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {n:4d} tests  {where}")
     if _slow_seen:
         terminalreporter.section(f"event-loop steps over {policing.REPORT_S} s (wall clock, with the loop thread's CPU time)")
         for where, step, allowed in sorted(_slow_seen, key=lambda x: -x[1].seconds)[:25]:
