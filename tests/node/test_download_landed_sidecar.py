@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 
@@ -48,5 +49,33 @@ async def test_a_sidecar_left_by_a_crash_after_the_rename_is_not_read_as_a_downl
         assert any("sidecar" in r.getMessage() and "kept.gguf" in r.getMessage() for r in caplog.records)
         status, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "kept.gguf"})
         assert status == 409 and "already exists" in body["error"]["message"], body
+        assert server.requests == []
+    assert (models / "kept.gguf").read_bytes() == other_bytes
+
+
+async def test_a_crash_between_the_hard_link_and_the_parts_delete_is_read_as_landed(tmp_path, server, other_bytes,
+                                                                                 caplog):
+    """`partfile._place` lands a `.part` by a hard link, then deletes the `.part`, then the sidecar. A
+    crash after the link left the file twice (one inode): until 2026-12-07 the next start served the
+    model and listed a paused download of it whose Resume said "already exists"."""
+    data = tmp_path / "data"
+    async with running_node(node_config(data)) as node:
+        status, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "kept.gguf"})
+        assert status == 202, body
+        done = await finished(node, body["download"]["id"])
+        assert done["state"] == "done", done
+        model_id = done["model_id"]
+    models = data / "models"
+    part, sidecar = models / "kept.gguf.part", models / "kept.gguf.part.json"
+    os.link(models / "kept.gguf", part)  # the crash: linked, not yet deleted (nor its sidecar)
+    sidecar.write_text(json.dumps({"url": server.url, "validator": '"v1"', "job": done["id"],
+                                   "total": len(other_bytes)}))
+    server.requests.clear()
+    caplog.set_level(logging.INFO, logger="node.models.download")
+    async with running_node(node_config(data)) as node:
+        assert await listed(node) == []
+        assert model_id in node.catalog.entries
+        assert not part.exists() and not sidecar.exists()
+        assert any("landing" in r.getMessage() and "kept.gguf.part" in r.getMessage() for r in caplog.records)
         assert server.requests == []
     assert (models / "kept.gguf").read_bytes() == other_bytes

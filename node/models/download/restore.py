@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -88,6 +89,35 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
         kept.append(Kept(part.name[:-len(PART)], url, bool(meta.get("signed")), size, job_id, total,
                          _sha256(meta.get("sha256")), named_url, _sha256(meta.get("named_sha256"))))
     return kept, orphans
+
+
+def finish_linked_landings(models_dir: Path) -> list[str]:
+    """Landings a crash cut between a `.part`'s hard link into models/ and its delete (`partfile._place`),
+    seen as a `.part` that is the very file at its target (blocking; the names acted on): a file, or a
+    split set's part 1 (which lands last), has landed, checked: its `.part` and sidecar are deleted; a
+    later part of a set gets its `.part` back alone (the set lands again when resumed,
+    `partfile.cut_landing`). Until 2026-12-07 the next start listed a paused download beside the model
+    served from the file, and its Resume said "already exists"."""
+    done = []
+    try:
+        found = sorted(p for p in models_dir.glob(f"*.gguf{PART}") if p.is_file())
+    except OSError:  # no models/ yet
+        return done
+    for part in found:
+        target = part.with_name(part.name[:-len(PART)])
+        try:
+            if not (target.exists() and os.path.samefile(part, target)):
+                continue
+            split = split_part(target)
+            if split is None or split[1] == 1:
+                part.unlink()
+                sidecar(part).unlink(missing_ok=True)
+            else:
+                target.unlink()
+        except OSError:  # (read-only, or gone meanwhile: left as it is)
+            continue
+        done.append(part.name)
+    return done
 
 
 def stale_sidecars(models_dir: Path) -> list[Path]:

@@ -37,7 +37,7 @@ from .fetch import Retryable, async_fetch, retry_delay
 from .hfrepo import RepoSpec, async_find_file, read_spec
 from .job import DownloadJob
 from .partfile import cut_landing, discard_part, land, reclaim_cut_landing, size_and_sha256, size_or_zero
-from .restore import find_kept, remove_stale_sidecars, restored_jobs
+from .restore import find_kept, finish_linked_landings, remove_stale_sidecars, restored_jobs
 from .sets import alone_note, async_plan, set_parts
 from .urls import cert_failure, describe_error, display_url, file_name_for, resolve_url
 
@@ -183,6 +183,8 @@ class ModelDownloader:
         """At start: the downloads an earlier run left in models/ (`.part` + sidecar) as paused jobs
         (restore.py); a `.part` without a sidecar, which cannot be resumed, is said in the log."""
         loop = asyncio.get_running_loop()
+        for name in await loop.run_in_executor(None, finish_linked_landings, self.models_dir):
+            log.info("DIAG: model download landing an earlier run did not finish put right %s", kv(file=name))
         # (2026-12-07: one a crash left between a download's rename and its delete stayed in models/ for good)
         for name in await loop.run_in_executor(None, remove_stale_sidecars, self.models_dir):
             log.info("DIAG: model download sidecar of a download that ended removed %s", kv(file=name))
