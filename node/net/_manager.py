@@ -3,8 +3,8 @@
 This module owns the links; the records are the `PeerTable`'s (`_table.py`), inbound connections
 are routed by `_inbound.py`, a link's frames are dispatched by `_control.py`, and finding and
 dialling peers is `_discovery.py`'s and its parts'.
-Exactly one link per peer pair survives even when both ends dial at once: both ends rank
-duplicates the same way (`_preferred`) and retire the loser.
+Exactly one link per peer pair survives even when both ends dial at once: the rules for
+duplicate links (which is kept, what becomes of the others) are `_duplicates.py`'s.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ._admission import Membership, async_admit
 from ._clock import Clock
 from ._control import RESERVED, ControlFrames
 from ._discovery import Discovery
+from ._duplicates import close_retired, preferred, retire_loser
 from ._frames import Frame, FrameType, encode_frame, type_name
 from ._handlers import Handler, Handlers, InlineHandler
 from ._identity import Identity, short_id
@@ -390,30 +391,13 @@ class PeerManager:
             rec.last_error = ref.describe()
             self.table.emit_changed(rec)
 
-    def _preferred(self, a: PeerLink, b: PeerLink) -> PeerLink:
-        """Which of two links to one peer survives (a: the one in the table, b: the one being
-        registered); both ends must reach the same answer."""
-        if a.hello.boot_id != b.hello.boot_id:
-            # the peer restarted: the link being registered (b) is its newer process's (a wall-clock
-            # ranking kept the dead one after a clock step: review r68), unless b's process is one
-            # that a restart already ended (its handshake came late: review r69)
-            rec = self.table.get(b.node_id)
-            return a if rec is not None and b.hello.boot_id in rec.ended_boots else b
-        if a.transport != b.transport:
-            return a if a.transport == "direct" else b
-        dialer_a = self.node_id if a.is_dialer else a.node_id
-        dialer_b = self.node_id if b.is_dialer else b.node_id
-        if dialer_a != dialer_b:
-            return a if dialer_a < dialer_b else b  # keep the link dialled by the lower node id
-        return a if a.link_nonce <= b.link_nonce else b
-
     def _register(self, link: PeerLink) -> None:
         self.discovery.foreign.speaks_swarm(link.node_id)
         rec = self.table.record(link.node_id)
         self.links.add(link)
         link.closed.add_done_callback(lambda _f, link=link: self._on_link_closed(link))
         current = rec.link if rec.link is not None and rec.link.is_open else None
-        winner = link if current is None else self._preferred(current, link)
+        winner = link if current is None else preferred(current, link, me=self.node_id, ended_boots=rec.ended_boots)
         log.info("DIAG: connection established %s", kv(
             peer_id=link.short_id, connection_id=link.connection_id,
             count=self.connection_count(link.node_id), remote_addr=link.address,
@@ -423,28 +407,11 @@ class PeerManager:
             total_peers=self.table.linked_count() + (current is None)))
         if current is not None:
             loser = current if winner is link else link
-            restarted = current.hello.boot_id != link.hello.boot_id
             log.info("DIAG: duplicate link to one peer, retiring one %s", kv(
                 peer_id=link.short_id, keep=winner.connection_id, retire=loser.connection_id,
-                keep_dialer=winner.is_dialer, keep_transport=winner.transport, peer_restarted=restarted or None))
-            if restarted:
-                # the peer's earlier process: nothing on its links will be answered, and it will never
-                # say it is drained (their requests fail now, not at their deadlines)
-                ended = loser.hello.boot_id
-                if ended not in rec.ended_boots:
-                    rec.ended_boots = [*rec.ended_boots[-(const.ENDED_BOOTS_KEPT - 1):], ended]
-                for old in [loser, *self._retired_links(link.node_id)]:
-                    if old.hello.boot_id == ended:
-                        old.close("peer restarted")
-            else:
-                loser.retire()
-                # a few links draining per peer at most: a member dialling again and again kept each
-                # loser open (DUPLICATE_LINK_DRAIN_MAX_S), a socket per dial; beyond the bound the
-                # oldest goes (closing every older one cut the peer's requests on a healthy link when
-                # both ends dialled at once: review r68)
-                draining = sorted(self._retired_links(link.node_id), key=lambda old: old.connection_id)
-                for old in draining[:max(0, len(draining) - const.DUPLICATE_LINKS_DRAINING_MAX)]:
-                    old.close("duplicate")
+                keep_dialer=winner.is_dialer, keep_transport=winner.transport,
+                peer_restarted=(current.hello.boot_id != link.hello.boot_id) or None))
+            retire_loser(rec, loser, winner, self.links)
         if winner is link:
             rec.rto.restart()
             rec.link = link
@@ -463,10 +430,6 @@ class PeerManager:
         # Frames that came in with the HELLO are delivered by start(): only now, so that a handler
         # answering one (`link(node_id)`, the pipeline's transport) finds this link in the table.
         link.start()
-
-    def _retired_links(self, node_id: str) -> list[PeerLink]:
-        """This peer's links that lost a duplicate tie-break and are still open (draining)."""
-        return [old for old in self.links if old.node_id == node_id and old.retired and old.is_open]
 
     def _on_rtt(self, link: PeerLink) -> None:
         rec = self.table.get(link.node_id)
@@ -494,8 +457,7 @@ class PeerManager:
         # that never retired it (its end of this link half-open: it roamed and dialled again) never
         # does: it believed itself linked through the retired one while this node had no link to it
         # for DUPLICATE_LINK_DRAIN_MAX_S (review r66). Closed now, the peer sees it go and redials.
-        for old in self._retired_links(link.node_id):
-            old.close("duplicate")
+        close_retired(self.links, link.node_id)
         rec.link = None
         self.clock.forget(link.node_id)
         rec.last_seen = time.time() - (time.monotonic() - link.last_seen)
