@@ -22,6 +22,11 @@ def addr(manager) -> str:
     return f"127.0.0.1:{manager.listen_port}"
 
 
+def linked(a, b) -> bool:
+    """Two PeerManagers each hold a live link to the other."""
+    return a.link(b.node_id) is not None and b.link(a.node_id) is not None
+
+
 class PeerProc:
     """`python -m tests.net.peer_proc` in a subprocess (optionally inside a network namespace)."""
 
