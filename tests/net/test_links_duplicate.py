@@ -12,7 +12,7 @@ import pytest
 from node.net import Frame, FrameType, PeerManager
 from tests.support.waiting import wait_until
 
-from .util import addr
+from .util import addr, hold_work
 
 
 def _one_link(a: PeerManager, b: PeerManager) -> bool:
@@ -100,13 +100,7 @@ async def test_a_request_on_a_retired_duplicate_link_is_answered(make_manager, f
     await wait_until(lambda: _settled(a, b, caplog) == 1, what="the first link")
     asker, answerer = (high, low) if direction == "from the dialler" else (low, high)
     losing = asker.link(answerer.node_id)
-    arrived, release = asyncio.Event(), asyncio.Event()
-
-    async def slow(link, frame):
-        arrived.set()
-        await release.wait()
-        return frame.reply(FrameType.RESULT, {}, frame.payload)
-    answerer.register_handler(FrameType.WORK, slow)
+    arrived, release = hold_work(answerer)
     request = asyncio.ensure_future(losing.async_request(Frame(FrameType.WORK, {}, b"held"), timeout_s=30))
     await wait_until(arrived.is_set, what="the request reached the answerer")
     await low.async_connect(addr(high))  # the lower id dials too: that link wins at both ends

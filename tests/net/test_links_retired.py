@@ -16,7 +16,7 @@ from node.net import Frame, FrameType
 from node.net._link import PeerLink
 from tests.support.waiting import wait_until
 
-from .util import addr
+from .util import addr, hold_work
 
 
 def _silent_about_draining(monkeypatch, manager) -> None:
@@ -76,13 +76,7 @@ async def test_a_third_link_leaves_the_peers_request_on_a_retired_one_answered(m
     await high.async_connect(addr(low))
     await wait_until(lambda: high.link(low.node_id) is not None and low.link(high.node_id) is not None)
     first = high.link(low.node_id)
-    reached, answer = asyncio.Event(), asyncio.Event()
-
-    async def slow(link, frame):
-        reached.set()
-        await answer.wait()
-        return frame.reply(FrameType.RESULT, {}, frame.payload)
-    low.register_handler(FrameType.WORK, slow)
+    reached, answer = hold_work(low)
     request = asyncio.ensure_future(first.async_request(Frame(FrameType.WORK, {}, b"1"), timeout_s=20))
     await wait_until(reached.is_set, what="the request at the answerer")
     await low.async_connect(addr(high))  # the lower id's dial wins: the first link retires
@@ -182,12 +176,8 @@ async def test_a_request_on_a_link_that_said_it_is_drained_is_refused_at_once(ma
     low, high = sorted((a, b), key=lambda m: m.node_id)
     await high.async_connect(addr(low))
     await wait_until(lambda: high.link(low.node_id) is not None and low.link(high.node_id) is not None)
-    held, answer = low.link(high.node_id), asyncio.Event()
-
-    async def slow(link, frame):
-        await answer.wait()
-        return frame.reply(FrameType.RESULT, {}, frame.payload)
-    low.register_handler(FrameType.WORK, slow)
+    held = low.link(high.node_id)
+    _arrived, answer = hold_work(low)
     first = asyncio.ensure_future(high.link(low.node_id).async_request(Frame(FrameType.WORK, {}, b"1"), timeout_s=20))
     await low.async_connect(addr(high))  # the lower id's dial wins: the first link retires at both ends
     await wait_until(lambda: held.retired and held._drained_sent, what="the held link retired and drained")  # noqa: SLF001

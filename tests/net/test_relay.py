@@ -13,7 +13,7 @@ from node.net import Frame, FrameType
 from node.net._connect import async_dial_relayed
 from tests.support.waiting import wait_until
 
-from .util import addr
+from .util import addr, hold_work
 
 MARKER = b"MARKER-7f3a-plaintext-must-not-cross-the-relay"
 
@@ -122,13 +122,7 @@ async def test_a_request_in_flight_when_the_circuit_is_cut_fails_at_once_and_the
     request fails with a PeerError when the link closes, not at its timeout, and the two nodes link
     again through the relay."""
     r, a, b, _ = relay_trio
-    answered, hold = asyncio.Event(), asyncio.Event()
-
-    async def held(link, frame):
-        answered.set()
-        await hold.wait()
-        return frame.reply(FrameType.RESULT, {}, frame.payload)
-    b.register_handler(FrameType.WORK, held)
+    answered, hold = hold_work(b)
     first, first_b = a.link(b.node_id), b.link(a.node_id).connection_id
     request = asyncio.ensure_future(a.async_request(b.node_id, Frame(FrameType.WORK, {}, b"q"), timeout_s=120))
     await wait_until(answered.is_set, what="the request reached b")

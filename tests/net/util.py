@@ -5,6 +5,7 @@ Waiting is tests.support.waiting; a whole node in a subprocess is tests.support.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from node.net import FrameType
 from tests.support.processes import REPO, hermetic_env
 from tests.support.swarm import join_test_swarm
 from tests.support.waiting import wait_until, wait_until_sync
@@ -25,6 +27,19 @@ def addr(manager) -> str:
 def linked(a, b) -> bool:
     """Two PeerManagers each hold a live link to the other."""
     return a.link(b.node_id) is not None and b.link(a.node_id) is not None
+
+
+def hold_work(manager) -> tuple[asyncio.Event, asyncio.Event]:
+    """Serve WORK on a PeerManager by echoing the payload once released: returns (arrived, release),
+    set when a request reaches the handler / set by the test to let the replies go."""
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def held(link, frame):
+        arrived.set()
+        await release.wait()
+        return frame.reply(FrameType.RESULT, {}, frame.payload)
+    manager.register_handler(FrameType.WORK, held)
+    return arrived, release
 
 
 class PeerProc:
