@@ -31,6 +31,8 @@ _SCALARS = {
 }
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
+_STRING_MAX = 1 << 24  # a header's string (a chat template is the longest: tens of KB)
+_ARRAY_MAX = 1 << 32  # a header's array (a vocabulary: hundreds of thousands)
 _SKIP_BLOCK = 1 << 20  # a vocabulary's strings are skipped a block at a time
 
 
@@ -146,14 +148,18 @@ class _Reader:
         return struct.unpack("<" + fmt, self.read(size))[0]
 
     def string(self) -> str:
+        return self.read(self._string_length()).decode("utf-8", errors="replace")
+
+    def _string_length(self) -> int:
         n = self.unpack("Q", 8)
-        if n > 1 << 24:
+        if n > _STRING_MAX:
             raise ModelLoadError(f"{self.path.name}: implausible string length {n} in GGUF header")
-        return self.read(n).decode("utf-8", errors="replace")
+        return n
 
     def skip_string(self) -> None:
-        n = self.unpack("Q", 8)
-        self.fh.seek(n, 1)
+        # (bounded as string()'s: 2026-12-07, review r72, a peer's header saying 2**63 made the seek
+        # raise OverflowError, not the header's refusal)
+        self.fh.seek(self._string_length(), 1)
 
     def skip_strings(self, n: int) -> None:
         """Skip n strings (a vocabulary's tokens and merges: 400,000 of them in Llama 3's header) from
@@ -184,6 +190,8 @@ class _Reader:
     def array(self) -> tuple[list[Any] | None, int]:
         sub = self.unpack("I", 4)
         n = self.unpack("Q", 8)
+        if n > _ARRAY_MAX:  # (a seek past 2**63 raised OverflowError, not the header's refusal)
+            raise ModelLoadError(f"{self.path.name}: implausible array length {n} in GGUF header")
         if n <= KEEP_ARRAY_MAX:
             return [self.value(sub) if sub != _ARRAY else self.array()[0] for _ in range(n)], n
         if sub in _SCALARS:

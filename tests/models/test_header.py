@@ -235,3 +235,21 @@ def test_a_long_string_array_is_skipped_across_block_boundaries_as_gguf_reads_it
     cut = data.index(b"x" * 300) + 100  # inside the long string
     with pytest.raises(ModelLoadError, match="truncated"):
         read_header_bytes(data[:cut])
+
+
+@pytest.mark.parametrize("lie", ["string length", "array length"])
+def test_a_header_with_a_huge_length_is_refused_as_a_header(tmp_path, lie):
+    """Review r72: a peer's header whose skipped string or array said 2**63 bytes or more made the
+    skip's seek raise OverflowError (nothing catches it), not ModelLoadError as every other lie does."""
+    data = bytearray(_vocab_file(tmp_path / "vocab.gguf", [f"tok{i}" for i in range(100)]).read_bytes())
+    at = data.index(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 4 + 4  # value type, element type
+    if lie == "string length":
+        data[at + 8:at + 16] = struct.pack("<Q", 2**63 + 5)  # the first token's length
+    else:
+        data[at:at + 8] = struct.pack("<Q", 2**64 - 1)  # the number of tokens
+    with pytest.raises(ModelLoadError, match="implausible"):
+        read_header_bytes(bytes(data))
+    path = tmp_path / "lie.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="implausible"):
+        read_header(path)
