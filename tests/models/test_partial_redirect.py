@@ -161,7 +161,22 @@ async def test_a_redirect_target_rebinding_into_the_lan_is_not_connected_to(tmp_
             manifest.origin_url = origin.url
             with pytest.raises(DownloadFailed) as failed:
                 await async_fetch_parts(store, manifest, parts)
-            assert "no global address" in failed.value.message, failed.value.message
-            assert lookups["check"] >= 1 and lookups["connection"] >= 1, lookups  # both asked, as a rebinding needs
+            assert "rebind.test, which resolves to no global address" in failed.value.message, failed.value.message
+            # both asked, as a rebinding needs; and not tried again (review r72: six hops through the origin)
+            assert lookups["check"] == 1 and lookups["connection"] == 1, lookups
             assert origin.hits >= 1 and lan.requests == asked, lan.ranges[asked:]
             assert not manifest.covers(parts)
+
+
+async def test_a_redirect_to_a_name_that_cannot_be_looked_up_is_not_followed(tmp_path, model, monkeypatch):  # noqa: F811
+    """Review r72: a target named `evil..` made the look-up raise UnicodeError (idna), which nothing
+    caught: the fetch failed with it rather than saying the redirect was not followed."""
+    with ThreadedOrigin(model.read_bytes()) as lan:
+        store, manifest = await async_open_partial(lan.url, tmp_path / "m.partial")
+        parts = parts_for(read_header(store.header_path), 2, 4)
+        async with Redirector(lan.url.replace("127.0.0.1", "evil..")) as origin:
+            _only_port_global(monkeypatch, origin.port)
+            manifest.origin_url = origin.url
+            with pytest.raises(DownloadFailed) as failed:
+                await async_fetch_parts(store, manifest, parts)
+            assert "not global" in failed.value.message, failed.value.message

@@ -53,7 +53,7 @@ from node.models.download.urls import cert_failure, describe_error, display_url,
 
 from .layout import Manifest, PartialStore, new_manifest
 from .probe import FetchStats, Probe, _async_probe_resuming, _Retry
-from .session import origin_session
+from .session import origin_session, rebound
 
 log = logging.getLogger(__name__)
 
@@ -374,8 +374,8 @@ async def _async_fetch_version(store: PartialStore, manifest: Manifest, parts: l
                         break  # the server sent the file through: every wanted byte went by
                 failures = 0
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, _Retry) as exc:
-                if (bad_cert := cert_failure(exc, url)) is not None:  # another attempt fares no better
-                    raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed: {bad_cert}") from exc
+                if (at_once := cert_failure(exc, url) or rebound(exc)) is not None:  # another try fares no better
+                    raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed: {at_once}") from exc
                 failures = 1 if w.received() > before else failures + 1  # progress: not a failure streak
                 if failures >= const.DOWNLOAD_RETRIES:
                     raise DownloadFailed(f"fetching layers from {manifest.origin_url} failed {failures} times; "
