@@ -32,6 +32,14 @@ logging.addLevelName(TRACE, "TRACE")
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03dZ %(levelname)-5s %(name)s: %(message)s"  # UTC (LineFormatter)
 DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+def utc_clock(unix_time: float) -> str:
+    """A time quoted in a message that reaches node.log and the report: UTC marked Z as their stamps
+    are, the time of day if it is today (UTC), else the date too (2026-12-07, review r71: local time
+    with no zone, hours off the lines beside it for a reader elsewhere)."""
+    when = time.gmtime(unix_time)
+    return time.strftime("%H:%M:%SZ" if when[:3] == time.gmtime()[:3] else "%Y-%m-%d %H:%MZ", when)
 LOG_FILE_NAME = "node.log"
 LOG_FILE_MAX_BYTES = 10 * 1024 * 1024
 LOG_FILE_BACKUPS = 3
@@ -131,7 +139,7 @@ class LogFileHandler(logging.handlers.RotatingFileHandler):
 
     @staticmethod
     def _say(text: str) -> None:
-        stamp = time.strftime(DATE_FORMAT)
+        stamp = time.strftime(DATE_FORMAT, time.gmtime()) + "Z"  # (as the lines beside it: review r71)
         try:
             sys.stderr.write(f"{stamp} WARNING node.logs: {text}\n")
             sys.stderr.flush()

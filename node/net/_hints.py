@@ -9,7 +9,7 @@ peers`, the GUI's peer row and report).
 
 from __future__ import annotations
 
-import time
+from node.logs import utc_clock
 
 from ._membership import OPEN
 
@@ -35,6 +35,4 @@ def refusal_hint(*, peer_swarm: str | None, ours: str, removed: bool, dialled: b
 def no_answer_since(last_seen: float, error: str) -> str:
     """A linked peer's redials time out: when it was last heard, and the likely why (before
     2026-12-06 only "ADDR: timed out"). `last_seen`: unix time of its last frame."""
-    when = time.localtime(last_seen)  # (from peers.json: maybe days ago; the date is said then)
-    shown = time.strftime("%H:%M:%S" if when[:3] == time.localtime()[:3] else "%Y-%m-%d %H:%M", when)
-    return f"no answer since {shown} (asleep or off the network?): {error}"
+    return f"no answer since {utc_clock(last_seen)} (asleep or off the network?): {error}"  # (maybe days ago)

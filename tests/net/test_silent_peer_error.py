@@ -32,7 +32,7 @@ async def test_a_silent_peers_last_error_says_since_when(make_manager, fast_net,
         err = await wait_until(said, 20, 0.05, "a redial of b timing out")
         heard = a.peer(b_id).last_seen
         assert heard is not None
-        since = time.strftime("%H:%M:%S", time.localtime(heard))
+        since = time.strftime("%H:%M:%SZ", time.gmtime(heard))  # (UTC, as node.log and the report)
         assert err.startswith(f"no answer since {since} (asleep or off the network?): "), err
         assert err.endswith(f"127.0.0.1:{port}: timed out"), err
     finally:

@@ -18,7 +18,7 @@ from node import const
 from node.inference.pipeline import layerchoice as lc
 from node.inference.pipeline.coverage import SliceSizes, default_budget_bytes, slice_sizes
 from node.inference.pipeline.host import SliceHost
-from node.logs import kv
+from node.logs import kv, utc_clock
 from node.models.catalog import ModelEntry
 
 log = logging.getLogger("node.inference.pipeline.autoserve")  # one logger for the layer choice's lines
@@ -45,9 +45,7 @@ class ChoiceFailure:
     def text(self, *, retrying: bool = False) -> str:
         """One line for people: "layers 0–1 of X failed to load: why; chosen again at 01:02:03"
         (`retrying`: a later choice is loading now, "…; retrying…")."""
-        import time
-
-        when = "retrying…" if retrying else f"chosen again at {time.strftime('%H:%M:%S', time.localtime(self.retry_at))}"
+        when = "retrying…" if retrying else f"chosen again at {utc_clock(self.retry_at)}"
         return (f"layers {self.start}–{self.end - 1} of {self.model} (chosen automatically) failed to load: "
                 f"{self.reason}; {when}")
 
