@@ -207,6 +207,7 @@ SESSION_TTL_S = 300.0  # an idle KV session on a segment is freed after this
 KEPT_SESSION_TTL_S = 900.0  # a finished one kept for its conversation's next turn, after this
 BATCH_MAX_STEPS = 16  # a segment runs at most this many sessions' queued steps as one forward
 BATCH_MAX_ROWS = 512  # ... of at most this many rows together (a longer prefill chunk runs alone)
+SLICE_RESIDUAL_MAX_ROWS = 8  # int8 slices (fbgemm): inputs up to this many rows take the residual pass (weights/linear.py)
 # payload bytes of one sender's steps queued for a slice: past it a further step is refused 429-style
 # (`overloaded`, back-pressure) rather than held (2026-12-07: a member's 64 MiB WORKs queued without bound);
 # a sender with nothing queued always gets one step in
@@ -217,6 +218,7 @@ CHAIN_LOAD_WEIGHT = 0.25  # a holder's ms/layer for a new request grows by this 
 # estimate per token is this many times the cheapest's (then it prefills in full on the cheaper one)
 CHAIN_PREFIX_MIN_TOKENS = 16  # a chain resumes a kept session only for a common prefix this long
 SESSION_SWEEP_INTERVAL_S = 10.0
+SESSION_MIN_CAPACITY = 256  # positions a slice session's KV cache allocates on its first forward (grows by doubling)
 KV_BUDGET_BYTES = 4 * 1024**3  # KV bytes a node keeps across sessions before LRU eviction
 KV_RESERVE_IDLE_S = 30.0  # a session in use not stepped this long counts its KV, not its admission's reserve
 SLICE_DTYPES = ("auto", "f32", "bf16", "f16", "int8")  # a slice's weight format (auto: int8 on CPU, f16 on CUDA)

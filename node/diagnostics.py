@@ -19,6 +19,7 @@ from node import const
 from node.inference import llamacpp
 from node.inference.pipeline.coverage import swarm_coverage
 from node.inference.pipeline.layerchoice import Span, layer_counts
+from node.inference.torchload import torch_loaded
 from node.logs import clean_text, cut_for_redaction
 from node.redact import Redactor
 from node.trace import FAILED_OUTCOMES
@@ -155,7 +156,10 @@ async def _machine(node: ReportParts) -> list[str]:
             if cache is not None and cache.enabled else None
         lines.append(f"slice kernels: {', '.join(kernels) or 'none loaded'}; weight cache: "
                      + (f"{used / 2**20:.0f} of {cache.budget_bytes / 2**20:.0f} MiB" if used is not None else "off"))
-    lines.append(_int8_kernel_line())
+    if torch_loaded():  # (the kernels' modules import torch: off the loop, even when it is loaded)
+        lines.append(await asyncio.get_running_loop().run_in_executor(None, _int8_kernel_line))
+    else:  # not imported for a report: a node hosting no slice never loads it (2026-12-07)
+        lines.append("int8 kernels: not checked (torch not loaded: this node hosts no slice)")
     if m.mem_bandwidth_gbps is None:
         lines.append(f"memory bandwidth: could not be measured ({m.bandwidth_error})")
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -92,11 +93,31 @@ def cpu_features() -> list[str]:
     return []
 
 
+def gpu_driver_present() -> bool:
+    """Whether a GPU torch could use may be here, asked without importing torch (1.5 s and ~180 MB
+    that a node serving through llama.cpp or the swarm never needs: 2026-12-07). Linux: an NVIDIA
+    driver (its GPU list, or the control device a container is given), ROCm's /dev/kfd, WSL's
+    /dev/dxg; macOS has no CUDA; elsewhere (Windows) only torch can tell: True."""
+    if sys.platform == "darwin":
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        if any(Path("/proc/driver/nvidia/gpus").iterdir()):
+            return True
+    except OSError:
+        pass
+    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg"))
+
+
 def gpu_inventory() -> list[GpuInfo]:
     """CUDA devices via torch (empty without torch or CUDA): name, total memory and compute
     capability from the device's properties (cudaGetDeviceProperties: no CUDA context), never its
     free memory (2026-12-07 review: torch.cuda.mem_get_info here made a context on every GPU at
-    every start, a CPU-only node's too)."""
+    every start, a CPU-only node's too). No GPU driver here (`gpu_driver_present`): empty, torch not
+    imported."""
+    if not gpu_driver_present():
+        return []
     try:
         import torch
     except Exception:  # torch missing or broken: no GPU we can use

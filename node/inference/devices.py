@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from node.sysinfo import gpu_driver_present
+
 log = logging.getLogger(__name__)
 
 
@@ -35,6 +37,8 @@ class DeviceInventory:
 
 
 def _torch_gpus() -> tuple[tuple[Gpu, ...], tuple[int, int] | None]:
+    if not gpu_driver_present():  # no GPU driver: torch would find none (and is not imported for it)
+        return (), None
     try:
         import torch
 
@@ -79,7 +83,10 @@ def detect_llama() -> DeviceInventory:
 
 def count_llama_gpus() -> int:
     """How many GPUs llama.cpp could use, without reading them: torch.cuda.is_available() and
-    device_count() only (no CUDA context is made); 0 when its build has no GPU offload. Blocking."""
+    device_count() only (no CUDA context is made); 0 when its build has no GPU offload (torch is
+    then not imported) or no GPU driver is here. Blocking."""
+    if not gpu_driver_present() or not _llama_offload():
+        return 0
     try:
         import torch
 
@@ -87,4 +94,4 @@ def count_llama_gpus() -> int:
     except Exception as exc:  # a broken driver reads as "no GPU", with the reason logged
         log.warning("GPU count failed: %s", exc)
         count = 0
-    return count if count and _llama_offload() else 0
+    return count

@@ -76,6 +76,10 @@ def test_two_node_split_matches_single_node(tmp_path):
                 assert d_headers["x-swarm-route"] == "distributed" and d_headers["x-swarm-segments"] == "2"
                 assert s_text.strip()
                 texts.append((q, s_text, d_text))
+            # torch only where a slice is hosted (2026-12-07: every node imported it at start)
+            assert a.torch_mapped() and b.torch_mapped() and not single.torch_mapped()
+            report = await a.async_get_text("/api/admin/diagnostics")
+            assert "int8 kernels: " in report and "torch not loaded" not in report
             return texts
         texts = run(go())
         assert texts[0][1] == texts[0][2]  # os.path.join: a memorised answer, no near ties

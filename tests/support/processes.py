@@ -132,6 +132,12 @@ class NodeProcess:
         path = self.data_dir / "node.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def torch_mapped(self) -> bool:
+        """Whether the process has torch's native library mapped (/proc/PID/maps): torch imported."""
+        self._check_alive()
+        maps = Path(f"/proc/{self.proc.pid}/maps").read_text()
+        return "libtorch_cpu" in maps or "torch/_C" in maps
+
     # --- blocking HTTP (for tests without a loop) ---
 
     def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:

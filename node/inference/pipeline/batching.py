@@ -6,12 +6,13 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from node import const
 from node.inference.pipeline.wire import Work
+
+if TYPE_CHECKING:
+    import torch
 
 
 class StepQueue:

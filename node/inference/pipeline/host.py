@@ -21,6 +21,7 @@ from node.inference.pipeline.partials import PartialModels
 from node.inference.pipeline.perf import LocalSpeeds
 from node.inference.pipeline.recheck import FileRecheck
 from node.inference.placement import Placement, place
+from node.inference.torchload import async_ensure_torch
 from node.inference.weights.cache import WeightCache
 from node.logs import kv
 from node.models.catalog import ModelCatalog, ModelEntry, served_context
@@ -290,6 +291,7 @@ class SliceHost(FileRecheck):
         file replaced between the check and the open loaded under the old sha256). One touched as it
         loads (FileChangedWhileOpen) is checked again (hashed off the loop: other bytes refuse it) and
         loaded again: review r36, a touch failed the load, and a `--layers` slice served nothing."""
+        await async_ensure_torch()  # (the first slice: torch is imported off the loop, then looked up here)
         from node.inference.slice import SliceModel
         from node.inference.weights.gguf_file import FileChangedWhileOpen
 

@@ -10,7 +10,7 @@ With no session in use a session is always admitted (waiting would not make room
 
 The reserve is the KV of the session's layers for twice the positions its attempt prefills (the
 opening WORK's `expect`: prompt + tokens generated before a failover; from an older coordinator
-the step's own end), at least MIN_CAPACITY, at most the slice's context: what its cache (grown by
+the step's own end), at least SESSION_MIN_CAPACITY (const), at most the slice's context: what its cache (grown by
 doubling) holds as it decodes, so a reply as long as its prompt never outgrows its admission.
 Not the served context: a chat request without max_tokens may generate up to the context, so
 that reserve would be the whole context for nearly every request, and a budget would admit a few
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from node import const
 from node.errors import KvBudgetFull
-from node.inference.slice.session import MIN_CAPACITY, Session
 from node.logs import kv
 
 if TYPE_CHECKING:
     from node.inference.pipeline.wire import Work
+    from node.inference.slice.session import Session  # torch: only where a slice loads
     # host.SliceHost and host.HostedSlice: not imported, even for types (host.py owns a KvBudget;
     # the import-linter contract forbids the cycle)
 
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 def reserve_positions(work: Work, n_ctx: int) -> int:
     """Positions a session opened by `work` is admitted for (see the module's docstring)."""
     prefill = work.expect if work.expect is not None else work.index_pos + work.n_tokens
-    return min(n_ctx, max(MIN_CAPACITY, 2 * prefill))
+    return min(n_ctx, max(const.SESSION_MIN_CAPACITY, 2 * prefill))
 
 
 def reserve_bytes(model: Any, work: Work) -> int:

@@ -9,16 +9,18 @@ hop accumulates in the WORK header as it travels and reaches the coordinator in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import zstandard
 
 from node import const
 from node.errors import ProtocolError, SamplingUnsupported
 from node.inference.handoff import TokenScores
 from node.inference.sampling import MAX_TOP_LOGPROBS, SamplingParams
+
+if TYPE_CHECKING:  # torch loads with the slice engine, not at start (node/inference/torchload.py)
+    import torch
 
 ZSTD_MIN_BYTES = 64 * 1024  # compress activation payloads at least this large (prefill)
 ZSTD_LEVEL = 1
@@ -30,6 +32,8 @@ _DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8}
 
 def encode_activations(hidden: torch.Tensor, bits: int) -> tuple[dict[str, Any], bytes]:
     """Hidden states [T, H] → (meta, payload): f32, f16, or int8 with one f32 scale per row."""
+    import torch  # the slice engine's executor has loaded it (torchload.py)
+
     if hidden.dim() != 2:
         raise ValueError(f"hidden states must be [T, H], got {tuple(hidden.shape)}")
     if hidden.dtype is not torch.float32 or not hidden.is_contiguous() or hidden.requires_grad:
@@ -58,6 +62,8 @@ def encode_activations(hidden: torch.Tensor, bits: int) -> tuple[dict[str, Any],
 
 def decode_activations(meta: dict[str, Any], payload: bytes) -> torch.Tensor:
     """The inverse of encode_activations; a malformed payload is a ProtocolError."""
+    import torch  # the slice engine's executor has loaded it (torchload.py)
+
     try:
         kind = meta["dtype"]
         rows, cols = (_int(v) for v in meta["shape"])

@@ -17,9 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from node import const
 from node.errors import (
@@ -34,7 +32,6 @@ from node.inference.pipeline.acks import Acks, PendingAck
 from node.inference.pipeline.batching import PreparedStep, StepJob, take_batch
 from node.inference.pipeline.host import SliceHost
 from node.inference.pipeline.hosted import HostedSlice
-from node.inference.pipeline.sampler import Sampler
 from node.inference.pipeline.sessionctl import ControlBudget, SessionControls
 from node.inference.pipeline.transport import PipelineTransport
 from node.inference.pipeline.wire import (
@@ -45,9 +42,13 @@ from node.inference.pipeline.wire import (
     decode_tokens,
     encode_activations,
 )
-from node.inference.weights.linear import RESIDUAL_MAX_ROWS
 from node.logs import MESSAGE, kv
 from node.net import FrameType
+
+if TYPE_CHECKING:  # torch loads with the first slice (torchload.py), not with the worker
+    import torch
+
+    from node.inference.pipeline.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -253,14 +254,14 @@ class SegmentWorker(SessionControls):
     @staticmethod
     def _max_rows(hosted: HostedSlice) -> int:
         """Rows per batch. int8 on fbgemm quantizes a matrix's input over all its rows and takes the
-        residual pass (decode's precision) only up to RESIDUAL_MAX_ROWS: its batches stay within
+        residual pass (decode's precision) only up to SLICE_RESIDUAL_MAX_ROWS: its batches stay within
         that (a longer step runs alone, as unbatched), so a step's rows are computed as they would
         be alone. qgemm computes every row alone, at its kind's precision (prompt or generated,
         said by the WORK), in a batch of any size."""
         model = hosted.model
         if getattr(model, "fmt", None) != "int8" or getattr(model, "kernel", None) == "qgemm":
             return const.BATCH_MAX_ROWS
-        return RESIDUAL_MAX_ROWS
+        return const.SLICE_RESIDUAL_MAX_ROWS
 
     def _run(self, loop: asyncio.AbstractEventLoop, hosted: HostedSlice, jobs: list[StepJob]) -> None:
         """Executor thread: prepare each step (a failure is that step's alone), run the ready ones
@@ -313,6 +314,8 @@ class SegmentWorker(SessionControls):
         hop = work.target  # any sub-range of the slice's layers
         is_last = hop.end == model.n_layers_total
         if hop.start == 0:
+            import torch  # loaded with the slice (its executor), so a lookup here
+
             inputs = torch.tensor(decode_tokens(payload), dtype=torch.long)
         else:
             if work.act is None:
@@ -373,6 +376,8 @@ class SegmentWorker(SessionControls):
                 if sampler is None:
                     if work.sampling is None:
                         raise ProtocolError("first sampling step of a session carries no sampling parameters")
+                    from node.inference.pipeline.sampler import Sampler  # torch: loaded with the slice
+
                     constrained = work.sampling.constrained
                     sampler = self.samplers[work.sid] = Sampler(
                         work.sampling, work.history, vocab=hosted.vocabulary() if constrained else None)

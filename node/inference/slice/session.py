@@ -27,7 +27,7 @@ from node.logs import kv
 
 log = logging.getLogger(__name__)
 
-MIN_CAPACITY = 256  # positions allocated on a session's first forward
+MIN_CAPACITY = const.SESSION_MIN_CAPACITY  # positions allocated on a session's first forward
 
 
 class Session:

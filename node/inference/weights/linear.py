@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from node import const
 from node.inference.weights.qgemm import Int8Packed, quantize_rows_into
 from node.inference.weights.qgemm import available as qgemm_built
 
@@ -31,7 +32,7 @@ FORMATS = ("f32", "bf16", "f16", "int8")
 Linear = Callable[[torch.Tensor], torch.Tensor]
 CHUNK_ROWS = 2048  # rows converted at a time: bounds load-time memory for the output head
 CHUNK_ELEMENTS = 1 << 22  # int8 quantization: at most this many weights at a time (16 MB of float32)
-RESIDUAL_MAX_ROWS = 8  # int8: inputs up to this many rows always take the residual pass
+RESIDUAL_MAX_ROWS = const.SLICE_RESIDUAL_MAX_ROWS  # int8: inputs up to this many rows always take the residual pass
 RESIDUAL_GAIN = 16.0  # int8: residual rows are scaled by this (|K·r| ≤ 8 steps, inside x's range)
 PACK_MAX_ROWS = 32768  # int8: taller matrices (vocabulary heads) are packed in row blocks: fbgemm's
 # prepack grows faster than its size (a 128256-row head: 3.7 s whole, 1.7 s in 32768-row blocks),

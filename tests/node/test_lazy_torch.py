@@ -1,0 +1,47 @@
+"""torch is imported only where the node needs it (a slice to host, the slice engine), never at
+start (2026-12-07: every start imported it, 1.5 s and ~180 MB, for a node serving through
+llama.cpp or only using the swarm). A slice-hosting node loading it: test_default_model_split."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from node.resources import default_model_path
+from tests.support.processes import REPO, NodeProcess, hermetic_env
+
+IMPORTS = ("node.node", "node.cli", "node.api.server", "node.diagnostics", "node.inference.devices")
+
+
+def test_importing_the_node_leaves_torch_out():
+    code = (f"import json, sys\nimport {', '.join(IMPORTS)}\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=hermetic_env(), capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+@pytest.mark.skipif(not default_model_path().exists(), reason="the embedded default model is not in this checkout")
+def test_node_serving_the_default_model_never_loads_torch(tmp_path):
+    node = NodeProcess(tmp_path / "data", args=["--no-mdns", "--n-threads", "1"])
+    try:
+        node.wait_ready()
+        client = openai.OpenAI(base_url=f"{node.base}/v1", api_key=node.api_key, max_retries=0, timeout=60)
+        model = client.models.list().data[0].id
+        reply = client.chat.completions.create(model=model, max_tokens=8, temperature=0,
+                                               messages=[{"role": "user", "content": "What does os.path.join do?"}])
+        assert reply.choices[0].message.content.strip()
+        status, body = node.get("/api/admin/diagnostics", timeout_s=60)
+        assert status == 200, body
+        report = body.decode()
+        assert "-- this machine --" in report
+        assert "int8 kernels: not checked (torch not loaded: this node hosts no slice)" in report
+        assert not node.torch_mapped()
+    finally:
+        node.terminate()
