@@ -37,11 +37,12 @@ def test_node_serving_the_default_model_never_loads_torch(tmp_path):
         reply = client.chat.completions.create(model=model, max_tokens=8, temperature=0,
                                                messages=[{"role": "user", "content": "What does os.path.join do?"}])
         assert reply.choices[0].message.content.strip()
+        assert not node.torch_mapped()  # started, answered /health and a chat: no libtorch mapped
         status, body = node.get("/api/admin/diagnostics", timeout_s=60)
         assert status == 200, body
         report = body.decode()
         assert "-- this machine --" in report
         assert "int8 kernels: not checked (torch not loaded: this node hosts no slice)" in report
-        assert not node.torch_mapped()
+        assert not node.torch_mapped()  # nor after the report
     finally:
         node.terminate()
