@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from node.sysinfo import gpu_driver_present
+from node import sysinfo
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class DeviceInventory:
 
 
 def _torch_gpus() -> tuple[tuple[Gpu, ...], tuple[int, int] | None]:
-    if not gpu_driver_present():  # no GPU driver: torch would find none (and is not imported for it)
+    if not sysinfo.gpu_driver_present():  # no GPU driver: torch would find none (and is not imported for it)
         return (), None
     try:
         import torch
@@ -85,7 +85,7 @@ def count_llama_gpus() -> int:
     """How many GPUs llama.cpp could use, without reading them: torch.cuda.is_available() and
     device_count() only (no CUDA context is made); 0 when its build has no GPU offload (torch is
     then not imported) or no GPU driver is here. Blocking."""
-    if not gpu_driver_present() or not _llama_offload():
+    if not sysinfo.gpu_driver_present() or not _llama_offload():
         return 0
     try:
         import torch

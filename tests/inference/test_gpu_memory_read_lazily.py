@@ -87,8 +87,9 @@ def test_a_cpu_only_node_never_asks_about_gpus(tmp_path):
 class FakeCuda:
     """torch.cuda with one 24 GiB GPU: which functions were called, how often."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, driver: bool = True):
         self.calls: dict[str, int] = {}
+        monkeypatch.setattr("node.sysinfo.gpu_driver_present", lambda: driver)  # (this machine has none)
         props = SimpleNamespace(name="Fake GPU", total_memory=24 * 2**30, major=8, minor=9)
         for name, result in (("is_available", True), ("device_count", 1), ("get_device_properties", props),
                              ("mem_get_info", (16 * 2**30, 24 * 2**30))):
@@ -113,3 +114,14 @@ async def test_a_started_node_does_not_read_the_gpus_memory(tmp_path, monkeypatc
     else:
         assert [(g.name, g.total_mb, g.free_mb) for g in machine.gpus] == [("Fake GPU", 24576, None)]
         assert "gpu0: Fake GPU (sm 8.9) vram 24576 MiB, free not read (no load yet)" in report
+
+
+def test_no_gpu_driver_asks_torch_nothing(monkeypatch):
+    """No GPU driver on the machine (2026-12-07): the snapshot and llama.cpp's count ask torch
+    nothing, so a node serving through llama.cpp never imports it for them."""
+    from node.inference.devices import count_llama_gpus, detect_llama
+    from node.sysinfo import gpu_inventory
+
+    cuda = FakeCuda(monkeypatch, driver=False)
+    assert gpu_inventory() == [] and count_llama_gpus() == 0 and detect_llama().gpus == ()
+    assert cuda.calls == {}

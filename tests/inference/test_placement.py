@@ -85,6 +85,7 @@ class _Props:
 
 
 def _fake_cuda(monkeypatch, props: list[_Props], free_total: list[tuple[int, int]], archs: list[str]):
+    monkeypatch.setattr("node.sysinfo.gpu_driver_present", lambda: True)  # (no driver here: torch not asked)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(props))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
