@@ -11,6 +11,7 @@ are lookups (`import torch` on the loop holds it for 1.5 s).
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 import sys
@@ -32,8 +33,12 @@ def torch_loaded() -> bool:
 
 def load_engine() -> None:
     """Import torch and the slice engine (blocking: seconds the first time; run it in an executor)."""
+    first = not torch_loaded()
     for name in ENGINE_MODULES:
         importlib.import_module(name)
+    if first:  # torch's long-lived objects out of the collector's reach, as the start's are
+        # (commands/run.py): a full GC pass over them would stall the loop later (instant: no collection)
+        gc.freeze()
 
 
 async def async_ensure_torch() -> None:

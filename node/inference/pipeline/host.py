@@ -241,6 +241,7 @@ class SliceHost(FileRecheck):
                     await self.partials.async_fetch(entry, start, end, progress=progress)
                 finally:
                     hosted.fetch = None
+            await async_ensure_torch()  # the first slice: torch imported off the loop (then looked up here)
             hosted.placement = await loop.run_in_executor(hosted.executor, self._place, entry, start, end)
             hosted.ms_per_layer = self.speeds.start_from(self.for_model(entry.sha256, draining=True),
                                                          entry.sha256, str(hosted.placement.device))
@@ -291,7 +292,6 @@ class SliceHost(FileRecheck):
         file replaced between the check and the open loaded under the old sha256). One touched as it
         loads (FileChangedWhileOpen) is checked again (hashed off the loop: other bytes refuse it) and
         loaded again: review r36, a touch failed the load, and a `--layers` slice served nothing."""
-        await async_ensure_torch()  # (the first slice: torch is imported off the loop, then looked up here)
         from node.inference.slice import SliceModel
         from node.inference.weights.gguf_file import FileChangedWhileOpen
 
