@@ -320,7 +320,8 @@ class RequestTrace:
             "request_id": self.request_id,
             "model": self.model,
             "operation": self.operation,
-            "route": self.route,
+            "route": self.route,  # (n choices that went different ways: the first's; each in choice_routes)
+            "choice_routes": [{"route": route, "nodes": list(ids)} for route, ids in self.choice_routes],
             "stream": self.stream,
             "created_at": self.created_at,
             "assemblies": self.assemblies,

@@ -66,9 +66,15 @@ class RequestsTab(QWidget):
             self.detail_title.setText("<b>Route</b>")
             self.summary.setPlainText("")
             return
+        if trace.choice_routes:  # n choices that went different ways: the segments below are the first's
+            routes = " | ".join(f"{route or 'none'} via {', '.join(ids) or '-'}" for route, ids in trace.choice_routes)
+            route = f"choices went different ways ({html.escape(routes)}); the first choice's {len(trace.segments)} segment(s)"
+        else:
+            route = f"{trace.route or 'not chosen yet'}, {len(trace.segments)} segment(s)"
         self.detail_title.setText(
-            f"<b>Route of {trace.request_id[:8]}</b>: {trace.route or 'not chosen yet'}, {len(trace.segments)} segment(s)"
-            + (f", assembled {trace.assemblies}×" if trace.assemblies > 1 else "")
+            f"<b>Route of {trace.request_id[:8]}</b>: {route}"
+            + (f", assembled {trace.assemblies}× (every choice's tries)" if trace.assemblies > 1 and trace.choice_routes
+               else f", assembled {trace.assemblies}×" if trace.assemblies > 1 else "")
             # (a peer's error text: never read as HTML)
             + (f" — first attempt failed: {html.escape(trace.first_attempt_cause)}" if trace.first_attempt_cause else ""))
         self.summary.setPlainText(trace.summary_line() if trace.done else "(in flight: the summary line is "

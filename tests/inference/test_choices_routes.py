@@ -84,3 +84,4 @@ async def test_choices_that_went_one_way_read_as_one_route():
     line = await _line([[["me000000", "bbbbbbbb"]], [["me000000", "bbbbbbbb"]], [["me000000", "bbbbbbbb"]]])
     assert " route=distributed segments=2 " in line and "choice_routes" not in line, line
     assert " nodes=me000000,bbbbbbbb " in line and "assemblies" not in line, line
+
