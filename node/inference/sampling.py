@@ -198,4 +198,10 @@ def lacking(needed: frozenset[str], advertised: frozenset[str] | None) -> tuple[
     kind, _, name = missing[0].partition(":")
     if kind == "grammar":
         return "grammar", f"the grammar type {name!r}"
-    return name, f"the sampling field {name!r}"
+    return _ASKED_AS.get(name, (name, f"the sampling field {name!r}"))
+
+
+# fields a request names otherwise: (the parameter, its words) as the 503 says them (2026-12-07: it
+# said "the sampling field 'reasoning_budget'", which no API has)
+_ASKED_AS = {"reasoning_budget": ("reasoning_budget_tokens", "a reasoning budget (reasoning_budget_tokens or "
+                                  "reasoning_effort; Anthropic's thinking.budget_tokens)")}
