@@ -189,6 +189,11 @@ class SwarmModels:
                 self._failed_at[sha] = time.monotonic()
                 log.warning("DIAG: model from the swarm unavailable %s", kv(model=sha[:16], error=exc.message))
                 return False
+            except Exception as exc:  # (a bug's: waited out as a failure, not fetched again at once, review r74)
+                self._failed_at[sha] = time.monotonic()
+                log.exception("DIAG: model from the swarm unavailable (an unexpected error) %s", kv(
+                    model=sha[:16], error=type(exc).__name__))
+                return False
             if self.catalog.by_sha(sha) is not None:
                 return True  # a file of it (a download) turned up while its header was on the way
             if self._clashes(advert):

@@ -33,6 +33,7 @@ _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 _STRING_MAX = 1 << 24  # a header's string (a chat template is the longest: tens of KB)
 _ARRAY_MAX = 1 << 32  # a header's array (a vocabulary: hundreds of thousands)
+_NESTING_MAX = 8  # arrays of arrays in a header (real ones: 2 deep at most)
 _SKIP_BLOCK = 1 << 20  # a vocabulary's strings are skipped a block at a time
 
 
@@ -187,20 +188,22 @@ class _Reader:
             return self.string()
         raise ModelLoadError(f"{self.path.name}: unknown GGUF value type {vtype}")
 
-    def array(self) -> tuple[list[Any] | None, int]:
+    def array(self, depth: int = 1) -> tuple[list[Any] | None, int]:
+        if depth > _NESTING_MAX:  # (2026-12-07, review r74: RecursionError, which stopped the node's start)
+            raise ModelLoadError(f"{self.path.name}: GGUF header arrays nested more than {_NESTING_MAX} deep")
         sub = self.unpack("I", 4)
         n = self.unpack("Q", 8)
         if n > _ARRAY_MAX:  # (a seek past 2**63 raised OverflowError, not the header's refusal)
             raise ModelLoadError(f"{self.path.name}: implausible array length {n} in GGUF header")
         if n <= KEEP_ARRAY_MAX:
-            return [self.value(sub) if sub != _ARRAY else self.array()[0] for _ in range(n)], n
+            return [self.value(sub) if sub != _ARRAY else self.array(depth + 1)[0] for _ in range(n)], n
         if sub in _SCALARS:
             self.fh.seek(_SCALARS[sub][1] * n, 1)
         elif sub == _STRING:
             self.skip_strings(n)
         else:
             for _ in range(n):
-                self.array()
+                self.array(depth + 1)
         return None, n
 
 

@@ -137,6 +137,28 @@ def test_only_lying_holders_leave_the_model_unknown(holder, tmp_path):
     asyncio.run(go())
 
 
+def test_a_fetch_failing_with_an_unexpected_error_is_waited_out_not_repeated_at_once(holder, tmp_path):
+    """Review r74: an error of a kind nothing expected (a header nested past Python's recursion limit
+    raised RecursionError) escaped `_async_obtain`'s NodeError handler: the model was never marked
+    failed, and each end of the task started the fetch again at once (23 a second, forever)."""
+    async def go():
+        catalog, models, table, swarm = _bare(tmp_path, Holders(holder.catalog))
+        calls = []
+
+        async def broken(adverts):
+            calls.append(len(adverts))
+            raise RuntimeError("a bug")
+        swarm.fetcher.async_fetch = broken
+        swarm.start()
+        table.connect(HOLDER, [holder.advert])
+        await wait_until(lambda: holder.entry.sha256 in swarm._failed_at, 30, what="the fetch marked failed")
+        assert calls == [1], calls
+        assert catalog.by_sha(holder.entry.sha256) is None
+        swarm.close()
+        await models.async_close()
+    asyncio.run(go())
+
+
 def _advert_of(entry, **over):
     return {"sha256": entry.sha256, "name": entry.name, "n_layers": entry.n_layers, "start": 0, "end": 3,
             "architecture": entry.architecture, "header_sha256": entry.header_sha256,

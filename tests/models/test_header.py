@@ -253,3 +253,25 @@ def test_a_header_with_a_huge_length_is_refused_as_a_header(tmp_path, lie):
     path.write_bytes(bytes(data))
     with pytest.raises(ModelLoadError, match="implausible"):
         read_header(path)
+
+
+def _nested(depth: int) -> bytes:
+    """A header with one metadata key: arrays of one array, `depth` deep, around an empty u32 array."""
+    def text(x: str) -> bytes:
+        return struct.pack("<Q", len(x)) + x.encode()
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + text("nested") + struct.pack("<I", 9)
+    return body + struct.pack("<IQ", 9, 1) * (depth - 1) + struct.pack("<IQ", 4, 0)
+
+
+def test_arrays_nested_too_deep_are_refused_as_a_header_and_the_scan_goes_on(models, tmp_path):
+    """Review r74: arrays nested 5000 deep (60 KB) raised RecursionError, which the catalog scan does not
+    catch: one such file in models/ stopped every start, and a peer's header fetch escaped its error
+    handling (fetched again at once, forever)."""
+    assert read_header_bytes(_nested(2)).metadata["nested"] == [[]]  # as deep as real headers go
+    with pytest.raises(ModelLoadError, match="nested more than"):
+        read_header_bytes(_nested(5000))
+    bad = tmp_path / "deep.gguf"
+    bad.write_bytes(_nested(5000))
+    catalog = ModelCatalog(tmp_path / "data")
+    entries = catalog.scan([(bad, "folder"), (models["tiny"], "folder")])
+    assert [e.name for e in entries] == ["tiny"] and bad in catalog.skipped, catalog.skipped
