@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from node.models.download.restore import finish_linked_landings
 from tests.node.test_download_restore import api, finished, listed
 from tests.support.nodes import node_config, running_node
 
@@ -79,3 +80,27 @@ async def test_a_crash_between_the_hard_link_and_the_parts_delete_is_read_as_lan
         assert any("landing" in r.getMessage() and "kept.gguf.part" in r.getMessage() for r in caplog.records)
         assert server.requests == []
     assert (models / "kept.gguf").read_bytes() == other_bytes
+
+
+async def test_a_split_part_linked_when_the_crash_came_lands_as_what_it_was(tmp_path):  # noqa: RUF029
+    """Of a set landing (part 1, which lands last, still a `.part`) a linked later part goes back to
+    its `.part` alone, the set lands again when resumed; a part fetched alone (part 1 landed before)
+    is landed: review r74, its target was removed from a model already served."""
+    def linked(name: str) -> None:
+        (tmp_path / name).write_bytes(name.encode())
+        os.link(tmp_path / name, tmp_path / f"{name}.part")
+        (tmp_path / f"{name}.part.json").write_text("{}")
+
+    # a set landing: part 3 landed, part 2 linked when the crash came, part 1 still a .part
+    (tmp_path / "s-00001-of-00003.gguf.part").write_bytes(b"1")
+    linked("s-00002-of-00003.gguf")
+    (tmp_path / "s-00003-of-00003.gguf").write_bytes(b"3")
+    # a part fetched alone, of a set whose other parts are here
+    (tmp_path / "a-00001-of-00002.gguf").write_bytes(b"1")
+    linked("a-00002-of-00002.gguf")
+    assert sorted(finish_linked_landings(tmp_path)) == ["a-00002-of-00002.gguf.part", "s-00002-of-00003.gguf.part"]
+    assert (tmp_path / "s-00002-of-00003.gguf.part").exists() and not (tmp_path / "s-00002-of-00003.gguf").exists()
+    assert (tmp_path / "s-00002-of-00003.gguf.part.json").exists()  # (the set's landing to finish)
+    assert (tmp_path / "a-00002-of-00002.gguf").read_bytes() == b"a-00002-of-00002.gguf"
+    assert not (tmp_path / "a-00002-of-00002.gguf.part").exists()
+    assert not (tmp_path / "a-00002-of-00002.gguf.part.json").exists()

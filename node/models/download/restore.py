@@ -93,10 +93,10 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
 
 def finish_linked_landings(models_dir: Path) -> list[str]:
     """Landings a crash cut between a `.part`'s hard link into models/ and its delete (`partfile._place`),
-    seen as a `.part` that is the very file at its target (blocking; the names acted on): a file, or a
-    split set's part 1 (which lands last), has landed, checked: its `.part` and sidecar are deleted; a
-    later part of a set gets its `.part` back alone (the set lands again when resumed,
-    `partfile.cut_landing`). Until 2026-12-07 the next start listed a paused download beside the model
+    seen as a `.part` that is the very file at its target (blocking; the names acted on): a file, a
+    split set's part 1 (which lands last) or a part fetched alone has landed, checked: its `.part` and
+    sidecar are deleted; a later part of a set whose part 1 is still a `.part` gets its `.part` back
+    alone (the set lands again when resumed, `partfile.cut_landing`). Until 2026-12-07 the next start listed a paused download beside the model
     served from the file, and its Resume said "already exists"."""
     done = []
     try:
@@ -109,11 +109,12 @@ def finish_linked_landings(models_dir: Path) -> list[str]:
             if not (target.exists() and os.path.samefile(part, target)):
                 continue
             split = split_part(target)
-            if split is None or split[1] == 1:
+            first = None if split is None else models_dir / (llama_split_name(split[0], 1, split[2]) + PART)
+            if first is not None and split[1] != 1 and first.exists():  # a set landing, part 1 still to come
+                target.unlink()
+            else:  # a file, a set's part 1, or a part downloaded alone (review r74: its target was removed)
                 part.unlink()
                 sidecar(part).unlink(missing_ok=True)
-            else:
-                target.unlink()
         except OSError:  # (read-only, or gone meanwhile: left as it is)
             continue
         done.append(part.name)
