@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from node.torch_import import import_torch
+
 log = logging.getLogger(__name__)
 
 BANDWIDTH_BUFFER_BYTES = 128 * 1024 * 1024
@@ -107,7 +109,9 @@ def gpu_driver_present() -> bool:
             return True
     except OSError:
         pass
-    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg"))
+    # (and Jetson's nvgpu, which has neither of NVIDIA's desktop driver files: review r73)
+    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg", "/dev/nvhost-ctrl-gpu",
+                                          "/sys/module/nvgpu"))
 
 
 def gpu_inventory() -> list[GpuInfo]:
@@ -119,7 +123,7 @@ def gpu_inventory() -> list[GpuInfo]:
     if not gpu_driver_present():
         return []
     try:
-        import torch
+        torch = import_torch()
     except Exception:  # torch missing or broken: no GPU we can use
         return []
     gpus = []

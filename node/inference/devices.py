@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from node import sysinfo
+from node.torch_import import import_torch
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,7 @@ def _torch_gpus() -> tuple[tuple[Gpu, ...], tuple[int, int] | None]:
     if not sysinfo.gpu_driver_present():  # no GPU driver: torch would find none (and is not imported for it)
         return (), None
     try:
-        import torch
-
+        torch = import_torch()
         if not torch.cuda.is_available():
             return (), None
         gpus = []
@@ -88,8 +88,7 @@ def count_llama_gpus() -> int:
     if not sysinfo.gpu_driver_present() or not _llama_offload():
         return 0
     try:
-        import torch
-
+        torch = import_torch()
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception as exc:  # a broken driver reads as "no GPU", with the reason logged
         log.warning("GPU count failed: %s", exc)

@@ -11,18 +11,18 @@ are lookups (`import torch` on the loop holds it for 1.5 s).
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import logging
 import sys
 import time
 
 from node.logs import kv
+from node.torch_import import freeze_once, import_torch
 
 log = logging.getLogger(__name__)
 
 # what the slice engine imports at its top level: loaded together, in one executor call
-ENGINE_MODULES = ("torch", "node.inference.slice", "node.inference.pipeline.sampler",
+ENGINE_MODULES = ("torch", "node.inference.slice", "node.inference.slice.model", "node.inference.pipeline.sampler",
                   "node.inference.weights.gguf_file")
 
 
@@ -32,13 +32,12 @@ def torch_loaded() -> bool:
 
 
 def load_engine() -> None:
-    """Import torch and the slice engine (blocking: seconds the first time; run it in an executor)."""
-    first = not torch_loaded()
+    """Import torch and the slice engine (blocking: seconds the first time; run it in an executor),
+    their long-lived objects then out of the collector's full passes (torch_import.freeze_once)."""
+    import_torch()
     for name in ENGINE_MODULES:
         importlib.import_module(name)
-    if first:  # torch's long-lived objects out of the collector's reach, as the start's are
-        # (commands/run.py): a full GC pass over them would stall the loop later (instant: no collection)
-        gc.freeze()
+    freeze_once("slice engine")
 
 
 async def async_ensure_torch() -> None:

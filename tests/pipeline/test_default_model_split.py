@@ -52,7 +52,7 @@ def test_two_node_split_matches_single_node(tmp_path):
     model = default_model_path()
     n_layers = read_header(model).n_layers
     half = n_layers // 2
-    single = NodeProcess(tmp_path / "single", args=["--no-mdns", "--n-threads", "1"])
+    single = NodeProcess(tmp_path / "single", args=["--no-mdns", "--n-threads", "1", "--cpu-only"])
     common = ["--model", str(model), "--no-default-model", "--no-mdns", "--n-threads", "1", "--slice-dtype", "f32",
               "--activation-bits", "32"]
     a = NodeProcess(tmp_path / "a", args=[*common, "--layers", f"0-{half - 1}"])

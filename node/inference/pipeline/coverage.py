@@ -11,6 +11,7 @@ from typing import Any
 
 from node import const
 from node.inference.pipeline import layerchoice as lc
+from node.torch_import import import_torch
 from node.values import int_or_none
 
 # --- the swarm's coverage, from adverts ---
@@ -141,8 +142,7 @@ def slice_sizes(path: Any, dtype: str, max_ctx: int = 0, *, header_of_size: int 
     """From tensor shapes only (blocking: opens the file; run it in an executor). `header_of_size`:
     `path` is only the header of a file that large (a model known here by its header); `kv_dtype`:
     the slices' KV cache type (SliceModel.load's)."""
-    import torch
-
+    torch = import_torch()
     from node.inference.arch import family
     from node.inference.slice.formats import kv_element_bytes, resolve_format
     from node.inference.slice.model import estimate_bytes
