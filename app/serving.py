@@ -5,11 +5,18 @@ Read when an event says something changed (model or peer observers), never on a 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from node.node import Node
+
+
+def _local_clock(unix_time: float) -> str:
+    """The app says a time in the user's own (the Swarm tab's "choosing again at" too); node.log and
+    the report say it in UTC marked Z (review r74: the tray said one, the Swarm tab the other)."""
+    return time.strftime("%H:%M:%S", time.localtime(unix_time))
 
 
 @dataclass(frozen=True)
@@ -79,5 +86,5 @@ def serving_of(node: Node) -> Serving:
         failed=any(x.state == "failed" for x in [*whole, *slices]) or bool(retries),
         idle=any(m.state == "unloaded" for m in whole),
         whole_idle=tuple(m.id for m in whole if m.state == "unloaded" and m.tokenizer is not None),
-        choice_failed=tuple(f.text(retrying=f.model in again) for f in failures),
+        choice_failed=tuple(f.text(retrying=f.model in again, clock=_local_clock) for f in failures),
     )

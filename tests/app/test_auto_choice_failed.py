@@ -95,3 +95,27 @@ def test_the_automatic_choices_retry_keeps_its_failure_shown(qtbot, run, data_di
                        for _, text in loading), seen
 
     run(body())
+
+
+def test_the_app_says_a_failed_choices_next_time_in_local_time(monkeypatch):
+    """Review r74: the tray's status said "chosen again at 20:19:41Z" (UTC, as node.log) while the Swarm
+    tab said "choosing again at 21:19:41" for the same failure; the app says local time throughout."""
+    import time
+    from types import SimpleNamespace
+
+    from app.serving import serving_of
+    from node.inference.pipeline.budgets import ChoiceFailure
+
+    monkeypatch.setenv("TZ", "Asia/Kathmandu")
+    time.tzset()
+    try:
+        failure = ChoiceFailure("m", 0, 2, "why", 1_000_000_000.0, 1_000_003_600.0, 1)
+        node = SimpleNamespace(autoserve=SimpleNamespace(failures=lambda: [failure]), pipeline=None,
+                               models=SimpleNamespace(whole_models=list), slice_host=SimpleNamespace(slices={}))
+        serving = serving_of(node)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert serving.choice_failed == ("layers 0–1 of m (chosen automatically) failed to load: why; "
+                                     "chosen again at 08:31:40",)  # 02:46:40Z, +05:45 there
+    assert failure.text().endswith("chosen again at 2001-09-09 02:46Z")  # (node.log's and the report's)

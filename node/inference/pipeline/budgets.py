@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from node import const
@@ -42,10 +42,11 @@ class ChoiceFailure:
                 "at": round(self.at, 3), "retry_at": round(self.retry_at, 3),
                 "failures": self.failures}
 
-    def text(self, *, retrying: bool = False) -> str:
+    def text(self, *, retrying: bool = False, clock: Callable[[float], str] = utc_clock) -> str:
         """One line for people: "layers 0–1 of X failed to load: why; chosen again at 01:02:03"
-        (`retrying`: a later choice is loading now, "…; retrying…")."""
-        when = "retrying…" if retrying else f"chosen again at {utc_clock(self.retry_at)}"
+        (`retrying`: a later choice is loading now, "…; retrying…"); the time UTC marked Z, as node.log
+        and the report say it, or as `clock` says it (the app: local time, as its Swarm tab, review r74)."""
+        when = "retrying…" if retrying else f"chosen again at {clock(self.retry_at)}"
         return (f"layers {self.start}–{self.end - 1} of {self.model} (chosen automatically) failed to load: "
                 f"{self.reason}; {when}")
 
