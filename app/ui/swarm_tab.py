@@ -10,6 +10,7 @@ import asyncio
 import time
 
 from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -155,7 +156,9 @@ class ContributePanel(QGroupBox):
         known = self._known()
         parts = self._split_parts()
         self.help_box.setEnabled(known and not parts and self.host.node.autoserve is not None)
-        if known and not parts and self.model_id not in self.cost:
+        # sized once the panel is seen (showEvent): sizing imports torch (1.5 s, ~180 MB), which a tray
+        # app serving whole models, its window closed, never needs (2026-12-07: every start sized)
+        if known and not parts and self.model_id not in self.cost and self.isVisible():
             self.cost[self.model_id] = {}  # asked once (an empty cost shows the budget in MiB only)
             spawn(self._async_cost(self.model_id), what=f"sizing the layers of {self.model_id}")
         # not while the user holds the slider or a budget they set waits to be applied: the
@@ -168,6 +171,10 @@ class ContributePanel(QGroupBox):
             self.slider.blockSignals(False)
         self._show_budget()
         self.status.setText(self._status_text(choice, contributions.paused))
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self.refresh()  # (the selected model sized now, if it was not)
 
     def _status_text(self, choice: dict | None, paused: bool) -> str:
         if paused:

@@ -72,6 +72,7 @@ def test_help_serve_fills_the_gap_and_the_map_draws_the_chain(qtbot, run, qtmode
                 config = node_config(tmp_path / "a", slice_dtype="f32", slice_budget_mb=0,
                                      bootstrap=[f"127.0.0.1:{b.peers.listen_port}"])
                 async with running_app(config) as app:
+                    app.window.show_tab("Swarm")  # (the model is sized once its panel is seen)
                     tab = app.window.swarm_tab
                     panel = tab.contribute
                     layer_map = app.feeds.layer_map
@@ -269,6 +270,7 @@ def test_a_layer_fetch_is_cancelled_from_its_bar_and_resumes_from_where_it_stopp
             try:
                 config = node_config(tmp_path / "a", slice_dtype="f32", bootstrap=[f"127.0.0.1:{b.peers.listen_port}"])
                 async with running_app(config) as app:
+                    app.window.show_tab("Swarm")  # (the model is sized once its panel is seen)
                     panel, layer_map = app.window.swarm_tab.contribute, app.feeds.layer_map
                     await wait_until(lambda: layer_map.current() is not None and panel.help_box.isEnabled()
                                      and " layers (" in panel.budget_label.text(), DEADLINE_S, what="the model here")
