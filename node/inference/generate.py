@@ -352,7 +352,9 @@ class CompletionRun:
             if out is not None:
                 yield out
         if parser is not None:
-            text, calls = parser.finish(cut=not ended_by_eog and assembler.stop_match is None)
+            # a stop sequence inside a call cuts it as the budget does (the call so far, no markup as content)
+            stopped_in_call = assembler.stop_match is not None and parser.in_call
+            text, calls = parser.finish(cut=not ended_by_eog and (assembler.stop_match is None or stopped_in_call))
             if text or calls:
                 yield Delta(text=text, tool_calls=tuple(calls))
             self.content, self.tool_calls, self.cut_call = self._inline + parser.content, parser.calls, parser.cut_call
@@ -363,7 +365,7 @@ class CompletionRun:
         await self._wait_generation()
         trace.cached_tokens = self._cached_tokens()
         self._finish_reason(ended_by_eog, assembler, produced)
-        if self.tool_calls and trace.finish_reason == "stop":
+        if self.tool_calls and self.cut_call is None and trace.finish_reason == "stop":  # a cut call: not to run
             trace.finish_reason = "tool_calls"
 
     def _cached_tokens(self) -> int | None:

@@ -40,10 +40,11 @@ def model(node):
     return node.models.all()[0].id
 
 
-async def chat(client, model: str, max_tokens: int, stream: bool) -> tuple[str | None, list[tuple[str, str]], str]:
+async def chat(client, model: str, max_tokens: int, stream: bool,
+               **extra) -> tuple[str | None, list[tuple[str, str]], str]:
     """(content, [(name, arguments)], finish_reason), a stream's pieces put together as clients do."""
     kwargs = dict(model=model, messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
-                  max_tokens=max_tokens, temperature=0)
+                  max_tokens=max_tokens, temperature=0, **extra)
     if not stream:
         reply = await client.chat.completions.create(**kwargs)
         msg = reply.choices[0].message
@@ -140,3 +141,26 @@ async def test_a_cut_call_sent_back_in_the_history_is_taken(oai, model):
         model=model, previous_response_id=first.id, tools=tools, temperature=0, max_output_tokens=8,
         input=[{"type": "function_call_output", "call_id": item.call_id, "output": "the call was cut short"}])
     assert second.status in ("completed", "incomplete")
+
+
+async def test_a_stop_sequence_inside_a_call_cuts_it_like_the_budget(oai, claude, model):
+    """A stop sequence the call's JSON holds ("city": every call of get_weather writes it) ends the
+    reply inside the call: the call as far as it was written, never its markup as content, the
+    stream and the whole reply alike (finish_reason stop / stop_reason stop_sequence). Until
+    2026-12-07 the raw JSON came back as the content, and a stream sent the call's first pieces as a
+    tool call and then the same JSON again as content."""
+    _, [(name, arguments)], _ = await chat(oai, model, 160, stream=False)
+    assert "city" in arguments
+    for stream in (False, True):
+        content, calls, finish = await chat(oai, model, 160, stream=stream, stop=["city"])
+        assert content is None and finish == "stop", (stream, content, calls, finish)
+        assert [c[0] for c in calls] == [name] and arguments.startswith(calls[0][1]), (stream, calls)
+    tool = {"name": "get_weather", "description": "Weather in a city", "input_schema": CITY}
+    kwargs = dict(model=model, tools=[tool], tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                  messages=ASK, max_tokens=160, stop_sequences=["city"], extra_body={"temperature": 0})
+    whole = await claude.messages.create(**kwargs)
+    async with claude.messages.stream(**kwargs) as stream:
+        streamed = await stream.get_final_message()
+    for reply in (whole, streamed):
+        assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", "city")
+        assert [(b.type, b.name) for b in reply.content] == [("tool_use", "get_weather")], reply.content

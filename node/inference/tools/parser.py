@@ -10,9 +10,10 @@ re-read after each piece (a region is one call or a few, so this stays cheap), a
 far is compared with what was already sent. Text that turns out not to be a valid call — a region
 that does not parse, or one the reply left unfinished — is returned as content and logged: nothing
 the model wrote is lost. (A call already streamed in part stays streamed: deltas cannot be taken
-back; the final `calls` and `content` are exact.) A reply cut by its token budget (`finish(cut=True)`)
-is not a malformed one: its unfinished call is `cut_call` (name and the arguments written so far,
-as OpenAI and llama-server return it) and the markup never becomes content.
+back; the final `calls` and `content` are exact.) A reply cut by its token budget, or by a stop
+sequence the call's text holds (`finish(cut=True)`), is not a malformed one: its unfinished call is
+`cut_call` (name and the arguments written so far, as OpenAI and llama-server return a budget's
+cut) and the markup never becomes content.
 """
 
 from __future__ import annotations
@@ -122,6 +123,11 @@ class ToolCallParser:
         self._buf += text
         self._advance(final=False)
         return self._emit(final=False)
+
+    @property
+    def in_call(self) -> bool:
+        """The reply so far ends inside a call region (a call, or what may still open as one)."""
+        return self._mode == "region"
 
     def finish(self, cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
         """The end of the reply; `cut`: the token budget (max_tokens, the context) ended it, so the
@@ -317,10 +323,10 @@ class ToolCallParser:
         return slots, complete
 
     def _keep_complete_calls(self, region: Region) -> bool:
-        """The reply ended by itself (its end token, a stop sequence) inside a region after one or
+        """The reply ended by itself (its end token) inside a region after one or
         more complete calls: keep those — a stream has already sent them — and drop the unfinished
-        one (logged). False when no call in the region is complete. (A reply the token budget cut
-        is `_finish_cut`'s.)"""
+        one (logged). False when no call in the region is complete. (A reply the token budget or a
+        stop sequence cut is `_finish_cut`'s.)"""
         slots, complete = self._complete_calls(region)
         if not complete:
             return False
