@@ -9,7 +9,7 @@ collect) with this dialect's shapes (responses: bodies and chunks).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from node.api.responses import StreamChunks, completion_body
 from node.api.schemas import parse_completion
 from node.api.streaming import SSE_CONTENT_TYPE
 from node.api.tool_schemas import async_check_tool_schemas
+from node.errors import InvalidRequest
 from node.inference.choices import ChoicesRun
 from node.inference.generate import CompletionRun
 from node.inference.request import CompletionRequest, TokenLogprob
@@ -53,10 +54,36 @@ async def list_models(request: web.Request) -> web.Response:
     models = request.app[NODE].list_openai_models()
     if not _anthropic_asks(request):
         return web.json_response({"object": "list", "data": models})
-    models = [_with_model_info(m) for m in models]
-    return web.json_response({"object": "list", "data": models, "has_more": False,
-                              "first_id": models[0]["id"] if models else None,
-                              "last_id": models[-1]["id"] if models else None})
+    page, has_more = _anthropic_models_page([_with_model_info(m) for m in models], request.query)
+    return web.json_response({"object": "list", "data": page, "has_more": has_more,
+                              "first_id": page[0]["id"] if page else None,
+                              "last_id": page[-1]["id"] if page else None})
+
+
+_MAX_PAGE = 1000  # Anthropic's bound on `limit`
+
+
+def _anthropic_models_page(models: list[dict[str, Any]], query: Mapping[str, str]) -> tuple[list[dict[str, Any]], bool]:
+    """Anthropic's paging of GET /v1/models: the models after `after_id` (or before `before_id`),
+    at most `limit` of them (every one without it), and whether more lie beyond. An id no longer
+    listed (a peer left between pages) pages from the end: an empty page, not the list again."""
+    raw = query.get("limit")
+    limit = len(models)
+    if raw is not None:
+        try:
+            limit = int(raw)
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= _MAX_PAGE:
+            raise InvalidRequest(f"`limit` must be an integer between 1 and {_MAX_PAGE}, got {raw!r}", param="limit")
+    ids = [m["id"] for m in models]
+    if "before_id" in query:
+        end = ids.index(query["before_id"]) if query["before_id"] in ids else 0
+        start = max(0, end - limit)
+        return models[start:end], start > 0
+    start = ids.index(query["after_id"]) + 1 if query.get("after_id") in ids else (
+        len(ids) if "after_id" in query else 0)
+    return models[start:start + limit], start + limit < len(models)
 
 
 @routes.get("/v1/models/{model_id}")
