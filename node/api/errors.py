@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Mapping
 from typing import Literal
 
 from aiohttp import web
@@ -36,6 +37,7 @@ from node.values import MAX_JSON_DEPTH, NestedTooDeeply, loads_bounded
 log = logging.getLogger(__name__)
 
 ANTHROPIC_PATH_PREFIX = "/v1/messages"
+MODELS_PATH = "/v1/models"  # both SDKs list models here
 OLLAMA_PATH_PREFIX = "/api/"
 ADMIN_PATH_PREFIX = "/api/admin"
 ErrorShape = Literal["openai", "anthropic", "ollama"]
@@ -119,11 +121,18 @@ def is_ollama_path(path: str) -> bool:
         path == ADMIN_PATH_PREFIX or path.startswith(ADMIN_PATH_PREFIX + "/"))
 
 
-def path_error_shape(path: str) -> ErrorShape:
-    """The error shape a path's clients read."""
+def path_error_shape(path: str, headers: Mapping[str, str] | None = None) -> ErrorShape:
+    """The error shape a path's clients read. /v1/models serves both SDKs: the anthropic one (its
+    `anthropic-version` header on every request) reads Anthropic's."""
     if is_anthropic_path(path):
         return "anthropic"
+    if headers is not None and _is_models_path(path) and "anthropic-version" in headers:
+        return "anthropic"
     return "ollama" if is_ollama_path(path) else "openai"
+
+
+def _is_models_path(path: str) -> bool:
+    return path == MODELS_PATH or path.startswith(MODELS_PATH + "/")
 
 
 def _from_http(exc: web.HTTPException) -> NodeError:
@@ -143,7 +152,7 @@ def _from_http(exc: web.HTTPException) -> NodeError:
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     """Map NodeError (and stray HTTP exceptions) to the path's error shape; log the unexpected."""
-    shape = path_error_shape(request.path)
+    shape = path_error_shape(request.path, request.headers)
     try:
         return await handler(request)
     except NodeError as exc:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import anthropic
+import openai
 import pytest
 
 from node.inference.synth import SynthSpec
@@ -41,3 +42,23 @@ async def test_the_model_list_pages_as_anthropic_s_does(node, client):
     for bad in (0, 1001):
         with pytest.raises(anthropic.BadRequestError, match="limit"):
             await claude.models.list(limit=bad)
+
+
+async def test_model_errors_take_anthropic_s_shape_for_its_sdk(node, client):
+    """GET /v1/models/{id} of an unknown model and a wrong key, asked by the anthropic client: its
+    error body (`{"type": "error", "error": {"type": "not_found_error", ...}}`), as on /v1/messages;
+    the OpenAI client still gets OpenAI's. Until 2026-12-07 both clients got OpenAI's body, whose
+    type (`invalid_request_error`) an app reading `error.body["error"]["type"]` took for a bad request."""
+    claude = anthropic_client(node)
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        await claude.models.retrieve("no-such-model")
+    assert missing.value.body["type"] == "error" and missing.value.body["error"]["type"] == "not_found_error"
+    assert "no-such-model" in missing.value.body["error"]["message"]
+    wrong = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{node.api.port}", api_key="wrong", max_retries=0)
+    async with wrong:
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            await wrong.models.list()
+    assert refused.value.body["error"]["type"] == "authentication_error" and refused.value.body["type"] == "error"
+    with pytest.raises(openai.NotFoundError) as plain:
+        await client.models.retrieve("no-such-model")
+    assert plain.value.code == "model_not_found"
