@@ -252,6 +252,7 @@ async def _async_shoot(out: Path, model_arg: Path | None) -> None:
             picker = window.swarm_tab.picker
             picker.setCurrentIndex(picker.findData(split_map().sha256))
             split_id = layer_map.current().model_id
+            window.show_tab("Swarm")  # (the panel sizes the model once it is seen)
             await _async_until(lambda: split_id in app.node.catalog.entries and bool(panel.cost.get(split_id)))
             await _async_requests(app, None)
             await _async_until(lambda: app.node.traces.in_flight == 0)

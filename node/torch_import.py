@@ -24,6 +24,9 @@ def freeze_once(what: str) -> None:
         if what in _frozen:
             return
         _frozen.add(what)
+    # the young generations' garbage first (cheap): a request's cycle live at this moment, the
+    # freeze coming from an executor mid-request, would otherwise never be collected (review r75)
+    gc.collect(1)
     gc.freeze()
 
 

@@ -188,7 +188,7 @@ OLD_FEATURES = frozenset({f"sampling:{name}" for name in (
     | {f"grammar:{kind}" for kind in ("json", "literal", "text", "seq", "alt", "repeat")})
 
 
-def lacking(needed: frozenset[str], advertised: frozenset[str] | None) -> tuple[str, str] | None:
+def lacking(needed: frozenset[str], advertised: frozenset[str] | None) -> tuple[str | None, str] | None:
     """The first of a request's features (`SamplingParams.features`) that a node advertising
     `advertised` (None: it says nothing, OLD_FEATURES) does not decode: (the request's parameter,
     its words: "the sampling field 'min_tokens'", "the grammar type 'gbnf'"); None if none."""
@@ -203,5 +203,6 @@ def lacking(needed: frozenset[str], advertised: frozenset[str] | None) -> tuple[
 
 # fields a request names otherwise: (the parameter, its words) as the 503 says them (2026-12-07: it
 # said "the sampling field 'reasoning_budget'", which no API has)
-_ASKED_AS = {"reasoning_budget": ("reasoning_budget_tokens", "a reasoning budget (reasoning_budget_tokens or "
-                                  "reasoning_effort; Anthropic's thinking.budget_tokens)")}
+# (no one parameter: the words name each way a request asks for it, review r75)
+_ASKED_AS = {"reasoning_budget": (None, "a reasoning budget (reasoning_budget_tokens or reasoning_effort; "
+                                  "Anthropic's thinking.budget_tokens)")}

@@ -248,11 +248,11 @@ class LayerHolders:
         lacks = getattr(self.peers, "lacks", None)  # (None: no peer network, or a stand-in table)
         return lacks is not None and lacks.lacks(node_id, FrameType.GENERATE)
 
-    def _outdated(self, holders: list[Holder], needs: frozenset[str]) -> dict[str, tuple[str, str]]:
+    def _outdated(self, holders: list[Holder], needs: frozenset[str]) -> dict[str, tuple[str | None, str]]:
         """The peers among `holders` whose HELLO does not list a sampling feature the request uses
         (`needs`: SamplingParams.features; a HELLO listing none is a version before 2026-12-07,
         sampling.OLD_FEATURES): node id -> (the parameter, its words)."""
-        out: dict[str, tuple[str, str]] = {}
+        out: dict[str, tuple[str | None, str]] = {}
         if not needs or self.peers is None:
             return out
         for node in dict.fromkeys(h.node_id for h in holders if h.node_id != self.node_id):
@@ -263,7 +263,7 @@ class LayerHolders:
         return out
 
     @staticmethod
-    def _sampling_gap(n_layers: int, holders: list[Holder], outdated: Mapping[str, tuple[str, str]],
+    def _sampling_gap(n_layers: int, holders: list[Holder], outdated: Mapping[str, tuple[str | None, str]],
                       excluded: frozenset[str], exc: InsufficientCapacity) -> InsufficientCapacity:
         """The error for no chain left once the older nodes (`outdated`) were left out of `holders`:
         planned again with them back (the excluded still out), SamplingUnsupportedBySwarm naming
@@ -303,7 +303,7 @@ class LayerHolders:
         then, SamplingUnsupportedBySwarm names the field and those of them a chain would take, when
         one is left with them back (else the InsufficientCapacity naming the real gap)."""
         started = trace.begin_assembly()
-        outdated: dict[str, tuple[str, str]] = {}
+        outdated: dict[str, tuple[str | None, str]] = {}
         current: list[Holder] = []
         try:
             # a peer the table says connected with no link (closing: the table says so a loop pass
