@@ -471,3 +471,36 @@ def test_an_invalid_call_logs_the_replys_text_only_at_debug(caplog):
     with caplog.at_level(logging.DEBUG):
         parse("hermes", reply)
     assert "SECRET-WORDS-7" in caplog.text
+
+
+def test_in_call_is_a_tool_call_only_not_a_json_answer_nor_an_answers_wrapper():
+    """Review r76: a stop sequence cuts a reply `in_call` as the token budget does. It was any region:
+    a Llama 3 reply's JSON answer ({"result": ...}, or a "name" no tool has) was cut as a call and
+    lost, and Cohere's answer wrapper held back a closer's first characters of the answer."""
+    from node.inference.tools.cohere import RESPONSE_OPEN
+
+    def fed(syntax, text: str, **kw) -> ToolCallParser:
+        parser = ToolCallParser(syntax, known=("get_weather",), **kw)
+        parser.feed(text)
+        return parser
+    llama, generic, hermes = FORMATS["llama3"].syntax, FORMATS["generic"].syntax, FORMATS["hermes"].syntax
+    assert not fed(llama, '{"result": 42, "note": "the ').in_call
+    assert not fed(llama, '{"name": "Paris", "note": "the ').in_call
+    assert fed(llama, '{"name": "get_weather", "parameters": {"city": "Pa').in_call
+    assert fed(generic, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Pa').in_call
+    assert fed(hermes, '<tool_call>\n{"name": "get_we').in_call  # (a marker opened it: a call however far)
+    assert not fed(FORMATS["cohere"].syntax, "The answer is x <", opened=RESPONSE_OPEN).in_call
+
+
+def test_a_stop_sequence_cutting_a_later_call_is_no_tool_use_for_anthropic():
+    """Review r76: a stop sequence inside the second of two calls gave stop_reason tool_use (the first
+    call was whole), so an agent loop ran the cut call with its arguments missing."""
+    from types import SimpleNamespace
+
+    from node.api.anthropic_reply import stop_reason
+
+    whole = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    cut = ToolCall("call_2", "get_weather", '{"city": "')
+    trace = SimpleNamespace(finish_reason="stop", finish_detail="stop_sequence")
+    assert stop_reason(SimpleNamespace(trace=trace, tool_calls=[whole], cut_call=cut)) == "stop_sequence"
+    assert stop_reason(SimpleNamespace(trace=trace, tool_calls=[whole], cut_call=None)) == "tool_use"

@@ -126,8 +126,16 @@ class ToolCallParser:
 
     @property
     def in_call(self) -> bool:
-        """The reply so far ends inside a call region (a call, or what may still open as one)."""
-        return self._mode == "region"
+        """The reply so far ends inside a tool call: a call marker's region (not an answer's wrapper,
+        Cohere's `readers`), or a reply's bare `{` once it reads as a call of an offered tool (Llama
+        3's, the generic format's; a JSON answer is none: review r76, a stop sequence inside one cut it
+        as a call and lost it)."""
+        if self._mode != "region" or self._opener in dict(self.syntax.readers):
+            return False
+        if self._opener:
+            return True
+        named = [s.call.name for s in self._slots[self._region_base:] if s.call.name]
+        return bool(named) and (not self._known or all(name in self._known for name in named))
 
     def finish(self, cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
         """The end of the reply; `cut`: the token budget (max_tokens, the context) ended it, so the
