@@ -20,15 +20,21 @@ from tests.support.nodes import node_config, running_node
 pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.usefixtures("fast_retries")]
 
 
-async def test_a_sidecar_left_by_a_crash_after_the_rename_is_not_read_as_a_download(tmp_path, server, other_bytes,
-                                                                                   caplog):
-    data = tmp_path / "data"
+async def _downloaded(data, url: str) -> dict:
+    """kept.gguf downloaded by a node of `data`, which is then stopped: the finished job."""
     async with running_node(node_config(data)) as node:
-        status, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "kept.gguf"})
+        status, body = await api(node, "POST", "/api/admin/models/download", {"url": url, "filename": "kept.gguf"})
         assert status == 202, body
         done = await finished(node, body["download"]["id"])
         assert done["state"] == "done", done
-        model_id = done["model_id"]
+        return done
+
+
+async def test_a_sidecar_left_by_a_crash_after_the_rename_is_not_read_as_a_download(tmp_path, server, other_bytes,
+                                                                                   caplog):
+    data = tmp_path / "data"
+    done = await _downloaded(data, server.url)
+    model_id = done["model_id"]
     models = data / "models"
     # the crash: renamed, its sidecar not yet deleted (as the download wrote it)
     sidecar = models / "kept.gguf.part.json"
@@ -60,12 +66,8 @@ async def test_a_crash_between_the_hard_link_and_the_parts_delete_is_read_as_lan
     crash after the link left the file twice (one inode): until 2026-12-07 the next start served the
     model and listed a paused download of it whose Resume said "already exists"."""
     data = tmp_path / "data"
-    async with running_node(node_config(data)) as node:
-        status, body = await api(node, "POST", "/api/admin/models/download", {"url": server.url, "filename": "kept.gguf"})
-        assert status == 202, body
-        done = await finished(node, body["download"]["id"])
-        assert done["state"] == "done", done
-        model_id = done["model_id"]
+    done = await _downloaded(data, server.url)
+    model_id = done["model_id"]
     models = data / "models"
     part, sidecar = models / "kept.gguf.part", models / "kept.gguf.part.json"
     os.link(models / "kept.gguf", part)  # the crash: linked, not yet deleted (nor its sidecar)

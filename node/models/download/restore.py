@@ -67,11 +67,7 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
     """(the `.part` files with a readable sidecar, the others as (file name, bytes, why)). Blocking."""
     kept: list[Kept] = []
     orphans: list[tuple[str, int, str]] = []
-    try:
-        found = sorted(p for p in models_dir.glob(f"*.gguf{PART}") if p.is_file())
-    except OSError:  # no models/ yet
-        return kept, orphans
-    for part in found:
+    for part in _files(models_dir, f"*.gguf{PART}"):
         size = size_or_zero(part)
         try:
             meta = json.loads(sidecar(part).read_text(encoding="utf-8"))
@@ -91,19 +87,24 @@ def find_kept(models_dir: Path) -> tuple[list[Kept], list[tuple[str, int, str]]]
     return kept, orphans
 
 
+def _files(models_dir: Path, pattern: str) -> list[Path]:
+    """The files of models/ matching `pattern`, sorted (none when there is no models/ yet; blocking)."""
+    try:
+        return sorted(p for p in models_dir.glob(pattern) if p.is_file())
+    except OSError:
+        return []
+
+
 def finish_linked_landings(models_dir: Path) -> list[str]:
     """Landings a crash cut between a `.part`'s hard link into models/ and its delete (`partfile._place`),
     seen as a `.part` that is the very file at its target (blocking; the names acted on): a file, a
     split set's part 1 (which lands last) or a part fetched alone has landed, checked: its `.part` and
     sidecar are deleted; a later part of a set whose part 1 is still a `.part` gets its `.part` back
-    alone (the set lands again when resumed, `partfile.cut_landing`). Until 2026-12-07 the next start listed a paused download beside the model
-    served from the file, and its Resume said "already exists"."""
+    alone (the set lands again when resumed, `partfile.cut_landing`). Until 2026-12-07 the next start
+    listed a paused download beside the model served from the file, and its Resume said "already
+    exists"."""
     done = []
-    try:
-        found = sorted(p for p in models_dir.glob(f"*.gguf{PART}") if p.is_file())
-    except OSError:  # no models/ yet
-        return done
-    for part in found:
+    for part in _files(models_dir, f"*.gguf{PART}"):
         target = part.with_name(part.name[:-len(PART)])
         try:
             if not (target.exists() and os.path.samefile(part, target)):
@@ -127,11 +128,7 @@ def stale_sidecars(models_dir: Path) -> list[Path]:
     last, is there), or neither there (a crash before the `.part` was made). A part of a set whose
     part 1 is not there yet keeps its sidecar: it marks a landing to finish (`partfile.cut_landing`)."""
     stale = []
-    try:
-        found = sorted(p for p in models_dir.glob(f"*.gguf{PART}.json") if p.is_file())
-    except OSError:  # no models/ yet
-        return stale
-    for side in found:
+    for side in _files(models_dir, f"*.gguf{PART}.json"):
         part = side.with_name(side.name[:-len(".json")])
         target = part.with_name(part.name[:-len(PART)])
         if part.exists():
