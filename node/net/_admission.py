@@ -146,7 +146,7 @@ class Membership:
             else:
                 log.warning("DIAG: a peer refused this node: not in its swarm %s", kv(
                     peer_id=short_id(exc.node_id), swarm=exc.swarm or "-", ours=self.swarm.public_id,
-                    hint=hint or None))
+                    reason=clean_text(exc.message, const.REFUSAL_REASON_MAX_CHARS), hint=hint or None))
         ref.count += 1
         ref.last_at = now
         ref.reason = clean_text(exc.message, const.REFUSAL_REASON_MAX_CHARS)  # (a stranger's text: one line, capped)
@@ -210,6 +210,9 @@ class Admission:
     removed: frozenset[str] = frozenset()  # with "joined": the swarm's removed members
 
 
+REMOVED_TEXT = "this node was removed from the swarm: an invite cannot bring it back under the same node identity"
+
+
 def _refuse(stream: Stream, reason: str) -> None:
     stream.writelines(encode_frame(Frame(FrameType.ERROR, ErrorInfo("not_a_member", reason).to_header())))
 
@@ -247,8 +250,7 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
         if hello.joining:  # the peer presents an invite of ours
             answer = await _read_member(stream, peer, hello.swarm)
             if peer in membership.state.removed:  # by its node id: no invite brings it back
-                _refuse(stream, "this node was removed from the swarm: an invite cannot bring it back "
-                                "under the same node identity")
+                _refuse(stream, REMOVED_TEXT)
                 raise NotAMember("removed from this swarm", node_id=peer, swarm=hello.swarm, by_us=True)
             if answer.get("op") != "join" or swarm.is_open or \
                     not membership.take_invite(answer.get("proof"), peer, me, hello.member_nonce, my_nonce):
@@ -259,8 +261,11 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
                 "op": "welcome", "swarm": swarm.to_json(), "removed": sorted(membership.state.removed)})))
             return Admission("welcomed", swarm)
         if hello.swarm != swarm.public_id or peer in membership.state.removed:
-            why = "removed from this swarm" if peer in membership.state.removed else "in another swarm"
-            _refuse(stream, "this node serves only the members of its swarm")
+            removed = peer in membership.state.removed
+            # a removed node is told so (2026-12-07: it heard "serves only the members of its swarm" from
+            # a member of the swarm its status still named as its own, and no one said why)
+            _refuse(stream, REMOVED_TEXT if removed else "this node serves only the members of its swarm")
+            why = "removed from this swarm" if removed else "in another swarm"
             raise NotAMember(why, node_id=peer, swarm=hello.swarm, by_us=True)
         stream.writelines(encode_frame(Frame(FrameType.MEMBER, {
             "op": "proof", "proof": swarm.proof(me, peer, my_nonce, hello.member_nonce)})))
