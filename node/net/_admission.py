@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node import const
-from node.errors import NotAMember, ProtocolError
+from node.errors import InvalidRequest, NotAMember, ProtocolError
 from node.logs import clean_text, kv
 
 from ._frames import Frame, FrameType, encode_frame, type_name
@@ -235,6 +235,7 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
     swarm = membership.swarm
     async with asyncio.timeout(timeout_s):
         if join_token is not None:  # we are joining the peer's swarm with an invite
+            _check_worth_joining(swarm, hello)  # before the token goes: a refused join leaves the code open
             proof = join_proof(join_token, me, peer, my_nonce, hello.member_nonce)
             stream.writelines(encode_frame(Frame(FrameType.MEMBER, {"op": "join", "proof": proof})))
             answer = await _read_member(stream, peer, hello.swarm)
@@ -280,6 +281,22 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
             _refuse(stream, "membership proof refused")
             raise NotAMember(why, node_id=peer, swarm=hello.swarm, by_us=True)
         return Admission("member", swarm)
+
+
+def _check_worth_joining(swarm: Swarm, hello: Hello) -> None:
+    """InvalidRequest when joining the inviter's swarm would change nothing or take this node back:
+    it holds that swarm's current secret already, or a later one (the inviter missed a rotation).
+    2026-12-07: a member given a code of its own swarm used it up (the device it was for was then
+    refused) and closed every link of its own, requests in flight included; a code from a member
+    that missed a rotation took the joiner back to the old secret, cut off from the others."""
+    if swarm.is_open or hello.swarm != swarm.public_id or hello.epoch > swarm.epoch:
+        return  # another swarm, or a rotation this node missed: the join brings it in
+    if hello.epoch == swarm.epoch:
+        raise InvalidRequest("this node is a member of that device's swarm already: the code was not presented "
+                             "(if it is still valid, another device can use it)", param="code")
+    raise InvalidRequest(f"that device missed a rotation of this node's swarm (its epoch {hello.epoch}, ours "
+                         f"{swarm.epoch}) and holds an old secret: the code was not presented; to bring it back, "
+                         "run `swarmllm invite` here, then `swarmllm join CODE` on it", param="code")
 
 
 async def _read_member(stream: Stream, peer: str, peer_swarm: str) -> dict:
