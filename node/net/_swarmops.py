@@ -201,6 +201,11 @@ class SwarmOps:
             node_id = matches[0]
         if node_id == self._node_id:
             raise InvalidRequest("to leave the swarm yourself, use leave", param="node_id")
+        if node_id in self._membership.state.removed:
+            # 2026-12-07: removing it again rotated the secret again, for nothing, and every member away
+            # at that moment came back with an old secret and needed a new invite
+            raise InvalidRequest(f"{short_id(node_id)} was removed from this swarm already: nothing changed (the "
+                                 "secret was not rotated again)", param="node_id")
         try:
             rotated = swarm.rotated()
         except ValueError as exc:
