@@ -258,6 +258,14 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
                 _refuse(stream, "the invite is not valid here (used, expired, or for another swarm)")
                 raise NotAMember("presented no valid invite", node_id=peer, swarm=hello.swarm, by_us=True)
             await membership.async_save()  # the invite is used up on disk before the secret leaves
+            # the swarm as it is now: a rotation that came in while the join frame or the save was
+            # awaited is what the joiner needs (2026-12-07: it got the secret of before, and every
+            # member refused it as one that missed a rotation, its invite used up)
+            if membership.swarm.swarm_id != swarm.swarm_id:  # this node left or joined another meanwhile
+                _refuse(stream, "the invite is not valid here (used, expired, or for another swarm)")
+                raise NotAMember("presented an invite of a swarm this node left", node_id=peer, swarm=hello.swarm,
+                                 by_us=True)
+            swarm = membership.swarm
             stream.writelines(encode_frame(Frame(FrameType.MEMBER, {
                 "op": "welcome", "swarm": swarm.to_json(), "removed": sorted(membership.state.removed)})))
             return Admission("welcomed", swarm)
