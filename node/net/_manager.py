@@ -467,7 +467,13 @@ class PeerManager:
             # (a member linked for weeks then gone counts as away for `swarm remove`'s guard)
             if link.node_id in self.membership.state.members and self.membership.note_member(link.node_id):
                 self.tasks.spawn(self.membership.async_save(), name="swarm-save")
-            rec.state = "gone"
+            # a link closed because its peer was removed leaves the peer refused, not gone: gone, the
+            # Peers tab showed it as away, and a request with no route waited for it to come back
+            # (`LayerHolders.regain`) (2026-12-07: only a redial of the removed node, refused, said so)
+            refusal = self.membership.refusals.get(link.node_id)
+            if refusal is not None:
+                rec.last_error = refusal.describe()
+            rec.state = "refused" if refusal is not None else "gone"
             rec.gone_since = time.monotonic()
             log.info("DIAG: peer gone %s", kv(peer_id=link.short_id, cause=link.close_cause,
                                               deadline_s=round(link.liveness_deadline_s(), 2)))
