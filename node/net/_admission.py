@@ -284,8 +284,10 @@ async def _async_admit(stream: Stream, membership: Membership, *, me: str, peer:
             if hello.epoch > swarm.epoch:  # the peer holds a later rotation: we are the one out of date
                 why = (f"holds a newer swarm secret (epoch {hello.epoch}, ours {swarm.epoch}): this node missed "
                        "a rotation and needs a new invite")
+            elif hello.epoch < swarm.epoch:  # (2026-12-07: "an older or newer" one, though which was known)
+                why = f"holds an older swarm secret (epoch {hello.epoch}, ours {swarm.epoch})"
             else:
-                why = "holds an older or newer swarm secret" if hello.epoch != swarm.epoch else "bad membership proof"
+                why = "bad membership proof"
             _refuse(stream, "membership proof refused")
             raise NotAMember(why, node_id=peer, swarm=hello.swarm, by_us=True)
         return Admission("member", swarm)
