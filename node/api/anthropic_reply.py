@@ -28,7 +28,7 @@ def stop_reason(run: CompletionRun) -> str:
     trace = run.trace
     if trace.finish_reason == "length":  # also when calls were kept before the cut: the turn is truncated
         return "max_tokens"
-    if getattr(run, "cut_call", None) is not None and trace.finish_detail == "stop_sequence":
+    if getattr(run, "stopped_in_call", False) and trace.finish_detail == "stop_sequence":
         return "stop_sequence"  # a call a stop sequence cut is not to be run, whatever came whole before it (r76)
     if run.tool_calls or trace.finish_reason == "tool_calls":
         return "tool_use"

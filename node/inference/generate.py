@@ -80,6 +80,7 @@ class CompletionRun:
         # the call max_tokens (or the context) cut short, as far as it was written (its arguments are
         # not valid JSON): the dialects return it, as OpenAI does, never as content
         self.cut_call: ToolCall | None = None
+        self.stopped_in_call = False  # a stop sequence matched inside a tool call (cut as the budget cuts)
         self.stop_sequence: str | None = None  # the stop sequence that ended the reply, if one did
         self.timed_out = False  # ended by the request's predict_time_limit_ms
         self._tool_format: ToolFormat | None = None  # set when the reply may call tools
@@ -358,6 +359,7 @@ class CompletionRun:
             if text or calls:
                 yield Delta(text=text, tool_calls=tuple(calls))
             self.content, self.tool_calls, self.cut_call = self._inline + parser.content, parser.calls, parser.cut_call
+            self.stopped_in_call = stopped_in_call
         else:
             self.content = self._inline + self._answer
         if self.pipeline_run is not None:
@@ -365,7 +367,8 @@ class CompletionRun:
         await self._wait_generation()
         trace.cached_tokens = self._cached_tokens()
         self._finish_reason(ended_by_eog, assembler, produced)
-        if self.tool_calls and self.cut_call is None and trace.finish_reason == "stop":  # a cut call: not to run
+        # a call cut (the budget, or a stop sequence: r78, also one cut before its name) is not to run
+        if self.tool_calls and self.cut_call is None and not self.stopped_in_call and trace.finish_reason == "stop":
             trace.finish_reason = "tool_calls"
 
     def _cached_tokens(self) -> int | None:

@@ -485,9 +485,12 @@ def test_in_call_is_a_tool_call_only_not_a_json_answer_nor_an_answers_wrapper():
         return parser
     llama, generic, hermes = FORMATS["llama3"].syntax, FORMATS["generic"].syntax, FORMATS["hermes"].syntax
     assert not fed(llama, '{"result": 42, "note": "the ').in_call
-    assert not fed(llama, '{"name": "Paris", "note": "the ').in_call
     assert fed(llama, '{"name": "get_weather", "parameters": {"city": "Pa').in_call
+    # review r78: a call not named yet is one, and so is one the stream sent as a call (any name)
+    assert fed(llama, '{"name": "get_').in_call and fed(llama, '{"name": "lookup", "parameters": {"q": "P').in_call
     assert fed(generic, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Pa').in_call
+    assert fed(generic, '{"tool_call":{"name":"get_').in_call and fed(generic, '{"tool_calls": [').in_call
+    assert not fed(generic, '{"response": "the answer is ').in_call
     assert fed(hermes, '<tool_call>\n{"name": "get_we').in_call  # (a marker opened it: a call however far)
     assert not fed(FORMATS["cohere"].syntax, "The answer is x <", opened=RESPONSE_OPEN).in_call
 
@@ -502,5 +505,10 @@ def test_a_stop_sequence_cutting_a_later_call_is_no_tool_use_for_anthropic():
     whole = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
     cut = ToolCall("call_2", "get_weather", '{"city": "')
     trace = SimpleNamespace(finish_reason="stop", finish_detail="stop_sequence")
-    assert stop_reason(SimpleNamespace(trace=trace, tool_calls=[whole], cut_call=cut)) == "stop_sequence"
-    assert stop_reason(SimpleNamespace(trace=trace, tool_calls=[whole], cut_call=None)) == "tool_use"
+    assert stop_reason(SimpleNamespace(trace=trace, tool_calls=[whole], cut_call=cut, stopped_in_call=True)) \
+        == "stop_sequence"
+    # r78: a later call cut before its name (dropped: no cut_call) is no tool_use either
+    assert stop_reason(SimpleNamespace(trace=trace, tool_calls=[whole], cut_call=None, stopped_in_call=True)) \
+        == "stop_sequence"
+    assert stop_reason(SimpleNamespace(trace=trace, tool_calls=[whole], cut_call=None, stopped_in_call=False)) \
+        == "tool_use"

@@ -164,3 +164,12 @@ async def test_a_stop_sequence_inside_a_call_cuts_it_like_the_budget(oai, claude
     for reply in (whole, streamed):
         assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", "city")
         assert [(b.type, b.name) for b in reply.content] == [("tool_use", "get_weather")], reply.content
+
+
+async def test_a_stop_sequence_inside_a_calls_name_or_key_cuts_it_too(oai, model):
+    """Review r78: a stop sequence matching before the call's name was whole ("weather" in
+    get_weather, "tool_call" in the generic format's key) returned the call's raw JSON as content."""
+    for stop in (["weather"], ["tool_call"]):
+        for stream in (False, True):
+            content, calls, finish = await chat(oai, model, 160, stream=stream, stop=stop)
+            assert content is None and finish == "stop", (stop, stream, content, calls, finish)

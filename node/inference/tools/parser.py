@@ -126,16 +126,18 @@ class ToolCallParser:
 
     @property
     def in_call(self) -> bool:
-        """The reply so far ends inside a tool call: a call marker's region (not an answer's wrapper,
-        Cohere's `readers`), or a reply's bare `{` once it reads as a call of an offered tool (Llama
-        3's, the generic format's; a JSON answer is none: review r76, a stop sequence inside one cut it
-        as a call and lost it)."""
+        """The reply so far ends inside a tool call, or what may still be one: a call marker's region
+        (not an answer's wrapper, Cohere's `readers`), or a reply's bare `{` unless it reads as an
+        answer (Llama 3's: not `{"name": "<an offered tool>"`; the generic format's `{"response"`),
+        and always once a call of it was named (the stream sent it). Review r76: any region, so a JSON
+        answer a stop sequence matched inside was cut as a call and lost; r78: a call not named yet."""
         if self._mode != "region" or self._opener in dict(self.syntax.readers):
             return False
-        if self._opener:
+        if self._opener or any(s.call.name for s in self._slots[self._region_base:]):
             return True
-        named = [s.call.name for s in self._slots[self._region_base:] if s.call.name]
-        return bool(named) and (not self._known or all(name in self._known for name in named))
+        if self.syntax.name == "generic":
+            return not self._buf.lstrip().lstrip("{").lstrip().startswith('"r')
+        return self._call_head() is not False
 
     def finish(self, cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
         """The end of the reply; `cut`: the token budget (max_tokens, the context) ended it, so the
