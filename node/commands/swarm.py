@@ -61,8 +61,9 @@ def swarm(args: argparse.Namespace) -> int:
     if args.node_id and args.action != "remove":
         # 2026-12-07: `swarmllm swarm leave NODE_ID` (meant: make that node leave) ignored the id and took
         # this node out of its swarm, which only a new invite undoes
-        raise SystemExit(f"error: swarm {args.action} takes no node id (to take a member out of the swarm: "
-                         f"swarmllm swarm remove {args.node_id})")
+        hint = f" (to take a member out of the swarm: swarmllm swarm remove {args.node_id})" \
+            if args.action == "leave" else " (`swarmllm peers` lists each peer's state)"  # (r77: not for status)
+        raise SystemExit(f"error: swarm {args.action} takes no node id{hint}")
     client = _client(args)
     if args.action == "leave":
         out = json.loads(client.request("POST", "/api/admin/swarm/leave", {}))

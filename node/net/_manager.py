@@ -473,7 +473,9 @@ class PeerManager:
             refusal = self.membership.refusals.get(link.node_id)
             if refusal is not None:
                 rec.last_error = refusal.describe()
-            rec.state = "refused" if refusal is not None else "gone"
+            # (removed: review r77, any refusal made a live member's closing link "refused", one a
+            # duplicate handshake was refused across a rotation, and nothing redialled it)
+            rec.state = "refused" if refusal is not None and link.node_id in self.membership.state.removed else "gone"
             rec.gone_since = time.monotonic()
             log.info("DIAG: peer gone %s", kv(peer_id=link.short_id, cause=link.close_cause,
                                               deadline_s=round(link.liveness_deadline_s(), 2)))

@@ -225,6 +225,7 @@ class SwarmOps:
                     "secret would reach none of them, and this node would be the one cut off from the "
                     "swarm; remove it while this node is linked to another member", param="node_id")
         self._close_removed(removed)  # before anything can wait: no frame reaches them again
+        self._retry_members(removed)
         told = self._send_rekey(rotated, removed, skip=None)
         await self._membership.async_adopt(rotated, removed=removed)
         await self._discovery.async_swarm_changed()  # the mDNS tag follows the secret
@@ -265,8 +266,24 @@ class SwarmOps:
         self._membership.state = dataclasses.replace(self._membership.state, swarm=rotated,
                                                      removed=all_removed)
         self._close_removed(all_removed)
+        self._retry_members(all_removed)
         self._send_rekey(rotated, all_removed, skip=link.node_id)
         self._tasks.spawn(self._async_after_rekey(rotated, all_removed, link), name="swarm-rekey")
+
+    def _retry_members(self, removed: set[str]) -> None:
+        """At a rotation: the members refused (by us or by them) and not removed were refused across an
+        epoch change (a link redialled while one side had the new secret and the other not yet): worth
+        a try again. 2026-12-07, review r77: such a refusal stayed once both held the new secret, the
+        dialers skipped each other for good, and a new invite (what the status advised) was refused
+        as "a member of that swarm already"."""
+        members = self._membership.state.members
+        for node_id in [n for n in self._membership.refusals if n in members and n not in removed]:
+            del self._membership.refusals[node_id]
+            rec = self._table.get(node_id)
+            if rec is not None and rec.state == "refused":
+                rec.state, rec.next_dial_at = "gone", 0.0
+                self._table.emit_changed(rec)
+        self._discovery.dialer.wake()
 
     def _known(self, node_ids: set[str]) -> frozenset[str]:
         """Of `node_ids`, those this node has met: its roster's members and its peer table's."""

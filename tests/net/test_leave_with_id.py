@@ -26,5 +26,10 @@ def test_leave_with_a_node_id_leaves_nothing(tmp_path):
         assert out.returncode != 0, out.stdout
         assert "swarmllm swarm remove abcd1234" in out.stderr, out.stderr
         assert json.loads(_cli(node, "swarm", "status", "--json"))["swarm"] == before
+        # `swarm status NODE_ID` (wanting that peer's status) is not sent to `swarm remove` (review r77)
+        out = subprocess.run([sys.executable, "-m", "node.cli", "swarm", "status", "abcd1234", "-p", str(node.port),
+                              "--data-dir", str(node.data_dir)], cwd=REPO, env=hermetic_env(), capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode != 0 and "remove" not in out.stderr and "swarmllm peers" in out.stderr, out.stderr
     finally:
         node.terminate()
