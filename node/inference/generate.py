@@ -359,7 +359,8 @@ class CompletionRun:
             if text or calls:
                 yield Delta(text=text, tool_calls=tuple(calls))
             self.content, self.tool_calls, self.cut_call = self._inline + parser.content, parser.calls, parser.cut_call
-            self.stopped_in_call = stopped_in_call
+            # (a whole call the stop sequence matched after, its region not closed yet, is a call: r79)
+            self.stopped_in_call = stopped_in_call and (parser.cut_call is not None or parser.cut_short)
         else:
             self.content = self._inline + self._answer
         if self.pipeline_run is not None:

@@ -278,7 +278,9 @@ class SwarmOps:
         as "a member of that swarm already"."""
         members = self._membership.state.members
         for node_id in [n for n in self._membership.refusals if n in members and n not in removed]:
-            del self._membership.refusals[node_id]
+            refusal = self._membership.refusals.pop(node_id)
+            if refusal.address:  # (a dial by address skips a refused one: review r79)
+                self._membership.refused_addrs.pop(refusal.address, None)
             rec = self._table.get(node_id)
             if rec is not None and rec.state == "refused":
                 rec.state, rec.next_dial_at = "gone", 0.0

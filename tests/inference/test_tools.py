@@ -512,3 +512,24 @@ def test_a_stop_sequence_cutting_a_later_call_is_no_tool_use_for_anthropic():
         == "stop_sequence"
     assert stop_reason(SimpleNamespace(trace=trace, tool_calls=[whole], cut_call=None, stopped_in_call=False)) \
         == "tool_use"
+
+
+def test_a_whole_call_a_stop_sequence_ends_before_its_region_closes_is_still_a_call():
+    """Review r79: a stop sequence matching after a whole call but before its region closed (Hermes'
+    `</tool_call>`, a newline after Llama 3's object, the generic list's `]`) counted as "inside a
+    call": finish_reason stop and stop_reason stop_sequence, so an agent loop left the call unrun.
+    Only a call the cut left unfinished (or dropped) is a cut (`cut_short`)."""
+    cases = [("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'),
+             ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+             ("generic", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]')]
+    for fmt, text in cases:
+        parser = ToolCallParser(FORMATS[fmt].syntax, known=("get_weather",))
+        parser.feed(text)
+        assert parser.in_call, fmt
+        parser.finish(cut=True)
+        assert [c.name for c in parser.calls] == ["get_weather"] and parser.cut_call is None, fmt
+        assert not parser.cut_short, fmt
+    parser = ToolCallParser(FORMATS["hermes"].syntax, known=("get_weather",))
+    parser.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    parser.finish(cut=True)
+    assert parser.cut_short and parser.cut_call is not None and parser.calls == []

@@ -112,6 +112,7 @@ class ToolCallParser:
         self._region = Region()
         self.calls: list[ToolCall] = []
         self.cut_call: ToolCall | None = None  # finish(cut=True): the call the budget cut short, if named
+        self.cut_short = False  # finish(cut=True) cut a call short or dropped one (named or not)
         self.content = ""
         self.failed = False  # some call text was not valid and went back into the content
         if opened:  # the prompt opened this region (one of syntax.readers'): the reply starts inside it
@@ -176,6 +177,7 @@ class ToolCallParser:
                 slot.cut = True  # streamed as far as it was written; returned so, with finish_reason length
             else:
                 slot.dead = True
+        self.cut_short = bool(slots[complete:])  # (a stop sequence then ended the reply inside a call: r79)
         if slots[complete:]:  # (a plain answer in the generic format's `{"response": ...}` is no call)
             log.info("the reply was cut inside a tool call (token budget): %d complete call(s), the unfinished "
                      "one %s request_id=%s format=%s", complete,
