@@ -533,3 +533,13 @@ def test_a_whole_call_a_stop_sequence_ends_before_its_region_closes_is_still_a_c
     parser.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
     parser.finish(cut=True)
     assert parser.cut_short and parser.cut_call is not None and parser.calls == []
+    # review r80: a second call opened after a whole one, nothing of it read yet, is cut short too
+    whole = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    for fmt, later in (("hermes", "<tool_call>\n"), ("qwen_xml", "<tool_call>\n<function=look")):
+        parser = ToolCallParser(FORMATS[fmt].syntax, known=("get_weather", "lookup"))
+        parser.feed((whole if fmt == "hermes" else
+                     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                     "</tool_call>\n") + later)
+        assert parser.in_call, fmt
+        parser.finish(cut=True)
+        assert [c.name for c in parser.calls] == ["get_weather"] and parser.cut_short, fmt

@@ -177,7 +177,9 @@ class ToolCallParser:
                 slot.cut = True  # streamed as far as it was written; returned so, with finish_reason length
             else:
                 slot.dead = True
-        self.cut_short = bool(slots[complete:])  # (a stop sequence then ended the reply inside a call: r79)
+        # a call left unfinished or dropped, or a marker's region opened with no call read yet (r80:
+        # `<tool_call>\n` after a whole call): a stop sequence then ended the reply inside a call (r79)
+        self.cut_short = bool(slots[complete:]) or (self._opener != "" and not slots)
         if slots[complete:]:  # (a plain answer in the generic format's `{"response": ...}` is no call)
             log.info("the reply was cut inside a tool call (token budget): %d complete call(s), the unfinished "
                      "one %s request_id=%s format=%s", complete,
