@@ -16,7 +16,7 @@ from node.net import Frame, FrameType
 from node.net._link import PeerLink
 from tests.support.waiting import wait_until
 
-from .util import addr, hold_work
+from .util import addr, hold_work, linked_pair
 
 
 def _silent_about_draining(monkeypatch, manager) -> None:
@@ -70,11 +70,7 @@ async def test_a_third_link_leaves_the_peers_request_on_a_retired_one_answered(m
     """Both ends dial at once while a request of the peer's is on the link that retires (a relayed
     pair upgrading to direct from both sides; mDNS on a LAN): a third link must not close the
     draining one under it (review r68: closing every older retired link did, "closed (duplicate)")."""
-    a = await make_manager()
-    b = await make_manager()
-    low, high = sorted((a, b), key=lambda m: m.node_id)
-    await high.async_connect(addr(low))
-    await wait_until(lambda: high.link(low.node_id) is not None and low.link(high.node_id) is not None)
+    low, high = await linked_pair(make_manager)
     first = high.link(low.node_id)
     reached, answer = hold_work(low)
     request = asyncio.ensure_future(first.async_request(Frame(FrameType.WORK, {}, b"1"), timeout_s=20))
@@ -171,11 +167,7 @@ async def test_a_request_on_a_link_that_said_it_is_drained_is_refused_at_once(ma
     """Once an end has said it has nothing more to ask on a retired link, the peer may close it on
     hearing that: a request sent on that link object afterwards (the relay client's loops hold
     theirs) is refused at once, not cut in flight."""
-    a = await make_manager()
-    b = await make_manager()
-    low, high = sorted((a, b), key=lambda m: m.node_id)
-    await high.async_connect(addr(low))
-    await wait_until(lambda: high.link(low.node_id) is not None and low.link(high.node_id) is not None)
+    low, high = await linked_pair(make_manager)
     held = low.link(high.node_id)
     _arrived, answer = hold_work(low)
     first = asyncio.ensure_future(high.link(low.node_id).async_request(Frame(FrameType.WORK, {}, b"1"), timeout_s=20))

@@ -6,16 +6,13 @@ swarm already". A rotation now gives the members it refused, and that refused it
 
 from __future__ import annotations
 
-from tests.net.util import addr, wait_until
+from tests.net.util import addr, linked, wait_until
 
 
 async def test_members_refused_across_a_rotation_link_again_once_both_hold_the_new_secret(make_manager, fast_net):
     a = await make_manager("a")
     b = await make_manager("b", bootstrap=[addr(a)])
     c = await make_manager("c", bootstrap=[addr(a), addr(b)])
-
-    def linked(x, y) -> bool:
-        return x.link(y.node_id) is not None and y.link(x.node_id) is not None
     await wait_until(lambda: linked(a, b) and linked(a, c) and linked(b, c), what="the three linked")
     before = c.membership.state
     await a.swarm_ops.async_remove("ab" * 32)  # a rotates (epoch 1); b and c get the rekey

@@ -29,6 +29,14 @@ def linked(a, b) -> bool:
     return a.link(b.node_id) is not None and b.link(a.node_id) is not None
 
 
+async def linked_pair(make_manager):
+    """Two PeerManagers, (lower id, higher id), one link between them that the higher id dialled."""
+    low, high = sorted([await make_manager(), await make_manager()], key=lambda m: m.node_id)
+    await high.async_connect(addr(low))
+    await wait_until(lambda: linked(low, high), what="the two linked")
+    return low, high
+
+
 def hold_work(manager) -> tuple[asyncio.Event, asyncio.Event]:
     """Serve WORK on a PeerManager by echoing the payload once released: returns (arrived, release),
     set when a request reaches the handler / set by the test to let the replies go."""
