@@ -359,8 +359,7 @@ class CompletionRun:
             if text or calls:
                 yield Delta(text=text, tool_calls=tuple(calls))
             self.content, self.tool_calls, self.cut_call = self._inline + parser.content, parser.calls, parser.cut_call
-            # (a whole call the stop sequence matched after, its region not closed yet, is a call: r79)
-            self.stopped_in_call = stopped_in_call and (parser.cut_call is not None or parser.cut_short)
+            self.stopped_in_call = stopped_in_call and parser.cut_short  # (a whole call before the stop: a call, r79)
         else:
             self.content = self._inline + self._answer
         if self.pipeline_run is not None:
@@ -368,8 +367,8 @@ class CompletionRun:
         await self._wait_generation()
         trace.cached_tokens = self._cached_tokens()
         self._finish_reason(ended_by_eog, assembler, produced)
-        # a call cut (the budget, or a stop sequence: r78, also one cut before its name) is not to run
-        if self.tool_calls and self.cut_call is None and not self.stopped_in_call and trace.finish_reason == "stop":
+        # (a call the budget cut ends "length"; one a stop sequence cut, named or not, is not to run either)
+        if self.tool_calls and not self.stopped_in_call and trace.finish_reason == "stop":
             trace.finish_reason = "tool_calls"
 
     def _cached_tokens(self) -> int | None:
